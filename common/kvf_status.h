@@ -1,0 +1,50 @@
+/*
+ * kvf_status_t: one status type for the whole tree (after UCX status.h).
+ * 0 is success, 1 "in progress", negatives are errors grouped by blast
+ * radius so a caller can tell "retry on another peer" from "bug".
+ *
+ * NOTE: append only; never renumber (values cross process boundaries in
+ * transfer notifications).
+ */
+#ifndef KVF_STATUS_H
+#define KVF_STATUS_H
+
+#define KVF_STATUS_MAP(_X)                                                   \
+    _X(KVF_OK,                    0, "success")                              \
+    _X(KVF_INPROGRESS,            1, "operation in progress")                \
+    _X(KVF_ERR_NO_MEMORY,        -1, "out of memory")                        \
+    _X(KVF_ERR_INVALID_PARAM,    -2, "invalid parameter")                    \
+    _X(KVF_ERR_UNSUPPORTED,      -3, "unsupported")                          \
+    _X(KVF_ERR_IO,               -4, "input/output error")                   \
+    _X(KVF_ERR_CUDA,             -5, "cuda call failed")                     \
+    _X(KVF_ERR_NOT_FOUND,        -6, "not found")                            \
+    _X(KVF_ERR_PARSE,            -7, "malformed input")                      \
+    _X(KVF_ERR_OUT_OF_RANGE,     -8, "value out of range")                   \
+    _X(KVF_ERR_NO_RESOURCE,      -9, "no free resource")                     \
+    _X(KVF_ERR_BUSY,            -10, "resource busy")                        \
+    _X(KVF_ERR_CANCELED,        -11, "operation canceled")                   \
+    _X(KVF_ERR_UCX,             -20, "ucx call failed")                      \
+    _X(KVF_ERR_ZMQ,             -21, "zeromq call failed")                   \
+    _X(KVF_ERR_NCCL,            -22, "nccl call failed")                     \
+    _X(KVF_ERR_REFUSED,         -30, "handshake refused")                    \
+    _X(KVF_ERR_VERSION,         -31, "protocol version mismatch")            \
+    _X(KVF_ERR_PEER_RESET,      -40, "peer reset the connection")            \
+    _X(KVF_ERR_PEER_TIMEOUT,    -41, "peer did not answer in time")          \
+    _X(KVF_ERR_PEER_UNREACHABLE,-42, "peer unreachable")                     \
+    _X(KVF_ERR_LEASE_EXPIRED,   -43, "prefill lease expired")
+
+typedef enum {
+#define KVF_STATUS_ENUM(_name, _val, _str) _name = (_val),
+    KVF_STATUS_MAP(KVF_STATUS_ENUM)
+#undef KVF_STATUS_ENUM
+} kvf_status_t;
+
+/* -40..-59: this peer is gone; the request may be retried elsewhere. */
+#define KVF_IS_PEER_ERROR(_s) (((_s) <= -40) && ((_s) >= -59))
+
+/** Human-readable string for @a status; never NULL ("unknown status"). */
+const char *kvf_status_str(kvf_status_t status);
+
+#define KVF_BIT(_i) (1ull << (_i))
+
+#endif

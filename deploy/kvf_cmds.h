@@ -1,0 +1,19 @@
+/*
+ * Subcommands of the kvf CLI. Each takes the arguments after its name and
+ * returns the process exit code: 0 success, 1 failure/refusal, 2 bad usage.
+ */
+#ifndef KVF_CMDS_H
+#define KVF_CMDS_H
+
+typedef int (*kvf_cmd_func_t)(int argc, char **argv);
+
+typedef struct kvf_cmd {
+    const char     *name;
+    kvf_cmd_func_t  func;
+    const char     *help;
+} kvf_cmd_t;
+
+/* deploy/cmd_plan.c */
+int kvf_cmd_plan(int argc, char **argv);
+
+#endif
