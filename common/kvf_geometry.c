@@ -22,8 +22,9 @@ void kvf_cache_params_default(const kvf_model_config_t *cfg, kvf_cache_params_t 
 {
     memset(params_p, 0, sizeof(*params_p));
     params_p->kv_dtype = KVF_DTYPE_BF16;
+    /* as vLLM: conv state in the model dtype, SSM state in mamba_ssm_cache_dtype */
     params_p->ssm_dtype = (cfg != NULL) ? cfg->ssm_cache_dtype : KVF_DTYPE_FP32;
-    params_p->conv_dtype = params_p->ssm_dtype;
+    params_p->conv_dtype = (cfg != NULL) ? cfg->torch_dtype : KVF_DTYPE_BF16;
     params_p->user_block_size = KVF_MIN_ALIGN_TOKENS;
     params_p->align = KVF_ALIGN_TP_STABLE;
     params_p->kernel_sizes.multiple_of = 16;

@@ -57,7 +57,11 @@ typedef struct kvf_cache_params {
     kvf_kernel_sizes_t kernel_sizes;   /* all zero -> MultipleOf(16) */
 } kvf_cache_params_t;
 
-/** Defaults: bf16 KV, conv and SSM dtype from the model (fp32 when unset), TP-stable, user block 16. */
+/**
+ * Defaults: bf16 KV; conv state in the model's torch_dtype and SSM state in
+ * mamba_ssm_cache_dtype (as vLLM); TP-stable alignment; user block 16;
+ * kernel accepts MultipleOf(16). @a cfg may be NULL (bf16 conv, fp32 SSM).
+ */
 void kvf_cache_params_default(const kvf_model_config_t *cfg, kvf_cache_params_t *params_p);
 
 typedef enum {

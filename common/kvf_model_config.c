@@ -287,7 +287,8 @@ kvf_status_t kvf_model_config_parse(const char *json, const char *origin,
                 goto out;
             }
             cfg.use_conv_bias = kvf_cfg_bool_opt(&rd, "use_conv_bias", true);
-            cfg.mamba_proj_bias = kvf_cfg_bool_opt(&rd, "use_bias", false);
+            cfg.mamba_proj_bias = kvf_cfg_bool_opt(&rd, "mamba_proj_bias",
+                                                   kvf_cfg_bool_opt(&rd, "use_bias", false));
             KVF_TRY(kvf_cfg_dtype_opt(&rd, "mamba_ssm_cache_dtype", KVF_DTYPE_FP32,
                                       &cfg.ssm_cache_dtype));
         }
