@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages kvferry builds and tests with, when missing.
+# Safe to rerun; does nothing when everything is present. Needs root (or sudo).
+set -euo pipefail
+pkgs=(build-essential cmake pkg-config git python3
+      libucx-dev ucx-utils libprotobuf-c-dev protobuf-c-compiler libzmq3-dev libcjson-dev
+      libopenblas-dev libmicrohttpd-dev libcmocka-dev curl procps)
+missing=()
+for p in "${pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+    exit 0
+fi
+echo "kvferry: installing ${missing[*]}"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
