@@ -1,0 +1,150 @@
+/*
+ * Device layer: where cache memory lives and the few byte operations the
+ * engine needs on it (allocate, free, memset, copy, and block zeroing).
+ *
+ * A kvf_device_t is a small value (kind + ordinal + stream), copied freely.
+ * CPU is the default and needs no initialisation: a zeroed kvf_device_t, or a
+ * NULL device pointer, is the CPU. The CUDA path is taken only when
+ * dev->kind == KVF_DEVICE_CUDA, so CPU-only runs never call into CUDA, even
+ * in a build that has CUDA compiled in.
+ *
+ * CUDA ordering: memset, zero and kernel calls on a CUDA device are enqueued
+ * on dev->stream (NULL = the legacy default stream) and return before they
+ * complete; kvf_device_memcpy() is synchronous. Work enqueued on one stream
+ * runs in order, so zeroing fresh blocks and then launching a kernel on the
+ * same stream is safe without a sync. CPU operations complete before return.
+ *
+ * Which kernels have CUDA versions today: kvf_device_* (all of this file),
+ * kvf_blocks_zero, kvf_zero_ranges and kvf_rmsnorm. Every other kernel
+ * (GEMM, gated norm, attention, conv1d, Mamba2) is CPU-only for now and
+ * returns KVF_KERN_EUNSUPPORTED for a CUDA device.
+ *
+ * Thread safety: all functions are reentrant; one device value may be used
+ * by several threads as long as their memory ranges do not overlap.
+ */
+#ifndef KVF_DEVICE_H
+#define KVF_DEVICE_H
+
+#include "kernels/kvf_kern.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum {
+    KVF_DEVICE_CPU  = 0,
+    KVF_DEVICE_CUDA = 1,
+} kvf_device_kind_t;
+
+typedef struct kvf_device {
+    kvf_device_kind_t kind;
+    int               ordinal;   /* CUDA device index; 0 for the CPU */
+    void             *stream;    /* cudaStream_t; NULL = default stream */
+} kvf_device_t;
+
+typedef enum {
+    KVF_COPY_H2H = 0,   /* both pointers host memory */
+    KVF_COPY_H2D = 1,   /* host -> device */
+    KVF_COPY_D2H = 2,   /* device -> host */
+    KVF_COPY_D2D = 3,   /* device -> device (same device) */
+} kvf_copy_kind_t;
+
+/** The CPU device value: {KVF_DEVICE_CPU, 0, NULL}. */
+kvf_device_t kvf_device_cpu(void);
+
+/** Canonical name of a kind: "cpu" or "cuda". */
+const char *kvf_device_kind_name(kvf_device_kind_t kind);
+
+/**
+ * True when this build has CUDA compiled in AND at least one CUDA device is
+ * visible. Never fails; on a CPU-only build it does not touch CUDA at all.
+ */
+bool kvf_device_cuda_available(void);
+
+/**
+ * Fill @a dev_p for @a kind and @a ordinal. CPU: ordinal must be 0. CUDA:
+ * checks the device exists and makes it current on the calling thread
+ * (cudaSetDevice); the stream is the default stream (NULL).
+ *
+ * @return KVF_KERN_OK; KVF_KERN_EINVAL for a bad kind/ordinal;
+ *         KVF_KERN_EUNSUPPORTED for CUDA in a build without CUDA;
+ *         KVF_KERN_ECUDA when no such CUDA device exists.
+ *         *dev_p is written only on success.
+ */
+int kvf_device_init(kvf_device_kind_t kind, int ordinal, kvf_device_t *dev_p);
+
+/**
+ * Make @a dev current on the calling thread (cudaSetDevice for CUDA; no-op
+ * for the CPU). Each TP rank thread calls this once before using its device.
+ */
+int kvf_device_bind(const kvf_device_t *dev);
+
+/**
+ * Allocate @a bytes of device memory, 256-byte aligned. Contents are
+ * undefined (NOT zeroed: stale bytes are real, see kvf_blocks_zero).
+ *
+ * @param [in]  dev    Device (NULL = CPU).
+ * @param [in]  bytes  Size in bytes; 0 is KVF_KERN_EINVAL.
+ * @param [out] ptr_p  Set only on success; free with kvf_device_free().
+ * @return KVF_KERN_OK, KVF_KERN_EINVAL, KVF_KERN_ENOMEM, KVF_KERN_ECUDA,
+ *         KVF_KERN_EUNSUPPORTED (CUDA without CUDA build).
+ */
+int kvf_device_alloc(const kvf_device_t *dev, size_t bytes, void **ptr_p);
+
+/** Free memory from kvf_device_alloc() on the same device; NULL is a no-op. */
+void kvf_device_free(const kvf_device_t *dev, void *ptr);
+
+/**
+ * Set @a bytes bytes at device pointer @a ptr to (unsigned char)@a value.
+ * CUDA: enqueued on dev->stream. @return KVF_KERN_OK, KVF_KERN_EINVAL
+ * (NULL ptr with bytes > 0), KVF_KERN_ECUDA.
+ */
+int kvf_device_memset(const kvf_device_t *dev, void *ptr, int value, size_t bytes);
+
+/**
+ * Copy @a bytes bytes. @a kind says which side is device memory of @a dev;
+ * on the CPU device every kind is a plain memcpy. Synchronous: when it
+ * returns the destination holds the data. Ranges must not overlap.
+ * @return KVF_KERN_OK, KVF_KERN_EINVAL, KVF_KERN_ECUDA.
+ */
+int kvf_device_memcpy(const kvf_device_t *dev, void *dst, const void *src, size_t bytes,
+                      kvf_copy_kind_t kind);
+
+/** Wait until all work enqueued on dev->stream has completed (CPU: no-op). */
+int kvf_device_sync(const kvf_device_t *dev);
+
+/**
+ * Zero whole pages of a page pool in one call (vLLM's KVBlockZeroer): for
+ * each i in [0, n), bytes [base + page_ids[i] * page_size,
+ * base + (page_ids[i] + 1) * page_size) are set to 0.
+ *
+ * This is what makes a recycled page safe for an attention kernel that reads
+ * whole kernel blocks and masks by multiplying with 0: stale fp32 Mamba
+ * state bytes may decode as NaN/Inf in bf16/fp16/fp32, and 0 * NaN = NaN.
+ *
+ * @param [in] dev        Device owning @a base (NULL = CPU).
+ * @param [in] base       Pool base (device pointer for CUDA).
+ * @param [in] page_size  Bytes per page, > 0.
+ * @param [in] page_ids   HOST array of n page indices (block * slots + slot),
+ *                        each >= 0; duplicates allowed. Not retained (CUDA
+ *                        copies it to a stream-ordered scratch buffer).
+ * @param [in] n          Number of ids; 0 is a no-op returning KVF_KERN_OK.
+ * @return KVF_KERN_OK (CUDA: enqueued on dev->stream); KVF_KERN_EINVAL for
+ *         NULL base/page_ids with n > 0, page_size 0 or a negative id;
+ *         KVF_KERN_ENOMEM / KVF_KERN_ECUDA on CUDA failures (then some pages
+ *         may not be zeroed). The caller bounds-checks ids against the pool.
+ */
+int kvf_blocks_zero(const kvf_device_t *dev, void *base, size_t page_size,
+                    const int64_t *page_ids, size_t n);
+
+/**
+ * Zero @a n byte ranges [base + offsets[i], base + offsets[i] + lens[i]):
+ * used to clear the untransferred tail of a received block. Host arrays,
+ * not retained; zero-length ranges are skipped. CUDA: one cudaMemsetAsync
+ * per range on dev->stream.
+ * @return KVF_KERN_OK, KVF_KERN_EINVAL (NULL arrays with n > 0), KVF_KERN_ECUDA.
+ */
+int kvf_zero_ranges(const kvf_device_t *dev, void *base, const size_t *offsets,
+                    const size_t *lens, size_t n);
+
+#endif

@@ -1,0 +1,42 @@
+/*
+ * Dense fp32 matrix multiply for linear layers: y = x * W^T (+ bias), with W
+ * stored as PyTorch nn.Linear stores it, [out_features][in_features].
+ *
+ * CPU: cblas_sgemm (OpenBLAS). OpenBLAS is forced to ONE thread on the first
+ * call (openblas_set_num_threads(1)), because kvferry runs one thread per TP
+ * rank and a multi-threaded BLAS inside each rank would oversubscribe cores.
+ * CUDA: not implemented yet (KVF_KERN_EUNSUPPORTED).
+ */
+#ifndef KVF_GEMM_H
+#define KVF_GEMM_H
+
+#include "kernels/kvf_device.h"
+
+/**
+ * y[M][N] = x[M][K] * W[N][K]^T + bias[N] (bias broadcast over rows).
+ *
+ * @param [in]  dev   NULL or the CPU device.
+ * @param [in]  M     Rows of x and y (tokens), >= 0; 0 is a no-op.
+ * @param [in]  N     Output features (rows of W), > 0.
+ * @param [in]  K     Input features (columns of W), > 0.
+ * @param [in]  x     fp32 [M][K], contiguous.
+ * @param [in]  w     fp32 [N][K], contiguous (nn.Linear weight layout).
+ * @param [in]  bias  fp32 [N], or NULL for none.
+ * @param [out] y     fp32 [M][N], contiguous; must not overlap x or w.
+ * @return KVF_KERN_OK; KVF_KERN_EINVAL for NULL pointers or negative sizes;
+ *         KVF_KERN_EUNSUPPORTED for a CUDA device.
+ */
+int kvf_gemm(const kvf_device_t *dev, int M, int N, int K, const float *x, const float *w,
+             const float *bias, float *y);
+
+/**
+ * General form: y[M][N] (row stride ldy) = beta * y + x * W^T + bias, with
+ * row strides ldx >= K, ldw >= K, ldy >= N (elements). beta = 0 overwrites y
+ * (y may then hold garbage, even NaN); beta = 1 accumulates (e.g. residual
+ * add). Use it to read a column slice of a wider activation (x = base +
+ * offset, ldx = full width) or to write into one. Errors as kvf_gemm().
+ */
+int kvf_gemm_ex(const kvf_device_t *dev, int M, int N, int K, const float *x, int ldx,
+                const float *w, int ldw, const float *bias, float beta, float *y, int ldy);
+
+#endif

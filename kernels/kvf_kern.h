@@ -1,0 +1,39 @@
+/*
+ * kernels/ common definitions: return codes and the conventions every kernel
+ * follows.
+ *
+ * kernels/ is a leaf (like a BLAS): it includes only its own headers, libc,
+ * cblas and the CUDA runtime, and reports errors as small negative ints that
+ * common/ maps to kvf_status_t (KVF_KERN_EINVAL -> KVF_ERR_INVALID_PARAM,
+ * KVF_KERN_ENOMEM -> KVF_ERR_NO_MEMORY, KVF_KERN_ECUDA -> KVF_ERR_CUDA,
+ * KVF_KERN_EUNSUPPORTED -> KVF_ERR_UNSUPPORTED).
+ *
+ * Conventions shared by every kernel entry point:
+ * - The first argument is the device (kernels/kvf_device.h) whose memory the
+ *   pointers live in; NULL means the CPU. Every kernel has a CPU version; a
+ *   kernel without a CUDA version returns KVF_KERN_EUNSUPPORTED for a CUDA
+ *   device (the CUDA-capable list is in kvf_device.h).
+ * - Compute is fp32. Activations and weights are fp32 arrays; caches (KV,
+ *   conv state, SSM state) may be stored fp32, bf16 or fp16 and are converted
+ *   on load/store (kernels/kvf_dtype.h).
+ * - Shapes are given in elements, row-major, with the last index fastest.
+ *   "ld" parameters are row strides in elements (>= the row length).
+ * - Kernels never allocate memory the caller must free, never log, and never
+ *   keep pointers after returning. On error nothing has been written unless
+ *   the docstring says otherwise.
+ * - Kernels are reentrant: different threads (TP ranks) may call them at the
+ *   same time on disjoint outputs.
+ */
+#ifndef KVF_KERN_H
+#define KVF_KERN_H
+
+#define KVF_KERN_OK             0
+#define KVF_KERN_EINVAL        -1  /* bad argument: NULL, bad shape, bad dtype */
+#define KVF_KERN_ENOMEM        -2  /* host or device allocation failed */
+#define KVF_KERN_ECUDA         -3  /* a CUDA runtime call or launch failed */
+#define KVF_KERN_EUNSUPPORTED  -4  /* no implementation for this device/dtype */
+
+/** Short static string for a KVF_KERN_* code ("invalid argument", ...). */
+const char *kvf_kern_strerror(int err);
+
+#endif

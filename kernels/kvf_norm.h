@@ -1,0 +1,80 @@
+/*
+ * RMSNorm and the gated, grouped RMSNorm of Mamba2 / NemotronH
+ * (MambaRMSNormGated), in fp32.
+ *
+ *   rmsnorm:        y = x * rsqrt(mean(x^2) + eps) * w                (per row)
+ *   gated rmsnorm:  g = x * silu(z);  per group of group_size elements:
+ *                   y = g * rsqrt(mean_group(g^2) + eps) * w
+ *
+ * The gated norm is also offered in two phases for tensor parallelism: when
+ * a norm group spans several ranks (n_groups < tp), each rank computes the
+ * partial sum of squares of its slice of the group (phase 1), the caller
+ * all-reduces the sums across the ranks sharing the group, and each rank
+ * applies the norm with the total sum and the FULL group size (phase 2).
+ * When each rank holds whole groups, phase 2 gets its own sums unchanged.
+ *
+ * CUDA: kvf_rmsnorm has a CUDA version; the gated functions are CPU-only.
+ */
+#ifndef KVF_NORM_H
+#define KVF_NORM_H
+
+#include "kernels/kvf_device.h"
+
+/**
+ * y[r][:] = x[r][:] * rsqrt(sum(x[r]^2) / dim + eps) * w[:] for r < rows.
+ *
+ * @param [in]  x     fp32 [rows][dim] contiguous.
+ * @param [in]  w     fp32 [dim].
+ * @param [out] y     fp32 [rows][dim]; may be the same pointer as x (in place).
+ * @param [in]  rows  >= 0 (0 is a no-op); dim > 0; eps >= 0.
+ * @return KVF_KERN_OK, KVF_KERN_EINVAL; CUDA: KVF_KERN_ECUDA (enqueued on
+ *         dev->stream, all pointers device memory).
+ */
+int kvf_rmsnorm(const kvf_device_t *dev, const float *x, const float *w, float *y, int rows,
+                int dim, float eps);
+
+/**
+ * Phase 1 of the gated norm. For r < rows, c < dim:
+ *   g[r][c] = x[r][c] * silu(z[r][c]),  silu(v) = v / (1 + exp(-v))
+ *   sumsq[r][k] = sum over c in group k of g[r][c]^2, k < dim / group_size
+ *
+ * @param [in]  x, z        fp32 [rows][ld] (row stride ld >= dim elements),
+ *                          e.g. slices of the in_proj output.
+ * @param [in]  ld          Row stride of x and z, elements.
+ * @param [in]  rows, dim   dim = this rank's channels; group_size must divide dim.
+ * @param [in]  group_size  Elements of one group ON THIS RANK (the whole group
+ *                          when the rank holds whole groups, else the slice).
+ * @param [out] g           fp32 [rows][dim] contiguous; may equal x only when
+ *                          ld == dim.
+ * @param [out] sumsq       fp32 [rows][dim / group_size].
+ * @return KVF_KERN_OK, KVF_KERN_EINVAL, KVF_KERN_EUNSUPPORTED (CUDA).
+ */
+int kvf_gated_rmsnorm_sumsq(const kvf_device_t *dev, const float *x, const float *z, int ld,
+                            int rows, int dim, int group_size, float *g, float *sumsq);
+
+/**
+ * Phase 2: y[r][c] = g[r][c] * rsqrt(sumsq[r][c / group_size] / norm_elems
+ *                    + eps) * w[c].
+ *
+ * @param [in]  g, sumsq    From phase 1 (sumsq possibly all-reduced).
+ * @param [in]  w           fp32 [dim], this rank's slice of the norm weight.
+ * @param [in]  group_size  As in phase 1.
+ * @param [in]  norm_elems  Elements of the FULL group across ranks (the mean's
+ *                          divisor), >= group_size.
+ * @param [out] y           fp32 [rows][dim]; may equal g.
+ * @return KVF_KERN_OK, KVF_KERN_EINVAL, KVF_KERN_EUNSUPPORTED (CUDA).
+ */
+int kvf_gated_rmsnorm_apply(const kvf_device_t *dev, const float *g, const float *sumsq,
+                            const float *w, int rows, int dim, int group_size, int norm_elems,
+                            float eps, float *y);
+
+/**
+ * One-shot gated norm for whole groups on this rank: phase 1 + phase 2 with
+ * norm_elems = group_size. x, z: [rows][ld]; y: [rows][dim] contiguous (may
+ * equal x when ld == dim). Uses a temporary of rows * dim / group_size
+ * floats (KVF_KERN_ENOMEM if it cannot be allocated).
+ */
+int kvf_gated_rmsnorm(const kvf_device_t *dev, const float *x, const float *z, int ld,
+                      const float *w, int rows, int dim, int group_size, float eps, float *y);
+
+#endif
