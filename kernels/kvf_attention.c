@@ -1,0 +1,221 @@
+/*
+ * Paged causal GQA attention on the CPU, written the way GPU paged-attention
+ * kernels work so that it has their failure modes.
+ *
+ * Design: for each query token and KV head, walk the request's kernel blocks
+ * in order, load one whole kernel block of K and V (all kernel_block_size
+ * slots, written or not) into fp32 tiles, and fold it into an online softmax
+ * (FlashAttention style: running max m, denominator l, accumulator acc,
+ * rescaled by exp(m_old - m_new) per tile). Slots past the query's causal
+ * limit are masked by multiplying their probability by 0 AFTER the exp, and
+ * still enter the sums: l += 0 * exp(s - m), acc += (0 * exp(s - m)) * v.
+ * A GPU kernel does the same (branch-free masking), which is why a stale
+ * NaN/Inf in an unwritten slot of a recycled block poisons the output. This
+ * must stay: tests use it to prove that kvf_blocks_zero is what fixes it.
+ * The running max only looks at unmasked scores (as -inf-masked max does).
+ *
+ * All query heads that share a KV head (GQA group) reuse one loaded tile.
+ * Rejected alternative: materialising dense K/V per request, which would
+ * hide the NaN hazard and cost a copy per step.
+ */
+#include "kernels/kvf_attention.h"
+#include "kernels/kvf_kern_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+size_t kvf_paged_kv_kernel_block_bytes(const kvf_paged_kv_t *kv)
+{
+    return 2u * (size_t)kv->kv_heads * (size_t)kv->kernel_block_size * (size_t)kv->head_dim *
+           kvf_dtype_size(kv->dtype);
+}
+
+int kvf_paged_kv_check(const kvf_paged_kv_t *kv)
+{
+    if ((kv == NULL) || (kv->base == NULL) || (kv->page_size == 0) || (kv->slots <= 0) ||
+        (kv->slot < 0) || (kv->slot >= kv->slots) || !kvf_kern_cache_dtype_ok(kv->dtype) ||
+        (kv->kv_heads <= 0) || (kv->head_dim <= 0) || (kv->block_size <= 0) ||
+        (kv->kernel_block_size <= 0) || ((kv->block_size % kv->kernel_block_size) != 0) ||
+        (kv->num_blocks < 0) || ((kv->num_blocks > 0) && (kv->block_table == NULL))) {
+        return KVF_KERN_EINVAL;
+    }
+    size_t ppl = (size_t)(kv->block_size / kv->kernel_block_size);
+    if (ppl * kvf_paged_kv_kernel_block_bytes(kv) > kv->page_size) {
+        return KVF_KERN_EINVAL;
+    }
+    return KVF_KERN_OK;
+}
+
+/* Start of the kernel block holding token position @a pos (validated). */
+static inline char *kvf_attn_kblock(const kvf_paged_kv_t *kv, size_t kbb, int pos)
+{
+    int32_t b = kv->block_table[pos / kv->block_size];
+    size_t kb = (size_t)((pos % kv->block_size) / kv->kernel_block_size);
+    size_t page = (size_t)b * (size_t)kv->slots + (size_t)kv->slot;
+    return (char *)kv->base + page * kv->page_size + kb * kbb;
+}
+
+static int kvf_attn_check_positions(const kvf_paged_kv_t *kv, const int32_t *positions, int n)
+{
+    long limit = (long)kv->num_blocks * (long)kv->block_size;
+    for (int t = 0; t < n; ++t) {
+        if ((positions[t] < 0) || ((long)positions[t] >= limit)) {
+            return KVF_KERN_EINVAL;
+        }
+    }
+    /* every block a query may touch: [0, max position] */
+    for (int t = 0; t < n; ++t) {
+        for (int b = 0; b <= positions[t] / kv->block_size; ++b) {
+            if (kv->block_table[b] < 0) {
+                return KVF_KERN_EINVAL;
+            }
+        }
+    }
+    return KVF_KERN_OK;
+}
+
+int kvf_attn_cache_write(const kvf_device_t *dev, const kvf_paged_kv_t *kv, const float *k,
+                         const float *v, int ld, const int32_t *positions, int num_tokens)
+{
+    int err = kvf_paged_kv_check(kv);
+    size_t kbb, hd, kbs, elt_heads;
+
+    if ((err != KVF_KERN_OK) || (num_tokens < 0) || (ld < kv->kv_heads * kv->head_dim)) {
+        return KVF_KERN_EINVAL;
+    }
+    if (num_tokens == 0) {
+        return KVF_KERN_OK;
+    }
+    if ((k == NULL) || (v == NULL) || (positions == NULL)) {
+        return KVF_KERN_EINVAL;
+    }
+    if (!kvf_kern_on_cpu(dev)) {
+        return KVF_KERN_EUNSUPPORTED;
+    }
+    err = kvf_attn_check_positions(kv, positions, num_tokens);
+    if (err != KVF_KERN_OK) {
+        return err;
+    }
+    kbb = kvf_paged_kv_kernel_block_bytes(kv);
+    hd = (size_t)kv->head_dim;
+    kbs = (size_t)kv->kernel_block_size;
+    elt_heads = (size_t)kv->kv_heads;
+    for (int t = 0; t < num_tokens; ++t) {
+        char *kblock = kvf_attn_kblock(kv, kbb, positions[t]);
+        size_t row = (size_t)(positions[t] % kv->kernel_block_size);
+        for (size_t h = 0; h < elt_heads; ++h) {
+            size_t k_first = (h * kbs + row) * hd;
+            size_t v_first = ((elt_heads + h) * kbs + row) * hd;
+            kvf_kern_store(kblock, kv->dtype, k_first, hd, k + (size_t)t * (size_t)ld + h * hd);
+            kvf_kern_store(kblock, kv->dtype, v_first, hd, v + (size_t)t * (size_t)ld + h * hd);
+        }
+    }
+    return KVF_KERN_OK;
+}
+
+int kvf_attn_paged(const kvf_device_t *dev, const kvf_paged_kv_t *kv, const float *q, int ldq,
+                   const int32_t *positions, int num_tokens, int q_heads, float scale,
+                   float *out)
+{
+    int err = kvf_paged_kv_check(kv);
+    size_t kbb, hd, kbs, nkv, group;
+    float *scratch, *ktile, *vtile, *s, *p, *acc, *m, *l;
+
+    if ((err != KVF_KERN_OK) || (num_tokens < 0) || (q_heads <= 0) ||
+        ((q_heads % kv->kv_heads) != 0) || (ldq < q_heads * kv->head_dim)) {
+        return KVF_KERN_EINVAL;
+    }
+    if (num_tokens == 0) {
+        return KVF_KERN_OK;
+    }
+    if ((q == NULL) || (positions == NULL) || (out == NULL)) {
+        return KVF_KERN_EINVAL;
+    }
+    if (!kvf_kern_on_cpu(dev)) {
+        return KVF_KERN_EUNSUPPORTED;
+    }
+    err = kvf_attn_check_positions(kv, positions, num_tokens);
+    if (err != KVF_KERN_OK) {
+        return err;
+    }
+    if (!(scale > 0.0f)) {
+        scale = 1.0f / sqrtf((float)kv->head_dim);
+    }
+    kbb = kvf_paged_kv_kernel_block_bytes(kv);
+    hd = (size_t)kv->head_dim;
+    kbs = (size_t)kv->kernel_block_size;
+    nkv = (size_t)kv->kv_heads;
+    group = (size_t)q_heads / nkv;
+
+    scratch = malloc((2 * kbs * hd + 2 * kbs + group * hd + 2 * group) * sizeof(float));
+    if (scratch == NULL) {
+        return KVF_KERN_ENOMEM;
+    }
+    ktile = scratch;
+    vtile = ktile + kbs * hd;
+    s = vtile + kbs * hd;
+    p = s + kbs;
+    acc = p + kbs;
+    m = acc + group * hd;
+    l = m + group;
+
+    for (int t = 0; t < num_tokens; ++t) {
+        int limit = positions[t];
+        int nkb = limit / kv->kernel_block_size + 1;
+        for (size_t kh = 0; kh < nkv; ++kh) {
+            for (size_t g = 0; g < group; ++g) {
+                m[g] = -INFINITY;
+                l[g] = 0.0f;
+            }
+            memset(acc, 0, group * hd * sizeof(float));
+            for (int kb = 0; kb < nkb; ++kb) {
+                int token0 = kb * kv->kernel_block_size;
+                const char *kblock = kvf_attn_kblock(kv, kbb, token0);
+                /* the whole tile, written slots or not, as a GPU kernel loads it */
+                kvf_kern_load(kblock, kv->dtype, kh * kbs * hd, kbs * hd, ktile);
+                kvf_kern_load(kblock, kv->dtype, (nkv + kh) * kbs * hd, kbs * hd, vtile);
+                for (size_t g = 0; g < group; ++g) {
+                    const float *qv = q + (size_t)t * (size_t)ldq + (kh * group + g) * hd;
+                    float *ag = acc + g * hd;
+                    float m_new = m[g];
+                    for (size_t j = 0; j < kbs; ++j) {
+                        float dot = 0.0f;
+                        for (size_t d = 0; d < hd; ++d) {
+                            dot += qv[d] * ktile[j * hd + d];
+                        }
+                        s[j] = dot * scale;
+                        if ((token0 + (int)j <= limit) && (s[j] > m_new)) {
+                            m_new = s[j];
+                        }
+                    }
+                    float alpha = expf(m[g] - m_new);   /* 0 on the first tile */
+                    float lsum = 0.0f;
+                    for (size_t j = 0; j < kbs; ++j) {
+                        float mask = (token0 + (int)j <= limit) ? 1.0f : 0.0f;
+                        p[j] = expf(s[j] - m_new) * mask;
+                        lsum += p[j];
+                    }
+                    l[g] = l[g] * alpha + lsum;
+                    for (size_t d = 0; d < hd; ++d) {
+                        ag[d] *= alpha;
+                    }
+                    for (size_t j = 0; j < kbs; ++j) {
+                        const float *vj = vtile + j * hd;
+                        for (size_t d = 0; d < hd; ++d) {
+                            ag[d] += p[j] * vj[d];
+                        }
+                    }
+                    m[g] = m_new;
+                }
+            }
+            for (size_t g = 0; g < group; ++g) {
+                float *o = out + (size_t)t * (size_t)q_heads * hd + (kh * group + g) * hd;
+                for (size_t d = 0; d < hd; ++d) {
+                    o[d] = acc[g * hd + d] / l[g];
+                }
+            }
+        }
+    }
+    free(scratch);
+    return KVF_KERN_OK;
+}

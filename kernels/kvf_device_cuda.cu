@@ -1,0 +1,209 @@
+/*
+ * CUDA side of the device layer: allocation, copies, block zeroing and
+ * RMSNorm. Compiled only when CUDA is enabled; reached from kvf_device.c and
+ * kvf_norm.c only for KVF_DEVICE_CUDA devices.
+ *
+ * Design: everything is enqueued on the device's stream (NULL = legacy
+ * default stream) so zeroing fresh blocks orders before the kernels that
+ * read them without a host sync. Block zeroing is one kernel launch for the
+ * whole id list (vLLM's KVBlockZeroer): the host id array is copied into a
+ * stream-ordered scratch buffer (cudaMallocAsync/cudaFreeAsync), and a 2-D
+ * grid writes 16-byte words (y = page, x = chunks of the page). Pages whose
+ * size or base is not 16-byte aligned fall back to a byte loop. Rejected
+ * alternative: one cudaMemsetAsync per page, which is simple but costs one
+ * launch per page (thousands per step at long prompts).
+ */
+#include "kernels/kvf_device_cuda.h"
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#define KVF_CUDA_TRY(_call)                     \
+    do {                                        \
+        cudaError_t _err = (_call);             \
+        if (_err != cudaSuccess) {              \
+            (void)cudaGetLastError();           \
+            return KVF_KERN_ECUDA;              \
+        }                                       \
+    } while (0)
+
+static cudaStream_t kvf_cuda_stream(const kvf_device_t *dev)
+{
+    return (cudaStream_t)dev->stream;
+}
+
+extern "C" bool kvf_cuda_available(void)
+{
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return count > 0;
+}
+
+extern "C" int kvf_cuda_init(int ordinal)
+{
+    int count = 0;
+    KVF_CUDA_TRY(cudaGetDeviceCount(&count));
+    if (ordinal >= count) {
+        return KVF_KERN_ECUDA;
+    }
+    KVF_CUDA_TRY(cudaSetDevice(ordinal));
+    return KVF_KERN_OK;
+}
+
+extern "C" int kvf_cuda_bind(const kvf_device_t *dev)
+{
+    KVF_CUDA_TRY(cudaSetDevice(dev->ordinal));
+    return KVF_KERN_OK;
+}
+
+extern "C" int kvf_cuda_alloc(const kvf_device_t *dev, size_t bytes, void **ptr_p)
+{
+    void *ptr = NULL;
+    KVF_CUDA_TRY(cudaSetDevice(dev->ordinal));
+    cudaError_t err = cudaMalloc(&ptr, bytes);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        return (err == cudaErrorMemoryAllocation) ? KVF_KERN_ENOMEM : KVF_KERN_ECUDA;
+    }
+    *ptr_p = ptr;
+    return KVF_KERN_OK;
+}
+
+extern "C" void kvf_cuda_free(const kvf_device_t *dev, void *ptr)
+{
+    (void)dev;
+    if (cudaFree(ptr) != cudaSuccess) {
+        (void)cudaGetLastError();
+    }
+}
+
+extern "C" int kvf_cuda_memset(const kvf_device_t *dev, void *ptr, int value, size_t bytes)
+{
+    KVF_CUDA_TRY(cudaMemsetAsync(ptr, value, bytes, kvf_cuda_stream(dev)));
+    return KVF_KERN_OK;
+}
+
+extern "C" int kvf_cuda_memcpy(const kvf_device_t *dev, void *dst, const void *src,
+                               size_t bytes, kvf_copy_kind_t kind)
+{
+    static const cudaMemcpyKind kinds[] = {cudaMemcpyHostToHost, cudaMemcpyHostToDevice,
+                                           cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice};
+    KVF_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, kinds[kind], kvf_cuda_stream(dev)));
+    KVF_CUDA_TRY(cudaStreamSynchronize(kvf_cuda_stream(dev)));
+    return KVF_KERN_OK;
+}
+
+extern "C" int kvf_cuda_sync(const kvf_device_t *dev)
+{
+    KVF_CUDA_TRY(cudaStreamSynchronize(kvf_cuda_stream(dev)));
+    return KVF_KERN_OK;
+}
+
+/* grid.y walks pages (strided when more than 65535), grid.x covers a page */
+__global__ void kvf_blocks_zero_vec_kernel(uint4 *base, size_t words_per_page,
+                                           const int64_t *ids, size_t n)
+{
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    for (size_t p = blockIdx.y; p < n; p += gridDim.y) {
+        uint4 *page = base + (size_t)ids[p] * words_per_page;
+        for (size_t w = (size_t)blockIdx.x * blockDim.x + threadIdx.x; w < words_per_page;
+             w += (size_t)gridDim.x * blockDim.x) {
+            page[w] = zero;
+        }
+    }
+}
+
+__global__ void kvf_blocks_zero_byte_kernel(unsigned char *base, size_t page_size,
+                                            const int64_t *ids, size_t n)
+{
+    for (size_t p = blockIdx.y; p < n; p += gridDim.y) {
+        unsigned char *page = base + (size_t)ids[p] * page_size;
+        for (size_t b = (size_t)blockIdx.x * blockDim.x + threadIdx.x; b < page_size;
+             b += (size_t)gridDim.x * blockDim.x) {
+            page[b] = 0;
+        }
+    }
+}
+
+extern "C" int kvf_cuda_blocks_zero(const kvf_device_t *dev, void *base, size_t page_size,
+                                    const int64_t *page_ids, size_t n)
+{
+    cudaStream_t stream = kvf_cuda_stream(dev);
+    const unsigned threads = 256;
+    int64_t *d_ids = NULL;
+    bool vec = ((page_size % 16) == 0) && ((((uintptr_t)base) % 16) == 0);
+    size_t units = vec ? page_size / 16 : page_size;
+    size_t gx = (units + threads - 1) / threads;
+    dim3 grid((unsigned)(gx > 1024 ? 1024 : gx), (unsigned)(n > 65535 ? 65535 : n));
+    cudaError_t err;
+
+    err = cudaMallocAsync((void **)&d_ids, n * sizeof(*d_ids), stream);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        return (err == cudaErrorMemoryAllocation) ? KVF_KERN_ENOMEM : KVF_KERN_ECUDA;
+    }
+    err = cudaMemcpyAsync(d_ids, page_ids, n * sizeof(*d_ids), cudaMemcpyHostToDevice, stream);
+    if (err == cudaSuccess) {
+        if (vec) {
+            kvf_blocks_zero_vec_kernel<<<grid, threads, 0, stream>>>((uint4 *)base, units, d_ids,
+                                                                      n);
+        } else {
+            kvf_blocks_zero_byte_kernel<<<grid, threads, 0, stream>>>((unsigned char *)base,
+                                                                       units, d_ids, n);
+        }
+        err = cudaGetLastError();
+    }
+    /* the copy above is from pageable memory, so page_ids may be reused on return */
+    if (cudaFreeAsync(d_ids, stream) != cudaSuccess) {
+        (void)cudaGetLastError();
+    }
+    return (err == cudaSuccess) ? KVF_KERN_OK : KVF_KERN_ECUDA;
+}
+
+extern "C" int kvf_cuda_zero_ranges(const kvf_device_t *dev, void *base, const size_t *offsets,
+                                    const size_t *lens, size_t n)
+{
+    for (size_t i = 0; i < n; ++i) {
+        if (lens[i] != 0) {
+            KVF_CUDA_TRY(cudaMemsetAsync((char *)base + offsets[i], 0, lens[i],
+                                         kvf_cuda_stream(dev)));
+        }
+    }
+    return KVF_KERN_OK;
+}
+
+/* one block per row; block-wide sum of squares through shared memory */
+__global__ void kvf_rmsnorm_kernel(const float *x, const float *w, float *y, int dim, float eps)
+{
+    __shared__ float partial[256];
+    const float *xr = x + (size_t)blockIdx.x * dim;
+    float *yr = y + (size_t)blockIdx.x * dim;
+    float s = 0.0f;
+
+    for (int c = threadIdx.x; c < dim; c += blockDim.x) {
+        s += xr[c] * xr[c];
+    }
+    partial[threadIdx.x] = s;
+    __syncthreads();
+    for (unsigned stride = blockDim.x / 2; stride > 0; stride /= 2) {
+        if (threadIdx.x < stride) {
+            partial[threadIdx.x] += partial[threadIdx.x + stride];
+        }
+        __syncthreads();
+    }
+    float inv = rsqrtf(partial[0] / (float)dim + eps);
+    for (int c = threadIdx.x; c < dim; c += blockDim.x) {
+        yr[c] = xr[c] * inv * w[c];
+    }
+}
+
+extern "C" int kvf_cuda_rmsnorm(const kvf_device_t *dev, const float *x, const float *w,
+                                float *y, int rows, int dim, float eps)
+{
+    kvf_rmsnorm_kernel<<<(unsigned)rows, 256, 0, kvf_cuda_stream(dev)>>>(x, w, y, dim, eps);
+    KVF_CUDA_TRY(cudaGetLastError());
+    return KVF_KERN_OK;
+}

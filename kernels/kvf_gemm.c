@@ -1,0 +1,67 @@
+/*
+ * fp32 GEMM for linear layers through cblas_sgemm.
+ *
+ * Design: y = x * W^T maps to one sgemm with W transposed in place (no copy),
+ * row-major. Bias is pre-broadcast into y and folded in with beta = 1, so
+ * the BLAS does a single pass. OpenBLAS is pinned to one thread on first use
+ * (pthread_once): TP ranks are threads, and each rank calling a BLAS that
+ * spawns its own pool oversubscribes the cores and makes timings noisy.
+ */
+#include "kernels/kvf_gemm.h"
+
+#include <cblas.h>
+#include <pthread.h>
+#include <string.h>
+
+static pthread_once_t kvf_gemm_once = PTHREAD_ONCE_INIT;
+
+static void kvf_gemm_init_once(void)
+{
+    openblas_set_num_threads(1);
+}
+
+int kvf_gemm_ex(const kvf_device_t *dev, int M, int N, int K, const float *x, int ldx,
+                const float *w, int ldw, const float *bias, float beta, float *y, int ldy)
+{
+    if ((M < 0) || (N <= 0) || (K <= 0) || (ldx < K) || (ldw < K) || (ldy < N)) {
+        return KVF_KERN_EINVAL;
+    }
+    if (M == 0) {
+        return KVF_KERN_OK;
+    }
+    if ((x == NULL) || (w == NULL) || (y == NULL)) {
+        return KVF_KERN_EINVAL;
+    }
+    if ((dev != NULL) && (dev->kind != KVF_DEVICE_CPU)) {
+        return KVF_KERN_EUNSUPPORTED;
+    }
+    pthread_once(&kvf_gemm_once, kvf_gemm_init_once);
+
+    if (bias != NULL) {
+        for (int m = 0; m < M; ++m) {
+            float *row = y + (size_t)m * (size_t)ldy;
+            if (beta == 0.0f) {
+                memcpy(row, bias, (size_t)N * sizeof(float));
+            } else {
+                for (int n = 0; n < N; ++n) {
+                    row[n] = beta * row[n] + bias[n];
+                }
+            }
+        }
+        beta = 1.0f;
+    } else if (beta == 0.0f) {
+        /* BLAS may compute 0 * y; make garbage (NaN) in y harmless */
+        for (int m = 0; m < M; ++m) {
+            memset(y + (size_t)m * (size_t)ldy, 0, (size_t)N * sizeof(float));
+        }
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, x, ldx, w, ldw, beta,
+                y, ldy);
+    return KVF_KERN_OK;
+}
+
+int kvf_gemm(const kvf_device_t *dev, int M, int N, int K, const float *x, const float *w,
+             const float *bias, float *y)
+{
+    return kvf_gemm_ex(dev, M, N, K, x, K, w, K, bias, 0.0f, y, N);
+}

@@ -1,0 +1,165 @@
+/*
+ * RMSNorm and gated grouped RMSNorm (Mamba2 MambaRMSNormGated), fp32.
+ *
+ * Design: sums of squares accumulate in double so the CPU result is a
+ * stable reference for the CUDA kernel and for TP all-reduces whose
+ * reduction order differs from the single-rank order. The gated norm is
+ * split into sumsq/apply so a TP caller can all-reduce the per-group sums
+ * when a norm group spans ranks (vLLM's Mixer2RMSNormGated does the same).
+ */
+#include "kernels/kvf_norm.h"
+#ifdef KVF_HAVE_CUDA
+#include "kernels/kvf_device_cuda.h"
+#endif
+
+#include <math.h>
+#include <stdlib.h>
+
+static inline bool kvf_norm_on_cpu(const kvf_device_t *dev)
+{
+    return (dev == NULL) || (dev->kind == KVF_DEVICE_CPU);
+}
+
+int kvf_rmsnorm(const kvf_device_t *dev, const float *x, const float *w, float *y, int rows,
+                int dim, float eps)
+{
+    if ((rows < 0) || (dim <= 0) || !(eps >= 0.0f)) {
+        return KVF_KERN_EINVAL;
+    }
+    if (rows == 0) {
+        return KVF_KERN_OK;
+    }
+    if ((x == NULL) || (w == NULL) || (y == NULL)) {
+        return KVF_KERN_EINVAL;
+    }
+    if (!kvf_norm_on_cpu(dev)) {
+#ifdef KVF_HAVE_CUDA
+        return kvf_cuda_rmsnorm(dev, x, w, y, rows, dim, eps);
+#else
+        return KVF_KERN_EUNSUPPORTED;
+#endif
+    }
+    for (int r = 0; r < rows; ++r) {
+        const float *xr = x + (size_t)r * (size_t)dim;
+        float *yr = y + (size_t)r * (size_t)dim;
+        double s = 0.0;
+        for (int c = 0; c < dim; ++c) {
+            s += (double)xr[c] * (double)xr[c];
+        }
+        float inv = (float)(1.0 / sqrt(s / (double)dim + (double)eps));
+        for (int c = 0; c < dim; ++c) {
+            yr[c] = xr[c] * inv * w[c];
+        }
+    }
+    return KVF_KERN_OK;
+}
+
+static int kvf_gated_check(int rows, int dim, int group_size)
+{
+    if ((rows < 0) || (dim <= 0) || (group_size <= 0) || ((dim % group_size) != 0)) {
+        return KVF_KERN_EINVAL;
+    }
+    return KVF_KERN_OK;
+}
+
+int kvf_gated_rmsnorm_sumsq(const kvf_device_t *dev, const float *x, const float *z, int ld,
+                            int rows, int dim, int group_size, float *g, float *sumsq)
+{
+    int err = kvf_gated_check(rows, dim, group_size);
+    int ngroups;
+
+    if ((err != KVF_KERN_OK) || (ld < dim)) {
+        return KVF_KERN_EINVAL;
+    }
+    if (rows == 0) {
+        return KVF_KERN_OK;
+    }
+    if ((x == NULL) || (z == NULL) || (g == NULL) || (sumsq == NULL)) {
+        return KVF_KERN_EINVAL;
+    }
+    if (!kvf_norm_on_cpu(dev)) {
+        return KVF_KERN_EUNSUPPORTED;
+    }
+    ngroups = dim / group_size;
+    for (int r = 0; r < rows; ++r) {
+        const float *xr = x + (size_t)r * (size_t)ld;
+        const float *zr = z + (size_t)r * (size_t)ld;
+        float *gr = g + (size_t)r * (size_t)dim;
+        for (int k = 0; k < ngroups; ++k) {
+            double s = 0.0;
+            for (int c = k * group_size; c < (k + 1) * group_size; ++c) {
+                float zv = zr[c];
+                float v = xr[c] * (zv / (1.0f + expf(-zv)));
+                gr[c] = v;
+                s += (double)v * (double)v;
+            }
+            sumsq[(size_t)r * (size_t)ngroups + (size_t)k] = (float)s;
+        }
+    }
+    return KVF_KERN_OK;
+}
+
+int kvf_gated_rmsnorm_apply(const kvf_device_t *dev, const float *g, const float *sumsq,
+                            const float *w, int rows, int dim, int group_size, int norm_elems,
+                            float eps, float *y)
+{
+    int err = kvf_gated_check(rows, dim, group_size);
+    int ngroups;
+
+    if ((err != KVF_KERN_OK) || (norm_elems < group_size) || !(eps >= 0.0f)) {
+        return KVF_KERN_EINVAL;
+    }
+    if (rows == 0) {
+        return KVF_KERN_OK;
+    }
+    if ((g == NULL) || (sumsq == NULL) || (w == NULL) || (y == NULL)) {
+        return KVF_KERN_EINVAL;
+    }
+    if (!kvf_norm_on_cpu(dev)) {
+        return KVF_KERN_EUNSUPPORTED;
+    }
+    ngroups = dim / group_size;
+    for (int r = 0; r < rows; ++r) {
+        const float *gr = g + (size_t)r * (size_t)dim;
+        float *yr = y + (size_t)r * (size_t)dim;
+        for (int k = 0; k < ngroups; ++k) {
+            double s = sumsq[(size_t)r * (size_t)ngroups + (size_t)k];
+            float inv = (float)(1.0 / sqrt(s / (double)norm_elems + (double)eps));
+            for (int c = k * group_size; c < (k + 1) * group_size; ++c) {
+                yr[c] = gr[c] * inv * w[c];
+            }
+        }
+    }
+    return KVF_KERN_OK;
+}
+
+int kvf_gated_rmsnorm(const kvf_device_t *dev, const float *x, const float *z, int ld,
+                      const float *w, int rows, int dim, int group_size, float eps, float *y)
+{
+    float *sumsq;
+    int err = kvf_gated_check(rows, dim, group_size);
+
+    if ((err != KVF_KERN_OK) || (ld < dim)) {
+        return KVF_KERN_EINVAL;
+    }
+    if (rows == 0) {
+        return KVF_KERN_OK;
+    }
+    if (!kvf_norm_on_cpu(dev)) {
+        return KVF_KERN_EUNSUPPORTED;
+    }
+    if ((x == NULL) || (z == NULL) || (w == NULL) || (y == NULL)) {
+        return KVF_KERN_EINVAL;
+    }
+    sumsq = malloc((size_t)rows * (size_t)(dim / group_size) * sizeof(float));
+    if (sumsq == NULL) {
+        return KVF_KERN_ENOMEM;
+    }
+    err = kvf_gated_rmsnorm_sumsq(dev, x, z, ld, rows, dim, group_size, y, sumsq);
+    if (err == KVF_KERN_OK) {
+        err = kvf_gated_rmsnorm_apply(dev, y, sumsq, w, rows, dim, group_size, group_size, eps,
+                                      y);
+    }
+    free(sumsq);
+    return err;
+}
