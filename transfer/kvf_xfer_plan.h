@@ -80,8 +80,11 @@ typedef struct kvf_xfer_plan_params {
 
     /* remote side (prefill), every rank */
     int                             remote_tp;    /* prefill TP size */
-    const kvf_rank_geometry_t      *remote_geoms; /* [remote_tp], entry r for prefill rank r */
-    const int64_t                  *remote_num_blocks; /* [remote_tp], blocks in rank r's region */
+    const kvf_rank_geometry_t      *remote_geoms; /* [remote_tp], entry r for prefill rank r;
+                                                     only the ranks this decode rank reads
+                                                     (kvf_tp_source_ranks()) are looked at */
+    const int64_t                  *remote_num_blocks; /* [remote_tp], blocks in rank r's region;
+                                                          same rule */
 
     /* the request */
     int                             num_groups;   /* == layout->num_groups */
@@ -136,6 +139,8 @@ typedef struct kvf_xfer_plan {
  *         KVF_ERR_OUT_OF_RANGE (logged) for a block id outside [0, num_blocks)
  *         on either side, too few local or remote block ids for N tokens, or
  *         a descriptor or zero range that would leave a region;
+ *         KVF_ERR_INVALID_PARAM also for a local block id listed twice in the
+ *         request (two writes would land on one page);
  *         KVF_ERR_NO_MEMORY.
  */
 kvf_status_t kvf_xfer_plan_create(const kvf_xfer_plan_params_t *params, kvf_xfer_plan_t **plan_p);
