@@ -16,4 +16,9 @@ typedef struct kvf_cmd {
 /* deploy/cmd_plan.c */
 int kvf_cmd_plan(int argc, char **argv);
 
+/* deploy/cmd_model.c */
+int kvf_cmd_mkmodel(int argc, char **argv);
+int kvf_cmd_generate(int argc, char **argv);
+int kvf_cmd_bench_model(int argc, char **argv);
+
 #endif
