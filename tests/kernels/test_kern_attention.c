@@ -1,0 +1,246 @@
+/* Paged attention against dense softmax over contiguous K/V, for fp32, bf16
+ * and fp16 caches, several block / kernel block sizes, chunked prefill then
+ * decode; and the stale-NaN hazard of whole-tile masking. */
+#include "kernels/kvf_attention.h"
+#include "kvf_kern_test.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+enum { KVH = 2, QH = 6, HD = 8, SLOTS = 2, SLOT = 1, POOL_BLOCKS = 6 };
+#define LDQKV ((QH + 2 * KVH) * HD)
+
+typedef struct {
+    kvf_paged_kv_t kv;
+    void          *pool;
+    size_t         pool_bytes;
+} fixture_t;
+
+static void fixture_init(fixture_t *f, kvf_dtype_t dtype, int bs, int kbs, const int32_t *table,
+                         int nblocks, int fill_byte)
+{
+    memset(f, 0, sizeof(*f));
+    f->kv.dtype = dtype;
+    f->kv.kv_heads = KVH;
+    f->kv.head_dim = HD;
+    f->kv.block_size = bs;
+    f->kv.kernel_block_size = kbs;
+    f->kv.slots = SLOTS;
+    f->kv.slot = SLOT;
+    f->kv.page_size = (size_t)(bs / kbs) * kvf_paged_kv_kernel_block_bytes(&f->kv) + 32;
+    f->pool_bytes = f->kv.page_size * SLOTS * POOL_BLOCKS;
+    f->pool = malloc(f->pool_bytes);
+    assert_non_null(f->pool);
+    memset(f->pool, fill_byte, f->pool_bytes);
+    f->kv.base = f->pool;
+    f->kv.block_table = table;
+    f->kv.num_blocks = nblocks;
+    assert_int_equal(kvf_paged_kv_check(&f->kv), KVF_KERN_OK);
+}
+
+/* dense causal GQA over the dtype-rounded K/V of tokens [0, pos] */
+static void ref_attention(const float *qkv, kvf_dtype_t dtype, int pos, int t_row, double *out)
+{
+    const float *q = qkv + (size_t)t_row * LDQKV;
+    double scale = 1.0 / sqrt((double)HD);
+    double *s = malloc((size_t)(pos + 1) * sizeof(double));
+    assert_non_null(s);
+    for (int h = 0; h < QH; ++h) {
+        int kh = h / (QH / KVH);
+        double m = -INFINITY, l = 0;
+        for (int j = 0; j <= pos; ++j) {
+            const float *k = qkv + (size_t)j * LDQKV + QH * HD + kh * HD;
+            double dot = 0;
+            for (int d = 0; d < HD; ++d) {
+                dot += (double)q[h * HD + d] * kvf_test_quant(dtype, k[d]);
+            }
+            s[j] = dot * scale;
+            m = (s[j] > m) ? s[j] : m;
+        }
+        for (int d = 0; d < HD; ++d) {
+            out[h * HD + d] = 0;
+        }
+        for (int j = 0; j <= pos; ++j) {
+            const float *v = qkv + (size_t)j * LDQKV + (QH + KVH) * HD + kh * HD;
+            double p = exp(s[j] - m);
+            l += p;
+            for (int d = 0; d < HD; ++d) {
+                out[h * HD + d] += p * kvf_test_quant(dtype, v[d]);
+            }
+        }
+        for (int d = 0; d < HD; ++d) {
+            out[h * HD + d] /= l;
+        }
+    }
+    free(s);
+}
+
+/* write + attend tokens [t0, t1) of the sequence, compare every row */
+static void run_chunk(fixture_t *f, const float *qkv, int t0, int t1, double tol)
+{
+    int n = t1 - t0;
+    int32_t *pos = malloc((size_t)n * sizeof(*pos));
+    float *out = malloc((size_t)n * QH * HD * sizeof(float));
+    double ref[QH * HD];
+    char what[96];
+
+    assert_non_null(pos);
+    assert_non_null(out);
+    for (int i = 0; i < n; ++i) {
+        pos[i] = t0 + i;
+    }
+    const float *row0 = qkv + (size_t)t0 * LDQKV;
+    assert_int_equal(kvf_attn_cache_write(NULL, &f->kv, row0 + QH * HD, row0 + (QH + KVH) * HD,
+                                          LDQKV, pos, n),
+                     KVF_KERN_OK);
+    assert_int_equal(kvf_attn_paged(NULL, &f->kv, row0, LDQKV, pos, n, QH, 0.0f, out),
+                     KVF_KERN_OK);
+    for (int i = 0; i < n; ++i) {
+        ref_attention(qkv, f->kv.dtype, pos[i], t0 + i, ref);
+        snprintf(what, sizeof(what), "%s bs %d kbs %d pos %d", kvf_dtype_name(f->kv.dtype),
+                 f->kv.block_size, f->kv.kernel_block_size, pos[i]);
+        kvf_test_assert_close(out + (size_t)i * QH * HD, ref, QH * HD, tol, tol, what);
+    }
+    free(out);
+    free(pos);
+}
+
+static void test_against_dense(void **state)
+{
+    static const kvf_dtype_t dtypes[] = {KVF_DTYPE_FP32, KVF_DTYPE_BF16, KVF_DTYPE_FP16};
+    static const int sizes[][2] = {{80, 16}, {80, 40}, {80, 80}, {32, 16}, {48, 16}, {16, 16}};
+    static const int32_t table[] = {4, 1, 3, 0, 5};
+    (void)state;
+
+    for (size_t di = 0; di < 3; ++di) {
+        for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); ++si) {
+            int bs = sizes[si][0], kbs = sizes[si][1];
+            int nb = (bs >= 80) ? 3 : 5;
+            int n = nb * bs - 5;
+            kvf_test_rng_t rng = {1000 + di * 17 + si};
+            float *qkv = malloc((size_t)n * LDQKV * sizeof(float));
+            fixture_t f;
+
+            assert_non_null(qkv);
+            n = (n > 200) ? 200 : n;
+            kvf_test_fill(&rng, qkv, (size_t)n * LDQKV, -1.5f, 1.5f);
+            fixture_init(&f, dtypes[di], bs, kbs, table, nb, 0x3f);   /* finite garbage */
+            int c1 = n / 2 + 3;
+            run_chunk(&f, qkv, 0, c1, 2e-5);               /* prefill chunk */
+            run_chunk(&f, qkv, c1, n - 4, 2e-5);           /* chunked continuation */
+            for (int t = n - 4; t < n; ++t) {
+                run_chunk(&f, qkv, t, t + 1, 2e-5);        /* decode */
+            }
+            /* pages of other slots and the padding were never written */
+            for (int b = 0; b < POOL_BLOCKS; ++b) {
+                const unsigned char *other = (const unsigned char *)f.pool +
+                                             (size_t)(b * SLOTS) * f.kv.page_size;
+                for (size_t i = 0; i < f.kv.page_size; ++i) {
+                    assert_int_equal(other[i], 0x3f);
+                }
+            }
+            free(f.pool);
+            free(qkv);
+        }
+    }
+}
+
+/* One request with 21 tokens in a pool pre-filled with 0xff (NaN in every
+ * dtype). Kernel block 16: the query at position 20 reads kernel block 1,
+ * slots 21..31 are stale NaN -> NaN output. Position 15 reads block 0 only.
+ * After zeroing the pages and rewriting, both match the reference. */
+static void test_stale_nan_hazard(void **state)
+{
+    static const kvf_dtype_t dtypes[] = {KVF_DTYPE_FP32, KVF_DTYPE_BF16, KVF_DTYPE_FP16};
+    static const int32_t table[] = {2, 0};
+    enum { N = 21 };
+    (void)state;
+
+    for (size_t di = 0; di < 3; ++di) {
+        for (int kbs = 16; kbs <= 80; kbs += 64) {
+            kvf_test_rng_t rng = {555 + di};
+            float qkv[N * LDQKV], out[QH * HD];
+            double ref[QH * HD];
+            int32_t pos[N];
+            fixture_t f;
+
+            kvf_test_fill(&rng, qkv, N * LDQKV, -1, 1);
+            for (int i = 0; i < N; ++i) {
+                pos[i] = i;
+            }
+            fixture_init(&f, dtypes[di], 80, kbs, table, 2, 0xff);
+            assert_int_equal(kvf_attn_cache_write(NULL, &f.kv, qkv + QH * HD,
+                                                  qkv + (QH + KVH) * HD, LDQKV, pos, N),
+                             KVF_KERN_OK);
+            /* position 20: its kernel block has unwritten, NaN slots */
+            assert_int_equal(kvf_attn_paged(NULL, &f.kv, qkv + 20 * LDQKV, LDQKV, &pos[20], 1,
+                                            QH, 0.0f, out),
+                             KVF_KERN_OK);
+            assert_int_equal(kvf_test_count_nan(out, QH * HD), QH * HD);
+            /* position 15: with kbs 16 its kernel block is full -> clean */
+            assert_int_equal(kvf_attn_paged(NULL, &f.kv, qkv + 15 * LDQKV, LDQKV, &pos[15], 1,
+                                            QH, 0.0f, out),
+                             KVF_KERN_OK);
+            if (kbs == 16) {
+                ref_attention(qkv, dtypes[di], 15, 15, ref);
+                kvf_test_assert_close(out, ref, QH * HD, 2e-5, 2e-5, "full kernel block");
+            } else {
+                assert_int_equal(kvf_test_count_nan(out, QH * HD), QH * HD);
+            }
+            /* the fix: zero the block's pages (both slots), then write */
+            {
+                const int64_t pages[] = {2 * SLOTS, 2 * SLOTS + 1};
+                assert_int_equal(kvf_blocks_zero(NULL, f.pool, f.kv.page_size, pages, 2),
+                                 KVF_KERN_OK);
+            }
+            assert_int_equal(kvf_attn_cache_write(NULL, &f.kv, qkv + QH * HD,
+                                                  qkv + (QH + KVH) * HD, LDQKV, pos, N),
+                             KVF_KERN_OK);
+            assert_int_equal(kvf_attn_paged(NULL, &f.kv, qkv + 20 * LDQKV, LDQKV, &pos[20], 1,
+                                            QH, 0.0f, out),
+                             KVF_KERN_OK);
+            ref_attention(qkv, dtypes[di], 20, 20, ref);
+            kvf_test_assert_close(out, ref, QH * HD, 2e-5, 2e-5, "after zeroing");
+            free(f.pool);
+        }
+    }
+}
+
+static void test_errors(void **state)
+{
+    static const int32_t table[] = {1, -1};
+    fixture_t f;
+    float row[LDQKV] = {0}, out[QH * HD];
+    int32_t pos = 0;
+    (void)state;
+
+    fixture_init(&f, KVF_DTYPE_BF16, 32, 16, table, 2, 0);
+    pos = 64;   /* past the table */
+    assert_int_equal(kvf_attn_cache_write(NULL, &f.kv, row, row, LDQKV, &pos, 1),
+                     KVF_KERN_EINVAL);
+    pos = 40;   /* table entry 1 is -1 */
+    assert_int_equal(kvf_attn_paged(NULL, &f.kv, row, LDQKV, &pos, 1, QH, 0, out),
+                     KVF_KERN_EINVAL);
+    pos = 3;
+    assert_int_equal(kvf_attn_paged(NULL, &f.kv, row, LDQKV, &pos, 1, 5, 0, out),
+                     KVF_KERN_EINVAL);   /* 5 q heads over 2 kv heads */
+    f.kv.kernel_block_size = 24;         /* does not divide 32 */
+    assert_int_equal(kvf_paged_kv_check(&f.kv), KVF_KERN_EINVAL);
+    f.kv.kernel_block_size = 16;
+    f.kv.page_size = 100;                /* too small for 2 kernel blocks */
+    assert_int_equal(kvf_paged_kv_check(&f.kv), KVF_KERN_EINVAL);
+    f.kv.page_size = 4096;
+    f.kv.dtype = KVF_DTYPE_FP8;
+    assert_int_equal(kvf_paged_kv_check(&f.kv), KVF_KERN_EINVAL);
+    free(f.pool);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_against_dense),
+        cmocka_unit_test(test_stale_nan_hazard),
+        cmocka_unit_test(test_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

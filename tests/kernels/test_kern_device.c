@@ -1,0 +1,109 @@
+/* Device layer: CPU alloc/memset/copy, block zeroing of a page list, range
+ * zeroing, argument errors; the CUDA path when a GPU is present. */
+#include "kernels/kvf_device.h"
+#include "kvf_kern_test.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static void test_cpu_basics(void **state)
+{
+    kvf_device_t dev;
+    void *p = NULL;
+    unsigned char host[300];
+    (void)state;
+
+    assert_int_equal(kvf_device_init(KVF_DEVICE_CPU, 0, &dev), KVF_KERN_OK);
+    assert_int_equal(dev.kind, KVF_DEVICE_CPU);
+    assert_int_equal(kvf_device_init(KVF_DEVICE_CPU, 1, &dev), KVF_KERN_EINVAL);
+    assert_string_equal(kvf_device_kind_name(KVF_DEVICE_CUDA), "cuda");
+    assert_int_equal(kvf_device_alloc(&dev, 0, &p), KVF_KERN_EINVAL);
+    assert_int_equal(kvf_device_alloc(&dev, 300, &p), KVF_KERN_OK);
+    assert_true(((uintptr_t)p % 256) == 0);
+    assert_int_equal(kvf_device_memset(&dev, p, 0xab, 300), KVF_KERN_OK);
+    assert_int_equal(kvf_device_memcpy(NULL, host, p, 300, KVF_COPY_D2H), KVF_KERN_OK);
+    for (int i = 0; i < 300; ++i) {
+        assert_int_equal(host[i], 0xab);
+    }
+    assert_int_equal(kvf_device_memcpy(&dev, host, NULL, 3, KVF_COPY_D2H), KVF_KERN_EINVAL);
+    assert_int_equal(kvf_device_sync(&dev), KVF_KERN_OK);
+    assert_int_equal(kvf_device_bind(&dev), KVF_KERN_OK);
+    kvf_device_free(&dev, p);
+    kvf_device_free(&dev, NULL);
+    assert_string_equal(kvf_kern_strerror(KVF_KERN_EINVAL), "invalid argument");
+}
+
+/* Zero pages {1, 4, 4, 6} of an 8-page pool; all other pages keep their bytes. */
+static void check_blocks_zero(const kvf_device_t *dev)
+{
+    const size_t page = 96, pages = 8;
+    const int64_t ids[] = {1, 4, 4, 6};
+    unsigned char *host = malloc(page * pages);
+    void *base = NULL;
+
+    assert_non_null(host);
+    assert_int_equal(kvf_device_alloc(dev, page * pages, &base), KVF_KERN_OK);
+    assert_int_equal(kvf_device_memset(dev, base, 0xff, page * pages), KVF_KERN_OK);
+    assert_int_equal(kvf_blocks_zero(dev, base, page, ids, 4), KVF_KERN_OK);
+    assert_int_equal(kvf_blocks_zero(dev, base, page, ids, 0), KVF_KERN_OK);
+    assert_int_equal(kvf_device_sync(dev), KVF_KERN_OK);
+    assert_int_equal(kvf_device_memcpy(dev, host, base, page * pages, KVF_COPY_D2H), KVF_KERN_OK);
+    for (size_t p = 0; p < pages; ++p) {
+        int expect = (p == 1 || p == 4 || p == 6) ? 0 : 0xff;
+        for (size_t b = 0; b < page; ++b) {
+            assert_int_equal(host[p * page + b], expect);
+        }
+    }
+    /* ranges: [10, 13) and [500, 510) */
+    {
+        const size_t offs[] = {10, 500, 700}, lens[] = {3, 10, 0};
+        assert_int_equal(kvf_device_memset(dev, base, 0x11, page * pages), KVF_KERN_OK);
+        assert_int_equal(kvf_zero_ranges(dev, base, offs, lens, 3), KVF_KERN_OK);
+        assert_int_equal(kvf_device_memcpy(dev, host, base, page * pages, KVF_COPY_D2H),
+                         KVF_KERN_OK);
+        for (size_t b = 0; b < page * pages; ++b) {
+            int zero = (b >= 10 && b < 13) || (b >= 500 && b < 510);
+            assert_int_equal(host[b], zero ? 0 : 0x11);
+        }
+    }
+    {
+        const int64_t bad[] = {2, -1};
+        assert_int_equal(kvf_blocks_zero(dev, base, page, bad, 2), KVF_KERN_EINVAL);
+        assert_int_equal(kvf_blocks_zero(dev, NULL, page, ids, 1), KVF_KERN_EINVAL);
+        assert_int_equal(kvf_blocks_zero(dev, base, 0, ids, 1), KVF_KERN_EINVAL);
+    }
+    kvf_device_free(dev, base);
+    free(host);
+}
+
+static void test_cpu_blocks_zero(void **state)
+{
+    kvf_device_t dev = kvf_device_cpu();
+    (void)state;
+    check_blocks_zero(&dev);
+    check_blocks_zero(NULL);
+}
+
+static void test_cuda(void **state)
+{
+    kvf_device_t dev;
+    (void)state;
+
+    if (!kvf_device_cuda_available()) {
+        int err = kvf_device_init(KVF_DEVICE_CUDA, 0, &dev);
+        assert_true(err == KVF_KERN_EUNSUPPORTED || err == KVF_KERN_ECUDA);
+        skip();
+    }
+    assert_int_equal(kvf_device_init(KVF_DEVICE_CUDA, 0, &dev), KVF_KERN_OK);
+    check_blocks_zero(&dev);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cpu_basics),
+        cmocka_unit_test(test_cpu_blocks_zero),
+        cmocka_unit_test(test_cuda),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

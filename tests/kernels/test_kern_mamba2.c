@@ -1,0 +1,157 @@
+/* Mamba2 scan: one chunk, split chunks and repeated single steps against a
+ * naive recurrence in double; fresh requests ignore stale state; a hand
+ * example. */
+#include "kernels/kvf_mamba2.h"
+#include "kvf_kern_test.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+enum { H = 4, P = 3, G = 2, N = 5, T = 13 };
+#define LDXBC (H * P + 2 * G * N + 3)
+#define LDDT (H + 1)
+
+typedef struct {
+    float xbc[T * LDXBC];
+    float dt[T * LDDT];
+    float dt_bias[H], A_log[H], D[H];
+    kvf_mamba2_params_t p;
+} inputs_t;
+
+static void inputs_init(inputs_t *in, uint64_t seed)
+{
+    kvf_test_rng_t rng = {seed};
+    kvf_test_fill(&rng, in->xbc, T * LDXBC, -1, 1);
+    kvf_test_fill(&rng, in->dt, T * LDDT, -3, 1);
+    kvf_test_fill(&rng, in->dt_bias, H, -1, 1);
+    kvf_test_fill(&rng, in->A_log, H, -1, 1.5f);
+    kvf_test_fill(&rng, in->D, H, 0, 1);
+    memset(&in->p, 0, sizeof(in->p));
+    in->p.heads = H;
+    in->p.head_dim = P;
+    in->p.groups = G;
+    in->p.state_size = N;
+    in->p.dt_bias = in->dt_bias;
+    in->p.A_log = in->A_log;
+    in->p.D = in->D;
+    in->p.dt_min = 0.0f;
+    in->p.dt_max = INFINITY;
+}
+
+/* HF torch_forward recurrence, double precision, from S = 0 */
+static void ref_scan(const inputs_t *in, double *y, double *S_out)
+{
+    double S[H][P][N] = {{{0}}};
+    for (int t = 0; t < T; ++t) {
+        const float *x = in->xbc + t * LDXBC;
+        const float *B = x + H * P;
+        const float *C = B + G * N;
+        for (int h = 0; h < H; ++h) {
+            int g = h / (H / G);
+            double v = (double)in->dt[t * LDDT + h] + in->dt_bias[h];
+            double dt = (v > 20) ? v : log1p(exp(v));
+            double dA = exp(dt * -exp((double)in->A_log[h]));
+            for (int d = 0; d < P; ++d) {
+                double acc = 0;
+                for (int n = 0; n < N; ++n) {
+                    S[h][d][n] = dA * S[h][d][n] + dt * x[h * P + d] * B[g * N + n];
+                    acc += S[h][d][n] * C[g * N + n];
+                }
+                y[t * H * P + h * P + d] = acc + in->D[h] * x[h * P + d];
+            }
+        }
+    }
+    memcpy(S_out, S, sizeof(S));
+}
+
+static void run_split(const inputs_t *in, kvf_dtype_t dtype, const int *chunks, int nchunks,
+                      const double *ref, const double *Sref, double tol)
+{
+    float state[H * P * N];
+    float y[T * H * P];
+    int t = 0;
+
+    memset(state, 0xff, sizeof(state));   /* stale NaN: a fresh request must not read it */
+    for (int k = 0; k < nchunks; ++k) {
+        const float *x = in->xbc + t * LDXBC;
+        if (chunks[k] == 0) {   /* 0 marks one decode step */
+            assert_int_equal(kvf_mamba2_step(NULL, &in->p, x, in->dt + t * LDDT, x + H * P,
+                                             x + H * P + G * N, state, dtype, y + t * H * P),
+                             KVF_KERN_OK);
+            t += 1;
+            continue;
+        }
+        assert_int_equal(kvf_mamba2_scan(NULL, &in->p, chunks[k], x, LDXBC, in->dt + t * LDDT,
+                                         LDDT, x + H * P, x + H * P + G * N, LDXBC, state, dtype,
+                                         k > 0, y + t * H * P, H * P),
+                         KVF_KERN_OK);
+        t += chunks[k];
+    }
+    assert_int_equal(t, T);
+    kvf_test_assert_close(y, ref, T * H * P, tol, tol, kvf_dtype_name(dtype));
+    for (int i = 0; i < H * P * N; ++i) {
+        float got = kvf_dtype_load(state, dtype, (size_t)i);
+        float want[1] = {got};
+        kvf_test_assert_close(want, &Sref[i], 1, tol, tol, "final state");
+    }
+}
+
+static void test_scan_splits(void **state)
+{
+    inputs_t *in = malloc(sizeof(*in));
+    double ref[T * H * P], Sref[H * P * N];
+    (void)state;
+
+    assert_non_null(in);
+    inputs_init(in, 2024);
+    ref_scan(in, ref, Sref);
+    {
+        const int whole[] = {T};
+        const int split[] = {4, 1, 6, 2};
+        const int steps[] = {3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};   /* prefill 3, decode 10 */
+        const int all_steps[] = {1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+        run_split(in, KVF_DTYPE_FP32, whole, 1, ref, Sref, 1e-5);
+        run_split(in, KVF_DTYPE_FP32, split, 4, ref, Sref, 1e-5);
+        run_split(in, KVF_DTYPE_FP32, steps, 11, ref, Sref, 1e-5);
+        run_split(in, KVF_DTYPE_FP32, all_steps, 13, ref, Sref, 1e-5);
+        /* bf16 state: rounded at every chunk / step boundary */
+        run_split(in, KVF_DTYPE_BF16, whole, 1, ref, Sref, 1e-2);
+        run_split(in, KVF_DTYPE_BF16, steps, 11, ref, Sref, 3e-2);
+        run_split(in, KVF_DTYPE_FP16, split, 4, ref, Sref, 5e-3);
+    }
+    free(in);
+}
+
+/* 1 head, dim 1, state 1: A_log 0 -> A = -1; dt raw 0, bias 0 -> dt = ln 2;
+ * dA = 1/2. x = B = C = 1, D = 0.5: S1 = ln2, y1 = ln2 + 0.5;
+ * S2 = ln2/2 + ln2, y2 = 1.5 ln2 + 0.5. */
+static void test_scan_hand(void **state)
+{
+    float A_log = 0, D = 0.5f, x[2] = {1, 1}, dt[2] = {0, 0}, B[2] = {1, 1}, C[2] = {1, 1};
+    float S = 123.0f, y[2];
+    kvf_mamba2_params_t p = {1, 1, 1, 1, NULL, &A_log, &D, 0.0f, INFINITY};
+    (void)state;
+
+    assert_int_equal(kvf_mamba2_scan(NULL, &p, 2, x, 1, dt, 1, B, C, 1, &S, KVF_DTYPE_FP32, 0, y,
+                                     1),
+                     KVF_KERN_OK);
+    assert_float_equal(y[0], log(2.0) + 0.5, 1e-6);
+    assert_float_equal(y[1], 1.5 * log(2.0) + 0.5, 1e-6);
+    assert_float_equal(S, 1.5 * log(2.0), 1e-6);
+    /* dt clamp: dt_max 0.1 -> dA = exp(-0.1), S = e^-0.1 * S + 0.1 */
+    p.dt_max = 0.1f;
+    assert_int_equal(kvf_mamba2_step(NULL, &p, x, dt, B, C, &S, KVF_DTYPE_FP32, y), KVF_KERN_OK);
+    assert_float_equal(S, exp(-0.1) * 1.5 * log(2.0) + 0.1, 1e-6);
+    p.groups = 2;   /* does not divide 1 head */
+    assert_int_equal(kvf_mamba2_step(NULL, &p, x, dt, B, C, &S, KVF_DTYPE_FP32, y),
+                     KVF_KERN_EINVAL);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_scan_splits),
+        cmocka_unit_test(test_scan_hand),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
