@@ -21,4 +21,8 @@ int kvf_cmd_mkmodel(int argc, char **argv);
 int kvf_cmd_generate(int argc, char **argv);
 int kvf_cmd_bench_model(int argc, char **argv);
 
+/* transfer/kvf_xfer_test.c (declared in transfer/kvf_xfer_tools.h too) */
+int kvf_cmd_xfer_test(int argc, char **argv);
+int kvf_cmd_bench(int argc, char **argv);
+
 #endif

@@ -13,6 +13,8 @@ static const kvf_cmd_t kvf_cmds[] = {
     {"mkmodel", kvf_cmd_mkmodel, "write a seeded synthetic NemotronH checkpoint for a config"},
     {"generate", kvf_cmd_generate, "colocated generation with TP ranks in this process"},
     {"bench-model", kvf_cmd_bench_model, "prefill and decode tokens/s of the engine core"},
+    {"xfer-test", kvf_cmd_xfer_test, "pull one request prefill -> decode over UCX and verify every byte"},
+    {"bench", kvf_cmd_bench, "GB/s of a KV-shaped pull vs a raw contiguous UCX GET"},
     {NULL, NULL, NULL},
 };
 
