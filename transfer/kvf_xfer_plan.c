@@ -689,6 +689,10 @@ kvf_status_t kvf_xfer_plan_create(const kvf_xfer_plan_params_t *params, kvf_xfer
     kvf_status_t status;
     int P;
 
+    if (plan_p == NULL) {
+        kvf_error("xfer plan: plan_p is NULL");
+        return KVF_ERR_INVALID_PARAM;
+    }
     status = kvf_xfer_params_check(params);
     if (status != KVF_OK) {
         return status;

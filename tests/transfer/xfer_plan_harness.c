@@ -128,6 +128,8 @@ static void xp_params(const xp_world_t *w, kvf_dtype_t kv, int block, int kernel
 {
     kvf_cache_params_default(&w->cfg, p);
     p->kv_dtype = kv;
+    p->conv_dtype = kv;               /* bf16 runs get bf16 conv state, fp32 runs fp32 */
+    p->ssm_dtype = KVF_DTYPE_FP32;
     p->block_size = block;
     if (kernel > 0) {
         memset(&p->kernel_sizes, 0, sizeof(p->kernel_sizes));
