@@ -220,3 +220,33 @@ kvf_status_t kvf_page_pool_zero_blocks(kvf_page_pool_h pool, const int32_t *bloc
     }
     return KVF_OK;
 }
+
+void kvf_page_pool_attn_view(kvf_page_pool_h pool, const kvf_rank_geometry_t *geom, int head_dim,
+                             int slot, const int32_t *block_table, int num_blocks,
+                             kvf_paged_kv_t *kv_p)
+{
+    memset(kv_p, 0, sizeof(*kv_p));
+    kv_p->base = pool->base;
+    kv_p->page_size = pool->page_size;
+    kv_p->slots = pool->slots;
+    kv_p->slot = slot;
+    kv_p->dtype = geom->kv_dtype;
+    kv_p->kv_heads = geom->shard.kv_heads;
+    kv_p->head_dim = head_dim;
+    kv_p->block_size = geom->block_size;
+    kv_p->kernel_block_size = geom->kernel_block_size;
+    kv_p->block_table = block_table;
+    kv_p->num_blocks = num_blocks;
+}
+
+void *kvf_page_pool_conv_state(kvf_page_pool_h pool, int block, int slot)
+{
+    return kvf_page_pool_page(pool, block, slot);
+}
+
+void *kvf_page_pool_ssm_state(kvf_page_pool_h pool, const kvf_rank_geometry_t *geom, int block,
+                              int slot)
+{
+    char *page = kvf_page_pool_page(pool, block, slot);
+    return (page == NULL) ? NULL : page + geom->conv_bytes;
+}

@@ -29,6 +29,7 @@
 
 #include "common/kvf_geometry.h"
 #include "common/kvf_status.h"
+#include "kernels/kvf_attention.h"
 #include "kernels/kvf_device.h"
 
 #include <stdbool.h>
@@ -118,5 +119,28 @@ size_t kvf_page_pool_page_offset(kvf_page_pool_h pool, int block, int slot);
  *         KVF_ERR_NO_MEMORY; KVF_ERR_CUDA.
  */
 kvf_status_t kvf_page_pool_zero_blocks(kvf_page_pool_h pool, const int32_t *block_ids, int n);
+
+/**
+ * Fill the kernel's view of one attention layer for one request (all
+ * fields of kvf_paged_kv_t from the pool and rank geometry): base, page
+ * size and slots of @a pool, dtype, kv_heads, block and kernel block size of
+ * @a geom, @a head_dim from the model config, @a slot (layout.layer_slot of
+ * the layer), and the request's block table of the layer's group
+ * (kvf_req_blocks_t.blocks[g], .num_blocks[g]; not copied, must outlive the
+ * kernel calls).
+ */
+void kvf_page_pool_attn_view(kvf_page_pool_h pool, const kvf_rank_geometry_t *geom, int head_dim,
+                             int slot, const int32_t *block_table, int num_blocks,
+                             kvf_paged_kv_t *kv_p);
+
+/**
+ * Mamba state of one layer of one request: the conv state
+ * [conv_dim_rank][conv_kernel-1] (geom->conv_dtype) starts at the page, the
+ * SSM state [mamba_heads_rank][head_dim][state] (geom->ssm_dtype) at
+ * page + geom->conv_bytes. NULL when (block, slot) is out of range.
+ */
+void *kvf_page_pool_conv_state(kvf_page_pool_h pool, int block, int slot);
+void *kvf_page_pool_ssm_state(kvf_page_pool_h pool, const kvf_rank_geometry_t *geom, int block,
+                              int slot);
 
 #endif

@@ -1,7 +1,11 @@
 /* Page pool memory/zeroing and block manager bookkeeping: allocation per
  * group, growth, rollback on exhaustion, LIFO reuse across groups, fresh
  * block recording, idempotent free and double-free detection. */
+#include "kernels/kvf_conv1d.h"
+#include "kernels/kvf_mamba2.h"
 #include "kvf_pool_test.h"
+
+#include <math.h>
 
 #include <stdlib.h>
 
@@ -233,6 +237,73 @@ static void test_manager_params(void **state)
     kvf_page_pool_destroy(NULL);
 }
 
+/* Mamba kernels write through the pool's state views exactly where
+ * common/kvf_geometry.h's offsets say, and never into the page padding. */
+static void test_mamba_state_views(void **state)
+{
+    kvf_pool_test_env_t e;
+    kvf_page_pool_h pool;
+    (void)state;
+
+    kvf_pool_test_env(&e, KVF_DTYPE_BF16, 0);
+    pool = kvf_pool_test_pool(&e, 3, false);
+    const kvf_shard_t *sh = &e.geom.shard;
+    const int cd = sh->conv_dim, K = e.cfg.conv_kernel, T = 5;
+    const int H = sh->mamba_heads, P = e.cfg.mamba_head_dim, N = e.cfg.ssm_state_size;
+    float *x = calloc((size_t)T * cd, sizeof(float)), *y = calloc((size_t)T * cd, sizeof(float));
+    float *w = calloc((size_t)cd * K, sizeof(float)), *ym = calloc((size_t)T * H * P, sizeof(float));
+    float dtb[64] = {0}, alog[64] = {0}, dt[5 * 64] = {0};
+    char *page = kvf_page_pool_page(pool, 2, 1);
+
+    assert_non_null(x);
+    memset(page, 0x7f, e.geom.page_size);
+    for (int i = 0; i < T * cd; ++i) {
+        x[i] = (float)(i % 13) * 0.1f;
+    }
+    for (int i = 0; i < cd * K; ++i) {
+        w[i] = 0.25f;
+    }
+    assert_ptr_equal(kvf_page_pool_conv_state(pool, 2, 1), page);
+    assert_ptr_equal(kvf_page_pool_ssm_state(pool, &e.geom, 2, 1), page + e.geom.conv_bytes);
+    assert_int_equal(kvf_conv1d_chunk(NULL, x, cd, T, cd, K, w, NULL, 1,
+                                      kvf_page_pool_conv_state(pool, 2, 1), e.geom.conv_dtype, 0,
+                                      y, cd),
+                     KVF_KERN_OK);
+    /* conv state tap j of channel c = input of token T - (K-1) + j */
+    for (int c = 0; c < cd; c += 17) {
+        for (int j = 0; j < K - 1; ++j) {
+            float v;
+            memcpy(&v, page + kvf_conv_offset(&e.geom, &e.cfg, c, j), sizeof(v));
+            assert_true(v == x[(T - (K - 1) + j) * cd + c]);
+        }
+    }
+    kvf_mamba2_params_t mp = {H, P, sh->groups, N, dtb, alog, NULL, 0.0f, INFINITY};
+    assert_int_equal(kvf_mamba2_scan(NULL, &mp, T, y, cd, dt, H, y + H * P,
+                                     y + H * P + sh->groups * N, cd,
+                                     kvf_page_pool_ssm_state(pool, &e.geom, 2, 1),
+                                     e.geom.ssm_dtype, 0, ym, H * P),
+                     KVF_KERN_OK);
+    /* every state byte written (no 0x7f7f7f7f left), padding untouched */
+    for (size_t off = 0; off < e.geom.mamba_bytes; off += 4) {
+        uint32_t u;
+        memcpy(&u, page + off, 4);
+        assert_true(u != 0x7f7f7f7fu);
+    }
+    for (size_t off = e.geom.mamba_bytes; off < e.geom.page_size; ++off) {
+        assert_int_equal((unsigned char)page[off], 0x7f);
+    }
+    {
+        float v;
+        memcpy(&v, page + kvf_ssm_offset(&e.geom, &e.cfg, H - 1, P - 1, N - 1), sizeof(v));
+        assert_false(isnan(v));
+    }
+    free(x);
+    free(y);
+    free(w);
+    free(ym);
+    kvf_page_pool_destroy(pool);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -241,6 +312,7 @@ int main(void)
         cmocka_unit_test(test_allocate_grow_free),
         cmocka_unit_test(test_lifo_reuse_and_fresh),
         cmocka_unit_test(test_manager_params),
+        cmocka_unit_test(test_mamba_state_views),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

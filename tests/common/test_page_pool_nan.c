@@ -85,19 +85,9 @@ static void run_request_b(const kvf_pool_test_env_t *e, kvf_page_pool_h pool,
     res->out = malloc(res->n * sizeof(float));
     assert_non_null(res->out);
     for (int s = 0; s < e->layout.groups[0].num_layers; ++s) {
-        kvf_paged_kv_t kv = {
-            .base = kvf_page_pool_base(pool),
-            .page_size = kvf_page_pool_page_size(pool),
-            .slots = kvf_page_pool_slots(pool),
-            .slot = s,
-            .dtype = e->geom.kv_dtype,
-            .kv_heads = kvh,
-            .head_dim = hd,
-            .block_size = e->geom.block_size,
-            .kernel_block_size = e->geom.kernel_block_size,
-            .block_table = b.blocks[0],
-            .num_blocks = b.num_blocks[0],
-        };
+        kvf_paged_kv_t kv;
+        kvf_page_pool_attn_view(pool, &e->geom, hd, s, b.blocks[0], b.num_blocks[0], &kv);
+        assert_int_equal(kvf_paged_kv_check(&kv), KVF_KERN_OK);
         const float *k = qkv + QH * hd, *v = k + kvh * hd;
         assert_int_equal(kvf_attn_cache_write(NULL, &kv, k, v, ld, pos, NTOK), KVF_KERN_OK);
         assert_int_equal(kvf_attn_paged(NULL, &kv, qkv, ld, pos, NTOK, QH, 0.0f,
