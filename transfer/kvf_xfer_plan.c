@@ -207,6 +207,9 @@ static kvf_status_t kvf_xfer_local_dups_check(const kvf_xfer_plan_params_t *p)
         return KVF_ERR_NO_MEMORY;
     }
     for (int g = 0; g < p->num_groups; ++g) {
+        if (p->groups[g].num_local <= 0) {
+            continue;
+        }
         memcpy(all + n, p->groups[g].local_ids, (size_t)p->groups[g].num_local * sizeof(*all));
         n += (size_t)p->groups[g].num_local;
     }
@@ -564,6 +567,9 @@ static int kvf_xfer_cmp_range(const void *a, const void *b)
 static void kvf_xfer_desc_sort_merge(kvf_xfer_desc_vec_t *vec, bool merge)
 {
     size_t out = 0;
+    if (vec->n < 2) {
+        return;
+    }
     qsort(vec->v, vec->n, sizeof(*vec->v), kvf_xfer_cmp_desc);
     if (!merge) {
         return;
@@ -584,6 +590,9 @@ static void kvf_xfer_desc_sort_merge(kvf_xfer_desc_vec_t *vec, bool merge)
 static void kvf_xfer_range_sort_merge(kvf_xfer_range_vec_t *vec)
 {
     size_t out = 0;
+    if (vec->n < 2) {
+        return;
+    }
     qsort(vec->v, vec->n, sizeof(*vec->v), kvf_xfer_cmp_range);
     for (size_t i = 0; i < vec->n; ++i) {
         kvf_xfer_range_t *last = (out > 0) ? &vec->v[out - 1] : NULL;
