@@ -14,7 +14,8 @@
  * must stay: tests use it to prove that kvf_blocks_zero is what fixes it.
  * The running max only looks at unmasked scores (as -inf-masked max does).
  *
- * All query heads that share a KV head (GQA group) reuse one loaded tile.
+ * Each tile is loaded once per KV head for all queries of the call and all
+ * query heads of the GQA group.
  * Rejected alternative: materialising dense K/V per request, which would
  * hide the NaN hazard and cost a copy per step.
  */
@@ -118,8 +119,9 @@ int kvf_attn_paged(const kvf_device_t *dev, const kvf_paged_kv_t *kv, const floa
                    float *out)
 {
     int err = kvf_paged_kv_check(kv);
-    size_t kbb, hd, kbs, nkv, group;
+    size_t kbb, hd, kbs, nkv, group, nq, nstate;
     float *scratch, *ktile, *vtile, *s, *p, *acc, *m, *l;
+    int max_pos = 0;
 
     if ((err != KVF_KERN_OK) || (num_tokens < 0) || (q_heads <= 0) ||
         ((q_heads % kv->kv_heads) != 0) || (ldq < q_heads * kv->head_dim)) {
@@ -141,13 +143,18 @@ int kvf_attn_paged(const kvf_device_t *dev, const kvf_paged_kv_t *kv, const floa
     if (!(scale > 0.0f)) {
         scale = 1.0f / sqrtf((float)kv->head_dim);
     }
+    for (int t = 0; t < num_tokens; ++t) {
+        max_pos = (positions[t] > max_pos) ? positions[t] : max_pos;
+    }
     kbb = kvf_paged_kv_kernel_block_bytes(kv);
     hd = (size_t)kv->head_dim;
     kbs = (size_t)kv->kernel_block_size;
     nkv = (size_t)kv->kv_heads;
     group = (size_t)q_heads / nkv;
+    nq = (size_t)num_tokens * group;   /* (query, head of the GQA group) pairs */
+    nstate = nq * (hd + 2);
 
-    scratch = malloc((2 * kbs * hd + 2 * kbs + group * hd + 2 * group) * sizeof(float));
+    scratch = malloc((2 * kbs * hd + 2 * kbs + nstate) * sizeof(float));
     if (scratch == NULL) {
         return KVF_KERN_ENOMEM;
     }
@@ -156,62 +163,73 @@ int kvf_attn_paged(const kvf_device_t *dev, const kvf_paged_kv_t *kv, const floa
     s = vtile + kbs * hd;
     p = s + kbs;
     acc = p + kbs;
-    m = acc + group * hd;
-    l = m + group;
+    m = acc + nq * hd;
+    l = m + nq;
 
-    for (int t = 0; t < num_tokens; ++t) {
-        int limit = positions[t];
-        int nkb = limit / kv->kernel_block_size + 1;
-        for (size_t kh = 0; kh < nkv; ++kh) {
-            for (size_t g = 0; g < group; ++g) {
-                m[g] = -INFINITY;
-                l[g] = 0.0f;
-            }
-            memset(acc, 0, group * hd * sizeof(float));
-            for (int kb = 0; kb < nkb; ++kb) {
-                int token0 = kb * kv->kernel_block_size;
-                const char *kblock = kvf_attn_kblock(kv, kbb, token0);
-                /* the whole tile, written slots or not, as a GPU kernel loads it */
-                kvf_kern_load(kblock, kv->dtype, kh * kbs * hd, kbs * hd, ktile);
-                kvf_kern_load(kblock, kv->dtype, (nkv + kh) * kbs * hd, kbs * hd, vtile);
+    /* Tiles in the outer loop: each kernel block is loaded (and converted)
+     * once per KV head for all queries of the call, as a GPU kernel streams
+     * K/V tiles past a tile of queries. Per query the tiles still arrive in
+     * ascending order, so the result does not depend on the chunking. */
+    for (size_t kh = 0; kh < nkv; ++kh) {
+        for (size_t i = 0; i < nq; ++i) {
+            m[i] = -INFINITY;
+            l[i] = 0.0f;
+        }
+        memset(acc, 0, nq * hd * sizeof(float));
+        for (int kb = 0; kb <= max_pos / kv->kernel_block_size; ++kb) {
+            int token0 = kb * kv->kernel_block_size;
+            const char *kblock = kvf_attn_kblock(kv, kbb, token0);
+            /* the whole tile, written slots or not, as a GPU kernel loads it */
+            kvf_kern_load(kblock, kv->dtype, kh * kbs * hd, kbs * hd, ktile);
+            kvf_kern_load(kblock, kv->dtype, (nkv + kh) * kbs * hd, kbs * hd, vtile);
+            for (int t = 0; t < num_tokens; ++t) {
+                int limit = positions[t];
+                if (limit < token0) {
+                    continue;   /* tile entirely in this query's future: not read */
+                }
                 for (size_t g = 0; g < group; ++g) {
                     const float *qv = q + (size_t)t * (size_t)ldq + (kh * group + g) * hd;
-                    float *ag = acc + g * hd;
-                    float m_new = m[g];
+                    size_t qi = (size_t)t * group + g;
+                    float *ag = acc + qi * hd;
+                    float m_new = m[qi];
                     for (size_t j = 0; j < kbs; ++j) {
+                        const float *kj = ktile + j * hd;
                         float dot = 0.0f;
                         for (size_t d = 0; d < hd; ++d) {
-                            dot += qv[d] * ktile[j * hd + d];
+                            dot += qv[d] * kj[d];
                         }
                         s[j] = dot * scale;
                         if ((token0 + (int)j <= limit) && (s[j] > m_new)) {
                             m_new = s[j];
                         }
                     }
-                    float alpha = expf(m[g] - m_new);   /* 0 on the first tile */
+                    float alpha = expf(m[qi] - m_new);   /* 0 on the first tile */
                     float lsum = 0.0f;
                     for (size_t j = 0; j < kbs; ++j) {
                         float mask = (token0 + (int)j <= limit) ? 1.0f : 0.0f;
-                        p[j] = expf(s[j] - m_new) * mask;
+                        p[j] = expf(s[j] - m_new) * mask;   /* masked: 0 * exp(s - m) */
                         lsum += p[j];
                     }
-                    l[g] = l[g] * alpha + lsum;
+                    l[qi] = l[qi] * alpha + lsum;
                     for (size_t d = 0; d < hd; ++d) {
                         ag[d] *= alpha;
                     }
                     for (size_t j = 0; j < kbs; ++j) {
                         const float *vj = vtile + j * hd;
                         for (size_t d = 0; d < hd; ++d) {
-                            ag[d] += p[j] * vj[d];
+                            ag[d] += p[j] * vj[d];   /* masked: 0 * v, NaN stays NaN */
                         }
                     }
-                    m[g] = m_new;
+                    m[qi] = m_new;
                 }
             }
+        }
+        for (int t = 0; t < num_tokens; ++t) {
             for (size_t g = 0; g < group; ++g) {
+                size_t qi = (size_t)t * group + g;
                 float *o = out + (size_t)t * (size_t)q_heads * hd + (kh * group + g) * hd;
                 for (size_t d = 0; d < hd; ++d) {
-                    o[d] = acc[g * hd + d] / l[g];
+                    o[d] = acc[qi * hd + d] / l[qi];
                 }
             }
         }

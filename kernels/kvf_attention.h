@@ -99,8 +99,9 @@ int kvf_attn_cache_write(const kvf_device_t *dev, const kvf_paged_kv_t *kv, cons
  * @param [in]  scale       Score scale; <= 0 selects 1/sqrt(head_dim).
  * @param [out] out         fp32 [num_tokens][q_heads * head_dim] contiguous;
  *                          must not overlap q.
- * @return KVF_KERN_OK; KVF_KERN_EINVAL; KVF_KERN_ENOMEM (score scratch of
- *         kernel_block_size * num_blocks * ppl floats); KVF_KERN_EUNSUPPORTED.
+ * @return KVF_KERN_OK; KVF_KERN_EINVAL; KVF_KERN_ENOMEM (scratch of about
+ *         num_tokens * q_heads / kv_heads * (head_dim + 2) + 2 *
+ *         kernel_block_size * (head_dim + 1) floats); KVF_KERN_EUNSUPPORTED.
  */
 int kvf_attn_paged(const kvf_device_t *dev, const kvf_paged_kv_t *kv, const float *q, int ldq,
                    const int32_t *positions, int num_tokens, int q_heads, float scale,
