@@ -567,10 +567,16 @@ static int kvf_xfer_cmp_range(const void *a, const void *b)
 static void kvf_xfer_desc_sort_merge(kvf_xfer_desc_vec_t *vec, bool merge)
 {
     size_t out = 0;
+    bool sorted = true;
     if (vec->n < 2) {
         return;
     }
-    qsort(vec->v, vec->n, sizeof(*vec->v), kvf_xfer_cmp_desc);
+    for (size_t i = 1; sorted && (i < vec->n); ++i) {   /* ascending ids: already in order */
+        sorted = vec->v[i - 1].local_off < vec->v[i].local_off;
+    }
+    if (!sorted) {
+        qsort(vec->v, vec->n, sizeof(*vec->v), kvf_xfer_cmp_desc);
+    }
     if (!merge) {
         return;
     }

@@ -94,11 +94,15 @@ typedef struct kvf_xfer_plan_params {
     uint32_t                        flags;        /* kvf_xfer_plan_flags; needs FIELD_FLAGS; default 0 */
 } kvf_xfer_plan_params_t;
 
-/** Descriptors for one prefill rank. */
+/**
+ * Descriptors for one prefill rank. Sorted by local_off; no two descriptors of
+ * a plan (any rank) overlap in the local region, and none overlaps a zero range,
+ * so the GETs of all ranks may run in any order and in parallel.
+ */
 typedef struct kvf_xfer_rank_plan {
     int              remote_rank;   /* prefill rank to read */
     size_t           num_descs;
-    kvf_xfer_desc_t *descs;         /* [num_descs], owned by the plan */
+    kvf_xfer_desc_t *descs;         /* [num_descs], owned by the plan, ascending local_off */
     uint64_t         bytes;         /* sum of descs[].len */
 } kvf_xfer_rank_plan_t;
 

@@ -565,6 +565,7 @@ static void test_real_model_figures(void **state)
     (void)state;
     plan_real("llama-3.1-8b", 4, 2, 8000, KVF_DTYPE_BF16);
     plan_real("llama-3.1-8b", 1, 4, 8000, KVF_DTYPE_BF16);
+    plan_real("llama-3.1-8b", 4, 2, 32768, KVF_DTYPE_BF16);
     plan_real("nemotron-nano-9b-v2", 4, 2, 8000, KVF_DTYPE_BF16);
     plan_real("nemotron-3-nano-30b-a3b", 2, 4, 8000, KVF_DTYPE_FP8);
 }

@@ -447,9 +447,23 @@ static void xp_assign_ids(xp_world_t *w, const xp_case_t *c)
 
 /* ---- execution by the harness itself (independent of kvf_xfer_plan_apply_local) ---- */
 
+/* No local byte is written twice: descriptors of all ranks and zero ranges are disjoint. */
+static void xp_cover(uint8_t *cover, uint64_t off, uint64_t len, const char *what)
+{
+    for (uint64_t i = off; i < off + len; ++i) {
+        if (cover[i]) {
+            fail_msg("local byte %" PRIu64 " written twice (%s)", i, what);
+        }
+        cover[i] = 1;
+    }
+}
+
 static void xp_execute(const xp_world_t *w, const kvf_xfer_plan_t *plan, uint8_t *local,
                        size_t local_len)
 {
+    uint8_t *cover = calloc(1, local_len);
+
+    assert_non_null(cover);
     for (int i = 0; i < plan->num_ranks; ++i) {
         const kvf_xfer_rank_plan_t *rp = &plan->ranks[i];
         int r = rp->remote_rank;
@@ -461,6 +475,8 @@ static void xp_execute(const xp_world_t *w, const kvf_xfer_plan_t *plan, uint8_t
             assert_true(d->len > 0);
             assert_true(d->local_off + d->len <= local_len);
             assert_true(d->remote_off + d->len <= w->ppool_len[r]);
+            assert_true((k == 0) || (d->local_off > rp->descs[k - 1].local_off));
+            xp_cover(cover, d->local_off, d->len, "descriptor");
             memcpy(local + d->local_off, w->ppool[r] + d->remote_off, d->len);
         }
     }
@@ -469,8 +485,10 @@ static void xp_execute(const xp_world_t *w, const kvf_xfer_plan_t *plan, uint8_t
         assert_true(z->len > 0);
         assert_true(z->off + z->len <= local_len);
         assert_true((k == 0) || (z->off > plan->zero[k - 1].off + plan->zero[k - 1].len - 1));
+        xp_cover(cover, z->off, z->len, "zero range");
         memset(local + z->off, 0, z->len);
     }
+    free(cover);
 }
 
 static void xp_world_free(xp_world_t *w)
