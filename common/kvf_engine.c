@@ -299,6 +299,37 @@ static kvf_status_t kvf_accept_token(kvf_engine_h e, kvf_request_t *r, int32_t t
     return KVF_OK;
 }
 
+/*
+ * Nothing could be scheduled although requests wait. When no request holds
+ * blocks for someone else (PREFILLED leases, IMPORTING fills), nothing will
+ * ever free a block: the oldest waiting request can never fit the pool, so
+ * it is finished with an error instead of spinning forever.
+ */
+static kvf_status_t kvf_engine_unstall(kvf_engine_h e, kvf_engine_event_t *events, int cap,
+                                       int *n_events)
+{
+    kvf_request_t *oldest = NULL;
+
+    for (int i = 0; i < e->num_reqs; ++i) {
+        kvf_request_t *r = e->reqs[i];
+        if ((r->state == KVF_REQ_PREFILLED) || (r->state == KVF_REQ_IMPORTING)) {
+            return KVF_OK;   /* blocks come back when those are released */
+        }
+        if (((r->state == KVF_REQ_WAITING) || (r->state == KVF_REQ_RUNNING)) &&
+            ((oldest == NULL) || (r->arrival < oldest->arrival))) {
+            oldest = r;
+        }
+    }
+    if (oldest != NULL) {
+        kvf_error("request %llu needs more cache than the pool of %d blocks holds (%d tokens)",
+                  (unsigned long long)oldest->id, kvf_block_manager_num_blocks(e->bm),
+                  oldest->num_tokens);
+        kvf_finish(e, oldest, KVF_FINISH_ERROR);
+        kvf_emit(events, cap, n_events, oldest->id, KVF_EVENT_FINISHED, -1, KVF_FINISH_ERROR);
+    }
+    return KVF_OK;
+}
+
 kvf_status_t kvf_engine_step(kvf_engine_h e, kvf_engine_event_t *events, int cap, int *n_events)
 {
     const int vocab = e->cfg->vocab_size;
@@ -307,13 +338,22 @@ kvf_status_t kvf_engine_step(kvf_engine_h e, kvf_engine_event_t *events, int cap
     int np = 0, ns = 0, n_fresh, prefill_tok = 0, decode_tok = 0;
     double t0, dt;
 
+    int preempted = 0;
+
     *n_events = 0;
+    for (int i = 0; i < e->num_reqs; ++i) {
+        preempted -= e->reqs[i]->preemptions;
+    }
     status = kvf_scheduler_schedule(&e->sched, e->bm, e->reqs, e->num_reqs, e->plan, &np);
+    for (int i = 0; i < e->num_reqs; ++i) {
+        preempted += e->reqs[i]->preemptions;
+    }
+    e->stats.preemptions += (uint64_t)preempted;
     if (status != KVF_OK) {
         return status;
     }
     if (np == 0) {
-        return KVF_OK;
+        return kvf_engine_unstall(e, events, cap, n_events);
     }
     for (int i = 0; i < np; ++i) {
         kvf_sched_entry_t *pe = &e->plan[i];
@@ -415,7 +455,7 @@ kvf_status_t kvf_engine_request_info(kvf_engine_h e, uint64_t id, kvf_req_info_t
         .state = r->state, .finish = r->finish, .tokens = r->tokens,
         .prompt_len = r->prompt_len, .num_tokens = r->num_tokens,
         .num_computed = r->num_computed, .logits = r->logits, .num_logits = r->num_logits,
-        .blocks = &r->blocks,
+        .blocks = &r->blocks, .preemptions = r->preemptions,
     };
     return KVF_OK;
 }
@@ -451,6 +491,9 @@ kvf_status_t kvf_engine_prefill(kvf_engine_h e, const kvf_req_params_t *params, 
         *id_p = r->id;
         *first_token_p = r->tokens[r->num_tokens - 1];
         return KVF_OK;
+    }
+    if ((status == KVF_OK) && (r->finish == KVF_FINISH_ERROR)) {
+        status = KVF_ERR_NO_RESOURCE;   /* finished by kvf_engine_unstall() */
     }
     (void)kvf_engine_release(e, r->id);
     return (status != KVF_OK) ? status : KVF_ERR_CANCELED;

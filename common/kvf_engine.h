@@ -78,6 +78,7 @@ typedef struct kvf_req_info {
     const float            *logits;       /* [num_logits][vocab] if recorded */
     int                     num_logits;
     const kvf_req_blocks_t *blocks;
+    int                     preemptions;  /* times recomputed after losing its blocks */
 } kvf_req_info_t;
 
 /**
@@ -171,6 +172,7 @@ typedef struct kvf_engine_stats {
     uint64_t decode_tokens;
     double   decode_seconds;
     uint64_t steps;
+    uint64_t preemptions;
 } kvf_engine_stats_t;
 
 void kvf_engine_get_stats(kvf_engine_h engine, kvf_engine_stats_t *stats_p);

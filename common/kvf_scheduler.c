@@ -38,6 +38,7 @@ static void kvf_preempt(kvf_block_manager_h bm, kvf_request_t *r)
     (void)kvf_block_manager_free(bm, &r->blocks);
     r->num_computed = 0;
     r->state = KVF_REQ_WAITING;
+    r->preemptions++;
 }
 
 kvf_status_t kvf_scheduler_schedule(const kvf_scheduler_params_t *params, kvf_block_manager_h bm,

@@ -67,6 +67,7 @@ typedef struct kvf_request {
 
     kvf_req_blocks_t    blocks;
     int                 sched_tokens;  /* tokens in the current step, 0 = not scheduled */
+    int                 preemptions;   /* times this request lost its blocks */
 } kvf_request_t;
 
 typedef struct kvf_scheduler_params {
