@@ -1,6 +1,7 @@
 /* Device layer: CPU alloc/memset/copy, block zeroing of a page list, range
  * zeroing, argument errors; the CUDA path when a GPU is present. */
 #include "kernels/kvf_device.h"
+#include "kernels/kvf_norm.h"
 #include "kvf_kern_test.h"
 
 #include <stdlib.h>
@@ -96,6 +97,35 @@ static void test_cuda(void **state)
     }
     assert_int_equal(kvf_device_init(KVF_DEVICE_CUDA, 0, &dev), KVF_KERN_OK);
     check_blocks_zero(&dev);
+
+    /* RMSNorm on the device equals the CPU version (rows x 300) */
+    {
+        enum { R = 5, D = 300 };
+        kvf_test_rng_t rng = {8};
+        float x[R * D], w[D], cpu[R * D], gpu[R * D];
+        void *dx, *dw, *dy;
+        kvf_test_fill(&rng, x, R * D, -2, 2);
+        kvf_test_fill(&rng, w, D, 0.5f, 1.5f);
+        assert_int_equal(kvf_rmsnorm(NULL, x, w, cpu, R, D, 1e-5f), KVF_KERN_OK);
+        assert_int_equal(kvf_device_alloc(&dev, sizeof(x), &dx), KVF_KERN_OK);
+        assert_int_equal(kvf_device_alloc(&dev, sizeof(w), &dw), KVF_KERN_OK);
+        assert_int_equal(kvf_device_alloc(&dev, sizeof(x), &dy), KVF_KERN_OK);
+        assert_int_equal(kvf_device_memcpy(&dev, dx, x, sizeof(x), KVF_COPY_H2D), KVF_KERN_OK);
+        assert_int_equal(kvf_device_memcpy(&dev, dw, w, sizeof(w), KVF_COPY_H2D), KVF_KERN_OK);
+        assert_int_equal(kvf_rmsnorm(&dev, dx, dw, dy, R, D, 1e-5f), KVF_KERN_OK);
+        assert_int_equal(kvf_device_sync(&dev), KVF_KERN_OK);
+        assert_int_equal(kvf_device_memcpy(&dev, gpu, dy, sizeof(x), KVF_COPY_D2H), KVF_KERN_OK);
+        kvf_test_assert_close_f(gpu, cpu, R * D, 1e-5, 1e-5, "cuda rmsnorm");
+        kvf_device_free(&dev, dx);
+        kvf_device_free(&dev, dw);
+        kvf_device_free(&dev, dy);
+    }
+    /* kernels without a CUDA version say so */
+    {
+        float g[8], ss[2];
+        assert_int_equal(kvf_gated_rmsnorm_sumsq(&dev, g, g, 8, 1, 8, 4, g, ss),
+                         KVF_KERN_EUNSUPPORTED);
+    }
 }
 
 int main(void)
