@@ -39,6 +39,7 @@ struct kvf_block_manager {
     int               num_blocks;
     int               block_size;
     int               num_groups;
+    int               slots;
     kvf_group_kind_t  kinds[KVF_MAX_KV_GROUPS];
     int32_t          *free_stack;   /* [num_blocks]; top = free_stack[num_free - 1] */
     int               num_free;
@@ -95,6 +96,7 @@ kvf_status_t kvf_block_manager_create(const kvf_block_manager_params_t *params,
     bm->num_blocks = params->num_blocks;
     bm->block_size = params->block_size;
     bm->num_groups = params->layout->num_groups;
+    bm->slots = params->layout->slots;
     for (int g = 0; g < bm->num_groups; ++g) {
         bm->kinds[g] = params->layout->groups[g].kind;
     }
@@ -135,6 +137,11 @@ void kvf_block_manager_destroy(kvf_block_manager_h bm)
 int kvf_block_manager_num_free(kvf_block_manager_h bm)
 {
     return bm->num_free;
+}
+
+int kvf_block_manager_num_free_pages(kvf_block_manager_h bm)
+{
+    return bm->num_free * bm->slots;
 }
 
 int kvf_block_manager_num_blocks(kvf_block_manager_h bm)

@@ -82,6 +82,9 @@ void kvf_block_manager_destroy(kvf_block_manager_h bm);
 /** Free blocks now (the free-page count is this times the pool's slots). */
 int kvf_block_manager_num_free(kvf_block_manager_h bm);
 
+/** Free pages: kvf_block_manager_num_free() * layout slots. */
+int kvf_block_manager_num_free_pages(kvf_block_manager_h bm);
+
 /** Total blocks managed. */
 int kvf_block_manager_num_blocks(kvf_block_manager_h bm);
 

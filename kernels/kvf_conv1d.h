@@ -52,7 +52,8 @@ int kvf_conv1d_chunk(const kvf_device_t *dev, const float *x, int ldx, int T, in
 
 /**
  * Decode step for one token: the same as kvf_conv1d_chunk() with T = 1 and
- * has_state = 1, without scratch allocation.
+ * has_state = 1, without scratch allocation (kernel <= 64, else
+ * KVF_KERN_EINVAL).
  * x, y: fp32 [channels] (may be equal). Errors as kvf_conv1d_chunk() (never
  * KVF_KERN_ENOMEM).
  */

@@ -65,7 +65,8 @@ int kvf_mamba2_scan(const kvf_device_t *dev, const kvf_mamba2_params_t *p, int T
 
 /**
  * Decode step for one token: kvf_mamba2_scan() with T = 1, has_state = 1,
- * updating the stored state element by element (no scratch).
+ * updating the stored state element by element (no scratch; state_size <=
+ * 1024, else KVF_KERN_EINVAL).
  * x: [heads*head_dim], dt: [heads] raw, B, C: [groups*state_size], y:
  * [heads*head_dim] (must not overlap inputs). Errors as kvf_mamba2_scan()
  * (never KVF_KERN_ENOMEM).

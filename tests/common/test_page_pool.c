@@ -104,6 +104,7 @@ static void test_allocate_grow_free(void **state)
     assert_int_equal(a.num_blocks[2], 1);
     assert_int_equal(a.num_tokens, 100);
     assert_int_equal(kvf_block_manager_num_free(bm), 4);
+    assert_int_equal(kvf_block_manager_num_free_pages(bm), 4 * 2);
     assert_int_equal(kvf_block_manager_num_fresh(bm), 2);   /* attention only */
     assert_int_equal(a.blocks[0][0], 0);                     /* fresh manager hands out 0, 1, ... */
     assert_int_equal(a.blocks[0][1], 1);
