@@ -84,7 +84,10 @@ typedef struct kvf_xfer_plan_params {
                                                      only the ranks this decode rank reads
                                                      (kvf_tp_source_ranks()) are looked at */
     const int64_t                  *remote_num_blocks; /* [remote_tp], blocks in rank r's region;
-                                                          same rule */
+                                                          same rule. Derive it from the length
+                                                          the peer registered (len / (slots *
+                                                          page_size)), so the checked region
+                                                          never exceeds the registered one */
 
     /* the request */
     int                             num_groups;   /* == layout->num_groups */

@@ -336,6 +336,87 @@ static void test_refuse_params(void **state)
     free(w);
 }
 
+/*
+ * A hostile or broken peer: random damage to the prefill geometries, ids, pool
+ * sizes and token count. The planner must refuse or return a plan whose every
+ * descriptor lies inside both regions as the caller described them.
+ */
+static uint64_t rnd_state = 12345;
+
+static uint64_t rnd(void)
+{
+    uint64_t x = (rnd_state += 0x9e3779b97f4a7c15ull);
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static int rnd_int(void)
+{
+    static const int picks[] = {0, 1, -1, 2, 16, 48, 80, 160, 4096, 65536, INT32_MAX, INT32_MIN};
+    return (rnd() % 2) ? picks[rnd() % 12] : (int)(rnd() % 400) - 8;
+}
+
+static void test_refuse_hostile_random(void **state)
+{
+    unsigned long ok = 0, refused = 0;
+    (void)state;
+
+    capture_begin();   /* thousands of refusal lines */
+    for (int it = 0; it < 3000; ++it) {
+        const char *json = (it % 2) ? xp_tiny_hybrid_json : xp_dense_kv2_json;
+        int P = (it % 3 == 0) ? 4 : 2, D = (it % 5 == 0) ? 4 : 2;
+        world_t *w = world_make(json, P, D, it % D, 0, 0, 1 + (int64_t)(rnd() % 200), 0, 0);
+        int damage = 1 + (int)(rnd() % 3);
+        kvf_xfer_plan_t *plan = NULL;
+        kvf_status_t status;
+
+        for (int k = 0; k < damage; ++k) {
+            kvf_rank_geometry_t *g = &w->pg[rnd() % (uint64_t)P];
+            int g_i = (int)(rnd() % (uint64_t)w->layout.num_groups);
+            switch (rnd() % 12) {
+            case 0: g->block_size = rnd_int(); break;
+            case 1: g->kernel_block_size = rnd_int(); break;
+            case 2: g->ppl = rnd_int(); break;
+            case 3: g->page_size = (size_t)rnd_int(); break;
+            case 4: g->kernel_block_bytes = (size_t)rnd_int(); break;
+            case 5: g->shard.kv_heads = rnd_int(); break;
+            case 6: g->shard.kv_head_start = rnd_int(); break;
+            case 7: g->shard.mamba_head_start = rnd_int(); break;
+            case 8: w->rids[g_i][rnd() % 16] = (int32_t)rnd(); break;
+            case 9: w->groups[g_i].num_remote = rnd_int() % 17; break;
+            case 10: w->remote_nb[rnd() % (uint64_t)P] = (int64_t)rnd_int(); break;
+            default: w->params.num_tokens = (int64_t)rnd_int(); break;
+            }
+        }
+        status = kvf_xfer_plan_create(&w->params, &plan);
+        if (status != KVF_OK) {
+            assert_true(status < 0);
+            ++refused;
+            free(w);
+            continue;
+        }
+        ++ok;
+        for (int i = 0; i < plan->num_ranks; ++i) {
+            int r = plan->ranks[i].remote_rank;
+            uint64_t rlen = (uint64_t)w->remote_nb[r] * (uint64_t)w->layout.slots *
+                            w->pg[r].page_size;
+            uint64_t llen = (uint64_t)w->params.local_num_blocks * (uint64_t)w->layout.slots *
+                            w->params.local_geom->page_size;
+            for (size_t k = 0; k < plan->ranks[i].num_descs; ++k) {
+                const kvf_xfer_desc_t *d = &plan->ranks[i].descs[k];
+                assert_true(d->remote_off + d->len <= rlen);
+                assert_true(d->local_off + d->len <= llen);
+            }
+        }
+        kvf_xfer_plan_destroy(plan);
+        free(w);
+    }
+    capture_end();
+    print_message("hostile peer: %lu refused, %lu planned within bounds\n", refused, ok);
+    assert_true(refused > 0);
+}
+
 /* ---- descriptor counts worked out by hand ---- */
 
 static size_t count_descs(const kvf_xfer_plan_params_t *params, kvf_xfer_plan_t **plan_p)
@@ -576,6 +657,7 @@ int main(void)
         cmocka_unit_test(test_refuse_block_ids),
         cmocka_unit_test(test_refuse_geometry),
         cmocka_unit_test(test_refuse_params),
+        cmocka_unit_test(test_refuse_hostile_random),
         cmocka_unit_test(test_coalesce_counts),
         cmocka_unit_test(test_apply_local_bounds),
         cmocka_unit_test(test_real_model_figures),
