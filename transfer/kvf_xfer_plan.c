@@ -473,9 +473,10 @@ static kvf_status_t kvf_xfer_plan_attn_group(kvf_xfer_planner_t *pl, const kvf_k
 
 /* One run of conv channels [global, global + count) of @a part, read from prefill rank @a r. */
 static kvf_status_t kvf_xfer_conv_run(kvf_xfer_planner_t *pl, int r, int part, int global,
-                                      int count, uint64_t lpage, uint64_t rpage)
+                                      int count, uint64_t lpage, int32_t rid, int slot)
 {
     const kvf_rank_geometry_t *rg = &pl->p->remote_geoms[r];
+    uint64_t rpage = kvf_xfer_page_off(rid, pl->slots, slot, rg->page_size);
     int lc = kvf_shard_conv_channel(pl->cfg, &pl->lg->shard, part, global);
     int rc = kvf_shard_conv_channel(pl->cfg, &rg->shard, part, global);
     uint64_t len = (uint64_t)count * (uint64_t)(pl->cfg->conv_kernel - 1) *
@@ -506,11 +507,10 @@ static kvf_status_t kvf_xfer_plan_mamba_group(kvf_xfer_planner_t *pl, const kvf_
 
     for (int j = 0; j < grp->num_layers; ++j) {
         uint64_t lpage = kvf_xfer_page_off(lid, pl->slots, j, lg->page_size);
-#define KVF_XFER_RPAGE(_r) kvf_xfer_page_off(rid, pl->slots, j, p->remote_geoms[_r].page_size)
         /* x channels, head by head (a head's channels are contiguous on both sides) */
         for (int h = ls->mamba_head_start; h < ls->mamba_head_start + ls->mamba_heads; ++h) {
             int r = kvf_tp_mamba_head_source(cfg, p->remote_tp, h);
-            status = kvf_xfer_conv_run(pl, r, 0, h * hd, hd, lpage, KVF_XFER_RPAGE(r));
+            status = kvf_xfer_conv_run(pl, r, 0, h * hd, hd, lpage, rid, j);
             if (status != KVF_OK) {
                 return status;
             }
@@ -519,7 +519,7 @@ static kvf_status_t kvf_xfer_plan_mamba_group(kvf_xfer_planner_t *pl, const kvf_
         for (int part = 1; part <= 2; ++part) {
             for (int g = ls->group_start; g < ls->group_start + ls->groups; ++g) {
                 int r = kvf_tp_group_source(cfg, p->remote_tp, p->local_tp, p->local_rank, g);
-                status = kvf_xfer_conv_run(pl, r, part, g * st, st, lpage, KVF_XFER_RPAGE(r));
+                status = kvf_xfer_conv_run(pl, r, part, g * st, st, lpage, rid, j);
                 if (status != KVF_OK) {
                     return status;
                 }
@@ -530,6 +530,7 @@ static kvf_status_t kvf_xfer_plan_mamba_group(kvf_xfer_planner_t *pl, const kvf_
             int r = kvf_tp_mamba_head_source(cfg, p->remote_tp, h);
             const kvf_rank_geometry_t *rg = &p->remote_geoms[r];
             int rh = h - rg->shard.mamba_head_start;
+            uint64_t rpage = kvf_xfer_page_off(rid, pl->slots, j, rg->page_size);
             if ((rh < 0) || (rh >= rg->shard.mamba_heads)) {
                 kvf_error("xfer plan: prefill rank %d does not hold Mamba head %d", r, h);
                 return KVF_ERR_INVALID_PARAM;
@@ -537,14 +538,12 @@ static kvf_status_t kvf_xfer_plan_mamba_group(kvf_xfer_planner_t *pl, const kvf_
             status = kvf_xfer_push_desc(pl, r,
                                         lpage + kvf_ssm_offset(lg, cfg, h - ls->mamba_head_start,
                                                                0, 0),
-                                        KVF_XFER_RPAGE(r) + kvf_ssm_offset(rg, cfg, rh, 0, 0),
-                                        ssm_head);
+                                        rpage + kvf_ssm_offset(rg, cfg, rh, 0, 0), ssm_head);
             if (status != KVF_OK) {
                 return status;
             }
             pl->mamba_bytes += ssm_head;
         }
-#undef KVF_XFER_RPAGE
     }
     return KVF_OK;
 }
