@@ -471,7 +471,7 @@ static void kvf_proxy_io_probe(struct kvf_proxy_pool *pool, int64_t now)
             if (send && (zmq_send(inst->sock, buf, len, ZMQ_DONTWAIT) < 0)) {
                 pthread_mutex_lock(&pool->lock);
                 inst->probe_sent_ms = 0;
-                if (inst->info.answered || inst->info.connected) {
+                if (inst->info.answered) {   /* start-up connects are not failures */
                     inst->info.probes_failed++;
                 }
                 kvf_proxy_inst_unhealthy_locked(inst, inst->info.connected ?

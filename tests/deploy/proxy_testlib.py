@@ -1,0 +1,90 @@
+"""Shared bits of the tests/deploy scripts: argument parsing, starting
+kvf-proxy and the fake daemons as child processes, and tidy shutdown."""
+
+import argparse
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.environ.get("KVF_SOURCE_DIR") or
+                                os.path.dirname(os.path.dirname(os.path.dirname(
+                                    os.path.abspath(__file__)))), "tests", "e2e"))
+import kvf_e2e  # noqa: E402
+
+
+def args():
+    p = argparse.ArgumentParser()
+    p.add_argument("--fakebin", required=True, help="folder with fake daemons and the real proxy")
+    p.add_argument("--testbin", required=True)
+    return p.parse_args()
+
+
+class Procs:
+    """Child processes, stopped (SIGTERM, then SIGKILL) in reverse start order."""
+
+    def __init__(self, logdir):
+        self.procs = []
+        self.logdir = logdir
+
+    def start(self, name, cmd, capture_stdout=False):
+        err = open(os.path.join(self.logdir, name + ".log"), "w")
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE if capture_stdout else err,
+                             stderr=err, stdin=subprocess.DEVNULL)
+        p.name, p.errfile = name, err
+        self.procs.append(p)
+        return p
+
+    def log(self, name):
+        with open(os.path.join(self.logdir, name + ".log"), errors="replace") as f:
+            return f.read()
+
+    def stop(self, p, timeout=5):
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        p.errfile.close()
+        return p.returncode
+
+    def stop_all(self):
+        for p in reversed(self.procs):
+            self.stop(p)
+
+
+def start_proxy(procs, fakebin, prefill, decode, extra=(), timeout=10):
+    """Start kvf-proxy on a free port (--port 0); return (Popen, kvf_e2e.Proxy)."""
+    cmd = [os.path.join(fakebin, "kvf-proxy"), "--port", "0", "--prefill", prefill,
+           "--decode", decode] + list(extra)
+    p = procs.start("proxy", cmd, capture_stdout=True)
+    deadline = time.monotonic() + timeout
+    line = b""
+    while not line.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0 or p.poll() is not None:
+            raise RuntimeError("kvf-proxy did not start: %s" % procs.log("proxy"))
+        r, _, _ = select.select([p.stdout], [], [], left)
+        if r:
+            ch = os.read(p.stdout.fileno(), 1)
+            if not ch:
+                raise RuntimeError("kvf-proxy exited: %s" % procs.log("proxy"))
+            line += ch
+    port = int(line.decode().rsplit(":", 1)[1])
+    return p, kvf_e2e.Proxy("127.0.0.1", port)
+
+
+def start_fake(procs, fakebin, role, name, port, extra=()):
+    exe = os.path.join(fakebin, "kvf-" + role)
+    return procs.start(name, [exe, "--listen", "tcp://127.0.0.1:%d" % port, "--engine-id", name]
+                       + list(extra))
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+    print("ok:", what)

@@ -1,0 +1,238 @@
+/*
+ * kvf-proxy pure parts: UTF-8 repair of streamed byte tokens, OpenAI
+ * request validation, metrics text. Expected values are written out by
+ * hand from the Unicode and OpenAI rules, not taken from program output.
+ */
+#include "deploy/kvf_proxy_metrics.h"
+#include "deploy/kvf_proxy_openai.h"
+#include "deploy/kvf_proxy_text.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#define FFFD "\xef\xbf\xbd"
+
+static void utf8_all(const char *in, size_t len, char *out)
+{
+    kvf_proxy_utf8_t st = {0};
+    size_t w = kvf_proxy_utf8_feed(&st, in, len, out, KVF_PROXY_UTF8_CAP(len));
+    kvf_proxy_utf8_flush(&st, out + w, KVF_PROXY_UTF8_CAP(len) - w);
+}
+
+static void test_utf8_whole(void **state)
+{
+    char out[256];
+
+    (void)state;
+    utf8_all("hello", 5, out);
+    assert_string_equal(out, "hello");
+    utf8_all("caf\xc3\xa9", 5, out);                 /* é, valid */
+    assert_string_equal(out, "caf\xc3\xa9");
+    utf8_all("a\xff" "b", 3, out);                   /* never valid */
+    assert_string_equal(out, "a" FFFD "b");
+    utf8_all("\xc0\xaf", 2, out);                    /* overlong '/': two bad bytes */
+    assert_string_equal(out, FFFD FFFD);
+    utf8_all("\xed\xa0\x80", 3, out);                /* surrogate D800: ED then 2 bad conts */
+    assert_string_equal(out, FFFD FFFD FFFD);
+    utf8_all("\xe2\x82" "x", 3, out);                /* truncated € then x: one U+FFFD */
+    assert_string_equal(out, FFFD "x");
+    utf8_all("\xf0\x9f\x98", 3, out);                /* truncated at the end */
+    assert_string_equal(out, FFFD);
+    utf8_all("a\0b", 3, out);                        /* NUL cannot travel in the C string */
+    assert_string_equal(out, "a" FFFD "b");
+    utf8_all("\xf4\x90\x80\x80", 4, out);            /* above U+10FFFF */
+    assert_string_equal(out, FFFD FFFD FFFD FFFD);
+}
+
+static void test_utf8_split(void **state)
+{
+    /* U+1F600 (F0 9F 98 80) fed one byte at a time: nothing, nothing, nothing, the char. */
+    const char emoji[] = "\xf0\x9f\x98\x80";
+    kvf_proxy_utf8_t st = {0};
+    char out[32];
+
+    (void)state;
+    for (int i = 0; i < 3; ++i) {
+        assert_int_equal(kvf_proxy_utf8_feed(&st, emoji + i, 1, out, sizeof(out)), 0);
+        assert_string_equal(out, "");
+    }
+    assert_int_equal(kvf_proxy_utf8_feed(&st, emoji + 3, 1, out, sizeof(out)), 4);
+    assert_string_equal(out, emoji);
+    assert_int_equal(kvf_proxy_utf8_flush(&st, out, sizeof(out)), 0);
+
+    /* A pending lead followed by a non-continuation: U+FFFD, then the byte. */
+    assert_int_equal(kvf_proxy_utf8_feed(&st, "\xc3", 1, out, sizeof(out)), 0);
+    kvf_proxy_utf8_feed(&st, "A", 1, out, sizeof(out));
+    assert_string_equal(out, FFFD "A");
+}
+
+static void test_utf8_long(void **state)
+{
+    /* 1000 x "é" (2000 bytes, > the internal slice) split at an odd offset. */
+    static char in[2000], out[KVF_PROXY_UTF8_CAP(2000)], out2[KVF_PROXY_UTF8_CAP(2000)];
+    kvf_proxy_utf8_t st = {0};
+    size_t w;
+
+    (void)state;
+    for (int i = 0; i < 1000; ++i) {
+        in[2 * i] = (char)0xc3;
+        in[2 * i + 1] = (char)0xa9;
+    }
+    w = kvf_proxy_utf8_feed(&st, in, 777, out, sizeof(out));
+    assert_int_equal(w, 776);
+    w = kvf_proxy_utf8_feed(&st, in + 777, 2000 - 777, out2, sizeof(out2));
+    assert_int_equal(w, 2000 - 776);
+    assert_int_equal(st.num_pending, 0);
+}
+
+static kvf_tokenizer_t test_tok = {260, 256, 257};
+
+static kvf_proxy_openai_ctx_t test_ctx(void)
+{
+    kvf_proxy_openai_ctx_t c = {&test_tok, "tiny", true, 64, 100, 16};
+    return c;
+}
+
+static int parse(const char *body, kvf_proxy_completion_req_t *req, char *err)
+{
+    kvf_proxy_openai_ctx_t ctx = test_ctx();
+    int http = 0;
+
+    memset(req, 0, sizeof(*req));
+    if (kvf_proxy_openai_parse(&ctx, body, strlen(body), req, &http, err, 256) == KVF_OK) {
+        return 200;
+    }
+    return http;
+}
+
+static void test_parse_ok(void **state)
+{
+    kvf_proxy_completion_req_t req;
+    char err[256];
+
+    (void)state;
+    assert_int_equal(parse("{\"prompt\": \"hi\"}", &req, err), 200);
+    assert_int_equal(req.num_prompt, 3);           /* BOS + 'h' + 'i' */
+    assert_int_equal(req.prompt_ids[0], 256);
+    assert_int_equal(req.prompt_ids[1], 'h');
+    assert_int_equal(req.prompt_ids[2], 'i');
+    assert_int_equal(req.max_tokens, 16);          /* the default */
+    assert_true(req.temperature == 1.0f);
+    assert_false(req.stream);
+    assert_false(req.has_seed);
+    kvf_proxy_openai_req_cleanup(&req);
+
+    assert_int_equal(parse("{\"model\": \"tiny\", \"prompt\": [1, 2, 259], \"max_tokens\": 100,"
+                           " \"temperature\": 0, \"seed\": 7, \"stream\": true,"
+                           " \"ignore_eos\": true, \"n\": 1, \"stop\": null, \"user\": \"x\"}",
+                           &req, err), 200);
+    assert_int_equal(req.num_prompt, 3);           /* ids are taken as they are */
+    assert_int_equal(req.prompt_ids[2], 259);
+    assert_int_equal(req.max_tokens, 100);
+    assert_true(req.temperature == 0.0f);
+    assert_true(req.has_seed);
+    assert_int_equal(req.seed, 7);
+    assert_true(req.stream);
+    assert_true(req.ignore_eos);
+    kvf_proxy_openai_req_cleanup(&req);
+}
+
+static void test_parse_bad(void **state)
+{
+    static const struct {
+        const char *body;
+        int         http;
+        const char *needle;
+    } cases[] = {
+        {"{\"prompt\": \"hi\"", 400, "not valid JSON"},
+        {"[1, 2]", 400, "JSON object"},
+        {"{}", 400, "'prompt' is required"},
+        {"{\"prompt\": 5}", 400, "'prompt' must be"},
+        {"{\"prompt\": [\"a\", \"b\"]}", 400, "batched"},
+        {"{\"prompt\": [1, 260]}", 400, "'prompt'[1]"},
+        {"{\"prompt\": [1, -1]}", 400, "'prompt'[1]"},
+        {"{\"prompt\": []}", 400, "empty"},
+        {"{\"prompt\": \"hi\", \"max_tokens\": -1}", 400, "'max_tokens' = -1"},
+        {"{\"prompt\": \"hi\", \"max_tokens\": 0}", 400, "'max_tokens' = 0"},
+        {"{\"prompt\": \"hi\", \"max_tokens\": 101}", 400, "'max_tokens' = 101"},
+        {"{\"prompt\": \"hi\", \"max_tokens\": 1.5}", 400, "must be an integer"},
+        {"{\"prompt\": \"hi\", \"max_tokens\": \"8\"}", 400, "must be an integer"},
+        {"{\"prompt\": \"hi\", \"temperature\": -0.5}", 400, "'temperature' = -0.5"},
+        {"{\"prompt\": \"hi\", \"temperature\": \"hot\"}", 400, "'temperature' must be a number"},
+        {"{\"prompt\": \"hi\", \"seed\": -3}", 400, "'seed'"},
+        {"{\"prompt\": \"hi\", \"stream\": \"yes\"}", 400, "'stream' must be a boolean"},
+        {"{\"prompt\": \"hi\", \"n\": 2}", 400, "'n' must be 1"},
+        {"{\"prompt\": \"hi\", \"stop\": [\"\\n\"]}", 400, "'stop' is not supported"},
+        {"{\"prompt\": \"hi\", \"model\": \"gpt-4\"}", 404, "'gpt-4' does not exist"},
+        {"{\"prompt\": \"hi\", \"model\": 3}", 400, "'model' must be a string"},
+    };
+    kvf_proxy_completion_req_t req;
+    char err[256], big[200];
+
+    (void)state;
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); ++i) {
+        err[0] = '\0';
+        assert_int_equal(parse(cases[i].body, &req, err), cases[i].http);
+        if (strstr(err, cases[i].needle) == NULL) {
+            fail_msg("case %zu: '%s' does not contain '%s'", i, err, cases[i].needle);
+        }
+        assert_null(req.prompt_ids);
+    }
+    /* 64 tokens max: BOS + 63 bytes fits, BOS + 64 does not. */
+    snprintf(big, sizeof(big), "{\"prompt\": \"%063d\"}", 0);
+    assert_int_equal(parse(big, &req, err), 200);
+    assert_int_equal(req.num_prompt, 64);
+    kvf_proxy_openai_req_cleanup(&req);
+    snprintf(big, sizeof(big), "{\"prompt\": \"%064d\"}", 0);
+    assert_int_equal(parse(big, &req, err), 400);
+}
+
+static void test_metrics_text(void **state)
+{
+    kvf_proxy_metrics_h m;
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f;
+
+    (void)state;
+    assert_int_equal(kvf_proxy_metrics_create(&m), KVF_OK);
+    kvf_proxy_metrics_request(m, 200);
+    kvf_proxy_metrics_request(m, 200);
+    kvf_proxy_metrics_request(m, 503);
+    kvf_proxy_metrics_add(m, KVF_PROXY_CTR_KV_BYTES, 4096);
+    kvf_proxy_metrics_add(m, KVF_PROXY_CTR_KV_BYTES, 1024);
+    /* TTFT bounds ... 0.05, 0.1, 0.25 ...: 0.07 lands in le=0.1, 0.3 in le=0.5. */
+    kvf_proxy_metrics_observe(m, KVF_PROXY_HIST_TTFT, 0.07, 1);
+    kvf_proxy_metrics_observe(m, KVF_PROXY_HIST_TTFT, 0.3, 2);
+    f = open_memstream(&buf, &len);
+    kvf_proxy_metrics_render(m, f);
+    fclose(f);
+    assert_non_null(strstr(buf, "kvf_proxy_requests_total{code=\"200\"} 2\n"));
+    assert_non_null(strstr(buf, "kvf_proxy_requests_total{code=\"503\"} 1\n"));
+    assert_non_null(strstr(buf, "kvf_proxy_kv_transfer_bytes_total 5120\n"));
+    assert_non_null(strstr(buf, "# TYPE kvf_proxy_time_to_first_token_seconds histogram\n"));
+    assert_non_null(strstr(buf, "kvf_proxy_time_to_first_token_seconds_bucket{le=\"0.05\"} 0\n"));
+    assert_non_null(strstr(buf, "kvf_proxy_time_to_first_token_seconds_bucket{le=\"0.1\"} 1\n"));
+    assert_non_null(strstr(buf, "kvf_proxy_time_to_first_token_seconds_bucket{le=\"0.25\"} 1\n"));
+    assert_non_null(strstr(buf, "kvf_proxy_time_to_first_token_seconds_bucket{le=\"0.5\"} 3\n"));
+    assert_non_null(strstr(buf, "kvf_proxy_time_to_first_token_seconds_bucket{le=\"+Inf\"} 3\n"));
+    assert_non_null(strstr(buf, "kvf_proxy_time_to_first_token_seconds_sum 0.67\n"));
+    assert_non_null(strstr(buf, "kvf_proxy_time_to_first_token_seconds_count 3\n"));
+    free(buf);
+    kvf_proxy_metrics_destroy(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_utf8_whole),  cmocka_unit_test(test_utf8_split),
+        cmocka_unit_test(test_utf8_long),   cmocka_unit_test(test_parse_ok),
+        cmocka_unit_test(test_parse_bad),   cmocka_unit_test(test_metrics_text),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
