@@ -631,23 +631,24 @@ static kvf_status_t kvf_fwd_mamba(kvf_model_h m, const kvf_rank_ctx_t *ctx,
     for (int i = 0; i < batch->num_seqs; ++i) {
         const kvf_fwd_seq_t *sq = &batch->seqs[i];
         const int n = sq->num_tokens, has = (sq->start > 0);
-        char *page = kvf_page_pool_page(ctx->pool, sq->group_blocks[g][0], slot);
+        void *conv_state = kvf_page_pool_conv_state(ctx->pool, sq->group_blocks[g][0], slot);
+        void *ssm_state = kvf_page_pool_ssm_state(ctx->pool, ctx->geom, sq->group_blocks[g][0],
+                                                  slot);
         const float *xbc_in = ws->proj + (size_t)o * R + dim;
         float *xbc = ws->xbc + (size_t)o * cd;
 
         if ((n == 1) && has) {
-            KVF_KCALL(kvf_conv1d_step(dev, xbc_in, cd, K, w->conv_w, w->conv_b, 1, page,
+            KVF_KCALL(kvf_conv1d_step(dev, xbc_in, cd, K, w->conv_w, w->conv_b, 1, conv_state,
                                       ctx->geom->conv_dtype, xbc));
             KVF_KCALL(kvf_mamba2_step(dev, &mp, xbc, ws->proj + (size_t)o * R + dim + cd,
                                       xbc + dim, xbc + dim + s->groups * N,
-                                      page + ctx->geom->conv_bytes, ctx->geom->ssm_dtype,
-                                      ws->ybuf + (size_t)o * R));
+                                      ssm_state, ctx->geom->ssm_dtype, ws->ybuf + (size_t)o * R));
         } else {
-            KVF_KCALL(kvf_conv1d_chunk(dev, xbc_in, R, n, cd, K, w->conv_w, w->conv_b, 1, page,
-                                       ctx->geom->conv_dtype, has, xbc, cd));
+            KVF_KCALL(kvf_conv1d_chunk(dev, xbc_in, R, n, cd, K, w->conv_w, w->conv_b, 1,
+                                       conv_state, ctx->geom->conv_dtype, has, xbc, cd));
             KVF_KCALL(kvf_mamba2_scan(dev, &mp, n, xbc, cd, ws->proj + (size_t)o * R + dim + cd,
                                       R, xbc + dim, xbc + dim + s->groups * N, cd,
-                                      page + ctx->geom->conv_bytes, ctx->geom->ssm_dtype, has,
+                                      ssm_state, ctx->geom->ssm_dtype, has,
                                       ws->ybuf + (size_t)o * R, R));
         }
         o += n;
@@ -694,19 +695,10 @@ static kvf_status_t kvf_fwd_attention(kvf_model_h m, const kvf_rank_ctx_t *ctx,
         const kvf_fwd_seq_t *sq = &batch->seqs[i];
         const int n = sq->num_tokens;
         const float *row = ws->proj + (size_t)o * R;
-        kvf_paged_kv_t kv = {
-            .base = kvf_page_pool_base(ctx->pool),
-            .page_size = kvf_page_pool_page_size(ctx->pool),
-            .slots = kvf_page_pool_slots(ctx->pool),
-            .slot = slot,
-            .dtype = geo->kv_dtype,
-            .kv_heads = s->kv_heads,
-            .head_dim = hd,
-            .block_size = geo->block_size,
-            .kernel_block_size = geo->kernel_block_size,
-            .block_table = sq->group_blocks[g],
-            .num_blocks = sq->group_num_blocks[g],
-        };
+        kvf_paged_kv_t kv;
+
+        kvf_page_pool_attn_view(ctx->pool, geo, hd, slot, sq->group_blocks[g],
+                                sq->group_num_blocks[g], &kv);
         for (int t = 0; t < n; ++t) {
             ws->pos[o + t] = sq->start + t;
         }

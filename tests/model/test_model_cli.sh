@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# kvf mkmodel / generate / bench-model end to end: same greedy tokens at
+# TP1, TP2 and TP4; throughput lines printed; missing and mis-shaped tensors
+# are refused with the tensor name and both shapes.
+set -euo pipefail
+KVF="${KVF_BIN:?}/kvf"
+SRC="${KVF_SOURCE_DIR:?}"
+T="$(mktemp -d /tmp/kvf-cli-XXXXXX)"
+trap 'rm -rf "$T"' EXIT
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+"$KVF" mkmodel --config "$SRC/tests/data/models/tiny-hybrid.config.json" --out "$T/h" --seed 3 >/dev/null
+[ -s "$T/h/model.safetensors" ] || fail "no checkpoint written"
+
+declare -A toks
+for tp in 1 2 4; do
+    out="$("$KVF" generate --model "$T/h" --tp $tp --prompt "hello kvferry" --max-tokens 12 \
+           --ignore-eos yes)"
+    toks[$tp]="$(grep '^tokens:' <<<"$out")"
+    [ "$(wc -w <<<"${toks[$tp]}")" -eq 13 ] || fail "tp $tp: expected 12 tokens: ${toks[$tp]}"
+    grep -q '^prefill: 14 tokens' <<<"$out" || fail "tp $tp: no prefill line: $out"
+    grep -qE '^decode: 11 tokens .* tok/s' <<<"$out" || fail "tp $tp: no decode line: $out"
+done
+[ "${toks[1]}" = "${toks[2]}" ] || fail "tp1 and tp2 differ: ${toks[1]} / ${toks[2]}"
+[ "${toks[1]}" = "${toks[4]}" ] || fail "tp1 and tp4 differ: ${toks[1]} / ${toks[4]}"
+
+# logits lines: one per generated token, vocab values each
+out="$("$KVF" generate --model "$T/h" --prompt "x" --max-tokens 3 --ignore-eos yes --print-logits yes)"
+[ "$(grep -c '^logits ' <<<"$out")" -eq 3 ] || fail "expected 3 logits lines"
+[ "$(grep '^logits 0 ' <<<"$out" | wc -w)" -eq $((3 + 260)) ] || fail "logits line width"
+
+# seeded sampling is reproducible
+a="$("$KVF" generate --model "$T/h" --prompt "s" --max-tokens 8 --temperature 0.8 --seed 5 | grep '^tokens:')"
+b="$("$KVF" generate --model "$T/h" --prompt "s" --max-tokens 8 --temperature 0.8 --seed 5 | grep '^tokens:')"
+[ "$a" = "$b" ] || fail "seeded sampling differs: $a / $b"
+
+out="$("$KVF" bench-model --model "$T/h" --tp 2 --prompt-len 64 --decode-tokens 8 --batch 2)"
+grep -qE 'prefill 128 tokens [0-9.]+ tok/s, decode 14 tokens [0-9.]+ tok/s' <<<"$out" \
+    || fail "bench-model output: $out"
+
+# refusals name the tensor (and both shapes)
+if "$KVF" generate --model "$T/h" --tp 3 --max-tokens 1 2>"$T/err"; then fail "tp 3 accepted"; fi
+grep -q "tp_size 3 does not divide" "$T/err" || fail "tp 3 message: $(cat "$T/err")"
+
+mkdir "$T/bad"
+cp "$T/h/model.safetensors" "$T/bad/"
+python3 - "$T/h/config.json" "$T/bad/config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["intermediate_size"] = 1024
+json.dump(c, open(sys.argv[2], "w"))
+PY
+if "$KVF" generate --model "$T/bad" --max-tokens 1 2>"$T/err"; then fail "mis-shaped accepted"; fi
+grep -q "tensor 'backbone.layers.3.mixer.up_proj.weight' has shape \[512, 256\] in .*, expected \[1024, 256\]" "$T/err" \
+    || fail "shape message: $(cat "$T/err")"
+
+python3 - "$T/h/config.json" "$T/bad/config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["hybrid_override_pattern"] = "*M*-M*M-"
+json.dump(c, open(sys.argv[2], "w"))
+PY
+if "$KVF" generate --model "$T/bad" --max-tokens 1 2>"$T/err"; then fail "missing tensor accepted"; fi
+grep -q "tensor 'backbone.layers.0.mixer.q_proj.weight' not found" "$T/err" \
+    || fail "missing message: $(cat "$T/err")"
+echo PASS
