@@ -80,6 +80,7 @@ struct kvf_ucx_peer {
     kvf_ucx_agent_h         agent;
     ucp_ep_h                ep;
     kvf_status_t            status;       /* KVF_OK or first failure */
+    bool                    closing;      /* in kvf_ucx_peer_destroy(): errors expected */
     int                     remote_rank;
     int                     num_regions;
     kvf_ucx_remote_region_t regions[KVF_XFER_MAX_REGIONS];
@@ -138,6 +139,16 @@ static pthread_once_t kvf_ucx_env_once = PTHREAD_ONCE_INIT;
 
 static void kvf_ucx_env_init(void)
 {
+    const char *tls = getenv("UCX_TLS");
+
+    /* Only when shared-memory transports may be used: otherwise UCX warns
+     * about unused variables (e.g. UCX_TLS=tcp,self). An exclusion list
+     * ("^...") or "all"/"sm"/"shm" may include them. */
+    if ((tls != NULL) && (tls[0] != '^') && (strstr(tls, "all") == NULL) &&
+        (strstr(tls, "sm") == NULL) && (strstr(tls, "posix") == NULL) &&
+        (strstr(tls, "sysv") == NULL)) {
+        return;
+    }
     /* overwrite = 0: an operator's explicit choice wins */
     setenv("UCX_POSIX_ERROR_HANDLING", "y", 0);
     setenv("UCX_SYSV_ERROR_HANDLING", "y", 0);
@@ -367,8 +378,10 @@ static void kvf_ucx_ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t ucs)
     if (peer->status == KVF_OK) {
         peer->status = status;
     }
-    kvf_warn("%s: peer rank %d failed: %s (%s)", peer->agent->name, peer->remote_rank,
-             ucs_status_string(ucs), kvf_status_str(status));
+    /* a peer that exits first makes our close fail; that is not news */
+    kvf_log(peer->closing ? KVF_LOG_DEBUG : KVF_LOG_WARN, KVF_SUB_XFER,
+            "%s: peer rank %d failed: %s (%s)", peer->agent->name, peer->remote_rank,
+            ucs_status_string(ucs), kvf_status_str(status));
 }
 
 /*
@@ -512,6 +525,7 @@ void kvf_ucx_peer_destroy(kvf_ucx_peer_h peer)
         return;
     }
     agent = peer->agent;
+    peer->closing = true;
     for (int i = 0; i < peer->num_regions; ++i) {
         ucp_rkey_destroy(peer->regions[i].rkey);
     }

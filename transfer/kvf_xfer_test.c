@@ -74,6 +74,7 @@ typedef struct xt_opts {
     bool    verify;
     int     iters;
     bool    quiet;
+    bool    peer_errors;
     /* hidden fault injection */
     int     fault_version;
     bool    fault_fingerprint;
@@ -120,6 +121,8 @@ typedef struct xt_opts {
     XT_FIELD("NO_COALESCE", "no", "one descriptor per run (planner debugging)", no_coalesce, \
              KVF_CONFIG_TYPE_BOOL, 0),                                                        \
     XT_FIELD("QUIET", "no", "print only the summary", quiet, KVF_CONFIG_TYPE_BOOL, 0),        \
+    XT_FIELD("PEER_ERRORS", "yes", "UCX endpoints in peer error-handling mode (dead-peer "   \
+             "detection)", peer_errors, KVF_CONFIG_TYPE_BOOL, 0),                            \
     XT_FIELD("FAULT_VERSION", "0", "prefill advertises this protocol version", fault_version, \
              KVF_CONFIG_TYPE_INT, KVF_CONFIG_FLAG_HIDDEN),                                    \
     XT_FIELD("FAULT_FINGERPRINT", "no", "prefill advertises a different model fingerprint",  \
@@ -520,8 +523,10 @@ static kvf_status_t xt_rank_setup(xt_rank_t *r)
 
     snprintf(name, sizeof(name), "%s rank %d", side->prefill ? "prefill" : "decode", r->rank);
     memset(&ap, 0, sizeof(ap));
-    ap.field_mask = KVF_UCX_AGENT_PARAM_FIELD_NAME | KVF_UCX_AGENT_PARAM_FIELD_TIMEOUT_MS;
+    ap.field_mask = KVF_UCX_AGENT_PARAM_FIELD_NAME | KVF_UCX_AGENT_PARAM_FIELD_TIMEOUT_MS |
+                    KVF_UCX_AGENT_PARAM_FIELD_ERR_MODE;
     ap.name = name;
+    ap.peer_err_mode = c->o.peer_errors;
     ap.timeout_ms = (uint32_t)c->o.timeout_ms;
     status = kvf_ucx_agent_create(&ap, &r->agent);
     if (status != KVF_OK) {
@@ -1369,13 +1374,18 @@ static int xt_main(int argc, char **argv, bool bench)
     if ((xt_side_init(c, &c->pre, true) != KVF_OK) || (xt_side_init(c, &c->dec, false) != KVF_OK)) {
         goto out;
     }
-    printf("%s: %s layout %dp%dd, %d tokens; prefill block %d/%d kv %s; decode block %d/%d kv "
-           "%s; pools %" PRId64 "/%" PRId64 " blocks x %d slots\n", prog, c->o.model,
-           c->lay.prefill_tp, c->lay.decode_tp, c->o.tokens, c->pre.geom[0].block_size,
-           c->pre.geom[0].kernel_block_size, kvf_dtype_name(c->pre.params.kv_dtype),
-           c->dec.geom[0].block_size, c->dec.geom[0].kernel_block_size,
-           kvf_dtype_name(c->dec.params.kv_dtype), c->pre.num_blocks, c->dec.num_blocks,
-           c->layout->slots);
+    printf("%s: %s layout %dp%dd, %d tokens\n"
+           "  prefill: block %d kernel %d, kv/conv/ssm %s/%s/%s, pool %" PRId64 " blocks x %d "
+           "slots x %zu B\n"
+           "  decode:  block %d kernel %d, kv/conv/ssm %s/%s/%s, pool %" PRId64 " blocks x %d "
+           "slots x %zu B\n", prog, c->o.model, c->lay.prefill_tp, c->lay.decode_tp,
+           c->o.tokens, c->pre.geom[0].block_size, c->pre.geom[0].kernel_block_size,
+           kvf_dtype_name(c->pre.params.kv_dtype), kvf_dtype_name(c->pre.params.conv_dtype),
+           kvf_dtype_name(c->pre.params.ssm_dtype), c->pre.num_blocks, c->layout->slots,
+           c->pre.geom[0].page_size, c->dec.geom[0].block_size,
+           c->dec.geom[0].kernel_block_size, kvf_dtype_name(c->dec.params.kv_dtype),
+           kvf_dtype_name(c->dec.params.conv_dtype), kvf_dtype_name(c->dec.params.ssm_dtype),
+           c->dec.num_blocks, c->layout->slots, c->dec.geom[0].page_size);
     rc = xt_run(c);
 out:
     if (c->layout != NULL) {
