@@ -5,15 +5,68 @@
  * call; every rank reads every peer buffer of its span, which is fine for
  * the few-KB activations of CPU tensor parallelism. Rejected: a
  * reduce-scatter/all-gather ring (three barriers, no gain at 2-4 ranks on
- * two cores) and lock-free flags (harder to get right, same speed when the
- * threads outnumber the cores).
+ * two cores).
+ *
+ * The barrier spins briefly, then sleeps on a futex: a decode step crosses
+ * about two barriers per layer, and glibc's pthread_barrier always sleeps,
+ * which costs a wake-up (tens of microseconds) per crossing when the ranks
+ * have cores of their own. The spin is short so that oversubscribed runs
+ * (TP4 on two cores) give their time slice away quickly.
  */
 #include "common/kvf_collectives.h"
 #include "common/kvf_log.h"
 
-#include <pthread.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define KVF_BARRIER_SPIN 4000
+
+static inline void kvf_cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+typedef struct {
+    _Atomic int      count;
+    _Atomic unsigned gen;
+    _Atomic int      sleepers;
+    int              size;
+} kvf_barrier_t;
+
+static void kvf_barrier_wait(kvf_barrier_t *b)
+{
+    unsigned g = atomic_load_explicit(&b->gen, memory_order_acquire);
+
+    if (atomic_fetch_add_explicit(&b->count, 1, memory_order_acq_rel) == b->size - 1) {
+        atomic_store_explicit(&b->count, 0, memory_order_relaxed);
+        atomic_fetch_add_explicit(&b->gen, 1, memory_order_release);
+        if (atomic_load_explicit(&b->sleepers, memory_order_acquire) > 0) {
+            syscall(SYS_futex, &b->gen, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+        }
+        return;
+    }
+    for (int i = 0; i < KVF_BARRIER_SPIN; ++i) {
+        if (atomic_load_explicit(&b->gen, memory_order_acquire) != g) {
+            return;
+        }
+        kvf_cpu_relax();
+    }
+    atomic_fetch_add_explicit(&b->sleepers, 1, memory_order_acq_rel);
+    while (atomic_load_explicit(&b->gen, memory_order_acquire) == g) {
+        /* returns at once if gen already moved on (EAGAIN) */
+        syscall(SYS_futex, &b->gen, FUTEX_WAIT_PRIVATE, g, NULL, NULL, 0);
+    }
+    atomic_fetch_sub_explicit(&b->sleepers, 1, memory_order_acq_rel);
+}
 
 typedef struct {
     float  *scratch;
@@ -22,7 +75,7 @@ typedef struct {
 
 struct kvf_comm_world {
     int                   size;
-    pthread_barrier_t     bar;
+    kvf_barrier_t         bar;
     void                 *bufs[KVF_COMM_MAX_RANKS];
     kvf_comm_rank_state_t st[KVF_COMM_MAX_RANKS];
     kvf_comm_t            comms[KVF_COMM_MAX_RANKS];
@@ -30,7 +83,7 @@ struct kvf_comm_world {
 
 static void kvf_comm_wait(struct kvf_comm_world *w)
 {
-    (void)pthread_barrier_wait(&w->bar);
+    kvf_barrier_wait(&w->bar);
 }
 
 static kvf_status_t kvf_comm_cpu_all_reduce(void *ctx, int rank, float *buf, size_t n, int span)
@@ -112,10 +165,7 @@ kvf_status_t kvf_comm_world_create_cpu(int size, kvf_comm_world_h *world_p)
     if (w == NULL) {
         return KVF_ERR_NO_MEMORY;
     }
-    if (pthread_barrier_init(&w->bar, NULL, (unsigned)size) != 0) {
-        free(w);
-        return KVF_ERR_NO_MEMORY;
-    }
+    w->bar.size = size;
     w->size = size;
     for (int r = 0; r < size; ++r) {
         w->comms[r] = (kvf_comm_t){.ops = &kvf_comm_cpu_ops, .ctx = w, .rank = r, .size = size};
@@ -129,7 +179,6 @@ void kvf_comm_world_destroy(kvf_comm_world_h world)
     if (world == NULL) {
         return;
     }
-    pthread_barrier_destroy(&world->bar);
     for (int r = 0; r < world->size; ++r) {
         free(world->st[r].scratch);
     }

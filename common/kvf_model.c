@@ -520,7 +520,8 @@ static kvf_status_t kvf_ws_reserve(struct kvf_model_ws *ws, const kvf_model_conf
         bad |= kvf_grow((void **)&ws->sumsq, T * groups * sizeof(float));
         bad |= kvf_grow((void **)&ws->pos, T * sizeof(int32_t));
         if (bad) {
-            ws->cap_tokens = 0;
+            /* realloc keeps what it could not grow: the old capacity stays valid, so
+             * every rank keeps the same capacity history (see the forward) */
             return KVF_ERR_NO_MEMORY;
         }
         ws->cap_tokens = T;
@@ -529,7 +530,6 @@ static kvf_status_t kvf_ws_reserve(struct kvf_model_ws *ws, const kvf_model_conf
         bad |= kvf_grow((void **)&ws->last, S * H * sizeof(float));
         bad |= kvf_grow((void **)&ws->logits, S * (size_t)cfg->vocab_size * sizeof(float));
         if (bad) {
-            ws->cap_seqs = 0;
             return KVF_ERR_NO_MEMORY;
         }
         ws->cap_seqs = S;
@@ -739,6 +739,7 @@ kvf_status_t kvf_model_forward_rank(kvf_model_h m, const kvf_rank_ctx_t *ctx,
     const int H = cfg->hidden_size;
     kvf_status_t status;
     int T = 0, o = 0;
+    bool grow;
 
     for (int i = 0; i < batch->num_seqs; ++i) {
         T += batch->seqs[i].num_tokens;
@@ -750,8 +751,11 @@ kvf_status_t kvf_model_forward_rank(kvf_model_h m, const kvf_rank_ctx_t *ctx,
     if (status != KVF_OK) {
         return status;   /* identical on every rank: nobody enters a collective */
     }
+    /* Every rank sees the same batches, so every rank grows its workspace in the
+     * same steps; only then can one rank fail where another succeeds. */
+    grow = ((size_t)T > ws->cap_tokens) || ((size_t)batch->num_seqs > ws->cap_seqs);
     status = kvf_ws_reserve(ws, cfg, &m->ranks[ctx->rank], (size_t)T, (size_t)batch->num_seqs);
-    if (ctx->comm->size > 1) {
+    if ((ctx->comm->size > 1) && grow) {
         /* agree on "can run" so a rank that cannot allocate does not strand its peers */
         float failed = (status != KVF_OK) ? 1.0f : 0.0f;
         (void)kvf_comm_all_reduce(ctx->comm, &failed, 1);
