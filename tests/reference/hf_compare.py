@@ -29,7 +29,7 @@ def run_kvf(kvf, model_dir, prompt, max_tokens, tp):
         [kvf, "generate", "--model", model_dir, "--tp", str(tp), "--prompt", prompt,
          "--max-tokens", str(max_tokens), "--kv-dtype", "fp32", "--ssm-dtype", "fp32",
          "--conv-dtype", "fp32", "--ignore-eos", "yes", "--print-logits", "yes"],
-        check=True, capture_output=True, text=True).stdout
+        check=True, capture_output=True, text=True, errors="replace").stdout
     tokens, logits = [], []
     for line in out.splitlines():
         if line.startswith("tokens:"):
