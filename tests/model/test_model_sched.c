@@ -13,6 +13,7 @@
 #include "common/kvf_page_pool.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -265,12 +266,82 @@ static void test_prefill_import_round_trip(void **state)
     kvf_test_rmmodel(dir);
 }
 
+/* EOS ends a request (unless ignored): make the 4th greedy token the EOS id. */
+static void test_eos_finishes(void **state)
+{
+    char dir[256], path[512];
+    kvf_test_engine_opts_t o = kvf_test_engine_defaults();
+    kvf_engine_h eng;
+    int32_t prompt[32], toks[8];
+    kvf_req_params_t rp = {0};
+    kvf_engine_event_t ev[64];
+    kvf_req_info_t info;
+    uint64_t id;
+    int n, ne, first = -1, saw_finish = 0;
+    FILE *f;
+
+    (void)state;
+    kvf_test_mkmodel("tiny-hybrid", 31, dir);
+    n = kvf_test_prompt("end here", prompt, 32);
+    eng = kvf_test_engine(dir, &o);
+    kvf_test_greedy(eng, prompt, n, 8, toks, NULL);
+    kvf_engine_destroy(eng);
+    for (int i = 0; i < 8; ++i) {
+        if (toks[i] == toks[3]) {
+            first = i;     /* the first occurrence of that id ends the request */
+            break;
+        }
+    }
+
+    /* same weights, config with eos_token_id = toks[3] */
+    snprintf(path, sizeof(path), "%s/config.json", dir);
+    f = fopen(path, "rb");
+    assert_non_null(f);
+    char text[4096] = {0};
+    assert_true(fread(text, 1, sizeof(text) - 1, f) > 0);
+    fclose(f);
+    char *e = strstr(text, "\"eos_token_id\"");
+    assert_non_null(e);
+    char *comma = strchr(e, ',');
+    char out[4200];
+    snprintf(out, sizeof(out), "%.*s\"eos_token_id\": %d%s", (int)(e - text), text, toks[3], comma);
+    f = fopen(path, "wb");
+    assert_non_null(f);
+    fputs(out, f);
+    fclose(f);
+
+    eng = kvf_test_engine(dir, &o);
+    rp.prompt = prompt;
+    rp.prompt_len = n;
+    rp.sampling.max_tokens = 8;
+    assert_int_equal(kvf_engine_add_request(eng, &rp, &id), KVF_OK);
+    while (kvf_engine_has_work(eng)) {
+        assert_int_equal(kvf_engine_step(eng, ev, 64, &ne), KVF_OK);
+        for (int i = 0; i < ne; ++i) {
+            if (ev[i].kind == KVF_EVENT_FINISHED) {
+                assert_int_equal(ev[i].reason, KVF_FINISH_EOS);
+                assert_int_equal(ev[i].token, toks[3]);
+                ++saw_finish;
+            }
+        }
+    }
+    assert_int_equal(saw_finish, 1);
+    assert_int_equal(kvf_engine_request_info(eng, id, &info), KVF_OK);
+    assert_int_equal(info.finish, KVF_FINISH_EOS);
+    assert_int_equal(info.num_tokens - info.prompt_len, first + 1);
+    assert_memory_equal(info.tokens + n, toks, (size_t)(first + 1) * sizeof(int32_t));
+    assert_int_equal(kvf_engine_release(eng, id), KVF_OK);
+    kvf_engine_destroy(eng);
+    kvf_test_rmmodel(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_concurrent_with_aborts),
         cmocka_unit_test(test_seeded_sampling),
         cmocka_unit_test(test_prefill_import_round_trip),
+        cmocka_unit_test(test_eos_finishes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
