@@ -21,3 +21,10 @@ if(Python3_Interpreter_FOUND)
       TIMEOUT 60)
   endforeach()
 endif()
+
+# The agent test again with TCP only (RMA emulated over active messages).
+if(TARGET test_xfer_ucx_agent)
+  add_test(NAME test_xfer_ucx_agent_tcp COMMAND test_xfer_ucx_agent)
+  set_tests_properties(test_xfer_ucx_agent_tcp PROPERTIES TIMEOUT 60
+    ENVIRONMENT "UCX_TLS=tcp,self;KVF_SOURCE_DIR=${CMAKE_SOURCE_DIR}")
+endif()
