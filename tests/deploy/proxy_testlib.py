@@ -84,7 +84,7 @@ def start_fake(procs, fakebin, role, name, port, extra=()):
                        + list(extra))
 
 
-def check(cond, what):
+def check(cond, what, detail=None):
     if not cond:
-        raise AssertionError(what)
+        raise AssertionError(what if detail is None else "%s\n%s" % (what, detail))
     print("ok:", what)

@@ -1,0 +1,107 @@
+"""kvf-up / kvf-down with fake daemons (through tests/e2e/kvf_e2e.py):
+a 2p1d pool with 1 prefill and 2 decode instances comes up healthy, serves,
+and goes down leaving no process and no pid file; a pool that cannot become
+healthy makes kvf-up fail within its timeout and clean up; bad usage exits 2;
+a second kvf-up on a live run dir is refused."""
+
+import json
+import os
+import subprocess
+import tempfile
+import time
+
+import proxy_testlib as T
+from kvf_e2e import Pool
+
+
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie of ours would still answer kill 0; check its state.
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def main():
+    a = T.args()
+    model = os.path.join(os.environ.get("KVF_SOURCE_DIR", "."), "tests", "data", "models",
+                         "tiny-hybrid.config.json")
+    with open(model) as f:
+        bos = json.load(f)["bos_token_id"]
+    up = os.path.join(a.fakebin, "kvf-up")
+
+    pool = Pool(layout="2p1d", model=model, prefill_instances=1, decode_instances=2,
+                bin_dir=a.fakebin, timeout=20)
+    with pool:
+        pids = pool.pids()
+        T.check(sorted(pids) == ["decode-0", "decode-1", "prefill-0", "proxy"],
+                "pid files for every process")
+        st, h = pool.health()
+        T.check(st == 200 and [p["tp_size"] for p in h["prefill"]] == [2] and
+                [d["tp_size"] for d in h["decode"]] == [1, 1] and
+                [d["engine_id"] for d in h["decode"]] == ["decode-0", "decode-1"],
+                "layout 2p1d: prefill TP2, two decode instances TP1")
+        T.check(pool.model_name == "tiny-hybrid", "model name defaults to the model's file name")
+        # The proxy got --model: string prompts start with BOS (256, not shown as text).
+        r = pool.complete("hi!", max_tokens=6, return_token_ids=True)
+        T.check(r["choices"][0]["token_ids"] == [bos, 104, 105, 33, bos, 104] and
+                r["choices"][0]["text"] == "hi!h", "completion through the pool")
+        s = pool.complete("hi!", max_tokens=6, stream=True)
+        T.check(s.done and s.text == "hi!h", "streamed completion through the pool")
+        with open(os.path.join(pool.run_dir, "pool.env")) as f:
+            env = dict(line.strip().split("=", 1) for line in f if "=" in line)
+        T.check(env["PROXY_URL"] == pool.url and env["LAYOUT"] == "2p1d",
+                "pool.env records the proxy URL and layout")
+
+        # A second kvf-up on the same run dir is refused while the pool runs.
+        p = subprocess.run([up, "--layout", "1p1d", "--model", model, "--run-dir", pool.run_dir,
+                            "--bin", a.fakebin, "--port", "0"],
+                           capture_output=True, text=True, timeout=30)
+        T.check(p.returncode == 1 and "already running" in p.stderr,
+                "kvf-up refuses a run dir with a live pool")
+        run_dir = pool.run_dir
+        pool.keep_run_dir = True
+    T.check(not any(pid_alive(pid) for pid in pids.values()), "kvf-down stopped every process")
+    T.check(not [f for f in os.listdir(run_dir) if f.endswith(".pid")] and
+            not os.path.exists(os.path.join(run_dir, "pool.env")),
+            "kvf-down removed the pid files and pool.env; logs stay")
+    T.check(os.path.exists(os.path.join(run_dir, "proxy.log")), "logs kept")
+
+    # A decode that never answers health: kvf-up fails within its timeout and cleans up.
+    with tempfile.TemporaryDirectory() as rd:
+        t0 = time.monotonic()
+        p = subprocess.run([up, "--layout", "1p1d", "--model", model, "--run-dir", rd,
+                            "--bin", a.fakebin, "--port", "0", "--timeout", "2",
+                            "--base-port", str(__import__("kvf_e2e").free_port_range(3)),
+                            "--decode-arg", "--fake-mode", "--decode-arg", "no-health"],
+                           capture_output=True, text=True, timeout=30)
+        dt = time.monotonic() - t0
+        T.check(p.returncode == 1 and "did not become healthy" in p.stderr and 1.9 < dt < 10,
+                "unhealthy pool: kvf-up exits 1 after its 2 s timeout (%.1fs)" % dt, p.stderr)
+        T.check(not [f for f in os.listdir(rd) if f.endswith(".pid")],
+                "failed kvf-up removed its pid files")
+        T.check(p.stdout == "", "failed kvf-up prints no URL")
+
+        # A daemon that exits at once (bind on a bad endpoint) is reported with its log.
+        p = subprocess.run([up, "--layout", "1p1d", "--model", model, "--run-dir", rd,
+                            "--bin", a.fakebin, "--port", "0", "--timeout", "10",
+                            "--base-port", "1", "--", "--listen", "tcp://256.0.0.1:1"],
+                           capture_output=True, text=True, timeout=30)
+        T.check(p.returncode == 1 and "exited during start-up" in p.stderr,
+                "a daemon dying at start-up fails kvf-up with its log tail", p.stderr)
+
+    for argv, what in ((["--layout", "4x2"], "bad layout"),
+                       (["--layout", "1p1d"], "missing --model"),
+                       (["--layout", "1p1d", "--model", model, "--port", "70000"], "bad port"),
+                       (["--bogus"], "unknown flag")):
+        p = subprocess.run([up] + argv, capture_output=True, text=True, timeout=10)
+        T.check(p.returncode == 2, "kvf-up usage error exits 2: %s" % what)
+
+
+if __name__ == "__main__":
+    main()
