@@ -25,6 +25,14 @@ done
 [ "${toks[1]}" = "${toks[2]}" ] || fail "tp1 and tp2 differ: ${toks[1]} / ${toks[2]}"
 [ "${toks[1]}" = "${toks[4]}" ] || fail "tp1 and tp4 differ: ${toks[1]} / ${toks[4]}"
 
+# a bf16 checkpoint loads (converted to fp32) and is half the size
+"$KVF" mkmodel --config "$SRC/tests/data/models/tiny-dense.config.json" --out "$T/d16" --seed 3 \
+    --dtype bf16 >/dev/null
+grep -Eq '"torch_dtype":[[:space:]]*"bfloat16"' "$T/d16/config.json" || fail "bf16 config dtype"
+a="$("$KVF" generate --model "$T/d16" --tp 1 --prompt "bf16" --max-tokens 6 --ignore-eos yes | grep '^tokens:')"
+b="$("$KVF" generate --model "$T/d16" --tp 2 --prompt "bf16" --max-tokens 6 --ignore-eos yes | grep '^tokens:')"
+[ "$a" = "$b" ] || fail "bf16 checkpoint tp1/tp2 differ: $a / $b"
+
 # logits lines: one per generated token, vocab values each
 out="$("$KVF" generate --model "$T/h" --prompt "x" --max-tokens 3 --ignore-eos yes --print-logits yes)"
 [ "$(grep -c '^logits ' <<<"$out")" -eq 3 ] || fail "expected 3 logits lines"
