@@ -33,6 +33,7 @@ typedef struct kvf_test_engine_opts {
     int         max_batch_tokens;  /* 0: 512 */
     int         max_seqs;          /* 0: 64 */
     bool        no_zero;
+    int         kernel_block;      /* 0: MultipleOf(16); else the only kernel block size */
 } kvf_test_engine_opts_t;
 
 /** Defaults: tp 1, all fp32, derived block size. */

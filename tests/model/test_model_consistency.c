@@ -24,6 +24,9 @@ typedef struct {
     kvf_dtype_t kv, state;
     int         chunk;       /* max_batch_tokens; 0: default (whole prompt) */
     double      tol;
+    int         block;       /* explicit block size; 0: TP-stable rule */
+    int         kblock;      /* kernel block size; 0: the block size itself */
+    int         tp;          /* 0: 1 */
 } kvf_case_t;
 
 static void kvf_run_case(const char *dir, const kvf_case_t *c)
@@ -37,6 +40,9 @@ static void kvf_run_case(const char *dir, const kvf_case_t *c)
     o.kv_dtype = c->kv;
     o.ssm_dtype = o.conv_dtype = c->state;
     o.max_batch_tokens = c->chunk;
+    o.block_size = c->block;
+    o.kernel_block = c->kblock;
+    o.tp = (c->tp > 0) ? c->tp : 1;
     eng = kvf_test_engine(dir, &o);
     bs = kvf_tp_runner_geometry(kvf_engine_runner(eng), 0)->block_size;
     vocab = kvf_engine_model_config(eng)->vocab_size;
@@ -60,7 +66,8 @@ static void kvf_run_case(const char *dir, const kvf_case_t *c)
          * so compare against an engine-independent reference when chunking */
         kvf_test_greedy(eng, seq, P + K_STEPS - 1, 1, &tok1, one);
         double d = kvf_test_rel_diff(lg + (size_t)(K_STEPS - 1) * vocab, one, vocab);
-        print_message("block %d kv %s state %s chunk %d P %d: rel diff %.3g\n", bs,
+        print_message("tp %d block %d/%d kv %s state %s chunk %d P %d: rel diff %.3g\n", o.tp,
+                      bs, kvf_tp_runner_geometry(kvf_engine_runner(eng), 0)->kernel_block_size,
                       kvf_dtype_name(c->kv), kvf_dtype_name(c->state), c->chunk, P, d);
         assert_false(isnan(d));
         assert_true(d < c->tol);
@@ -77,12 +84,15 @@ static void kvf_run_case(const char *dir, const kvf_case_t *c)
 static void test_hybrid_prefill_decode_consistency(void **state)
 {
     static const kvf_case_t cases[] = {
-        {KVF_DTYPE_FP32, KVF_DTYPE_FP32, 0, 1e-4},
-        {KVF_DTYPE_BF16, KVF_DTYPE_FP32, 0, 1e-4},
-        {KVF_DTYPE_FP32, KVF_DTYPE_BF16, 0, 1e-2},
-        {KVF_DTYPE_BF16, KVF_DTYPE_BF16, 0, 1e-2},
-        {KVF_DTYPE_FP32, KVF_DTYPE_FP32, 16, 1e-4},   /* chunked prefill */
-        {KVF_DTYPE_BF16, KVF_DTYPE_FP32, 24, 1e-4},
+        {KVF_DTYPE_FP32, KVF_DTYPE_FP32, 0, 1e-4, 0, 0, 0},
+        {KVF_DTYPE_BF16, KVF_DTYPE_FP32, 0, 1e-4, 0, 0, 0},
+        {KVF_DTYPE_FP32, KVF_DTYPE_BF16, 0, 1e-2, 0, 0, 0},
+        {KVF_DTYPE_BF16, KVF_DTYPE_BF16, 0, 1e-2, 0, 0, 0},
+        {KVF_DTYPE_FP32, KVF_DTYPE_FP32, 16, 1e-4, 0, 0, 0},   /* chunked prefill */
+        {KVF_DTYPE_BF16, KVF_DTYPE_FP32, 24, 1e-4, 0, 0, 0},
+        /* explicit block size, pages of several kernel blocks (ppl 6), TP2 */
+        {KVF_DTYPE_BF16, KVF_DTYPE_FP32, 0, 1e-4, 96, 16, 2},
+        {KVF_DTYPE_FP32, KVF_DTYPE_FP32, 40, 1e-4, 64, 16, 4},
     };
     char dir[256];
 
@@ -97,9 +107,9 @@ static void test_hybrid_prefill_decode_consistency(void **state)
 static void test_dense_prefill_decode_consistency(void **state)
 {
     static const kvf_case_t cases[] = {
-        {KVF_DTYPE_FP32, KVF_DTYPE_FP32, 0, 1e-4},
-        {KVF_DTYPE_BF16, KVF_DTYPE_FP32, 0, 1e-4},
-        {KVF_DTYPE_BF16, KVF_DTYPE_FP32, 5, 1e-4},
+        {KVF_DTYPE_FP32, KVF_DTYPE_FP32, 0, 1e-4, 0, 0, 0},
+        {KVF_DTYPE_BF16, KVF_DTYPE_FP32, 0, 1e-4, 0, 0, 0},
+        {KVF_DTYPE_BF16, KVF_DTYPE_FP32, 5, 1e-4, 0, 0, 0},
     };
     char dir[256];
 
