@@ -20,6 +20,7 @@
  * waiting at a barrier; the first error is returned.
  */
 #include "common/kvf_model.h"
+#include "common/kvf_kern_status.h"
 #include "common/kvf_log.h"
 #include "common/kvf_safetensors.h"
 #include "kernels/kvf_attention.h"
@@ -78,17 +79,6 @@ struct kvf_model_ws {
     float *last;                /* [S][H] */
     float *logits;              /* [S][V] */
 };
-
-kvf_status_t kvf_kern_to_status(int err)
-{
-    switch (err) {
-    case KVF_KERN_OK:           return KVF_OK;
-    case KVF_KERN_ENOMEM:       return KVF_ERR_NO_MEMORY;
-    case KVF_KERN_ECUDA:        return KVF_ERR_CUDA;
-    case KVF_KERN_EUNSUPPORTED: return KVF_ERR_UNSUPPORTED;
-    default:                    return KVF_ERR_INVALID_PARAM;
-    }
-}
 
 /* ---- loading ------------------------------------------------------------- */
 
@@ -586,7 +576,7 @@ static kvf_status_t kvf_batch_check(const kvf_model_h m, const kvf_rank_ctx_t *c
             int _e = (_call);                             \
             if (_e != KVF_KERN_OK) {                      \
                 kvf_error("%s failed: %s", #_call, kvf_kern_strerror(_e)); \
-                status = kvf_kern_to_status(_e);          \
+                status = kvf_status_from_kern(_e);          \
             }                                             \
         }                                                 \
     } while (0)

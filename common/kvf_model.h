@@ -101,7 +101,4 @@ void         kvf_model_ws_destroy(struct kvf_model_ws *ws);
 kvf_status_t kvf_model_forward_rank(kvf_model_h model, const kvf_rank_ctx_t *ctx,
                                     const kvf_fwd_batch_t *batch);
 
-/** Map a kernels/ return code to kvf_status_t. */
-kvf_status_t kvf_kern_to_status(int err);
-
 #endif
