@@ -81,6 +81,7 @@ typedef struct {
     int    max_batch_tokens;
     /* generate */
     char   prompt[KVF_CONFIG_STR_MAX];   /* the config table type: up to 255 bytes */
+    char   prompt_file[KVF_CONFIG_STR_MAX];
     int    max_tokens;
     double temperature;
     int    seed;
@@ -115,6 +116,8 @@ static const kvf_config_field_t kvf_generate_table[] = {
     KVF_ENGINE_FIELDS,
     {"PROMPT", "Hello", "prompt text (byte tokenizer)",
      offsetof(kvf_gen_opts_t, prompt), KVF_CONFIG_TYPE_STRING, 0},
+    {"PROMPT_FILE", "", "read the prompt from this file instead (any length)",
+     offsetof(kvf_gen_opts_t, prompt_file), KVF_CONFIG_TYPE_STRING, 0},
     {"MAX_TOKENS", "64", "tokens to generate",
      offsetof(kvf_gen_opts_t, max_tokens), KVF_CONFIG_TYPE_INT, 0},
     {"TEMPERATURE", "0", "sampling temperature (0: greedy)",
@@ -184,6 +187,32 @@ static int kvf_open_engine(const kvf_gen_opts_t *o, kvf_engine_h *engine_p)
 
 /* ---- generate ------------------------------------------------------------------- */
 
+/* Whole file as a NUL-terminated string (trailing newline kept). */
+static char *kvf_read_text(const char *path, size_t *len_p)
+{
+    FILE *f = fopen(path, "rb");
+    char *buf = NULL;
+    long len;
+
+    if (f == NULL) {
+        kvf_error("cannot open prompt file %s: %m", path);
+        return NULL;
+    }
+    if ((fseek(f, 0, SEEK_END) == 0) && ((len = ftell(f)) >= 0) && (fseek(f, 0, SEEK_SET) == 0)) {
+        buf = malloc((size_t)len + 1);
+        if ((buf != NULL) && (fread(buf, 1, (size_t)len, f) == (size_t)len)) {
+            buf[len] = '\0';
+            *len_p = (size_t)len;
+        } else {
+            kvf_error("cannot read prompt file %s: %m", path);
+            free(buf);
+            buf = NULL;
+        }
+    }
+    fclose(f);
+    return buf;
+}
+
 int kvf_cmd_generate(int argc, char **argv)
 {
     kvf_gen_opts_t o;
@@ -194,7 +223,8 @@ int kvf_cmd_generate(int argc, char **argv)
     kvf_engine_stats_t st;
     kvf_req_info_t info;
     int32_t *ids = NULL;
-    char *text = NULL;
+    char *text = NULL, *prompt = NULL;
+    size_t plen = 0;
     uint64_t id;
     bool done = false;
     int rc = 1, n;
@@ -213,13 +243,21 @@ int kvf_cmd_generate(int argc, char **argv)
     if (kvf_tokenizer_init(kvf_engine_model_config(eng), &tok) != KVF_OK) {
         goto out;
     }
-    ids = malloc((strlen(o.prompt) + 2) * sizeof(int32_t));
+    if (o.prompt_file[0] != '\0') {
+        prompt = kvf_read_text(o.prompt_file, &plen);
+        if (prompt == NULL) {
+            goto out;
+        }
+    } else {
+        plen = strlen(o.prompt);
+    }
+    ids = malloc((plen + 2) * sizeof(int32_t));
     if (ids == NULL) {
         goto out;
     }
     rp.prompt = ids;
-    rp.prompt_len = kvf_tokenizer_encode(&tok, o.prompt, strlen(o.prompt), o.add_bos, ids,
-                                         (int)strlen(o.prompt) + 2);
+    rp.prompt_len = kvf_tokenizer_encode(&tok, (prompt != NULL) ? prompt : o.prompt, plen,
+                                         o.add_bos, ids, (int)plen + 2);
     rp.sampling.max_tokens = o.max_tokens;
     rp.sampling.temperature = (float)o.temperature;
     rp.sampling.seed = (uint64_t)(unsigned)o.seed;
@@ -240,7 +278,7 @@ int kvf_cmd_generate(int argc, char **argv)
     }
     kvf_tokenizer_decode(&tok, info.tokens + info.prompt_len, info.num_tokens - info.prompt_len,
                          text, (size_t)info.num_tokens + 1);
-    printf("%s%s\n", o.prompt, text);
+    printf("%s%s\n", (prompt != NULL) ? prompt : o.prompt, text);
     printf("tokens:");
     for (int i = info.prompt_len; i < info.num_tokens; ++i) {
         printf(" %d", info.tokens[i]);
@@ -269,6 +307,7 @@ int kvf_cmd_generate(int argc, char **argv)
 out:
     free(text);
     free(ids);
+    free(prompt);
     kvf_engine_destroy(eng);
     return rc;
 }
