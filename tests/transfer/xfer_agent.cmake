@@ -1,5 +1,5 @@
 # Included from tests/transfer/CMakeLists.txt: the transfer plumbing's tests.
-foreach(t test_xfer_handshake test_xfer_side_channel test_xfer_ucx_agent)
+foreach(t test_xfer_handshake test_xfer_side_channel test_xfer_ucx_agent test_xfer_connector)
   if(EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/${t}.c)
     kvf_add_test(NAME ${t} SOURCES ${t}.c LIBS kvf_transfer TIMEOUT 60)
   endif()
