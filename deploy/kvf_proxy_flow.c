@@ -93,6 +93,14 @@ static kvf_status_t kvf_proxy_flow_wait(kvf_proxy_flow_t *flow, kvf_proxy_call_h
     if (end > flow->deadline_us) {
         end = flow->deadline_us;
     }
+    /* Also checked while replies keep coming: a poll() per reply is cheap and a
+     * departed client should not keep a decode instance busy until the end. */
+    if ((flow->gone != NULL) && flow->gone(flow->gone_arg)) {
+        flow->client_gone = true;
+        kvf_proxy_metrics_add(ctx->metrics, KVF_PROXY_CTR_CLIENT_ABORTS, 1);
+        return kvf_proxy_flow_fail(flow, KVF_ERR_CANCELED, 499, "client_closed_request",
+                                   "client disconnected while waiting for %s", what);
+    }
     for (;;) {
         int64_t left_ms = (end - kvf_proxy_now_us()) / 1000;
         int64_t slice = left_ms;

@@ -84,6 +84,11 @@ def run(a, procs):
             "one chunk per token (decode streams one per reply)")
     T.check(s.final["usage"]["completion_tokens"] == 9 and s.final["kv_transfer"]["bytes"] == 9000,
             "final chunk has usage and kv_transfer")
+    # Decode sends 8 tokens at least 5 ms apart after the first: if the proxy relays them
+    # as they come (not buffered to the end), [DONE] arrives >= 40 ms after the first chunk.
+    T.check(s.times[-1] - s.times[0] >= 0.035,
+            "chunks arrive as tokens are produced (%.0f ms from first to last)"
+            % (1000 * (s.times[-1] - s.times[0])))
 
     # UTF-8: 'é' is two byte tokens; the stream holds a split character back.
     s = px.complete("\u00e9", max_tokens=3, stream=True)
