@@ -85,10 +85,6 @@ typedef struct xt_opts {
 
 #define XT_FIELD(_n, _d, _h, _f, _t, _fl) {_n, _d, _h, offsetof(xt_opts_t, _f), _t, _fl}
 #define XT_COMMON_FIELDS                                                                      \
-    XT_FIELD("MODEL", "", "model config.json, or a folder holding one", model,               \
-             KVF_CONFIG_TYPE_STRING, 0),                                                      \
-    XT_FIELD("LAYOUT", "1p1d", "P/D layout XpYd: prefill TP X, decode TP Y", layout,         \
-             KVF_CONFIG_TYPE_STRING, 0),                                                      \
     XT_FIELD("PREFILL_BLOCK_SIZE", "0", "prefill logical block size (0: derive)",            \
              prefill_block_size, KVF_CONFIG_TYPE_INT, 0),                                     \
     XT_FIELD("DECODE_BLOCK_SIZE", "0", "decode logical block size (0: derive)",              \
@@ -135,6 +131,10 @@ typedef struct xt_opts {
              fault_kill_prefill, KVF_CONFIG_TYPE_BOOL, KVF_CONFIG_FLAG_HIDDEN)
 
 static const kvf_config_field_t xt_test_table[] = {
+    XT_FIELD("MODEL", "", "model config.json, or a folder holding one", model,
+             KVF_CONFIG_TYPE_STRING, 0),
+    XT_FIELD("LAYOUT", "1p1d", "P/D layout XpYd: prefill TP X, decode TP Y", layout,
+             KVF_CONFIG_TYPE_STRING, 0),
     XT_COMMON_FIELDS,
     XT_FIELD("TOKENS", "200", "prompt tokens of the request", tokens, KVF_CONFIG_TYPE_INT, 0),
     XT_FIELD("VERIFY", "yes", "verify every byte of the decode pool", verify,
@@ -145,6 +145,10 @@ static const kvf_config_field_t xt_test_table[] = {
 };
 
 static const kvf_config_field_t xt_bench_table[] = {
+    XT_FIELD("MODEL", "", "model config.json (default: nemotron-nano-9b-v2 from "
+             "$KVF_SHARED_MODELS or tests/data/models)", model, KVF_CONFIG_TYPE_STRING, 0),
+    XT_FIELD("LAYOUT", "4p2d", "P/D layout XpYd: prefill TP X, decode TP Y", layout,
+             KVF_CONFIG_TYPE_STRING, 0),
     XT_COMMON_FIELDS,
     XT_FIELD("TOKENS", "8192", "prompt tokens of the request", tokens, KVF_CONFIG_TYPE_INT, 0),
     XT_FIELD("VERIFY", "no", "verify every byte after the first pull", verify,
@@ -959,7 +963,8 @@ static void *xt_decode_thread(void *arg)
         }
     }
     if (c->bench && (r->status == KVF_OK) && c->o.verify) {
-        /* the raw GETs overwrote the pool: pull once more, then verify */
+        /* the raw GETs overwrote the pool: poison it again, pull once more, verify */
+        xt_poison(r->pool, r->pool_len, XT_POISON_DECODE);
         xt_decode_pull(r, plan, peers, 0, &killed);
     }
 
@@ -1299,7 +1304,7 @@ out_reap:
         kvf_xfer_params_msg_cleanup(&pm);
     }
     kvf_side_channel_client_destroy(client);
-    printf("xfer-test: %s\n", (rc == 0) ? "PASS" : "FAIL");
+    printf("%s: %s\n", c->bench ? "bench" : "xfer-test", (rc == 0) ? "PASS" : "FAIL");
     return rc;
 }
 
@@ -1322,6 +1327,11 @@ static int xt_main(int argc, char **argv, bool bench)
     if (exit_now) {
         rc = 0;
         goto out;
+    }
+    if ((c->o.model[0] == '\0') && bench) {
+        const char *dir = getenv("KVF_SHARED_MODELS");
+        snprintf(c->o.model, sizeof(c->o.model), "%s/nemotron-nano-9b-v2.config.json",
+                 (dir != NULL) ? dir : "tests/data/models");
     }
     if (c->o.model[0] == '\0') {
         kvf_error("%s: --model is required", prog);

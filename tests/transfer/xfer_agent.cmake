@@ -28,3 +28,7 @@ if(TARGET test_xfer_ucx_agent)
   set_tests_properties(test_xfer_ucx_agent_tcp PROPERTIES TIMEOUT 60
     ENVIRONMENT "UCX_TLS=tcp,self;KVF_SOURCE_DIR=${CMAKE_SOURCE_DIR}")
 endif()
+
+# kvf bench smoke: the KV-shaped pull, the raw GET and their ratio are printed.
+kvf_add_script_test(NAME xfer_bench_smoke
+  COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/xfer_bench_smoke.sh TIMEOUT 60)
