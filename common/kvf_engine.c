@@ -550,6 +550,11 @@ kvf_status_t kvf_engine_import_commit(kvf_engine_h e, uint64_t id, int32_t first
     return kvf_accept_token(e, r, first_token, NULL, ev, 4, &n);
 }
 
+kvf_status_t kvf_engine_run_on_ranks(kvf_engine_h e, kvf_rank_func_t func, void *arg)
+{
+    return kvf_tp_runner_run_on_ranks(e->runner, func, arg);
+}
+
 kvf_tp_runner_h kvf_engine_runner(kvf_engine_h e)
 {
     return e->runner;

@@ -156,6 +156,13 @@ kvf_status_t kvf_engine_import_begin(kvf_engine_h engine, const kvf_req_params_t
  */
 kvf_status_t kvf_engine_import_commit(kvf_engine_h engine, uint64_t id, int32_t first_token);
 
+/**
+ * Run @a func on every TP rank's own thread (rank 0: the caller's), between
+ * steps; see kvf_tp_runner_run_on_ranks(). For per-rank transfer work
+ * (connector register_pool, start_pull, poll).
+ */
+kvf_status_t kvf_engine_run_on_ranks(kvf_engine_h engine, kvf_rank_func_t func, void *arg);
+
 /** The runner: pools and geometry per rank, cache layout. */
 kvf_tp_runner_h kvf_engine_runner(kvf_engine_h engine);
 

@@ -46,10 +46,15 @@ struct kvf_tp_runner {
     const kvf_fwd_batch_t *batch;
     const int32_t      *fresh;
     int                 n_fresh;
+    kvf_rank_func_t     func;      /* non-NULL: the job is func(arg, rank, pool), not a step */
+    void               *func_arg;
 };
 
 static kvf_status_t kvf_rank_run(kvf_tp_runner_h r, kvf_rank_slot_t *s)
 {
+    if (r->func != NULL) {
+        return r->func(r->func_arg, s->rank, s->pool);
+    }
     kvf_status_t status = kvf_page_pool_zero_blocks(s->pool, r->fresh, r->n_fresh);
     kvf_status_t fs = kvf_model_forward_rank(r->model, &s->ctx, r->batch);
     return (status != KVF_OK) ? status : fs;
@@ -196,15 +201,12 @@ err:
     return status;
 }
 
-kvf_status_t kvf_tp_runner_step(kvf_tp_runner_h r, const kvf_fwd_batch_t *batch,
-                                const int32_t *fresh, int n_fresh)
+/* Publish the job, run rank 0 here, wait for the others. */
+static kvf_status_t kvf_tp_runner_dispatch(kvf_tp_runner_h r)
 {
     kvf_status_t status;
 
     pthread_mutex_lock(&r->lock);
-    r->batch = batch;
-    r->fresh = fresh;
-    r->n_fresh = n_fresh;
     r->done = 0;
     ++r->gen;
     pthread_cond_broadcast(&r->cond_job);
@@ -220,6 +222,31 @@ kvf_status_t kvf_tp_runner_step(kvf_tp_runner_h r, const kvf_fwd_batch_t *batch,
     for (int i = 1; (status == KVF_OK) && (i < r->tp); ++i) {
         status = r->ranks[i].status;
     }
+    return status;
+}
+
+kvf_status_t kvf_tp_runner_step(kvf_tp_runner_h r, const kvf_fwd_batch_t *batch,
+                                const int32_t *fresh, int n_fresh)
+{
+    /* job fields are written before dispatch() takes the lock that publishes them */
+    r->func = NULL;
+    r->batch = batch;
+    r->fresh = fresh;
+    r->n_fresh = n_fresh;
+    return kvf_tp_runner_dispatch(r);
+}
+
+kvf_status_t kvf_tp_runner_run_on_ranks(kvf_tp_runner_h r, kvf_rank_func_t func, void *arg)
+{
+    kvf_status_t status;
+
+    if (func == NULL) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    r->func = func;
+    r->func_arg = arg;
+    status = kvf_tp_runner_dispatch(r);
+    r->func = NULL;
     return status;
 }
 

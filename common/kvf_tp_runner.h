@@ -47,6 +47,20 @@ void kvf_tp_runner_destroy(kvf_tp_runner_h runner);
 kvf_status_t kvf_tp_runner_step(kvf_tp_runner_h runner, const kvf_fwd_batch_t *batch,
                                 const int32_t *fresh, int n_fresh);
 
+/**
+ * Work run on a rank's own thread (rank 0: the caller's thread), e.g. UCX
+ * calls of a worker that belongs to that rank (register the rank's pool,
+ * post and poll its transfers). @a pool is the rank's page pool.
+ */
+typedef kvf_status_t (*kvf_rank_func_t)(void *arg, int rank, kvf_page_pool_h pool);
+
+/**
+ * Run @a func on every rank thread at once (rank 0 in the caller's thread)
+ * and wait for all. Must not be called from inside a rank function or a
+ * step. @return the first non-OK status by rank order, else KVF_OK.
+ */
+kvf_status_t kvf_tp_runner_run_on_ranks(kvf_tp_runner_h runner, kvf_rank_func_t func, void *arg);
+
 int                        kvf_tp_runner_tp_size(kvf_tp_runner_h runner);
 kvf_page_pool_h            kvf_tp_runner_pool(kvf_tp_runner_h runner, int rank);
 const kvf_rank_geometry_t *kvf_tp_runner_geometry(kvf_tp_runner_h runner, int rank);

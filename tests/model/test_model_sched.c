@@ -13,6 +13,7 @@
 #include "common/kvf_page_pool.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -335,6 +336,53 @@ static void test_eos_finishes(void **state)
     kvf_test_rmmodel(dir);
 }
 
+typedef struct {
+    pthread_t       thread[4];
+    kvf_page_pool_h pool[4];
+    int             calls[4];
+} kvf_rank_probe_t;
+
+static kvf_status_t kvf_probe_rank(void *arg, int rank, kvf_page_pool_h pool)
+{
+    kvf_rank_probe_t *p = arg;
+    p->thread[rank] = pthread_self();
+    p->pool[rank] = pool;
+    p->calls[rank]++;
+    return (rank == 3) ? KVF_ERR_BUSY : KVF_OK;
+}
+
+/* Per-rank work for the transfer layer runs on each rank's own thread. */
+static void test_run_on_ranks(void **state)
+{
+    char dir[256];
+    kvf_test_engine_opts_t o = kvf_test_engine_defaults();
+    kvf_rank_probe_t p;
+    kvf_engine_h eng;
+
+    (void)state;
+    memset(&p, 0, sizeof(p));
+    kvf_test_mkmodel("tiny-dense", 1, dir);
+    o.tp = 4;
+    eng = kvf_test_engine(dir, &o);
+    assert_int_equal(kvf_engine_run_on_ranks(eng, kvf_probe_rank, &p), KVF_ERR_BUSY);
+    assert_true(pthread_equal(p.thread[0], pthread_self()));
+    for (int r = 0; r < 4; ++r) {
+        assert_int_equal(p.calls[r], 1);
+        assert_ptr_equal(p.pool[r], kvf_tp_runner_pool(kvf_engine_runner(eng), r));
+        for (int q = 0; q < r; ++q) {
+            assert_false(pthread_equal(p.thread[q], p.thread[r]));
+        }
+    }
+    /* steps still work after a rank function */
+    {
+        int32_t prompt[16], toks[4];
+        int n = kvf_test_prompt("after", prompt, 16);
+        kvf_test_greedy(eng, prompt, n, 4, toks, NULL);
+    }
+    kvf_engine_destroy(eng);
+    kvf_test_rmmodel(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -342,6 +390,7 @@ int main(void)
         cmocka_unit_test(test_seeded_sampling),
         cmocka_unit_test(test_prefill_import_round_trip),
         cmocka_unit_test(test_eos_finishes),
+        cmocka_unit_test(test_run_on_ranks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
