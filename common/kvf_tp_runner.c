@@ -33,6 +33,7 @@ struct kvf_tp_runner {
     kvf_model_h         model;
     int                 tp;
     int                 num_blocks;
+    kvf_cache_params_t  cache;
     kvf_cache_layout_t  layout;
     kvf_comm_world_h    world;
     kvf_rank_slot_t    *ranks;
@@ -136,6 +137,7 @@ kvf_status_t kvf_tp_runner_create(const kvf_tp_runner_params_t *params, kvf_tp_r
     pthread_cond_init(&r->cond_job, NULL);
     pthread_cond_init(&r->cond_done, NULL);
     r->model = params->model;
+    r->cache = cache;
     r->tp = kvf_model_tp_size(params->model);
     r->num_blocks = (params->field_mask & KVF_TP_RUNNER_PARAM_FIELD_NUM_BLOCKS) ?
                     params->num_blocks : 256;
@@ -273,4 +275,9 @@ const kvf_cache_layout_t *kvf_tp_runner_layout(kvf_tp_runner_h r)
 int kvf_tp_runner_num_blocks(kvf_tp_runner_h r)
 {
     return r->num_blocks;
+}
+
+const kvf_cache_params_t *kvf_tp_runner_cache_params(kvf_tp_runner_h r)
+{
+    return &r->cache;
 }
