@@ -60,7 +60,7 @@ struct kvf_ucx_agent {
     kvf_ucx_region_t regions[KVF_XFER_MAX_REGIONS];
     uint64_t         ops_posted;
     char             tls_env[128];
-    char             transports[512];
+    char             transports[640];
     kvf_ucx_peer_h   peers[KVF_UCX_MAX_PEERS];   /* connected, for destroy */
     int              num_peers;
 

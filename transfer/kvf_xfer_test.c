@@ -195,7 +195,7 @@ typedef struct xt_rank {
     uint64_t         t_start[XT_MAX_ITERS], t_end[XT_MAX_ITERS];
     uint64_t         t_raw_start[XT_MAX_ITERS], t_raw_end[XT_MAX_ITERS];
     uint64_t         t_fail;
-    char             transports[512];
+    char             transports[640];
 } xt_rank_t;
 
 struct xt_ctx {
