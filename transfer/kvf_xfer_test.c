@@ -73,7 +73,6 @@ typedef struct xt_opts {
     bool    no_coalesce;
     bool    verify;
     int     iters;
-    bool    quiet;
     bool    peer_errors;
     /* hidden fault injection */
     int     fault_version;
@@ -116,7 +115,6 @@ typedef struct xt_opts {
              batch_descs, KVF_CONFIG_TYPE_INT, 0),                                            \
     XT_FIELD("NO_COALESCE", "no", "one descriptor per run (planner debugging)", no_coalesce, \
              KVF_CONFIG_TYPE_BOOL, 0),                                                        \
-    XT_FIELD("QUIET", "no", "print only the summary", quiet, KVF_CONFIG_TYPE_BOOL, 0),        \
     XT_FIELD("PEER_ERRORS", "yes", "UCX endpoints in peer error-handling mode (dead-peer "   \
              "detection)", peer_errors, KVF_CONFIG_TYPE_BOOL, 0),                            \
     XT_FIELD("FAULT_VERSION", "0", "prefill advertises this protocol version", fault_version, \

@@ -26,7 +26,7 @@
 typedef struct {
     kvf_ucx_agent_h agent;
     atomic_bool     stop;
-    int             notes;         /* notifications received */
+    atomic_int      notes;         /* notifications received */
     char            last[256];
 } target_t;
 
@@ -39,7 +39,7 @@ static void *target_thread(void *arg)
         if (kvf_ucx_notify_recv(t->agent, buf, sizeof(buf) - 1, &len, 20) == KVF_OK) {
             buf[len] = '\0';
             snprintf(t->last, sizeof(t->last), "%s", (char *)buf);
-            t->notes++;
+            atomic_fetch_add(&t->notes, 1);
         }
     }
     return NULL;
@@ -72,7 +72,7 @@ static void meta_of(kvf_ucx_agent_h a, int region, kvf_rank_meta_t *m)
 static void test_get_put_notify(void **state)
 {
     kvf_ucx_agent_h a = make_agent("initiator");
-    target_t t = {0};
+    target_t t;
     uint8_t *la = malloc(REGION), *lb = malloc(REGION);
     kvf_rank_meta_t *mb = calloc(1, sizeof(*mb));
     kvf_ucx_peer_h peer;
@@ -87,6 +87,8 @@ static void test_get_put_notify(void **state)
     const size_t n = sizeof(descs) / sizeof(descs[0]);
 
     (void)state;
+    memset(&t, 0, sizeof(t));
+    atomic_init(&t.notes, 0);
     t.agent = make_agent("target");
     assert_non_null(la);
     assert_non_null(lb);
@@ -154,13 +156,13 @@ static void test_get_put_notify(void **state)
     assert_int_equal(kvf_ucx_notify_send(a, peer, "second", 7), KVF_OK);
     {
         uint64_t deadline = kvf_ucx_now_ns() + 5000000000ull;
-        while ((t.notes < 2) && (kvf_ucx_now_ns() < deadline)) {
+        while ((atomic_load(&t.notes) < 2) && (kvf_ucx_now_ns() < deadline)) {
             kvf_ucx_agent_progress(a);
         }
     }
     atomic_store(&t.stop, true);
     pthread_join(th, NULL);
-    assert_int_equal(t.notes, 2);
+    assert_int_equal(atomic_load(&t.notes), 2);
     assert_string_equal(t.last, "second");
     assert_int_equal(kvf_ucx_peer_status(peer), KVF_OK);
 
