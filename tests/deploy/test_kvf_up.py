@@ -95,6 +95,42 @@ def main():
         T.check(p.returncode == 1 and "exited during start-up" in p.stderr,
                 "a daemon dying at start-up fails kvf-up with its log tail", p.stderr)
 
+    # --hosts with a non-local host goes through ssh: a stand-in ssh that runs the
+    # command here shows the remote path (launch, pid files, kvf-down over ssh).
+    # 127.0.0.2 is loopback on Linux but not "local" to kvf-up.
+    with tempfile.TemporaryDirectory() as td:
+        fake_ssh = os.path.join(td, "ssh")
+        calls = os.path.join(td, "calls")
+        with open(fake_ssh, "w") as f:
+            f.write("#!/usr/bin/env bash\n"
+                    "while [[ $1 == -* ]]; do [[ $1 == -o ]] && shift; shift; done\n"
+                    "echo \"$1\" >> %s; shift\n"
+                    "exec bash -c \"$*\"\n" % calls)
+        os.chmod(fake_ssh, 0o755)
+        hosts = os.path.join(td, "hosts")
+        with open(hosts, "w") as f:
+            f.write("# one remote host\n127.0.0.2\n")
+        env = dict(os.environ, PATH=td + os.pathsep + os.environ["PATH"])
+        old_path = os.environ["PATH"]
+        os.environ["PATH"] = env["PATH"]
+        try:
+            with Pool(layout="1p1d", model=model, bin_dir=a.fakebin, timeout=20,
+                      hosts_file=hosts) as rp:
+                st, h = rp.health()
+                T.check(st == 200 and h["prefill"][0]["url"].startswith("tcp://127.0.0.2:") and
+                        h["decode"][0]["url"].startswith("tcp://127.0.0.2:"),
+                        "--hosts: instances on the listed host, reached at its address")
+                T.check(rp.complete("ab", max_tokens=2)["choices"][0]["text"] == "a",
+                        "--hosts pool serves")
+                rpids = rp.pids()
+            with open(calls) as f:
+                used = f.read().split()
+            T.check(used and set(used) == {"127.0.0.2"}, "remote instances used ssh 127.0.0.2")
+            T.check(not any(pid_alive(rpids[n]) for n in ("prefill-0", "decode-0")),
+                    "kvf-down stopped the remote instances through ssh")
+        finally:
+            os.environ["PATH"] = old_path
+
     for argv, what in ((["--layout", "4x2"], "bad layout"),
                        (["--layout", "1p1d"], "missing --model"),
                        (["--layout", "1p1d", "--model", model, "--port", "70000"], "bad port"),
