@@ -93,6 +93,17 @@ static kvf_status_t kvf_connector_stub_poll_release(kvf_connector_h conn, int tp
     return KVF_ERR_UNSUPPORTED;
 }
 
+static kvf_status_t kvf_connector_stub_req_stats(kvf_connector_h conn, int tp_rank,
+                                                 kvf_connector_req_h req,
+                                                 kvf_connector_stats_t *stats_p)
+{
+    (void)conn;
+    (void)tp_rank;
+    (void)req;
+    (void)stats_p;
+    return KVF_ERR_UNSUPPORTED;
+}
+
 void kvf_connector_ops_fill_stubs(kvf_connector_ops_t *ops)
 {
     /* checklist: one line per op of kvf_connector_ops_t */
@@ -106,6 +117,7 @@ void kvf_connector_ops_fill_stubs(kvf_connector_ops_t *ops)
     if (ops->poll == NULL)           ops->poll = kvf_connector_stub_poll;
     if (ops->notify_release == NULL) ops->notify_release = kvf_connector_stub_poll;
     if (ops->poll_release == NULL)   ops->poll_release = kvf_connector_stub_poll_release;
+    if (ops->req_stats == NULL)      ops->req_stats = kvf_connector_stub_req_stats;
 }
 
 kvf_status_t kvf_connector_ops_check(const kvf_connector_ops_t *ops)
@@ -118,7 +130,7 @@ kvf_status_t kvf_connector_ops_check(const kvf_connector_ops_t *ops)
     if ((ops->create == NULL) || (ops->destroy == NULL) || (ops->register_pool == NULL) ||
         (ops->get_metadata == NULL) || (ops->serve == NULL) || (ops->handshake == NULL) ||
         (ops->start_pull == NULL) || (ops->poll == NULL) || (ops->notify_release == NULL) ||
-        (ops->poll_release == NULL)) {
+        (ops->poll_release == NULL) || (ops->req_stats == NULL)) {
         kvf_error("connector '%s' has a NULL op", (ops->name != NULL) ? ops->name : "?");
         return KVF_ERR_UNSUPPORTED;
     }

@@ -31,7 +31,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define KVF_CONNECTOR_ABI 1
+#define KVF_CONNECTOR_ABI 2   /* 2: req_stats */
 
 typedef struct kvf_connector *kvf_connector_h;
 typedef struct kvf_connector_req *kvf_connector_req_h;
@@ -78,6 +78,14 @@ typedef struct kvf_connector_pull {
     const int32_t  *local_ids[KVF_MAX_KV_GROUPS];
     int             num_local_ids[KVF_MAX_KV_GROUPS];
 } kvf_connector_pull_t;
+
+/** What one rank's pull of one request moved (decode side). */
+typedef struct kvf_connector_stats {
+    uint64_t bytes;          /* payload bytes read (zeroed tails not counted) */
+    uint64_t descriptors;    /* GET descriptors after coalescing */
+    int      remote_ranks;   /* prefill ranks this rank read from */
+    uint64_t zero_bytes;     /* bytes zeroed after the pull */
+} kvf_connector_stats_t;
 
 typedef struct kvf_connector_ops {
     unsigned    abi_version;          /* == KVF_CONNECTOR_ABI */
@@ -138,6 +146,13 @@ typedef struct kvf_connector_ops {
     kvf_status_t (*poll_release)(kvf_connector_h conn, int tp_rank, uint32_t timeout_ms,
                                  char *request_id, size_t id_len, int *decode_rank_p,
                                  kvf_status_t *status_p);
+
+    /**
+     * Decode: what @a req (from start_pull, not yet released) moves: bytes,
+     * descriptors, prefill ranks read. Valid as soon as start_pull returned.
+     */
+    kvf_status_t (*req_stats)(kvf_connector_h conn, int tp_rank, kvf_connector_req_h req,
+                              kvf_connector_stats_t *stats_p);
 } kvf_connector_ops_t;
 
 /** Point every NULL op of @a ops at a stub returning KVF_ERR_UNSUPPORTED. */

@@ -658,6 +658,20 @@ static kvf_status_t kvf_conn_poll_release(kvf_connector_h conn, int tp_rank, uin
     return KVF_OK;
 }
 
+static kvf_status_t kvf_conn_req_stats(kvf_connector_h conn, int tp_rank,
+                                       kvf_connector_req_h req, kvf_connector_stats_t *stats_p)
+{
+    (void)conn;
+    if ((req == NULL) || (req->rank != tp_rank) || (stats_p == NULL)) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    stats_p->bytes = req->plan->total_bytes;
+    stats_p->descriptors = req->plan->total_descs;
+    stats_p->remote_ranks = req->plan->num_ranks;
+    stats_p->zero_bytes = req->plan->zero_bytes;
+    return KVF_OK;
+}
+
 static const kvf_connector_ops_t kvf_connector_ucx = {
     .abi_version    = KVF_CONNECTOR_ABI,
     .name           = "ucx",
@@ -671,6 +685,7 @@ static const kvf_connector_ops_t kvf_connector_ucx = {
     .poll           = kvf_conn_poll,
     .notify_release = kvf_conn_notify_release,
     .poll_release   = kvf_conn_poll_release,
+    .req_stats      = kvf_conn_req_stats,
 };
 
 const kvf_connector_ops_t *kvf_connector_ucx_ops(void)

@@ -1,0 +1,610 @@
+/*
+ * kvf-decode: request handling around the engine and the KV connector.
+ *
+ * Design: the pull of a request runs to completion on the leader thread
+ * between engine steps: start_pull on every rank (planning and posting
+ * never block), then poll every rank until each reports a final status
+ * (bounded by the connector timeout), then notify_release on every rank so
+ * prefill frees its blocks only after ALL decode ranks are done reading.
+ * Running requests pause for the transfer time; that keeps the engine
+ * single-threaded, as its contract requires. Rejected alternative: pulling
+ * on rank threads concurrently with steps, which would need the engine to
+ * hand out pools during steps.
+ *
+ * The first token was sampled by prefill and already reported to the
+ * client by the proxy, so decode replies carry only the tokens after it.
+ */
+#include "decode/kvf_decode_server.h"
+
+#include "common/kvf_engine.h"
+#include "common/kvf_log.h"
+#include "transfer/kvf_connector_ucx.h"
+#include "transfer/kvf_serve_channel.h"
+
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define KVF_DC_MAX_EVENTS 512
+#define KVF_DC_ID_MAX     64
+#define KVF_DC_MAX_TP     64
+
+const kvf_config_field_t kvf_decode_config_table[] = {
+    {"MODEL", "", "model folder (config.json + model.safetensors)",
+     offsetof(kvf_decode_config_t, model), KVF_CONFIG_TYPE_STRING, 0},
+    {"TP", "1", "tensor-parallel ranks of this instance",
+     offsetof(kvf_decode_config_t, tp), KVF_CONFIG_TYPE_INT, 0},
+    {"LISTEN", "tcp://127.0.0.1:5567", "ZeroMQ endpoint the proxy connects to",
+     offsetof(kvf_decode_config_t, listen), KVF_CONFIG_TYPE_STRING, 0},
+    {"ENGINE_ID", "decode-0", "engine id, unique in the pool",
+     offsetof(kvf_decode_config_t, engine_id), KVF_CONFIG_TYPE_STRING, 0},
+    {"NUM_BLOCKS", "256", "blocks in each rank's page pool",
+     offsetof(kvf_decode_config_t, num_blocks), KVF_CONFIG_TYPE_INT, 0},
+    {"KV_DTYPE", "bf16", "attention KV cache dtype: fp32, bf16, fp16 (must match prefill)",
+     offsetof(kvf_decode_config_t, kv_dtype), KVF_CONFIG_TYPE_STRING, 0},
+    {"BLOCK_SIZE", "16", "user block size (alignment unit of the TP-stable block size)",
+     offsetof(kvf_decode_config_t, block_size), KVF_CONFIG_TYPE_INT, 0},
+    {"MAX_BATCH_TOKENS", "512", "tokens per engine step",
+     offsetof(kvf_decode_config_t, max_batch_tokens), KVF_CONFIG_TYPE_INT, 0},
+    {"LOAD_FAILURE", "fail", "when a pull fails: fail the request, or recompute the prompt",
+     offsetof(kvf_decode_config_t, load_failure), KVF_CONFIG_TYPE_STRING, 0},
+    {"XFER_TIMEOUT", "1s", "bound on every transfer wait (handshake, pull, release)",
+     offsetof(kvf_decode_config_t, xfer_timeout_ms), KVF_CONFIG_TYPE_TIME, 0},
+    {NULL, NULL, NULL, 0, 0, 0},
+};
+
+typedef struct {
+    uint64_t         engine_req;
+    char             request_id[KVF_DC_ID_MAX];
+    kvf_serve_peer_t peer;
+    bool             stream;
+    int32_t         *tokens;       /* generated after the first token (non-stream replies) */
+    int              num_tokens;
+    int              cap_tokens;
+    Kvf__TransferStats stats;
+} kvf_dc_req_t;
+
+struct kvf_decode_server {
+    kvf_decode_config_t        cfg;
+    bool                       recompute;
+    kvf_engine_h               engine;
+    const kvf_connector_ops_t *xops;
+    kvf_connector_h            conn;
+    kvf_serve_server_h         serve;
+    kvf_dc_req_t              *reqs;
+    int                        num_reqs;
+    int                        cap_reqs;
+    uint64_t                   refusals;
+    uint64_t                   peer_errors;
+};
+
+static uint64_t kvf_dc_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static kvf_status_t kvf_dc_setup(kvf_decode_server_h srv)
+{
+    const kvf_decode_config_t *c = &srv->cfg;
+    kvf_engine_params_t ep;
+    kvf_model_config_t mc;
+    kvf_cache_params_t cache;
+    kvf_connector_config_t cc;
+    kvf_tp_runner_h runner;
+    kvf_status_t status;
+
+    status = kvf_model_config_load(c->model, &mc);
+    if (status != KVF_OK) {
+        return status;
+    }
+    kvf_cache_params_default(&mc, &cache);
+    if (kvf_dtype_parse(c->kv_dtype, &cache.kv_dtype) != 0) {
+        kvf_error("bad value '%s' for --kv-dtype (fp32, bf16, fp16)", c->kv_dtype);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    cache.user_block_size = c->block_size;
+    memset(&ep, 0, sizeof(ep));
+    ep.field_mask = KVF_ENGINE_PARAM_FIELD_NUM_BLOCKS | KVF_ENGINE_PARAM_FIELD_CACHE |
+                    KVF_ENGINE_PARAM_FIELD_MAX_BATCH_TOKENS;
+    ep.model_dir = c->model;
+    ep.tp_size = c->tp;
+    ep.num_blocks = c->num_blocks;
+    ep.cache = cache;
+    ep.max_batch_tokens = c->max_batch_tokens;
+    status = kvf_engine_create(&ep, &srv->engine);
+    if (status != KVF_OK) {
+        return status;
+    }
+
+    srv->xops = kvf_connector_ucx_ops();
+    status = kvf_connector_ops_check(srv->xops);
+    if (status != KVF_OK) {
+        return status;
+    }
+    memset(&cc, 0, sizeof(cc));
+    cc.field_mask = KVF_CONNECTOR_CONFIG_FIELD_TIMEOUT_MS;
+    cc.engine_id = c->engine_id;
+    cc.role = KVF_CONNECTOR_ROLE_DECODE;
+    cc.tp_size = c->tp;
+    cc.cfg = kvf_engine_model_config(srv->engine);
+    cc.timeout_ms = (uint32_t)c->xfer_timeout_ms;
+    status = srv->xops->create(&cc, &srv->conn);
+    if (status != KVF_OK) {
+        return status;
+    }
+    runner = kvf_engine_runner(srv->engine);
+    for (int r = 0; r < c->tp; ++r) {
+        kvf_page_pool_h pool = kvf_tp_runner_pool(runner, r);
+        kvf_connector_pool_t cp = {
+            .tp_rank = r,
+            .base = kvf_page_pool_base(pool),
+            .len = kvf_page_pool_bytes(pool),
+            .num_blocks = kvf_page_pool_num_blocks(pool),
+            .params = cache,
+        };
+        status = srv->xops->register_pool(srv->conn, &cp);
+        if (status != KVF_OK) {
+            return status;
+        }
+    }
+    return kvf_serve_server_create(c->listen, &srv->serve);
+}
+
+kvf_status_t kvf_decode_server_create(const kvf_decode_config_t *cfg,
+                                      kvf_decode_server_h *srv_p)
+{
+    struct kvf_decode_server *srv;
+    kvf_status_t status;
+
+    if ((cfg->model[0] == '\0') || (cfg->tp < 1) || (cfg->tp > KVF_DC_MAX_TP) ||
+        (cfg->num_blocks < 1) || (cfg->engine_id[0] == '\0') ||
+        (strlen(cfg->engine_id) >= KVF_DC_ID_MAX) || (cfg->xfer_timeout_ms <= 0)) {
+        kvf_error("kvf-decode: need --model, --tp in 1..%d, --num-blocks >= 1, a positive"
+                  " --xfer-timeout and an --engine-id of 1..63 bytes", KVF_DC_MAX_TP);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    if ((strcmp(cfg->load_failure, "fail") != 0) &&
+        (strcmp(cfg->load_failure, "recompute") != 0)) {
+        kvf_error("bad value '%s' for --load-failure (fail or recompute)", cfg->load_failure);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    srv = calloc(1, sizeof(*srv));
+    if (srv == NULL) {
+        return KVF_ERR_NO_MEMORY;
+    }
+    srv->cfg = *cfg;
+    srv->recompute = (strcmp(cfg->load_failure, "recompute") == 0);
+    status = kvf_dc_setup(srv);
+    if (status != KVF_OK) {
+        kvf_decode_server_destroy(srv);
+        return status;
+    }
+    kvf_info("decode %s: tp %d, block size %d, %d blocks per rank, control %s, load failure"
+             " policy %s", cfg->engine_id, cfg->tp,
+             kvf_block_manager_block_size(kvf_engine_block_manager(srv->engine)),
+             cfg->num_blocks, cfg->listen, cfg->load_failure);
+    *srv_p = srv;
+    return KVF_OK;
+}
+
+void kvf_decode_server_destroy(kvf_decode_server_h srv)
+{
+    if (srv == NULL) {
+        return;
+    }
+    kvf_serve_server_destroy(srv->serve);
+    if (srv->conn != NULL) {
+        srv->xops->destroy(srv->conn);
+    }
+    kvf_engine_destroy(srv->engine);
+    for (int i = 0; i < srv->num_reqs; ++i) {
+        free(srv->reqs[i].tokens);
+    }
+    free(srv->reqs);
+    free(srv);
+}
+
+/* ---- replies ------------------------------------------------------------ */
+
+static void kvf_dc_reply_tokens(kvf_decode_server_h srv, kvf_dc_req_t *q, const int32_t *tokens,
+                                int n, bool done, const char *finish)
+{
+    Kvf__ServeReply reply = KVF__SERVE_REPLY__INIT;
+
+    reply.request_id = q->request_id;
+    reply.has_status = 1;
+    reply.status = KVF_OK;
+    reply.n_tokens = (size_t)n;
+    reply.tokens = (int32_t *)tokens;
+    reply.has_done = 1;
+    reply.done = done;
+    if (done) {
+        reply.finish_reason = (char *)finish;
+        reply.stats = &q->stats;
+    }
+    kvf_serve_server_reply(srv->serve, &q->peer, &reply);
+}
+
+static const char *kvf_dc_finish_str(kvf_finish_reason_t r)
+{
+    switch (r) {
+    case KVF_FINISH_LENGTH: return "length";
+    case KVF_FINISH_EOS:    return "stop";
+    case KVF_FINISH_ABORT:  return "abort";
+    default:                return "error";
+    }
+}
+
+static int kvf_dc_find(kvf_decode_server_h srv, uint64_t engine_req)
+{
+    for (int i = 0; i < srv->num_reqs; ++i) {
+        if (srv->reqs[i].engine_req == engine_req) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+static void kvf_dc_remove(kvf_decode_server_h srv, int i)
+{
+    free(srv->reqs[i].tokens);
+    srv->reqs[i] = srv->reqs[--srv->num_reqs];
+}
+
+static kvf_dc_req_t *kvf_dc_track(kvf_decode_server_h srv)
+{
+    if (srv->num_reqs == srv->cap_reqs) {
+        int cap = srv->cap_reqs ? 2 * srv->cap_reqs : 64;
+        kvf_dc_req_t *n = realloc(srv->reqs, (size_t)cap * sizeof(*n));
+        if (n == NULL) {
+            return NULL;
+        }
+        srv->reqs = n;
+        srv->cap_reqs = cap;
+    }
+    kvf_dc_req_t *q = &srv->reqs[srv->num_reqs++];
+    memset(q, 0, sizeof(*q));
+    kvf__transfer_stats__init(&q->stats);
+    q->stats.has_bytes = q->stats.has_descriptors = q->stats.has_reads = 1;
+    q->stats.has_handshake_ms = q->stats.has_transfer_ms = q->stats.has_recomputed = 1;
+    return q;
+}
+
+/* ---- the pull ----------------------------------------------------------- */
+
+/* Pull the request's state into @a blocks on every rank; fills q->stats. */
+static kvf_status_t kvf_dc_pull(kvf_decode_server_h srv, const Kvf__TransferParams *xp,
+                                const kvf_req_blocks_t *blocks, kvf_dc_req_t *q, char *err,
+                                size_t err_len)
+{
+    kvf_connector_pull_t pull;
+    kvf_connector_req_h reqs[KVF_DC_MAX_TP] = {NULL};
+    kvf_status_t final[KVF_DC_MAX_TP];
+    kvf_status_t status = KVF_OK;
+    uint64_t t0 = kvf_dc_now_ns();
+    int ntp = srv->cfg.tp;
+    bool pending;
+
+    status = srv->xops->handshake(srv->conn, xp->engine_id, xp->host, (int)xp->port, err,
+                                  err_len);
+    q->stats.handshake_ms = (double)(kvf_dc_now_ns() - t0) / 1e6;
+    if (status != KVF_OK) {
+        if (status == KVF_ERR_REFUSED) {
+            srv->refusals++;
+        } else if (KVF_IS_PEER_ERROR(status)) {
+            srv->peer_errors++;
+        }
+        return status;
+    }
+    if ((int)xp->n_groups != blocks->num_groups) {
+        snprintf(err, err_len, "transfer params carry %zu KV cache groups, this model has %d",
+                 xp->n_groups, blocks->num_groups);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    memset(&pull, 0, sizeof(pull));
+    pull.engine_id = xp->engine_id;
+    pull.request_id = q->request_id;
+    pull.num_tokens = (int64_t)xp->num_tokens;
+    pull.num_groups = blocks->num_groups;
+    for (int g = 0; g < blocks->num_groups; ++g) {
+        pull.remote_ids[g] = xp->groups[g]->ids;
+        pull.num_remote_ids[g] = (int)xp->groups[g]->n_ids;
+        pull.local_ids[g] = blocks->blocks[g];
+        pull.num_local_ids[g] = blocks->num_blocks[g];
+    }
+
+    t0 = kvf_dc_now_ns();
+    for (int r = 0; r < ntp; ++r) {
+        final[r] = srv->xops->start_pull(srv->conn, r, &pull, &reqs[r]);
+        if (final[r] == KVF_OK) {
+            final[r] = KVF_INPROGRESS;
+        } else {
+            reqs[r] = NULL;
+        }
+    }
+    do {   /* each poll is bounded by the connector's timeout */
+        pending = false;
+        for (int r = 0; r < ntp; ++r) {
+            if (final[r] == KVF_INPROGRESS) {
+                final[r] = srv->xops->poll(srv->conn, r, reqs[r]);
+                pending |= (final[r] == KVF_INPROGRESS);
+            }
+        }
+    } while (pending);
+    q->stats.transfer_ms = (double)(kvf_dc_now_ns() - t0) / 1e6;
+
+    for (int r = 0; r < ntp; ++r) {
+        kvf_connector_stats_t st;
+        if (reqs[r] == NULL) {
+            continue;
+        }
+        if (srv->xops->req_stats(srv->conn, r, reqs[r], &st) == KVF_OK) {
+            q->stats.bytes += st.bytes;
+            q->stats.descriptors += st.descriptors;
+            q->stats.reads += (uint32_t)st.remote_ranks;
+        }
+    }
+    for (int r = 0; r < ntp; ++r) {   /* only now may prefill free what we read */
+        if (reqs[r] != NULL) {
+            srv->xops->notify_release(srv->conn, r, reqs[r]);
+        }
+        if ((status == KVF_OK) && (final[r] != KVF_OK)) {
+            status = final[r];
+        }
+    }
+    if (status != KVF_OK) {
+        if (KVF_IS_PEER_ERROR(status)) {
+            srv->peer_errors++;
+        }
+        snprintf(err, err_len, "kv pull from %s failed: %s", xp->engine_id,
+                 kvf_status_str(status));
+    }
+    return status;
+}
+
+/* Load failed: prefill the prompt and prefill's first token here instead. */
+static kvf_status_t kvf_dc_recompute(kvf_decode_server_h srv, const Kvf__DecodeRequest *dr,
+                                     const kvf_req_params_t *rp, kvf_dc_req_t *q)
+{
+    kvf_req_params_t p = *rp;
+    int32_t *prompt = malloc((dr->n_prompt_tokens + 1) * sizeof(*prompt));
+    kvf_status_t status;
+
+    if (prompt == NULL) {
+        return KVF_ERR_NO_MEMORY;
+    }
+    memcpy(prompt, dr->prompt_tokens, dr->n_prompt_tokens * sizeof(*prompt));
+    prompt[dr->n_prompt_tokens] = dr->params->first_token;
+    p.prompt = prompt;
+    p.prompt_len = (int)dr->n_prompt_tokens + 1;
+    p.sampling.max_tokens = rp->sampling.max_tokens - 1;
+    status = kvf_engine_add_request(srv->engine, &p, &q->engine_req);
+    free(prompt);
+    q->stats.recomputed = 1;
+    return status;
+}
+
+static void kvf_dc_decode(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
+                          const Kvf__DecodeRequest *dr)
+{
+    const char *rid = (dr->request_id != NULL) ? dr->request_id : "";
+    const kvf_req_blocks_t *blocks;
+    kvf_req_params_t rp;
+    kvf_req_info_t info;
+    kvf_dc_req_t *q;
+    char err[512] = "";
+    uint64_t id;
+    kvf_status_t status;
+
+    if ((rid[0] == '\0') || (strlen(rid) >= KVF_DC_ID_MAX) || (dr->params == NULL) ||
+        (dr->params->engine_id == NULL) || (dr->params->host == NULL) ||
+        (dr->n_prompt_tokens == 0) || (dr->params->num_tokens != dr->n_prompt_tokens)) {
+        kvf_serve_server_reply_error(srv->serve, peer, rid, KVF_ERR_INVALID_PARAM,
+                                     "decode request needs a request_id of 1..63 bytes, the"
+                                     " prompt, and transfer params covering it");
+        return;
+    }
+    memset(&rp, 0, sizeof(rp));
+    rp.prompt = dr->prompt_tokens;
+    rp.prompt_len = (int)dr->n_prompt_tokens;
+    rp.sampling.max_tokens = 16;
+    if (dr->sampling != NULL) {
+        rp.sampling.temperature = dr->sampling->temperature;
+        rp.sampling.seed = dr->sampling->seed;
+        rp.sampling.ignore_eos = dr->sampling->ignore_eos;
+        if (dr->sampling->has_max_tokens) {
+            rp.sampling.max_tokens = (int)dr->sampling->max_tokens;
+        }
+    }
+    if (rp.sampling.max_tokens < 1) {
+        kvf_serve_server_reply_error(srv->serve, peer, rid, KVF_ERR_INVALID_PARAM,
+                                     "max_tokens must be at least 1");
+        return;
+    }
+    q = kvf_dc_track(srv);
+    if (q == NULL) {
+        kvf_serve_server_reply_error(srv->serve, peer, rid, KVF_ERR_NO_MEMORY, "out of memory");
+        return;
+    }
+    snprintf(q->request_id, sizeof(q->request_id), "%s", rid);
+    q->peer = *peer;
+    q->stream = dr->has_stream && dr->stream;
+
+    status = kvf_engine_import_begin(srv->engine, &rp, &id, &blocks);
+    if (status != KVF_OK) {
+        kvf_serve_server_reply_error(srv->serve, peer, rid, status,
+                                     (status == KVF_ERR_NO_RESOURCE) ?
+                                         "decode pool has no room for the prompt" :
+                                         "prompt rejected");
+        kvf_dc_remove(srv, srv->num_reqs - 1);
+        return;
+    }
+    q->engine_req = id;
+    status = kvf_dc_pull(srv, dr->params, blocks, q, err, sizeof(err));
+    if (status == KVF_OK) {
+        status = kvf_engine_import_commit(srv->engine, id, dr->params->first_token);
+        if (status != KVF_OK) {
+            snprintf(err, sizeof(err), "first token %d rejected", dr->params->first_token);
+        }
+    }
+    if (status != KVF_OK) {
+        kvf_engine_abort(srv->engine, id);
+        kvf_engine_release(srv->engine, id);
+        kvf_warn("request %s: %s", rid, err);
+        if (srv->recompute && (rp.sampling.max_tokens > 1) && (status != KVF_ERR_REFUSED) &&
+            (kvf_dc_recompute(srv, dr, &rp, q) == KVF_OK)) {
+            return;   /* decoding continues from the local prefill */
+        }
+        kvf_serve_server_reply_error(srv->serve, peer, rid, status, err);
+        kvf_dc_remove(srv, srv->num_reqs - 1);
+        return;
+    }
+    /* EOS as first token, or max_tokens 1: finished at commit */
+    if ((kvf_engine_request_info(srv->engine, id, &info) == KVF_OK) &&
+        (info.state == KVF_REQ_FINISHED)) {
+        kvf_dc_reply_tokens(srv, q, NULL, 0, true, kvf_dc_finish_str(info.finish));
+        kvf_engine_release(srv->engine, id);
+        kvf_dc_remove(srv, srv->num_reqs - 1);
+    }
+}
+
+static void kvf_dc_abort(kvf_decode_server_h srv, const Kvf__AbortRequest *ar)
+{
+    const char *rid = (ar->request_id != NULL) ? ar->request_id : "";
+    for (int i = 0; i < srv->num_reqs; ++i) {
+        if (strcmp(srv->reqs[i].request_id, rid) == 0) {
+            kvf_engine_abort(srv->engine, srv->reqs[i].engine_req);
+            kvf_engine_release(srv->engine, srv->reqs[i].engine_req);
+            kvf_dc_reply_tokens(srv, &srv->reqs[i], NULL, 0, true, "abort");
+            kvf_dc_remove(srv, i);
+            return;
+        }
+    }
+}
+
+static void kvf_dc_health(kvf_decode_server_h srv, const kvf_serve_peer_t *peer)
+{
+    kvf_block_manager_h bm = kvf_engine_block_manager(srv->engine);
+    int slots = kvf_tp_runner_layout(kvf_engine_runner(srv->engine))->slots;
+    Kvf__ServeReply reply = KVF__SERVE_REPLY__INIT;
+    Kvf__HealthReply h = KVF__HEALTH_REPLY__INIT;
+
+    h.role = (char *)"decode";
+    h.engine_id = srv->cfg.engine_id;
+    h.has_tp_size = h.has_free_pages = h.has_total_pages = h.has_running = 1;
+    h.has_block_size = h.has_handshake_refusals = h.has_peer_errors = 1;
+    h.tp_size = (uint32_t)srv->cfg.tp;
+    h.free_pages = (uint64_t)kvf_block_manager_num_free(bm) * (uint64_t)slots *
+                   (uint64_t)srv->cfg.tp;
+    h.total_pages = (uint64_t)kvf_block_manager_num_blocks(bm) * (uint64_t)slots *
+                    (uint64_t)srv->cfg.tp;
+    h.running = (uint32_t)srv->num_reqs;
+    h.block_size = (uint32_t)kvf_block_manager_block_size(bm);
+    h.handshake_refusals = srv->refusals;
+    h.peer_errors = srv->peer_errors;
+    reply.request_id = (char *)"health";   /* proto: health replies carry this id */
+    reply.health = &h;
+    reply.has_done = 1;
+    reply.done = 1;
+    kvf_serve_server_reply(srv->serve, peer, &reply);
+}
+
+static void kvf_dc_handle(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
+                          const Kvf__ServeRequest *req)
+{
+    switch (req->body_case) {
+    case KVF__SERVE_REQUEST__BODY_DECODE:
+        kvf_dc_decode(srv, peer, req->decode);
+        break;
+    case KVF__SERVE_REQUEST__BODY_ABORT:
+        kvf_dc_abort(srv, req->abort);
+        break;
+    case KVF__SERVE_REQUEST__BODY_HEALTH:
+        kvf_dc_health(srv, peer);
+        break;
+    default:
+        kvf_serve_server_reply_error(srv->serve, peer, "", KVF_ERR_UNSUPPORTED,
+                                     "a decode instance does not prefill");
+        break;
+    }
+}
+
+static int kvf_dc_append(kvf_dc_req_t *q, int32_t token)
+{
+    if (q->num_tokens == q->cap_tokens) {
+        int cap = q->cap_tokens ? 2 * q->cap_tokens : 64;
+        int32_t *n = realloc(q->tokens, (size_t)cap * sizeof(*n));
+        if (n == NULL) {
+            return -1;
+        }
+        q->tokens = n;
+        q->cap_tokens = cap;
+    }
+    q->tokens[q->num_tokens++] = token;
+    return 0;
+}
+
+static kvf_status_t kvf_dc_step(kvf_decode_server_h srv)
+{
+    kvf_engine_event_t ev[KVF_DC_MAX_EVENTS];
+    int n = 0;
+    kvf_status_t status = kvf_engine_step(srv->engine, ev, KVF_DC_MAX_EVENTS, &n);
+
+    for (int i = 0; i < n; ++i) {
+        int k = kvf_dc_find(srv, ev[i].id);
+        kvf_dc_req_t *q;
+        if (k < 0) {
+            continue;
+        }
+        q = &srv->reqs[k];
+        if ((ev[i].kind == KVF_EVENT_TOKEN) && (ev[i].token >= 0)) {   /* FINISHED repeats it */
+            if (q->stream) {
+                kvf_dc_reply_tokens(srv, q, &ev[i].token, 1, false, NULL);
+            } else if (kvf_dc_append(q, ev[i].token) != 0) {
+                kvf_engine_abort(srv->engine, q->engine_req);
+            }
+        }
+        if (ev[i].kind == KVF_EVENT_FINISHED) {
+            kvf_dc_reply_tokens(srv, q, q->stream ? NULL : q->tokens,
+                                q->stream ? 0 : q->num_tokens, true,
+                                kvf_dc_finish_str(ev[i].reason));
+            kvf_engine_release(srv->engine, q->engine_req);
+            kvf_dc_remove(srv, k);
+        }
+    }
+    return status;
+}
+
+kvf_status_t kvf_decode_server_run(kvf_decode_server_h srv, volatile sig_atomic_t *stop)
+{
+    while (!*stop) {
+        bool busy = kvf_engine_has_work(srv->engine);
+        kvf_serve_peer_t peer;
+        Kvf__ServeRequest *req = NULL;
+        kvf_status_t status;
+
+        for (int i = 0; i < 64; ++i) {
+            status = kvf_serve_server_recv(srv->serve, (busy || i > 0) ? 0 : 10, &peer, &req);
+            if (status == KVF_OK) {
+                kvf_dc_handle(srv, &peer, req);
+                kvf__serve_request__free_unpacked(req, NULL);
+                continue;
+            }
+            if (status == KVF_ERR_ZMQ) {
+                return status;
+            }
+            break;
+        }
+        if (kvf_engine_has_work(srv->engine)) {
+            status = kvf_dc_step(srv);
+            if (status != KVF_OK) {
+                kvf_error("engine step failed: %s", kvf_status_str(status));
+            }
+        }
+    }
+    return KVF_OK;
+}

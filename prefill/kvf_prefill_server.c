@@ -1,0 +1,518 @@
+/*
+ * kvf-prefill: request handling around the engine.
+ *
+ * Design: one leader loop multiplexes four sources with short waits so none
+ * starves: control requests (ZeroMQ), engine steps (continuous batching, so
+ * concurrent prompts share forward passes), release notifications from
+ * decode (UCX active messages, per rank), and lease expiry. A prompt's
+ * reply is sent when its PREFILLED event arrives; from then on its blocks
+ * are leased. Rejected alternative: the blocking kvf_engine_prefill() per
+ * request, which would serialise prompts and stall releases during long
+ * prefills.
+ *
+ * A release is trusted on the first notification for a request: the decode
+ * leader sends releases only after every one of its ranks finished pulling
+ * (DESIGN.md §9), so no rank can still be reading.
+ */
+#include "prefill/kvf_prefill_server.h"
+#include "prefill/kvf_lease.h"
+
+#include "common/kvf_engine.h"
+#include "common/kvf_log.h"
+#include "transfer/kvf_connector_ucx.h"
+#include "transfer/kvf_serve_channel.h"
+
+#include <inttypes.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define KVF_PF_MAX_EVENTS 512
+
+const kvf_config_field_t kvf_prefill_config_table[] = {
+    {"MODEL", "", "model folder (config.json + model.safetensors)",
+     offsetof(kvf_prefill_config_t, model), KVF_CONFIG_TYPE_STRING, 0},
+    {"TP", "1", "tensor-parallel ranks of this instance",
+     offsetof(kvf_prefill_config_t, tp), KVF_CONFIG_TYPE_INT, 0},
+    {"LISTEN", "tcp://127.0.0.1:5557", "ZeroMQ endpoint the proxy connects to",
+     offsetof(kvf_prefill_config_t, listen), KVF_CONFIG_TYPE_STRING, 0},
+    {"HOST", "127.0.0.1", "address of this host for the side channel (bind and advertise)",
+     offsetof(kvf_prefill_config_t, host), KVF_CONFIG_TYPE_STRING, 0},
+    {"SIDE_PORT", "0", "side-channel (handshake) port; 0 picks a free one",
+     offsetof(kvf_prefill_config_t, side_port), KVF_CONFIG_TYPE_INT, 0},
+    {"ENGINE_ID", "prefill-0", "engine id, unique in the pool",
+     offsetof(kvf_prefill_config_t, engine_id), KVF_CONFIG_TYPE_STRING, 0},
+    {"NUM_BLOCKS", "256", "blocks in each rank's page pool",
+     offsetof(kvf_prefill_config_t, num_blocks), KVF_CONFIG_TYPE_INT, 0},
+    {"LEASE_TIMEOUT", "30s", "how long a finished prompt's blocks wait for decode",
+     offsetof(kvf_prefill_config_t, lease_timeout_ms), KVF_CONFIG_TYPE_TIME, 0},
+    {"KV_DTYPE", "bf16", "attention KV cache dtype: fp32, bf16, fp16",
+     offsetof(kvf_prefill_config_t, kv_dtype), KVF_CONFIG_TYPE_STRING, 0},
+    {"BLOCK_SIZE", "16", "user block size (alignment unit of the TP-stable block size)",
+     offsetof(kvf_prefill_config_t, block_size), KVF_CONFIG_TYPE_INT, 0},
+    {"MAX_BATCH_TOKENS", "512", "tokens per engine step",
+     offsetof(kvf_prefill_config_t, max_batch_tokens), KVF_CONFIG_TYPE_INT, 0},
+    {"XFER_TIMEOUT", "5s", "bound on every transfer-layer wait",
+     offsetof(kvf_prefill_config_t, xfer_timeout_ms), KVF_CONFIG_TYPE_TIME, 0},
+    {"TEST_NO_RELEASE", "no", "test only: ignore release notifications",
+     offsetof(kvf_prefill_config_t, test_no_release), KVF_CONFIG_TYPE_BOOL,
+     KVF_CONFIG_FLAG_HIDDEN},
+    {NULL, NULL, NULL, 0, 0, 0},
+};
+
+/* A prompt being prefilled: who to answer. */
+typedef struct {
+    uint64_t         engine_req;
+    char             request_id[KVF_LEASE_ID_MAX];
+    kvf_serve_peer_t peer;
+    uint64_t         start_ns;
+} kvf_pf_pending_t;
+
+struct kvf_prefill_server {
+    kvf_prefill_config_t       cfg;
+    kvf_engine_h               engine;
+    const kvf_connector_ops_t *xops;
+    kvf_connector_h            conn;
+    int                        side_port;
+    kvf_serve_server_h         serve;
+    kvf_lease_table_h          leases;
+    kvf_pf_pending_t          *pending;
+    int                        num_pending;
+    int                        cap_pending;
+    uint64_t                   leases_expired;
+    uint64_t                   releases;
+};
+
+static uint64_t kvf_pf_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t kvf_pf_realtime_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000ull + (uint64_t)ts.tv_nsec / 1000000ull;
+}
+
+static kvf_status_t kvf_pf_engine_create(kvf_prefill_server_h srv, kvf_cache_params_t *cache_p)
+{
+    const kvf_prefill_config_t *c = &srv->cfg;
+    kvf_engine_params_t ep;
+    kvf_model_config_t mc;
+    kvf_status_t status;
+
+    status = kvf_model_config_load(c->model, &mc);
+    if (status != KVF_OK) {
+        return status;
+    }
+    kvf_cache_params_default(&mc, cache_p);
+    if (kvf_dtype_parse(c->kv_dtype, &cache_p->kv_dtype) != 0) {
+        kvf_error("bad value '%s' for --kv-dtype (fp32, bf16, fp16)", c->kv_dtype);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    cache_p->user_block_size = c->block_size;
+    memset(&ep, 0, sizeof(ep));
+    ep.field_mask = KVF_ENGINE_PARAM_FIELD_NUM_BLOCKS | KVF_ENGINE_PARAM_FIELD_CACHE |
+                    KVF_ENGINE_PARAM_FIELD_MAX_BATCH_TOKENS;
+    ep.model_dir = c->model;
+    ep.tp_size = c->tp;
+    ep.num_blocks = c->num_blocks;
+    ep.cache = *cache_p;
+    ep.max_batch_tokens = c->max_batch_tokens;
+    return kvf_engine_create(&ep, &srv->engine);
+}
+
+static kvf_status_t kvf_pf_connector_create(kvf_prefill_server_h srv,
+                                            const kvf_cache_params_t *cache)
+{
+    kvf_tp_runner_h runner = kvf_engine_runner(srv->engine);
+    kvf_connector_config_t cc;
+    kvf_status_t status;
+
+    srv->xops = kvf_connector_ucx_ops();
+    status = kvf_connector_ops_check(srv->xops);
+    if (status != KVF_OK) {
+        return status;
+    }
+    memset(&cc, 0, sizeof(cc));
+    cc.field_mask = KVF_CONNECTOR_CONFIG_FIELD_LISTEN | KVF_CONNECTOR_CONFIG_FIELD_TIMEOUT_MS;
+    cc.engine_id = srv->cfg.engine_id;
+    cc.role = KVF_CONNECTOR_ROLE_PREFILL;
+    cc.tp_size = srv->cfg.tp;
+    cc.cfg = kvf_engine_model_config(srv->engine);
+    cc.listen_host = srv->cfg.host;
+    cc.listen_port = srv->cfg.side_port;
+    cc.timeout_ms = (uint32_t)srv->cfg.xfer_timeout_ms;
+    status = srv->xops->create(&cc, &srv->conn);
+    if (status != KVF_OK) {
+        return status;
+    }
+    for (int r = 0; r < srv->cfg.tp; ++r) {
+        kvf_page_pool_h pool = kvf_tp_runner_pool(runner, r);
+        kvf_connector_pool_t cp = {
+            .tp_rank = r,
+            .base = kvf_page_pool_base(pool),
+            .len = kvf_page_pool_bytes(pool),
+            .num_blocks = kvf_page_pool_num_blocks(pool),
+            .params = *cache,
+        };
+        status = srv->xops->register_pool(srv->conn, &cp);
+        if (status != KVF_OK) {
+            return status;
+        }
+    }
+    return srv->xops->serve(srv->conn, &srv->side_port);
+}
+
+kvf_status_t kvf_prefill_server_create(const kvf_prefill_config_t *cfg,
+                                       kvf_prefill_server_h *srv_p)
+{
+    struct kvf_prefill_server *srv;
+    kvf_cache_params_t cache;
+    kvf_status_t status;
+
+    if ((cfg->model[0] == '\0') || (cfg->tp < 1) || (cfg->num_blocks < 1) ||
+        (cfg->lease_timeout_ms <= 0) || (cfg->engine_id[0] == '\0') ||
+        (strlen(cfg->engine_id) >= 64)) {
+        kvf_error("kvf-prefill: need --model, --tp >= 1, --num-blocks >= 1, a positive"
+                  " --lease-timeout and an --engine-id of 1..63 bytes");
+        return KVF_ERR_INVALID_PARAM;
+    }
+    srv = calloc(1, sizeof(*srv));
+    if (srv == NULL) {
+        return KVF_ERR_NO_MEMORY;
+    }
+    srv->cfg = *cfg;
+    status = kvf_lease_table_create(&srv->leases);
+    if (status != KVF_OK) {
+        goto err;
+    }
+    status = kvf_pf_engine_create(srv, &cache);
+    if (status != KVF_OK) {
+        goto err;
+    }
+    status = kvf_pf_connector_create(srv, &cache);
+    if (status != KVF_OK) {
+        goto err;
+    }
+    status = kvf_serve_server_create(cfg->listen, &srv->serve);
+    if (status != KVF_OK) {
+        goto err;
+    }
+    kvf_info("prefill %s: tp %d, block size %d, %d blocks per rank, control %s, side channel"
+             " %s:%d", cfg->engine_id, cfg->tp,
+             kvf_block_manager_block_size(kvf_engine_block_manager(srv->engine)),
+             cfg->num_blocks, cfg->listen, cfg->host, srv->side_port);
+    *srv_p = srv;
+    return KVF_OK;
+
+err:
+    kvf_prefill_server_destroy(srv);
+    return status;
+}
+
+void kvf_prefill_server_destroy(kvf_prefill_server_h srv)
+{
+    if (srv == NULL) {
+        return;
+    }
+    kvf_serve_server_destroy(srv->serve);
+    if (srv->conn != NULL) {
+        srv->xops->destroy(srv->conn);
+    }
+    kvf_engine_destroy(srv->engine);   /* frees every block, leased or not */
+    kvf_lease_table_destroy(srv->leases);
+    free(srv->pending);
+    free(srv);
+}
+
+/* ---- requests ---------------------------------------------------------- */
+
+static int kvf_pf_find_pending(kvf_prefill_server_h srv, uint64_t engine_req)
+{
+    for (int i = 0; i < srv->num_pending; ++i) {
+        if (srv->pending[i].engine_req == engine_req) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+static void kvf_pf_health(kvf_prefill_server_h srv, const kvf_serve_peer_t *peer)
+{
+    kvf_block_manager_h bm = kvf_engine_block_manager(srv->engine);
+    int slots = kvf_tp_runner_layout(kvf_engine_runner(srv->engine))->slots;
+    Kvf__ServeReply reply = KVF__SERVE_REPLY__INIT;
+    Kvf__HealthReply h = KVF__HEALTH_REPLY__INIT;
+
+    h.role = (char *)"prefill";
+    h.engine_id = srv->cfg.engine_id;
+    h.has_tp_size = h.has_free_pages = h.has_total_pages = h.has_running = 1;
+    h.has_block_size = h.has_leases = 1;
+    h.tp_size = (uint32_t)srv->cfg.tp;
+    h.free_pages = (uint64_t)kvf_block_manager_num_free(bm) * (uint64_t)slots *
+                   (uint64_t)srv->cfg.tp;
+    h.total_pages = (uint64_t)kvf_block_manager_num_blocks(bm) * (uint64_t)slots *
+                    (uint64_t)srv->cfg.tp;
+    h.running = (uint32_t)(srv->num_pending + (int)kvf_lease_table_count(srv->leases));
+    h.block_size = (uint32_t)kvf_block_manager_block_size(bm);
+    h.leases = kvf_lease_table_count(srv->leases);
+    reply.request_id = (char *)"health";   /* proto: health replies carry this id */
+    reply.health = &h;
+    reply.has_done = 1;
+    reply.done = 1;
+    kvf_serve_server_reply(srv->serve, peer, &reply);
+}
+
+static void kvf_pf_prefill(kvf_prefill_server_h srv, const kvf_serve_peer_t *peer,
+                           const Kvf__PrefillRequest *req)
+{
+    const char *rid = (req->request_id != NULL) ? req->request_id : "";
+    kvf_req_params_t rp;
+    uint64_t id;
+    kvf_status_t status;
+
+    if ((rid[0] == '\0') || (strlen(rid) >= KVF_LEASE_ID_MAX)) {
+        kvf_serve_server_reply_error(srv->serve, peer, rid, KVF_ERR_INVALID_PARAM,
+                                     "request_id must be 1..63 bytes");
+        return;
+    }
+    if (req->n_prompt_tokens == 0) {
+        kvf_serve_server_reply_error(srv->serve, peer, rid, KVF_ERR_INVALID_PARAM,
+                                     "empty prompt");
+        return;
+    }
+    memset(&rp, 0, sizeof(rp));
+    rp.prompt = req->prompt_tokens;
+    rp.prompt_len = (int)req->n_prompt_tokens;
+    rp.prefill_only = true;
+    rp.sampling.max_tokens = 1;
+    if (req->sampling != NULL) {
+        rp.sampling.temperature = req->sampling->temperature;
+        rp.sampling.seed = req->sampling->seed;
+        rp.sampling.ignore_eos = req->sampling->ignore_eos;
+    }
+    status = kvf_engine_add_request(srv->engine, &rp, &id);
+    if (status != KVF_OK) {
+        kvf_serve_server_reply_error(srv->serve, peer, rid, status,
+                                     "prompt rejected (token outside the vocabulary?)");
+        return;
+    }
+    if (srv->num_pending == srv->cap_pending) {
+        int cap = srv->cap_pending ? 2 * srv->cap_pending : 64;
+        kvf_pf_pending_t *n = realloc(srv->pending, (size_t)cap * sizeof(*n));
+        if (n == NULL) {
+            kvf_engine_release(srv->engine, id);
+            kvf_serve_server_reply_error(srv->serve, peer, rid, KVF_ERR_NO_MEMORY,
+                                         "out of memory");
+            return;
+        }
+        srv->pending = n;
+        srv->cap_pending = cap;
+    }
+    kvf_pf_pending_t *p = &srv->pending[srv->num_pending++];
+    p->engine_req = id;
+    snprintf(p->request_id, sizeof(p->request_id), "%s", rid);
+    p->peer = *peer;
+    p->start_ns = kvf_pf_now_ns();
+}
+
+/* Blocks of a prefilled request -> TransferParams, lease it, answer. */
+static void kvf_pf_prefilled(kvf_prefill_server_h srv, kvf_pf_pending_t *p, int32_t first)
+{
+    Kvf__ServeReply reply = KVF__SERVE_REPLY__INIT;
+    Kvf__TransferParams tp = KVF__TRANSFER_PARAMS__INIT;
+    Kvf__BlockIdList lists[KVF_MAX_KV_GROUPS];
+    Kvf__BlockIdList *plists[KVF_MAX_KV_GROUPS];
+    kvf_req_info_t info;
+    uint64_t expiry = kvf_pf_realtime_ms() + (uint64_t)srv->cfg.lease_timeout_ms;
+    kvf_status_t status;
+
+    status = kvf_engine_request_info(srv->engine, p->engine_req, &info);
+    if (status == KVF_OK) {
+        status = kvf_lease_table_add(srv->leases, p->request_id,
+                                     kvf_pf_now_ns() / 1000000ull +
+                                         (uint64_t)srv->cfg.lease_timeout_ms,
+                                     (void *)(uintptr_t)(p->engine_req + 1));
+    }
+    if (status != KVF_OK) {
+        kvf_engine_release(srv->engine, p->engine_req);
+        kvf_serve_server_reply_error(srv->serve, &p->peer, p->request_id, status,
+                                     "cannot lease the request's blocks (duplicate id?)");
+        return;
+    }
+    for (int g = 0; g < info.blocks->num_groups; ++g) {
+        kvf__block_id_list__init(&lists[g]);
+        lists[g].n_ids = (size_t)info.blocks->num_blocks[g];
+        lists[g].ids = info.blocks->blocks[g];
+        plists[g] = &lists[g];
+    }
+    tp.engine_id = srv->cfg.engine_id;
+    tp.host = srv->cfg.host;
+    tp.has_port = tp.has_num_tokens = tp.has_lease_expiry_ms = tp.has_first_token = 1;
+    tp.port = (uint32_t)srv->side_port;
+    tp.n_groups = (size_t)info.blocks->num_groups;
+    tp.groups = plists;
+    tp.num_tokens = (uint64_t)info.prompt_len;
+    tp.lease_expiry_ms = expiry;
+    tp.first_token = first;
+    tp.request_id = p->request_id;
+    reply.request_id = p->request_id;
+    reply.has_status = 1;
+    reply.status = KVF_OK;
+    reply.params = &tp;
+    reply.has_prefill_ms = 1;
+    reply.prefill_ms = (double)(kvf_pf_now_ns() - p->start_ns) / 1e6;
+    reply.n_tokens = 1;
+    reply.tokens = &first;
+    reply.has_done = 1;
+    reply.done = 1;
+    kvf_serve_server_reply(srv->serve, &p->peer, &reply);
+    kvf_log(KVF_LOG_DEBUG, KVF_SUB_SCHED, "request %s prefilled: %d tokens, first token %d,"
+            " leased", p->request_id, info.prompt_len, first);
+}
+
+static void kvf_pf_remove_pending(kvf_prefill_server_h srv, int i)
+{
+    srv->pending[i] = srv->pending[--srv->num_pending];
+}
+
+static void kvf_pf_abort(kvf_prefill_server_h srv, const Kvf__AbortRequest *req)
+{
+    const char *rid = (req->request_id != NULL) ? req->request_id : "";
+    void *owner = kvf_lease_table_release(srv->leases, rid);
+
+    if (owner != NULL) {
+        kvf_engine_release(srv->engine, (uint64_t)(uintptr_t)owner - 1);
+        return;
+    }
+    for (int i = 0; i < srv->num_pending; ++i) {
+        if (strcmp(srv->pending[i].request_id, rid) == 0) {
+            kvf_engine_release(srv->engine, srv->pending[i].engine_req);
+            kvf_serve_server_reply_error(srv->serve, &srv->pending[i].peer, rid,
+                                         KVF_ERR_CANCELED, "aborted");
+            kvf_pf_remove_pending(srv, i);
+            return;
+        }
+    }
+}
+
+static void kvf_pf_handle(kvf_prefill_server_h srv, const kvf_serve_peer_t *peer,
+                          const Kvf__ServeRequest *req)
+{
+    switch (req->body_case) {
+    case KVF__SERVE_REQUEST__BODY_PREFILL:
+        kvf_pf_prefill(srv, peer, req->prefill);
+        break;
+    case KVF__SERVE_REQUEST__BODY_ABORT:
+        kvf_pf_abort(srv, req->abort);
+        break;
+    case KVF__SERVE_REQUEST__BODY_HEALTH:
+        kvf_pf_health(srv, peer);
+        break;
+    default:
+        kvf_serve_server_reply_error(srv->serve, peer, "", KVF_ERR_UNSUPPORTED,
+                                     "a prefill instance does not decode");
+        break;
+    }
+}
+
+static kvf_status_t kvf_pf_step(kvf_prefill_server_h srv)
+{
+    kvf_engine_event_t ev[KVF_PF_MAX_EVENTS];
+    int n = 0;
+    kvf_status_t status = kvf_engine_step(srv->engine, ev, KVF_PF_MAX_EVENTS, &n);
+
+    for (int i = 0; i < n; ++i) {
+        int k = kvf_pf_find_pending(srv, ev[i].id);
+        if (k < 0) {
+            continue;
+        }
+        if (ev[i].kind == KVF_EVENT_PREFILLED) {
+            kvf_pf_prefilled(srv, &srv->pending[k], ev[i].token);
+            kvf_pf_remove_pending(srv, k);
+        } else if (ev[i].kind == KVF_EVENT_FINISHED) {
+            kvf_serve_server_reply_error(srv->serve, &srv->pending[k].peer,
+                                         srv->pending[k].request_id, KVF_ERR_NO_RESOURCE,
+                                         "prefill failed (the pool cannot hold the prompt?)");
+            kvf_engine_release(srv->engine, ev[i].id);
+            kvf_pf_remove_pending(srv, k);
+        }
+    }
+    return status;
+}
+
+static void kvf_pf_releases(kvf_prefill_server_h srv)
+{
+    for (int r = 0; r < srv->cfg.tp; ++r) {
+        char rid[KVF_LEASE_ID_MAX];
+        int drank;
+        kvf_status_t st;
+        while (srv->xops->poll_release(srv->conn, r, 0, rid, sizeof(rid), &drank, &st) ==
+               KVF_OK) {
+            void *owner;
+            if (srv->cfg.test_no_release) {
+                continue;
+            }
+            owner = kvf_lease_table_release(srv->leases, rid);
+            if (owner != NULL) {
+                kvf_engine_release(srv->engine, (uint64_t)(uintptr_t)owner - 1);
+                srv->releases++;
+                kvf_log(KVF_LOG_DEBUG, KVF_SUB_XFER, "request %s released by decode rank %d"
+                        " (%s)", rid, drank, kvf_status_str(st));
+            }
+        }
+    }
+}
+
+static void kvf_pf_expire(kvf_prefill_server_h srv)
+{
+    void *owners[64];
+    size_t n;
+    while ((n = kvf_lease_table_expire(srv->leases, kvf_pf_now_ns() / 1000000ull, owners,
+                                       64)) > 0) {
+        for (size_t i = 0; i < n; ++i) {
+            kvf_engine_release(srv->engine, (uint64_t)(uintptr_t)owners[i] - 1);
+        }
+        srv->leases_expired += n;
+        kvf_warn("%zu lease(s) expired without a release from decode; blocks freed", n);
+    }
+}
+
+kvf_status_t kvf_prefill_server_run(kvf_prefill_server_h srv, volatile sig_atomic_t *stop)
+{
+    while (!*stop) {
+        bool busy = kvf_engine_has_work(srv->engine);
+        kvf_serve_peer_t peer;
+        Kvf__ServeRequest *req = NULL;
+        kvf_status_t status;
+
+        /* drain the control socket without waiting while the engine has work */
+        for (int i = 0; i < 64; ++i) {
+            status = kvf_serve_server_recv(srv->serve, (busy || i > 0) ? 0 : 10, &peer, &req);
+            if (status == KVF_OK) {
+                kvf_pf_handle(srv, &peer, req);
+                kvf__serve_request__free_unpacked(req, NULL);
+                continue;
+            }
+            if (status == KVF_ERR_ZMQ) {
+                return status;
+            }
+            break;
+        }
+        if (kvf_engine_has_work(srv->engine)) {
+            status = kvf_pf_step(srv);
+            if (status != KVF_OK) {
+                kvf_error("engine step failed: %s", kvf_status_str(status));
+            }
+        }
+        kvf_pf_releases(srv);
+        kvf_pf_expire(srv);
+    }
+    return KVF_OK;
+}
