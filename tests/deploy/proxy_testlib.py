@@ -31,8 +31,9 @@ class Procs:
 
     def start(self, name, cmd, capture_stdout=False):
         err = open(os.path.join(self.logdir, name + ".log"), "w")
+        env = dict(os.environ, KVF_LOG_LEVEL=os.environ.get("KVF_LOG_LEVEL", "info"))
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE if capture_stdout else err,
-                             stderr=err, stdin=subprocess.DEVNULL)
+                             stderr=err, stdin=subprocess.DEVNULL, env=env)
         p.name, p.errfile = name, err
         self.procs.append(p)
         return p
@@ -57,31 +58,33 @@ class Procs:
             self.stop(p)
 
 
-def start_proxy(procs, fakebin, prefill, decode, extra=(), timeout=10):
+def start_proxy(procs, fakebin, prefill, decode, extra=(), timeout=10, name="proxy"):
     """Start kvf-proxy on a free port (--port 0); return (Popen, kvf_e2e.Proxy)."""
     cmd = [os.path.join(fakebin, "kvf-proxy"), "--port", "0", "--prefill", prefill,
            "--decode", decode] + list(extra)
-    p = procs.start("proxy", cmd, capture_stdout=True)
+    p = procs.start(name, cmd, capture_stdout=True)
     deadline = time.monotonic() + timeout
     line = b""
     while not line.endswith(b"\n"):
         left = deadline - time.monotonic()
         if left <= 0 or p.poll() is not None:
-            raise RuntimeError("kvf-proxy did not start: %s" % procs.log("proxy"))
+            raise RuntimeError("kvf-proxy did not start: %s" % procs.log(name))
         r, _, _ = select.select([p.stdout], [], [], left)
         if r:
             ch = os.read(p.stdout.fileno(), 1)
             if not ch:
-                raise RuntimeError("kvf-proxy exited: %s" % procs.log("proxy"))
+                raise RuntimeError("kvf-proxy exited: %s" % procs.log(name))
             line += ch
     port = int(line.decode().rsplit(":", 1)[1])
     return p, kvf_e2e.Proxy("127.0.0.1", port)
 
 
-def start_fake(procs, fakebin, role, name, port, extra=()):
-    exe = os.path.join(fakebin, "kvf-" + role)
-    return procs.start(name, [exe, "--listen", "tcp://127.0.0.1:%d" % port, "--engine-id", name]
-                       + list(extra))
+def start_fake(procs, testbin, role, name, port, extra=()):
+    # The fake under its own name, so nothing that looks for kvf-prefill or
+    # kvf-decode processes by name mistakes it for a real daemon.
+    exe = os.path.join(testbin, "kvf_fake_daemon")
+    return procs.start(name, [exe, "--role", role, "--listen", "tcp://127.0.0.1:%d" % port,
+                              "--engine-id", name] + list(extra))
 
 
 def check(cond, what, detail=None):

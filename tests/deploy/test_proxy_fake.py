@@ -9,6 +9,7 @@ bytes (no BOS) and the expected texts follow by hand.
 """
 
 import json
+import os
 import socket
 import tempfile
 import time
@@ -24,8 +25,8 @@ def main():
         try:
             run(a, procs)
         except BaseException:
-            for p in procs.procs:
-                print("---- %s log ----\n%s" % (p.name, procs.log(p.name)[-3000:]))
+            for fn in sorted(os.listdir(tmp)):
+                print("---- %s ----\n%s" % (fn, procs.log(fn[:-4])[-3000:]))
             raise
         finally:
             procs.stop_all()
@@ -34,15 +35,15 @@ def main():
 def run(a, procs):
     base = free_port_range(8)
     P = lambda i: "tcp://127.0.0.1:%d" % (base + i)  # noqa: E731
-    T.start_fake(procs, a.fakebin, "prefill", "prefill-0", base + 0, ["--tp", "2"])
-    T.start_fake(procs, a.fakebin, "decode", "decode-0", base + 1, ["--tp", "1"])
-    dec1 = T.start_fake(procs, a.fakebin, "decode", "decode-1", base + 2,
+    T.start_fake(procs, a.testbin, "prefill", "prefill-0", base + 0, ["--tp", "2"])
+    T.start_fake(procs, a.testbin, "decode", "decode-0", base + 1, ["--tp", "1"])
+    dec1 = T.start_fake(procs, a.testbin, "decode", "decode-1", base + 2,
                         ["--tp", "4", "--fake-token-delay-ms", "20"])
-    T.start_fake(procs, a.fakebin, "decode", "decode-hang", base + 3,
+    T.start_fake(procs, a.testbin, "decode", "decode-hang", base + 3,
                  ["--fake-mode", "hang-decode"])
-    T.start_fake(procs, a.fakebin, "prefill", "prefill-fail", base + 4,
+    T.start_fake(procs, a.testbin, "prefill", "prefill-fail", base + 4,
                  ["--fake-mode", "fail-prefill"])
-    T.start_fake(procs, a.fakebin, "decode", "decode-refuse", base + 5,
+    T.start_fake(procs, a.testbin, "decode", "decode-refuse", base + 5,
                  ["--fake-mode", "fail-decode"])
 
     # Proxy 1: one prefill, two decodes (round robin between them).
@@ -160,7 +161,7 @@ def run(a, procs):
     # Proxy 2: failing prefill -> 502 with the daemon's message.
     procs2 = T.Procs(procs.logdir)
     try:
-        _, px2 = T.start_proxy(procs2, a.fakebin, P(4), P(1))
+        _, px2 = T.start_proxy(procs2, a.fakebin, P(4), P(1), name="proxy2")
         px2.wait_healthy(timeout=10)
         try:
             px2.complete("x", max_tokens=2)
@@ -172,7 +173,7 @@ def run(a, procs):
 
         # Proxy 3: a refusing decode -> 502, counted as a handshake refusal.
         procs2 = T.Procs(procs.logdir)
-        _, px3 = T.start_proxy(procs2, a.fakebin, P(0), P(5))
+        _, px3 = T.start_proxy(procs2, a.fakebin, P(0), P(5), name="proxy3")
         px3.wait_healthy(timeout=10)
         try:
             px3.complete("x", max_tokens=2)
@@ -186,7 +187,8 @@ def run(a, procs):
 
         # Proxy 4: a decode that never answers -> 504 after --token-timeout, then abort.
         procs2 = T.Procs(procs.logdir)
-        _, px4 = T.start_proxy(procs2, a.fakebin, P(0), P(3), ["--token-timeout", "400ms"])
+        _, px4 = T.start_proxy(procs2, a.fakebin, P(0), P(3), ["--token-timeout", "400ms"],
+                               name="proxy4")
         px4.wait_healthy(timeout=10)
         t0 = time.monotonic()
         try:
