@@ -310,10 +310,24 @@ static void test_disaggregated_layouts(void **state)
     kvf_test_rmmodel(dir);
 }
 
+static void test_disaggregated_dense(void **state)
+{
+    static const int layouts[][2] = {{1, 1}, {4, 1}, {1, 4}};
+    char dir[256];
+
+    (void)state;
+    kvf_test_mkmodel("tiny-dense", 17, dir);
+    for (size_t i = 0; i < sizeof(layouts) / sizeof(layouts[0]); ++i) {
+        kvf_disagg(dir, layouts[i][0], layouts[i][1], KVF_DTYPE_FP32);
+    }
+    kvf_test_rmmodel(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_disaggregated_layouts),
+        cmocka_unit_test(test_disaggregated_dense),
     };
     kvf_log_init("test");
     ops = kvf_connector_ucx_ops();
