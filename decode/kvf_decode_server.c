@@ -21,6 +21,7 @@
 #include "transfer/kvf_connector_ucx.h"
 #include "transfer/kvf_serve_channel.h"
 
+#include <inttypes.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,6 +53,9 @@ const kvf_config_field_t kvf_decode_config_table[] = {
      offsetof(kvf_decode_config_t, load_failure), KVF_CONFIG_TYPE_STRING, 0},
     {"XFER_TIMEOUT", "1s", "bound on every transfer wait (handshake, pull, release)",
      offsetof(kvf_decode_config_t, xfer_timeout_ms), KVF_CONFIG_TYPE_TIME, 0},
+    {"TEST_PULL_DELAY", "0", "test only: wait this long between handshake and the GETs",
+     offsetof(kvf_decode_config_t, test_pull_delay_ms), KVF_CONFIG_TYPE_TIME,
+     KVF_CONFIG_FLAG_HIDDEN},
     {NULL, NULL, NULL, 0, 0, 0},
 };
 
@@ -304,6 +308,13 @@ static kvf_status_t kvf_dc_pull(kvf_decode_server_h srv, const Kvf__TransferPara
         snprintf(err, err_len, "transfer params carry %zu KV cache groups, this model has %d",
                  xp->n_groups, blocks->num_groups);
         return KVF_ERR_INVALID_PARAM;
+    }
+    if (srv->cfg.test_pull_delay_ms > 0) {   /* fault tests kill prefill in this window */
+        struct timespec d = {.tv_sec = srv->cfg.test_pull_delay_ms / 1000,
+                             .tv_nsec = (srv->cfg.test_pull_delay_ms % 1000) * 1000000};
+        kvf_info("request %s: test pull delay %" PRId64 " ms", q->request_id,
+                 srv->cfg.test_pull_delay_ms);
+        nanosleep(&d, NULL);
     }
     memset(&pull, 0, sizeof(pull));
     pull.engine_id = xp->engine_id;

@@ -34,6 +34,7 @@ typedef struct kvf_decode_config {
     int     max_batch_tokens;
     char    load_failure[KVF_CONFIG_STR_MAX];   /* "fail" or "recompute" */
     int64_t xfer_timeout_ms;
+    int64_t test_pull_delay_ms;                 /* hidden: stall before the GETs (fault tests) */
 } kvf_decode_config_t;
 
 extern const kvf_config_field_t kvf_decode_config_table[];

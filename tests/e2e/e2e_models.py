@@ -1,0 +1,75 @@
+"""Model checkpoints and colocated reference runs for the end-to-end tests.
+
+Checkpoints are written once per build by `kvf mkmodel` (seeded, so every
+run of every test sees the same weights) under <build>/e2e-models/. The
+reference is `kvf generate` in one process: its greedy tokens and the logits
+of every generated token, which tell how close the top two candidates were.
+"""
+
+import os
+import shutil
+import subprocess
+import tempfile
+
+from kvf_e2e import find_bin, repo_root
+
+# fp32 reduction-order differences between TP layouts stay far below this;
+# a greedy token may legitimately flip only where the top-2 margin is smaller.
+LOGIT_TOL = 1e-3
+
+
+def model_dir(name, seed=1):
+    """Folder with config.json + model.safetensors for tests/data/models/<name>.config.json."""
+    bindir = find_bin()
+    out = os.path.join(os.path.dirname(bindir), "e2e-models", "%s-seed%d" % (name, seed))
+    if not os.path.exists(os.path.join(out, "model.safetensors")):
+        # write aside and rename: tests running in parallel may race for it
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=os.path.basename(out) + ".", dir=os.path.dirname(out))
+        cfg = os.path.join(repo_root(), "tests", "data", "models", name + ".config.json")
+        subprocess.run([os.path.join(bindir, "kvf"), "mkmodel", "--config", cfg, "--out", tmp,
+                        "--seed", str(seed)], check=True, stdout=subprocess.DEVNULL)
+        try:
+            os.rename(tmp, out)
+        except OSError:          # another test won the race; theirs is identical
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def reference(model, prompt, max_tokens, tp=1, kv_dtype="bf16"):
+    """Greedy tokens and per-token logits of a colocated run: (tokens, [logits...])."""
+    bindir = find_bin()
+    p = subprocess.run([os.path.join(bindir, "kvf"), "generate", "--model", model, "--tp",
+                        str(tp), "--prompt", prompt, "--max-tokens", str(max_tokens),
+                        "--kv-dtype", kv_dtype, "--print-logits"],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=True, timeout=120)
+    tokens, logits = None, []
+    for line in p.stdout.decode("latin-1").splitlines():
+        if line.startswith("tokens:"):
+            tokens = [int(t) for t in line.split()[1:]]
+        elif line.startswith("logits "):
+            parts = line.split()
+            logits.append([float(x) for x in parts[3:]])
+    assert tokens is not None, p.stdout
+    return tokens, logits
+
+
+def top2_margin(logits):
+    a, b = sorted(logits, reverse=True)[:2]
+    return a - b
+
+
+def check_tokens(got, ref_tokens, ref_logits, exact, what):
+    """Token-for-token equality; with exact=False a divergence is allowed only at a
+    position whose reference top-2 margin is within LOGIT_TOL (then the rest may differ)."""
+    assert len(got) == len(ref_tokens), "%s: %d tokens, reference %d (%s vs %s)" % (
+        what, len(got), len(ref_tokens), got, ref_tokens)
+    for i, (g, r) in enumerate(zip(got, ref_tokens)):
+        if g == r:
+            continue
+        margin = top2_margin(ref_logits[i])
+        assert not exact and margin <= LOGIT_TOL, (
+            "%s: token %d is %d, reference %d (top-2 margin %.3g); got %s, reference %s" % (
+                what, i, g, r, margin, got, ref_tokens))
+        return i   # diverged on a near-tie: later tokens are conditioned differently
+    return len(got)

@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""Failure behaviour an operator relies on (DESIGN.md §9):
+
+1. prefill killed during a transfer: the request fails within 2 s (policy
+   fail) or still answers, recomputed (policy recompute); the decode
+   instance stays healthy and serves the next request;
+2. a request whose decode never releases: prefill frees its blocks when the
+   lease expires;
+3. a client that disconnects mid-stream: both instances free the request's
+   blocks.
+"""
+
+import os
+import signal
+import threading
+import time
+
+from e2e_models import check_tokens, model_dir, reference
+from kvf_e2e import HttpError, Pool, wait_for
+
+PROMPT = "a prompt whose prefill instance dies"
+MAX_TOKENS = 8
+
+
+def health(pool):
+    code, h = pool.health()
+    return h
+
+
+def instances(pool, role):
+    return health(pool)[role]
+
+
+def all_free(pool):
+    h = health(pool)
+    return all(i["healthy"] and i["free_pages"] == i["total_pages"]
+               for i in h["prefill"] + h["decode"])
+
+
+def kill_leaseholder(pool):
+    """SIGKILL the prefill instance holding a lease (the one decode is pulling from)."""
+    holder = {}
+
+    def find():
+        for i, inst in enumerate(instances(pool, "prefill")):
+            if inst.get("leases", 0) > 0:
+                holder["name"] = "prefill-%d" % i
+                return True
+        return False
+    wait_for(find, 10, "a prefill instance to hold the request's lease", interval=0.01)
+    pid = pool.pids()[holder["name"]]
+    os.kill(pid, signal.SIGKILL)
+    return time.monotonic()
+
+
+def prefill_killed(policy, refs):
+    model = model_dir("tiny-hybrid")
+    # two prefill instances: after the kill the proxy routes to the survivor
+    with Pool(layout="1p1d", model=model, prefill_instances=2, timeout=60,
+              decode_args=["--load-failure", policy, "--test-pull-delay", "1500ms",
+                           "--xfer-timeout", "1s"]) as pool:
+        out = {}
+
+        def request():
+            t = None
+            try:
+                out["ok"] = pool.complete(PROMPT, max_tokens=MAX_TOKENS, temperature=0,
+                                          return_token_ids=True, timeout=30)
+            except HttpError as e:
+                out["err"] = e
+            out["t_end"] = time.monotonic()
+            return t
+
+        th = threading.Thread(target=request)
+        th.start()
+        t_kill = kill_leaseholder(pool)
+        th.join(timeout=30)
+        assert "t_end" in out, "request never ended"
+        # the pull starts after the injected 1.5 s delay, then fails on the dead peer
+        elapsed = out["t_end"] - t_kill
+        if policy == "fail":
+            assert "err" in out, out
+            assert out["err"].status >= 500, out["err"]
+            assert elapsed < 1.5 + 2.0, "failure took %.2f s after the kill" % elapsed
+        else:
+            r = out.get("ok")
+            assert r is not None, out
+            assert r["kv_transfer"]["recomputed"] is True, r["kv_transfer"]
+            ref_tokens, ref_logits = refs
+            check_tokens(r["choices"][0]["token_ids"], ref_tokens, ref_logits, False,
+                         "recomputed answer")
+        # decode stays healthy and serves the next request through the surviving prefill
+        wait_for(lambda: all(i["healthy"] for i in instances(pool, "decode")), 5,
+                 "decode healthy after the peer died")
+        r = pool.complete(PROMPT, max_tokens=MAX_TOKENS, temperature=0, return_token_ids=True,
+                          timeout=30)
+        ref_tokens, ref_logits = refs
+        check_tokens(r["choices"][0]["token_ids"], ref_tokens, ref_logits, False, "next request")
+        dec = instances(pool, "decode")[0]
+        wait_for(lambda: instances(pool, "decode")[0]["free_pages"] == dec["total_pages"], 10,
+                 "decode pages free")
+        print("prefill killed during transfer (policy %s): %s after %.2f s" %
+              (policy, "failed" if policy == "fail" else "recomputed", elapsed))
+
+
+def lease_expiry():
+    model = model_dir("tiny-hybrid")
+    with Pool(layout="1p1d", model=model, timeout=60,
+              prefill_args=["--test-no-release", "yes", "--lease-timeout", "3s"]) as pool:
+        r = pool.complete(PROMPT, max_tokens=4, temperature=0)
+        assert r["choices"][0]["finish_reason"] in ("length", "stop"), r
+        t0 = time.monotonic()
+        # the proxy's health view is refreshed every 500 ms: the lease shows up within that
+        wait_for(lambda: instances(pool, "prefill")[0]["leases"] == 1, 2.5,
+                 "prefill to report the unreleased lease")
+        p = instances(pool, "prefill")[0]
+        assert p["free_pages"] < p["total_pages"], p
+        wait_for(lambda: instances(pool, "prefill")[0]["free_pages"] ==
+                 p["total_pages"], 10, "lease expiry to free prefill's blocks")
+        assert instances(pool, "prefill")[0]["leases"] == 0
+        assert "expired" in pool.log("prefill-0"), pool.log("prefill-0")[-500:]
+        print("lease expired and freed prefill's blocks %.2f s after the answer" %
+              (time.monotonic() - t0))
+
+
+def client_abort():
+    model = model_dir("tiny-hybrid")
+    with Pool(layout="1p1d", model=model, timeout=60) as pool:
+        seen = []
+
+        def on_event(ev, conn):
+            seen.append(ev)
+            return len(seen) < 3          # go away after three chunks
+
+        body = pool.completion_body(PROMPT, max_tokens=4000, temperature=0, stream=True,
+                                    ignore_eos=True)
+        pool.stream(body, timeout=30, on_event=on_event)
+        assert len(seen) == 3, seen
+        d = instances(pool, "decode")[0]
+        wait_for(lambda: all_free(pool), 10, "both instances free after the client left")
+        assert instances(pool, "decode")[0]["running"] == 0
+        print("client abort freed blocks on both sides (decode had %d/%d free mid-stream)" %
+              (d["free_pages"], d["total_pages"]))
+
+
+def main():
+    model = model_dir("tiny-hybrid")
+    refs = reference(model, PROMPT, MAX_TOKENS)
+    prefill_killed("fail", refs)
+    prefill_killed("recompute", refs)
+    lease_expiry()
+    client_abort()
+    print("test_e2e_faults passed")
+
+
+if __name__ == "__main__":
+    main()
