@@ -388,6 +388,14 @@ char *kvf_proxy_openai_chunk_json(const kvf_proxy_openai_ctx_t *ctx,
     }
     if (final) {
         kvf_proxy_add_summary(root, req, c);
+    } else {
+        /* Which instances serve the stream, known from the first chunk on. */
+        if (c->prefill_instance != NULL) {
+            cJSON_AddStringToObject(root, "prefill_instance", c->prefill_instance);
+        }
+        if (c->decode_instance != NULL) {
+            cJSON_AddStringToObject(root, "decode_instance", c->decode_instance);
+        }
     }
     return kvf_proxy_print(root);
 }

@@ -7,6 +7,7 @@ page free again on both sides; /metrics must add up the transfers."""
 
 import os
 import re
+import signal
 import socket
 import subprocess
 import tempfile
@@ -93,6 +94,45 @@ def main():
                         ("kvf_proxy_requests_total", {"code": "499"}),
                         ("kvf_proxy_kv_transfer_bytes_total", {}),
                         ("kvf_proxy_client_aborts_total", {}))])
+
+            # The decode instance serving a stream dies (SIGKILL): the client gets an
+            # error event within about a second, the pool stays up on the other
+            # decode instance, and the prefill instance gets its pages back.
+            pids = pool.pids()
+            with open(os.path.join(pool.run_dir, "pool.env")) as f:
+                env = dict(line.strip().split("=", 1) for line in f if "=" in line)
+            by_url = dict(zip(env["DECODE"].split(","), ("decode-0", "decode-1")))
+            killed = {}
+
+            def kill_decode(ev, conn):
+                if "url" not in killed:
+                    killed["url"] = ev["decode_instance"]
+                    os.kill(pids[by_url[ev["decode_instance"]]], signal.SIGKILL)
+                    killed["t"] = time.monotonic()
+                return True
+
+            s = pool.stream(pool.completion_body(prompt * 4, max_tokens=2000, temperature=0,
+                                                 stream=True, ignore_eos=True),
+                            on_event=kill_decode)
+            dt = time.monotonic() - killed["t"]
+            T.check(s.errors and killed["url"] in s.errors[0]["message"] and dt < 2.0,
+                    "decode killed mid-stream -> error event after %.2f s: %s"
+                    % (dt, s.errors[0]["message"] if s.errors else s.events[-2:]))
+            wait_for(lambda: pool.health()[0] == 200 and
+                     sum(i["healthy"] for i in pool.health()[1]["decode"]) == 1, 5,
+                     "the dead decode instance marked unhealthy, the pool still up")
+            r = pool.complete(prompt, max_tokens=10, temperature=0, ignore_eos=True,
+                              return_token_ids=True)
+            T.check(r["choices"][0]["token_ids"] == ref and r["decode_instance"] != killed["url"],
+                    "the surviving decode instance serves the next request correctly")
+            t_done = time.monotonic()
+
+            def prefill_free():
+                p = pool.health()[1]["prefill"][0]
+                return (p["free_pages"] == p["total_pages"] and
+                        0 <= p["last_ok_age_ms"] < 1000 * (time.monotonic() - t_done))
+            wait_for(prefill_free, 10, "prefill pages back after the decode death")
+            T.check(True, "prefill has every page back after the decode death")
 
 
 if __name__ == "__main__":
