@@ -488,13 +488,20 @@ kvf_status_t kvf_prefill_server_run(kvf_prefill_server_h srv, volatile sig_atomi
 {
     while (!*stop) {
         bool busy = kvf_engine_has_work(srv->engine);
+        /* while blocks are leased a decode may be reading them, and the shared
+         * memory transports need this side's worker progressed: a 10 ms wait
+         * made a 100 KB pull take 10 ms, spinning takes 0.2 ms. Leases last
+         * one transfer, so the spin is short. (Arming UCX's event fd into the
+         * poll would remove it; not done yet.) */
+        int idle_ms = (kvf_lease_table_count(srv->leases) > 0) ? 0 : 10;
         kvf_serve_peer_t peer;
         Kvf__ServeRequest *req = NULL;
         kvf_status_t status;
 
         /* drain the control socket without waiting while the engine has work */
         for (int i = 0; i < 64; ++i) {
-            status = kvf_serve_server_recv(srv->serve, (busy || i > 0) ? 0 : 10, &peer, &req);
+            status = kvf_serve_server_recv(srv->serve, (busy || i > 0) ? 0 : idle_ms, &peer,
+                                           &req);
             if (status == KVF_OK) {
                 kvf_pf_handle(srv, &peer, req);
                 kvf__serve_request__free_unpacked(req, NULL);
