@@ -335,10 +335,8 @@ kvf_status_t kvf_engine_step(kvf_engine_h e, kvf_engine_event_t *events, int cap
     const int vocab = e->cfg->vocab_size;
     kvf_fwd_batch_t batch;
     kvf_status_t status;
-    int np = 0, ns = 0, n_fresh, prefill_tok = 0, decode_tok = 0;
+    int np = 0, ns = 0, n_fresh, prefill_tok = 0, decode_tok = 0, preempted = 0;
     double t0, dt;
-
-    int preempted = 0;
 
     *n_events = 0;
     for (int i = 0; i < e->num_reqs; ++i) {
