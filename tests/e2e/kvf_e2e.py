@@ -58,8 +58,25 @@ def wait_for(cond, timeout, what="condition", interval=0.05):
         time.sleep(interval)
 
 
-def free_port_range(n, lo=20000, hi=60000, tries=200):
-    """A base port such that [base, base + n) are all free on 127.0.0.1 right now."""
+def _ephemeral_range():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            a, b = f.read().split()
+            return int(a), int(b)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def free_port_range(n, lo=20000, hi=None, tries=200):
+    """A base port such that [base, base + n) are all free on 127.0.0.1 right now.
+
+    The range stays below the kernel's ephemeral ports (by default), so outgoing
+    connections and transports that listen on ephemeral ports cannot take it
+    between this check and the daemons' bind.
+    """
+    if hi is None:
+        eph_lo, _ = _ephemeral_range()
+        hi = eph_lo if eph_lo - lo > 4 * n else 60000
     rng = random.Random(os.getpid() ^ int(time.time() * 1000))
     for _ in range(tries):
         base = rng.randrange(lo, hi - n)
