@@ -14,7 +14,7 @@ import tempfile
 import time
 
 import proxy_testlib as T
-from kvf_e2e import Pool, wait_for
+from kvf_e2e import HttpError, Pool, wait_for
 
 
 def main():
@@ -133,6 +133,25 @@ def main():
                         0 <= p["last_ok_age_ms"] < 1000 * (time.monotonic() - t_done))
             wait_for(prefill_free, 10, "prefill pages back after the decode death")
             T.check(True, "prefill has every page back after the decode death")
+
+        # A pool whose two sides disagree on the KV dtype: the handshake refuses the
+        # peer, the proxy answers 502 with the refusal naming the field and both
+        # values, and counts it.
+        with Pool(layout="1p1d", model=model, bin_dir=bindir, timeout=60,
+                  prefill_args=["--kv-dtype", "fp32"], decode_args=["--kv-dtype", "bf16"]) as bad:
+            try:
+                bad.complete(prompt, max_tokens=4, temperature=0)
+                T.check(False, "a dtype mismatch must not serve")
+            except HttpError as e:
+                msg = e.body["error"]["message"]
+                T.check(e.status == 502 and "handshake refused" in msg and "dtype" in msg,
+                        "kv dtype mismatch -> 502: %s" % msg)
+            m = bad.metrics()
+            T.check(m.value("kvf_proxy_handshake_refusals_total") == 1,
+                    "kvf_proxy_handshake_refusals_total == 1")
+            wait_for(lambda: bad.metrics().sum("kvf_instance_handshake_refusals_total") >= 1, 5,
+                     "the instances report the refusal in their health")
+            T.check(True, "instances report handshake refusals (kvf_instance_handshake_refusals_total)")
 
 
 if __name__ == "__main__":

@@ -47,6 +47,8 @@ def main():
                         body["error"]["message"], "%s -> 400 (%s)" % (what, body["error"]["message"]))
             st, body = post({"model": "other", "prompt": "x"})
             T.check(st == 404, "unknown model -> 404")
+            st, body = post('{"prompt": "%s"}' % ("x" * (5 << 20)))
+            T.check(st == 413, "a body over --max-body (4 MiB) -> 413")
 
             st, _, raw = px.request("GET", "/v1/models")
             models = json.loads(raw)
@@ -65,8 +67,9 @@ def main():
             T.check(m.value("kvf_proxy_requests_total", code="400") == len(bad),
                     "requests_total{code=400} counts the %d bad requests" % len(bad))
             T.check(m.value("kvf_proxy_requests_total", code="503") == 1 and
-                    m.value("kvf_proxy_requests_total", code="404") == 1,
-                    "requests_total counts the 503 and the 404")
+                    m.value("kvf_proxy_requests_total", code="404") == 1 and
+                    m.value("kvf_proxy_requests_total", code="413") == 1,
+                    "requests_total counts the 503, the 404 and the 413")
             T.check(m.types.get("kvf_proxy_time_to_first_token_seconds") == "histogram" and
                     m.value("kvf_proxy_time_to_first_token_seconds_count") == 0,
                     "TTFT histogram present and empty")
