@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite from a fresh Debian 12 machine: installs what is
 # missing, builds from scratch with -Werror, runs every ctest case, then
-# rebuilds with ASan+UBSan and reruns the unit tests under them.
-# KVF_TEST_SANITIZERS=0 skips the sanitizer pass.
+# rebuilds with ASan+UBSan and reruns the unit tests under them, then with
+# TSan for the threaded parts (TP rank threads, collectives, kernels called
+# from rank threads). KVF_TEST_SANITIZERS=0 skips both sanitizer passes.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -21,4 +22,17 @@ if [ "${KVF_TEST_SANITIZERS:-1}" != "0" ]; then
         -DKVF_ASAN=ON -DKVF_UBSAN=ON -DKVF_TEST_TIMEOUT_MULTIPLIER=4
     ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
         ctest --test-dir "$san" --output-on-failure -j2 -L unit --no-tests=error
+fi
+
+if [ "${KVF_TEST_SANITIZERS:-1}" != "0" ]; then
+    tsan=build-tsan
+    tsan_tests="test_model_forward test_model_sched test_collectives test_kern_threads"
+    rm -rf "$tsan"
+    cmake -S "$root" -B "$tsan" -DCMAKE_BUILD_TYPE=Debug -DKVF_CUDA=OFF -DKVF_TSAN=ON \
+        -DKVF_TEST_TIMEOUT_MULTIPLIER=6 >/dev/null
+    # shellcheck disable=SC2086
+    cmake --build "$tsan" -j"$(nproc)" --target $tsan_tests
+    TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+        ctest --test-dir "$tsan" --output-on-failure -j2 --no-tests=error \
+        -R "^($(echo $tsan_tests | tr ' ' '|'))\$"
 fi
