@@ -123,8 +123,8 @@ static kvf_status_t kvf_proxy_pool_add_list(struct kvf_proxy_pool *pool, kvf_pro
             n--;
         }
         if ((n == 0) || (n >= KVF_PROXY_URL_MAX)) {
-            kvf_error("bad %s endpoint list '%s': empty or over-long item", kvf_proxy_role_name(role),
-                      list);
+            kvf_error("bad %s endpoint list '%s': empty or over-long item",
+                      kvf_proxy_role_name(role), list);
             return KVF_ERR_INVALID_PARAM;
         }
         if (pool->count[role] == KVF_PROXY_MAX_INSTANCES) {
@@ -164,7 +164,8 @@ static kvf_status_t kvf_proxy_inst_open(struct kvf_proxy_pool *pool, kvf_proxy_i
 
     snprintf(mon_url, sizeof(mon_url), "inproc://kvf-proxy-mon-%p-%d-%d", (void *)pool,
              (int)inst->role, inst->idx);
-    if (zmq_socket_monitor(inst->sock, mon_url, ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) != 0) {
+    if (zmq_socket_monitor(inst->sock, mon_url,
+                           ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) != 0) {
         kvf_error("zmq_socket_monitor failed: %s", zmq_strerror(zmq_errno()));
         return KVF_ERR_ZMQ;
     }
@@ -380,8 +381,8 @@ static void kvf_proxy_io_recv(struct kvf_proxy_pool *pool, kvf_proxy_instance_t 
         }
         pthread_mutex_lock(&pool->lock);
         {
-            struct kvf_proxy_call *c =
-                kvf_proxy_call_find(pool, inst->role, inst->idx, r->request_id ? r->request_id : "");
+            struct kvf_proxy_call *c = kvf_proxy_call_find(pool, inst->role, inst->idx,
+                                                           r->request_id ? r->request_id : "");
             kvf_proxy_reply_node_t *n = (c != NULL) ? calloc(1, sizeof(*n)) : NULL;
             if (n != NULL) {
                 n->reply = r;
@@ -777,6 +778,21 @@ cJSON *kvf_proxy_pool_health_json(kvf_proxy_pool_h pool)
     return root;
 }
 
+/* A Prometheus label value: backslash, double quote and newline escaped. */
+static void kvf_proxy_label(FILE *out, const char *v)
+{
+    for (; *v != '\0'; ++v) {
+        if ((*v == '\\') || (*v == '"')) {
+            fputc('\\', out);
+            fputc(*v, out);
+        } else if (*v == '\n') {
+            fputs("\\n", out);
+        } else {
+            fputc(*v, out);
+        }
+    }
+}
+
 void kvf_proxy_pool_render_metrics(kvf_proxy_pool_h pool, FILE *out)
 {
     static const struct {
@@ -789,9 +805,11 @@ void kvf_proxy_pool_render_metrics(kvf_proxy_pool_h pool, FILE *out)
         {"kvf_instance_total_pages", "gauge", "Cache pages, summed over ranks."},
         {"kvf_instance_running_requests", "gauge", "Requests holding blocks."},
         {"kvf_instance_leases", "gauge", "Prefill: requests held for decode."},
-        {"kvf_instance_handshake_refusals_total", "counter", "Handshakes the instance refused or had refused."},
+        {"kvf_instance_handshake_refusals_total", "counter",
+         "Handshakes the instance refused or had refused."},
         {"kvf_instance_peer_errors_total", "counter", "Peer errors the instance saw."},
-        {"kvf_instance_health_check_failures_total", "counter", "Health probes unanswered or failed."},
+        {"kvf_instance_health_check_failures_total", "counter",
+         "Health probes unanswered or failed."},
     };
     int n = pool->count[0] + pool->count[1];
     kvf_proxy_instance_info_t *infos = calloc((size_t)(n > 0 ? n : 1), sizeof(*infos));
@@ -813,9 +831,12 @@ void kvf_proxy_pool_render_metrics(kvf_proxy_pool_h pool, FILE *out)
                 const kvf_proxy_instance_info_t *f = &infos[k];
                 uint64_t v[] = {f->healthy, f->free_pages, f->total_pages, f->running, f->leases,
                                 f->handshake_refusals, f->peer_errors, f->probes_failed};
-                fprintf(out, "%s{instance=\"%s\",role=\"%s\",engine_id=\"%s\"} %llu\n",
-                        g[m].name, f->url, kvf_proxy_role_name((kvf_proxy_role_t)role),
-                        f->engine_id, (unsigned long long)v[m]);
+                fprintf(out, "%s{instance=\"", g[m].name);
+                kvf_proxy_label(out, f->url);
+                fprintf(out, "\",role=\"%s\",engine_id=\"",
+                        kvf_proxy_role_name((kvf_proxy_role_t)role));
+                kvf_proxy_label(out, f->engine_id);
+                fprintf(out, "\"} %llu\n", (unsigned long long)v[m]);
             }
         }
     }
