@@ -37,8 +37,7 @@ typedef struct kvf_proxy_msg {
     struct kvf_proxy_msg *next;
     kvf_proxy_role_t      role;
     int                   idx;
-    char                  request_id[128];
-    bool                  is_probe;
+    char                  request_id[128];   /* "" for fire-and-forget (abort) */
     size_t                len;
     uint8_t               data[];
 } kvf_proxy_msg_t;
@@ -254,11 +253,7 @@ static void kvf_proxy_io_send(struct kvf_proxy_pool *pool, kvf_proxy_msg_t *m)
     snprintf(why, sizeof(why), "%s instance %s is not connected (%s)",
              kvf_proxy_role_name(m->role), inst->url, zmq_strerror(zmq_errno()));
     pthread_mutex_lock(&pool->lock);
-    if (m->is_probe) {
-        inst->probe_sent_ms = 0;
-        inst->info.probes_failed++;
-        kvf_proxy_inst_unhealthy_locked(inst, "not connected");
-    } else {
+    {
         struct kvf_proxy_call *c = kvf_proxy_call_find(pool, m->role, m->idx, m->request_id);
         if (c != NULL) {
             kvf_proxy_call_fail_locked(c, KVF_ERR_PEER_UNREACHABLE, why);
@@ -856,7 +851,6 @@ static kvf_status_t kvf_proxy_enqueue(struct kvf_proxy_pool *pool, kvf_proxy_rol
     m->next = NULL;
     m->role = role;
     m->idx = idx;
-    m->is_probe = false;
     snprintf(m->request_id, sizeof(m->request_id), "%s", request_id);
     m->len = kvf__serve_request__pack(req, m->data);
     pthread_mutex_lock(&pool->lock);
