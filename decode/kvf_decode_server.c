@@ -18,8 +18,7 @@
 
 #include "common/kvf_engine.h"
 #include "common/kvf_log.h"
-#include "transfer/kvf_connector_ucx.h"
-#include "transfer/kvf_serve_channel.h"
+#include "transfer/kvf_role.h"
 
 #include <inttypes.h>
 #include <stddef.h>
@@ -94,38 +93,15 @@ static uint64_t kvf_dc_now_ns(void)
 static kvf_status_t kvf_dc_setup(kvf_decode_server_h srv)
 {
     const kvf_decode_config_t *c = &srv->cfg;
-    kvf_engine_params_t ep;
-    kvf_model_config_t mc;
-    kvf_cache_params_t cache;
+    kvf_role_engine_params_t ep = {
+        .model = c->model, .tp = c->tp, .num_blocks = c->num_blocks, .kv_dtype = c->kv_dtype,
+        .block_size = c->block_size, .max_batch_tokens = c->max_batch_tokens,
+    };
     kvf_connector_config_t cc;
-    kvf_tp_runner_h runner;
+    kvf_cache_params_t cache;
     kvf_status_t status;
 
-    status = kvf_model_config_load(c->model, &mc);
-    if (status != KVF_OK) {
-        return status;
-    }
-    kvf_cache_params_default(&mc, &cache);
-    if (kvf_dtype_parse(c->kv_dtype, &cache.kv_dtype) != 0) {
-        kvf_error("bad value '%s' for --kv-dtype (fp32, bf16, fp16)", c->kv_dtype);
-        return KVF_ERR_INVALID_PARAM;
-    }
-    cache.user_block_size = c->block_size;
-    memset(&ep, 0, sizeof(ep));
-    ep.field_mask = KVF_ENGINE_PARAM_FIELD_NUM_BLOCKS | KVF_ENGINE_PARAM_FIELD_CACHE |
-                    KVF_ENGINE_PARAM_FIELD_MAX_BATCH_TOKENS;
-    ep.model_dir = c->model;
-    ep.tp_size = c->tp;
-    ep.num_blocks = c->num_blocks;
-    ep.cache = cache;
-    ep.max_batch_tokens = c->max_batch_tokens;
-    status = kvf_engine_create(&ep, &srv->engine);
-    if (status != KVF_OK) {
-        return status;
-    }
-
-    srv->xops = kvf_connector_ucx_ops();
-    status = kvf_connector_ops_check(srv->xops);
+    status = kvf_role_engine_create(&ep, &srv->engine, &cache);
     if (status != KVF_OK) {
         return status;
     }
@@ -133,27 +109,10 @@ static kvf_status_t kvf_dc_setup(kvf_decode_server_h srv)
     cc.field_mask = KVF_CONNECTOR_CONFIG_FIELD_TIMEOUT_MS;
     cc.engine_id = c->engine_id;
     cc.role = KVF_CONNECTOR_ROLE_DECODE;
-    cc.tp_size = c->tp;
-    cc.cfg = kvf_engine_model_config(srv->engine);
     cc.timeout_ms = (uint32_t)c->xfer_timeout_ms;
-    status = srv->xops->create(&cc, &srv->conn);
+    status = kvf_role_connector_create(srv->engine, &cache, &cc, &srv->xops, &srv->conn);
     if (status != KVF_OK) {
         return status;
-    }
-    runner = kvf_engine_runner(srv->engine);
-    for (int r = 0; r < c->tp; ++r) {
-        kvf_page_pool_h pool = kvf_tp_runner_pool(runner, r);
-        kvf_connector_pool_t cp = {
-            .tp_rank = r,
-            .base = kvf_page_pool_base(pool),
-            .len = kvf_page_pool_bytes(pool),
-            .num_blocks = kvf_page_pool_num_blocks(pool),
-            .params = cache,
-        };
-        status = srv->xops->register_pool(srv->conn, &cp);
-        if (status != KVF_OK) {
-            return status;
-        }
     }
     return kvf_serve_server_create(c->listen, &srv->serve);
 }
@@ -499,29 +458,14 @@ static void kvf_dc_abort(kvf_decode_server_h srv, const Kvf__AbortRequest *ar)
 
 static void kvf_dc_health(kvf_decode_server_h srv, const kvf_serve_peer_t *peer)
 {
-    kvf_block_manager_h bm = kvf_engine_block_manager(srv->engine);
-    int slots = kvf_tp_runner_layout(kvf_engine_runner(srv->engine))->slots;
-    Kvf__ServeReply reply = KVF__SERVE_REPLY__INIT;
-    Kvf__HealthReply h = KVF__HEALTH_REPLY__INIT;
+    Kvf__HealthReply h;
 
-    h.role = (char *)"decode";
-    h.engine_id = srv->cfg.engine_id;
-    h.has_tp_size = h.has_free_pages = h.has_total_pages = h.has_running = 1;
-    h.has_block_size = h.has_handshake_refusals = h.has_peer_errors = 1;
-    h.tp_size = (uint32_t)srv->cfg.tp;
-    h.free_pages = (uint64_t)kvf_block_manager_num_free(bm) * (uint64_t)slots *
-                   (uint64_t)srv->cfg.tp;
-    h.total_pages = (uint64_t)kvf_block_manager_num_blocks(bm) * (uint64_t)slots *
-                    (uint64_t)srv->cfg.tp;
+    kvf_role_health_fill(srv->engine, "decode", srv->cfg.engine_id, &h);
+    h.has_running = h.has_handshake_refusals = h.has_peer_errors = 1;
     h.running = (uint32_t)srv->num_reqs;
-    h.block_size = (uint32_t)kvf_block_manager_block_size(bm);
     h.handshake_refusals = srv->refusals;
     h.peer_errors = srv->peer_errors;
-    reply.request_id = (char *)"health";   /* proto: health replies carry this id */
-    reply.health = &h;
-    reply.has_done = 1;
-    reply.done = 1;
-    kvf_serve_server_reply(srv->serve, peer, &reply);
+    kvf_role_reply_health(srv->serve, peer, &h);
 }
 
 static void kvf_dc_handle(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,

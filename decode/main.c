@@ -1,44 +1,33 @@
 /* kvf-decode: the decode role daemon. See decode/kvf_decode_server.h. */
 #include "decode/kvf_decode_server.h"
-#include "common/kvf_log.h"
+#include "transfer/kvf_role.h"
 
-#include <signal.h>
 #include <string.h>
 
-static volatile sig_atomic_t kvf_decode_stop;
-
-static void kvf_decode_on_signal(int sig)
+static kvf_status_t kvf_decode_create(const void *config, void **server_p)
 {
-    (void)sig;
-    kvf_decode_stop = 1;
+    return kvf_decode_server_create(config, (kvf_decode_server_h *)server_p);
+}
+
+static kvf_status_t kvf_decode_run(void *server, volatile sig_atomic_t *stop)
+{
+    return kvf_decode_server_run(server, stop);
+}
+
+static void kvf_decode_destroy(void *server)
+{
+    kvf_decode_server_destroy(server);
 }
 
 int main(int argc, char **argv)
 {
     kvf_decode_config_t cfg;
-    kvf_decode_server_h srv;
-    struct sigaction sa;
-    bool done;
+    const kvf_role_daemon_t daemon = {
+        .name = "kvf-decode", .role = "decode", .table = kvf_decode_config_table,
+        .config = &cfg, .create = kvf_decode_create, .run = kvf_decode_run,
+        .destroy = kvf_decode_destroy,
+    };
 
-    kvf_log_init("decode");
     memset(&cfg, 0, sizeof(cfg));
-    if (kvf_config_parse(kvf_decode_config_table, "kvf-decode", argc - 1, argv + 1, &cfg,
-                         &done) != KVF_OK) {
-        return 2;
-    }
-    if (done) {
-        return 0;
-    }
-    kvf_config_warn_unused();
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = kvf_decode_on_signal;
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
-    if (kvf_decode_server_create(&cfg, &srv) != KVF_OK) {
-        return 1;
-    }
-    kvf_status_t status = kvf_decode_server_run(srv, &kvf_decode_stop);
-    kvf_decode_server_destroy(srv);
-    return (status == KVF_OK) ? 0 : 1;
+    return kvf_role_main(&daemon, argc, argv);
 }

@@ -19,8 +19,7 @@
 
 #include "common/kvf_engine.h"
 #include "common/kvf_log.h"
-#include "transfer/kvf_connector_ucx.h"
-#include "transfer/kvf_serve_channel.h"
+#include "transfer/kvf_role.h"
 
 #include <inttypes.h>
 #include <stddef.h>
@@ -99,72 +98,31 @@ static uint64_t kvf_pf_realtime_ms(void)
     return (uint64_t)ts.tv_sec * 1000ull + (uint64_t)ts.tv_nsec / 1000000ull;
 }
 
-static kvf_status_t kvf_pf_engine_create(kvf_prefill_server_h srv, kvf_cache_params_t *cache_p)
+static kvf_status_t kvf_pf_setup(kvf_prefill_server_h srv)
 {
     const kvf_prefill_config_t *c = &srv->cfg;
-    kvf_engine_params_t ep;
-    kvf_model_config_t mc;
-    kvf_status_t status;
-
-    status = kvf_model_config_load(c->model, &mc);
-    if (status != KVF_OK) {
-        return status;
-    }
-    kvf_cache_params_default(&mc, cache_p);
-    if (kvf_dtype_parse(c->kv_dtype, &cache_p->kv_dtype) != 0) {
-        kvf_error("bad value '%s' for --kv-dtype (fp32, bf16, fp16)", c->kv_dtype);
-        return KVF_ERR_INVALID_PARAM;
-    }
-    cache_p->user_block_size = c->block_size;
-    memset(&ep, 0, sizeof(ep));
-    ep.field_mask = KVF_ENGINE_PARAM_FIELD_NUM_BLOCKS | KVF_ENGINE_PARAM_FIELD_CACHE |
-                    KVF_ENGINE_PARAM_FIELD_MAX_BATCH_TOKENS;
-    ep.model_dir = c->model;
-    ep.tp_size = c->tp;
-    ep.num_blocks = c->num_blocks;
-    ep.cache = *cache_p;
-    ep.max_batch_tokens = c->max_batch_tokens;
-    return kvf_engine_create(&ep, &srv->engine);
-}
-
-static kvf_status_t kvf_pf_connector_create(kvf_prefill_server_h srv,
-                                            const kvf_cache_params_t *cache)
-{
-    kvf_tp_runner_h runner = kvf_engine_runner(srv->engine);
+    kvf_role_engine_params_t ep = {
+        .model = c->model, .tp = c->tp, .num_blocks = c->num_blocks, .kv_dtype = c->kv_dtype,
+        .block_size = c->block_size, .max_batch_tokens = c->max_batch_tokens,
+    };
     kvf_connector_config_t cc;
+    kvf_cache_params_t cache;
     kvf_status_t status;
 
-    srv->xops = kvf_connector_ucx_ops();
-    status = kvf_connector_ops_check(srv->xops);
+    status = kvf_role_engine_create(&ep, &srv->engine, &cache);
     if (status != KVF_OK) {
         return status;
     }
     memset(&cc, 0, sizeof(cc));
     cc.field_mask = KVF_CONNECTOR_CONFIG_FIELD_LISTEN | KVF_CONNECTOR_CONFIG_FIELD_TIMEOUT_MS;
-    cc.engine_id = srv->cfg.engine_id;
+    cc.engine_id = c->engine_id;
     cc.role = KVF_CONNECTOR_ROLE_PREFILL;
-    cc.tp_size = srv->cfg.tp;
-    cc.cfg = kvf_engine_model_config(srv->engine);
-    cc.listen_host = srv->cfg.host;
-    cc.listen_port = srv->cfg.side_port;
-    cc.timeout_ms = (uint32_t)srv->cfg.xfer_timeout_ms;
-    status = srv->xops->create(&cc, &srv->conn);
+    cc.listen_host = c->host;
+    cc.listen_port = c->side_port;
+    cc.timeout_ms = (uint32_t)c->xfer_timeout_ms;
+    status = kvf_role_connector_create(srv->engine, &cache, &cc, &srv->xops, &srv->conn);
     if (status != KVF_OK) {
         return status;
-    }
-    for (int r = 0; r < srv->cfg.tp; ++r) {
-        kvf_page_pool_h pool = kvf_tp_runner_pool(runner, r);
-        kvf_connector_pool_t cp = {
-            .tp_rank = r,
-            .base = kvf_page_pool_base(pool),
-            .len = kvf_page_pool_bytes(pool),
-            .num_blocks = kvf_page_pool_num_blocks(pool),
-            .params = *cache,
-        };
-        status = srv->xops->register_pool(srv->conn, &cp);
-        if (status != KVF_OK) {
-            return status;
-        }
     }
     return srv->xops->serve(srv->conn, &srv->side_port);
 }
@@ -173,7 +131,6 @@ kvf_status_t kvf_prefill_server_create(const kvf_prefill_config_t *cfg,
                                        kvf_prefill_server_h *srv_p)
 {
     struct kvf_prefill_server *srv;
-    kvf_cache_params_t cache;
     kvf_status_t status;
 
     if ((cfg->model[0] == '\0') || (cfg->tp < 1) || (cfg->num_blocks < 1) ||
@@ -192,11 +149,7 @@ kvf_status_t kvf_prefill_server_create(const kvf_prefill_config_t *cfg,
     if (status != KVF_OK) {
         goto err;
     }
-    status = kvf_pf_engine_create(srv, &cache);
-    if (status != KVF_OK) {
-        goto err;
-    }
-    status = kvf_pf_connector_create(srv, &cache);
+    status = kvf_pf_setup(srv);
     if (status != KVF_OK) {
         goto err;
     }
@@ -245,28 +198,13 @@ static int kvf_pf_find_pending(kvf_prefill_server_h srv, uint64_t engine_req)
 
 static void kvf_pf_health(kvf_prefill_server_h srv, const kvf_serve_peer_t *peer)
 {
-    kvf_block_manager_h bm = kvf_engine_block_manager(srv->engine);
-    int slots = kvf_tp_runner_layout(kvf_engine_runner(srv->engine))->slots;
-    Kvf__ServeReply reply = KVF__SERVE_REPLY__INIT;
-    Kvf__HealthReply h = KVF__HEALTH_REPLY__INIT;
+    Kvf__HealthReply h;
 
-    h.role = (char *)"prefill";
-    h.engine_id = srv->cfg.engine_id;
-    h.has_tp_size = h.has_free_pages = h.has_total_pages = h.has_running = 1;
-    h.has_block_size = h.has_leases = 1;
-    h.tp_size = (uint32_t)srv->cfg.tp;
-    h.free_pages = (uint64_t)kvf_block_manager_num_free(bm) * (uint64_t)slots *
-                   (uint64_t)srv->cfg.tp;
-    h.total_pages = (uint64_t)kvf_block_manager_num_blocks(bm) * (uint64_t)slots *
-                    (uint64_t)srv->cfg.tp;
+    kvf_role_health_fill(srv->engine, "prefill", srv->cfg.engine_id, &h);
+    h.has_running = h.has_leases = 1;
     h.running = (uint32_t)(srv->num_pending + (int)kvf_lease_table_count(srv->leases));
-    h.block_size = (uint32_t)kvf_block_manager_block_size(bm);
     h.leases = kvf_lease_table_count(srv->leases);
-    reply.request_id = (char *)"health";   /* proto: health replies carry this id */
-    reply.health = &h;
-    reply.has_done = 1;
-    reply.done = 1;
-    kvf_serve_server_reply(srv->serve, peer, &reply);
+    kvf_role_reply_health(srv->serve, peer, &h);
 }
 
 static void kvf_pf_prefill(kvf_prefill_server_h srv, const kvf_serve_peer_t *peer,
