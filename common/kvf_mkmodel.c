@@ -160,6 +160,29 @@ out:
     return status;
 }
 
+/* mkdir -p: operators name output folders that do not exist yet (models/tiny). */
+static int kvf_mk_mkdirs(const char *dir)
+{
+    char path[4096];
+    size_t len = strlen(dir);
+
+    if ((len == 0) || (len >= sizeof(path))) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    memcpy(path, dir, len + 1);
+    for (char *p = path + 1; *p != '\0'; ++p) {
+        if (*p == '/') {
+            *p = '\0';
+            if ((mkdir(path, 0755) != 0) && (errno != EEXIST)) {
+                return -1;
+            }
+            *p = '/';
+        }
+    }
+    return ((mkdir(path, 0755) == 0) || (errno == EEXIST)) ? 0 : -1;
+}
+
 kvf_status_t kvf_mkmodel_write(const char *config_path, const char *out_dir, uint64_t seed,
                                kvf_dtype_t dtype)
 {
@@ -181,7 +204,7 @@ kvf_status_t kvf_mkmodel_write(const char *config_path, const char *out_dir, uin
         kvf_error("%s: mkmodel supports nemotron_h models without MoE layers", config_path);
         return KVF_ERR_UNSUPPORTED;
     }
-    if ((stat(out_dir, &st) != 0) && (mkdir(out_dir, 0755) != 0)) {
+    if ((stat(out_dir, &st) != 0) && (kvf_mk_mkdirs(out_dir) != 0)) {
         kvf_error("cannot create %s: %m", out_dir);
         return KVF_ERR_IO;
     }

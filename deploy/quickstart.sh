@@ -14,7 +14,6 @@ model="$root/models/tiny-hybrid"
 layout="${KVF_LAYOUT:-4p2d}"
 
 if [ ! -f "$model/model.safetensors" ]; then
-    mkdir -p "$(dirname "$model")"
     "$bin/kvf" mkmodel --config tests/data/models/tiny-hybrid.config.json --out "$model" --seed 1
 fi
 
