@@ -12,6 +12,7 @@ import json
 import os
 import socket
 import tempfile
+import threading
 import time
 
 import proxy_testlib as T
@@ -100,6 +101,27 @@ def run(a, procs):
     m = px.metrics()
     ok = m.value("kvf_proxy_requests_total", code="200")
     T.check(ok == 5, "requests_total{code=200} == 5")
+
+    # 12 concurrent requests, half streamed: replies of different requests interleave on
+    # the same instance sockets and must each reach their own client.
+    results = {}
+
+    def one(k):
+        prompt = "%c%02d" % (chr(ord("A") + k), k)
+        try:
+            if k % 2:
+                results[k] = (prompt, px.complete(prompt, max_tokens=6, stream=True).text)
+            else:
+                results[k] = (prompt, px.complete(prompt, max_tokens=6)["choices"][0]["text"])
+        except Exception as e:  # noqa: BLE001 (reported below)
+            results[k] = (prompt, repr(e))
+    threads = [threading.Thread(target=one, args=(k,)) for k in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    T.check(all(results[k][1] == (results[k][0] * 2) for k in range(12)),
+            "12 concurrent requests each get their own tokens")
     T.check(m.value("kvf_proxy_kv_transfer_bytes_total") == 1000 * (11 + 3 + 9 + 2 + 2) and
             m.value("kvf_proxy_kv_transfer_descriptors_total") == 11 + 3 + 9 + 2 + 2,
             "KV bytes and descriptors summed over requests")
