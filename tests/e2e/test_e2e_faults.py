@@ -6,8 +6,14 @@
    instance stays healthy and serves the next request;
 2. a request whose decode never releases: prefill frees its blocks when the
    lease expires;
-3. a client that disconnects mid-stream: both instances free the request's
-   blocks.
+3. a request whose decode never comes (the decode instance is frozen):
+   the client gets an error and prefill frees the blocks when the lease
+   expires;
+4. a client that disconnects mid-stream: both instances free the request's
+   blocks;
+5. prefill and decode with different KV dtypes: the handshake is refused
+   before any RDMA, the client sees the field and both values, and
+   /metrics counts the refusal.
 """
 
 import os
@@ -123,6 +129,47 @@ def lease_expiry():
               (time.monotonic() - t0))
 
 
+def decode_never_comes():
+    model = model_dir("tiny-hybrid")
+    with Pool(layout="1p1d", model=model, timeout=60,
+              prefill_args=["--lease-timeout", "2s"],
+              proxy_args=["--token-timeout", "2s", "--health-timeout", "30s"]) as pool:
+        dpid = pool.pids()["decode-0"]
+        os.kill(dpid, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            try:
+                pool.complete(PROMPT, max_tokens=4, temperature=0, timeout=30)
+                raise AssertionError("a frozen decode instance answered")
+            except HttpError as e:
+                assert e.status >= 500, e
+            p = instances(pool, "prefill")[0]
+            wait_for(lambda: instances(pool, "prefill")[0]["free_pages"] == p["total_pages"]
+                     and instances(pool, "prefill")[0]["leases"] == 0, 10,
+                     "prefill lease expiry")
+            assert "expired" in pool.log("prefill-0")
+            print("decode never came: client failed, prefill freed its blocks %.2f s after the"
+                  " request" % (time.monotonic() - t0))
+        finally:
+            os.kill(dpid, signal.SIGCONT)
+
+
+def handshake_refused():
+    model = model_dir("tiny-hybrid")
+    with Pool(layout="2p1d", model=model, timeout=60, prefill_args=["--kv-dtype", "fp32"],
+              decode_args=["--kv-dtype", "bf16"]) as pool:
+        try:
+            pool.complete(PROMPT, max_tokens=4, temperature=0, timeout=30)
+            raise AssertionError("mismatched KV dtypes were served")
+        except HttpError as e:
+            msg = e.body["error"]["message"] if isinstance(e.body, dict) else str(e.body)
+            assert "handshake refused: kv_dtype local=bf16 remote=fp32" in msg, msg
+        m = pool.metrics()
+        assert m.sum("kvf_proxy_handshake_refusals_total") == 1, m.text[:2000]
+        wait_for(lambda: all_free(pool), 10, "blocks freed after the refusal")
+        print("handshake refused with the field and both values")
+
+
 def client_abort():
     model = model_dir("tiny-hybrid")
     with Pool(layout="1p1d", model=model, timeout=60) as pool:
@@ -136,11 +183,9 @@ def client_abort():
                                     ignore_eos=True)
         pool.stream(body, timeout=30, on_event=on_event)
         assert len(seen) == 3, seen
-        d = instances(pool, "decode")[0]
         wait_for(lambda: all_free(pool), 10, "both instances free after the client left")
         assert instances(pool, "decode")[0]["running"] == 0
-        print("client abort freed blocks on both sides (decode had %d/%d free mid-stream)" %
-              (d["free_pages"], d["total_pages"]))
+        print("client abort freed blocks on both sides")
 
 
 def main():
@@ -149,7 +194,9 @@ def main():
     prefill_killed("fail", refs)
     prefill_killed("recompute", refs)
     lease_expiry()
+    decode_never_comes()
     client_abort()
+    handshake_refused()
     print("test_e2e_faults passed")
 
 
