@@ -81,6 +81,7 @@ struct kvf_prefill_server {
     int                        num_pending;
     int                        cap_pending;
     uint64_t                   leases_expired;
+    uint64_t                   lease_activity_ns;  /* last lease added or released */
     uint64_t                   releases;
 };
 
@@ -311,6 +312,7 @@ static void kvf_pf_prefilled(kvf_prefill_server_h srv, kvf_pf_pending_t *p, int3
     reply.has_done = 1;
     reply.done = 1;
     kvf_serve_server_reply(srv->serve, &p->peer, &reply);
+    srv->lease_activity_ns = kvf_pf_now_ns();
     kvf_log(KVF_LOG_DEBUG, KVF_SUB_SCHED, "request %s prefilled: %d tokens, first token %d,"
             " leased", p->request_id, info.prompt_len, first);
 }
@@ -401,6 +403,7 @@ static void kvf_pf_releases(kvf_prefill_server_h srv)
             if (owner != NULL) {
                 kvf_engine_release(srv->engine, (uint64_t)(uintptr_t)owner - 1);
                 srv->releases++;
+                srv->lease_activity_ns = kvf_pf_now_ns();
                 kvf_log(KVF_LOG_DEBUG, KVF_SUB_XFER, "request %s released by decode rank %d"
                         " (%s)", rid, drank, kvf_status_str(st));
             }
@@ -426,12 +429,17 @@ kvf_status_t kvf_prefill_server_run(kvf_prefill_server_h srv, volatile sig_atomi
 {
     while (!*stop) {
         bool busy = kvf_engine_has_work(srv->engine);
-        /* while blocks are leased a decode may be reading them, and the shared
-         * memory transports need this side's worker progressed: a 10 ms wait
-         * made a 100 KB pull take 10 ms, spinning takes 0.2 ms. Leases last
-         * one transfer, so the spin is short. (Arming UCX's event fd into the
-         * poll would remove it; not done yet.) */
-        int idle_ms = (kvf_lease_table_count(srv->leases) > 0) ? 0 : 10;
+        /* While blocks are leased a decode may be reading them, and the shared
+         * memory transports emulate GET with active messages that need this
+         * side's worker progressed: a 10 ms wait made a 100 KB pull take
+         * 10 ms, spinning takes 0.2 ms. Spin only while transfers are likely
+         * (200 ms after a lease came or went), then wait 1 ms: a decode that
+         * never comes must not cost a core for the whole lease. (Arming
+         * UCX's event fd into the poll would remove the spin; not done yet.) */
+        int idle_ms = 10;
+        if (kvf_lease_table_count(srv->leases) > 0) {
+            idle_ms = (kvf_pf_now_ns() - srv->lease_activity_ns < 200000000ull) ? 0 : 1;
+        }
         kvf_serve_peer_t peer;
         Kvf__ServeRequest *req = NULL;
         kvf_status_t status;
