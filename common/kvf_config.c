@@ -137,11 +137,26 @@ static void kvf_config_flag_name(const char *name, char *buf, size_t len)
     buf[i] = '\0';
 }
 
+static const char *kvf_config_expected(kvf_config_type_t type)
+{
+    switch (type) {
+    case KVF_CONFIG_TYPE_STRING: return "at most 255 bytes";
+    case KVF_CONFIG_TYPE_INT:    return "an integer";
+    case KVF_CONFIG_TYPE_DOUBLE: return "a number";
+    case KVF_CONFIG_TYPE_BOOL:   return "yes or no";
+    case KVF_CONFIG_TYPE_TIME:   return "a duration such as 500ms, 2s, 1m";
+    case KVF_CONFIG_TYPE_SIZE:   return "a size such as 4096, 64k, 2m, 1g";
+    }
+    return "a valid value";
+}
+
+/* @a source names where the text came from: "--tp", "KVF_TP" or "default". */
 static kvf_status_t kvf_config_set(const kvf_config_field_t *f, const char *text,
                                    const char *source, void *obj)
 {
     if (kvf_config_parse_value(f->type, text, (char *)obj + f->offset) != KVF_OK) {
-        kvf_error("bad value '%s' for %s", text, source);
+        kvf_error("bad value '%.64s%s' for %s: expected %s", text,
+                  (strlen(text) > 64) ? "..." : "", source, kvf_config_expected(f->type));
         return KVF_ERR_INVALID_PARAM;
     }
     return KVF_OK;
@@ -217,6 +232,7 @@ kvf_status_t kvf_config_parse(const kvf_config_field_t *table, const char *prog,
         const char *arg = argv[i];
         const char *val = NULL;
         const char *eq;
+        char flag_name[100];
         size_t name_len;
         const kvf_config_field_t *f;
 
@@ -247,6 +263,7 @@ kvf_status_t kvf_config_parse(const kvf_config_field_t *table, const char *prog,
             kvf_error("%s: unknown flag '%s' (try --help)", prog, argv[i]);
             return KVF_ERR_INVALID_PARAM;
         }
+        snprintf(flag_name, sizeof(flag_name), "--%.*s", (int)name_len, arg);
         if (eq != NULL) {
             val = eq + 1;
         } else if ((f->type == KVF_CONFIG_TYPE_BOOL) &&
@@ -258,7 +275,7 @@ kvf_status_t kvf_config_parse(const kvf_config_field_t *table, const char *prog,
             kvf_error("%s: flag '%s' needs a value", prog, argv[i]);
             return KVF_ERR_INVALID_PARAM;
         }
-        status = kvf_config_set(f, val, argv[i - ((eq == NULL) && (val != argv[i]) ? 1 : 0)], obj);
+        status = kvf_config_set(f, val, flag_name, obj);
         if (status != KVF_OK) {
             return status;
         }

@@ -71,4 +71,6 @@ expect_error "block-size" --model "$nano" --block-size 0
 expect_error "bad layout" --model "$nano" --layouts 4x2
 expect_error "too small" --model "$nano" --exact-block-size 64 --layouts 1p1d
 expect_error "unknown flag" --model "$nano" --no-such-flag 1
+expect_error "for --prompt-tokens: expected an integer" --model "$nano" --prompt-tokens abc
+expect_error "for --align" --model "$nano" --align sideways
 echo "test_plan_cli passed"
