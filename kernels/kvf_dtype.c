@@ -81,12 +81,57 @@ float kvf_fp16_to_fp32(uint16_t h)
     return f;
 }
 
+uint8_t kvf_fp32_to_fp8(float f)
+{
+    uint8_t sign = signbit(f) ? 0x80u : 0u;
+    float a = fabsf(f);
+    int e;
+
+    if (isnan(f)) {
+        return (uint8_t)(sign | 0x7fu);
+    }
+    if (a >= 448.0f) {
+        return (uint8_t)(sign | 0x7eu);            /* saturate: e4m3fn has no infinity */
+    }
+    if (a == 0.0f) {
+        return sign;                               /* frexpf(0) has no exponent to use */
+    }
+    (void)frexpf(a, &e);                           /* a = m * 2^e, m in [0.5, 1) */
+    if (e - 1 < -6) {                              /* subnormal: M * 2^-9 */
+        return (uint8_t)(sign | (uint8_t)rintf(ldexpf(a, 9)));   /* 8 carries into E=1 */
+    }
+    int exp = e - 1 + 7;
+    int mant = (int)rintf((ldexpf(a, -(e - 1)) - 1.0f) * 8.0f);
+    if (mant == 8) {
+        mant = 0;
+        ++exp;
+    }
+    if ((exp > 15) || ((exp == 15) && (mant == 7))) {
+        return (uint8_t)(sign | 0x7eu);
+    }
+    return (uint8_t)(sign | (uint8_t)(exp << 3) | (uint8_t)mant);
+}
+
+float kvf_fp8_to_fp32(uint8_t b)
+{
+    int exp = (b >> 3) & 0xf;
+    int mant = b & 7;
+    float v;
+
+    if ((exp == 15) && (mant == 7)) {
+        return NAN;
+    }
+    v = (exp == 0) ? ldexpf((float)mant, -9) : ldexpf((float)(8 + mant), exp - 10);
+    return (b & 0x80u) ? -v : v;
+}
+
 float kvf_dtype_load(const void *base, kvf_dtype_t dtype, size_t i)
 {
     switch (dtype) {
     case KVF_DTYPE_FP32: return ((const float *)base)[i];
     case KVF_DTYPE_BF16: return kvf_bf16_to_fp32(((const uint16_t *)base)[i]);
     case KVF_DTYPE_FP16: return kvf_fp16_to_fp32(((const uint16_t *)base)[i]);
+    case KVF_DTYPE_FP8:  return kvf_fp8_to_fp32(((const uint8_t *)base)[i]);
     default:             return 0.0f;
     }
 }
@@ -97,6 +142,7 @@ void kvf_dtype_store(void *base, kvf_dtype_t dtype, size_t i, float v)
     case KVF_DTYPE_FP32: ((float *)base)[i] = v; break;
     case KVF_DTYPE_BF16: ((uint16_t *)base)[i] = kvf_fp32_to_bf16(v); break;
     case KVF_DTYPE_FP16: ((uint16_t *)base)[i] = kvf_fp32_to_fp16(v); break;
+    case KVF_DTYPE_FP8:  ((uint8_t *)base)[i] = kvf_fp32_to_fp8(v); break;
     default: break;
     }
 }

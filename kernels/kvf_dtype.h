@@ -1,7 +1,8 @@
 /*
  * Element types of cache memory and weights. Compute is fp32; caches may be
- * stored narrower. fp8 (e4m3) is known to geometry (1 byte per element, as
- * in the DESIGN.md worked numbers) but no kernel reads or writes it yet.
+ * stored narrower. fp8 (e4m3fn) is known to geometry (1 byte per element, as
+ * in the DESIGN.md worked numbers) and moves through transfers, but no
+ * attention kernel reads or writes it yet, so the serving engine refuses it.
  */
 #ifndef KVF_DTYPE_H
 #define KVF_DTYPE_H
@@ -14,7 +15,7 @@ typedef enum {
     KVF_DTYPE_FP32 = 0,
     KVF_DTYPE_BF16 = 1,
     KVF_DTYPE_FP16 = 2,
-    KVF_DTYPE_FP8  = 3,   /* e4m3; geometry only for now */
+    KVF_DTYPE_FP8  = 3,   /* e4m3fn (OCP): geometry and transfer; no kernel computes in it yet */
     KVF_DTYPE_COUNT
 } kvf_dtype_t;
 
@@ -64,8 +65,16 @@ uint16_t kvf_fp32_to_fp16(float f);
 float    kvf_fp16_to_fp32(uint16_t h);
 
 /**
+ * fp32 <-> fp8 e4m3fn (OCP 8-bit floating point spec: bias 7, no infinity,
+ * 0x7f/0xff NaN, max 448): round to nearest even, saturating at +-448.
+ */
+uint8_t kvf_fp32_to_fp8(float f);
+float   kvf_fp8_to_fp32(uint8_t b);
+
+/**
  * Load element @a i of a typed array as fp32, and store fp32 into one.
- * @a dtype must be fp32, bf16 or fp16 (fp8 returns/stores NaN-free zero).
+ * @a dtype must be fp32, bf16, fp16 or fp8; an invalid dtype loads 0 and
+ * stores nothing.
  */
 float kvf_dtype_load(const void *base, kvf_dtype_t dtype, size_t i);
 void  kvf_dtype_store(void *base, kvf_dtype_t dtype, size_t i, float v);
