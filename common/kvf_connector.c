@@ -104,6 +104,14 @@ static kvf_status_t kvf_connector_stub_req_stats(kvf_connector_h conn, int tp_ra
     return KVF_ERR_UNSUPPORTED;
 }
 
+static kvf_status_t kvf_connector_stub_forget_engine(kvf_connector_h conn,
+                                                     const char *engine_id)
+{
+    (void)conn;
+    (void)engine_id;
+    return KVF_ERR_UNSUPPORTED;
+}
+
 void kvf_connector_ops_fill_stubs(kvf_connector_ops_t *ops)
 {
     /* checklist: one line per op of kvf_connector_ops_t */
@@ -118,6 +126,7 @@ void kvf_connector_ops_fill_stubs(kvf_connector_ops_t *ops)
     if (ops->notify_release == NULL) ops->notify_release = kvf_connector_stub_poll;
     if (ops->poll_release == NULL)   ops->poll_release = kvf_connector_stub_poll_release;
     if (ops->req_stats == NULL)      ops->req_stats = kvf_connector_stub_req_stats;
+    if (ops->forget_engine == NULL)  ops->forget_engine = kvf_connector_stub_forget_engine;
 }
 
 kvf_status_t kvf_connector_ops_check(const kvf_connector_ops_t *ops)
@@ -130,7 +139,8 @@ kvf_status_t kvf_connector_ops_check(const kvf_connector_ops_t *ops)
     if ((ops->create == NULL) || (ops->destroy == NULL) || (ops->register_pool == NULL) ||
         (ops->get_metadata == NULL) || (ops->serve == NULL) || (ops->handshake == NULL) ||
         (ops->start_pull == NULL) || (ops->poll == NULL) || (ops->notify_release == NULL) ||
-        (ops->poll_release == NULL) || (ops->req_stats == NULL)) {
+        (ops->poll_release == NULL) || (ops->req_stats == NULL) ||
+        (ops->forget_engine == NULL)) {
         kvf_error("connector '%s' has a NULL op", (ops->name != NULL) ? ops->name : "?");
         return KVF_ERR_UNSUPPORTED;
     }

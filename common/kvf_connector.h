@@ -31,7 +31,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define KVF_CONNECTOR_ABI 2   /* 2: req_stats */
+#define KVF_CONNECTOR_ABI 3   /* 2: req_stats; 3: forget_engine */
 
 typedef struct kvf_connector *kvf_connector_h;
 typedef struct kvf_connector_req *kvf_connector_req_h;
@@ -153,6 +153,15 @@ typedef struct kvf_connector_ops {
      */
     kvf_status_t (*req_stats)(kvf_connector_h conn, int tp_rank, kvf_connector_req_h req,
                               kvf_connector_stats_t *stats_p);
+
+    /**
+     * Decode: drop everything cached about a remote engine (metadata, remote
+     * keys, endpoints on every rank) so the next handshake fetches it anew.
+     * Call after a peer error: a restarted prefill keeps its engine id but
+     * has new memory, keys and worker addresses. Leader thread, with no pull
+     * of that engine in flight. KVF_ERR_NOT_FOUND when nothing was cached.
+     */
+    kvf_status_t (*forget_engine)(kvf_connector_h conn, const char *engine_id);
 } kvf_connector_ops_t;
 
 /** Point every NULL op of @a ops at a stub returning KVF_ERR_UNSUPPORTED. */

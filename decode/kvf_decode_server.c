@@ -328,7 +328,10 @@ static kvf_status_t kvf_dc_pull(kvf_decode_server_h srv, const Kvf__TransferPara
     }
     if (status != KVF_OK) {
         if (KVF_IS_PEER_ERROR(status)) {
+            /* the prefill process may have restarted under the same engine id
+             * (new keys, new endpoints): handshake afresh next time */
             srv->peer_errors++;
+            srv->xops->forget_engine(srv->conn, xp->engine_id);
         }
         snprintf(err, err_len, "kv pull from %s failed: %s", xp->engine_id,
                  kvf_status_str(status));

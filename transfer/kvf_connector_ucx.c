@@ -37,6 +37,7 @@ typedef struct kvf_conn_engine {
     int                          tp;
     kvf_rank_geometry_t         *geoms;        /* [tp], recomputed by the compat check */
     int64_t                     *num_blocks;   /* [tp] */
+    bool                         forgotten;    /* slot free for the next handshake */
 } kvf_conn_engine_t;
 
 typedef struct kvf_conn_rank {
@@ -332,7 +333,7 @@ static int kvf_conn_find_engine(kvf_connector_h conn, const char *engine_id)
     int found = -1;
     pthread_mutex_lock(&conn->lock);
     for (int e = 0; e < conn->num_engines; ++e) {
-        if (strcmp(conn->engines[e].engine_id, engine_id) == 0) {
+        if (!conn->engines[e].forgotten && (strcmp(conn->engines[e].engine_id, engine_id) == 0)) {
             found = e;
             break;
         }
@@ -348,6 +349,7 @@ static kvf_status_t kvf_conn_handshake(kvf_connector_h conn, const char *engine_
     kvf_refusal_t refusals[KVF_MAX_REFUSALS];
     kvf_conn_engine_t *e;
     int nref = 0;
+    int slot;
     kvf_status_t status;
 
     if (why_len > 0) {
@@ -363,8 +365,17 @@ static kvf_status_t kvf_conn_handshake(kvf_connector_h conn, const char *engine_
         return KVF_ERR_BUSY;
     }
     pthread_mutex_lock(&conn->lock);
-    if (conn->num_engines == KVF_CONN_MAX_ENGINES) {
+    slot = conn->num_engines;
+    for (int i = 0; i < conn->num_engines; ++i) {   /* reuse a forgotten engine's slot */
+        if (conn->engines[i].forgotten) {
+            slot = i;
+            break;
+        }
+    }
+    if (slot == KVF_CONN_MAX_ENGINES) {
         pthread_mutex_unlock(&conn->lock);
+        snprintf(why, why_len, "handshake with %s: already connected to %d prefill engines",
+                 engine_id, KVF_CONN_MAX_ENGINES);
         return KVF_ERR_NO_RESOURCE;
     }
     status = kvf_side_channel_fetch(conn->client, engine_id, host, port, &reply);
@@ -381,7 +392,7 @@ static kvf_status_t kvf_conn_handshake(kvf_connector_h conn, const char *engine_
                  kvf_status_str(status));
         goto out_unlock;
     }
-    e = &conn->engines[conn->num_engines];
+    e = &conn->engines[slot];
     memset(e, 0, sizeof(*e));
     e->geoms = calloc((size_t)reply->num_ranks, sizeof(*e->geoms));
     e->num_blocks = calloc((size_t)reply->num_ranks, sizeof(*e->num_blocks));
@@ -404,7 +415,9 @@ static kvf_status_t kvf_conn_handshake(kvf_connector_h conn, const char *engine_
     for (int r = 0; r < e->tp; ++r) {
         e->num_blocks[r] = reply->ranks[r].num_blocks;
     }
-    conn->num_engines++;    /* publish: never moves or changes after this */
+    if (slot == conn->num_engines) {
+        conn->num_engines++;    /* publish: unchanged until forget_engine() */
+    }
     pthread_mutex_unlock(&conn->lock);
     kvf_log(KVF_LOG_INFO, KVF_SUB_XFER, "ucx connector %s: engine %s (TP %d) is compatible",
             conn->engine_id, engine_id, e->tp);
@@ -414,6 +427,7 @@ err_free:
     free(e->geoms);
     free(e->num_blocks);
     memset(e, 0, sizeof(*e));
+    e->forgotten = (slot < conn->num_engines);   /* a reused slot stays free */
 out_unlock:
     pthread_mutex_unlock(&conn->lock);
     return status;
@@ -658,6 +672,35 @@ static kvf_status_t kvf_conn_poll_release(kvf_connector_h conn, int tp_rank, uin
     return KVF_OK;
 }
 
+static kvf_status_t kvf_conn_forget_engine(kvf_connector_h conn, const char *engine_id)
+{
+    int e = (engine_id != NULL) ? kvf_conn_find_engine(conn, engine_id) : -1;
+    kvf_conn_engine_t *eng;
+
+    if (e < 0) {
+        return KVF_ERR_NOT_FOUND;
+    }
+    eng = &conn->engines[e];
+    for (int r = 0; r < conn->tp; ++r) {
+        kvf_conn_rank_t *rk = &conn->ranks[r];
+        for (int p = 0; (rk->peers[e] != NULL) && (p < eng->tp); ++p) {
+            kvf_ucx_peer_destroy(rk->peers[e][p]);   /* bounded by the agent timeout */
+        }
+        free(rk->peers[e]);
+        rk->peers[e] = NULL;
+    }
+    pthread_mutex_lock(&conn->lock);
+    kvf_side_channel_forget(conn->client, engine_id);   /* frees eng->reply */
+    free(eng->geoms);
+    free(eng->num_blocks);
+    memset(eng, 0, sizeof(*eng));
+    eng->forgotten = true;
+    pthread_mutex_unlock(&conn->lock);
+    kvf_log(KVF_LOG_INFO, KVF_SUB_XFER, "ucx connector %s: forgot engine %s; the next request"
+            " handshakes again", conn->engine_id, engine_id);
+    return KVF_OK;
+}
+
 static kvf_status_t kvf_conn_req_stats(kvf_connector_h conn, int tp_rank,
                                        kvf_connector_req_h req, kvf_connector_stats_t *stats_p)
 {
@@ -686,6 +729,7 @@ static const kvf_connector_ops_t kvf_connector_ucx = {
     .notify_release = kvf_conn_notify_release,
     .poll_release   = kvf_conn_poll_release,
     .req_stats      = kvf_conn_req_stats,
+    .forget_engine  = kvf_conn_forget_engine,
 };
 
 const kvf_connector_ops_t *kvf_connector_ucx_ops(void)

@@ -11,13 +11,19 @@
    expires;
 4. a client that disconnects mid-stream: both instances free the request's
    blocks;
-5. prefill and decode with different KV dtypes: the handshake is refused
+5. a prefill instance restarted under the same engine id (new memory, keys
+   and endpoints): decode forgets what it cached after the first peer
+   error and handshakes again, so at most one request fails;
+6. prefill and decode with different KV dtypes: the handshake is refused
    before any RDMA, the client sees the field and both values, and
    /metrics counts the refusal.
 """
 
 import os
+import re
+import shlex
 import signal
+import subprocess
 import threading
 import time
 
@@ -154,6 +160,40 @@ def decode_never_comes():
             os.kill(dpid, signal.SIGCONT)
 
 
+def prefill_restarted(refs):
+    model = model_dir("tiny-hybrid")
+    with Pool(layout="1p1d", model=model, timeout=60,
+              decode_args=["--xfer-timeout", "1s"]) as pool:
+        r = pool.complete(PROMPT, max_tokens=MAX_TOKENS, temperature=0, return_token_ids=True)
+        cmd = re.search(r"started prefill-0 on \S+ \(pid \d+\): (.*)", pool.up_output).group(1)
+        os.kill(pool.pids()["prefill-0"], signal.SIGKILL)
+        wait_for(lambda: not instances(pool, "prefill")[0]["healthy"], 10,
+                 "the proxy to notice the dead prefill")
+        with open(os.path.join(pool.run_dir, "prefill-0.log"), "ab") as log:
+            proc = subprocess.Popen(shlex.split(cmd), stdout=log, stderr=log,
+                                    start_new_session=True)
+        with open(os.path.join(pool.run_dir, "prefill-0.pid"), "w") as f:
+            f.write("%d\n" % proc.pid)          # so kvf-down stops the new process
+        wait_for(lambda: instances(pool, "prefill")[0]["healthy"], 20,
+                 "the restarted prefill to be healthy")
+        failures = 0
+        for _ in range(3):
+            try:
+                r = pool.complete(PROMPT, max_tokens=MAX_TOKENS, temperature=0,
+                                  return_token_ids=True, timeout=30)
+                break
+            except HttpError as e:
+                failures += 1
+                last = e
+        else:
+            raise AssertionError("decode never recovered after the prefill restart: %s" % last)
+        assert failures <= 1, failures
+        ref_tokens, ref_logits = refs
+        check_tokens(r["choices"][0]["token_ids"], ref_tokens, ref_logits, True, "after restart")
+        assert r["kv_transfer"]["handshake_ms"] > 0   # a fresh handshake, not the stale cache
+        print("prefill restarted: decode handshook again after %d failed request(s)" % failures)
+
+
 def handshake_refused():
     model = model_dir("tiny-hybrid")
     with Pool(layout="2p1d", model=model, timeout=60, prefill_args=["--kv-dtype", "fp32"],
@@ -202,6 +242,7 @@ def main():
     lease_expiry()
     decode_never_comes()
     client_abort()
+    prefill_restarted(refs)
     handshake_refused()
     print("test_e2e_faults passed")
 
