@@ -131,11 +131,14 @@ kvf_status_t kvf_proxy_create(const kvf_proxy_config_t *cfg, kvf_proxy_h *proxy_
     if (status != KVF_OK) {
         goto err_metrics;
     }
-    if ((kvf_proxy_pool_count(proxy->pool, KVF_PROXY_ROLE_PREFILL) == 0) ||
-        (kvf_proxy_pool_count(proxy->pool, KVF_PROXY_ROLE_DECODE) == 0)) {
-        kvf_warn("no %s instances configured: /health stays 503 and completions get 503",
-                 (kvf_proxy_pool_count(proxy->pool, KVF_PROXY_ROLE_PREFILL) == 0) ?
-                 "prefill (--prefill)" : "decode (--decode)");
+    /* One line per missing role, so a proxy started with neither says so for both. */
+    if (kvf_proxy_pool_count(proxy->pool, KVF_PROXY_ROLE_PREFILL) == 0) {
+        kvf_warn("no prefill instances configured (--prefill / KVF_PREFILL): /health stays 503 "
+                 "and completions get 503");
+    }
+    if (kvf_proxy_pool_count(proxy->pool, KVF_PROXY_ROLE_DECODE) == 0) {
+        kvf_warn("no decode instances configured (--decode / KVF_DECODE): /health stays 503 "
+                 "and completions get 503");
     }
 
     proxy->flow.pool = proxy->pool;

@@ -92,11 +92,18 @@ static enum MHD_Result kvf_proxy_respond(struct MHD_Connection *conn, unsigned c
     return ret;
 }
 
+static enum MHD_Result kvf_proxy_respond_error_param(struct MHD_Connection *conn, int code,
+                                                     const char *type, const char *param,
+                                                     const char *msg)
+{
+    return kvf_proxy_respond(conn, (unsigned)code, "application/json",
+                             kvf_proxy_openai_error_json(msg, type, param, code));
+}
+
 static enum MHD_Result kvf_proxy_respond_error(struct MHD_Connection *conn, int code,
                                                const char *type, const char *msg)
 {
-    return kvf_proxy_respond(conn, (unsigned)code, "application/json",
-                             kvf_proxy_openai_error_json(msg, type, code));
+    return kvf_proxy_respond_error_param(conn, code, type, NULL, msg);
 }
 
 static bool kvf_proxy_client_gone(void *arg)
@@ -212,7 +219,7 @@ static bool kvf_proxy_sse_produce(kvf_proxy_stream_t *s)
                 s->code = s->flow.http_code;
                 s->phase = KVF_PROXY_SSE_DONE_MARK;
                 kvf_proxy_sse_set(s, kvf_proxy_openai_error_json(s->flow.error,
-                                                                 s->flow.error_type,
+                                                                 s->flow.error_type, NULL,
                                                                  s->flow.http_code));
                 return true;
             }
@@ -298,6 +305,7 @@ static enum MHD_Result kvf_proxy_completions(struct kvf_proxy_http *http,
     struct MHD_Response *resp;
     enum MHD_Result ret;
     char err[512];
+    const char *param = NULL;
     int code = 400, from;
 
     if (cc->too_large) {
@@ -313,10 +321,10 @@ static enum MHD_Result kvf_proxy_completions(struct kvf_proxy_http *http,
     s->conn = conn;
     s->code = 200;
     if (kvf_proxy_openai_parse(http->params.api, (cc->body != NULL) ? cc->body : "", cc->len,
-                               &s->req, &code, err, sizeof(err)) != KVF_OK) {
+                               &s->req, &code, &param, err, sizeof(err)) != KVF_OK) {
         free(s);
         kvf_proxy_metrics_request(fctx->metrics, code);
-        return kvf_proxy_respond_error(conn, code, "invalid_request_error", err);
+        return kvf_proxy_respond_error_param(conn, code, "invalid_request_error", param, err);
     }
 
     if (kvf_proxy_flow_start(&s->flow, fctx, &s->req, kvf_proxy_client_gone, s) != KVF_OK) {

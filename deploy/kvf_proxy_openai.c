@@ -18,12 +18,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-static kvf_status_t kvf_proxy_bad(int *http_p, int http, char *err, size_t cap,
-                                  kvf_status_t status, const char *fmt, ...)
-    __attribute__((format(printf, 6, 7)));
+static kvf_status_t kvf_proxy_bad(int *http_p, const char **param_p, const char *param,
+                                  int http, char *err, size_t cap, kvf_status_t status,
+                                  const char *fmt, ...)
+    __attribute__((format(printf, 8, 9)));
 
-static kvf_status_t kvf_proxy_bad(int *http_p, int http, char *err, size_t cap,
-                                  kvf_status_t status, const char *fmt, ...)
+/* Record an error: its HTTP status, the offending field (NULL: none) and the message. */
+static kvf_status_t kvf_proxy_bad(int *http_p, const char **param_p, const char *param,
+                                  int http, char *err, size_t cap, kvf_status_t status,
+                                  const char *fmt, ...)
 {
     va_list ap;
 
@@ -31,6 +34,9 @@ static kvf_status_t kvf_proxy_bad(int *http_p, int http, char *err, size_t cap,
     vsnprintf(err, cap, fmt, ap);
     va_end(ap);
     *http_p = http;
+    if (param_p != NULL) {
+        *param_p = param;
+    }
     return status;
 }
 
@@ -52,12 +58,12 @@ static bool kvf_proxy_json_int(const cJSON *item, double lo, double hi, double *
 
 static kvf_status_t kvf_proxy_parse_prompt(const kvf_proxy_openai_ctx_t *ctx, const cJSON *prompt,
                                            kvf_proxy_completion_req_t *req, int *http_p,
-                                           char *err, size_t cap)
+                                           const char **param_p, char *err, size_t cap)
 {
     int n = 0;
 
     if (prompt == NULL) {
-        return kvf_proxy_bad(http_p, 400, err, cap, KVF_ERR_INVALID_PARAM,
+        return kvf_proxy_bad(http_p, param_p, "prompt", 400, err, cap, KVF_ERR_INVALID_PARAM,
                              "'prompt' is required");
     }
     if (cJSON_IsString(prompt)) {
@@ -67,12 +73,13 @@ static kvf_status_t kvf_proxy_parse_prompt(const kvf_proxy_openai_ctx_t *ctx, co
 
         req->prompt_ids = malloc(sizeof(int32_t) * (size_t)(capacity > 0 ? capacity : 1));
         if (req->prompt_ids == NULL) {
-            return kvf_proxy_bad(http_p, 500, err, cap, KVF_ERR_NO_MEMORY, "out of memory");
+            return kvf_proxy_bad(http_p, param_p, NULL,
+                                 500, err, cap, KVF_ERR_NO_MEMORY, "out of memory");
         }
         n = kvf_tokenizer_encode(ctx->tok, prompt->valuestring, len, ctx->add_bos,
                                  req->prompt_ids, capacity);
         if (n < 0) {
-            return kvf_proxy_bad(http_p, 400, err, cap, KVF_ERR_OUT_OF_RANGE,
+            return kvf_proxy_bad(http_p, param_p, "prompt", 400, err, cap, KVF_ERR_OUT_OF_RANGE,
                                  "'prompt' is longer than %d tokens", ctx->max_prompt_tokens);
         }
     } else if (cJSON_IsArray(prompt)) {
@@ -80,32 +87,35 @@ static kvf_status_t kvf_proxy_parse_prompt(const kvf_proxy_openai_ctx_t *ctx, co
         const cJSON *item;
 
         if ((size > 0) && !cJSON_IsNumber(cJSON_GetArrayItem(prompt, 0))) {
-            return kvf_proxy_bad(http_p, 400, err, cap, KVF_ERR_INVALID_PARAM,
+            return kvf_proxy_bad(http_p, param_p, "prompt", 400, err, cap, KVF_ERR_INVALID_PARAM,
                                  "'prompt' must be a string or an array of token ids "
                                  "(batched prompts are not supported)");
         }
         req->prompt_ids = malloc(sizeof(int32_t) * (size_t)(size > 0 ? size : 1));
         if (req->prompt_ids == NULL) {
-            return kvf_proxy_bad(http_p, 500, err, cap, KVF_ERR_NO_MEMORY, "out of memory");
+            return kvf_proxy_bad(http_p, param_p, NULL,
+                                 500, err, cap, KVF_ERR_NO_MEMORY, "out of memory");
         }
         cJSON_ArrayForEach(item, prompt) {
             double v;
             if (!kvf_proxy_json_int(item, 0, (double)ctx->tok->vocab_size - 1, &v)) {
-                return kvf_proxy_bad(http_p, 400, err, cap, KVF_ERR_INVALID_PARAM,
+                return kvf_proxy_bad(http_p, param_p, "prompt",
+                                     400, err, cap, KVF_ERR_INVALID_PARAM,
                                      "'prompt'[%d] must be a token id in [0, %d)", n,
                                      ctx->tok->vocab_size);
             }
             req->prompt_ids[n++] = (int32_t)v;
         }
     } else {
-        return kvf_proxy_bad(http_p, 400, err, cap, KVF_ERR_INVALID_PARAM,
+        return kvf_proxy_bad(http_p, param_p, "prompt", 400, err, cap, KVF_ERR_INVALID_PARAM,
                              "'prompt' must be a string or an array of token ids");
     }
     if (n == 0) {
-        return kvf_proxy_bad(http_p, 400, err, cap, KVF_ERR_INVALID_PARAM, "'prompt' is empty");
+        return kvf_proxy_bad(http_p, param_p, "prompt",
+                             400, err, cap, KVF_ERR_INVALID_PARAM, "'prompt' is empty");
     }
     if (n > ctx->max_prompt_tokens) {
-        return kvf_proxy_bad(http_p, 400, err, cap, KVF_ERR_OUT_OF_RANGE,
+        return kvf_proxy_bad(http_p, param_p, "prompt", 400, err, cap, KVF_ERR_OUT_OF_RANGE,
                              "'prompt' has %d tokens, more than the limit %d", n,
                              ctx->max_prompt_tokens);
     }
@@ -115,7 +125,7 @@ static kvf_status_t kvf_proxy_parse_prompt(const kvf_proxy_openai_ctx_t *ctx, co
 
 static kvf_status_t kvf_proxy_parse_fields(const kvf_proxy_openai_ctx_t *ctx, const cJSON *root,
                                            kvf_proxy_completion_req_t *req, int *http_p,
-                                           char *err, size_t cap)
+                                           const char **param_p, char *err, size_t cap)
 {
     static const char *const refused[] = {"stop", "logprobs", "echo", "suffix", "logit_bias",
                                           "tools"};
@@ -125,11 +135,11 @@ static kvf_status_t kvf_proxy_parse_fields(const kvf_proxy_openai_ctx_t *ctx, co
     it = cJSON_GetObjectItemCaseSensitive(root, "model");
     if ((it != NULL) && !cJSON_IsNull(it)) {
         if (!cJSON_IsString(it)) {
-            return kvf_proxy_bad(http_p, 400, err, cap, KVF_ERR_INVALID_PARAM,
+            return kvf_proxy_bad(http_p, param_p, "model", 400, err, cap, KVF_ERR_INVALID_PARAM,
                                  "'model' must be a string");
         }
         if (strcmp(it->valuestring, ctx->model_name) != 0) {
-            return kvf_proxy_bad(http_p, 404, err, cap, KVF_ERR_NOT_FOUND,
+            return kvf_proxy_bad(http_p, param_p, "model", 404, err, cap, KVF_ERR_NOT_FOUND,
                                  "the model '%s' does not exist; this server serves '%s'",
                                  it->valuestring, ctx->model_name);
         }
@@ -139,11 +149,13 @@ static kvf_status_t kvf_proxy_parse_fields(const kvf_proxy_openai_ctx_t *ctx, co
     it = cJSON_GetObjectItemCaseSensitive(root, "max_tokens");
     if ((it != NULL) && !cJSON_IsNull(it)) {
         if (!kvf_proxy_json_int(it, -1e18, 1e18, &v)) {
-            return kvf_proxy_bad(http_p, 400, err, cap, KVF_ERR_INVALID_PARAM,
+            return kvf_proxy_bad(http_p, param_p, "max_tokens",
+                                 400, err, cap, KVF_ERR_INVALID_PARAM,
                                  "'max_tokens' must be an integer");
         }
         if ((v < 1) || (v > ctx->max_tokens_limit)) {
-            return kvf_proxy_bad(http_p, 400, err, cap, KVF_ERR_INVALID_PARAM,
+            return kvf_proxy_bad(http_p, param_p, "max_tokens",
+                                 400, err, cap, KVF_ERR_INVALID_PARAM,
                                  "'max_tokens' = %.0f must be in [1, %u]", v,
                                  ctx->max_tokens_limit);
         }
@@ -154,11 +166,13 @@ static kvf_status_t kvf_proxy_parse_fields(const kvf_proxy_openai_ctx_t *ctx, co
     it = cJSON_GetObjectItemCaseSensitive(root, "temperature");
     if ((it != NULL) && !cJSON_IsNull(it)) {
         if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble)) {
-            return kvf_proxy_bad(http_p, 400, err, cap, KVF_ERR_INVALID_PARAM,
+            return kvf_proxy_bad(http_p, param_p, "temperature",
+                                 400, err, cap, KVF_ERR_INVALID_PARAM,
                                  "'temperature' must be a number");
         }
         if ((it->valuedouble < 0) || (it->valuedouble > 100)) {
-            return kvf_proxy_bad(http_p, 400, err, cap, KVF_ERR_INVALID_PARAM,
+            return kvf_proxy_bad(http_p, param_p, "temperature",
+                                 400, err, cap, KVF_ERR_INVALID_PARAM,
                                  "'temperature' = %g must be in [0, 100]", it->valuedouble);
         }
         req->temperature = (float)it->valuedouble;
@@ -167,7 +181,7 @@ static kvf_status_t kvf_proxy_parse_fields(const kvf_proxy_openai_ctx_t *ctx, co
     it = cJSON_GetObjectItemCaseSensitive(root, "seed");
     if ((it != NULL) && !cJSON_IsNull(it)) {
         if (!kvf_proxy_json_int(it, 0, 9007199254740991.0, &v)) {
-            return kvf_proxy_bad(http_p, 400, err, cap, KVF_ERR_INVALID_PARAM,
+            return kvf_proxy_bad(http_p, param_p, "seed", 400, err, cap, KVF_ERR_INVALID_PARAM,
                                  "'seed' must be a non-negative integer");
         }
         req->has_seed = true;
@@ -184,7 +198,8 @@ static kvf_status_t kvf_proxy_parse_fields(const kvf_proxy_openai_ctx_t *ctx, co
                 continue;
             }
             if (!cJSON_IsBool(it)) {
-                return kvf_proxy_bad(http_p, 400, err, cap, KVF_ERR_INVALID_PARAM,
+                return kvf_proxy_bad(http_p, param_p, bools[i],
+                                     400, err, cap, KVF_ERR_INVALID_PARAM,
                                      "'%s' must be a boolean", bools[i]);
             }
             *dst[i] = cJSON_IsTrue(it);
@@ -196,40 +211,75 @@ static kvf_status_t kvf_proxy_parse_fields(const kvf_proxy_openai_ctx_t *ctx, co
         it = cJSON_GetObjectItemCaseSensitive(root, ones[i]);
         if ((it != NULL) && !cJSON_IsNull(it) &&
             (!kvf_proxy_json_int(it, 1, 1, &v))) {
-            return kvf_proxy_bad(http_p, 400, err, cap, KVF_ERR_INVALID_PARAM,
+            return kvf_proxy_bad(http_p, param_p, ones[i], 400, err, cap, KVF_ERR_INVALID_PARAM,
                                  "'%s' must be 1 (one completion per request)", ones[i]);
         }
     }
     for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); ++i) {
         it = cJSON_GetObjectItemCaseSensitive(root, refused[i]);
         if ((it != NULL) && !cJSON_IsNull(it) && !cJSON_IsFalse(it)) {
-            return kvf_proxy_bad(http_p, 400, err, cap, KVF_ERR_INVALID_PARAM,
+            return kvf_proxy_bad(http_p, param_p, refused[i], 400, err, cap, KVF_ERR_INVALID_PARAM,
                                  "'%s' is not supported", refused[i]);
         }
     }
     return kvf_proxy_parse_prompt(ctx, cJSON_GetObjectItemCaseSensitive(root, "prompt"), req,
-                                  http_p, err, cap);
+                                  http_p, param_p, err, cap);
+}
+
+/*
+ * Whether the JSON text holds a NUL character: the escape \u0000 (any hex
+ * case) or a raw NUL byte. cJSON keeps strings NUL-terminated, so such a
+ * string would silently end at the NUL ("a\u0000bc" becomes "a"). Outside
+ * strings a backslash is invalid JSON anyway, so walking escapes pairwise
+ * (an escaped backslash is skipped whole, so "\\u0000" is not a NUL) is
+ * enough without tracking string boundaries.
+ */
+static bool kvf_proxy_json_has_nul(const char *body, size_t len)
+{
+    for (size_t i = 0; i < len; ++i) {
+        if (body[i] == '\0') {
+            return true;
+        }
+        if (body[i] != '\\') {
+            continue;
+        }
+        if ((i + 5 < len) && ((body[i + 1] == 'u') || (body[i + 1] == 'U')) &&
+            (body[i + 2] == '0') && (body[i + 3] == '0') && (body[i + 4] == '0') &&
+            (body[i + 5] == '0')) {
+            return true;
+        }
+        ++i;   /* skip the escaped character, a backslash included */
+    }
+    return false;
 }
 
 kvf_status_t kvf_proxy_openai_parse(const kvf_proxy_openai_ctx_t *ctx, const char *body,
                                     size_t len, kvf_proxy_completion_req_t *req_p, int *http_p,
-                                    char *err, size_t err_cap)
+                                    const char **param_p, char *err, size_t err_cap)
 {
     kvf_proxy_completion_req_t req = {0};
     kvf_status_t status;
     cJSON *root;
 
+    if (param_p != NULL) {
+        *param_p = NULL;
+    }
+    if (kvf_proxy_json_has_nul(body, len)) {
+        return kvf_proxy_bad(http_p, param_p, NULL, 400, err, err_cap, KVF_ERR_INVALID_PARAM,
+                             "the request contains a NUL character (\\u0000), which kvferry "
+                             "cannot pass on; remove it, or send the prompt as token ids");
+    }
     root = cJSON_ParseWithLength(body, len);
     if (root == NULL) {
-        return kvf_proxy_bad(http_p, 400, err, err_cap, KVF_ERR_PARSE,
+        return kvf_proxy_bad(http_p, param_p, NULL, 400, err, err_cap, KVF_ERR_PARSE,
                              "request body is not valid JSON");
     }
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
-        return kvf_proxy_bad(http_p, 400, err, err_cap, KVF_ERR_INVALID_PARAM,
+        return kvf_proxy_bad(http_p, param_p, NULL, 400, err, err_cap, KVF_ERR_INVALID_PARAM,
                              "request body must be a JSON object");
     }
-    status = kvf_proxy_parse_fields(ctx, root, &req, http_p, err, err_cap);
+    status = kvf_proxy_parse_fields(ctx, root, &req, http_p, param_p, err, err_cap);
     cJSON_Delete(root);
     if (status != KVF_OK) {
         kvf_proxy_openai_req_cleanup(&req);
@@ -254,10 +304,12 @@ static char *kvf_proxy_print(cJSON *root)
     return s;
 }
 
-char *kvf_proxy_openai_error_json(const char *message, const char *type, int code)
+char *kvf_proxy_openai_error_json(const char *message, const char *type, const char *param,
+                                  int code)
 {
     cJSON *root = cJSON_CreateObject();
     cJSON *e = cJSON_AddObjectToObject(root, "error");
+    char code_s[16];
 
     if (e == NULL) {
         cJSON_Delete(root);
@@ -265,8 +317,14 @@ char *kvf_proxy_openai_error_json(const char *message, const char *type, int cod
     }
     cJSON_AddStringToObject(e, "message", message);
     cJSON_AddStringToObject(e, "type", type);
-    cJSON_AddNullToObject(e, "param");
-    cJSON_AddNumberToObject(e, "code", code);
+    if (param != NULL) {
+        cJSON_AddStringToObject(e, "param", param);
+    } else {
+        cJSON_AddNullToObject(e, "param");
+    }
+    /* OpenAI's code is a string (or null); kvferry's is the HTTP status. */
+    snprintf(code_s, sizeof(code_s), "%d", code);
+    cJSON_AddStringToObject(e, "code", code_s);
     return kvf_proxy_print(root);
 }
 

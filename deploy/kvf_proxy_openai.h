@@ -73,23 +73,30 @@ typedef struct kvf_proxy_completion {
  *
  * @param [out] req_p     Filled on success; clean up with kvf_proxy_openai_req_cleanup().
  * @param [out] http_p    On error: 400 (bad JSON, bad parameter, prompt too
- *                        long), 404 (unknown model) or 500 (no memory).
+ *                        long, a NUL character \u0000 anywhere in the text),
+ *                        404 (unknown model) or 500 (no memory).
+ * @param [out] param_p   On error: the offending field's name ("max_tokens",
+ *                        "prompt", ...; a static string), NULL when the error is
+ *                        not about one field. May be NULL.
  * @param [out] err       On error: a one-line message naming the field.
  * @return KVF_OK, KVF_ERR_PARSE (bad JSON), KVF_ERR_INVALID_PARAM, KVF_ERR_NOT_FOUND,
  *         KVF_ERR_OUT_OF_RANGE or KVF_ERR_NO_MEMORY.
  */
 kvf_status_t kvf_proxy_openai_parse(const kvf_proxy_openai_ctx_t *ctx, const char *body,
                                     size_t len, kvf_proxy_completion_req_t *req_p, int *http_p,
-                                    char *err, size_t err_cap);
+                                    const char **param_p, char *err, size_t err_cap);
 
 /** Free what kvf_proxy_openai_parse() allocated; safe on a zeroed struct. */
 void kvf_proxy_openai_req_cleanup(kvf_proxy_completion_req_t *req);
 
 /**
- * {"error": {"message", "type", "param": null, "code"}} as a malloc'd string.
+ * {"error": {"message", "type", "param", "code"}} as a malloc'd string.
  * @a type: "invalid_request_error", "server_error", "upstream_error", ...
+ * @a param: the offending request field, or NULL (JSON null).
+ * @a code: the HTTP status, written as a string ("400") as OpenAI's code is a string.
  */
-char *kvf_proxy_openai_error_json(const char *message, const char *type, int code);
+char *kvf_proxy_openai_error_json(const char *message, const char *type, const char *param,
+                                  int code);
 
 /** The text_completion object of a finished request (malloc'd string; NULL: no memory). */
 char *kvf_proxy_openai_completion_json(const kvf_proxy_openai_ctx_t *ctx,

@@ -755,11 +755,21 @@ cJSON *kvf_proxy_pool_health_json(kvf_proxy_pool_h pool)
             cJSON_AddBoolToObject(o, "connected", info.connected);
             cJSON_AddStringToObject(o, "engine_id", info.engine_id);
             cJSON_AddNumberToObject(o, "tp_size", info.tp_size);
-            cJSON_AddNumberToObject(o, "free_pages", (double)info.free_pages);
+            /* The live gauges are only current while the instance answers:
+             * after a crash or disconnect the last values would read as
+             * current (a "free == total" leak check would misfire), so they
+             * are null until it is healthy again. */
+            if (info.healthy && info.connected) {
+                cJSON_AddNumberToObject(o, "free_pages", (double)info.free_pages);
+                cJSON_AddNumberToObject(o, "running", info.running);
+                cJSON_AddNumberToObject(o, "leases", (double)info.leases);
+            } else {
+                cJSON_AddNullToObject(o, "free_pages");
+                cJSON_AddNullToObject(o, "running");
+                cJSON_AddNullToObject(o, "leases");
+            }
             cJSON_AddNumberToObject(o, "total_pages", (double)info.total_pages);
-            cJSON_AddNumberToObject(o, "running", info.running);
             cJSON_AddNumberToObject(o, "block_size", info.block_size);
-            cJSON_AddNumberToObject(o, "leases", (double)info.leases);
             cJSON_AddNumberToObject(o, "handshake_refusals", (double)info.handshake_refusals);
             cJSON_AddNumberToObject(o, "peer_errors", (double)info.peer_errors);
             cJSON_AddNumberToObject(o, "last_ok_age_ms", (double)info.last_ok_age_ms);
@@ -794,17 +804,21 @@ void kvf_proxy_pool_render_metrics(kvf_proxy_pool_h pool, FILE *out)
         const char *name;
         const char *type;
         const char *help;
+        bool        live;   /* only shown while the instance is healthy and connected */
     } g[] = {
-        {"kvf_instance_healthy", "gauge", "1 when the instance answers health checks."},
-        {"kvf_instance_free_pages", "gauge", "Free cache pages, summed over ranks."},
-        {"kvf_instance_total_pages", "gauge", "Cache pages, summed over ranks."},
-        {"kvf_instance_running_requests", "gauge", "Requests holding blocks."},
-        {"kvf_instance_leases", "gauge", "Prefill: requests held for decode."},
+        {"kvf_instance_healthy", "gauge", "1 when the instance answers health checks.", false},
+        {"kvf_instance_free_pages", "gauge",
+         "Free cache pages, summed over ranks (absent while unhealthy).", true},
+        {"kvf_instance_total_pages", "gauge", "Cache pages, summed over ranks.", false},
+        {"kvf_instance_running_requests", "gauge",
+         "Requests holding blocks (absent while unhealthy).", true},
+        {"kvf_instance_leases", "gauge",
+         "Prefill: requests held for decode (absent while unhealthy).", true},
         {"kvf_instance_handshake_refusals_total", "counter",
-         "Handshakes the instance refused or had refused."},
-        {"kvf_instance_peer_errors_total", "counter", "Peer errors the instance saw."},
+         "Handshakes the instance refused or had refused.", false},
+        {"kvf_instance_peer_errors_total", "counter", "Peer errors the instance saw.", false},
         {"kvf_instance_health_check_failures_total", "counter",
-         "Health probes unanswered or failed."},
+         "Health probes unanswered or failed.", false},
     };
     int n = pool->count[0] + pool->count[1];
     kvf_proxy_instance_info_t *infos = calloc((size_t)(n > 0 ? n : 1), sizeof(*infos));
@@ -826,6 +840,11 @@ void kvf_proxy_pool_render_metrics(kvf_proxy_pool_h pool, FILE *out)
                 const kvf_proxy_instance_info_t *f = &infos[k];
                 uint64_t v[] = {f->healthy, f->free_pages, f->total_pages, f->running, f->leases,
                                 f->handshake_refusals, f->peer_errors, f->probes_failed};
+                /* Live gauges of an instance that does not answer would be
+                 * stale: left out until it is healthy again. */
+                if (g[m].live && !(f->healthy && f->connected)) {
+                    continue;
+                }
                 fprintf(out, "%s{instance=\"", g[m].name);
                 kvf_proxy_label(out, f->url);
                 fprintf(out, "\",role=\"%s\",engine_id=\"",

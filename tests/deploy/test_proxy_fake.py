@@ -51,6 +51,9 @@ def run(a, procs):
     _, px = T.start_proxy(procs, a.fakebin, P(0), P(1) + "," + P(2),
                           ["--model-name", "m", "--health-interval", "100ms"])
     px.wait_healthy(timeout=10)
+    # 200 needs one healthy decode; wait for the second one too.
+    wait_for(lambda: all(i["healthy"] for i in px.health()[1]["decode"]), 10,
+             "both decode instances healthy")
     st, h = px.health()
     T.check(st == 200 and [d["engine_id"] for d in h["decode"]] == ["decode-0", "decode-1"] and
             h["prefill"][0]["tp_size"] == 2 and h["decode"][1]["tp_size"] == 4,
@@ -176,6 +179,24 @@ def run(a, procs):
             "decode death mid-stream -> error event within 3 s (%s)" % (errs[0]["message"] if errs else None))
     wait_for(lambda: not px.health()[1]["decode"][1]["healthy"], 3, "decode-1 marked unhealthy")
     T.check(px.health()[0] == 200, "/health stays 200 while decode-0 is healthy")
+    # The dead instance's last free_pages/running are not reported as current.
+    st, h = px.health()
+    dead, live = h["decode"][1], h["decode"][0]
+    T.check(dead["free_pages"] is None and dead["running"] is None and dead["leases"] is None and
+            dead["error"] and dead["total_pages"] > 0,
+            "/health: a dead instance's free_pages/running/leases are null, its error kept", dead)
+    T.check(isinstance(live["free_pages"], int) and isinstance(live["running"], int),
+            "/health: the live instance's gauges are numbers")
+    m = px.metrics()
+    T.check(m.value("kvf_instance_healthy", instance=P(2), role="decode",
+                    engine_id="decode-1") == 0 and
+            m.value("kvf_instance_free_pages", instance=P(2), role="decode",
+                    engine_id="decode-1") is None and
+            m.value("kvf_instance_running_requests", instance=P(2), role="decode",
+                    engine_id="decode-1") is None and
+            m.value("kvf_instance_free_pages", instance=P(1), role="decode",
+                    engine_id="decode-0") is not None,
+            "/metrics: a dead instance's live gauges are left out, healthy = 0 stays")
     for _ in range(3):
         T.check(px.complete("ok", max_tokens=2)["decode_instance"] == P(1),
                 "requests avoid the dead instance")

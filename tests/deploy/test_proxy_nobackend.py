@@ -45,6 +45,23 @@ def main():
                 st, body = post(body_in)
                 T.check(st == 400 and body["error"]["type"] == "invalid_request_error" and
                         body["error"]["message"], "%s -> 400 (%s)" % (what, body["error"]["message"]))
+            # OpenAI's error shape: param names the field, code is a string.
+            for body_in, param in (({"prompt": "hello", "max_tokens": 0}, "max_tokens"),
+                                   ({"prompt": "hello", "temperature": -1}, "temperature"),
+                                   ({"prompt": 17}, "prompt"),
+                                   ('{"prompt": "hello"', None)):
+                st, body = post(body_in)
+                T.check(st == 400 and body["error"]["param"] == param and
+                        body["error"]["code"] == "400",
+                        "error param %r and code '400' (%s)" % (param, body["error"]))
+                bad.append((body_in, "param " + str(param)))
+            # A NUL in a string prompt would be cut short by the JSON parser: refused.
+            for raw_body in ('{"prompt": "a\\u0000bcd", "max_tokens": 2}',
+                             '{"prompt": "a\\u0000", "max_tokens": 2}'):
+                st, body = post(raw_body)
+                T.check(st == 400 and "NUL character" in body["error"]["message"],
+                        "prompt with \\u0000 -> 400 (%s)" % body["error"]["message"])
+                bad.append((raw_body, "NUL"))
             st, body = post({"model": "other", "prompt": "x"})
             T.check(st == 404, "unknown model -> 404")
             st, body = post('{"prompt": "%s"}' % ("x" * (5 << 20)))
@@ -82,11 +99,26 @@ def main():
                          "kvf_proxy_inter_token_latency_seconds_count",
                          "kvf_proxy_kv_transfer_seconds_count"):
                 T.check(m.value(name) == 0, "%s present and 0" % name)
-            T.check(len(m.labels("kvf_instance_free_pages")) == 2, "free pages gauge per instance")
+            T.check(len(m.labels("kvf_instance_total_pages")) == 2 and
+                    m.labels("kvf_instance_free_pages") == [] and
+                    m.labels("kvf_instance_running_requests") == [] and
+                    m.labels("kvf_instance_leases") == [],
+                    "live per-instance gauges are left out while no instance answers")
+            T.check(all(i["free_pages"] is None and i["running"] is None and i["leases"] is None
+                        for i in h["prefill"] + h["decode"]),
+                    "/health: free_pages, running, leases are null for unhealthy instances")
 
             t0 = time.monotonic()
             rc = procs.stop(p, timeout=5)
             T.check(rc == 0 and time.monotonic() - t0 < 5, "SIGTERM stops kvf-proxy with 0")
+
+            # Neither --prefill nor --decode: one warning line for each role.
+            p0, _ = T.start_proxy(procs, a.fakebin, "", "", name="proxy-empty")
+            procs.stop(p0, timeout=5)
+            log = procs.log("proxy-empty")
+            T.check("no prefill instances configured" in log and
+                    "no decode instances configured" in log,
+                    "a proxy without --prefill and --decode warns about both", log)
         finally:
             procs.stop_all()
 

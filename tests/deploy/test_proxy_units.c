@@ -98,16 +98,24 @@ static kvf_proxy_openai_ctx_t test_ctx(void)
     return c;
 }
 
-static int parse(const char *body, kvf_proxy_completion_req_t *req, char *err)
+static const char *last_param;   /* the field parse() last blamed (NULL: none) */
+
+static int parse_len(const char *body, size_t len, kvf_proxy_completion_req_t *req, char *err)
 {
     kvf_proxy_openai_ctx_t ctx = test_ctx();
     int http = 0;
 
     memset(req, 0, sizeof(*req));
-    if (kvf_proxy_openai_parse(&ctx, body, strlen(body), req, &http, err, 256) == KVF_OK) {
+    last_param = "unset";
+    if (kvf_proxy_openai_parse(&ctx, body, len, req, &http, &last_param, err, 256) == KVF_OK) {
         return 200;
     }
     return http;
+}
+
+static int parse(const char *body, kvf_proxy_completion_req_t *req, char *err)
+{
+    return parse_len(body, strlen(body), req, err);
 }
 
 static void test_parse_ok(void **state)
@@ -148,28 +156,38 @@ static void test_parse_bad(void **state)
         const char *body;
         int         http;
         const char *needle;
+        const char *param;   /* the field the error names (NULL: none) */
     } cases[] = {
-        {"{\"prompt\": \"hi\"", 400, "not valid JSON"},
-        {"[1, 2]", 400, "JSON object"},
-        {"{}", 400, "'prompt' is required"},
-        {"{\"prompt\": 5}", 400, "'prompt' must be"},
-        {"{\"prompt\": [\"a\", \"b\"]}", 400, "batched"},
-        {"{\"prompt\": [1, 260]}", 400, "'prompt'[1]"},
-        {"{\"prompt\": [1, -1]}", 400, "'prompt'[1]"},
-        {"{\"prompt\": []}", 400, "empty"},
-        {"{\"prompt\": \"hi\", \"max_tokens\": -1}", 400, "'max_tokens' = -1"},
-        {"{\"prompt\": \"hi\", \"max_tokens\": 0}", 400, "'max_tokens' = 0"},
-        {"{\"prompt\": \"hi\", \"max_tokens\": 101}", 400, "'max_tokens' = 101"},
-        {"{\"prompt\": \"hi\", \"max_tokens\": 1.5}", 400, "must be an integer"},
-        {"{\"prompt\": \"hi\", \"max_tokens\": \"8\"}", 400, "must be an integer"},
-        {"{\"prompt\": \"hi\", \"temperature\": -0.5}", 400, "'temperature' = -0.5"},
-        {"{\"prompt\": \"hi\", \"temperature\": \"hot\"}", 400, "'temperature' must be a number"},
-        {"{\"prompt\": \"hi\", \"seed\": -3}", 400, "'seed'"},
-        {"{\"prompt\": \"hi\", \"stream\": \"yes\"}", 400, "'stream' must be a boolean"},
-        {"{\"prompt\": \"hi\", \"n\": 2}", 400, "'n' must be 1"},
-        {"{\"prompt\": \"hi\", \"stop\": [\"\\n\"]}", 400, "'stop' is not supported"},
-        {"{\"prompt\": \"hi\", \"model\": \"gpt-4\"}", 404, "'gpt-4' does not exist"},
-        {"{\"prompt\": \"hi\", \"model\": 3}", 400, "'model' must be a string"},
+        {"{\"prompt\": \"hi\"", 400, "not valid JSON", NULL},
+        {"[1, 2]", 400, "JSON object", NULL},
+        {"{}", 400, "'prompt' is required", "prompt"},
+        {"{\"prompt\": 5}", 400, "'prompt' must be", "prompt"},
+        {"{\"prompt\": [\"a\", \"b\"]}", 400, "batched", "prompt"},
+        {"{\"prompt\": [1, 260]}", 400, "'prompt'[1]", "prompt"},
+        {"{\"prompt\": [1, -1]}", 400, "'prompt'[1]", "prompt"},
+        {"{\"prompt\": []}", 400, "empty", "prompt"},
+        {"{\"prompt\": \"hi\", \"max_tokens\": -1}", 400, "'max_tokens' = -1", "max_tokens"},
+        {"{\"prompt\": \"hi\", \"max_tokens\": 0}", 400, "'max_tokens' = 0", "max_tokens"},
+        {"{\"prompt\": \"hi\", \"max_tokens\": 101}", 400, "'max_tokens' = 101", "max_tokens"},
+        {"{\"prompt\": \"hi\", \"max_tokens\": 1.5}", 400, "must be an integer", "max_tokens"},
+        {"{\"prompt\": \"hi\", \"max_tokens\": \"8\"}", 400, "must be an integer", "max_tokens"},
+        {"{\"prompt\": \"hi\", \"temperature\": -0.5}", 400, "'temperature' = -0.5",
+         "temperature"},
+        {"{\"prompt\": \"hi\", \"temperature\": \"hot\"}", 400, "'temperature' must be a number",
+         "temperature"},
+        {"{\"prompt\": \"hi\", \"seed\": -3}", 400, "'seed'", "seed"},
+        {"{\"prompt\": \"hi\", \"stream\": \"yes\"}", 400, "'stream' must be a boolean", "stream"},
+        {"{\"prompt\": \"hi\", \"n\": 2}", 400, "'n' must be 1", "n"},
+        {"{\"prompt\": \"hi\", \"stop\": [\"\\n\"]}", 400, "'stop' is not supported", "stop"},
+        {"{\"prompt\": \"hi\", \"model\": \"gpt-4\"}", 404, "'gpt-4' does not exist", "model"},
+        {"{\"prompt\": \"hi\", \"model\": 3}", 400, "'model' must be a string", "model"},
+        /* A NUL inside a string would cut it short in cJSON ("a" instead of
+         * "a\0bcd"): refused whatever the hex case or the field. */
+        {"{\"prompt\": \"a\\u0000bcd\"}", 400, "NUL character", NULL},
+        {"{\"prompt\": \"a\\u0000\"}", 400, "NUL character", NULL},
+        {"{\"prompt\": \"\\U0000\"}", 400, "NUL character", NULL},
+        {"{\"prompt\": \"hi\", \"user\": \"x\\u0000y\"}", 400, "NUL character", NULL},
+        {"{\"prompt\": \"x\\\\\\u0000\"}", 400, "NUL character", NULL},  /* \\ then \u0000 */
     };
     kvf_proxy_completion_req_t req;
     char err[256], big[200];
@@ -181,8 +199,31 @@ static void test_parse_bad(void **state)
         if (strstr(err, cases[i].needle) == NULL) {
             fail_msg("case %zu: '%s' does not contain '%s'", i, err, cases[i].needle);
         }
+        if (cases[i].param == NULL) {
+            assert_null(last_param);
+        } else if ((last_param == NULL) || (strcmp(last_param, cases[i].param) != 0)) {
+            fail_msg("case %zu: param '%s', want '%s'", i, last_param ? last_param : "(null)",
+                     cases[i].param);
+        }
         assert_null(req.prompt_ids);
     }
+    /* A raw NUL byte in the body is refused too, not cut short. */
+    {
+        static const char raw[] = "{\"prompt\": \"a\0b\"}";
+        assert_int_equal(parse_len(raw, sizeof(raw) - 1, &req, err), 400);
+    }
+    assert_non_null(strstr(err, "NUL character"));
+    /* An escaped backslash before "u0000" is the text \u0000, not a NUL. */
+    assert_int_equal(parse("{\"prompt\": \"\\\\u0000\"}", &req, err), 200);
+    assert_int_equal(req.num_prompt, 7);            /* BOS + the 6 bytes \u0000 */
+    assert_int_equal(req.prompt_ids[1], '\\');
+    assert_int_equal(req.prompt_ids[2], 'u');
+    kvf_proxy_openai_req_cleanup(&req);
+    /* Other escapes still decode: \u0041 is 'A'. */
+    assert_int_equal(parse("{\"prompt\": \"\\u0041\"}", &req, err), 200);
+    assert_int_equal(req.num_prompt, 2);
+    assert_int_equal(req.prompt_ids[1], 'A');
+    kvf_proxy_openai_req_cleanup(&req);
     /* 64 tokens max: BOS + 63 bytes fits, BOS + 64 does not. */
     snprintf(big, sizeof(big), "{\"prompt\": \"%063d\"}", 0);
     assert_int_equal(parse(big, &req, err), 200);
@@ -190,6 +231,24 @@ static void test_parse_bad(void **state)
     kvf_proxy_openai_req_cleanup(&req);
     snprintf(big, sizeof(big), "{\"prompt\": \"%064d\"}", 0);
     assert_int_equal(parse(big, &req, err), 400);
+}
+
+static void test_error_json(void **state)
+{
+    char *j;
+
+    (void)state;
+    /* OpenAI's shape: param names the field, code is a string. */
+    j = kvf_proxy_openai_error_json("'max_tokens' = 0 must be in [1, 100]",
+                                    "invalid_request_error", "max_tokens", 400);
+    assert_string_equal(j, "{\"error\":{\"message\":\"'max_tokens' = 0 must be in [1, 100]\","
+                           "\"type\":\"invalid_request_error\",\"param\":\"max_tokens\","
+                           "\"code\":\"400\"}}");
+    free(j);
+    j = kvf_proxy_openai_error_json("no healthy decode instance", "server_error", NULL, 503);
+    assert_string_equal(j, "{\"error\":{\"message\":\"no healthy decode instance\","
+                           "\"type\":\"server_error\",\"param\":null,\"code\":\"503\"}}");
+    free(j);
 }
 
 static void test_metrics_text(void **state)
@@ -233,6 +292,7 @@ int main(void)
         cmocka_unit_test(test_utf8_whole),  cmocka_unit_test(test_utf8_split),
         cmocka_unit_test(test_utf8_long),   cmocka_unit_test(test_parse_ok),
         cmocka_unit_test(test_parse_bad),   cmocka_unit_test(test_metrics_text),
+        cmocka_unit_test(test_error_json),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
