@@ -6,6 +6,8 @@ a second kvf-up on a live run dir is refused."""
 
 import json
 import os
+import re
+import signal
 import subprocess
 import tempfile
 import time
@@ -64,6 +66,35 @@ def main():
                            capture_output=True, text=True, timeout=30)
         T.check(p.returncode == 1 and "already running" in p.stderr,
                 "kvf-up refuses a run dir with a live pool")
+
+        # A second pool asking for the same proxy port: its own proxy cannot
+        # listen, but the port answers (the first pool's proxy, with as many
+        # healthy instances). kvf-up must not take that for its own pool. The
+        # stand-in proxy keeps its pid alive after the real one failed, so the
+        # check cannot rely on the proxy exiting first.
+        port = int(pool.url.rsplit(":", 1)[1])
+        with tempfile.TemporaryDirectory() as rb, tempfile.TemporaryDirectory() as bb:
+            for exe in ("kvf-prefill", "kvf-decode"):
+                os.symlink(os.path.join(a.fakebin, exe), os.path.join(bb, exe))
+            with open(os.path.join(bb, "kvf-proxy"), "w") as f:
+                f.write('#!/bin/sh\n"%s" "$@"\nexec sleep 60\n' % os.path.join(a.fakebin, "kvf-proxy"))
+            os.chmod(os.path.join(bb, "kvf-proxy"), 0o755)
+            p = subprocess.run([up, "--layout", "2p1d", "--decode-instances", "2", "--model", model,
+                                "--run-dir", rb, "--bin", bb, "--port", str(port),
+                                "--base-port", str(__import__("kvf_e2e").free_port_range(4)),
+                                "--timeout", "10"],
+                               capture_output=True, text=True, timeout=30)
+            m = re.search(r"started proxy on \S+ \(pid (\d+)\)", p.stderr)
+            if m and pid_alive(int(m.group(1))):
+                os.kill(int(m.group(1)), signal.SIGKILL)
+            T.check(p.returncode == 1 and p.stdout == "" and "is not this pool's" in p.stderr and
+                    "cannot listen" in p.stderr,
+                    "kvf-up fails with its proxy's log when another pool's proxy answers "
+                    "on its port", p.stderr)
+            T.check(not [f for f in os.listdir(rb) if f.endswith(".pid")],
+                    "the failed kvf-up stopped what it started")
+        T.check(pool.health()[0] == 200 and all(pid_alive(pid) for pid in pids.values()),
+                "the first pool is untouched")
         run_dir = pool.run_dir
         pool.keep_run_dir = True
     T.check(not any(pid_alive(pid) for pid in pids.values()), "kvf-down stopped every process")
@@ -71,6 +102,22 @@ def main():
             not os.path.exists(os.path.join(run_dir, "pool.env")),
             "kvf-down removed the pid files and pool.env; logs stay")
     T.check(os.path.exists(os.path.join(run_dir, "proxy.log")), "logs kept")
+    p = subprocess.run([os.path.join(a.fakebin, "kvf-down"), "--run-dir", run_dir],
+                       capture_output=True, text=True, timeout=30)
+    T.check(p.returncode == 0 and p.stderr.strip() == "kvf-down: nothing running in %s" % run_dir,
+            "kvf-down a second time says nothing is running", p.stderr)
+
+    # An unusable run dir: one clear line, exit 1 (not mkdir's own message).
+    with tempfile.TemporaryDirectory() as td:
+        afile = os.path.join(td, "file")
+        open(afile, "w").close()
+        p = subprocess.run([up, "--layout", "1p1d", "--model", model, "--bin", a.fakebin,
+                            "--run-dir", os.path.join(afile, "run"), "--port", "0"],
+                           capture_output=True, text=True, timeout=30)
+        lines = p.stderr.strip().splitlines()
+        T.check(p.returncode == 1 and len(lines) == 1 and
+                lines[0].startswith("kvf-up: cannot create the run dir"),
+                "unusable --run-dir -> one kvf-up line, exit 1", p.stderr)
 
     # A decode that never answers health: kvf-up fails within its timeout and cleans up.
     with tempfile.TemporaryDirectory() as rd:
@@ -130,6 +177,29 @@ def main():
                     "kvf-down stopped the remote instances through ssh")
         finally:
             os.environ["PATH"] = old_path
+
+    # An unreachable host in --hosts: ssh fails (exit 255); kvf-up says which
+    # instance and host in one line, exits 1 and leaves nothing running.
+    with tempfile.TemporaryDirectory() as td:
+        with open(os.path.join(td, "ssh"), "w") as f:
+            f.write("#!/bin/sh\necho 'ssh: connect to host 192.0.2.1 port 22: "
+                    "No route to host' >&2\nexit 255\n")
+        os.chmod(os.path.join(td, "ssh"), 0o755)
+        hosts = os.path.join(td, "hosts")
+        with open(hosts, "w") as f:
+            f.write("127.0.0.1\n192.0.2.1\n")
+        rd = os.path.join(td, "run")
+        p = subprocess.run([up, "--layout", "1p1d", "--model", model, "--bin", a.fakebin,
+                            "--run-dir", rd, "--port", "0", "--hosts", hosts,
+                            "--base-port", str(__import__("kvf_e2e").free_port_range(3))],
+                           capture_output=True, text=True, timeout=30,
+                           env=dict(os.environ, PATH=td + os.pathsep + os.environ["PATH"]))
+        T.check(p.returncode == 1 and
+                "kvf-up: cannot start decode-0 on 192.0.2.1 over ssh (exit 255): ssh: connect "
+                "to host 192.0.2.1 port 22: No route to host" in p.stderr,
+                "unreachable --hosts entry -> a kvf-up line with ssh's message, exit 1", p.stderr)
+        T.check(not [f for f in os.listdir(rd) if f.endswith(".pid")],
+                "the local prefill started before was stopped")
 
     for argv, what in ((["--layout", "4x2"], "bad layout"),
                        (["--layout", "1p1d"], "missing --model"),
