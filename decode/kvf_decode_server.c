@@ -66,8 +66,16 @@ typedef struct {
     int32_t         *tokens;       /* generated after the first token (non-stream replies) */
     int              num_tokens;
     int              cap_tokens;
+    int              generated;    /* tokens decoded here (streamed or kept) */
     Kvf__TransferStats stats;
 } kvf_dc_req_t;
+
+/* A decode request waiting for free blocks (the pool is busy, not too small). */
+typedef struct {
+    Kvf__ServeRequest *req;          /* owned */
+    kvf_serve_peer_t   peer;
+    uint64_t           deadline_ns;  /* give up before prefill's lease runs out */
+} kvf_dc_waiting_t;
 
 struct kvf_decode_server {
     kvf_decode_config_t        cfg;
@@ -79,6 +87,9 @@ struct kvf_decode_server {
     kvf_dc_req_t              *reqs;
     int                        num_reqs;
     int                        cap_reqs;
+    kvf_dc_waiting_t          *waiting;     /* FIFO */
+    int                        num_waiting;
+    int                        cap_waiting;
     uint64_t                   refusals;
     uint64_t                   peer_errors;
 };
@@ -167,6 +178,10 @@ void kvf_decode_server_destroy(kvf_decode_server_h srv)
     for (int i = 0; i < srv->num_reqs; ++i) {
         free(srv->reqs[i].tokens);
     }
+    for (int i = 0; i < srv->num_waiting; ++i) {
+        kvf__serve_request__free_unpacked(srv->waiting[i].req, NULL);
+    }
+    free(srv->waiting);
     free(srv->reqs);
     free(srv);
 }
@@ -361,9 +376,16 @@ static kvf_status_t kvf_dc_recompute(kvf_decode_server_h srv, const Kvf__DecodeR
     return status;
 }
 
-static void kvf_dc_decode(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
-                          const Kvf__DecodeRequest *dr)
+typedef enum {
+    KVF_DC_DONE = 0,   /* answered, started, or failed: the request message may go */
+    KVF_DC_WAIT = 1,   /* no free blocks now: keep the message and retry later */
+} kvf_dc_outcome_t;
+
+static kvf_dc_outcome_t kvf_dc_decode(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
+                                      const Kvf__DecodeRequest *dr)
 {
+    kvf_block_manager_h bm = kvf_engine_block_manager(srv->engine);
+    kvf_req_blocks_t none;
     const char *rid = (dr->request_id != NULL) ? dr->request_id : "";
     const kvf_req_blocks_t *blocks;
     kvf_req_params_t rp;
@@ -379,7 +401,7 @@ static void kvf_dc_decode(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
         kvf_serve_server_reply_error(srv->serve, peer, rid, KVF_ERR_INVALID_PARAM,
                                      "decode request needs a request_id of 1..63 bytes, the"
                                      " prompt, and transfer params covering it");
-        return;
+        return KVF_DC_DONE;
     }
     memset(&rp, 0, sizeof(rp));
     rp.prompt = dr->prompt_tokens;
@@ -396,12 +418,25 @@ static void kvf_dc_decode(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
     if (rp.sampling.max_tokens < 1) {
         kvf_serve_server_reply_error(srv->serve, peer, rid, KVF_ERR_INVALID_PARAM,
                                      "max_tokens must be at least 1");
-        return;
+        return KVF_DC_DONE;
+    }
+    memset(&none, 0, sizeof(none));
+    if (kvf_block_manager_blocks_needed(bm, &none, rp.prompt_len) >
+        kvf_block_manager_num_blocks(bm)) {
+        snprintf(err, sizeof(err), "prompt of %d tokens needs %d blocks, this decode instance"
+                 " has %d (--num-blocks)", rp.prompt_len,
+                 kvf_block_manager_blocks_needed(bm, &none, rp.prompt_len),
+                 kvf_block_manager_num_blocks(bm));
+        kvf_serve_server_reply_error(srv->serve, peer, rid, KVF_ERR_OUT_OF_RANGE, err);
+        return KVF_DC_DONE;
+    }
+    if (!kvf_block_manager_can_allocate(bm, &none, rp.prompt_len)) {
+        return KVF_DC_WAIT;   /* running requests will free blocks */
     }
     q = kvf_dc_track(srv);
     if (q == NULL) {
         kvf_serve_server_reply_error(srv->serve, peer, rid, KVF_ERR_NO_MEMORY, "out of memory");
-        return;
+        return KVF_DC_DONE;
     }
     snprintf(q->request_id, sizeof(q->request_id), "%s", rid);
     q->peer = *peer;
@@ -409,12 +444,13 @@ static void kvf_dc_decode(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
 
     status = kvf_engine_import_begin(srv->engine, &rp, &id, &blocks);
     if (status != KVF_OK) {
-        kvf_serve_server_reply_error(srv->serve, peer, rid, status,
-                                     (status == KVF_ERR_NO_RESOURCE) ?
-                                         "decode pool has no room for the prompt" :
-                                         "prompt rejected");
         kvf_dc_remove(srv, srv->num_reqs - 1);
-        return;
+        if (status == KVF_ERR_NO_RESOURCE) {
+            return KVF_DC_WAIT;
+        }
+        kvf_serve_server_reply_error(srv->serve, peer, rid, status,
+                                     "prompt rejected (token outside the vocabulary?)");
+        return KVF_DC_DONE;
     }
     q->engine_req = id;
     status = kvf_dc_pull(srv, dr->params, blocks, q, err, sizeof(err));
@@ -430,11 +466,11 @@ static void kvf_dc_decode(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
         kvf_warn("request %s: %s", rid, err);
         if (srv->recompute && (rp.sampling.max_tokens > 1) && (status != KVF_ERR_REFUSED) &&
             (kvf_dc_recompute(srv, dr, &rp, q) == KVF_OK)) {
-            return;   /* decoding continues from the local prefill */
+            return KVF_DC_DONE;   /* decoding continues from the local prefill */
         }
         kvf_serve_server_reply_error(srv->serve, peer, rid, status, err);
         kvf_dc_remove(srv, srv->num_reqs - 1);
-        return;
+        return KVF_DC_DONE;
     }
     /* EOS as first token, or max_tokens 1: finished at commit */
     if ((kvf_engine_request_info(srv->engine, id, &info) == KVF_OK) &&
@@ -442,6 +478,71 @@ static void kvf_dc_decode(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
         kvf_dc_reply_tokens(srv, q, NULL, 0, true, kvf_dc_finish_str(info.finish));
         kvf_engine_release(srv->engine, id);
         kvf_dc_remove(srv, srv->num_reqs - 1);
+    }
+    return KVF_DC_DONE;
+}
+
+static uint64_t kvf_dc_realtime_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000ull + (uint64_t)ts.tv_nsec / 1000000ull;
+}
+
+/* Keep @a req until blocks free up, at most until shortly before prefill's lease ends. */
+static bool kvf_dc_wait(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
+                        Kvf__ServeRequest *req)
+{
+    const Kvf__TransferParams *xp = req->decode->params;
+    uint64_t now_rt = kvf_dc_realtime_ms();
+    uint64_t left_ms = 5000;   /* no lease expiry advertised */
+
+    if ((xp != NULL) && xp->has_lease_expiry_ms) {
+        left_ms = (xp->lease_expiry_ms > now_rt + 200) ? xp->lease_expiry_ms - now_rt - 200 : 0;
+    }
+    if (srv->num_waiting == srv->cap_waiting) {
+        int cap = srv->cap_waiting ? 2 * srv->cap_waiting : 64;
+        kvf_dc_waiting_t *n = realloc(srv->waiting, (size_t)cap * sizeof(*n));
+        if (n == NULL) {
+            return false;
+        }
+        srv->waiting = n;
+        srv->cap_waiting = cap;
+    }
+    srv->waiting[srv->num_waiting].req = req;
+    srv->waiting[srv->num_waiting].peer = *peer;
+    srv->waiting[srv->num_waiting].deadline_ns = kvf_dc_now_ns() + left_ms * 1000000ull;
+    srv->num_waiting++;
+    kvf_log(KVF_LOG_DEBUG, KVF_SUB_SCHED, "request %s waits for decode blocks (%d waiting)",
+            req->decode->request_id, srv->num_waiting);
+    return true;
+}
+
+static void kvf_dc_unwait(kvf_decode_server_h srv, int i)
+{
+    kvf__serve_request__free_unpacked(srv->waiting[i].req, NULL);
+    memmove(&srv->waiting[i], &srv->waiting[i + 1],
+            (size_t)(srv->num_waiting - i - 1) * sizeof(srv->waiting[0]));
+    srv->num_waiting--;
+}
+
+/* Start waiting requests in arrival order while blocks allow; expire the late ones. */
+static void kvf_dc_admit_waiting(kvf_decode_server_h srv)
+{
+    while (srv->num_waiting > 0) {
+        kvf_dc_waiting_t *w = &srv->waiting[0];
+        if (kvf_dc_decode(srv, &w->peer, w->req->decode) == KVF_DC_DONE) {
+            kvf_dc_unwait(srv, 0);
+            continue;
+        }
+        if (kvf_dc_now_ns() < w->deadline_ns) {
+            return;   /* FIFO: later requests wait behind the head */
+        }
+        kvf_serve_server_reply_error(srv->serve, &w->peer, w->req->decode->request_id,
+                                     KVF_ERR_NO_RESOURCE,
+                                     "no decode blocks became free before the prefill lease"
+                                     " would expire; the decode instance is overloaded");
+        kvf_dc_unwait(srv, 0);
     }
 }
 
@@ -457,6 +558,14 @@ static void kvf_dc_abort(kvf_decode_server_h srv, const Kvf__AbortRequest *ar)
             return;
         }
     }
+    for (int i = 0; i < srv->num_waiting; ++i) {
+        if (strcmp(srv->waiting[i].req->decode->request_id, rid) == 0) {
+            kvf_serve_server_reply_error(srv->serve, &srv->waiting[i].peer, rid,
+                                         KVF_ERR_CANCELED, "aborted");
+            kvf_dc_unwait(srv, i);
+            return;
+        }
+    }
 }
 
 static void kvf_dc_health(kvf_decode_server_h srv, const kvf_serve_peer_t *peer)
@@ -465,29 +574,34 @@ static void kvf_dc_health(kvf_decode_server_h srv, const kvf_serve_peer_t *peer)
 
     kvf_role_health_fill(srv->engine, "decode", srv->cfg.engine_id, &h);
     h.has_running = h.has_handshake_refusals = h.has_peer_errors = 1;
-    h.running = (uint32_t)srv->num_reqs;
+    h.running = (uint32_t)(srv->num_reqs + srv->num_waiting);
     h.handshake_refusals = srv->refusals;
     h.peer_errors = srv->peer_errors;
     kvf_role_reply_health(srv->serve, peer, &h);
 }
 
-static void kvf_dc_handle(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
-                          const Kvf__ServeRequest *req)
+/* @return true when @a req was kept (queued); the caller frees it otherwise. */
+static bool kvf_dc_handle(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
+                          Kvf__ServeRequest *req)
 {
     switch (req->body_case) {
     case KVF__SERVE_REQUEST__BODY_DECODE:
-        kvf_dc_decode(srv, peer, req->decode);
-        break;
+        /* behind others already waiting, or when the pool is full: wait in line */
+        if (((srv->num_waiting > 0) || (kvf_dc_decode(srv, peer, req->decode) == KVF_DC_WAIT)) &&
+            kvf_dc_wait(srv, peer, req)) {
+            return true;
+        }
+        return false;
     case KVF__SERVE_REQUEST__BODY_ABORT:
         kvf_dc_abort(srv, req->abort);
-        break;
+        return false;
     case KVF__SERVE_REQUEST__BODY_HEALTH:
         kvf_dc_health(srv, peer);
-        break;
+        return false;
     default:
         kvf_serve_server_reply_error(srv->serve, peer, "", KVF_ERR_UNSUPPORTED,
                                      "a decode instance does not prefill");
-        break;
+        return false;
     }
 }
 
@@ -520,13 +634,26 @@ static kvf_status_t kvf_dc_step(kvf_decode_server_h srv)
         }
         q = &srv->reqs[k];
         if ((ev[i].kind == KVF_EVENT_TOKEN) && (ev[i].token >= 0)) {   /* FINISHED repeats it */
+            q->generated++;
             if (q->stream) {
                 kvf_dc_reply_tokens(srv, q, &ev[i].token, 1, false, NULL);
             } else if (kvf_dc_append(q, ev[i].token) != 0) {
                 kvf_engine_abort(srv->engine, q->engine_req);
             }
         }
-        if (ev[i].kind == KVF_EVENT_FINISHED) {
+        if ((ev[i].kind == KVF_EVENT_FINISHED) && (ev[i].reason == KVF_FINISH_ERROR)) {
+            char msg[256];
+            snprintf(msg, sizeof(msg), "decode failed after %d generated tokens: the request"
+                     " outgrew this instance's KV cache (%d blocks of %d tokens; raise"
+                     " --num-blocks) or a forward step failed (see the decode log)",
+                     q->generated + 1,
+                     kvf_block_manager_num_blocks(kvf_engine_block_manager(srv->engine)),
+                     kvf_block_manager_block_size(kvf_engine_block_manager(srv->engine)));
+            kvf_serve_server_reply_error(srv->serve, &q->peer, q->request_id,
+                                         KVF_ERR_NO_RESOURCE, msg);
+            kvf_engine_release(srv->engine, q->engine_req);
+            kvf_dc_remove(srv, k);
+        } else if (ev[i].kind == KVF_EVENT_FINISHED) {
             kvf_dc_reply_tokens(srv, q, q->stream ? NULL : q->tokens,
                                 q->stream ? 0 : q->num_tokens, true,
                                 kvf_dc_finish_str(ev[i].reason));
@@ -548,8 +675,9 @@ kvf_status_t kvf_decode_server_run(kvf_decode_server_h srv, volatile sig_atomic_
         for (int i = 0; i < 64; ++i) {
             status = kvf_serve_server_recv(srv->serve, (busy || i > 0) ? 0 : 10, &peer, &req);
             if (status == KVF_OK) {
-                kvf_dc_handle(srv, &peer, req);
-                kvf__serve_request__free_unpacked(req, NULL);
+                if (!kvf_dc_handle(srv, &peer, req)) {
+                    kvf__serve_request__free_unpacked(req, NULL);
+                }
                 continue;
             }
             if (status == KVF_ERR_ZMQ) {
@@ -557,6 +685,7 @@ kvf_status_t kvf_decode_server_run(kvf_decode_server_h srv, volatile sig_atomic_
             }
             break;
         }
+        kvf_dc_admit_waiting(srv);
         if (kvf_engine_has_work(srv->engine)) {
             status = kvf_dc_step(srv);
             if (status != KVF_OK) {

@@ -2,7 +2,10 @@
 """A few dozen concurrent requests across two decode instances (2p1d x 2):
 every one completes with the colocated run's greedy tokens, both decode
 instances serve some, and afterwards every instance's free-page count is
-back to where it started (no leaked blocks, no leaked leases)."""
+back to where it started (no leaked blocks, no leaked leases).
+
+Then the same against a decode instance whose pool holds only four requests
+at a time: the others wait in line for blocks instead of failing."""
 
 import threading
 
@@ -59,7 +62,34 @@ def main():
 
         # releases and frees are asynchronous to the answers: poll, bounded
         wait_for(lambda: free_pages(pool) == start, 15, "free pages back to the start")
-    print("test_e2e_concurrency passed: %d requests over 2 decode instances" % N_REQUESTS)
+    print("%d requests over 2 decode instances" % N_REQUESTS)
+
+    # 12 blocks: a short request holds 1 attention + 2 Mamba blocks, so 4 fit at once
+    with Pool(layout="1p1d", model=model, timeout=60,
+              decode_args=["--num-blocks", "12"]) as pool:
+        start = free_pages(pool)
+        results, errors = [None] * 20, []
+
+        def small(i):
+            try:
+                prompt = PROMPTS[i % len(PROMPTS)]
+                r = pool.complete(prompt, max_tokens=MAX_TOKENS, temperature=0,
+                                  return_token_ids=True, timeout=120)
+                results[i] = (prompt, r["choices"][0]["token_ids"])
+            except Exception as e:
+                errors.append((i, repr(e)))
+
+        threads = [threading.Thread(target=small, args=(i,)) for i in range(20)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=180)
+        assert not errors, errors
+        for i, (prompt, got) in enumerate(results):
+            check_tokens(got, refs[prompt][0], refs[prompt][1], False, "queued request %d" % i)
+        wait_for(lambda: free_pages(pool) == start, 15, "free pages back to the start")
+    print("20 requests through a decode pool that holds 4 at a time: all served")
+    print("test_e2e_concurrency passed")
 
 
 if __name__ == "__main__":

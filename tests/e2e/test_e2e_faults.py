@@ -194,6 +194,30 @@ def prefill_restarted(refs):
         print("prefill restarted: decode handshook again after %d failed request(s)" % failures)
 
 
+def decode_pool_too_small():
+    model = model_dir("tiny-hybrid")
+    with Pool(layout="1p1d", model=model, timeout=60,
+              decode_args=["--num-blocks", "4"]) as pool:
+        # 200 tokens need 3 attention + 2 Mamba blocks: never fits, fails at once
+        t0 = time.monotonic()
+        try:
+            pool.complete("y" * 199, max_tokens=4, temperature=0, timeout=30)
+            raise AssertionError("a prompt larger than the decode pool was served")
+        except HttpError as e:
+            msg = e.body["error"]["message"] if isinstance(e.body, dict) else str(e.body)
+            assert "needs 5 blocks, this decode instance has 4" in msg, msg
+        assert time.monotonic() - t0 < 5
+        # a short prompt fits (3 blocks) but outgrows the pool after 2 blocks of tokens
+        try:
+            pool.complete(PROMPT, max_tokens=300, temperature=0, ignore_eos=True, timeout=60)
+            raise AssertionError("a request larger than the decode pool finished")
+        except HttpError as e:
+            msg = e.body["error"]["message"] if isinstance(e.body, dict) else str(e.body)
+            assert "outgrew this instance's KV cache" in msg, msg
+        wait_for(lambda: all_free(pool), 10, "blocks freed after the failures")
+        print("decode pool too small: clear errors, nothing leaked")
+
+
 def handshake_refused():
     model = model_dir("tiny-hybrid")
     with Pool(layout="2p1d", model=model, timeout=60, prefill_args=["--kv-dtype", "fp32"],
@@ -243,6 +267,7 @@ def main():
     decode_never_comes()
     client_abort()
     prefill_restarted(refs)
+    decode_pool_too_small()
     handshake_refused()
     print("test_e2e_faults passed")
 
