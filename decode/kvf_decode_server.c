@@ -29,7 +29,7 @@
 
 #define KVF_DC_MAX_EVENTS 512
 #define KVF_DC_ID_MAX     64
-#define KVF_DC_MAX_TP     64
+#define KVF_DC_MAX_TP     KVF_ROLE_MAX_TP
 
 const kvf_config_field_t kvf_decode_config_table[] = {
     {"MODEL", "", "model folder (config.json + model.safetensors)",
@@ -134,11 +134,11 @@ kvf_status_t kvf_decode_server_create(const kvf_decode_config_t *cfg,
     struct kvf_decode_server *srv;
     kvf_status_t status;
 
-    if ((cfg->model[0] == '\0') || (cfg->tp < 1) || (cfg->tp > KVF_DC_MAX_TP) ||
-        (cfg->num_blocks < 1) || (cfg->engine_id[0] == '\0') ||
-        (strlen(cfg->engine_id) >= KVF_DC_ID_MAX) || (cfg->xfer_timeout_ms <= 0)) {
-        kvf_error("kvf-decode: need --model, --tp in 1..%d, --num-blocks >= 1, a positive"
-                  " --xfer-timeout and an --engine-id of 1..63 bytes", KVF_DC_MAX_TP);
+    kvf_role_engine_params_t flags = {
+        .model = cfg->model, .tp = cfg->tp, .num_blocks = cfg->num_blocks,
+        .max_batch_tokens = cfg->max_batch_tokens,
+    };
+    if (kvf_role_check_flags(&flags, cfg->engine_id, cfg->xfer_timeout_ms) != KVF_OK) {
         return KVF_ERR_INVALID_PARAM;
     }
     if ((strcmp(cfg->load_failure, "fail") != 0) &&

@@ -134,11 +134,15 @@ kvf_status_t kvf_prefill_server_create(const kvf_prefill_config_t *cfg,
     struct kvf_prefill_server *srv;
     kvf_status_t status;
 
-    if ((cfg->model[0] == '\0') || (cfg->tp < 1) || (cfg->num_blocks < 1) ||
-        (cfg->lease_timeout_ms <= 0) || (cfg->engine_id[0] == '\0') ||
-        (strlen(cfg->engine_id) >= 64)) {
-        kvf_error("kvf-prefill: need --model, --tp >= 1, --num-blocks >= 1, a positive"
-                  " --lease-timeout and an --engine-id of 1..63 bytes");
+    kvf_role_engine_params_t flags = {
+        .model = cfg->model, .tp = cfg->tp, .num_blocks = cfg->num_blocks,
+        .max_batch_tokens = cfg->max_batch_tokens,
+    };
+    if (kvf_role_check_flags(&flags, cfg->engine_id, cfg->xfer_timeout_ms) != KVF_OK) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    if (cfg->lease_timeout_ms <= 0) {
+        kvf_error("--lease-timeout must be positive");
         return KVF_ERR_INVALID_PARAM;
     }
     srv = calloc(1, sizeof(*srv));

@@ -8,6 +8,27 @@
 
 #include <string.h>
 
+kvf_status_t kvf_role_check_flags(const kvf_role_engine_params_t *params, const char *engine_id,
+                                  int64_t xfer_timeout_ms)
+{
+    if (params->model[0] == '\0') {
+        kvf_error("--model is required: a folder with config.json and model.safetensors");
+    } else if ((params->tp < 1) || (params->tp > KVF_ROLE_MAX_TP)) {
+        kvf_error("--tp %d must be in 1..%d", params->tp, KVF_ROLE_MAX_TP);
+    } else if (params->num_blocks < 1) {
+        kvf_error("--num-blocks %d must be at least 1", params->num_blocks);
+    } else if (params->max_batch_tokens < 1) {
+        kvf_error("--max-batch-tokens %d must be at least 1", params->max_batch_tokens);
+    } else if ((engine_id[0] == '\0') || (strlen(engine_id) >= 64)) {
+        kvf_error("--engine-id '%s' must be 1..63 bytes", engine_id);
+    } else if (xfer_timeout_ms <= 0) {
+        kvf_error("--xfer-timeout must be positive");
+    } else {
+        return KVF_OK;
+    }
+    return KVF_ERR_INVALID_PARAM;
+}
+
 kvf_status_t kvf_role_engine_create(const kvf_role_engine_params_t *params,
                                     kvf_engine_h *engine_p, kvf_cache_params_t *cache_p)
 {

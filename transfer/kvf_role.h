@@ -24,6 +24,15 @@ typedef struct kvf_role_engine_params {
     int         max_batch_tokens;  /* per engine step */
 } kvf_role_engine_params_t;
 
+#define KVF_ROLE_MAX_TP 64
+
+/**
+ * Check the flags both roles share; logs one line naming the first bad flag
+ * and its value. @return KVF_OK or KVF_ERR_INVALID_PARAM.
+ */
+kvf_status_t kvf_role_check_flags(const kvf_role_engine_params_t *params, const char *engine_id,
+                                  int64_t xfer_timeout_ms);
+
 /**
  * Load the model and build the engine (rank threads, pools).
  * @param [out] cache_p  The cache params the pools were built with (what the
