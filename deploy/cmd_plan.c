@@ -238,6 +238,7 @@ int kvf_cmd_plan(int argc, char **argv)
     cJSON *arr = NULL;
     bool done;
     int refused = 0;
+    int nlayouts = 0;
 
     memset(&o, 0, sizeof(o));
     if (kvf_config_parse(kvf_plan_table, "kvf plan", argc, argv, &o, &done) != KVF_OK) {
@@ -274,6 +275,7 @@ int kvf_cmd_plan(int argc, char **argv)
         kvf_layout_t layout;
         kvf_layout_plan_t pl;
 
+        ++nlayouts;
         if (kvf_layout_parse(tok, &layout) != KVF_OK) {
             cJSON_Delete(arr);
             return 2;
@@ -299,6 +301,11 @@ int kvf_cmd_plan(int argc, char **argv)
         } else {
             kvf_plan_print_text(&cfg, &params, &pl, o.prompt_tokens);
         }
+    }
+    if (nlayouts == 0) {
+        kvf_error("kvf plan: --layouts '%s' names no layout (e.g. 1p1d,4p2d)", o.layouts);
+        cJSON_Delete(arr);
+        return 2;
     }
     if (o.json) {
         char *text = cJSON_Print(arr);

@@ -40,7 +40,8 @@ for p in prompts:
         d = json.load(r)
     kv = d["kv_transfer"]
     print("prompt: %r" % p)
-    # the bundled model has random weights: its bytes are noise, shown escaped
+    # the bundled model has random weights: its bytes are noise (invalid UTF-8
+    # arrives as U+FFFD); what matters is that they equal a colocated run's
     print("answer: %r" % d["choices"][0]["text"])
     print("  ttft %.1f ms | prefill %.1f ms | %d tokens | kv pulled %d bytes in %d descriptors"
           " from %d reads, handshake %.2f ms, transfer %.2f ms%s" % (

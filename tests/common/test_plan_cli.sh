@@ -69,6 +69,7 @@ expect_error "'ssm_state_size' = -128" --model "$tmp/negative.json"
 expect_error "cannot be sharded 3 ways" --model "$nano" --layouts 3p2d
 expect_error "block-size" --model "$nano" --block-size 0
 expect_error "bad layout" --model "$nano" --layouts 4x2
+expect_error "names no layout" --model "$nano" --layouts ,,
 expect_error "too small" --model "$nano" --exact-block-size 64 --layouts 1p1d
 expect_error "unknown flag" --model "$nano" --no-such-flag 1
 expect_error "for --prompt-tokens: expected an integer" --model "$nano" --prompt-tokens abc
