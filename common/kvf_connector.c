@@ -112,6 +112,22 @@ static kvf_status_t kvf_connector_stub_forget_engine(kvf_connector_h conn,
     return KVF_ERR_UNSUPPORTED;
 }
 
+static uint64_t kvf_connector_stub_incarnation(kvf_connector_h conn)
+{
+    (void)conn;
+    return 0;
+}
+
+static kvf_status_t kvf_connector_stub_remote_incarnation(kvf_connector_h conn,
+                                                          const char *engine_id,
+                                                          uint64_t *incarnation_p)
+{
+    (void)conn;
+    (void)engine_id;
+    (void)incarnation_p;
+    return KVF_ERR_UNSUPPORTED;
+}
+
 void kvf_connector_ops_fill_stubs(kvf_connector_ops_t *ops)
 {
     /* checklist: one line per op of kvf_connector_ops_t */
@@ -127,6 +143,10 @@ void kvf_connector_ops_fill_stubs(kvf_connector_ops_t *ops)
     if (ops->poll_release == NULL)   ops->poll_release = kvf_connector_stub_poll_release;
     if (ops->req_stats == NULL)      ops->req_stats = kvf_connector_stub_req_stats;
     if (ops->forget_engine == NULL)  ops->forget_engine = kvf_connector_stub_forget_engine;
+    if (ops->incarnation == NULL)    ops->incarnation = kvf_connector_stub_incarnation;
+    if (ops->remote_incarnation == NULL) {
+        ops->remote_incarnation = kvf_connector_stub_remote_incarnation;
+    }
 }
 
 kvf_status_t kvf_connector_ops_check(const kvf_connector_ops_t *ops)
@@ -140,7 +160,8 @@ kvf_status_t kvf_connector_ops_check(const kvf_connector_ops_t *ops)
         (ops->get_metadata == NULL) || (ops->serve == NULL) || (ops->handshake == NULL) ||
         (ops->start_pull == NULL) || (ops->poll == NULL) || (ops->notify_release == NULL) ||
         (ops->poll_release == NULL) || (ops->req_stats == NULL) ||
-        (ops->forget_engine == NULL)) {
+        (ops->forget_engine == NULL) || (ops->incarnation == NULL) ||
+        (ops->remote_incarnation == NULL)) {
         kvf_error("connector '%s' has a NULL op", (ops->name != NULL) ? ops->name : "?");
         return KVF_ERR_UNSUPPORTED;
     }

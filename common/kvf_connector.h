@@ -31,7 +31,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define KVF_CONNECTOR_ABI 3   /* 2: req_stats; 3: forget_engine */
+#define KVF_CONNECTOR_ABI 4   /* 2: req_stats; 3: forget_engine; 4: incarnations */
 
 typedef struct kvf_connector *kvf_connector_h;
 typedef struct kvf_connector_req *kvf_connector_req_h;
@@ -162,6 +162,21 @@ typedef struct kvf_connector_ops {
      * of that engine in flight. KVF_ERR_NOT_FOUND when nothing was cached.
      */
     kvf_status_t (*forget_engine)(kvf_connector_h conn, const char *engine_id);
+
+    /**
+     * This process's incarnation: a random non-zero number drawn at create
+     * and published in every rank's metadata. Prefill puts it into the
+     * transfer params, so decode can tell a restarted engine (same id, new
+     * keys) from the one it handshook with, before it posts any GET.
+     */
+    uint64_t     (*incarnation)(kvf_connector_h conn);
+
+    /**
+     * Decode: the incarnation of handshaken engine @a engine_id (0 when it
+     * advertised none). KVF_ERR_NOT_FOUND when not handshaken.
+     */
+    kvf_status_t (*remote_incarnation)(kvf_connector_h conn, const char *engine_id,
+                                       uint64_t *incarnation_p);
 } kvf_connector_ops_t;
 
 /** Point every NULL op of @a ops at a stub returning KVF_ERR_UNSUPPORTED. */

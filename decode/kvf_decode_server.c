@@ -267,6 +267,16 @@ static kvf_status_t kvf_dc_pull(kvf_decode_server_h srv, const Kvf__TransferPara
     int ntp = srv->cfg.tp;
     bool pending;
 
+    if (xp->has_incarnation) {
+        uint64_t cached;
+        if ((srv->xops->remote_incarnation(srv->conn, xp->engine_id, &cached) == KVF_OK) &&
+            (cached != xp->incarnation)) {
+            /* same engine id, another process: its keys and endpoints are new */
+            kvf_info("prefill engine %s restarted (incarnation %016" PRIx64 " -> %016" PRIx64
+                     "): handshaking again", xp->engine_id, cached, xp->incarnation);
+            srv->xops->forget_engine(srv->conn, xp->engine_id);
+        }
+    }
     status = srv->xops->handshake(srv->conn, xp->engine_id, xp->host, (int)xp->port, err,
                                   err_len);
     q->stats.handshake_ms = (double)(kvf_dc_now_ns() - t0) / 1e6;

@@ -305,6 +305,8 @@ static void kvf_pf_prefilled(kvf_prefill_server_h srv, kvf_pf_pending_t *p, int3
     tp.lease_expiry_ms = expiry;
     tp.first_token = first;
     tp.request_id = p->request_id;
+    tp.has_incarnation = 1;
+    tp.incarnation = srv->xops->incarnation(srv->conn);
     reply.request_id = p->request_id;
     reply.has_status = 1;
     reply.status = KVF_OK;

@@ -28,6 +28,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+#include <time.h>
 
 #define KVF_CONN_MAX_ENGINES 16
 
@@ -61,6 +63,7 @@ struct kvf_connector {
     int                   port;
     kvf_model_config_t    cfg;
     kvf_cache_layout_t   *layout;
+    uint64_t              incarnation;         /* random, non-zero, per create */
     kvf_conn_rank_t      *ranks;               /* [tp] */
 
     pthread_mutex_t       lock;                /* engines, client */
@@ -109,6 +112,23 @@ static void kvf_conn_destroy(kvf_connector_h conn)
     free(conn);
 }
 
+/* Random enough to tell two processes apart: time, pid and an address, mixed. */
+static uint64_t kvf_conn_new_incarnation(void)
+{
+    struct timespec ts;
+    uint64_t x;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    x = ((uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec) ^
+        ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)&ts;
+    x ^= x >> 33;                       /* splitmix64 finaliser */
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb3fe1a85ec53ull;
+    x ^= x >> 33;
+    return (x != 0) ? x : 1;
+}
+
 static kvf_status_t kvf_conn_create(const kvf_connector_config_t *config,
                                     kvf_connector_h *conn_p)
 {
@@ -130,6 +150,7 @@ static kvf_status_t kvf_conn_create(const kvf_connector_config_t *config,
     snprintf(conn->engine_id, sizeof(conn->engine_id), "%s", config->engine_id);
     conn->role = config->role;
     conn->tp = config->tp_size;
+    conn->incarnation = kvf_conn_new_incarnation();
     conn->cfg = *config->cfg;
     conn->timeout_ms = (config->field_mask & KVF_CONNECTOR_CONFIG_FIELD_TIMEOUT_MS) ?
                        config->timeout_ms : 5000;
@@ -226,6 +247,7 @@ static kvf_status_t kvf_conn_register_pool(kvf_connector_h conn, const kvf_conne
     m->user_block_size = pool->params.user_block_size;
     m->align = pool->params.align;
     snprintf(m->layout_tag, sizeof(m->layout_tag), "%s", KVF_LAYOUT_TAG_HND);
+    m->incarnation = conn->incarnation;
     m->num_regions = 1;
     status = kvf_ucx_agent_region_meta(rk->agent, rk->region, &m->regions[0]);
     if (status == KVF_OK) {
@@ -701,6 +723,23 @@ static kvf_status_t kvf_conn_forget_engine(kvf_connector_h conn, const char *eng
     return KVF_OK;
 }
 
+static uint64_t kvf_conn_incarnation(kvf_connector_h conn)
+{
+    return conn->incarnation;
+}
+
+static kvf_status_t kvf_conn_remote_incarnation(kvf_connector_h conn, const char *engine_id,
+                                                uint64_t *incarnation_p)
+{
+    int e = (engine_id != NULL) ? kvf_conn_find_engine(conn, engine_id) : -1;
+
+    if (e < 0) {
+        return KVF_ERR_NOT_FOUND;
+    }
+    *incarnation_p = conn->engines[e].reply->ranks[0].incarnation;
+    return KVF_OK;
+}
+
 static kvf_status_t kvf_conn_req_stats(kvf_connector_h conn, int tp_rank,
                                        kvf_connector_req_h req, kvf_connector_stats_t *stats_p)
 {
@@ -730,6 +769,8 @@ static const kvf_connector_ops_t kvf_connector_ucx = {
     .poll_release   = kvf_conn_poll_release,
     .req_stats      = kvf_conn_req_stats,
     .forget_engine  = kvf_conn_forget_engine,
+    .incarnation    = kvf_conn_incarnation,
+    .remote_incarnation = kvf_conn_remote_incarnation,
 };
 
 const kvf_connector_ops_t *kvf_connector_ucx_ops(void)

@@ -161,6 +161,8 @@ kvf_status_t kvf_handshake_reply_pack(const kvf_handshake_reply_t *reply, uint8_
         p->has_worker_address = 1;
         p->worker_address.len = r->worker_addr_len;
         p->worker_address.data = (uint8_t *)r->worker_addr;
+        p->has_incarnation = (r->incarnation != 0);
+        p->incarnation = r->incarnation;
         meta_ptrs[i] = p;
     }
     m.n_ranks = (size_t)n;
@@ -238,6 +240,7 @@ static bool kvf_hs_rank_from_proto(const Kvf__RankMetadata *p, kvf_rank_meta_t *
     }
     r->worker_addr_len = p->worker_address.len;
     memcpy(r->worker_addr, p->worker_address.data, p->worker_address.len);
+    r->incarnation = p->has_incarnation ? p->incarnation : 0;
     return true;
 }
 

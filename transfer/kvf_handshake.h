@@ -59,6 +59,7 @@ typedef struct kvf_rank_meta {
     kvf_xfer_region_meta_t regions[KVF_XFER_MAX_REGIONS];
     size_t            worker_addr_len;
     uint8_t           worker_addr[KVF_WORKER_ADDR_MAX];
+    uint64_t          incarnation;           /* random per process; 0 = not advertised */
 } kvf_rank_meta_t;
 
 /** One reason a handshake was refused; see kvf_refusal_format(). */

@@ -61,6 +61,7 @@ static void meta_fill(kvf_rank_meta_t *m, int tp, int rank, int64_t num_blocks)
     memset(m->regions[0].rkey, 0xa0 + rank, 17);
     m->worker_addr_len = 33;
     memset(m->worker_addr, 0x30 + rank, 33);
+    m->incarnation = 0x8badf00d12345678ull + (uint64_t)(rank & 1);   /* 0 for none */
 }
 
 static void pack_reply(int tp, uint8_t **buf_p, size_t *len_p)
@@ -102,6 +103,7 @@ static void test_reply_roundtrip(void **state)
         assert_memory_equal(out.ranks[r].regions[0].rkey, expect.regions[0].rkey, 17);
         assert_memory_equal(out.ranks[r].worker_addr, expect.worker_addr, 33);
         assert_int_equal(out.ranks[r].model_fingerprint, expect.model_fingerprint);
+        assert_true(out.ranks[r].incarnation == 0x8badf00d12345678ull + (uint64_t)(r & 1));
         assert_string_equal(out.ranks[r].layout_tag, "HND");
     }
     kvf_handshake_reply_cleanup(&out);
