@@ -18,6 +18,7 @@
 
 #include "common/kvf_engine.h"
 #include "common/kvf_log.h"
+#include "common/kvf_time.h"
 #include "transfer/kvf_role.h"
 
 #include <inttypes.h>
@@ -93,13 +94,6 @@ struct kvf_decode_server {
     uint64_t                   refusals;
     uint64_t                   peer_errors;
 };
-
-static uint64_t kvf_dc_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 static kvf_status_t kvf_dc_setup(kvf_decode_server_h srv)
 {
@@ -263,7 +257,7 @@ static kvf_status_t kvf_dc_pull(kvf_decode_server_h srv, const Kvf__TransferPara
     kvf_connector_req_h reqs[KVF_DC_MAX_TP] = {NULL};
     kvf_status_t final[KVF_DC_MAX_TP];
     kvf_status_t status = KVF_OK;
-    uint64_t t0 = kvf_dc_now_ns();
+    uint64_t t0 = kvf_time_now_ns();
     int ntp = srv->cfg.tp;
     bool pending;
 
@@ -279,7 +273,7 @@ static kvf_status_t kvf_dc_pull(kvf_decode_server_h srv, const Kvf__TransferPara
     }
     status = srv->xops->handshake(srv->conn, xp->engine_id, xp->host, (int)xp->port, err,
                                   err_len);
-    q->stats.handshake_ms = (double)(kvf_dc_now_ns() - t0) / 1e6;
+    q->stats.handshake_ms = (double)(kvf_time_now_ns() - t0) / 1e6;
     if (status != KVF_OK) {
         if (status == KVF_ERR_REFUSED) {
             srv->refusals++;
@@ -312,7 +306,7 @@ static kvf_status_t kvf_dc_pull(kvf_decode_server_h srv, const Kvf__TransferPara
         pull.num_local_ids[g] = blocks->num_blocks[g];
     }
 
-    t0 = kvf_dc_now_ns();
+    t0 = kvf_time_now_ns();
     for (int r = 0; r < ntp; ++r) {
         final[r] = srv->xops->start_pull(srv->conn, r, &pull, &reqs[r]);
         if (final[r] == KVF_OK) {
@@ -330,7 +324,7 @@ static kvf_status_t kvf_dc_pull(kvf_decode_server_h srv, const Kvf__TransferPara
             }
         }
     } while (pending);
-    q->stats.transfer_ms = (double)(kvf_dc_now_ns() - t0) / 1e6;
+    q->stats.transfer_ms = (double)(kvf_time_now_ns() - t0) / 1e6;
 
     for (int r = 0; r < ntp; ++r) {
         kvf_connector_stats_t st;
@@ -492,19 +486,12 @@ static kvf_dc_outcome_t kvf_dc_decode(kvf_decode_server_h srv, const kvf_serve_p
     return KVF_DC_DONE;
 }
 
-static uint64_t kvf_dc_realtime_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000ull + (uint64_t)ts.tv_nsec / 1000000ull;
-}
-
 /* Keep @a req until blocks free up, at most until shortly before prefill's lease ends. */
 static bool kvf_dc_wait(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
                         Kvf__ServeRequest *req)
 {
     const Kvf__TransferParams *xp = req->decode->params;
-    uint64_t now_rt = kvf_dc_realtime_ms();
+    uint64_t now_rt = kvf_time_realtime_ms();
     uint64_t left_ms = 5000;   /* no lease expiry advertised */
 
     if ((xp != NULL) && xp->has_lease_expiry_ms) {
@@ -521,7 +508,7 @@ static bool kvf_dc_wait(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
     }
     srv->waiting[srv->num_waiting].req = req;
     srv->waiting[srv->num_waiting].peer = *peer;
-    srv->waiting[srv->num_waiting].deadline_ns = kvf_dc_now_ns() + left_ms * 1000000ull;
+    srv->waiting[srv->num_waiting].deadline_ns = kvf_time_now_ns() + left_ms * 1000000ull;
     srv->num_waiting++;
     kvf_log(KVF_LOG_DEBUG, KVF_SUB_SCHED, "request %s waits for decode blocks (%d waiting)",
             req->decode->request_id, srv->num_waiting);
@@ -545,7 +532,7 @@ static void kvf_dc_admit_waiting(kvf_decode_server_h srv)
             kvf_dc_unwait(srv, 0);
             continue;
         }
-        if (kvf_dc_now_ns() < w->deadline_ns) {
+        if (kvf_time_now_ns() < w->deadline_ns) {
             return;   /* FIFO: later requests wait behind the head */
         }
         kvf_serve_server_reply_error(srv->serve, &w->peer, w->req->decode->request_id,

@@ -19,6 +19,7 @@
 
 #include "common/kvf_engine.h"
 #include "common/kvf_log.h"
+#include "common/kvf_time.h"
 #include "transfer/kvf_role.h"
 
 #include <inttypes.h>
@@ -84,20 +85,6 @@ struct kvf_prefill_server {
     uint64_t                   lease_activity_ns;  /* last lease added or released */
     uint64_t                   releases;
 };
-
-static uint64_t kvf_pf_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static uint64_t kvf_pf_realtime_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000ull + (uint64_t)ts.tv_nsec / 1000000ull;
-}
 
 static kvf_status_t kvf_pf_setup(kvf_prefill_server_h srv)
 {
@@ -262,7 +249,7 @@ static void kvf_pf_prefill(kvf_prefill_server_h srv, const kvf_serve_peer_t *pee
     p->engine_req = id;
     snprintf(p->request_id, sizeof(p->request_id), "%s", rid);
     p->peer = *peer;
-    p->start_ns = kvf_pf_now_ns();
+    p->start_ns = kvf_time_now_ns();
 }
 
 /* Blocks of a prefilled request -> TransferParams, lease it, answer. */
@@ -273,13 +260,13 @@ static void kvf_pf_prefilled(kvf_prefill_server_h srv, kvf_pf_pending_t *p, int3
     Kvf__BlockIdList lists[KVF_MAX_KV_GROUPS];
     Kvf__BlockIdList *plists[KVF_MAX_KV_GROUPS];
     kvf_req_info_t info;
-    uint64_t expiry = kvf_pf_realtime_ms() + (uint64_t)srv->cfg.lease_timeout_ms;
+    uint64_t expiry = kvf_time_realtime_ms() + (uint64_t)srv->cfg.lease_timeout_ms;
     kvf_status_t status;
 
     status = kvf_engine_request_info(srv->engine, p->engine_req, &info);
     if (status == KVF_OK) {
         status = kvf_lease_table_add(srv->leases, p->request_id,
-                                     kvf_pf_now_ns() / 1000000ull +
+                                     kvf_time_now_ns() / 1000000ull +
                                          (uint64_t)srv->cfg.lease_timeout_ms,
                                      (void *)(uintptr_t)(p->engine_req + 1));
     }
@@ -312,13 +299,13 @@ static void kvf_pf_prefilled(kvf_prefill_server_h srv, kvf_pf_pending_t *p, int3
     reply.status = KVF_OK;
     reply.params = &tp;
     reply.has_prefill_ms = 1;
-    reply.prefill_ms = (double)(kvf_pf_now_ns() - p->start_ns) / 1e6;
+    reply.prefill_ms = (double)(kvf_time_now_ns() - p->start_ns) / 1e6;
     reply.n_tokens = 1;
     reply.tokens = &first;
     reply.has_done = 1;
     reply.done = 1;
     kvf_serve_server_reply(srv->serve, &p->peer, &reply);
-    srv->lease_activity_ns = kvf_pf_now_ns();
+    srv->lease_activity_ns = kvf_time_now_ns();
     kvf_log(KVF_LOG_DEBUG, KVF_SUB_SCHED, "request %s prefilled: %d tokens, first token %d,"
             " leased", p->request_id, info.prompt_len, first);
 }
@@ -409,7 +396,7 @@ static void kvf_pf_releases(kvf_prefill_server_h srv)
             if (owner != NULL) {
                 kvf_engine_release(srv->engine, (uint64_t)(uintptr_t)owner - 1);
                 srv->releases++;
-                srv->lease_activity_ns = kvf_pf_now_ns();
+                srv->lease_activity_ns = kvf_time_now_ns();
                 kvf_log(KVF_LOG_DEBUG, KVF_SUB_XFER, "request %s released by decode rank %d"
                         " (%s)", rid, drank, kvf_status_str(st));
             }
@@ -421,7 +408,7 @@ static void kvf_pf_expire(kvf_prefill_server_h srv)
 {
     void *owners[64];
     size_t n;
-    while ((n = kvf_lease_table_expire(srv->leases, kvf_pf_now_ns() / 1000000ull, owners,
+    while ((n = kvf_lease_table_expire(srv->leases, kvf_time_now_ns() / 1000000ull, owners,
                                        64)) > 0) {
         for (size_t i = 0; i < n; ++i) {
             kvf_engine_release(srv->engine, (uint64_t)(uintptr_t)owners[i] - 1);
@@ -444,7 +431,7 @@ kvf_status_t kvf_prefill_server_run(kvf_prefill_server_h srv, volatile sig_atomi
          * UCX's event fd into the poll would remove the spin; not done yet.) */
         int idle_ms = 10;
         if (kvf_lease_table_count(srv->leases) > 0) {
-            idle_ms = (kvf_pf_now_ns() - srv->lease_activity_ns < 200000000ull) ? 0 : 1;
+            idle_ms = (kvf_time_now_ns() - srv->lease_activity_ns < 200000000ull) ? 0 : 1;
         }
         kvf_serve_peer_t peer;
         Kvf__ServeRequest *req = NULL;
