@@ -3,7 +3,8 @@
 # build, write the bundled tiny hybrid checkpoint if absent, launch a local
 # 4p2d pool (one prefill instance with TP 4, one decode instance with TP 2,
 # and the proxy), send a few prompts through the proxy, print each answer
-# with its time to first token and KV transfer stats, and stop the pool.
+# with its time to first token and KV transfer stats and whether its tokens equal
+# a colocated one-process run, and stop the pool.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -27,13 +28,14 @@ url=$("$bin/kvf-up" --layout "$layout" --prefill-instances 1 --decode-instances 
     cat "$run_dir/kvf-up.err" >&2; exit 1; }
 echo "== pool $layout is up at $url =="
 
-python3 - "$url" <<'PY'
-import json, sys, urllib.request
-url = sys.argv[1]
+python3 - "$url" "$bin/kvf" "$model" <<'PY'
+import json, subprocess, sys, urllib.request
+url, kvf, model = sys.argv[1:4]
 prompts = ["The ferry crossed the bay at dawn", "Prefill computes; decode pulls.",
            "kvferry moves KV blocks and Mamba state between"]
 for p in prompts:
-    body = json.dumps({"prompt": p, "max_tokens": 24, "temperature": 0}).encode()
+    body = json.dumps({"prompt": p, "max_tokens": 24, "temperature": 0,
+                       "return_token_ids": True}).encode()
     req = urllib.request.Request(url + "/v1/completions", body,
                                  {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=60) as r:
@@ -48,5 +50,13 @@ for p in prompts:
               d["ttft_ms"], d.get("prefill_ms", 0), d["usage"]["completion_tokens"],
               kv["bytes"], kv["descriptors"], kv["reads"], kv["handshake_ms"],
               kv["transfer_ms"], " (recomputed)" if kv.get("recomputed") else ""))
+    # the same prompt in one process, no transfer: the tokens must be the same
+    out = subprocess.run([kvf, "generate", "--model", model, "--tp", "1", "--prompt", p,
+                          "--max-tokens", "24"], capture_output=True, check=True).stdout
+    line = [l for l in out.decode("latin-1").splitlines() if l.startswith("tokens:")][0]
+    colocated = [int(t) for t in line.split()[1:]]
+    same = colocated == d["choices"][0]["token_ids"]
+    # (fp32 sums in another order may flip a near-tie: tests/e2e checks the margins)
+    print("  same tokens as a colocated TP1 run: %s" % ("yes" if same else "no"))
 PY
 "$bin/kvf-down" --run-dir "$run_dir"
