@@ -128,6 +128,16 @@ static kvf_status_t kvf_connector_stub_remote_incarnation(kvf_connector_h conn,
     return KVF_ERR_UNSUPPORTED;
 }
 
+static kvf_status_t kvf_connector_stub_wait_fds(kvf_connector_h conn, int *fds, int cap,
+                                                int *n_p)
+{
+    (void)conn;
+    (void)fds;
+    (void)cap;
+    (void)n_p;
+    return KVF_ERR_UNSUPPORTED;
+}
+
 void kvf_connector_ops_fill_stubs(kvf_connector_ops_t *ops)
 {
     /* checklist: one line per op of kvf_connector_ops_t */
@@ -147,6 +157,7 @@ void kvf_connector_ops_fill_stubs(kvf_connector_ops_t *ops)
     if (ops->remote_incarnation == NULL) {
         ops->remote_incarnation = kvf_connector_stub_remote_incarnation;
     }
+    if (ops->wait_fds == NULL)       ops->wait_fds = kvf_connector_stub_wait_fds;
 }
 
 kvf_status_t kvf_connector_ops_check(const kvf_connector_ops_t *ops)
@@ -161,7 +172,7 @@ kvf_status_t kvf_connector_ops_check(const kvf_connector_ops_t *ops)
         (ops->start_pull == NULL) || (ops->poll == NULL) || (ops->notify_release == NULL) ||
         (ops->poll_release == NULL) || (ops->req_stats == NULL) ||
         (ops->forget_engine == NULL) || (ops->incarnation == NULL) ||
-        (ops->remote_incarnation == NULL)) {
+        (ops->remote_incarnation == NULL) || (ops->wait_fds == NULL)) {
         kvf_error("connector '%s' has a NULL op", (ops->name != NULL) ? ops->name : "?");
         return KVF_ERR_UNSUPPORTED;
     }

@@ -31,7 +31,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define KVF_CONNECTOR_ABI 4   /* 2: req_stats; 3: forget_engine; 4: incarnations */
+#define KVF_CONNECTOR_ABI 5   /* 2: req_stats; 3: forget_engine; 4: incarnations; 5: wait_fds */
 
 typedef struct kvf_connector *kvf_connector_h;
 typedef struct kvf_connector_req *kvf_connector_req_h;
@@ -177,6 +177,16 @@ typedef struct kvf_connector_ops {
      */
     kvf_status_t (*remote_incarnation)(kvf_connector_h conn, const char *engine_id,
                                        uint64_t *incarnation_p);
+
+    /**
+     * Prepare to sleep: progress every rank's worker until idle, arm it,
+     * and return the file descriptors that become readable when transfer
+     * work arrives (for poll() beside the control socket). Leader thread.
+     * @return KVF_OK with *n_p fds; KVF_ERR_BUSY when work is pending (do not
+     *         sleep: poll releases / progress first); KVF_ERR_UNSUPPORTED when
+     *         the backend cannot wake a sleeper (spin instead).
+     */
+    kvf_status_t (*wait_fds)(kvf_connector_h conn, int *fds, int cap, int *n_p);
 } kvf_connector_ops_t;
 
 /** Point every NULL op of @a ops at a stub returning KVF_ERR_UNSUPPORTED. */

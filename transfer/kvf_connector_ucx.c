@@ -740,6 +740,32 @@ static kvf_status_t kvf_conn_remote_incarnation(kvf_connector_h conn, const char
     return KVF_OK;
 }
 
+static kvf_status_t kvf_conn_wait_fds(kvf_connector_h conn, int *fds, int cap, int *n_p)
+{
+    int n = 0;
+
+    for (int r = 0; r < conn->tp; ++r) {
+        kvf_conn_rank_t *rk = &conn->ranks[r];
+        kvf_status_t status;
+        if (!rk->registered) {
+            continue;
+        }
+        if (n == cap) {
+            return KVF_ERR_NO_RESOURCE;
+        }
+        status = kvf_ucx_agent_event_fd(rk->agent, &fds[n]);
+        if (status == KVF_OK) {
+            status = kvf_ucx_agent_arm(rk->agent);
+        }
+        if (status != KVF_OK) {
+            return status;      /* BUSY: work pending; other errors: caller spins */
+        }
+        ++n;
+    }
+    *n_p = n;
+    return KVF_OK;
+}
+
 static kvf_status_t kvf_conn_req_stats(kvf_connector_h conn, int tp_rank,
                                        kvf_connector_req_h req, kvf_connector_stats_t *stats_p)
 {
@@ -771,6 +797,7 @@ static const kvf_connector_ops_t kvf_connector_ucx = {
     .forget_engine  = kvf_conn_forget_engine,
     .incarnation    = kvf_conn_incarnation,
     .remote_incarnation = kvf_conn_remote_incarnation,
+    .wait_fds       = kvf_conn_wait_fds,
 };
 
 const kvf_connector_ops_t *kvf_connector_ucx_ops(void)

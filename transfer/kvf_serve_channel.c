@@ -148,6 +148,24 @@ kvf_status_t kvf_serve_server_recv(kvf_serve_server_h srv, int timeout_ms,
     return KVF_OK;
 }
 
+bool kvf_serve_server_wait(kvf_serve_server_h srv, int timeout_ms, const int *fds, int nfds)
+{
+    zmq_pollitem_t items[17];
+    int n = 1;
+
+    memset(items, 0, sizeof(items));
+    items[0].socket = srv->sock;
+    items[0].events = ZMQ_POLLIN;
+    for (int i = 0; (i < nfds) && (n < 17); ++i, ++n) {
+        items[n].fd = fds[i];
+        items[n].events = ZMQ_POLLIN;
+    }
+    if (zmq_poll(items, n, timeout_ms) <= 0) {
+        return false;
+    }
+    return (items[0].revents & ZMQ_POLLIN) != 0;
+}
+
 kvf_status_t kvf_serve_server_reply(kvf_serve_server_h srv, const kvf_serve_peer_t *peer,
                                     const Kvf__ServeReply *reply)
 {

@@ -13,6 +13,7 @@
 #include "common/kvf_status.h"
 #include "proto/kvf_serve.pb-c.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -49,6 +50,14 @@ void kvf_serve_server_destroy(kvf_serve_server_h srv);
  */
 kvf_status_t kvf_serve_server_recv(kvf_serve_server_h srv, int timeout_ms,
                                    kvf_serve_peer_t *peer_p, Kvf__ServeRequest **req_p);
+
+/**
+ * Sleep until a request is waiting, one of @a fds (nfds <= 16) is readable,
+ * or @a timeout_ms passes. Lets a daemon wait on its control socket and its
+ * transfer workers at once instead of spinning.
+ * @return true when a request is waiting on the control socket.
+ */
+bool kvf_serve_server_wait(kvf_serve_server_h srv, int timeout_ms, const int *fds, int nfds);
 
 /**
  * Send @a reply to @a peer. Never blocks: a peer that went away or whose

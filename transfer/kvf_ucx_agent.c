@@ -217,7 +217,9 @@ kvf_status_t kvf_ucx_agent_create(const kvf_ucx_agent_params_t *params,
     KVF_UCX_CHECK_GOTO(ucp_config_read(NULL, NULL, &config), status, err_free_ring);
     memset(&ucp_params, 0, sizeof(ucp_params));
     ucp_params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
-    ucp_params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM;
+    /* WAKEUP: an idle owner can sleep in poll() on the worker's event fd
+     * instead of spinning on progress (kvf_ucx_agent_arm()) */
+    ucp_params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
     ucp_params.name = agent->name;
     status = kvf_ucx_status(ucp_init(&ucp_params, config, &agent->context));
     ucp_config_release(config);
@@ -357,6 +359,27 @@ const char *kvf_ucx_agent_transports(kvf_ucx_agent_h agent)
 unsigned kvf_ucx_agent_progress(kvf_ucx_agent_h agent)
 {
     return ucp_worker_progress(agent->worker);
+}
+
+kvf_status_t kvf_ucx_agent_event_fd(kvf_ucx_agent_h agent, int *fd_p)
+{
+    return kvf_ucx_status(ucp_worker_get_efd(agent->worker, fd_p));
+}
+
+kvf_status_t kvf_ucx_agent_arm(kvf_ucx_agent_h agent)
+{
+    ucs_status_t s;
+
+    if (agent->ring_count > 0) {
+        return KVF_ERR_BUSY;            /* notifications are waiting to be read */
+    }
+    while (ucp_worker_progress(agent->worker) != 0) {
+    }
+    s = ucp_worker_arm(agent->worker);
+    if (s == UCS_ERR_BUSY) {
+        return KVF_ERR_BUSY;
+    }
+    return (agent->ring_count > 0) ? KVF_ERR_BUSY : kvf_ucx_status(s);
 }
 
 uint64_t kvf_ucx_agent_ops_posted(kvf_ucx_agent_h agent)

@@ -113,6 +113,21 @@ const char *kvf_ucx_agent_transports(kvf_ucx_agent_h agent);
 /** Drive the worker once; returns the number of UCX events processed. */
 unsigned kvf_ucx_agent_progress(kvf_ucx_agent_h agent);
 
+/**
+ * The worker's event file descriptor: readable when the worker has work.
+ * Owned by the worker; valid until the agent is destroyed.
+ */
+kvf_status_t kvf_ucx_agent_event_fd(kvf_ucx_agent_h agent, int *fd_p);
+
+/**
+ * Progress until idle, then arm the event fd (ucp_worker_arm) so a poll()
+ * on it wakes when work arrives.
+ * @return KVF_OK when armed (the caller may sleep in poll on the fd);
+ *         KVF_ERR_BUSY when events or notifications are pending (progress or
+ *         read them, do not sleep); a UCX error mapped to kvf_status_t.
+ */
+kvf_status_t kvf_ucx_agent_arm(kvf_ucx_agent_h agent);
+
 /** Number of GET/PUT operations posted so far (0 proves no RDMA was issued). */
 uint64_t kvf_ucx_agent_ops_posted(kvf_ucx_agent_h agent);
 
