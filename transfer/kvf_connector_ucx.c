@@ -35,7 +35,8 @@
 
 typedef struct kvf_conn_engine {
     char                         engine_id[KVF_ENGINE_ID_MAX];
-    const kvf_handshake_reply_t *reply;        /* owned by the side-channel client cache */
+    kvf_rank_meta_t             *ranks;        /* [tp], our own copy: the side-channel
+                                                * client's cache moves entries on forget */
     int                          tp;
     kvf_rank_geometry_t         *geoms;        /* [tp], recomputed by the compat check */
     int64_t                     *num_blocks;   /* [tp] */
@@ -103,6 +104,7 @@ static void kvf_conn_destroy(kvf_connector_h conn)
         free(rk->meta);
     }
     for (int e = 0; e < conn->num_engines; ++e) {
+        free(conn->engines[e].ranks);
         free(conn->engines[e].geoms);
         free(conn->engines[e].num_blocks);
     }
@@ -432,7 +434,12 @@ static kvf_status_t kvf_conn_handshake(kvf_connector_h conn, const char *engine_
         goto err_free;
     }
     snprintf(e->engine_id, sizeof(e->engine_id), "%s", engine_id);
-    e->reply = reply;
+    e->ranks = malloc((size_t)reply->num_ranks * sizeof(*e->ranks));
+    if (e->ranks == NULL) {
+        status = KVF_ERR_NO_MEMORY;
+        goto err_free;
+    }
+    memcpy(e->ranks, reply->ranks, (size_t)reply->num_ranks * sizeof(*e->ranks));
     e->tp = reply->num_ranks;
     for (int r = 0; r < e->tp; ++r) {
         e->num_blocks[r] = reply->ranks[r].num_blocks;
@@ -446,6 +453,7 @@ static kvf_status_t kvf_conn_handshake(kvf_connector_h conn, const char *engine_
     return KVF_OK;
 
 err_free:
+    free(e->ranks);
     free(e->geoms);
     free(e->num_blocks);
     memset(e, 0, sizeof(*e));
@@ -492,7 +500,7 @@ static kvf_status_t kvf_conn_peer(kvf_connector_h conn, kvf_conn_rank_t *rk, int
         rk->peers[engine][remote] = NULL;
     }
     if (rk->peers[engine][remote] == NULL) {
-        status = kvf_ucx_peer_connect(rk->agent, &e->reply->ranks[remote],
+        status = kvf_ucx_peer_connect(rk->agent, &e->ranks[remote],
                                       &rk->peers[engine][remote]);
         if (status != KVF_OK) {
             return status;
@@ -712,7 +720,8 @@ static kvf_status_t kvf_conn_forget_engine(kvf_connector_h conn, const char *eng
         rk->peers[e] = NULL;
     }
     pthread_mutex_lock(&conn->lock);
-    kvf_side_channel_forget(conn->client, engine_id);   /* frees eng->reply */
+    kvf_side_channel_forget(conn->client, engine_id);
+    free(eng->ranks);
     free(eng->geoms);
     free(eng->num_blocks);
     memset(eng, 0, sizeof(*eng));
@@ -736,7 +745,7 @@ static kvf_status_t kvf_conn_remote_incarnation(kvf_connector_h conn, const char
     if (e < 0) {
         return KVF_ERR_NOT_FOUND;
     }
-    *incarnation_p = conn->engines[e].reply->ranks[0].incarnation;
+    *incarnation_p = conn->engines[e].ranks[0].incarnation;
     return KVF_OK;
 }
 

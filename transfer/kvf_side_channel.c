@@ -49,15 +49,19 @@ struct kvf_side_channel_server {
 };
 
 typedef struct kvf_side_channel_entry {
-    char                  engine_id[KVF_ENGINE_ID_MAX];
+    char                  engine_id[KVF_ENGINE_ID_MAX];   /* "" marks a free slot */
     kvf_handshake_reply_t reply;
+    uint64_t              seq;                            /* insertion order, for eviction */
 } kvf_side_channel_entry_t;
 
 struct kvf_side_channel_client {
     void                    *ctx;
     char                     engine_id[KVF_ENGINE_ID_MAX];
     uint32_t                 timeout_ms;
-    int                      num_entries;
+    int                      num_entries;   /* slots in use so far (high-water mark) */
+    uint64_t                 next_seq;
+    /* Slots never move: a returned reply pointer stays valid until its own
+     * engine is forgotten or evicted. */
     kvf_side_channel_entry_t entries[KVF_SIDE_CHANNEL_MAX_CACHE];
     kvf_handshake_reply_t    last_refusal;
 };
@@ -390,7 +394,8 @@ kvf_status_t kvf_side_channel_fetch(kvf_side_channel_client_h client,
     kvf_status_t status;
 
     for (int i = 0; i < client->num_entries; ++i) {
-        if (strcmp(client->entries[i].engine_id, remote_engine_id) == 0) {
+        if ((client->entries[i].engine_id[0] != '\0') &&
+            (strcmp(client->entries[i].engine_id, remote_engine_id) == 0)) {
             *reply_p = &client->entries[i].reply;
             return KVF_OK;
         }
@@ -427,14 +432,27 @@ kvf_status_t kvf_side_channel_fetch(kvf_side_channel_client_h client,
         kvf_handshake_reply_cleanup(&reply);
         return KVF_ERR_PARSE;
     }
-    if (client->num_entries == KVF_SIDE_CHANNEL_MAX_CACHE) {
-        /* evict the oldest; callers holding its pointer must re-fetch */
-        kvf_handshake_reply_cleanup(&client->entries[0].reply);
-        memmove(&client->entries[0], &client->entries[1],
-                sizeof(client->entries[0]) * (KVF_SIDE_CHANNEL_MAX_CACHE - 1));
-        client->num_entries--;
+    e = NULL;
+    for (int i = 0; i < client->num_entries; ++i) {      /* a forgotten slot */
+        if (client->entries[i].engine_id[0] == '\0') {
+            e = &client->entries[i];
+            break;
+        }
     }
-    e = &client->entries[client->num_entries++];
+    if ((e == NULL) && (client->num_entries < KVF_SIDE_CHANNEL_MAX_CACHE)) {
+        e = &client->entries[client->num_entries++];
+    }
+    if (e == NULL) {
+        /* full: evict the oldest; only callers holding ITS pointer must re-fetch */
+        e = &client->entries[0];
+        for (int i = 1; i < client->num_entries; ++i) {
+            if (client->entries[i].seq < e->seq) {
+                e = &client->entries[i];
+            }
+        }
+        kvf_handshake_reply_cleanup(&e->reply);
+    }
+    e->seq = client->next_seq++;
     snprintf(e->engine_id, sizeof(e->engine_id), "%s", remote_engine_id);
     e->reply = reply;
     *reply_p = &e->reply;
@@ -444,11 +462,10 @@ kvf_status_t kvf_side_channel_fetch(kvf_side_channel_client_h client,
 void kvf_side_channel_forget(kvf_side_channel_client_h client, const char *remote_engine_id)
 {
     for (int i = 0; i < client->num_entries; ++i) {
-        if (strcmp(client->entries[i].engine_id, remote_engine_id) == 0) {
+        if ((client->entries[i].engine_id[0] != '\0') &&
+            (strcmp(client->entries[i].engine_id, remote_engine_id) == 0)) {
             kvf_handshake_reply_cleanup(&client->entries[i].reply);
-            memmove(&client->entries[i], &client->entries[i + 1],
-                    sizeof(client->entries[0]) * (size_t)(client->num_entries - i - 1));
-            client->num_entries--;
+            client->entries[i].engine_id[0] = '\0';   /* free; other slots stay put */
             return;
         }
     }

@@ -168,11 +168,61 @@ static void test_garbage_and_refusals(void **state)
     kvf_side_channel_server_stop(s);
 }
 
+/* Forgetting one engine must leave every other engine's cached reply where it was. */
+static void test_forget_keeps_other_engines(void **state)
+{
+    kvf_rank_meta_t ma, mb;
+    kvf_side_channel_params_t p;
+    kvf_side_channel_server_h sa, sb;
+    kvf_side_channel_client_h c;
+    const kvf_handshake_reply_t *ra, *rb, *ra2, *rb2;
+    (void)state;
+
+    fill_ranks();
+    ma = ranks[0];
+    mb = ranks[0];
+    ma.tp_size = mb.tp_size = 1;
+    snprintf(ma.engine_id, sizeof(ma.engine_id), "prefill-A");
+    snprintf(mb.engine_id, sizeof(mb.engine_id), "prefill-B");
+    ma.incarnation = 0xaaaa;
+    mb.incarnation = 0xbbbb;
+    memset(&p, 0, sizeof(p));
+    p.num_ranks = 1;
+    p.engine_id = "prefill-A";
+    p.ranks = &ma;
+    assert_int_equal(kvf_side_channel_server_start(&p, &sa), KVF_OK);
+    p.engine_id = "prefill-B";
+    p.ranks = &mb;
+    assert_int_equal(kvf_side_channel_server_start(&p, &sb), KVF_OK);
+    assert_int_equal(kvf_side_channel_client_create("decode-0", 2000, &c), KVF_OK);
+
+    assert_int_equal(kvf_side_channel_fetch(c, "prefill-A", "127.0.0.1",
+                                            kvf_side_channel_server_port(sa), &ra), KVF_OK);
+    assert_int_equal(kvf_side_channel_fetch(c, "prefill-B", "127.0.0.1",
+                                            kvf_side_channel_server_port(sb), &rb), KVF_OK);
+    kvf_side_channel_forget(c, "prefill-A");       /* A restarted */
+    assert_int_equal(kvf_side_channel_fetch(c, "prefill-A", "127.0.0.1",
+                                            kvf_side_channel_server_port(sa), &ra2), KVF_OK);
+    kvf_side_channel_forget(c, "prefill-A");       /* and again */
+    /* B's pointer still shows B, and a cached fetch of B returns the same slot */
+    assert_string_equal(rb->engine_id, "prefill-B");
+    assert_non_null(rb->ranks);
+    assert_true(rb->ranks[0].incarnation == 0xbbbb);
+    assert_int_equal(kvf_side_channel_fetch(c, "prefill-B", "127.0.0.1",
+                                            kvf_side_channel_server_port(sb), &rb2), KVF_OK);
+    assert_ptr_equal(rb, rb2);
+    (void)ra;
+    kvf_side_channel_client_destroy(c);
+    kvf_side_channel_server_stop(sa);
+    kvf_side_channel_server_stop(sb);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fetch_and_cache),
         cmocka_unit_test(test_garbage_and_refusals),
+        cmocka_unit_test(test_forget_keeps_other_engines),
     };
     kvf_log_init("test");
     kvf_log_set_level(KVF_LOG_ERROR + 0);
