@@ -31,6 +31,7 @@
 #define KVF_DC_MAX_EVENTS 512
 #define KVF_DC_ID_MAX     64
 #define KVF_DC_MAX_TP     KVF_ROLE_MAX_TP
+#define KVF_DC_MAX_IDS    (1 << 20)    /* block ids per group in transfer params */
 
 const kvf_config_field_t kvf_decode_config_table[] = {
     {"MODEL", "", "model folder (config.json + model.safetensors)",
@@ -385,6 +386,46 @@ typedef enum {
     KVF_DC_WAIT = 1,   /* no free blocks now: keep the message and retry later */
 } kvf_dc_outcome_t;
 
+/*
+ * Everything about a decode request that can be checked without the pool:
+ * ids, the prompt, and transfer params a peer could have made up. Runs
+ * before a request may wait in line, so nothing malformed is ever kept.
+ */
+static kvf_status_t kvf_dc_validate(const Kvf__DecodeRequest *dr, char *err, size_t len)
+{
+    const Kvf__TransferParams *xp = dr->params;
+    const char *rid = dr->request_id;
+
+    if ((rid == NULL) || (rid[0] == '\0') || (strlen(rid) >= KVF_DC_ID_MAX)) {
+        snprintf(err, len, "decode request needs a request_id of 1..%d bytes", KVF_DC_ID_MAX - 1);
+    } else if (dr->n_prompt_tokens == 0) {
+        snprintf(err, len, "decode request has an empty prompt");
+    } else if ((xp == NULL) || (xp->engine_id == NULL) || (xp->engine_id[0] == '\0') ||
+               (xp->host == NULL) || (xp->host[0] == '\0')) {
+        snprintf(err, len, "decode request needs transfer params naming the prefill engine");
+    } else if (!xp->has_port || (xp->port < 1) || (xp->port > 65535)) {
+        snprintf(err, len, "transfer params: side-channel port %u is not in 1..65535", xp->port);
+    } else if (!xp->has_first_token) {
+        snprintf(err, len, "transfer params carry no first token");
+    } else if (xp->num_tokens != dr->n_prompt_tokens) {
+        snprintf(err, len, "transfer params cover %llu tokens, the prompt has %zu",
+                 (unsigned long long)xp->num_tokens, dr->n_prompt_tokens);
+    } else if ((xp->n_groups == 0) || (xp->n_groups > KVF_MAX_KV_GROUPS)) {
+        snprintf(err, len, "transfer params carry %zu KV cache groups (1..%d)", xp->n_groups,
+                 KVF_MAX_KV_GROUPS);
+    } else {
+        for (size_t g = 0; g < xp->n_groups; ++g) {
+            if ((xp->groups[g] == NULL) || (xp->groups[g]->n_ids > KVF_DC_MAX_IDS)) {
+                snprintf(err, len, "transfer params: group %zu has more than %d block ids", g,
+                         KVF_DC_MAX_IDS);
+                return KVF_ERR_INVALID_PARAM;
+            }
+        }
+        return KVF_OK;
+    }
+    return KVF_ERR_INVALID_PARAM;
+}
+
 static kvf_dc_outcome_t kvf_dc_decode(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
                                       const Kvf__DecodeRequest *dr)
 {
@@ -399,12 +440,8 @@ static kvf_dc_outcome_t kvf_dc_decode(kvf_decode_server_h srv, const kvf_serve_p
     uint64_t id;
     kvf_status_t status;
 
-    if ((rid[0] == '\0') || (strlen(rid) >= KVF_DC_ID_MAX) || (dr->params == NULL) ||
-        (dr->params->engine_id == NULL) || (dr->params->host == NULL) ||
-        (dr->n_prompt_tokens == 0) || (dr->params->num_tokens != dr->n_prompt_tokens)) {
-        kvf_serve_server_reply_error(srv->serve, peer, rid, KVF_ERR_INVALID_PARAM,
-                                     "decode request needs a request_id of 1..63 bytes, the"
-                                     " prompt, and transfer params covering it");
+    if (kvf_dc_validate(dr, err, sizeof(err)) != KVF_OK) {
+        kvf_serve_server_reply_error(srv->serve, peer, rid, KVF_ERR_INVALID_PARAM, err);
         return KVF_DC_DONE;
     }
     memset(&rp, 0, sizeof(rp));
@@ -581,14 +618,25 @@ static void kvf_dc_health(kvf_decode_server_h srv, const kvf_serve_peer_t *peer)
 static bool kvf_dc_handle(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
                           Kvf__ServeRequest *req)
 {
+    char err[256];
+
     switch (req->body_case) {
     case KVF__SERVE_REQUEST__BODY_DECODE:
-        /* behind others already waiting, or when the pool is full: wait in line */
-        if (((srv->num_waiting > 0) || (kvf_dc_decode(srv, peer, req->decode) == KVF_DC_WAIT)) &&
-            kvf_dc_wait(srv, peer, req)) {
-            return true;
+        if (kvf_dc_validate(req->decode, err, sizeof(err)) != KVF_OK) {
+            kvf_serve_server_reply_error(srv->serve, peer, req->decode->request_id,
+                                         KVF_ERR_INVALID_PARAM, err);
+            return false;
         }
-        return false;
+        /* behind others already waiting, or when the pool is full: wait in line */
+        if ((srv->num_waiting == 0) && (kvf_dc_decode(srv, peer, req->decode) == KVF_DC_DONE)) {
+            return false;
+        }
+        if (!kvf_dc_wait(srv, peer, req)) {
+            kvf_serve_server_reply_error(srv->serve, peer, req->decode->request_id,
+                                         KVF_ERR_NO_MEMORY, "out of memory queueing the request");
+            return false;
+        }
+        return true;
     case KVF__SERVE_REQUEST__BODY_ABORT:
         kvf_dc_abort(srv, req->abort);
         return false;

@@ -22,6 +22,7 @@ kvf_status_t kvf_serve_server_create(const char *endpoint, kvf_serve_server_h *s
     struct kvf_serve_server *srv = calloc(1, sizeof(*srv));
     int linger = 0;
     int hwm = 100000;
+    int64_t max_msg = 64ll << 20;   /* a stray client cannot make us buffer more */
 
     if (srv == NULL) {
         return KVF_ERR_NO_MEMORY;
@@ -38,6 +39,7 @@ kvf_status_t kvf_serve_server_create(const char *endpoint, kvf_serve_server_h *s
     }
     zmq_setsockopt(srv->sock, ZMQ_LINGER, &linger, sizeof(linger));
     zmq_setsockopt(srv->sock, ZMQ_SNDHWM, &hwm, sizeof(hwm));
+    zmq_setsockopt(srv->sock, ZMQ_MAXMSGSIZE, &max_msg, sizeof(max_msg));
     if (zmq_bind(srv->sock, endpoint) != 0) {
         kvf_error("cannot listen on %s: %s", endpoint, zmq_strerror(errno));
         goto err_sock;
@@ -122,7 +124,7 @@ kvf_status_t kvf_serve_server_recv(kvf_serve_server_h srv, int timeout_ms,
     zmq_msg_init(&body);
     if (zmq_msg_recv(&body, srv->sock, 0) < 0) {
         zmq_msg_close(&body);
-        return KVF_ERR_ZMQ;
+        return (errno == EINTR) ? KVF_ERR_PEER_TIMEOUT : KVF_ERR_ZMQ;   /* a signal: retry */
     }
     more = 0;
     zmq_getsockopt(srv->sock, ZMQ_RCVMORE, &more, &sz);

@@ -1,0 +1,292 @@
+/*
+ * kvf-decode facing malformed control messages: each gets an error reply
+ * naming the problem, and the daemon keeps serving (a health probe after
+ * them is answered). Includes the sequence a review found fatal: a decode
+ * request with no request_id, then an abort.
+ */
+#include "proto/kvf_serve.pb-c.h"
+
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+#include <cmocka.h>
+
+static pid_t decode_pid;
+static void *zctx, *sock;
+static char endpoint[64];
+
+static void send_req(const Kvf__ServeRequest *req)
+{
+    size_t len = kvf__serve_request__get_packed_size(req);
+    uint8_t *buf = malloc(len + 1);
+    kvf__serve_request__pack(req, buf);
+    assert_true(zmq_send(sock, buf, len, 0) >= 0);
+    free(buf);
+}
+
+/* Next reply within 10 s (fails the test otherwise). */
+static Kvf__ServeReply *recv_reply(void)
+{
+    zmq_pollitem_t it = {.socket = sock, .events = ZMQ_POLLIN};
+    zmq_msg_t m;
+    Kvf__ServeReply *r;
+
+    assert_int_equal(zmq_poll(&it, 1, 10000), 1);
+    zmq_msg_init(&m);
+    assert_true(zmq_msg_recv(&m, sock, 0) >= 0);
+    r = kvf__serve_reply__unpack(NULL, zmq_msg_size(&m), zmq_msg_data(&m));
+    zmq_msg_close(&m);
+    assert_non_null(r);
+    return r;
+}
+
+static void expect_error(const Kvf__ServeRequest *req, const char *needle)
+{
+    Kvf__ServeReply *r;
+    send_req(req);
+    r = recv_reply();
+    assert_true(r->has_status && (r->status < 0));
+    assert_non_null(r->error);
+    if (strstr(r->error, needle) == NULL) {
+        fail_msg("error '%s' does not mention '%s'", r->error, needle);
+    }
+    kvf__serve_reply__free_unpacked(r, NULL);
+}
+
+static void test_malformed_decode_requests(void **state)
+{
+    Kvf__ServeRequest req = KVF__SERVE_REQUEST__INIT;
+    Kvf__DecodeRequest dr = KVF__DECODE_REQUEST__INIT;
+    Kvf__TransferParams tp = KVF__TRANSFER_PARAMS__INIT;
+    Kvf__AbortRequest ar = KVF__ABORT_REQUEST__INIT;
+    Kvf__HealthRequest hr = KVF__HEALTH_REQUEST__INIT;
+    Kvf__BlockIdList g = KVF__BLOCK_ID_LIST__INIT, *gp = &g;
+    int32_t prompt[3] = {256, 104, 105};
+    Kvf__ServeReply *r;
+    (void)state;
+
+    req.body_case = KVF__SERVE_REQUEST__BODY_DECODE;
+    req.decode = &dr;
+    dr.n_prompt_tokens = 3;
+    dr.prompt_tokens = prompt;
+    expect_error(&req, "request_id");                 /* no request id at all */
+    dr.request_id = (char *)"r1";
+    expect_error(&req, "transfer params");            /* no params */
+    dr.params = &tp;
+    tp.engine_id = (char *)"prefill-x";
+    tp.host = (char *)"127.0.0.1";
+    tp.has_port = 1;
+    tp.port = 70000;
+    expect_error(&req, "port");
+    tp.port = 1;
+    expect_error(&req, "first token");
+    tp.has_first_token = 1;
+    tp.first_token = 5;
+    tp.has_num_tokens = 1;
+    tp.num_tokens = 7;
+    expect_error(&req, "cover 7 tokens");
+    tp.num_tokens = 3;
+    expect_error(&req, "KV cache groups");
+    tp.n_groups = 1;
+    tp.groups = &gp;
+    g.n_ids = (1u << 20) + 1;                         /* claimed, not sent: caught by count */
+    g.ids = calloc(g.n_ids, sizeof(int32_t));
+    expect_error(&req, "block ids");
+    free(g.ids);
+    g.ids = NULL;
+    g.n_ids = 0;
+
+    /* a decode with no id followed by an abort: must not take the daemon down */
+    dr.request_id = NULL;
+    expect_error(&req, "request_id");
+    req.body_case = KVF__SERVE_REQUEST__BODY_ABORT;
+    req.abort = &ar;
+    send_req(&req);                                   /* abort of nothing: no reply */
+    ar.request_id = (char *)"never-seen";
+    send_req(&req);
+
+    req.body_case = KVF__SERVE_REQUEST__BODY_HEALTH;
+    req.health = &hr;
+    send_req(&req);
+    r = recv_reply();
+    assert_string_equal(r->request_id, "health");
+    assert_non_null(r->health);
+    assert_string_equal(r->health->role, "decode");
+    assert_true(r->health->free_pages == r->health->total_pages);
+    kvf__serve_reply__free_unpacked(r, NULL);
+
+    /* garbage bytes: an error reply, daemon alive */
+    assert_true(zmq_send(sock, "\xff\xfe\x01garbage", 10, 0) >= 0);
+    r = recv_reply();
+    assert_true(r->status < 0);
+    kvf__serve_reply__free_unpacked(r, NULL);
+    assert_int_equal(waitpid(decode_pid, NULL, WNOHANG), 0);
+}
+
+static void fill_decode(Kvf__DecodeRequest *dr, Kvf__TransferParams *tp, Kvf__BlockIdList **gp,
+                        Kvf__SamplingParams *sp, const char *id, int32_t *prompt, int n)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    dr->request_id = (char *)id;
+    dr->n_prompt_tokens = (size_t)n;
+    dr->prompt_tokens = prompt;
+    dr->params = tp;
+    dr->sampling = sp;
+    sp->has_max_tokens = sp->has_ignore_eos = 1;
+    sp->max_tokens = 4;
+    sp->ignore_eos = 1;
+    tp->engine_id = (char *)"prefill-gone";      /* nobody answers there: recompute */
+    tp->host = (char *)"127.0.0.1";
+    tp->has_port = tp->has_first_token = tp->has_num_tokens = tp->has_lease_expiry_ms = 1;
+    tp->port = 9;
+    tp->first_token = 104;
+    tp->num_tokens = (uint64_t)n;
+    tp->lease_expiry_ms = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000 + 20000;
+    tp->n_groups = 3;
+    tp->groups = gp;
+}
+
+/* A request with no id must never be kept in the wait queue (an abort would read its id). */
+static void test_waiting_queue_and_bad_requests(void **state)
+{
+    Kvf__ServeRequest req = KVF__SERVE_REQUEST__INIT;
+    Kvf__DecodeRequest d1 = KVF__DECODE_REQUEST__INIT, d2 = KVF__DECODE_REQUEST__INIT;
+    Kvf__TransferParams t1 = KVF__TRANSFER_PARAMS__INIT, t2 = KVF__TRANSFER_PARAMS__INIT;
+    Kvf__SamplingParams s1 = KVF__SAMPLING_PARAMS__INIT, s2 = KVF__SAMPLING_PARAMS__INIT;
+    Kvf__BlockIdList g = KVF__BLOCK_ID_LIST__INIT;
+    Kvf__BlockIdList *gp[3] = {&g, &g, &g};
+    Kvf__AbortRequest ar = KVF__ABORT_REQUEST__INIT;
+    Kvf__HealthRequest hr = KVF__HEALTH_REQUEST__INIT;
+    static int32_t prompt[700];
+    Kvf__ServeReply *r;
+    (void)state;
+
+    for (int i = 0; i < 700; ++i) {
+        prompt[i] = 97 + (i % 26);
+    }
+    /* r1: 700 tokens = 9 attention + 2 Mamba blocks of 16, recomputed here (pull fails) */
+    fill_decode(&d1, &t1, gp, &s1, "r1", prompt, 700);
+    s1.max_tokens = 2000;
+    req.body_case = KVF__SERVE_REQUEST__BODY_DECODE;
+    req.decode = &d1;
+    send_req(&req);
+    for (int tries = 0;; ++tries) {                    /* until r1 holds its blocks */
+        Kvf__ServeRequest h = KVF__SERVE_REQUEST__INIT;
+        h.body_case = KVF__SERVE_REQUEST__BODY_HEALTH;
+        h.health = &hr;
+        send_req(&h);
+        r = recv_reply();
+        assert_non_null(r->health);
+        if (r->health->free_pages < r->health->total_pages) {
+            kvf__serve_reply__free_unpacked(r, NULL);
+            break;
+        }
+        kvf__serve_reply__free_unpacked(r, NULL);
+        assert_true(tries < 500);
+    }
+    /* r2: needs 11 blocks, 5 are free: it waits in line */
+    fill_decode(&d2, &t2, gp, &s2, "r2", prompt, 700);
+    req.decode = &d2;
+    send_req(&req);
+    /* a request with no id while r2 waits: refused, not queued */
+    d2.request_id = NULL;
+    expect_error(&req, "request_id");
+    req.body_case = KVF__SERVE_REQUEST__BODY_ABORT;
+    req.abort = &ar;
+    ar.request_id = (char *)"x";
+    send_req(&req);                                    /* walks the wait queue */
+    ar.request_id = (char *)"r2";
+    send_req(&req);
+    for (;;) {                                         /* r1 streams nothing (not stream), r2 aborted */
+        r = recv_reply();
+        if ((r->request_id != NULL) && (strcmp(r->request_id, "r2") == 0)) {
+            assert_true(r->status < 0);
+            assert_non_null(strstr(r->error, "aborted"));
+            kvf__serve_reply__free_unpacked(r, NULL);
+            break;
+        }
+        kvf__serve_reply__free_unpacked(r, NULL);
+    }
+    ar.request_id = (char *)"r1";
+    send_req(&req);
+    req.body_case = KVF__SERVE_REQUEST__BODY_HEALTH;
+    req.health = &hr;
+    for (int tries = 0;; ++tries) {                     /* r1's abort reply, then health */
+        send_req(&req);
+        do {
+            r = recv_reply();
+            if (r->health == NULL) {
+                kvf__serve_reply__free_unpacked(r, NULL);
+            }
+        } while (r->health == NULL);
+        if ((r->health->free_pages == r->health->total_pages) || (tries == 50)) {
+            break;
+        }
+        kvf__serve_reply__free_unpacked(r, NULL);
+    }
+    assert_true(r->health->free_pages == r->health->total_pages);
+    assert_int_equal(r->health->running, 0);
+    kvf__serve_reply__free_unpacked(r, NULL);
+    assert_int_equal(waitpid(decode_pid, NULL, WNOHANG), 0);
+}
+
+static int setup(void **state)
+{
+    const char *bin = getenv("KVF_BIN");
+    char model[512], cmd[2048], kvf[512], dec[512];
+    int port = 30000 + (getpid() % 20000);
+    (void)state;
+
+    if (bin == NULL) {
+        bin = KVF_BINARY_DIR "/bin";
+    }
+    snprintf(model, sizeof(model), "%s/../e2e-models/test-decode-bad-%d", bin, (int)getpid());
+    snprintf(kvf, sizeof(kvf), "%s/kvf", bin);
+    snprintf(dec, sizeof(dec), "%s/kvf-decode", bin);
+    snprintf(cmd, sizeof(cmd), "'%s' mkmodel --config '%s/tests/data/models/tiny-hybrid.config.json'"
+             " --out '%s' >/dev/null", kvf, KVF_SOURCE_DIR, model);
+    if (system(cmd) != 0) {
+        return -1;
+    }
+    snprintf(endpoint, sizeof(endpoint), "tcp://127.0.0.1:%d", port);
+    decode_pid = fork();
+    if (decode_pid == 0) {
+        execl(dec, dec, "--model", model, "--listen", endpoint, "--num-blocks", "16",
+              "--block-size", "16", "--load-failure", "recompute", "--xfer-timeout", "300ms",
+              (char *)NULL);
+        _exit(127);
+    }
+    zctx = zmq_ctx_new();
+    sock = zmq_socket(zctx, ZMQ_DEALER);
+    int linger = 0;
+    zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof(linger));
+    return zmq_connect(sock, endpoint);
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    zmq_close(sock);
+    zmq_ctx_term(zctx);
+    kill(decode_pid, SIGTERM);
+    waitpid(decode_pid, NULL, 0);
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_malformed_decode_requests),
+        cmocka_unit_test(test_waiting_queue_and_bad_requests),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
