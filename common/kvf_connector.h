@@ -133,8 +133,11 @@ typedef struct kvf_connector_ops {
 
     /**
      * Decode: tell every prefill rank read that the request's blocks may be
-     * freed (with the request's final status), and free @a req. Waits for an
-     * unfinished request to drain (bounded by timeout_ms) first.
+     * freed, and free @a req. Waits for an unfinished request to drain
+     * (bounded by timeout_ms) first. When the pull failed or timed out, the
+     * endpoints to those ranks are force-closed instead (no GET can land
+     * after this returns, so the local blocks may be reused) and no release
+     * is sent: prefill's lease frees its blocks. Returns the pull's status.
      */
     kvf_status_t (*notify_release)(kvf_connector_h conn, int tp_rank, kvf_connector_req_h req);
 

@@ -651,6 +651,19 @@ static kvf_status_t kvf_conn_notify_release(kvf_connector_h conn, int tp_rank,
     /* drain: never release blocks a GET may still be reading (§9) */
     while (kvf_conn_poll(conn, tp_rank, req) == KVF_INPROGRESS) {
     }
+    if (req->status != KVF_OK) {
+        /* Failed or timed out with GETs possibly still posted: force-close
+         * the endpoints so none can land after the caller reuses the local
+         * blocks, and send no release (prefill may be dead or stuck; its
+         * lease frees the blocks there). The next pull reconnects. */
+        for (int i = 0; (rk->peers[req->engine] != NULL) && (i < req->nsrc); ++i) {
+            kvf_ucx_peer_abort(rk->peers[req->engine][req->src[i]]);
+            rk->peers[req->engine][req->src[i]] = NULL;
+        }
+        status = req->status;
+        kvf_conn_req_free(req);
+        return status;
+    }
     for (int i = 0; i < req->nsrc; ++i) {
         kvf_ucx_peer_h peer = rk->peers[req->engine][req->src[i]];
         kvf_xfer_notification_t n;

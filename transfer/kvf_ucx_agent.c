@@ -537,6 +537,14 @@ err_free_peer:
     return status;
 }
 
+void kvf_ucx_peer_abort(kvf_ucx_peer_h peer)
+{
+    if ((peer != NULL) && (peer->status == KVF_OK)) {
+        peer->status = KVF_ERR_PEER_TIMEOUT;   /* makes the close forced */
+    }
+    kvf_ucx_peer_destroy(peer);
+}
+
 void kvf_ucx_peer_destroy(kvf_ucx_peer_h peer)
 {
     kvf_ucx_agent_h agent;

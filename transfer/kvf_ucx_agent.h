@@ -142,6 +142,14 @@ kvf_status_t kvf_ucx_peer_connect(kvf_ucx_agent_h agent, const kvf_rank_meta_t *
 /** Close the endpoint (forced when the peer failed; bounded by the agent timeout). NULL ok. */
 void kvf_ucx_peer_destroy(kvf_ucx_peer_h peer);
 
+/**
+ * Force-close the endpoint whatever its state: every operation still posted
+ * on it completes (with an error) before this returns, so none can land in
+ * local memory afterwards. For transfers that failed or timed out while
+ * GETs were in flight. NULL ok.
+ */
+void kvf_ucx_peer_abort(kvf_ucx_peer_h peer);
+
 /** KVF_OK while healthy; the first KVF_ERR_PEER_* seen on this peer otherwise. */
 kvf_status_t kvf_ucx_peer_status(kvf_ucx_peer_h peer);
 
