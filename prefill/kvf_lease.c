@@ -92,6 +92,20 @@ void *kvf_lease_table_release(kvf_lease_table_h table, const char *request_id)
     return (i < 0) ? NULL : kvf_lease_remove_at(table, (size_t)i);
 }
 
+bool kvf_lease_table_shorten(kvf_lease_table_h table, const char *request_id,
+                             uint64_t expiry_ms)
+{
+    long i = (request_id != NULL) ? kvf_lease_find(table, request_id) : -1;
+
+    if (i < 0) {
+        return false;
+    }
+    if (expiry_ms < table->leases[i].expiry_ms) {
+        table->leases[i].expiry_ms = expiry_ms;
+    }
+    return true;
+}
+
 size_t kvf_lease_table_expire(kvf_lease_table_h table, uint64_t now_ms, void **owners,
                               size_t cap)
 {

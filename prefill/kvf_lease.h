@@ -13,6 +13,7 @@
 
 #include "common/kvf_status.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -41,6 +42,15 @@ kvf_status_t kvf_lease_table_add(kvf_lease_table_h table, const char *request_id
  *         expired: a late or duplicate notification is harmless).
  */
 void *kvf_lease_table_release(kvf_lease_table_h table, const char *request_id);
+
+/**
+ * Bring the expiry of @a request_id forward to @a expiry_ms if that is
+ * earlier (never extends). For aborts: a decode may still be reading the
+ * blocks, so they are freed after a grace period rather than at once.
+ * @return true when such a lease exists.
+ */
+bool kvf_lease_table_shorten(kvf_lease_table_h table, const char *request_id,
+                             uint64_t expiry_ms);
 
 /**
  * Remove every lease with expiry_ms <= @a now_ms, writing their owners to

@@ -318,10 +318,11 @@ static void kvf_pf_remove_pending(kvf_prefill_server_h srv, int i)
 static void kvf_pf_abort(kvf_prefill_server_h srv, const Kvf__AbortRequest *req)
 {
     const char *rid = (req->request_id != NULL) ? req->request_id : "";
-    void *owner = kvf_lease_table_release(srv->leases, rid);
 
-    if (owner != NULL) {
-        kvf_engine_release(srv->engine, (uint64_t)(uintptr_t)owner - 1);
+    /* leased: a decode may be mid-pull (it handles its own abort only after the
+     * pull), so free after the bound of one transfer instead of at once (§9) */
+    if (kvf_lease_table_shorten(srv->leases, rid, kvf_time_now_ns() / 1000000ull +
+                                                      (uint64_t)srv->cfg.xfer_timeout_ms)) {
         return;
     }
     for (int i = 0; i < srv->num_pending; ++i) {

@@ -26,6 +26,11 @@ static void test_release_and_expire(void **state)
     assert_int_equal(kvf_lease_table_count(t), 3);
     assert_true(kvf_lease_table_next_expiry(t) == 50);
 
+    assert_true(kvf_lease_table_shorten(t, "r3", 500));    /* later: no change */
+    assert_true(kvf_lease_table_next_expiry(t) == 50);
+    assert_true(kvf_lease_table_shorten(t, "r1", 40));     /* earlier: moves */
+    assert_true(kvf_lease_table_next_expiry(t) == 40);
+    assert_false(kvf_lease_table_shorten(t, "nope", 1));
     assert_ptr_equal(kvf_lease_table_release(t, "r1"), &a);
     assert_null(kvf_lease_table_release(t, "r1"));       /* duplicate notification */
     assert_int_equal(kvf_lease_table_expire(t, 49, out, 4), 0);
