@@ -127,8 +127,13 @@ static void kvf_compat_check_rank(kvf_compat_ctx_t *c, const kvf_model_config_t 
                               "expected exactly one registered page-pool region");
         return;
     }
-    expect = (uint64_t)r->num_blocks * (uint64_t)r->slots * r->page_size;
-    if (r->regions[0].length != expect) {
+    /* a hostile peer could pick sizes whose product wraps: that never matches */
+    if ((r->num_blocks < 0) || (r->slots < 0) ||
+        __builtin_mul_overflow((uint64_t)r->num_blocks, (uint64_t)r->slots, &expect) ||
+        __builtin_mul_overflow(expect, r->page_size, &expect)) {
+        expect = 0;
+    }
+    if ((expect == 0) || (r->regions[0].length != expect)) {
         char why[160];
         snprintf(why, sizeof(why),
                  "rank %d: region length must be num_blocks*slots*page_size = "

@@ -442,7 +442,11 @@ static kvf_status_t kvf_conn_handshake(kvf_connector_h conn, const char *engine_
     memcpy(e->ranks, reply->ranks, (size_t)reply->num_ranks * sizeof(*e->ranks));
     e->tp = reply->num_ranks;
     for (int r = 0; r < e->tp; ++r) {
-        e->num_blocks[r] = reply->ranks[r].num_blocks;
+        /* from what the peer registered, not what it claims (the compat check
+         * made them agree; this keeps the planner's bound the registered one) */
+        e->num_blocks[r] = (int64_t)(reply->ranks[r].regions[0].length /
+                                     ((uint64_t)reply->ranks[r].slots *
+                                      reply->ranks[r].page_size));
     }
     if (slot == conn->num_engines) {
         conn->num_engines++;    /* publish: unchanged until forget_engine() */
