@@ -12,7 +12,7 @@ bash deploy/install-deps.sh
 bash deploy/build.sh
 bin="$root/build/bin"
 model="$root/models/tiny-hybrid"
-layout="${KVF_LAYOUT:-4p2d}"
+layout="${1:-4p2d}"   # first argument: another layout, e.g. 2p4d
 
 if [ ! -f "$model/model.safetensors" ]; then
     "$bin/kvf" mkmodel --config tests/data/models/tiny-hybrid.config.json --out "$model" --seed 1
