@@ -34,26 +34,9 @@
 #define KVF_DC_MAX_IDS    (1 << 20)    /* block ids per group in transfer params */
 
 const kvf_config_field_t kvf_decode_config_table[] = {
-    {"MODEL", "", "model folder (config.json + model.safetensors)",
-     offsetof(kvf_decode_config_t, model), KVF_CONFIG_TYPE_STRING, 0},
-    {"TP", "1", "tensor-parallel ranks of this instance",
-     offsetof(kvf_decode_config_t, tp), KVF_CONFIG_TYPE_INT, 0},
-    {"LISTEN", "tcp://127.0.0.1:5567", "ZeroMQ endpoint the proxy connects to",
-     offsetof(kvf_decode_config_t, listen), KVF_CONFIG_TYPE_STRING, 0},
-    {"ENGINE_ID", "decode-0", "engine id, unique in the pool",
-     offsetof(kvf_decode_config_t, engine_id), KVF_CONFIG_TYPE_STRING, 0},
-    {"NUM_BLOCKS", "256", "blocks in each rank's page pool",
-     offsetof(kvf_decode_config_t, num_blocks), KVF_CONFIG_TYPE_INT, 0},
-    {"KV_DTYPE", "bf16", "attention KV cache dtype: fp32, bf16, fp16 (must match prefill)",
-     offsetof(kvf_decode_config_t, kv_dtype), KVF_CONFIG_TYPE_STRING, 0},
-    {"BLOCK_SIZE", "16", "user block size (alignment unit of the TP-stable block size)",
-     offsetof(kvf_decode_config_t, block_size), KVF_CONFIG_TYPE_INT, 0},
-    {"MAX_BATCH_TOKENS", "512", "tokens per engine step",
-     offsetof(kvf_decode_config_t, max_batch_tokens), KVF_CONFIG_TYPE_INT, 0},
+    KVF_ROLE_CONFIG_FIELDS(kvf_decode_config_t, "tcp://127.0.0.1:5567", "decode-0", "1s"),
     {"LOAD_FAILURE", "fail", "when a pull fails: fail the request, or recompute the prompt",
      offsetof(kvf_decode_config_t, load_failure), KVF_CONFIG_TYPE_STRING, 0},
-    {"XFER_TIMEOUT", "1s", "bound on every transfer wait (handshake, pull, release)",
-     offsetof(kvf_decode_config_t, xfer_timeout_ms), KVF_CONFIG_TYPE_TIME, 0},
     {"TEST_PULL_DELAY", "0", "test only: wait this long between handshake and the GETs",
      offsetof(kvf_decode_config_t, test_pull_delay_ms), KVF_CONFIG_TYPE_TIME,
      KVF_CONFIG_FLAG_HIDDEN},
@@ -98,29 +81,12 @@ struct kvf_decode_server {
 
 static kvf_status_t kvf_dc_setup(kvf_decode_server_h srv)
 {
-    const kvf_decode_config_t *c = &srv->cfg;
-    kvf_role_engine_params_t ep = {
-        .model = c->model, .tp = c->tp, .num_blocks = c->num_blocks, .kv_dtype = c->kv_dtype,
-        .block_size = c->block_size, .max_batch_tokens = c->max_batch_tokens,
-    };
-    kvf_connector_config_t cc;
-    kvf_cache_params_t cache;
-    kvf_status_t status;
-
-    status = kvf_role_engine_create(&ep, &srv->engine, &cache);
+    kvf_status_t status = kvf_role_start(&srv->cfg.role, KVF_CONNECTOR_ROLE_DECODE, NULL, 0,
+                                         &srv->engine, &srv->xops, &srv->conn);
     if (status != KVF_OK) {
         return status;
     }
-    memset(&cc, 0, sizeof(cc));
-    cc.field_mask = KVF_CONNECTOR_CONFIG_FIELD_TIMEOUT_MS;
-    cc.engine_id = c->engine_id;
-    cc.role = KVF_CONNECTOR_ROLE_DECODE;
-    cc.timeout_ms = (uint32_t)c->xfer_timeout_ms;
-    status = kvf_role_connector_create(srv->engine, &cache, &cc, &srv->xops, &srv->conn);
-    if (status != KVF_OK) {
-        return status;
-    }
-    return kvf_serve_server_create(c->listen, &srv->serve);
+    return kvf_serve_server_create(srv->cfg.role.listen, &srv->serve);
 }
 
 kvf_status_t kvf_decode_server_create(const kvf_decode_config_t *cfg,
@@ -129,11 +95,7 @@ kvf_status_t kvf_decode_server_create(const kvf_decode_config_t *cfg,
     struct kvf_decode_server *srv;
     kvf_status_t status;
 
-    kvf_role_engine_params_t flags = {
-        .model = cfg->model, .tp = cfg->tp, .num_blocks = cfg->num_blocks,
-        .max_batch_tokens = cfg->max_batch_tokens,
-    };
-    if (kvf_role_check_flags(&flags, cfg->engine_id, cfg->xfer_timeout_ms) != KVF_OK) {
+    if (kvf_role_check_flags(&cfg->role) != KVF_OK) {
         return KVF_ERR_INVALID_PARAM;
     }
     if ((strcmp(cfg->load_failure, "fail") != 0) &&
@@ -153,9 +115,9 @@ kvf_status_t kvf_decode_server_create(const kvf_decode_config_t *cfg,
         return status;
     }
     kvf_info("decode %s: tp %d, block size %d, %d blocks per rank, control %s, load failure"
-             " policy %s", cfg->engine_id, cfg->tp,
+             " policy %s", cfg->role.engine_id, cfg->role.tp,
              kvf_block_manager_block_size(kvf_engine_block_manager(srv->engine)),
-             cfg->num_blocks, cfg->listen, cfg->load_failure);
+             cfg->role.num_blocks, cfg->role.listen, cfg->load_failure);
     *srv_p = srv;
     return KVF_OK;
 }
@@ -259,7 +221,7 @@ static kvf_status_t kvf_dc_pull(kvf_decode_server_h srv, const Kvf__TransferPara
     kvf_status_t final[KVF_DC_MAX_TP];
     kvf_status_t status = KVF_OK;
     uint64_t t0 = kvf_time_now_ns();
-    int ntp = srv->cfg.tp;
+    int ntp = srv->cfg.role.tp;
     bool pending;
 
     if (xp->has_incarnation) {
@@ -606,7 +568,7 @@ static void kvf_dc_health(kvf_decode_server_h srv, const kvf_serve_peer_t *peer)
 {
     Kvf__HealthReply h;
 
-    kvf_role_health_fill(srv->engine, "decode", srv->cfg.engine_id, &h);
+    kvf_role_health_fill(srv->engine, "decode", srv->cfg.role.engine_id, &h);
     h.has_running = h.has_handshake_refusals = h.has_peer_errors = 1;
     h.running = (uint32_t)(srv->num_reqs + srv->num_waiting);
     h.handshake_refusals = srv->refusals;

@@ -17,6 +17,7 @@
 #define KVF_DECODE_SERVER_H
 
 #include "common/kvf_config.h"
+#include "transfer/kvf_role.h"
 #include "common/kvf_status.h"
 
 #include <signal.h>
@@ -24,16 +25,8 @@
 #include <stdint.h>
 
 typedef struct kvf_decode_config {
-    char    model[KVF_CONFIG_STR_MAX];
-    int     tp;
-    char    listen[KVF_CONFIG_STR_MAX];
-    char    engine_id[KVF_CONFIG_STR_MAX];
-    int     num_blocks;
-    char    kv_dtype[KVF_CONFIG_STR_MAX];
-    int     block_size;
-    int     max_batch_tokens;
+    kvf_role_config_t role;                     /* model, tp, listen, engine id, pool, ... */
     char    load_failure[KVF_CONFIG_STR_MAX];   /* "fail" or "recompute" */
-    int64_t xfer_timeout_ms;
     int64_t test_pull_delay_ms;                 /* hidden: stall before the GETs (fault tests) */
 } kvf_decode_config_t;
 

@@ -32,30 +32,13 @@
 #define KVF_PF_MAX_EVENTS 512
 
 const kvf_config_field_t kvf_prefill_config_table[] = {
-    {"MODEL", "", "model folder (config.json + model.safetensors)",
-     offsetof(kvf_prefill_config_t, model), KVF_CONFIG_TYPE_STRING, 0},
-    {"TP", "1", "tensor-parallel ranks of this instance",
-     offsetof(kvf_prefill_config_t, tp), KVF_CONFIG_TYPE_INT, 0},
-    {"LISTEN", "tcp://127.0.0.1:5557", "ZeroMQ endpoint the proxy connects to",
-     offsetof(kvf_prefill_config_t, listen), KVF_CONFIG_TYPE_STRING, 0},
+    KVF_ROLE_CONFIG_FIELDS(kvf_prefill_config_t, "tcp://127.0.0.1:5557", "prefill-0", "5s"),
     {"HOST", "127.0.0.1", "address of this host for the side channel (bind and advertise)",
      offsetof(kvf_prefill_config_t, host), KVF_CONFIG_TYPE_STRING, 0},
     {"SIDE_PORT", "0", "side-channel (handshake) port; 0 picks a free one",
      offsetof(kvf_prefill_config_t, side_port), KVF_CONFIG_TYPE_INT, 0},
-    {"ENGINE_ID", "prefill-0", "engine id, unique in the pool",
-     offsetof(kvf_prefill_config_t, engine_id), KVF_CONFIG_TYPE_STRING, 0},
-    {"NUM_BLOCKS", "256", "blocks in each rank's page pool",
-     offsetof(kvf_prefill_config_t, num_blocks), KVF_CONFIG_TYPE_INT, 0},
     {"LEASE_TIMEOUT", "30s", "how long a finished prompt's blocks wait for decode",
      offsetof(kvf_prefill_config_t, lease_timeout_ms), KVF_CONFIG_TYPE_TIME, 0},
-    {"KV_DTYPE", "bf16", "attention KV cache dtype: fp32, bf16, fp16",
-     offsetof(kvf_prefill_config_t, kv_dtype), KVF_CONFIG_TYPE_STRING, 0},
-    {"BLOCK_SIZE", "16", "user block size (alignment unit of the TP-stable block size)",
-     offsetof(kvf_prefill_config_t, block_size), KVF_CONFIG_TYPE_INT, 0},
-    {"MAX_BATCH_TOKENS", "512", "tokens per engine step",
-     offsetof(kvf_prefill_config_t, max_batch_tokens), KVF_CONFIG_TYPE_INT, 0},
-    {"XFER_TIMEOUT", "5s", "bound on every transfer-layer wait",
-     offsetof(kvf_prefill_config_t, xfer_timeout_ms), KVF_CONFIG_TYPE_TIME, 0},
     {"TEST_NO_RELEASE", "no", "test only: ignore release notifications",
      offsetof(kvf_prefill_config_t, test_no_release), KVF_CONFIG_TYPE_BOOL,
      KVF_CONFIG_FLAG_HIDDEN},
@@ -88,27 +71,9 @@ struct kvf_prefill_server {
 
 static kvf_status_t kvf_pf_setup(kvf_prefill_server_h srv)
 {
-    const kvf_prefill_config_t *c = &srv->cfg;
-    kvf_role_engine_params_t ep = {
-        .model = c->model, .tp = c->tp, .num_blocks = c->num_blocks, .kv_dtype = c->kv_dtype,
-        .block_size = c->block_size, .max_batch_tokens = c->max_batch_tokens,
-    };
-    kvf_connector_config_t cc;
-    kvf_cache_params_t cache;
-    kvf_status_t status;
-
-    status = kvf_role_engine_create(&ep, &srv->engine, &cache);
-    if (status != KVF_OK) {
-        return status;
-    }
-    memset(&cc, 0, sizeof(cc));
-    cc.field_mask = KVF_CONNECTOR_CONFIG_FIELD_LISTEN | KVF_CONNECTOR_CONFIG_FIELD_TIMEOUT_MS;
-    cc.engine_id = c->engine_id;
-    cc.role = KVF_CONNECTOR_ROLE_PREFILL;
-    cc.listen_host = c->host;
-    cc.listen_port = c->side_port;
-    cc.timeout_ms = (uint32_t)c->xfer_timeout_ms;
-    status = kvf_role_connector_create(srv->engine, &cache, &cc, &srv->xops, &srv->conn);
+    kvf_status_t status = kvf_role_start(&srv->cfg.role, KVF_CONNECTOR_ROLE_PREFILL,
+                                         srv->cfg.host, srv->cfg.side_port, &srv->engine,
+                                         &srv->xops, &srv->conn);
     if (status != KVF_OK) {
         return status;
     }
@@ -121,11 +86,7 @@ kvf_status_t kvf_prefill_server_create(const kvf_prefill_config_t *cfg,
     struct kvf_prefill_server *srv;
     kvf_status_t status;
 
-    kvf_role_engine_params_t flags = {
-        .model = cfg->model, .tp = cfg->tp, .num_blocks = cfg->num_blocks,
-        .max_batch_tokens = cfg->max_batch_tokens,
-    };
-    if (kvf_role_check_flags(&flags, cfg->engine_id, cfg->xfer_timeout_ms) != KVF_OK) {
+    if (kvf_role_check_flags(&cfg->role) != KVF_OK) {
         return KVF_ERR_INVALID_PARAM;
     }
     if (cfg->lease_timeout_ms <= 0) {
@@ -145,14 +106,14 @@ kvf_status_t kvf_prefill_server_create(const kvf_prefill_config_t *cfg,
     if (status != KVF_OK) {
         goto err;
     }
-    status = kvf_serve_server_create(cfg->listen, &srv->serve);
+    status = kvf_serve_server_create(cfg->role.listen, &srv->serve);
     if (status != KVF_OK) {
         goto err;
     }
     kvf_info("prefill %s: tp %d, block size %d, %d blocks per rank, control %s, side channel"
-             " %s:%d", cfg->engine_id, cfg->tp,
+             " %s:%d", cfg->role.engine_id, cfg->role.tp,
              kvf_block_manager_block_size(kvf_engine_block_manager(srv->engine)),
-             cfg->num_blocks, cfg->listen, cfg->host, srv->side_port);
+             cfg->role.num_blocks, cfg->role.listen, cfg->host, srv->side_port);
     *srv_p = srv;
     return KVF_OK;
 
@@ -192,7 +153,7 @@ static void kvf_pf_health(kvf_prefill_server_h srv, const kvf_serve_peer_t *peer
 {
     Kvf__HealthReply h;
 
-    kvf_role_health_fill(srv->engine, "prefill", srv->cfg.engine_id, &h);
+    kvf_role_health_fill(srv->engine, "prefill", srv->cfg.role.engine_id, &h);
     h.has_running = h.has_leases = 1;
     h.running = (uint32_t)(srv->num_pending + (int)kvf_lease_table_count(srv->leases));
     h.leases = kvf_lease_table_count(srv->leases);
@@ -282,7 +243,7 @@ static void kvf_pf_prefilled(kvf_prefill_server_h srv, kvf_pf_pending_t *p, int3
         lists[g].ids = info.blocks->blocks[g];
         plists[g] = &lists[g];
     }
-    tp.engine_id = srv->cfg.engine_id;
+    tp.engine_id = srv->cfg.role.engine_id;
     tp.host = srv->cfg.host;
     tp.has_port = tp.has_num_tokens = tp.has_lease_expiry_ms = tp.has_first_token = 1;
     tp.port = (uint32_t)srv->side_port;
@@ -322,7 +283,7 @@ static void kvf_pf_abort(kvf_prefill_server_h srv, const Kvf__AbortRequest *req)
     /* leased: a decode may be mid-pull (it handles its own abort only after the
      * pull), so free after the bound of one transfer instead of at once (§9) */
     if (kvf_lease_table_shorten(srv->leases, rid, kvf_time_now_ns() / 1000000ull +
-                                                      (uint64_t)srv->cfg.xfer_timeout_ms)) {
+                                                      (uint64_t)srv->cfg.role.xfer_timeout_ms)) {
         return;
     }
     for (int i = 0; i < srv->num_pending; ++i) {
@@ -383,7 +344,7 @@ static kvf_status_t kvf_pf_step(kvf_prefill_server_h srv)
 
 static void kvf_pf_releases(kvf_prefill_server_h srv)
 {
-    for (int r = 0; r < srv->cfg.tp; ++r) {
+    for (int r = 0; r < srv->cfg.role.tp; ++r) {
         char rid[KVF_LEASE_ID_MAX];
         int drank;
         kvf_status_t st;

@@ -13,6 +13,7 @@
 #define KVF_PREFILL_SERVER_H
 
 #include "common/kvf_config.h"
+#include "transfer/kvf_role.h"
 #include "common/kvf_status.h"
 
 #include <signal.h>
@@ -20,18 +21,10 @@
 #include <stdint.h>
 
 typedef struct kvf_prefill_config {
-    char    model[KVF_CONFIG_STR_MAX];       /* folder: config.json + model.safetensors */
-    int     tp;
-    char    listen[KVF_CONFIG_STR_MAX];      /* ZeroMQ endpoint for the proxy */
+    kvf_role_config_t role;                  /* model, tp, listen, engine id, pool, ... */
     char    host[KVF_CONFIG_STR_MAX];        /* address decode uses for the side channel */
     int     side_port;
-    char    engine_id[KVF_CONFIG_STR_MAX];
-    int     num_blocks;
     int64_t lease_timeout_ms;
-    char    kv_dtype[KVF_CONFIG_STR_MAX];
-    int     block_size;                      /* user block size (alignment unit) */
-    int     max_batch_tokens;
-    int64_t xfer_timeout_ms;
     bool    test_no_release;                 /* hidden: ignore decode's release (lease tests) */
 } kvf_prefill_config_t;
 

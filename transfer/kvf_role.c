@@ -8,8 +8,7 @@
 
 #include <string.h>
 
-kvf_status_t kvf_role_check_flags(const kvf_role_engine_params_t *params, const char *engine_id,
-                                  int64_t xfer_timeout_ms)
+kvf_status_t kvf_role_check_flags(const kvf_role_config_t *params)
 {
     if (params->model[0] == '\0') {
         kvf_error("--model is required: a folder with config.json and model.safetensors");
@@ -19,9 +18,9 @@ kvf_status_t kvf_role_check_flags(const kvf_role_engine_params_t *params, const 
         kvf_error("--num-blocks %d must be at least 1", params->num_blocks);
     } else if (params->max_batch_tokens < 1) {
         kvf_error("--max-batch-tokens %d must be at least 1", params->max_batch_tokens);
-    } else if ((engine_id[0] == '\0') || (strlen(engine_id) >= 64)) {
-        kvf_error("--engine-id '%s' must be 1..63 bytes", engine_id);
-    } else if (xfer_timeout_ms <= 0) {
+    } else if ((params->engine_id[0] == '\0') || (strlen(params->engine_id) >= 64)) {
+        kvf_error("--engine-id '%s' must be 1..63 bytes", params->engine_id);
+    } else if (params->xfer_timeout_ms <= 0) {
         kvf_error("--xfer-timeout must be positive");
     } else {
         return KVF_OK;
@@ -29,8 +28,8 @@ kvf_status_t kvf_role_check_flags(const kvf_role_engine_params_t *params, const 
     return KVF_ERR_INVALID_PARAM;
 }
 
-kvf_status_t kvf_role_engine_create(const kvf_role_engine_params_t *params,
-                                    kvf_engine_h *engine_p, kvf_cache_params_t *cache_p)
+static kvf_status_t kvf_role_engine_create(const kvf_role_config_t *params,
+                                           kvf_engine_h *engine_p, kvf_cache_params_t *cache_p)
 {
     kvf_engine_params_t ep;
     kvf_model_config_t mc;
@@ -58,10 +57,11 @@ kvf_status_t kvf_role_engine_create(const kvf_role_engine_params_t *params,
     return kvf_engine_create(&ep, engine_p);
 }
 
-kvf_status_t kvf_role_connector_create(kvf_engine_h engine, const kvf_cache_params_t *cache,
-                                       const kvf_connector_config_t *config,
-                                       const kvf_connector_ops_t **ops_p,
-                                       kvf_connector_h *conn_p)
+static kvf_status_t kvf_role_connector_create(kvf_engine_h engine,
+                                              const kvf_cache_params_t *cache,
+                                              const kvf_connector_config_t *config,
+                                              const kvf_connector_ops_t **ops_p,
+                                              kvf_connector_h *conn_p)
 {
     const kvf_connector_ops_t *ops = kvf_connector_ucx_ops();
     kvf_tp_runner_h runner = kvf_engine_runner(engine);
@@ -97,6 +97,31 @@ kvf_status_t kvf_role_connector_create(kvf_engine_h engine, const kvf_cache_para
     *ops_p = ops;
     *conn_p = conn;
     return KVF_OK;
+}
+
+kvf_status_t kvf_role_start(const kvf_role_config_t *config, kvf_connector_role_t role,
+                            const char *listen_host, int listen_port, kvf_engine_h *engine_p,
+                            const kvf_connector_ops_t **ops_p, kvf_connector_h *conn_p)
+{
+    kvf_connector_config_t cc;
+    kvf_cache_params_t cache;
+    kvf_status_t status;
+
+    status = kvf_role_engine_create(config, engine_p, &cache);
+    if (status != KVF_OK) {
+        return status;
+    }
+    memset(&cc, 0, sizeof(cc));
+    cc.field_mask = KVF_CONNECTOR_CONFIG_FIELD_TIMEOUT_MS;
+    cc.engine_id = config->engine_id;
+    cc.role = role;
+    cc.timeout_ms = (uint32_t)config->xfer_timeout_ms;
+    if (listen_host != NULL) {
+        cc.field_mask |= KVF_CONNECTOR_CONFIG_FIELD_LISTEN;
+        cc.listen_host = listen_host;
+        cc.listen_port = listen_port;
+    }
+    return kvf_role_connector_create(*engine_p, &cache, &cc, ops_p, conn_p);
 }
 
 void kvf_role_health_fill(kvf_engine_h engine, const char *role, const char *engine_id,

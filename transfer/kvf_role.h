@@ -14,45 +14,65 @@
 #include "transfer/kvf_serve_channel.h"
 
 #include <signal.h>
+#include <stddef.h>
 
-typedef struct kvf_role_engine_params {
-    const char *model;             /* folder: config.json + model.safetensors */
-    int         tp;                /* >= 1 */
-    int         num_blocks;        /* per rank pool, >= 1 */
-    const char *kv_dtype;          /* "fp32", "bf16", "fp16" */
-    int         block_size;        /* user block size (alignment unit) */
-    int         max_batch_tokens;  /* per engine step */
-} kvf_role_engine_params_t;
+/** The flags both roles share; each role's config struct embeds it as `role`. */
+typedef struct kvf_role_config {
+    char    model[KVF_CONFIG_STR_MAX];       /* folder: config.json + model.safetensors */
+    int     tp;                              /* ranks, 1..KVF_ROLE_MAX_TP */
+    char    listen[KVF_CONFIG_STR_MAX];      /* ZeroMQ endpoint the proxy connects to */
+    char    engine_id[KVF_CONFIG_STR_MAX];   /* unique in the pool, < 64 bytes */
+    int     num_blocks;                      /* per rank pool */
+    char    kv_dtype[KVF_CONFIG_STR_MAX];    /* fp32, bf16, fp16 */
+    int     block_size;                      /* user block size (alignment unit) */
+    int     max_batch_tokens;                /* per engine step */
+    int64_t xfer_timeout_ms;                 /* bound on every transfer wait */
+} kvf_role_config_t;
 
 #define KVF_ROLE_MAX_TP 64
 
-/**
- * Check the flags both roles share; logs one line naming the first bad flag
- * and its value. @return KVF_OK or KVF_ERR_INVALID_PARAM.
+/*
+ * Config-table rows for the shared flags of a config struct @a _type that
+ * holds a kvf_role_config_t named `role`. Defaults that differ per role are
+ * arguments, as strings.
  */
-kvf_status_t kvf_role_check_flags(const kvf_role_engine_params_t *params, const char *engine_id,
-                                  int64_t xfer_timeout_ms);
+#define KVF_ROLE_CONFIG_FIELDS(_type, _listen, _engine_id, _xfer_timeout)                     \
+    {"MODEL", "", "model folder (config.json + model.safetensors)",                           \
+     offsetof(_type, role.model), KVF_CONFIG_TYPE_STRING, 0},                                 \
+    {"TP", "1", "tensor-parallel ranks of this instance",                                     \
+     offsetof(_type, role.tp), KVF_CONFIG_TYPE_INT, 0},                                       \
+    {"LISTEN", _listen, "ZeroMQ endpoint the proxy connects to",                              \
+     offsetof(_type, role.listen), KVF_CONFIG_TYPE_STRING, 0},                                \
+    {"ENGINE_ID", _engine_id, "engine id, unique in the pool",                                \
+     offsetof(_type, role.engine_id), KVF_CONFIG_TYPE_STRING, 0},                             \
+    {"NUM_BLOCKS", "256", "blocks in each rank's page pool",                                  \
+     offsetof(_type, role.num_blocks), KVF_CONFIG_TYPE_INT, 0},                               \
+    {"KV_DTYPE", "bf16", "attention KV cache dtype: fp32, bf16, fp16 (same on both sides)",   \
+     offsetof(_type, role.kv_dtype), KVF_CONFIG_TYPE_STRING, 0},                              \
+    {"BLOCK_SIZE", "16", "user block size (alignment unit of the TP-stable block size)",     \
+     offsetof(_type, role.block_size), KVF_CONFIG_TYPE_INT, 0},                               \
+    {"MAX_BATCH_TOKENS", "512", "tokens per engine step",                                     \
+     offsetof(_type, role.max_batch_tokens), KVF_CONFIG_TYPE_INT, 0},                         \
+    {"XFER_TIMEOUT", _xfer_timeout, "bound on every transfer wait (handshake, pull, release)", \
+     offsetof(_type, role.xfer_timeout_ms), KVF_CONFIG_TYPE_TIME, 0}
 
 /**
- * Load the model and build the engine (rank threads, pools).
- * @param [out] cache_p  The cache params the pools were built with (what the
- *                       connector advertises).
- * @return KVF_OK; KVF_ERR_INVALID_PARAM for a bad dtype (logged with the flag);
- *         model, geometry and pool errors.
+ * Check the shared flags; logs one line naming the first bad flag and its
+ * value. @return KVF_OK or KVF_ERR_INVALID_PARAM.
  */
-kvf_status_t kvf_role_engine_create(const kvf_role_engine_params_t *params,
-                                    kvf_engine_h *engine_p, kvf_cache_params_t *cache_p);
+kvf_status_t kvf_role_check_flags(const kvf_role_config_t *config);
 
 /**
- * Create the UCX connector for @a engine and register every rank's pool
- * once. @a config's cfg and tp_size are taken from the engine.
- * @return KVF_OK with *ops_p and *conn_p (destroy with (*ops_p)->destroy);
- *         connector errors; on error nothing is left allocated.
+ * Load the model, build the engine (rank threads, pools), create the UCX
+ * connector for @a role and register every rank's pool with it once.
+ * @a listen_host / @a listen_port: the prefill side channel (NULL/0 for decode).
+ * @return KVF_OK with *engine_p, *ops_p, *conn_p (the caller destroys them);
+ *         KVF_ERR_INVALID_PARAM for a bad dtype; model, geometry, pool and
+ *         connector errors, each logged. On error *engine_p may be set (destroy it).
  */
-kvf_status_t kvf_role_connector_create(kvf_engine_h engine, const kvf_cache_params_t *cache,
-                                       const kvf_connector_config_t *config,
-                                       const kvf_connector_ops_t **ops_p,
-                                       kvf_connector_h *conn_p);
+kvf_status_t kvf_role_start(const kvf_role_config_t *config, kvf_connector_role_t role,
+                            const char *listen_host, int listen_port, kvf_engine_h *engine_p,
+                            const kvf_connector_ops_t **ops_p, kvf_connector_h *conn_p);
 
 /**
  * Fill the engine-derived part of a health reply: role, engine id, TP size,
