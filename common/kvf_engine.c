@@ -11,6 +11,7 @@
  * whose chunk reaches their last known token, since only those sample.
  */
 #include "common/kvf_engine.h"
+#include "common/kvf_time.h"
 #include "common/kvf_log.h"
 
 #include <stdlib.h>
@@ -40,9 +41,7 @@ struct kvf_engine {
 
 static double kvf_now(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    return 1e-9 * (double)kvf_time_now_ns();
 }
 
 static kvf_request_t *kvf_find(kvf_engine_h e, uint64_t id, int *idx_p)

@@ -134,12 +134,7 @@ static kvf_status_t kvf_min_tokens_at(const kvf_model_config_t *cfg,
     return KVF_OK;
 }
 
-/* Every TP degree the model can be sharded to, TP-stable needs all of them. */
-static bool kvf_tp_shardable(const kvf_model_config_t *cfg, int tp)
-{
-    return ((cfg->num_attention_heads % tp) == 0) && ((cfg->mamba_num_heads % tp) == 0) &&
-           kvf_shard_probe(cfg, tp);
-}
+
 
 static bool kvf_dtype_ok(kvf_dtype_t d)
 {
@@ -201,7 +196,7 @@ kvf_status_t kvf_block_size_select(const kvf_model_config_t *cfg,
         int max_tp = cfg->num_attention_heads;
         for (int t = 1; t <= max_tp; ++t) {
             size_t n_t;
-            if (!kvf_tp_shardable(cfg, t)) {
+            if (!kvf_shard_probe(cfg, t)) {   /* heads, KV heads, groups, MLP all divide */
                 continue;
             }
             status = kvf_min_tokens_at(cfg, params, t, 0, &n_t, NULL, NULL);

@@ -6,6 +6,7 @@
  * They drive the same engine core (common/kvf_engine.h) the role daemons use.
  */
 #include "deploy/kvf_cmds.h"
+#include "common/kvf_time.h"
 #include "common/kvf_config.h"
 #include "common/kvf_engine.h"
 #include "common/kvf_log.h"
@@ -316,9 +317,7 @@ out:
 
 static double kvf_bench_now(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    return 1e-9 * (double)kvf_time_now_ns();
 }
 
 int kvf_cmd_bench_model(int argc, char **argv)

@@ -10,6 +10,7 @@
  * (they hold prefill leases and decode pages for nothing).
  */
 #include "deploy/kvf_proxy_flow.h"
+#include "common/kvf_time.h"
 #include "common/kvf_log.h"
 
 #include <stdarg.h>
@@ -25,10 +26,7 @@
 
 int64_t kvf_proxy_now_us(void)
 {
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+    return (int64_t)(kvf_time_now_ns() / 1000u);
 }
 
 static void kvf_proxy_flow_new_id(char *id, size_t cap)

@@ -19,6 +19,7 @@
  */
 #define _GNU_SOURCE
 #include "deploy/kvf_proxy_pool.h"
+#include "common/kvf_time.h"
 #include "common/kvf_log.h"
 
 #include <errno.h>
@@ -91,10 +92,7 @@ struct kvf_proxy_pool {
 
 static int64_t kvf_proxy_now_ms(void)
 {
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    return (int64_t)(kvf_time_now_ns() / 1000000u);
 }
 
 const char *kvf_proxy_role_name(kvf_proxy_role_t role)

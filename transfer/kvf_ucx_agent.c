@@ -22,6 +22,7 @@
  *   ring; they are tiny, so eager protocol is forced on send.
  */
 #include "transfer/kvf_ucx_agent.h"
+#include "common/kvf_time.h"
 
 #include "common/kvf_log.h"
 
@@ -96,9 +97,7 @@ struct kvf_ucx_batch {
 
 uint64_t kvf_ucx_now_ns(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    return kvf_time_now_ns();
 }
 
 kvf_status_t kvf_ucx_status(ucs_status_t status)
