@@ -388,6 +388,7 @@ static kvf_status_t kvf_dc_validate(const Kvf__DecodeRequest *dr, char *err, siz
     return KVF_ERR_INVALID_PARAM;
 }
 
+/* @a dr passed kvf_dc_validate() when it arrived (kvf_dc_handle); retries skip it. */
 static kvf_dc_outcome_t kvf_dc_decode(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
                                       const Kvf__DecodeRequest *dr)
 {
@@ -402,10 +403,6 @@ static kvf_dc_outcome_t kvf_dc_decode(kvf_decode_server_h srv, const kvf_serve_p
     uint64_t id;
     kvf_status_t status;
 
-    if (kvf_dc_validate(dr, err, sizeof(err)) != KVF_OK) {
-        kvf_serve_server_reply_error(srv->serve, peer, rid, KVF_ERR_INVALID_PARAM, err);
-        return KVF_DC_DONE;
-    }
     memset(&rp, 0, sizeof(rp));
     rp.prompt = dr->prompt_tokens;
     rp.prompt_len = (int)dr->n_prompt_tokens;
