@@ -14,12 +14,12 @@
  * The first token was sampled by prefill and already reported to the
  * client by the proxy, so decode replies carry only the tokens after it.
  */
-#include "decode/kvf_decode_server.h"
+#include "kvf_decode_server.h"
 
-#include "common/kvf_engine.h"
-#include "common/kvf_log.h"
-#include "common/kvf_time.h"
-#include "transfer/kvf_role.h"
+#include "kvf_engine.h"
+#include "kvf_log.h"
+#include "kvf_time.h"
+#include "kvf_role.h"
 
 #include <inttypes.h>
 #include <stddef.h>

@@ -16,9 +16,9 @@
 #ifndef KVF_DECODE_SERVER_H
 #define KVF_DECODE_SERVER_H
 
-#include "common/kvf_config.h"
-#include "transfer/kvf_role.h"
-#include "common/kvf_status.h"
+#include "kvf_config.h"
+#include "kvf_role.h"
+#include "kvf_status.h"
 
 #include <signal.h>
 #include <stdbool.h>

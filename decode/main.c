@@ -1,6 +1,6 @@
 /* kvf-decode: the decode role daemon. See decode/kvf_decode_server.h. */
-#include "decode/kvf_decode_server.h"
-#include "transfer/kvf_role.h"
+#include "kvf_decode_server.h"
+#include "kvf_role.h"
 
 #include <string.h>
 

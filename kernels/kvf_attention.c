@@ -19,8 +19,8 @@
  * Rejected alternative: materialising dense K/V per request, which would
  * hide the NaN hazard and cost a copy per step.
  */
-#include "kernels/kvf_attention.h"
-#include "kernels/kvf_kern_internal.h"
+#include "kvf_attention.h"
+#include "kvf_kern_internal.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -1,7 +1,7 @@
 /*
  * Paged causal GQA attention over the kernel blocks of a page pool.
  *
- * Cache layout (the same as common/kvf_geometry.h, restated here because
+ * Cache layout (the same as common/geometry/kvf_geometry.h, restated here because
  * kernels/ cannot include common/): the pool is num_blocks blocks of `slots`
  * pages of page_size bytes; layer slot j of logical block b is the page
  *
@@ -33,8 +33,8 @@
 #ifndef KVF_ATTENTION_H
 #define KVF_ATTENTION_H
 
-#include "kernels/kvf_device.h"
-#include "kernels/kvf_dtype.h"
+#include "kvf_device.h"
+#include "kvf_dtype.h"
 
 #include <stdint.h>
 

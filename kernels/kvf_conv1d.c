@@ -10,8 +10,8 @@
  * special case. The decode step works on the state in place and needs no
  * scratch. Inputs are converted once, so a bf16 state rounds once per chunk.
  */
-#include "kernels/kvf_conv1d.h"
-#include "kernels/kvf_kern_internal.h"
+#include "kvf_conv1d.h"
+#include "kvf_kern_internal.h"
 
 #include <math.h>
 #include <stdlib.h>

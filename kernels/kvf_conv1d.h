@@ -7,7 +7,7 @@
  * dtype (fp32/bf16/fp16): state[c][j] is the input of channel c at relative
  * time j - (kernel - 1), i.e. oldest first, tap kernel-2 the most recent
  * token (vLLM's conv_state layout). On a rank the channels are that rank's
- * x | B | C channels, in that order (common/kvf_shard.h).
+ * x | B | C channels, in that order (common/model/kvf_shard.h).
  *
  * For a chunk of T tokens, with xin(t) = x[t] for t >= 0 and the state for
  * t < 0:
@@ -23,8 +23,8 @@
 #ifndef KVF_CONV1D_H
 #define KVF_CONV1D_H
 
-#include "kernels/kvf_device.h"
-#include "kernels/kvf_dtype.h"
+#include "kvf_device.h"
+#include "kvf_dtype.h"
 
 /**
  * Prefill (or chunked continuation) over T tokens.

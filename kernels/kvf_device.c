@@ -10,9 +10,9 @@
  * through kvf_device_cuda.h, and a CPU-only build answers
  * KVF_KERN_EUNSUPPORTED for CUDA devices.
  */
-#include "kernels/kvf_device.h"
+#include "kvf_device.h"
 #ifdef KVF_HAVE_CUDA
-#include "kernels/kvf_device_cuda.h"
+#include "kvf_device_cuda.h"
 #endif
 
 #include <stdlib.h>

@@ -25,7 +25,7 @@
 #ifndef KVF_DEVICE_H
 #define KVF_DEVICE_H
 
-#include "kernels/kvf_kern.h"
+#include "kvf_kern.h"
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -13,7 +13,7 @@
  * alternative: one cudaMemsetAsync per page, which is simple but costs one
  * launch per page (thousands per step at long prompts).
  */
-#include "kernels/kvf_device_cuda.h"
+#include "kvf_device_cuda.h"
 
 #include <cuda_runtime.h>
 #include <stdint.h>

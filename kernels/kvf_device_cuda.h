@@ -7,7 +7,7 @@
 #ifndef KVF_DEVICE_CUDA_H
 #define KVF_DEVICE_CUDA_H
 
-#include "kernels/kvf_device.h"
+#include "kvf_device.h"
 
 #ifdef __cplusplus
 extern "C" {

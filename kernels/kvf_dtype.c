@@ -1,5 +1,5 @@
 /* dtype parsing and scalar conversions shared by kernels and geometry. */
-#include "kernels/kvf_dtype.h"
+#include "kvf_dtype.h"
 
 #include <math.h>
 #include <strings.h>

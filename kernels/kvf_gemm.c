@@ -7,7 +7,7 @@
  * (pthread_once): TP ranks are threads, and each rank calling a BLAS that
  * spawns its own pool oversubscribes the cores and makes timings noisy.
  */
-#include "kernels/kvf_gemm.h"
+#include "kvf_gemm.h"
 
 #include <cblas.h>
 #include <pthread.h>

@@ -10,7 +10,7 @@
 #ifndef KVF_GEMM_H
 #define KVF_GEMM_H
 
-#include "kernels/kvf_device.h"
+#include "kvf_device.h"
 
 /**
  * y[M][N] = x[M][K] * W[N][K]^T + bias[N] (bias broadcast over rows).

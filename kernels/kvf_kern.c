@@ -1,7 +1,7 @@
 /*
  * Strings for the kernels/ return codes.
  */
-#include "kernels/kvf_kern.h"
+#include "kvf_kern.h"
 
 const char *kvf_kern_strerror(int err)
 {

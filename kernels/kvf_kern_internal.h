@@ -5,8 +5,8 @@
 #ifndef KVF_KERN_INTERNAL_H
 #define KVF_KERN_INTERNAL_H
 
-#include "kernels/kvf_device.h"
-#include "kernels/kvf_dtype.h"
+#include "kvf_device.h"
+#include "kvf_dtype.h"
 
 #include <stdbool.h>
 #include <stddef.h>

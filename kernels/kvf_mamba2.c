@@ -11,8 +11,8 @@
  * rounds once per token in both paths. A fresh request starts from zero and
  * never reads the stored bytes (Mamba pages are recycled without zeroing).
  */
-#include "kernels/kvf_mamba2.h"
-#include "kernels/kvf_kern_internal.h"
+#include "kvf_mamba2.h"
+#include "kvf_kern_internal.h"
 
 #include <math.h>
 #include <stdlib.h>

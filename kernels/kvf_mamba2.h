@@ -21,8 +21,8 @@
 #ifndef KVF_MAMBA2_H
 #define KVF_MAMBA2_H
 
-#include "kernels/kvf_device.h"
-#include "kernels/kvf_dtype.h"
+#include "kvf_device.h"
+#include "kvf_dtype.h"
 
 /** Per-layer constants of a rank's Mamba2 mixer (values; pointers not owned). */
 typedef struct kvf_mamba2_params {

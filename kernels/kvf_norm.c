@@ -7,9 +7,9 @@
  * split into sumsq/apply so a TP caller can all-reduce the per-group sums
  * when a norm group spans ranks (vLLM's Mixer2RMSNormGated does the same).
  */
-#include "kernels/kvf_norm.h"
+#include "kvf_norm.h"
 #ifdef KVF_HAVE_CUDA
-#include "kernels/kvf_device_cuda.h"
+#include "kvf_device_cuda.h"
 #endif
 
 #include <math.h>

@@ -18,7 +18,7 @@
 #ifndef KVF_NORM_H
 #define KVF_NORM_H
 
-#include "kernels/kvf_device.h"
+#include "kvf_device.h"
 
 /**
  * y[r][:] = x[r][:] * rsqrt(sum(x[r]^2) / dim + eps) * w[:] for r < rows.

@@ -4,8 +4,8 @@
  * as many as it has running requests, so a linear scan beats a hash map in
  * both code and time at these sizes.
  */
-#include "prefill/kvf_lease.h"
-#include "common/kvf_log.h"
+#include "kvf_lease.h"
+#include "kvf_log.h"
 
 #include <stdlib.h>
 #include <string.h>

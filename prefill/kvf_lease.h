@@ -11,7 +11,7 @@
 #ifndef KVF_LEASE_H
 #define KVF_LEASE_H
 
-#include "common/kvf_status.h"
+#include "kvf_status.h"
 
 #include <stdbool.h>
 #include <stddef.h>

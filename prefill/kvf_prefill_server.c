@@ -14,13 +14,13 @@
  * leader sends releases only after every one of its ranks finished pulling
  * (DESIGN.md §9), so no rank can still be reading.
  */
-#include "prefill/kvf_prefill_server.h"
-#include "prefill/kvf_lease.h"
+#include "kvf_prefill_server.h"
+#include "kvf_lease.h"
 
-#include "common/kvf_engine.h"
-#include "common/kvf_log.h"
-#include "common/kvf_time.h"
-#include "transfer/kvf_role.h"
+#include "kvf_engine.h"
+#include "kvf_log.h"
+#include "kvf_time.h"
+#include "kvf_role.h"
 
 #include <inttypes.h>
 #include <stddef.h>

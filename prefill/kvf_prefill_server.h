@@ -12,9 +12,9 @@
 #ifndef KVF_PREFILL_SERVER_H
 #define KVF_PREFILL_SERVER_H
 
-#include "common/kvf_config.h"
-#include "transfer/kvf_role.h"
-#include "common/kvf_status.h"
+#include "kvf_config.h"
+#include "kvf_role.h"
+#include "kvf_status.h"
 
 #include <signal.h>
 #include <stdbool.h>

@@ -1,6 +1,6 @@
 /* kvf-prefill: the prefill role daemon. See prefill/kvf_prefill_server.h. */
-#include "prefill/kvf_prefill_server.h"
-#include "transfer/kvf_role.h"
+#include "kvf_prefill_server.h"
+#include "kvf_role.h"
 
 #include <string.h>
 

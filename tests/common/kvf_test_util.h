@@ -2,7 +2,7 @@
 #ifndef KVF_TEST_UTIL_H
 #define KVF_TEST_UTIL_H
 
-#include "common/kvf_model_config.h"
+#include "kvf_model_config.h"
 
 #include <stdarg.h>
 #include <stddef.h>

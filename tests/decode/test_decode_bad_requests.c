@@ -4,7 +4,7 @@
  * them is answered). Includes the sequence a review found fatal: a decode
  * request with no request_id, then an abort.
  */
-#include "proto/kvf_serve.pb-c.h"
+#include "kvf_serve.pb-c.h"
 
 #include <signal.h>
 #include <stdarg.h>

@@ -17,7 +17,7 @@
  * Every abort received is logged as "fake: abort <request_id>" on stderr.
  * Unknown flags (the real daemons' --model, --num-blocks, ...) are ignored.
  */
-#include "proto/kvf_serve.pb-c.h"
+#include "kvf_serve.pb-c.h"
 
 #include <signal.h>
 #include <stdbool.h>

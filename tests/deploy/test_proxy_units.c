@@ -3,9 +3,9 @@
  * request validation, metrics text. Expected values are written out by
  * hand from the Unicode and OpenAI rules, not taken from program output.
  */
-#include "deploy/kvf_proxy_metrics.h"
-#include "deploy/kvf_proxy_openai.h"
-#include "deploy/kvf_proxy_text.h"
+#include "kvf_proxy_metrics.h"
+#include "kvf_proxy_openai.h"
+#include "kvf_proxy_text.h"
 
 #include <setjmp.h>
 #include <stdarg.h>

@@ -7,7 +7,7 @@
  *
  *   cmake -DCMAKE_C_COMPILER=clang ... && ./fuzz_handshake -max_total_time=60
  */
-#include "transfer/kvf_handshake.h"
+#include "kvf_handshake.h"
 
 #include <stdint.h>
 #include <stdlib.h>

@@ -3,7 +3,7 @@
 #ifndef KVF_KERN_TEST_H
 #define KVF_KERN_TEST_H
 
-#include "kernels/kvf_dtype.h"
+#include "kvf_dtype.h"
 
 #include <math.h>
 #include <setjmp.h>

@@ -1,7 +1,7 @@
 /* Paged attention against dense softmax over contiguous K/V, for fp32, bf16
  * and fp16 caches, several block / kernel block sizes, chunked prefill then
  * decode; and the stale-NaN hazard of whole-tile masking. */
-#include "kernels/kvf_attention.h"
+#include "kvf_attention.h"
 #include "kvf_kern_test.h"
 
 #include <stdlib.h>

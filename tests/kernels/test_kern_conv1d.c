@@ -1,7 +1,7 @@
 /* Causal depthwise conv1d + SiLU: one chunk, chunked continuation and
  * step-by-step decode against a naive full-sequence reference; fresh
  * requests ignore stale state bytes; state contents after a chunk. */
-#include "kernels/kvf_conv1d.h"
+#include "kvf_conv1d.h"
 #include "kvf_kern_test.h"
 
 #include <stdlib.h>

@@ -1,7 +1,7 @@
 /* Device layer: CPU alloc/memset/copy, block zeroing of a page list, range
  * zeroing, argument errors; the CUDA path when a GPU is present. */
-#include "kernels/kvf_device.h"
-#include "kernels/kvf_norm.h"
+#include "kvf_device.h"
+#include "kvf_norm.h"
 #include "kvf_kern_test.h"
 
 #include <stdlib.h>

@@ -1,5 +1,5 @@
 /* dtype conversions: fp8 e4m3fn, fp16 and bf16 against hand-worked values. */
-#include "kernels/kvf_dtype.h"
+#include "kvf_dtype.h"
 
 #include <math.h>
 #include <stdarg.h>

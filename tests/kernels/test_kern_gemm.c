@@ -1,5 +1,5 @@
 /* GEMM against a triple loop: bias, strides, beta accumulate, NaN in y with beta 0. */
-#include "kernels/kvf_gemm.h"
+#include "kvf_gemm.h"
 #include "kvf_kern_test.h"
 
 #include <stdlib.h>

@@ -1,7 +1,7 @@
 /* Mamba2 scan: one chunk, split chunks and repeated single steps against a
  * naive recurrence in double; fresh requests ignore stale state; a hand
  * example. */
-#include "kernels/kvf_mamba2.h"
+#include "kvf_mamba2.h"
 #include "kvf_kern_test.h"
 
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 /* RMSNorm and gated grouped RMSNorm against references, including the
  * two-phase TP form where a norm group spans two ranks. */
-#include "kernels/kvf_norm.h"
+#include "kvf_norm.h"
 #include "kvf_kern_test.h"
 
 #include <stdlib.h>

@@ -1,8 +1,8 @@
 /* Kernels called concurrently from several threads (TP ranks are threads):
  * every thread's GEMM and scan results equal the single-threaded
  * ones bit for bit. Meant to run under TSan too. */
-#include "kernels/kvf_gemm.h"
-#include "kernels/kvf_mamba2.h"
+#include "kvf_gemm.h"
+#include "kvf_mamba2.h"
 #include "kvf_kern_test.h"
 
 #include <pthread.h>

@@ -1,6 +1,6 @@
 /* Lease table: release, expiry order, duplicates, late notifications. */
-#include "prefill/kvf_lease.h"
-#include "common/kvf_log.h"
+#include "kvf_lease.h"
+#include "kvf_log.h"
 
 #include <stdarg.h>
 #include <stddef.h>

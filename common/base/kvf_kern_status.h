@@ -1,0 +1,27 @@
+/*
+ * Mapping of kernels/ return codes (kernels/kvf_kern.h) to kvf_status_t.
+ */
+#ifndef KVF_KERN_STATUS_H
+#define KVF_KERN_STATUS_H
+
+#include "kvf_status.h"
+#include "kvf_kern.h"
+
+/**
+ * KVF_KERN_OK -> KVF_OK, KVF_KERN_EINVAL -> KVF_ERR_INVALID_PARAM,
+ * KVF_KERN_ENOMEM -> KVF_ERR_NO_MEMORY, KVF_KERN_ECUDA -> KVF_ERR_CUDA,
+ * KVF_KERN_EUNSUPPORTED -> KVF_ERR_UNSUPPORTED; anything else -> KVF_ERR_IO.
+ */
+static inline kvf_status_t kvf_status_from_kern(int kern_err)
+{
+    switch (kern_err) {
+    case KVF_KERN_OK:           return KVF_OK;
+    case KVF_KERN_EINVAL:       return KVF_ERR_INVALID_PARAM;
+    case KVF_KERN_ENOMEM:       return KVF_ERR_NO_MEMORY;
+    case KVF_KERN_ECUDA:        return KVF_ERR_CUDA;
+    case KVF_KERN_EUNSUPPORTED: return KVF_ERR_UNSUPPORTED;
+    default:                    return KVF_ERR_IO;
+    }
+}
+
+#endif

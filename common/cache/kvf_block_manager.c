@@ -1,0 +1,402 @@
+/*
+ * Block manager: one LIFO free list of block ids shared by every KV cache
+ * group, per-request block tables, and the record of fresh attention blocks
+ * that must be zeroed before a kernel reads them.
+ *
+ * Design: the free list is a stack. Freeing a request pushes its attention
+ * groups' blocks first and its Mamba groups' blocks last, so the very next
+ * allocation - typically another request's attention blocks - receives the
+ * pages that just held fp32 Mamba state. That is the worst case for stale
+ * bytes, chosen on purpose: the zeroing path is exercised on every reuse
+ * instead of only under memory pressure. Rejected alternative: a FIFO or
+ * bitmap allocator, which would rarely recycle a page immediately and hide
+ * a missing zeroing step in tests.
+ *
+ * Per-block state is one byte (free / allocated, plus a "fresh" bit for
+ * attention blocks not yet zeroed). The fresh list holds exactly the blocks
+ * with the bit set, each once: freeing a fresh block removes it eagerly, so
+ * a block freed and re-allocated to a Mamba group within one step is never
+ * zeroed, and one re-allocated to attention is zeroed once.
+ *
+ * Allocation is all-or-nothing: the block count is checked against the free
+ * count and table memory is reserved before any block is popped, so the
+ * only failure after the first block leaves the stack is impossible.
+ */
+#include "kvf_block_manager.h"
+#include "kvf_log.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum {
+    KVF_BLOCK_FREE      = 0,
+    KVF_BLOCK_ALLOCATED = 1,
+    KVF_BLOCK_FRESH     = 2,   /* bit: allocated to attention, not yet zeroed */
+};
+
+struct kvf_block_manager {
+    int               num_blocks;
+    int               block_size;
+    int               num_groups;
+    int               slots;
+    kvf_group_kind_t  kinds[KVF_MAX_KV_GROUPS];
+    int32_t          *free_stack;   /* [num_blocks]; top = free_stack[num_free - 1] */
+    int               num_free;
+    uint8_t          *state;        /* [num_blocks] */
+    int32_t          *fresh;        /* [num_blocks] */
+    int               num_fresh;
+};
+
+#define KVF_BLOCK_MANAGER_REQUIRED (KVF_BLOCK_MANAGER_PARAM_FIELD_NUM_BLOCKS |     \
+                                    KVF_BLOCK_MANAGER_PARAM_FIELD_BLOCK_SIZE |     \
+                                    KVF_BLOCK_MANAGER_PARAM_FIELD_LAYOUT)
+
+kvf_status_t kvf_block_manager_create(const kvf_block_manager_params_t *params,
+                                      kvf_block_manager_h *bm_p)
+{
+    struct kvf_block_manager *bm;
+
+    if ((params == NULL) || (bm_p == NULL)) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    if (params->field_mask & ~(uint64_t)KVF_BLOCK_MANAGER_PARAM_FIELDS_KNOWN) {
+        kvf_error("unknown block manager params bits 0x%" PRIx64,
+                  params->field_mask & ~(uint64_t)KVF_BLOCK_MANAGER_PARAM_FIELDS_KNOWN);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    if (((params->field_mask & KVF_BLOCK_MANAGER_REQUIRED) != KVF_BLOCK_MANAGER_REQUIRED) ||
+        (params->layout == NULL)) {
+        kvf_error("block manager params need num_blocks, block_size and layout");
+        return KVF_ERR_INVALID_PARAM;
+    }
+    if ((params->num_blocks <= 0) || (params->block_size <= 0) ||
+        (params->layout->num_groups <= 0) || (params->layout->num_groups > KVF_MAX_KV_GROUPS)) {
+        kvf_error("block manager: num_blocks %d block_size %d groups %d out of range",
+                  params->num_blocks, params->block_size, params->layout->num_groups);
+        return KVF_ERR_INVALID_PARAM;
+    }
+
+    bm = calloc(1, sizeof(*bm));
+    if (bm == NULL) {
+        goto err_nomem;
+    }
+    bm->free_stack = malloc((size_t)params->num_blocks * sizeof(*bm->free_stack));
+    if (bm->free_stack == NULL) {
+        goto err_free_bm;
+    }
+    bm->state = calloc((size_t)params->num_blocks, sizeof(*bm->state));
+    if (bm->state == NULL) {
+        goto err_free_stack;
+    }
+    bm->fresh = malloc((size_t)params->num_blocks * sizeof(*bm->fresh));
+    if (bm->fresh == NULL) {
+        goto err_free_state;
+    }
+    bm->num_blocks = params->num_blocks;
+    bm->block_size = params->block_size;
+    bm->num_groups = params->layout->num_groups;
+    bm->slots = params->layout->slots;
+    for (int g = 0; g < bm->num_groups; ++g) {
+        bm->kinds[g] = params->layout->groups[g].kind;
+    }
+    /* highest id at the bottom, so a new manager hands out 0, 1, 2, ... */
+    for (int i = 0; i < bm->num_blocks; ++i) {
+        bm->free_stack[i] = bm->num_blocks - 1 - i;
+    }
+    bm->num_free = bm->num_blocks;
+    *bm_p = bm;
+    return KVF_OK;
+
+err_free_state:
+    free(bm->state);
+err_free_stack:
+    free(bm->free_stack);
+err_free_bm:
+    free(bm);
+err_nomem:
+    kvf_error("failed to allocate block manager of %d blocks", params->num_blocks);
+    return KVF_ERR_NO_MEMORY;
+}
+
+void kvf_block_manager_destroy(kvf_block_manager_h bm)
+{
+    if (bm == NULL) {
+        return;
+    }
+    if (bm->num_free != bm->num_blocks) {
+        kvf_warn("block manager destroyed with %d of %d blocks still allocated",
+                 bm->num_blocks - bm->num_free, bm->num_blocks);
+    }
+    free(bm->fresh);
+    free(bm->state);
+    free(bm->free_stack);
+    free(bm);
+}
+
+int kvf_block_manager_num_free(kvf_block_manager_h bm)
+{
+    return bm->num_free;
+}
+
+int kvf_block_manager_num_free_pages(kvf_block_manager_h bm)
+{
+    return bm->num_free * bm->slots;
+}
+
+int kvf_block_manager_num_blocks(kvf_block_manager_h bm)
+{
+    return bm->num_blocks;
+}
+
+int kvf_block_manager_block_size(kvf_block_manager_h bm)
+{
+    return bm->block_size;
+}
+
+static int kvf_bm_attn_blocks(const struct kvf_block_manager *bm, int num_tokens)
+{
+    return (int)(((long)num_tokens + bm->block_size - 1) / bm->block_size);
+}
+
+/* Per-group new block counts for covering num_tokens; -1 for a foreign/bad req. */
+static int kvf_bm_plan(const struct kvf_block_manager *bm, const kvf_req_blocks_t *req,
+                       int num_tokens, int add[KVF_MAX_KV_GROUPS])
+{
+    bool first = (req->num_groups == 0);
+    int need = kvf_bm_attn_blocks(bm, num_tokens);
+    int total = 0;
+
+    if ((num_tokens < 0) || (!first && (req->num_groups != bm->num_groups))) {
+        return -1;
+    }
+    for (int g = 0; g < bm->num_groups; ++g) {
+        int held = first ? 0 : req->num_blocks[g];
+        if (bm->kinds[g] == KVF_GROUP_MAMBA) {
+            add[g] = first ? 1 : 0;
+        } else {
+            add[g] = (need > held) ? (need - held) : 0;
+        }
+        total += add[g];
+    }
+    return total;
+}
+
+int kvf_block_manager_blocks_needed(kvf_block_manager_h bm, const kvf_req_blocks_t *req,
+                                    int num_tokens)
+{
+    int add[KVF_MAX_KV_GROUPS];
+    int total = kvf_bm_plan(bm, req, num_tokens, add);
+    return (total < 0) ? 0 : total;
+}
+
+bool kvf_block_manager_can_allocate(kvf_block_manager_h bm, const kvf_req_blocks_t *req,
+                                    int num_tokens)
+{
+    int add[KVF_MAX_KV_GROUPS];
+    int total = kvf_bm_plan(bm, req, num_tokens, add);
+    return (total >= 0) && (total <= bm->num_free);
+}
+
+static int32_t kvf_bm_pop(struct kvf_block_manager *bm, kvf_group_kind_t kind)
+{
+    int32_t b = bm->free_stack[--bm->num_free];
+    bm->state[b] = KVF_BLOCK_ALLOCATED;
+    if (kind == KVF_GROUP_ATTENTION) {
+        bm->state[b] |= KVF_BLOCK_FRESH;
+        bm->fresh[bm->num_fresh++] = b;
+    }
+    return b;
+}
+
+/* Push one block back; false for a bad id or a double free (logged). */
+static bool kvf_bm_push(struct kvf_block_manager *bm, int32_t b)
+{
+    if ((b < 0) || (b >= bm->num_blocks)) {
+        kvf_error("block manager: free of block %" PRId32 " outside [0, %d)", b, bm->num_blocks);
+        return false;
+    }
+    if (!(bm->state[b] & KVF_BLOCK_ALLOCATED)) {
+        kvf_error("block manager: double free of block %" PRId32, b);
+        return false;
+    }
+    if (bm->state[b] & KVF_BLOCK_FRESH) {
+        for (int i = 0; i < bm->num_fresh; ++i) {
+            if (bm->fresh[i] == b) {
+                bm->fresh[i] = bm->fresh[--bm->num_fresh];
+                break;
+            }
+        }
+    }
+    bm->state[b] = KVF_BLOCK_FREE;
+    bm->free_stack[bm->num_free++] = b;
+    return true;
+}
+
+static void kvf_bm_req_release_tables(kvf_req_blocks_t *req)
+{
+    for (int g = 0; g < KVF_MAX_KV_GROUPS; ++g) {
+        free(req->blocks[g]);
+    }
+    memset(req, 0, sizeof(*req));
+}
+
+kvf_status_t kvf_block_manager_allocate(kvf_block_manager_h bm, kvf_req_blocks_t *req,
+                                        int num_tokens)
+{
+    int add[KVF_MAX_KV_GROUPS];
+    bool first;
+    int total;
+
+    if ((bm == NULL) || (req == NULL)) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    total = kvf_bm_plan(bm, req, num_tokens, add);
+    if (total < 0) {
+        kvf_error("block manager: bad allocation request (%d tokens, %d groups, expected %d)",
+                  num_tokens, req->num_groups, bm->num_groups);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    if (total > bm->num_free) {
+        kvf_log(KVF_LOG_DEBUG, KVF_SUB_POOL, "block manager: need %d blocks, %d free", total,
+                bm->num_free);
+        return KVF_ERR_NO_RESOURCE;
+    }
+    first = (req->num_groups == 0);
+
+    /* reserve table memory first, so popping blocks cannot fail half way */
+    for (int g = 0; g < bm->num_groups; ++g) {
+        int want = (first ? 0 : req->num_blocks[g]) + add[g];
+        if (want > req->capacity[g]) {
+            int cap = (req->capacity[g] > 0) ? req->capacity[g] : 4;
+            while (cap < want) {
+                cap *= 2;
+            }
+            int32_t *t = realloc(req->blocks[g], (size_t)cap * sizeof(*t));
+            if (t == NULL) {
+                kvf_error("block manager: failed to grow a block table to %d entries", cap);
+                if (first) {
+                    kvf_bm_req_release_tables(req);   /* nothing was taken yet */
+                }
+                return KVF_ERR_NO_MEMORY;
+            }
+            req->blocks[g] = t;
+            req->capacity[g] = cap;
+        }
+    }
+    for (int g = 0; g < bm->num_groups; ++g) {
+        for (int i = 0; i < add[g]; ++i) {
+            req->blocks[g][req->num_blocks[g]++] = kvf_bm_pop(bm, bm->kinds[g]);
+        }
+    }
+    req->num_groups = bm->num_groups;
+    if (num_tokens > req->num_tokens) {
+        req->num_tokens = num_tokens;
+    }
+    return KVF_OK;
+}
+
+kvf_status_t kvf_block_manager_append_token(kvf_block_manager_h bm, kvf_req_blocks_t *req)
+{
+    if (req == NULL) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    return kvf_block_manager_allocate(bm, req, req->num_tokens + 1);
+}
+
+kvf_status_t kvf_block_manager_free(kvf_block_manager_h bm, kvf_req_blocks_t *req)
+{
+    kvf_status_t status = KVF_OK;
+
+    if ((bm == NULL) || (req == NULL)) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    if (req->num_groups == 0) {
+        kvf_bm_req_release_tables(req);   /* idempotent; also drops spare capacity */
+        return KVF_OK;
+    }
+    /* groups in order: attention first, Mamba last, so Mamba pages are reused first */
+    for (int g = 0; g < req->num_groups; ++g) {
+        for (int i = 0; i < req->num_blocks[g]; ++i) {
+            if (!kvf_bm_push(bm, req->blocks[g][i])) {
+                status = KVF_ERR_INVALID_PARAM;
+            }
+        }
+    }
+    kvf_bm_req_release_tables(req);
+    return status;
+}
+
+kvf_status_t kvf_block_manager_alloc_blocks(kvf_block_manager_h bm, kvf_group_kind_t kind,
+                                            int n, int32_t *ids)
+{
+    if ((bm == NULL) || (n < 0) || ((n > 0) && (ids == NULL)) ||
+        ((kind != KVF_GROUP_ATTENTION) && (kind != KVF_GROUP_MAMBA))) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    if (n > bm->num_free) {
+        return KVF_ERR_NO_RESOURCE;
+    }
+    for (int i = 0; i < n; ++i) {
+        ids[i] = kvf_bm_pop(bm, kind);
+    }
+    return KVF_OK;
+}
+
+kvf_status_t kvf_block_manager_free_blocks(kvf_block_manager_h bm, const int32_t *ids, int n)
+{
+    kvf_status_t status = KVF_OK;
+
+    if ((bm == NULL) || (n < 0) || ((n > 0) && (ids == NULL))) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    for (int i = 0; i < n; ++i) {
+        if (!kvf_bm_push(bm, ids[i])) {
+            status = KVF_ERR_INVALID_PARAM;
+        }
+    }
+    return status;
+}
+
+int kvf_block_manager_num_fresh(kvf_block_manager_h bm)
+{
+    return bm->num_fresh;
+}
+
+int kvf_block_manager_take_fresh(kvf_block_manager_h bm, int32_t *ids, int cap)
+{
+    int n;
+
+    if ((ids == NULL) || (cap <= 0)) {
+        return 0;
+    }
+    n = (bm->num_fresh < cap) ? bm->num_fresh : cap;
+    for (int i = 0; i < n; ++i) {
+        ids[i] = bm->fresh[i];
+        bm->state[ids[i]] &= (uint8_t)~KVF_BLOCK_FRESH;
+    }
+    memmove(bm->fresh, bm->fresh + n, (size_t)(bm->num_fresh - n) * sizeof(*bm->fresh));
+    bm->num_fresh -= n;
+    return n;
+}
+
+kvf_status_t kvf_block_manager_zero_fresh(kvf_block_manager_h bm, kvf_page_pool_h *pools,
+                                          int n_pools)
+{
+    kvf_status_t status = KVF_OK;
+
+    if ((bm == NULL) || (n_pools < 0) || ((n_pools > 0) && (pools == NULL))) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    for (int p = 0; p < n_pools; ++p) {
+        kvf_status_t s = kvf_page_pool_zero_blocks(pools[p], bm->fresh, bm->num_fresh);
+        if ((s != KVF_OK) && (status == KVF_OK)) {
+            status = s;
+        }
+    }
+    for (int i = 0; i < bm->num_fresh; ++i) {
+        bm->state[bm->fresh[i]] &= (uint8_t)~KVF_BLOCK_FRESH;
+    }
+    bm->num_fresh = 0;
+    return status;
+}

@@ -1,0 +1,573 @@
+/*
+ * Engine core: glue between the scheduler (what runs), the block manager
+ * (where it lives), the TP runner (compute) and sampling.
+ *
+ * Design: requests live in one array owned by the engine; a step builds a
+ * kvf_fwd_batch_t whose per-request block-table pointers point straight
+ * into each request's kvf_req_blocks_t, so no table is copied per step.
+ * Fresh attention blocks are taken from the block manager after scheduling
+ * and zeroed by every rank on its own pool inside the step, before the
+ * forward reads them (DESIGN.md §1). Logits come back only for requests
+ * whose chunk reaches their last known token, since only those sample.
+ */
+#include "kvf_engine.h"
+#include "kvf_time.h"
+#include "kvf_log.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct kvf_engine {
+    kvf_model_h            model;
+    kvf_tp_runner_h        runner;
+    kvf_block_manager_h    bm;
+    kvf_scheduler_params_t sched;
+    const kvf_model_config_t *cfg;
+
+    kvf_request_t        **reqs;
+    int                    num_reqs, cap_reqs;
+    uint64_t               next_id;
+    uint64_t               next_arrival;
+
+    /* per-step scratch */
+    kvf_sched_entry_t     *plan;
+    kvf_fwd_seq_t         *seqs;
+    float                 *logits;     /* [max_seqs][vocab] */
+    int32_t               *fresh;
+    int                    cap_fresh;
+    kvf_engine_stats_t     stats;
+};
+
+static double kvf_now(void)
+{
+    return 1e-9 * (double)kvf_time_now_ns();
+}
+
+static kvf_request_t *kvf_find(kvf_engine_h e, uint64_t id, int *idx_p)
+{
+    for (int i = 0; i < e->num_reqs; ++i) {
+        if (e->reqs[i]->id == id) {
+            if (idx_p != NULL) {
+                *idx_p = i;
+            }
+            return e->reqs[i];
+        }
+    }
+    return NULL;
+}
+
+static void kvf_req_free(kvf_request_t *r)
+{
+    free(r->tokens);
+    free(r->logits);
+    free(r);
+}
+
+kvf_status_t kvf_engine_create(const kvf_engine_params_t *params, kvf_engine_h *engine_p)
+{
+    kvf_tp_runner_params_t rp = {0};
+    kvf_block_manager_params_t bp = {0};
+    kvf_engine_h e;
+    kvf_status_t status;
+
+    if ((params->field_mask & ~KVF_ENGINE_PARAM_FIELDS_KNOWN) || (params->model_dir == NULL) ||
+        (params->tp_size < 1)) {
+        kvf_error("engine: unknown params bits 0x%llx, no model dir or tp_size %d < 1",
+                  (unsigned long long)(params->field_mask & ~KVF_ENGINE_PARAM_FIELDS_KNOWN),
+                  params->tp_size);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    e = calloc(1, sizeof(*e));
+    if (e == NULL) {
+        return KVF_ERR_NO_MEMORY;
+    }
+    e->next_id = 1;
+    e->sched.max_batch_tokens = (params->field_mask & KVF_ENGINE_PARAM_FIELD_MAX_BATCH_TOKENS) ?
+                                params->max_batch_tokens : 512;
+    e->sched.max_seqs = (params->field_mask & KVF_ENGINE_PARAM_FIELD_MAX_SEQS) ?
+                        params->max_seqs : 64;
+    if ((e->sched.max_batch_tokens < 1) || (e->sched.max_seqs < 1)) {
+        kvf_error("engine: max_batch_tokens %d and max_seqs %d must be positive",
+                  e->sched.max_batch_tokens, e->sched.max_seqs);
+        status = KVF_ERR_INVALID_PARAM;
+        goto err;
+    }
+    status = kvf_model_load(params->model_dir, params->tp_size, &e->model);
+    if (status != KVF_OK) {
+        goto err;
+    }
+    e->cfg = kvf_model_get_config(e->model);
+
+    rp.model = e->model;
+    if (params->field_mask & KVF_ENGINE_PARAM_FIELD_NUM_BLOCKS) {
+        rp.field_mask |= KVF_TP_RUNNER_PARAM_FIELD_NUM_BLOCKS;
+        rp.num_blocks = params->num_blocks;
+    }
+    if (params->field_mask & KVF_ENGINE_PARAM_FIELD_CACHE) {
+        rp.field_mask |= KVF_TP_RUNNER_PARAM_FIELD_CACHE;
+        rp.cache = params->cache;
+    }
+    if (params->field_mask & KVF_ENGINE_PARAM_FIELD_NO_ZERO) {
+        rp.field_mask |= KVF_TP_RUNNER_PARAM_FIELD_NO_ZERO;
+        rp.disable_zeroing = params->disable_zeroing;
+    }
+    status = kvf_tp_runner_create(&rp, &e->runner);
+    if (status != KVF_OK) {
+        goto err;
+    }
+    bp.field_mask = KVF_BLOCK_MANAGER_PARAM_FIELD_NUM_BLOCKS |
+                    KVF_BLOCK_MANAGER_PARAM_FIELD_BLOCK_SIZE | KVF_BLOCK_MANAGER_PARAM_FIELD_LAYOUT;
+    bp.num_blocks = kvf_tp_runner_num_blocks(e->runner);
+    bp.block_size = kvf_tp_runner_geometry(e->runner, 0)->block_size;
+    bp.layout = kvf_tp_runner_layout(e->runner);
+    status = kvf_block_manager_create(&bp, &e->bm);
+    if (status != KVF_OK) {
+        goto err;
+    }
+    e->plan = calloc((size_t)e->sched.max_seqs, sizeof(*e->plan));
+    e->seqs = calloc((size_t)e->sched.max_seqs, sizeof(*e->seqs));
+    e->logits = malloc((size_t)e->sched.max_seqs * (size_t)e->cfg->vocab_size * sizeof(float));
+    e->cap_fresh = bp.num_blocks;
+    e->fresh = malloc((size_t)e->cap_fresh * sizeof(int32_t));
+    if ((e->plan == NULL) || (e->seqs == NULL) || (e->logits == NULL) || (e->fresh == NULL)) {
+        status = KVF_ERR_NO_MEMORY;
+        goto err;
+    }
+    kvf_log(KVF_LOG_INFO, KVF_SUB_MODEL, "engine: tp %d, %d blocks of %d tokens, page %zu bytes",
+            params->tp_size, bp.num_blocks, bp.block_size,
+            kvf_tp_runner_geometry(e->runner, 0)->page_size);
+    *engine_p = e;
+    return KVF_OK;
+
+err:
+    kvf_engine_destroy(e);
+    return status;
+}
+
+void kvf_engine_destroy(kvf_engine_h e)
+{
+    if (e == NULL) {
+        return;
+    }
+    for (int i = 0; i < e->num_reqs; ++i) {
+        if (e->bm != NULL) {
+            (void)kvf_block_manager_free(e->bm, &e->reqs[i]->blocks);
+        }
+        kvf_req_free(e->reqs[i]);
+    }
+    free(e->reqs);
+    kvf_block_manager_destroy(e->bm);
+    kvf_tp_runner_destroy(e->runner);
+    kvf_model_destroy(e->model);
+    free(e->plan);
+    free(e->seqs);
+    free(e->logits);
+    free(e->fresh);
+    free(e);
+}
+
+static kvf_status_t kvf_tokens_push(kvf_request_t *r, int32_t tok)
+{
+    if (r->num_tokens == r->cap_tokens) {
+        int cap = r->cap_tokens ? 2 * r->cap_tokens : 64;
+        int32_t *n = realloc(r->tokens, (size_t)cap * sizeof(int32_t));
+        if (n == NULL) {
+            return KVF_ERR_NO_MEMORY;
+        }
+        r->tokens = n;
+        r->cap_tokens = cap;
+    }
+    r->tokens[r->num_tokens++] = tok;
+    return KVF_OK;
+}
+
+static kvf_status_t kvf_new_request(kvf_engine_h e, const kvf_req_params_t *p, kvf_request_t **r_p)
+{
+    kvf_request_t *r;
+
+    if ((p->prompt == NULL) || (p->prompt_len < 1) || (p->sampling.max_tokens < 1)) {
+        kvf_error("request: empty prompt (%d tokens) or max_tokens %d < 1", p->prompt_len,
+                  p->sampling.max_tokens);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    for (int i = 0; i < p->prompt_len; ++i) {
+        if ((p->prompt[i] < 0) || (p->prompt[i] >= e->cfg->vocab_size)) {
+            kvf_error("request: prompt token %d = %d is outside the vocabulary [0, %d)", i,
+                      p->prompt[i], e->cfg->vocab_size);
+            return KVF_ERR_INVALID_PARAM;
+        }
+    }
+    if (e->num_reqs == e->cap_reqs) {
+        int cap = e->cap_reqs ? 2 * e->cap_reqs : 16;
+        kvf_request_t **n = realloc(e->reqs, (size_t)cap * sizeof(*n));
+        if (n == NULL) {
+            return KVF_ERR_NO_MEMORY;
+        }
+        e->reqs = n;
+        e->cap_reqs = cap;
+    }
+    r = calloc(1, sizeof(*r));
+    if (r == NULL) {
+        return KVF_ERR_NO_MEMORY;
+    }
+    r->cap_tokens = p->prompt_len + p->sampling.max_tokens;
+    r->tokens = malloc((size_t)r->cap_tokens * sizeof(int32_t));
+    if (r->tokens == NULL) {
+        free(r);
+        return KVF_ERR_NO_MEMORY;
+    }
+    memcpy(r->tokens, p->prompt, (size_t)p->prompt_len * sizeof(int32_t));
+    r->num_tokens = r->prompt_len = p->prompt_len;
+    r->id = e->next_id++;
+    r->arrival = e->next_arrival++;
+    r->state = KVF_REQ_WAITING;
+    r->sampling = p->sampling;
+    r->rng = p->sampling.seed ^ 0x6a09e667f3bcc909ull;
+    r->prefill_only = p->prefill_only;
+    r->record_logits = p->record_logits;
+    e->reqs[e->num_reqs++] = r;
+    *r_p = r;
+    return KVF_OK;
+}
+
+kvf_status_t kvf_engine_add_request(kvf_engine_h e, const kvf_req_params_t *p, uint64_t *id_p)
+{
+    kvf_request_t *r;
+    kvf_status_t status = kvf_new_request(e, p, &r);
+    if (status == KVF_OK) {
+        *id_p = r->id;
+    }
+    return status;
+}
+
+static void kvf_finish(kvf_engine_h e, kvf_request_t *r, kvf_finish_reason_t reason)
+{
+    (void)kvf_block_manager_free(e->bm, &r->blocks);
+    r->state = KVF_REQ_FINISHED;
+    r->finish = reason;
+}
+
+static void kvf_emit(kvf_engine_event_t *events, int cap, int *n, uint64_t id,
+                     kvf_event_kind_t kind, int32_t token, kvf_finish_reason_t reason)
+{
+    if (*n < cap) {
+        events[*n] = (kvf_engine_event_t){id, kind, token, reason};
+        ++*n;
+    }
+}
+
+/* Append a sampled token and decide what happens next; emits events. */
+static kvf_status_t kvf_accept_token(kvf_engine_h e, kvf_request_t *r, int32_t tok,
+                                     const float *logits, kvf_engine_event_t *events, int cap,
+                                     int *n)
+{
+    const int vocab = e->cfg->vocab_size;
+    kvf_status_t status;
+    int outputs;
+
+    if (r->record_logits && (logits != NULL)) {
+        float *nl = realloc(r->logits, (size_t)(r->num_logits + 1) * (size_t)vocab * sizeof(float));
+        if (nl == NULL) {
+            return KVF_ERR_NO_MEMORY;
+        }
+        r->logits = nl;
+        memcpy(r->logits + (size_t)r->num_logits * (size_t)vocab, logits,
+               (size_t)vocab * sizeof(float));
+        ++r->num_logits;
+    }
+    status = kvf_tokens_push(r, tok);
+    if (status != KVF_OK) {
+        return status;
+    }
+    outputs = r->num_tokens - r->prompt_len;
+    if (r->prefill_only) {
+        r->state = KVF_REQ_PREFILLED;
+        kvf_emit(events, cap, n, r->id, KVF_EVENT_PREFILLED, tok, KVF_FINISH_NONE);
+        return KVF_OK;
+    }
+    kvf_emit(events, cap, n, r->id, KVF_EVENT_TOKEN, tok, KVF_FINISH_NONE);
+    if (!r->sampling.ignore_eos && (tok == e->cfg->eos_token_id)) {
+        kvf_finish(e, r, KVF_FINISH_EOS);
+    } else if (outputs >= r->sampling.max_tokens) {
+        kvf_finish(e, r, KVF_FINISH_LENGTH);
+    }
+    if (r->state == KVF_REQ_FINISHED) {
+        kvf_emit(events, cap, n, r->id, KVF_EVENT_FINISHED, tok, r->finish);
+    }
+    return KVF_OK;
+}
+
+/*
+ * Nothing could be scheduled although requests wait. When no request holds
+ * blocks for someone else (PREFILLED leases, IMPORTING fills), nothing will
+ * ever free a block: the oldest waiting request can never fit the pool, so
+ * it is finished with an error instead of spinning forever.
+ */
+static kvf_status_t kvf_engine_unstall(kvf_engine_h e, kvf_engine_event_t *events, int cap,
+                                       int *n_events)
+{
+    kvf_request_t *oldest = NULL;
+
+    for (int i = 0; i < e->num_reqs; ++i) {
+        kvf_request_t *r = e->reqs[i];
+        if ((r->state == KVF_REQ_PREFILLED) || (r->state == KVF_REQ_IMPORTING)) {
+            return KVF_OK;   /* blocks come back when those are released */
+        }
+        if (((r->state == KVF_REQ_WAITING) || (r->state == KVF_REQ_RUNNING)) &&
+            ((oldest == NULL) || (r->arrival < oldest->arrival))) {
+            oldest = r;
+        }
+    }
+    if (oldest != NULL) {
+        kvf_error("request %llu needs more cache than the pool of %d blocks holds (%d tokens)",
+                  (unsigned long long)oldest->id, kvf_block_manager_num_blocks(e->bm),
+                  oldest->num_tokens);
+        kvf_finish(e, oldest, KVF_FINISH_ERROR);
+        kvf_emit(events, cap, n_events, oldest->id, KVF_EVENT_FINISHED, -1, KVF_FINISH_ERROR);
+    }
+    return KVF_OK;
+}
+
+kvf_status_t kvf_engine_step(kvf_engine_h e, kvf_engine_event_t *events, int cap, int *n_events)
+{
+    const int vocab = e->cfg->vocab_size;
+    kvf_fwd_batch_t batch;
+    kvf_status_t status;
+    int np = 0, ns = 0, n_fresh, prefill_tok = 0, decode_tok = 0, preempted = 0;
+    double t0, dt;
+
+    *n_events = 0;
+    for (int i = 0; i < e->num_reqs; ++i) {
+        preempted -= e->reqs[i]->preemptions;
+    }
+    status = kvf_scheduler_schedule(&e->sched, e->bm, e->reqs, e->num_reqs, e->plan, &np);
+    for (int i = 0; i < e->num_reqs; ++i) {
+        preempted += e->reqs[i]->preemptions;
+    }
+    e->stats.preemptions += (uint64_t)preempted;
+    if (status != KVF_OK) {
+        return status;
+    }
+    if (np == 0) {
+        return kvf_engine_unstall(e, events, cap, n_events);
+    }
+    for (int i = 0; i < np; ++i) {
+        kvf_sched_entry_t *pe = &e->plan[i];
+        kvf_request_t *r = pe->req;
+        e->seqs[i] = (kvf_fwd_seq_t){
+            .num_tokens = pe->num_tokens,
+            .start = pe->start,
+            .tokens = r->tokens + pe->start,
+            .group_blocks = (const int32_t *const *)r->blocks.blocks,
+            .group_num_blocks = r->blocks.num_blocks,
+            .logits = pe->samples ? e->logits + (size_t)ns++ * (size_t)vocab : NULL,
+        };
+        if ((pe->num_tokens == 1) && (pe->start > 0)) {
+            ++decode_tok;
+        } else {
+            prefill_tok += pe->num_tokens;
+        }
+    }
+    batch.num_seqs = np;
+    batch.seqs = e->seqs;
+    n_fresh = kvf_block_manager_take_fresh(e->bm, e->fresh, e->cap_fresh);
+
+    t0 = kvf_now();
+    status = kvf_tp_runner_step(e->runner, &batch, e->fresh, n_fresh);
+    dt = kvf_now() - t0;
+    e->stats.steps++;
+    e->stats.prefill_tokens += (uint64_t)prefill_tok;
+    e->stats.decode_tokens += (uint64_t)decode_tok;
+    e->stats.prefill_seconds += dt * prefill_tok / (double)(prefill_tok + decode_tok);
+    e->stats.decode_seconds += dt * decode_tok / (double)(prefill_tok + decode_tok);
+
+    if (status != KVF_OK) {
+        for (int i = 0; i < np; ++i) {
+            kvf_finish(e, e->plan[i].req, KVF_FINISH_ERROR);
+            kvf_emit(events, cap, n_events, e->plan[i].req->id, KVF_EVENT_FINISHED, -1,
+                     KVF_FINISH_ERROR);
+        }
+        return status;
+    }
+    for (int i = 0; i < np; ++i) {
+        kvf_sched_entry_t *pe = &e->plan[i];
+        kvf_request_t *r = pe->req;
+        r->num_computed = pe->start + pe->num_tokens;
+        r->sched_tokens = 0;
+        if (e->seqs[i].logits != NULL) {
+            int32_t tok = kvf_sample_token(r, e->seqs[i].logits, vocab);
+            status = kvf_accept_token(e, r, tok, e->seqs[i].logits, events, cap, n_events);
+            if (status != KVF_OK) {
+                kvf_finish(e, r, KVF_FINISH_ERROR);
+                kvf_emit(events, cap, n_events, r->id, KVF_EVENT_FINISHED, -1, KVF_FINISH_ERROR);
+            }
+        }
+    }
+    return KVF_OK;
+}
+
+bool kvf_engine_has_work(kvf_engine_h e)
+{
+    for (int i = 0; i < e->num_reqs; ++i) {
+        if ((e->reqs[i]->state == KVF_REQ_WAITING) || (e->reqs[i]->state == KVF_REQ_RUNNING)) {
+            return true;
+        }
+    }
+    return false;
+}
+
+kvf_status_t kvf_engine_abort(kvf_engine_h e, uint64_t id)
+{
+    kvf_request_t *r = kvf_find(e, id, NULL);
+    if (r == NULL) {
+        return KVF_ERR_NOT_FOUND;
+    }
+    if (r->state != KVF_REQ_FINISHED) {
+        kvf_finish(e, r, KVF_FINISH_ABORT);
+    }
+    return KVF_OK;
+}
+
+kvf_status_t kvf_engine_release(kvf_engine_h e, uint64_t id)
+{
+    int idx;
+    kvf_request_t *r = kvf_find(e, id, &idx);
+    if (r == NULL) {
+        return KVF_ERR_NOT_FOUND;
+    }
+    (void)kvf_block_manager_free(e->bm, &r->blocks);
+    kvf_req_free(r);
+    e->reqs[idx] = e->reqs[--e->num_reqs];
+    return KVF_OK;
+}
+
+kvf_status_t kvf_engine_request_info(kvf_engine_h e, uint64_t id, kvf_req_info_t *info)
+{
+    kvf_request_t *r = kvf_find(e, id, NULL);
+    if (r == NULL) {
+        return KVF_ERR_NOT_FOUND;
+    }
+    *info = (kvf_req_info_t){
+        .state = r->state, .finish = r->finish, .tokens = r->tokens,
+        .prompt_len = r->prompt_len, .num_tokens = r->num_tokens,
+        .num_computed = r->num_computed, .logits = r->logits, .num_logits = r->num_logits,
+        .blocks = &r->blocks, .preemptions = r->preemptions,
+    };
+    return KVF_OK;
+}
+
+kvf_status_t kvf_engine_prefill(kvf_engine_h e, const kvf_req_params_t *params, uint64_t *id_p,
+                                int32_t *first_token_p)
+{
+    kvf_req_params_t p = *params;
+    kvf_engine_event_t ev[256];
+    kvf_request_t *r;
+    kvf_status_t status;
+    int n;
+
+    p.prefill_only = true;
+    status = kvf_new_request(e, &p, &r);
+    if (status != KVF_OK) {
+        return status;
+    }
+    while (r->state == KVF_REQ_WAITING || r->state == KVF_REQ_RUNNING) {
+        uint64_t steps = e->stats.steps;
+        status = kvf_engine_step(e, ev, (int)(sizeof(ev) / sizeof(ev[0])), &n);
+        if (status != KVF_OK) {
+            break;
+        }
+        if ((e->stats.steps == steps) && (r->state == KVF_REQ_WAITING)) {
+            kvf_error("request %llu: the pool cannot hold its %d prompt tokens",
+                      (unsigned long long)r->id, r->prompt_len);
+            status = KVF_ERR_NO_RESOURCE;
+            break;
+        }
+    }
+    if ((status == KVF_OK) && (r->state == KVF_REQ_PREFILLED)) {
+        *id_p = r->id;
+        *first_token_p = r->tokens[r->num_tokens - 1];
+        return KVF_OK;
+    }
+    if ((status == KVF_OK) && (r->finish == KVF_FINISH_ERROR)) {
+        status = KVF_ERR_NO_RESOURCE;   /* finished by kvf_engine_unstall() */
+    }
+    (void)kvf_engine_release(e, r->id);
+    return (status != KVF_OK) ? status : KVF_ERR_CANCELED;
+}
+
+kvf_status_t kvf_engine_import_begin(kvf_engine_h e, const kvf_req_params_t *params,
+                                     uint64_t *id_p, const kvf_req_blocks_t **blocks_p)
+{
+    kvf_tp_runner_h rn = e->runner;
+    kvf_page_pool_h pools[KVF_COMM_MAX_RANKS];
+    kvf_request_t *r;
+    kvf_status_t status = kvf_new_request(e, params, &r);
+
+    if (status != KVF_OK) {
+        return status;
+    }
+    status = kvf_block_manager_allocate(e->bm, &r->blocks, r->prompt_len);
+    if (status != KVF_OK) {
+        (void)kvf_engine_release(e, r->id);
+        return status;
+    }
+    for (int i = 0; i < kvf_tp_runner_tp_size(rn); ++i) {
+        pools[i] = kvf_tp_runner_pool(rn, i);
+    }
+    status = kvf_block_manager_zero_fresh(e->bm, pools, kvf_tp_runner_tp_size(rn));
+    if (status != KVF_OK) {
+        (void)kvf_engine_release(e, r->id);
+        return status;
+    }
+    r->state = KVF_REQ_IMPORTING;
+    *id_p = r->id;
+    *blocks_p = &r->blocks;
+    return KVF_OK;
+}
+
+kvf_status_t kvf_engine_import_commit(kvf_engine_h e, uint64_t id, int32_t first_token)
+{
+    kvf_engine_event_t ev[4];
+    kvf_request_t *r = kvf_find(e, id, NULL);
+    int n = 0;
+
+    if (r == NULL) {
+        return KVF_ERR_NOT_FOUND;
+    }
+    if ((r->state != KVF_REQ_IMPORTING) || (first_token < 0) ||
+        (first_token >= e->cfg->vocab_size)) {
+        kvf_error("request %llu: cannot commit import (state %d, first token %d)",
+                  (unsigned long long)id, (int)r->state, first_token);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    r->num_computed = r->prompt_len;
+    r->state = KVF_REQ_RUNNING;
+    r->prefill_only = false;
+    return kvf_accept_token(e, r, first_token, NULL, ev, 4, &n);
+}
+
+kvf_status_t kvf_engine_run_on_ranks(kvf_engine_h e, kvf_rank_func_t func, void *arg)
+{
+    return kvf_tp_runner_run_on_ranks(e->runner, func, arg);
+}
+
+kvf_tp_runner_h kvf_engine_runner(kvf_engine_h e)
+{
+    return e->runner;
+}
+
+kvf_block_manager_h kvf_engine_block_manager(kvf_engine_h e)
+{
+    return e->bm;
+}
+
+const kvf_model_config_t *kvf_engine_model_config(kvf_engine_h e)
+{
+    return e->cfg;
+}
+
+void kvf_engine_get_stats(kvf_engine_h e, kvf_engine_stats_t *stats_p)
+{
+    *stats_p = e->stats;
+}

@@ -1,0 +1,187 @@
+/*
+ * Engine core of one instance (colocated, prefill or decode role): the model
+ * runner with its TP ranks and page pools, the block manager, the
+ * scheduler, and sampling.
+ *
+ * Usage, colocated:   add_request() ... step() until the request finishes.
+ * Prefill daemon:     add_request() with prefill_only; step() until its
+ *                     KVF_EVENT_PREFILLED event (first token sampled, blocks
+ *                     held); read its block tables with request_blocks();
+ *                     transfer; release() when decode is done with them.
+ * Decode daemon:      import_begin() allocates (and zeroes) blocks for the
+ *                     prompt; the transfer fills them (pools via
+ *                     runner()); import_commit() seeds the first token;
+ *                     step() continues decoding.
+ *
+ * Thread safety: none; one thread (the instance leader) calls everything.
+ * Rank threads run only inside step(); between steps the pools may be read
+ * and written by the caller (transfers).
+ */
+#ifndef KVF_ENGINE_H
+#define KVF_ENGINE_H
+
+#include "kvf_scheduler.h"
+#include "kvf_tp_runner.h"
+
+typedef struct kvf_engine *kvf_engine_h;
+
+enum kvf_engine_params_field {              /* append only, never renumber */
+    KVF_ENGINE_PARAM_FIELD_NUM_BLOCKS       = KVF_BIT(0),  /* default 256 */
+    KVF_ENGINE_PARAM_FIELD_CACHE            = KVF_BIT(1),  /* default kvf_cache_params_default() */
+    KVF_ENGINE_PARAM_FIELD_MAX_BATCH_TOKENS = KVF_BIT(2),  /* default 512 */
+    KVF_ENGINE_PARAM_FIELD_MAX_SEQS         = KVF_BIT(3),  /* default 64 */
+    KVF_ENGINE_PARAM_FIELD_NO_ZERO          = KVF_BIT(4),  /* TEST ONLY */
+};
+#define KVF_ENGINE_PARAM_FIELDS_KNOWN (KVF_BIT(5) - 1)
+
+typedef struct kvf_engine_params {
+    uint64_t           field_mask;        /* first */
+    const char        *model_dir;         /* required: config.json + model.safetensors */
+    int                tp_size;           /* required, >= 1 */
+    int                num_blocks;        /* blocks per rank pool */
+    kvf_cache_params_t cache;
+    int                max_batch_tokens;  /* tokens per step */
+    int                max_seqs;          /* requests per step */
+    bool               disable_zeroing;   /* TEST ONLY: fresh attention blocks not zeroed */
+} kvf_engine_params_t;
+
+/** A new request. The prompt is copied. */
+typedef struct kvf_req_params {
+    const int32_t  *prompt;
+    int             prompt_len;     /* >= 1 */
+    kvf_sampling_t  sampling;
+    bool            prefill_only;   /* stop after the first token, keep the blocks */
+    bool            record_logits;  /* keep the logits of every sampled token */
+} kvf_req_params_t;
+
+typedef enum {
+    KVF_EVENT_TOKEN = 0,    /* a token was sampled (token valid) */
+    KVF_EVENT_PREFILLED,    /* prefill-only request done; token is the first token */
+    KVF_EVENT_FINISHED,     /* request finished (reason set; token valid if one was sampled now) */
+} kvf_event_kind_t;
+
+typedef struct kvf_engine_event {
+    uint64_t            id;
+    kvf_event_kind_t    kind;
+    int32_t             token;     /* -1 when none */
+    kvf_finish_reason_t reason;
+} kvf_engine_event_t;
+
+/** Read-only view of a request; pointers valid until the next engine call. */
+typedef struct kvf_req_info {
+    kvf_req_state_t         state;
+    kvf_finish_reason_t     finish;
+    const int32_t          *tokens;       /* prompt then outputs */
+    int                     prompt_len;
+    int                     num_tokens;
+    int                     num_computed;
+    const float            *logits;       /* [num_logits][vocab] if recorded */
+    int                     num_logits;
+    const kvf_req_blocks_t *blocks;
+    int                     preemptions;  /* times recomputed after losing its blocks */
+} kvf_req_info_t;
+
+/**
+ * Load the model (sharded tp_size ways), build the rank pools and start the
+ * rank threads. @return KVF_OK; model, geometry and pool errors (logged).
+ */
+kvf_status_t kvf_engine_create(const kvf_engine_params_t *params, kvf_engine_h *engine_p);
+
+/** Abort everything, free all blocks, stop ranks. NULL is a no-op. */
+void kvf_engine_destroy(kvf_engine_h engine);
+
+/**
+ * Admit a request (WAITING). @return KVF_OK and *id_p; KVF_ERR_INVALID_PARAM
+ * for an empty prompt, a token outside the vocabulary or max_tokens < 1.
+ */
+kvf_status_t kvf_engine_add_request(kvf_engine_h engine, const kvf_req_params_t *params,
+                                    uint64_t *id_p);
+
+/**
+ * One scheduler iteration: schedule, zero fresh blocks, run the forward on
+ * all ranks, sample. Events (sampled tokens, prefilled, finished) are
+ * written to @a events (capacity @a cap; at most max_seqs + finished ones
+ * are produced per step: a cap of 2 * max_seqs never drops any).
+ *
+ * @return KVF_OK (also when there was nothing to run: *n_events = 0);
+ *         a forward error (the step's requests are finished with
+ *         KVF_FINISH_ERROR and their blocks freed).
+ */
+kvf_status_t kvf_engine_step(kvf_engine_h engine, kvf_engine_event_t *events, int cap,
+                             int *n_events);
+
+/** True while some request is WAITING or RUNNING. */
+bool kvf_engine_has_work(kvf_engine_h engine);
+
+/**
+ * Finish @a id with KVF_FINISH_ABORT and free its blocks (any state).
+ * @return KVF_OK; KVF_ERR_NOT_FOUND.
+ */
+kvf_status_t kvf_engine_abort(kvf_engine_h engine, uint64_t id);
+
+/** Free the blocks (if any) and forget @a id. KVF_ERR_NOT_FOUND if unknown. */
+kvf_status_t kvf_engine_release(kvf_engine_h engine, uint64_t id);
+
+/** Fill @a info for @a id. KVF_ERR_NOT_FOUND if unknown. */
+kvf_status_t kvf_engine_request_info(kvf_engine_h engine, uint64_t id, kvf_req_info_t *info);
+
+/**
+ * Convenience for a prefill worker serving one request at a time: add a
+ * prefill-only request and step until it is PREFILLED. Other requests'
+ * events during those steps are not reported.
+ * @return KVF_OK with *id_p and *first_token_p; errors of add/step, or
+ *         KVF_ERR_NO_RESOURCE when the pool can never hold the prompt.
+ */
+kvf_status_t kvf_engine_prefill(kvf_engine_h engine, const kvf_req_params_t *params,
+                                uint64_t *id_p, int32_t *first_token_p);
+
+/**
+ * Start importing a request computed elsewhere: allocate blocks for
+ * prompt_len tokens in every cache group and zero the fresh attention
+ * blocks on every rank. The caller then fills the pages (KV of the prompt,
+ * Mamba state after all prompt tokens) and calls import_commit().
+ *
+ * @param [out] blocks_p  Block tables (valid until commit/abort/release).
+ * @return KVF_OK; KVF_ERR_NO_RESOURCE when blocks are short (nothing held);
+ *         KVF_ERR_INVALID_PARAM as add_request().
+ */
+kvf_status_t kvf_engine_import_begin(kvf_engine_h engine, const kvf_req_params_t *params,
+                                     uint64_t *id_p, const kvf_req_blocks_t **blocks_p);
+
+/**
+ * Seed the first token (sampled by prefill) and start decoding. The token
+ * counts as the first output; the request finishes at once on EOS or when
+ * max_tokens is 1. @return KVF_OK; KVF_ERR_NOT_FOUND; KVF_ERR_INVALID_PARAM
+ * (not importing, or token out of range).
+ */
+kvf_status_t kvf_engine_import_commit(kvf_engine_h engine, uint64_t id, int32_t first_token);
+
+/**
+ * Run @a func on every TP rank's own thread (rank 0: the caller's), between
+ * steps; see kvf_tp_runner_run_on_ranks(). For per-rank transfer work
+ * (connector register_pool, start_pull, poll).
+ */
+kvf_status_t kvf_engine_run_on_ranks(kvf_engine_h engine, kvf_rank_func_t func, void *arg);
+
+/** The runner: pools and geometry per rank, cache layout. */
+kvf_tp_runner_h kvf_engine_runner(kvf_engine_h engine);
+
+/** The block manager (free counts). */
+kvf_block_manager_h kvf_engine_block_manager(kvf_engine_h engine);
+
+/** The model configuration. */
+const kvf_model_config_t *kvf_engine_model_config(kvf_engine_h engine);
+
+/** Running totals: tokens fed in prefill chunks / decode steps, and their seconds. */
+typedef struct kvf_engine_stats {
+    uint64_t prefill_tokens;
+    double   prefill_seconds;
+    uint64_t decode_tokens;
+    double   decode_seconds;
+    uint64_t steps;
+    uint64_t preemptions;
+} kvf_engine_stats_t;
+
+void kvf_engine_get_stats(kvf_engine_h engine, kvf_engine_stats_t *stats_p);
+
+#endif

@@ -1,0 +1,158 @@
+/*
+ * Continuous-batching scheduler.
+ *
+ * Design: the scheduler is a pure function of the request list and the block
+ * manager; it owns no queue. The engine keeps requests in one array and
+ * calls kvf_scheduler_schedule() once per step, so adding, aborting or
+ * importing a request between steps needs no queue surgery. Requests are
+ * ordered by arrival (insertion sort over pointers: a step holds tens of
+ * requests, not thousands). Preemption is by recompute, as in vLLM: the
+ * victim keeps its tokens and RNG state, loses its blocks, and is prefilled
+ * again later over prompt + outputs, so its continuation is unchanged.
+ * Rejected: swapping state to host memory (more code, and the tiny CPU
+ * pools never need it).
+ */
+#include "kvf_scheduler.h"
+#include "kvf_log.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+static void kvf_sort_by_arrival(kvf_request_t **v, int n)
+{
+    for (int i = 1; i < n; ++i) {
+        kvf_request_t *x = v[i];
+        int j = i - 1;
+        while ((j >= 0) && (v[j]->arrival > x->arrival)) {
+            v[j + 1] = v[j];
+            --j;
+        }
+        v[j + 1] = x;
+    }
+}
+
+static void kvf_preempt(kvf_block_manager_h bm, kvf_request_t *r)
+{
+    kvf_log(KVF_LOG_INFO, KVF_SUB_SCHED, "preempting request %llu (%d tokens computed)",
+            (unsigned long long)r->id, r->num_computed);
+    (void)kvf_block_manager_free(bm, &r->blocks);
+    r->num_computed = 0;
+    r->state = KVF_REQ_WAITING;
+    r->preemptions++;
+}
+
+kvf_status_t kvf_scheduler_schedule(const kvf_scheduler_params_t *params, kvf_block_manager_h bm,
+                                    kvf_request_t **reqs, int n, kvf_sched_entry_t *plan,
+                                    int *n_plan)
+{
+    kvf_request_t **v = malloc((size_t)(n ? n : 1) * sizeof(*v));
+    int budget = params->max_batch_tokens, np = 0, nv = 0;
+    kvf_status_t status = KVF_OK;
+
+    if (v == NULL) {
+        return KVF_ERR_NO_MEMORY;
+    }
+    for (int i = 0; i < n; ++i) {
+        reqs[i]->sched_tokens = 0;
+        if ((reqs[i]->state == KVF_REQ_WAITING) || (reqs[i]->state == KVF_REQ_RUNNING)) {
+            v[nv++] = reqs[i];
+        }
+    }
+    kvf_sort_by_arrival(v, nv);
+
+    /* 1. decode tokens of running requests */
+    for (int i = 0; (i < nv) && (budget > 0) && (np < params->max_seqs); ++i) {
+        kvf_request_t *r = v[i];
+        if ((r->state != KVF_REQ_RUNNING) || (r->num_tokens - r->num_computed != 1)) {
+            continue;
+        }
+        while (!kvf_block_manager_can_allocate(bm, &r->blocks, r->num_computed + 1)) {
+            kvf_request_t *victim = NULL;
+            for (int j = nv - 1; j >= 0; --j) {
+                if ((v[j] != r) && (v[j]->state == KVF_REQ_RUNNING) && (v[j]->sched_tokens == 0)) {
+                    victim = v[j];
+                    break;
+                }
+            }
+            if (victim == NULL) {
+                break;
+            }
+            kvf_preempt(bm, victim);
+        }
+        status = kvf_block_manager_allocate(bm, &r->blocks, r->num_computed + 1);
+        if (status == KVF_ERR_NO_RESOURCE) {
+            status = KVF_OK;
+            continue;    /* waits for blocks; nothing left to preempt */
+        }
+        if (status != KVF_OK) {
+            goto out;
+        }
+        r->sched_tokens = 1;
+        plan[np++] = (kvf_sched_entry_t){r, r->num_computed, 1, true};
+        --budget;
+    }
+
+    /* 2. prefill chunks, in arrival order (FCFS: stop at the first that does not fit) */
+    for (int i = 0; (i < nv) && (budget > 0) && (np < params->max_seqs); ++i) {
+        kvf_request_t *r = v[i];
+        int remaining = r->num_tokens - r->num_computed;
+        int chunk;
+        if ((r->sched_tokens > 0) || (remaining <= 0) ||
+            ((r->state == KVF_REQ_RUNNING) && (remaining == 1))) {
+            continue;
+        }
+        chunk = (remaining < budget) ? remaining : budget;
+        status = kvf_block_manager_allocate(bm, &r->blocks, r->num_computed + chunk);
+        if (status == KVF_ERR_NO_RESOURCE) {
+            status = KVF_OK;
+            break;
+        }
+        if (status != KVF_OK) {
+            goto out;
+        }
+        r->state = KVF_REQ_RUNNING;
+        r->sched_tokens = chunk;
+        plan[np++] = (kvf_sched_entry_t){r, r->num_computed, chunk, chunk == remaining};
+        budget -= chunk;
+    }
+out:
+    free(v);
+    *n_plan = np;
+    return status;
+}
+
+static uint64_t kvf_rng_next(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+int32_t kvf_sample_token(kvf_request_t *req, const float *logits, int vocab)
+{
+    int32_t best = 0;
+    double sum = 0.0, u, acc = 0.0;
+    double inv_t;
+
+    for (int i = 1; i < vocab; ++i) {
+        if (logits[i] > logits[best]) {
+            best = i;
+        }
+    }
+    if (req->sampling.temperature <= 0.0f) {
+        return best;
+    }
+    inv_t = 1.0 / (double)req->sampling.temperature;
+    for (int i = 0; i < vocab; ++i) {
+        sum += exp(((double)logits[i] - (double)logits[best]) * inv_t);
+    }
+    u = (double)(kvf_rng_next(&req->rng) >> 11) * (1.0 / 9007199254740992.0) * sum;
+    for (int i = 0; i < vocab; ++i) {
+        acc += exp(((double)logits[i] - (double)logits[best]) * inv_t);
+        if (u < acc) {
+            return i;
+        }
+    }
+    return best;
+}

@@ -1,0 +1,106 @@
+/*
+ * Continuous-batching scheduler: which requests run in the next step and
+ * with how many tokens, and the blocks they need for it.
+ *
+ * A request is a token list (prompt, then sampled outputs) and a count of
+ * tokens whose cache state is computed. Each step feeds a request its next
+ * uncomputed tokens: a prefill chunk, or the one pending token of a
+ * decoding request; when a step reaches the end of the known tokens the
+ * engine samples the next one. Prefill and decode share one batch.
+ *
+ * Policy (vLLM-like, simplified): requests already running get their
+ * decode token first, in arrival order; then waiting requests are prefilled
+ * in arrival order with chunks up to the remaining token budget. When a
+ * running request cannot get a block, the most recently arrived running
+ * request is preempted (its blocks freed, its tokens recomputed later).
+ */
+#ifndef KVF_SCHEDULER_H
+#define KVF_SCHEDULER_H
+
+#include "kvf_block_manager.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef enum {
+    KVF_REQ_WAITING = 0,   /* admitted, nothing computed (or preempted) */
+    KVF_REQ_RUNNING,       /* has blocks; prefilling in chunks or decoding */
+    KVF_REQ_PREFILLED,     /* prefill-only request done: blocks held, first token sampled */
+    KVF_REQ_IMPORTING,     /* blocks allocated for an external fill, not yet committed */
+    KVF_REQ_FINISHED,      /* done; blocks released */
+} kvf_req_state_t;
+
+typedef enum {
+    KVF_FINISH_NONE = 0,
+    KVF_FINISH_LENGTH,     /* max_tokens reached */
+    KVF_FINISH_EOS,        /* sampled the EOS token */
+    KVF_FINISH_ABORT,      /* kvf_engine_abort() */
+    KVF_FINISH_ERROR,      /* a step failed */
+} kvf_finish_reason_t;
+
+/** Sampling of one request. temperature <= 0 is greedy (lowest id on ties). */
+typedef struct kvf_sampling {
+    float    temperature;
+    uint64_t seed;         /* seeds the request's own RNG */
+    int      max_tokens;   /* generated tokens including the first; >= 1 */
+    bool     ignore_eos;
+} kvf_sampling_t;
+
+typedef struct kvf_request {
+    uint64_t            id;
+    uint64_t            arrival;       /* admission order */
+    kvf_req_state_t     state;
+    kvf_finish_reason_t finish;
+
+    int32_t            *tokens;        /* prompt then outputs */
+    int                 num_tokens;
+    int                 cap_tokens;
+    int                 prompt_len;
+    int                 num_computed;  /* tokens whose cache state is in the pages */
+
+    kvf_sampling_t      sampling;
+    uint64_t            rng;
+    bool                prefill_only;
+    bool                record_logits;
+    float              *logits;        /* [num_outputs][vocab] when record_logits */
+    int                 num_logits;
+
+    kvf_req_blocks_t    blocks;
+    int                 sched_tokens;  /* tokens in the current step, 0 = not scheduled */
+    int                 preemptions;   /* times this request lost its blocks */
+} kvf_request_t;
+
+typedef struct kvf_scheduler_params {
+    int max_batch_tokens;  /* token budget per step, >= 1 */
+    int max_seqs;          /* requests per step, >= 1 */
+} kvf_scheduler_params_t;
+
+/** One scheduled entry: feed tokens [start, start + num_tokens) of req. */
+typedef struct kvf_sched_entry {
+    kvf_request_t *req;
+    int            start;
+    int            num_tokens;
+    bool           samples;   /* the chunk reaches the last known token */
+} kvf_sched_entry_t;
+
+/**
+ * Build the next step from @a reqs (n requests, any order; only WAITING and
+ * RUNNING ones are considered), allocating blocks from @a bm. Preempted
+ * requests go back to WAITING with num_computed = 0.
+ *
+ * @param [out] plan    Capacity params->max_seqs entries.
+ * @param [out] n_plan  Entries written (0: nothing can run now).
+ * @return KVF_OK; KVF_ERR_NO_MEMORY from block tables.
+ */
+kvf_status_t kvf_scheduler_schedule(const kvf_scheduler_params_t *params, kvf_block_manager_h bm,
+                                    kvf_request_t **reqs, int n, kvf_sched_entry_t *plan,
+                                    int *n_plan);
+
+/**
+ * Pick the next token from @a logits (vocab floats): argmax when greedy,
+ * else a draw from softmax(logits / temperature) with the request's RNG
+ * (advanced). Deterministic for a given seed and logits.
+ */
+int32_t kvf_sample_token(kvf_request_t *req, const float *logits, int vocab);
+
+#endif

@@ -1,0 +1,91 @@
+/*
+ * TP collectives behind an ops table (NCCL on GPU later; in-process shared
+ * buffers and a barrier on CPU, DESIGN.md §5).
+ *
+ * A communicator world of `size` ranks is created once per instance; each
+ * rank thread then uses its own kvf_comm_t handle. Every collective must be
+ * called by all ranks of the world in the same order (the usual MPI/NCCL
+ * rule), even ranks with nothing to contribute.
+ *
+ * Determinism: the CPU backend sums rank buffers in rank order, so every
+ * rank of a span gets bit-identical results.
+ */
+#ifndef KVF_COLLECTIVES_H
+#define KVF_COLLECTIVES_H
+
+#include "kvf_status.h"
+
+#include <stddef.h>
+
+#define KVF_COMM_ABI      1
+#define KVF_COMM_MAX_RANKS 64
+
+typedef struct kvf_comm_world *kvf_comm_world_h;
+
+typedef struct kvf_comm_ops {
+    unsigned    abi_version;   /* KVF_COMM_ABI */
+    const char *name;          /* "cpu", "nccl"; logs only */
+
+    /* In-place sum of n floats over the `span` consecutive ranks
+     * [rank / span * span, +span). span must divide the world size.
+     * Blocks until every rank of the world has entered the call. */
+    kvf_status_t (*all_reduce_sum_f32)(void *ctx, int rank, float *buf, size_t n, int span);
+
+    /* Copy n bytes from root's buf into every other rank's buf. */
+    kvf_status_t (*broadcast)(void *ctx, int rank, void *buf, size_t n, int root);
+
+    /* Return once every rank has entered. */
+    kvf_status_t (*barrier)(void *ctx, int rank);
+} kvf_comm_ops_t;
+
+/** One rank's view of a world; a value, owned by the world. */
+typedef struct kvf_comm {
+    const kvf_comm_ops_t *ops;
+    void                 *ctx;
+    int                   rank;
+    int                   size;
+} kvf_comm_t;
+
+/**
+ * Create the CPU world of @a size ranks (threads of one process).
+ * @return KVF_OK; KVF_ERR_INVALID_PARAM for size outside [1, KVF_COMM_MAX_RANKS];
+ *         KVF_ERR_NO_MEMORY.
+ */
+kvf_status_t kvf_comm_world_create_cpu(int size, kvf_comm_world_h *world_p);
+
+/** Free the world. No rank may be inside a collective. NULL is a no-op. */
+void kvf_comm_world_destroy(kvf_comm_world_h world);
+
+/** Handle of rank @a rank in [0, size); valid until the world is destroyed. */
+kvf_comm_t *kvf_comm_world_rank(kvf_comm_world_h world, int rank);
+
+/** Sum @a n floats at @a buf over all ranks, in place. */
+static inline kvf_status_t kvf_comm_all_reduce(kvf_comm_t *comm, float *buf, size_t n)
+{
+    return (comm->size == 1) ? KVF_OK :
+           comm->ops->all_reduce_sum_f32(comm->ctx, comm->rank, buf, n, comm->size);
+}
+
+/**
+ * Sum over the @a span consecutive ranks that contain this rank (e.g. the
+ * ranks sharing one replicated Mamba group). span 1 is a no-op but the call
+ * still synchronises with the world.
+ */
+static inline kvf_status_t kvf_comm_all_reduce_span(kvf_comm_t *comm, float *buf, size_t n,
+                                                    int span)
+{
+    return (comm->size == 1) ? KVF_OK :
+           comm->ops->all_reduce_sum_f32(comm->ctx, comm->rank, buf, n, span);
+}
+
+static inline kvf_status_t kvf_comm_broadcast(kvf_comm_t *comm, void *buf, size_t n, int root)
+{
+    return (comm->size == 1) ? KVF_OK : comm->ops->broadcast(comm->ctx, comm->rank, buf, n, root);
+}
+
+static inline kvf_status_t kvf_comm_barrier(kvf_comm_t *comm)
+{
+    return (comm->size == 1) ? KVF_OK : comm->ops->barrier(comm->ctx, comm->rank);
+}
+
+#endif

@@ -1,0 +1,104 @@
+/*
+ * NemotronH model runner: weights sharded for tensor parallelism and the
+ * forward pass of one TP rank over a batch of request chunks, reading and
+ * writing the request's attention and Mamba pages in the rank's page pool.
+ *
+ * Semantics follow Hugging Face's modeling_nemotron_h.py (torch_forward):
+ * every layer is residual + mixer(rmsnorm(h)); mixers are
+ *   Mamba2 ('M'): in_proj -> z | xBC | dt; causal depthwise conv1d + bias +
+ *                 SiLU over xBC; dt = softplus(dt + dt_bias); A = -exp(A_log);
+ *                 selective scan with D skip; y = gated_rmsnorm(y, z) with
+ *                 groups of inner / n_groups; out_proj
+ *   attention ('*'): q/k/v projections, GQA, no positional encoding, softmax
+ *                 scale 1/sqrt(head_dim), o_proj
+ *   MLP ('-'):    down(relu(up(x))^2)
+ * then norm_f and lm_head.
+ *
+ * Sharding (Megatron-style, common/model/kvf_shard.h): column-parallel in_proj
+ * (z, x, B, C, dt rows of this rank's heads and groups), q/k/v (heads; KV
+ * heads replicated when tp > kv heads), conv1d and up_proj; row-parallel
+ * out_proj, o_proj and down_proj followed by a sum all-reduce; the gated
+ * norm all-reduces its partial sums of squares over the ranks sharing a
+ * group when tp > n_groups. Embeddings, norms and lm_head are replicated
+ * (one shared copy).
+ */
+#ifndef KVF_MODEL_H
+#define KVF_MODEL_H
+
+#include "kvf_collectives.h"
+#include "kvf_geometry.h"
+#include "kvf_model_config.h"
+#include "kvf_page_pool.h"
+
+#include <stdint.h>
+
+typedef struct kvf_model *kvf_model_h;
+
+/**
+ * Load @a dir/config.json and @a dir/model.safetensors, sharded for
+ * @a tp_size ranks (all shards held by this process).
+ *
+ * @return KVF_OK; config errors; KVF_ERR_UNSUPPORTED for a model_type other
+ *         than nemotron_h or MoE layers; sharding errors (tp does not divide
+ *         heads); safetensors errors naming the missing or mis-shaped tensor.
+ */
+kvf_status_t kvf_model_load(const char *dir, int tp_size, kvf_model_h *model_p);
+
+/** Free all shards; NULL is a no-op. */
+void kvf_model_destroy(kvf_model_h model);
+
+const kvf_model_config_t *kvf_model_get_config(kvf_model_h model);
+int kvf_model_tp_size(kvf_model_h model);
+
+/**
+ * One request's part of a forward step: num_tokens new tokens at positions
+ * [start, start + num_tokens). The caller owns every pointer.
+ *
+ * group_blocks[g] lists the blocks of KV cache group g (kvf_cache_layout_t):
+ * for an attention group, the block table covering at least
+ * start + num_tokens positions; for a Mamba group, [0] is the request's state
+ * block. Mamba state is started from zero when start == 0 and continued from
+ * the page otherwise (also for requests whose state was imported).
+ */
+typedef struct kvf_fwd_seq {
+    int             num_tokens;    /* >= 1 */
+    int             start;         /* tokens already in the cache */
+    const int32_t  *tokens;        /* [num_tokens] */
+    const int32_t *const *group_blocks;  /* [num_groups] */
+    const int      *group_num_blocks;    /* [num_groups] */
+    float          *logits;        /* [vocab] logits of the last token (rank 0), or NULL */
+} kvf_fwd_seq_t;
+
+typedef struct kvf_fwd_batch {
+    int                  num_seqs;
+    const kvf_fwd_seq_t *seqs;
+} kvf_fwd_batch_t;
+
+/** What one rank's forward needs besides the weights. */
+typedef struct kvf_rank_ctx {
+    int                        rank;
+    kvf_comm_t                *comm;    /* size == model tp */
+    kvf_page_pool_h            pool;
+    const kvf_rank_geometry_t *geom;
+    const kvf_cache_layout_t  *layout;
+    struct kvf_model_ws       *ws;      /* scratch, from kvf_model_ws_create() */
+} kvf_rank_ctx_t;
+
+/** Per-rank scratch buffers (grown on demand). */
+kvf_status_t kvf_model_ws_create(struct kvf_model_ws **ws_p);
+void         kvf_model_ws_destroy(struct kvf_model_ws *ws);
+
+/**
+ * Run one forward step of @a batch on rank ctx->rank. Every rank of the
+ * instance must call it with the same batch (collectives inside). Rank 0
+ * writes seq->logits. Writes K/V of the new tokens into the attention pages
+ * and advances the Mamba state pages in place.
+ *
+ * @return KVF_OK; KVF_ERR_INVALID_PARAM for a bad token id, too few blocks
+ *         for the positions, or a kernel argument error; KVF_ERR_NO_MEMORY.
+ *         Ranks keep calling the collectives on error so peers never hang.
+ */
+kvf_status_t kvf_model_forward_rank(kvf_model_h model, const kvf_rank_ctx_t *ctx,
+                                    const kvf_fwd_batch_t *batch);
+
+#endif

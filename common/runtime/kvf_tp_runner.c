@@ -1,0 +1,283 @@
+/*
+ * TP runner: rank threads driven by a generation counter.
+ *
+ * Design: the caller publishes a job (batch + fresh list), bumps `gen` and
+ * broadcasts; each worker runs the job for its rank and counts itself done;
+ * the caller runs rank 0 meanwhile and waits for the count. Rank 0 in the
+ * caller's thread saves a context switch per step, which matters on the
+ * two-core CI machines where TP4 already oversubscribes. The collectives
+ * inside the forward synchronise the ranks, so the job hand-off needs no
+ * barrier of its own. Rejected: a work queue per rank (nothing to queue,
+ * steps are strictly sequential).
+ */
+#include "kvf_tp_runner.h"
+#include "kvf_log.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct kvf_rank_slot {
+    struct kvf_tp_runner *runner;
+    int                   rank;
+    pthread_t             thread;
+    bool                  started;
+    kvf_rank_geometry_t   geom;
+    kvf_page_pool_h       pool;
+    struct kvf_model_ws  *ws;
+    kvf_rank_ctx_t        ctx;
+    kvf_status_t          status;
+} kvf_rank_slot_t;
+
+struct kvf_tp_runner {
+    kvf_model_h         model;
+    int                 tp;
+    int                 num_blocks;
+    kvf_cache_params_t  cache;
+    kvf_cache_layout_t  layout;
+    kvf_comm_world_h    world;
+    kvf_rank_slot_t    *ranks;
+
+    pthread_mutex_t     lock;
+    pthread_cond_t      cond_job;
+    pthread_cond_t      cond_done;
+    uint64_t            gen;
+    int                 done;
+    bool                stop;
+    const kvf_fwd_batch_t *batch;
+    const int32_t      *fresh;
+    int                 n_fresh;
+    kvf_rank_func_t     func;      /* non-NULL: the job is func(arg, rank, pool), not a step */
+    void               *func_arg;
+};
+
+static kvf_status_t kvf_rank_run(kvf_tp_runner_h r, kvf_rank_slot_t *s)
+{
+    if (r->func != NULL) {
+        return r->func(r->func_arg, s->rank, s->pool);
+    }
+    kvf_status_t status = kvf_page_pool_zero_blocks(s->pool, r->fresh, r->n_fresh);
+    kvf_status_t fs = kvf_model_forward_rank(r->model, &s->ctx, r->batch);
+    return (status != KVF_OK) ? status : fs;
+}
+
+static void *kvf_rank_thread(void *arg)
+{
+    kvf_rank_slot_t *s = arg;
+    kvf_tp_runner_h r = s->runner;
+    uint64_t seen = 0;
+
+    pthread_mutex_lock(&r->lock);
+    for (;;) {
+        while (!r->stop && (r->gen == seen)) {
+            pthread_cond_wait(&r->cond_job, &r->lock);
+        }
+        if (r->stop) {
+            break;
+        }
+        seen = r->gen;
+        pthread_mutex_unlock(&r->lock);
+        s->status = kvf_rank_run(r, s);
+        pthread_mutex_lock(&r->lock);
+        if (++r->done == r->tp - 1) {
+            pthread_cond_signal(&r->cond_done);
+        }
+    }
+    pthread_mutex_unlock(&r->lock);
+    return NULL;
+}
+
+void kvf_tp_runner_destroy(kvf_tp_runner_h r)
+{
+    if (r == NULL) {
+        return;
+    }
+    pthread_mutex_lock(&r->lock);
+    r->stop = true;
+    pthread_cond_broadcast(&r->cond_job);
+    pthread_mutex_unlock(&r->lock);
+    for (int i = 0; (r->ranks != NULL) && (i < r->tp); ++i) {
+        if (r->ranks[i].started) {
+            pthread_join(r->ranks[i].thread, NULL);
+        }
+        kvf_page_pool_destroy(r->ranks[i].pool);
+        kvf_model_ws_destroy(r->ranks[i].ws);
+    }
+    kvf_comm_world_destroy(r->world);
+    pthread_cond_destroy(&r->cond_job);
+    pthread_cond_destroy(&r->cond_done);
+    pthread_mutex_destroy(&r->lock);
+    free(r->ranks);
+    free(r);
+}
+
+kvf_status_t kvf_tp_runner_create(const kvf_tp_runner_params_t *params, kvf_tp_runner_h *runner_p)
+{
+    const kvf_model_config_t *cfg;
+    kvf_cache_params_t cache;
+    kvf_tp_runner_h r;
+    kvf_status_t status;
+
+    if ((params->field_mask & ~KVF_TP_RUNNER_PARAM_FIELDS_KNOWN) || (params->model == NULL)) {
+        kvf_error("tp runner: unknown params bits 0x%llx or no model",
+                  (unsigned long long)(params->field_mask & ~KVF_TP_RUNNER_PARAM_FIELDS_KNOWN));
+        return KVF_ERR_INVALID_PARAM;
+    }
+    cfg = kvf_model_get_config(params->model);
+    if (params->field_mask & KVF_TP_RUNNER_PARAM_FIELD_CACHE) {
+        cache = params->cache;
+    } else {
+        kvf_cache_params_default(cfg, &cache);
+    }
+    r = calloc(1, sizeof(*r));
+    if (r == NULL) {
+        return KVF_ERR_NO_MEMORY;
+    }
+    pthread_mutex_init(&r->lock, NULL);
+    pthread_cond_init(&r->cond_job, NULL);
+    pthread_cond_init(&r->cond_done, NULL);
+    r->model = params->model;
+    r->cache = cache;
+    r->tp = kvf_model_tp_size(params->model);
+    r->num_blocks = (params->field_mask & KVF_TP_RUNNER_PARAM_FIELD_NUM_BLOCKS) ?
+                    params->num_blocks : 256;
+    if (r->num_blocks <= 0) {
+        kvf_error("tp runner: num_blocks %d must be positive", r->num_blocks);
+        status = KVF_ERR_INVALID_PARAM;
+        goto err;
+    }
+    status = kvf_cache_layout_build(cfg, &r->layout);
+    if (status != KVF_OK) {
+        goto err;
+    }
+    status = kvf_comm_world_create_cpu(r->tp, &r->world);
+    if (status != KVF_OK) {
+        goto err;
+    }
+    r->ranks = calloc((size_t)r->tp, sizeof(*r->ranks));
+    if (r->ranks == NULL) {
+        status = KVF_ERR_NO_MEMORY;
+        goto err;
+    }
+    for (int i = 0; i < r->tp; ++i) {
+        kvf_rank_slot_t *s = &r->ranks[i];
+        kvf_page_pool_params_t pp;
+
+        s->runner = r;
+        s->rank = i;
+        status = kvf_rank_geometry_compute(cfg, &cache, r->tp, i, &s->geom);
+        if (status != KVF_OK) {
+            goto err;
+        }
+        kvf_page_pool_params_init(&s->geom, &r->layout, r->num_blocks, &pp);
+        if ((params->field_mask & KVF_TP_RUNNER_PARAM_FIELD_NO_ZERO) && params->disable_zeroing) {
+            pp.field_mask |= KVF_PAGE_POOL_PARAM_FIELD_NO_ZERO;
+            pp.disable_zeroing = true;
+        }
+        status = kvf_page_pool_create(&pp, &s->pool);
+        if (status != KVF_OK) {
+            goto err;
+        }
+        status = kvf_model_ws_create(&s->ws);
+        if (status != KVF_OK) {
+            goto err;
+        }
+        s->ctx = (kvf_rank_ctx_t){
+            .rank = i, .comm = kvf_comm_world_rank(r->world, i), .pool = s->pool,
+            .geom = &s->geom, .layout = &r->layout, .ws = s->ws,
+        };
+    }
+    for (int i = 1; i < r->tp; ++i) {
+        if (pthread_create(&r->ranks[i].thread, NULL, kvf_rank_thread, &r->ranks[i]) != 0) {
+            kvf_error("cannot start the thread of rank %d: %m", i);
+            status = KVF_ERR_NO_MEMORY;
+            goto err;
+        }
+        r->ranks[i].started = true;
+    }
+    *runner_p = r;
+    return KVF_OK;
+
+err:
+    kvf_tp_runner_destroy(r);
+    return status;
+}
+
+/* Publish the job, run rank 0 here, wait for the others. */
+static kvf_status_t kvf_tp_runner_dispatch(kvf_tp_runner_h r)
+{
+    kvf_status_t status;
+
+    pthread_mutex_lock(&r->lock);
+    r->done = 0;
+    ++r->gen;
+    pthread_cond_broadcast(&r->cond_job);
+    pthread_mutex_unlock(&r->lock);
+
+    status = kvf_rank_run(r, &r->ranks[0]);
+
+    pthread_mutex_lock(&r->lock);
+    while (r->done < r->tp - 1) {
+        pthread_cond_wait(&r->cond_done, &r->lock);
+    }
+    pthread_mutex_unlock(&r->lock);
+    for (int i = 1; (status == KVF_OK) && (i < r->tp); ++i) {
+        status = r->ranks[i].status;
+    }
+    return status;
+}
+
+kvf_status_t kvf_tp_runner_step(kvf_tp_runner_h r, const kvf_fwd_batch_t *batch,
+                                const int32_t *fresh, int n_fresh)
+{
+    /* job fields are written before dispatch() takes the lock that publishes them */
+    r->func = NULL;
+    r->batch = batch;
+    r->fresh = fresh;
+    r->n_fresh = n_fresh;
+    return kvf_tp_runner_dispatch(r);
+}
+
+kvf_status_t kvf_tp_runner_run_on_ranks(kvf_tp_runner_h r, kvf_rank_func_t func, void *arg)
+{
+    kvf_status_t status;
+
+    if (func == NULL) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    r->func = func;
+    r->func_arg = arg;
+    status = kvf_tp_runner_dispatch(r);
+    r->func = NULL;
+    return status;
+}
+
+int kvf_tp_runner_tp_size(kvf_tp_runner_h r)
+{
+    return r->tp;
+}
+
+kvf_page_pool_h kvf_tp_runner_pool(kvf_tp_runner_h r, int rank)
+{
+    return ((rank >= 0) && (rank < r->tp)) ? r->ranks[rank].pool : NULL;
+}
+
+const kvf_rank_geometry_t *kvf_tp_runner_geometry(kvf_tp_runner_h r, int rank)
+{
+    return ((rank >= 0) && (rank < r->tp)) ? &r->ranks[rank].geom : NULL;
+}
+
+const kvf_cache_layout_t *kvf_tp_runner_layout(kvf_tp_runner_h r)
+{
+    return &r->layout;
+}
+
+int kvf_tp_runner_num_blocks(kvf_tp_runner_h r)
+{
+    return r->num_blocks;
+}
+
+const kvf_cache_params_t *kvf_tp_runner_cache_params(kvf_tp_runner_h r)
+{
+    return &r->cache;
+}

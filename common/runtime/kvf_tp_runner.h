@@ -1,0 +1,72 @@
+/*
+ * Tensor-parallel model runner of one instance: one thread per TP rank in
+ * this process (DESIGN.md §5), each owning its page pool, its workspace and
+ * its communicator handle; the caller's thread is rank 0.
+ *
+ * A step ships one batch (kvf_fwd_batch_t) and the list of freshly
+ * allocated attention blocks to every rank; each rank zeroes those blocks
+ * in its own pool (one kvf_blocks_zero call), then runs the forward. The
+ * call returns when every rank is done.
+ */
+#ifndef KVF_TP_RUNNER_H
+#define KVF_TP_RUNNER_H
+
+#include "kvf_model.h"
+
+typedef struct kvf_tp_runner *kvf_tp_runner_h;
+
+enum kvf_tp_runner_params_field {          /* append only, never renumber */
+    KVF_TP_RUNNER_PARAM_FIELD_NUM_BLOCKS   = KVF_BIT(0),  /* default 256 */
+    KVF_TP_RUNNER_PARAM_FIELD_CACHE        = KVF_BIT(1),  /* default kvf_cache_params_default() */
+    KVF_TP_RUNNER_PARAM_FIELD_NO_ZERO      = KVF_BIT(2),  /* TEST ONLY; default zeroing on */
+};
+#define KVF_TP_RUNNER_PARAM_FIELDS_KNOWN (KVF_BIT(3) - 1)
+
+typedef struct kvf_tp_runner_params {
+    uint64_t           field_mask;       /* first */
+    kvf_model_h        model;            /* required; not owned, must outlive the runner */
+    int                num_blocks;       /* blocks per rank pool */
+    kvf_cache_params_t cache;            /* dtypes, block size rule, kernel sizes */
+    bool               disable_zeroing;  /* TEST ONLY: fresh blocks are not zeroed */
+} kvf_tp_runner_params_t;
+
+/**
+ * Compute every rank's geometry, allocate the pools and start tp-1 threads.
+ * @return KVF_OK; geometry errors (e.g. explicit block size too small for
+ *         the Mamba state); KVF_ERR_NO_MEMORY; KVF_ERR_INVALID_PARAM.
+ */
+kvf_status_t kvf_tp_runner_create(const kvf_tp_runner_params_t *params, kvf_tp_runner_h *runner_p);
+
+/** Stop the rank threads and free the pools; NULL is a no-op. */
+void kvf_tp_runner_destroy(kvf_tp_runner_h runner);
+
+/**
+ * Run one step on all ranks: zero @a fresh (n_fresh block ids) in every
+ * rank's pool, then kvf_model_forward_rank(). @return the first rank error.
+ */
+kvf_status_t kvf_tp_runner_step(kvf_tp_runner_h runner, const kvf_fwd_batch_t *batch,
+                                const int32_t *fresh, int n_fresh);
+
+/**
+ * Work run on a rank's own thread (rank 0: the caller's thread), e.g. UCX
+ * calls of a worker that belongs to that rank (register the rank's pool,
+ * post and poll its transfers). @a pool is the rank's page pool.
+ */
+typedef kvf_status_t (*kvf_rank_func_t)(void *arg, int rank, kvf_page_pool_h pool);
+
+/**
+ * Run @a func on every rank thread at once (rank 0 in the caller's thread)
+ * and wait for all. Must not be called from inside a rank function or a
+ * step. @return the first non-OK status by rank order, else KVF_OK.
+ */
+kvf_status_t kvf_tp_runner_run_on_ranks(kvf_tp_runner_h runner, kvf_rank_func_t func, void *arg);
+
+int                        kvf_tp_runner_tp_size(kvf_tp_runner_h runner);
+kvf_page_pool_h            kvf_tp_runner_pool(kvf_tp_runner_h runner, int rank);
+const kvf_rank_geometry_t *kvf_tp_runner_geometry(kvf_tp_runner_h runner, int rank);
+const kvf_cache_layout_t  *kvf_tp_runner_layout(kvf_tp_runner_h runner);
+int                        kvf_tp_runner_num_blocks(kvf_tp_runner_h runner);
+/** The cache params the geometry was derived from (dtypes, block size rule, kernel sizes). */
+const kvf_cache_params_t  *kvf_tp_runner_cache_params(kvf_tp_runner_h runner);
+
+#endif

@@ -1,0 +1,396 @@
+/*
+ * Model subcommands of the kvf CLI:
+ *   kvf mkmodel      write a seeded synthetic checkpoint for a config
+ *   kvf generate     colocated generation with TP ranks in this process
+ *   kvf bench-model  prefill and decode throughput of the engine core
+ * They drive the same engine core (common/engine/kvf_engine.h) the role daemons use.
+ */
+#include "kvf_cmds.h"
+#include "kvf_time.h"
+#include "kvf_config.h"
+#include "kvf_engine.h"
+#include "kvf_log.h"
+#include "kvf_mkmodel.h"
+#include "kvf_tokenizer.h"
+
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---- mkmodel ---------------------------------------------------------------- */
+
+typedef struct {
+    char config[KVF_CONFIG_STR_MAX];
+    char out[KVF_CONFIG_STR_MAX];
+    int  seed;
+    char dtype[KVF_CONFIG_STR_MAX];
+} kvf_mkmodel_opts_t;
+
+static const kvf_config_field_t kvf_mkmodel_table[] = {
+    {"CONFIG", "", "model config.json (nemotron_h)",
+     offsetof(kvf_mkmodel_opts_t, config), KVF_CONFIG_TYPE_STRING, 0},
+    {"OUT", "", "output folder: config.json + model.safetensors",
+     offsetof(kvf_mkmodel_opts_t, out), KVF_CONFIG_TYPE_STRING, 0},
+    {"SEED", "1", "initialisation seed",
+     offsetof(kvf_mkmodel_opts_t, seed), KVF_CONFIG_TYPE_INT, 0},
+    {"DTYPE", "fp32", "stored tensor dtype: fp32 or bf16",
+     offsetof(kvf_mkmodel_opts_t, dtype), KVF_CONFIG_TYPE_STRING, 0},
+    {NULL, NULL, NULL, 0, 0, 0},
+};
+
+int kvf_cmd_mkmodel(int argc, char **argv)
+{
+    kvf_mkmodel_opts_t o;
+    kvf_dtype_t dtype;
+    bool done = false;
+
+    if (kvf_config_parse(kvf_mkmodel_table, "kvf mkmodel", argc, argv, &o, &done) != KVF_OK) {
+        return 2;
+    }
+    if (done) {
+        return 0;
+    }
+    if ((o.config[0] == '\0') || (o.out[0] == '\0')) {
+        kvf_error("kvf mkmodel: --config and --out are required");
+        return 2;
+    }
+    if ((kvf_dtype_parse(o.dtype, &dtype) != 0) ||
+        ((dtype != KVF_DTYPE_FP32) && (dtype != KVF_DTYPE_BF16))) {
+        kvf_error("bad value '%s' for --dtype (fp32 or bf16)", o.dtype);
+        return 2;
+    }
+    if (kvf_mkmodel_write(o.config, o.out, (uint64_t)(unsigned)o.seed, dtype) != KVF_OK) {
+        return 1;
+    }
+    printf("wrote %s/config.json and %s/model.safetensors (seed %d, %s)\n", o.out, o.out, o.seed,
+           kvf_dtype_name(dtype));
+    return 0;
+}
+
+/* ---- shared engine options ---------------------------------------------------- */
+
+typedef struct {
+    char   model[KVF_CONFIG_STR_MAX];
+    int    tp;
+    char   kv_dtype[KVF_CONFIG_STR_MAX];
+    char   ssm_dtype[KVF_CONFIG_STR_MAX];
+    char   conv_dtype[KVF_CONFIG_STR_MAX];
+    int    block_size;
+    int    num_blocks;
+    int    max_batch_tokens;
+    /* generate */
+    char   prompt[KVF_CONFIG_STR_MAX];   /* the config table type: up to 255 bytes */
+    char   prompt_file[KVF_CONFIG_STR_MAX];
+    int    max_tokens;
+    double temperature;
+    int    seed;
+    bool   print_logits;
+    bool   ignore_eos;
+    bool   add_bos;
+    /* bench */
+    int    prompt_len;
+    int    decode_tokens;
+    int    batch;
+} kvf_gen_opts_t;
+
+#define KVF_ENGINE_FIELDS                                                                      \
+    {"MODEL", "", "model folder (config.json + model.safetensors)",                            \
+     offsetof(kvf_gen_opts_t, model), KVF_CONFIG_TYPE_STRING, 0},                               \
+    {"TP", "1", "tensor-parallel ranks (threads)",                                             \
+     offsetof(kvf_gen_opts_t, tp), KVF_CONFIG_TYPE_INT, 0},                                     \
+    {"KV_DTYPE", "bf16", "attention KV cache dtype: fp32, bf16, fp16",                         \
+     offsetof(kvf_gen_opts_t, kv_dtype), KVF_CONFIG_TYPE_STRING, 0},                            \
+    {"SSM_DTYPE", "auto", "Mamba SSM state dtype (auto: mamba_ssm_cache_dtype)",               \
+     offsetof(kvf_gen_opts_t, ssm_dtype), KVF_CONFIG_TYPE_STRING, 0},                           \
+    {"CONV_DTYPE", "auto", "Mamba conv state dtype (auto: as the SSM state)",                  \
+     offsetof(kvf_gen_opts_t, conv_dtype), KVF_CONFIG_TYPE_STRING, 0},                          \
+    {"BLOCK_SIZE", "0", "explicit logical block size (0: TP-stable rule)",                     \
+     offsetof(kvf_gen_opts_t, block_size), KVF_CONFIG_TYPE_INT, 0},                             \
+    {"NUM_BLOCKS", "256", "blocks in each rank's page pool",                                   \
+     offsetof(kvf_gen_opts_t, num_blocks), KVF_CONFIG_TYPE_INT, 0},                             \
+    {"MAX_BATCH_TOKENS", "512", "tokens per engine step (prefill chunk budget)",               \
+     offsetof(kvf_gen_opts_t, max_batch_tokens), KVF_CONFIG_TYPE_INT, 0}
+
+static const kvf_config_field_t kvf_generate_table[] = {
+    KVF_ENGINE_FIELDS,
+    {"PROMPT", "Hello", "prompt text (byte tokenizer)",
+     offsetof(kvf_gen_opts_t, prompt), KVF_CONFIG_TYPE_STRING, 0},
+    {"PROMPT_FILE", "", "read the prompt from this file instead (any length)",
+     offsetof(kvf_gen_opts_t, prompt_file), KVF_CONFIG_TYPE_STRING, 0},
+    {"MAX_TOKENS", "64", "tokens to generate",
+     offsetof(kvf_gen_opts_t, max_tokens), KVF_CONFIG_TYPE_INT, 0},
+    {"TEMPERATURE", "0", "sampling temperature (0: greedy)",
+     offsetof(kvf_gen_opts_t, temperature), KVF_CONFIG_TYPE_DOUBLE, 0},
+    {"SEED", "0", "sampling seed",
+     offsetof(kvf_gen_opts_t, seed), KVF_CONFIG_TYPE_INT, 0},
+    {"PRINT_LOGITS", "no", "print the logits of every generated token",
+     offsetof(kvf_gen_opts_t, print_logits), KVF_CONFIG_TYPE_BOOL, 0},
+    {"IGNORE_EOS", "no", "keep generating after EOS",
+     offsetof(kvf_gen_opts_t, ignore_eos), KVF_CONFIG_TYPE_BOOL, 0},
+    {"ADD_BOS", "yes", "prefix the prompt with the BOS token",
+     offsetof(kvf_gen_opts_t, add_bos), KVF_CONFIG_TYPE_BOOL, 0},
+    {NULL, NULL, NULL, 0, 0, 0},
+};
+
+static const kvf_config_field_t kvf_bench_table[] = {
+    KVF_ENGINE_FIELDS,
+    {"PROMPT_LEN", "256", "prompt tokens per request",
+     offsetof(kvf_gen_opts_t, prompt_len), KVF_CONFIG_TYPE_INT, 0},
+    {"DECODE_TOKENS", "64", "tokens generated per request",
+     offsetof(kvf_gen_opts_t, decode_tokens), KVF_CONFIG_TYPE_INT, 0},
+    {"BATCH", "1", "concurrent requests",
+     offsetof(kvf_gen_opts_t, batch), KVF_CONFIG_TYPE_INT, 0},
+    {NULL, NULL, NULL, 0, 0, 0},
+};
+
+static int kvf_opt_dtype(const char *flag, const char *text, kvf_dtype_t dflt, kvf_dtype_t *out)
+{
+    if (strcmp(text, "auto") == 0) {
+        *out = dflt;
+        return 0;
+    }
+    if ((kvf_dtype_parse(text, out) != 0) || (*out == KVF_DTYPE_FP8)) {
+        kvf_error("bad value '%s' for --%s (fp32, bf16, fp16)", text, flag);
+        return -1;
+    }
+    return 0;
+}
+
+static int kvf_open_engine(const kvf_gen_opts_t *o, kvf_engine_h *engine_p)
+{
+    kvf_engine_params_t ep = {0};
+    kvf_model_config_t cfg;
+
+    if (o->model[0] == '\0') {
+        kvf_error("--model is required (a folder written by kvf mkmodel)");
+        return 2;
+    }
+    if (kvf_model_config_load(o->model, &cfg) != KVF_OK) {
+        return 1;
+    }
+    kvf_cache_params_default(&cfg, &ep.cache);
+    if ((kvf_opt_dtype("kv-dtype", o->kv_dtype, KVF_DTYPE_BF16, &ep.cache.kv_dtype) != 0) ||
+        (kvf_opt_dtype("ssm-dtype", o->ssm_dtype, cfg.ssm_cache_dtype, &ep.cache.ssm_dtype) != 0) ||
+        (kvf_opt_dtype("conv-dtype", o->conv_dtype, ep.cache.ssm_dtype, &ep.cache.conv_dtype) != 0)) {
+        return 2;
+    }
+    ep.cache.block_size = o->block_size;
+    ep.field_mask = KVF_ENGINE_PARAM_FIELD_CACHE | KVF_ENGINE_PARAM_FIELD_NUM_BLOCKS |
+                    KVF_ENGINE_PARAM_FIELD_MAX_BATCH_TOKENS;
+    ep.model_dir = o->model;
+    ep.tp_size = o->tp;
+    ep.num_blocks = o->num_blocks;
+    ep.max_batch_tokens = o->max_batch_tokens;
+    return (kvf_engine_create(&ep, engine_p) == KVF_OK) ? 0 : 1;
+}
+
+/* ---- generate ------------------------------------------------------------------- */
+
+/* Whole file as a NUL-terminated string (trailing newline kept). */
+static char *kvf_read_text(const char *path, size_t *len_p)
+{
+    FILE *f = fopen(path, "rb");
+    char *buf = NULL;
+    long len;
+
+    if (f == NULL) {
+        kvf_error("cannot open prompt file %s: %m", path);
+        return NULL;
+    }
+    if ((fseek(f, 0, SEEK_END) == 0) && ((len = ftell(f)) >= 0) && (fseek(f, 0, SEEK_SET) == 0)) {
+        buf = malloc((size_t)len + 1);
+        if ((buf != NULL) && (fread(buf, 1, (size_t)len, f) == (size_t)len)) {
+            buf[len] = '\0';
+            *len_p = (size_t)len;
+        } else {
+            kvf_error("cannot read prompt file %s: %m", path);
+            free(buf);
+            buf = NULL;
+        }
+    }
+    fclose(f);
+    return buf;
+}
+
+int kvf_cmd_generate(int argc, char **argv)
+{
+    kvf_gen_opts_t o;
+    kvf_engine_h eng = NULL;
+    kvf_tokenizer_t tok;
+    kvf_req_params_t rp = {0};
+    kvf_engine_event_t ev[256];
+    kvf_engine_stats_t st;
+    kvf_req_info_t info;
+    int32_t *ids = NULL;
+    char *text = NULL, *prompt = NULL;
+    size_t plen = 0;
+    uint64_t id;
+    bool done = false;
+    int rc = 1, n;
+
+    if (kvf_config_parse(kvf_generate_table, "kvf generate", argc, argv, &o, &done) != KVF_OK) {
+        return 2;
+    }
+    if (done) {
+        return 0;
+    }
+    rc = kvf_open_engine(&o, &eng);
+    if (rc != 0) {
+        return rc;
+    }
+    rc = 1;
+    if (kvf_tokenizer_init(kvf_engine_model_config(eng), &tok) != KVF_OK) {
+        goto out;
+    }
+    if (o.prompt_file[0] != '\0') {
+        prompt = kvf_read_text(o.prompt_file, &plen);
+        if (prompt == NULL) {
+            goto out;
+        }
+    } else {
+        plen = strlen(o.prompt);
+    }
+    ids = malloc((plen + 2) * sizeof(int32_t));
+    if (ids == NULL) {
+        goto out;
+    }
+    rp.prompt = ids;
+    rp.prompt_len = kvf_tokenizer_encode(&tok, (prompt != NULL) ? prompt : o.prompt, plen,
+                                         o.add_bos, ids, (int)plen + 2);
+    rp.sampling.max_tokens = o.max_tokens;
+    rp.sampling.temperature = (float)o.temperature;
+    rp.sampling.seed = (uint64_t)(unsigned)o.seed;
+    rp.sampling.ignore_eos = o.ignore_eos;
+    rp.record_logits = o.print_logits;
+    if (kvf_engine_add_request(eng, &rp, &id) != KVF_OK) {
+        goto out;
+    }
+    while (kvf_engine_has_work(eng)) {
+        if (kvf_engine_step(eng, ev, 256, &n) != KVF_OK) {
+            goto out;
+        }
+    }
+    (void)kvf_engine_request_info(eng, id, &info);
+    text = malloc((size_t)info.num_tokens + 1);
+    if (text == NULL) {
+        goto out;
+    }
+    kvf_tokenizer_decode(&tok, info.tokens + info.prompt_len, info.num_tokens - info.prompt_len,
+                         text, (size_t)info.num_tokens + 1);
+    printf("%s%s\n", (prompt != NULL) ? prompt : o.prompt, text);
+    printf("tokens:");
+    for (int i = info.prompt_len; i < info.num_tokens; ++i) {
+        printf(" %d", info.tokens[i]);
+    }
+    printf("\n");
+    if (o.print_logits) {
+        const int vocab = kvf_engine_model_config(eng)->vocab_size;
+        for (int i = 0; i < info.num_logits; ++i) {
+            printf("logits %d %d", i, info.tokens[info.prompt_len + i]);
+            for (int v = 0; v < vocab; ++v) {
+                printf(" %.7g", (double)info.logits[(size_t)i * (size_t)vocab + (size_t)v]);
+            }
+            printf("\n");
+        }
+    }
+    kvf_engine_get_stats(eng, &st);
+    printf("prefill: %llu tokens in %.2f ms (%.1f tok/s)\n", (unsigned long long)st.prefill_tokens,
+           st.prefill_seconds * 1e3,
+           st.prefill_seconds > 0 ? (double)st.prefill_tokens / st.prefill_seconds : 0.0);
+    printf("decode: %llu tokens in %.2f ms (%.1f tok/s), finish %s\n",
+           (unsigned long long)st.decode_tokens, st.decode_seconds * 1e3,
+           st.decode_seconds > 0 ? (double)st.decode_tokens / st.decode_seconds : 0.0,
+           (info.finish == KVF_FINISH_EOS) ? "eos" : (info.finish == KVF_FINISH_LENGTH) ? "length" :
+           "other");
+    rc = 0;
+out:
+    free(text);
+    free(ids);
+    free(prompt);
+    kvf_engine_destroy(eng);
+    return rc;
+}
+
+/* ---- bench-model ---------------------------------------------------------------- */
+
+static double kvf_bench_now(void)
+{
+    return 1e-9 * (double)kvf_time_now_ns();
+}
+
+int kvf_cmd_bench_model(int argc, char **argv)
+{
+    kvf_gen_opts_t o;
+    kvf_engine_h eng = NULL;
+    kvf_engine_event_t *ev = NULL;
+    int32_t *prompt = NULL;
+    bool done = false;
+    int rc, n, vocab;
+    double t0, t_prefill = 0, t_decode = 0;
+    uint64_t prefill_tok = 0, decode_tok = 0;
+
+    if (kvf_config_parse(kvf_bench_table, "kvf bench-model", argc, argv, &o, &done) != KVF_OK) {
+        return 2;
+    }
+    if (done) {
+        return 0;
+    }
+    if ((o.prompt_len < 1) || (o.decode_tokens < 1) || (o.batch < 1)) {
+        kvf_error("--prompt-len, --decode-tokens and --batch must be positive");
+        return 2;
+    }
+    rc = kvf_open_engine(&o, &eng);
+    if (rc != 0) {
+        return rc;
+    }
+    rc = 1;
+    vocab = kvf_engine_model_config(eng)->vocab_size;
+    prompt = malloc((size_t)o.prompt_len * sizeof(int32_t));
+    ev = malloc(4 * (size_t)(o.batch + 64) * sizeof(*ev));
+    if ((prompt == NULL) || (ev == NULL)) {
+        goto out;
+    }
+    for (int b = 0; b < o.batch; ++b) {
+        kvf_req_params_t rp = {0};
+        uint64_t id;
+        for (int i = 0; i < o.prompt_len; ++i) {
+            prompt[i] = (int32_t)((i * 131 + b * 17 + 7) % (vocab < 256 ? vocab : 256));
+        }
+        rp.prompt = prompt;
+        rp.prompt_len = o.prompt_len;
+        rp.sampling.max_tokens = o.decode_tokens;
+        rp.sampling.ignore_eos = true;
+        if (kvf_engine_add_request(eng, &rp, &id) != KVF_OK) {
+            goto out;
+        }
+    }
+    /* Prefill phase: steps until every request has its first token; then decode steps. */
+    while (kvf_engine_has_work(eng)) {
+        kvf_engine_stats_t before, after;
+        kvf_engine_get_stats(eng, &before);
+        t0 = kvf_bench_now();
+        if (kvf_engine_step(eng, ev, 4 * (o.batch + 64), &n) != KVF_OK) {
+            goto out;
+        }
+        kvf_engine_get_stats(eng, &after);
+        if (after.prefill_tokens > before.prefill_tokens) {
+            t_prefill += kvf_bench_now() - t0;
+            prefill_tok += after.prefill_tokens - before.prefill_tokens;
+        } else {
+            t_decode += kvf_bench_now() - t0;
+            decode_tok += after.decode_tokens - before.decode_tokens;
+        }
+    }
+    printf("model %s tp %d batch %d: prefill %llu tokens %.1f tok/s, decode %llu tokens %.1f tok/s\n",
+           o.model, o.tp, o.batch, (unsigned long long)prefill_tok,
+           t_prefill > 0 ? (double)prefill_tok / t_prefill : 0.0, (unsigned long long)decode_tok,
+           t_decode > 0 ? (double)decode_tok / t_decode : 0.0);
+    rc = 0;
+out:
+    free(prompt);
+    free(ev);
+    kvf_engine_destroy(eng);
+    return rc;
+}

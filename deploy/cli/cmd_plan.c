@@ -1,0 +1,317 @@
+/*
+ * kvf plan: the layout planner. For a model config and a list of P/D
+ * layouts, prints what each side's ranks hold, the block sizes each side
+ * would pick, what a decode rank pulls, and whether the pair can be served.
+ * Run it before deploying; run it with --align per-rank to see why an
+ * upstream deployment of the same model breaks.
+ */
+#include "kvf_cmds.h"
+#include "kvf_config.h"
+#include "kvf_layout.h"
+#include "kvf_log.h"
+
+#include <cjson/cJSON.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    char model[KVF_CONFIG_STR_MAX];
+    char layouts[KVF_CONFIG_STR_MAX];
+    int  block_size;
+    int  exact_block_size;
+    char kv_dtype[KVF_CONFIG_STR_MAX];
+    char ssm_dtype[KVF_CONFIG_STR_MAX];
+    char conv_dtype[KVF_CONFIG_STR_MAX];
+    char align[KVF_CONFIG_STR_MAX];
+    char kernel_block_sizes[KVF_CONFIG_STR_MAX];
+    int  prompt_tokens;
+    bool block_translation;
+    bool json;
+} kvf_plan_opts_t;
+
+static const kvf_config_field_t kvf_plan_table[] = {
+    {"MODEL", "", "model config.json, or a folder holding one",
+     offsetof(kvf_plan_opts_t, model), KVF_CONFIG_TYPE_STRING, 0},
+    {"LAYOUTS", "1p1d,1p2d,2p1d,2p2d,4p2d,2p4d,1p4d,4p1d,4p4d", "comma list of XpYd layouts",
+     offsetof(kvf_plan_opts_t, layouts), KVF_CONFIG_TYPE_STRING, 0},
+    {"BLOCK_SIZE", "16", "user block size: the alignment unit max(16, N); dense models use it as is",
+     offsetof(kvf_plan_opts_t, block_size), KVF_CONFIG_TYPE_INT, 0},
+    {"EXACT_BLOCK_SIZE", "0", "force this logical block size (0: derive); refused if too small",
+     offsetof(kvf_plan_opts_t, exact_block_size), KVF_CONFIG_TYPE_INT, 0},
+    {"KV_DTYPE", "bf16", "attention KV cache dtype: fp32, bf16, fp16, fp8",
+     offsetof(kvf_plan_opts_t, kv_dtype), KVF_CONFIG_TYPE_STRING, 0},
+    {"SSM_DTYPE", "auto", "Mamba SSM state dtype (auto: the model's mamba_ssm_cache_dtype)",
+     offsetof(kvf_plan_opts_t, ssm_dtype), KVF_CONFIG_TYPE_STRING, 0},
+    {"CONV_DTYPE", "auto", "Mamba conv state dtype (auto: the model's torch_dtype)",
+     offsetof(kvf_plan_opts_t, conv_dtype), KVF_CONFIG_TYPE_STRING, 0},
+    {"ALIGN", "tp-stable", "block size alignment: tp-stable (kvferry) or per-rank (upstream)",
+     offsetof(kvf_plan_opts_t, align), KVF_CONFIG_TYPE_STRING, 0},
+    {"KERNEL_BLOCK_SIZES", "MultipleOf(16)", "block sizes the attention kernel accepts",
+     offsetof(kvf_plan_opts_t, kernel_block_sizes), KVF_CONFIG_TYPE_STRING, 0},
+    {"PROMPT_TOKENS", "8192", "prompt length for the bytes-to-pull column",
+     offsetof(kvf_plan_opts_t, prompt_tokens), KVF_CONFIG_TYPE_INT, 0},
+    {"BLOCK_TRANSLATION", "yes", "translate differing block sizes (no: refuse, as upstream)",
+     offsetof(kvf_plan_opts_t, block_translation), KVF_CONFIG_TYPE_BOOL, 0},
+    {"JSON", "no", "print JSON instead of tables",
+     offsetof(kvf_plan_opts_t, json), KVF_CONFIG_TYPE_BOOL, 0},
+    {NULL, NULL, NULL, 0, 0, 0},
+};
+
+static int kvf_plan_dtype(const char *flag, const char *text, kvf_dtype_t dflt, kvf_dtype_t *out)
+{
+    if (strcmp(text, "auto") == 0) {
+        *out = dflt;
+        return 0;
+    }
+    if (kvf_dtype_parse(text, out) != 0) {
+        kvf_error("bad value '%s' for --%s (fp32, bf16, fp16, fp8)", text, flag);
+        return -1;
+    }
+    return 0;
+}
+
+static int kvf_plan_params(const kvf_plan_opts_t *o, const kvf_model_config_t *cfg,
+                           kvf_cache_params_t *p)
+{
+    kvf_cache_params_default(cfg, p);
+    if (o->block_size <= 0) {
+        kvf_error("bad value %d for --block-size: must be positive", o->block_size);
+        return -1;
+    }
+    if (o->exact_block_size < 0) {
+        kvf_error("bad value %d for --exact-block-size: must be positive (0: derive)",
+                  o->exact_block_size);
+        return -1;
+    }
+    if (o->prompt_tokens <= 0) {
+        kvf_error("bad value %d for --prompt-tokens: must be positive", o->prompt_tokens);
+        return -1;
+    }
+    p->user_block_size = o->block_size;
+    p->block_size = o->exact_block_size;
+    if ((kvf_plan_dtype("kv-dtype", o->kv_dtype, KVF_DTYPE_BF16, &p->kv_dtype) != 0) ||
+        (kvf_plan_dtype("ssm-dtype", o->ssm_dtype, p->ssm_dtype, &p->ssm_dtype) != 0) ||
+        (kvf_plan_dtype("conv-dtype", o->conv_dtype, p->conv_dtype, &p->conv_dtype) != 0)) {
+        return -1;
+    }
+    if (strcmp(o->align, "tp-stable") == 0) {
+        p->align = KVF_ALIGN_TP_STABLE;
+    } else if (strcmp(o->align, "per-rank") == 0) {
+        p->align = KVF_ALIGN_PER_RANK;
+    } else {
+        kvf_error("bad value '%s' for --align (tp-stable or per-rank)", o->align);
+        return -1;
+    }
+    return (kvf_kernel_sizes_parse(o->kernel_block_sizes, &p->kernel_sizes) == KVF_OK) ? 0 : -1;
+}
+
+static void kvf_plan_heads(const kvf_shard_t *s, char *buf, size_t len)
+{
+    if (s->kv_replication > 1) {
+        snprintf(buf, len, "%d (head %d, x%d replicated)", s->kv_heads, s->kv_head_start,
+                 s->kv_replication);
+    } else if (s->kv_heads == 1) {
+        snprintf(buf, len, "1 (head %d)", s->kv_head_start);
+    } else {
+        snprintf(buf, len, "%d (heads %d-%d)", s->kv_heads, s->kv_head_start,
+                 s->kv_head_start + s->kv_heads - 1);
+    }
+}
+
+static const char *kvf_plan_groups(const kvf_shard_t *s, char *buf, size_t len)
+{
+    if (s->group_replication > 1) {
+        snprintf(buf, len, "%d (x%d replicated)", s->groups, s->group_replication);
+    } else {
+        snprintf(buf, len, "%d", s->groups);
+    }
+    return buf;
+}
+
+static void kvf_plan_print_text(const kvf_model_config_t *cfg, const kvf_cache_params_t *p,
+                                const kvf_layout_plan_t *pl, int prompt_tokens)
+{
+    const kvf_rank_geometry_t *g[2] = {&pl->prefill, &pl->decode};
+    char h[2][128];  /* [0,64): KV heads text, [64,128): groups text */
+
+    printf("layout %dp%dd  tp_ratio %d  verdict %s\n", pl->layout.prefill_tp,
+           pl->layout.decode_tp, pl->tp_ratio, kvf_verdict_str(pl->verdict));
+    if ((pl->verdict == KVF_VERDICT_REFUSED) && (pl->prefill.block_size == 0)) {
+        printf("  refused: %s prefill=%s decode=%s: %s\n\n", pl->field, pl->prefill_value,
+               pl->decode_value, pl->why);
+        return;
+    }
+    kvf_plan_heads(&g[0]->shard, h[0], 64);
+    kvf_plan_heads(&g[1]->shard, h[1], 64);
+    printf("  %-34s %24s %24s\n", "", "prefill", "decode");
+    printf("  %-34s %24d %24d\n", "tp_size", g[0]->shard.tp_size, g[1]->shard.tp_size);
+    printf("  %-34s %24s %24s\n", "kv heads per rank", h[0], h[1]);
+    if (kvf_model_is_hybrid(cfg)) {
+        printf("  %-34s %24d %24d\n", "mamba heads per rank", g[0]->shard.mamba_heads,
+               g[1]->shard.mamba_heads);
+        printf("  %-34s %24s %24s\n", "B/C groups per rank",
+               kvf_plan_groups(&g[0]->shard, h[0] + 64, 64),
+               kvf_plan_groups(&g[1]->shard, h[1] + 64, 64));
+    }
+    printf("  %-34s %24zu %24zu\n", "A1 attention bytes/token/layer", g[0]->attn_bytes_per_token,
+           g[1]->attn_bytes_per_token);
+    printf("  %-34s %24zu %24zu\n", "M mamba state bytes/layer", g[0]->mamba_bytes,
+           g[1]->mamba_bytes);
+    printf("  %-34s %24d %24d\n", "logical block_size (tokens)", g[0]->block_size,
+           g[1]->block_size);
+    printf("  %-34s %24d %24d\n", "kernel_block_size (tokens)", g[0]->kernel_block_size,
+           g[1]->kernel_block_size);
+    printf("  %-34s %24d %24d\n", "ppl (kernel blocks per block)", g[0]->ppl, g[1]->ppl);
+    printf("  %-34s %24zu %24zu\n", "page_size (bytes)", g[0]->page_size, g[1]->page_size);
+    printf("  %-34s %23.2f%% %23.2f%%\n", "mamba page padding", g[0]->mamba_padding_pct,
+           g[1]->mamba_padding_pct);
+    printf("  %-34s %24zu %24zu\n", "KV bytes/token/rank (all layers)",
+           g[0]->attn_bytes_per_token * (size_t)cfg->num_attention_layers,
+           g[1]->attn_bytes_per_token * (size_t)cfg->num_attention_layers);
+    printf("  pull per decode rank for %d tokens: %zu bytes (%.2f MiB)\n", prompt_tokens,
+           pl->pull_bytes_per_decode_rank, (double)pl->pull_bytes_per_decode_rank / 1048576.0);
+    printf("  reads (prefill rank -> decode rank): %d in all, at most %d per decode rank\n",
+           pl->reads, pl->max_reads_per_decode_rank);
+    if (pl->verdict != KVF_VERDICT_COMPATIBLE) {
+        printf("  %s: %s prefill=%s decode=%s: %s\n", kvf_verdict_str(pl->verdict), pl->field,
+               pl->prefill_value, pl->decode_value, pl->why);
+    }
+    (void)p;
+    printf("\n");
+}
+
+static cJSON *kvf_plan_side_json(const kvf_model_config_t *cfg, const kvf_rank_geometry_t *g)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "tp_size", g->shard.tp_size);
+    cJSON_AddNumberToObject(o, "kv_heads_per_rank", g->shard.kv_heads);
+    cJSON_AddNumberToObject(o, "kv_replication", g->shard.kv_replication);
+    cJSON_AddNumberToObject(o, "mamba_heads_per_rank", g->shard.mamba_heads);
+    cJSON_AddNumberToObject(o, "groups_per_rank", g->shard.groups);
+    cJSON_AddNumberToObject(o, "group_replication", g->shard.group_replication);
+    cJSON_AddNumberToObject(o, "attn_bytes_per_token", (double)g->attn_bytes_per_token);
+    cJSON_AddNumberToObject(o, "mamba_bytes", (double)g->mamba_bytes);
+    cJSON_AddNumberToObject(o, "block_size", g->block_size);
+    cJSON_AddNumberToObject(o, "kernel_block_size", g->kernel_block_size);
+    cJSON_AddNumberToObject(o, "ppl", g->ppl);
+    cJSON_AddNumberToObject(o, "page_size", (double)g->page_size);
+    cJSON_AddNumberToObject(o, "padding_pct", g->mamba_padding_pct);
+    cJSON_AddNumberToObject(o, "kv_bytes_per_token_rank",
+                            (double)(g->attn_bytes_per_token * (size_t)cfg->num_attention_layers));
+    return o;
+}
+
+static cJSON *kvf_plan_json(const kvf_model_config_t *cfg, const kvf_layout_plan_t *pl)
+{
+    cJSON *o = cJSON_CreateObject();
+    char name[32];
+
+    snprintf(name, sizeof(name), "%dp%dd", pl->layout.prefill_tp, pl->layout.decode_tp);
+    cJSON_AddStringToObject(o, "layout", name);
+    cJSON_AddNumberToObject(o, "tp_ratio", pl->tp_ratio);
+    cJSON_AddStringToObject(o, "verdict", kvf_verdict_str(pl->verdict));
+    if (pl->verdict != KVF_VERDICT_COMPATIBLE) {
+        cJSON_AddStringToObject(o, "field", pl->field);
+        cJSON_AddStringToObject(o, "prefill_value", pl->prefill_value);
+        cJSON_AddStringToObject(o, "decode_value", pl->decode_value);
+        cJSON_AddStringToObject(o, "why", pl->why);
+    }
+    if (pl->prefill.block_size > 0) {
+        cJSON_AddItemToObject(o, "prefill", kvf_plan_side_json(cfg, &pl->prefill));
+        cJSON_AddItemToObject(o, "decode", kvf_plan_side_json(cfg, &pl->decode));
+        cJSON_AddNumberToObject(o, "pull_bytes_per_decode_rank",
+                                (double)pl->pull_bytes_per_decode_rank);
+        cJSON_AddNumberToObject(o, "reads", pl->reads);
+        cJSON_AddNumberToObject(o, "max_reads_per_decode_rank", pl->max_reads_per_decode_rank);
+    }
+    return o;
+}
+
+int kvf_cmd_plan(int argc, char **argv)
+{
+    kvf_plan_opts_t o;
+    kvf_model_config_t cfg;
+    kvf_cache_params_t params;
+    char layouts[KVF_CONFIG_STR_MAX];
+    cJSON *arr = NULL;
+    bool done;
+    int refused = 0;
+    int nlayouts = 0;
+
+    memset(&o, 0, sizeof(o));
+    if (kvf_config_parse(kvf_plan_table, "kvf plan", argc, argv, &o, &done) != KVF_OK) {
+        return 2;
+    }
+    if (done) {
+        return 0;
+    }
+    if (o.model[0] == '\0') {
+        kvf_error("kvf plan: --model is required (a config.json or a model folder)");
+        return 2;
+    }
+    if (kvf_model_config_load(o.model, &cfg) != KVF_OK) {
+        return 1;
+    }
+    if (kvf_plan_params(&o, &cfg, &params) != 0) {
+        return 2;
+    }
+    if (o.json) {
+        arr = cJSON_CreateArray();
+    } else {
+        char ks[64];
+        kvf_kernel_sizes_format(&params.kernel_sizes, ks, sizeof(ks));
+        printf("model %s (%s): %d layers, %d attention, %d mamba; kv %s, conv %s, ssm %s;"
+               " align %s, user block %d, kernel accepts %s\n\n", o.model, cfg.model_type,
+               cfg.num_layers, cfg.num_attention_layers, cfg.num_mamba_layers,
+               kvf_dtype_name(params.kv_dtype), kvf_dtype_name(params.conv_dtype),
+               kvf_dtype_name(params.ssm_dtype), o.align, o.block_size, ks);
+    }
+
+    snprintf(layouts, sizeof(layouts), "%s", o.layouts);
+    for (char *save = NULL, *tok = strtok_r(layouts, ",", &save); tok != NULL;
+         tok = strtok_r(NULL, ",", &save)) {
+        kvf_layout_t layout;
+        kvf_layout_plan_t pl;
+
+        ++nlayouts;
+        if (kvf_layout_parse(tok, &layout) != KVF_OK) {
+            cJSON_Delete(arr);
+            return 2;
+        }
+        if (kvf_layout_plan(&cfg, &params, layout, o.prompt_tokens, o.block_translation, &pl) !=
+            KVF_OK) {
+            cJSON_Delete(arr);
+            return 1;
+        }
+        if ((pl.verdict == KVF_VERDICT_REFUSED) && (strcmp(pl.field, "tp_size") == 0)) {
+            /* one-line error on stderr too: a layout the model cannot shard is bad input */
+            kvf_error("layout %s: %s", tok, pl.why);
+        } else if ((pl.verdict == KVF_VERDICT_REFUSED) && (strcmp(pl.field, "block_size") == 0)) {
+            int bs;   /* logs the smallest block size that fits the failing side */
+            (void)kvf_block_size_select(&cfg, &params, layout.prefill_tp, &bs);
+            if (layout.decode_tp != layout.prefill_tp) {
+                (void)kvf_block_size_select(&cfg, &params, layout.decode_tp, &bs);
+            }
+        }
+        refused += (pl.verdict == KVF_VERDICT_REFUSED);
+        if (o.json) {
+            cJSON_AddItemToArray(arr, kvf_plan_json(&cfg, &pl));
+        } else {
+            kvf_plan_print_text(&cfg, &params, &pl, o.prompt_tokens);
+        }
+    }
+    if (nlayouts == 0) {
+        kvf_error("kvf plan: --layouts '%s' names no layout (e.g. 1p1d,4p2d)", o.layouts);
+        cJSON_Delete(arr);
+        return 2;
+    }
+    if (o.json) {
+        char *text = cJSON_Print(arr);
+        printf("%s\n", text);
+        free(text);
+        cJSON_Delete(arr);
+    }
+    return (refused > 0) ? 1 : 0;
+}

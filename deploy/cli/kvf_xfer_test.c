@@ -1,0 +1,1419 @@
+/*
+ * kvf xfer-test and kvf bench: a real prefill -> decode KV pull between two
+ * processes over UCX, with the whole control path of DESIGN.md §3 except the
+ * proxy (a pipe from the prefill child carries the transfer params instead).
+ *
+ * Design. The decode process forks the prefill instance before touching UCX
+ * or ZeroMQ (nothing to inherit). Each side runs one thread per TP rank, each
+ * with its own agent and host pool of num_blocks * slots * page_size bytes.
+ * Prefill poisons its pool with one NaN pattern and writes, into the
+ * request's pages only, values that are a pure function of (layer, global KV
+ * head or conv channel or SSM head, token, element), so replicated heads hold
+ * identical bytes and any misplaced byte shows. Decode poisons its pool with
+ * another NaN pattern, handshakes over the side channel, checks
+ * compatibility, plans with kvf_xfer_plan_create(), pulls with one batch per
+ * prefill rank, applies the zero post-ops, notifies every prefill rank it
+ * read (they exit once all their readers have released), then rebuilds the
+ * expected content of EVERY page of its pool (pattern, zeroed tail, untouched
+ * Mamba padding, untouched unrelated pages) and compares bytes.
+ *
+ * Fault flags (hidden) make the prefill advertise a wrong protocol version,
+ * fingerprint or region length, send an out-of-range block id, or get killed
+ * by decode after the first batch, so refusal and robustness tests drive the
+ * same code as the happy path. The bench reuses the same sessions: it times
+ * the KV-shaped pull and a raw GET of the same bytes as one contiguous range
+ * from each prefill rank, on the same endpoints.
+ */
+#include "kvf_xfer_tools.h"
+
+#include "kvf_config.h"
+#include "kvf_layout.h"
+#include "kvf_log.h"
+#include "kvf_tp_map.h"
+#include "kvf_compat.h"
+#include "kvf_side_channel.h"
+#include "kvf_ucx_agent.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define XT_POISON_PREFILL 0x7fc1u   /* NaN as bf16 and fp16; NaN fp32 as a pair */
+#define XT_POISON_DECODE  0xffc3u
+#define XT_MAX_ITERS      64
+
+typedef struct xt_opts {
+    char    model[KVF_CONFIG_STR_MAX];
+    char    layout[KVF_CONFIG_STR_MAX];
+    int     tokens;
+    int     prefill_block_size;
+    int     decode_block_size;
+    char    prefill_kernel_sizes[KVF_CONFIG_STR_MAX];
+    char    decode_kernel_sizes[KVF_CONFIG_STR_MAX];
+    int     user_block_size;
+    char    kv_dtype[KVF_CONFIG_STR_MAX];
+    char    prefill_kv_dtype[KVF_CONFIG_STR_MAX];
+    char    ssm_dtype[KVF_CONFIG_STR_MAX];
+    char    prefill_ssm_dtype[KVF_CONFIG_STR_MAX];
+    char    conv_dtype[KVF_CONFIG_STR_MAX];
+    char    prefill_conv_dtype[KVF_CONFIG_STR_MAX];
+    int     spare_blocks;
+    int64_t timeout_ms;
+    int     batch_descs;
+    bool    no_coalesce;
+    bool    verify;
+    int     iters;
+    bool    peer_errors;
+    /* hidden fault injection */
+    int     fault_version;
+    bool    fault_fingerprint;
+    bool    fault_region_len;
+    bool    fault_block_id;
+    bool    fault_kill_prefill;
+} xt_opts_t;
+
+#define XT_FIELD(_n, _d, _h, _f, _t, _fl) {_n, _d, _h, offsetof(xt_opts_t, _f), _t, _fl}
+#define XT_COMMON_FIELDS                                                                      \
+    XT_FIELD("PREFILL_BLOCK_SIZE", "0", "prefill logical block size (0: derive)",            \
+             prefill_block_size, KVF_CONFIG_TYPE_INT, 0),                                     \
+    XT_FIELD("DECODE_BLOCK_SIZE", "0", "decode logical block size (0: derive)",              \
+             decode_block_size, KVF_CONFIG_TYPE_INT, 0),                                      \
+    XT_FIELD("PREFILL_KERNEL_SIZES", "MultipleOf(16)",                                        \
+             "kernel block sizes the prefill attention kernel accepts", prefill_kernel_sizes, \
+             KVF_CONFIG_TYPE_STRING, 0),                                                      \
+    XT_FIELD("DECODE_KERNEL_SIZES", "MultipleOf(16)",                                         \
+             "kernel block sizes the decode attention kernel accepts", decode_kernel_sizes,   \
+             KVF_CONFIG_TYPE_STRING, 0),                                                      \
+    XT_FIELD("USER_BLOCK_SIZE", "16", "alignment unit hint (both sides)", user_block_size,   \
+             KVF_CONFIG_TYPE_INT, 0),                                                         \
+    XT_FIELD("KV_DTYPE", "bf16", "decode KV cache dtype", kv_dtype, KVF_CONFIG_TYPE_STRING, 0), \
+    XT_FIELD("PREFILL_KV_DTYPE", "same", "prefill KV cache dtype (same: as decode)",         \
+             prefill_kv_dtype, KVF_CONFIG_TYPE_STRING, 0),                                    \
+    XT_FIELD("SSM_DTYPE", "auto", "decode SSM state dtype (auto: the model's)", ssm_dtype,   \
+             KVF_CONFIG_TYPE_STRING, 0),                                                      \
+    XT_FIELD("PREFILL_SSM_DTYPE", "same", "prefill SSM state dtype", prefill_ssm_dtype,      \
+             KVF_CONFIG_TYPE_STRING, 0),                                                      \
+    XT_FIELD("CONV_DTYPE", "auto", "decode conv state dtype (auto: the model's)", conv_dtype, \
+             KVF_CONFIG_TYPE_STRING, 0),                                                      \
+    XT_FIELD("PREFILL_CONV_DTYPE", "same", "prefill conv state dtype", prefill_conv_dtype,   \
+             KVF_CONFIG_TYPE_STRING, 0),                                                      \
+    XT_FIELD("SPARE_BLOCKS", "3", "pool blocks beyond the request, per side", spare_blocks,  \
+             KVF_CONFIG_TYPE_INT, 0),                                                         \
+    XT_FIELD("TIMEOUT", "5s", "bound on every wait (handshake, transfer, release)",          \
+             timeout_ms, KVF_CONFIG_TYPE_TIME, 0),                                            \
+    XT_FIELD("BATCH_DESCS", "0", "descriptors per batch (0: one batch per prefill rank)",    \
+             batch_descs, KVF_CONFIG_TYPE_INT, 0),                                            \
+    XT_FIELD("NO_COALESCE", "no", "one descriptor per run (planner debugging)", no_coalesce, \
+             KVF_CONFIG_TYPE_BOOL, 0),                                                        \
+    XT_FIELD("PEER_ERRORS", "yes", "UCX endpoints in peer error-handling mode (dead-peer "   \
+             "detection)", peer_errors, KVF_CONFIG_TYPE_BOOL, 0),                            \
+    XT_FIELD("FAULT_VERSION", "0", "prefill advertises this protocol version", fault_version, \
+             KVF_CONFIG_TYPE_INT, KVF_CONFIG_FLAG_HIDDEN),                                    \
+    XT_FIELD("FAULT_FINGERPRINT", "no", "prefill advertises a different model fingerprint",  \
+             fault_fingerprint, KVF_CONFIG_TYPE_BOOL, KVF_CONFIG_FLAG_HIDDEN),                \
+    XT_FIELD("FAULT_REGION_LEN", "no", "prefill advertises a region one page too long",      \
+             fault_region_len, KVF_CONFIG_TYPE_BOOL, KVF_CONFIG_FLAG_HIDDEN),                 \
+    XT_FIELD("FAULT_BLOCK_ID", "no", "prefill sends an out-of-range block id",               \
+             fault_block_id, KVF_CONFIG_TYPE_BOOL, KVF_CONFIG_FLAG_HIDDEN),                   \
+    XT_FIELD("FAULT_KILL_PREFILL", "no", "decode kills the prefill after the first batch",   \
+             fault_kill_prefill, KVF_CONFIG_TYPE_BOOL, KVF_CONFIG_FLAG_HIDDEN)
+
+static const kvf_config_field_t xt_test_table[] = {
+    XT_FIELD("MODEL", "", "model config.json, or a folder holding one", model,
+             KVF_CONFIG_TYPE_STRING, 0),
+    XT_FIELD("LAYOUT", "1p1d", "P/D layout XpYd: prefill TP X, decode TP Y", layout,
+             KVF_CONFIG_TYPE_STRING, 0),
+    XT_COMMON_FIELDS,
+    XT_FIELD("TOKENS", "200", "prompt tokens of the request", tokens, KVF_CONFIG_TYPE_INT, 0),
+    XT_FIELD("VERIFY", "yes", "verify every byte of the decode pool", verify,
+             KVF_CONFIG_TYPE_BOOL, 0),
+    XT_FIELD("ITERS", "1", "transfers to time", iters, KVF_CONFIG_TYPE_INT,
+             KVF_CONFIG_FLAG_HIDDEN),
+    {NULL, NULL, NULL, 0, 0, 0},
+};
+
+static const kvf_config_field_t xt_bench_table[] = {
+    XT_FIELD("MODEL", "", "model config.json (default: nemotron-nano-9b-v2 from "
+             "$KVF_SHARED_MODELS or tests/data/models)", model, KVF_CONFIG_TYPE_STRING, 0),
+    XT_FIELD("LAYOUT", "4p2d", "P/D layout XpYd: prefill TP X, decode TP Y", layout,
+             KVF_CONFIG_TYPE_STRING, 0),
+    XT_COMMON_FIELDS,
+    XT_FIELD("TOKENS", "8192", "prompt tokens of the request", tokens, KVF_CONFIG_TYPE_INT, 0),
+    XT_FIELD("VERIFY", "no", "verify every byte after the first pull", verify,
+             KVF_CONFIG_TYPE_BOOL, 0),
+    XT_FIELD("ITERS", "5", "timed pulls (the median is reported)", iters, KVF_CONFIG_TYPE_INT,
+             0),
+    {NULL, NULL, NULL, 0, 0, 0},
+};
+
+/* ---------------------------------------------------------------------- */
+
+typedef struct xt_ctx xt_ctx_t;
+
+typedef struct xt_side {
+    bool                 prefill;
+    int                  tp;
+    kvf_cache_params_t   params;
+    kvf_rank_geometry_t *geom;                       /* [tp] */
+    int64_t              num_blocks;                 /* per rank */
+    int32_t             *ids[KVF_MAX_KV_GROUPS];     /* the request's blocks per group */
+    int                  num_ids[KVF_MAX_KV_GROUPS];
+    char                 engine_id[KVF_ENGINE_ID_MAX];
+} xt_side_t;
+
+typedef struct xt_rank {
+    xt_ctx_t        *ctx;
+    xt_side_t       *side;
+    int              rank;
+    pthread_t        thread;
+    kvf_ucx_agent_h  agent;
+    uint8_t         *pool;
+    size_t           pool_len;
+    int              region;
+    kvf_rank_meta_t *meta;
+
+    /* results */
+    kvf_status_t     status;
+    char             err[256];
+    uint64_t         ops_posted;
+    uint64_t         bytes, zero_bytes, raw_bytes;
+    size_t           descs;
+    int              reads;
+    uint64_t         pages_checked, elements_checked;
+    uint64_t         t_start[XT_MAX_ITERS], t_end[XT_MAX_ITERS];
+    uint64_t         t_raw_start[XT_MAX_ITERS], t_raw_end[XT_MAX_ITERS];
+    uint64_t         t_fail;
+    char             transports[640];
+} xt_rank_t;
+
+struct xt_ctx {
+    xt_opts_t           o;
+    bool                bench;
+    kvf_model_config_t  cfg;
+    kvf_cache_layout_t *layout;
+    kvf_layout_t        lay;
+    xt_side_t           pre, dec;
+    xt_rank_t          *ranks;                  /* [tp] of this process's side */
+    pthread_barrier_t   barrier;
+    int                 go;                     /* decode: 1 after a good handshake */
+    const kvf_handshake_reply_t *reply;         /* decode: prefill metadata */
+    kvf_rank_geometry_t *remote_geoms;          /* decode: [P], recomputed */
+    int64_t            *remote_num_blocks;      /* decode: [P] */
+    pid_t               child;
+    uint64_t            t_kill;
+};
+
+/* ---- pattern ---------------------------------------------------------- */
+
+static uint64_t xt_mix(uint64_t h, uint64_t v)
+{
+    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    h ^= h >> 31;
+    h *= 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 29;
+    return h;
+}
+
+/* Nonzero, exactly representable in fp32/bf16/fp16: +-(1..240)/8. */
+static float xt_value(uint32_t kind, uint32_t layer, uint32_t idx, uint64_t token, uint32_t elt)
+{
+    uint64_t h = xt_mix(xt_mix(xt_mix(xt_mix(xt_mix(0x6b7666ull, kind), layer), idx), token),
+                        elt);
+    float v = (float)((h % 240) + 1) / 8.0f;
+    return (h >> 63) ? -v : v;
+}
+
+static void xt_poison(uint8_t *p, size_t len, uint16_t word)
+{
+    size_t i;
+    for (i = 0; i + 1 < len; i += 2) {
+        memcpy(p + i, &word, 2);
+    }
+    if (i < len) {
+        p[i] = (uint8_t)word;
+    }
+}
+
+/*
+ * Write the expected content of one page: attention (group kind attention,
+ * logical block index bi of the request) or Mamba state. @a page must
+ * already hold the background (poison, or zeros for decode attention pages).
+ */
+static uint64_t xt_fill_attn(const xt_ctx_t *c, const kvf_rank_geometry_t *g, int layer,
+                             int64_t bi, uint8_t *page)
+{
+    const kvf_model_config_t *cfg = &c->cfg;
+    int64_t t0 = bi * g->block_size;
+    uint64_t n = 0;
+
+    for (int tok = 0; tok < g->block_size; ++tok) {
+        int64_t t = t0 + tok;
+        if (t >= c->o.tokens) {
+            break;
+        }
+        for (int kv = 0; kv < 2; ++kv) {
+            for (int h = 0; h < g->shard.kv_heads; ++h) {
+                int gh = g->shard.kv_head_start + h;
+                for (int d = 0; d < cfg->head_dim; ++d) {
+                    size_t off = kvf_attn_offset(g, cfg, tok, kv, h, d);
+                    kvf_dtype_store(page + off, g->kv_dtype, 0,
+                                    xt_value((uint32_t)kv, (uint32_t)layer, (uint32_t)gh,
+                                             (uint64_t)t, (uint32_t)d));
+                    n++;
+                }
+            }
+        }
+    }
+    return n;
+}
+
+static uint64_t xt_fill_mamba(const xt_ctx_t *c, const kvf_rank_geometry_t *g, int layer,
+                              uint8_t *page)
+{
+    const kvf_model_config_t *cfg = &c->cfg;
+    const kvf_shard_t *s = &g->shard;
+    uint64_t n = 0;
+
+    for (int ch = 0; ch < s->conv_dim; ++ch) {
+        int part, global;
+        if (ch < s->conv_x_channels) {
+            part = 0;
+            global = s->conv_x_start + ch;
+        } else if (ch < s->conv_x_channels + s->conv_bc_channels) {
+            part = 1;
+            global = s->group_start * cfg->ssm_state_size + (ch - s->conv_x_channels);
+        } else {
+            part = 2;
+            global = s->group_start * cfg->ssm_state_size +
+                     (ch - s->conv_x_channels - s->conv_bc_channels);
+        }
+        for (int j = 0; j < cfg->conv_kernel - 1; ++j) {
+            kvf_dtype_store(page + kvf_conv_offset(g, cfg, ch, j), g->conv_dtype, 0,
+                            xt_value(2u + (uint32_t)part, (uint32_t)layer, (uint32_t)global,
+                                     (uint64_t)c->o.tokens, (uint32_t)j));
+            n++;
+        }
+    }
+    for (int h = 0; h < s->mamba_heads; ++h) {
+        int gh = s->mamba_head_start + h;
+        for (int p = 0; p < cfg->mamba_head_dim; ++p) {
+            for (int k = 0; k < cfg->ssm_state_size; ++k) {
+                kvf_dtype_store(page + kvf_ssm_offset(g, cfg, h, p, k), g->ssm_dtype, 0,
+                                xt_value(5u, (uint32_t)layer, (uint32_t)gh, (uint64_t)c->o.tokens,
+                                         (uint32_t)(p * cfg->ssm_state_size + k)));
+                n++;
+            }
+        }
+    }
+    return n;
+}
+
+static size_t xt_page_off(const kvf_rank_geometry_t *g, int slots, int32_t block, int slot)
+{
+    return ((size_t)block * (size_t)slots + (size_t)slot) * g->page_size;
+}
+
+/* Prefill: fill the request's pages (tokens < N, Mamba state); rest stays poisoned. */
+static uint64_t xt_prefill_fill(const xt_ctx_t *c, const xt_side_t *side,
+                                const kvf_rank_geometry_t *g, uint8_t *pool)
+{
+    const kvf_cache_layout_t *l = c->layout;
+    uint64_t n = 0;
+
+    for (int gi = 0; gi < l->num_groups; ++gi) {
+        const kvf_kv_group_t *grp = &l->groups[gi];
+        for (int j = 0; j < grp->num_layers; ++j) {
+            if (grp->kind == KVF_GROUP_ATTENTION) {
+                for (int bi = 0; bi < side->num_ids[gi]; ++bi) {
+                    n += xt_fill_attn(c, g, grp->layers[j], bi,
+                                      pool + xt_page_off(g, l->slots, side->ids[gi][bi], j));
+                }
+            } else {
+                int32_t b = side->ids[gi][side->num_ids[gi] - 1];
+                n += xt_fill_mamba(c, g, grp->layers[j], pool + xt_page_off(g, l->slots, b, j));
+            }
+        }
+    }
+    return n;
+}
+
+/* Decode: compare every page of the pool with what it must hold. */
+static kvf_status_t xt_decode_verify(const xt_ctx_t *c, xt_rank_t *r)
+{
+    const kvf_cache_layout_t *l = c->layout;
+    const kvf_rank_geometry_t *g = &c->dec.geom[r->rank];
+    int64_t nb = c->dec.num_blocks;
+    int *owner = NULL;       /* [nb * slots]: group index owning the page, -1 */
+    int *obi = NULL;         /* logical block index in that group */
+    uint8_t *expect = malloc(g->page_size);
+    kvf_status_t status = KVF_OK;
+
+    owner = malloc(sizeof(int) * (size_t)nb * (size_t)l->slots);
+    obi = malloc(sizeof(int) * (size_t)nb * (size_t)l->slots);
+    if ((expect == NULL) || (owner == NULL) || (obi == NULL)) {
+        status = KVF_ERR_NO_MEMORY;
+        goto out;
+    }
+    for (int64_t i = 0; i < nb * l->slots; ++i) {
+        owner[i] = -1;
+    }
+    for (int gi = 0; gi < l->num_groups; ++gi) {
+        const kvf_kv_group_t *grp = &l->groups[gi];
+        for (int bi = 0; bi < c->dec.num_ids[gi]; ++bi) {
+            if ((grp->kind == KVF_GROUP_MAMBA) && (bi != c->dec.num_ids[gi] - 1)) {
+                continue;
+            }
+            for (int j = 0; j < grp->num_layers; ++j) {
+                int64_t pi = (int64_t)c->dec.ids[gi][bi] * l->slots + j;
+                owner[pi] = gi;
+                obi[pi] = bi;
+            }
+        }
+    }
+    for (int64_t pi = 0; pi < nb * l->slots; ++pi) {
+        const uint8_t *page = r->pool + (size_t)pi * g->page_size;
+        int gi = owner[pi];
+        int slot = (int)(pi % l->slots);
+
+        if (gi < 0) {
+            xt_poison(expect, g->page_size, XT_POISON_DECODE);
+        } else if (l->groups[gi].kind == KVF_GROUP_ATTENTION) {
+            memset(expect, 0, g->page_size);
+            r->elements_checked += xt_fill_attn(c, g, l->groups[gi].layers[slot], obi[pi],
+                                                expect);
+        } else {
+            xt_poison(expect, g->page_size, XT_POISON_DECODE);
+            r->elements_checked += xt_fill_mamba(c, g, l->groups[gi].layers[slot], expect);
+        }
+        r->pages_checked++;
+        if (memcmp(page, expect, g->page_size) != 0) {
+            size_t k = 0;
+            while (page[k] == expect[k]) {
+                k++;
+            }
+            snprintf(r->err, sizeof(r->err),
+                     "decode rank %d: page (block %" PRId64 ", slot %d, %s) differs at byte "
+                     "%zu of %zu: got 0x%02x expected 0x%02x", r->rank, pi / l->slots, slot,
+                     (gi < 0) ? "outside the request" :
+                     ((l->groups[gi].kind == KVF_GROUP_ATTENTION) ? "attention" : "mamba"),
+                     k, g->page_size, page[k], expect[k]);
+            status = KVF_ERR_INVALID_PARAM;
+            goto out;
+        }
+    }
+out:
+    free(obi);
+    free(owner);
+    free(expect);
+    return status;
+}
+
+/* ---- setup shared by both sides ---------------------------------------- */
+
+static int xt_dtype(const char *flag, const char *text, kvf_dtype_t same, kvf_dtype_t *out)
+{
+    if ((strcmp(text, "auto") == 0) || (strcmp(text, "same") == 0)) {
+        *out = same;
+        return 0;
+    }
+    if (kvf_dtype_parse(text, out) != 0) {
+        kvf_error("bad value '%s' for --%s (fp32, bf16, fp16)", text, flag);
+        return -1;
+    }
+    return 0;
+}
+
+static uint64_t xt_rng_next(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+/*
+ * Geometry of every rank of one side, pool size and the request's block ids
+ * (a seeded permutation, so ids are scattered and never contiguous by luck).
+ */
+static kvf_status_t xt_side_init(xt_ctx_t *c, xt_side_t *side, bool prefill)
+{
+    const kvf_cache_layout_t *l = c->layout;
+    int64_t need = 0, covered;
+    int32_t *perm;
+    uint64_t rng = prefill ? 0x1234567ull : 0x7654321ull;
+    int64_t k = 0;
+    kvf_status_t status;
+
+    side->prefill = prefill;
+    side->tp = prefill ? c->lay.prefill_tp : c->lay.decode_tp;
+    snprintf(side->engine_id, sizeof(side->engine_id), "%s-%d",
+             prefill ? "prefill" : "decode", (int)getpid());
+    side->geom = calloc((size_t)side->tp, sizeof(*side->geom));
+    if (side->geom == NULL) {
+        return KVF_ERR_NO_MEMORY;
+    }
+    for (int r = 0; r < side->tp; ++r) {
+        status = kvf_rank_geometry_compute(&c->cfg, &side->params, side->tp, r, &side->geom[r]);
+        if (status != KVF_OK) {
+            kvf_error("%s rank %d: no valid geometry: %s", prefill ? "prefill" : "decode", r,
+                      kvf_status_str(status));
+            return status;
+        }
+    }
+    /* decode allocates room for the first generated token too */
+    covered = prefill ? c->o.tokens : (int64_t)c->o.tokens + 1;
+    for (int gi = 0; gi < l->num_groups; ++gi) {
+        side->num_ids[gi] = (l->groups[gi].kind == KVF_GROUP_ATTENTION) ?
+            (int)((covered + side->geom[0].block_size - 1) / side->geom[0].block_size) : 1;
+        need += side->num_ids[gi];
+    }
+    side->num_blocks = need + c->o.spare_blocks;
+    perm = malloc(sizeof(*perm) * (size_t)side->num_blocks);
+    if (perm == NULL) {
+        return KVF_ERR_NO_MEMORY;
+    }
+    for (int64_t i = 0; i < side->num_blocks; ++i) {
+        perm[i] = (int32_t)i;
+    }
+    for (int64_t i = side->num_blocks - 1; i > 0; --i) {
+        int64_t j = (int64_t)(xt_rng_next(&rng) % (uint64_t)(i + 1));
+        int32_t t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    for (int gi = 0; gi < l->num_groups; ++gi) {
+        side->ids[gi] = malloc(sizeof(int32_t) * (size_t)side->num_ids[gi]);
+        if (side->ids[gi] == NULL) {
+            free(perm);
+            return KVF_ERR_NO_MEMORY;
+        }
+        for (int i = 0; i < side->num_ids[gi]; ++i) {
+            side->ids[gi][i] = perm[k++];
+        }
+    }
+    free(perm);
+    return KVF_OK;
+}
+
+static void xt_side_cleanup(xt_side_t *side)
+{
+    for (int gi = 0; gi < KVF_MAX_KV_GROUPS; ++gi) {
+        free(side->ids[gi]);
+    }
+    free(side->geom);
+}
+
+/* Agent + pool + metadata of one rank (runs on the rank's thread). */
+static kvf_status_t xt_rank_setup(xt_rank_t *r)
+{
+    xt_ctx_t *c = r->ctx;
+    xt_side_t *side = r->side;
+    const kvf_rank_geometry_t *g = &side->geom[r->rank];
+    kvf_ucx_agent_params_t ap;
+    char name[64];
+    kvf_status_t status;
+
+    snprintf(name, sizeof(name), "%s rank %d", side->prefill ? "prefill" : "decode", r->rank);
+    memset(&ap, 0, sizeof(ap));
+    ap.field_mask = KVF_UCX_AGENT_PARAM_FIELD_NAME | KVF_UCX_AGENT_PARAM_FIELD_TIMEOUT_MS |
+                    KVF_UCX_AGENT_PARAM_FIELD_ERR_MODE;
+    ap.name = name;
+    ap.peer_err_mode = c->o.peer_errors;
+    ap.timeout_ms = (uint32_t)c->o.timeout_ms;
+    status = kvf_ucx_agent_create(&ap, &r->agent);
+    if (status != KVF_OK) {
+        return status;
+    }
+    r->pool_len = (size_t)side->num_blocks * (size_t)c->layout->slots * g->page_size;
+    r->pool = aligned_alloc(4096, (r->pool_len + 4095) & ~(size_t)4095);
+    r->meta = calloc(1, sizeof(*r->meta));
+    if ((r->pool == NULL) || (r->meta == NULL)) {
+        return KVF_ERR_NO_MEMORY;
+    }
+    xt_poison(r->pool, r->pool_len, side->prefill ? XT_POISON_PREFILL : XT_POISON_DECODE);
+    if (side->prefill) {
+        xt_prefill_fill(c, side, g, r->pool);
+    }
+    status = kvf_ucx_agent_mem_register(r->agent, r->pool, r->pool_len, &r->region);
+    if (status != KVF_OK) {
+        return status;
+    }
+
+    kvf_rank_meta_t *m = r->meta;
+    snprintf(m->engine_id, sizeof(m->engine_id), "%s", side->engine_id);
+    m->protocol_version = KVF_XFER_PROTOCOL_VERSION;
+    m->model_fingerprint = kvf_model_config_fingerprint(&c->cfg);
+    m->tp_rank = r->rank;
+    m->tp_size = side->tp;
+    m->block_size = g->block_size;
+    m->kernel_block_size = g->kernel_block_size;
+    m->page_size = g->page_size;
+    m->slots = c->layout->slots;
+    m->num_blocks = side->num_blocks;
+    m->kv_dtype = g->kv_dtype;
+    m->conv_dtype = g->conv_dtype;
+    m->ssm_dtype = g->ssm_dtype;
+    m->user_block_size = side->params.user_block_size;
+    m->align = side->params.align;
+    snprintf(m->layout_tag, sizeof(m->layout_tag), "%s", KVF_LAYOUT_TAG_HND);
+    m->num_regions = 1;
+    status = kvf_ucx_agent_region_meta(r->agent, r->region, &m->regions[0]);
+    if (status != KVF_OK) {
+        return status;
+    }
+    status = kvf_ucx_agent_worker_address(r->agent, m->worker_addr, sizeof(m->worker_addr),
+                                          &m->worker_addr_len);
+    if (status != KVF_OK) {
+        return status;
+    }
+    if (side->prefill) {
+        if (c->o.fault_version != 0) {
+            m->protocol_version = (uint32_t)c->o.fault_version;
+        }
+        if (c->o.fault_fingerprint) {
+            m->model_fingerprint ^= 0x5a5a5a5a00000001ull;
+        }
+        if (c->o.fault_region_len) {
+            m->regions[0].length += g->page_size;
+        }
+    }
+    return KVF_OK;
+}
+
+static void xt_rank_teardown(xt_rank_t *r)
+{
+    if (r->agent != NULL) {
+        r->ops_posted = kvf_ucx_agent_ops_posted(r->agent);
+        snprintf(r->transports, sizeof(r->transports), "%s",
+                 kvf_ucx_agent_transports(r->agent));
+        kvf_ucx_agent_destroy(r->agent);   /* closes peers, deregisters the pool */
+        r->agent = NULL;
+    }
+    free(r->pool);
+    r->pool = NULL;
+    free(r->meta);
+    r->meta = NULL;
+}
+
+/* ---- prefill ---------------------------------------------------------- */
+
+/* Decode ranks that read prefill rank @a p (they each send one release). */
+static int xt_expected_releases(const xt_ctx_t *c, int p)
+{
+    int ranks[KVF_XFER_MAX_TP], n, count = 0;
+
+    for (int d = 0; d < c->lay.decode_tp; ++d) {
+        if (kvf_tp_source_ranks(&c->cfg, c->lay.prefill_tp, c->lay.decode_tp, d, ranks, &n) !=
+            KVF_OK) {
+            continue;
+        }
+        for (int i = 0; i < n; ++i) {
+            count += (ranks[i] == p);
+        }
+    }
+    return count;
+}
+
+static void *xt_prefill_thread(void *arg)
+{
+    xt_rank_t *r = arg;
+    xt_ctx_t *c = r->ctx;
+    int expected, got = 0;
+    uint64_t deadline;
+    pid_t parent = getppid();
+
+    r->status = xt_rank_setup(r);
+    pthread_barrier_wait(&c->barrier);           /* metadata ready */
+    pthread_barrier_wait(&c->barrier);           /* side channel up */
+    if (r->status != KVF_OK) {
+        goto out;
+    }
+    expected = xt_expected_releases(c, r->rank);
+    /* bench runs several pulls; give it time in proportion */
+    deadline = kvf_ucx_now_ns() + (uint64_t)c->o.timeout_ms * 1000000ull *
+               (uint64_t)(c->bench ? (2 + c->o.iters) : 2);
+    while (got < expected) {
+        uint8_t buf[4096];
+        size_t len;
+        kvf_xfer_notification_t n;
+        kvf_status_t s = kvf_ucx_notify_recv(r->agent, buf, sizeof(buf), &len, 100);
+
+        if (s == KVF_OK) {
+            if ((kvf_xfer_notification_unpack(buf, len, &n) == KVF_OK) && (n.status == KVF_OK)) {
+                got++;
+            } else {
+                snprintf(r->err, sizeof(r->err), "prefill rank %d: decode reported failure",
+                         r->rank);
+                r->status = KVF_ERR_CANCELED;
+                goto out;
+            }
+        } else if ((kvf_ucx_now_ns() > deadline) || (getppid() != parent)) {
+            snprintf(r->err, sizeof(r->err), "prefill rank %d: %d of %d releases before "
+                     "giving up", r->rank, got, expected);
+            r->status = KVF_ERR_LEASE_EXPIRED;
+            goto out;
+        }
+    }
+out:
+    xt_rank_teardown(r);
+    return NULL;
+}
+
+static int xt_write_all(int fd, const void *buf, size_t len)
+{
+    const uint8_t *p = buf;
+    while (len > 0) {
+        ssize_t n = write(fd, p, len);
+        if (n < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            return -1;
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+/* The prefill instance (child process). Returns the exit code. */
+static int xt_prefill_main(xt_ctx_t *c, int fd)
+{
+    kvf_side_channel_server_h server = NULL;
+    kvf_side_channel_params_t sp;
+    kvf_rank_meta_t *metas = NULL;
+    kvf_xfer_params_msg_t pm;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    uint32_t len32 = 0;
+    int rc = 1, ok = 1;
+
+    kvf_log_init("prefill");
+    c->ranks = calloc((size_t)c->pre.tp, sizeof(*c->ranks));
+    metas = calloc((size_t)c->pre.tp, sizeof(*metas));
+    if ((c->ranks == NULL) || (metas == NULL)) {
+        return 1;
+    }
+    pthread_barrier_init(&c->barrier, NULL, (unsigned)c->pre.tp + 1);
+    for (int r = 0; r < c->pre.tp; ++r) {
+        c->ranks[r].ctx = c;
+        c->ranks[r].side = &c->pre;
+        c->ranks[r].rank = r;
+        pthread_create(&c->ranks[r].thread, NULL, xt_prefill_thread, &c->ranks[r]);
+    }
+    pthread_barrier_wait(&c->barrier);
+    for (int r = 0; r < c->pre.tp; ++r) {
+        if (c->ranks[r].status != KVF_OK) {
+            kvf_error("prefill rank %d setup failed: %s", r, kvf_status_str(c->ranks[r].status));
+            ok = 0;
+        } else {
+            metas[r] = *c->ranks[r].meta;
+        }
+    }
+    if (ok) {
+        memset(&sp, 0, sizeof(sp));
+        sp.engine_id = c->pre.engine_id;
+        sp.ranks = metas;
+        sp.num_ranks = c->pre.tp;
+        ok = (kvf_side_channel_server_start(&sp, &server) == KVF_OK);
+    }
+    if (ok) {
+        memset(&pm, 0, sizeof(pm));
+        snprintf(pm.engine_id, sizeof(pm.engine_id), "%s", c->pre.engine_id);
+        snprintf(pm.host, sizeof(pm.host), "127.0.0.1");
+        snprintf(pm.request_id, sizeof(pm.request_id), "req-0");
+        pm.port = kvf_side_channel_server_port(server);
+        pm.num_groups = c->layout->num_groups;
+        for (int gi = 0; gi < pm.num_groups; ++gi) {
+            pm.ids[gi] = c->pre.ids[gi];
+            pm.num_ids[gi] = c->pre.num_ids[gi];
+        }
+        pm.num_tokens = c->o.tokens;
+        pm.lease_expiry_ms = (uint64_t)time(NULL) * 1000u + (uint64_t)c->o.timeout_ms * 2u;
+        pm.first_token = 42;
+        if (c->o.fault_block_id) {
+            pm.ids[0][pm.num_ids[0] - 1] = (int32_t)c->pre.num_blocks;
+        }
+        ok = (kvf_xfer_params_msg_pack(&pm, &buf, &len) == KVF_OK);
+    }
+    len32 = ok ? (uint32_t)len : 0;
+    (void)(xt_write_all(fd, &len32, sizeof(len32)) || ((len32 > 0) && xt_write_all(fd, buf, len)));
+    close(fd);
+    free(buf);
+    free(metas);
+    pthread_barrier_wait(&c->barrier);
+    rc = ok ? 0 : 1;
+    for (int r = 0; r < c->pre.tp; ++r) {
+        pthread_join(c->ranks[r].thread, NULL);
+        if (c->ranks[r].status != KVF_OK) {
+            if (c->ranks[r].err[0] != '\0') {
+                kvf_error("%s", c->ranks[r].err);
+            }
+            rc = 1;
+        }
+    }
+    kvf_side_channel_server_stop(server);
+    pthread_barrier_destroy(&c->barrier);
+    return rc;
+}
+
+/* ---- decode ----------------------------------------------------------- */
+
+static kvf_status_t xt_post_wait(xt_rank_t *r, kvf_ucx_peer_h peer, const kvf_xfer_desc_t *d,
+                                 size_t n, bool *killed)
+{
+    xt_ctx_t *c = r->ctx;
+    size_t step = (c->o.batch_descs > 0) ? (size_t)c->o.batch_descs : n;
+    kvf_status_t status = KVF_OK;
+
+    for (size_t i = 0; (i < n) && (status == KVF_OK); i += step) {
+        kvf_ucx_batch_h batch;
+        size_t cnt = (n - i < step) ? n - i : step;
+
+        status = kvf_ucx_xfer_post(r->agent, peer, KVF_UCX_OP_GET, r->region, 0, d + i, cnt,
+                                   &batch);
+        if (status != KVF_OK) {
+            break;
+        }
+        status = kvf_ucx_batch_wait(batch, (uint32_t)c->o.timeout_ms);
+        kvf_ucx_batch_release(batch);
+        if ((status == KVF_OK) && c->o.fault_kill_prefill && (r->rank == 0) && !*killed) {
+            c->t_kill = kvf_ucx_now_ns();
+            kill(c->child, SIGKILL);
+            *killed = true;
+            kvf_info("decode rank 0: killed the prefill (pid %d) after the first batch",
+                     (int)c->child);
+        }
+    }
+    return status;
+}
+
+/* Plan this rank's share and connect to every prefill rank it reads. Sets r->status. */
+static void xt_decode_prepare(xt_rank_t *r, kvf_xfer_plan_t **plan_p, kvf_ucx_peer_h *peers,
+                              int *src, int *nsrc_p)
+{
+    xt_ctx_t *c = r->ctx;
+    kvf_xfer_group_blocks_t groups[KVF_MAX_KV_GROUPS];
+    kvf_xfer_plan_params_t pp;
+    kvf_xfer_plan_t *plan;
+    kvf_status_t status;
+
+    memset(&pp, 0, sizeof(pp));
+    pp.field_mask = c->o.no_coalesce ? KVF_XFER_PLAN_PARAM_FIELD_FLAGS : 0;
+    pp.flags = c->o.no_coalesce ? KVF_XFER_PLAN_FLAG_NO_COALESCE : 0;
+    pp.cfg = &c->cfg;
+    pp.layout = c->layout;
+    pp.local_tp = c->dec.tp;
+    pp.local_rank = r->rank;
+    pp.local_geom = &c->dec.geom[r->rank];
+    pp.local_num_blocks = c->dec.num_blocks;
+    pp.remote_tp = c->pre.tp;
+    pp.remote_geoms = c->remote_geoms;
+    pp.remote_num_blocks = c->remote_num_blocks;
+    pp.num_groups = c->layout->num_groups;
+    for (int gi = 0; gi < pp.num_groups; ++gi) {
+        groups[gi].local_ids = c->dec.ids[gi];
+        groups[gi].num_local = c->dec.num_ids[gi];
+        groups[gi].remote_ids = c->pre.ids[gi];
+        groups[gi].num_remote = c->pre.num_ids[gi];
+    }
+    pp.groups = groups;
+    pp.num_tokens = c->o.tokens;
+    status = kvf_xfer_plan_create(&pp, &plan);
+    if (status != KVF_OK) {
+        snprintf(r->err, sizeof(r->err), "decode rank %d: planning failed: %s", r->rank,
+                 kvf_status_str(status));
+        r->status = status;
+        return;
+    }
+    *plan_p = plan;
+    r->bytes = plan->total_bytes;
+    r->descs = plan->total_descs;
+    r->zero_bytes = plan->zero_bytes;
+    r->reads = plan->num_ranks;
+
+    /* connect to every prefill rank we read; each gets a release at the end */
+    status = kvf_tp_source_ranks(&c->cfg, c->pre.tp, c->dec.tp, r->rank, src, nsrc_p);
+    for (int i = 0; (i < *nsrc_p) && (status == KVF_OK); ++i) {
+        status = kvf_ucx_peer_connect(r->agent, &c->reply->ranks[src[i]], &peers[src[i]]);
+    }
+    if (status != KVF_OK) {
+        snprintf(r->err, sizeof(r->err), "decode rank %d: connect failed: %s", r->rank,
+                 kvf_status_str(status));
+        r->status = status;
+        return;
+    }
+    snprintf(r->transports, sizeof(r->transports), "%s", kvf_ucx_agent_transports(r->agent));
+}
+
+/* One KV-shaped pull + zero post-ops, timed into t_start/t_end[it]. Sets r->status. */
+static void xt_decode_pull(xt_rank_t *r, const kvf_xfer_plan_t *plan, kvf_ucx_peer_h *peers,
+                           int it, bool *killed)
+{
+    xt_ctx_t *c = r->ctx;
+    kvf_ucx_batch_h batches[KVF_XFER_MAX_TP] = {NULL};
+    kvf_status_t status = KVF_OK;
+
+    r->t_start[it] = kvf_ucx_now_ns();
+    if (c->o.batch_descs > 0) {
+        for (int i = 0; (i < plan->num_ranks) && (status == KVF_OK); ++i) {
+            const kvf_xfer_rank_plan_t *rp = &plan->ranks[i];
+            status = xt_post_wait(r, peers[rp->remote_rank], rp->descs, rp->num_descs, killed);
+        }
+    } else {
+        /* one batch per prefill rank, all in flight together */
+        for (int i = 0; (i < plan->num_ranks) && (status == KVF_OK); ++i) {
+            const kvf_xfer_rank_plan_t *rp = &plan->ranks[i];
+            status = kvf_ucx_xfer_post(r->agent, peers[rp->remote_rank], KVF_UCX_OP_GET,
+                                       r->region, 0, rp->descs, rp->num_descs, &batches[i]);
+        }
+        for (int i = 0; i < plan->num_ranks; ++i) {
+            if (batches[i] != NULL) {
+                kvf_status_t s = kvf_ucx_batch_wait(batches[i], (uint32_t)c->o.timeout_ms);
+                status = (status == KVF_OK) ? s : status;
+                kvf_ucx_batch_release(batches[i]);
+            }
+        }
+    }
+    if (status == KVF_OK) {
+        for (size_t z = 0; z < plan->num_zero; ++z) {
+            memset(r->pool + plan->zero[z].off, 0, plan->zero[z].len);
+        }
+    }
+    r->t_end[it] = kvf_ucx_now_ns();
+    if (status != KVF_OK) {
+        r->t_fail = r->t_end[it];
+        snprintf(r->err, sizeof(r->err), "decode rank %d: transfer failed: %s (%d)", r->rank,
+                 kvf_status_str(status), (int)status);
+        r->status = status;
+    }
+}
+
+/* Raw reference: the same bytes per prefill rank as one contiguous GET. */
+static void xt_decode_raw(xt_rank_t *r, const kvf_xfer_plan_t *plan, kvf_ucx_peer_h *peers,
+                          int it)
+{
+    xt_ctx_t *c = r->ctx;
+    kvf_ucx_batch_h batches[KVF_XFER_MAX_TP] = {NULL};
+    kvf_status_t status = KVF_OK;
+
+    r->t_raw_start[it] = kvf_ucx_now_ns();
+    r->raw_bytes = 0;
+    for (int i = 0; (i < plan->num_ranks) && (status == KVF_OK); ++i) {
+        kvf_xfer_desc_t d = {0, 0, plan->ranks[i].bytes};
+        status = kvf_ucx_xfer_post(r->agent, peers[plan->ranks[i].remote_rank], KVF_UCX_OP_GET,
+                                   r->region, 0, &d, 1, &batches[i]);
+        r->raw_bytes += d.len;
+    }
+    for (int i = 0; i < plan->num_ranks; ++i) {
+        if (batches[i] != NULL) {
+            kvf_status_t s = kvf_ucx_batch_wait(batches[i], (uint32_t)c->o.timeout_ms);
+            status = (status == KVF_OK) ? s : status;
+            kvf_ucx_batch_release(batches[i]);
+        }
+    }
+    r->t_raw_end[it] = kvf_ucx_now_ns();
+    if (status != KVF_OK) {
+        snprintf(r->err, sizeof(r->err), "decode rank %d: raw GET failed: %s", r->rank,
+                 kvf_status_str(status));
+        r->status = status;
+    }
+}
+
+static void *xt_decode_thread(void *arg)
+{
+    xt_rank_t *r = arg;
+    xt_ctx_t *c = r->ctx;
+    kvf_ucx_peer_h peers[KVF_XFER_MAX_TP] = {NULL};
+    int src[KVF_XFER_MAX_TP], nsrc = 0;
+    kvf_xfer_plan_t *plan = NULL;
+    bool killed = false;
+    kvf_status_t status;
+
+    r->status = xt_rank_setup(r);
+    pthread_barrier_wait(&c->barrier);           /* metadata ready */
+    pthread_barrier_wait(&c->barrier);           /* handshake verdict */
+    if ((r->status != KVF_OK) || !c->go) {
+        goto out;                                /* main skips the pull barriers too */
+    }
+    xt_decode_prepare(r, &plan, peers, src, &nsrc);
+    for (int it = 0; it < (c->bench ? c->o.iters : 1); ++it) {
+        /* every rank passes every barrier, failed or not, so none can hang */
+        pthread_barrier_wait(&c->barrier);
+        if (r->status == KVF_OK) {
+            xt_decode_pull(r, plan, peers, it, &killed);
+        }
+        if (c->bench) {
+            pthread_barrier_wait(&c->barrier);
+            if (r->status == KVF_OK) {
+                xt_decode_raw(r, plan, peers, it);
+            }
+        }
+    }
+    if (c->bench && (r->status == KVF_OK) && c->o.verify) {
+        /* the raw GETs overwrote the pool: poison it again, pull once more, verify */
+        xt_poison(r->pool, r->pool_len, XT_POISON_DECODE);
+        xt_decode_pull(r, plan, peers, 0, &killed);
+    }
+
+    /* release: every prefill rank we read, success or not */
+    for (int i = 0; i < nsrc; ++i) {
+        kvf_xfer_notification_t n;
+        uint8_t *buf;
+        size_t len;
+
+        if (peers[src[i]] == NULL) {
+            continue;
+        }
+        memset(&n, 0, sizeof(n));
+        snprintf(n.request_id, sizeof(n.request_id), "req-0");
+        snprintf(n.engine_id, sizeof(n.engine_id), "%s", c->dec.engine_id);
+        n.rank = r->rank;
+        n.status = r->status;
+        if (kvf_xfer_notification_pack(&n, &buf, &len) == KVF_OK) {
+            status = kvf_ucx_notify_send(r->agent, peers[src[i]], buf, len);
+            free(buf);
+            if ((status != KVF_OK) && (r->status == KVF_OK)) {
+                snprintf(r->err, sizeof(r->err), "decode rank %d: release to prefill rank %d "
+                         "failed: %s", r->rank, src[i], kvf_status_str(status));
+                r->status = status;
+                r->t_fail = kvf_ucx_now_ns();
+            }
+        }
+    }
+    if ((r->status == KVF_OK) && c->o.verify) {
+        r->status = xt_decode_verify(c, r);
+    }
+out:
+    kvf_xfer_plan_destroy(plan);
+    xt_rank_teardown(r);
+    return NULL;
+}
+
+static int xt_read_all(int fd, void *buf, size_t len, int timeout_ms)
+{
+    uint8_t *p = buf;
+    uint64_t deadline = kvf_ucx_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+
+    while (len > 0) {
+        struct pollfd pfd = {fd, POLLIN, 0};
+        int64_t left = (int64_t)(deadline - kvf_ucx_now_ns()) / 1000000;
+        ssize_t n;
+
+        if ((left <= 0) || (poll(&pfd, 1, (int)left) <= 0)) {
+            return -1;
+        }
+        n = read(fd, p, len);
+        if (n <= 0) {
+            if ((n < 0) && (errno == EINTR)) {
+                continue;
+            }
+            return -1;
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+/* Reap the prefill child within @a timeout_ms (then SIGKILL it). Returns its exit code. */
+static int xt_reap(pid_t pid, int timeout_ms)
+{
+    uint64_t deadline = kvf_ucx_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    int wstatus;
+
+    for (;;) {
+        pid_t w = waitpid(pid, &wstatus, WNOHANG);
+        if (w == pid) {
+            return WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + WTERMSIG(wstatus);
+        }
+        if ((w < 0) && (errno != EINTR)) {
+            return -1;
+        }
+        if (kvf_ucx_now_ns() > deadline) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &wstatus, 0);
+            return -1;
+        }
+        struct timespec ts = {0, 2000000};   /* poll interval, bounded by the deadline */
+        nanosleep(&ts, NULL);
+    }
+}
+
+static double xt_ms(uint64_t ns)
+{
+    return (double)ns / 1e6;
+}
+
+static int xt_cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Handshake: fetch, validate, check ids. Returns 1 when the transfer may go. */
+static int xt_decode_handshake(xt_ctx_t *c, kvf_side_channel_client_h client,
+                               const kvf_xfer_params_msg_t *pm, double *hs_ms)
+{
+    kvf_refusal_t refusals[KVF_MAX_REFUSALS];
+    int nref = 0;
+    char line[512];
+    uint64_t t0 = kvf_ucx_now_ns();
+    kvf_status_t status;
+
+    status = kvf_side_channel_fetch(client, pm->engine_id, pm->host, pm->port, &c->reply);
+    if (status == KVF_ERR_REFUSED) {
+        if (c->reply->num_refusals > 0) {
+            kvf_refusal_format(&c->reply->refusals[0], line, sizeof(line));
+            printf("%s\n", line);
+        } else {
+            printf("handshake refused: %s\n", c->reply->error);
+        }
+        return 0;
+    }
+    if (status != KVF_OK) {
+        printf("xfer-test: handshake with %s at %s:%d failed: %s\n", pm->engine_id, pm->host,
+               pm->port, kvf_status_str(status));
+        return 0;
+    }
+    c->remote_geoms = calloc((size_t)c->reply->num_ranks, sizeof(*c->remote_geoms));
+    c->remote_num_blocks = calloc((size_t)c->reply->num_ranks, sizeof(int64_t));
+    if ((c->remote_geoms == NULL) || (c->remote_num_blocks == NULL)) {
+        return 0;
+    }
+    status = kvf_compat_check(&c->cfg, c->ranks[0].meta, c->reply->ranks, c->reply->num_ranks,
+                              c->remote_geoms, refusals, KVF_MAX_REFUSALS, &nref);
+    *hs_ms = xt_ms(kvf_ucx_now_ns() - t0);
+    if (status != KVF_OK) {
+        if (nref > 0) {
+            for (int i = 0; i < nref; ++i) {
+                kvf_refusal_format(&refusals[i], line, sizeof(line));
+                printf("%s\n", line);
+            }
+        } else {
+            printf("xfer-test: compatibility check failed: %s\n", kvf_status_str(status));
+        }
+        return 0;
+    }
+    if ((c->reply->num_ranks != c->pre.tp) || (pm->num_groups != c->layout->num_groups)) {
+        printf("xfer-test: prefill has %d ranks and %d groups, expected %d and %d\n",
+               c->reply->num_ranks, pm->num_groups, c->pre.tp, c->layout->num_groups);
+        return 0;
+    }
+    for (int r = 0; r < c->reply->num_ranks; ++r) {
+        c->remote_num_blocks[r] = c->reply->ranks[r].num_blocks;
+    }
+    /* the request's ids must lie inside every prefill rank's pool */
+    for (int gi = 0; gi < pm->num_groups; ++gi) {
+        for (int i = 0; i < pm->num_ids[gi]; ++i) {
+            if ((int64_t)pm->ids[gi][i] >= c->remote_num_blocks[0]) {
+                printf("xfer-test: transfer refused: block id %d of group %d is out of range "
+                       "[0, %" PRId64 ") of the prefill pool\n", pm->ids[gi][i], gi,
+                       c->remote_num_blocks[0]);
+                return 0;
+            }
+        }
+        /* the decode side plans with the block ids the prefill sent */
+        free(c->pre.ids[gi]);
+        c->pre.ids[gi] = malloc(sizeof(int32_t) * ((size_t)pm->num_ids[gi] + 1));
+        if (c->pre.ids[gi] == NULL) {
+            return 0;
+        }
+        memcpy(c->pre.ids[gi], pm->ids[gi], sizeof(int32_t) * (size_t)pm->num_ids[gi]);
+        c->pre.num_ids[gi] = pm->num_ids[gi];
+    }
+    return 1;
+}
+
+static int xt_run(xt_ctx_t *c)
+{
+    kvf_side_channel_client_h client = NULL;
+    kvf_xfer_params_msg_t pm;
+    int pfd[2], rc = 1, child_rc;
+    uint32_t len32 = 0;
+    uint8_t *buf = NULL;
+    double hs_ms = 0;
+    uint64_t total_bytes = 0, total_zero = 0, total_pages = 0, total_elts = 0, ops = 0;
+    uint64_t raw_bytes = 0;
+    size_t total_descs = 0;
+    int reads = 0;
+    bool have_params = false;
+
+    memset(&pm, 0, sizeof(pm));
+    if (pipe(pfd) != 0) {
+        kvf_error("pipe failed: %m");
+        return 1;
+    }
+    fflush(NULL);
+    c->child = fork();
+    if (c->child < 0) {
+        kvf_error("fork failed: %m");
+        return 1;
+    }
+    if (c->child == 0) {
+        close(pfd[0]);
+        _exit(xt_prefill_main(c, pfd[1]));
+    }
+    close(pfd[1]);
+
+    c->ranks = calloc((size_t)c->dec.tp, sizeof(*c->ranks));
+    if (c->ranks == NULL) {
+        goto out_reap;
+    }
+    pthread_barrier_init(&c->barrier, NULL, (unsigned)c->dec.tp + 1);
+    for (int r = 0; r < c->dec.tp; ++r) {
+        c->ranks[r].ctx = c;
+        c->ranks[r].side = &c->dec;
+        c->ranks[r].rank = r;
+        pthread_create(&c->ranks[r].thread, NULL, xt_decode_thread, &c->ranks[r]);
+    }
+    pthread_barrier_wait(&c->barrier);          /* decode metadata ready */
+
+    c->go = 1;
+    for (int r = 0; r < c->dec.tp; ++r) {
+        if (c->ranks[r].status != KVF_OK) {
+            printf("xfer-test: decode rank %d setup failed: %s\n", r,
+                   kvf_status_str(c->ranks[r].status));
+            c->go = 0;
+        }
+    }
+    /* the proxy's role: carry the transfer params from prefill to decode */
+    if (c->go && ((xt_read_all(pfd[0], &len32, sizeof(len32), (int)c->o.timeout_ms * 4) != 0) ||
+                  (len32 == 0) || (len32 > (64u << 20)))) {
+        printf("xfer-test: prefill did not come up within %d ms\n", (int)c->o.timeout_ms * 4);
+        c->go = 0;
+    }
+    if (c->go) {
+        buf = malloc(len32);
+        if ((buf == NULL) || (xt_read_all(pfd[0], buf, len32, (int)c->o.timeout_ms) != 0) ||
+            (kvf_xfer_params_msg_unpack(buf, len32, &pm) != KVF_OK)) {
+            printf("xfer-test: malformed transfer params from prefill\n");
+            c->go = 0;
+        } else {
+            have_params = true;
+        }
+    }
+    if (c->go &&
+        (kvf_side_channel_client_create(c->dec.engine_id, (uint32_t)c->o.timeout_ms,
+                                        &client) != KVF_OK)) {
+        c->go = 0;
+    }
+    if (c->go) {
+        c->go = xt_decode_handshake(c, client, &pm, &hs_ms);
+    }
+    pthread_barrier_wait(&c->barrier);          /* verdict published */
+    if (c->go) {
+        for (int it = 0; it < (c->bench ? c->o.iters : 1); ++it) {
+            pthread_barrier_wait(&c->barrier);  /* pull */
+            if (c->bench) {
+                pthread_barrier_wait(&c->barrier);  /* raw */
+            }
+        }
+    }
+    for (int r = 0; r < c->dec.tp; ++r) {
+        pthread_join(c->ranks[r].thread, NULL);
+    }
+    pthread_barrier_destroy(&c->barrier);
+
+    rc = c->go ? 0 : 1;
+    for (int r = 0; r < c->dec.tp; ++r) {
+        xt_rank_t *x = &c->ranks[r];
+        ops += x->ops_posted;
+        if (x->status != KVF_OK) {
+            printf("xfer-test: FAILED: %s\n", (x->err[0] != '\0') ? x->err :
+                   kvf_status_str(x->status));
+            if ((c->t_kill != 0) && (x->t_fail != 0)) {
+                printf("xfer-test: peer error on decode rank %d %.1f ms after the prefill was "
+                       "killed\n", r, xt_ms(x->t_fail - c->t_kill));
+            }
+            rc = 1;
+        }
+        total_bytes += x->bytes;
+        total_zero += x->zero_bytes;
+        total_descs += x->descs;
+        total_pages += x->pages_checked;
+        total_elts += x->elements_checked;
+        raw_bytes += x->raw_bytes;
+        reads += x->reads;
+    }
+    if (c->go) {
+        int n = c->bench ? c->o.iters : 1;
+        uint64_t kv[XT_MAX_ITERS], raw[XT_MAX_ITERS];
+
+        for (int it = 0; it < n; ++it) {
+            uint64_t s = UINT64_MAX, e = 0, rs = UINT64_MAX, re = 0;
+            for (int r = 0; r < c->dec.tp; ++r) {
+                s = (c->ranks[r].t_start[it] < s) ? c->ranks[r].t_start[it] : s;
+                e = (c->ranks[r].t_end[it] > e) ? c->ranks[r].t_end[it] : e;
+                rs = (c->ranks[r].t_raw_start[it] < rs) ? c->ranks[r].t_raw_start[it] : rs;
+                re = (c->ranks[r].t_raw_end[it] > re) ? c->ranks[r].t_raw_end[it] : re;
+            }
+            kv[it] = (e > s) ? e - s : 1;
+            raw[it] = (re > rs) ? re - rs : 1;
+        }
+        qsort(kv, (size_t)n, sizeof(kv[0]), xt_cmp_u64);
+        qsort(raw, (size_t)n, sizeof(raw[0]), xt_cmp_u64);
+        printf("transports: %s\n", c->ranks[0].transports);
+        printf("handshake: %.2f ms (%d prefill ranks, compatible)\n", hs_ms, c->pre.tp);
+        printf("transfer: %" PRIu64 " bytes, %zu descriptors (GET operations), %d reads "
+               "(prefill->decode rank pairs), zeroed %" PRIu64 " bytes\n", total_bytes,
+               total_descs, reads, total_zero);
+        printf("transfer time: %.3f ms, %.2f GB/s%s\n", xt_ms(kv[n / 2]),
+               (double)total_bytes / (double)kv[n / 2], c->bench ? " (median)" : "");
+        if (c->bench) {
+            double kv_gbs = (double)total_bytes / (double)kv[n / 2];
+            double raw_gbs = (double)raw_bytes / (double)raw[n / 2];
+            printf("raw contiguous GET: %" PRIu64 " bytes in %.3f ms, %.2f GB/s (median)\n",
+                   raw_bytes, xt_ms(raw[n / 2]), raw_gbs);
+            printf("ratio kv/raw: %.3f\n", kv_gbs / raw_gbs);
+            printf("descriptors per request: %zu total, %.1f per read, %.0f bytes average\n",
+                   total_descs, (double)total_descs / (reads ? reads : 1),
+                   (double)total_bytes / (double)(total_descs ? total_descs : 1));
+        }
+        if (c->o.verify && (rc == 0)) {
+            printf("verify: ok (%" PRIu64 " elements in %" PRIu64 " pages; zeroed tails and "
+                   "untouched pages intact)\n", total_elts, total_pages);
+        }
+    }
+    printf("rdma operations posted: %" PRIu64 "\n", ops);
+
+out_reap:
+    if (!c->go || (rc != 0)) {
+        kill(c->child, SIGTERM);
+    }
+    child_rc = xt_reap(c->child, (int)c->o.timeout_ms * 2);
+    if (c->go && (rc == 0) && (child_rc != 0)) {
+        printf("xfer-test: FAILED: prefill exited with %d\n", child_rc);
+        rc = 1;
+    }
+    close(pfd[0]);
+    free(buf);
+    if (have_params) {
+        kvf_xfer_params_msg_cleanup(&pm);
+    }
+    kvf_side_channel_client_destroy(client);
+    printf("%s: %s\n", c->bench ? "bench" : "xfer-test", (rc == 0) ? "PASS" : "FAIL");
+    return rc;
+}
+
+static int xt_main(int argc, char **argv, bool bench)
+{
+    xt_ctx_t *c = calloc(1, sizeof(*c));
+    const char *prog = bench ? "kvf bench" : "kvf xfer-test";
+    bool exit_now = false;
+    kvf_dtype_t d;
+    int rc = 2;
+
+    if (c == NULL) {
+        return 1;
+    }
+    c->bench = bench;
+    if (kvf_config_parse(bench ? xt_bench_table : xt_test_table, prog, argc, argv, &c->o,
+                         &exit_now) != KVF_OK) {
+        goto out;
+    }
+    if (exit_now) {
+        rc = 0;
+        goto out;
+    }
+    if ((c->o.model[0] == '\0') && bench) {
+        const char *dir = getenv("KVF_SHARED_MODELS");
+        snprintf(c->o.model, sizeof(c->o.model), "%s/nemotron-nano-9b-v2.config.json",
+                 (dir != NULL) ? dir : "tests/data/models");
+    }
+    if (c->o.model[0] == '\0') {
+        kvf_error("%s: --model is required", prog);
+        goto out;
+    }
+    if ((c->o.tokens < 1) || (c->o.iters < 1) || (c->o.iters > XT_MAX_ITERS) ||
+        (c->o.spare_blocks < 0) || (c->o.timeout_ms < 1) || (c->o.batch_descs < 0)) {
+        kvf_error("%s: --tokens, --iters (<= %d), --timeout must be positive", prog,
+                  XT_MAX_ITERS);
+        goto out;
+    }
+    if (c->o.fault_kill_prefill && (c->o.batch_descs == 0)) {
+        c->o.batch_descs = 1;   /* "mid-transfer" needs more than one batch */
+    }
+    if ((kvf_layout_parse(c->o.layout, &c->lay) != KVF_OK) ||
+        (c->lay.prefill_tp > KVF_XFER_MAX_TP) || (c->lay.decode_tp > KVF_XFER_MAX_TP)) {
+        goto out;
+    }
+    rc = 1;
+    if (kvf_model_config_load(c->o.model, &c->cfg) != KVF_OK) {
+        goto out;
+    }
+    c->layout = malloc(sizeof(*c->layout));
+    if ((c->layout == NULL) || (kvf_cache_layout_build(&c->cfg, c->layout) != KVF_OK)) {
+        goto out;
+    }
+    rc = 2;
+    /* decode params first; prefill defaults to the same */
+    kvf_cache_params_default(&c->cfg, &c->dec.params);
+    c->dec.params.user_block_size = c->o.user_block_size;
+    c->dec.params.block_size = c->o.decode_block_size;
+    if ((xt_dtype("kv-dtype", c->o.kv_dtype, c->dec.params.kv_dtype, &c->dec.params.kv_dtype) != 0) ||
+        (xt_dtype("ssm-dtype", c->o.ssm_dtype, c->dec.params.ssm_dtype, &c->dec.params.ssm_dtype) != 0) ||
+        (xt_dtype("conv-dtype", c->o.conv_dtype, c->dec.params.conv_dtype, &c->dec.params.conv_dtype) != 0) ||
+        (kvf_kernel_sizes_parse(c->o.decode_kernel_sizes, &c->dec.params.kernel_sizes) != KVF_OK)) {
+        goto out;
+    }
+    c->pre.params = c->dec.params;
+    c->pre.params.block_size = c->o.prefill_block_size;
+    d = c->dec.params.kv_dtype;
+    if ((xt_dtype("prefill-kv-dtype", c->o.prefill_kv_dtype, d, &c->pre.params.kv_dtype) != 0) ||
+        (xt_dtype("prefill-ssm-dtype", c->o.prefill_ssm_dtype, c->dec.params.ssm_dtype,
+                  &c->pre.params.ssm_dtype) != 0) ||
+        (xt_dtype("prefill-conv-dtype", c->o.prefill_conv_dtype, c->dec.params.conv_dtype,
+                  &c->pre.params.conv_dtype) != 0) ||
+        (kvf_kernel_sizes_parse(c->o.prefill_kernel_sizes, &c->pre.params.kernel_sizes) != KVF_OK)) {
+        goto out;
+    }
+    rc = 1;
+    if ((xt_side_init(c, &c->pre, true) != KVF_OK) || (xt_side_init(c, &c->dec, false) != KVF_OK)) {
+        goto out;
+    }
+    printf("%s: %s layout %dp%dd, %d tokens\n"
+           "  prefill: block %d kernel %d, kv/conv/ssm %s/%s/%s, pool %" PRId64 " blocks x %d "
+           "slots x %zu B\n"
+           "  decode:  block %d kernel %d, kv/conv/ssm %s/%s/%s, pool %" PRId64 " blocks x %d "
+           "slots x %zu B\n", prog, c->o.model, c->lay.prefill_tp, c->lay.decode_tp,
+           c->o.tokens, c->pre.geom[0].block_size, c->pre.geom[0].kernel_block_size,
+           kvf_dtype_name(c->pre.params.kv_dtype), kvf_dtype_name(c->pre.params.conv_dtype),
+           kvf_dtype_name(c->pre.params.ssm_dtype), c->pre.num_blocks, c->layout->slots,
+           c->pre.geom[0].page_size, c->dec.geom[0].block_size,
+           c->dec.geom[0].kernel_block_size, kvf_dtype_name(c->dec.params.kv_dtype),
+           kvf_dtype_name(c->dec.params.conv_dtype), kvf_dtype_name(c->dec.params.ssm_dtype),
+           c->dec.num_blocks, c->layout->slots, c->dec.geom[0].page_size);
+    rc = xt_run(c);
+out:
+    if (c->layout != NULL) {
+        free(c->layout);
+    }
+    xt_side_cleanup(&c->pre);
+    xt_side_cleanup(&c->dec);
+    free(c->ranks);
+    free(c->remote_geoms);
+    free(c->remote_num_blocks);
+    free(c);
+    return rc;
+}
+
+int kvf_cmd_xfer_test(int argc, char **argv)
+{
+    return xt_main(argc, argv, false);
+}
+
+int kvf_cmd_bench(int argc, char **argv)
+{
+    return xt_main(argc, argv, true);
+}

@@ -1,0 +1,195 @@
+/*
+ * kvf-proxy assembly: config table, tokenizer, instance pool, metrics and
+ * the HTTP front end, created in dependency order and torn down in reverse
+ * (HTTP first, so no request thread is left waiting on a pool that is gone).
+ */
+#include "kvf_proxy.h"
+#include "kvf_proxy_flow.h"
+#include "kvf_proxy_http.h"
+#include "kvf_log.h"
+#include "kvf_model_config.h"
+#include "kvf_tokenizer.h"
+
+#include <stddef.h>
+#include <stdlib.h>
+
+#define KVF_PF(_f) offsetof(kvf_proxy_config_t, _f)
+
+const kvf_config_field_t kvf_proxy_config_table[] = {
+    {"HOST", "127.0.0.1", "address the HTTP server binds (0.0.0.0: every interface)",
+     KVF_PF(host), KVF_CONFIG_TYPE_STRING, 0},
+    {"PORT", "8000", "HTTP port (0: any free port, printed at start)",
+     KVF_PF(port), KVF_CONFIG_TYPE_INT, 0},
+    {"PREFILL", "", "comma list of prefill instance endpoints (tcp://host:port)",
+     KVF_PF(prefill), KVF_CONFIG_TYPE_STRING, 0},
+    {"DECODE", "", "comma list of decode instance endpoints (tcp://host:port)",
+     KVF_PF(decode), KVF_CONFIG_TYPE_STRING, 0},
+    {"MODEL", "", "model folder or config.json, for the tokenizer's vocabulary, BOS and EOS "
+     "(empty: byte ids only)", KVF_PF(model), KVF_CONFIG_TYPE_STRING, 0},
+    {"MODEL_NAME", "kvferry", "model id served in /v1/models and accepted in requests",
+     KVF_PF(model_name), KVF_CONFIG_TYPE_STRING, 0},
+    {"REQUEST_TIMEOUT", "60s", "deadline for a whole completion request",
+     KVF_PF(request_timeout), KVF_CONFIG_TYPE_TIME, 0},
+    {"PREFILL_TIMEOUT", "30s", "longest wait for prefill's first token",
+     KVF_PF(prefill_timeout), KVF_CONFIG_TYPE_TIME, 0},
+    {"TOKEN_TIMEOUT", "30s", "longest wait between two decode replies (the first includes "
+     "the KV transfer)", KVF_PF(token_timeout), KVF_CONFIG_TYPE_TIME, 0},
+    {"HEALTH_INTERVAL", "500ms", "period of the health probes sent to every instance",
+     KVF_PF(health_interval), KVF_CONFIG_TYPE_TIME, 0},
+    {"HEALTH_TIMEOUT", "2s", "a probe unanswered this long marks the instance unhealthy",
+     KVF_PF(health_timeout), KVF_CONFIG_TYPE_TIME, 0},
+    {"IDLE_TIMEOUT", "120s", "idle keep-alive HTTP connections are closed after this",
+     KVF_PF(idle_timeout), KVF_CONFIG_TYPE_TIME, 0},
+    {"MAX_CONNECTIONS", "256", "concurrent HTTP connections (a thread each)",
+     KVF_PF(max_connections), KVF_CONFIG_TYPE_INT, 0},
+    {"MAX_BODY", "4m", "largest request body; larger ones get 413",
+     KVF_PF(max_body), KVF_CONFIG_TYPE_SIZE, 0},
+    {"MAX_PROMPT_TOKENS", "32768", "longest prompt accepted, in tokens",
+     KVF_PF(max_prompt_tokens), KVF_CONFIG_TYPE_INT, 0},
+    {"MAX_TOKENS_LIMIT", "8192", "largest max_tokens accepted",
+     KVF_PF(max_tokens_limit), KVF_CONFIG_TYPE_INT, 0},
+    {"DEFAULT_MAX_TOKENS", "16", "max_tokens when a request does not say",
+     KVF_PF(default_max_tokens), KVF_CONFIG_TYPE_INT, 0},
+    {"ADD_BOS", "yes", "prefix string prompts with the model's BOS token (when it has one)",
+     KVF_PF(add_bos), KVF_CONFIG_TYPE_BOOL, 0},
+    {NULL, NULL, NULL, 0, 0, 0},
+};
+
+struct kvf_proxy {
+    kvf_tokenizer_t        tok;
+    kvf_proxy_pool_h       pool;
+    kvf_proxy_metrics_h    metrics;
+    kvf_proxy_flow_ctx_t   flow;
+    kvf_proxy_openai_ctx_t api;
+    kvf_proxy_http_h       http;
+    char                   model_name[KVF_CONFIG_STR_MAX];
+};
+
+static kvf_status_t kvf_proxy_check(const kvf_proxy_config_t *cfg)
+{
+    if ((cfg->port < 0) || (cfg->port > 65535)) {
+        kvf_error("bad value %d for --port: must be in [0, 65535]", cfg->port);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    if ((cfg->request_timeout <= 0) || (cfg->prefill_timeout <= 0) || (cfg->token_timeout <= 0) ||
+        (cfg->health_interval <= 0) || (cfg->health_timeout <= 0)) {
+        kvf_error("timeouts and the health interval must be positive");
+        return KVF_ERR_INVALID_PARAM;
+    }
+    if ((cfg->max_connections <= 0) || (cfg->max_prompt_tokens <= 0) ||
+        (cfg->max_tokens_limit <= 0) || (cfg->default_max_tokens <= 0) ||
+        (cfg->default_max_tokens > cfg->max_tokens_limit) || (cfg->max_body == 0)) {
+        kvf_error("limits must be positive, and --default-max-tokens at most --max-tokens-limit");
+        return KVF_ERR_INVALID_PARAM;
+    }
+    if (cfg->model_name[0] == '\0') {
+        kvf_error("--model-name must not be empty");
+        return KVF_ERR_INVALID_PARAM;
+    }
+    return KVF_OK;
+}
+
+kvf_status_t kvf_proxy_create(const kvf_proxy_config_t *cfg, kvf_proxy_h *proxy_p)
+{
+    kvf_proxy_pool_params_t pp = {0};
+    kvf_proxy_http_params_t hp = {0};
+    struct kvf_proxy *proxy;
+    kvf_status_t status;
+
+    status = kvf_proxy_check(cfg);
+    if (status != KVF_OK) {
+        return status;
+    }
+    proxy = calloc(1, sizeof(*proxy));
+    if (proxy == NULL) {
+        return KVF_ERR_NO_MEMORY;
+    }
+    if (cfg->model[0] != '\0') {
+        kvf_model_config_t mc;
+
+        status = kvf_model_config_load(cfg->model, &mc);
+        if (status == KVF_OK) {
+            status = kvf_tokenizer_init(&mc, &proxy->tok);
+        }
+        if (status != KVF_OK) {
+            goto err_free;
+        }
+    } else {
+        proxy->tok.vocab_size = 256;     /* byte ids only; no BOS, no EOS */
+        proxy->tok.bos_token_id = -1;
+        proxy->tok.eos_token_id = -1;
+    }
+    status = kvf_proxy_metrics_create(&proxy->metrics);
+    if (status != KVF_OK) {
+        goto err_free;
+    }
+    pp.prefill_urls = cfg->prefill;
+    pp.decode_urls = cfg->decode;
+    pp.health_interval_ms = cfg->health_interval;
+    pp.health_timeout_ms = cfg->health_timeout;
+    status = kvf_proxy_pool_create(&pp, &proxy->pool);
+    if (status != KVF_OK) {
+        goto err_metrics;
+    }
+    /* One line per missing role, so a proxy started with neither says so for both. */
+    if (kvf_proxy_pool_count(proxy->pool, KVF_PROXY_ROLE_PREFILL) == 0) {
+        kvf_warn("no prefill instances configured (--prefill / KVF_PREFILL): /health stays 503 "
+                 "and completions get 503");
+    }
+    if (kvf_proxy_pool_count(proxy->pool, KVF_PROXY_ROLE_DECODE) == 0) {
+        kvf_warn("no decode instances configured (--decode / KVF_DECODE): /health stays 503 "
+                 "and completions get 503");
+    }
+
+    proxy->flow.pool = proxy->pool;
+    proxy->flow.metrics = proxy->metrics;
+    proxy->flow.request_timeout_ms = cfg->request_timeout;
+    proxy->flow.prefill_timeout_ms = cfg->prefill_timeout;
+    proxy->flow.token_timeout_ms = cfg->token_timeout;
+
+    snprintf(proxy->model_name, sizeof(proxy->model_name), "%s", cfg->model_name);
+    proxy->api.tok = &proxy->tok;
+    proxy->api.model_name = proxy->model_name;
+    proxy->api.add_bos = cfg->add_bos;
+    proxy->api.max_prompt_tokens = cfg->max_prompt_tokens;
+    proxy->api.max_tokens_limit = (uint32_t)cfg->max_tokens_limit;
+    proxy->api.default_max_tokens = (uint32_t)cfg->default_max_tokens;
+
+    hp.host = cfg->host;
+    hp.port = cfg->port;
+    hp.max_connections = (unsigned)cfg->max_connections;
+    hp.max_body = cfg->max_body;
+    hp.idle_timeout_s = (unsigned)((cfg->idle_timeout + 999) / 1000);
+    hp.flow = &proxy->flow;
+    hp.api = &proxy->api;
+    status = kvf_proxy_http_start(&hp, &proxy->http);
+    if (status != KVF_OK) {
+        goto err_pool;
+    }
+    *proxy_p = proxy;
+    return KVF_OK;
+
+err_pool:
+    kvf_proxy_pool_destroy(proxy->pool);
+err_metrics:
+    kvf_proxy_metrics_destroy(proxy->metrics);
+err_free:
+    free(proxy);
+    return status;
+}
+
+int kvf_proxy_port(kvf_proxy_h proxy)
+{
+    return kvf_proxy_http_port(proxy->http);
+}
+
+void kvf_proxy_destroy(kvf_proxy_h proxy)
+{
+    if (proxy == NULL) {
+        return;
+    }
+    kvf_proxy_http_stop(proxy->http);
+    kvf_proxy_pool_destroy(proxy->pool);
+    kvf_proxy_metrics_destroy(proxy->metrics);
+    free(proxy);
+}

@@ -1,0 +1,57 @@
+/*
+ * kvf-proxy: the OpenAI-compatible HTTP entry point of a P/D pool. It
+ * tokenizes the prompt, runs it on a prefill instance, hands the first
+ * token and the transfer parameters to a decode instance and relays the
+ * tokens back (DESIGN.md §3). This header is the whole-program view: the
+ * config table and the object that ties the pool, the metrics and the HTTP
+ * front end together.
+ */
+#ifndef KVF_PROXY_H
+#define KVF_PROXY_H
+
+#include "kvf_config.h"
+#include "kvf_status.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct kvf_proxy_config {
+    char    host[KVF_CONFIG_STR_MAX];
+    int     port;
+    char    prefill[KVF_CONFIG_STR_MAX];
+    char    decode[KVF_CONFIG_STR_MAX];
+    char    model[KVF_CONFIG_STR_MAX];        /* config.json or its folder; "" = bytes only */
+    char    model_name[KVF_CONFIG_STR_MAX];
+    int64_t request_timeout;                  /* ms */
+    int64_t prefill_timeout;                  /* ms */
+    int64_t token_timeout;                    /* ms */
+    int64_t health_interval;                  /* ms */
+    int64_t health_timeout;                   /* ms */
+    int64_t idle_timeout;                     /* ms */
+    int     max_connections;
+    size_t  max_body;
+    int     max_prompt_tokens;
+    int     max_tokens_limit;
+    int     default_max_tokens;
+    bool    add_bos;
+} kvf_proxy_config_t;
+
+/** Flags and KVF_* variables of kvf-proxy (NULL-name terminated). */
+extern const kvf_config_field_t kvf_proxy_config_table[];
+
+typedef struct kvf_proxy *kvf_proxy_h;
+
+/**
+ * Load the tokenizer, connect to the instances and start serving HTTP.
+ * @return KVF_OK; errors of kvf_model_config_load(), kvf_proxy_pool_create()
+ *         and kvf_proxy_http_start() (all logged). Nothing runs on error.
+ */
+kvf_status_t kvf_proxy_create(const kvf_proxy_config_t *cfg, kvf_proxy_h *proxy_p);
+
+/** The HTTP port actually bound (with --port 0, the one the kernel chose). */
+int kvf_proxy_port(kvf_proxy_h proxy);
+
+/** Stop HTTP first (aborting requests in flight), then the pool. NULL: no-op. */
+void kvf_proxy_destroy(kvf_proxy_h proxy);
+
+#endif

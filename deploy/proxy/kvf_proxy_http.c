@@ -1,0 +1,579 @@
+/*
+ * kvf-proxy HTTP front end on libmicrohttpd.
+ *
+ * Threading: MHD_USE_THREAD_PER_CONNECTION, so a completion request may
+ * block its connection's thread while it waits for prefill and decode.
+ * Streams use a content-reader callback that also runs on that thread and
+ * blocks until the next tokens arrive; MHD writes each returned piece out
+ * at once (chunked encoding). Rejected: suspend/resume with an external
+ * wakeup per token (more moving parts, no gain at the connection counts
+ * a proxy in front of a handful of instances sees).
+ *
+ * Client departure: while a request waits on an instance, the flow polls
+ * the client's socket for POLLRDHUP every wait slice; a stream also learns
+ * it when a write fails, and MHD then calls the reader's free callback
+ * before the end of the stream. Either way the flow aborts the request on
+ * both instances (kvf_proxy_flow_finish()).
+ */
+#define _GNU_SOURCE
+#include "kvf_proxy_http.h"
+#include "kvf_proxy_text.h"
+#include "kvf_log.h"
+
+#include <arpa/inet.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <poll.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct kvf_proxy_http {
+    struct MHD_Daemon             *daemon;
+    kvf_proxy_http_params_t        params;
+    atomic_bool                    stopping;
+    int64_t                        started;   /* unix seconds, /v1/models "created" */
+};
+
+/* Per connection: the request body as it arrives. */
+typedef struct {
+    char  *body;
+    size_t len;
+    size_t cap;
+    bool   too_large;
+} kvf_proxy_conn_t;
+
+typedef enum {
+    KVF_PROXY_SSE_FIRST = 0,   /* the first token(s), from prefill */
+    KVF_PROXY_SSE_RUN,         /* relaying decode replies */
+    KVF_PROXY_SSE_DONE_MARK,   /* the final chunk went out; [DONE] next */
+    KVF_PROXY_SSE_END,         /* everything went out */
+} kvf_proxy_sse_phase_t;
+
+/* A streaming completion: owned by the MHD response (freed by its free callback). */
+typedef struct {
+    struct kvf_proxy_http     *http;
+    struct MHD_Connection     *conn;
+    kvf_proxy_completion_req_t req;
+    kvf_proxy_flow_t           flow;
+    kvf_proxy_utf8_t           utf8;
+    kvf_proxy_sse_phase_t      phase;
+    int                        code;      /* for the request counter */
+    char                      *out;       /* pending SSE bytes */
+    size_t                     out_len;
+    size_t                     out_off;
+} kvf_proxy_stream_t;
+
+/* ---- small helpers ---------------------------------------------------------- */
+
+static enum MHD_Result kvf_proxy_respond(struct MHD_Connection *conn, unsigned code,
+                                         const char *type, char *body)
+{
+    struct MHD_Response *resp;
+    enum MHD_Result ret;
+
+    if (body == NULL) {
+        body = strdup("{\"error\": {\"message\": \"out of memory\", \"type\": \"server_error\"}}");
+        code = MHD_HTTP_INTERNAL_SERVER_ERROR;
+        if (body == NULL) {
+            return MHD_NO;
+        }
+    }
+    resp = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+    if (resp == NULL) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    ret = MHD_queue_response(conn, code, resp);
+    MHD_destroy_response(resp);
+    return ret;
+}
+
+static enum MHD_Result kvf_proxy_respond_error_param(struct MHD_Connection *conn, int code,
+                                                     const char *type, const char *param,
+                                                     const char *msg)
+{
+    return kvf_proxy_respond(conn, (unsigned)code, "application/json",
+                             kvf_proxy_openai_error_json(msg, type, param, code));
+}
+
+static enum MHD_Result kvf_proxy_respond_error(struct MHD_Connection *conn, int code,
+                                               const char *type, const char *msg)
+{
+    return kvf_proxy_respond_error_param(conn, code, type, NULL, msg);
+}
+
+static bool kvf_proxy_client_gone(void *arg)
+{
+    kvf_proxy_stream_t *s = arg;
+    const union MHD_ConnectionInfo *ci;
+    struct pollfd pfd;
+
+    if (atomic_load(&s->http->stopping)) {
+        return true;
+    }
+    ci = MHD_get_connection_info(s->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (ci == NULL) {
+        return false;
+    }
+    pfd.fd = ci->connect_fd;
+    pfd.events = POLLRDHUP;
+    pfd.revents = 0;
+    return (poll(&pfd, 1, 0) > 0) && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
+/* Completion text of tokens [from, to) through the stream's UTF-8 state; malloc'd. */
+static char *kvf_proxy_text(const kvf_tokenizer_t *tok, const kvf_proxy_flow_t *flow,
+                            kvf_proxy_utf8_t *utf8, int from, int to, bool flush)
+{
+    size_t n = (size_t)(to - from);
+    char *bytes = malloc(n + 1);
+    char *text = malloc(KVF_PROXY_UTF8_CAP(n));
+    size_t len = 0, w;
+
+    if ((bytes == NULL) || (text == NULL)) {
+        free(bytes);
+        free(text);
+        return NULL;
+    }
+    /* Byte-level ids are the bytes; special ids (BOS, EOS, >= 256) are not shown. */
+    for (int i = from; i < to; ++i) {
+        int32_t id = flow->out.tokens[i];
+        if ((id >= 0) && (id < 256) && !kvf_tokenizer_is_special(tok, id)) {
+            bytes[len++] = (char)id;
+        }
+    }
+    w = kvf_proxy_utf8_feed(utf8, bytes, len, text, KVF_PROXY_UTF8_CAP(n));
+    if (flush) {
+        w += kvf_proxy_utf8_flush(utf8, text + w, KVF_PROXY_UTF8_CAP(n) - w);
+    }
+    free(bytes);
+    return text;
+}
+
+/* ---- streaming ---------------------------------------------------------------- */
+
+static void kvf_proxy_sse_set(kvf_proxy_stream_t *s, char *json)
+{
+    size_t n;
+
+    free(s->out);
+    s->out = NULL;
+    s->out_len = s->out_off = 0;
+    if (json == NULL) {
+        return;
+    }
+    n = strlen(json);
+    s->out = malloc(n + 9);
+    if (s->out != NULL) {
+        memcpy(s->out, "data: ", 6);
+        memcpy(s->out + 6, json, n);
+        memcpy(s->out + 6 + n, "\n\n", 3);
+        s->out_len = n + 8;
+    }
+    free(json);
+}
+
+static char *kvf_proxy_sse_chunk(kvf_proxy_stream_t *s, int from, bool final)
+{
+    const kvf_proxy_openai_ctx_t *api = s->http->params.api;
+    int to = s->flow.out.num_tokens;
+    char *text = kvf_proxy_text(api->tok, &s->flow, &s->utf8, from, to, final);
+    char *json;
+
+    if (text == NULL) {
+        return NULL;
+    }
+    json = kvf_proxy_openai_chunk_json(api, &s->req, &s->flow.out, text,
+                                       s->flow.out.tokens + from, to - from, final);
+    free(text);
+    return json;
+}
+
+/* Produce the next SSE event into s->out; false when the stream is over. */
+static bool kvf_proxy_sse_produce(kvf_proxy_stream_t *s)
+{
+    int from;
+
+    switch (s->phase) {
+    case KVF_PROXY_SSE_FIRST:
+        /* The first token is out as soon as prefill returned it. */
+        s->phase = KVF_PROXY_SSE_RUN;
+        kvf_proxy_sse_set(s, kvf_proxy_sse_chunk(s, 0, false));
+        return true;
+    case KVF_PROXY_SSE_RUN:
+        for (;;) {
+            if (s->flow.done) {
+                s->phase = KVF_PROXY_SSE_DONE_MARK;
+                kvf_proxy_sse_set(s, kvf_proxy_sse_chunk(s, s->flow.out.num_tokens, true));
+                return true;
+            }
+            if (kvf_proxy_flow_next(&s->flow, &from) != KVF_OK) {
+                if (s->flow.client_gone) {
+                    s->code = 499;
+                    return false;
+                }
+                s->code = s->flow.http_code;
+                s->phase = KVF_PROXY_SSE_DONE_MARK;
+                kvf_proxy_sse_set(s, kvf_proxy_openai_error_json(s->flow.error,
+                                                                 s->flow.error_type, NULL,
+                                                                 s->flow.http_code));
+                return true;
+            }
+            if (s->flow.out.num_tokens > from) {
+                if (s->flow.done) {
+                    /* Last tokens and the summary in one final chunk. */
+                    s->phase = KVF_PROXY_SSE_DONE_MARK;
+                    kvf_proxy_sse_set(s, kvf_proxy_sse_chunk(s, from, true));
+                } else {
+                    kvf_proxy_sse_set(s, kvf_proxy_sse_chunk(s, from, false));
+                }
+                return true;
+            }
+        }
+    case KVF_PROXY_SSE_DONE_MARK:
+        s->phase = KVF_PROXY_SSE_END;
+        free(s->out);
+        s->out = strdup("data: [DONE]\n\n");
+        s->out_len = (s->out != NULL) ? strlen(s->out) : 0;
+        s->out_off = 0;
+        return true;
+    case KVF_PROXY_SSE_END:
+    default:
+        return false;
+    }
+}
+
+static ssize_t kvf_proxy_sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    kvf_proxy_stream_t *s = cls;
+    size_t n;
+
+    (void)pos;
+    while (s->out_off >= s->out_len) {
+        if (!kvf_proxy_sse_produce(s)) {
+            return (s->code == 499) ? MHD_CONTENT_READER_END_WITH_ERROR :
+                                      MHD_CONTENT_READER_END_OF_STREAM;
+        }
+        if (s->out == NULL) {
+            kvf_error("request %s: out of memory building a stream chunk", s->flow.out.id);
+            s->code = 500;
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+    }
+    n = s->out_len - s->out_off;
+    if (n > max) {
+        n = max;
+    }
+    memcpy(buf, s->out + s->out_off, n);
+    s->out_off += n;
+    return (ssize_t)n;
+}
+
+static void kvf_proxy_sse_free(void *cls)
+{
+    kvf_proxy_stream_t *s = cls;
+
+    if ((s->phase != KVF_PROXY_SSE_END) || (s->out_off < s->out_len)) {
+        /* MHD gave up on the connection before the end: the client left. */
+        if (!s->flow.client_gone && !s->flow.done) {
+            kvf_proxy_metrics_add(s->http->params.flow->metrics, KVF_PROXY_CTR_CLIENT_ABORTS, 1);
+        }
+        if (s->code == 200) {
+            s->code = 499;
+        }
+        kvf_info("request %s: client went away mid-stream", s->flow.out.id);
+    }
+    kvf_proxy_flow_finish(&s->flow);
+    kvf_proxy_metrics_request(s->http->params.flow->metrics, s->code);
+    kvf_proxy_openai_req_cleanup(&s->req);
+    free(s->out);
+    free(s);
+}
+
+/* ---- /v1/completions ---------------------------------------------------------- */
+
+static enum MHD_Result kvf_proxy_completions(struct kvf_proxy_http *http,
+                                             struct MHD_Connection *conn,
+                                             const kvf_proxy_conn_t *cc)
+{
+    const kvf_proxy_flow_ctx_t *fctx = http->params.flow;
+    kvf_proxy_stream_t *s;
+    struct MHD_Response *resp;
+    enum MHD_Result ret;
+    char err[512];
+    const char *param = NULL;
+    int code = 400, from;
+
+    if (cc->too_large) {
+        snprintf(err, sizeof(err), "request body is larger than %zu bytes", http->params.max_body);
+        kvf_proxy_metrics_request(fctx->metrics, 413);
+        return kvf_proxy_respond_error(conn, 413, "invalid_request_error", err);
+    }
+    s = calloc(1, sizeof(*s));
+    if (s == NULL) {
+        return kvf_proxy_respond_error(conn, 500, "server_error", "out of memory");
+    }
+    s->http = http;
+    s->conn = conn;
+    s->code = 200;
+    if (kvf_proxy_openai_parse(http->params.api, (cc->body != NULL) ? cc->body : "", cc->len,
+                               &s->req, &code, &param, err, sizeof(err)) != KVF_OK) {
+        free(s);
+        kvf_proxy_metrics_request(fctx->metrics, code);
+        return kvf_proxy_respond_error_param(conn, code, "invalid_request_error", param, err);
+    }
+
+    if (kvf_proxy_flow_start(&s->flow, fctx, &s->req, kvf_proxy_client_gone, s) != KVF_OK) {
+        goto err_flow;
+    }
+    if (s->req.stream) {
+        resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, kvf_proxy_sse_reader, s,
+                                                 kvf_proxy_sse_free);
+        if (resp == NULL) {
+            s->flow.http_code = 500;
+            s->flow.error_type = "server_error";
+            snprintf(s->flow.error, sizeof(s->flow.error), "out of memory");
+            goto err_flow;
+        }
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+        ret = MHD_queue_response(conn, MHD_HTTP_OK, resp);
+        MHD_destroy_response(resp);   /* s is freed by kvf_proxy_sse_free */
+        return ret;
+    }
+
+    while (!s->flow.done) {
+        if (kvf_proxy_flow_next(&s->flow, &from) != KVF_OK) {
+            goto err_flow;
+        }
+    }
+    {
+        char *text = kvf_proxy_text(http->params.api->tok, &s->flow, &s->utf8, 0,
+                                    s->flow.out.num_tokens, true);
+        char *json = (text != NULL) ?
+                     kvf_proxy_openai_completion_json(http->params.api, &s->req, &s->flow.out,
+                                                      text) : NULL;
+        free(text);
+        kvf_proxy_flow_finish(&s->flow);
+        kvf_proxy_metrics_request(fctx->metrics, (json != NULL) ? 200 : 500);
+        kvf_proxy_openai_req_cleanup(&s->req);
+        free(s);
+        return kvf_proxy_respond(conn, MHD_HTTP_OK, "application/json", json);
+    }
+
+err_flow:
+    code = s->flow.http_code;
+    kvf_proxy_flow_finish(&s->flow);
+    kvf_proxy_metrics_request(fctx->metrics, code);
+    kvf_proxy_openai_req_cleanup(&s->req);
+    if (code == 499) {
+        free(s);
+        return MHD_NO;   /* nobody to answer; close the connection */
+    }
+    ret = kvf_proxy_respond_error(conn, code, s->flow.error_type, s->flow.error);
+    free(s);
+    return ret;
+}
+
+/* ---- routing -------------------------------------------------------------------- */
+
+static enum MHD_Result kvf_proxy_metrics_page(struct kvf_proxy_http *http,
+                                              struct MHD_Connection *conn)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+
+    if (f == NULL) {
+        return kvf_proxy_respond_error(conn, 500, "server_error", "out of memory");
+    }
+    kvf_proxy_metrics_render(http->params.flow->metrics, f);
+    kvf_proxy_pool_render_metrics(http->params.flow->pool, f);
+    fclose(f);
+    return kvf_proxy_respond(conn, MHD_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8", buf);
+}
+
+static enum MHD_Result kvf_proxy_route(struct kvf_proxy_http *http, struct MHD_Connection *conn,
+                                       const char *url, const char *method,
+                                       const kvf_proxy_conn_t *cc)
+{
+    bool get = (strcmp(method, "GET") == 0) || (strcmp(method, "HEAD") == 0);
+    bool post = (strcmp(method, "POST") == 0);
+
+    if (strcmp(url, "/v1/completions") == 0) {
+        if (!post) {
+            return kvf_proxy_respond_error(conn, 405, "invalid_request_error",
+                                           "use POST for /v1/completions");
+        }
+        return kvf_proxy_completions(http, conn, cc);
+    }
+    if ((strcmp(url, "/health") == 0) || (strcmp(url, "/v1/models") == 0) ||
+        (strcmp(url, "/metrics") == 0)) {
+        if (!get) {
+            return kvf_proxy_respond_error(conn, 405, "invalid_request_error",
+                                           "use GET for this endpoint");
+        }
+    }
+    if (strcmp(url, "/health") == 0) {
+        cJSON *h = kvf_proxy_pool_health_json(http->params.flow->pool);
+        char *body = (h != NULL) ? cJSON_PrintUnformatted(h) : NULL;
+        unsigned code = kvf_proxy_pool_ready(http->params.flow->pool) ?
+                        MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE;
+
+        cJSON_Delete(h);
+        return kvf_proxy_respond(conn, code, "application/json", body);
+    }
+    if (strcmp(url, "/v1/models") == 0) {
+        return kvf_proxy_respond(conn, MHD_HTTP_OK, "application/json",
+                                 kvf_proxy_openai_models_json(http->params.api, http->started));
+    }
+    if (strcmp(url, "/metrics") == 0) {
+        return kvf_proxy_metrics_page(http, conn);
+    }
+    return kvf_proxy_respond_error(conn, 404, "invalid_request_error", "no such endpoint");
+}
+
+static enum MHD_Result kvf_proxy_access(void *cls, struct MHD_Connection *conn, const char *url,
+                                        const char *method, const char *version,
+                                        const char *upload_data, size_t *upload_data_size,
+                                        void **con_cls)
+{
+    struct kvf_proxy_http *http = cls;
+    kvf_proxy_conn_t *cc = *con_cls;
+
+    (void)version;
+    if (cc == NULL) {
+        cc = calloc(1, sizeof(*cc));
+        if (cc == NULL) {
+            return MHD_NO;
+        }
+        *con_cls = cc;
+        return MHD_YES;
+    }
+    if (*upload_data_size > 0) {
+        size_t n = *upload_data_size;
+
+        if (!cc->too_large && (cc->len + n > http->params.max_body)) {
+            cc->too_large = true;
+            free(cc->body);
+            cc->body = NULL;
+            cc->len = cc->cap = 0;
+        }
+        if (!cc->too_large) {
+            if (cc->len + n + 1 > cc->cap) {
+                size_t cap = (cc->len + n + 1) * 2;
+                char *b = realloc(cc->body, cap);
+                if (b == NULL) {
+                    return MHD_NO;
+                }
+                cc->body = b;
+                cc->cap = cap;
+            }
+            memcpy(cc->body + cc->len, upload_data, n);
+            cc->len += n;
+            cc->body[cc->len] = '\0';
+        }
+        *upload_data_size = 0;
+        return MHD_YES;
+    }
+    return kvf_proxy_route(http, conn, url, method, cc);
+}
+
+static void kvf_proxy_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                                enum MHD_RequestTerminationCode toe)
+{
+    kvf_proxy_conn_t *cc = *con_cls;
+
+    (void)cls;
+    (void)conn;
+    (void)toe;
+    if (cc != NULL) {
+        free(cc->body);
+        free(cc);
+        *con_cls = NULL;
+    }
+}
+
+static void kvf_proxy_mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    char line[512];
+
+    (void)cls;
+    vsnprintf(line, sizeof(line), fmt, ap);
+    line[strcspn(line, "\n")] = '\0';
+    kvf_warn("http: %s", line);
+}
+
+kvf_status_t kvf_proxy_http_start(const kvf_proxy_http_params_t *params,
+                                  kvf_proxy_http_h *http_p)
+{
+    struct addrinfo hints = {0}, *ai = NULL;
+    struct kvf_proxy_http *http;
+    char port[16];
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
+                     MHD_USE_ERROR_LOG;
+    int rc;
+
+    if ((params->port < 0) || (params->port > 65535)) {
+        kvf_error("bad port %d", params->port);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    snprintf(port, sizeof(port), "%d", params->port);
+    rc = getaddrinfo(params->host, port, &hints, &ai);
+    if ((rc != 0) || (ai == NULL)) {
+        kvf_error("bad --host '%s': %s", params->host, gai_strerror(rc));
+        return KVF_ERR_INVALID_PARAM;
+    }
+    http = calloc(1, sizeof(*http));
+    if (http == NULL) {
+        freeaddrinfo(ai);
+        return KVF_ERR_NO_MEMORY;
+    }
+    http->params = *params;
+    http->started = (int64_t)time(NULL);
+    atomic_init(&http->stopping, false);
+    if (ai->ai_family == AF_INET6) {
+        flags |= MHD_USE_IPv6;
+    }
+    http->daemon = MHD_start_daemon(flags, (uint16_t)params->port, NULL, NULL, kvf_proxy_access,
+                                    http,
+                                    MHD_OPTION_EXTERNAL_LOGGER, kvf_proxy_mhd_log, http,
+                                    MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+                                    MHD_OPTION_CONNECTION_LIMIT, params->max_connections,
+                                    MHD_OPTION_CONNECTION_TIMEOUT, params->idle_timeout_s,
+                                    MHD_OPTION_NOTIFY_COMPLETED, kvf_proxy_completed, http,
+                                    MHD_OPTION_END);
+    freeaddrinfo(ai);
+    if (http->daemon == NULL) {
+        kvf_error("cannot listen on %s:%d (port in use, or address not local?)", params->host,
+                  params->port);
+        free(http);
+        return KVF_ERR_IO;
+    }
+    *http_p = http;
+    return KVF_OK;
+}
+
+int kvf_proxy_http_port(kvf_proxy_http_h http)
+{
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(http->daemon, MHD_DAEMON_INFO_BIND_PORT);
+
+    return (di != NULL) ? (int)di->port : -1;
+}
+
+void kvf_proxy_http_stop(kvf_proxy_http_h http)
+{
+    if (http == NULL) {
+        return;
+    }
+    atomic_store(&http->stopping, true);
+    MHD_stop_daemon(http->daemon);
+    free(http);
+}

@@ -1,0 +1,52 @@
+/*
+ * kvf-proxy HTTP front end (libmicrohttpd, a thread per connection):
+ *
+ *   POST /v1/completions   OpenAI text completion; "stream": true answers
+ *                          server-sent events "data: {...}\n\n" ending with
+ *                          "data: [DONE]\n\n"
+ *   GET  /v1/models        the served model
+ *   GET  /health           200 when at least one prefill and one decode
+ *                          instance are healthy, else 503; JSON per instance
+ *   GET  /metrics          Prometheus text
+ */
+#ifndef KVF_PROXY_HTTP_H
+#define KVF_PROXY_HTTP_H
+
+#include "kvf_proxy_flow.h"
+#include "kvf_proxy_metrics.h"
+#include "kvf_proxy_openai.h"
+#include "kvf_proxy_pool.h"
+
+#include <stddef.h>
+
+typedef struct kvf_proxy_http *kvf_proxy_http_h;
+
+typedef struct kvf_proxy_http_params {
+    const char                   *host;             /* address to bind, e.g. "127.0.0.1" */
+    int                           port;             /* 0: any free port */
+    unsigned                      max_connections;
+    size_t                        max_body;         /* bytes; larger bodies get 413 */
+    unsigned                      idle_timeout_s;   /* idle keep-alive connections are closed */
+    const kvf_proxy_flow_ctx_t   *flow;             /* borrowed; outlives the server */
+    const kvf_proxy_openai_ctx_t *api;              /* borrowed */
+} kvf_proxy_http_params_t;
+
+/**
+ * Bind and start serving.
+ * @return KVF_OK; KVF_ERR_INVALID_PARAM (bad host); KVF_ERR_IO (bind failed,
+ *         e.g. the port is taken; logged).
+ */
+kvf_status_t kvf_proxy_http_start(const kvf_proxy_http_params_t *params,
+                                  kvf_proxy_http_h *http_p);
+
+/** The bound TCP port (useful with port 0). */
+int kvf_proxy_http_port(kvf_proxy_http_h http);
+
+/**
+ * Stop accepting, wake requests waiting on instances (they end as if the
+ * client had gone, aborting their instances' work) and join the threads.
+ * NULL: no-op.
+ */
+void kvf_proxy_http_stop(kvf_proxy_http_h http);
+
+#endif

@@ -1,0 +1,210 @@
+/*
+ * kvf-proxy metrics. Fixed tables of counters and histograms with fixed
+ * bucket bounds, rendered on demand in Prometheus text format. Histograms
+ * rather than summaries: they aggregate across several proxies and need no
+ * sliding windows here. Per-instance gauges (free pages, health) live with
+ * the instance pool, which renders them next to these.
+ */
+#include "kvf_proxy_metrics.h"
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdlib.h>
+
+#define KVF_PROXY_MAX_CODES 16
+#define KVF_PROXY_MAX_BUCKETS 16
+
+typedef struct {
+    const char *name;
+    const char *help;
+} kvf_proxy_metric_desc_t;
+
+/* NOTE: indexed by kvf_proxy_counter_t. */
+static const kvf_proxy_metric_desc_t kvf_proxy_counter_desc[KVF_PROXY_CTR_COUNT] = {
+    {"kvf_proxy_prompt_tokens", "Prompt tokens sent to prefill."},
+    {"kvf_proxy_generation_tokens", "Completion tokens relayed to clients."},
+    {"kvf_proxy_kv_transfer_bytes", "KV cache and Mamba state bytes decode instances pulled."},
+    {"kvf_proxy_kv_transfer_descriptors", "Transfer descriptors decode instances posted."},
+    {"kvf_proxy_kv_transfer_reads", "Prefill rank to decode rank reads."},
+    {"kvf_proxy_kv_recomputed", "Requests whose KV load failed and whose prompt was recomputed."},
+    {"kvf_proxy_handshake_refusals", "Requests that failed because a handshake was refused."},
+    {"kvf_proxy_peer_errors", "Requests that failed because an instance or peer went away."},
+    {"kvf_proxy_timeouts", "Requests that ran out of time waiting for an instance."},
+    {"kvf_proxy_client_aborts", "Requests whose client disconnected before the end."},
+};
+
+typedef struct {
+    const char   *name;
+    const char   *help;
+    const double *bounds;
+    int           num_bounds;
+} kvf_proxy_hist_desc_t;
+
+static const double kvf_proxy_latency_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                                  0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+static const double kvf_proxy_fast_bounds[] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+                                               0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5};
+
+#define KVF_NB(_a) ((int)(sizeof(_a) / sizeof((_a)[0])))
+
+/* NOTE: indexed by kvf_proxy_hist_t. */
+static const kvf_proxy_hist_desc_t kvf_proxy_hist_desc[KVF_PROXY_HIST_COUNT] = {
+    {"kvf_proxy_time_to_first_token_seconds", "Request received to first token ready.",
+     kvf_proxy_latency_bounds, KVF_NB(kvf_proxy_latency_bounds)},
+    {"kvf_proxy_inter_token_latency_seconds", "Gap between consecutive completion tokens.",
+     kvf_proxy_fast_bounds, KVF_NB(kvf_proxy_fast_bounds)},
+    {"kvf_proxy_request_duration_seconds", "Request received to last token.",
+     kvf_proxy_latency_bounds, KVF_NB(kvf_proxy_latency_bounds)},
+    {"kvf_proxy_prefill_seconds", "Prefill compute time reported by prefill instances.",
+     kvf_proxy_latency_bounds, KVF_NB(kvf_proxy_latency_bounds)},
+    {"kvf_proxy_kv_transfer_seconds", "KV transfer time reported by decode instances.",
+     kvf_proxy_fast_bounds, KVF_NB(kvf_proxy_fast_bounds)},
+    {"kvf_proxy_kv_handshake_seconds", "Handshake time when decode had no cached metadata.",
+     kvf_proxy_fast_bounds, KVF_NB(kvf_proxy_fast_bounds)},
+};
+
+typedef struct {
+    uint64_t buckets[KVF_PROXY_MAX_BUCKETS]; /* non-cumulative; [num_bounds] = +Inf */
+    uint64_t count;
+    double   sum;
+} kvf_proxy_hist_data_t;
+
+struct kvf_proxy_metrics {
+    pthread_mutex_t       lock;
+    int                   codes[KVF_PROXY_MAX_CODES];
+    uint64_t              code_counts[KVF_PROXY_MAX_CODES];
+    int                   num_codes;
+    uint64_t              counters[KVF_PROXY_CTR_COUNT];
+    kvf_proxy_hist_data_t hists[KVF_PROXY_HIST_COUNT];
+    int64_t               in_flight;
+};
+
+kvf_status_t kvf_proxy_metrics_create(kvf_proxy_metrics_h *metrics_p)
+{
+    struct kvf_proxy_metrics *m = calloc(1, sizeof(*m));
+
+    if (m == NULL) {
+        return KVF_ERR_NO_MEMORY;
+    }
+    pthread_mutex_init(&m->lock, NULL);
+    *metrics_p = m;
+    return KVF_OK;
+}
+
+void kvf_proxy_metrics_destroy(kvf_proxy_metrics_h metrics)
+{
+    if (metrics == NULL) {
+        return;
+    }
+    pthread_mutex_destroy(&metrics->lock);
+    free(metrics);
+}
+
+void kvf_proxy_metrics_request(kvf_proxy_metrics_h metrics, int code)
+{
+    int i;
+
+    pthread_mutex_lock(&metrics->lock);
+    for (i = 0; i < metrics->num_codes; ++i) {
+        if (metrics->codes[i] == code) {
+            break;
+        }
+    }
+    if ((i == metrics->num_codes) && (i < KVF_PROXY_MAX_CODES)) {
+        metrics->codes[i] = code;
+        metrics->num_codes++;
+    }
+    if (i < KVF_PROXY_MAX_CODES) {
+        metrics->code_counts[i]++;
+    }
+    pthread_mutex_unlock(&metrics->lock);
+}
+
+void kvf_proxy_metrics_add(kvf_proxy_metrics_h metrics, kvf_proxy_counter_t ctr, uint64_t n)
+{
+    pthread_mutex_lock(&metrics->lock);
+    metrics->counters[ctr] += n;
+    pthread_mutex_unlock(&metrics->lock);
+}
+
+uint64_t kvf_proxy_metrics_get(kvf_proxy_metrics_h metrics, kvf_proxy_counter_t ctr)
+{
+    uint64_t v;
+
+    pthread_mutex_lock(&metrics->lock);
+    v = metrics->counters[ctr];
+    pthread_mutex_unlock(&metrics->lock);
+    return v;
+}
+
+void kvf_proxy_metrics_observe(kvf_proxy_metrics_h metrics, kvf_proxy_hist_t hist,
+                               double seconds, uint64_t count)
+{
+    const kvf_proxy_hist_desc_t *d = &kvf_proxy_hist_desc[hist];
+    kvf_proxy_hist_data_t *h = &metrics->hists[hist];
+    int b;
+
+    if (count == 0) {
+        return;
+    }
+    if (seconds < 0) {
+        seconds = 0;
+    }
+    for (b = 0; b < d->num_bounds; ++b) {
+        if (seconds <= d->bounds[b]) {
+            break;
+        }
+    }
+    pthread_mutex_lock(&metrics->lock);
+    h->buckets[b] += count;
+    h->count += count;
+    h->sum += seconds * (double)count;
+    pthread_mutex_unlock(&metrics->lock);
+}
+
+void kvf_proxy_metrics_in_flight(kvf_proxy_metrics_h metrics, int delta)
+{
+    pthread_mutex_lock(&metrics->lock);
+    metrics->in_flight += delta;
+    pthread_mutex_unlock(&metrics->lock);
+}
+
+void kvf_proxy_metrics_render(kvf_proxy_metrics_h metrics, FILE *out)
+{
+    struct kvf_proxy_metrics snap;
+
+    /* Copy under the lock, format without it. */
+    pthread_mutex_lock(&metrics->lock);
+    snap = *metrics;
+    pthread_mutex_unlock(&metrics->lock);
+
+    fprintf(out, "# HELP kvf_proxy_requests_total Completion requests by HTTP status code.\n"
+                 "# TYPE kvf_proxy_requests_total counter\n");
+    for (int i = 0; i < snap.num_codes; ++i) {
+        fprintf(out, "kvf_proxy_requests_total{code=\"%d\"} %llu\n", snap.codes[i],
+                (unsigned long long)snap.code_counts[i]);
+    }
+    fprintf(out, "# HELP kvf_proxy_requests_in_flight Completion requests being served.\n"
+                 "# TYPE kvf_proxy_requests_in_flight gauge\n"
+                 "kvf_proxy_requests_in_flight %lld\n", (long long)snap.in_flight);
+    for (int c = 0; c < KVF_PROXY_CTR_COUNT; ++c) {
+        const kvf_proxy_metric_desc_t *d = &kvf_proxy_counter_desc[c];
+        fprintf(out, "# HELP %s_total %s\n# TYPE %s_total counter\n%s_total %llu\n", d->name,
+                d->help, d->name, d->name, (unsigned long long)snap.counters[c]);
+    }
+    for (int hi = 0; hi < KVF_PROXY_HIST_COUNT; ++hi) {
+        const kvf_proxy_hist_desc_t *d = &kvf_proxy_hist_desc[hi];
+        const kvf_proxy_hist_data_t *h = &snap.hists[hi];
+        uint64_t cum = 0;
+
+        fprintf(out, "# HELP %s %s\n# TYPE %s histogram\n", d->name, d->help, d->name);
+        for (int b = 0; b < d->num_bounds; ++b) {
+            cum += h->buckets[b];
+            fprintf(out, "%s_bucket{le=\"%g\"} %llu\n", d->name, d->bounds[b],
+                    (unsigned long long)cum);
+        }
+        cum += h->buckets[d->num_bounds];
+        fprintf(out, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.9g\n%s_count %llu\n", d->name,
+                (unsigned long long)cum, d->name, h->sum, d->name, (unsigned long long)h->count);
+    }
+}

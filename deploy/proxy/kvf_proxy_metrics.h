@@ -1,0 +1,71 @@
+/*
+ * kvf-proxy metrics: counters and histograms the request flow updates, and
+ * their Prometheus text rendering (exposition format 0.0.4). Thread-safe:
+ * one mutex; every update is a few additions.
+ */
+#ifndef KVF_PROXY_METRICS_H
+#define KVF_PROXY_METRICS_H
+
+#include "kvf_status.h"
+
+#include <stdint.h>
+#include <stdio.h>
+
+typedef struct kvf_proxy_metrics *kvf_proxy_metrics_h;
+
+/* Monotonic counters. NOTE: keep in sync with the name table in kvf_proxy_metrics.c. */
+typedef enum {
+    KVF_PROXY_CTR_PROMPT_TOKENS = 0,    /* prompt tokens of requests sent to prefill */
+    KVF_PROXY_CTR_GENERATION_TOKENS,    /* completion tokens relayed to clients */
+    KVF_PROXY_CTR_KV_BYTES,             /* KV + Mamba bytes decode pulled */
+    KVF_PROXY_CTR_KV_DESCRIPTORS,       /* transfer descriptors */
+    KVF_PROXY_CTR_KV_READS,             /* (prefill rank -> decode rank) reads */
+    KVF_PROXY_CTR_KV_RECOMPUTED,        /* requests whose load failed and were recomputed */
+    KVF_PROXY_CTR_HANDSHAKE_REFUSALS,   /* requests failed with a handshake refusal */
+    KVF_PROXY_CTR_PEER_ERRORS,          /* requests failed because a peer went away */
+    KVF_PROXY_CTR_TIMEOUTS,             /* requests that ran out of time */
+    KVF_PROXY_CTR_CLIENT_ABORTS,        /* clients that went away before the end */
+    KVF_PROXY_CTR_COUNT
+} kvf_proxy_counter_t;
+
+/* Histograms, all in seconds. */
+typedef enum {
+    KVF_PROXY_HIST_TTFT = 0,            /* request received -> first token ready */
+    KVF_PROXY_HIST_ITL,                 /* gap between consecutive tokens */
+    KVF_PROXY_HIST_E2E,                 /* request received -> last token */
+    KVF_PROXY_HIST_PREFILL,             /* prefill compute time as reported by prefill */
+    KVF_PROXY_HIST_TRANSFER,            /* KV transfer time as reported by decode */
+    KVF_PROXY_HIST_HANDSHAKE,           /* handshake time (only when one happened) */
+    KVF_PROXY_HIST_COUNT
+} kvf_proxy_hist_t;
+
+/** Allocate zeroed metrics; KVF_ERR_NO_MEMORY. */
+kvf_status_t kvf_proxy_metrics_create(kvf_proxy_metrics_h *metrics_p);
+
+/** Free @a metrics (NULL is a no-op). */
+void kvf_proxy_metrics_destroy(kvf_proxy_metrics_h metrics);
+
+/** Count one finished /v1/completions request answered with HTTP @a code. */
+void kvf_proxy_metrics_request(kvf_proxy_metrics_h metrics, int code);
+
+/** Add @a n to counter @a ctr. */
+void kvf_proxy_metrics_add(kvf_proxy_metrics_h metrics, kvf_proxy_counter_t ctr, uint64_t n);
+
+/** Record @a count observations of @a seconds into histogram @a hist. */
+void kvf_proxy_metrics_observe(kvf_proxy_metrics_h metrics, kvf_proxy_hist_t hist,
+                               double seconds, uint64_t count);
+
+/** Adjust the in-flight request gauge by @a delta (+1 / -1). */
+void kvf_proxy_metrics_in_flight(kvf_proxy_metrics_h metrics, int delta);
+
+/** Read counter @a ctr (tests). */
+uint64_t kvf_proxy_metrics_get(kvf_proxy_metrics_h metrics, kvf_proxy_counter_t ctr);
+
+/**
+ * Write every proxy metric in Prometheus text format to @a out: HELP and
+ * TYPE lines, counters with a _total suffix, histograms as _bucket{le=..},
+ * _sum and _count.
+ */
+void kvf_proxy_metrics_render(kvf_proxy_metrics_h metrics, FILE *out);
+
+#endif

@@ -1,0 +1,1006 @@
+/*
+ * kvf-proxy instance pool and its ZeroMQ I/O thread.
+ *
+ * Design: ZeroMQ sockets are not thread-safe, and the HTTP front end runs a
+ * thread per connection, so exactly one thread (the I/O thread) owns every
+ * socket. Request threads serialize their ServeRequest, append it to a send
+ * queue under the pool lock and wake the I/O thread through an eventfd that
+ * zmq_poll() watches next to the sockets. Replies are routed back by
+ * (instance, request_id) to a mailbox (a reply list and a condition
+ * variable). Rejected: a DEALER per request (a TCP connection per request
+ * and no single place to see an instance's health) and inproc socket pairs
+ * per request thread (more sockets, same routing work).
+ *
+ * The DEALERs use ZMQ_IMMEDIATE, so a send to an instance that is not
+ * connected fails at once instead of queueing stale requests that would be
+ * delivered minutes later. A socket monitor per DEALER reports connect and
+ * disconnect; a disconnect fails the calls in flight on that instance
+ * without waiting for any timeout (DESIGN.md §9).
+ */
+#define _GNU_SOURCE
+#include "kvf_proxy_pool.h"
+#include "kvf_time.h"
+#include "kvf_log.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#define KVF_PROXY_HEALTH_ID "health"
+
+typedef struct kvf_proxy_msg {
+    struct kvf_proxy_msg *next;
+    kvf_proxy_role_t      role;
+    int                   idx;
+    char                  request_id[128];   /* "" for fire-and-forget (abort) */
+    size_t                len;
+    uint8_t               data[];
+} kvf_proxy_msg_t;
+
+typedef struct kvf_proxy_reply_node {
+    struct kvf_proxy_reply_node *next;
+    Kvf__ServeReply             *reply;
+} kvf_proxy_reply_node_t;
+
+struct kvf_proxy_call {
+    struct kvf_proxy_call  *next;
+    struct kvf_proxy_pool  *pool;
+    kvf_proxy_role_t        role;
+    int                     idx;
+    char                    request_id[128];
+    kvf_proxy_reply_node_t *head;
+    kvf_proxy_reply_node_t *tail;
+    kvf_status_t            failed;
+    char                    fail_msg[512];
+    pthread_cond_t          cond;
+};
+
+typedef struct kvf_proxy_instance {
+    kvf_proxy_role_t role;
+    int              idx;
+    char             url[KVF_PROXY_URL_MAX];
+    void            *sock;              /* I/O thread only */
+    void            *mon;               /* I/O thread only */
+    /* under pool->lock */
+    kvf_proxy_instance_info_t info;
+    int64_t          probe_sent_ms;     /* 0: no probe outstanding */
+    int64_t          last_ok_ms;        /* 0: never */
+} kvf_proxy_instance_t;
+
+struct kvf_proxy_pool {
+    pthread_mutex_t      lock;
+    kvf_proxy_instance_t inst[KVF_PROXY_ROLE_COUNT][KVF_PROXY_MAX_INSTANCES];
+    int                  count[KVF_PROXY_ROLE_COUNT];
+    unsigned             rr[KVF_PROXY_ROLE_COUNT];
+    struct kvf_proxy_call *calls;
+    kvf_proxy_msg_t     *sendq_head;
+    kvf_proxy_msg_t     *sendq_tail;
+    int                  efd;
+    void                *zctx;
+    pthread_t            thread;
+    bool                 thread_started;
+    atomic_bool          stop;
+    int64_t              interval_ms;
+    int64_t              timeout_ms;
+};
+
+static int64_t kvf_proxy_now_ms(void)
+{
+    return (int64_t)(kvf_time_now_ns() / 1000000u);
+}
+
+const char *kvf_proxy_role_name(kvf_proxy_role_t role)
+{
+    return (role == KVF_PROXY_ROLE_PREFILL) ? "prefill" : "decode";
+}
+
+/* ---- parsing and socket setup ------------------------------------------ */
+
+static kvf_status_t kvf_proxy_pool_add_list(struct kvf_proxy_pool *pool, kvf_proxy_role_t role,
+                                            const char *list)
+{
+    const char *p = (list != NULL) ? list : "";
+
+    while (*p != '\0') {
+        const char *end = strchr(p, ',');
+        size_t n = (end != NULL) ? (size_t)(end - p) : strlen(p);
+        kvf_proxy_instance_t *inst;
+
+        while ((n > 0) && (*p == ' ')) {
+            p++;
+            n--;
+        }
+        while ((n > 0) && (p[n - 1] == ' ')) {
+            n--;
+        }
+        if ((n == 0) || (n >= KVF_PROXY_URL_MAX)) {
+            kvf_error("bad %s endpoint list '%s': empty or over-long item",
+                      kvf_proxy_role_name(role), list);
+            return KVF_ERR_INVALID_PARAM;
+        }
+        if (pool->count[role] == KVF_PROXY_MAX_INSTANCES) {
+            kvf_error("too many %s instances (at most %d)", kvf_proxy_role_name(role),
+                      KVF_PROXY_MAX_INSTANCES);
+            return KVF_ERR_INVALID_PARAM;
+        }
+        inst = &pool->inst[role][pool->count[role]];
+        inst->role = role;
+        inst->idx = pool->count[role]++;
+        memcpy(inst->url, p, n);
+        inst->url[n] = '\0';
+        memcpy(inst->info.url, inst->url, n + 1);
+        snprintf(inst->info.last_error, sizeof(inst->info.last_error), "no health reply yet");
+        p += n;
+        while ((*p == ' ') || (*p == ',')) {
+            p++;
+        }
+    }
+    return KVF_OK;
+}
+
+static kvf_status_t kvf_proxy_inst_open(struct kvf_proxy_pool *pool, kvf_proxy_instance_t *inst)
+{
+    char mon_url[96];
+    int one = 1, zero = 0, ivl = 100, ivl_max = 1000;
+
+    inst->sock = zmq_socket(pool->zctx, ZMQ_DEALER);
+    if (inst->sock == NULL) {
+        kvf_error("zmq_socket(DEALER) failed: %s", zmq_strerror(zmq_errno()));
+        return KVF_ERR_ZMQ;
+    }
+    zmq_setsockopt(inst->sock, ZMQ_LINGER, &zero, sizeof(zero));
+    zmq_setsockopt(inst->sock, ZMQ_IMMEDIATE, &one, sizeof(one));
+    zmq_setsockopt(inst->sock, ZMQ_RECONNECT_IVL, &ivl, sizeof(ivl));
+    zmq_setsockopt(inst->sock, ZMQ_RECONNECT_IVL_MAX, &ivl_max, sizeof(ivl_max));
+
+    snprintf(mon_url, sizeof(mon_url), "inproc://kvf-proxy-mon-%p-%d-%d", (void *)pool,
+             (int)inst->role, inst->idx);
+    if (zmq_socket_monitor(inst->sock, mon_url,
+                           ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) != 0) {
+        kvf_error("zmq_socket_monitor failed: %s", zmq_strerror(zmq_errno()));
+        return KVF_ERR_ZMQ;
+    }
+    inst->mon = zmq_socket(pool->zctx, ZMQ_PAIR);
+    if ((inst->mon == NULL) || (zmq_connect(inst->mon, mon_url) != 0)) {
+        kvf_error("monitor socket for %s failed: %s", inst->url, zmq_strerror(zmq_errno()));
+        return KVF_ERR_ZMQ;
+    }
+    zmq_setsockopt(inst->mon, ZMQ_LINGER, &zero, sizeof(zero));
+    if (zmq_connect(inst->sock, inst->url) != 0) {
+        kvf_error("bad %s endpoint '%s': %s", kvf_proxy_role_name(inst->role), inst->url,
+                  zmq_strerror(zmq_errno()));
+        return KVF_ERR_INVALID_PARAM;
+    }
+    return KVF_OK;
+}
+
+static void kvf_proxy_inst_close(kvf_proxy_instance_t *inst)
+{
+    if (inst->sock != NULL) {
+        zmq_socket_monitor(inst->sock, NULL, 0);
+        zmq_close(inst->sock);
+        inst->sock = NULL;
+    }
+    if (inst->mon != NULL) {
+        zmq_close(inst->mon);
+        inst->mon = NULL;
+    }
+}
+
+/* ---- mailboxes (pool->lock held) ---------------------------------------- */
+
+static struct kvf_proxy_call *kvf_proxy_call_find(struct kvf_proxy_pool *pool,
+                                                  kvf_proxy_role_t role, int idx,
+                                                  const char *request_id)
+{
+    for (struct kvf_proxy_call *c = pool->calls; c != NULL; c = c->next) {
+        if ((c->role == role) && (c->idx == idx) && (strcmp(c->request_id, request_id) == 0)) {
+            return c;
+        }
+    }
+    return NULL;
+}
+
+static void kvf_proxy_call_fail_locked(struct kvf_proxy_call *c, kvf_status_t status,
+                                       const char *msg)
+{
+    if (c->failed == KVF_OK) {
+        c->failed = status;
+        snprintf(c->fail_msg, sizeof(c->fail_msg), "%s", msg);
+    }
+    pthread_cond_broadcast(&c->cond);
+}
+
+static void kvf_proxy_inst_fail_calls_locked(struct kvf_proxy_pool *pool,
+                                             kvf_proxy_instance_t *inst, kvf_status_t status,
+                                             const char *msg)
+{
+    for (struct kvf_proxy_call *c = pool->calls; c != NULL; c = c->next) {
+        if ((c->role == inst->role) && (c->idx == inst->idx)) {
+            kvf_proxy_call_fail_locked(c, status, msg);
+        }
+    }
+}
+
+static void kvf_proxy_inst_unhealthy_locked(kvf_proxy_instance_t *inst, const char *why)
+{
+    if (inst->info.healthy) {
+        kvf_warn("%s instance %s is unhealthy: %s", kvf_proxy_role_name(inst->role), inst->url,
+                 why);
+    }
+    inst->info.healthy = false;
+    snprintf(inst->info.last_error, sizeof(inst->info.last_error), "%s", why);
+}
+
+/* ---- I/O thread ----------------------------------------------------------- */
+
+static void kvf_proxy_io_send(struct kvf_proxy_pool *pool, kvf_proxy_msg_t *m)
+{
+    kvf_proxy_instance_t *inst = &pool->inst[m->role][m->idx];
+    char why[384];
+
+    if (zmq_send(inst->sock, m->data, m->len, ZMQ_DONTWAIT) >= 0) {
+        return;
+    }
+    snprintf(why, sizeof(why), "%s instance %s is not connected (%s)",
+             kvf_proxy_role_name(m->role), inst->url, zmq_strerror(zmq_errno()));
+    pthread_mutex_lock(&pool->lock);
+    {
+        struct kvf_proxy_call *c = kvf_proxy_call_find(pool, m->role, m->idx, m->request_id);
+        if (c != NULL) {
+            kvf_proxy_call_fail_locked(c, KVF_ERR_PEER_UNREACHABLE, why);
+        } else {
+            kvf_debug("dropped message for %s: %s", inst->url, why);
+        }
+    }
+    pthread_mutex_unlock(&pool->lock);
+}
+
+static void kvf_proxy_io_drain_sendq(struct kvf_proxy_pool *pool)
+{
+    kvf_proxy_msg_t *m;
+    uint64_t v;
+
+    if (read(pool->efd, &v, sizeof(v)) < 0) {
+        (void)0; /* EAGAIN: nothing pending; the queue is checked anyway */
+    }
+    for (;;) {
+        pthread_mutex_lock(&pool->lock);
+        m = pool->sendq_head;
+        if (m != NULL) {
+            pool->sendq_head = m->next;
+            if (pool->sendq_head == NULL) {
+                pool->sendq_tail = NULL;
+            }
+        }
+        pthread_mutex_unlock(&pool->lock);
+        if (m == NULL) {
+            return;
+        }
+        kvf_proxy_io_send(pool, m);
+        free(m);
+    }
+}
+
+static void kvf_proxy_io_health_reply(struct kvf_proxy_pool *pool, kvf_proxy_instance_t *inst,
+                                      const Kvf__ServeReply *r)
+{
+    const Kvf__HealthReply *h = r->health;
+    kvf_proxy_instance_info_t *info = &inst->info;
+    const char *want = kvf_proxy_role_name(inst->role);
+    char why[256];
+
+    pthread_mutex_lock(&pool->lock);
+    inst->probe_sent_ms = 0;
+    if ((r->has_status && (r->status != 0)) || (h == NULL)) {
+        snprintf(why, sizeof(why), "health check failed: %s",
+                 (r->error != NULL) ? r->error : "reply without health");
+        info->probes_failed++;
+        kvf_proxy_inst_unhealthy_locked(inst, why);
+        goto out;
+    }
+    info->answered = true;
+    snprintf(info->engine_id, sizeof(info->engine_id), "%s", h->engine_id ? h->engine_id : "");
+    snprintf(info->reported_role, sizeof(info->reported_role), "%s", h->role ? h->role : "");
+    info->tp_size = h->tp_size;
+    info->free_pages = h->free_pages;
+    info->total_pages = h->total_pages;
+    info->running = h->running;
+    info->block_size = h->block_size;
+    info->leases = h->leases;
+    info->handshake_refusals = h->handshake_refusals;
+    info->peer_errors = h->peer_errors;
+    inst->last_ok_ms = kvf_proxy_now_ms();
+    if (strcmp(info->reported_role, want) != 0) {
+        snprintf(why, sizeof(why), "instance reports role '%s' but is listed as %s",
+                 info->reported_role, want);
+        kvf_proxy_inst_unhealthy_locked(inst, why);
+        goto out;
+    }
+    if (!info->healthy) {
+        kvf_info("%s instance %s (engine %s, tp %u) is healthy", want, inst->url, info->engine_id,
+                 info->tp_size);
+    }
+    info->connected = true;   /* a reply proves it, even before the monitor event */
+    info->healthy = true;
+    info->last_error[0] = '\0';
+out:
+    pthread_mutex_unlock(&pool->lock);
+}
+
+static void kvf_proxy_io_recv(struct kvf_proxy_pool *pool, kvf_proxy_instance_t *inst)
+{
+    for (;;) {
+        zmq_msg_t frame, last;
+        Kvf__ServeReply *r;
+        int more = 1, got = 0;
+
+        zmq_msg_init(&last);
+        /* DEALER side: one frame per reply; tolerate an empty delimiter before it. */
+        while (more) {
+            zmq_msg_init(&frame);
+            if (zmq_msg_recv(&frame, inst->sock, ZMQ_DONTWAIT) < 0) {
+                zmq_msg_close(&frame);
+                break;
+            }
+            got = 1;
+            more = zmq_msg_more(&frame);
+            zmq_msg_close(&last);
+            zmq_msg_init(&last);
+            zmq_msg_move(&last, &frame);
+            zmq_msg_close(&frame);
+        }
+        if (!got) {
+            zmq_msg_close(&last);
+            return;
+        }
+        r = kvf__serve_reply__unpack(NULL, zmq_msg_size(&last), zmq_msg_data(&last));
+        zmq_msg_close(&last);
+        if (r == NULL) {
+            kvf_warn("malformed reply from %s instance %s dropped", kvf_proxy_role_name(inst->role),
+                     inst->url);
+            continue;
+        }
+        if ((r->request_id != NULL) && (strcmp(r->request_id, KVF_PROXY_HEALTH_ID) == 0)) {
+            kvf_proxy_io_health_reply(pool, inst, r);
+            kvf__serve_reply__free_unpacked(r, NULL);
+            continue;
+        }
+        pthread_mutex_lock(&pool->lock);
+        {
+            struct kvf_proxy_call *c = kvf_proxy_call_find(pool, inst->role, inst->idx,
+                                                           r->request_id ? r->request_id : "");
+            kvf_proxy_reply_node_t *n = (c != NULL) ? calloc(1, sizeof(*n)) : NULL;
+            if (n != NULL) {
+                n->reply = r;
+                if (c->tail != NULL) {
+                    c->tail->next = n;
+                } else {
+                    c->head = n;
+                }
+                c->tail = n;
+                pthread_cond_broadcast(&c->cond);
+                r = NULL;
+            }
+        }
+        pthread_mutex_unlock(&pool->lock);
+        if (r != NULL) {
+            kvf_debug("reply for unknown request '%s' from %s dropped",
+                      r->request_id ? r->request_id : "", inst->url);
+            kvf__serve_reply__free_unpacked(r, NULL);
+        }
+    }
+}
+
+static void kvf_proxy_io_monitor(struct kvf_proxy_pool *pool, kvf_proxy_instance_t *inst)
+{
+    for (;;) {
+        zmq_msg_t frame;
+        uint16_t event = 0;
+        int more = 1, got = 0;
+
+        while (more) {
+            zmq_msg_init(&frame);
+            if (zmq_msg_recv(&frame, inst->mon, ZMQ_DONTWAIT) < 0) {
+                zmq_msg_close(&frame);
+                break;
+            }
+            if ((got == 0) && (zmq_msg_size(&frame) >= 6)) {
+                memcpy(&event, zmq_msg_data(&frame), sizeof(event));
+            }
+            got++;
+            more = zmq_msg_more(&frame);
+            zmq_msg_close(&frame);
+        }
+        if (got == 0) {
+            return;
+        }
+        pthread_mutex_lock(&pool->lock);
+        if (event == ZMQ_EVENT_CONNECTED) {
+            kvf_debug("connected to %s instance %s", kvf_proxy_role_name(inst->role), inst->url);
+            inst->info.connected = true;
+        } else if (event == ZMQ_EVENT_DISCONNECTED) {
+            char why[384];
+
+            snprintf(why, sizeof(why), "%s instance %s closed the connection",
+                     kvf_proxy_role_name(inst->role), inst->url);
+            inst->info.connected = false;
+            inst->probe_sent_ms = 0;
+            kvf_proxy_inst_unhealthy_locked(inst, "connection lost");
+            kvf_proxy_inst_fail_calls_locked(pool, inst, KVF_ERR_PEER_RESET, why);
+        }
+        pthread_mutex_unlock(&pool->lock);
+    }
+}
+
+/* Probe every instance whose previous probe was answered or timed out. */
+static void kvf_proxy_io_probe(struct kvf_proxy_pool *pool, int64_t now)
+{
+    static const Kvf__HealthRequest health = KVF__HEALTH_REQUEST__INIT;
+    Kvf__ServeRequest req = KVF__SERVE_REQUEST__INIT;
+    uint8_t buf[16];
+    size_t len;
+
+    req.body_case = KVF__SERVE_REQUEST__BODY_HEALTH;
+    req.health = (Kvf__HealthRequest *)&health;
+    len = kvf__serve_request__pack(&req, buf);
+
+    for (int role = 0; role < KVF_PROXY_ROLE_COUNT; ++role) {
+        for (int i = 0; i < pool->count[role]; ++i) {
+            kvf_proxy_instance_t *inst = &pool->inst[role][i];
+            bool send;
+
+            pthread_mutex_lock(&pool->lock);
+            send = (inst->probe_sent_ms == 0);
+            if (send) {
+                inst->probe_sent_ms = now;
+            }
+            pthread_mutex_unlock(&pool->lock);
+            if (send && (zmq_send(inst->sock, buf, len, ZMQ_DONTWAIT) < 0)) {
+                pthread_mutex_lock(&pool->lock);
+                inst->probe_sent_ms = 0;
+                if (inst->info.answered) {   /* start-up connects are not failures */
+                    inst->info.probes_failed++;
+                }
+                kvf_proxy_inst_unhealthy_locked(inst, inst->info.connected ?
+                                                "health probe could not be sent" :
+                                                "not connected");
+                pthread_mutex_unlock(&pool->lock);
+            }
+        }
+    }
+}
+
+static void kvf_proxy_io_check_timeouts(struct kvf_proxy_pool *pool, int64_t now)
+{
+    pthread_mutex_lock(&pool->lock);
+    for (int role = 0; role < KVF_PROXY_ROLE_COUNT; ++role) {
+        for (int i = 0; i < pool->count[role]; ++i) {
+            kvf_proxy_instance_t *inst = &pool->inst[role][i];
+            char why[128];
+
+            if ((inst->probe_sent_ms != 0) && (now - inst->probe_sent_ms > pool->timeout_ms)) {
+                snprintf(why, sizeof(why), "health check unanswered for %lld ms",
+                         (long long)(now - inst->probe_sent_ms));
+                inst->probe_sent_ms = 0;     /* a late reply still counts */
+                inst->info.probes_failed++;
+                kvf_proxy_inst_unhealthy_locked(inst, why);
+            }
+        }
+    }
+    pthread_mutex_unlock(&pool->lock);
+}
+
+static void *kvf_proxy_io_main(void *arg)
+{
+    struct kvf_proxy_pool *pool = arg;
+    int n = pool->count[0] + pool->count[1];
+    zmq_pollitem_t *items = calloc((size_t)(1 + 2 * n), sizeof(*items));
+    kvf_proxy_instance_t **owner = calloc((size_t)(1 + 2 * n), sizeof(*owner));
+    int64_t next_probe = 0;
+    int k = 1;
+
+    if ((items == NULL) || (owner == NULL)) {
+        kvf_error("proxy i/o thread: out of memory");
+        free(items);
+        free(owner);
+        return NULL;
+    }
+    items[0].fd = pool->efd;
+    items[0].events = ZMQ_POLLIN;
+    for (int role = 0; role < KVF_PROXY_ROLE_COUNT; ++role) {
+        for (int i = 0; i < pool->count[role]; ++i) {
+            owner[k] = &pool->inst[role][i];
+            items[k].socket = owner[k]->sock;
+            items[k++].events = ZMQ_POLLIN;
+            owner[k] = &pool->inst[role][i];
+            items[k].socket = owner[k]->mon;
+            items[k++].events = ZMQ_POLLIN;
+        }
+    }
+
+    while (!atomic_load(&pool->stop)) {
+        int64_t now = kvf_proxy_now_ms();
+        long wait = (long)((next_probe > now) ? (next_probe - now) : 0);
+
+        if (wait > 100) {
+            wait = 100;   /* probe timeouts are checked at least this often */
+        }
+        if (zmq_poll(items, k, wait) < 0) {
+            if (zmq_errno() == EINTR) {
+                continue;
+            }
+            kvf_error("zmq_poll failed: %s", zmq_strerror(zmq_errno()));
+            break;
+        }
+        if (items[0].revents & ZMQ_POLLIN) {
+            kvf_proxy_io_drain_sendq(pool);
+        }
+        for (int j = 1; j < k; ++j) {
+            if (!(items[j].revents & ZMQ_POLLIN)) {
+                continue;
+            }
+            if (items[j].socket == owner[j]->sock) {
+                kvf_proxy_io_recv(pool, owner[j]);
+            } else {
+                kvf_proxy_io_monitor(pool, owner[j]);
+            }
+        }
+        now = kvf_proxy_now_ms();
+        kvf_proxy_io_check_timeouts(pool, now);
+        if (now >= next_probe) {
+            kvf_proxy_io_probe(pool, now);
+            next_probe = now + pool->interval_ms;
+        }
+    }
+    free(items);
+    free(owner);
+    return NULL;
+}
+
+/* ---- public API ------------------------------------------------------------ */
+
+kvf_status_t kvf_proxy_pool_create(const kvf_proxy_pool_params_t *params,
+                                   kvf_proxy_pool_h *pool_p)
+{
+    struct kvf_proxy_pool *pool;
+    kvf_status_t status;
+
+    if ((params->health_interval_ms <= 0) || (params->health_timeout_ms <= 0)) {
+        kvf_error("health interval and timeout must be positive");
+        return KVF_ERR_INVALID_PARAM;
+    }
+    pool = calloc(1, sizeof(*pool));
+    if (pool == NULL) {
+        return KVF_ERR_NO_MEMORY;
+    }
+    pthread_mutex_init(&pool->lock, NULL);
+    pool->efd = -1;
+    pool->interval_ms = params->health_interval_ms;
+    pool->timeout_ms = params->health_timeout_ms;
+    atomic_init(&pool->stop, false);
+
+    status = kvf_proxy_pool_add_list(pool, KVF_PROXY_ROLE_PREFILL, params->prefill_urls);
+    if (status == KVF_OK) {
+        status = kvf_proxy_pool_add_list(pool, KVF_PROXY_ROLE_DECODE, params->decode_urls);
+    }
+    if (status != KVF_OK) {
+        goto err_free;
+    }
+    pool->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (pool->efd < 0) {
+        kvf_error("eventfd failed: %m");
+        status = KVF_ERR_IO;
+        goto err_free;
+    }
+    pool->zctx = zmq_ctx_new();
+    if (pool->zctx == NULL) {
+        kvf_error("zmq_ctx_new failed: %s", zmq_strerror(zmq_errno()));
+        status = KVF_ERR_ZMQ;
+        goto err_close_efd;
+    }
+    for (int role = 0; role < KVF_PROXY_ROLE_COUNT; ++role) {
+        for (int i = 0; i < pool->count[role]; ++i) {
+            status = kvf_proxy_inst_open(pool, &pool->inst[role][i]);
+            if (status != KVF_OK) {
+                goto err_close_socks;
+            }
+        }
+    }
+    if (pthread_create(&pool->thread, NULL, kvf_proxy_io_main, pool) != 0) {
+        kvf_error("failed to start the proxy i/o thread");
+        status = KVF_ERR_NO_RESOURCE;
+        goto err_close_socks;
+    }
+    pool->thread_started = true;
+    *pool_p = pool;
+    return KVF_OK;
+
+err_close_socks:
+    for (int role = 0; role < KVF_PROXY_ROLE_COUNT; ++role) {
+        for (int i = 0; i < pool->count[role]; ++i) {
+            kvf_proxy_inst_close(&pool->inst[role][i]);
+        }
+    }
+    zmq_ctx_term(pool->zctx);
+err_close_efd:
+    close(pool->efd);
+err_free:
+    pthread_mutex_destroy(&pool->lock);
+    free(pool);
+    return status;
+}
+
+void kvf_proxy_pool_destroy(kvf_proxy_pool_h pool)
+{
+    uint64_t one = 1;
+
+    if (pool == NULL) {
+        return;
+    }
+    atomic_store(&pool->stop, true);
+    if (write(pool->efd, &one, sizeof(one)) < 0) {
+        kvf_debug("eventfd write failed: %m");
+    }
+    if (pool->thread_started) {
+        pthread_join(pool->thread, NULL);
+    }
+    pthread_mutex_lock(&pool->lock);
+    for (struct kvf_proxy_call *c = pool->calls; c != NULL; c = c->next) {
+        kvf_proxy_call_fail_locked(c, KVF_ERR_CANCELED, "proxy is shutting down");
+    }
+    while (pool->sendq_head != NULL) {
+        kvf_proxy_msg_t *m = pool->sendq_head;
+        pool->sendq_head = m->next;
+        free(m);
+    }
+    pthread_mutex_unlock(&pool->lock);
+    for (int role = 0; role < KVF_PROXY_ROLE_COUNT; ++role) {
+        for (int i = 0; i < pool->count[role]; ++i) {
+            kvf_proxy_inst_close(&pool->inst[role][i]);
+        }
+    }
+    zmq_ctx_term(pool->zctx);
+    close(pool->efd);
+    /* Calls still registered belong to threads that will end them; the MHD
+     * daemon is stopped before the pool, so there are none in practice. */
+    if (pool->calls == NULL) {
+        pthread_mutex_destroy(&pool->lock);
+        free(pool);
+    }
+}
+
+int kvf_proxy_pool_count(kvf_proxy_pool_h pool, kvf_proxy_role_t role)
+{
+    return pool->count[role];
+}
+
+const char *kvf_proxy_pool_url(kvf_proxy_pool_h pool, kvf_proxy_role_t role, int idx)
+{
+    return pool->inst[role][idx].url;
+}
+
+kvf_status_t kvf_proxy_pool_pick(kvf_proxy_pool_h pool, kvf_proxy_role_t role, int *idx_p)
+{
+    kvf_status_t status = KVF_ERR_NO_RESOURCE;
+    int n = pool->count[role];
+
+    pthread_mutex_lock(&pool->lock);
+    for (int k = 0; k < n; ++k) {
+        int i = (int)((pool->rr[role] + (unsigned)k) % (unsigned)n);
+        if (pool->inst[role][i].info.healthy) {
+            pool->rr[role] = (unsigned)i + 1;
+            *idx_p = i;
+            status = KVF_OK;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&pool->lock);
+    return status;
+}
+
+void kvf_proxy_pool_info(kvf_proxy_pool_h pool, kvf_proxy_role_t role, int idx,
+                         kvf_proxy_instance_info_t *info_p)
+{
+    kvf_proxy_instance_t *inst = &pool->inst[role][idx];
+
+    pthread_mutex_lock(&pool->lock);
+    *info_p = inst->info;
+    info_p->last_ok_age_ms = (inst->last_ok_ms != 0) ? kvf_proxy_now_ms() - inst->last_ok_ms : -1;
+    pthread_mutex_unlock(&pool->lock);
+}
+
+bool kvf_proxy_pool_ready(kvf_proxy_pool_h pool)
+{
+    bool ok[KVF_PROXY_ROLE_COUNT] = {false, false};
+
+    pthread_mutex_lock(&pool->lock);
+    for (int role = 0; role < KVF_PROXY_ROLE_COUNT; ++role) {
+        for (int i = 0; i < pool->count[role]; ++i) {
+            ok[role] = ok[role] || pool->inst[role][i].info.healthy;
+        }
+    }
+    pthread_mutex_unlock(&pool->lock);
+    return ok[0] && ok[1];
+}
+
+cJSON *kvf_proxy_pool_health_json(kvf_proxy_pool_h pool)
+{
+    cJSON *root = cJSON_CreateObject();
+
+    if (root == NULL) {
+        return NULL;
+    }
+    cJSON_AddStringToObject(root, "status", kvf_proxy_pool_ready(pool) ? "ok" : "unavailable");
+    for (int role = 0; role < KVF_PROXY_ROLE_COUNT; ++role) {
+        cJSON *arr = cJSON_AddArrayToObject(root, kvf_proxy_role_name((kvf_proxy_role_t)role));
+        for (int i = 0; (arr != NULL) && (i < pool->count[role]); ++i) {
+            kvf_proxy_instance_info_t info;
+            cJSON *o = cJSON_CreateObject();
+
+            if (o == NULL) {
+                break;
+            }
+            kvf_proxy_pool_info(pool, (kvf_proxy_role_t)role, i, &info);
+            cJSON_AddStringToObject(o, "url", info.url);
+            cJSON_AddBoolToObject(o, "healthy", info.healthy);
+            cJSON_AddBoolToObject(o, "connected", info.connected);
+            cJSON_AddStringToObject(o, "engine_id", info.engine_id);
+            cJSON_AddNumberToObject(o, "tp_size", info.tp_size);
+            /* The live gauges are only current while the instance answers:
+             * after a crash or disconnect the last values would read as
+             * current (a "free == total" leak check would misfire), so they
+             * are null until it is healthy again. */
+            if (info.healthy && info.connected) {
+                cJSON_AddNumberToObject(o, "free_pages", (double)info.free_pages);
+                cJSON_AddNumberToObject(o, "running", info.running);
+                cJSON_AddNumberToObject(o, "leases", (double)info.leases);
+            } else {
+                cJSON_AddNullToObject(o, "free_pages");
+                cJSON_AddNullToObject(o, "running");
+                cJSON_AddNullToObject(o, "leases");
+            }
+            cJSON_AddNumberToObject(o, "total_pages", (double)info.total_pages);
+            cJSON_AddNumberToObject(o, "block_size", info.block_size);
+            cJSON_AddNumberToObject(o, "handshake_refusals", (double)info.handshake_refusals);
+            cJSON_AddNumberToObject(o, "peer_errors", (double)info.peer_errors);
+            cJSON_AddNumberToObject(o, "last_ok_age_ms", (double)info.last_ok_age_ms);
+            cJSON_AddNumberToObject(o, "probes_failed", (double)info.probes_failed);
+            if (info.last_error[0] != '\0') {
+                cJSON_AddStringToObject(o, "error", info.last_error);
+            }
+            cJSON_AddItemToArray(arr, o);
+        }
+    }
+    return root;
+}
+
+/* A Prometheus label value: backslash, double quote and newline escaped. */
+static void kvf_proxy_label(FILE *out, const char *v)
+{
+    for (; *v != '\0'; ++v) {
+        if ((*v == '\\') || (*v == '"')) {
+            fputc('\\', out);
+            fputc(*v, out);
+        } else if (*v == '\n') {
+            fputs("\\n", out);
+        } else {
+            fputc(*v, out);
+        }
+    }
+}
+
+void kvf_proxy_pool_render_metrics(kvf_proxy_pool_h pool, FILE *out)
+{
+    static const struct {
+        const char *name;
+        const char *type;
+        const char *help;
+        bool        live;   /* only shown while the instance is healthy and connected */
+    } g[] = {
+        {"kvf_instance_healthy", "gauge", "1 when the instance answers health checks.", false},
+        {"kvf_instance_free_pages", "gauge",
+         "Free cache pages, summed over ranks (absent while unhealthy).", true},
+        {"kvf_instance_total_pages", "gauge", "Cache pages, summed over ranks.", false},
+        {"kvf_instance_running_requests", "gauge",
+         "Requests holding blocks (absent while unhealthy).", true},
+        {"kvf_instance_leases", "gauge",
+         "Prefill: requests held for decode (absent while unhealthy).", true},
+        {"kvf_instance_handshake_refusals_total", "counter",
+         "Handshakes the instance refused or had refused.", false},
+        {"kvf_instance_peer_errors_total", "counter", "Peer errors the instance saw.", false},
+        {"kvf_instance_health_check_failures_total", "counter",
+         "Health probes unanswered or failed.", false},
+    };
+    int n = pool->count[0] + pool->count[1];
+    kvf_proxy_instance_info_t *infos = calloc((size_t)(n > 0 ? n : 1), sizeof(*infos));
+    int k = 0;
+
+    if (infos == NULL) {
+        return;
+    }
+    for (int role = 0; role < KVF_PROXY_ROLE_COUNT; ++role) {
+        for (int i = 0; i < pool->count[role]; ++i) {
+            kvf_proxy_pool_info(pool, (kvf_proxy_role_t)role, i, &infos[k++]);
+        }
+    }
+    for (size_t m = 0; m < sizeof(g) / sizeof(g[0]); ++m) {
+        fprintf(out, "# HELP %s %s\n# TYPE %s %s\n", g[m].name, g[m].help, g[m].name, g[m].type);
+        k = 0;
+        for (int role = 0; role < KVF_PROXY_ROLE_COUNT; ++role) {
+            for (int i = 0; i < pool->count[role]; ++i, ++k) {
+                const kvf_proxy_instance_info_t *f = &infos[k];
+                uint64_t v[] = {f->healthy, f->free_pages, f->total_pages, f->running, f->leases,
+                                f->handshake_refusals, f->peer_errors, f->probes_failed};
+                /* Live gauges of an instance that does not answer would be
+                 * stale: left out until it is healthy again. */
+                if (g[m].live && !(f->healthy && f->connected)) {
+                    continue;
+                }
+                fprintf(out, "%s{instance=\"", g[m].name);
+                kvf_proxy_label(out, f->url);
+                fprintf(out, "\",role=\"%s\",engine_id=\"",
+                        kvf_proxy_role_name((kvf_proxy_role_t)role));
+                kvf_proxy_label(out, f->engine_id);
+                fprintf(out, "\"} %llu\n", (unsigned long long)v[m]);
+            }
+        }
+    }
+    free(infos);
+}
+
+static kvf_status_t kvf_proxy_enqueue(struct kvf_proxy_pool *pool, kvf_proxy_role_t role, int idx,
+                                      const char *request_id, const Kvf__ServeRequest *req)
+{
+    size_t len = kvf__serve_request__get_packed_size(req);
+    kvf_proxy_msg_t *m = malloc(sizeof(*m) + len);
+    uint64_t one = 1;
+
+    if (m == NULL) {
+        return KVF_ERR_NO_MEMORY;
+    }
+    m->next = NULL;
+    m->role = role;
+    m->idx = idx;
+    snprintf(m->request_id, sizeof(m->request_id), "%s", request_id);
+    m->len = kvf__serve_request__pack(req, m->data);
+    pthread_mutex_lock(&pool->lock);
+    if (pool->sendq_tail != NULL) {
+        pool->sendq_tail->next = m;
+    } else {
+        pool->sendq_head = m;
+    }
+    pool->sendq_tail = m;
+    pthread_mutex_unlock(&pool->lock);
+    if (write(pool->efd, &one, sizeof(one)) < 0) {
+        kvf_debug("eventfd write failed: %m");   /* counter saturated: a wakeup is pending */
+    }
+    return KVF_OK;
+}
+
+kvf_status_t kvf_proxy_call_start(kvf_proxy_pool_h pool, kvf_proxy_role_t role, int idx,
+                                  const char *request_id, const Kvf__ServeRequest *req,
+                                  kvf_proxy_call_h *call_p)
+{
+    struct kvf_proxy_call *c;
+    pthread_condattr_t attr;
+    kvf_status_t status;
+
+    if ((idx < 0) || (idx >= pool->count[role]) || (strlen(request_id) >= sizeof(c->request_id))) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    c = calloc(1, sizeof(*c));
+    if (c == NULL) {
+        return KVF_ERR_NO_MEMORY;
+    }
+    c->pool = pool;
+    c->role = role;
+    c->idx = idx;
+    snprintf(c->request_id, sizeof(c->request_id), "%s", request_id);
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&c->cond, &attr);
+    pthread_condattr_destroy(&attr);
+
+    /* Register before sending, so an instant reply finds its mailbox. */
+    pthread_mutex_lock(&pool->lock);
+    c->next = pool->calls;
+    pool->calls = c;
+    pthread_mutex_unlock(&pool->lock);
+
+    status = kvf_proxy_enqueue(pool, role, idx, request_id, req);
+    if (status != KVF_OK) {
+        kvf_proxy_call_end(c);
+        return status;
+    }
+    *call_p = c;
+    return KVF_OK;
+}
+
+kvf_status_t kvf_proxy_call_next(kvf_proxy_call_h call, int64_t timeout_ms,
+                                 Kvf__ServeReply **reply_p, char *msg, size_t msg_cap)
+{
+    struct kvf_proxy_pool *pool = call->pool;
+    kvf_status_t status = KVF_OK;
+    struct timespec deadline;
+    int rc = 0;
+
+    clock_gettime(CLOCK_MONOTONIC, &deadline);
+    if (timeout_ms < 0) {
+        timeout_ms = 0;
+    }
+    deadline.tv_sec += (time_t)(timeout_ms / 1000);
+    deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (deadline.tv_nsec >= 1000000000L) {
+        deadline.tv_sec++;
+        deadline.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&pool->lock);
+    while ((call->head == NULL) && (call->failed == KVF_OK) && (rc != ETIMEDOUT)) {
+        rc = pthread_cond_timedwait(&call->cond, &pool->lock, &deadline);
+    }
+    if (call->head != NULL) {
+        kvf_proxy_reply_node_t *n = call->head;
+        call->head = n->next;
+        if (call->head == NULL) {
+            call->tail = NULL;
+        }
+        *reply_p = n->reply;
+        free(n);
+    } else if (call->failed != KVF_OK) {
+        status = call->failed;
+        if (msg != NULL) {
+            snprintf(msg, msg_cap, "%s", call->fail_msg);
+        }
+    } else {
+        status = KVF_ERR_PEER_TIMEOUT;
+        if (msg != NULL) {
+            snprintf(msg, msg_cap, "%s instance %s did not answer within %lld ms",
+                     kvf_proxy_role_name(call->role), pool->inst[call->role][call->idx].url,
+                     (long long)timeout_ms);
+        }
+    }
+    pthread_mutex_unlock(&pool->lock);
+    return status;
+}
+
+void kvf_proxy_call_end(kvf_proxy_call_h call)
+{
+    struct kvf_proxy_pool *pool;
+    kvf_proxy_reply_node_t *n;
+
+    if (call == NULL) {
+        return;
+    }
+    pool = call->pool;
+    pthread_mutex_lock(&pool->lock);
+    for (struct kvf_proxy_call **pp = &pool->calls; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == call) {
+            *pp = call->next;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&pool->lock);
+    while ((n = call->head) != NULL) {
+        call->head = n->next;
+        kvf__serve_reply__free_unpacked(n->reply, NULL);
+        free(n);
+    }
+    pthread_cond_destroy(&call->cond);
+    free(call);
+}
+
+kvf_status_t kvf_proxy_pool_send(kvf_proxy_pool_h pool, kvf_proxy_role_t role, int idx,
+                                 const Kvf__ServeRequest *req)
+{
+    if ((idx < 0) || (idx >= pool->count[role])) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    return kvf_proxy_enqueue(pool, role, idx, "", req);
+}

@@ -1,0 +1,149 @@
+/*
+ * kvf-proxy instance pool: the prefill and decode instances the proxy
+ * serves from, their health, round-robin choice, and request/reply calls.
+ *
+ * One I/O thread owns every ZeroMQ socket: one DEALER per instance
+ * (connected to the daemon's ROUTER) plus a socket monitor per DEALER. Other
+ * threads never touch a socket; they queue serialized ServeRequests and wait
+ * on a per-call mailbox the I/O thread fills with the ServeReplies that
+ * carry the call's request_id from that instance.
+ *
+ * Health: the I/O thread sends a HealthRequest to every instance each
+ * health interval. An instance is healthy while it is connected, its last
+ * probe was answered within the health timeout, and it reports the role it
+ * was listed under. A lost connection marks the instance unhealthy at once
+ * and fails every call in flight on it (KVF_ERR_PEER_RESET).
+ */
+#ifndef KVF_PROXY_POOL_H
+#define KVF_PROXY_POOL_H
+
+#include "kvf_status.h"
+#include "kvf_serve.pb-c.h"
+
+#include <cjson/cJSON.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+typedef enum {
+    KVF_PROXY_ROLE_PREFILL = 0,
+    KVF_PROXY_ROLE_DECODE  = 1,
+    KVF_PROXY_ROLE_COUNT
+} kvf_proxy_role_t;
+
+#define KVF_PROXY_MAX_INSTANCES 64
+#define KVF_PROXY_URL_MAX 256
+
+typedef struct kvf_proxy_pool *kvf_proxy_pool_h;
+typedef struct kvf_proxy_call *kvf_proxy_call_h;
+
+typedef struct kvf_proxy_pool_params {
+    const char *prefill_urls;        /* comma list of ZeroMQ endpoints; may be empty */
+    const char *decode_urls;         /* comma list; may be empty */
+    int64_t     health_interval_ms;  /* probe period; > 0 */
+    int64_t     health_timeout_ms;   /* a probe unanswered this long marks the instance unhealthy */
+} kvf_proxy_pool_params_t;
+
+/** What the last health reply of one instance said, and what the proxy thinks of it. */
+typedef struct kvf_proxy_instance_info {
+    char     url[KVF_PROXY_URL_MAX];
+    bool     connected;
+    bool     healthy;
+    bool     answered;               /* at least one health reply so far */
+    char     engine_id[64];
+    char     reported_role[16];
+    uint32_t tp_size;
+    uint64_t free_pages;
+    uint64_t total_pages;
+    uint32_t running;
+    uint32_t block_size;
+    uint64_t leases;
+    uint64_t handshake_refusals;
+    uint64_t peer_errors;
+    int64_t  last_ok_age_ms;         /* since the last answered probe; -1: never */
+    uint64_t probes_failed;
+    char     last_error[256];        /* why it is unhealthy; "" when healthy */
+} kvf_proxy_instance_info_t;
+
+/**
+ * Parse the endpoint lists, create the sockets and start the I/O thread.
+ * Every instance starts unhealthy until it answers a probe.
+ *
+ * @return KVF_OK; KVF_ERR_INVALID_PARAM for a malformed list (empty item,
+ *         more than KVF_PROXY_MAX_INSTANCES, an endpoint ZeroMQ rejects);
+ *         KVF_ERR_ZMQ or KVF_ERR_NO_MEMORY. Nothing is left running on error.
+ */
+kvf_status_t kvf_proxy_pool_create(const kvf_proxy_pool_params_t *params,
+                                   kvf_proxy_pool_h *pool_p);
+
+/** Stop the I/O thread, fail calls still registered, close the sockets. NULL: no-op. */
+void kvf_proxy_pool_destroy(kvf_proxy_pool_h pool);
+
+/** Number of instances of @a role listed. */
+int kvf_proxy_pool_count(kvf_proxy_pool_h pool, kvf_proxy_role_t role);
+
+/**
+ * Pick the next healthy instance of @a role, round robin.
+ * @return KVF_OK with *idx_p set; KVF_ERR_NO_RESOURCE when none is healthy.
+ */
+kvf_status_t kvf_proxy_pool_pick(kvf_proxy_pool_h pool, kvf_proxy_role_t role, int *idx_p);
+
+/** Endpoint of instance @a idx of @a role (stable for the pool's lifetime). */
+const char *kvf_proxy_pool_url(kvf_proxy_pool_h pool, kvf_proxy_role_t role, int idx);
+
+/** Snapshot of one instance's state. */
+void kvf_proxy_pool_info(kvf_proxy_pool_h pool, kvf_proxy_role_t role, int idx,
+                         kvf_proxy_instance_info_t *info_p);
+
+/** True when at least one prefill and one decode instance are healthy. */
+bool kvf_proxy_pool_ready(kvf_proxy_pool_h pool);
+
+/** JSON object {"status", "prefill": [...], "decode": [...]}; caller frees with cJSON_Delete. */
+cJSON *kvf_proxy_pool_health_json(kvf_proxy_pool_h pool);
+
+/** Per-instance gauges in Prometheus text format (label instance="<url>", role). */
+void kvf_proxy_pool_render_metrics(kvf_proxy_pool_h pool, FILE *out);
+
+/**
+ * Register a mailbox for the replies to @a request_id from instance @a idx
+ * of @a role, then queue @a req for that instance. Replies that arrive
+ * before the caller waits are kept.
+ *
+ * @param [in]  request_id  Copied; at most 127 bytes.
+ * @param [in]  req         Serialized here; the caller keeps ownership.
+ * @param [out] call_p      End it with kvf_proxy_call_end().
+ *
+ * @return KVF_OK; KVF_ERR_INVALID_PARAM; KVF_ERR_NO_MEMORY. A send that
+ *         fails later (no connection) is reported by kvf_proxy_call_next().
+ */
+kvf_status_t kvf_proxy_call_start(kvf_proxy_pool_h pool, kvf_proxy_role_t role, int idx,
+                                  const char *request_id, const Kvf__ServeRequest *req,
+                                  kvf_proxy_call_h *call_p);
+
+/**
+ * Wait up to @a timeout_ms for the next reply of @a call.
+ *
+ * @param [out] reply_p  Owned by the caller: kvf__serve_reply__free_unpacked(r, NULL).
+ * @return KVF_OK; KVF_ERR_PEER_TIMEOUT when nothing came in time (the call
+ *         stays usable); KVF_ERR_PEER_RESET when the instance's connection
+ *         was lost; KVF_ERR_PEER_UNREACHABLE when the request could not be
+ *         sent (not connected). @a msg (capacity @a msg_cap, may be NULL)
+ *         then says what happened, naming the instance.
+ */
+kvf_status_t kvf_proxy_call_next(kvf_proxy_call_h call, int64_t timeout_ms,
+                                 Kvf__ServeReply **reply_p, char *msg, size_t msg_cap);
+
+/** Unregister @a call and free replies it did not read. NULL: no-op. */
+void kvf_proxy_call_end(kvf_proxy_call_h call);
+
+/**
+ * Queue @a req for instance @a idx of @a role without waiting for a reply
+ * (AbortRequest). Best effort: a failed send is logged.
+ */
+kvf_status_t kvf_proxy_pool_send(kvf_proxy_pool_h pool, kvf_proxy_role_t role, int idx,
+                                 const Kvf__ServeRequest *req);
+
+/** "prefill" or "decode". */
+const char *kvf_proxy_role_name(kvf_proxy_role_t role);
+
+#endif

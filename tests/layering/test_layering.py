@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""The layering check passes on this tree and fails, naming file and line, on
+planted upward and sideways includes in a copy of it."""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+CHECK = [sys.executable, os.path.join(HERE, "check_includes.py")]
+LAYER_DIRS = ["kernels", "common", "proto", "transfer", "prefill", "decode", "deploy"]
+
+
+def run(root):
+    p = subprocess.run(CHECK + ["--root", root], capture_output=True, text=True, timeout=60)
+    return p.returncode, p.stdout
+
+
+def plant(root, rel, line):
+    """Insert @line after the file's first #include; return its line number."""
+    path = os.path.join(root, rel)
+    with open(path) as f:
+        lines = f.readlines()
+    at = next(i for i, l in enumerate(lines) if l.startswith("#include")) + 1
+    lines.insert(at, line + "\n")
+    with open(path, "w") as f:
+        f.writelines(lines)
+    return at + 1
+
+
+def main():
+    rc, out = run(ROOT)
+    assert rc == 0, f"layering check fails on the tree:\n{out}"
+
+    cases = [  # (file, planted include, text the report must carry)
+        ("kernels/kvf_gemm.c", '#include "kvf_log.h"', "from common/base; kernels may use nothing"),
+        ("common/base/kvf_log.c", '#include "kvf_engine.h"', "from common/engine"),
+        ("prefill/kvf_lease.c", '#include "kvf_decode_server.h"', "from decode"),
+        ("transfer/ucx/kvf_ucx_agent.c", '#include "kvf_role.h"', "from transfer/role"),
+        ("transfer/plan/kvf_xfer_plan.c", '#include "kvf_side_channel.h"', "from transfer/channel"),
+        ("deploy/proxy/kvf_proxy.c", '#include "kvf_cmds.h"', "from deploy/cli"),
+        ("common/model/kvf_shard.c", '#include "common/kvf_log.h"', "by path"),
+    ]
+    for rel, inc, why in cases:
+        with tempfile.TemporaryDirectory() as tmp:
+            for d in LAYER_DIRS:
+                shutil.copytree(os.path.join(ROOT, d), os.path.join(tmp, d))
+            line = plant(tmp, rel, inc)
+            rc, out = run(tmp)
+            assert rc == 1, f"planted {inc} in {rel} passed:\n{out}"
+            want = f"{rel}:{line}:"
+            hits = [l for l in out.splitlines() if l.startswith(want)]
+            assert len(hits) == 1 and why in hits[0], \
+                f"planted {inc} in {rel}: expected one line '{want} ... {why}', got:\n{out}"
+            assert len(out.splitlines()) == 1, f"extra violations reported:\n{out}"
+            print(f"ok: {hits[0]}")
+    print(f"layering: tree clean, {len(cases)} planted includes caught")
+
+
+if __name__ == "__main__":
+    main()

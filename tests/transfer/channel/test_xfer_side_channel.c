@@ -1,0 +1,231 @@
+/*
+ * ZeroMQ side channel: metadata round trip, per-engine cache, garbage and
+ * wrong-version requests answered with an error reply (and the server keeps
+ * serving), wrong engine id refused, and a bounded wait on a dead port.
+ */
+#include "kvf_side_channel.h"
+#include "kvf_ucx_agent.h"
+
+#include "kvf_log.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+static kvf_rank_meta_t ranks[2];
+
+static void fill_ranks(void)
+{
+    for (int r = 0; r < 2; ++r) {
+        kvf_rank_meta_t *m = &ranks[r];
+        memset(m, 0, sizeof(*m));
+        snprintf(m->engine_id, sizeof(m->engine_id), "prefill-sc");
+        m->protocol_version = KVF_XFER_PROTOCOL_VERSION;
+        m->model_fingerprint = 0x1122334455667788ull;
+        m->tp_rank = r;
+        m->tp_size = 2;
+        m->block_size = 32;
+        m->kernel_block_size = 16;
+        m->page_size = 4096;
+        m->slots = 1;
+        m->num_blocks = 10 + r;
+        m->kv_dtype = KVF_DTYPE_BF16;
+        m->conv_dtype = KVF_DTYPE_BF16;
+        m->ssm_dtype = KVF_DTYPE_FP32;
+        snprintf(m->layout_tag, sizeof(m->layout_tag), "HND");
+        m->num_regions = 1;
+        m->regions[0].addr = 0x1000;
+        m->regions[0].length = 4096ull * (uint64_t)(10 + r);
+        m->regions[0].rkey_len = 8;
+        memset(m->regions[0].rkey, 0x55, 8);
+        m->worker_addr_len = 5;
+        memcpy(m->worker_addr, "abcde", 5);
+    }
+}
+
+static kvf_side_channel_server_h start_server(void)
+{
+    kvf_side_channel_params_t p;
+    kvf_side_channel_server_h s;
+
+    memset(&p, 0, sizeof(p));
+    p.engine_id = "prefill-sc";
+    p.ranks = ranks;
+    p.num_ranks = 2;
+    assert_int_equal(kvf_side_channel_server_start(&p, &s), KVF_OK);
+    assert_true(kvf_side_channel_server_port(s) > 0);
+    return s;
+}
+
+static void test_fetch_and_cache(void **state)
+{
+    kvf_side_channel_server_h s = start_server();
+    kvf_side_channel_client_h c;
+    const kvf_handshake_reply_t *reply, *again;
+    int port = kvf_side_channel_server_port(s);
+    uint64_t served, malformed;
+
+    (void)state;
+    assert_int_equal(kvf_side_channel_client_create("decode-sc", 2000, &c), KVF_OK);
+    assert_int_equal(kvf_side_channel_fetch(c, "prefill-sc", "127.0.0.1", port, &reply), KVF_OK);
+    assert_int_equal(reply->num_ranks, 2);
+    assert_int_equal(reply->ranks[1].num_blocks, 11);
+    assert_int_equal(reply->ranks[1].regions[0].length, 4096 * 11);
+    assert_memory_equal(reply->ranks[0].worker_addr, "abcde", 5);
+
+    /* served from the cache: works with the server gone */
+    kvf_side_channel_server_stats(s, &served, &malformed);
+    assert_int_equal(served, 1);
+    kvf_side_channel_server_stop(s);
+    assert_int_equal(kvf_side_channel_fetch(c, "prefill-sc", "127.0.0.1", port, &again), KVF_OK);
+    assert_ptr_equal(again, reply);
+
+    /* forgotten: now the dead server must time out, quickly */
+    kvf_side_channel_forget(c, "prefill-sc");
+    kvf_side_channel_client_destroy(c);
+    assert_int_equal(kvf_side_channel_client_create("decode-sc", 300, &c), KVF_OK);
+    uint64_t t0 = kvf_ucx_now_ns();
+    assert_int_equal(kvf_side_channel_fetch(c, "prefill-sc", "127.0.0.1", port, &again),
+                     KVF_ERR_PEER_TIMEOUT);
+    assert_true(kvf_ucx_now_ns() - t0 < 2000000000ull);
+    kvf_side_channel_client_destroy(c);
+}
+
+static void test_garbage_and_refusals(void **state)
+{
+    kvf_side_channel_server_h s = start_server();
+    kvf_side_channel_client_h c;
+    const kvf_handshake_reply_t *reply;
+    int port = kvf_side_channel_server_port(s);
+    uint64_t rng = 12345, served, malformed;
+    uint8_t garbage[300], *rep;
+    size_t rep_len;
+
+    (void)state;
+    /* random bytes, an empty message: each answered with a parseable error reply */
+    for (int i = 0; i < 20; ++i) {
+        kvf_handshake_reply_t out;
+        size_t len = (i == 0) ? 0 : (size_t)(rng % sizeof(garbage));
+        for (size_t k = 0; k < len; ++k) {
+            rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
+            garbage[k] = (uint8_t)rng;
+        }
+        assert_int_equal(kvf_side_channel_request_raw("127.0.0.1", port, garbage, len, 2000, &rep,
+                                                      &rep_len), KVF_OK);
+        /* random bytes can by chance be a valid request; then the reply is the metadata */
+        assert_int_equal(kvf_handshake_reply_unpack(rep, rep_len, &out), KVF_OK);
+        if (!out.accepted) {
+            assert_true(strlen(out.error) > 0);
+        }
+        kvf_handshake_reply_cleanup(&out);
+        free(rep);
+    }
+    kvf_side_channel_server_stats(s, &served, &malformed);
+    assert_int_equal(served, 20);
+    assert_true(malformed >= 1);
+
+    /* the server still serves real clients */
+    assert_int_equal(kvf_side_channel_client_create("decode-sc", 2000, &c), KVF_OK);
+    assert_int_equal(kvf_side_channel_fetch(c, "prefill-sc", "127.0.0.1", port, &reply), KVF_OK);
+    assert_int_equal(reply->num_ranks, 2);
+
+    /* asking for another engine at this address: refused with the field */
+    assert_int_equal(kvf_side_channel_fetch(c, "prefill-other", "127.0.0.1", port, &reply),
+                     KVF_ERR_REFUSED);
+    assert_int_equal(reply->num_refusals, 1);
+    assert_string_equal(reply->refusals[0].field, "engine_id");
+    assert_string_equal(reply->refusals[0].local, "prefill-sc");
+    assert_string_equal(reply->refusals[0].remote, "prefill-other");
+    kvf_side_channel_client_destroy(c);
+
+    /* another protocol version: refused with both versions */
+    {
+        kvf_handshake_request_t req = {0};
+        kvf_handshake_reply_t out;
+        uint8_t *buf;
+        size_t len;
+        char v[16];
+
+        snprintf(req.engine_id, sizeof(req.engine_id), "decode-x");
+        req.protocol_version = KVF_XFER_PROTOCOL_VERSION + 5;
+        assert_int_equal(kvf_handshake_request_pack(&req, &buf, &len), KVF_OK);
+        assert_int_equal(kvf_side_channel_request_raw("127.0.0.1", port, buf, len, 2000, &rep,
+                                                      &rep_len), KVF_OK);
+        assert_int_equal(kvf_handshake_reply_unpack(rep, rep_len, &out), KVF_OK);
+        assert_false(out.accepted);
+        assert_int_equal(out.num_refusals, 1);
+        assert_string_equal(out.refusals[0].field, "protocol_version");
+        snprintf(v, sizeof(v), "%d", KVF_XFER_PROTOCOL_VERSION + 5);
+        assert_string_equal(out.refusals[0].remote, v);
+        kvf_handshake_reply_cleanup(&out);
+        free(rep);
+        free(buf);
+    }
+    kvf_side_channel_server_stop(s);
+}
+
+/* Forgetting one engine must leave every other engine's cached reply where it was. */
+static void test_forget_keeps_other_engines(void **state)
+{
+    kvf_rank_meta_t ma, mb;
+    kvf_side_channel_params_t p;
+    kvf_side_channel_server_h sa, sb;
+    kvf_side_channel_client_h c;
+    const kvf_handshake_reply_t *ra, *rb, *ra2, *rb2;
+    (void)state;
+
+    fill_ranks();
+    ma = ranks[0];
+    mb = ranks[0];
+    ma.tp_size = mb.tp_size = 1;
+    snprintf(ma.engine_id, sizeof(ma.engine_id), "prefill-A");
+    snprintf(mb.engine_id, sizeof(mb.engine_id), "prefill-B");
+    ma.incarnation = 0xaaaa;
+    mb.incarnation = 0xbbbb;
+    memset(&p, 0, sizeof(p));
+    p.num_ranks = 1;
+    p.engine_id = "prefill-A";
+    p.ranks = &ma;
+    assert_int_equal(kvf_side_channel_server_start(&p, &sa), KVF_OK);
+    p.engine_id = "prefill-B";
+    p.ranks = &mb;
+    assert_int_equal(kvf_side_channel_server_start(&p, &sb), KVF_OK);
+    assert_int_equal(kvf_side_channel_client_create("decode-0", 2000, &c), KVF_OK);
+
+    assert_int_equal(kvf_side_channel_fetch(c, "prefill-A", "127.0.0.1",
+                                            kvf_side_channel_server_port(sa), &ra), KVF_OK);
+    assert_int_equal(kvf_side_channel_fetch(c, "prefill-B", "127.0.0.1",
+                                            kvf_side_channel_server_port(sb), &rb), KVF_OK);
+    kvf_side_channel_forget(c, "prefill-A");       /* A restarted */
+    assert_int_equal(kvf_side_channel_fetch(c, "prefill-A", "127.0.0.1",
+                                            kvf_side_channel_server_port(sa), &ra2), KVF_OK);
+    kvf_side_channel_forget(c, "prefill-A");       /* and again */
+    /* B's pointer still shows B, and a cached fetch of B returns the same slot */
+    assert_string_equal(rb->engine_id, "prefill-B");
+    assert_non_null(rb->ranks);
+    assert_true(rb->ranks[0].incarnation == 0xbbbb);
+    assert_int_equal(kvf_side_channel_fetch(c, "prefill-B", "127.0.0.1",
+                                            kvf_side_channel_server_port(sb), &rb2), KVF_OK);
+    assert_ptr_equal(rb, rb2);
+    (void)ra;
+    kvf_side_channel_client_destroy(c);
+    kvf_side_channel_server_stop(sa);
+    kvf_side_channel_server_stop(sb);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fetch_and_cache),
+        cmocka_unit_test(test_garbage_and_refusals),
+        cmocka_unit_test(test_forget_keeps_other_engines),
+    };
+    kvf_log_init("test");
+    kvf_log_set_level(KVF_LOG_ERROR + 0);
+    fill_ranks();
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

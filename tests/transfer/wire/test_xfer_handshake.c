@@ -1,0 +1,417 @@
+/*
+ * Handshake messages and the compatibility check: pack/unpack round trips,
+ * rejection of out-of-range fields, a deterministic garbage loop (random
+ * bytes, every truncation and single-bit flips of valid messages: never a
+ * crash, only KVF_OK or KVF_ERR_PARSE; run it under ASan), and the refusal
+ * messages of kvf_compat_check() with values derived by hand.
+ */
+#include "kvf_compat.h"
+#include "kvf_handshake.h"
+
+#include "kvf_log.h"
+
+#include <inttypes.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+static kvf_model_config_t tiny;
+
+static void load_tiny(void)
+{
+    assert_int_equal(kvf_model_config_load(KVF_SOURCE_DIR "/tests/data/models/tiny-hybrid.config.json",
+                                           &tiny), KVF_OK);
+}
+
+/*
+ * Metadata a rank of tiny-hybrid at TP tp would publish, computed by hand:
+ * KV heads 2 -> per rank max(1, 2/tp); A1 = 2 * heads * 32 * 2 (bf16);
+ * block 80 (TP-stable); page = 80 * A1; slots 2 (2 attention, 4 Mamba layers).
+ */
+static void meta_fill(kvf_rank_meta_t *m, int tp, int rank, int64_t num_blocks)
+{
+    int heads = (tp >= 2) ? 1 : 2;
+    uint64_t page = 80ull * 2 * (uint64_t)heads * 32 * 2;
+
+    memset(m, 0, sizeof(*m));
+    snprintf(m->engine_id, sizeof(m->engine_id), "prefill-a");
+    m->protocol_version = KVF_XFER_PROTOCOL_VERSION;
+    m->model_fingerprint = kvf_model_config_fingerprint(&tiny);
+    m->tp_rank = rank;
+    m->tp_size = tp;
+    m->block_size = 80;
+    m->kernel_block_size = 80;
+    m->page_size = page;
+    m->slots = 2;
+    m->num_blocks = num_blocks;
+    m->kv_dtype = KVF_DTYPE_BF16;
+    m->conv_dtype = tiny.torch_dtype;
+    m->ssm_dtype = KVF_DTYPE_FP32;
+    m->user_block_size = 16;
+    m->align = KVF_ALIGN_TP_STABLE;
+    snprintf(m->layout_tag, sizeof(m->layout_tag), "HND");
+    m->num_regions = 1;
+    m->regions[0].addr = 0x7f0000000000ull + (uint64_t)rank * 0x10000000ull;
+    m->regions[0].length = (uint64_t)num_blocks * 2 * page;
+    m->regions[0].rkey_len = 17;
+    memset(m->regions[0].rkey, 0xa0 + rank, 17);
+    m->worker_addr_len = 33;
+    memset(m->worker_addr, 0x30 + rank, 33);
+    m->incarnation = 0x8badf00d12345678ull + (uint64_t)(rank & 1);   /* 0 for none */
+}
+
+static void pack_reply(int tp, uint8_t **buf_p, size_t *len_p)
+{
+    kvf_handshake_reply_t reply;
+    kvf_rank_meta_t *ranks = calloc((size_t)tp, sizeof(*ranks));
+
+    assert_non_null(ranks);
+    for (int r = 0; r < tp; ++r) {
+        meta_fill(&ranks[r], tp, r, 8);
+    }
+    memset(&reply, 0, sizeof(reply));
+    reply.accepted = true;
+    snprintf(reply.engine_id, sizeof(reply.engine_id), "prefill-a");
+    reply.num_ranks = tp;
+    reply.ranks = ranks;
+    assert_int_equal(kvf_handshake_reply_pack(&reply, buf_p, len_p), KVF_OK);
+    free(ranks);
+}
+
+static void test_reply_roundtrip(void **state)
+{
+    kvf_handshake_reply_t out;
+    kvf_rank_meta_t expect;
+    uint8_t *buf;
+    size_t len;
+
+    (void)state;
+    pack_reply(4, &buf, &len);
+    assert_int_equal(kvf_handshake_reply_unpack(buf, len, &out), KVF_OK);
+    assert_true(out.accepted);
+    assert_string_equal(out.engine_id, "prefill-a");
+    assert_int_equal(out.num_ranks, 4);
+    for (int r = 0; r < 4; ++r) {
+        meta_fill(&expect, 4, r, 8);
+        assert_int_equal(out.ranks[r].tp_rank, r);
+        assert_int_equal(out.ranks[r].page_size, 10240);   /* 80 * 2 * 1 * 32 * 2 */
+        assert_int_equal(out.ranks[r].regions[0].length, 8 * 2 * 10240);
+        assert_memory_equal(out.ranks[r].regions[0].rkey, expect.regions[0].rkey, 17);
+        assert_memory_equal(out.ranks[r].worker_addr, expect.worker_addr, 33);
+        assert_int_equal(out.ranks[r].model_fingerprint, expect.model_fingerprint);
+        assert_true(out.ranks[r].incarnation == 0x8badf00d12345678ull + (uint64_t)(r & 1));
+        assert_string_equal(out.ranks[r].layout_tag, "HND");
+    }
+    kvf_handshake_reply_cleanup(&out);
+    free(buf);
+}
+
+static void test_other_roundtrips(void **state)
+{
+    kvf_handshake_request_t req = {0}, req2;
+    kvf_xfer_notification_t n = {0}, n2;
+    kvf_xfer_params_msg_t p, p2;
+    int32_t ids0[3] = {5, 1, 7}, ids1[1] = {2};
+    uint8_t *buf;
+    size_t len;
+
+    (void)state;
+    snprintf(req.engine_id, sizeof(req.engine_id), "decode-b");
+    req.protocol_version = 9;
+    assert_int_equal(kvf_handshake_request_pack(&req, &buf, &len), KVF_OK);
+    assert_int_equal(kvf_handshake_request_unpack(buf, len, &req2), KVF_OK);
+    assert_string_equal(req2.engine_id, "decode-b");
+    assert_int_equal(req2.protocol_version, 9);
+    assert_string_equal(req2.want_engine_id, "");
+    free(buf);
+
+    snprintf(n.request_id, sizeof(n.request_id), "req-7");
+    n.rank = 3;
+    n.status = KVF_ERR_PEER_RESET;
+    assert_int_equal(kvf_xfer_notification_pack(&n, &buf, &len), KVF_OK);
+    assert_int_equal(kvf_xfer_notification_unpack(buf, len, &n2), KVF_OK);
+    assert_string_equal(n2.request_id, "req-7");
+    assert_int_equal(n2.rank, 3);
+    assert_int_equal(n2.status, KVF_ERR_PEER_RESET);
+    free(buf);
+
+    memset(&p, 0, sizeof(p));
+    snprintf(p.engine_id, sizeof(p.engine_id), "prefill-a");
+    snprintf(p.host, sizeof(p.host), "127.0.0.1");
+    p.port = 5600;
+    p.num_groups = 2;
+    p.ids[0] = ids0;
+    p.num_ids[0] = 3;
+    p.ids[1] = ids1;
+    p.num_ids[1] = 1;
+    p.num_tokens = 200;
+    p.first_token = 42;
+    assert_int_equal(kvf_xfer_params_msg_pack(&p, &buf, &len), KVF_OK);
+    assert_int_equal(kvf_xfer_params_msg_unpack(buf, len, &p2), KVF_OK);
+    assert_int_equal(p2.num_groups, 2);
+    assert_int_equal(p2.num_ids[0], 3);
+    assert_memory_equal(p2.ids[0], ids0, sizeof(ids0));
+    assert_int_equal(p2.ids[1][0], 2);
+    assert_int_equal(p2.num_tokens, 200);
+    assert_int_equal(p2.first_token, 42);
+    assert_int_equal(p2.port, 5600);
+    kvf_xfer_params_msg_cleanup(&p2);
+    free(buf);
+
+    /* negative block ids and port 0 are malformed */
+    ids1[0] = -1;
+    assert_int_equal(kvf_xfer_params_msg_pack(&p, &buf, &len), KVF_OK);
+    assert_int_equal(kvf_xfer_params_msg_unpack(buf, len, &p2), KVF_ERR_PARSE);
+    free(buf);
+    ids1[0] = 2;
+    p.port = 0;
+    assert_int_equal(kvf_xfer_params_msg_pack(&p, &buf, &len), KVF_OK);
+    assert_int_equal(kvf_xfer_params_msg_unpack(buf, len, &p2), KVF_ERR_PARSE);
+    free(buf);
+}
+
+static void test_reply_rejects_bad_fields(void **state)
+{
+    kvf_handshake_reply_t reply, out;
+    kvf_rank_meta_t ranks[2];
+    uint8_t *buf;
+    size_t len;
+
+    (void)state;
+    for (int bad = 0; bad < 6; ++bad) {
+        meta_fill(&ranks[0], 2, 0, 8);
+        meta_fill(&ranks[1], 2, 1, 8);
+        switch (bad) {
+        case 0: ranks[1].tp_rank = 0; break;            /* rank 0 twice, rank 1 missing */
+        case 1: ranks[0].kv_dtype = KVF_DTYPE_COUNT; break;
+        case 2: ranks[0].tp_size = 3; break;            /* 2 entries for TP 3 */
+        case 3: ranks[1].block_size = 0; break;
+        case 4: ranks[0].kernel_block_size = 160; break;  /* larger than the block */
+        case 5: ranks[1].worker_addr_len = 0; break;
+        }
+        memset(&reply, 0, sizeof(reply));
+        reply.accepted = true;
+        reply.num_ranks = 2;
+        reply.ranks = ranks;
+        assert_int_equal(kvf_handshake_reply_pack(&reply, &buf, &len), KVF_OK);
+        assert_int_equal(kvf_handshake_reply_unpack(buf, len, &out), KVF_ERR_PARSE);
+        assert_null(out.ranks);
+        free(buf);
+    }
+}
+
+static uint64_t rng_next(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+static void unpack_all(const uint8_t *buf, size_t len)
+{
+    kvf_handshake_reply_t reply;
+    kvf_handshake_request_t req;
+    kvf_xfer_notification_t n;
+    kvf_xfer_params_msg_t p;
+    kvf_status_t s;
+
+    s = kvf_handshake_reply_unpack(buf, len, &reply);
+    assert_true((s == KVF_OK) || (s == KVF_ERR_PARSE));
+    if (s == KVF_OK) {
+        for (int r = 0; r < reply.num_ranks; ++r) {   /* every accepted rank is in range */
+            assert_int_equal(reply.ranks[r].tp_rank, r);
+            assert_true(reply.ranks[r].regions[0].rkey_len <= KVF_RKEY_MAX);
+        }
+        kvf_handshake_reply_cleanup(&reply);
+    }
+    s = kvf_handshake_request_unpack(buf, len, &req);
+    assert_true((s == KVF_OK) || (s == KVF_ERR_PARSE));
+    s = kvf_xfer_notification_unpack(buf, len, &n);
+    assert_true((s == KVF_OK) || (s == KVF_ERR_PARSE));
+    s = kvf_xfer_params_msg_unpack(buf, len, &p);
+    assert_true((s == KVF_OK) || (s == KVF_ERR_PARSE));
+    if (s == KVF_OK) {
+        kvf_xfer_params_msg_cleanup(&p);
+    }
+}
+
+static void test_garbage_never_crashes(void **state)
+{
+    uint64_t rng = 0x9e3779b97f4a7c15ull;
+    uint8_t *valid, *buf;
+    size_t vlen;
+    int parsed_ok = 0;
+
+    (void)state;
+    kvf_log_set_level(KVF_LOG_ERROR);
+    buf = malloc(4096);
+    assert_non_null(buf);
+    /* pure random bytes, lengths 0..1024 */
+    for (int i = 0; i < 20000; ++i) {
+        size_t len = (size_t)(rng_next(&rng) % 1025);
+        for (size_t k = 0; k < len; ++k) {
+            buf[k] = (uint8_t)rng_next(&rng);
+        }
+        unpack_all(buf, len);
+    }
+    /* every truncation of a valid reply, then single-bit flips */
+    pack_reply(2, &valid, &vlen);
+    for (size_t len = 0; len < vlen; ++len) {
+        kvf_handshake_reply_t reply;
+        /* a prefix ending on a field boundary is a valid message; it must
+         * still describe both ranks or be rejected */
+        if (kvf_handshake_reply_unpack(valid, len, &reply) == KVF_OK) {
+            parsed_ok++;
+            assert_int_equal(reply.num_ranks, 2);
+            kvf_handshake_reply_cleanup(&reply);
+        }
+        unpack_all(valid, len);
+    }
+    assert_true(parsed_ok <= 1);   /* at most the prefix without the trailing error field */
+    for (int i = 0; i < 20000; ++i) {
+        size_t bit = (size_t)(rng_next(&rng) % (vlen * 8));
+        memcpy(buf, valid, vlen);
+        buf[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+        unpack_all(buf, vlen);
+    }
+    free(valid);
+    free(buf);
+}
+
+/* ---- compatibility check ---------------------------------------------- */
+
+static kvf_status_t check(const kvf_rank_meta_t *local, kvf_rank_meta_t *remote, int n,
+                          char *line, size_t len)
+{
+    kvf_refusal_t refusals[KVF_MAX_REFUSALS];
+    kvf_rank_geometry_t geoms[8];
+    int nref = -1;
+    kvf_status_t s;
+
+    s = kvf_compat_check(&tiny, local, remote, n, geoms, refusals, KVF_MAX_REFUSALS, &nref);
+    line[0] = '\0';
+    if (nref > 0) {
+        kvf_refusal_format(&refusals[0], line, len);
+    }
+    assert_true((s == KVF_OK) == (nref == 0));
+    return s;
+}
+
+static void test_compat(void **state)
+{
+    kvf_rank_meta_t local, remote[4];
+    char line[512], expect[512];
+
+    (void)state;
+    kvf_log_set_level(KVF_LOG_ERROR);
+    meta_fill(&local, 2, 0, 12);
+
+    /* 4p2d, same everything: compatible */
+    for (int r = 0; r < 4; ++r) {
+        meta_fill(&remote[r], 4, r, 8);
+    }
+    assert_int_equal(check(&local, remote, 4, line, sizeof(line)), KVF_OK);
+
+    /* different (translatable) block and kernel block size: compatible.
+     * Block 160, kernel 32 at TP4: page = 160 * 128 = 20480, region = 8*2*20480 */
+    for (int r = 0; r < 4; ++r) {
+        remote[r].block_size = 160;
+        remote[r].kernel_block_size = 32;
+        remote[r].page_size = 20480;
+        remote[r].regions[0].length = 8 * 2 * 20480;
+    }
+    assert_int_equal(check(&local, remote, 4, line, sizeof(line)), KVF_OK);
+
+    /* KV dtype */
+    for (int r = 0; r < 4; ++r) {
+        meta_fill(&remote[r], 4, r, 8);
+        remote[r].kv_dtype = KVF_DTYPE_FP16;
+    }
+    assert_int_equal(check(&local, remote, 4, line, sizeof(line)), KVF_ERR_REFUSED);
+    assert_string_equal(line, "handshake refused: kv_dtype local=bf16 remote=fp16: KV cache "
+                        "dtypes differ; blocks cannot be copied without conversion");
+
+    /* SSM dtype */
+    for (int r = 0; r < 4; ++r) {
+        meta_fill(&remote[r], 4, r, 8);
+        remote[r].ssm_dtype = KVF_DTYPE_BF16;
+    }
+    assert_int_equal(check(&local, remote, 4, line, sizeof(line)), KVF_ERR_REFUSED);
+    assert_non_null(strstr(line, "handshake refused: ssm_dtype local=fp32 remote=bf16: "));
+
+    /* protocol version */
+    for (int r = 0; r < 4; ++r) {
+        meta_fill(&remote[r], 4, r, 8);
+        remote[r].protocol_version = KVF_XFER_PROTOCOL_VERSION + 1;
+    }
+    assert_int_equal(check(&local, remote, 4, line, sizeof(line)), KVF_ERR_REFUSED);
+    snprintf(expect, sizeof(expect), "handshake refused: protocol_version local=%d remote=%d: "
+             "protocol versions differ", KVF_XFER_PROTOCOL_VERSION,
+             KVF_XFER_PROTOCOL_VERSION + 1);
+    assert_string_equal(line, expect);
+
+    /* fingerprint */
+    for (int r = 0; r < 4; ++r) {
+        meta_fill(&remote[r], 4, r, 8);
+        remote[r].model_fingerprint ^= 1;
+    }
+    assert_int_equal(check(&local, remote, 4, line, sizeof(line)), KVF_ERR_REFUSED);
+    snprintf(expect, sizeof(expect), "handshake refused: model_fingerprint local=%016" PRIx64
+             " remote=%016" PRIx64 ": ", local.model_fingerprint, local.model_fingerprint ^ 1);
+    assert_memory_equal(line, expect, strlen(expect));
+
+    /* region length: rank 2 claims one page more than 8 blocks * 2 slots * 10240 */
+    for (int r = 0; r < 4; ++r) {
+        meta_fill(&remote[r], 4, r, 8);
+    }
+    remote[2].regions[0].length += 10240;
+    assert_int_equal(check(&local, remote, 4, line, sizeof(line)), KVF_ERR_REFUSED);
+    assert_memory_equal(line, "handshake refused: region_length local=163840 remote=174080: ",
+                        strlen("handshake refused: region_length local=163840 remote=174080: "));
+
+    /* page size that does not follow from the advertised block size */
+    for (int r = 0; r < 4; ++r) {
+        meta_fill(&remote[r], 4, r, 8);
+    }
+    remote[0].page_size = 8192;
+    remote[0].regions[0].length = 8 * 2 * 8192;
+    assert_int_equal(check(&local, remote, 4, line, sizeof(line)), KVF_ERR_REFUSED);
+    assert_memory_equal(line, "handshake refused: page_size local=10240 remote=8192: ",
+                        strlen("handshake refused: page_size local=10240 remote=8192: "));
+
+    /* layout tag */
+    for (int r = 0; r < 4; ++r) {
+        meta_fill(&remote[r], 4, r, 8);
+        snprintf(remote[r].layout_tag, sizeof(remote[r].layout_tag), "DS");
+    }
+    assert_int_equal(check(&local, remote, 4, line, sizeof(line)), KVF_ERR_REFUSED);
+    assert_string_equal(line, "handshake refused: layout_tag local=HND remote=DS: KV cache "
+                        "memory layouts differ");
+
+    /* 3 prefill ranks cannot shard 8 heads, nor divide decode TP 2 */
+    for (int r = 0; r < 3; ++r) {
+        meta_fill(&remote[r], 3, r, 8);
+    }
+    assert_int_equal(check(&local, remote, 3, line, sizeof(line)), KVF_ERR_REFUSED);
+    assert_memory_equal(line, "handshake refused: tp_size local=2 remote=3: ",
+                        strlen("handshake refused: tp_size local=2 remote=3: "));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_reply_roundtrip),
+        cmocka_unit_test(test_other_roundtrips),
+        cmocka_unit_test(test_reply_rejects_bad_fields),
+        cmocka_unit_test(test_garbage_never_crashes),
+        cmocka_unit_test(test_compat),
+    };
+    kvf_log_init("test");
+    load_tiny();
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,472 @@
+/*
+ * ZeroMQ side channel: metadata server thread and caching client.
+ *
+ * Design: REQ/REP, one request frame and one reply frame, both protobuf.
+ * The server owns its REP socket from its thread only (ZeroMQ sockets are not
+ * thread-safe) and polls with a 100 ms timeout so stop() is prompt without
+ * signals or inproc pipes. The metadata reply is immutable after start, so
+ * it is packed once and every request costs one send. The client opens a
+ * fresh REQ socket per request: a REQ socket that timed out is stuck in
+ * "expect reply" state, and recreating it is simpler and safer than
+ * ZMQ_REQ_RELAXED/CORRELATE bookkeeping. Handshakes are rare (cached per
+ * remote engine), so the extra connect costs nothing that matters.
+ */
+#include "kvf_side_channel.h"
+
+#include "kvf_log.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+/* CONVENTIONS.md practice 5: ZeroMQ calls return -1 and set zmq_errno(). */
+#define KVF_ZMQ_CHECK_GOTO(_call, _status, _label)                            \
+    do {                                                                      \
+        if ((_call) == -1) {                                                  \
+            kvf_error("%s failed: %s", #_call, zmq_strerror(zmq_errno()));    \
+            (_status) = KVF_ERR_ZMQ;                                          \
+            goto _label;                                                      \
+        }                                                                     \
+    } while (0)
+
+#define KVF_SIDE_CHANNEL_MAX_CACHE 64
+
+struct kvf_side_channel_server {
+    void           *ctx;
+    void           *sock;
+    pthread_t       thread;
+    atomic_bool     stop;
+    int             port;
+    char            engine_id[KVF_ENGINE_ID_MAX];
+    uint8_t        *reply;        /* packed metadata reply */
+    size_t          reply_len;
+    atomic_ulong    served;
+    atomic_ulong    malformed;
+};
+
+typedef struct kvf_side_channel_entry {
+    char                  engine_id[KVF_ENGINE_ID_MAX];   /* "" marks a free slot */
+    kvf_handshake_reply_t reply;
+    uint64_t              seq;                            /* insertion order, for eviction */
+} kvf_side_channel_entry_t;
+
+struct kvf_side_channel_client {
+    void                    *ctx;
+    char                     engine_id[KVF_ENGINE_ID_MAX];
+    uint32_t                 timeout_ms;
+    int                      num_entries;   /* slots in use so far (high-water mark) */
+    uint64_t                 next_seq;
+    /* Slots never move: a returned reply pointer stays valid until its own
+     * engine is forgotten or evicted. */
+    kvf_side_channel_entry_t entries[KVF_SIDE_CHANNEL_MAX_CACHE];
+    kvf_handshake_reply_t    last_refusal;
+};
+
+/* ---- server ----------------------------------------------------------- */
+
+static void kvf_side_channel_send_error(kvf_side_channel_server_h s, const char *why,
+                                        const kvf_refusal_t *refusal)
+{
+    kvf_handshake_reply_t reply;
+    uint8_t *buf;
+    size_t len;
+
+    memset(&reply, 0, sizeof(reply));
+    reply.accepted = false;
+    snprintf(reply.engine_id, sizeof(reply.engine_id), "%s", s->engine_id);
+    snprintf(reply.error, sizeof(reply.error), "%s", why);
+    if (refusal != NULL) {
+        reply.refusals[0] = *refusal;
+        reply.num_refusals = 1;
+    }
+    if (kvf_handshake_reply_pack(&reply, &buf, &len) != KVF_OK) {
+        zmq_send(s->sock, "", 0, 0);   /* REP must answer; an empty reply is malformed */
+        return;
+    }
+    zmq_send(s->sock, buf, len, 0);
+    free(buf);
+}
+
+static void kvf_side_channel_handle(kvf_side_channel_server_h s, const zmq_msg_t *msg,
+                                    bool multipart)
+{
+    kvf_handshake_request_t req;
+    kvf_refusal_t refusal;
+
+    if (multipart || (kvf_handshake_request_unpack(zmq_msg_data((zmq_msg_t *)msg),
+                                                   zmq_msg_size(msg), &req) != KVF_OK)) {
+        atomic_fetch_add(&s->malformed, 1);
+        kvf_log(KVF_LOG_INFO, KVF_SUB_XFER, "side channel: malformed handshake request "
+                "(%zu bytes) answered with an error", zmq_msg_size(msg));
+        kvf_side_channel_send_error(s, "malformed handshake request", NULL);
+        return;
+    }
+    if (req.protocol_version != KVF_XFER_PROTOCOL_VERSION) {
+        memset(&refusal, 0, sizeof(refusal));
+        snprintf(refusal.field, sizeof(refusal.field), "protocol_version");
+        snprintf(refusal.local, sizeof(refusal.local), "%u", KVF_XFER_PROTOCOL_VERSION);
+        snprintf(refusal.remote, sizeof(refusal.remote), "%u", req.protocol_version);
+        snprintf(refusal.why, sizeof(refusal.why), "protocol versions differ");
+        kvf_side_channel_send_error(s, "protocol version mismatch", &refusal);
+        return;
+    }
+    if ((req.want_engine_id[0] != '\0') && (strcmp(req.want_engine_id, s->engine_id) != 0)) {
+        memset(&refusal, 0, sizeof(refusal));
+        snprintf(refusal.field, sizeof(refusal.field), "engine_id");
+        snprintf(refusal.local, sizeof(refusal.local), "%s", s->engine_id);
+        snprintf(refusal.remote, sizeof(refusal.remote), "%s", req.want_engine_id);
+        snprintf(refusal.why, sizeof(refusal.why), "this side channel serves another engine");
+        kvf_side_channel_send_error(s, "wrong engine id", &refusal);
+        return;
+    }
+    zmq_send(s->sock, s->reply, s->reply_len, 0);
+}
+
+static void *kvf_side_channel_thread(void *arg)
+{
+    kvf_side_channel_server_h s = arg;
+    zmq_pollitem_t item = {s->sock, 0, ZMQ_POLLIN, 0};
+
+    while (!atomic_load(&s->stop)) {
+        zmq_msg_t msg;
+        bool multipart = false;
+        int more = 0;
+        size_t more_len = sizeof(more);
+
+        if (zmq_poll(&item, 1, 100) <= 0) {
+            continue;   /* timeout or EINTR: re-check stop */
+        }
+        zmq_msg_init(&msg);
+        if (zmq_msg_recv(&msg, s->sock, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&msg);
+            continue;
+        }
+        zmq_getsockopt(s->sock, ZMQ_RCVMORE, &more, &more_len);
+        while (more) {   /* drain extra frames; the request is malformed */
+            zmq_msg_t extra;
+            multipart = true;
+            zmq_msg_init(&extra);
+            if (zmq_msg_recv(&extra, s->sock, 0) < 0) {
+                more = 0;
+            } else {
+                zmq_getsockopt(s->sock, ZMQ_RCVMORE, &more, &more_len);
+            }
+            zmq_msg_close(&extra);
+        }
+        kvf_side_channel_handle(s, &msg, multipart);
+        zmq_msg_close(&msg);
+        atomic_fetch_add(&s->served, 1);
+    }
+    return NULL;
+}
+
+kvf_status_t kvf_side_channel_server_start(const kvf_side_channel_params_t *params,
+                                           kvf_side_channel_server_h *server_p)
+{
+    kvf_side_channel_server_h s;
+    kvf_handshake_reply_t reply;
+    char endpoint[128];
+    size_t ep_len = sizeof(endpoint);
+    int linger = 0;
+    int64_t maxmsg = KVF_SIDE_CHANNEL_MAX_MSG;
+    kvf_status_t status;
+    const char *host;
+    char *colon;
+
+    if ((params == NULL) || (params->field_mask & ~KVF_SIDE_CHANNEL_PARAM_FIELDS_KNOWN) ||
+        (params->engine_id == NULL) || (params->ranks == NULL) || (params->num_ranks < 1) ||
+        (strlen(params->engine_id) >= KVF_ENGINE_ID_MAX)) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    s = calloc(1, sizeof(*s));
+    if (s == NULL) {
+        return KVF_ERR_NO_MEMORY;
+    }
+    snprintf(s->engine_id, sizeof(s->engine_id), "%s", params->engine_id);
+
+    memset(&reply, 0, sizeof(reply));
+    reply.accepted = true;
+    snprintf(reply.engine_id, sizeof(reply.engine_id), "%s", params->engine_id);
+    reply.num_ranks = params->num_ranks;
+    reply.ranks = (kvf_rank_meta_t *)params->ranks;
+    status = kvf_handshake_reply_pack(&reply, &s->reply, &s->reply_len);
+    if (status != KVF_OK) {
+        goto err_free;
+    }
+
+    s->ctx = zmq_ctx_new();
+    if (s->ctx == NULL) {
+        status = KVF_ERR_ZMQ;
+        goto err_free_reply;
+    }
+    s->sock = zmq_socket(s->ctx, ZMQ_REP);
+    if (s->sock == NULL) {
+        kvf_error("zmq_socket(REP) failed: %s", zmq_strerror(zmq_errno()));
+        status = KVF_ERR_ZMQ;
+        goto err_term;
+    }
+    KVF_ZMQ_CHECK_GOTO(zmq_setsockopt(s->sock, ZMQ_LINGER, &linger, sizeof(linger)), status,
+                       err_close);
+    KVF_ZMQ_CHECK_GOTO(zmq_setsockopt(s->sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg)),
+                       status, err_close);
+    host = ((params->field_mask & KVF_SIDE_CHANNEL_PARAM_FIELD_HOST) && (params->host != NULL)) ?
+           params->host : "127.0.0.1";
+    if ((params->field_mask & KVF_SIDE_CHANNEL_PARAM_FIELD_PORT) && (params->port > 0)) {
+        snprintf(endpoint, sizeof(endpoint), "tcp://%s:%d", host, params->port);
+    } else {
+        snprintf(endpoint, sizeof(endpoint), "tcp://%s:*", host);
+    }
+    if (zmq_bind(s->sock, endpoint) != 0) {
+        kvf_error("side channel: bind %s failed: %s", endpoint, zmq_strerror(zmq_errno()));
+        status = KVF_ERR_ZMQ;
+        goto err_close;
+    }
+    KVF_ZMQ_CHECK_GOTO(zmq_getsockopt(s->sock, ZMQ_LAST_ENDPOINT, endpoint, &ep_len), status,
+                       err_close);
+    colon = strrchr(endpoint, ':');
+    s->port = (colon != NULL) ? atoi(colon + 1) : 0;
+
+    atomic_init(&s->stop, false);
+    if (pthread_create(&s->thread, NULL, kvf_side_channel_thread, s) != 0) {
+        kvf_error("side channel: pthread_create failed: %m");
+        status = KVF_ERR_NO_RESOURCE;
+        goto err_close;
+    }
+    kvf_log(KVF_LOG_INFO, KVF_SUB_XFER, "side channel of %s serving %d ranks on %s",
+            s->engine_id, params->num_ranks, endpoint);
+    *server_p = s;
+    return KVF_OK;
+
+err_close:
+    zmq_close(s->sock);
+err_term:
+    zmq_ctx_term(s->ctx);
+err_free_reply:
+    free(s->reply);
+err_free:
+    free(s);
+    return status;
+}
+
+int kvf_side_channel_server_port(kvf_side_channel_server_h server)
+{
+    return server->port;
+}
+
+void kvf_side_channel_server_stats(kvf_side_channel_server_h server, uint64_t *served_p,
+                                   uint64_t *malformed_p)
+{
+    *served_p = atomic_load(&server->served);
+    *malformed_p = atomic_load(&server->malformed);
+}
+
+void kvf_side_channel_server_stop(kvf_side_channel_server_h server)
+{
+    if (server == NULL) {
+        return;
+    }
+    atomic_store(&server->stop, true);
+    pthread_join(server->thread, NULL);
+    zmq_close(server->sock);
+    zmq_ctx_term(server->ctx);
+    free(server->reply);
+    free(server);
+}
+
+/* ---- client ----------------------------------------------------------- */
+
+static kvf_status_t kvf_side_channel_exchange(void *ctx, const char *host, int port,
+                                              const void *msg, size_t len, uint32_t timeout_ms,
+                                              uint8_t **reply_p, size_t *reply_len_p)
+{
+    char endpoint[128];
+    int linger = 0, tmo = (int)timeout_ms;
+    int64_t maxmsg = KVF_SIDE_CHANNEL_MAX_MSG;
+    kvf_status_t status = KVF_OK;
+    zmq_msg_t rep;
+    void *sock;
+    int n;
+
+    sock = zmq_socket(ctx, ZMQ_REQ);
+    if (sock == NULL) {
+        kvf_error("zmq_socket(REQ) failed: %s", zmq_strerror(zmq_errno()));
+        return KVF_ERR_ZMQ;
+    }
+    KVF_ZMQ_CHECK_GOTO(zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof(linger)), status, out);
+    KVF_ZMQ_CHECK_GOTO(zmq_setsockopt(sock, ZMQ_RCVTIMEO, &tmo, sizeof(tmo)), status, out);
+    KVF_ZMQ_CHECK_GOTO(zmq_setsockopt(sock, ZMQ_SNDTIMEO, &tmo, sizeof(tmo)), status, out);
+    KVF_ZMQ_CHECK_GOTO(zmq_setsockopt(sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg)), status,
+                       out);
+    snprintf(endpoint, sizeof(endpoint), "tcp://%s:%d", host, port);
+    KVF_ZMQ_CHECK_GOTO(zmq_connect(sock, endpoint), status, out);
+    if (zmq_send(sock, msg, len, 0) < 0) {
+        status = (zmq_errno() == EAGAIN) ? KVF_ERR_PEER_TIMEOUT : KVF_ERR_ZMQ;
+        kvf_error("side channel: send to %s failed: %s", endpoint, zmq_strerror(zmq_errno()));
+        goto out;
+    }
+    zmq_msg_init(&rep);
+    n = zmq_msg_recv(&rep, sock, 0);
+    if (n < 0) {
+        status = (zmq_errno() == EAGAIN) ? KVF_ERR_PEER_TIMEOUT : KVF_ERR_ZMQ;
+        kvf_error("side channel: no reply from %s within %u ms: %s", endpoint, timeout_ms,
+                  zmq_strerror(zmq_errno()));
+        zmq_msg_close(&rep);
+        goto out;
+    }
+    *reply_p = malloc((size_t)n + 1);
+    if (*reply_p == NULL) {
+        status = KVF_ERR_NO_MEMORY;
+    } else {
+        memcpy(*reply_p, zmq_msg_data(&rep), (size_t)n);
+        *reply_len_p = (size_t)n;
+    }
+    zmq_msg_close(&rep);
+out:
+    zmq_close(sock);
+    return status;
+}
+
+kvf_status_t kvf_side_channel_request_raw(const char *host, int port, const void *msg,
+                                          size_t len, uint32_t timeout_ms, uint8_t **reply_p,
+                                          size_t *reply_len_p)
+{
+    void *ctx = zmq_ctx_new();
+    kvf_status_t status;
+
+    if (ctx == NULL) {
+        return KVF_ERR_ZMQ;
+    }
+    status = kvf_side_channel_exchange(ctx, host, port, msg, len, timeout_ms, reply_p,
+                                       reply_len_p);
+    zmq_ctx_term(ctx);
+    return status;
+}
+
+kvf_status_t kvf_side_channel_client_create(const char *engine_id, uint32_t timeout_ms,
+                                            kvf_side_channel_client_h *client_p)
+{
+    kvf_side_channel_client_h c;
+
+    if ((engine_id == NULL) || (strlen(engine_id) >= KVF_ENGINE_ID_MAX) || (timeout_ms == 0)) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    c = calloc(1, sizeof(*c));
+    if (c == NULL) {
+        return KVF_ERR_NO_MEMORY;
+    }
+    c->ctx = zmq_ctx_new();
+    if (c->ctx == NULL) {
+        free(c);
+        return KVF_ERR_ZMQ;
+    }
+    snprintf(c->engine_id, sizeof(c->engine_id), "%s", engine_id);
+    c->timeout_ms = timeout_ms;
+    *client_p = c;
+    return KVF_OK;
+}
+
+void kvf_side_channel_client_destroy(kvf_side_channel_client_h client)
+{
+    if (client == NULL) {
+        return;
+    }
+    for (int i = 0; i < client->num_entries; ++i) {
+        kvf_handshake_reply_cleanup(&client->entries[i].reply);
+    }
+    kvf_handshake_reply_cleanup(&client->last_refusal);
+    zmq_ctx_term(client->ctx);
+    free(client);
+}
+
+kvf_status_t kvf_side_channel_fetch(kvf_side_channel_client_h client,
+                                    const char *remote_engine_id, const char *host, int port,
+                                    const kvf_handshake_reply_t **reply_p)
+{
+    kvf_handshake_request_t req;
+    kvf_handshake_reply_t reply;
+    kvf_side_channel_entry_t *e;
+    uint8_t *buf = NULL, *rep = NULL;
+    size_t len, rep_len = 0;
+    kvf_status_t status;
+
+    for (int i = 0; i < client->num_entries; ++i) {
+        if ((client->entries[i].engine_id[0] != '\0') &&
+            (strcmp(client->entries[i].engine_id, remote_engine_id) == 0)) {
+            *reply_p = &client->entries[i].reply;
+            return KVF_OK;
+        }
+    }
+    memset(&req, 0, sizeof(req));
+    snprintf(req.engine_id, sizeof(req.engine_id), "%s", client->engine_id);
+    snprintf(req.want_engine_id, sizeof(req.want_engine_id), "%s", remote_engine_id);
+    req.protocol_version = KVF_XFER_PROTOCOL_VERSION;
+    status = kvf_handshake_request_pack(&req, &buf, &len);
+    if (status != KVF_OK) {
+        return status;
+    }
+    status = kvf_side_channel_exchange(client->ctx, host, port, buf, len, client->timeout_ms,
+                                       &rep, &rep_len);
+    free(buf);
+    if (status != KVF_OK) {
+        return status;
+    }
+    status = kvf_handshake_reply_unpack(rep, rep_len, &reply);
+    free(rep);
+    if (status != KVF_OK) {
+        kvf_error("side channel: malformed handshake reply from %s:%d", host, port);
+        return status;
+    }
+    if (!reply.accepted) {
+        kvf_handshake_reply_cleanup(&client->last_refusal);
+        client->last_refusal = reply;
+        *reply_p = &client->last_refusal;
+        return KVF_ERR_REFUSED;
+    }
+    if (strcmp(reply.engine_id, remote_engine_id) != 0) {
+        kvf_error("side channel: %s:%d answered as engine '%s', expected '%s'", host, port,
+                  reply.engine_id, remote_engine_id);
+        kvf_handshake_reply_cleanup(&reply);
+        return KVF_ERR_PARSE;
+    }
+    e = NULL;
+    for (int i = 0; i < client->num_entries; ++i) {      /* a forgotten slot */
+        if (client->entries[i].engine_id[0] == '\0') {
+            e = &client->entries[i];
+            break;
+        }
+    }
+    if ((e == NULL) && (client->num_entries < KVF_SIDE_CHANNEL_MAX_CACHE)) {
+        e = &client->entries[client->num_entries++];
+    }
+    if (e == NULL) {
+        /* full: evict the oldest; only callers holding ITS pointer must re-fetch */
+        e = &client->entries[0];
+        for (int i = 1; i < client->num_entries; ++i) {
+            if (client->entries[i].seq < e->seq) {
+                e = &client->entries[i];
+            }
+        }
+        kvf_handshake_reply_cleanup(&e->reply);
+    }
+    e->seq = client->next_seq++;
+    snprintf(e->engine_id, sizeof(e->engine_id), "%s", remote_engine_id);
+    e->reply = reply;
+    *reply_p = &e->reply;
+    return KVF_OK;
+}
+
+void kvf_side_channel_forget(kvf_side_channel_client_h client, const char *remote_engine_id)
+{
+    for (int i = 0; i < client->num_entries; ++i) {
+        if ((client->entries[i].engine_id[0] != '\0') &&
+            (strcmp(client->entries[i].engine_id, remote_engine_id) == 0)) {
+            kvf_handshake_reply_cleanup(&client->entries[i].reply);
+            client->entries[i].engine_id[0] = '\0';   /* free; other slots stay put */
+            return;
+        }
+    }
+}

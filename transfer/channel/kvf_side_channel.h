@@ -1,0 +1,88 @@
+/*
+ * Side channel (DESIGN.md §3, §5, §8): a ZeroMQ metadata service. A server
+ * thread per instance answers HandshakeRequest with every rank's metadata
+ * (REP socket, bound to 127.0.0.1 unless told otherwise); a client fetches
+ * a remote instance's metadata once and caches it per remote engine id.
+ *
+ * Robustness: every client request has a timeout (fresh REQ socket per
+ * request, ZMQ_RCVTIMEO, ZMQ_LINGER 0, so a dead server never wedges the
+ * client). The server bounds message size, answers malformed or
+ * multi-part requests with an error reply, and never exits on bad input.
+ */
+#ifndef KVF_SIDE_CHANNEL_H
+#define KVF_SIDE_CHANNEL_H
+
+#include "kvf_handshake.h"
+
+#define KVF_SIDE_CHANNEL_MAX_MSG (4 << 20)   /* bytes accepted per message */
+
+typedef struct kvf_side_channel_server *kvf_side_channel_server_h;
+typedef struct kvf_side_channel_client *kvf_side_channel_client_h;
+
+enum kvf_side_channel_params_field {       /* append only, never renumber */
+    KVF_SIDE_CHANNEL_PARAM_FIELD_HOST = KVF_BIT(0),
+    KVF_SIDE_CHANNEL_PARAM_FIELD_PORT = KVF_BIT(1),
+};
+#define KVF_SIDE_CHANNEL_PARAM_FIELDS_KNOWN (KVF_BIT(2) - 1)
+
+typedef struct kvf_side_channel_params {
+    uint64_t               field_mask;   /* first */
+    const char            *host;         /* bind address; default "127.0.0.1" */
+    int                    port;         /* default 0: an ephemeral port */
+    const char            *engine_id;    /* ours; required */
+    const kvf_rank_meta_t *ranks;        /* [num_ranks], ranks[i].tp_rank == i; copied */
+    int                    num_ranks;
+} kvf_side_channel_params_t;
+
+/**
+ * Bind and start the server thread. The metadata reply is packed once here.
+ * @return KVF_OK; KVF_ERR_INVALID_PARAM; KVF_ERR_ZMQ (bind failure logged
+ *         with the endpoint); KVF_ERR_NO_MEMORY.
+ */
+kvf_status_t kvf_side_channel_server_start(const kvf_side_channel_params_t *params,
+                                           kvf_side_channel_server_h *server_p);
+
+/** Port the server is bound to (resolved when params->port was 0). */
+int kvf_side_channel_server_port(kvf_side_channel_server_h server);
+
+/** Requests answered so far, and how many of them were malformed. */
+void kvf_side_channel_server_stats(kvf_side_channel_server_h server, uint64_t *served_p,
+                                   uint64_t *malformed_p);
+
+/** Stop the thread (within ~100 ms), close the socket, free. NULL ok. */
+void kvf_side_channel_server_stop(kvf_side_channel_server_h server);
+
+/** Client with our engine id; @a timeout_ms bounds each request (send + reply). */
+kvf_status_t kvf_side_channel_client_create(const char *engine_id, uint32_t timeout_ms,
+                                            kvf_side_channel_client_h *client_p);
+void kvf_side_channel_client_destroy(kvf_side_channel_client_h client);
+
+/**
+ * Metadata of remote engine @a remote_engine_id at @a host:@a port; served
+ * from the cache after the first success.
+ *
+ * @param [out] reply_p  Borrowed; valid until kvf_side_channel_forget() of this
+ *                       engine or client destroy. On KVF_ERR_REFUSED it points
+ *                       to the refusal reply (not cached; valid until the next
+ *                       fetch).
+ * @return KVF_OK; KVF_ERR_PEER_TIMEOUT (no answer in time); KVF_ERR_PARSE
+ *         (malformed reply, or one from another engine id); KVF_ERR_REFUSED
+ *         (the server refused: reply_p->refusals / error say why);
+ *         KVF_ERR_ZMQ.
+ */
+kvf_status_t kvf_side_channel_fetch(kvf_side_channel_client_h client,
+                                    const char *remote_engine_id, const char *host, int port,
+                                    const kvf_handshake_reply_t **reply_p);
+
+/** Drop the cached metadata of @a remote_engine_id (after a peer failure). */
+void kvf_side_channel_forget(kvf_side_channel_client_h client, const char *remote_engine_id);
+
+/**
+ * One raw request/reply exchange (tests: garbage input). *reply_p is
+ * malloc'd. @return KVF_OK; KVF_ERR_PEER_TIMEOUT; KVF_ERR_ZMQ.
+ */
+kvf_status_t kvf_side_channel_request_raw(const char *host, int port, const void *msg,
+                                          size_t len, uint32_t timeout_ms, uint8_t **reply_p,
+                                          size_t *reply_len_p);
+
+#endif

@@ -1,0 +1,191 @@
+/*
+ * Shared setup of the role daemons. Kept to what is truly identical in
+ * both roles; request handling stays in prefill/ and decode/.
+ */
+#include "kvf_role.h"
+#include "kvf_log.h"
+#include "kvf_connector_ucx.h"
+
+#include <string.h>
+
+kvf_status_t kvf_role_check_flags(const kvf_role_config_t *params)
+{
+    if (params->model[0] == '\0') {
+        kvf_error("--model is required: a folder with config.json and model.safetensors");
+    } else if ((params->tp < 1) || (params->tp > KVF_ROLE_MAX_TP)) {
+        kvf_error("--tp %d must be in 1..%d", params->tp, KVF_ROLE_MAX_TP);
+    } else if (params->num_blocks < 1) {
+        kvf_error("--num-blocks %d must be at least 1", params->num_blocks);
+    } else if (params->max_batch_tokens < 1) {
+        kvf_error("--max-batch-tokens %d must be at least 1", params->max_batch_tokens);
+    } else if ((params->engine_id[0] == '\0') || (strlen(params->engine_id) >= 64)) {
+        kvf_error("--engine-id '%s' must be 1..63 bytes", params->engine_id);
+    } else if (params->xfer_timeout_ms <= 0) {
+        kvf_error("--xfer-timeout must be positive");
+    } else {
+        return KVF_OK;
+    }
+    return KVF_ERR_INVALID_PARAM;
+}
+
+static kvf_status_t kvf_role_engine_create(const kvf_role_config_t *params,
+                                           kvf_engine_h *engine_p, kvf_cache_params_t *cache_p)
+{
+    kvf_engine_params_t ep;
+    kvf_model_config_t mc;
+    kvf_status_t status;
+
+    status = kvf_model_config_load(params->model, &mc);
+    if (status != KVF_OK) {
+        return status;
+    }
+    kvf_cache_params_default(&mc, cache_p);
+    if ((kvf_dtype_parse(params->kv_dtype, &cache_p->kv_dtype) != 0) ||
+        (cache_p->kv_dtype == KVF_DTYPE_FP8)) {
+        kvf_error("bad value '%s' for --kv-dtype (fp32, bf16, fp16)", params->kv_dtype);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    cache_p->user_block_size = params->block_size;
+    memset(&ep, 0, sizeof(ep));
+    ep.field_mask = KVF_ENGINE_PARAM_FIELD_NUM_BLOCKS | KVF_ENGINE_PARAM_FIELD_CACHE |
+                    KVF_ENGINE_PARAM_FIELD_MAX_BATCH_TOKENS;
+    ep.model_dir = params->model;
+    ep.tp_size = params->tp;
+    ep.num_blocks = params->num_blocks;
+    ep.cache = *cache_p;
+    ep.max_batch_tokens = params->max_batch_tokens;
+    return kvf_engine_create(&ep, engine_p);
+}
+
+static kvf_status_t kvf_role_connector_create(kvf_engine_h engine,
+                                              const kvf_cache_params_t *cache,
+                                              const kvf_connector_config_t *config,
+                                              const kvf_connector_ops_t **ops_p,
+                                              kvf_connector_h *conn_p)
+{
+    const kvf_connector_ops_t *ops = kvf_connector_ucx_ops();
+    kvf_tp_runner_h runner = kvf_engine_runner(engine);
+    kvf_connector_config_t cc = *config;
+    kvf_connector_h conn;
+    kvf_status_t status;
+
+    status = kvf_connector_ops_check(ops);
+    if (status != KVF_OK) {
+        return status;
+    }
+    cc.cfg = kvf_engine_model_config(engine);
+    cc.tp_size = kvf_tp_runner_tp_size(runner);
+    status = ops->create(&cc, &conn);
+    if (status != KVF_OK) {
+        return status;
+    }
+    for (int r = 0; r < cc.tp_size; ++r) {   /* once, at start-up: never per request */
+        kvf_page_pool_h pool = kvf_tp_runner_pool(runner, r);
+        kvf_connector_pool_t cp = {
+            .tp_rank = r,
+            .base = kvf_page_pool_base(pool),
+            .len = kvf_page_pool_bytes(pool),
+            .num_blocks = kvf_page_pool_num_blocks(pool),
+            .params = *cache,
+        };
+        status = ops->register_pool(conn, &cp);
+        if (status != KVF_OK) {
+            ops->destroy(conn);
+            return status;
+        }
+    }
+    *ops_p = ops;
+    *conn_p = conn;
+    return KVF_OK;
+}
+
+kvf_status_t kvf_role_start(const kvf_role_config_t *config, kvf_connector_role_t role,
+                            const char *listen_host, int listen_port, kvf_engine_h *engine_p,
+                            const kvf_connector_ops_t **ops_p, kvf_connector_h *conn_p)
+{
+    kvf_connector_config_t cc;
+    kvf_cache_params_t cache;
+    kvf_status_t status;
+
+    status = kvf_role_engine_create(config, engine_p, &cache);
+    if (status != KVF_OK) {
+        return status;
+    }
+    memset(&cc, 0, sizeof(cc));
+    cc.field_mask = KVF_CONNECTOR_CONFIG_FIELD_TIMEOUT_MS;
+    cc.engine_id = config->engine_id;
+    cc.role = role;
+    cc.timeout_ms = (uint32_t)config->xfer_timeout_ms;
+    if (listen_host != NULL) {
+        cc.field_mask |= KVF_CONNECTOR_CONFIG_FIELD_LISTEN;
+        cc.listen_host = listen_host;
+        cc.listen_port = listen_port;
+    }
+    return kvf_role_connector_create(*engine_p, &cache, &cc, ops_p, conn_p);
+}
+
+void kvf_role_health_fill(kvf_engine_h engine, const char *role, const char *engine_id,
+                          Kvf__HealthReply *h)
+{
+    kvf_block_manager_h bm = kvf_engine_block_manager(engine);
+    kvf_tp_runner_h runner = kvf_engine_runner(engine);
+    uint64_t pages_per_block = (uint64_t)kvf_tp_runner_layout(runner)->slots *
+                               (uint64_t)kvf_tp_runner_tp_size(runner);
+
+    kvf__health_reply__init(h);
+    h->role = (char *)role;
+    h->engine_id = (char *)engine_id;
+    h->has_tp_size = h->has_free_pages = h->has_total_pages = h->has_block_size = 1;
+    h->tp_size = (uint32_t)kvf_tp_runner_tp_size(runner);
+    h->free_pages = (uint64_t)kvf_block_manager_num_free(bm) * pages_per_block;
+    h->total_pages = (uint64_t)kvf_block_manager_num_blocks(bm) * pages_per_block;
+    h->block_size = (uint32_t)kvf_block_manager_block_size(bm);
+}
+
+void kvf_role_reply_health(kvf_serve_server_h serve, const kvf_serve_peer_t *peer,
+                           Kvf__HealthReply *health)
+{
+    Kvf__ServeReply reply = KVF__SERVE_REPLY__INIT;
+
+    reply.request_id = (char *)"health";   /* proto: health replies carry this id */
+    reply.health = health;
+    reply.has_done = 1;
+    reply.done = 1;
+    kvf_serve_server_reply(serve, peer, &reply);
+}
+
+static volatile sig_atomic_t kvf_role_stop;
+
+static void kvf_role_on_signal(int sig)
+{
+    (void)sig;
+    kvf_role_stop = 1;
+}
+
+int kvf_role_main(const kvf_role_daemon_t *d, int argc, char **argv)
+{
+    struct sigaction sa;
+    void *server;
+    bool done;
+    kvf_status_t status;
+
+    kvf_log_init(d->role);
+    if (kvf_config_parse(d->table, d->name, argc - 1, argv + 1, d->config, &done) != KVF_OK) {
+        return 2;
+    }
+    if (done) {
+        return 0;
+    }
+    kvf_config_warn_unused();
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = kvf_role_on_signal;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    if (d->create(d->config, &server) != KVF_OK) {
+        return 1;
+    }
+    status = d->run(server, &kvf_role_stop);
+    d->destroy(server);
+    return (status == KVF_OK) ? 0 : 1;
+}

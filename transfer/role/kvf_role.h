@@ -1,0 +1,108 @@
+/*
+ * What both role daemons (kvf-prefill, kvf-decode) do around the engine and
+ * the KV connector: build the engine from flags, register every rank's
+ * pool with the connector, report health, and the process main (flags,
+ * signals, serve until told to stop). prefill/ and decode/ never use each
+ * other (DESIGN.md §4), so their common part lives here, below both.
+ */
+#ifndef KVF_ROLE_H
+#define KVF_ROLE_H
+
+#include "kvf_config.h"
+#include "kvf_connector.h"
+#include "kvf_engine.h"
+#include "kvf_serve_channel.h"
+
+#include <signal.h>
+#include <stddef.h>
+
+/** The flags both roles share; each role's config struct embeds it as `role`. */
+typedef struct kvf_role_config {
+    char    model[KVF_CONFIG_STR_MAX];       /* folder: config.json + model.safetensors */
+    int     tp;                              /* ranks, 1..KVF_ROLE_MAX_TP */
+    char    listen[KVF_CONFIG_STR_MAX];      /* ZeroMQ endpoint the proxy connects to */
+    char    engine_id[KVF_CONFIG_STR_MAX];   /* unique in the pool, < 64 bytes */
+    int     num_blocks;                      /* per rank pool */
+    char    kv_dtype[KVF_CONFIG_STR_MAX];    /* fp32, bf16, fp16 */
+    int     block_size;                      /* user block size (alignment unit) */
+    int     max_batch_tokens;                /* per engine step */
+    int64_t xfer_timeout_ms;                 /* bound on every transfer wait */
+} kvf_role_config_t;
+
+#define KVF_ROLE_MAX_TP 64
+
+/*
+ * Config-table rows for the shared flags of a config struct @a _type that
+ * holds a kvf_role_config_t named `role`. Defaults that differ per role are
+ * arguments, as strings.
+ */
+#define KVF_ROLE_CONFIG_FIELDS(_type, _listen, _engine_id, _xfer_timeout)                     \
+    {"MODEL", "", "model folder (config.json + model.safetensors)",                           \
+     offsetof(_type, role.model), KVF_CONFIG_TYPE_STRING, 0},                                 \
+    {"TP", "1", "tensor-parallel ranks of this instance",                                     \
+     offsetof(_type, role.tp), KVF_CONFIG_TYPE_INT, 0},                                       \
+    {"LISTEN", _listen, "ZeroMQ endpoint the proxy connects to",                              \
+     offsetof(_type, role.listen), KVF_CONFIG_TYPE_STRING, 0},                                \
+    {"ENGINE_ID", _engine_id, "engine id, unique in the pool",                                \
+     offsetof(_type, role.engine_id), KVF_CONFIG_TYPE_STRING, 0},                             \
+    {"NUM_BLOCKS", "256", "blocks in each rank's page pool",                                  \
+     offsetof(_type, role.num_blocks), KVF_CONFIG_TYPE_INT, 0},                               \
+    {"KV_DTYPE", "bf16", "attention KV cache dtype: fp32, bf16, fp16 (same on both sides)",   \
+     offsetof(_type, role.kv_dtype), KVF_CONFIG_TYPE_STRING, 0},                              \
+    {"BLOCK_SIZE", "16", "user block size (alignment unit of the TP-stable block size)",     \
+     offsetof(_type, role.block_size), KVF_CONFIG_TYPE_INT, 0},                               \
+    {"MAX_BATCH_TOKENS", "512", "tokens per engine step",                                     \
+     offsetof(_type, role.max_batch_tokens), KVF_CONFIG_TYPE_INT, 0},                         \
+    {"XFER_TIMEOUT", _xfer_timeout, "bound on every transfer wait (handshake, pull, release)", \
+     offsetof(_type, role.xfer_timeout_ms), KVF_CONFIG_TYPE_TIME, 0}
+
+/**
+ * Check the shared flags; logs one line naming the first bad flag and its
+ * value. @return KVF_OK or KVF_ERR_INVALID_PARAM.
+ */
+kvf_status_t kvf_role_check_flags(const kvf_role_config_t *config);
+
+/**
+ * Load the model, build the engine (rank threads, pools), create the UCX
+ * connector for @a role and register every rank's pool with it once.
+ * @a listen_host / @a listen_port: the prefill side channel (NULL/0 for decode).
+ * @return KVF_OK with *engine_p, *ops_p, *conn_p (the caller destroys them);
+ *         KVF_ERR_INVALID_PARAM for a bad dtype; model, geometry, pool and
+ *         connector errors, each logged. On error *engine_p may be set (destroy it).
+ */
+kvf_status_t kvf_role_start(const kvf_role_config_t *config, kvf_connector_role_t role,
+                            const char *listen_host, int listen_port, kvf_engine_h *engine_p,
+                            const kvf_connector_ops_t **ops_p, kvf_connector_h *conn_p);
+
+/**
+ * Fill the engine-derived part of a health reply: role, engine id, TP size,
+ * free and total pages summed over ranks, block size. The caller adds its
+ * role's counters and sends it with kvf_role_reply_health().
+ */
+void kvf_role_health_fill(kvf_engine_h engine, const char *role, const char *engine_id,
+                          Kvf__HealthReply *health);
+
+/** Send @a health to @a peer (request_id "health", done). */
+void kvf_role_reply_health(kvf_serve_server_h serve, const kvf_serve_peer_t *peer,
+                           Kvf__HealthReply *health);
+
+/** A role daemon as the process main sees it. */
+typedef struct kvf_role_daemon {
+    const char               *name;     /* "kvf-prefill"; for --help and logs */
+    const char               *role;     /* "prefill"; the log prefix */
+    const kvf_config_field_t *table;
+    void                     *config;   /* struct the table fills */
+    kvf_status_t (*create)(const void *config, void **server_p);
+    kvf_status_t (*run)(void *server, volatile sig_atomic_t *stop);
+    void         (*destroy)(void *server);
+} kvf_role_daemon_t;
+
+/**
+ * Parse flags and KVF_* variables into d->config, install SIGTERM/SIGINT
+ * handlers that ask the loop to stop, create, run, destroy.
+ * @return the process exit code: 0 after a requested stop or --help, 1 on a
+ *         setup or fatal error, 2 on bad flags.
+ */
+int kvf_role_main(const kvf_role_daemon_t *d, int argc, char **argv);
+
+#endif

@@ -1,0 +1,201 @@
+/*
+ * KV connector: how the engine core reaches the transfer layer (DESIGN.md §4)
+ * without including transfer/. A versioned ops table (CONVENTIONS.md
+ * practice 6); the UCX implementation is kvf_connector_ucx_ops() in
+ * transfer/ucx/kvf_connector_ucx.h, and a daemon passes that pointer down.
+ *
+ * Objects: one connector per instance (process); ranks are addressed by
+ * tp_rank. Threading: ops taking a tp_rank run on that rank's thread only
+ * (each rank owns a single-threaded UCX worker); create/destroy, serve and
+ * handshake run on the leader thread. A request handle belongs to the rank
+ * that started it.
+ *
+ * Flow, decode side:
+ *   create -> register_pool (each rank) -> handshake(remote engine) ->
+ *   start_pull (each rank) -> poll until != KVF_INPROGRESS -> notify_release
+ * Flow, prefill side:
+ *   create -> register_pool (each rank) -> serve -> poll_release (each rank)
+ *
+ * Every op is non-NULL in a table returned by a backend: unsupported ones
+ * point at stubs returning KVF_ERR_UNSUPPORTED (kvf_connector_ops_fill_stubs()).
+ *
+ * NOTE: append new ops at the end and bump KVF_CONNECTOR_ABI; a caller
+ * checks abi_version before using the table.
+ */
+#ifndef KVF_CONNECTOR_H
+#define KVF_CONNECTOR_H
+
+#include "kvf_geometry.h"
+#include "kvf_status.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define KVF_CONNECTOR_ABI 5   /* 2: req_stats; 3: forget_engine; 4: incarnations; 5: wait_fds */
+
+typedef struct kvf_connector *kvf_connector_h;
+typedef struct kvf_connector_req *kvf_connector_req_h;
+
+typedef enum {
+    KVF_CONNECTOR_ROLE_PREFILL = 0,   /* serves metadata, is read from, receives releases */
+    KVF_CONNECTOR_ROLE_DECODE  = 1,   /* handshakes, pulls, sends releases */
+} kvf_connector_role_t;
+
+enum kvf_connector_config_field {     /* append only, never renumber */
+    KVF_CONNECTOR_CONFIG_FIELD_LISTEN     = KVF_BIT(0),  /* listen_host/listen_port */
+    KVF_CONNECTOR_CONFIG_FIELD_TIMEOUT_MS = KVF_BIT(1),
+};
+#define KVF_CONNECTOR_CONFIG_FIELDS_KNOWN (KVF_BIT(2) - 1)
+
+typedef struct kvf_connector_config {
+    uint64_t                  field_mask;   /* first */
+    const char               *engine_id;    /* this instance; copied; < 64 bytes */
+    kvf_connector_role_t      role;
+    int                       tp_size;
+    const kvf_model_config_t *cfg;          /* copied */
+    const char               *listen_host;  /* prefill side channel; default "127.0.0.1" */
+    int                       listen_port;  /* default 0: ephemeral (see serve) */
+    uint32_t                  timeout_ms;   /* every wait; default 5000 */
+} kvf_connector_config_t;
+
+/** One rank's page pool: num_blocks * slots * page_size bytes at base, host memory. */
+typedef struct kvf_connector_pool {
+    int                tp_rank;
+    void              *base;
+    size_t             len;           /* must equal num_blocks * slots * page_size */
+    int64_t            num_blocks;
+    kvf_cache_params_t params;        /* dtypes, block sizes: what the geometry derives from */
+} kvf_connector_pool_t;
+
+/** One request's pull (decode side): remote ids from the transfer params, local ids allocated here. */
+typedef struct kvf_connector_pull {
+    const char     *engine_id;        /* remote (prefill) engine, already handshaken */
+    const char     *request_id;       /* echoed in the release */
+    int64_t         num_tokens;
+    int             num_groups;       /* == the model's KV cache group count */
+    const int32_t  *remote_ids[KVF_MAX_KV_GROUPS];
+    int             num_remote_ids[KVF_MAX_KV_GROUPS];
+    const int32_t  *local_ids[KVF_MAX_KV_GROUPS];
+    int             num_local_ids[KVF_MAX_KV_GROUPS];
+} kvf_connector_pull_t;
+
+/** What one rank's pull of one request moved (decode side). */
+typedef struct kvf_connector_stats {
+    uint64_t bytes;          /* payload bytes read (zeroed tails not counted) */
+    uint64_t descriptors;    /* GET descriptors after coalescing */
+    int      remote_ranks;   /* prefill ranks this rank read from */
+    uint64_t zero_bytes;     /* bytes zeroed after the pull */
+} kvf_connector_stats_t;
+
+typedef struct kvf_connector_ops {
+    unsigned    abi_version;          /* == KVF_CONNECTOR_ABI */
+    const char *name;                 /* "ucx"; logs only */
+
+    /** Create the instance object. Setup path. */
+    kvf_status_t (*create)(const kvf_connector_config_t *config, kvf_connector_h *conn_p);
+
+    /** Stop serving, close every peer, deregister pools, free. NULL ok. */
+    void         (*destroy)(kvf_connector_h conn);
+
+    /** Register a rank's pool once (rank thread). May block (pins pages). */
+    kvf_status_t (*register_pool)(kvf_connector_h conn, const kvf_connector_pool_t *pool);
+
+    /** This rank's published metadata, opaque packed bytes (for logs/tests). */
+    kvf_status_t (*get_metadata)(kvf_connector_h conn, int tp_rank, void *buf, size_t cap,
+                                 size_t *len_p);
+
+    /** Prefill: start the side channel once every rank registered; *port_p = bound port. */
+    kvf_status_t (*serve)(kvf_connector_h conn, int *port_p);
+
+    /**
+     * Decode: fetch a remote engine's metadata (cached per engine id) and
+     * check compatibility. KVF_ERR_REFUSED with @a why = "handshake refused:
+     * <field> local=<v> remote=<v>: <why>"; peer errors on timeout.
+     */
+    kvf_status_t (*handshake)(kvf_connector_h conn, const char *engine_id, const char *host,
+                              int port, char *why, size_t why_len);
+
+    /**
+     * Decode (rank thread): plan this rank's share and post the GETs; never
+     * blocks on the network. KVF_OK with *req_p; KVF_ERR_NOT_FOUND when the
+     * engine was not handshaken; KVF_ERR_OUT_OF_RANGE for bad block ids
+     * (nothing posted).
+     */
+    kvf_status_t (*start_pull)(kvf_connector_h conn, int tp_rank,
+                               const kvf_connector_pull_t *pull, kvf_connector_req_h *req_p);
+
+    /**
+     * Progress; KVF_INPROGRESS, or the final status: KVF_OK once every byte
+     * landed and the tails were zeroed, KVF_ERR_PEER_* on peer failure or
+     * after timeout_ms.
+     */
+    kvf_status_t (*poll)(kvf_connector_h conn, int tp_rank, kvf_connector_req_h req);
+
+    /**
+     * Decode: tell every prefill rank read that the request's blocks may be
+     * freed, and free @a req. Waits for an unfinished request to drain
+     * (bounded by timeout_ms) first. When the pull failed or timed out, the
+     * endpoints to those ranks are force-closed instead (no GET can land
+     * after this returns, so the local blocks may be reused) and no release
+     * is sent: prefill's lease frees its blocks. Returns the pull's status.
+     */
+    kvf_status_t (*notify_release)(kvf_connector_h conn, int tp_rank, kvf_connector_req_h req);
+
+    /**
+     * Prefill (rank thread): next release received, waiting up to
+     * @a timeout_ms. KVF_OK with request id, sender decode rank and its
+     * status; KVF_ERR_PEER_TIMEOUT when none arrived.
+     */
+    kvf_status_t (*poll_release)(kvf_connector_h conn, int tp_rank, uint32_t timeout_ms,
+                                 char *request_id, size_t id_len, int *decode_rank_p,
+                                 kvf_status_t *status_p);
+
+    /**
+     * Decode: what @a req (from start_pull, not yet released) moves: bytes,
+     * descriptors, prefill ranks read. Valid as soon as start_pull returned.
+     */
+    kvf_status_t (*req_stats)(kvf_connector_h conn, int tp_rank, kvf_connector_req_h req,
+                              kvf_connector_stats_t *stats_p);
+
+    /**
+     * Decode: drop everything cached about a remote engine (metadata, remote
+     * keys, endpoints on every rank) so the next handshake fetches it anew.
+     * Call after a peer error: a restarted prefill keeps its engine id but
+     * has new memory, keys and worker addresses. Leader thread, with no pull
+     * of that engine in flight. KVF_ERR_NOT_FOUND when nothing was cached.
+     */
+    kvf_status_t (*forget_engine)(kvf_connector_h conn, const char *engine_id);
+
+    /**
+     * This process's incarnation: a random non-zero number drawn at create
+     * and published in every rank's metadata. Prefill puts it into the
+     * transfer params, so decode can tell a restarted engine (same id, new
+     * keys) from the one it handshook with, before it posts any GET.
+     */
+    uint64_t     (*incarnation)(kvf_connector_h conn);
+
+    /**
+     * Decode: the incarnation of handshaken engine @a engine_id (0 when it
+     * advertised none). KVF_ERR_NOT_FOUND when not handshaken.
+     */
+    kvf_status_t (*remote_incarnation)(kvf_connector_h conn, const char *engine_id,
+                                       uint64_t *incarnation_p);
+
+    /**
+     * Prepare to sleep: progress every rank's worker until idle, arm it,
+     * and return the file descriptors that become readable when transfer
+     * work arrives (for poll() beside the control socket). Leader thread.
+     * @return KVF_OK with *n_p fds; KVF_ERR_BUSY when work is pending (do not
+     *         sleep: poll releases / progress first); KVF_ERR_UNSUPPORTED when
+     *         the backend cannot wake a sleeper (spin instead).
+     */
+    kvf_status_t (*wait_fds)(kvf_connector_h conn, int *fds, int cap, int *n_p);
+} kvf_connector_ops_t;
+
+/** Point every NULL op of @a ops at a stub returning KVF_ERR_UNSUPPORTED. */
+void kvf_connector_ops_fill_stubs(kvf_connector_ops_t *ops);
+
+/** KVF_OK when @a ops has this ABI version and no NULL op; else KVF_ERR_UNSUPPORTED (logged). */
+kvf_status_t kvf_connector_ops_check(const kvf_connector_ops_t *ops);
+
+#endif

@@ -1,0 +1,832 @@
+/*
+ * UCX KV connector: the ops table of transfer/ucx/kvf_connector.h over the UCX
+ * agent, the side channel, the compatibility check and the planner.
+ *
+ * Design: the connector is per instance; per-rank state (agent, pool,
+ * metadata, peers) lives in an array indexed by tp_rank and is touched only
+ * by that rank's thread, so no UCX call needs a lock. What ranks share — the
+ * table of handshaken remote engines and the side-channel client — is
+ * guarded by one mutex and is append-only (an entry, once published, never
+ * moves), so a rank thread can keep pointers into it without holding the
+ * lock. Peers are connected lazily on a rank's first pull from a remote rank
+ * and cached per (engine, remote rank): the rkey is unpacked once per
+ * endpoint. A request is one batch per prefill rank read; poll() drives the
+ * worker and applies the zero post-ops when the last batch lands.
+ * Rejected: a progress thread per rank inside the connector — the engine's
+ * rank thread already loops, and a second thread on the same worker would
+ * force UCS_THREAD_MODE_MULTI locking on every progress call.
+ */
+#include "kvf_connector_ucx.h"
+
+#include "kvf_log.h"
+#include "kvf_tp_map.h"
+#include "kvf_compat.h"
+#include "kvf_side_channel.h"
+#include "kvf_ucx_agent.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <time.h>
+
+#define KVF_CONN_MAX_ENGINES 16
+
+typedef struct kvf_conn_engine {
+    char                         engine_id[KVF_ENGINE_ID_MAX];
+    kvf_rank_meta_t             *ranks;        /* [tp], our own copy: the side-channel
+                                                * client's cache moves entries on forget */
+    int                          tp;
+    kvf_rank_geometry_t         *geoms;        /* [tp], recomputed by the compat check */
+    int64_t                     *num_blocks;   /* [tp] */
+    bool                         forgotten;    /* slot free for the next handshake */
+} kvf_conn_engine_t;
+
+typedef struct kvf_conn_rank {
+    bool                registered;
+    kvf_ucx_agent_h     agent;
+    int                 region;
+    uint8_t            *base;
+    size_t              len;
+    int64_t             num_blocks;
+    kvf_rank_geometry_t geom;
+    kvf_rank_meta_t    *meta;
+    kvf_ucx_peer_h     *peers[KVF_CONN_MAX_ENGINES];   /* [engine][remote tp], lazily */
+} kvf_conn_rank_t;
+
+struct kvf_connector {
+    char                  engine_id[KVF_ENGINE_ID_MAX];
+    kvf_connector_role_t  role;
+    int                   tp;
+    uint32_t              timeout_ms;
+    char                  host[64];
+    int                   port;
+    kvf_model_config_t    cfg;
+    kvf_cache_layout_t   *layout;
+    uint64_t              incarnation;         /* random, non-zero, per create */
+    kvf_conn_rank_t      *ranks;               /* [tp] */
+
+    pthread_mutex_t       lock;                /* engines, client */
+    kvf_side_channel_client_h client;
+    kvf_side_channel_server_h server;
+    int                   num_engines;
+    kvf_conn_engine_t     engines[KVF_CONN_MAX_ENGINES];
+};
+
+struct kvf_connector_req {
+    int              rank;
+    int              engine;
+    kvf_xfer_plan_t *plan;
+    kvf_ucx_batch_h *batches;       /* [plan->num_ranks] */
+    int              nsrc;
+    int             *src;           /* prefill ranks read (each gets a release) */
+    kvf_status_t     status;        /* KVF_INPROGRESS until final */
+    uint64_t         deadline_ns;
+    char             request_id[KVF_ENGINE_ID_MAX];
+};
+
+/* ---- instance --------------------------------------------------------- */
+
+static void kvf_conn_destroy(kvf_connector_h conn)
+{
+    if (conn == NULL) {
+        return;
+    }
+    kvf_side_channel_server_stop(conn->server);
+    kvf_side_channel_client_destroy(conn->client);
+    for (int r = 0; (conn->ranks != NULL) && (r < conn->tp); ++r) {
+        kvf_conn_rank_t *rk = &conn->ranks[r];
+        kvf_ucx_agent_destroy(rk->agent);   /* closes the peers it connected */
+        for (int e = 0; e < KVF_CONN_MAX_ENGINES; ++e) {
+            free(rk->peers[e]);
+        }
+        free(rk->meta);
+    }
+    for (int e = 0; e < conn->num_engines; ++e) {
+        free(conn->engines[e].ranks);
+        free(conn->engines[e].geoms);
+        free(conn->engines[e].num_blocks);
+    }
+    pthread_mutex_destroy(&conn->lock);
+    free(conn->ranks);
+    free(conn->layout);
+    free(conn);
+}
+
+/* Random enough to tell two processes apart: time, pid and an address, mixed. */
+static uint64_t kvf_conn_new_incarnation(void)
+{
+    struct timespec ts;
+    uint64_t x;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    x = ((uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec) ^
+        ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)&ts;
+    x ^= x >> 33;                       /* splitmix64 finaliser */
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb3fe1a85ec53ull;
+    x ^= x >> 33;
+    return (x != 0) ? x : 1;
+}
+
+static kvf_status_t kvf_conn_create(const kvf_connector_config_t *config,
+                                    kvf_connector_h *conn_p)
+{
+    kvf_connector_h conn;
+    kvf_status_t status;
+
+    if ((config == NULL) || (config->field_mask & ~KVF_CONNECTOR_CONFIG_FIELDS_KNOWN) ||
+        (config->engine_id == NULL) || (strlen(config->engine_id) >= KVF_ENGINE_ID_MAX) ||
+        (config->cfg == NULL) || (config->tp_size < 1) || (config->tp_size > KVF_XFER_MAX_TP) ||
+        (config->role > KVF_CONNECTOR_ROLE_DECODE)) {
+        kvf_error("ucx connector: invalid config");
+        return KVF_ERR_INVALID_PARAM;
+    }
+    conn = calloc(1, sizeof(*conn));
+    if (conn == NULL) {
+        return KVF_ERR_NO_MEMORY;
+    }
+    pthread_mutex_init(&conn->lock, NULL);
+    snprintf(conn->engine_id, sizeof(conn->engine_id), "%s", config->engine_id);
+    conn->role = config->role;
+    conn->tp = config->tp_size;
+    conn->incarnation = kvf_conn_new_incarnation();
+    conn->cfg = *config->cfg;
+    conn->timeout_ms = (config->field_mask & KVF_CONNECTOR_CONFIG_FIELD_TIMEOUT_MS) ?
+                       config->timeout_ms : 5000;
+    snprintf(conn->host, sizeof(conn->host), "%s",
+             ((config->field_mask & KVF_CONNECTOR_CONFIG_FIELD_LISTEN) &&
+              (config->listen_host != NULL)) ? config->listen_host : "127.0.0.1");
+    conn->port = (config->field_mask & KVF_CONNECTOR_CONFIG_FIELD_LISTEN) ?
+                 config->listen_port : 0;
+    conn->ranks = calloc((size_t)conn->tp, sizeof(*conn->ranks));
+    conn->layout = malloc(sizeof(*conn->layout));
+    if ((conn->ranks == NULL) || (conn->layout == NULL)) {
+        status = KVF_ERR_NO_MEMORY;
+        goto err;
+    }
+    status = kvf_cache_layout_build(&conn->cfg, conn->layout);
+    if (status != KVF_OK) {
+        goto err;
+    }
+    if (conn->role == KVF_CONNECTOR_ROLE_DECODE) {
+        status = kvf_side_channel_client_create(conn->engine_id, conn->timeout_ms,
+                                                &conn->client);
+        if (status != KVF_OK) {
+            goto err;
+        }
+    }
+    *conn_p = conn;
+    return KVF_OK;
+
+err:
+    kvf_conn_destroy(conn);
+    return status;
+}
+
+static kvf_status_t kvf_conn_register_pool(kvf_connector_h conn, const kvf_connector_pool_t *pool)
+{
+    kvf_conn_rank_t *rk;
+    kvf_ucx_agent_params_t ap;
+    kvf_rank_meta_t *m;
+    char name[64];
+    kvf_status_t status;
+
+    if ((pool == NULL) || (pool->tp_rank < 0) || (pool->tp_rank >= conn->tp) ||
+        (pool->base == NULL) || (pool->num_blocks < 1)) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    rk = &conn->ranks[pool->tp_rank];
+    if (rk->registered) {
+        return KVF_ERR_BUSY;
+    }
+    status = kvf_rank_geometry_compute(&conn->cfg, &pool->params, conn->tp, pool->tp_rank,
+                                       &rk->geom);
+    if (status != KVF_OK) {
+        return status;
+    }
+    if ((uint64_t)pool->len != (uint64_t)pool->num_blocks * (uint64_t)conn->layout->slots *
+                               rk->geom.page_size) {
+        kvf_error("ucx connector: rank %d pool of %zu bytes is not num_blocks*slots*page_size "
+                  "= %lld*%d*%zu", pool->tp_rank, pool->len, (long long)pool->num_blocks,
+                  conn->layout->slots, rk->geom.page_size);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    rk->meta = calloc(1, sizeof(*rk->meta));
+    if (rk->meta == NULL) {
+        return KVF_ERR_NO_MEMORY;
+    }
+    snprintf(name, sizeof(name), "%s rank %d",
+             (conn->role == KVF_CONNECTOR_ROLE_PREFILL) ? "prefill" : "decode", pool->tp_rank);
+    memset(&ap, 0, sizeof(ap));
+    ap.field_mask = KVF_UCX_AGENT_PARAM_FIELD_NAME | KVF_UCX_AGENT_PARAM_FIELD_TIMEOUT_MS;
+    ap.name = name;
+    ap.timeout_ms = conn->timeout_ms;
+    status = kvf_ucx_agent_create(&ap, &rk->agent);
+    if (status != KVF_OK) {
+        goto err_free_meta;
+    }
+    status = kvf_ucx_agent_mem_register(rk->agent, pool->base, pool->len, &rk->region);
+    if (status != KVF_OK) {
+        goto err_destroy_agent;
+    }
+    m = rk->meta;
+    snprintf(m->engine_id, sizeof(m->engine_id), "%s", conn->engine_id);
+    m->protocol_version = KVF_XFER_PROTOCOL_VERSION;
+    m->model_fingerprint = kvf_model_config_fingerprint(&conn->cfg);
+    m->tp_rank = pool->tp_rank;
+    m->tp_size = conn->tp;
+    m->block_size = rk->geom.block_size;
+    m->kernel_block_size = rk->geom.kernel_block_size;
+    m->page_size = rk->geom.page_size;
+    m->slots = conn->layout->slots;
+    m->num_blocks = pool->num_blocks;
+    m->kv_dtype = rk->geom.kv_dtype;
+    m->conv_dtype = rk->geom.conv_dtype;
+    m->ssm_dtype = rk->geom.ssm_dtype;
+    m->user_block_size = pool->params.user_block_size;
+    m->align = pool->params.align;
+    snprintf(m->layout_tag, sizeof(m->layout_tag), "%s", KVF_LAYOUT_TAG_HND);
+    m->incarnation = conn->incarnation;
+    m->num_regions = 1;
+    status = kvf_ucx_agent_region_meta(rk->agent, rk->region, &m->regions[0]);
+    if (status == KVF_OK) {
+        status = kvf_ucx_agent_worker_address(rk->agent, m->worker_addr, sizeof(m->worker_addr),
+                                              &m->worker_addr_len);
+    }
+    if (status != KVF_OK) {
+        goto err_destroy_agent;
+    }
+    rk->base = pool->base;
+    rk->len = pool->len;
+    rk->num_blocks = pool->num_blocks;
+    pthread_mutex_lock(&conn->lock);
+    rk->registered = true;
+    pthread_mutex_unlock(&conn->lock);
+    return KVF_OK;
+
+err_destroy_agent:
+    kvf_ucx_agent_destroy(rk->agent);
+    rk->agent = NULL;
+err_free_meta:
+    free(rk->meta);
+    rk->meta = NULL;
+    return status;
+}
+
+static bool kvf_conn_all_registered(kvf_connector_h conn)
+{
+    bool all = true;
+    pthread_mutex_lock(&conn->lock);
+    for (int r = 0; r < conn->tp; ++r) {
+        all = all && conn->ranks[r].registered;
+    }
+    pthread_mutex_unlock(&conn->lock);
+    return all;
+}
+
+static kvf_status_t kvf_conn_get_metadata(kvf_connector_h conn, int tp_rank, void *buf,
+                                          size_t cap, size_t *len_p)
+{
+    kvf_handshake_reply_t reply;
+    uint8_t *packed;
+    size_t len;
+    kvf_status_t status;
+
+    if ((tp_rank < 0) || (tp_rank >= conn->tp) || !conn->ranks[tp_rank].registered) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    memset(&reply, 0, sizeof(reply));
+    reply.accepted = true;
+    snprintf(reply.engine_id, sizeof(reply.engine_id), "%s", conn->engine_id);
+    reply.num_ranks = 1;
+    reply.ranks = conn->ranks[tp_rank].meta;
+    status = kvf_handshake_reply_pack(&reply, &packed, &len);
+    if (status != KVF_OK) {
+        return status;
+    }
+    if (len > cap) {
+        free(packed);
+        return KVF_ERR_NO_RESOURCE;
+    }
+    memcpy(buf, packed, len);
+    *len_p = len;
+    free(packed);
+    return KVF_OK;
+}
+
+static kvf_status_t kvf_conn_serve(kvf_connector_h conn, int *port_p)
+{
+    kvf_side_channel_params_t sp;
+    kvf_rank_meta_t *metas;
+    kvf_status_t status;
+
+    if ((conn->role != KVF_CONNECTOR_ROLE_PREFILL) || (conn->server != NULL)) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    if (!kvf_conn_all_registered(conn)) {
+        kvf_error("ucx connector: serve before every rank registered its pool");
+        return KVF_ERR_BUSY;
+    }
+    metas = calloc((size_t)conn->tp, sizeof(*metas));
+    if (metas == NULL) {
+        return KVF_ERR_NO_MEMORY;
+    }
+    for (int r = 0; r < conn->tp; ++r) {
+        metas[r] = *conn->ranks[r].meta;
+    }
+    memset(&sp, 0, sizeof(sp));
+    sp.field_mask = KVF_SIDE_CHANNEL_PARAM_FIELD_HOST | KVF_SIDE_CHANNEL_PARAM_FIELD_PORT;
+    sp.host = conn->host;
+    sp.port = conn->port;
+    sp.engine_id = conn->engine_id;
+    sp.ranks = metas;
+    sp.num_ranks = conn->tp;
+    status = kvf_side_channel_server_start(&sp, &conn->server);
+    free(metas);
+    if ((status == KVF_OK) && (port_p != NULL)) {
+        *port_p = kvf_side_channel_server_port(conn->server);
+    }
+    return status;
+}
+
+static int kvf_conn_find_engine(kvf_connector_h conn, const char *engine_id)
+{
+    int found = -1;
+    pthread_mutex_lock(&conn->lock);
+    for (int e = 0; e < conn->num_engines; ++e) {
+        if (!conn->engines[e].forgotten && (strcmp(conn->engines[e].engine_id, engine_id) == 0)) {
+            found = e;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&conn->lock);
+    return found;
+}
+
+static kvf_status_t kvf_conn_handshake(kvf_connector_h conn, const char *engine_id,
+                                       const char *host, int port, char *why, size_t why_len)
+{
+    const kvf_handshake_reply_t *reply;
+    kvf_refusal_t refusals[KVF_MAX_REFUSALS];
+    kvf_conn_engine_t *e;
+    int nref = 0;
+    int slot;
+    kvf_status_t status;
+
+    if (why_len > 0) {
+        why[0] = '\0';
+    }
+    if ((conn->role != KVF_CONNECTOR_ROLE_DECODE) || (engine_id == NULL) || (host == NULL)) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    if (kvf_conn_find_engine(conn, engine_id) >= 0) {
+        return KVF_OK;    /* cached */
+    }
+    if (!kvf_conn_all_registered(conn)) {
+        return KVF_ERR_BUSY;
+    }
+    pthread_mutex_lock(&conn->lock);
+    slot = conn->num_engines;
+    for (int i = 0; i < conn->num_engines; ++i) {   /* reuse a forgotten engine's slot */
+        if (conn->engines[i].forgotten) {
+            slot = i;
+            break;
+        }
+    }
+    if (slot == KVF_CONN_MAX_ENGINES) {
+        pthread_mutex_unlock(&conn->lock);
+        snprintf(why, why_len, "handshake with %s: already connected to %d prefill engines",
+                 engine_id, KVF_CONN_MAX_ENGINES);
+        return KVF_ERR_NO_RESOURCE;
+    }
+    status = kvf_side_channel_fetch(conn->client, engine_id, host, port, &reply);
+    if (status == KVF_ERR_REFUSED) {
+        if (reply->num_refusals > 0) {
+            kvf_refusal_format(&reply->refusals[0], why, why_len);
+        } else {
+            snprintf(why, why_len, "handshake refused: %s", reply->error);
+        }
+        goto out_unlock;
+    }
+    if (status != KVF_OK) {
+        snprintf(why, why_len, "handshake with %s at %s:%d failed: %s", engine_id, host, port,
+                 kvf_status_str(status));
+        goto out_unlock;
+    }
+    e = &conn->engines[slot];
+    memset(e, 0, sizeof(*e));
+    e->geoms = calloc((size_t)reply->num_ranks, sizeof(*e->geoms));
+    e->num_blocks = calloc((size_t)reply->num_ranks, sizeof(*e->num_blocks));
+    if ((e->geoms == NULL) || (e->num_blocks == NULL)) {
+        status = KVF_ERR_NO_MEMORY;
+        goto err_free;
+    }
+    status = kvf_compat_check(&conn->cfg, conn->ranks[0].meta, reply->ranks, reply->num_ranks,
+                              e->geoms, refusals, KVF_MAX_REFUSALS, &nref);
+    if (status != KVF_OK) {
+        if (nref > 0) {
+            kvf_refusal_format(&refusals[0], why, why_len);
+        }
+        kvf_side_channel_forget(conn->client, engine_id);
+        goto err_free;
+    }
+    snprintf(e->engine_id, sizeof(e->engine_id), "%s", engine_id);
+    e->ranks = malloc((size_t)reply->num_ranks * sizeof(*e->ranks));
+    if (e->ranks == NULL) {
+        status = KVF_ERR_NO_MEMORY;
+        goto err_free;
+    }
+    memcpy(e->ranks, reply->ranks, (size_t)reply->num_ranks * sizeof(*e->ranks));
+    e->tp = reply->num_ranks;
+    for (int r = 0; r < e->tp; ++r) {
+        /* from what the peer registered, not what it claims (the compat check
+         * made them agree; this keeps the planner's bound the registered one) */
+        e->num_blocks[r] = (int64_t)(reply->ranks[r].regions[0].length /
+                                     ((uint64_t)reply->ranks[r].slots *
+                                      reply->ranks[r].page_size));
+    }
+    if (slot == conn->num_engines) {
+        conn->num_engines++;    /* publish: unchanged until forget_engine() */
+    }
+    pthread_mutex_unlock(&conn->lock);
+    kvf_log(KVF_LOG_INFO, KVF_SUB_XFER, "ucx connector %s: engine %s (TP %d) is compatible",
+            conn->engine_id, engine_id, e->tp);
+    return KVF_OK;
+
+err_free:
+    free(e->ranks);
+    free(e->geoms);
+    free(e->num_blocks);
+    memset(e, 0, sizeof(*e));
+    e->forgotten = (slot < conn->num_engines);   /* a reused slot stays free */
+out_unlock:
+    pthread_mutex_unlock(&conn->lock);
+    return status;
+}
+
+/* ---- requests --------------------------------------------------------- */
+
+static void kvf_conn_req_free(kvf_connector_req_h req)
+{
+    if (req == NULL) {
+        return;
+    }
+    if (req->plan != NULL) {
+        for (int i = 0; i < req->plan->num_ranks; ++i) {
+            kvf_ucx_batch_release(req->batches[i]);
+        }
+    }
+    kvf_xfer_plan_destroy(req->plan);
+    free(req->batches);
+    free(req->src);
+    free(req);
+}
+
+static kvf_status_t kvf_conn_peer(kvf_connector_h conn, kvf_conn_rank_t *rk, int engine,
+                                  int remote, kvf_ucx_peer_h *peer_p)
+{
+    const kvf_conn_engine_t *e = &conn->engines[engine];
+    kvf_status_t status;
+
+    if (rk->peers[engine] == NULL) {
+        rk->peers[engine] = calloc((size_t)e->tp, sizeof(kvf_ucx_peer_h));
+        if (rk->peers[engine] == NULL) {
+            return KVF_ERR_NO_MEMORY;
+        }
+    }
+    if ((rk->peers[engine][remote] != NULL) &&
+        (kvf_ucx_peer_status(rk->peers[engine][remote]) != KVF_OK)) {
+        /* a failed endpoint stays failed: reconnect */
+        kvf_ucx_peer_destroy(rk->peers[engine][remote]);
+        rk->peers[engine][remote] = NULL;
+    }
+    if (rk->peers[engine][remote] == NULL) {
+        status = kvf_ucx_peer_connect(rk->agent, &e->ranks[remote],
+                                      &rk->peers[engine][remote]);
+        if (status != KVF_OK) {
+            return status;
+        }
+    }
+    *peer_p = rk->peers[engine][remote];
+    return KVF_OK;
+}
+
+static kvf_status_t kvf_conn_start_pull(kvf_connector_h conn, int tp_rank,
+                                        const kvf_connector_pull_t *pull,
+                                        kvf_connector_req_h *req_p)
+{
+    kvf_xfer_group_blocks_t groups[KVF_MAX_KV_GROUPS];
+    kvf_xfer_plan_params_t pp;
+    kvf_connector_req_h req;
+    kvf_conn_rank_t *rk;
+    const kvf_conn_engine_t *e;
+    kvf_status_t status;
+    int engine;
+
+    if ((conn->role != KVF_CONNECTOR_ROLE_DECODE) || (tp_rank < 0) || (tp_rank >= conn->tp) ||
+        (pull == NULL) || (pull->engine_id == NULL) ||
+        (pull->num_groups != conn->layout->num_groups) || !conn->ranks[tp_rank].registered) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    rk = &conn->ranks[tp_rank];
+    engine = kvf_conn_find_engine(conn, pull->engine_id);
+    if (engine < 0) {
+        kvf_error("ucx connector: pull from engine %s before its handshake", pull->engine_id);
+        return KVF_ERR_NOT_FOUND;
+    }
+    e = &conn->engines[engine];
+    req = calloc(1, sizeof(*req));
+    if (req == NULL) {
+        return KVF_ERR_NO_MEMORY;
+    }
+    req->rank = tp_rank;
+    req->engine = engine;
+    req->status = KVF_INPROGRESS;
+    snprintf(req->request_id, sizeof(req->request_id), "%s",
+             (pull->request_id != NULL) ? pull->request_id : "");
+
+    memset(&pp, 0, sizeof(pp));
+    pp.cfg = &conn->cfg;
+    pp.layout = conn->layout;
+    pp.local_tp = conn->tp;
+    pp.local_rank = tp_rank;
+    pp.local_geom = &rk->geom;
+    pp.local_num_blocks = rk->num_blocks;
+    pp.remote_tp = e->tp;
+    pp.remote_geoms = e->geoms;
+    pp.remote_num_blocks = e->num_blocks;
+    pp.num_groups = pull->num_groups;
+    for (int g = 0; g < pull->num_groups; ++g) {
+        groups[g].local_ids = pull->local_ids[g];
+        groups[g].num_local = pull->num_local_ids[g];
+        groups[g].remote_ids = pull->remote_ids[g];
+        groups[g].num_remote = pull->num_remote_ids[g];
+    }
+    pp.groups = groups;
+    pp.num_tokens = pull->num_tokens;
+    status = kvf_xfer_plan_create(&pp, &req->plan);   /* checks every id and range */
+    if (status != KVF_OK) {
+        goto err;
+    }
+    req->batches = calloc((size_t)req->plan->num_ranks + 1, sizeof(*req->batches));
+    req->src = calloc((size_t)e->tp, sizeof(*req->src));
+    if ((req->batches == NULL) || (req->src == NULL)) {
+        status = KVF_ERR_NO_MEMORY;
+        goto err;
+    }
+    status = kvf_tp_source_ranks(&conn->cfg, e->tp, conn->tp, tp_rank, req->src, &req->nsrc);
+    for (int i = 0; (i < req->nsrc) && (status == KVF_OK); ++i) {
+        kvf_ucx_peer_h peer;
+        status = kvf_conn_peer(conn, rk, engine, req->src[i], &peer);
+    }
+    if (status != KVF_OK) {
+        goto err;
+    }
+    req->deadline_ns = kvf_ucx_now_ns() + (uint64_t)conn->timeout_ms * 1000000ull;
+    for (int i = 0; i < req->plan->num_ranks; ++i) {
+        const kvf_xfer_rank_plan_t *rp = &req->plan->ranks[i];
+        status = kvf_ucx_xfer_post(rk->agent, rk->peers[engine][rp->remote_rank],
+                                   KVF_UCX_OP_GET, rk->region, 0, rp->descs, rp->num_descs,
+                                   &req->batches[i]);
+        if (status != KVF_OK) {
+            /* earlier batches are in flight: report through poll, release drains them */
+            req->status = status;
+            break;
+        }
+    }
+    *req_p = req;
+    return KVF_OK;
+
+err:
+    kvf_conn_req_free(req);
+    return status;
+}
+
+static kvf_status_t kvf_conn_poll(kvf_connector_h conn, int tp_rank, kvf_connector_req_h req)
+{
+    kvf_conn_rank_t *rk;
+    bool pending = false;
+
+    if ((req == NULL) || (req->rank != tp_rank)) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    if (req->status != KVF_INPROGRESS) {
+        return req->status;
+    }
+    rk = &conn->ranks[tp_rank];
+    kvf_ucx_agent_progress(rk->agent);
+    for (int i = 0; i < req->plan->num_ranks; ++i) {
+        kvf_status_t s = kvf_ucx_batch_test(req->batches[i]);
+        if (s == KVF_INPROGRESS) {
+            pending = true;
+        } else if (s != KVF_OK) {
+            req->status = s;
+            return s;
+        }
+    }
+    if (pending) {
+        if (kvf_ucx_now_ns() > req->deadline_ns) {
+            kvf_error("ucx connector: request %s on rank %d timed out after %u ms",
+                      req->request_id, tp_rank, conn->timeout_ms);
+            req->status = KVF_ERR_PEER_TIMEOUT;
+        }
+        return req->status;
+    }
+    for (size_t z = 0; z < req->plan->num_zero; ++z) {
+        memset(rk->base + req->plan->zero[z].off, 0, req->plan->zero[z].len);
+    }
+    req->status = KVF_OK;
+    return KVF_OK;
+}
+
+static kvf_status_t kvf_conn_notify_release(kvf_connector_h conn, int tp_rank,
+                                            kvf_connector_req_h req)
+{
+    kvf_conn_rank_t *rk;
+    kvf_status_t status = KVF_OK;
+
+    if ((req == NULL) || (req->rank != tp_rank)) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    rk = &conn->ranks[tp_rank];
+    /* drain: never release blocks a GET may still be reading (§9) */
+    while (kvf_conn_poll(conn, tp_rank, req) == KVF_INPROGRESS) {
+    }
+    if (req->status != KVF_OK) {
+        /* Failed or timed out with GETs possibly still posted: force-close
+         * the endpoints so none can land after the caller reuses the local
+         * blocks, and send no release (prefill may be dead or stuck; its
+         * lease frees the blocks there). The next pull reconnects. */
+        for (int i = 0; (rk->peers[req->engine] != NULL) && (i < req->nsrc); ++i) {
+            kvf_ucx_peer_abort(rk->peers[req->engine][req->src[i]]);
+            rk->peers[req->engine][req->src[i]] = NULL;
+        }
+        status = req->status;
+        kvf_conn_req_free(req);
+        return status;
+    }
+    for (int i = 0; i < req->nsrc; ++i) {
+        kvf_ucx_peer_h peer = rk->peers[req->engine][req->src[i]];
+        kvf_xfer_notification_t n;
+        uint8_t *buf;
+        size_t len;
+        kvf_status_t s;
+
+        memset(&n, 0, sizeof(n));
+        snprintf(n.request_id, sizeof(n.request_id), "%s", req->request_id);
+        snprintf(n.engine_id, sizeof(n.engine_id), "%s", conn->engine_id);
+        n.rank = tp_rank;
+        n.status = req->status;
+        s = kvf_xfer_notification_pack(&n, &buf, &len);
+        if (s == KVF_OK) {
+            s = kvf_ucx_notify_send(rk->agent, peer, buf, len);
+            free(buf);
+        }
+        status = (status == KVF_OK) ? s : status;   /* the prefill lease covers a lost one */
+    }
+    kvf_conn_req_free(req);
+    return status;
+}
+
+static kvf_status_t kvf_conn_poll_release(kvf_connector_h conn, int tp_rank, uint32_t timeout_ms,
+                                          char *request_id, size_t id_len, int *decode_rank_p,
+                                          kvf_status_t *status_p)
+{
+    uint8_t buf[4096];
+    size_t len;
+    kvf_xfer_notification_t n;
+    kvf_status_t status;
+
+    if ((tp_rank < 0) || (tp_rank >= conn->tp) || !conn->ranks[tp_rank].registered) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    status = kvf_ucx_notify_recv(conn->ranks[tp_rank].agent, buf, sizeof(buf), &len,
+                                 timeout_ms);
+    if (status != KVF_OK) {
+        return status;
+    }
+    status = kvf_xfer_notification_unpack(buf, len, &n);
+    if (status != KVF_OK) {
+        kvf_warn("ucx connector: malformed release notification (%zu bytes) ignored", len);
+        return status;
+    }
+    snprintf(request_id, id_len, "%s", n.request_id);
+    *decode_rank_p = n.rank;
+    *status_p = n.status;
+    return KVF_OK;
+}
+
+static kvf_status_t kvf_conn_forget_engine(kvf_connector_h conn, const char *engine_id)
+{
+    int e = (engine_id != NULL) ? kvf_conn_find_engine(conn, engine_id) : -1;
+    kvf_conn_engine_t *eng;
+
+    if (e < 0) {
+        return KVF_ERR_NOT_FOUND;
+    }
+    eng = &conn->engines[e];
+    for (int r = 0; r < conn->tp; ++r) {
+        kvf_conn_rank_t *rk = &conn->ranks[r];
+        for (int p = 0; (rk->peers[e] != NULL) && (p < eng->tp); ++p) {
+            kvf_ucx_peer_destroy(rk->peers[e][p]);   /* bounded by the agent timeout */
+        }
+        free(rk->peers[e]);
+        rk->peers[e] = NULL;
+    }
+    pthread_mutex_lock(&conn->lock);
+    kvf_side_channel_forget(conn->client, engine_id);
+    free(eng->ranks);
+    free(eng->geoms);
+    free(eng->num_blocks);
+    memset(eng, 0, sizeof(*eng));
+    eng->forgotten = true;
+    pthread_mutex_unlock(&conn->lock);
+    kvf_log(KVF_LOG_INFO, KVF_SUB_XFER, "ucx connector %s: forgot engine %s; the next request"
+            " handshakes again", conn->engine_id, engine_id);
+    return KVF_OK;
+}
+
+static uint64_t kvf_conn_incarnation(kvf_connector_h conn)
+{
+    return conn->incarnation;
+}
+
+static kvf_status_t kvf_conn_remote_incarnation(kvf_connector_h conn, const char *engine_id,
+                                                uint64_t *incarnation_p)
+{
+    int e = (engine_id != NULL) ? kvf_conn_find_engine(conn, engine_id) : -1;
+
+    if (e < 0) {
+        return KVF_ERR_NOT_FOUND;
+    }
+    *incarnation_p = conn->engines[e].ranks[0].incarnation;
+    return KVF_OK;
+}
+
+static kvf_status_t kvf_conn_wait_fds(kvf_connector_h conn, int *fds, int cap, int *n_p)
+{
+    int n = 0;
+
+    for (int r = 0; r < conn->tp; ++r) {
+        kvf_conn_rank_t *rk = &conn->ranks[r];
+        kvf_status_t status;
+        if (!rk->registered) {
+            continue;
+        }
+        if (n == cap) {
+            return KVF_ERR_NO_RESOURCE;
+        }
+        status = kvf_ucx_agent_event_fd(rk->agent, &fds[n]);
+        if (status == KVF_OK) {
+            status = kvf_ucx_agent_arm(rk->agent);
+        }
+        if (status != KVF_OK) {
+            return status;      /* BUSY: work pending; other errors: caller spins */
+        }
+        ++n;
+    }
+    *n_p = n;
+    return KVF_OK;
+}
+
+static kvf_status_t kvf_conn_req_stats(kvf_connector_h conn, int tp_rank,
+                                       kvf_connector_req_h req, kvf_connector_stats_t *stats_p)
+{
+    (void)conn;
+    if ((req == NULL) || (req->rank != tp_rank) || (stats_p == NULL)) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    stats_p->bytes = req->plan->total_bytes;
+    stats_p->descriptors = req->plan->total_descs;
+    stats_p->remote_ranks = req->plan->num_ranks;
+    stats_p->zero_bytes = req->plan->zero_bytes;
+    return KVF_OK;
+}
+
+static const kvf_connector_ops_t kvf_connector_ucx = {
+    .abi_version    = KVF_CONNECTOR_ABI,
+    .name           = "ucx",
+    .create         = kvf_conn_create,
+    .destroy        = kvf_conn_destroy,
+    .register_pool  = kvf_conn_register_pool,
+    .get_metadata   = kvf_conn_get_metadata,
+    .serve          = kvf_conn_serve,
+    .handshake      = kvf_conn_handshake,
+    .start_pull     = kvf_conn_start_pull,
+    .poll           = kvf_conn_poll,
+    .notify_release = kvf_conn_notify_release,
+    .poll_release   = kvf_conn_poll_release,
+    .req_stats      = kvf_conn_req_stats,
+    .forget_engine  = kvf_conn_forget_engine,
+    .incarnation    = kvf_conn_incarnation,
+    .remote_incarnation = kvf_conn_remote_incarnation,
+    .wait_fds       = kvf_conn_wait_fds,
+};
+
+const kvf_connector_ops_t *kvf_connector_ucx_ops(void)
+{
+    return &kvf_connector_ucx;
+}

@@ -1,0 +1,203 @@
+/*
+ * UCX transfer agent, one per rank (NIXL-style; DESIGN.md §4, §10).
+ *
+ * An agent owns a ucp context and one worker (UCS_THREAD_MODE_SINGLE: only
+ * the owning rank thread may call into it), the registered page-pool
+ * region(s), and peers. A peer is an endpoint to a remote rank's worker plus
+ * that rank's regions with their remote keys, unpacked once at connect.
+ *
+ * Data path: kvf_ucx_xfer_post() posts one non-blocking GET (or PUT) per
+ * descriptor and a flush, so a whole descriptor list completes as ONE batch;
+ * kvf_ucx_batch_test()/kvf_ucx_batch_wait() drive it. Every wait has a
+ * timeout. Endpoints use UCX peer error handling; a dead peer turns into a
+ * KVF_ERR_PEER_* status on the peer and on every batch to it.
+ *
+ * Notifications: small messages (packed TransferNotification) sent as UCX
+ * active messages; received ones are queued inside the agent until
+ * kvf_ucx_notify_recv() takes them.
+ *
+ * Environment: with peer error handling the agent sets
+ * UCX_POSIX_ERROR_HANDLING=y and UCX_SYSV_ERROR_HANDLING=y before reading
+ * the UCX config unless the user set them (otherwise shared-memory
+ * transports drop out and TCP carries everything, ~90x slower), and logs
+ * the transports each endpoint selected.
+ */
+#ifndef KVF_UCX_AGENT_H
+#define KVF_UCX_AGENT_H
+
+#include "kvf_handshake.h"
+#include "kvf_xfer_plan.h"
+
+#include <ucs/type/status.h>
+
+typedef struct kvf_ucx_agent *kvf_ucx_agent_h;
+typedef struct kvf_ucx_peer  *kvf_ucx_peer_h;
+typedef struct kvf_ucx_batch *kvf_ucx_batch_h;
+
+/** Map a UCX status to kvf_status_t (peer failures to the KVF_ERR_PEER_* range). */
+kvf_status_t kvf_ucx_status(ucs_status_t status);
+
+/* CONVENTIONS.md practice 5: one check macro per foreign error domain. */
+#define KVF_UCX_CHECK(_call)                                                  \
+    do {                                                                      \
+        ucs_status_t _ucs = (_call);                                          \
+        if (_ucs != UCS_OK) {                                                 \
+            kvf_error("%s failed: %s", #_call, ucs_status_string(_ucs));      \
+            return kvf_ucx_status(_ucs);                                      \
+        }                                                                     \
+    } while (0)
+
+#define KVF_UCX_CHECK_GOTO(_call, _status, _label)                            \
+    do {                                                                      \
+        ucs_status_t _ucs = (_call);                                          \
+        if (_ucs != UCS_OK) {                                                 \
+            kvf_error("%s failed: %s", #_call, ucs_status_string(_ucs));      \
+            (_status) = kvf_ucx_status(_ucs);                                 \
+            goto _label;                                                      \
+        }                                                                     \
+    } while (0)
+
+enum kvf_ucx_agent_params_field {          /* append only, never renumber */
+    KVF_UCX_AGENT_PARAM_FIELD_NAME       = KVF_BIT(0),
+    KVF_UCX_AGENT_PARAM_FIELD_TIMEOUT_MS = KVF_BIT(1),
+    KVF_UCX_AGENT_PARAM_FIELD_ERR_MODE   = KVF_BIT(2),
+};
+#define KVF_UCX_AGENT_PARAM_FIELDS_KNOWN (KVF_BIT(3) - 1)
+
+typedef struct kvf_ucx_agent_params {
+    uint64_t    field_mask;     /* bits of kvf_ucx_agent_params_field; first */
+    const char *name;           /* for logs, e.g. "decode rank 1"; copied */
+    uint32_t    timeout_ms;     /* default for waits inside the agent (connect,
+                                 * notify send, close); default 2000 */
+    bool        peer_err_mode;  /* UCP_ERR_HANDLING_MODE_PEER; default true */
+} kvf_ucx_agent_params_t;
+
+typedef enum {
+    KVF_UCX_OP_GET = 0,         /* remote -> local */
+    KVF_UCX_OP_PUT = 1,         /* local -> remote */
+} kvf_ucx_op_t;
+
+/**
+ * Create an agent: ucp context (RMA + AM features) and one worker.
+ * @return KVF_OK; KVF_ERR_INVALID_PARAM for unknown field_mask bits;
+ *         KVF_ERR_UCX (or a mapped status) when UCX init fails (logged).
+ */
+kvf_status_t kvf_ucx_agent_create(const kvf_ucx_agent_params_t *params,
+                                  kvf_ucx_agent_h *agent_p);
+
+/** Destroy peers still connected, deregister regions, free the worker/context. NULL ok. */
+void kvf_ucx_agent_destroy(kvf_ucx_agent_h agent);
+
+/**
+ * Register [addr, addr + len) once (ucp_mem_map); setup path only.
+ * @param [out] region_p  Index of the new region (0, 1, ...).
+ * @return KVF_OK; KVF_ERR_NO_RESOURCE past KVF_XFER_MAX_REGIONS; UCX errors.
+ */
+kvf_status_t kvf_ucx_agent_mem_register(kvf_ucx_agent_h agent, void *addr, size_t len,
+                                        int *region_p);
+
+/** Publishable description of region @a region: address, length, packed rkey. */
+kvf_status_t kvf_ucx_agent_region_meta(kvf_ucx_agent_h agent, int region,
+                                       kvf_xfer_region_meta_t *meta_p);
+
+/** Copy this worker's address into @a buf (cap bytes). KVF_ERR_NO_RESOURCE if too small. */
+kvf_status_t kvf_ucx_agent_worker_address(kvf_ucx_agent_h agent, uint8_t *buf, size_t cap,
+                                          size_t *len_p);
+
+/**
+ * Transports in use, e.g. "UCX_TLS=all; ep lanes: cma/memory,sysv/memory,tcp/lo".
+ * Lanes are those of the most recently connected peer ("none" before). Owned by agent.
+ */
+const char *kvf_ucx_agent_transports(kvf_ucx_agent_h agent);
+
+/** Drive the worker once; returns the number of UCX events processed. */
+unsigned kvf_ucx_agent_progress(kvf_ucx_agent_h agent);
+
+/**
+ * The worker's event file descriptor: readable when the worker has work.
+ * Owned by the worker; valid until the agent is destroyed.
+ */
+kvf_status_t kvf_ucx_agent_event_fd(kvf_ucx_agent_h agent, int *fd_p);
+
+/**
+ * Progress until idle, then arm the event fd (ucp_worker_arm) so a poll()
+ * on it wakes when work arrives.
+ * @return KVF_OK when armed (the caller may sleep in poll on the fd);
+ *         KVF_ERR_BUSY when events or notifications are pending (progress or
+ *         read them, do not sleep); a UCX error mapped to kvf_status_t.
+ */
+kvf_status_t kvf_ucx_agent_arm(kvf_ucx_agent_h agent);
+
+/** Number of GET/PUT operations posted so far (0 proves no RDMA was issued). */
+uint64_t kvf_ucx_agent_ops_posted(kvf_ucx_agent_h agent);
+
+/**
+ * Connect to a remote rank: create the endpoint from meta->worker_addr and
+ * unpack every region's rkey (once; cached in the peer).
+ * @return KVF_OK; KVF_ERR_PARSE for an rkey UCX cannot unpack; mapped UCX errors.
+ */
+kvf_status_t kvf_ucx_peer_connect(kvf_ucx_agent_h agent, const kvf_rank_meta_t *meta,
+                                  kvf_ucx_peer_h *peer_p);
+
+/** Close the endpoint (forced when the peer failed; bounded by the agent timeout). NULL ok. */
+void kvf_ucx_peer_destroy(kvf_ucx_peer_h peer);
+
+/**
+ * Force-close the endpoint whatever its state: every operation still posted
+ * on it completes (with an error) before this returns, so none can land in
+ * local memory afterwards. For transfers that failed or timed out while
+ * GETs were in flight. NULL ok.
+ */
+void kvf_ucx_peer_abort(kvf_ucx_peer_h peer);
+
+/** KVF_OK while healthy; the first KVF_ERR_PEER_* seen on this peer otherwise. */
+kvf_status_t kvf_ucx_peer_status(kvf_ucx_peer_h peer);
+
+/**
+ * Post one batch: for each descriptor, @a op of descs[i].len bytes between
+ * local region @a local_region + local_off and the peer's region
+ * @a remote_region + remote_off. Never blocks. Every descriptor is checked
+ * against both region lengths first; on any error nothing was posted.
+ *
+ * @param [out] batch_p  New batch (release with kvf_ucx_batch_release()).
+ * @return KVF_OK (posted; completion via kvf_ucx_batch_test/wait);
+ *         KVF_ERR_OUT_OF_RANGE for a descriptor leaving a region;
+ *         KVF_ERR_PEER_* when the peer already failed; UCX errors.
+ */
+kvf_status_t kvf_ucx_xfer_post(kvf_ucx_agent_h agent, kvf_ucx_peer_h peer, kvf_ucx_op_t op,
+                               int local_region, int remote_region,
+                               const kvf_xfer_desc_t *descs, size_t num_descs,
+                               kvf_ucx_batch_h *batch_p);
+
+/** KVF_INPROGRESS, KVF_OK, or the batch's error (peer errors included). Does not progress. */
+kvf_status_t kvf_ucx_batch_test(kvf_ucx_batch_h batch);
+
+/**
+ * Progress until the batch completes or @a timeout_ms passes.
+ * @return KVF_OK; the batch's error; KVF_ERR_PEER_TIMEOUT on timeout (the
+ *         peer is then marked failed with that status).
+ */
+kvf_status_t kvf_ucx_batch_wait(kvf_ucx_batch_h batch, uint32_t timeout_ms);
+
+/** Free a batch; an unfinished one is abandoned (its operations finish or fail inside UCX). */
+void kvf_ucx_batch_release(kvf_ucx_batch_h batch);
+
+/**
+ * Send a notification (<= 4096 bytes) to the peer and wait, bounded by the
+ * agent timeout, until UCX has sent it.
+ */
+kvf_status_t kvf_ucx_notify_send(kvf_ucx_agent_h agent, kvf_ucx_peer_h peer, const void *msg,
+                                 size_t len);
+
+/**
+ * Take the oldest received notification, progressing up to @a timeout_ms
+ * (0: just check). @return KVF_OK with *len_p set; KVF_ERR_PEER_TIMEOUT when
+ * none arrived; KVF_ERR_NO_RESOURCE when @a cap is too small (kept queued).
+ */
+kvf_status_t kvf_ucx_notify_recv(kvf_ucx_agent_h agent, void *buf, size_t cap, size_t *len_p,
+                                 uint32_t timeout_ms);
+
+/** Monotonic clock in ns (for timeouts and timings). */
+uint64_t kvf_ucx_now_ns(void);
+
+#endif

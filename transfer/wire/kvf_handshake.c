@@ -1,0 +1,448 @@
+/*
+ * Handshake messages: C structs <-> protobuf-c.
+ *
+ * Design: the protobuf structs never leave this file. Packing builds them on
+ * the stack pointing into the caller's C struct (no copies); unpacking
+ * copies into fixed-size C fields after checking every length and range, so
+ * later code can index arrays with what a peer sent without re-checking.
+ * protobuf-c itself rejects truncated and malformed wire data; we add the
+ * semantic bounds (a well-formed message with tp_size 0 or a 1 MiB rkey is
+ * still refused here). Rejected alternative: handing the Kvf__ structs to
+ * callers — every consumer would need its own NULL/has_ checks.
+ */
+#include "kvf_handshake.h"
+
+#include "kvf_log.h"
+#include "kvf_xfer.pb-c.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void kvf_refusal_format(const kvf_refusal_t *r, char *buf, size_t len)
+{
+    snprintf(buf, len, "handshake refused: %s local=%s remote=%s: %s", r->field, r->local,
+             r->remote, r->why);
+}
+
+/* Copy a peer string into a fixed field; false when missing or too long. */
+static bool kvf_hs_copy_str(char *dst, size_t cap, const char *src, bool required)
+{
+    if (src == NULL) {
+        dst[0] = '\0';
+        return !required;
+    }
+    size_t n = strlen(src);
+    if (n >= cap) {
+        return false;
+    }
+    memcpy(dst, src, n + 1);
+    return true;
+}
+
+static kvf_status_t kvf_hs_finish_pack(size_t size, const ProtobufCMessage *msg, uint8_t **buf_p,
+                                       size_t *len_p)
+{
+    uint8_t *buf = malloc(size ? size : 1);
+    if (buf == NULL) {
+        return KVF_ERR_NO_MEMORY;
+    }
+    *len_p = protobuf_c_message_pack(msg, buf);
+    *buf_p = buf;
+    return KVF_OK;
+}
+
+/* ---- request ---------------------------------------------------------- */
+
+kvf_status_t kvf_handshake_request_pack(const kvf_handshake_request_t *req, uint8_t **buf_p,
+                                        size_t *len_p)
+{
+    Kvf__HandshakeRequest m = KVF__HANDSHAKE_REQUEST__INIT;
+
+    m.engine_id = (char *)req->engine_id;
+    m.has_protocol_version = 1;
+    m.protocol_version = req->protocol_version;
+    m.want_engine_id = (char *)req->want_engine_id;
+    return kvf_hs_finish_pack(kvf__handshake_request__get_packed_size(&m), &m.base, buf_p,
+                              len_p);
+}
+
+kvf_status_t kvf_handshake_request_unpack(const uint8_t *buf, size_t len,
+                                          kvf_handshake_request_t *req_p)
+{
+    Kvf__HandshakeRequest *m = kvf__handshake_request__unpack(NULL, len, buf);
+    kvf_status_t status = KVF_ERR_PARSE;
+
+    memset(req_p, 0, sizeof(*req_p));
+    if (m == NULL) {
+        kvf_log(KVF_LOG_DEBUG, KVF_SUB_PROTO, "handshake request: not a valid message (%zu bytes)",
+                len);
+        return KVF_ERR_PARSE;
+    }
+    if (!m->has_protocol_version ||
+        !kvf_hs_copy_str(req_p->engine_id, sizeof(req_p->engine_id), m->engine_id, true) ||
+        !kvf_hs_copy_str(req_p->want_engine_id, sizeof(req_p->want_engine_id),
+                         m->want_engine_id, false)) {
+        kvf_log(KVF_LOG_DEBUG, KVF_SUB_PROTO, "handshake request: missing or oversized field");
+        goto out;
+    }
+    req_p->protocol_version = m->protocol_version;
+    status = KVF_OK;
+out:
+    kvf__handshake_request__free_unpacked(m, NULL);
+    return status;
+}
+
+/* ---- reply ------------------------------------------------------------ */
+
+kvf_status_t kvf_handshake_reply_pack(const kvf_handshake_reply_t *reply, uint8_t **buf_p,
+                                      size_t *len_p)
+{
+    Kvf__HandshakeReply m = KVF__HANDSHAKE_REPLY__INIT;
+    Kvf__RankMetadata *metas = NULL, **meta_ptrs = NULL;
+    Kvf__XferRegion *regions = NULL, **region_ptrs = NULL;
+    Kvf__Refusal refs[KVF_MAX_REFUSALS], *ref_ptrs[KVF_MAX_REFUSALS];
+    kvf_status_t status = KVF_ERR_NO_MEMORY;
+    int n = reply->num_ranks;
+
+    if ((n < 0) || (n > KVF_XFER_MAX_TP) || (reply->num_refusals < 0) ||
+        (reply->num_refusals > KVF_MAX_REFUSALS)) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    metas = calloc((size_t)n + 1, sizeof(*metas));
+    meta_ptrs = calloc((size_t)n + 1, sizeof(*meta_ptrs));
+    regions = calloc((size_t)n * KVF_XFER_MAX_REGIONS + 1, sizeof(*regions));
+    region_ptrs = calloc((size_t)n * KVF_XFER_MAX_REGIONS + 1, sizeof(*region_ptrs));
+    if ((metas == NULL) || (meta_ptrs == NULL) || (regions == NULL) || (region_ptrs == NULL)) {
+        goto out;
+    }
+
+    m.has_accepted = 1;
+    m.accepted = reply->accepted;
+    m.engine_id = (char *)reply->engine_id;
+    m.error = (char *)reply->error;
+    for (int i = 0; i < n; ++i) {
+        const kvf_rank_meta_t *r = &reply->ranks[i];
+        Kvf__RankMetadata *p = &metas[i];
+
+        if ((r->num_regions < 0) || (r->num_regions > KVF_XFER_MAX_REGIONS)) {
+            status = KVF_ERR_INVALID_PARAM;
+            goto out;
+        }
+        kvf__rank_metadata__init(p);
+        p->engine_id = (char *)r->engine_id;
+        p->has_protocol_version = 1; p->protocol_version = r->protocol_version;
+        p->has_model_fingerprint = 1; p->model_fingerprint = r->model_fingerprint;
+        p->has_tp_rank = 1; p->tp_rank = (uint32_t)r->tp_rank;
+        p->has_tp_size = 1; p->tp_size = (uint32_t)r->tp_size;
+        p->has_block_size = 1; p->block_size = (uint32_t)r->block_size;
+        p->has_kernel_block_size = 1; p->kernel_block_size = (uint32_t)r->kernel_block_size;
+        p->has_page_size = 1; p->page_size = r->page_size;
+        p->has_slots = 1; p->slots = (uint32_t)r->slots;
+        p->has_num_blocks = 1; p->num_blocks = (uint64_t)r->num_blocks;
+        p->has_kv_dtype = 1; p->kv_dtype = (uint32_t)r->kv_dtype;
+        p->has_conv_dtype = 1; p->conv_dtype = (uint32_t)r->conv_dtype;
+        p->has_ssm_dtype = 1; p->ssm_dtype = (uint32_t)r->ssm_dtype;
+        p->has_user_block_size = 1; p->user_block_size = (uint32_t)r->user_block_size;
+        p->has_align_mode = 1; p->align_mode = (uint32_t)r->align;
+        p->layout_tag = (char *)r->layout_tag;
+        p->n_regions = (size_t)r->num_regions;
+        p->regions = &region_ptrs[i * KVF_XFER_MAX_REGIONS];
+        for (int j = 0; j < r->num_regions; ++j) {
+            Kvf__XferRegion *x = &regions[i * KVF_XFER_MAX_REGIONS + j];
+            kvf__xfer_region__init(x);
+            x->has_addr = 1; x->addr = r->regions[j].addr;
+            x->has_length = 1; x->length = r->regions[j].length;
+            x->has_rkey = 1;
+            x->rkey.len = r->regions[j].rkey_len;
+            x->rkey.data = (uint8_t *)r->regions[j].rkey;
+            p->regions[j] = x;
+        }
+        p->has_worker_address = 1;
+        p->worker_address.len = r->worker_addr_len;
+        p->worker_address.data = (uint8_t *)r->worker_addr;
+        p->has_incarnation = (r->incarnation != 0);
+        p->incarnation = r->incarnation;
+        meta_ptrs[i] = p;
+    }
+    m.n_ranks = (size_t)n;
+    m.ranks = meta_ptrs;
+    for (int i = 0; i < reply->num_refusals; ++i) {
+        kvf__refusal__init(&refs[i]);
+        refs[i].field = (char *)reply->refusals[i].field;
+        refs[i].local = (char *)reply->refusals[i].local;
+        refs[i].remote = (char *)reply->refusals[i].remote;
+        refs[i].why = (char *)reply->refusals[i].why;
+        ref_ptrs[i] = &refs[i];
+    }
+    m.n_refusals = (size_t)reply->num_refusals;
+    m.refusals = ref_ptrs;
+
+    status = kvf_hs_finish_pack(kvf__handshake_reply__get_packed_size(&m), &m.base, buf_p, len_p);
+out:
+    free(region_ptrs);
+    free(regions);
+    free(meta_ptrs);
+    free(metas);
+    return status;
+}
+
+/* Validate one rank's metadata and copy it into @a r. */
+static bool kvf_hs_rank_from_proto(const Kvf__RankMetadata *p, kvf_rank_meta_t *r)
+{
+    if (!p->has_protocol_version || !p->has_model_fingerprint || !p->has_tp_rank ||
+        !p->has_tp_size || !p->has_block_size || !p->has_kernel_block_size ||
+        !p->has_page_size || !p->has_slots || !p->has_num_blocks || !p->has_kv_dtype ||
+        !p->has_conv_dtype || !p->has_ssm_dtype || !p->has_worker_address) {
+        return false;
+    }
+    if ((p->tp_size < 1) || (p->tp_size > KVF_XFER_MAX_TP) || (p->tp_rank >= p->tp_size) ||
+        (p->block_size < 1) || (p->block_size > (1u << 24)) || (p->kernel_block_size < 1) ||
+        (p->kernel_block_size > p->block_size) || (p->page_size < 1) ||
+        (p->page_size > (1ull << 40)) || (p->slots < 1) || (p->slots > KVF_MAX_LAYERS) ||
+        (p->num_blocks < 1) || (p->num_blocks > (1ull << 40)) ||
+        (p->kv_dtype >= KVF_DTYPE_COUNT) || (p->conv_dtype >= KVF_DTYPE_COUNT) ||
+        (p->ssm_dtype >= KVF_DTYPE_COUNT) || (p->user_block_size > (1u << 24)) ||
+        (p->align_mode > KVF_ALIGN_PER_RANK) || (p->n_regions > KVF_XFER_MAX_REGIONS) ||
+        (p->worker_address.len < 1) || (p->worker_address.len > KVF_WORKER_ADDR_MAX)) {
+        return false;
+    }
+    if (!kvf_hs_copy_str(r->engine_id, sizeof(r->engine_id), p->engine_id, true) ||
+        !kvf_hs_copy_str(r->layout_tag, sizeof(r->layout_tag), p->layout_tag, true)) {
+        return false;
+    }
+    r->protocol_version = p->protocol_version;
+    r->model_fingerprint = p->model_fingerprint;
+    r->tp_rank = (int)p->tp_rank;
+    r->tp_size = (int)p->tp_size;
+    r->block_size = (int)p->block_size;
+    r->kernel_block_size = (int)p->kernel_block_size;
+    r->page_size = p->page_size;
+    r->slots = (int)p->slots;
+    r->num_blocks = (int64_t)p->num_blocks;
+    r->kv_dtype = (kvf_dtype_t)p->kv_dtype;
+    r->conv_dtype = (kvf_dtype_t)p->conv_dtype;
+    r->ssm_dtype = (kvf_dtype_t)p->ssm_dtype;
+    r->user_block_size = (int)p->user_block_size;
+    r->align = (kvf_align_mode_t)p->align_mode;
+    r->num_regions = (int)p->n_regions;
+    for (size_t j = 0; j < p->n_regions; ++j) {
+        const Kvf__XferRegion *x = p->regions[j];
+        if (!x->has_addr || !x->has_length || !x->has_rkey || (x->rkey.len < 1) ||
+            (x->rkey.len > KVF_RKEY_MAX) || (x->length < 1) ||
+            (x->addr + x->length < x->addr)) {
+            return false;
+        }
+        r->regions[j].addr = x->addr;
+        r->regions[j].length = x->length;
+        r->regions[j].rkey_len = x->rkey.len;
+        memcpy(r->regions[j].rkey, x->rkey.data, x->rkey.len);
+    }
+    r->worker_addr_len = p->worker_address.len;
+    memcpy(r->worker_addr, p->worker_address.data, p->worker_address.len);
+    r->incarnation = p->has_incarnation ? p->incarnation : 0;
+    return true;
+}
+
+kvf_status_t kvf_handshake_reply_unpack(const uint8_t *buf, size_t len,
+                                        kvf_handshake_reply_t *reply_p)
+{
+    Kvf__HandshakeReply *m = kvf__handshake_reply__unpack(NULL, len, buf);
+    kvf_handshake_reply_t reply;
+    kvf_status_t status = KVF_ERR_PARSE;
+    const char *why = "not a valid message";
+
+    memset(reply_p, 0, sizeof(*reply_p));
+    memset(&reply, 0, sizeof(reply));
+    if (m == NULL) {
+        goto out_log;
+    }
+    why = "missing or out-of-range field";
+    if (!m->has_accepted || (m->n_ranks > KVF_XFER_MAX_TP) ||
+        (m->n_refusals > KVF_MAX_REFUSALS) ||
+        !kvf_hs_copy_str(reply.engine_id, sizeof(reply.engine_id), m->engine_id, false) ||
+        !kvf_hs_copy_str(reply.error, sizeof(reply.error), m->error, false)) {
+        goto out_free;
+    }
+    reply.accepted = m->accepted;
+    for (size_t i = 0; i < m->n_refusals; ++i) {
+        const Kvf__Refusal *f = m->refusals[i];
+        kvf_refusal_t *r = &reply.refusals[i];
+        if (!kvf_hs_copy_str(r->field, sizeof(r->field), f->field, true) ||
+            !kvf_hs_copy_str(r->local, sizeof(r->local), f->local, false) ||
+            !kvf_hs_copy_str(r->remote, sizeof(r->remote), f->remote, false) ||
+            !kvf_hs_copy_str(r->why, sizeof(r->why), f->why, false)) {
+            goto out_free;
+        }
+    }
+    reply.num_refusals = (int)m->n_refusals;
+    if (m->n_ranks > 0) {
+        reply.ranks = calloc(m->n_ranks, sizeof(*reply.ranks));
+        if (reply.ranks == NULL) {
+            status = KVF_ERR_NO_MEMORY;
+            goto out_free;
+        }
+        for (size_t i = 0; i < m->n_ranks; ++i) {
+            kvf_rank_meta_t tmp_rank;
+            /* heap buffer would do too; one rank on the stack is ~17 KiB */
+            if (!kvf_hs_rank_from_proto(m->ranks[i], &tmp_rank)) {
+                why = "rank metadata missing or out-of-range field";
+                goto out_free;
+            }
+            /* ranks must be exactly 0..n-1 of one tp_size */
+            if (((size_t)tmp_rank.tp_size != m->n_ranks) ||
+                (reply.ranks[tmp_rank.tp_rank].tp_size != 0)) {
+                why = "rank list does not cover 0..tp_size-1 exactly once";
+                goto out_free;
+            }
+            reply.ranks[tmp_rank.tp_rank] = tmp_rank;
+        }
+    }
+    reply.num_ranks = (int)m->n_ranks;
+    if (reply.accepted && (reply.num_ranks == 0)) {
+        why = "accepted reply without rank metadata";
+        goto out_free;
+    }
+    kvf__handshake_reply__free_unpacked(m, NULL);
+    *reply_p = reply;
+    return KVF_OK;
+
+out_free:
+    free(reply.ranks);
+    kvf__handshake_reply__free_unpacked(m, NULL);
+out_log:
+    kvf_log(KVF_LOG_DEBUG, KVF_SUB_PROTO, "handshake reply rejected (%zu bytes): %s", len, why);
+    return status;
+}
+
+void kvf_handshake_reply_cleanup(kvf_handshake_reply_t *reply)
+{
+    free(reply->ranks);
+    memset(reply, 0, sizeof(*reply));
+}
+
+/* ---- notification ----------------------------------------------------- */
+
+kvf_status_t kvf_xfer_notification_pack(const kvf_xfer_notification_t *n, uint8_t **buf_p,
+                                        size_t *len_p)
+{
+    Kvf__TransferNotification m = KVF__TRANSFER_NOTIFICATION__INIT;
+
+    m.request_id = (char *)n->request_id;
+    m.has_rank = 1;
+    m.rank = (uint32_t)n->rank;
+    m.has_status = 1;
+    m.status = (int32_t)n->status;
+    m.engine_id = (char *)n->engine_id;
+    return kvf_hs_finish_pack(kvf__transfer_notification__get_packed_size(&m), &m.base, buf_p,
+                              len_p);
+}
+
+kvf_status_t kvf_xfer_notification_unpack(const uint8_t *buf, size_t len,
+                                          kvf_xfer_notification_t *n_p)
+{
+    Kvf__TransferNotification *m = kvf__transfer_notification__unpack(NULL, len, buf);
+    kvf_status_t status = KVF_ERR_PARSE;
+
+    memset(n_p, 0, sizeof(*n_p));
+    if (m == NULL) {
+        return KVF_ERR_PARSE;
+    }
+    if (m->has_rank && m->has_status && (m->rank < KVF_XFER_MAX_TP) &&
+        kvf_hs_copy_str(n_p->request_id, sizeof(n_p->request_id), m->request_id, true) &&
+        kvf_hs_copy_str(n_p->engine_id, sizeof(n_p->engine_id), m->engine_id, false)) {
+        n_p->rank = (int)m->rank;
+        n_p->status = (kvf_status_t)m->status;
+        status = KVF_OK;
+    }
+    kvf__transfer_notification__free_unpacked(m, NULL);
+    return status;
+}
+
+/* ---- transfer params -------------------------------------------------- */
+
+kvf_status_t kvf_xfer_params_msg_pack(const kvf_xfer_params_msg_t *p, uint8_t **buf_p,
+                                      size_t *len_p)
+{
+    Kvf__TransferParams m = KVF__TRANSFER_PARAMS__INIT;
+    Kvf__BlockIdList lists[KVF_MAX_KV_GROUPS], *list_ptrs[KVF_MAX_KV_GROUPS];
+
+    if ((p->num_groups < 0) || (p->num_groups > KVF_MAX_KV_GROUPS)) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    m.engine_id = (char *)p->engine_id;
+    m.host = (char *)p->host;
+    m.has_port = 1; m.port = (uint32_t)p->port;
+    m.has_num_tokens = 1; m.num_tokens = (uint64_t)p->num_tokens;
+    m.has_lease_expiry_ms = 1; m.lease_expiry_ms = p->lease_expiry_ms;
+    m.has_first_token = 1; m.first_token = p->first_token;
+    m.request_id = (char *)p->request_id;
+    for (int g = 0; g < p->num_groups; ++g) {
+        kvf__block_id_list__init(&lists[g]);
+        lists[g].n_ids = (size_t)p->num_ids[g];
+        lists[g].ids = (int32_t *)p->ids[g];
+        list_ptrs[g] = &lists[g];
+    }
+    m.n_groups = (size_t)p->num_groups;
+    m.groups = list_ptrs;
+    return kvf_hs_finish_pack(kvf__transfer_params__get_packed_size(&m), &m.base, buf_p, len_p);
+}
+
+kvf_status_t kvf_xfer_params_msg_unpack(const uint8_t *buf, size_t len,
+                                        kvf_xfer_params_msg_t *p_p)
+{
+    Kvf__TransferParams *m = kvf__transfer_params__unpack(NULL, len, buf);
+    kvf_xfer_params_msg_t p;
+
+    memset(p_p, 0, sizeof(*p_p));
+    memset(&p, 0, sizeof(p));
+    if (m == NULL) {
+        return KVF_ERR_PARSE;
+    }
+    if (!m->has_port || (m->port < 1) || (m->port > 65535) || !m->has_num_tokens ||
+        (m->num_tokens < 1) || (m->num_tokens > (1ull << 40)) ||
+        (m->n_groups > KVF_MAX_KV_GROUPS) ||
+        !kvf_hs_copy_str(p.engine_id, sizeof(p.engine_id), m->engine_id, true) ||
+        !kvf_hs_copy_str(p.host, sizeof(p.host), m->host, true) ||
+        !kvf_hs_copy_str(p.request_id, sizeof(p.request_id), m->request_id, false)) {
+        goto err;
+    }
+    p.port = (int)m->port;
+    p.num_tokens = (int64_t)m->num_tokens;
+    p.lease_expiry_ms = m->has_lease_expiry_ms ? m->lease_expiry_ms : 0;
+    p.first_token = m->has_first_token ? m->first_token : -1;
+    for (size_t g = 0; g < m->n_groups; ++g) {
+        const Kvf__BlockIdList *l = m->groups[g];
+        if ((l->n_ids > KVF_XFER_MAX_IDS_PER_GROUP)) {
+            goto err;
+        }
+        p.ids[g] = malloc((l->n_ids ? l->n_ids : 1) * sizeof(int32_t));
+        if (p.ids[g] == NULL) {
+            goto err;
+        }
+        p.num_groups = (int)g + 1;
+        for (size_t i = 0; i < l->n_ids; ++i) {
+            if (l->ids[i] < 0) {
+                goto err;
+            }
+            p.ids[g][i] = l->ids[i];
+        }
+        p.num_ids[g] = (int)l->n_ids;
+    }
+    kvf__transfer_params__free_unpacked(m, NULL);
+    *p_p = p;
+    return KVF_OK;
+
+err:
+    kvf_xfer_params_msg_cleanup(&p);
+    kvf__transfer_params__free_unpacked(m, NULL);
+    return KVF_ERR_PARSE;
+}
+
+void kvf_xfer_params_msg_cleanup(kvf_xfer_params_msg_t *p)
+{
+    for (int g = 0; g < p->num_groups; ++g) {
+        free(p->ids[g]);
+    }
+    memset(p, 0, sizeof(*p));
+}

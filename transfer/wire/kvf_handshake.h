@@ -1,0 +1,160 @@
+/*
+ * Handshake and transfer messages in C form (DESIGN.md §8), and their
+ * protobuf encoding (proto/kvf_xfer.proto). Everything that arrives from a
+ * peer goes through an unpack function here, which rejects truncated,
+ * garbage or out-of-range input with KVF_ERR_PARSE before any other code
+ * sees it; semantic compatibility is kvf_compat.h's job.
+ *
+ * Ownership: *_pack() return malloc'd buffers the caller free()s; unpacked
+ * structs that own memory have a matching *_cleanup().
+ */
+#ifndef KVF_HANDSHAKE_H
+#define KVF_HANDSHAKE_H
+
+#include "kvf_geometry.h"
+#include "kvf_status.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* NOTE: bump when a message's meaning changes; update kvf_compat.c. */
+#define KVF_XFER_PROTOCOL_VERSION 1
+
+#define KVF_ENGINE_ID_MAX     64     /* bytes incl. NUL */
+#define KVF_XFER_MAX_REGIONS  4
+#define KVF_RKEY_MAX          2048   /* packed remote key bytes */
+#define KVF_WORKER_ADDR_MAX   8192   /* UCX worker address bytes */
+#define KVF_XFER_MAX_TP       1024
+#define KVF_LAYOUT_TAG_HND    "HND"  /* [K|V][heads][tokens][head_dim] */
+#define KVF_LAYOUT_TAG_DS     "DS"
+
+/** One registered region as published. */
+typedef struct kvf_xfer_region_meta {
+    uint64_t addr;                    /* base address in the owner's process */
+    uint64_t length;                  /* bytes */
+    size_t   rkey_len;
+    uint8_t  rkey[KVF_RKEY_MAX];      /* packed UCX remote key */
+} kvf_xfer_region_meta_t;
+
+/** What one TP rank publishes at handshake. */
+typedef struct kvf_rank_meta {
+    char              engine_id[KVF_ENGINE_ID_MAX];
+    uint32_t          protocol_version;
+    uint64_t          model_fingerprint;     /* kvf_model_config_fingerprint() */
+    int               tp_rank;
+    int               tp_size;
+    int               block_size;            /* logical, tokens */
+    int               kernel_block_size;     /* tokens */
+    uint64_t          page_size;             /* bytes */
+    int               slots;                 /* pages per block */
+    int64_t           num_blocks;
+    kvf_dtype_t       kv_dtype;
+    kvf_dtype_t       conv_dtype;
+    kvf_dtype_t       ssm_dtype;
+    int               user_block_size;
+    kvf_align_mode_t  align;
+    char              layout_tag[8];         /* "HND" or "DS" */
+    int               num_regions;
+    kvf_xfer_region_meta_t regions[KVF_XFER_MAX_REGIONS];
+    size_t            worker_addr_len;
+    uint8_t           worker_addr[KVF_WORKER_ADDR_MAX];
+    uint64_t          incarnation;           /* random per process; 0 = not advertised */
+} kvf_rank_meta_t;
+
+/** One reason a handshake was refused; see kvf_refusal_format(). */
+typedef struct kvf_refusal {
+    char field[48];
+    char local[96];
+    char remote[96];
+    char why[192];
+} kvf_refusal_t;
+
+#define KVF_MAX_REFUSALS 16
+
+/**
+ * "handshake refused: <field> local=<v> remote=<v>: <why>" into @a buf
+ * (always NUL-terminated, truncated to @a len).
+ */
+void kvf_refusal_format(const kvf_refusal_t *refusal, char *buf, size_t len);
+
+/** Decode -> prefill. */
+typedef struct kvf_handshake_request {
+    char     engine_id[KVF_ENGINE_ID_MAX];        /* requester */
+    uint32_t protocol_version;
+    char     want_engine_id[KVF_ENGINE_ID_MAX];   /* "" = any */
+} kvf_handshake_request_t;
+
+/** Prefill -> decode. ranks is owned (kvf_handshake_reply_cleanup()). */
+typedef struct kvf_handshake_reply {
+    bool             accepted;
+    char             engine_id[KVF_ENGINE_ID_MAX];
+    int              num_ranks;
+    kvf_rank_meta_t *ranks;                       /* [num_ranks], index = tp_rank */
+    int              num_refusals;
+    kvf_refusal_t    refusals[KVF_MAX_REFUSALS];
+    char             error[192];                  /* "" unless the request was bad */
+} kvf_handshake_reply_t;
+
+kvf_status_t kvf_handshake_request_pack(const kvf_handshake_request_t *req, uint8_t **buf_p,
+                                        size_t *len_p);
+
+/** @return KVF_OK; KVF_ERR_PARSE for malformed input (logged at debug level). */
+kvf_status_t kvf_handshake_request_unpack(const uint8_t *buf, size_t len,
+                                          kvf_handshake_request_t *req_p);
+
+kvf_status_t kvf_handshake_reply_pack(const kvf_handshake_reply_t *reply, uint8_t **buf_p,
+                                      size_t *len_p);
+
+/**
+ * Decode and validate a reply: every rank's required fields present, in
+ * range (tp_rank < tp_size <= KVF_XFER_MAX_TP, dtypes known, sizes > 0,
+ * regions <= KVF_XFER_MAX_REGIONS, key and address lengths within bounds),
+ * one entry per rank 0..tp_size-1 (sorted into ranks[tp_rank]).
+ *
+ * @return KVF_OK and *reply_p filled (cleanup needed); KVF_ERR_PARSE with
+ *         *reply_p left empty (no cleanup needed, but harmless); KVF_ERR_NO_MEMORY.
+ */
+kvf_status_t kvf_handshake_reply_unpack(const uint8_t *buf, size_t len,
+                                        kvf_handshake_reply_t *reply_p);
+
+/** Free what an unpacked or caller-built reply owns; the struct becomes empty. */
+void kvf_handshake_reply_cleanup(kvf_handshake_reply_t *reply);
+
+/** Decode rank -> prefill rank release/acknowledgement. */
+typedef struct kvf_xfer_notification {
+    char         request_id[KVF_ENGINE_ID_MAX];
+    int          rank;
+    kvf_status_t status;
+    char         engine_id[KVF_ENGINE_ID_MAX];
+} kvf_xfer_notification_t;
+
+kvf_status_t kvf_xfer_notification_pack(const kvf_xfer_notification_t *n, uint8_t **buf_p,
+                                        size_t *len_p);
+kvf_status_t kvf_xfer_notification_unpack(const uint8_t *buf, size_t len,
+                                          kvf_xfer_notification_t *n_p);
+
+/** Transfer parameters (prefill -> decode). ids are owned (kvf_xfer_params_msg_cleanup()). */
+typedef struct kvf_xfer_params_msg {
+    char      engine_id[KVF_ENGINE_ID_MAX];
+    char      host[64];
+    int       port;
+    int       num_groups;                        /* <= KVF_MAX_KV_GROUPS */
+    int32_t  *ids[KVF_MAX_KV_GROUPS];            /* [num_groups][num_ids[g]] */
+    int       num_ids[KVF_MAX_KV_GROUPS];
+    int64_t   num_tokens;
+    uint64_t  lease_expiry_ms;
+    int32_t   first_token;
+    char      request_id[KVF_ENGINE_ID_MAX];
+} kvf_xfer_params_msg_t;
+
+#define KVF_XFER_MAX_IDS_PER_GROUP (1 << 22)
+
+kvf_status_t kvf_xfer_params_msg_pack(const kvf_xfer_params_msg_t *p, uint8_t **buf_p,
+                                      size_t *len_p);
+/** Validates: port in [1, 65535], num_tokens >= 1, ids >= 0, group counts bounded. */
+kvf_status_t kvf_xfer_params_msg_unpack(const uint8_t *buf, size_t len,
+                                        kvf_xfer_params_msg_t *p_p);
+void kvf_xfer_params_msg_cleanup(kvf_xfer_params_msg_t *p);
+
+#endif
