@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages kvferry builds and tests with, when missing.
 # Safe to rerun; does nothing when everything is present. Needs root (or sudo).
+#   --tests  also what the multi-host tests use (tests/multihost): test hosts
+#            (iproute2, nftables), ssh into them (openssh), a Slurm cluster
+#            (slurmctld, slurmd, munge). tests/run.sh passes it.
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config git python3
       libucx-dev ucx-utils libprotobuf-c-dev protobuf-c-compiler libzmq3-dev libcjson-dev
       libopenblas-dev libmicrohttpd-dev libcmocka-dev curl procps)
+if [ "${1:-}" = "--tests" ]; then
+    pkgs+=(iproute2 nftables openssh-server openssh-client slurm-wlm slurmctld slurmd
+           slurm-client munge)
+fi
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -7,7 +7,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-bash deploy/install-deps.sh
+bash deploy/install-deps.sh --tests
 python3 -m pip --version >/dev/null 2>&1 || true
 
 build=build-test
