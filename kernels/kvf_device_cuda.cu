@@ -14,18 +14,10 @@
  * launch per page (thousands per step at long prompts).
  */
 #include "kvf_device_cuda.h"
+#include "kvf_cuda_check.h"
 
 #include <cuda_runtime.h>
 #include <stdint.h>
-
-#define KVF_CUDA_TRY(_call)                     \
-    do {                                        \
-        cudaError_t _err = (_call);             \
-        if (_err != cudaSuccess) {              \
-            (void)cudaGetLastError();           \
-            return KVF_KERN_ECUDA;              \
-        }                                       \
-    } while (0)
 
 static cudaStream_t kvf_cuda_stream(const kvf_device_t *dev)
 {
@@ -45,29 +37,25 @@ extern "C" bool kvf_cuda_available(void)
 extern "C" int kvf_cuda_init(int ordinal)
 {
     int count = 0;
-    KVF_CUDA_TRY(cudaGetDeviceCount(&count));
+    KVF_CUDA_CHECK(cudaGetDeviceCount(&count));
     if (ordinal >= count) {
         return KVF_KERN_ECUDA;
     }
-    KVF_CUDA_TRY(cudaSetDevice(ordinal));
+    KVF_CUDA_CHECK(cudaSetDevice(ordinal));
     return KVF_KERN_OK;
 }
 
 extern "C" int kvf_cuda_bind(const kvf_device_t *dev)
 {
-    KVF_CUDA_TRY(cudaSetDevice(dev->ordinal));
+    KVF_CUDA_CHECK(cudaSetDevice(dev->ordinal));
     return KVF_KERN_OK;
 }
 
 extern "C" int kvf_cuda_alloc(const kvf_device_t *dev, size_t bytes, void **ptr_p)
 {
     void *ptr = NULL;
-    KVF_CUDA_TRY(cudaSetDevice(dev->ordinal));
-    cudaError_t err = cudaMalloc(&ptr, bytes);
-    if (err != cudaSuccess) {
-        (void)cudaGetLastError();
-        return (err == cudaErrorMemoryAllocation) ? KVF_KERN_ENOMEM : KVF_KERN_ECUDA;
-    }
+    KVF_CUDA_CHECK(cudaSetDevice(dev->ordinal));
+    KVF_CUDA_CHECK(cudaMalloc(&ptr, bytes));
     *ptr_p = ptr;
     return KVF_KERN_OK;
 }
@@ -75,14 +63,12 @@ extern "C" int kvf_cuda_alloc(const kvf_device_t *dev, size_t bytes, void **ptr_
 extern "C" void kvf_cuda_free(const kvf_device_t *dev, void *ptr)
 {
     (void)dev;
-    if (cudaFree(ptr) != cudaSuccess) {
-        (void)cudaGetLastError();
-    }
+    KVF_CUDA_CHECK_IGNORE(cudaFree(ptr));
 }
 
 extern "C" int kvf_cuda_memset(const kvf_device_t *dev, void *ptr, int value, size_t bytes)
 {
-    KVF_CUDA_TRY(cudaMemsetAsync(ptr, value, bytes, kvf_cuda_stream(dev)));
+    KVF_CUDA_CHECK(cudaMemsetAsync(ptr, value, bytes, kvf_cuda_stream(dev)));
     return KVF_KERN_OK;
 }
 
@@ -91,14 +77,14 @@ extern "C" int kvf_cuda_memcpy(const kvf_device_t *dev, void *dst, const void *s
 {
     static const cudaMemcpyKind kinds[] = {cudaMemcpyHostToHost, cudaMemcpyHostToDevice,
                                            cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice};
-    KVF_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, kinds[kind], kvf_cuda_stream(dev)));
-    KVF_CUDA_TRY(cudaStreamSynchronize(kvf_cuda_stream(dev)));
+    KVF_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kinds[kind], kvf_cuda_stream(dev)));
+    KVF_CUDA_CHECK(cudaStreamSynchronize(kvf_cuda_stream(dev)));
     return KVF_KERN_OK;
 }
 
 extern "C" int kvf_cuda_sync(const kvf_device_t *dev)
 {
-    KVF_CUDA_TRY(cudaStreamSynchronize(kvf_cuda_stream(dev)));
+    KVF_CUDA_CHECK(cudaStreamSynchronize(kvf_cuda_stream(dev)));
     return KVF_KERN_OK;
 }
 
@@ -138,29 +124,22 @@ extern "C" int kvf_cuda_blocks_zero(const kvf_device_t *dev, void *base, size_t 
     size_t units = vec ? page_size / 16 : page_size;
     size_t gx = (units + threads - 1) / threads;
     dim3 grid((unsigned)(gx > 1024 ? 1024 : gx), (unsigned)(n > 65535 ? 65535 : n));
-    cudaError_t err;
+    int rc = KVF_KERN_OK;
 
-    err = cudaMallocAsync((void **)&d_ids, n * sizeof(*d_ids), stream);
-    if (err != cudaSuccess) {
-        (void)cudaGetLastError();
-        return (err == cudaErrorMemoryAllocation) ? KVF_KERN_ENOMEM : KVF_KERN_ECUDA;
+    KVF_CUDA_CHECK(cudaMallocAsync((void **)&d_ids, n * sizeof(*d_ids), stream));
+    KVF_CUDA_CHECK_GOTO(cudaMemcpyAsync(d_ids, page_ids, n * sizeof(*d_ids),
+                                        cudaMemcpyHostToDevice, stream), rc, out_free);
+    if (vec) {
+        kvf_blocks_zero_vec_kernel<<<grid, threads, 0, stream>>>((uint4 *)base, units, d_ids, n);
+    } else {
+        kvf_blocks_zero_byte_kernel<<<grid, threads, 0, stream>>>((unsigned char *)base, units,
+                                                                   d_ids, n);
     }
-    err = cudaMemcpyAsync(d_ids, page_ids, n * sizeof(*d_ids), cudaMemcpyHostToDevice, stream);
-    if (err == cudaSuccess) {
-        if (vec) {
-            kvf_blocks_zero_vec_kernel<<<grid, threads, 0, stream>>>((uint4 *)base, units, d_ids,
-                                                                      n);
-        } else {
-            kvf_blocks_zero_byte_kernel<<<grid, threads, 0, stream>>>((unsigned char *)base,
-                                                                       units, d_ids, n);
-        }
-        err = cudaGetLastError();
-    }
+    KVF_CUDA_CHECK_GOTO(cudaGetLastError(), rc, out_free);
+out_free:
     /* the copy above is from pageable memory, so page_ids may be reused on return */
-    if (cudaFreeAsync(d_ids, stream) != cudaSuccess) {
-        (void)cudaGetLastError();
-    }
-    return (err == cudaSuccess) ? KVF_KERN_OK : KVF_KERN_ECUDA;
+    KVF_CUDA_CHECK_IGNORE(cudaFreeAsync(d_ids, stream));
+    return rc;
 }
 
 extern "C" int kvf_cuda_zero_ranges(const kvf_device_t *dev, void *base, const size_t *offsets,
@@ -168,7 +147,7 @@ extern "C" int kvf_cuda_zero_ranges(const kvf_device_t *dev, void *base, const s
 {
     for (size_t i = 0; i < n; ++i) {
         if (lens[i] != 0) {
-            KVF_CUDA_TRY(cudaMemsetAsync((char *)base + offsets[i], 0, lens[i],
+            KVF_CUDA_CHECK(cudaMemsetAsync((char *)base + offsets[i], 0, lens[i],
                                          kvf_cuda_stream(dev)));
         }
     }
@@ -204,6 +183,6 @@ extern "C" int kvf_cuda_rmsnorm(const kvf_device_t *dev, const float *x, const f
                                 float *y, int rows, int dim, float eps)
 {
     kvf_rmsnorm_kernel<<<(unsigned)rows, 256, 0, kvf_cuda_stream(dev)>>>(x, w, y, dim, eps);
-    KVF_CUDA_TRY(cudaGetLastError());
+    KVF_CUDA_CHECK(cudaGetLastError());
     return KVF_KERN_OK;
 }

@@ -1,7 +1,27 @@
 /*
- * Strings for the kernels/ return codes.
+ * Strings for the kernels/ return codes, and the reporter for failed foreign
+ * calls (kvf_kern_report()).
  */
 #include "kvf_kern.h"
+
+#include <stdatomic.h>
+#include <stddef.h>
+
+static _Atomic(kvf_kern_report_func_t) kvf_kern_report_func = NULL;
+
+void kvf_kern_set_report_func(kvf_kern_report_func_t func)
+{
+    atomic_store(&kvf_kern_report_func, func);
+}
+
+void kvf_kern_report(const char *call, const char *error)
+{
+    kvf_kern_report_func_t func = atomic_load(&kvf_kern_report_func);
+
+    if (func != NULL) {
+        func(call, error);
+    }
+}
 
 const char *kvf_kern_strerror(int err)
 {

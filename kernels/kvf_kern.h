@@ -18,9 +18,10 @@
  *   on load/store (kernels/kvf_dtype.h).
  * - Shapes are given in elements, row-major, with the last index fastest.
  *   "ld" parameters are row strides in elements (>= the row length).
- * - Kernels never allocate memory the caller must free, never log, and never
- *   keep pointers after returning. On error nothing has been written unless
- *   the docstring says otherwise.
+ * - Kernels never allocate memory the caller must free, never print, and
+ *   never keep pointers after returning. On error nothing has been written
+ *   unless the docstring says otherwise. A failed CUDA call is reported once,
+ *   where it fails, through kvf_kern_report() (kvf_cuda_check.h).
  * - Kernels are reentrant: different threads (TP ranks) may call them at the
  *   same time on disjoint outputs.
  */
@@ -33,7 +34,32 @@
 #define KVF_KERN_ECUDA         -3  /* a CUDA runtime call or launch failed */
 #define KVF_KERN_EUNSUPPORTED  -4  /* no implementation for this device/dtype */
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /** Short static string for a KVF_KERN_* code ("invalid argument", ...). */
 const char *kvf_kern_strerror(int err);
+
+/**
+ * Receives each failed foreign call inside kernels/ (today: CUDA runtime
+ * calls): @a call is the call's source text, @a error the library's message
+ * (cudaGetErrorString()); both static or valid only during the call.
+ */
+typedef void (*kvf_kern_report_func_t)(const char *call, const char *error);
+
+/**
+ * Install @a func as the reporter (NULL: silent, the default). common/
+ * installs its logger from kvf_log_init(). Process-wide; may be called from
+ * any thread; a report racing with the change goes to the old or new one.
+ */
+void kvf_kern_set_report_func(kvf_kern_report_func_t func);
+
+/** Hand a failed call to the installed reporter, if any; any thread. */
+void kvf_kern_report(const char *call, const char *error);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

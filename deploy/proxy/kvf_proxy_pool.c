@@ -21,6 +21,8 @@
 #include "kvf_proxy_pool.h"
 #include "kvf_time.h"
 #include "kvf_log.h"
+#include "kvf_pb_check.h"
+#include "kvf_zmq.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -30,7 +32,6 @@
 #include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
-#include <zmq.h>
 
 #define KVF_PROXY_HEALTH_ID "health"
 
@@ -146,18 +147,23 @@ static kvf_status_t kvf_proxy_pool_add_list(struct kvf_proxy_pool *pool, kvf_pro
 
 static kvf_status_t kvf_proxy_inst_open(struct kvf_proxy_pool *pool, kvf_proxy_instance_t *inst)
 {
+    static const kvf_zmq_opt_t sock_opts[] = {
+        {ZMQ_LINGER, 0},
+        {ZMQ_IMMEDIATE, 1},
+        {ZMQ_RECONNECT_IVL, 100},
+        {ZMQ_RECONNECT_IVL_MAX, 1000},
+    };
+    static const kvf_zmq_opt_t mon_opts[] = {
+        {ZMQ_LINGER, 0},
+    };
     char mon_url[96];
-    int one = 1, zero = 0, ivl = 100, ivl_max = 1000;
+    kvf_status_t status;
 
-    inst->sock = zmq_socket(pool->zctx, ZMQ_DEALER);
-    if (inst->sock == NULL) {
-        kvf_error("zmq_socket(DEALER) failed: %s", zmq_strerror(zmq_errno()));
-        return KVF_ERR_ZMQ;
+    status = kvf_zmq_socket_open(pool->zctx, ZMQ_DEALER, sock_opts,
+                                 sizeof(sock_opts) / sizeof(sock_opts[0]), &inst->sock);
+    if (status != KVF_OK) {
+        return status;
     }
-    zmq_setsockopt(inst->sock, ZMQ_LINGER, &zero, sizeof(zero));
-    zmq_setsockopt(inst->sock, ZMQ_IMMEDIATE, &one, sizeof(one));
-    zmq_setsockopt(inst->sock, ZMQ_RECONNECT_IVL, &ivl, sizeof(ivl));
-    zmq_setsockopt(inst->sock, ZMQ_RECONNECT_IVL_MAX, &ivl_max, sizeof(ivl_max));
 
     snprintf(mon_url, sizeof(mon_url), "inproc://kvf-proxy-mon-%p-%d-%d", (void *)pool,
              (int)inst->role, inst->idx);
@@ -166,12 +172,15 @@ static kvf_status_t kvf_proxy_inst_open(struct kvf_proxy_pool *pool, kvf_proxy_i
         kvf_error("zmq_socket_monitor failed: %s", zmq_strerror(zmq_errno()));
         return KVF_ERR_ZMQ;
     }
-    inst->mon = zmq_socket(pool->zctx, ZMQ_PAIR);
-    if ((inst->mon == NULL) || (zmq_connect(inst->mon, mon_url) != 0)) {
+    status = kvf_zmq_socket_open(pool->zctx, ZMQ_PAIR, mon_opts,
+                                 sizeof(mon_opts) / sizeof(mon_opts[0]), &inst->mon);
+    if (status != KVF_OK) {
+        return status;
+    }
+    if (zmq_connect(inst->mon, mon_url) != 0) {
         kvf_error("monitor socket for %s failed: %s", inst->url, zmq_strerror(zmq_errno()));
         return KVF_ERR_ZMQ;
     }
-    zmq_setsockopt(inst->mon, ZMQ_LINGER, &zero, sizeof(zero));
     if (zmq_connect(inst->sock, inst->url) != 0) {
         kvf_error("bad %s endpoint '%s': %s", kvf_proxy_role_name(inst->role), inst->url,
                   zmq_strerror(zmq_errno()));
@@ -183,7 +192,7 @@ static kvf_status_t kvf_proxy_inst_open(struct kvf_proxy_pool *pool, kvf_proxy_i
 static void kvf_proxy_inst_close(kvf_proxy_instance_t *inst)
 {
     if (inst->sock != NULL) {
-        zmq_socket_monitor(inst->sock, NULL, 0);
+        KVF_ZMQ_CHECK_IGNORE(zmq_socket_monitor(inst->sock, NULL, 0));
         zmq_close(inst->sock);
         inst->sock = NULL;
     }
@@ -360,7 +369,8 @@ static void kvf_proxy_io_recv(struct kvf_proxy_pool *pool, kvf_proxy_instance_t 
             zmq_msg_close(&last);
             return;
         }
-        r = kvf__serve_reply__unpack(NULL, zmq_msg_size(&last), zmq_msg_data(&last));
+        KVF_PB_UNPACK_CHECK_IGNORE(kvf__serve_reply, r, zmq_msg_size(&last),
+                                   zmq_msg_data(&last));
         zmq_msg_close(&last);
         if (r == NULL) {
             kvf_warn("malformed reply from %s instance %s dropped", kvf_proxy_role_name(inst->role),

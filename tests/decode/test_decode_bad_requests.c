@@ -268,7 +268,9 @@ static int setup(void **state)
     zctx = zmq_ctx_new();
     sock = zmq_socket(zctx, ZMQ_DEALER);
     int linger = 0;
-    zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof(linger));
+    if ((sock == NULL) || (zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof(linger)) != 0)) {
+        return -1;
+    }
     return zmq_connect(sock, endpoint);
 }
 

@@ -293,7 +293,10 @@ int main(int argc, char **argv)
     signal(SIGINT, fake_on_signal);
     ctx = zmq_ctx_new();
     sock = zmq_socket(ctx, ZMQ_ROUTER);
-    zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof(zero));
+    if ((sock == NULL) || (zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof(zero)) != 0)) {
+        fprintf(stderr, "fake: ROUTER socket: %s\n", zmq_strerror(zmq_errno()));
+        return 1;
+    }
     if (zmq_bind(sock, listen) != 0) {
         fprintf(stderr, "fake: bind %s: %s\n", listen, zmq_strerror(zmq_errno()));
         return 1;

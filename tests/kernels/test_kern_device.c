@@ -3,6 +3,7 @@
 #include "kvf_device.h"
 #include "kvf_norm.h"
 #include "kvf_kern_test.h"
+#include "kvf_kern.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -128,12 +129,58 @@ static void test_cuda(void **state)
     }
 }
 
+static char report_call[256];
+static char report_error[256];
+static int report_count;
+
+static void record_report(const char *call, const char *error)
+{
+    snprintf(report_call, sizeof(report_call), "%s", call);
+    snprintf(report_error, sizeof(report_error), "%s", error);
+    report_count++;
+}
+
+/* A failed CUDA call is reported once, where it fails, with the call and
+ * cudaGetErrorString(), and mapped to KVF_KERN_ENOMEM / KVF_KERN_ECUDA. */
+static void test_cuda_error_report(void **state)
+{
+    kvf_device_t dev;
+    void *p = NULL;
+    (void)state;
+
+    report_count = 0;
+    kvf_kern_report("x()", "silent");             /* no reporter: nothing happens */
+    kvf_kern_set_report_func(record_report);
+    kvf_kern_report("y(1)", "boom");
+    assert_int_equal(report_count, 1);
+    assert_string_equal(report_call, "y(1)");
+    assert_string_equal(report_error, "boom");
+    if (!kvf_device_cuda_available()) {
+        kvf_kern_set_report_func(NULL);
+        skip();
+    }
+    assert_int_equal(kvf_device_init(KVF_DEVICE_CUDA, 0, &dev), KVF_KERN_OK);
+    report_count = 0;
+    /* 1 PiB: no device has it */
+    assert_int_equal(kvf_device_alloc(&dev, (size_t)1 << 50, &p), KVF_KERN_ENOMEM);
+    assert_null(p);
+    assert_int_equal(report_count, 1);
+    assert_string_equal(report_call, "cudaMalloc(&ptr, bytes)");
+    assert_non_null(strstr(report_error, "memory"));
+    /* the error was cleared: the next call is clean */
+    assert_int_equal(kvf_device_alloc(&dev, 4096, &p), KVF_KERN_OK);
+    kvf_device_free(&dev, p);
+    assert_int_equal(report_count, 1);
+    kvf_kern_set_report_func(NULL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cpu_basics),
         cmocka_unit_test(test_cpu_blocks_zero),
         cmocka_unit_test(test_cuda),
+        cmocka_unit_test(test_cuda_error_report),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

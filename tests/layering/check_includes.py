@@ -34,7 +34,7 @@ LAYERS = {
     "prefill": ["transfer/role"],
     "decode": ["transfer/role"],
     "deploy/cli": ["transfer/role"],
-    "deploy/proxy": ["common/engine", "proto"],
+    "deploy/proxy": ["transfer/channel", "proto"],
 }
 SOURCE_EXT = (".c", ".h", ".cu")
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')

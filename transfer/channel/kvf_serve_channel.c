@@ -6,11 +6,12 @@
  */
 #include "kvf_serve_channel.h"
 #include "kvf_log.h"
+#include "kvf_pb_check.h"
+#include "kvf_zmq.h"
 
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <zmq.h>
 
 struct kvf_serve_server {
     void *ctx;
@@ -20,28 +21,26 @@ struct kvf_serve_server {
 kvf_status_t kvf_serve_server_create(const char *endpoint, kvf_serve_server_h *srv_p)
 {
     struct kvf_serve_server *srv = calloc(1, sizeof(*srv));
-    int linger = 0;
-    int hwm = 100000;
-    int64_t max_msg = 64ll << 20;   /* a stray client cannot make us buffer more */
+    const kvf_zmq_opt_t opts[] = {
+        {ZMQ_LINGER, 0},
+        {ZMQ_SNDHWM, 100000},
+        {ZMQ_MAXMSGSIZE, 64ll << 20},   /* a stray client cannot make us buffer more */
+    };
 
     if (srv == NULL) {
         return KVF_ERR_NO_MEMORY;
     }
     srv->ctx = zmq_ctx_new();
     if (srv->ctx == NULL) {
-        kvf_error("zmq_ctx_new failed: %s", zmq_strerror(errno));
+        kvf_error("zmq_ctx_new failed: %s", zmq_strerror(zmq_errno()));
         goto err_free;
     }
-    srv->sock = zmq_socket(srv->ctx, ZMQ_ROUTER);
-    if (srv->sock == NULL) {
-        kvf_error("zmq_socket(ROUTER) failed: %s", zmq_strerror(errno));
+    if (kvf_zmq_socket_open(srv->ctx, ZMQ_ROUTER, opts, sizeof(opts) / sizeof(opts[0]),
+                            &srv->sock) != KVF_OK) {
         goto err_ctx;
     }
-    zmq_setsockopt(srv->sock, ZMQ_LINGER, &linger, sizeof(linger));
-    zmq_setsockopt(srv->sock, ZMQ_SNDHWM, &hwm, sizeof(hwm));
-    zmq_setsockopt(srv->sock, ZMQ_MAXMSGSIZE, &max_msg, sizeof(max_msg));
     if (zmq_bind(srv->sock, endpoint) != 0) {
-        kvf_error("cannot listen on %s: %s", endpoint, zmq_strerror(errno));
+        kvf_error("cannot listen on %s: %s", endpoint, zmq_strerror(zmq_errno()));
         goto err_sock;
     }
     *srv_p = srv;
@@ -96,7 +95,7 @@ kvf_status_t kvf_serve_server_recv(kvf_serve_server_h srv, int timeout_ms,
         if (errno == EINTR) {
             return KVF_ERR_PEER_TIMEOUT;
         }
-        kvf_error("zmq_poll failed: %s", zmq_strerror(errno));
+        kvf_error("zmq_poll failed: %s", zmq_strerror(zmq_errno()));
         return KVF_ERR_ZMQ;
     }
     if (rc == 0) {
@@ -135,7 +134,8 @@ kvf_status_t kvf_serve_server_recv(kvf_serve_server_h srv, int timeout_ms,
                                      "expected one frame per request");
         return KVF_ERR_PARSE;
     }
-    *req_p = kvf__serve_request__unpack(NULL, zmq_msg_size(&body), zmq_msg_data(&body));
+    KVF_PB_UNPACK_CHECK_IGNORE(kvf__serve_request, *req_p, zmq_msg_size(&body),
+                               zmq_msg_data(&body));
     zmq_msg_close(&body);
     if ((*req_p == NULL) ||
         ((*req_p)->body_case == KVF__SERVE_REQUEST__BODY__NOT_SET)) {
@@ -182,7 +182,7 @@ kvf_status_t kvf_serve_server_reply(kvf_serve_server_h srv, const kvf_serve_peer
     if ((zmq_send(srv->sock, peer->id, peer->len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) ||
         (zmq_send(srv->sock, buf, len, ZMQ_DONTWAIT) < 0)) {
         kvf_log(KVF_LOG_DEBUG, KVF_SUB_NET, "reply to a departed peer dropped: %s",
-                zmq_strerror(errno));
+                zmq_strerror(zmq_errno()));
         status = KVF_ERR_ZMQ;
     }
     free(buf);

@@ -14,6 +14,7 @@
 #include "kvf_side_channel.h"
 
 #include "kvf_log.h"
+#include "kvf_zmq.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -21,17 +22,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <zmq.h>
-
-/* CONVENTIONS.md practice 5: ZeroMQ calls return -1 and set zmq_errno(). */
-#define KVF_ZMQ_CHECK_GOTO(_call, _status, _label)                            \
-    do {                                                                      \
-        if ((_call) == -1) {                                                  \
-            kvf_error("%s failed: %s", #_call, zmq_strerror(zmq_errno()));    \
-            (_status) = KVF_ERR_ZMQ;                                          \
-            goto _label;                                                      \
-        }                                                                     \
-    } while (0)
 
 #define KVF_SIDE_CHANNEL_MAX_CACHE 64
 
@@ -171,8 +161,10 @@ kvf_status_t kvf_side_channel_server_start(const kvf_side_channel_params_t *para
     kvf_handshake_reply_t reply;
     char endpoint[128];
     size_t ep_len = sizeof(endpoint);
-    int linger = 0;
-    int64_t maxmsg = KVF_SIDE_CHANNEL_MAX_MSG;
+    const kvf_zmq_opt_t opts[] = {
+        {ZMQ_LINGER, 0},
+        {ZMQ_MAXMSGSIZE, KVF_SIDE_CHANNEL_MAX_MSG},
+    };
     kvf_status_t status;
     const char *host;
     char *colon;
@@ -203,16 +195,11 @@ kvf_status_t kvf_side_channel_server_start(const kvf_side_channel_params_t *para
         status = KVF_ERR_ZMQ;
         goto err_free_reply;
     }
-    s->sock = zmq_socket(s->ctx, ZMQ_REP);
-    if (s->sock == NULL) {
-        kvf_error("zmq_socket(REP) failed: %s", zmq_strerror(zmq_errno()));
-        status = KVF_ERR_ZMQ;
+    status = kvf_zmq_socket_open(s->ctx, ZMQ_REP, opts, sizeof(opts) / sizeof(opts[0]),
+                                 &s->sock);
+    if (status != KVF_OK) {
         goto err_term;
     }
-    KVF_ZMQ_CHECK_GOTO(zmq_setsockopt(s->sock, ZMQ_LINGER, &linger, sizeof(linger)), status,
-                       err_close);
-    KVF_ZMQ_CHECK_GOTO(zmq_setsockopt(s->sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg)),
-                       status, err_close);
     host = ((params->field_mask & KVF_SIDE_CHANNEL_PARAM_FIELD_HOST) && (params->host != NULL)) ?
            params->host : "127.0.0.1";
     if ((params->field_mask & KVF_SIDE_CHANNEL_PARAM_FIELD_PORT) && (params->port > 0)) {
@@ -284,23 +271,21 @@ static kvf_status_t kvf_side_channel_exchange(void *ctx, const char *host, int p
                                               uint8_t **reply_p, size_t *reply_len_p)
 {
     char endpoint[128];
-    int linger = 0, tmo = (int)timeout_ms;
-    int64_t maxmsg = KVF_SIDE_CHANNEL_MAX_MSG;
+    const kvf_zmq_opt_t opts[] = {
+        {ZMQ_LINGER, 0},
+        {ZMQ_RCVTIMEO, (int)timeout_ms},
+        {ZMQ_SNDTIMEO, (int)timeout_ms},
+        {ZMQ_MAXMSGSIZE, KVF_SIDE_CHANNEL_MAX_MSG},
+    };
     kvf_status_t status = KVF_OK;
     zmq_msg_t rep;
     void *sock;
     int n;
 
-    sock = zmq_socket(ctx, ZMQ_REQ);
-    if (sock == NULL) {
-        kvf_error("zmq_socket(REQ) failed: %s", zmq_strerror(zmq_errno()));
-        return KVF_ERR_ZMQ;
+    status = kvf_zmq_socket_open(ctx, ZMQ_REQ, opts, sizeof(opts) / sizeof(opts[0]), &sock);
+    if (status != KVF_OK) {
+        return status;
     }
-    KVF_ZMQ_CHECK_GOTO(zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof(linger)), status, out);
-    KVF_ZMQ_CHECK_GOTO(zmq_setsockopt(sock, ZMQ_RCVTIMEO, &tmo, sizeof(tmo)), status, out);
-    KVF_ZMQ_CHECK_GOTO(zmq_setsockopt(sock, ZMQ_SNDTIMEO, &tmo, sizeof(tmo)), status, out);
-    KVF_ZMQ_CHECK_GOTO(zmq_setsockopt(sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg)), status,
-                       out);
     snprintf(endpoint, sizeof(endpoint), "tcp://%s:%d", host, port);
     KVF_ZMQ_CHECK_GOTO(zmq_connect(sock, endpoint), status, out);
     if (zmq_send(sock, msg, len, 0) < 0) {

@@ -274,7 +274,7 @@ void kvf_ucx_agent_destroy(kvf_ucx_agent_h agent)
         kvf_ucx_peer_destroy(agent->peers[agent->num_peers - 1]);
     }
     for (int i = agent->num_regions - 1; i >= 0; --i) {
-        ucp_mem_unmap(agent->context, agent->regions[i].memh);
+        KVF_UCX_CHECK_IGNORE(ucp_mem_unmap(agent->context, agent->regions[i].memh));
     }
     ucp_worker_destroy(agent->worker);
     ucp_cleanup(agent->context);

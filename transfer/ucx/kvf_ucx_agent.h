@@ -26,36 +26,13 @@
 #define KVF_UCX_AGENT_H
 
 #include "kvf_handshake.h"
+#include "kvf_ucx_check.h"
 #include "kvf_xfer_plan.h"
 
-#include <ucs/type/status.h>
 
 typedef struct kvf_ucx_agent *kvf_ucx_agent_h;
 typedef struct kvf_ucx_peer  *kvf_ucx_peer_h;
 typedef struct kvf_ucx_batch *kvf_ucx_batch_h;
-
-/** Map a UCX status to kvf_status_t (peer failures to the KVF_ERR_PEER_* range). */
-kvf_status_t kvf_ucx_status(ucs_status_t status);
-
-/* CONVENTIONS.md practice 5: one check macro per foreign error domain. */
-#define KVF_UCX_CHECK(_call)                                                  \
-    do {                                                                      \
-        ucs_status_t _ucs = (_call);                                          \
-        if (_ucs != UCS_OK) {                                                 \
-            kvf_error("%s failed: %s", #_call, ucs_status_string(_ucs));      \
-            return kvf_ucx_status(_ucs);                                      \
-        }                                                                     \
-    } while (0)
-
-#define KVF_UCX_CHECK_GOTO(_call, _status, _label)                            \
-    do {                                                                      \
-        ucs_status_t _ucs = (_call);                                          \
-        if (_ucs != UCS_OK) {                                                 \
-            kvf_error("%s failed: %s", #_call, ucs_status_string(_ucs));      \
-            (_status) = kvf_ucx_status(_ucs);                                 \
-            goto _label;                                                      \
-        }                                                                     \
-    } while (0)
 
 enum kvf_ucx_agent_params_field {          /* append only, never renumber */
     KVF_UCX_AGENT_PARAM_FIELD_NAME       = KVF_BIT(0),

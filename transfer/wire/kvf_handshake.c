@@ -13,6 +13,7 @@
 #include "kvf_handshake.h"
 
 #include "kvf_log.h"
+#include "kvf_pb_check.h"
 #include "kvf_xfer.pb-c.h"
 
 #include <stdio.h>
@@ -70,15 +71,11 @@ kvf_status_t kvf_handshake_request_pack(const kvf_handshake_request_t *req, uint
 kvf_status_t kvf_handshake_request_unpack(const uint8_t *buf, size_t len,
                                           kvf_handshake_request_t *req_p)
 {
-    Kvf__HandshakeRequest *m = kvf__handshake_request__unpack(NULL, len, buf);
+    Kvf__HandshakeRequest *m;
     kvf_status_t status = KVF_ERR_PARSE;
 
     memset(req_p, 0, sizeof(*req_p));
-    if (m == NULL) {
-        kvf_log(KVF_LOG_DEBUG, KVF_SUB_PROTO, "handshake request: not a valid message (%zu bytes)",
-                len);
-        return KVF_ERR_PARSE;
-    }
+    KVF_PB_UNPACK_CHECK(kvf__handshake_request, m, len, buf);
     if (!m->has_protocol_version ||
         !kvf_hs_copy_str(req_p->engine_id, sizeof(req_p->engine_id), m->engine_id, true) ||
         !kvf_hs_copy_str(req_p->want_engine_id, sizeof(req_p->want_engine_id),
@@ -247,17 +244,14 @@ static bool kvf_hs_rank_from_proto(const Kvf__RankMetadata *p, kvf_rank_meta_t *
 kvf_status_t kvf_handshake_reply_unpack(const uint8_t *buf, size_t len,
                                         kvf_handshake_reply_t *reply_p)
 {
-    Kvf__HandshakeReply *m = kvf__handshake_reply__unpack(NULL, len, buf);
+    Kvf__HandshakeReply *m;
     kvf_handshake_reply_t reply;
     kvf_status_t status = KVF_ERR_PARSE;
-    const char *why = "not a valid message";
+    const char *why = "missing or out-of-range field";
 
     memset(reply_p, 0, sizeof(*reply_p));
     memset(&reply, 0, sizeof(reply));
-    if (m == NULL) {
-        goto out_log;
-    }
-    why = "missing or out-of-range field";
+    KVF_PB_UNPACK_CHECK(kvf__handshake_reply, m, len, buf);
     if (!m->has_accepted || (m->n_ranks > KVF_XFER_MAX_TP) ||
         (m->n_refusals > KVF_MAX_REFUSALS) ||
         !kvf_hs_copy_str(reply.engine_id, sizeof(reply.engine_id), m->engine_id, false) ||
@@ -310,7 +304,6 @@ kvf_status_t kvf_handshake_reply_unpack(const uint8_t *buf, size_t len,
 out_free:
     free(reply.ranks);
     kvf__handshake_reply__free_unpacked(m, NULL);
-out_log:
     kvf_log(KVF_LOG_DEBUG, KVF_SUB_PROTO, "handshake reply rejected (%zu bytes): %s", len, why);
     return status;
 }
@@ -341,13 +334,11 @@ kvf_status_t kvf_xfer_notification_pack(const kvf_xfer_notification_t *n, uint8_
 kvf_status_t kvf_xfer_notification_unpack(const uint8_t *buf, size_t len,
                                           kvf_xfer_notification_t *n_p)
 {
-    Kvf__TransferNotification *m = kvf__transfer_notification__unpack(NULL, len, buf);
+    Kvf__TransferNotification *m;
     kvf_status_t status = KVF_ERR_PARSE;
 
     memset(n_p, 0, sizeof(*n_p));
-    if (m == NULL) {
-        return KVF_ERR_PARSE;
-    }
+    KVF_PB_UNPACK_CHECK(kvf__transfer_notification, m, len, buf);
     if (m->has_rank && m->has_status && (m->rank < KVF_XFER_MAX_TP) &&
         kvf_hs_copy_str(n_p->request_id, sizeof(n_p->request_id), m->request_id, true) &&
         kvf_hs_copy_str(n_p->engine_id, sizeof(n_p->engine_id), m->engine_id, false)) {

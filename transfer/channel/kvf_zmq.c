@@ -1,0 +1,50 @@
+/*
+ * ZeroMQ socket set-up shared by the side channel, the serve channel and the
+ * proxy: one place that creates a socket and checks every zmq_setsockopt().
+ */
+#include "kvf_zmq.h"
+
+static const char *kvf_zmq_type_name(int type)
+{
+    switch (type) {
+    case ZMQ_REQ:    return "REQ";
+    case ZMQ_REP:    return "REP";
+    case ZMQ_ROUTER: return "ROUTER";
+    case ZMQ_DEALER: return "DEALER";
+    case ZMQ_PAIR:   return "PAIR";
+    default:         return "?";
+    }
+}
+
+static int kvf_zmq_opt_set(void *sock, const kvf_zmq_opt_t *opt)
+{
+    if (opt->name == ZMQ_MAXMSGSIZE) {
+        int64_t v = opt->value;
+        return zmq_setsockopt(sock, opt->name, &v, sizeof(v));
+    }
+    int v = (int)opt->value;
+    return zmq_setsockopt(sock, opt->name, &v, sizeof(v));
+}
+
+kvf_status_t kvf_zmq_socket_open(void *ctx, int type, const kvf_zmq_opt_t *opts,
+                                 size_t num_opts, void **sock_p)
+{
+    void *sock = zmq_socket(ctx, type);
+
+    if (sock == NULL) {
+        kvf_error("zmq_socket(%s) failed: %s", kvf_zmq_type_name(type),
+                  zmq_strerror(zmq_errno()));
+        return KVF_ERR_ZMQ;
+    }
+    for (size_t i = 0; i < num_opts; ++i) {
+        if (kvf_zmq_opt_set(sock, &opts[i]) == -1) {
+            kvf_error("zmq_setsockopt(%s socket, option %d, %lld) failed: %s",
+                      kvf_zmq_type_name(type), opts[i].name, (long long)opts[i].value,
+                      zmq_strerror(zmq_errno()));
+            zmq_close(sock);
+            return KVF_ERR_ZMQ;
+        }
+    }
+    *sock_p = sock;
+    return KVF_OK;
+}
