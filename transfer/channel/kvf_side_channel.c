@@ -147,9 +147,11 @@ static void *kvf_side_channel_thread(void *arg)
             }
             zmq_msg_close(&extra);
         }
+        /* counted before the reply goes out, so a client holding its answer
+         * always finds it in the stats (tests and /metrics read them) */
+        atomic_fetch_add(&s->served, 1);
         kvf_side_channel_handle(s, &msg, multipart);
         zmq_msg_close(&msg);
-        atomic_fetch_add(&s->served, 1);
     }
     return NULL;
 }
