@@ -15,6 +15,7 @@ static const kvf_cmd_t kvf_cmds[] = {
     {"bench-model", kvf_cmd_bench_model, "prefill and decode tokens/s of the engine core"},
     {"xfer-test", kvf_cmd_xfer_test, "pull one request prefill -> decode over UCX and verify every byte"},
     {"bench", kvf_cmd_bench, "GB/s of a KV-shaped pull vs a raw contiguous UCX GET"},
+    {"bench-serve", kvf_cmd_bench_serve, "load generator against kvf-proxy: TTFT/TPOT/ITL percentiles, goodput"},
     {NULL, NULL, NULL},
 };
 

@@ -11,6 +11,11 @@
  * n, reads = tp, handshake_ms = 1.5 on the first request else 0,
  * transfer_ms = 0.25}.
  *
+ * Known delays, for load-generator tests: --fake-prefill-delay-ms holds
+ * each prefill answer that long (answers are queued, so requests overlap);
+ * --fake-first-decode-delay-ms is the gap before decode's first reply
+ * (default: the token delay), standing in for the KV pull.
+ *
  * Faults (--fake-mode): normal, fail-prefill (status -40 with a message),
  * fail-decode (status -30, a handshake refusal), hang-decode (accept the
  * request, never answer), no-health (never answer health probes).
@@ -29,6 +34,16 @@
 #include <zmq.h>
 
 #define FAKE_MAX_STREAMS 256
+#define FAKE_MAX_PENDING 256
+
+/* A prefill answer waiting for its --fake-prefill-delay-ms. */
+typedef struct {
+    bool      used;
+    zmq_msg_t identity;
+    uint8_t  *buf;
+    size_t    len;
+    int64_t   due_ms;
+} fake_pending_t;
 
 typedef struct {
     bool     used;
@@ -48,6 +63,9 @@ static const char *fake_engine = "fake";
 static const char *fake_mode = "normal";
 static int fake_tp = 1;
 static int fake_delay_ms = 5;
+static int fake_prefill_delay_ms = 0;
+static int fake_first_decode_delay_ms = -1;   /* -1: fake_delay_ms */
+static fake_pending_t fake_pending[FAKE_MAX_PENDING];
 static int fake_side_port = 0;
 static int fake_requests;
 static fake_stream_t fake_streams[FAKE_MAX_STREAMS];
@@ -81,6 +99,49 @@ static void fake_send(void *sock, zmq_msg_t *identity, const Kvf__ServeReply *r)
     zmq_msg_send(&id, sock, ZMQ_SNDMORE);
     zmq_send(sock, buf, len, 0);
     free(buf);
+}
+
+/* Queue @a r to go out at now + --fake-prefill-delay-ms (at once when 0 or the queue is full). */
+static void fake_send_later(void *sock, zmq_msg_t *identity, const Kvf__ServeReply *r)
+{
+    fake_pending_t *q = NULL;
+
+    for (int i = 0; (fake_prefill_delay_ms > 0) && (i < FAKE_MAX_PENDING); ++i) {
+        if (!fake_pending[i].used) {
+            q = &fake_pending[i];
+            break;
+        }
+    }
+    if (q == NULL) {
+        fake_send(sock, identity, r);
+        return;
+    }
+    q->len = kvf__serve_reply__get_packed_size(r);
+    q->buf = malloc(q->len ? q->len : 1);
+    if (q->buf == NULL) {
+        return;
+    }
+    kvf__serve_reply__pack(r, q->buf);
+    zmq_msg_init(&q->identity);
+    zmq_msg_copy(&q->identity, identity);
+    q->due_ms = fake_now_ms() + fake_prefill_delay_ms;
+    q->used = true;
+}
+
+static void fake_flush_pending(void *sock)
+{
+    int64_t now = fake_now_ms();
+
+    for (int i = 0; i < FAKE_MAX_PENDING; ++i) {
+        fake_pending_t *q = &fake_pending[i];
+        if (!q->used || (now < q->due_ms)) {
+            continue;
+        }
+        zmq_msg_send(&q->identity, sock, ZMQ_SNDMORE);
+        zmq_send(sock, q->buf, q->len, 0);
+        free(q->buf);
+        q->used = false;
+    }
 }
 
 static int fake_running(void)
@@ -147,7 +208,7 @@ static void fake_prefill(void *sock, zmq_msg_t *identity, const Kvf__PrefillRequ
     r.params = &tp;
     r.has_prefill_ms = true;
     r.prefill_ms = 2.0;
-    fake_send(sock, identity, &r);
+    fake_send_later(sock, identity, &r);
 }
 
 static void fake_decode(void *sock, zmq_msg_t *identity, const Kvf__DecodeRequest *d)
@@ -193,7 +254,8 @@ static void fake_decode(void *sock, zmq_msg_t *identity, const Kvf__DecodeReques
     s->max_tokens = (d->sampling != NULL && d->sampling->has_max_tokens) ?
                     d->sampling->max_tokens : 16;
     s->sent = 1;
-    s->next_ms = fake_now_ms() + fake_delay_ms;
+    s->next_ms = fake_now_ms() +
+                 (fake_first_decode_delay_ms >= 0 ? fake_first_decode_delay_ms : fake_delay_ms);
     s->hang = (strcmp(fake_mode, "hang-decode") == 0);
 }
 
@@ -282,11 +344,16 @@ int main(int argc, char **argv)
             fake_mode = argv[++i];
         } else if (strcmp(argv[i], "--fake-token-delay-ms") == 0) {
             fake_delay_ms = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--fake-prefill-delay-ms") == 0) {
+            fake_prefill_delay_ms = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--fake-first-decode-delay-ms") == 0) {
+            fake_first_decode_delay_ms = atoi(argv[++i]);
         }
     }
     if (listen == NULL) {
         fprintf(stderr, "usage: %s --listen tcp://127.0.0.1:PORT [--engine-id ID] [--tp N] "
-                "[--fake-mode MODE] [--fake-token-delay-ms MS]\n", base);
+                "[--fake-mode MODE] [--fake-token-delay-ms MS] [--fake-prefill-delay-ms MS] "
+                "[--fake-first-decode-delay-ms MS]\n", base);
         return 2;
     }
     signal(SIGTERM, fake_on_signal);
@@ -307,7 +374,7 @@ int main(int argc, char **argv)
     while (!fake_stop) {
         zmq_pollitem_t item = {sock, 0, ZMQ_POLLIN, 0};
 
-        if (zmq_poll(&item, 1, 2) < 0) {
+        if (zmq_poll(&item, 1, 1) < 0) {
             continue;
         }
         while (!fake_stop) {
@@ -350,10 +417,17 @@ int main(int argc, char **argv)
             zmq_msg_close(&identity);
         }
         fake_step(sock);
+        fake_flush_pending(sock);
     }
     for (int i = 0; i < FAKE_MAX_STREAMS; ++i) {
         if (fake_streams[i].used) {
             fake_stream_free(&fake_streams[i]);
+        }
+    }
+    for (int i = 0; i < FAKE_MAX_PENDING; ++i) {
+        if (fake_pending[i].used) {
+            free(fake_pending[i].buf);
+            zmq_msg_close(&fake_pending[i].identity);
         }
     }
     zmq_close(sock);

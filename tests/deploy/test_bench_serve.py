@@ -1,0 +1,194 @@
+"""kvf bench-serve's accounting against fake daemons with known delays.
+
+Two prefill instances answer after 20 ms and 150 ms (--fake-prefill-delay-ms),
+decode sends one token every 10 ms. With one request in flight the proxy's
+round robin alternates between the prefills, so exactly half the requests
+meet a 90 ms TTFT SLO. Checked: counts, tokens, each request's TTFT and
+TPOT against the delays, the identity E2E = TTFT + TPOT * (n - 1), the
+summary's mean and percentiles against the per-request CSV, goodput,
+failures by kind (an instance failing every prefill; a decode that never
+answers), Poisson arrivals over a bounded duration, a JSONL dataset and
+bad flags.
+"""
+
+import csv
+import json
+import os
+import subprocess
+import tempfile
+
+import proxy_testlib as T
+from kvf_e2e import free_port_range, wait_for
+
+FAST_MS, SLOW_MS, TOKEN_MS = 20, 150, 10
+# Upper slack for a loaded 2-core machine: timers, the proxy's thread per
+# connection and Python-free C on both ends. Lower bounds are exact.
+SLACK_MS = 60
+
+
+def percentile(v, q):
+    """numpy's default (linear) percentile."""
+    v = sorted(v)
+    pos = q / 100.0 * (len(v) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def bench(kvf, url, args, tmp, name, expect_rc=0):
+    out_csv = os.path.join(tmp, name + ".csv")
+    cmd = [kvf, "bench-serve", "--url", url, "--json", "--csv", out_csv, "--progress", "no",
+           "--input-len", "12", "--output-len", "6"] + args
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    T.check(p.returncode == expect_rc, "%s: exit code %d" % (name, expect_rc),
+            "rc %d\nstdout %s\nstderr %s" % (p.returncode, p.stdout, p.stderr))
+    with open(out_csv) as f:
+        rows = list(csv.DictReader(f))
+    return json.loads(p.stdout), rows
+
+
+def main():
+    a = T.args()
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = T.Procs(tmp)
+        try:
+            run(a, procs, tmp)
+        except BaseException:
+            for fn in sorted(os.listdir(tmp)):
+                if fn.endswith(".log"):
+                    print("---- %s ----\n%s" % (fn, procs.log(fn[:-4])[-3000:]))
+            raise
+        finally:
+            procs.stop_all()
+
+
+def run(a, procs, tmp):
+    kvf = os.path.join(os.path.dirname(os.path.realpath(os.path.join(a.fakebin, "kvf-proxy"))),
+                       "kvf")
+    base = free_port_range(6)
+    P = lambda i: "tcp://127.0.0.1:%d" % (base + i)  # noqa: E731
+    T.start_fake(procs, a.testbin, "prefill", "prefill-fast", base + 0,
+                 ["--fake-prefill-delay-ms", str(FAST_MS)])
+    T.start_fake(procs, a.testbin, "prefill", "prefill-slow", base + 1,
+                 ["--fake-prefill-delay-ms", str(SLOW_MS)])
+    T.start_fake(procs, a.testbin, "decode", "decode-0", base + 2,
+                 ["--fake-token-delay-ms", str(TOKEN_MS)])
+    T.start_fake(procs, a.testbin, "prefill", "prefill-fail", base + 3,
+                 ["--fake-mode", "fail-prefill"])
+    T.start_fake(procs, a.testbin, "decode", "decode-hang", base + 4,
+                 ["--fake-mode", "hang-decode"])
+
+    _, px = T.start_proxy(procs, a.fakebin, P(0) + "," + P(1), P(2),
+                          ["--model-name", "m", "--health-interval", "100ms"], name="proxy")
+    wait_for(lambda: all(i["healthy"] for r in ("prefill", "decode")
+                         for i in px.health()[1][r]), 10, "every instance healthy")
+
+    # 1. Accounting: 20 requests, one at a time, alternating fast and slow prefill.
+    n = 20
+    js, rows = bench(kvf, px.url, ["--num-requests", str(n), "--max-concurrency", "1",
+                                   "--slo-ttft-ms", "90"], tmp, "acct")
+    T.check(js["sent"] == n and js["completed"] == n and js["failed"] == 0 and
+            js["failures"] == {}, "all %d requests completed" % n, js)
+    T.check(js["input_tokens"] == 12 * n and js["output_tokens"] == 6 * n,
+            "token counts: 12 prompt and 6 output tokens per request", js)
+    T.check(len(rows) == n and sorted(int(r["index"]) for r in rows) == list(range(n)),
+            "one CSV row per request")
+    slow = [r for r in rows if r["prefill_instance"].endswith(":%d" % (base + 1))]
+    fast = [r for r in rows if r["prefill_instance"].endswith(":%d" % base)]
+    T.check(len(slow) == n // 2 and len(fast) == n // 2, "round robin: half on each prefill")
+    for r in rows:
+        delay = SLOW_MS if r in slow else FAST_MS
+        ttft, tpot, e2e = float(r["ttft_ms"]), float(r["tpot_ms"]), float(r["e2e_ms"])
+        if not (delay <= ttft < delay + SLACK_MS):
+            raise AssertionError("request %s: ttft %.1f ms, prefill delay %d" %
+                                 (r["index"], ttft, delay))
+        if not (TOKEN_MS * 0.9 <= tpot < TOKEN_MS + SLACK_MS / 5):
+            raise AssertionError("request %s: tpot %.2f ms, token delay %d" %
+                                 (r["index"], tpot, TOKEN_MS))
+        if abs(e2e - (ttft + tpot * 5)) > 1e-2:
+            raise AssertionError("request %s: e2e %.3f != ttft + 5 tpot" % (r["index"], e2e))
+        if float(r["proxy_ttft_ms"]) > ttft + 1e-3 or int(r["output_tokens"]) != 6:
+            raise AssertionError("request %s: proxy ttft after client ttft, or short" % r)
+    T.check(True, "each request: prefill delay <= TTFT < delay + %d ms, TPOT ~ %d ms, "
+            "E2E = TTFT + 5 TPOT" % (SLACK_MS, TOKEN_MS))
+    for key, col in (("ttft_ms", "ttft_ms"), ("tpot_ms", "tpot_ms"), ("e2e_ms", "e2e_ms")):
+        v = [float(r[col]) for r in rows]
+        want = {"mean": sum(v) / len(v), "p50": percentile(v, 50), "p90": percentile(v, 90),
+                "p99": percentile(v, 99)}
+        got = js[key]
+        if any(abs(got[k] - want[k]) > 2e-3 for k in want) or got["n"] != n:
+            raise AssertionError("%s summary %s != from rows %s" % (key, got, want))
+    T.check(js["ttft_ms"]["p50"] > FAST_MS + 10 and js["ttft_ms"]["p90"] >= SLOW_MS,
+            "TTFT p50 falls between the two prefills, p90 on the slow one", js["ttft_ms"])
+    T.check(js["itl_ms"]["n"] == 5 * n and abs(js["itl_ms"]["mean"] - js["tpot_ms"]["mean"]) < 0.05,
+            "ITL: 5 gaps per request, mean equal to the mean TPOT", js["itl_ms"])
+    T.check(js["good"] == n // 2 and
+            all((r["good"] == "1") == (r in fast) for r in rows),
+            "goodput counts exactly the fast-prefill requests under ttft <= 90 ms", js)
+    span = max(float(r["end_ms"]) for r in rows) - min(float(r["start_ms"]) for r in rows)
+    T.check(abs(js["duration_s"] * 1000 - span) < 1e-2 and
+            span >= sum(float(r["e2e_ms"]) for r in rows) and
+            abs(js["request_throughput"] - n / js["duration_s"]) < 1e-6 and
+            abs(js["goodput"] - (n // 2) / js["duration_s"]) < 1e-6 and
+            abs(js["output_throughput"] - 6 * n / js["duration_s"]) < 1e-3 and
+            abs(js["total_throughput"] - 18 * n / js["duration_s"]) < 1e-3,
+            "duration spans the requests (one at a time: at least the sum of E2E); "
+            "throughputs are counts over it", js)
+
+    # 2. Failures by kind.
+    _, px_fail = T.start_proxy(procs, a.fakebin, P(0) + "," + P(3), P(2),
+                               ["--model-name", "m", "--health-interval", "100ms"],
+                               name="proxy-fail")
+    wait_for(lambda: all(i["healthy"] for i in px_fail.health()[1]["prefill"]), 10,
+             "both prefills healthy")
+    js, rows = bench(kvf, px_fail.url, ["--num-requests", "8", "--max-concurrency", "1"],
+                     tmp, "fail")
+    T.check(js["completed"] == 4 and js["failed"] == 4 and js["failures"] == {"http_502": 4} and
+            all("fake prefill failure" in r["error"] for r in rows if r["ok"] == "0"),
+            "a failing prefill: 4 of 8 counted as http_502 with the daemon's message", js)
+    _, px_hang = T.start_proxy(procs, a.fakebin, P(0), P(4), ["--model-name", "m"],
+                               name="proxy-hang")
+    px_hang.wait_healthy(timeout=10)
+    js, rows = bench(kvf, px_hang.url, ["--num-requests", "2", "--timeout", "0.4"],
+                     tmp, "hang", expect_rc=1)
+    T.check(js["failures"] == {"timeout": 2} and js["completed"] == 0 and
+            all(r["output_tokens"] == "1" for r in rows),
+            "a decode that never answers: timeouts after the first token; exit 1", js)
+
+    # 3. Poisson arrivals bounded by a duration; warm-up not counted.
+    js, rows = bench(kvf, px.url, ["--num-requests", "0", "--duration", "0.6",
+                                   "--request-rate", "40", "--warmup", "2", "--seed", "7"],
+                     tmp, "poisson")
+    starts = sorted(float(r["start_ms"]) for r in rows)
+    T.check(8 <= js["sent"] <= 60 and js["failed"] == 0 and starts[-1] < 600 + SLACK_MS and
+            [int(r["index"]) for r in rows] == list(range(js["sent"])),
+            "Poisson at 40 req/s for 0.6 s: %d requests, all started within the duration" %
+            js["sent"], js)
+    js2, _ = bench(kvf, px.url, ["--num-requests", "0", "--duration", "0.6",
+                                 "--request-rate", "40", "--seed", "7"], tmp, "poisson2")
+    T.check(js2["sent"] == js["sent"], "the same seed draws the same arrivals")
+
+    # 4. A JSONL dataset: text and token-id prompts, per-line max_tokens.
+    ds = os.path.join(tmp, "prompts.jsonl")
+    with open(ds, "w") as f:
+        f.write(json.dumps({"prompt": "hello world", "max_tokens": 3}) + "\n\n")
+        f.write(json.dumps({"prompt": [72, 105, 33, 33]}) + "\n")
+    js, rows = bench(kvf, px.url, ["--dataset", ds, "--num-requests", "4",
+                                   "--max-concurrency", "2", "--output-len", "5"], tmp, "ds")
+    got = sorted((int(r["prompt_tokens"]), int(r["output_tokens"])) for r in rows)
+    T.check(got == [(4, 5), (4, 5), (11, 3), (11, 3)],
+            "dataset lines cycle; prompt tokens as the proxy counted, per-line max_tokens", got)
+
+    # 5. Bad flags are named.
+    for args, flag in ((["--input-dist", "zipf"], "input-dist"),
+                       (["--url", "https://x:1"], "url"),
+                       (["--duration", "1"], "duration"),
+                       (["--burstiness", "0"], "burstiness")):
+        p = subprocess.run([kvf, "bench-serve"] + args, capture_output=True, text=True,
+                           timeout=30)
+        T.check(p.returncode == 2 and ("--" + flag) in p.stderr,
+                "bad %s refused, naming the flag" % flag, p.stderr)
+
+
+if __name__ == "__main__":
+    main()
