@@ -235,6 +235,11 @@ kvf_status_t kvf_model_config_parse(const char *json, const char *origin,
         cfg.head_dim = cfg.hidden_size / cfg.num_attention_heads;
     }
     KVF_TRY(kvf_cfg_int_opt(&rd, "intermediate_size", 0, &cfg.intermediate_size));
+    KVF_TRY(kvf_cfg_int_opt(&rd, "n_routed_experts", 0, &cfg.moe_num_experts));
+    KVF_TRY(kvf_cfg_int_opt(&rd, "num_experts_per_tok", 0, &cfg.moe_top_k));
+    KVF_TRY(kvf_cfg_int_opt(&rd, "moe_intermediate_size", 0, &cfg.moe_intermediate_size));
+    KVF_TRY(kvf_cfg_int_opt(&rd, "moe_shared_expert_intermediate_size", 0,
+                            &cfg.moe_shared_intermediate_size));
     KVF_TRY(kvf_cfg_int_opt(&rd, "bos_token_id", 0, &cfg.bos_token_id));
     KVF_TRY(kvf_cfg_int_opt(&rd, "eos_token_id", 0, &cfg.eos_token_id));
     if (cJSON_GetObjectItemCaseSensitive(rd.root, "bos_token_id") == NULL) {

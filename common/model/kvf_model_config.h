@@ -48,6 +48,13 @@ typedef struct kvf_model_config {
     /* MLP ('-' layers, or the dense layers' MLP) */
     int         intermediate_size;    /* 0 when the model has no dense MLP */
 
+    /* MoE ('E' layers): read when present, used by cost estimates only (kvf plan
+     * --hardware); 0 when absent. The engine does not run MoE layers. */
+    int         moe_num_experts;              /* n_routed_experts */
+    int         moe_top_k;                    /* num_experts_per_tok */
+    int         moe_intermediate_size;        /* one routed expert's MLP width */
+    int         moe_shared_intermediate_size; /* the shared expert's width (0: none) */
+
     /* Mamba2 ('M' layers); all 0 for dense models */
     int         mamba_num_heads;
     int         mamba_head_dim;

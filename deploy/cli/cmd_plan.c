@@ -7,6 +7,7 @@
  */
 #include "kvf_cmds.h"
 #include "kvf_config.h"
+#include "kvf_estimate.h"
 #include "kvf_layout.h"
 #include "kvf_log.h"
 
@@ -29,6 +30,12 @@ typedef struct {
     int  prompt_tokens;
     bool block_translation;
     bool json;
+    /* --hardware estimates */
+    char   hardware[KVF_CONFIG_STR_MAX];
+    double hbm_gb, hbm_gbs, tflops, link_gbs;
+    bool   link_shared;
+    double mem_util, reserve_gb, mfu, mbu, weight_bytes;
+    int    batch, context_tokens;
 } kvf_plan_opts_t;
 
 static const kvf_config_field_t kvf_plan_table[] = {
@@ -56,6 +63,34 @@ static const kvf_config_field_t kvf_plan_table[] = {
      offsetof(kvf_plan_opts_t, block_translation), KVF_CONFIG_TYPE_BOOL, 0},
     {"JSON", "no", "print JSON instead of tables",
      offsetof(kvf_plan_opts_t, json), KVF_CONFIG_TYPE_BOOL, 0},
+    {"HARDWARE", "", "add estimates for this device: h100, h200, b200, or custom (give "
+     "--hbm-gb, --hbm-gbs, --tflops and --link-gbs); empty: none",
+     offsetof(kvf_plan_opts_t, hardware), KVF_CONFIG_TYPE_STRING, 0},
+    {"HBM_GB", "0", "device memory per GPU, GB (0: the --hardware figure)",
+     offsetof(kvf_plan_opts_t, hbm_gb), KVF_CONFIG_TYPE_DOUBLE, 0},
+    {"HBM_GBS", "0", "device memory bandwidth, GB/s (0: the --hardware figure)",
+     offsetof(kvf_plan_opts_t, hbm_gbs), KVF_CONFIG_TYPE_DOUBLE, 0},
+    {"TFLOPS", "0", "dense bf16 TFLOP/s per GPU (0: the --hardware figure)",
+     offsetof(kvf_plan_opts_t, tflops), KVF_CONFIG_TYPE_DOUBLE, 0},
+    {"LINK_GBS", "0", "P->D link bandwidth per GPU (or shared: --link-shared), GB/s "
+     "(0: the --hardware figure)", offsetof(kvf_plan_opts_t, link_gbs), KVF_CONFIG_TYPE_DOUBLE,
+     0},
+    {"LINK_SHARED", "no", "all ranks share one link (one NIC per node, or one host)",
+     offsetof(kvf_plan_opts_t, link_shared), KVF_CONFIG_TYPE_BOOL, 0},
+    {"MEM_UTIL", "0.9", "share of device memory an instance may use",
+     offsetof(kvf_plan_opts_t, mem_util), KVF_CONFIG_TYPE_DOUBLE, 0},
+    {"RESERVE_GB", "4", "per GPU: activations, workspace and runtime, GB",
+     offsetof(kvf_plan_opts_t, reserve_gb), KVF_CONFIG_TYPE_DOUBLE, 0},
+    {"MFU", "0.5", "achieved share of peak FLOP/s",
+     offsetof(kvf_plan_opts_t, mfu), KVF_CONFIG_TYPE_DOUBLE, 0},
+    {"MBU", "0.8", "achieved share of peak memory bandwidth",
+     offsetof(kvf_plan_opts_t, mbu), KVF_CONFIG_TYPE_DOUBLE, 0},
+    {"WEIGHT_BYTES", "0", "bytes per weight (0: the model's torch_dtype; 1 for fp8)",
+     offsetof(kvf_plan_opts_t, weight_bytes), KVF_CONFIG_TYPE_DOUBLE, 0},
+    {"BATCH", "64", "sequences per decode step (and whose Mamba state the capacity holds)",
+     offsetof(kvf_plan_opts_t, batch), KVF_CONFIG_TYPE_INT, 0},
+    {"CONTEXT_TOKENS", "0", "tokens each decode sequence attends to (0: --prompt-tokens)",
+     offsetof(kvf_plan_opts_t, context_tokens), KVF_CONFIG_TYPE_INT, 0},
     {NULL, NULL, NULL, 0, 0, 0},
 };
 
@@ -229,8 +264,149 @@ static cJSON *kvf_plan_json(const kvf_model_config_t *cfg, const kvf_layout_plan
     return o;
 }
 
+/* The --hardware figures with the overrides applied; 0, 1 (no estimates asked), -1 bad. */
+static int kvf_plan_estimate_params(const kvf_plan_opts_t *o, const kvf_model_config_t *cfg,
+                                    kvf_estimate_params_t *ep)
+{
+    const struct {
+        const char *flag;
+        double      value;
+        double     *dst;
+        double      scale;
+    } ov[] = {
+        {"hbm-gb", o->hbm_gb, &ep->hw.hbm_bytes, 1e9},
+        {"hbm-gbs", o->hbm_gbs, &ep->hw.hbm_bw, 1e9},
+        {"tflops", o->tflops, &ep->hw.flops, 1e12},
+        {"link-gbs", o->link_gbs, &ep->hw.link_bw, 1e9},
+    };
+
+    memset(ep, 0, sizeof(*ep));
+    if (o->hardware[0] == '\0') {
+        return 1;
+    }
+    if (strcmp(o->hardware, "custom") == 0) {
+        snprintf(ep->hw.name, sizeof(ep->hw.name), "custom");
+    } else if (kvf_hw_lookup(o->hardware, &ep->hw) != KVF_OK) {
+        kvf_error("bad value '%s' for --hardware (h100, h200, b200, custom)", o->hardware);
+        return -1;
+    }
+    for (size_t i = 0; i < sizeof(ov) / sizeof(ov[0]); ++i) {
+        if (ov[i].value < 0) {
+            kvf_error("bad value %g for --%s: must be positive (0: the --hardware figure)",
+                      ov[i].value, ov[i].flag);
+            return -1;
+        }
+        if (ov[i].value > 0) {
+            *ov[i].dst = ov[i].value * ov[i].scale;
+        } else if (*ov[i].dst <= 0) {
+            kvf_error("--hardware custom needs --%s", ov[i].flag);
+            return -1;
+        }
+    }
+    ep->weight_bytes = (o->weight_bytes > 0) ? o->weight_bytes :
+                       (double)kvf_dtype_size(cfg->torch_dtype);
+    ep->mem_util = o->mem_util;
+    ep->reserve_bytes = o->reserve_gb * 1e9;
+    ep->mfu = o->mfu;
+    ep->mbu = o->mbu;
+    ep->batch = o->batch;
+    ep->prompt_tokens = o->prompt_tokens;
+    ep->context_tokens = (o->context_tokens > 0) ? o->context_tokens : o->prompt_tokens;
+    ep->link_shared = o->link_shared;
+    {
+        const struct {
+            const char *flag;
+            double      v;
+        } share[] = {{"mem-util", o->mem_util}, {"mfu", o->mfu}, {"mbu", o->mbu}};
+        for (size_t i = 0; i < sizeof(share) / sizeof(share[0]); ++i) {
+            if (!(share[i].v > 0) || (share[i].v > 1)) {
+                kvf_error("bad value %g for --%s: must be in (0, 1]", share[i].v, share[i].flag);
+                return -1;
+            }
+        }
+    }
+    if (o->batch < 1) {
+        kvf_error("bad value %d for --batch: must be >= 1", o->batch);
+        return -1;
+    }
+    if ((o->weight_bytes < 0) || (o->reserve_gb < 0) || (o->context_tokens < 0)) {
+        kvf_error("bad value for --weight-bytes %g, --reserve-gb %g or --context-tokens %d: "
+                  "must not be negative", o->weight_bytes, o->reserve_gb, o->context_tokens);
+        return -1;
+    }
+    return 0;
+}
+
+static void kvf_plan_print_estimate(const kvf_estimate_params_t *ep, const kvf_model_cost_t *cost,
+                                    const kvf_layout_estimate_t *e)
+{
+    const kvf_side_estimate_t *sd[2] = {&e->prefill, &e->decode};
+    const char *names[2] = {"prefill", "decode"};
+
+    printf("  estimates on %s (%.0f GB, %.0f GB/s HBM, %.0f TFLOP/s, link %.0f GB/s%s; "
+           "mfu %.2f, mbu %.2f):\n", ep->hw.name, ep->hw.hbm_bytes / 1e9, ep->hw.hbm_bw / 1e9,
+           ep->hw.flops / 1e12, ep->hw.link_bw / 1e9, ep->link_shared ? " shared" : " per GPU",
+           ep->mfu, ep->mbu);
+    printf("    weights %.2f B params (%.2f B active per token)\n", cost->total_params / 1e9,
+           cost->active_params / 1e9);
+    for (int i = 0; i < 2; ++i) {
+        const kvf_side_estimate_t *s = sd[i];
+        if (s->cache_per_rank <= 0) {
+            printf("    %-7s TP%d: weights %.1f GB/GPU do not fit in %.1f GB\n", names[i], s->tp,
+                   s->weights_per_rank / 1e9, ep->hw.hbm_bytes * ep->mem_util / 1e9);
+            continue;
+        }
+        printf("    %-7s TP%d: weights %.1f GB/GPU, KV+Mamba %.1f GB/GPU: %lld tokens per "
+               "instance with %d sequences' Mamba state, %lld sequences of %d tokens\n",
+               names[i], s->tp, s->weights_per_rank / 1e9, s->cache_per_rank / 1e9,
+               s->capacity_tokens, ep->batch, s->max_seqs, ep->prompt_tokens);
+    }
+    printf("    prefill of %d tokens: %.1f ms;  decode step, batch %d at %d tokens: %.2f ms\n",
+           ep->prompt_tokens, e->prefill_ms, ep->batch, ep->context_tokens, e->decode_step_ms);
+    printf("    KV transfer: %.1f MB in all, %.1f MB on the busiest link: %.2f ms\n",
+           e->transfer_bytes / 1e6, e->transfer_link_bytes / 1e6, e->transfer_ms);
+}
+
+static cJSON *kvf_plan_estimate_json(const kvf_estimate_params_t *ep, const kvf_model_cost_t *cost,
+                                     const kvf_layout_estimate_t *e)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON *hw = cJSON_AddObjectToObject(o, "hardware");
+    const kvf_side_estimate_t *sd[2] = {&e->prefill, &e->decode};
+    const char *names[2] = {"prefill", "decode"};
+
+    cJSON_AddStringToObject(hw, "name", ep->hw.name);
+    cJSON_AddNumberToObject(hw, "hbm_bytes", ep->hw.hbm_bytes);
+    cJSON_AddNumberToObject(hw, "hbm_bytes_per_s", ep->hw.hbm_bw);
+    cJSON_AddNumberToObject(hw, "flops", ep->hw.flops);
+    cJSON_AddNumberToObject(hw, "link_bytes_per_s", ep->hw.link_bw);
+    cJSON_AddBoolToObject(hw, "link_shared", ep->link_shared);
+    cJSON_AddNumberToObject(o, "total_params", cost->total_params);
+    cJSON_AddNumberToObject(o, "active_params", cost->active_params);
+    for (int i = 0; i < 2; ++i) {
+        cJSON *s = cJSON_AddObjectToObject(o, names[i]);
+        cJSON_AddNumberToObject(s, "weights_bytes_per_rank", sd[i]->weights_per_rank);
+        cJSON_AddNumberToObject(s, "cache_bytes_per_rank", sd[i]->cache_per_rank);
+        cJSON_AddBoolToObject(s, "fits", sd[i]->cache_per_rank > 0);
+        cJSON_AddNumberToObject(s, "capacity_tokens", (double)sd[i]->capacity_tokens);
+        cJSON_AddNumberToObject(s, "max_seqs", (double)sd[i]->max_seqs);
+    }
+    cJSON_AddNumberToObject(o, "prompt_tokens", ep->prompt_tokens);
+    cJSON_AddNumberToObject(o, "batch", ep->batch);
+    cJSON_AddNumberToObject(o, "context_tokens", ep->context_tokens);
+    cJSON_AddNumberToObject(o, "prefill_ms", e->prefill_ms);
+    cJSON_AddNumberToObject(o, "decode_step_ms", e->decode_step_ms);
+    cJSON_AddNumberToObject(o, "transfer_bytes", e->transfer_bytes);
+    cJSON_AddNumberToObject(o, "transfer_link_bytes", e->transfer_link_bytes);
+    cJSON_AddNumberToObject(o, "transfer_ms", e->transfer_ms);
+    return o;
+}
+
 int kvf_cmd_plan(int argc, char **argv)
 {
+    kvf_estimate_params_t ep;
+    kvf_model_cost_t cost;
+    int want_est;
     kvf_plan_opts_t o;
     kvf_model_config_t cfg;
     kvf_cache_params_t params;
@@ -256,6 +432,13 @@ int kvf_cmd_plan(int argc, char **argv)
     }
     if (kvf_plan_params(&o, &cfg, &params) != 0) {
         return 2;
+    }
+    want_est = kvf_plan_estimate_params(&o, &cfg, &ep);
+    if (want_est < 0) {
+        return 2;
+    }
+    if ((want_est == 0) && (kvf_model_cost(&cfg, &cost) != KVF_OK)) {
+        return 1;
     }
     if (o.json) {
         arr = cJSON_CreateArray();
@@ -296,7 +479,22 @@ int kvf_cmd_plan(int argc, char **argv)
             }
         }
         refused += (pl.verdict == KVF_VERDICT_REFUSED);
-        if (o.json) {
+        if ((want_est == 0) && (pl.verdict != KVF_VERDICT_REFUSED)) {
+            kvf_layout_estimate_t est;
+            if (kvf_layout_estimate(&cfg, &cost, &pl, &ep, &est) != KVF_OK) {
+                cJSON_Delete(arr);
+                return 2;
+            }
+            if (o.json) {
+                cJSON *j = kvf_plan_json(&cfg, &pl);
+                cJSON_AddItemToObject(j, "estimate", kvf_plan_estimate_json(&ep, &cost, &est));
+                cJSON_AddItemToArray(arr, j);
+            } else {
+                kvf_plan_print_text(&cfg, &params, &pl, o.prompt_tokens);
+                kvf_plan_print_estimate(&ep, &cost, &est);
+                printf("\n");
+            }
+        } else if (o.json) {
             cJSON_AddItemToArray(arr, kvf_plan_json(&cfg, &pl));
         } else {
             kvf_plan_print_text(&cfg, &params, &pl, o.prompt_tokens);
