@@ -34,7 +34,7 @@
 #define KVF_DC_MAX_IDS    (1 << 20)    /* block ids per group in transfer params */
 
 const kvf_config_field_t kvf_decode_config_table[] = {
-    KVF_ROLE_CONFIG_FIELDS(kvf_decode_config_t, "tcp://127.0.0.1:5567", "decode-0", "1s"),
+    KVF_ROLE_CONFIG_FIELDS(kvf_decode_config_t, "tcp://127.0.0.1:5567", "decode-0"),
     {"LOAD_FAILURE", "fail", "when a pull fails: fail the request, or recompute the prompt",
      offsetof(kvf_decode_config_t, load_failure), KVF_CONFIG_TYPE_STRING, 0},
     {"TEST_PULL_DELAY", "0", "test only: wait this long between handshake and the GETs",
@@ -315,8 +315,13 @@ static kvf_status_t kvf_dc_pull(kvf_decode_server_h srv, const Kvf__TransferPara
             srv->peer_errors++;
             srv->xops->forget_engine(srv->conn, xp->engine_id);
         }
-        snprintf(err, err_len, "kv pull from %s failed: %s", xp->engine_id,
-                 kvf_status_str(status));
+        if (status == KVF_ERR_PEER_TIMEOUT) {
+            snprintf(err, err_len, "kv pull from %s failed: no completion within --xfer-timeout"
+                     " %lld ms", xp->engine_id, (long long)srv->cfg.role.xfer_timeout_ms);
+        } else {
+            snprintf(err, err_len, "kv pull from %s failed: %s", xp->engine_id,
+                     kvf_status_str(status));
+        }
     }
     return status;
 }
@@ -407,6 +412,7 @@ static kvf_dc_outcome_t kvf_dc_decode(kvf_decode_server_h srv, const kvf_serve_p
     rp.prompt = dr->prompt_tokens;
     rp.prompt_len = (int)dr->n_prompt_tokens;
     rp.sampling.max_tokens = 16;
+    rp.rng_skip = 1;   /* prefill sampled the first token from this seed */
     if (dr->sampling != NULL) {
         rp.sampling.temperature = dr->sampling->temperature;
         rp.sampling.seed = dr->sampling->seed;
@@ -561,16 +567,75 @@ static void kvf_dc_abort(kvf_decode_server_h srv, const Kvf__AbortRequest *ar)
     }
 }
 
+static void kvf_dc_health_fill(kvf_decode_server_h srv, Kvf__HealthReply *h)
+{
+    kvf_role_health_fill(srv->engine, "decode", &srv->cfg.role, h);
+    h->has_running = h->has_handshake_refusals = h->has_peer_errors = h->has_queue_depth = 1;
+    h->running = (uint32_t)(srv->num_reqs + srv->num_waiting);
+    h->queue_depth = (uint32_t)srv->num_waiting;
+    h->handshake_refusals = srv->refusals;
+    h->peer_errors = srv->peer_errors;
+    h->has_incarnation = 1;
+    h->incarnation = srv->xops->incarnation(srv->conn);
+}
+
+/* Health probes are answered by the control channel's thread from this. */
+static void kvf_dc_publish_health(kvf_decode_server_h srv)
+{
+    Kvf__HealthReply h;
+
+    kvf_dc_health_fill(srv, &h);
+    (void)kvf_serve_server_set_health(srv->serve, &h);
+}
+
 static void kvf_dc_health(kvf_decode_server_h srv, const kvf_serve_peer_t *peer)
 {
     Kvf__HealthReply h;
 
-    kvf_role_health_fill(srv->engine, "decode", srv->cfg.role.engine_id, &h);
-    h.has_running = h.has_handshake_refusals = h.has_peer_errors = 1;
-    h.running = (uint32_t)(srv->num_reqs + srv->num_waiting);
-    h.handshake_refusals = srv->refusals;
-    h.peer_errors = srv->peer_errors;
+    kvf_dc_health_fill(srv, &h);
     kvf_role_reply_health(srv->serve, peer, &h);
+}
+
+/*
+ * The proxy asks, at pool start and whenever a prefill restarts, whether
+ * this instance can pull from a prefill engine: the same handshake a
+ * request runs (cached afterwards), answered with its status and refusal.
+ */
+static void kvf_dc_check_peer(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
+                              const Kvf__CheckPeerRequest *cr)
+{
+    const char *rid = (cr->request_id != NULL) ? cr->request_id : "";
+    char err[512] = "";
+    uint64_t cached;
+    kvf_status_t status;
+
+    if ((cr->engine_id == NULL) || (cr->engine_id[0] == '\0') || (cr->host == NULL) ||
+        !cr->has_port || (cr->port == 0) || (cr->port > 65535)) {
+        kvf_serve_server_reply_error(srv->serve, peer, rid, KVF_ERR_INVALID_PARAM,
+                                     "check_peer needs engine_id, host and port");
+        return;
+    }
+    if (cr->has_incarnation && (cr->incarnation != 0) &&
+        (srv->xops->remote_incarnation(srv->conn, cr->engine_id, &cached) == KVF_OK) &&
+        (cached != cr->incarnation)) {
+        srv->xops->forget_engine(srv->conn, cr->engine_id);
+    }
+    status = srv->xops->handshake(srv->conn, cr->engine_id, cr->host, (int)cr->port, err,
+                                  sizeof(err));
+    if (status == KVF_ERR_REFUSED) {
+        srv->refusals++;
+        kvf_error("prefill engine %s at %s:%u cannot feed this instance: %s", cr->engine_id,
+                  cr->host, cr->port, err);
+    }
+    if (status != KVF_OK) {
+        if (err[0] == '\0') {
+            snprintf(err, sizeof(err), "handshake with %s at %s:%u failed: %s", cr->engine_id,
+                     cr->host, cr->port, kvf_status_str(status));
+        }
+        kvf_serve_server_reply_error(srv->serve, peer, rid, status, err);
+        return;
+    }
+    kvf_serve_server_reply_error(srv->serve, peer, rid, KVF_OK, NULL);
 }
 
 /* @return true when @a req was kept (queued); the caller frees it otherwise. */
@@ -601,6 +666,9 @@ static bool kvf_dc_handle(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
         return false;
     case KVF__SERVE_REQUEST__BODY_HEALTH:
         kvf_dc_health(srv, peer);
+        return false;
+    case KVF__SERVE_REQUEST__BODY_CHECK_PEER:
+        kvf_dc_check_peer(srv, peer, req->check_peer);
         return false;
     default:
         kvf_serve_server_reply_error(srv->serve, peer, "", KVF_ERR_UNSUPPORTED,
@@ -690,8 +758,11 @@ kvf_status_t kvf_decode_server_run(kvf_decode_server_h srv, volatile sig_atomic_
             break;
         }
         kvf_dc_admit_waiting(srv);
+        kvf_dc_publish_health(srv);
         if (kvf_engine_has_work(srv->engine)) {
+            kvf_serve_server_step_begin(srv->serve);
             status = kvf_dc_step(srv);
+            kvf_serve_server_step_end(srv->serve);
             if (status != KVF_OK) {
                 kvf_error("engine step failed: %s", kvf_status_str(status));
             }

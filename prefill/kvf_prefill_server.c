@@ -32,7 +32,7 @@
 #define KVF_PF_MAX_EVENTS 512
 
 const kvf_config_field_t kvf_prefill_config_table[] = {
-    KVF_ROLE_CONFIG_FIELDS(kvf_prefill_config_t, "tcp://127.0.0.1:5557", "prefill-0", "5s"),
+    KVF_ROLE_CONFIG_FIELDS(kvf_prefill_config_t, "tcp://127.0.0.1:5557", "prefill-0"),
     {"HOST", "127.0.0.1", "address of this host for the side channel (bind and advertise)",
      offsetof(kvf_prefill_config_t, host), KVF_CONFIG_TYPE_STRING, 0},
     {"SIDE_PORT", "0", "side-channel (handshake) port; 0 picks a free one",
@@ -149,14 +149,34 @@ static int kvf_pf_find_pending(kvf_prefill_server_h srv, uint64_t engine_req)
     return -1;
 }
 
+static void kvf_pf_health_fill(kvf_prefill_server_h srv, Kvf__HealthReply *h)
+{
+    kvf_role_health_fill(srv->engine, "prefill", &srv->cfg.role, h);
+    h->has_running = h->has_leases = h->has_queue_depth = h->has_lease_timeout_ms = 1;
+    h->running = (uint32_t)(srv->num_pending + (int)kvf_lease_table_count(srv->leases));
+    h->leases = kvf_lease_table_count(srv->leases);
+    h->queue_depth = (uint32_t)srv->num_pending;
+    h->lease_timeout_ms = (uint64_t)srv->cfg.lease_timeout_ms;
+    h->side_host = srv->cfg.host;
+    h->has_side_port = h->has_incarnation = 1;
+    h->side_port = (uint32_t)srv->side_port;
+    h->incarnation = srv->xops->incarnation(srv->conn);
+}
+
+/* Health probes are answered by the control channel's thread from this. */
+static void kvf_pf_publish_health(kvf_prefill_server_h srv)
+{
+    Kvf__HealthReply h;
+
+    kvf_pf_health_fill(srv, &h);
+    (void)kvf_serve_server_set_health(srv->serve, &h);
+}
+
 static void kvf_pf_health(kvf_prefill_server_h srv, const kvf_serve_peer_t *peer)
 {
     Kvf__HealthReply h;
 
-    kvf_role_health_fill(srv->engine, "prefill", srv->cfg.role.engine_id, &h);
-    h.has_running = h.has_leases = 1;
-    h.running = (uint32_t)(srv->num_pending + (int)kvf_lease_table_count(srv->leases));
-    h.leases = kvf_lease_table_count(srv->leases);
+    kvf_pf_health_fill(srv, &h);
     kvf_role_reply_health(srv->serve, peer, &h);
 }
 
@@ -440,8 +460,11 @@ kvf_status_t kvf_prefill_server_run(kvf_prefill_server_h srv, volatile sig_atomi
             }
             break;
         }
+        kvf_pf_publish_health(srv);
         if (kvf_engine_has_work(srv->engine)) {
+            kvf_serve_server_step_begin(srv->serve);
             status = kvf_pf_step(srv);
+            kvf_serve_server_step_end(srv->serve);
             if (status != KVF_OK) {
                 kvf_error("engine step failed: %s", kvf_status_str(status));
             }

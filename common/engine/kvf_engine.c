@@ -224,6 +224,9 @@ static kvf_status_t kvf_new_request(kvf_engine_h e, const kvf_req_params_t *p, k
     r->state = KVF_REQ_WAITING;
     r->sampling = p->sampling;
     r->rng = p->sampling.seed ^ 0x6a09e667f3bcc909ull;
+    for (int i = 0; i < p->rng_skip; ++i) {
+        kvf_sample_skip(r);   /* tokens sampled elsewhere from the same seed */
+    }
     r->prefill_only = p->prefill_only;
     r->record_logits = p->record_logits;
     e->reqs[e->num_reqs++] = r;

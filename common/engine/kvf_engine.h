@@ -52,6 +52,8 @@ typedef struct kvf_req_params {
     kvf_sampling_t  sampling;
     bool            prefill_only;   /* stop after the first token, keep the blocks */
     bool            record_logits;  /* keep the logits of every sampled token */
+    int             rng_skip;       /* draws already made from this seed elsewhere (decode
+                                     * after prefill sampled the first token: 1); >= 0 */
 } kvf_req_params_t;
 
 typedef enum {

@@ -129,6 +129,13 @@ static uint64_t kvf_rng_next(uint64_t *s)
     return z ^ (z >> 31);
 }
 
+void kvf_sample_skip(kvf_request_t *req)
+{
+    if (req->sampling.temperature > 0.0f) {
+        (void)kvf_rng_next(&req->rng);
+    }
+}
+
 int32_t kvf_sample_token(kvf_request_t *req, const float *logits, int vocab)
 {
     int32_t best = 0;

@@ -103,4 +103,12 @@ kvf_status_t kvf_scheduler_schedule(const kvf_scheduler_params_t *params, kvf_bl
  */
 int32_t kvf_sample_token(kvf_request_t *req, const float *logits, int vocab);
 
+/**
+ * Advance the request's RNG past the draw kvf_sample_token() makes for one
+ * token (none when greedy). Used when another instance sampled that token
+ * (disaggregated decode continues after prefill's first token), so a given
+ * seed yields the same tokens in every layout.
+ */
+void kvf_sample_skip(kvf_request_t *req);
+
 #endif

@@ -36,7 +36,7 @@ const kvf_config_field_t kvf_proxy_config_table[] = {
      "the KV transfer)", KVF_PF(token_timeout), KVF_CONFIG_TYPE_TIME, 0},
     {"HEALTH_INTERVAL", "500ms", "period of the health probes sent to every instance",
      KVF_PF(health_interval), KVF_CONFIG_TYPE_TIME, 0},
-    {"HEALTH_TIMEOUT", "2s", "a probe unanswered this long marks the instance unhealthy",
+    {"HEALTH_TIMEOUT", "5s", "a probe unanswered this long marks the instance unhealthy",
      KVF_PF(health_timeout), KVF_CONFIG_TYPE_TIME, 0},
     {"IDLE_TIMEOUT", "120s", "idle keep-alive HTTP connections are closed after this",
      KVF_PF(idle_timeout), KVF_CONFIG_TYPE_TIME, 0},

@@ -80,16 +80,20 @@ static kvf_status_t kvf_proxy_flow_append(kvf_proxy_flow_t *flow, const int32_t 
 
 /* Wait for a reply within min(stage timeout, request deadline), watching the client. */
 static kvf_status_t kvf_proxy_flow_wait(kvf_proxy_flow_t *flow, kvf_proxy_call_h call,
-                                        int64_t stage_timeout_ms, const char *what,
-                                        Kvf__ServeReply **reply_p)
+                                        int64_t stage_timeout_ms, const char *stage_flag,
+                                        const char *what, Kvf__ServeReply **reply_p)
 {
     const kvf_proxy_flow_ctx_t *ctx = flow->ctx;
     int64_t start = kvf_proxy_now_us();
     int64_t end = start + stage_timeout_ms * 1000;
+    const char *flag = stage_flag;
+    int64_t flag_ms = stage_timeout_ms;
     char msg[384];
 
     if (end > flow->deadline_us) {
         end = flow->deadline_us;
+        flag = "--request-timeout";
+        flag_ms = ctx->request_timeout_ms;
     }
     /* Also checked while replies keep coming: a poll() per reply is cheap and a
      * departed client should not keep a decode instance busy until the end. */
@@ -107,8 +111,9 @@ static kvf_status_t kvf_proxy_flow_wait(kvf_proxy_flow_t *flow, kvf_proxy_call_h
         if (left_ms <= 0) {
             kvf_proxy_metrics_add(ctx->metrics, KVF_PROXY_CTR_TIMEOUTS, 1);
             return kvf_proxy_flow_fail(flow, KVF_ERR_PEER_TIMEOUT, 504, "timeout_error",
-                                       "%s did not answer within %lld ms", what,
-                                       (long long)((end - start) / 1000));
+                                       "%s did not answer within %lld ms (%s %lld ms)", what,
+                                       (long long)((end - start) / 1000), flag,
+                                       (long long)flag_ms);
         }
         if ((flow->gone != NULL) && (slice > KVF_PROXY_SLICE_MS)) {
             slice = KVF_PROXY_SLICE_MS;
@@ -166,14 +171,27 @@ static kvf_status_t kvf_proxy_flow_daemon_error(kvf_proxy_flow_t *flow, kvf_prox
                                kvf_status_str(status));
 }
 
+/* A fresh random seed for a request that names none (as OpenAI samples). */
+static uint64_t kvf_proxy_flow_random_seed(void)
+{
+    static atomic_uint_fast64_t counter;
+    uint64_t seed;
+
+    if (getrandom(&seed, sizeof(seed), GRND_NONBLOCK) != (ssize_t)sizeof(seed)) {
+        seed = (uint64_t)kvf_proxy_now_us() * 0x9e3779b97f4a7c15ull;
+    }
+    return seed ^ atomic_fetch_add(&counter, 1);
+}
+
+/* Prefill and decode get the same seed: decode continues prefill's draws. */
 static void kvf_proxy_flow_sampling(const kvf_proxy_completion_req_t *req, Kvf__SamplingParams *sp)
 {
     sp->has_max_tokens = true;
     sp->max_tokens = req->max_tokens;
     sp->has_temperature = true;
     sp->temperature = req->temperature;
-    sp->has_seed = req->has_seed;
-    sp->seed = req->seed;
+    sp->has_seed = true;
+    sp->seed = req->has_seed ? req->seed : kvf_proxy_flow_random_seed();
     sp->has_ignore_eos = true;
     sp->ignore_eos = req->ignore_eos;
 }
@@ -204,13 +222,29 @@ kvf_status_t kvf_proxy_flow_start(kvf_proxy_flow_t *flow, const kvf_proxy_flow_c
     kvf_proxy_flow_new_id(flow->out.id, sizeof(flow->out.id));
     kvf_proxy_metrics_in_flight(ctx->metrics, +1);
 
-    if ((kvf_proxy_pool_pick(ctx->pool, KVF_PROXY_ROLE_PREFILL, &flow->prefill_idx) != KVF_OK) ||
-        (kvf_proxy_pool_pick(ctx->pool, KVF_PROXY_ROLE_DECODE, &flow->decode_idx) != KVF_OK)) {
-        bool no_prefill = (flow->prefill_idx < 0);
+    if (kvf_proxy_pool_pick(ctx->pool, KVF_PROXY_ROLE_PREFILL, &flow->prefill_idx) != KVF_OK) {
         flow->prefill_idx = -1;   /* nothing was sent to it */
-        flow->decode_idx = -1;
         return kvf_proxy_flow_fail(flow, KVF_ERR_NO_RESOURCE, 503, "server_error",
-                                   "no healthy %s instance", no_prefill ? "prefill" : "decode");
+                                   "no healthy prefill instance (or none a decode instance"
+                                   " accepts: see /health pairs)");
+    }
+    {
+        char why[320] = "";
+        status = kvf_proxy_pool_pick_decode(ctx->pool, flow->prefill_idx, &flow->decode_idx,
+                                            why, sizeof(why));
+        if (status != KVF_OK) {
+            int p = flow->prefill_idx;
+            flow->prefill_idx = -1;
+            flow->decode_idx = -1;
+            if (status == KVF_ERR_REFUSED) {
+                return kvf_proxy_flow_fail(flow, status, 503, "server_error",
+                                           "no decode instance accepts prefill instance %s: %s",
+                                           kvf_proxy_pool_url(ctx->pool, KVF_PROXY_ROLE_PREFILL,
+                                                              p), why);
+            }
+            return kvf_proxy_flow_fail(flow, KVF_ERR_NO_RESOURCE, 503, "server_error",
+                                       "no healthy decode instance");
+        }
     }
     flow->out.prefill_instance = kvf_proxy_pool_url(ctx->pool, KVF_PROXY_ROLE_PREFILL,
                                                     flow->prefill_idx);
@@ -234,7 +268,8 @@ kvf_status_t kvf_proxy_flow_start(kvf_proxy_flow_t *flow, const kvf_proxy_flow_c
     }
     kvf_proxy_metrics_add(ctx->metrics, KVF_PROXY_CTR_PROMPT_TOKENS, (uint64_t)req->num_prompt);
     snprintf(what, sizeof(what), "prefill instance %s", flow->out.prefill_instance);
-    status = kvf_proxy_flow_wait(flow, pcall, ctx->prefill_timeout_ms, what, &r);
+    status = kvf_proxy_flow_wait(flow, pcall, ctx->prefill_timeout_ms, "--prefill-timeout", what,
+                                 &r);
     kvf_proxy_call_end(pcall);
     if (status != KVF_OK) {
         return status;
@@ -300,7 +335,8 @@ kvf_status_t kvf_proxy_flow_next(kvf_proxy_flow_t *flow, int *first_new_p)
                                    "decode was not started");
     }
     snprintf(what, sizeof(what), "decode instance %s", flow->out.decode_instance);
-    status = kvf_proxy_flow_wait(flow, flow->decode_call, ctx->token_timeout_ms, what, &r);
+    status = kvf_proxy_flow_wait(flow, flow->decode_call, ctx->token_timeout_ms, "--token-timeout",
+                                 what, &r);
     if (status != KVF_OK) {
         return status;
     }

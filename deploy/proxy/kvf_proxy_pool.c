@@ -34,6 +34,25 @@
 #include <unistd.h>
 
 #define KVF_PROXY_HEALTH_ID "health"
+#define KVF_PROXY_CHECK_PREFIX "check-peer:"   /* + prefill index ":" incarnation (hex) */
+#define KVF_PROXY_CHECK_RETRY_MS 1000          /* after a check that neither passed nor refused */
+
+typedef enum {
+    KVF_PROXY_PAIR_UNCHECKED = 0,
+    KVF_PROXY_PAIR_CHECKING,
+    KVF_PROXY_PAIR_COMPATIBLE,
+    KVF_PROXY_PAIR_REFUSED,
+} kvf_proxy_pair_state_t;
+
+/* One (prefill, decode) pairing, under pool->lock. */
+typedef struct kvf_proxy_pair {
+    kvf_proxy_pair_state_t state;
+    uint64_t               prefill_incarnation;   /* what the verdict is about */
+    uint64_t               decode_incarnation;
+    int64_t                sent_ms;
+    int64_t                retry_ms;              /* no new check before this */
+    char                   error[320];
+} kvf_proxy_pair_t;
 
 typedef struct kvf_proxy_msg {
     struct kvf_proxy_msg *next;
@@ -89,7 +108,23 @@ struct kvf_proxy_pool {
     atomic_bool          stop;
     int64_t              interval_ms;
     int64_t              timeout_ms;
+    kvf_proxy_pair_t    *pairs;          /* [prefill][decode], count[0] x count[1] */
 };
+
+static kvf_proxy_pair_t *kvf_proxy_pair(struct kvf_proxy_pool *pool, int p, int d)
+{
+    return &pool->pairs[(size_t)p * (size_t)pool->count[KVF_PROXY_ROLE_DECODE] + (size_t)d];
+}
+
+static const char *kvf_proxy_pair_state_str(kvf_proxy_pair_state_t s)
+{
+    switch (s) {
+    case KVF_PROXY_PAIR_CHECKING:   return "checking";
+    case KVF_PROXY_PAIR_COMPATIBLE: return "compatible";
+    case KVF_PROXY_PAIR_REFUSED:    return "refused";
+    default:                        return "unchecked";
+    }
+}
 
 static int64_t kvf_proxy_now_ms(void)
 {
@@ -325,6 +360,14 @@ static void kvf_proxy_io_health_reply(struct kvf_proxy_pool *pool, kvf_proxy_ins
     info->leases = h->leases;
     info->handshake_refusals = h->handshake_refusals;
     info->peer_errors = h->peer_errors;
+    info->queue_depth = h->queue_depth;
+    info->step_ms = h->step_ms;
+    info->step_running_ms = h->step_running_ms;
+    info->xfer_timeout_ms = h->xfer_timeout_ms;
+    info->lease_timeout_ms = h->lease_timeout_ms;
+    snprintf(info->side_host, sizeof(info->side_host), "%s", h->side_host ? h->side_host : "");
+    info->side_port = h->side_port;
+    info->incarnation = h->incarnation;
     inst->last_ok_ms = kvf_proxy_now_ms();
     if (strcmp(info->reported_role, want) != 0) {
         snprintf(why, sizeof(why), "instance reports role '%s' but is listed as %s",
@@ -341,6 +384,133 @@ static void kvf_proxy_io_health_reply(struct kvf_proxy_pool *pool, kvf_proxy_ins
     info->last_error[0] = '\0';
 out:
     pthread_mutex_unlock(&pool->lock);
+}
+
+
+/* ---- pair checks (I/O thread) --------------------------------------------- */
+
+/* A decode instance's verdict on one prefill engine. */
+static void kvf_proxy_io_check_reply(struct kvf_proxy_pool *pool, kvf_proxy_instance_t *inst,
+                                     const Kvf__ServeReply *r)
+{
+    const char *p_str = r->request_id + strlen(KVF_PROXY_CHECK_PREFIX);
+    char *end = NULL;
+    long p = strtol(p_str, &end, 10);
+    uint64_t inc = (end != NULL && *end == ':') ? strtoull(end + 1, NULL, 16) : 0;
+    kvf_status_t status = r->has_status ? (kvf_status_t)r->status : KVF_OK;
+    const char *msg = ((r->error != NULL) && (r->error[0] != '\0')) ? r->error :
+                      kvf_status_str(status);
+    kvf_proxy_pair_t *pair;
+    kvf_proxy_instance_t *pf;
+
+    if ((inst->role != KVF_PROXY_ROLE_DECODE) || (p < 0) ||
+        (p >= pool->count[KVF_PROXY_ROLE_PREFILL])) {
+        return;
+    }
+    pthread_mutex_lock(&pool->lock);
+    pair = kvf_proxy_pair(pool, (int)p, inst->idx);
+    pf = &pool->inst[KVF_PROXY_ROLE_PREFILL][p];
+    if ((pair->state != KVF_PROXY_PAIR_CHECKING) || (pair->prefill_incarnation != inc)) {
+        goto out;   /* a stale answer: the prefill restarted meanwhile */
+    }
+    if ((status == KVF_OK) || (status == KVF_ERR_UNSUPPORTED)) {
+        /* UNSUPPORTED: a decode build without the check; its requests will tell */
+        pair->state = KVF_PROXY_PAIR_COMPATIBLE;
+        pair->error[0] = '\0';
+        kvf_info("prefill %s -> decode %s: %s", pf->url, inst->url,
+                 (status == KVF_OK) ? "handshake accepted" : "not checked (decode cannot)");
+    } else if ((status == KVF_ERR_REFUSED) || (status == KVF_ERR_VERSION)) {
+        pair->state = KVF_PROXY_PAIR_REFUSED;
+        snprintf(pair->error, sizeof(pair->error), "%s", msg);
+        kvf_error("prefill %s -> decode %s will not be routed: %s", pf->url, inst->url, msg);
+    } else {
+        pair->state = KVF_PROXY_PAIR_UNCHECKED;
+        pair->retry_ms = kvf_proxy_now_ms() + KVF_PROXY_CHECK_RETRY_MS;
+        snprintf(pair->error, sizeof(pair->error), "check failed: %s", msg);
+        kvf_warn("prefill %s -> decode %s: compatibility check failed, retrying: %s", pf->url,
+                 inst->url, msg);
+    }
+out:
+    pthread_mutex_unlock(&pool->lock);
+}
+
+/* Start a check for every healthy pair without a current verdict. */
+static void kvf_proxy_io_check_pairs(struct kvf_proxy_pool *pool, int64_t now)
+{
+    int np = pool->count[KVF_PROXY_ROLE_PREFILL], nd = pool->count[KVF_PROXY_ROLE_DECODE];
+
+    for (int p = 0; p < np; ++p) {
+        for (int d = 0; d < nd; ++d) {
+            kvf_proxy_instance_t *pf = &pool->inst[KVF_PROXY_ROLE_PREFILL][p];
+            kvf_proxy_instance_t *dc = &pool->inst[KVF_PROXY_ROLE_DECODE][d];
+            Kvf__CheckPeerRequest cr = KVF__CHECK_PEER_REQUEST__INIT;
+            Kvf__ServeRequest req = KVF__SERVE_REQUEST__INIT;
+            kvf_proxy_pair_t *pair;
+            char rid[64], engine[64], host[64];
+            uint8_t *buf;
+            size_t len;
+            uint32_t port;
+            uint64_t inc;
+
+            pthread_mutex_lock(&pool->lock);
+            pair = kvf_proxy_pair(pool, p, d);
+            if (!pf->info.healthy || !dc->info.healthy || (pf->info.side_port == 0)) {
+                pthread_mutex_unlock(&pool->lock);
+                continue;
+            }
+            if ((pair->prefill_incarnation != pf->info.incarnation) ||
+                (pair->decode_incarnation != dc->info.incarnation)) {
+                pair->state = KVF_PROXY_PAIR_UNCHECKED;   /* one side restarted */
+                pair->retry_ms = 0;
+                pair->error[0] = '\0';
+                pair->prefill_incarnation = pf->info.incarnation;
+                pair->decode_incarnation = dc->info.incarnation;
+            }
+            if ((pair->state == KVF_PROXY_PAIR_CHECKING) &&
+                (now - pair->sent_ms > 2 * pool->timeout_ms + (int64_t)dc->info.xfer_timeout_ms)) {
+                pair->state = KVF_PROXY_PAIR_UNCHECKED;
+                snprintf(pair->error, sizeof(pair->error),
+                         "no answer to the compatibility check within %lld ms",
+                         (long long)(now - pair->sent_ms));
+            }
+            if ((pair->state != KVF_PROXY_PAIR_UNCHECKED) || (now < pair->retry_ms)) {
+                pthread_mutex_unlock(&pool->lock);
+                continue;
+            }
+            pair->state = KVF_PROXY_PAIR_CHECKING;
+            pair->sent_ms = now;
+            inc = pf->info.incarnation;
+            snprintf(engine, sizeof(engine), "%s", pf->info.engine_id);
+            snprintf(host, sizeof(host), "%s", pf->info.side_host);
+            port = pf->info.side_port;
+            pthread_mutex_unlock(&pool->lock);
+
+            snprintf(rid, sizeof(rid), KVF_PROXY_CHECK_PREFIX "%d:%llx", p,
+                     (unsigned long long)inc);
+            cr.request_id = rid;
+            cr.engine_id = engine;
+            cr.host = host;
+            cr.has_port = cr.has_incarnation = 1;
+            cr.port = port;
+            cr.incarnation = inc;
+            req.body_case = KVF__SERVE_REQUEST__BODY_CHECK_PEER;
+            req.check_peer = &cr;
+            len = kvf__serve_request__get_packed_size(&req);
+            buf = malloc(len ? len : 1);
+            if ((buf == NULL) ||
+                (kvf__serve_request__pack(&req, buf), zmq_send(dc->sock, buf, len,
+                                                               ZMQ_DONTWAIT) < 0)) {
+                pthread_mutex_lock(&pool->lock);
+                pair->state = KVF_PROXY_PAIR_UNCHECKED;
+                pair->retry_ms = now + KVF_PROXY_CHECK_RETRY_MS;
+                pthread_mutex_unlock(&pool->lock);
+            } else {
+                kvf_debug("asking decode %s whether it can pull from %s (%s:%u)", dc->url, engine,
+                          host, port);
+            }
+            free(buf);
+        }
+    }
 }
 
 static void kvf_proxy_io_recv(struct kvf_proxy_pool *pool, kvf_proxy_instance_t *inst)
@@ -379,6 +549,12 @@ static void kvf_proxy_io_recv(struct kvf_proxy_pool *pool, kvf_proxy_instance_t 
         }
         if ((r->request_id != NULL) && (strcmp(r->request_id, KVF_PROXY_HEALTH_ID) == 0)) {
             kvf_proxy_io_health_reply(pool, inst, r);
+            kvf__serve_reply__free_unpacked(r, NULL);
+            continue;
+        }
+        if ((r->request_id != NULL) &&
+            (strncmp(r->request_id, KVF_PROXY_CHECK_PREFIX, strlen(KVF_PROXY_CHECK_PREFIX)) == 0)) {
+            kvf_proxy_io_check_reply(pool, inst, r);
             kvf__serve_reply__free_unpacked(r, NULL);
             continue;
         }
@@ -568,6 +744,9 @@ static void *kvf_proxy_io_main(void *arg)
             kvf_proxy_io_probe(pool, now);
             next_probe = now + pool->interval_ms;
         }
+        if (pool->pairs != NULL) {
+            kvf_proxy_io_check_pairs(pool, now);
+        }
     }
     free(items);
     free(owner);
@@ -602,6 +781,14 @@ kvf_status_t kvf_proxy_pool_create(const kvf_proxy_pool_params_t *params,
     }
     if (status != KVF_OK) {
         goto err_free;
+    }
+    if ((pool->count[KVF_PROXY_ROLE_PREFILL] > 0) && (pool->count[KVF_PROXY_ROLE_DECODE] > 0)) {
+        pool->pairs = calloc((size_t)pool->count[KVF_PROXY_ROLE_PREFILL] *
+                             (size_t)pool->count[KVF_PROXY_ROLE_DECODE], sizeof(*pool->pairs));
+        if (pool->pairs == NULL) {
+            status = KVF_ERR_NO_MEMORY;
+            goto err_free;
+        }
     }
     pool->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (pool->efd < 0) {
@@ -643,6 +830,7 @@ err_close_efd:
     close(pool->efd);
 err_free:
     pthread_mutex_destroy(&pool->lock);
+    free(pool->pairs);
     free(pool);
     return status;
 }
@@ -682,6 +870,7 @@ void kvf_proxy_pool_destroy(kvf_proxy_pool_h pool)
      * daemon is stopped before the pool, so there are none in practice. */
     if (pool->calls == NULL) {
         pthread_mutex_destroy(&pool->lock);
+        free(pool->pairs);
         free(pool);
     }
 }
@@ -696,6 +885,23 @@ const char *kvf_proxy_pool_url(kvf_proxy_pool_h pool, kvf_proxy_role_t role, int
     return pool->inst[role][idx].url;
 }
 
+/* Prefill @a p has no healthy decode partner that did not refuse it (pool->lock held). */
+static bool kvf_proxy_prefill_refused_locked(struct kvf_proxy_pool *pool, int p)
+{
+    bool any_healthy = false;
+
+    for (int d = 0; d < pool->count[KVF_PROXY_ROLE_DECODE]; ++d) {
+        if (!pool->inst[KVF_PROXY_ROLE_DECODE][d].info.healthy) {
+            continue;
+        }
+        any_healthy = true;
+        if (kvf_proxy_pair(pool, p, d)->state != KVF_PROXY_PAIR_REFUSED) {
+            return false;
+        }
+    }
+    return any_healthy;
+}
+
 kvf_status_t kvf_proxy_pool_pick(kvf_proxy_pool_h pool, kvf_proxy_role_t role, int *idx_p)
 {
     kvf_status_t status = KVF_ERR_NO_RESOURCE;
@@ -704,7 +910,9 @@ kvf_status_t kvf_proxy_pool_pick(kvf_proxy_pool_h pool, kvf_proxy_role_t role, i
     pthread_mutex_lock(&pool->lock);
     for (int k = 0; k < n; ++k) {
         int i = (int)((pool->rr[role] + (unsigned)k) % (unsigned)n);
-        if (pool->inst[role][i].info.healthy) {
+        if (pool->inst[role][i].info.healthy &&
+            ((role != KVF_PROXY_ROLE_PREFILL) || (pool->pairs == NULL) ||
+             !kvf_proxy_prefill_refused_locked(pool, i))) {
             pool->rr[role] = (unsigned)i + 1;
             *idx_p = i;
             status = KVF_OK;
@@ -713,6 +921,47 @@ kvf_status_t kvf_proxy_pool_pick(kvf_proxy_pool_h pool, kvf_proxy_role_t role, i
     }
     pthread_mutex_unlock(&pool->lock);
     return status;
+}
+
+kvf_status_t kvf_proxy_pool_pick_decode(kvf_proxy_pool_h pool, int prefill_idx, int *idx_p,
+                                        char *why, size_t why_cap)
+{
+    kvf_proxy_role_t role = KVF_PROXY_ROLE_DECODE;
+    int n = pool->count[role], pick = -1;
+    bool healthy = false;
+
+    pthread_mutex_lock(&pool->lock);
+    /* pass 0: pairs checked compatible; pass 1: pairs without a verdict yet */
+    for (int pass = 0; (pass < 2) && (pick < 0); ++pass) {
+        for (int k = 0; k < n; ++k) {
+            int i = (int)((pool->rr[role] + (unsigned)k) % (unsigned)n);
+            kvf_proxy_pair_state_t st;
+
+            if (!pool->inst[role][i].info.healthy) {
+                continue;
+            }
+            healthy = true;
+            st = (pool->pairs != NULL) ? kvf_proxy_pair(pool, prefill_idx, i)->state :
+                                         KVF_PROXY_PAIR_COMPATIBLE;
+            if ((pass == 0) ? (st == KVF_PROXY_PAIR_COMPATIBLE) :
+                              (st != KVF_PROXY_PAIR_REFUSED)) {
+                pick = i;
+                break;
+            }
+            if ((st == KVF_PROXY_PAIR_REFUSED) && (why != NULL)) {
+                snprintf(why, why_cap, "%s", kvf_proxy_pair(pool, prefill_idx, i)->error);
+            }
+        }
+    }
+    if (pick >= 0) {
+        pool->rr[role] = (unsigned)pick + 1;
+        *idx_p = pick;
+    }
+    pthread_mutex_unlock(&pool->lock);
+    if (pick >= 0) {
+        return KVF_OK;
+    }
+    return healthy ? KVF_ERR_REFUSED : KVF_ERR_NO_RESOURCE;
 }
 
 void kvf_proxy_pool_info(kvf_proxy_pool_h pool, kvf_proxy_role_t role, int idx,
@@ -728,16 +977,18 @@ void kvf_proxy_pool_info(kvf_proxy_pool_h pool, kvf_proxy_role_t role, int idx,
 
 bool kvf_proxy_pool_ready(kvf_proxy_pool_h pool)
 {
-    bool ok[KVF_PROXY_ROLE_COUNT] = {false, false};
+    bool ok = false;
 
     pthread_mutex_lock(&pool->lock);
-    for (int role = 0; role < KVF_PROXY_ROLE_COUNT; ++role) {
-        for (int i = 0; i < pool->count[role]; ++i) {
-            ok[role] = ok[role] || pool->inst[role][i].info.healthy;
+    for (int p = 0; (p < pool->count[KVF_PROXY_ROLE_PREFILL]) && !ok; ++p) {
+        for (int d = 0; (d < pool->count[KVF_PROXY_ROLE_DECODE]) && !ok; ++d) {
+            ok = pool->inst[KVF_PROXY_ROLE_PREFILL][p].info.healthy &&
+                 pool->inst[KVF_PROXY_ROLE_DECODE][d].info.healthy &&
+                 (kvf_proxy_pair(pool, p, d)->state != KVF_PROXY_PAIR_REFUSED);
         }
     }
     pthread_mutex_unlock(&pool->lock);
-    return ok[0] && ok[1];
+    return ok;
 }
 
 cJSON *kvf_proxy_pool_health_json(kvf_proxy_pool_h pool)
@@ -780,6 +1031,13 @@ cJSON *kvf_proxy_pool_health_json(kvf_proxy_pool_h pool)
             cJSON_AddNumberToObject(o, "block_size", info.block_size);
             cJSON_AddNumberToObject(o, "handshake_refusals", (double)info.handshake_refusals);
             cJSON_AddNumberToObject(o, "peer_errors", (double)info.peer_errors);
+            cJSON_AddNumberToObject(o, "queue_depth", info.queue_depth);
+            cJSON_AddNumberToObject(o, "step_ms", info.step_ms);
+            cJSON_AddNumberToObject(o, "step_running_ms", info.step_running_ms);
+            cJSON_AddNumberToObject(o, "xfer_timeout_ms", (double)info.xfer_timeout_ms);
+            if (role == KVF_PROXY_ROLE_PREFILL) {
+                cJSON_AddNumberToObject(o, "lease_timeout_ms", (double)info.lease_timeout_ms);
+            }
             cJSON_AddNumberToObject(o, "last_ok_age_ms", (double)info.last_ok_age_ms);
             cJSON_AddNumberToObject(o, "probes_failed", (double)info.probes_failed);
             if (info.last_error[0] != '\0') {
@@ -787,6 +1045,29 @@ cJSON *kvf_proxy_pool_health_json(kvf_proxy_pool_h pool)
             }
             cJSON_AddItemToArray(arr, o);
         }
+    }
+    {
+        cJSON *arr = cJSON_AddArrayToObject(root, "pairs");
+
+        pthread_mutex_lock(&pool->lock);
+        for (int p = 0; (arr != NULL) && (p < pool->count[KVF_PROXY_ROLE_PREFILL]); ++p) {
+            for (int d = 0; d < pool->count[KVF_PROXY_ROLE_DECODE]; ++d) {
+                const kvf_proxy_pair_t *pair = kvf_proxy_pair(pool, p, d);
+                cJSON *o = cJSON_CreateObject();
+
+                if (o == NULL) {
+                    break;
+                }
+                cJSON_AddStringToObject(o, "prefill", pool->inst[KVF_PROXY_ROLE_PREFILL][p].url);
+                cJSON_AddStringToObject(o, "decode", pool->inst[KVF_PROXY_ROLE_DECODE][d].url);
+                cJSON_AddStringToObject(o, "state", kvf_proxy_pair_state_str(pair->state));
+                if (pair->error[0] != '\0') {
+                    cJSON_AddStringToObject(o, "error", pair->error);
+                }
+                cJSON_AddItemToArray(arr, o);
+            }
+        }
+        pthread_mutex_unlock(&pool->lock);
     }
     return root;
 }

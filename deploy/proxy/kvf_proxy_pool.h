@@ -13,6 +13,11 @@
  * probe was answered within the health timeout, and it reports the role it
  * was listed under. A lost connection marks the instance unhealthy at once
  * and fails every call in flight on it (KVF_ERR_PEER_RESET).
+ *
+ * Pairs: once a prefill and a decode instance are both healthy, the I/O
+ * thread asks the decode instance to handshake with that prefill engine
+ * (CheckPeerRequest), again whenever either restarts (a new incarnation).
+ * A refused pair is never routed; /health lists every pair's verdict.
  */
 #ifndef KVF_PROXY_POOL_H
 #define KVF_PROXY_POOL_H
@@ -60,6 +65,14 @@ typedef struct kvf_proxy_instance_info {
     uint64_t leases;
     uint64_t handshake_refusals;
     uint64_t peer_errors;
+    uint32_t queue_depth;            /* requests admitted, not yet running */
+    double   step_ms;                /* last finished engine step */
+    double   step_running_ms;        /* age of the step in progress; 0 when idle */
+    uint64_t xfer_timeout_ms;        /* the instance's --xfer-timeout; 0: not reported */
+    uint64_t lease_timeout_ms;       /* prefill: --lease-timeout; 0: not reported */
+    char     side_host[64];          /* prefill: side channel for handshakes */
+    uint32_t side_port;
+    uint64_t incarnation;            /* per process; 0: not reported */
     int64_t  last_ok_age_ms;         /* since the last answered probe; -1: never */
     uint64_t probes_failed;
     char     last_error[256];        /* why it is unhealthy; "" when healthy */
@@ -83,10 +96,22 @@ void kvf_proxy_pool_destroy(kvf_proxy_pool_h pool);
 int kvf_proxy_pool_count(kvf_proxy_pool_h pool, kvf_proxy_role_t role);
 
 /**
- * Pick the next healthy instance of @a role, round robin.
+ * Pick the next healthy instance of @a role, round robin. A prefill
+ * instance every healthy decode instance refused is skipped.
  * @return KVF_OK with *idx_p set; KVF_ERR_NO_RESOURCE when none is healthy.
  */
 kvf_status_t kvf_proxy_pool_pick(kvf_proxy_pool_h pool, kvf_proxy_role_t role, int *idx_p);
+
+/**
+ * Pick a healthy decode instance for prefill instance @a prefill_idx,
+ * round robin: pairs checked compatible first, then pairs not checked yet;
+ * a refused pair never.
+ * @return KVF_OK with *idx_p; KVF_ERR_NO_RESOURCE when no decode instance is
+ *         healthy; KVF_ERR_REFUSED when every healthy one refused this
+ *         prefill (@a why, capacity @a why_cap, gets one refusal text).
+ */
+kvf_status_t kvf_proxy_pool_pick_decode(kvf_proxy_pool_h pool, int prefill_idx, int *idx_p,
+                                        char *why, size_t why_cap);
 
 /** Endpoint of instance @a idx of @a role (stable for the pool's lifetime). */
 const char *kvf_proxy_pool_url(kvf_proxy_pool_h pool, kvf_proxy_role_t role, int idx);
@@ -95,10 +120,14 @@ const char *kvf_proxy_pool_url(kvf_proxy_pool_h pool, kvf_proxy_role_t role, int
 void kvf_proxy_pool_info(kvf_proxy_pool_h pool, kvf_proxy_role_t role, int idx,
                          kvf_proxy_instance_info_t *info_p);
 
-/** True when at least one prefill and one decode instance are healthy. */
+/** True when a healthy prefill and a healthy decode instance form a pair not refused. */
 bool kvf_proxy_pool_ready(kvf_proxy_pool_h pool);
 
-/** JSON object {"status", "prefill": [...], "decode": [...]}; caller frees with cJSON_Delete. */
+/**
+ * JSON object {"status", "prefill": [...], "decode": [...], "pairs": [{"prefill",
+ * "decode", "state": "compatible"|"refused"|"checking"|"unchecked", "error"}]};
+ * caller frees with cJSON_Delete.
+ */
 cJSON *kvf_proxy_pool_health_json(kvf_proxy_pool_h pool);
 
 /** Per-instance gauges in Prometheus text format (label instance="<url>", role). */

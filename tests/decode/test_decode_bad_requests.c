@@ -179,7 +179,11 @@ static void test_waiting_queue_and_bad_requests(void **state)
     req.body_case = KVF__SERVE_REQUEST__BODY_DECODE;
     req.decode = &d1;
     send_req(&req);
-    for (int tries = 0;; ++tries) {                    /* until r1 holds its blocks */
+    /* until r1 holds its blocks; health is answered at once by the channel's
+     * own thread, so poll against a deadline, not a count */
+    struct timespec t0, t1n;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
         Kvf__ServeRequest h = KVF__SERVE_REQUEST__INIT;
         h.body_case = KVF__SERVE_REQUEST__BODY_HEALTH;
         h.health = &hr;
@@ -191,7 +195,10 @@ static void test_waiting_queue_and_bad_requests(void **state)
             break;
         }
         kvf__serve_reply__free_unpacked(r, NULL);
-        assert_true(tries < 500);
+        clock_gettime(CLOCK_MONOTONIC, &t1n);
+        assert_true(t1n.tv_sec - t0.tv_sec < 20);
+        struct timespec nap = {0, 2000000};
+        nanosleep(&nap, NULL);   /* poll interval, not a wait for an outcome */
     }
     /* r2: needs 11 blocks, 5 are free: it waits in line */
     fill_decode(&d2, &t2, gp, &s2, "r2", prompt, 700);
@@ -220,7 +227,8 @@ static void test_waiting_queue_and_bad_requests(void **state)
     send_req(&req);
     req.body_case = KVF__SERVE_REQUEST__BODY_HEALTH;
     req.health = &hr;
-    for (int tries = 0;; ++tries) {                     /* r1's abort reply, then health */
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {                                          /* r1's abort reply, then health */
         send_req(&req);
         do {
             r = recv_reply();
@@ -228,10 +236,13 @@ static void test_waiting_queue_and_bad_requests(void **state)
                 kvf__serve_reply__free_unpacked(r, NULL);
             }
         } while (r->health == NULL);
-        if ((r->health->free_pages == r->health->total_pages) || (tries == 50)) {
+        clock_gettime(CLOCK_MONOTONIC, &t1n);
+        if ((r->health->free_pages == r->health->total_pages) || (t1n.tv_sec - t0.tv_sec >= 20)) {
             break;
         }
         kvf__serve_reply__free_unpacked(r, NULL);
+        struct timespec nap = {0, 2000000};
+        nanosleep(&nap, NULL);   /* poll interval */
     }
     assert_true(r->health->free_pages == r->health->total_pages);
     assert_int_equal(r->health->running, 0);

@@ -18,7 +18,9 @@
  *
  * Faults (--fake-mode): normal, fail-prefill (status -40 with a message),
  * fail-decode (status -30, a handshake refusal), hang-decode (accept the
- * request, never answer), no-health (never answer health probes).
+ * request, never answer), no-health (never answer health probes),
+ * refuse-check (decode: refuse the proxy's compatibility check, as a
+ * decode with another KV dtype would).
  * Every abort received is logged as "fake: abort <request_id>" on stderr.
  * Unknown flags (the real daemons' --model, --num-blocks, ...) are ignored.
  */
@@ -31,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include <zmq.h>
 
 #define FAKE_MAX_STREAMS 256
@@ -171,9 +174,32 @@ static void fake_health(void *sock, zmq_msg_t *identity)
     h.free_pages = 128 - 4 * h.running;
     h.has_block_size = true;
     h.block_size = 16;
+    h.has_incarnation = true;
+    h.incarnation = (uint64_t)getpid();
+    if (strcmp(fake_role, "prefill") == 0) {
+        h.side_host = (char *)"127.0.0.1";
+        h.has_side_port = true;
+        h.side_port = (uint32_t)((fake_side_port > 0) ? fake_side_port : 1);
+    }
     r.request_id = (char *)"health";
     r.has_status = true;
     r.health = &h;
+    fake_send(sock, identity, &r);
+}
+
+/* Decode: the proxy's compatibility check; refused in --fake-mode refuse-check. */
+static void fake_check_peer(void *sock, zmq_msg_t *identity, const Kvf__CheckPeerRequest *c)
+{
+    Kvf__ServeReply r = KVF__SERVE_REPLY__INIT;
+
+    fprintf(stderr, "fake: check-peer %s %s:%u\n", c->engine_id ? c->engine_id : "",
+            c->host ? c->host : "", c->port);
+    r.request_id = c->request_id;
+    r.has_status = r.has_done = r.done = true;
+    if (strcmp(fake_mode, "refuse-check") == 0) {
+        r.status = -30;
+        r.error = (char *)"handshake refused: kv_dtype local=bf16 remote=fp32: fake refusal";
+    }
     fake_send(sock, identity, &r);
 }
 
@@ -407,6 +433,9 @@ int main(int argc, char **argv)
                     break;
                 case KVF__SERVE_REQUEST__BODY_ABORT:
                     fake_abort(req->abort);
+                    break;
+                case KVF__SERVE_REQUEST__BODY_CHECK_PEER:
+                    fake_check_peer(sock, &identity, req->check_peer);
                     break;
                 default:
                     break;

@@ -134,6 +134,22 @@ def main():
                 "failed kvf-up removed its pid files")
         T.check(p.stdout == "", "failed kvf-up prints no URL")
 
+        # A decode that refuses the prefill engine in the start-up compatibility
+        # check: kvf-up fails at once with the refusal text (not at its timeout).
+        t0 = time.monotonic()
+        p = subprocess.run([up, "--layout", "1p1d", "--model", model, "--run-dir", rd,
+                            "--bin", a.fakebin, "--port", "0", "--timeout", "20",
+                            "--base-port", str(__import__("kvf_e2e").free_port_range(3)),
+                            "--decode-arg", "--fake-mode", "--decode-arg", "refuse-check"],
+                           capture_output=True, text=True, timeout=40)
+        dt = time.monotonic() - t0
+        T.check(p.returncode == 1 and
+                "incompatible pairing prefill-0 -> decode-0: handshake refused: kv_dtype "
+                "local=bf16 remote=fp32" in p.stderr and dt < 15,
+                "refused pairing: kvf-up exits 1 with the refusal (%.1fs)" % dt, p.stderr)
+        T.check(not [f for f in os.listdir(rd) if f.endswith(".pid")],
+                "kvf-up stopped the refused pool")
+
         # A daemon that exits at once (bind on a bad endpoint) is reported with its log.
         p = subprocess.run([up, "--layout", "1p1d", "--model", model, "--run-dir", rd,
                             "--bin", a.fakebin, "--port", "0", "--timeout", "10",

@@ -222,19 +222,20 @@ def decode_pool_too_small():
 
 
 def handshake_refused():
+    """kvf-up handshakes every pairing at start (through the proxy's check):
+    mismatched KV dtypes never come up, and kvf-up says why."""
     model = model_dir("tiny-hybrid")
-    with Pool(layout="2p1d", model=model, timeout=60, prefill_args=["--kv-dtype", "fp32"],
-              decode_args=["--kv-dtype", "bf16"]) as pool:
-        try:
-            pool.complete(PROMPT, max_tokens=4, temperature=0, timeout=30)
-            raise AssertionError("mismatched KV dtypes were served")
-        except HttpError as e:
-            msg = e.body["error"]["message"] if isinstance(e.body, dict) else str(e.body)
-            assert "handshake refused: kv_dtype local=bf16 remote=fp32" in msg, msg
-        m = pool.metrics()
-        assert m.sum("kvf_proxy_handshake_refusals_total") == 1, m.text[:2000]
-        wait_for(lambda: all_free(pool), 10, "blocks freed after the refusal")
-        print("handshake refused with the field and both values")
+    pool = Pool(layout="2p1d", model=model, timeout=60, prefill_args=["--kv-dtype", "fp32"],
+                decode_args=["--kv-dtype", "bf16"])
+    try:
+        pool.start(attempts=1)
+        raise AssertionError("mismatched KV dtypes came up")
+    except RuntimeError as e:
+        assert "incompatible pairing prefill-0 -> decode-0: handshake refused: " \
+               "kv_dtype local=bf16 remote=fp32" in str(e), str(e)
+    finally:
+        pool.stop()
+    print("handshake refused at start with the field and both values")
 
 
 def client_abort():

@@ -4,8 +4,16 @@
  * message in, one or more ServeReply per request out, addressed to the
  * DEALER that asked (its routing id travels with the request).
  *
- * Thread safety: a ZeroMQ socket belongs to one thread; create, receive and
- * reply from the daemon's leader thread only.
+ * Health without waiting for the engine: the ROUTER belongs to an I/O
+ * thread inside this object. It answers HealthRequests itself, from the
+ * last snapshot the leader published (kvf_serve_server_set_health()) plus
+ * the age of the engine step in progress (kvf_serve_server_step_begin() /
+ * _end()), so a long engine step never makes an instance look dead. Every
+ * other request goes to the leader over an inproc pair, and the leader's
+ * replies come back the same way.
+ *
+ * Thread safety: create, recv, wait, reply, set_health, step_begin/_end and
+ * destroy from the daemon's leader thread only (one thread).
  */
 #ifndef KVF_SERVE_CHANNEL_H
 #define KVF_SERVE_CHANNEL_H
@@ -28,13 +36,32 @@ typedef struct kvf_serve_peer {
 } kvf_serve_peer_t;
 
 /**
- * Bind a ROUTER socket on @a endpoint ("tcp://127.0.0.1:5557").
+ * Bind a ROUTER socket on @a endpoint ("tcp://127.0.0.1:5557") and start
+ * the I/O thread that owns it.
  * @return KVF_OK; KVF_ERR_ZMQ when the bind fails (logged with the reason,
- *         e.g. address in use).
+ *         e.g. address in use); KVF_ERR_NO_RESOURCE when the thread cannot
+ *         start. Nothing is left running on error.
  */
 kvf_status_t kvf_serve_server_create(const char *endpoint, kvf_serve_server_h *srv_p);
 
-/** Close the socket and its context; NULL is a no-op. */
+/**
+ * Publish the health reply the I/O thread sends from now on. Copied;
+ * step_ms and step_running_ms are filled by this object (leave them unset).
+ * Until the first call, health requests go to the leader like any other.
+ * @return KVF_OK; KVF_ERR_NO_MEMORY (the previous snapshot stays).
+ */
+kvf_status_t kvf_serve_server_set_health(kvf_serve_server_h srv, const Kvf__HealthReply *health);
+
+/** The leader starts an engine step (health then reports its age). */
+void kvf_serve_server_step_begin(kvf_serve_server_h srv);
+
+/** The engine step started by kvf_serve_server_step_begin() ended. */
+void kvf_serve_server_step_end(kvf_serve_server_h srv);
+
+/** Health requests answered by the I/O thread so far (tests, metrics). */
+uint64_t kvf_serve_server_health_answered(kvf_serve_server_h srv);
+
+/** Stop the I/O thread, close the sockets and the context; NULL is a no-op. */
 void kvf_serve_server_destroy(kvf_serve_server_h srv);
 
 /**

@@ -124,8 +124,8 @@ kvf_status_t kvf_role_start(const kvf_role_config_t *config, kvf_connector_role_
     return kvf_role_connector_create(*engine_p, &cache, &cc, ops_p, conn_p);
 }
 
-void kvf_role_health_fill(kvf_engine_h engine, const char *role, const char *engine_id,
-                          Kvf__HealthReply *h)
+void kvf_role_health_fill(kvf_engine_h engine, const char *role,
+                          const kvf_role_config_t *config, Kvf__HealthReply *h)
 {
     kvf_block_manager_h bm = kvf_engine_block_manager(engine);
     kvf_tp_runner_h runner = kvf_engine_runner(engine);
@@ -134,7 +134,9 @@ void kvf_role_health_fill(kvf_engine_h engine, const char *role, const char *eng
 
     kvf__health_reply__init(h);
     h->role = (char *)role;
-    h->engine_id = (char *)engine_id;
+    h->engine_id = (char *)config->engine_id;
+    h->has_xfer_timeout_ms = 1;
+    h->xfer_timeout_ms = (uint64_t)config->xfer_timeout_ms;
     h->has_tp_size = h->has_free_pages = h->has_total_pages = h->has_block_size = 1;
     h->tp_size = (uint32_t)kvf_tp_runner_tp_size(runner);
     h->free_pages = (uint64_t)kvf_block_manager_num_free(bm) * pages_per_block;

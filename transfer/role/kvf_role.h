@@ -32,11 +32,21 @@ typedef struct kvf_role_config {
 #define KVF_ROLE_MAX_TP 64
 
 /*
+ * The timeout model (deploy/README.md, "Timeouts"): one unit T, the
+ * transfer timeout, the same default in both roles. Prefill's lease is 3T
+ * (decode may queue a request for blocks until T before it expires, then
+ * pull within T); the proxy waits 3T for prefill's first token and for each
+ * decode reply, 6T for a whole request, and T/2 for a health answer.
+ * NOTE: change these together with kvf_proxy_config_table and the README.
+ */
+#define KVF_ROLE_XFER_TIMEOUT_DEFAULT "10s"
+
+/*
  * Config-table rows for the shared flags of a config struct @a _type that
  * holds a kvf_role_config_t named `role`. Defaults that differ per role are
  * arguments, as strings.
  */
-#define KVF_ROLE_CONFIG_FIELDS(_type, _listen, _engine_id, _xfer_timeout)                     \
+#define KVF_ROLE_CONFIG_FIELDS(_type, _listen, _engine_id)                                    \
     {"MODEL", "", "model folder (config.json + model.safetensors)",                           \
      offsetof(_type, role.model), KVF_CONFIG_TYPE_STRING, 0},                                 \
     {"TP", "1", "tensor-parallel ranks of this instance",                                     \
@@ -53,7 +63,8 @@ typedef struct kvf_role_config {
      offsetof(_type, role.block_size), KVF_CONFIG_TYPE_INT, 0},                               \
     {"MAX_BATCH_TOKENS", "512", "tokens per engine step",                                     \
      offsetof(_type, role.max_batch_tokens), KVF_CONFIG_TYPE_INT, 0},                         \
-    {"XFER_TIMEOUT", _xfer_timeout, "bound on every transfer wait (handshake, pull, release)", \
+    {"XFER_TIMEOUT", KVF_ROLE_XFER_TIMEOUT_DEFAULT,                                           \
+     "bound on every transfer wait (handshake, pull, release); the unit of the timeout model", \
      offsetof(_type, role.xfer_timeout_ms), KVF_CONFIG_TYPE_TIME, 0}
 
 /**
@@ -76,11 +87,13 @@ kvf_status_t kvf_role_start(const kvf_role_config_t *config, kvf_connector_role_
 
 /**
  * Fill the engine-derived part of a health reply: role, engine id, TP size,
- * free and total pages summed over ranks, block size. The caller adds its
- * role's counters and sends it with kvf_role_reply_health().
+ * free and total pages summed over ranks, block size, transfer timeout.
+ * @a role and @a config must outlive @a health (strings are not copied).
+ * The caller adds its role's counters and publishes it with
+ * kvf_serve_server_set_health() (or sends it with kvf_role_reply_health()).
  */
-void kvf_role_health_fill(kvf_engine_h engine, const char *role, const char *engine_id,
-                          Kvf__HealthReply *health);
+void kvf_role_health_fill(kvf_engine_h engine, const char *role,
+                          const kvf_role_config_t *config, Kvf__HealthReply *health);
 
 /** Send @a health to @a peer (request_id "health", done). */
 void kvf_role_reply_health(kvf_serve_server_h serve, const kvf_serve_peer_t *peer,
