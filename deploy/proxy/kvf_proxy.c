@@ -38,10 +38,16 @@ const kvf_config_field_t kvf_proxy_config_table[] = {
      KVF_PF(health_interval), KVF_CONFIG_TYPE_TIME, 0},
     {"HEALTH_TIMEOUT", "5s", "a probe unanswered this long marks the instance unhealthy",
      KVF_PF(health_timeout), KVF_CONFIG_TYPE_TIME, 0},
-    {"IDLE_TIMEOUT", "120s", "idle keep-alive HTTP connections are closed after this",
+    {"IDLE_TIMEOUT", "10s", "a keep-alive connection idle this long after an answer is closed",
      KVF_PF(idle_timeout), KVF_CONFIG_TYPE_TIME, 0},
-    {"MAX_CONNECTIONS", "256", "concurrent HTTP connections (a thread each)",
-     KVF_PF(max_connections), KVF_CONFIG_TYPE_INT, 0},
+    {"HEADER_TIMEOUT", "10s", "a new connection must send complete request headers within this",
+     KVF_PF(header_timeout), KVF_CONFIG_TYPE_TIME, 0},
+    {"BODY_TIMEOUT", "30s", "the request body must arrive within this after the headers",
+     KVF_PF(body_timeout), KVF_CONFIG_TYPE_TIME, 0},
+    {"MAX_CONNECTIONS", "256", "concurrent HTTP connections served (a thread each); more get "
+     "a JSON 503", KVF_PF(max_connections), KVF_CONFIG_TYPE_INT, 0},
+    {"MAX_CONNECTIONS_PER_CLIENT", "64", "concurrent HTTP connections from one client address; "
+     "more get a JSON 503", KVF_PF(max_per_client), KVF_CONFIG_TYPE_INT, 0},
     {"MAX_BODY", "4m", "largest request body; larger ones get 413",
      KVF_PF(max_body), KVF_CONFIG_TYPE_SIZE, 0},
     {"MAX_PROMPT_TOKENS", "32768", "longest prompt accepted, in tokens",
@@ -72,11 +78,13 @@ static kvf_status_t kvf_proxy_check(const kvf_proxy_config_t *cfg)
         return KVF_ERR_INVALID_PARAM;
     }
     if ((cfg->request_timeout <= 0) || (cfg->prefill_timeout <= 0) || (cfg->token_timeout <= 0) ||
-        (cfg->health_interval <= 0) || (cfg->health_timeout <= 0)) {
+        (cfg->health_interval <= 0) || (cfg->health_timeout <= 0) || (cfg->idle_timeout <= 0) ||
+        (cfg->header_timeout <= 0) || (cfg->body_timeout <= 0)) {
         kvf_error("timeouts and the health interval must be positive");
         return KVF_ERR_INVALID_PARAM;
     }
-    if ((cfg->max_connections <= 0) || (cfg->max_prompt_tokens <= 0) ||
+    if ((cfg->max_connections <= 0) || (cfg->max_per_client <= 0) ||
+        (cfg->max_prompt_tokens <= 0) ||
         (cfg->max_tokens_limit <= 0) || (cfg->default_max_tokens <= 0) ||
         (cfg->default_max_tokens > cfg->max_tokens_limit) || (cfg->max_body == 0)) {
         kvf_error("limits must be positive, and --default-max-tokens at most --max-tokens-limit");
@@ -158,8 +166,11 @@ kvf_status_t kvf_proxy_create(const kvf_proxy_config_t *cfg, kvf_proxy_h *proxy_
     hp.host = cfg->host;
     hp.port = cfg->port;
     hp.max_connections = (unsigned)cfg->max_connections;
+    hp.max_per_client = (unsigned)cfg->max_per_client;
     hp.max_body = cfg->max_body;
-    hp.idle_timeout_s = (unsigned)((cfg->idle_timeout + 999) / 1000);
+    hp.header_timeout_ms = cfg->header_timeout;
+    hp.body_timeout_ms = cfg->body_timeout;
+    hp.idle_timeout_ms = cfg->idle_timeout;
     hp.flow = &proxy->flow;
     hp.api = &proxy->api;
     status = kvf_proxy_http_start(&hp, &proxy->http);

@@ -28,7 +28,10 @@ typedef struct kvf_proxy_config {
     int64_t health_interval;                  /* ms */
     int64_t health_timeout;                   /* ms */
     int64_t idle_timeout;                     /* ms */
+    int64_t header_timeout;                   /* ms */
+    int64_t body_timeout;                     /* ms */
     int     max_connections;
+    int     max_per_client;
     size_t  max_body;
     int     max_prompt_tokens;
     int     max_tokens_limit;

@@ -17,6 +17,7 @@
  */
 #define _GNU_SOURCE
 #include "kvf_proxy_http.h"
+#include "kvf_proxy_conns.h"
 #include "kvf_proxy_text.h"
 #include "kvf_log.h"
 
@@ -30,19 +31,25 @@
 #include <string.h>
 #include <time.h>
 
+/* The library's own hard limits sit this far above our caps, so connections
+ * over a cap can still be answered (JSON 503) rather than dropped. */
+#define KVF_PROXY_CONN_OVERFLOW 32
+
 struct kvf_proxy_http {
     struct MHD_Daemon             *daemon;
     kvf_proxy_http_params_t        params;
+    kvf_proxy_conns_h              conns;
     atomic_bool                    stopping;
     int64_t                        started;   /* unix seconds, /v1/models "created" */
 };
 
-/* Per connection: the request body as it arrives. */
+/* Per request: the request body as it arrives. */
 typedef struct {
     char  *body;
     size_t len;
     size_t cap;
     bool   too_large;
+    kvf_proxy_conn_slot_t *slot;   /* the connection's guard slot; NULL: none */
 } kvf_proxy_conn_t;
 
 typedef enum {
@@ -68,8 +75,17 @@ typedef struct {
 
 /* ---- small helpers ---------------------------------------------------------- */
 
+static enum MHD_Result kvf_proxy_respond_ex(struct MHD_Connection *conn, unsigned code,
+                                            const char *type, char *body, bool close);
+
 static enum MHD_Result kvf_proxy_respond(struct MHD_Connection *conn, unsigned code,
                                          const char *type, char *body)
+{
+    return kvf_proxy_respond_ex(conn, code, type, body, false);
+}
+
+static enum MHD_Result kvf_proxy_respond_ex(struct MHD_Connection *conn, unsigned code,
+                                            const char *type, char *body, bool close)
 {
     struct MHD_Response *resp;
     enum MHD_Result ret;
@@ -87,6 +103,9 @@ static enum MHD_Result kvf_proxy_respond(struct MHD_Connection *conn, unsigned c
         return MHD_NO;
     }
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    if (close) {
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
+    }
     ret = MHD_queue_response(conn, code, resp);
     MHD_destroy_response(resp);
     return ret;
@@ -392,6 +411,13 @@ static enum MHD_Result kvf_proxy_metrics_page(struct kvf_proxy_http *http,
         return kvf_proxy_respond_error(conn, 500, "server_error", "out of memory");
     }
     kvf_proxy_metrics_render(http->params.flow->metrics, f);
+    fprintf(f, "# HELP kvf_proxy_connections Open HTTP connections (this one included).\n"
+            "# TYPE kvf_proxy_connections gauge\nkvf_proxy_connections %u\n"
+            "# HELP kvf_proxy_connection_timeouts_total Connections closed for missing their "
+            "header, body or idle deadline.\n"
+            "# TYPE kvf_proxy_connection_timeouts_total counter\n"
+            "kvf_proxy_connection_timeouts_total %llu\n", kvf_proxy_conns_count(http->conns),
+            (unsigned long long)kvf_proxy_conns_timeouts(http->conns));
     kvf_proxy_pool_render_metrics(http->params.flow->pool, f);
     fclose(f);
     return kvf_proxy_respond(conn, MHD_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8", buf);
@@ -447,11 +473,50 @@ static enum MHD_Result kvf_proxy_access(void *cls, struct MHD_Connection *conn, 
 
     (void)version;
     if (cc == NULL) {
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+        const char *clen;
+        char err[256];
+
         cc = calloc(1, sizeof(*cc));
         if (cc == NULL) {
             return MHD_NO;
         }
         *con_cls = cc;
+        cc->slot = (ci != NULL) ? ci->socket_context : NULL;
+        /* headers are in: refuse at once what would be refused after the body */
+        if ((cc->slot != NULL) &&
+            (kvf_proxy_conns_admission(cc->slot) != KVF_PROXY_ADMIT_OK)) {
+            bool total = (kvf_proxy_conns_admission(cc->slot) == KVF_PROXY_ADMIT_OVER_TOTAL);
+            snprintf(err, sizeof(err), total ?
+                     "too many connections: the proxy serves at most %u at once "
+                     "(--max-connections); retry later" :
+                     "too many connections from this client: at most %u at once "
+                     "(--max-connections-per-client); retry later",
+                     total ? http->params.max_connections : http->params.max_per_client);
+            kvf_proxy_conns_phase(http->conns, cc->slot, KVF_PROXY_PHASE_BUSY);
+            kvf_proxy_metrics_request(http->params.flow->metrics, 503);
+            return kvf_proxy_respond_ex(conn, 503, "application/json",
+                                        kvf_proxy_openai_error_json(err, "server_error", NULL,
+                                                                    503), true);
+        }
+        clen = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+                                           MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if ((clen != NULL) && (strtoull(clen, NULL, 10) > http->params.max_body)) {
+            snprintf(err, sizeof(err), "request body of %s bytes is larger than %zu bytes "
+                     "(--max-body)", clen, http->params.max_body);
+            if (cc->slot != NULL) {
+                kvf_proxy_conns_phase(http->conns, cc->slot, KVF_PROXY_PHASE_BUSY);
+            }
+            kvf_proxy_metrics_request(http->params.flow->metrics, 413);
+            return kvf_proxy_respond_ex(conn, 413, "application/json",
+                                        kvf_proxy_openai_error_json(err,
+                                                                    "invalid_request_error",
+                                                                    NULL, 413), true);
+        }
+        if (cc->slot != NULL) {
+            kvf_proxy_conns_phase(http->conns, cc->slot, KVF_PROXY_PHASE_BODY);
+        }
         return MHD_YES;
     }
     if (*upload_data_size > 0) {
@@ -480,21 +545,48 @@ static enum MHD_Result kvf_proxy_access(void *cls, struct MHD_Connection *conn, 
         *upload_data_size = 0;
         return MHD_YES;
     }
+    if (cc->slot != NULL) {
+        kvf_proxy_conns_phase(http->conns, cc->slot, KVF_PROXY_PHASE_BUSY);
+    }
     return kvf_proxy_route(http, conn, url, method, cc);
 }
 
 static void kvf_proxy_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                                 enum MHD_RequestTerminationCode toe)
 {
+    struct kvf_proxy_http *http = cls;
     kvf_proxy_conn_t *cc = *con_cls;
 
-    (void)cls;
     (void)conn;
     (void)toe;
     if (cc != NULL) {
+        if (cc->slot != NULL) {   /* keep-alive: the next request's headers are due */
+            kvf_proxy_conns_phase(http->conns, cc->slot, KVF_PROXY_PHASE_HEADERS);
+        }
         free(cc->body);
         free(cc);
         *con_cls = NULL;
+    }
+}
+
+static void kvf_proxy_notify_conn(void *cls, struct MHD_Connection *conn, void **socket_context,
+                                  enum MHD_ConnectionNotificationCode toe)
+{
+    struct kvf_proxy_http *http = cls;
+
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *fd =
+            MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        const union MHD_ConnectionInfo *addr =
+            MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+
+        *socket_context = (fd != NULL) ?
+                          kvf_proxy_conns_open(http->conns, fd->connect_fd,
+                                               (addr != NULL) ? addr->client_addr : NULL) :
+                          NULL;
+    } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
+        kvf_proxy_conns_close(http->conns, *socket_context);
+        *socket_context = NULL;
     }
 }
 
@@ -505,7 +597,14 @@ static void kvf_proxy_mhd_log(void *cls, const char *fmt, va_list ap)
     (void)cls;
     vsnprintf(line, sizeof(line), fmt, ap);
     line[strcspn(line, "\n")] = '\0';
-    kvf_warn("http: %s", line);
+    /* clients closing early, timeouts and caps are ordinary events for a
+     * server; the library's failures to start or run are not */
+    if ((strstr(line, "closed by remote") != NULL) || (strstr(line, "timed out") != NULL) ||
+        (strstr(line, "connection limit") != NULL) || (strstr(line, "Too many") != NULL)) {
+        kvf_info("http: %s", line);
+    } else {
+        kvf_warn("http: %s", line);
+    }
 }
 
 kvf_status_t kvf_proxy_http_start(const kvf_proxy_http_params_t *params,
@@ -539,6 +638,21 @@ kvf_status_t kvf_proxy_http_start(const kvf_proxy_http_params_t *params,
     http->params = *params;
     http->started = (int64_t)time(NULL);
     atomic_init(&http->stopping, false);
+    {
+        kvf_proxy_conns_params_t cp = {
+            .max_total = params->max_connections,
+            .max_per_client = params->max_per_client,
+            .header_timeout_ms = params->header_timeout_ms,
+            .body_timeout_ms = params->body_timeout_ms,
+            .idle_timeout_ms = params->idle_timeout_ms,
+        };
+        kvf_status_t st = kvf_proxy_conns_create(&cp, &http->conns);
+        if (st != KVF_OK) {
+            freeaddrinfo(ai);
+            free(http);
+            return st;
+        }
+    }
     if (ai->ai_family == AF_INET6) {
         flags |= MHD_USE_IPv6;
     }
@@ -546,14 +660,20 @@ kvf_status_t kvf_proxy_http_start(const kvf_proxy_http_params_t *params,
                                     http,
                                     MHD_OPTION_EXTERNAL_LOGGER, kvf_proxy_mhd_log, http,
                                     MHD_OPTION_SOCK_ADDR, ai->ai_addr,
-                                    MHD_OPTION_CONNECTION_LIMIT, params->max_connections,
-                                    MHD_OPTION_CONNECTION_TIMEOUT, params->idle_timeout_s,
+                                    MHD_OPTION_CONNECTION_LIMIT,
+                                    params->max_connections + KVF_PROXY_CONN_OVERFLOW,
+                                    MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                                    params->max_per_client + KVF_PROXY_CONN_OVERFLOW,
+                                    MHD_OPTION_CONNECTION_TIMEOUT,
+                                    (unsigned)((params->idle_timeout_ms + 999) / 1000),
                                     MHD_OPTION_NOTIFY_COMPLETED, kvf_proxy_completed, http,
+                                    MHD_OPTION_NOTIFY_CONNECTION, kvf_proxy_notify_conn, http,
                                     MHD_OPTION_END);
     freeaddrinfo(ai);
     if (http->daemon == NULL) {
         kvf_error("cannot listen on %s:%d (port in use, or address not local?)", params->host,
                   params->port);
+        kvf_proxy_conns_destroy(http->conns);
         free(http);
         return KVF_ERR_IO;
     }
@@ -575,5 +695,6 @@ void kvf_proxy_http_stop(kvf_proxy_http_h http)
     }
     atomic_store(&http->stopping, true);
     MHD_stop_daemon(http->daemon);
+    kvf_proxy_conns_destroy(http->conns);
     free(http);
 }

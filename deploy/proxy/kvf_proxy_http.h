@@ -24,9 +24,12 @@ typedef struct kvf_proxy_http *kvf_proxy_http_h;
 typedef struct kvf_proxy_http_params {
     const char                   *host;             /* address to bind, e.g. "127.0.0.1" */
     int                           port;             /* 0: any free port */
-    unsigned                      max_connections;
+    unsigned                      max_connections;  /* admitted at once; more get JSON 503 */
+    unsigned                      max_per_client;   /* admitted at once from one address */
     size_t                        max_body;         /* bytes; larger bodies get 413 */
-    unsigned                      idle_timeout_s;   /* idle keep-alive connections are closed */
+    int64_t                       header_timeout_ms;/* accept -> request headers complete */
+    int64_t                       body_timeout_ms;  /* headers -> body complete */
+    int64_t                       idle_timeout_ms;  /* answer -> next request's headers */
     const kvf_proxy_flow_ctx_t   *flow;             /* borrowed; outlives the server */
     const kvf_proxy_openai_ctx_t *api;              /* borrowed */
 } kvf_proxy_http_params_t;

@@ -269,10 +269,27 @@ kvf_status_t kvf_proxy_openai_parse(const kvf_proxy_openai_ctx_t *ctx, const cha
                              "the request contains a NUL character (\\u0000), which kvferry "
                              "cannot pass on; remove it, or send the prompt as token ids");
     }
-    root = cJSON_ParseWithLength(body, len);
-    if (root == NULL) {
-        return kvf_proxy_bad(http_p, param_p, NULL, 400, err, err_cap, KVF_ERR_PARSE,
-                             "request body is not valid JSON");
+    {
+        const char *end = NULL;
+
+        root = cJSON_ParseWithLengthOpts(body, len, &end, false);
+        if (root == NULL) {
+            return kvf_proxy_bad(http_p, param_p, NULL, 400, err, err_cap, KVF_ERR_PARSE,
+                                 "request body is not valid JSON");
+        }
+        /* one JSON value and nothing after it but white space: a second object
+         * or stray bytes would be silently ignored otherwise */
+        while ((end != NULL) && (end < body + len) &&
+               ((*end == ' ') || (*end == '\t') || (*end == '\r') || (*end == '\n'))) {
+            end++;
+        }
+        if ((end == NULL) || (end < body + len)) {
+            size_t at = (end != NULL) ? (size_t)(end - body) : 0;
+            cJSON_Delete(root);
+            return kvf_proxy_bad(http_p, param_p, NULL, 400, err, err_cap, KVF_ERR_PARSE,
+                                 "request body has %zu bytes after its JSON value (at byte %zu):"
+                                 " send exactly one JSON object", len - at, at);
+        }
     }
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);

@@ -1,0 +1,219 @@
+"""kvf-proxy under abusive clients (fake daemons behind it): connection caps
+per client and in total answer a JSON 503 naming the cap instead of
+hanging; idle and slow clients are closed at their header/body deadlines;
+a declared over-size Content-Length gets 413 at once (before any body);
+trailing bytes after the JSON body are refused; and through all of it a
+normal client is still served."""
+
+import json
+import os
+import socket
+import tempfile
+import time
+
+import proxy_testlib as T
+from kvf_e2e import free_port_range, wait_for
+
+
+def main():
+    a = T.args()
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = T.Procs(tmp)
+        try:
+            run(a, procs)
+        except BaseException:
+            for fn in sorted(os.listdir(tmp)):
+                print("---- %s ----\n%s" % (fn, procs.log(fn[:-4])[-3000:]))
+            raise
+        finally:
+            procs.stop_all()
+
+
+def connect(port, src="127.0.0.1"):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind((src, 0))
+    s.settimeout(10)
+    s.connect(("127.0.0.1", port))
+    return s
+
+
+def read_response(s, timeout=10):
+    """(status, JSON body or raw bytes) of one HTTP/1.1 answer on @s."""
+    s.settimeout(timeout)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    hdrs = {k.lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:] if ":" in ln)}
+    n = int(hdrs.get("content-length", "0"))
+    while len(rest) < n:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        rest += chunk
+    try:
+        return status, json.loads(rest[:n])
+    except ValueError:
+        return status, rest[:n]
+
+
+def post(port, body, src="127.0.0.1", extra_headers=""):
+    s = connect(port, src)
+    try:
+        raw = body if isinstance(body, bytes) else body.encode()
+        s.sendall(("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                   "\r\nContent-Length: %d\r\n%s\r\n" % (len(raw), extra_headers)).encode() + raw)
+        return read_response(s)
+    finally:
+        s.close()
+
+
+def closed_within(s, seconds):
+    """True when the peer closes @s within @seconds (reads until EOF)."""
+    t0 = time.monotonic()
+    s.settimeout(0.2)
+    while time.monotonic() - t0 < seconds:
+        try:
+            if s.recv(4096) == b"":
+                return True
+        except socket.timeout:
+            continue
+        except OSError:
+            return True
+    return False
+
+
+def error_shape(body, code):
+    return (isinstance(body, dict) and set(body) == {"error"} and
+            set(body["error"]) == {"message", "type", "param", "code"} and
+            body["error"]["code"] == str(code))
+
+
+def run(a, procs):
+    base = free_port_range(2)
+    T.start_fake(procs, a.testbin, "prefill", "prefill-0", base)
+    T.start_fake(procs, a.testbin, "decode", "decode-0", base + 1)
+    _, px = T.start_proxy(procs, a.fakebin, "tcp://127.0.0.1:%d" % base,
+                          "tcp://127.0.0.1:%d" % (base + 1),
+                          ["--model-name", "m", "--max-connections", "6",
+                           "--max-connections-per-client", "3", "--header-timeout", "1500ms",
+                           "--body-timeout", "1500ms", "--idle-timeout", "1s",
+                           "--max-body", "4k"])
+    px.wait_healthy(timeout=10)
+    port = px.port
+    ok_body = json.dumps({"prompt": "hi", "max_tokens": 2, "model": "m"})
+    st, b = post(port, ok_body)
+    T.check(st == 200 and b["choices"][0]["text"], "a normal request is served")
+
+    # Per client: 3 idle connections from 127.0.0.2 hold its share; a 4th
+    # request from it gets a JSON 503 naming the cap; another address is served.
+    def open_conns(n):
+        # accept runs asynchronously: wait until the proxy counts them (the
+        # /metrics request itself is one more)
+        wait_for(lambda: px.metrics().value("kvf_proxy_connections") == n + 1, 5,
+                 "%d connections registered" % n)
+
+    open_conns(0)
+    idle = [connect(port, "127.0.0.2") for _ in range(3)]
+    open_conns(3)
+    st, b = post(port, ok_body, src="127.0.0.2")
+    T.check(st == 503 and error_shape(b, 503) and
+            "--max-connections-per-client" in b["error"]["message"],
+            "per-client cap: JSON 503 naming the cap", b)
+    st, b = post(port, ok_body, src="127.0.0.3")
+    T.check(st == 200, "another client is still served", b)
+
+    # In total: 3 more idle connections from 127.0.0.4/5 fill the 6 slots.
+    open_conns(3)
+    idle += [connect(port, "127.0.0.4"), connect(port, "127.0.0.4")]
+    open_conns(5)
+    idle.append(connect(port, "127.0.0.5"))
+    # the 6th is registered asynchronously; until then a 7th is still served
+    deadline = time.monotonic() + 5
+    while True:
+        st, b = post(port, ok_body, src="127.0.0.6")
+        if st == 503 or time.monotonic() > deadline:
+            break
+    T.check(st == 503 and error_shape(b, 503) and
+            "--max-connections)" in b["error"]["message"],
+            "total cap: JSON 503 naming --max-connections", b)
+
+    # Idle clients: closed at the header deadline (1.5 s), then the pool serves again.
+    t0 = time.monotonic()
+    T.check(all(closed_within(s, 5) for s in idle),
+            "idle connections closed by the header deadline (%.1f s)" % (time.monotonic() - t0))
+    for s in idle:
+        s.close()
+    wait_for(lambda: post(port, ok_body, src="127.0.0.2")[0] == 200, 5,
+             "served again once the idle connections are gone")
+    T.check(True, "served again once the idle connections are gone")
+
+    # Slow headers: one byte every 300 ms never completes within 1.5 s.
+    s = connect(port)
+    t0 = time.monotonic()
+    closed = False
+    for ch in b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 40:
+        try:
+            s.send(bytes([ch]))
+        except OSError:
+            closed = True
+            break
+        if closed_within(s, 0.3):
+            closed = True
+            break
+    dt = time.monotonic() - t0
+    s.close()
+    T.check(closed and 1.2 < dt < 4.0, "slow headers: closed at the deadline (%.1f s)" % dt)
+
+    # Slow body: headers at once, the body never completes.
+    s = connect(port)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"pro")
+    t0 = time.monotonic()
+    T.check(closed_within(s, 5) and time.monotonic() - t0 < 4.0,
+            "slow body: closed at the body deadline (%.1f s)" % (time.monotonic() - t0))
+    s.close()
+
+    # Keep-alive idle: after an answer, the connection may idle 1 s.
+    s = connect(port)
+    s.sendall(("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+               % (len(ok_body), ok_body)).encode())
+    st, _ = read_response(s)
+    t0 = time.monotonic()
+    T.check(st == 200 and closed_within(s, 5) and time.monotonic() - t0 < 3.5,
+            "idle keep-alive connection closed after --idle-timeout (%.1f s)"
+            % (time.monotonic() - t0))
+    s.close()
+
+    # A declared over-size body: 413 at once, before a byte of it is sent.
+    s = connect(port)
+    t0 = time.monotonic()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000\r\n\r\n")
+    st, b = read_response(s, timeout=5)
+    s.close()
+    T.check(st == 413 and error_shape(b, 413) and "--max-body" in b["error"]["message"] and
+            time.monotonic() - t0 < 1.0,
+            "declared over-size body: 413 at once (%.2f s)" % (time.monotonic() - t0), b)
+
+    # Trailing garbage after the JSON object, and a second object.
+    for body in (ok_body + " xyz", ok_body + ok_body):
+        st, b = post(port, body)
+        T.check(st == 400 and error_shape(b, 400) and "after its JSON value" in
+                b["error"]["message"], "trailing bytes refused: %r" % body[-8:], b)
+    st, b = post(port, ok_body + "\r\n  \n")
+    T.check(st == 200, "trailing white space is fine")
+
+    st, h = px.health()
+    T.check(st == 200, "/health still 200 after the abuse")
+    m = px.metrics()
+    # (some idle ones are closed by the library's own inactivity timeout first)
+    T.check(m.value("kvf_proxy_connection_timeouts_total") >= 2,
+            "the deadline closes are counted (%s)" % m.value("kvf_proxy_connection_timeouts_total"))
+
+
+if __name__ == "__main__":
+    main()
