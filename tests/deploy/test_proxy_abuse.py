@@ -210,8 +210,8 @@ def run(a, procs):
     st, h = px.health()
     T.check(st == 200, "/health still 200 after the abuse")
     m = px.metrics()
-    # (some idle ones are closed by the library's own inactivity timeout first)
-    T.check(m.value("kvf_proxy_connection_timeouts_total") >= 2,
+    # (the slow-headers one at least: the library's inactivity timeout may close the others)
+    T.check(m.value("kvf_proxy_connection_timeouts_total") >= 1,
             "the deadline closes are counted (%s)" % m.value("kvf_proxy_connection_timeouts_total"))
 
 
