@@ -311,6 +311,37 @@ class TestNet:
             raise res["e"]
         return res.get("v")
 
+    # -- ssh into the hosts -------------------------------------------------
+    def start_sshd(self, hosts):
+        """Run an OpenSSH server (port 22, the host's address only) in each of
+        hosts, accepting a throw-away key made here. Returns the ssh command
+        (a string, for KVF_SSH) that logs into them non-interactively."""
+        sshd = shutil.which("sshd") or "/usr/sbin/sshd"
+        if not os.path.exists(sshd) or shutil.which("ssh-keygen") is None:
+            skip("ssh deploy needs OpenSSH (Debian packages openssh-server, openssh-client)")
+        key, hostkey = os.path.join(self.tmp, "id_ed25519"), os.path.join(self.tmp, "host_key")
+        for k in (key, hostkey):
+            if not os.path.exists(k):
+                subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", k],
+                               check=True, stdout=subprocess.DEVNULL)
+        os.makedirs("/run/sshd", exist_ok=True)     # sshd's privilege separation dir
+        for i in hosts:
+            cfg = os.path.join(self.tmp, "sshd_config.%d" % i)
+            with open(cfg, "w") as f:
+                f.write("ListenAddress %s\nPort 22\nHostKey %s\nAuthorizedKeysFile %s.pub\n"
+                        "PidFile none\nUsePAM no\nStrictModes no\n"
+                        "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
+                        "KbdInteractiveAuthentication no\nMaxStartups 100\nMaxSessions 100\n"
+                        "LogLevel ERROR\n" % (self.addr(i), hostkey, key))
+            self.spawn(i, [sshd, "-D", "-e", "-f", cfg],
+                       log=os.path.join(self.tmp, "sshd.%d.log" % i))
+        for i in hosts:
+            wait_for(lambda: any(p == 22 for _, p, _ in self.listeners(i)), 10,
+                     "sshd listening in host %d" % i)
+        self.ssh = ("ssh -F /dev/null -i %s -o IdentitiesOnly=yes -o StrictHostKeyChecking=no "
+                    "-o UserKnownHostsFile=/dev/null -o LogLevel=ERROR" % key)
+        return self.ssh
+
     # -- network conditions -------------------------------------------------
     def link(self, i, up):
         """Connect (up) or cut (down) host i's switch port: the host keeps its address."""
@@ -346,8 +377,9 @@ class TestNet:
                 if rate_mbit is not None:
                     args += ["rate", "%gmbit" % rate_mbit]
             elif rate_mbit is not None:
-                # burst: at least a few 64 KiB GSO frames; latency: queue, not drop
-                burst = max(256 * 1024, int(rate_mbit * 1e6 / 8 / 100))
+                # burst: 32 KiB or 1 ms at the rate (tbf splits larger GSO frames);
+                # latency: a long queue, so the cap delays rather than drops
+                burst = max(32 * 1024, int(rate_mbit * 1e6 / 8 / 1000))
                 args = ["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf",
                         "rate", "%gmbit" % rate_mbit, "burst", str(burst), "latency", "2s"]
             else:
