@@ -11,6 +11,7 @@
  * whose chunk reaches their last known token, since only those sample.
  */
 #include "kvf_engine.h"
+#include "kvf_contract.h"
 #include "kvf_time.h"
 #include "kvf_log.h"
 
@@ -18,7 +19,13 @@
 #include <string.h>
 #include <time.h>
 
+/* kvf_engine.h: one thread, the leader that created the engine, calls everything
+ * but the three getters of handles fixed at create. Checked in debug builds. */
+#define KVF_ENGINE_CHECK(_e, _fn) \
+    KVF_OWNER_CHECK(&(_e)->leader, _fn " (the engine's leader thread only)")
+
 struct kvf_engine {
+    kvf_thread_owner_t     leader;     /* the thread that called create (kvf_engine.h) */
     kvf_model_h            model;
     kvf_tp_runner_h        runner;
     kvf_block_manager_h    bm;
@@ -82,6 +89,7 @@ kvf_status_t kvf_engine_create(const kvf_engine_params_t *params, kvf_engine_h *
     if (e == NULL) {
         return KVF_ERR_NO_MEMORY;
     }
+    KVF_OWNER_SET(&e->leader);
     e->next_id = 1;
     e->sched.max_batch_tokens = (params->field_mask & KVF_ENGINE_PARAM_FIELD_MAX_BATCH_TOKENS) ?
                                 params->max_batch_tokens : 512;
@@ -150,6 +158,7 @@ void kvf_engine_destroy(kvf_engine_h e)
     if (e == NULL) {
         return;
     }
+    KVF_ENGINE_CHECK(e, "kvf_engine_destroy");
     for (int i = 0; i < e->num_reqs; ++i) {
         if (e->bm != NULL) {
             (void)kvf_block_manager_free(e->bm, &e->reqs[i]->blocks);
@@ -236,6 +245,7 @@ static kvf_status_t kvf_new_request(kvf_engine_h e, const kvf_req_params_t *p, k
 
 kvf_status_t kvf_engine_add_request(kvf_engine_h e, const kvf_req_params_t *p, uint64_t *id_p)
 {
+    KVF_ENGINE_CHECK(e, "kvf_engine_add_request");
     kvf_request_t *r;
     kvf_status_t status = kvf_new_request(e, p, &r);
     if (status == KVF_OK) {
@@ -334,6 +344,7 @@ static kvf_status_t kvf_engine_unstall(kvf_engine_h e, kvf_engine_event_t *event
 
 kvf_status_t kvf_engine_step(kvf_engine_h e, kvf_engine_event_t *events, int cap, int *n_events)
 {
+    KVF_ENGINE_CHECK(e, "kvf_engine_step");
     const int vocab = e->cfg->vocab_size;
     kvf_fwd_batch_t batch;
     kvf_status_t status;
@@ -412,6 +423,7 @@ kvf_status_t kvf_engine_step(kvf_engine_h e, kvf_engine_event_t *events, int cap
 
 bool kvf_engine_has_work(kvf_engine_h e)
 {
+    KVF_ENGINE_CHECK(e, "kvf_engine_has_work");
     for (int i = 0; i < e->num_reqs; ++i) {
         if ((e->reqs[i]->state == KVF_REQ_WAITING) || (e->reqs[i]->state == KVF_REQ_RUNNING)) {
             return true;
@@ -422,6 +434,7 @@ bool kvf_engine_has_work(kvf_engine_h e)
 
 kvf_status_t kvf_engine_abort(kvf_engine_h e, uint64_t id)
 {
+    KVF_ENGINE_CHECK(e, "kvf_engine_abort");
     kvf_request_t *r = kvf_find(e, id, NULL);
     if (r == NULL) {
         return KVF_ERR_NOT_FOUND;
@@ -434,6 +447,7 @@ kvf_status_t kvf_engine_abort(kvf_engine_h e, uint64_t id)
 
 kvf_status_t kvf_engine_release(kvf_engine_h e, uint64_t id)
 {
+    KVF_ENGINE_CHECK(e, "kvf_engine_release");
     int idx;
     kvf_request_t *r = kvf_find(e, id, &idx);
     if (r == NULL) {
@@ -447,6 +461,7 @@ kvf_status_t kvf_engine_release(kvf_engine_h e, uint64_t id)
 
 kvf_status_t kvf_engine_request_info(kvf_engine_h e, uint64_t id, kvf_req_info_t *info)
 {
+    KVF_ENGINE_CHECK(e, "kvf_engine_request_info");
     kvf_request_t *r = kvf_find(e, id, NULL);
     if (r == NULL) {
         return KVF_ERR_NOT_FOUND;
@@ -463,6 +478,7 @@ kvf_status_t kvf_engine_request_info(kvf_engine_h e, uint64_t id, kvf_req_info_t
 kvf_status_t kvf_engine_prefill(kvf_engine_h e, const kvf_req_params_t *params, uint64_t *id_p,
                                 int32_t *first_token_p)
 {
+    KVF_ENGINE_CHECK(e, "kvf_engine_prefill");
     kvf_req_params_t p = *params;
     kvf_engine_event_t ev[256];
     kvf_request_t *r;
@@ -502,6 +518,7 @@ kvf_status_t kvf_engine_prefill(kvf_engine_h e, const kvf_req_params_t *params, 
 kvf_status_t kvf_engine_import_begin(kvf_engine_h e, const kvf_req_params_t *params,
                                      uint64_t *id_p, const kvf_req_blocks_t **blocks_p)
 {
+    KVF_ENGINE_CHECK(e, "kvf_engine_import_begin");
     kvf_tp_runner_h rn = e->runner;
     kvf_page_pool_h pools[KVF_COMM_MAX_RANKS];
     kvf_request_t *r;
@@ -531,6 +548,7 @@ kvf_status_t kvf_engine_import_begin(kvf_engine_h e, const kvf_req_params_t *par
 
 kvf_status_t kvf_engine_import_commit(kvf_engine_h e, uint64_t id, int32_t first_token)
 {
+    KVF_ENGINE_CHECK(e, "kvf_engine_import_commit");
     kvf_engine_event_t ev[4];
     kvf_request_t *r = kvf_find(e, id, NULL);
     int n = 0;
@@ -552,6 +570,7 @@ kvf_status_t kvf_engine_import_commit(kvf_engine_h e, uint64_t id, int32_t first
 
 kvf_status_t kvf_engine_run_on_ranks(kvf_engine_h e, kvf_rank_func_t func, void *arg)
 {
+    KVF_ENGINE_CHECK(e, "kvf_engine_run_on_ranks");
     return kvf_tp_runner_run_on_ranks(e->runner, func, arg);
 }
 
@@ -572,5 +591,6 @@ const kvf_model_config_t *kvf_engine_model_config(kvf_engine_h e)
 
 void kvf_engine_get_stats(kvf_engine_h e, kvf_engine_stats_t *stats_p)
 {
+    KVF_ENGINE_CHECK(e, "kvf_engine_get_stats");
     *stats_p = e->stats;
 }

@@ -13,9 +13,13 @@
  *                     runner()); import_commit() seeds the first token;
  *                     step() continues decoding.
  *
- * Thread safety: none; one thread (the instance leader) calls everything.
- * Rank threads run only inside step(); between steps the pools may be read
- * and written by the caller (transfers).
+ * Thread safety: none; one thread, the instance leader that called create,
+ * calls everything (Debug and sanitizer builds check it and abort on a call
+ * from another thread; kvf_contract.h). The exceptions are runner(),
+ * block_manager() and model_config(), which return handles fixed at create
+ * and may be called from any thread (e.g. a rank function of
+ * run_on_ranks()). Rank threads run only inside step() and run_on_ranks();
+ * between steps the pools may be read and written by the caller (transfers).
  */
 #ifndef KVF_ENGINE_H
 #define KVF_ENGINE_H

@@ -5,10 +5,22 @@
  * transfer/ucx/kvf_connector_ucx.h, and a daemon passes that pointer down.
  *
  * Objects: one connector per instance (process); ranks are addressed by
- * tp_rank. Threading: ops taking a tp_rank run on that rank's thread only
- * (each rank owns a single-threaded UCX worker); create/destroy, serve and
- * handshake run on the leader thread. A request handle belongs to the rank
- * that started it.
+ * tp_rank. A request handle belongs to the rank that started it.
+ *
+ * Threading (checked in Debug and sanitizer builds, see kvf_contract.h: a
+ * call from the wrong thread logs the rule and aborts):
+ * - The leader is the thread that called create. kvf-prefill and kvf-decode
+ *   call every op, for every rank, from their leader thread.
+ * - Each rank has a single-threaded UCX worker, so a rank's ops
+ *   (register_pool, get_metadata, start_pull, poll, notify_release,
+ *   poll_release, req_stats) run on one thread: the first thread that
+ *   calls one of them for that rank owns the rank from then on. That is the
+ *   leader in the daemons; a test or tool may give each rank its own thread.
+ * - destroy, serve, handshake and remote_incarnation run on the leader;
+ *   destroy only after every rank thread has stopped calling.
+ * - forget_engine and wait_fds touch every rank's worker: they run on a
+ *   leader that also owns every registered rank (the daemons' case).
+ * - incarnation reads a value fixed at create: any thread.
  *
  * Flow, decode side:
  *   create -> register_pool (each rank) -> handshake(remote engine) ->
@@ -97,7 +109,7 @@ typedef struct kvf_connector_ops {
     /** Stop serving, close every peer, deregister pools, free. NULL ok. */
     void         (*destroy)(kvf_connector_h conn);
 
-    /** Register a rank's pool once (rank thread). May block (pins pages). */
+    /** Register a rank's pool once (rank thread: claims the rank). May block (pins pages). */
     kvf_status_t (*register_pool)(kvf_connector_h conn, const kvf_connector_pool_t *pool);
 
     /** This rank's published metadata, opaque packed bytes (for logs/tests). */
@@ -162,7 +174,8 @@ typedef struct kvf_connector_ops {
      * keys, endpoints on every rank) so the next handshake fetches it anew.
      * Call after a peer error: a restarted prefill keeps its engine id but
      * has new memory, keys and worker addresses. Leader thread, with no pull
-     * of that engine in flight. KVF_ERR_NOT_FOUND when nothing was cached.
+     * of that engine in flight; the leader must own every rank.
+     * KVF_ERR_NOT_FOUND when nothing was cached.
      */
     kvf_status_t (*forget_engine)(kvf_connector_h conn, const char *engine_id);
 
@@ -184,7 +197,8 @@ typedef struct kvf_connector_ops {
     /**
      * Prepare to sleep: progress every rank's worker until idle, arm it,
      * and return the file descriptors that become readable when transfer
-     * work arrives (for poll() beside the control socket). Leader thread.
+     * work arrives (for poll() beside the control socket). Leader thread,
+     * owning every rank.
      * @return KVF_OK with *n_p fds; KVF_ERR_BUSY when work is pending (do not
      *         sleep: poll releases / progress first); KVF_ERR_UNSUPPORTED when
      *         the backend cannot wake a sleeper (spin instead).

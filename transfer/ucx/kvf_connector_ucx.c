@@ -4,7 +4,9 @@
  *
  * Design: the connector is per instance; per-rank state (agent, pool,
  * metadata, peers) lives in an array indexed by tp_rank and is touched only
- * by that rank's thread, so no UCX call needs a lock. What ranks share — the
+ * by the thread that drives that rank (the daemons drive every rank from
+ * their leader thread; a test may give each rank its own), so no UCX call
+ * needs a lock. Debug builds check this (kvf_contract.h). What ranks share — the
  * table of handshaken remote engines and the side-channel client — is
  * guarded by one mutex and is append-only (an entry, once published, never
  * moves), so a rank thread can keep pointers into it without holding the
@@ -18,6 +20,7 @@
  */
 #include "kvf_connector_ucx.h"
 
+#include "kvf_contract.h"
 #include "kvf_log.h"
 #include "kvf_tp_map.h"
 #include "kvf_compat.h"
@@ -44,6 +47,7 @@ typedef struct kvf_conn_engine {
 } kvf_conn_engine_t;
 
 typedef struct kvf_conn_rank {
+    kvf_thread_owner_t  owner;          /* the thread that drives this rank (first op) */
     bool                registered;
     kvf_ucx_agent_h     agent;
     int                 region;
@@ -56,6 +60,7 @@ typedef struct kvf_conn_rank {
 } kvf_conn_rank_t;
 
 struct kvf_connector {
+    kvf_thread_owner_t    leader;              /* the thread that called create */
     char                  engine_id[KVF_ENGINE_ID_MAX];
     kvf_connector_role_t  role;
     int                   tp;
@@ -88,11 +93,34 @@ struct kvf_connector_req {
 
 /* ---- instance --------------------------------------------------------- */
 
+/* The thread rules of kvf_connector.h, checked in debug builds: a rank's ops
+ * run on the thread that first drove the rank; instance ops on the leader;
+ * ops that touch every rank's worker on a leader that drives every rank. */
+#define KVF_CONN_CHECK_LEADER(_conn, _op) \
+    KVF_OWNER_CHECK(&(_conn)->leader, "connector " _op " (leader thread only)")
+#define KVF_CONN_CHECK_RANK(_conn, _r, _op) \
+    KVF_OWNER_CHECK(&(_conn)->ranks[_r].owner, "connector " _op " (the rank's own thread only)")
+
+static void kvf_conn_check_every_rank(kvf_connector_h conn, const char *op)
+{
+#if KVF_CONTRACTS
+    for (int r = 0; r < conn->tp; ++r) {
+        if (conn->ranks[r].registered) {
+            kvf_thread_owner_check(&conn->ranks[r].owner, op, __FILE__, __LINE__);
+        }
+    }
+#else
+    (void)conn;
+    (void)op;
+#endif
+}
+
 static void kvf_conn_destroy(kvf_connector_h conn)
 {
     if (conn == NULL) {
         return;
     }
+    KVF_CONN_CHECK_LEADER(conn, "destroy");
     kvf_side_channel_server_stop(conn->server);
     kvf_side_channel_client_destroy(conn->client);
     for (int r = 0; (conn->ranks != NULL) && (r < conn->tp); ++r) {
@@ -148,6 +176,7 @@ static kvf_status_t kvf_conn_create(const kvf_connector_config_t *config,
     if (conn == NULL) {
         return KVF_ERR_NO_MEMORY;
     }
+    KVF_OWNER_SET(&conn->leader);
     pthread_mutex_init(&conn->lock, NULL);
     snprintf(conn->engine_id, sizeof(conn->engine_id), "%s", config->engine_id);
     conn->role = config->role;
@@ -198,6 +227,7 @@ static kvf_status_t kvf_conn_register_pool(kvf_connector_h conn, const kvf_conne
         (pool->base == NULL) || (pool->num_blocks < 1)) {
         return KVF_ERR_INVALID_PARAM;
     }
+    KVF_CONN_CHECK_RANK(conn, pool->tp_rank, "register_pool");
     rk = &conn->ranks[pool->tp_rank];
     if (rk->registered) {
         return KVF_ERR_BUSY;
@@ -298,6 +328,7 @@ static kvf_status_t kvf_conn_get_metadata(kvf_connector_h conn, int tp_rank, voi
     if ((tp_rank < 0) || (tp_rank >= conn->tp) || !conn->ranks[tp_rank].registered) {
         return KVF_ERR_INVALID_PARAM;
     }
+    KVF_CONN_CHECK_RANK(conn, tp_rank, "get_metadata");
     memset(&reply, 0, sizeof(reply));
     reply.accepted = true;
     snprintf(reply.engine_id, sizeof(reply.engine_id), "%s", conn->engine_id);
@@ -323,6 +354,7 @@ static kvf_status_t kvf_conn_serve(kvf_connector_h conn, int *port_p)
     kvf_rank_meta_t *metas;
     kvf_status_t status;
 
+    KVF_CONN_CHECK_LEADER(conn, "serve");
     if ((conn->role != KVF_CONNECTOR_ROLE_PREFILL) || (conn->server != NULL)) {
         return KVF_ERR_INVALID_PARAM;
     }
@@ -376,6 +408,7 @@ static kvf_status_t kvf_conn_handshake(kvf_connector_h conn, const char *engine_
     int slot;
     kvf_status_t status;
 
+    KVF_CONN_CHECK_LEADER(conn, "handshake");
     if (why_len > 0) {
         why[0] = '\0';
     }
@@ -531,6 +564,7 @@ static kvf_status_t kvf_conn_start_pull(kvf_connector_h conn, int tp_rank,
         (pull->num_groups != conn->layout->num_groups) || !conn->ranks[tp_rank].registered) {
         return KVF_ERR_INVALID_PARAM;
     }
+    KVF_CONN_CHECK_RANK(conn, tp_rank, "start_pull");
     rk = &conn->ranks[tp_rank];
     engine = kvf_conn_find_engine(conn, pull->engine_id);
     if (engine < 0) {
@@ -613,6 +647,7 @@ static kvf_status_t kvf_conn_poll(kvf_connector_h conn, int tp_rank, kvf_connect
     if ((req == NULL) || (req->rank != tp_rank)) {
         return KVF_ERR_INVALID_PARAM;
     }
+    KVF_CONN_CHECK_RANK(conn, tp_rank, "poll");
     if (req->status != KVF_INPROGRESS) {
         return req->status;
     }
@@ -651,6 +686,7 @@ static kvf_status_t kvf_conn_notify_release(kvf_connector_h conn, int tp_rank,
     if ((req == NULL) || (req->rank != tp_rank)) {
         return KVF_ERR_INVALID_PARAM;
     }
+    KVF_CONN_CHECK_RANK(conn, tp_rank, "notify_release");
     rk = &conn->ranks[tp_rank];
     /* drain: never release blocks a GET may still be reading (§9) */
     while (kvf_conn_poll(conn, tp_rank, req) == KVF_INPROGRESS) {
@@ -703,6 +739,7 @@ static kvf_status_t kvf_conn_poll_release(kvf_connector_h conn, int tp_rank, uin
     if ((tp_rank < 0) || (tp_rank >= conn->tp) || !conn->ranks[tp_rank].registered) {
         return KVF_ERR_INVALID_PARAM;
     }
+    KVF_CONN_CHECK_RANK(conn, tp_rank, "poll_release");
     status = kvf_ucx_notify_recv(conn->ranks[tp_rank].agent, buf, sizeof(buf), &len,
                                  timeout_ms);
     if (status != KVF_OK) {
@@ -721,9 +758,13 @@ static kvf_status_t kvf_conn_poll_release(kvf_connector_h conn, int tp_rank, uin
 
 static kvf_status_t kvf_conn_forget_engine(kvf_connector_h conn, const char *engine_id)
 {
-    int e = (engine_id != NULL) ? kvf_conn_find_engine(conn, engine_id) : -1;
+    int e;
     kvf_conn_engine_t *eng;
 
+    KVF_CONN_CHECK_LEADER(conn, "forget_engine");
+    kvf_conn_check_every_rank(conn, "connector forget_engine (closes every rank's endpoints: "
+                              "the leader must drive every rank)");
+    e = (engine_id != NULL) ? kvf_conn_find_engine(conn, engine_id) : -1;
     if (e < 0) {
         return KVF_ERR_NOT_FOUND;
     }
@@ -757,8 +798,10 @@ static uint64_t kvf_conn_incarnation(kvf_connector_h conn)
 static kvf_status_t kvf_conn_remote_incarnation(kvf_connector_h conn, const char *engine_id,
                                                 uint64_t *incarnation_p)
 {
-    int e = (engine_id != NULL) ? kvf_conn_find_engine(conn, engine_id) : -1;
+    int e;
 
+    KVF_CONN_CHECK_LEADER(conn, "remote_incarnation");
+    e = (engine_id != NULL) ? kvf_conn_find_engine(conn, engine_id) : -1;
     if (e < 0) {
         return KVF_ERR_NOT_FOUND;
     }
@@ -770,6 +813,9 @@ static kvf_status_t kvf_conn_wait_fds(kvf_connector_h conn, int *fds, int cap, i
 {
     int n = 0;
 
+    KVF_CONN_CHECK_LEADER(conn, "wait_fds");
+    kvf_conn_check_every_rank(conn, "connector wait_fds (arms every rank's worker: the leader "
+                              "must drive every rank)");
     for (int r = 0; r < conn->tp; ++r) {
         kvf_conn_rank_t *rk = &conn->ranks[r];
         kvf_status_t status;
@@ -795,10 +841,10 @@ static kvf_status_t kvf_conn_wait_fds(kvf_connector_h conn, int *fds, int cap, i
 static kvf_status_t kvf_conn_req_stats(kvf_connector_h conn, int tp_rank,
                                        kvf_connector_req_h req, kvf_connector_stats_t *stats_p)
 {
-    (void)conn;
     if ((req == NULL) || (req->rank != tp_rank) || (stats_p == NULL)) {
         return KVF_ERR_INVALID_PARAM;
     }
+    KVF_CONN_CHECK_RANK(conn, tp_rank, "req_stats");
     stats_p->bytes = req->plan->total_bytes;
     stats_p->descriptors = req->plan->total_descs;
     stats_p->remote_ranks = req->plan->num_ranks;
