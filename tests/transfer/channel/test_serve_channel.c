@@ -6,6 +6,7 @@
  * reach the peer; malformed messages are answered with an error.
  */
 #include "kvf_serve_channel.h"
+#include "kvf_zmq.h"
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -21,12 +22,13 @@ static char endpoint[64];
 
 static void *dealer(void *ctx)
 {
-    void *s = zmq_socket(ctx, ZMQ_DEALER);
-    int zero = 0, rcv_ms = 5000;
+    const kvf_zmq_opt_t opts[] = {
+        {ZMQ_LINGER, 0},
+        {ZMQ_RCVTIMEO, 5000},      /* every wait is bounded */
+    };
+    void *s = NULL;
 
-    assert_non_null(s);
-    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof(zero));
-    zmq_setsockopt(s, ZMQ_RCVTIMEO, &rcv_ms, sizeof(rcv_ms));   /* every wait is bounded */
+    assert_int_equal(kvf_zmq_socket_open(ctx, ZMQ_DEALER, opts, 2, &s), KVF_OK);
     assert_int_equal(zmq_connect(s, endpoint), 0);
     return s;
 }
