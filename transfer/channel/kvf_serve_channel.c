@@ -125,9 +125,10 @@ static bool kvf_serve_answer_health(struct kvf_serve_server *srv, const uint8_t 
     reply.health = h;
     reply.has_done = 1;
     reply.done = 1;
+    /* counted before the send, so a prober holding the answer always sees it counted */
+    atomic_fetch_add(&srv->answered, 1);
     (void)kvf_serve_send(srv->sock, id, id_len, &reply);
     kvf__health_reply__free_unpacked(h, NULL);
-    atomic_fetch_add(&srv->answered, 1);
     return true;
 }
 
