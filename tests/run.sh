@@ -15,6 +15,17 @@ rm -rf "$build"
 BUILD_DIR="$root/$build" bash deploy/build.sh -DKVF_WERROR=ON
 ctest --test-dir "$build" --output-on-failure --timeout 600 -j2 --no-tests=error
 
+# Optional reference step: kvferry against transformers on checkpoints transformers
+# itself writes (tests/reference/hf_compare.py); skipped when torch or transformers
+# is not installed, or with KVF_TEST_REFERENCE=0. The C suite above never needs them.
+if [ "${KVF_TEST_REFERENCE:-1}" != "0" ]; then
+    if python3 -c "import torch, transformers" >/dev/null 2>&1; then
+        python3 tests/reference/hf_compare.py --kvf "$build/bin/kvf" --tp 1,2,4
+    else
+        echo "reference step skipped: torch/transformers not installed"
+    fi
+fi
+
 if [ "${KVF_TEST_SANITIZERS:-1}" != "0" ]; then
     san=build-asan
     rm -rf "$san"

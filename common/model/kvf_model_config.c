@@ -12,6 +12,7 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,10 +71,63 @@ static kvf_status_t kvf_cfg_int_opt(const kvf_cfg_reader_t *rd, const char *name
     return KVF_OK;
 }
 
-static bool kvf_cfg_bool_opt(const kvf_cfg_reader_t *rd, const char *name, bool dflt)
+/* Optional boolean: dflt when absent or null; error when mistyped. */
+static kvf_status_t kvf_cfg_bool(const kvf_cfg_reader_t *rd, const char *name, bool dflt,
+                                 bool *out)
 {
     const cJSON *item = cJSON_GetObjectItemCaseSensitive(rd->root, name);
-    return cJSON_IsBool(item) ? cJSON_IsTrue(item) : dflt;
+
+    if ((item == NULL) || cJSON_IsNull(item)) {
+        *out = dflt;
+        return KVF_OK;
+    }
+    if (!cJSON_IsBool(item)) {
+        kvf_error("%s: field '%s' must be true or false", rd->origin, name);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    *out = cJSON_IsTrue(item);
+    return KVF_OK;
+}
+
+/* Optional number: dflt when absent or null. */
+static kvf_status_t kvf_cfg_num(const kvf_cfg_reader_t *rd, const cJSON *obj, const char *name,
+                                double dflt, double *out)
+{
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(obj, name);
+
+    if ((item == NULL) || cJSON_IsNull(item)) {
+        *out = dflt;
+        return KVF_OK;
+    }
+    if (!cJSON_IsNumber(item)) {
+        kvf_error("%s: field '%s' must be a number", rd->origin, name);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    *out = item->valuedouble;
+    return KVF_OK;
+}
+
+/* Optional activation name. */
+static kvf_status_t kvf_cfg_act(const kvf_cfg_reader_t *rd, const char *name, kvf_act_t dflt,
+                                kvf_act_t *out)
+{
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(rd->root, name);
+
+    if ((item == NULL) || cJSON_IsNull(item)) {
+        *out = dflt;
+        return KVF_OK;
+    }
+    if (!cJSON_IsString(item)) {
+        kvf_error("%s: field '%s' must be an activation name", rd->origin, name);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    if (kvf_act_parse(item->valuestring, out) != 0) {
+        kvf_error("%s: field '%s' = '%s' is not implemented (silu, swish, relu, relu2, gelu,"
+                  " gelu_new, gelu_fast, gelu_pytorch_tanh, quick_gelu, sigmoid, tanh)",
+                  rd->origin, name, item->valuestring);
+        return KVF_ERR_UNSUPPORTED;
+    }
+    return KVF_OK;
 }
 
 static kvf_status_t kvf_cfg_dtype_opt(const kvf_cfg_reader_t *rd, const char *name,
@@ -126,8 +180,11 @@ static kvf_status_t kvf_cfg_pattern(const kvf_cfg_reader_t *rd, kvf_model_config
             cfg->layer_kinds[n] = s[n];
         }
     } else if (cJSON_IsArray(list)) {
+        /* transformers 5 writes linear_attention / full_attention; older files
+         * (and NVIDIA's remote code) mamba / attention */
         static const struct { const char *name; char letter; } kinds[] = {
-            {"mamba", 'M'}, {"attention", '*'}, {"mlp", '-'}, {"moe", 'E'},
+            {"mamba", 'M'}, {"linear_attention", 'M'}, {"attention", '*'},
+            {"full_attention", '*'}, {"mlp", '-'}, {"moe", 'E'},
         };
         const cJSON *it;
         cJSON_ArrayForEach(it, list) {
@@ -143,8 +200,9 @@ static kvf_status_t kvf_cfg_pattern(const kvf_cfg_reader_t *rd, kvf_model_config
                 }
             }
             if (letter == 0) {
-                kvf_error("%s: field 'layers_block_type' entry %d is not one of mamba,"
-                          " attention, mlp, moe", rd->origin, n);
+                kvf_error("%s: field 'layers_block_type' entry %d = '%s' is not one of"
+                          " linear_attention, full_attention, mamba, attention, mlp, moe",
+                          rd->origin, n, cJSON_IsString(it) ? it->valuestring : "?");
                 return KVF_ERR_INVALID_PARAM;
             }
             cfg->layer_kinds[n++] = letter;
@@ -171,14 +229,387 @@ static kvf_status_t kvf_cfg_pattern(const kvf_cfg_reader_t *rd, kvf_model_config
         }                              \
     } while (0)
 
+#define KVF_FAIL(_status, _fmt, ...)                        \
+    do {                                                    \
+        kvf_error("%s: " _fmt, rd.origin, ##__VA_ARGS__);   \
+        status = (_status);                                 \
+        goto out;                                           \
+    } while (0)
+
+/* ---- activations ------------------------------------------------------------ */
+
+static const struct {
+    const char *name;
+    kvf_act_t   act;
+} kvf_act_names[] = {
+    {"silu", KVF_ACT_SILU},           {"swish", KVF_ACT_SILU},
+    {"relu2", KVF_ACT_RELU2},         {"relu", KVF_ACT_RELU},
+    {"gelu", KVF_ACT_GELU},           {"gelu_python", KVF_ACT_GELU},
+    {"gelu_new", KVF_ACT_GELU_TANH},  {"gelu_fast", KVF_ACT_GELU_TANH},
+    {"gelu_pytorch_tanh", KVF_ACT_GELU_TANH}, {"gelu_python_tanh", KVF_ACT_GELU_TANH},
+    {"quick_gelu", KVF_ACT_QUICK_GELU}, {"sigmoid", KVF_ACT_SIGMOID},
+    {"tanh", KVF_ACT_TANH},
+};
+
+int kvf_act_parse(const char *name, kvf_act_t *act_p)
+{
+    for (size_t i = 0; i < sizeof(kvf_act_names) / sizeof(kvf_act_names[0]); ++i) {
+        if (strcmp(name, kvf_act_names[i].name) == 0) {
+            *act_p = kvf_act_names[i].act;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+const char *kvf_act_name(kvf_act_t act)
+{
+    static const char *const names[KVF_ACT_COUNT] = {
+        "silu", "relu2", "relu", "gelu", "gelu_tanh", "quick_gelu", "sigmoid", "tanh",
+    };
+    return ((unsigned)act < KVF_ACT_COUNT) ? names[act] : "invalid";
+}
+
+void kvf_act_apply(kvf_act_t act, float *x, size_t n)
+{
+    size_t i;
+
+    switch (act) {
+    case KVF_ACT_SILU:
+        for (i = 0; i < n; ++i) {
+            x[i] = x[i] / (1.0f + expf(-x[i]));
+        }
+        break;
+    case KVF_ACT_RELU2:
+        for (i = 0; i < n; ++i) {
+            float v = (x[i] > 0.0f) ? x[i] : 0.0f;
+            x[i] = v * v;
+        }
+        break;
+    case KVF_ACT_RELU:
+        for (i = 0; i < n; ++i) {
+            x[i] = (x[i] > 0.0f) ? x[i] : 0.0f;
+        }
+        break;
+    case KVF_ACT_GELU:
+        for (i = 0; i < n; ++i) {
+            x[i] = 0.5f * x[i] * (1.0f + erff(x[i] * 0.70710678118654752f));
+        }
+        break;
+    case KVF_ACT_GELU_TANH:
+        for (i = 0; i < n; ++i) {
+            float v = x[i];
+            x[i] = 0.5f * v * (1.0f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
+        }
+        break;
+    case KVF_ACT_QUICK_GELU:
+        for (i = 0; i < n; ++i) {
+            x[i] = x[i] / (1.0f + expf(-1.702f * x[i]));
+        }
+        break;
+    case KVF_ACT_SIGMOID:
+        for (i = 0; i < n; ++i) {
+            x[i] = 1.0f / (1.0f + expf(-x[i]));
+        }
+        break;
+    case KVF_ACT_TANH:
+        for (i = 0; i < n; ++i) {
+            x[i] = tanhf(x[i]);
+        }
+        break;
+    default:
+        break;
+    }
+}
+
+/* ---- the fields kvferry knows ------------------------------------------------ */
+
+#define KVF_A_NH  (1u << KVF_ARCH_NEMOTRON_H)
+#define KVF_A_LL  (1u << KVF_ARCH_LLAMA)
+#define KVF_A_QW  (1u << KVF_ARCH_QWEN3)
+#define KVF_A_MI  (1u << KVF_ARCH_MISTRAL)
+#define KVF_A_DENSE (KVF_A_LL | KVF_A_QW | KVF_A_MI)
+#define KVF_A_ALL (KVF_A_NH | KVF_A_DENSE)
+
+/*
+ * Every top-level config.json field kvferry accepts, per model_type. A field
+ * outside this list is refused: kvferry cannot know that it leaves the math
+ * alone. Fields read with an effect are parsed below; the rest are listed
+ * here because they provably do not change inference (training, init,
+ * bookkeeping or generation defaults; see common/model/README.md).
+ * NOTE: keep common/model/README.md's table in step with this list.
+ */
+static const struct {
+    const char *name;
+    unsigned    archs;
+} kvf_known_fields[] = {
+    /* read, with an effect */
+    {"model_type", KVF_A_ALL}, {"hidden_size", KVF_A_ALL}, {"vocab_size", KVF_A_ALL},
+    {"num_attention_heads", KVF_A_ALL}, {"num_key_value_heads", KVF_A_ALL},
+    {"head_dim", KVF_A_ALL}, {"intermediate_size", KVF_A_ALL},
+    {"num_hidden_layers", KVF_A_ALL}, {"bos_token_id", KVF_A_ALL}, {"eos_token_id", KVF_A_ALL},
+    {"tie_word_embeddings", KVF_A_ALL}, {"dtype", KVF_A_ALL}, {"torch_dtype", KVF_A_ALL},
+    {"layer_norm_epsilon", KVF_A_NH}, {"rms_norm_eps", KVF_A_ALL},
+    {"sliding_window", KVF_A_NH | KVF_A_QW | KVF_A_MI}, {"quantization_config", KVF_A_ALL},
+    {"hybrid_override_pattern", KVF_A_NH}, {"layers_block_type", KVF_A_NH},
+    {"mamba_num_heads", KVF_A_NH}, {"mamba_head_dim", KVF_A_NH}, {"ssm_state_size", KVF_A_NH},
+    {"n_groups", KVF_A_NH}, {"mamba_n_groups", KVF_A_NH}, {"conv_kernel", KVF_A_NH},
+    {"mamba_d_conv", KVF_A_NH}, {"chunk_size", KVF_A_NH}, {"mamba_chunk_size", KVF_A_NH},
+    {"use_conv_bias", KVF_A_NH}, {"mamba_conv_bias", KVF_A_NH}, {"use_bias", KVF_A_NH},
+    {"mamba_hidden_act", KVF_A_NH}, {"mlp_hidden_act", KVF_A_NH},
+    {"mlp_bias", KVF_A_NH | KVF_A_LL}, {"time_step_min", KVF_A_NH}, {"mamba_dt_min", KVF_A_NH},
+    {"mamba_ssm_cache_dtype", KVF_A_NH}, {"n_routed_experts", KVF_A_NH},
+    {"num_local_experts", KVF_A_NH},
+    {"num_experts_per_tok", KVF_A_NH}, {"moe_intermediate_size", KVF_A_NH},
+    {"moe_shared_expert_intermediate_size", KVF_A_NH}, {"moe_latent_size", KVF_A_NH},
+    {"n_group", KVF_A_NH}, {"topk_group", KVF_A_NH}, {"norm_topk_prob", KVF_A_NH},
+    {"routed_scaling_factor", KVF_A_NH}, {"hidden_act", KVF_A_DENSE},
+    {"attention_bias", KVF_A_NH | KVF_A_LL | KVF_A_QW}, {"rope_parameters", KVF_A_DENSE},
+    {"rope_scaling", KVF_A_DENSE}, {"rope_theta", KVF_A_ALL},
+    {"partial_rotary_factor", KVF_A_ALL}, {"layer_types", KVF_A_QW},
+    {"use_sliding_window", KVF_A_QW},
+    /* known to leave inference unchanged */
+    {"architectures", KVF_A_ALL}, {"auto_map", KVF_A_ALL}, {"transformers_version", KVF_A_ALL},
+    {"_name_or_path", KVF_A_ALL}, {"use_cache", KVF_A_ALL}, {"pad_token_id", KVF_A_ALL},
+    {"initializer_range", KVF_A_ALL}, {"max_position_embeddings", KVF_A_ALL},
+    {"attention_dropout", KVF_A_ALL}, {"hidden_dropout", KVF_A_NH},
+    {"output_attentions", KVF_A_ALL}, {"output_hidden_states", KVF_A_ALL},
+    {"return_dict", KVF_A_ALL}, {"num_logits_to_keep", KVF_A_NH},
+    {"residual_in_fp32", KVF_A_NH}, {"rescale_prenorm_residual", KVF_A_NH},
+    {"time_step_max", KVF_A_NH}, {"time_step_floor", KVF_A_NH}, {"time_step_limit", KVF_A_NH},
+    {"mamba_dt_max", KVF_A_NH}, {"mamba_dt_init_floor", KVF_A_NH}, {"mamba_dt_limit", KVF_A_NH},
+    {"use_mamba_kernels", KVF_A_NH}, {"expand", KVF_A_NH}, {"mamba_expand", KVF_A_NH},
+    {"mamba_proj_bias", KVF_A_NH}, {"n_shared_experts", KVF_A_NH},
+    {"moe_shared_expert_overlap", KVF_A_NH}, {"output_router_logits", KVF_A_NH},
+    {"router_aux_loss_coef", KVF_A_NH},
+    {"num_nextn_predict_layers", KVF_A_NH}, {"mtp_layers_block_type", KVF_A_NH},
+    {"mtp_hybrid_override_pattern", KVF_A_NH}, {"pretraining_tp", KVF_A_LL},
+    {"max_window_layers", KVF_A_QW},
+    /* nemotron_h: written by NVIDIA's checkpoints, unused by its attention (no RoPE)
+     * and its norms (layer_norm_epsilon) */
+    {"norm_eps", KVF_A_NH},
+};
+
+static kvf_status_t kvf_cfg_known(const kvf_cfg_reader_t *rd, kvf_arch_t arch,
+                                  const char *model_type)
+{
+    const cJSON *it;
+
+    cJSON_ArrayForEach(it, rd->root) {
+        bool known = false;
+        for (size_t i = 0; i < sizeof(kvf_known_fields) / sizeof(kvf_known_fields[0]); ++i) {
+            if ((strcmp(it->string, kvf_known_fields[i].name) == 0) &&
+                (kvf_known_fields[i].archs & (1u << arch))) {
+                known = true;
+                break;
+            }
+        }
+        if (!known) {
+            kvf_error("%s: field '%s' is not known to kvferry for model_type '%s' and may change"
+                      " the model: refused (see common/model/README.md)", rd->origin, it->string,
+                      model_type);
+            return KVF_ERR_UNSUPPORTED;
+        }
+    }
+    return KVF_OK;
+}
+
+/* First present name of @a names (aliases, newest first), or NULL. */
+static const char *kvf_cfg_alias(const kvf_cfg_reader_t *rd, const char *a, const char *b)
+{
+    return (cJSON_GetObjectItemCaseSensitive(rd->root, a) != NULL) ? a :
+           (cJSON_GetObjectItemCaseSensitive(rd->root, b) != NULL) ? b : a;
+}
+
+static bool kvf_cfg_present(const kvf_cfg_reader_t *rd, const char *name)
+{
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(rd->root, name);
+    return (item != NULL) && !cJSON_IsNull(item);
+}
+
+/* Short text of a JSON value for a refusal message. */
+static void kvf_cfg_value_str(const cJSON *item, char *buf, size_t len)
+{
+    char *p = cJSON_PrintUnformatted(item);
+    snprintf(buf, len, "%s", (p != NULL) ? p : "?");
+    if (strlen(buf) + 1 >= len) {
+        snprintf(buf + len - 4, 4, "...");
+    }
+    free(p);
+}
+
+/* RoPE: rope_parameters (transformers 5) or rope_scaling + rope_theta (older files). */
+static kvf_status_t kvf_cfg_rope(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
+{
+    static const char *const allowed[] = {
+        "rope_type", "type", "rope_theta", "factor", "low_freq_factor", "high_freq_factor",
+        "original_max_position_embeddings", "partial_rotary_factor",
+    };
+    const char *field = "rope_parameters";
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(rd->root, field);
+    const cJSON *it, *type;
+    kvf_rope_t *r = &cfg->rope;
+    double top_theta, partial, top_partial, max_pos;
+    kvf_status_t status;
+    char val[128];
+
+    if ((rp == NULL) || cJSON_IsNull(rp)) {
+        field = "rope_scaling";
+        rp = cJSON_GetObjectItemCaseSensitive(rd->root, field);
+    }
+    status = kvf_cfg_num(rd, rd->root, "rope_theta", 10000.0, &top_theta);
+    if (status == KVF_OK) {
+        status = kvf_cfg_num(rd, rd->root, "partial_rotary_factor", 1.0, &top_partial);
+    }
+    if (status == KVF_OK) {
+        status = kvf_cfg_num(rd, rd->root, "max_position_embeddings", 0.0, &max_pos);
+    }
+    if (status != KVF_OK) {
+        return status;
+    }
+    r->type = KVF_ROPE_DEFAULT;
+    r->theta = top_theta;
+    r->factor = 1.0;
+    partial = top_partial;
+    if ((rp != NULL) && !cJSON_IsNull(rp)) {
+        if (!cJSON_IsObject(rp)) {
+            kvf_error("%s: field '%s' must be an object", rd->origin, field);
+            return KVF_ERR_INVALID_PARAM;
+        }
+        cJSON_ArrayForEach(it, rp) {
+            bool ok = false;
+            for (size_t i = 0; i < sizeof(allowed) / sizeof(allowed[0]); ++i) {
+                ok = ok || (strcmp(it->string, allowed[i]) == 0);
+            }
+            if (!ok) {
+                kvf_cfg_value_str(it, val, sizeof(val));
+                kvf_error("%s: field '%s.%s' = %s is not implemented: refused", rd->origin, field,
+                          it->string, val);
+                return KVF_ERR_UNSUPPORTED;
+            }
+        }
+        type = cJSON_GetObjectItemCaseSensitive(rp, "rope_type");
+        if (type == NULL) {
+            type = cJSON_GetObjectItemCaseSensitive(rp, "type");
+        }
+        if ((type != NULL) && !cJSON_IsString(type)) {
+            kvf_error("%s: field '%s.rope_type' must be a string", rd->origin, field);
+            return KVF_ERR_INVALID_PARAM;
+        }
+        if ((type == NULL) || (strcmp(type->valuestring, "default") == 0)) {
+            r->type = KVF_ROPE_DEFAULT;
+        } else if (strcmp(type->valuestring, "linear") == 0) {
+            r->type = KVF_ROPE_LINEAR;
+        } else if (strcmp(type->valuestring, "llama3") == 0) {
+            r->type = KVF_ROPE_LLAMA3;
+        } else {
+            kvf_error("%s: field '%s.rope_type' = '%s' is not implemented (default, linear,"
+                      " llama3): refused", rd->origin, field, type->valuestring);
+            return KVF_ERR_UNSUPPORTED;
+        }
+        if ((status = kvf_cfg_num(rd, rp, "rope_theta", top_theta, &r->theta)) != KVF_OK ||
+            (status = kvf_cfg_num(rd, rp, "partial_rotary_factor", top_partial, &partial)) != KVF_OK ||
+            (status = kvf_cfg_num(rd, rp, "factor", 0.0, &r->factor)) != KVF_OK ||
+            (status = kvf_cfg_num(rd, rp, "low_freq_factor", 0.0, &r->low_freq_factor)) != KVF_OK ||
+            (status = kvf_cfg_num(rd, rp, "high_freq_factor", 0.0, &r->high_freq_factor)) != KVF_OK ||
+            (status = kvf_cfg_num(rd, rp, "original_max_position_embeddings", max_pos,
+                                  &r->original_max_pos)) != KVF_OK) {
+            return status;
+        }
+        if ((r->type != KVF_ROPE_DEFAULT) && !(r->factor > 0.0)) {
+            kvf_error("%s: field '%s.factor' = %g must be positive for rope_type '%s'",
+                      rd->origin, field, r->factor, type->valuestring);
+            return KVF_ERR_INVALID_PARAM;
+        }
+        if ((r->type == KVF_ROPE_LLAMA3) &&
+            (!(r->low_freq_factor > 0.0) || !(r->high_freq_factor > r->low_freq_factor) ||
+             !(r->original_max_pos > 0.0))) {
+            kvf_error("%s: field '%s' (llama3) needs low_freq_factor > 0, high_freq_factor >"
+                      " low_freq_factor and original_max_position_embeddings > 0 (got %g, %g,"
+                      " %g)", rd->origin, field, r->low_freq_factor, r->high_freq_factor,
+                      r->original_max_pos);
+            return KVF_ERR_INVALID_PARAM;
+        }
+        if (r->type == KVF_ROPE_DEFAULT) {
+            r->factor = 1.0;
+        }
+    }
+    if (partial != 1.0) {
+        kvf_error("%s: field 'partial_rotary_factor' = %g is not implemented (only 1): refused",
+                  rd->origin, partial);
+        return KVF_ERR_UNSUPPORTED;
+    }
+    if (!(r->theta > 0.0)) {
+        kvf_error("%s: field 'rope_theta' = %g must be positive", rd->origin, r->theta);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    if (cfg->head_dim % 2 != 0) {
+        kvf_error("%s: field 'head_dim' = %d must be even for RoPE", rd->origin, cfg->head_dim);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    return KVF_OK;
+}
+
+/* Mixture-of-experts fields ('E' layers). */
+static kvf_status_t kvf_cfg_moe(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
+{
+    kvf_status_t status;
+    double scale;
+
+    if ((status = kvf_cfg_int(rd, kvf_cfg_alias(rd, "n_routed_experts", "num_local_experts"),
+                              &cfg->moe_num_experts)) != KVF_OK ||
+        (status = kvf_cfg_int(rd, "num_experts_per_tok", &cfg->moe_top_k)) != KVF_OK ||
+        (status = kvf_cfg_int(rd, "moe_intermediate_size", &cfg->moe_intermediate_size)) != KVF_OK ||
+        (status = kvf_cfg_int(rd, "moe_shared_expert_intermediate_size",
+                              &cfg->moe_shared_intermediate_size)) != KVF_OK ||
+        (status = kvf_cfg_int_opt(rd, "n_group", 1, &cfg->moe_n_group)) != KVF_OK ||
+        (status = kvf_cfg_int_opt(rd, "topk_group", 1, &cfg->moe_topk_group)) != KVF_OK ||
+        (status = kvf_cfg_bool(rd, "norm_topk_prob", true, &cfg->moe_norm_topk_prob)) != KVF_OK ||
+        (status = kvf_cfg_num(rd, rd->root, "routed_scaling_factor", 1.0, &scale)) != KVF_OK) {
+        return status;
+    }
+    cfg->moe_routed_scaling = scale;
+    if (kvf_cfg_present(rd, "moe_latent_size")) {
+        kvf_error("%s: field 'moe_latent_size' = %g is not implemented (only null): refused",
+                  rd->origin, cJSON_GetObjectItemCaseSensitive(rd->root, "moe_latent_size")->valuedouble);
+        return KVF_ERR_UNSUPPORTED;
+    }
+    if (cfg->moe_num_experts > 1024) {
+        kvf_error("%s: field 'n_routed_experts' = %d exceeds 1024", rd->origin,
+                  cfg->moe_num_experts);
+        return KVF_ERR_UNSUPPORTED;
+    }
+    if (cfg->moe_top_k > cfg->moe_num_experts) {
+        kvf_error("%s: field 'num_experts_per_tok' = %d exceeds n_routed_experts = %d",
+                  rd->origin, cfg->moe_top_k, cfg->moe_num_experts);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    if ((cfg->moe_n_group < 1) || (cfg->moe_num_experts % cfg->moe_n_group != 0) ||
+        (cfg->moe_num_experts / cfg->moe_n_group < 2)) {
+        kvf_error("%s: field 'n_group' = %d must divide n_routed_experts = %d into groups of at"
+                  " least 2", rd->origin, cfg->moe_n_group, cfg->moe_num_experts);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    if ((cfg->moe_topk_group < 1) || (cfg->moe_topk_group > cfg->moe_n_group) ||
+        (cfg->moe_topk_group * (cfg->moe_num_experts / cfg->moe_n_group) <
+         cfg->moe_top_k)) {
+        kvf_error("%s: field 'topk_group' = %d must be in [1, n_group = %d] and leave at least"
+                  " num_experts_per_tok = %d experts", rd->origin, cfg->moe_topk_group,
+                  cfg->moe_n_group, cfg->moe_top_k);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    return KVF_OK;
+}
+
 kvf_status_t kvf_model_config_parse(const char *json, const char *origin,
                                     kvf_model_config_t *cfg_p)
 {
     kvf_model_config_t cfg;
     kvf_cfg_reader_t rd;
-    const cJSON *mt;
+    const cJSON *mt, *item;
     kvf_status_t status = KVF_OK;
     int num_hidden_layers = 0;
+    char val[128];
 
     memset(&cfg, 0, sizeof(cfg));
     rd.origin = (origin != NULL) ? origin : "config.json";
@@ -191,9 +622,7 @@ kvf_status_t kvf_model_config_parse(const char *json, const char *origin,
 
     mt = cJSON_GetObjectItemCaseSensitive(rd.root, "model_type");
     if (!cJSON_IsString(mt)) {
-        kvf_error("%s: missing field 'model_type'", rd.origin);
-        status = KVF_ERR_INVALID_PARAM;
-        goto out;
+        KVF_FAIL(KVF_ERR_INVALID_PARAM, "missing field 'model_type'");
     }
     snprintf(cfg.model_type, sizeof(cfg.model_type), "%s", mt->valuestring);
     if (strcmp(mt->valuestring, "nemotron_h") == 0) {
@@ -205,10 +634,23 @@ kvf_status_t kvf_model_config_parse(const char *json, const char *origin,
     } else if (strcmp(mt->valuestring, "mistral") == 0) {
         cfg.arch = KVF_ARCH_MISTRAL;
     } else {
-        kvf_error("%s: field 'model_type' = '%s' is not supported (nemotron_h, llama, qwen3,"
-                  " mistral)", rd.origin, mt->valuestring);
-        status = KVF_ERR_UNSUPPORTED;
-        goto out;
+        KVF_FAIL(KVF_ERR_UNSUPPORTED, "field 'model_type' = '%s' is not supported (nemotron_h,"
+                 " llama, qwen3, mistral)", mt->valuestring);
+    }
+    KVF_TRY(kvf_cfg_known(&rd, cfg.arch, cfg.model_type));
+
+    /* refused whatever the model: kvferry computes neither */
+    item = cJSON_GetObjectItemCaseSensitive(rd.root, "quantization_config");
+    if ((item != NULL) && !cJSON_IsNull(item)) {
+        kvf_cfg_value_str(item, val, sizeof(val));
+        KVF_FAIL(KVF_ERR_UNSUPPORTED, "field 'quantization_config' = %s is not implemented"
+                 " (unquantized checkpoints only): refused", val);
+    }
+    item = cJSON_GetObjectItemCaseSensitive(rd.root, "sliding_window");
+    if ((item != NULL) && !cJSON_IsNull(item) && (cfg.arch != KVF_ARCH_QWEN3)) {
+        kvf_cfg_value_str(item, val, sizeof(val));
+        KVF_FAIL(KVF_ERR_UNSUPPORTED, "field 'sliding_window' = %s is not implemented (only"
+                 " null: full attention): refused", val);
     }
 
     KVF_TRY(kvf_cfg_int(&rd, "hidden_size", &cfg.hidden_size));
@@ -217,20 +659,17 @@ kvf_status_t kvf_model_config_parse(const char *json, const char *origin,
     KVF_TRY(kvf_cfg_int_opt(&rd, "num_key_value_heads", cfg.num_attention_heads,
                             &cfg.num_key_value_heads));
     if (cfg.num_key_value_heads == 0) {
-        kvf_error("%s: field 'num_key_value_heads' = 0 must be a positive integer", rd.origin);
-        status = KVF_ERR_INVALID_PARAM;
-        goto out;
+        KVF_FAIL(KVF_ERR_INVALID_PARAM, "field 'num_key_value_heads' = 0 must be a positive"
+                 " integer");
     }
     KVF_TRY(kvf_cfg_divides(rd.origin, "num_key_value_heads", cfg.num_key_value_heads,
                             "num_attention_heads", cfg.num_attention_heads));
     KVF_TRY(kvf_cfg_int_opt(&rd, "head_dim", 0, &cfg.head_dim));
     if (cfg.head_dim == 0) {
         if (cfg.hidden_size % cfg.num_attention_heads != 0) {
-            kvf_error("%s: missing field 'head_dim' and hidden_size = %d is not a multiple of"
-                      " num_attention_heads = %d", rd.origin, cfg.hidden_size,
-                      cfg.num_attention_heads);
-            status = KVF_ERR_INVALID_PARAM;
-            goto out;
+            KVF_FAIL(KVF_ERR_INVALID_PARAM, "missing field 'head_dim' and hidden_size = %d is"
+                     " not a multiple of num_attention_heads = %d", cfg.hidden_size,
+                     cfg.num_attention_heads);
         }
         cfg.head_dim = cfg.hidden_size / cfg.num_attention_heads;
     }
@@ -242,24 +681,24 @@ kvf_status_t kvf_model_config_parse(const char *json, const char *origin,
                             &cfg.moe_shared_intermediate_size));
     KVF_TRY(kvf_cfg_int_opt(&rd, "bos_token_id", 0, &cfg.bos_token_id));
     KVF_TRY(kvf_cfg_int_opt(&rd, "eos_token_id", 0, &cfg.eos_token_id));
-    if (cJSON_GetObjectItemCaseSensitive(rd.root, "bos_token_id") == NULL) {
+    if (!kvf_cfg_present(&rd, "bos_token_id")) {
         cfg.bos_token_id = -1;
     }
-    if (cJSON_GetObjectItemCaseSensitive(rd.root, "eos_token_id") == NULL) {
+    if (!kvf_cfg_present(&rd, "eos_token_id")) {
         cfg.eos_token_id = -1;
     }
-    cfg.tie_word_embeddings = kvf_cfg_bool_opt(&rd, "tie_word_embeddings", false);
-    KVF_TRY(kvf_cfg_dtype_opt(&rd, "torch_dtype", KVF_DTYPE_BF16, &cfg.torch_dtype));
+    KVF_TRY(kvf_cfg_bool(&rd, "tie_word_embeddings", false, &cfg.tie_word_embeddings));
+    /* transformers 5 writes "dtype"; older files "torch_dtype" */
+    KVF_TRY(kvf_cfg_dtype_opt(&rd, kvf_cfg_alias(&rd, "dtype", "torch_dtype"), KVF_DTYPE_BF16,
+                              &cfg.torch_dtype));
     {
-        const cJSON *eps = cJSON_GetObjectItemCaseSensitive(rd.root, "layer_norm_epsilon");
-        if (eps == NULL) {
-            eps = cJSON_GetObjectItemCaseSensitive(rd.root, "rms_norm_eps");
-        }
-        cfg.norm_eps = cJSON_IsNumber(eps) ? eps->valuedouble : 1e-5;
-        if (cfg.norm_eps <= 0) {
-            kvf_error("%s: field 'layer_norm_epsilon' must be positive", rd.origin);
-            status = KVF_ERR_INVALID_PARAM;
-            goto out;
+        const char *name = (cfg.arch == KVF_ARCH_NEMOTRON_H) ?
+                           kvf_cfg_alias(&rd, "layer_norm_epsilon", "rms_norm_eps") : "rms_norm_eps";
+        KVF_TRY(kvf_cfg_num(&rd, rd.root, name,
+                            (cfg.arch == KVF_ARCH_NEMOTRON_H) ? 1e-5 : 1e-6, &cfg.norm_eps));
+        if (!(cfg.norm_eps > 0)) {
+            KVF_FAIL(KVF_ERR_INVALID_PARAM, "field '%s' = %g must be positive", name,
+                     cfg.norm_eps);
         }
     }
 
@@ -267,61 +706,108 @@ kvf_status_t kvf_model_config_parse(const char *json, const char *origin,
         KVF_TRY(kvf_cfg_pattern(&rd, &cfg));
         KVF_TRY(kvf_cfg_int_opt(&rd, "num_hidden_layers", cfg.num_layers, &num_hidden_layers));
         if (num_hidden_layers != cfg.num_layers) {
-            kvf_error("%s: field 'num_hidden_layers' = %d but the layer pattern has %d layers",
-                      rd.origin, num_hidden_layers, cfg.num_layers);
-            status = KVF_ERR_INVALID_PARAM;
-            goto out;
+            KVF_FAIL(KVF_ERR_INVALID_PARAM, "field 'num_hidden_layers' = %d but the layer pattern"
+                     " has %d layers", num_hidden_layers, cfg.num_layers);
         }
         for (int i = 0; i < cfg.num_layers; ++i) {
             cfg.num_mamba_layers     += (cfg.layer_kinds[i] == KVF_LAYER_MAMBA);
             cfg.num_attention_layers += (cfg.layer_kinds[i] == KVF_LAYER_ATTENTION);
+            cfg.num_moe_layers       += (cfg.layer_kinds[i] == KVF_LAYER_MOE);
         }
+        KVF_TRY(kvf_cfg_act(&rd, "mlp_hidden_act", KVF_ACT_RELU2, &cfg.mlp_act));
+        KVF_TRY(kvf_cfg_bool(&rd, "mlp_bias", false, &cfg.mlp_bias));
         if (cfg.num_mamba_layers > 0) {
+            double tmin;
             KVF_TRY(kvf_cfg_int(&rd, "mamba_num_heads", &cfg.mamba_num_heads));
             KVF_TRY(kvf_cfg_int(&rd, "mamba_head_dim", &cfg.mamba_head_dim));
             KVF_TRY(kvf_cfg_int(&rd, "ssm_state_size", &cfg.ssm_state_size));
-            KVF_TRY(kvf_cfg_int(&rd, "n_groups", &cfg.n_groups));
-            KVF_TRY(kvf_cfg_int(&rd, "conv_kernel", &cfg.conv_kernel));
-            KVF_TRY(kvf_cfg_int_opt(&rd, "chunk_size", 128, &cfg.chunk_size));
+            KVF_TRY(kvf_cfg_int(&rd, kvf_cfg_alias(&rd, "n_groups", "mamba_n_groups"),
+                                &cfg.n_groups));
+            KVF_TRY(kvf_cfg_int(&rd, kvf_cfg_alias(&rd, "conv_kernel", "mamba_d_conv"),
+                                &cfg.conv_kernel));
+            KVF_TRY(kvf_cfg_int_opt(&rd, kvf_cfg_alias(&rd, "chunk_size", "mamba_chunk_size"), 128,
+                                    &cfg.chunk_size));
             KVF_TRY(kvf_cfg_divides(rd.origin, "n_groups", cfg.n_groups, "mamba_num_heads",
                                     cfg.mamba_num_heads));
             if (cfg.conv_kernel < 2) {
-                kvf_error("%s: field 'conv_kernel' = %d must be at least 2", rd.origin,
-                          cfg.conv_kernel);
-                status = KVF_ERR_INVALID_PARAM;
-                goto out;
+                KVF_FAIL(KVF_ERR_INVALID_PARAM, "field 'conv_kernel' = %d must be at least 2",
+                         cfg.conv_kernel);
             }
-            cfg.use_conv_bias = kvf_cfg_bool_opt(&rd, "use_conv_bias", true);
-            cfg.mamba_proj_bias = kvf_cfg_bool_opt(&rd, "mamba_proj_bias",
-                                                   kvf_cfg_bool_opt(&rd, "use_bias", false));
+            KVF_TRY(kvf_cfg_bool(&rd, kvf_cfg_alias(&rd, "use_conv_bias", "mamba_conv_bias"),
+                                 true, &cfg.use_conv_bias));
+            /* transformers' mixer takes its in/out projection bias from use_bias;
+             * mamba_proj_bias is a config field its modeling code never reads */
+            KVF_TRY(kvf_cfg_bool(&rd, "use_bias", false, &cfg.mamba_proj_bias));
+            KVF_TRY(kvf_cfg_act(&rd, "mamba_hidden_act", KVF_ACT_SILU, &cfg.mamba_act));
+            KVF_TRY(kvf_cfg_num(&rd, rd.root, kvf_cfg_alias(&rd, "time_step_min", "mamba_dt_min"),
+                                0.001, &tmin));
+            if (!(tmin >= 0.0)) {
+                KVF_FAIL(KVF_ERR_INVALID_PARAM, "field 'time_step_min' = %g must not be negative",
+                         tmin);
+            }
+            cfg.time_step_min = tmin;
             KVF_TRY(kvf_cfg_dtype_opt(&rd, "mamba_ssm_cache_dtype", KVF_DTYPE_FP32,
                                       &cfg.ssm_cache_dtype));
         }
-        if ((strchr(cfg.layer_kinds, KVF_LAYER_MLP) != NULL) && (cfg.intermediate_size == 0)) {
-            kvf_error("%s: missing field 'intermediate_size' (the pattern has MLP layers)",
-                      rd.origin);
-            status = KVF_ERR_INVALID_PARAM;
-            goto out;
+        if (cfg.num_moe_layers > 0) {
+            KVF_TRY(kvf_cfg_moe(&rd, &cfg));
         }
+        if ((strchr(cfg.layer_kinds, KVF_LAYER_MLP) != NULL) && (cfg.intermediate_size == 0)) {
+            KVF_FAIL(KVF_ERR_INVALID_PARAM, "missing field 'intermediate_size' (the pattern has"
+                     " MLP layers)");
+        }
+        cfg.rope.type = KVF_ROPE_NONE;
+        cfg.lm_head_tied = false;   /* transformers' NemotronH keeps lm_head.weight */
     } else {
         KVF_TRY(kvf_cfg_int(&rd, "num_hidden_layers", &cfg.num_layers));
         KVF_TRY(kvf_cfg_int(&rd, "intermediate_size", &cfg.intermediate_size));
         if (cfg.num_layers > KVF_MAX_LAYERS) {
-            kvf_error("%s: field 'num_hidden_layers' = %d exceeds %d", rd.origin,
-                      cfg.num_layers, KVF_MAX_LAYERS);
-            status = KVF_ERR_INVALID_PARAM;
-            goto out;
+            KVF_FAIL(KVF_ERR_INVALID_PARAM, "field 'num_hidden_layers' = %d exceeds %d",
+                     cfg.num_layers, KVF_MAX_LAYERS);
         }
+        KVF_TRY(kvf_cfg_act(&rd, "hidden_act", KVF_ACT_SILU, &cfg.mlp_act));
+        KVF_TRY(kvf_cfg_bool(&rd, "mlp_bias", false, &cfg.mlp_bias));
+        KVF_TRY(kvf_cfg_bool(&rd, "attention_bias", false, &cfg.attn_bias));
+        cfg.mlp_gated = true;
+        cfg.qk_norm = (cfg.arch == KVF_ARCH_QWEN3);
+        if (cfg.arch == KVF_ARCH_QWEN3) {
+            bool sliding;
+            KVF_TRY(kvf_cfg_bool(&rd, "use_sliding_window", false, &sliding));
+            if (sliding) {
+                KVF_FAIL(KVF_ERR_UNSUPPORTED, "field 'use_sliding_window' = true is not"
+                         " implemented (full attention only): refused");
+            }
+            item = cJSON_GetObjectItemCaseSensitive(rd.root, "layer_types");
+            if ((item != NULL) && !cJSON_IsNull(item)) {
+                const cJSON *lt;
+                int n = 0;
+                if (!cJSON_IsArray(item)) {
+                    KVF_FAIL(KVF_ERR_INVALID_PARAM, "field 'layer_types' must be a list");
+                }
+                cJSON_ArrayForEach(lt, item) {
+                    if (!cJSON_IsString(lt) || (strcmp(lt->valuestring, "full_attention") != 0)) {
+                        KVF_FAIL(KVF_ERR_UNSUPPORTED, "field 'layer_types' entry %d = '%s' is not"
+                                 " implemented (full_attention only): refused", n,
+                                 cJSON_IsString(lt) ? lt->valuestring : "?");
+                    }
+                    ++n;
+                }
+                if (n != cfg.num_layers) {
+                    KVF_FAIL(KVF_ERR_INVALID_PARAM, "field 'layer_types' has %d entries but"
+                             " num_hidden_layers = %d", n, cfg.num_layers);
+                }
+            }
+        }
+        KVF_TRY(kvf_cfg_rope(&rd, &cfg));
         memset(cfg.layer_kinds, KVF_LAYER_ATTENTION, (size_t)cfg.num_layers);
         cfg.layer_kinds[cfg.num_layers] = '\0';
         cfg.num_attention_layers = cfg.num_layers;
         cfg.dense_mlp_in_layer = true;
         cfg.ssm_cache_dtype = KVF_DTYPE_FP32;
+        cfg.lm_head_tied = cfg.tie_word_embeddings;
     }
     if (cfg.num_attention_layers == 0) {
-        kvf_error("%s: the layer pattern has no attention layer", rd.origin);
-        status = KVF_ERR_INVALID_PARAM;
-        goto out;
+        KVF_FAIL(KVF_ERR_INVALID_PARAM, "the layer pattern has no attention layer");
     }
     *cfg_p = cfg;
 
@@ -389,12 +875,28 @@ uint64_t kvf_model_config_fingerprint(const kvf_model_config_t *cfg)
         cfg->num_attention_heads, cfg->num_key_value_heads, cfg->head_dim,
         cfg->intermediate_size, cfg->mamba_num_heads, cfg->mamba_head_dim,
         cfg->ssm_state_size, cfg->n_groups, cfg->conv_kernel,
+        /* the forward's math: two instances must compute the same model */
+        (int)cfg->mlp_act, (int)cfg->mamba_act, cfg->mlp_bias, cfg->attn_bias,
+        cfg->mamba_proj_bias, cfg->use_conv_bias, cfg->qk_norm, cfg->lm_head_tied,
+        (int)cfg->rope.type, cfg->moe_num_experts, cfg->moe_top_k,
+        cfg->moe_intermediate_size, cfg->moe_shared_intermediate_size, cfg->moe_n_group,
+        cfg->moe_topk_group, cfg->moe_norm_topk_prob,
+    };
+    const double reals[] = {
+        cfg->norm_eps, cfg->time_step_min, cfg->moe_routed_scaling, cfg->rope.theta,
+        cfg->rope.factor, cfg->rope.low_freq_factor, cfg->rope.high_freq_factor,
+        cfg->rope.original_max_pos,
     };
     uint64_t h = 0xcbf29ce484222325ull;
 
     for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); ++i) {
         int32_t v = fields[i];   /* fixed width: the fingerprint crosses hosts */
         h = kvf_fnv1a(h, &v, sizeof(v));
+    }
+    for (size_t i = 0; i < sizeof(reals) / sizeof(reals[0]); ++i) {
+        uint64_t bits;           /* IEEE-754 bits, little-endian hosts */
+        memcpy(&bits, &reals[i], sizeof(bits));
+        h = kvf_fnv1a(h, &bits, sizeof(bits));
     }
     return kvf_fnv1a(h, cfg->layer_kinds, (size_t)cfg->num_layers);
 }

@@ -30,6 +30,36 @@ typedef enum {
     KVF_ARCH_MISTRAL,
 } kvf_arch_t;
 
+/** Activation functions (transformers' ACT2FN names in kvf_act_parse()). */
+typedef enum {
+    KVF_ACT_SILU = 0,     /* "silu", "swish": x * sigmoid(x) */
+    KVF_ACT_RELU2,        /* "relu2": relu(x)^2 */
+    KVF_ACT_RELU,         /* "relu" */
+    KVF_ACT_GELU,         /* "gelu", "gelu_python": exact, erf */
+    KVF_ACT_GELU_TANH,    /* "gelu_new", "gelu_fast", "gelu_pytorch_tanh": tanh approximation */
+    KVF_ACT_QUICK_GELU,   /* "quick_gelu": x * sigmoid(1.702 x) */
+    KVF_ACT_SIGMOID,      /* "sigmoid" */
+    KVF_ACT_TANH,         /* "tanh" */
+    KVF_ACT_COUNT
+} kvf_act_t;
+
+/** RoPE frequency rules (rope_parameters / rope_scaling "rope_type"). */
+typedef enum {
+    KVF_ROPE_NONE = 0,    /* nemotron_h attention: no positional encoding */
+    KVF_ROPE_DEFAULT,     /* inv_freq[i] = theta^(-2i/head_dim) */
+    KVF_ROPE_LINEAR,      /* default / factor */
+    KVF_ROPE_LLAMA3,      /* Llama 3.1 wavelength-banded scaling */
+} kvf_rope_type_t;
+
+typedef struct kvf_rope {
+    kvf_rope_type_t type;
+    double          theta;            /* rope_theta; default 10000 */
+    double          factor;           /* linear, llama3 */
+    double          low_freq_factor;  /* llama3 */
+    double          high_freq_factor; /* llama3 */
+    double          original_max_pos; /* llama3: original_max_position_embeddings */
+} kvf_rope_t;
+
 typedef struct kvf_model_config {
     kvf_arch_t  arch;
     char        model_type[32];
@@ -48,12 +78,13 @@ typedef struct kvf_model_config {
     /* MLP ('-' layers, or the dense layers' MLP) */
     int         intermediate_size;    /* 0 when the model has no dense MLP */
 
-    /* MoE ('E' layers): read when present, used by cost estimates only (kvf plan
-     * --hardware); 0 when absent. The engine does not run MoE layers. */
+    /* MoE ('E' layers, nemotron_h): read when present (0 when absent), required
+     * and checked when the pattern has MoE layers; the runner computes them and
+     * kvf plan --hardware estimates their cost. */
     int         moe_num_experts;              /* n_routed_experts */
     int         moe_top_k;                    /* num_experts_per_tok */
     int         moe_intermediate_size;        /* one routed expert's MLP width */
-    int         moe_shared_intermediate_size; /* the shared expert's width (0: none) */
+    int         moe_shared_intermediate_size; /* moe_shared_expert_intermediate_size */
 
     /* Mamba2 ('M' layers); all 0 for dense models */
     int         mamba_num_heads;
@@ -64,15 +95,50 @@ typedef struct kvf_model_config {
     int         chunk_size;
     int         num_mamba_layers;
     bool        use_conv_bias;        /* default true */
-    bool        mamba_proj_bias;      /* in_proj/out_proj bias; default false */
+    bool        mamba_proj_bias;      /* in_proj/out_proj bias: use_bias (default false) */
+    kvf_act_t   mamba_act;            /* mamba_hidden_act after the conv; default silu */
+    double      time_step_min;        /* multi-token scan clamps dt >= this (transformers) */
     kvf_dtype_t ssm_cache_dtype;      /* mamba_ssm_cache_dtype; default fp32 */
 
+    /* MLP / experts */
+    kvf_act_t   mlp_act;              /* mlp_hidden_act (nemotron_h, default relu2) or
+                                         hidden_act (dense, default silu, SwiGLU) */
+    bool        mlp_bias;             /* mlp_bias: up/down (and gate) biases */
+    bool        mlp_gated;            /* dense archs: down(act(gate(x)) * up(x)) */
+
+    /* MoE routing ('E' layers); defaults when the pattern has none */
+    int         moe_n_group;                   /* n_group */
+    int         moe_topk_group;                /* topk_group */
+    bool        moe_norm_topk_prob;            /* norm_topk_prob, default true */
+    double      moe_routed_scaling;            /* routed_scaling_factor, default 1 */
+    int         num_moe_layers;
+
+    /* attention extras (dense archs) */
+    bool        attn_bias;            /* attention_bias: q/k/v/o biases */
+    bool        qk_norm;              /* qwen3: per-head RMSNorm of q and k before RoPE */
+    kvf_rope_t  rope;
+
     double      norm_eps;             /* layer_norm_epsilon / rms_norm_eps */
-    kvf_dtype_t torch_dtype;          /* weights as stored; default bf16 */
+    kvf_dtype_t torch_dtype;          /* dtype (or legacy torch_dtype); default bf16 */
     int         bos_token_id;         /* -1 when absent */
     int         eos_token_id;         /* -1 when absent */
-    bool        tie_word_embeddings;
+    bool        tie_word_embeddings;  /* as written in the file */
+    bool        lm_head_tied;         /* lm_head = embeddings: dense archs with
+                                         tie_word_embeddings; never nemotron_h
+                                         (transformers' NemotronH does not tie) */
 } kvf_model_config_t;
+
+/**
+ * transformers' activation name -> kvf_act_t. @return 0, or -1 for a name
+ * kvferry does not implement.
+ */
+int kvf_act_parse(const char *name, kvf_act_t *act_p);
+
+/** Canonical name of @a act ("silu", "relu2", ...). */
+const char *kvf_act_name(kvf_act_t act);
+
+/** Apply @a act in place to n floats. */
+void kvf_act_apply(kvf_act_t act, float *x, size_t n);
 
 /** Mamba intermediate size: mamba_num_heads * mamba_head_dim (0 for dense). */
 static inline int kvf_model_mamba_inner(const kvf_model_config_t *cfg)
@@ -93,11 +159,18 @@ static inline bool kvf_model_is_hybrid(const kvf_model_config_t *cfg)
  * @param [in]  origin   Name used in error messages (a path), may be NULL.
  * @param [out] cfg_p    Filled only on success.
  *
+ * Every field is honoured or refused (common/model/README.md has the table):
+ * a field kvferry does not implement with a value that changes the math
+ * (sliding_window, a rope_type other than default/linear/llama3, an
+ * activation it lacks, quantization_config, moe_latent_size, ...) and any
+ * field it does not know at all are refused, naming field and value.
+ *
  * @return KVF_OK; KVF_ERR_PARSE for invalid JSON; KVF_ERR_UNSUPPORTED for an
- *         unknown model_type; KVF_ERR_INVALID_PARAM for a missing, mistyped,
- *         non-positive or inconsistent field. Every error is logged once,
- *         naming the field, e.g. "config.json: field 'n_groups' = 3 must
- *         divide mamba_num_heads = 64".
+ *         unknown model_type, an unknown field or a value not implemented;
+ *         KVF_ERR_INVALID_PARAM for a missing, mistyped, non-positive or
+ *         inconsistent field. Every error is logged once, on one line,
+ *         naming the field and value, e.g. "config.json: field 'n_groups' =
+ *         3 must divide mamba_num_heads = 64".
  */
 kvf_status_t kvf_model_config_parse(const char *json, const char *origin,
                                     kvf_model_config_t *cfg_p);

@@ -102,6 +102,20 @@ static kvf_status_t kvf_shard_compute_ex(const kvf_model_config_t *cfg, int tp_s
         s.mlp_cols = cfg->intermediate_size / tp_size;
         s.mlp_col_start = tp_rank * s.mlp_cols;
     }
+    if (cfg->num_moe_layers > 0) {
+        status = kvf_shard_even(quiet, "n_routed_experts", cfg->moe_num_experts, tp_size);
+        if (status == KVF_OK) {
+            status = kvf_shard_even(quiet, "moe_shared_expert_intermediate_size",
+                                    cfg->moe_shared_intermediate_size, tp_size);
+        }
+        if (status != KVF_OK) {
+            return status;
+        }
+        s.moe_experts = cfg->moe_num_experts / tp_size;
+        s.moe_expert_start = tp_rank * s.moe_experts;
+        s.moe_shared_cols = cfg->moe_shared_intermediate_size / tp_size;
+        s.moe_shared_col_start = tp_rank * s.moe_shared_cols;
+    }
     *shard_p = s;
     return KVF_OK;
 }

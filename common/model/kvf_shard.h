@@ -8,6 +8,9 @@
  *   each, replicated on tp/kv_heads consecutive ranks (tp must be a multiple).
  * - Mamba B/C groups: the same rule against n_groups (vLLM's
  *   MambaMixer2 "extra_groups_for_head_shards"): tp > n_groups replicates.
+ * - MoE ('E' layers): experts split whole over the ranks (expert parallel:
+ *   rank r holds experts [r * E/tp, (r+1) * E/tp), tp must divide
+ *   n_routed_experts); the shared expert's columns split like an MLP's.
  * - Conv state channels are x (this rank's heads * head_dim), then B (this
  *   rank's groups * state), then C (same), dimension-first.
  */
@@ -39,6 +42,11 @@ typedef struct kvf_shard {
 
     int mlp_cols;            /* intermediate_size / tp */
     int mlp_col_start;
+
+    int moe_experts;         /* routed experts held (0 without MoE layers) */
+    int moe_expert_start;    /* first global expert */
+    int moe_shared_cols;     /* moe_shared_expert_intermediate_size / tp */
+    int moe_shared_col_start;
 } kvf_shard_t;
 
 /**

@@ -1,26 +1,42 @@
 /*
- * NemotronH model runner: weights sharded for tensor parallelism and the
- * forward pass of one TP rank over a batch of request chunks, reading and
- * writing the request's attention and Mamba pages in the rank's page pool.
+ * Model runner: weights sharded for tensor parallelism and the forward pass
+ * of one TP rank over a batch of request chunks, reading and writing the
+ * request's attention and Mamba pages in the rank's page pool.
  *
- * Semantics follow Hugging Face's modeling_nemotron_h.py (torch_forward):
- * every layer is residual + mixer(rmsnorm(h)); mixers are
- *   Mamba2 ('M'): in_proj -> z | xBC | dt; causal depthwise conv1d + bias +
- *                 SiLU over xBC; dt = softplus(dt + dt_bias); A = -exp(A_log);
- *                 selective scan with D skip; y = gated_rmsnorm(y, z) with
- *                 groups of inner / n_groups; out_proj
+ * Semantics follow transformers 5 (modeling_nemotron_h.py, modeling_llama.py,
+ * modeling_qwen3.py, modeling_mistral.py), every config field honoured or
+ * refused at load (common/model/README.md):
+ *   nemotron_h: every layer is residual + mixer(rmsnorm(h)); mixers are
+ *   Mamba2 ('M'): in_proj (+bias with use_bias) -> z | xBC | dt; causal
+ *                 depthwise conv1d + bias + mamba_hidden_act over xBC;
+ *                 dt = softplus(dt + dt_bias), clamped to >= time_step_min in
+ *                 multi-token chunks (not in the one-token step, as
+ *                 transformers); A = -exp(A_log); selective scan with D
+ *                 skip; y = gated_rmsnorm(y, z) with groups of inner /
+ *                 n_groups; out_proj (+bias)
  *   attention ('*'): q/k/v projections, GQA, no positional encoding, softmax
  *                 scale 1/sqrt(head_dim), o_proj
- *   MLP ('-'):    down(relu(up(x))^2)
- * then norm_f and lm_head.
+ *   MLP ('-'):    down(act(up(x))) with mlp_hidden_act (relu2) and mlp_bias
+ *   MoE ('E'):    sigmoid top-k router with e_score_correction_bias, group
+ *                 selection, norm_topk_prob and routed_scaling_factor; routed
+ *                 experts down(act(up(x))) weighted, plus the shared expert
+ *   then norm_f and lm_head (never tied to the embeddings, as transformers'
+ *   NemotronH).
+ *   llama / qwen3 / mistral: h += attn(input_layernorm(h)); h +=
+ *   mlp(post_attention_layernorm(h)); attention with RoPE (default, linear,
+ *   llama3), optional q/k/v/o biases, Qwen3's per-head q/k RMSNorm before
+ *   RoPE, GQA; SwiGLU MLP down(act(gate(x)) * up(x)); lm_head tied to the
+ *   embeddings with tie_word_embeddings.
  *
  * Sharding (Megatron-style, common/model/kvf_shard.h): column-parallel in_proj
  * (z, x, B, C, dt rows of this rank's heads and groups), q/k/v (heads; KV
- * heads replicated when tp > kv heads), conv1d and up_proj; row-parallel
- * out_proj, o_proj and down_proj followed by a sum all-reduce; the gated
- * norm all-reduces its partial sums of squares over the ranks sharing a
- * group when tp > n_groups. Embeddings, norms and lm_head are replicated
- * (one shared copy).
+ * heads replicated when tp > kv heads), conv1d, gate/up projections;
+ * row-parallel out_proj, o_proj and down_proj followed by a sum all-reduce;
+ * MoE experts whole per rank (expert parallel) and the shared expert
+ * column/row split; the gated norm all-reduces its partial sums of squares
+ * over the ranks sharing a group when tp > n_groups. Embeddings, norms and
+ * lm_head are replicated (one shared copy). Matrices are kept in the
+ * checkpoint dtype (bf16 stays bf16) and computed in fp32.
  */
 #ifndef KVF_MODEL_H
 #define KVF_MODEL_H
@@ -35,14 +51,25 @@
 typedef struct kvf_model *kvf_model_h;
 
 /**
- * Load @a dir/config.json and @a dir/model.safetensors, sharded for
- * @a tp_size ranks (all shards held by this process).
+ * Load @a dir/config.json and the weights (model.safetensors, or the shards
+ * of model.safetensors.index.json), sharded for @a tp_size ranks (all
+ * shards held by this process). Tensor names as transformers saves them:
+ * backbone.* for nemotron_h, model.* for the dense archs, lm_head.weight.
  *
- * @return KVF_OK; config errors; KVF_ERR_UNSUPPORTED for a model_type other
- *         than nemotron_h or MoE layers; sharding errors (tp does not divide
- *         heads); safetensors errors naming the missing or mis-shaped tensor.
+ * @return KVF_OK; config errors (a refused field or value, logged naming
+ *         it); sharding errors (tp does not divide heads or experts);
+ *         checkpoint errors naming the missing or mis-shaped tensor.
  */
 kvf_status_t kvf_model_load(const char *dir, int tp_size, kvf_model_h *model_p);
+
+/** Bytes of weights held in memory by all ranks together (shared tensors once). */
+size_t kvf_model_weight_bytes(kvf_model_h model);
+
+/** Bytes of the checkpoint's safetensors files. */
+size_t kvf_model_file_bytes(kvf_model_h model);
+
+/** Number of safetensors files the checkpoint had (1 unless sharded). */
+int kvf_model_num_files(kvf_model_h model);
 
 /** Free all shards; NULL is a no-op. */
 void kvf_model_destroy(kvf_model_h model);

@@ -316,6 +316,89 @@ kvf_status_t kvf_st_load_rows_f32(kvf_st_file_h file, const char *name, int ndim
     return KVF_OK;
 }
 
+static bool kvf_st_dtype_of(const char *name, kvf_dtype_t *dtype_p)
+{
+    if (strcmp(name, "F32") == 0) {
+        *dtype_p = KVF_DTYPE_FP32;
+    } else if (strcmp(name, "BF16") == 0) {
+        *dtype_p = KVF_DTYPE_BF16;
+    } else if (strcmp(name, "F16") == 0) {
+        *dtype_p = KVF_DTYPE_FP16;
+    } else {
+        return false;
+    }
+    return true;
+}
+
+kvf_status_t kvf_st_tensor_dtype(kvf_st_file_h file, const char *name, kvf_dtype_t *dtype_p)
+{
+    const kvf_st_tensor_info_t *t = kvf_st_find(file, name);
+
+    if (t == NULL) {
+        kvf_error("tensor '%s' not found in %s", name, file->path);
+        return KVF_ERR_NOT_FOUND;
+    }
+    if (!kvf_st_dtype_of(t->dtype_name, dtype_p)) {
+        kvf_error("tensor '%s' in %s has dtype %s; only F32, BF16 and F16 can be loaded", name,
+                  file->path, t->dtype_name);
+        return KVF_ERR_UNSUPPORTED;
+    }
+    return KVF_OK;
+}
+
+kvf_status_t kvf_st_load_block(kvf_st_file_h file, const char *name, int ndim,
+                               const int64_t *shape, int64_t row_start, int64_t rows,
+                               int64_t col_start, int64_t cols, kvf_dtype_t dtype, void *out)
+{
+    const kvf_st_tensor_info_t *t;
+    kvf_status_t status = kvf_st_lookup(file, name, ndim, shape, &t);
+    kvf_dtype_t have = KVF_DTYPE_FP32;
+    int64_t row_len = 1;
+    size_t esz;
+
+    if (status != KVF_OK) {
+        return status;
+    }
+    (void)kvf_st_dtype_of(t->dtype_name, &have);
+    for (int i = 1; i < ndim; ++i) {
+        row_len *= shape[i];
+    }
+    if ((ndim < 1) || (row_start < 0) || (rows < 0) || (row_start + rows > shape[0]) ||
+        (col_start < 0) || (cols < 0) || (col_start + cols > row_len)) {
+        kvf_error("block rows [%lld, %lld) cols [%lld, %lld) of tensor '%s' are outside its"
+                  " %lld x %lld elements", (long long)row_start, (long long)(row_start + rows),
+                  (long long)col_start, (long long)(col_start + cols), name,
+                  (long long)((ndim > 0) ? shape[0] : 0), (long long)row_len);
+        return KVF_ERR_OUT_OF_RANGE;
+    }
+    if ((dtype != KVF_DTYPE_FP32) && (dtype != have)) {
+        kvf_error("tensor '%s' is %s and cannot be loaded as %s", name, t->dtype_name,
+                  kvf_dtype_name(dtype));
+        return KVF_ERR_INVALID_PARAM;
+    }
+    esz = kvf_dtype_size(dtype);
+    for (int64_t r = 0; r < rows; ++r) {
+        size_t first = (size_t)((row_start + r) * row_len + col_start);
+        void *dst = (char *)out + (size_t)(r * cols) * esz;
+        if (dtype == have) {
+            memcpy(dst, (const char *)t->data + first * esz, (size_t)cols * esz);
+        } else {
+            kvf_st_convert(t, first, (size_t)cols, dst);
+        }
+    }
+    return KVF_OK;
+}
+
+const char *kvf_st_path(kvf_st_file_h file)
+{
+    return file->path;
+}
+
+size_t kvf_st_file_bytes(kvf_st_file_h file)
+{
+    return file->map_len;
+}
+
 /* ---- writer ---------------------------------------------------------------- */
 
 typedef struct {

@@ -73,6 +73,31 @@ kvf_status_t kvf_st_load_rows_f32(kvf_st_file_h file, const char *name, int ndim
                                   const int64_t *shape, int64_t row_start, int64_t rows,
                                   float *out);
 
+/**
+ * dtype of tensor @a name as kvf_dtype_t (F32, BF16, F16).
+ * @return KVF_OK; KVF_ERR_NOT_FOUND; KVF_ERR_UNSUPPORTED for another dtype.
+ */
+kvf_status_t kvf_st_tensor_dtype(kvf_st_file_h file, const char *name, kvf_dtype_t *dtype_p);
+
+/**
+ * Load a block of tensor @a name (full shape @a shape, checked) seen as a
+ * matrix [shape[0]][row_len], row_len = product of shape[1..]: rows
+ * [row_start, row_start + rows) and, of each, elements [col_start, col_start +
+ * cols), into @a out ([rows][cols] contiguous) as @a dtype. @a dtype must be
+ * fp32 or the tensor's own dtype (then bytes are copied as stored: bf16 stays
+ * bf16). Used for column- (rows) and row-parallel (columns) shards.
+ * Errors as kvf_st_load_rows_f32(); KVF_ERR_INVALID_PARAM for another dtype.
+ */
+kvf_status_t kvf_st_load_block(kvf_st_file_h file, const char *name, int ndim,
+                               const int64_t *shape, int64_t row_start, int64_t rows,
+                               int64_t col_start, int64_t cols, kvf_dtype_t dtype, void *out);
+
+/** Path the file was opened from (valid while it is open). */
+const char *kvf_st_path(kvf_st_file_h file);
+
+/** Size of the mapped file in bytes. */
+size_t kvf_st_file_bytes(kvf_st_file_h file);
+
 /** Start a file writer; tensors are buffered in memory until finish. */
 kvf_status_t kvf_st_writer_create(kvf_st_writer_h *writer_p);
 

@@ -11,6 +11,7 @@
 #include "kvf_engine.h"
 #include "kvf_log.h"
 #include "kvf_mkmodel.h"
+#include "kvf_model.h"
 #include "kvf_tokenizer.h"
 
 #include <stddef.h>
@@ -26,10 +27,11 @@ typedef struct {
     char out[KVF_CONFIG_STR_MAX];
     int  seed;
     char dtype[KVF_CONFIG_STR_MAX];
+    int  shards;
 } kvf_mkmodel_opts_t;
 
 static const kvf_config_field_t kvf_mkmodel_table[] = {
-    {"CONFIG", "", "model config.json (nemotron_h)",
+    {"CONFIG", "", "model config.json (nemotron_h, llama, qwen3, mistral)",
      offsetof(kvf_mkmodel_opts_t, config), KVF_CONFIG_TYPE_STRING, 0},
     {"OUT", "", "output folder: config.json + model.safetensors",
      offsetof(kvf_mkmodel_opts_t, out), KVF_CONFIG_TYPE_STRING, 0},
@@ -37,6 +39,8 @@ static const kvf_config_field_t kvf_mkmodel_table[] = {
      offsetof(kvf_mkmodel_opts_t, seed), KVF_CONFIG_TYPE_INT, 0},
     {"DTYPE", "fp32", "stored tensor dtype: fp32 or bf16",
      offsetof(kvf_mkmodel_opts_t, dtype), KVF_CONFIG_TYPE_STRING, 0},
+    {"SHARDS", "1", "safetensors files (> 1: model-0000i-of-0000n + index.json)",
+     offsetof(kvf_mkmodel_opts_t, shards), KVF_CONFIG_TYPE_INT, 0},
     {NULL, NULL, NULL, 0, 0, 0},
 };
 
@@ -61,11 +65,21 @@ int kvf_cmd_mkmodel(int argc, char **argv)
         kvf_error("bad value '%s' for --dtype (fp32 or bf16)", o.dtype);
         return 2;
     }
-    if (kvf_mkmodel_write(o.config, o.out, (uint64_t)(unsigned)o.seed, dtype) != KVF_OK) {
+    if ((o.shards < 1) || (o.shards > 64)) {
+        kvf_error("bad value %d for --shards (1 to 64)", o.shards);
+        return 2;
+    }
+    if (kvf_mkmodel_write_sharded(o.config, o.out, (uint64_t)(unsigned)o.seed, dtype,
+                                  o.shards) != KVF_OK) {
         return 1;
     }
-    printf("wrote %s/config.json and %s/model.safetensors (seed %d, %s)\n", o.out, o.out, o.seed,
-           kvf_dtype_name(dtype));
+    if (o.shards > 1) {
+        printf("wrote %s/config.json, %d safetensors shards and model.safetensors.index.json"
+               " (seed %d, %s)\n", o.out, o.shards, o.seed, kvf_dtype_name(dtype));
+    } else {
+        printf("wrote %s/config.json and %s/model.safetensors (seed %d, %s)\n", o.out, o.out,
+               o.seed, kvf_dtype_name(dtype));
+    }
     return 0;
 }
 
@@ -104,7 +118,7 @@ typedef struct {
      offsetof(kvf_gen_opts_t, kv_dtype), KVF_CONFIG_TYPE_STRING, 0},                            \
     {"SSM_DTYPE", "auto", "Mamba SSM state dtype (auto: mamba_ssm_cache_dtype)",               \
      offsetof(kvf_gen_opts_t, ssm_dtype), KVF_CONFIG_TYPE_STRING, 0},                           \
-    {"CONV_DTYPE", "auto", "Mamba conv state dtype (auto: as the SSM state)",                  \
+    {"CONV_DTYPE", "auto", "Mamba conv state dtype (auto: the model's dtype)",                 \
      offsetof(kvf_gen_opts_t, conv_dtype), KVF_CONFIG_TYPE_STRING, 0},                          \
     {"BLOCK_SIZE", "0", "explicit logical block size (0: TP-stable rule)",                     \
      offsetof(kvf_gen_opts_t, block_size), KVF_CONFIG_TYPE_INT, 0},                             \
@@ -173,7 +187,7 @@ static int kvf_open_engine(const kvf_gen_opts_t *o, kvf_engine_h *engine_p)
     kvf_cache_params_default(&cfg, &ep.cache);
     if ((kvf_opt_dtype("kv-dtype", o->kv_dtype, KVF_DTYPE_BF16, &ep.cache.kv_dtype) != 0) ||
         (kvf_opt_dtype("ssm-dtype", o->ssm_dtype, cfg.ssm_cache_dtype, &ep.cache.ssm_dtype) != 0) ||
-        (kvf_opt_dtype("conv-dtype", o->conv_dtype, ep.cache.ssm_dtype, &ep.cache.conv_dtype) != 0)) {
+        (kvf_opt_dtype("conv-dtype", o->conv_dtype, ep.cache.conv_dtype, &ep.cache.conv_dtype) != 0)) {
         return 2;
     }
     ep.cache.block_size = o->block_size;
@@ -315,6 +329,44 @@ out:
 
 /* ---- bench-model ---------------------------------------------------------------- */
 
+/* Resident set size of this process, bytes (0 when /proc is unreadable). */
+static size_t kvf_rss_bytes(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    size_t kb = 0;
+
+    while ((f != NULL) && (fgets(line, sizeof(line), f) != NULL)) {
+        if (sscanf(line, "VmRSS: %zu kB", &kb) == 1) {
+            break;
+        }
+    }
+    if (f != NULL) {
+        fclose(f);
+    }
+    return kb * 1024;
+}
+
+/* Load the weights alone once and print what they occupy against the files. */
+static int kvf_bench_weights(const kvf_gen_opts_t *o)
+{
+    size_t rss0 = kvf_rss_bytes(), rss1;
+    kvf_model_h model;
+
+    if (kvf_model_load(o->model, o->tp, &model) != KVF_OK) {
+        return -1;
+    }
+    rss1 = kvf_rss_bytes();
+    printf("weights: %.2f MiB held (%s), RSS +%.2f MiB, checkpoint %.2f MiB in %d file%s\n",
+           (double)kvf_model_weight_bytes(model) / 1048576.0,
+           kvf_dtype_name(kvf_model_get_config(model)->torch_dtype),
+           (double)(rss1 > rss0 ? rss1 - rss0 : 0) / 1048576.0,
+           (double)kvf_model_file_bytes(model) / 1048576.0, kvf_model_num_files(model),
+           (kvf_model_num_files(model) == 1) ? "" : "s");
+    kvf_model_destroy(model);
+    return 0;
+}
+
 static double kvf_bench_now(void)
 {
     return 1e-9 * (double)kvf_time_now_ns();
@@ -340,6 +392,9 @@ int kvf_cmd_bench_model(int argc, char **argv)
     if ((o.prompt_len < 1) || (o.decode_tokens < 1) || (o.batch < 1)) {
         kvf_error("--prompt-len, --decode-tokens and --batch must be positive");
         return 2;
+    }
+    if (kvf_bench_weights(&o) != 0) {
+        return 1;
     }
     rc = kvf_open_engine(&o, &eng);
     if (rc != 0) {

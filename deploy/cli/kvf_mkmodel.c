@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 typedef struct {
     uint64_t s;
@@ -58,11 +59,39 @@ typedef enum {
     KVF_INIT_DT_BIAS,     /* inverse softplus of log-uniform dt in [0.01, 0.2] */
 } kvf_init_kind_t;
 
+#define KVF_MK_MAX_SHARDS 64
+
 typedef struct {
-    kvf_st_writer_h writer;
+    kvf_st_writer_h writers[KVF_MK_MAX_SHARDS];
+    int             shards;
+    int             count;      /* tensors written so far (round robin over shards) */
+    cJSON          *weight_map; /* name -> shard file, for the index */
     uint64_t        seed;
     kvf_dtype_t     dtype;
 } kvf_mk_ctx_t;
+
+static void kvf_mk_shard_name(const kvf_mk_ctx_t *ctx, int i, char *buf, size_t len)
+{
+    if (ctx->shards == 1) {
+        snprintf(buf, len, "model.safetensors");
+    } else {
+        snprintf(buf, len, "model-%05d-of-%05d.safetensors", i + 1, ctx->shards);
+    }
+}
+
+/* Add one tensor to the next shard. */
+static kvf_status_t kvf_mk_add(kvf_mk_ctx_t *ctx, const char *name, int ndim,
+                               const int64_t *shape, const float *v)
+{
+    int i = ctx->count++ % ctx->shards;
+    char file[64];
+
+    kvf_mk_shard_name(ctx, i, file, sizeof(file));
+    if ((ctx->weight_map != NULL) && (cJSON_AddStringToObject(ctx->weight_map, name, file) == NULL)) {
+        return KVF_ERR_NO_MEMORY;
+    }
+    return kvf_st_writer_add(ctx->writers[i], name, ndim, shape, v, ctx->dtype);
+}
 
 static kvf_status_t kvf_mk_tensor(kvf_mk_ctx_t *ctx, const char *name, int ndim,
                                   const int64_t *shape, kvf_init_kind_t kind, double mean,
@@ -96,20 +125,10 @@ static kvf_status_t kvf_mk_tensor(kvf_mk_ctx_t *ctx, const char *name, int ndim,
             break;
         }
     }
-    status = kvf_st_writer_add(ctx->writer, name, ndim, shape, v, ctx->dtype);
+    status = kvf_mk_add(ctx, name, ndim, shape, v);
     free(v);
     return status;
 }
-
-#define KVF_MK(_name, _kind, _mean, _std, ...)                                             \
-    do {                                                                                 \
-        const int64_t _shape[] = {__VA_ARGS__};                                          \
-        status = kvf_mk_tensor(&ctx, (_name), (int)(sizeof(_shape) / sizeof(_shape[0])), \
-                               _shape, (_kind), (_mean), (_std));                        \
-        if (status != KVF_OK) {                                                          \
-            goto out;                                                                    \
-        }                                                                                \
-    } while (0)
 
 static kvf_status_t kvf_mk_config(const char *config_path, const char *out_dir,
                                   kvf_dtype_t dtype)
@@ -138,9 +157,13 @@ static kvf_status_t kvf_mk_config(const char *config_path, const char *out_dir,
         status = KVF_ERR_PARSE;
         goto out;
     }
-    cJSON_DeleteItemFromObjectCaseSensitive(root, "torch_dtype");
-    cJSON_AddStringToObject(root, "torch_dtype",
-                            (dtype == KVF_DTYPE_BF16) ? "bfloat16" : "float32");
+    /* keep the file's spelling: transformers 5 writes dtype, older files torch_dtype */
+    {
+        const char *key = (cJSON_GetObjectItemCaseSensitive(root, "dtype") != NULL) ? "dtype" :
+                          "torch_dtype";
+        cJSON_DeleteItemFromObjectCaseSensitive(root, key);
+        cJSON_AddStringToObject(root, key, (dtype == KVF_DTYPE_BF16) ? "bfloat16" : "float32");
+    }
     out = cJSON_Print(root);
     fclose(f);
     snprintf(path, sizeof(path), "%s/config.json", out_dir);
@@ -183,12 +206,182 @@ static int kvf_mk_mkdirs(const char *dir)
     return ((mkdir(path, 0755) == 0) || (errno == EEXIST)) ? 0 : -1;
 }
 
-kvf_status_t kvf_mkmodel_write(const char *config_path, const char *out_dir, uint64_t seed,
-                               kvf_dtype_t dtype)
+/* A MIXER-style or dense MLP: up (or gate + up) and down, with optional biases. */
+static kvf_status_t kvf_mk_mlp(kvf_mk_ctx_t *ctx, const char *pfx, int64_t H, int64_t I,
+                               bool gated, bool bias, double out_scale)
+{
+    char name[320];
+    kvf_status_t status = KVF_OK;
+    kvf_mk_ctx_t *c = ctx;
+
+#define PNAME(_s) (snprintf(name, sizeof(name), "%s.%s", pfx, (_s)), name)
+#define KVF_MKC(_name, _kind, _mean, _std, ...)                                             \
+    do {                                                                                  \
+        const int64_t _shape[] = {__VA_ARGS__};                                           \
+        status = kvf_mk_tensor(c, (_name), (int)(sizeof(_shape) / sizeof(_shape[0])),     \
+                               _shape, (_kind), (_mean), (_std));                         \
+        if (status != KVF_OK) {                                                           \
+            return status;                                                                \
+        }                                                                                 \
+    } while (0)
+    if (gated) {
+        KVF_MKC(PNAME("gate_proj.weight"), KVF_INIT_UNIFORM, 0.0, 1.0 / sqrt((double)H), I, H);
+        if (bias) {
+            KVF_MKC(PNAME("gate_proj.bias"), KVF_INIT_UNIFORM, 0.0, 0.1, I);
+        }
+    }
+    KVF_MKC(PNAME("up_proj.weight"), KVF_INIT_UNIFORM, 0.0, 1.0 / sqrt((double)H), I, H);
+    if (bias) {
+        KVF_MKC(PNAME("up_proj.bias"), KVF_INIT_UNIFORM, 0.0, 0.1, I);
+    }
+    KVF_MKC(PNAME("down_proj.weight"), KVF_INIT_UNIFORM, 0.0, out_scale / sqrt((double)I), H, I);
+    if (bias) {
+        KVF_MKC(PNAME("down_proj.bias"), KVF_INIT_UNIFORM, 0.0, 0.1, H);
+    }
+#undef PNAME
+    return KVF_OK;
+}
+
+/* q/k/v/o of one attention layer under prefix @a pfx. */
+static kvf_status_t kvf_mk_attention(kvf_mk_ctx_t *c, const kvf_model_config_t *cfg,
+                                     const char *pfx, double out_scale)
+{
+    const int64_t H = cfg->hidden_size;
+    const int64_t q = (int64_t)cfg->num_attention_heads * cfg->head_dim;
+    const int64_t kv = (int64_t)cfg->num_key_value_heads * cfg->head_dim;
+    char name[320];
+    kvf_status_t status;
+
+#define PNAME(_s) (snprintf(name, sizeof(name), "%s.%s", pfx, (_s)), name)
+    KVF_MKC(PNAME("q_proj.weight"), KVF_INIT_UNIFORM, 0.0, 1.0 / sqrt((double)H), q, H);
+    KVF_MKC(PNAME("k_proj.weight"), KVF_INIT_UNIFORM, 0.0, 1.0 / sqrt((double)H), kv, H);
+    KVF_MKC(PNAME("v_proj.weight"), KVF_INIT_UNIFORM, 0.0, 1.0 / sqrt((double)H), kv, H);
+    KVF_MKC(PNAME("o_proj.weight"), KVF_INIT_UNIFORM, 0.0, out_scale / sqrt((double)q), H, q);
+    if (cfg->attn_bias) {
+        KVF_MKC(PNAME("q_proj.bias"), KVF_INIT_UNIFORM, 0.0, 0.1, q);
+        KVF_MKC(PNAME("k_proj.bias"), KVF_INIT_UNIFORM, 0.0, 0.1, kv);
+        KVF_MKC(PNAME("v_proj.bias"), KVF_INIT_UNIFORM, 0.0, 0.1, kv);
+        KVF_MKC(PNAME("o_proj.bias"), KVF_INIT_UNIFORM, 0.0, 0.1, H);
+    }
+    if (cfg->qk_norm) {
+        KVF_MKC(PNAME("q_norm.weight"), KVF_INIT_UNIFORM, 1.0, 0.1, cfg->head_dim);
+        KVF_MKC(PNAME("k_norm.weight"), KVF_INIT_UNIFORM, 1.0, 0.1, cfg->head_dim);
+    }
+#undef PNAME
+    return KVF_OK;
+}
+
+static kvf_status_t kvf_mk_mamba(kvf_mk_ctx_t *c, const kvf_model_config_t *cfg,
+                                 const char *pfx, double out_scale)
+{
+    const int64_t H = cfg->hidden_size;
+    const int64_t inner = kvf_model_mamba_inner(cfg);
+    const int64_t conv_dim = inner + 2 * (int64_t)cfg->n_groups * cfg->ssm_state_size;
+    const int64_t nh = cfg->mamba_num_heads;
+    char name[320];
+    kvf_status_t status;
+
+#define PNAME(_s) (snprintf(name, sizeof(name), "%s.%s", pfx, (_s)), name)
+    /* in_proj rows: z (inner) | xBC (conv_dim) | dt (nh); the dt rows are drawn
+     * small so dt stays near its bias and above time_step_min */
+    {
+        const int64_t rows = inner + conv_dim + nh;
+        const int64_t shape[2] = {rows, H};
+        kvf_rng_t rng = kvf_rng_for(c->seed, PNAME("mixer.in_proj.weight"));
+        float *w = malloc((size_t)(rows * H) * sizeof(float));
+        double std = 1.0 / sqrt((double)H);
+        if (w == NULL) {
+            return KVF_ERR_NO_MEMORY;
+        }
+        for (int64_t i = 0; i < rows * H; ++i) {
+            double s = (i / H >= inner + conv_dim) ? 0.1 * std : std;
+            w[i] = (float)((2.0 * kvf_rng_unit(&rng) - 1.0) * s * sqrt(3.0));
+        }
+        status = kvf_mk_add(c, name, 2, shape, w);
+        free(w);
+        if (status != KVF_OK) {
+            return status;
+        }
+    }
+    if (cfg->mamba_proj_bias) {
+        KVF_MKC(PNAME("mixer.in_proj.bias"), KVF_INIT_UNIFORM, 0.0, 0.05, inner + conv_dim + nh);
+        KVF_MKC(PNAME("mixer.out_proj.bias"), KVF_INIT_UNIFORM, 0.0, 0.1, H);
+    }
+    KVF_MKC(PNAME("mixer.conv1d.weight"), KVF_INIT_UNIFORM, 0.0,
+            1.0 / sqrt((double)cfg->conv_kernel), conv_dim, 1, cfg->conv_kernel);
+    if (cfg->use_conv_bias) {
+        KVF_MKC(PNAME("mixer.conv1d.bias"), KVF_INIT_UNIFORM, 0.0, 0.1, conv_dim);
+    }
+    KVF_MKC(PNAME("mixer.dt_bias"), KVF_INIT_DT_BIAS, 0.0, 0.0, nh);
+    KVF_MKC(PNAME("mixer.A_log"), KVF_INIT_A_LOG, 0.0, 0.0, nh);
+    KVF_MKC(PNAME("mixer.D"), KVF_INIT_UNIFORM, 1.0, 0.1, nh);
+    KVF_MKC(PNAME("mixer.norm.weight"), KVF_INIT_UNIFORM, 1.0, 0.1, inner);
+    KVF_MKC(PNAME("mixer.out_proj.weight"), KVF_INIT_UNIFORM, 0.0,
+            out_scale / sqrt((double)inner), H, inner);
+#undef PNAME
+    return KVF_OK;
+}
+
+static kvf_status_t kvf_mk_moe(kvf_mk_ctx_t *c, const kvf_model_config_t *cfg,
+                               const char *pfx, double out_scale)
+{
+    const int64_t H = cfg->hidden_size, E = cfg->moe_num_experts, I = cfg->moe_intermediate_size;
+    char name[320], sub[320];
+    kvf_status_t status;
+
+#define PNAME(_s) (snprintf(name, sizeof(name), "%s.%s", pfx, (_s)), name)
+    KVF_MKC(PNAME("mixer.gate.weight"), KVF_INIT_UNIFORM, 0.0, 1.0 / sqrt((double)H), E, H);
+    KVF_MKC(PNAME("mixer.gate.e_score_correction_bias"), KVF_INIT_UNIFORM, 0.0, 0.1, E);
+    for (int64_t e = 0; e < E; ++e) {
+        snprintf(sub, sizeof(sub), "%s.mixer.experts.%lld", pfx, (long long)e);
+        status = kvf_mk_mlp(c, sub, H, I, false, false, out_scale);
+        if (status != KVF_OK) {
+            return status;
+        }
+    }
+    snprintf(sub, sizeof(sub), "%s.mixer.shared_experts", pfx);
+#undef PNAME
+    return kvf_mk_mlp(c, sub, H, cfg->moe_shared_intermediate_size, false, cfg->mlp_bias,
+                      out_scale);
+}
+
+/* model.safetensors.index.json naming every tensor's shard. */
+static kvf_status_t kvf_mk_index(kvf_mk_ctx_t *ctx, const char *out_dir)
+{
+    cJSON *root = cJSON_CreateObject();
+    char path[4096], *text = NULL;
+    kvf_status_t status = KVF_ERR_NO_MEMORY;
+    FILE *f;
+
+    if ((root == NULL) || (cJSON_AddObjectToObject(root, "metadata") == NULL)) {
+        goto out;
+    }
+    cJSON_AddItemToObject(root, "weight_map", ctx->weight_map);
+    ctx->weight_map = NULL;
+    text = cJSON_Print(root);
+    if (text == NULL) {
+        goto out;
+    }
+    snprintf(path, sizeof(path), "%s/model.safetensors.index.json", out_dir);
+    f = fopen(path, "wb");
+    if ((f == NULL) || (fputs(text, f) == EOF) || (fclose(f) != 0)) {
+        kvf_error("cannot write %s: %m", path);
+        status = KVF_ERR_IO;
+        goto out;
+    }
+    status = KVF_OK;
+out:
+    free(text);
+    cJSON_Delete(root);
+    return status;
+}
+
+kvf_status_t kvf_mkmodel_write_sharded(const char *config_path, const char *out_dir,
+                                       uint64_t seed, kvf_dtype_t dtype, int shards)
 {
     kvf_model_config_t cfg;
-    kvf_mk_ctx_t ctx = {.seed = seed, .dtype = dtype};
-    char name[256], path[4096];
+    kvf_mk_ctx_t ctx = {.seed = seed, .dtype = dtype, .shards = shards};
+    char name[256], path[4096], file[64];
     kvf_status_t status;
     struct stat st;
 
@@ -196,13 +389,13 @@ kvf_status_t kvf_mkmodel_write(const char *config_path, const char *out_dir, uin
         kvf_error("mkmodel dtype must be fp32 or bf16, not %s", kvf_dtype_name(dtype));
         return KVF_ERR_INVALID_PARAM;
     }
+    if ((shards < 1) || (shards > KVF_MK_MAX_SHARDS)) {
+        kvf_error("mkmodel shards %d must be in [1, %d]", shards, KVF_MK_MAX_SHARDS);
+        return KVF_ERR_INVALID_PARAM;
+    }
     status = kvf_model_config_load(config_path, &cfg);
     if (status != KVF_OK) {
         return status;
-    }
-    if ((cfg.arch != KVF_ARCH_NEMOTRON_H) || (strchr(cfg.layer_kinds, KVF_LAYER_MOE) != NULL)) {
-        kvf_error("%s: mkmodel supports nemotron_h models without MoE layers", config_path);
-        return KVF_ERR_UNSUPPORTED;
     }
     if ((stat(out_dir, &st) != 0) && (kvf_mk_mkdirs(out_dir) != 0)) {
         kvf_error("cannot create %s: %m", out_dir);
@@ -212,86 +405,110 @@ kvf_status_t kvf_mkmodel_write(const char *config_path, const char *out_dir, uin
     if (status != KVF_OK) {
         return status;
     }
-    status = kvf_st_writer_create(&ctx.writer);
-    if (status != KVF_OK) {
-        return status;
+    /* a stale file of the other layout would shadow (or confuse) this one */
+    snprintf(path, sizeof(path), "%s/%s", out_dir,
+             (shards > 1) ? "model.safetensors" : "model.safetensors.index.json");
+    (void)unlink(path);
+    if (shards > 1) {
+        ctx.weight_map = cJSON_CreateObject();
+        if (ctx.weight_map == NULL) {
+            return KVF_ERR_NO_MEMORY;
+        }
+    }
+    for (int i = 0; i < shards; ++i) {
+        status = kvf_st_writer_create(&ctx.writers[i]);
+        if (status != KVF_OK) {
+            goto out;
+        }
     }
 
-    const int64_t H = cfg.hidden_size, V = cfg.vocab_size;
-    const int64_t inner = kvf_model_mamba_inner(&cfg);
-    const int64_t conv_dim = inner + 2 * (int64_t)cfg.n_groups * cfg.ssm_state_size;
-    const int64_t nh = cfg.mamba_num_heads;
-    const double out_scale = 1.0 / sqrt((double)cfg.num_layers);
+    {
+        const bool is_dense = (cfg.arch != KVF_ARCH_NEMOTRON_H);
+        const char *root = is_dense ? "model" : "backbone";
+        const int64_t H = cfg.hidden_size, V = cfg.vocab_size;
+        const double out_scale = 1.0 / sqrt((double)cfg.num_layers);
+        kvf_mk_ctx_t *c = &ctx;
 
-    KVF_MK("backbone.embeddings.weight", KVF_INIT_UNIFORM, 0.0, 1.0, V, H);
-    for (int l = 0; l < cfg.num_layers; ++l) {
-#define LNAME(_suffix) (snprintf(name, sizeof(name), "backbone.layers.%d.%s", l, (_suffix)), name)
-        KVF_MK(LNAME("norm.weight"), KVF_INIT_UNIFORM, 1.0, 0.1, H);
-        switch (cfg.layer_kinds[l]) {
-        case KVF_LAYER_MAMBA:
-            /* in_proj rows: z (inner) | xBC (conv_dim) | dt (nh); the dt rows are drawn
-             * small so dt stays near its bias and above time_step_min */
-            {
-                const int64_t rows = inner + conv_dim + nh;
-                const int64_t shape[2] = {rows, H};
-                kvf_rng_t rng = kvf_rng_for(seed, LNAME("mixer.in_proj.weight"));
-                float *w = malloc((size_t)(rows * H) * sizeof(float));
-                double std = 1.0 / sqrt((double)H);
-                if (w == NULL) {
-                    status = KVF_ERR_NO_MEMORY;
-                    goto out;
+        snprintf(name, sizeof(name), "%s.%s", root, is_dense ? "embed_tokens.weight" :
+                 "embeddings.weight");
+        KVF_MKC(name, KVF_INIT_UNIFORM, 0.0, 1.0, V, H);
+        for (int l = 0; l < cfg.num_layers; ++l) {
+            char pfx[128];
+            snprintf(pfx, sizeof(pfx), "%s.layers.%d", root, l);
+#define LNAME(_suffix) (snprintf(name, sizeof(name), "%s.%s", pfx, (_suffix)), name)
+            if (is_dense) {
+                char sub[160];
+                KVF_MKC(LNAME("input_layernorm.weight"), KVF_INIT_UNIFORM, 1.0, 0.1, H);
+                KVF_MKC(LNAME("post_attention_layernorm.weight"), KVF_INIT_UNIFORM, 1.0, 0.1, H);
+                snprintf(sub, sizeof(sub), "%s.self_attn", pfx);
+                status = kvf_mk_attention(c, &cfg, sub, out_scale);
+                if (status == KVF_OK) {
+                    snprintf(sub, sizeof(sub), "%s.mlp", pfx);
+                    status = kvf_mk_mlp(c, sub, H, cfg.intermediate_size, true, cfg.mlp_bias,
+                                        out_scale);
                 }
-                for (int64_t i = 0; i < rows * H; ++i) {
-                    double s = (i / H >= inner + conv_dim) ? 0.1 * std : std;
-                    w[i] = (float)((2.0 * kvf_rng_unit(&rng) - 1.0) * s * sqrt(3.0));
-                }
-                status = kvf_st_writer_add(ctx.writer, name, 2, shape, w, dtype);
-                free(w);
-                if (status != KVF_OK) {
-                    goto out;
+            } else {
+                char sub[160];
+                KVF_MKC(LNAME("norm.weight"), KVF_INIT_UNIFORM, 1.0, 0.1, H);
+                snprintf(sub, sizeof(sub), "%s.mixer", pfx);
+                switch (cfg.layer_kinds[l]) {
+                case KVF_LAYER_MAMBA:
+                    status = kvf_mk_mamba(c, &cfg, pfx, out_scale);
+                    break;
+                case KVF_LAYER_ATTENTION:
+                    status = kvf_mk_attention(c, &cfg, sub, out_scale);
+                    break;
+                case KVF_LAYER_MLP:
+                    status = kvf_mk_mlp(c, sub, H, cfg.intermediate_size, false, cfg.mlp_bias,
+                                        out_scale);
+                    break;
+                case KVF_LAYER_MOE:
+                    status = kvf_mk_moe(c, &cfg, pfx, out_scale);
+                    break;
+                default:
+                    break;
                 }
             }
-            KVF_MK(LNAME("mixer.conv1d.weight"), KVF_INIT_UNIFORM, 0.0,
-                   1.0 / sqrt((double)cfg.conv_kernel), conv_dim, 1, cfg.conv_kernel);
-            if (cfg.use_conv_bias) {
-                KVF_MK(LNAME("mixer.conv1d.bias"), KVF_INIT_UNIFORM, 0.0, 0.1, conv_dim);
-            }
-            KVF_MK(LNAME("mixer.dt_bias"), KVF_INIT_DT_BIAS, 0.0, 0.0, nh);
-            KVF_MK(LNAME("mixer.A_log"), KVF_INIT_A_LOG, 0.0, 0.0, nh);
-            KVF_MK(LNAME("mixer.D"), KVF_INIT_UNIFORM, 1.0, 0.1, nh);
-            KVF_MK(LNAME("mixer.norm.weight"), KVF_INIT_UNIFORM, 1.0, 0.1, inner);
-            KVF_MK(LNAME("mixer.out_proj.weight"), KVF_INIT_UNIFORM, 0.0,
-                   out_scale / sqrt((double)inner), H, inner);
-            break;
-        case KVF_LAYER_ATTENTION: {
-            const int64_t q = (int64_t)cfg.num_attention_heads * cfg.head_dim;
-            const int64_t kv = (int64_t)cfg.num_key_value_heads * cfg.head_dim;
-            KVF_MK(LNAME("mixer.q_proj.weight"), KVF_INIT_UNIFORM, 0.0, 1.0 / sqrt((double)H), q, H);
-            KVF_MK(LNAME("mixer.k_proj.weight"), KVF_INIT_UNIFORM, 0.0, 1.0 / sqrt((double)H), kv, H);
-            KVF_MK(LNAME("mixer.v_proj.weight"), KVF_INIT_UNIFORM, 0.0, 1.0 / sqrt((double)H), kv, H);
-            KVF_MK(LNAME("mixer.o_proj.weight"), KVF_INIT_UNIFORM, 0.0,
-                   out_scale / sqrt((double)q), H, q);
-            break;
-        }
-        case KVF_LAYER_MLP: {
-            const int64_t I = cfg.intermediate_size;
-            KVF_MK(LNAME("mixer.up_proj.weight"), KVF_INIT_UNIFORM, 0.0, 1.0 / sqrt((double)H), I, H);
-            KVF_MK(LNAME("mixer.down_proj.weight"), KVF_INIT_UNIFORM, 0.0,
-                   out_scale / sqrt((double)I), H, I);
-            break;
-        }
-        default:
-            break;
-        }
 #undef LNAME
+            if (status != KVF_OK) {
+                goto out;
+            }
+        }
+        snprintf(name, sizeof(name), "%s.%s", root, is_dense ? "norm.weight" : "norm_f.weight");
+        status = kvf_mk_tensor(c, name, 1, &H, KVF_INIT_UNIFORM, 1.0, 0.1);
+        if ((status == KVF_OK) && !cfg.lm_head_tied) {
+            const int64_t vh[2] = {V, H};
+            status = kvf_mk_tensor(c, "lm_head.weight", 2, vh, KVF_INIT_UNIFORM, 0.0,
+                                   3.0 / sqrt((double)H));
+        }
+        if (status != KVF_OK) {
+            goto out;
+        }
     }
-    KVF_MK("backbone.norm_f.weight", KVF_INIT_UNIFORM, 1.0, 0.1, H);
-    KVF_MK("lm_head.weight", KVF_INIT_UNIFORM, 0.0, 3.0 / sqrt((double)H), V, H);
 
-    snprintf(path, sizeof(path), "%s/model.safetensors", out_dir);
-    status = kvf_st_writer_finish(ctx.writer, path);
-    ctx.writer = NULL;
+    for (int i = 0; i < shards; ++i) {
+        kvf_mk_shard_name(&ctx, i, file, sizeof(file));
+        snprintf(path, sizeof(path), "%s/%s", out_dir, file);
+        status = kvf_st_writer_finish(ctx.writers[i], path);
+        ctx.writers[i] = NULL;
+        if (status != KVF_OK) {
+            goto out;
+        }
+    }
+    if (shards > 1) {
+        status = kvf_mk_index(&ctx, out_dir);
+    }
 out:
-    kvf_st_writer_destroy(ctx.writer);
+    for (int i = 0; i < shards; ++i) {
+        kvf_st_writer_destroy(ctx.writers[i]);
+    }
+    cJSON_Delete(ctx.weight_map);
     return status;
+}
+#undef KVF_MKC
+
+kvf_status_t kvf_mkmodel_write(const char *config_path, const char *out_dir, uint64_t seed,
+                               kvf_dtype_t dtype)
+{
+    return kvf_mkmodel_write_sharded(config_path, out_dir, seed, dtype, 1);
 }

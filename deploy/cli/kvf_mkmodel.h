@@ -21,11 +21,25 @@
  * 1/sqrt(num_layers); norm weights 1 +- 0.1; A_log = log(1..H); dt_bias =
  * inverse softplus of a log-uniform dt in [0.01, 0.2]; D = 1 +- 0.1.
  *
+ * Every model the runner loads can be written: nemotron_h (Mamba, attention,
+ * MLP and MoE layers, with the biases its config asks for; backbone.* names)
+ * and the dense llama / qwen3 / mistral (model.* names, q/k norms for qwen3,
+ * no lm_head.weight when tie_word_embeddings), as transformers names them.
+ *
  * @param [in] dtype  KVF_DTYPE_FP32 or KVF_DTYPE_BF16 for the stored tensors.
- * @return KVF_OK; errors of config loading; KVF_ERR_UNSUPPORTED for a model
- *         with MoE layers or a non-nemotron_h model_type; KVF_ERR_IO.
+ * @return KVF_OK; errors of config loading (a refused field); KVF_ERR_IO.
  */
 kvf_status_t kvf_mkmodel_write(const char *config_path, const char *out_dir, uint64_t seed,
                                kvf_dtype_t dtype);
+
+/**
+ * As kvf_mkmodel_write(), spread over @a shards files
+ * model-0000i-of-0000n.safetensors (tensors round robin) with a
+ * model.safetensors.index.json, as save_pretrained writes large models;
+ * shards = 1 writes model.safetensors. A stale file of the other layout in
+ * @a out_dir is removed. KVF_ERR_INVALID_PARAM for shards outside [1, 64].
+ */
+kvf_status_t kvf_mkmodel_write_sharded(const char *config_path, const char *out_dir,
+                                       uint64_t seed, kvf_dtype_t dtype, int shards);
 
 #endif

@@ -1,114 +1,210 @@
 #!/usr/bin/env python3
-"""Compare kvferry's NemotronH forward with Hugging Face transformers.
+"""Compare kvferry's forward pass with Hugging Face transformers on real files.
 
-Optional check, not part of ctest/CI: it needs torch and transformers
-(`pip install torch transformers safetensors`). It writes a synthetic
-checkpoint with `kvf mkmodel`, runs `kvf generate --print-logits` (greedy,
-fp32 KV and state), then runs transformers' NemotronHForCausalLM on the same
-checkpoint, feeding kvf's tokens (teacher forcing) so the logits of every
-step are compared even if a near-tie flips a greedy choice. Prints the
-greedy tokens of both and the max |logit difference| per prompt.
+Optional reference step (it needs torch and transformers; the C suite never
+does): for each case below, transformers builds the model from a config,
+initialises it with random weights (biases, norms and the MoE score
+correction drawn at random too, so that they matter), and writes it with
+save_pretrained -- config.json as transformers 5 writes it, sharded for the
+cases that say so. kvferry then loads that folder with `kvf generate` at
+every TP degree asked for (greedy, fp32 KV/conv/SSM state, a small
+prefill-chunk budget so long prompts take several chunks) and prints the
+logits of every generated token; transformers runs the same prompt the way
+its generate() does (the prompt in one forward, then one token at a time
+from its cache), fed kvferry's tokens (teacher forcing) so every step's
+logits are compared even if a near-tie flipped a greedy choice.
+
+Prompts: 5 tokens, exactly one cache block, several blocks, and more than
+one prefill chunk (kvferry's block size is read from `kvf plan`).
 
 Usage:
-  python3 tests/reference/hf_compare.py --kvf build/bin/kvf [--tp 2] \
-      [--config tests/data/models/tiny-hybrid.config.json] [--max-tokens 16]
-Exit status: 0 when every prompt's greedy tokens agree and the max logit
-difference is below --tol (default 1e-3), 1 otherwise.
+  python3 tests/reference/hf_compare.py --kvf build/bin/kvf [--tp 1,2,4]
+      [--case NAME ...] [--max-tokens 8] [--tol 1e-4] [--keep DIR]
+Exit status: 0 when every case's greedy tokens agree and the max |logit
+difference| is within --tol at every TP degree; 1 otherwise; 77 when torch
+or transformers is missing (skipped).
 """
 import argparse
+import json
 import os
 import subprocess
 import sys
 import tempfile
 
-PROMPTS = ["The quick brown fox", "a", "Disaggregated prefill and decode!"]
+CHUNK = 48          # kvf --max-batch-tokens: prompts above it take several chunks
+VOCAB = 260         # byte tokenizer: 256 bytes + specials
+BOS = 256
+
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, bos_token_id=BOS, eos_token_id=257,
+              pad_token_id=258, initializer_range=0.1)
+
+NEMOTRON = dict(COMMON, num_attention_heads=8, num_key_value_heads=2, head_dim=16,
+                mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=2,
+                conv_kernel=4, chunk_size=32, intermediate_size=128, layer_norm_epsilon=1e-5)
 
 
-def run_kvf(kvf, model_dir, prompt, max_tokens, tp):
-    out = subprocess.run(
-        [kvf, "generate", "--model", model_dir, "--tp", str(tp), "--prompt", prompt,
+def cases():
+    """name -> (model_type, config kwargs, save_pretrained max_shard_size or None)."""
+    return {
+        # biases everywhere transformers' NemotronH has them, non-default activations
+        "hybrid-bias-gelu": ("nemotron_h", dict(
+            NEMOTRON, layers_block_type=["linear_attention", "full_attention", "mlp",
+                                         "linear_attention", "mlp"],
+            use_bias=True, mlp_bias=True, mamba_hidden_act="gelu", mlp_hidden_act="silu",
+            use_conv_bias=True, tie_word_embeddings=True), None),
+        # the transformers-5 default spelling, saved in several shards
+        "hybrid-t5-sharded": ("nemotron_h", dict(
+            NEMOTRON, layers_block_type=["linear_attention", "full_attention", "mlp",
+                                         "linear_attention", "full_attention", "mlp"]),
+            "150KB"),
+        # dense Llama with Llama-3 rope scaling, GQA (TP4 replicates KV heads), tied embeddings
+        "llama-rope-llama3": ("llama", dict(
+            COMMON, intermediate_size=128, num_hidden_layers=3, num_attention_heads=8,
+            num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5, tie_word_embeddings=True,
+            rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                             "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                             "original_max_position_embeddings": 32}), "100KB"),
+        # dense Qwen3: per-head q/k RMSNorm, attention biases
+        "qwen3": ("qwen3", dict(
+            COMMON, intermediate_size=128, num_hidden_layers=3, num_attention_heads=8,
+            num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, attention_bias=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0}), None),
+        # Nemotron-H MoE: sigmoid router with score correction, grouped top-k, shared expert
+        "moe-hybrid": ("nemotron_h", dict(
+            NEMOTRON, layers_block_type=["linear_attention", "moe", "full_attention", "moe",
+                                         "linear_attention", "moe"],
+            n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+            moe_shared_expert_intermediate_size=64, n_group=2, topk_group=1,
+            norm_topk_prob=True, routed_scaling_factor=2.5, mlp_bias=True), "200KB"),
+    }
+
+
+def build_model(model_type, kwargs, out_dir, max_shard, seed):
+    import torch
+    import transformers
+
+    cfg_cls = transformers.AutoConfig.for_model(model_type).__class__
+    config = cfg_cls(**kwargs)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".bias"):
+                p.normal_(0.0, 0.1)
+            elif "norm" in name and p.dim() == 1:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.normal_(0.0, 0.1)
+    model.eval()
+    if max_shard:
+        model.save_pretrained(out_dir, max_shard_size=max_shard)
+    else:
+        model.save_pretrained(out_dir)
+    return model
+
+
+def kvf_block_size(kvf, model_dir):
+    out = subprocess.run([kvf, "plan", "--model", model_dir, "--layouts", "1p1d", "--json",
+                          "--kv-dtype", "fp32", "--ssm-dtype", "fp32", "--conv-dtype", "fp32"],
+                         check=True, capture_output=True, text=True).stdout
+    return int(json.loads(out)[0]["prefill"]["block_size"])
+
+
+def run_kvf(kvf, model_dir, prompt_bytes, max_tokens, tp, tmp):
+    path = os.path.join(tmp, "prompt.txt")
+    with open(path, "wb") as f:
+        f.write(prompt_bytes)
+    p = subprocess.run(
+        [kvf, "generate", "--model", model_dir, "--tp", str(tp), "--prompt-file", path,
          "--max-tokens", str(max_tokens), "--kv-dtype", "fp32", "--ssm-dtype", "fp32",
-         "--conv-dtype", "fp32", "--ignore-eos", "yes", "--print-logits", "yes"],
-        check=True, capture_output=True, text=True, errors="replace").stdout
+         "--conv-dtype", "fp32", "--ignore-eos", "yes", "--print-logits", "yes",
+         "--max-batch-tokens", str(CHUNK), "--num-blocks", "64"],
+        capture_output=True)
+    if p.returncode != 0:
+        sys.exit("kvf generate failed (tp %d): %s" % (tp, p.stderr.decode(errors="replace")))
     tokens, logits = [], []
-    for line in out.splitlines():
+    for line in p.stdout.decode("latin-1").splitlines():
         if line.startswith("tokens:"):
             tokens = [int(t) for t in line.split()[1:]]
         elif line.startswith("logits "):
-            parts = line.split()
-            logits.append([float(v) for v in parts[3:]])
+            logits.append([float(v) for v in line.split()[3:]])
     return tokens, logits
 
 
-def load_hf(model_dir):
+def hf_logits(model, ids, k_tokens):
+    """Logits of each generated step: prompt in one forward, then one token per step."""
     import torch
-    from safetensors.torch import load_file
-    import transformers
 
-    config = transformers.AutoConfig.from_pretrained(model_dir)
-    config.use_mamba_kernels = False
-    try:
-        model = transformers.NemotronHForCausalLM(config)
-    except AttributeError:
-        model = transformers.AutoModelForCausalLM.from_config(config, trust_remote_code=True)
-    sd = load_file(os.path.join(model_dir, "model.safetensors"))
-    want = set(model.state_dict().keys())
-    if not any(k.startswith("backbone.") for k in want):
-        # newer transformers names the backbone "model"
-        sd = {("model." + k[len("backbone."):] if k.startswith("backbone.") else k): v
-              for k, v in sd.items()}
-    missing, unexpected = model.load_state_dict(sd, strict=False)
-    missing = [k for k in missing if "e_score_correction_bias" not in k]
-    if missing or unexpected:
-        sys.exit(f"checkpoint does not fit transformers' NemotronH: missing {missing[:5]}, "
-                 f"unexpected {unexpected[:5]}")
-    model = model.float().eval()
-    try:
-        model.config._attn_implementation = "eager"
-    except Exception:  # pragma: no cover - older/newer attribute handling
-        pass
-    print(f"transformers {transformers.__version__}, torch {torch.__version__}")
-    return model
+    steps = []
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ids]), use_cache=True)
+        steps.append(out.logits[0, -1].double())
+        past = out.past_key_values
+        for t in k_tokens[:-1]:
+            out = model(input_ids=torch.tensor([[t]]), past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            steps.append(out.logits[0, -1].double())
+    return steps
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kvf", required=True, help="path to the kvf binary")
-    here = os.path.dirname(os.path.abspath(__file__))
-    ap.add_argument("--config", default=os.path.join(here, "..", "data", "models",
-                                                      "tiny-hybrid.config.json"))
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--tp", type=int, default=1)
-    ap.add_argument("--max-tokens", type=int, default=16)
-    ap.add_argument("--tol", type=float, default=1e-3)
+    ap.add_argument("--tp", default="1,2,4")
+    ap.add_argument("--case", action="append", help="run only these cases (repeatable)")
+    ap.add_argument("--seed", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument("--tol", type=float, default=1e-4)
+    ap.add_argument("--keep", help="write the checkpoints under this folder and keep them")
     args = ap.parse_args()
 
-    import torch
-    torch.manual_seed(0)
+    try:
+        import torch
+        import transformers
+    except ImportError as e:
+        print("skipped: %s (pip install torch transformers)" % e)
+        return 77
+    torch.set_num_threads(1)
+    print("transformers %s, torch %s" % (transformers.__version__, torch.__version__))
+    tps = [int(t) for t in args.tp.split(",")]
+    all_cases = cases()
+    names = args.case or list(all_cases)
     ok = True
-    with tempfile.TemporaryDirectory() as d:
-        subprocess.run([args.kvf, "mkmodel", "--config", args.config, "--out", d,
-                        "--seed", str(args.seed)], check=True, capture_output=True)
-        model = load_hf(d)
-        bos = model.config.bos_token_id
-        for prompt in PROMPTS:
-            k_tokens, k_logits = run_kvf(args.kvf, d, prompt, args.max_tokens, args.tp)
-            ids = [bos] + list(prompt.encode("utf-8"))
-            h_tokens, maxdiff = [], 0.0
-            with torch.no_grad():
-                for step in range(len(k_tokens)):
-                    inp = torch.tensor([ids + k_tokens[:step]], dtype=torch.long)
-                    out = model(input_ids=inp, use_cache=False)
-                    logits = out.logits[0, -1].double()
-                    h_tokens.append(int(torch.argmax(logits)))
-                    ref = torch.tensor(k_logits[step], dtype=torch.float64)
-                    maxdiff = max(maxdiff, float((logits - ref).abs().max()))
-            same = h_tokens == k_tokens
-            ok = ok and same and maxdiff < args.tol
-            print(f"prompt {prompt!r}: kvf tokens {k_tokens}")
-            print(f"{'':>{len(repr(prompt)) + 9}}hf  tokens {h_tokens}")
-            print(f"  greedy tokens {'equal' if same else 'DIFFER'}, "
-                  f"max |logit diff| {maxdiff:.3g} over {len(k_tokens)} steps")
+    root = args.keep or tempfile.mkdtemp(prefix="kvf-hf-")
+    for name in names:
+        model_type, kwargs, shard = all_cases[name]
+        d = os.path.join(root, name)
+        os.makedirs(d, exist_ok=True)
+        model = build_model(model_type, kwargs, d, shard, args.seed)
+        files = sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))
+        bs = kvf_block_size(args.kvf, d)
+        lengths = {"5 tokens": 5, "one block": bs, "several blocks": 3 * bs + 7,
+                   "several chunks": max(2 * CHUNK + 11, bs + 3)}
+        print("== %s (%s, %d safetensors file%s, block %d, chunk %d)" % (
+            name, model_type, len(files), "" if len(files) == 1 else "s", bs, CHUNK))
+        for what, n in lengths.items():
+            body = bytes((7 * i + 33) % 95 + 32 for i in range(n - 1))   # BOS + n-1 bytes
+            ids = [BOS] + list(body)
+            ref = None
+            for tp in tps:
+                k_tokens, k_logits = run_kvf(args.kvf, d, body, args.max_tokens, tp, root)
+                if ref is None:
+                    ref = hf_logits(model, ids, k_tokens)
+                h_tokens = [int(torch.argmax(x)) for x in ref]
+                maxdiff = max(float((x - torch.tensor(y, dtype=torch.float64)).abs().max())
+                              for x, y in zip(ref, k_logits))
+                same = (h_tokens == k_tokens) and len(k_logits) == len(ref)
+                good = same and maxdiff <= args.tol
+                ok = ok and good
+                print("  %-15s %4d tokens  tp %d: greedy %s, max |logit diff| %.2e %s" % (
+                    what, n, tp, "equal" if same else "DIFFER", maxdiff,
+                    "ok" if good else "FAIL"))
+                if not same:
+                    print("    kvf %s\n    hf  %s" % (k_tokens, h_tokens))
+    if not args.keep:
+        import shutil
+        shutil.rmtree(root, ignore_errors=True)
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
 

@@ -3,7 +3,10 @@
 #include "kvf_log.h"
 #include "kvf_test_util.h"
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static void test_real_models(void **state)
 {
@@ -44,6 +47,13 @@ static const char *const kvf_good_hybrid =
     "\"intermediate_size\":128,\"mamba_num_heads\":4,\"mamba_head_dim\":16,"
     "\"ssm_state_size\":8,\"n_groups\":2,\"conv_kernel\":4,%s}";
 
+#define KVF_MOE_FIELDS_NOCOMMA                                                            \
+    "\"n_routed_experts\":4,\"num_experts_per_tok\":2,\"moe_intermediate_size\":32,"         \
+    "\"moe_shared_expert_intermediate_size\":48,\"hybrid_override_pattern\":\"M*E\""
+#define KVF_MOE_FIELDS                                                                    \
+    "\"n_routed_experts\":4,\"num_experts_per_tok\":2,\"moe_intermediate_size\":32,"         \
+    "\"moe_shared_expert_intermediate_size\":48"
+
 static kvf_status_t parse_with(const char *extra, kvf_model_config_t *cfg)
 {
     char buf[2048];
@@ -56,14 +66,171 @@ static void test_layers_block_type(void **state)
     kvf_model_config_t a, b;
     (void)state;
 
-    assert_int_equal(parse_with("\"hybrid_override_pattern\":\"M*-E\"", &a), KVF_OK);
-    assert_int_equal(parse_with("\"layers_block_type\":[\"mamba\",\"attention\",\"mlp\",\"moe\"]",
-                                &b), KVF_OK);
+    assert_int_equal(parse_with(KVF_MOE_FIELDS ",\"hybrid_override_pattern\":\"M*-E\"", &a),
+                     KVF_OK);
+    assert_int_equal(parse_with(KVF_MOE_FIELDS ",\"layers_block_type\":[\"mamba\",\"attention\","
+                                "\"mlp\",\"moe\"]", &b), KVF_OK);
     assert_string_equal(a.layer_kinds, "M*-E");
     assert_string_equal(b.layer_kinds, "M*-E");
     assert_true(kvf_model_config_fingerprint(&a) == kvf_model_config_fingerprint(&b));
     assert_int_equal(parse_with("\"hybrid_override_pattern\":\"M*-M\"", &b), KVF_OK);
     assert_true(kvf_model_config_fingerprint(&a) != kvf_model_config_fingerprint(&b));
+    /* transformers 5 spelling: linear_attention / full_attention, dtype */
+    assert_int_equal(parse_with(KVF_MOE_FIELDS ",\"layers_block_type\":[\"linear_attention\","
+                                "\"full_attention\",\"mlp\",\"moe\"],\"dtype\":\"float32\"",
+                                &b), KVF_OK);
+    assert_string_equal(b.layer_kinds, "M*-E");
+    assert_int_equal(b.torch_dtype, KVF_DTYPE_FP32);
+    assert_true(kvf_model_config_fingerprint(&a) == kvf_model_config_fingerprint(&b));
+    assert_int_equal(b.moe_num_experts, 4);
+    assert_int_equal(b.moe_top_k, 2);
+    assert_int_equal(b.num_moe_layers, 1);
+    assert_true(b.moe_norm_topk_prob);
+    /* legacy torch_dtype still read; dtype wins when both are present */
+    assert_int_equal(parse_with("\"hybrid_override_pattern\":\"M*\",\"torch_dtype\":\"float16\"",
+                                &b), KVF_OK);
+    assert_int_equal(b.torch_dtype, KVF_DTYPE_FP16);
+    assert_int_equal(parse_with("\"hybrid_override_pattern\":\"M*\",\"torch_dtype\":\"float16\","
+                                "\"dtype\":\"bfloat16\"", &b), KVF_OK);
+    assert_int_equal(b.torch_dtype, KVF_DTYPE_BF16);
+}
+
+/* Fields honoured: values reach the config as transformers reads them. */
+static void test_honoured_fields(void **state)
+{
+    kvf_model_config_t c;
+    (void)state;
+
+    assert_int_equal(parse_with("\"hybrid_override_pattern\":\"M*-\",\"use_bias\":true,"
+                                "\"mlp_bias\":true,\"mlp_hidden_act\":\"silu\","
+                                "\"mamba_hidden_act\":\"gelu\",\"time_step_min\":0.01,"
+                                "\"tie_word_embeddings\":true", &c), KVF_OK);
+    assert_true(c.mamba_proj_bias);
+    assert_true(c.mlp_bias);
+    assert_int_equal(c.mlp_act, KVF_ACT_SILU);
+    assert_int_equal(c.mamba_act, KVF_ACT_GELU);
+    assert_true(c.time_step_min == 0.01);
+    assert_true(c.tie_word_embeddings);
+    assert_false(c.lm_head_tied);            /* transformers' NemotronH never ties */
+    /* defaults */
+    assert_int_equal(parse_with("\"hybrid_override_pattern\":\"M*-\"", &c), KVF_OK);
+    assert_false(c.mamba_proj_bias);
+    assert_int_equal(c.mlp_act, KVF_ACT_RELU2);
+    assert_int_equal(c.mamba_act, KVF_ACT_SILU);
+    assert_true(c.time_step_min == 0.001);
+    /* mamba_proj_bias is not read by transformers' mixer (use_bias is) */
+    assert_int_equal(parse_with("\"hybrid_override_pattern\":\"M*-\",\"mamba_proj_bias\":true",
+                                &c), KVF_OK);
+    assert_false(c.mamba_proj_bias);
+
+    /* dense: llama3 rope, tied lm_head, biases */
+    assert_int_equal(kvf_model_config_parse(
+        "{\"model_type\":\"llama\",\"hidden_size\":64,\"vocab_size\":10,"
+        "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"num_hidden_layers\":2,"
+        "\"intermediate_size\":8,\"tie_word_embeddings\":true,\"attention_bias\":true,"
+        "\"mlp_bias\":true,\"rope_parameters\":{\"rope_type\":\"llama3\",\"rope_theta\":500000.0,"
+        "\"factor\":8.0,\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,"
+        "\"original_max_position_embeddings\":64}}", "t", &c), KVF_OK);
+    assert_int_equal(c.rope.type, KVF_ROPE_LLAMA3);
+    assert_true(c.rope.theta == 500000.0);
+    assert_true(c.rope.factor == 8.0);
+    assert_true(c.lm_head_tied);
+    assert_true(c.attn_bias && c.mlp_bias && c.mlp_gated);
+    assert_false(c.qk_norm);
+    /* older spelling: rope_scaling + rope_theta */
+    assert_int_equal(kvf_model_config_parse(
+        "{\"model_type\":\"llama\",\"hidden_size\":64,\"vocab_size\":10,"
+        "\"num_attention_heads\":4,\"num_hidden_layers\":2,\"intermediate_size\":8,"
+        "\"rope_theta\":1000.0,\"rope_scaling\":{\"type\":\"linear\",\"factor\":2.0}}", "t", &c),
+        KVF_OK);
+    assert_int_equal(c.rope.type, KVF_ROPE_LINEAR);
+    assert_true(c.rope.theta == 1000.0);
+    assert_int_equal(kvf_model_config_parse(
+        "{\"model_type\":\"qwen3\",\"hidden_size\":64,\"vocab_size\":10,"
+        "\"num_attention_heads\":4,\"num_hidden_layers\":2,\"intermediate_size\":8,"
+        "\"head_dim\":16,\"sliding_window\":4096,\"use_sliding_window\":false,"
+        "\"layer_types\":[\"full_attention\",\"full_attention\"]}", "t", &c), KVF_OK);
+    assert_true(c.qk_norm);
+    assert_int_equal(c.rope.type, KVF_ROPE_DEFAULT);
+    assert_true(c.rope.theta == 10000.0);
+}
+
+/* Parse @a json with stderr captured; returns the status, *line the log text. */
+static kvf_status_t parse_captured(const char *json, char *line, size_t len)
+{
+    kvf_model_config_t cfg;
+    char path[] = "/tmp/kvf-cfg-log-XXXXXX";
+    int fd = mkstemp(path), saved = dup(STDERR_FILENO);
+    kvf_status_t status;
+    ssize_t n;
+
+    assert_true((fd >= 0) && (saved >= 0));
+    unlink(path);
+    assert_true(dup2(fd, STDERR_FILENO) >= 0);
+    status = kvf_model_config_parse(json, "cfg.json", &cfg);
+    assert_true(dup2(saved, STDERR_FILENO) >= 0);
+    close(saved);
+    n = pread(fd, line, len - 1, 0);
+    close(fd);
+    line[(n > 0) ? n : 0] = '\0';
+    return status;
+}
+
+/* Every refused field: a non-OK status and ONE log line naming field and value. */
+static void test_refusals(void **state)
+{
+    static const struct {
+        const char *extra;      /* added to the good hybrid (or a full llama config) */
+        bool        llama;
+        const char *field, *value;
+    } cases[] = {
+        {"\"sliding_window\":4096", false, "sliding_window", "4096"},
+        {"\"mlp_hidden_act\":\"mish\"", false, "mlp_hidden_act", "mish"},
+        {"\"mamba_hidden_act\":\"hardswish\"", false, "mamba_hidden_act", "hardswish"},
+        {"\"quantization_config\":{\"quant_method\":\"fp8\"}", false, "quantization_config", "fp8"},
+        {"\"moe_latent_size\":1024," KVF_MOE_FIELDS_NOCOMMA, false, "moe_latent_size", "1024"},
+        {"\"frobnicate\":true", false, "frobnicate", "nemotron_h"},
+        {"\"layers_block_type\":[\"linear_attention\",\"sliding_attention\"]", false,
+         "layers_block_type", "sliding_attention"},
+        {"\"sliding_window\":4096", true, "sliding_window", "4096"},
+        {"\"hidden_act\":\"xielu\"", true, "hidden_act", "xielu"},
+        {"\"rope_parameters\":{\"rope_type\":\"yarn\",\"factor\":4.0}", true, "rope_type", "yarn"},
+        {"\"rope_scaling\":{\"rope_type\":\"dynamic\",\"factor\":2.0}", true, "rope_type", "dynamic"},
+        {"\"rope_parameters\":{\"rope_type\":\"default\",\"mrope_section\":[1,2]}", true,
+         "mrope_section", "[1,2]"},
+        {"\"partial_rotary_factor\":0.5", true, "partial_rotary_factor", "0.5"},
+        {"\"use_sliding_window\":true", true, "use_sliding_window", "true"},
+        {"\"layer_types\":[\"sliding_attention\",\"full_attention\"]", true, "layer_types",
+         "sliding_attention"},
+    };
+    char json[2048], line[1024];
+    (void)state;
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); ++i) {
+        kvf_status_t st;
+        if (cases[i].llama) {
+            const char *mt = (strstr(cases[i].extra, "sliding") != NULL) ? "qwen3" : "llama";
+            if (strstr(cases[i].extra, "\"sliding_window\"") != NULL) {
+                mt = "mistral";
+            }
+            snprintf(json, sizeof(json),
+                     "{\"model_type\":\"%s\",\"hidden_size\":64,\"vocab_size\":10,"
+                     "\"num_attention_heads\":4,\"num_hidden_layers\":2,\"intermediate_size\":8,%s}",
+                     mt, cases[i].extra);
+        } else if ((strstr(cases[i].extra, "layers_block_type") != NULL) ||
+                   (strstr(cases[i].extra, "hybrid_override_pattern") != NULL)) {
+            snprintf(json, sizeof(json), kvf_good_hybrid, cases[i].extra);
+        } else {
+            char extra[1024];
+            snprintf(extra, sizeof(extra), "\"hybrid_override_pattern\":\"M*-\",%s", cases[i].extra);
+            snprintf(json, sizeof(json), kvf_good_hybrid, extra);
+        }
+        st = parse_captured(json, line, sizeof(line));
+        if ((st == KVF_OK) || (strstr(line, cases[i].field) == NULL) ||
+            (strstr(line, cases[i].value) == NULL) || (strchr(line, '\n') != line + strlen(line) - 1)) {
+            fail_msg("case %zu (%s): status %d, log '%s'", i, cases[i].extra, (int)st, line);
+        }
+    }
 }
 
 static void test_bad_input(void **state)
@@ -77,7 +244,7 @@ static void test_bad_input(void **state)
     assert_int_equal(kvf_model_config_parse("{\"hidden_size\":4}", "t", &cfg),
                      KVF_ERR_INVALID_PARAM);   /* no model_type */
     /* missing pattern */
-    assert_int_equal(parse_with("\"x\":1", &cfg), KVF_ERR_INVALID_PARAM);
+    assert_int_equal(parse_with("\"use_cache\":true", &cfg), KVF_ERR_INVALID_PARAM);
     /* bad letter */
     assert_int_equal(parse_with("\"hybrid_override_pattern\":\"M*X\"", &cfg),
                      KVF_ERR_INVALID_PARAM);
@@ -120,6 +287,8 @@ int main(void)
         cmocka_unit_test(test_real_models),
         cmocka_unit_test(test_layers_block_type),
         cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_honoured_fields),
+        cmocka_unit_test(test_refusals),
     };
     kvf_log_init("test");
     return cmocka_run_group_tests(tests, NULL, NULL);
