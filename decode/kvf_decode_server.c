@@ -53,6 +53,12 @@ typedef struct {
     int              cap_tokens;
     int              generated;    /* tokens decoded here (streamed or kept) */
     Kvf__TransferStats stats;
+    /* TTFT breakdown (ServeTiming), sent with the first reply */
+    Kvf__ServeTiming timing;
+    bool             timing_sent;
+    uint64_t         arrival_ns;   /* DecodeRequest received */
+    uint64_t         landed_ns;    /* latest rank's last GET landed */
+    uint64_t         committed_ns; /* import committed: decoding may start */
 } kvf_dc_req_t;
 
 /* A decode request waiting for free blocks (the pool is busy, not too small). */
@@ -60,6 +66,7 @@ typedef struct {
     Kvf__ServeRequest *req;          /* owned */
     kvf_serve_peer_t   peer;
     uint64_t           deadline_ns;  /* give up before prefill's lease runs out */
+    uint64_t           arrival_ns;   /* when it was received */
 } kvf_dc_waiting_t;
 
 struct kvf_decode_server {
@@ -161,6 +168,15 @@ static void kvf_dc_reply_tokens(kvf_decode_server_h srv, kvf_dc_req_t *q, const 
         reply.finish_reason = (char *)finish;
         reply.stats = &q->stats;
     }
+    if (!q->timing_sent) {
+        uint64_t now = kvf_time_now_ns();
+        q->timing.has_total_ms = q->timing.has_first_step_ms = 1;
+        q->timing.total_ms = (double)(now - q->arrival_ns) / 1e6;
+        q->timing.first_step_ms = (q->committed_ns > 0) ?
+                                  (double)(now - q->committed_ns) / 1e6 : 0.0;
+        reply.timing = &q->timing;
+        q->timing_sent = true;
+    }
     kvf_serve_server_reply(srv->serve, &q->peer, &reply);
 }
 
@@ -206,6 +222,7 @@ static kvf_dc_req_t *kvf_dc_track(kvf_decode_server_h srv)
     kvf__transfer_stats__init(&q->stats);
     q->stats.has_bytes = q->stats.has_descriptors = q->stats.has_reads = 1;
     q->stats.has_handshake_ms = q->stats.has_transfer_ms = q->stats.has_recomputed = 1;
+    kvf__serve_timing__init(&q->timing);
     return q;
 }
 
@@ -270,6 +287,8 @@ static kvf_status_t kvf_dc_pull(kvf_decode_server_h srv, const Kvf__TransferPara
     }
 
     t0 = kvf_time_now_ns();
+    q->timing.has_handshake_ms = 1;
+    q->timing.handshake_ms = q->stats.handshake_ms;
     for (int r = 0; r < ntp; ++r) {
         final[r] = srv->xops->start_pull(srv->conn, r, &pull, &reqs[r]);
         if (final[r] == KVF_OK) {
@@ -289,15 +308,27 @@ static kvf_status_t kvf_dc_pull(kvf_decode_server_h srv, const Kvf__TransferPara
     } while (pending);
     q->stats.transfer_ms = (double)(kvf_time_now_ns() - t0) / 1e6;
 
-    for (int r = 0; r < ntp; ++r) {
-        kvf_connector_stats_t st;
-        if (reqs[r] == NULL) {
-            continue;
+    {
+        /* Phase boundaries are the latest rank's, so the phases add up (proto: ServeTiming). */
+        uint64_t posted = t0, landed = 0;
+        for (int r = 0; r < ntp; ++r) {
+            kvf_connector_stats_t st;
+            if (reqs[r] == NULL) {
+                continue;
+            }
+            if (srv->xops->req_stats(srv->conn, r, reqs[r], &st) == KVF_OK) {
+                q->stats.bytes += st.bytes;
+                q->stats.descriptors += st.descriptors;
+                q->stats.reads += (uint32_t)st.remote_ranks;
+                posted = (st.posted_ns > posted) ? st.posted_ns : posted;
+                landed = (st.landed_ns > landed) ? st.landed_ns : landed;
+            }
         }
-        if (srv->xops->req_stats(srv->conn, r, reqs[r], &st) == KVF_OK) {
-            q->stats.bytes += st.bytes;
-            q->stats.descriptors += st.descriptors;
-            q->stats.reads += (uint32_t)st.remote_ranks;
+        if (landed > 0) {
+            q->timing.has_posting_ms = q->timing.has_wire_ms = 1;
+            q->timing.posting_ms = (double)(posted - t0) / 1e6;
+            q->timing.wire_ms = (landed > posted) ? (double)(landed - posted) / 1e6 : 0.0;
+            q->landed_ns = (landed > posted) ? landed : posted;
         }
     }
     for (int r = 0; r < ntp; ++r) {   /* only now may prefill free what we read */
@@ -395,7 +426,7 @@ static kvf_status_t kvf_dc_validate(const Kvf__DecodeRequest *dr, char *err, siz
 
 /* @a dr passed kvf_dc_validate() when it arrived (kvf_dc_handle); retries skip it. */
 static kvf_dc_outcome_t kvf_dc_decode(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
-                                      const Kvf__DecodeRequest *dr)
+                                      const Kvf__DecodeRequest *dr, uint64_t arrival_ns)
 {
     kvf_block_manager_h bm = kvf_engine_block_manager(srv->engine);
     kvf_req_blocks_t none;
@@ -405,7 +436,7 @@ static kvf_dc_outcome_t kvf_dc_decode(kvf_decode_server_h srv, const kvf_serve_p
     kvf_req_info_t info;
     kvf_dc_req_t *q;
     char err[512] = "";
-    uint64_t id;
+    uint64_t id, t_alloc;
     kvf_status_t status;
 
     memset(&rp, 0, sizeof(rp));
@@ -447,7 +478,9 @@ static kvf_dc_outcome_t kvf_dc_decode(kvf_decode_server_h srv, const kvf_serve_p
     snprintf(q->request_id, sizeof(q->request_id), "%s", rid);
     q->peer = *peer;
     q->stream = dr->has_stream && dr->stream;
+    q->arrival_ns = arrival_ns;
 
+    t_alloc = kvf_time_now_ns();
     status = kvf_engine_import_begin(srv->engine, &rp, &id, &blocks);
     if (status != KVF_OK) {
         kvf_dc_remove(srv, srv->num_reqs - 1);
@@ -459,12 +492,20 @@ static kvf_dc_outcome_t kvf_dc_decode(kvf_decode_server_h srv, const kvf_serve_p
         return KVF_DC_DONE;
     }
     q->engine_req = id;
+    q->timing.has_queue_ms = q->timing.has_alloc_ms = 1;
+    q->timing.queue_ms = (double)(t_alloc - arrival_ns) / 1e6;
+    q->timing.alloc_ms = (double)(kvf_time_now_ns() - t_alloc) / 1e6;
     status = kvf_dc_pull(srv, dr->params, blocks, q, err, sizeof(err));
     if (status == KVF_OK) {
         status = kvf_engine_import_commit(srv->engine, id, dr->params->first_token);
         if (status != KVF_OK) {
             snprintf(err, sizeof(err), "first token %d rejected", dr->params->first_token);
         }
+    }
+    q->committed_ns = kvf_time_now_ns();
+    if (q->landed_ns > 0) {
+        q->timing.has_post_ops_ms = 1;
+        q->timing.post_ops_ms = (double)(q->committed_ns - q->landed_ns) / 1e6;
     }
     if (status != KVF_OK) {
         kvf_engine_abort(srv->engine, id);
@@ -490,7 +531,7 @@ static kvf_dc_outcome_t kvf_dc_decode(kvf_decode_server_h srv, const kvf_serve_p
 
 /* Keep @a req until blocks free up, at most until shortly before prefill's lease ends. */
 static bool kvf_dc_wait(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
-                        Kvf__ServeRequest *req)
+                        Kvf__ServeRequest *req, uint64_t arrival_ns)
 {
     const Kvf__TransferParams *xp = req->decode->params;
     uint64_t now_rt = kvf_time_realtime_ms();
@@ -511,6 +552,7 @@ static bool kvf_dc_wait(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
     srv->waiting[srv->num_waiting].req = req;
     srv->waiting[srv->num_waiting].peer = *peer;
     srv->waiting[srv->num_waiting].deadline_ns = kvf_time_now_ns() + left_ms * 1000000ull;
+    srv->waiting[srv->num_waiting].arrival_ns = arrival_ns;
     srv->num_waiting++;
     kvf_log(KVF_LOG_DEBUG, KVF_SUB_SCHED, "request %s waits for decode blocks (%d waiting)",
             req->decode->request_id, srv->num_waiting);
@@ -530,7 +572,7 @@ static void kvf_dc_admit_waiting(kvf_decode_server_h srv)
 {
     while (srv->num_waiting > 0) {
         kvf_dc_waiting_t *w = &srv->waiting[0];
-        if (kvf_dc_decode(srv, &w->peer, w->req->decode) == KVF_DC_DONE) {
+        if (kvf_dc_decode(srv, &w->peer, w->req->decode, w->arrival_ns) == KVF_DC_DONE) {
             kvf_dc_unwait(srv, 0);
             continue;
         }
@@ -643,6 +685,7 @@ static bool kvf_dc_handle(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
                           Kvf__ServeRequest *req)
 {
     char err[256];
+    uint64_t arrival_ns = kvf_time_now_ns();
 
     switch (req->body_case) {
     case KVF__SERVE_REQUEST__BODY_DECODE:
@@ -652,10 +695,11 @@ static bool kvf_dc_handle(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
             return false;
         }
         /* behind others already waiting, or when the pool is full: wait in line */
-        if ((srv->num_waiting == 0) && (kvf_dc_decode(srv, peer, req->decode) == KVF_DC_DONE)) {
+        if ((srv->num_waiting == 0) &&
+            (kvf_dc_decode(srv, peer, req->decode, arrival_ns) == KVF_DC_DONE)) {
             return false;
         }
-        if (!kvf_dc_wait(srv, peer, req)) {
+        if (!kvf_dc_wait(srv, peer, req, arrival_ns)) {
             kvf_serve_server_reply_error(srv->serve, peer, req->decode->request_id,
                                          KVF_ERR_NO_MEMORY, "out of memory queueing the request");
             return false;

@@ -50,7 +50,8 @@ typedef struct {
     uint64_t         engine_req;
     char             request_id[KVF_LEASE_ID_MAX];
     kvf_serve_peer_t peer;
-    uint64_t         start_ns;
+    uint64_t         start_ns;          /* received (and admitted) */
+    uint64_t         compute_ns;        /* the first engine step that computed its tokens */
 } kvf_pf_pending_t;
 
 struct kvf_prefill_server {
@@ -231,6 +232,7 @@ static void kvf_pf_prefill(kvf_prefill_server_h srv, const kvf_serve_peer_t *pee
     snprintf(p->request_id, sizeof(p->request_id), "%s", rid);
     p->peer = *peer;
     p->start_ns = kvf_time_now_ns();
+    p->compute_ns = 0;
 }
 
 /* Blocks of a prefilled request -> TransferParams, lease it, answer. */
@@ -238,6 +240,7 @@ static void kvf_pf_prefilled(kvf_prefill_server_h srv, kvf_pf_pending_t *p, int3
 {
     Kvf__ServeReply reply = KVF__SERVE_REPLY__INIT;
     Kvf__TransferParams tp = KVF__TRANSFER_PARAMS__INIT;
+    Kvf__ServeTiming timing = KVF__SERVE_TIMING__INIT;
     Kvf__BlockIdList lists[KVF_MAX_KV_GROUPS];
     Kvf__BlockIdList *plists[KVF_MAX_KV_GROUPS];
     kvf_req_info_t info;
@@ -285,6 +288,15 @@ static void kvf_pf_prefilled(kvf_prefill_server_h srv, kvf_pf_pending_t *p, int3
     reply.tokens = &first;
     reply.has_done = 1;
     reply.done = 1;
+    {
+        uint64_t now = kvf_time_now_ns();
+        uint64_t c = (p->compute_ns > 0) ? p->compute_ns : p->start_ns;
+        timing.has_total_ms = timing.has_queue_ms = timing.has_compute_ms = 1;
+        timing.total_ms = (double)(now - p->start_ns) / 1e6;
+        timing.queue_ms = (double)(c - p->start_ns) / 1e6;
+        timing.compute_ms = (double)(now - c) / 1e6;
+        reply.timing = &timing;
+    }
     kvf_serve_server_reply(srv->serve, &p->peer, &reply);
     srv->lease_activity_ns = kvf_time_now_ns();
     kvf_log(KVF_LOG_DEBUG, KVF_SUB_SCHED, "request %s prefilled: %d tokens, first token %d,"
@@ -341,14 +353,28 @@ static kvf_status_t kvf_pf_step(kvf_prefill_server_h srv)
 {
     kvf_engine_event_t ev[KVF_PF_MAX_EVENTS];
     int n = 0;
+    uint64_t t_step = kvf_time_now_ns();
     kvf_status_t status = kvf_engine_step(srv->engine, ev, KVF_PF_MAX_EVENTS, &n);
 
+    /* Queue time ends at the first step that computed some of a request's
+     * tokens (ServeTiming.queue_ms); the rest of its wait is compute. */
+    for (int k = 0; k < srv->num_pending; ++k) {
+        kvf_req_info_t info;
+        if ((srv->pending[k].compute_ns == 0) &&
+            (kvf_engine_request_info(srv->engine, srv->pending[k].engine_req, &info) == KVF_OK) &&
+            (info.num_computed > 0)) {
+            srv->pending[k].compute_ns = t_step;
+        }
+    }
     for (int i = 0; i < n; ++i) {
         int k = kvf_pf_find_pending(srv, ev[i].id);
         if (k < 0) {
             continue;
         }
         if (ev[i].kind == KVF_EVENT_PREFILLED) {
+            if (srv->pending[k].compute_ns == 0) {
+                srv->pending[k].compute_ns = t_step;
+            }
             kvf_pf_prefilled(srv, &srv->pending[k], ev[i].token);
             kvf_pf_remove_pending(srv, k);
         } else if (ev[i].kind == KVF_EVENT_FINISHED) {

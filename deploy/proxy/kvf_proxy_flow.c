@@ -261,6 +261,7 @@ kvf_status_t kvf_proxy_flow_start(kvf_proxy_flow_t *flow, const kvf_proxy_flow_c
     sreq.prefill = &preq;
     status = kvf_proxy_call_start(ctx->pool, KVF_PROXY_ROLE_PREFILL, flow->prefill_idx,
                                   flow->out.id, &sreq, &pcall);
+    flow->prefill_sent_us = kvf_proxy_now_us();
     if (status != KVF_OK) {
         return kvf_proxy_flow_fail(flow, status, 500, "server_error",
                                    "failed to queue the prefill request: %s",
@@ -270,6 +271,7 @@ kvf_status_t kvf_proxy_flow_start(kvf_proxy_flow_t *flow, const kvf_proxy_flow_c
     snprintf(what, sizeof(what), "prefill instance %s", flow->out.prefill_instance);
     status = kvf_proxy_flow_wait(flow, pcall, ctx->prefill_timeout_ms, "--prefill-timeout", what,
                                  &r);
+    flow->prefill_recv_us = kvf_proxy_now_us();
     kvf_proxy_call_end(pcall);
     if (status != KVF_OK) {
         return status;
@@ -292,6 +294,12 @@ kvf_status_t kvf_proxy_flow_start(kvf_proxy_flow_t *flow, const kvf_proxy_flow_c
     flow->last_token_us = kvf_proxy_now_us();
     flow->out.ttft_ms = (double)(flow->last_token_us - flow->t0_us) / 1000.0;
     flow->out.prefill_ms = r->has_prefill_ms ? r->prefill_ms : 0.0;
+    if ((r->timing != NULL) && r->timing->has_total_ms) {
+        flow->has_prefill_timing = true;
+        flow->prefill_total_ms = r->timing->total_ms;
+        flow->prefill_queue_ms = r->timing->queue_ms;
+        flow->prefill_compute_ms = r->timing->compute_ms;
+    }
     kvf_proxy_metrics_observe(ctx->metrics, KVF_PROXY_HIST_TTFT, flow->out.ttft_ms / 1000.0, 1);
     if (r->has_prefill_ms) {
         kvf_proxy_metrics_observe(ctx->metrics, KVF_PROXY_HIST_PREFILL, r->prefill_ms / 1000.0, 1);
@@ -309,6 +317,7 @@ kvf_status_t kvf_proxy_flow_start(kvf_proxy_flow_t *flow, const kvf_proxy_flow_c
     sreq.decode = &dreq;
     status = kvf_proxy_call_start(ctx->pool, KVF_PROXY_ROLE_DECODE, flow->decode_idx,
                                   flow->out.id, &sreq, &flow->decode_call);
+    flow->decode_sent_us = kvf_proxy_now_us();
     if (status != KVF_OK) {
         kvf_proxy_flow_fail(flow, status, 500, "server_error",
                             "failed to queue the decode request: %s", kvf_status_str(status));
@@ -316,6 +325,52 @@ kvf_status_t kvf_proxy_flow_start(kvf_proxy_flow_t *flow, const kvf_proxy_flow_c
 out_free_reply:
     kvf__serve_reply__free_unpacked(r, NULL);
     return status;
+}
+
+/*
+ * The first decode reply carries decode's ServeTiming: split the time to it
+ * into phases (kvf_proxy_phase_t). The proxy's own legs minus each daemon's
+ * total are the relays (sockets, the pool's I/O thread); what no clock
+ * covered is "unaccounted", so the phases add up to the measured time.
+ */
+static void kvf_proxy_flow_breakdown(kvf_proxy_flow_t *flow, const Kvf__ServeTiming *dt,
+                                     int64_t now_us)
+{
+    kvf_proxy_ttft_breakdown_t *bd = &flow->out.ttft_breakdown;
+    double *ph = bd->phase_ms, sum = 0;
+
+    if (!flow->has_prefill_timing || (dt == NULL) || !dt->has_total_ms || bd->valid) {
+        return;
+    }
+    bd->valid = true;
+    bd->ttft_ms = flow->out.ttft_ms;
+    bd->first_decode_ms = (double)(now_us - flow->t0_us) / 1000.0;
+    ph[KVF_PROXY_PHASE_PROXY_QUEUE] = (double)(flow->prefill_sent_us - flow->t0_us) / 1000.0;
+    ph[KVF_PROXY_PHASE_PREFILL_QUEUE] = flow->prefill_queue_ms;
+    ph[KVF_PROXY_PHASE_PREFILL_COMPUTE] = flow->prefill_compute_ms;
+    ph[KVF_PROXY_PHASE_PREFILL_RELAY] =
+        (double)(flow->prefill_recv_us - flow->prefill_sent_us) / 1000.0 - flow->prefill_total_ms;
+    ph[KVF_PROXY_PHASE_PROXY_DISPATCH] =
+        (double)(flow->decode_sent_us - flow->prefill_recv_us) / 1000.0;
+    ph[KVF_PROXY_PHASE_DECODE_QUEUE] = dt->queue_ms;
+    ph[KVF_PROXY_PHASE_BLOCK_ALLOC] = dt->alloc_ms;
+    ph[KVF_PROXY_PHASE_HANDSHAKE] = dt->handshake_ms;
+    ph[KVF_PROXY_PHASE_POSTING] = dt->posting_ms;
+    ph[KVF_PROXY_PHASE_WIRE] = dt->wire_ms;
+    ph[KVF_PROXY_PHASE_POST_OPS] = dt->post_ops_ms;
+    ph[KVF_PROXY_PHASE_FIRST_STEP] = dt->first_step_ms;
+    ph[KVF_PROXY_PHASE_DECODE_RELAY] =
+        (double)(now_us - flow->decode_sent_us) / 1000.0 - dt->total_ms;
+    for (int i = 0; i < KVF_PROXY_PHASE_UNACCOUNTED; ++i) {
+        sum += ph[i];
+    }
+    ph[KVF_PROXY_PHASE_UNACCOUNTED] = bd->first_decode_ms - sum;
+    kvf_proxy_metrics_observe(flow->ctx->metrics, KVF_PROXY_HIST_FIRST_DECODE,
+                              bd->first_decode_ms / 1000.0, 1);
+    for (int i = 0; i < KVF_PROXY_PHASE_COUNT; ++i) {
+        kvf_proxy_metrics_observe_phase(flow->ctx->metrics, (kvf_proxy_phase_t)i,
+                                        ph[i] / 1000.0);
+    }
 }
 
 kvf_status_t kvf_proxy_flow_next(kvf_proxy_flow_t *flow, int *first_new_p)
@@ -344,6 +399,7 @@ kvf_status_t kvf_proxy_flow_next(kvf_proxy_flow_t *flow, int *first_new_p)
         status = kvf_proxy_flow_daemon_error(flow, KVF_PROXY_ROLE_DECODE, flow->decode_idx, r);
         goto out;
     }
+    kvf_proxy_flow_breakdown(flow, r->timing, kvf_proxy_now_us());
     if (r->n_tokens > 0) {
         status = kvf_proxy_flow_append(flow, r->tokens, r->n_tokens);
         if (status != KVF_OK) {

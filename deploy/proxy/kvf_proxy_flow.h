@@ -49,6 +49,11 @@ typedef struct kvf_proxy_flow {
     int64_t                           t0_us;
     int64_t                           deadline_us;
     int64_t                           last_token_us;
+    int64_t                           prefill_sent_us;   /* TTFT breakdown timestamps */
+    int64_t                           prefill_recv_us;
+    int64_t                           decode_sent_us;
+    bool                              has_prefill_timing;
+    double                            prefill_total_ms, prefill_queue_ms, prefill_compute_ms;
     bool                              done;        /* finished normally */
     bool                              client_gone;
     int                               http_code;   /* on failure */

@@ -61,7 +61,22 @@ static const kvf_proxy_hist_desc_t kvf_proxy_hist_desc[KVF_PROXY_HIST_COUNT] = {
      kvf_proxy_fast_bounds, KVF_NB(kvf_proxy_fast_bounds)},
     {"kvf_proxy_kv_handshake_seconds", "Handshake time when decode had no cached metadata.",
      kvf_proxy_fast_bounds, KVF_NB(kvf_proxy_fast_bounds)},
+    {"kvf_proxy_time_to_first_decode_token_seconds",
+     "Request received to the first reply from decode (the first token decoded after the KV "
+     "pull).", kvf_proxy_latency_bounds, KVF_NB(kvf_proxy_latency_bounds)},
 };
+
+/* NOTE: indexed by kvf_proxy_phase_t. */
+static const char *const kvf_proxy_phase_names[KVF_PROXY_PHASE_COUNT] = {
+    "proxy_queue", "prefill_queue", "prefill_compute", "prefill_relay", "proxy_dispatch",
+    "decode_queue", "block_alloc", "handshake", "descriptor_posting", "wire", "post_ops",
+    "first_decode_step", "decode_relay", "unaccounted",
+};
+
+const char *kvf_proxy_phase_name(kvf_proxy_phase_t phase)
+{
+    return ((unsigned)phase < KVF_PROXY_PHASE_COUNT) ? kvf_proxy_phase_names[phase] : "?";
+}
 
 typedef struct {
     uint64_t buckets[KVF_PROXY_MAX_BUCKETS]; /* non-cumulative; [num_bounds] = +Inf */
@@ -76,6 +91,7 @@ struct kvf_proxy_metrics {
     int                   num_codes;
     uint64_t              counters[KVF_PROXY_CTR_COUNT];
     kvf_proxy_hist_data_t hists[KVF_PROXY_HIST_COUNT];
+    kvf_proxy_hist_data_t phases[KVF_PROXY_PHASE_COUNT];
     int64_t               in_flight;
 };
 
@@ -137,11 +153,33 @@ uint64_t kvf_proxy_metrics_get(kvf_proxy_metrics_h metrics, kvf_proxy_counter_t 
     return v;
 }
 
+static void kvf_proxy_hist_add(kvf_proxy_metrics_h metrics, const kvf_proxy_hist_desc_t *d,
+                               kvf_proxy_hist_data_t *h, double seconds, uint64_t count);
+
 void kvf_proxy_metrics_observe(kvf_proxy_metrics_h metrics, kvf_proxy_hist_t hist,
                                double seconds, uint64_t count)
 {
-    const kvf_proxy_hist_desc_t *d = &kvf_proxy_hist_desc[hist];
-    kvf_proxy_hist_data_t *h = &metrics->hists[hist];
+    kvf_proxy_hist_add(metrics, &kvf_proxy_hist_desc[hist], &metrics->hists[hist], seconds,
+                       count);
+}
+
+static const kvf_proxy_hist_desc_t kvf_proxy_phase_desc = {
+    "kvf_proxy_ttft_phase_seconds",
+    "Time to the first decoded token by phase (max over TP ranks); the phases add up to "
+    "kvf_proxy_time_to_first_decode_token_seconds.",
+    kvf_proxy_fast_bounds, KVF_NB(kvf_proxy_fast_bounds)};
+
+void kvf_proxy_metrics_observe_phase(kvf_proxy_metrics_h metrics, kvf_proxy_phase_t phase,
+                                     double seconds)
+{
+    if ((unsigned)phase < KVF_PROXY_PHASE_COUNT) {
+        kvf_proxy_hist_add(metrics, &kvf_proxy_phase_desc, &metrics->phases[phase], seconds, 1);
+    }
+}
+
+static void kvf_proxy_hist_add(kvf_proxy_metrics_h metrics, const kvf_proxy_hist_desc_t *d,
+                               kvf_proxy_hist_data_t *h, double seconds, uint64_t count)
+{
     int b;
 
     if (count == 0) {
@@ -206,5 +244,26 @@ void kvf_proxy_metrics_render(kvf_proxy_metrics_h metrics, FILE *out)
         cum += h->buckets[d->num_bounds];
         fprintf(out, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.9g\n%s_count %llu\n", d->name,
                 (unsigned long long)cum, d->name, h->sum, d->name, (unsigned long long)h->count);
+    }
+    {
+        const kvf_proxy_hist_desc_t *d = &kvf_proxy_phase_desc;
+
+        fprintf(out, "# HELP %s %s\n# TYPE %s histogram\n", d->name, d->help, d->name);
+        for (int ph = 0; ph < KVF_PROXY_PHASE_COUNT; ++ph) {
+            const kvf_proxy_hist_data_t *h = &snap.phases[ph];
+            const char *pn = kvf_proxy_phase_names[ph];
+            uint64_t cum = 0;
+
+            for (int b = 0; b < d->num_bounds; ++b) {
+                cum += h->buckets[b];
+                fprintf(out, "%s_bucket{phase=\"%s\",le=\"%g\"} %llu\n", d->name, pn,
+                        d->bounds[b], (unsigned long long)cum);
+            }
+            cum += h->buckets[d->num_bounds];
+            fprintf(out, "%s_bucket{phase=\"%s\",le=\"+Inf\"} %llu\n"
+                         "%s_sum{phase=\"%s\"} %.9g\n%s_count{phase=\"%s\"} %llu\n",
+                    d->name, pn, (unsigned long long)cum, d->name, pn, h->sum, d->name, pn,
+                    (unsigned long long)h->count);
+        }
     }
 }

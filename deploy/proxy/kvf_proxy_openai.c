@@ -386,6 +386,21 @@ static void kvf_proxy_add_summary(cJSON *root, const kvf_proxy_completion_req_t 
     }
     cJSON_AddNumberToObject(root, "ttft_ms", c->ttft_ms);
     cJSON_AddNumberToObject(root, "prefill_ms", c->prefill_ms);
+    if (c->ttft_breakdown.valid) {
+        const kvf_proxy_ttft_breakdown_t *bd = &c->ttft_breakdown;
+        cJSON *o = cJSON_AddObjectToObject(root, "ttft_breakdown");
+        char key[48];
+
+        if (o != NULL) {
+            cJSON_AddNumberToObject(o, "ttft_ms", bd->ttft_ms);
+            cJSON_AddNumberToObject(o, "time_to_first_decode_token_ms", bd->first_decode_ms);
+            for (int ph = 0; ph < KVF_PROXY_PHASE_COUNT; ++ph) {
+                snprintf(key, sizeof(key), "%s_ms", kvf_proxy_phase_name((kvf_proxy_phase_t)ph));
+                cJSON_AddNumberToObject(o, key, bd->phase_ms[ph]);
+            }
+            cJSON_AddStringToObject(o, "tp_ranks", "max");
+        }
+    }
     if (req->return_token_ids) {
         kvf_proxy_add_ids(root, "prompt_token_ids", req->prompt_ids, req->num_prompt);
     }

@@ -15,6 +15,7 @@
 #ifndef KVF_PROXY_OPENAI_H
 #define KVF_PROXY_OPENAI_H
 
+#include "kvf_proxy_metrics.h"
 #include "kvf_status.h"
 #include "kvf_tokenizer.h"
 
@@ -54,6 +55,18 @@ typedef struct kvf_proxy_kv_stats {
     bool     recomputed;
 } kvf_proxy_kv_stats_t;
 
+/**
+ * Where the time to the first decoded token went (kvf_proxy_phase_t order),
+ * from the proxy's clock and the daemons' ServeTiming; max over TP ranks.
+ * Rendered as "ttft_breakdown" in the final object.
+ */
+typedef struct kvf_proxy_ttft_breakdown {
+    bool   valid;
+    double ttft_ms;             /* the first token (from prefill) ready at the proxy */
+    double first_decode_ms;     /* the first reply from decode at the proxy */
+    double phase_ms[KVF_PROXY_PHASE_COUNT];
+} kvf_proxy_ttft_breakdown_t;
+
 /** What the proxy knows about a completion so far. */
 typedef struct kvf_proxy_completion {
     char                 id[48];          /* "cmpl-..." */
@@ -66,6 +79,7 @@ typedef struct kvf_proxy_completion {
     const char          *decode_instance;
     double               ttft_ms;
     double               prefill_ms;
+    kvf_proxy_ttft_breakdown_t ttft_breakdown;
 } kvf_proxy_completion_t;
 
 /**

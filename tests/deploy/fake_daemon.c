@@ -16,6 +16,11 @@
  * --fake-first-decode-delay-ms is the gap before decode's first reply
  * (default: the token delay), standing in for the KV pull.
  *
+ * ServeTiming (the TTFT breakdown): prefill reports queue 0 and compute =
+ * its delay; decode's first reply reports queue/alloc/handshake/posting/
+ * post-ops 0, wire = half the first-decode delay, first step = the other
+ * half, total = the delay.
+ *
  * Faults (--fake-mode): normal, fail-prefill (status -40 with a message),
  * fail-decode (status -30, a handshake refusal), hang-decode (accept the
  * request, never answer), no-health (never answer health probes),
@@ -58,6 +63,7 @@ typedef struct {
     uint32_t sent;          /* tokens sent so far, counting prefill's first */
     int64_t  next_ms;
     bool     hang;
+    bool     timing_sent;
 } fake_stream_t;
 
 static volatile sig_atomic_t fake_stop;
@@ -207,6 +213,7 @@ static void fake_prefill(void *sock, zmq_msg_t *identity, const Kvf__PrefillRequ
 {
     Kvf__ServeReply r = KVF__SERVE_REPLY__INIT;
     Kvf__TransferParams tp = KVF__TRANSFER_PARAMS__INIT;
+    Kvf__ServeTiming tm = KVF__SERVE_TIMING__INIT;
 
     r.request_id = p->request_id;
     r.has_status = true;
@@ -234,6 +241,9 @@ static void fake_prefill(void *sock, zmq_msg_t *identity, const Kvf__PrefillRequ
     r.params = &tp;
     r.has_prefill_ms = true;
     r.prefill_ms = 2.0;
+    tm.has_total_ms = tm.has_queue_ms = tm.has_compute_ms = true;
+    tm.total_ms = tm.compute_ms = fake_prefill_delay_ms;
+    r.timing = &tm;
     fake_send_later(sock, identity, &r);
 }
 
@@ -300,6 +310,7 @@ static void fake_step(void *sock)
         fake_stream_t *s = &fake_streams[i];
         Kvf__ServeReply r = KVF__SERVE_REPLY__INIT;
         Kvf__TransferStats st = KVF__TRANSFER_STATS__INIT;
+        Kvf__ServeTiming tm = KVF__SERVE_TIMING__INIT;
         int32_t tok;
 
         if (!s->used || s->hang || (now < s->next_ms)) {
@@ -307,6 +318,17 @@ static void fake_step(void *sock)
         }
         r.request_id = s->request_id;
         r.has_status = true;
+        if (!s->timing_sent) {
+            double first = (fake_first_decode_delay_ms >= 0) ? fake_first_decode_delay_ms :
+                                                               fake_delay_ms;
+            tm.has_total_ms = tm.has_queue_ms = tm.has_alloc_ms = tm.has_handshake_ms = true;
+            tm.has_posting_ms = tm.has_wire_ms = tm.has_post_ops_ms = tm.has_first_step_ms = true;
+            tm.total_ms = first;
+            tm.wire_ms = first / 2;
+            tm.first_step_ms = first / 2;
+            r.timing = &tm;
+            s->timing_sent = true;
+        }
         if (s->sent < s->max_tokens) {
             tok = s->prompt[s->sent % (uint32_t)s->n_prompt];
             r.n_tokens = 1;

@@ -43,7 +43,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define KVF_CONNECTOR_ABI 5   /* 2: req_stats; 3: forget_engine; 4: incarnations; 5: wait_fds */
+#define KVF_CONNECTOR_ABI 6   /* 2: req_stats; 3: forget_engine; 4: incarnations; 5: wait_fds;
+                                 6: stats carry posted/landed/done times */
 
 typedef struct kvf_connector *kvf_connector_h;
 typedef struct kvf_connector_req *kvf_connector_req_h;
@@ -97,6 +98,10 @@ typedef struct kvf_connector_stats {
     uint64_t descriptors;    /* GET descriptors after coalescing */
     int      remote_ranks;   /* prefill ranks this rank read from */
     uint64_t zero_bytes;     /* bytes zeroed after the pull */
+    /* CLOCK_MONOTONIC ns (kvf_time_now_ns()); 0 when not reached */
+    uint64_t posted_ns;      /* start_pull returned: planned, every GET posted */
+    uint64_t landed_ns;      /* poll saw the last GET complete */
+    uint64_t done_ns;        /* post-ops (tail zeroing) finished */
 } kvf_connector_stats_t;
 
 typedef struct kvf_connector_ops {

@@ -19,6 +19,7 @@
  * force UCS_THREAD_MODE_MULTI locking on every progress call.
  */
 #include "kvf_connector_ucx.h"
+#include "kvf_time.h"
 
 #include "kvf_contract.h"
 #include "kvf_log.h"
@@ -88,6 +89,7 @@ struct kvf_connector_req {
     int             *src;           /* prefill ranks read (each gets a release) */
     kvf_status_t     status;        /* KVF_INPROGRESS until final */
     uint64_t         deadline_ns;
+    uint64_t         posted_ns, landed_ns, done_ns;   /* kvf_connector_stats_t */
     char             request_id[KVF_ENGINE_ID_MAX];
 };
 
@@ -631,6 +633,7 @@ static kvf_status_t kvf_conn_start_pull(kvf_connector_h conn, int tp_rank,
             break;
         }
     }
+    req->posted_ns = kvf_time_now_ns();
     *req_p = req;
     return KVF_OK;
 
@@ -670,9 +673,11 @@ static kvf_status_t kvf_conn_poll(kvf_connector_h conn, int tp_rank, kvf_connect
         }
         return req->status;
     }
+    req->landed_ns = kvf_time_now_ns();
     for (size_t z = 0; z < req->plan->num_zero; ++z) {
         memset(rk->base + req->plan->zero[z].off, 0, req->plan->zero[z].len);
     }
+    req->done_ns = kvf_time_now_ns();
     req->status = KVF_OK;
     return KVF_OK;
 }
@@ -849,6 +854,9 @@ static kvf_status_t kvf_conn_req_stats(kvf_connector_h conn, int tp_rank,
     stats_p->descriptors = req->plan->total_descs;
     stats_p->remote_ranks = req->plan->num_ranks;
     stats_p->zero_bytes = req->plan->zero_bytes;
+    stats_p->posted_ns = req->posted_ns;
+    stats_p->landed_ns = req->landed_ns;
+    stats_p->done_ns = req->done_ns;
     return KVF_OK;
 }
 
