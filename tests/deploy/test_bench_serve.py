@@ -1,9 +1,9 @@
 """kvf bench-serve's accounting against fake daemons with known delays.
 
-Two prefill instances answer after 20 ms and 150 ms (--fake-prefill-delay-ms),
+Two prefill instances answer after 20 ms and 300 ms (--fake-prefill-delay-ms),
 decode sends one token every 10 ms. With one request in flight the proxy's
 round robin alternates between the prefills, so exactly half the requests
-meet a 140 ms TTFT SLO. Checked: counts, tokens, each request's TTFT and
+meet a 250 ms TTFT SLO. Checked: counts, tokens, each request's TTFT and
 TPOT against the delays, the identity E2E = TTFT + TPOT * (n - 1), the
 summary's mean and percentiles against the per-request CSV, goodput,
 failures by kind (an instance failing every prefill; a decode that never
@@ -20,11 +20,13 @@ import tempfile
 import proxy_testlib as T
 from kvf_e2e import free_port_range, wait_for
 
-FAST_MS, SLOW_MS, TOKEN_MS = 20, 150, 10
-# Upper slack for a loaded 2-core machine: timers, the proxy's thread per
-# connection and Python-free C on both ends. Lower bounds are the delays less
-# the fake's 1 ms clock granularity.
-SLACK_MS = 100
+FAST_MS, SLOW_MS, TOKEN_MS = 20, 300, 10
+SLO_MS = 250
+# Upper bounds only catch gross mistakes: a 2-core machine shared by many
+# jobs delays any process by 100 ms and more now and then. Lower bounds are
+# the delays less the fake's 1 ms clock granularity; the goodput split needs
+# the fast prefill within SLO_MS - FAST_MS of its delay.
+SLACK_MS = 1000
 GRAIN_MS = 1.5
 
 
@@ -88,7 +90,7 @@ def run(a, procs, tmp):
     # 1. Accounting: 20 requests, one at a time, alternating fast and slow prefill.
     n = 20
     js, rows = bench(kvf, px.url, ["--num-requests", str(n), "--max-concurrency", "1",
-                                   "--slo-ttft-ms", "140"], tmp, "acct")
+                                   "--slo-ttft-ms", str(SLO_MS)], tmp, "acct")
     T.check(js["sent"] == n and js["completed"] == n and js["failed"] == 0 and
             js["failures"] == {}, "all %d requests completed" % n, js)
     T.check(js["input_tokens"] == 12 * n and js["output_tokens"] == 6 * n,
@@ -104,7 +106,7 @@ def run(a, procs, tmp):
         if not (delay - GRAIN_MS <= ttft < delay + SLACK_MS):
             raise AssertionError("request %s: ttft %.1f ms, prefill delay %d" %
                                  (r["index"], ttft, delay))
-        if not (TOKEN_MS * 0.9 <= tpot < TOKEN_MS + SLACK_MS):
+        if not (TOKEN_MS * 0.9 <= tpot < TOKEN_MS + SLACK_MS / 5):
             raise AssertionError("request %s: tpot %.2f ms, token delay %d" %
                                  (r["index"], tpot, TOKEN_MS))
         if abs(e2e - (ttft + tpot * 5)) > 1e-2:
@@ -121,14 +123,14 @@ def run(a, procs, tmp):
         if any(abs(got[k] - want[k]) > 2e-3 for k in want) or got["n"] != n:
             raise AssertionError("%s summary %s != from rows %s" % (key, got, want))
     T.check(js["ttft_ms"]["p50"] > FAST_MS + 10 and js["ttft_ms"]["p90"] >= SLOW_MS - GRAIN_MS and
-            js["tpot_ms"]["p50"] < TOKEN_MS + 10,
+            js["tpot_ms"]["p50"] < TOKEN_MS + 40,
             "TTFT p50 falls between the two prefills, p90 on the slow one; TPOT p50 ~ %d ms" %
             TOKEN_MS, js)
     T.check(js["itl_ms"]["n"] == 5 * n and abs(js["itl_ms"]["mean"] - js["tpot_ms"]["mean"]) < 0.05,
             "ITL: 5 gaps per request, mean equal to the mean TPOT", js["itl_ms"])
     T.check(js["good"] == n // 2 and
             all((r["good"] == "1") == (r in fast) for r in rows),
-            "goodput counts exactly the fast-prefill requests under ttft <= 140 ms", js)
+            "goodput counts exactly the fast-prefill requests under ttft <= %d ms" % SLO_MS, js)
     span = max(float(r["end_ms"]) for r in rows) - min(float(r["start_ms"]) for r in rows)
     T.check(abs(js["duration_s"] * 1000 - span) < 1e-2 and
             span >= sum(float(r["e2e_ms"]) for r in rows) and
@@ -144,7 +146,7 @@ def run(a, procs, tmp):
     # half its 10 ms first-reply delay, so the transfer share is 5 ms over the total.
     for r in rows:
         share, first = float(r["transfer_share"]), float(r["first_decode_token_ms"])
-        if not (first > float(r["ttft_ms"]) - SLACK_MS and abs(share - 5.0 / first) < 1e-3):
+        if not (first >= float(r["proxy_ttft_ms"]) and abs(share - 5.0 / first) < 1e-3):
             raise AssertionError("request %s: transfer share %s, first decode %s" %
                                  (r["index"], share, first))
     T.check(abs(js["transfer_share"] - sum(5.0 / float(r["first_decode_token_ms"])
@@ -189,7 +191,7 @@ def run(a, procs, tmp):
                                    "--request-rate", "40", "--warmup", "2", "--seed", "7"],
                      tmp, "poisson")
     starts = sorted(float(r["start_ms"]) for r in rows)
-    T.check(8 <= js["sent"] <= 60 and js["failed"] == 0 and starts[-1] < 600 + SLACK_MS and
+    T.check(8 <= js["sent"] <= 60 and js["failed"] == 0 and starts[-1] < 600 + SLACK_MS / 5 and
             [int(r["index"]) for r in rows] == list(range(js["sent"])),
             "Poisson at 40 req/s for 0.6 s: %d requests, all started within the duration" %
             js["sent"], js)
