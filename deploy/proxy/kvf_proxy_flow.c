@@ -329,7 +329,7 @@ out_free_reply:
 
 /*
  * The first decode reply carries decode's ServeTiming: split the time to it
- * into phases (kvf_proxy_phase_t). The proxy's own legs minus each daemon's
+ * into phases (kvf_proxy_ttft_phase_t). The proxy's own legs minus each daemon's
  * total are the relays (sockets, the pool's I/O thread); what no clock
  * covered is "unaccounted", so the phases add up to the measured time.
  */
@@ -345,30 +345,30 @@ static void kvf_proxy_flow_breakdown(kvf_proxy_flow_t *flow, const Kvf__ServeTim
     bd->valid = true;
     bd->ttft_ms = flow->out.ttft_ms;
     bd->first_decode_ms = (double)(now_us - flow->t0_us) / 1000.0;
-    ph[KVF_PROXY_PHASE_PROXY_QUEUE] = (double)(flow->prefill_sent_us - flow->t0_us) / 1000.0;
-    ph[KVF_PROXY_PHASE_PREFILL_QUEUE] = flow->prefill_queue_ms;
-    ph[KVF_PROXY_PHASE_PREFILL_COMPUTE] = flow->prefill_compute_ms;
-    ph[KVF_PROXY_PHASE_PREFILL_RELAY] =
+    ph[KVF_PROXY_TTFT_PHASE_PROXY_QUEUE] = (double)(flow->prefill_sent_us - flow->t0_us) / 1000.0;
+    ph[KVF_PROXY_TTFT_PHASE_PREFILL_QUEUE] = flow->prefill_queue_ms;
+    ph[KVF_PROXY_TTFT_PHASE_PREFILL_COMPUTE] = flow->prefill_compute_ms;
+    ph[KVF_PROXY_TTFT_PHASE_PREFILL_RELAY] =
         (double)(flow->prefill_recv_us - flow->prefill_sent_us) / 1000.0 - flow->prefill_total_ms;
-    ph[KVF_PROXY_PHASE_PROXY_DISPATCH] =
+    ph[KVF_PROXY_TTFT_PHASE_PROXY_DISPATCH] =
         (double)(flow->decode_sent_us - flow->prefill_recv_us) / 1000.0;
-    ph[KVF_PROXY_PHASE_DECODE_QUEUE] = dt->queue_ms;
-    ph[KVF_PROXY_PHASE_BLOCK_ALLOC] = dt->alloc_ms;
-    ph[KVF_PROXY_PHASE_HANDSHAKE] = dt->handshake_ms;
-    ph[KVF_PROXY_PHASE_POSTING] = dt->posting_ms;
-    ph[KVF_PROXY_PHASE_WIRE] = dt->wire_ms;
-    ph[KVF_PROXY_PHASE_POST_OPS] = dt->post_ops_ms;
-    ph[KVF_PROXY_PHASE_FIRST_STEP] = dt->first_step_ms;
-    ph[KVF_PROXY_PHASE_DECODE_RELAY] =
+    ph[KVF_PROXY_TTFT_PHASE_DECODE_QUEUE] = dt->queue_ms;
+    ph[KVF_PROXY_TTFT_PHASE_BLOCK_ALLOC] = dt->alloc_ms;
+    ph[KVF_PROXY_TTFT_PHASE_HANDSHAKE] = dt->handshake_ms;
+    ph[KVF_PROXY_TTFT_PHASE_POSTING] = dt->posting_ms;
+    ph[KVF_PROXY_TTFT_PHASE_WIRE] = dt->wire_ms;
+    ph[KVF_PROXY_TTFT_PHASE_POST_OPS] = dt->post_ops_ms;
+    ph[KVF_PROXY_TTFT_PHASE_FIRST_STEP] = dt->first_step_ms;
+    ph[KVF_PROXY_TTFT_PHASE_DECODE_RELAY] =
         (double)(now_us - flow->decode_sent_us) / 1000.0 - dt->total_ms;
-    for (int i = 0; i < KVF_PROXY_PHASE_UNACCOUNTED; ++i) {
+    for (int i = 0; i < KVF_PROXY_TTFT_PHASE_UNACCOUNTED; ++i) {
         sum += ph[i];
     }
-    ph[KVF_PROXY_PHASE_UNACCOUNTED] = bd->first_decode_ms - sum;
+    ph[KVF_PROXY_TTFT_PHASE_UNACCOUNTED] = bd->first_decode_ms - sum;
     kvf_proxy_metrics_observe(flow->ctx->metrics, KVF_PROXY_HIST_FIRST_DECODE,
                               bd->first_decode_ms / 1000.0, 1);
-    for (int i = 0; i < KVF_PROXY_PHASE_COUNT; ++i) {
-        kvf_proxy_metrics_observe_phase(flow->ctx->metrics, (kvf_proxy_phase_t)i,
+    for (int i = 0; i < KVF_PROXY_TTFT_PHASE_COUNT; ++i) {
+        kvf_proxy_metrics_observe_phase(flow->ctx->metrics, (kvf_proxy_ttft_phase_t)i,
                                         ph[i] / 1000.0);
     }
 }

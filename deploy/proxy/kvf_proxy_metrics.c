@@ -66,16 +66,16 @@ static const kvf_proxy_hist_desc_t kvf_proxy_hist_desc[KVF_PROXY_HIST_COUNT] = {
      "pull).", kvf_proxy_latency_bounds, KVF_NB(kvf_proxy_latency_bounds)},
 };
 
-/* NOTE: indexed by kvf_proxy_phase_t. */
-static const char *const kvf_proxy_phase_names[KVF_PROXY_PHASE_COUNT] = {
+/* NOTE: indexed by kvf_proxy_ttft_phase_t. */
+static const char *const kvf_proxy_ttft_phase_names[KVF_PROXY_TTFT_PHASE_COUNT] = {
     "proxy_queue", "prefill_queue", "prefill_compute", "prefill_relay", "proxy_dispatch",
     "decode_queue", "block_alloc", "handshake", "descriptor_posting", "wire", "post_ops",
     "first_decode_step", "decode_relay", "unaccounted",
 };
 
-const char *kvf_proxy_phase_name(kvf_proxy_phase_t phase)
+const char *kvf_proxy_ttft_phase_name(kvf_proxy_ttft_phase_t phase)
 {
-    return ((unsigned)phase < KVF_PROXY_PHASE_COUNT) ? kvf_proxy_phase_names[phase] : "?";
+    return ((unsigned)phase < KVF_PROXY_TTFT_PHASE_COUNT) ? kvf_proxy_ttft_phase_names[phase] : "?";
 }
 
 typedef struct {
@@ -91,7 +91,7 @@ struct kvf_proxy_metrics {
     int                   num_codes;
     uint64_t              counters[KVF_PROXY_CTR_COUNT];
     kvf_proxy_hist_data_t hists[KVF_PROXY_HIST_COUNT];
-    kvf_proxy_hist_data_t phases[KVF_PROXY_PHASE_COUNT];
+    kvf_proxy_hist_data_t phases[KVF_PROXY_TTFT_PHASE_COUNT];
     int64_t               in_flight;
 };
 
@@ -163,17 +163,17 @@ void kvf_proxy_metrics_observe(kvf_proxy_metrics_h metrics, kvf_proxy_hist_t his
                        count);
 }
 
-static const kvf_proxy_hist_desc_t kvf_proxy_phase_desc = {
+static const kvf_proxy_hist_desc_t kvf_proxy_ttft_phase_desc = {
     "kvf_proxy_ttft_phase_seconds",
     "Time to the first decoded token by phase (max over TP ranks); the phases add up to "
     "kvf_proxy_time_to_first_decode_token_seconds.",
     kvf_proxy_fast_bounds, KVF_NB(kvf_proxy_fast_bounds)};
 
-void kvf_proxy_metrics_observe_phase(kvf_proxy_metrics_h metrics, kvf_proxy_phase_t phase,
+void kvf_proxy_metrics_observe_phase(kvf_proxy_metrics_h metrics, kvf_proxy_ttft_phase_t phase,
                                      double seconds)
 {
-    if ((unsigned)phase < KVF_PROXY_PHASE_COUNT) {
-        kvf_proxy_hist_add(metrics, &kvf_proxy_phase_desc, &metrics->phases[phase], seconds, 1);
+    if ((unsigned)phase < KVF_PROXY_TTFT_PHASE_COUNT) {
+        kvf_proxy_hist_add(metrics, &kvf_proxy_ttft_phase_desc, &metrics->phases[phase], seconds, 1);
     }
 }
 
@@ -246,12 +246,12 @@ void kvf_proxy_metrics_render(kvf_proxy_metrics_h metrics, FILE *out)
                 (unsigned long long)cum, d->name, h->sum, d->name, (unsigned long long)h->count);
     }
     {
-        const kvf_proxy_hist_desc_t *d = &kvf_proxy_phase_desc;
+        const kvf_proxy_hist_desc_t *d = &kvf_proxy_ttft_phase_desc;
 
         fprintf(out, "# HELP %s %s\n# TYPE %s histogram\n", d->name, d->help, d->name);
-        for (int ph = 0; ph < KVF_PROXY_PHASE_COUNT; ++ph) {
+        for (int ph = 0; ph < KVF_PROXY_TTFT_PHASE_COUNT; ++ph) {
             const kvf_proxy_hist_data_t *h = &snap.phases[ph];
-            const char *pn = kvf_proxy_phase_names[ph];
+            const char *pn = kvf_proxy_ttft_phase_names[ph];
             uint64_t cum = 0;
 
             for (int b = 0; b < d->num_bounds; ++b) {

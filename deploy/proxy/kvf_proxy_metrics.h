@@ -44,31 +44,31 @@ typedef enum {
  * Phases of the time to the first decoded token, in order; they add up to
  * KVF_PROXY_HIST_FIRST_DECODE (the last, unaccounted, is what no daemon
  * timed). Rendered as kvf_proxy_ttft_phase_seconds{phase="<name>"}.
- * NOTE: keep in sync with kvf_proxy_phase_names in kvf_proxy_metrics.c.
+ * NOTE: keep in sync with kvf_proxy_ttft_phase_names in kvf_proxy_metrics.c.
  */
 typedef enum {
-    KVF_PROXY_PHASE_PROXY_QUEUE = 0,    /* proxy: flow start -> PrefillRequest queued */
-    KVF_PROXY_PHASE_PREFILL_QUEUE,      /* prefill: received -> first step over it */
-    KVF_PROXY_PHASE_PREFILL_COMPUTE,    /* prefill: first step -> first token sampled */
-    KVF_PROXY_PHASE_PREFILL_RELAY,      /* prefill leg round trip less prefill's own time */
-    KVF_PROXY_PHASE_PROXY_DISPATCH,     /* proxy: prefill answer -> DecodeRequest queued */
-    KVF_PROXY_PHASE_DECODE_QUEUE,       /* decode: received -> blocks allocated */
-    KVF_PROXY_PHASE_BLOCK_ALLOC,        /* decode: allocate, zero fresh attention blocks */
-    KVF_PROXY_PHASE_HANDSHAKE,
-    KVF_PROXY_PHASE_POSTING,            /* decode: plan and post the GETs */
-    KVF_PROXY_PHASE_WIRE,               /* decode: posted -> last GET landed */
-    KVF_PROXY_PHASE_POST_OPS,           /* decode: zero tails, release, commit */
-    KVF_PROXY_PHASE_FIRST_STEP,         /* decode: committed -> first token ready */
-    KVF_PROXY_PHASE_DECODE_RELAY,       /* decode leg to the first reply less decode's own time */
-    KVF_PROXY_PHASE_UNACCOUNTED,        /* measured total less the sum above */
-    KVF_PROXY_PHASE_COUNT
-} kvf_proxy_phase_t;
+    KVF_PROXY_TTFT_PHASE_PROXY_QUEUE = 0,    /* proxy: flow start -> PrefillRequest queued */
+    KVF_PROXY_TTFT_PHASE_PREFILL_QUEUE,      /* prefill: received -> first step over it */
+    KVF_PROXY_TTFT_PHASE_PREFILL_COMPUTE,    /* prefill: first step -> first token sampled */
+    KVF_PROXY_TTFT_PHASE_PREFILL_RELAY,      /* prefill leg round trip less prefill's own time */
+    KVF_PROXY_TTFT_PHASE_PROXY_DISPATCH,     /* proxy: prefill answer -> DecodeRequest queued */
+    KVF_PROXY_TTFT_PHASE_DECODE_QUEUE,       /* decode: received -> blocks allocated */
+    KVF_PROXY_TTFT_PHASE_BLOCK_ALLOC,        /* decode: allocate, zero fresh attention blocks */
+    KVF_PROXY_TTFT_PHASE_HANDSHAKE,
+    KVF_PROXY_TTFT_PHASE_POSTING,            /* decode: plan and post the GETs */
+    KVF_PROXY_TTFT_PHASE_WIRE,               /* decode: posted -> last GET landed */
+    KVF_PROXY_TTFT_PHASE_POST_OPS,           /* decode: zero tails, release, commit */
+    KVF_PROXY_TTFT_PHASE_FIRST_STEP,         /* decode: committed -> first token ready */
+    KVF_PROXY_TTFT_PHASE_DECODE_RELAY,       /* decode leg to the first reply less decode's own time */
+    KVF_PROXY_TTFT_PHASE_UNACCOUNTED,        /* measured total less the sum above */
+    KVF_PROXY_TTFT_PHASE_COUNT
+} kvf_proxy_ttft_phase_t;
 
 /** "proxy_queue", "prefill_queue", ... (the JSON key is this with "_ms"). */
-const char *kvf_proxy_phase_name(kvf_proxy_phase_t phase);
+const char *kvf_proxy_ttft_phase_name(kvf_proxy_ttft_phase_t phase);
 
 /** Record one observation of @a seconds for @a phase (negative values count as 0). */
-void kvf_proxy_metrics_observe_phase(kvf_proxy_metrics_h metrics, kvf_proxy_phase_t phase,
+void kvf_proxy_metrics_observe_phase(kvf_proxy_metrics_h metrics, kvf_proxy_ttft_phase_t phase,
                                      double seconds);
 
 /** Allocate zeroed metrics; KVF_ERR_NO_MEMORY. */

@@ -394,8 +394,8 @@ static void kvf_proxy_add_summary(cJSON *root, const kvf_proxy_completion_req_t 
         if (o != NULL) {
             cJSON_AddNumberToObject(o, "ttft_ms", bd->ttft_ms);
             cJSON_AddNumberToObject(o, "time_to_first_decode_token_ms", bd->first_decode_ms);
-            for (int ph = 0; ph < KVF_PROXY_PHASE_COUNT; ++ph) {
-                snprintf(key, sizeof(key), "%s_ms", kvf_proxy_phase_name((kvf_proxy_phase_t)ph));
+            for (int ph = 0; ph < KVF_PROXY_TTFT_PHASE_COUNT; ++ph) {
+                snprintf(key, sizeof(key), "%s_ms", kvf_proxy_ttft_phase_name((kvf_proxy_ttft_phase_t)ph));
                 cJSON_AddNumberToObject(o, key, bd->phase_ms[ph]);
             }
             cJSON_AddStringToObject(o, "tp_ranks", "max");

@@ -56,7 +56,7 @@ typedef struct kvf_proxy_kv_stats {
 } kvf_proxy_kv_stats_t;
 
 /**
- * Where the time to the first decoded token went (kvf_proxy_phase_t order),
+ * Where the time to the first decoded token went (kvf_proxy_ttft_phase_t order),
  * from the proxy's clock and the daemons' ServeTiming; max over TP ranks.
  * Rendered as "ttft_breakdown" in the final object.
  */
@@ -64,7 +64,7 @@ typedef struct kvf_proxy_ttft_breakdown {
     bool   valid;
     double ttft_ms;             /* the first token (from prefill) ready at the proxy */
     double first_decode_ms;     /* the first reply from decode at the proxy */
-    double phase_ms[KVF_PROXY_PHASE_COUNT];
+    double phase_ms[KVF_PROXY_TTFT_PHASE_COUNT];
 } kvf_proxy_ttft_breakdown_t;
 
 /** What the proxy knows about a completion so far. */

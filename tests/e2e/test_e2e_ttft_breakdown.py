@@ -9,8 +9,9 @@ transfer phases are max over its TP ranks). Checked, per request:
   measured time to the first decoded token within TOL_MS + TOL_FRAC of it:
   the untimed gaps (validation, protobuf packing, lease bookkeeping) are small;
 - the prefill-side phases add up to the client-visible ttft_ms the same way;
-- the first request handshakes, later ones find the metadata cached (a lookup,
-  well under 0.5 ms); the wire phase is positive when bytes moved;
+- no phase the daemons time is negative; the wire phase is positive when bytes
+  moved (the proxy handshakes every pairing at start, so handshake_ms is the
+  cache lookup here);
 - /metrics has kvf_proxy_ttft_phase_seconds{phase=...} for every phase with
   one observation per request, and the time-to-first-decode-token histogram.
 """
@@ -56,11 +57,6 @@ def main():
                               return_token_ids=True)
             final = r.final if stream else r
             bd, kv = final["ttft_breakdown"], final["kv_transfer"]
-            if i == 0:
-                first_hs = bd["handshake_ms"]
-                assert first_hs > 0.05, bd
-            else:   # the cached metadata: a lookup
-                assert bd["handshake_ms"] < min(0.5, first_hs), (first_hs, bd)
             rows.append((i, stream) + check_one(i, bd, kv) + (bd,))
         print("%-3s %-6s %10s %10s %8s" % ("req", "stream", "measured", "phases", "error"))
         for i, stream, total, timed, bd in rows:
