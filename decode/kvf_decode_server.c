@@ -17,6 +17,7 @@
 #include "kvf_decode_server.h"
 
 #include "kvf_engine.h"
+#include "kvf_handshake.h"
 #include "kvf_log.h"
 #include "kvf_time.h"
 #include "kvf_role.h"
@@ -31,7 +32,6 @@
 #define KVF_DC_MAX_EVENTS 512
 #define KVF_DC_ID_MAX     64
 #define KVF_DC_MAX_TP     KVF_ROLE_MAX_TP
-#define KVF_DC_MAX_IDS    (1 << 20)    /* block ids per group in transfer params */
 
 const kvf_config_field_t kvf_decode_config_table[] = {
     KVF_ROLE_CONFIG_FIELDS(kvf_decode_config_t, "tcp://127.0.0.1:5567", "decode-0"),
@@ -64,6 +64,7 @@ typedef struct {
 /* A decode request waiting for free blocks (the pool is busy, not too small). */
 typedef struct {
     Kvf__ServeRequest *req;          /* owned */
+    kvf_xfer_params_msg_t params;    /* req's transfer params, decoded once on arrival; owned */
     kvf_serve_peer_t   peer;
     uint64_t           deadline_ns;  /* give up before prefill's lease runs out */
     uint64_t           arrival_ns;   /* when it was received */
@@ -144,6 +145,7 @@ void kvf_decode_server_destroy(kvf_decode_server_h srv)
     }
     for (int i = 0; i < srv->num_waiting; ++i) {
         kvf__serve_request__free_unpacked(srv->waiting[i].req, NULL);
+        kvf_xfer_params_msg_cleanup(&srv->waiting[i].params);
     }
     free(srv->waiting);
     free(srv->reqs);
@@ -229,7 +231,7 @@ static kvf_dc_req_t *kvf_dc_track(kvf_decode_server_h srv)
 /* ---- the pull ----------------------------------------------------------- */
 
 /* Pull the request's state into @a blocks on every rank; fills q->stats. */
-static kvf_status_t kvf_dc_pull(kvf_decode_server_h srv, const Kvf__TransferParams *xp,
+static kvf_status_t kvf_dc_pull(kvf_decode_server_h srv, const kvf_xfer_params_msg_t *xp,
                                 const kvf_req_blocks_t *blocks, kvf_dc_req_t *q, char *err,
                                 size_t err_len)
 {
@@ -251,7 +253,7 @@ static kvf_status_t kvf_dc_pull(kvf_decode_server_h srv, const Kvf__TransferPara
             srv->xops->forget_engine(srv->conn, xp->engine_id);
         }
     }
-    status = srv->xops->handshake(srv->conn, xp->engine_id, xp->host, (int)xp->port, err,
+    status = srv->xops->handshake(srv->conn, xp->engine_id, xp->host, xp->port, err,
                                   err_len);
     q->stats.handshake_ms = (double)(kvf_time_now_ns() - t0) / 1e6;
     if (status != KVF_OK) {
@@ -262,9 +264,9 @@ static kvf_status_t kvf_dc_pull(kvf_decode_server_h srv, const Kvf__TransferPara
         }
         return status;
     }
-    if ((int)xp->n_groups != blocks->num_groups) {
-        snprintf(err, err_len, "transfer params carry %zu KV cache groups, this model has %d",
-                 xp->n_groups, blocks->num_groups);
+    if (xp->num_groups != blocks->num_groups) {
+        snprintf(err, err_len, "transfer params carry %d KV cache groups, this model has %d",
+                 xp->num_groups, blocks->num_groups);
         return KVF_ERR_INVALID_PARAM;
     }
     if (srv->cfg.test_pull_delay_ms > 0) {   /* fault tests kill prefill in this window */
@@ -277,11 +279,11 @@ static kvf_status_t kvf_dc_pull(kvf_decode_server_h srv, const Kvf__TransferPara
     memset(&pull, 0, sizeof(pull));
     pull.engine_id = xp->engine_id;
     pull.request_id = q->request_id;
-    pull.num_tokens = (int64_t)xp->num_tokens;
+    pull.num_tokens = xp->num_tokens;
     pull.num_groups = blocks->num_groups;
     for (int g = 0; g < blocks->num_groups; ++g) {
-        pull.remote_ids[g] = xp->groups[g]->ids;
-        pull.num_remote_ids[g] = (int)xp->groups[g]->n_ids;
+        pull.remote_ids[g] = xp->ids[g];
+        pull.num_remote_ids[g] = xp->num_ids[g];
         pull.local_ids[g] = blocks->blocks[g];
         pull.num_local_ids[g] = blocks->num_blocks[g];
     }
@@ -359,7 +361,8 @@ static kvf_status_t kvf_dc_pull(kvf_decode_server_h srv, const Kvf__TransferPara
 
 /* Load failed: prefill the prompt and prefill's first token here instead. */
 static kvf_status_t kvf_dc_recompute(kvf_decode_server_h srv, const Kvf__DecodeRequest *dr,
-                                     const kvf_req_params_t *rp, kvf_dc_req_t *q)
+                                     int32_t first_token, const kvf_req_params_t *rp,
+                                     kvf_dc_req_t *q)
 {
     kvf_req_params_t p = *rp;
     int32_t *prompt = malloc((dr->n_prompt_tokens + 1) * sizeof(*prompt));
@@ -369,7 +372,7 @@ static kvf_status_t kvf_dc_recompute(kvf_decode_server_h srv, const Kvf__DecodeR
         return KVF_ERR_NO_MEMORY;
     }
     memcpy(prompt, dr->prompt_tokens, dr->n_prompt_tokens * sizeof(*prompt));
-    prompt[dr->n_prompt_tokens] = dr->params->first_token;
+    prompt[dr->n_prompt_tokens] = first_token;
     p.prompt = prompt;
     p.prompt_len = (int)dr->n_prompt_tokens + 1;
     p.sampling.max_tokens = rp->sampling.max_tokens - 1;
@@ -386,47 +389,30 @@ typedef enum {
 
 /*
  * Everything about a decode request that can be checked without the pool:
- * ids, the prompt, and transfer params a peer could have made up. Runs
- * before a request may wait in line, so nothing malformed is ever kept.
+ * ids, the prompt, and transfer params a peer could have made up (the one
+ * decoder, kvf_xfer_params_decode(), checks and copies those into @a xp).
+ * Runs before a request may wait in line, so nothing malformed is ever kept.
  */
-static kvf_status_t kvf_dc_validate(const Kvf__DecodeRequest *dr, char *err, size_t len)
+static kvf_status_t kvf_dc_validate(const Kvf__DecodeRequest *dr, kvf_xfer_params_msg_t *xp,
+                                    char *err, size_t len)
 {
-    const Kvf__TransferParams *xp = dr->params;
     const char *rid = dr->request_id;
 
     if ((rid == NULL) || (rid[0] == '\0') || (strlen(rid) >= KVF_DC_ID_MAX)) {
         snprintf(err, len, "decode request needs a request_id of 1..%d bytes", KVF_DC_ID_MAX - 1);
-    } else if (dr->n_prompt_tokens == 0) {
-        snprintf(err, len, "decode request has an empty prompt");
-    } else if ((xp == NULL) || (xp->engine_id == NULL) || (xp->engine_id[0] == '\0') ||
-               (xp->host == NULL) || (xp->host[0] == '\0')) {
-        snprintf(err, len, "decode request needs transfer params naming the prefill engine");
-    } else if (!xp->has_port || (xp->port < 1) || (xp->port > 65535)) {
-        snprintf(err, len, "transfer params: side-channel port %u is not in 1..65535", xp->port);
-    } else if (!xp->has_first_token) {
-        snprintf(err, len, "transfer params carry no first token");
-    } else if (xp->num_tokens != dr->n_prompt_tokens) {
-        snprintf(err, len, "transfer params cover %llu tokens, the prompt has %zu",
-                 (unsigned long long)xp->num_tokens, dr->n_prompt_tokens);
-    } else if ((xp->n_groups == 0) || (xp->n_groups > KVF_MAX_KV_GROUPS)) {
-        snprintf(err, len, "transfer params carry %zu KV cache groups (1..%d)", xp->n_groups,
-                 KVF_MAX_KV_GROUPS);
-    } else {
-        for (size_t g = 0; g < xp->n_groups; ++g) {
-            if ((xp->groups[g] == NULL) || (xp->groups[g]->n_ids > KVF_DC_MAX_IDS)) {
-                snprintf(err, len, "transfer params: group %zu has more than %d block ids", g,
-                         KVF_DC_MAX_IDS);
-                return KVF_ERR_INVALID_PARAM;
-            }
-        }
-        return KVF_OK;
+        return KVF_ERR_INVALID_PARAM;
     }
-    return KVF_ERR_INVALID_PARAM;
+    if (dr->n_prompt_tokens == 0) {
+        snprintf(err, len, "decode request has an empty prompt");
+        return KVF_ERR_INVALID_PARAM;
+    }
+    return kvf_xfer_params_decode(dr->params, (int64_t)dr->n_prompt_tokens, xp, err, len);
 }
 
-/* @a dr passed kvf_dc_validate() when it arrived (kvf_dc_handle); retries skip it. */
+/* @a xp is what kvf_dc_validate() decoded from @a dr when it arrived; retries reuse it. */
 static kvf_dc_outcome_t kvf_dc_decode(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
-                                      const Kvf__DecodeRequest *dr, uint64_t arrival_ns)
+                                      const Kvf__DecodeRequest *dr, uint64_t arrival_ns,
+                                      const kvf_xfer_params_msg_t *xp)
 {
     kvf_block_manager_h bm = kvf_engine_block_manager(srv->engine);
     kvf_req_blocks_t none;
@@ -495,11 +481,11 @@ static kvf_dc_outcome_t kvf_dc_decode(kvf_decode_server_h srv, const kvf_serve_p
     q->timing.has_queue_ms = q->timing.has_alloc_ms = 1;
     q->timing.queue_ms = (double)(t_alloc - arrival_ns) / 1e6;
     q->timing.alloc_ms = (double)(kvf_time_now_ns() - t_alloc) / 1e6;
-    status = kvf_dc_pull(srv, dr->params, blocks, q, err, sizeof(err));
+    status = kvf_dc_pull(srv, xp, blocks, q, err, sizeof(err));
     if (status == KVF_OK) {
-        status = kvf_engine_import_commit(srv->engine, id, dr->params->first_token);
+        status = kvf_engine_import_commit(srv->engine, id, xp->first_token);
         if (status != KVF_OK) {
-            snprintf(err, sizeof(err), "first token %d rejected", dr->params->first_token);
+            snprintf(err, sizeof(err), "first token %d rejected", xp->first_token);
         }
     }
     q->committed_ns = kvf_time_now_ns();
@@ -512,7 +498,7 @@ static kvf_dc_outcome_t kvf_dc_decode(kvf_decode_server_h srv, const kvf_serve_p
         kvf_engine_release(srv->engine, id);
         kvf_warn("request %s: %s", rid, err);
         if (srv->recompute && (rp.sampling.max_tokens > 1) && (status != KVF_ERR_REFUSED) &&
-            (kvf_dc_recompute(srv, dr, &rp, q) == KVF_OK)) {
+            (kvf_dc_recompute(srv, dr, xp->first_token, &rp, q) == KVF_OK)) {
             return KVF_DC_DONE;   /* decoding continues from the local prefill */
         }
         kvf_serve_server_reply_error(srv->serve, peer, rid, status, err);
@@ -529,15 +515,18 @@ static kvf_dc_outcome_t kvf_dc_decode(kvf_decode_server_h srv, const kvf_serve_p
     return KVF_DC_DONE;
 }
 
-/* Keep @a req until blocks free up, at most until shortly before prefill's lease ends. */
+/*
+ * Keep @a req (and its decoded params @a xp, moved in) until blocks free up,
+ * at most until shortly before prefill's lease ends.
+ */
 static bool kvf_dc_wait(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
-                        Kvf__ServeRequest *req, uint64_t arrival_ns)
+                        Kvf__ServeRequest *req, uint64_t arrival_ns,
+                        kvf_xfer_params_msg_t *xp)
 {
-    const Kvf__TransferParams *xp = req->decode->params;
     uint64_t now_rt = kvf_time_realtime_ms();
     uint64_t left_ms = 5000;   /* no lease expiry advertised */
 
-    if ((xp != NULL) && xp->has_lease_expiry_ms) {
+    if (xp->has_lease_expiry) {
         left_ms = (xp->lease_expiry_ms > now_rt + 200) ? xp->lease_expiry_ms - now_rt - 200 : 0;
     }
     if (srv->num_waiting == srv->cap_waiting) {
@@ -550,6 +539,8 @@ static bool kvf_dc_wait(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
         srv->cap_waiting = cap;
     }
     srv->waiting[srv->num_waiting].req = req;
+    srv->waiting[srv->num_waiting].params = *xp;
+    memset(xp, 0, sizeof(*xp));                 /* moved */
     srv->waiting[srv->num_waiting].peer = *peer;
     srv->waiting[srv->num_waiting].deadline_ns = kvf_time_now_ns() + left_ms * 1000000ull;
     srv->waiting[srv->num_waiting].arrival_ns = arrival_ns;
@@ -562,6 +553,7 @@ static bool kvf_dc_wait(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
 static void kvf_dc_unwait(kvf_decode_server_h srv, int i)
 {
     kvf__serve_request__free_unpacked(srv->waiting[i].req, NULL);
+    kvf_xfer_params_msg_cleanup(&srv->waiting[i].params);
     memmove(&srv->waiting[i], &srv->waiting[i + 1],
             (size_t)(srv->num_waiting - i - 1) * sizeof(srv->waiting[0]));
     srv->num_waiting--;
@@ -572,7 +564,8 @@ static void kvf_dc_admit_waiting(kvf_decode_server_h srv)
 {
     while (srv->num_waiting > 0) {
         kvf_dc_waiting_t *w = &srv->waiting[0];
-        if (kvf_dc_decode(srv, &w->peer, w->req->decode, w->arrival_ns) == KVF_DC_DONE) {
+        if (kvf_dc_decode(srv, &w->peer, w->req->decode, w->arrival_ns, &w->params) ==
+            KVF_DC_DONE) {
             kvf_dc_unwait(srv, 0);
             continue;
         }
@@ -684,27 +677,31 @@ static void kvf_dc_check_peer(kvf_decode_server_h srv, const kvf_serve_peer_t *p
 static bool kvf_dc_handle(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
                           Kvf__ServeRequest *req)
 {
+    kvf_xfer_params_msg_t xp;
     char err[256];
     uint64_t arrival_ns = kvf_time_now_ns();
+    bool kept;
 
     switch (req->body_case) {
     case KVF__SERVE_REQUEST__BODY_DECODE:
-        if (kvf_dc_validate(req->decode, err, sizeof(err)) != KVF_OK) {
+        if (kvf_dc_validate(req->decode, &xp, err, sizeof(err)) != KVF_OK) {
             kvf_serve_server_reply_error(srv->serve, peer, req->decode->request_id,
                                          KVF_ERR_INVALID_PARAM, err);
             return false;
         }
         /* behind others already waiting, or when the pool is full: wait in line */
         if ((srv->num_waiting == 0) &&
-            (kvf_dc_decode(srv, peer, req->decode, arrival_ns) == KVF_DC_DONE)) {
+            (kvf_dc_decode(srv, peer, req->decode, arrival_ns, &xp) == KVF_DC_DONE)) {
+            kvf_xfer_params_msg_cleanup(&xp);
             return false;
         }
-        if (!kvf_dc_wait(srv, peer, req, arrival_ns)) {
+        kept = kvf_dc_wait(srv, peer, req, arrival_ns, &xp);
+        if (!kept) {
             kvf_serve_server_reply_error(srv->serve, peer, req->decode->request_id,
                                          KVF_ERR_NO_MEMORY, "out of memory queueing the request");
-            return false;
         }
-        return true;
+        kvf_xfer_params_msg_cleanup(&xp);   /* empty when moved into the line */
+        return kept;
     case KVF__SERVE_REQUEST__BODY_ABORT:
         kvf_dc_abort(srv, req->abort);
         return false;

@@ -1,36 +1,46 @@
 /*
  * kvf xfer-test and kvf bench: a real prefill -> decode KV pull between two
- * processes over UCX, with the whole control path of DESIGN.md §3 except the
- * proxy (a pipe from the prefill child carries the transfer params instead).
+ * processes, through the KV connector the daemons use (kvf_connector.h:
+ * register_pool, serve, handshake, start_pull, poll, notify_release,
+ * poll_release), with the whole control path of DESIGN.md §3 except the
+ * proxy (a pipe from the prefill child carries the packed transfer params,
+ * which the decode side reads with the same decoder kvf-decode uses).
  *
  * Design. The decode process forks the prefill instance before touching UCX
- * or ZeroMQ (nothing to inherit). Each side runs one thread per TP rank, each
- * with its own agent and host pool of num_blocks * slots * page_size bytes.
- * Prefill poisons its pool with one NaN pattern and writes, into the
- * request's pages only, values that are a pure function of (layer, global KV
- * head or conv channel or SSM head, token, element), so replicated heads hold
- * identical bytes and any misplaced byte shows. Decode poisons its pool with
- * another NaN pattern, handshakes over the side channel, checks
- * compatibility, plans with kvf_xfer_plan_create(), pulls with one batch per
- * prefill rank, applies the zero post-ops, notifies every prefill rank it
- * read (they exit once all their readers have released), then rebuilds the
- * expected content of EVERY page of its pool (pattern, zeroed tail, untouched
- * Mamba padding, untouched unrelated pages) and compares bytes.
+ * or ZeroMQ (nothing to inherit). Each side creates one connector and runs
+ * one thread per TP rank, each registering a host pool of num_blocks *
+ * slots * page_size bytes. Prefill poisons its pool with one NaN pattern and
+ * writes, into the request's pages only, values that are a pure function of
+ * (layer, global KV head or conv channel or SSM head, token, element), so
+ * replicated heads hold identical bytes and any misplaced byte shows. Decode
+ * poisons its pool with another NaN pattern, handshakes, pulls on every
+ * rank (the connector plans, posts, zeroes tails and sends the releases;
+ * prefill ranks wait for them with poll_release and exit once all their
+ * readers have released), then rebuilds the expected content of EVERY page
+ * of its pool (pattern, zeroed tail, untouched Mamba padding, untouched
+ * unrelated pages) and compares bytes.
  *
  * Fault flags (hidden) make the prefill advertise a wrong protocol version,
- * fingerprint or region length, send an out-of-range block id, or get killed
- * by decode after the first batch, so refusal and robustness tests drive the
- * same code as the happy path. The bench reuses the same sessions: it times
- * the KV-shaped pull and a raw GET of the same bytes as one contiguous range
- * from each prefill rank, on the same endpoints.
+ * fingerprint or region length (it then serves its connector's metadata,
+ * altered, on a side channel of its own: a lying peer is not a daemon), send
+ * an out-of-range block id, or get killed by decode after the first window
+ * of GETs, so refusal and robustness tests drive the same connector code as
+ * the happy path.
+ *
+ * The bench times the pull through the connector and, as a reference, a
+ * raw GET of the same bytes as one contiguous range per prefill rank read,
+ * on a second, bare UCX agent per rank (the only UCX calls made here, and
+ * never on the KV path).
  */
 #include "kvf_xfer_tools.h"
 
 #include "kvf_config.h"
+#include "kvf_connector.h"
+#include "kvf_connector_ucx.h"
+#include "kvf_handshake.h"
 #include "kvf_layout.h"
 #include "kvf_log.h"
 #include "kvf_tp_map.h"
-#include "kvf_compat.h"
 #include "kvf_side_channel.h"
 #include "kvf_ucx_agent.h"
 
@@ -38,6 +48,7 @@
 #include <inttypes.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -73,7 +84,6 @@ typedef struct xt_opts {
     bool    no_coalesce;
     bool    verify;
     int     iters;
-    bool    peer_errors;
     /* hidden fault injection */
     int     fault_version;
     bool    fault_fingerprint;
@@ -111,12 +121,10 @@ typedef struct xt_opts {
              KVF_CONFIG_TYPE_INT, 0),                                                         \
     XT_FIELD("TIMEOUT", "5s", "bound on every wait (handshake, transfer, release)",          \
              timeout_ms, KVF_CONFIG_TYPE_TIME, 0),                                            \
-    XT_FIELD("BATCH_DESCS", "0", "descriptors per batch (0: one batch per prefill rank)",    \
+    XT_FIELD("BATCH_DESCS", "0", "GETs in flight per prefill rank read (0: all at once)",    \
              batch_descs, KVF_CONFIG_TYPE_INT, 0),                                            \
     XT_FIELD("NO_COALESCE", "no", "one descriptor per run (planner debugging)", no_coalesce, \
              KVF_CONFIG_TYPE_BOOL, 0),                                                        \
-    XT_FIELD("PEER_ERRORS", "yes", "UCX endpoints in peer error-handling mode (dead-peer "   \
-             "detection)", peer_errors, KVF_CONFIG_TYPE_BOOL, 0),                            \
     XT_FIELD("FAULT_VERSION", "0", "prefill advertises this protocol version", fault_version, \
              KVF_CONFIG_TYPE_INT, KVF_CONFIG_FLAG_HIDDEN),                                    \
     XT_FIELD("FAULT_FINGERPRINT", "no", "prefill advertises a different model fingerprint",  \
@@ -176,41 +184,48 @@ typedef struct xt_rank {
     xt_side_t       *side;
     int              rank;
     pthread_t        thread;
-    kvf_ucx_agent_h  agent;
-    uint8_t         *pool;
+    uint8_t         *pool;          /* freed after the connector is destroyed */
     size_t           pool_len;
-    int              region;
-    kvf_rank_meta_t *meta;
+
+    /* the raw reference (bench only): a bare agent with the pool registered again */
+    kvf_ucx_agent_h  raw_agent;
+    int              raw_region;
+    kvf_rank_meta_t  raw_meta;
+    kvf_ucx_peer_h   raw_peers[KVF_XFER_MAX_TP];
 
     /* results */
     kvf_status_t     status;
+    kvf_status_t     start_status;  /* what start_pull returned */
     char             err[256];
-    uint64_t         ops_posted;
+    uint64_t         ops_posted;    /* GET descriptors handed to the connector, + raw GETs */
     uint64_t         bytes, zero_bytes, raw_bytes;
     size_t           descs;
     int              reads;
     uint64_t         pages_checked, elements_checked;
-    uint64_t         t_start[XT_MAX_ITERS], t_end[XT_MAX_ITERS];
+    uint64_t         t_start[XT_MAX_ITERS + 2], t_post[XT_MAX_ITERS + 2];   /* per pull */
+    uint64_t         t_end[XT_MAX_ITERS + 2];
     uint64_t         t_raw_start[XT_MAX_ITERS], t_raw_end[XT_MAX_ITERS];
     uint64_t         t_fail;
     char             transports[640];
 } xt_rank_t;
 
 struct xt_ctx {
-    xt_opts_t           o;
-    bool                bench;
-    kvf_model_config_t  cfg;
-    kvf_cache_layout_t *layout;
-    kvf_layout_t        lay;
-    xt_side_t           pre, dec;
-    xt_rank_t          *ranks;                  /* [tp] of this process's side */
-    pthread_barrier_t   barrier;
-    int                 go;                     /* decode: 1 after a good handshake */
-    const kvf_handshake_reply_t *reply;         /* decode: prefill metadata */
-    kvf_rank_geometry_t *remote_geoms;          /* decode: [P], recomputed */
-    int64_t            *remote_num_blocks;      /* decode: [P] */
-    pid_t               child;
-    uint64_t            t_kill;
+    xt_opts_t                  o;
+    bool                       bench;
+    kvf_model_config_t         cfg;
+    kvf_cache_layout_t        *layout;
+    kvf_layout_t               lay;
+    xt_side_t                  pre, dec;
+    xt_rank_t                 *ranks;           /* [tp] of this process's side */
+    const kvf_connector_ops_t *xops;
+    kvf_connector_h            conn;
+    int                        npulls;          /* pulls of the one request */
+    pthread_barrier_t          barrier;
+    int                        go;              /* decode: 1 after a good handshake */
+    kvf_xfer_params_msg_t      pm;              /* decode: as decoded from the pipe */
+    kvf_handshake_reply_t      raw;             /* decode: prefill's raw agents (bench) */
+    pid_t                      child;
+    uint64_t                   t_kill;
 };
 
 /* ---- pattern ---------------------------------------------------------- */
@@ -514,100 +529,117 @@ static void xt_side_cleanup(xt_side_t *side)
 }
 
 /* Agent + pool + metadata of one rank (runs on the rank's thread). */
+/* ---- connector and ranks (both sides) ----------------------------------- */
+
+static kvf_status_t xt_conn_create(xt_ctx_t *c, const xt_side_t *side)
+{
+    kvf_connector_config_t cc;
+    kvf_status_t status;
+
+    c->xops = kvf_connector_ucx_ops();
+    status = kvf_connector_ops_check(c->xops);
+    if (status != KVF_OK) {
+        return status;
+    }
+    memset(&cc, 0, sizeof(cc));
+    cc.field_mask = KVF_CONNECTOR_CONFIG_FIELD_TIMEOUT_MS |
+                    KVF_CONNECTOR_CONFIG_FIELD_BATCH_DESCS |
+                    KVF_CONNECTOR_CONFIG_FIELD_PLAN_FLAGS;
+    cc.engine_id = side->engine_id;
+    cc.role = side->prefill ? KVF_CONNECTOR_ROLE_PREFILL : KVF_CONNECTOR_ROLE_DECODE;
+    cc.tp_size = side->tp;
+    cc.cfg = &c->cfg;
+    cc.timeout_ms = (uint32_t)c->o.timeout_ms;
+    cc.batch_descs = (uint32_t)c->o.batch_descs;
+    cc.plan_flags = c->o.no_coalesce ? KVF_XFER_PLAN_FLAG_NO_COALESCE : 0;
+    return c->xops->create(&cc, &c->conn);
+}
+
+/* The raw reference's bare agent: the same pool registered a second time. */
+static kvf_status_t xt_raw_setup(xt_rank_t *r)
+{
+    xt_ctx_t *c = r->ctx;
+    kvf_ucx_agent_params_t ap;
+    kvf_rank_meta_t *m = &r->raw_meta;
+    char name[64];
+    kvf_status_t status;
+
+    snprintf(name, sizeof(name), "%s rank %d raw", r->side->prefill ? "prefill" : "decode",
+             r->rank);
+    memset(&ap, 0, sizeof(ap));
+    ap.field_mask = KVF_UCX_AGENT_PARAM_FIELD_NAME | KVF_UCX_AGENT_PARAM_FIELD_TIMEOUT_MS;
+    ap.name = name;
+    ap.timeout_ms = (uint32_t)c->o.timeout_ms;
+    status = kvf_ucx_agent_create(&ap, &r->raw_agent);
+    if (status == KVF_OK) {
+        status = kvf_ucx_agent_mem_register(r->raw_agent, r->pool, r->pool_len, &r->raw_region);
+    }
+    if (status != KVF_OK) {
+        return status;
+    }
+    memset(m, 0, sizeof(*m));
+    snprintf(m->engine_id, sizeof(m->engine_id), "%s", r->side->engine_id);
+    m->protocol_version = KVF_XFER_PROTOCOL_VERSION;
+    m->tp_rank = r->rank;
+    m->tp_size = r->side->tp;
+    m->block_size = m->kernel_block_size = 16;
+    m->page_size = r->pool_len;
+    m->slots = 1;
+    m->num_blocks = 1;
+    snprintf(m->layout_tag, sizeof(m->layout_tag), "%s", KVF_LAYOUT_TAG_HND);
+    m->num_regions = 1;
+    status = kvf_ucx_agent_region_meta(r->raw_agent, r->raw_region, &m->regions[0]);
+    if (status == KVF_OK) {
+        status = kvf_ucx_agent_worker_address(r->raw_agent, m->worker_addr,
+                                              sizeof(m->worker_addr), &m->worker_addr_len);
+    }
+    return status;
+}
+
+/* Pool, pattern and registration of one rank (runs on the rank's thread). */
 static kvf_status_t xt_rank_setup(xt_rank_t *r)
 {
     xt_ctx_t *c = r->ctx;
     xt_side_t *side = r->side;
     const kvf_rank_geometry_t *g = &side->geom[r->rank];
-    kvf_ucx_agent_params_t ap;
-    char name[64];
+    kvf_connector_pool_t cp;
     kvf_status_t status;
 
-    snprintf(name, sizeof(name), "%s rank %d", side->prefill ? "prefill" : "decode", r->rank);
-    memset(&ap, 0, sizeof(ap));
-    ap.field_mask = KVF_UCX_AGENT_PARAM_FIELD_NAME | KVF_UCX_AGENT_PARAM_FIELD_TIMEOUT_MS |
-                    KVF_UCX_AGENT_PARAM_FIELD_ERR_MODE;
-    ap.name = name;
-    ap.peer_err_mode = c->o.peer_errors;
-    ap.timeout_ms = (uint32_t)c->o.timeout_ms;
-    status = kvf_ucx_agent_create(&ap, &r->agent);
-    if (status != KVF_OK) {
-        return status;
-    }
     r->pool_len = (size_t)side->num_blocks * (size_t)c->layout->slots * g->page_size;
     r->pool = aligned_alloc(4096, (r->pool_len + 4095) & ~(size_t)4095);
-    r->meta = calloc(1, sizeof(*r->meta));
-    if ((r->pool == NULL) || (r->meta == NULL)) {
+    if (r->pool == NULL) {
         return KVF_ERR_NO_MEMORY;
     }
     xt_poison(r->pool, r->pool_len, side->prefill ? XT_POISON_PREFILL : XT_POISON_DECODE);
     if (side->prefill) {
         xt_prefill_fill(c, side, g, r->pool);
     }
-    status = kvf_ucx_agent_mem_register(r->agent, r->pool, r->pool_len, &r->region);
+    memset(&cp, 0, sizeof(cp));
+    cp.tp_rank = r->rank;
+    cp.base = r->pool;
+    cp.len = r->pool_len;
+    cp.num_blocks = side->num_blocks;
+    cp.params = side->params;
+    status = c->xops->register_pool(c->conn, &cp);
     if (status != KVF_OK) {
+        snprintf(r->err, sizeof(r->err), "%s rank %d: register_pool failed: %s",
+                 side->prefill ? "prefill" : "decode", r->rank, kvf_status_str(status));
         return status;
     }
-
-    kvf_rank_meta_t *m = r->meta;
-    snprintf(m->engine_id, sizeof(m->engine_id), "%s", side->engine_id);
-    m->protocol_version = KVF_XFER_PROTOCOL_VERSION;
-    m->model_fingerprint = kvf_model_config_fingerprint(&c->cfg);
-    m->tp_rank = r->rank;
-    m->tp_size = side->tp;
-    m->block_size = g->block_size;
-    m->kernel_block_size = g->kernel_block_size;
-    m->page_size = g->page_size;
-    m->slots = c->layout->slots;
-    m->num_blocks = side->num_blocks;
-    m->kv_dtype = g->kv_dtype;
-    m->conv_dtype = g->conv_dtype;
-    m->ssm_dtype = g->ssm_dtype;
-    m->user_block_size = side->params.user_block_size;
-    m->align = side->params.align;
-    snprintf(m->layout_tag, sizeof(m->layout_tag), "%s", KVF_LAYOUT_TAG_HND);
-    m->num_regions = 1;
-    status = kvf_ucx_agent_region_meta(r->agent, r->region, &m->regions[0]);
-    if (status != KVF_OK) {
-        return status;
-    }
-    status = kvf_ucx_agent_worker_address(r->agent, m->worker_addr, sizeof(m->worker_addr),
-                                          &m->worker_addr_len);
-    if (status != KVF_OK) {
-        return status;
-    }
-    if (side->prefill) {
-        if (c->o.fault_version != 0) {
-            m->protocol_version = (uint32_t)c->o.fault_version;
-        }
-        if (c->o.fault_fingerprint) {
-            m->model_fingerprint ^= 0x5a5a5a5a00000001ull;
-        }
-        if (c->o.fault_region_len) {
-            m->regions[0].length += g->page_size;
-        }
-    }
-    return KVF_OK;
+    return c->bench ? xt_raw_setup(r) : KVF_OK;
 }
 
-static void xt_rank_teardown(xt_rank_t *r)
+static void xt_raw_teardown(xt_rank_t *r)
 {
-    if (r->agent != NULL) {
-        r->ops_posted = kvf_ucx_agent_ops_posted(r->agent);
-        snprintf(r->transports, sizeof(r->transports), "%s",
-                 kvf_ucx_agent_transports(r->agent));
-        kvf_ucx_agent_destroy(r->agent);   /* closes peers, deregisters the pool */
-        r->agent = NULL;
+    if (r->raw_agent != NULL) {
+        kvf_ucx_agent_destroy(r->raw_agent);   /* closes its peers, deregisters */
+        r->raw_agent = NULL;
     }
-    free(r->pool);
-    r->pool = NULL;
-    free(r->meta);
-    r->meta = NULL;
 }
 
 /* ---- prefill ---------------------------------------------------------- */
 
-/* Decode ranks that read prefill rank @a p (they each send one release). */
+/* Decode ranks that read prefill rank @a p (each sends one release per pull). */
 static int xt_expected_releases(const xt_ctx_t *c, int p)
 {
     int ranks[KVF_XFER_MAX_TP], n, count = 0;
@@ -633,30 +665,34 @@ static void *xt_prefill_thread(void *arg)
     pid_t parent = getppid();
 
     r->status = xt_rank_setup(r);
-    pthread_barrier_wait(&c->barrier);           /* metadata ready */
+    pthread_barrier_wait(&c->barrier);           /* registered */
     pthread_barrier_wait(&c->barrier);           /* side channel up */
     if (r->status != KVF_OK) {
         goto out;
     }
-    expected = xt_expected_releases(c, r->rank);
+    expected = xt_expected_releases(c, r->rank) * c->npulls;
     /* bench runs several pulls; give it time in proportion */
     deadline = kvf_ucx_now_ns() + (uint64_t)c->o.timeout_ms * 1000000ull *
-               (uint64_t)(c->bench ? (2 + c->o.iters) : 2);
+               (uint64_t)(2 + c->npulls);
     while (got < expected) {
-        uint8_t buf[4096];
-        size_t len;
-        kvf_xfer_notification_t n;
-        kvf_status_t s = kvf_ucx_notify_recv(r->agent, buf, sizeof(buf), &len, 100);
-
+        char rid[KVF_ENGINE_ID_MAX];
+        int drank;
+        kvf_status_t st;
+        /* the raw agent needs progress too (GETs without a one-sided transport) */
+        kvf_status_t s = c->xops->poll_release(c->conn, r->rank, c->bench ? 0 : 100, rid,
+                                               sizeof(rid), &drank, &st);
+        if ((r->raw_agent != NULL) && (kvf_ucx_agent_progress(r->raw_agent) == 0) &&
+            (s != KVF_OK)) {
+            sched_yield();   /* idle: let the decode ranks run (few cores) */
+        }
         if (s == KVF_OK) {
-            if ((kvf_xfer_notification_unpack(buf, len, &n) == KVF_OK) && (n.status == KVF_OK)) {
-                got++;
-            } else {
-                snprintf(r->err, sizeof(r->err), "prefill rank %d: decode reported failure",
-                         r->rank);
+            if (st != KVF_OK) {
+                snprintf(r->err, sizeof(r->err), "prefill rank %d: decode rank %d reported "
+                         "failure: %s", r->rank, drank, kvf_status_str(st));
                 r->status = KVF_ERR_CANCELED;
                 goto out;
             }
+            got++;
         } else if ((kvf_ucx_now_ns() > deadline) || (getppid() != parent)) {
             snprintf(r->err, sizeof(r->err), "prefill rank %d: %d of %d releases before "
                      "giving up", r->rank, got, expected);
@@ -665,7 +701,7 @@ static void *xt_prefill_thread(void *arg)
         }
     }
 out:
-    xt_rank_teardown(r);
+    xt_raw_teardown(r);
     return NULL;
 }
 
@@ -686,22 +722,83 @@ static int xt_write_all(int fd, const void *buf, size_t len)
     return 0;
 }
 
+static int xt_write_msg(int fd, const uint8_t *buf, size_t len)
+{
+    uint32_t len32 = (uint32_t)len;
+    return (xt_write_all(fd, &len32, sizeof(len32)) != 0) ||
+           ((len32 > 0) && (xt_write_all(fd, buf, len) != 0));
+}
+
+/*
+ * A lying prefill (fault flags): what the connector serves, fetched back as
+ * a decode would, altered, and served again on a side channel of the tool's
+ * own, whose port goes into the transfer params.
+ */
+static kvf_status_t xt_serve_altered(xt_ctx_t *c, kvf_side_channel_server_h *server_p,
+                                     int *port_p)
+{
+    kvf_side_channel_client_h client = NULL;
+    const kvf_handshake_reply_t *reply;
+    kvf_side_channel_params_t sp;
+    kvf_rank_meta_t *metas = NULL;
+    int port = 0;
+    kvf_status_t status;
+
+    status = c->xops->serve(c->conn, &port);
+    if (status == KVF_OK) {
+        status = kvf_side_channel_client_create("xfer-test-liar", (uint32_t)c->o.timeout_ms,
+                                                &client);
+    }
+    if (status == KVF_OK) {
+        status = kvf_side_channel_fetch(client, c->pre.engine_id, "127.0.0.1", port, &reply);
+    }
+    if ((status == KVF_OK) && (reply->num_ranks != c->pre.tp)) {
+        status = KVF_ERR_PARSE;
+    }
+    if (status == KVF_OK) {
+        metas = calloc((size_t)c->pre.tp, sizeof(*metas));
+        status = (metas == NULL) ? KVF_ERR_NO_MEMORY : KVF_OK;
+    }
+    for (int r = 0; (status == KVF_OK) && (r < c->pre.tp); ++r) {
+        metas[r] = reply->ranks[r];
+        if (c->o.fault_version != 0) {
+            metas[r].protocol_version = (uint32_t)c->o.fault_version;
+        }
+        if (c->o.fault_fingerprint) {
+            metas[r].model_fingerprint ^= 0x5a5a5a5a00000001ull;
+        }
+        if (c->o.fault_region_len) {
+            metas[r].regions[0].length += c->pre.geom[r].page_size;
+        }
+    }
+    if (status == KVF_OK) {
+        memset(&sp, 0, sizeof(sp));
+        sp.engine_id = c->pre.engine_id;
+        sp.ranks = metas;
+        sp.num_ranks = c->pre.tp;
+        status = kvf_side_channel_server_start(&sp, server_p);
+    }
+    if (status == KVF_OK) {
+        *port_p = kvf_side_channel_server_port(*server_p);
+    }
+    free(metas);
+    kvf_side_channel_client_destroy(client);
+    return status;
+}
+
 /* The prefill instance (child process). Returns the exit code. */
 static int xt_prefill_main(xt_ctx_t *c, int fd)
 {
-    kvf_side_channel_server_h server = NULL;
-    kvf_side_channel_params_t sp;
-    kvf_rank_meta_t *metas = NULL;
+    kvf_side_channel_server_h lying = NULL;
     kvf_xfer_params_msg_t pm;
-    uint8_t *buf = NULL;
-    size_t len = 0;
-    uint32_t len32 = 0;
-    int rc = 1, ok = 1;
+    kvf_handshake_reply_t raw;
+    uint8_t *buf = NULL, *rbuf = NULL;
+    size_t len = 0, rlen = 0;
+    int rc = 1, ok = 1, port = 0;
 
     kvf_log_init("prefill");
     c->ranks = calloc((size_t)c->pre.tp, sizeof(*c->ranks));
-    metas = calloc((size_t)c->pre.tp, sizeof(*metas));
-    if ((c->ranks == NULL) || (metas == NULL)) {
+    if ((c->ranks == NULL) || (xt_conn_create(c, &c->pre) != KVF_OK)) {
         return 1;
     }
     pthread_barrier_init(&c->barrier, NULL, (unsigned)c->pre.tp + 1);
@@ -716,41 +813,55 @@ static int xt_prefill_main(xt_ctx_t *c, int fd)
         if (c->ranks[r].status != KVF_OK) {
             kvf_error("prefill rank %d setup failed: %s", r, kvf_status_str(c->ranks[r].status));
             ok = 0;
-        } else {
-            metas[r] = *c->ranks[r].meta;
         }
     }
     if (ok) {
-        memset(&sp, 0, sizeof(sp));
-        sp.engine_id = c->pre.engine_id;
-        sp.ranks = metas;
-        sp.num_ranks = c->pre.tp;
-        ok = (kvf_side_channel_server_start(&sp, &server) == KVF_OK);
+        bool lie = (c->o.fault_version != 0) || c->o.fault_fingerprint || c->o.fault_region_len;
+        ok = ((lie ? xt_serve_altered(c, &lying, &port) : c->xops->serve(c->conn, &port)) ==
+              KVF_OK);
     }
     if (ok) {
         memset(&pm, 0, sizeof(pm));
         snprintf(pm.engine_id, sizeof(pm.engine_id), "%s", c->pre.engine_id);
         snprintf(pm.host, sizeof(pm.host), "127.0.0.1");
         snprintf(pm.request_id, sizeof(pm.request_id), "req-0");
-        pm.port = kvf_side_channel_server_port(server);
+        pm.port = port;
         pm.num_groups = c->layout->num_groups;
         for (int gi = 0; gi < pm.num_groups; ++gi) {
             pm.ids[gi] = c->pre.ids[gi];
             pm.num_ids[gi] = c->pre.num_ids[gi];
         }
         pm.num_tokens = c->o.tokens;
+        pm.has_lease_expiry = true;
         pm.lease_expiry_ms = (uint64_t)time(NULL) * 1000u + (uint64_t)c->o.timeout_ms * 2u;
         pm.first_token = 42;
+        pm.has_incarnation = true;
+        pm.incarnation = c->xops->incarnation(c->conn);
         if (c->o.fault_block_id) {
             pm.ids[0][pm.num_ids[0] - 1] = (int32_t)c->pre.num_blocks;
         }
         ok = (kvf_xfer_params_msg_pack(&pm, &buf, &len) == KVF_OK);
     }
-    len32 = ok ? (uint32_t)len : 0;
-    (void)(xt_write_all(fd, &len32, sizeof(len32)) || ((len32 > 0) && xt_write_all(fd, buf, len)));
+    if (ok && c->bench) {
+        /* the raw reference's addresses and keys ride the same pipe */
+        kvf_rank_meta_t *metas = calloc((size_t)c->pre.tp, sizeof(*metas));
+        ok = (metas != NULL);
+        for (int r = 0; ok && (r < c->pre.tp); ++r) {
+            metas[r] = c->ranks[r].raw_meta;
+        }
+        memset(&raw, 0, sizeof(raw));
+        raw.accepted = true;
+        snprintf(raw.engine_id, sizeof(raw.engine_id), "%s", c->pre.engine_id);
+        raw.num_ranks = c->pre.tp;
+        raw.ranks = metas;
+        ok = ok && (kvf_handshake_reply_pack(&raw, &rbuf, &rlen) == KVF_OK);
+        free(metas);
+    }
+    (void)(xt_write_msg(fd, buf, ok ? len : 0) ||
+           (ok && c->bench && xt_write_msg(fd, rbuf, rlen)));
     close(fd);
     free(buf);
-    free(metas);
+    free(rbuf);
     pthread_barrier_wait(&c->barrier);
     rc = ok ? 0 : 1;
     for (int r = 0; r < c->pre.tp; ++r) {
@@ -762,160 +873,107 @@ static int xt_prefill_main(xt_ctx_t *c, int fd)
             rc = 1;
         }
     }
-    kvf_side_channel_server_stop(server);
+    kvf_side_channel_server_stop(lying);
+    c->xops->destroy(c->conn);
+    for (int r = 0; r < c->pre.tp; ++r) {
+        free(c->ranks[r].pool);
+    }
     pthread_barrier_destroy(&c->barrier);
     return rc;
 }
 
 /* ---- decode ----------------------------------------------------------- */
 
-static kvf_status_t xt_post_wait(xt_rank_t *r, kvf_ucx_peer_h peer, const kvf_xfer_desc_t *d,
-                                 size_t n, bool *killed)
+/* One pull of the request through the connector, timed into slot @a it. Sets r->status. */
+static void xt_decode_pull(xt_rank_t *r, int it, bool *killed)
 {
     xt_ctx_t *c = r->ctx;
-    size_t step = (c->o.batch_descs > 0) ? (size_t)c->o.batch_descs : n;
-    kvf_status_t status = KVF_OK;
+    const kvf_xfer_params_msg_t *pm = &c->pm;
+    kvf_connector_pull_t pull;
+    kvf_connector_stats_t st;
+    kvf_connector_req_h req = NULL;
+    kvf_status_t status, rs;
 
-    for (size_t i = 0; (i < n) && (status == KVF_OK); i += step) {
-        kvf_ucx_batch_h batch;
-        size_t cnt = (n - i < step) ? n - i : step;
-
-        status = kvf_ucx_xfer_post(r->agent, peer, KVF_UCX_OP_GET, r->region, 0, d + i, cnt,
-                                   &batch);
-        if (status != KVF_OK) {
-            break;
-        }
-        status = kvf_ucx_batch_wait(batch, (uint32_t)c->o.timeout_ms);
-        kvf_ucx_batch_release(batch);
-        if ((status == KVF_OK) && c->o.fault_kill_prefill && (r->rank == 0) && !*killed) {
+    memset(&pull, 0, sizeof(pull));
+    pull.engine_id = pm->engine_id;
+    pull.request_id = pm->request_id;
+    pull.num_tokens = pm->num_tokens;
+    pull.num_groups = pm->num_groups;
+    for (int gi = 0; gi < pm->num_groups; ++gi) {
+        pull.remote_ids[gi] = pm->ids[gi];
+        pull.num_remote_ids[gi] = pm->num_ids[gi];
+        pull.local_ids[gi] = c->dec.ids[gi];
+        pull.num_local_ids[gi] = c->dec.num_ids[gi];
+    }
+    r->t_start[it] = kvf_ucx_now_ns();
+    status = c->xops->start_pull(c->conn, r->rank, &pull, &req);
+    r->t_post[it] = kvf_ucx_now_ns();
+    if (status != KVF_OK) {
+        r->start_status = status;
+        r->t_end[it] = r->t_post[it];
+        snprintf(r->err, sizeof(r->err), "decode rank %d: start_pull refused: %s", r->rank,
+                 kvf_status_str(status));
+        r->status = status;
+        return;
+    }
+    if (c->xops->req_stats(c->conn, r->rank, req, &st) == KVF_OK) {
+        r->bytes = st.bytes;
+        r->descs = st.descriptors;
+        r->zero_bytes = st.zero_bytes;
+        r->reads = st.remote_ranks;
+        r->ops_posted += st.descriptors;
+    }
+    do {
+        status = c->xops->poll(c->conn, r->rank, req);
+        if (c->o.fault_kill_prefill && (r->rank == 0) && !*killed) {
             c->t_kill = kvf_ucx_now_ns();
             kill(c->child, SIGKILL);
             *killed = true;
-            kvf_info("decode rank 0: killed the prefill (pid %d) after the first batch",
+            kvf_info("decode rank 0: killed the prefill (pid %d) after the first window",
                      (int)c->child);
         }
-    }
-    return status;
-}
-
-/* Plan this rank's share and connect to every prefill rank it reads. Sets r->status. */
-static void xt_decode_prepare(xt_rank_t *r, kvf_xfer_plan_t **plan_p, kvf_ucx_peer_h *peers,
-                              int *src, int *nsrc_p)
-{
-    xt_ctx_t *c = r->ctx;
-    kvf_xfer_group_blocks_t groups[KVF_MAX_KV_GROUPS];
-    kvf_xfer_plan_params_t pp;
-    kvf_xfer_plan_t *plan;
-    kvf_status_t status;
-
-    memset(&pp, 0, sizeof(pp));
-    pp.field_mask = c->o.no_coalesce ? KVF_XFER_PLAN_PARAM_FIELD_FLAGS : 0;
-    pp.flags = c->o.no_coalesce ? KVF_XFER_PLAN_FLAG_NO_COALESCE : 0;
-    pp.cfg = &c->cfg;
-    pp.layout = c->layout;
-    pp.local_tp = c->dec.tp;
-    pp.local_rank = r->rank;
-    pp.local_geom = &c->dec.geom[r->rank];
-    pp.local_num_blocks = c->dec.num_blocks;
-    pp.remote_tp = c->pre.tp;
-    pp.remote_geoms = c->remote_geoms;
-    pp.remote_num_blocks = c->remote_num_blocks;
-    pp.num_groups = c->layout->num_groups;
-    for (int gi = 0; gi < pp.num_groups; ++gi) {
-        groups[gi].local_ids = c->dec.ids[gi];
-        groups[gi].num_local = c->dec.num_ids[gi];
-        groups[gi].remote_ids = c->pre.ids[gi];
-        groups[gi].num_remote = c->pre.num_ids[gi];
-    }
-    pp.groups = groups;
-    pp.num_tokens = c->o.tokens;
-    status = kvf_xfer_plan_create(&pp, &plan);
-    if (status != KVF_OK) {
-        snprintf(r->err, sizeof(r->err), "decode rank %d: planning failed: %s", r->rank,
-                 kvf_status_str(status));
-        r->status = status;
-        return;
-    }
-    *plan_p = plan;
-    r->bytes = plan->total_bytes;
-    r->descs = plan->total_descs;
-    r->zero_bytes = plan->zero_bytes;
-    r->reads = plan->num_ranks;
-
-    /* connect to every prefill rank we read; each gets a release at the end */
-    status = kvf_tp_source_ranks(&c->cfg, c->pre.tp, c->dec.tp, r->rank, src, nsrc_p);
-    for (int i = 0; (i < *nsrc_p) && (status == KVF_OK); ++i) {
-        status = kvf_ucx_peer_connect(r->agent, &c->reply->ranks[src[i]], &peers[src[i]]);
-    }
-    if (status != KVF_OK) {
-        snprintf(r->err, sizeof(r->err), "decode rank %d: connect failed: %s", r->rank,
-                 kvf_status_str(status));
-        r->status = status;
-        return;
-    }
-    snprintf(r->transports, sizeof(r->transports), "%s", kvf_ucx_agent_transports(r->agent));
-}
-
-/* One KV-shaped pull + zero post-ops, timed into t_start/t_end[it]. Sets r->status. */
-static void xt_decode_pull(xt_rank_t *r, const kvf_xfer_plan_t *plan, kvf_ucx_peer_h *peers,
-                           int it, bool *killed)
-{
-    xt_ctx_t *c = r->ctx;
-    kvf_ucx_batch_h batches[KVF_XFER_MAX_TP] = {NULL};
-    kvf_status_t status = KVF_OK;
-
-    r->t_start[it] = kvf_ucx_now_ns();
-    if (c->o.batch_descs > 0) {
-        for (int i = 0; (i < plan->num_ranks) && (status == KVF_OK); ++i) {
-            const kvf_xfer_rank_plan_t *rp = &plan->ranks[i];
-            status = xt_post_wait(r, peers[rp->remote_rank], rp->descs, rp->num_descs, killed);
-        }
-    } else {
-        /* one batch per prefill rank, all in flight together */
-        for (int i = 0; (i < plan->num_ranks) && (status == KVF_OK); ++i) {
-            const kvf_xfer_rank_plan_t *rp = &plan->ranks[i];
-            status = kvf_ucx_xfer_post(r->agent, peers[rp->remote_rank], KVF_UCX_OP_GET,
-                                       r->region, 0, rp->descs, rp->num_descs, &batches[i]);
-        }
-        for (int i = 0; i < plan->num_ranks; ++i) {
-            if (batches[i] != NULL) {
-                kvf_status_t s = kvf_ucx_batch_wait(batches[i], (uint32_t)c->o.timeout_ms);
-                status = (status == KVF_OK) ? s : status;
-                kvf_ucx_batch_release(batches[i]);
-            }
-        }
-    }
-    if (status == KVF_OK) {
-        for (size_t z = 0; z < plan->num_zero; ++z) {
-            memset(r->pool + plan->zero[z].off, 0, plan->zero[z].len);
-        }
-    }
+    } while (status == KVF_INPROGRESS);
     r->t_end[it] = kvf_ucx_now_ns();
+    rs = c->xops->notify_release(c->conn, r->rank, req);   /* frees req */
     if (status != KVF_OK) {
         r->t_fail = r->t_end[it];
         snprintf(r->err, sizeof(r->err), "decode rank %d: transfer failed: %s (%d)", r->rank,
                  kvf_status_str(status), (int)status);
         r->status = status;
+    } else if (rs != KVF_OK) {
+        r->t_fail = kvf_ucx_now_ns();
+        snprintf(r->err, sizeof(r->err), "decode rank %d: release to prefill failed: %s",
+                 r->rank, kvf_status_str(rs));
+        r->status = rs;
     }
 }
 
-/* Raw reference: the same bytes per prefill rank as one contiguous GET. */
-static void xt_decode_raw(xt_rank_t *r, const kvf_xfer_plan_t *plan, kvf_ucx_peer_h *peers,
-                          int it)
+/* Raw reference: this rank's bytes as one contiguous GET per prefill rank it reads. */
+static void xt_decode_raw(xt_rank_t *r, int it)
 {
     xt_ctx_t *c = r->ctx;
     kvf_ucx_batch_h batches[KVF_XFER_MAX_TP] = {NULL};
-    kvf_status_t status = KVF_OK;
+    int src[KVF_XFER_MAX_TP], nsrc = 0;
+    kvf_status_t status;
 
+    status = kvf_tp_source_ranks(&c->cfg, c->pre.tp, c->dec.tp, r->rank, src, &nsrc);
+    for (int i = 0; (i < nsrc) && (status == KVF_OK); ++i) {
+        if (r->raw_peers[src[i]] == NULL) {
+            status = kvf_ucx_peer_connect(r->raw_agent, &c->raw.ranks[src[i]],
+                                          &r->raw_peers[src[i]]);
+        }
+    }
     r->t_raw_start[it] = kvf_ucx_now_ns();
     r->raw_bytes = 0;
-    for (int i = 0; (i < plan->num_ranks) && (status == KVF_OK); ++i) {
-        kvf_xfer_desc_t d = {0, 0, plan->ranks[i].bytes};
-        status = kvf_ucx_xfer_post(r->agent, peers[plan->ranks[i].remote_rank], KVF_UCX_OP_GET,
-                                   r->region, 0, &d, 1, &batches[i]);
-        r->raw_bytes += d.len;
+    for (int i = 0; (i < nsrc) && (status == KVF_OK); ++i) {
+        uint64_t share = r->bytes / (uint64_t)nsrc;
+        kvf_xfer_desc_t d = {0, 0, share};
+        status = kvf_ucx_xfer_post(r->raw_agent, r->raw_peers[src[i]], KVF_UCX_OP_GET,
+                                   r->raw_region, 0, &d, 1, &batches[i]);
+        r->raw_bytes += share;
+        r->ops_posted += (status == KVF_OK);
     }
-    for (int i = 0; i < plan->num_ranks; ++i) {
+    for (int i = 0; i < nsrc; ++i) {
         if (batches[i] != NULL) {
             kvf_status_t s = kvf_ucx_batch_wait(batches[i], (uint32_t)c->o.timeout_ms);
             status = (status == KVF_OK) ? s : status;
@@ -928,75 +986,61 @@ static void xt_decode_raw(xt_rank_t *r, const kvf_xfer_plan_t *plan, kvf_ucx_pee
                  kvf_status_str(status));
         r->status = status;
     }
+    snprintf(r->transports, sizeof(r->transports), "%s", kvf_ucx_agent_transports(r->raw_agent));
+}
+
+/* bench: whether a raw GET (iteration p - 1) comes before pull p. */
+static bool xt_raw_before(const xt_ctx_t *c, int p)
+{
+    return c->bench && (p >= 1) && (p <= c->o.iters);
+}
+
+/* Index of the pull timed as iteration @a it. */
+static int xt_timed_pull(const xt_ctx_t *c, int it)
+{
+    return c->bench ? it + 1 : it;
 }
 
 static void *xt_decode_thread(void *arg)
 {
     xt_rank_t *r = arg;
     xt_ctx_t *c = r->ctx;
-    kvf_ucx_peer_h peers[KVF_XFER_MAX_TP] = {NULL};
-    int src[KVF_XFER_MAX_TP], nsrc = 0;
-    kvf_xfer_plan_t *plan = NULL;
     bool killed = false;
-    kvf_status_t status;
 
     r->status = xt_rank_setup(r);
-    pthread_barrier_wait(&c->barrier);           /* metadata ready */
+    pthread_barrier_wait(&c->barrier);           /* registered */
     pthread_barrier_wait(&c->barrier);           /* handshake verdict */
     if ((r->status != KVF_OK) || !c->go) {
         goto out;                                /* main skips the pull barriers too */
     }
-    xt_decode_prepare(r, &plan, peers, src, &nsrc);
-    for (int it = 0; it < (c->bench ? c->o.iters : 1); ++it) {
+    /*
+     * bench: pull 0 warms up (endpoints connect), then each timed iteration
+     * is a raw GET and a pull, so the last thing prefill serves is a pull and
+     * its release ends it; with --verify one more pull into a poisoned pool.
+     */
+    for (int p = 0; p < c->npulls; ++p) {
+        bool last_verify = c->bench && c->o.verify && (p == c->npulls - 1);
         /* every rank passes every barrier, failed or not, so none can hang */
-        pthread_barrier_wait(&c->barrier);
-        if (r->status == KVF_OK) {
-            xt_decode_pull(r, plan, peers, it, &killed);
-        }
-        if (c->bench) {
+        if (xt_raw_before(c, p)) {
             pthread_barrier_wait(&c->barrier);
             if (r->status == KVF_OK) {
-                xt_decode_raw(r, plan, peers, it);
+                xt_decode_raw(r, p - 1);
             }
         }
-    }
-    if (c->bench && (r->status == KVF_OK) && c->o.verify) {
-        /* the raw GETs overwrote the pool: poison it again, pull once more, verify */
-        xt_poison(r->pool, r->pool_len, XT_POISON_DECODE);
-        xt_decode_pull(r, plan, peers, 0, &killed);
-    }
-
-    /* release: every prefill rank we read, success or not */
-    for (int i = 0; i < nsrc; ++i) {
-        kvf_xfer_notification_t n;
-        uint8_t *buf;
-        size_t len;
-
-        if (peers[src[i]] == NULL) {
-            continue;
+        pthread_barrier_wait(&c->barrier);
+        if ((r->status == KVF_OK) && last_verify) {
+            /* the raw GETs overwrote the pool: poison it again, pull once more, verify */
+            xt_poison(r->pool, r->pool_len, XT_POISON_DECODE);
         }
-        memset(&n, 0, sizeof(n));
-        snprintf(n.request_id, sizeof(n.request_id), "req-0");
-        snprintf(n.engine_id, sizeof(n.engine_id), "%s", c->dec.engine_id);
-        n.rank = r->rank;
-        n.status = r->status;
-        if (kvf_xfer_notification_pack(&n, &buf, &len) == KVF_OK) {
-            status = kvf_ucx_notify_send(r->agent, peers[src[i]], buf, len);
-            free(buf);
-            if ((status != KVF_OK) && (r->status == KVF_OK)) {
-                snprintf(r->err, sizeof(r->err), "decode rank %d: release to prefill rank %d "
-                         "failed: %s", r->rank, src[i], kvf_status_str(status));
-                r->status = status;
-                r->t_fail = kvf_ucx_now_ns();
-            }
+        if (r->status == KVF_OK) {
+            xt_decode_pull(r, p, &killed);
         }
     }
     if ((r->status == KVF_OK) && c->o.verify) {
         r->status = xt_decode_verify(c, r);
     }
 out:
-    kvf_xfer_plan_destroy(plan);
-    xt_rank_teardown(r);
+    xt_raw_teardown(r);
     return NULL;
 }
 
@@ -1060,96 +1104,75 @@ static int xt_cmp_u64(const void *a, const void *b)
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
     return (x > y) - (x < y);
 }
-
-/* Handshake: fetch, validate, check ids. Returns 1 when the transfer may go. */
-static int xt_decode_handshake(xt_ctx_t *c, kvf_side_channel_client_h client,
-                               const kvf_xfer_params_msg_t *pm, double *hs_ms)
+/* Read one length-prefixed message from the prefill child. NULL on failure. */
+static uint8_t *xt_read_msg(int fd, int timeout_ms, uint32_t *len_p)
 {
-    kvf_refusal_t refusals[KVF_MAX_REFUSALS];
-    int nref = 0;
-    char line[512];
+    uint32_t len32 = 0;
+    uint8_t *buf;
+
+    if ((xt_read_all(fd, &len32, sizeof(len32), timeout_ms) != 0) || (len32 == 0) ||
+        (len32 > (64u << 20))) {
+        return NULL;
+    }
+    buf = malloc(len32);
+    if ((buf != NULL) && (xt_read_all(fd, buf, len32, timeout_ms) != 0)) {
+        free(buf);
+        return NULL;
+    }
+    *len_p = len32;
+    return buf;
+}
+
+/* Handshake through the connector. Returns 1 when the transfer may go. */
+static int xt_decode_handshake(xt_ctx_t *c, double *hs_ms)
+{
+    char why[512];
     uint64_t t0 = kvf_ucx_now_ns();
     kvf_status_t status;
 
-    status = kvf_side_channel_fetch(client, pm->engine_id, pm->host, pm->port, &c->reply);
-    if (status == KVF_ERR_REFUSED) {
-        if (c->reply->num_refusals > 0) {
-            kvf_refusal_format(&c->reply->refusals[0], line, sizeof(line));
-            printf("%s\n", line);
-        } else {
-            printf("handshake refused: %s\n", c->reply->error);
-        }
-        return 0;
-    }
-    if (status != KVF_OK) {
-        printf("xfer-test: handshake with %s at %s:%d failed: %s\n", pm->engine_id, pm->host,
-               pm->port, kvf_status_str(status));
-        return 0;
-    }
-    c->remote_geoms = calloc((size_t)c->reply->num_ranks, sizeof(*c->remote_geoms));
-    c->remote_num_blocks = calloc((size_t)c->reply->num_ranks, sizeof(int64_t));
-    if ((c->remote_geoms == NULL) || (c->remote_num_blocks == NULL)) {
-        return 0;
-    }
-    status = kvf_compat_check(&c->cfg, c->ranks[0].meta, c->reply->ranks, c->reply->num_ranks,
-                              c->remote_geoms, refusals, KVF_MAX_REFUSALS, &nref);
+    status = c->xops->handshake(c->conn, c->pm.engine_id, c->pm.host, c->pm.port, why,
+                                sizeof(why));
     *hs_ms = xt_ms(kvf_ucx_now_ns() - t0);
+    if (status == KVF_ERR_REFUSED) {
+        printf("%s\n", (why[0] != '\0') ? why : "handshake refused");
+        return 0;
+    }
     if (status != KVF_OK) {
-        if (nref > 0) {
-            for (int i = 0; i < nref; ++i) {
-                kvf_refusal_format(&refusals[i], line, sizeof(line));
-                printf("%s\n", line);
-            }
-        } else {
-            printf("xfer-test: compatibility check failed: %s\n", kvf_status_str(status));
-        }
+        printf("xfer-test: %s\n", (why[0] != '\0') ? why : kvf_status_str(status));
         return 0;
-    }
-    if ((c->reply->num_ranks != c->pre.tp) || (pm->num_groups != c->layout->num_groups)) {
-        printf("xfer-test: prefill has %d ranks and %d groups, expected %d and %d\n",
-               c->reply->num_ranks, pm->num_groups, c->pre.tp, c->layout->num_groups);
-        return 0;
-    }
-    for (int r = 0; r < c->reply->num_ranks; ++r) {
-        c->remote_num_blocks[r] = c->reply->ranks[r].num_blocks;
-    }
-    /* the request's ids must lie inside every prefill rank's pool */
-    for (int gi = 0; gi < pm->num_groups; ++gi) {
-        for (int i = 0; i < pm->num_ids[gi]; ++i) {
-            if ((int64_t)pm->ids[gi][i] >= c->remote_num_blocks[0]) {
-                printf("xfer-test: transfer refused: block id %d of group %d is out of range "
-                       "[0, %" PRId64 ") of the prefill pool\n", pm->ids[gi][i], gi,
-                       c->remote_num_blocks[0]);
-                return 0;
-            }
-        }
-        /* the decode side plans with the block ids the prefill sent */
-        free(c->pre.ids[gi]);
-        c->pre.ids[gi] = malloc(sizeof(int32_t) * ((size_t)pm->num_ids[gi] + 1));
-        if (c->pre.ids[gi] == NULL) {
-            return 0;
-        }
-        memcpy(c->pre.ids[gi], pm->ids[gi], sizeof(int32_t) * (size_t)pm->num_ids[gi]);
-        c->pre.num_ids[gi] = pm->num_ids[gi];
     }
     return 1;
 }
 
+/* Why the connector refused the pull: name the block id that lies outside the prefill pool. */
+static void xt_explain_refusal(const xt_ctx_t *c, kvf_status_t status)
+{
+    for (int gi = 0; gi < c->pm.num_groups; ++gi) {
+        for (int i = 0; i < c->pm.num_ids[gi]; ++i) {
+            if ((int64_t)c->pm.ids[gi][i] >= c->pre.num_blocks) {
+                printf("xfer-test: transfer refused: block id %d of group %d is out of range "
+                       "[0, %" PRId64 ") of the prefill pool\n", c->pm.ids[gi][i], gi,
+                       c->pre.num_blocks);
+                return;
+            }
+        }
+    }
+    printf("xfer-test: transfer refused by the connector: %s\n", kvf_status_str(status));
+}
+
 static int xt_run(xt_ctx_t *c)
 {
-    kvf_side_channel_client_h client = NULL;
-    kvf_xfer_params_msg_t pm;
     int pfd[2], rc = 1, child_rc;
-    uint32_t len32 = 0;
     uint8_t *buf = NULL;
+    uint32_t len32 = 0;
     double hs_ms = 0;
     uint64_t total_bytes = 0, total_zero = 0, total_pages = 0, total_elts = 0, ops = 0;
     uint64_t raw_bytes = 0;
     size_t total_descs = 0;
     int reads = 0;
-    bool have_params = false;
+    bool have_params = false, have_raw = false, refused = false;
+    kvf_status_t refusal = KVF_OK;
 
-    memset(&pm, 0, sizeof(pm));
     if (pipe(pfd) != 0) {
         kvf_error("pipe failed: %m");
         return 1;
@@ -1167,7 +1190,8 @@ static int xt_run(xt_ctx_t *c)
     close(pfd[1]);
 
     c->ranks = calloc((size_t)c->dec.tp, sizeof(*c->ranks));
-    if (c->ranks == NULL) {
+    if ((c->ranks == NULL) || (xt_conn_create(c, &c->dec) != KVF_OK)) {
+        c->go = 0;
         goto out_reap;
     }
     pthread_barrier_init(&c->barrier, NULL, (unsigned)c->dec.tp + 1);
@@ -1177,7 +1201,7 @@ static int xt_run(xt_ctx_t *c)
         c->ranks[r].rank = r;
         pthread_create(&c->ranks[r].thread, NULL, xt_decode_thread, &c->ranks[r]);
     }
-    pthread_barrier_wait(&c->barrier);          /* decode metadata ready */
+    pthread_barrier_wait(&c->barrier);          /* decode pools registered */
 
     c->go = 1;
     for (int r = 0; r < c->dec.tp; ++r) {
@@ -1188,36 +1212,40 @@ static int xt_run(xt_ctx_t *c)
         }
     }
     /* the proxy's role: carry the transfer params from prefill to decode */
-    if (c->go && ((xt_read_all(pfd[0], &len32, sizeof(len32), (int)c->o.timeout_ms * 4) != 0) ||
-                  (len32 == 0) || (len32 > (64u << 20)))) {
+    if (c->go && ((buf = xt_read_msg(pfd[0], (int)c->o.timeout_ms * 4, &len32)) == NULL)) {
         printf("xfer-test: prefill did not come up within %d ms\n", (int)c->o.timeout_ms * 4);
         c->go = 0;
     }
     if (c->go) {
-        buf = malloc(len32);
-        if ((buf == NULL) || (xt_read_all(pfd[0], buf, len32, (int)c->o.timeout_ms) != 0) ||
-            (kvf_xfer_params_msg_unpack(buf, len32, &pm) != KVF_OK)) {
+        /* the decoder kvf-decode uses on the params inside a DecodeRequest */
+        if (kvf_xfer_params_msg_unpack(buf, len32, &c->pm) != KVF_OK) {
             printf("xfer-test: malformed transfer params from prefill\n");
             c->go = 0;
         } else {
             have_params = true;
         }
     }
-    if (c->go &&
-        (kvf_side_channel_client_create(c->dec.engine_id, (uint32_t)c->o.timeout_ms,
-                                        &client) != KVF_OK)) {
-        c->go = 0;
+    if (c->go && c->bench) {
+        free(buf);
+        buf = xt_read_msg(pfd[0], (int)c->o.timeout_ms, &len32);
+        if ((buf == NULL) || (kvf_handshake_reply_unpack(buf, len32, &c->raw) != KVF_OK) ||
+            (c->raw.num_ranks != c->pre.tp)) {
+            printf("xfer-test: malformed raw-reference metadata from prefill\n");
+            c->go = 0;
+        } else {
+            have_raw = true;
+        }
     }
     if (c->go) {
-        c->go = xt_decode_handshake(c, client, &pm, &hs_ms);
+        c->go = xt_decode_handshake(c, &hs_ms);
     }
     pthread_barrier_wait(&c->barrier);          /* verdict published */
     if (c->go) {
-        for (int it = 0; it < (c->bench ? c->o.iters : 1); ++it) {
-            pthread_barrier_wait(&c->barrier);  /* pull */
-            if (c->bench) {
+        for (int p = 0; p < c->npulls; ++p) {
+            if (xt_raw_before(c, p)) {
                 pthread_barrier_wait(&c->barrier);  /* raw */
             }
+            pthread_barrier_wait(&c->barrier);      /* pull */
         }
     }
     for (int r = 0; r < c->dec.tp; ++r) {
@@ -1229,6 +1257,11 @@ static int xt_run(xt_ctx_t *c)
     for (int r = 0; r < c->dec.tp; ++r) {
         xt_rank_t *x = &c->ranks[r];
         ops += x->ops_posted;
+        if ((x->start_status == KVF_ERR_OUT_OF_RANGE) ||
+            (x->start_status == KVF_ERR_INVALID_PARAM)) {
+            refused = true;
+            refusal = x->start_status;
+        }
         if (x->status != KVF_OK) {
             printf("xfer-test: FAILED: %s\n", (x->err[0] != '\0') ? x->err :
                    kvf_status_str(x->status));
@@ -1246,30 +1279,43 @@ static int xt_run(xt_ctx_t *c)
         raw_bytes += x->raw_bytes;
         reads += x->reads;
     }
-    if (c->go) {
+    if (refused) {
+        xt_explain_refusal(c, refusal);
+    }
+    if (c->go && !refused) {
         int n = c->bench ? c->o.iters : 1;
-        uint64_t kv[XT_MAX_ITERS], raw[XT_MAX_ITERS];
+        uint64_t kv[XT_MAX_ITERS], raw[XT_MAX_ITERS], post[XT_MAX_ITERS];
 
         for (int it = 0; it < n; ++it) {
-            uint64_t s = UINT64_MAX, e = 0, rs = UINT64_MAX, re = 0;
+            uint64_t s = UINT64_MAX, e = 0, rs = UINT64_MAX, re = 0, p = 0;
+            int k = xt_timed_pull(c, it);
             for (int r = 0; r < c->dec.tp; ++r) {
-                s = (c->ranks[r].t_start[it] < s) ? c->ranks[r].t_start[it] : s;
-                e = (c->ranks[r].t_end[it] > e) ? c->ranks[r].t_end[it] : e;
-                rs = (c->ranks[r].t_raw_start[it] < rs) ? c->ranks[r].t_raw_start[it] : rs;
-                re = (c->ranks[r].t_raw_end[it] > re) ? c->ranks[r].t_raw_end[it] : re;
+                const xt_rank_t *x = &c->ranks[r];
+                s = (x->t_start[k] < s) ? x->t_start[k] : s;
+                e = (x->t_end[k] > e) ? x->t_end[k] : e;
+                p = (x->t_post[k] - x->t_start[k] > p) ? x->t_post[k] - x->t_start[k] : p;
+                rs = (x->t_raw_start[it] < rs) ? x->t_raw_start[it] : rs;
+                re = (x->t_raw_end[it] > re) ? x->t_raw_end[it] : re;
             }
             kv[it] = (e > s) ? e - s : 1;
             raw[it] = (re > rs) ? re - rs : 1;
+            post[it] = p;
         }
         qsort(kv, (size_t)n, sizeof(kv[0]), xt_cmp_u64);
         qsort(raw, (size_t)n, sizeof(raw[0]), xt_cmp_u64);
-        printf("transports: %s\n", c->ranks[0].transports);
+        qsort(post, (size_t)n, sizeof(post[0]), xt_cmp_u64);
+        if (c->ranks[0].transports[0] != '\0') {   /* same UCX config as the connector's */
+            printf("transports: %s\n", c->ranks[0].transports);
+        }
         printf("handshake: %.2f ms (%d prefill ranks, compatible)\n", hs_ms, c->pre.tp);
         printf("transfer: %" PRIu64 " bytes, %zu descriptors (GET operations), %d reads "
                "(prefill->decode rank pairs), zeroed %" PRIu64 " bytes\n", total_bytes,
                total_descs, reads, total_zero);
-        printf("transfer time: %.3f ms, %.2f GB/s%s\n", xt_ms(kv[n / 2]),
-               (double)total_bytes / (double)kv[n / 2], c->bench ? " (median)" : "");
+        printf("transfer time: %.3f ms, %.2f GB/s%s (connector: start_pull to poll done)\n",
+               xt_ms(kv[n / 2]), (double)total_bytes / (double)kv[n / 2],
+               c->bench ? " (median)" : "");
+        printf("plan+post time: %.3f ms (start_pull, slowest rank%s)\n", xt_ms(post[n / 2]),
+               c->bench ? ", median" : "");
         if (c->bench) {
             double kv_gbs = (double)total_bytes / (double)kv[n / 2];
             double raw_gbs = (double)raw_bytes / (double)raw[n / 2];
@@ -1296,12 +1342,21 @@ out_reap:
         printf("xfer-test: FAILED: prefill exited with %d\n", child_rc);
         rc = 1;
     }
+    if (c->conn != NULL) {
+        c->xops->destroy(c->conn);
+        c->conn = NULL;
+    }
+    for (int r = 0; (c->ranks != NULL) && (r < c->dec.tp); ++r) {
+        free(c->ranks[r].pool);
+    }
     close(pfd[0]);
     free(buf);
     if (have_params) {
-        kvf_xfer_params_msg_cleanup(&pm);
+        kvf_xfer_params_msg_cleanup(&c->pm);
     }
-    kvf_side_channel_client_destroy(client);
+    if (have_raw) {
+        kvf_handshake_reply_cleanup(&c->raw);
+    }
     printf("%s: %s\n", c->bench ? "bench" : "xfer-test", (rc == 0) ? "PASS" : "FAIL");
     return rc;
 }
@@ -1394,6 +1449,7 @@ static int xt_main(int argc, char **argv, bool bench)
            c->dec.geom[0].kernel_block_size, kvf_dtype_name(c->dec.params.kv_dtype),
            kvf_dtype_name(c->dec.params.conv_dtype), kvf_dtype_name(c->dec.params.ssm_dtype),
            c->dec.num_blocks, c->layout->slots, c->dec.geom[0].page_size);
+    c->npulls = bench ? 1 + c->o.iters + (c->o.verify ? 1 : 0) : 1;
     rc = xt_run(c);
 out:
     if (c->layout != NULL) {
@@ -1402,8 +1458,6 @@ out:
     xt_side_cleanup(&c->pre);
     xt_side_cleanup(&c->dec);
     free(c->ranks);
-    free(c->remote_geoms);
-    free(c->remote_num_blocks);
     free(c);
     return rc;
 }

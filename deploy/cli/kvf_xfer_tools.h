@@ -8,14 +8,16 @@
 
 /**
  * kvf xfer-test: start a prefill instance in a child process, act as the
- * decode instance, handshake, plan, pull one request of --tokens tokens
- * over UCX, zero tails, notify, and verify every byte of the decode pool.
+ * decode instance, and through the KV connector the daemons use handshake,
+ * pull one request of --tokens tokens over UCX (the connector plans, zeroes
+ * tails and releases), then verify every byte of the decode pool.
  */
 int kvf_cmd_xfer_test(int argc, char **argv);
 
 /**
- * kvf bench: GB/s of a KV-shaped pull beside a raw contiguous UCX GET of
- * the same bytes, their ratio, descriptors per request and transports.
+ * kvf bench: GB/s of a KV-shaped pull through the connector beside a raw
+ * contiguous UCX GET of the same bytes (bare agents), their ratio, the
+ * plan+post time, descriptors per request and transports.
  */
 int kvf_cmd_bench(int argc, char **argv);
 

@@ -3,11 +3,14 @@
  * transfer goes through these decoders. They must return KVF_OK or
  * KVF_ERR_PARSE, never crash, leak or read out of bounds (build with
  * -fsanitize=fuzzer,address). A decoded reply must only describe ranks
- * 0..tp_size-1 with bounded key and address lengths.
+ * 0..tp_size-1 with bounded key and address lengths. Transfer params go
+ * through the one decoder twice: packed on their own (the tools' path) and
+ * inside a ServeRequest's DecodeRequest (kvf-decode's path).
  *
  *   cmake -DCMAKE_C_COMPILER=clang ... && ./fuzz_handshake -max_total_time=60
  */
 #include "kvf_handshake.h"
+#include "kvf_serve.pb-c.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -35,6 +38,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     (void)kvf_xfer_notification_unpack(data, size, &n);
     if (kvf_xfer_params_msg_unpack(data, size, &p) == KVF_OK) {
         kvf_xfer_params_msg_cleanup(&p);
+    }
+    Kvf__ServeRequest *sr = kvf__serve_request__unpack(NULL, size, data);
+    if (sr != NULL) {
+        char why[256];
+        if ((sr->body_case == KVF__SERVE_REQUEST__BODY_DECODE) &&
+            (kvf_xfer_params_decode(sr->decode->params, (int64_t)sr->decode->n_prompt_tokens, &p,
+                                    why, sizeof(why)) == KVF_OK)) {
+            if ((p.num_groups < 1) || (p.num_groups > KVF_MAX_KV_GROUPS) || (p.port < 1)) {
+                abort();
+            }
+            kvf_xfer_params_msg_cleanup(&p);
+        }
+        kvf__serve_request__free_unpacked(sr, NULL);
     }
     return 0;
 }

@@ -43,8 +43,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define KVF_CONNECTOR_ABI 6   /* 2: req_stats; 3: forget_engine; 4: incarnations; 5: wait_fds;
-                                 6: stats carry posted/landed/done times */
+#define KVF_CONNECTOR_ABI 7   /* 2: req_stats; 3: forget_engine; 4: incarnations; 5: wait_fds;
+                                 6: stats carry posted/landed/done times;
+                                 7: batch_descs, plan_flags in the config */
 
 typedef struct kvf_connector *kvf_connector_h;
 typedef struct kvf_connector_req *kvf_connector_req_h;
@@ -57,8 +58,10 @@ typedef enum {
 enum kvf_connector_config_field {     /* append only, never renumber */
     KVF_CONNECTOR_CONFIG_FIELD_LISTEN     = KVF_BIT(0),  /* listen_host/listen_port */
     KVF_CONNECTOR_CONFIG_FIELD_TIMEOUT_MS = KVF_BIT(1),
+    KVF_CONNECTOR_CONFIG_FIELD_BATCH_DESCS = KVF_BIT(2),
+    KVF_CONNECTOR_CONFIG_FIELD_PLAN_FLAGS = KVF_BIT(3),
 };
-#define KVF_CONNECTOR_CONFIG_FIELDS_KNOWN (KVF_BIT(2) - 1)
+#define KVF_CONNECTOR_CONFIG_FIELDS_KNOWN (KVF_BIT(4) - 1)
 
 typedef struct kvf_connector_config {
     uint64_t                  field_mask;   /* first */
@@ -69,6 +72,11 @@ typedef struct kvf_connector_config {
     const char               *listen_host;  /* prefill side channel; default "127.0.0.1" */
     int                       listen_port;  /* default 0: ephemeral (see serve) */
     uint32_t                  timeout_ms;   /* every wait; default 5000 */
+    uint32_t                  batch_descs;  /* decode: GETs in flight per prefill rank read;
+                                             * poll() posts the next batch when one lands;
+                                             * default 0: all of them at once */
+    uint32_t                  plan_flags;   /* kvf_xfer_plan_flags (planner debugging);
+                                             * default 0 */
 } kvf_connector_config_t;
 
 /** One rank's page pool: num_blocks * slots * page_size bytes at base, host memory. */

@@ -12,8 +12,10 @@
  * moves), so a rank thread can keep pointers into it without holding the
  * lock. Peers are connected lazily on a rank's first pull from a remote rank
  * and cached per (engine, remote rank): the rkey is unpacked once per
- * endpoint. A request is one batch per prefill rank read; poll() drives the
- * worker and applies the zero post-ops when the last batch lands.
+ * endpoint. A request is one batch per prefill rank read (or, with
+ * batch_descs, a window of that many descriptors per rank: poll() posts the
+ * next window when one lands); poll() drives the worker and applies the
+ * zero post-ops when the last batch lands.
  * Rejected: a progress thread per rank inside the connector — the engine's
  * rank thread already loops, and a second thread on the same worker would
  * force UCS_THREAD_MODE_MULTI locking on every progress call.
@@ -29,6 +31,7 @@
 #include "kvf_ucx_agent.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,6 +69,8 @@ struct kvf_connector {
     kvf_connector_role_t  role;
     int                   tp;
     uint32_t              timeout_ms;
+    uint32_t              batch_descs;         /* 0: a whole rank's list per batch */
+    uint32_t              plan_flags;
     char                  host[64];
     int                   port;
     kvf_model_config_t    cfg;
@@ -85,6 +90,7 @@ struct kvf_connector_req {
     int              engine;
     kvf_xfer_plan_t *plan;
     kvf_ucx_batch_h *batches;       /* [plan->num_ranks] */
+    size_t          *posted;        /* [plan->num_ranks]: descriptors posted so far */
     int              nsrc;
     int             *src;           /* prefill ranks read (each gets a release) */
     kvf_status_t     status;        /* KVF_INPROGRESS until final */
@@ -187,6 +193,10 @@ static kvf_status_t kvf_conn_create(const kvf_connector_config_t *config,
     conn->cfg = *config->cfg;
     conn->timeout_ms = (config->field_mask & KVF_CONNECTOR_CONFIG_FIELD_TIMEOUT_MS) ?
                        config->timeout_ms : 5000;
+    conn->batch_descs = (config->field_mask & KVF_CONNECTOR_CONFIG_FIELD_BATCH_DESCS) ?
+                        config->batch_descs : 0;
+    conn->plan_flags = (config->field_mask & KVF_CONNECTOR_CONFIG_FIELD_PLAN_FLAGS) ?
+                       config->plan_flags : 0;
     snprintf(conn->host, sizeof(conn->host), "%s",
              ((config->field_mask & KVF_CONNECTOR_CONFIG_FIELD_LISTEN) &&
               (config->listen_host != NULL)) ? config->listen_host : "127.0.0.1");
@@ -516,6 +526,7 @@ static void kvf_conn_req_free(kvf_connector_req_h req)
     }
     kvf_xfer_plan_destroy(req->plan);
     free(req->batches);
+    free(req->posted);
     free(req->src);
     free(req);
 }
@@ -547,6 +558,26 @@ static kvf_status_t kvf_conn_peer(kvf_connector_h conn, kvf_conn_rank_t *rk, int
     }
     *peer_p = rk->peers[engine][remote];
     return KVF_OK;
+}
+
+/* Post the next window of prefill rank plan @a i (all of it without batch_descs). */
+static kvf_status_t kvf_conn_post_next(kvf_connector_h conn, kvf_conn_rank_t *rk,
+                                       kvf_connector_req_h req, int i)
+{
+    const kvf_xfer_rank_plan_t *rp = &req->plan->ranks[i];
+    size_t left = rp->num_descs - req->posted[i];
+    size_t n = ((conn->batch_descs > 0) && (left > conn->batch_descs)) ? conn->batch_descs : left;
+    kvf_status_t status;
+
+    kvf_ucx_batch_release(req->batches[i]);
+    req->batches[i] = NULL;
+    status = kvf_ucx_xfer_post(rk->agent, rk->peers[req->engine][rp->remote_rank],
+                               KVF_UCX_OP_GET, rk->region, 0, rp->descs + req->posted[i], n,
+                               &req->batches[i]);
+    if (status == KVF_OK) {
+        req->posted[i] += n;
+    }
+    return status;
 }
 
 static kvf_status_t kvf_conn_start_pull(kvf_connector_h conn, int tp_rank,
@@ -585,6 +616,8 @@ static kvf_status_t kvf_conn_start_pull(kvf_connector_h conn, int tp_rank,
              (pull->request_id != NULL) ? pull->request_id : "");
 
     memset(&pp, 0, sizeof(pp));
+    pp.field_mask = (conn->plan_flags != 0) ? KVF_XFER_PLAN_PARAM_FIELD_FLAGS : 0;
+    pp.flags = conn->plan_flags;
     pp.cfg = &conn->cfg;
     pp.layout = conn->layout;
     pp.local_tp = conn->tp;
@@ -608,8 +641,9 @@ static kvf_status_t kvf_conn_start_pull(kvf_connector_h conn, int tp_rank,
         goto err;
     }
     req->batches = calloc((size_t)req->plan->num_ranks + 1, sizeof(*req->batches));
+    req->posted = calloc((size_t)req->plan->num_ranks + 1, sizeof(*req->posted));
     req->src = calloc((size_t)e->tp, sizeof(*req->src));
-    if ((req->batches == NULL) || (req->src == NULL)) {
+    if ((req->batches == NULL) || (req->posted == NULL) || (req->src == NULL)) {
         status = KVF_ERR_NO_MEMORY;
         goto err;
     }
@@ -623,10 +657,7 @@ static kvf_status_t kvf_conn_start_pull(kvf_connector_h conn, int tp_rank,
     }
     req->deadline_ns = kvf_ucx_now_ns() + (uint64_t)conn->timeout_ms * 1000000ull;
     for (int i = 0; i < req->plan->num_ranks; ++i) {
-        const kvf_xfer_rank_plan_t *rp = &req->plan->ranks[i];
-        status = kvf_ucx_xfer_post(rk->agent, rk->peers[engine][rp->remote_rank],
-                                   KVF_UCX_OP_GET, rk->region, 0, rp->descs, rp->num_descs,
-                                   &req->batches[i]);
+        status = kvf_conn_post_next(conn, rk, req, i);
         if (status != KVF_OK) {
             /* earlier batches are in flight: report through poll, release drains them */
             req->status = status;
@@ -646,6 +677,7 @@ static kvf_status_t kvf_conn_poll(kvf_connector_h conn, int tp_rank, kvf_connect
 {
     kvf_conn_rank_t *rk;
     bool pending = false;
+    unsigned progressed;
 
     if ((req == NULL) || (req->rank != tp_rank)) {
         return KVF_ERR_INVALID_PARAM;
@@ -655,9 +687,13 @@ static kvf_status_t kvf_conn_poll(kvf_connector_h conn, int tp_rank, kvf_connect
         return req->status;
     }
     rk = &conn->ranks[tp_rank];
-    kvf_ucx_agent_progress(rk->agent);
+    progressed = kvf_ucx_agent_progress(rk->agent);
     for (int i = 0; i < req->plan->num_ranks; ++i) {
         kvf_status_t s = kvf_ucx_batch_test(req->batches[i]);
+        if ((s == KVF_OK) && (req->posted[i] < req->plan->ranks[i].num_descs)) {
+            s = kvf_conn_post_next(conn, rk, req, i);   /* the next window */
+            s = (s == KVF_OK) ? KVF_INPROGRESS : s;
+        }
         if (s == KVF_INPROGRESS) {
             pending = true;
         } else if (s != KVF_OK) {
@@ -666,6 +702,12 @@ static kvf_status_t kvf_conn_poll(kvf_connector_h conn, int tp_rank, kvf_connect
         }
     }
     if (pending) {
+        if (progressed == 0) {
+            /* idle: let the peer's threads run. Without a one-sided transport
+             * (GETs over shared-memory AM emulation, TCP) prefill must progress
+             * to serve our GETs; a spinning poll starves it on few cores. */
+            sched_yield();
+        }
         if (kvf_ucx_now_ns() > req->deadline_ns) {
             kvf_error("ucx connector: request %s on rank %d timed out after %u ms",
                       req->request_id, tp_rank, conn->timeout_ms);

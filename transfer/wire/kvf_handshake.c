@@ -365,9 +365,10 @@ kvf_status_t kvf_xfer_params_msg_pack(const kvf_xfer_params_msg_t *p, uint8_t **
     m.host = (char *)p->host;
     m.has_port = 1; m.port = (uint32_t)p->port;
     m.has_num_tokens = 1; m.num_tokens = (uint64_t)p->num_tokens;
-    m.has_lease_expiry_ms = 1; m.lease_expiry_ms = p->lease_expiry_ms;
+    m.has_lease_expiry_ms = p->has_lease_expiry; m.lease_expiry_ms = p->lease_expiry_ms;
     m.has_first_token = 1; m.first_token = p->first_token;
     m.request_id = (char *)p->request_id;
+    m.has_incarnation = p->has_incarnation; m.incarnation = p->incarnation;
     for (int g = 0; g < p->num_groups; ++g) {
         kvf__block_id_list__init(&lists[g]);
         lists[g].n_ids = (size_t)p->num_ids[g];
@@ -379,55 +380,113 @@ kvf_status_t kvf_xfer_params_msg_pack(const kvf_xfer_params_msg_t *p, uint8_t **
     return kvf_hs_finish_pack(kvf__transfer_params__get_packed_size(&m), &m.base, buf_p, len_p);
 }
 
-kvf_status_t kvf_xfer_params_msg_unpack(const uint8_t *buf, size_t len,
-                                        kvf_xfer_params_msg_t *p_p)
-{
-    Kvf__TransferParams *m = kvf__transfer_params__unpack(NULL, len, buf);
-    kvf_xfer_params_msg_t p;
+#define KVF_XP_FAIL(...)                            \
+    do {                                            \
+        if (err_len > 0) {                          \
+            snprintf(err, err_len, __VA_ARGS__);    \
+        }                                           \
+        status = KVF_ERR_PARSE;                     \
+        goto err;                                   \
+    } while (0)
 
-    memset(p_p, 0, sizeof(*p_p));
+kvf_status_t kvf_xfer_params_decode(const Kvf__TransferParams *m, int64_t expect_tokens,
+                                    kvf_xfer_params_msg_t *p_p, char *err, size_t err_len)
+{
+    kvf_xfer_params_msg_t p;
+    kvf_status_t status;
+
+    if (err == NULL) {
+        err_len = 0;
+    }
     memset(&p, 0, sizeof(p));
-    if (m == NULL) {
-        return KVF_ERR_PARSE;
+    if ((m == NULL) || (m->engine_id == NULL) || (m->engine_id[0] == '\0') ||
+        (m->host == NULL) || (m->host[0] == '\0')) {
+        KVF_XP_FAIL("decode request needs transfer params naming the prefill engine"
+                    " (engine_id and host)");
     }
-    if (!m->has_port || (m->port < 1) || (m->port > 65535) || !m->has_num_tokens ||
-        (m->num_tokens < 1) || (m->num_tokens > (1ull << 40)) ||
-        (m->n_groups > KVF_MAX_KV_GROUPS) ||
-        !kvf_hs_copy_str(p.engine_id, sizeof(p.engine_id), m->engine_id, true) ||
-        !kvf_hs_copy_str(p.host, sizeof(p.host), m->host, true) ||
-        !kvf_hs_copy_str(p.request_id, sizeof(p.request_id), m->request_id, false)) {
-        goto err;
+    if (!kvf_hs_copy_str(p.engine_id, sizeof(p.engine_id), m->engine_id, true)) {
+        KVF_XP_FAIL("transfer params: engine_id is longer than %d bytes", KVF_ENGINE_ID_MAX - 1);
     }
-    p.port = (int)m->port;
-    p.num_tokens = (int64_t)m->num_tokens;
-    p.lease_expiry_ms = m->has_lease_expiry_ms ? m->lease_expiry_ms : 0;
-    p.first_token = m->has_first_token ? m->first_token : -1;
+    if (!kvf_hs_copy_str(p.host, sizeof(p.host), m->host, true)) {
+        KVF_XP_FAIL("transfer params: host is longer than %zu bytes", sizeof(p.host) - 1);
+    }
+    if (!m->has_port || (m->port < 1) || (m->port > 65535)) {
+        KVF_XP_FAIL("transfer params: side-channel port %u is not in 1..65535", m->port);
+    }
+    if (!m->has_first_token) {
+        KVF_XP_FAIL("transfer params carry no first token");
+    }
+    if (!m->has_num_tokens || (m->num_tokens < 1) || (m->num_tokens > (1ull << 40))) {
+        KVF_XP_FAIL("transfer params: num_tokens %llu is not in 1..2^40",
+                    (unsigned long long)m->num_tokens);
+    }
+    if ((expect_tokens > 0) && (m->num_tokens != (uint64_t)expect_tokens)) {
+        KVF_XP_FAIL("transfer params cover %llu tokens, the prompt has %lld",
+                    (unsigned long long)m->num_tokens, (long long)expect_tokens);
+    }
+    if ((m->n_groups == 0) || (m->n_groups > KVF_MAX_KV_GROUPS)) {
+        KVF_XP_FAIL("transfer params carry %zu KV cache groups (1..%d)", m->n_groups,
+                    KVF_MAX_KV_GROUPS);
+    }
+    if (!kvf_hs_copy_str(p.request_id, sizeof(p.request_id), m->request_id, false)) {
+        KVF_XP_FAIL("transfer params: request_id is longer than %d bytes",
+                    KVF_ENGINE_ID_MAX - 1);
+    }
     for (size_t g = 0; g < m->n_groups; ++g) {
         const Kvf__BlockIdList *l = m->groups[g];
-        if ((l->n_ids > KVF_XFER_MAX_IDS_PER_GROUP)) {
-            goto err;
+        if ((l == NULL) || (l->n_ids > KVF_XFER_MAX_IDS_PER_GROUP)) {
+            KVF_XP_FAIL("transfer params: group %zu has more than %d block ids", g,
+                        KVF_XFER_MAX_IDS_PER_GROUP);
+        }
+        for (size_t i = 0; i < l->n_ids; ++i) {
+            if (l->ids[i] < 0) {
+                KVF_XP_FAIL("transfer params: group %zu block id %d (index %zu) is negative", g,
+                            l->ids[i], i);
+            }
         }
         p.ids[g] = malloc((l->n_ids ? l->n_ids : 1) * sizeof(int32_t));
         if (p.ids[g] == NULL) {
+            status = KVF_ERR_NO_MEMORY;
             goto err;
         }
         p.num_groups = (int)g + 1;
-        for (size_t i = 0; i < l->n_ids; ++i) {
-            if (l->ids[i] < 0) {
-                goto err;
-            }
-            p.ids[g][i] = l->ids[i];
-        }
+        memcpy(p.ids[g], l->ids, l->n_ids * sizeof(int32_t));
         p.num_ids[g] = (int)l->n_ids;
     }
-    kvf__transfer_params__free_unpacked(m, NULL);
+    p.port = (int)m->port;
+    p.num_tokens = (int64_t)m->num_tokens;
+    p.has_lease_expiry = m->has_lease_expiry_ms;
+    p.lease_expiry_ms = m->has_lease_expiry_ms ? m->lease_expiry_ms : 0;
+    p.first_token = m->first_token;
+    p.has_incarnation = m->has_incarnation;
+    p.incarnation = m->has_incarnation ? m->incarnation : 0;
     *p_p = p;
     return KVF_OK;
 
 err:
     kvf_xfer_params_msg_cleanup(&p);
+    return status;
+}
+
+#undef KVF_XP_FAIL
+
+kvf_status_t kvf_xfer_params_msg_unpack(const uint8_t *buf, size_t len,
+                                        kvf_xfer_params_msg_t *p_p)
+{
+    Kvf__TransferParams *m = kvf__transfer_params__unpack(NULL, len, buf);
+    char why[160];
+    kvf_status_t status;
+
+    memset(p_p, 0, sizeof(*p_p));
+    if (m == NULL) {
+        return KVF_ERR_PARSE;
+    }
+    status = kvf_xfer_params_decode(m, 0, p_p, why, sizeof(why));
+    if (status != KVF_OK) {
+        kvf_log(KVF_LOG_DEBUG, KVF_SUB_PROTO, "%s", why);
+    }
     kvf__transfer_params__free_unpacked(m, NULL);
-    return KVF_ERR_PARSE;
+    return status;
 }
 
 void kvf_xfer_params_msg_cleanup(kvf_xfer_params_msg_t *p)

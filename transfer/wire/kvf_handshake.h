@@ -134,25 +134,61 @@ kvf_status_t kvf_xfer_notification_pack(const kvf_xfer_notification_t *n, uint8_
 kvf_status_t kvf_xfer_notification_unpack(const uint8_t *buf, size_t len,
                                           kvf_xfer_notification_t *n_p);
 
-/** Transfer parameters (prefill -> decode). ids are owned (kvf_xfer_params_msg_cleanup()). */
+/**
+ * Transfer parameters (prefill -> decode, through the proxy): which engine
+ * to handshake with, where its side channel listens, the request's block
+ * ids per KV cache group, and what the lease and the first token are.
+ * ids are owned (kvf_xfer_params_msg_cleanup()).
+ */
 typedef struct kvf_xfer_params_msg {
-    char      engine_id[KVF_ENGINE_ID_MAX];
-    char      host[64];
-    int       port;
-    int       num_groups;                        /* <= KVF_MAX_KV_GROUPS */
-    int32_t  *ids[KVF_MAX_KV_GROUPS];            /* [num_groups][num_ids[g]] */
-    int       num_ids[KVF_MAX_KV_GROUPS];
-    int64_t   num_tokens;
-    uint64_t  lease_expiry_ms;
-    int32_t   first_token;
-    char      request_id[KVF_ENGINE_ID_MAX];
+    char      engine_id[KVF_ENGINE_ID_MAX];      /* non-empty */
+    char      host[64];                          /* side channel host, non-empty */
+    int       port;                              /* side channel port, 1..65535 */
+    int       num_groups;                        /* 1..KVF_MAX_KV_GROUPS */
+    int32_t  *ids[KVF_MAX_KV_GROUPS];            /* [num_groups][num_ids[g]], each >= 0 */
+    int       num_ids[KVF_MAX_KV_GROUPS];        /* <= KVF_XFER_MAX_IDS_PER_GROUP */
+    int64_t   num_tokens;                        /* 1..2^40 */
+    bool      has_lease_expiry;
+    uint64_t  lease_expiry_ms;                   /* CLOCK_REALTIME ms; 0 when absent */
+    int32_t   first_token;                       /* always present */
+    char      request_id[KVF_ENGINE_ID_MAX];     /* may be empty */
+    bool      has_incarnation;
+    uint64_t  incarnation;                       /* the prefill process's; 0 when absent */
 } kvf_xfer_params_msg_t;
 
-#define KVF_XFER_MAX_IDS_PER_GROUP (1 << 22)
+#define KVF_XFER_MAX_IDS_PER_GROUP (1 << 20)
 
+/** Pack @a p (has_* fields honoured) into a new buffer (*buf_p, free()). */
 kvf_status_t kvf_xfer_params_msg_pack(const kvf_xfer_params_msg_t *p, uint8_t **buf_p,
                                       size_t *len_p);
-/** Validates: port in [1, 65535], num_tokens >= 1, ids >= 0, group counts bounded. */
+
+struct Kvf__TransferParams;
+
+/**
+ * THE decoder of transfer parameters: every field a peer (or a proxy) could
+ * have made up is checked here and nowhere else, then copied. Used by
+ * kvf-decode on the TransferParams inside a DecodeRequest, by
+ * kvf_xfer_params_msg_unpack() on a packed message (the tools), and by the
+ * fuzz target through both.
+ *
+ * Checks, in this order (the first failing one is reported): engine id and
+ * host present and short enough, port in 1..65535, first token present,
+ * num_tokens in 1..2^40 (and == @a expect_tokens when that is > 0), 1..
+ * KVF_MAX_KV_GROUPS groups, at most KVF_XFER_MAX_IDS_PER_GROUP ids per
+ * group, every id >= 0, request id short enough.
+ *
+ * @param [in]  m              as protobuf-c unpacked it; NULL is refused.
+ * @param [in]  expect_tokens  prompt length the caller holds; 0: any.
+ * @param [out] p_p            filled on success only; owns the id copies.
+ * @param [out] err            why not, "transfer params: ..." naming the
+ *                             field and value; may be NULL.
+ * @return KVF_OK; KVF_ERR_PARSE on any violation (nothing allocated);
+ *         KVF_ERR_NO_MEMORY.
+ */
+kvf_status_t kvf_xfer_params_decode(const struct Kvf__TransferParams *m, int64_t expect_tokens,
+                                    kvf_xfer_params_msg_t *p_p, char *err, size_t err_len);
+
+/** Unpack a packed TransferParams and kvf_xfer_params_decode() it (no token expectation). */
 kvf_status_t kvf_xfer_params_msg_unpack(const uint8_t *buf, size_t len,
                                         kvf_xfer_params_msg_t *p_p);
 void kvf_xfer_params_msg_cleanup(kvf_xfer_params_msg_t *p);

@@ -7,6 +7,7 @@
  */
 #include "kvf_compat.h"
 #include "kvf_handshake.h"
+#include "kvf_xfer.pb-c.h"
 
 #include "kvf_log.h"
 
@@ -172,6 +173,60 @@ static void test_other_roundtrips(void **state)
     assert_int_equal(kvf_xfer_params_msg_pack(&p, &buf, &len), KVF_OK);
     assert_int_equal(kvf_xfer_params_msg_unpack(buf, len, &p2), KVF_ERR_PARSE);
     free(buf);
+    /* no KV cache group at all is malformed too */
+    p.port = 5600;
+    p.num_groups = 0;
+    assert_int_equal(kvf_xfer_params_msg_pack(&p, &buf, &len), KVF_OK);
+    assert_int_equal(kvf_xfer_params_msg_unpack(buf, len, &p2), KVF_ERR_PARSE);
+    free(buf);
+}
+
+/* The one decoder, as kvf-decode calls it: each refusal names its field. */
+static void test_params_decoder_names_fields(void **state)
+{
+    Kvf__TransferParams m = KVF__TRANSFER_PARAMS__INIT;
+    Kvf__BlockIdList g = KVF__BLOCK_ID_LIST__INIT, *gp = &g;
+    int32_t ids[2] = {3, 4};
+    kvf_xfer_params_msg_t p;
+    char err[256];
+
+    (void)state;
+    assert_int_equal(kvf_xfer_params_decode(NULL, 0, &p, err, sizeof(err)), KVF_ERR_PARSE);
+    assert_non_null(strstr(err, "transfer params"));
+    m.engine_id = (char *)"prefill-a";
+    m.host = (char *)"127.0.0.1";
+    m.has_port = 1;
+    m.port = 0;
+    assert_int_equal(kvf_xfer_params_decode(&m, 0, &p, err, sizeof(err)), KVF_ERR_PARSE);
+    assert_non_null(strstr(err, "port 0"));
+    m.port = 7000;
+    assert_int_equal(kvf_xfer_params_decode(&m, 0, &p, err, sizeof(err)), KVF_ERR_PARSE);
+    assert_non_null(strstr(err, "first token"));
+    m.has_first_token = 1;
+    m.first_token = 9;
+    m.has_num_tokens = 1;
+    m.num_tokens = 40;
+    assert_int_equal(kvf_xfer_params_decode(&m, 39, &p, err, sizeof(err)), KVF_ERR_PARSE);
+    assert_non_null(strstr(err, "cover 40 tokens, the prompt has 39"));
+    assert_int_equal(kvf_xfer_params_decode(&m, 40, &p, err, sizeof(err)), KVF_ERR_PARSE);
+    assert_non_null(strstr(err, "0 KV cache groups"));
+    m.n_groups = 1;
+    m.groups = &gp;
+    g.n_ids = 2;
+    g.ids = ids;
+    ids[1] = -4;
+    assert_int_equal(kvf_xfer_params_decode(&m, 40, &p, err, sizeof(err)), KVF_ERR_PARSE);
+    assert_non_null(strstr(err, "block id -4 (index 1) is negative"));
+    ids[1] = 4;
+    assert_int_equal(kvf_xfer_params_decode(&m, 40, &p, err, sizeof(err)), KVF_OK);
+    assert_int_equal(p.num_groups, 1);
+    assert_int_equal(p.num_ids[0], 2);
+    assert_int_equal(p.ids[0][1], 4);
+    assert_int_equal(p.first_token, 9);
+    assert_int_equal(p.port, 7000);
+    assert_false(p.has_incarnation);
+    assert_true(p.ids[0] != ids);   /* a copy: the message may go */
+    kvf_xfer_params_msg_cleanup(&p);
 }
 
 static void test_reply_rejects_bad_fields(void **state)
@@ -407,6 +462,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reply_roundtrip),
         cmocka_unit_test(test_other_roundtrips),
+        cmocka_unit_test(test_params_decoder_names_fields),
         cmocka_unit_test(test_reply_rejects_bad_fields),
         cmocka_unit_test(test_garbage_never_crashes),
         cmocka_unit_test(test_compat),
