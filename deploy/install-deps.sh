@@ -3,14 +3,16 @@
 # Safe to rerun; does nothing when everything is present. Needs root (or sudo).
 #   --tests  also what the multi-host tests use (tests/multihost): test hosts
 #            (iproute2, nftables), ssh into them (openssh), a Slurm cluster
-#            (slurmctld, slurmd, munge). tests/run.sh passes it.
+#            (slurmctld, slurmd, munge), and pip for the PyPI package
+#            kubernetes-validate (tests/deploy/test_k8s_manifests.py).
+#            tests/run.sh passes it.
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config git python3
       libucx-dev ucx-utils libprotobuf-c-dev protobuf-c-compiler libzmq3-dev libcjson-dev
       libopenblas-dev libmicrohttpd-dev libcmocka-dev curl procps)
 if [ "${1:-}" = "--tests" ]; then
     pkgs+=(iproute2 nftables openssh-server openssh-client slurm-wlm slurmctld slurmd
-           slurm-client munge)
+           slurm-client munge python3-pip python3-yaml)
 fi
 missing=()
 for p in "${pkgs[@]}"; do

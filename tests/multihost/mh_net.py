@@ -264,8 +264,16 @@ class TestNet:
         return False
 
     # -- running things in hosts --------------------------------------------
-    def cmd(self, i, argv):
-        return ["ip", "netns", "exec", self.ns[i]] + list(argv)
+    def cmd(self, i, argv, keep_sys=False):
+        """argv run inside host i: `ip netns exec` (a /sys of the host's own, its
+        /etc/hosts); keep_sys: the machine's /sys (cgroups) and the host's
+        /etc/hosts, in a mount namespace of its own (nsenter --net)."""
+        if not keep_sys:
+            return ["ip", "netns", "exec", self.ns[i]] + list(argv)
+        script = ('mount --bind /etc/netns/%s/hosts /etc/hosts && exec nsenter --net=/run/netns/%s '
+                  '"$@"' % (self.ns[i], self.ns[i]))
+        return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script,
+                "sh"] + list(argv)
 
     def run(self, i, argv, check=True, timeout=60, **kw):
         """Run argv inside host i and wait; returns CompletedProcess (text)."""
@@ -277,10 +285,10 @@ class TestNet:
                 i, " ".join(argv), p.returncode, p.stdout, p.stderr))
         return p
 
-    def spawn(self, i, argv, log=None, env=None):
+    def spawn(self, i, argv, log=None, env=None, keep_sys=False):
         """Start a daemon inside host i (killed at teardown); log: file path."""
         out = open(log, "ab") if log else subprocess.DEVNULL
-        p = subprocess.Popen(self.cmd(i, argv), stdout=out, stderr=subprocess.STDOUT,
+        p = subprocess.Popen(self.cmd(i, argv, keep_sys), stdout=out, stderr=subprocess.STDOUT,
                              stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         if log:
             out.close()
