@@ -18,17 +18,22 @@ from kvf_e2e import find_bin, repo_root
 LOGIT_TOL = 1e-3
 
 
-def model_dir(name, seed=1):
-    """Folder with config.json + model.safetensors for tests/data/models/<name>.config.json."""
+def model_dir(name, seed=1, shards=1, dtype="fp32"):
+    """Folder with config.json + weights for tests/data/models/<name>.config.json
+    (model.safetensors, or `shards` files with model.safetensors.index.json)."""
     bindir = find_bin()
-    out = os.path.join(os.path.dirname(bindir), "e2e-models", "%s-seed%d" % (name, seed))
-    if not os.path.exists(os.path.join(out, "model.safetensors")):
+    tag = "%s-seed%d" % (name, seed) + ("-%dshards" % shards if shards > 1 else "") + \
+        ("-%s" % dtype if dtype != "fp32" else "")
+    out = os.path.join(os.path.dirname(bindir), "e2e-models", tag)
+    done = "model.safetensors.index.json" if shards > 1 else "model.safetensors"
+    if not os.path.exists(os.path.join(out, done)):
         # write aside and rename: tests running in parallel may race for it
         os.makedirs(os.path.dirname(out), exist_ok=True)
         tmp = tempfile.mkdtemp(prefix=os.path.basename(out) + ".", dir=os.path.dirname(out))
         cfg = os.path.join(repo_root(), "tests", "data", "models", name + ".config.json")
         subprocess.run([os.path.join(bindir, "kvf"), "mkmodel", "--config", cfg, "--out", tmp,
-                        "--seed", str(seed)], check=True, stdout=subprocess.DEVNULL)
+                        "--seed", str(seed), "--shards", str(shards), "--dtype", dtype],
+                       check=True, stdout=subprocess.DEVNULL)
         try:
             os.rename(tmp, out)
         except OSError:          # another test won the race; theirs is identical

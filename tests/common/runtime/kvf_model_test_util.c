@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <unistd.h>
 
 void kvf_test_mkmodel(const char *name, uint64_t seed, char *dir)
@@ -27,11 +28,19 @@ void kvf_test_mkmodel(const char *name, uint64_t seed, char *dir)
 
 void kvf_test_rmmodel(const char *dir)
 {
-    char p[512];
-    snprintf(p, sizeof(p), "%s/config.json", dir);
-    unlink(p);
-    snprintf(p, sizeof(p), "%s/model.safetensors", dir);
-    unlink(p);
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    char p[1024];
+
+    while ((d != NULL) && ((e = readdir(d)) != NULL)) {
+        if (e->d_name[0] != '.') {
+            snprintf(p, sizeof(p), "%s/%s", dir, e->d_name);
+            unlink(p);
+        }
+    }
+    if (d != NULL) {
+        closedir(d);
+    }
     rmdir(dir);
 }
 

@@ -114,6 +114,34 @@ static void test_dense_tp_equal(void **state)
     kvf_check_tp("tiny-dense");
 }
 
+/* transformers-5 spelled hybrid with Mamba and MLP biases, gelu after the conv, silu MLP */
+static void test_hybrid_bias_tp_equal(void **state)
+{
+    (void)state;
+    kvf_check_tp("tiny-hybrid-bias");
+}
+
+/* Nemotron-H MoE: experts split whole over the ranks (8 experts: 8, 4, 2 per rank) */
+static void test_moe_tp_equal(void **state)
+{
+    (void)state;
+    kvf_check_tp("tiny-moe");
+}
+
+/* dense Llama with Llama-3 rope scaling; TP4 replicates its 2 KV heads */
+static void test_llama_tp_equal(void **state)
+{
+    (void)state;
+    kvf_check_tp("tiny-llama");
+}
+
+/* dense Qwen3: q/k RMSNorm per head, attention biases (o_proj bias once, on rank 0) */
+static void test_qwen3_tp_equal(void **state)
+{
+    (void)state;
+    kvf_check_tp("tiny-qwen3");
+}
+
 /* Greedy output depends on the prompt (the synthetic init is not degenerate). */
 static void test_output_varies(void **state)
 {
@@ -143,6 +171,10 @@ int main(void)
         cmocka_unit_test(test_hybrid_tp_equal),
         cmocka_unit_test(test_dense_tp_equal),
         cmocka_unit_test(test_output_varies),
+        cmocka_unit_test(test_hybrid_bias_tp_equal),
+        cmocka_unit_test(test_moe_tp_equal),
+        cmocka_unit_test(test_llama_tp_equal),
+        cmocka_unit_test(test_qwen3_tp_equal),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
