@@ -58,8 +58,9 @@ typedef struct kvf_cache_params {
 } kvf_cache_params_t;
 
 /**
- * Defaults: bf16 KV; conv state in the model's torch_dtype and SSM state in
- * mamba_ssm_cache_dtype (as vLLM); TP-stable alignment; user block 16;
+ * Defaults: bf16 KV; conv state in the model's dtype (config.json "dtype" or
+ * "torch_dtype") and SSM state in mamba_ssm_cache_dtype (as vLLM) -- the one
+ * rule every tool and daemon uses for "auto"; TP-stable alignment; user block 16;
  * kernel accepts MultipleOf(16). @a cfg may be NULL (bf16 conv, fp32 SSM).
  */
 void kvf_cache_params_default(const kvf_model_config_t *cfg, kvf_cache_params_t *params_p);

@@ -51,7 +51,7 @@ static const kvf_config_field_t kvf_plan_table[] = {
      offsetof(kvf_plan_opts_t, kv_dtype), KVF_CONFIG_TYPE_STRING, 0},
     {"SSM_DTYPE", "auto", "Mamba SSM state dtype (auto: the model's mamba_ssm_cache_dtype)",
      offsetof(kvf_plan_opts_t, ssm_dtype), KVF_CONFIG_TYPE_STRING, 0},
-    {"CONV_DTYPE", "auto", "Mamba conv state dtype (auto: the model's torch_dtype)",
+    {"CONV_DTYPE", "auto", "Mamba conv state dtype (auto: the model's dtype)",
      offsetof(kvf_plan_opts_t, conv_dtype), KVF_CONFIG_TYPE_STRING, 0},
     {"ALIGN", "tp-stable", "block size alignment: tp-stable (kvferry) or per-rank (upstream)",
      offsetof(kvf_plan_opts_t, align), KVF_CONFIG_TYPE_STRING, 0},
