@@ -9,7 +9,8 @@
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config git python3
       libucx-dev ucx-utils libprotobuf-c-dev protobuf-c-compiler libzmq3-dev libcjson-dev
-      libopenblas-dev libmicrohttpd-dev libcmocka-dev curl procps)
+      libopenblas-dev libmicrohttpd-dev libcmocka-dev curl procps
+      gnuplot-nox)   # gnuplot: kvf tune's plot
 if [ "${1:-}" = "--tests" ]; then
     pkgs+=(iproute2 nftables openssh-server openssh-client slurm-wlm slurmctld slurmd
            slurm-client munge python3-pip python3-yaml)
