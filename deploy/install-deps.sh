@@ -2,7 +2,7 @@
 # Installs the Debian 12 packages kvferry builds and tests with, when missing.
 # Safe to rerun; does nothing when everything is present. Needs root (or sudo).
 #   --tests  also what the multi-host tests use (tests/multihost): test hosts
-#            (iproute2, nftables), ssh into them (openssh), a Slurm cluster
+#            (iproute2, nftables, iptables), ssh into them (openssh), a Slurm cluster
 #            (slurmctld, slurmd, munge), and pip for the PyPI package
 #            kubernetes-validate (tests/deploy/test_k8s_manifests.py).
 #            tests/run.sh passes it.
@@ -12,7 +12,7 @@ pkgs=(build-essential cmake pkg-config git python3
       libopenblas-dev libmicrohttpd-dev libcmocka-dev curl procps
       gnuplot-nox)   # gnuplot: kvf tune's plot
 if [ "${1:-}" = "--tests" ]; then
-    pkgs+=(iproute2 nftables openssh-server openssh-client slurm-wlm slurmctld slurmd
+    pkgs+=(iproute2 nftables iptables openssh-server openssh-client slurm-wlm slurmctld slurmd
            slurm-client munge python3-pip python3-yaml)
 fi
 missing=()

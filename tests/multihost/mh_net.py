@@ -373,13 +373,18 @@ class TestNet:
         port, so traffic to and from host i is capped. loss_pct: that share of
         the frames to and from host i dropped at random (nftables numgen in the
         switch's bridge; 100 drops everything while the link stays up).
-        delay_ms: tc netem delay on both ends (one-way delay each direction);
-        raises RuntimeError naming the missing qdisc where the kernel has no netem.
+        delay_ms: one-way delay each direction: tc netem on both ends, or, on a
+        kernel without netem, iptables NFQUEUE rules on host i's eth0 (in and
+        out) and mh_delay.py accepting each packet delay_ms later.
         """
+        self._nfq_delay(i, None)
+        netem = delay_ms is not None and self.has_netem()
+        if delay_ms is not None and not netem:
+            self._nfq_delay(i, delay_ms)
         for ns, dev in ((self.ns[i], "eth0"), (self.sw, "p%d" % i)):
             subprocess.run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            if delay_ms is not None:
+            if netem:
                 args = ["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "netem",
                         "delay", "%gms" % delay_ms, "limit", "100000"]
                 if rate_mbit is not None:
@@ -396,6 +401,39 @@ class TestNet:
             if p.returncode != 0:
                 raise RuntimeError("%s: %s" % (" ".join(args), p.stderr.strip()))
         self._nft_loss(i, loss_pct)
+
+    def _nfq_delay(self, i, delay_ms):
+        procs = getattr(self, "_delayers", {})
+        self._delayers = procs
+        if i in procs:
+            self.run(i, ["iptables", "-F"], check=False)
+            procs[i].terminate()
+            procs[i].wait(timeout=10)
+            del procs[i]
+        if delay_ms is None:
+            return
+        if shutil.which("iptables") is None:
+            raise RuntimeError("delay without netem needs iptables (Debian package iptables)")
+        log = os.path.join(self.tmp, "delay.%d.log" % i)
+        p = self.spawn(i, [sys.executable, os.path.join(os.path.dirname(
+            os.path.abspath(__file__)), "mh_delay.py"), "0", "%g" % delay_ms], log=log)
+        procs[i] = p
+        wait_for(lambda: p.poll() is not None or "ready" in open(log).read(), 10,
+                 "the delay queue in host %d" % i)
+        if p.poll() is not None:
+            raise RuntimeError("mh_delay.py failed: %s" % open(log).read())
+        for chain, io in (("OUTPUT", "-o"), ("INPUT", "-i")):
+            self.run(i, ["iptables", "-A", chain, io, "eth0", "-j", "NFQUEUE", "--queue-num",
+                         "0", "--queue-bypass"])
+
+    def delayed(self, i):
+        """Packets sent through host i's delay queue so far (NFQUEUE rule counters;
+        None with netem)."""
+        if self.has_netem():
+            return None
+        p = self.run(i, ["iptables", "-L", "-v", "-n", "-x"], check=False)
+        return sum(int(line.split()[0]) for line in p.stdout.splitlines()
+                   if "NFQUEUE" in line and line.split()[0].isdigit())
 
     def _nft_loss(self, i, loss_pct):
         table = "kvfmh_p%d" % i

@@ -121,6 +121,14 @@ def check_shaping(net):
     lossy = pull_mbit(net, 0, 2, 7003, 1 << 20)
     dropped = net.dropped(2)
     net.shape(2)
+    base = rtt_ms(net, 0, 2, 7004)
+    net.shape(2, delay_ms=5)
+    slow = rtt_ms(net, 0, 2, 7005)
+    net.shape(2)
+    # 5 ms each way on host 2's link: a TCP connect (one round trip) >= 10 ms
+    assert slow >= 9.5 and base < 5, (base, slow)
+    print("delay (%s): connect %.2f ms plain, %.2f ms with 5 ms each way" % (
+        "netem" if net.has_netem() else "NFQUEUE", base, slow))
     # a 100 Mbit/s cap: the 4 MiB pull runs at the cap (burst and timing slack)
     assert 70 <= capped <= 130, (plain, capped)
     assert plain > 2 * capped, (plain, capped)

@@ -16,6 +16,8 @@ Cases, each asserted:
     decode pulled arrived over h2's link (its interface counters).
  2. bandwidth cap (tc tbf) on h2's link: answers equal; the benchmark line
     prints transfer time against bytes / cap (the figure in the README).
+    Delay 0.2, 1 and 5 ms each way (tc netem, or NFQUEUE and mh_delay.py where
+    the kernel has no netem): answers equal.
  3. 1 % packet loss on h2's link: answers equal, no request fails.
  4. h2's link cut in the middle of a transfer: the request fails within
     CUT_BOUND_S; prefill's lease is freed; when the link returns the same
@@ -217,6 +219,30 @@ def case_rate_cap(net, pool, refs):
     assert long25[0][2] > 3 * uncapped[0][2], rows
 
 
+def case_delay(net, pool, refs):
+    mech = "tc netem" if net.has_netem() else "NFQUEUE (this kernel has no netem)"
+    rows = []
+    for delay in (0.2, 1, 5):
+        net.shape(2, delay_ms=delay)
+        try:
+            for prompt in (PROMPTS[0], BENCH_PROMPT):
+                t0 = time.monotonic()
+                kv = check_answer(pool.proxy, refs, prompt, "delay %g ms" % delay)
+                rows.append((delay, kv["bytes"], kv["transfer_ms"],
+                             (time.monotonic() - t0) * 1e3))
+            queued = net.delayed(2)
+            assert queued is None or queued > 0, "no packet went through the delay queue"
+        finally:
+            net.shape(2)
+    print("delay (%s, each way on the decode host's link): answers equal" % mech, flush=True)
+    print("  delay_ms    bytes  transfer_ms  request_ms", flush=True)
+    for d, b, ms, req in rows:
+        print("  %8g %8d %12.2f %11.2f" % (d, b, ms, req), flush=True)
+    # the whole request crosses h2's link several times (proxy to decode and
+    # back, the pull, the release): at least 2 round trips of 2 x the delay
+    assert all(req >= 4 * d for d, _, _, req in rows), rows
+
+
 def case_loss(net, pool, refs):
     net.shape(2, loss_pct=1)
     try:
@@ -382,6 +408,7 @@ def main():
         try:
             case_deploy(net, pool, refs)
             case_rate_cap(net, pool, refs)
+            case_delay(net, pool, refs)
             case_loss(net, pool, refs)
             case_link_cut(net, pool, refs)
         except BaseException:
