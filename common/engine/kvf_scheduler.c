@@ -92,28 +92,86 @@ kvf_status_t kvf_scheduler_schedule(const kvf_scheduler_params_t *params, kvf_bl
         --budget;
     }
 
-    /* 2. prefill chunks, in arrival order (FCFS: stop at the first that does not fit) */
-    for (int i = 0; (i < nv) && (budget > 0) && (np < params->max_seqs); ++i) {
-        kvf_request_t *r = v[i];
-        int remaining = r->num_tokens - r->num_computed;
-        int chunk;
-        if ((r->sched_tokens > 0) || (remaining <= 0) ||
-            ((r->state == KVF_REQ_RUNNING) && (remaining == 1))) {
-            continue;
-        }
-        chunk = (remaining < budget) ? remaining : budget;
-        status = kvf_block_manager_allocate(bm, &r->blocks, r->num_computed + chunk);
-        if (status == KVF_ERR_NO_RESOURCE) {
-            status = KVF_OK;
-            break;
-        }
-        if (status != KVF_OK) {
+    /* 2. prefill chunks. Pass 1, in arrival order: each request waiting for
+     * prefill gets up to a quarter of the step budget (so one long prompt
+     * cannot take a whole step while others wait); pass 2: what is left goes
+     * to the requests closest to done first (a short prompt behind a long
+     * one finishes in this step). Then blocks are allocated in arrival order
+     * (FCFS: stop at the first that does not fit). Rejected: equal shares
+     * for all (processor sharing): under saturation every request finishes
+     * late, together, and many miss their deadline. */
+    {
+        int *want = calloc((size_t)(nv ? nv : 1), sizeof(*want));
+        int cap = params->max_batch_tokens / 4;
+        int ncand = 0;
+
+        if (want == NULL) {
+            status = KVF_ERR_NO_MEMORY;
             goto out;
         }
-        r->state = KVF_REQ_RUNNING;
-        r->sched_tokens = chunk;
-        plan[np++] = (kvf_sched_entry_t){r, r->num_computed, chunk, chunk == remaining};
-        budget -= chunk;
+        if (cap < 16) {
+            cap = 16;
+        }
+        /* want[i]: tokens of v[i] in this step; -1: not a prefill candidate */
+        for (int i = 0; i < nv; ++i) {
+            kvf_request_t *r = v[i];
+            int remaining = r->num_tokens - r->num_computed;
+            want[i] = -1;
+            if ((np + ncand >= params->max_seqs) || (r->sched_tokens > 0) || (remaining <= 0) ||
+                ((r->state == KVF_REQ_RUNNING) && (remaining == 1))) {
+                continue;
+            }
+            want[i] = 0;
+            ncand++;
+        }
+        for (int i = 0; (i < nv) && (budget > 0); ++i) {
+            int take;
+            if (want[i] < 0) {
+                continue;
+            }
+            take = v[i]->num_tokens - v[i]->num_computed;
+            take = (take < cap) ? take : cap;
+            take = (take < budget) ? take : budget;
+            want[i] = take;
+            budget -= take;
+        }
+        while (budget > 0) {
+            int best = -1, best_left = 0;
+            for (int i = 0; i < nv; ++i) {
+                int left = (want[i] < 0) ? 0 : v[i]->num_tokens - v[i]->num_computed - want[i];
+                if ((want[i] > 0) && (left > 0) && ((best < 0) || (left < best_left))) {
+                    best = i;
+                    best_left = left;
+                }
+            }
+            if (best < 0) {
+                break;
+            }
+            best_left = (best_left < budget) ? best_left : budget;
+            want[best] += best_left;
+            budget -= best_left;
+        }
+        for (int i = 0; i < nv; ++i) {
+            kvf_request_t *r = v[i];
+            int chunk = want[i];
+            if (chunk <= 0) {
+                continue;
+            }
+            status = kvf_block_manager_allocate(bm, &r->blocks, r->num_computed + chunk);
+            if (status == KVF_ERR_NO_RESOURCE) {
+                status = KVF_OK;
+                break;
+            }
+            if (status != KVF_OK) {
+                free(want);
+                goto out;
+            }
+            r->state = KVF_REQ_RUNNING;
+            r->sched_tokens = chunk;
+            plan[np++] = (kvf_sched_entry_t){r, r->num_computed, chunk,
+                                             chunk == r->num_tokens - r->num_computed};
+        }
+        free(want);
     }
 out:
     free(v);

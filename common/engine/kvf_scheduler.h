@@ -9,8 +9,13 @@
  * engine samples the next one. Prefill and decode share one batch.
  *
  * Policy (vLLM-like, simplified): requests already running get their
- * decode token first, in arrival order; then waiting requests are prefilled
- * in arrival order with chunks up to the remaining token budget. When a
+ * decode token first, in arrival order; then the requests waiting for
+ * prefill get, in arrival order, up to a quarter of the step budget each,
+ * and what is left goes to those closest to done first. So a short prompt
+ * is never stuck behind a long prompt's whole prefill, and under
+ * saturation requests still finish roughly in arrival order. Blocks are
+ * allocated in arrival order, stopping at the first request that does not
+ * fit. When a
  * running request cannot get a block, the most recently arrived running
  * request is preempted (its blocks freed, its tokens recomputed later).
  */

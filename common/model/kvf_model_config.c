@@ -691,6 +691,14 @@ kvf_status_t kvf_model_config_parse(const char *json, const char *origin,
     /* transformers 5 writes "dtype"; older files "torch_dtype" */
     KVF_TRY(kvf_cfg_dtype_opt(&rd, kvf_cfg_alias(&rd, "dtype", "torch_dtype"), KVF_DTYPE_BF16,
                               &cfg.torch_dtype));
+    /* an id outside the vocabulary would make every request fail: refuse at start */
+    if ((cfg.bos_token_id >= cfg.vocab_size) || (cfg.eos_token_id >= cfg.vocab_size)) {
+        bool bos = (cfg.bos_token_id >= cfg.vocab_size);
+        KVF_FAIL(KVF_ERR_INVALID_PARAM, "field '%s' = %d is outside the vocabulary [0, %d)"
+                 " (vocab_size)", bos ? "bos_token_id" : "eos_token_id",
+                 bos ? cfg.bos_token_id : cfg.eos_token_id, cfg.vocab_size);
+    }
+    KVF_TRY(kvf_cfg_int_opt(&rd, "max_position_embeddings", 0, &cfg.max_position_embeddings));
     {
         const char *name = (cfg.arch == KVF_ARCH_NEMOTRON_H) ?
                            kvf_cfg_alias(&rd, "layer_norm_epsilon", "rms_norm_eps") : "rms_norm_eps";

@@ -122,6 +122,7 @@ typedef struct kvf_model_config {
     kvf_dtype_t torch_dtype;          /* dtype (or legacy torch_dtype); default bf16 */
     int         bos_token_id;         /* -1 when absent */
     int         eos_token_id;         /* -1 when absent */
+    int         max_position_embeddings; /* longest sequence (prompt + output); 0: absent */
     bool        tie_word_embeddings;  /* as written in the file */
     bool        lm_head_tied;         /* lm_head = embeddings: dense archs with
                                          tie_word_embeddings; never nemotron_h

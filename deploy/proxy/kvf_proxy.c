@@ -44,6 +44,9 @@ const kvf_config_field_t kvf_proxy_config_table[] = {
      KVF_PF(header_timeout), KVF_CONFIG_TYPE_TIME, 0},
     {"BODY_TIMEOUT", "30s", "the request body must arrive within this after the headers",
      KVF_PF(body_timeout), KVF_CONFIG_TYPE_TIME, 0},
+    {"DRAIN_TIMEOUT", "5s", "on SIGTERM: how long requests in flight may still run before "
+     "they are ended (streams get an error event and [DONE])",
+     KVF_PF(drain_timeout), KVF_CONFIG_TYPE_TIME, 0},
     {"MAX_CONNECTIONS", "256", "concurrent HTTP connections served (a thread each); more get "
      "a JSON 503", KVF_PF(max_connections), KVF_CONFIG_TYPE_INT, 0},
     {"MAX_CONNECTIONS_PER_CLIENT", "64", "concurrent HTTP connections from one client address; "
@@ -79,7 +82,7 @@ static kvf_status_t kvf_proxy_check(const kvf_proxy_config_t *cfg)
     }
     if ((cfg->request_timeout <= 0) || (cfg->prefill_timeout <= 0) || (cfg->token_timeout <= 0) ||
         (cfg->health_interval <= 0) || (cfg->health_timeout <= 0) || (cfg->idle_timeout <= 0) ||
-        (cfg->header_timeout <= 0) || (cfg->body_timeout <= 0)) {
+        (cfg->header_timeout <= 0) || (cfg->body_timeout <= 0) || (cfg->drain_timeout < 0)) {
         kvf_error("timeouts and the health interval must be positive");
         return KVF_ERR_INVALID_PARAM;
     }
@@ -118,6 +121,7 @@ kvf_status_t kvf_proxy_create(const kvf_proxy_config_t *cfg, kvf_proxy_h *proxy_
         status = kvf_model_config_load(cfg->model, &mc);
         if (status == KVF_OK) {
             status = kvf_tokenizer_init(&mc, &proxy->tok);
+            proxy->api.max_model_len = mc.max_position_embeddings;
         }
         if (status != KVF_OK) {
             goto err_free;
@@ -154,6 +158,8 @@ kvf_status_t kvf_proxy_create(const kvf_proxy_config_t *cfg, kvf_proxy_h *proxy_
     proxy->flow.request_timeout_ms = cfg->request_timeout;
     proxy->flow.prefill_timeout_ms = cfg->prefill_timeout;
     proxy->flow.token_timeout_ms = cfg->token_timeout;
+    proxy->flow.drain_timeout_ms = cfg->drain_timeout;
+    atomic_init(&proxy->flow.cancel, false);
 
     snprintf(proxy->model_name, sizeof(proxy->model_name), "%s", cfg->model_name);
     proxy->api.tok = &proxy->tok;
@@ -192,6 +198,11 @@ err_free:
 int kvf_proxy_port(kvf_proxy_h proxy)
 {
     return kvf_proxy_http_port(proxy->http);
+}
+
+void kvf_proxy_drain(kvf_proxy_h proxy)
+{
+    kvf_proxy_http_drain(proxy->http, proxy->flow.drain_timeout_ms);
 }
 
 void kvf_proxy_destroy(kvf_proxy_h proxy)

@@ -30,6 +30,7 @@ typedef struct kvf_proxy_config {
     int64_t idle_timeout;                     /* ms */
     int64_t header_timeout;                   /* ms */
     int64_t body_timeout;                     /* ms */
+    int64_t drain_timeout;                    /* ms */
     int     max_connections;
     int     max_per_client;
     size_t  max_body;
@@ -53,6 +54,13 @@ kvf_status_t kvf_proxy_create(const kvf_proxy_config_t *cfg, kvf_proxy_h *proxy_
 
 /** The HTTP port actually bound (with --port 0, the one the kernel chose). */
 int kvf_proxy_port(kvf_proxy_h proxy);
+
+/**
+ * SIGTERM: stop accepting, let the requests in flight finish for up to
+ * --drain-timeout, then end the rest (streams with an error event and
+ * [DONE]). Call once, then kvf_proxy_destroy().
+ */
+void kvf_proxy_drain(kvf_proxy_h proxy);
 
 /** Stop HTTP first (aborting requests in flight), then the pool. NULL: no-op. */
 void kvf_proxy_destroy(kvf_proxy_h proxy);

@@ -118,6 +118,12 @@ static kvf_status_t kvf_proxy_flow_wait(kvf_proxy_flow_t *flow, kvf_proxy_call_h
         if ((flow->gone != NULL) && (slice > KVF_PROXY_SLICE_MS)) {
             slice = KVF_PROXY_SLICE_MS;
         }
+        if (atomic_load(&ctx->cancel)) {
+            return kvf_proxy_flow_fail(flow, KVF_ERR_CANCELED, 503, "server_error",
+                                       "the proxy is shutting down: the request did not finish"
+                                       " within --drain-timeout %lld ms",
+                                       (long long)ctx->drain_timeout_ms);
+        }
         status = kvf_proxy_call_next(call, slice, reply_p, msg, sizeof(msg));
         if (status == KVF_OK) {
             return KVF_OK;
@@ -230,12 +236,41 @@ kvf_status_t kvf_proxy_flow_start(kvf_proxy_flow_t *flow, const kvf_proxy_flow_c
     }
     {
         char why[320] = "";
-        status = kvf_proxy_pool_pick_decode(ctx->pool, flow->prefill_idx, &flow->decode_idx,
-                                            why, sizeof(why));
+        kvf_proxy_instance_info_t pi;
+
+        /* what the prefill instance can never do: say so now, not after a timeout */
+        kvf_proxy_pool_info(ctx->pool, KVF_PROXY_ROLE_PREFILL, flow->prefill_idx, &pi);
+        if ((pi.max_prompt_tokens != 0) && ((uint32_t)req->num_prompt > pi.max_prompt_tokens)) {
+            flow->prefill_idx = -1;
+            return kvf_proxy_flow_fail(flow, KVF_ERR_OUT_OF_RANGE, 400, "invalid_request_error",
+                                       "prompt of %d tokens does not fit prefill instance %s's"
+                                       " KV cache (at most %u tokens; raise --num-blocks on"
+                                       " prefill)", req->num_prompt, pi.url,
+                                       pi.max_prompt_tokens);
+        }
+        if ((pi.prefill_tokens_per_s > 0) &&
+            ((double)req->num_prompt / pi.prefill_tokens_per_s * 1000.0 >
+             (double)ctx->prefill_timeout_ms)) {
+            flow->prefill_idx = -1;
+            return kvf_proxy_flow_fail(flow, KVF_ERR_OUT_OF_RANGE, 400, "invalid_request_error",
+                                       "prompt of %d tokens would take about %.0f s to prefill"
+                                       " at prefill instance %s's measured %.0f tokens/s, longer"
+                                       " than --prefill-timeout %lld ms", req->num_prompt,
+                                       (double)req->num_prompt / pi.prefill_tokens_per_s,
+                                       pi.url, pi.prefill_tokens_per_s,
+                                       (long long)ctx->prefill_timeout_ms);
+        }
+        status = kvf_proxy_pool_pick_decode(ctx->pool, flow->prefill_idx, req->num_prompt,
+                                            &flow->decode_idx, why, sizeof(why));
         if (status != KVF_OK) {
             int p = flow->prefill_idx;
             flow->prefill_idx = -1;
             flow->decode_idx = -1;
+            if (status == KVF_ERR_OUT_OF_RANGE) {
+                return kvf_proxy_flow_fail(flow, status, 400, "invalid_request_error",
+                                           "prompt of %d tokens does not fit any decode"
+                                           " instance: %s", req->num_prompt, why);
+            }
             if (status == KVF_ERR_REFUSED) {
                 return kvf_proxy_flow_fail(flow, status, 503, "server_error",
                                            "no decode instance accepts prefill instance %s: %s",

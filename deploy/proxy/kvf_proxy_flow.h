@@ -24,6 +24,7 @@
 #include "kvf_proxy_openai.h"
 #include "kvf_proxy_pool.h"
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -36,6 +37,9 @@ typedef struct kvf_proxy_flow_ctx {
     int64_t             request_timeout_ms;  /* whole request */
     int64_t             prefill_timeout_ms;  /* PrefillRequest -> first token */
     int64_t             token_timeout_ms;    /* gap between decode replies */
+    atomic_bool         cancel;              /* set: every wait ends the request with a 503
+                                              * (the proxy is shutting down) */
+    int64_t             drain_timeout_ms;    /* named in that 503 */
 } kvf_proxy_flow_ctx_t;
 
 typedef struct kvf_proxy_flow {

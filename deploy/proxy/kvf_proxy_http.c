@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 /* The library's own hard limits sit this far above our caps, so connections
  * over a cap can still be answered (JSON 503) rather than dropped. */
@@ -40,6 +41,8 @@ struct kvf_proxy_http {
     kvf_proxy_http_params_t        params;
     kvf_proxy_conns_h              conns;
     atomic_bool                    stopping;
+    atomic_bool                    draining;  /* SIGTERM: no new requests */
+    atomic_int                     inflight;  /* completions being handled or streamed */
     int64_t                        started;   /* unix seconds, /v1/models "created" */
 };
 
@@ -310,6 +313,7 @@ static void kvf_proxy_sse_free(void *cls)
     kvf_proxy_metrics_request(s->http->params.flow->metrics, s->code);
     kvf_proxy_openai_req_cleanup(&s->req);
     free(s->out);
+    atomic_fetch_sub(&s->http->inflight, 1);
     free(s);
 }
 
@@ -336,12 +340,14 @@ static enum MHD_Result kvf_proxy_completions(struct kvf_proxy_http *http,
     if (s == NULL) {
         return kvf_proxy_respond_error(conn, 500, "server_error", "out of memory");
     }
+    atomic_fetch_add(&http->inflight, 1);   /* until s is freed */
     s->http = http;
     s->conn = conn;
     s->code = 200;
     if (kvf_proxy_openai_parse(http->params.api, (cc->body != NULL) ? cc->body : "", cc->len,
                                &s->req, &code, &param, err, sizeof(err)) != KVF_OK) {
         free(s);
+        atomic_fetch_sub(&http->inflight, 1);
         kvf_proxy_metrics_request(fctx->metrics, code);
         return kvf_proxy_respond_error_param(conn, code, "invalid_request_error", param, err);
     }
@@ -381,7 +387,9 @@ static enum MHD_Result kvf_proxy_completions(struct kvf_proxy_http *http,
         kvf_proxy_metrics_request(fctx->metrics, (json != NULL) ? 200 : 500);
         kvf_proxy_openai_req_cleanup(&s->req);
         free(s);
-        return kvf_proxy_respond(conn, MHD_HTTP_OK, "application/json", json);
+        ret = kvf_proxy_respond(conn, MHD_HTTP_OK, "application/json", json);
+        atomic_fetch_sub(&http->inflight, 1);
+        return ret;
     }
 
 err_flow:
@@ -391,10 +399,12 @@ err_flow:
     kvf_proxy_openai_req_cleanup(&s->req);
     if (code == 499) {
         free(s);
+        atomic_fetch_sub(&http->inflight, 1);
         return MHD_NO;   /* nobody to answer; close the connection */
     }
     ret = kvf_proxy_respond_error(conn, code, s->flow.error_type, s->flow.error);
     free(s);
+    atomic_fetch_sub(&http->inflight, 1);
     return ret;
 }
 
@@ -484,6 +494,16 @@ static enum MHD_Result kvf_proxy_access(void *cls, struct MHD_Connection *conn, 
         }
         *con_cls = cc;
         cc->slot = (ci != NULL) ? ci->socket_context : NULL;
+        if (atomic_load(&http->draining)) {
+            if (cc->slot != NULL) {
+                kvf_proxy_conns_phase(http->conns, cc->slot, KVF_PROXY_PHASE_BUSY);
+            }
+            kvf_proxy_metrics_request(http->params.flow->metrics, 503);
+            return kvf_proxy_respond_ex(conn, 503, "application/json",
+                                        kvf_proxy_openai_error_json(
+                                            "the proxy is shutting down; retry on another one",
+                                            "server_error", NULL, 503), true);
+        }
         /* headers are in: refuse at once what would be refused after the body */
         if ((cc->slot != NULL) &&
             (kvf_proxy_conns_admission(cc->slot) != KVF_PROXY_ADMIT_OK)) {
@@ -614,7 +634,7 @@ kvf_status_t kvf_proxy_http_start(const kvf_proxy_http_params_t *params,
     struct kvf_proxy_http *http;
     char port[16];
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
-                     MHD_USE_ERROR_LOG;
+                     MHD_USE_ERROR_LOG | MHD_USE_ITC;   /* ITC: MHD_quiesce_daemon() */
     int rc;
 
     if ((params->port < 0) || (params->port > 65535)) {
@@ -638,6 +658,8 @@ kvf_status_t kvf_proxy_http_start(const kvf_proxy_http_params_t *params,
     http->params = *params;
     http->started = (int64_t)time(NULL);
     atomic_init(&http->stopping, false);
+    atomic_init(&http->draining, false);
+    atomic_init(&http->inflight, 0);
     {
         kvf_proxy_conns_params_t cp = {
             .max_total = params->max_connections,
@@ -686,6 +708,45 @@ int kvf_proxy_http_port(kvf_proxy_http_h http)
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(http->daemon, MHD_DAEMON_INFO_BIND_PORT);
 
     return (di != NULL) ? (int)di->port : -1;
+}
+
+/* Wait up to @a ms for the requests in flight to end; true when none is left. */
+static bool kvf_proxy_http_wait_idle(struct kvf_proxy_http *http, int64_t ms)
+{
+    int64_t end = kvf_proxy_now_us() + ms * 1000;
+
+    while (atomic_load(&http->inflight) > 0) {
+        struct timespec nap = {0, 20 * 1000000L};
+        if (kvf_proxy_now_us() >= end) {
+            return false;
+        }
+        nanosleep(&nap, NULL);
+    }
+    return true;
+}
+
+void kvf_proxy_http_drain(kvf_proxy_http_h http, int64_t grace_ms)
+{
+    MHD_socket lsock;
+    kvf_proxy_flow_ctx_t *fctx = http->params.flow;
+
+    atomic_store(&http->draining, true);
+    lsock = MHD_quiesce_daemon(http->daemon);   /* no new connections from here */
+    if (lsock != MHD_INVALID_SOCKET) {
+        close(lsock);
+    }
+    kvf_info("draining: not accepting; %d request(s) in flight get up to %lld ms to finish",
+             atomic_load(&http->inflight), (long long)grace_ms);
+    if (kvf_proxy_http_wait_idle(http, grace_ms)) {
+        return;
+    }
+    /* End the rest: a stream gets an error event and [DONE], others a 503. */
+    kvf_info("draining: ending %d request(s) still in flight", atomic_load(&http->inflight));
+    atomic_store(&fctx->cancel, true);
+    if (!kvf_proxy_http_wait_idle(http, 2000)) {
+        kvf_warn("draining: %d request(s) did not end; stopping anyway",
+                 atomic_load(&http->inflight));
+    }
 }
 
 void kvf_proxy_http_stop(kvf_proxy_http_h http)

@@ -30,7 +30,8 @@ typedef struct kvf_proxy_http_params {
     int64_t                       header_timeout_ms;/* accept -> request headers complete */
     int64_t                       body_timeout_ms;  /* headers -> body complete */
     int64_t                       idle_timeout_ms;  /* answer -> next request's headers */
-    const kvf_proxy_flow_ctx_t   *flow;             /* borrowed; outlives the server */
+    kvf_proxy_flow_ctx_t         *flow;             /* borrowed; outlives the server;
+                                                     * drain sets its cancel flag */
     const kvf_proxy_openai_ctx_t *api;              /* borrowed */
 } kvf_proxy_http_params_t;
 
@@ -44,6 +45,15 @@ kvf_status_t kvf_proxy_http_start(const kvf_proxy_http_params_t *params,
 
 /** The bound TCP port (useful with port 0). */
 int kvf_proxy_http_port(kvf_proxy_http_h http);
+
+/**
+ * Graceful drain (SIGTERM): stop accepting connections, answer new requests
+ * on open connections with a JSON 503, give the requests in flight up to
+ * @a grace_ms to finish, then end the rest (a stream with an error event
+ * and [DONE], any other with a 503; both abort their instances' work) and
+ * wait up to 2 s for them. Call once, before kvf_proxy_http_stop().
+ */
+void kvf_proxy_http_drain(kvf_proxy_http_h http, int64_t grace_ms);
 
 /**
  * Stop accepting, wake requests waiting on instances (they end as if the

@@ -298,6 +298,18 @@ kvf_status_t kvf_proxy_openai_parse(const kvf_proxy_openai_ctx_t *ctx, const cha
     }
     status = kvf_proxy_parse_fields(ctx, root, &req, http_p, param_p, err, err_cap);
     cJSON_Delete(root);
+    if ((status == KVF_OK) && (ctx->max_model_len > 0) && (req.num_prompt > ctx->max_model_len)) {
+        status = kvf_proxy_bad(http_p, param_p, "prompt", 400, err, err_cap,
+                               KVF_ERR_OUT_OF_RANGE, "'prompt' is %d tokens, longer than the "
+                               "model's max_position_embeddings (%d)", req.num_prompt,
+                               ctx->max_model_len);
+    } else if ((status == KVF_OK) && (ctx->max_model_len > 0) &&
+               ((int64_t)req.num_prompt + req.max_tokens > ctx->max_model_len)) {
+        status = kvf_proxy_bad(http_p, param_p, "max_tokens", 400, err, err_cap,
+                               KVF_ERR_OUT_OF_RANGE, "'prompt' (%d tokens) plus 'max_tokens' (%u)"
+                               " is longer than the model's max_position_embeddings (%d)",
+                               req.num_prompt, req.max_tokens, ctx->max_model_len);
+    }
     if (status != KVF_OK) {
         kvf_proxy_openai_req_cleanup(&req);
         return status;

@@ -30,6 +30,8 @@ typedef struct kvf_proxy_openai_ctx {
     int         max_prompt_tokens;   /* longer prompts: 400 */
     uint32_t    max_tokens_limit;    /* larger max_tokens: 400 */
     uint32_t    default_max_tokens;
+    int         max_model_len;       /* the model's max_position_embeddings: a prompt, or a
+                                      * prompt plus max_tokens, longer gets 400; 0: no limit */
 } kvf_proxy_openai_ctx_t;
 
 typedef struct kvf_proxy_completion_req {

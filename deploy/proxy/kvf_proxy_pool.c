@@ -368,6 +368,8 @@ static void kvf_proxy_io_health_reply(struct kvf_proxy_pool *pool, kvf_proxy_ins
     snprintf(info->side_host, sizeof(info->side_host), "%s", h->side_host ? h->side_host : "");
     info->side_port = h->side_port;
     info->incarnation = h->incarnation;
+    info->max_prompt_tokens = h->max_prompt_tokens;
+    info->prefill_tokens_per_s = h->prefill_tokens_per_s;
     inst->last_ok_ms = kvf_proxy_now_ms();
     if (strcmp(info->reported_role, want) != 0) {
         snprintf(why, sizeof(why), "instance reports role '%s' but is listed as %s",
@@ -923,12 +925,13 @@ kvf_status_t kvf_proxy_pool_pick(kvf_proxy_pool_h pool, kvf_proxy_role_t role, i
     return status;
 }
 
-kvf_status_t kvf_proxy_pool_pick_decode(kvf_proxy_pool_h pool, int prefill_idx, int *idx_p,
-                                        char *why, size_t why_cap)
+kvf_status_t kvf_proxy_pool_pick_decode(kvf_proxy_pool_h pool, int prefill_idx, int num_tokens,
+                                        int *idx_p, char *why, size_t why_cap)
 {
     kvf_proxy_role_t role = KVF_PROXY_ROLE_DECODE;
     int n = pool->count[role], pick = -1;
-    bool healthy = false;
+    bool healthy = false, accepted = false;
+    uint32_t largest = 0;
 
     pthread_mutex_lock(&pool->lock);
     /* pass 0: pairs checked compatible; pass 1: pairs without a verdict yet */
@@ -943,6 +946,14 @@ kvf_status_t kvf_proxy_pool_pick_decode(kvf_proxy_pool_h pool, int prefill_idx, 
             healthy = true;
             st = (pool->pairs != NULL) ? kvf_proxy_pair(pool, prefill_idx, i)->state :
                                          KVF_PROXY_PAIR_COMPATIBLE;
+            if (st != KVF_PROXY_PAIR_REFUSED) {
+                uint32_t cap = pool->inst[role][i].info.max_prompt_tokens;
+                accepted = true;
+                if ((cap != 0) && ((uint32_t)num_tokens > cap)) {
+                    largest = (cap > largest) ? cap : largest;
+                    continue;   /* its pool can never hold this prompt */
+                }
+            }
             if ((pass == 0) ? (st == KVF_PROXY_PAIR_COMPATIBLE) :
                               (st != KVF_PROXY_PAIR_REFUSED)) {
                 pick = i;
@@ -960,6 +971,13 @@ kvf_status_t kvf_proxy_pool_pick_decode(kvf_proxy_pool_h pool, int prefill_idx, 
     pthread_mutex_unlock(&pool->lock);
     if (pick >= 0) {
         return KVF_OK;
+    }
+    if (accepted) {
+        if (why != NULL) {
+            snprintf(why, why_cap, "the largest prompt a decode instance's KV cache holds is %u"
+                     " tokens (raise --num-blocks on decode)", largest);
+        }
+        return KVF_ERR_OUT_OF_RANGE;
     }
     return healthy ? KVF_ERR_REFUSED : KVF_ERR_NO_RESOURCE;
 }
@@ -1035,6 +1053,8 @@ cJSON *kvf_proxy_pool_health_json(kvf_proxy_pool_h pool)
             cJSON_AddNumberToObject(o, "step_ms", info.step_ms);
             cJSON_AddNumberToObject(o, "step_running_ms", info.step_running_ms);
             cJSON_AddNumberToObject(o, "xfer_timeout_ms", (double)info.xfer_timeout_ms);
+            cJSON_AddNumberToObject(o, "max_prompt_tokens", info.max_prompt_tokens);
+            cJSON_AddNumberToObject(o, "prefill_tokens_per_s", info.prefill_tokens_per_s);
             if (role == KVF_PROXY_ROLE_PREFILL) {
                 cJSON_AddNumberToObject(o, "lease_timeout_ms", (double)info.lease_timeout_ms);
             }

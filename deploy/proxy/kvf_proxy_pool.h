@@ -73,6 +73,8 @@ typedef struct kvf_proxy_instance_info {
     char     side_host[64];          /* prefill: side channel for handshakes */
     uint32_t side_port;
     uint64_t incarnation;            /* per process; 0: not reported */
+    uint32_t max_prompt_tokens;      /* longest prompt its pool holds; 0: not reported */
+    double   prefill_tokens_per_s;   /* measured prefill rate; 0: not measured yet */
     int64_t  last_ok_age_ms;         /* since the last answered probe; -1: never */
     uint64_t probes_failed;
     char     last_error[256];        /* why it is unhealthy; "" when healthy */
@@ -103,15 +105,18 @@ int kvf_proxy_pool_count(kvf_proxy_pool_h pool, kvf_proxy_role_t role);
 kvf_status_t kvf_proxy_pool_pick(kvf_proxy_pool_h pool, kvf_proxy_role_t role, int *idx_p);
 
 /**
- * Pick a healthy decode instance for prefill instance @a prefill_idx,
- * round robin: pairs checked compatible first, then pairs not checked yet;
- * a refused pair never.
+ * Pick a healthy decode instance for prefill instance @a prefill_idx and a
+ * prompt of @a num_tokens, round robin: pairs checked compatible first, then
+ * pairs not checked yet; a refused pair never, nor an instance whose pool
+ * cannot hold the prompt.
  * @return KVF_OK with *idx_p; KVF_ERR_NO_RESOURCE when no decode instance is
  *         healthy; KVF_ERR_REFUSED when every healthy one refused this
- *         prefill (@a why, capacity @a why_cap, gets one refusal text).
+ *         prefill (@a why, capacity @a why_cap, gets one refusal text);
+ *         KVF_ERR_OUT_OF_RANGE when none that accepts it can hold the prompt
+ *         (@a why says the largest prompt one can hold).
  */
-kvf_status_t kvf_proxy_pool_pick_decode(kvf_proxy_pool_h pool, int prefill_idx, int *idx_p,
-                                        char *why, size_t why_cap);
+kvf_status_t kvf_proxy_pool_pick_decode(kvf_proxy_pool_h pool, int prefill_idx, int num_tokens,
+                                        int *idx_p, char *why, size_t why_cap);
 
 /** Endpoint of instance @a idx of @a role (stable for the pool's lifetime). */
 const char *kvf_proxy_pool_url(kvf_proxy_pool_h pool, kvf_proxy_role_t role, int idx);

@@ -46,7 +46,9 @@ int main(int argc, char **argv)
     printf("kvf-proxy listening on http://%s:%d\n", cfg.host, kvf_proxy_port(proxy));
     fflush(stdout);
     sigwait(&set, &sig);
-    kvf_info("signal %d: shutting down", sig);
+    kvf_info("signal %d (%s): draining, then shutting down", sig, strsignal(sig));
+    kvf_proxy_drain(proxy);
     kvf_proxy_destroy(proxy);
+    kvf_info("stopped");
     return 0;
 }

@@ -94,7 +94,7 @@ static kvf_tokenizer_t test_tok = {260, 256, 257};
 
 static kvf_proxy_openai_ctx_t test_ctx(void)
 {
-    kvf_proxy_openai_ctx_t c = {&test_tok, "tiny", true, 64, 100, 16};
+    kvf_proxy_openai_ctx_t c = {&test_tok, "tiny", true, 64, 100, 16, 0};
     return c;
 }
 
@@ -233,6 +233,45 @@ static void test_parse_bad(void **state)
     assert_int_equal(parse(big, &req, err), 400);
 }
 
+/* Limits of the model and trailing bytes: refused at once, naming the limit. */
+static void test_parse_limits(void **state)
+{
+    kvf_proxy_openai_ctx_t ctx = test_ctx();
+    kvf_proxy_completion_req_t req;
+    const char *param = NULL;
+    char err[256];
+    int http = 0;
+    const char *body;
+
+    (void)state;
+    ctx.max_model_len = 8;
+    body = "{\"prompt\": \"abcdefghij\"}";   /* BOS + 10 bytes = 11 tokens */
+    assert_int_not_equal(kvf_proxy_openai_parse(&ctx, body, strlen(body), &req, &http, &param,
+                                                err, sizeof(err)), KVF_OK);
+    assert_int_equal(http, 400);
+    assert_string_equal(param, "prompt");
+    assert_non_null(strstr(err, "max_position_embeddings (8)"));
+    body = "{\"prompt\": \"abc\", \"max_tokens\": 5}";   /* 4 + 5 > 8 */
+    assert_int_not_equal(kvf_proxy_openai_parse(&ctx, body, strlen(body), &req, &http, &param,
+                                                err, sizeof(err)), KVF_OK);
+    assert_string_equal(param, "max_tokens");
+    assert_non_null(strstr(err, "plus 'max_tokens' (5)"));
+    body = "{\"prompt\": \"abc\", \"max_tokens\": 4}";   /* exactly 8 */
+    assert_int_equal(kvf_proxy_openai_parse(&ctx, body, strlen(body), &req, &http, &param,
+                                            err, sizeof(err)), KVF_OK);
+    kvf_proxy_openai_req_cleanup(&req);
+    /* trailing bytes after the object */
+    body = "{\"prompt\": \"abc\"} {}";
+    assert_int_not_equal(kvf_proxy_openai_parse(&ctx, body, strlen(body), &req, &http, &param,
+                                                err, sizeof(err)), KVF_OK);
+    assert_int_equal(http, 400);
+    assert_non_null(strstr(err, "2 bytes after its JSON value (at byte 18)"));
+    body = "{\"prompt\": \"abc\", \"max_tokens\": 2}\r\n \t";
+    assert_int_equal(kvf_proxy_openai_parse(&ctx, body, strlen(body), &req, &http, &param,
+                                            err, sizeof(err)), KVF_OK);
+    kvf_proxy_openai_req_cleanup(&req);
+}
+
 static void test_error_json(void **state)
 {
     char *j;
@@ -292,7 +331,7 @@ int main(void)
         cmocka_unit_test(test_utf8_whole),  cmocka_unit_test(test_utf8_split),
         cmocka_unit_test(test_utf8_long),   cmocka_unit_test(test_parse_ok),
         cmocka_unit_test(test_parse_bad),   cmocka_unit_test(test_metrics_text),
-        cmocka_unit_test(test_error_json),
+        cmocka_unit_test(test_error_json),  cmocka_unit_test(test_parse_limits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

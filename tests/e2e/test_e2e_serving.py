@@ -5,6 +5,12 @@
   incompatible prefill instance (another KV dtype) runs the handshake of
   every pairing at start; /health lists the refused pairing with the
   refusal text, stays 200, and no request is ever routed to it.
+- No head-of-line stall: a long prompt and short prompts arrive together;
+  each short one's time to first token stays within two engine steps (the
+  scheduler shares each step's token budget), not the long prefill, and
+  /health stays 200 throughout, answered even mid-step (it reports the age
+  of the step in progress). A prompt longer than max_position_embeddings
+  is refused at once, naming the limit.
 - Sampling as OpenAI does: without `seed` every request draws a fresh seed
   (two calls differ); with a seed the tokens equal a colocated run's with
   the same seed, through 1p1d and 2p1d.
@@ -16,7 +22,7 @@ import sys
 import time
 
 from e2e_models import model_dir
-from kvf_e2e import Pool, Proxy, find_bin, free_port_range, wait_for
+from kvf_e2e import HttpError, Pool, Proxy, find_bin, free_port_range, wait_for
 
 PROMPT = "The ferry crosses at dawn"
 
@@ -49,6 +55,67 @@ def sampling(model):
                     for _ in range(3)]
             assert len(set(runs)) == 3, "no seed: calls should differ, got %s" % runs
             print("%s: seeded == colocated (seeds 7, 8); unseeded calls differ" % layout)
+
+
+def long_and_short(model):
+    import threading
+    long_prompt = "".join(chr(97 + (i * 7) % 26) for i in range(3000))
+    with Pool(layout="1p1d", model=model, timeout=60) as pool:
+        pool.complete(PROMPT, max_tokens=2, temperature=0)            # warm-up
+        stop, health, busy_seen = threading.Event(), [], [0.0]
+
+        def watch():
+            while not stop.is_set():
+                t0 = time.monotonic()
+                st, h = pool.health(timeout=10)
+                health.append((st, time.monotonic() - t0))
+                p = h["prefill"][0]
+                busy_seen[0] = max(busy_seen[0], p.get("step_running_ms", 0), p.get("step_ms", 0))
+                time.sleep(0.05)
+        w = threading.Thread(target=watch)
+        w.start()
+        out = {}
+
+        def run_long():
+            out["long"] = pool.complete(long_prompt, max_tokens=2, temperature=0, timeout=120)
+        t_long = threading.Thread(target=run_long)
+        try:
+            t_long.start()
+            wait_for(lambda: pool.health()[1]["prefill"][0]["running"] >= 1, 30,
+                     "the long prompt is being prefilled")
+            shorts, t_short = [], []
+            for i in range(3):
+                shorts.append(pool.complete("short %d" % i, max_tokens=2, temperature=0,
+                                            timeout=120))
+                t_short.append(time.monotonic())
+            t_long.join(timeout=180)
+            t_long_done = time.monotonic()
+        finally:
+            stop.set()
+            w.join(timeout=30)
+        long_r = out["long"]
+        ttfts = [r["ttft_ms"] for r in shorts]
+        step = busy_seen[0]
+        print("long prompt (%d tokens): prefill %.0f ms; short TTFTs %s ms; longest engine step"
+              " %.0f ms; /health polled %d times, all 200, slowest answer %.0f ms"
+              % (long_r["usage"]["prompt_tokens"], long_r["prefill_ms"],
+                 [round(t) for t in ttfts], step, len(health), 1000 * max(d for _, d in health)))
+        assert all(st == 200 for st, _ in health), [st for st, _ in health]
+        assert max(d for _, d in health) < 2.0, "a /health answer took %.2f s" % max(
+            d for _, d in health)
+        # the probe was answered while a step ran (it reported the step's age)
+        assert step > 0, busy_seen
+        # A short prompt waits at most for the step in progress, then is prefilled in
+        # the next one beside the long prompt's chunk: two steps, not the long prefill.
+        assert all(t < 2 * step + 2000 for t in ttfts), (ttfts, step)
+        assert t_short[0] < t_long_done, "the first short prompt waited for the long one"
+        try:
+            pool.complete("x" * 5000, max_tokens=2, temperature=0)
+            raise AssertionError("a prompt over max_position_embeddings was served")
+        except HttpError as e:
+            msg = e.body["error"]["message"]
+            assert e.status == 400 and "max_position_embeddings (4096)" in msg, (e.status, msg)
+        print("over-long prompt refused at once: %s" % msg)
 
 
 def compat_check(model):
@@ -108,6 +175,7 @@ def compat_check(model):
 
 def main():
     model = model_dir("tiny-hybrid")
+    long_and_short(model)
     compat_check(model)
     sampling(model)
     print("test_e2e_serving passed")

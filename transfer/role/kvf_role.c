@@ -124,6 +124,25 @@ kvf_status_t kvf_role_start(const kvf_role_config_t *config, kvf_connector_role_
     return kvf_role_connector_create(*engine_p, &cache, &cc, ops_p, conn_p);
 }
 
+int kvf_role_max_prompt_tokens(kvf_engine_h engine)
+{
+    kvf_block_manager_h bm = kvf_engine_block_manager(engine);
+    kvf_req_blocks_t none;
+    int lo = 0, hi = 1 << 24;
+
+    memset(&none, 0, sizeof(none));
+    /* blocks_needed() grows with the token count: the largest count that fits */
+    while (lo < hi) {
+        int mid = lo + (hi - lo + 1) / 2;
+        if (kvf_block_manager_blocks_needed(bm, &none, mid) <= kvf_block_manager_num_blocks(bm)) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    return lo;
+}
+
 void kvf_role_health_fill(kvf_engine_h engine, const char *role,
                           const kvf_role_config_t *config, Kvf__HealthReply *h)
 {
@@ -135,6 +154,16 @@ void kvf_role_health_fill(kvf_engine_h engine, const char *role,
     kvf__health_reply__init(h);
     h->role = (char *)role;
     h->engine_id = (char *)config->engine_id;
+    {
+        kvf_engine_stats_t st;
+        kvf_engine_get_stats(engine, &st);
+        /* a rate from a few tokens says little: report it once 256 were timed */
+        h->has_prefill_tokens_per_s = 1;
+        h->prefill_tokens_per_s = ((st.prefill_tokens >= 256) && (st.prefill_seconds > 0)) ?
+                                  (double)st.prefill_tokens / st.prefill_seconds : 0.0;
+    }
+    h->has_max_prompt_tokens = 1;
+    h->max_prompt_tokens = (uint32_t)kvf_role_max_prompt_tokens(engine);
     h->has_xfer_timeout_ms = 1;
     h->xfer_timeout_ms = (uint64_t)config->xfer_timeout_ms;
     h->has_tp_size = h->has_free_pages = h->has_total_pages = h->has_block_size = 1;

@@ -86,8 +86,15 @@ kvf_status_t kvf_role_start(const kvf_role_config_t *config, kvf_connector_role_
                             const kvf_connector_ops_t **ops_p, kvf_connector_h *conn_p);
 
 /**
+ * The longest prompt @a engine's page pool can hold at all (tokens), from
+ * its block manager: what decides "this prompt can never fit here".
+ */
+int kvf_role_max_prompt_tokens(kvf_engine_h engine);
+
+/**
  * Fill the engine-derived part of a health reply: role, engine id, TP size,
- * free and total pages summed over ranks, block size, transfer timeout.
+ * free and total pages summed over ranks, block size, transfer timeout,
+ * the longest prompt the pool holds and the measured prefill rate.
  * @a role and @a config must outlive @a health (strings are not copied).
  * The caller adds its role's counters and publishes it with
  * kvf_serve_server_set_health() (or sends it with kvf_role_reply_health()).

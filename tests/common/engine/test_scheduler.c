@@ -43,7 +43,7 @@ static void kvf_req(kvf_request_t *r, uint64_t id, int tokens, int computed, kvf
     r->state = st;
 }
 
-static void test_decode_first_then_fcfs_chunks(void **state)
+static void test_decode_first_then_fair_chunks(void **state)
 {
     kvf_block_manager_h bm = kvf_bm(20);
     kvf_request_t a, b, c, d;
@@ -53,30 +53,68 @@ static void test_decode_first_then_fcfs_chunks(void **state)
     int n;
 
     (void)state;
-    kvf_req(&a, 1, 100, 0, KVF_REQ_WAITING);       /* arrives first: prefill chunk */
+    kvf_req(&a, 1, 100, 0, KVF_REQ_WAITING);       /* arrives first: a long prompt */
     kvf_req(&b, 2, 41, 40, KVF_REQ_RUNNING);       /* decoding: one pending token */
     assert_int_equal(kvf_block_manager_allocate(bm, &b.blocks, 40), KVF_OK);
-    kvf_req(&c, 3, 30, 0, KVF_REQ_WAITING);        /* does not fit in the budget left */
+    kvf_req(&c, 3, 30, 0, KVF_REQ_WAITING);        /* a short prompt behind the long one */
     kvf_req(&d, 4, 10, 0, KVF_REQ_PREFILLED);      /* holds blocks, never scheduled */
     assert_int_equal(kvf_scheduler_schedule(&sp, bm, reqs, 4, plan, &n), KVF_OK);
-    assert_int_equal(n, 2);
+    assert_int_equal(n, 3);
     assert_ptr_equal(plan[0].req, &b);
     assert_int_equal(plan[0].start, 40);
     assert_int_equal(plan[0].num_tokens, 1);
     assert_true(plan[0].samples);
+    /* 63 tokens left: a quarter (16) each in arrival order, then the rest to
+     * the one closest to done: the short prompt gets all it needs (30) now,
+     * the long one the rest (33), instead of 63 + nothing */
     assert_ptr_equal(plan[1].req, &a);
     assert_int_equal(plan[1].start, 0);
-    assert_int_equal(plan[1].num_tokens, 63);      /* 64 - the decode token */
+    assert_int_equal(plan[1].num_tokens, 33);
     assert_false(plan[1].samples);
+    assert_ptr_equal(plan[2].req, &c);
+    assert_int_equal(plan[2].start, 0);
+    assert_int_equal(plan[2].num_tokens, 30);
+    assert_true(plan[2].samples);                  /* its first token comes out this step */
     assert_int_equal(a.state, KVF_REQ_RUNNING);
-    assert_int_equal(c.state, KVF_REQ_WAITING);
-    assert_int_equal(c.sched_tokens, 0);
-    assert_int_equal(a.blocks.num_blocks[0], 1);   /* 63 tokens: one attention block */
+    assert_int_equal(c.state, KVF_REQ_RUNNING);
+    assert_int_equal(a.blocks.num_blocks[0], 1);   /* 33 tokens: one attention block */
     assert_int_equal(a.blocks.num_blocks[1], 1);   /* one block per Mamba group */
-    assert_int_equal(kvf_block_manager_num_free(bm), 20 - 3 - 3);
+    assert_int_equal(kvf_block_manager_num_free(bm), 20 - 3 - 3 - 3);
     kvf_block_manager_free(bm, &a.blocks);
     kvf_block_manager_free(bm, &b.blocks);
+    kvf_block_manager_free(bm, &c.blocks);
     assert_int_equal(kvf_block_manager_num_free(bm), 20);
+    kvf_block_manager_destroy(bm);
+}
+
+/* Many prompts waiting: a quarter of the budget each in arrival order, the
+ * rest to the first; a pool that runs out stops admitting (FCFS). */
+static void test_fair_shares_and_fcfs_blocks(void **state)
+{
+    kvf_block_manager_h bm = kvf_bm(7);
+    kvf_request_t r[3];
+    kvf_request_t *reqs[3] = {&r[0], &r[1], &r[2]};
+    kvf_scheduler_params_t sp = {.max_batch_tokens = 60, .max_seqs = 8};
+    kvf_sched_entry_t plan[8];
+    int n;
+
+    (void)state;
+    for (int i = 0; i < 3; ++i) {
+        kvf_req(&r[i], (uint64_t)i + 1, 1000, 0, KVF_REQ_WAITING);
+    }
+    assert_int_equal(kvf_scheduler_schedule(&sp, bm, reqs, 3, plan, &n), KVF_OK);
+    /* 16 + 16 + 16, the 12 left to the first (equal remainders: arrival
+     * order); 7 blocks hold two requests (3 each), so the third waits */
+    assert_int_equal(n, 2);
+    assert_ptr_equal(plan[0].req, &r[0]);
+    assert_int_equal(plan[0].num_tokens, 28);
+    assert_ptr_equal(plan[1].req, &r[1]);
+    assert_int_equal(plan[1].num_tokens, 16);
+    assert_int_equal(r[2].state, KVF_REQ_WAITING);
+    assert_int_equal(r[2].sched_tokens, 0);
+    for (int i = 0; i < 3; ++i) {
+        kvf_block_manager_free(bm, &r[i].blocks);
+    }
     kvf_block_manager_destroy(bm);
 }
 
@@ -151,7 +189,8 @@ static void test_sampler(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_decode_first_then_fcfs_chunks),
+        cmocka_unit_test(test_decode_first_then_fair_chunks),
+        cmocka_unit_test(test_fair_shares_and_fcfs_blocks),
         cmocka_unit_test(test_preempt_latest_running),
         cmocka_unit_test(test_sampler),
     };

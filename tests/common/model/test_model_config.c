@@ -279,6 +279,16 @@ static void test_bad_input(void **state)
         "\"num_attention_heads\":4,\"hybrid_override_pattern\":\"*-\"}", "t", &cfg),
         KVF_ERR_INVALID_PARAM);
     assert_int_equal(kvf_model_config_load("/nonexistent/config.json", &cfg), KVF_ERR_IO);
+    /* a BOS or EOS id outside the vocabulary would fail every request: refused at load */
+    assert_int_equal(parse_with("\"hybrid_override_pattern\":\"M*\",\"bos_token_id\":100",
+                                &cfg), KVF_ERR_INVALID_PARAM);
+    assert_int_equal(parse_with("\"hybrid_override_pattern\":\"M*\",\"eos_token_id\":[7,300]",
+                                &cfg), KVF_OK);   /* the first id of a list counts */
+    assert_int_equal(parse_with("\"hybrid_override_pattern\":\"M*\",\"eos_token_id\":[300]",
+                                &cfg), KVF_ERR_INVALID_PARAM);
+    assert_int_equal(parse_with("\"hybrid_override_pattern\":\"M*\",\"bos_token_id\":99,"
+                                "\"max_position_embeddings\":2048", &cfg), KVF_OK);
+    assert_int_equal(cfg.max_position_embeddings, 2048);
 }
 
 int main(void)
