@@ -201,15 +201,19 @@ def decode_pool_too_small():
     model = model_dir("tiny-hybrid")
     with Pool(layout="1p1d", model=model, timeout=60,
               decode_args=["--num-blocks", "4"]) as pool:
-        # 200 tokens need 3 attention + 2 Mamba blocks: never fits, fails at once
+        # 200 tokens need 3 attention + 2 Mamba blocks: never fits; the proxy knows
+        # the decode pool's capacity from its health and refuses before prefill
         t0 = time.monotonic()
         try:
             pool.complete("y" * 199, max_tokens=4, temperature=0, timeout=30)
             raise AssertionError("a prompt larger than the decode pool was served")
         except HttpError as e:
             msg = e.body["error"]["message"] if isinstance(e.body, dict) else str(e.body)
-            assert "needs 5 blocks, this decode instance has 4" in msg, msg
+            assert e.status == 400 and "prompt of 200 tokens does not fit any decode instance:" \
+                " the largest prompt a decode instance's KV cache holds is 160 tokens" in msg, msg
         assert time.monotonic() - t0 < 5
+        assert pool.metrics().value("kvf_proxy_prompt_tokens_total") == 0, \
+            "prefill ran for a prompt no decode instance can hold"
         # a short prompt fits (3 blocks) but outgrows the pool after 2 blocks of tokens
         try:
             pool.complete(PROMPT, max_tokens=300, temperature=0, ignore_eos=True, timeout=60)
@@ -249,9 +253,10 @@ def client_abort():
             d = instances(pool, "decode")[0]
             return not (d["running"] >= 1 and d["free_pages"] < d["total_pages"])
 
-        # 8000 tokens take well over 3 s here (decode runs ~1000 tok/s): blocks freed
-        # within 3 s of leaving prove the abort, not the natural end
-        body = pool.completion_body(PROMPT, max_tokens=8000, temperature=0, stream=True,
+        # 4000 tokens (what max_position_embeddings 4096 allows) take well over 3 s
+        # here (decode runs ~1000 tok/s): blocks freed within 3 s of leaving prove
+        # the abort, not the natural end
+        body = pool.completion_body(PROMPT, max_tokens=4000, temperature=0, stream=True,
                                     ignore_eos=True)
         pool.stream(body, timeout=30, on_event=on_event)
         assert seen and seen[-1] != "[DONE]", "the stream ended before decode held blocks"
