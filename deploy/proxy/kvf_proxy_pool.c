@@ -367,6 +367,12 @@ static void kvf_proxy_io_health_reply(struct kvf_proxy_pool *pool, kvf_proxy_ins
     info->lease_timeout_ms = h->lease_timeout_ms;
     snprintf(info->side_host, sizeof(info->side_host), "%s", h->side_host ? h->side_host : "");
     info->side_port = h->side_port;
+    if ((info->incarnation != 0) && (h->incarnation != 0) &&
+        (h->incarnation != info->incarnation)) {
+        info->restarts++;
+        kvf_info("%s instance %s restarted (engine %s, restart %llu seen)", want, inst->url,
+                 h->engine_id ? h->engine_id : "", (unsigned long long)info->restarts);
+    }
     info->incarnation = h->incarnation;
     info->max_prompt_tokens = h->max_prompt_tokens;
     info->prefill_tokens_per_s = h->prefill_tokens_per_s;
@@ -1060,6 +1066,7 @@ cJSON *kvf_proxy_pool_health_json(kvf_proxy_pool_h pool)
             }
             cJSON_AddNumberToObject(o, "last_ok_age_ms", (double)info.last_ok_age_ms);
             cJSON_AddNumberToObject(o, "probes_failed", (double)info.probes_failed);
+            cJSON_AddNumberToObject(o, "restarts", (double)info.restarts);
             if (info.last_error[0] != '\0') {
                 cJSON_AddStringToObject(o, "error", info.last_error);
             }
@@ -1128,6 +1135,8 @@ void kvf_proxy_pool_render_metrics(kvf_proxy_pool_h pool, FILE *out)
         {"kvf_instance_peer_errors_total", "counter", "Peer errors the instance saw.", false},
         {"kvf_instance_health_check_failures_total", "counter",
          "Health probes unanswered or failed.", false},
+        {"kvf_instance_restarts_total", "counter",
+         "Restarts seen: a new process (incarnation) under the same endpoint.", false},
     };
     int n = pool->count[0] + pool->count[1];
     kvf_proxy_instance_info_t *infos = calloc((size_t)(n > 0 ? n : 1), sizeof(*infos));
@@ -1148,7 +1157,8 @@ void kvf_proxy_pool_render_metrics(kvf_proxy_pool_h pool, FILE *out)
             for (int i = 0; i < pool->count[role]; ++i, ++k) {
                 const kvf_proxy_instance_info_t *f = &infos[k];
                 uint64_t v[] = {f->healthy, f->free_pages, f->total_pages, f->running, f->leases,
-                                f->handshake_refusals, f->peer_errors, f->probes_failed};
+                                f->handshake_refusals, f->peer_errors, f->probes_failed,
+                                f->restarts};
                 /* Live gauges of an instance that does not answer would be
                  * stale: left out until it is healthy again. */
                 if (g[m].live && !(f->healthy && f->connected)) {

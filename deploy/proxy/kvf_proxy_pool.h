@@ -73,6 +73,7 @@ typedef struct kvf_proxy_instance_info {
     char     side_host[64];          /* prefill: side channel for handshakes */
     uint32_t side_port;
     uint64_t incarnation;            /* per process; 0: not reported */
+    uint64_t restarts;               /* incarnation changes seen (the process restarted) */
     uint32_t max_prompt_tokens;      /* longest prompt its pool holds; 0: not reported */
     double   prefill_tokens_per_s;   /* measured prefill rate; 0: not measured yet */
     int64_t  last_ok_age_ms;         /* since the last answered probe; -1: never */

@@ -107,6 +107,50 @@ def main():
     T.check(p.returncode == 0 and p.stderr.strip() == "kvf-down: nothing running in %s" % run_dir,
             "kvf-down a second time says nothing is running", p.stderr)
 
+    # Supervision: a crashed instance comes back with the same engine id and
+    # ports, counted; one instance restarted by hand; kvf-down stops it all.
+    sup = Pool(layout="1p1d", model=model, bin_dir=a.fakebin, timeout=20)
+    sup._up_cmd_orig = sup._up_cmd
+    sup._up_cmd = lambda base: sup._up_cmd_orig(base) + ["--supervise"]
+    with sup:
+        pids = sup.pids()
+        T.check("supervisor" in pids and pid_alive(pids["supervisor"]), "--supervise runs a supervisor")
+        url = sup.health()[1]["decode"][0]["url"]
+        os.kill(pids["decode-0"], signal.SIGKILL)
+
+        def back():
+            p = sup.pids().get("decode-0")
+            d = sup.health()[1]["decode"][0]
+            return p not in (None, pids["decode-0"]) and pid_alive(p) and d["healthy"]
+        t0 = time.monotonic()
+        __import__("kvf_e2e").wait_for(back, 15, "decode-0 restarted and healthy")
+        d = sup.health()[1]["decode"][0]
+        T.check(d["url"] == url and d["engine_id"] == "decode-0",
+                "crashed decode-0 restarted with the same engine id and port (%.1f s)"
+                % (time.monotonic() - t0))
+        __import__("kvf_e2e").wait_for(
+            lambda: sup.metrics().sum("kvf_instance_restarts_total", engine_id="decode-0") == 1,
+            5, "the proxy counts the restart")
+        with open(os.path.join(sup.run_dir, "decode-0.restarts")) as f:
+            T.check(f.read().strip() == "1", "restart counted (decode-0.restarts, "
+                    "kvf_instance_restarts_total)")
+        T.check("restarted decode-0" in sup.log("supervisor"), "the supervisor logs the restart")
+        T.check(sup.complete("hi!", max_tokens=3)["choices"][0]["text"], "serving again")
+        old = sup.pids()["prefill-0"]
+        p = subprocess.run([up, "--restart", "prefill-0", "--run-dir", sup.run_dir],
+                           capture_output=True, text=True, timeout=60)
+        new = sup.pids().get("prefill-0")
+        T.check(p.returncode == 0 and new != old and pid_alive(new) and not pid_alive(old),
+                "kvf-up --restart prefill-0: a new process", p.stderr)
+        __import__("kvf_e2e").wait_for(
+            lambda: sup.metrics().sum("kvf_instance_restarts_total", engine_id="prefill-0") == 1
+            and sup.health()[0] == 200, 10, "restarted prefill-0 healthy and counted")
+        T.check(True, "restarted prefill-0 healthy and counted")
+        all_pids = sup.pids()
+    T.check(not any(pid_alive(p) for p in all_pids.values()),
+            "kvf-down stopped the supervisor and every instance, restarted or not",
+            {n: p for n, p in all_pids.items() if pid_alive(p)})
+
     # An unusable run dir: one clear line, exit 1 (not mkdir's own message).
     with tempfile.TemporaryDirectory() as td:
         afile = os.path.join(td, "file")
