@@ -170,6 +170,8 @@ class TestNet:
         return "%s.%d" % (SUBNET, 10 + i)
 
     def open(self):
+        if os.geteuid() != 0 or shutil.which("ip") is None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
         if os.geteuid() != 0:
             skip("test hosts need root (network namespaces); running as uid %d" % os.geteuid())
         if shutil.which("ip") is None:
