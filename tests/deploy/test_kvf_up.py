@@ -267,6 +267,10 @@ def main():
                        (["--bogus"], "unknown flag")):
         p = subprocess.run([up] + argv, capture_output=True, text=True, timeout=10)
         T.check(p.returncode == 2, "kvf-up usage error exits 2: %s" % what)
+    p = subprocess.run([up, "--layout", "1p1d", "--model", model, "--env", "1BAD"],
+                       capture_output=True, text=True, timeout=10)
+    T.check(p.returncode == 2 and "--env must look like NAME=VALUE (got '1BAD')" in p.stderr,
+            "kvf-up --env without NAME=VALUE: usage error naming the flag", p.stderr)
 
 
 if __name__ == "__main__":
