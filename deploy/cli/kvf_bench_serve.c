@@ -497,6 +497,9 @@ static void kvf_bs_sse(kvf_bs_stream_t *st, char *buf, size_t *len)
 {
     size_t off = 0;
 
+    if (buf == NULL) {
+        return;       /* nothing decoded yet */
+    }
     for (;;) {
         char *end = memmem(buf + off, *len - off, "\n\n", 2);
         if (end == NULL) {
