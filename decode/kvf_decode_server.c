@@ -122,8 +122,10 @@ kvf_status_t kvf_decode_server_create(const kvf_decode_config_t *cfg,
         kvf_decode_server_destroy(srv);
         return status;
     }
-    kvf_info("decode %s: tp %d, block size %d, %d blocks per rank, control %s, load failure"
-             " policy %s", cfg->role.engine_id, cfg->role.tp,
+    /* the one ready line, whatever the log level */
+    kvf_log_emit(__FILE__, __LINE__, __func__, KVF_LOG_INFO, KVF_SUB_ALL,
+                 "ready: decode %s, tp %d, block size %d, %d blocks per rank, control %s, load"
+                 " failure policy %s", cfg->role.engine_id, cfg->role.tp,
              kvf_block_manager_block_size(kvf_engine_block_manager(srv->engine)),
              cfg->role.num_blocks, cfg->role.listen, cfg->load_failure);
     *srv_p = srv;

@@ -12,11 +12,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 #include <unistd.h>
 
 int      kvf_log_level_cur   = KVF_LOG_WARN;
 unsigned kvf_log_subsys_mask = ~0u;
-static char kvf_log_role[24] = "kvf";
+static char kvf_log_role[96] = "kvf";
 
 static const char *const kvf_log_level_names[] = {
     "error", "warn", "info", "debug", "trace"
@@ -67,6 +68,15 @@ static void kvf_log_kern_report(const char *call, const char *error)
     kvf_error("%s failed: %s", call, error);
 }
 
+void kvf_log_set_name(const char *role, const char *name)
+{
+    if ((name == NULL) || (name[0] == '\0')) {
+        snprintf(kvf_log_role, sizeof(kvf_log_role), "%s", role);
+    } else {
+        snprintf(kvf_log_role, sizeof(kvf_log_role), "%s %s", role, name);
+    }
+}
+
 void kvf_log_init(const char *role)
 {
     const char *lvl = getenv("KVF_LOG_LEVEL");
@@ -100,11 +110,22 @@ void kvf_log_emit(const char *file, int line, const char *func,
 
     (void)func;
     (void)subsys;
+    {
+        struct timespec ts;
+        struct tm tm;
+
+        clock_gettime(CLOCK_REALTIME, &ts);
+        gmtime_r(&ts.tv_sec, &tm);
+        n = (int)strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%S", &tm);
+        n += snprintf(buf + n, sizeof(buf) - (size_t)n, ".%03ldZ ", ts.tv_nsec / 1000000L);
+    }
     if (kvf_log_level_cur >= KVF_LOG_DEBUG) {
-        n = snprintf(buf, sizeof(buf), "[kvf %s %d] %s %s:%d: ", kvf_log_role, (int)getpid(),
-                     kvf_log_level_names[level], (base != NULL) ? base + 1 : file, line);
+        n += snprintf(buf + n, sizeof(buf) - (size_t)n, "[kvf %s %d] %s %s:%d: ", kvf_log_role,
+                      (int)getpid(), kvf_log_level_names[level],
+                      (base != NULL) ? base + 1 : file, line);
     } else {   /* operators read these: keep them to one short line */
-        n = snprintf(buf, sizeof(buf), "[kvf %s] %s: ", kvf_log_role, kvf_log_level_names[level]);
+        n += snprintf(buf + n, sizeof(buf) - (size_t)n, "[kvf %s] %s: ", kvf_log_role,
+                      kvf_log_level_names[level]);
     }
     va_start(ap, fmt);
     errno = saved_errno;  /* so %m reports the caller's errno */

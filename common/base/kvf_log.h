@@ -2,7 +2,8 @@
  * Leveled logging with subsystem masks (after UCX log_def.h, NCCL INFO()).
  * KVF_LOG_LEVEL = error|warn|info|debug|trace (default warn);
  * KVF_LOG_SUBSYS = comma list of xfer,proto,sched,model,pool,net (default all).
- * Messages go to stderr as "[kvf <role> <pid>] <level> <file>:<line> <msg>".
+ * Messages go to stderr as "<UTC time> [kvf <role> <name>] <level>: <msg>" (with
+ * the pid, file and line at debug level and above).
  * The level is tested before arguments are evaluated; errno is preserved.
  */
 #ifndef KVF_LOG_H
@@ -56,6 +57,13 @@ extern unsigned kvf_log_subsys_mask;
  * Also routes kernels/' failed CUDA calls (kvf_kern_report()) to kvf_error().
  */
 void kvf_log_init(const char *role);
+
+/**
+ * Name the process in every line from now on: "<role> <name>" (an instance's
+ * engine id), or just @a role when @a name is NULL or empty. Call from the
+ * main thread before other threads log.
+ */
+void kvf_log_set_name(const char *role, const char *name);
 
 /** Set the level directly (tests, --quiet/--verbose flags). */
 void kvf_log_set_level(kvf_log_level_t level);

@@ -620,7 +620,9 @@ static void kvf_proxy_mhd_log(void *cls, const char *fmt, va_list ap)
     /* clients closing early, timeouts and caps are ordinary events for a
      * server; the library's failures to start or run are not */
     if ((strstr(line, "closed by remote") != NULL) || (strstr(line, "timed out") != NULL) ||
-        (strstr(line, "connection limit") != NULL) || (strstr(line, "Too many") != NULL)) {
+        (strstr(line, "connection limit") != NULL) || (strstr(line, "Too many") != NULL) ||
+        (strstr(line, "application error generating response") != NULL)) {
+        /* the last: a stream whose client left; the request logs its own outcome */
         kvf_info("http: %s", line);
     } else {
         kvf_warn("http: %s", line);

@@ -207,6 +207,8 @@ int kvf_role_main(const kvf_role_daemon_t *d, int argc, char **argv)
     if (done) {
         return 0;
     }
+    /* every line names the instance: "[kvf prefill prefill-0] ..." */
+    kvf_log_set_name(d->role, ((const kvf_role_config_t *)d->config)->engine_id);
     kvf_config_warn_unused();
     memset(&sa, 0, sizeof(sa));
     sa.sa_handler = kvf_role_on_signal;

@@ -111,7 +111,8 @@ typedef struct kvf_role_daemon {
     const char               *name;     /* "kvf-prefill"; for --help and logs */
     const char               *role;     /* "prefill"; the log prefix */
     const kvf_config_field_t *table;
-    void                     *config;   /* struct the table fills */
+    void                     *config;   /* struct the table fills; its first member is the
+                                         * kvf_role_config_t (engine id for the log prefix) */
     kvf_status_t (*create)(const void *config, void **server_p);
     kvf_status_t (*run)(void *server, volatile sig_atomic_t *stop);
     void         (*destroy)(void *server);
