@@ -4,12 +4,22 @@
  * Design: the pull of a request runs to completion on the leader thread
  * between engine steps: start_pull on every rank (planning and posting
  * never block), then poll every rank until each reports a final status
- * (bounded by the connector timeout), then notify_release on every rank so
+ * (bounded by the connector timeout), then finish_pull on every rank and release the lease, so
  * prefill frees its blocks only after ALL decode ranks are done reading.
  * Running requests pause for the transfer time; that keeps the engine
  * single-threaded, as its contract requires. Rejected alternative: pulling
  * on rank threads concurrently with steps, which would need the engine to
  * hand out pools during steps.
+ *
+ * Leases (DESIGN.md §9): before any GET decode claims the lease on
+ * prefill's side channel (binding it to this engine, extending it, and
+ * learning how long it has left); it does not start a pull with less time
+ * left than its transfer timeout. After the GETs, every rank releases it,
+ * and only if prefill answers "valid" for all of them does decode use the
+ * bytes: otherwise the pages may already hold another prompt's KV, and the
+ * request fails (or is recomputed, per --load-failure). Requests waiting in
+ * line for blocks heartbeat their lease (a claim every third of its time
+ * left), so it does not run out while they wait.
  *
  * The first token was sampled by prefill and already reported to the
  * client by the proxy, so decode replies carry only the tokens after it.
@@ -66,7 +76,8 @@ typedef struct {
     Kvf__ServeRequest *req;          /* owned */
     kvf_xfer_params_msg_t params;    /* req's transfer params, decoded once on arrival; owned */
     kvf_serve_peer_t   peer;
-    uint64_t           deadline_ns;  /* give up before prefill's lease runs out */
+    uint64_t           deadline_ns;  /* give up one transfer timeout before the lease ends */
+    uint64_t           beat_ns;      /* next heartbeat (lease claim) */
     uint64_t           arrival_ns;   /* when it was received */
 } kvf_dc_waiting_t;
 
@@ -85,6 +96,7 @@ struct kvf_decode_server {
     int                        cap_waiting;
     uint64_t                   refusals;
     uint64_t                   peer_errors;
+    uint64_t                   reads_prevented;   /* lease not valid: KV not used / not read */
 };
 
 static kvf_status_t kvf_dc_setup(kvf_decode_server_h srv)
@@ -232,11 +244,29 @@ static kvf_dc_req_t *kvf_dc_track(kvf_decode_server_h srv)
 
 /* ---- the pull ----------------------------------------------------------- */
 
+/* One lease operation with the prefill engine named in @a xp (leader thread). */
+static kvf_status_t kvf_dc_lease(kvf_decode_server_h srv, const kvf_xfer_params_msg_t *xp,
+                                 const char *request_id, kvf_lease_op_t op, int rank,
+                                 kvf_status_t pull_status, kvf_lease_answer_t *answer)
+{
+    kvf_lease_msg_t m;
+
+    memset(&m, 0, sizeof(m));
+    m.op = op;
+    snprintf(m.request_id, sizeof(m.request_id), "%s", request_id);
+    m.nonce = xp->nonce;
+    m.decode_rank = rank;
+    m.decode_tp = srv->cfg.role.tp;
+    m.status = pull_status;
+    return srv->xops->lease(srv->conn, xp->engine_id, xp->host, xp->port, &m, answer);
+}
+
 /* Pull the request's state into @a blocks on every rank; fills q->stats. */
 static kvf_status_t kvf_dc_pull(kvf_decode_server_h srv, const kvf_xfer_params_msg_t *xp,
                                 const kvf_req_blocks_t *blocks, kvf_dc_req_t *q, char *err,
                                 size_t err_len)
 {
+    kvf_lease_answer_t answer;
     kvf_connector_pull_t pull;
     kvf_connector_req_h reqs[KVF_DC_MAX_TP] = {NULL};
     kvf_status_t final[KVF_DC_MAX_TP];
@@ -270,6 +300,28 @@ static kvf_status_t kvf_dc_pull(kvf_decode_server_h srv, const kvf_xfer_params_m
         snprintf(err, err_len, "transfer params carry %d KV cache groups, this model has %d",
                  xp->num_groups, blocks->num_groups);
         return KVF_ERR_INVALID_PARAM;
+    }
+    /* claim the lease before any GET: stale or replayed params stop here */
+    status = kvf_dc_lease(srv, xp, q->request_id, KVF_LEASE_OP_CLAIM, 0, KVF_OK, &answer);
+    if (status != KVF_OK) {
+        snprintf(err, err_len, "claiming the KV lease of request %s at prefill %s failed: %s",
+                 q->request_id, xp->engine_id, kvf_status_str(status));
+        return status;
+    }
+    if (answer.verdict != KVF_LEASE_VALID) {
+        srv->reads_prevented++;
+        snprintf(err, err_len, "the KV lease %s before the read could start (prefill %s: %s);"
+                 " nothing was read", (answer.verdict == KVF_LEASE_EXPIRED) ? "expired" :
+                 "was refused", xp->engine_id, answer.why);
+        return KVF_ERR_LEASE_EXPIRED;
+    }
+    if (answer.ms_left < (uint64_t)srv->cfg.role.xfer_timeout_ms) {
+        srv->reads_prevented++;
+        snprintf(err, err_len, "the KV lease of request %s has %llu ms left, less than the"
+                 " transfer timeout (--xfer-timeout %lld ms): not starting the pull",
+                 q->request_id, (unsigned long long)answer.ms_left,
+                 (long long)srv->cfg.role.xfer_timeout_ms);
+        return KVF_ERR_LEASE_EXPIRED;
     }
     if (srv->cfg.test_pull_delay_ms > 0) {   /* fault tests kill prefill in this window */
         struct timespec d = {.tv_sec = srv->cfg.test_pull_delay_ms / 1000,
@@ -335,16 +387,45 @@ static kvf_status_t kvf_dc_pull(kvf_decode_server_h srv, const kvf_xfer_params_m
             q->landed_ns = (landed > posted) ? landed : posted;
         }
     }
-    for (int r = 0; r < ntp; ++r) {   /* only now may prefill free what we read */
+    for (int r = 0; r < ntp; ++r) {   /* drained (or endpoints closed): nothing lands later */
         if (reqs[r] != NULL) {
-            srv->xops->notify_release(srv->conn, r, reqs[r]);
+            srv->xops->finish_pull(srv->conn, r, reqs[r]);
         }
         if ((status == KVF_OK) && (final[r] != KVF_OK)) {
             status = final[r];
         }
     }
+    if (status == KVF_OK) {
+        /* the bytes count only if the lease held throughout: ask, per rank */
+        kvf_lease_verdict_t worst = KVF_LEASE_VALID;
+        char why[sizeof(answer.why)] = "";
+        for (int r = 0; r < ntp; ++r) {
+            kvf_status_t s = kvf_dc_lease(srv, xp, q->request_id, KVF_LEASE_OP_RELEASE, r, KVF_OK,
+                                          &answer);
+            if (s != KVF_OK) {
+                if (status == KVF_OK) {
+                    status = s;
+                    snprintf(err, err_len, "releasing the KV lease of request %s at prefill %s"
+                             " failed: %s; the KV read is not trusted", q->request_id,
+                             xp->engine_id, kvf_status_str(s));
+                }
+            } else if (answer.verdict > worst) {
+                worst = answer.verdict;
+                snprintf(why, sizeof(why), "%s", answer.why);
+            }
+        }
+        if ((status == KVF_OK) && (worst != KVF_LEASE_VALID)) {
+            srv->reads_prevented++;
+            snprintf(err, err_len, "the KV lease expired before the read finished (prefill %s:"
+                     " %s); the pulled KV was not used", xp->engine_id, why);
+            return KVF_ERR_LEASE_EXPIRED;
+        }
+        if (status != KVF_OK) {
+            return status;
+        }
+    }
     if (status != KVF_OK) {
-        if (KVF_IS_PEER_ERROR(status)) {
+        if (KVF_IS_PEER_ERROR(status) && (status != KVF_ERR_LEASE_EXPIRED)) {
             /* the prefill process may have restarted under the same engine id
              * (new keys, new endpoints): handshake afresh next time */
             srv->peer_errors++;
@@ -408,7 +489,17 @@ static kvf_status_t kvf_dc_validate(const Kvf__DecodeRequest *dr, kvf_xfer_param
         snprintf(err, len, "decode request has an empty prompt");
         return KVF_ERR_INVALID_PARAM;
     }
-    return kvf_xfer_params_decode(dr->params, (int64_t)dr->n_prompt_tokens, xp, err, len);
+    if (kvf_xfer_params_decode(dr->params, (int64_t)dr->n_prompt_tokens, xp, err, len) !=
+        KVF_OK) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    if (!xp->has_lease) {
+        kvf_xfer_params_msg_cleanup(xp);
+        snprintf(err, len, "transfer params carry no lease nonce and time left (a prefill"
+                 " of an older protocol?)");
+        return KVF_ERR_INVALID_PARAM;
+    }
+    return KVF_OK;
 }
 
 /* @a xp is what kvf_dc_validate() decoded from @a dr when it arrived; retries reuse it. */
@@ -525,12 +616,13 @@ static bool kvf_dc_wait(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
                         Kvf__ServeRequest *req, uint64_t arrival_ns,
                         kvf_xfer_params_msg_t *xp)
 {
-    uint64_t now_rt = kvf_time_realtime_ms();
-    uint64_t left_ms = 5000;   /* no lease expiry advertised */
+    /* at most the lease time left on arrival less one transfer timeout (deploy/README.md,
+     * "Timeouts"); the heartbeat keeps the lease itself alive meanwhile */
+    uint64_t t_ms = (uint64_t)srv->cfg.role.xfer_timeout_ms;
+    uint64_t left_ms = (xp->lease_ms_left > t_ms) ? xp->lease_ms_left - t_ms : 0;
+    uint64_t beat_ms = xp->lease_ms_left / 3;
+    uint64_t now = kvf_time_now_ns();
 
-    if (xp->has_lease_expiry) {
-        left_ms = (xp->lease_expiry_ms > now_rt + 200) ? xp->lease_expiry_ms - now_rt - 200 : 0;
-    }
     if (srv->num_waiting == srv->cap_waiting) {
         int cap = srv->cap_waiting ? 2 * srv->cap_waiting : 64;
         kvf_dc_waiting_t *n = realloc(srv->waiting, (size_t)cap * sizeof(*n));
@@ -544,7 +636,8 @@ static bool kvf_dc_wait(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
     srv->waiting[srv->num_waiting].params = *xp;
     memset(xp, 0, sizeof(*xp));                 /* moved */
     srv->waiting[srv->num_waiting].peer = *peer;
-    srv->waiting[srv->num_waiting].deadline_ns = kvf_time_now_ns() + left_ms * 1000000ull;
+    srv->waiting[srv->num_waiting].deadline_ns = now + left_ms * 1000000ull;
+    srv->waiting[srv->num_waiting].beat_ns = now + beat_ms * 1000000ull;
     srv->waiting[srv->num_waiting].arrival_ns = arrival_ns;
     srv->num_waiting++;
     kvf_log(KVF_LOG_DEBUG, KVF_SUB_SCHED, "request %s waits for decode blocks (%d waiting)",
@@ -561,9 +654,49 @@ static void kvf_dc_unwait(kvf_decode_server_h srv, int i)
     srv->num_waiting--;
 }
 
+/* Heartbeat: claim (extend) the leases of waiting requests due for it; drop lost ones. */
+static void kvf_dc_heartbeat(kvf_decode_server_h srv)
+{
+    uint64_t now = kvf_time_now_ns();
+
+    for (int i = 0; i < srv->num_waiting; ++i) {
+        kvf_dc_waiting_t *w = &srv->waiting[i];
+        const char *rid = w->req->decode->request_id;
+        kvf_lease_answer_t answer;
+        kvf_status_t status;
+        char err[384];
+
+        if (now < w->beat_ns) {
+            continue;
+        }
+        status = kvf_dc_lease(srv, &w->params, rid, KVF_LEASE_OP_CLAIM, 0, KVF_OK, &answer);
+        if ((status == KVF_OK) && (answer.verdict == KVF_LEASE_VALID)) {
+            w->beat_ns = now + answer.ms_left * 1000000ull / 3;
+            kvf_log(KVF_LOG_DEBUG, KVF_SUB_SCHED, "request %s waits: lease extended, %llu ms"
+                    " left", rid, (unsigned long long)answer.ms_left);
+            continue;
+        }
+        if (status == KVF_OK) {
+            srv->reads_prevented++;
+            snprintf(err, sizeof(err), "the KV lease %s while the request waited for decode"
+                     " blocks (prefill %s: %s)", (answer.verdict == KVF_LEASE_EXPIRED) ?
+                     "expired" : "was refused", w->params.engine_id, answer.why);
+            status = KVF_ERR_LEASE_EXPIRED;
+        } else {
+            snprintf(err, sizeof(err), "extending the KV lease at prefill %s failed: %s",
+                     w->params.engine_id, kvf_status_str(status));
+        }
+        kvf_warn("request %s: %s", rid, err);
+        kvf_serve_server_reply_error(srv->serve, &w->peer, rid, status, err);
+        kvf_dc_unwait(srv, i);
+        --i;
+    }
+}
+
 /* Start waiting requests in arrival order while blocks allow; expire the late ones. */
 static void kvf_dc_admit_waiting(kvf_decode_server_h srv)
 {
+    kvf_dc_heartbeat(srv);
     while (srv->num_waiting > 0) {
         kvf_dc_waiting_t *w = &srv->waiting[0];
         if (kvf_dc_decode(srv, &w->peer, w->req->decode, w->arrival_ns, &w->params) ==
@@ -612,6 +745,8 @@ static void kvf_dc_health_fill(kvf_decode_server_h srv, Kvf__HealthReply *h)
     h->queue_depth = (uint32_t)srv->num_waiting;
     h->handshake_refusals = srv->refusals;
     h->peer_errors = srv->peer_errors;
+    h->has_expired_reads_prevented = 1;
+    h->expired_reads_prevented = srv->reads_prevented;
     h->has_incarnation = 1;
     h->incarnation = srv->xops->incarnation(srv->conn);
 }

@@ -1,25 +1,57 @@
 /*
- * Lease table as a flat array with swap-remove. Leases live for one
- * transfer (milliseconds to seconds) and a prefill instance holds at most
- * as many as it has running requests, so a linear scan beats a hash map in
- * both code and time at these sizes.
+ * Lease table as a flat array with swap-remove under one mutex. Leases live
+ * for one transfer (milliseconds to seconds) and a prefill instance holds at
+ * most as many as it has running requests (plus bounded tombstones), so a
+ * linear scan beats a hash map in both code and time at these sizes.
+ *
+ * States: HELD -> DONE (every decode rank released in time; collect frees)
+ *         HELD -> QUARANTINED (expired or aborted; collect frees when the
+ *                 quarantine ends) -> GONE (a tombstone: no owner, answers
+ *                 late releases, dropped after KVF_LEASE_TOMBSTONE_MS).
+ * The mutex is taken for microseconds (no I/O under it), so the side
+ * channel thread never waits behind an engine step.
  */
 #include "kvf_lease.h"
 #include "kvf_log.h"
 
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#define KVF_LEASE_MAX_TOMBSTONES 4096
+#define KVF_LEASE_RANK_WORDS     ((KVF_XFER_MAX_TP + 63) / 64)
+
+typedef enum {
+    KVF_LEASE_HELD = 0,
+    KVF_LEASE_DONE,
+    KVF_LEASE_QUARANTINED,
+    KVF_LEASE_GONE,
+} kvf_lease_state_t;
+
 typedef struct {
-    char     id[KVF_LEASE_ID_MAX];
-    uint64_t expiry_ms;
-    void    *owner;
+    char              id[KVF_LEASE_ID_MAX];
+    char              engine[KVF_ENGINE_ID_MAX];   /* "" until claimed */
+    uint64_t          nonce;
+    kvf_lease_state_t state;
+    bool              ended_invalid;   /* expired or aborted: reads do not count */
+    uint64_t          expiry_ms;       /* HELD */
+    uint64_t          until_ms;        /* QUARANTINED: end; GONE: forget time */
+    int               decode_tp;       /* 0 until the first release */
+    int               num_released;
+    uint64_t          ranks[KVF_LEASE_RANK_WORDS];
+    int               num_blocks;
+    void             *owner;
 } kvf_lease_t;
 
 struct kvf_lease_table {
-    kvf_lease_t *leases;
-    size_t       count;
-    size_t       capacity;
+    pthread_mutex_t   lock;
+    kvf_lease_t      *leases;
+    size_t            count;
+    size_t            capacity;
+    size_t            tombstones;
+    uint64_t          quarantine_ms;
+    kvf_lease_stats_t stats;
 };
 
 kvf_status_t kvf_lease_table_create(kvf_lease_table_h *table_p)
@@ -28,6 +60,7 @@ kvf_status_t kvf_lease_table_create(kvf_lease_table_h *table_p)
     if (t == NULL) {
         return KVF_ERR_NO_MEMORY;
     }
+    pthread_mutex_init(&t->lock, NULL);
     *table_p = t;
     return KVF_OK;
 }
@@ -35,104 +68,321 @@ kvf_status_t kvf_lease_table_create(kvf_lease_table_h *table_p)
 void kvf_lease_table_destroy(kvf_lease_table_h table)
 {
     if (table != NULL) {
+        pthread_mutex_destroy(&table->lock);
         free(table->leases);
         free(table);
     }
 }
 
-static long kvf_lease_find(kvf_lease_table_h t, const char *id)
+static kvf_lease_t *kvf_lease_find(kvf_lease_table_h t, const char *id)
 {
-    for (size_t i = 0; i < t->count; ++i) {
+    for (size_t i = 0; (id != NULL) && (i < t->count); ++i) {
         if (strcmp(t->leases[i].id, id) == 0) {
-            return (long)i;
+            return &t->leases[i];
         }
     }
-    return -1;
+    return NULL;
+}
+
+static void kvf_lease_remove_at(kvf_lease_table_h t, size_t i)
+{
+    if (t->leases[i].state == KVF_LEASE_GONE) {
+        t->tombstones--;
+    }
+    t->leases[i] = t->leases[--t->count];
 }
 
 kvf_status_t kvf_lease_table_add(kvf_lease_table_h table, const char *request_id,
-                                 uint64_t expiry_ms, void *owner)
+                                 uint64_t nonce, uint64_t now_ms, uint64_t ttl_ms,
+                                 int num_blocks, void *owner)
 {
     size_t len = (request_id != NULL) ? strlen(request_id) : 0;
+    kvf_status_t status = KVF_OK;
+    kvf_lease_t *l;
 
-    if ((len == 0) || (len >= KVF_LEASE_ID_MAX)) {
+    if ((len == 0) || (len >= KVF_LEASE_ID_MAX) || (owner == NULL)) {
         kvf_error("lease: request id must be 1..%d bytes", KVF_LEASE_ID_MAX - 1);
         return KVF_ERR_INVALID_PARAM;
     }
-    if (kvf_lease_find(table, request_id) >= 0) {
+    pthread_mutex_lock(&table->lock);
+    l = kvf_lease_find(table, request_id);
+    if ((l != NULL) && (l->state != KVF_LEASE_GONE)) {
         kvf_error("lease: request %s is already held", request_id);
-        return KVF_ERR_INVALID_PARAM;
+        status = KVF_ERR_INVALID_PARAM;
+        goto out;
     }
-    if (table->count == table->capacity) {
-        size_t cap = table->capacity ? table->capacity * 2 : 64;
-        kvf_lease_t *n = realloc(table->leases, cap * sizeof(*n));
-        if (n == NULL) {
-            return KVF_ERR_NO_MEMORY;
+    if (l == NULL) {
+        if (table->count == table->capacity) {
+            size_t cap = table->capacity ? table->capacity * 2 : 64;
+            kvf_lease_t *n = realloc(table->leases, cap * sizeof(*n));
+            if (n == NULL) {
+                status = KVF_ERR_NO_MEMORY;
+                goto out;
+            }
+            table->leases = n;
+            table->capacity = cap;
         }
-        table->leases = n;
-        table->capacity = cap;
+        l = &table->leases[table->count++];
+    } else {
+        table->tombstones--;   /* the tombstone becomes the new lease */
     }
-    memcpy(table->leases[table->count].id, request_id, len + 1);
-    table->leases[table->count].expiry_ms = expiry_ms;
-    table->leases[table->count].owner = owner;
-    table->count++;
-    return KVF_OK;
+    memset(l, 0, sizeof(*l));
+    memcpy(l->id, request_id, len + 1);
+    l->nonce = nonce;
+    l->state = KVF_LEASE_HELD;
+    l->expiry_ms = now_ms + ttl_ms;
+    l->num_blocks = num_blocks;
+    l->owner = owner;
+out:
+    pthread_mutex_unlock(&table->lock);
+    return status;
 }
 
-static void *kvf_lease_remove_at(kvf_lease_table_h t, size_t i)
+void kvf_lease_table_set_quarantine(kvf_lease_table_h table, uint64_t quarantine_ms)
 {
-    void *owner = t->leases[i].owner;
-    t->leases[i] = t->leases[--t->count];
-    return owner;
+    pthread_mutex_lock(&table->lock);
+    table->quarantine_ms = quarantine_ms;
+    pthread_mutex_unlock(&table->lock);
 }
 
-void *kvf_lease_table_release(kvf_lease_table_h table, const char *request_id)
+/* Into quarantine (expired or aborted) from @a now_ms; the caller holds the lock. */
+static void kvf_lease_quarantine(kvf_lease_table_h t, kvf_lease_t *l, uint64_t now_ms)
 {
-    long i = (request_id != NULL) ? kvf_lease_find(table, request_id) : -1;
-    return (i < 0) ? NULL : kvf_lease_remove_at(table, (size_t)i);
+    l->state = KVF_LEASE_QUARANTINED;
+    l->ended_invalid = true;
+    l->until_ms = now_ms + t->quarantine_ms;
+    t->stats.quarantined_blocks += (uint64_t)l->num_blocks;
+    t->stats.quarantined_now += (uint64_t)l->num_blocks;
 }
 
-bool kvf_lease_table_shorten(kvf_lease_table_h table, const char *request_id,
-                             uint64_t expiry_ms)
+static void kvf_lease_answer(kvf_lease_answer_t *a, kvf_lease_verdict_t v, uint64_t ms_left,
+                             const char *fmt, const char *id, const char *extra)
 {
-    long i = (request_id != NULL) ? kvf_lease_find(table, request_id) : -1;
-
-    if (i < 0) {
-        return false;
+    memset(a, 0, sizeof(*a));
+    a->verdict = v;
+    a->ms_left = ms_left;
+    if (fmt != NULL) {
+        snprintf(a->why, sizeof(a->why), fmt, id, extra);
     }
-    if (expiry_ms < table->leases[i].expiry_ms) {
-        table->leases[i].expiry_ms = expiry_ms;
-    }
-    return true;
 }
 
-size_t kvf_lease_table_expire(kvf_lease_table_h table, uint64_t now_ms, void **owners,
-                              size_t cap)
+/*
+ * Common checks of a claim or release: the lease exists, the nonce matches,
+ * the engine is the one that claimed it. @return the lease, or NULL with
+ * @a a filled (refused, counted).
+ */
+static kvf_lease_t *kvf_lease_check(kvf_lease_table_h t, const char *id, uint64_t nonce,
+                                    const char *engine, kvf_lease_answer_t *a)
 {
-    size_t n = 0;
+    kvf_lease_t *l = kvf_lease_find(t, id);
+
+    if (l == NULL) {
+        kvf_lease_answer(a, KVF_LEASE_REFUSED, 0, "no lease for request %s%s", id, "");
+    } else if (l->nonce != nonce) {
+        kvf_lease_answer(a, KVF_LEASE_REFUSED, 0,
+                         "wrong nonce for the lease of request %s%s", id,
+                         " (stale or forged transfer params)");
+        l = NULL;
+    } else if ((l->engine[0] != '\0') && (strcmp(l->engine, engine) != 0)) {
+        kvf_lease_answer(a, KVF_LEASE_REFUSED, 0,
+                         "the lease of request %s belongs to decode engine %s", id, l->engine);
+        l = NULL;
+    }
+    if (l == NULL) {
+        t->stats.refused++;
+    }
+    return l;
+}
+
+void kvf_lease_table_claim(kvf_lease_table_h table, const char *request_id, uint64_t nonce,
+                           const char *engine, uint64_t now_ms, uint64_t ttl_ms,
+                           kvf_lease_answer_t *answer)
+{
+    kvf_lease_t *l;
+
+    pthread_mutex_lock(&table->lock);
+    l = kvf_lease_check(table, request_id, nonce, engine, answer);
+    if (l == NULL) {
+        goto out;
+    }
+    if ((l->state == KVF_LEASE_HELD) && (now_ms >= l->expiry_ms)) {
+        kvf_lease_quarantine(table, l, now_ms);   /* collect() had not run yet */
+        table->stats.expired++;
+    }
+    if ((l->state == KVF_LEASE_QUARANTINED) || (l->ended_invalid)) {
+        kvf_lease_answer(answer, KVF_LEASE_EXPIRED, 0,
+                         "the KV lease of request %s has expired%s", request_id, "");
+        table->stats.expired_answers++;
+        goto out;
+    }
+    if ((l->state != KVF_LEASE_HELD) || (l->num_released > 0)) {
+        kvf_lease_answer(answer, KVF_LEASE_REFUSED, 0,
+                         "the lease of request %s was already released%s", request_id,
+                         " (replayed transfer params)");
+        table->stats.refused++;
+        goto out;
+    }
+    snprintf(l->engine, sizeof(l->engine), "%s", engine);
+    if (now_ms + ttl_ms > l->expiry_ms) {
+        l->expiry_ms = now_ms + ttl_ms;
+    }
+    kvf_lease_answer(answer, KVF_LEASE_VALID, l->expiry_ms - now_ms, NULL, NULL, NULL);
+out:
+    pthread_mutex_unlock(&table->lock);
+}
+
+void kvf_lease_table_release(kvf_lease_table_h table, const char *request_id, uint64_t nonce,
+                             const char *engine, int decode_rank, int decode_tp,
+                             uint64_t now_ms, kvf_lease_answer_t *answer)
+{
+    kvf_lease_t *l;
+    uint64_t bit;
+
+    pthread_mutex_lock(&table->lock);
+    l = kvf_lease_check(table, request_id, nonce, engine, answer);
+    if (l == NULL) {
+        goto out;
+    }
+    if ((decode_tp < 1) || (decode_tp > KVF_XFER_MAX_TP) || (decode_rank < 0) ||
+        (decode_rank >= decode_tp) || ((l->decode_tp != 0) && (l->decode_tp != decode_tp))) {
+        kvf_lease_answer(answer, KVF_LEASE_REFUSED, 0,
+                         "release of request %s names decode rank/tp %s", request_id,
+                         "that differ from its first release");
+        table->stats.refused++;
+        goto out;
+    }
+    bit = 1ull << (decode_rank % 64);
+    if ((l->state == KVF_LEASE_DONE) || ((l->ranks[decode_rank / 64] & bit) != 0) ||
+        ((l->state == KVF_LEASE_GONE) && !l->ended_invalid)) {
+        kvf_lease_answer(answer, KVF_LEASE_REFUSED, 0,
+                         "request %s: this decode rank already released the lease%s", request_id,
+                         " (a replay)");
+        table->stats.refused++;
+        goto out;
+    }
+    l->decode_tp = decode_tp;
+    l->ranks[decode_rank / 64] |= bit;
+    l->num_released++;
+    if (l->engine[0] == '\0') {
+        snprintf(l->engine, sizeof(l->engine), "%s", engine);
+    }
+    if ((l->state == KVF_LEASE_HELD) && (now_ms >= l->expiry_ms)) {
+        kvf_lease_quarantine(table, l, now_ms);
+        table->stats.expired++;
+    }
+    if (l->state != KVF_LEASE_HELD) {
+        kvf_lease_answer(answer, KVF_LEASE_EXPIRED, 0,
+                         "the KV lease of request %s expired before the read finished%s",
+                         request_id, "");
+        table->stats.expired_answers++;
+        goto out;
+    }
+    if (l->num_released == l->decode_tp) {
+        l->state = KVF_LEASE_DONE;
+        table->stats.released++;
+    }
+    kvf_lease_answer(answer, KVF_LEASE_VALID, l->expiry_ms - now_ms, NULL, NULL, NULL);
+out:
+    pthread_mutex_unlock(&table->lock);
+}
+
+bool kvf_lease_table_abort(kvf_lease_table_h table, const char *request_id, uint64_t now_ms)
+{
+    kvf_lease_t *l;
+    bool found = false;
+
+    pthread_mutex_lock(&table->lock);
+    l = kvf_lease_find(table, request_id);
+    if ((l != NULL) && (l->state == KVF_LEASE_HELD)) {
+        kvf_lease_quarantine(table, l, now_ms);
+        table->stats.aborted++;
+        found = true;
+    }
+    pthread_mutex_unlock(&table->lock);
+    return found;
+}
+
+size_t kvf_lease_table_collect(kvf_lease_table_h table, uint64_t now_ms, void **owners,
+                               size_t cap, size_t *expired_p)
+{
+    size_t n = 0, expired = 0;
     size_t i = 0;
+
+    pthread_mutex_lock(&table->lock);
     while ((i < table->count) && (n < cap)) {
-        if (table->leases[i].expiry_ms <= now_ms) {
-            owners[n++] = kvf_lease_remove_at(table, i);   /* i now holds the swapped-in lease */
-        } else {
-            ++i;
+        kvf_lease_t *l = &table->leases[i];
+        if ((l->state == KVF_LEASE_HELD) && (now_ms >= l->expiry_ms)) {
+            kvf_lease_quarantine(table, l, now_ms);
+            table->stats.expired++;
+            expired++;
         }
+        if ((l->state == KVF_LEASE_DONE) ||
+            ((l->state == KVF_LEASE_QUARANTINED) && (now_ms >= l->until_ms))) {
+            if (l->state == KVF_LEASE_QUARANTINED) {
+                table->stats.quarantined_now -= (uint64_t)l->num_blocks;
+            }
+            owners[n++] = l->owner;
+            l->owner = NULL;
+            l->state = KVF_LEASE_GONE;
+            l->until_ms = now_ms + KVF_LEASE_TOMBSTONE_MS;
+            table->tombstones++;
+        }
+        if ((l->state == KVF_LEASE_GONE) &&
+            ((now_ms >= l->until_ms) || (table->tombstones > KVF_LEASE_MAX_TOMBSTONES))) {
+            kvf_lease_remove_at(table, i);   /* i now holds the swapped-in lease */
+            continue;
+        }
+        ++i;
+    }
+    pthread_mutex_unlock(&table->lock);
+    if (expired_p != NULL) {
+        *expired_p = expired;
     }
     return n;
 }
 
 size_t kvf_lease_table_count(kvf_lease_table_h table)
 {
-    return table->count;
+    size_t n = 0;
+    pthread_mutex_lock(&table->lock);
+    for (size_t i = 0; i < table->count; ++i) {
+        n += (table->leases[i].state == KVF_LEASE_HELD);
+    }
+    pthread_mutex_unlock(&table->lock);
+    return n;
 }
 
-uint64_t kvf_lease_table_next_expiry(kvf_lease_table_h table)
+size_t kvf_lease_table_pinned(kvf_lease_table_h table)
+{
+    size_t n = 0;
+    pthread_mutex_lock(&table->lock);
+    for (size_t i = 0; i < table->count; ++i) {
+        n += (table->leases[i].state != KVF_LEASE_GONE);
+    }
+    pthread_mutex_unlock(&table->lock);
+    return n;
+}
+
+uint64_t kvf_lease_table_next_event(kvf_lease_table_h table)
 {
     uint64_t next = UINT64_MAX;
+    pthread_mutex_lock(&table->lock);
     for (size_t i = 0; i < table->count; ++i) {
-        if (table->leases[i].expiry_ms < next) {
-            next = table->leases[i].expiry_ms;
+        const kvf_lease_t *l = &table->leases[i];
+        uint64_t t = (l->state == KVF_LEASE_HELD) ? l->expiry_ms :
+                     (l->state == KVF_LEASE_QUARANTINED) ? l->until_ms :
+                     (l->state == KVF_LEASE_DONE) ? 0 : UINT64_MAX;
+        if (t < next) {
+            next = t;
         }
     }
+    pthread_mutex_unlock(&table->lock);
     return next;
+}
+
+void kvf_lease_table_stats(kvf_lease_table_h table, kvf_lease_stats_t *stats_p)
+{
+    pthread_mutex_lock(&table->lock);
+    *stats_p = table->stats;
+    pthread_mutex_unlock(&table->lock);
 }

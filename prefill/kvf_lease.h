@@ -1,16 +1,38 @@
 /*
  * Leases: a prefill instance keeps a finished prompt's blocks for the decode
- * instance that will pull them, until decode's release notification or the
- * lease's expiry, whichever comes first (DESIGN.md §9). Without a lease, a
- * decode that never comes would pin the blocks forever.
+ * instance that will pull them (DESIGN.md §9). A read counts only if the
+ * lease held from the first GET to the last, so the table answers every
+ * lease operation decode sends with a verdict:
  *
- * The table maps request id -> (expiry, opaque owner pointer). It does no
- * freeing itself: release/expire hand the owner pointer back to the caller.
- * Thread safety: none; the leader thread owns it.
+ *   claim    (before any GET; again as a heartbeat while the request waits
+ *             in decode's queue): binds the lease to the claiming decode
+ *             engine and extends it to now + ttl; valid with the time left,
+ *             or expired / refused.
+ *   release  (one per decode rank, after its GETs): valid when the lease was
+ *             still held, expired otherwise. Once every decode rank of the
+ *             first release's decode_tp has released, the blocks go back.
+ *
+ * Only the decode that was given the lease can end it: a claim or release
+ * must carry the lease's nonce (random, sent in the transfer params) and
+ * come from the engine that claimed it; a rank that already released, an
+ * unknown lease, a wrong nonce or another engine is refused and counted.
+ *
+ * An expired or aborted lease is not freed at once: a read may still be in
+ * flight, so its blocks wait in quarantine for the caller's quarantine
+ * period (no shorter than the peers' transfer timeout). Ended leases stay
+ * as tombstones for a while, so a late release is answered "expired" (or a
+ * replayed one "refused") instead of "unknown".
+ *
+ * The table does no freeing itself: kvf_lease_table_collect() hands owner
+ * pointers back. Thread safety: every function may be called from any
+ * thread (one internal mutex): the side-channel thread answers lease
+ * operations while the leader thread adds, aborts and collects.
+ * Times are in ms of one monotonic clock chosen by the caller.
  */
 #ifndef KVF_LEASE_H
 #define KVF_LEASE_H
 
+#include "kvf_handshake.h"
 #include "kvf_status.h"
 
 #include <stdbool.h>
@@ -19,51 +41,90 @@
 
 typedef struct kvf_lease_table *kvf_lease_table_h;
 
-#define KVF_LEASE_ID_MAX 64   /* request id bytes incl. NUL */
+#define KVF_LEASE_ID_MAX       64      /* request id bytes incl. NUL */
+#define KVF_LEASE_TOMBSTONE_MS 60000   /* how long an ended lease is remembered */
+
+/** Counters since create. */
+typedef struct kvf_lease_stats {
+    uint64_t released;             /* leases every decode rank released in time */
+    uint64_t expired;              /* leases that ran out before the last release */
+    uint64_t aborted;              /* leases ended by an abort */
+    uint64_t refused;              /* lease operations refused (wrong nonce, engine, replay...) */
+    uint64_t expired_answers;      /* claims/releases answered "expired": reads not trusted */
+    uint64_t quarantined_blocks;   /* blocks that went through quarantine */
+    uint64_t quarantined_now;      /* blocks in quarantine now */
+} kvf_lease_stats_t;
 
 /** Create an empty table. @return KVF_OK or KVF_ERR_NO_MEMORY. */
 kvf_status_t kvf_lease_table_create(kvf_lease_table_h *table_p);
 
-/** Destroy; owners still held are NOT released (drain with expire first). */
+/** Destroy; owners still held are NOT handed back. NULL ok. */
 void kvf_lease_table_destroy(kvf_lease_table_h table);
 
 /**
- * Hold @a owner under @a request_id until @a expiry_ms (any monotonic ms clock,
- * the same one passed to kvf_lease_table_expire()).
+ * Hold @a owner (non-NULL) under @a request_id with @a nonce until
+ * @a now_ms + @a ttl_ms. @a num_blocks is what the owner holds (quarantine
+ * accounting only). A tombstone of the same id is replaced.
  * @return KVF_OK; KVF_ERR_INVALID_PARAM for an empty/too long id or an id
- *         already held (the existing lease is kept); KVF_ERR_NO_MEMORY.
+ *         still held (the existing lease is kept); KVF_ERR_NO_MEMORY.
  */
 kvf_status_t kvf_lease_table_add(kvf_lease_table_h table, const char *request_id,
-                                 uint64_t expiry_ms, void *owner);
+                                 uint64_t nonce, uint64_t now_ms, uint64_t ttl_ms,
+                                 int num_blocks, void *owner);
 
 /**
- * End the lease of @a request_id (decode released it, or an abort).
- * @return the owner pointer, or NULL when no such lease (already released or
- *         expired: a late or duplicate notification is harmless).
+ * Claim or extend (heartbeat) a lease for decode engine @a engine: binds an
+ * unbound lease to it, and extends a held one to @a now_ms + @a ttl_ms
+ * (never shortens). Fills @a answer (verdict, ms_left, why).
  */
-void *kvf_lease_table_release(kvf_lease_table_h table, const char *request_id);
+void kvf_lease_table_claim(kvf_lease_table_h table, const char *request_id, uint64_t nonce,
+                           const char *engine, uint64_t now_ms, uint64_t ttl_ms,
+                           kvf_lease_answer_t *answer);
 
 /**
- * Bring the expiry of @a request_id forward to @a expiry_ms if that is
- * earlier (never extends). For aborts: a decode may still be reading the
- * blocks, so they are freed after a grace period rather than at once.
- * @return true when such a lease exists.
+ * Decode rank @a decode_rank of @a decode_tp ranks (1..KVF_XFER_MAX_TP) is
+ * done reading. Fills @a answer: valid when the lease was held (the read
+ * counts), expired when it had run out or was aborted, refused otherwise.
+ * The last expected rank of a held lease makes its blocks collectable.
  */
-bool kvf_lease_table_shorten(kvf_lease_table_h table, const char *request_id,
-                             uint64_t expiry_ms);
+void kvf_lease_table_release(kvf_lease_table_h table, const char *request_id, uint64_t nonce,
+                             const char *engine, int decode_rank, int decode_tp,
+                             uint64_t now_ms, kvf_lease_answer_t *answer);
 
 /**
- * Remove every lease with expiry_ms <= @a now_ms, writing their owners to
- * @a owners (up to @a cap; call again while it returns cap).
- * @return the number written.
+ * How long expired and aborted leases' blocks wait before reuse, counted
+ * from when the lease stopped being valid was noticed; default 0. Applies
+ * to leases entering quarantine from now on.
  */
-size_t kvf_lease_table_expire(kvf_lease_table_h table, uint64_t now_ms, void **owners,
-                              size_t cap);
+void kvf_lease_table_set_quarantine(kvf_lease_table_h table, uint64_t quarantine_ms);
 
-/** Leases held now. */
+/**
+ * End a held lease early (the client went away): from now on it answers
+ * expired, and its blocks wait out the quarantine from @a now_ms.
+ * @return true when a held lease was aborted.
+ */
+bool kvf_lease_table_abort(kvf_lease_table_h table, const char *request_id, uint64_t now_ms);
+
+/**
+ * Leader: move held leases past their expiry into quarantine, and hand
+ * back the owners whose blocks
+ * may be reused now (fully released, or quarantine over) into @a owners (up
+ * to @a cap; call again while it returns cap). Drops old tombstones.
+ * @param [out] expired_p  Leases that expired in this call (may be NULL).
+ * @return the number of owners written.
+ */
+size_t kvf_lease_table_collect(kvf_lease_table_h table, uint64_t now_ms, void **owners,
+                               size_t cap, size_t *expired_p);
+
+/** Leases held now (claimable: not released, expired or aborted). */
 size_t kvf_lease_table_count(kvf_lease_table_h table);
 
-/** Earliest expiry held, or UINT64_MAX when empty (for the poll timeout). */
-uint64_t kvf_lease_table_next_expiry(kvf_lease_table_h table);
+/** Leases whose blocks are not yet back (held, quarantined or fully released, uncollected). */
+size_t kvf_lease_table_pinned(kvf_lease_table_h table);
+
+/** Earliest time collect() has work (expiry, quarantine end), UINT64_MAX when none. */
+uint64_t kvf_lease_table_next_event(kvf_lease_table_h table);
+
+void kvf_lease_table_stats(kvf_lease_table_h table, kvf_lease_stats_t *stats_p);
 
 #endif

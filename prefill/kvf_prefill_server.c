@@ -10,9 +10,14 @@
  * request, which would serialise prompts and stall releases during long
  * prefills.
  *
- * A release is trusted on the first notification for a request: the decode
- * leader sends releases only after every one of its ranks finished pulling
- * (DESIGN.md §9), so no rank can still be reading.
+ * Leases (DESIGN.md §9, prefill/kvf_lease.h): decode claims a lease before
+ * its GETs and releases it once per decode rank after them, over the side
+ * channel; the side-channel thread answers from the lease table (valid,
+ * expired or refused) without waiting for this loop, so a long engine step
+ * never delays an answer. This loop frees what the table hands back:
+ * fully released leases at once, expired and aborted ones after their
+ * quarantine (the largest transfer timeout any decode announced, and at
+ * least our own), because a GET may still be reading them.
  */
 #include "kvf_prefill_server.h"
 #include "kvf_lease.h"
@@ -23,10 +28,12 @@
 #include "kvf_role.h"
 
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 
 #define KVF_PF_MAX_EVENTS 512
@@ -39,7 +46,7 @@ const kvf_config_field_t kvf_prefill_config_table[] = {
      offsetof(kvf_prefill_config_t, side_port), KVF_CONFIG_TYPE_INT, 0},
     {"LEASE_TIMEOUT", "30s", "how long a finished prompt's blocks wait for decode",
      offsetof(kvf_prefill_config_t, lease_timeout_ms), KVF_CONFIG_TYPE_TIME, 0},
-    {"TEST_NO_RELEASE", "no", "test only: ignore release notifications",
+    {"TEST_NO_RELEASE", "no", "test only: answer releases valid but keep the blocks",
      offsetof(kvf_prefill_config_t, test_no_release), KVF_CONFIG_TYPE_BOOL,
      KVF_CONFIG_FLAG_HIDDEN},
     {NULL, NULL, NULL, 0, 0, 0},
@@ -65,16 +72,70 @@ struct kvf_prefill_server {
     kvf_pf_pending_t          *pending;
     int                        num_pending;
     int                        cap_pending;
-    uint64_t                   leases_expired;
-    uint64_t                   lease_activity_ns;  /* last lease added or released */
-    uint64_t                   releases;
+    _Atomic uint64_t           quarantine_ms;      /* written by the side-channel thread */
 };
+
+#define KVF_PF_MAX_QUARANTINE_MS 60000   /* a peer cannot pin our blocks longer than this */
+
+static uint64_t kvf_pf_now_ms(void)
+{
+    return kvf_time_now_ns() / 1000000ull;
+}
+
+/* Random, non-zero: what a decode must echo to claim or release the lease. */
+static uint64_t kvf_pf_nonce(void)
+{
+    uint64_t x = 0;
+    while ((getrandom(&x, sizeof(x), 0) != (ssize_t)sizeof(x)) || (x == 0)) {
+    }
+    return x;
+}
+
+/* Side-channel thread: one lease operation from decode engine @a requester. */
+static void kvf_pf_lease_op(void *arg, const char *requester, const kvf_lease_msg_t *msg,
+                            uint32_t peer_timeout_ms, kvf_lease_answer_t *answer)
+{
+    kvf_prefill_server_h srv = arg;
+    uint64_t q = (uint64_t)srv->cfg.role.xfer_timeout_ms;
+    uint64_t now = kvf_pf_now_ms();
+
+    if (peer_timeout_ms > q) {
+        q = (peer_timeout_ms < KVF_PF_MAX_QUARANTINE_MS) ? peer_timeout_ms
+                                                         : KVF_PF_MAX_QUARANTINE_MS;
+    }
+    if (q != atomic_load(&srv->quarantine_ms)) {   /* only this thread writes it */
+        atomic_store(&srv->quarantine_ms, q);
+        kvf_lease_table_set_quarantine(srv->leases, q);
+    }
+    if (msg->op == KVF_LEASE_OP_CLAIM) {
+        kvf_lease_table_claim(srv->leases, msg->request_id, msg->nonce, requester, now,
+                              (uint64_t)srv->cfg.lease_timeout_ms, answer);
+    } else if (srv->cfg.test_no_release) {
+        memset(answer, 0, sizeof(*answer));
+        answer->verdict = KVF_LEASE_VALID;
+    } else {
+        kvf_lease_table_release(srv->leases, msg->request_id, msg->nonce, requester,
+                                msg->decode_rank, msg->decode_tp, now, answer);
+    }
+    if (answer->verdict != KVF_LEASE_VALID) {
+        kvf_warn("lease %s of request %s from decode %s: %s: %s",
+                 (msg->op == KVF_LEASE_OP_CLAIM) ? "claim" : "release", msg->request_id,
+                 requester, (answer->verdict == KVF_LEASE_EXPIRED) ? "expired" : "refused",
+                 answer->why);
+    }
+}
 
 static kvf_status_t kvf_pf_setup(kvf_prefill_server_h srv)
 {
     kvf_status_t status = kvf_role_start(&srv->cfg.role, KVF_CONNECTOR_ROLE_PREFILL,
                                          srv->cfg.host, srv->cfg.side_port, &srv->engine,
                                          &srv->xops, &srv->conn);
+    if (status != KVF_OK) {
+        return status;
+    }
+    atomic_store(&srv->quarantine_ms, (uint64_t)srv->cfg.role.xfer_timeout_ms);
+    kvf_lease_table_set_quarantine(srv->leases, (uint64_t)srv->cfg.role.xfer_timeout_ms);
+    status = srv->xops->set_lease_handler(srv->conn, kvf_pf_lease_op, srv);
     if (status != KVF_OK) {
         return status;
     }
@@ -154,9 +215,16 @@ static int kvf_pf_find_pending(kvf_prefill_server_h srv, uint64_t engine_req)
 
 static void kvf_pf_health_fill(kvf_prefill_server_h srv, Kvf__HealthReply *h)
 {
+    kvf_lease_stats_t ls;
+
     kvf_role_health_fill(srv->engine, "prefill", &srv->cfg.role, h);
+    kvf_lease_table_stats(srv->leases, &ls);
+    h->has_releases_refused = h->has_expired_reads_prevented = h->has_quarantined_blocks = 1;
+    h->releases_refused = ls.refused;
+    h->expired_reads_prevented = ls.expired_answers;
+    h->quarantined_blocks = ls.quarantined_blocks;
     h->has_running = h->has_leases = h->has_queue_depth = h->has_lease_timeout_ms = 1;
-    h->running = (uint32_t)(srv->num_pending + (int)kvf_lease_table_count(srv->leases));
+    h->running = (uint32_t)(srv->num_pending + (int)kvf_lease_table_pinned(srv->leases));
     h->leases = kvf_lease_table_count(srv->leases);
     h->queue_depth = (uint32_t)srv->num_pending;
     h->lease_timeout_ms = (uint64_t)srv->cfg.lease_timeout_ms;
@@ -246,14 +314,17 @@ static void kvf_pf_prefilled(kvf_prefill_server_h srv, kvf_pf_pending_t *p, int3
     Kvf__BlockIdList lists[KVF_MAX_KV_GROUPS];
     Kvf__BlockIdList *plists[KVF_MAX_KV_GROUPS];
     kvf_req_info_t info;
-    uint64_t expiry = kvf_time_realtime_ms() + (uint64_t)srv->cfg.lease_timeout_ms;
+    uint64_t nonce = kvf_pf_nonce();
     kvf_status_t status;
 
     status = kvf_engine_request_info(srv->engine, p->engine_req, &info);
     if (status == KVF_OK) {
-        status = kvf_lease_table_add(srv->leases, p->request_id,
-                                     kvf_time_now_ns() / 1000000ull +
-                                         (uint64_t)srv->cfg.lease_timeout_ms,
+        int nblocks = 0;
+        for (int g = 0; g < info.blocks->num_groups; ++g) {
+            nblocks += info.blocks->num_blocks[g];
+        }
+        status = kvf_lease_table_add(srv->leases, p->request_id, nonce, kvf_pf_now_ms(),
+                                     (uint64_t)srv->cfg.lease_timeout_ms, nblocks,
                                      (void *)(uintptr_t)(p->engine_req + 1));
     }
     if (status != KVF_OK) {
@@ -270,12 +341,14 @@ static void kvf_pf_prefilled(kvf_prefill_server_h srv, kvf_pf_pending_t *p, int3
     }
     tp.engine_id = srv->cfg.role.engine_id;
     tp.host = srv->cfg.host;
-    tp.has_port = tp.has_num_tokens = tp.has_lease_expiry_ms = tp.has_first_token = 1;
+    tp.has_port = tp.has_num_tokens = tp.has_lease_ms_left = tp.has_first_token = 1;
+    tp.has_nonce = 1;
+    tp.nonce = nonce;
     tp.port = (uint32_t)srv->side_port;
     tp.n_groups = (size_t)info.blocks->num_groups;
     tp.groups = plists;
     tp.num_tokens = (uint64_t)info.prompt_len;
-    tp.lease_expiry_ms = expiry;
+    tp.lease_ms_left = (uint64_t)srv->cfg.lease_timeout_ms;
     tp.first_token = first;
     tp.request_id = p->request_id;
     tp.has_incarnation = 1;
@@ -300,7 +373,6 @@ static void kvf_pf_prefilled(kvf_prefill_server_h srv, kvf_pf_pending_t *p, int3
         reply.timing = &timing;
     }
     kvf_serve_server_reply(srv->serve, &p->peer, &reply);
-    srv->lease_activity_ns = kvf_time_now_ns();
     kvf_log(KVF_LOG_DEBUG, KVF_SUB_SCHED, "request %s prefilled: %d tokens, first token %d,"
             " leased", p->request_id, info.prompt_len, first);
 }
@@ -315,9 +387,9 @@ static void kvf_pf_abort(kvf_prefill_server_h srv, const Kvf__AbortRequest *req)
     const char *rid = (req->request_id != NULL) ? req->request_id : "";
 
     /* leased: a decode may be mid-pull (it handles its own abort only after the
-     * pull), so free after the bound of one transfer instead of at once (§9) */
-    if (kvf_lease_table_shorten(srv->leases, rid, kvf_time_now_ns() / 1000000ull +
-                                                      (uint64_t)srv->cfg.role.xfer_timeout_ms)) {
+     * pull), so the blocks wait out the quarantine instead of being freed at
+     * once, and its release will be answered "expired" (§9) */
+    if (kvf_lease_table_abort(srv->leases, rid, kvf_pf_now_ms())) {
         return;
     }
     for (int i = 0; i < srv->num_pending; ++i) {
@@ -390,77 +462,34 @@ static kvf_status_t kvf_pf_step(kvf_prefill_server_h srv)
     return status;
 }
 
-static void kvf_pf_releases(kvf_prefill_server_h srv)
-{
-    for (int r = 0; r < srv->cfg.role.tp; ++r) {
-        char rid[KVF_LEASE_ID_MAX];
-        int drank;
-        kvf_status_t st;
-        while (srv->xops->poll_release(srv->conn, r, 0, rid, sizeof(rid), &drank, &st) ==
-               KVF_OK) {
-            void *owner;
-            if (srv->cfg.test_no_release) {
-                continue;
-            }
-            owner = kvf_lease_table_release(srv->leases, rid);
-            if (owner != NULL) {
-                kvf_engine_release(srv->engine, (uint64_t)(uintptr_t)owner - 1);
-                srv->releases++;
-                srv->lease_activity_ns = kvf_time_now_ns();
-                            kvf_log(KVF_LOG_DEBUG, KVF_SUB_XFER, "request %s released by decode rank %d"
-                        " (%s)", rid, drank, kvf_status_str(st));
-            }
-        }
-    }
-}
-
-static void kvf_pf_expire(kvf_prefill_server_h srv)
+/* Free what the lease table hands back: released leases, and quarantines that ended. */
+static void kvf_pf_collect(kvf_prefill_server_h srv)
 {
     void *owners[64];
-    size_t n;
-    while ((n = kvf_lease_table_expire(srv->leases, kvf_time_now_ns() / 1000000ull, owners,
-                                       64)) > 0) {
+    size_t n, expired;
+
+    do {
+        n = kvf_lease_table_collect(srv->leases, kvf_pf_now_ms(), owners, 64, &expired);
         for (size_t i = 0; i < n; ++i) {
             kvf_engine_release(srv->engine, (uint64_t)(uintptr_t)owners[i] - 1);
         }
-        srv->leases_expired += n;
-        kvf_warn("%zu lease(s) expired without a release from decode; blocks freed", n);
-    }
+        if (expired > 0) {
+            kvf_warn("%zu lease(s) expired without every release from decode; blocks"
+                     " quarantined for %" PRIu64 " ms, then freed", expired,
+                     (uint64_t)atomic_load(&srv->quarantine_ms));
+        }
+    } while (n == 64);
 }
 
 /*
- * Idle: sleep until a control request, transfer work, or the next lease
- * check. While blocks are leased a decode may be reading them, and the
- * shared memory transports emulate GET with active messages that need this
- * side's worker progressed (a plain 10 ms wait made a 100 KB pull take
- * 10 ms). Right after a lease comes or goes, a pull is most likely in
- * flight, and a wakeup through the event fd costs 1-2 ms on a busy 2-core
- * host against 0.2 ms for a spin: so spin for 50 ms, then arm the UCX
- * workers' event fds and sleep on them beside the control socket. When a
- * worker cannot be armed (work pending) we do not sleep at all; when the
- * backend cannot wake sleepers we fall back to 1 ms naps.
+ * Idle: sleep until a control request or 10 ms (lease expiry and the blocks
+ * of released leases are checked after every wait). Transfers need nothing
+ * from this thread: the connector's progress threads serve the GETs and the
+ * side-channel thread answers the lease operations.
  */
 static void kvf_pf_idle_wait(kvf_prefill_server_h srv)
 {
-    int fds[16];
-    int nfds = 0;
-    int timeout_ms = 10;
-
-    if (kvf_lease_table_count(srv->leases) > 0) {
-        kvf_status_t status;
-        if (kvf_time_now_ns() - srv->lease_activity_ns < 50000000ull) {
-            return;                      /* a pull is likely in flight: spin */
-        }
-        status = srv->xops->wait_fds(srv->conn, fds, 16, &nfds);
-        if (status == KVF_ERR_BUSY) {
-            return;                      /* progress (poll releases) first */
-        }
-        if (status != KVF_OK) {
-            nfds = 0;
-            timeout_ms = 1;
-        }
-    }
-    (void)kvf_serve_server_wait(srv->serve, timeout_ms, fds, nfds);
+    (void)kvf_serve_server_wait(srv->serve, 10, NULL, 0);
 }
 
 kvf_status_t kvf_prefill_server_run(kvf_prefill_server_h srv, volatile sig_atomic_t *stop)
@@ -497,8 +526,7 @@ kvf_status_t kvf_prefill_server_run(kvf_prefill_server_h srv, volatile sig_atomi
                 kvf_error("engine step failed: %s", kvf_status_str(status));
             }
         }
-        kvf_pf_releases(srv);
-        kvf_pf_expire(srv);
+        kvf_pf_collect(srv);
     }
     return KVF_OK;
 }

@@ -376,6 +376,9 @@ static void kvf_proxy_io_health_reply(struct kvf_proxy_pool *pool, kvf_proxy_ins
     info->incarnation = h->incarnation;
     info->max_prompt_tokens = h->max_prompt_tokens;
     info->prefill_tokens_per_s = h->prefill_tokens_per_s;
+    info->releases_refused = h->releases_refused;
+    info->expired_reads_prevented = h->expired_reads_prevented;
+    info->quarantined_blocks = h->quarantined_blocks;
     inst->last_ok_ms = kvf_proxy_now_ms();
     if (strcmp(info->reported_role, want) != 0) {
         snprintf(why, sizeof(why), "instance reports role '%s' but is listed as %s",
@@ -1064,6 +1067,10 @@ cJSON *kvf_proxy_pool_health_json(kvf_proxy_pool_h pool)
             if (role == KVF_PROXY_ROLE_PREFILL) {
                 cJSON_AddNumberToObject(o, "lease_timeout_ms", (double)info.lease_timeout_ms);
             }
+            cJSON_AddNumberToObject(o, "releases_refused", (double)info.releases_refused);
+            cJSON_AddNumberToObject(o, "expired_lease_reads_prevented",
+                                    (double)info.expired_reads_prevented);
+            cJSON_AddNumberToObject(o, "quarantined_blocks", (double)info.quarantined_blocks);
             cJSON_AddNumberToObject(o, "last_ok_age_ms", (double)info.last_ok_age_ms);
             cJSON_AddNumberToObject(o, "probes_failed", (double)info.probes_failed);
             cJSON_AddNumberToObject(o, "restarts", (double)info.restarts);
@@ -1137,6 +1144,13 @@ void kvf_proxy_pool_render_metrics(kvf_proxy_pool_h pool, FILE *out)
          "Health probes unanswered or failed.", false},
         {"kvf_instance_restarts_total", "counter",
          "Restarts seen: a new process (incarnation) under the same endpoint.", false},
+        {"kvf_instance_releases_refused_total", "counter",
+         "Prefill: lease claims/releases refused (wrong nonce or engine, replays).", false},
+        {"kvf_instance_expired_lease_reads_prevented_total", "counter",
+         "Reads not trusted because the KV lease expired (prefill: answered expired; decode:"
+         " pulls not used or not started).", false},
+        {"kvf_instance_quarantined_blocks_total", "counter",
+         "Prefill: blocks of expired or aborted leases held in quarantine before reuse.", false},
     };
     int n = pool->count[0] + pool->count[1];
     kvf_proxy_instance_info_t *infos = calloc((size_t)(n > 0 ? n : 1), sizeof(*infos));
@@ -1158,7 +1172,8 @@ void kvf_proxy_pool_render_metrics(kvf_proxy_pool_h pool, FILE *out)
                 const kvf_proxy_instance_info_t *f = &infos[k];
                 uint64_t v[] = {f->healthy, f->free_pages, f->total_pages, f->running, f->leases,
                                 f->handshake_refusals, f->peer_errors, f->probes_failed,
-                                f->restarts};
+                                f->restarts, f->releases_refused, f->expired_reads_prevented,
+                                f->quarantined_blocks};
                 /* Live gauges of an instance that does not answer would be
                  * stale: left out until it is healthy again. */
                 if (g[m].live && !(f->healthy && f->connected)) {

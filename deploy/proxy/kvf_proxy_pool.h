@@ -76,6 +76,9 @@ typedef struct kvf_proxy_instance_info {
     uint64_t restarts;               /* incarnation changes seen (the process restarted) */
     uint32_t max_prompt_tokens;      /* longest prompt its pool holds; 0: not reported */
     double   prefill_tokens_per_s;   /* measured prefill rate; 0: not measured yet */
+    uint64_t releases_refused;       /* prefill: lease operations refused */
+    uint64_t expired_reads_prevented;/* reads not trusted because the lease expired */
+    uint64_t quarantined_blocks;     /* prefill: blocks quarantined before reuse */
     int64_t  last_ok_age_ms;         /* since the last answered probe; -1: never */
     uint64_t probes_failed;
     char     last_error[256];        /* why it is unhealthy; "" when healthy */

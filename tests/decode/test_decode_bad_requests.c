@@ -103,6 +103,7 @@ static void test_malformed_decode_requests(void **state)
     free(g.ids);
     g.ids = NULL;
     g.n_ids = 0;
+    expect_error(&req, "lease nonce");                /* well formed, but no lease */
 
     /* a decode with no id followed by an abort: must not take the daemon down */
     dr.request_id = NULL;
@@ -134,8 +135,6 @@ static void test_malformed_decode_requests(void **state)
 static void fill_decode(Kvf__DecodeRequest *dr, Kvf__TransferParams *tp, Kvf__BlockIdList **gp,
                         Kvf__SamplingParams *sp, const char *id, int32_t *prompt, int n)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
     dr->request_id = (char *)id;
     dr->n_prompt_tokens = (size_t)n;
     dr->prompt_tokens = prompt;
@@ -146,11 +145,13 @@ static void fill_decode(Kvf__DecodeRequest *dr, Kvf__TransferParams *tp, Kvf__Bl
     sp->ignore_eos = 1;
     tp->engine_id = (char *)"prefill-gone";      /* nobody answers there: recompute */
     tp->host = (char *)"127.0.0.1";
-    tp->has_port = tp->has_first_token = tp->has_num_tokens = tp->has_lease_expiry_ms = 1;
+    tp->has_port = tp->has_first_token = tp->has_num_tokens = tp->has_lease_ms_left = 1;
+    tp->has_nonce = 1;
+    tp->nonce = 42;
     tp->port = 9;
     tp->first_token = 104;
     tp->num_tokens = (uint64_t)n;
-    tp->lease_expiry_ms = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000 + 20000;
+    tp->lease_ms_left = 20000;
     tp->n_groups = 3;
     tp->groups = gp;
 }

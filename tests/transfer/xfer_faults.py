@@ -57,7 +57,7 @@ def main():
         ("conv dtype", ["--conv-dtype", "fp32", "--prefill-conv-dtype", "bf16"],
          r"handshake refused: conv_dtype local=fp32 remote=bf16: \S"),
         ("protocol version", ["--fault-version", "7"],
-         r"handshake refused: protocol_version local=1 remote=7: protocol versions differ"),
+         r"handshake refused: protocol_version local=2 remote=7: protocol versions differ"),
         ("region length", ["--fault-region-len"],
          r"handshake refused: region_length local=%d remote=%d: \S" % (region, region + page)),
         ("fingerprint", ["--fault-fingerprint"],

@@ -36,6 +36,9 @@ struct kvf_side_channel_server {
     size_t          reply_len;
     atomic_ulong    served;
     atomic_ulong    malformed;
+    atomic_uint     peer_timeout_ms;   /* largest transfer timeout a peer announced */
+    kvf_side_channel_lease_func_t lease_func;
+    void           *lease_arg;
 };
 
 typedef struct kvf_side_channel_entry {
@@ -81,6 +84,29 @@ static void kvf_side_channel_send_error(kvf_side_channel_server_h s, const char 
     free(buf);
 }
 
+static void kvf_side_channel_lease_answer(kvf_side_channel_server_h s,
+                                          const kvf_handshake_request_t *req)
+{
+    kvf_lease_answer_t answer;
+    uint8_t *buf;
+    size_t len;
+
+    memset(&answer, 0, sizeof(answer));
+    if (s->lease_func == NULL) {
+        answer.verdict = KVF_LEASE_REFUSED;
+        snprintf(answer.why, sizeof(answer.why), "engine %s holds no leases", s->engine_id);
+    } else {
+        s->lease_func(s->lease_arg, req->engine_id, &req->lease,
+                      atomic_load(&s->peer_timeout_ms), &answer);
+    }
+    if (kvf_lease_reply_pack(s->engine_id, &answer, &buf, &len) != KVF_OK) {
+        zmq_send(s->sock, "", 0, 0);   /* REP must answer; an empty reply is malformed */
+        return;
+    }
+    zmq_send(s->sock, buf, len, 0);
+    free(buf);
+}
+
 static void kvf_side_channel_handle(kvf_side_channel_server_h s, const zmq_msg_t *msg,
                                     bool multipart)
 {
@@ -104,6 +130,9 @@ static void kvf_side_channel_handle(kvf_side_channel_server_h s, const zmq_msg_t
         kvf_side_channel_send_error(s, "protocol version mismatch", &refusal);
         return;
     }
+    if (req.xfer_timeout_ms > atomic_load(&s->peer_timeout_ms)) {
+        atomic_store(&s->peer_timeout_ms, req.xfer_timeout_ms);   /* this thread alone writes */
+    }
     if ((req.want_engine_id[0] != '\0') && (strcmp(req.want_engine_id, s->engine_id) != 0)) {
         memset(&refusal, 0, sizeof(refusal));
         snprintf(refusal.field, sizeof(refusal.field), "engine_id");
@@ -111,6 +140,10 @@ static void kvf_side_channel_handle(kvf_side_channel_server_h s, const zmq_msg_t
         snprintf(refusal.remote, sizeof(refusal.remote), "%s", req.want_engine_id);
         snprintf(refusal.why, sizeof(refusal.why), "this side channel serves another engine");
         kvf_side_channel_send_error(s, "wrong engine id", &refusal);
+        return;
+    }
+    if (req.has_lease) {
+        kvf_side_channel_lease_answer(s, &req);
         return;
     }
     zmq_send(s->sock, s->reply, s->reply_len, 0);
@@ -181,6 +214,9 @@ kvf_status_t kvf_side_channel_server_start(const kvf_side_channel_params_t *para
         return KVF_ERR_NO_MEMORY;
     }
     snprintf(s->engine_id, sizeof(s->engine_id), "%s", params->engine_id);
+    s->lease_func = params->lease_func;
+    s->lease_arg = params->lease_arg;
+    atomic_init(&s->peer_timeout_ms, 0);
 
     memset(&reply, 0, sizeof(reply));
     reply.accepted = true;
@@ -391,6 +427,7 @@ kvf_status_t kvf_side_channel_fetch(kvf_side_channel_client_h client,
     snprintf(req.engine_id, sizeof(req.engine_id), "%s", client->engine_id);
     snprintf(req.want_engine_id, sizeof(req.want_engine_id), "%s", remote_engine_id);
     req.protocol_version = KVF_XFER_PROTOCOL_VERSION;
+    req.xfer_timeout_ms = client->timeout_ms;
     status = kvf_handshake_request_pack(&req, &buf, &len);
     if (status != KVF_OK) {
         return status;
@@ -443,6 +480,47 @@ kvf_status_t kvf_side_channel_fetch(kvf_side_channel_client_h client,
     snprintf(e->engine_id, sizeof(e->engine_id), "%s", remote_engine_id);
     e->reply = reply;
     *reply_p = &e->reply;
+    return KVF_OK;
+}
+
+kvf_status_t kvf_side_channel_lease(kvf_side_channel_client_h client,
+                                    const char *remote_engine_id, const char *host, int port,
+                                    const kvf_lease_msg_t *msg, kvf_lease_answer_t *answer_p)
+{
+    kvf_handshake_request_t req;
+    char from[KVF_ENGINE_ID_MAX];
+    uint8_t *buf = NULL, *rep = NULL;
+    size_t len, rep_len = 0;
+    kvf_status_t status;
+
+    memset(&req, 0, sizeof(req));
+    snprintf(req.engine_id, sizeof(req.engine_id), "%s", client->engine_id);
+    snprintf(req.want_engine_id, sizeof(req.want_engine_id), "%s", remote_engine_id);
+    req.protocol_version = KVF_XFER_PROTOCOL_VERSION;
+    req.xfer_timeout_ms = client->timeout_ms;
+    req.has_lease = true;
+    req.lease = *msg;
+    status = kvf_handshake_request_pack(&req, &buf, &len);
+    if (status != KVF_OK) {
+        return status;
+    }
+    status = kvf_side_channel_exchange(client->ctx, host, port, buf, len, client->timeout_ms,
+                                       &rep, &rep_len);
+    free(buf);
+    if (status != KVF_OK) {
+        return status;
+    }
+    status = kvf_lease_reply_unpack(rep, rep_len, from, answer_p);
+    free(rep);
+    if (status != KVF_OK) {
+        kvf_error("side channel: malformed lease answer from %s:%d", host, port);
+        return status;
+    }
+    if (strcmp(from, remote_engine_id) != 0) {
+        kvf_error("side channel: %s:%d answered the lease as engine '%s', expected '%s'", host,
+                  port, from, remote_engine_id);
+        return KVF_ERR_PARSE;
+    }
     return KVF_OK;
 }
 

@@ -25,6 +25,18 @@ enum kvf_side_channel_params_field {       /* append only, never renumber */
 };
 #define KVF_SIDE_CHANNEL_PARAM_FIELDS_KNOWN (KVF_BIT(2) - 1)
 
+/**
+ * Answers one lease operation (prefill's lease table). Runs on the side
+ * channel thread, so it must be thread-safe against the owner's threads and
+ * must not block for long: it decides from memory. @a requester is the
+ * decode engine (HandshakeRequest.engine_id); @a peer_timeout_ms the
+ * largest transfer timeout any peer announced so far (this one included).
+ */
+typedef void (*kvf_side_channel_lease_func_t)(void *arg, const char *requester,
+                                              const kvf_lease_msg_t *msg,
+                                              uint32_t peer_timeout_ms,
+                                              kvf_lease_answer_t *answer);
+
 typedef struct kvf_side_channel_params {
     uint64_t               field_mask;   /* first */
     const char            *host;         /* bind address; default "127.0.0.1" */
@@ -32,6 +44,8 @@ typedef struct kvf_side_channel_params {
     const char            *engine_id;    /* ours; required */
     const kvf_rank_meta_t *ranks;        /* [num_ranks], ranks[i].tp_rank == i; copied */
     int                    num_ranks;
+    kvf_side_channel_lease_func_t lease_func;   /* NULL: lease operations are refused */
+    void                  *lease_arg;
 } kvf_side_channel_params_t;
 
 /**
@@ -73,6 +87,17 @@ void kvf_side_channel_client_destroy(kvf_side_channel_client_h client);
 kvf_status_t kvf_side_channel_fetch(kvf_side_channel_client_h client,
                                     const char *remote_engine_id, const char *host, int port,
                                     const kvf_handshake_reply_t **reply_p);
+
+/**
+ * One lease operation with engine @a remote_engine_id at @a host:@a port
+ * (no cache; a fresh exchange bounded by the client timeout). The request
+ * announces the client timeout as the requester's transfer timeout.
+ * @return KVF_OK with *answer_p; KVF_ERR_PEER_TIMEOUT; KVF_ERR_PARSE (a
+ *         malformed answer, or one from another engine); KVF_ERR_ZMQ.
+ */
+kvf_status_t kvf_side_channel_lease(kvf_side_channel_client_h client,
+                                    const char *remote_engine_id, const char *host, int port,
+                                    const kvf_lease_msg_t *msg, kvf_lease_answer_t *answer_p);
 
 /** Drop the cached metadata of @a remote_engine_id (after a peer failure). */
 void kvf_side_channel_forget(kvf_side_channel_client_h client, const char *remote_engine_id);

@@ -116,6 +116,10 @@ kvf_status_t kvf_role_start(const kvf_role_config_t *config, kvf_connector_role_
     cc.engine_id = config->engine_id;
     cc.role = role;
     cc.timeout_ms = (uint32_t)config->xfer_timeout_ms;
+    if (role == KVF_CONNECTOR_ROLE_PREFILL) {
+        cc.field_mask |= KVF_CONNECTOR_CONFIG_FIELD_PROGRESS;
+        cc.progress_thread = true;   /* GETs progress while the engine computes */
+    }
     if (listen_host != NULL) {
         cc.field_mask |= KVF_CONNECTOR_CONFIG_FIELD_LISTEN;
         cc.listen_host = listen_host;

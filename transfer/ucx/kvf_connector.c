@@ -138,6 +138,30 @@ static kvf_status_t kvf_connector_stub_wait_fds(kvf_connector_h conn, int *fds, 
     return KVF_ERR_UNSUPPORTED;
 }
 
+static kvf_status_t kvf_connector_stub_set_lease_handler(kvf_connector_h conn,
+                                                        kvf_connector_lease_func_t func,
+                                                        void *arg)
+{
+    (void)conn;
+    (void)func;
+    (void)arg;
+    return KVF_ERR_UNSUPPORTED;
+}
+
+static kvf_status_t kvf_connector_stub_lease(kvf_connector_h conn, const char *engine_id,
+                                             const char *host, int port,
+                                             const kvf_lease_msg_t *msg,
+                                             kvf_lease_answer_t *answer_p)
+{
+    (void)conn;
+    (void)engine_id;
+    (void)host;
+    (void)port;
+    (void)msg;
+    (void)answer_p;
+    return KVF_ERR_UNSUPPORTED;
+}
+
 void kvf_connector_ops_fill_stubs(kvf_connector_ops_t *ops)
 {
     /* checklist: one line per op of kvf_connector_ops_t */
@@ -158,6 +182,11 @@ void kvf_connector_ops_fill_stubs(kvf_connector_ops_t *ops)
         ops->remote_incarnation = kvf_connector_stub_remote_incarnation;
     }
     if (ops->wait_fds == NULL)       ops->wait_fds = kvf_connector_stub_wait_fds;
+    if (ops->set_lease_handler == NULL) {
+        ops->set_lease_handler = kvf_connector_stub_set_lease_handler;
+    }
+    if (ops->lease == NULL)          ops->lease = kvf_connector_stub_lease;
+    if (ops->finish_pull == NULL)    ops->finish_pull = kvf_connector_stub_poll;
 }
 
 kvf_status_t kvf_connector_ops_check(const kvf_connector_ops_t *ops)
@@ -172,7 +201,8 @@ kvf_status_t kvf_connector_ops_check(const kvf_connector_ops_t *ops)
         (ops->start_pull == NULL) || (ops->poll == NULL) || (ops->notify_release == NULL) ||
         (ops->poll_release == NULL) || (ops->req_stats == NULL) ||
         (ops->forget_engine == NULL) || (ops->incarnation == NULL) ||
-        (ops->remote_incarnation == NULL) || (ops->wait_fds == NULL)) {
+        (ops->remote_incarnation == NULL) || (ops->wait_fds == NULL) ||
+        (ops->set_lease_handler == NULL) || (ops->lease == NULL) || (ops->finish_pull == NULL)) {
         kvf_error("connector '%s' has a NULL op", (ops->name != NULL) ? ops->name : "?");
         return KVF_ERR_UNSUPPORTED;
     }

@@ -22,11 +22,14 @@
  *   leader that also owns every registered rank (the daemons' case).
  * - incarnation reads a value fixed at create: any thread.
  *
- * Flow, decode side:
+ * Flow, decode side (the serving daemons):
  *   create -> register_pool (each rank) -> handshake(remote engine) ->
- *   start_pull (each rank) -> poll until != KVF_INPROGRESS -> notify_release
+ *   lease(claim) -> start_pull (each rank) -> poll until != KVF_INPROGRESS ->
+ *   finish_pull (each rank) -> lease(release, each rank): valid or expired
  * Flow, prefill side:
- *   create -> register_pool (each rank) -> serve -> poll_release (each rank)
+ *   create -> register_pool (each rank) -> set_lease_handler -> serve
+ * notify_release / poll_release are the UCX-notification variant of the
+ * release (tools and tests); it cannot tell decode whether the lease held.
  *
  * Every op is non-NULL in a table returned by a backend: unsupported ones
  * point at stubs returning KVF_ERR_UNSUPPORTED (kvf_connector_ops_fill_stubs()).
@@ -38,14 +41,17 @@
 #define KVF_CONNECTOR_H
 
 #include "kvf_geometry.h"
+#include "kvf_handshake.h"
 #include "kvf_status.h"
 
 #include <stddef.h>
 #include <stdint.h>
 
-#define KVF_CONNECTOR_ABI 7   /* 2: req_stats; 3: forget_engine; 4: incarnations; 5: wait_fds;
+#define KVF_CONNECTOR_ABI 8   /* 2: req_stats; 3: forget_engine; 4: incarnations; 5: wait_fds;
                                  6: stats carry posted/landed/done times;
-                                 7: batch_descs, plan_flags in the config */
+                                 7: batch_descs, plan_flags in the config;
+                                 8: leases (set_lease_handler, lease, finish_pull),
+                                    progress_thread in the config */
 
 typedef struct kvf_connector *kvf_connector_h;
 typedef struct kvf_connector_req *kvf_connector_req_h;
@@ -60,8 +66,9 @@ enum kvf_connector_config_field {     /* append only, never renumber */
     KVF_CONNECTOR_CONFIG_FIELD_TIMEOUT_MS = KVF_BIT(1),
     KVF_CONNECTOR_CONFIG_FIELD_BATCH_DESCS = KVF_BIT(2),
     KVF_CONNECTOR_CONFIG_FIELD_PLAN_FLAGS = KVF_BIT(3),
+    KVF_CONNECTOR_CONFIG_FIELD_PROGRESS   = KVF_BIT(4),  /* progress_thread */
 };
-#define KVF_CONNECTOR_CONFIG_FIELDS_KNOWN (KVF_BIT(4) - 1)
+#define KVF_CONNECTOR_CONFIG_FIELDS_KNOWN (KVF_BIT(5) - 1)
 
 typedef struct kvf_connector_config {
     uint64_t                  field_mask;   /* first */
@@ -77,6 +84,12 @@ typedef struct kvf_connector_config {
                                              * default 0: all of them at once */
     uint32_t                  plan_flags;   /* kvf_xfer_plan_flags (planner debugging);
                                              * default 0 */
+    /* Prefill: from serve on, one thread per rank owns that rank's UCX
+     * worker and progresses it whatever the caller is doing (a long engine
+     * step never stalls a decode's GET). poll_release and wait_fds then
+     * return KVF_ERR_UNSUPPORTED (releases go through the lease handler).
+     * Default false. */
+    bool                      progress_thread;
 } kvf_connector_config_t;
 
 /** One rank's page pool: num_blocks * slots * page_size bytes at base, host memory. */
@@ -111,6 +124,11 @@ typedef struct kvf_connector_stats {
     uint64_t landed_ns;      /* poll saw the last GET complete */
     uint64_t done_ns;        /* post-ops (tail zeroing) finished */
 } kvf_connector_stats_t;
+
+/** Prefill's lease table answering one lease operation; see kvf_side_channel_lease_func_t. */
+typedef void (*kvf_connector_lease_func_t)(void *arg, const char *requester,
+                                           const kvf_lease_msg_t *msg, uint32_t peer_timeout_ms,
+                                           kvf_lease_answer_t *answer);
 
 typedef struct kvf_connector_ops {
     unsigned    abi_version;          /* == KVF_CONNECTOR_ABI */
@@ -217,6 +235,32 @@ typedef struct kvf_connector_ops {
      *         the backend cannot wake a sleeper (spin instead).
      */
     kvf_status_t (*wait_fds)(kvf_connector_h conn, int *fds, int cap, int *n_p);
+
+    /**
+     * Prefill, before serve: who answers lease operations (claims,
+     * heartbeats, releases) arriving on the side channel. @a func runs on the
+     * side-channel thread (see kvf_connector_lease_func_t). Without one,
+     * every lease operation is refused. KVF_ERR_BUSY after serve.
+     */
+    kvf_status_t (*set_lease_handler)(kvf_connector_h conn, kvf_connector_lease_func_t func,
+                                      void *arg);
+
+    /**
+     * Decode (leader thread): one lease operation with engine @a engine_id at
+     * its side channel @a host:@a port, bounded by timeout_ms. Never called
+     * under the connector's lock. @return KVF_OK with *answer_p (read its
+     * verdict); KVF_ERR_PEER_TIMEOUT; KVF_ERR_PARSE; KVF_ERR_ZMQ.
+     */
+    kvf_status_t (*lease)(kvf_connector_h conn, const char *engine_id, const char *host,
+                          int port, const kvf_lease_msg_t *msg, kvf_lease_answer_t *answer_p);
+
+    /**
+     * Decode (rank thread): as notify_release, but send nothing (the release
+     * goes through lease()). Drains an unfinished request (bounded), force-
+     * closes the endpoints of a failed one, frees @a req. Returns the pull's
+     * status.
+     */
+    kvf_status_t (*finish_pull)(kvf_connector_h conn, int tp_rank, kvf_connector_req_h req);
 } kvf_connector_ops_t;
 
 /** Point every NULL op of @a ops at a stub returning KVF_ERR_UNSUPPORTED. */

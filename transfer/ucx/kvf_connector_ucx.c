@@ -16,9 +16,18 @@
  * batch_descs, a window of that many descriptors per rank: poll() posts the
  * next window when one lands); poll() drives the worker and applies the
  * zero post-ops when the last batch lands.
- * Rejected: a progress thread per rank inside the connector — the engine's
- * rank thread already loops, and a second thread on the same worker would
- * force UCS_THREAD_MODE_MULTI locking on every progress call.
+ * Prefill progress (config progress_thread): shared-memory and TCP GETs
+ * need the TARGET's worker progressed, and a prefill leader busy in an
+ * engine step progressed nothing, so concurrent pulls timed out. From
+ * serve() on, one thread per rank owns that rank's worker outright (the
+ * worker stays UCS_THREAD_MODE_SINGLE: nobody else touches it after
+ * registration): it spins (with sched_yield) while there was work in the
+ * last few ms, then arms the worker and sleeps on its event fd, so an idle
+ * instance costs no CPU and a busy one answers within microseconds.
+ * Rejected: progress between engine layers (ties the engine to the
+ * transport, and one layer can still take longer than a transfer timeout);
+ * UCS_THREAD_MODE_MULTI with the leader also progressing (a lock on every
+ * progress call, for nothing).
  */
 #include "kvf_connector_ucx.h"
 #include "kvf_time.h"
@@ -30,8 +39,10 @@
 #include "kvf_side_channel.h"
 #include "kvf_ucx_agent.h"
 
+#include <poll.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +50,7 @@
 #include <time.h>
 
 #define KVF_CONN_MAX_ENGINES 16
+#define KVF_CONN_SPIN_NS     5000000ull   /* progress thread spins this long after work */
 
 typedef struct kvf_conn_engine {
     char                         engine_id[KVF_ENGINE_ID_MAX];
@@ -83,6 +95,11 @@ struct kvf_connector {
     kvf_side_channel_server_h server;
     int                   num_engines;
     kvf_conn_engine_t     engines[KVF_CONN_MAX_ENGINES];
+    kvf_connector_lease_func_t lease_func;     /* prefill: set before serve */
+    void                 *lease_arg;
+    bool                  progress_thread;     /* config: one per rank from serve on */
+    atomic_bool           progress_stop;
+    pthread_t            *progress;            /* [tp] while running */
 };
 
 struct kvf_connector_req {
@@ -123,12 +140,100 @@ static void kvf_conn_check_every_rank(kvf_connector_h conn, const char *op)
 #endif
 }
 
+typedef struct {
+    kvf_connector_h conn;
+    int             rank;
+} kvf_conn_progress_arg_t;
+
+/* Owns rank @a rank's worker: progress it, drain notifications, sleep when idle. */
+static void *kvf_conn_progress_main(void *arg)
+{
+    kvf_conn_progress_arg_t a = *(kvf_conn_progress_arg_t *)arg;
+    kvf_conn_rank_t *rk = &a.conn->ranks[a.rank];
+    uint64_t last_work = kvf_ucx_now_ns();
+    uint8_t buf[4096];
+    size_t len;
+    int fd = -1;
+
+    free(arg);
+    if (kvf_ucx_agent_event_fd(rk->agent, &fd) != KVF_OK) {
+        fd = -1;
+    }
+    while (!atomic_load(&a.conn->progress_stop)) {
+        unsigned n = kvf_ucx_agent_progress(rk->agent);
+        while (kvf_ucx_notify_recv(rk->agent, buf, sizeof(buf), &len, 0) == KVF_OK) {
+            ++n;   /* UCX release notifications free nothing here: see the lease handler */
+        }
+        if (n > 0) {
+            last_work = kvf_ucx_now_ns();
+            continue;
+        }
+        if ((fd < 0) || (kvf_ucx_now_ns() - last_work < KVF_CONN_SPIN_NS)) {
+            sched_yield();
+            continue;
+        }
+        if (kvf_ucx_agent_arm(rk->agent) != KVF_OK) {
+            continue;   /* BUSY: work arrived meanwhile */
+        }
+        struct pollfd p = {.fd = fd, .events = POLLIN, .revents = 0};
+        if (poll(&p, 1, 50) > 0) {   /* 50 ms: bounds how long stop takes */
+            last_work = kvf_ucx_now_ns();
+        }
+    }
+    return NULL;
+}
+
+static void kvf_conn_progress_stop(kvf_connector_h conn)
+{
+    if (conn->progress == NULL) {
+        return;
+    }
+    atomic_store(&conn->progress_stop, true);
+    for (int r = 0; r < conn->tp; ++r) {
+        pthread_join(conn->progress[r], NULL);
+    }
+    free(conn->progress);
+    conn->progress = NULL;
+}
+
+static kvf_status_t kvf_conn_progress_start(kvf_connector_h conn)
+{
+    conn->progress = calloc((size_t)conn->tp, sizeof(*conn->progress));
+    if (conn->progress == NULL) {
+        return KVF_ERR_NO_MEMORY;
+    }
+    atomic_store(&conn->progress_stop, false);
+    for (int r = 0; r < conn->tp; ++r) {
+        kvf_conn_progress_arg_t *a = malloc(sizeof(*a));
+        if (a != NULL) {
+            a->conn = conn;
+            a->rank = r;
+        }
+        if ((a == NULL) ||
+            (pthread_create(&conn->progress[r], NULL, kvf_conn_progress_main, a) != 0)) {
+            free(a);
+            kvf_error("ucx connector: cannot start the progress thread of rank %d", r);
+            atomic_store(&conn->progress_stop, true);
+            for (int j = 0; j < r; ++j) {
+                pthread_join(conn->progress[j], NULL);
+            }
+            free(conn->progress);
+            conn->progress = NULL;
+            return KVF_ERR_NO_RESOURCE;
+        }
+    }
+    kvf_log(KVF_LOG_INFO, KVF_SUB_XFER, "ucx connector %s: %d progress thread(s) serve GETs",
+            conn->engine_id, conn->tp);
+    return KVF_OK;
+}
+
 static void kvf_conn_destroy(kvf_connector_h conn)
 {
     if (conn == NULL) {
         return;
     }
     KVF_CONN_CHECK_LEADER(conn, "destroy");
+    kvf_conn_progress_stop(conn);   /* before the workers go */
     kvf_side_channel_server_stop(conn->server);
     kvf_side_channel_client_destroy(conn->client);
     for (int r = 0; (conn->ranks != NULL) && (r < conn->tp); ++r) {
@@ -202,6 +307,9 @@ static kvf_status_t kvf_conn_create(const kvf_connector_config_t *config,
               (config->listen_host != NULL)) ? config->listen_host : "127.0.0.1");
     conn->port = (config->field_mask & KVF_CONNECTOR_CONFIG_FIELD_LISTEN) ?
                  config->listen_port : 0;
+    conn->progress_thread = (config->field_mask & KVF_CONNECTOR_CONFIG_FIELD_PROGRESS) &&
+                            config->progress_thread &&
+                            (config->role == KVF_CONNECTOR_ROLE_PREFILL);
     conn->ranks = calloc((size_t)conn->tp, sizeof(*conn->ranks));
     conn->layout = malloc(sizeof(*conn->layout));
     if ((conn->ranks == NULL) || (conn->layout == NULL)) {
@@ -388,8 +496,17 @@ static kvf_status_t kvf_conn_serve(kvf_connector_h conn, int *port_p)
     sp.engine_id = conn->engine_id;
     sp.ranks = metas;
     sp.num_ranks = conn->tp;
+    sp.lease_func = conn->lease_func;
+    sp.lease_arg = conn->lease_arg;
     status = kvf_side_channel_server_start(&sp, &conn->server);
     free(metas);
+    if ((status == KVF_OK) && conn->progress_thread) {
+        status = kvf_conn_progress_start(conn);
+        if (status != KVF_OK) {
+            kvf_side_channel_server_stop(conn->server);
+            conn->server = NULL;
+        }
+    }
     if ((status == KVF_OK) && (port_p != NULL)) {
         *port_p = kvf_side_channel_server_port(conn->server);
     }
@@ -724,8 +841,8 @@ static kvf_status_t kvf_conn_poll(kvf_connector_h conn, int tp_rank, kvf_connect
     return KVF_OK;
 }
 
-static kvf_status_t kvf_conn_notify_release(kvf_connector_h conn, int tp_rank,
-                                            kvf_connector_req_h req)
+static kvf_status_t kvf_conn_release_common(kvf_connector_h conn, int tp_rank,
+                                            kvf_connector_req_h req, bool notify)
 {
     kvf_conn_rank_t *rk;
     kvf_status_t status = KVF_OK;
@@ -751,7 +868,7 @@ static kvf_status_t kvf_conn_notify_release(kvf_connector_h conn, int tp_rank,
         kvf_conn_req_free(req);
         return status;
     }
-    for (int i = 0; i < req->nsrc; ++i) {
+    for (int i = 0; notify && (i < req->nsrc); ++i) {
         kvf_ucx_peer_h peer = rk->peers[req->engine][req->src[i]];
         kvf_xfer_notification_t n;
         uint8_t *buf;
@@ -774,6 +891,44 @@ static kvf_status_t kvf_conn_notify_release(kvf_connector_h conn, int tp_rank,
     return status;
 }
 
+static kvf_status_t kvf_conn_notify_release(kvf_connector_h conn, int tp_rank,
+                                            kvf_connector_req_h req)
+{
+    return kvf_conn_release_common(conn, tp_rank, req, true);
+}
+
+static kvf_status_t kvf_conn_finish_pull(kvf_connector_h conn, int tp_rank,
+                                         kvf_connector_req_h req)
+{
+    return kvf_conn_release_common(conn, tp_rank, req, false);
+}
+
+static kvf_status_t kvf_conn_set_lease_handler(kvf_connector_h conn,
+                                               kvf_connector_lease_func_t func, void *arg)
+{
+    if (conn->role != KVF_CONNECTOR_ROLE_PREFILL) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    if (conn->server != NULL) {
+        return KVF_ERR_BUSY;
+    }
+    conn->lease_func = func;
+    conn->lease_arg = arg;
+    return KVF_OK;
+}
+
+/* Leader thread only, like handshake; the client is not shared with rank threads. */
+static kvf_status_t kvf_conn_lease(kvf_connector_h conn, const char *engine_id, const char *host,
+                                   int port, const kvf_lease_msg_t *msg,
+                                   kvf_lease_answer_t *answer_p)
+{
+    if ((conn->role != KVF_CONNECTOR_ROLE_DECODE) || (engine_id == NULL) || (host == NULL) ||
+        (msg == NULL) || (answer_p == NULL)) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    return kvf_side_channel_lease(conn->client, engine_id, host, port, msg, answer_p);
+}
+
 static kvf_status_t kvf_conn_poll_release(kvf_connector_h conn, int tp_rank, uint32_t timeout_ms,
                                           char *request_id, size_t id_len, int *decode_rank_p,
                                           kvf_status_t *status_p)
@@ -787,6 +942,9 @@ static kvf_status_t kvf_conn_poll_release(kvf_connector_h conn, int tp_rank, uin
         return KVF_ERR_INVALID_PARAM;
     }
     KVF_CONN_CHECK_RANK(conn, tp_rank, "poll_release");
+    if (conn->progress != NULL) {
+        return KVF_ERR_UNSUPPORTED;   /* the progress thread owns the worker */
+    }
     status = kvf_ucx_notify_recv(conn->ranks[tp_rank].agent, buf, sizeof(buf), &len,
                                  timeout_ms);
     if (status != KVF_OK) {
@@ -863,6 +1021,9 @@ static kvf_status_t kvf_conn_wait_fds(kvf_connector_h conn, int *fds, int cap, i
     KVF_CONN_CHECK_LEADER(conn, "wait_fds");
     kvf_conn_check_every_rank(conn, "connector wait_fds (arms every rank's worker: the leader "
                               "must drive every rank)");
+    if (conn->progress != NULL) {
+        return KVF_ERR_UNSUPPORTED;   /* the progress thread owns the workers */
+    }
     for (int r = 0; r < conn->tp; ++r) {
         kvf_conn_rank_t *rk = &conn->ranks[r];
         kvf_status_t status;
@@ -920,6 +1081,9 @@ static const kvf_connector_ops_t kvf_connector_ucx = {
     .incarnation    = kvf_conn_incarnation,
     .remote_incarnation = kvf_conn_remote_incarnation,
     .wait_fds       = kvf_conn_wait_fds,
+    .set_lease_handler = kvf_conn_set_lease_handler,
+    .lease          = kvf_conn_lease,
+    .finish_pull    = kvf_conn_finish_pull,
 };
 
 const kvf_connector_ops_t *kvf_connector_ucx_ops(void)

@@ -59,11 +59,26 @@ kvf_status_t kvf_handshake_request_pack(const kvf_handshake_request_t *req, uint
                                         size_t *len_p)
 {
     Kvf__HandshakeRequest m = KVF__HANDSHAKE_REQUEST__INIT;
+    Kvf__LeaseRequest l = KVF__LEASE_REQUEST__INIT;
 
     m.engine_id = (char *)req->engine_id;
     m.has_protocol_version = 1;
     m.protocol_version = req->protocol_version;
     m.want_engine_id = (char *)req->want_engine_id;
+    if (req->xfer_timeout_ms > 0) {
+        m.has_xfer_timeout_ms = 1;
+        m.xfer_timeout_ms = req->xfer_timeout_ms;
+    }
+    if (req->has_lease) {
+        l.has_op = l.has_nonce = l.has_decode_rank = l.has_decode_tp = l.has_status = 1;
+        l.op = (uint32_t)req->lease.op;
+        l.request_id = (char *)req->lease.request_id;
+        l.nonce = req->lease.nonce;
+        l.decode_rank = (uint32_t)req->lease.decode_rank;
+        l.decode_tp = (uint32_t)req->lease.decode_tp;
+        l.status = req->lease.status;
+        m.lease = &l;
+    }
     return kvf_hs_finish_pack(kvf__handshake_request__get_packed_size(&m), &m.base, buf_p,
                               len_p);
 }
@@ -84,9 +99,84 @@ kvf_status_t kvf_handshake_request_unpack(const uint8_t *buf, size_t len,
         goto out;
     }
     req_p->protocol_version = m->protocol_version;
+    req_p->xfer_timeout_ms = m->has_xfer_timeout_ms ? m->xfer_timeout_ms : 0;
+    if (m->lease != NULL) {
+        const Kvf__LeaseRequest *l = m->lease;
+        kvf_lease_msg_t *d = &req_p->lease;
+        if (!l->has_op || ((l->op != KVF_LEASE_OP_CLAIM) && (l->op != KVF_LEASE_OP_RELEASE)) ||
+            !l->has_nonce ||
+            !kvf_hs_copy_str(d->request_id, sizeof(d->request_id), l->request_id, true) ||
+            (d->request_id[0] == '\0')) {
+            kvf_log(KVF_LOG_DEBUG, KVF_SUB_PROTO, "lease request: bad op, nonce or request id");
+            goto out;
+        }
+        if ((l->op == KVF_LEASE_OP_RELEASE) &&
+            (!l->has_decode_tp || !l->has_decode_rank || (l->decode_tp < 1) ||
+             (l->decode_tp > KVF_XFER_MAX_TP) || (l->decode_rank >= l->decode_tp))) {
+            kvf_log(KVF_LOG_DEBUG, KVF_SUB_PROTO, "lease release: decode rank/tp out of range");
+            goto out;
+        }
+        d->op = (kvf_lease_op_t)l->op;
+        d->nonce = l->nonce;
+        d->decode_rank = (int)l->decode_rank;
+        d->decode_tp = (int)l->decode_tp;
+        d->status = l->has_status ? (kvf_status_t)l->status : KVF_OK;
+        req_p->has_lease = true;
+    }
     status = KVF_OK;
 out:
+    if (status != KVF_OK) {
+        memset(req_p, 0, sizeof(*req_p));
+    }
     kvf__handshake_request__free_unpacked(m, NULL);
+    return status;
+}
+
+/* ---- lease answer ------------------------------------------------------ */
+
+kvf_status_t kvf_lease_reply_pack(const char *engine_id, const kvf_lease_answer_t *answer,
+                                  uint8_t **buf_p, size_t *len_p)
+{
+    Kvf__HandshakeReply m = KVF__HANDSHAKE_REPLY__INIT;
+    Kvf__LeaseReply l = KVF__LEASE_REPLY__INIT;
+
+    m.has_accepted = 1;
+    m.accepted = 1;
+    m.engine_id = (char *)engine_id;
+    l.has_verdict = l.has_ms_left = 1;
+    l.verdict = (uint32_t)answer->verdict;
+    l.ms_left = answer->ms_left;
+    l.why = (char *)answer->why;
+    m.lease = &l;
+    return kvf_hs_finish_pack(kvf__handshake_reply__get_packed_size(&m), &m.base, buf_p, len_p);
+}
+
+kvf_status_t kvf_lease_reply_unpack(const uint8_t *buf, size_t len, char *engine_id_p,
+                                    kvf_lease_answer_t *answer_p)
+{
+    Kvf__HandshakeReply *m = kvf__handshake_reply__unpack(NULL, len, buf);
+    kvf_status_t status = KVF_ERR_PARSE;
+
+    memset(answer_p, 0, sizeof(*answer_p));
+    engine_id_p[0] = '\0';
+    if (m == NULL) {
+        kvf_log(KVF_LOG_DEBUG, KVF_SUB_PROTO, "lease reply: not a valid message (%zu bytes)", len);
+        return KVF_ERR_PARSE;
+    }
+    if ((m->lease == NULL) || !m->lease->has_verdict || (m->lease->verdict > KVF_LEASE_REFUSED) ||
+        (m->n_ranks != 0) ||
+        !kvf_hs_copy_str(engine_id_p, KVF_ENGINE_ID_MAX, m->engine_id, true) ||
+        !kvf_hs_copy_str(answer_p->why, sizeof(answer_p->why), m->lease->why, false)) {
+        kvf_log(KVF_LOG_DEBUG, KVF_SUB_PROTO, "lease reply: missing or out-of-range field");
+        memset(answer_p, 0, sizeof(*answer_p));
+        engine_id_p[0] = '\0';
+        goto out;
+    }
+    answer_p->verdict = (kvf_lease_verdict_t)m->lease->verdict;
+    answer_p->ms_left = m->lease->has_ms_left ? m->lease->ms_left : 0;
+    status = KVF_OK;
+out:
+    kvf__handshake_reply__free_unpacked(m, NULL);
     return status;
 }
 
@@ -369,6 +459,9 @@ kvf_status_t kvf_xfer_params_msg_pack(const kvf_xfer_params_msg_t *p, uint8_t **
     m.has_first_token = 1; m.first_token = p->first_token;
     m.request_id = (char *)p->request_id;
     m.has_incarnation = p->has_incarnation; m.incarnation = p->incarnation;
+    m.has_lease_ms_left = m.has_nonce = p->has_lease;
+    m.lease_ms_left = p->lease_ms_left;
+    m.nonce = p->nonce;
     for (int g = 0; g < p->num_groups; ++g) {
         kvf__block_id_list__init(&lists[g]);
         lists[g].n_ids = (size_t)p->num_ids[g];
@@ -460,6 +553,9 @@ kvf_status_t kvf_xfer_params_decode(const Kvf__TransferParams *m, int64_t expect
     p.first_token = m->first_token;
     p.has_incarnation = m->has_incarnation;
     p.incarnation = m->has_incarnation ? m->incarnation : 0;
+    p.has_lease = m->has_lease_ms_left && m->has_nonce;
+    p.lease_ms_left = p.has_lease ? m->lease_ms_left : 0;
+    p.nonce = p.has_lease ? m->nonce : 0;
     *p_p = p;
     return KVF_OK;
 

@@ -19,7 +19,7 @@
 #include <stdint.h>
 
 /* NOTE: bump when a message's meaning changes; update kvf_compat.c. */
-#define KVF_XFER_PROTOCOL_VERSION 1
+#define KVF_XFER_PROTOCOL_VERSION 2   /* 2: leases claimed/released over the side channel */
 
 #define KVF_ENGINE_ID_MAX     64     /* bytes incl. NUL */
 #define KVF_XFER_MAX_REGIONS  4
@@ -78,11 +78,43 @@ typedef struct kvf_refusal {
  */
 void kvf_refusal_format(const kvf_refusal_t *refusal, char *buf, size_t len);
 
-/** Decode -> prefill. */
+/** What a lease operation asks (decode -> prefill, DESIGN.md §9). */
+typedef enum {
+    KVF_LEASE_OP_CLAIM   = 1,   /* bind the lease to the requester, extend it; before any GET
+                                 * and, as a heartbeat, while the request waits in line */
+    KVF_LEASE_OP_RELEASE = 2,   /* one decode rank is done reading; answered valid/expired */
+} kvf_lease_op_t;
+
+/** Prefill's answer to a lease operation. */
+typedef enum {
+    KVF_LEASE_VALID   = 0,      /* the lease was held (and is, for a claim) */
+    KVF_LEASE_EXPIRED = 1,      /* it expired or was aborted: the pages may hold other KV */
+    KVF_LEASE_REFUSED = 2,      /* unknown lease, wrong nonce, another engine, a replay */
+} kvf_lease_verdict_t;
+
+typedef struct kvf_lease_msg {
+    kvf_lease_op_t op;
+    char           request_id[KVF_ENGINE_ID_MAX];
+    uint64_t       nonce;                         /* TransferParams.nonce */
+    int            decode_rank;                   /* release: in [0, decode_tp) */
+    int            decode_tp;                     /* release: 1..KVF_XFER_MAX_TP */
+    kvf_status_t   status;                        /* release: the rank's pull status */
+} kvf_lease_msg_t;
+
+typedef struct kvf_lease_answer {
+    kvf_lease_verdict_t verdict;
+    uint64_t            ms_left;                  /* lease time left, ms (a duration) */
+    char                why[192];                 /* "" when valid */
+} kvf_lease_answer_t;
+
+/** Decode -> prefill: a metadata request, or (has_lease) a lease operation. */
 typedef struct kvf_handshake_request {
     char     engine_id[KVF_ENGINE_ID_MAX];        /* requester */
     uint32_t protocol_version;
     char     want_engine_id[KVF_ENGINE_ID_MAX];   /* "" = any */
+    uint32_t xfer_timeout_ms;                     /* requester's transfer timeout; 0 = unsaid */
+    bool             has_lease;
+    kvf_lease_msg_t  lease;
 } kvf_handshake_request_t;
 
 /** Prefill -> decode. ranks is owned (kvf_handshake_reply_cleanup()). */
@@ -121,6 +153,18 @@ kvf_status_t kvf_handshake_reply_unpack(const uint8_t *buf, size_t len,
 /** Free what an unpacked or caller-built reply owns; the struct becomes empty. */
 void kvf_handshake_reply_cleanup(kvf_handshake_reply_t *reply);
 
+/** A lease answer as a HandshakeReply (accepted, no ranks, `lease` set). */
+kvf_status_t kvf_lease_reply_pack(const char *engine_id, const kvf_lease_answer_t *answer,
+                                  uint8_t **buf_p, size_t *len_p);
+
+/**
+ * Decode a lease answer; @a engine_id_p (KVF_ENGINE_ID_MAX bytes) gets the
+ * answering engine. @return KVF_OK; KVF_ERR_PARSE for anything else (a
+ * metadata reply, an unknown verdict, oversized strings).
+ */
+kvf_status_t kvf_lease_reply_unpack(const uint8_t *buf, size_t len, char *engine_id_p,
+                                    kvf_lease_answer_t *answer_p);
+
 /** Decode rank -> prefill rank release/acknowledgement. */
 typedef struct kvf_xfer_notification {
     char         request_id[KVF_ENGINE_ID_MAX];
@@ -154,6 +198,9 @@ typedef struct kvf_xfer_params_msg {
     char      request_id[KVF_ENGINE_ID_MAX];     /* may be empty */
     bool      has_incarnation;
     uint64_t  incarnation;                       /* the prefill process's; 0 when absent */
+    bool      has_lease;                         /* lease_ms_left and nonce both present */
+    uint64_t  lease_ms_left;                     /* lease time left when sent, ms (a duration) */
+    uint64_t  nonce;                             /* per lease: claims/releases must echo it */
 } kvf_xfer_params_msg_t;
 
 #define KVF_XFER_MAX_IDS_PER_GROUP (1 << 20)
