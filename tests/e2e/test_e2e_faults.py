@@ -119,7 +119,9 @@ def prefill_killed(policy, refs):
 def lease_expiry():
     model = model_dir("tiny-hybrid")
     with Pool(layout="1p1d", model=model, timeout=60,
-              prefill_args=["--test-no-release", "yes", "--lease-timeout", "3s"]) as pool:
+              prefill_args=["--test-no-release", "yes", "--lease-timeout", "3s",
+                            "--xfer-timeout", "1s"],
+              decode_args=["--xfer-timeout", "1s"]) as pool:
         r = pool.complete(PROMPT, max_tokens=4, temperature=0)
         assert r["choices"][0]["finish_reason"] in ("length", "stop"), r
         t0 = time.monotonic()
