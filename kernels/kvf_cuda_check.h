@@ -7,7 +7,7 @@
  * a kernels/ code: cudaErrorMemoryAllocation -> KVF_KERN_ENOMEM, anything
  * else -> KVF_KERN_ECUDA (which common/ maps to KVF_ERR_NO_MEMORY and
  * KVF_ERR_CUDA). A sticky error (illegal address) cannot be cleared: every
- * later call fails the same way, so the worker treats it as fatal.
+ * later call on that context fails the same way.
  */
 #ifndef KVF_CUDA_CHECK_H
 #define KVF_CUDA_CHECK_H

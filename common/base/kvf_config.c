@@ -318,3 +318,22 @@ void kvf_config_warn_unused(void)
         }
     }
 }
+
+kvf_status_t kvf_config_dtype(const char *flag, const char *text, kvf_dtype_t dflt,
+                              unsigned flags, kvf_dtype_t *dtype_p)
+{
+    bool fp8 = (flags & KVF_CONFIG_DTYPE_FP8) != 0;
+    kvf_dtype_t dtype;
+
+    if ((flags & KVF_CONFIG_DTYPE_AUTO) && (strcmp(text, "auto") == 0)) {
+        *dtype_p = dflt;
+        return KVF_OK;
+    }
+    if ((kvf_dtype_parse(text, &dtype) != 0) || (!fp8 && (dtype == KVF_DTYPE_FP8))) {
+        kvf_error("bad value '%s' for --%s (fp32, bf16, fp16%s)", text, flag,
+                  fp8 ? ", fp8" : "");
+        return KVF_ERR_INVALID_PARAM;
+    }
+    *dtype_p = dtype;
+    return KVF_OK;
+}

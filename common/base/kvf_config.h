@@ -12,6 +12,7 @@
 #define KVF_CONFIG_H
 
 #include "kvf_status.h"
+#include "kvf_dtype.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -65,6 +66,24 @@ kvf_status_t kvf_config_parse_value(kvf_config_type_t type, const char *text, vo
 
 /** Print "name = value  # help" for every visible field to @a out. */
 void kvf_config_print(const kvf_config_field_t *table, const void *obj, FILE *out);
+
+enum kvf_config_dtype_flags {
+    KVF_CONFIG_DTYPE_AUTO = KVF_BIT(0),   /* "auto" is accepted and selects @a dflt */
+    KVF_CONFIG_DTYPE_FP8  = KVF_BIT(1),   /* fp8 (e4m3) is accepted */
+};
+
+/**
+ * The one parser of dtype flag values (--kv-dtype, --ssm-dtype, ...):
+ * fp32, bf16, fp16 (with their aliases, kvf_dtype_parse()), fp8 only with
+ * KVF_CONFIG_DTYPE_FP8, "auto" -> @a dflt only with KVF_CONFIG_DTYPE_AUTO.
+ *
+ * @param [in]  flag     Flag name without dashes, for the error ("kv-dtype").
+ * @param [out] dtype_p  Set on success only.
+ * @return KVF_OK; KVF_ERR_INVALID_PARAM, logged as
+ *         "bad value 'x' for --kv-dtype (fp32, bf16, fp16)" (", fp8" when allowed).
+ */
+kvf_status_t kvf_config_dtype(const char *flag, const char *text, kvf_dtype_t dflt,
+                              unsigned flags, kvf_dtype_t *dtype_p);
 
 /**
  * Warn once about every KVF_* environment variable that no table parsed so

@@ -33,6 +33,9 @@
 
 #define KVF_MAX_KV_GROUPS     64
 #define KVF_MAX_KERNEL_SIZES   8
+#define KVF_MAX_SLOTS          KVF_MAX_LAYERS  /* layers per KV cache group = pages per
+                                                 * block; a group never has more layers
+                                                 * than the model */
 #define KVF_MIN_ALIGN_TOKENS  16
 
 typedef enum {
@@ -73,7 +76,7 @@ typedef enum {
 typedef struct kvf_kv_group {
     kvf_group_kind_t kind;
     int              num_layers;           /* <= slots */
-    int              layers[KVF_MAX_LAYERS]; /* model layer index per slot */
+    int              layers[KVF_MAX_SLOTS];  /* model layer index per slot */
 } kvf_kv_group_t;
 
 /**

@@ -14,7 +14,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#define KVF_MAX_LAYERS 512
+#define KVF_MAX_LAYERS   512   /* decoder layers per model */
+#define KVF_MAX_KV_HEADS 512   /* KV heads one rank holds (planner scratch bound) */
 
 typedef enum {
     KVF_LAYER_MAMBA     = 'M',

@@ -1,6 +1,6 @@
 /*
- * TP collectives behind an ops table (NCCL on GPU later; in-process shared
- * buffers and a barrier on CPU, DESIGN.md §5).
+ * TP collectives behind an ops table (DESIGN.md §5). One backend exists: CPU
+ * ranks of one process, over shared buffers and a barrier.
  *
  * A communicator world of `size` ranks is created once per instance; each
  * rank thread then uses its own kvf_comm_t handle. Every collective must be
@@ -24,7 +24,7 @@ typedef struct kvf_comm_world *kvf_comm_world_h;
 
 typedef struct kvf_comm_ops {
     unsigned    abi_version;   /* KVF_COMM_ABI */
-    const char *name;          /* "cpu", "nccl"; logs only */
+    const char *name;          /* "cpu"; logs only */
 
     /* In-place sum of n floats over the `span` consecutive ranks
      * [rank / span * span, +span). span must divide the world size.

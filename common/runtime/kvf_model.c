@@ -9,7 +9,7 @@
  * has its own pages. Prefill and decode are the same code path: a decode
  * step is a chunk of one token with start > 0. This keeps "prefill N then
  * decode" and "prefill N+1 in one chunk" on the same kernels, so the two
- * agree to fp32 rounding (tests/model/test_model_consistency.c).
+ * agree to fp32 rounding (tests/common/runtime/test_model_consistency.c).
  *
  * Weights are loaded per rank as contiguous shards (rows of column-parallel
  * matrices, columns of row-parallel ones), so the forward never strides

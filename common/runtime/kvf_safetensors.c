@@ -216,11 +216,6 @@ int kvf_st_count(kvf_st_file_h file)
     return file->count;
 }
 
-const kvf_st_tensor_info_t *kvf_st_at(kvf_st_file_h file, int index)
-{
-    return ((index >= 0) && (index < file->count)) ? &file->tensors[index] : NULL;
-}
-
 const kvf_st_tensor_info_t *kvf_st_find(kvf_st_file_h file, const char *name)
 {
     for (int i = 0; i < file->count; ++i) {

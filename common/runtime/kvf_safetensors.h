@@ -45,9 +45,6 @@ void kvf_st_close(kvf_st_file_h file);
 /** Number of tensors in the file. */
 int kvf_st_count(kvf_st_file_h file);
 
-/** Header entry @a index in [0, count), in file order. */
-const kvf_st_tensor_info_t *kvf_st_at(kvf_st_file_h file, int index);
-
 /** Header entry named @a name, or NULL. */
 const kvf_st_tensor_info_t *kvf_st_find(kvf_st_file_h file, const char *name);
 

@@ -159,19 +159,6 @@ static const kvf_config_field_t kvf_bench_table[] = {
     {NULL, NULL, NULL, 0, 0, 0},
 };
 
-static int kvf_opt_dtype(const char *flag, const char *text, kvf_dtype_t dflt, kvf_dtype_t *out)
-{
-    if (strcmp(text, "auto") == 0) {
-        *out = dflt;
-        return 0;
-    }
-    if ((kvf_dtype_parse(text, out) != 0) || (*out == KVF_DTYPE_FP8)) {
-        kvf_error("bad value '%s' for --%s (fp32, bf16, fp16)", text, flag);
-        return -1;
-    }
-    return 0;
-}
-
 static int kvf_open_engine(const kvf_gen_opts_t *o, kvf_engine_h *engine_p)
 {
     kvf_engine_params_t ep = {0};
@@ -185,9 +172,12 @@ static int kvf_open_engine(const kvf_gen_opts_t *o, kvf_engine_h *engine_p)
         return 1;
     }
     kvf_cache_params_default(&cfg, &ep.cache);
-    if ((kvf_opt_dtype("kv-dtype", o->kv_dtype, KVF_DTYPE_BF16, &ep.cache.kv_dtype) != 0) ||
-        (kvf_opt_dtype("ssm-dtype", o->ssm_dtype, cfg.ssm_cache_dtype, &ep.cache.ssm_dtype) != 0) ||
-        (kvf_opt_dtype("conv-dtype", o->conv_dtype, ep.cache.conv_dtype, &ep.cache.conv_dtype) != 0)) {
+    if ((kvf_config_dtype("kv-dtype", o->kv_dtype, KVF_DTYPE_BF16, KVF_CONFIG_DTYPE_AUTO,
+                          &ep.cache.kv_dtype) != KVF_OK) ||
+        (kvf_config_dtype("ssm-dtype", o->ssm_dtype, cfg.ssm_cache_dtype, KVF_CONFIG_DTYPE_AUTO,
+                          &ep.cache.ssm_dtype) != KVF_OK) ||
+        (kvf_config_dtype("conv-dtype", o->conv_dtype, ep.cache.conv_dtype,
+                          KVF_CONFIG_DTYPE_AUTO, &ep.cache.conv_dtype) != KVF_OK)) {
         return 2;
     }
     ep.cache.block_size = o->block_size;

@@ -94,19 +94,6 @@ static const kvf_config_field_t kvf_plan_table[] = {
     {NULL, NULL, NULL, 0, 0, 0},
 };
 
-static int kvf_plan_dtype(const char *flag, const char *text, kvf_dtype_t dflt, kvf_dtype_t *out)
-{
-    if (strcmp(text, "auto") == 0) {
-        *out = dflt;
-        return 0;
-    }
-    if (kvf_dtype_parse(text, out) != 0) {
-        kvf_error("bad value '%s' for --%s (fp32, bf16, fp16, fp8)", text, flag);
-        return -1;
-    }
-    return 0;
-}
-
 static int kvf_plan_params(const kvf_plan_opts_t *o, const kvf_model_config_t *cfg,
                            kvf_cache_params_t *p)
 {
@@ -126,9 +113,12 @@ static int kvf_plan_params(const kvf_plan_opts_t *o, const kvf_model_config_t *c
     }
     p->user_block_size = o->block_size;
     p->block_size = o->exact_block_size;
-    if ((kvf_plan_dtype("kv-dtype", o->kv_dtype, KVF_DTYPE_BF16, &p->kv_dtype) != 0) ||
-        (kvf_plan_dtype("ssm-dtype", o->ssm_dtype, p->ssm_dtype, &p->ssm_dtype) != 0) ||
-        (kvf_plan_dtype("conv-dtype", o->conv_dtype, p->conv_dtype, &p->conv_dtype) != 0)) {
+    const unsigned f = KVF_CONFIG_DTYPE_AUTO | KVF_CONFIG_DTYPE_FP8;
+
+    if ((kvf_config_dtype("kv-dtype", o->kv_dtype, KVF_DTYPE_BF16, f, &p->kv_dtype) != KVF_OK) ||
+        (kvf_config_dtype("ssm-dtype", o->ssm_dtype, p->ssm_dtype, f, &p->ssm_dtype) != KVF_OK) ||
+        (kvf_config_dtype("conv-dtype", o->conv_dtype, p->conv_dtype, f,
+                          &p->conv_dtype) != KVF_OK)) {
         return -1;
     }
     if (strcmp(o->align, "tp-stable") == 0) {

@@ -143,16 +143,6 @@ void kvf_proxy_metrics_add(kvf_proxy_metrics_h metrics, kvf_proxy_counter_t ctr,
     pthread_mutex_unlock(&metrics->lock);
 }
 
-uint64_t kvf_proxy_metrics_get(kvf_proxy_metrics_h metrics, kvf_proxy_counter_t ctr)
-{
-    uint64_t v;
-
-    pthread_mutex_lock(&metrics->lock);
-    v = metrics->counters[ctr];
-    pthread_mutex_unlock(&metrics->lock);
-    return v;
-}
-
 static void kvf_proxy_hist_add(kvf_proxy_metrics_h metrics, const kvf_proxy_hist_desc_t *d,
                                kvf_proxy_hist_data_t *h, double seconds, uint64_t count);
 

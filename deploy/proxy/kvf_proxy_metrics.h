@@ -90,9 +90,6 @@ void kvf_proxy_metrics_observe(kvf_proxy_metrics_h metrics, kvf_proxy_hist_t his
 /** Adjust the in-flight request gauge by @a delta (+1 / -1). */
 void kvf_proxy_metrics_in_flight(kvf_proxy_metrics_h metrics, int delta);
 
-/** Read counter @a ctr (tests). */
-uint64_t kvf_proxy_metrics_get(kvf_proxy_metrics_h metrics, kvf_proxy_counter_t ctr);
-
 /**
  * Write every proxy metric in Prometheus text format to @a out: HELP and
  * TYPE lines, counters with a _total suffix, histograms as _bucket{le=..},

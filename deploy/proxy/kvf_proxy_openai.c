@@ -443,28 +443,6 @@ static cJSON *kvf_proxy_object(const kvf_proxy_openai_ctx_t *ctx, const kvf_prox
     return root;
 }
 
-char *kvf_proxy_openai_completion_json(const kvf_proxy_openai_ctx_t *ctx,
-                                       const kvf_proxy_completion_req_t *req,
-                                       const kvf_proxy_completion_t *c, const char *text)
-{
-    cJSON *choice;
-    cJSON *root = kvf_proxy_object(ctx, c, &choice);
-
-    if (root == NULL) {
-        return NULL;
-    }
-    cJSON_AddStringToObject(choice, "text", text);
-    cJSON_AddNumberToObject(choice, "index", 0);
-    cJSON_AddNullToObject(choice, "logprobs");
-    cJSON_AddStringToObject(choice, "finish_reason",
-                            (c->finish_reason[0] != '\0') ? c->finish_reason : "length");
-    if (req->return_token_ids) {
-        kvf_proxy_add_ids(choice, "token_ids", c->tokens, c->num_tokens);
-    }
-    kvf_proxy_add_summary(root, req, c);
-    return kvf_proxy_print(root);
-}
-
 char *kvf_proxy_openai_chunk_json(const kvf_proxy_openai_ctx_t *ctx,
                                   const kvf_proxy_completion_req_t *req,
                                   const kvf_proxy_completion_t *c, const char *text,
@@ -500,6 +478,14 @@ char *kvf_proxy_openai_chunk_json(const kvf_proxy_openai_ctx_t *ctx,
         }
     }
     return kvf_proxy_print(root);
+}
+
+/* A whole answer is its stream's final chunk carrying every token. */
+char *kvf_proxy_openai_completion_json(const kvf_proxy_openai_ctx_t *ctx,
+                                       const kvf_proxy_completion_req_t *req,
+                                       const kvf_proxy_completion_t *c, const char *text)
+{
+    return kvf_proxy_openai_chunk_json(ctx, req, c, text, c->tokens, c->num_tokens, true);
 }
 
 char *kvf_proxy_openai_models_json(const kvf_proxy_openai_ctx_t *ctx, int64_t created)

@@ -411,12 +411,13 @@ static kvf_status_t kvf_xfer_plan_attn_group(kvf_xfer_planner_t *pl, const kvf_k
     int64_t used = kvf_xfer_ceil_div(n, lg->block_size);
     int kl = lg->kernel_block_size;
     size_t row = (size_t)cfg->head_dim * kvf_dtype_size(lg->kv_dtype);
-    int src[KVF_MAX_LAYERS];   /* source prefill rank per local KV head */
-    int src_head[KVF_MAX_LAYERS];
+    int src[KVF_MAX_KV_HEADS];   /* source prefill rank per local KV head */
+    int src_head[KVF_MAX_KV_HEADS];
     kvf_status_t status;
 
-    if (lg->shard.kv_heads > KVF_MAX_LAYERS) {
-        kvf_error("xfer plan: %d kv heads per rank exceed %d", lg->shard.kv_heads, KVF_MAX_LAYERS);
+    if (lg->shard.kv_heads > KVF_MAX_KV_HEADS) {
+        kvf_error("xfer plan: %d kv heads per rank exceed %d", lg->shard.kv_heads,
+                  KVF_MAX_KV_HEADS);
         return KVF_ERR_UNSUPPORTED;
     }
     for (int h = 0; h < lg->shard.kv_heads; ++h) {
@@ -860,14 +861,4 @@ kvf_status_t kvf_xfer_plan_apply_local(const kvf_xfer_plan_t *plan, void *local_
         memset((char *)local_base + plan->zero[k].off, 0, plan->zero[k].len);
     }
     return KVF_OK;
-}
-
-void kvf_xfer_plan_log(const kvf_xfer_plan_t *plan, const char *what)
-{
-    kvf_log(KVF_LOG_INFO, KVF_SUB_XFER,
-            "%s: %d prefill ranks, %zu descriptors, %" PRIu64 " bytes (attention %" PRIu64
-            ", mamba %" PRIu64 "), %zu zero ranges of %" PRIu64 " bytes",
-            (what != NULL) ? what : "xfer plan", plan->num_ranks, plan->total_descs,
-            plan->total_bytes, plan->attn_bytes, plan->mamba_bytes, plan->num_zero,
-            plan->zero_bytes);
 }

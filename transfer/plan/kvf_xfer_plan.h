@@ -175,7 +175,4 @@ kvf_status_t kvf_xfer_plan_apply_local(const kvf_xfer_plan_t *plan, void *local_
                                        size_t local_len, const void *const *remote_bases,
                                        const size_t *remote_lens);
 
-/** Log a one-line summary of @a plan at info level (KVF_SUB_XFER) prefixed by @a what. */
-void kvf_xfer_plan_log(const kvf_xfer_plan_t *plan, const char *what);
-
 #endif

@@ -40,9 +40,8 @@ static kvf_status_t kvf_role_engine_create(const kvf_role_config_t *params,
         return status;
     }
     kvf_cache_params_default(&mc, cache_p);
-    if ((kvf_dtype_parse(params->kv_dtype, &cache_p->kv_dtype) != 0) ||
-        (cache_p->kv_dtype == KVF_DTYPE_FP8)) {
-        kvf_error("bad value '%s' for --kv-dtype (fp32, bf16, fp16)", params->kv_dtype);
+    if (kvf_config_dtype("kv-dtype", params->kv_dtype, KVF_DTYPE_BF16, 0,
+                         &cache_p->kv_dtype) != KVF_OK) {
         return KVF_ERR_INVALID_PARAM;
     }
     cache_p->user_block_size = params->block_size;

@@ -286,7 +286,7 @@ static bool kvf_hs_rank_from_proto(const Kvf__RankMetadata *p, kvf_rank_meta_t *
     if ((p->tp_size < 1) || (p->tp_size > KVF_XFER_MAX_TP) || (p->tp_rank >= p->tp_size) ||
         (p->block_size < 1) || (p->block_size > (1u << 24)) || (p->kernel_block_size < 1) ||
         (p->kernel_block_size > p->block_size) || (p->page_size < 1) ||
-        (p->page_size > (1ull << 40)) || (p->slots < 1) || (p->slots > KVF_MAX_LAYERS) ||
+        (p->page_size > (1ull << 40)) || (p->slots < 1) || (p->slots > KVF_MAX_SLOTS) ||
         (p->num_blocks < 1) || (p->num_blocks > (1ull << 40)) ||
         (p->kv_dtype >= KVF_DTYPE_COUNT) || (p->conv_dtype >= KVF_DTYPE_COUNT) ||
         (p->ssm_dtype >= KVF_DTYPE_COUNT) || (p->user_block_size > (1u << 24)) ||

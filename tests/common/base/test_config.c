@@ -77,11 +77,41 @@ static void test_errors(void **state)
     unsetenv("KVF_TEST_CFG_ZERO");
 }
 
+/* The one dtype-flag parser: aliases, "auto" and fp8 only where allowed,
+ * output untouched on error. */
+static void test_dtype_flag(void **state)
+{
+    kvf_dtype_t d = KVF_DTYPE_FP32;
+    (void)state;
+
+    assert_int_equal(kvf_config_dtype("kv-dtype", "bf16", KVF_DTYPE_FP32, 0, &d), KVF_OK);
+    assert_int_equal(d, KVF_DTYPE_BF16);
+    assert_int_equal(kvf_config_dtype("kv-dtype", "half", KVF_DTYPE_FP32, 0, &d), KVF_OK);
+    assert_int_equal(d, KVF_DTYPE_FP16);
+    assert_int_equal(kvf_config_dtype("kv-dtype", "auto", KVF_DTYPE_FP32, 0, &d),
+                     KVF_ERR_INVALID_PARAM);
+    assert_int_equal(d, KVF_DTYPE_FP16);
+    assert_int_equal(kvf_config_dtype("kv-dtype", "auto", KVF_DTYPE_FP32, KVF_CONFIG_DTYPE_AUTO,
+                                      &d), KVF_OK);
+    assert_int_equal(d, KVF_DTYPE_FP32);
+    assert_int_equal(kvf_config_dtype("kv-dtype", "fp8", KVF_DTYPE_FP32, KVF_CONFIG_DTYPE_AUTO,
+                                      &d), KVF_ERR_INVALID_PARAM);
+    assert_int_equal(d, KVF_DTYPE_FP32);
+    assert_int_equal(kvf_config_dtype("kv-dtype", "fp8", KVF_DTYPE_FP32, KVF_CONFIG_DTYPE_FP8,
+                                      &d), KVF_OK);
+    assert_int_equal(d, KVF_DTYPE_FP8);
+    assert_int_equal(kvf_config_dtype("ssm-dtype", "int4", KVF_DTYPE_FP32,
+                                      KVF_CONFIG_DTYPE_AUTO | KVF_CONFIG_DTYPE_FP8, &d),
+                     KVF_ERR_INVALID_PARAM);
+    assert_int_equal(d, KVF_DTYPE_FP8);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_precedence),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_dtype_flag),
     };
     kvf_log_init("test");
     return cmocka_run_group_tests(tests, NULL, NULL);
