@@ -442,17 +442,14 @@ out:
 
 /* ---- setup shared by both sides ---------------------------------------- */
 
+/* "same" (the prefill side's default) reads like "auto": the other side's dtype */
 static int xt_dtype(const char *flag, const char *text, kvf_dtype_t same, kvf_dtype_t *out)
 {
-    if ((strcmp(text, "auto") == 0) || (strcmp(text, "same") == 0)) {
-        *out = same;
-        return 0;
+    if (strcmp(text, "same") == 0) {
+        text = "auto";
     }
-    if (kvf_dtype_parse(text, out) != 0) {
-        kvf_error("bad value '%s' for --%s (fp32, bf16, fp16)", text, flag);
-        return -1;
-    }
-    return 0;
+    return (kvf_config_dtype(flag, text, same, KVF_CONFIG_DTYPE_AUTO | KVF_CONFIG_DTYPE_FP8,
+                             out) == KVF_OK) ? 0 : -1;
 }
 
 static uint64_t xt_rng_next(uint64_t *s)
