@@ -286,6 +286,19 @@ out:
     pthread_mutex_unlock(&table->lock);
 }
 
+void kvf_lease_table_answer(kvf_lease_table_h table, const char *requester,
+                            const kvf_lease_msg_t *msg, uint64_t now_ms, uint64_t ttl_ms,
+                            kvf_lease_answer_t *answer)
+{
+    if (msg->op == KVF_LEASE_OP_CLAIM) {
+        kvf_lease_table_claim(table, msg->request_id, msg->nonce, requester, now_ms, ttl_ms,
+                              answer);
+    } else {
+        kvf_lease_table_release(table, msg->request_id, msg->nonce, requester,
+                                msg->decode_rank, msg->decode_tp, now_ms, answer);
+    }
+}
+
 bool kvf_lease_table_abort(kvf_lease_table_h table, const char *request_id, uint64_t now_ms)
 {
     kvf_lease_t *l;

@@ -92,6 +92,14 @@ void kvf_lease_table_release(kvf_lease_table_h table, const char *request_id, ui
                              uint64_t now_ms, kvf_lease_answer_t *answer);
 
 /**
+ * Answer one lease operation as it came off the wire (claim or release by
+ * decode engine @a requester); claims extend to @a now_ms + @a ttl_ms.
+ */
+void kvf_lease_table_answer(kvf_lease_table_h table, const char *requester,
+                            const kvf_lease_msg_t *msg, uint64_t now_ms, uint64_t ttl_ms,
+                            kvf_lease_answer_t *answer);
+
+/**
  * How long expired and aborted leases' blocks wait before reuse, counted
  * from when the lease stopped being valid was noticed; default 0. Applies
  * to leases entering quarantine from now on.
