@@ -222,7 +222,7 @@ int kvf_cmd_generate(int argc, char **argv)
 {
     kvf_gen_opts_t o;
     kvf_engine_h eng = NULL;
-    kvf_tokenizer_t tok;
+    kvf_tokenizer_t tok = {0};
     kvf_req_params_t rp = {0};
     kvf_engine_event_t ev[256];
     kvf_engine_stats_t st;
@@ -245,7 +245,7 @@ int kvf_cmd_generate(int argc, char **argv)
         return rc;
     }
     rc = 1;
-    if (kvf_tokenizer_init(kvf_engine_model_config(eng), &tok) != KVF_OK) {
+    if (kvf_tokenizer_load(o.model, kvf_engine_model_config(eng), &tok) != KVF_OK) {
         goto out;
     }
     if (o.prompt_file[0] != '\0') {
@@ -256,13 +256,13 @@ int kvf_cmd_generate(int argc, char **argv)
     } else {
         plen = strlen(o.prompt);
     }
-    ids = malloc((plen + 2) * sizeof(int32_t));
+    ids = malloc((3 * plen + 2) * sizeof(int32_t));
     if (ids == NULL) {
         goto out;
     }
     rp.prompt = ids;
     rp.prompt_len = kvf_tokenizer_encode(&tok, (prompt != NULL) ? prompt : o.prompt, plen,
-                                         o.add_bos, ids, (int)plen + 2);
+                                         o.add_bos, ids, (int)(3 * plen + 2));
     rp.sampling.max_tokens = o.max_tokens;
     rp.sampling.temperature = (float)o.temperature;
     rp.sampling.seed = (uint64_t)(unsigned)o.seed;
@@ -277,12 +277,15 @@ int kvf_cmd_generate(int argc, char **argv)
         }
     }
     (void)kvf_engine_request_info(eng, id, &info);
-    text = malloc((size_t)info.num_tokens + 1);
-    if (text == NULL) {
-        goto out;
+    {
+        size_t tcap = kvf_tokenizer_stream_cap(&tok, info.num_tokens - info.prompt_len) + 16;
+        text = malloc(tcap);
+        if (text == NULL) {
+            goto out;
+        }
+        kvf_tokenizer_decode(&tok, info.tokens + info.prompt_len,
+                             info.num_tokens - info.prompt_len, text, tcap);
     }
-    kvf_tokenizer_decode(&tok, info.tokens + info.prompt_len, info.num_tokens - info.prompt_len,
-                         text, (size_t)info.num_tokens + 1);
     printf("%s%s\n", (prompt != NULL) ? prompt : o.prompt, text);
     printf("tokens:");
     for (int i = info.prompt_len; i < info.num_tokens; ++i) {
@@ -310,6 +313,7 @@ int kvf_cmd_generate(int argc, char **argv)
            "other");
     rc = 0;
 out:
+    kvf_tokenizer_cleanup(&tok);
     free(text);
     free(ids);
     free(prompt);

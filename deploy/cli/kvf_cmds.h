@@ -27,6 +27,9 @@ int kvf_cmd_bench_serve(int argc, char **argv);
 /* deploy/cli/cmd_tune.c */
 int kvf_cmd_tune(int argc, char **argv);
 
+/* deploy/cli/cmd_tokenize.c */
+int kvf_cmd_tokenize(int argc, char **argv);
+
 /* deploy/cli/kvf_xfer_test.c (declared in deploy/cli/kvf_xfer_tools.h too) */
 int kvf_cmd_xfer_test(int argc, char **argv);
 int kvf_cmd_bench(int argc, char **argv);

@@ -11,6 +11,7 @@
 static const kvf_cmd_t kvf_cmds[] = {
     {"plan", kvf_cmd_plan, "per-rank cache geometry and block sizes for P/D layouts"},
     {"mkmodel", kvf_cmd_mkmodel, "write a seeded synthetic NemotronH checkpoint for a config"},
+    {"tokenize", kvf_cmd_tokenize, "encode or decode text with a model's tokenizer.json"},
     {"generate", kvf_cmd_generate, "colocated generation with TP ranks in this process"},
     {"bench-model", kvf_cmd_bench_model, "prefill and decode tokens/s of the engine core"},
     {"xfer-test", kvf_cmd_xfer_test, "pull one request prefill -> decode over UCX and verify every byte"},

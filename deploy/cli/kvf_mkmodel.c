@@ -376,6 +376,92 @@ out:
     return status;
 }
 
+/*
+ * The byte tokenizer, declared in the tokenizers library's own format: a BPE
+ * with no merges over the 256 ByteLevel stand-ins, id = byte value, and the
+ * config's BOS/EOS ids as special added tokens. The library reads it as
+ * it is, so tests compare against it like any other tokenizer.json.
+ */
+static kvf_status_t kvf_mk_byte_tokenizer(const kvf_model_config_t *cfg, const char *out_dir)
+{
+    static const char *const names[2] = {"<|bos|>", "<|eos|>"};
+    const int ids[2] = {cfg->bos_token_id, cfg->eos_token_id};
+    cJSON *root = cJSON_CreateObject(), *added = cJSON_AddArrayToObject(root, "added_tokens");
+    cJSON *pre, *model, *vocab, *dec;
+    char path[4096], *text;
+    uint32_t n = 0, cp[256];
+    kvf_status_t status = KVF_OK;
+    FILE *f;
+
+    cJSON_AddStringToObject(root, "version", "1.0");
+    for (int i = 0; i < 2; ++i) {
+        cJSON *t;
+        bool dup = false;
+        for (int k = 0; k < i; ++k) {
+            dup = dup || (ids[k] == ids[i]);
+        }
+        if ((ids[i] < 256) || (ids[i] >= cfg->vocab_size) || dup) {
+            continue;
+        }
+        t = cJSON_CreateObject();
+        cJSON_AddNumberToObject(t, "id", ids[i]);
+        cJSON_AddStringToObject(t, "content", names[i]);
+        cJSON_AddFalseToObject(t, "single_word");
+        cJSON_AddFalseToObject(t, "lstrip");
+        cJSON_AddFalseToObject(t, "rstrip");
+        cJSON_AddFalseToObject(t, "normalized");
+        cJSON_AddTrueToObject(t, "special");
+        cJSON_AddItemToArray(added, t);
+    }
+    cJSON_AddNullToObject(root, "normalizer");
+    pre = cJSON_AddObjectToObject(root, "pre_tokenizer");
+    cJSON_AddStringToObject(pre, "type", "ByteLevel");
+    cJSON_AddFalseToObject(pre, "add_prefix_space");
+    cJSON_AddFalseToObject(pre, "trim_offsets");
+    cJSON_AddFalseToObject(pre, "use_regex");
+    cJSON_AddNullToObject(root, "post_processor");
+    dec = cJSON_AddObjectToObject(root, "decoder");
+    cJSON_AddStringToObject(dec, "type", "ByteLevel");
+    cJSON_AddFalseToObject(dec, "add_prefix_space");
+    cJSON_AddFalseToObject(dec, "trim_offsets");
+    cJSON_AddFalseToObject(dec, "use_regex");
+    model = cJSON_AddObjectToObject(root, "model");
+    cJSON_AddStringToObject(model, "type", "BPE");
+    cJSON_AddNullToObject(model, "dropout");
+    cJSON_AddNullToObject(model, "unk_token");
+    cJSON_AddFalseToObject(model, "byte_fallback");
+    vocab = cJSON_AddObjectToObject(model, "vocab");
+    for (int b = 0; b < 256; ++b) {      /* GPT-2 bytes_to_unicode */
+        bool printable = ((b >= '!') && (b <= '~')) || ((b >= 0xa1) && (b <= 0xac)) ||
+                         (b >= 0xae);
+        cp[b] = printable ? (uint32_t)b : 256 + n++;
+    }
+    for (int b = 0; b < 256; ++b) {
+        char s[4] = {0};
+        if (cp[b] < 0x80) {
+            s[0] = (char)cp[b];
+        } else {
+            s[0] = (char)(0xc0 | (cp[b] >> 6));
+            s[1] = (char)(0x80 | (cp[b] & 0x3f));
+        }
+        cJSON_AddNumberToObject(vocab, s, b);
+    }
+    cJSON_AddArrayToObject(model, "merges");
+    text = cJSON_Print(root);
+    cJSON_Delete(root);
+    if (text == NULL) {
+        return KVF_ERR_NO_MEMORY;
+    }
+    snprintf(path, sizeof(path), "%s/tokenizer.json", out_dir);
+    f = fopen(path, "w");
+    if ((f == NULL) || (fputs(text, f) < 0) || (fclose(f) != 0)) {
+        kvf_error("cannot write %s: %m", path);
+        status = KVF_ERR_IO;
+    }
+    free(text);
+    return status;
+}
+
 kvf_status_t kvf_mkmodel_write_sharded(const char *config_path, const char *out_dir,
                                        uint64_t seed, kvf_dtype_t dtype, int shards)
 {
@@ -402,6 +488,9 @@ kvf_status_t kvf_mkmodel_write_sharded(const char *config_path, const char *out_
         return KVF_ERR_IO;
     }
     status = kvf_mk_config(config_path, out_dir, dtype);
+    if ((status == KVF_OK) && (cfg.vocab_size >= 256)) {
+        status = kvf_mk_byte_tokenizer(&cfg, out_dir);
+    }
     if (status != KVF_OK) {
         return status;
     }

@@ -12,7 +12,9 @@
 
 /**
  * Write @a out_dir/config.json (a copy of @a config_path with torch_dtype set
- * to match @a dtype) and @a out_dir/model.safetensors. @a out_dir is created
+ * to match @a dtype), @a out_dir/model.safetensors and, when vocab_size >= 256,
+ * @a out_dir/tokenizer.json declaring the byte tokenizer (ids 0..255 are the
+ * bytes; BOS/EOS ids of the config are special tokens). @a out_dir is created
  * when missing. Same (config, seed, dtype) gives the same bytes.
  *
  * Initialisation (chosen so activations stay O(1) through the layers and the

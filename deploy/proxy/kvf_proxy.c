@@ -120,7 +120,7 @@ kvf_status_t kvf_proxy_create(const kvf_proxy_config_t *cfg, kvf_proxy_h *proxy_
 
         status = kvf_model_config_load(cfg->model, &mc);
         if (status == KVF_OK) {
-            status = kvf_tokenizer_init(&mc, &proxy->tok);
+            status = kvf_tokenizer_load(cfg->model, &mc, &proxy->tok);
             proxy->api.max_model_len = mc.max_position_embeddings;
         }
         if (status != KVF_OK) {
@@ -191,6 +191,7 @@ err_pool:
 err_metrics:
     kvf_proxy_metrics_destroy(proxy->metrics);
 err_free:
+    kvf_tokenizer_cleanup(&proxy->tok);
     free(proxy);
     return status;
 }
@@ -213,5 +214,6 @@ void kvf_proxy_destroy(kvf_proxy_h proxy)
     kvf_proxy_http_stop(proxy->http);
     kvf_proxy_pool_destroy(proxy->pool);
     kvf_proxy_metrics_destroy(proxy->metrics);
+    kvf_tokenizer_cleanup(&proxy->tok);
     free(proxy);
 }

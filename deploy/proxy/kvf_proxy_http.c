@@ -151,7 +151,8 @@ static bool kvf_proxy_client_gone(void *arg)
 static char *kvf_proxy_text(const kvf_tokenizer_t *tok, const kvf_proxy_flow_t *flow,
                             kvf_proxy_utf8_t *utf8, int from, int to, bool flush)
 {
-    size_t n = (size_t)(to - from);
+    size_t mx = kvf_tokenizer_max_token_bytes(tok);
+    size_t n = (size_t)(to - from) * mx;
     char *bytes = malloc(n + 1);
     char *text = malloc(KVF_PROXY_UTF8_CAP(n));
     size_t len = 0, w;
@@ -161,12 +162,10 @@ static char *kvf_proxy_text(const kvf_tokenizer_t *tok, const kvf_proxy_flow_t *
         free(text);
         return NULL;
     }
-    /* Byte-level ids are the bytes; special ids (BOS, EOS, >= 256) are not shown. */
+    /* Each token's bytes (special ids are not shown); the UTF-8 state joins characters. */
     for (int i = from; i < to; ++i) {
-        int32_t id = flow->out.tokens[i];
-        if ((id >= 0) && (id < 256) && !kvf_tokenizer_is_special(tok, id)) {
-            bytes[len++] = (char)id;
-        }
+        int k = kvf_tokenizer_token_bytes(tok, flow->out.tokens[i], bytes + len, n - len);
+        len += (k > 0) ? (size_t)k : 0;
     }
     w = kvf_proxy_utf8_feed(utf8, bytes, len, text, KVF_PROXY_UTF8_CAP(n));
     if (flush) {

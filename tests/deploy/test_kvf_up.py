@@ -31,10 +31,14 @@ def pid_alive(pid):
 
 def main():
     a = T.args()
-    model = os.path.join(os.environ.get("KVF_SOURCE_DIR", "."), "tests", "data", "models",
-                         "tiny-hybrid.config.json")
-    with open(model) as f:
+    cfg = os.path.join(os.environ.get("KVF_SOURCE_DIR", "."), "tests", "data", "models",
+                       "tiny-hybrid.config.json")
+    with open(cfg) as f:
         bos = json.load(f)["bos_token_id"]
+    # The proxy needs the model's tokenizer.json: a folder as kvf mkmodel writes it.
+    model = os.path.join(tempfile.mkdtemp(prefix="kvf-up-test."), "tiny-hybrid")
+    subprocess.run([os.path.join(os.environ.get("KVF_BIN", "build/bin"), "kvf"), "mkmodel",
+                    "--config", cfg, "--out", model], check=True, stdout=subprocess.DEVNULL)
     up = os.path.join(a.fakebin, "kvf-up")
 
     pool = Pool(layout="2p1d", model=model, prefill_instances=1, decode_instances=2,

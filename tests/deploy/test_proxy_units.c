@@ -90,7 +90,7 @@ static void test_utf8_long(void **state)
     assert_int_equal(st.num_pending, 0);
 }
 
-static kvf_tokenizer_t test_tok = {260, 256, 257};
+static kvf_tokenizer_t test_tok = {260, 256, 257, NULL};
 
 static kvf_proxy_openai_ctx_t test_ctx(void)
 {

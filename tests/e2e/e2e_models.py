@@ -26,7 +26,8 @@ def model_dir(name, seed=1, shards=1, dtype="fp32"):
         ("-%s" % dtype if dtype != "fp32" else "")
     out = os.path.join(os.path.dirname(bindir), "e2e-models", tag)
     done = "model.safetensors.index.json" if shards > 1 else "model.safetensors"
-    if not os.path.exists(os.path.join(out, done)):
+    if not (os.path.exists(os.path.join(out, done)) and
+            os.path.exists(os.path.join(out, "tokenizer.json"))):
         # write aside and rename: tests running in parallel may race for it
         os.makedirs(os.path.dirname(out), exist_ok=True)
         tmp = tempfile.mkdtemp(prefix=os.path.basename(out) + ".", dir=os.path.dirname(out))
