@@ -92,7 +92,10 @@ def recall_records(step, steps):
 def save(model, cfg_json, tok, held, out, meta):
     from safetensors.torch import save_file
     os.makedirs(out, exist_ok=True)
-    sd = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
+    # Hugging Face NemotronH checkpoints name the trunk "backbone." (newer transformers call
+    # it "model." in memory and accept both when loading)
+    sd = {("backbone." + k[len("model."):] if k.startswith("model.") else k):
+          v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
     save_file(sd, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(cfg_json, f, indent=2)

@@ -27,6 +27,9 @@ int kvf_cmd_bench_serve(int argc, char **argv);
 /* deploy/cli/cmd_tune.c */
 int kvf_cmd_tune(int argc, char **argv);
 
+/* deploy/cli/cmd_matrix.c: runs kvf-matrix beside this binary */
+int kvf_cmd_matrix(int argc, char **argv);
+
 /* deploy/cli/cmd_tokenize.c */
 int kvf_cmd_tokenize(int argc, char **argv);
 

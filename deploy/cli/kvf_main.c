@@ -11,6 +11,7 @@
 static const kvf_cmd_t kvf_cmds[] = {
     {"plan", kvf_cmd_plan, "per-rank cache geometry and block sizes for P/D layouts"},
     {"mkmodel", kvf_cmd_mkmodel, "write a seeded synthetic NemotronH checkpoint for a config"},
+    {"matrix", kvf_cmd_matrix, "transfer check and accuracy per layout, block sizes and KV dtypes"},
     {"tokenize", kvf_cmd_tokenize, "encode or decode text with a model's tokenizer.json"},
     {"generate", kvf_cmd_generate, "colocated generation with TP ranks in this process"},
     {"bench-model", kvf_cmd_bench_model, "prefill and decode tokens/s of the engine core"},
