@@ -1376,6 +1376,9 @@ size_t kvf_tokenizer_stream_feed(const kvf_tokenizer_t *tok, kvf_tokenizer_strea
     for (int i = 0; i < n; ++i) {
         int fb = kvf_fallback_byte(tok, ids[i]), k;
 
+        if ((ids[i] < 0) || (ids[i] >= tok->vocab_size) || kvf_tokenizer_is_special(tok, ids[i])) {
+            continue;      /* dropped before decoding, so a byte-fallback run goes on */
+        }
         if (fb >= 0) {
             if ((s->nrun == 0) && (s->npend > 0)) {      /* a held partial character */
                 w += kvf_utf8_lossy(s->pend, (size_t)s->npend, false, out + w, &held);
