@@ -27,6 +27,7 @@ or transformers is missing (skipped).
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -104,6 +105,15 @@ def build_model(model_type, kwargs, out_dir, max_shard, seed):
     return model
 
 
+def add_byte_tokenizer(kvf, model_dir):
+    """The prompts here are byte ids (BOS + bytes), so give the saved folder the
+    byte-level tokenizer.json that `kvf mkmodel` writes for the same config."""
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([kvf, "mkmodel", "--config", os.path.join(model_dir, "config.json"),
+                        "--out", tmp], check=True, capture_output=True, timeout=300)
+        shutil.copy(os.path.join(tmp, "tokenizer.json"), os.path.join(model_dir, "tokenizer.json"))
+
+
 def kvf_block_size(kvf, model_dir):
     out = subprocess.run([kvf, "plan", "--model", model_dir, "--layouts", "1p1d", "--json",
                           "--kv-dtype", "fp32", "--ssm-dtype", "fp32", "--conv-dtype", "fp32"],
@@ -177,6 +187,7 @@ def main():
         d = os.path.join(root, name)
         os.makedirs(d, exist_ok=True)
         model = build_model(model_type, kwargs, d, shard, args.seed)
+        add_byte_tokenizer(args.kvf, d)
         files = sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))
         bs = kvf_block_size(args.kvf, d)
         lengths = {"5 tokens": 5, "one block": bs, "several blocks": 3 * bs + 7,
