@@ -7,6 +7,7 @@ import select
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.environ.get("KVF_SOURCE_DIR") or
@@ -91,3 +92,21 @@ def check(cond, what, detail=None):
     if not cond:
         raise AssertionError(what if detail is None else "%s\n%s" % (what, detail))
     print("ok:", what)
+
+
+def run_with_procs(run):
+    """Parse the test's arguments and call run(a, procs, tmp), its child processes
+    logging into a fresh temporary folder; on failure print the tail of every log,
+    and always stop the children."""
+    a = args()
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = Procs(tmp)
+        try:
+            run(a, procs, tmp)
+        except BaseException:
+            for fn in sorted(os.listdir(tmp)):
+                if fn.endswith(".log"):
+                    print("---- %s ----\n%s" % (fn, procs.log(fn[:-4])[-3000:]))
+            raise
+        finally:
+            procs.stop_all()

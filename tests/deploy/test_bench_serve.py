@@ -15,7 +15,6 @@ import csv
 import json
 import os
 import subprocess
-import tempfile
 
 import proxy_testlib as T
 from kvf_e2e import free_port_range, wait_for
@@ -52,18 +51,7 @@ def bench(kvf, url, args, tmp, name, expect_rc=0):
 
 
 def main():
-    a = T.args()
-    with tempfile.TemporaryDirectory() as tmp:
-        procs = T.Procs(tmp)
-        try:
-            run(a, procs, tmp)
-        except BaseException:
-            for fn in sorted(os.listdir(tmp)):
-                if fn.endswith(".log"):
-                    print("---- %s ----\n%s" % (fn, procs.log(fn[:-4])[-3000:]))
-            raise
-        finally:
-            procs.stop_all()
+    T.run_with_procs(lambda a, procs, tmp: run(a, procs, tmp))
 
 
 def run(a, procs, tmp):

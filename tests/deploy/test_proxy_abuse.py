@@ -6,9 +6,7 @@ trailing bytes after the JSON body are refused; and through all of it a
 normal client is still served."""
 
 import json
-import os
 import socket
-import tempfile
 import time
 
 import proxy_testlib as T
@@ -16,17 +14,7 @@ from kvf_e2e import free_port_range, wait_for
 
 
 def main():
-    a = T.args()
-    with tempfile.TemporaryDirectory() as tmp:
-        procs = T.Procs(tmp)
-        try:
-            run(a, procs)
-        except BaseException:
-            for fn in sorted(os.listdir(tmp)):
-                print("---- %s ----\n%s" % (fn, procs.log(fn[:-4])[-3000:]))
-            raise
-        finally:
-            procs.stop_all()
+    T.run_with_procs(lambda a, procs, tmp: run(a, procs))
 
 
 def connect(port, src="127.0.0.1"):

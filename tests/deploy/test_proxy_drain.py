@@ -4,10 +4,8 @@ outlives --drain-timeout ends with an error event and [DONE] (and its
 decode work is aborted), and the proxy exits 0 soon after."""
 
 import json
-import os
 import signal
 import socket
-import tempfile
 import threading
 import time
 
@@ -16,17 +14,7 @@ from kvf_e2e import free_port_range, wait_for
 
 
 def main():
-    a = T.args()
-    with tempfile.TemporaryDirectory() as tmp:
-        procs = T.Procs(tmp)
-        try:
-            run(a, procs)
-        except BaseException:
-            for fn in sorted(os.listdir(tmp)):
-                print("---- %s ----\n%s" % (fn, procs.log(fn[:-4])[-3000:]))
-            raise
-        finally:
-            procs.stop_all()
+    T.run_with_procs(lambda a, procs, tmp: run(a, procs))
 
 
 def run(a, procs):

@@ -9,9 +9,7 @@ bytes (no BOS) and the expected texts follow by hand.
 """
 
 import json
-import os
 import socket
-import tempfile
 import threading
 import time
 
@@ -20,17 +18,7 @@ from kvf_e2e import HttpError, free_port_range, wait_for
 
 
 def main():
-    a = T.args()
-    with tempfile.TemporaryDirectory() as tmp:
-        procs = T.Procs(tmp)
-        try:
-            run(a, procs)
-        except BaseException:
-            for fn in sorted(os.listdir(tmp)):
-                print("---- %s ----\n%s" % (fn, procs.log(fn[:-4])[-3000:]))
-            raise
-        finally:
-            procs.stop_all()
+    T.run_with_procs(lambda a, procs, tmp: run(a, procs))
 
 
 def run(a, procs):
