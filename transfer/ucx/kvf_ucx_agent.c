@@ -20,6 +20,17 @@
  *   (once per process, before ucp_config_read) unless the user did.
  * - Notifications arrive in a worker callback and are copied into a small
  *   ring; they are tiny, so eager protocol is forced on send.
+ * - Every wait loop checks its deadline on every iteration, not only when
+ *   progress found nothing to do: a worker kept busy by other traffic (a
+ *   stream of notifications, another peer's transfers) must not stretch a
+ *   wait past its timeout.
+ * - A close that times out parks the peer instead of freeing it: the
+ *   endpoint's error callback (arg = the peer) and the close request may
+ *   still fire. A parked peer is freed once its close request completed
+ *   (checked by kvf_ucx_agent_progress() and each destroy), or after the
+ *   worker itself is gone (agent destroy). Rejected: freeing at once (a
+ *   use-after-free when the peer later resets) and waiting without bound
+ *   (a stuck peer would wedge the caller).
  */
 #include "kvf_ucx_agent.h"
 #include "kvf_time.h"
@@ -39,6 +50,7 @@
 #define KVF_UCX_NOTIFY_MAX     4096     /* bytes per notification */
 #define KVF_UCX_NOTIFY_RING    256      /* queued notifications */
 #define KVF_UCX_MAX_PEERS      1024
+#define KVF_UCX_ARM_MAX_ROUNDS 1024     /* progress rounds before arm gives up: busy */
 
 typedef struct kvf_ucx_region {
     void    *addr;
@@ -64,6 +76,8 @@ struct kvf_ucx_agent {
     char             transports[640];
     kvf_ucx_peer_h   peers[KVF_UCX_MAX_PEERS];   /* connected, for destroy */
     int              num_peers;
+    kvf_ucx_peer_h   parked[KVF_UCX_MAX_PEERS];  /* close timed out: callbacks may fire */
+    int              num_parked;
 
     /* received notifications, FIFO */
     kvf_ucx_notify_slot_t *ring;
@@ -82,6 +96,7 @@ struct kvf_ucx_peer {
     ucp_ep_h                ep;
     kvf_status_t            status;       /* KVF_OK or first failure */
     bool                    closing;      /* in kvf_ucx_peer_destroy(): errors expected */
+    void                   *close_req;    /* parked: the close request still in flight */
     int                     remote_rank;
     int                     num_regions;
     kvf_ucx_remote_region_t regions[KVF_XFER_MAX_REGIONS];
@@ -273,10 +288,19 @@ void kvf_ucx_agent_destroy(kvf_ucx_agent_h agent)
     while (agent->num_peers > 0) {
         kvf_ucx_peer_destroy(agent->peers[agent->num_peers - 1]);
     }
+    for (int i = 0; i < agent->num_parked; ++i) {
+        /* no callback of a freed request runs; the endpoint's error callback
+         * may until the worker is destroyed, so the peers outlive it */
+        ucp_request_free(agent->parked[i]->close_req);
+        agent->parked[i]->close_req = NULL;
+    }
     for (int i = agent->num_regions - 1; i >= 0; --i) {
         KVF_UCX_CHECK_IGNORE(ucp_mem_unmap(agent->context, agent->regions[i].memh));
     }
     ucp_worker_destroy(agent->worker);
+    for (int i = 0; i < agent->num_parked; ++i) {
+        free(agent->parked[i]);
+    }
     ucp_cleanup(agent->context);
     free(agent->ring);
     free(agent);
@@ -355,9 +379,36 @@ const char *kvf_ucx_agent_transports(kvf_ucx_agent_h agent)
     return agent->transports;
 }
 
+/* Free parked peers whose close request completed: no callback can reach them now. */
+static void kvf_ucx_reap_parked(kvf_ucx_agent_h agent)
+{
+    for (int i = 0; i < agent->num_parked;) {
+        kvf_ucx_peer_h peer = agent->parked[i];
+        if (ucp_request_check_status(peer->close_req) == UCS_INPROGRESS) {
+            ++i;
+            continue;
+        }
+        ucp_request_free(peer->close_req);
+        kvf_log(KVF_LOG_DEBUG, KVF_SUB_XFER, "%s: parked endpoint to rank %d closed",
+                agent->name, peer->remote_rank);
+        free(peer);
+        agent->parked[i] = agent->parked[--agent->num_parked];
+    }
+}
+
 unsigned kvf_ucx_agent_progress(kvf_ucx_agent_h agent)
 {
-    return ucp_worker_progress(agent->worker);
+    unsigned n = ucp_worker_progress(agent->worker);
+
+    if (agent->num_parked > 0) {
+        kvf_ucx_reap_parked(agent);
+    }
+    return n;
+}
+
+int kvf_ucx_agent_num_parked(kvf_ucx_agent_h agent)
+{
+    return agent->num_parked;
 }
 
 kvf_status_t kvf_ucx_agent_event_fd(kvf_ucx_agent_h agent, int *fd_p)
@@ -372,7 +423,10 @@ kvf_status_t kvf_ucx_agent_arm(kvf_ucx_agent_h agent)
     if (agent->ring_count > 0) {
         return KVF_ERR_BUSY;            /* notifications are waiting to be read */
     }
-    while (ucp_worker_progress(agent->worker) != 0) {
+    for (int i = 0; ucp_worker_progress(agent->worker) != 0; ++i) {
+        if (i == KVF_UCX_ARM_MAX_ROUNDS) {
+            return KVF_ERR_BUSY;        /* still busy: the caller must not sleep */
+        }
     }
     s = ucp_worker_arm(agent->worker);
     if (s == UCS_ERR_BUSY) {
@@ -455,6 +509,47 @@ static void kvf_ucx_record_lanes(kvf_ucx_agent_h agent, ucp_ep_h ep)
              agent->tls_env, (lanes[0] != '\0') ? lanes : "unknown");
 }
 
+/*
+ * Close @a peer's endpoint, progressing until done or the agent timeout.
+ * @return true when the peer may be freed now; false when the close timed
+ *         out and the peer was parked (kvf_ucx_reap_parked() frees it).
+ */
+static bool kvf_ucx_ep_close(kvf_ucx_agent_h agent, kvf_ucx_peer_h peer, bool force)
+{
+    ucp_request_param_t cp;
+    uint64_t deadline;
+    void *req;
+
+    memset(&cp, 0, sizeof(cp));
+    cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    cp.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    req = ucp_ep_close_nbx(peer->ep, &cp);
+    if ((req == NULL) || UCS_PTR_IS_ERR(req)) {
+        return true;            /* closed at once (or failed: UCX released it) */
+    }
+    deadline = kvf_ucx_now_ns() + (uint64_t)agent->timeout_ms * 1000000ull;
+    while ((ucp_request_check_status(req) == UCS_INPROGRESS) &&
+           (kvf_ucx_now_ns() < deadline)) {
+        ucp_worker_progress(agent->worker);
+    }
+    if (ucp_request_check_status(req) != UCS_INPROGRESS) {
+        ucp_request_free(req);
+        return true;
+    }
+    if (agent->num_parked == KVF_UCX_MAX_PEERS) {
+        /* cannot track it: leak it rather than free memory a callback may use */
+        kvf_error("%s: closing the endpoint to rank %d timed out after %u ms and %d endpoints "
+                  "are parked already: leaking it", agent->name, peer->remote_rank,
+                  agent->timeout_ms, KVF_UCX_MAX_PEERS);
+        return false;
+    }
+    kvf_warn("%s: closing the endpoint to rank %d timed out after %u ms; parked until its "
+             "callbacks can no longer fire", agent->name, peer->remote_rank, agent->timeout_ms);
+    peer->close_req = req;
+    agent->parked[agent->num_parked++] = peer;
+    return false;
+}
+
 kvf_status_t kvf_ucx_peer_connect(kvf_ucx_agent_h agent, const kvf_rank_meta_t *meta,
                                   kvf_ucx_peer_h *peer_p)
 {
@@ -515,21 +610,9 @@ err_destroy_rkeys:
         ucp_rkey_destroy(peer->regions[i].rkey);
     }
     peer->num_regions = 0;
-    {
-        ucp_request_param_t cp;
-        void *req;
-        memset(&cp, 0, sizeof(cp));
-        cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-        cp.flags = UCP_EP_CLOSE_FLAG_FORCE;
-        req = ucp_ep_close_nbx(peer->ep, &cp);
-        if ((req != NULL) && !UCS_PTR_IS_ERR(req)) {
-            uint64_t deadline = kvf_ucx_now_ns() + (uint64_t)agent->timeout_ms * 1000000ull;
-            while ((ucp_request_check_status(req) == UCS_INPROGRESS) &&
-                   (kvf_ucx_now_ns() < deadline)) {
-                ucp_worker_progress(agent->worker);
-            }
-            ucp_request_free(req);
-        }
+    peer->closing = true;
+    if (!kvf_ucx_ep_close(agent, peer, true)) {
+        return status;          /* parked: freed once its close completes */
     }
 err_free_peer:
     free(peer);
@@ -547,9 +630,6 @@ void kvf_ucx_peer_abort(kvf_ucx_peer_h peer)
 void kvf_ucx_peer_destroy(kvf_ucx_peer_h peer)
 {
     kvf_ucx_agent_h agent;
-    ucp_request_param_t cp;
-    uint64_t deadline;
-    void *req;
 
     if (peer == NULL) {
         return;
@@ -559,29 +639,18 @@ void kvf_ucx_peer_destroy(kvf_ucx_peer_h peer)
     for (int i = 0; i < peer->num_regions; ++i) {
         ucp_rkey_destroy(peer->regions[i].rkey);
     }
-    memset(&cp, 0, sizeof(cp));
-    cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    cp.flags = (peer->status != KVF_OK) ? UCP_EP_CLOSE_FLAG_FORCE : 0;
-    req = ucp_ep_close_nbx(peer->ep, &cp);
-    if ((req != NULL) && !UCS_PTR_IS_ERR(req)) {
-        deadline = kvf_ucx_now_ns() + (uint64_t)agent->timeout_ms * 1000000ull;
-        while ((ucp_request_check_status(req) == UCS_INPROGRESS) &&
-               (kvf_ucx_now_ns() < deadline)) {
-            ucp_worker_progress(agent->worker);
-        }
-        if (ucp_request_check_status(req) == UCS_INPROGRESS) {
-            kvf_warn("%s: closing the endpoint to rank %d timed out", agent->name,
-                     peer->remote_rank);
-        }
-        ucp_request_free(req);
-    }
     for (int i = 0; i < agent->num_peers; ++i) {
         if (agent->peers[i] == peer) {
             agent->peers[i] = agent->peers[--agent->num_peers];
             break;
         }
     }
-    free(peer);
+    if (kvf_ucx_ep_close(agent, peer, peer->status != KVF_OK)) {
+        free(peer);
+    }
+    if (agent->num_parked > 0) {
+        kvf_ucx_reap_parked(agent);
+    }
 }
 
 kvf_status_t kvf_ucx_peer_status(kvf_ucx_peer_h peer)
@@ -698,17 +767,19 @@ kvf_status_t kvf_ucx_batch_wait(kvf_ucx_batch_h batch, uint32_t timeout_ms)
     uint64_t deadline = kvf_ucx_now_ns() + (uint64_t)timeout_ms * 1000000ull;
     kvf_status_t status;
 
+    /* the deadline is checked on every round: a worker kept busy by other
+     * traffic never returns 0 from progress, and must still time out */
     while ((status = kvf_ucx_batch_test(batch)) == KVF_INPROGRESS) {
+        if (kvf_ucx_now_ns() >= deadline) {
+            kvf_error("%s: transfer from rank %d did not complete in %u ms", agent->name,
+                      batch->peer->remote_rank, timeout_ms);
+            if (batch->peer->status == KVF_OK) {
+                batch->peer->status = KVF_ERR_PEER_TIMEOUT;
+            }
+            return KVF_ERR_PEER_TIMEOUT;
+        }
         if (ucp_worker_progress(agent->worker) == 0) {
             sched_yield();
-            if (kvf_ucx_now_ns() >= deadline) {
-                kvf_error("%s: transfer from rank %d did not complete in %u ms", agent->name,
-                          batch->peer->remote_rank, timeout_ms);
-                if (batch->peer->status == KVF_OK) {
-                    batch->peer->status = KVF_ERR_PEER_TIMEOUT;
-                }
-                return KVF_ERR_PEER_TIMEOUT;
-            }
         }
     }
     return status;
@@ -762,9 +833,10 @@ kvf_status_t kvf_ucx_notify_send(kvf_ucx_agent_h agent, kvf_ucx_peer_h peer, con
         return (peer->status != KVF_OK) ? peer->status : kvf_ucx_status(UCS_PTR_STATUS(req));
     }
     deadline = kvf_ucx_now_ns() + (uint64_t)agent->timeout_ms * 1000000ull;
-    while ((done == UCS_INPROGRESS) && (peer->status == KVF_OK)) {
-        if ((ucp_worker_progress(agent->worker) == 0) && (kvf_ucx_now_ns() >= deadline)) {
-            break;
+    while ((done == UCS_INPROGRESS) && (peer->status == KVF_OK) &&
+           (kvf_ucx_now_ns() < deadline)) {   /* every round, busy or not */
+        if (ucp_worker_progress(agent->worker) == 0) {
+            sched_yield();
         }
     }
     ucp_request_free(req);
@@ -788,10 +860,14 @@ kvf_status_t kvf_ucx_notify_recv(kvf_ucx_agent_h agent, void *buf, size_t cap, s
     kvf_ucx_notify_slot_t *slot;
 
     while (agent->ring_count == 0) {
-        if (ucp_worker_progress(agent->worker) == 0) {
-            if (kvf_ucx_now_ns() >= deadline) {
-                return KVF_ERR_PEER_TIMEOUT;
-            }
+        unsigned n = ucp_worker_progress(agent->worker);   /* at least once, even for 0 */
+        if (agent->ring_count > 0) {
+            break;
+        }
+        if (kvf_ucx_now_ns() >= deadline) {   /* every round: busy with other events too */
+            return KVF_ERR_PEER_TIMEOUT;
+        }
+        if (n == 0) {
             sched_yield();   /* idle: let the peer's threads run (few cores) */
         }
     }

@@ -87,8 +87,19 @@ kvf_status_t kvf_ucx_agent_worker_address(kvf_ucx_agent_h agent, uint8_t *buf, s
  */
 const char *kvf_ucx_agent_transports(kvf_ucx_agent_h agent);
 
-/** Drive the worker once; returns the number of UCX events processed. */
+/**
+ * Drive the worker once and free parked peers whose close has completed;
+ * returns the number of UCX events processed. Owning thread only.
+ */
 unsigned kvf_ucx_agent_progress(kvf_ucx_agent_h agent);
+
+/**
+ * Peers whose endpoint close timed out and that are kept (parked) until the
+ * close completes, so their error callback never runs on freed memory.
+ * kvf_ucx_agent_progress() frees those that are done; agent destroy frees
+ * the rest after the worker. Owning thread only.
+ */
+int kvf_ucx_agent_num_parked(kvf_ucx_agent_h agent);
 
 /**
  * The worker's event file descriptor: readable when the worker has work.
@@ -97,11 +108,12 @@ unsigned kvf_ucx_agent_progress(kvf_ucx_agent_h agent);
 kvf_status_t kvf_ucx_agent_event_fd(kvf_ucx_agent_h agent, int *fd_p);
 
 /**
- * Progress until idle, then arm the event fd (ucp_worker_arm) so a poll()
- * on it wakes when work arrives.
+ * Progress until idle (at most 1024 rounds), then arm the event fd
+ * (ucp_worker_arm) so a poll() on it wakes when work arrives.
  * @return KVF_OK when armed (the caller may sleep in poll on the fd);
- *         KVF_ERR_BUSY when events or notifications are pending (progress or
- *         read them, do not sleep); a UCX error mapped to kvf_status_t.
+ *         KVF_ERR_BUSY when events or notifications are pending or the
+ *         worker stayed busy (progress or read them, do not sleep); a UCX
+ *         error mapped to kvf_status_t.
  */
 kvf_status_t kvf_ucx_agent_arm(kvf_ucx_agent_h agent);
 
@@ -116,7 +128,13 @@ uint64_t kvf_ucx_agent_ops_posted(kvf_ucx_agent_h agent);
 kvf_status_t kvf_ucx_peer_connect(kvf_ucx_agent_h agent, const kvf_rank_meta_t *meta,
                                   kvf_ucx_peer_h *peer_p);
 
-/** Close the endpoint (forced when the peer failed; bounded by the agent timeout). NULL ok. */
+/**
+ * Close the endpoint (forced when the peer failed), progressing the worker
+ * for at most the agent timeout, and release @a peer: the handle is invalid
+ * afterwards. When the close does not finish in time the peer is parked
+ * (kvf_ucx_agent_num_parked()), not freed: its callbacks may still fire.
+ * Owning thread only. NULL ok.
+ */
 void kvf_ucx_peer_destroy(kvf_ucx_peer_h peer);
 
 /**
@@ -150,7 +168,9 @@ kvf_status_t kvf_ucx_xfer_post(kvf_ucx_agent_h agent, kvf_ucx_peer_h peer, kvf_u
 kvf_status_t kvf_ucx_batch_test(kvf_ucx_batch_h batch);
 
 /**
- * Progress until the batch completes or @a timeout_ms passes.
+ * Progress until the batch completes or @a timeout_ms (ms; 0: test once)
+ * passes. The deadline is checked on every progress round, however busy the
+ * worker is. Owning thread only.
  * @return KVF_OK; the batch's error; KVF_ERR_PEER_TIMEOUT on timeout (the
  *         peer is then marked failed with that status).
  */
@@ -161,14 +181,19 @@ void kvf_ucx_batch_release(kvf_ucx_batch_h batch);
 
 /**
  * Send a notification (<= 4096 bytes) to the peer and wait, bounded by the
- * agent timeout, until UCX has sent it.
+ * agent timeout (checked on every progress round), until UCX has sent it.
+ * Owning thread only.
+ * @return KVF_OK; KVF_ERR_INVALID_PARAM when @a len is too large; the
+ *         peer's KVF_ERR_PEER_* status; KVF_ERR_PEER_TIMEOUT when not sent in
+ *         time (the peer is then marked failed).
  */
 kvf_status_t kvf_ucx_notify_send(kvf_ucx_agent_h agent, kvf_ucx_peer_h peer, const void *msg,
                                  size_t len);
 
 /**
  * Take the oldest received notification, progressing up to @a timeout_ms
- * (0: just check). @return KVF_OK with *len_p set; KVF_ERR_PEER_TIMEOUT when
+ * (0: progress once and check; the deadline is checked on every round).
+ * Owning thread only. @return KVF_OK with *len_p set; KVF_ERR_PEER_TIMEOUT when
  * none arrived; KVF_ERR_NO_RESOURCE when @a cap is too small (kept queued).
  */
 kvf_status_t kvf_ucx_notify_recv(kvf_ucx_agent_h agent, void *buf, size_t cap, size_t *len_p,
