@@ -9,15 +9,24 @@ the same bytes are then moved by the other contenders, over shared memory
   kvferry      kvf bench: the connector's start_pull/poll, one thread per decode rank
   copy limit   memcpy of the same descriptor lists, one thread per decode rank
   ucx_perftest raw ucp_get of the same bytes per rank pair as one message (ucx-utils)
-  nixl         NIXL (nixl-cu12): reported as skipped when not installed; the
-               prepped-READ runner is not written yet, so when installed it says so
-  mooncake     Mooncake Transfer Engine: likewise
+  nixl         NIXL (nixl-cu12) UCX backend, as vLLM's NixlConnector runs it: one
+               initiator agent per decode rank, prepped descriptor lists, READ
+               (peer_nixl.py; pip install --no-deps nixl-cu12 numpy)
+  mooncake     Mooncake Transfer Engine's batch transfer API (peer_mooncake.py;
+               pip install mooncake-transfer-engine-non-cuda)
+
+A peer that is not installed or cannot run here gets a row with the reason,
+never a figure. Every contender runs once per round, rounds interleave
+(--rounds, default 3) and the table shows medians (each contender's own figure
+is the median of its --iters timed pulls after a warm-up pull). Peer runners
+verify the bytes they moved (CRC-32 of source against destination ranges).
 
 One table: GB/s, ratio to the copy limit, kvferry's ratio to each contender,
-descriptors, plan+post time and completion time; --json prints it as JSON.
+descriptors, plan+post time, completion time and handshake; --json prints it.
 
 usage: peer_bench.py [--model CFG] [--layout 4p2d] [--tokens 8192] [--iters 5]
-                     [--transports shm,tcp] [--json] [--quick]
+                     [--rounds 3] [--transports shm,tcp] [--peers nixl,mooncake]
+                     [--json] [--quick]
 """
 import argparse
 import json
@@ -118,12 +127,61 @@ def run_perftest(transport, msg_bytes, iters):
         server.wait()
 
 
-def peer_status(module):
+def run_peer(script, transport, dfile, iters):
+    """A peer runner (peer_nixl.py, peer_mooncake.py) on the descriptor file: its JSON answer."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), script)
     try:
-        __import__(module)
-    except Exception:
-        return "skipped: not installed"
-    return "installed, but this benchmark has no runner for it yet"
+        r = subprocess.run([sys.executable, path, dfile, "--iters", str(iters), "--transport",
+                            transport], env=env_for(TLS[transport]), capture_output=True,
+                           text=True, timeout=900)
+    except subprocess.TimeoutExpired:
+        return {"error": "%s did not finish within 900 s" % script}
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+    if not lines:
+        return {"error": "%s exited %d without an answer: %s" % (
+            script, r.returncode, (r.stdout + r.stderr).strip()[-300:])}
+    return json.loads(lines[-1])
+
+
+def median(xs):
+    xs = sorted(x for x in xs if x is not None)
+    return xs[len(xs) // 2] if xs else None
+
+
+def one_round(args, transport, dfile):
+    """Every contender once on @transport, interleaved: (descriptor lists, {contender: measures
+    or a reason})."""
+    out = {}
+    k = run_kvf(args, transport, dfile)   # writes dfile: the lists everyone else executes
+    with open(dfile) as f:
+        descs = json.load(f)
+    nbytes = sum(r["bytes"] for r in descs["reads"])
+    ndescs = sum(len(r["descs"]) for r in descs["reads"])
+    if nbytes != k["bytes"] or ndescs != k["descriptors"]:
+        raise RuntimeError("descriptor file disagrees with kvf bench: %d/%d bytes, %d/%d descs"
+                           % (nbytes, k["bytes"], ndescs, k["descriptors"]))
+    out["kvferry"] = {"ms": k["kv_ms"], "post_ms": k["post_ms"],
+                      "handshake_ms": k["handshake_ms"], "ucx": k["transports"]}
+    out["copy limit"] = {"ms": k["copy_ms"]}
+    per_read = max(r["bytes"] for r in descs["reads"])
+    ms, why = run_perftest(transport, per_read, max(args.iters, 3))
+    # the same bytes per rank pair as one message, rank pairs one after another
+    out["ucx_perftest"] = {"ms": ms * len(descs["reads"])} if ms is not None else {"reason": why}
+    for name, script in PEERS:
+        if name not in args.peers:
+            continue
+        r = run_peer(script, transport, dfile, args.iters)
+        if "skipped" in r or "error" in r:
+            out[name] = {"reason": ("skipped: " + r["skipped"]) if "skipped" in r else
+                         ("failed: " + r["error"])}
+        else:
+            out[name] = {"ms": median(r["ms"]), "post_ms": median(r["post_ms"]),
+                         "handshake_ms": r.get("handshake_ms"), "ucx": r.get("note")}
+    return descs, out
+
+
+PEERS = (("nixl", "peer_nixl.py"), ("mooncake", "peer_mooncake.py"))
+ORDER = ("kvferry", "copy limit", "ucx_perftest", "nixl", "mooncake")
 
 
 def main():
@@ -133,75 +191,99 @@ def main():
     ap.add_argument("--layout", default="4p2d")
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="interleaved rounds of every contender; medians are reported")
     ap.add_argument("--transports", default="shm,tcp")
+    ap.add_argument("--peers", default="nixl,mooncake")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--quick", action="store_true", help="small smoke run (test suite)")
     args = ap.parse_args()
     if args.quick:
-        args.layout, args.tokens, args.iters = "2p1d", 1024, 2
+        args.layout, args.tokens, args.iters, args.rounds = "2p1d", 1024, 2, 1
+    for t in args.transports.split(","):
+        if t not in TLS:
+            ap.error("--transports: unknown transport %r (shm, tcp)" % t)
+    args.peers = [p for p in args.peers.split(",") if p]
+    for p in args.peers:
+        if p not in dict(PEERS):
+            ap.error("--peers: unknown peer %r (nixl, mooncake)" % p)
 
-    rows, notes = [], []
+    rows = []
+    nbytes = None
     with tempfile.TemporaryDirectory() as tmp:
         for transport in args.transports.split(","):
             dfile = os.path.join(tmp, "descs-%s.json" % transport)
-            k = run_kvf(args, transport, dfile)
-            with open(dfile) as f:
-                descs = json.load(f)
+            rounds = []
+            for _ in range(args.rounds):
+                descs, out = one_round(args, transport, dfile)
+                rounds.append(out)
             nbytes = sum(r["bytes"] for r in descs["reads"])
             ndescs = sum(len(r["descs"]) for r in descs["reads"])
-            assert nbytes == k["bytes"] and ndescs == k["descriptors"], \
-                "descriptor file disagrees with kvf bench: %d/%d bytes, %d/%d descs" % (
-                    nbytes, k["bytes"], ndescs, k["descriptors"])
+            nreads = len(descs["reads"])
             gbs = lambda ms: nbytes / (ms * 1e6) if ms else None   # noqa: E731
-            copy_gbs = gbs(k["copy_ms"])
-            run = []
-            run.append({"contender": "kvferry", "transport": transport, "gbs": gbs(k["kv_ms"]),
-                        "descriptors": ndescs, "post_ms": k["post_ms"],
-                        "complete_ms": k["kv_ms"], "handshake_ms": k["handshake_ms"],
-                        "ucx": k["transports"]})
-            run.append({"contender": "copy limit", "transport": "memcpy", "gbs": copy_gbs,
-                        "descriptors": ndescs, "post_ms": None, "complete_ms": k["copy_ms"]})
-            # the same bytes per rank pair as one message, rank pairs one after another
-            per_read = max(r["bytes"] for r in descs["reads"])
-            ms, why = run_perftest(transport, per_read, max(args.iters, 3))
-            if ms is None:
-                notes.append("ucx_perftest/%s: %s" % (transport, why))
-            else:
-                total = ms * len(descs["reads"])
-                run.append({"contender": "ucx_perftest", "transport": transport,
-                            "gbs": gbs(total), "descriptors": len(descs["reads"]),
-                            "post_ms": None, "complete_ms": total})
-            for name, module in (("nixl", "nixl"), ("mooncake", "mooncake")):
-                notes.append("%s/%s: %s" % (name, transport, peer_status(module)))
-            kv = run[0]["gbs"]
-            for r in run:
-                r["run"] = transport
-                r["ratio_copy"] = (r["gbs"] / copy_gbs) if (r["gbs"] and copy_gbs) else None
-                r["kvferry_ratio"] = (kv / r["gbs"]) if (kv and r["gbs"]) else None
-            rows += run
+            med = {}
+            for name in ORDER:
+                got = [r[name] for r in rounds if name in r]
+                if not got:
+                    continue
+                timed = [g for g in got if "ms" in g and g["ms"]]
+                if not timed:
+                    med[name] = {"reason": got[0].get("reason", "no figure")}
+                    continue
+                med[name] = {f: median([g.get(f) for g in timed])
+                             for f in ("ms", "post_ms", "handshake_ms")}
+                med[name]["runs"] = [g["ms"] for g in timed]
+                med[name]["ucx"] = timed[0].get("ucx")
+            kv = gbs(med["kvferry"]["ms"])
+            copy_gbs = gbs(med["copy limit"]["ms"]) if "ms" in med["copy limit"] else None
+            for name in ORDER:
+                if name not in med:
+                    continue
+                m = med[name]
+                row = {"run": transport, "contender": name,
+                       "transport": "memcpy" if name == "copy limit" else transport,
+                       "descriptors": nreads if name == "ucx_perftest" else ndescs}
+                if "reason" in m:
+                    row["reason"] = m["reason"]
+                else:
+                    g = gbs(m["ms"])
+                    row.update({"gbs": g, "complete_ms": m["ms"], "post_ms": m["post_ms"],
+                                "handshake_ms": m["handshake_ms"], "ucx": m["ucx"],
+                                "runs_ms": m["runs"],
+                                "ratio_copy": (g / copy_gbs) if copy_gbs else None,
+                                "kvferry_ratio": (kv / g) if kv else None})
+                rows.append(row)
 
     result = {"model": os.path.basename(args.model), "layout": args.layout,
-              "tokens": args.tokens, "bytes": nbytes, "rows": rows, "notes": notes}
+              "tokens": args.tokens, "bytes": nbytes, "rounds": args.rounds,
+              "iters": args.iters, "rows": rows}
     if args.json:
         print(json.dumps(result, indent=1))
     else:
-        print("peer benchmark: %s %s, %d tokens, %d bytes per request" %
-              (result["model"], args.layout, args.tokens, nbytes))
-        print("%-5s %-13s %-9s %8s %9s %10s %6s %9s %11s" % ("run", "contender", "transport", "GB/s",
-              "vs copy", "kvf/this", "descs", "post ms", "complete ms"))
+        print("peer benchmark: %s %s, %d tokens, %d bytes per request; medians of %d "
+              "interleaved rounds x %d iterations" % (result["model"], args.layout, args.tokens,
+                                                      nbytes, args.rounds, args.iters))
+        print("%-4s %-12s %-9s %7s %8s %9s %6s %8s %11s %9s" % (
+            "run", "contender", "transport", "GB/s", "vs copy", "kvf/this", "descs", "post ms",
+            "complete ms", "hshake ms"))
         f = lambda v, fmt: (fmt % v) if v is not None else "-"   # noqa: E731
         for r in rows:
-            print("%-5s %-13s %-9s %8s %9s %10s %6d %9s %11s" % (
+            if "reason" in r:
+                print("%-4s %-12s %-9s %s" % (r["run"], r["contender"], r["transport"],
+                                              r["reason"]))
+                continue
+            print("%-4s %-12s %-9s %7s %8s %9s %6d %8s %11s %9s" % (
                 r["run"], r["contender"], r["transport"], f(r["gbs"], "%.2f"),
                 f(r.get("ratio_copy"), "%.3f"), f(r.get("kvferry_ratio"), "%.3f"),
-                r["descriptors"], f(r["post_ms"], "%.3f"), f(r["complete_ms"], "%.2f")))
+                r["descriptors"], f(r["post_ms"], "%.3f"), f(r["complete_ms"], "%.2f"),
+                f(r["handshake_ms"], "%.2f")))
         for r in rows:
             if r["contender"] == "kvferry":
-                print("kvferry/%s: handshake %.2f ms; %s" % (r["transport"], r["handshake_ms"],
-                                                            r["ucx"]))
-        for n in notes:
-            print(n)
-    ok = all(r["gbs"] and r["gbs"] > 0 for r in rows if r["contender"] == "kvferry")
+                print("kvferry/%s: %s; per-round ms %s" % (
+                    r["run"], r["ucx"], ", ".join("%.1f" % x for x in r["runs_ms"])))
+    ok = all(r.get("gbs") for r in rows if r["contender"] == "kvferry") and \
+        not any(r.get("reason", "").startswith("failed") for r in rows
+                if r["contender"] in dict(PEERS))
     return 0 if ok else 1
 
 
