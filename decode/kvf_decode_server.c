@@ -23,6 +23,11 @@
  *
  * The first token was sampled by prefill and already reported to the
  * client by the proxy, so decode replies carry only the tokens after it.
+ *
+ * Drain (first SIGTERM): new decode requests are refused (KVF_ERR_BUSY,
+ * health says draining); running and waiting ones are served to their end.
+ * Whatever is left at --drain-timeout gets an error reply (a stream's error
+ * event), then the loop returns.
  */
 #include "kvf_decode_server.h"
 
@@ -32,6 +37,7 @@
 #include "kvf_time.h"
 #include "kvf_role.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -97,6 +103,7 @@ struct kvf_decode_server {
     uint64_t                   refusals;
     uint64_t                   peer_errors;
     uint64_t                   reads_prevented;   /* lease not valid: KV not used / not read */
+    uint64_t                   drain_start_ns;    /* 0 until SIGTERM */
 };
 
 static kvf_status_t kvf_dc_setup(kvf_decode_server_h srv)
@@ -244,6 +251,8 @@ static kvf_dc_req_t *kvf_dc_track(kvf_decode_server_h srv)
 
 /* ---- the pull ----------------------------------------------------------- */
 
+static void kvf_dc_publish_health(kvf_decode_server_h srv);
+
 /* One lease operation with the prefill engine named in @a xp (leader thread). */
 static kvf_status_t kvf_dc_lease(kvf_decode_server_h srv, const kvf_xfer_params_msg_t *xp,
                                  const char *request_id, kvf_lease_op_t op, int rank,
@@ -328,7 +337,8 @@ static kvf_status_t kvf_dc_pull(kvf_decode_server_h srv, const kvf_xfer_params_m
                              .tv_nsec = (srv->cfg.test_pull_delay_ms % 1000) * 1000000};
         kvf_info("request %s: test pull delay %" PRId64 " ms", q->request_id,
                  srv->cfg.test_pull_delay_ms);
-        nanosleep(&d, NULL);
+        while ((nanosleep(&d, &d) != 0) && (errno == EINTR)) {   /* SIGTERM: drain test */
+        }
     }
     memset(&pull, 0, sizeof(pull));
     pull.engine_id = xp->engine_id;
@@ -574,6 +584,7 @@ static kvf_dc_outcome_t kvf_dc_decode(kvf_decode_server_h srv, const kvf_serve_p
     q->timing.has_queue_ms = q->timing.has_alloc_ms = 1;
     q->timing.queue_ms = (double)(t_alloc - arrival_ns) / 1e6;
     q->timing.alloc_ms = (double)(kvf_time_now_ns() - t_alloc) / 1e6;
+    kvf_dc_publish_health(srv);   /* the pull blocks this thread: health shows it running */
     status = kvf_dc_pull(srv, xp, blocks, q, err, sizeof(err));
     if (status == KVF_OK) {
         status = kvf_engine_import_commit(srv->engine, id, xp->first_token);
@@ -749,6 +760,8 @@ static void kvf_dc_health_fill(kvf_decode_server_h srv, Kvf__HealthReply *h)
     h->expired_reads_prevented = srv->reads_prevented;
     h->has_incarnation = 1;
     h->incarnation = srv->xops->incarnation(srv->conn);
+    h->has_draining = 1;
+    h->draining = (srv->drain_start_ns != 0);
 }
 
 /* Health probes are answered by the control channel's thread from this. */
@@ -815,12 +828,19 @@ static bool kvf_dc_handle(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
                           Kvf__ServeRequest *req)
 {
     kvf_xfer_params_msg_t xp;
-    char err[256];
+    char err[KVF_CONFIG_STR_MAX + 96];
     uint64_t arrival_ns = kvf_time_now_ns();
     bool kept;
 
     switch (req->body_case) {
     case KVF__SERVE_REQUEST__BODY_DECODE:
+        if (srv->drain_start_ns != 0) {
+            snprintf(err, sizeof(err), "decode instance %s is draining (stopping after"
+                     " SIGTERM): it takes no new requests", srv->cfg.role.engine_id);
+            kvf_serve_server_reply_error(srv->serve, peer, req->decode->request_id,
+                                         KVF_ERR_BUSY, err);
+            return false;
+        }
         if (kvf_dc_validate(req->decode, &xp, err, sizeof(err)) != KVF_OK) {
             kvf_serve_server_reply_error(srv->serve, peer, req->decode->request_id,
                                          KVF_ERR_INVALID_PARAM, err);
@@ -914,9 +934,61 @@ static kvf_status_t kvf_dc_step(kvf_decode_server_h srv)
     return status;
 }
 
+/*
+ * Drain (*stop == KVF_ROLE_STOP_DRAIN): start it on the first call, then
+ * @return true once no request is running or waiting (or the deadline
+ * passed: those left get an error reply).
+ */
+static bool kvf_dc_drained(kvf_decode_server_h srv)
+{
+    uint64_t now = kvf_time_now_ns();
+    uint64_t limit_ns = (uint64_t)srv->cfg.role.drain_timeout_ms * 1000000ull;
+    char msg[KVF_CONFIG_STR_MAX + 128];
+
+    if (srv->drain_start_ns == 0) {
+        srv->drain_start_ns = now;
+        kvf_dc_publish_health(srv);   /* the proxy stops routing here at its next probe */
+        kvf_notice("draining (SIGTERM): no new requests; %d running and %d waiting are served"
+                   " until done, at most --drain-timeout %lld ms", srv->num_reqs,
+                   srv->num_waiting, (long long)srv->cfg.role.drain_timeout_ms);
+    }
+    if ((srv->num_reqs == 0) && (srv->num_waiting == 0)) {
+        kvf_notice("drained in %llu ms: every request finished; exiting",
+                   (unsigned long long)((now - srv->drain_start_ns) / 1000000ull));
+        return true;
+    }
+    if (now - srv->drain_start_ns < limit_ns) {
+        return false;
+    }
+    kvf_warn("--drain-timeout %lld ms reached with %d request(s) running and %d waiting;"
+             " ending them with an error and exiting", (long long)srv->cfg.role.drain_timeout_ms,
+             srv->num_reqs, srv->num_waiting);
+    snprintf(msg, sizeof(msg), "decode instance %s stopped (SIGTERM, --drain-timeout %lld ms)"
+             " before the request finished", srv->cfg.role.engine_id,
+             (long long)srv->cfg.role.drain_timeout_ms);
+    while (srv->num_reqs > 0) {
+        kvf_dc_req_t *q = &srv->reqs[0];
+        kvf_engine_abort(srv->engine, q->engine_req);
+        kvf_engine_release(srv->engine, q->engine_req);
+        kvf_serve_server_reply_error(srv->serve, &q->peer, q->request_id, KVF_ERR_CANCELED, msg);
+        kvf_dc_remove(srv, 0);
+    }
+    while (srv->num_waiting > 0) {
+        kvf_serve_server_reply_error(srv->serve, &srv->waiting[0].peer,
+                                     srv->waiting[0].req->decode->request_id, KVF_ERR_CANCELED,
+                                     msg);
+        kvf_dc_unwait(srv, 0);
+    }
+    return true;
+}
+
 kvf_status_t kvf_decode_server_run(kvf_decode_server_h srv, volatile sig_atomic_t *stop)
 {
-    while (!*stop) {
+    kvf_serve_server_watch_stop(srv->serve, stop);
+    while (*stop < KVF_ROLE_STOP_NOW) {
+        if ((*stop == KVF_ROLE_STOP_DRAIN) && kvf_dc_drained(srv)) {
+            break;
+        }
         bool busy = kvf_engine_has_work(srv->engine);
         kvf_serve_peer_t peer;
         Kvf__ServeRequest *req = NULL;

@@ -18,6 +18,13 @@
  * fully released leases at once, expired and aborted ones after their
  * quarantine (the largest transfer timeout any decode announced, and at
  * least our own), because a GET may still be reading them.
+ *
+ * Drain (first SIGTERM): new prompts are refused (KVF_ERR_BUSY, health says
+ * draining, so the proxy routes elsewhere); prompts already admitted are
+ * prefilled and leased; the loop keeps serving claims, releases and GETs
+ * until no prompt is pending and no lease is held (released or expired),
+ * then returns. Leases handed out or extended while draining end by the
+ * drain deadline (--drain-timeout after the signal), which bounds the drain.
  */
 #include "kvf_prefill_server.h"
 #include "kvf_lease.h"
@@ -73,6 +80,8 @@ struct kvf_prefill_server {
     int                        num_pending;
     int                        cap_pending;
     _Atomic uint64_t           quarantine_ms;      /* written by the side-channel thread */
+    uint64_t                   drain_start_ms;     /* 0 until SIGTERM */
+    _Atomic uint64_t           drain_deadline_ms;  /* 0 until SIGTERM; read by the side channel */
 };
 
 #define KVF_PF_MAX_QUARANTINE_MS 60000   /* a peer cannot pin our blocks longer than this */
@@ -89,6 +98,20 @@ static uint64_t kvf_pf_nonce(void)
     while ((getrandom(&x, sizeof(x), 0) != (ssize_t)sizeof(x)) || (x == 0)) {
     }
     return x;
+}
+
+/* A lease handed out or extended at @a now_ms lasts this long (ms): the
+ * lease time, cut to the drain deadline once draining. */
+static uint64_t kvf_pf_lease_ttl(kvf_prefill_server_h srv, uint64_t now)
+{
+    uint64_t ttl = (uint64_t)srv->cfg.lease_timeout_ms;
+    uint64_t deadline = atomic_load(&srv->drain_deadline_ms);
+
+    if (deadline != 0) {
+        uint64_t left = (deadline > now) ? deadline - now : 0;
+        ttl = (left < ttl) ? left : ttl;
+    }
+    return ttl;
 }
 
 /* Side-channel thread: one lease operation from decode engine @a requester. */
@@ -109,7 +132,7 @@ static void kvf_pf_lease_op(void *arg, const char *requester, const kvf_lease_ms
     }
     if (msg->op == KVF_LEASE_OP_CLAIM) {
         kvf_lease_table_claim(srv->leases, msg->request_id, msg->nonce, requester, now,
-                              (uint64_t)srv->cfg.lease_timeout_ms, answer);
+                              kvf_pf_lease_ttl(srv, now), answer);
     } else if (srv->cfg.test_no_release) {
         memset(answer, 0, sizeof(*answer));
         answer->verdict = KVF_LEASE_VALID;
@@ -232,6 +255,8 @@ static void kvf_pf_health_fill(kvf_prefill_server_h srv, Kvf__HealthReply *h)
     h->has_side_port = h->has_incarnation = 1;
     h->side_port = (uint32_t)srv->side_port;
     h->incarnation = srv->xops->incarnation(srv->conn);
+    h->has_draining = 1;
+    h->draining = (srv->drain_start_ms != 0);
 }
 
 /* Health probes are answered by the control channel's thread from this. */
@@ -267,6 +292,13 @@ static void kvf_pf_prefill(kvf_prefill_server_h srv, const kvf_serve_peer_t *pee
     if (req->n_prompt_tokens == 0) {
         kvf_serve_server_reply_error(srv->serve, peer, rid, KVF_ERR_INVALID_PARAM,
                                      "empty prompt");
+        return;
+    }
+    if (srv->drain_start_ms != 0) {
+        char msg[KVF_CONFIG_STR_MAX + 96];
+        snprintf(msg, sizeof(msg), "prefill instance %s is draining (stopping after SIGTERM):"
+                 " it takes no new prompts", srv->cfg.role.engine_id);
+        kvf_serve_server_reply_error(srv->serve, peer, rid, KVF_ERR_BUSY, msg);
         return;
     }
     memset(&rp, 0, sizeof(rp));
@@ -315,6 +347,7 @@ static void kvf_pf_prefilled(kvf_prefill_server_h srv, kvf_pf_pending_t *p, int3
     Kvf__BlockIdList *plists[KVF_MAX_KV_GROUPS];
     kvf_req_info_t info;
     uint64_t nonce = kvf_pf_nonce();
+    uint64_t ttl = kvf_pf_lease_ttl(srv, kvf_pf_now_ms());
     kvf_status_t status;
 
     status = kvf_engine_request_info(srv->engine, p->engine_req, &info);
@@ -324,7 +357,7 @@ static void kvf_pf_prefilled(kvf_prefill_server_h srv, kvf_pf_pending_t *p, int3
             nblocks += info.blocks->num_blocks[g];
         }
         status = kvf_lease_table_add(srv->leases, p->request_id, nonce, kvf_pf_now_ms(),
-                                     (uint64_t)srv->cfg.lease_timeout_ms, nblocks,
+                                     ttl, nblocks,
                                      (void *)(uintptr_t)(p->engine_req + 1));
     }
     if (status != KVF_OK) {
@@ -348,7 +381,7 @@ static void kvf_pf_prefilled(kvf_prefill_server_h srv, kvf_pf_pending_t *p, int3
     tp.n_groups = (size_t)info.blocks->num_groups;
     tp.groups = plists;
     tp.num_tokens = (uint64_t)info.prompt_len;
-    tp.lease_ms_left = (uint64_t)srv->cfg.lease_timeout_ms;
+    tp.lease_ms_left = ttl;
     tp.first_token = first;
     tp.request_id = p->request_id;
     tp.has_incarnation = 1;
@@ -492,9 +525,53 @@ static void kvf_pf_idle_wait(kvf_prefill_server_h srv)
     (void)kvf_serve_server_wait(srv->serve, 10, NULL, 0);
 }
 
+/*
+ * Drain (*stop == KVF_ROLE_STOP_DRAIN): start it on the first call, then
+ * @return true once nothing handed out is left (or the deadline passed,
+ * when pending prompts are ended with an error).
+ */
+static bool kvf_pf_drained(kvf_prefill_server_h srv)
+{
+    uint64_t now = kvf_pf_now_ms();
+    size_t held = kvf_lease_table_count(srv->leases);
+
+    if (srv->drain_start_ms == 0) {
+        srv->drain_start_ms = now;
+        atomic_store(&srv->drain_deadline_ms, now + (uint64_t)srv->cfg.role.drain_timeout_ms);
+        kvf_pf_publish_health(srv);   /* the proxy stops routing here at its next probe */
+        kvf_notice("draining (SIGTERM): no new prompts; %d prompt(s) in prefill and %zu lease(s)"
+                 " held are served until done, at most --drain-timeout %lld ms",
+                 srv->num_pending, held, (long long)srv->cfg.role.drain_timeout_ms);
+    }
+    if ((srv->num_pending == 0) && (held == 0)) {
+        kvf_notice("drained in %llu ms: every lease handed out was released or expired; exiting",
+                 (unsigned long long)(now - srv->drain_start_ms));
+        return true;
+    }
+    if (now < atomic_load(&srv->drain_deadline_ms)) {
+        return false;
+    }
+    kvf_warn("--drain-timeout %lld ms reached with %d prompt(s) in prefill and %zu lease(s)"
+             " held; exiting", (long long)srv->cfg.role.drain_timeout_ms, srv->num_pending,
+             held);
+    while (srv->num_pending > 0) {
+        kvf_pf_pending_t *p = &srv->pending[0];
+        kvf_engine_release(srv->engine, p->engine_req);
+        kvf_serve_server_reply_error(srv->serve, &p->peer, p->request_id, KVF_ERR_CANCELED,
+                                     "prefill instance stopped (SIGTERM, --drain-timeout)"
+                                     " before the prompt was prefilled");
+        kvf_pf_remove_pending(srv, 0);
+    }
+    return true;
+}
+
 kvf_status_t kvf_prefill_server_run(kvf_prefill_server_h srv, volatile sig_atomic_t *stop)
 {
-    while (!*stop) {
+    kvf_serve_server_watch_stop(srv->serve, stop);
+    while (*stop < KVF_ROLE_STOP_NOW) {
+        if ((*stop == KVF_ROLE_STOP_DRAIN) && kvf_pf_drained(srv)) {
+            break;
+        }
         bool busy = kvf_engine_has_work(srv->engine);
 
         if (!busy) {

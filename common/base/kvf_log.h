@@ -49,6 +49,9 @@ extern unsigned kvf_log_subsys_mask;
 #define kvf_warn(_fmt, ...)  kvf_log(KVF_LOG_WARN,  KVF_SUB_ALL, _fmt, ##__VA_ARGS__)
 #define kvf_info(_fmt, ...)  kvf_log(KVF_LOG_INFO,  KVF_SUB_ALL, _fmt, ##__VA_ARGS__)
 #define kvf_debug(_fmt, ...) kvf_log(KVF_LOG_DEBUG, KVF_SUB_ALL, _fmt, ##__VA_ARGS__)
+/* An info line written whatever the level: a daemon's life-cycle (ready, draining, stopped). */
+#define kvf_notice(_fmt, ...)                                                 \
+    kvf_log_emit(__FILE__, __LINE__, __func__, KVF_LOG_INFO, KVF_SUB_ALL, _fmt, ##__VA_ARGS__)
 
 /**
  * Read KVF_LOG_LEVEL and KVF_LOG_SUBSYS and remember @a role ("prefill",

@@ -231,8 +231,8 @@ kvf_status_t kvf_proxy_flow_start(kvf_proxy_flow_t *flow, const kvf_proxy_flow_c
     if (kvf_proxy_pool_pick(ctx->pool, KVF_PROXY_ROLE_PREFILL, &flow->prefill_idx) != KVF_OK) {
         flow->prefill_idx = -1;   /* nothing was sent to it */
         return kvf_proxy_flow_fail(flow, KVF_ERR_NO_RESOURCE, 503, "server_error",
-                                   "no healthy prefill instance (or none a decode instance"
-                                   " accepts: see /health pairs)");
+                                   "no healthy prefill instance (or every one is draining,"
+                                   " or none a decode instance accepts: see /health)");
     }
     {
         char why[320] = "";
@@ -278,7 +278,8 @@ kvf_status_t kvf_proxy_flow_start(kvf_proxy_flow_t *flow, const kvf_proxy_flow_c
                                                               p), why);
             }
             return kvf_proxy_flow_fail(flow, KVF_ERR_NO_RESOURCE, 503, "server_error",
-                                       "no healthy decode instance");
+                                       "no healthy decode instance (or every one is"
+                                       " draining: see /health)");
         }
     }
     flow->out.prefill_instance = kvf_proxy_pool_url(ctx->pool, KVF_PROXY_ROLE_PREFILL,

@@ -379,6 +379,11 @@ static void kvf_proxy_io_health_reply(struct kvf_proxy_pool *pool, kvf_proxy_ins
     info->releases_refused = h->releases_refused;
     info->expired_reads_prevented = h->expired_reads_prevented;
     info->quarantined_blocks = h->quarantined_blocks;
+    if (h->draining && !info->draining) {
+        kvf_info("%s instance %s (engine %s) is draining: no new requests go to it", want,
+                 inst->url, info->engine_id);
+    }
+    info->draining = h->draining;
     inst->last_ok_ms = kvf_proxy_now_ms();
     if (strcmp(info->reported_role, want) != 0) {
         snprintf(why, sizeof(why), "instance reports role '%s' but is listed as %s",
@@ -617,6 +622,11 @@ static void kvf_proxy_io_monitor(struct kvf_proxy_pool *pool, kvf_proxy_instance
         }
         if (got == 0) {
             return;
+        }
+        if (event == ZMQ_EVENT_DISCONNECTED) {
+            /* replies that arrived before the close (a drained daemon's last
+             * answers) are still queued: deliver them before failing calls */
+            kvf_proxy_io_recv(pool, inst);
         }
         pthread_mutex_lock(&pool->lock);
         if (event == ZMQ_EVENT_CONNECTED) {
@@ -896,13 +906,19 @@ const char *kvf_proxy_pool_url(kvf_proxy_pool_h pool, kvf_proxy_role_t role, int
     return pool->inst[role][idx].url;
 }
 
-/* Prefill @a p has no healthy decode partner that did not refuse it (pool->lock held). */
+/* New requests may go to @a info's instance: healthy and not draining. */
+static bool kvf_proxy_routable(const kvf_proxy_instance_info_t *info)
+{
+    return info->healthy && !info->draining;
+}
+
+/* Prefill @a p has no routable decode partner that did not refuse it (pool->lock held). */
 static bool kvf_proxy_prefill_refused_locked(struct kvf_proxy_pool *pool, int p)
 {
     bool any_healthy = false;
 
     for (int d = 0; d < pool->count[KVF_PROXY_ROLE_DECODE]; ++d) {
-        if (!pool->inst[KVF_PROXY_ROLE_DECODE][d].info.healthy) {
+        if (!kvf_proxy_routable(&pool->inst[KVF_PROXY_ROLE_DECODE][d].info)) {
             continue;
         }
         any_healthy = true;
@@ -921,7 +937,7 @@ kvf_status_t kvf_proxy_pool_pick(kvf_proxy_pool_h pool, kvf_proxy_role_t role, i
     pthread_mutex_lock(&pool->lock);
     for (int k = 0; k < n; ++k) {
         int i = (int)((pool->rr[role] + (unsigned)k) % (unsigned)n);
-        if (pool->inst[role][i].info.healthy &&
+        if (kvf_proxy_routable(&pool->inst[role][i].info) &&
             ((role != KVF_PROXY_ROLE_PREFILL) || (pool->pairs == NULL) ||
              !kvf_proxy_prefill_refused_locked(pool, i))) {
             pool->rr[role] = (unsigned)i + 1;
@@ -949,7 +965,7 @@ kvf_status_t kvf_proxy_pool_pick_decode(kvf_proxy_pool_h pool, int prefill_idx, 
             int i = (int)((pool->rr[role] + (unsigned)k) % (unsigned)n);
             kvf_proxy_pair_state_t st;
 
-            if (!pool->inst[role][i].info.healthy) {
+            if (!kvf_proxy_routable(&pool->inst[role][i].info)) {
                 continue;
             }
             healthy = true;
@@ -1009,8 +1025,8 @@ bool kvf_proxy_pool_ready(kvf_proxy_pool_h pool)
     pthread_mutex_lock(&pool->lock);
     for (int p = 0; (p < pool->count[KVF_PROXY_ROLE_PREFILL]) && !ok; ++p) {
         for (int d = 0; (d < pool->count[KVF_PROXY_ROLE_DECODE]) && !ok; ++d) {
-            ok = pool->inst[KVF_PROXY_ROLE_PREFILL][p].info.healthy &&
-                 pool->inst[KVF_PROXY_ROLE_DECODE][d].info.healthy &&
+            ok = kvf_proxy_routable(&pool->inst[KVF_PROXY_ROLE_PREFILL][p].info) &&
+                 kvf_proxy_routable(&pool->inst[KVF_PROXY_ROLE_DECODE][d].info) &&
                  (kvf_proxy_pair(pool, p, d)->state != KVF_PROXY_PAIR_REFUSED);
         }
     }
@@ -1039,6 +1055,7 @@ cJSON *kvf_proxy_pool_health_json(kvf_proxy_pool_h pool)
             cJSON_AddStringToObject(o, "url", info.url);
             cJSON_AddBoolToObject(o, "healthy", info.healthy);
             cJSON_AddBoolToObject(o, "connected", info.connected);
+            cJSON_AddBoolToObject(o, "draining", info.draining);
             cJSON_AddStringToObject(o, "engine_id", info.engine_id);
             cJSON_AddNumberToObject(o, "tp_size", info.tp_size);
             /* The live gauges are only current while the instance answers:

@@ -54,6 +54,7 @@ typedef struct kvf_proxy_instance_info {
     char     url[KVF_PROXY_URL_MAX];
     bool     connected;
     bool     healthy;
+    bool     draining;               /* it said so (SIGTERM): healthy, but not routed to */
     bool     answered;               /* at least one health reply so far */
     char     engine_id[64];
     char     reported_role[16];
@@ -102,7 +103,9 @@ void kvf_proxy_pool_destroy(kvf_proxy_pool_h pool);
 int kvf_proxy_pool_count(kvf_proxy_pool_h pool, kvf_proxy_role_t role);
 
 /**
- * Pick the next healthy instance of @a role, round robin. A prefill
+ * Pick the next healthy instance of @a role that is not draining (healthy
+ * below means that, here and in kvf_proxy_pool_pick_decode and
+ * kvf_proxy_pool_ready), round robin. A prefill
  * instance every healthy decode instance refused is skipped.
  * @return KVF_OK with *idx_p set; KVF_ERR_NO_RESOURCE when none is healthy.
  */

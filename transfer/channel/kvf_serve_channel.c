@@ -45,6 +45,7 @@ struct kvf_serve_server {
     double           last_step_ms;
     uint64_t         step_start_ns; /* 0: no step in progress */
     atomic_uint_fast64_t answered;
+    const volatile sig_atomic_t *_Atomic stop;   /* non-zero: report draining; may be NULL */
 };
 
 /* Drain the remaining frames of a multipart message we are rejecting. */
@@ -117,6 +118,13 @@ static bool kvf_serve_answer_health(struct kvf_serve_server *srv, const uint8_t 
     pthread_mutex_unlock(&srv->lock);
     if (h == NULL) {
         return false;
+    }
+    {
+        const volatile sig_atomic_t *stop = atomic_load(&srv->stop);
+        if ((stop != NULL) && (*stop != 0)) {
+            h->has_draining = 1;
+            h->draining = 1;
+        }
     }
     h->has_step_ms = h->has_step_running_ms = 1;
     h->step_ms = last;
@@ -280,6 +288,7 @@ kvf_status_t kvf_serve_server_create(const char *endpoint, kvf_serve_server_h *s
     }
     pthread_mutex_init(&srv->lock, NULL);
     atomic_init(&srv->answered, 0);
+    atomic_init(&srv->stop, NULL);
     srv->ctx = zmq_ctx_new();
     if (srv->ctx == NULL) {
         kvf_error("zmq_ctx_new failed: %s", zmq_strerror(zmq_errno()));
@@ -325,6 +334,11 @@ err_free:
     return status;
 }
 
+void kvf_serve_server_watch_stop(kvf_serve_server_h srv, const volatile sig_atomic_t *stop)
+{
+    atomic_store(&srv->stop, stop);
+}
+
 void kvf_serve_server_destroy(kvf_serve_server_h srv)
 {
     if (srv == NULL) {
@@ -334,6 +348,12 @@ void kvf_serve_server_destroy(kvf_serve_server_h srv)
         while ((zmq_send(srv->leader, "", 0, 0) < 0) && (errno == EINTR)) {
         }
         pthread_join(srv->thread, NULL);
+    }
+    {
+        /* the last replies (a drain's final answers) still go out: up to 1 s to
+         * connected peers; messages to departed peers were dropped already */
+        int linger_ms = 1000;
+        (void)zmq_setsockopt(srv->sock, ZMQ_LINGER, &linger_ms, sizeof(linger_ms));
     }
     zmq_close(srv->leader);
     zmq_close(srv->io);

@@ -21,6 +21,7 @@
 #include "kvf_status.h"
 #include "kvf_serve.pb-c.h"
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -57,6 +58,14 @@ void kvf_serve_server_step_begin(kvf_serve_server_h srv);
 
 /** The engine step started by kvf_serve_server_step_begin() ended. */
 void kvf_serve_server_step_end(kvf_serve_server_h srv);
+
+/**
+ * From now on the I/O thread reads *@a stop (a signal handler's flag; NULL:
+ * stop watching) when it answers a health probe, and reports draining while
+ * it is non-zero, even before the leader publishes it (a long pull or step
+ * blocks the leader). @a stop must outlive the server.
+ */
+void kvf_serve_server_watch_stop(kvf_serve_server_h srv, const volatile sig_atomic_t *stop);
 
 /** Health requests answered by the I/O thread so far (tests, metrics). */
 uint64_t kvf_serve_server_health_answered(kvf_serve_server_h srv);

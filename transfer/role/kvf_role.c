@@ -22,6 +22,8 @@ kvf_status_t kvf_role_check_flags(const kvf_role_config_t *params)
         kvf_error("--engine-id '%s' must be 1..63 bytes", params->engine_id);
     } else if (params->xfer_timeout_ms <= 0) {
         kvf_error("--xfer-timeout must be positive");
+    } else if (params->drain_timeout_ms < 0) {
+        kvf_error("--drain-timeout must not be negative");
     } else {
         return KVF_OK;
     }
@@ -190,10 +192,13 @@ void kvf_role_reply_health(kvf_serve_server_h serve, const kvf_serve_peer_t *pee
 
 static volatile sig_atomic_t kvf_role_stop;
 
+/* first signal: drain; second: stop now */
 static void kvf_role_on_signal(int sig)
 {
     (void)sig;
-    kvf_role_stop = 1;
+    if (kvf_role_stop < KVF_ROLE_STOP_NOW) {
+        kvf_role_stop = kvf_role_stop + 1;
+    }
 }
 
 int kvf_role_main(const kvf_role_daemon_t *d, int argc, char **argv)

@@ -27,6 +27,7 @@ typedef struct kvf_role_config {
     int     block_size;                      /* user block size (alignment unit) */
     int     max_batch_tokens;                /* per engine step */
     int64_t xfer_timeout_ms;                 /* bound on every transfer wait */
+    int64_t drain_timeout_ms;                /* after SIGTERM: longest drain before exit */
 } kvf_role_config_t;
 
 #define KVF_ROLE_MAX_TP 64
@@ -40,6 +41,8 @@ typedef struct kvf_role_config {
  * NOTE: change these together with kvf_proxy_config_table and the README.
  */
 #define KVF_ROLE_XFER_TIMEOUT_DEFAULT "10s"
+/* Drain on SIGTERM: as long as a lease (3T), so every lease handed out can be used. */
+#define KVF_ROLE_DRAIN_TIMEOUT_DEFAULT "30s"
 
 /*
  * Config-table rows for the shared flags of a config struct @a _type that
@@ -65,7 +68,10 @@ typedef struct kvf_role_config {
      offsetof(_type, role.max_batch_tokens), KVF_CONFIG_TYPE_INT, 0},                         \
     {"XFER_TIMEOUT", KVF_ROLE_XFER_TIMEOUT_DEFAULT,                                           \
      "bound on every transfer wait (handshake, pull, release); the unit of the timeout model", \
-     offsetof(_type, role.xfer_timeout_ms), KVF_CONFIG_TYPE_TIME, 0}
+     offsetof(_type, role.xfer_timeout_ms), KVF_CONFIG_TYPE_TIME, 0},                         \
+    {"DRAIN_TIMEOUT", KVF_ROLE_DRAIN_TIMEOUT_DEFAULT,                                         \
+     "after SIGTERM: longest wait for leases and requests in flight before exiting (a second " \
+     "SIGTERM exits at once)", offsetof(_type, role.drain_timeout_ms), KVF_CONFIG_TYPE_TIME, 0}
 
 /**
  * Check the shared flags; logs one line naming the first bad flag and its
@@ -106,6 +112,10 @@ void kvf_role_health_fill(kvf_engine_h engine, const char *role,
 void kvf_role_reply_health(kvf_serve_server_h serve, const kvf_serve_peer_t *peer,
                            Kvf__HealthReply *health);
 
+/** Values of the run loop's *stop (kvf_role_daemon_t.run). */
+#define KVF_ROLE_STOP_DRAIN 1   /* drain: refuse new work, finish what was handed out */
+#define KVF_ROLE_STOP_NOW   2   /* stop at once */
+
 /** A role daemon as the process main sees it. */
 typedef struct kvf_role_daemon {
     const char               *name;     /* "kvf-prefill"; for --help and logs */
@@ -114,13 +124,16 @@ typedef struct kvf_role_daemon {
     void                     *config;   /* struct the table fills; its first member is the
                                          * kvf_role_config_t (engine id for the log prefix) */
     kvf_status_t (*create)(const void *config, void **server_p);
+    /* serve until *stop: 1 = drain (first SIGTERM/SIGINT), then return
+     * KVF_OK once drained or after --drain-timeout; 2 or more = return now */
     kvf_status_t (*run)(void *server, volatile sig_atomic_t *stop);
     void         (*destroy)(void *server);
 } kvf_role_daemon_t;
 
 /**
  * Parse flags and KVF_* variables into d->config, install SIGTERM/SIGINT
- * handlers that ask the loop to stop, create, run, destroy.
+ * handlers (the first asks the loop to drain, a second to stop at once),
+ * create, run, destroy.
  * @return the process exit code: 0 after a requested stop or --help, 1 on a
  *         setup or fatal error, 2 on bad flags.
  */
