@@ -251,8 +251,6 @@ static kvf_dc_req_t *kvf_dc_track(kvf_decode_server_h srv)
 
 /* ---- the pull ----------------------------------------------------------- */
 
-static void kvf_dc_publish_health(kvf_decode_server_h srv);
-
 /* One lease operation with the prefill engine named in @a xp (leader thread). */
 static kvf_status_t kvf_dc_lease(kvf_decode_server_h srv, const kvf_xfer_params_msg_t *xp,
                                  const char *request_id, kvf_lease_op_t op, int rank,
@@ -584,7 +582,6 @@ static kvf_dc_outcome_t kvf_dc_decode(kvf_decode_server_h srv, const kvf_serve_p
     q->timing.has_queue_ms = q->timing.has_alloc_ms = 1;
     q->timing.queue_ms = (double)(t_alloc - arrival_ns) / 1e6;
     q->timing.alloc_ms = (double)(kvf_time_now_ns() - t_alloc) / 1e6;
-    kvf_dc_publish_health(srv);   /* the pull blocks this thread: health shows it running */
     status = kvf_dc_pull(srv, xp, blocks, q, err, sizeof(err));
     if (status == KVF_OK) {
         status = kvf_engine_import_commit(srv->engine, id, xp->first_token);

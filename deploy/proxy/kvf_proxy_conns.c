@@ -38,6 +38,7 @@ struct kvf_proxy_conn_slot {
     kvf_proxy_phase_t      phase;
     bool                   served;        /* answered at least one request */
     bool                   fired;         /* the watchdog shut it */
+    bool                   claimed;       /* its connection thread named it (request line) */
     int64_t                deadline_ms;   /* 0: none */
 };
 
@@ -240,6 +241,29 @@ void kvf_proxy_conns_close(kvf_proxy_conns_h c, kvf_proxy_conn_slot_t *s)
     c->admitted -= (s->admit == KVF_PROXY_ADMIT_OK);
     pthread_mutex_unlock(&c->lock);
     free(s);
+}
+
+int kvf_proxy_conns_claim(kvf_proxy_conns_h c, kvf_proxy_conn_slot_t *s)
+{
+    pthread_mutex_lock(&c->lock);
+    s->claimed = true;
+    pthread_mutex_unlock(&c->lock);
+    return s->fd;
+}
+
+int kvf_proxy_conns_sole_unclaimed_fd(kvf_proxy_conns_h c)
+{
+    int fd = -1, n = 0;
+
+    pthread_mutex_lock(&c->lock);
+    for (kvf_proxy_conn_slot_t *o = c->head; (o != NULL) && (n < 2); o = o->next) {
+        if (!o->claimed) {
+            fd = o->fd;
+            n++;
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
+    return (n == 1) ? fd : -1;
 }
 
 kvf_proxy_admit_t kvf_proxy_conns_admission(const kvf_proxy_conn_slot_t *s)

@@ -75,6 +75,21 @@ kvf_proxy_admit_t kvf_proxy_conns_admission(const kvf_proxy_conn_slot_t *slot);
 void kvf_proxy_conns_phase(kvf_proxy_conns_h conns, kvf_proxy_conn_slot_t *slot,
                            kvf_proxy_phase_t phase);
 
+/**
+ * The thread serving @a slot's connection names it (it has just parsed a
+ * request line on it): from now on the slot is claimed.
+ * @return the slot's socket.
+ */
+int kvf_proxy_conns_claim(kvf_proxy_conns_h conns, kvf_proxy_conn_slot_t *slot);
+
+/**
+ * The socket of the one connection no thread has claimed yet, or -1 when
+ * there are none or several. A connection thread that has not parsed a
+ * request line yet (and is registered) finds its own socket this way when
+ * it is the only such connection.
+ */
+int kvf_proxy_conns_sole_unclaimed_fd(kvf_proxy_conns_h conns);
+
 /** Connections closed by the watchdog so far. */
 uint64_t kvf_proxy_conns_timeouts(kvf_proxy_conns_h conns);
 

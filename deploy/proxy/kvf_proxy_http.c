@@ -14,6 +14,21 @@
  * it when a write fails, and MHD then calls the reader's free callback
  * before the end of the stream. Either way the flow aborts the request on
  * both instances (kvf_proxy_flow_finish()).
+ *
+ * The library's own error pages: requests it refuses before our handler
+ * runs (headers over its per-connection memory, a malformed header line,
+ * a bad Content-Length or chunk, an unsupported HTTP version) would get its
+ * built-in HTML. It logs each one ("Error processing request (HTTP response
+ * code is N ...") on the connection's own thread just before it queues the
+ * page, so the logger writes the JSON answer on that socket first and shuts
+ * its write side: the page then fails to go out and the library closes the
+ * connection. The thread knows its socket from the URI callback (each
+ * thread serves one connection); before any request line was parsed it is
+ * the one connection not yet named, when there is exactly one (else the
+ * library's page goes out, a rare race). A request line that is not HTTP at
+ * all is closed without an answer by the library (no page either).
+ * Rejected: the library has no option to replace these pages, and a
+ * parser of our own in front of it would duplicate its HTTP handling.
  */
 #define _GNU_SOURCE
 #include "kvf_proxy_http.h"
@@ -22,6 +37,7 @@
 #include "kvf_log.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <microhttpd.h>
 #include <netdb.h>
 #include <poll.h>
@@ -29,12 +45,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
 /* The library's own hard limits sit this far above our caps, so connections
  * over a cap can still be answered (JSON 503) rather than dropped. */
 #define KVF_PROXY_CONN_OVERFLOW 32
+
+/* Per-connection memory of the HTTP library: the request line and headers
+ * must fit in it (less its bookkeeping); larger ones get a JSON 431 (or 414). */
+#define KVF_PROXY_HEADER_MEMORY (32u * 1024u)
+
+/* The socket of the connection this thread serves (thread per connection),
+ * once a request line was parsed on it; -1 before. */
+static __thread int kvf_proxy_thread_fd = -1;
 
 struct kvf_proxy_http {
     struct MHD_Daemon             *daemon;
@@ -609,13 +634,132 @@ static void kvf_proxy_notify_conn(void *cls, struct MHD_Connection *conn, void *
     }
 }
 
+/* URI callback (connection thread): remember this thread's socket. */
+static void *kvf_proxy_uri_log(void *cls, const char *uri, struct MHD_Connection *conn)
+{
+    struct kvf_proxy_http *http = cls;
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+
+    (void)uri;
+    if ((ci != NULL) && (ci->socket_context != NULL)) {
+        kvf_proxy_thread_fd = kvf_proxy_conns_claim(http->conns, ci->socket_context);
+    }
+    return NULL;   /* the access handler sets up the request's own state */
+}
+
+/* The readable text of one of the library's pages: its <body>, tags dropped. */
+static void kvf_proxy_page_text(const char *html, size_t len, char *out, size_t cap)
+{
+    const char *b = strstr(html, "<body>");
+    const char *end = html + len;
+    size_t n = 0;
+    bool tag = false;
+
+    html = (b != NULL) ? b + 6 : html;
+    for (; (html < end) && (n + 1 < cap); ++html) {
+        if (strncmp(html, "</body>", 7) == 0) {
+            break;
+        }
+        if (*html == '<') {
+            tag = true;
+        } else if (*html == '>') {
+            tag = false;
+        } else if (!tag) {
+            out[n++] = *html;
+        }
+    }
+    out[n] = '\0';
+}
+
+/* Send all of @a buf on @a fd, waiting up to 1 s for room. */
+static void kvf_proxy_send_all(int fd, const char *buf, size_t len)
+{
+    while (len > 0) {
+        ssize_t n = send(fd, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) {
+            buf += n;
+            len -= (size_t)n;
+            continue;
+        }
+        struct pollfd p = {.fd = fd, .events = POLLOUT};
+        if ((n < 0) && ((errno == EAGAIN) || (errno == EINTR)) && (poll(&p, 1, 1000) > 0)) {
+            continue;
+        }
+        return;
+    }
+}
+
+/*
+ * Logger, connection thread: the library is about to send its own error
+ * page for status @a code (@a page: its HTML). Answer in JSON first.
+ * @return true when the JSON answer went out instead.
+ */
+static bool kvf_proxy_replace_page(struct kvf_proxy_http *http, unsigned code, const char *page,
+                                   size_t page_len)
+{
+    int fd = (kvf_proxy_thread_fd >= 0) ? kvf_proxy_thread_fd :
+             kvf_proxy_conns_sole_unclaimed_fd(http->conns);
+    char text[256], msg[384], head[256];
+    const char *reason = MHD_get_reason_phrase_for(code);
+    char *json;
+    int hl;
+
+    if (fd < 0) {
+        return false;
+    }
+    kvf_proxy_page_text(page, page_len, text, sizeof(text));
+    switch (code) {
+    case 431:
+    case 414:
+        snprintf(msg, sizeof(msg), "%s: the request line and headers must fit in %u KiB",
+                 (code == 414) ? "request line (URL) too long" : "request headers too large",
+                 KVF_PROXY_HEADER_MEMORY / 1024u);
+        break;
+    case 505:
+        snprintf(msg, sizeof(msg), "HTTP version not supported: use HTTP/1.1 or HTTP/1.0");
+        break;
+    default:
+        snprintf(msg, sizeof(msg), "malformed HTTP request: %s",
+                 (text[0] != '\0') ? text : ((reason != NULL) ? reason : "refused"));
+        break;
+    }
+    json = kvf_proxy_openai_error_json(msg, (code >= 500) ? "server_error" :
+                                       "invalid_request_error", NULL, (int)code);
+    if (json == NULL) {
+        return false;
+    }
+    hl = snprintf(head, sizeof(head), "HTTP/1.1 %u %s\r\nContent-Type: application/json\r\n"
+                  "Content-Length: %zu\r\nConnection: close\r\n\r\n", code,
+                  (reason != NULL) ? reason : "Error", strlen(json));
+    kvf_proxy_send_all(fd, head, (size_t)hl);
+    kvf_proxy_send_all(fd, json, strlen(json));
+    free(json);
+    shutdown(fd, SHUT_WR);   /* the library's page fails to go out; it closes */
+    kvf_proxy_metrics_request(http->params.flow->metrics, (int)code);
+    kvf_info("http: refused a request with %u: %s", code, msg);
+    return true;
+}
+
 static void kvf_proxy_mhd_log(void *cls, const char *fmt, va_list ap)
 {
+    static const char prefix[] = "Error processing request (HTTP response code is ";
+    struct kvf_proxy_http *http = cls;
     char line[512];
 
-    (void)cls;
     vsnprintf(line, sizeof(line), fmt, ap);
     line[strcspn(line, "\n")] = '\0';
+    if (strncmp(line, prefix, sizeof(prefix) - 1) == 0) {
+        unsigned code = 0;
+        const char *page = strstr(line, " ('");
+        const char *page_end = strstr(line, "')).");
+
+        if ((sscanf(line + sizeof(prefix) - 1, "%u", &code) == 1) && (page != NULL) &&
+            (page_end != NULL) && (page_end > page) &&
+            kvf_proxy_replace_page(http, code, page + 3, (size_t)(page_end - page - 3))) {
+            return;
+        }
+    }
     /* clients closing early, timeouts and caps are ordinary events for a
      * server; the library's failures to start or run are not */
     if ((strstr(line, "closed by remote") != NULL) || (strstr(line, "timed out") != NULL) ||
@@ -691,6 +835,9 @@ kvf_status_t kvf_proxy_http_start(const kvf_proxy_http_params_t *params,
                                     (unsigned)((params->idle_timeout_ms + 999) / 1000),
                                     MHD_OPTION_NOTIFY_COMPLETED, kvf_proxy_completed, http,
                                     MHD_OPTION_NOTIFY_CONNECTION, kvf_proxy_notify_conn, http,
+                                    MHD_OPTION_URI_LOG_CALLBACK, kvf_proxy_uri_log, http,
+                                    MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+                                    (size_t)KVF_PROXY_HEADER_MEMORY,
                                     MHD_OPTION_END);
     freeaddrinfo(ai);
     if (http->daemon == NULL) {

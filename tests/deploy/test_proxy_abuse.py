@@ -2,8 +2,11 @@
 per client and in total answer a JSON 503 naming the cap instead of
 hanging; idle and slow clients are closed at their header/body deadlines;
 a declared over-size Content-Length gets 413 at once (before any body);
-trailing bytes after the JSON body are refused; and through all of it a
-normal client is still served."""
+trailing bytes after the JSON body are refused; what the HTTP library
+refuses itself (a 64 KB header line, a malformed header, a bad
+Content-Length or chunk, HTTP/9.9, a 64 KB URL) is answered in the same
+JSON error shape, never the library's HTML page, and a malformed request
+line is closed; and through all of it a normal client is still served."""
 
 import json
 import socket
@@ -80,6 +83,86 @@ def error_shape(body, code):
     return (isinstance(body, dict) and set(body) == {"error"} and
             set(body["error"]) == {"message", "type", "param", "code"} and
             body["error"]["code"] == str(code))
+
+
+def raw_exchange(port, data, timeout=5):
+    """Send @data on a new connection; every byte until the proxy closes it."""
+    s = connect(port)
+    out = b""
+    try:
+        try:
+            s.sendall(data)
+        except OSError:
+            pass        # closed while we still sent: what came back is the answer
+        s.settimeout(timeout)
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except socket.timeout:
+                break
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+    finally:
+        s.close()
+    return out
+
+
+def parse_raw(out):
+    head, _, body = out.partition(b"\r\n\r\n")
+    status = int(head.split()[1]) if head.startswith(b"HTTP/1.") else None
+    try:
+        return status, json.loads(body)
+    except ValueError:
+        return status, body
+
+
+def library_refusals(port, px):
+    """What the HTTP library refuses before the handler runs is JSON too, never its HTML."""
+    big = b"a" * 65536
+    cases = [
+        ("a 64 KB header line", b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + big +
+         b"\r\n\r\n", 431, "request headers too large"),
+        ("a header line without a colon", b"GET /health HTTP/1.1\r\nHost: x\r\n"
+         b"no colon here\r\n\r\n", 400, "malformed HTTP request"),
+        ("a Content-Length that is not a number", b"POST /v1/completions HTTP/1.1\r\nHost: x"
+         b"\r\nContent-Length: abc\r\n\r\n", 400, "Content-Length"),
+        ("a malformed chunk", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+         b"Transfer-Encoding: chunked\r\n\r\nzz\r\n", 400, "chunked"),
+        ("HTTP/9.9", b"GET /health HTTP/9.9\r\nHost: x\r\n\r\n", 505, "HTTP version"),
+        ("a 64 KB URL", b"GET /" + big + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414,
+         "request line (URL) too long"),
+    ]
+    for what, data, code, text in cases:
+        # the URL case is answered before a request line names the connection:
+        # the proxy finds it as the one unnamed connection, so wait for calm
+        wait_for(lambda: px.metrics().value("kvf_proxy_connections") == 1, 5, "no other client")
+        out = raw_exchange(port, data)
+        st, b = parse_raw(out)
+        T.check(b"<html" not in out.lower() and st == code and error_shape(b, code) and
+                text in b["error"]["message"], "%s: JSON %d" % (what, code), out[:300])
+
+    # on a keep-alive connection, after a normal answer
+    ok = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    out = raw_exchange(port, ok + b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + big +
+                       b"\r\n\r\n")
+    second = out[out.find(b"HTTP/1.1", 10):]
+    st, b = parse_raw(second)
+    T.check(out.startswith(b"HTTP/1.1 200") and b"<html" not in out.lower() and st == 431 and
+            error_shape(b, 431), "second request on a connection, 64 KB header: JSON 431",
+            out[:300])
+
+    # not HTTP at all: closed without an answer (no page), promptly
+    t0 = time.monotonic()
+    out = raw_exchange(port, b"GARBAGE\r\n\r\n")
+    st, b = parse_raw(out)
+    T.check(b"<html" not in out.lower() and (out == b"" or (st == 400 and error_shape(b, 400)))
+            and time.monotonic() - t0 < 3, "a malformed request line: closed, no HTML page",
+            out[:300])
+    st, b = post(port, json.dumps({"prompt": "hi", "max_tokens": 2, "model": "m"}))
+    T.check(st == 200, "a normal request is still served after them")
 
 
 def run(a, procs):
@@ -194,6 +277,8 @@ def run(a, procs):
                 b["error"]["message"], "trailing bytes refused: %r" % body[-8:], b)
     st, b = post(port, ok_body + "\r\n  \n")
     T.check(st == 200, "trailing white space is fine")
+
+    library_refusals(port, px)
 
     st, h = px.health()
     T.check(st == 200, "/health still 200 after the abuse")

@@ -115,8 +115,16 @@ def prefill_drain_lease_bound(model):
 
 
 def decode_drain(model, ref):
-    with Pool(layout="1p1d", model=model, timeout=60,
-              decode_args=["--test-pull-delay", "2s"]) as pool:
+    # decode logs the start of its (test) pull delay at level info; the
+    # daemons kvf-up starts inherit the variable
+    os.environ["KVF_LOG_LEVEL"] = "info"
+    try:
+        pool = Pool(layout="1p1d", model=model, timeout=60,
+                    decode_args=["--test-pull-delay", "2s"])
+        pool.__enter__()
+    finally:
+        del os.environ["KVF_LOG_LEVEL"]
+    try:
         pid = pool.pids()["decode-0"]
         out = {}
 
@@ -126,7 +134,8 @@ def decode_drain(model, ref):
             out["a"] = pool.stream(body, timeout=60)
         t = threading.Thread(target=run)
         t.start()
-        wait_for(lambda: pool.health()[1]["decode"][0]["running"] == 1, 20,
+        # decode logs the start of its (test) pull delay at level info
+        wait_for(lambda: "test pull delay" in pool.log("decode-0"), 20,
                  "decode to take the request", interval=0.02)
         t_term = time.monotonic()
         os.kill(pid, signal.SIGTERM)
@@ -142,6 +151,8 @@ def decode_drain(model, ref):
         assert "drained in" in pool.log("decode-0"), pool.log("decode-0")[-2000:]
         print("decode drain: stream in flight ended normally (%d tokens, [DONE]); new request:"
               " 503 %r; decode exited %.2f s after SIGTERM" % (len(s.token_ids), msg, took))
+    finally:
+        pool.__exit__(None, None, None)
 
 
 def exit_codes(model):
