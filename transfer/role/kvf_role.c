@@ -88,6 +88,7 @@ static kvf_status_t kvf_role_connector_create(kvf_engine_h engine,
             .len = kvf_page_pool_bytes(pool),
             .num_blocks = kvf_page_pool_num_blocks(pool),
             .params = *cache,
+            .device = *kvf_page_pool_device(pool),
         };
         status = ops->register_pool(conn, &cp);
         if (status != KVF_OK) {

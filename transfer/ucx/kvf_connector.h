@@ -16,8 +16,11 @@
  *   poll_release, req_stats) run on one thread: the first thread that
  *   calls one of them for that rank owns the rank from then on. That is the
  *   leader in the daemons; a test or tool may give each rank its own thread.
- * - destroy, serve, handshake and remote_incarnation run on the leader;
- *   destroy only after every rank thread has stopped calling.
+ * - destroy, serve, handshake, lease and remote_incarnation run on the
+ *   leader; destroy only after every rank thread has stopped calling.
+ * - No op holds the connector's internal lock across a network call: a
+ *   handshake stalled on a peer that never answers (bounded by timeout_ms)
+ *   does not delay another thread's start_pull, poll or finish_pull.
  * - forget_engine and wait_fds touch every rank's worker: they run on a
  *   leader that also owns every registered rank (the daemons' case).
  * - incarnation reads a value fixed at create: any thread.
@@ -40,6 +43,7 @@
 #ifndef KVF_CONNECTOR_H
 #define KVF_CONNECTOR_H
 
+#include "kvf_device.h"
 #include "kvf_geometry.h"
 #include "kvf_handshake.h"
 #include "kvf_status.h"
@@ -92,13 +96,19 @@ typedef struct kvf_connector_config {
     bool                      progress_thread;
 } kvf_connector_config_t;
 
-/** One rank's page pool: num_blocks * slots * page_size bytes at base, host memory. */
+/**
+ * One rank's page pool: num_blocks * slots * page_size bytes at base. The
+ * UCX registration needs memory UCX can map (host memory; device memory
+ * only with a CUDA-aware UCX); the tail zeroing after a pull goes through
+ * the device layer (kvf_zero_ranges() on @a device).
+ */
 typedef struct kvf_connector_pool {
     int                tp_rank;
     void              *base;
     size_t             len;           /* must equal num_blocks * slots * page_size */
     int64_t            num_blocks;
     kvf_cache_params_t params;        /* dtypes, block sizes: what the geometry derives from */
+    kvf_device_t       device;        /* where base lives; zero-initialised = the CPU */
 } kvf_connector_pool_t;
 
 /** One request's pull (decode side): remote ids from the transfer params, local ids allocated here. */
@@ -151,9 +161,18 @@ typedef struct kvf_connector_ops {
     kvf_status_t (*serve)(kvf_connector_h conn, int *port_p);
 
     /**
-     * Decode: fetch a remote engine's metadata (cached per engine id) and
-     * check compatibility. KVF_ERR_REFUSED with @a why = "handshake refused:
-     * <field> local=<v> remote=<v>: <why>"; peer errors on timeout.
+     * Decode (leader thread): fetch a remote engine's metadata (cached per
+     * engine id) and check compatibility; bounded by timeout_ms (ms). The
+     * cache holds 16 engines: a new engine when it is full evicts the least
+     * recently used one (handshake or start_pull) that has no pull in flight
+     * (started, not yet finished or released); a later pull from the evicted
+     * engine gets KVF_ERR_NOT_FOUND until it is handshaken again.
+     * @return KVF_OK; KVF_ERR_REFUSED with @a why = "handshake refused:
+     *         <field> local=<v> remote=<v>: <why>"; KVF_ERR_NO_RESOURCE when
+     *         all 16 cached engines have pulls in flight (@a why says so);
+     *         KVF_ERR_BUSY before every rank registered; peer errors
+     *         (KVF_ERR_PEER_TIMEOUT for a side channel that never answers)
+     *         with @a why naming the engine, host and port.
      */
     kvf_status_t (*handshake)(kvf_connector_h conn, const char *engine_id, const char *host,
                               int port, char *why, size_t why_len);
@@ -168,9 +187,11 @@ typedef struct kvf_connector_ops {
                                const kvf_connector_pull_t *pull, kvf_connector_req_h *req_p);
 
     /**
-     * Progress; KVF_INPROGRESS, or the final status: KVF_OK once every byte
-     * landed and the tails were zeroed, KVF_ERR_PEER_* on peer failure or
-     * after timeout_ms.
+     * Progress (rank thread); KVF_INPROGRESS, or the final status: KVF_OK
+     * once every byte landed and the tails were zeroed (kvf_zero_ranges()
+     * on the pool's device), KVF_ERR_PEER_* on peer failure or after
+     * timeout_ms, the device error (e.g. KVF_ERR_UNSUPPORTED, KVF_ERR_CUDA)
+     * when zeroing failed.
      */
     kvf_status_t (*poll)(kvf_connector_h conn, int tp_rank, kvf_connector_req_h req);
 
@@ -211,8 +232,9 @@ typedef struct kvf_connector_ops {
     kvf_status_t (*forget_engine)(kvf_connector_h conn, const char *engine_id);
 
     /**
-     * This process's incarnation: a random non-zero number drawn at create
-     * and published in every rank's metadata. Prefill puts it into the
+     * This process's incarnation: a random non-zero number drawn from
+     * getrandom(2) at create (create fails with KVF_ERR_IO, logged, when
+     * the kernel cannot supply one) and published in every rank's metadata. Prefill puts it into the
      * transfer params, so decode can tell a restarted engine (same id, new
      * keys) from the one it handshook with, before it posts any GET.
      */

@@ -7,10 +7,18 @@
  * by the thread that drives that rank (the daemons drive every rank from
  * their leader thread; a test may give each rank its own), so no UCX call
  * needs a lock. Debug builds check this (kvf_contract.h). What ranks share — the
- * table of handshaken remote engines and the side-channel client — is
- * guarded by one mutex and is append-only (an entry, once published, never
- * moves), so a rank thread can keep pointers into it without holding the
- * lock. Peers are connected lazily on a rank's first pull from a remote rank
+ * table of handshaken remote engines — is guarded by one mutex that is never
+ * held across a network call: the handshake fetches and checks the remote
+ * metadata unlocked (the side-channel client is the leader's alone) and
+ * takes the lock only to publish, so a rank thread's pull never waits
+ * behind a stalled peer. An entry, once published, does not change while a
+ * pull of it is in flight (each entry counts its pulls), so a rank thread
+ * can read it without holding the lock. The table holds
+ * KVF_CONN_MAX_ENGINES entries; a handshake with a new engine when it is
+ * full evicts the least recently used entry that has no pull in flight
+ * (refused only when every entry is busy). Each fill of a slot gets a new
+ * generation; a rank closes endpoints of an older generation of the slot on
+ * its own thread at its next pull from it. Peers are connected lazily on a rank's first pull from a remote rank
  * and cached per (engine, remote rank): the rkey is unpacked once per
  * endpoint. A request is one batch per prefill rank read (or, with
  * batch_descs, a window of that many descriptors per rank: poll() posts the
@@ -33,6 +41,8 @@
 #include "kvf_time.h"
 
 #include "kvf_contract.h"
+#include "kvf_device.h"
+#include "kvf_kern_status.h"
 #include "kvf_log.h"
 #include "kvf_tp_map.h"
 #include "kvf_compat.h"
@@ -46,6 +56,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <sys/random.h>
 #include <unistd.h>
 #include <time.h>
 
@@ -60,6 +72,9 @@ typedef struct kvf_conn_engine {
     kvf_rank_geometry_t         *geoms;        /* [tp], recomputed by the compat check */
     int64_t                     *num_blocks;   /* [tp] */
     bool                         forgotten;    /* slot free for the next handshake */
+    uint64_t                     gen;          /* which engine holds the slot (per fill) */
+    int                          inflight;     /* pulls started, not yet finished */
+    uint64_t                     last_used;    /* LRU stamp: handshake hit or start_pull */
 } kvf_conn_engine_t;
 
 typedef struct kvf_conn_rank {
@@ -73,6 +88,9 @@ typedef struct kvf_conn_rank {
     kvf_rank_geometry_t geom;
     kvf_rank_meta_t    *meta;
     kvf_ucx_peer_h     *peers[KVF_CONN_MAX_ENGINES];   /* [engine][remote tp], lazily */
+    int                 peers_tp[KVF_CONN_MAX_ENGINES];  /* length of peers[e] */
+    uint64_t            peers_gen[KVF_CONN_MAX_ENGINES]; /* engine gen peers[e] belong to */
+    kvf_device_t        device;         /* where the pool lives (tail zeroing) */
 } kvf_conn_rank_t;
 
 struct kvf_connector {
@@ -90,11 +108,14 @@ struct kvf_connector {
     uint64_t              incarnation;         /* random, non-zero, per create */
     kvf_conn_rank_t      *ranks;               /* [tp] */
 
-    pthread_mutex_t       lock;                /* engines, client */
-    kvf_side_channel_client_h client;
+    pthread_mutex_t       lock;                /* engines, registered flags; never held
+                                                * across a network call */
+    kvf_side_channel_client_h client;          /* leader only (handshake, lease, forget) */
     kvf_side_channel_server_h server;
     int                   num_engines;
     kvf_conn_engine_t     engines[KVF_CONN_MAX_ENGINES];
+    uint64_t              engine_gen;          /* last gen handed to a slot */
+    uint64_t              use_seq;             /* LRU clock */
     kvf_connector_lease_func_t lease_func;     /* prefill: set before serve */
     void                 *lease_arg;
     bool                  progress_thread;     /* config: one per rank from serve on */
@@ -113,6 +134,8 @@ struct kvf_connector_req {
     kvf_status_t     status;        /* KVF_INPROGRESS until final */
     uint64_t         deadline_ns;
     uint64_t         posted_ns, landed_ns, done_ns;   /* kvf_connector_stats_t */
+    size_t          *zero_off, *zero_len;            /* [plan->num_zero], for the device */
+    bool             holds_engine;  /* counted in its engine's inflight */
     char             request_id[KVF_ENGINE_ID_MAX];
 };
 
@@ -255,21 +278,44 @@ static void kvf_conn_destroy(kvf_connector_h conn)
     free(conn);
 }
 
-/* Random enough to tell two processes apart: time, pid and an address, mixed. */
-static uint64_t kvf_conn_new_incarnation(void)
+/*
+ * A non-zero incarnation from getrandom(2) (the kernel's CSPRNG): two
+ * processes, even started in the same nanosecond with the same pid in two
+ * containers, draw different ones. EINTR is retried (bounded); any other
+ * failure, a short read or eight zero draws in a row is an error, never a
+ * weaker fallback.
+ */
+static kvf_status_t kvf_conn_new_incarnation(uint64_t *incarnation_p)
 {
-    struct timespec ts;
     uint64_t x;
+    ssize_t n;
+    int zeros = 0;
 
-    clock_gettime(CLOCK_REALTIME, &ts);
-    x = ((uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec) ^
-        ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)&ts;
-    x ^= x >> 33;                       /* splitmix64 finaliser */
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    x *= 0xc4ceb3fe1a85ec53ull;
-    x ^= x >> 33;
-    return (x != 0) ? x : 1;
+    for (int tries = 0; tries < 64; ++tries) {
+        x = 0;
+        n = getrandom(&x, sizeof(x), 0);
+        if ((n < 0) && (errno == EINTR)) {
+            continue;
+        }
+        if (n < 0) {
+            kvf_error("ucx connector: getrandom() for the incarnation failed: %m");
+            return KVF_ERR_IO;
+        }
+        if (n != (ssize_t)sizeof(x)) {
+            kvf_error("ucx connector: getrandom() for the incarnation returned %zd of %zu bytes",
+                      n, sizeof(x));
+            return KVF_ERR_IO;
+        }
+        if (x != 0) {
+            *incarnation_p = x;
+            return KVF_OK;
+        }
+        if (++zeros == 8) {
+            break;
+        }
+    }
+    kvf_error("ucx connector: getrandom() gave no usable incarnation (interrupted or zero)");
+    return KVF_ERR_IO;
 }
 
 static kvf_status_t kvf_conn_create(const kvf_connector_config_t *config,
@@ -294,7 +340,6 @@ static kvf_status_t kvf_conn_create(const kvf_connector_config_t *config,
     snprintf(conn->engine_id, sizeof(conn->engine_id), "%s", config->engine_id);
     conn->role = config->role;
     conn->tp = config->tp_size;
-    conn->incarnation = kvf_conn_new_incarnation();
     conn->cfg = *config->cfg;
     conn->timeout_ms = (config->field_mask & KVF_CONNECTOR_CONFIG_FIELD_TIMEOUT_MS) ?
                        config->timeout_ms : 5000;
@@ -310,6 +355,10 @@ static kvf_status_t kvf_conn_create(const kvf_connector_config_t *config,
     conn->progress_thread = (config->field_mask & KVF_CONNECTOR_CONFIG_FIELD_PROGRESS) &&
                             config->progress_thread &&
                             (config->role == KVF_CONNECTOR_ROLE_PREFILL);
+    status = kvf_conn_new_incarnation(&conn->incarnation);
+    if (status != KVF_OK) {
+        goto err;
+    }
     conn->ranks = calloc((size_t)conn->tp, sizeof(*conn->ranks));
     conn->layout = malloc(sizeof(*conn->layout));
     if ((conn->ranks == NULL) || (conn->layout == NULL)) {
@@ -412,6 +461,7 @@ static kvf_status_t kvf_conn_register_pool(kvf_connector_h conn, const kvf_conne
     rk->base = pool->base;
     rk->len = pool->len;
     rk->num_blocks = pool->num_blocks;
+    rk->device = pool->device;
     pthread_mutex_lock(&conn->lock);
     rk->registered = true;
     pthread_mutex_unlock(&conn->lock);
@@ -513,26 +563,85 @@ static kvf_status_t kvf_conn_serve(kvf_connector_h conn, int *port_p)
     return status;
 }
 
-static int kvf_conn_find_engine(kvf_connector_h conn, const char *engine_id)
+/* Slot of engine @a engine_id, -1 when not handshaken. Caller holds the lock. */
+static int kvf_conn_find_engine_locked(kvf_connector_h conn, const char *engine_id)
 {
-    int found = -1;
-    pthread_mutex_lock(&conn->lock);
     for (int e = 0; e < conn->num_engines; ++e) {
         if (!conn->engines[e].forgotten && (strcmp(conn->engines[e].engine_id, engine_id) == 0)) {
-            found = e;
-            break;
+            return e;
         }
     }
+    return -1;
+}
+
+static int kvf_conn_find_engine(kvf_connector_h conn, const char *engine_id)
+{
+    int found;
+    pthread_mutex_lock(&conn->lock);
+    found = kvf_conn_find_engine_locked(conn, engine_id);
     pthread_mutex_unlock(&conn->lock);
     return found;
 }
 
+/* Drop slot @a e's cached data (lock held; the leader's). Endpoints stay with the ranks. */
+static void kvf_conn_engine_clear_locked(kvf_connector_h conn, int e)
+{
+    kvf_conn_engine_t *eng = &conn->engines[e];
+    uint64_t gen = eng->gen;
+
+    free(eng->ranks);
+    free(eng->geoms);
+    free(eng->num_blocks);
+    memset(eng, 0, sizeof(*eng));
+    eng->gen = gen;
+    eng->forgotten = true;
+}
+
+/*
+ * A slot for a new engine (lock held): a free one, the next unused one, or
+ * the least recently used entry with no pull in flight, evicted. -1 when
+ * every entry has a pull in flight.
+ */
+static int kvf_conn_take_slot_locked(kvf_connector_h conn, char *evicted, size_t evicted_len)
+{
+    int lru = -1;
+
+    evicted[0] = '\0';
+    for (int i = 0; i < conn->num_engines; ++i) {
+        if (conn->engines[i].forgotten) {
+            return i;
+        }
+    }
+    if (conn->num_engines < KVF_CONN_MAX_ENGINES) {
+        return conn->num_engines;
+    }
+    for (int i = 0; i < conn->num_engines; ++i) {
+        if ((conn->engines[i].inflight == 0) &&
+            ((lru < 0) || (conn->engines[i].last_used < conn->engines[lru].last_used))) {
+            lru = i;
+        }
+    }
+    if (lru >= 0) {
+        snprintf(evicted, evicted_len, "%s", conn->engines[lru].engine_id);
+        kvf_side_channel_forget(conn->client, evicted);   /* memory only */
+        kvf_conn_engine_clear_locked(conn, lru);
+    }
+    return lru;
+}
+
+/*
+ * No lock is held across the network: the metadata is fetched and checked
+ * first (the side-channel client is the leader's alone), then the lock is
+ * taken only to publish the entry. A rank thread's pull of another engine
+ * proceeds while a peer stalls this call.
+ */
 static kvf_status_t kvf_conn_handshake(kvf_connector_h conn, const char *engine_id,
                                        const char *host, int port, char *why, size_t why_len)
 {
     const kvf_handshake_reply_t *reply;
     kvf_refusal_t refusals[KVF_MAX_REFUSALS];
-    kvf_conn_engine_t *e;
+    kvf_conn_engine_t fresh, *e;
+    char evicted[KVF_ENGINE_ID_MAX];
     int nref = 0;
     int slot;
     kvf_status_t status;
@@ -544,25 +653,17 @@ static kvf_status_t kvf_conn_handshake(kvf_connector_h conn, const char *engine_
     if ((conn->role != KVF_CONNECTOR_ROLE_DECODE) || (engine_id == NULL) || (host == NULL)) {
         return KVF_ERR_INVALID_PARAM;
     }
-    if (kvf_conn_find_engine(conn, engine_id) >= 0) {
+    pthread_mutex_lock(&conn->lock);
+    slot = kvf_conn_find_engine_locked(conn, engine_id);
+    if (slot >= 0) {
+        conn->engines[slot].last_used = ++conn->use_seq;
+    }
+    pthread_mutex_unlock(&conn->lock);
+    if (slot >= 0) {
         return KVF_OK;    /* cached */
     }
     if (!kvf_conn_all_registered(conn)) {
         return KVF_ERR_BUSY;
-    }
-    pthread_mutex_lock(&conn->lock);
-    slot = conn->num_engines;
-    for (int i = 0; i < conn->num_engines; ++i) {   /* reuse a forgotten engine's slot */
-        if (conn->engines[i].forgotten) {
-            slot = i;
-            break;
-        }
-    }
-    if (slot == KVF_CONN_MAX_ENGINES) {
-        pthread_mutex_unlock(&conn->lock);
-        snprintf(why, why_len, "handshake with %s: already connected to %d prefill engines",
-                 engine_id, KVF_CONN_MAX_ENGINES);
-        return KVF_ERR_NO_RESOURCE;
     }
     status = kvf_side_channel_fetch(conn->client, engine_id, host, port, &reply);
     if (status == KVF_ERR_REFUSED) {
@@ -571,71 +672,89 @@ static kvf_status_t kvf_conn_handshake(kvf_connector_h conn, const char *engine_
         } else {
             snprintf(why, why_len, "handshake refused: %s", reply->error);
         }
-        goto out_unlock;
+        return status;
     }
     if (status != KVF_OK) {
         snprintf(why, why_len, "handshake with %s at %s:%d failed: %s", engine_id, host, port,
                  kvf_status_str(status));
-        goto out_unlock;
+        return status;
     }
-    e = &conn->engines[slot];
-    memset(e, 0, sizeof(*e));
-    e->geoms = calloc((size_t)reply->num_ranks, sizeof(*e->geoms));
-    e->num_blocks = calloc((size_t)reply->num_ranks, sizeof(*e->num_blocks));
-    if ((e->geoms == NULL) || (e->num_blocks == NULL)) {
+    memset(&fresh, 0, sizeof(fresh));
+    fresh.geoms = calloc((size_t)reply->num_ranks, sizeof(*fresh.geoms));
+    fresh.num_blocks = calloc((size_t)reply->num_ranks, sizeof(*fresh.num_blocks));
+    fresh.ranks = malloc((size_t)reply->num_ranks * sizeof(*fresh.ranks));
+    if ((fresh.geoms == NULL) || (fresh.num_blocks == NULL) || (fresh.ranks == NULL)) {
         status = KVF_ERR_NO_MEMORY;
         goto err_free;
     }
     status = kvf_compat_check(&conn->cfg, conn->ranks[0].meta, reply->ranks, reply->num_ranks,
-                              e->geoms, refusals, KVF_MAX_REFUSALS, &nref);
+                              fresh.geoms, refusals, KVF_MAX_REFUSALS, &nref);
     if (status != KVF_OK) {
         if (nref > 0) {
             kvf_refusal_format(&refusals[0], why, why_len);
         }
-        kvf_side_channel_forget(conn->client, engine_id);
-        goto err_free;
+        goto err_forget;
     }
-    snprintf(e->engine_id, sizeof(e->engine_id), "%s", engine_id);
-    e->ranks = malloc((size_t)reply->num_ranks * sizeof(*e->ranks));
-    if (e->ranks == NULL) {
-        status = KVF_ERR_NO_MEMORY;
-        goto err_free;
-    }
-    memcpy(e->ranks, reply->ranks, (size_t)reply->num_ranks * sizeof(*e->ranks));
-    e->tp = reply->num_ranks;
-    for (int r = 0; r < e->tp; ++r) {
+    snprintf(fresh.engine_id, sizeof(fresh.engine_id), "%s", engine_id);
+    memcpy(fresh.ranks, reply->ranks, (size_t)reply->num_ranks * sizeof(*fresh.ranks));
+    fresh.tp = reply->num_ranks;
+    for (int r = 0; r < fresh.tp; ++r) {
         /* from what the peer registered, not what it claims (the compat check
          * made them agree; this keeps the planner's bound the registered one) */
-        e->num_blocks[r] = (int64_t)(reply->ranks[r].regions[0].length /
-                                     ((uint64_t)reply->ranks[r].slots *
-                                      reply->ranks[r].page_size));
+        fresh.num_blocks[r] = (int64_t)(reply->ranks[r].regions[0].length /
+                                        ((uint64_t)reply->ranks[r].slots *
+                                         reply->ranks[r].page_size));
     }
+
+    pthread_mutex_lock(&conn->lock);
+    slot = kvf_conn_take_slot_locked(conn, evicted, sizeof(evicted));
+    if (slot < 0) {
+        pthread_mutex_unlock(&conn->lock);
+        snprintf(why, why_len, "handshake with %s: all %d prefill engines this instance knows "
+                 "have transfers in flight", engine_id, KVF_CONN_MAX_ENGINES);
+        status = KVF_ERR_NO_RESOURCE;
+        goto err_forget;
+    }
+    e = &conn->engines[slot];
+    fresh.gen = ++conn->engine_gen;
+    fresh.last_used = ++conn->use_seq;
+    *e = fresh;
     if (slot == conn->num_engines) {
-        conn->num_engines++;    /* publish: unchanged until forget_engine() */
+        conn->num_engines++;    /* publish */
     }
     pthread_mutex_unlock(&conn->lock);
+    if (evicted[0] != '\0') {
+        kvf_log(KVF_LOG_INFO, KVF_SUB_XFER, "ucx connector %s: table of %d engines full: "
+                "evicted idle engine %s (least recently used) for %s", conn->engine_id,
+                KVF_CONN_MAX_ENGINES, evicted, engine_id);
+    }
     kvf_log(KVF_LOG_INFO, KVF_SUB_XFER, "ucx connector %s: engine %s (TP %d) is compatible",
-            conn->engine_id, engine_id, e->tp);
+            conn->engine_id, engine_id, fresh.tp);
     return KVF_OK;
 
+err_forget:
+    kvf_side_channel_forget(conn->client, engine_id);
 err_free:
-    free(e->ranks);
-    free(e->geoms);
-    free(e->num_blocks);
-    memset(e, 0, sizeof(*e));
-    e->forgotten = (slot < conn->num_engines);   /* a reused slot stays free */
-out_unlock:
-    pthread_mutex_unlock(&conn->lock);
+    free(fresh.ranks);
+    free(fresh.geoms);
+    free(fresh.num_blocks);
     return status;
 }
 
 /* ---- requests --------------------------------------------------------- */
 
-static void kvf_conn_req_free(kvf_connector_req_h req)
+static void kvf_conn_req_free(kvf_connector_h conn, kvf_connector_req_h req)
 {
     if (req == NULL) {
         return;
     }
+    if (req->holds_engine) {
+        pthread_mutex_lock(&conn->lock);
+        conn->engines[req->engine].inflight--;   /* idle again: may be evicted */
+        pthread_mutex_unlock(&conn->lock);
+    }
+    free(req->zero_off);
+    free(req->zero_len);
     if (req->plan != NULL) {
         for (int i = 0; i < req->plan->num_ranks; ++i) {
             kvf_ucx_batch_release(req->batches[i]);
@@ -654,11 +773,21 @@ static kvf_status_t kvf_conn_peer(kvf_connector_h conn, kvf_conn_rank_t *rk, int
     const kvf_conn_engine_t *e = &conn->engines[engine];
     kvf_status_t status;
 
+    if ((rk->peers[engine] != NULL) && (rk->peers_gen[engine] != e->gen)) {
+        /* the slot was evicted and refilled since: those endpoints are another engine's */
+        for (int p = 0; p < rk->peers_tp[engine]; ++p) {
+            kvf_ucx_peer_destroy(rk->peers[engine][p]);
+        }
+        free(rk->peers[engine]);
+        rk->peers[engine] = NULL;
+    }
     if (rk->peers[engine] == NULL) {
         rk->peers[engine] = calloc((size_t)e->tp, sizeof(kvf_ucx_peer_h));
         if (rk->peers[engine] == NULL) {
             return KVF_ERR_NO_MEMORY;
         }
+        rk->peers_tp[engine] = e->tp;
+        rk->peers_gen[engine] = e->gen;
     }
     if ((rk->peers[engine][remote] != NULL) &&
         (kvf_ucx_peer_status(rk->peers[engine][remote]) != KVF_OK)) {
@@ -716,16 +845,26 @@ static kvf_status_t kvf_conn_start_pull(kvf_connector_h conn, int tp_rank,
     }
     KVF_CONN_CHECK_RANK(conn, tp_rank, "start_pull");
     rk = &conn->ranks[tp_rank];
-    engine = kvf_conn_find_engine(conn, pull->engine_id);
-    if (engine < 0) {
-        kvf_error("ucx connector: pull from engine %s before its handshake", pull->engine_id);
-        return KVF_ERR_NOT_FOUND;
-    }
-    e = &conn->engines[engine];
     req = calloc(1, sizeof(*req));
     if (req == NULL) {
         return KVF_ERR_NO_MEMORY;
     }
+    pthread_mutex_lock(&conn->lock);
+    engine = kvf_conn_find_engine_locked(conn, pull->engine_id);
+    if (engine >= 0) {
+        /* in flight from here to req free: the entry is not evicted meanwhile */
+        conn->engines[engine].inflight++;
+        conn->engines[engine].last_used = ++conn->use_seq;
+    }
+    pthread_mutex_unlock(&conn->lock);
+    if (engine < 0) {
+        free(req);
+        kvf_error("ucx connector: pull from engine %s before its handshake (or after it was "
+                  "forgotten or evicted)", pull->engine_id);
+        return KVF_ERR_NOT_FOUND;
+    }
+    e = &conn->engines[engine];
+    req->holds_engine = true;
     req->rank = tp_rank;
     req->engine = engine;
     req->status = KVF_INPROGRESS;
@@ -760,9 +899,16 @@ static kvf_status_t kvf_conn_start_pull(kvf_connector_h conn, int tp_rank,
     req->batches = calloc((size_t)req->plan->num_ranks + 1, sizeof(*req->batches));
     req->posted = calloc((size_t)req->plan->num_ranks + 1, sizeof(*req->posted));
     req->src = calloc((size_t)e->tp, sizeof(*req->src));
-    if ((req->batches == NULL) || (req->posted == NULL) || (req->src == NULL)) {
+    req->zero_off = calloc(req->plan->num_zero + 1, sizeof(*req->zero_off));
+    req->zero_len = calloc(req->plan->num_zero + 1, sizeof(*req->zero_len));
+    if ((req->batches == NULL) || (req->posted == NULL) || (req->src == NULL) ||
+        (req->zero_off == NULL) || (req->zero_len == NULL)) {
         status = KVF_ERR_NO_MEMORY;
         goto err;
+    }
+    for (size_t z = 0; z < req->plan->num_zero; ++z) {
+        req->zero_off[z] = (size_t)req->plan->zero[z].off;
+        req->zero_len[z] = (size_t)req->plan->zero[z].len;
     }
     status = kvf_tp_source_ranks(&conn->cfg, e->tp, conn->tp, tp_rank, req->src, &req->nsrc);
     for (int i = 0; (i < req->nsrc) && (status == KVF_OK); ++i) {
@@ -786,7 +932,7 @@ static kvf_status_t kvf_conn_start_pull(kvf_connector_h conn, int tp_rank,
     return KVF_OK;
 
 err:
-    kvf_conn_req_free(req);
+    kvf_conn_req_free(conn, req);
     return status;
 }
 
@@ -833,8 +979,17 @@ static kvf_status_t kvf_conn_poll(kvf_connector_h conn, int tp_rank, kvf_connect
         return req->status;
     }
     req->landed_ns = kvf_time_now_ns();
-    for (size_t z = 0; z < req->plan->num_zero; ++z) {
-        memset(rk->base + req->plan->zero[z].off, 0, req->plan->zero[z].len);
+    /* the untransferred tails, on whatever device holds the pool */
+    {
+        int err = kvf_zero_ranges(&rk->device, rk->base, req->zero_off, req->zero_len,
+                                  req->plan->num_zero);
+        if (err != KVF_KERN_OK) {
+            kvf_error("ucx connector: zeroing %zu tail range(s) of request %s on rank %d "
+                      "(%s) failed: %s", req->plan->num_zero, req->request_id, tp_rank,
+                      kvf_device_kind_name(rk->device.kind), kvf_kern_strerror(err));
+            req->status = kvf_status_from_kern(err);
+            return req->status;
+        }
     }
     req->done_ns = kvf_time_now_ns();
     req->status = KVF_OK;
@@ -865,7 +1020,7 @@ static kvf_status_t kvf_conn_release_common(kvf_connector_h conn, int tp_rank,
             rk->peers[req->engine][req->src[i]] = NULL;
         }
         status = req->status;
-        kvf_conn_req_free(req);
+        kvf_conn_req_free(conn, req);
         return status;
     }
     for (int i = 0; notify && (i < req->nsrc); ++i) {
@@ -887,7 +1042,7 @@ static kvf_status_t kvf_conn_release_common(kvf_connector_h conn, int tp_rank,
         }
         status = (status == KVF_OK) ? s : status;   /* the prefill lease covers a lost one */
     }
-    kvf_conn_req_free(req);
+    kvf_conn_req_free(conn, req);
     return status;
 }
 
@@ -964,7 +1119,6 @@ static kvf_status_t kvf_conn_poll_release(kvf_connector_h conn, int tp_rank, uin
 static kvf_status_t kvf_conn_forget_engine(kvf_connector_h conn, const char *engine_id)
 {
     int e;
-    kvf_conn_engine_t *eng;
 
     KVF_CONN_CHECK_LEADER(conn, "forget_engine");
     kvf_conn_check_every_rank(conn, "connector forget_engine (closes every rank's endpoints: "
@@ -973,10 +1127,9 @@ static kvf_status_t kvf_conn_forget_engine(kvf_connector_h conn, const char *eng
     if (e < 0) {
         return KVF_ERR_NOT_FOUND;
     }
-    eng = &conn->engines[e];
     for (int r = 0; r < conn->tp; ++r) {
         kvf_conn_rank_t *rk = &conn->ranks[r];
-        for (int p = 0; (rk->peers[e] != NULL) && (p < eng->tp); ++p) {
+        for (int p = 0; (rk->peers[e] != NULL) && (p < rk->peers_tp[e]); ++p) {
             kvf_ucx_peer_destroy(rk->peers[e][p]);   /* bounded by the agent timeout */
         }
         free(rk->peers[e]);
@@ -984,11 +1137,7 @@ static kvf_status_t kvf_conn_forget_engine(kvf_connector_h conn, const char *eng
     }
     pthread_mutex_lock(&conn->lock);
     kvf_side_channel_forget(conn->client, engine_id);
-    free(eng->ranks);
-    free(eng->geoms);
-    free(eng->num_blocks);
-    memset(eng, 0, sizeof(*eng));
-    eng->forgotten = true;
+    kvf_conn_engine_clear_locked(conn, e);
     pthread_mutex_unlock(&conn->lock);
     kvf_log(KVF_LOG_INFO, KVF_SUB_XFER, "ucx connector %s: forgot engine %s; the next request"
             " handshakes again", conn->engine_id, engine_id);

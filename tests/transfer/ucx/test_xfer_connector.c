@@ -56,7 +56,7 @@ static size_t pool_bytes(const kvf_cache_params_t *p, int tp, int rank, int64_t 
 static void *prefill_rank(void *arg)
 {
     prank_t *r = arg;
-    kvf_connector_pool_t pool = {r->rank, r->pool, r->len, P_BLOCKS, r->params};
+    kvf_connector_pool_t pool = {r->rank, r->pool, r->len, P_BLOCKS, r->params, kvf_device_cpu()};
     uint64_t deadline;
 
     if (ops->register_pool(r->conn, &pool) != KVF_OK) {
@@ -135,7 +135,7 @@ static void test_ucx_connector(void **state)
     memset(dpool, 0xab, dlen);
     memset(ref, 0xab, dlen);
     {
-        kvf_connector_pool_t pool = {0, dpool, dlen, D_BLOCKS, params};
+        kvf_connector_pool_t pool = {0, dpool, dlen, D_BLOCKS, params, kvf_device_cpu()};
         uint8_t meta[32768];
         size_t mlen = 0;
         assert_int_equal(ops->register_pool(dconn, &pool), KVF_OK);
@@ -235,7 +235,7 @@ static void test_ucx_connector(void **state)
         pool16 = malloc(len16);
         assert_non_null(pool16);
         assert_int_equal(ops->create(&dc, &bad), KVF_OK);
-        kvf_connector_pool_t pool = {0, pool16, len16, D_BLOCKS, p16};
+        kvf_connector_pool_t pool = {0, pool16, len16, D_BLOCKS, p16, kvf_device_cpu()};
         assert_int_equal(ops->register_pool(bad, &pool), KVF_OK);
         assert_int_equal(ops->handshake(bad, "prefill-c", "127.0.0.1", port, why, sizeof(why)),
                          KVF_ERR_REFUSED);
