@@ -23,6 +23,7 @@
     _X(KVF_ERR_NO_RESOURCE,      -9, "no free resource")                     \
     _X(KVF_ERR_BUSY,            -10, "resource busy")                        \
     _X(KVF_ERR_CANCELED,        -11, "operation canceled")                   \
+    _X(KVF_ERR_TIMED_OUT,       -12, "local wait timed out")                 \
     _X(KVF_ERR_UCX,             -20, "ucx call failed")                      \
     _X(KVF_ERR_ZMQ,             -21, "zeromq call failed")                   \
     _X(KVF_ERR_NCCL,            -22, "nccl call failed")                     \

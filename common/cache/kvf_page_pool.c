@@ -54,13 +54,6 @@ int kvf_page_pool_blocks_for_bytes(size_t bytes, int slots, size_t page_size)
     return (n > INT32_MAX) ? INT32_MAX : (int)n;
 }
 
-static bool kvf_page_pool_env_no_zero(void)
-{
-    const char *v = getenv("KVF_TEST_NO_BLOCK_ZERO");
-    return (v != NULL) && (strcmp(v, "1") == 0 || strcmp(v, "y") == 0 || strcmp(v, "yes") == 0 ||
-                           strcmp(v, "true") == 0);
-}
-
 kvf_status_t kvf_page_pool_create(const kvf_page_pool_params_t *params, kvf_page_pool_h *pool_p)
 {
     struct kvf_page_pool *pool;
@@ -102,8 +95,8 @@ kvf_status_t kvf_page_pool_create(const kvf_page_pool_params_t *params, kvf_page
     pool->page_size = params->page_size;
     pool->slots = params->slots;
     pool->num_blocks = params->num_blocks;
-    pool->zeroing = !(((params->field_mask & KVF_PAGE_POOL_PARAM_FIELD_NO_ZERO) &&
-                       params->disable_zeroing) || kvf_page_pool_env_no_zero());
+    pool->zeroing = !((params->field_mask & KVF_PAGE_POOL_PARAM_FIELD_NO_ZERO) &&
+                      params->disable_zeroing);
 
     err = kvf_device_alloc(&pool->device, pool->bytes, &pool->base);
     if (err != KVF_KERN_OK) {

@@ -17,9 +17,10 @@
  * Zeroing: kvf_page_pool_zero_blocks() clears every page of a list of blocks
  * in ONE kvf_blocks_zero() call; the block manager calls it for freshly
  * allocated attention blocks before any kernel reads them (the fix for
- * stale-bytes NaN, DESIGN.md §1). Test-only switch: env
- * KVF_TEST_NO_BLOCK_ZERO=1 at create time, or params.disable_zeroing, turns
- * it into a no-op so tests can reproduce the hazard.
+ * stale-bytes NaN, DESIGN.md §1). Test-only switch: params.disable_zeroing
+ * turns it into a no-op so tests can reproduce the hazard. The pool reads no
+ * environment: the daemons expose the switch as the hidden config row
+ * TEST_NO_BLOCK_ZERO (transfer/role/kvf_role.h).
  *
  * Thread safety: one pool per rank, used by that rank's thread (zeroing,
  * kernels); the accessors are read-only after create and safe anywhere.
@@ -97,7 +98,7 @@ int    kvf_page_pool_num_blocks(kvf_page_pool_h pool);
 /** The device the memory lives on (pointer valid for the pool's lifetime). */
 const kvf_device_t *kvf_page_pool_device(kvf_page_pool_h pool);
 
-/** True unless zeroing was disabled (params or KVF_TEST_NO_BLOCK_ZERO=1). */
+/** True unless zeroing was disabled (params.disable_zeroing). */
 bool kvf_page_pool_zeroing_enabled(kvf_page_pool_h pool);
 
 /**

@@ -12,6 +12,14 @@
  * which costs a wake-up (tens of microseconds) per crossing when the ranks
  * have cores of their own. The spin is short so that oversubscribed runs
  * (TP4 on two cores) give their time slice away quickly.
+ *
+ * A barrier that waits longer than its timeout (a rank thread stuck or
+ * gone) breaks the world: the rank that saw the timeout records why (the
+ * barrier's name and timeout), wakes every sleeper, and from then on every
+ * wait of every rank returns KVF_ERR_TIMED_OUT at once, so no rank hangs
+ * and none reads a peer buffer that may no longer exist. Rejected: a
+ * resettable barrier (the ranks would have to agree on the reset, which is
+ * the very synchronisation that failed).
  */
 #include "kvf_collectives.h"
 #include "kvf_log.h"
@@ -19,9 +27,12 @@
 #include <limits.h>
 #include <linux/futex.h>
 #include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #define KVF_BARRIER_SPIN 4000
@@ -39,33 +50,93 @@ typedef struct {
     _Atomic int      count;
     _Atomic unsigned gen;
     _Atomic int      sleepers;
+    _Atomic int      broken;      /* KVF_OK, or the status every wait returns from now on */
+    atomic_bool      breaking;    /* claimed by the rank that breaks it */
     int              size;
+    uint32_t         timeout_ms;  /* 0: wait forever */
+    char             name[64];
+    char             why[256];    /* written once, by the rank that broke it */
 } kvf_barrier_t;
 
-static void kvf_barrier_wait(kvf_barrier_t *b)
+static uint64_t kvf_barrier_now_ns(void)
 {
-    unsigned g = atomic_load_explicit(&b->gen, memory_order_acquire);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 
-    if (atomic_fetch_add_explicit(&b->count, 1, memory_order_acq_rel) == b->size - 1) {
-        atomic_store_explicit(&b->count, 0, memory_order_relaxed);
-        atomic_fetch_add_explicit(&b->gen, 1, memory_order_release);
-        if (atomic_load_explicit(&b->sleepers, memory_order_acquire) > 0) {
+/* Break the barrier for good: every rank waiting or arriving later returns an error. */
+static kvf_status_t kvf_barrier_break(kvf_barrier_t *b, int arrived)
+{
+    if (!atomic_exchange(&b->breaking, true)) {
+        /* why is written before broken is published: readers see it whole */
+        snprintf(b->why, sizeof(b->why), "%s barrier of %d ranks timed out after %u ms: only "
+                 "%d rank(s) arrived (a rank thread is stuck or gone); every later collective "
+                 "of this world fails", b->name, b->size, b->timeout_ms, arrived);
+        kvf_error("%s", b->why);
+        atomic_store(&b->broken, KVF_ERR_TIMED_OUT);
+        atomic_fetch_add(&b->gen, 1);   /* release everyone, as a completion would */
+        syscall(SYS_futex, &b->gen, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+    }
+    while (atomic_load(&b->broken) == KVF_OK) {
+        kvf_cpu_relax();                /* another rank is publishing it */
+    }
+    return (kvf_status_t)atomic_load(&b->broken);
+}
+
+/*
+ * The wake-up pairing is the store-buffering pattern: the last arrival
+ * writes gen then reads sleepers; a sleeper writes sleepers then reads gen.
+ * With acquire/release alone both may read the old value (the last arrival
+ * skips the wake, the sleeper sleeps on a gen that already moved: futex's
+ * own check closes that window only on the kernel side). Every access of
+ * count, gen and sleepers is therefore seq_cst, so at least one side sees
+ * the other's write.
+ */
+static kvf_status_t kvf_barrier_wait(kvf_barrier_t *b)
+{
+    kvf_status_t broken = (kvf_status_t)atomic_load(&b->broken);
+    uint64_t deadline;
+    unsigned g;
+
+    if (broken != KVF_OK) {
+        return broken;
+    }
+    g = atomic_load(&b->gen);
+    if (atomic_fetch_add(&b->count, 1) == b->size - 1) {
+        atomic_store(&b->count, 0);
+        atomic_fetch_add(&b->gen, 1);
+        if (atomic_load(&b->sleepers) > 0) {
             syscall(SYS_futex, &b->gen, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
         }
-        return;
+        return (kvf_status_t)atomic_load(&b->broken);
     }
     for (int i = 0; i < KVF_BARRIER_SPIN; ++i) {
-        if (atomic_load_explicit(&b->gen, memory_order_acquire) != g) {
-            return;
+        if (atomic_load(&b->gen) != g) {
+            return (kvf_status_t)atomic_load(&b->broken);
         }
         kvf_cpu_relax();
     }
-    atomic_fetch_add_explicit(&b->sleepers, 1, memory_order_acq_rel);
-    while (atomic_load_explicit(&b->gen, memory_order_acquire) == g) {
-        /* returns at once if gen already moved on (EAGAIN) */
-        syscall(SYS_futex, &b->gen, FUTEX_WAIT_PRIVATE, g, NULL, NULL, 0);
+    deadline = kvf_barrier_now_ns() + (uint64_t)b->timeout_ms * 1000000ull;
+    atomic_fetch_add(&b->sleepers, 1);
+    while (atomic_load(&b->gen) == g) {
+        uint64_t now = kvf_barrier_now_ns();
+        struct timespec ts;
+        uint64_t left;
+
+        if ((b->timeout_ms > 0) && (now >= deadline)) {
+            int arrived = atomic_load(&b->count);
+            atomic_fetch_sub(&b->sleepers, 1);
+            return kvf_barrier_break(b, arrived);
+        }
+        left = (b->timeout_ms > 0) ? deadline - now : 1000000000ull;
+        ts.tv_sec = (time_t)(left / 1000000000ull);
+        ts.tv_nsec = (long)(left % 1000000000ull);
+        /* returns at once if gen already moved on (EAGAIN); ETIMEDOUT loops to the check */
+        syscall(SYS_futex, &b->gen, FUTEX_WAIT_PRIVATE, g, &ts, NULL, 0);
     }
-    atomic_fetch_sub_explicit(&b->sleepers, 1, memory_order_acq_rel);
+    atomic_fetch_sub(&b->sleepers, 1);
+    return (kvf_status_t)atomic_load(&b->broken);
 }
 
 typedef struct {
@@ -81,16 +152,16 @@ struct kvf_comm_world {
     kvf_comm_t            comms[KVF_COMM_MAX_RANKS];
 };
 
-static void kvf_comm_wait(struct kvf_comm_world *w)
+static kvf_status_t kvf_comm_wait(struct kvf_comm_world *w)
 {
-    kvf_barrier_wait(&w->bar);
+    return kvf_barrier_wait(&w->bar);
 }
 
 static kvf_status_t kvf_comm_cpu_all_reduce(void *ctx, int rank, float *buf, size_t n, int span)
 {
     struct kvf_comm_world *w = ctx;
     kvf_comm_rank_state_t *st = &w->st[rank];
-    kvf_status_t status = KVF_OK;
+    kvf_status_t status = KVF_OK, wait;
     int first;
 
     if ((span <= 0) || (w->size % span != 0)) {
@@ -107,7 +178,10 @@ static kvf_status_t kvf_comm_cpu_all_reduce(void *ctx, int rank, float *buf, siz
         }
     }
     w->bufs[rank] = buf;
-    kvf_comm_wait(w);
+    wait = kvf_comm_wait(w);
+    if (wait != KVF_OK) {
+        return wait;            /* broken world: peers' buffers may be gone */
+    }
     if ((status == KVF_OK) && (span > 1)) {
         first = rank / span * span;
         memcpy(st->scratch, w->bufs[first], n * sizeof(float));
@@ -118,7 +192,10 @@ static kvf_status_t kvf_comm_cpu_all_reduce(void *ctx, int rank, float *buf, siz
             }
         }
     }
-    kvf_comm_wait(w);
+    wait = kvf_comm_wait(w);
+    if (wait != KVF_OK) {
+        return wait;
+    }
     if ((status == KVF_OK) && (span > 1)) {
         memcpy(buf, st->scratch, n * sizeof(float));
     }
@@ -128,21 +205,23 @@ static kvf_status_t kvf_comm_cpu_all_reduce(void *ctx, int rank, float *buf, siz
 static kvf_status_t kvf_comm_cpu_broadcast(void *ctx, int rank, void *buf, size_t n, int root)
 {
     struct kvf_comm_world *w = ctx;
+    kvf_status_t status;
 
     w->bufs[rank] = buf;
-    kvf_comm_wait(w);
+    status = kvf_comm_wait(w);
+    if (status != KVF_OK) {
+        return status;
+    }
     if ((rank != root) && (n > 0)) {
         memcpy(buf, w->bufs[root], n);
     }
-    kvf_comm_wait(w);
-    return KVF_OK;
+    return kvf_comm_wait(w);
 }
 
 static kvf_status_t kvf_comm_cpu_barrier(void *ctx, int rank)
 {
     (void)rank;
-    kvf_comm_wait(ctx);
-    return KVF_OK;
+    return kvf_comm_wait(ctx);
 }
 
 static const kvf_comm_ops_t kvf_comm_cpu_ops = {
@@ -166,6 +245,9 @@ kvf_status_t kvf_comm_world_create_cpu(int size, kvf_comm_world_h *world_p)
         return KVF_ERR_NO_MEMORY;
     }
     w->bar.size = size;
+    w->bar.timeout_ms = KVF_COMM_BARRIER_TIMEOUT_MS;
+    snprintf(w->bar.name, sizeof(w->bar.name), "tp");
+    atomic_init(&w->bar.broken, KVF_OK);
     w->size = size;
     for (int r = 0; r < size; ++r) {
         w->comms[r] = (kvf_comm_t){.ops = &kvf_comm_cpu_ops, .ctx = w, .rank = r, .size = size};
@@ -183,6 +265,24 @@ void kvf_comm_world_destroy(kvf_comm_world_h world)
         free(world->st[r].scratch);
     }
     free(world);
+}
+
+kvf_status_t kvf_comm_world_set_barrier(kvf_comm_world_h world, const char *name,
+                                        uint32_t timeout_ms)
+{
+    if ((world == NULL) || (name == NULL) || (name[0] == '\0') ||
+        (strlen(name) >= sizeof(world->bar.name))) {
+        kvf_error("communicator barrier name must be 1..%zu bytes", sizeof(world->bar.name) - 1);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    snprintf(world->bar.name, sizeof(world->bar.name), "%s", name);
+    world->bar.timeout_ms = timeout_ms;
+    return KVF_OK;
+}
+
+const char *kvf_comm_world_error(kvf_comm_world_h world)
+{
+    return (atomic_load(&world->bar.broken) != KVF_OK) ? world->bar.why : NULL;
 }
 
 kvf_comm_t *kvf_comm_world_rank(kvf_comm_world_h world, int rank)

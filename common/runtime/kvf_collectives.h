@@ -9,6 +9,13 @@
  *
  * Determinism: the CPU backend sums rank buffers in rank order, so every
  * rank of a span gets bit-identical results.
+ *
+ * Threads: each rank's handle is used by one thread at a time; the world
+ * is shared. Every collective meets the other ranks at a barrier bounded
+ * by the world's barrier timeout (default KVF_COMM_BARRIER_TIMEOUT_MS). A
+ * barrier that times out breaks the world: that collective and every later
+ * one, on every rank, return KVF_ERR_TIMED_OUT (logged once, with the
+ * barrier's name and timeout; kvf_comm_world_error() returns the text).
  */
 #ifndef KVF_COLLECTIVES_H
 #define KVF_COLLECTIVES_H
@@ -16,9 +23,11 @@
 #include "kvf_status.h"
 
 #include <stddef.h>
+#include <stdint.h>
 
 #define KVF_COMM_ABI      1
 #define KVF_COMM_MAX_RANKS 64
+#define KVF_COMM_BARRIER_TIMEOUT_MS 60000u   /* default; kvf_comm_world_set_barrier() */
 
 typedef struct kvf_comm_world *kvf_comm_world_h;
 
@@ -34,7 +43,8 @@ typedef struct kvf_comm_ops {
     /* Copy n bytes from root's buf into every other rank's buf. */
     kvf_status_t (*broadcast)(void *ctx, int rank, void *buf, size_t n, int root);
 
-    /* Return once every rank has entered. */
+    /* Return once every rank has entered. KVF_ERR_TIMED_OUT when the world
+     * broke (a barrier timed out), from then on for every collective. */
     kvf_status_t (*barrier)(void *ctx, int rank);
 } kvf_comm_ops_t;
 
@@ -52,6 +62,21 @@ typedef struct kvf_comm {
  *         KVF_ERR_NO_MEMORY.
  */
 kvf_status_t kvf_comm_world_create_cpu(int size, kvf_comm_world_h *world_p);
+
+/**
+ * Name the world's barrier (for the timeout error, e.g. "prefill-0 tp") and
+ * set its timeout in ms (0: wait forever). Before any rank enters a
+ * collective. @return KVF_OK; KVF_ERR_INVALID_PARAM for a NULL or empty
+ * name or one of 64 bytes or more.
+ */
+kvf_status_t kvf_comm_world_set_barrier(kvf_comm_world_h world, const char *name,
+                                        uint32_t timeout_ms);
+
+/**
+ * Why the world broke ("<name> barrier of N ranks timed out after T ms:
+ * ..."), or NULL while it is healthy. Any thread; the text is stable once set.
+ */
+const char *kvf_comm_world_error(kvf_comm_world_h world);
 
 /** Free the world. No rank may be inside a collective. NULL is a no-op. */
 void kvf_comm_world_destroy(kvf_comm_world_h world);

@@ -1340,7 +1340,10 @@ kvf_status_t kvf_model_forward_rank(kvf_model_h m, const kvf_rank_ctx_t *ctx,
     if ((ctx->comm->size > 1) && grow) {
         /* agree on "can run" so a rank that cannot allocate does not strand its peers */
         float failed = (status != KVF_OK) ? 1.0f : 0.0f;
-        (void)kvf_comm_all_reduce(ctx->comm, &failed, 1);
+        kvf_status_t agreed = kvf_comm_all_reduce(ctx->comm, &failed, 1);
+        if (agreed != KVF_OK) {
+            return agreed;      /* the world broke (a barrier timed out): logged there */
+        }
         if ((failed > 0.0f) && (status == KVF_OK)) {
             status = KVF_ERR_NO_MEMORY;
         }

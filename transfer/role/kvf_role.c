@@ -55,6 +55,10 @@ static kvf_status_t kvf_role_engine_create(const kvf_role_config_t *params,
     ep.num_blocks = params->num_blocks;
     ep.cache = *cache_p;
     ep.max_batch_tokens = params->max_batch_tokens;
+    if (params->test_no_block_zero) {
+        ep.field_mask |= KVF_ENGINE_PARAM_FIELD_NO_ZERO;   /* the pool warns at create */
+        ep.disable_zeroing = true;
+    }
     return kvf_engine_create(&ep, engine_p);
 }
 

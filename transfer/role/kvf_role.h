@@ -28,6 +28,7 @@ typedef struct kvf_role_config {
     int     max_batch_tokens;                /* per engine step */
     int64_t xfer_timeout_ms;                 /* bound on every transfer wait */
     int64_t drain_timeout_ms;                /* after SIGTERM: longest drain before exit */
+    bool    test_no_block_zero;              /* TEST ONLY: fresh attention blocks not zeroed */
 } kvf_role_config_t;
 
 #define KVF_ROLE_MAX_TP 64
@@ -47,7 +48,9 @@ typedef struct kvf_role_config {
 /*
  * Config-table rows for the shared flags of a config struct @a _type that
  * holds a kvf_role_config_t named `role`. Defaults that differ per role are
- * arguments, as strings.
+ * arguments, as strings. TEST_NO_BLOCK_ZERO is hidden (not in --help or
+ * --print-config) but parsed like every row: --test-no-block-zero [yes|no]
+ * or KVF_TEST_NO_BLOCK_ZERO=yes, a bad value refused naming the flag.
  */
 #define KVF_ROLE_CONFIG_FIELDS(_type, _listen, _engine_id)                                    \
     {"MODEL", "", "model folder (config.json + model.safetensors)",                           \
@@ -71,7 +74,10 @@ typedef struct kvf_role_config {
      offsetof(_type, role.xfer_timeout_ms), KVF_CONFIG_TYPE_TIME, 0},                         \
     {"DRAIN_TIMEOUT", KVF_ROLE_DRAIN_TIMEOUT_DEFAULT,                                         \
      "after SIGTERM: longest wait for leases and requests in flight before exiting (a second " \
-     "SIGTERM exits at once)", offsetof(_type, role.drain_timeout_ms), KVF_CONFIG_TYPE_TIME, 0}
+     "SIGTERM exits at once)", offsetof(_type, role.drain_timeout_ms), KVF_CONFIG_TYPE_TIME, 0}, \
+    {"TEST_NO_BLOCK_ZERO", "no",                                                              \
+     "test only: fresh attention blocks are not zeroed (reproduces the stale-bytes NaN)",     \
+     offsetof(_type, role.test_no_block_zero), KVF_CONFIG_TYPE_BOOL, KVF_CONFIG_FLAG_HIDDEN}
 
 /**
  * Check the shared flags; logs one line naming the first bad flag and its

@@ -141,7 +141,10 @@ void kvf_ucx_peer_destroy(kvf_ucx_peer_h peer);
  * Force-close the endpoint whatever its state: every operation still posted
  * on it completes (with an error) before this returns, so none can land in
  * local memory afterwards. For transfers that failed or timed out while
- * GETs were in flight. NULL ok.
+ * GETs were in flight. Should even the forced close not finish within the
+ * agent timeout, the peer is parked (logged as a warning; see
+ * kvf_ucx_peer_destroy()) and that guarantee does not hold for it. Owning
+ * thread only. NULL ok.
  */
 void kvf_ucx_peer_abort(kvf_ucx_peer_h peer);
 

@@ -1,0 +1,133 @@
+/*
+ * The test switch that disables fresh-block zeroing is a hidden row of the
+ * role daemons' config table (TEST_NO_BLOCK_ZERO), not a raw getenv: it is
+ * accepted by flag and by KVF_ variable, a bad value or a misspelt flag is
+ * refused naming it, and --help / --print-config do not list it. Checked on
+ * the shared rows (KVF_ROLE_CONFIG_FIELDS) and on both daemons' binaries.
+ */
+#include "kvf_role.h"
+
+#include "kvf_log.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <cmocka.h>
+
+typedef struct {
+    kvf_role_config_t role;
+} cfg_t;
+
+static const kvf_config_field_t table[] = {
+    KVF_ROLE_CONFIG_FIELDS(cfg_t, "tcp://127.0.0.1:5557", "role-test"),
+    {NULL, NULL, NULL, 0, 0, 0},
+};
+
+static kvf_status_t parse(int argc, const char **argv, cfg_t *c)
+{
+    bool exit_now = false;
+    memset(c, 0, sizeof(*c));
+    return kvf_config_parse(table, "role-test", argc, (char **)argv, c, &exit_now);
+}
+
+static void test_hidden_row(void **state)
+{
+    cfg_t c;
+    const char *on[] = {"--test-no-block-zero"};
+    const char *off[] = {"--test-no-block-zero=no"};
+    const char *bad[] = {"--test-no-block-zero=maybe"};
+    const char *typo[] = {"--test-no-block-zer"};
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f;
+
+    (void)state;
+    unsetenv("KVF_TEST_NO_BLOCK_ZERO");
+    assert_int_equal(parse(0, NULL, &c), KVF_OK);
+    assert_false(c.role.test_no_block_zero);          /* default: zeroing on */
+    assert_int_equal(parse(1, on, &c), KVF_OK);
+    assert_true(c.role.test_no_block_zero);
+    assert_int_equal(parse(1, off, &c), KVF_OK);
+    assert_false(c.role.test_no_block_zero);
+    assert_int_equal(parse(1, bad, &c), KVF_ERR_INVALID_PARAM);
+    assert_int_equal(parse(1, typo, &c), KVF_ERR_INVALID_PARAM);
+
+    setenv("KVF_TEST_NO_BLOCK_ZERO", "yes", 1);
+    assert_int_equal(parse(0, NULL, &c), KVF_OK);
+    assert_true(c.role.test_no_block_zero);
+    assert_int_equal(parse(1, off, &c), KVF_OK);      /* the flag wins over the variable */
+    assert_false(c.role.test_no_block_zero);
+    setenv("KVF_TEST_NO_BLOCK_ZERO", "maybe", 1);
+    assert_int_equal(parse(0, NULL, &c), KVF_ERR_INVALID_PARAM);
+    unsetenv("KVF_TEST_NO_BLOCK_ZERO");
+
+    /* hidden: the effective config shows the others, not this one */
+    assert_int_equal(parse(1, on, &c), KVF_OK);
+    f = open_memstream(&text, &len);
+    assert_non_null(f);
+    kvf_config_print(table, &c, f);
+    fclose(f);
+    assert_non_null(strstr(text, "KVF_XFER_TIMEOUT="));
+    assert_null(strstr(text, "NO_BLOCK_ZERO"));
+    free(text);
+}
+
+/* Run "<bin> <args>" with stderr folded in; returns the exit code, *out the text. */
+static int run(const char *cmd, char *out, size_t cap)
+{
+    FILE *p = popen(cmd, "r");
+    size_t n;
+    int rc;
+
+    assert_non_null(p);
+    n = fread(out, 1, cap - 1, p);
+    out[n] = '\0';
+    rc = pclose(p);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+static void test_daemons(void **state)
+{
+    const char *bin = getenv("KVF_BIN");
+    const char *daemons[] = {"kvf-prefill", "kvf-decode"};
+    static char out[65536];
+    char cmd[1024];
+
+    (void)state;
+    if (bin == NULL) {
+        skip();
+    }
+    for (int i = 0; i < 2; ++i) {
+        snprintf(cmd, sizeof(cmd), "env -u KVF_TEST_NO_BLOCK_ZERO %s/%s --test-no-block-zero "
+                 "--print-config 2>&1", bin, daemons[i]);
+        assert_int_equal(run(cmd, out, sizeof(out)), 0);
+        assert_non_null(strstr(out, "KVF_XFER_TIMEOUT="));
+        assert_null(strstr(out, "NO_BLOCK_ZERO"));
+        snprintf(cmd, sizeof(cmd), "%s/%s --help 2>&1", bin, daemons[i]);
+        assert_int_equal(run(cmd, out, sizeof(out)), 0);
+        assert_null(strstr(out, "no-block-zero"));
+        snprintf(cmd, sizeof(cmd), "%s/%s --test-no-block-zer --print-config 2>&1", bin,
+                 daemons[i]);
+        assert_int_equal(run(cmd, out, sizeof(out)), 2);
+        assert_non_null(strstr(out, "unknown flag '--test-no-block-zer'"));
+        snprintf(cmd, sizeof(cmd), "KVF_TEST_NO_BLOCK_ZERO=maybe %s/%s --print-config 2>&1",
+                 bin, daemons[i]);
+        assert_int_equal(run(cmd, out, sizeof(out)), 2);
+        assert_non_null(strstr(out, "KVF_TEST_NO_BLOCK_ZERO"));
+        assert_non_null(strstr(out, "maybe"));
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_hidden_row),
+        cmocka_unit_test(test_daemons),
+    };
+    kvf_log_init("test");
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
