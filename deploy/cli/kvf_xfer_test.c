@@ -92,6 +92,8 @@ typedef struct xt_opts {
     bool    fault_kill_prefill;
     /* bench only */
     char    descs_out[KVF_CONFIG_STR_MAX];
+    char    pool_alloc[KVF_CONFIG_STR_MAX];
+    bool    ucx_pools;   /* pool_alloc == "ucx" */
     bool    copy_limit;
 } xt_opts_t;
 
@@ -126,6 +128,9 @@ typedef struct xt_opts {
              timeout_ms, KVF_CONFIG_TYPE_TIME, 0),                                            \
     XT_FIELD("BATCH_DESCS", "0", "GETs in flight per prefill rank read (0: all at once)",    \
              batch_descs, KVF_CONFIG_TYPE_INT, 0),                                            \
+    XT_FIELD("POOL_ALLOC", "heap", "pool memory: heap (aligned_alloc, as the daemons) or " \
+             "ucx (the connector allocates it: shared memory a local peer reads by a copy)", \
+             pool_alloc, KVF_CONFIG_TYPE_STRING, 0),                                         \
     XT_FIELD("NO_COALESCE", "no", "one descriptor per run (planner debugging)", no_coalesce, \
              KVF_CONFIG_TYPE_BOOL, 0),                                                        \
     XT_FIELD("FAULT_VERSION", "0", "prefill advertises this protocol version", fault_version, \
@@ -191,7 +196,8 @@ typedef struct xt_rank {
     xt_side_t       *side;
     int              rank;
     pthread_t        thread;
-    uint8_t         *pool;          /* freed after the connector is destroyed */
+    uint8_t         *pool;          /* heap: freed after the connector is destroyed;
+                                       ucx_pools: the connector's, gone with it */
     size_t           pool_len;
 
     /* the raw reference (bench only): a bare agent with the pool registered again */
@@ -610,25 +616,33 @@ static kvf_status_t xt_rank_setup(xt_rank_t *r)
     kvf_status_t status;
 
     r->pool_len = (size_t)side->num_blocks * (size_t)c->layout->slots * g->page_size;
-    r->pool = aligned_alloc(4096, (r->pool_len + 4095) & ~(size_t)4095);
-    if (r->pool == NULL) {
-        return KVF_ERR_NO_MEMORY;
-    }
-    xt_poison(r->pool, r->pool_len, side->prefill ? XT_POISON_PREFILL : XT_POISON_DECODE);
-    if (side->prefill) {
-        xt_prefill_fill(c, side, g, r->pool);
-    }
     memset(&cp, 0, sizeof(cp));
     cp.tp_rank = r->rank;
-    cp.base = r->pool;
     cp.len = r->pool_len;
     cp.num_blocks = side->num_blocks;
     cp.params = side->params;
-    status = c->xops->register_pool(c->conn, &cp);
+    if (c->o.ucx_pools) {
+        void *base = NULL;
+        status = c->xops->alloc_pool(c->conn, &cp, &base);
+        r->pool = base;
+    } else {
+        r->pool = aligned_alloc(4096, (r->pool_len + 4095) & ~(size_t)4095);
+        if (r->pool == NULL) {
+            return KVF_ERR_NO_MEMORY;
+        }
+        cp.base = r->pool;
+        status = c->xops->register_pool(c->conn, &cp);
+    }
     if (status != KVF_OK) {
-        snprintf(r->err, sizeof(r->err), "%s rank %d: register_pool failed: %s",
-                 side->prefill ? "prefill" : "decode", r->rank, kvf_status_str(status));
+        snprintf(r->err, sizeof(r->err), "%s rank %d: %s failed: %s",
+                 side->prefill ? "prefill" : "decode", r->rank,
+                 c->o.ucx_pools ? "alloc_pool" : "register_pool", kvf_status_str(status));
         return status;
+    }
+    /* registered before it is written: the connector may own the memory */
+    xt_poison(r->pool, r->pool_len, side->prefill ? XT_POISON_PREFILL : XT_POISON_DECODE);
+    if (side->prefill) {
+        xt_prefill_fill(c, side, g, r->pool);
     }
     return c->bench ? xt_raw_setup(r) : KVF_OK;
 }
@@ -879,7 +893,7 @@ static int xt_prefill_main(xt_ctx_t *c, int fd)
     }
     kvf_side_channel_server_stop(lying);
     c->xops->destroy(c->conn);
-    for (int r = 0; r < c->pre.tp; ++r) {
+    for (int r = 0; (r < c->pre.tp) && !c->o.ucx_pools; ++r) {
         free(c->ranks[r].pool);
     }
     pthread_barrier_destroy(&c->barrier);
@@ -1553,7 +1567,7 @@ out_reap:
         c->xops->destroy(c->conn);
         c->conn = NULL;
     }
-    for (int r = 0; (c->ranks != NULL) && (r < c->dec.tp); ++r) {
+    for (int r = 0; (c->ranks != NULL) && (r < c->dec.tp) && !c->o.ucx_pools; ++r) {
         free(c->ranks[r].pool);
     }
     close(pfd[0]);
@@ -1603,6 +1617,11 @@ static int xt_main(int argc, char **argv, bool bench)
                   XT_MAX_ITERS);
         goto out;
     }
+    if ((strcmp(c->o.pool_alloc, "heap") != 0) && (strcmp(c->o.pool_alloc, "ucx") != 0)) {
+        kvf_error("%s: --pool-alloc must be heap or ucx, not '%s'", prog, c->o.pool_alloc);
+        goto out;
+    }
+    c->o.ucx_pools = (strcmp(c->o.pool_alloc, "ucx") == 0);
     if (c->o.fault_kill_prefill && (c->o.batch_descs == 0)) {
         c->o.batch_descs = 1;   /* "mid-transfer" needs more than one batch */
     }

@@ -6,7 +6,10 @@ the request's exact descriptor lists (offsets, lengths, rank pairs) to a file;
 the same bytes are then moved by the other contenders, over shared memory
 (UCX's default transports) and over TCP loopback (UCX_TLS=tcp,self):
 
-  kvferry      kvf bench: the connector's start_pull/poll, one thread per decode rank
+  kvferry      kvf bench: the connector's start_pull/poll, one thread per decode rank,
+               heap pools as the daemons allocate them
+  kvferry ucx-pool  the same with pools the connector allocates (--pool-alloc ucx:
+               UCX-mapped shared memory, read by a plain copy; --ucx-pool no skips it)
   copy limit   memcpy of the same descriptor lists, one thread per decode rank
   ucx_perftest raw ucp_get of the same bytes per rank pair as one message (ucx-utils)
   nixl         NIXL (nixl-cu12) UCX backend, as vLLM's NixlConnector runs it: one
@@ -57,9 +60,10 @@ def grab(pattern, text, conv=float):
     return conv(m.group(1)) if m else None
 
 
-def run_kvf(args, transport, descs_file):
+def run_kvf(args, transport, descs_file, pool_alloc="heap"):
     cmd = [KVF, "bench", "--model", args.model, "--layout", args.layout, "--tokens",
-           str(args.tokens), "--iters", str(args.iters), "--descs-out", descs_file]
+           str(args.tokens), "--iters", str(args.iters), "--pool-alloc", pool_alloc]
+    cmd += ["--descs-out", descs_file] if descs_file else ["--copy-limit", "no"]
     r = subprocess.run(cmd, env=env_for(TLS[transport]), capture_output=True, text=True,
                        timeout=600)
     out = r.stdout
@@ -163,6 +167,10 @@ def one_round(args, transport, dfile):
     out["kvferry"] = {"ms": k["kv_ms"], "post_ms": k["post_ms"],
                       "handshake_ms": k["handshake_ms"], "ucx": k["transports"]}
     out["copy limit"] = {"ms": k["copy_ms"]}
+    if args.ucx_pool:
+        u = run_kvf(args, transport, None, "ucx")
+        out["kvferry ucx-pool"] = {"ms": u["kv_ms"], "post_ms": u["post_ms"],
+                                   "handshake_ms": u["handshake_ms"], "ucx": u["transports"]}
     per_read = max(r["bytes"] for r in descs["reads"])
     ms, why = run_perftest(transport, per_read, max(args.iters, 3))
     # the same bytes per rank pair as one message, rank pairs one after another
@@ -181,7 +189,7 @@ def one_round(args, transport, dfile):
 
 
 PEERS = (("nixl", "peer_nixl.py"), ("mooncake", "peer_mooncake.py"))
-ORDER = ("kvferry", "copy limit", "ucx_perftest", "nixl", "mooncake")
+ORDER = ("kvferry", "kvferry ucx-pool", "copy limit", "ucx_perftest", "nixl", "mooncake")
 
 
 def main():
@@ -195,11 +203,17 @@ def main():
                     help="interleaved rounds of every contender; medians are reported")
     ap.add_argument("--transports", default="shm,tcp")
     ap.add_argument("--peers", default="nixl,mooncake")
+    ap.add_argument("--ucx-pool", default="yes", choices=("yes", "no"),
+                    help="also run kvferry with pools the connector allocates (kvf bench "
+                         "--pool-alloc ucx); the daemons' pools are heap memory")
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--quick", action="store_true", help="small smoke run (test suite)")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run (test suite): tiny-hybrid 2p1d, 1024 tokens, one round")
     args = ap.parse_args()
     if args.quick:
+        args.model = os.path.join(SRC, "tests", "data", "models", "tiny-hybrid.config.json")
         args.layout, args.tokens, args.iters, args.rounds = "2p1d", 1024, 2, 1
+    args.ucx_pool = args.ucx_pool == "yes"
     for t in args.transports.split(","):
         if t not in TLS:
             ap.error("--transports: unknown transport %r (shm, tcp)" % t)
@@ -263,25 +277,26 @@ def main():
         print("peer benchmark: %s %s, %d tokens, %d bytes per request; medians of %d "
               "interleaved rounds x %d iterations" % (result["model"], args.layout, args.tokens,
                                                       nbytes, args.rounds, args.iters))
-        print("%-4s %-12s %-9s %7s %8s %9s %6s %8s %11s %9s" % (
+        print("%-4s %-16s %-9s %7s %8s %9s %6s %8s %11s %9s" % (
             "run", "contender", "transport", "GB/s", "vs copy", "kvf/this", "descs", "post ms",
             "complete ms", "hshake ms"))
         f = lambda v, fmt: (fmt % v) if v is not None else "-"   # noqa: E731
         for r in rows:
             if "reason" in r:
-                print("%-4s %-12s %-9s %s" % (r["run"], r["contender"], r["transport"],
+                print("%-4s %-16s %-9s %s" % (r["run"], r["contender"], r["transport"],
                                               r["reason"]))
                 continue
-            print("%-4s %-12s %-9s %7s %8s %9s %6d %8s %11s %9s" % (
+            print("%-4s %-16s %-9s %7s %8s %9s %6d %8s %11s %9s" % (
                 r["run"], r["contender"], r["transport"], f(r["gbs"], "%.2f"),
                 f(r.get("ratio_copy"), "%.3f"), f(r.get("kvferry_ratio"), "%.3f"),
                 r["descriptors"], f(r["post_ms"], "%.3f"), f(r["complete_ms"], "%.2f"),
                 f(r["handshake_ms"], "%.2f")))
         for r in rows:
-            if r["contender"] == "kvferry":
-                print("kvferry/%s: %s; per-round ms %s" % (
-                    r["run"], r["ucx"], ", ".join("%.1f" % x for x in r["runs_ms"])))
-    ok = all(r.get("gbs") for r in rows if r["contender"] == "kvferry") and \
+            if r["contender"].startswith("kvferry") and "reason" not in r:
+                print("%s/%s: %s; per-round ms %s" % (
+                    r["contender"], r["run"], r["ucx"],
+                    ", ".join("%.1f" % x for x in r["runs_ms"])))
+    ok = all(r.get("gbs") for r in rows if r["contender"].startswith("kvferry")) and \
         not any(r.get("reason", "").startswith("failed") for r in rows
                 if r["contender"] in dict(PEERS))
     return 0 if ok else 1

@@ -162,6 +162,16 @@ static kvf_status_t kvf_connector_stub_lease(kvf_connector_h conn, const char *e
     return KVF_ERR_UNSUPPORTED;
 }
 
+static kvf_status_t kvf_connector_stub_alloc_pool(kvf_connector_h conn,
+                                                  const kvf_connector_pool_t *pool,
+                                                  void **base_p)
+{
+    (void)conn;
+    (void)pool;
+    (void)base_p;
+    return KVF_ERR_UNSUPPORTED;
+}
+
 void kvf_connector_ops_fill_stubs(kvf_connector_ops_t *ops)
 {
     /* checklist: one line per op of kvf_connector_ops_t */
@@ -187,6 +197,7 @@ void kvf_connector_ops_fill_stubs(kvf_connector_ops_t *ops)
     }
     if (ops->lease == NULL)          ops->lease = kvf_connector_stub_lease;
     if (ops->finish_pull == NULL)    ops->finish_pull = kvf_connector_stub_poll;
+    if (ops->alloc_pool == NULL)     ops->alloc_pool = kvf_connector_stub_alloc_pool;
 }
 
 kvf_status_t kvf_connector_ops_check(const kvf_connector_ops_t *ops)
@@ -202,7 +213,8 @@ kvf_status_t kvf_connector_ops_check(const kvf_connector_ops_t *ops)
         (ops->poll_release == NULL) || (ops->req_stats == NULL) ||
         (ops->forget_engine == NULL) || (ops->incarnation == NULL) ||
         (ops->remote_incarnation == NULL) || (ops->wait_fds == NULL) ||
-        (ops->set_lease_handler == NULL) || (ops->lease == NULL) || (ops->finish_pull == NULL)) {
+        (ops->set_lease_handler == NULL) || (ops->lease == NULL) || (ops->finish_pull == NULL) ||
+        (ops->alloc_pool == NULL)) {
         kvf_error("connector '%s' has a NULL op", (ops->name != NULL) ? ops->name : "?");
         return KVF_ERR_UNSUPPORTED;
     }

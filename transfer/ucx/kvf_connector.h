@@ -51,11 +51,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define KVF_CONNECTOR_ABI 8   /* 2: req_stats; 3: forget_engine; 4: incarnations; 5: wait_fds;
+#define KVF_CONNECTOR_ABI 9   /* 2: req_stats; 3: forget_engine; 4: incarnations; 5: wait_fds;
                                  6: stats carry posted/landed/done times;
                                  7: batch_descs, plan_flags in the config;
                                  8: leases (set_lease_handler, lease, finish_pull),
-                                    progress_thread in the config */
+                                    progress_thread in the config;
+                                 9: alloc_pool */
 
 typedef struct kvf_connector *kvf_connector_h;
 typedef struct kvf_connector_req *kvf_connector_req_h;
@@ -283,6 +284,21 @@ typedef struct kvf_connector_ops {
      * status.
      */
     kvf_status_t (*finish_pull)(kvf_connector_h conn, int tp_rank, kvf_connector_req_h req);
+
+    /**
+     * As register_pool, but the connector allocates the pool (@a pool->base
+     * must be NULL; len, num_blocks, params as for register_pool) from
+     * memory its transport reads fastest: for UCX, shared memory mapped by
+     * UCX, which a peer on the same host reads by a plain copy with no work
+     * on this side. *base_p receives the base (page aligned, contents
+     * undefined); the memory belongs to the connector and stays valid until
+     * destroy (never free() it). Rank thread, setup path.
+     * Host memory only: a pool whose device is not the CPU is refused.
+     * @return as register_pool; KVF_ERR_UNSUPPORTED for a device pool;
+     *         KVF_ERR_NO_MEMORY when it cannot allocate.
+     */
+    kvf_status_t (*alloc_pool)(kvf_connector_h conn, const kvf_connector_pool_t *pool,
+                               void **base_p);
 } kvf_connector_ops_t;
 
 /** Point every NULL op of @a ops at a stub returning KVF_ERR_UNSUPPORTED. */

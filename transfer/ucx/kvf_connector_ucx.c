@@ -384,8 +384,11 @@ err:
     return status;
 }
 
-static kvf_status_t kvf_conn_register_pool(kvf_connector_h conn, const kvf_connector_pool_t *pool)
+/* register_pool (@a alloc_p NULL: @a pool->base given) or alloc_pool (*alloc_p receives it) */
+static kvf_status_t kvf_conn_add_pool(kvf_connector_h conn, const kvf_connector_pool_t *pool,
+                                      void **alloc_p)
 {
+    void *base = (pool != NULL) ? pool->base : NULL;
     kvf_conn_rank_t *rk;
     kvf_ucx_agent_params_t ap;
     kvf_rank_meta_t *m;
@@ -393,8 +396,13 @@ static kvf_status_t kvf_conn_register_pool(kvf_connector_h conn, const kvf_conne
     kvf_status_t status;
 
     if ((pool == NULL) || (pool->tp_rank < 0) || (pool->tp_rank >= conn->tp) ||
-        (pool->base == NULL) || (pool->num_blocks < 1)) {
+        ((base == NULL) == (alloc_p == NULL)) || (pool->num_blocks < 1)) {
         return KVF_ERR_INVALID_PARAM;
+    }
+    if ((alloc_p != NULL) && kvf_device_is_cuda(&pool->device)) {
+        kvf_error("ucx connector: alloc_pool allocates host memory, not on %s",
+                  kvf_device_kind_name(pool->device.kind));
+        return KVF_ERR_UNSUPPORTED;
     }
     KVF_CONN_CHECK_RANK(conn, pool->tp_rank, "register_pool");
     rk = &conn->ranks[pool->tp_rank];
@@ -427,7 +435,9 @@ static kvf_status_t kvf_conn_register_pool(kvf_connector_h conn, const kvf_conne
     if (status != KVF_OK) {
         goto err_free_meta;
     }
-    status = kvf_ucx_agent_mem_register(rk->agent, pool->base, pool->len, &rk->region);
+    status = (alloc_p != NULL) ?
+             kvf_ucx_agent_mem_alloc(rk->agent, pool->len, &base, &rk->region) :
+             kvf_ucx_agent_mem_register(rk->agent, base, pool->len, &rk->region);
     if (status != KVF_OK) {
         goto err_destroy_agent;
     }
@@ -458,13 +468,16 @@ static kvf_status_t kvf_conn_register_pool(kvf_connector_h conn, const kvf_conne
     if (status != KVF_OK) {
         goto err_destroy_agent;
     }
-    rk->base = pool->base;
+    rk->base = base;
     rk->len = pool->len;
     rk->num_blocks = pool->num_blocks;
     rk->device = pool->device;
     pthread_mutex_lock(&conn->lock);
     rk->registered = true;
     pthread_mutex_unlock(&conn->lock);
+    if (alloc_p != NULL) {
+        *alloc_p = base;
+    }
     return KVF_OK;
 
 err_destroy_agent:
@@ -474,6 +487,17 @@ err_free_meta:
     free(rk->meta);
     rk->meta = NULL;
     return status;
+}
+
+static kvf_status_t kvf_conn_register_pool(kvf_connector_h conn, const kvf_connector_pool_t *pool)
+{
+    return kvf_conn_add_pool(conn, pool, NULL);
+}
+
+static kvf_status_t kvf_conn_alloc_pool(kvf_connector_h conn, const kvf_connector_pool_t *pool,
+                                        void **base_p)
+{
+    return (base_p == NULL) ? KVF_ERR_INVALID_PARAM : kvf_conn_add_pool(conn, pool, base_p);
 }
 
 static bool kvf_conn_all_registered(kvf_connector_h conn)
@@ -1233,6 +1257,7 @@ static const kvf_connector_ops_t kvf_connector_ucx = {
     .set_lease_handler = kvf_conn_set_lease_handler,
     .lease          = kvf_conn_lease,
     .finish_pull    = kvf_conn_finish_pull,
+    .alloc_pool     = kvf_conn_alloc_pool,
 };
 
 const kvf_connector_ops_t *kvf_connector_ucx_ops(void)

@@ -73,6 +73,22 @@ void kvf_ucx_agent_destroy(kvf_ucx_agent_h agent);
 kvf_status_t kvf_ucx_agent_mem_register(kvf_ucx_agent_h agent, void *addr, size_t len,
                                         int *region_p);
 
+/**
+ * Allocate @a len bytes of host memory through UCX and register them as a
+ * new region (ucp_mem_map with UCP_MEM_MAP_ALLOCATE; UCX's allocator order,
+ * UCX_MEM_ALLOC_METHODS, starts with System V and POSIX shared memory). A
+ * peer on the same host then reads the region by a plain copy from its own
+ * mapping of the segment (sysv/posix get_bcopy), with no work by this side,
+ * instead of a CMA or emulated GET. The memory is owned by the agent: it is
+ * released by kvf_ucx_agent_destroy(), not by free(). Setup path only.
+ * @param [out] addr_p    Base of the memory (page aligned; contents undefined).
+ * @param [out] region_p  Index of the new region.
+ * @return KVF_OK; KVF_ERR_INVALID_PARAM for len 0; KVF_ERR_NO_RESOURCE past
+ *         KVF_XFER_MAX_REGIONS; UCX errors (e.g. out of memory).
+ */
+kvf_status_t kvf_ucx_agent_mem_alloc(kvf_ucx_agent_h agent, size_t len, void **addr_p,
+                                     int *region_p);
+
 /** Publishable description of region @a region: address, length, packed rkey. */
 kvf_status_t kvf_ucx_agent_region_meta(kvf_ucx_agent_h agent, int region,
                                        kvf_xfer_region_meta_t *meta_p);

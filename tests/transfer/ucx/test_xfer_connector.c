@@ -5,7 +5,9 @@
  * memcpy reference (kvf_xfer_plan_apply_local) produces from the same
  * pools; each prefill rank receives the release; incompatible dtypes are
  * refused with the field and both values; bad ids and unknown engines are
- * refused before any RDMA; stubs answer KVF_ERR_UNSUPPORTED.
+ * refused before any RDMA; stubs answer KVF_ERR_UNSUPPORTED. Prefill rank 1
+ * lets the connector allocate its pool (alloc_pool: UCX-mapped shared memory),
+ * rank 0 registers its own: both are read byte-exact.
  */
 #include "kvf_connector_ucx.h"
 #include "kvf_ucx_agent.h"
@@ -37,8 +39,9 @@ static const int32_t d_ids0[2] = {6, 2}, d_ids1[1] = {3}, d_ids2[1] = {0};
 typedef struct {
     kvf_connector_h   conn;
     int               rank;
-    uint8_t          *pool;
+    uint8_t          *pool;         /* rank 1: the connector's (alloc_pool) */
     size_t            len;
+    uint64_t          seed;
     kvf_cache_params_t params;
     pthread_barrier_t *ready;
     int               releases;
@@ -57,10 +60,29 @@ static void *prefill_rank(void *arg)
 {
     prank_t *r = arg;
     kvf_connector_pool_t pool = {r->rank, r->pool, r->len, P_BLOCKS, r->params, kvf_device_cpu()};
-    uint64_t deadline;
+    uint64_t deadline, rng = r->seed;
 
-    if (ops->register_pool(r->conn, &pool) != KVF_OK) {
+    if (r->rank == 1) {
+        void *base = NULL;
+        /* a given base or no out pointer is refused; then the connector allocates */
+        pool.base = &base;
+        if ((ops->alloc_pool(r->conn, &pool, &base) != KVF_ERR_INVALID_PARAM) ||
+            (ops->alloc_pool(r->conn, &pool, NULL) != KVF_ERR_INVALID_PARAM)) {
+            r->last_status = KVF_ERR_IO;
+        }
+        pool.base = NULL;
+        if ((ops->alloc_pool(r->conn, &pool, &base) != KVF_OK) || (base == NULL) ||
+            (((uintptr_t)base & 4095u) != 0) ||
+            (ops->alloc_pool(r->conn, &pool, &base) != KVF_ERR_BUSY)) {
+            r->last_status = KVF_ERR_IO;
+        }
+        r->pool = base;
+    } else if (ops->register_pool(r->conn, &pool) != KVF_OK) {
         r->last_status = KVF_ERR_IO;
+    }
+    for (size_t i = 0; (r->pool != NULL) && (i < r->len); ++i) {
+        rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
+        r->pool[i] = (uint8_t)rng;
     }
     pthread_barrier_wait(r->ready);
     deadline = kvf_ucx_now_ns() + 20000000000ull;
@@ -109,16 +131,16 @@ static void test_ucx_connector(void **state)
         pr[r].rank = r;
         pr[r].params = params;
         pr[r].len = pool_bytes(&params, 2, r, P_BLOCKS);
-        pr[r].pool = malloc(pr[r].len);
-        assert_non_null(pr[r].pool);
-        for (size_t i = 0; i < pr[r].len; ++i) {
-            rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
-            pr[r].pool[i] = (uint8_t)rng;
-        }
+        pr[r].pool = (r == 0) ? malloc(pr[r].len) : NULL;
+        assert_true((r == 1) || (pr[r].pool != NULL));
+        pr[r].seed = rng + (uint64_t)r;
         pr[r].ready = &ready;
         pthread_create(&th[r], NULL, prefill_rank, &pr[r]);
     }
     pthread_barrier_wait(&ready);
+    assert_non_null(pr[1].pool);
+    assert_int_equal(pr[0].last_status, KVF_OK);
+    assert_int_equal(pr[1].last_status, KVF_OK);
     assert_int_equal(ops->serve(pconn, &port), KVF_OK);
 
     /* decode instance, this thread is its rank 0 and its leader */
@@ -248,8 +270,7 @@ static void test_ucx_connector(void **state)
     ops->destroy(dconn);
     ops->destroy(pconn);
     pthread_barrier_destroy(&ready);
-    free(pr[0].pool);
-    free(pr[1].pool);
+    free(pr[0].pool);   /* pr[1].pool went with pconn */
     free(dpool);
     free(ref);
 }
@@ -272,6 +293,7 @@ static void test_stubs(void **state)
     assert_int_equal(empty.create(NULL, &conn), KVF_ERR_UNSUPPORTED);
     assert_int_equal(empty.serve(NULL, NULL), KVF_ERR_UNSUPPORTED);
     assert_int_equal(empty.poll(NULL, 0, NULL), KVF_ERR_UNSUPPORTED);
+    assert_int_equal(empty.alloc_pool(NULL, NULL, NULL), KVF_ERR_UNSUPPORTED);
     assert_int_equal(empty.poll_release(NULL, 0, 0, id, sizeof(id), &rank, &st),
                      KVF_ERR_UNSUPPORTED);
     empty.destroy(NULL);
