@@ -5,14 +5,19 @@ For each model geometry, layout and prompt length it runs kvf bench once and
 prints time, GB/s, descriptors and plan+post time per request, plus the
 plan+post share of the time (posting must stay a small share: descriptors
 grow with blocks, not with tokens). --png FILE plots GB/s and descriptors
-against tokens (needs matplotlib; pip install matplotlib). --json prints the
-rows as JSON. Defaults are the full sweep of issue 14 (1k..128k tokens,
-Nemotron-Nano-9B-v2 and Nemotron-3-Nano-30B-A3B, 4p2d 2p4d 8p1d 1p8d); it
+against tokens (gnuplot, from deploy/install-deps.sh --tests); --md FILE writes
+the table as Markdown; --json prints the rows as JSON. Defaults are the full
+sweep (1k..128k tokens, Nemotron-Nano-9B-v2 and Nemotron-3-Nano-30B-A3B, 4p2d
+2p4d 8p1d 1p8d); it
 needs memory for both sides' pools (a 128k-token 9B-v2 request is ~4.4 GB per
 side), so trim --tokens on small machines.
 
 usage: sweep.py [--models a,b] [--layouts 4p2d,...] [--tokens 1024,8192,...]
-                [--iters 3] [--png FILE] [--json]
+                [--iters 3] [--pool-alloc heap|ucx] [--png FILE] [--md FILE] [--json]
+
+The committed results (tests/bench/results/sweep.md, sweep.png) come from
+  python3 tests/bench/sweep.py --md tests/bench/results/sweep.md \\
+      --png tests/bench/results/sweep.png
 """
 import argparse
 import json
@@ -26,12 +31,13 @@ KVF = os.path.join(os.environ.get("KVF_BIN", os.path.join(SRC, "build", "bin")),
 MODELS = {"9b-v2": "nemotron-nano-9b-v2", "30b-a3b": "nemotron-3-nano-30b-a3b"}
 
 
-def bench(model, layout, tokens, iters):
+def bench(model, layout, tokens, iters, pool_alloc="heap"):
     cfg = os.path.join(SRC, "tests", "data", "models", MODELS[model] + ".config.json")
     env = dict(os.environ)
     env.setdefault("KVF_LOG_LEVEL", "error")
     r = subprocess.run([KVF, "bench", "--model", cfg, "--layout", layout, "--tokens",
                         str(tokens), "--iters", str(iters), "--copy-limit", "no",
+                        "--pool-alloc", pool_alloc,
                         "--timeout", "60s"], env=env, capture_output=True, text=True,
                        timeout=1800)
     out = r.stdout
@@ -49,13 +55,68 @@ def bench(model, layout, tokens, iters):
             "handshake_ms": g(r"^handshake: ([\d.]+) ms")}
 
 
+def write_md(path, rows):
+    """The sweep as a Markdown table (the committed tests/bench/results/sweep.md)."""
+    with open(path, "w") as f:
+        f.write("| model | layout | tokens | bytes | descriptors | time ms | GB/s | "
+                "plan+post ms | post share |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
+        for r in rows:
+            if "error" in r:
+                f.write("| %s | %s | %d | failed: %s | | | | | |\n" % (
+                    r["model"], r["layout"], r["tokens"], " ".join(r["error"])))
+                continue
+            f.write("| %s | %s | %d | %d | %d | %.2f | %.2f | %.3f | %.2f %% |\n" % (
+                r["model"], r["layout"], r["tokens"], r["bytes"], r["descriptors"], r["ms"],
+                r["gbs"], r["post_ms"], 100.0 * r["post_share"]))
+
+
+def plot(path, rows, models, layouts):
+    """GB/s and descriptors against tokens, one line per model and layout (gnuplot)."""
+    import shutil
+    import tempfile
+    if shutil.which("gnuplot") is None:
+        raise SystemExit("sweep: --png needs gnuplot (deploy/install-deps.sh --tests)")
+    series = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in models:
+            for layout in layouts:
+                pts = [r for r in rows if r["model"] == model and r["layout"] == layout and
+                       "error" not in r]
+                if not pts:
+                    continue
+                dat = os.path.join(tmp, "%s-%s.dat" % (model, layout))
+                with open(dat, "w") as f:
+                    for p in pts:
+                        f.write("%d %.4f %d\n" % (p["tokens"], p["gbs"], p["descriptors"]))
+                series.append((dat, "%s %s" % (model, layout)))
+        if not series:
+            raise SystemExit("sweep: nothing to plot (every cell failed)")
+        gp = ["set terminal png size 1200,480", "set output '%s'" % path,
+              "set multiplot layout 1,2 title 'kvf bench: KV pull through the connector'",
+              "set logscale x 2", "set xlabel 'prompt tokens'", "set grid",
+              "set key top left font ',8'", "set ylabel 'GB/s'",
+              "plot " + ", ".join("'%s' using 1:2 with linespoints title '%s'" % s_
+                                  for s_ in series),
+              "set ylabel 'descriptors per request'", "set logscale y 2",
+              "plot " + ", ".join("'%s' using 1:3 with linespoints title '%s'" % s_
+                                  for s_ in series),
+              "unset multiplot"]
+        r = subprocess.run(["gnuplot"], input="\n".join(gp) + "\n", text=True,
+                           capture_output=True, timeout=60)
+        if r.returncode != 0:
+            raise SystemExit("sweep: gnuplot failed: %s" % r.stderr.strip())
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="9b-v2,30b-a3b")
     ap.add_argument("--layouts", default="4p2d,2p4d,8p1d,1p8d")
     ap.add_argument("--tokens", default="1024,2048,4096,8192,16384,32768,65536,131072")
     ap.add_argument("--iters", type=int, default=3)
-    ap.add_argument("--png")
+    ap.add_argument("--png", help="write a plot of GB/s and descriptors against tokens (gnuplot)")
+    ap.add_argument("--md", help="write the table as Markdown")
+    ap.add_argument("--pool-alloc", default="heap", choices=("heap", "ucx"),
+                    help="kvf bench --pool-alloc (heap: as the daemons)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     rows = []
@@ -65,7 +126,7 @@ def main():
     for model in args.models.split(","):
         for layout in args.layouts.split(","):
             for tokens in [int(t) for t in args.tokens.split(",")]:
-                row = bench(model, layout, tokens, args.iters)
+                row = bench(model, layout, tokens, args.iters, args.pool_alloc)
                 rows.append(row)
                 if args.json:
                     continue
@@ -77,30 +138,11 @@ def main():
                         row["gbs"], row["post_ms"], 100.0 * row["post_share"]), flush=True)
     if args.json:
         print(json.dumps(rows, indent=1))
+    if args.md:
+        write_md(args.md, rows)
+        print("table: %s" % args.md)
     if args.png:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
-        for model in args.models.split(","):
-            for layout in args.layouts.split(","):
-                pts = [r for r in rows if r["model"] == model and r["layout"] == layout and
-                       "error" not in r]
-                if not pts:
-                    continue
-                lab = "%s %s" % (model, layout)
-                a1.plot([p["tokens"] for p in pts], [p["gbs"] for p in pts], "o-", label=lab)
-                a2.plot([p["tokens"] for p in pts], [p["descriptors"] for p in pts], "o-",
-                        label=lab)
-        for a, y in ((a1, "GB/s"), (a2, "descriptors per request")):
-            a.set_xscale("log", base=2)
-            a.set_xlabel("prompt tokens")
-            a.set_ylabel(y)
-            a.grid(True, alpha=0.3)
-        a1.legend(fontsize=7)
-        fig.suptitle("kvf bench: KV pull through the connector")
-        fig.tight_layout()
-        fig.savefig(args.png, dpi=110)
+        plot(args.png, rows, args.models.split(","), args.layouts.split(","))
         print("plot: %s" % args.png)
     return 0 if all("error" not in r for r in rows) else 1
 
