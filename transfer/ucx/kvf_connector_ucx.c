@@ -399,7 +399,7 @@ static kvf_status_t kvf_conn_add_pool(kvf_connector_h conn, const kvf_connector_
         ((base == NULL) == (alloc_p == NULL)) || (pool->num_blocks < 1)) {
         return KVF_ERR_INVALID_PARAM;
     }
-    if ((alloc_p != NULL) && kvf_device_is_cuda(&pool->device)) {
+    if ((alloc_p != NULL) && (pool->device.kind != KVF_DEVICE_CPU)) {
         kvf_error("ucx connector: alloc_pool allocates host memory, not on %s",
                   kvf_device_kind_name(pool->device.kind));
         return KVF_ERR_UNSUPPORTED;
