@@ -33,7 +33,6 @@
 #define _GNU_SOURCE
 #include "kvf_proxy_http.h"
 #include "kvf_proxy_conns.h"
-#include "kvf_proxy_text.h"
 #include "kvf_log.h"
 
 #include <arpa/inet.h>
@@ -93,7 +92,7 @@ typedef struct {
     struct MHD_Connection     *conn;
     kvf_proxy_completion_req_t req;
     kvf_proxy_flow_t           flow;
-    kvf_proxy_utf8_t           utf8;
+    kvf_tokenizer_stream_t     text;      /* holds a character split across tokens */
     kvf_proxy_sse_phase_t      phase;
     int                        code;      /* for the request counter */
     char                      *out;       /* pending SSE bytes */
@@ -172,32 +171,55 @@ static bool kvf_proxy_client_gone(void *arg)
     return (poll(&pfd, 1, 0) > 0) && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR));
 }
 
-/* Completion text of tokens [from, to) through the stream's UTF-8 state; malloc'd. */
-static char *kvf_proxy_text(const kvf_tokenizer_t *tok, const kvf_proxy_flow_t *flow,
-                            kvf_proxy_utf8_t *utf8, int from, int to, bool flush)
+/*
+ * A decoded NUL (byte token 0) would cut the JSON string short, since the
+ * JSON builder takes C strings: it is sent as U+FFFD instead. Takes @a text
+ * (w bytes), returns it or a replacement (the input is freed then).
+ */
+static char *kvf_proxy_text_nul(char *text, size_t w)
 {
-    size_t mx = kvf_tokenizer_max_token_bytes(tok);
-    size_t n = (size_t)(to - from) * mx;
-    char *bytes = malloc(n + 1);
-    char *text = malloc(KVF_PROXY_UTF8_CAP(n));
-    size_t len = 0, w;
+    size_t nul = 0, j = 0;
+    char *out;
 
-    if ((bytes == NULL) || (text == NULL)) {
-        free(bytes);
-        free(text);
+    for (size_t i = 0; i < w; ++i) {
+        nul += (text[i] == '\0');
+    }
+    if (nul == 0) {
+        return text;
+    }
+    out = malloc(w + 2 * nul + 1);
+    if (out != NULL) {
+        for (size_t i = 0; i < w; ++i) {
+            if (text[i] == '\0') {
+                memcpy(out + j, "\xef\xbf\xbd", 3);
+                j += 3;
+            } else {
+                out[j++] = text[i];
+            }
+        }
+        out[j] = '\0';
+    }
+    free(text);
+    return out;
+}
+
+/* Completion text of tokens [from, to) through the stream's decoder state; malloc'd. */
+static char *kvf_proxy_text(const kvf_tokenizer_t *tok, const kvf_proxy_flow_t *flow,
+                            kvf_tokenizer_stream_t *st, int from, int to, bool flush)
+{
+    /* room for the feed plus what the flush may release */
+    size_t cap = kvf_tokenizer_stream_cap(tok, to - from) + 3 * KVF_TOKENIZER_STREAM_PEND + 1;
+    char *text = malloc(cap);
+    size_t w;
+
+    if (text == NULL) {
         return NULL;
     }
-    /* Each token's bytes (special ids are not shown); the UTF-8 state joins characters. */
-    for (int i = from; i < to; ++i) {
-        int k = kvf_tokenizer_token_bytes(tok, flow->out.tokens[i], bytes + len, n - len);
-        len += (k > 0) ? (size_t)k : 0;
-    }
-    w = kvf_proxy_utf8_feed(utf8, bytes, len, text, KVF_PROXY_UTF8_CAP(n));
+    w = kvf_tokenizer_stream_feed(tok, st, flow->out.tokens + from, to - from, text, cap);
     if (flush) {
-        w += kvf_proxy_utf8_flush(utf8, text + w, KVF_PROXY_UTF8_CAP(n) - w);
+        w += kvf_tokenizer_stream_flush(st, text + w, cap - w);
     }
-    free(bytes);
-    return text;
+    return kvf_proxy_text_nul(text, w);
 }
 
 /* ---- streaming ---------------------------------------------------------------- */
@@ -227,7 +249,7 @@ static char *kvf_proxy_sse_chunk(kvf_proxy_stream_t *s, int from, bool final)
 {
     const kvf_proxy_openai_ctx_t *api = s->http->params.api;
     int to = s->flow.out.num_tokens;
-    char *text = kvf_proxy_text(api->tok, &s->flow, &s->utf8, from, to, final);
+    char *text = kvf_proxy_text(api->tok, &s->flow, &s->text, from, to, final);
     char *json;
 
     if (text == NULL) {
@@ -401,7 +423,7 @@ static enum MHD_Result kvf_proxy_completions(struct kvf_proxy_http *http,
         }
     }
     {
-        char *text = kvf_proxy_text(http->params.api->tok, &s->flow, &s->utf8, 0,
+        char *text = kvf_proxy_text(http->params.api->tok, &s->flow, &s->text, 0,
                                     s->flow.out.num_tokens, true);
         char *json = (text != NULL) ?
                      kvf_proxy_openai_completion_json(http->params.api, &s->req, &s->flow.out,

@@ -1,11 +1,10 @@
 /*
- * kvf-proxy pure parts: UTF-8 repair of streamed byte tokens, OpenAI
- * request validation, metrics text. Expected values are written out by
- * hand from the Unicode and OpenAI rules, not taken from program output.
+ * kvf-proxy pure parts: OpenAI request validation, metrics text (streamed
+ * text is the tokenizer's, tested in test_tokenizer). Expected values are
+ * written out by hand from the OpenAI rules, not taken from program output.
  */
 #include "kvf_proxy_metrics.h"
 #include "kvf_proxy_openai.h"
-#include "kvf_proxy_text.h"
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -14,81 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <cmocka.h>
-
-#define FFFD "\xef\xbf\xbd"
-
-static void utf8_all(const char *in, size_t len, char *out)
-{
-    kvf_proxy_utf8_t st = {0};
-    size_t w = kvf_proxy_utf8_feed(&st, in, len, out, KVF_PROXY_UTF8_CAP(len));
-    kvf_proxy_utf8_flush(&st, out + w, KVF_PROXY_UTF8_CAP(len) - w);
-}
-
-static void test_utf8_whole(void **state)
-{
-    char out[256];
-
-    (void)state;
-    utf8_all("hello", 5, out);
-    assert_string_equal(out, "hello");
-    utf8_all("caf\xc3\xa9", 5, out);                 /* é, valid */
-    assert_string_equal(out, "caf\xc3\xa9");
-    utf8_all("a\xff" "b", 3, out);                   /* never valid */
-    assert_string_equal(out, "a" FFFD "b");
-    utf8_all("\xc0\xaf", 2, out);                    /* overlong '/': two bad bytes */
-    assert_string_equal(out, FFFD FFFD);
-    utf8_all("\xed\xa0\x80", 3, out);                /* surrogate D800: ED then 2 bad conts */
-    assert_string_equal(out, FFFD FFFD FFFD);
-    utf8_all("\xe2\x82" "x", 3, out);                /* truncated € then x: one U+FFFD */
-    assert_string_equal(out, FFFD "x");
-    utf8_all("\xf0\x9f\x98", 3, out);                /* truncated at the end */
-    assert_string_equal(out, FFFD);
-    utf8_all("a\0b", 3, out);                        /* NUL cannot travel in the C string */
-    assert_string_equal(out, "a" FFFD "b");
-    utf8_all("\xf4\x90\x80\x80", 4, out);            /* above U+10FFFF */
-    assert_string_equal(out, FFFD FFFD FFFD FFFD);
-}
-
-static void test_utf8_split(void **state)
-{
-    /* U+1F600 (F0 9F 98 80) fed one byte at a time: nothing, nothing, nothing, the char. */
-    const char emoji[] = "\xf0\x9f\x98\x80";
-    kvf_proxy_utf8_t st = {0};
-    char out[32];
-
-    (void)state;
-    for (int i = 0; i < 3; ++i) {
-        assert_int_equal(kvf_proxy_utf8_feed(&st, emoji + i, 1, out, sizeof(out)), 0);
-        assert_string_equal(out, "");
-    }
-    assert_int_equal(kvf_proxy_utf8_feed(&st, emoji + 3, 1, out, sizeof(out)), 4);
-    assert_string_equal(out, emoji);
-    assert_int_equal(kvf_proxy_utf8_flush(&st, out, sizeof(out)), 0);
-
-    /* A pending lead followed by a non-continuation: U+FFFD, then the byte. */
-    assert_int_equal(kvf_proxy_utf8_feed(&st, "\xc3", 1, out, sizeof(out)), 0);
-    kvf_proxy_utf8_feed(&st, "A", 1, out, sizeof(out));
-    assert_string_equal(out, FFFD "A");
-}
-
-static void test_utf8_long(void **state)
-{
-    /* 1000 x "é" (2000 bytes, > the internal slice) split at an odd offset. */
-    static char in[2000], out[KVF_PROXY_UTF8_CAP(2000)], out2[KVF_PROXY_UTF8_CAP(2000)];
-    kvf_proxy_utf8_t st = {0};
-    size_t w;
-
-    (void)state;
-    for (int i = 0; i < 1000; ++i) {
-        in[2 * i] = (char)0xc3;
-        in[2 * i + 1] = (char)0xa9;
-    }
-    w = kvf_proxy_utf8_feed(&st, in, 777, out, sizeof(out));
-    assert_int_equal(w, 776);
-    w = kvf_proxy_utf8_feed(&st, in + 777, 2000 - 777, out2, sizeof(out2));
-    assert_int_equal(w, 2000 - 776);
-    assert_int_equal(st.num_pending, 0);
-}
 
 static kvf_tokenizer_t test_tok = {260, 256, 257, NULL};
 
@@ -328,8 +252,7 @@ static void test_metrics_text(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_utf8_whole),  cmocka_unit_test(test_utf8_split),
-        cmocka_unit_test(test_utf8_long),   cmocka_unit_test(test_parse_ok),
+        cmocka_unit_test(test_parse_ok),
         cmocka_unit_test(test_parse_bad),   cmocka_unit_test(test_metrics_text),
         cmocka_unit_test(test_error_json),  cmocka_unit_test(test_parse_limits),
     };
