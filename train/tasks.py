@@ -8,6 +8,8 @@ changes the answer:
   recall  key-value recall: 28-44 records "ab=47" (140-220 tokens: 2-3 blocks of 80),
           then "? ab=" -> "47"; in the held-out set the queried key sits in
           the first 10 records, so attention must reach back across blocks
+          (sizes are PARAMS: train.py's --add-digits, --recall-records,
+          --recall-early change them)
   reverse reverse a word spelled with spaces, "rev c a t s =" -> " s t a c"
           (needs the order of the letters, carried by the recurrent state)
 
@@ -26,23 +28,26 @@ import string
 
 LETTERS = string.ascii_lowercase
 
+# Task sizes (train.py sets them from its flags; the defaults are stage 1's).
+PARAMS = {"add_digits": (2, 3), "recall_records": (28, 44), "recall_early": 10}
+
 
 def gen_add(rng):
-    da, db = rng.randint(2, 3), rng.randint(2, 3)
+    da, db = rng.randint(*PARAMS["add_digits"]), rng.randint(*PARAMS["add_digits"])
     a = rng.randint(10 ** (da - 1), 10 ** da - 1)
     b = rng.randint(10 ** (db - 1), 10 ** db - 1)
     return {"task": "add", "prompt": f"add {a}+{b}=", "answer": str(a + b)}
 
 
-def gen_recall(rng, early, n_range=(28, 44)):
-    n = rng.randint(*n_range)
+def gen_recall(rng, early, n_range=None):
+    n = rng.randint(*(n_range or PARAMS["recall_records"]))
     keys = set()
     while len(keys) < n:
         keys.add(rng.choice(LETTERS) + rng.choice(LETTERS))
     keys = list(keys)
     rng.shuffle(keys)
     vals = [f"{rng.randint(10, 99)}" for _ in keys]
-    q = rng.randint(0, min(9, n - 1)) if early else rng.randint(0, n - 1)
+    q = rng.randint(0, min(PARAMS["recall_early"] - 1, n - 1)) if early else rng.randint(0, n - 1)
     body = " ".join(f"{k}={v}" for k, v in zip(keys, vals))
     return {"task": "recall", "prompt": f"kv {body} ? {keys[q]}=", "answer": vals[q]}
 

@@ -126,10 +126,33 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--heldout", type=int, default=100, help="held-out samples per task")
     ap.add_argument("--eval-every", type=int, default=200)
+    ap.add_argument("--init", help="start from this checkpoint folder (its weights and its "
+                    "tokenizer.json) instead of random weights: a second training stage")
+    ap.add_argument("--add-digits", default="2-3", help="operand digits of add, LO-HI")
+    ap.add_argument("--recall-records", default=None,
+                    help="records per recall prompt, LO-HI, fixed (default: a curriculum "
+                         "from 6-12 to 28-44 over the first half)")
+    ap.add_argument("--recall-early", type=int, default=10,
+                    help="held-out recall queries a key among the first this many records")
     ap.add_argument("--train-chunk-size", type=int, default=32,
                     help="Mamba scan chunk while training (the stored config keeps its own; "
                          "the chunked scan is exact for any chunk, short prompts just pad less)")
     args = ap.parse_args()
+
+    def span(v, name):
+        try:
+            lo, hi = (int(x) for x in v.split("-"))
+        except ValueError:
+            ap.error(f"{name} {v!r}: expected LO-HI")
+        if not 1 <= lo <= hi:
+            ap.error(f"{name} {v!r}: need 1 <= LO <= HI")
+        return lo, hi
+
+    tasks.PARAMS["add_digits"] = span(args.add_digits, "--add-digits")
+    fixed_records = span(args.recall_records, "--recall-records") if args.recall_records else None
+    if fixed_records:
+        tasks.PARAMS["recall_records"] = fixed_records
+    tasks.PARAMS["recall_early"] = args.recall_early
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -146,8 +169,11 @@ def main():
             if s["prompt"] not in seen:
                 seen.add(s["prompt"])
                 held.append(s)
-    corpus = [tasks.gen(rng, t, early=False) for t in tasks.TASKS for _ in range(3000)]
-    tok = tokmod.build([s["prompt"] + s["answer"] for s in corpus], args.vocab)
+    if args.init:
+        tok = tokenizers.Tokenizer.from_file(os.path.join(args.init, "tokenizer.json"))
+    else:
+        corpus = [tasks.gen(rng, t, early=False) for t in tasks.TASKS for _ in range(3000)]
+        tok = tokmod.build([s["prompt"] + s["answer"] for s in corpus], args.vocab)
     bos, eos, pad = (tok.token_to_id(t) for t in tokmod.SPECIALS)
 
     with open(args.config) as f:
@@ -155,6 +181,16 @@ def main():
     cfg_json.update(vocab_size=tok.get_vocab_size(), bos_token_id=bos, eos_token_id=eos,
                     pad_token_id=pad, torch_dtype="bfloat16")
     model = NemotronHForCausalLM(NemotronHConfig(**dict(cfg_json, chunk_size=args.train_chunk_size)))
+    if args.init:
+        from safetensors.torch import load_file
+        sd = load_file(os.path.join(args.init, "model.safetensors"))
+        sd = {("model." + k[len("backbone."):] if k.startswith("backbone.") else k): v.float()
+              for k, v in sd.items()}
+        missing, unexpected = model.load_state_dict(sd, strict=False)
+        if missing or unexpected:
+            sys.exit(f"--init {args.init}: weights do not fit --config "
+                     f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+        log(f"initialised from {args.init}")
     nparams = sum(p.numel() for p in model.parameters())
     log(f"model {nparams} parameters, vocab {tok.get_vocab_size()}")
 
@@ -179,7 +215,7 @@ def main():
     for step in range(args.steps):
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
-        lo, hi = recall_records(step, args.steps)
+        lo, hi = fixed_records or recall_records(step, args.steps)
         losses = []
         for task, bsz in (("recall", args.batch_recall), ("add", args.batch_short),
                           ("reverse", args.batch_short)):
@@ -210,7 +246,9 @@ def main():
             f"```\n{cmd}\n```\n\n"
             f"- seed {args.seed}, {args.steps} steps, lr {args.lr}, recall batch "
             f"{args.batch_recall}, add/reverse batch {args.batch_short}, {args.threads} thread(s), "
-            f"Mamba chunk {args.train_chunk_size} while training\n"
+            f"Mamba chunk {args.train_chunk_size} while training, add digits {args.add_digits}, "
+            f"recall records {args.recall_records or 'curriculum 6-12 to 28-44'}"
+            f"{', from ' + args.init if args.init else ''}\n"
             f"- python {sys.version.split()[0]}, torch {torch.__version__}, transformers "
             f"{transformers.__version__}, tokenizers {tokenizers.__version__}\n"
             f"- {nparams} parameters, vocab {tok.get_vocab_size()}, weights stored as bf16\n"
