@@ -32,6 +32,7 @@
 #include "kvf_decode_server.h"
 
 #include "kvf_engine.h"
+#include "kvf_fault.h"
 #include "kvf_handshake.h"
 #include "kvf_log.h"
 #include "kvf_time.h"
@@ -104,6 +105,11 @@ struct kvf_decode_server {
     uint64_t                   peer_errors;
     uint64_t                   reads_prevented;   /* lease not valid: KV not used / not read */
     uint64_t                   drain_start_ns;    /* 0 until SIGTERM */
+#if KVF_FAULT_ENABLED
+    char                       fault_last_rid[KVF_ENGINE_ID_MAX];   /* lease.claim=replay */
+    uint64_t                   fault_last_nonce;
+    bool                       fault_replayed;    /* this pull's claim was the replay */
+#endif
 };
 
 static kvf_status_t kvf_dc_setup(kvf_decode_server_h srv)
@@ -265,6 +271,21 @@ static kvf_status_t kvf_dc_lease(kvf_decode_server_h srv, const kvf_xfer_params_
     m.decode_rank = rank;
     m.decode_tp = srv->cfg.role.tp;
     m.status = pull_status;
+#if KVF_FAULT_ENABLED
+    if ((op == KVF_LEASE_OP_CLAIM) && (KVF_FAULT(LEASE_CLAIM) == KVF_FAULT_REPLAY)) {
+        if (srv->fault_last_rid[0] != '\0') {
+            /* stale transfer params: a lease this decode already released */
+            kvf_warn("fault lease.claim: request %s claims with the transfer params of request"
+                     " %s (released); GETs posted so far: %" PRIu64, request_id,
+                     srv->fault_last_rid, kvf_fault_passes(KVF_FAULT_POINT_UCX_POST));
+            snprintf(m.request_id, sizeof(m.request_id), "%s", srv->fault_last_rid);
+            m.nonce = srv->fault_last_nonce;
+            srv->fault_replayed = true;
+        } else {
+            kvf_warn("fault lease.claim: no released lease to replay yet");
+        }
+    }
+#endif
     return srv->xops->lease(srv->conn, xp->engine_id, xp->host, xp->port, &m, answer);
 }
 
@@ -317,6 +338,15 @@ static kvf_status_t kvf_dc_pull(kvf_decode_server_h srv, const kvf_xfer_params_m
     }
     if (answer.verdict != KVF_LEASE_VALID) {
         srv->reads_prevented++;
+#if KVF_FAULT_ENABLED
+        if (srv->fault_replayed) {
+            srv->fault_replayed = false;
+            kvf_warn("fault lease.claim: replayed claim of request %s answered %s; GETs posted"
+                     " so far: %" PRIu64, q->request_id,
+                     (answer.verdict == KVF_LEASE_EXPIRED) ? "expired" : "refused",
+                     kvf_fault_passes(KVF_FAULT_POINT_UCX_POST));
+        }
+#endif
         snprintf(err, err_len, "the KV lease %s before the read could start (prefill %s: %s);"
                  " nothing was read", (answer.verdict == KVF_LEASE_EXPIRED) ? "expired" :
                  "was refused", xp->engine_id, answer.why);
@@ -422,6 +452,12 @@ static kvf_status_t kvf_dc_pull(kvf_decode_server_h srv, const kvf_xfer_params_m
                 snprintf(why, sizeof(why), "%s", answer.why);
             }
         }
+#if KVF_FAULT_ENABLED
+        if ((status == KVF_OK) && (worst == KVF_LEASE_VALID)) {
+            snprintf(srv->fault_last_rid, sizeof(srv->fault_last_rid), "%s", q->request_id);
+            srv->fault_last_nonce = xp->nonce;
+        }
+#endif
         if ((status == KVF_OK) && (worst != KVF_LEASE_VALID)) {
             srv->reads_prevented++;
             snprintf(err, err_len, "the KV lease expired before the read finished (prefill %s:"
@@ -891,7 +927,10 @@ static kvf_status_t kvf_dc_step(kvf_decode_server_h srv)
 {
     kvf_engine_event_t ev[KVF_DC_MAX_EVENTS];
     int n = 0;
-    kvf_status_t status = kvf_engine_step(srv->engine, ev, KVF_DC_MAX_EVENTS, &n);
+    kvf_status_t status;
+
+    (void)KVF_FAULT(DECODE_STEP);   /* tests: a slow (stalled) or dying decode step */
+    status = kvf_engine_step(srv->engine, ev, KVF_DC_MAX_EVENTS, &n);
 
     for (int i = 0; i < n; ++i) {
         int k = kvf_dc_find(srv, ev[i].id);

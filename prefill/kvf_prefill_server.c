@@ -30,6 +30,7 @@
 #include "kvf_lease.h"
 
 #include "kvf_engine.h"
+#include "kvf_fault.h"
 #include "kvf_log.h"
 #include "kvf_time.h"
 #include "kvf_role.h"
@@ -129,6 +130,9 @@ static void kvf_pf_lease_op(void *arg, const char *requester, const kvf_lease_ms
     if (q != atomic_load(&srv->quarantine_ms)) {   /* only this thread writes it */
         atomic_store(&srv->quarantine_ms, q);
         kvf_lease_table_set_quarantine(srv->leases, q);
+    }
+    if (msg->op == KVF_LEASE_OP_RELEASE) {
+        (void)KVF_FAULT(LEASE_RELEASE);   /* tests: die, stop or stall on a release */
     }
     if (msg->op == KVF_LEASE_OP_CLAIM) {
         kvf_lease_table_claim(srv->leases, msg->request_id, msg->nonce, requester, now,

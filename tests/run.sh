@@ -17,9 +17,11 @@ if ! python3 -c "import kubernetes_validate" >/dev/null 2>&1; then
         echo "kvferry: could not install kubernetes-validate; test_k8s_manifests will be skipped"
 fi
 
+# The test tree has the fault points (common/base/kvf_fault.h) that
+# test_e2e_fault_matrix arms; the main job's build (deploy/build.sh alone) does not.
 build=build-test
 rm -rf "$build"
-BUILD_DIR="$root/$build" bash deploy/build.sh -DKVF_WERROR=ON
+BUILD_DIR="$root/$build" bash deploy/build.sh -DKVF_WERROR=ON -DKVF_FAULT_INJECTION=ON
 ctest --test-dir "$build" --output-on-failure --timeout 600 -j2 --no-tests=error
 
 # Optional reference step: kvferry against transformers on checkpoints transformers

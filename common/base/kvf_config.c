@@ -291,6 +291,7 @@ void kvf_config_warn_unused(void)
 {
     static const char *const known[] = {
         "LOG_LEVEL", "LOG_SUBSYS", "SOURCE_DIR", "BIN", "SHARED_MODELS",
+        "FAULT",   /* kvf_fault.h: read by kvf_fault_init() */
     };
     for (char **e = environ; (e != NULL) && (*e != NULL); ++e) {
         const char *name = *e;

@@ -13,6 +13,7 @@
  */
 #include "kvf_side_channel.h"
 
+#include "kvf_fault.h"
 #include "kvf_log.h"
 #include "kvf_zmq.h"
 
@@ -107,6 +108,55 @@ static void kvf_side_channel_lease_answer(kvf_side_channel_server_h s,
     free(buf);
 }
 
+#if KVF_FAULT_ENABLED
+/* Fault points side.rkey / side.reply (kvf_fault.h): @return true when the reply was handled. */
+static bool kvf_side_channel_fault_reply(kvf_side_channel_server_h s)
+{
+    kvf_fault_action_t rkey = KVF_FAULT(SIDE_RKEY);
+    kvf_fault_action_t reply = KVF_FAULT(SIDE_REPLY);
+    kvf_handshake_reply_t r;
+    uint8_t *buf;
+    size_t len;
+
+    if (reply == KVF_FAULT_DROP) {
+        kvf_warn("side channel: fault side.reply: this handshake is never answered");
+        return true;   /* the REP socket now waits for a send that never comes */
+    }
+    if (reply == KVF_FAULT_CORRUPT) {
+        buf = malloc(s->reply_len);
+        if (buf != NULL) {
+            memcpy(buf, s->reply, s->reply_len);
+            kvf_fault_garble(buf, s->reply_len, s->reply_len / 2);
+            zmq_send(s->sock, buf, s->reply_len, 0);
+            free(buf);
+            return true;
+        }
+    }
+    if ((rkey == KVF_FAULT_CORRUPT) &&
+        (kvf_handshake_reply_unpack(s->reply, s->reply_len, &r) == KVF_OK)) {
+        uint32_t x = 0x9e3779b9u;   /* xorshift: same garbage on every run */
+        for (int i = 0; i < r.num_ranks; ++i) {
+            for (int j = 0; j < r.ranks[i].num_regions; ++j) {
+                for (size_t b = 0; b < r.ranks[i].regions[j].rkey_len; ++b) {
+                    x ^= x << 13;
+                    x ^= x >> 17;
+                    x ^= x << 5;
+                    r.ranks[i].regions[j].rkey[b] = (uint8_t)x;
+                }
+            }
+        }
+        if (kvf_handshake_reply_pack(&r, &buf, &len) == KVF_OK) {
+            zmq_send(s->sock, buf, len, 0);
+            free(buf);
+            kvf_handshake_reply_cleanup(&r);
+            return true;
+        }
+        kvf_handshake_reply_cleanup(&r);
+    }
+    return false;
+}
+#endif
+
 static void kvf_side_channel_handle(kvf_side_channel_server_h s, const zmq_msg_t *msg,
                                     bool multipart)
 {
@@ -146,6 +196,11 @@ static void kvf_side_channel_handle(kvf_side_channel_server_h s, const zmq_msg_t
         kvf_side_channel_lease_answer(s, &req);
         return;
     }
+#if KVF_FAULT_ENABLED
+    if (kvf_side_channel_fault_reply(s)) {
+        return;
+    }
+#endif
     zmq_send(s->sock, s->reply, s->reply_len, 0);
 }
 
@@ -483,6 +538,50 @@ kvf_status_t kvf_side_channel_fetch(kvf_side_channel_client_h client,
     return KVF_OK;
 }
 
+#if KVF_FAULT_ENABLED
+typedef enum { KVF_SC_FORGE_NONCE, KVF_SC_FORGE_ENGINE, KVF_SC_FORGE_REPLAY } kvf_sc_forge_t;
+
+/*
+ * Fault point lease.send: send a copy of release @a real with a wrong
+ * nonce, naming another decode engine, or unchanged (a replay after the real
+ * one was answered), and log the answer prefill gave it.
+ */
+static void kvf_side_channel_forge(kvf_side_channel_client_h client,
+                                   const kvf_handshake_request_t *real, const char *host,
+                                   int port, kvf_sc_forge_t how)
+{
+    static const char *const what[] = {"with a wrong nonce", "naming another engine",
+                                       "replayed"};
+    kvf_handshake_request_t req = *real;
+    kvf_lease_answer_t answer;
+    char from[KVF_ENGINE_ID_MAX];
+    uint8_t *buf = NULL, *rep = NULL;
+    size_t len, rep_len = 0;
+
+    if (how == KVF_SC_FORGE_NONCE) {
+        req.lease.nonce ^= 0x5a5a5a5a5a5a5a5aull;
+    } else if (how == KVF_SC_FORGE_ENGINE) {
+        snprintf(req.engine_id, sizeof(req.engine_id), "forged-%.*s",
+                 (int)sizeof(req.engine_id) - 8, real->engine_id);
+    }
+    if (kvf_handshake_request_pack(&req, &buf, &len) != KVF_OK) {
+        return;
+    }
+    if ((kvf_side_channel_exchange(client->ctx, host, port, buf, len, client->timeout_ms,
+                                   &rep, &rep_len) == KVF_OK) &&
+        (kvf_lease_reply_unpack(rep, rep_len, from, &answer) == KVF_OK)) {
+        kvf_warn("side channel: fault lease.send: release of %s %s answered %s: %s",
+                 req.lease.request_id, what[how], (answer.verdict == KVF_LEASE_VALID) ? "valid" :
+                 (answer.verdict == KVF_LEASE_EXPIRED) ? "expired" : "refused", answer.why);
+    } else {
+        kvf_warn("side channel: fault lease.send: release of %s %s got no answer",
+                 req.lease.request_id, what[how]);
+    }
+    free(rep);
+    free(buf);
+}
+#endif
+
 kvf_status_t kvf_side_channel_lease(kvf_side_channel_client_h client,
                                     const char *remote_engine_id, const char *host, int port,
                                     const kvf_lease_msg_t *msg, kvf_lease_answer_t *answer_p)
@@ -492,6 +591,9 @@ kvf_status_t kvf_side_channel_lease(kvf_side_channel_client_h client,
     uint8_t *buf = NULL, *rep = NULL;
     size_t len, rep_len = 0;
     kvf_status_t status;
+#if KVF_FAULT_ENABLED
+    kvf_fault_action_t fault = KVF_FAULT_NONE;
+#endif
 
     memset(&req, 0, sizeof(req));
     snprintf(req.engine_id, sizeof(req.engine_id), "%s", client->engine_id);
@@ -500,6 +602,19 @@ kvf_status_t kvf_side_channel_lease(kvf_side_channel_client_h client,
     req.xfer_timeout_ms = client->timeout_ms;
     req.has_lease = true;
     req.lease = *msg;
+#if KVF_FAULT_ENABLED
+    if (msg->op == KVF_LEASE_OP_RELEASE) {
+        fault = KVF_FAULT(LEASE_SEND);
+        if (fault == KVF_FAULT_DROP) {
+            kvf_warn("side channel: fault lease.send: release of %s not sent", msg->request_id);
+            return KVF_ERR_PEER_TIMEOUT;   /* as if it never got an answer */
+        }
+        if (fault == KVF_FAULT_CORRUPT) {
+            kvf_side_channel_forge(client, &req, host, port, KVF_SC_FORGE_NONCE);
+            kvf_side_channel_forge(client, &req, host, port, KVF_SC_FORGE_ENGINE);
+        }
+    }
+#endif
     status = kvf_handshake_request_pack(&req, &buf, &len);
     if (status != KVF_OK) {
         return status;
@@ -521,6 +636,11 @@ kvf_status_t kvf_side_channel_lease(kvf_side_channel_client_h client,
                   port, from, remote_engine_id);
         return KVF_ERR_PARSE;
     }
+#if KVF_FAULT_ENABLED
+    if (fault == KVF_FAULT_REPLAY) {
+        kvf_side_channel_forge(client, &req, host, port, KVF_SC_FORGE_REPLAY);
+    }
+#endif
     return KVF_OK;
 }
 

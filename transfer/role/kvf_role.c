@@ -4,6 +4,7 @@
  */
 #include "kvf_role.h"
 #include "kvf_log.h"
+#include "kvf_fault.h"
 #include "kvf_connector_ucx.h"
 
 #include <string.h>
@@ -223,6 +224,9 @@ int kvf_role_main(const kvf_role_daemon_t *d, int argc, char **argv)
     /* every line names the instance: "[kvf prefill prefill-0] ..." */
     kvf_log_set_name(d->role, ((const kvf_role_config_t *)d->config)->engine_id);
     kvf_config_warn_unused();
+    if (kvf_fault_init() != KVF_OK) {   /* a malformed KVF_FAULT is refused, by name */
+        return 2;
+    }
     memset(&sa, 0, sizeof(sa));
     sa.sa_handler = kvf_role_on_signal;
     sigaction(SIGTERM, &sa, NULL);

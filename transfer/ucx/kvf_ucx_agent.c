@@ -35,6 +35,7 @@
 #include "kvf_ucx_agent.h"
 #include "kvf_time.h"
 
+#include "kvf_fault.h"
 #include "kvf_log.h"
 
 #include <errno.h>
@@ -772,6 +773,10 @@ kvf_status_t kvf_ucx_xfer_post(kvf_ucx_agent_h agent, kvf_ucx_peer_h peer, kvf_u
         if (req != NULL) {
             ucp_request_free(req);   /* completes in the background; flush tracks it */
         }
+        (void)KVF_FAULT(UCX_POST);             /* tests: kill/stop/stall after n posted */
+        if (i + 1 == (num_descs + 1) / 2) {
+            (void)KVF_FAULT(UCX_HALF);         /* tests: half of this batch is in flight */
+        }
     }
 
     param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -856,6 +861,20 @@ kvf_status_t kvf_ucx_notify_send(kvf_ucx_agent_h agent, kvf_ucx_peer_h peer, con
     if (peer->status != KVF_OK) {
         return peer->status;
     }
+#if KVF_FAULT_ENABLED
+    uint8_t garbled[KVF_UCX_NOTIFY_MAX];
+    switch (KVF_FAULT(UCX_NOTIFY)) {
+    case KVF_FAULT_DROP:
+        return KVF_OK;                              /* lost on the way */
+    case KVF_FAULT_CORRUPT:
+        memcpy(garbled, msg, len);
+        kvf_fault_garble(garbled, len, 0);
+        msg = garbled;
+        break;
+    default:
+        break;
+    }
+#endif
     memset(&param, 0, sizeof(param));
     param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                          UCP_OP_ATTR_FIELD_FLAGS;
