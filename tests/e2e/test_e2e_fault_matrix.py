@@ -353,8 +353,6 @@ def release_unanswered(model, refs):
 
 
 def garbage_metadata(model, refs, point):
-    if point == "side.rkey" and os.environ.get("FAULT_MATRIX_RKEY") != "1":
-        raise Skip("remote keys are not validated before ucp_ep_rkey_unpack yet")
     with Faulted("%s@1=corrupt" % point, layout="1p1d", model=model,
                  decode_args=["--xfer-timeout", "1s"]) as pool:
         # the first handshake (kvf-up's pairing check) got the garbage; the pool came up

@@ -719,6 +719,21 @@ static kvf_status_t kvf_conn_handshake(kvf_connector_h conn, const char *engine_
         }
         goto err_forget;
     }
+    for (int r = 0; r < reply->num_ranks; ++r) {   /* garbage keys never reach UCX */
+        for (int j = 0; j < reply->ranks[r].num_regions; ++j) {
+            char bad[128];
+            if (kvf_ucx_rkey_check(reply->ranks[r].regions[j].rkey,
+                                   reply->ranks[r].regions[j].rkey_len, bad,
+                                   sizeof(bad)) != KVF_OK) {
+                snprintf(why, why_len, "malformed handshake reply from %s at %s:%d: remote key"
+                         " %d of rank %d refused before ucp_ep_rkey_unpack: %s", engine_id,
+                         host, port, j, r, bad);
+                kvf_error("%s", why);
+                status = KVF_ERR_PARSE;
+                goto err_forget;
+            }
+        }
+    }
     snprintf(fresh.engine_id, sizeof(fresh.engine_id), "%s", engine_id);
     memcpy(fresh.ranks, reply->ranks, (size_t)reply->num_ranks * sizeof(*fresh.ranks));
     fresh.tp = reply->num_ranks;

@@ -41,6 +41,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -369,9 +370,63 @@ kvf_status_t kvf_ucx_agent_mem_alloc(kvf_ucx_agent_h agent, size_t len, void **a
     return KVF_OK;
 }
 
+/* 0: not yet known whether this UCX packs keys the way the walk expects;
+ * 1: our own key walked cleanly (full check); -1: it did not (length only). */
+static atomic_int kvf_ucx_rkey_layout_known;
+
+/* Walk a packed key as ucp_rkey_pack() lays it out; see kvf_ucx_rkey_check(). */
+static kvf_status_t kvf_ucx_rkey_walk(const uint8_t *k, size_t len, char *why, size_t why_len)
+{
+    uint64_t md_map;
+    size_t off = sizeof(md_map) + 1;
+
+    if (len < off) {
+        snprintf(why, why_len, "%zu bytes, shorter than its %zu-byte header", len, off);
+        return KVF_ERR_PARSE;
+    }
+    memcpy(&md_map, k, sizeof(md_map));
+    if (md_map == 0) {
+        snprintf(why, why_len, "names no memory domain");
+        return KVF_ERR_PARSE;
+    }
+    if (k[sizeof(md_map)] >= UCS_MEMORY_TYPE_LAST) {
+        snprintf(why, why_len, "memory type %u is not one UCX knows", k[sizeof(md_map)]);
+        return KVF_ERR_PARSE;
+    }
+    for (int md = 0; md < 64; ++md) {
+        if (((md_map >> md) & 1u) == 0) {
+            continue;
+        }
+        if ((off >= len) || (k[off] > len - off - 1)) {
+            snprintf(why, why_len, "the key of memory domain %d runs past its %zu bytes", md,
+                     len);
+            return KVF_ERR_PARSE;
+        }
+        off += 1 + (size_t)k[off];
+    }
+    if ((off < len) && ((len - off - 1) % 3 != 0)) {   /* sys_dev + distance records */
+        snprintf(why, why_len, "%zu trailing bytes are no device-distance records", len - off);
+        return KVF_ERR_PARSE;
+    }
+    return KVF_OK;
+}
+
+kvf_status_t kvf_ucx_rkey_check(const uint8_t *rkey, size_t len, char *why, size_t why_len)
+{
+    if ((rkey == NULL) || (len < 1) || (len > KVF_RKEY_MAX)) {
+        snprintf(why, why_len, "length %zu is outside 1..%d", len, KVF_RKEY_MAX);
+        return KVF_ERR_PARSE;
+    }
+    if (atomic_load(&kvf_ucx_rkey_layout_known) <= 0) {
+        return KVF_OK;
+    }
+    return kvf_ucx_rkey_walk(rkey, len, why, why_len);
+}
+
 kvf_status_t kvf_ucx_agent_region_meta(kvf_ucx_agent_h agent, int region,
                                        kvf_xfer_region_meta_t *meta_p)
 {
+    char why[128];
     void *rkey_buf;
     size_t rkey_len;
 
@@ -385,6 +440,16 @@ kvf_status_t kvf_ucx_agent_region_meta(kvf_ucx_agent_h agent, int region,
                   KVF_RKEY_MAX);
         ucp_rkey_buffer_release(rkey_buf);
         return KVF_ERR_NO_RESOURCE;
+    }
+    if (atomic_load(&kvf_ucx_rkey_layout_known) == 0) {
+        /* learn whether peers' keys can be walked: ours must walk first */
+        if (kvf_ucx_rkey_walk(rkey_buf, rkey_len, why, sizeof(why)) == KVF_OK) {
+            atomic_store(&kvf_ucx_rkey_layout_known, 1);
+        } else {
+            atomic_store(&kvf_ucx_rkey_layout_known, -1);
+            kvf_warn("%s: this UCX packs remote keys in an unknown layout (%s): peers' keys"
+                     " get a length check only", agent->name, why);
+        }
     }
     meta_p->addr = (uint64_t)(uintptr_t)agent->regions[region].addr;
     meta_p->length = agent->regions[region].len;
@@ -601,6 +666,15 @@ kvf_status_t kvf_ucx_peer_connect(kvf_ucx_agent_h agent, const kvf_rank_meta_t *
     if ((meta->worker_addr_len == 0) || (meta->num_regions < 0) ||
         (meta->num_regions > KVF_XFER_MAX_REGIONS)) {
         return KVF_ERR_INVALID_PARAM;
+    }
+    for (int i = 0; i < meta->num_regions; ++i) {   /* before UCX sees any of it */
+        char why[128];
+        if (kvf_ucx_rkey_check(meta->regions[i].rkey, meta->regions[i].rkey_len, why,
+                               sizeof(why)) != KVF_OK) {
+            kvf_error("%s: remote key %d of rank %d of %s refused before ucp_ep_rkey_unpack:"
+                      " %s", agent->name, i, meta->tp_rank, meta->engine_id, why);
+            return KVF_ERR_PARSE;
+        }
     }
     peer = calloc(1, sizeof(*peer));
     if (peer == NULL) {

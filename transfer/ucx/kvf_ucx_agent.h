@@ -137,9 +137,29 @@ kvf_status_t kvf_ucx_agent_arm(kvf_ucx_agent_h agent);
 uint64_t kvf_ucx_agent_ops_posted(kvf_ucx_agent_h agent);
 
 /**
+ * Check a peer's packed remote key before anything hands it to
+ * ucp_ep_rkey_unpack() (which trusts its input): length 1..KVF_RKEY_MAX, and,
+ * once this process has seen its own first packed key walk cleanly as
+ * UCX's layout (a 64-bit memory-domain map, a memory-type byte below
+ * UCS_MEMORY_TYPE_LAST, one size byte plus that many bytes per map bit, an
+ * optional system-device byte and 3-byte distance records), that the key
+ * walks the same way to its last byte. A UCX whose own keys do not walk so
+ * gets the length check only (logged once at warn level). Catches garbage;
+ * a peer that crafts a well-formed key for memory it does not own is not
+ * caught here (UCX checks nothing more either).
+ *
+ * @param [out] why  What is wrong (NUL-terminated), when not KVF_OK.
+ * @return KVF_OK; KVF_ERR_PARSE for a key that does not walk.
+ * Any thread.
+ */
+kvf_status_t kvf_ucx_rkey_check(const uint8_t *rkey, size_t len, char *why, size_t why_len);
+
+/**
  * Connect to a remote rank: create the endpoint from meta->worker_addr and
- * unpack every region's rkey (once; cached in the peer).
- * @return KVF_OK; KVF_ERR_PARSE for an rkey UCX cannot unpack; mapped UCX errors.
+ * unpack every region's rkey (once; cached in the peer) after
+ * kvf_ucx_rkey_check() passed for it.
+ * @return KVF_OK; KVF_ERR_PARSE for an rkey the check refuses or UCX cannot
+ *         unpack (nothing connected then); mapped UCX errors.
  */
 kvf_status_t kvf_ucx_peer_connect(kvf_ucx_agent_h agent, const kvf_rank_meta_t *meta,
                                   kvf_ucx_peer_h *peer_p);

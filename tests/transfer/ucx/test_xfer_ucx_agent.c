@@ -200,8 +200,8 @@ static void test_bad_params(void **state)
     assert_int_equal(kvf_ucx_agent_create(&p, &a), KVF_ERR_INVALID_PARAM);
     a = make_agent("bad");
     /* metadata the agent can reject without asking UCX (UCX itself does not
-     * validate packed rkeys: kvf_compat_check() and the unpack bounds are the
-     * guard against a malformed peer) */
+     * validate packed rkeys: kvf_compat_check(), kvf_ucx_rkey_check() and the
+     * unpack bounds are the guard against a malformed peer; test_rkey_check) */
     m->num_regions = KVF_XFER_MAX_REGIONS + 1;
     m->worker_addr_len = 8;
     assert_int_equal(kvf_ucx_peer_connect(a, m, &peer), KVF_ERR_INVALID_PARAM);
@@ -218,12 +218,73 @@ static void test_bad_params(void **state)
     free(m);
 }
 
+/* Garbage remote keys are refused before ucp_ep_rkey_unpack (which trusts its input). */
+static void test_rkey_check(void **state)
+{
+    kvf_ucx_agent_h a = make_agent("rkey");
+    kvf_ucx_agent_h b = make_agent("rkey-peer");
+    kvf_rank_meta_t *m = calloc(1, sizeof(*m));
+    static uint8_t pool[1 << 16];
+    kvf_xfer_region_meta_t good;
+    kvf_ucx_peer_h peer;
+    char why[128];
+    uint32_t x = 12345;
+    int region;
+
+    (void)state;
+    assert_int_equal(kvf_ucx_agent_mem_register(b, pool, sizeof(pool), &region), KVF_OK);
+    meta_of(b, region, m);   /* packing our own key teaches the check UCX's layout */
+    good = m->regions[0];
+    assert_int_equal(kvf_ucx_rkey_check(good.rkey, good.rkey_len, why, sizeof(why)), KVF_OK);
+    /* truncated, padded, empty, oversized */
+    assert_int_equal(kvf_ucx_rkey_check(good.rkey, good.rkey_len - 1, why, sizeof(why)),
+                     KVF_ERR_PARSE);
+    assert_int_equal(kvf_ucx_rkey_check(good.rkey, 5, why, sizeof(why)), KVF_ERR_PARSE);
+    assert_int_equal(kvf_ucx_rkey_check(good.rkey, 0, why, sizeof(why)), KVF_ERR_PARSE);
+    assert_int_equal(kvf_ucx_rkey_check(good.rkey, KVF_RKEY_MAX + 1, why, sizeof(why)),
+                     KVF_ERR_PARSE);
+    /* no memory domain; a memory type UCX does not know */
+    {
+        kvf_xfer_region_meta_t r = good;
+        memset(r.rkey, 0, 8);
+        assert_int_equal(kvf_ucx_rkey_check(r.rkey, r.rkey_len, why, sizeof(why)),
+                         KVF_ERR_PARSE);
+        r = good;
+        r.rkey[8] = 0xee;
+        assert_int_equal(kvf_ucx_rkey_check(r.rkey, r.rkey_len, why, sizeof(why)),
+                         KVF_ERR_PARSE);
+        assert_non_null(strstr(why, "memory type 238"));
+    }
+    /* random garbage of the key's length, 1000 times: never handed to UCX */
+    for (int t = 0; t < 1000; ++t) {
+        kvf_xfer_region_meta_t r = good;
+        for (size_t i = 0; i < r.rkey_len; ++i) {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            r.rkey[i] = (uint8_t)x;
+        }
+        assert_int_equal(kvf_ucx_rkey_check(r.rkey, r.rkey_len, why, sizeof(why)),
+                         KVF_ERR_PARSE);
+    }
+    /* peer_connect refuses such a key and connects nothing; the real one connects */
+    m->regions[0].rkey[8] = 0xee;
+    assert_int_equal(kvf_ucx_peer_connect(a, m, &peer), KVF_ERR_PARSE);
+    m->regions[0] = good;
+    assert_int_equal(kvf_ucx_peer_connect(a, m, &peer), KVF_OK);
+    kvf_ucx_peer_destroy(peer);
+    kvf_ucx_agent_destroy(a);
+    kvf_ucx_agent_destroy(b);
+    free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_status_map),
         cmocka_unit_test(test_get_put_notify),
         cmocka_unit_test(test_bad_params),
+        cmocka_unit_test(test_rkey_check),
     };
     kvf_log_init("test");
     return cmocka_run_group_tests(tests, NULL, NULL);
