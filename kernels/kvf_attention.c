@@ -7,12 +7,16 @@
  * slots, written or not) into fp32 tiles, and fold it into an online softmax
  * (FlashAttention style: running max m, denominator l, accumulator acc,
  * rescaled by exp(m_old - m_new) per tile). Slots past the query's causal
- * limit are masked by multiplying their probability by 0 AFTER the exp, and
- * still enter the sums: l += 0 * exp(s - m), acc += (0 * exp(s - m)) * v.
- * A GPU kernel does the same (branch-free masking), which is why a stale
- * NaN/Inf in an unwritten slot of a recycled block poisons the output. This
- * must stay: tests use it to prove that kvf_blocks_zero is what fixes it.
- * The running max only looks at unmasked scores (as -inf-masked max does).
+ * limit get probability 0, selected as a GPU kernel selects -inf for a
+ * masked score, and still enter the value sum: acc += 0 * v. A GPU kernel
+ * does the same (the whole V tile goes through the P.V product), which is
+ * why a stale NaN/Inf in an unwritten slot of a recycled block poisons the
+ * output. This must stay: tests use it to prove that kvf_blocks_zero is
+ * what fixes it. The running max only looks at unmasked scores (as
+ * -inf-masked max does). The probability is selected, not multiplied by 0
+ * after the exp: a masked slot's score (0 for a zeroed slot) can exceed the
+ * running max by more than exp's range when every real score is very
+ * negative, and 0 * inf would be NaN on correct data.
  *
  * Each tile is loaded once per KV head for all queries of the call and all
  * query heads of the GQA group.
@@ -206,8 +210,8 @@ int kvf_attn_paged(const kvf_device_t *dev, const kvf_paged_kv_t *kv, const floa
                     float alpha = expf(m[qi] - m_new);   /* 0 on the first tile */
                     float lsum = 0.0f;
                     for (size_t j = 0; j < kbs; ++j) {
-                        float mask = (token0 + (int)j <= limit) ? 1.0f : 0.0f;
-                        p[j] = expf(s[j] - m_new) * mask;   /* masked: 0 * exp(s - m) */
+                        /* masked: 0, whatever the score (see the top of the file) */
+                        p[j] = (token0 + (int)j <= limit) ? expf(s[j] - m_new) : 0.0f;
                         lsum += p[j];
                     }
                     l[qi] = l[qi] * alpha + lsum;

@@ -17,13 +17,15 @@
  *
  * Numerics (deliberately GPU-like, see DESIGN.md §1): the score pass reads
  * every slot of every kernel block up to the one holding the query position,
- * as one tile, and masks slots past the causal limit by MULTIPLYING their
- * probability by 0:  p = exp(s - m) * mask,  out = sum(p * V) / sum(p), m =
- * max over unmasked scores. Masked slots still contribute 0 * exp(s - m) to
- * the denominator and 0 * V to the weighted sum, so stale NaN/Inf bytes in
- * never-written slots of a recycled, unzeroed block poison the output. This
- * is intended; the fix is zeroing fresh blocks (kvf_blocks_zero), never the
- * kernel.
+ * as one tile, and masks slots past the causal limit by giving them
+ * probability 0 (selected, as a GPU kernel selects -inf for a masked score):
+ * p = mask ? exp(s - m) : 0,  out = sum(p * V) / sum(p), m = max over
+ * unmasked scores. Masked slots still enter the weighted sum as 0 * V, so
+ * stale NaN/Inf bytes in never-written V slots of a recycled, unzeroed block
+ * poison the output. This is intended; the fix is zeroing fresh blocks
+ * (kvf_blocks_zero), never the kernel. (Multiplying exp(s - m) by 0 instead
+ * would also turn a correct zeroed slot into 0 * inf = NaN whenever every
+ * real score is more than ~88 below 0.)
  *
  * Positional encoding: none (NemotronH attention has no RoPE). Scores are
  * q.k * scale with scale = 1/sqrt(head_dim) by default.

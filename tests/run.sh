@@ -30,6 +30,11 @@ ctest --test-dir "$build" --output-on-failure --timeout 600 -j2 --no-tests=error
 if [ "${KVF_TEST_REFERENCE:-1}" != "0" ]; then
     if python3 -c "import torch, transformers" >/dev/null 2>&1; then
         python3 tests/reference/hf_compare.py --kvf "$build/bin/kvf" --tp 1,2,4
+        # the committed trained checkpoints: same greedy tokens, logits within 1e-3
+        for m in tiny-hybrid tiny-dense; do
+            python3 tests/reference/hf_compare_trained.py --kvf "$build/bin/kvf" \
+                --model "models-trained/$m"
+        done
     else
         echo "reference step skipped: torch/transformers not installed"
     fi

@@ -206,6 +206,51 @@ static void test_stale_nan_hazard(void **state)
     }
 }
 
+/* Every real score very negative (q = 8, k = -8 + noise: about -180 after the
+ * scale) and the rest of the kernel block zeroed, so a masked slot's score (0)
+ * exceeds the running max by far more than expf's range: masking must give
+ * probability 0, not 0 * expf(180) = 0 * inf = NaN, on correct data. Found by
+ * a trained checkpoint whose attention produced NaN logits. */
+static void test_negative_scores_masked_slots(void **state)
+{
+    static const kvf_dtype_t dtypes[] = {KVF_DTYPE_FP32, KVF_DTYPE_BF16};
+    static const int32_t table[] = {1, 0};
+    enum { N = 21 };
+    (void)state;
+
+    for (size_t di = 0; di < 2; ++di) {
+        kvf_test_rng_t rng = {777 + di};
+        float qkv[N * LDQKV], out[QH * HD], noise[N * LDQKV];
+        double ref[QH * HD];
+        int32_t pos[N];
+        fixture_t f;
+
+        kvf_test_fill(&rng, qkv, N * LDQKV, -1, 1);
+        kvf_test_fill(&rng, noise, N * LDQKV, -0.25f, 0.25f);
+        for (int t = 0; t < N; ++t) {
+            float *row = qkv + (size_t)t * LDQKV;
+            pos[t] = t;
+            for (int i = 0; i < QH * HD; ++i) {
+                row[i] = 8.0f;                                  /* q */
+            }
+            for (int i = 0; i < KVH * HD; ++i) {
+                row[QH * HD + i] = -8.0f + noise[t * LDQKV + i];  /* k */
+            }
+        }
+        fixture_init(&f, dtypes[di], 80, 16, table, 2, 0);    /* zeroed, as after kvf_blocks_zero */
+        assert_int_equal(kvf_attn_cache_write(NULL, &f.kv, qkv + QH * HD, qkv + (QH + KVH) * HD,
+                                              LDQKV, pos, N),
+                         KVF_KERN_OK);
+        assert_int_equal(kvf_attn_paged(NULL, &f.kv, qkv + 20 * LDQKV, LDQKV, &pos[20], 1, QH,
+                                        0.0f, out),
+                         KVF_KERN_OK);
+        assert_int_equal(kvf_test_count_nan(out, QH * HD), 0);
+        ref_attention(qkv, dtypes[di], 20, 20, ref);
+        kvf_test_assert_close(out, ref, QH * HD, 2e-5, 2e-5, "very negative scores");
+        free(f.pool);
+    }
+}
+
 /* Attending a chunk at once or token by token gives bitwise equal rows (the
  * tile order per query is fixed), so prefill and decode agree exactly. */
 static void test_chunking_bitwise(void **state)
@@ -273,6 +318,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_against_dense),
         cmocka_unit_test(test_stale_nan_hazard),
+        cmocka_unit_test(test_negative_scores_masked_slots),
         cmocka_unit_test(test_chunking_bitwise),
         cmocka_unit_test(test_errors),
     };
