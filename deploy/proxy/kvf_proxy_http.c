@@ -786,8 +786,11 @@ static void kvf_proxy_mhd_log(void *cls, const char *fmt, va_list ap)
      * server; the library's failures to start or run are not */
     if ((strstr(line, "closed by remote") != NULL) || (strstr(line, "timed out") != NULL) ||
         (strstr(line, "connection limit") != NULL) || (strstr(line, "Too many") != NULL) ||
-        (strstr(line, "application error generating response") != NULL)) {
-        /* the last: a stream whose client left; the request logs its own outcome */
+        (strstr(line, "application error generating response") != NULL) ||
+        (strstr(line, "no longer available for sending") != NULL) ||
+        (strncmp(line, "Failed to parse", 15) == 0)) {
+        /* a stream whose client left (the request logs its own outcome), a page
+         * that could not follow our JSON answer, a client's malformed header */
         kvf_info("http: %s", line);
     } else {
         kvf_warn("http: %s", line);
