@@ -105,6 +105,7 @@ struct kvf_decode_server {
     uint64_t                   peer_errors;
     uint64_t                   reads_prevented;   /* lease not valid: KV not used / not read */
     uint64_t                   drain_start_ns;    /* 0 until SIGTERM */
+    uint64_t                   drained_ns;        /* 0 until no request is left */
 #if KVF_FAULT_ENABLED
     char                       fault_last_rid[KVF_ENGINE_ID_MAX];   /* lease.claim=replay */
     uint64_t                   fault_last_nonce;
@@ -989,9 +990,13 @@ static bool kvf_dc_drained(kvf_decode_server_h srv)
                    srv->num_waiting, (long long)srv->cfg.role.drain_timeout_ms);
     }
     if ((srv->num_reqs == 0) && (srv->num_waiting == 0)) {
-        kvf_notice("drained in %llu ms: every request finished; exiting",
-                   (unsigned long long)((now - srv->drain_start_ns) / 1000000ull));
-        return true;
+        if (srv->drained_ns == 0) {
+            srv->drained_ns = now;
+            kvf_notice("drained in %llu ms: every request finished; exiting",
+                       (unsigned long long)((now - srv->drain_start_ns) / 1000000ull));
+        }
+        /* the last replies flush (KVF_ROLE_DRAIN_FLUSH_MS) */
+        return now - srv->drained_ns >= (uint64_t)KVF_ROLE_DRAIN_FLUSH_MS * 1000000ull;
     }
     if (now - srv->drain_start_ns < limit_ns) {
         return false;

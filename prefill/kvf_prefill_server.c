@@ -82,6 +82,7 @@ struct kvf_prefill_server {
     int                        cap_pending;
     _Atomic uint64_t           quarantine_ms;      /* written by the side-channel thread */
     uint64_t                   drain_start_ms;     /* 0 until SIGTERM */
+    uint64_t                   drained_ms;         /* 0 until nothing handed out is left */
     _Atomic uint64_t           drain_deadline_ms;  /* 0 until SIGTERM; read by the side channel */
 };
 
@@ -544,13 +545,16 @@ static bool kvf_pf_drained(kvf_prefill_server_h srv)
         atomic_store(&srv->drain_deadline_ms, now + (uint64_t)srv->cfg.role.drain_timeout_ms);
         kvf_pf_publish_health(srv);   /* the proxy stops routing here at its next probe */
         kvf_notice("draining (SIGTERM): no new prompts; %d prompt(s) in prefill and %zu lease(s)"
-                 " held are served until done, at most --drain-timeout %lld ms",
-                 srv->num_pending, held, (long long)srv->cfg.role.drain_timeout_ms);
+                   " held are served until done, at most --drain-timeout %lld ms",
+                   srv->num_pending, held, (long long)srv->cfg.role.drain_timeout_ms);
     }
     if ((srv->num_pending == 0) && (held == 0)) {
-        kvf_notice("drained in %llu ms: every lease handed out was released or expired; exiting",
-                 (unsigned long long)(now - srv->drain_start_ms));
-        return true;
+        if (srv->drained_ms == 0) {
+            srv->drained_ms = now;
+            kvf_notice("drained in %llu ms: every lease handed out was released or expired;"
+                       " exiting", (unsigned long long)(now - srv->drain_start_ms));
+        }
+        return now - srv->drained_ms >= KVF_ROLE_DRAIN_FLUSH_MS;   /* replies flush */
     }
     if (now < atomic_load(&srv->drain_deadline_ms)) {
         return false;

@@ -91,7 +91,17 @@ typedef struct kvf_proxy_instance {
     kvf_proxy_instance_info_t info;
     int64_t          probe_sent_ms;     /* 0: no probe outstanding */
     int64_t          last_ok_ms;        /* 0: never */
+    int64_t          lost_ms;           /* connection lost then; its calls fail after the
+                                         * grace below; 0: none pending */
 } kvf_proxy_instance_t;
+
+/*
+ * ZeroMQ reports a disconnect (monitor event) before it has handed the
+ * socket the last messages that arrived with the close, so calls of a lost
+ * connection fail this long after the event, once those replies (a drained
+ * daemon's last answers) were delivered.
+ */
+#define KVF_PROXY_LOST_GRACE_MS 200
 
 struct kvf_proxy_pool {
     pthread_mutex_t      lock;
@@ -623,24 +633,17 @@ static void kvf_proxy_io_monitor(struct kvf_proxy_pool *pool, kvf_proxy_instance
         if (got == 0) {
             return;
         }
-        if (event == ZMQ_EVENT_DISCONNECTED) {
-            /* replies that arrived before the close (a drained daemon's last
-             * answers) are still queued: deliver them before failing calls */
-            kvf_proxy_io_recv(pool, inst);
-        }
         pthread_mutex_lock(&pool->lock);
         if (event == ZMQ_EVENT_CONNECTED) {
             kvf_debug("connected to %s instance %s", kvf_proxy_role_name(inst->role), inst->url);
             inst->info.connected = true;
         } else if (event == ZMQ_EVENT_DISCONNECTED) {
-            char why[384];
-
-            snprintf(why, sizeof(why), "%s instance %s closed the connection",
-                     kvf_proxy_role_name(inst->role), inst->url);
             inst->info.connected = false;
             inst->probe_sent_ms = 0;
             kvf_proxy_inst_unhealthy_locked(inst, "connection lost");
-            kvf_proxy_inst_fail_calls_locked(pool, inst, KVF_ERR_PEER_RESET, why);
+            if (inst->lost_ms == 0) {
+                inst->lost_ms = kvf_proxy_now_ms();   /* calls fail after the grace */
+            }
         }
         pthread_mutex_unlock(&pool->lock);
     }
@@ -704,6 +707,28 @@ static void kvf_proxy_io_check_timeouts(struct kvf_proxy_pool *pool, int64_t now
     pthread_mutex_unlock(&pool->lock);
 }
 
+/* Fail the calls of connections lost at least the grace ago, after their last replies. */
+static void kvf_proxy_io_fail_lost(struct kvf_proxy_pool *pool, int64_t now)
+{
+    for (int role = 0; role < KVF_PROXY_ROLE_COUNT; ++role) {
+        for (int i = 0; i < pool->count[role]; ++i) {
+            kvf_proxy_instance_t *inst = &pool->inst[role][i];
+            char why[384];
+
+            if ((inst->lost_ms == 0) || (now - inst->lost_ms < KVF_PROXY_LOST_GRACE_MS)) {
+                continue;
+            }
+            kvf_proxy_io_recv(pool, inst);   /* what came before the close */
+            snprintf(why, sizeof(why), "%s instance %s closed the connection",
+                     kvf_proxy_role_name(inst->role), inst->url);
+            pthread_mutex_lock(&pool->lock);
+            inst->lost_ms = 0;
+            kvf_proxy_inst_fail_calls_locked(pool, inst, KVF_ERR_PEER_RESET, why);
+            pthread_mutex_unlock(&pool->lock);
+        }
+    }
+}
+
 static void *kvf_proxy_io_main(void *arg)
 {
     struct kvf_proxy_pool *pool = arg;
@@ -736,8 +761,8 @@ static void *kvf_proxy_io_main(void *arg)
         int64_t now = kvf_proxy_now_ms();
         long wait = (long)((next_probe > now) ? (next_probe - now) : 0);
 
-        if (wait > 100) {
-            wait = 100;   /* probe timeouts are checked at least this often */
+        if (wait > 50) {
+            wait = 50;    /* probe timeouts and lost connections are checked this often */
         }
         if (zmq_poll(items, k, wait) < 0) {
             if (zmq_errno() == EINTR) {
@@ -760,6 +785,7 @@ static void *kvf_proxy_io_main(void *arg)
             }
         }
         now = kvf_proxy_now_ms();
+        kvf_proxy_io_fail_lost(pool, now);
         kvf_proxy_io_check_timeouts(pool, now);
         if (now >= next_probe) {
             kvf_proxy_io_probe(pool, now);

@@ -144,7 +144,8 @@ def decode_drain(model, ref):
         msg = expect_draining_503(pool, "decode")
         t.join(timeout=60)
         s = out.get("a")
-        assert s is not None and s.done and not s.errors, (s.events if s else None)
+        assert s is not None and s.done and not s.errors, (
+            (s.events[-3:] if s else None), pool.log("decode-0")[-1500:], pool.log("proxy")[-1500:])
         check_tokens(s.token_ids, ref[0], ref[1], True, "drained decode")
         wait_for(lambda: gone(pid), 10, "decode to exit")
         took = time.monotonic() - t_term

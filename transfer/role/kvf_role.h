@@ -122,6 +122,14 @@ void kvf_role_reply_health(kvf_serve_server_h serve, const kvf_serve_peer_t *pee
 #define KVF_ROLE_STOP_DRAIN 1   /* drain: refuse new work, finish what was handed out */
 #define KVF_ROLE_STOP_NOW   2   /* stop at once */
 
+/*
+ * After a drain finished, the daemon keeps its control channel serving this
+ * long before it closes it: the last replies are still in socket buffers,
+ * and a close while a peer's message sits unread makes the kernel reset the
+ * connection and drop them (the proxy would lose a stream's last tokens).
+ */
+#define KVF_ROLE_DRAIN_FLUSH_MS 250
+
 /** A role daemon as the process main sees it. */
 typedef struct kvf_role_daemon {
     const char               *name;     /* "kvf-prefill"; for --help and logs */
