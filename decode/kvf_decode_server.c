@@ -31,6 +31,8 @@
  */
 #include "kvf_decode_server.h"
 
+#include "kvf_decode_check.h"
+
 #include "kvf_engine.h"
 #include "kvf_fault.h"
 #include "kvf_handshake.h"
@@ -47,7 +49,6 @@
 #include <time.h>
 
 #define KVF_DC_MAX_EVENTS 512
-#define KVF_DC_ID_MAX     64
 #define KVF_DC_MAX_TP     KVF_ROLE_MAX_TP
 
 const kvf_config_field_t kvf_decode_config_table[] = {
@@ -515,39 +516,7 @@ typedef enum {
     KVF_DC_WAIT = 1,   /* no free blocks now: keep the message and retry later */
 } kvf_dc_outcome_t;
 
-/*
- * Everything about a decode request that can be checked without the pool:
- * ids, the prompt, and transfer params a peer could have made up (the one
- * decoder, kvf_xfer_params_decode(), checks and copies those into @a xp).
- * Runs before a request may wait in line, so nothing malformed is ever kept.
- */
-static kvf_status_t kvf_dc_validate(const Kvf__DecodeRequest *dr, kvf_xfer_params_msg_t *xp,
-                                    char *err, size_t len)
-{
-    const char *rid = dr->request_id;
-
-    if ((rid == NULL) || (rid[0] == '\0') || (strlen(rid) >= KVF_DC_ID_MAX)) {
-        snprintf(err, len, "decode request needs a request_id of 1..%d bytes", KVF_DC_ID_MAX - 1);
-        return KVF_ERR_INVALID_PARAM;
-    }
-    if (dr->n_prompt_tokens == 0) {
-        snprintf(err, len, "decode request has an empty prompt");
-        return KVF_ERR_INVALID_PARAM;
-    }
-    if (kvf_xfer_params_decode(dr->params, (int64_t)dr->n_prompt_tokens, xp, err, len) !=
-        KVF_OK) {
-        return KVF_ERR_INVALID_PARAM;
-    }
-    if (!xp->has_lease) {
-        kvf_xfer_params_msg_cleanup(xp);
-        snprintf(err, len, "transfer params carry no lease nonce and time left (a prefill"
-                 " of an older protocol?)");
-        return KVF_ERR_INVALID_PARAM;
-    }
-    return KVF_OK;
-}
-
-/* @a xp is what kvf_dc_validate() decoded from @a dr when it arrived; retries reuse it. */
+/* @a xp is what kvf_decode_request_check() decoded from @a dr when it arrived; retries reuse it. */
 static kvf_dc_outcome_t kvf_dc_decode(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
                                       const Kvf__DecodeRequest *dr, uint64_t arrival_ns,
                                       const kvf_xfer_params_msg_t *xp)
@@ -828,10 +797,8 @@ static void kvf_dc_check_peer(kvf_decode_server_h srv, const kvf_serve_peer_t *p
     uint64_t cached;
     kvf_status_t status;
 
-    if ((cr->engine_id == NULL) || (cr->engine_id[0] == '\0') || (cr->host == NULL) ||
-        !cr->has_port || (cr->port == 0) || (cr->port > 65535)) {
-        kvf_serve_server_reply_error(srv->serve, peer, rid, KVF_ERR_INVALID_PARAM,
-                                     "check_peer needs engine_id, host and port");
+    if (kvf_decode_check_peer_check(cr, err, sizeof(err)) != KVF_OK) {
+        kvf_serve_server_reply_error(srv->serve, peer, rid, KVF_ERR_INVALID_PARAM, err);
         return;
     }
     if (cr->has_incarnation && (cr->incarnation != 0) &&
@@ -875,7 +842,7 @@ static bool kvf_dc_handle(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
                                          KVF_ERR_BUSY, err);
             return false;
         }
-        if (kvf_dc_validate(req->decode, &xp, err, sizeof(err)) != KVF_OK) {
+        if (kvf_decode_request_check(req->decode, &xp, err, sizeof(err)) != KVF_OK) {
             kvf_serve_server_reply_error(srv->serve, peer, req->decode->request_id,
                                          KVF_ERR_INVALID_PARAM, err);
             return false;

@@ -4,7 +4,9 @@
 #   --tests  also what the multi-host tests use (tests/multihost): test hosts
 #            (iproute2, nftables, iptables), ssh into them (openssh), a Slurm cluster
 #            (slurmctld, slurmd, munge), and pip for the PyPI package
-#            kubernetes-validate (tests/deploy/test_k8s_manifests.py).
+#            kubernetes-validate (tests/deploy/test_k8s_manifests.py), and clang
+#            with its libFuzzer/sanitizer runtime and llvm-symbolizer for the
+#            fuzz targets (tests/fuzz).
 #            tests/run.sh passes it.
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config git python3
@@ -13,7 +15,7 @@ pkgs=(build-essential cmake pkg-config git python3
       gnuplot-nox)   # gnuplot: kvf tune's plot
 if [ "${1:-}" = "--tests" ]; then
     pkgs+=(iproute2 nftables iptables openssh-server openssh-client slurm-wlm slurmctld slurmd
-           slurm-client munge python3-pip python3-yaml)
+           slurm-client munge python3-pip python3-yaml clang libclang-rt-dev llvm)
 fi
 missing=()
 for p in "${pkgs[@]}"; do

@@ -7,7 +7,8 @@
 #include <stdatomic.h>
 #include <stddef.h>
 
-static _Atomic(kvf_kern_report_func_t) kvf_kern_report_func = NULL;
+/* zero-initialized (NULL); clang refuses a (void *)0 initializer for an atomic function pointer */
+static _Atomic(kvf_kern_report_func_t) kvf_kern_report_func;
 
 void kvf_kern_set_report_func(kvf_kern_report_func_t func)
 {

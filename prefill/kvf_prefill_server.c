@@ -28,6 +28,7 @@
  */
 #include "kvf_prefill_server.h"
 #include "kvf_lease.h"
+#include "kvf_prefill_check.h"
 
 #include "kvf_engine.h"
 #include "kvf_fault.h"
@@ -288,15 +289,10 @@ static void kvf_pf_prefill(kvf_prefill_server_h srv, const kvf_serve_peer_t *pee
     kvf_req_params_t rp;
     uint64_t id;
     kvf_status_t status;
+    char err[128];
 
-    if ((rid[0] == '\0') || (strlen(rid) >= KVF_LEASE_ID_MAX)) {
-        kvf_serve_server_reply_error(srv->serve, peer, rid, KVF_ERR_INVALID_PARAM,
-                                     "request_id must be 1..63 bytes");
-        return;
-    }
-    if (req->n_prompt_tokens == 0) {
-        kvf_serve_server_reply_error(srv->serve, peer, rid, KVF_ERR_INVALID_PARAM,
-                                     "empty prompt");
+    if (kvf_prefill_request_check(req, err, sizeof(err)) != KVF_OK) {
+        kvf_serve_server_reply_error(srv->serve, peer, rid, KVF_ERR_INVALID_PARAM, err);
         return;
     }
     if (srv->drain_start_ms != 0) {

@@ -3,7 +3,11 @@
 # missing, builds from scratch with -Werror, runs every ctest case, then
 # rebuilds with ASan+UBSan and reruns the unit tests under them, then with
 # TSan for the threaded parts (TP rank threads, collectives, kernels called
-# from rank threads). KVF_TEST_SANITIZERS=0 skips both sanitizer passes.
+# from rank threads), then builds the libFuzzer targets with clang and runs
+# each for KVF_FUZZ_SECONDS (default 20) from its committed corpus
+# (tests/fuzz/run_fuzz.sh; skipped, and said so, without clang's libFuzzer
+# runtime). KVF_TEST_SANITIZERS=0 skips both sanitizer passes,
+# KVF_TEST_FUZZ=0 the fuzzing.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -51,13 +55,30 @@ fi
 
 if [ "${KVF_TEST_SANITIZERS:-1}" != "0" ]; then
     tsan=build-tsan
-    tsan_tests="test_model_forward test_model_sched test_collectives test_kern_threads"
+    # rank threads, collectives and kernels; the side channel and the serving control
+    # channel (their server threads), the lease table (side-channel thread against the
+    # leader); kvf-proxy's connection threads against fake daemons (the script tests)
+    tsan_c_tests="test_model_forward test_model_sched test_collectives test_kern_threads
+        test_serve_channel test_xfer_side_channel test_zmq test_lease test_lease_channel"
+    tsan_tests="$tsan_c_tests test_proxy_fake test_proxy_abuse"
     rm -rf "$tsan"
     cmake -S "$root" -B "$tsan" -DCMAKE_BUILD_TYPE=Debug -DKVF_CUDA=OFF -DKVF_TSAN=ON \
         -DKVF_TEST_TIMEOUT_MULTIPLIER=6 >/dev/null
     # shellcheck disable=SC2086
-    cmake --build "$tsan" -j"$(nproc)" --target $tsan_tests
-    TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+    cmake --build "$tsan" -j"$(nproc)" --target $tsan_c_tests kvf-proxy kvf_fake_daemon
+    # tests/tsan.supp: races TSan reports inside uninstrumented libzmq
+    TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$root/tests/tsan.supp" \
         ctest --test-dir "$tsan" --output-on-failure -j2 --no-tests=error \
         -R "^($(echo $tsan_tests | tr ' ' '|'))\$"
+fi
+
+if [ "${KVF_TEST_FUZZ:-1}" != "0" ]; then
+    rm -rf build-fuzz
+    rc=0
+    bash tests/fuzz/run_fuzz.sh || rc=$?
+    if [ $rc -eq 77 ]; then
+        echo "fuzzing: skipped (not passed)"
+    elif [ $rc -ne 0 ]; then
+        exit $rc
+    fi
 fi

@@ -543,7 +543,9 @@ kvf_status_t kvf_xfer_params_decode(const Kvf__TransferParams *m, int64_t expect
             goto err;
         }
         p.num_groups = (int)g + 1;
-        memcpy(p.ids[g], l->ids, l->n_ids * sizeof(int32_t));
+        if (l->n_ids > 0) {   /* an empty group's ids are NULL: no memcpy from NULL */
+            memcpy(p.ids[g], l->ids, l->n_ids * sizeof(int32_t));
+        }
         p.num_ids[g] = (int)l->n_ids;
     }
     p.port = (int)m->port;
