@@ -306,6 +306,20 @@ def case_link_cut(net, pool, refs):
         code, h = pool.proxy.health(timeout=5)
         return code == 200 and all(i["healthy"] for i in h["prefill"] + h["decode"])
     wait_for(healthy, 20, "every instance healthy after the link returns")
+    # Connections that crossed the cut (UCX TCP endpoints, the proxy's ZeroMQ
+    # sockets) resume at TCP's next retransmission, which backs off while the
+    # link is down: a request may still fail (never answer wrongly) for a few
+    # seconds. Wait until both decode instances answer once, then assert.
+    def serves_again():
+        try:
+            for _ in range(2):
+                check_answer(pool.proxy, refs, PROMPTS[0], "first answers after the cut")
+            return True
+        except (HttpError, OSError) as err:
+            print("link cut: not serving yet (%s)" % (getattr(err, "status", err),), flush=True)
+            return False
+    wait_for(serves_again, 30, "both decode instances to answer after the link returns",
+             interval=0.5)
     t_back = time.monotonic()
     for k, prompt in enumerate(PROMPTS):
         for _ in range(2):                  # both decode instances (round robin)
