@@ -9,8 +9,15 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-bash deploy/install-deps.sh
-bash deploy/build.sh
+# set-up and build noise goes to a log; the job's own output stays short
+mkdir -p "$root/build"
+log="$root/build/quickstart-setup.log"
+echo "== installing what is missing and building (log: $log) =="
+if ! { bash deploy/install-deps.sh && bash deploy/build.sh; } >"$log" 2>&1; then
+    echo "set-up failed; the end of $log:" >&2
+    tail -n 30 "$log" >&2
+    exit 1
+fi
 bin="$root/build/bin"
 model="$root/models-trained/tiny-hybrid"
 layout="${1:-4p2d}"   # first argument: another layout, e.g. 2p4d
