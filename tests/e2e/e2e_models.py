@@ -43,19 +43,25 @@ def model_dir(name, seed=1, shards=1, dtype="fp32"):
 
 
 def reference(model, prompt, max_tokens, tp=1, kv_dtype="bf16"):
-    """Greedy tokens and per-token logits of a colocated run: (tokens, [logits...])."""
+    """Greedy tokens and per-token logits of a colocated run: (tokens, [logits...]).
+    The prompt goes through a file (kvf generate --prompt-file), so any length works."""
     bindir = find_bin()
-    p = subprocess.run([os.path.join(bindir, "kvf"), "generate", "--model", model, "--tp",
-                        str(tp), "--prompt", prompt, "--max-tokens", str(max_tokens),
-                        "--kv-dtype", kv_dtype, "--print-logits"],
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=True, timeout=120)
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+        f.write(prompt)
+    try:
+        p = subprocess.run([os.path.join(bindir, "kvf"), "generate", "--model", model, "--tp",
+                            str(tp), "--prompt-file", f.name, "--max-tokens", str(max_tokens),
+                            "--kv-dtype", kv_dtype, "--print-logits"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=True,
+                           timeout=120)
+    finally:
+        os.unlink(f.name)
     tokens, logits = None, []
     for line in p.stdout.decode("latin-1").splitlines():
         if line.startswith("tokens:"):
             tokens = [int(t) for t in line.split()[1:]]
         elif line.startswith("logits "):
-            parts = line.split()
-            logits.append([float(x) for x in parts[3:]])
+            logits.append([float(x) for x in line.split()[3:]])
     assert tokens is not None, p.stdout
     return tokens, logits
 

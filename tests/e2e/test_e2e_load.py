@@ -12,42 +12,18 @@ tests/e2e/bench_transfer_load.py prints it beside an idle pool's.
 """
 
 import os
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 
-from e2e_models import check_tokens, model_dir
-from kvf_e2e import Pool, find_bin, wait_for
+from e2e_models import check_tokens, model_dir, reference
+from kvf_e2e import Pool, wait_for
 
 N_CLIENTS = 32
 MAX_TOKENS = 8
 # byte-level tokenizer: about one token per character, so ~330-420 tokens each
 PROMPTS = ["client group %d: " % i + "the ferry carries KV blocks across the water, "
            * (7 + i % 3) for i in range(8)]
-
-
-def reference_long(model, prompt, max_tokens):
-    """Colocated greedy tokens and logits, the prompt passed as a file (any length)."""
-    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
-        f.write(prompt)
-    try:
-        p = subprocess.run([os.path.join(find_bin(), "kvf"), "generate", "--model", model,
-                            "--tp", "1", "--prompt-file", f.name, "--max-tokens",
-                            str(max_tokens), "--kv-dtype", "bf16", "--print-logits"],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=True,
-                           timeout=120)
-    finally:
-        os.unlink(f.name)
-    tokens, logits = None, []
-    for line in p.stdout.decode("latin-1").splitlines():
-        if line.startswith("tokens:"):
-            tokens = [int(t) for t in line.split()[1:]]
-        elif line.startswith("logits "):
-            logits.append([float(x) for x in line.split()[3:]])
-    assert tokens is not None, p.stdout
-    return tokens, logits
 
 
 def percentile(xs, p):
@@ -97,7 +73,7 @@ def pages(pool):
 
 def main():
     model = model_dir("tiny-hybrid")
-    refs = {p: reference_long(model, p, MAX_TOKENS) for p in PROMPTS}
+    refs = {p: reference(model, p, MAX_TOKENS) for p in PROMPTS}
     with Pool(layout="4p2d", model=model, decode_instances=2, timeout=90) as pool:
         start = pages(pool)
         xfer, wall = run_load(pool, N_CLIENTS, refs)

@@ -38,6 +38,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "e2e"))
 
 from mh_net import TestNet, skip, wait_for  # noqa: E402
 from kvf_e2e import HttpError, Proxy, find_bin  # noqa: E402
+from e2e_models import reference  # noqa: E402
 
 PROMPTS = ["The ferry left at dawn",                 # 23 tokens: mid-block
            "Prefill computes, decode pulls. " * 4]   # 129 tokens: second block
@@ -391,23 +392,8 @@ def case_prefill_cut(net, model):
 
 
 def long_reference(net, model, prompt):
-    """e2e_models.reference() for a prompt of any length (kvf generate --prompt-file)."""
-    import subprocess
-    path = os.path.join(net.tmp, "prompt.txt")
-    with open(path, "w") as f:
-        f.write(prompt)
-    p = subprocess.run([os.path.join(find_bin(), "kvf"), "generate", "--model", model,
-                        "--prompt-file", path, "--max-tokens", str(MAX_TOKENS), "--kv-dtype",
-                        "bf16", "--print-logits"], stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE, check=True, timeout=120)
-    tokens, logits = None, []
-    for line in p.stdout.decode("latin-1").splitlines():
-        if line.startswith("tokens:"):
-            tokens = [int(t) for t in line.split()[1:]]
-        elif line.startswith("logits "):
-            logits.append([float(x) for x in line.split()[3:]])
-    assert tokens is not None, p.stdout
-    return tokens, logits
+    """The colocated reference of @prompt (e2e_models.reference, any length)."""
+    return reference(model, prompt, MAX_TOKENS)
 
 
 def main():
