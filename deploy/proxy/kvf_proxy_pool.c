@@ -78,6 +78,7 @@ struct kvf_proxy_call {
     kvf_proxy_reply_node_t *tail;
     kvf_status_t            failed;
     char                    fail_msg[512];
+    int64_t                 sent_epoch;   /* instance's epoch when its request left; -1: not yet */
     pthread_cond_t          cond;
 };
 
@@ -93,6 +94,8 @@ typedef struct kvf_proxy_instance {
     int64_t          last_ok_ms;        /* 0: never */
     int64_t          lost_ms;           /* connection lost then; its calls fail after the
                                          * grace below; 0: none pending */
+    int64_t          epoch;             /* connections lost so far: a call sent in an older
+                                         * epoch went to a connection that is gone */
 } kvf_proxy_instance_t;
 
 /*
@@ -271,12 +274,18 @@ static void kvf_proxy_call_fail_locked(struct kvf_proxy_call *c, kvf_status_t st
     pthread_cond_broadcast(&c->cond);
 }
 
+/*
+ * Fail the calls of INST whose request was sent before the instance's
+ * connection was last lost. A call sent since went to the new connection (a
+ * restarted daemon) and is left to its reply or its own timeout.
+ */
 static void kvf_proxy_inst_fail_calls_locked(struct kvf_proxy_pool *pool,
                                              kvf_proxy_instance_t *inst, kvf_status_t status,
                                              const char *msg)
 {
     for (struct kvf_proxy_call *c = pool->calls; c != NULL; c = c->next) {
-        if ((c->role == inst->role) && (c->idx == inst->idx)) {
+        if ((c->role == inst->role) && (c->idx == inst->idx) && (c->sent_epoch >= 0) &&
+            (c->sent_epoch < inst->epoch)) {
             kvf_proxy_call_fail_locked(c, status, msg);
         }
     }
@@ -300,6 +309,14 @@ static void kvf_proxy_io_send(struct kvf_proxy_pool *pool, kvf_proxy_msg_t *m)
     char why[384];
 
     if (zmq_send(inst->sock, m->data, m->len, ZMQ_DONTWAIT) >= 0) {
+        if (m->request_id[0] != '\0') {
+            pthread_mutex_lock(&pool->lock);
+            struct kvf_proxy_call *c = kvf_proxy_call_find(pool, m->role, m->idx, m->request_id);
+            if ((c != NULL) && (c->sent_epoch < 0)) {
+                c->sent_epoch = inst->epoch;
+            }
+            pthread_mutex_unlock(&pool->lock);
+        }
         return;
     }
     snprintf(why, sizeof(why), "%s instance %s is not connected (%s)",
@@ -638,6 +655,7 @@ static void kvf_proxy_io_monitor(struct kvf_proxy_pool *pool, kvf_proxy_instance
             kvf_debug("connected to %s instance %s", kvf_proxy_role_name(inst->role), inst->url);
             inst->info.connected = true;
         } else if (event == ZMQ_EVENT_DISCONNECTED) {
+            inst->epoch++;
             inst->info.connected = false;
             inst->probe_sent_ms = 0;
             kvf_proxy_inst_unhealthy_locked(inst, "connection lost");
@@ -1281,6 +1299,7 @@ kvf_status_t kvf_proxy_call_start(kvf_proxy_pool_h pool, kvf_proxy_role_t role, 
     c->pool = pool;
     c->role = role;
     c->idx = idx;
+    c->sent_epoch = -1;
     snprintf(c->request_id, sizeof(c->request_id), "%s", request_id);
     pthread_condattr_init(&attr);
     pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);

@@ -1,0 +1,64 @@
+"""kvf-proxy when a daemon is killed and started again on the same port at once
+(a supervisor's restart, an operator's `kvf-up --restart`): requests sent on
+the new connection must not be failed for the old connection's loss.
+
+The proxy fails the calls of a lost connection a short grace after ZeroMQ
+reports the loss (so the dead daemon's last replies are delivered first).
+Calls sent after the loss went to the new daemon and must live. The fake
+prefill holds each answer 400 ms, so a request sent right after the restart is
+still waiting when the grace of the previous loss runs out: without the
+per-connection accounting it gets 502 "closed the connection".
+"""
+
+import time
+
+import proxy_testlib as T
+from kvf_e2e import HttpError, free_port_range, wait_for
+
+ROUNDS = 5
+
+
+def main():
+    T.run_with_procs(lambda a, procs, tmp: run(a, procs))
+
+
+def prefill_healthy(px):
+    return px.health()[1]["prefill"][0]["healthy"]
+
+
+def run(a, procs):
+    base = free_port_range(2)
+    pre = ["--fake-prefill-delay-ms", "400"]
+    prefill = T.start_fake(procs, a.testbin, "prefill", "prefill-0", base, pre)
+    T.start_fake(procs, a.testbin, "decode", "decode-0", base + 1)
+    _, px = T.start_proxy(procs, a.fakebin, "tcp://127.0.0.1:%d" % base,
+                          "tcp://127.0.0.1:%d" % (base + 1),
+                          ["--model-name", "m", "--health-interval", "10ms"])
+    px.wait_healthy(timeout=10)
+    r = px.complete("hello", max_tokens=3)
+    T.check(r["choices"][0]["text"] == "hel", "first answer before any restart")
+
+    gaps = []
+    for i in range(ROUNDS):
+        prefill.kill()
+        prefill.wait()
+        t_kill = time.monotonic()
+        prefill = T.start_fake(procs, a.testbin, "prefill", "prefill-0.%d" % i, base, pre)
+        wait_for(lambda: prefill_healthy(px), 10, "the restarted prefill to be healthy",
+                 interval=0.005)
+        gaps.append(time.monotonic() - t_kill)
+        try:
+            r = px.complete("world", max_tokens=3, timeout=10)
+        except HttpError as e:
+            raise AssertionError("round %d: request on the new connection failed %.0f ms after "
+                                 "the kill: %s" % (i, 1000 * gaps[-1], e))
+        T.check(r["choices"][0]["text"] == "wor",
+                "round %d: answered by the restarted prefill (healthy %.0f ms after the kill)"
+                % (i, 1000 * gaps[-1]))
+    inside = sum(1 for g in gaps if g < 0.2)
+    print("%d of %d rounds sent their request inside the old connection's 200 ms grace"
+          % (inside, ROUNDS))
+
+
+if __name__ == "__main__":
+    main()
