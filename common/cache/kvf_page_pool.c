@@ -26,6 +26,7 @@ struct kvf_page_pool {
     int          slots;
     int          num_blocks;
     bool         zeroing;
+    bool         owns_memory;   /* false: params.memory, the caller frees it */
 };
 
 #define KVF_PAGE_POOL_REQUIRED (KVF_PAGE_POOL_PARAM_FIELD_NUM_BLOCKS |   \
@@ -98,7 +99,19 @@ kvf_status_t kvf_page_pool_create(const kvf_page_pool_params_t *params, kvf_page
     pool->zeroing = !((params->field_mask & KVF_PAGE_POOL_PARAM_FIELD_NO_ZERO) &&
                       params->disable_zeroing);
 
-    err = kvf_device_alloc(&pool->device, pool->bytes, &pool->base);
+    if (params->field_mask & KVF_PAGE_POOL_PARAM_FIELD_MEMORY) {
+        if ((params->memory == NULL) || ((uintptr_t)params->memory % 64 != 0)) {
+            kvf_error("page pool: outside memory %p must be non-NULL and 64-byte aligned",
+                      params->memory);
+            status = KVF_ERR_INVALID_PARAM;
+            goto err_free_pool;
+        }
+        pool->base = params->memory;
+        err = KVF_KERN_OK;
+    } else {
+        pool->owns_memory = true;
+        err = kvf_device_alloc(&pool->device, pool->bytes, &pool->base);
+    }
     if (err != KVF_KERN_OK) {
         status = kvf_status_from_kern(err);
         kvf_error("page pool: %s allocation of %zu bytes failed: %s",
@@ -125,7 +138,9 @@ void kvf_page_pool_destroy(kvf_page_pool_h pool)
     if (pool == NULL) {
         return;
     }
-    kvf_device_free(&pool->device, pool->base);
+    if (pool->owns_memory) {
+        kvf_device_free(&pool->device, pool->base);
+    }
     free(pool);
 }
 

@@ -4,7 +4,9 @@
  * allocator.
  *
  * Memory: num_blocks blocks x slots pages x page_size bytes, one device
- * allocation (kernels/kvf_device.h, CPU or CUDA), laid out exactly as
+ * allocation (kernels/kvf_device.h, CPU or CUDA) or memory the caller
+ * hands in (params.memory: the transfer connector's shared memory, which a
+ * same-host peer reads with a plain copy), laid out exactly as
  * common/geometry/kvf_geometry.h describes:
  *
  *     page(block b, slot j) = base + (b * slots + j) * page_size
@@ -45,8 +47,9 @@ enum kvf_page_pool_params_field {           /* append only, never renumber */
     KVF_PAGE_POOL_PARAM_FIELD_PAGE_SIZE  = KVF_BIT(2),  /* required */
     KVF_PAGE_POOL_PARAM_FIELD_DEVICE     = KVF_BIT(3),  /* default: CPU */
     KVF_PAGE_POOL_PARAM_FIELD_NO_ZERO    = KVF_BIT(4),  /* default: zeroing on */
+    KVF_PAGE_POOL_PARAM_FIELD_MEMORY     = KVF_BIT(5),  /* default: the pool allocates */
 };
-#define KVF_PAGE_POOL_PARAM_FIELDS_KNOWN (KVF_BIT(5) - 1)
+#define KVF_PAGE_POOL_PARAM_FIELDS_KNOWN (KVF_BIT(6) - 1)
 
 typedef struct kvf_page_pool_params {
     uint64_t     field_mask;      /* bits of kvf_page_pool_params_field; first */
@@ -55,6 +58,11 @@ typedef struct kvf_page_pool_params {
     size_t       page_size;       /* bytes per page (kvf_rank_geometry_t.page_size), > 0 */
     kvf_device_t device;          /* where the memory lives */
     bool         disable_zeroing; /* TEST ONLY: zero_blocks becomes a no-op */
+    void        *memory;          /* MEMORY: num_blocks * slots * page_size bytes on .device,
+                                   * page aligned, allocated by the caller (e.g. a transfer
+                                   * connector's shared memory); not owned: the caller frees
+                                   * it after kvf_page_pool_destroy(); contents undefined
+                                   * (fresh blocks are zeroed before use as always) */
 } kvf_page_pool_params_t;
 
 /**

@@ -120,6 +120,11 @@ kvf_status_t kvf_engine_create(const kvf_engine_params_t *params, kvf_engine_h *
         rp.field_mask |= KVF_TP_RUNNER_PARAM_FIELD_NO_ZERO;
         rp.disable_zeroing = params->disable_zeroing;
     }
+    if (params->field_mask & KVF_ENGINE_PARAM_FIELD_POOL_ALLOC) {
+        rp.field_mask |= KVF_TP_RUNNER_PARAM_FIELD_POOL_ALLOC;
+        rp.pool_alloc = params->pool_alloc;
+        rp.pool_alloc_ctx = params->pool_alloc_ctx;
+    }
     status = kvf_tp_runner_create(&rp, &e->runner);
     if (status != KVF_OK) {
         goto err;

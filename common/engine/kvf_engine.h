@@ -35,8 +35,9 @@ enum kvf_engine_params_field {              /* append only, never renumber */
     KVF_ENGINE_PARAM_FIELD_MAX_BATCH_TOKENS = KVF_BIT(2),  /* default 512 */
     KVF_ENGINE_PARAM_FIELD_MAX_SEQS         = KVF_BIT(3),  /* default 64 */
     KVF_ENGINE_PARAM_FIELD_NO_ZERO          = KVF_BIT(4),  /* TEST ONLY */
+    KVF_ENGINE_PARAM_FIELD_POOL_ALLOC       = KVF_BIT(5),  /* default: pools allocate on the CPU */
 };
-#define KVF_ENGINE_PARAM_FIELDS_KNOWN (KVF_BIT(5) - 1)
+#define KVF_ENGINE_PARAM_FIELDS_KNOWN (KVF_BIT(6) - 1)
 
 typedef struct kvf_engine_params {
     uint64_t           field_mask;        /* first */
@@ -47,6 +48,9 @@ typedef struct kvf_engine_params {
     int                max_batch_tokens;  /* tokens per step */
     int                max_seqs;          /* requests per step */
     bool               disable_zeroing;   /* TEST ONLY: fresh attention blocks not zeroed */
+    kvf_pool_alloc_fn_t pool_alloc;       /* POOL_ALLOC: page-pool memory, as
+                                           * kvf_tp_runner_params_t.pool_alloc */
+    void               *pool_alloc_ctx;
 } kvf_engine_params_t;
 
 /** A new request. The prompt is copied. */

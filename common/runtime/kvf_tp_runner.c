@@ -174,6 +174,19 @@ kvf_status_t kvf_tp_runner_create(const kvf_tp_runner_params_t *params, kvf_tp_r
             pp.field_mask |= KVF_PAGE_POOL_PARAM_FIELD_NO_ZERO;
             pp.disable_zeroing = true;
         }
+        if ((params->field_mask & KVF_TP_RUNNER_PARAM_FIELD_POOL_ALLOC) &&
+            (params->pool_alloc != NULL)) {
+            size_t bytes = (size_t)r->num_blocks * (size_t)r->layout.slots * s->geom.page_size;
+
+            status = params->pool_alloc(params->pool_alloc_ctx, i, r->num_blocks, bytes,
+                                        &pp.memory);
+            if (status != KVF_OK) {
+                kvf_error("tp runner: rank %d: page pool memory (%zu bytes) could not be "
+                          "allocated: %s", i, bytes, kvf_status_str(status));
+                goto err;
+            }
+            pp.field_mask |= KVF_PAGE_POOL_PARAM_FIELD_MEMORY;
+        }
         status = kvf_page_pool_create(&pp, &s->pool);
         if (status != KVF_OK) {
             goto err;

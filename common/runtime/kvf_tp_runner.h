@@ -19,15 +19,30 @@ enum kvf_tp_runner_params_field {          /* append only, never renumber */
     KVF_TP_RUNNER_PARAM_FIELD_NUM_BLOCKS   = KVF_BIT(0),  /* default 256 */
     KVF_TP_RUNNER_PARAM_FIELD_CACHE        = KVF_BIT(1),  /* default kvf_cache_params_default() */
     KVF_TP_RUNNER_PARAM_FIELD_NO_ZERO      = KVF_BIT(2),  /* TEST ONLY; default zeroing on */
+    KVF_TP_RUNNER_PARAM_FIELD_POOL_ALLOC   = KVF_BIT(3),  /* default: pools allocate on the CPU */
 };
-#define KVF_TP_RUNNER_PARAM_FIELDS_KNOWN (KVF_BIT(3) - 1)
+#define KVF_TP_RUNNER_PARAM_FIELDS_KNOWN (KVF_BIT(4) - 1)
+
+/**
+ * Allocator of one rank's page-pool memory (called once per rank, in rank
+ * order, on the creating thread): put in *base_p @a bytes (= @a num_blocks
+ * blocks of the rank's geometry) of page-aligned host memory that stays
+ * valid until the caller frees it after kvf_tp_runner_destroy(). Used by
+ * the daemons to place the pools in the transfer connector's shared memory
+ * (transfer/ucx/kvf_connector.h, alloc_pool). @return KVF_OK, or an error
+ * that fails kvf_tp_runner_create().
+ */
+typedef kvf_status_t (*kvf_pool_alloc_fn_t)(void *ctx, int rank, int num_blocks, size_t bytes,
+                                            void **base_p);
 
 typedef struct kvf_tp_runner_params {
-    uint64_t           field_mask;       /* first */
-    kvf_model_h        model;            /* required; not owned, must outlive the runner */
-    int                num_blocks;       /* blocks per rank pool */
-    kvf_cache_params_t cache;            /* dtypes, block size rule, kernel sizes */
-    bool               disable_zeroing;  /* TEST ONLY: fresh blocks are not zeroed */
+    uint64_t            field_mask;       /* first */
+    kvf_model_h         model;            /* required; not owned, must outlive the runner */
+    int                 num_blocks;       /* blocks per rank pool */
+    kvf_cache_params_t  cache;            /* dtypes, block size rule, kernel sizes */
+    bool                disable_zeroing;  /* TEST ONLY: fresh blocks are not zeroed */
+    kvf_pool_alloc_fn_t pool_alloc;       /* POOL_ALLOC: where each rank's pool lives */
+    void               *pool_alloc_ctx;   /* passed to pool_alloc */
 } kvf_tp_runner_params_t;
 
 /**

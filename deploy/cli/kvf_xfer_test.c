@@ -128,8 +128,9 @@ typedef struct xt_opts {
              timeout_ms, KVF_CONFIG_TYPE_TIME, 0),                                            \
     XT_FIELD("BATCH_DESCS", "0", "GETs in flight per prefill rank read (0: all at once)",    \
              batch_descs, KVF_CONFIG_TYPE_INT, 0),                                            \
-    XT_FIELD("POOL_ALLOC", "heap", "pool memory: heap (aligned_alloc, as the daemons) or " \
-             "ucx (the connector allocates it: shared memory a local peer reads by a copy)", \
+    XT_FIELD("POOL_ALLOC", "ucx", "pool memory: ucx (the connector allocates it: shared "   \
+             "memory a local peer reads by a copy; the daemons' default) or heap "          \
+             "(aligned_alloc)", \
              pool_alloc, KVF_CONFIG_TYPE_STRING, 0),                                         \
     XT_FIELD("NO_COALESCE", "no", "one descriptor per run (planner debugging)", no_coalesce, \
              KVF_CONFIG_TYPE_BOOL, 0),                                                        \

@@ -7,9 +7,10 @@ the same bytes are then moved by the other contenders, over shared memory
 (UCX's default transports) and over TCP loopback (UCX_TLS=tcp,self):
 
   kvferry      kvf bench: the connector's start_pull/poll, one thread per decode rank,
-               heap pools as the daemons allocate them
-  kvferry ucx-pool  the same with pools the connector allocates (--pool-alloc ucx:
-               UCX-mapped shared memory, read by a plain copy; --ucx-pool no skips it)
+               pools the connector allocates as the daemons do (--pool-alloc ucx:
+               UCX-mapped shared memory, read by a plain copy)
+  kvferry heap-pool  the same with malloc'd pools registered with UCX (the daemons'
+               --pool-alloc heap; --heap-pool no skips it)
   copy limit   memcpy of the same descriptor lists, one thread per decode rank
   ucx_perftest raw ucp_get of the same bytes per rank pair as one message (ucx-utils)
   nixl         NIXL (nixl-cu12) UCX backend, as vLLM's NixlConnector runs it: one
@@ -60,7 +61,7 @@ def grab(pattern, text, conv=float):
     return conv(m.group(1)) if m else None
 
 
-def run_kvf(args, transport, descs_file, pool_alloc="heap"):
+def run_kvf(args, transport, descs_file, pool_alloc="ucx"):
     cmd = [KVF, "bench", "--model", args.model, "--layout", args.layout, "--tokens",
            str(args.tokens), "--iters", str(args.iters), "--pool-alloc", pool_alloc]
     cmd += ["--descs-out", descs_file] if descs_file else ["--copy-limit", "no"]
@@ -167,9 +168,9 @@ def one_round(args, transport, dfile):
     out["kvferry"] = {"ms": k["kv_ms"], "post_ms": k["post_ms"],
                       "handshake_ms": k["handshake_ms"], "ucx": k["transports"]}
     out["copy limit"] = {"ms": k["copy_ms"]}
-    if args.ucx_pool:
-        u = run_kvf(args, transport, None, "ucx")
-        out["kvferry ucx-pool"] = {"ms": u["kv_ms"], "post_ms": u["post_ms"],
+    if args.heap_pool:
+        u = run_kvf(args, transport, None, "heap")
+        out["kvferry heap-pool"] = {"ms": u["kv_ms"], "post_ms": u["post_ms"],
                                    "handshake_ms": u["handshake_ms"], "ucx": u["transports"]}
     per_read = max(r["bytes"] for r in descs["reads"])
     ms, why = run_perftest(transport, per_read, max(args.iters, 3))
@@ -189,7 +190,7 @@ def one_round(args, transport, dfile):
 
 
 PEERS = (("nixl", "peer_nixl.py"), ("mooncake", "peer_mooncake.py"))
-ORDER = ("kvferry", "kvferry ucx-pool", "copy limit", "ucx_perftest", "nixl", "mooncake")
+ORDER = ("kvferry", "kvferry heap-pool", "copy limit", "ucx_perftest", "nixl", "mooncake")
 
 
 def main():
@@ -203,9 +204,9 @@ def main():
                     help="interleaved rounds of every contender; medians are reported")
     ap.add_argument("--transports", default="shm,tcp")
     ap.add_argument("--peers", default="nixl,mooncake")
-    ap.add_argument("--ucx-pool", default="yes", choices=("yes", "no"),
-                    help="also run kvferry with pools the connector allocates (kvf bench "
-                         "--pool-alloc ucx); the daemons' pools are heap memory")
+    ap.add_argument("--heap-pool", default="yes", choices=("yes", "no"),
+                    help="also run kvferry with malloc'd pools (kvf bench --pool-alloc heap, "
+                         "the daemons' --pool-alloc heap)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run (test suite): tiny-hybrid 2p1d, 1024 tokens, one round")
@@ -213,7 +214,7 @@ def main():
     if args.quick:
         args.model = os.path.join(SRC, "tests", "data", "models", "tiny-hybrid.config.json")
         args.layout, args.tokens, args.iters, args.rounds = "2p1d", 1024, 2, 1
-    args.ucx_pool = args.ucx_pool == "yes"
+    args.heap_pool = args.heap_pool == "yes"
     for t in args.transports.split(","):
         if t not in TLS:
             ap.error("--transports: unknown transport %r (shm, tcp)" % t)

@@ -13,7 +13,7 @@ needs memory for both sides' pools (a 128k-token 9B-v2 request is ~4.4 GB per
 side), so trim --tokens on small machines.
 
 usage: sweep.py [--models a,b] [--layouts 4p2d,...] [--tokens 1024,8192,...]
-                [--iters 3] [--pool-alloc heap|ucx] [--png FILE] [--md FILE] [--json]
+                [--iters 3] [--pool-alloc ucx|heap] [--png FILE] [--md FILE] [--json]
 
 The committed results (tests/bench/results/sweep.md, sweep.png) come from
   python3 tests/bench/sweep.py --md tests/bench/results/sweep.md \\
@@ -31,7 +31,7 @@ KVF = os.path.join(os.environ.get("KVF_BIN", os.path.join(SRC, "build", "bin")),
 MODELS = {"9b-v2": "nemotron-nano-9b-v2", "30b-a3b": "nemotron-3-nano-30b-a3b"}
 
 
-def bench(model, layout, tokens, iters, pool_alloc="heap"):
+def bench(model, layout, tokens, iters, pool_alloc="ucx"):
     cfg = os.path.join(SRC, "tests", "data", "models", MODELS[model] + ".config.json")
     env = dict(os.environ)
     env.setdefault("KVF_LOG_LEVEL", "error")
@@ -115,8 +115,8 @@ def main():
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--png", help="write a plot of GB/s and descriptors against tokens (gnuplot)")
     ap.add_argument("--md", help="write the table as Markdown")
-    ap.add_argument("--pool-alloc", default="heap", choices=("heap", "ucx"),
-                    help="kvf bench --pool-alloc (heap: as the daemons)")
+    ap.add_argument("--pool-alloc", default="ucx", choices=("ucx", "heap"),
+                    help="kvf bench --pool-alloc (ucx: the daemons' default)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     rows = []

@@ -22,8 +22,11 @@ def main():
     T.run_with_procs(lambda a, procs, tmp: run(a, procs))
 
 
-def prefill_healthy(px):
-    return px.health()[1]["prefill"][0]["healthy"]
+def prefill_serving(px, engine_id):
+    """The proxy sees the restarted process (its engine id), healthy: not the dead one it has
+    not yet noticed."""
+    p = px.health()[1]["prefill"][0]
+    return p["healthy"] and p.get("engine_id") == engine_id
 
 
 def run(a, procs):
@@ -43,8 +46,9 @@ def run(a, procs):
         prefill.kill()
         prefill.wait()
         t_kill = time.monotonic()
-        prefill = T.start_fake(procs, a.testbin, "prefill", "prefill-0.%d" % i, base, pre)
-        wait_for(lambda: prefill_healthy(px), 10, "the restarted prefill to be healthy",
+        name = "prefill-0.%d" % i
+        prefill = T.start_fake(procs, a.testbin, "prefill", name, base, pre)
+        wait_for(lambda: prefill_serving(px, name), 10, "the restarted prefill to be healthy",
                  interval=0.005)
         gaps.append(time.monotonic() - t_kill)
         try:

@@ -20,9 +20,11 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define KVF_SIDE_CHANNEL_MAX_CACHE 64
 
@@ -359,27 +361,82 @@ void kvf_side_channel_server_stop(kvf_side_channel_server_h server)
 
 /* ---- client ----------------------------------------------------------- */
 
+static int64_t kvf_side_now_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* One monitor event of @a mon (two frames: event + value, then the address); -1: none. */
+static int kvf_side_monitor_event(void *mon)
+{
+    uint16_t event = 0;
+    int got = 0, more = 1;
+
+    while (more) {
+        zmq_msg_t frame;
+
+        zmq_msg_init(&frame);
+        if (zmq_msg_recv(&frame, mon, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&frame);
+            break;
+        }
+        if ((got++ == 0) && (zmq_msg_size(&frame) >= sizeof(event))) {
+            memcpy(&event, zmq_msg_data(&frame), sizeof(event));
+        }
+        more = zmq_msg_more(&frame);
+        zmq_msg_close(&frame);
+    }
+    return (got == 0) ? -1 : (int)event;
+}
+
+/*
+ * One request and its reply on a fresh REQ socket, within @a timeout_ms in
+ * all. A socket monitor ends the wait early when the answer cannot come: the
+ * connection was refused before it was ever made (nothing listens: the
+ * process is gone) -> KVF_ERR_PEER_UNREACHABLE, or the peer closed it before
+ * answering (a REQ never resends) -> KVF_ERR_PEER_RESET. Without it a release
+ * to a killed prefill waited out the whole transfer timeout.
+ */
 static kvf_status_t kvf_side_channel_exchange(void *ctx, const char *host, int port,
                                               const void *msg, size_t len, uint32_t timeout_ms,
                                               uint8_t **reply_p, size_t *reply_len_p)
 {
-    char endpoint[128];
+    static atomic_uint mon_seq;
+    char endpoint[128], mon_url[96];
     const kvf_zmq_opt_t opts[] = {
         {ZMQ_LINGER, 0},
-        {ZMQ_RCVTIMEO, (int)timeout_ms},
         {ZMQ_SNDTIMEO, (int)timeout_ms},
         {ZMQ_MAXMSGSIZE, KVF_SIDE_CHANNEL_MAX_MSG},
     };
+    const kvf_zmq_opt_t mon_opts[] = {
+        {ZMQ_LINGER, 0},
+    };
+    int64_t deadline = kvf_side_now_ms() + (int64_t)timeout_ms;
     kvf_status_t status = KVF_OK;
+    bool connected = false;
+    void *sock, *mon = NULL;
     zmq_msg_t rep;
-    void *sock;
-    int n;
+    int n = -1;
 
     status = kvf_zmq_socket_open(ctx, ZMQ_REQ, opts, sizeof(opts) / sizeof(opts[0]), &sock);
     if (status != KVF_OK) {
         return status;
     }
     snprintf(endpoint, sizeof(endpoint), "tcp://%s:%d", host, port);
+    snprintf(mon_url, sizeof(mon_url), "inproc://kvf-side-mon-%p-%u", (void *)sock,
+             atomic_fetch_add(&mon_seq, 1u));
+    KVF_ZMQ_CHECK_GOTO(zmq_socket_monitor(sock, mon_url, ZMQ_EVENT_CONNECTED |
+                                          ZMQ_EVENT_CONNECT_RETRIED | ZMQ_EVENT_DISCONNECTED),
+                       status, out);
+    status = kvf_zmq_socket_open(ctx, ZMQ_PAIR, mon_opts, 1, &mon);
+    if (status != KVF_OK) {
+        goto out;
+    }
+    /* the monitor's reader first: events sent before it connects are lost */
+    KVF_ZMQ_CHECK_GOTO(zmq_connect(mon, mon_url), status, out);
     KVF_ZMQ_CHECK_GOTO(zmq_connect(sock, endpoint), status, out);
     if (zmq_send(sock, msg, len, 0) < 0) {
         status = (zmq_errno() == EAGAIN) ? KVF_ERR_PEER_TIMEOUT : KVF_ERR_ZMQ;
@@ -387,24 +444,61 @@ static kvf_status_t kvf_side_channel_exchange(void *ctx, const char *host, int p
         goto out;
     }
     zmq_msg_init(&rep);
-    n = zmq_msg_recv(&rep, sock, 0);
-    if (n < 0) {
-        status = (zmq_errno() == EAGAIN) ? KVF_ERR_PEER_TIMEOUT : KVF_ERR_ZMQ;
-        kvf_error("side channel: no reply from %s within %u ms: %s", endpoint, timeout_ms,
-                  zmq_strerror(zmq_errno()));
-        zmq_msg_close(&rep);
-        goto out;
+    for (;;) {
+        int64_t left = deadline - kvf_side_now_ms();
+        zmq_pollitem_t items[2] = {
+            {.socket = sock, .events = ZMQ_POLLIN},
+            {.socket = mon, .events = ZMQ_POLLIN},
+        };
+        int event;
+
+        if (left <= 0) {
+            status = KVF_ERR_PEER_TIMEOUT;
+            kvf_error("side channel: no reply from %s within %u ms", endpoint, timeout_ms);
+            break;
+        }
+        if (zmq_poll(items, 2, (long)left) < 0) {
+            if (zmq_errno() == EINTR) {
+                continue;
+            }
+            status = KVF_ERR_ZMQ;
+            kvf_error("side channel: poll for %s failed: %s", endpoint,
+                      zmq_strerror(zmq_errno()));
+            break;
+        }
+        n = zmq_msg_recv(&rep, sock, ZMQ_DONTWAIT);   /* a reply wins over any event */
+        if (n >= 0) {
+            break;
+        }
+        event = (items[1].revents & ZMQ_POLLIN) ? kvf_side_monitor_event(mon) : -1;
+        if (event == ZMQ_EVENT_CONNECTED) {
+            connected = true;
+        } else if ((event == ZMQ_EVENT_CONNECT_RETRIED) && !connected) {
+            status = KVF_ERR_PEER_UNREACHABLE;
+            kvf_error("side channel: %s refused the connection (nothing listens there)",
+                      endpoint);
+            break;
+        } else if (event == ZMQ_EVENT_DISCONNECTED) {
+            status = KVF_ERR_PEER_RESET;
+            kvf_error("side channel: %s closed the connection before answering", endpoint);
+            break;
+        }
     }
-    *reply_p = malloc((size_t)n + 1);
-    if (*reply_p == NULL) {
-        status = KVF_ERR_NO_MEMORY;
-    } else {
-        memcpy(*reply_p, zmq_msg_data(&rep), (size_t)n);
-        *reply_len_p = (size_t)n;
+    if (n >= 0) {
+        *reply_p = malloc((size_t)n + 1);
+        if (*reply_p == NULL) {
+            status = KVF_ERR_NO_MEMORY;
+        } else {
+            memcpy(*reply_p, zmq_msg_data(&rep), (size_t)n);
+            *reply_len_p = (size_t)n;
+        }
     }
     zmq_msg_close(&rep);
 out:
-    zmq_close(sock);
+    zmq_close(sock);    /* stops the monitor too */
+    if (mon != NULL) {
+        zmq_close(mon);
+    }
     return status;
 }
 

@@ -25,37 +25,73 @@ kvf_status_t kvf_role_check_flags(const kvf_role_config_t *params)
         kvf_error("--xfer-timeout must be positive");
     } else if (params->drain_timeout_ms < 0) {
         kvf_error("--drain-timeout must not be negative");
+    } else if ((strcmp(params->pool_alloc, "ucx") != 0) &&
+               (strcmp(params->pool_alloc, "heap") != 0)) {
+        kvf_error("--pool-alloc must be ucx or heap, not '%s'", params->pool_alloc);
     } else {
         return KVF_OK;
     }
     return KVF_ERR_INVALID_PARAM;
 }
 
-static kvf_status_t kvf_role_engine_create(const kvf_role_config_t *params,
-                                           kvf_engine_h *engine_p, kvf_cache_params_t *cache_p)
+/* The cache parameters both the engine and the connector derive the geometry from. */
+static kvf_status_t kvf_role_cache_params(const kvf_role_config_t *params,
+                                          const kvf_model_config_t *mc,
+                                          kvf_cache_params_t *cache_p)
 {
-    kvf_engine_params_t ep;
-    kvf_model_config_t mc;
-    kvf_status_t status;
-
-    status = kvf_model_config_load(params->model, &mc);
-    if (status != KVF_OK) {
-        return status;
-    }
-    kvf_cache_params_default(&mc, cache_p);
+    kvf_cache_params_default(mc, cache_p);
     if (kvf_config_dtype("kv-dtype", params->kv_dtype, KVF_DTYPE_BF16, 0,
                          &cache_p->kv_dtype) != KVF_OK) {
         return KVF_ERR_INVALID_PARAM;
     }
     cache_p->user_block_size = params->block_size;
+    return KVF_OK;
+}
+
+/* POOL_ALLOC ucx: each rank's page pool is the connector's (alloc_pool). */
+typedef struct {
+    const kvf_connector_ops_t *ops;
+    kvf_connector_h            conn;
+    kvf_cache_params_t         cache;
+} kvf_role_pool_alloc_t;
+
+static kvf_status_t kvf_role_pool_alloc(void *ctx, int rank, int num_blocks, size_t bytes,
+                                        void **base_p)
+{
+    kvf_role_pool_alloc_t *a = ctx;
+    kvf_connector_pool_t cp = {
+        .tp_rank = rank, .base = NULL, .len = bytes, .num_blocks = num_blocks,
+        .params = a->cache, .device = kvf_device_cpu(),
+    };
+    kvf_status_t status = a->ops->alloc_pool(a->conn, &cp, base_p);
+
+    if (status != KVF_OK) {
+        kvf_error("--pool-alloc ucx: the connector could not allocate rank %d's pool of %zu "
+                  "bytes (%s); --pool-alloc heap uses malloc'd memory instead", rank, bytes,
+                  kvf_status_str(status));
+    }
+    return status;
+}
+
+static kvf_status_t kvf_role_engine_create(const kvf_role_config_t *params,
+                                           const kvf_cache_params_t *cache,
+                                           kvf_role_pool_alloc_t *alloc, kvf_engine_h *engine_p)
+{
+    kvf_engine_params_t ep;
+
     memset(&ep, 0, sizeof(ep));
     ep.field_mask = KVF_ENGINE_PARAM_FIELD_NUM_BLOCKS | KVF_ENGINE_PARAM_FIELD_CACHE |
                     KVF_ENGINE_PARAM_FIELD_MAX_BATCH_TOKENS;
     ep.model_dir = params->model;
     ep.tp_size = params->tp;
     ep.num_blocks = params->num_blocks;
-    ep.cache = *cache_p;
+    ep.cache = *cache;
     ep.max_batch_tokens = params->max_batch_tokens;
+    if (alloc != NULL) {
+        ep.field_mask |= KVF_ENGINE_PARAM_FIELD_POOL_ALLOC;
+        ep.pool_alloc = kvf_role_pool_alloc;
+        ep.pool_alloc_ctx = alloc;
+    }
     if (params->test_no_block_zero) {
         ep.field_mask |= KVF_ENGINE_PARAM_FIELD_NO_ZERO;   /* the pool warns at create */
         ep.disable_zeroing = true;
@@ -63,29 +99,13 @@ static kvf_status_t kvf_role_engine_create(const kvf_role_config_t *params,
     return kvf_engine_create(&ep, engine_p);
 }
 
-static kvf_status_t kvf_role_connector_create(kvf_engine_h engine,
-                                              const kvf_cache_params_t *cache,
-                                              const kvf_connector_config_t *config,
-                                              const kvf_connector_ops_t **ops_p,
-                                              kvf_connector_h *conn_p)
+/* POOL_ALLOC heap: give the connector each rank's malloc'd pool, once, at start-up. */
+static kvf_status_t kvf_role_register_pools(kvf_engine_h engine, const kvf_cache_params_t *cache,
+                                            const kvf_connector_ops_t *ops, kvf_connector_h conn)
 {
-    const kvf_connector_ops_t *ops = kvf_connector_ucx_ops();
     kvf_tp_runner_h runner = kvf_engine_runner(engine);
-    kvf_connector_config_t cc = *config;
-    kvf_connector_h conn;
-    kvf_status_t status;
 
-    status = kvf_connector_ops_check(ops);
-    if (status != KVF_OK) {
-        return status;
-    }
-    cc.cfg = kvf_engine_model_config(engine);
-    cc.tp_size = kvf_tp_runner_tp_size(runner);
-    status = ops->create(&cc, &conn);
-    if (status != KVF_OK) {
-        return status;
-    }
-    for (int r = 0; r < cc.tp_size; ++r) {   /* once, at start-up: never per request */
+    for (int r = 0; r < kvf_tp_runner_tp_size(runner); ++r) {
         kvf_page_pool_h pool = kvf_tp_runner_pool(runner, r);
         kvf_connector_pool_t cp = {
             .tp_rank = r,
@@ -95,14 +115,12 @@ static kvf_status_t kvf_role_connector_create(kvf_engine_h engine,
             .params = *cache,
             .device = *kvf_page_pool_device(pool),
         };
-        status = ops->register_pool(conn, &cp);
+        kvf_status_t status = ops->register_pool(conn, &cp);
+
         if (status != KVF_OK) {
-            ops->destroy(conn);
             return status;
         }
     }
-    *ops_p = ops;
-    *conn_p = conn;
     return KVF_OK;
 }
 
@@ -110,19 +128,33 @@ kvf_status_t kvf_role_start(const kvf_role_config_t *config, kvf_connector_role_
                             const char *listen_host, int listen_port, kvf_engine_h *engine_p,
                             const kvf_connector_ops_t **ops_p, kvf_connector_h *conn_p)
 {
+    const kvf_connector_ops_t *ops = kvf_connector_ucx_ops();
+    kvf_role_pool_alloc_t alloc;
     kvf_connector_config_t cc;
-    kvf_cache_params_t cache;
+    kvf_model_config_t mc;
+    kvf_connector_h conn;
+    bool ucx_pools = (strcmp(config->pool_alloc, "ucx") == 0);
     kvf_status_t status;
 
-    status = kvf_role_engine_create(config, engine_p, &cache);
+    *engine_p = NULL;
+    status = kvf_model_config_load(config->model, &mc);
+    if (status == KVF_OK) {
+        status = kvf_role_cache_params(config, &mc, &alloc.cache);
+    }
+    if (status == KVF_OK) {
+        status = kvf_connector_ops_check(ops);
+    }
     if (status != KVF_OK) {
         return status;
     }
+    /* The connector first: with POOL_ALLOC ucx the engine's pools are its memory. */
     memset(&cc, 0, sizeof(cc));
     cc.field_mask = KVF_CONNECTOR_CONFIG_FIELD_TIMEOUT_MS;
     cc.engine_id = config->engine_id;
     cc.role = role;
     cc.timeout_ms = (uint32_t)config->xfer_timeout_ms;
+    cc.cfg = &mc;
+    cc.tp_size = config->tp;
     if (role == KVF_CONNECTOR_ROLE_PREFILL) {
         cc.field_mask |= KVF_CONNECTOR_CONFIG_FIELD_PROGRESS;
         cc.progress_thread = true;   /* GETs progress while the engine computes */
@@ -132,7 +164,28 @@ kvf_status_t kvf_role_start(const kvf_role_config_t *config, kvf_connector_role_
         cc.listen_host = listen_host;
         cc.listen_port = listen_port;
     }
-    return kvf_role_connector_create(*engine_p, &cache, &cc, ops_p, conn_p);
+    status = ops->create(&cc, &conn);
+    if (status != KVF_OK) {
+        return status;
+    }
+    alloc.ops = ops;
+    alloc.conn = conn;
+    status = kvf_role_engine_create(config, &alloc.cache, ucx_pools ? &alloc : NULL, engine_p);
+    if ((status == KVF_OK) && !ucx_pools) {
+        status = kvf_role_register_pools(*engine_p, &alloc.cache, ops, conn);
+    }
+    if (status != KVF_OK) {
+        kvf_engine_destroy(*engine_p);   /* before the connector: its pools may be the memory */
+        *engine_p = NULL;
+        ops->destroy(conn);
+        return status;
+    }
+    kvf_info("page pools: %s (%d rank%s)", ucx_pools ?
+             "allocated by UCX (System V or POSIX shared memory where UCX can map it)" :
+             "heap, registered with UCX", config->tp, (config->tp == 1) ? "" : "s");
+    *ops_p = ops;
+    *conn_p = conn;
+    return KVF_OK;
 }
 
 int kvf_role_max_prompt_tokens(kvf_engine_h engine)

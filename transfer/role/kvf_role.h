@@ -28,6 +28,7 @@ typedef struct kvf_role_config {
     int     max_batch_tokens;                /* per engine step */
     int64_t xfer_timeout_ms;                 /* bound on every transfer wait */
     int64_t drain_timeout_ms;                /* after SIGTERM: longest drain before exit */
+    char    pool_alloc[KVF_CONFIG_STR_MAX];  /* ucx (connector's shared memory) or heap */
     bool    test_no_block_zero;              /* TEST ONLY: fresh attention blocks not zeroed */
 } kvf_role_config_t;
 
@@ -75,6 +76,10 @@ typedef struct kvf_role_config {
     {"DRAIN_TIMEOUT", KVF_ROLE_DRAIN_TIMEOUT_DEFAULT,                                         \
      "after SIGTERM: longest wait for leases and requests in flight before exiting (a second " \
      "SIGTERM exits at once)", offsetof(_type, role.drain_timeout_ms), KVF_CONFIG_TYPE_TIME, 0}, \
+    {"POOL_ALLOC", "ucx",                                                                     \
+     "where the page pools live: ucx (shared memory UCX maps, which a peer on the same host " \
+     "reads with a plain copy) or heap (malloc, registered with UCX)",                        \
+     offsetof(_type, role.pool_alloc), KVF_CONFIG_TYPE_STRING, 0},                            \
     {"TEST_NO_BLOCK_ZERO", "no",                                                              \
      "test only: fresh attention blocks are not zeroed (reproduces the stale-bytes NaN)",     \
      offsetof(_type, role.test_no_block_zero), KVF_CONFIG_TYPE_BOOL, KVF_CONFIG_FLAG_HIDDEN}
@@ -86,8 +91,12 @@ typedef struct kvf_role_config {
 kvf_status_t kvf_role_check_flags(const kvf_role_config_t *config);
 
 /**
- * Load the model, build the engine (rank threads, pools), create the UCX
- * connector for @a role and register every rank's pool with it once.
+ * Load the model, create the UCX connector for @a role, build the engine
+ * (rank threads, pools) and give the connector every rank's pool once:
+ * with POOL_ALLOC ucx the connector allocates the pools (alloc_pool: UCX-
+ * mapped shared memory, read by a same-host peer with a plain copy, no
+ * progress needed on this side; measured in tests/bench/results/peers.md),
+ * with heap the pools are malloc'd and registered (register_pool).
  * @a listen_host / @a listen_port: the prefill side channel (NULL/0 for decode).
  * @return KVF_OK with *engine_p, *ops_p, *conn_p (the caller destroys them);
  *         KVF_ERR_INVALID_PARAM for a bad dtype; model, geometry, pool and
