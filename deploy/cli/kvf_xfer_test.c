@@ -675,12 +675,15 @@ static int xt_expected_releases(const xt_ctx_t *c, int p)
     return count;
 }
 
+#define XT_SPIN_NS 5000000ull   /* as KVF_CONN_SPIN_NS: spin this long after work */
+#define XT_NAP_NS  50000L       /* then nap this long between polls */
+
 static void *xt_prefill_thread(void *arg)
 {
     xt_rank_t *r = arg;
     xt_ctx_t *c = r->ctx;
     int expected, got = 0;
-    uint64_t deadline;
+    uint64_t deadline, last_work;
     pid_t parent = getppid();
 
     r->status = xt_rank_setup(r);
@@ -693,6 +696,7 @@ static void *xt_prefill_thread(void *arg)
     /* bench runs several pulls; give it time in proportion */
     deadline = kvf_ucx_now_ns() + (uint64_t)c->o.timeout_ms * 1000000ull *
                (uint64_t)(2 + c->npulls);
+    last_work = kvf_ucx_now_ns();
     while (got < expected) {
         char rid[KVF_ENGINE_ID_MAX];
         int drank;
@@ -700,9 +704,22 @@ static void *xt_prefill_thread(void *arg)
         /* the raw agent needs progress too (GETs without a one-sided transport) */
         kvf_status_t s = c->xops->poll_release(c->conn, r->rank, c->bench ? 0 : 100, rid,
                                                sizeof(rid), &drank, &st);
-        if ((r->raw_agent != NULL) && (kvf_ucx_agent_progress(r->raw_agent) == 0) &&
-            (s != KVF_OK)) {
-            sched_yield();   /* idle: let the decode ranks run (few cores) */
+        bool raw_work = (r->raw_agent != NULL) && (kvf_ucx_agent_progress(r->raw_agent) > 0);
+        uint64_t now = kvf_ucx_now_ns();
+
+        /*
+         * The daemons' progress policy (transfer/ucx/kvf_connector_ucx.c): spin while
+         * there was work in the last 5 ms, then sleep. A GET from a UCX-mapped pool
+         * gives this side no work at all, and spinning prefill ranks would take the
+         * cores the decode ranks copy with (2-core hosts: half the bandwidth).
+         */
+        if ((s == KVF_OK) || (s == KVF_INPROGRESS) || raw_work) {
+            last_work = now;
+        } else if (now - last_work < XT_SPIN_NS) {
+            sched_yield();
+        } else {
+            struct timespec nap = {.tv_sec = 0, .tv_nsec = XT_NAP_NS};
+            nanosleep(&nap, NULL);
         }
         if (s == KVF_OK) {
             if (st != KVF_OK) {

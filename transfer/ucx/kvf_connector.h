@@ -209,7 +209,9 @@ typedef struct kvf_connector_ops {
     /**
      * Prefill (rank thread): next release received, waiting up to
      * @a timeout_ms. KVF_OK with request id, sender decode rank and its
-     * status; KVF_ERR_PEER_TIMEOUT when none arrived.
+     * status; when none arrived, KVF_INPROGRESS if the rank's worker served
+     * transfer work meanwhile (keep progressing) or KVF_ERR_PEER_TIMEOUT if
+     * it was idle (a caller may sleep, as the progress thread does).
      */
     kvf_status_t (*poll_release)(kvf_connector_h conn, int tp_rank, uint32_t timeout_ms,
                                  char *request_id, size_t id_len, int *decode_rank_p,

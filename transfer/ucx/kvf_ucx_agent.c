@@ -988,14 +988,16 @@ kvf_status_t kvf_ucx_notify_recv(kvf_ucx_agent_h agent, void *buf, size_t cap, s
 {
     uint64_t deadline = kvf_ucx_now_ns() + (uint64_t)timeout_ms * 1000000ull;
     kvf_ucx_notify_slot_t *slot;
+    bool worked = false;
 
     while (agent->ring_count == 0) {
         unsigned n = ucp_worker_progress(agent->worker);   /* at least once, even for 0 */
+        worked = worked || (n > 0);
         if (agent->ring_count > 0) {
             break;
         }
         if (kvf_ucx_now_ns() >= deadline) {   /* every round: busy with other events too */
-            return KVF_ERR_PEER_TIMEOUT;
+            return worked ? KVF_INPROGRESS : KVF_ERR_PEER_TIMEOUT;
         }
         if (n == 0) {
             sched_yield();   /* idle: let the peer's threads run (few cores) */

@@ -232,8 +232,11 @@ kvf_status_t kvf_ucx_notify_send(kvf_ucx_agent_h agent, kvf_ucx_peer_h peer, con
 /**
  * Take the oldest received notification, progressing up to @a timeout_ms
  * (0: progress once and check; the deadline is checked on every round).
- * Owning thread only. @return KVF_OK with *len_p set; KVF_ERR_PEER_TIMEOUT when
- * none arrived; KVF_ERR_NO_RESOURCE when @a cap is too small (kept queued).
+ * Owning thread only. @return KVF_OK with *len_p set; when none arrived,
+ * KVF_INPROGRESS if the worker did other work meanwhile (e.g. served a
+ * peer's GET by active messages: the caller should keep progressing) or
+ * KVF_ERR_PEER_TIMEOUT if it was idle; KVF_ERR_NO_RESOURCE when @a cap is
+ * too small (kept queued).
  */
 kvf_status_t kvf_ucx_notify_recv(kvf_ucx_agent_h agent, void *buf, size_t cap, size_t *len_p,
                                  uint32_t timeout_ms);

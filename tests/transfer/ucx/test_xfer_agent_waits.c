@@ -143,8 +143,9 @@ static void test_deadline_every_round(void **state)
     kvf_ucx_batch_release(batch);
 
     atomic_store(&busy_left, BUSY_CALLS);
+    /* none arrived while the worker kept reporting work: "in progress", by the deadline */
     assert_int_equal(kvf_ucx_notify_recv(p.a, buf, sizeof(buf), &len, WAIT_MS),
-                     KVF_ERR_PEER_TIMEOUT);
+                     KVF_INPROGRESS);
     assert_true(atomic_load(&busy_left) > 0);
 
     /* a notification to the stalled target: its wire-up never completes */
@@ -179,6 +180,20 @@ static void test_deadline_every_round(void **state)
 }
 
 /* b: a close that times out parks the peer; its error callback fires later on live memory */
+/* An idle worker (nothing connected, no busy wrapper): none arrived and no work -> timeout. */
+static void test_idle_recv_times_out(void **state)
+{
+    kvf_ucx_agent_h a = make_agent("idle", WAIT_MS);
+    uint8_t buf[64];
+    size_t len;
+
+    (void)state;
+    atomic_store(&busy_left, 0);
+    (void)kvf_ucx_agent_progress(a);   /* start-up work, if any, done first */
+    assert_int_equal(kvf_ucx_notify_recv(a, buf, sizeof(buf), &len, 20), KVF_ERR_PEER_TIMEOUT);
+    kvf_ucx_agent_destroy(a);
+}
+
 static void test_close_timeout_parks(void **state)
 {
     const kvf_xfer_desc_t d = {0, 0, 64 << 10};
@@ -234,6 +249,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_deadline_every_round),
+        cmocka_unit_test(test_idle_recv_times_out),
         cmocka_unit_test(test_close_timeout_parks),
         cmocka_unit_test(test_parked_at_destroy),
     };
