@@ -95,12 +95,18 @@ static uint64_t kvf_pf_now_ms(void)
 }
 
 /* Random, non-zero: what a decode must echo to claim or release the lease. */
-static uint64_t kvf_pf_nonce(void)
+/* A lease nonce from the kernel's CSPRNG; a few tries (EINTR, a zero draw), then an error. */
+static kvf_status_t kvf_pf_nonce(uint64_t *nonce_p)
 {
-    uint64_t x = 0;
-    while ((getrandom(&x, sizeof(x), 0) != (ssize_t)sizeof(x)) || (x == 0)) {
+    for (int i = 0; i < 8; ++i) {
+        uint64_t x = 0;
+        if ((getrandom(&x, sizeof(x), 0) == (ssize_t)sizeof(x)) && (x != 0)) {
+            *nonce_p = x;
+            return KVF_OK;
+        }
     }
-    return x;
+    kvf_error("getrandom() gave no lease nonce in 8 tries: %m");
+    return KVF_ERR_NO_RESOURCE;
 }
 
 /* A lease handed out or extended at @a now_ms lasts this long (ms): the
@@ -347,11 +353,14 @@ static void kvf_pf_prefilled(kvf_prefill_server_h srv, kvf_pf_pending_t *p, int3
     Kvf__BlockIdList lists[KVF_MAX_KV_GROUPS];
     Kvf__BlockIdList *plists[KVF_MAX_KV_GROUPS];
     kvf_req_info_t info;
-    uint64_t nonce = kvf_pf_nonce();
+    uint64_t nonce = 0;
     uint64_t ttl = kvf_pf_lease_ttl(srv, kvf_pf_now_ms());
     kvf_status_t status;
 
-    status = kvf_engine_request_info(srv->engine, p->engine_req, &info);
+    status = kvf_pf_nonce(&nonce);
+    if (status == KVF_OK) {
+        status = kvf_engine_request_info(srv->engine, p->engine_req, &info);
+    }
     if (status == KVF_OK) {
         int nblocks = 0;
         for (int g = 0; g < info.blocks->num_groups; ++g) {
@@ -364,7 +373,8 @@ static void kvf_pf_prefilled(kvf_prefill_server_h srv, kvf_pf_pending_t *p, int3
     if (status != KVF_OK) {
         kvf_engine_release(srv->engine, p->engine_req);
         kvf_serve_server_reply_error(srv->serve, &p->peer, p->request_id, status,
-                                     "cannot lease the request's blocks (duplicate id?)");
+                                     "cannot lease the request's blocks (duplicate id, or no "
+                                     "lease nonce: see prefill's log)");
         return;
     }
     for (int g = 0; g < info.blocks->num_groups; ++g) {
