@@ -7,8 +7,13 @@ variant for 4p2d too); prompts that end mid-block and on a block boundary
 streamed and not streamed, and their greedy tokens must equal the colocated
 `kvf generate` run: token for token at 1p1d, and elsewhere up to a position
 where the reference's top-2 logit margin is within fp32 tolerance.
+
+Both page-pool placements: the default (--pool-alloc ucx: each rank's pool is
+the UCX connector's shared memory, which the daemons' logs say) for every
+layout, and malloc'd pools registered with UCX (--pool-alloc heap) at 2p4d.
 """
 
+import os
 import sys
 
 from e2e_models import check_tokens, model_dir, reference
@@ -22,8 +27,9 @@ PROMPTS = [
 MAX_TOKENS = 12
 
 
-def run_layout(layout, model, refs, exact):
-    with Pool(layout=layout, model=model, timeout=60) as pool:
+def run_layout(layout, model, refs, exact, pool_alloc=None):
+    extra = ["--pool-alloc", pool_alloc] if pool_alloc else []
+    with Pool(layout=layout, model=model, timeout=60, extra_args=extra) as pool:
         for i, prompt in enumerate(PROMPTS):
             ref_tokens, ref_logits = refs[prompt]
             r = pool.complete(prompt, max_tokens=MAX_TOKENS, temperature=0,
@@ -42,10 +48,16 @@ def run_layout(layout, model, refs, exact):
         assert code == 200, h
         for inst in h["prefill"] + h["decode"]:
             assert inst["healthy"], inst
-    print("%s: %d prompts match the colocated run" % (layout, len(PROMPTS)))
+        want = "page pools: heap, registered with UCX" if pool_alloc == "heap" else \
+            "page pools: allocated by UCX"
+        for name in ("prefill-0", "decode-0"):
+            assert want in pool.log(name), "%s: no '%s' in its log" % (name, want)
+    print("%s%s: %d prompts match the colocated run" % (
+        layout, " (heap pools)" if pool_alloc == "heap" else "", len(PROMPTS)))
 
 
 def main():
+    os.environ["KVF_LOG_LEVEL"] = "info"   # the daemons log where their pools live
     hybrid = model_dir("tiny-hybrid")
     dense = model_dir("tiny-dense")
     href = {p: reference(hybrid, p, MAX_TOKENS) for p in PROMPTS}
@@ -55,6 +67,7 @@ def main():
         run_layout(layout, hybrid, href, exact=(layout == "1p1d"))
     if not sys.argv[1:]:
         run_layout("4p2d", dense, dref, exact=False)
+        run_layout("2p4d", hybrid, href, exact=False, pool_alloc="heap")
     print("test_e2e_layouts passed")
 
 
