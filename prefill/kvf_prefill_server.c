@@ -41,6 +41,7 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <errno.h>
 #include <string.h>
 #include <sys/random.h>
 #include <time.h>
@@ -98,14 +99,19 @@ static uint64_t kvf_pf_now_ms(void)
 /* A lease nonce from the kernel's CSPRNG; a few tries (EINTR, a zero draw), then an error. */
 static kvf_status_t kvf_pf_nonce(uint64_t *nonce_p)
 {
+    int err = 0;
+
     for (int i = 0; i < 8; ++i) {
         uint64_t x = 0;
-        if ((getrandom(&x, sizeof(x), 0) == (ssize_t)sizeof(x)) && (x != 0)) {
+        ssize_t n = getrandom(&x, sizeof(x), 0);
+        if ((n == (ssize_t)sizeof(x)) && (x != 0)) {
             *nonce_p = x;
             return KVF_OK;
         }
+        err = (n < 0) ? errno : 0;
     }
-    kvf_error("getrandom() gave no lease nonce in 8 tries: %m");
+    kvf_error("getrandom() gave no lease nonce in 8 tries (last: %s)",
+              (err != 0) ? strerror(err) : "a short or zero draw");
     return KVF_ERR_NO_RESOURCE;
 }
 

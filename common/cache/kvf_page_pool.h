@@ -60,9 +60,11 @@ typedef struct kvf_page_pool_params {
     bool         disable_zeroing; /* TEST ONLY: zero_blocks becomes a no-op */
     void        *memory;          /* MEMORY: num_blocks * slots * page_size bytes on .device,
                                    * page aligned, allocated by the caller (e.g. a transfer
-                                   * connector's shared memory); not owned: the caller frees
-                                   * it after kvf_page_pool_destroy(); contents undefined
-                                   * (fresh blocks are zeroed before use as always) */
+                                   * connector's shared memory); not owned: it must stay
+                                   * valid while the pool is used, and destroy never touches
+                                   * it, so the owner may free it before or after
+                                   * kvf_page_pool_destroy(); contents undefined (fresh
+                                   * blocks are zeroed before use as always) */
 } kvf_page_pool_params_t;
 
 /**

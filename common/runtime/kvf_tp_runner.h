@@ -27,7 +27,8 @@ enum kvf_tp_runner_params_field {          /* append only, never renumber */
  * Allocator of one rank's page-pool memory (called once per rank, in rank
  * order, on the creating thread): put in *base_p @a bytes (= @a num_blocks
  * blocks of the rank's geometry) of page-aligned host memory that stays
- * valid until the caller frees it after kvf_tp_runner_destroy(). Used by
+ * valid while the runner computes (destroy never touches it, so its owner
+ * may free it before or after kvf_tp_runner_destroy()). Used by
  * the daemons to place the pools in the transfer connector's shared memory
  * (transfer/ucx/kvf_connector.h, alloc_pool). @return KVF_OK, or an error
  * that fails kvf_tp_runner_create().

@@ -659,9 +659,9 @@ static void kvf_proxy_io_monitor(struct kvf_proxy_pool *pool, kvf_proxy_instance
             inst->info.connected = false;
             inst->probe_sent_ms = 0;
             kvf_proxy_inst_unhealthy_locked(inst, "connection lost");
-            if (inst->lost_ms == 0) {
-                inst->lost_ms = kvf_proxy_now_ms();   /* calls fail after the grace */
-            }
+            /* calls sent before this loss fail a grace after it (the latest loss: a
+             * second loss soon after the first gives its own calls their grace too) */
+            inst->lost_ms = kvf_proxy_now_ms();
         }
         pthread_mutex_unlock(&pool->lock);
     }

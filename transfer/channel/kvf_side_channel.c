@@ -495,7 +495,8 @@ static kvf_status_t kvf_side_channel_exchange(void *ctx, const char *host, int p
     }
     zmq_msg_close(&rep);
 out:
-    zmq_close(sock);    /* stops the monitor too */
+    (void)zmq_socket_monitor(sock, NULL, 0);   /* stop the monitor before either closes */
+    zmq_close(sock);
     if (mon != NULL) {
         zmq_close(mon);
     }

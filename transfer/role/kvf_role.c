@@ -175,9 +175,11 @@ kvf_status_t kvf_role_start(const kvf_role_config_t *config, kvf_connector_role_
         status = kvf_role_register_pools(*engine_p, &alloc.cache, ops, conn);
     }
     if (status != KVF_OK) {
-        kvf_engine_destroy(*engine_p);   /* before the connector: its pools may be the memory */
-        *engine_p = NULL;
+        /* as the servers do: the connector first (it deregisters heap pools before the
+         * engine frees them; engine destroy never touches connector-allocated pools) */
         ops->destroy(conn);
+        kvf_engine_destroy(*engine_p);
+        *engine_p = NULL;
         return status;
     }
     kvf_info("page pools: %s (%d rank%s)", ucx_pools ?

@@ -184,8 +184,14 @@ static void *kvf_conn_progress_main(void *arg)
     }
     while (!atomic_load(&a.conn->progress_stop)) {
         unsigned n = kvf_ucx_agent_progress(rk->agent);
-        while (kvf_ucx_notify_recv(rk->agent, buf, sizeof(buf), &len, 0) == KVF_OK) {
-            ++n;   /* UCX release notifications free nothing here: see the lease handler */
+        for (;;) {
+            kvf_status_t st = kvf_ucx_notify_recv(rk->agent, buf, sizeof(buf), &len, 0);
+            if (st == KVF_OK) {
+                ++n;   /* UCX release notifications free nothing here: see the lease handler */
+                continue;
+            }
+            n += (st == KVF_INPROGRESS);   /* its own progress served work: keep spinning */
+            break;
         }
         if (n > 0) {
             last_work = kvf_ucx_now_ns();

@@ -179,7 +179,6 @@ static void test_deadline_every_round(void **state)
     pair_cleanup(&p);
 }
 
-/* b: a close that times out parks the peer; its error callback fires later on live memory */
 /* An idle worker (nothing connected, no busy wrapper): none arrived and no work -> timeout. */
 static void test_idle_recv_times_out(void **state)
 {
@@ -194,6 +193,7 @@ static void test_idle_recv_times_out(void **state)
     kvf_ucx_agent_destroy(a);
 }
 
+/* b: a close that times out parks the peer; its error callback fires later on live memory */
 static void test_close_timeout_parks(void **state)
 {
     const kvf_xfer_desc_t d = {0, 0, 64 << 10};
