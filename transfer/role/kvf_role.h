@@ -1,7 +1,8 @@
 /*
  * What both role daemons (kvf-prefill, kvf-decode) do around the engine and
- * the KV connector: build the engine from flags, register every rank's
- * pool with the connector, report health, and the process main (flags,
+ * the KV connector: create the connector, build the engine from flags with
+ * every rank's pool in the connector's memory (or registered with it:
+ * --pool-alloc heap), report health, and the process main (flags,
  * signals, serve until told to stop). prefill/ and decode/ never use each
  * other (DESIGN.md §4), so their common part lives here, below both.
  */

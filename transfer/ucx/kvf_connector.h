@@ -12,7 +12,7 @@
  * - The leader is the thread that called create. kvf-prefill and kvf-decode
  *   call every op, for every rank, from their leader thread.
  * - Each rank has a single-threaded UCX worker, so a rank's ops
- *   (register_pool, get_metadata, start_pull, poll, notify_release,
+ *   (register_pool or alloc_pool, get_metadata, start_pull, poll, notify_release,
  *   poll_release, req_stats) run on one thread: the first thread that
  *   calls one of them for that rank owns the rank from then on. That is the
  *   leader in the daemons; a test or tool may give each rank its own thread.
@@ -26,11 +26,13 @@
  * - incarnation reads a value fixed at create: any thread.
  *
  * Flow, decode side (the serving daemons):
- *   create -> register_pool (each rank) -> handshake(remote engine) ->
- *   lease(claim) -> start_pull (each rank) -> poll until != KVF_INPROGRESS ->
- *   finish_pull (each rank) -> lease(release, each rank): valid or expired
+ *   create -> alloc_pool (each rank; the engine computes in that memory; or
+ *   register_pool of the engine's own pools with --pool-alloc heap) ->
+ *   handshake(remote engine) -> lease(claim) -> start_pull (each rank) ->
+ *   poll until != KVF_INPROGRESS -> finish_pull (each rank) ->
+ *   lease(release, each rank): valid or expired
  * Flow, prefill side:
- *   create -> register_pool (each rank) -> set_lease_handler -> serve
+ *   create -> alloc_pool or register_pool (each rank) -> set_lease_handler -> serve
  * notify_release / poll_release are the UCX-notification variant of the
  * release (tools and tests); it cannot tell decode whether the lease held.
  *
