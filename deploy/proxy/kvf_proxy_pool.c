@@ -630,24 +630,9 @@ static void kvf_proxy_io_recv(struct kvf_proxy_pool *pool, kvf_proxy_instance_t 
 static void kvf_proxy_io_monitor(struct kvf_proxy_pool *pool, kvf_proxy_instance_t *inst)
 {
     for (;;) {
-        zmq_msg_t frame;
-        uint16_t event = 0;
-        int more = 1, got = 0;
+        int event = kvf_zmq_monitor_event(inst->mon);
 
-        while (more) {
-            zmq_msg_init(&frame);
-            if (zmq_msg_recv(&frame, inst->mon, ZMQ_DONTWAIT) < 0) {
-                zmq_msg_close(&frame);
-                break;
-            }
-            if ((got == 0) && (zmq_msg_size(&frame) >= 6)) {
-                memcpy(&event, zmq_msg_data(&frame), sizeof(event));
-            }
-            got++;
-            more = zmq_msg_more(&frame);
-            zmq_msg_close(&frame);
-        }
-        if (got == 0) {
+        if (event < 0) {
             return;
         }
         pthread_mutex_lock(&pool->lock);

@@ -15,6 +15,7 @@
 
 #include "kvf_fault.h"
 #include "kvf_log.h"
+#include "kvf_time.h"
 #include "kvf_zmq.h"
 
 #include <errno.h>
@@ -361,37 +362,6 @@ void kvf_side_channel_server_stop(kvf_side_channel_server_h server)
 
 /* ---- client ----------------------------------------------------------- */
 
-static int64_t kvf_side_now_ms(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-/* One monitor event of @a mon (two frames: event + value, then the address); -1: none. */
-static int kvf_side_monitor_event(void *mon)
-{
-    uint16_t event = 0;
-    int got = 0, more = 1;
-
-    while (more) {
-        zmq_msg_t frame;
-
-        zmq_msg_init(&frame);
-        if (zmq_msg_recv(&frame, mon, ZMQ_DONTWAIT) < 0) {
-            zmq_msg_close(&frame);
-            break;
-        }
-        if ((got++ == 0) && (zmq_msg_size(&frame) >= sizeof(event))) {
-            memcpy(&event, zmq_msg_data(&frame), sizeof(event));
-        }
-        more = zmq_msg_more(&frame);
-        zmq_msg_close(&frame);
-    }
-    return (got == 0) ? -1 : (int)event;
-}
-
 /*
  * One request and its reply on a fresh REQ socket, within @a timeout_ms in
  * all. A socket monitor ends the wait early when the answer cannot come: the
@@ -414,7 +384,7 @@ static kvf_status_t kvf_side_channel_exchange(void *ctx, const char *host, int p
     const kvf_zmq_opt_t mon_opts[] = {
         {ZMQ_LINGER, 0},
     };
-    int64_t deadline = kvf_side_now_ms() + (int64_t)timeout_ms;
+    uint64_t deadline = kvf_time_now_ns() + (uint64_t)timeout_ms * 1000000ull;
     kvf_status_t status = KVF_OK;
     bool connected = false;
     void *sock, *mon = NULL;
@@ -445,19 +415,20 @@ static kvf_status_t kvf_side_channel_exchange(void *ctx, const char *host, int p
     }
     zmq_msg_init(&rep);
     for (;;) {
-        int64_t left = deadline - kvf_side_now_ms();
+        uint64_t now = kvf_time_now_ns();
+        long left_ms = (now < deadline) ? (long)((deadline - now + 999999u) / 1000000u) : 0;
         zmq_pollitem_t items[2] = {
             {.socket = sock, .events = ZMQ_POLLIN},
             {.socket = mon, .events = ZMQ_POLLIN},
         };
         int event;
 
-        if (left <= 0) {
+        if (left_ms == 0) {
             status = KVF_ERR_PEER_TIMEOUT;
             kvf_error("side channel: no reply from %s within %u ms", endpoint, timeout_ms);
             break;
         }
-        if (zmq_poll(items, 2, (long)left) < 0) {
+        if (zmq_poll(items, 2, left_ms) < 0) {
             if (zmq_errno() == EINTR) {
                 continue;
             }
@@ -470,7 +441,7 @@ static kvf_status_t kvf_side_channel_exchange(void *ctx, const char *host, int p
         if (n >= 0) {
             break;
         }
-        event = (items[1].revents & ZMQ_POLLIN) ? kvf_side_monitor_event(mon) : -1;
+        event = (items[1].revents & ZMQ_POLLIN) ? kvf_zmq_monitor_event(mon) : -1;
         if (event == ZMQ_EVENT_CONNECTED) {
             connected = true;
         } else if ((event == ZMQ_EVENT_CONNECT_RETRIED) && !connected) {

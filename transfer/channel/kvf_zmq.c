@@ -1,8 +1,11 @@
 /*
  * ZeroMQ socket set-up shared by the side channel, the serve channel and the
- * proxy: one place that creates a socket and checks every zmq_setsockopt().
+ * proxy: one place that creates a socket and checks every zmq_setsockopt(),
+ * and one reader of socket-monitor events.
  */
 #include "kvf_zmq.h"
+
+#include <string.h>
 
 static const char *kvf_zmq_type_name(int type)
 {
@@ -47,4 +50,26 @@ kvf_status_t kvf_zmq_socket_open(void *ctx, int type, const kvf_zmq_opt_t *opts,
     }
     *sock_p = sock;
     return KVF_OK;
+}
+
+int kvf_zmq_monitor_event(void *mon)
+{
+    uint16_t event = 0;
+    int got = 0, more = 1;
+
+    while (more) {
+        zmq_msg_t frame;
+
+        zmq_msg_init(&frame);
+        if (zmq_msg_recv(&frame, mon, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&frame);
+            break;
+        }
+        if ((got++ == 0) && (zmq_msg_size(&frame) >= 6)) {   /* id (2) + value (4) */
+            memcpy(&event, zmq_msg_data(&frame), sizeof(event));
+        }
+        more = zmq_msg_more(&frame);
+        zmq_msg_close(&frame);
+    }
+    return (got == 0) ? -1 : (int)event;
 }

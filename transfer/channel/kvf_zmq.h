@@ -68,4 +68,13 @@ typedef struct kvf_zmq_opt {
 kvf_status_t kvf_zmq_socket_open(void *ctx, int type, const kvf_zmq_opt_t *opts,
                                  size_t num_opts, void **sock_p);
 
+/**
+ * Take one event from a socket monitor's reader (the ZMQ_PAIR connected to
+ * the endpoint given to zmq_socket_monitor()), without waiting. An event is
+ * two frames (16-bit event id + 32-bit value, then the peer address); both
+ * are consumed.
+ * @return the ZMQ_EVENT_* id; -1 when none is queued.
+ */
+int kvf_zmq_monitor_event(void *mon);
+
 #endif
