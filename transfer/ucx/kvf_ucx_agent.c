@@ -308,15 +308,18 @@ void kvf_ucx_agent_destroy(kvf_ucx_agent_h agent)
     free(agent);
 }
 
-kvf_status_t kvf_ucx_agent_mem_register(kvf_ucx_agent_h agent, void *addr, size_t len,
-                                        int *region_p)
+/*
+ * Map @a len bytes as the agent's next region: @a addr given (register), or
+ * NULL with UCP_MEM_MAP_ALLOCATE (UCX allocates; the address is queried
+ * back). *addr_p receives the region's address.
+ */
+static kvf_status_t kvf_ucx_agent_map(kvf_ucx_agent_h agent, void *addr, size_t len,
+                                      void **addr_p, int *region_p)
 {
     ucp_mem_map_params_t mp;
+    ucp_mem_attr_t attr;
     kvf_ucx_region_t *r;
 
-    if ((addr == NULL) || (len == 0)) {
-        return KVF_ERR_INVALID_PARAM;
-    }
     if (agent->num_regions == KVF_XFER_MAX_REGIONS) {
         kvf_error("%s: more than %d registered regions", agent->name, KVF_XFER_MAX_REGIONS);
         return KVF_ERR_NO_RESOURCE;
@@ -326,48 +329,47 @@ kvf_status_t kvf_ucx_agent_mem_register(kvf_ucx_agent_h agent, void *addr, size_
     mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
     mp.address = addr;
     mp.length = len;
+    if (addr == NULL) {
+        mp.field_mask |= UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+        mp.flags = UCP_MEM_MAP_ALLOCATE;
+    }
     KVF_UCX_CHECK(ucp_mem_map(agent->context, &mp, &r->memh));
+    if (addr == NULL) {
+        memset(&attr, 0, sizeof(attr));
+        attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+        if ((ucp_mem_query(r->memh, &attr) != UCS_OK) || (attr.address == NULL) ||
+            (attr.length < len)) {
+            KVF_UCX_CHECK_IGNORE(ucp_mem_unmap(agent->context, r->memh));
+            kvf_error("%s: UCX allocated no usable %zu-byte region", agent->name, len);
+            return KVF_ERR_NO_MEMORY;
+        }
+        addr = attr.address;
+    }
     r->addr = addr;
     r->len = len;
+    *addr_p = addr;
     *region_p = agent->num_regions++;
     return KVF_OK;
+}
+
+kvf_status_t kvf_ucx_agent_mem_register(kvf_ucx_agent_h agent, void *addr, size_t len,
+                                        int *region_p)
+{
+    void *mapped;
+
+    if ((addr == NULL) || (len == 0)) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    return kvf_ucx_agent_map(agent, addr, len, &mapped, region_p);
 }
 
 kvf_status_t kvf_ucx_agent_mem_alloc(kvf_ucx_agent_h agent, size_t len, void **addr_p,
                                      int *region_p)
 {
-    ucp_mem_map_params_t mp;
-    ucp_mem_attr_t attr;
-    kvf_ucx_region_t *r;
-
     if ((len == 0) || (addr_p == NULL) || (region_p == NULL)) {
         return KVF_ERR_INVALID_PARAM;
     }
-    if (agent->num_regions == KVF_XFER_MAX_REGIONS) {
-        kvf_error("%s: more than %d registered regions", agent->name, KVF_XFER_MAX_REGIONS);
-        return KVF_ERR_NO_RESOURCE;
-    }
-    r = &agent->regions[agent->num_regions];
-    memset(&mp, 0, sizeof(mp));
-    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
-                    UCP_MEM_MAP_PARAM_FIELD_FLAGS;
-    mp.address = NULL;
-    mp.length = len;
-    mp.flags = UCP_MEM_MAP_ALLOCATE;
-    KVF_UCX_CHECK(ucp_mem_map(agent->context, &mp, &r->memh));
-    memset(&attr, 0, sizeof(attr));
-    attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
-    if ((ucp_mem_query(r->memh, &attr) != UCS_OK) || (attr.address == NULL) ||
-        (attr.length < len)) {
-        KVF_UCX_CHECK_IGNORE(ucp_mem_unmap(agent->context, r->memh));
-        kvf_error("%s: UCX allocated no usable %zu-byte region", agent->name, len);
-        return KVF_ERR_NO_MEMORY;
-    }
-    r->addr = attr.address;
-    r->len = len;
-    *addr_p = attr.address;
-    *region_p = agent->num_regions++;
-    return KVF_OK;
+    return kvf_ucx_agent_map(agent, NULL, len, addr_p, region_p);
 }
 
 /* 0: not yet known whether this UCX packs keys the way the walk expects;
