@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # kvf mkmodel / generate / bench-model end to end: same greedy tokens at
 # TP1, TP2 and TP4; throughput lines printed; missing and mis-shaped tensors
-# are refused with the tensor name and both shapes.
+# are refused with the tensor name and both shapes; the daemons refuse a bad --pool-alloc.
 set -euo pipefail
 KVF="${KVF_BIN:?}/kvf"
 SRC="${KVF_SOURCE_DIR:?}"
@@ -72,4 +72,13 @@ PY
 if "$KVF" generate --model "$T/bad" --max-tokens 1 2>"$T/err"; then fail "missing tensor accepted"; fi
 grep -q "tensor 'backbone.layers.0.mixer.q_proj.weight' not found" "$T/err" \
     || fail "missing message: $(cat "$T/err")"
+
+# the daemons refuse a page-pool placement they do not have, naming the flag and the value
+for d in kvf-prefill kvf-decode; do
+    if "${KVF_BIN}/$d" --model "$T/h" --pool-alloc bogus 2>"$T/err"; then
+        fail "$d accepted --pool-alloc bogus"
+    fi
+    grep -q "\-\-pool-alloc must be ucx or heap, not 'bogus'" "$T/err" \
+        || fail "$d --pool-alloc message: $(cat "$T/err")"
+done
 echo PASS
