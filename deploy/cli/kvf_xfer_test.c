@@ -675,8 +675,7 @@ static int xt_expected_releases(const xt_ctx_t *c, int p)
     return count;
 }
 
-#define XT_SPIN_NS 5000000ull   /* as KVF_CONN_SPIN_NS: spin this long after work */
-#define XT_NAP_NS  50000L       /* then nap this long between polls */
+#define XT_NAP_NS 50000L   /* after KVF_CONNECTOR_SPIN_NS idle: nap this long between polls */
 
 static void *xt_prefill_thread(void *arg)
 {
@@ -715,7 +714,7 @@ static void *xt_prefill_thread(void *arg)
          */
         if ((s == KVF_OK) || (s == KVF_INPROGRESS) || raw_work) {
             last_work = now;
-        } else if (now - last_work < XT_SPIN_NS) {
+        } else if (now - last_work < KVF_CONNECTOR_SPIN_NS) {
             sched_yield();
         } else {
             struct timespec nap = {.tv_sec = 0, .tv_nsec = XT_NAP_NS};

@@ -53,6 +53,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/*
+ * Progress policy of a target that serves GETs (the prefill progress thread,
+ * config progress_thread): spin this long after the last work, then sleep
+ * until woken. Tools that progress a prefill connector by hand follow it too.
+ */
+#define KVF_CONNECTOR_SPIN_NS 5000000ull
+
 #define KVF_CONNECTOR_ABI 9   /* 2: req_stats; 3: forget_engine; 4: incarnations; 5: wait_fds;
                                  6: stats carry posted/landed/done times;
                                  7: batch_descs, plan_flags in the config;

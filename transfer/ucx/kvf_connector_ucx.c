@@ -62,7 +62,6 @@
 #include <time.h>
 
 #define KVF_CONN_MAX_ENGINES 16
-#define KVF_CONN_SPIN_NS     5000000ull   /* progress thread spins this long after work */
 
 typedef struct kvf_conn_engine {
     char                         engine_id[KVF_ENGINE_ID_MAX];
@@ -197,7 +196,7 @@ static void *kvf_conn_progress_main(void *arg)
             last_work = kvf_ucx_now_ns();
             continue;
         }
-        if ((fd < 0) || (kvf_ucx_now_ns() - last_work < KVF_CONN_SPIN_NS)) {
+        if ((fd < 0) || (kvf_ucx_now_ns() - last_work < KVF_CONNECTOR_SPIN_NS)) {
             sched_yield();
             continue;
         }
