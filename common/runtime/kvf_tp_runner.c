@@ -123,6 +123,11 @@ kvf_status_t kvf_tp_runner_create(const kvf_tp_runner_params_t *params, kvf_tp_r
                   (unsigned long long)(params->field_mask & ~KVF_TP_RUNNER_PARAM_FIELDS_KNOWN));
         return KVF_ERR_INVALID_PARAM;
     }
+    if ((params->field_mask & KVF_TP_RUNNER_PARAM_FIELD_POOL_ALLOC) &&
+        (params->pool_alloc == NULL)) {
+        kvf_error("tp runner: POOL_ALLOC set without a pool_alloc function");
+        return KVF_ERR_INVALID_PARAM;
+    }
     cfg = kvf_model_get_config(params->model);
     if (params->field_mask & KVF_TP_RUNNER_PARAM_FIELD_CACHE) {
         cache = params->cache;
@@ -174,8 +179,7 @@ kvf_status_t kvf_tp_runner_create(const kvf_tp_runner_params_t *params, kvf_tp_r
             pp.field_mask |= KVF_PAGE_POOL_PARAM_FIELD_NO_ZERO;
             pp.disable_zeroing = true;
         }
-        if ((params->field_mask & KVF_TP_RUNNER_PARAM_FIELD_POOL_ALLOC) &&
-            (params->pool_alloc != NULL)) {
+        if (params->field_mask & KVF_TP_RUNNER_PARAM_FIELD_POOL_ALLOC) {
             size_t bytes = (size_t)r->num_blocks * (size_t)r->layout.slots * s->geom.page_size;
 
             status = params->pool_alloc(params->pool_alloc_ctx, i, r->num_blocks, bytes,

@@ -80,6 +80,11 @@ kvf_engine_h kvf_test_engine(const char *dir, const kvf_test_engine_opts_t *o)
         ep.field_mask |= KVF_ENGINE_PARAM_FIELD_MAX_BATCH_TOKENS;
         ep.max_batch_tokens = o->max_batch_tokens;
     }
+    if (o->pool_alloc != NULL) {
+        ep.field_mask |= KVF_ENGINE_PARAM_FIELD_POOL_ALLOC;
+        ep.pool_alloc = o->pool_alloc;
+        ep.pool_alloc_ctx = o->pool_alloc_ctx;
+    }
     if (o->max_seqs > 0) {
         ep.field_mask |= KVF_ENGINE_PARAM_FIELD_MAX_SEQS;
         ep.max_seqs = o->max_seqs;

@@ -163,6 +163,84 @@ static void test_output_varies(void **state)
     kvf_test_rmmodel(dir);
 }
 
+/* Outside pool memory (what the daemons' --pool-alloc ucx hands in), per rank. */
+typedef struct {
+    void  *mem[4];
+    size_t bytes[4];
+    int    calls;
+    int    fail_rank;   /* -1: none */
+} outside_pools_t;
+
+static kvf_status_t outside_alloc(void *ctx, int rank, int num_blocks, size_t bytes,
+                                  void **base_p)
+{
+    outside_pools_t *o = ctx;
+
+    assert_true((rank >= 0) && (rank < 4) && (num_blocks > 0));
+    o->calls++;
+    if (rank == o->fail_rank) {
+        return KVF_ERR_NO_MEMORY;
+    }
+    o->mem[rank] = aligned_alloc(4096, (bytes + 4095) & ~(size_t)4095);
+    assert_non_null(o->mem[rank]);
+    memset(o->mem[rank], 0xff, bytes);   /* stale bytes: fresh blocks must still be zeroed */
+    o->bytes[rank] = bytes;
+    *base_p = o->mem[rank];
+    return KVF_OK;
+}
+
+/* The engine computes in the memory it is given, with the same tokens as in its own. */
+static void test_outside_pool_memory(void **state)
+{
+    char dir[256];
+    int32_t p[64], own[GEN], outside[GEN];
+    outside_pools_t op = {.fail_rank = -1};
+    kvf_test_engine_opts_t o = kvf_test_engine_defaults();
+    kvf_engine_params_t bad = {0};
+    kvf_engine_h eng;
+    int n;
+
+    (void)state;
+    kvf_test_mkmodel("tiny-hybrid", 1, dir);
+    n = kvf_test_prompt("hello world", p, 64);
+    o.tp = 2;
+    eng = kvf_test_engine(dir, &o);
+    kvf_test_greedy(eng, p, n, GEN, own, NULL);
+    kvf_engine_destroy(eng);
+
+    o.pool_alloc = outside_alloc;
+    o.pool_alloc_ctx = &op;
+    eng = kvf_test_engine(dir, &o);
+    assert_int_equal(op.calls, 2);
+    for (int r = 0; r < 2; ++r) {
+        kvf_page_pool_h pool = kvf_tp_runner_pool(kvf_engine_runner(eng), r);
+        assert_ptr_equal(kvf_page_pool_base(pool), op.mem[r]);
+        assert_int_equal(kvf_page_pool_bytes(pool), op.bytes[r]);
+    }
+    kvf_test_greedy(eng, p, n, GEN, outside, NULL);
+    assert_memory_equal(own, outside, sizeof(own));
+    kvf_engine_destroy(eng);
+    for (int r = 0; r < 2; ++r) {
+        free(op.mem[r]);   /* the caller's: destroy left it alone */
+    }
+
+    /* an allocator that fails rank 1 fails the create; a set bit without a function too */
+    memset(&op, 0, sizeof(op));
+    op.fail_rank = 1;
+    bad.field_mask = KVF_ENGINE_PARAM_FIELD_POOL_ALLOC;
+    bad.model_dir = dir;
+    bad.tp_size = 2;
+    bad.pool_alloc = outside_alloc;
+    bad.pool_alloc_ctx = &op;
+    eng = NULL;
+    assert_int_equal(kvf_engine_create(&bad, &eng), KVF_ERR_NO_MEMORY);
+    assert_int_equal(op.calls, 2);
+    free(op.mem[0]);
+    bad.pool_alloc = NULL;
+    assert_int_equal(kvf_engine_create(&bad, &eng), KVF_ERR_INVALID_PARAM);
+    kvf_test_rmmodel(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -171,6 +249,7 @@ int main(void)
         cmocka_unit_test(test_hybrid_tp_equal),
         cmocka_unit_test(test_dense_tp_equal),
         cmocka_unit_test(test_output_varies),
+        cmocka_unit_test(test_outside_pool_memory),
         cmocka_unit_test(test_hybrid_bias_tp_equal),
         cmocka_unit_test(test_moe_tp_equal),
         cmocka_unit_test(test_llama_tp_equal),
