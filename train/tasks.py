@@ -9,7 +9,8 @@ changes the answer:
           then "? ab=" -> "47"; in the held-out set the queried key sits in
           the first 10 records, so attention must reach back across blocks
           (sizes are PARAMS: train.py's --add-digits, --recall-records,
-          --recall-early change them)
+          --recall-early and --recall-keys change them; training prompts may
+          ask several questions, see gen_recall)
   reverse reverse a word spelled with spaces, "rev c a t s =" -> " s t a c"
           (needs the order of the letters, carried by the recurrent state)
 
@@ -29,7 +30,9 @@ import string
 LETTERS = string.ascii_lowercase
 
 # Task sizes (train.py sets them from its flags; the defaults are stage 1's).
-PARAMS = {"add_digits": (2, 3), "recall_records": (28, 44), "recall_early": 10}
+PARAMS = {"add_digits": (2, 3), "recall_records": (28, 44), "recall_early": 10,
+          "recall_keys": "pairs"}
+KEY_LETTERS = string.ascii_lowercase + string.ascii_uppercase
 
 
 def gen_add(rng):
@@ -39,17 +42,30 @@ def gen_add(rng):
     return {"task": "add", "prompt": f"add {a}+{b}=", "answer": str(a + b)}
 
 
-def gen_recall(rng, early, n_range=None):
+def gen_recall(rng, early, n_range=None, queries=1):
+    """queries > 1 (training only): after the first answer, queries-1 more
+    "? key=" questions on other records follow in "more" as (question, answer)
+    pairs; only their answers are trained on, so one prompt gives queries
+    answers' worth of signal (as in the multi-query associative recall of
+    Arora et al. 2023, "Zoology")."""
     n = rng.randint(*(n_range or PARAMS["recall_records"]))
     keys = set()
+    if PARAMS["recall_keys"] == "letters":
+        n = min(n, len(KEY_LETTERS))
     while len(keys) < n:
-        keys.add(rng.choice(LETTERS) + rng.choice(LETTERS))
+        keys.add(rng.choice(KEY_LETTERS) if PARAMS["recall_keys"] == "letters"
+                 else rng.choice(LETTERS) + rng.choice(LETTERS))
     keys = list(keys)
     rng.shuffle(keys)
     vals = [f"{rng.randint(10, 99)}" for _ in keys]
     q = rng.randint(0, min(PARAMS["recall_early"] - 1, n - 1)) if early else rng.randint(0, n - 1)
     body = " ".join(f"{k}={v}" for k, v in zip(keys, vals))
-    return {"task": "recall", "prompt": f"kv {body} ? {keys[q]}=", "answer": vals[q]}
+    s = {"task": "recall", "prompt": f"kv {body} ? {keys[q]}=", "answer": vals[q]}
+    if queries > 1:
+        others = [i for i in range(n) if i != q]
+        rng.shuffle(others)
+        s["more"] = [(f" ? {keys[i]}=", vals[i]) for i in others[:queries - 1]]
+    return s
 
 
 def gen_reverse(rng):
