@@ -42,6 +42,11 @@ def run(a, procs):
     # 200 needs one healthy decode; wait for the second one too.
     wait_for(lambda: all(i["healthy"] for i in px.health()[1]["decode"]), 10,
              "both decode instances healthy")
+    # The proxy prefers decode instances whose pair with the prefill is checked compatible
+    # (an unchecked pair only when none is), so round robin over both needs both verdicts;
+    # under TSan the second check can land after the first request.
+    wait_for(lambda: [q["state"] for q in px.health()[1]["pairs"]] == ["compatible"] * 2, 10,
+             "both prefill-decode pairs checked compatible")
     st, h = px.health()
     T.check(st == 200 and [d["engine_id"] for d in h["decode"]] == ["decode-0", "decode-1"] and
             h["prefill"][0]["tp_size"] == 2 and h["decode"][1]["tp_size"] == 4,
