@@ -55,7 +55,7 @@ def gen_recall(rng, early, n_range=None, queries=1):
     while len(keys) < n:
         keys.add(rng.choice(KEY_LETTERS) if PARAMS["recall_keys"] == "letters"
                  else rng.choice(LETTERS) + rng.choice(LETTERS))
-    keys = list(keys)
+    keys = sorted(keys)   # a set's order follows the per-process string hash seed
     rng.shuffle(keys)
     vals = [f"{rng.randint(10, 99)}" for _ in keys]
     q = rng.randint(0, min(PARAMS["recall_early"] - 1, n - 1)) if early else rng.randint(0, n - 1)
