@@ -50,8 +50,9 @@ def gen_recall(rng, early, n_range=None, queries=1):
     Arora et al. 2023, "Zoology")."""
     n = rng.randint(*(n_range or PARAMS["recall_records"]))
     keys = set()
-    if PARAMS["recall_keys"] == "letters":
-        n = min(n, len(KEY_LETTERS))
+    if PARAMS["recall_keys"] == "letters" and n > len(KEY_LETTERS):
+        raise ValueError(f"{n} recall records need {n} distinct keys; one-letter keys "
+                         f"have {len(KEY_LETTERS)}")
     while len(keys) < n:
         keys.add(rng.choice(KEY_LETTERS) if PARAMS["recall_keys"] == "letters"
                  else rng.choice(LETTERS) + rng.choice(LETTERS))

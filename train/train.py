@@ -4,8 +4,10 @@ synthetic tasks of train/tasks.py, CPU only, deterministic for a given seed,
 thread count and library versions.
 
   python3 train/train.py --config tests/data/models/tiny-hybrid.config.json \
-      --out /tmp/tiny-hybrid --seed 1 --steps 1600 --recall-warmup 500 \
-      --recall-queries 8 --add-digits 3-3
+      --out /tmp/tiny-hybrid --seed 1 --steps 2400 --recall-warmup 500 --recall-every 3 \
+      --batch-recall 12 --batch-short 16 --batch-add 64 --recall-queries 8 --add-digits 3-3
+
+(the committed checkpoints' command; each folder's TRAINING.md has it exactly)
 
 The geometry (layers, heads, Mamba sizes) comes from --config; vocab_size and
 the special token ids are replaced by those of the tokenizer trained here.
@@ -173,8 +175,11 @@ def main():
                     help="Mamba scan chunk while training (the stored config keeps its own; "
                          "the chunked scan is exact for any chunk, short prompts just pad less)")
     args = ap.parse_args()
-    if args.recall_every < 1:
-        ap.error(f"--recall-every {args.recall_every}: need >= 1")
+    for name, v in (("--recall-every", args.recall_every), ("--recall-queries", args.recall_queries)):
+        if v < 1:
+            ap.error(f"{name} {v}: need >= 1")
+    if not 0 <= args.recall_warmup < args.steps:
+        ap.error(f"--recall-warmup {args.recall_warmup}: need 0 <= it < --steps {args.steps}")
 
     def span(v, name):
         try:
@@ -191,6 +196,10 @@ def main():
         tasks.PARAMS["recall_records"] = fixed_records
     tasks.PARAMS["recall_early"] = args.recall_early
     tasks.PARAMS["recall_keys"] = args.recall_keys
+    most = (fixed_records or (28, 44))[1]
+    if args.recall_keys == "letters" and most > len(tasks.KEY_LETTERS):
+        ap.error(f"--recall-keys letters has {len(tasks.KEY_LETTERS)} distinct keys, fewer than "
+                 f"the {most} records a prompt may hold (--recall-records)")
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
