@@ -3,6 +3,7 @@
  * calls (kvf_kern_report()).
  */
 #include "kvf_kern.h"
+#include "kvf_log.h"
 
 #include <stdatomic.h>
 #include <stddef.h>
@@ -21,6 +22,8 @@ void kvf_kern_report(const char *call, const char *error)
 
     if (func != NULL) {
         func(call, error);
+    } else {
+        kvf_error("%s failed: %s", call, error);    /* the default reporter: the log */
     }
 }
 

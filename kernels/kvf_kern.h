@@ -15,7 +15,7 @@
  *   device (the CUDA-capable list is in kvf_device.h).
  * - Compute is fp32. Activations and weights are fp32 arrays; caches (KV,
  *   conv state, SSM state) may be stored fp32, bf16 or fp16 and are converted
- *   on load/store (kernels/kvf_dtype.h).
+ *   on load/store (common/base/kvf_dtype.h).
  * - Shapes are given in elements, row-major, with the last index fastest.
  *   "ld" parameters are row strides in elements (>= the row length).
  * - Kernels never allocate memory the caller must free, never print, and
@@ -49,8 +49,8 @@ const char *kvf_kern_strerror(int err);
 typedef void (*kvf_kern_report_func_t)(const char *call, const char *error);
 
 /**
- * Install @a func as the reporter (NULL: silent, the default). common/
- * installs its logger from kvf_log_init(). Process-wide; may be called from
+ * Install @a func as the reporter (NULL: the default, which logs the call
+ * with kvf_error() of common/base/kvf_log.h). Process-wide; may be called from
  * any thread; a report racing with the change goes to the old or new one.
  */
 void kvf_kern_set_report_func(kvf_kern_report_func_t func);

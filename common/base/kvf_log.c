@@ -4,7 +4,6 @@
  * interleave. errno is saved and restored so "%m" and callers keep working.
  */
 #include "kvf_log.h"
-#include "kvf_kern.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -62,12 +61,6 @@ static unsigned kvf_log_subsys_parse(const char *list)
     return mask;
 }
 
-/* kernels/ never prints; its failed CUDA calls arrive here (kvf_kern_report()) */
-static void kvf_log_kern_report(const char *call, const char *error)
-{
-    kvf_error("%s failed: %s", call, error);
-}
-
 void kvf_log_set_name(const char *role, const char *name)
 {
     if ((name == NULL) || (name[0] == '\0')) {
@@ -96,7 +89,6 @@ void kvf_log_init(const char *role)
     if ((sub != NULL) && (*sub != '\0')) {
         kvf_log_subsys_mask = kvf_log_subsys_parse(sub);
     }
-    kvf_kern_set_report_func(kvf_log_kern_report);
 }
 
 void kvf_log_emit(const char *file, int line, const char *func,

@@ -57,7 +57,6 @@ extern unsigned kvf_log_subsys_mask;
  * Read KVF_LOG_LEVEL and KVF_LOG_SUBSYS and remember @a role ("prefill",
  * "decode", "proxy", "kvf"; copied, may be NULL) for the line prefix.
  * Safe to call more than once; unknown values warn and keep the default.
- * Also routes kernels/' failed CUDA calls (kvf_kern_report()) to kvf_error().
  */
 void kvf_log_init(const char *role);
 

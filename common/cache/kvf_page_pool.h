@@ -22,7 +22,7 @@
  * stale-bytes NaN, DESIGN.md §1). Test-only switch: params.disable_zeroing
  * turns it into a no-op so tests can reproduce the hazard. The pool reads no
  * environment: the daemons expose the switch as the hidden config row
- * TEST_NO_BLOCK_ZERO (transfer/role/kvf_role.h).
+ * TEST_NO_BLOCK_ZERO (daemon/kvf_role.h).
  *
  * Thread safety: one pool per rank, used by that rank's thread (zeroing,
  * kernels); the accessors are read-only after create and safe anywhere.

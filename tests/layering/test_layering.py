@@ -10,7 +10,8 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 CHECK = [sys.executable, os.path.join(HERE, "check_includes.py")]
-LAYER_DIRS = ["kernels", "common", "proto", "transfer", "prefill", "decode", "deploy"]
+LAYER_DIRS = ["kernels", "common", "proto", "transfer", "daemon", "prefill", "decode", "tools",
+              "deploy"]
 
 
 def run(root):
@@ -35,12 +36,20 @@ def main():
     assert rc == 0, f"layering check fails on the tree:\n{out}"
 
     cases = [  # (file, planted include, text the report must carry)
-        ("kernels/kvf_gemm.c", '#include "kvf_log.h"', "from common/base; kernels may use nothing"),
+        # the bottom floor stands on nothing: not on the kernels, not on the engine
+        ("common/base/kvf_status.c", '#include "kvf_kern.h"', "from kernels; common/base may use nothing"),
         ("common/base/kvf_log.c", '#include "kvf_engine.h"', "from common/engine"),
+        # kernels stand on common/base alone
+        ("kernels/kvf_gemm.c", '#include "kvf_model_config.h"', "from common/model; kernels may use common/base"),
         ("prefill/kvf_lease.c", '#include "kvf_decode_server.h"', "from decode"),
-        ("transfer/ucx/kvf_ucx_agent.c", '#include "kvf_role.h"', "from transfer/role"),
+        # daemon scaffolding is above transfer, below the roles and the tools
+        ("transfer/ucx/kvf_ucx_agent.c", '#include "kvf_role.h"', "from daemon"),
+        ("daemon/kvf_role.c", '#include "kvf_prefill_server.h"', "from prefill"),
+        ("daemon/kvf_role.c", '#include "kvf_cmds.h"', "from tools"),
+        # the tools are not deploy, and deploy/proxy does not use them
+        ("tools/kvf_main.c", '#include "kvf_proxy.h"', "from deploy/proxy"),
+        ("deploy/proxy/kvf_proxy.c", '#include "kvf_cmds.h"', "from tools"),
         ("transfer/plan/kvf_xfer_plan.c", '#include "kvf_side_channel.h"', "from transfer/channel"),
-        ("deploy/proxy/kvf_proxy.c", '#include "kvf_cmds.h"', "from deploy/cli"),
         ("common/model/kvf_shard.c", '#include "common/kvf_log.h"', "by path"),
     ]
     for rel, inc, why in cases:

@@ -1,6 +1,6 @@
 /*
  * Operator/test tools of the transfer layer, run as kvf subcommands
- * (deploy/cli/kvf_main.c lists them). Each takes the arguments after its name
+ * (tools/kvf_main.c lists them). Each takes the arguments after its name
  * and returns the exit code: 0 success, 1 failure or refusal, 2 bad usage.
  */
 #ifndef KVF_XFER_TOOLS_H

@@ -1,5 +1,5 @@
 /*
- * kvf matrix: runs kvf-matrix (deploy/pool/kvf-matrix, installed next to
+ * kvf matrix: runs kvf-matrix (tools/kvf-matrix, installed next to
  * this binary), which drives kvf xfer-test, kvf-up/kvf-down pools and kvf
  * generate per cell and prints the table. Like git's external commands: the
  * orchestration is a script, the checks it runs are this binary's.

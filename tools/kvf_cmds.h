@@ -13,27 +13,27 @@ typedef struct kvf_cmd {
     const char     *help;
 } kvf_cmd_t;
 
-/* deploy/cli/cmd_plan.c */
+/* tools/cmd_plan.c */
 int kvf_cmd_plan(int argc, char **argv);
 
-/* deploy/cli/cmd_model.c */
+/* tools/cmd_model.c */
 int kvf_cmd_mkmodel(int argc, char **argv);
 int kvf_cmd_generate(int argc, char **argv);
 int kvf_cmd_bench_model(int argc, char **argv);
 
-/* deploy/cli/cmd_bench_serve.c */
+/* tools/cmd_bench_serve.c */
 int kvf_cmd_bench_serve(int argc, char **argv);
 
-/* deploy/cli/cmd_tune.c */
+/* tools/cmd_tune.c */
 int kvf_cmd_tune(int argc, char **argv);
 
-/* deploy/cli/cmd_matrix.c: runs kvf-matrix beside this binary */
+/* tools/cmd_matrix.c: runs kvf-matrix beside this binary */
 int kvf_cmd_matrix(int argc, char **argv);
 
-/* deploy/cli/cmd_tokenize.c */
+/* tools/cmd_tokenize.c */
 int kvf_cmd_tokenize(int argc, char **argv);
 
-/* deploy/cli/kvf_xfer_test.c (declared in deploy/cli/kvf_xfer_tools.h too) */
+/* tools/kvf_xfer_test.c (declared in tools/kvf_xfer_tools.h too) */
 int kvf_cmd_xfer_test(int argc, char **argv);
 int kvf_cmd_bench(int argc, char **argv);
 
