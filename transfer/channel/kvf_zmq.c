@@ -32,12 +32,30 @@ static int kvf_zmq_opt_set(void *sock, const kvf_zmq_opt_t *opt)
 kvf_status_t kvf_zmq_socket_open(void *ctx, int type, const kvf_zmq_opt_t *opts,
                                  size_t num_opts, void **sock_p)
 {
-    void *sock = zmq_socket(ctx, type);
+    static const kvf_zmq_opt_t defaults[] = {   /* bounded queues and messages on every socket */
+        {ZMQ_SNDHWM, KVF_ZMQ_DEFAULT_HWM},
+        {ZMQ_RCVHWM, KVF_ZMQ_DEFAULT_HWM},
+        {ZMQ_MAXMSGSIZE, KVF_ZMQ_DEFAULT_MAXMSGSIZE},
+    };
+    void *sock;
+    kvf_status_t status = kvf_zmq_auth_attach(ctx);   /* this context's ZAP handler */
 
+    if (status != KVF_OK) {
+        return status;
+    }
+    sock = zmq_socket(ctx, type);
     if (sock == NULL) {
         kvf_error("zmq_socket(%s) failed: %s", kvf_zmq_type_name(type),
                   zmq_strerror(zmq_errno()));
         return KVF_ERR_ZMQ;
+    }
+    for (size_t i = 0; i < sizeof(defaults) / sizeof(defaults[0]); ++i) {
+        if (kvf_zmq_opt_set(sock, &defaults[i]) == -1) {
+            kvf_error("zmq_setsockopt(%s socket, default option %d) failed: %s",
+                      kvf_zmq_type_name(type), defaults[i].name, zmq_strerror(zmq_errno()));
+            zmq_close(sock);
+            return KVF_ERR_ZMQ;
+        }
     }
     for (size_t i = 0; i < num_opts; ++i) {
         if (kvf_zmq_opt_set(sock, &opts[i]) == -1) {

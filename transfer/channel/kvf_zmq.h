@@ -12,6 +12,7 @@
 
 #include "kvf_log.h"
 #include "kvf_status.h"
+#include "kvf_zmq_auth.h"   /* kvf_zmq_bind / kvf_zmq_connect for every tcp endpoint */
 
 #include <stddef.h>
 #include <stdint.h>
@@ -53,8 +54,17 @@ typedef struct kvf_zmq_opt {
     int64_t value;
 } kvf_zmq_opt_t;
 
+/* Every socket starts with these (then @a opts of kvf_zmq_socket_open may
+ * change them): bounded send/receive queues (messages) and a largest
+ * accepted message (bytes), so a peer cannot make a process buffer without
+ * bound. */
+#define KVF_ZMQ_DEFAULT_HWM        1000
+#define KVF_ZMQ_DEFAULT_MAXMSGSIZE (64ll << 20)
+
 /**
- * Create a socket of @a type on @a ctx and set @a opts[0..num_opts) in order.
+ * Create a socket of @a type on @a ctx, set the defaults above, then
+ * @a opts[0..num_opts) in order. When the process is configured secure
+ * (kvf_zmq_auth.h), @a ctx gets its ZAP handler here first.
  *
  * @param [in]  ctx       A zmq context.
  * @param [in]  type      ZMQ_REQ, ZMQ_REP, ZMQ_ROUTER, ZMQ_DEALER, ZMQ_PAIR, ...
