@@ -4,7 +4,7 @@
  * every rank's pool in the connector's memory (or registered with it:
  * --pool-alloc heap), report health, and the process main (flags,
  * signals, serve until told to stop). prefill/ and decode/ never use each
- * other (DESIGN.md §4), so their common part lives here, below both.
+ * other (docs/ARCHITECTURE.md §4), so their common part lives here, below both.
  */
 #ifndef KVF_ROLE_H
 #define KVF_ROLE_H

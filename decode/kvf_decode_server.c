@@ -11,7 +11,7 @@
  * on rank threads concurrently with steps, which would need the engine to
  * hand out pools during steps.
  *
- * Leases (DESIGN.md §9): before any GET decode claims the lease on
+ * Leases (docs/ARCHITECTURE.md §9): before any GET decode claims the lease on
  * prefill's side channel (binding it to this engine, extending it, and
  * learning how long it has left); it does not start a pull with less time
  * left than its transfer timeout. After the GETs, every rank releases it,

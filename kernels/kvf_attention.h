@@ -15,7 +15,7 @@
  * t % kernel_block_size. page_size may exceed ppl * kernel_block_bytes (the
  * rest is never touched).
  *
- * Numerics (deliberately GPU-like, see DESIGN.md §1): the score pass reads
+ * Numerics (deliberately GPU-like, see docs/ARCHITECTURE.md §1): the score pass reads
  * every slot of every kernel block up to the one holding the query position,
  * as one tile, and masks slots past the causal limit by giving them
  * probability 0 (selected, as a GPU kernel selects -inf for a masked score):

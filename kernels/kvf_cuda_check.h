@@ -1,5 +1,5 @@
 /*
- * CUDA error domain (CONVENTIONS.md practice 5), for the *.cu files of
+ * CUDA error domain (docs/CODE_RULES.md §5), for the *.cu files of
  * kernels/. A failed CUDA runtime call is reported where it is first seen,
  * with the call and cudaGetErrorString(), through kvf_kern_report() (the
  * layer above installs its logger there; kernels/ itself never prints), then

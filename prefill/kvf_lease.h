@@ -1,6 +1,6 @@
 /*
  * Leases: a prefill instance keeps a finished prompt's blocks for the decode
- * instance that will pull them (DESIGN.md §9). A read counts only if the
+ * instance that will pull them (docs/ARCHITECTURE.md §9). A read counts only if the
  * lease held from the first GET to the last, so the table answers every
  * lease operation decode sends with a verdict:
  *

@@ -10,7 +10,7 @@
  * request, which would serialise prompts and stall releases during long
  * prefills.
  *
- * Leases (DESIGN.md §9, prefill/kvf_lease.h): decode claims a lease before
+ * Leases (docs/ARCHITECTURE.md §9, prefill/kvf_lease.h): decode claims a lease before
  * its GETs and releases it once per decode rank after them, over the side
  * channel; the side-channel thread answers from the lease table (valid,
  * expired or refused) without waiting for this loop, so a long engine step

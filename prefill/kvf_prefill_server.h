@@ -4,7 +4,7 @@
  * a lease until the decode instance that pulls them releases them (or the
  * lease expires). It answers the handshake side channel for all its ranks.
  *
- * Thread model (DESIGN.md §5): the leader thread (kvf_prefill_server_run)
+ * Thread model (docs/ARCHITECTURE.md §5): the leader thread (kvf_prefill_server_run)
  * owns the ZeroMQ control socket, the engine and its scheduler, and the
  * lease table; rank threads run inside engine steps; the side-channel thread
  * answers handshakes; each rank's UCX worker is progressed by the leader.

@@ -2,7 +2,7 @@
  * kvf xfer-test and kvf bench: a real prefill -> decode KV pull between two
  * processes, through the KV connector the daemons use (kvf_connector.h:
  * register_pool, serve, handshake, start_pull, poll, notify_release,
- * poll_release), with the whole control path of DESIGN.md §3 except the
+ * poll_release), with the whole control path of docs/ARCHITECTURE.md §3 except the
  * proxy (a pipe from the prefill child carries the packed transfer params,
  * which the decode side reads with the same decoder kvf-decode uses).
  *

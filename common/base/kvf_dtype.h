@@ -1,7 +1,7 @@
 /*
  * Element types of cache memory and weights. Compute is fp32; caches may be
  * stored narrower. fp8 (e4m3fn) is known to geometry (1 byte per element, as
- * in the DESIGN.md worked numbers) and moves through transfers, but no
+ * in the docs/ARCHITECTURE.md §1 and §6 worked numbers) and moves through transfers, but no
  * attention kernel reads or writes it yet, so the serving engine refuses it.
  */
 #ifndef KVF_DTYPE_H

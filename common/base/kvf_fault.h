@@ -1,5 +1,5 @@
 /*
- * Named fault points for tests (CONVENTIONS.md practice 11).
+ * Named fault points for tests (docs/CODE_RULES.md §11).
  *
  * A fault point is a place in the transfer path where a test can make the
  * process die, stop, stall, or lose / corrupt / replay one message, at an

@@ -19,7 +19,7 @@
  * Zeroing: kvf_page_pool_zero_blocks() clears every page of a list of blocks
  * in ONE kvf_blocks_zero() call; the block manager calls it for freshly
  * allocated attention blocks before any kernel reads them (the fix for
- * stale-bytes NaN, DESIGN.md §1). Test-only switch: params.disable_zeroing
+ * stale-bytes NaN, docs/ARCHITECTURE.md §1). Test-only switch: params.disable_zeroing
  * turns it into a no-op so tests can reproduce the hazard. The pool reads no
  * environment: the daemons expose the switch as the hidden config row
  * TEST_NO_BLOCK_ZERO (daemon/kvf_role.h).

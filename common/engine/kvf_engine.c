@@ -7,7 +7,7 @@
  * into each request's kvf_req_blocks_t, so no table is copied per step.
  * Fresh attention blocks are taken from the block manager after scheduling
  * and zeroed by every rank on its own pool inside the step, before the
- * forward reads them (DESIGN.md §1). Logits come back only for requests
+ * forward reads them (docs/ARCHITECTURE.md §1). Logits come back only for requests
  * whose chunk reaches their last known token, since only those sample.
  */
 #include "kvf_engine.h"

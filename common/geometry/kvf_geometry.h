@@ -16,7 +16,7 @@
  *                            | SSM state (mamba_heads_rank, head_dim, state)
  *                            | padding, never transferred]
  *
- * Block-size rules (DESIGN.md §1, vLLM's HybridAttentionMambaModelConfig):
+ * Block-size rules (docs/ARCHITECTURE.md §1, vLLM's HybridAttentionMambaModelConfig):
  * a Mamba page must fit in an attention page, so block_size is inflated to
  * the smallest multiple of a = max(16, user block) with
  * block_size * A1 >= M. KVF_ALIGN_PER_RANK uses this rank's A1 and M (what

@@ -1,6 +1,6 @@
 /*
  * Which prefill rank a decode rank reads each piece of state from, for a
- * prefill TP P and decode TP D (DESIGN.md §7, NIXL connector's tp_ratio):
+ * prefill TP P and decode TP D (docs/ARCHITECTURE.md §7, NIXL connector's tp_ratio):
  *
  *   tp_ratio = D/P when D >= P, -P/D when P > D.
  *   D >= P: decode rank r reads prefill rank r*P/D.

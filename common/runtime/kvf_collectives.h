@@ -1,5 +1,5 @@
 /*
- * TP collectives behind an ops table (DESIGN.md §5). One backend exists: CPU
+ * TP collectives behind an ops table (docs/ARCHITECTURE.md §5). One backend exists: CPU
  * ranks of one process, over shared buffers and a barrier.
  *
  * A communicator world of `size` ranks is created once per instance; each

@@ -1,6 +1,6 @@
 /*
  * Tensor-parallel model runner of one instance: one thread per TP rank in
- * this process (DESIGN.md §5), each owning its page pool, its workspace and
+ * this process (docs/ARCHITECTURE.md §5), each owning its page pool, its workspace and
  * its communicator handle; the caller's thread is rank 0.
  *
  * A step ships one batch (kvf_fwd_batch_t) and the list of freshly

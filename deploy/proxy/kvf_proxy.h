@@ -2,7 +2,7 @@
  * kvf-proxy: the OpenAI-compatible HTTP entry point of a P/D pool. It
  * tokenizes the prompt, runs it on a prefill instance, hands the first
  * token and the transfer parameters to a decode instance and relays the
- * tokens back (DESIGN.md §3). This header is the whole-program view: the
+ * tokens back (docs/ARCHITECTURE.md §3). This header is the whole-program view: the
  * config table and the object that ties the pool, the metrics and the HTTP
  * front end together.
  */

@@ -1,6 +1,6 @@
 /*
  * The life of one completion request through a prefill and a decode
- * instance (DESIGN.md §3):
+ * instance (docs/ARCHITECTURE.md §3):
  *
  *   pick a healthy prefill and decode instance (round robin)
  *   -> PrefillRequest to prefill; its reply carries the first token and the

@@ -15,7 +15,7 @@
  * connected fails at once instead of queueing stale requests that would be
  * delivered minutes later. A socket monitor per DEALER reports connect and
  * disconnect; a disconnect fails the calls in flight on that instance
- * without waiting for any timeout (DESIGN.md §9).
+ * without waiting for any timeout (docs/ARCHITECTURE.md §9).
  */
 #define _GNU_SOURCE
 #include "kvf_proxy_pool.h"

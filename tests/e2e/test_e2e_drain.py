@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Daemons drain on SIGTERM (DESIGN.md §9, deploy/README.md "Stopping").
+"""Daemons drain on SIGTERM (docs/ARCHITECTURE.md §9, deploy/README.md "Stopping").
 
 1. Prefill gets SIGTERM while decode holds one of its leases and is about to
    pull (decode's hidden --test-pull-delay keeps the pull in progress): its

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Failure behaviour an operator relies on (DESIGN.md §9):
+"""Failure behaviour an operator relies on (docs/ARCHITECTURE.md §9):
 
 1. prefill killed during a transfer: the request fails within 2 s (policy
    fail) or still answers, recomputed (policy recompute); the decode

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A read counts only if the lease held throughout (DESIGN.md §9).
+"""A read counts only if the lease held throughout (docs/ARCHITECTURE.md §9).
 
 The late read: decode starts its GETs after prefill's lease on the request
 expired, while another prompt has been prefilled into the same blocks. The

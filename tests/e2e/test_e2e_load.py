@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Transfers progress while prefill computes (DESIGN.md §9).
+"""Transfers progress while prefill computes (docs/ARCHITECTURE.md §9).
 
 32 concurrent clients send prompts of several hundred tokens to a 4p2d pool
 (one prefill instance with TP 4, two decode instances with TP 2) on default

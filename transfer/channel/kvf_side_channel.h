@@ -1,5 +1,5 @@
 /*
- * Side channel (DESIGN.md §3, §5, §8): a ZeroMQ metadata service. A server
+ * Side channel (docs/ARCHITECTURE.md §3, §5, §8): a ZeroMQ metadata service. A server
  * thread per instance answers HandshakeRequest with every rank's metadata
  * (REP socket, bound to 127.0.0.1 unless told otherwise); a client fetches
  * a remote instance's metadata once and caches it per remote engine id.

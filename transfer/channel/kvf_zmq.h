@@ -1,5 +1,5 @@
 /*
- * ZeroMQ error domain (CONVENTIONS.md practice 5): check macros that map a
+ * ZeroMQ error domain (docs/CODE_RULES.md §5): check macros that map a
  * failed libzmq call to KVF_ERR_ZMQ and log it, with zmq_strerror(zmq_errno()),
  * where it is first seen; and the one socket set-up every ZeroMQ user in
  * the tree goes through (create, set every option, checked).

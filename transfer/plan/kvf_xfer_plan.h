@@ -1,5 +1,5 @@
 /*
- * Transfer planner (DESIGN.md §6-§7): a pure function from (model, cache
+ * Transfer planner (docs/ARCHITECTURE.md §6-§7): a pure function from (model, cache
  * layout, local decode geometry, the geometry of every prefill rank, local
  * and remote block ids per KV cache group, token count) to
  *   - one descriptor list per prefill rank to read: {local_off, remote_off,

@@ -1,6 +1,6 @@
 /*
- * KV connector: how the engine core reaches the transfer layer (DESIGN.md §4)
- * without including transfer/. A versioned ops table (CONVENTIONS.md
+ * KV connector: how the engine core reaches the transfer layer (docs/ARCHITECTURE.md §4)
+ * without including transfer/. A versioned ops table (docs/CODE_RULES.md
  * practice 6); the UCX implementation is kvf_connector_ucx_ops() in
  * transfer/ucx/kvf_connector_ucx.h, and a daemon passes that pointer down.
  *

@@ -1,5 +1,5 @@
 /*
- * UCX transfer agent, one per rank (NIXL-style; DESIGN.md §4, §10).
+ * UCX transfer agent, one per rank (NIXL-style; docs/ARCHITECTURE.md §4, §10).
  *
  * An agent owns a ucp context and one worker (UCS_THREAD_MODE_SINGLE: only
  * the owning rank thread may call into it), the registered page-pool

@@ -1,5 +1,5 @@
 /*
- * UCX error domain (CONVENTIONS.md practice 5): map a ucs_status_t to
+ * UCX error domain (docs/CODE_RULES.md §5): map a ucs_status_t to
  * kvf_status_t (peer failures to the KVF_ERR_PEER_* range) and log a failed
  * call with ucs_status_string() where it is first seen.
  */

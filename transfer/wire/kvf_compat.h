@@ -1,5 +1,5 @@
 /*
- * Handshake compatibility check (DESIGN.md §1 failure 3, §8): decide before
+ * Handshake compatibility check (docs/ARCHITECTURE.md §1 failure 3, §8): decide before
  * any byte moves whether a remote instance's caches can be pulled into ours.
  *
  * Translatable differences are accepted: logical and kernel block sizes,

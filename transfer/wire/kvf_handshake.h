@@ -1,5 +1,5 @@
 /*
- * Handshake and transfer messages in C form (DESIGN.md §8), and their
+ * Handshake and transfer messages in C form (docs/ARCHITECTURE.md §8), and their
  * protobuf encoding (proto/kvf_xfer.proto). Everything that arrives from a
  * peer goes through an unpack function here, which rejects truncated,
  * garbage or out-of-range input with KVF_ERR_PARSE before any other code
@@ -78,7 +78,7 @@ typedef struct kvf_refusal {
  */
 void kvf_refusal_format(const kvf_refusal_t *refusal, char *buf, size_t len);
 
-/** What a lease operation asks (decode -> prefill, DESIGN.md §9). */
+/** What a lease operation asks (decode -> prefill, docs/ARCHITECTURE.md §9). */
 typedef enum {
     KVF_LEASE_OP_CLAIM   = 1,   /* bind the lease to the requester, extend it; before any GET
                                  * and, as a heartbeat, while the request waits in line */

@@ -1,5 +1,5 @@
 /*
- * protobuf-c error domain (CONVENTIONS.md practice 5). protobuf-c has one
+ * protobuf-c error domain (docs/CODE_RULES.md §5). protobuf-c has one
  * failure a caller sees: <msg>__unpack() returns NULL for truncated or
  * malformed bytes (or when it runs out of memory). These macros unpack with
  * the default allocator, log the failure where it is first seen, and map it

@@ -1,5 +1,5 @@
 /*
- * The stale-bytes NaN hazard end to end at kernel + pool level (DESIGN.md
+ * The stale-bytes NaN hazard end to end at kernel + pool level (docs/ARCHITECTURE.md
  * §1, failure 1). Request A holds one attention block and two Mamba blocks;
  * its Mamba pages are filled with fp32 state containing NaN and huge values
  * (standing in for the raw bits of fp32 SSM/conv state, which read as bf16

@@ -45,7 +45,7 @@ static void test_nano30_sizes_per_rank(void **state)
         assert_int_equal(g.page_size, (size_t)g.block_size * a1);
         assert_true(g.page_size >= g.mamba_bytes);
     }
-    /* DESIGN.md worked numbers */
+    /* docs/ARCHITECTURE.md §1 and §6 worked numbers */
     assert_int_equal(kvf_rank_geometry_compute(&cfg, &p, 1, 0, &g), KVF_OK);
     assert_int_equal(g.mamba_bytes, 2134016);
     assert_int_equal(g.attn_bytes_per_token, 512);

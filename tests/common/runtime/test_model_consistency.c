@@ -138,7 +138,7 @@ static void test_boundary_matches_reference(void **state)
     o.kv_dtype = KVF_DTYPE_BF16;
     eng = kvf_test_engine(dir, &o);
     bs = kvf_tp_runner_geometry(kvf_engine_runner(eng), 0)->block_size;
-    assert_int_equal(bs, 80);   /* DESIGN.md §1: tiny hybrid, bf16 KV, fp32 state */
+    assert_int_equal(bs, 80);   /* docs/ARCHITECTURE.md §1: tiny hybrid, bf16 KV, fp32 state */
     seq[0] = 256;
     for (int i = 1; i < bs; ++i) {
         seq[i] = (int32_t)((i * 53 + 5) % 256);

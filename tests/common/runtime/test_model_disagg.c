@@ -5,7 +5,7 @@
  * thread) handshakes, imports (allocate + zero), pulls every rank's share,
  * releases the prefill blocks, commits the first token and decodes.
  *
- * DESIGN.md §3: at 1p1d the output equals a colocated run token for token
+ * docs/ARCHITECTURE.md §3: at 1p1d the output equals a colocated run token for token
  * and logit for logit (same bytes); at other layouts the prefill state was
  * computed with another TP's reduction order, so logits agree within fp32
  * tolerance (1e-4 relative with fp32 KV; with bf16 KV such a difference can

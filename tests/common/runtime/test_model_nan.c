@@ -1,5 +1,5 @@
 /*
- * The stale-page NaN hazard at model level (DESIGN.md §1, failure 1).
+ * The stale-page NaN hazard at model level (docs/ARCHITECTURE.md §1, failure 1).
  *
  * A request's fp32 Mamba state pages are freed; the block manager hands the
  * block freed last out first, so the next request's first attention block

@@ -66,7 +66,7 @@ static void geom_params(const kvf_model_config_t *cfg, kvf_dtype_t kv, int block
 {
     kvf_cache_params_default(cfg, p);
     p->kv_dtype = kv;
-    p->conv_dtype = KVF_DTYPE_FP32;   /* DESIGN.md tiny hybrid: fp32 conv and SSM state */
+    p->conv_dtype = KVF_DTYPE_FP32;   /* docs/ARCHITECTURE.md tiny hybrid: fp32 conv and SSM state */
     p->ssm_dtype = KVF_DTYPE_FP32;
     p->block_size = block;
     if (kernel > 0) {

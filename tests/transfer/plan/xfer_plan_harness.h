@@ -13,7 +13,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-/* Tiny hybrid (DESIGN.md §1) and two dense GQA models, as config.json text. */
+/* Tiny hybrid (docs/ARCHITECTURE.md §1) and two dense GQA models, as config.json text. */
 extern const char *const xp_tiny_hybrid_json;
 extern const char *const xp_dense_kv4_json;   /* 4 layers, 8 heads, 4 KV heads */
 extern const char *const xp_dense_kv2_json;   /* 6 layers, 8 heads, 2 KV heads (TP4 replicates) */
