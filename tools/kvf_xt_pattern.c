@@ -1,0 +1,208 @@
+/*
+ * kvf xfer-test: the content pattern prefill writes and decode verifies
+ * (a pure function of layer, global head or channel, token and element).
+ */
+#include "kvf_xt.h"
+
+static uint64_t xt_mix(uint64_t h, uint64_t v)
+{
+    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    h ^= h >> 31;
+    h *= 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 29;
+    return h;
+}
+
+/* Nonzero, exactly representable in fp32/bf16/fp16: +-(1..240)/8. */
+static float xt_value(uint32_t kind, uint32_t layer, uint32_t idx, uint64_t token, uint32_t elt)
+{
+    uint64_t h = xt_mix(xt_mix(xt_mix(xt_mix(xt_mix(0x6b7666ull, kind), layer), idx), token),
+                        elt);
+    float v = (float)((h % 240) + 1) / 8.0f;
+    return (h >> 63) ? -v : v;
+}
+
+void kvf_xt_poison(uint8_t *p, size_t len, uint16_t word)
+{
+    size_t i;
+    for (i = 0; i + 1 < len; i += 2) {
+        memcpy(p + i, &word, 2);
+    }
+    if (i < len) {
+        p[i] = (uint8_t)word;
+    }
+}
+
+/*
+ * Write the expected content of one page: attention (group kind attention,
+ * logical block index bi of the request) or Mamba state. @a page must
+ * already hold the background (poison, or zeros for decode attention pages).
+ */
+static uint64_t xt_fill_attn(const xt_ctx_t *c, const kvf_rank_geometry_t *g, int layer,
+                             int64_t bi, uint8_t *page)
+{
+    const kvf_model_config_t *cfg = &c->cfg;
+    int64_t t0 = bi * g->block_size;
+    uint64_t n = 0;
+
+    for (int tok = 0; tok < g->block_size; ++tok) {
+        int64_t t = t0 + tok;
+        if (t >= c->o.tokens) {
+            break;
+        }
+        for (int kv = 0; kv < 2; ++kv) {
+            for (int h = 0; h < g->shard.kv_heads; ++h) {
+                int gh = g->shard.kv_head_start + h;
+                for (int d = 0; d < cfg->head_dim; ++d) {
+                    size_t off = kvf_attn_offset(g, cfg, tok, kv, h, d);
+                    kvf_dtype_store(page + off, g->kv_dtype, 0,
+                                    xt_value((uint32_t)kv, (uint32_t)layer, (uint32_t)gh,
+                                             (uint64_t)t, (uint32_t)d));
+                    n++;
+                }
+            }
+        }
+    }
+    return n;
+}
+
+static uint64_t xt_fill_mamba(const xt_ctx_t *c, const kvf_rank_geometry_t *g, int layer,
+                              uint8_t *page)
+{
+    const kvf_model_config_t *cfg = &c->cfg;
+    const kvf_shard_t *s = &g->shard;
+    uint64_t n = 0;
+
+    for (int ch = 0; ch < s->conv_dim; ++ch) {
+        int part, global;
+        if (ch < s->conv_x_channels) {
+            part = 0;
+            global = s->conv_x_start + ch;
+        } else if (ch < s->conv_x_channels + s->conv_bc_channels) {
+            part = 1;
+            global = s->group_start * cfg->ssm_state_size + (ch - s->conv_x_channels);
+        } else {
+            part = 2;
+            global = s->group_start * cfg->ssm_state_size +
+                     (ch - s->conv_x_channels - s->conv_bc_channels);
+        }
+        for (int j = 0; j < cfg->conv_kernel - 1; ++j) {
+            kvf_dtype_store(page + kvf_conv_offset(g, cfg, ch, j), g->conv_dtype, 0,
+                            xt_value(2u + (uint32_t)part, (uint32_t)layer, (uint32_t)global,
+                                     (uint64_t)c->o.tokens, (uint32_t)j));
+            n++;
+        }
+    }
+    for (int h = 0; h < s->mamba_heads; ++h) {
+        int gh = s->mamba_head_start + h;
+        for (int p = 0; p < cfg->mamba_head_dim; ++p) {
+            for (int k = 0; k < cfg->ssm_state_size; ++k) {
+                kvf_dtype_store(page + kvf_ssm_offset(g, cfg, h, p, k), g->ssm_dtype, 0,
+                                xt_value(5u, (uint32_t)layer, (uint32_t)gh, (uint64_t)c->o.tokens,
+                                         (uint32_t)(p * cfg->ssm_state_size + k)));
+                n++;
+            }
+        }
+    }
+    return n;
+}
+
+static size_t xt_page_off(const kvf_rank_geometry_t *g, int slots, int32_t block, int slot)
+{
+    return ((size_t)block * (size_t)slots + (size_t)slot) * g->page_size;
+}
+
+/* Prefill: fill the request's pages (tokens < N, Mamba state); rest stays poisoned. */
+uint64_t kvf_xt_prefill_fill(const xt_ctx_t *c, const xt_side_t *side,
+                                const kvf_rank_geometry_t *g, uint8_t *pool)
+{
+    const kvf_cache_layout_t *l = c->layout;
+    uint64_t n = 0;
+
+    for (int gi = 0; gi < l->num_groups; ++gi) {
+        const kvf_kv_group_t *grp = &l->groups[gi];
+        for (int j = 0; j < grp->num_layers; ++j) {
+            if (grp->kind == KVF_GROUP_ATTENTION) {
+                for (int bi = 0; bi < side->num_ids[gi]; ++bi) {
+                    n += xt_fill_attn(c, g, grp->layers[j], bi,
+                                      pool + xt_page_off(g, l->slots, side->ids[gi][bi], j));
+                }
+            } else {
+                int32_t b = side->ids[gi][side->num_ids[gi] - 1];
+                n += xt_fill_mamba(c, g, grp->layers[j], pool + xt_page_off(g, l->slots, b, j));
+            }
+        }
+    }
+    return n;
+}
+
+/* Decode: compare every page of the pool with what it must hold. */
+kvf_status_t kvf_xt_decode_verify(const xt_ctx_t *c, xt_rank_t *r)
+{
+    const kvf_cache_layout_t *l = c->layout;
+    const kvf_rank_geometry_t *g = &c->dec.geom[r->rank];
+    int64_t nb = c->dec.num_blocks;
+    int *owner = NULL;       /* [nb * slots]: group index owning the page, -1 */
+    int *obi = NULL;         /* logical block index in that group */
+    uint8_t *expect = malloc(g->page_size);
+    kvf_status_t status = KVF_OK;
+
+    owner = malloc(sizeof(int) * (size_t)nb * (size_t)l->slots);
+    obi = malloc(sizeof(int) * (size_t)nb * (size_t)l->slots);
+    if ((expect == NULL) || (owner == NULL) || (obi == NULL)) {
+        status = KVF_ERR_NO_MEMORY;
+        goto out;
+    }
+    for (int64_t i = 0; i < nb * l->slots; ++i) {
+        owner[i] = -1;
+    }
+    for (int gi = 0; gi < l->num_groups; ++gi) {
+        const kvf_kv_group_t *grp = &l->groups[gi];
+        for (int bi = 0; bi < c->dec.num_ids[gi]; ++bi) {
+            if ((grp->kind == KVF_GROUP_MAMBA) && (bi != c->dec.num_ids[gi] - 1)) {
+                continue;
+            }
+            for (int j = 0; j < grp->num_layers; ++j) {
+                int64_t pi = (int64_t)c->dec.ids[gi][bi] * l->slots + j;
+                owner[pi] = gi;
+                obi[pi] = bi;
+            }
+        }
+    }
+    for (int64_t pi = 0; pi < nb * l->slots; ++pi) {
+        const uint8_t *page = r->pool + (size_t)pi * g->page_size;
+        int gi = owner[pi];
+        int slot = (int)(pi % l->slots);
+
+        if (gi < 0) {
+            kvf_xt_poison(expect, g->page_size, XT_POISON_DECODE);
+        } else if (l->groups[gi].kind == KVF_GROUP_ATTENTION) {
+            memset(expect, 0, g->page_size);
+            r->elements_checked += xt_fill_attn(c, g, l->groups[gi].layers[slot], obi[pi],
+                                                expect);
+        } else {
+            kvf_xt_poison(expect, g->page_size, XT_POISON_DECODE);
+            r->elements_checked += xt_fill_mamba(c, g, l->groups[gi].layers[slot], expect);
+        }
+        r->pages_checked++;
+        if (memcmp(page, expect, g->page_size) != 0) {
+            size_t k = 0;
+            while (page[k] == expect[k]) {
+                k++;
+            }
+            snprintf(r->err, sizeof(r->err),
+                     "decode rank %d: page (block %" PRId64 ", slot %d, %s) differs at byte "
+                     "%zu of %zu: got 0x%02x expected 0x%02x", r->rank, pi / l->slots, slot,
+                     (gi < 0) ? "outside the request" :
+                     ((l->groups[gi].kind == KVF_GROUP_ATTENTION) ? "attention" : "mamba"),
+                     k, g->page_size, page[k], expect[k]);
+            status = KVF_ERR_INVALID_PARAM;
+            goto out;
+        }
+    }
+out:
+    free(obi);
+    free(owner);
+    free(expect);
+    return status;
+}
