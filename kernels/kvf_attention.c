@@ -24,7 +24,11 @@
  * hide the NaN hazard and cost a copy per step.
  */
 #include "kvf_attention.h"
+#include "kvf_attention_math.h"
 #include "kvf_kern_internal.h"
+#ifdef KVF_HAVE_CUDA
+#include "kvf_device_cuda.h"
+#endif
 
 #include <math.h>
 #include <stdlib.h>
@@ -54,10 +58,9 @@ int kvf_paged_kv_check(const kvf_paged_kv_t *kv)
 /* Start of the kernel block holding token position @a pos (validated). */
 static inline char *kvf_attn_kblock(const kvf_paged_kv_t *kv, size_t kbb, int pos)
 {
-    int32_t b = kv->block_table[pos / kv->block_size];
-    size_t kb = (size_t)((pos % kv->block_size) / kv->kernel_block_size);
-    size_t page = (size_t)b * (size_t)kv->slots + (size_t)kv->slot;
-    return (char *)kv->base + page * kv->page_size + kb * kbb;
+    return (char *)kv->base + kvf_attn_kblock_offset(kv->block_table, kv->block_size,
+                                                     kv->kernel_block_size, kv->slots, kv->slot,
+                                                     kv->page_size, kbb, pos);
 }
 
 static int kvf_attn_check_positions(const kvf_paged_kv_t *kv, const int32_t *positions, int n)
@@ -94,12 +97,16 @@ int kvf_attn_cache_write(const kvf_device_t *dev, const kvf_paged_kv_t *kv, cons
     if ((k == NULL) || (v == NULL) || (positions == NULL)) {
         return KVF_KERN_EINVAL;
     }
-    if (!kvf_kern_on_cpu(dev)) {
-        return KVF_KERN_EUNSUPPORTED;
-    }
     err = kvf_attn_check_positions(kv, positions, num_tokens);
     if (err != KVF_KERN_OK) {
         return err;
+    }
+    if (!kvf_kern_on_cpu(dev)) {
+#ifdef KVF_HAVE_CUDA
+        return kvf_cuda_attn_cache_write(dev, kv, k, v, ld, positions, num_tokens);
+#else
+        return KVF_KERN_EUNSUPPORTED;
+#endif
     }
     kbb = kvf_paged_kv_kernel_block_bytes(kv);
     hd = (size_t)kv->head_dim;
@@ -109,8 +116,8 @@ int kvf_attn_cache_write(const kvf_device_t *dev, const kvf_paged_kv_t *kv, cons
         char *kblock = kvf_attn_kblock(kv, kbb, positions[t]);
         size_t row = (size_t)(positions[t] % kv->kernel_block_size);
         for (size_t h = 0; h < elt_heads; ++h) {
-            size_t k_first = (h * kbs + row) * hd;
-            size_t v_first = ((elt_heads + h) * kbs + row) * hd;
+            size_t k_first = kvf_attn_row_first(elt_heads, kbs, hd, h, row, 0);
+            size_t v_first = kvf_attn_row_first(elt_heads, kbs, hd, h, row, 1);
             kvf_kern_store(kblock, kv->dtype, k_first, hd, k + (size_t)t * (size_t)ld + h * hd);
             kvf_kern_store(kblock, kv->dtype, v_first, hd, v + (size_t)t * (size_t)ld + h * hd);
         }
@@ -124,7 +131,7 @@ int kvf_attn_paged(const kvf_device_t *dev, const kvf_paged_kv_t *kv, const floa
 {
     int err = kvf_paged_kv_check(kv);
     size_t kbb, hd, kbs, nkv, group, nq, nstate;
-    float *scratch, *ktile, *vtile, *s, *p, *acc, *m, *l;
+    float *scratch, *ktile, *vtile, *s, *acc, *m, *l;
     int max_pos = 0;
 
     if ((err != KVF_KERN_OK) || (num_tokens < 0) || (q_heads <= 0) ||
@@ -137,15 +144,19 @@ int kvf_attn_paged(const kvf_device_t *dev, const kvf_paged_kv_t *kv, const floa
     if ((q == NULL) || (positions == NULL) || (out == NULL)) {
         return KVF_KERN_EINVAL;
     }
-    if (!kvf_kern_on_cpu(dev)) {
-        return KVF_KERN_EUNSUPPORTED;
-    }
     err = kvf_attn_check_positions(kv, positions, num_tokens);
     if (err != KVF_KERN_OK) {
         return err;
     }
     if (!(scale > 0.0f)) {
         scale = 1.0f / sqrtf((float)kv->head_dim);
+    }
+    if (!kvf_kern_on_cpu(dev)) {
+#ifdef KVF_HAVE_CUDA
+        return kvf_cuda_attn_paged(dev, kv, q, ldq, positions, num_tokens, q_heads, scale, out);
+#else
+        return KVF_KERN_EUNSUPPORTED;
+#endif
     }
     for (int t = 0; t < num_tokens; ++t) {
         max_pos = (positions[t] > max_pos) ? positions[t] : max_pos;
@@ -158,15 +169,14 @@ int kvf_attn_paged(const kvf_device_t *dev, const kvf_paged_kv_t *kv, const floa
     nq = (size_t)num_tokens * group;   /* (query, head of the GQA group) pairs */
     nstate = nq * (hd + 2);
 
-    scratch = malloc((2 * kbs * hd + 2 * kbs + nstate) * sizeof(float));
+    scratch = malloc((2 * kbs * hd + kbs + nstate) * sizeof(float));
     if (scratch == NULL) {
         return KVF_KERN_ENOMEM;
     }
     ktile = scratch;
     vtile = ktile + kbs * hd;
     s = vtile + kbs * hd;
-    p = s + kbs;
-    acc = p + kbs;
+    acc = s + kbs;
     m = acc + nq * hd;
     l = m + nq;
 
@@ -194,37 +204,8 @@ int kvf_attn_paged(const kvf_device_t *dev, const kvf_paged_kv_t *kv, const floa
                 for (size_t g = 0; g < group; ++g) {
                     const float *qv = q + (size_t)t * (size_t)ldq + (kh * group + g) * hd;
                     size_t qi = (size_t)t * group + g;
-                    float *ag = acc + qi * hd;
-                    float m_new = m[qi];
-                    for (size_t j = 0; j < kbs; ++j) {
-                        const float *kj = ktile + j * hd;
-                        float dot = 0.0f;
-                        for (size_t d = 0; d < hd; ++d) {
-                            dot += qv[d] * kj[d];
-                        }
-                        s[j] = dot * scale;
-                        if ((token0 + (int)j <= limit) && (s[j] > m_new)) {
-                            m_new = s[j];
-                        }
-                    }
-                    float alpha = expf(m[qi] - m_new);   /* 0 on the first tile */
-                    float lsum = 0.0f;
-                    for (size_t j = 0; j < kbs; ++j) {
-                        /* masked: 0, whatever the score (see the top of the file) */
-                        p[j] = (token0 + (int)j <= limit) ? expf(s[j] - m_new) : 0.0f;
-                        lsum += p[j];
-                    }
-                    l[qi] = l[qi] * alpha + lsum;
-                    for (size_t d = 0; d < hd; ++d) {
-                        ag[d] *= alpha;
-                    }
-                    for (size_t j = 0; j < kbs; ++j) {
-                        const float *vj = vtile + j * hd;
-                        for (size_t d = 0; d < hd; ++d) {
-                            ag[d] += p[j] * vj[d];   /* masked: 0 * v, NaN stays NaN */
-                        }
-                    }
-                    m[qi] = m_new;
+                    kvf_attn_fold_tile(qv, ktile, vtile, KVF_HD_FP32, kbs, hd, token0, limit,
+                                       scale, &m[qi], &l[qi], acc + qi * hd, s);
                 }
             }
         }
@@ -232,9 +213,7 @@ int kvf_attn_paged(const kvf_device_t *dev, const kvf_paged_kv_t *kv, const floa
             for (size_t g = 0; g < group; ++g) {
                 size_t qi = (size_t)t * group + g;
                 float *o = out + (size_t)t * (size_t)q_heads * hd + (kh * group + g) * hd;
-                for (size_t d = 0; d < hd; ++d) {
-                    o[d] = acc[qi * hd + d] / l[qi];
-                }
+                kvf_attn_finish(acc + qi * hd, l[qi], hd, o);
             }
         }
     }

@@ -40,6 +40,10 @@
 
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /** Where one layer's paged K/V lives for one request (all values, no ownership). */
 typedef struct kvf_paged_kv {
     void          *base;              /* pool base (memory of the device) */
@@ -108,5 +112,9 @@ int kvf_attn_cache_write(const kvf_device_t *dev, const kvf_paged_kv_t *kv, cons
 int kvf_attn_paged(const kvf_device_t *dev, const kvf_paged_kv_t *kv, const float *q, int ldq,
                    const int32_t *positions, int num_tokens, int q_heads, float scale,
                    float *out);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -12,14 +12,13 @@
  */
 #include "kvf_conv1d.h"
 #include "kvf_kern_internal.h"
+#include "kvf_ssm_math.h"
+#ifdef KVF_HAVE_CUDA
+#include "kvf_device_cuda.h"
+#endif
 
 #include <math.h>
 #include <stdlib.h>
-
-static inline float kvf_conv_silu(float v)
-{
-    return v / (1.0f + expf(-v));
-}
 
 static int kvf_conv_check(int channels, int kernel, const float *w, const void *state,
                           kvf_dtype_t state_dtype)
@@ -50,7 +49,12 @@ int kvf_conv1d_chunk(const kvf_device_t *dev, const float *x, int ldx, int T, in
         return KVF_KERN_EINVAL;
     }
     if (!kvf_kern_on_cpu(dev)) {
+#ifdef KVF_HAVE_CUDA
+        return kvf_cuda_conv1d_chunk(dev, x, ldx, T, channels, kernel, w, bias, silu, state,
+                                     state_dtype, has_state, y, ldy);
+#else
         return KVF_KERN_EUNSUPPORTED;
+#endif
     }
     win_len = taps + (size_t)T;
     /* all channels' windows first: y may alias x, so read every input before writing */
@@ -74,11 +78,7 @@ int kvf_conv1d_chunk(const kvf_device_t *dev, const float *x, int ldx, int T, in
         const float *filt = w + c * (size_t)kernel;
         float b = (bias != NULL) ? bias[c] : 0.0f;
         for (size_t t = 0; t < (size_t)T; ++t) {
-            float acc = b;
-            for (size_t i = 0; i < (size_t)kernel; ++i) {
-                acc += filt[i] * wc[t + i];
-            }
-            y[t * (size_t)ldy + c] = silu ? kvf_conv_silu(acc) : acc;
+            y[t * (size_t)ldy + c] = kvf_conv_tap_sum(filt, wc + t, kernel, b, silu);
         }
         kvf_kern_store(state, state_dtype, c * taps, taps, wc + (size_t)T);
     }
@@ -91,25 +91,27 @@ int kvf_conv1d_step(const kvf_device_t *dev, const float *x, int channels, int k
                     kvf_dtype_t state_dtype, float *y)
 {
     size_t taps = (size_t)(kernel - 1);
-    float hist[64];
+    float hist[KVF_CONV_KERNEL_MAX];
 
     if ((kvf_conv_check(channels, kernel, w, state, state_dtype) != KVF_KERN_OK) ||
         (x == NULL) || (y == NULL) || (taps + 1 > sizeof(hist) / sizeof(hist[0]))) {
         return KVF_KERN_EINVAL;
     }
     if (!kvf_kern_on_cpu(dev)) {
+#ifdef KVF_HAVE_CUDA
+        return kvf_cuda_conv1d_step(dev, x, channels, kernel, w, bias, silu, state, state_dtype,
+                                    y);
+#else
         return KVF_KERN_EUNSUPPORTED;
+#endif
     }
     for (size_t c = 0; c < (size_t)channels; ++c) {
         const float *filt = w + c * (size_t)kernel;
-        float acc = (bias != NULL) ? bias[c] : 0.0f;
+        float b = (bias != NULL) ? bias[c] : 0.0f;
         kvf_kern_load(state, state_dtype, c * taps, taps, hist);
         hist[taps] = x[c];
-        for (size_t i = 0; i <= taps; ++i) {
-            acc += filt[i] * hist[i];
-        }
         kvf_kern_store(state, state_dtype, c * taps, taps, hist + 1);
-        y[c] = silu ? kvf_conv_silu(acc) : acc;
+        y[c] = kvf_conv_tap_sum(filt, hist, kernel, b, silu);
     }
     return KVF_KERN_OK;
 }

@@ -26,6 +26,10 @@
 #include "kvf_device.h"
 #include "kvf_dtype.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /**
  * Prefill (or chunked continuation) over T tokens.
  *
@@ -60,5 +64,9 @@ int kvf_conv1d_chunk(const kvf_device_t *dev, const float *x, int ldx, int T, in
 int kvf_conv1d_step(const kvf_device_t *dev, const float *x, int channels, int kernel,
                     const float *w, const float *bias, int silu, void *state,
                     kvf_dtype_t state_dtype, float *y);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -31,6 +31,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum {
     KVF_DEVICE_CPU  = 0,
     KVF_DEVICE_CUDA = 1,
@@ -146,5 +150,9 @@ int kvf_blocks_zero(const kvf_device_t *dev, void *base, size_t page_size,
  */
 int kvf_zero_ranges(const kvf_device_t *dev, void *base, const size_t *offsets,
                     const size_t *lens, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

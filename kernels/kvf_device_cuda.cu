@@ -1,7 +1,8 @@
 /*
- * CUDA side of the device layer: allocation, copies, block zeroing and
- * RMSNorm. Compiled only when CUDA is enabled; reached from kvf_device.c and
- * kvf_norm.c only for KVF_DEVICE_CUDA devices.
+ * CUDA side of the device layer: allocation, copies and block zeroing
+ * (the compute kernels are in the other *_cuda.cu files). Compiled only
+ * when CUDA is enabled; reached from kvf_device.c only for KVF_DEVICE_CUDA
+ * devices.
  *
  * Design: everything is enqueued on the device's stream (NULL = legacy
  * default stream) so zeroing fresh blocks orders before the kernels that
@@ -151,38 +152,5 @@ extern "C" int kvf_cuda_zero_ranges(const kvf_device_t *dev, void *base, const s
                                          kvf_cuda_stream(dev)));
         }
     }
-    return KVF_KERN_OK;
-}
-
-/* one block per row; block-wide sum of squares through shared memory */
-__global__ void kvf_rmsnorm_kernel(const float *x, const float *w, float *y, int dim, float eps)
-{
-    __shared__ float partial[256];
-    const float *xr = x + (size_t)blockIdx.x * dim;
-    float *yr = y + (size_t)blockIdx.x * dim;
-    float s = 0.0f;
-
-    for (int c = threadIdx.x; c < dim; c += blockDim.x) {
-        s += xr[c] * xr[c];
-    }
-    partial[threadIdx.x] = s;
-    __syncthreads();
-    for (unsigned stride = blockDim.x / 2; stride > 0; stride /= 2) {
-        if (threadIdx.x < stride) {
-            partial[threadIdx.x] += partial[threadIdx.x + stride];
-        }
-        __syncthreads();
-    }
-    float inv = rsqrtf(partial[0] / (float)dim + eps);
-    for (int c = threadIdx.x; c < dim; c += blockDim.x) {
-        yr[c] = xr[c] * inv * w[c];
-    }
-}
-
-extern "C" int kvf_cuda_rmsnorm(const kvf_device_t *dev, const float *x, const float *w,
-                                float *y, int rows, int dim, float eps)
-{
-    kvf_rmsnorm_kernel<<<(unsigned)rows, 256, 0, kvf_cuda_stream(dev)>>>(x, w, y, dim, eps);
-    KVF_CUDA_CHECK(cudaGetLastError());
     return KVF_KERN_OK;
 }

@@ -2,12 +2,22 @@
  * Internal: the CUDA implementations behind kernels/kvf_device.h and the
  * kernels that have a CUDA version. Built only when CUDA is enabled
  * (KVF_HAVE_CUDA); kvf_device.c calls them only for KVF_DEVICE_CUDA
- * devices. Same contracts as the public functions of the same stem.
+ * devices. Same contracts as the public functions of the same stem; the
+ * public function has already checked the arguments (and HOST arrays such
+ * as positions and block tables), so these only launch.
+ *
+ * Files: kvf_device_cuda.cu (device ops, block zeroing), kvf_norm_cuda.cu,
+ * kvf_attention_cuda.cu, kvf_ssm_cuda.cu (conv1d, Mamba2),
+ * kvf_elem_cuda.cu (activations, dtype conversion, MoE routing),
+ * kvf_gemm_cuda.cu (cuBLAS).
  */
 #ifndef KVF_DEVICE_CUDA_H
 #define KVF_DEVICE_CUDA_H
 
+#include "kvf_attention.h"
 #include "kvf_device.h"
+#include "kvf_mamba2.h"
+#include "kvf_moe.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -28,6 +38,41 @@ int  kvf_cuda_zero_ranges(const kvf_device_t *dev, void *base, const size_t *off
                           const size_t *lens, size_t n);
 int  kvf_cuda_rmsnorm(const kvf_device_t *dev, const float *x, const float *w, float *y,
                       int rows, int dim, float eps);
+int  kvf_cuda_gated_rmsnorm_sumsq(const kvf_device_t *dev, const float *x, const float *z,
+                                  int ld, int rows, int dim, int group_size, float *g,
+                                  float *sumsq);
+int  kvf_cuda_gated_rmsnorm_apply(const kvf_device_t *dev, const float *g, const float *sumsq,
+                                  const float *w, int rows, int dim, int group_size,
+                                  int norm_elems, float eps, float *y);
+int  kvf_cuda_gated_rmsnorm(const kvf_device_t *dev, const float *x, const float *z, int ld,
+                            const float *w, int rows, int dim, int group_size, float eps,
+                            float *y);
+int  kvf_cuda_attn_cache_write(const kvf_device_t *dev, const kvf_paged_kv_t *kv, const float *k,
+                               const float *v, int ld, const int32_t *positions, int num_tokens);
+int  kvf_cuda_attn_paged(const kvf_device_t *dev, const kvf_paged_kv_t *kv, const float *q,
+                         int ldq, const int32_t *positions, int num_tokens, int q_heads,
+                         float scale, float *out);
+int  kvf_cuda_conv1d_chunk(const kvf_device_t *dev, const float *x, int ldx, int T,
+                           int channels, int kernel, const float *w, const float *bias,
+                           int silu, void *state, kvf_dtype_t state_dtype, int has_state,
+                           float *y, int ldy);
+int  kvf_cuda_conv1d_step(const kvf_device_t *dev, const float *x, int channels, int kernel,
+                          const float *w, const float *bias, int silu, void *state,
+                          kvf_dtype_t state_dtype, float *y);
+int  kvf_cuda_mamba2_scan(const kvf_device_t *dev, const kvf_mamba2_params_t *p, int T,
+                          const float *x, int ldx, const float *dt, int lddt, const float *B,
+                          const float *C, int ldbc, void *state, kvf_dtype_t state_dtype,
+                          int has_state, float *y, int ldy);
+int  kvf_cuda_mamba2_step(const kvf_device_t *dev, const kvf_mamba2_params_t *p, const float *x,
+                          const float *dt, const float *B, const float *C, void *state,
+                          kvf_dtype_t state_dtype, float *y);
+int  kvf_cuda_act(const kvf_device_t *dev, int act, float *x, size_t n);
+int  kvf_cuda_convert(const kvf_device_t *dev, void *dst, int dst_dtype, const void *src,
+                      int src_dtype, size_t n);
+int  kvf_cuda_moe_route(const kvf_device_t *dev, const kvf_moe_route_params_t *p,
+                        const float *logits, int T, float *scores, int32_t *idx, float *wt);
+int  kvf_cuda_gemm(const kvf_device_t *dev, int M, int N, int K, const float *x, int ldx,
+                   const float *w, int ldw, const float *bias, float beta, float *y, int ldy);
 
 #ifdef __cplusplus
 }

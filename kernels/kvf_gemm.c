@@ -6,8 +6,12 @@
  * the BLAS does a single pass. OpenBLAS is pinned to one thread on first use
  * (pthread_once): TP ranks are threads, and each rank calling a BLAS that
  * spawns its own pool oversubscribes the cores and makes timings noisy.
+ * On a CUDA device the same call goes to cuBLAS (kvf_gemm_cuda.cu).
  */
 #include "kvf_gemm.h"
+#ifdef KVF_HAVE_CUDA
+#include "kvf_device_cuda.h"
+#endif
 
 #include <cblas.h>
 #include <pthread.h>
@@ -33,7 +37,11 @@ int kvf_gemm_ex(const kvf_device_t *dev, int M, int N, int K, const float *x, in
         return KVF_KERN_EINVAL;
     }
     if ((dev != NULL) && (dev->kind != KVF_DEVICE_CPU)) {
+#ifdef KVF_HAVE_CUDA
+        return kvf_cuda_gemm(dev, M, N, K, x, ldx, w, ldw, bias, beta, y, ldy);
+#else
         return KVF_KERN_EUNSUPPORTED;
+#endif
     }
     pthread_once(&kvf_gemm_once, kvf_gemm_init_once);
 

@@ -5,17 +5,24 @@
  * CPU: cblas_sgemm (OpenBLAS). OpenBLAS is forced to ONE thread on the first
  * call (openblas_set_num_threads(1)), because kvferry runs one thread per TP
  * rank and a multi-threaded BLAS inside each rank would oversubscribe cores.
- * CUDA: not implemented yet (KVF_KERN_EUNSUPPORTED).
+ * CUDA: cublasSgemm in fp32 (CUBLAS_DEFAULT_MATH: no TF32) on dev->stream,
+ * one cuBLAS handle per thread and device (created on first use, kept for
+ * the thread's life); the bias broadcast is a kernel on the same stream.
+ * All pointers are then device memory.
  */
 #ifndef KVF_GEMM_H
 #define KVF_GEMM_H
 
 #include "kvf_device.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /**
  * y[M][N] = x[M][K] * W[N][K]^T + bias[N] (bias broadcast over rows).
  *
- * @param [in]  dev   NULL or the CPU device.
+ * @param [in]  dev   NULL, the CPU or a CUDA device.
  * @param [in]  M     Rows of x and y (tokens), >= 0; 0 is a no-op.
  * @param [in]  N     Output features (rows of W), > 0.
  * @param [in]  K     Input features (columns of W), > 0.
@@ -24,7 +31,8 @@
  * @param [in]  bias  fp32 [N], or NULL for none.
  * @param [out] y     fp32 [M][N], contiguous; must not overlap x or w.
  * @return KVF_KERN_OK; KVF_KERN_EINVAL for NULL pointers or negative sizes;
- *         KVF_KERN_EUNSUPPORTED for a CUDA device.
+ *         KVF_KERN_ECUDA when cuBLAS fails (CUDA); KVF_KERN_EUNSUPPORTED
+ *         for a CUDA device in a build without CUDA.
  */
 int kvf_gemm(const kvf_device_t *dev, int M, int N, int K, const float *x, const float *w,
              const float *bias, float *y);
@@ -38,5 +46,9 @@ int kvf_gemm(const kvf_device_t *dev, int M, int N, int K, const float *x, const
  */
 int kvf_gemm_ex(const kvf_device_t *dev, int M, int N, int K, const float *x, int ldx,
                 const float *w, int ldw, const float *bias, float beta, float *y, int ldy);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

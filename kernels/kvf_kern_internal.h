@@ -1,12 +1,15 @@
 /*
  * Internal helpers shared by the CPU kernels: vector load/store between fp32
- * and a cache dtype, and the CPU-device test. Not part of the public API.
+ * and a cache dtype (through the shared conversions of kvf_dtype_math.h, the
+ * same ones the CUDA kernels use), and the CPU-device test. Not part of the
+ * public API.
  */
 #ifndef KVF_KERN_INTERNAL_H
 #define KVF_KERN_INTERNAL_H
 
 #include "kvf_device.h"
 #include "kvf_dtype.h"
+#include "kvf_dtype_math.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -35,14 +38,14 @@ static inline void kvf_kern_load(const void *src, kvf_dtype_t dtype, size_t firs
     case KVF_DTYPE_BF16: {
         const uint16_t *s = (const uint16_t *)src + first;
         for (size_t i = 0; i < n; ++i) {
-            out[i] = kvf_bf16_to_fp32(s[i]);
+            out[i] = kvf_hd_bf16_to_fp32(s[i]);
         }
         break;
     }
     case KVF_DTYPE_FP16: {
         const uint16_t *s = (const uint16_t *)src + first;
         for (size_t i = 0; i < n; ++i) {
-            out[i] = kvf_fp16_to_fp32(s[i]);
+            out[i] = kvf_hd_fp16_to_fp32(s[i]);
         }
         break;
     }
@@ -63,14 +66,14 @@ static inline void kvf_kern_store(void *dst, kvf_dtype_t dtype, size_t first, si
     case KVF_DTYPE_BF16: {
         uint16_t *d = (uint16_t *)dst + first;
         for (size_t i = 0; i < n; ++i) {
-            d[i] = kvf_fp32_to_bf16(in[i]);
+            d[i] = kvf_hd_fp32_to_bf16(in[i]);
         }
         break;
     }
     case KVF_DTYPE_FP16: {
         uint16_t *d = (uint16_t *)dst + first;
         for (size_t i = 0; i < n; ++i) {
-            d[i] = kvf_fp32_to_fp16(in[i]);
+            d[i] = kvf_hd_fp32_to_fp16(in[i]);
         }
         break;
     }

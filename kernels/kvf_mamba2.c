@@ -13,6 +13,10 @@
  */
 #include "kvf_mamba2.h"
 #include "kvf_kern_internal.h"
+#include "kvf_ssm_math.h"
+#ifdef KVF_HAVE_CUDA
+#include "kvf_device_cuda.h"
+#endif
 
 #include <math.h>
 #include <stdlib.h>
@@ -28,18 +32,11 @@ static int kvf_mamba2_check(const kvf_mamba2_params_t *p, const void *state,
     return KVF_KERN_OK;
 }
 
-/* clamp(softplus(raw + bias)), torch softplus with threshold 20 */
+/* clamp(softplus(raw + bias)) of head @a h (kvf_ssm_math.h) */
 static inline float kvf_mamba2_dt(const kvf_mamba2_params_t *p, int h, float raw)
 {
-    float v = raw + ((p->dt_bias != NULL) ? p->dt_bias[h] : 0.0f);
-    float dt = (v > 20.0f) ? v : log1pf(expf(v));
-    if (dt < p->dt_min) {
-        dt = p->dt_min;
-    }
-    if (dt > p->dt_max) {
-        dt = p->dt_max;
-    }
-    return dt;
+    return kvf_mamba2_dt_hd(raw, (p->dt_bias != NULL) ? p->dt_bias[h] : 0.0f, p->dt_min,
+                            p->dt_max);
 }
 
 int kvf_mamba2_scan(const kvf_device_t *dev, const kvf_mamba2_params_t *p, int T,
@@ -64,7 +61,12 @@ int kvf_mamba2_scan(const kvf_device_t *dev, const kvf_mamba2_params_t *p, int T
         return KVF_KERN_EINVAL;
     }
     if (!kvf_kern_on_cpu(dev)) {
+#ifdef KVF_HAVE_CUDA
+        return kvf_cuda_mamba2_scan(dev, p, T, x, ldx, dt, lddt, B, C, ldbc, state, state_dtype,
+                                    has_state, y, ldy);
+#else
         return KVF_KERN_EUNSUPPORTED;
+#endif
     }
     hd = (size_t)p->head_dim;
     ns = (size_t)p->state_size;
@@ -75,7 +77,7 @@ int kvf_mamba2_scan(const kvf_device_t *dev, const kvf_mamba2_params_t *p, int T
     }
     for (int h = 0; h < p->heads; ++h) {
         size_t g = (size_t)(h / (p->heads / p->groups));
-        float A = -expf(p->A_log[h]);
+        float A = kvf_mamba2_A_hd(p->A_log[h]);
         float Dh = (p->D != NULL) ? p->D[h] : 0.0f;
         if (has_state) {
             kvf_kern_load(state, state_dtype, (size_t)h * per_head, per_head, S);
@@ -84,20 +86,14 @@ int kvf_mamba2_scan(const kvf_device_t *dev, const kvf_mamba2_params_t *p, int T
         }
         for (size_t t = 0; t < (size_t)T; ++t) {
             float dth = kvf_mamba2_dt(p, h, dt[t * (size_t)lddt + (size_t)h]);
-            float dA = expf(dth * A);
+            float dA = kvf_mamba2_dA_hd(dth, A);
             const float *xh = x + t * (size_t)ldx + (size_t)h * hd;
             const float *Bg = B + t * (size_t)ldbc + g * ns;
             const float *Cg = C + t * (size_t)ldbc + g * ns;
             float *yh = y + t * (size_t)ldy + (size_t)h * hd;
             for (size_t d = 0; d < hd; ++d) {
-                float *Sd = S + d * ns;
-                float dtx = dth * xh[d];
-                float acc = 0.0f;
-                for (size_t n = 0; n < ns; ++n) {
-                    Sd[n] = dA * Sd[n] + dtx * Bg[n];
-                    acc += Sd[n] * Cg[n];
-                }
-                yh[d] = acc + Dh * xh[d];
+                float acc = kvf_mamba2_row_hd(S + d * ns, ns, dA, dth * xh[d], Bg, Cg);
+                yh[d] = kvf_mamba2_out_hd(acc, Dh, xh[d]);
             }
         }
         kvf_kern_store(state, state_dtype, (size_t)h * per_head, per_head, S);
@@ -118,7 +114,11 @@ int kvf_mamba2_step(const kvf_device_t *dev, const kvf_mamba2_params_t *p, const
         return KVF_KERN_EINVAL;
     }
     if (!kvf_kern_on_cpu(dev)) {
+#ifdef KVF_HAVE_CUDA
+        return kvf_cuda_mamba2_step(dev, p, x, dt, B, C, state, state_dtype, y);
+#else
         return KVF_KERN_EUNSUPPORTED;
+#endif
     }
     hd = (size_t)p->head_dim;
     ns = (size_t)p->state_size;
@@ -127,23 +127,19 @@ int kvf_mamba2_step(const kvf_device_t *dev, const kvf_mamba2_params_t *p, const
     }
     for (int h = 0; h < p->heads; ++h) {
         size_t g = (size_t)(h / (p->heads / p->groups));
-        float A = -expf(p->A_log[h]);
+        float A = kvf_mamba2_A_hd(p->A_log[h]);
         float Dh = (p->D != NULL) ? p->D[h] : 0.0f;
         float dth = kvf_mamba2_dt(p, h, dt[h]);
-        float dA = expf(dth * A);
+        float dA = kvf_mamba2_dA_hd(dth, A);
         const float *Bg = B + g * ns;
         const float *Cg = C + g * ns;
         for (size_t d = 0; d < hd; ++d) {
             size_t first = ((size_t)h * hd + d) * ns;
-            float dtx = dth * x[(size_t)h * hd + d];
-            float acc = 0.0f;
+            float xv = x[(size_t)h * hd + d];
             kvf_kern_load(state, state_dtype, first, ns, row);
-            for (size_t n = 0; n < ns; ++n) {
-                row[n] = dA * row[n] + dtx * Bg[n];
-                acc += row[n] * Cg[n];
-            }
+            float acc = kvf_mamba2_row_hd(row, ns, dA, dth * xv, Bg, Cg);
             kvf_kern_store(state, state_dtype, first, ns, row);
-            y[(size_t)h * hd + d] = acc + Dh * x[(size_t)h * hd + d];
+            y[(size_t)h * hd + d] = kvf_mamba2_out_hd(acc, Dh, xv);
         }
     }
     return KVF_KERN_OK;

@@ -24,6 +24,10 @@
 #include "kvf_device.h"
 #include "kvf_dtype.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /** Per-layer constants of a rank's Mamba2 mixer (values; pointers not owned). */
 typedef struct kvf_mamba2_params {
     int          heads;       /* Mamba heads on this rank, > 0 */
@@ -74,5 +78,9 @@ int kvf_mamba2_scan(const kvf_device_t *dev, const kvf_mamba2_params_t *p, int T
 int kvf_mamba2_step(const kvf_device_t *dev, const kvf_mamba2_params_t *p, const float *x,
                     const float *dt, const float *B, const float *C, void *state,
                     kvf_dtype_t state_dtype, float *y);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

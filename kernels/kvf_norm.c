@@ -8,6 +8,7 @@
  * when a norm group spans ranks (vLLM's Mixer2RMSNormGated does the same).
  */
 #include "kvf_norm.h"
+#include "kvf_norm_math.h"
 #ifdef KVF_HAVE_CUDA
 #include "kvf_device_cuda.h"
 #endif
@@ -44,11 +45,11 @@ int kvf_rmsnorm(const kvf_device_t *dev, const float *x, const float *w, float *
         float *yr = y + (size_t)r * (size_t)dim;
         double s = 0.0;
         for (int c = 0; c < dim; ++c) {
-            s += (double)xr[c] * (double)xr[c];
+            s += kvf_norm_sq_hd(xr[c]);
         }
-        float inv = (float)(1.0 / sqrt(s / (double)dim + (double)eps));
+        float inv = kvf_norm_inv_hd(s, (double)dim, eps);
         for (int c = 0; c < dim; ++c) {
-            yr[c] = xr[c] * inv * w[c];
+            yr[c] = kvf_norm_scale_hd(xr[c], inv, w[c]);
         }
     }
     return KVF_KERN_OK;
@@ -78,7 +79,11 @@ int kvf_gated_rmsnorm_sumsq(const kvf_device_t *dev, const float *x, const float
         return KVF_KERN_EINVAL;
     }
     if (!kvf_norm_on_cpu(dev)) {
+#ifdef KVF_HAVE_CUDA
+        return kvf_cuda_gated_rmsnorm_sumsq(dev, x, z, ld, rows, dim, group_size, g, sumsq);
+#else
         return KVF_KERN_EUNSUPPORTED;
+#endif
     }
     ngroups = dim / group_size;
     for (int r = 0; r < rows; ++r) {
@@ -88,10 +93,9 @@ int kvf_gated_rmsnorm_sumsq(const kvf_device_t *dev, const float *x, const float
         for (int k = 0; k < ngroups; ++k) {
             double s = 0.0;
             for (int c = k * group_size; c < (k + 1) * group_size; ++c) {
-                float zv = zr[c];
-                float v = xr[c] * (zv / (1.0f + expf(-zv)));
+                float v = kvf_norm_gate_hd(xr[c], zr[c]);
                 gr[c] = v;
-                s += (double)v * (double)v;
+                s += kvf_norm_sq_hd(v);
             }
             sumsq[(size_t)r * (size_t)ngroups + (size_t)k] = (float)s;
         }
@@ -116,7 +120,12 @@ int kvf_gated_rmsnorm_apply(const kvf_device_t *dev, const float *g, const float
         return KVF_KERN_EINVAL;
     }
     if (!kvf_norm_on_cpu(dev)) {
+#ifdef KVF_HAVE_CUDA
+        return kvf_cuda_gated_rmsnorm_apply(dev, g, sumsq, w, rows, dim, group_size, norm_elems,
+                                            eps, y);
+#else
         return KVF_KERN_EUNSUPPORTED;
+#endif
     }
     ngroups = dim / group_size;
     for (int r = 0; r < rows; ++r) {
@@ -124,9 +133,9 @@ int kvf_gated_rmsnorm_apply(const kvf_device_t *dev, const float *g, const float
         float *yr = y + (size_t)r * (size_t)dim;
         for (int k = 0; k < ngroups; ++k) {
             double s = sumsq[(size_t)r * (size_t)ngroups + (size_t)k];
-            float inv = (float)(1.0 / sqrt(s / (double)norm_elems + (double)eps));
+            float inv = kvf_norm_inv_hd(s, (double)norm_elems, eps);
             for (int c = k * group_size; c < (k + 1) * group_size; ++c) {
-                yr[c] = gr[c] * inv * w[c];
+                yr[c] = kvf_norm_scale_hd(gr[c], inv, w[c]);
             }
         }
     }
@@ -145,11 +154,15 @@ int kvf_gated_rmsnorm(const kvf_device_t *dev, const float *x, const float *z, i
     if (rows == 0) {
         return KVF_KERN_OK;
     }
-    if (!kvf_norm_on_cpu(dev)) {
-        return KVF_KERN_EUNSUPPORTED;
-    }
     if ((x == NULL) || (z == NULL) || (w == NULL) || (y == NULL)) {
         return KVF_KERN_EINVAL;
+    }
+    if (!kvf_norm_on_cpu(dev)) {
+#ifdef KVF_HAVE_CUDA
+        return kvf_cuda_gated_rmsnorm(dev, x, z, ld, w, rows, dim, group_size, eps, y);
+#else
+        return KVF_KERN_EUNSUPPORTED;
+#endif
     }
     sumsq = malloc((size_t)rows * (size_t)(dim / group_size) * sizeof(float));
     if (sumsq == NULL) {

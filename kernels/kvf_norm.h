@@ -20,6 +20,10 @@
 
 #include "kvf_device.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /**
  * y[r][:] = x[r][:] * rsqrt(sum(x[r]^2) / dim + eps) * w[:] for r < rows.
  *
@@ -76,5 +80,9 @@ int kvf_gated_rmsnorm_apply(const kvf_device_t *dev, const float *g, const float
  */
 int kvf_gated_rmsnorm(const kvf_device_t *dev, const float *x, const float *z, int ld,
                       const float *w, int rows, int dim, int group_size, float eps, float *y);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -177,6 +177,18 @@ kvf_status_t kvf_proxy_call_next(kvf_proxy_call_h call, int64_t timeout_ms,
 /** Unregister @a call and free replies it did not read. NULL: no-op. */
 void kvf_proxy_call_end(kvf_proxy_call_h call);
 
+/** Called when a call has something to read (see kvf_proxy_call_set_notify). */
+typedef void (*kvf_proxy_call_notify_t)(void *arg);
+
+/**
+ * Have @a fn(@a arg) called whenever a reply for @a call arrives or the call
+ * fails, and once now if one is already waiting: so an event loop can wait
+ * without a thread per call (the HTTP edge). It runs on the pool's I/O
+ * thread (or the thread failing the call) with the pool's lock held: it must
+ * be short and must not call into the pool. @a fn NULL: none.
+ */
+void kvf_proxy_call_set_notify(kvf_proxy_call_h call, kvf_proxy_call_notify_t fn, void *arg);
+
 /**
  * Queue @a req for instance @a idx of @a role without waiting for a reply
  * (AbortRequest). Best effort: a failed send is logged.

@@ -121,12 +121,7 @@ static void test_cuda(void **state)
         kvf_device_free(&dev, dw);
         kvf_device_free(&dev, dy);
     }
-    /* kernels without a CUDA version say so */
-    {
-        float g[8], ss[2];
-        assert_int_equal(kvf_gated_rmsnorm_sumsq(&dev, g, g, 8, 1, 8, 4, g, ss),
-                         KVF_KERN_EUNSUPPORTED);
-    }
+    /* every other kernel against its CPU twin: tests/gpu/gpu_vs_cpu.c */
 }
 
 static char report_call[256];

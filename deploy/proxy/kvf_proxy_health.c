@@ -1,0 +1,182 @@
+/*
+ * kvf-proxy pool state as JSON (/health) and Prometheus gauges (/metrics),
+ * from snapshots of each instance (kvf_proxy_pool_info) and the pair table.
+ */
+#include "kvf_proxy_pool_int.h"
+#include "kvf_log.h"
+
+#include <stdlib.h>
+
+cJSON *kvf_proxy_pool_health_json(kvf_proxy_pool_h pool)
+{
+    cJSON *root = cJSON_CreateObject();
+
+    if (root == NULL) {
+        return NULL;
+    }
+    cJSON_AddStringToObject(root, "status", kvf_proxy_pool_ready(pool) ? "ok" : "unavailable");
+    for (int role = 0; role < KVF_PROXY_ROLE_COUNT; ++role) {
+        cJSON *arr = cJSON_AddArrayToObject(root, kvf_proxy_role_name((kvf_proxy_role_t)role));
+        for (int i = 0; (arr != NULL) && (i < pool->count[role]); ++i) {
+            kvf_proxy_instance_info_t info;
+            cJSON *o = cJSON_CreateObject();
+
+            if (o == NULL) {
+                break;
+            }
+            kvf_proxy_pool_info(pool, (kvf_proxy_role_t)role, i, &info);
+            cJSON_AddStringToObject(o, "url", info.url);
+            cJSON_AddBoolToObject(o, "healthy", info.healthy);
+            cJSON_AddBoolToObject(o, "connected", info.connected);
+            cJSON_AddBoolToObject(o, "draining", info.draining);
+            cJSON_AddStringToObject(o, "engine_id", info.engine_id);
+            cJSON_AddNumberToObject(o, "tp_size", info.tp_size);
+            /* The live gauges are only current while the instance answers:
+             * after a crash or disconnect the last values would read as
+             * current (a "free == total" leak check would misfire), so they
+             * are null until it is healthy again. */
+            if (info.healthy && info.connected) {
+                cJSON_AddNumberToObject(o, "free_pages", (double)info.free_pages);
+                cJSON_AddNumberToObject(o, "running", info.running);
+                cJSON_AddNumberToObject(o, "leases", (double)info.leases);
+            } else {
+                cJSON_AddNullToObject(o, "free_pages");
+                cJSON_AddNullToObject(o, "running");
+                cJSON_AddNullToObject(o, "leases");
+            }
+            cJSON_AddNumberToObject(o, "total_pages", (double)info.total_pages);
+            cJSON_AddNumberToObject(o, "block_size", info.block_size);
+            cJSON_AddNumberToObject(o, "handshake_refusals", (double)info.handshake_refusals);
+            cJSON_AddNumberToObject(o, "peer_errors", (double)info.peer_errors);
+            cJSON_AddNumberToObject(o, "queue_depth", info.queue_depth);
+            cJSON_AddNumberToObject(o, "step_ms", info.step_ms);
+            cJSON_AddNumberToObject(o, "step_running_ms", info.step_running_ms);
+            cJSON_AddNumberToObject(o, "xfer_timeout_ms", (double)info.xfer_timeout_ms);
+            cJSON_AddNumberToObject(o, "max_prompt_tokens", info.max_prompt_tokens);
+            cJSON_AddNumberToObject(o, "prefill_tokens_per_s", info.prefill_tokens_per_s);
+            if (role == KVF_PROXY_ROLE_PREFILL) {
+                cJSON_AddNumberToObject(o, "lease_timeout_ms", (double)info.lease_timeout_ms);
+            }
+            cJSON_AddNumberToObject(o, "releases_refused", (double)info.releases_refused);
+            cJSON_AddNumberToObject(o, "expired_lease_reads_prevented",
+                                    (double)info.expired_reads_prevented);
+            cJSON_AddNumberToObject(o, "quarantined_blocks", (double)info.quarantined_blocks);
+            cJSON_AddNumberToObject(o, "last_ok_age_ms", (double)info.last_ok_age_ms);
+            cJSON_AddNumberToObject(o, "probes_failed", (double)info.probes_failed);
+            cJSON_AddNumberToObject(o, "restarts", (double)info.restarts);
+            if (info.last_error[0] != '\0') {
+                cJSON_AddStringToObject(o, "error", info.last_error);
+            }
+            cJSON_AddItemToArray(arr, o);
+        }
+    }
+    {
+        cJSON *arr = cJSON_AddArrayToObject(root, "pairs");
+
+        pthread_mutex_lock(&pool->lock);
+        for (int p = 0; (arr != NULL) && (p < pool->count[KVF_PROXY_ROLE_PREFILL]); ++p) {
+            for (int d = 0; d < pool->count[KVF_PROXY_ROLE_DECODE]; ++d) {
+                const kvf_proxy_pair_t *pair = kvf_proxy_pair(pool, p, d);
+                cJSON *o = cJSON_CreateObject();
+
+                if (o == NULL) {
+                    break;
+                }
+                cJSON_AddStringToObject(o, "prefill", pool->inst[KVF_PROXY_ROLE_PREFILL][p].url);
+                cJSON_AddStringToObject(o, "decode", pool->inst[KVF_PROXY_ROLE_DECODE][d].url);
+                cJSON_AddStringToObject(o, "state", kvf_proxy_pair_state_str(pair->state));
+                if (pair->error[0] != '\0') {
+                    cJSON_AddStringToObject(o, "error", pair->error);
+                }
+                cJSON_AddItemToArray(arr, o);
+            }
+        }
+        pthread_mutex_unlock(&pool->lock);
+    }
+    return root;
+}
+
+/* A Prometheus label value: backslash, double quote and newline escaped. */
+static void kvf_proxy_label(FILE *out, const char *v)
+{
+    for (; *v != '\0'; ++v) {
+        if ((*v == '\\') || (*v == '"')) {
+            fputc('\\', out);
+            fputc(*v, out);
+        } else if (*v == '\n') {
+            fputs("\\n", out);
+        } else {
+            fputc(*v, out);
+        }
+    }
+}
+
+void kvf_proxy_pool_render_metrics(kvf_proxy_pool_h pool, FILE *out)
+{
+    static const struct {
+        const char *name;
+        const char *type;
+        const char *help;
+        bool        live;   /* only shown while the instance is healthy and connected */
+    } g[] = {
+        {"kvf_instance_healthy", "gauge", "1 when the instance answers health checks.", false},
+        {"kvf_instance_free_pages", "gauge",
+         "Free cache pages, summed over ranks (absent while unhealthy).", true},
+        {"kvf_instance_total_pages", "gauge", "Cache pages, summed over ranks.", false},
+        {"kvf_instance_running_requests", "gauge",
+         "Requests holding blocks (absent while unhealthy).", true},
+        {"kvf_instance_leases", "gauge",
+         "Prefill: requests held for decode (absent while unhealthy).", true},
+        {"kvf_instance_handshake_refusals_total", "counter",
+         "Handshakes the instance refused or had refused.", false},
+        {"kvf_instance_peer_errors_total", "counter", "Peer errors the instance saw.", false},
+        {"kvf_instance_health_check_failures_total", "counter",
+         "Health probes unanswered or failed.", false},
+        {"kvf_instance_restarts_total", "counter",
+         "Restarts seen: a new process (incarnation) under the same endpoint.", false},
+        {"kvf_instance_releases_refused_total", "counter",
+         "Prefill: lease claims/releases refused (wrong nonce or engine, replays).", false},
+        {"kvf_instance_expired_lease_reads_prevented_total", "counter",
+         "Reads not trusted because the KV lease expired (prefill: answered expired; decode:"
+         " pulls not used or not started).", false},
+        {"kvf_instance_quarantined_blocks_total", "counter",
+         "Prefill: blocks of expired or aborted leases held in quarantine before reuse.", false},
+    };
+    int n = pool->count[0] + pool->count[1];
+    kvf_proxy_instance_info_t *infos = calloc((size_t)(n > 0 ? n : 1), sizeof(*infos));
+    int k = 0;
+
+    if (infos == NULL) {
+        return;
+    }
+    for (int role = 0; role < KVF_PROXY_ROLE_COUNT; ++role) {
+        for (int i = 0; i < pool->count[role]; ++i) {
+            kvf_proxy_pool_info(pool, (kvf_proxy_role_t)role, i, &infos[k++]);
+        }
+    }
+    for (size_t m = 0; m < sizeof(g) / sizeof(g[0]); ++m) {
+        fprintf(out, "# HELP %s %s\n# TYPE %s %s\n", g[m].name, g[m].help, g[m].name, g[m].type);
+        k = 0;
+        for (int role = 0; role < KVF_PROXY_ROLE_COUNT; ++role) {
+            for (int i = 0; i < pool->count[role]; ++i, ++k) {
+                const kvf_proxy_instance_info_t *f = &infos[k];
+                uint64_t v[] = {f->healthy, f->free_pages, f->total_pages, f->running, f->leases,
+                                f->handshake_refusals, f->peer_errors, f->probes_failed,
+                                f->restarts, f->releases_refused, f->expired_reads_prevented,
+                                f->quarantined_blocks};
+                /* Live gauges of an instance that does not answer would be
+                 * stale: left out until it is healthy again. */
+                if (g[m].live && !(f->healthy && f->connected)) {
+                    continue;
+                }
+                fprintf(out, "%s{instance=\"", g[m].name);
+                kvf_proxy_label(out, f->url);
+                fprintf(out, "\",role=\"%s\",engine_id=\"",
+                        kvf_proxy_role_name((kvf_proxy_role_t)role));
+                kvf_proxy_label(out, f->engine_id);
+                fprintf(out, "\"} %llu\n", (unsigned long long)v[m]);
+            }
+        }
+    }
+    free(infos);
+}

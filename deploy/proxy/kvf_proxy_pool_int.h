@@ -1,0 +1,154 @@
+/*
+ * Internal to the kvf-proxy pool (kvf_proxy_pool.c instance table,
+ * kvf_proxy_io.c I/O thread, kvf_proxy_mailbox.c calls, kvf_proxy_pair.c pair
+ * checks, kvf_proxy_health.c /health and /metrics, kvf_proxy_route.c choice):
+ * the shared structures and the functions one file calls in another.
+ *
+ * Locking: pool->lock guards every field marked "under pool->lock" and every
+ * call's mailbox; the I/O thread alone touches the sockets.
+ */
+#ifndef KVF_PROXY_POOL_INT_H
+#define KVF_PROXY_POOL_INT_H
+
+#include "kvf_proxy_pool.h"
+#include "kvf_time.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#define KVF_PROXY_HEALTH_ID "health"
+#define KVF_PROXY_CHECK_PREFIX "check-peer:"   /* + prefill index ":" incarnation (hex) */
+#define KVF_PROXY_CHECK_RETRY_MS 1000          /* after a check that neither passed nor refused */
+
+typedef enum {
+    KVF_PROXY_PAIR_UNCHECKED = 0,
+    KVF_PROXY_PAIR_CHECKING,
+    KVF_PROXY_PAIR_COMPATIBLE,
+    KVF_PROXY_PAIR_REFUSED,
+} kvf_proxy_pair_state_t;
+
+/* One (prefill, decode) pairing, under pool->lock. */
+typedef struct kvf_proxy_pair {
+    kvf_proxy_pair_state_t state;
+    uint64_t               prefill_incarnation;   /* what the verdict is about */
+    uint64_t               decode_incarnation;
+    int64_t                sent_ms;
+    int64_t                retry_ms;              /* no new check before this */
+    char                   error[320];
+} kvf_proxy_pair_t;
+
+typedef struct kvf_proxy_msg {
+    struct kvf_proxy_msg *next;
+    kvf_proxy_role_t      role;
+    int                   idx;
+    char                  request_id[128];   /* "" for fire-and-forget (abort) */
+    size_t                len;
+    uint8_t               data[];
+} kvf_proxy_msg_t;
+
+typedef struct kvf_proxy_reply_node {
+    struct kvf_proxy_reply_node *next;
+    Kvf__ServeReply             *reply;
+} kvf_proxy_reply_node_t;
+
+struct kvf_proxy_call {
+    struct kvf_proxy_call  *next;
+    struct kvf_proxy_pool  *pool;
+    kvf_proxy_role_t        role;
+    int                     idx;
+    char                    request_id[128];
+    kvf_proxy_reply_node_t *head;
+    kvf_proxy_reply_node_t *tail;
+    kvf_status_t            failed;
+    char                    fail_msg[512];
+    int64_t                 sent_epoch;   /* instance's epoch when its request left; -1: not yet */
+    pthread_cond_t          cond;
+    kvf_proxy_call_notify_t notify;       /* kvf_proxy_call_set_notify(); NULL: none */
+    void                   *notify_arg;
+};
+
+typedef struct kvf_proxy_instance {
+    kvf_proxy_role_t role;
+    int              idx;
+    char             url[KVF_PROXY_URL_MAX];
+    void            *sock;              /* I/O thread only */
+    void            *mon;               /* I/O thread only */
+    /* under pool->lock */
+    kvf_proxy_instance_info_t info;
+    int64_t          probe_sent_ms;     /* 0: no probe outstanding */
+    int64_t          last_ok_ms;        /* 0: never */
+    int64_t          lost_ms;           /* connection lost then; its calls fail after the
+                                         * grace below; 0: none pending */
+    int64_t          epoch;             /* connections lost so far: a call sent in an older
+                                         * epoch went to a connection that is gone */
+} kvf_proxy_instance_t;
+
+/*
+ * ZeroMQ reports a disconnect (monitor event) before it has handed the
+ * socket the last messages that arrived with the close, so calls of a lost
+ * connection fail this long after the event, once those replies (a drained
+ * daemon's last answers) were delivered.
+ */
+#define KVF_PROXY_LOST_GRACE_MS 200
+
+struct kvf_proxy_pool {
+    pthread_mutex_t      lock;
+    kvf_proxy_instance_t inst[KVF_PROXY_ROLE_COUNT][KVF_PROXY_MAX_INSTANCES];
+    int                  count[KVF_PROXY_ROLE_COUNT];
+    unsigned             rr[KVF_PROXY_ROLE_COUNT];
+    struct kvf_proxy_call *calls;
+    kvf_proxy_msg_t     *sendq_head;
+    kvf_proxy_msg_t     *sendq_tail;
+    int                  efd;
+    void                *zctx;
+    pthread_t            thread;
+    bool                 thread_started;
+    atomic_bool          stop;
+    int64_t              interval_ms;
+    int64_t              timeout_ms;
+    kvf_proxy_pair_t    *pairs;          /* [prefill][decode], count[0] x count[1] */
+};
+
+/* Pair (prefill @a p, decode @a d); pool->pairs must not be NULL. */
+static inline kvf_proxy_pair_t *kvf_proxy_pair(struct kvf_proxy_pool *pool, int p, int d)
+{
+    return &pool->pairs[(size_t)p * (size_t)pool->count[KVF_PROXY_ROLE_DECODE] + (size_t)d];
+}
+
+static inline int64_t kvf_proxy_now_ms(void)
+{
+    return (int64_t)(kvf_time_now_ns() / 1000000u);
+}
+
+/* New requests may go to @a info's instance: healthy and not draining. */
+static inline bool kvf_proxy_routable(const kvf_proxy_instance_info_t *info)
+{
+    return info->healthy && !info->draining;
+}
+
+/* ---- kvf_proxy_pair.c (I/O thread) ---- */
+const char *kvf_proxy_pair_state_str(kvf_proxy_pair_state_t s);
+/* A decode instance's answer to a CheckPeerRequest (request id KVF_PROXY_CHECK_PREFIX...). */
+void kvf_proxy_io_check_reply(struct kvf_proxy_pool *pool, kvf_proxy_instance_t *inst,
+                              const Kvf__ServeReply *r);
+/* Start a check for every healthy pair without a current verdict. */
+void kvf_proxy_io_check_pairs(struct kvf_proxy_pool *pool, int64_t now);
+
+/* ---- kvf_proxy_mailbox.c (pool->lock held where named _locked) ---- */
+struct kvf_proxy_call *kvf_proxy_call_find(struct kvf_proxy_pool *pool, kvf_proxy_role_t role,
+                                           int idx, const char *request_id);
+void kvf_proxy_call_fail_locked(struct kvf_proxy_call *c, kvf_status_t status, const char *msg);
+/* Fail the calls of @a inst sent before its connection was last lost. */
+void kvf_proxy_inst_fail_calls_locked(struct kvf_proxy_pool *pool, kvf_proxy_instance_t *inst,
+                                      kvf_status_t status, const char *msg);
+/* Append reply @a r (ownership taken on true) to the mailbox of its call. */
+bool kvf_proxy_call_deliver_locked(struct kvf_proxy_pool *pool, kvf_proxy_instance_t *inst,
+                                   Kvf__ServeReply *r);
+
+/* ---- kvf_proxy_io.c ---- */
+kvf_status_t kvf_proxy_inst_open(struct kvf_proxy_pool *pool, kvf_proxy_instance_t *inst);
+void kvf_proxy_inst_close(kvf_proxy_instance_t *inst);
+/* The I/O thread's body; @a arg is the pool; returns when pool->stop is set. */
+void *kvf_proxy_io_main(void *arg);
+
+#endif

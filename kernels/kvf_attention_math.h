@@ -1,0 +1,103 @@
+/*
+ * Shared (CPU and CUDA) arithmetic of paged attention (kvf_attention.h):
+ * where a token's row lives in the page pool, and the online-softmax fold of
+ * one kernel-block tile into one (query, head) accumulator.
+ *
+ * The fold is the whole numerical contract of the kernel: scores of every
+ * slot of the tile (written or not), the running max over unmasked slots
+ * only, probability SELECTED as 0 for a slot past the causal limit (never
+ * exp(s - m) * 0, which would be 0 * inf = NaN on correct data when every
+ * real score is far below a zeroed slot's 0), and the masked slot still
+ * entering the value sum as 0 * v, so a stale NaN/Inf byte in an unwritten
+ * slot of a recycled block poisons the output (the fix is kvf_blocks_zero,
+ * never this function). The CPU passes tiles it converted to fp32
+ * (dtype KVF_HD_FP32); a GPU thread passes the cache bytes with their dtype.
+ * Conversion is exact, so both read the same values.
+ */
+#ifndef KVF_ATTENTION_MATH_H
+#define KVF_ATTENTION_MATH_H
+
+#include "kvf_dtype_math.h"
+#include "kvf_hd.h"
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* GPU thread-local limits (the CPU has none): head_dim and kernel block size */
+#define KVF_ATTN_HD_MAX  256
+#define KVF_ATTN_KBS_MAX 256
+
+/**
+ * Byte offset from the pool base of the kernel block holding token @a pos:
+ * page (block_table[pos / block_size] * slots + slot), kernel block
+ * (pos % block_size) / kbs, each kbb bytes. @a pos validated by the caller.
+ */
+static inline KVF_HD size_t kvf_attn_kblock_offset(const int32_t *block_table, int block_size,
+                                                   int kbs, int slots, int slot,
+                                                   size_t page_size, size_t kbb, int pos)
+{
+    int32_t b = block_table[pos / block_size];
+    size_t kb = (size_t)((pos % block_size) / kbs);
+    size_t page = (size_t)b * (size_t)slots + (size_t)slot;
+    return page * page_size + kb * kbb;
+}
+
+/** Element index in a kernel block of K (is_v 0) or V (is_v 1), head h, row, dim 0. */
+static inline KVF_HD size_t kvf_attn_row_first(size_t kv_heads, size_t kbs, size_t hd, size_t h,
+                                               size_t row, int is_v)
+{
+    return (((is_v ? kv_heads : 0u) + h) * kbs + row) * hd;
+}
+
+/**
+ * Fold one tile into one (query, head): K rows kt[j * hd + d] and V rows
+ * vt[j * hd + d] (typed @a dtype), j < kbs, tile tokens token0 + j, causal
+ * limit @a limit (tokens <= limit are unmasked). State: running max *m
+ * (-inf before the first tile), denominator *l, accumulator acc[hd];
+ * s[kbs] is scratch.
+ */
+static inline KVF_HD void kvf_attn_fold_tile(const float *qv, const void *kt, const void *vt,
+                                             int dtype, size_t kbs, size_t hd, int token0,
+                                             int limit, float scale, float *m, float *l,
+                                             float *acc, float *s)
+{
+    float m_new = *m;
+    for (size_t j = 0; j < kbs; ++j) {
+        float dot = 0.0f;
+        for (size_t d = 0; d < hd; ++d) {
+            dot += qv[d] * kvf_hd_load(kt, dtype, j * hd + d);
+        }
+        s[j] = dot * scale;
+        if ((token0 + (int)j <= limit) && (s[j] > m_new)) {
+            m_new = s[j];
+        }
+    }
+    float alpha = expf(*m - m_new);   /* 0 on the first tile */
+    float lsum = 0.0f;
+    for (size_t j = 0; j < kbs; ++j) {
+        /* masked: 0, whatever the score */
+        s[j] = (token0 + (int)j <= limit) ? expf(s[j] - m_new) : 0.0f;
+        lsum += s[j];
+    }
+    *l = *l * alpha + lsum;
+    for (size_t d = 0; d < hd; ++d) {
+        acc[d] *= alpha;
+    }
+    for (size_t j = 0; j < kbs; ++j) {
+        for (size_t d = 0; d < hd; ++d) {
+            acc[d] += s[j] * kvf_hd_load(vt, dtype, j * hd + d);   /* masked: 0 * v */
+        }
+    }
+    *m = m_new;
+}
+
+/** Output of one (query, head): o[d] = acc[d] / l. */
+static inline KVF_HD void kvf_attn_finish(const float *acc, float l, size_t hd, float *o)
+{
+    for (size_t d = 0; d < hd; ++d) {
+        o[d] = acc[d] / l;
+    }
+}
+
+#endif

@@ -1,0 +1,90 @@
+/*
+ * Launch helpers shared by the *_cuda.cu files of kernels/ (C++ only): the
+ * device's stream, 1-D grid sizing, stream-ordered scratch, and the
+ * block-wide double sum the norms use.
+ */
+#ifndef KVF_CUDA_UTIL_H
+#define KVF_CUDA_UTIL_H
+
+#include "kvf_cuda_check.h"
+#include "kvf_device.h"
+
+#include <cuda_runtime.h>
+#include <stddef.h>
+
+#define KVF_CUDA_THREADS 256u   /* threads per block of every 1-D launch */
+
+static inline cudaStream_t kvf_cuda_stream_of(const kvf_device_t *dev)
+{
+    return (cudaStream_t)dev->stream;
+}
+
+/** Blocks for @a n threads of KVF_CUDA_THREADS, capped (kernels stride over the rest). */
+static inline unsigned kvf_cuda_blocks(size_t n)
+{
+    size_t b = (n + KVF_CUDA_THREADS - 1) / KVF_CUDA_THREADS;
+    if (b == 0) {
+        b = 1;
+    }
+    return (unsigned)((b > 65535u * 16u) ? 65535u * 16u : b);
+}
+
+/**
+ * Stream-ordered device scratch of @a bytes, optionally filled from host
+ * memory @a host (pageable: the copy is staged, so @a host may be reused on
+ * return). Free with kvf_cuda_scratch_free() on the same stream.
+ */
+static inline int kvf_cuda_scratch(cudaStream_t stream, size_t bytes, const void *host,
+                                   void **ptr_p)
+{
+    void *p = NULL;
+    KVF_CUDA_CHECK(cudaMallocAsync(&p, bytes, stream));
+    if (host != NULL) {
+        cudaError_t err = cudaMemcpyAsync(p, host, bytes, cudaMemcpyHostToDevice, stream);
+        if (err != cudaSuccess) {
+            int rc = kvf_cuda_error(err, "cudaMemcpyAsync(scratch, host, bytes, H2D, stream)");
+            (void)cudaFreeAsync(p, stream);
+            return rc;
+        }
+    }
+    *ptr_p = p;
+    return KVF_KERN_OK;
+}
+
+static inline void kvf_cuda_scratch_free(cudaStream_t stream, void *p)
+{
+    if (p != NULL) {
+        KVF_CUDA_CHECK_IGNORE(cudaFreeAsync(p, stream));
+    }
+}
+
+/** After a launch: the launch error, reported and mapped. */
+static inline int kvf_cuda_launched(const char *what)
+{
+    cudaError_t err = cudaGetLastError();
+    return (err == cudaSuccess) ? KVF_KERN_OK : kvf_cuda_error(err, what);
+}
+
+#ifdef __CUDACC__
+/**
+ * Sum of @a v over the block (blockDim.x == KVF_CUDA_THREADS), as a tree in
+ * shared memory; every thread gets the total.
+ */
+static __device__ inline double kvf_cuda_block_sum(double v)
+{
+    __shared__ double part[KVF_CUDA_THREADS];
+    part[threadIdx.x] = v;
+    __syncthreads();
+    for (unsigned stride = KVF_CUDA_THREADS / 2; stride > 0; stride /= 2) {
+        if (threadIdx.x < stride) {
+            part[threadIdx.x] += part[threadIdx.x + stride];
+        }
+        __syncthreads();
+    }
+    double total = part[0];
+    __syncthreads();   /* part may be reused by the next call */
+    return total;
+}
+#endif
+
+#endif

@@ -1,0 +1,90 @@
+/*
+ * CUDA GEMM for linear layers: y = beta * y + x W^T + bias through
+ * cublasSgemm (fp32, CUBLAS_DEFAULT_MATH: no TF32, so results stay within
+ * fp32 rounding of OpenBLAS). Row-major y[M][N] = x[M][K] W[N][K]^T is the
+ * column-major y^T (N x M) = op_T(W as K x N) * x^T (K x M), so no copy.
+ * The bias is broadcast into y by a kernel first (then beta = 1), as the
+ * CPU version does.
+ *
+ * Handles: one cuBLAS handle per thread and device ordinal (TP ranks are
+ * threads and a handle must not be shared by threads on different
+ * streams), made on first use and kept until the process exits; its
+ * stream is set to dev->stream before each call.
+ */
+#include "kvf_cuda_util.h"
+#include "kvf_device_cuda.h"
+
+#include <cublas_v2.h>
+
+#define KVF_CUDA_MAX_ORDINALS 64
+
+static thread_local cublasHandle_t kvf_cublas_handles[KVF_CUDA_MAX_ORDINALS];
+
+static int kvf_cublas_error(cublasStatus_t st, const char *call)
+{
+    kvf_kern_report(call, cublasGetStatusString(st));
+    return (st == CUBLAS_STATUS_ALLOC_FAILED) ? KVF_KERN_ENOMEM : KVF_KERN_ECUDA;
+}
+
+static int kvf_cublas_handle(const kvf_device_t *dev, cublasHandle_t *h_p)
+{
+    cublasStatus_t st;
+    if ((dev->ordinal < 0) || (dev->ordinal >= KVF_CUDA_MAX_ORDINALS)) {
+        return KVF_KERN_EINVAL;
+    }
+    KVF_CUDA_CHECK(cudaSetDevice(dev->ordinal));
+    if (kvf_cublas_handles[dev->ordinal] == NULL) {
+        st = cublasCreate(&kvf_cublas_handles[dev->ordinal]);
+        if (st != CUBLAS_STATUS_SUCCESS) {
+            kvf_cublas_handles[dev->ordinal] = NULL;
+            return kvf_cublas_error(st, "cublasCreate(&handle)");
+        }
+    }
+    st = cublasSetStream(kvf_cublas_handles[dev->ordinal], kvf_cuda_stream_of(dev));
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        return kvf_cublas_error(st, "cublasSetStream(handle, stream)");
+    }
+    *h_p = kvf_cublas_handles[dev->ordinal];
+    return KVF_KERN_OK;
+}
+
+__global__ void kvf_bias_rows_kernel(float *y, int ldy, const float *bias, size_t M, int N,
+                                     float beta)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < M * (size_t)N;
+         i += (size_t)gridDim.x * blockDim.x) {
+        size_t m = i / (size_t)N, n = i % (size_t)N;
+        float *p = y + m * (size_t)ldy + n;
+        *p = (beta == 0.0f) ? bias[n] : beta * *p + bias[n];
+    }
+}
+
+extern "C" int kvf_cuda_gemm(const kvf_device_t *dev, int M, int N, int K, const float *x,
+                             int ldx, const float *w, int ldw, const float *bias, float beta,
+                             float *y, int ldy)
+{
+    const float alpha = 1.0f;
+    cublasHandle_t h = NULL;
+    cublasStatus_t st;
+    int rc = kvf_cublas_handle(dev, &h);
+
+    if (rc != KVF_KERN_OK) {
+        return rc;
+    }
+    if (bias != NULL) {
+        size_t n = (size_t)M * (size_t)N;
+        kvf_bias_rows_kernel<<<kvf_cuda_blocks(n), KVF_CUDA_THREADS, 0,
+                               kvf_cuda_stream_of(dev)>>>(y, ldy, bias, (size_t)M, N, beta);
+        rc = kvf_cuda_launched("kvf_bias_rows_kernel");
+        if (rc != KVF_KERN_OK) {
+            return rc;
+        }
+        beta = 1.0f;
+    }
+    /* beta == 0: cuBLAS does not read y, so garbage (NaN) there is harmless */
+    st = cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, w, ldw, x, ldx, &beta, y, ldy);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        return kvf_cublas_error(st, "cublasSgemm(W^T x)");
+    }
+    return KVF_KERN_OK;
+}

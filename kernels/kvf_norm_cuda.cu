@@ -1,0 +1,110 @@
+/*
+ * CUDA RMSNorm and gated grouped RMSNorm: one block per row (or per row and
+ * group) sums squares in double as a tree (kvf_cuda_block_sum), then every
+ * thread scales its elements with the shared bodies of kvf_norm_math.h.
+ */
+#include "kvf_cuda_util.h"
+#include "kvf_device_cuda.h"
+#include "kvf_norm_math.h"
+
+__global__ void kvf_rmsnorm_kernel(const float *x, const float *w, float *y, int dim, float eps)
+{
+    const float *xr = x + (size_t)blockIdx.x * (size_t)dim;
+    float *yr = y + (size_t)blockIdx.x * (size_t)dim;
+    double s = 0.0;
+
+    for (int c = (int)threadIdx.x; c < dim; c += (int)blockDim.x) {
+        s += kvf_norm_sq_hd(xr[c]);
+    }
+    s = kvf_cuda_block_sum(s);
+    float inv = kvf_norm_inv_hd(s, (double)dim, eps);
+    for (int c = (int)threadIdx.x; c < dim; c += (int)blockDim.x) {
+        yr[c] = kvf_norm_scale_hd(xr[c], inv, w[c]);
+    }
+}
+
+/* grid (rows, groups): g = gate(x, z) of the group, sumsq[row][group] */
+__global__ void kvf_gated_sumsq_kernel(const float *x, const float *z, int ld, int dim,
+                                       int group_size, float *g, float *sumsq)
+{
+    const size_t r = blockIdx.x, k = blockIdx.y;
+    const float *xr = x + r * (size_t)ld;
+    const float *zr = z + r * (size_t)ld;
+    float *gr = g + r * (size_t)dim;
+    double s = 0.0;
+
+    for (int i = (int)threadIdx.x; i < group_size; i += (int)blockDim.x) {
+        size_t c = k * (size_t)group_size + (size_t)i;
+        float v = kvf_norm_gate_hd(xr[c], zr[c]);
+        gr[c] = v;
+        s += kvf_norm_sq_hd(v);
+    }
+    s = kvf_cuda_block_sum(s);
+    if (threadIdx.x == 0) {
+        sumsq[r * gridDim.y + k] = (float)s;
+    }
+}
+
+__global__ void kvf_gated_apply_kernel(const float *g, const float *sumsq, const float *w,
+                                       size_t rows, int dim, int group_size, int norm_elems,
+                                       float eps, float *y)
+{
+    const size_t n = rows * (size_t)dim, ngroups = (size_t)(dim / group_size);
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = i / (size_t)dim, c = i % (size_t)dim;
+        float inv = kvf_norm_inv_hd((double)sumsq[r * ngroups + c / (size_t)group_size],
+                                    (double)norm_elems, eps);
+        y[i] = kvf_norm_scale_hd(g[i], inv, w[c]);
+    }
+}
+
+extern "C" int kvf_cuda_rmsnorm(const kvf_device_t *dev, const float *x, const float *w,
+                                float *y, int rows, int dim, float eps)
+{
+    kvf_rmsnorm_kernel<<<(unsigned)rows, KVF_CUDA_THREADS, 0, kvf_cuda_stream_of(dev)>>>(
+        x, w, y, dim, eps);
+    return kvf_cuda_launched("kvf_rmsnorm_kernel");
+}
+
+extern "C" int kvf_cuda_gated_rmsnorm_sumsq(const kvf_device_t *dev, const float *x,
+                                            const float *z, int ld, int rows, int dim,
+                                            int group_size, float *g, float *sumsq)
+{
+    dim3 grid((unsigned)rows, (unsigned)(dim / group_size));
+    kvf_gated_sumsq_kernel<<<grid, KVF_CUDA_THREADS, 0, kvf_cuda_stream_of(dev)>>>(
+        x, z, ld, dim, group_size, g, sumsq);
+    return kvf_cuda_launched("kvf_gated_sumsq_kernel");
+}
+
+extern "C" int kvf_cuda_gated_rmsnorm_apply(const kvf_device_t *dev, const float *g,
+                                            const float *sumsq, const float *w, int rows,
+                                            int dim, int group_size, int norm_elems, float eps,
+                                            float *y)
+{
+    size_t n = (size_t)rows * (size_t)dim;
+    kvf_gated_apply_kernel<<<kvf_cuda_blocks(n), KVF_CUDA_THREADS, 0,
+                             kvf_cuda_stream_of(dev)>>>(g, sumsq, w, (size_t)rows, dim,
+                                                        group_size, norm_elems, eps, y);
+    return kvf_cuda_launched("kvf_gated_apply_kernel");
+}
+
+extern "C" int kvf_cuda_gated_rmsnorm(const kvf_device_t *dev, const float *x, const float *z,
+                                      int ld, const float *w, int rows, int dim,
+                                      int group_size, float eps, float *y)
+{
+    cudaStream_t stream = kvf_cuda_stream_of(dev);
+    void *sumsq = NULL;
+    int rc = kvf_cuda_scratch(stream, (size_t)rows * (size_t)(dim / group_size) * sizeof(float),
+                              NULL, &sumsq);
+    if (rc != KVF_KERN_OK) {
+        return rc;
+    }
+    rc = kvf_cuda_gated_rmsnorm_sumsq(dev, x, z, ld, rows, dim, group_size, y, (float *)sumsq);
+    if (rc == KVF_KERN_OK) {
+        rc = kvf_cuda_gated_rmsnorm_apply(dev, y, (const float *)sumsq, w, rows, dim, group_size,
+                                          group_size, eps, y);
+    }
+    kvf_cuda_scratch_free(stream, sumsq);
+    return rc;
+}

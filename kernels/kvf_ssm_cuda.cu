@@ -1,0 +1,187 @@
+/*
+ * CUDA causal conv1d (one thread per channel, a rolling window of the last
+ * kernel inputs) and Mamba2 scan / step (one thread per (head, head-dim)
+ * row, all tokens in order, the fp32 row in stream-ordered global scratch),
+ * through the shared bodies of kvf_ssm_math.h: the same tap sums, dt clamp
+ * and recurrence as the CPU kernels, in the same order per row.
+ *
+ * State rounding matches the CPU: a chunk loads the state once and stores
+ * it once; the Mamba2 decode step loads and stores it once per token. A
+ * fresh request (has_state 0) never reads the stored bytes.
+ */
+#include "kvf_cuda_util.h"
+#include "kvf_device_cuda.h"
+#include "kvf_dtype_math.h"
+#include "kvf_ssm_math.h"
+
+__global__ void kvf_conv_chunk_kernel(const float *x, int ldx, int T, int channels, int kernel,
+                                      const float *w, const float *bias, int silu, void *state,
+                                      int dtype, int has_state, float *y, int ldy)
+{
+    const size_t taps = (size_t)(kernel - 1);
+    float win[KVF_CONV_KERNEL_MAX];
+
+    for (size_t c = (size_t)blockIdx.x * blockDim.x + threadIdx.x; c < (size_t)channels;
+         c += (size_t)gridDim.x * blockDim.x) {
+        const float *filt = w + c * (size_t)kernel;
+        float b = (bias != NULL) ? bias[c] : 0.0f;
+        for (size_t i = 0; i < taps; ++i) {
+            win[i] = has_state ? kvf_hd_load(state, dtype, c * taps + i) : 0.0f;
+        }
+        for (size_t t = 0; t < (size_t)T; ++t) {
+            win[taps] = x[t * (size_t)ldx + c];   /* read before y (which may alias x) */
+            y[t * (size_t)ldy + c] = kvf_conv_tap_sum(filt, win, kernel, b, silu);
+            for (size_t i = 0; i < taps; ++i) {
+                win[i] = win[i + 1];
+            }
+        }
+        for (size_t i = 0; i < taps; ++i) {
+            kvf_hd_store(state, dtype, c * taps + i, win[i]);
+        }
+    }
+}
+
+__global__ void kvf_conv_step_kernel(const float *x, int channels, int kernel, const float *w,
+                                     const float *bias, int silu, void *state, int dtype,
+                                     float *y)
+{
+    const size_t taps = (size_t)(kernel - 1);
+    float hist[KVF_CONV_KERNEL_MAX];
+
+    for (size_t c = (size_t)blockIdx.x * blockDim.x + threadIdx.x; c < (size_t)channels;
+         c += (size_t)gridDim.x * blockDim.x) {
+        float b = (bias != NULL) ? bias[c] : 0.0f;
+        for (size_t i = 0; i < taps; ++i) {
+            hist[i] = kvf_hd_load(state, dtype, c * taps + i);
+        }
+        hist[taps] = x[c];
+        for (size_t i = 0; i < taps; ++i) {
+            kvf_hd_store(state, dtype, c * taps + i, hist[i + 1]);
+        }
+        y[c] = kvf_conv_tap_sum(w + c * (size_t)kernel, hist, kernel, b, silu);
+    }
+}
+
+extern "C" int kvf_cuda_conv1d_chunk(const kvf_device_t *dev, const float *x, int ldx, int T,
+                                     int channels, int kernel, const float *w,
+                                     const float *bias, int silu, void *state,
+                                     kvf_dtype_t state_dtype, int has_state, float *y, int ldy)
+{
+    if (kernel > KVF_CONV_KERNEL_MAX) {
+        return KVF_KERN_EINVAL;   /* the thread's window: kernel - 1 taps + 1 input */
+    }
+    kvf_conv_chunk_kernel<<<kvf_cuda_blocks((size_t)channels), KVF_CUDA_THREADS, 0,
+                            kvf_cuda_stream_of(dev)>>>(x, ldx, T, channels, kernel, w, bias,
+                                                       silu, state, (int)state_dtype,
+                                                       has_state, y, ldy);
+    return kvf_cuda_launched("kvf_conv_chunk_kernel");
+}
+
+extern "C" int kvf_cuda_conv1d_step(const kvf_device_t *dev, const float *x, int channels,
+                                    int kernel, const float *w, const float *bias, int silu,
+                                    void *state, kvf_dtype_t state_dtype, float *y)
+{
+    kvf_conv_step_kernel<<<kvf_cuda_blocks((size_t)channels), KVF_CUDA_THREADS, 0,
+                           kvf_cuda_stream_of(dev)>>>(x, channels, kernel, w, bias, silu, state,
+                                                      (int)state_dtype, y);
+    return kvf_cuda_launched("kvf_conv_step_kernel");
+}
+
+/* the layer constants a thread needs (pointers are device memory) */
+struct kvf_cuda_ssm {
+    int          heads, head_dim, groups, ns;
+    const float *dt_bias, *A_log, *D;
+    float        dt_min, dt_max;
+};
+
+static kvf_cuda_ssm kvf_cuda_ssm_of(const kvf_mamba2_params_t *p)
+{
+    kvf_cuda_ssm s;
+    s.heads = p->heads;
+    s.head_dim = p->head_dim;
+    s.groups = p->groups;
+    s.ns = p->state_size;
+    s.dt_bias = p->dt_bias;
+    s.A_log = p->A_log;
+    s.D = p->D;
+    s.dt_min = p->dt_min;
+    s.dt_max = p->dt_max;
+    return s;
+}
+
+/*
+ * One thread per (h, d) row: T tokens through S (fp32 scratch row), loaded
+ * from the state first (has_state) and stored back once at the end. The
+ * decode step is T = 1 with has_state = 1.
+ */
+__global__ void kvf_mamba2_scan_kernel(kvf_cuda_ssm p, int T, const float *x, int ldx,
+                                       const float *dt, int lddt, const float *B, const float *C,
+                                       int ldbc, void *state, int dtype, int has_state,
+                                       float *y, int ldy, float *scratch)
+{
+    const size_t hd = (size_t)p.head_dim, ns = (size_t)p.ns;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (size_t)p.heads * hd;
+         i += (size_t)gridDim.x * blockDim.x) {
+        size_t h = i / hd, d = i % hd;
+        size_t g = h / (size_t)(p.heads / p.groups);
+        float A = kvf_mamba2_A_hd(p.A_log[h]);
+        float Dh = (p.D != NULL) ? p.D[h] : 0.0f;
+        float bias = (p.dt_bias != NULL) ? p.dt_bias[h] : 0.0f;
+        float *S = scratch + i * ns;
+        for (size_t n = 0; n < ns; ++n) {
+            S[n] = has_state ? kvf_hd_load(state, dtype, i * ns + n) : 0.0f;
+        }
+        for (size_t t = 0; t < (size_t)T; ++t) {
+            float dth = kvf_mamba2_dt_hd(dt[t * (size_t)lddt + h], bias, p.dt_min, p.dt_max);
+            float dA = kvf_mamba2_dA_hd(dth, A);
+            float xv = x[t * (size_t)ldx + h * hd + d];
+            const float *Bg = B + t * (size_t)ldbc + g * ns;
+            const float *Cg = C + t * (size_t)ldbc + g * ns;
+            float acc = kvf_mamba2_row_hd(S, ns, dA, dth * xv, Bg, Cg);
+            y[t * (size_t)ldy + h * hd + d] = kvf_mamba2_out_hd(acc, Dh, xv);
+        }
+        for (size_t n = 0; n < ns; ++n) {
+            kvf_hd_store(state, dtype, i * ns + n, S[n]);
+        }
+    }
+}
+
+static int kvf_cuda_mamba2_run(const kvf_device_t *dev, const kvf_mamba2_params_t *p, int T,
+                               const float *x, int ldx, const float *dt, int lddt,
+                               const float *B, const float *C, int ldbc, void *state,
+                               kvf_dtype_t state_dtype, int has_state, float *y, int ldy)
+{
+    cudaStream_t stream = kvf_cuda_stream_of(dev);
+    size_t rows = (size_t)p->heads * (size_t)p->head_dim;
+    void *scratch = NULL;
+    int rc = kvf_cuda_scratch(stream, rows * (size_t)p->state_size * sizeof(float), NULL,
+                              &scratch);
+    if (rc != KVF_KERN_OK) {
+        return rc;
+    }
+    kvf_mamba2_scan_kernel<<<kvf_cuda_blocks(rows), KVF_CUDA_THREADS / 4, 0, stream>>>(
+        kvf_cuda_ssm_of(p), T, x, ldx, dt, lddt, B, C, ldbc, state, (int)state_dtype,
+        has_state, y, ldy, (float *)scratch);
+    rc = kvf_cuda_launched("kvf_mamba2_scan_kernel");
+    kvf_cuda_scratch_free(stream, scratch);
+    return rc;
+}
+
+extern "C" int kvf_cuda_mamba2_scan(const kvf_device_t *dev, const kvf_mamba2_params_t *p,
+                                    int T, const float *x, int ldx, const float *dt, int lddt,
+                                    const float *B, const float *C, int ldbc, void *state,
+                                    kvf_dtype_t state_dtype, int has_state, float *y, int ldy)
+{
+    return kvf_cuda_mamba2_run(dev, p, T, x, ldx, dt, lddt, B, C, ldbc, state, state_dtype,
+                               has_state, y, ldy);
+}
+
+extern "C" int kvf_cuda_mamba2_step(const kvf_device_t *dev, const kvf_mamba2_params_t *p,
+                                    const float *x, const float *dt, const float *B,
+                                    const float *C, void *state, kvf_dtype_t state_dtype,
+                                    float *y)
+{
+    int hd = p->heads * p->head_dim, bc = p->groups * p->state_size;
+    return kvf_cuda_mamba2_run(dev, p, 1, x, hd, dt, p->heads, B, C, bc, state, state_dtype, 1,
+                               y, hd);
+}
