@@ -1,0 +1,172 @@
+/*
+ * UCX agent: registered regions (ucp_mem_map) and remote keys, packed for
+ * publication and checked before a peer's key reaches ucp_ep_rkey_unpack().
+ */
+#include "kvf_ucx_agent_int.h"
+
+#include "kvf_log.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+
+/*
+ * Map @a len bytes as the agent's next region: @a addr given (register), or
+ * NULL with UCP_MEM_MAP_ALLOCATE (UCX allocates; the address is queried
+ * back). *addr_p receives the region's address.
+ */
+static kvf_status_t kvf_ucx_agent_map(kvf_ucx_agent_h agent, void *addr, size_t len,
+                                      void **addr_p, int *region_p)
+{
+    ucp_mem_map_params_t mp;
+    ucp_mem_attr_t attr;
+    kvf_ucx_region_t *r;
+
+    if (agent->num_regions == KVF_XFER_MAX_REGIONS) {
+        kvf_error("%s: more than %d registered regions", agent->name, KVF_XFER_MAX_REGIONS);
+        return KVF_ERR_NO_RESOURCE;
+    }
+    r = &agent->regions[agent->num_regions];
+    memset(&mp, 0, sizeof(mp));
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    mp.address = addr;
+    mp.length = len;
+    if (addr == NULL) {
+        mp.field_mask |= UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+        mp.flags = UCP_MEM_MAP_ALLOCATE;
+    }
+    KVF_UCX_CHECK(ucp_mem_map(agent->context, &mp, &r->memh));
+    if (addr == NULL) {
+        memset(&attr, 0, sizeof(attr));
+        attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+        if ((ucp_mem_query(r->memh, &attr) != UCS_OK) || (attr.address == NULL) ||
+            (attr.length < len)) {
+            KVF_UCX_CHECK_IGNORE(ucp_mem_unmap(agent->context, r->memh));
+            kvf_error("%s: UCX allocated no usable %zu-byte region", agent->name, len);
+            return KVF_ERR_NO_MEMORY;
+        }
+        addr = attr.address;
+    }
+    r->addr = addr;
+    r->len = len;
+    *addr_p = addr;
+    *region_p = agent->num_regions++;
+    return KVF_OK;
+}
+
+kvf_status_t kvf_ucx_agent_mem_register(kvf_ucx_agent_h agent, void *addr, size_t len,
+                                        int *region_p)
+{
+    void *mapped;
+
+    if ((addr == NULL) || (len == 0)) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    return kvf_ucx_agent_map(agent, addr, len, &mapped, region_p);
+}
+
+kvf_status_t kvf_ucx_agent_mem_alloc(kvf_ucx_agent_h agent, size_t len, void **addr_p,
+                                     int *region_p)
+{
+    if ((len == 0) || (addr_p == NULL) || (region_p == NULL)) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    return kvf_ucx_agent_map(agent, NULL, len, addr_p, region_p);
+}
+
+/* 0: not yet known whether this UCX packs keys the way the walk expects;
+ * 1: our own key walked cleanly (full check); -1: it did not (length only). */
+static atomic_int kvf_ucx_rkey_layout_known;
+
+/* Walk a packed key as ucp_rkey_pack() lays it out; see kvf_ucx_rkey_check(). */
+static kvf_status_t kvf_ucx_rkey_walk(const uint8_t *k, size_t len, char *why, size_t why_len)
+{
+    uint64_t md_map;
+    size_t off = sizeof(md_map) + 1;
+
+    if (len < off) {
+        snprintf(why, why_len, "%zu bytes, shorter than its %zu-byte header", len, off);
+        return KVF_ERR_PARSE;
+    }
+    memcpy(&md_map, k, sizeof(md_map));
+    if (md_map == 0) {
+        snprintf(why, why_len, "names no memory domain");
+        return KVF_ERR_PARSE;
+    }
+    if (k[sizeof(md_map)] >= UCS_MEMORY_TYPE_LAST) {
+        snprintf(why, why_len, "memory type %u is not one UCX knows", k[sizeof(md_map)]);
+        return KVF_ERR_PARSE;
+    }
+    for (int md = 0; md < 64; ++md) {
+        if (((md_map >> md) & 1u) == 0) {
+            continue;
+        }
+        if ((off >= len) || (k[off] > len - off - 1)) {
+            snprintf(why, why_len, "the key of memory domain %d runs past its %zu bytes", md,
+                     len);
+            return KVF_ERR_PARSE;
+        }
+        off += 1 + (size_t)k[off];
+    }
+    if ((off < len) && ((len - off - 1) % 3 != 0)) {   /* sys_dev + distance records */
+        snprintf(why, why_len, "%zu trailing bytes are no device-distance records", len - off);
+        return KVF_ERR_PARSE;
+    }
+    return KVF_OK;
+}
+
+/* Learn from our own packed key whether peers' keys can be walked (once per process). */
+static void kvf_ucx_rkey_learn(kvf_ucx_agent_h agent, const void *rkey, size_t len)
+{
+    char why[128];
+
+    if (atomic_load(&kvf_ucx_rkey_layout_known) != 0) {
+        return;
+    }
+    if (kvf_ucx_rkey_walk(rkey, len, why, sizeof(why)) == KVF_OK) {
+        atomic_store(&kvf_ucx_rkey_layout_known, 1);
+    } else {
+        atomic_store(&kvf_ucx_rkey_layout_known, -1);
+        kvf_warn("%s: this UCX packs remote keys in an unknown layout (%s): peers' keys"
+                 " get a length check only", agent->name, why);
+    }
+}
+
+kvf_status_t kvf_ucx_rkey_check(const uint8_t *rkey, size_t len, char *why, size_t why_len)
+{
+    if ((rkey == NULL) || (len < 1) || (len > KVF_RKEY_MAX)) {
+        snprintf(why, why_len, "length %zu is outside 1..%d", len, KVF_RKEY_MAX);
+        return KVF_ERR_PARSE;
+    }
+    if (atomic_load(&kvf_ucx_rkey_layout_known) <= 0) {
+        return KVF_OK;
+    }
+    return kvf_ucx_rkey_walk(rkey, len, why, why_len);
+}
+
+kvf_status_t kvf_ucx_agent_region_meta(kvf_ucx_agent_h agent, int region,
+                                       kvf_xfer_region_meta_t *meta_p)
+{
+    void *rkey_buf;
+    size_t rkey_len;
+
+    if ((region < 0) || (region >= agent->num_regions)) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    meta_p->addr = (uint64_t)(uintptr_t)agent->regions[region].addr;
+    meta_p->length = agent->regions[region].len;
+    KVF_UCX_CHECK(ucp_rkey_pack(agent->context, agent->regions[region].memh, &rkey_buf,
+                                &rkey_len));
+    if (rkey_len > KVF_RKEY_MAX) {
+        kvf_error("%s: packed rkey of %zu bytes exceeds %d", agent->name, rkey_len,
+                  KVF_RKEY_MAX);
+        ucp_rkey_buffer_release(rkey_buf);
+        return KVF_ERR_NO_RESOURCE;
+    }
+    kvf_ucx_rkey_learn(agent, rkey_buf, rkey_len);
+    meta_p->rkey_len = rkey_len;
+    memcpy(meta_p->rkey, rkey_buf, rkey_len);
+    ucp_rkey_buffer_release(rkey_buf);
+    return KVF_OK;
+}
+
