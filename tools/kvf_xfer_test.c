@@ -34,7 +34,7 @@
  */
 #include "kvf_xfer_tools.h"
 
-#include "kvf_xt.h"
+#include "kvf_xt_int.h"
 
 /*
  * Parts: kvf_xt_pattern.c (the content pattern and the verify),

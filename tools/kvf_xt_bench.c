@@ -2,7 +2,7 @@
  * kvf bench: descriptor-list export and the memcpy copy limit of the same
  * descriptors.
  */
-#include "kvf_xt.h"
+#include "kvf_xt_int.h"
 
 /* ---- copy limit and descriptor export (bench) --------------------------- */
 

@@ -2,7 +2,7 @@
  * kvf xfer-test: the decode side's rank threads (pull, raw GET reference,
  * verify) and the pipe from the prefill child.
  */
-#include "kvf_xt.h"
+#include "kvf_xt_int.h"
 
 /* ---- decode ----------------------------------------------------------- */
 

@@ -4,8 +4,8 @@
  * functions one part calls in another. kvf_xfer_test.c's opening comment
  * describes the design.
  */
-#ifndef KVF_XT_H
-#define KVF_XT_H
+#ifndef KVF_XT_INT_H
+#define KVF_XT_INT_H
 
 #include "kvf_config.h"
 #include "kvf_connector.h"

@@ -2,7 +2,7 @@
  * kvf xfer-test: the content pattern prefill writes and decode verifies
  * (a pure function of layer, global head or channel, token and element).
  */
-#include "kvf_xt.h"
+#include "kvf_xt_int.h"
 
 static uint64_t xt_mix(uint64_t h, uint64_t v)
 {

@@ -2,7 +2,7 @@
  * kvf xfer-test: the prefill child: rank threads that fill their pools and
  * wait for the releases, and the params (or altered metadata) sent to decode.
  */
-#include "kvf_xt.h"
+#include "kvf_xt_int.h"
 
 /* ---- prefill ---------------------------------------------------------- */
 

@@ -2,7 +2,7 @@
  * kvf xfer-test: setup shared by both sides: geometry and the request's
  * blocks per side, the connector, each rank's pool and the bench's raw agent.
  */
-#include "kvf_xt.h"
+#include "kvf_xt_int.h"
 
 static uint64_t xt_rng_next(uint64_t *s)
 {

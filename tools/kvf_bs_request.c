@@ -1,0 +1,489 @@
+/*
+ * kvf bench-serve: one request: HTTP/1.1 over its own socket (Connection:
+ * close), chunked decoding, and the SSE stream's events into the result.
+ */
+#define _GNU_SOURCE
+#include "kvf_bs_int.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define KVF_BS_RECV_CHUNK 16384
+
+typedef struct {
+    kvf_bs_result_t *res;
+    uint64_t start_ns, last_ns;
+    int      itl_cap;
+    bool     final;
+    bool     done_mark;
+} kvf_bs_stream_t;
+
+void kvf_bs_fail(kvf_bs_result_t *res, const char *kind, const char *fmt, ...)
+{
+    va_list ap;
+
+    if (res->error_kind[0] != '\0') {
+        return;    /* keep the first */
+    }
+    res->ok = false;
+    snprintf(res->error_kind, sizeof(res->error_kind), "%s", kind);
+    va_start(ap, fmt);
+    vsnprintf(res->error, sizeof(res->error), fmt, ap);
+    va_end(ap);
+}
+
+static double kvf_bs_num(const cJSON *o, const char *name, double dflt)
+{
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, name);
+
+    return cJSON_IsNumber(it) ? it->valuedouble : dflt;
+}
+
+static void kvf_bs_str(const cJSON *o, const char *name, char *dst, size_t cap)
+{
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, name);
+
+    if (cJSON_IsString(it)) {
+        snprintf(dst, cap, "%s", it->valuestring);
+    }
+}
+
+static int kvf_bs_push_itl(kvf_bs_stream_t *st, double ms)
+{
+    kvf_bs_result_t *res = st->res;
+
+    if (res->num_itl == st->itl_cap) {
+        int cap = st->itl_cap * 2 + 32;
+        double *v = realloc(res->itl_ms, sizeof(*v) * (size_t)cap);
+        if (v == NULL) {
+            return -1;
+        }
+        res->itl_ms = v;
+        st->itl_cap = cap;
+    }
+    res->itl_ms[res->num_itl++] = ms;
+    return 0;
+}
+
+/* The final chunk's summary: usage, kv_transfer, ttft_ms, ttft_breakdown. */
+static void kvf_bs_final(kvf_bs_result_t *res, const cJSON *root)
+{
+    const cJSON *kv = cJSON_GetObjectItemCaseSensitive(root, "kv_transfer");
+    const cJSON *u = cJSON_GetObjectItemCaseSensitive(root, "usage");
+    const cJSON *bd = cJSON_GetObjectItemCaseSensitive(root, "ttft_breakdown");
+
+    if (cJSON_IsObject(u)) {
+        res->prompt_tokens = (int)kvf_bs_num(u, "prompt_tokens", res->prompt_tokens);
+    }
+    res->proxy_ttft_ms = kvf_bs_num(root, "ttft_ms", -1);
+    if (cJSON_IsObject(kv)) {
+        res->transfer_ms = kvf_bs_num(kv, "transfer_ms", -1);
+        res->handshake_ms = kvf_bs_num(kv, "handshake_ms", -1);
+        res->kv_bytes = kvf_bs_num(kv, "bytes", -1);
+    }
+    if (cJSON_IsObject(bd)) {
+        static const char *const xfer[] = {"handshake_ms", "descriptor_posting_ms", "wire_ms",
+                                           "post_ops_ms"};
+        double total = kvf_bs_num(bd, "time_to_first_decode_token_ms", -1);
+        double sum = 0;
+
+        for (size_t i = 0; i < sizeof(xfer) / sizeof(xfer[0]); ++i) {
+            sum += kvf_bs_num(bd, xfer[i], 0);
+        }
+        res->first_decode_ms = total;
+        res->transfer_share = (total > 0) ? sum / total : -1;
+    }
+    kvf_bs_str(root, "prefill_instance", res->prefill_instance, sizeof(res->prefill_instance));
+    kvf_bs_str(root, "decode_instance", res->decode_instance, sizeof(res->decode_instance));
+}
+
+/* One "data: ..." payload. */
+static void kvf_bs_event(kvf_bs_stream_t *st, const char *data, size_t len)
+{
+    kvf_bs_result_t *res = st->res;
+    uint64_t now = kvf_time_now_ns();
+    const cJSON *choices, *choice, *ids, *err, *fr;
+    cJSON *root;
+    int k = 0;
+
+    if ((len == 6) && (memcmp(data, "[DONE]", 6) == 0)) {
+        st->done_mark = true;
+        return;
+    }
+    root = cJSON_ParseWithLength(data, len);
+    if (root == NULL) {
+        kvf_bs_fail(res, "protocol", "malformed JSON in the stream");
+        return;
+    }
+    err = cJSON_GetObjectItemCaseSensitive(root, "error");
+    if (err != NULL) {
+        const cJSON *m = cJSON_GetObjectItemCaseSensitive(err, "message");
+        kvf_bs_fail(res, "stream_error", "%s",
+                    cJSON_IsString(m) ? m->valuestring : "error event in the stream");
+        cJSON_Delete(root);
+        return;
+    }
+    choices = cJSON_GetObjectItemCaseSensitive(root, "choices");
+    choice = cJSON_GetArrayItem(choices, 0);
+    ids = cJSON_GetObjectItemCaseSensitive(choice, "token_ids");
+    if (cJSON_IsArray(ids)) {
+        k = cJSON_GetArraySize(ids);
+    } else {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(choice, "text");
+        k = (cJSON_IsString(t) && (t->valuestring[0] != '\0')) ? 1 : 0;
+    }
+    if (k > 0) {
+        if (res->output_tokens == 0) {
+            res->ttft_ms = kvf_bs_ms(st->start_ns, now);
+            for (int i = 1; i < k; ++i) {
+                kvf_bs_push_itl(st, 0.0);
+            }
+        } else {
+            double gap = kvf_bs_ms(st->last_ns, now) / k;
+            for (int i = 0; i < k; ++i) {
+                kvf_bs_push_itl(st, gap);
+            }
+        }
+        st->last_ns = now;
+        res->output_tokens += k;
+    }
+    fr = cJSON_GetObjectItemCaseSensitive(choice, "finish_reason");
+    if (cJSON_IsString(fr)) {
+        st->final = true;
+        res->e2e_ms = kvf_bs_ms(st->start_ns, now);
+        kvf_bs_final(res, root);
+    }
+    cJSON_Delete(root);
+}
+
+/* Split the SSE text in @a buf into events; keep an unfinished tail. */
+static void kvf_bs_sse(kvf_bs_stream_t *st, char *buf, size_t *len)
+{
+    size_t off = 0;
+
+    if (buf == NULL) {
+        return;       /* nothing decoded yet */
+    }
+    for (;;) {
+        char *end = memmem(buf + off, *len - off, "\n\n", 2);
+        if (end == NULL) {
+            break;
+        }
+        for (char *line = buf + off; line < end;) {
+            char *nl = memchr(line, '\n', (size_t)(end - line));
+            char *stop = (nl != NULL) ? nl : end;
+            if ((stop - line >= 5) && (memcmp(line, "data:", 5) == 0)) {
+                char *d = line + 5;
+                size_t n;
+                while ((d < stop) && (*d == ' ')) {
+                    ++d;
+                }
+                n = (size_t)(stop - d);
+                if ((n > 0) && (d[n - 1] == '\r')) {
+                    --n;
+                }
+                kvf_bs_event(st, d, n);
+            }
+            line = stop + 1;
+        }
+        off = (size_t)(end - buf) + 2;
+    }
+    memmove(buf, buf + off, *len - off);
+    *len -= off;
+}
+
+typedef struct {
+    char  *data;
+    size_t len, cap;
+} kvf_bs_buf_t;
+
+static int kvf_bs_buf_add(kvf_bs_buf_t *b, const char *src, size_t n)
+{
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = (b->len + n + 1) * 2;
+        char *d = realloc(b->data, cap);
+        if (d == NULL) {
+            return -1;
+        }
+        b->data = d;
+        b->cap = cap;
+    }
+    memcpy(b->data + b->len, src, n);
+    b->len += n;
+    b->data[b->len] = '\0';
+    return 0;
+}
+
+/* Wait for @a events on @a fd until @a deadline_ns; 1 ready, 0 timed out, -1 error. */
+static int kvf_bs_wait(int fd, short events, uint64_t deadline_ns)
+{
+    for (;;) {
+        uint64_t now = kvf_time_now_ns();
+        struct pollfd pfd = {fd, events, 0};
+        int rc;
+
+        if (now >= deadline_ns) {
+            return 0;
+        }
+        rc = poll(&pfd, 1, (int)((deadline_ns - now) / 1000000u) + 1);
+        if (rc > 0) {
+            return 1;
+        }
+        if ((rc < 0) && (errno != EINTR)) {
+            return -1;
+        }
+    }
+}
+
+static int kvf_bs_connect(const struct addrinfo *ai, uint64_t deadline_ns, kvf_bs_result_t *res)
+{
+    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
+                    ai->ai_protocol);
+    int err = 0;
+    socklen_t el = sizeof(err);
+
+    if (fd < 0) {
+        kvf_bs_fail(res, "connect", "socket: %s", strerror(errno));
+        return -1;
+    }
+    if ((connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) && (errno != EINPROGRESS)) {
+        kvf_bs_fail(res, "connect", "connect: %s", strerror(errno));
+        close(fd);
+        return -1;
+    }
+    if (kvf_bs_wait(fd, POLLOUT, deadline_ns) <= 0) {
+        kvf_bs_fail(res, "timeout", "connect did not finish in time");
+        close(fd);
+        return -1;
+    }
+    getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el);
+    if (err != 0) {
+        kvf_bs_fail(res, "connect", "connect: %s", strerror(err));
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static int kvf_bs_send_all(int fd, const char *s, size_t n, uint64_t deadline_ns,
+                           kvf_bs_result_t *res)
+{
+    while (n > 0) {
+        ssize_t w = send(fd, s, n, MSG_NOSIGNAL);
+        if (w > 0) {
+            s += w;
+            n -= (size_t)w;
+            continue;
+        }
+        if ((w < 0) && (errno != EAGAIN) && (errno != EINTR)) {
+            kvf_bs_fail(res, "connect", "send: %s", strerror(errno));
+            return -1;
+        }
+        if (kvf_bs_wait(fd, POLLOUT, deadline_ns) <= 0) {
+            kvf_bs_fail(res, "timeout", "sending the request did not finish in time");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/*
+ * The response body decoder: HTTP chunked transfer coding or a plain body
+ * (Content-Length or until close). Decoded bytes go to @a out.
+ */
+typedef struct {
+    bool   chunked;
+    int    state;         /* 0 size line, 1 data, 2 CRLF after data, 3 end */
+    size_t left;          /* bytes left in the chunk */
+} kvf_bs_dechunk_t;
+
+static int kvf_bs_dechunk(kvf_bs_dechunk_t *dc, kvf_bs_buf_t *in, kvf_bs_buf_t *out)
+{
+    size_t off = 0;
+
+    if (!dc->chunked) {
+        if (kvf_bs_buf_add(out, in->data, in->len) != 0) {
+            return -1;
+        }
+        in->len = 0;
+        return 0;
+    }
+    while ((off < in->len) && (dc->state != 3)) {
+        if (dc->state == 0) {
+            char *nl = memmem(in->data + off, in->len - off, "\r\n", 2);
+            char *end;
+            if (nl == NULL) {
+                break;
+            }
+            dc->left = strtoul(in->data + off, &end, 16);
+            if (end == in->data + off) {
+                return -1;
+            }
+            off = (size_t)(nl - in->data) + 2;
+            dc->state = (dc->left == 0) ? 3 : 1;
+        } else if (dc->state == 1) {
+            size_t n = in->len - off;
+            if (n > dc->left) {
+                n = dc->left;
+            }
+            if (kvf_bs_buf_add(out, in->data + off, n) != 0) {
+                return -1;
+            }
+            off += n;
+            dc->left -= n;
+            if (dc->left == 0) {
+                dc->state = 2;
+            }
+        } else {
+            if (in->len - off < 2) {
+                break;
+            }
+            off += 2;
+            dc->state = 0;
+        }
+    }
+    memmove(in->data, in->data + off, in->len - off);
+    in->len -= off;
+    return 0;
+}
+
+static void kvf_bs_request(kvf_bs_job_t *job)
+{
+    const kvf_bs_params_t *p = job->p;
+    kvf_bs_result_t *res = job->res;
+    kvf_bs_stream_t st = {.res = res};
+    kvf_bs_buf_t raw = {0}, body = {0};
+    kvf_bs_dechunk_t dc = {0};
+    bool headers = false;
+    uint64_t deadline;
+    char head[512];
+    int fd, hl;
+
+    st.start_ns = kvf_time_now_ns();
+    res->start_ms = kvf_bs_ms(job->t0_ns, st.start_ns);
+    deadline = st.start_ns + (uint64_t)(p->timeout_s * 1e9);
+    fd = kvf_bs_connect(job->addr, deadline, res);
+    if (fd < 0) {
+        goto out;
+    }
+    hl = snprintf(head, sizeof(head), "POST /v1/completions HTTP/1.1\r\nHost: %s:%d\r\n"
+                  "Content-Type: application/json\r\nAccept: text/event-stream\r\n"
+                  "Content-Length: %zu\r\nConnection: close\r\n\r\n", p->host, p->port,
+                  strlen(job->body));
+    if ((kvf_bs_send_all(fd, head, (size_t)hl, deadline, res) != 0) ||
+        (kvf_bs_send_all(fd, job->body, strlen(job->body), deadline, res) != 0)) {
+        goto out_close;
+    }
+    for (;;) {
+        char tmp[KVF_BS_RECV_CHUNK];
+        ssize_t n = recv(fd, tmp, sizeof(tmp), 0);
+        int w;
+
+        if (n < 0) {
+            if ((errno == EAGAIN) || (errno == EINTR)) {
+                w = kvf_bs_wait(fd, POLLIN, deadline);
+                if (w == 0) {
+                    kvf_bs_fail(res, "timeout", "no answer within %g s (%d tokens so far)",
+                                p->timeout_s, res->output_tokens);
+                    break;
+                }
+                if (w > 0) {
+                    continue;
+                }
+            }
+            kvf_bs_fail(res, "protocol", "recv: %s", strerror(errno));
+            break;
+        }
+        if (n == 0) {
+            break;     /* closed */
+        }
+        if (kvf_bs_buf_add(&raw, tmp, (size_t)n) != 0) {
+            kvf_bs_fail(res, "protocol", "out of memory");
+            break;
+        }
+        if (!headers) {
+            char *eoh = memmem(raw.data, raw.len, "\r\n\r\n", 4);
+            size_t hlen;
+            if (eoh == NULL) {
+                if (raw.len > 65536) {
+                    kvf_bs_fail(res, "protocol", "response headers too long");
+                    break;
+                }
+                continue;
+            }
+            hlen = (size_t)(eoh - raw.data) + 4;
+            *eoh = '\0';
+            if (sscanf(raw.data, "HTTP/1.%*d %d", &res->http_code) != 1) {
+                kvf_bs_fail(res, "protocol", "not an HTTP response");
+                break;
+            }
+            dc.chunked = (strcasestr(raw.data, "\r\ntransfer-encoding: chunked") != NULL);
+            memmove(raw.data, raw.data + hlen, raw.len - hlen);
+            raw.len -= hlen;
+            headers = true;
+        }
+        if (kvf_bs_dechunk(&dc, &raw, &body) != 0) {
+            kvf_bs_fail(res, "protocol", "bad chunked encoding");
+            break;
+        }
+        if (res->http_code == 200) {
+            kvf_bs_sse(&st, body.data, &body.len);
+            if (st.done_mark || (res->error_kind[0] != '\0')) {
+                break;
+            }
+        }
+        if (dc.state == 3) {
+            break;
+        }
+    }
+    if (headers && (res->http_code != 200)) {
+        cJSON *root = cJSON_ParseWithLength(body.data ? body.data : "", body.len);
+        const cJSON *m = cJSON_GetObjectItemCaseSensitive(
+            cJSON_GetObjectItemCaseSensitive(root, "error"), "message");
+        char kind[24];
+
+        snprintf(kind, sizeof(kind), "http_%d", res->http_code);
+        res->error_kind[0] = '\0';     /* the status says more than a read error after it */
+        kvf_bs_fail(res, kind, "%s", cJSON_IsString(m) ? m->valuestring : "(no error message)");
+        cJSON_Delete(root);
+    } else if (!st.final) {
+        kvf_bs_fail(res, headers ? "protocol" : "connect",
+                    headers ? "stream ended before the final chunk (%d tokens)" :
+                              "connection closed before an answer (%d tokens)",
+                    res->output_tokens);
+    }
+out_close:
+    close(fd);
+out:
+    free(raw.data);
+    free(body.data);
+    if (res->error_kind[0] == '\0') {
+        res->ok = true;
+        res->tpot_ms = (res->output_tokens > 1) ?
+                       (res->e2e_ms - res->ttft_ms) / (res->output_tokens - 1) : -1;
+    }
+    res->end_ms = kvf_bs_ms(job->t0_ns, kvf_time_now_ns());
+}
+
+void *kvf_bs_thread(void *arg)
+{
+    kvf_bs_job_t *job = arg;
+
+    kvf_bs_request(job);
+    free(job->body);
+    job->body = NULL;
+    if (!job->res->ok) {
+        atomic_fetch_add(job->failed, 1);
+    }
+    atomic_fetch_add(job->done, 1);
+    if (job->slots != NULL) {
+        sem_post(job->slots);
+    }
+    return NULL;
+}
