@@ -1,0 +1,356 @@
+/*
+ * The shared CPU/CUDA kernel bodies (kernels/kvf_*_math.h) checked directly:
+ * the arithmetic a GPU thread runs is the arithmetic tested here.
+ * dtype conversions bit for bit against common/base, the dt clamp, the
+ * gated-norm edge cases, the attention fold's masking, the conv tap sum,
+ * the activations, MoE routing; and the CPU entry points built on them
+ * (kvf_act, kvf_convert, kvf_moe_route).
+ */
+#include "kvf_act.h"
+#include "kvf_act_math.h"
+#include "kvf_attention_math.h"
+#include "kvf_dtype_math.h"
+#include "kvf_kern_test.h"
+#include "kvf_moe.h"
+#include "kvf_moe_math.h"
+#include "kvf_norm_math.h"
+#include "kvf_ssm_math.h"
+
+#include <string.h>
+
+static uint32_t bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof(u));
+    return u;
+}
+
+static float from_bits(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+/* every 16-bit and 8-bit code, and a sweep of fp32 patterns, equal to common/base */
+static void test_dtype_bits_equal_base(void **state)
+{
+    (void)state;
+    for (uint32_t h = 0; h < 65536u; ++h) {
+        assert_int_equal(bits(kvf_hd_fp16_to_fp32((uint16_t)h)), bits(kvf_fp16_to_fp32((uint16_t)h)));
+        assert_int_equal(bits(kvf_hd_bf16_to_fp32((uint16_t)h)), bits(kvf_bf16_to_fp32((uint16_t)h)));
+    }
+    for (uint32_t b = 0; b < 256u; ++b) {
+        float a = kvf_hd_fp8_to_fp32((uint8_t)b), r = kvf_fp8_to_fp32((uint8_t)b);
+        assert_true((isnan(a) && isnan(r)) || (bits(a) == bits(r)));
+    }
+    /* 2^32 / 1021 patterns (every exponent, both signs, NaN payloads) + ties */
+    for (uint64_t u = 0; u < (1ull << 32); u += 1021u) {
+        float f = from_bits((uint32_t)u);
+        assert_int_equal(kvf_hd_fp32_to_fp16(f), kvf_fp32_to_fp16(f));
+        assert_int_equal(kvf_hd_fp32_to_bf16(f), kvf_fp32_to_bf16(f));
+        assert_int_equal(kvf_hd_fp32_to_fp8(f), kvf_fp32_to_fp8(f));
+    }
+    static const float ties[] = {1.0625f, 1.1875f, 65520.0f, 65504.0f, 5.96046448e-8f,
+                                 2.98023224e-8f, 448.0f, 464.0f, -0.0f, INFINITY, -INFINITY};
+    for (size_t i = 0; i < sizeof(ties) / sizeof(ties[0]); ++i) {
+        assert_int_equal(kvf_hd_fp32_to_fp16(ties[i]), kvf_fp32_to_fp16(ties[i]));
+        assert_int_equal(kvf_hd_fp32_to_bf16(ties[i]), kvf_fp32_to_bf16(ties[i]));
+        assert_int_equal(kvf_hd_fp32_to_fp8(ties[i]), kvf_fp32_to_fp8(ties[i]));
+    }
+    /* typed load/store */
+    {
+        uint16_t h[2];
+        kvf_hd_store(h, KVF_HD_BF16, 1, 1.00390625f);   /* halfway 1 and 1+2^-7: even -> 1 */
+        assert_true(kvf_hd_load(h, KVF_HD_BF16, 1) == 1.0f);
+        kvf_hd_store(h, KVF_HD_FP16, 0, 70000.0f);      /* fp16 overflows to inf */
+        assert_true(isinf(kvf_hd_load(h, KVF_HD_FP16, 0)));
+        assert_true(kvf_hd_load(h, 99, 0) == 0.0f);     /* unknown dtype loads 0 */
+    }
+}
+
+/* dt = clamp(softplus(raw + bias), dt_min, dt_max), torch threshold 20 */
+static void test_mamba2_dt_clamp(void **state)
+{
+    (void)state;
+    assert_true(kvf_mamba2_dt_hd(20.5f, 0.0f, 0.0f, INFINITY) == 20.5f);      /* > 20: v itself */
+    assert_true(kvf_mamba2_dt_hd(19.0f, 1.0f, 0.0f, INFINITY) == log1pf(expf(20.0f)));
+    assert_float_equal(kvf_mamba2_dt_hd(0.0f, 0.0f, 0.0f, INFINITY), logf(2.0f), 1e-7);
+    assert_float_equal(kvf_mamba2_dt_hd(1.0f, -1.5f, 0.0f, INFINITY), log1pf(expf(-0.5f)), 1e-7);
+    assert_true(kvf_mamba2_dt_hd(-100.0f, 0.0f, 1e-3f, INFINITY) == 1e-3f);   /* dt_min */
+    assert_true(kvf_mamba2_dt_hd(100.0f, 0.0f, 0.0f, 5.0f) == 5.0f);          /* dt_max */
+    assert_true(kvf_mamba2_dt_hd(1e30f, 0.0f, 0.0f, INFINITY) == 1e30f);      /* no overflow */
+    assert_true(kvf_mamba2_dt_hd(-200.0f, 0.0f, 0.0f, INFINITY) == 0.0f);     /* exp underflows */
+    assert_true(isnan(kvf_mamba2_dt_hd(NAN, 0.0f, 1e-3f, 5.0f)));             /* NaN not clamped */
+    assert_true(kvf_mamba2_dt_hd(3.0f, 0.0f, 2.0f, 2.0f) == 2.0f);            /* min == max */
+    /* A and the decay */
+    assert_true(kvf_mamba2_A_hd(0.0f) == -1.0f);
+    assert_true(kvf_mamba2_dA_hd(0.0f, -3.0f) == 1.0f);
+    assert_true(kvf_mamba2_dA_hd(INFINITY, -1.0f) == 0.0f);
+}
+
+static void test_mamba2_row(void **state)
+{
+    float S[3] = {1.0f, 2.0f, -1.0f};
+    const float B[3] = {1.0f, 0.0f, 2.0f}, C[3] = {1.0f, 1.0f, 1.0f};
+    (void)state;
+    /* S = 0.5 S + 2 B = {2.5, 1, 3.5}; y = sum S*C = 7 */
+    assert_true(kvf_mamba2_row_hd(S, 3, 0.5f, 2.0f, B, C) == 7.0f);
+    assert_true(S[0] == 2.5f && S[1] == 1.0f && S[2] == 3.5f);
+    /* dA 0 forgets the state */
+    assert_true(kvf_mamba2_row_hd(S, 3, 0.0f, 1.0f, B, C) == 3.0f);
+    assert_true(S[0] == 1.0f && S[1] == 0.0f && S[2] == 2.0f);
+    assert_true(kvf_mamba2_out_hd(3.0f, 0.5f, 4.0f) == 5.0f);
+}
+
+static void test_conv_tap_sum(void **state)
+{
+    const float filt[4] = {1.0f, -1.0f, 0.5f, 2.0f}, win[4] = {1.0f, 2.0f, 4.0f, -1.0f};
+    (void)state;
+    /* 0.25 + 1 - 2 + 2 - 2 = -0.75 */
+    assert_true(kvf_conv_tap_sum(filt, win, 4, 0.25f, 0) == -0.75f);
+    assert_true(kvf_conv_tap_sum(filt, win, 4, 0.25f, 1) == -0.75f / (1.0f + expf(0.75f)));
+    assert_true(kvf_conv_tap_sum(filt, win, 1, 0.0f, 0) == 1.0f);   /* only the first tap */
+}
+
+/* gated RMSNorm: the gate, the inverse RMS and their edge cases */
+static void test_gated_norm_edges(void **state)
+{
+    (void)state;
+    assert_true(kvf_norm_gate_hd(3.0f, 0.0f) == 0.0f);                 /* silu(0) = 0 */
+    assert_true(kvf_norm_gate_hd(2.0f, 100.0f) == 200.0f);             /* silu(z) = z for big z */
+    float g = kvf_norm_gate_hd(2.0f, -100.0f);                         /* exp(100) = inf: -0 */
+    assert_true((g == 0.0f) && !isnan(g));
+    assert_true(isnan(kvf_norm_gate_hd(2.0f, -INFINITY)));             /* -inf / inf, as torch */
+    assert_true(isnan(kvf_norm_gate_hd(2.0f, NAN)));
+    assert_float_equal(kvf_norm_gate_hd(1.0f, 1.0f), 1.0f / (1.0f + expf(-1.0f)), 1e-7);
+    /* inverse RMS in double: sumsq 4 over 1 element -> 1/2 */
+    assert_true(kvf_norm_inv_hd(4.0, 1.0, 0.0f) == 0.5f);
+    assert_true(kvf_norm_inv_hd(8.0, 2.0, 0.0f) == 0.5f);
+    /* an all-zero group (z = 0 everywhere) with eps > 0 gives y = 0, not NaN */
+    float inv = kvf_norm_inv_hd(0.0, 64.0, 1e-5f);
+    assert_true(isfinite(inv));
+    assert_true(kvf_norm_scale_hd(0.0f, inv, 1.5f) == 0.0f);
+    /* ... and with eps = 0 it is 0 * inf = NaN: eps must be > 0 for gated groups */
+    assert_true(isinf(kvf_norm_inv_hd(0.0, 64.0, 0.0f)));
+    assert_true(isnan(kvf_norm_scale_hd(0.0f, kvf_norm_inv_hd(0.0, 64.0, 0.0f), 1.0f)));
+    /* the norm divisor: the FULL group (TP split) */
+    assert_true(kvf_norm_inv_hd(16.0, 4.0, 0.0f) == 0.5f);
+    assert_true(kvf_norm_sq_hd(3.0f) == 9.0);
+    assert_true(isfinite(kvf_norm_sq_hd(1e30f)) && (kvf_norm_sq_hd(1e30f) > 1e59)); /* no fp32 overflow */
+}
+
+/* the fold: masking selects 0, masked stale NaN still poisons, online = one shot */
+static void test_attn_fold(void **state)
+{
+    enum { HD = 2, KBS = 4 };
+    const float q[HD] = {1.0f, 0.0f};
+    float k[KBS * HD] = {1, 0, 2, 0, 0, 0, 100, 0};   /* slot 3: a huge masked score */
+    float v[KBS * HD] = {1, 10, 3, 20, 5, 30, NAN, NAN};
+    float s[KBS], acc[HD] = {0, 0}, m = -INFINITY, l = 0.0f, o[HD];
+    (void)state;
+
+    /* limit 1: slots 0, 1 unmasked; slot 3's NaN V enters as 0 * NaN */
+    kvf_attn_fold_tile(q, k, v, KVF_HD_FP32, KBS, HD, 0, 1, 1.0f, &m, &l, acc, s);
+    assert_true(m == 2.0f);                         /* the max ignores the masked 100 */
+    assert_true(isnan(acc[0]) && isnan(acc[1]));    /* the hazard kvf_blocks_zero fixes */
+
+    /* zeroed V: the same fold is finite and the softmax of {1, 2} */
+    v[6] = v[7] = 0.0f;
+    m = -INFINITY;
+    l = 0.0f;
+    acc[0] = acc[1] = 0.0f;
+    kvf_attn_fold_tile(q, k, v, KVF_HD_FP32, KBS, HD, 0, 1, 1.0f, &m, &l, acc, s);
+    kvf_attn_finish(acc, l, HD, o);
+    double p0 = 1.0 / (1.0 + exp(1.0)), p1 = 1.0 - p0;
+    assert_float_equal(o[0], p0 * 1 + p1 * 3, 1e-6);
+    assert_float_equal(o[1], p0 * 10 + p1 * 20, 1e-5);
+
+    /* every real score ~ -200 below a masked slot's 0: selection, not 0 * exp(200) = NaN */
+    {
+        float kk[KBS * HD] = {-200, 0, -201, 0, 0, 0, 0, 0}, vv[KBS * HD] = {1, 1, 1, 1, 0, 0, 0, 0};
+        m = -INFINITY;
+        l = 0.0f;
+        acc[0] = acc[1] = 0.0f;
+        kvf_attn_fold_tile(q, kk, vv, KVF_HD_FP32, KBS, HD, 0, 1, 1.0f, &m, &l, acc, s);
+        kvf_attn_finish(acc, l, HD, o);
+        assert_float_equal(o[0], 1.0f, 1e-6);
+        assert_float_equal(o[1], 1.0f, 1e-6);
+    }
+
+    /* two tiles of 2 folded online equal one tile of 4 (all unmasked) */
+    {
+        float k4[4 * HD] = {0.5f, 0, -1, 0, 3, 0, 1, 0}, v4[4 * HD] = {1, 2, 3, 4, 5, 6, 7, 8};
+        float a1[HD] = {0, 0}, a2[HD] = {0, 0}, o1[HD], o2[HD];
+        float m1 = -INFINITY, l1 = 0, m2 = -INFINITY, l2 = 0;
+        kvf_attn_fold_tile(q, k4, v4, KVF_HD_FP32, 4, HD, 0, 3, 0.7f, &m1, &l1, a1, s);
+        kvf_attn_fold_tile(q, k4, v4, KVF_HD_FP32, 2, HD, 0, 3, 0.7f, &m2, &l2, a2, s);
+        kvf_attn_fold_tile(q, k4 + 2 * HD, v4 + 2 * HD, KVF_HD_FP32, 2, HD, 2, 3, 0.7f, &m2, &l2,
+                           a2, s);
+        kvf_attn_finish(a1, l1, HD, o1);
+        kvf_attn_finish(a2, l2, HD, o2);
+        kvf_test_assert_close_f(o2, o1, HD, 1e-6, 1e-6, "online vs one-shot softmax");
+    }
+    /* a bf16 tile read through the dtype equals its fp32 conversion */
+    {
+        uint16_t kb[KBS * HD], vb[KBS * HD];
+        float kf[KBS * HD], vf[KBS * HD], a1[HD] = {0, 0}, a2[HD] = {0, 0};
+        float m1 = -INFINITY, l1 = 0, m2 = -INFINITY, l2 = 0;
+        for (int i = 0; i < KBS * HD; ++i) {
+            kb[i] = kvf_hd_fp32_to_bf16(0.3f * (float)i - 1.0f);
+            vb[i] = kvf_hd_fp32_to_bf16(1.7f - 0.2f * (float)i);
+            kf[i] = kvf_hd_bf16_to_fp32(kb[i]);
+            vf[i] = kvf_hd_bf16_to_fp32(vb[i]);
+        }
+        kvf_attn_fold_tile(q, kb, vb, KVF_HD_BF16, KBS, HD, 0, 2, 1.0f, &m1, &l1, a1, s);
+        kvf_attn_fold_tile(q, kf, vf, KVF_HD_FP32, KBS, HD, 0, 2, 1.0f, &m2, &l2, a2, s);
+        assert_true((bits(a1[0]) == bits(a2[0])) && (bits(a1[1]) == bits(a2[1])) && (l1 == l2));
+    }
+}
+
+static void test_attn_offsets(void **state)
+{
+    const int32_t table[3] = {7, 2, 5};
+    (void)state;
+    /* pos 40, block 32, kbs 16: logical block 1 -> block 2, kernel block 0; slots 3, slot 1 */
+    assert_int_equal(kvf_attn_kblock_offset(table, 32, 16, 3, 1, 1000, 100, 40),
+                     (2 * 3 + 1) * 1000 + 0 * 100);
+    /* pos 95: logical 2 -> block 5, kernel block 1 */
+    assert_int_equal(kvf_attn_kblock_offset(table, 32, 16, 3, 0, 1000, 100, 95),
+                     (5 * 3 + 0) * 1000 + 1 * 100);
+    /* HND rows: K head 1 row 3 of (2 heads, 16 rows, 8 dims); V after all K heads */
+    assert_int_equal(kvf_attn_row_first(2, 16, 8, 1, 3, 0), (1 * 16 + 3) * 8);
+    assert_int_equal(kvf_attn_row_first(2, 16, 8, 1, 3, 1), (3 * 16 + 3) * 8);
+}
+
+static void test_activations(void **state)
+{
+    static const float xs[] = {-30.0f, -2.5f, -1.0f, -0.1f, 0.0f, 0.3f, 1.0f, 4.0f, 30.0f};
+    (void)state;
+    for (size_t i = 0; i < sizeof(xs) / sizeof(xs[0]); ++i) {
+        float x = xs[i], r = (x > 0.0f) ? x : 0.0f;
+        assert_true(kvf_act_hd(KVF_KACT_SILU, x) == x / (1.0f + expf(-x)));
+        assert_true(kvf_act_hd(KVF_KACT_RELU2, x) == r * r);
+        assert_true(kvf_act_hd(KVF_KACT_RELU, x) == r);
+        assert_float_equal(kvf_act_hd(KVF_KACT_GELU, x), 0.5 * x * (1.0 + erf(x / sqrt(2.0))),
+                           1e-5);
+        assert_float_equal(kvf_act_hd(KVF_KACT_GELU_TANH, x),
+                           0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x))),
+                           1e-5);
+        assert_float_equal(kvf_act_hd(KVF_KACT_QUICK_GELU, x), x / (1.0 + exp(-1.702 * x)), 1e-5);
+        assert_float_equal(kvf_act_hd(KVF_KACT_SIGMOID, x), 1.0 / (1.0 + exp(-x)), 1e-6);
+        assert_float_equal(kvf_act_hd(KVF_KACT_TANH, x), tanh(x), 1e-6);
+        assert_true(kvf_act_hd(KVF_KACT_COUNT, x) == x);          /* unknown: identity */
+    }
+    assert_true(kvf_act_hd(KVF_KACT_RELU, NAN) == 0.0f);
+    assert_true(kvf_act_hd(KVF_KACT_RELU2, NAN) == 0.0f);
+    /* the CPU kernel is the loop */
+    {
+        float a[9], b[9];
+        memcpy(a, xs, sizeof(a));
+        assert_int_equal(kvf_act(NULL, KVF_KACT_GELU, a, 9), KVF_KERN_OK);
+        for (int i = 0; i < 9; ++i) {
+            b[i] = kvf_act_hd(KVF_KACT_GELU, xs[i]);
+        }
+        assert_memory_equal(a, b, sizeof(a));
+        assert_int_equal(kvf_act(NULL, KVF_KACT_COUNT, a, 9), KVF_KERN_EINVAL);
+        assert_int_equal(kvf_act(NULL, -1, a, 9), KVF_KERN_EINVAL);
+        assert_int_equal(kvf_act(NULL, 0, NULL, 1), KVF_KERN_EINVAL);
+        assert_int_equal(kvf_act(NULL, 0, NULL, 0), KVF_KERN_OK);
+    }
+}
+
+static void test_convert(void **state)
+{
+    float f[5] = {1.0f, -2.5f, 1.00390625f, 1e6f, NAN}, back[5];
+    uint16_t h[5];
+    uint8_t e[5];
+    (void)state;
+    assert_int_equal(kvf_convert(NULL, h, KVF_DTYPE_BF16, f, KVF_DTYPE_FP32, 5), KVF_KERN_OK);
+    for (int i = 0; i < 5; ++i) {
+        assert_int_equal(h[i], kvf_fp32_to_bf16(f[i]));
+    }
+    assert_int_equal(kvf_convert(NULL, e, KVF_DTYPE_FP8, h, KVF_DTYPE_BF16, 5), KVF_KERN_OK);
+    assert_int_equal(e[3], 0x7e);                                   /* saturated */
+    assert_int_equal(kvf_convert(NULL, back, KVF_DTYPE_FP32, e, KVF_DTYPE_FP8, 5), KVF_KERN_OK);
+    assert_true(back[0] == 1.0f && back[1] == -2.5f && back[3] == 448.0f && isnan(back[4]));
+    assert_int_equal(kvf_convert(NULL, back, KVF_DTYPE_FP32, f, KVF_DTYPE_FP32, 5), KVF_KERN_OK);
+    assert_memory_equal(back, f, 4 * sizeof(float));
+    assert_int_equal(kvf_convert(NULL, back, KVF_DTYPE_COUNT, f, KVF_DTYPE_FP32, 5),
+                     KVF_KERN_EINVAL);
+    assert_int_equal(kvf_convert(NULL, NULL, KVF_DTYPE_FP32, f, KVF_DTYPE_FP32, 5), KVF_KERN_EINVAL);
+}
+
+/* NemotronH routing by hand: group choice, top-k within kept groups, ties, norm, scale */
+static void test_moe_route(void **state)
+{
+    enum { E = 8, K = 2, T = 2 };
+    /* token 0: group 1 (experts 4..7) has the best two (0.9 + 0.8 logits order) */
+    float logits[T * E] = {0.1f, 0.2f, 0.3f, 0.0f, 2.0f, 1.5f, -1.0f, 0.0f,
+                           /* token 1: equal scores everywhere: ties to the lower index */
+                           0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f};
+    float bias[E] = {0};
+    float scores[T * E], wt[T * K];
+    int32_t idx[T * K];
+    kvf_moe_route_params_t p = {E, K, 2, 1, 1, 2.5f, bias};
+    (void)state;
+
+    assert_int_equal(kvf_moe_route(NULL, &p, logits, T, scores, idx, wt), KVF_KERN_OK);
+    for (int i = 0; i < T * E; ++i) {
+        assert_true(scores[i] == kvf_moe_score_hd(logits[i]));
+    }
+    assert_int_equal(idx[0], 4);
+    assert_int_equal(idx[1], 5);
+    double s4 = 1.0 / (1.0 + exp(-2.0)), s5 = 1.0 / (1.0 + exp(-1.5));
+    assert_float_equal(wt[0], 2.5 * s4 / (s4 + s5), 1e-6);
+    assert_float_equal(wt[1], 2.5 * s5 / (s4 + s5), 1e-6);
+    assert_int_equal(idx[2], 0);
+    assert_int_equal(idx[3], 1);
+    assert_float_equal(wt[2], 1.25f, 1e-6);
+
+    /* the bias moves the choice, not the weight */
+    bias[0] = 10.0f;
+    p.norm_topk_prob = 0;
+    p.routed_scaling = 1.0f;
+    assert_int_equal(kvf_moe_route(NULL, &p, logits, 1, scores, idx, wt), KVF_KERN_OK);
+    assert_int_equal(idx[0], 0);                 /* group 0 now wins, expert 0 first */
+    assert_true(wt[0] == scores[0]);             /* the plain score, not score + bias */
+
+    /* the shared body directly, with its own scratch */
+    {
+        float choice[E], gsum[E], w2[K];
+        bool gkeep[E], taken[E];
+        int32_t i2[K];
+        kvf_moe_route_token_hd(scores, bias, E, 2, 1, K, 0, 1.0f, choice, gsum, gkeep, taken, i2,
+                               w2);
+        assert_int_equal(i2[0], idx[0]);
+        assert_int_equal(i2[1], idx[1]);
+    }
+    /* refused descriptions */
+    p.n_group = 3;
+    assert_int_equal(kvf_moe_route(NULL, &p, logits, 1, scores, idx, wt), KVF_KERN_EINVAL);
+    p.n_group = 4;
+    p.topk_group = 1;
+    p.top_k = 3;                                 /* 1 group of 2 cannot hold 3 */
+    assert_int_equal(kvf_moe_route(NULL, &p, logits, 1, scores, idx, wt), KVF_KERN_EINVAL);
+    p.top_k = 2;
+    p.bias = NULL;
+    assert_int_equal(kvf_moe_route(NULL, &p, logits, 1, scores, idx, wt), KVF_KERN_EINVAL);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_dtype_bits_equal_base),
+        cmocka_unit_test(test_mamba2_dt_clamp),
+        cmocka_unit_test(test_mamba2_row),
+        cmocka_unit_test(test_conv_tap_sum),
+        cmocka_unit_test(test_gated_norm_edges),
+        cmocka_unit_test(test_attn_fold),
+        cmocka_unit_test(test_attn_offsets),
+        cmocka_unit_test(test_activations),
+        cmocka_unit_test(test_convert),
+        cmocka_unit_test(test_moe_route),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
