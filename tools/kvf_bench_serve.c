@@ -19,6 +19,8 @@
 #define _GNU_SOURCE
 #include "kvf_bs_int.h"
 
+#include "kvf_array.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -194,20 +196,22 @@ int kvf_bs_params_check(const kvf_bs_params_t *p)
 /* ---- workload ----------------------------------------------------------------- */
 
 typedef struct {
-    cJSON **prompts;    /* the "prompt" item of each line (owned by lines) */
-    int    *max_tokens; /* 0: draw from the output distribution */
-    cJSON **lines;
-    int     n;
+    cJSON *line;        /* the parsed line (owned) */
+    cJSON *prompt;      /* its "prompt" item (owned by line) */
+    int    max_tokens;  /* 0: draw from the output distribution */
+} kvf_bs_item_t;
+
+typedef struct {
+    kvf_bs_item_t *items;
+    int            n, cap;
 } kvf_bs_dataset_t;
 
 static void kvf_bs_dataset_free(kvf_bs_dataset_t *d)
 {
     for (int i = 0; i < d->n; ++i) {
-        cJSON_Delete(d->lines[i]);
+        cJSON_Delete(d->items[i].line);
     }
-    free(d->lines);
-    free(d->prompts);
-    free(d->max_tokens);
+    free(d->items);
     memset(d, 0, sizeof(*d));
 }
 
@@ -217,7 +221,7 @@ static int kvf_bs_dataset_load(const char *path, kvf_bs_dataset_t *d)
     FILE *f = fopen(path, "r");
     char *line = NULL;
     size_t cap = 0;
-    int lineno = 0, cap_n = 0;
+    int lineno = 0;
 
     memset(d, 0, sizeof(*d));
     if (f == NULL) {
@@ -244,19 +248,13 @@ static int kvf_bs_dataset_load(const char *path, kvf_bs_dataset_t *d)
                       lineno);
             goto err;
         }
-        if (d->n == cap_n) {
-            cap_n = cap_n * 2 + 64;
-            d->lines = realloc(d->lines, sizeof(*d->lines) * (size_t)cap_n);
-            d->prompts = realloc(d->prompts, sizeof(*d->prompts) * (size_t)cap_n);
-            d->max_tokens = realloc(d->max_tokens, sizeof(*d->max_tokens) * (size_t)cap_n);
-            if ((d->lines == NULL) || (d->prompts == NULL) || (d->max_tokens == NULL)) {
-                kvf_error("out of memory reading --dataset %s", path);
-                goto err;
-            }
+        if (KVF_ARRAY_GROW(d->items, d->cap, d->n + 1, 64) != KVF_OK) {
+            kvf_error("out of memory reading --dataset %s (line %d)", path, lineno);
+            goto err;
         }
-        d->lines[d->n] = root;
-        d->prompts[d->n] = prompt;
-        d->max_tokens[d->n] = (mt != NULL) ? (int)mt->valuedouble : 0;
+        d->items[d->n].line = root;
+        d->items[d->n].prompt = prompt;
+        d->items[d->n].max_tokens = (mt != NULL) ? (int)mt->valuedouble : 0;
         d->n++;
         continue;
 err:
@@ -286,9 +284,10 @@ static char *kvf_bs_body(const kvf_bs_params_t *p, const kvf_bs_dataset_t *d, ui
 
     if (d->n > 0) {
         int li = (int)(index % (uint64_t)d->n);
-        cJSON_AddItemToObject(root, "prompt", cJSON_Duplicate(d->prompts[li], 1));
-        *prompt_len_p = cJSON_IsArray(d->prompts[li]) ? cJSON_GetArraySize(d->prompts[li]) : -1;
-        max_tokens = (d->max_tokens[li] > 0) ? d->max_tokens[li] :
+        const kvf_bs_item_t *it = &d->items[li];
+        cJSON_AddItemToObject(root, "prompt", cJSON_Duplicate(it->prompt, 1));
+        *prompt_len_p = cJSON_IsArray(it->prompt) ? cJSON_GetArraySize(it->prompt) : -1;
+        max_tokens = (it->max_tokens > 0) ? it->max_tokens :
                      kvf_bs_draw_len(&rng, p->output_len, p->output_dist, p->output_spread);
     } else {
         int n = kvf_bs_draw_len(&rng, p->input_len, p->input_dist, p->input_spread);
@@ -349,12 +348,7 @@ static void *kvf_bs_progress_thread(void *arg)
         fprintf(stderr, "\r[%s] %d done, %d failed, %d in flight, %.1f s   ", bar, done,
                 failed, sent - done, t);
         fflush(stderr);
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 250000000;
-        if (ts.tv_nsec >= 1000000000) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000;
-        }
+        ts = kvf_time_deadline_ts(CLOCK_REALTIME, 250);   /* the cond's default clock */
         pthread_cond_timedwait(&pr->cond, &pr->lock, &ts);
     }
     pthread_mutex_unlock(&pr->lock);
@@ -473,35 +467,10 @@ static void kvf_bs_sleep_until(uint64_t t_ns)
     }
 }
 
-int kvf_bs_run(const kvf_bs_params_t *p, kvf_bs_summary_t *summary_p)
+/* Warm-up: one at a time, the same kind of request, not counted. 0, or -1 on a failure. */
+static int kvf_bs_warmup(const kvf_bs_params_t *p, const struct addrinfo *ai,
+                         const kvf_bs_dataset_t *ds)
 {
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
-    kvf_bs_dataset_t ds = {0};
-    kvf_bs_job_t **jobs = NULL;
-    int cap = 0, sent = 0, rc;
-    atomic_int done = 0, failed = 0, sent_a = 0;
-    kvf_bs_progress_t pr = {.p = p, .done = &done, .failed = &failed, .sent = &sent_a};
-    pthread_t progress;
-    pthread_attr_t attr;
-    sem_t slots;
-    kvf_bs_rng_t arr_rng = {kvf_bs_mix(p->seed ^ 0xa5a5a5a5ull)};
-    double arrival_s = 0;
-    char port[16];
-    bool have_progress = false;
-
-    memset(summary_p, 0, sizeof(*summary_p));
-    snprintf(port, sizeof(port), "%d", p->port);
-    rc = getaddrinfo(p->host, port, &hints, &ai);
-    if (rc != 0) {
-        kvf_error("cannot resolve %s: %s", p->host, gai_strerror(rc));
-        return -1;
-    }
-    if ((p->dataset[0] != '\0') && (kvf_bs_dataset_load(p->dataset, &ds) != 0)) {
-        freeaddrinfo(ai);
-        return -1;
-    }
-
-    /* Warm-up: one at a time, the same kind of request, not counted. */
     for (int w = 0; w < p->warmup; ++w) {
         kvf_bs_result_t res = {0};
         atomic_int d = 0, f = 0;
@@ -509,33 +478,73 @@ int kvf_bs_run(const kvf_bs_params_t *p, kvf_bs_summary_t *summary_p)
                             .done = &d, .failed = &f};
         int plen, mt;
 
-        job.body = kvf_bs_body(p, &ds, UINT64_MAX - (uint64_t)w, &plen, &mt);
+        job.body = kvf_bs_body(p, ds, UINT64_MAX - (uint64_t)w, &plen, &mt);
         kvf_bs_thread(&job);
         free(res.itl_ms);
         if (!res.ok) {
             kvf_error("warm-up request %d to %s:%d failed (%s): %s", w + 1, p->host, p->port,
                       res.error_kind, res.error);
-            kvf_bs_dataset_free(&ds);
-            freeaddrinfo(ai);
             return -1;
         }
     }
+    return 0;
+}
 
-    pthread_attr_init(&attr);
-    pthread_attr_setstacksize(&attr, 256 * 1024);
-    if (p->max_concurrency > 0) {
-        sem_init(&slots, 0, (unsigned)p->max_concurrency);
+/* The dispatcher of one run: the jobs it started and what their threads count. */
+typedef struct {
+    const kvf_bs_params_t  *p;
+    const struct addrinfo  *ai;
+    const kvf_bs_dataset_t *ds;
+    kvf_bs_job_t          **jobs;
+    int                     sent, cap;
+    atomic_int              done, failed, sent_a;
+    sem_t                   slots;      /* --max-concurrency > 0 */
+    pthread_attr_t          attr;
+    kvf_bs_progress_t       pr;
+} kvf_bs_dispatch_t;
+
+/* Job @a i, counted in d->jobs (out of memory aborts: the run's figures would lie). */
+static kvf_bs_job_t *kvf_bs_new_job(kvf_bs_dispatch_t *d, uint64_t i)
+{
+    const kvf_bs_params_t *p = d->p;
+    kvf_bs_job_t *job = calloc(1, sizeof(*job));
+    int plen, mt;
+
+    if ((job == NULL) || ((job->res = calloc(1, sizeof(*job->res))) == NULL) ||
+        (KVF_ARRAY_GROW(d->jobs, d->cap, d->sent + 1, 64) != KVF_OK)) {
+        kvf_error("out of memory after %d requests", d->sent);
+        abort();
     }
-    pr.t0_ns = kvf_time_now_ns();
-    pthread_mutex_init(&pr.lock, NULL);
-    pthread_cond_init(&pr.cond, NULL);
-    if (p->progress) {
-        have_progress = (pthread_create(&progress, NULL, kvf_bs_progress_thread, &pr) == 0);
-    }
+    job->p = p;
+    job->addr = d->ai;
+    job->t0_ns = d->pr.t0_ns;
+    job->slots = (p->max_concurrency > 0) ? &d->slots : NULL;
+    job->done = &d->done;
+    job->failed = &d->failed;
+    job->res->index = (int)i;
+    job->res->proxy_ttft_ms = job->res->transfer_ms = job->res->handshake_ms = -1;
+    job->res->kv_bytes = job->res->first_decode_ms = job->res->transfer_share = -1;
+    job->body = kvf_bs_body(p, d->ds, i, &plen, &mt);
+    job->res->prompt_tokens = plen;
+    job->res->max_tokens = mt;
+    d->jobs[d->sent++] = job;
+    atomic_fetch_add(&d->sent_a, 1);
+    return job;
+}
+
+/*
+ * Start the requests at their arrival times (Gamma gaps, drawn from the
+ * seed), each on its own thread, within --max-concurrency slots, until
+ * --num-requests or --duration is reached.
+ */
+static void kvf_bs_dispatch(kvf_bs_dispatch_t *d)
+{
+    const kvf_bs_params_t *p = d->p;
+    kvf_bs_rng_t arr_rng = {kvf_bs_mix(p->seed ^ 0xa5a5a5a5ull)};
+    double arrival_s = 0;
+
     for (uint64_t i = 0;; ++i) {
-        uint64_t at;
         kvf_bs_job_t *job;
-        int plen, mt;
 
         if ((p->num_requests > 0) && (i >= (uint64_t)p->num_requests)) {
             break;
@@ -549,81 +558,102 @@ int kvf_bs_run(const kvf_bs_params_t *p, kvf_bs_summary_t *summary_p)
             if ((p->duration_s > 0) && (arrival_s >= p->duration_s)) {
                 break;
             }
-            at = pr.t0_ns + (uint64_t)(arrival_s * 1e9);
-            kvf_bs_sleep_until(at);
+            kvf_bs_sleep_until(d->pr.t0_ns + (uint64_t)(arrival_s * 1e9));
         }
         if (p->max_concurrency > 0) {
-            while (sem_wait(&slots) != 0) {
+            while (sem_wait(&d->slots) != 0) {
             }
         }
         if ((p->duration_s > 0) &&
-            (kvf_time_now_ns() - pr.t0_ns >= (uint64_t)(p->duration_s * 1e9))) {
+            (kvf_time_now_ns() - d->pr.t0_ns >= (uint64_t)(p->duration_s * 1e9))) {
             if (p->max_concurrency > 0) {
-                sem_post(&slots);
+                sem_post(&d->slots);
             }
             break;
         }
-        if (sent == cap) {
-            cap = cap * 2 + 64;
-            jobs = realloc(jobs, sizeof(*jobs) * (size_t)cap);
-            if (jobs == NULL) {
-                kvf_error("out of memory after %d requests", sent);
-                abort();
-            }
-        }
-        job = calloc(1, sizeof(*job));
-        job->res = calloc(1, sizeof(*job->res));
-        if ((job == NULL) || (job->res == NULL)) {
-            kvf_error("out of memory after %d requests", sent);
-            abort();
-        }
-        job->p = p;
-        job->addr = ai;
-        job->t0_ns = pr.t0_ns;
-        job->slots = (p->max_concurrency > 0) ? &slots : NULL;
-        job->done = &done;
-        job->failed = &failed;
-        job->res->index = (int)i;
-        job->res->proxy_ttft_ms = job->res->transfer_ms = job->res->handshake_ms = -1;
-        job->res->kv_bytes = job->res->first_decode_ms = job->res->transfer_share = -1;
-        job->body = kvf_bs_body(p, &ds, i, &plen, &mt);
-        job->res->prompt_tokens = plen;
-        job->res->max_tokens = mt;
-        jobs[sent++] = job;
-        atomic_fetch_add(&sent_a, 1);
-        if (pthread_create(&job->thread, &attr, kvf_bs_thread, job) != 0) {
+        job = kvf_bs_new_job(d, i);
+        if (pthread_create(&job->thread, &d->attr, kvf_bs_thread, job) != 0) {
             kvf_bs_fail(job->res, "connect", "could not start a client thread");
             job->thread = 0;
             kvf_bs_thread(job);   /* counts it and frees the slot */
         }
     }
-    for (int i = 0; i < sent; ++i) {
-        if (jobs[i]->thread != 0) {
-            pthread_join(jobs[i]->thread, NULL);
+}
+
+int kvf_bs_run(const kvf_bs_params_t *p, kvf_bs_summary_t *summary_p)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
+    kvf_bs_dataset_t ds = {0};
+    kvf_bs_dispatch_t *d;
+    pthread_t progress;
+    char port[16];
+    bool have_progress = false;
+    int rc;
+
+    memset(summary_p, 0, sizeof(*summary_p));
+    snprintf(port, sizeof(port), "%d", p->port);
+    rc = getaddrinfo(p->host, port, &hints, &ai);
+    if (rc != 0) {
+        kvf_error("cannot resolve %s: %s", p->host, gai_strerror(rc));
+        return -1;
+    }
+    if ((p->dataset[0] != '\0') && (kvf_bs_dataset_load(p->dataset, &ds) != 0)) {
+        freeaddrinfo(ai);
+        return -1;
+    }
+    d = calloc(1, sizeof(*d));
+    if ((d == NULL) || (kvf_bs_warmup(p, ai, &ds) != 0)) {
+        free(d);
+        kvf_bs_dataset_free(&ds);
+        freeaddrinfo(ai);
+        return -1;
+    }
+    d->p = p;
+    d->ai = ai;
+    d->ds = &ds;
+    d->pr = (kvf_bs_progress_t){.p = p, .done = &d->done, .failed = &d->failed,
+                                .sent = &d->sent_a};
+
+    pthread_attr_init(&d->attr);
+    pthread_attr_setstacksize(&d->attr, 256 * 1024);
+    if (p->max_concurrency > 0) {
+        sem_init(&d->slots, 0, (unsigned)p->max_concurrency);
+    }
+    d->pr.t0_ns = kvf_time_now_ns();
+    pthread_mutex_init(&d->pr.lock, NULL);
+    pthread_cond_init(&d->pr.cond, NULL);
+    if (p->progress) {
+        have_progress = (pthread_create(&progress, NULL, kvf_bs_progress_thread, &d->pr) == 0);
+    }
+    kvf_bs_dispatch(d);
+    for (int i = 0; i < d->sent; ++i) {
+        if (d->jobs[i]->thread != 0) {
+            pthread_join(d->jobs[i]->thread, NULL);
         }
     }
     if (have_progress) {
-        pthread_mutex_lock(&pr.lock);
-        atomic_store(&pr.stop, true);
-        pthread_cond_signal(&pr.cond);
-        pthread_mutex_unlock(&pr.lock);
+        pthread_mutex_lock(&d->pr.lock);
+        atomic_store(&d->pr.stop, true);
+        pthread_cond_signal(&d->pr.cond);
+        pthread_mutex_unlock(&d->pr.lock);
         pthread_join(progress, NULL);
     }
-    pthread_mutex_destroy(&pr.lock);
-    pthread_cond_destroy(&pr.cond);
-    pthread_attr_destroy(&attr);
+    pthread_mutex_destroy(&d->pr.lock);
+    pthread_cond_destroy(&d->pr.cond);
+    pthread_attr_destroy(&d->attr);
     if (p->max_concurrency > 0) {
-        sem_destroy(&slots);
+        sem_destroy(&d->slots);
     }
 
-    summary_p->sent = sent;
-    summary_p->results = calloc((size_t)sent + 1, sizeof(kvf_bs_result_t));
-    for (int i = 0; i < sent; ++i) {
-        summary_p->results[i] = *jobs[i]->res;
-        free(jobs[i]->res);
-        free(jobs[i]);
+    summary_p->sent = d->sent;
+    summary_p->results = calloc((size_t)d->sent + 1, sizeof(kvf_bs_result_t));
+    for (int i = 0; i < d->sent; ++i) {
+        summary_p->results[i] = *d->jobs[i]->res;
+        free(d->jobs[i]->res);
+        free(d->jobs[i]);
     }
-    free(jobs);
+    free(d->jobs);
+    free(d);
     kvf_bs_summarize(p, summary_p);
     kvf_bs_dataset_free(&ds);
     freeaddrinfo(ai);

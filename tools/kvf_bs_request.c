@@ -5,6 +5,8 @@
 #define _GNU_SOURCE
 #include "kvf_bs_int.h"
 
+#include "kvf_array.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -58,14 +60,8 @@ static int kvf_bs_push_itl(kvf_bs_stream_t *st, double ms)
 {
     kvf_bs_result_t *res = st->res;
 
-    if (res->num_itl == st->itl_cap) {
-        int cap = st->itl_cap * 2 + 32;
-        double *v = realloc(res->itl_ms, sizeof(*v) * (size_t)cap);
-        if (v == NULL) {
-            return -1;
-        }
-        res->itl_ms = v;
-        st->itl_cap = cap;
+    if (KVF_ARRAY_GROW(res->itl_ms, st->itl_cap, res->num_itl + 1, 32) != KVF_OK) {
+        return -1;
     }
     res->itl_ms[res->num_itl++] = ms;
     return 0;
@@ -205,14 +201,9 @@ typedef struct {
 
 static int kvf_bs_buf_add(kvf_bs_buf_t *b, const char *src, size_t n)
 {
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = (b->len + n + 1) * 2;
-        char *d = realloc(b->data, cap);
-        if (d == NULL) {
-            return -1;
-        }
-        b->data = d;
-        b->cap = cap;
+    if ((n > SIZE_MAX / 2) ||
+        (KVF_ARRAY_GROW(b->data, b->cap, b->len + n + 1, KVF_BS_RECV_CHUNK) != KVF_OK)) {
+        return -1;
     }
     memcpy(b->data + b->len, src, n);
     b->len += n;
