@@ -601,15 +601,272 @@ static kvf_status_t kvf_cfg_moe(const kvf_cfg_reader_t *rd, kvf_model_config_t *
     return KVF_OK;
 }
 
+/* In the per-architecture parsers below: return the first error, naming the origin. */
+#define KVF_CFG_TRY(_expr)                                  \
+    do {                                                    \
+        kvf_status_t kvf_cfg_st_ = (_expr);                 \
+        if (kvf_cfg_st_ != KVF_OK) {                        \
+            return kvf_cfg_st_;                             \
+        }                                                   \
+    } while (0)
+
+#define KVF_CFG_FAIL(_status, _fmt, ...)                    \
+    do {                                                    \
+        kvf_error("%s: " _fmt, rd->origin, ##__VA_ARGS__);  \
+        return (_status);                                   \
+    } while (0)
+
+/* Fields refused whatever the model: kvferry computes neither. */
+static kvf_status_t kvf_cfg_refusals(const kvf_cfg_reader_t *rd, const kvf_model_config_t *cfg)
+{
+    const cJSON *item;
+    char val[128];
+
+    item = cJSON_GetObjectItemCaseSensitive(rd->root, "quantization_config");
+    if ((item != NULL) && !cJSON_IsNull(item)) {
+        kvf_cfg_value_str(item, val, sizeof(val));
+        KVF_CFG_FAIL(KVF_ERR_UNSUPPORTED, "field 'quantization_config' = %s is not implemented"
+                     " (unquantized checkpoints only): refused", val);
+    }
+    item = cJSON_GetObjectItemCaseSensitive(rd->root, "sliding_window");
+    if ((item != NULL) && !cJSON_IsNull(item) && (cfg->arch != KVF_ARCH_QWEN3)) {
+        kvf_cfg_value_str(item, val, sizeof(val));
+        KVF_CFG_FAIL(KVF_ERR_UNSUPPORTED, "field 'sliding_window' = %s is not implemented (only"
+                     " null: full attention): refused", val);
+    }
+    return KVF_OK;
+}
+
+/* The fields every architecture has: sizes, heads, token ids, dtype, norm epsilon. */
+static kvf_status_t kvf_cfg_common(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
+{
+    KVF_CFG_TRY(kvf_cfg_int(rd, "hidden_size", &cfg->hidden_size));
+    KVF_CFG_TRY(kvf_cfg_int(rd, "vocab_size", &cfg->vocab_size));
+    KVF_CFG_TRY(kvf_cfg_int(rd, "num_attention_heads", &cfg->num_attention_heads));
+    KVF_CFG_TRY(kvf_cfg_int_opt(rd, "num_key_value_heads", cfg->num_attention_heads,
+                                &cfg->num_key_value_heads));
+    if (cfg->num_key_value_heads == 0) {
+        KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "field 'num_key_value_heads' = 0 must be a positive"
+                     " integer");
+    }
+    KVF_CFG_TRY(kvf_cfg_divides(rd->origin, "num_key_value_heads", cfg->num_key_value_heads,
+                                "num_attention_heads", cfg->num_attention_heads));
+    KVF_CFG_TRY(kvf_cfg_int_opt(rd, "head_dim", 0, &cfg->head_dim));
+    if (cfg->head_dim == 0) {
+        if (cfg->hidden_size % cfg->num_attention_heads != 0) {
+            KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "missing field 'head_dim' and hidden_size = %d"
+                         " is not a multiple of num_attention_heads = %d", cfg->hidden_size,
+                         cfg->num_attention_heads);
+        }
+        cfg->head_dim = cfg->hidden_size / cfg->num_attention_heads;
+    }
+    KVF_CFG_TRY(kvf_cfg_int_opt(rd, "intermediate_size", 0, &cfg->intermediate_size));
+    KVF_CFG_TRY(kvf_cfg_int_opt(rd, "n_routed_experts", 0, &cfg->moe_num_experts));
+    KVF_CFG_TRY(kvf_cfg_int_opt(rd, "num_experts_per_tok", 0, &cfg->moe_top_k));
+    KVF_CFG_TRY(kvf_cfg_int_opt(rd, "moe_intermediate_size", 0, &cfg->moe_intermediate_size));
+    KVF_CFG_TRY(kvf_cfg_int_opt(rd, "moe_shared_expert_intermediate_size", 0,
+                                &cfg->moe_shared_intermediate_size));
+    KVF_CFG_TRY(kvf_cfg_int_opt(rd, "bos_token_id", 0, &cfg->bos_token_id));
+    KVF_CFG_TRY(kvf_cfg_int_opt(rd, "eos_token_id", 0, &cfg->eos_token_id));
+    if (!kvf_cfg_present(rd, "bos_token_id")) {
+        cfg->bos_token_id = -1;
+    }
+    if (!kvf_cfg_present(rd, "eos_token_id")) {
+        cfg->eos_token_id = -1;
+    }
+    KVF_CFG_TRY(kvf_cfg_bool(rd, "tie_word_embeddings", false, &cfg->tie_word_embeddings));
+    /* transformers 5 writes "dtype"; older files "torch_dtype" */
+    KVF_CFG_TRY(kvf_cfg_dtype_opt(rd, kvf_cfg_alias(rd, "dtype", "torch_dtype"), KVF_DTYPE_BF16,
+                                  &cfg->torch_dtype));
+    /* an id outside the vocabulary would make every request fail: refuse at start */
+    if ((cfg->bos_token_id >= cfg->vocab_size) || (cfg->eos_token_id >= cfg->vocab_size)) {
+        bool bos = (cfg->bos_token_id >= cfg->vocab_size);
+        KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "field '%s' = %d is outside the vocabulary [0, %d)"
+                     " (vocab_size)", bos ? "bos_token_id" : "eos_token_id",
+                     bos ? cfg->bos_token_id : cfg->eos_token_id, cfg->vocab_size);
+    }
+    KVF_CFG_TRY(kvf_cfg_int_opt(rd, "max_position_embeddings", 0,
+                                &cfg->max_position_embeddings));
+    {
+        const char *name = (cfg->arch == KVF_ARCH_NEMOTRON_H) ?
+                           kvf_cfg_alias(rd, "layer_norm_epsilon", "rms_norm_eps") :
+                           "rms_norm_eps";
+        KVF_CFG_TRY(kvf_cfg_num(rd, rd->root, name,
+                                (cfg->arch == KVF_ARCH_NEMOTRON_H) ? 1e-5 : 1e-6,
+                                &cfg->norm_eps));
+        if (!(cfg->norm_eps > 0)) {
+            KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "field '%s' = %g must be positive", name,
+                         cfg->norm_eps);
+        }
+    }
+    return KVF_OK;
+}
+
+/* nemotron_h: the Mamba2 mixer's fields (its layers exist in the pattern). */
+static kvf_status_t kvf_cfg_mamba(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
+{
+    double tmin;
+
+    KVF_CFG_TRY(kvf_cfg_int(rd, "mamba_num_heads", &cfg->mamba_num_heads));
+    KVF_CFG_TRY(kvf_cfg_int(rd, "mamba_head_dim", &cfg->mamba_head_dim));
+    KVF_CFG_TRY(kvf_cfg_int(rd, "ssm_state_size", &cfg->ssm_state_size));
+    KVF_CFG_TRY(kvf_cfg_int(rd, kvf_cfg_alias(rd, "n_groups", "mamba_n_groups"),
+                            &cfg->n_groups));
+    KVF_CFG_TRY(kvf_cfg_int(rd, kvf_cfg_alias(rd, "conv_kernel", "mamba_d_conv"),
+                            &cfg->conv_kernel));
+    KVF_CFG_TRY(kvf_cfg_int_opt(rd, kvf_cfg_alias(rd, "chunk_size", "mamba_chunk_size"), 128,
+                                &cfg->chunk_size));
+    KVF_CFG_TRY(kvf_cfg_divides(rd->origin, "n_groups", cfg->n_groups, "mamba_num_heads",
+                                cfg->mamba_num_heads));
+    if (cfg->conv_kernel < 2) {
+        KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "field 'conv_kernel' = %d must be at least 2",
+                     cfg->conv_kernel);
+    }
+    KVF_CFG_TRY(kvf_cfg_bool(rd, kvf_cfg_alias(rd, "use_conv_bias", "mamba_conv_bias"), true,
+                             &cfg->use_conv_bias));
+    /* transformers' mixer takes its in/out projection bias from use_bias;
+     * mamba_proj_bias is a config field its modeling code never reads */
+    KVF_CFG_TRY(kvf_cfg_bool(rd, "use_bias", false, &cfg->mamba_proj_bias));
+    KVF_CFG_TRY(kvf_cfg_act(rd, "mamba_hidden_act", KVF_ACT_SILU, &cfg->mamba_act));
+    KVF_CFG_TRY(kvf_cfg_num(rd, rd->root, kvf_cfg_alias(rd, "time_step_min", "mamba_dt_min"),
+                            0.001, &tmin));
+    if (!(tmin >= 0.0)) {
+        KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "field 'time_step_min' = %g must not be negative",
+                     tmin);
+    }
+    cfg->time_step_min = tmin;
+    KVF_CFG_TRY(kvf_cfg_dtype_opt(rd, "mamba_ssm_cache_dtype", KVF_DTYPE_FP32,
+                                  &cfg->ssm_cache_dtype));
+    return KVF_OK;
+}
+
+/* nemotron_h: the hybrid pattern (Mamba2, attention, MLP, MoE layers) and its mixers. */
+static kvf_status_t kvf_cfg_parse_nemotron_h(const kvf_cfg_reader_t *rd,
+                                             kvf_model_config_t *cfg)
+{
+    int num_hidden_layers = 0;
+
+    KVF_CFG_TRY(kvf_cfg_pattern(rd, cfg));
+    KVF_CFG_TRY(kvf_cfg_int_opt(rd, "num_hidden_layers", cfg->num_layers, &num_hidden_layers));
+    if (num_hidden_layers != cfg->num_layers) {
+        KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "field 'num_hidden_layers' = %d but the layer"
+                     " pattern has %d layers", num_hidden_layers, cfg->num_layers);
+    }
+    for (int i = 0; i < cfg->num_layers; ++i) {
+        cfg->num_mamba_layers     += (cfg->layer_kinds[i] == KVF_LAYER_MAMBA);
+        cfg->num_attention_layers += (cfg->layer_kinds[i] == KVF_LAYER_ATTENTION);
+        cfg->num_moe_layers       += (cfg->layer_kinds[i] == KVF_LAYER_MOE);
+    }
+    KVF_CFG_TRY(kvf_cfg_act(rd, "mlp_hidden_act", KVF_ACT_RELU2, &cfg->mlp_act));
+    KVF_CFG_TRY(kvf_cfg_bool(rd, "mlp_bias", false, &cfg->mlp_bias));
+    if (cfg->num_mamba_layers > 0) {
+        KVF_CFG_TRY(kvf_cfg_mamba(rd, cfg));
+    }
+    if (cfg->num_moe_layers > 0) {
+        KVF_CFG_TRY(kvf_cfg_moe(rd, cfg));
+    }
+    if ((strchr(cfg->layer_kinds, KVF_LAYER_MLP) != NULL) && (cfg->intermediate_size == 0)) {
+        KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "missing field 'intermediate_size' (the pattern has"
+                     " MLP layers)");
+    }
+    cfg->rope.type = KVF_ROPE_NONE;
+    cfg->lm_head_tied = false;   /* transformers' NemotronH keeps lm_head.weight */
+    return KVF_OK;
+}
+
+/* Dense decoders (llama, qwen3, mistral), before the architecture's own fields. */
+static kvf_status_t kvf_cfg_dense_layers(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
+{
+    KVF_CFG_TRY(kvf_cfg_int(rd, "num_hidden_layers", &cfg->num_layers));
+    KVF_CFG_TRY(kvf_cfg_int(rd, "intermediate_size", &cfg->intermediate_size));
+    if (cfg->num_layers > KVF_MAX_LAYERS) {
+        KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "field 'num_hidden_layers' = %d exceeds %d",
+                     cfg->num_layers, KVF_MAX_LAYERS);
+    }
+    KVF_CFG_TRY(kvf_cfg_act(rd, "hidden_act", KVF_ACT_SILU, &cfg->mlp_act));
+    KVF_CFG_TRY(kvf_cfg_bool(rd, "mlp_bias", false, &cfg->mlp_bias));
+    KVF_CFG_TRY(kvf_cfg_bool(rd, "attention_bias", false, &cfg->attn_bias));
+    cfg->mlp_gated = true;
+    cfg->qk_norm = (cfg->arch == KVF_ARCH_QWEN3);
+    return KVF_OK;
+}
+
+/* Dense decoders, after the architecture's own fields: RoPE and the all-attention pattern. */
+static kvf_status_t kvf_cfg_dense_finish(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
+{
+    KVF_CFG_TRY(kvf_cfg_rope(rd, cfg));
+    memset(cfg->layer_kinds, KVF_LAYER_ATTENTION, (size_t)cfg->num_layers);
+    cfg->layer_kinds[cfg->num_layers] = '\0';
+    cfg->num_attention_layers = cfg->num_layers;
+    cfg->dense_mlp_in_layer = true;
+    cfg->ssm_cache_dtype = KVF_DTYPE_FP32;
+    cfg->lm_head_tied = cfg->tie_word_embeddings;
+    return KVF_OK;
+}
+
+/* llama and mistral: a dense decoder with nothing of its own. */
+static kvf_status_t kvf_cfg_parse_llama(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
+{
+    KVF_CFG_TRY(kvf_cfg_dense_layers(rd, cfg));
+    return kvf_cfg_dense_finish(rd, cfg);
+}
+
+/* qwen3: a dense decoder with QK norm; sliding-window attention refused by name. */
+static kvf_status_t kvf_cfg_parse_qwen3(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
+{
+    const cJSON *item;
+    bool sliding;
+
+    KVF_CFG_TRY(kvf_cfg_dense_layers(rd, cfg));
+    KVF_CFG_TRY(kvf_cfg_bool(rd, "use_sliding_window", false, &sliding));
+    if (sliding) {
+        KVF_CFG_FAIL(KVF_ERR_UNSUPPORTED, "field 'use_sliding_window' = true is not"
+                     " implemented (full attention only): refused");
+    }
+    item = cJSON_GetObjectItemCaseSensitive(rd->root, "layer_types");
+    if ((item != NULL) && !cJSON_IsNull(item)) {
+        const cJSON *lt;
+        int n = 0;
+        if (!cJSON_IsArray(item)) {
+            KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "field 'layer_types' must be a list");
+        }
+        cJSON_ArrayForEach(lt, item) {
+            if (!cJSON_IsString(lt) || (strcmp(lt->valuestring, "full_attention") != 0)) {
+                KVF_CFG_FAIL(KVF_ERR_UNSUPPORTED, "field 'layer_types' entry %d = '%s' is not"
+                             " implemented (full_attention only): refused", n,
+                             cJSON_IsString(lt) ? lt->valuestring : "?");
+            }
+            ++n;
+        }
+        if (n != cfg->num_layers) {
+            KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "field 'layer_types' has %d entries but"
+                         " num_hidden_layers = %d", n, cfg->num_layers);
+        }
+    }
+    return kvf_cfg_dense_finish(rd, cfg);
+}
+
+/* The architectures kvferry runs: model_type -> arch and its parser. */
+static const struct {
+    const char *model_type;
+    kvf_arch_t  arch;
+    kvf_status_t (*parse)(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg);
+} kvf_cfg_archs[] = {
+    {"nemotron_h", KVF_ARCH_NEMOTRON_H, kvf_cfg_parse_nemotron_h},
+    {"llama",      KVF_ARCH_LLAMA,      kvf_cfg_parse_llama},
+    {"qwen3",      KVF_ARCH_QWEN3,      kvf_cfg_parse_qwen3},
+    {"mistral",    KVF_ARCH_MISTRAL,    kvf_cfg_parse_llama},
+};
+
 kvf_status_t kvf_model_config_parse(const char *json, const char *origin,
                                     kvf_model_config_t *cfg_p)
 {
     kvf_model_config_t cfg;
     kvf_cfg_reader_t rd;
-    const cJSON *mt, *item;
+    const cJSON *mt;
     kvf_status_t status = KVF_OK;
-    int num_hidden_layers = 0;
-    char val[128];
+    int a = 0;
+    const int narch = (int)(sizeof(kvf_cfg_archs) / sizeof(kvf_cfg_archs[0]));
 
     memset(&cfg, 0, sizeof(cfg));
     rd.origin = (origin != NULL) ? origin : "config.json";
@@ -625,195 +882,18 @@ kvf_status_t kvf_model_config_parse(const char *json, const char *origin,
         KVF_FAIL(KVF_ERR_INVALID_PARAM, "missing field 'model_type'");
     }
     snprintf(cfg.model_type, sizeof(cfg.model_type), "%s", mt->valuestring);
-    if (strcmp(mt->valuestring, "nemotron_h") == 0) {
-        cfg.arch = KVF_ARCH_NEMOTRON_H;
-    } else if (strcmp(mt->valuestring, "llama") == 0) {
-        cfg.arch = KVF_ARCH_LLAMA;
-    } else if (strcmp(mt->valuestring, "qwen3") == 0) {
-        cfg.arch = KVF_ARCH_QWEN3;
-    } else if (strcmp(mt->valuestring, "mistral") == 0) {
-        cfg.arch = KVF_ARCH_MISTRAL;
-    } else {
+    while ((a < narch) && (strcmp(mt->valuestring, kvf_cfg_archs[a].model_type) != 0)) {
+        ++a;
+    }
+    if (a == narch) {
         KVF_FAIL(KVF_ERR_UNSUPPORTED, "field 'model_type' = '%s' is not supported (nemotron_h,"
                  " llama, qwen3, mistral)", mt->valuestring);
     }
+    cfg.arch = kvf_cfg_archs[a].arch;
     KVF_TRY(kvf_cfg_known(&rd, cfg.arch, cfg.model_type));
-
-    /* refused whatever the model: kvferry computes neither */
-    item = cJSON_GetObjectItemCaseSensitive(rd.root, "quantization_config");
-    if ((item != NULL) && !cJSON_IsNull(item)) {
-        kvf_cfg_value_str(item, val, sizeof(val));
-        KVF_FAIL(KVF_ERR_UNSUPPORTED, "field 'quantization_config' = %s is not implemented"
-                 " (unquantized checkpoints only): refused", val);
-    }
-    item = cJSON_GetObjectItemCaseSensitive(rd.root, "sliding_window");
-    if ((item != NULL) && !cJSON_IsNull(item) && (cfg.arch != KVF_ARCH_QWEN3)) {
-        kvf_cfg_value_str(item, val, sizeof(val));
-        KVF_FAIL(KVF_ERR_UNSUPPORTED, "field 'sliding_window' = %s is not implemented (only"
-                 " null: full attention): refused", val);
-    }
-
-    KVF_TRY(kvf_cfg_int(&rd, "hidden_size", &cfg.hidden_size));
-    KVF_TRY(kvf_cfg_int(&rd, "vocab_size", &cfg.vocab_size));
-    KVF_TRY(kvf_cfg_int(&rd, "num_attention_heads", &cfg.num_attention_heads));
-    KVF_TRY(kvf_cfg_int_opt(&rd, "num_key_value_heads", cfg.num_attention_heads,
-                            &cfg.num_key_value_heads));
-    if (cfg.num_key_value_heads == 0) {
-        KVF_FAIL(KVF_ERR_INVALID_PARAM, "field 'num_key_value_heads' = 0 must be a positive"
-                 " integer");
-    }
-    KVF_TRY(kvf_cfg_divides(rd.origin, "num_key_value_heads", cfg.num_key_value_heads,
-                            "num_attention_heads", cfg.num_attention_heads));
-    KVF_TRY(kvf_cfg_int_opt(&rd, "head_dim", 0, &cfg.head_dim));
-    if (cfg.head_dim == 0) {
-        if (cfg.hidden_size % cfg.num_attention_heads != 0) {
-            KVF_FAIL(KVF_ERR_INVALID_PARAM, "missing field 'head_dim' and hidden_size = %d is"
-                     " not a multiple of num_attention_heads = %d", cfg.hidden_size,
-                     cfg.num_attention_heads);
-        }
-        cfg.head_dim = cfg.hidden_size / cfg.num_attention_heads;
-    }
-    KVF_TRY(kvf_cfg_int_opt(&rd, "intermediate_size", 0, &cfg.intermediate_size));
-    KVF_TRY(kvf_cfg_int_opt(&rd, "n_routed_experts", 0, &cfg.moe_num_experts));
-    KVF_TRY(kvf_cfg_int_opt(&rd, "num_experts_per_tok", 0, &cfg.moe_top_k));
-    KVF_TRY(kvf_cfg_int_opt(&rd, "moe_intermediate_size", 0, &cfg.moe_intermediate_size));
-    KVF_TRY(kvf_cfg_int_opt(&rd, "moe_shared_expert_intermediate_size", 0,
-                            &cfg.moe_shared_intermediate_size));
-    KVF_TRY(kvf_cfg_int_opt(&rd, "bos_token_id", 0, &cfg.bos_token_id));
-    KVF_TRY(kvf_cfg_int_opt(&rd, "eos_token_id", 0, &cfg.eos_token_id));
-    if (!kvf_cfg_present(&rd, "bos_token_id")) {
-        cfg.bos_token_id = -1;
-    }
-    if (!kvf_cfg_present(&rd, "eos_token_id")) {
-        cfg.eos_token_id = -1;
-    }
-    KVF_TRY(kvf_cfg_bool(&rd, "tie_word_embeddings", false, &cfg.tie_word_embeddings));
-    /* transformers 5 writes "dtype"; older files "torch_dtype" */
-    KVF_TRY(kvf_cfg_dtype_opt(&rd, kvf_cfg_alias(&rd, "dtype", "torch_dtype"), KVF_DTYPE_BF16,
-                              &cfg.torch_dtype));
-    /* an id outside the vocabulary would make every request fail: refuse at start */
-    if ((cfg.bos_token_id >= cfg.vocab_size) || (cfg.eos_token_id >= cfg.vocab_size)) {
-        bool bos = (cfg.bos_token_id >= cfg.vocab_size);
-        KVF_FAIL(KVF_ERR_INVALID_PARAM, "field '%s' = %d is outside the vocabulary [0, %d)"
-                 " (vocab_size)", bos ? "bos_token_id" : "eos_token_id",
-                 bos ? cfg.bos_token_id : cfg.eos_token_id, cfg.vocab_size);
-    }
-    KVF_TRY(kvf_cfg_int_opt(&rd, "max_position_embeddings", 0, &cfg.max_position_embeddings));
-    {
-        const char *name = (cfg.arch == KVF_ARCH_NEMOTRON_H) ?
-                           kvf_cfg_alias(&rd, "layer_norm_epsilon", "rms_norm_eps") : "rms_norm_eps";
-        KVF_TRY(kvf_cfg_num(&rd, rd.root, name,
-                            (cfg.arch == KVF_ARCH_NEMOTRON_H) ? 1e-5 : 1e-6, &cfg.norm_eps));
-        if (!(cfg.norm_eps > 0)) {
-            KVF_FAIL(KVF_ERR_INVALID_PARAM, "field '%s' = %g must be positive", name,
-                     cfg.norm_eps);
-        }
-    }
-
-    if (cfg.arch == KVF_ARCH_NEMOTRON_H) {
-        KVF_TRY(kvf_cfg_pattern(&rd, &cfg));
-        KVF_TRY(kvf_cfg_int_opt(&rd, "num_hidden_layers", cfg.num_layers, &num_hidden_layers));
-        if (num_hidden_layers != cfg.num_layers) {
-            KVF_FAIL(KVF_ERR_INVALID_PARAM, "field 'num_hidden_layers' = %d but the layer pattern"
-                     " has %d layers", num_hidden_layers, cfg.num_layers);
-        }
-        for (int i = 0; i < cfg.num_layers; ++i) {
-            cfg.num_mamba_layers     += (cfg.layer_kinds[i] == KVF_LAYER_MAMBA);
-            cfg.num_attention_layers += (cfg.layer_kinds[i] == KVF_LAYER_ATTENTION);
-            cfg.num_moe_layers       += (cfg.layer_kinds[i] == KVF_LAYER_MOE);
-        }
-        KVF_TRY(kvf_cfg_act(&rd, "mlp_hidden_act", KVF_ACT_RELU2, &cfg.mlp_act));
-        KVF_TRY(kvf_cfg_bool(&rd, "mlp_bias", false, &cfg.mlp_bias));
-        if (cfg.num_mamba_layers > 0) {
-            double tmin;
-            KVF_TRY(kvf_cfg_int(&rd, "mamba_num_heads", &cfg.mamba_num_heads));
-            KVF_TRY(kvf_cfg_int(&rd, "mamba_head_dim", &cfg.mamba_head_dim));
-            KVF_TRY(kvf_cfg_int(&rd, "ssm_state_size", &cfg.ssm_state_size));
-            KVF_TRY(kvf_cfg_int(&rd, kvf_cfg_alias(&rd, "n_groups", "mamba_n_groups"),
-                                &cfg.n_groups));
-            KVF_TRY(kvf_cfg_int(&rd, kvf_cfg_alias(&rd, "conv_kernel", "mamba_d_conv"),
-                                &cfg.conv_kernel));
-            KVF_TRY(kvf_cfg_int_opt(&rd, kvf_cfg_alias(&rd, "chunk_size", "mamba_chunk_size"), 128,
-                                    &cfg.chunk_size));
-            KVF_TRY(kvf_cfg_divides(rd.origin, "n_groups", cfg.n_groups, "mamba_num_heads",
-                                    cfg.mamba_num_heads));
-            if (cfg.conv_kernel < 2) {
-                KVF_FAIL(KVF_ERR_INVALID_PARAM, "field 'conv_kernel' = %d must be at least 2",
-                         cfg.conv_kernel);
-            }
-            KVF_TRY(kvf_cfg_bool(&rd, kvf_cfg_alias(&rd, "use_conv_bias", "mamba_conv_bias"),
-                                 true, &cfg.use_conv_bias));
-            /* transformers' mixer takes its in/out projection bias from use_bias;
-             * mamba_proj_bias is a config field its modeling code never reads */
-            KVF_TRY(kvf_cfg_bool(&rd, "use_bias", false, &cfg.mamba_proj_bias));
-            KVF_TRY(kvf_cfg_act(&rd, "mamba_hidden_act", KVF_ACT_SILU, &cfg.mamba_act));
-            KVF_TRY(kvf_cfg_num(&rd, rd.root, kvf_cfg_alias(&rd, "time_step_min", "mamba_dt_min"),
-                                0.001, &tmin));
-            if (!(tmin >= 0.0)) {
-                KVF_FAIL(KVF_ERR_INVALID_PARAM, "field 'time_step_min' = %g must not be negative",
-                         tmin);
-            }
-            cfg.time_step_min = tmin;
-            KVF_TRY(kvf_cfg_dtype_opt(&rd, "mamba_ssm_cache_dtype", KVF_DTYPE_FP32,
-                                      &cfg.ssm_cache_dtype));
-        }
-        if (cfg.num_moe_layers > 0) {
-            KVF_TRY(kvf_cfg_moe(&rd, &cfg));
-        }
-        if ((strchr(cfg.layer_kinds, KVF_LAYER_MLP) != NULL) && (cfg.intermediate_size == 0)) {
-            KVF_FAIL(KVF_ERR_INVALID_PARAM, "missing field 'intermediate_size' (the pattern has"
-                     " MLP layers)");
-        }
-        cfg.rope.type = KVF_ROPE_NONE;
-        cfg.lm_head_tied = false;   /* transformers' NemotronH keeps lm_head.weight */
-    } else {
-        KVF_TRY(kvf_cfg_int(&rd, "num_hidden_layers", &cfg.num_layers));
-        KVF_TRY(kvf_cfg_int(&rd, "intermediate_size", &cfg.intermediate_size));
-        if (cfg.num_layers > KVF_MAX_LAYERS) {
-            KVF_FAIL(KVF_ERR_INVALID_PARAM, "field 'num_hidden_layers' = %d exceeds %d",
-                     cfg.num_layers, KVF_MAX_LAYERS);
-        }
-        KVF_TRY(kvf_cfg_act(&rd, "hidden_act", KVF_ACT_SILU, &cfg.mlp_act));
-        KVF_TRY(kvf_cfg_bool(&rd, "mlp_bias", false, &cfg.mlp_bias));
-        KVF_TRY(kvf_cfg_bool(&rd, "attention_bias", false, &cfg.attn_bias));
-        cfg.mlp_gated = true;
-        cfg.qk_norm = (cfg.arch == KVF_ARCH_QWEN3);
-        if (cfg.arch == KVF_ARCH_QWEN3) {
-            bool sliding;
-            KVF_TRY(kvf_cfg_bool(&rd, "use_sliding_window", false, &sliding));
-            if (sliding) {
-                KVF_FAIL(KVF_ERR_UNSUPPORTED, "field 'use_sliding_window' = true is not"
-                         " implemented (full attention only): refused");
-            }
-            item = cJSON_GetObjectItemCaseSensitive(rd.root, "layer_types");
-            if ((item != NULL) && !cJSON_IsNull(item)) {
-                const cJSON *lt;
-                int n = 0;
-                if (!cJSON_IsArray(item)) {
-                    KVF_FAIL(KVF_ERR_INVALID_PARAM, "field 'layer_types' must be a list");
-                }
-                cJSON_ArrayForEach(lt, item) {
-                    if (!cJSON_IsString(lt) || (strcmp(lt->valuestring, "full_attention") != 0)) {
-                        KVF_FAIL(KVF_ERR_UNSUPPORTED, "field 'layer_types' entry %d = '%s' is not"
-                                 " implemented (full_attention only): refused", n,
-                                 cJSON_IsString(lt) ? lt->valuestring : "?");
-                    }
-                    ++n;
-                }
-                if (n != cfg.num_layers) {
-                    KVF_FAIL(KVF_ERR_INVALID_PARAM, "field 'layer_types' has %d entries but"
-                             " num_hidden_layers = %d", n, cfg.num_layers);
-                }
-            }
-        }
-        KVF_TRY(kvf_cfg_rope(&rd, &cfg));
-        memset(cfg.layer_kinds, KVF_LAYER_ATTENTION, (size_t)cfg.num_layers);
-        cfg.layer_kinds[cfg.num_layers] = '\0';
-        cfg.num_attention_layers = cfg.num_layers;
-        cfg.dense_mlp_in_layer = true;
-        cfg.ssm_cache_dtype = KVF_DTYPE_FP32;
-        cfg.lm_head_tied = cfg.tie_word_embeddings;
-    }
+    KVF_TRY(kvf_cfg_refusals(&rd, &cfg));
+    KVF_TRY(kvf_cfg_common(&rd, &cfg));
+    KVF_TRY(kvf_cfg_archs[a].parse(&rd, &cfg));
     if (cfg.num_attention_layers == 0) {
         KVF_FAIL(KVF_ERR_INVALID_PARAM, "the layer pattern has no attention layer");
     }
