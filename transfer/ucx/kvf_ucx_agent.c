@@ -124,6 +124,12 @@ kvf_status_t kvf_ucx_agent_create(const kvf_ucx_agent_params_t *params,
                   (unsigned long long)(params->field_mask & ~KVF_UCX_AGENT_PARAM_FIELDS_KNOWN));
         return KVF_ERR_INVALID_PARAM;
     }
+    if ((params != NULL) && (params->field_mask & KVF_UCX_AGENT_PARAM_FIELD_ACCESS) &&
+        ((unsigned)params->access > KVF_UCX_ACCESS_REMOTE_RW)) {
+        kvf_error("ucx agent params: access %d is not one of local (0), remote read (1), "
+                  "remote read-write (2)", (int)params->access);
+        return KVF_ERR_INVALID_PARAM;
+    }
     agent = calloc(1, sizeof(*agent));
     if (agent == NULL) {
         return KVF_ERR_NO_MEMORY;
@@ -142,6 +148,8 @@ kvf_status_t kvf_ucx_agent_create(const kvf_ucx_agent_params_t *params,
     agent->peer_err_mode = ((params != NULL) &&
                             (params->field_mask & KVF_UCX_AGENT_PARAM_FIELD_ERR_MODE)) ?
                            params->peer_err_mode : true;
+    agent->access = ((params != NULL) && (params->field_mask & KVF_UCX_AGENT_PARAM_FIELD_ACCESS)) ?
+                    params->access : KVF_UCX_ACCESS_REMOTE_READ;
     if (agent->peer_err_mode) {
         pthread_once(&kvf_ucx_env_once, kvf_ucx_env_init);
     }

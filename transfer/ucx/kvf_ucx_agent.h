@@ -38,8 +38,29 @@ enum kvf_ucx_agent_params_field {          /* append only, never renumber */
     KVF_UCX_AGENT_PARAM_FIELD_NAME       = KVF_BIT(0),
     KVF_UCX_AGENT_PARAM_FIELD_TIMEOUT_MS = KVF_BIT(1),
     KVF_UCX_AGENT_PARAM_FIELD_ERR_MODE   = KVF_BIT(2),
+    KVF_UCX_AGENT_PARAM_FIELD_ACCESS     = KVF_BIT(3),
 };
-#define KVF_UCX_AGENT_PARAM_FIELDS_KNOWN (KVF_BIT(3) - 1)
+#define KVF_UCX_AGENT_PARAM_FIELDS_KNOWN (KVF_BIT(4) - 1)
+
+/**
+ * What peers may do to the regions an agent maps (ucp_mem_map's prot).
+ * LOCAL regions never have a remote key packed (kvf_ucx_agent_region_meta()
+ * publishes them with rkey_len 0), so no peer is ever handed one; that is
+ * enforced here. Whether a peer that *holds* a key of a REMOTE_READ region
+ * can still write it is UCX's business, and UCX 1.13.1 (Debian 12) does not
+ * enforce it on any transport: ucp_mem_map ignores the prot field and
+ * registers every region for remote read and write
+ * (ucp_mem_map_params2uct_flags: UCT_MD_MEM_ACCESS_ALL), shared-memory
+ * peers map the segment read-write, CMA writes with process_vm_writev, and
+ * TCP's emulated PUT (ucp_put_handler) writes any address it is sent.
+ * tests/transfer/ucx/test_ucx_mem_prot.c measures this per transport;
+ * docs/SECURITY.md "KV memory" says what it means for a pool.
+ */
+typedef enum {
+    KVF_UCX_ACCESS_LOCAL       = 0,   /* this process only (decode pools) */
+    KVF_UCX_ACCESS_REMOTE_READ = 1,   /* peers may GET (prefill pools); the default */
+    KVF_UCX_ACCESS_REMOTE_RW   = 2,   /* peers may GET and PUT (tests, tools) */
+} kvf_ucx_access_t;
 
 typedef struct kvf_ucx_agent_params {
     uint64_t    field_mask;     /* bits of kvf_ucx_agent_params_field; first */
@@ -47,6 +68,8 @@ typedef struct kvf_ucx_agent_params {
     uint32_t    timeout_ms;     /* default for waits inside the agent (connect,
                                  * notify send, close); default 2000 */
     bool        peer_err_mode;  /* UCP_ERR_HANDLING_MODE_PEER; default true */
+    kvf_ucx_access_t access;    /* of every region this agent maps; default
+                                 * KVF_UCX_ACCESS_REMOTE_READ */
 } kvf_ucx_agent_params_t;
 
 typedef enum {
@@ -56,8 +79,8 @@ typedef enum {
 
 /**
  * Create an agent: ucp context (RMA + AM features) and one worker.
- * @return KVF_OK; KVF_ERR_INVALID_PARAM for unknown field_mask bits;
- *         KVF_ERR_UCX (or a mapped status) when UCX init fails (logged).
+ * @return KVF_OK; KVF_ERR_INVALID_PARAM for unknown field_mask bits or an
+ *         access outside kvf_ucx_access_t; KVF_ERR_UCX (or a mapped status) when UCX init fails (logged).
  */
 kvf_status_t kvf_ucx_agent_create(const kvf_ucx_agent_params_t *params,
                                   kvf_ucx_agent_h *agent_p);
@@ -89,7 +112,11 @@ kvf_status_t kvf_ucx_agent_mem_register(kvf_ucx_agent_h agent, void *addr, size_
 kvf_status_t kvf_ucx_agent_mem_alloc(kvf_ucx_agent_h agent, size_t len, void **addr_p,
                                      int *region_p);
 
-/** Publishable description of region @a region: address, length, packed rkey. */
+/**
+ * Publishable description of region @a region: address, length and packed
+ * rkey; for a KVF_UCX_ACCESS_LOCAL region no key is packed (rkey_len 0), so
+ * kvf_ucx_peer_connect() and kvf_handshake_reply_unpack() refuse it.
+ */
 kvf_status_t kvf_ucx_agent_region_meta(kvf_ucx_agent_h agent, int region,
                                        kvf_xfer_region_meta_t *meta_p);
 

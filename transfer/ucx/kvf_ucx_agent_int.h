@@ -21,6 +21,7 @@ typedef struct kvf_ucx_region {
     void    *addr;
     size_t   len;
     ucp_mem_h memh;
+    kvf_ucx_access_t access;
 } kvf_ucx_region_t;
 
 typedef struct kvf_ucx_notify_slot {
@@ -32,6 +33,7 @@ struct kvf_ucx_agent {
     char             name[64];
     uint32_t         timeout_ms;
     bool             peer_err_mode;
+    kvf_ucx_access_t access;        /* of the regions it maps */
     ucp_context_h    context;
     ucp_worker_h     worker;
     int              num_regions;
@@ -72,6 +74,14 @@ struct kvf_ucx_batch {
     void          *flush_req;   /* NULL once completed */
     kvf_status_t   status;      /* KVF_INPROGRESS until the flush completes */
 };
+
+/*
+ * Learn whether this UCX's packed keys walk (kvf_ucx_rkey_check()'s full
+ * check) from the key of a 64-byte scratch region mapped, packed, released
+ * and unmapped at once, for an agent that publishes no key of its own (a
+ * KVF_UCX_ACCESS_LOCAL agent: decode). No-op once known (kvf_ucx_mem.c).
+ */
+void kvf_ucx_rkey_layout_probe(kvf_ucx_agent_h agent);
 
 /* Free parked peers whose close request completed (kvf_ucx_peer.c). */
 void kvf_ucx_reap_parked(kvf_ucx_agent_h agent);

@@ -31,6 +31,15 @@ static kvf_status_t kvf_ucx_agent_map(kvf_ucx_agent_h agent, void *addr, size_t 
     mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
     mp.address = addr;
     mp.length = len;
+    /* UCX 1.13.1 ignores prot (kvf_ucx_access_t); set for a UCX that honours it */
+    mp.field_mask |= UCP_MEM_MAP_PARAM_FIELD_PROT;
+    mp.prot = UCP_MEM_MAP_PROT_LOCAL_READ | UCP_MEM_MAP_PROT_LOCAL_WRITE;
+    if (agent->access != KVF_UCX_ACCESS_LOCAL) {
+        mp.prot |= UCP_MEM_MAP_PROT_REMOTE_READ;
+    }
+    if (agent->access == KVF_UCX_ACCESS_REMOTE_RW) {
+        mp.prot |= UCP_MEM_MAP_PROT_REMOTE_WRITE;
+    }
     if (addr == NULL) {
         mp.field_mask |= UCP_MEM_MAP_PARAM_FIELD_FLAGS;
         mp.flags = UCP_MEM_MAP_ALLOCATE;
@@ -49,6 +58,7 @@ static kvf_status_t kvf_ucx_agent_map(kvf_ucx_agent_h agent, void *addr, size_t 
     }
     r->addr = addr;
     r->len = len;
+    r->access = agent->access;
     *addr_p = addr;
     *region_p = agent->num_regions++;
     return KVF_OK;
@@ -132,6 +142,31 @@ static void kvf_ucx_rkey_learn(kvf_ucx_agent_h agent, const void *rkey, size_t l
     }
 }
 
+void kvf_ucx_rkey_layout_probe(kvf_ucx_agent_h agent)
+{
+    static uint8_t scratch[64];
+    ucp_mem_map_params_t mp;
+    ucp_mem_h memh;
+    void *rkey_buf;
+    size_t rkey_len;
+
+    if (atomic_load(&kvf_ucx_rkey_layout_known) != 0) {
+        return;
+    }
+    memset(&mp, 0, sizeof(mp));
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    mp.address = scratch;
+    mp.length = sizeof(scratch);
+    if (ucp_mem_map(agent->context, &mp, &memh) != UCS_OK) {
+        return;                 /* learnt later, or never: length checks only */
+    }
+    if (ucp_rkey_pack(agent->context, memh, &rkey_buf, &rkey_len) == UCS_OK) {
+        kvf_ucx_rkey_learn(agent, rkey_buf, rkey_len);   /* never leaves this function */
+        ucp_rkey_buffer_release(rkey_buf);
+    }
+    KVF_UCX_CHECK_IGNORE(ucp_mem_unmap(agent->context, memh));
+}
+
 kvf_status_t kvf_ucx_rkey_check(const uint8_t *rkey, size_t len, char *why, size_t why_len)
 {
     if ((rkey == NULL) || (len < 1) || (len > KVF_RKEY_MAX)) {
@@ -155,6 +190,10 @@ kvf_status_t kvf_ucx_agent_region_meta(kvf_ucx_agent_h agent, int region,
     }
     meta_p->addr = (uint64_t)(uintptr_t)agent->regions[region].addr;
     meta_p->length = agent->regions[region].len;
+    if (agent->regions[region].access == KVF_UCX_ACCESS_LOCAL) {
+        meta_p->rkey_len = 0;   /* not remotely accessible: no key exists to leak */
+        return KVF_OK;
+    }
     KVF_UCX_CHECK(ucp_rkey_pack(agent->context, agent->regions[region].memh, &rkey_buf,
                                 &rkey_len));
     if (rkey_len > KVF_RKEY_MAX) {

@@ -164,6 +164,7 @@ kvf_status_t kvf_ucx_peer_connect(kvf_ucx_agent_h agent, const kvf_rank_meta_t *
         (meta->num_regions > KVF_XFER_MAX_REGIONS)) {
         return KVF_ERR_INVALID_PARAM;
     }
+    kvf_ucx_rkey_layout_probe(agent);                 /* decode packs no key of its own */
     for (int i = 0; i < meta->num_regions; ++i) {   /* before UCX sees any of it */
         char why[128];
         if (kvf_ucx_rkey_check(meta->regions[i].rkey, meta->regions[i].rkey_len, why,

@@ -12,6 +12,7 @@
 #include "kvf_connector_ucx.h"
 #include "kvf_ucx_agent.h"
 #include "kvf_xfer_plan.h"
+#include "kvf_xfer.pb-c.h"
 
 #include "kvf_log.h"
 
@@ -163,6 +164,15 @@ static void test_ucx_connector(void **state)
         assert_int_equal(ops->register_pool(dconn, &pool), KVF_OK);
         assert_int_equal(ops->get_metadata(dconn, 0, meta, sizeof(meta), &mlen), KVF_OK);
         assert_true(mlen > 0);
+        {   /* decode's pool is not remotely accessible: its metadata holds no key */
+            Kvf__HandshakeReply *r = kvf__handshake_reply__unpack(NULL, mlen, meta);
+            assert_non_null(r);
+            assert_int_equal(r->n_ranks, 1);
+            assert_int_equal(r->ranks[0]->n_regions, 1);
+            assert_int_equal(r->ranks[0]->regions[0]->rkey.len, 0);
+            assert_true(r->ranks[0]->regions[0]->length > 0);
+            kvf__handshake_reply__free_unpacked(r, NULL);
+        }
     }
 
     /* pull before the handshake: unknown engine */

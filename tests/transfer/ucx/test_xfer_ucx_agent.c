@@ -45,17 +45,25 @@ static void *target_thread(void *arg)
     return NULL;
 }
 
-static kvf_ucx_agent_h make_agent(const char *name)
+static kvf_ucx_agent_h make_agent_access(const char *name, kvf_ucx_access_t access)
 {
     kvf_ucx_agent_params_t p;
     kvf_ucx_agent_h a;
 
     memset(&p, 0, sizeof(p));
-    p.field_mask = KVF_UCX_AGENT_PARAM_FIELD_NAME | KVF_UCX_AGENT_PARAM_FIELD_TIMEOUT_MS;
+    p.field_mask = KVF_UCX_AGENT_PARAM_FIELD_NAME | KVF_UCX_AGENT_PARAM_FIELD_TIMEOUT_MS |
+                   KVF_UCX_AGENT_PARAM_FIELD_ACCESS;
     p.name = name;
     p.timeout_ms = 2000;
+    p.access = access;
     assert_int_equal(kvf_ucx_agent_create(&p, &a), KVF_OK);
     return a;
+}
+
+/* the default: regions peers may read (a prefill pool) */
+static kvf_ucx_agent_h make_agent(const char *name)
+{
+    return make_agent_access(name, KVF_UCX_ACCESS_REMOTE_READ);
 }
 
 static void meta_of(kvf_ucx_agent_h a, int region, kvf_rank_meta_t *m)
@@ -89,7 +97,7 @@ static void test_get_put_notify(void **state)
     (void)state;
     memset(&t, 0, sizeof(t));
     atomic_init(&t.notes, 0);
-    t.agent = make_agent("target");
+    t.agent = make_agent_access("target", KVF_UCX_ACCESS_REMOTE_RW);   /* it is PUT into */
     assert_non_null(la);
     assert_non_null(lb);
     for (size_t i = 0; i < REGION; ++i) {
@@ -278,6 +286,72 @@ static void test_rkey_check(void **state)
     free(m);
 }
 
+/* A LOCAL region (a decode pool) is published without a key; nobody can connect to it. */
+static void test_local_regions(void **state)
+{
+    kvf_ucx_agent_h a = make_agent("reader");
+    kvf_ucx_agent_h d = make_agent_access("decode", KVF_UCX_ACCESS_LOCAL);
+    kvf_rank_meta_t *m = calloc(1, sizeof(*m));
+    static uint8_t pool[1 << 16];
+    kvf_ucx_agent_params_t p;
+    kvf_ucx_agent_h bad = NULL;
+    kvf_ucx_peer_h peer = NULL;
+    int region;
+
+    (void)state;
+    assert_non_null(m);
+    assert_int_equal(kvf_ucx_agent_mem_register(d, pool, sizeof(pool), &region), KVF_OK);
+    meta_of(d, region, m);
+    assert_int_equal(m->regions[0].rkey_len, 0);
+    assert_int_equal(m->regions[0].addr, (uint64_t)(uintptr_t)pool);
+    assert_int_equal(m->regions[0].length, sizeof(pool));
+    /* an outsider given this metadata gets no endpoint, so no PUT or GET */
+    assert_int_equal(kvf_ucx_peer_connect(a, m, &peer), KVF_ERR_PARSE);
+    assert_null(peer);
+    /* a LOCAL region is still a fine local end of a transfer (decode's GET target) */
+    {
+        kvf_ucx_agent_h src = make_agent("source");
+        static uint8_t spool[4096];
+        kvf_rank_meta_t *sm = calloc(1, sizeof(*sm));
+        kvf_ucx_batch_h batch;
+        const kvf_xfer_desc_t desc = {100, 0, sizeof(spool)};
+        int sregion;
+
+        assert_non_null(sm);
+        memset(spool, 0x5c, sizeof(spool));
+        assert_int_equal(kvf_ucx_agent_mem_register(src, spool, sizeof(spool), &sregion),
+                         KVF_OK);
+        meta_of(src, sregion, sm);
+        assert_int_equal(kvf_ucx_peer_connect(d, sm, &peer), KVF_OK);
+        assert_int_equal(kvf_ucx_xfer_post(d, peer, KVF_UCX_OP_GET, region, 0, &desc, 1, &batch),
+                         KVF_OK);
+        {
+            uint64_t deadline = kvf_ucx_now_ns() + 5000000000ull;
+            while (kvf_ucx_batch_test(batch) == KVF_INPROGRESS) {   /* this thread drives both */
+                assert_true(kvf_ucx_now_ns() < deadline);
+                kvf_ucx_agent_progress(src);
+                kvf_ucx_agent_progress(d);
+            }
+        }
+        assert_int_equal(kvf_ucx_batch_test(batch), KVF_OK);
+        kvf_ucx_batch_release(batch);
+        assert_int_equal(pool[100], 0x5c);
+        assert_int_equal(pool[100 + sizeof(spool) - 1], 0x5c);
+        kvf_ucx_peer_destroy(peer);
+        kvf_ucx_agent_destroy(src);
+        free(sm);
+    }
+    /* an access outside the enum is refused by name */
+    memset(&p, 0, sizeof(p));
+    p.field_mask = KVF_UCX_AGENT_PARAM_FIELD_ACCESS;
+    p.access = (kvf_ucx_access_t)7;
+    assert_int_equal(kvf_ucx_agent_create(&p, &bad), KVF_ERR_INVALID_PARAM);
+    assert_null(bad);
+    kvf_ucx_agent_destroy(d);
+    kvf_ucx_agent_destroy(a);
+    free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -285,6 +359,7 @@ int main(void)
         cmocka_unit_test(test_get_put_notify),
         cmocka_unit_test(test_bad_params),
         cmocka_unit_test(test_rkey_check),
+        cmocka_unit_test(test_local_regions),
     };
     kvf_log_init("test");
     return cmocka_run_group_tests(tests, NULL, NULL);
