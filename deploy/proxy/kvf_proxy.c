@@ -11,6 +11,7 @@
 #include "kvf_tokenizer.h"
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #define KVF_PF(_f) offsetof(kvf_proxy_config_t, _f)
@@ -47,10 +48,24 @@ const kvf_config_field_t kvf_proxy_config_table[] = {
     {"DRAIN_TIMEOUT", "5s", "on SIGTERM: how long requests in flight may still run before "
      "they are ended (streams get an error event and [DONE])",
      KVF_PF(drain_timeout), KVF_CONFIG_TYPE_TIME, 0},
-    {"MAX_CONNECTIONS", "256", "concurrent HTTP connections served (a thread each); more get "
-     "a JSON 503", KVF_PF(max_connections), KVF_CONFIG_TYPE_INT, 0},
-    {"MAX_CONNECTIONS_PER_CLIENT", "64", "concurrent HTTP connections from one client address; "
-     "more get a JSON 503", KVF_PF(max_per_client), KVF_CONFIG_TYPE_INT, 0},
+    {"MAX_CONNECTIONS", "4096", "concurrent HTTP connections served (one event loop; a few KiB "
+     "each); more get a JSON 503", KVF_PF(max_connections), KVF_CONFIG_TYPE_INT, 0},
+    {"MAX_CONNECTIONS_PER_CLIENT", "0", "concurrent HTTP connections from one client (its "
+     "address, or X-Forwarded-For from a --trusted-proxy); more get a JSON 503; 0: no cap",
+     KVF_PF(max_per_client), KVF_CONFIG_TYPE_INT, 0},
+    {"TRUSTED_PROXY", "", "comma list of addresses (load balancers, ingresses) whose "
+     "X-Forwarded-For names the client for --max-connections-per-client; from any other peer it "
+     "is ignored", KVF_PF(trusted_proxy), KVF_CONFIG_TYPE_STRING, 0},
+    {"API_KEY", "", "clients must send 'Authorization: Bearer KEY' (401 otherwise); prefer the "
+     "environment or --api-key-file to the command line (ps shows it)",
+     KVF_PF(api_key), KVF_CONFIG_TYPE_STRING, 0},
+    {"API_KEY_FILE", "", "file whose first line is the API key (instead of --api-key)",
+     KVF_PF(api_key_file), KVF_CONFIG_TYPE_STRING, 0},
+    {"PROTECT_METRICS", "no", "with an API key: /health and /metrics need it too (they are open "
+     "by default, for probes and scrapers)", KVF_PF(protect_metrics), KVF_CONFIG_TYPE_BOOL, 0},
+    {"TLS_CERT", "", "PEM certificate (chain): serve HTTPS (with --tls-key)",
+     KVF_PF(tls_cert), KVF_CONFIG_TYPE_STRING, 0},
+    {"TLS_KEY", "", "PEM private key of --tls-cert", KVF_PF(tls_key), KVF_CONFIG_TYPE_STRING, 0},
     {"MAX_BODY", "4m", "largest request body; larger ones get 413",
      KVF_PF(max_body), KVF_CONFIG_TYPE_SIZE, 0},
     {"MAX_PROMPT_TOKENS", "32768", "longest prompt accepted, in tokens",
@@ -61,6 +76,12 @@ const kvf_config_field_t kvf_proxy_config_table[] = {
      KVF_PF(default_max_tokens), KVF_CONFIG_TYPE_INT, 0},
     {"ADD_BOS", "yes", "prefix string prompts with the model's BOS token (when it has one)",
      KVF_PF(add_bos), KVF_CONFIG_TYPE_BOOL, 0},
+    {"KEYS", "", "key set folder (server.key, <id>.key, pool.pub; made by kvf-up or `kvf keygen`): "
+     "CURVE to every daemon (docs/SECURITY.md)", KVF_PF(keys), KVF_CONFIG_TYPE_STRING, 0},
+    {"KEY_ID", "proxy", "this proxy's member id in pool.pub", KVF_PF(key_id),
+     KVF_CONFIG_TYPE_STRING, 0},
+    {"INSECURE", "no", "no keys: plain ZeroMQ to the daemons (closed lab networks only; warns "
+     "at every start)", KVF_PF(insecure), KVF_CONFIG_TYPE_BOOL, 0},
     {NULL, NULL, NULL, 0, 0, 0},
 };
 
@@ -72,7 +93,44 @@ struct kvf_proxy {
     kvf_proxy_openai_ctx_t api;
     kvf_proxy_http_h       http;
     char                   model_name[KVF_CONFIG_STR_MAX];
+    char                   api_key[KVF_CONFIG_STR_MAX];   /* "" = none */
 };
+
+/* The API key from --api-key (or KVF_API_KEY) or the first line of --api-key-file. */
+static kvf_status_t kvf_proxy_api_key(const kvf_proxy_config_t *cfg, char *key, size_t cap)
+{
+    FILE *f;
+    size_t n;
+
+    snprintf(key, cap, "%s", cfg->api_key);
+    if (cfg->api_key_file[0] == '\0') {
+        return KVF_OK;
+    }
+    if (cfg->api_key[0] != '\0') {
+        kvf_error("--api-key and --api-key-file both given: use one");
+        return KVF_ERR_INVALID_PARAM;
+    }
+    f = fopen(cfg->api_key_file, "r");
+    if ((f == NULL) || (fgets(key, (int)cap, f) == NULL)) {
+        kvf_error("--api-key-file %s: cannot read a key from it", cfg->api_key_file);
+        if (f != NULL) {
+            fclose(f);
+        }
+        key[0] = '\0';
+        return KVF_ERR_IO;
+    }
+    fclose(f);
+    n = strcspn(key, "\r\n");
+    key[n] = '\0';
+    while ((n > 0) && ((key[n - 1] == ' ') || (key[n - 1] == '\t'))) {
+        key[--n] = '\0';
+    }
+    if (n == 0) {
+        kvf_error("--api-key-file %s: the first line is empty", cfg->api_key_file);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    return KVF_OK;
+}
 
 static kvf_status_t kvf_proxy_check(const kvf_proxy_config_t *cfg)
 {
@@ -86,7 +144,7 @@ static kvf_status_t kvf_proxy_check(const kvf_proxy_config_t *cfg)
         kvf_error("timeouts and the health interval must be positive");
         return KVF_ERR_INVALID_PARAM;
     }
-    if ((cfg->max_connections <= 0) || (cfg->max_per_client <= 0) ||
+    if ((cfg->max_connections <= 0) || (cfg->max_per_client < 0) ||
         (cfg->max_prompt_tokens <= 0) ||
         (cfg->max_tokens_limit <= 0) || (cfg->default_max_tokens <= 0) ||
         (cfg->default_max_tokens > cfg->max_tokens_limit) || (cfg->max_body == 0)) {
@@ -159,6 +217,11 @@ kvf_status_t kvf_proxy_create(const kvf_proxy_config_t *cfg, kvf_proxy_h *proxy_
     proxy->flow.prefill_timeout_ms = cfg->prefill_timeout;
     proxy->flow.token_timeout_ms = cfg->token_timeout;
     proxy->flow.drain_timeout_ms = cfg->drain_timeout;
+    /* a restarted proxy waits for its first probes before it refuses work */
+    proxy->flow.started_us = kvf_proxy_now_us();
+    proxy->flow.health_interval_ms = cfg->health_interval;
+    proxy->flow.warmup_until_us = proxy->flow.started_us +
+                                  (cfg->health_interval + cfg->health_timeout) * 1000;
     atomic_init(&proxy->flow.cancel, false);
 
     snprintf(proxy->model_name, sizeof(proxy->model_name), "%s", cfg->model_name);
@@ -169,10 +232,19 @@ kvf_status_t kvf_proxy_create(const kvf_proxy_config_t *cfg, kvf_proxy_h *proxy_
     proxy->api.max_tokens_limit = (uint32_t)cfg->max_tokens_limit;
     proxy->api.default_max_tokens = (uint32_t)cfg->default_max_tokens;
 
+    status = kvf_proxy_api_key(cfg, proxy->api_key, sizeof(proxy->api_key));
+    if (status != KVF_OK) {
+        goto err_pool;
+    }
     hp.host = cfg->host;
     hp.port = cfg->port;
     hp.max_connections = (unsigned)cfg->max_connections;
     hp.max_per_client = (unsigned)cfg->max_per_client;
+    hp.trusted_proxies = cfg->trusted_proxy;
+    hp.api_key = proxy->api_key;
+    hp.protect_metrics = cfg->protect_metrics;
+    hp.tls_cert = cfg->tls_cert;
+    hp.tls_key = cfg->tls_key;
     hp.max_body = cfg->max_body;
     hp.header_timeout_ms = cfg->header_timeout;
     hp.body_timeout_ms = cfg->body_timeout;

@@ -32,12 +32,21 @@ typedef struct kvf_proxy_config {
     int64_t body_timeout;                     /* ms */
     int64_t drain_timeout;                    /* ms */
     int     max_connections;
-    int     max_per_client;
+    int     max_per_client;                   /* 0: no per-client cap */
+    char    trusted_proxy[KVF_CONFIG_STR_MAX];/* X-Forwarded-For believed from these */
+    char    api_key[KVF_CONFIG_STR_MAX];      /* "" = none */
+    char    api_key_file[KVF_CONFIG_STR_MAX];
+    bool    protect_metrics;                  /* /health and /metrics need the key too */
+    char    tls_cert[KVF_CONFIG_STR_MAX];     /* "" = plain HTTP */
+    char    tls_key[KVF_CONFIG_STR_MAX];
     size_t  max_body;
     int     max_prompt_tokens;
     int     max_tokens_limit;
     int     default_max_tokens;
     bool    add_bos;
+    char    keys[KVF_CONFIG_STR_MAX];         /* key set folder (kvf_zmq_auth.h); "" = none */
+    char    key_id[KVF_CONFIG_STR_MAX];       /* member id in pool.pub, default "proxy" */
+    bool    insecure;                         /* plain ZeroMQ (lab only; warns) */
 } kvf_proxy_config_t;
 
 /** Flags and KVF_* variables of kvf-proxy (NULL-name terminated). */

@@ -9,9 +9,13 @@
  * before it closes the descriptor, and shutdown() runs under the lock, so
  * the watchdog never touches a descriptor number that was reused.
  * Rejected: the library's own connection timeout alone (it is an
- * inactivity timeout: a client sending one byte per second keeps a thread
- * forever) and its per-address limit alone (it closes the socket without an
- * answer).
+ * inactivity timeout: a client sending one byte per second keeps its
+ * connection forever) and its per-address limit alone (it closes the socket
+ * without an answer, and counts a load balancer as one client).
+ *
+ * Cost: opening a connection counts its client's connections (one pass over
+ * the table) only when the per-client cap is on; the watchdog passes over
+ * the table every 100 ms (thousands of slots: microseconds).
  */
 #include "kvf_proxy_conns.h"
 #include "kvf_time.h"
@@ -20,6 +24,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <netdb.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,23 +32,27 @@
 #include <time.h>
 
 #define KVF_PROXY_WATCHDOG_MS 100
+#define KVF_PROXY_TRUSTED_MAX 32
+#define KVF_PROXY_ADDR_STR    64
 
 struct kvf_proxy_conn_slot {
     kvf_proxy_conn_slot_t *prev, *next;
     int                    fd;
-    struct sockaddr_storage addr;
-    socklen_t              addr_len;      /* bytes of the address part compared */
-    char                   addr_str[64];
-    kvf_proxy_admit_t      admit;
+    char                   addr_str[KVF_PROXY_ADDR_STR];    /* the peer */
+    char                   client[KVF_PROXY_ADDR_STR];      /* attributed to; "" when not counted */
+    bool                   trusted_peer;  /* a --trusted-proxy: X-Forwarded-For names clients */
+    bool                   over_total;    /* not admitted (decided at open) */
+    bool                   over_client;   /* its client had max_per_client already */
     kvf_proxy_phase_t      phase;
     bool                   served;        /* answered at least one request */
     bool                   fired;         /* the watchdog shut it */
-    bool                   claimed;       /* its connection thread named it (request line) */
     int64_t                deadline_ms;   /* 0: none */
 };
 
 struct kvf_proxy_conns {
     kvf_proxy_conns_params_t params;
+    char                     trusted[KVF_PROXY_TRUSTED_MAX][KVF_PROXY_ADDR_STR];
+    int                      num_trusted;
     pthread_mutex_t          lock;
     pthread_cond_t           cond;
     kvf_proxy_conn_slot_t   *head;
@@ -59,21 +68,67 @@ static int64_t kvf_proxy_conns_now_ms(void)
     return (int64_t)(kvf_time_now_ns() / 1000000u);
 }
 
-static bool kvf_proxy_same_client(const kvf_proxy_conn_slot_t *a, const kvf_proxy_conn_slot_t *b)
+/* @a text (length @a len) as a numeric address in canonical form into @a out; false if not one. */
+static bool kvf_proxy_addr_canon(const char *text, size_t len, char *out, size_t cap)
 {
-    if (a->addr.ss_family != b->addr.ss_family) {
+    struct addrinfo hints = {0}, *ai = NULL;
+    char buf[KVF_PROXY_ADDR_STR];
+    bool ok;
+
+    while ((len > 0) && ((*text == ' ') || (*text == '\t'))) {
+        text++;
+        len--;
+    }
+    while ((len > 0) && ((text[len - 1] == ' ') || (text[len - 1] == '\t'))) {
+        len--;
+    }
+    if ((len == 0) || (len >= sizeof(buf))) {
         return false;
     }
-    if (a->addr.ss_family == AF_INET) {
-        return ((const struct sockaddr_in *)&a->addr)->sin_addr.s_addr ==
-               ((const struct sockaddr_in *)&b->addr)->sin_addr.s_addr;
+    memcpy(buf, text, len);
+    buf[len] = '\0';
+    hints.ai_flags = AI_NUMERICHOST;
+    hints.ai_family = AF_UNSPEC;
+    if (getaddrinfo(buf, NULL, &hints, &ai) != 0) {
+        return false;
     }
-    if (a->addr.ss_family == AF_INET6) {
-        return memcmp(&((const struct sockaddr_in6 *)&a->addr)->sin6_addr,
-                      &((const struct sockaddr_in6 *)&b->addr)->sin6_addr,
-                      sizeof(struct in6_addr)) == 0;
+    ok = (getnameinfo(ai->ai_addr, ai->ai_addrlen, out, (socklen_t)cap, NULL, 0,
+                      NI_NUMERICHOST) == 0);
+    freeaddrinfo(ai);
+    return ok;
+}
+
+static bool kvf_proxy_is_trusted(const struct kvf_proxy_conns *c, const char *addr)
+{
+    for (int i = 0; i < c->num_trusted; ++i) {
+        if (strcmp(c->trusted[i], addr) == 0) {
+            return true;
+        }
     }
-    return true;   /* unix sockets and the like: one client */
+    return false;
+}
+
+static kvf_status_t kvf_proxy_parse_trusted(struct kvf_proxy_conns *c, const char *list)
+{
+    const char *p = list;
+
+    while ((p != NULL) && (*p != '\0')) {
+        const char *comma = strchr(p, ',');
+        size_t len = (comma != NULL) ? (size_t)(comma - p) : strlen(p);
+
+        if (c->num_trusted == KVF_PROXY_TRUSTED_MAX) {
+            kvf_error("--trusted-proxy: more than %d addresses", KVF_PROXY_TRUSTED_MAX);
+            return KVF_ERR_INVALID_PARAM;
+        }
+        if (!kvf_proxy_addr_canon(p, len, c->trusted[c->num_trusted], KVF_PROXY_ADDR_STR)) {
+            kvf_error("--trusted-proxy: '%.*s' is not a numeric IPv4 or IPv6 address "
+                      "(list '%s')", (int)len, p, list);
+            return KVF_ERR_INVALID_PARAM;
+        }
+        c->num_trusted++;
+        p = (comma != NULL) ? comma + 1 : NULL;
+    }
+    return KVF_OK;
 }
 
 static void *kvf_proxy_watchdog(void *arg)
@@ -129,8 +184,7 @@ kvf_status_t kvf_proxy_conns_create(const kvf_proxy_conns_params_t *params,
     struct kvf_proxy_conns *c;
     pthread_condattr_t attr;
 
-    if ((params->max_total == 0) || (params->max_per_client == 0) ||
-        (params->header_timeout_ms <= 0) || (params->body_timeout_ms <= 0) ||
+    if ((params->max_total == 0) || (params->header_timeout_ms <= 0) || (params->body_timeout_ms <= 0) ||
         (params->idle_timeout_ms <= 0)) {
         kvf_error("connection caps and client timeouts must be positive");
         return KVF_ERR_INVALID_PARAM;
@@ -140,6 +194,12 @@ kvf_status_t kvf_proxy_conns_create(const kvf_proxy_conns_params_t *params,
         return KVF_ERR_NO_MEMORY;
     }
     c->params = *params;
+    c->params.trusted_proxies = NULL;   /* parsed here; the caller's string is not kept */
+    if ((params->trusted_proxies != NULL) &&
+        (kvf_proxy_parse_trusted(c, params->trusted_proxies) != KVF_OK)) {
+        free(c);
+        return KVF_ERR_INVALID_PARAM;
+    }
     pthread_mutex_init(&c->lock, NULL);
     pthread_condattr_init(&attr);
     pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
@@ -176,41 +236,49 @@ void kvf_proxy_conns_destroy(kvf_proxy_conns_h c)
     free(c);
 }
 
+/* Attribute @a s to @a client under the per-client cap (lock held). */
+static void kvf_proxy_attribute_locked(struct kvf_proxy_conns *c, kvf_proxy_conn_slot_t *s,
+                                       const char *client)
+{
+    unsigned same = 0;
+
+    s->client[0] = '\0';
+    s->over_client = false;
+    if ((c->params.max_per_client == 0) || s->over_total) {
+        return;
+    }
+    for (kvf_proxy_conn_slot_t *o = c->head; o != NULL; o = o->next) {
+        same += (o != s) && (strcmp(o->client, client) == 0);
+    }
+    s->over_client = (same >= c->params.max_per_client);
+    if (!s->over_client) {
+        snprintf(s->client, sizeof(s->client), "%s", client);
+    }
+}
+
 kvf_proxy_conn_slot_t *kvf_proxy_conns_open(kvf_proxy_conns_h c, int fd,
                                             const struct sockaddr *addr)
 {
     kvf_proxy_conn_slot_t *s = calloc(1, sizeof(*s));
-    unsigned same = 0;
 
     if (s == NULL) {
         return NULL;
     }
     s->fd = fd;
-    if (addr != NULL) {
-        size_t n = (addr->sa_family == AF_INET6) ? sizeof(struct sockaddr_in6) :
-                   (addr->sa_family == AF_INET) ? sizeof(struct sockaddr_in) :
-                                                  sizeof(struct sockaddr);
-        memcpy(&s->addr, addr, n);
-        s->addr_len = (socklen_t)n;
-        if (addr->sa_family == AF_INET) {
-            inet_ntop(AF_INET, &((const struct sockaddr_in *)addr)->sin_addr, s->addr_str,
-                      sizeof(s->addr_str));
-        } else if (addr->sa_family == AF_INET6) {
-            inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)addr)->sin6_addr, s->addr_str,
-                      sizeof(s->addr_str));
-        }
+    if ((addr != NULL) && ((addr->sa_family == AF_INET) || (addr->sa_family == AF_INET6)) &&
+        (getnameinfo(addr, (addr->sa_family == AF_INET6) ? sizeof(struct sockaddr_in6) :
+                     sizeof(struct sockaddr_in), s->addr_str, sizeof(s->addr_str), NULL, 0,
+                     NI_NUMERICHOST) != 0)) {
+        s->addr_str[0] = '\0';
     }
     if (s->addr_str[0] == '\0') {
         snprintf(s->addr_str, sizeof(s->addr_str), "a local client");
     }
+    s->trusted_peer = kvf_proxy_is_trusted(c, s->addr_str);
     pthread_mutex_lock(&c->lock);
-    for (kvf_proxy_conn_slot_t *o = c->head; o != NULL; o = o->next) {
-        same += (o->admit == KVF_PROXY_ADMIT_OK) && kvf_proxy_same_client(o, s);
-    }
-    s->admit = (c->admitted >= c->params.max_total) ? KVF_PROXY_ADMIT_OVER_TOTAL :
-               (same >= c->params.max_per_client) ? KVF_PROXY_ADMIT_OVER_CLIENT :
-                                                    KVF_PROXY_ADMIT_OK;
-    c->admitted += (s->admit == KVF_PROXY_ADMIT_OK);
+    s->over_total = (c->admitted >= c->params.max_total);
+    c->admitted += !s->over_total;
+    kvf_proxy_attribute_locked(c, s, s->addr_str);
     s->phase = KVF_PROXY_PHASE_HEADERS;
     s->deadline_ms = kvf_proxy_conns_now_ms() + c->params.header_timeout_ms;
     s->next = c->head;
@@ -221,6 +289,42 @@ kvf_proxy_conn_slot_t *kvf_proxy_conns_open(kvf_proxy_conns_h c, int fd,
     c->count++;
     pthread_mutex_unlock(&c->lock);
     return s;
+}
+
+kvf_proxy_admit_t kvf_proxy_conns_attribute(kvf_proxy_conns_h c, kvf_proxy_conn_slot_t *s,
+                                            const char *forwarded_for)
+{
+    char client[KVF_PROXY_ADDR_STR] = "";
+
+    if (s->trusted_peer && (forwarded_for != NULL) && (c->params.max_per_client != 0)) {
+        /* rightmost first: the entries left of a trusted hop are the client's word */
+        const char *end = forwarded_for + strlen(forwarded_for);
+
+        while (end > forwarded_for) {
+            const char *p = end;
+            char addr[KVF_PROXY_ADDR_STR];
+
+            while ((p > forwarded_for) && (p[-1] != ',')) {
+                p--;
+            }
+            if (!kvf_proxy_addr_canon(p, (size_t)(end - p), addr, sizeof(addr))) {
+                break;   /* not an address: trust nothing left of it */
+            }
+            snprintf(client, sizeof(client), "%s", addr);
+            if (!kvf_proxy_is_trusted(c, addr)) {
+                break;
+            }
+            end = (p > forwarded_for) ? p - 1 : p;
+        }
+        if (client[0] != '\0') {
+            pthread_mutex_lock(&c->lock);
+            if (strcmp(client, s->client) != 0) {
+                kvf_proxy_attribute_locked(c, s, client);
+            }
+            pthread_mutex_unlock(&c->lock);
+        }
+    }
+    return kvf_proxy_conns_admission(c, s);
 }
 
 void kvf_proxy_conns_close(kvf_proxy_conns_h c, kvf_proxy_conn_slot_t *s)
@@ -238,26 +342,18 @@ void kvf_proxy_conns_close(kvf_proxy_conns_h c, kvf_proxy_conn_slot_t *s)
         s->next->prev = s->prev;
     }
     c->count--;
-    c->admitted -= (s->admit == KVF_PROXY_ADMIT_OK);
+    c->admitted -= !s->over_total;
     pthread_mutex_unlock(&c->lock);
     free(s);
 }
 
-int kvf_proxy_conns_claim(kvf_proxy_conns_h c, kvf_proxy_conn_slot_t *s)
-{
-    pthread_mutex_lock(&c->lock);
-    s->claimed = true;
-    pthread_mutex_unlock(&c->lock);
-    return s->fd;
-}
-
-int kvf_proxy_conns_sole_unclaimed_fd(kvf_proxy_conns_h c)
+int kvf_proxy_conns_sole_reading_fd(kvf_proxy_conns_h c)
 {
     int fd = -1, n = 0;
 
     pthread_mutex_lock(&c->lock);
     for (kvf_proxy_conn_slot_t *o = c->head; (o != NULL) && (n < 2); o = o->next) {
-        if (!o->claimed) {
+        if (o->phase != KVF_PROXY_PHASE_BUSY) {
             fd = o->fd;
             n++;
         }
@@ -266,9 +362,15 @@ int kvf_proxy_conns_sole_unclaimed_fd(kvf_proxy_conns_h c)
     return (n == 1) ? fd : -1;
 }
 
-kvf_proxy_admit_t kvf_proxy_conns_admission(const kvf_proxy_conn_slot_t *s)
+kvf_proxy_admit_t kvf_proxy_conns_admission(kvf_proxy_conns_h c, const kvf_proxy_conn_slot_t *s)
 {
-    return s->admit;
+    kvf_proxy_admit_t a;
+
+    pthread_mutex_lock(&c->lock);
+    a = s->over_total ? KVF_PROXY_ADMIT_OVER_TOTAL :
+        s->over_client ? KVF_PROXY_ADMIT_OVER_CLIENT : KVF_PROXY_ADMIT_OK;
+    pthread_mutex_unlock(&c->lock);
+    return a;
 }
 
 void kvf_proxy_conns_phase(kvf_proxy_conns_h c, kvf_proxy_conn_slot_t *s,

@@ -1,15 +1,20 @@
 /*
  * One completion request: prefill, then decode, then relay (see the header
- * for the sequence). The flow runs on the HTTP connection's thread and
- * blocks there; the pool's I/O thread delivers replies into its mailboxes.
+ * for the sequence). Nothing here waits: each step reads the replies the
+ * pool's I/O thread has put in the calls' mailboxes (kvf_proxy_call_next()
+ * with a zero timeout) and checks the current wait's deadline; the HTTP
+ * edge steps a flow when a call's notify fires or its deadline passes, and
+ * holds no thread for it in between.
  *
- * Waits are cut into 100 ms slices when the caller can tell whether the
- * client is still there, so a client that hangs up is noticed within a
- * slice even while prefill is still running, and both instances are told to
- * abort. Rejected: letting requests of departed clients run to the end
- * (they hold prefill leases and decode pages for nothing).
+ * Each step also asks whether the client is still there, so a client that
+ * hangs up is noticed at the next reply or deadline check (the edge checks
+ * the sockets of waiting requests every 100 ms) even while prefill is still
+ * running, and both instances are told to abort. Rejected: letting requests
+ * of departed clients run to the end (they hold prefill leases and decode
+ * pages for nothing).
  */
 #include "kvf_proxy_flow.h"
+#include "kvf_proxy_route.h"
 #include "kvf_time.h"
 #include "kvf_log.h"
 
@@ -22,7 +27,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#define KVF_PROXY_SLICE_MS 100
+/* In the first health round, a request without a healthy instance looks again this often. */
+#define KVF_PROXY_WARMUP_POLL_MS 20
 
 int64_t kvf_proxy_now_us(void)
 {
@@ -78,67 +84,82 @@ static kvf_status_t kvf_proxy_flow_append(kvf_proxy_flow_t *flow, const int32_t 
     return KVF_OK;
 }
 
-/* Wait for a reply within min(stage timeout, request deadline), watching the client. */
-static kvf_status_t kvf_proxy_flow_wait(kvf_proxy_flow_t *flow, kvf_proxy_call_h call,
-                                        int64_t stage_timeout_ms, const char *stage_flag,
+static kvf_status_t kvf_proxy_flow_client_gone(kvf_proxy_flow_t *flow, const char *what)
+{
+    flow->client_gone = true;
+    kvf_proxy_metrics_add(flow->ctx->metrics, KVF_PROXY_CTR_CLIENT_ABORTS, 1);
+    return kvf_proxy_flow_fail(flow, KVF_ERR_CANCELED, 499, "client_closed_request",
+                               "client disconnected while waiting for %s", what);
+}
+
+/* End of the current wait: min(start + stage timeout, request deadline); *flag_p names it. */
+static int64_t kvf_proxy_flow_wait_end(const kvf_proxy_flow_t *flow, const char **flag_p,
+                                       int64_t *flag_ms_p)
+{
+    const kvf_proxy_flow_ctx_t *ctx = flow->ctx;
+    bool prefill = (flow->stage == KVF_PROXY_FLOW_PREFILL);
+    int64_t ms = prefill ? ctx->prefill_timeout_ms : ctx->token_timeout_ms;
+    int64_t end = flow->wait_start_us + ms * 1000;
+
+    if (flow->stage == KVF_PROXY_FLOW_WAIT_POOL) {
+        end = ctx->warmup_until_us;
+        ms = 0;
+    }
+    if (flag_p != NULL) {
+        *flag_p = prefill ? "--prefill-timeout" : "--token-timeout";
+        *flag_ms_p = ms;
+    }
+    if (end > flow->deadline_us) {
+        end = flow->deadline_us;
+        if (flag_p != NULL) {
+            *flag_p = "--request-timeout";
+            *flag_ms_p = ctx->request_timeout_ms;
+        }
+    }
+    return end;
+}
+
+/*
+ * The next reply of @a call if one came (KVF_OK), KVF_ERR_BUSY when none
+ * did and the wait's deadline is ahead; else the failure (timeout, lost
+ * instance, client gone, shutdown).
+ */
+static kvf_status_t kvf_proxy_flow_poll(kvf_proxy_flow_t *flow, kvf_proxy_call_h call,
                                         const char *what, Kvf__ServeReply **reply_p)
 {
     const kvf_proxy_flow_ctx_t *ctx = flow->ctx;
-    int64_t start = kvf_proxy_now_us();
-    int64_t end = start + stage_timeout_ms * 1000;
-    const char *flag = stage_flag;
-    int64_t flag_ms = stage_timeout_ms;
+    const char *flag;
+    int64_t flag_ms, end = kvf_proxy_flow_wait_end(flow, &flag, &flag_ms);
+    kvf_status_t status;
     char msg[384];
 
-    if (end > flow->deadline_us) {
-        end = flow->deadline_us;
-        flag = "--request-timeout";
-        flag_ms = ctx->request_timeout_ms;
-    }
-    /* Also checked while replies keep coming: a poll() per reply is cheap and a
+    /* Also asked while replies keep coming: a poll() per reply is cheap and a
      * departed client should not keep a decode instance busy until the end. */
     if ((flow->gone != NULL) && flow->gone(flow->gone_arg)) {
-        flow->client_gone = true;
-        kvf_proxy_metrics_add(ctx->metrics, KVF_PROXY_CTR_CLIENT_ABORTS, 1);
-        return kvf_proxy_flow_fail(flow, KVF_ERR_CANCELED, 499, "client_closed_request",
-                                   "client disconnected while waiting for %s", what);
+        return kvf_proxy_flow_client_gone(flow, what);
     }
-    for (;;) {
-        int64_t left_ms = (end - kvf_proxy_now_us()) / 1000;
-        int64_t slice = left_ms;
-        kvf_status_t status;
-
-        if (left_ms <= 0) {
-            kvf_proxy_metrics_add(ctx->metrics, KVF_PROXY_CTR_TIMEOUTS, 1);
-            return kvf_proxy_flow_fail(flow, KVF_ERR_PEER_TIMEOUT, 504, "timeout_error",
-                                       "%s did not answer within %lld ms (%s %lld ms)", what,
-                                       (long long)((end - start) / 1000), flag,
-                                       (long long)flag_ms);
-        }
-        if ((flow->gone != NULL) && (slice > KVF_PROXY_SLICE_MS)) {
-            slice = KVF_PROXY_SLICE_MS;
-        }
-        if (atomic_load(&ctx->cancel)) {
-            return kvf_proxy_flow_fail(flow, KVF_ERR_CANCELED, 503, "server_error",
-                                       "the proxy is shutting down: the request did not finish"
-                                       " within --drain-timeout %lld ms",
-                                       (long long)ctx->drain_timeout_ms);
-        }
-        status = kvf_proxy_call_next(call, slice, reply_p, msg, sizeof(msg));
-        if (status == KVF_OK) {
-            return KVF_OK;
-        }
-        if (status != KVF_ERR_PEER_TIMEOUT) {
-            kvf_proxy_metrics_add(ctx->metrics, KVF_PROXY_CTR_PEER_ERRORS, 1);
-            return kvf_proxy_flow_fail(flow, status, 502, "upstream_error", "%s", msg);
-        }
-        if ((flow->gone != NULL) && flow->gone(flow->gone_arg)) {
-            flow->client_gone = true;
-            kvf_proxy_metrics_add(ctx->metrics, KVF_PROXY_CTR_CLIENT_ABORTS, 1);
-            return kvf_proxy_flow_fail(flow, KVF_ERR_CANCELED, 499, "client_closed_request",
-                                       "client disconnected while waiting for %s", what);
-        }
+    if (atomic_load(&ctx->cancel)) {
+        return kvf_proxy_flow_fail(flow, KVF_ERR_CANCELED, 503, "server_error",
+                                   "the proxy is shutting down: the request did not finish"
+                                   " within --drain-timeout %lld ms",
+                                   (long long)ctx->drain_timeout_ms);
     }
+    status = kvf_proxy_call_next(call, 0, reply_p, msg, sizeof(msg));
+    if (status == KVF_OK) {
+        return KVF_OK;
+    }
+    if (status != KVF_ERR_PEER_TIMEOUT) {
+        kvf_proxy_metrics_add(ctx->metrics, KVF_PROXY_CTR_PEER_ERRORS, 1);
+        return kvf_proxy_flow_fail(flow, status, 502, "upstream_error", "%s", msg);
+    }
+    if (kvf_proxy_now_us() >= end) {
+        kvf_proxy_metrics_add(ctx->metrics, KVF_PROXY_CTR_TIMEOUTS, 1);
+        return kvf_proxy_flow_fail(flow, KVF_ERR_PEER_TIMEOUT, 504, "timeout_error",
+                                   "%s did not answer within %lld ms (%s %lld ms)", what,
+                                   (long long)((end - flow->wait_start_us) / 1000), flag,
+                                   (long long)flag_ms);
+    }
+    return KVF_ERR_BUSY;
 }
 
 /* A reply with a non-zero status: the daemon's own message, mapped to HTTP. */
@@ -162,6 +183,8 @@ static kvf_status_t kvf_proxy_flow_daemon_error(kvf_proxy_flow_t *flow, kvf_prox
     case KVF_ERR_BUSY:
         http = 503;
         type = "server_error";
+        flow->retry_after_s = 1;   /* its queue is full or it is draining */
+        kvf_proxy_metrics_reject(flow->ctx->metrics, KVF_PROXY_REJECT_INSTANCE_BUSY);
         break;
     default:
         break;
@@ -202,18 +225,101 @@ static void kvf_proxy_flow_sampling(const kvf_proxy_completion_req_t *req, Kvf__
     sp->ignore_eos = req->ignore_eos;
 }
 
-kvf_status_t kvf_proxy_flow_start(kvf_proxy_flow_t *flow, const kvf_proxy_flow_ctx_t *ctx,
-                                  const kvf_proxy_completion_req_t *req,
-                                  kvf_proxy_gone_func_t gone, void *gone_arg)
+/* Every instance was heard from, or found down: the first health round is over. */
+static bool kvf_proxy_flow_pool_settled(const kvf_proxy_flow_ctx_t *ctx)
 {
-    Kvf__SamplingParams sp = KVF__SAMPLING_PARAMS__INIT;
-    Kvf__PrefillRequest preq = KVF__PREFILL_REQUEST__INIT;
-    Kvf__DecodeRequest dreq = KVF__DECODE_REQUEST__INIT;
-    Kvf__ServeRequest sreq = KVF__SERVE_REQUEST__INIT;
-    Kvf__ServeReply *r = NULL;
-    kvf_proxy_call_h pcall = NULL;
+    int64_t down_ms = 2 * ctx->health_interval_ms;
+    bool late;
+
+    down_ms = (down_ms < 250) ? 250 : down_ms;   /* a local connect takes milliseconds */
+    late = (kvf_proxy_now_us() - ctx->started_us) / 1000 >= down_ms;
+    for (int role = 0; role < KVF_PROXY_ROLE_COUNT; ++role) {
+        for (int i = 0; i < kvf_proxy_pool_count(ctx->pool, (kvf_proxy_role_t)role); ++i) {
+            kvf_proxy_instance_info_t info;
+
+            kvf_proxy_pool_info(ctx->pool, (kvf_proxy_role_t)role, i, &info);
+            if (!info.answered && (info.probes_failed == 0) && (info.connected || !late)) {
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
+/*
+ * Pick the prefill and decode instances by load and decide admission
+ * (kvf_proxy_route.h). KVF_ERR_BUSY: none is healthy yet in the proxy's
+ * first health round (wait); else KVF_OK or the failure (a refusal is a 503
+ * with Retry-After, counted by reason).
+ */
+static kvf_status_t kvf_proxy_flow_pick(kvf_proxy_flow_t *flow)
+{
+    const kvf_proxy_flow_ctx_t *ctx = flow->ctx;
+    kvf_proxy_route_req_t rq;
+    kvf_proxy_route_t rt;
+    int64_t left_ms = (flow->deadline_us - kvf_proxy_now_us()) / 1000;
     kvf_status_t status;
-    char what[KVF_PROXY_URL_MAX + 32];
+
+    rq.num_tokens = flow->req->num_prompt;
+    rq.prefill_timeout_ms = ctx->prefill_timeout_ms;
+    rq.budget_ms = (left_ms < ctx->prefill_timeout_ms) ? left_ms : ctx->prefill_timeout_ms;
+    status = kvf_proxy_route_pick(ctx->pool, &rq, &rt);
+    flow->prefill_idx = rt.prefill_idx;
+    flow->decode_idx = rt.decode_idx;
+    if (status == KVF_OK) {
+        return KVF_OK;
+    }
+    if ((rt.reason == KVF_PROXY_REJECT_NO_INSTANCE) && (kvf_proxy_now_us() < ctx->warmup_until_us) &&
+        !kvf_proxy_flow_pool_settled(ctx)) {
+        return KVF_ERR_BUSY;
+    }
+    if (rt.http == 503) {
+        flow->retry_after_s = rt.retry_after_s;
+        kvf_proxy_metrics_reject(ctx->metrics, rt.reason);
+    }
+    return kvf_proxy_flow_fail(flow, status, rt.http, rt.type, "%s", rt.why);
+}
+
+/* Instances picked: send the PrefillRequest (prompt in, first token and transfer params out). */
+static kvf_status_t kvf_proxy_flow_send_prefill(kvf_proxy_flow_t *flow)
+{
+    const kvf_proxy_flow_ctx_t *ctx = flow->ctx;
+    Kvf__PrefillRequest preq = KVF__PREFILL_REQUEST__INIT;
+    Kvf__ServeRequest sreq = KVF__SERVE_REQUEST__INIT;
+    kvf_status_t status;
+
+    flow->out.prefill_instance = kvf_proxy_pool_url(ctx->pool, KVF_PROXY_ROLE_PREFILL,
+                                                    flow->prefill_idx);
+    flow->out.decode_instance = kvf_proxy_pool_url(ctx->pool, KVF_PROXY_ROLE_DECODE,
+                                                   flow->decode_idx);
+    preq.request_id = flow->out.id;
+    preq.n_prompt_tokens = (size_t)flow->req->num_prompt;
+    preq.prompt_tokens = flow->req->prompt_ids;
+    preq.sampling = &flow->sampling;
+    sreq.body_case = KVF__SERVE_REQUEST__BODY_PREFILL;
+    sreq.prefill = &preq;
+    status = kvf_proxy_call_start(ctx->pool, KVF_PROXY_ROLE_PREFILL, flow->prefill_idx,
+                                  flow->out.id, &sreq, &flow->prefill_call);
+    flow->prefill_sent_us = kvf_proxy_now_us();
+    if (status != KVF_OK) {
+        return kvf_proxy_flow_fail(flow, status, 500, "server_error",
+                                   "failed to queue the prefill request: %s",
+                                   kvf_status_str(status));
+    }
+    kvf_proxy_metrics_add(ctx->metrics, KVF_PROXY_CTR_PROMPT_TOKENS,
+                          (uint64_t)flow->req->num_prompt);
+    flow->stage = KVF_PROXY_FLOW_PREFILL;
+    flow->wait_start_us = flow->prefill_sent_us;
+    kvf_proxy_call_set_notify(flow->prefill_call, flow->notify, flow->notify_arg);
+    return KVF_OK;
+}
+
+kvf_status_t kvf_proxy_flow_begin(kvf_proxy_flow_t *flow, const kvf_proxy_flow_ctx_t *ctx,
+                                  const kvf_proxy_completion_req_t *req,
+                                  kvf_proxy_gone_func_t gone, void *gone_arg,
+                                  kvf_proxy_call_notify_t notify, void *notify_arg)
+{
+    kvf_status_t status;
 
     memset(flow, 0, sizeof(*flow));
     flow->ctx = ctx;
@@ -222,110 +328,56 @@ kvf_status_t kvf_proxy_flow_start(kvf_proxy_flow_t *flow, const kvf_proxy_flow_c
     flow->decode_idx = -1;
     flow->gone = gone;
     flow->gone_arg = gone_arg;
+    flow->notify = notify;
+    flow->notify_arg = notify_arg;
     flow->t0_us = kvf_proxy_now_us();
     flow->deadline_us = flow->t0_us + ctx->request_timeout_ms * 1000;
+    flow->wait_start_us = flow->t0_us;
     flow->out.created = (int64_t)time(NULL);
     kvf_proxy_flow_new_id(flow->out.id, sizeof(flow->out.id));
-    kvf_proxy_metrics_in_flight(ctx->metrics, +1);
-
-    if (kvf_proxy_pool_pick(ctx->pool, KVF_PROXY_ROLE_PREFILL, &flow->prefill_idx) != KVF_OK) {
-        flow->prefill_idx = -1;   /* nothing was sent to it */
-        return kvf_proxy_flow_fail(flow, KVF_ERR_NO_RESOURCE, 503, "server_error",
-                                   "no healthy prefill instance (or every one is draining,"
-                                   " or none a decode instance accepts: see /health)");
-    }
     {
-        char why[320] = "";
-        kvf_proxy_instance_info_t pi;
-
-        /* what the prefill instance can never do: say so now, not after a timeout */
-        kvf_proxy_pool_info(ctx->pool, KVF_PROXY_ROLE_PREFILL, flow->prefill_idx, &pi);
-        if ((pi.max_prompt_tokens != 0) && ((uint32_t)req->num_prompt > pi.max_prompt_tokens)) {
-            flow->prefill_idx = -1;
-            return kvf_proxy_flow_fail(flow, KVF_ERR_OUT_OF_RANGE, 400, "invalid_request_error",
-                                       "prompt of %d tokens does not fit prefill instance %s's"
-                                       " KV cache (at most %u tokens; raise --num-blocks on"
-                                       " prefill)", req->num_prompt, pi.url,
-                                       pi.max_prompt_tokens);
-        }
-        if ((pi.prefill_tokens_per_s > 0) &&
-            ((double)req->num_prompt / pi.prefill_tokens_per_s * 1000.0 >
-             (double)ctx->prefill_timeout_ms)) {
-            flow->prefill_idx = -1;
-            return kvf_proxy_flow_fail(flow, KVF_ERR_OUT_OF_RANGE, 400, "invalid_request_error",
-                                       "prompt of %d tokens would take about %.0f s to prefill"
-                                       " at prefill instance %s's measured %.0f tokens/s, longer"
-                                       " than --prefill-timeout %lld ms", req->num_prompt,
-                                       (double)req->num_prompt / pi.prefill_tokens_per_s,
-                                       pi.url, pi.prefill_tokens_per_s,
-                                       (long long)ctx->prefill_timeout_ms);
-        }
-        status = kvf_proxy_pool_pick_decode(ctx->pool, flow->prefill_idx, req->num_prompt,
-                                            &flow->decode_idx, why, sizeof(why));
-        if (status != KVF_OK) {
-            int p = flow->prefill_idx;
-            flow->prefill_idx = -1;
-            flow->decode_idx = -1;
-            if (status == KVF_ERR_OUT_OF_RANGE) {
-                return kvf_proxy_flow_fail(flow, status, 400, "invalid_request_error",
-                                           "prompt of %d tokens does not fit any decode"
-                                           " instance: %s", req->num_prompt, why);
-            }
-            if (status == KVF_ERR_REFUSED) {
-                return kvf_proxy_flow_fail(flow, status, 503, "server_error",
-                                           "no decode instance accepts prefill instance %s: %s",
-                                           kvf_proxy_pool_url(ctx->pool, KVF_PROXY_ROLE_PREFILL,
-                                                              p), why);
-            }
-            return kvf_proxy_flow_fail(flow, KVF_ERR_NO_RESOURCE, 503, "server_error",
-                                       "no healthy decode instance (or every one is"
-                                       " draining: see /health)");
-        }
+        Kvf__SamplingParams sp = KVF__SAMPLING_PARAMS__INIT;
+        flow->sampling = sp;
     }
-    flow->out.prefill_instance = kvf_proxy_pool_url(ctx->pool, KVF_PROXY_ROLE_PREFILL,
-                                                    flow->prefill_idx);
-    flow->out.decode_instance = kvf_proxy_pool_url(ctx->pool, KVF_PROXY_ROLE_DECODE,
-                                                   flow->decode_idx);
-
-    /* Prefill: prompt in, first token and transfer params out. */
-    kvf_proxy_flow_sampling(req, &sp);
-    preq.request_id = flow->out.id;
-    preq.n_prompt_tokens = (size_t)req->num_prompt;
-    preq.prompt_tokens = req->prompt_ids;
-    preq.sampling = &sp;
-    sreq.body_case = KVF__SERVE_REQUEST__BODY_PREFILL;
-    sreq.prefill = &preq;
-    status = kvf_proxy_call_start(ctx->pool, KVF_PROXY_ROLE_PREFILL, flow->prefill_idx,
-                                  flow->out.id, &sreq, &pcall);
-    flow->prefill_sent_us = kvf_proxy_now_us();
-    if (status != KVF_OK) {
-        return kvf_proxy_flow_fail(flow, status, 500, "server_error",
-                                   "failed to queue the prefill request: %s",
-                                   kvf_status_str(status));
+    kvf_proxy_flow_sampling(req, &flow->sampling);
+    kvf_proxy_metrics_in_flight(ctx->metrics, +1);
+    flow->stage = KVF_PROXY_FLOW_WAIT_POOL;
+    status = kvf_proxy_flow_pick(flow);
+    if (status == KVF_ERR_BUSY) {
+        kvf_info("request %s: no healthy instance yet, waiting for the first health round",
+                 flow->out.id);
+        return KVF_OK;
     }
-    kvf_proxy_metrics_add(ctx->metrics, KVF_PROXY_CTR_PROMPT_TOKENS, (uint64_t)req->num_prompt);
-    snprintf(what, sizeof(what), "prefill instance %s", flow->out.prefill_instance);
-    status = kvf_proxy_flow_wait(flow, pcall, ctx->prefill_timeout_ms, "--prefill-timeout", what,
-                                 &r);
-    flow->prefill_recv_us = kvf_proxy_now_us();
-    kvf_proxy_call_end(pcall);
     if (status != KVF_OK) {
+        flow->stage = KVF_PROXY_FLOW_OVER;
         return status;
     }
+    status = kvf_proxy_flow_send_prefill(flow);
+    if (status != KVF_OK) {
+        flow->stage = KVF_PROXY_FLOW_OVER;
+    }
+    return status;
+}
+
+/* Prefill answered: keep the first token, send the DecodeRequest (pull the state, continue). */
+static kvf_status_t kvf_proxy_flow_on_prefill(kvf_proxy_flow_t *flow, const Kvf__ServeReply *r)
+{
+    const kvf_proxy_flow_ctx_t *ctx = flow->ctx;
+    Kvf__DecodeRequest dreq = KVF__DECODE_REQUEST__INIT;
+    Kvf__ServeRequest sreq = KVF__SERVE_REQUEST__INIT;
+    kvf_status_t status;
+
     if (r->has_status && (r->status != 0)) {
-        status = kvf_proxy_flow_daemon_error(flow, KVF_PROXY_ROLE_PREFILL, flow->prefill_idx, r);
-        goto out_free_reply;
+        return kvf_proxy_flow_daemon_error(flow, KVF_PROXY_ROLE_PREFILL, flow->prefill_idx, r);
     }
     if ((r->params == NULL) || !r->params->has_first_token) {
-        status = kvf_proxy_flow_fail(flow, KVF_ERR_PARSE, 502, "upstream_error",
-                                     "prefill instance %s answered without transfer params",
-                                     flow->out.prefill_instance);
-        goto out_free_reply;
+        return kvf_proxy_flow_fail(flow, KVF_ERR_PARSE, 502, "upstream_error",
+                                   "prefill instance %s answered without transfer params",
+                                   flow->out.prefill_instance);
     }
     status = kvf_proxy_flow_append(flow, &r->params->first_token, 1);
     if (status != KVF_OK) {
-        kvf_proxy_flow_fail(flow, status, 500, "server_error", "out of memory");
-        goto out_free_reply;
+        return kvf_proxy_flow_fail(flow, status, 500, "server_error", "out of memory");
     }
     flow->last_token_us = kvf_proxy_now_us();
     flow->out.ttft_ms = (double)(flow->last_token_us - flow->t0_us) / 1000.0;
@@ -340,12 +392,30 @@ kvf_status_t kvf_proxy_flow_start(kvf_proxy_flow_t *flow, const kvf_proxy_flow_c
     if (r->has_prefill_ms) {
         kvf_proxy_metrics_observe(ctx->metrics, KVF_PROXY_HIST_PREFILL, r->prefill_ms / 1000.0, 1);
     }
+    if (!kvf_proxy_route_usable(ctx->pool, KVF_PROXY_ROLE_DECODE, flow->decode_idx)) {
+        /* the decode picked died or began draining during prefill: another one */
+        char why[320] = "";
+        int was = flow->decode_idx;
 
-    /* Decode: pull the state, continue after the first token. */
+        if (kvf_proxy_pool_pick_decode(ctx->pool, flow->prefill_idx, flow->req->num_prompt,
+                                       &flow->decode_idx, why, sizeof(why)) != KVF_OK) {
+            flow->retry_after_s = 1;
+            kvf_proxy_metrics_reject(ctx->metrics, KVF_PROXY_REJECT_NO_INSTANCE);
+            return kvf_proxy_flow_fail(flow, KVF_ERR_NO_RESOURCE, 503, "server_error",
+                                       "decode instance %s went away during prefill and no"
+                                       " other can take the request%s%s",
+                                       flow->out.decode_instance, why[0] ? ": " : "", why);
+        }
+        flow->out.decode_instance = kvf_proxy_pool_url(ctx->pool, KVF_PROXY_ROLE_DECODE,
+                                                       flow->decode_idx);
+        kvf_info("request %s: decode %s is no longer routable; sent to %s instead",
+                 flow->out.id, kvf_proxy_pool_url(ctx->pool, KVF_PROXY_ROLE_DECODE, was),
+                 flow->out.decode_instance);
+    }
     dreq.request_id = flow->out.id;
-    dreq.n_prompt_tokens = (size_t)req->num_prompt;
-    dreq.prompt_tokens = req->prompt_ids;
-    dreq.sampling = &sp;
+    dreq.n_prompt_tokens = (size_t)flow->req->num_prompt;
+    dreq.prompt_tokens = flow->req->prompt_ids;
+    dreq.sampling = &flow->sampling;
     dreq.params = r->params;
     dreq.has_stream = true;
     dreq.stream = true;     /* the proxy relays per step; it also times tokens */
@@ -355,12 +425,14 @@ kvf_status_t kvf_proxy_flow_start(kvf_proxy_flow_t *flow, const kvf_proxy_flow_c
                                   flow->out.id, &sreq, &flow->decode_call);
     flow->decode_sent_us = kvf_proxy_now_us();
     if (status != KVF_OK) {
-        kvf_proxy_flow_fail(flow, status, 500, "server_error",
-                            "failed to queue the decode request: %s", kvf_status_str(status));
+        return kvf_proxy_flow_fail(flow, status, 500, "server_error",
+                                   "failed to queue the decode request: %s",
+                                   kvf_status_str(status));
     }
-out_free_reply:
-    kvf__serve_reply__free_unpacked(r, NULL);
-    return status;
+    flow->stage = KVF_PROXY_FLOW_DECODE;
+    flow->wait_start_us = flow->decode_sent_us;
+    kvf_proxy_call_set_notify(flow->decode_call, flow->notify, flow->notify_arg);
+    return KVF_OK;
 }
 
 /*
@@ -409,38 +481,21 @@ static void kvf_proxy_flow_breakdown(kvf_proxy_flow_t *flow, const Kvf__ServeTim
     }
 }
 
-kvf_status_t kvf_proxy_flow_next(kvf_proxy_flow_t *flow, int *first_new_p)
+/* A decode reply: its tokens, stats and end. */
+static kvf_status_t kvf_proxy_flow_on_decode(kvf_proxy_flow_t *flow, const Kvf__ServeReply *r)
 {
     const kvf_proxy_flow_ctx_t *ctx = flow->ctx;
-    Kvf__ServeReply *r = NULL;
     kvf_status_t status;
-    char what[KVF_PROXY_URL_MAX + 32];
     int64_t now;
 
-    *first_new_p = flow->out.num_tokens;
-    if (flow->done) {
-        return KVF_OK;
-    }
-    if (flow->decode_call == NULL) {
-        return kvf_proxy_flow_fail(flow, KVF_ERR_INVALID_PARAM, 500, "server_error",
-                                   "decode was not started");
-    }
-    snprintf(what, sizeof(what), "decode instance %s", flow->out.decode_instance);
-    status = kvf_proxy_flow_wait(flow, flow->decode_call, ctx->token_timeout_ms, "--token-timeout",
-                                 what, &r);
-    if (status != KVF_OK) {
-        return status;
-    }
     if (r->has_status && (r->status != 0)) {
-        status = kvf_proxy_flow_daemon_error(flow, KVF_PROXY_ROLE_DECODE, flow->decode_idx, r);
-        goto out;
+        return kvf_proxy_flow_daemon_error(flow, KVF_PROXY_ROLE_DECODE, flow->decode_idx, r);
     }
     kvf_proxy_flow_breakdown(flow, r->timing, kvf_proxy_now_us());
     if (r->n_tokens > 0) {
         status = kvf_proxy_flow_append(flow, r->tokens, r->n_tokens);
         if (status != KVF_OK) {
-            kvf_proxy_flow_fail(flow, status, 500, "server_error", "out of memory");
-            goto out;
+            return kvf_proxy_flow_fail(flow, status, 500, "server_error", "out of memory");
         }
         now = kvf_proxy_now_us();
         kvf_proxy_metrics_observe(ctx->metrics, KVF_PROXY_HIST_ITL,
@@ -460,13 +515,84 @@ kvf_status_t kvf_proxy_flow_next(kvf_proxy_flow_t *flow, int *first_new_p)
     }
     if (r->has_done && r->done) {
         flow->done = true;
+        flow->stage = KVF_PROXY_FLOW_OVER;
         snprintf(flow->out.finish_reason, sizeof(flow->out.finish_reason), "%s",
                  ((r->finish_reason != NULL) && (r->finish_reason[0] != '\0')) ?
                  r->finish_reason : "length");
     }
-out:
+    return KVF_OK;
+}
+
+/* Waiting for the first health round: pick again. */
+static kvf_status_t kvf_proxy_flow_step_pool(kvf_proxy_flow_t *flow)
+{
+    kvf_status_t status;
+
+    if ((flow->gone != NULL) && flow->gone(flow->gone_arg)) {
+        return kvf_proxy_flow_client_gone(flow, "a healthy instance");
+    }
+    if (atomic_load(&flow->ctx->cancel)) {
+        return kvf_proxy_flow_fail(flow, KVF_ERR_CANCELED, 503, "server_error",
+                                   "the proxy is shutting down");
+    }
+    status = kvf_proxy_flow_pick(flow);
+    if (status == KVF_ERR_BUSY) {
+        return (kvf_proxy_now_us() < flow->deadline_us) ? KVF_ERR_BUSY :
+               kvf_proxy_flow_fail(flow, KVF_ERR_PEER_TIMEOUT, 504, "timeout_error",
+                                   "no healthy instance within --request-timeout %lld ms",
+                                   (long long)flow->ctx->request_timeout_ms);
+    }
+    return (status == KVF_OK) ? kvf_proxy_flow_send_prefill(flow) : status;
+}
+
+kvf_status_t kvf_proxy_flow_step(kvf_proxy_flow_t *flow, int *first_new_p)
+{
+    Kvf__ServeReply *r = NULL;
+    kvf_status_t status;
+    char what[KVF_PROXY_URL_MAX + 32];
+    bool prefill = (flow->stage == KVF_PROXY_FLOW_PREFILL);
+
+    *first_new_p = flow->out.num_tokens;
+    if (flow->stage == KVF_PROXY_FLOW_OVER) {
+        return flow->done ? KVF_OK : KVF_ERR_INVALID_PARAM;
+    }
+    if (flow->stage == KVF_PROXY_FLOW_WAIT_POOL) {
+        status = kvf_proxy_flow_step_pool(flow);
+        goto out;
+    }
+    snprintf(what, sizeof(what), "%s instance %s", prefill ? "prefill" : "decode",
+             prefill ? flow->out.prefill_instance : flow->out.decode_instance);
+    status = kvf_proxy_flow_poll(flow, prefill ? flow->prefill_call : flow->decode_call, what,
+                                 &r);
+    if (status != KVF_OK) {
+        goto out;
+    }
+    if (prefill) {
+        flow->prefill_recv_us = kvf_proxy_now_us();
+        kvf_proxy_call_end(flow->prefill_call);   /* prefill answers once */
+        flow->prefill_call = NULL;
+        status = kvf_proxy_flow_on_prefill(flow, r);
+    } else {
+        flow->wait_start_us = kvf_proxy_now_us();   /* the token timeout is per reply */
+        status = kvf_proxy_flow_on_decode(flow, r);
+    }
     kvf__serve_reply__free_unpacked(r, NULL);
+out:
+    if ((status != KVF_OK) && (status != KVF_ERR_BUSY)) {
+        flow->stage = KVF_PROXY_FLOW_OVER;
+    }
     return status;
+}
+
+int64_t kvf_proxy_flow_wake_us(const kvf_proxy_flow_t *flow)
+{
+    int64_t end = kvf_proxy_flow_wait_end(flow, NULL, NULL);
+
+    if (flow->stage == KVF_PROXY_FLOW_WAIT_POOL) {
+        int64_t poll = kvf_proxy_now_us() + KVF_PROXY_WARMUP_POLL_MS * 1000;
+        end = (poll < end) ? poll : end;
+    }
+    return end;
 }
 
 static void kvf_proxy_flow_abort(kvf_proxy_flow_t *flow, kvf_proxy_role_t role, int idx)
@@ -488,11 +614,16 @@ void kvf_proxy_flow_finish(kvf_proxy_flow_t *flow)
 {
     const kvf_proxy_flow_ctx_t *ctx = flow->ctx;
     const kvf_proxy_kv_stats_t *kv = &flow->out.kv;
+    bool decode_sent = (flow->decode_call != NULL);
 
+    kvf_proxy_call_end(flow->prefill_call);   /* no notify runs once the calls are ended */
+    flow->prefill_call = NULL;
+    kvf_proxy_call_end(flow->decode_call);
+    flow->decode_call = NULL;
     if (!flow->done) {
         /* Release the blocks on both sides: the decode may be mid-transfer,
          * and the prefill lease may not have been released yet. */
-        if (flow->decode_call != NULL) {
+        if (decode_sent) {
             kvf_proxy_flow_abort(flow, KVF_PROXY_ROLE_DECODE, flow->decode_idx);
         }
         if (flow->prefill_idx >= 0) {
@@ -502,8 +633,7 @@ void kvf_proxy_flow_finish(kvf_proxy_flow_t *flow)
         kvf_proxy_metrics_observe(ctx->metrics, KVF_PROXY_HIST_E2E,
                                   (double)(kvf_proxy_now_us() - flow->t0_us) / 1e6, 1);
     }
-    kvf_proxy_call_end(flow->decode_call);
-    flow->decode_call = NULL;
+    flow->stage = KVF_PROXY_FLOW_OVER;
     kvf_proxy_metrics_add(ctx->metrics, KVF_PROXY_CTR_GENERATION_TOKENS,
                           (uint64_t)flow->out.num_tokens);
     if (kv->valid) {

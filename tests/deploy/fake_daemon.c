@@ -41,7 +41,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
-#define FAKE_MAX_STREAMS 256
+#define FAKE_MAX_STREAMS 4096   /* test_proxy_many holds 2000 streams at once */
 #define FAKE_MAX_PENDING 256
 
 /* A prefill answer waiting for its --fake-prefill-delay-ms. */

@@ -1,6 +1,6 @@
 /*
  * libFuzzer target: kvf-proxy's HTTP front end as a client reaches it. A
- * real proxy (deploy/proxy: libmicrohttpd, a thread per connection, the
+ * real proxy (deploy/proxy: libmicrohttpd, one epoll event loop, the
  * tiny hybrid model's tokenizer, no instances behind it) runs in this
  * process; each input is sent as raw bytes on a fresh TCP connection,
  * which is then half-closed, and the answer is read until the proxy closes.
