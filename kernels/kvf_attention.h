@@ -30,7 +30,10 @@
  * Positional encoding: none (NemotronH attention has no RoPE). Scores are
  * q.k * scale with scale = 1/sqrt(head_dim) by default.
  *
- * CUDA: not implemented yet (KVF_KERN_EUNSUPPORTED).
+ * CUDA (kvf_attention_cuda.cu): the same fold (kvf_attention_math.h), one
+ * thread per (query token, query head); q, k, v, out and the pool are device
+ * memory, block_table and positions stay HOST arrays (copied to scratch on
+ * dev->stream); head_dim and kernel_block_size <= 256 (else KVF_KERN_EINVAL).
  */
 #ifndef KVF_ATTENTION_H
 #define KVF_ATTENTION_H
@@ -84,7 +87,7 @@ size_t kvf_paged_kv_kernel_block_bytes(const kvf_paged_kv_t *kv);
  * @return KVF_KERN_OK; KVF_KERN_EINVAL (bad kv, position out of range or a
  *         negative block id; nothing written for an invalid argument found
  *         before the first store — positions are all checked first);
- *         KVF_KERN_EUNSUPPORTED for CUDA.
+ *         KVF_KERN_ECUDA; KVF_KERN_EUNSUPPORTED for CUDA in a build without it.
  */
 int kvf_attn_cache_write(const kvf_device_t *dev, const kvf_paged_kv_t *kv, const float *k,
                          const float *v, int ld, const int32_t *positions, int num_tokens);
@@ -107,7 +110,8 @@ int kvf_attn_cache_write(const kvf_device_t *dev, const kvf_paged_kv_t *kv, cons
  *                          must not overlap q.
  * @return KVF_KERN_OK; KVF_KERN_EINVAL; KVF_KERN_ENOMEM (scratch of about
  *         num_tokens * q_heads / kv_heads * (head_dim + 2) + 2 *
- *         kernel_block_size * (head_dim + 1) floats); KVF_KERN_EUNSUPPORTED.
+ *         kernel_block_size * (head_dim + 1) floats); KVF_KERN_ECUDA;
+ *         KVF_KERN_EUNSUPPORTED (CUDA in a build without it).
  */
 int kvf_attn_paged(const kvf_device_t *dev, const kvf_paged_kv_t *kv, const float *q, int ldq,
                    const int32_t *positions, int num_tokens, int q_heads, float scale,

@@ -18,7 +18,8 @@
  * hold stale bytes). Afterwards the state holds the last kernel-1 inputs
  * (shifted through the old state when T < kernel - 1).
  *
- * CUDA: not implemented yet (KVF_KERN_EUNSUPPORTED).
+ * CUDA (kvf_ssm_cuda.cu): the same tap sum (kvf_ssm_math.h), one thread per
+ * channel with a rolling window; every array is device memory; kernel <= 64.
  */
 #ifndef KVF_CONV1D_H
 #define KVF_CONV1D_H

@@ -14,10 +14,9 @@
  * runs in order, so zeroing fresh blocks and then launching a kernel on the
  * same stream is safe without a sync. CPU operations complete before return.
  *
- * Which kernels have CUDA versions today: kvf_device_* (all of this file),
- * kvf_blocks_zero, kvf_zero_ranges and kvf_rmsnorm. Every other kernel
- * (GEMM, gated norm, attention, conv1d, Mamba2) is CPU-only for now and
- * returns KVF_KERN_EUNSUPPORTED for a CUDA device.
+ * Every kernel of kernels/ has a CUDA version (kvf_device_cuda.h lists the
+ * launchers); its arithmetic is the CPU's, shared in kvf_*_math.h. A build
+ * without CUDA returns KVF_KERN_EUNSUPPORTED for a CUDA device.
  *
  * Thread safety: all functions are reentrant; one device value may be used
  * by several threads as long as their memory ranges do not overlap.

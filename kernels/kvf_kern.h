@@ -11,8 +11,9 @@
  * Conventions shared by every kernel entry point:
  * - The first argument is the device (kernels/kvf_device.h) whose memory the
  *   pointers live in; NULL means the CPU. Every kernel has a CPU version; a
- *   kernel without a CUDA version returns KVF_KERN_EUNSUPPORTED for a CUDA
- *   device (the CUDA-capable list is in kvf_device.h).
+ *   build without CUDA returns KVF_KERN_EUNSUPPORTED for a CUDA device. On
+ *   a CUDA device every array argument is device memory unless documented
+ *   HOST. The arithmetic is written once for both (kvf_hd.h).
  * - Compute is fp32. Activations and weights are fp32 arrays; caches (KV,
  *   conv state, SSM state) may be stored fp32, bf16 or fp16 and are converted
  *   on load/store (common/base/kvf_dtype.h).

@@ -16,7 +16,10 @@
  * S = 0 and does NOT read the stored bytes (Mamba pages are not zeroed).
  *
  * The gated norm (kernels/kvf_norm.h) and out_proj follow outside.
- * CUDA: not implemented yet (KVF_KERN_EUNSUPPORTED).
+ * CUDA (kvf_ssm_cuda.cu): the same dt clamp and recurrence (kvf_ssm_math.h),
+ * one thread per (head, head-dim) row over all tokens; every array and the
+ * params' dt_bias / A_log / D are device memory; the fp32 rows live in
+ * stream-ordered scratch (heads * head_dim * state_size floats).
  */
 #ifndef KVF_MAMBA2_H
 #define KVF_MAMBA2_H

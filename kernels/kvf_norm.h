@@ -13,7 +13,8 @@
  * applies the norm with the total sum and the FULL group size (phase 2).
  * When each rank holds whole groups, phase 2 gets its own sums unchanged.
  *
- * CUDA: kvf_rmsnorm has a CUDA version; the gated functions are CPU-only.
+ * CUDA (kvf_norm_cuda.cu): all four, one block per row (or row and group)
+ * summing squares in double, the elementwise parts from kvf_norm_math.h.
  */
 #ifndef KVF_NORM_H
 #define KVF_NORM_H
@@ -51,7 +52,7 @@ int kvf_rmsnorm(const kvf_device_t *dev, const float *x, const float *w, float *
  * @param [out] g           fp32 [rows][dim] contiguous; may equal x only when
  *                          ld == dim.
  * @param [out] sumsq       fp32 [rows][dim / group_size].
- * @return KVF_KERN_OK, KVF_KERN_EINVAL, KVF_KERN_EUNSUPPORTED (CUDA).
+ * @return KVF_KERN_OK, KVF_KERN_EINVAL, KVF_KERN_ECUDA (CUDA).
  */
 int kvf_gated_rmsnorm_sumsq(const kvf_device_t *dev, const float *x, const float *z, int ld,
                             int rows, int dim, int group_size, float *g, float *sumsq);
@@ -66,7 +67,7 @@ int kvf_gated_rmsnorm_sumsq(const kvf_device_t *dev, const float *x, const float
  * @param [in]  norm_elems  Elements of the FULL group across ranks (the mean's
  *                          divisor), >= group_size.
  * @param [out] y           fp32 [rows][dim]; may equal g.
- * @return KVF_KERN_OK, KVF_KERN_EINVAL, KVF_KERN_EUNSUPPORTED (CUDA).
+ * @return KVF_KERN_OK, KVF_KERN_EINVAL, KVF_KERN_ECUDA (CUDA).
  */
 int kvf_gated_rmsnorm_apply(const kvf_device_t *dev, const float *g, const float *sumsq,
                             const float *w, int rows, int dim, int group_size, int norm_elems,

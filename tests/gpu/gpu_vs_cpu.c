@@ -1,0 +1,580 @@
+/*
+ * Every CUDA kernel of kernels/ against its CPU twin, on one GPU: the same
+ * random inputs through the CPU kernel (host memory) and the CUDA kernel
+ * (device memory), then one table row per op and dtype:
+ *
+ *   | op | dtype | max abs diff | d/(1+abs(c)) | tol | result |
+ *
+ * over every output element (and the updated state for the stateful
+ * kernels); "result" is PASS when the normalised diff is within the
+ * tolerance and NaN appears in the same places, else FAIL. Also the stale-fp32 Mamba
+ * NaN case on the device: a pool filled with 0xff bytes (NaN as fp32 and
+ * bf16), one partly written kernel block, attention with and without
+ * kvf_blocks_zero first: NaN expected without, none (and equal to the CPU)
+ * with.
+ *
+ * Exit: 0 all PASS, 1 any FAIL, 77 no usable GPU (prints "skipped: no GPU";
+ * tests/gpu/run.sh turns that into its own exit code). Built in every build
+ * (a build without CUDA always skips), run by tests/gpu/run.sh.
+ * `gpu_vs_cpu --cpu-twin` runs the same harness with the CPU as the device
+ * (ctest test_gpu_harness): it proves the harness (buffer sizes, copies,
+ * the comparison), not CUDA.
+ */
+#include "kvf_act.h"
+#include "kvf_attention.h"
+#include "kvf_conv1d.h"
+#include "kvf_device.h"
+#include "kvf_gemm.h"
+#include "kvf_mamba2.h"
+#include "kvf_moe.h"
+#include "kvf_norm.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static kvf_device_t gdev;
+static int failures;
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+
+static float rnd(float lo, float hi)
+{
+    rng ^= rng >> 12;
+    rng ^= rng << 25;
+    rng ^= rng >> 27;
+    return lo + (hi - lo) * (float)((double)((rng * 2685821657736338717ull) >> 11) /
+                                    9007199254740992.0);
+}
+
+static float *frand(size_t n, float lo, float hi)
+{
+    float *a = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n && a != NULL; ++i) {
+        a[i] = rnd(lo, hi);
+    }
+    return a;
+}
+
+static void die(const char *what, int err)
+{
+    fprintf(stderr, "gpu_vs_cpu: %s failed: %s\n", what, kvf_kern_strerror(err));
+    exit(1);
+}
+
+#define CK(_what, _call)                                                                    \
+    do {                                                                                    \
+        int _e = (_call);                                                                   \
+        if (_e != KVF_KERN_OK) {                                                            \
+            die(_what, _e);                                                                 \
+        }                                                                                   \
+    } while (0)
+
+/* a device copy of @a bytes of host memory */
+static void *up(const void *host, size_t bytes)
+{
+    void *d = NULL;
+    CK("alloc", kvf_device_alloc(&gdev, bytes, &d));
+    if (host != NULL) {
+        CK("copy to device", kvf_device_memcpy(&gdev, d, host, bytes, KVF_COPY_H2D));
+    }
+    return d;
+}
+
+static void down(void *host, const void *d, size_t bytes)
+{
+    CK("sync", kvf_device_sync(&gdev));
+    CK("copy to host", kvf_device_memcpy(&gdev, host, d, bytes, KVF_COPY_D2H));
+}
+
+static float load_any(const void *p, kvf_dtype_t dt, size_t i)
+{
+    return kvf_dtype_load(p, dt, i);
+}
+
+/*
+ * One table row over n elements of dtype dt: the max |gpu - cpu|, and the
+ * pass test on the max of |gpu - cpu| / (1 + |cpu|) (absolute near 0,
+ * relative for large values) against @a tol; NaN must be in the same places.
+ */
+static void row(const char *op, const char *dtype, const void *gpu, const void *cpu,
+                kvf_dtype_t dt, size_t n, double tol)
+{
+    double max = 0.0, norm = 0.0;
+    size_t nan_mismatch = 0;
+    for (size_t i = 0; i < n; ++i) {
+        float g = load_any(gpu, dt, i), c = load_any(cpu, dt, i);
+        if (isnan(g) || isnan(c)) {
+            nan_mismatch += (isnan(g) != isnan(c)) ? 1 : 0;
+            continue;
+        }
+        double d = fabs((double)g - (double)c);
+        max = (d > max) ? d : max;
+        d /= 1.0 + fabs((double)c);
+        norm = (d > norm) ? d : norm;
+    }
+    int ok = (norm <= tol) && (nan_mismatch == 0);
+    failures += ok ? 0 : 1;
+    printf("| %-28s | %-5s | %-12.3g | %-12.3g | %-7.1g | %s%s |\n", op, dtype, max, norm, tol,
+           ok ? "PASS" : "FAIL", nan_mismatch ? " (NaN mismatch)" : "");
+}
+
+static void rowf(const char *op, const char *dtype, const float *gpu, const float *cpu, size_t n,
+                 double tol)
+{
+    row(op, dtype, gpu, cpu, KVF_DTYPE_FP32, n, tol);
+}
+
+static void check_norms(void)
+{
+    enum { R = 7, D = 384, GS = 128 };
+    float *x = frand(R * D, -3, 3), *z = frand(R * D, -6, 6), *w = frand(D, 0.5f, 1.5f);
+    float cpu[R * D], gpu[R * D], ss_c[R * 3], ss_g[R * 3];
+    float *dx = up(x, sizeof(cpu)), *dz = up(z, sizeof(cpu)), *dw = up(w, D * 4);
+    float *dy = up(NULL, sizeof(cpu)), *dss = up(NULL, sizeof(ss_c));
+
+    CK("rmsnorm cpu", kvf_rmsnorm(NULL, x, w, cpu, R, D, 1e-5f));
+    CK("rmsnorm gpu", kvf_rmsnorm(&gdev, dx, dw, dy, R, D, 1e-5f));
+    down(gpu, dy, sizeof(gpu));
+    rowf("rmsnorm", "fp32", gpu, cpu, R * D, 1e-5);
+    CK("gated cpu", kvf_gated_rmsnorm(NULL, x, z, D, w, R, D, GS, 1e-5f, cpu));
+    CK("gated gpu", kvf_gated_rmsnorm(&gdev, dx, dz, D, dw, R, D, GS, 1e-5f, dy));
+    down(gpu, dy, sizeof(gpu));
+    rowf("gated_rmsnorm", "fp32", gpu, cpu, R * D, 1e-5);
+    CK("sumsq cpu", kvf_gated_rmsnorm_sumsq(NULL, x, z, D, R, D, GS, cpu, ss_c));
+    CK("sumsq gpu", kvf_gated_rmsnorm_sumsq(&gdev, dx, dz, D, R, D, GS, dy, dss));
+    down(ss_g, dss, sizeof(ss_g));
+    rowf("gated_rmsnorm_sumsq", "fp32", ss_g, ss_c, R * 3, 1e-6);
+    CK("apply cpu", kvf_gated_rmsnorm_apply(NULL, cpu, ss_c, w, R, D, GS, 2 * GS, 1e-6f, cpu));
+    CK("apply gpu", kvf_gated_rmsnorm_apply(&gdev, dy, dss, dw, R, D, GS, 2 * GS, 1e-6f, dy));
+    down(gpu, dy, sizeof(gpu));
+    rowf("gated_rmsnorm_apply (TP 2)", "fp32", gpu, cpu, R * D, 1e-5);
+    kvf_device_free(&gdev, dx);
+    kvf_device_free(&gdev, dz);
+    kvf_device_free(&gdev, dw);
+    kvf_device_free(&gdev, dy);
+    kvf_device_free(&gdev, dss);
+    free(x);
+    free(z);
+    free(w);
+}
+
+static void check_gemm(void)
+{
+    enum { M = 37, N = 96, K = 256, LDX = 300, LDY = 130 };
+    float *x = frand(M * LDX, -1, 1), *w = frand(N * K, -1, 1), *b = frand(N, -1, 1);
+    float *y0 = frand(M * LDY, -1, 1), cpu[M * LDY], gpu[M * LDY];
+    float *dx = up(x, M * LDX * 4), *dw = up(w, N * K * 4), *db = up(b, N * 4);
+    float *dy = up(y0, sizeof(cpu));
+
+    memcpy(cpu, y0, sizeof(cpu));
+    CK("gemm cpu", kvf_gemm_ex(NULL, M, N, K, x, LDX, w, K, b, 1.0f, cpu, LDY));
+    CK("gemm gpu", kvf_gemm_ex(&gdev, M, N, K, dx, LDX, dw, K, db, 1.0f, dy, LDY));
+    down(gpu, dy, sizeof(gpu));
+    rowf("gemm (cuBLAS, bias, beta 1)", "fp32", gpu, cpu, M * LDY, 1e-5);
+    CK("gemm cpu", kvf_gemm(NULL, M, N, K, x, w, NULL, cpu));
+    CK("gemm gpu", kvf_gemm(&gdev, M, N, K, dx, dw, NULL, dy));
+    down(gpu, dy, (size_t)M * N * 4);
+    rowf("gemm (cuBLAS, beta 0)", "fp32", gpu, cpu, (size_t)M * N, 1e-5);
+    kvf_device_free(&gdev, dx);
+    kvf_device_free(&gdev, dw);
+    kvf_device_free(&gdev, db);
+    kvf_device_free(&gdev, dy);
+    free(x);
+    free(w);
+    free(b);
+    free(y0);
+}
+
+static void check_elementwise(void)
+{
+    static const char *const acts[KVF_KACT_COUNT] = {"silu", "relu2", "relu", "gelu",
+                                                     "gelu_tanh", "quick_gelu", "sigmoid", "tanh"};
+    enum { N = 10000 };
+    float *x = frand(N, -12, 12), cpu[N], gpu[N];
+    float *dx = up(NULL, sizeof(cpu));
+    char name[64];
+
+    for (int a = 0; a < KVF_KACT_COUNT; ++a) {
+        memcpy(cpu, x, sizeof(cpu));
+        CK("act cpu", kvf_act(NULL, a, cpu, N));
+        CK("act to device", kvf_device_memcpy(&gdev, dx, x, sizeof(cpu), KVF_COPY_H2D));
+        CK("act gpu", kvf_act(&gdev, a, dx, N));
+        down(gpu, dx, sizeof(gpu));
+        snprintf(name, sizeof(name), "act %s", acts[a]);
+        rowf(name, "fp32", gpu, cpu, N, 1e-6);
+    }
+    for (int dt = KVF_DTYPE_BF16; dt <= KVF_DTYPE_FP8; ++dt) {
+        unsigned char hc[N * 4], hg[N * 4];
+        void *dd = up(NULL, N * 4);
+        CK("convert to device", kvf_device_memcpy(&gdev, dx, x, sizeof(cpu), KVF_COPY_H2D));
+        CK("convert cpu", kvf_convert(NULL, hc, (kvf_dtype_t)dt, x, KVF_DTYPE_FP32, N));
+        CK("convert gpu", kvf_convert(&gdev, dd, (kvf_dtype_t)dt, dx, KVF_DTYPE_FP32, N));
+        down(hg, dd, N * kvf_dtype_size((kvf_dtype_t)dt));
+        snprintf(name, sizeof(name), "convert fp32->%s (bytes)", kvf_dtype_name((kvf_dtype_t)dt));
+        row(name, kvf_dtype_name((kvf_dtype_t)dt), hg, hc, (kvf_dtype_t)dt, N, 0.0);
+        kvf_device_free(&gdev, dd);
+    }
+    kvf_device_free(&gdev, dx);
+    free(x);
+}
+
+static void check_moe(void)
+{
+    enum { T = 300, E = 64, K = 6 };
+    float *logits = frand(T * E, -4, 4), *bias = frand(E, -0.5f, 0.5f);
+    float sc_c[T * E], sc_g[T * E], wt_c[T * K], wt_g[T * K];
+    int32_t idx_c[T * K], idx_g[T * K];
+    float *dl = up(logits, sizeof(sc_c)), *db = up(bias, E * 4), *ds = up(NULL, sizeof(sc_c));
+    float *dwt = up(NULL, sizeof(wt_c));
+    int32_t *didx = up(NULL, sizeof(idx_c));
+    kvf_moe_route_params_t p = {E, K, 8, 4, 1, 2.5f, bias};
+    size_t same = 0;
+
+    CK("route cpu", kvf_moe_route(NULL, &p, logits, T, sc_c, idx_c, wt_c));
+    p.bias = db;
+    CK("route gpu", kvf_moe_route(&gdev, &p, dl, T, ds, didx, dwt));
+    down(sc_g, ds, sizeof(sc_g));
+    down(wt_g, dwt, sizeof(wt_g));
+    down(idx_g, didx, sizeof(idx_g));
+    for (size_t i = 0; i < T * K; ++i) {
+        same += (idx_c[i] == idx_g[i]) ? 1 : 0;
+    }
+    rowf("moe_route scores", "fp32", sc_g, sc_c, T * E, 1e-6);
+    rowf("moe_route weights", "fp32", wt_g, wt_c, T * K, 1e-5);
+    printf("| %-28s | %-5s | %-12zu | %-12s | %-7d | %s |\n", "moe_route experts differing",
+           "int32", (size_t)(T * K) - same, "-", 0, (same == T * K) ? "PASS" : "FAIL");
+    failures += (same == T * K) ? 0 : 1;
+    kvf_device_free(&gdev, dl);
+    kvf_device_free(&gdev, db);
+    kvf_device_free(&gdev, ds);
+    kvf_device_free(&gdev, dwt);
+    kvf_device_free(&gdev, didx);
+    free(logits);
+    free(bias);
+}
+
+enum { A_KVH = 2, A_QH = 8, A_HD = 64, A_BS = 32, A_KBS = 16, A_NB = 5, A_SLOTS = 2,
+       A_POOL_BLOCKS = 12, A_T = 150 };
+
+static kvf_paged_kv_t attn_kv(void *base, kvf_dtype_t dt, const int32_t *table)
+{
+    kvf_paged_kv_t kv;
+    memset(&kv, 0, sizeof(kv));
+    kv.base = base;
+    kv.slots = A_SLOTS;
+    kv.slot = 1;
+    kv.dtype = dt;
+    kv.kv_heads = A_KVH;
+    kv.head_dim = A_HD;
+    kv.block_size = A_BS;
+    kv.kernel_block_size = A_KBS;
+    kv.block_table = table;
+    kv.num_blocks = A_NB;
+    kv.page_size = (size_t)(A_BS / A_KBS) * kvf_paged_kv_kernel_block_bytes(&kv);
+    return kv;
+}
+
+/* prefill of A_T tokens then one decode token, per cache dtype */
+static void check_attention(kvf_dtype_t dt)
+{
+    static const int32_t table[A_NB] = {9, 2, 7, 0, 11};
+    kvf_paged_kv_t kv = attn_kv(NULL, dt, table);
+    size_t pool_bytes = (size_t)A_POOL_BLOCKS * A_SLOTS * kv.page_size;
+    size_t qn = (size_t)(A_T + 1) * A_QH * A_HD, kn = (size_t)(A_T + 1) * A_KVH * A_HD;
+    float *q = frand(qn, -1, 1), *k = frand(kn, -1, 1), *v = frand(kn, -1, 1);
+    float *oc = malloc(qn * 4), *og = malloc(qn * 4);
+    unsigned char *pc = calloc(1, pool_bytes), *pg = malloc(pool_bytes);
+    int32_t pos[A_T + 1];
+    float *dq = up(q, qn * 4), *dk = up(k, kn * 4), *dv = up(v, kn * 4), *dout = up(NULL, qn * 4);
+    void *dpool = up(pc, pool_bytes);
+    kvf_paged_kv_t kc = kv, kg = kv;
+    char name[64];
+
+    kc.base = pc;
+    kg.base = dpool;
+    for (int t = 0; t <= A_T; ++t) {
+        pos[t] = t;
+    }
+    CK("write cpu", kvf_attn_cache_write(NULL, &kc, k, v, A_KVH * A_HD, pos, A_T));
+    CK("write gpu", kvf_attn_cache_write(&gdev, &kg, dk, dv, A_KVH * A_HD, pos, A_T));
+    down(pg, dpool, pool_bytes);
+    row("attn_cache_write (pool)", kvf_dtype_name(dt), pg, pc, dt,
+        pool_bytes / kvf_dtype_size(dt), 0.0);
+    CK("attn cpu", kvf_attn_paged(NULL, &kc, q, A_QH * A_HD, pos, A_T, A_QH, 0.0f, oc));
+    CK("attn gpu", kvf_attn_paged(&gdev, &kg, dq, A_QH * A_HD, pos, A_T, A_QH, 0.0f, dout));
+    down(og, dout, (size_t)A_T * A_QH * A_HD * 4);
+    snprintf(name, sizeof(name), "attn_paged prefill %d", A_T);
+    rowf(name, kvf_dtype_name(dt), og, oc, (size_t)A_T * A_QH * A_HD, 1e-5);
+    /* decode: token A_T */
+    {
+        size_t qo = (size_t)A_T * A_QH * A_HD, ko = (size_t)A_T * A_KVH * A_HD;
+        CK("write cpu", kvf_attn_cache_write(NULL, &kc, k + ko, v + ko, A_KVH * A_HD, &pos[A_T], 1));
+        CK("write gpu", kvf_attn_cache_write(&gdev, &kg, dk + ko, dv + ko, A_KVH * A_HD,
+                                             &pos[A_T], 1));
+        CK("attn cpu", kvf_attn_paged(NULL, &kc, q + qo, A_QH * A_HD, &pos[A_T], 1, A_QH, 0.0f,
+                                      oc));
+        CK("attn gpu", kvf_attn_paged(&gdev, &kg, dq + qo, A_QH * A_HD, &pos[A_T], 1, A_QH, 0.0f,
+                                      dout));
+        down(og, dout, (size_t)A_QH * A_HD * 4);
+        rowf("attn_paged decode", kvf_dtype_name(dt), og, oc, (size_t)A_QH * A_HD, 1e-5);
+    }
+    kvf_device_free(&gdev, dq);
+    kvf_device_free(&gdev, dk);
+    kvf_device_free(&gdev, dv);
+    kvf_device_free(&gdev, dout);
+    kvf_device_free(&gdev, dpool);
+    free(q);
+    free(k);
+    free(v);
+    free(oc);
+    free(og);
+    free(pc);
+    free(pg);
+}
+
+/*
+ * The stale-fp32 Mamba NaN case on the device: the pool's pages last held
+ * fp32 Mamba state whose bytes decode as NaN in the KV dtype (0xff bytes:
+ * NaN in fp32, bf16 and fp16); 5 tokens are written, so 11 slots of the
+ * first kernel block are never written. Without zeroing the masked slots
+ * still enter the value sum as 0 * NaN (expected NaN: the hazard is real on
+ * the GPU too); with kvf_blocks_zero of the request's pages first there is
+ * none and the output equals the CPU's.
+ */
+static void check_stale_nan(kvf_dtype_t dt)
+{
+    static const int32_t table[A_NB] = {3, 4, 5, 6, 8};
+    enum { T = 5 };
+    kvf_paged_kv_t kv = attn_kv(NULL, dt, table);
+    size_t pool_bytes = (size_t)A_POOL_BLOCKS * A_SLOTS * kv.page_size;
+    size_t qn = (size_t)T * A_QH * A_HD, kn = (size_t)T * A_KVH * A_HD;
+    float *q = frand(qn, -1, 1), *k = frand(kn, -1, 1), *v = frand(kn, -1, 1);
+    float *oc = malloc(qn * 4), *og = malloc(qn * 4);
+    unsigned char *pc = calloc(1, pool_bytes);
+    float *dq = up(q, qn * 4), *dk = up(k, kn * 4), *dv = up(v, kn * 4), *dout = up(NULL, qn * 4);
+    void *dpool = up(NULL, pool_bytes);
+    int32_t pos[T] = {0, 1, 2, 3, 4};
+    int64_t pages[A_NB * A_SLOTS];
+    kvf_paged_kv_t kc = kv, kg = kv;
+    char name[64];
+
+    kc.base = pc;
+    kg.base = dpool;
+    for (int b = 0; b < A_NB; ++b) {
+        for (int s = 0; s < A_SLOTS; ++s) {
+            pages[b * A_SLOTS + s] = (int64_t)table[b] * A_SLOTS + s;
+        }
+    }
+    CK("write cpu", kvf_attn_cache_write(NULL, &kc, k, v, A_KVH * A_HD, pos, T));
+    CK("attn cpu", kvf_attn_paged(NULL, &kc, q, A_QH * A_HD, pos, T, A_QH, 0.0f, oc));
+    for (int zero = 0; zero <= 1; ++zero) {
+        size_t nan = 0;
+        CK("stale fill", kvf_device_memset(&gdev, dpool, 0xff, pool_bytes));
+        if (zero) {
+            CK("blocks_zero", kvf_blocks_zero(&gdev, dpool, kv.page_size, pages, A_NB * A_SLOTS));
+        }
+        CK("write gpu", kvf_attn_cache_write(&gdev, &kg, dk, dv, A_KVH * A_HD, pos, T));
+        CK("attn gpu", kvf_attn_paged(&gdev, &kg, dq, A_QH * A_HD, pos, T, A_QH, 0.0f, dout));
+        down(og, dout, qn * 4);
+        for (size_t i = 0; i < qn; ++i) {
+            nan += isnan(og[i]) ? 1 : 0;
+        }
+        if (!zero) {
+            int ok = nan > 0;
+            snprintf(name, sizeof(name), "stale fp32 NaN, zeroing off");
+            printf("| %-28s | %-5s | %-12s | %-12s | %-7s | %s (%zu/%zu NaN, expected) |\n",
+                   name, kvf_dtype_name(dt), "NaN", "NaN", ">0 NaN", ok ? "PASS" : "FAIL", nan,
+                   qn);
+            failures += ok ? 0 : 1;
+        } else {
+            rowf("stale fp32 NaN, zeroing on", kvf_dtype_name(dt), og, oc, qn, 1e-5);
+        }
+    }
+    kvf_device_free(&gdev, dq);
+    kvf_device_free(&gdev, dk);
+    kvf_device_free(&gdev, dv);
+    kvf_device_free(&gdev, dout);
+    kvf_device_free(&gdev, dpool);
+    free(q);
+    free(k);
+    free(v);
+    free(oc);
+    free(og);
+    free(pc);
+}
+
+/* conv1d: fresh chunk, continued chunk (T < kernel - 1), decode step; y and state */
+static void check_conv(kvf_dtype_t dt)
+{
+    enum { C = 200, KW = 4, T = 13, LD = 230 };
+    float *x = frand((size_t)T * LD, -3, 3), *w = frand(C * KW, -1, 1), *b = frand(C, -1, 1);
+    size_t sbytes = (size_t)C * (KW - 1) * kvf_dtype_size(dt);
+    unsigned char *sc = malloc(sbytes), *sg = malloc(sbytes);
+    float yc[T * C], yg[T * C];
+    float *dx = up(x, (size_t)T * LD * 4), *dw = up(w, C * KW * 4), *db = up(b, C * 4);
+    float *dy = up(NULL, sizeof(yc));
+    void *ds = up(NULL, sbytes);
+    char name[64];
+
+    memset(sc, 0x7f, sbytes);   /* stale bytes: a fresh request must not read them */
+    CK("state fill", kvf_device_memset(&gdev, ds, 0x7f, sbytes));
+    for (int step = 0; step < 3; ++step) {
+        int n = (step == 0) ? T : (step == 1) ? 2 : 1;
+        if (step < 2) {
+            CK("conv cpu", kvf_conv1d_chunk(NULL, x, LD, n, C, KW, w, b, 1, sc, dt, step, yc, C));
+            CK("conv gpu", kvf_conv1d_chunk(&gdev, dx, LD, n, C, KW, dw, db, 1, ds, dt, step, dy,
+                                            C));
+        } else {
+            CK("conv cpu", kvf_conv1d_step(NULL, x, C, KW, w, b, 1, sc, dt, yc));
+            CK("conv gpu", kvf_conv1d_step(&gdev, dx, C, KW, dw, db, 1, ds, dt, dy));
+        }
+        down(yg, dy, (size_t)n * C * 4);
+        down(sg, ds, sbytes);
+        snprintf(name, sizeof(name), "conv1d %s y", (step == 0) ? "chunk fresh"
+                                                    : (step == 1) ? "chunk cont." : "step");
+        rowf(name, kvf_dtype_name(dt), yg, yc, (size_t)n * C, 1e-5);
+        snprintf(name, sizeof(name), "conv1d %s state", (step == 0) ? "chunk fresh"
+                                                        : (step == 1) ? "chunk cont." : "step");
+        row(name, kvf_dtype_name(dt), sg, sc, dt, (size_t)C * (KW - 1), 0.0);
+    }
+    kvf_device_free(&gdev, dx);
+    kvf_device_free(&gdev, dw);
+    kvf_device_free(&gdev, db);
+    kvf_device_free(&gdev, dy);
+    kvf_device_free(&gdev, ds);
+    free(x);
+    free(w);
+    free(b);
+    free(sc);
+    free(sg);
+}
+
+/* Mamba2: fresh scan, continued scan, decode step; y and state (a state dtype rounds once) */
+static void check_mamba(kvf_dtype_t dt)
+{
+    enum { H = 8, P = 16, G = 2, N = 32, T = 20 };
+    const int HP = H * P, BC = G * N;
+    float *x = frand((size_t)T * HP, -2, 2), *dtr = frand((size_t)T * H, -6, 6);
+    float *B = frand((size_t)T * BC, -1, 1), *C = frand((size_t)T * BC, -1, 1);
+    float *dtb = frand(H, -1, 1), *al = frand(H, -2, 1), *D = frand(H, -1, 1);
+    size_t sbytes = (size_t)HP * N * kvf_dtype_size(dt);
+    unsigned char *sc = malloc(sbytes), *sg = malloc(sbytes);
+    float *yc = malloc((size_t)T * HP * 4), *yg = malloc((size_t)T * HP * 4);
+    float *dx = up(x, (size_t)T * HP * 4), *ddt = up(dtr, (size_t)T * H * 4);
+    float *dB = up(B, (size_t)T * BC * 4), *dC = up(C, (size_t)T * BC * 4);
+    float *ddtb = up(dtb, H * 4), *dal = up(al, H * 4), *dD = up(D, H * 4);
+    float *dy = up(NULL, (size_t)T * HP * 4);
+    void *ds = up(NULL, sbytes);
+    kvf_mamba2_params_t pc = {H, P, G, N, dtb, al, D, 1e-3f, 8.0f};
+    kvf_mamba2_params_t pg = {H, P, G, N, ddtb, dal, dD, 1e-3f, 8.0f};
+    char name[64];
+
+    memset(sc, 0xff, sbytes);
+    CK("state fill", kvf_device_memset(&gdev, ds, 0xff, sbytes));
+    for (int step = 0; step < 3; ++step) {
+        int n = (step == 0) ? T : (step == 1) ? 3 : 1;
+        if (step < 2) {
+            CK("scan cpu", kvf_mamba2_scan(NULL, &pc, n, x, HP, dtr, H, B, C, BC, sc, dt, step,
+                                           yc, HP));
+            CK("scan gpu", kvf_mamba2_scan(&gdev, &pg, n, dx, HP, ddt, H, dB, dC, BC, ds, dt,
+                                           step, dy, HP));
+        } else {
+            CK("step cpu", kvf_mamba2_step(NULL, &pc, x, dtr, B, C, sc, dt, yc));
+            CK("step gpu", kvf_mamba2_step(&gdev, &pg, dx, ddt, dB, dC, ds, dt, dy));
+        }
+        down(yg, dy, (size_t)n * HP * 4);
+        down(sg, ds, sbytes);
+        snprintf(name, sizeof(name), "mamba2 %s y", (step == 0) ? "scan fresh"
+                                                    : (step == 1) ? "scan cont." : "step");
+        rowf(name, kvf_dtype_name(dt), yg, yc, (size_t)n * HP, 1e-4);
+        snprintf(name, sizeof(name), "mamba2 %s state", (step == 0) ? "scan fresh"
+                                                        : (step == 1) ? "scan cont." : "step");
+        /* one ulp of the state dtype where the fp32 values straddle a rounding point */
+        row(name, kvf_dtype_name(dt), sg, sc, dt, (size_t)HP * N,
+            (dt == KVF_DTYPE_FP32) ? 1e-4 : 1e-2);
+    }
+    kvf_device_free(&gdev, dx);
+    kvf_device_free(&gdev, ddt);
+    kvf_device_free(&gdev, dB);
+    kvf_device_free(&gdev, dC);
+    kvf_device_free(&gdev, ddtb);
+    kvf_device_free(&gdev, dal);
+    kvf_device_free(&gdev, dD);
+    kvf_device_free(&gdev, dy);
+    kvf_device_free(&gdev, ds);
+    free(x), free(dtr), free(B), free(C), free(dtb), free(al), free(D);
+    free(sc), free(sg), free(yc), free(yg);
+}
+
+/* batched block zeroing (16-byte and byte paths) and range zeroing: bytes equal */
+static void check_zeroing(void)
+{
+    static const size_t page_sizes[2] = {4096, 1000};
+    static const int64_t ids[5] = {3, 7, 7, 60, 0};
+    static const size_t offs[3] = {5, 9000, 20000}, lens[3] = {100, 0, 3333};
+    enum { PAGES = 64 };
+    unsigned char *hc = malloc(PAGES * 4096), *hg = malloc(PAGES * 4096);
+    void *dp = up(NULL, PAGES * 4096);
+    char name[64];
+
+    for (int i = 0; i < 2; ++i) {
+        memset(hc, 0xab, PAGES * 4096);
+        CK("fill", kvf_device_memset(&gdev, dp, 0xab, PAGES * 4096));
+        CK("zero cpu", kvf_blocks_zero(NULL, hc, page_sizes[i], ids, 5));
+        CK("zero gpu", kvf_blocks_zero(&gdev, dp, page_sizes[i], ids, 5));
+        down(hg, dp, PAGES * 4096);
+        snprintf(name, sizeof(name), "blocks_zero page %zu", page_sizes[i]);
+        row(name, "u8", hg, hc, KVF_DTYPE_FP8, PAGES * 4096, 0.0);
+    }
+    CK("zero cpu", kvf_zero_ranges(NULL, hc, offs, lens, 3));
+    CK("zero gpu", kvf_zero_ranges(&gdev, dp, offs, lens, 3));
+    down(hg, dp, PAGES * 4096);
+    {
+        int ok = memcmp(hg, hc, PAGES * 4096) == 0;
+        printf("| %-28s | %-5s | %-12s | %-12s | %-7s | %s |\n", "zero_ranges", "u8",
+               ok ? "0" : "bytes differ", "-", "0", ok ? "PASS" : "FAIL");
+        failures += ok ? 0 : 1;
+    }
+    kvf_device_free(&gdev, dp);
+    free(hc);
+    free(hg);
+}
+
+int main(int argc, char **argv)
+{
+    static const kvf_dtype_t cache[3] = {KVF_DTYPE_FP32, KVF_DTYPE_BF16, KVF_DTYPE_FP16};
+
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if ((argc == 2) && (strcmp(argv[1], "--cpu-twin") == 0)) {
+        /* the harness itself, with the CPU as the "device": every row must be 0 and PASS */
+        gdev = kvf_device_cpu();
+    } else if (argc != 1) {
+        fprintf(stderr, "usage: gpu_vs_cpu [--cpu-twin]\n");
+        return 2;
+    } else if (!kvf_device_cuda_available() ||
+        (kvf_device_init(KVF_DEVICE_CUDA, 0, &gdev) != KVF_KERN_OK)) {
+        printf("skipped: no GPU (%s)\n", kvf_device_cuda_available()
+                                            ? "device 0 would not initialise"
+                                            : "no CUDA in this build or cudaGetDeviceCount failed");
+        return 77;
+    }
+    printf("| %-28s | %-5s | %-12s | %-12s | %-7s | %s |\n", "op (CUDA vs CPU)", "dtype",
+           "max abs diff", "d/(1+abs(c))", "tol", "result");
+    printf("|------------------------------|-------|--------------|--------------|---------|"
+           "--------|\n");
+    check_norms();
+    check_gemm();
+    check_elementwise();
+    check_moe();
+    check_zeroing();
+    for (int i = 0; i < 3; ++i) {
+        check_attention(cache[i]);
+        check_conv(cache[i]);
+        check_mamba(cache[i]);
+        check_stale_nan(cache[i]);
+    }
+    printf("gpu_vs_cpu: %d failure(s)\n", failures);
+    return failures ? 1 : 0;
+}
