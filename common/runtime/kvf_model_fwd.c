@@ -1,0 +1,633 @@
+/*
+ * The forward pass of one TP rank over one flat batch, and the workspace it
+ * runs in (kvf_model.c's opening comment describes the design).
+ */
+#include "kvf_model_int.h"
+
+/* ---- workspace ------------------------------------------------------------ */
+
+kvf_status_t kvf_model_ws_create(struct kvf_model_ws **ws_p)
+{
+    struct kvf_model_ws *ws = calloc(1, sizeof(*ws));
+    if (ws == NULL) {
+        return KVF_ERR_NO_MEMORY;
+    }
+    *ws_p = ws;
+    return KVF_OK;
+}
+
+void kvf_model_ws_destroy(struct kvf_model_ws *ws)
+{
+    if (ws == NULL) {
+        return;
+    }
+    void *ptrs[] = {
+        ws->h, ws->xn, ws->out, ws->proj, ws->ybuf, ws->xbc, ws->g, ws->sumsq, ws->pos, ws->xg,
+        ws->yg, ws->scores, ws->route_idx, ws->route_w, ws->rows, ws->rw, ws->tile, ws->last,
+        ws->logits,
+    };
+    for (size_t i = 0; i < sizeof(ptrs) / sizeof(ptrs[0]); ++i) {
+        free(ptrs[i]);
+    }
+    free(ws);
+}
+
+static int kvf_grow(void **p, size_t bytes)
+{
+    void *n = realloc(*p, bytes ? bytes : 1);
+    if (n == NULL) {
+        return -1;
+    }
+    *p = n;
+    return 0;
+}
+
+/* Rows of a widened weight tile: about 1 MiB of fp32 per GEMM call. */
+static size_t kvf_tile_rows(int K)
+{
+    size_t rows = ((size_t)1 << 18) / (size_t)(K > 0 ? K : 1);
+    return rows ? rows : 1;
+}
+
+static kvf_status_t kvf_ws_reserve(struct kvf_model_ws *ws, const kvf_model_h m,
+                                   const kvf_rank_w_t *rw, size_t T, size_t S)
+{
+    const kvf_model_config_t *cfg = &m->cfg;
+    const kvf_shard_t *s = &rw->shard;
+    size_t H = (size_t)cfg->hidden_size;
+    size_t wide = (size_t)rw->max_rows;
+    size_t gdim = (size_t)rw->max_inner;
+    size_t groups = (s->groups > 0) ? (size_t)s->groups : 1;
+    size_t E = (size_t)(cfg->moe_num_experts ? cfg->moe_num_experts : 1);
+    size_t k = (size_t)(cfg->moe_top_k ? cfg->moe_top_k : 1);
+    int bad = 0;
+
+    if (ws->cap_tile == 0) {
+        /* widest K of any matrix: H (column-parallel) or an inner width (row-parallel) */
+        size_t K = (H > gdim) ? H : gdim;
+        size_t tile = kvf_tile_rows((int)K) * K;
+        if (kvf_grow((void **)&ws->tile, tile * sizeof(float)) != 0) {
+            return KVF_ERR_NO_MEMORY;
+        }
+        ws->cap_tile = tile;
+    }
+    if (T > ws->cap_tokens) {
+        bad |= kvf_grow((void **)&ws->h, T * H * sizeof(float));
+        bad |= kvf_grow((void **)&ws->xn, T * H * sizeof(float));
+        bad |= kvf_grow((void **)&ws->out, T * H * sizeof(float));
+        bad |= kvf_grow((void **)&ws->proj, T * wide * sizeof(float));
+        bad |= kvf_grow((void **)&ws->ybuf, T * wide * sizeof(float));
+        bad |= kvf_grow((void **)&ws->xbc, T * (size_t)(s->conv_dim ? s->conv_dim : 1) * sizeof(float));
+        bad |= kvf_grow((void **)&ws->g, T * gdim * sizeof(float));
+        bad |= kvf_grow((void **)&ws->sumsq, T * groups * sizeof(float));
+        bad |= kvf_grow((void **)&ws->pos, T * sizeof(int32_t));
+        bad |= kvf_grow((void **)&ws->xg, T * H * sizeof(float));
+        bad |= kvf_grow((void **)&ws->yg, T * H * sizeof(float));
+        bad |= kvf_grow((void **)&ws->scores, T * E * sizeof(float));
+        bad |= kvf_grow((void **)&ws->route_idx, T * k * sizeof(int32_t));
+        bad |= kvf_grow((void **)&ws->route_w, T * k * sizeof(float));
+        bad |= kvf_grow((void **)&ws->rows, T * sizeof(int32_t));
+        bad |= kvf_grow((void **)&ws->rw, T * sizeof(float));
+        if (bad) {
+            /* realloc keeps what it could not grow: the old capacity stays valid, so
+             * every rank keeps the same capacity history (see the forward) */
+            return KVF_ERR_NO_MEMORY;
+        }
+        ws->cap_tokens = T;
+    }
+    if (S > ws->cap_seqs) {
+        bad |= kvf_grow((void **)&ws->last, S * H * sizeof(float));
+        bad |= kvf_grow((void **)&ws->logits, S * (size_t)cfg->vocab_size * sizeof(float));
+        if (bad) {
+            return KVF_ERR_NO_MEMORY;
+        }
+        ws->cap_seqs = S;
+    }
+    return KVF_OK;
+}
+
+/* ---- forward -------------------------------------------------------------- */
+
+/* Same checks on every rank (same batch), so either all ranks run or none. */
+static kvf_status_t kvf_batch_check(const kvf_model_h m, const kvf_rank_ctx_t *ctx,
+                                    const kvf_fwd_batch_t *batch)
+{
+    const kvf_cache_layout_t *lay = ctx->layout;
+    int nblocks = kvf_page_pool_num_blocks(ctx->pool);
+
+    for (int i = 0; i < batch->num_seqs; ++i) {
+        const kvf_fwd_seq_t *sq = &batch->seqs[i];
+        if ((sq->num_tokens < 1) || (sq->start < 0)) {
+            kvf_error("seq %d: %d tokens at start %d", i, sq->num_tokens, sq->start);
+            return KVF_ERR_INVALID_PARAM;
+        }
+        for (int t = 0; t < sq->num_tokens; ++t) {
+            if ((sq->tokens[t] < 0) || (sq->tokens[t] >= m->cfg.vocab_size)) {
+                kvf_error("seq %d: token id %d outside the vocabulary [0, %d)", i, sq->tokens[t],
+                          m->cfg.vocab_size);
+                return KVF_ERR_INVALID_PARAM;
+            }
+        }
+        for (int g = 0; g < lay->num_groups; ++g) {
+            int need = (lay->groups[g].kind == KVF_GROUP_MAMBA) ? 1 :
+                       (sq->start + sq->num_tokens + ctx->geom->block_size - 1) /
+                           ctx->geom->block_size;
+            if (sq->group_num_blocks[g] < need) {
+                kvf_error("seq %d: cache group %d has %d blocks, needs %d for %d tokens", i, g,
+                          sq->group_num_blocks[g], need, sq->start + sq->num_tokens);
+                return KVF_ERR_INVALID_PARAM;
+            }
+            for (int b = 0; b < need; ++b) {
+                if ((sq->group_blocks[g][b] < 0) || (sq->group_blocks[g][b] >= nblocks)) {
+                    kvf_error("seq %d: block id %d outside the pool [0, %d)", i,
+                              sq->group_blocks[g][b], nblocks);
+                    return KVF_ERR_INVALID_PARAM;
+                }
+            }
+        }
+    }
+    return KVF_OK;
+}
+
+#define KVF_KCALL(_call)                                  \
+    do {                                                  \
+        if (status == KVF_OK) {                           \
+            int _e = (_call);                             \
+            if (_e != KVF_KERN_OK) {                      \
+                kvf_error("%s failed: %s", #_call, kvf_kern_strerror(_e)); \
+                status = kvf_status_from_kern(_e);          \
+            }                                             \
+        }                                                 \
+    } while (0)
+
+/* out (T x H partial sums) -> all-reduce -> h += out. */
+static kvf_status_t kvf_reduce_residual(const kvf_rank_ctx_t *ctx, struct kvf_model_ws *ws,
+                                        size_t T, size_t H, kvf_status_t status)
+{
+    kvf_status_t s2 = kvf_comm_all_reduce(ctx->comm, ws->out, T * H);
+    if (status == KVF_OK) {
+        status = s2;
+    }
+    for (size_t i = 0; i < T * H; ++i) {
+        ws->h[i] += ws->out[i];
+    }
+    return status;
+}
+
+/*
+ * y[M][w->rows] (row stride ldy) = x[M][w->cols] (stride ldx) * W^T + bias.
+ * fp32 matrices go straight to the BLAS; bf16/fp16 ones are widened a tile
+ * of rows at a time into ws->tile (fp32 compute, narrow storage).
+ */
+static int kvf_mat_gemm(const kvf_device_t *dev, struct kvf_model_ws *ws, int M, const float *x,
+                        int ldx, const kvf_mat_t *w, const float *bias, float *y, int ldy)
+{
+    const int K = w->cols;
+    int tile, e = KVF_KERN_OK;
+
+    if (w->dtype == KVF_DTYPE_FP32) {
+        return kvf_gemm_ex(dev, M, w->rows, K, x, ldx, (const float *)w->data, K, bias, 0.0f, y,
+                           ldy);
+    }
+    if (M == 0) {
+        return KVF_KERN_OK;
+    }
+    tile = (int)(ws->cap_tile / (size_t)K);
+    if (tile < 1) {
+        return KVF_KERN_EINVAL;
+    }
+    for (int r0 = 0; (e == KVF_KERN_OK) && (r0 < w->rows); r0 += tile) {
+        int n = (w->rows - r0 < tile) ? (w->rows - r0) : tile;
+        size_t first = (size_t)r0 * (size_t)K, cnt = (size_t)n * (size_t)K;
+        if (w->dtype == KVF_DTYPE_BF16) {
+            const uint16_t *src = (const uint16_t *)w->data + first;
+            for (size_t i = 0; i < cnt; ++i) {
+                ws->tile[i] = kvf_bf16_to_fp32(src[i]);
+            }
+        } else {
+            for (size_t i = 0; i < cnt; ++i) {
+                ws->tile[i] = kvf_dtype_load(w->data, w->dtype, first + i);
+            }
+        }
+        e = kvf_gemm_ex(dev, M, n, K, x, ldx, ws->tile, K, (bias != NULL) ? bias + r0 : NULL,
+                        0.0f, y + r0, ldy);
+    }
+    return e;
+}
+
+/* One row of a matrix as fp32 (embedding lookup). */
+static void kvf_mat_row(const kvf_mat_t *w, int row, float *out)
+{
+    size_t first = (size_t)row * (size_t)w->cols;
+    if (w->dtype == KVF_DTYPE_FP32) {
+        memcpy(out, (const float *)w->data + first, (size_t)w->cols * sizeof(float));
+        return;
+    }
+    for (int i = 0; i < w->cols; ++i) {
+        out[i] = kvf_dtype_load(w->data, w->dtype, first + (size_t)i);
+    }
+}
+
+static kvf_status_t kvf_fwd_mamba(kvf_model_h m, const kvf_rank_ctx_t *ctx,
+                                  const kvf_fwd_batch_t *batch, int l, int T,
+                                  kvf_status_t status)
+{
+    const kvf_model_config_t *cfg = &m->cfg;
+    const kvf_rank_w_t *rw = &m->ranks[ctx->rank];
+    const kvf_shard_t *s = &rw->shard;
+    const kvf_layer_w_t *w = &rw->layers[l];
+    const kvf_device_t *dev = kvf_page_pool_device(ctx->pool);
+    struct kvf_model_ws *ws = ctx->ws;
+    const int H = cfg->hidden_size, R = w->in_rows;
+    const int dim = s->mamba_heads * cfg->mamba_head_dim, cd = s->conv_dim;
+    const int N = cfg->ssm_state_size, K = cfg->conv_kernel;
+    const int g = ctx->layout->layer_group[l], slot = ctx->layout->layer_slot[l];
+    const int full_group = kvf_model_mamba_inner(cfg) / cfg->n_groups;
+    const int silu = (cfg->mamba_act == KVF_ACT_SILU);
+    /* transformers: the multi-token (chunked) scan clamps dt to [time_step_min, inf);
+     * the one-token recurrent update does not clamp */
+    const kvf_mamba2_params_t mp_scan = {
+        .heads = s->mamba_heads, .head_dim = cfg->mamba_head_dim, .groups = s->groups,
+        .state_size = N, .dt_bias = w->dt_bias, .A_log = w->A_log, .D = w->D,
+        .dt_min = (float)cfg->time_step_min, .dt_max = INFINITY,
+    };
+    kvf_mamba2_params_t mp_step = mp_scan;
+    int gsz, ngl, o = 0;
+
+    mp_step.dt_min = 0.0f;
+    KVF_KCALL(kvf_mat_gemm(dev, ws, T, ws->xn, H, &w->in_proj, w->in_bias, ws->proj, R));
+    for (int i = 0; i < batch->num_seqs; ++i) {
+        const kvf_fwd_seq_t *sq = &batch->seqs[i];
+        const int n = sq->num_tokens, has = (sq->start > 0);
+        void *conv_state = kvf_page_pool_conv_state(ctx->pool, sq->group_blocks[g][0], slot);
+        void *ssm_state = kvf_page_pool_ssm_state(ctx->pool, ctx->geom, sq->group_blocks[g][0],
+                                                  slot);
+        const float *xbc_in = ws->proj + (size_t)o * R + dim;
+        float *xbc = ws->xbc + (size_t)o * cd;
+
+        if ((n == 1) && has) {
+            KVF_KCALL(kvf_conv1d_step(dev, xbc_in, cd, K, w->conv_w, w->conv_b, silu, conv_state,
+                                      ctx->geom->conv_dtype, xbc));
+            if (!silu) {
+                kvf_act_apply(cfg->mamba_act, xbc, (size_t)cd);
+            }
+            KVF_KCALL(kvf_mamba2_step(dev, &mp_step, xbc, ws->proj + (size_t)o * R + dim + cd,
+                                      xbc + dim, xbc + dim + s->groups * N,
+                                      ssm_state, ctx->geom->ssm_dtype, ws->ybuf + (size_t)o * R));
+        } else {
+            KVF_KCALL(kvf_conv1d_chunk(dev, xbc_in, R, n, cd, K, w->conv_w, w->conv_b, silu,
+                                       conv_state, ctx->geom->conv_dtype, has, xbc, cd));
+            if (!silu) {
+                kvf_act_apply(cfg->mamba_act, xbc, (size_t)n * (size_t)cd);
+            }
+            KVF_KCALL(kvf_mamba2_scan(dev, &mp_scan, n, xbc, cd,
+                                      ws->proj + (size_t)o * R + dim + cd, R, xbc + dim,
+                                      xbc + dim + s->groups * N, cd, ssm_state,
+                                      ctx->geom->ssm_dtype, has, ws->ybuf + (size_t)o * R, R));
+        }
+        o += n;
+    }
+    /* gated norm: y (ybuf, ld R) gated by z (proj cols [0, dim), ld R) */
+    if (s->group_replication > 1) {
+        gsz = dim;                 /* this rank holds a slice of one group */
+    } else {
+        gsz = full_group;          /* whole groups */
+    }
+    ngl = dim / gsz;
+    KVF_KCALL(kvf_gated_rmsnorm_sumsq(dev, ws->ybuf, ws->proj, R, T, dim, gsz, ws->g, ws->sumsq));
+    if (s->group_replication > 1) {
+        kvf_status_t s2 = kvf_comm_all_reduce_span(ctx->comm, ws->sumsq, (size_t)T * (size_t)ngl,
+                                                   s->group_replication);
+        if (status == KVF_OK) {
+            status = s2;
+        }
+    }
+    KVF_KCALL(kvf_gated_rmsnorm_apply(dev, ws->g, ws->sumsq, w->gnorm_w, T, dim, gsz, full_group,
+                                      (float)cfg->norm_eps, ws->g));
+    KVF_KCALL(kvf_mat_gemm(dev, ws, T, ws->g, dim, &w->out_proj, w->out_bias, ws->out, H));
+    return kvf_reduce_residual(ctx, ws, (size_t)T, (size_t)H, status);
+}
+
+/* Rotate head vectors of one token in place (transformers' rotate_half form). */
+static void kvf_rope_apply(const float *inv_freq, int pos, float *x, int heads, int hd)
+{
+    const int half = hd / 2;
+    for (int i = 0; i < half; ++i) {
+        float f = (float)pos * inv_freq[i];
+        float c = cosf(f), sn = sinf(f);
+        for (int h = 0; h < heads; ++h) {
+            float *v = x + (size_t)h * (size_t)hd;
+            float a = v[i], b = v[i + half];
+            v[i] = a * c - b * sn;
+            v[i + half] = b * c + a * sn;
+        }
+    }
+}
+
+static kvf_status_t kvf_fwd_attention(kvf_model_h m, const kvf_rank_ctx_t *ctx,
+                                      const kvf_fwd_batch_t *batch, int l, int T,
+                                      kvf_status_t status)
+{
+    const kvf_model_config_t *cfg = &m->cfg;
+    const kvf_rank_w_t *rw = &m->ranks[ctx->rank];
+    const kvf_shard_t *s = &rw->shard;
+    const kvf_layer_w_t *w = &rw->layers[l];
+    const kvf_device_t *dev = kvf_page_pool_device(ctx->pool);
+    const kvf_rank_geometry_t *geo = ctx->geom;
+    struct kvf_model_ws *ws = ctx->ws;
+    const int H = cfg->hidden_size, R = w->qkv_rows, hd = cfg->head_dim;
+    const int qd = s->attn_heads * hd, kd = s->kv_heads * hd;
+    const int g = ctx->layout->layer_group[l], slot = ctx->layout->layer_slot[l];
+    int o = 0;
+
+    KVF_KCALL(kvf_mat_gemm(dev, ws, T, ws->xn, H, &w->qkv, w->qkv_bias, ws->proj, R));
+    for (int i = 0; i < batch->num_seqs; ++i) {
+        const kvf_fwd_seq_t *sq = &batch->seqs[i];
+        const int n = sq->num_tokens;
+        float *row = ws->proj + (size_t)o * R;
+        kvf_paged_kv_t kv;
+
+        for (int t = 0; t < n; ++t) {
+            float *q = row + (size_t)t * R, *k = q + qd;
+            ws->pos[o + t] = sq->start + t;
+            if (cfg->qk_norm) {
+                KVF_KCALL(kvf_rmsnorm(dev, q, w->q_norm, q, s->attn_heads, hd, (float)cfg->norm_eps));
+                KVF_KCALL(kvf_rmsnorm(dev, k, w->k_norm, k, s->kv_heads, hd, (float)cfg->norm_eps));
+            }
+            if (m->inv_freq != NULL) {
+                kvf_rope_apply(m->inv_freq, sq->start + t, q, s->attn_heads, hd);
+                kvf_rope_apply(m->inv_freq, sq->start + t, k, s->kv_heads, hd);
+            }
+        }
+        kvf_page_pool_attn_view(ctx->pool, geo, hd, slot, sq->group_blocks[g],
+                                sq->group_num_blocks[g], &kv);
+        KVF_KCALL(kvf_attn_cache_write(dev, &kv, row + qd, row + qd + kd, R, ws->pos + o, n));
+        KVF_KCALL(kvf_attn_paged(dev, &kv, row, R, ws->pos + o, n, s->attn_heads, 0.0f,
+                                 ws->g + (size_t)o * qd));
+        o += n;
+    }
+    KVF_KCALL(kvf_mat_gemm(dev, ws, T, ws->g, qd, &w->o_proj, w->o_bias, ws->out, H));
+    return kvf_reduce_residual(ctx, ws, (size_t)T, (size_t)H, status);
+}
+
+/*
+ * An MLP slice over rows of @a x: out (ldo H) = down(act(up x)) or, gated,
+ * down(act(gate x) * up x), without the all-reduce. up rows: C (or 2C: gate
+ * rows first). Uses ws->proj [M][2C] and ws->g [M][C].
+ */
+static int kvf_mlp_rows(const kvf_device_t *dev, struct kvf_model_ws *ws, kvf_act_t act,
+                        bool gated, int M, const float *x, int H, const kvf_mat_t *up,
+                        const float *up_b, const kvf_mat_t *down, const float *down_b, float *out)
+{
+    const int C = down->cols;
+    int e = kvf_mat_gemm(dev, ws, M, x, H, up, up_b, ws->proj, up->rows);
+
+    if (e != KVF_KERN_OK) {
+        return e;
+    }
+    if (gated) {
+        for (int t = 0; t < M; ++t) {
+            float *gate = ws->proj + (size_t)t * (size_t)(2 * C);
+            float *dst = ws->g + (size_t)t * (size_t)C;
+            kvf_act_apply(act, gate, (size_t)C);
+            for (int i = 0; i < C; ++i) {
+                dst[i] = gate[i] * gate[C + i];
+            }
+        }
+        return kvf_mat_gemm(dev, ws, M, ws->g, C, down, down_b, out, H);
+    }
+    kvf_act_apply(act, ws->proj, (size_t)M * (size_t)C);
+    return kvf_mat_gemm(dev, ws, M, ws->proj, C, down, down_b, out, H);
+}
+
+static kvf_status_t kvf_fwd_mlp(kvf_model_h m, const kvf_rank_ctx_t *ctx, int l, int T,
+                                kvf_status_t status)
+{
+    const kvf_model_config_t *cfg = &m->cfg;
+    const kvf_layer_w_t *w = &m->ranks[ctx->rank].layers[l];
+    const kvf_device_t *dev = kvf_page_pool_device(ctx->pool);
+    struct kvf_model_ws *ws = ctx->ws;
+    const int H = cfg->hidden_size;
+
+    KVF_KCALL(kvf_mlp_rows(dev, ws, cfg->mlp_act, cfg->mlp_gated, T, ws->xn, H, &w->up,
+                           w->up_bias, &w->down, w->down_bias, ws->out));
+    return kvf_reduce_residual(ctx, ws, (size_t)T, (size_t)H, status);
+}
+
+/*
+ * transformers' NemotronH top-k router for T rows of ws->xn: sigmoid scores;
+ * choice scores = scores + e_score_correction_bias; the topk_group groups
+ * with the largest sum of their two best choice scores stay; the top_k
+ * experts by choice score among them are taken, weighted by their (plain)
+ * scores, normalised to sum 1 when norm_topk_prob, times
+ * routed_scaling_factor. Ties go to the lower index.
+ */
+static void kvf_moe_route(const kvf_model_config_t *cfg, const kvf_layer_w_t *w,
+                          struct kvf_model_ws *ws, int T)
+{
+    const int E = cfg->moe_num_experts, k = cfg->moe_top_k;
+    const int ng = cfg->moe_n_group, per = E / ng;
+    float choice[1024], gsum[1024];
+    bool gkeep[1024], taken[1024];
+
+    for (int t = 0; t < T; ++t) {
+        const float *sc = ws->scores + (size_t)t * (size_t)E;
+        int32_t *idx = ws->route_idx + (size_t)t * (size_t)k;
+        float *wt = ws->route_w + (size_t)t * (size_t)k;
+        double sum = 0.0;
+
+        for (int e = 0; e < E; ++e) {
+            choice[e] = sc[e] + w->router_b[e];
+            taken[e] = false;
+        }
+        for (int gi = 0; gi < ng; ++gi) {
+            float b1 = -INFINITY, b2 = -INFINITY;
+            for (int e = gi * per; e < (gi + 1) * per; ++e) {
+                if (choice[e] > b1) {
+                    b2 = b1;
+                    b1 = choice[e];
+                } else if (choice[e] > b2) {
+                    b2 = choice[e];
+                }
+            }
+            gsum[gi] = b1 + b2;
+            gkeep[gi] = false;
+        }
+        for (int r = 0; r < cfg->moe_topk_group; ++r) {
+            int best = -1;
+            for (int gi = 0; gi < ng; ++gi) {
+                if (!gkeep[gi] && ((best < 0) || (gsum[gi] > gsum[best]))) {
+                    best = gi;
+                }
+            }
+            gkeep[best] = true;
+        }
+        for (int r = 0; r < k; ++r) {
+            int best = -1;
+            for (int e = 0; e < E; ++e) {
+                if (!taken[e] && gkeep[e / per] && ((best < 0) || (choice[e] > choice[best]))) {
+                    best = e;
+                }
+            }
+            taken[best] = true;
+            idx[r] = best;
+            wt[r] = sc[best];
+            sum += sc[best];
+        }
+        for (int r = 0; r < k; ++r) {
+            if (cfg->moe_norm_topk_prob) {
+                wt[r] = wt[r] / (float)(sum + 1e-20);
+            }
+            wt[r] = wt[r] * (float)cfg->moe_routed_scaling;
+        }
+    }
+}
+
+static kvf_status_t kvf_fwd_moe(kvf_model_h m, const kvf_rank_ctx_t *ctx, int l, int T,
+                                kvf_status_t status)
+{
+    const kvf_model_config_t *cfg = &m->cfg;
+    const kvf_rank_w_t *rw = &m->ranks[ctx->rank];
+    const kvf_shard_t *s = &rw->shard;
+    const kvf_layer_w_t *w = &rw->layers[l];
+    const kvf_device_t *dev = kvf_page_pool_device(ctx->pool);
+    struct kvf_model_ws *ws = ctx->ws;
+    const int H = cfg->hidden_size, E = cfg->moe_num_experts, k = cfg->moe_top_k;
+
+    /* router (fp32, replicated: every rank routes alike) */
+    KVF_KCALL(kvf_gemm(dev, T, E, H, ws->xn, w->router_w, NULL, ws->scores));
+    for (size_t i = 0; i < (size_t)T * (size_t)E; ++i) {
+        ws->scores[i] = 1.0f / (1.0f + expf(-ws->scores[i]));
+    }
+    if (status == KVF_OK) {
+        kvf_moe_route(cfg, w, ws, T);
+    }
+    /* shared expert slice first: it writes ws->out */
+    KVF_KCALL(kvf_mlp_rows(dev, ws, cfg->mlp_act, false, T, ws->xn, H, &w->sh_up, w->sh_up_b,
+                           &w->sh_down, w->sh_down_b, ws->out));
+    for (int e = 0; (status == KVF_OK) && (e < s->moe_experts); ++e) {
+        const int ge = s->moe_expert_start + e;
+        int n = 0;
+        for (int t = 0; t < T; ++t) {
+            for (int r = 0; r < k; ++r) {
+                if (ws->route_idx[(size_t)t * (size_t)k + (size_t)r] == ge) {
+                    ws->rows[n] = t;
+                    ws->rw[n] = ws->route_w[(size_t)t * (size_t)k + (size_t)r];
+                    memcpy(ws->xg + (size_t)n * (size_t)H, ws->xn + (size_t)t * (size_t)H,
+                           (size_t)H * sizeof(float));
+                    ++n;
+                }
+            }
+        }
+        if (n == 0) {
+            continue;
+        }
+        KVF_KCALL(kvf_mlp_rows(dev, ws, cfg->mlp_act, false, n, ws->xg, H, &w->exp_up[e], NULL,
+                               &w->exp_down[e], NULL, ws->yg));
+        for (int j = 0; (status == KVF_OK) && (j < n); ++j) {
+            float *dst = ws->out + (size_t)ws->rows[j] * (size_t)H;
+            const float *src = ws->yg + (size_t)j * (size_t)H;
+            for (int c = 0; c < H; ++c) {
+                dst[c] += src[c] * ws->rw[j];
+            }
+        }
+    }
+    return kvf_reduce_residual(ctx, ws, (size_t)T, (size_t)H, status);
+}
+
+kvf_status_t kvf_model_forward_rank(kvf_model_h m, const kvf_rank_ctx_t *ctx,
+                                    const kvf_fwd_batch_t *batch)
+{
+    const kvf_model_config_t *cfg = &m->cfg;
+    const kvf_device_t *dev = kvf_page_pool_device(ctx->pool);
+    struct kvf_model_ws *ws = ctx->ws;
+    const int H = cfg->hidden_size;
+    kvf_status_t status;
+    int T = 0, o = 0;
+    bool grow;
+
+    for (int i = 0; i < batch->num_seqs; ++i) {
+        T += batch->seqs[i].num_tokens;
+    }
+    if (batch->num_seqs == 0) {
+        return KVF_OK;
+    }
+    status = kvf_batch_check(m, ctx, batch);
+    if (status != KVF_OK) {
+        return status;   /* identical on every rank: nobody enters a collective */
+    }
+    /* Every rank sees the same batches, so every rank grows its workspace in the
+     * same steps; only then can one rank fail where another succeeds. */
+    grow = ((size_t)T > ws->cap_tokens) || ((size_t)batch->num_seqs > ws->cap_seqs) ||
+           (ws->cap_tile == 0);
+    status = kvf_ws_reserve(ws, m, &m->ranks[ctx->rank], (size_t)T, (size_t)batch->num_seqs);
+    if ((ctx->comm->size > 1) && grow) {
+        /* agree on "can run" so a rank that cannot allocate does not strand its peers */
+        float failed = (status != KVF_OK) ? 1.0f : 0.0f;
+        kvf_status_t agreed = kvf_comm_all_reduce(ctx->comm, &failed, 1);
+        if (agreed != KVF_OK) {
+            return agreed;      /* the world broke (a barrier timed out): logged there */
+        }
+        if ((failed > 0.0f) && (status == KVF_OK)) {
+            status = KVF_ERR_NO_MEMORY;
+        }
+    }
+    if (status != KVF_OK) {
+        kvf_error("rank %d: cannot allocate the workspace for %d tokens", ctx->rank, T);
+        return status;
+    }
+
+    for (int i = 0; i < batch->num_seqs; ++i) {
+        const kvf_fwd_seq_t *sq = &batch->seqs[i];
+        for (int t = 0; t < sq->num_tokens; ++t, ++o) {
+            kvf_mat_row(&m->embed, sq->tokens[t], ws->h + (size_t)o * H);
+        }
+    }
+    for (int l = 0; l < cfg->num_layers; ++l) {
+        KVF_KCALL(kvf_rmsnorm(dev, ws->h, m->norm_w[l], ws->xn, T, H, (float)cfg->norm_eps));
+        switch (cfg->layer_kinds[l]) {
+        case KVF_LAYER_MAMBA:
+            status = kvf_fwd_mamba(m, ctx, batch, l, T, status);
+            break;
+        case KVF_LAYER_ATTENTION:
+            status = kvf_fwd_attention(m, ctx, batch, l, T, status);
+            if (cfg->dense_mlp_in_layer) {
+                KVF_KCALL(kvf_rmsnorm(dev, ws->h, m->norm2_w[l], ws->xn, T, H,
+                                      (float)cfg->norm_eps));
+                status = kvf_fwd_mlp(m, ctx, l, T, status);
+            }
+            break;
+        case KVF_LAYER_MOE:
+            status = kvf_fwd_moe(m, ctx, l, T, status);
+            break;
+        default:
+            status = kvf_fwd_mlp(m, ctx, l, T, status);
+            break;
+        }
+    }
+
+    if (ctx->rank == 0) {
+        int ns = 0;
+        o = 0;
+        for (int i = 0; i < batch->num_seqs; ++i) {
+            o += batch->seqs[i].num_tokens;
+            if (batch->seqs[i].logits != NULL) {
+                memcpy(ws->last + (size_t)ns * H, ws->h + (size_t)(o - 1) * H,
+                       (size_t)H * sizeof(float));
+                ++ns;
+            }
+        }
+        KVF_KCALL(kvf_rmsnorm(dev, ws->last, m->norm_f, ws->last, ns, H, (float)cfg->norm_eps));
+        KVF_KCALL(kvf_mat_gemm(dev, ws, ns, ws->last, H, &m->lm_head, NULL, ws->logits,
+                               cfg->vocab_size));
+        ns = 0;
+        for (int i = 0; (status == KVF_OK) && (i < batch->num_seqs); ++i) {
+            if (batch->seqs[i].logits != NULL) {
+                memcpy(batch->seqs[i].logits, ws->logits + (size_t)ns * cfg->vocab_size,
+                       (size_t)cfg->vocab_size * sizeof(float));
+                ++ns;
+            }
+        }
+    }
+    return status;
+}

@@ -1,0 +1,107 @@
+/*
+ * Internal to the model (kvf_model.c: loading; kvf_model_fwd.c: workspace and
+ * forward): the resident weights of every rank and the per-rank workspace.
+ * kvf_model.c's opening comment describes the design.
+ */
+#ifndef KVF_MODEL_INT_H
+#define KVF_MODEL_INT_H
+
+
+#include "kvf_model.h"
+#include "kvf_checkpoint.h"
+#include "kvf_kern_status.h"
+#include "kvf_log.h"
+#include "kvf_safetensors.h"
+#include "kvf_attention.h"
+#include "kvf_conv1d.h"
+#include "kvf_gemm.h"
+#include "kvf_mamba2.h"
+#include "kvf_norm.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A weight matrix [rows][cols] in its checkpoint dtype (fp32, bf16 or fp16). */
+typedef struct {
+    void       *data;
+    kvf_dtype_t dtype;
+    int         rows, cols;
+} kvf_mat_t;
+
+typedef struct {
+    /* Mamba */
+    kvf_mat_t in_proj;   /* [in_rows][H]: z | x | B | C | dt of this rank */
+    float    *in_bias;   /* [in_rows] or NULL */
+    int       in_rows;
+    float    *conv_w;    /* [conv_dim][K] */
+    float    *conv_b;    /* [conv_dim] or NULL */
+    float    *dt_bias, *A_log, *D;   /* [heads] */
+    float    *gnorm_w;   /* [heads * head_dim] */
+    kvf_mat_t out_proj;  /* [H][heads * head_dim] */
+    float    *out_bias;  /* [H], rank 0 only */
+    /* attention */
+    kvf_mat_t qkv;       /* [(q_heads + 2 kv_heads) * head_dim][H] */
+    float    *qkv_bias;  /* [qkv_rows] or NULL */
+    int       qkv_rows;
+    kvf_mat_t o_proj;    /* [H][q_heads * head_dim] */
+    float    *o_bias;    /* [H], rank 0 only */
+    float    *q_norm, *k_norm;   /* [head_dim] (qwen3) */
+    /* MLP: nemotron_h up/down; dense archs fused gate|up rows, then down */
+    kvf_mat_t up;        /* [cols or 2 cols][H] */
+    float    *up_bias;
+    kvf_mat_t down;      /* [H][cols] */
+    float    *down_bias; /* rank 0 only */
+    /* MoE */
+    float    *router_w;  /* [E][H] fp32 (replicated per rank: small) */
+    float    *router_b;  /* e_score_correction_bias [E] */
+    kvf_mat_t *exp_up;   /* [experts on this rank]: [moe_I][H] */
+    kvf_mat_t *exp_down; /* [H][moe_I] */
+    kvf_mat_t sh_up, sh_down;    /* shared expert slice */
+    float    *sh_up_b, *sh_down_b;
+} kvf_layer_w_t;
+
+typedef struct {
+    kvf_shard_t    shard;
+    kvf_layer_w_t *layers;
+    int            max_rows;   /* widest column-parallel output of any layer */
+    int            max_inner;  /* widest per-token intermediate (g buffer) */
+} kvf_rank_w_t;
+
+struct kvf_model {
+    kvf_model_config_t cfg;
+    int                tp;
+    kvf_mat_t          embed;     /* [V][H] */
+    float             *norm_f;    /* [H] */
+    kvf_mat_t          lm_head;   /* [V][H]; aliases embed when tied */
+    float            **norm_w;    /* [L][H] pre-norm of each layer (dense: input_layernorm) */
+    float            **norm2_w;   /* [L][H] dense: post_attention_layernorm */
+    float             *inv_freq;  /* [head_dim / 2] RoPE, or NULL */
+    kvf_rank_w_t      *ranks;
+    size_t             weight_bytes;
+    size_t             file_bytes;
+    int                num_files;
+};
+
+struct kvf_model_ws {
+    size_t cap_tokens, cap_seqs, cap_tile;
+    float *h, *xn, *out;        /* [T][H] */
+    float *proj, *ybuf;         /* [T][max_rows] */
+    float *xbc;                 /* [T][conv_dim] */
+    float *g;                   /* [T][max_inner] */
+    float *sumsq;               /* [T][groups] */
+    int32_t *pos;               /* [T] */
+    float *xg, *yg;             /* [T][H] MoE gather / expert output */
+    float *scores;              /* [T][E] router */
+    int32_t *route_idx;         /* [T][top_k] */
+    float *route_w;             /* [T][top_k] */
+    int32_t *rows;              /* [T] tokens of one expert */
+    float *rw;                  /* [T] their weights */
+    float *tile;                /* widened weight rows */
+    float *last;                /* [S][H] */
+    float *logits;              /* [S][V] */
+};
+
+
+#endif
