@@ -462,12 +462,80 @@ static kvf_status_t kvf_mk_byte_tokenizer(const kvf_model_config_t *cfg, const c
     return status;
 }
 
+/* The tensors of layer @a l under @a root ("model" for dense decoders, "backbone" for NemotronH). */
+static kvf_status_t kvf_mk_layer(kvf_mk_ctx_t *c, const kvf_model_config_t *cfg,
+                                 const char *root, int l, double out_scale)
+{
+    const int64_t H = cfg->hidden_size;
+    kvf_status_t status = KVF_OK;
+    char pfx[128], name[256], sub[160];
+
+    snprintf(pfx, sizeof(pfx), "%s.layers.%d", root, l);
+#define LNAME(_suffix) (snprintf(name, sizeof(name), "%s.%s", pfx, (_suffix)), name)
+    if (cfg->arch != KVF_ARCH_NEMOTRON_H) {
+        KVF_MKC(LNAME("input_layernorm.weight"), KVF_INIT_UNIFORM, 1.0, 0.1, H);
+        KVF_MKC(LNAME("post_attention_layernorm.weight"), KVF_INIT_UNIFORM, 1.0, 0.1, H);
+        snprintf(sub, sizeof(sub), "%s.self_attn", pfx);
+        status = kvf_mk_attention(c, cfg, sub, out_scale);
+        if (status == KVF_OK) {
+            snprintf(sub, sizeof(sub), "%s.mlp", pfx);
+            status = kvf_mk_mlp(c, sub, H, cfg->intermediate_size, true, cfg->mlp_bias,
+                                out_scale);
+        }
+        return status;
+    }
+    KVF_MKC(LNAME("norm.weight"), KVF_INIT_UNIFORM, 1.0, 0.1, H);
+#undef LNAME
+    snprintf(sub, sizeof(sub), "%s.mixer", pfx);
+    switch (cfg->layer_kinds[l]) {
+    case KVF_LAYER_MAMBA:
+        return kvf_mk_mamba(c, cfg, pfx, out_scale);
+    case KVF_LAYER_ATTENTION:
+        return kvf_mk_attention(c, cfg, sub, out_scale);
+    case KVF_LAYER_MLP:
+        return kvf_mk_mlp(c, sub, H, cfg->intermediate_size, false, cfg->mlp_bias, out_scale);
+    case KVF_LAYER_MOE:
+        return kvf_mk_moe(c, cfg, pfx, out_scale);
+    default:
+        return KVF_OK;
+    }
+}
+
+/* Every tensor of the model, in checkpoint order: embeddings, layers, final norm, lm_head. */
+static kvf_status_t kvf_mk_tensors(kvf_mk_ctx_t *c, const kvf_model_config_t *cfg)
+{
+    const bool is_dense = (cfg->arch != KVF_ARCH_NEMOTRON_H);
+    const char *root = is_dense ? "model" : "backbone";
+    const int64_t H = cfg->hidden_size, V = cfg->vocab_size;
+    const double out_scale = 1.0 / sqrt((double)cfg->num_layers);
+    kvf_status_t status;
+    char name[256];
+
+    snprintf(name, sizeof(name), "%s.%s", root, is_dense ? "embed_tokens.weight" :
+             "embeddings.weight");
+    KVF_MKC(name, KVF_INIT_UNIFORM, 0.0, 1.0, V, H);
+    for (int l = 0; l < cfg->num_layers; ++l) {
+        status = kvf_mk_layer(c, cfg, root, l, out_scale);
+        if (status != KVF_OK) {
+            return status;
+        }
+    }
+    snprintf(name, sizeof(name), "%s.%s", root, is_dense ? "norm.weight" : "norm_f.weight");
+    status = kvf_mk_tensor(c, name, 1, &H, KVF_INIT_UNIFORM, 1.0, 0.1);
+    if ((status == KVF_OK) && !cfg->lm_head_tied) {
+        const int64_t vh[2] = {V, H};
+        status = kvf_mk_tensor(c, "lm_head.weight", 2, vh, KVF_INIT_UNIFORM, 0.0,
+                               3.0 / sqrt((double)H));
+    }
+    return status;
+}
+
 kvf_status_t kvf_mkmodel_write_sharded(const char *config_path, const char *out_dir,
                                        uint64_t seed, kvf_dtype_t dtype, int shards)
 {
     kvf_model_config_t cfg;
     kvf_mk_ctx_t ctx = {.seed = seed, .dtype = dtype, .shards = shards};
-    char name[256], path[4096], file[64];
+    char path[4096], file[64];
     kvf_status_t status;
     struct stat st;
 
@@ -510,71 +578,10 @@ kvf_status_t kvf_mkmodel_write_sharded(const char *config_path, const char *out_
             goto out;
         }
     }
-
-    {
-        const bool is_dense = (cfg.arch != KVF_ARCH_NEMOTRON_H);
-        const char *root = is_dense ? "model" : "backbone";
-        const int64_t H = cfg.hidden_size, V = cfg.vocab_size;
-        const double out_scale = 1.0 / sqrt((double)cfg.num_layers);
-        kvf_mk_ctx_t *c = &ctx;
-
-        snprintf(name, sizeof(name), "%s.%s", root, is_dense ? "embed_tokens.weight" :
-                 "embeddings.weight");
-        KVF_MKC(name, KVF_INIT_UNIFORM, 0.0, 1.0, V, H);
-        for (int l = 0; l < cfg.num_layers; ++l) {
-            char pfx[128];
-            snprintf(pfx, sizeof(pfx), "%s.layers.%d", root, l);
-#define LNAME(_suffix) (snprintf(name, sizeof(name), "%s.%s", pfx, (_suffix)), name)
-            if (is_dense) {
-                char sub[160];
-                KVF_MKC(LNAME("input_layernorm.weight"), KVF_INIT_UNIFORM, 1.0, 0.1, H);
-                KVF_MKC(LNAME("post_attention_layernorm.weight"), KVF_INIT_UNIFORM, 1.0, 0.1, H);
-                snprintf(sub, sizeof(sub), "%s.self_attn", pfx);
-                status = kvf_mk_attention(c, &cfg, sub, out_scale);
-                if (status == KVF_OK) {
-                    snprintf(sub, sizeof(sub), "%s.mlp", pfx);
-                    status = kvf_mk_mlp(c, sub, H, cfg.intermediate_size, true, cfg.mlp_bias,
-                                        out_scale);
-                }
-            } else {
-                char sub[160];
-                KVF_MKC(LNAME("norm.weight"), KVF_INIT_UNIFORM, 1.0, 0.1, H);
-                snprintf(sub, sizeof(sub), "%s.mixer", pfx);
-                switch (cfg.layer_kinds[l]) {
-                case KVF_LAYER_MAMBA:
-                    status = kvf_mk_mamba(c, &cfg, pfx, out_scale);
-                    break;
-                case KVF_LAYER_ATTENTION:
-                    status = kvf_mk_attention(c, &cfg, sub, out_scale);
-                    break;
-                case KVF_LAYER_MLP:
-                    status = kvf_mk_mlp(c, sub, H, cfg.intermediate_size, false, cfg.mlp_bias,
-                                        out_scale);
-                    break;
-                case KVF_LAYER_MOE:
-                    status = kvf_mk_moe(c, &cfg, pfx, out_scale);
-                    break;
-                default:
-                    break;
-                }
-            }
-#undef LNAME
-            if (status != KVF_OK) {
-                goto out;
-            }
-        }
-        snprintf(name, sizeof(name), "%s.%s", root, is_dense ? "norm.weight" : "norm_f.weight");
-        status = kvf_mk_tensor(c, name, 1, &H, KVF_INIT_UNIFORM, 1.0, 0.1);
-        if ((status == KVF_OK) && !cfg.lm_head_tied) {
-            const int64_t vh[2] = {V, H};
-            status = kvf_mk_tensor(c, "lm_head.weight", 2, vh, KVF_INIT_UNIFORM, 0.0,
-                                   3.0 / sqrt((double)H));
-        }
-        if (status != KVF_OK) {
-            goto out;
-        }
+    status = kvf_mk_tensors(&ctx, &cfg);
+    if (status != KVF_OK) {
+        goto out;
     }
-
     for (int i = 0; i < shards; ++i) {
         kvf_mk_shard_name(&ctx, i, file, sizeof(file));
         snprintf(path, sizeof(path), "%s/%s", out_dir, file);
