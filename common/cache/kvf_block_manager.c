@@ -24,6 +24,7 @@
  */
 #include "kvf_block_manager.h"
 #include "kvf_log.h"
+#include "kvf_array.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -267,21 +268,12 @@ kvf_status_t kvf_block_manager_allocate(kvf_block_manager_h bm, kvf_req_blocks_t
     /* reserve table memory first, so popping blocks cannot fail half way */
     for (int g = 0; g < bm->num_groups; ++g) {
         int want = (first ? 0 : req->num_blocks[g]) + add[g];
-        if (want > req->capacity[g]) {
-            int cap = (req->capacity[g] > 0) ? req->capacity[g] : 4;
-            while (cap < want) {
-                cap *= 2;
+        if (KVF_ARRAY_GROW(req->blocks[g], req->capacity[g], want, 4) != KVF_OK) {
+            kvf_error("block manager: failed to grow a block table to %d entries", want);
+            if (first) {
+                kvf_bm_req_release_tables(req);   /* nothing was taken yet */
             }
-            int32_t *t = realloc(req->blocks[g], (size_t)cap * sizeof(*t));
-            if (t == NULL) {
-                kvf_error("block manager: failed to grow a block table to %d entries", cap);
-                if (first) {
-                    kvf_bm_req_release_tables(req);   /* nothing was taken yet */
-                }
-                return KVF_ERR_NO_MEMORY;
-            }
-            req->blocks[g] = t;
-            req->capacity[g] = cap;
+            return KVF_ERR_NO_MEMORY;
         }
     }
     for (int g = 0; g < bm->num_groups; ++g) {

@@ -11,6 +11,7 @@
  * whose chunk reaches their last known token, since only those sample.
  */
 #include "kvf_engine.h"
+#include "kvf_array.h"
 #include "kvf_contract.h"
 #include "kvf_time.h"
 #include "kvf_log.h"
@@ -183,14 +184,8 @@ void kvf_engine_destroy(kvf_engine_h e)
 
 static kvf_status_t kvf_tokens_push(kvf_request_t *r, int32_t tok)
 {
-    if (r->num_tokens == r->cap_tokens) {
-        int cap = r->cap_tokens ? 2 * r->cap_tokens : 64;
-        int32_t *n = realloc(r->tokens, (size_t)cap * sizeof(int32_t));
-        if (n == NULL) {
-            return KVF_ERR_NO_MEMORY;
-        }
-        r->tokens = n;
-        r->cap_tokens = cap;
+    if (KVF_ARRAY_GROW(r->tokens, r->cap_tokens, r->num_tokens + 1, 64) != KVF_OK) {
+        return KVF_ERR_NO_MEMORY;
     }
     r->tokens[r->num_tokens++] = tok;
     return KVF_OK;
@@ -212,14 +207,8 @@ static kvf_status_t kvf_new_request(kvf_engine_h e, const kvf_req_params_t *p, k
             return KVF_ERR_INVALID_PARAM;
         }
     }
-    if (e->num_reqs == e->cap_reqs) {
-        int cap = e->cap_reqs ? 2 * e->cap_reqs : 16;
-        kvf_request_t **n = realloc(e->reqs, (size_t)cap * sizeof(*n));
-        if (n == NULL) {
-            return KVF_ERR_NO_MEMORY;
-        }
-        e->reqs = n;
-        e->cap_reqs = cap;
+    if (KVF_ARRAY_GROW(e->reqs, e->cap_reqs, e->num_reqs + 1, 16) != KVF_OK) {
+        return KVF_ERR_NO_MEMORY;
     }
     r = calloc(1, sizeof(*r));
     if (r == NULL) {

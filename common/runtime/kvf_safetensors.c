@@ -11,6 +11,7 @@
  */
 #include "kvf_safetensors.h"
 #include "kvf_log.h"
+#include "kvf_array.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -451,14 +452,8 @@ kvf_status_t kvf_st_writer_add(kvf_st_writer_h writer, const char *name, int ndi
             return KVF_ERR_INVALID_PARAM;
         }
     }
-    if (writer->count == writer->cap) {
-        int cap = writer->cap ? 2 * writer->cap : 64;
-        kvf_st_wtensor_t *n = realloc(writer->tensors, (size_t)cap * sizeof(*n));
-        if (n == NULL) {
-            return KVF_ERR_NO_MEMORY;
-        }
-        writer->tensors = n;
-        writer->cap = cap;
+    if (KVF_ARRAY_GROW(writer->tensors, writer->cap, writer->count + 1, 64) != KVF_OK) {
+        return KVF_ERR_NO_MEMORY;
     }
     t = &writer->tensors[writer->count];
     memset(t, 0, sizeof(*t));

@@ -30,6 +30,7 @@
 #include "kvf_xfer_plan.h"
 
 #include "kvf_log.h"
+#include "kvf_array.h"
 #include "kvf_tp_map.h"
 
 #include <inttypes.h>
@@ -302,15 +303,9 @@ static kvf_status_t kvf_xfer_push_desc(kvf_xfer_planner_t *pl, int rank, uint64_
             return KVF_OK;
         }
     }
-    if (vec->n == vec->cap) {
-        size_t cap = vec->cap ? 2 * vec->cap : 64;
-        kvf_xfer_desc_t *v = realloc(vec->v, cap * sizeof(*v));
-        if (v == NULL) {
-            kvf_error("xfer plan: out of memory for %zu descriptors", cap);
-            return KVF_ERR_NO_MEMORY;
-        }
-        vec->v = v;
-        vec->cap = cap;
+    if (KVF_ARRAY_GROW(vec->v, vec->cap, vec->n + 1, 64) != KVF_OK) {
+        kvf_error("xfer plan: out of memory for %zu descriptors", vec->n + 1);
+        return KVF_ERR_NO_MEMORY;
     }
     vec->v[vec->n++] = (kvf_xfer_desc_t){.local_off = loff, .remote_off = roff, .len = len};
     return KVF_OK;
@@ -329,15 +324,9 @@ static kvf_status_t kvf_xfer_push_zero(kvf_xfer_planner_t *pl, uint64_t off, uin
         vec->v[vec->n - 1].len += len;
         return KVF_OK;
     }
-    if (vec->n == vec->cap) {
-        size_t cap = vec->cap ? 2 * vec->cap : 64;
-        kvf_xfer_range_t *v = realloc(vec->v, cap * sizeof(*v));
-        if (v == NULL) {
-            kvf_error("xfer plan: out of memory for %zu zero ranges", cap);
-            return KVF_ERR_NO_MEMORY;
-        }
-        vec->v = v;
-        vec->cap = cap;
+    if (KVF_ARRAY_GROW(vec->v, vec->cap, vec->n + 1, 64) != KVF_OK) {
+        kvf_error("xfer plan: out of memory for %zu zero ranges", vec->n + 1);
+        return KVF_ERR_NO_MEMORY;
     }
     vec->v[vec->n++] = (kvf_xfer_range_t){.off = off, .len = len};
     return KVF_OK;
