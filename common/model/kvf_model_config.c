@@ -9,6 +9,7 @@
  */
 #include "kvf_model_config.h"
 #include "kvf_log.h"
+#include "kvf_act_math.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -270,55 +271,21 @@ const char *kvf_act_name(kvf_act_t act)
     return ((unsigned)act < KVF_ACT_COUNT) ? names[act] : "invalid";
 }
 
+/* the kernels' shared activation bodies (kernels/kvf_act_math.h) use kvf_act_t's values */
+_Static_assert((KVF_ACT_SILU == KVF_KACT_SILU) && (KVF_ACT_RELU2 == KVF_KACT_RELU2) &&
+               (KVF_ACT_RELU == KVF_KACT_RELU) && (KVF_ACT_GELU == KVF_KACT_GELU) &&
+               (KVF_ACT_GELU_TANH == KVF_KACT_GELU_TANH) &&
+               (KVF_ACT_QUICK_GELU == KVF_KACT_QUICK_GELU) &&
+               (KVF_ACT_SIGMOID == KVF_KACT_SIGMOID) && (KVF_ACT_TANH == KVF_KACT_TANH) &&
+               (KVF_ACT_COUNT == KVF_KACT_COUNT), "kvf_act_t and KVF_KACT_* differ");
+
 void kvf_act_apply(kvf_act_t act, float *x, size_t n)
 {
-    size_t i;
-
-    switch (act) {
-    case KVF_ACT_SILU:
-        for (i = 0; i < n; ++i) {
-            x[i] = x[i] / (1.0f + expf(-x[i]));
-        }
-        break;
-    case KVF_ACT_RELU2:
-        for (i = 0; i < n; ++i) {
-            float v = (x[i] > 0.0f) ? x[i] : 0.0f;
-            x[i] = v * v;
-        }
-        break;
-    case KVF_ACT_RELU:
-        for (i = 0; i < n; ++i) {
-            x[i] = (x[i] > 0.0f) ? x[i] : 0.0f;
-        }
-        break;
-    case KVF_ACT_GELU:
-        for (i = 0; i < n; ++i) {
-            x[i] = 0.5f * x[i] * (1.0f + erff(x[i] * 0.70710678118654752f));
-        }
-        break;
-    case KVF_ACT_GELU_TANH:
-        for (i = 0; i < n; ++i) {
-            float v = x[i];
-            x[i] = 0.5f * v * (1.0f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
-        }
-        break;
-    case KVF_ACT_QUICK_GELU:
-        for (i = 0; i < n; ++i) {
-            x[i] = x[i] / (1.0f + expf(-1.702f * x[i]));
-        }
-        break;
-    case KVF_ACT_SIGMOID:
-        for (i = 0; i < n; ++i) {
-            x[i] = 1.0f / (1.0f + expf(-x[i]));
-        }
-        break;
-    case KVF_ACT_TANH:
-        for (i = 0; i < n; ++i) {
-            x[i] = tanhf(x[i]);
-        }
-        break;
-    default:
-        break;
+    if ((unsigned)act >= KVF_ACT_COUNT) {
+        return;
+    }
+    for (size_t i = 0; i < n; ++i) {
+        x[i] = kvf_act_hd((int)act, x[i]);   /* the body a CUDA thread runs (kvf_act_math.h) */
     }
 }
 
