@@ -116,12 +116,16 @@ kvf_status_t kvf_proxy_flow_begin(kvf_proxy_flow_t *flow, const kvf_proxy_flow_c
  * tokens, appended to flow->out.tokens; flow->done on the last one.
  * @a first_new_p gets the index of the first token this step appended.
  * @return KVF_OK when something happened (a stage passed, tokens came, or
- *         done); KVF_ERR_BUSY when nothing has (step again on a notification
+ *         done); KVF_PROXY_FLOW_PENDING when nothing has (step again on a notification
  *         or at kvf_proxy_flow_wake_us()); otherwise a failure as for begin
  *         (also 504 timeout, 502 instance failure, 499 client gone, 503
  *         shutting down).
  */
 kvf_status_t kvf_proxy_flow_step(kvf_proxy_flow_t *flow, int *first_new_p);
+
+/** kvf_proxy_flow_step()'s "nothing yet": positive, so never taken for an error (a daemon's
+ *  KVF_ERR_BUSY is one). */
+#define KVF_PROXY_FLOW_PENDING ((kvf_status_t)1)
 
 /** When to step again without a notification (the current wait's deadline), in kvf_proxy_now_us(). */
 int64_t kvf_proxy_flow_wake_us(const kvf_proxy_flow_t *flow);

@@ -157,7 +157,7 @@ static kvf_proxy_sse_next_t kvf_proxy_sse_run(kvf_proxy_cmpl_t *s)
             return KVF_PROXY_SSE_PRODUCED;
         }
         st = kvf_proxy_flow_step(&s->flow, &from);
-        if (st == KVF_ERR_BUSY) {
+        if (st == KVF_PROXY_FLOW_PENDING) {
             return KVF_PROXY_SSE_WAIT;
         }
         if (st != KVF_OK) {
@@ -399,7 +399,7 @@ enum MHD_Result kvf_proxy_completions(struct kvf_proxy_http *http, struct MHD_Co
             return kvf_proxy_cmpl_stream(conn, cc);
         }
         st = kvf_proxy_flow_step(&c->flow, &from);
-        if (st == KVF_ERR_BUSY) {
+        if (st == KVF_PROXY_FLOW_PENDING) {
             if (kvf_proxy_edge_suspend(http->edge, &c->wait, kvf_proxy_flow_wake_us(&c->flow))) {
                 return MHD_YES;   /* resumed: the library calls the handler again */
             }

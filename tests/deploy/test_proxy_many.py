@@ -179,7 +179,7 @@ def run(a, procs):
     base = free_port_range(2)
     T.start_fake(procs, a.testbin, "prefill", "prefill-0", base)
     T.start_fake(procs, a.testbin, "decode", "decode-0", base + 1,
-                 ["--fake-token-delay-ms", "100"])
+                 ["--fake-token-delay-ms", "200"])
     pf, pd = "tcp://127.0.0.1:%d" % base, "tcp://127.0.0.1:%d" % (base + 1)
     common = ["--model-name", "m", "--header-timeout", "30s", "--request-timeout", "120s"]
 

@@ -8,8 +8,12 @@ Calls sent after the loss went to the new daemon and must live. The fake
 prefill holds each answer 400 ms, so a request sent right after the restart is
 still waiting when the grace of the previous loss runs out: without the
 per-connection accounting it gets 502 "closed the connection".
+
+Last, a new proxy in front of the running daemons: requests sent before its
+first health round wait for it instead of getting 503.
 """
 
+import threading
 import time
 
 import proxy_testlib as T
@@ -62,6 +66,35 @@ def run(a, procs):
     inside = sum(1 for g in gaps if g < 0.2)
     print("%d of %d rounds sent their request inside the old connection's 200 ms grace"
           % (inside, ROUNDS))
+    restarted_proxy(a, procs, base)
+
+
+def restarted_proxy(a, procs, base):
+    """A proxy (re)started in front of running daemons answers the requests it gets
+    before its first health round when that round completes, not with 503s: with a
+    1 s probe interval its first probe (sent before it is connected) fails, the
+    second comes 1 s later, and requests sent at once wait for it."""
+    _, px = T.start_proxy(procs, a.fakebin, "tcp://127.0.0.1:%d" % base,
+                          "tcp://127.0.0.1:%d" % (base + 1),
+                          ["--model-name", "m", "--health-interval", "1s"], name="proxy-new")
+    results = []
+
+    def one():
+        t0 = time.monotonic()
+        try:
+            r = px.complete("again", max_tokens=2, timeout=20)
+            results.append((r["choices"][0]["text"], time.monotonic() - t0))
+        except HttpError as e:
+            results.append((e, time.monotonic() - t0))
+    threads = [threading.Thread(target=one) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print("requests sent as the proxy started waited %s s" %
+          ", ".join("%.2f" % r[1] for r in results))
+    T.check(all(r[0] == "ag" for r in results), "a restarted proxy answers the requests sent "
+            "before its first probes (no 503)", results)
 
 
 if __name__ == "__main__":
