@@ -15,7 +15,8 @@ pkgs=(build-essential cmake pkg-config git python3
       gnuplot-nox)   # gnuplot: kvf tune's plot
 if [ "${1:-}" = "--tests" ]; then
     pkgs+=(iproute2 nftables iptables openssh-server openssh-client slurm-wlm slurmctld slurmd
-           slurm-client munge python3-pip python3-yaml clang libclang-rt-dev llvm)
+           slurm-client munge python3-pip python3-yaml clang libclang-rt-dev llvm
+           openssl)   # openssl: test_proxy_edge's self-signed certificate
 fi
 missing=()
 for p in "${pkgs[@]}"; do

@@ -4,7 +4,7 @@
  *   kvf-proxy --prefill tcp://127.0.0.1:20000 --decode tcp://127.0.0.1:20100 \
  *             --model DIR --model-name tiny --port 8000
  *
- * Prints "kvf-proxy listening on http://HOST:PORT" on stdout once it
+ * Prints "kvf-proxy listening on http://HOST:PORT" (https:// with --tls-cert) on stdout once it
  * accepts connections (scripts wait for that line or for /health).
  */
 #include "kvf_proxy.h"
@@ -43,7 +43,8 @@ int main(int argc, char **argv)
     if (kvf_proxy_create(&cfg, &proxy) != KVF_OK) {
         return 1;
     }
-    printf("kvf-proxy listening on http://%s:%d\n", cfg.host, kvf_proxy_port(proxy));
+    printf("kvf-proxy listening on %s://%s:%d\n", (cfg.tls_cert[0] != '\0') ? "https" : "http",
+           cfg.host, kvf_proxy_port(proxy));
     fflush(stdout);
     sigwait(&set, &sig);
     kvf_info("signal %d (%s): draining, then shutting down", sig, strsignal(sig));

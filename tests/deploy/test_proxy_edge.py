@@ -5,7 +5,8 @@
   401 with the OpenAI error JSON, with it 200 and the expected text (plain and
   streamed, ending with [DONE]); a wrong key 401; /health and /metrics stay
   open; plain HTTP on the TLS port gets no answer; --tls-cert without
-  --tls-key is refused by name.
+  --tls-key is refused by name. kvf-up passes the options through (its
+  health check over HTTPS with the key) and prints the https URL.
 - The key from KVF_API_KEY with --protect-metrics: /metrics and /health need it.
 - --trusted-proxy: X-Forwarded-For from a trusted peer attributes connections to
   the client it names (per-client cap 2: a third connection for the same
@@ -102,10 +103,38 @@ def tls_part(procs, a, tmp, pf, pd):
     T.check(st != 200, "plain HTTP on the TLS port is not served (%d)" % st)
     procs.stop(p)
 
+    kvf_up_part(a, tmp, cert, key, keyfile)
+
     bad = subprocess.run([os.path.join(a.fakebin, "kvf-proxy"), "--port", "0", "--insecure",
                           "--tls-cert", cert], capture_output=True, text=True, timeout=20)
     T.check(bad.returncode != 0 and "--tls-key" in bad.stderr,
             "--tls-cert without --tls-key is refused by name", bad.stderr[-300:])
+
+
+def kvf_up_part(a, tmp, cert, key, keyfile):
+    """kvf-up passes --tls-cert/--tls-key/--api-key-file/--protect-metrics to its proxy,
+    checks its health over HTTPS with the key, and prints the https URL."""
+    src = os.environ.get("KVF_SOURCE_DIR") or os.path.dirname(os.path.dirname(
+        os.path.dirname(os.path.abspath(__file__))))
+    run_dir = os.path.join(tmp, "pool")
+    up = subprocess.run([os.path.join(a.fakebin, "kvf-up"), "--layout", "1p1d", "--model",
+                         os.path.join(src, "models-trained", "tiny-hybrid"), "--run-dir",
+                         run_dir, "--bin", a.fakebin, "--port", "0", "--timeout", "30",
+                         "--tls-cert", cert, "--tls-key", key, "--api-key-file", keyfile,
+                         "--protect-metrics"], capture_output=True, text=True, timeout=90)
+    try:
+        url = (up.stdout.strip().splitlines() or [""])[-1]
+        T.check(up.returncode == 0 and url.startswith("https://127.0.0.1:"),
+                "kvf-up with TLS and an API key: healthy, prints the https URL (%s)" % url,
+                up.stderr[-1500:])
+        body = json.dumps({"model": "tiny-hybrid", "prompt": [1, 2, 3], "max_tokens": 2})
+        st, out = curl(url + "/v1/completions", body, key=KEY, cacert=cert)
+        T.check(st == 200 and json.loads(out)["choices"][0]["index"] == 0, "kvf-up's pool answers over HTTPS with the key", out[:300])
+        st, _ = curl(url + "/health", cacert=cert)
+        T.check(st == 401, "kvf-up passed --protect-metrics: /health needs the key")
+    finally:
+        subprocess.run([os.path.join(a.fakebin, "kvf-down"), "--run-dir", run_dir],
+                       capture_output=True, timeout=60)
 
 
 def env_key_part(procs, a, pf, pd):
