@@ -55,6 +55,8 @@ const kvf_config_field_t kvf_decode_config_table[] = {
     KVF_ROLE_CONFIG_FIELDS(kvf_decode_config_t, "tcp://127.0.0.1:5567", "decode-0"),
     {"LOAD_FAILURE", "fail", "when a pull fails: fail the request, or recompute the prompt",
      offsetof(kvf_decode_config_t, load_failure), KVF_CONFIG_TYPE_STRING, 0},
+    {"MAX_QUEUE", "256", "requests waiting for free blocks; more are refused (busy)",
+     offsetof(kvf_decode_config_t, max_queue), KVF_CONFIG_TYPE_INT, 0},
     {"TEST_PULL_DELAY", "0", "test only: wait this long between handshake and the GETs",
      offsetof(kvf_decode_config_t, test_pull_delay_ms), KVF_CONFIG_TYPE_TIME,
      KVF_CONFIG_FLAG_HIDDEN},
@@ -136,6 +138,10 @@ kvf_status_t kvf_decode_server_create(const kvf_decode_config_t *cfg,
     if ((strcmp(cfg->load_failure, "fail") != 0) &&
         (strcmp(cfg->load_failure, "recompute") != 0)) {
         kvf_error("bad value '%s' for --load-failure (fail or recompute)", cfg->load_failure);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    if (cfg->max_queue <= 0) {
+        kvf_error("--max-queue must be positive (got %d)", cfg->max_queue);
         return KVF_ERR_INVALID_PARAM;
     }
     srv = calloc(1, sizeof(*srv));
@@ -765,6 +771,8 @@ static void kvf_dc_health_fill(kvf_decode_server_h srv, Kvf__HealthReply *h)
     h->incarnation = srv->xops->incarnation(srv->conn);
     h->has_draining = 1;
     h->draining = (srv->drain_start_ns != 0);
+    h->has_max_queue = 1;
+    h->max_queue = (uint32_t)srv->cfg.max_queue;
 }
 
 /* Health probes are answered by the control channel's thread from this. */
@@ -850,6 +858,15 @@ static bool kvf_dc_handle(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
         /* behind others already waiting, or when the pool is full: wait in line */
         if ((srv->num_waiting == 0) &&
             (kvf_dc_decode(srv, peer, req->decode, arrival_ns, &xp) == KVF_DC_DONE)) {
+            kvf_xfer_params_msg_cleanup(&xp);
+            return false;
+        }
+        if (srv->num_waiting >= srv->cfg.max_queue) {
+            snprintf(err, sizeof(err), "decode instance %s's queue is full: %d requests wait"
+                     " for blocks (--max-queue %d)", srv->cfg.role.engine_id, srv->num_waiting,
+                     srv->cfg.max_queue);
+            kvf_serve_server_reply_error(srv->serve, peer, req->decode->request_id,
+                                         KVF_ERR_BUSY, err);
             kvf_xfer_params_msg_cleanup(&xp);
             return false;
         }

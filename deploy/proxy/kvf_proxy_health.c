@@ -4,6 +4,7 @@
  */
 #include "kvf_proxy_pool_int.h"
 #include "kvf_log.h"
+#include "kvf_proxy_route.h"
 
 #include <stdlib.h>
 
@@ -64,6 +65,16 @@ cJSON *kvf_proxy_pool_health_json(kvf_proxy_pool_h pool)
             cJSON_AddNumberToObject(o, "last_ok_age_ms", (double)info.last_ok_age_ms);
             cJSON_AddNumberToObject(o, "probes_failed", (double)info.probes_failed);
             cJSON_AddNumberToObject(o, "restarts", (double)info.restarts);
+            cJSON_AddNumberToObject(o, "outstanding", info.outstanding);
+            cJSON_AddNumberToObject(o, "max_queue", info.max_queue);
+            if (role == KVF_PROXY_ROLE_PREFILL) {
+                cJSON_AddNumberToObject(o, "queued_prompt_tokens",
+                                        (double)kvf_proxy_route_queued(&info));
+                cJSON_AddNumberToObject(o, "reported_queued_prompt_tokens",
+                                        (double)info.queued_prompt_tokens);
+                cJSON_AddNumberToObject(o, "prefill_tokens_per_s_recent",
+                                        info.prefill_rate_recent);
+            }
             if (info.last_error[0] != '\0') {
                 cJSON_AddStringToObject(o, "error", info.last_error);
             }
@@ -141,6 +152,15 @@ void kvf_proxy_pool_render_metrics(kvf_proxy_pool_h pool, FILE *out)
          " pulls not used or not started).", false},
         {"kvf_instance_quarantined_blocks_total", "counter",
          "Prefill: blocks of expired or aborted leases held in quarantine before reuse.", false},
+        {"kvf_instance_outstanding_requests", "gauge",
+         "Requests this proxy sent the instance and has not seen answered (prefill) or"
+         " finished (decode).", false},
+        {"kvf_instance_queued_prompt_tokens", "gauge",
+         "Prefill: queued prompt work routing and admission use (outstanding here plus what"
+         " the instance reports beyond it).", false},
+        {"kvf_instance_prefill_tokens_per_second", "gauge",
+         "Prefill: recent prefill rate (EWMA over probe intervals) admission divides by.",
+         false},
     };
     int n = pool->count[0] + pool->count[1];
     kvf_proxy_instance_info_t *infos = calloc((size_t)(n > 0 ? n : 1), sizeof(*infos));
@@ -163,7 +183,8 @@ void kvf_proxy_pool_render_metrics(kvf_proxy_pool_h pool, FILE *out)
                 uint64_t v[] = {f->healthy, f->free_pages, f->total_pages, f->running, f->leases,
                                 f->handshake_refusals, f->peer_errors, f->probes_failed,
                                 f->restarts, f->releases_refused, f->expired_reads_prevented,
-                                f->quarantined_blocks};
+                                f->quarantined_blocks, f->outstanding,
+                                kvf_proxy_route_queued(f), (uint64_t)f->prefill_rate_recent};
                 /* Live gauges of an instance that does not answer would be
                  * stale: left out until it is healthy again. */
                 if (g[m].live && !(f->healthy && f->connected)) {

@@ -193,10 +193,13 @@ static void kvf_proxy_io_health_reply(struct kvf_proxy_pool *pool, kvf_proxy_ins
     if ((info->incarnation != 0) && (h->incarnation != 0) &&
         (h->incarnation != info->incarnation)) {
         info->restarts++;
+        inst->rate_base = false;     /* a new process: its counters start again */
+        info->prefill_rate_recent = 0;
         kvf_info("%s instance %s restarted (engine %s, restart %llu seen)", want, inst->url,
                  h->engine_id ? h->engine_id : "", (unsigned long long)info->restarts);
     }
     info->incarnation = h->incarnation;
+    kvf_proxy_route_on_health_locked(inst, h);
     info->max_prompt_tokens = h->max_prompt_tokens;
     info->prefill_tokens_per_s = h->prefill_tokens_per_s;
     info->releases_refused = h->releases_refused;

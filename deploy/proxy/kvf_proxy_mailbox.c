@@ -28,8 +28,22 @@ struct kvf_proxy_call *kvf_proxy_call_find(struct kvf_proxy_pool *pool, kvf_prox
     return NULL;
 }
 
+void kvf_proxy_call_unload_locked(struct kvf_proxy_call *c)
+{
+    kvf_proxy_instance_info_t *info = &c->pool->inst[c->role][c->idx].info;
+
+    if (!c->load_open) {
+        return;
+    }
+    c->load_open = false;
+    info->outstanding -= (info->outstanding > 0) ? 1 : 0;
+    info->outstanding_tokens -= (info->outstanding_tokens >= c->load_tokens) ? c->load_tokens :
+                                info->outstanding_tokens;
+}
+
 void kvf_proxy_call_fail_locked(struct kvf_proxy_call *c, kvf_status_t status, const char *msg)
 {
+    kvf_proxy_call_unload_locked(c);
     if (c->failed == KVF_OK) {
         c->failed = status;
         snprintf(c->fail_msg, sizeof(c->fail_msg), "%s", msg);
@@ -67,6 +81,11 @@ bool kvf_proxy_call_deliver_locked(struct kvf_proxy_pool *pool, kvf_proxy_instan
         return false;
     }
     n->reply = r;
+    /* answered (prefill's one reply) or finished (decode's last, or an error): the
+     * instance no longer works on it for this call */
+    if ((r->has_done && r->done) || (r->has_status && (r->status != 0))) {
+        kvf_proxy_call_unload_locked(c);
+    }
     if (c->tail != NULL) {
         c->tail->next = n;
     } else {
@@ -145,10 +164,21 @@ kvf_status_t kvf_proxy_call_start(kvf_proxy_pool_h pool, kvf_proxy_role_t role, 
     pthread_cond_init(&c->cond, &attr);
     pthread_condattr_destroy(&attr);
 
-    /* Register before sending, so an instant reply finds its mailbox. */
+    /* Register before sending, so an instant reply finds its mailbox; prefill and
+     * decode requests count in the instance's outstanding load until answered. */
     pthread_mutex_lock(&pool->lock);
     c->next = pool->calls;
     pool->calls = c;
+    if ((req->body_case == KVF__SERVE_REQUEST__BODY_PREFILL) ||
+        (req->body_case == KVF__SERVE_REQUEST__BODY_DECODE)) {
+        kvf_proxy_instance_info_t *info = &pool->inst[role][idx].info;
+
+        c->load_open = true;
+        c->load_tokens = (req->body_case == KVF__SERVE_REQUEST__BODY_PREFILL) ?
+                         (uint32_t)req->prefill->n_prompt_tokens : 0;
+        info->outstanding++;
+        info->outstanding_tokens += c->load_tokens;
+    }
     pthread_mutex_unlock(&pool->lock);
 
     status = kvf_proxy_enqueue(pool, role, idx, request_id, req);
@@ -217,6 +247,7 @@ void kvf_proxy_call_end(kvf_proxy_call_h call)
     }
     pool = call->pool;
     pthread_mutex_lock(&pool->lock);
+    kvf_proxy_call_unload_locked(call);
     for (struct kvf_proxy_call **pp = &pool->calls; *pp != NULL; pp = &(*pp)->next) {
         if (*pp == call) {
             *pp = call->next;

@@ -73,6 +73,16 @@ static const char *const kvf_proxy_ttft_phase_names[KVF_PROXY_TTFT_PHASE_COUNT] 
     "first_decode_step", "decode_relay", "unaccounted",
 };
 
+/* NOTE: indexed by kvf_proxy_reject_t. */
+static const char *const kvf_proxy_reject_names[KVF_PROXY_REJECT_COUNT] = {
+    "predicted_wait", "queue_full", "no_instance", "instance_busy", "connections", "shutdown",
+};
+
+const char *kvf_proxy_reject_name(kvf_proxy_reject_t reason)
+{
+    return ((unsigned)reason < KVF_PROXY_REJECT_COUNT) ? kvf_proxy_reject_names[reason] : "?";
+}
+
 const char *kvf_proxy_ttft_phase_name(kvf_proxy_ttft_phase_t phase)
 {
     return ((unsigned)phase < KVF_PROXY_TTFT_PHASE_COUNT) ? kvf_proxy_ttft_phase_names[phase] : "?";
@@ -93,6 +103,7 @@ struct kvf_proxy_metrics {
     kvf_proxy_hist_data_t hists[KVF_PROXY_HIST_COUNT];
     kvf_proxy_hist_data_t phases[KVF_PROXY_TTFT_PHASE_COUNT];
     int64_t               in_flight;
+    uint64_t              rejected[KVF_PROXY_REJECT_COUNT];
 };
 
 kvf_status_t kvf_proxy_metrics_create(kvf_proxy_metrics_h *metrics_p)
@@ -197,6 +208,27 @@ void kvf_proxy_metrics_in_flight(kvf_proxy_metrics_h metrics, int delta)
     pthread_mutex_unlock(&metrics->lock);
 }
 
+void kvf_proxy_metrics_reject(kvf_proxy_metrics_h metrics, kvf_proxy_reject_t reason)
+{
+    if ((unsigned)reason < KVF_PROXY_REJECT_COUNT) {
+        pthread_mutex_lock(&metrics->lock);
+        metrics->rejected[reason]++;
+        pthread_mutex_unlock(&metrics->lock);
+    }
+}
+
+uint64_t kvf_proxy_metrics_rejected(kvf_proxy_metrics_h metrics, kvf_proxy_reject_t reason)
+{
+    uint64_t n = 0;
+
+    if ((unsigned)reason < KVF_PROXY_REJECT_COUNT) {
+        pthread_mutex_lock(&metrics->lock);
+        n = metrics->rejected[reason];
+        pthread_mutex_unlock(&metrics->lock);
+    }
+    return n;
+}
+
 void kvf_proxy_metrics_render(kvf_proxy_metrics_h metrics, FILE *out)
 {
     struct kvf_proxy_metrics snap;
@@ -215,6 +247,12 @@ void kvf_proxy_metrics_render(kvf_proxy_metrics_h metrics, FILE *out)
     fprintf(out, "# HELP kvf_proxy_requests_in_flight Completion requests being served.\n"
                  "# TYPE kvf_proxy_requests_in_flight gauge\n"
                  "kvf_proxy_requests_in_flight %lld\n", (long long)snap.in_flight);
+    fprintf(out, "# HELP kvf_proxy_rejected_total Requests refused with a 503 before being"
+                 " served, by reason.\n# TYPE kvf_proxy_rejected_total counter\n");
+    for (int r = 0; r < KVF_PROXY_REJECT_COUNT; ++r) {
+        fprintf(out, "kvf_proxy_rejected_total{reason=\"%s\"} %llu\n", kvf_proxy_reject_names[r],
+                (unsigned long long)snap.rejected[r]);
+    }
     for (int c = 0; c < KVF_PROXY_CTR_COUNT; ++c) {
         const kvf_proxy_metric_desc_t *d = &kvf_proxy_counter_desc[c];
         fprintf(out, "# HELP %s_total %s\n# TYPE %s_total counter\n%s_total %llu\n", d->name,

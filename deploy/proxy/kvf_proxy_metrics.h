@@ -64,6 +64,30 @@ typedef enum {
     KVF_PROXY_TTFT_PHASE_COUNT
 } kvf_proxy_ttft_phase_t;
 
+/*
+ * Why a request was refused before (or instead of) being served, for
+ * kvf_proxy_rejected_total{reason="<name>"}; each such answer is a 503.
+ * NOTE: keep in sync with kvf_proxy_reject_names in kvf_proxy_metrics.c.
+ */
+typedef enum {
+    KVF_PROXY_REJECT_PREDICTED_WAIT = 0,  /* queued prompt work / recent rate > its deadline */
+    KVF_PROXY_REJECT_QUEUE_FULL,          /* every candidate instance at --max-outstanding */
+    KVF_PROXY_REJECT_NO_INSTANCE,         /* none healthy and not draining (or refused pairs) */
+    KVF_PROXY_REJECT_INSTANCE_BUSY,       /* a daemon refused it: its queue full, or draining */
+    KVF_PROXY_REJECT_CONNECTIONS,         /* a connection cap of the HTTP edge */
+    KVF_PROXY_REJECT_SHUTDOWN,            /* the proxy is shutting down */
+    KVF_PROXY_REJECT_COUNT
+} kvf_proxy_reject_t;
+
+/** "predicted_wait", "queue_full", ... ("?" out of range). */
+const char *kvf_proxy_reject_name(kvf_proxy_reject_t reason);
+
+/** Count one request refused for @a reason. */
+void kvf_proxy_metrics_reject(kvf_proxy_metrics_h metrics, kvf_proxy_reject_t reason);
+
+/** Requests refused for @a reason so far. */
+uint64_t kvf_proxy_metrics_rejected(kvf_proxy_metrics_h metrics, kvf_proxy_reject_t reason);
+
 /** "proxy_queue", "prefill_queue", ... (the JSON key is this with "_ms"). */
 const char *kvf_proxy_ttft_phase_name(kvf_proxy_ttft_phase_t phase);
 

@@ -86,6 +86,8 @@ kvf_status_t kvf_proxy_pool_create(const kvf_proxy_pool_params_t *params,
     pool->efd = -1;
     pool->interval_ms = params->health_interval_ms;
     pool->timeout_ms = params->health_timeout_ms;
+    pool->max_outstanding = (params->max_outstanding > 0) ? params->max_outstanding :
+                            KVF_PROXY_MAX_OUTSTANDING_DEFAULT;
     atomic_init(&pool->stop, false);
 
     status = kvf_proxy_pool_add_list(pool, KVF_PROXY_ROLE_PREFILL, params->prefill_urls);
@@ -196,100 +198,6 @@ int kvf_proxy_pool_count(kvf_proxy_pool_h pool, kvf_proxy_role_t role)
 const char *kvf_proxy_pool_url(kvf_proxy_pool_h pool, kvf_proxy_role_t role, int idx)
 {
     return pool->inst[role][idx].url;
-}
-/* Prefill @a p has no routable decode partner that did not refuse it (pool->lock held). */
-static bool kvf_proxy_prefill_refused_locked(struct kvf_proxy_pool *pool, int p)
-{
-    bool any_healthy = false;
-
-    for (int d = 0; d < pool->count[KVF_PROXY_ROLE_DECODE]; ++d) {
-        if (!kvf_proxy_routable(&pool->inst[KVF_PROXY_ROLE_DECODE][d].info)) {
-            continue;
-        }
-        any_healthy = true;
-        if (kvf_proxy_pair(pool, p, d)->state != KVF_PROXY_PAIR_REFUSED) {
-            return false;
-        }
-    }
-    return any_healthy;
-}
-
-kvf_status_t kvf_proxy_pool_pick(kvf_proxy_pool_h pool, kvf_proxy_role_t role, int *idx_p)
-{
-    kvf_status_t status = KVF_ERR_NO_RESOURCE;
-    int n = pool->count[role];
-
-    pthread_mutex_lock(&pool->lock);
-    for (int k = 0; k < n; ++k) {
-        int i = (int)((pool->rr[role] + (unsigned)k) % (unsigned)n);
-        if (kvf_proxy_routable(&pool->inst[role][i].info) &&
-            ((role != KVF_PROXY_ROLE_PREFILL) || (pool->pairs == NULL) ||
-             !kvf_proxy_prefill_refused_locked(pool, i))) {
-            pool->rr[role] = (unsigned)i + 1;
-            *idx_p = i;
-            status = KVF_OK;
-            break;
-        }
-    }
-    pthread_mutex_unlock(&pool->lock);
-    return status;
-}
-
-kvf_status_t kvf_proxy_pool_pick_decode(kvf_proxy_pool_h pool, int prefill_idx, int num_tokens,
-                                        int *idx_p, char *why, size_t why_cap)
-{
-    kvf_proxy_role_t role = KVF_PROXY_ROLE_DECODE;
-    int n = pool->count[role], pick = -1;
-    bool healthy = false, accepted = false;
-    uint32_t largest = 0;
-
-    pthread_mutex_lock(&pool->lock);
-    /* pass 0: pairs checked compatible; pass 1: pairs without a verdict yet */
-    for (int pass = 0; (pass < 2) && (pick < 0); ++pass) {
-        for (int k = 0; k < n; ++k) {
-            int i = (int)((pool->rr[role] + (unsigned)k) % (unsigned)n);
-            kvf_proxy_pair_state_t st;
-
-            if (!kvf_proxy_routable(&pool->inst[role][i].info)) {
-                continue;
-            }
-            healthy = true;
-            st = (pool->pairs != NULL) ? kvf_proxy_pair(pool, prefill_idx, i)->state :
-                                         KVF_PROXY_PAIR_COMPATIBLE;
-            if (st != KVF_PROXY_PAIR_REFUSED) {
-                uint32_t cap = pool->inst[role][i].info.max_prompt_tokens;
-                accepted = true;
-                if ((cap != 0) && ((uint32_t)num_tokens > cap)) {
-                    largest = (cap > largest) ? cap : largest;
-                    continue;   /* its pool can never hold this prompt */
-                }
-            }
-            if ((pass == 0) ? (st == KVF_PROXY_PAIR_COMPATIBLE) :
-                              (st != KVF_PROXY_PAIR_REFUSED)) {
-                pick = i;
-                break;
-            }
-            if ((st == KVF_PROXY_PAIR_REFUSED) && (why != NULL)) {
-                snprintf(why, why_cap, "%s", kvf_proxy_pair(pool, prefill_idx, i)->error);
-            }
-        }
-    }
-    if (pick >= 0) {
-        pool->rr[role] = (unsigned)pick + 1;
-        *idx_p = pick;
-    }
-    pthread_mutex_unlock(&pool->lock);
-    if (pick >= 0) {
-        return KVF_OK;
-    }
-    if (accepted) {
-        if (why != NULL) {
-            snprintf(why, why_cap, "the largest prompt a decode instance's KV cache holds is %u"
-                     " tokens (raise --num-blocks on decode)", largest);
-        }
-        return KVF_ERR_OUT_OF_RANGE;
-    }
-    return healthy ? KVF_ERR_REFUSED : KVF_ERR_NO_RESOURCE;
 }
 
 void kvf_proxy_pool_info(kvf_proxy_pool_h pool, kvf_proxy_role_t role, int idx,

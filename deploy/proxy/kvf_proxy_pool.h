@@ -47,7 +47,12 @@ typedef struct kvf_proxy_pool_params {
     const char *decode_urls;         /* comma list; may be empty */
     int64_t     health_interval_ms;  /* probe period; > 0 */
     int64_t     health_timeout_ms;   /* a probe unanswered this long marks the instance unhealthy */
+    int         max_outstanding;     /* requests per instance the proxy has sent and not seen
+                                      * answered (prefill) or finished (decode); 0: default
+                                      * KVF_PROXY_MAX_OUTSTANDING_DEFAULT */
 } kvf_proxy_pool_params_t;
+
+#define KVF_PROXY_MAX_OUTSTANDING_DEFAULT 128
 
 /** What the last health reply of one instance said, and what the proxy thinks of it. */
 typedef struct kvf_proxy_instance_info {
@@ -83,6 +88,13 @@ typedef struct kvf_proxy_instance_info {
     int64_t  last_ok_age_ms;         /* since the last answered probe; -1: never */
     uint64_t probes_failed;
     char     last_error[256];        /* why it is unhealthy; "" when healthy */
+    /* load (kvf_proxy_route.h) */
+    uint64_t queued_prompt_tokens;   /* prefill: reported prompt tokens not yet computed */
+    uint32_t max_queue;              /* the daemon's --max-queue; 0: not reported */
+    double   prefill_rate_recent;    /* prefill: tokens/s, EWMA over probe intervals; 0: none */
+    uint32_t outstanding;            /* proxy's calls on it not answered / finished */
+    uint64_t outstanding_tokens;     /* prefill: prompt tokens of those calls */
+    uint64_t foreign_tokens;         /* prefill: reported queue beyond ours (other proxies) */
 } kvf_proxy_instance_info_t;
 
 /**
@@ -103,21 +115,25 @@ void kvf_proxy_pool_destroy(kvf_proxy_pool_h pool);
 int kvf_proxy_pool_count(kvf_proxy_pool_h pool, kvf_proxy_role_t role);
 
 /**
- * Pick the next healthy instance of @a role that is not draining (healthy
- * below means that, here and in kvf_proxy_pool_pick_decode and
- * kvf_proxy_pool_ready), round robin. A prefill
- * instance every healthy decode instance refused is skipped.
- * @return KVF_OK with *idx_p set; KVF_ERR_NO_RESOURCE when none is healthy.
+ * Pick a healthy instance of @a role that is not draining (healthy below
+ * means that, here and in kvf_proxy_pool_pick_decode and
+ * kvf_proxy_pool_ready) and below its outstanding bound: for prefill the
+ * least predicted wait, for decode the fewest outstanding requests
+ * (kvf_proxy_route.h), ties round robin. A prefill instance every healthy
+ * decode instance refused is skipped. Implemented in kvf_proxy_route.c.
+ * @return KVF_OK with *idx_p set; KVF_ERR_NO_RESOURCE when none is healthy;
+ *         KVF_ERR_BUSY when every healthy one is at its bound.
  */
 kvf_status_t kvf_proxy_pool_pick(kvf_proxy_pool_h pool, kvf_proxy_role_t role, int *idx_p);
 
 /**
  * Pick a healthy decode instance for prefill instance @a prefill_idx and a
- * prompt of @a num_tokens, round robin: pairs checked compatible first, then
- * pairs not checked yet; a refused pair never, nor an instance whose pool
- * cannot hold the prompt.
+ * prompt of @a num_tokens with room (below its outstanding bound), the
+ * least loaded: pairs checked compatible first, then pairs not checked yet;
+ * a refused pair never, nor an instance whose pool cannot hold the prompt.
  * @return KVF_OK with *idx_p; KVF_ERR_NO_RESOURCE when no decode instance is
- *         healthy; KVF_ERR_REFUSED when every healthy one refused this
+ *         healthy; KVF_ERR_BUSY when every one that would do is at its
+ *         bound; KVF_ERR_REFUSED when every healthy one refused this
  *         prefill (@a why, capacity @a why_cap, gets one refusal text);
  *         KVF_ERR_OUT_OF_RANGE when none that accepts it can hold the prompt
  *         (@a why says the largest prompt one can hold).

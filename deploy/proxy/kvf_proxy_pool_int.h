@@ -65,6 +65,8 @@ struct kvf_proxy_call {
     pthread_cond_t          cond;
     kvf_proxy_call_notify_t notify;       /* kvf_proxy_call_set_notify(); NULL: none */
     void                   *notify_arg;
+    bool                    load_open;    /* counted in its instance's outstanding load */
+    uint32_t                load_tokens;  /* prompt tokens counted (PrefillRequest) */
 };
 
 typedef struct kvf_proxy_instance {
@@ -81,6 +83,11 @@ typedef struct kvf_proxy_instance {
                                          * grace below; 0: none pending */
     int64_t          epoch;             /* connections lost so far: a call sent in an older
                                          * epoch went to a connection that is gone */
+    uint64_t         rate_tokens;       /* prefill counters at the last rate sample */
+    double           rate_seconds;
+    int64_t          rate_ms;           /* the proxy's clock then */
+    bool             rate_busy;         /* it reported queued prompt work then */
+    bool             rate_base;         /* the four above are set */
 } kvf_proxy_instance_t;
 
 /*
@@ -107,6 +114,7 @@ struct kvf_proxy_pool {
     int64_t              interval_ms;
     int64_t              timeout_ms;
     kvf_proxy_pair_t    *pairs;          /* [prefill][decode], count[0] x count[1] */
+    int                  max_outstanding;   /* per instance, > 0 */
 };
 
 /* Pair (prefill @a p, decode @a d); pool->pairs must not be NULL. */
@@ -144,6 +152,13 @@ void kvf_proxy_inst_fail_calls_locked(struct kvf_proxy_pool *pool, kvf_proxy_ins
 /* Append reply @a r (ownership taken on true) to the mailbox of its call. */
 bool kvf_proxy_call_deliver_locked(struct kvf_proxy_pool *pool, kvf_proxy_instance_t *inst,
                                    Kvf__ServeReply *r);
+
+/* Close @a c's share of its instance's outstanding load, if still open. */
+void kvf_proxy_call_unload_locked(struct kvf_proxy_call *c);
+
+/* ---- kvf_proxy_route.c ---- */
+/* A health reply's load fields into @a inst: queue, recent prefill rate (EWMA). */
+void kvf_proxy_route_on_health_locked(kvf_proxy_instance_t *inst, const Kvf__HealthReply *h);
 
 /* ---- kvf_proxy_io.c ---- */
 kvf_status_t kvf_proxy_inst_open(struct kvf_proxy_pool *pool, kvf_proxy_instance_t *inst);

@@ -1,0 +1,434 @@
+/*
+ * kvf-proxy routing and admission (see kvf_proxy_route.h for the model).
+ *
+ * Design: the load the choice uses is kept by the pool itself, under its
+ * lock: each prefill/decode call counts in its instance's outstanding load
+ * from registration until its answer (kvf_proxy_mailbox.c), so a burst of
+ * requests between two health probes sees the queue it builds, and the
+ * daemon's reports add only what this proxy did not send (other proxies,
+ * requests whose client left). Rejected: routing from the health replies
+ * alone (up to a probe interval stale: a burst all goes to the instance
+ * that looked idle) and round robin (blind to a stalled or slower instance).
+ */
+#include "kvf_proxy_route.h"
+#include "kvf_proxy_pool_int.h"
+#include "kvf_log.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+double kvf_proxy_route_wait_ms(uint64_t queued_tokens, int num_tokens, double rate_tps)
+{
+    if (!(rate_tps > 0)) {
+        return -1;
+    }
+    return ((double)queued_tokens + (double)(num_tokens > 0 ? num_tokens : 0)) / rate_tps * 1000.0;
+}
+
+double kvf_proxy_route_ewma(double prev, double sample, double alpha)
+{
+    if (!(prev > 0)) {
+        return sample;
+    }
+    return prev + alpha * (sample - prev);
+}
+
+int kvf_proxy_route_retry_after_s(double wait_ms, double budget_ms)
+{
+    double over_s = (wait_ms - budget_ms) / 1000.0;
+    int s;
+
+    if (!(over_s > 1)) {
+        return 1;                            /* also NaN */
+    }
+    if (over_s >= KVF_PROXY_RETRY_AFTER_MAX_S) {
+        return KVF_PROXY_RETRY_AFTER_MAX_S;
+    }
+    s = (int)over_s;
+    return ((double)s < over_s) ? s + 1 : s;   /* rounded up */
+}
+
+double kvf_proxy_route_rate(const kvf_proxy_instance_info_t *info)
+{
+    return (info->prefill_rate_recent > 0) ? info->prefill_rate_recent :
+           info->prefill_tokens_per_s;
+}
+
+uint64_t kvf_proxy_route_queued(const kvf_proxy_instance_info_t *info)
+{
+    return info->outstanding_tokens + info->foreign_tokens;
+}
+
+/* Take the counters of @a h (at the proxy's @a now_ms) as the next sample's base. */
+static void kvf_proxy_route_rate_base(kvf_proxy_instance_t *inst, const Kvf__HealthReply *h,
+                                      int64_t now_ms)
+{
+    inst->rate_base = true;
+    inst->rate_tokens = h->prefill_tokens_total;
+    inst->rate_seconds = h->prefill_seconds_total;
+    inst->rate_ms = now_ms;
+    inst->rate_busy = (h->queued_prompt_tokens > 0);
+}
+
+/*
+ * One rate sample: tokens per second of engine time; when the instance had
+ * queued work at both ends of the interval, at most tokens per second of
+ * wall time (what a queued prompt really waits: the engine's step time
+ * leaves out the loop around it and a CPU shared with other processes).
+ */
+static double kvf_proxy_route_rate_sample(const kvf_proxy_instance_t *inst,
+                                          const Kvf__HealthReply *h, int64_t now_ms)
+{
+    double dn = (double)(h->prefill_tokens_total - inst->rate_tokens);
+    double busy = dn / (h->prefill_seconds_total - inst->rate_seconds);
+    double wall_s = (double)(now_ms - inst->rate_ms) / 1000.0;
+
+    if (inst->rate_busy && (h->queued_prompt_tokens > 0) && (wall_s > 0) && (dn / wall_s < busy)) {
+        return dn / wall_s;
+    }
+    return busy;
+}
+
+void kvf_proxy_route_on_health_locked(kvf_proxy_instance_t *inst, const Kvf__HealthReply *h)
+{
+    kvf_proxy_instance_info_t *info = &inst->info;
+    int64_t now_ms = kvf_proxy_now_ms();
+
+    info->queued_prompt_tokens = h->queued_prompt_tokens;
+    info->max_queue = h->max_queue;
+    info->foreign_tokens = (h->queued_prompt_tokens > info->outstanding_tokens) ?
+                           h->queued_prompt_tokens - info->outstanding_tokens : 0;
+    if (!h->has_prefill_tokens_total || !h->has_prefill_seconds_total) {
+        return;
+    }
+    if (!inst->rate_base || (h->prefill_tokens_total < inst->rate_tokens) ||
+        (h->prefill_seconds_total < inst->rate_seconds)) {
+        kvf_proxy_route_rate_base(inst, h, now_ms);   /* first reply, or counters went back */
+        return;
+    }
+    if ((h->prefill_tokens_total - inst->rate_tokens < KVF_PROXY_RATE_MIN_TOKENS) ||
+        !(h->prefill_seconds_total > inst->rate_seconds)) {
+        inst->rate_busy = inst->rate_busy && (h->queued_prompt_tokens > 0);
+        return;                                  /* too little work since: keep accumulating */
+    }
+    info->prefill_rate_recent = kvf_proxy_route_ewma(info->prefill_rate_recent,
+                                                     kvf_proxy_route_rate_sample(inst, h, now_ms),
+                                                     KVF_PROXY_RATE_ALPHA);
+    kvf_proxy_route_rate_base(inst, h, now_ms);
+}
+
+bool kvf_proxy_route_usable(kvf_proxy_pool_h pool, kvf_proxy_role_t role, int idx)
+{
+    bool ok;
+
+    if ((idx < 0) || (idx >= pool->count[role])) {
+        return false;
+    }
+    pthread_mutex_lock(&pool->lock);
+    ok = kvf_proxy_routable(&pool->inst[role][idx].info);
+    pthread_mutex_unlock(&pool->lock);
+    return ok;
+}
+
+/* Prefill @a p has no routable decode partner that did not refuse it (pool->lock held). */
+static bool kvf_proxy_prefill_refused_locked(struct kvf_proxy_pool *pool, int p)
+{
+    bool any_healthy = false;
+
+    if (pool->pairs == NULL) {
+        return false;
+    }
+    for (int d = 0; d < pool->count[KVF_PROXY_ROLE_DECODE]; ++d) {
+        if (!kvf_proxy_routable(&pool->inst[KVF_PROXY_ROLE_DECODE][d].info)) {
+            continue;
+        }
+        any_healthy = true;
+        if (kvf_proxy_pair(pool, p, d)->state != KVF_PROXY_PAIR_REFUSED) {
+            return false;
+        }
+    }
+    return any_healthy;
+}
+
+/* At its bound: the proxy's own, and for prefill the daemon's queue bound. */
+static bool kvf_proxy_route_full_locked(struct kvf_proxy_pool *pool,
+                                        const kvf_proxy_instance_info_t *info,
+                                        kvf_proxy_role_t role)
+{
+    if (info->outstanding >= (uint32_t)pool->max_outstanding) {
+        return true;
+    }
+    return (role == KVF_PROXY_ROLE_PREFILL) && (info->max_queue != 0) &&
+           (info->outstanding >= info->max_queue);
+}
+
+/* Ordering key of prefill @a info for a prompt of @a n tokens: lower is better. */
+static double kvf_proxy_route_prefill_key(const kvf_proxy_instance_info_t *info, int n)
+{
+    double w = kvf_proxy_route_wait_ms(kvf_proxy_route_queued(info), n,
+                                       kvf_proxy_route_rate(info));
+
+    /* no rate yet: queued tokens as if one per millisecond (an idle one wins) */
+    return (w >= 0) ? w : (double)kvf_proxy_route_queued(info);
+}
+
+/*
+ * Least-loaded routable prefill instance for @a n tokens (pool->lock held).
+ * @return its index, or -1 with *status_p: KVF_ERR_NO_RESOURCE (none
+ * routable), KVF_ERR_BUSY (all at their bound), KVF_ERR_OUT_OF_RANGE (none
+ * holds the prompt; *largest_p the largest that one holds).
+ */
+static int kvf_proxy_route_prefill_locked(struct kvf_proxy_pool *pool, int n,
+                                          kvf_status_t *status_p, uint32_t *largest_p)
+{
+    kvf_proxy_role_t role = KVF_PROXY_ROLE_PREFILL;
+    int count = pool->count[role], best = -1;
+    bool routable = false, fits = false;
+    double best_key = 0;
+
+    *largest_p = 0;
+    for (int k = 0; k < count; ++k) {
+        int i = (int)((pool->rr[role] + (unsigned)k) % (unsigned)count);
+        const kvf_proxy_instance_info_t *info = &pool->inst[role][i].info;
+        double key;
+
+        if (!kvf_proxy_routable(info) || kvf_proxy_prefill_refused_locked(pool, i)) {
+            continue;
+        }
+        routable = true;
+        if ((info->max_prompt_tokens != 0) && ((uint32_t)n > info->max_prompt_tokens)) {
+            *largest_p = (info->max_prompt_tokens > *largest_p) ? info->max_prompt_tokens :
+                         *largest_p;
+            continue;
+        }
+        fits = true;
+        if (kvf_proxy_route_full_locked(pool, info, role)) {
+            continue;
+        }
+        key = kvf_proxy_route_prefill_key(info, n);
+        if ((best < 0) || (key < best_key)) {
+            best = i;
+            best_key = key;
+        }
+    }
+    if (best >= 0) {
+        pool->rr[role] = (unsigned)best + 1;
+    }
+    *status_p = (best >= 0) ? KVF_OK : !routable ? KVF_ERR_NO_RESOURCE :
+                !fits ? KVF_ERR_OUT_OF_RANGE : KVF_ERR_BUSY;
+    return best;
+}
+
+kvf_status_t kvf_proxy_pool_pick(kvf_proxy_pool_h pool, kvf_proxy_role_t role, int *idx_p)
+{
+    kvf_status_t status;
+    uint32_t largest;
+    int i;
+
+    if (role == KVF_PROXY_ROLE_DECODE) {
+        return kvf_proxy_pool_pick_decode(pool, -1, 1, idx_p, NULL, 0);
+    }
+    pthread_mutex_lock(&pool->lock);
+    i = kvf_proxy_route_prefill_locked(pool, 1, &status, &largest);
+    pthread_mutex_unlock(&pool->lock);
+    if (i >= 0) {
+        *idx_p = i;
+    }
+    return (status == KVF_ERR_OUT_OF_RANGE) ? KVF_ERR_NO_RESOURCE : status;
+}
+
+/* Decode's load key: requests outstanding from here plus its reported waiting line. */
+static uint64_t kvf_proxy_route_decode_key(const kvf_proxy_instance_info_t *info)
+{
+    return (uint64_t)info->outstanding + (uint64_t)info->queue_depth;
+}
+
+kvf_status_t kvf_proxy_pool_pick_decode(kvf_proxy_pool_h pool, int prefill_idx, int num_tokens,
+                                        int *idx_p, char *why, size_t why_cap)
+{
+    kvf_proxy_role_t role = KVF_PROXY_ROLE_DECODE;
+    int n = pool->count[role], pick = -1;
+    bool healthy = false, accepted = false, fits = false;
+    uint32_t largest = 0;
+    uint64_t best_key = 0;
+
+    pthread_mutex_lock(&pool->lock);
+    /* pass 0: pairs checked compatible; pass 1: pairs without a verdict yet */
+    for (int pass = 0; (pass < 2) && (pick < 0); ++pass) {
+        for (int k = 0; k < n; ++k) {
+            int i = (int)((pool->rr[role] + (unsigned)k) % (unsigned)n);
+            const kvf_proxy_instance_info_t *info = &pool->inst[role][i].info;
+            kvf_proxy_pair_state_t st;
+
+            if (!kvf_proxy_routable(info)) {
+                continue;
+            }
+            healthy = true;
+            st = ((pool->pairs != NULL) && (prefill_idx >= 0)) ?
+                 kvf_proxy_pair(pool, prefill_idx, i)->state : KVF_PROXY_PAIR_COMPATIBLE;
+            if (st == KVF_PROXY_PAIR_REFUSED) {
+                if (why != NULL) {
+                    snprintf(why, why_cap, "%s", kvf_proxy_pair(pool, prefill_idx, i)->error);
+                }
+                continue;
+            }
+            accepted = true;
+            if ((info->max_prompt_tokens != 0) && ((uint32_t)num_tokens > info->max_prompt_tokens)) {
+                largest = (info->max_prompt_tokens > largest) ? info->max_prompt_tokens : largest;
+                continue;   /* its pool can never hold this prompt */
+            }
+            fits = true;
+            if (((pass == 0) && (st != KVF_PROXY_PAIR_COMPATIBLE)) ||
+                kvf_proxy_route_full_locked(pool, info, role)) {
+                continue;
+            }
+            if ((pick < 0) || (kvf_proxy_route_decode_key(info) < best_key)) {
+                pick = i;
+                best_key = kvf_proxy_route_decode_key(info);
+            }
+        }
+    }
+    if (pick >= 0) {
+        pool->rr[role] = (unsigned)pick + 1;
+        *idx_p = pick;
+    }
+    pthread_mutex_unlock(&pool->lock);
+    if (pick >= 0) {
+        return KVF_OK;
+    }
+    if (fits) {
+        if (why != NULL) {
+            snprintf(why, why_cap, "every decode instance that would do has %d requests"
+                     " outstanding (--max-outstanding)", pool->max_outstanding);
+        }
+        return KVF_ERR_BUSY;
+    }
+    if (accepted) {
+        if (why != NULL) {
+            snprintf(why, why_cap, "the largest prompt a decode instance's KV cache holds is %u"
+                     " tokens (raise --num-blocks on decode)", largest);
+        }
+        return KVF_ERR_OUT_OF_RANGE;
+    }
+    return healthy ? KVF_ERR_REFUSED : KVF_ERR_NO_RESOURCE;
+}
+
+static kvf_status_t kvf_proxy_route_fail(kvf_proxy_route_t *rt, kvf_status_t status, int http,
+                                         kvf_proxy_reject_t reason, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+static kvf_status_t kvf_proxy_route_fail(kvf_proxy_route_t *rt, kvf_status_t status, int http,
+                                         kvf_proxy_reject_t reason, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(rt->why, sizeof(rt->why), fmt, ap);
+    va_end(ap);
+    rt->http = http;
+    rt->type = (http == 400) ? "invalid_request_error" : "server_error";
+    rt->reason = reason;
+    if (rt->retry_after_s < 1) {
+        rt->retry_after_s = 1;
+    }
+    rt->prefill_idx = -1;
+    rt->decode_idx = -1;
+    return status;
+}
+
+/* The chosen prefill's predicted wait against the request's budget. */
+static kvf_status_t kvf_proxy_route_admit(kvf_proxy_pool_h pool, const kvf_proxy_route_req_t *rq,
+                                          kvf_proxy_route_t *rt)
+{
+    kvf_proxy_instance_info_t pi;
+    double rate, alone_ms, budget = (double)rq->budget_ms * KVF_PROXY_ADMIT_HEADROOM;
+
+    kvf_proxy_pool_info(pool, KVF_PROXY_ROLE_PREFILL, rt->prefill_idx, &pi);
+    rate = kvf_proxy_route_rate(&pi);
+    rt->predicted_wait_ms = kvf_proxy_route_wait_ms(kvf_proxy_route_queued(&pi), rq->num_tokens,
+                                                    rate);
+    if (rt->predicted_wait_ms < 0) {
+        return KVF_OK;                       /* nothing measured yet: admit */
+    }
+    alone_ms = kvf_proxy_route_wait_ms(0, rq->num_tokens, rate);
+    if (alone_ms > (double)rq->prefill_timeout_ms) {
+        return kvf_proxy_route_fail(rt, KVF_ERR_OUT_OF_RANGE, 400, KVF_PROXY_REJECT_COUNT,
+                                    "prompt of %d tokens would take about %.1f s to prefill at"
+                                    " prefill instance %s's measured %.0f tokens/s, longer than"
+                                    " --prefill-timeout %lld ms", rq->num_tokens,
+                                    alone_ms / 1000.0, pi.url, rate,
+                                    (long long)rq->prefill_timeout_ms);
+    }
+    if (rt->predicted_wait_ms > budget) {
+        rt->retry_after_s = kvf_proxy_route_retry_after_s(rt->predicted_wait_ms, budget);
+        return kvf_proxy_route_fail(rt, KVF_ERR_NO_RESOURCE, 503, KVF_PROXY_REJECT_PREDICTED_WAIT,
+                                    "overloaded: the least busy prefill instance (%s) has %llu"
+                                    " prompt tokens queued; at its recent %.0f tokens/s this"
+                                    " request's first token would take about %.1f s, over the"
+                                    " %.1f s it may wait; retry after %d s", pi.url,
+                                    (unsigned long long)kvf_proxy_route_queued(&pi), rate,
+                                    rt->predicted_wait_ms / 1000.0, budget / 1000.0,
+                                    rt->retry_after_s);
+    }
+    return KVF_OK;
+}
+
+kvf_status_t kvf_proxy_route_pick(kvf_proxy_pool_h pool, const kvf_proxy_route_req_t *rq,
+                                  kvf_proxy_route_t *rt)
+{
+    kvf_status_t status;
+    uint32_t largest = 0;
+    const char *purl;
+    char why[320] = "";
+
+    memset(rt, 0, sizeof(*rt));
+    rt->decode_idx = -1;
+    rt->predicted_wait_ms = -1;
+    pthread_mutex_lock(&pool->lock);
+    rt->prefill_idx = kvf_proxy_route_prefill_locked(pool, rq->num_tokens, &status, &largest);
+    pthread_mutex_unlock(&pool->lock);
+    if (status == KVF_ERR_NO_RESOURCE) {
+        return kvf_proxy_route_fail(rt, status, 503, KVF_PROXY_REJECT_NO_INSTANCE,
+                                    "no healthy prefill instance (or every one is draining,"
+                                    " or none a decode instance accepts: see /health)");
+    }
+    if (status == KVF_ERR_OUT_OF_RANGE) {
+        return kvf_proxy_route_fail(rt, status, 400, KVF_PROXY_REJECT_COUNT,
+                                    "prompt of %d tokens does not fit any prefill instance's KV"
+                                    " cache (at most %u tokens; raise --num-blocks on prefill)",
+                                    rq->num_tokens, largest);
+    }
+    if (status == KVF_ERR_BUSY) {
+        return kvf_proxy_route_fail(rt, KVF_ERR_NO_RESOURCE, 503, KVF_PROXY_REJECT_QUEUE_FULL,
+                                    "overloaded: every prefill instance has %d requests"
+                                    " outstanding (--max-outstanding) or its queue is full;"
+                                    " retry later", pool->max_outstanding);
+    }
+    status = kvf_proxy_route_admit(pool, rq, rt);
+    if (status != KVF_OK) {
+        return status;
+    }
+    purl = kvf_proxy_pool_url(pool, KVF_PROXY_ROLE_PREFILL, rt->prefill_idx);
+    status = kvf_proxy_pool_pick_decode(pool, rt->prefill_idx, rq->num_tokens, &rt->decode_idx,
+                                        why, sizeof(why));
+    switch (status) {
+    case KVF_OK:
+        return KVF_OK;
+    case KVF_ERR_OUT_OF_RANGE:
+        return kvf_proxy_route_fail(rt, status, 400, KVF_PROXY_REJECT_COUNT,
+                                    "prompt of %d tokens does not fit any decode instance: %s",
+                                    rq->num_tokens, why);
+    case KVF_ERR_REFUSED:
+        return kvf_proxy_route_fail(rt, status, 503, KVF_PROXY_REJECT_NO_INSTANCE,
+                                    "no decode instance accepts prefill instance %s: %s", purl,
+                                    why);
+    case KVF_ERR_BUSY:
+        return kvf_proxy_route_fail(rt, KVF_ERR_NO_RESOURCE, 503, KVF_PROXY_REJECT_QUEUE_FULL,
+                                    "overloaded: %s; retry later", why);
+    default:
+        return kvf_proxy_route_fail(rt, KVF_ERR_NO_RESOURCE, 503, KVF_PROXY_REJECT_NO_INSTANCE,
+                                    "no healthy decode instance (or every one is draining: see"
+                                    " /health)");
+    }
+}

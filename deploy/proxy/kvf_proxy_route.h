@@ -1,0 +1,91 @@
+/*
+ * kvf-proxy routing and admission: which prefill and decode instance a
+ * request goes to, and whether it is taken at all.
+ *
+ * Load of an instance (kvf_proxy_instance_info_t, under the pool's lock):
+ *   outstanding         the proxy's prefill/decode calls on it not yet
+ *                       answered (prefill) or finished (decode);
+ *   queued prompt work  prefill: prompt tokens of those calls, plus what the
+ *                       daemon reports queued beyond them (other proxies);
+ *   recent rate         prefill: tokens per second of engine time, an EWMA
+ *                       (weight KVF_PROXY_RATE_ALPHA) over the differences of
+ *                       the daemon's counters between health probes with at
+ *                       least KVF_PROXY_RATE_MIN_TOKENS prefilled; before the
+ *                       first sample, the daemon's lifetime average.
+ *
+ * Routing: the prefill instance with the least predicted wait (queued work
+ * over its rate; queued tokens while no rate is known), the decode instance
+ * with the fewest outstanding requests (plus its reported waiting queue) in
+ * a pair checked compatible, else one not checked yet; ties round robin.
+ * Neither draining, unhealthy nor at its bound (--max-outstanding, and the
+ * daemon's reported --max-queue for prefill) instances get new work.
+ *
+ * Admission: predicted wait = (queued prompt work + this prompt) / rate. A
+ * request whose predicted wait exceeds KVF_PROXY_ADMIT_HEADROOM of its
+ * budget (min of --prefill-timeout and the time left before its deadline)
+ * is refused at once with a 503 and a Retry-After, instead of waiting into a
+ * 504. A prompt that alone would take longer than --prefill-timeout is a 400
+ * (it can never be served).
+ */
+#ifndef KVF_PROXY_ROUTE_H
+#define KVF_PROXY_ROUTE_H
+
+#include "kvf_proxy_metrics.h"
+#include "kvf_proxy_pool.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define KVF_PROXY_RATE_ALPHA 0.3        /* EWMA weight of the newest rate sample */
+#define KVF_PROXY_RATE_MIN_TOKENS 64    /* a rate sample spans at least this many tokens */
+#define KVF_PROXY_ADMIT_HEADROOM 0.8    /* admit while the predicted wait <= this x budget */
+#define KVF_PROXY_RETRY_AFTER_MAX_S 60
+
+typedef struct kvf_proxy_route_req {
+    int     num_tokens;           /* prompt length, >= 1 */
+    int64_t budget_ms;            /* how long it may wait for its first token */
+    int64_t prefill_timeout_ms;   /* --prefill-timeout: a prompt alone longer is a 400 */
+} kvf_proxy_route_req_t;
+
+typedef struct kvf_proxy_route {
+    int                prefill_idx;        /* -1: none */
+    int                decode_idx;         /* -1: none */
+    double             predicted_wait_ms;  /* -1: no rate known (admitted unmeasured) */
+    /* on failure */
+    int                http;               /* 503 or 400 */
+    const char        *type;               /* OpenAI error type */
+    kvf_proxy_reject_t reason;             /* for a 503 */
+    int                retry_after_s;      /* for a 503: seconds, >= 1 */
+    char               why[448];
+} kvf_proxy_route_t;
+
+/**
+ * Choose the instances for a request and decide its admission.
+ * @return KVF_OK with rt->prefill_idx and decode_idx; otherwise rt's
+ *         failure fields: KVF_ERR_NO_RESOURCE (503: reason NO_INSTANCE,
+ *         QUEUE_FULL or PREDICTED_WAIT), KVF_ERR_REFUSED (503, NO_INSTANCE:
+ *         no decode accepts the prefill), KVF_ERR_OUT_OF_RANGE (400: the
+ *         prompt fits no instance, or alone takes longer than the timeout).
+ */
+kvf_status_t kvf_proxy_route_pick(kvf_proxy_pool_h pool, const kvf_proxy_route_req_t *rq,
+                                  kvf_proxy_route_t *rt);
+
+/** True when instance @a idx of @a role may get new work now (healthy, not draining). */
+bool kvf_proxy_route_usable(kvf_proxy_pool_h pool, kvf_proxy_role_t role, int idx);
+
+/** Wait in ms for @a num_tokens behind @a queued_tokens at @a rate_tps; -1 when rate <= 0. */
+double kvf_proxy_route_wait_ms(uint64_t queued_tokens, int num_tokens, double rate_tps);
+
+/** @a prev moved toward @a sample by @a alpha; @a sample when @a prev <= 0. */
+double kvf_proxy_route_ewma(double prev, double sample, double alpha);
+
+/** Retry-After seconds for a wait of @a wait_ms over a budget of @a budget_ms: 1..60. */
+int kvf_proxy_route_retry_after_s(double wait_ms, double budget_ms);
+
+/** The rate routing uses for @a info: the recent EWMA, else the lifetime average; 0: none. */
+double kvf_proxy_route_rate(const kvf_proxy_instance_info_t *info);
+
+/** Queued prompt work of prefill @a info in tokens: ours outstanding plus foreign. */
+uint64_t kvf_proxy_route_queued(const kvf_proxy_instance_info_t *info);
+
+#endif
