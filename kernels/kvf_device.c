@@ -168,6 +168,39 @@ int kvf_device_sync(const kvf_device_t *dev)
     KVF_DEVICE_CUDA_CALL(kvf_cuda_sync(dev));
 }
 
+int kvf_device_stream_create(const kvf_device_t *dev, kvf_device_t *dev_p)
+{
+    if (dev_p == NULL) {
+        return KVF_KERN_EINVAL;
+    }
+    if (!kvf_device_is_cuda(dev)) {
+        *dev_p = kvf_device_cpu();
+        return KVF_KERN_OK;
+    }
+    KVF_DEVICE_CUDA_CALL(kvf_cuda_stream_create(dev, dev_p));
+}
+
+void kvf_device_stream_destroy(kvf_device_t *dev)
+{
+    if (!kvf_device_is_cuda(dev) || (dev->stream == NULL)) {
+        return;
+    }
+#ifdef KVF_HAVE_CUDA
+    kvf_cuda_stream_destroy(dev);
+#endif
+    dev->stream = NULL;
+}
+
+bool kvf_device_ptr_is_cuda(const void *ptr)
+{
+#ifdef KVF_HAVE_CUDA
+    return (ptr != NULL) && kvf_cuda_ptr_is_device(ptr);
+#else
+    (void)ptr;
+    return false;
+#endif
+}
+
 int kvf_blocks_zero(const kvf_device_t *dev, void *base, size_t page_size,
                     const int64_t *page_ids, size_t n)
 {

@@ -117,6 +117,26 @@ int kvf_device_memcpy(const kvf_device_t *dev, void *dst, const void *src, size_
 int kvf_device_sync(const kvf_device_t *dev);
 
 /**
+ * A copy of @a dev with a stream of its own (CUDA: cudaStreamCreateWithFlags,
+ * non-blocking with respect to the legacy default stream), e.g. for a page
+ * pool whose zeroing and transfers must order among themselves and not
+ * behind every default-stream kernel. CPU: a plain copy (no stream).
+ * Destroy with kvf_device_stream_destroy().
+ * @return KVF_KERN_OK, KVF_KERN_EINVAL, KVF_KERN_ECUDA, KVF_KERN_EUNSUPPORTED.
+ */
+int kvf_device_stream_create(const kvf_device_t *dev, kvf_device_t *dev_p);
+
+/** Destroy a stream made by kvf_device_stream_create() and reset dev->stream to NULL. */
+void kvf_device_stream_destroy(kvf_device_t *dev);
+
+/**
+ * True when @a ptr is CUDA device (or managed) memory, as UCX must be told
+ * to register it (UCS_MEMORY_TYPE_CUDA); false for host memory, NULL, or a
+ * build without CUDA. Never fails.
+ */
+bool kvf_device_ptr_is_cuda(const void *ptr);
+
+/**
  * Zero whole pages of a page pool in one call (vLLM's KVBlockZeroer): for
  * each i in [0, n), bytes [base + page_ids[i] * page_size,
  * base + (page_ids[i] + 1) * page_size) are set to 0.

@@ -89,6 +89,31 @@ extern "C" int kvf_cuda_sync(const kvf_device_t *dev)
     return KVF_KERN_OK;
 }
 
+extern "C" int kvf_cuda_stream_create(const kvf_device_t *dev, kvf_device_t *dev_p)
+{
+    cudaStream_t stream = NULL;
+    KVF_CUDA_CHECK(cudaSetDevice(dev->ordinal));
+    KVF_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    *dev_p = *dev;
+    dev_p->stream = (void *)stream;
+    return KVF_KERN_OK;
+}
+
+extern "C" void kvf_cuda_stream_destroy(const kvf_device_t *dev)
+{
+    KVF_CUDA_CHECK_IGNORE(cudaStreamDestroy(kvf_cuda_stream(dev)));
+}
+
+extern "C" bool kvf_cuda_ptr_is_device(const void *ptr)
+{
+    cudaPointerAttributes attr;
+    if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
+        (void)cudaGetLastError();   /* no CUDA, or not a pointer CUDA knows: host */
+        return false;
+    }
+    return (attr.type == cudaMemoryTypeDevice) || (attr.type == cudaMemoryTypeManaged);
+}
+
 /* grid.y walks pages (strided when more than 65535), grid.x covers a page */
 __global__ void kvf_blocks_zero_vec_kernel(uint4 *base, size_t words_per_page,
                                            const int64_t *ids, size_t n)

@@ -32,6 +32,9 @@ int  kvf_cuda_memset(const kvf_device_t *dev, void *ptr, int value, size_t bytes
 int  kvf_cuda_memcpy(const kvf_device_t *dev, void *dst, const void *src, size_t bytes,
                      kvf_copy_kind_t kind);
 int  kvf_cuda_sync(const kvf_device_t *dev);
+int  kvf_cuda_stream_create(const kvf_device_t *dev, kvf_device_t *dev_p);
+void kvf_cuda_stream_destroy(const kvf_device_t *dev);
+bool kvf_cuda_ptr_is_device(const void *ptr);
 int  kvf_cuda_blocks_zero(const kvf_device_t *dev, void *base, size_t page_size,
                           const int64_t *page_ids, size_t n);
 int  kvf_cuda_zero_ranges(const kvf_device_t *dev, void *base, const size_t *offsets,

@@ -35,6 +35,8 @@ const char *kvf_kern_strerror(int err)
     case KVF_KERN_ENOMEM:       return "out of memory";
     case KVF_KERN_ECUDA:        return "cuda call failed";
     case KVF_KERN_EUNSUPPORTED: return "not supported on this device";
+    case KVF_KERN_ENCCL:        return "nccl call failed";
+    case KVF_KERN_ETIMEDOUT:    return "device wait timed out";
     default:                    return "unknown kernel error";
     }
 }

@@ -6,7 +6,8 @@
  * cblas and the CUDA runtime, and reports errors as small negative ints that
  * common/ maps to kvf_status_t (KVF_KERN_EINVAL -> KVF_ERR_INVALID_PARAM,
  * KVF_KERN_ENOMEM -> KVF_ERR_NO_MEMORY, KVF_KERN_ECUDA -> KVF_ERR_CUDA,
- * KVF_KERN_EUNSUPPORTED -> KVF_ERR_UNSUPPORTED).
+ * KVF_KERN_EUNSUPPORTED -> KVF_ERR_UNSUPPORTED, KVF_KERN_ENCCL -> KVF_ERR_NCCL,
+ * KVF_KERN_ETIMEDOUT -> KVF_ERR_TIMED_OUT).
  *
  * Conventions shared by every kernel entry point:
  * - The first argument is the device (kernels/kvf_device.h) whose memory the
@@ -34,6 +35,8 @@
 #define KVF_KERN_ENOMEM        -2  /* host or device allocation failed */
 #define KVF_KERN_ECUDA         -3  /* a CUDA runtime call or launch failed */
 #define KVF_KERN_EUNSUPPORTED  -4  /* no implementation for this device/dtype */
+#define KVF_KERN_ENCCL         -5  /* an NCCL call failed (kvf_nccl.h) */
+#define KVF_KERN_ETIMEDOUT     -6  /* a device wait passed its deadline */
 
 #ifdef __cplusplus
 extern "C" {

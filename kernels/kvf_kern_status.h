@@ -10,7 +10,8 @@
 /**
  * KVF_KERN_OK -> KVF_OK, KVF_KERN_EINVAL -> KVF_ERR_INVALID_PARAM,
  * KVF_KERN_ENOMEM -> KVF_ERR_NO_MEMORY, KVF_KERN_ECUDA -> KVF_ERR_CUDA,
- * KVF_KERN_EUNSUPPORTED -> KVF_ERR_UNSUPPORTED; anything else -> KVF_ERR_IO.
+ * KVF_KERN_EUNSUPPORTED -> KVF_ERR_UNSUPPORTED, KVF_KERN_ENCCL -> KVF_ERR_NCCL,
+ * KVF_KERN_ETIMEDOUT -> KVF_ERR_TIMED_OUT; anything else -> KVF_ERR_IO.
  */
 static inline kvf_status_t kvf_status_from_kern(int kern_err)
 {
@@ -20,6 +21,8 @@ static inline kvf_status_t kvf_status_from_kern(int kern_err)
     case KVF_KERN_ENOMEM:       return KVF_ERR_NO_MEMORY;
     case KVF_KERN_ECUDA:        return KVF_ERR_CUDA;
     case KVF_KERN_EUNSUPPORTED: return KVF_ERR_UNSUPPORTED;
+    case KVF_KERN_ENCCL:        return KVF_ERR_NCCL;
+    case KVF_KERN_ETIMEDOUT:    return KVF_ERR_TIMED_OUT;
     default:                    return KVF_ERR_IO;
     }
 }

@@ -27,6 +27,7 @@
 #include "kvf_gemm.h"
 #include "kvf_mamba2.h"
 #include "kvf_moe.h"
+#include "kvf_nccl.h"
 #include "kvf_norm.h"
 
 #include <math.h>
@@ -542,6 +543,50 @@ static void check_zeroing(void)
     free(hg);
 }
 
+/* a pool on its own stream (zeroing ordered there), and one-rank NCCL collectives */
+static void check_stream_nccl(void)
+{
+    enum { N = 4096 };
+    static const int64_t ids[2] = {1, 3};
+    float h[N], back[4 * N];
+    kvf_device_t own;
+    void *dp;
+    int ok;
+
+    for (int i = 0; i < N; ++i) {
+        h[i] = (float)i;
+    }
+    CK("stream create", kvf_device_stream_create(&gdev, &own));
+    CK("alloc", kvf_device_alloc(&own, 4 * N * 4, &dp));
+    ok = (gdev.kind != KVF_DEVICE_CUDA) || kvf_device_ptr_is_cuda(dp);
+    CK("fill", kvf_device_memset(&own, dp, 0x55, 4 * N * 4));
+    CK("zero", kvf_blocks_zero(&own, dp, N * 4, ids, 2));
+    CK("sync", kvf_device_sync(&own));
+    CK("back", kvf_device_memcpy(&own, back, dp, sizeof(back), KVF_COPY_D2H));
+    ok = ok && (back[N] == 0.0f) && (back[3 * N + 17] == 0.0f) && (back[0] != 0.0f);
+    printf("| %-28s | %-5s | %-12s | %-12s | %-7s | %s |\n", "blocks_zero on own stream", "u8",
+           ok ? "0" : "wrong", "-", "0", ok ? "PASS" : "FAIL");
+    failures += ok ? 0 : 1;
+    if (kvf_nccl_available() && (gdev.kind == KVF_DEVICE_CUDA)) {
+        kvf_nccl_id_t id;
+        kvf_nccl_comm_h comm = NULL;
+        CK("nccl id", kvf_nccl_id_make(&id));
+        CK("nccl init", kvf_nccl_comm_init(&own, &id, 1, 0, 30000, &comm));
+        CK("up", kvf_device_memcpy(&own, dp, h, sizeof(h), KVF_COPY_H2D));
+        CK("all-reduce", kvf_nccl_all_reduce_sum(comm, dp, (float *)dp + N, N));
+        CK("all-gather", kvf_nccl_all_gather(comm, (float *)dp + N, (float *)dp + 2 * N, N));
+        down(back, dp, sizeof(back));
+        rowf("nccl all_reduce (1 rank)", "fp32", back + N, h, N, 0.0);
+        rowf("nccl all_gather (1 rank)", "fp32", back + 2 * N, h, N, 0.0);
+        kvf_nccl_comm_destroy(comm);
+    } else {
+        printf("| %-28s | %-5s | %-12s | %-12s | %-7s | %s |\n", "nccl collectives", "-", "-",
+               "-", "-", kvf_nccl_available() ? "not run (CPU device)" : "not built (no NCCL)");
+    }
+    kvf_device_free(&own, dp);
+    kvf_device_stream_destroy(&own);
+}
+
 int main(int argc, char **argv)
 {
     static const kvf_dtype_t cache[3] = {KVF_DTYPE_FP32, KVF_DTYPE_BF16, KVF_DTYPE_FP16};
@@ -569,6 +614,7 @@ int main(int argc, char **argv)
     check_elementwise();
     check_moe();
     check_zeroing();
+    check_stream_nccl();
     for (int i = 0; i < 3; ++i) {
         check_attention(cache[i]);
         check_conv(cache[i]);

@@ -4,6 +4,8 @@
 #include "kvf_norm.h"
 #include "kvf_kern_test.h"
 #include "kvf_kern.h"
+#include "kvf_kern_status.h"
+#include "kvf_nccl.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -84,6 +86,47 @@ static void test_cpu_blocks_zero(void **state)
     (void)state;
     check_blocks_zero(&dev);
     check_blocks_zero(NULL);
+}
+
+/* streams, pointer kinds and the NCCL wrapper's argument checks: what runs without a GPU */
+static void test_streams_nccl_args(void **state)
+{
+    kvf_device_t cpu = kvf_device_cpu(), own;
+    kvf_nccl_id_t id;
+    kvf_nccl_comm_h comm = NULL;
+    float host[4] = {0};
+    (void)state;
+
+    assert_int_equal(kvf_device_stream_create(&cpu, &own), KVF_KERN_OK);
+    assert_int_equal(own.kind, KVF_DEVICE_CPU);
+    assert_null(own.stream);
+    kvf_device_stream_destroy(&own);
+    assert_int_equal(kvf_device_stream_create(NULL, NULL), KVF_KERN_EINVAL);
+    assert_false(kvf_device_ptr_is_cuda(host));     /* host memory, with or without CUDA */
+    assert_false(kvf_device_ptr_is_cuda(NULL));
+
+    memset(&id, 0, sizeof(id));
+    if (!kvf_nccl_available()) {
+        assert_int_equal(kvf_nccl_comm_init(&cpu, &id, 1, 0, 1000, &comm), KVF_KERN_EUNSUPPORTED);
+        assert_int_equal(kvf_nccl_id_make(&id), KVF_KERN_EUNSUPPORTED);
+    } else {
+        /* refused before NCCL is touched: a CPU device, bad rank, bad deadline */
+        assert_int_equal(kvf_nccl_comm_init(&cpu, &id, 1, 0, 1000, &comm), KVF_KERN_EINVAL);
+        kvf_device_t cuda = {KVF_DEVICE_CUDA, 0, NULL};
+        assert_int_equal(kvf_nccl_comm_init(&cuda, &id, 2, 2, 1000, &comm), KVF_KERN_EINVAL);
+        assert_int_equal(kvf_nccl_comm_init(&cuda, &id, 2, 0, 0, &comm), KVF_KERN_EINVAL);
+        assert_int_equal(kvf_nccl_id_make(NULL), KVF_KERN_EINVAL);
+        assert_int_equal(kvf_nccl_all_reduce_sum(NULL, host, host, 4), KVF_KERN_EINVAL);
+        assert_int_equal(kvf_nccl_all_gather(NULL, host, host, 4), KVF_KERN_EINVAL);
+    }
+    assert_null(comm);
+    assert_true(kvf_nccl_comm_broken(NULL));
+    kvf_nccl_comm_destroy(NULL);
+    /* the new codes and their status mapping */
+    assert_string_equal(kvf_kern_strerror(KVF_KERN_ENCCL), "nccl call failed");
+    assert_string_equal(kvf_kern_strerror(KVF_KERN_ETIMEDOUT), "device wait timed out");
+    assert_int_equal(kvf_status_from_kern(KVF_KERN_ENCCL), KVF_ERR_NCCL);
+    assert_int_equal(kvf_status_from_kern(KVF_KERN_ETIMEDOUT), KVF_ERR_TIMED_OUT);
 }
 
 static void test_cuda(void **state)
@@ -174,6 +217,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cpu_basics),
         cmocka_unit_test(test_cpu_blocks_zero),
+        cmocka_unit_test(test_streams_nccl_args),
         cmocka_unit_test(test_cuda),
         cmocka_unit_test(test_cuda_error_report),
     };

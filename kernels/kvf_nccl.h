@@ -1,0 +1,87 @@
+/*
+ * NCCL collectives for TP ranks that are GPUs (one process, one thread per
+ * rank, one device per rank): one communicator per instance, made at start
+ * and destroyed at exit; fp32 sum all-reduce and all-gather on the rank's
+ * stream, each waited for with a deadline. A collective that misses its
+ * deadline, or that NCCL reports failed asynchronously, ABORTS the
+ * communicator (ncclCommAbort) and marks it broken: every later call on it
+ * fails at once with KVF_KERN_ENCCL, and the owner marks the instance
+ * unhealthy (common/runtime decides; this layer only reports).
+ *
+ * Built when the CUDA build finds NCCL (nccl.h and libnccl); otherwise every
+ * function returns KVF_KERN_EUNSUPPORTED and kvf_nccl_available() is false.
+ * CPU ranks keep common/runtime's CPU collectives.
+ *
+ * Not yet used by common/runtime (which has no CUDA device path); compiled
+ * and linked only, never run on a GPU.
+ */
+#ifndef KVF_NCCL_H
+#define KVF_NCCL_H
+
+#include "kvf_device.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVF_NCCL_ID_BYTES 128   /* sizeof(ncclUniqueId) */
+
+/** The instance's rendezvous id: made once (kvf_nccl_id_make), handed to every rank. */
+typedef struct kvf_nccl_id {
+    unsigned char bytes[KVF_NCCL_ID_BYTES];
+} kvf_nccl_id_t;
+
+typedef struct kvf_nccl_comm *kvf_nccl_comm_h;
+
+/** True when this build has NCCL compiled in. */
+bool kvf_nccl_available(void);
+
+/** A fresh id (ncclGetUniqueId). @return KVF_KERN_OK, KVF_KERN_EINVAL, KVF_KERN_ENCCL, EUNSUPPORTED. */
+int kvf_nccl_id_make(kvf_nccl_id_t *id_p);
+
+/**
+ * This rank's communicator: every rank thread calls it at once with the
+ * same id (non-blocking init, polled until ready or @a timeout_ms passes,
+ * then aborted). Collectives go on dev->stream; @a dev must stay valid.
+ *
+ * @param [in]  dev         The rank's CUDA device (its stream is used).
+ * @param [in]  id          From kvf_nccl_id_make(), the same for all ranks.
+ * @param [in]  nranks      Ranks in the instance, >= 1.
+ * @param [in]  rank        This rank, [0, nranks).
+ * @param [in]  timeout_ms  Deadline of the init and of every collective, > 0.
+ * @param [out] comm_p      Set on success; destroy with kvf_nccl_comm_destroy().
+ * @return KVF_KERN_OK; KVF_KERN_EINVAL; KVF_KERN_ENOMEM; KVF_KERN_ECUDA;
+ *         KVF_KERN_ENCCL; KVF_KERN_ETIMEDOUT (aborted); KVF_KERN_EUNSUPPORTED.
+ */
+int kvf_nccl_comm_init(const kvf_device_t *dev, const kvf_nccl_id_t *id, int nranks, int rank,
+                       int64_t timeout_ms, kvf_nccl_comm_h *comm_p);
+
+/**
+ * recv[i] = sum over ranks of send[i], i < n (fp32, device memory; send may
+ * equal recv), enqueued on the rank's stream and waited for.
+ * @return KVF_KERN_OK; KVF_KERN_EINVAL; KVF_KERN_ENCCL (failed, or the
+ *         communicator is broken); KVF_KERN_ETIMEDOUT (deadline: aborted).
+ */
+int kvf_nccl_all_reduce_sum(kvf_nccl_comm_h comm, const float *send, float *recv, size_t n);
+
+/**
+ * recv[r * n + i] = send of rank r [i] (fp32, device memory; recv holds
+ * nranks * n, must not overlap send). Errors as kvf_nccl_all_reduce_sum().
+ */
+int kvf_nccl_all_gather(kvf_nccl_comm_h comm, const float *send, float *recv, size_t n);
+
+/** True after a failure or a timeout aborted the communicator. */
+bool kvf_nccl_comm_broken(kvf_nccl_comm_h comm);
+
+/** Finalize (healthy) or abort (broken), then free; NULL is a no-op. */
+void kvf_nccl_comm_destroy(kvf_nccl_comm_h comm);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
