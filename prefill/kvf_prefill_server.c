@@ -33,6 +33,8 @@
 #include "kvf_engine.h"
 #include "kvf_fault.h"
 #include "kvf_log.h"
+#include "kvf_random.h"
+#include "kvf_array.h"
 #include "kvf_time.h"
 #include "kvf_role.h"
 
@@ -41,9 +43,7 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <errno.h>
 #include <string.h>
-#include <sys/random.h>
 #include <time.h>
 
 #define KVF_PF_MAX_EVENTS 512
@@ -92,31 +92,6 @@ struct kvf_prefill_server {
 
 #define KVF_PF_MAX_QUARANTINE_MS 60000   /* a peer cannot pin our blocks longer than this */
 
-static uint64_t kvf_pf_now_ms(void)
-{
-    return kvf_time_now_ns() / 1000000ull;
-}
-
-/* Random, non-zero: what a decode must echo to claim or release the lease. */
-/* A lease nonce from the kernel's CSPRNG; a few tries (EINTR, a zero draw), then an error. */
-static kvf_status_t kvf_pf_nonce(uint64_t *nonce_p)
-{
-    int err = 0;
-
-    for (int i = 0; i < 8; ++i) {
-        uint64_t x = 0;
-        ssize_t n = getrandom(&x, sizeof(x), 0);
-        if ((n == (ssize_t)sizeof(x)) && (x != 0)) {
-            *nonce_p = x;
-            return KVF_OK;
-        }
-        err = (n < 0) ? errno : 0;
-    }
-    kvf_error("getrandom() gave no lease nonce in 8 tries (last: %s)",
-              (err != 0) ? strerror(err) : "a short or zero draw");
-    return KVF_ERR_NO_RESOURCE;
-}
-
 /* A lease handed out or extended at @a now_ms lasts this long (ms): the
  * lease time, cut to the drain deadline once draining. */
 static uint64_t kvf_pf_lease_ttl(kvf_prefill_server_h srv, uint64_t now)
@@ -137,7 +112,7 @@ static void kvf_pf_lease_op(void *arg, const char *requester, const kvf_lease_ms
 {
     kvf_prefill_server_h srv = arg;
     uint64_t q = (uint64_t)srv->cfg.role.xfer_timeout_ms;
-    uint64_t now = kvf_pf_now_ms();
+    uint64_t now = kvf_time_now_ms();
 
     if (peer_timeout_ms > q) {
         q = (peer_timeout_ms < KVF_PF_MAX_QUARANTINE_MS) ? peer_timeout_ms
@@ -363,17 +338,10 @@ static void kvf_pf_prefill(kvf_prefill_server_h srv, const kvf_serve_peer_t *pee
                                      "prompt rejected (token outside the vocabulary?)");
         return;
     }
-    if (srv->num_pending == srv->cap_pending) {
-        int cap = srv->cap_pending ? 2 * srv->cap_pending : 64;
-        kvf_pf_pending_t *n = realloc(srv->pending, (size_t)cap * sizeof(*n));
-        if (n == NULL) {
-            kvf_engine_release(srv->engine, id);
-            kvf_serve_server_reply_error(srv->serve, peer, rid, KVF_ERR_NO_MEMORY,
-                                         "out of memory");
-            return;
-        }
-        srv->pending = n;
-        srv->cap_pending = cap;
+    if (KVF_ARRAY_GROW(srv->pending, srv->cap_pending, srv->num_pending + 1, 64) != KVF_OK) {
+        kvf_engine_release(srv->engine, id);
+        kvf_serve_server_reply_error(srv->serve, peer, rid, KVF_ERR_NO_MEMORY, "out of memory");
+        return;
     }
     kvf_pf_pending_t *p = &srv->pending[srv->num_pending++];
     p->engine_req = id;
@@ -393,10 +361,11 @@ static void kvf_pf_prefilled(kvf_prefill_server_h srv, kvf_pf_pending_t *p, int3
     Kvf__BlockIdList *plists[KVF_MAX_KV_GROUPS];
     kvf_req_info_t info;
     uint64_t nonce = 0;
-    uint64_t ttl = kvf_pf_lease_ttl(srv, kvf_pf_now_ms());
+    uint64_t ttl = kvf_pf_lease_ttl(srv, kvf_time_now_ms());
     kvf_status_t status;
 
-    status = kvf_pf_nonce(&nonce);
+    /* random, non-zero: what a decode must echo to claim or release the lease */
+    status = kvf_random_nonzero_u64("lease nonce", &nonce);
     if (status == KVF_OK) {
         status = kvf_engine_request_info(srv->engine, p->engine_req, &info);
     }
@@ -405,7 +374,7 @@ static void kvf_pf_prefilled(kvf_prefill_server_h srv, kvf_pf_pending_t *p, int3
         for (int g = 0; g < info.blocks->num_groups; ++g) {
             nblocks += info.blocks->num_blocks[g];
         }
-        status = kvf_lease_table_add(srv->leases, p->request_id, nonce, kvf_pf_now_ms(),
+        status = kvf_lease_table_add(srv->leases, p->request_id, nonce, kvf_time_now_ms(),
                                      ttl, nblocks,
                                      (void *)(uintptr_t)(p->engine_req + 1));
     }
@@ -472,7 +441,7 @@ static void kvf_pf_abort(kvf_prefill_server_h srv, const Kvf__AbortRequest *req)
     /* leased: a decode may be mid-pull (it handles its own abort only after the
      * pull), so the blocks wait out the quarantine instead of being freed at
      * once, and its release will be answered "expired" (§9) */
-    if (kvf_lease_table_abort(srv->leases, rid, kvf_pf_now_ms())) {
+    if (kvf_lease_table_abort(srv->leases, rid, kvf_time_now_ms())) {
         return;
     }
     for (int i = 0; i < srv->num_pending; ++i) {
@@ -552,7 +521,7 @@ static void kvf_pf_collect(kvf_prefill_server_h srv)
     size_t n, expired;
 
     do {
-        n = kvf_lease_table_collect(srv->leases, kvf_pf_now_ms(), owners, 64, &expired);
+        n = kvf_lease_table_collect(srv->leases, kvf_time_now_ms(), owners, 64, &expired);
         for (size_t i = 0; i < n; ++i) {
             kvf_engine_release(srv->engine, (uint64_t)(uintptr_t)owners[i] - 1);
         }
@@ -582,7 +551,7 @@ static void kvf_pf_idle_wait(kvf_prefill_server_h srv)
  */
 static bool kvf_pf_drained(kvf_prefill_server_h srv)
 {
-    uint64_t now = kvf_pf_now_ms();
+    uint64_t now = kvf_time_now_ms();
     size_t held = kvf_lease_table_count(srv->leases);
 
     if (srv->drain_start_ms == 0) {
