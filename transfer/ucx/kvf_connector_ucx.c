@@ -44,6 +44,7 @@
 #include "kvf_device.h"
 #include "kvf_kern_status.h"
 #include "kvf_log.h"
+#include "kvf_random.h"
 #include "kvf_tp_map.h"
 #include "kvf_compat.h"
 #include "kvf_side_channel.h"
@@ -57,7 +58,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <errno.h>
-#include <sys/random.h>
 #include <unistd.h>
 #include <time.h>
 
@@ -283,46 +283,6 @@ static void kvf_conn_destroy(kvf_connector_h conn)
     free(conn);
 }
 
-/*
- * A non-zero incarnation from getrandom(2) (the kernel's CSPRNG): two
- * processes, even started in the same nanosecond with the same pid in two
- * containers, draw different ones. EINTR is retried (bounded); any other
- * failure, a short read or eight zero draws in a row is an error, never a
- * weaker fallback.
- */
-static kvf_status_t kvf_conn_new_incarnation(uint64_t *incarnation_p)
-{
-    uint64_t x;
-    ssize_t n;
-    int zeros = 0;
-
-    for (int tries = 0; tries < 64; ++tries) {
-        x = 0;
-        n = getrandom(&x, sizeof(x), 0);
-        if ((n < 0) && (errno == EINTR)) {
-            continue;
-        }
-        if (n < 0) {
-            kvf_error("ucx connector: getrandom() for the incarnation failed: %m");
-            return KVF_ERR_IO;
-        }
-        if (n != (ssize_t)sizeof(x)) {
-            kvf_error("ucx connector: getrandom() for the incarnation returned %zd of %zu bytes",
-                      n, sizeof(x));
-            return KVF_ERR_IO;
-        }
-        if (x != 0) {
-            *incarnation_p = x;
-            return KVF_OK;
-        }
-        if (++zeros == 8) {
-            break;
-        }
-    }
-    kvf_error("ucx connector: getrandom() gave no usable incarnation (interrupted or zero)");
-    return KVF_ERR_IO;
-}
-
 static kvf_status_t kvf_conn_create(const kvf_connector_config_t *config,
                                     kvf_connector_h *conn_p)
 {
@@ -360,7 +320,9 @@ static kvf_status_t kvf_conn_create(const kvf_connector_config_t *config,
     conn->progress_thread = (config->field_mask & KVF_CONNECTOR_CONFIG_FIELD_PROGRESS) &&
                             config->progress_thread &&
                             (config->role == KVF_CONNECTOR_ROLE_PREFILL);
-    status = kvf_conn_new_incarnation(&conn->incarnation);
+    /* non-zero, from the kernel's CSPRNG: two processes, even started in the same
+     * nanosecond with the same pid in two containers, draw different ones */
+    status = kvf_random_nonzero_u64("ucx connector incarnation", &conn->incarnation);
     if (status != KVF_OK) {
         goto err;
     }
