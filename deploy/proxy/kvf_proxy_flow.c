@@ -16,6 +16,7 @@
 #include "kvf_proxy_flow.h"
 #include "kvf_time.h"
 #include "kvf_log.h"
+#include "kvf_proxy_export.h"
 
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -663,6 +664,7 @@ void kvf_proxy_flow_finish(kvf_proxy_flow_t *flow)
         kvf_proxy_metrics_add(ctx->metrics, KVF_PROXY_CTR_KV_DESCRIPTORS, kv->descriptors);
         kvf_proxy_metrics_add(ctx->metrics, KVF_PROXY_CTR_KV_READS, kv->reads);
         kvf_proxy_metrics_add(ctx->metrics, KVF_PROXY_CTR_KV_RECOMPUTED, kv->recomputed ? 1 : 0);
+        kvf_proxy_export_transfer(kv->bytes, kv->recomputed);
         kvf_proxy_metrics_observe(ctx->metrics, KVF_PROXY_HIST_TRANSFER, kv->transfer_ms / 1000.0,
                                   1);
         if (kv->handshake_ms > 0) {

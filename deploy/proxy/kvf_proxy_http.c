@@ -19,6 +19,7 @@
 #define _GNU_SOURCE
 #include "kvf_proxy_http_int.h"
 #include "kvf_log.h"
+#include "kvf_proxy_export.h"
 
 #include <errno.h>
 #include <netdb.h>
@@ -160,6 +161,7 @@ static enum MHD_Result kvf_proxy_metrics_page(struct kvf_proxy_http *http,
             kvf_proxy_edge_suspended(http->edge),
             (unsigned long long)kvf_proxy_conns_timeouts(http->conns));
     kvf_proxy_pool_render_metrics(http->params.flow->pool, f);
+    kvf_proxy_export_render(http->params.flow->pool, http->params.api->model_name, f);
     fclose(f);
     return kvf_proxy_respond_ex(conn, MHD_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8",
                                 buf, false);
