@@ -39,6 +39,9 @@ const kvf_config_field_t kvf_proxy_config_table[] = {
      KVF_PF(health_interval), KVF_CONFIG_TYPE_TIME, 0},
     {"HEALTH_TIMEOUT", "5s", "a probe unanswered this long marks the instance unhealthy",
      KVF_PF(health_timeout), KVF_CONFIG_TYPE_TIME, 0},
+    {"MAX_OUTSTANDING", "128", "requests per instance sent and not yet answered (prefill) or "
+     "finished (decode); when every instance is at it, new requests get a 503 (queue_full)",
+     KVF_PF(max_outstanding), KVF_CONFIG_TYPE_INT, 0},
     {"IDLE_TIMEOUT", "10s", "a keep-alive connection idle this long after an answer is closed",
      KVF_PF(idle_timeout), KVF_CONFIG_TYPE_TIME, 0},
     {"HEADER_TIMEOUT", "10s", "a new connection must send complete request headers within this",
@@ -144,7 +147,7 @@ static kvf_status_t kvf_proxy_check(const kvf_proxy_config_t *cfg)
         kvf_error("timeouts and the health interval must be positive");
         return KVF_ERR_INVALID_PARAM;
     }
-    if ((cfg->max_connections <= 0) || (cfg->max_per_client < 0) ||
+    if ((cfg->max_connections <= 0) || (cfg->max_per_client < 0) || (cfg->max_outstanding <= 0) ||
         (cfg->max_prompt_tokens <= 0) ||
         (cfg->max_tokens_limit <= 0) || (cfg->default_max_tokens <= 0) ||
         (cfg->default_max_tokens > cfg->max_tokens_limit) || (cfg->max_body == 0)) {
@@ -197,6 +200,7 @@ kvf_status_t kvf_proxy_create(const kvf_proxy_config_t *cfg, kvf_proxy_h *proxy_
     pp.decode_urls = cfg->decode;
     pp.health_interval_ms = cfg->health_interval;
     pp.health_timeout_ms = cfg->health_timeout;
+    pp.max_outstanding = cfg->max_outstanding;
     status = kvf_proxy_pool_create(&pp, &proxy->pool);
     if (status != KVF_OK) {
         goto err_metrics;

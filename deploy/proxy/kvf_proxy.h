@@ -33,6 +33,7 @@ typedef struct kvf_proxy_config {
     int64_t drain_timeout;                    /* ms */
     int     max_connections;
     int     max_per_client;                   /* 0: no per-client cap */
+    int     max_outstanding;                  /* per instance (kvf_proxy_route.h) */
     char    trusted_proxy[KVF_CONFIG_STR_MAX];/* X-Forwarded-For believed from these */
     char    api_key[KVF_CONFIG_STR_MAX];      /* "" = none */
     char    api_key_file[KVF_CONFIG_STR_MAX];

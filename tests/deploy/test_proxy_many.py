@@ -4,6 +4,8 @@
    every client is either served (a complete stream ending with [DONE], the
    expected text) or refused with a JSON 503 naming --max-connections, and
    some of each; the refusals come at once (latency printed, bounded loosely).
+   Before that, with 1000 idle connections holding every slot, 20 requests are
+   refused with 503 (median and max latency printed).
 2. The same 2000 under the default cap (4096): every one served.
 3. 1000 idle connections (connected, sending nothing) beside a normal request:
    the request is answered in under 1 s.
@@ -149,7 +151,8 @@ def idle_beside_request(port, pid):
     try:
         t0 = time.monotonic()
         s = socket.create_connection(("127.0.0.1", port), timeout=10)
-        body = json.dumps({"model": "m", "prompt": PROMPT, "max_tokens": 2}).encode()
+        # one token: prefill's, then decode's final reply at once (no fake token delay)
+        body = json.dumps({"model": "m", "prompt": PROMPT, "max_tokens": 1}).encode()
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
                   % len(body) + body)
         data = b""
@@ -164,7 +167,7 @@ def idle_beside_request(port, pid):
         print("%d idle connections open: a request answered in %.3f s; proxy RSS %.1f MiB "
               "(peak %.1f), CPU %.2f s so far" % (IDLE, dt, rss, hwm, cpu))
         T.check(data.startswith(b"HTTP/1.1 200") and json.loads(data.partition(b"\r\n\r\n")[2])
-                ["choices"][0]["text"] == PROMPT[:2], "the request beside them is served",
+                ["choices"][0]["text"] == PROMPT[:1], "the request beside them is served",
                 data[:300])
         T.check(dt < 1.0, "answered in under 1 s beside %d idle connections (%.3f s)"
                 % (IDLE, dt))
@@ -173,19 +176,58 @@ def idle_beside_request(port, pid):
             s.close()
 
 
+def post_status(port, timeout=10):
+    """Status of one non-streaming completion on a fresh connection."""
+    body = json.dumps({"model": "m", "prompt": PROMPT, "max_tokens": 2}).encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
+                  % len(body) + body)
+        data = b""
+        while b"\r\n" not in data:
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+    return int(data.split()[1]) if data.startswith(b"HTTP/1.") else 0
+
+
+def refusal_latency(port, cap):
+    """With @cap idle connections holding every slot, a request is refused at once."""
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(cap)]
+    try:
+        lat, deadline = [], time.monotonic() + 10
+        while len(lat) < 20 and time.monotonic() < deadline:
+            t0 = time.monotonic()
+            if post_status(port) == 503:   # the last idle ones may still be registering
+                lat.append(time.monotonic() - t0)
+        print("cap full (%d idle): 503 in %.1f ms median, %.1f ms max (%d requests)"
+              % (cap, 1000 * pct(lat, 50), 1000 * max(lat or [0]), len(lat)))
+        T.check(len(lat) == 20 and max(lat) < 1.0, "at the cap a request gets its 503 at once")
+    finally:
+        for s in idle:
+            s.close()
+    deadline = time.monotonic() + 10
+    while post_status(port) != 200 and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def run(a, procs):
     nofile = raise_nofile(3 * CLIENTS + 1000)
     print("open-file limit %d" % nofile)
     base = free_port_range(2)
     T.start_fake(procs, a.testbin, "prefill", "prefill-0", base)
     T.start_fake(procs, a.testbin, "decode", "decode-0", base + 1,
-                 ["--fake-token-delay-ms", "200"])
+                 ["--fake-token-delay-ms", "500", "--fake-first-decode-delay-ms", "0"])
     pf, pd = "tcp://127.0.0.1:%d" % base, "tcp://127.0.0.1:%d" % (base + 1)
-    common = ["--model-name", "m", "--header-timeout", "30s", "--request-timeout", "120s"]
+    # the instances' outstanding bound (load admission) above the client count: this test is
+    # about the HTTP edge, whose caps are the connection caps
+    common = ["--model-name", "m", "--header-timeout", "30s", "--request-timeout", "120s",
+              "--max-outstanding", "4096"]
 
     p, px = T.start_proxy(procs, a.fakebin, pf, pd, common + ["--max-connections", "1000"],
                           name="proxy-cap")
     px.wait_healthy(timeout=10)
+    refusal_latency(px.port, 1000)
     ok, busy = part_streams(px.port, p.pid, 1000)
     T.check(ok and busy and all("--max-connections" in r[1] for r in busy),
             "cap 1000: some served (%d), the rest a JSON 503 naming --max-connections (%d)"
