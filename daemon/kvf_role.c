@@ -6,6 +6,7 @@
 #include "kvf_log.h"
 #include "kvf_fault.h"
 #include "kvf_connector_ucx.h"
+#include "kvf_fingerprint.h"
 
 #include <string.h>
 
@@ -124,6 +125,20 @@ static kvf_status_t kvf_role_register_pools(kvf_engine_h engine, const kvf_cache
     return KVF_OK;
 }
 
+/* The digest of the model folder served, advertised at handshake (kvf_fingerprint.h). */
+static kvf_status_t kvf_role_model_digest(const char *model, kvf_model_digest_t *digest_p)
+{
+    kvf_status_t status = kvf_model_digest(model, 0, digest_p);
+
+    if (status == KVF_OK) {
+        kvf_info("model digest %s (%s): %d files, %.1f MiB, %s in %.3f s", digest_p->hex,
+                 digest_p->path, digest_p->num_files, (double)digest_p->bytes / (1 << 20),
+                 digest_p->from_cache ? "from " KVF_MODEL_DIGEST_FILE : "computed",
+                 digest_p->seconds);
+    }
+    return status;
+}
+
 kvf_status_t kvf_role_start(const kvf_role_config_t *config, kvf_connector_role_t role,
                             const char *listen_host, int listen_port, kvf_engine_h *engine_p,
                             const kvf_connector_ops_t **ops_p, kvf_connector_h *conn_p)
@@ -132,6 +147,7 @@ kvf_status_t kvf_role_start(const kvf_role_config_t *config, kvf_connector_role_
     kvf_role_pool_alloc_t alloc;
     kvf_connector_config_t cc;
     kvf_model_config_t mc;
+    kvf_model_digest_t digest;
     kvf_connector_h conn;
     bool ucx_pools = (strcmp(config->pool_alloc, "ucx") == 0);
     kvf_status_t status;
@@ -140,6 +156,9 @@ kvf_status_t kvf_role_start(const kvf_role_config_t *config, kvf_connector_role_
     status = kvf_model_config_load(config->model, &mc);
     if (status == KVF_OK) {
         status = kvf_role_cache_params(config, &mc, &alloc.cache);
+    }
+    if (status == KVF_OK) {
+        status = kvf_role_model_digest(config->model, &digest);
     }
     if (status == KVF_OK) {
         status = kvf_connector_ops_check(ops);
@@ -155,6 +174,8 @@ kvf_status_t kvf_role_start(const kvf_role_config_t *config, kvf_connector_role_
     cc.timeout_ms = (uint32_t)config->xfer_timeout_ms;
     cc.cfg = &mc;
     cc.tp_size = config->tp;
+    cc.field_mask |= KVF_CONNECTOR_CONFIG_FIELD_MODEL_DIGEST;
+    cc.model_digest = &digest;   /* a pair with other weights or tokenizer is refused */
     if (role == KVF_CONNECTOR_ROLE_PREFILL) {
         cc.field_mask |= KVF_CONNECTOR_CONFIG_FIELD_PROGRESS;
         cc.progress_thread = true;   /* GETs progress while the engine computes */

@@ -10,7 +10,7 @@
 #            tests/run.sh passes it.
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config git python3
-      libucx-dev ucx-utils libprotobuf-c-dev protobuf-c-compiler libzmq3-dev libcjson-dev libpcre2-dev
+      libucx-dev ucx-utils libprotobuf-c-dev protobuf-c-compiler libzmq3-dev libxxhash-dev libcjson-dev libpcre2-dev
       libopenblas-dev libmicrohttpd-dev libcmocka-dev curl procps
       gnuplot-nox)   # gnuplot: kvf tune's plot
 if [ "${1:-}" = "--tests" ]; then

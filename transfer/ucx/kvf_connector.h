@@ -81,8 +81,9 @@ enum kvf_connector_config_field {     /* append only, never renumber */
     KVF_CONNECTOR_CONFIG_FIELD_BATCH_DESCS = KVF_BIT(2),
     KVF_CONNECTOR_CONFIG_FIELD_PLAN_FLAGS = KVF_BIT(3),
     KVF_CONNECTOR_CONFIG_FIELD_PROGRESS   = KVF_BIT(4),  /* progress_thread */
+    KVF_CONNECTOR_CONFIG_FIELD_MODEL_DIGEST = KVF_BIT(5),  /* model_digest */
 };
-#define KVF_CONNECTOR_CONFIG_FIELDS_KNOWN (KVF_BIT(5) - 1)
+#define KVF_CONNECTOR_CONFIG_FIELDS_KNOWN (KVF_BIT(6) - 1)
 
 typedef struct kvf_connector_config {
     uint64_t                  field_mask;   /* first */
@@ -104,6 +105,10 @@ typedef struct kvf_connector_config {
      * return KVF_ERR_UNSUPPORTED (releases go through the lease handler).
      * Default false. */
     bool                      progress_thread;
+    /* kvf_model_digest() of the model folder served (copied): advertised in
+     * every rank's metadata; a pair whose digests differ, or where only one
+     * side has one, is refused at handshake (kvf_compat.h). Default: none. */
+    const kvf_model_digest_t *model_digest;
 } kvf_connector_config_t;
 
 /**

@@ -105,6 +105,7 @@ struct kvf_connector {
     kvf_model_config_t    cfg;
     kvf_cache_layout_t   *layout;
     uint64_t              incarnation;         /* random, non-zero, per create */
+    kvf_model_digest_t    model_digest;        /* advertised; hex "" = none */
     kvf_conn_rank_t      *ranks;               /* [tp] */
 
     pthread_mutex_t       lock;                /* engines, registered flags; never held
@@ -306,6 +307,10 @@ static kvf_status_t kvf_conn_create(const kvf_connector_config_t *config,
     conn->role = config->role;
     conn->tp = config->tp_size;
     conn->cfg = *config->cfg;
+    if ((config->field_mask & KVF_CONNECTOR_CONFIG_FIELD_MODEL_DIGEST) &&
+        (config->model_digest != NULL)) {
+        conn->model_digest = *config->model_digest;   /* into every rank's metadata */
+    }
     conn->timeout_ms = (config->field_mask & KVF_CONNECTOR_CONFIG_FIELD_TIMEOUT_MS) ?
                        config->timeout_ms : 5000;
     conn->batch_descs = (config->field_mask & KVF_CONNECTOR_CONFIG_FIELD_BATCH_DESCS) ?
@@ -430,6 +435,8 @@ static kvf_status_t kvf_conn_add_pool(kvf_connector_h conn, const kvf_connector_
     m->align = pool->params.align;
     snprintf(m->layout_tag, sizeof(m->layout_tag), "%s", KVF_LAYOUT_TAG_HND);
     m->incarnation = conn->incarnation;
+    snprintf(m->model_digest, sizeof(m->model_digest), "%s", conn->model_digest.hex);
+    snprintf(m->model_path, sizeof(m->model_path), "%s", conn->model_digest.path);
     m->num_regions = 1;
     status = kvf_ucx_agent_region_meta(rk->agent, rk->region, &m->regions[0]);
     if (status == KVF_OK) {

@@ -79,7 +79,8 @@ static bool kvf_compat_same_instance(const kvf_rank_meta_t *a, const kvf_rank_me
 {
     return (strcmp(a->engine_id, b->engine_id) == 0) &&
            (a->protocol_version == b->protocol_version) &&
-           (a->model_fingerprint == b->model_fingerprint) && (a->tp_size == b->tp_size) &&
+           (a->model_fingerprint == b->model_fingerprint) &&
+           (strcmp(a->model_digest, b->model_digest) == 0) && (a->tp_size == b->tp_size) &&
            (a->kv_dtype == b->kv_dtype) && (a->conv_dtype == b->conv_dtype) &&
            (a->ssm_dtype == b->ssm_dtype) && (a->block_size == b->block_size) &&
            (strcmp(a->layout_tag, b->layout_tag) == 0);
@@ -146,6 +147,36 @@ static void kvf_compat_check_rank(kvf_compat_ctx_t *c, const kvf_model_config_t 
     }
 }
 
+/* "<digest> (<folder>)", or "none" for a side that advertises no digest. */
+static void kvf_compat_digest_str(const kvf_rank_meta_t *m, char *buf, size_t len)
+{
+    if (m->model_digest[0] == '\0') {
+        snprintf(buf, len, "none");
+    } else {
+        snprintf(buf, len, "%.*s (%.*s)", KVF_MODEL_DIGEST_HEX, m->model_digest,
+                 (int)(len > KVF_MODEL_DIGEST_HEX + 4 ? len - KVF_MODEL_DIGEST_HEX - 4 : 0),
+                 m->model_path);
+    }
+}
+
+/* Same config, other weights or tokenizer: refused, naming both digests and folders. */
+static bool kvf_compat_check_digest(kvf_compat_ctx_t *c, const kvf_rank_meta_t *local,
+                                    const kvf_rank_meta_t *r0)
+{
+    char l[sizeof(c->out->local)], v[sizeof(c->out->remote)];
+
+    if (strcmp(local->model_digest, r0->model_digest) == 0) {
+        return true;                    /* equal, or neither side loaded a model folder */
+    }
+    kvf_compat_digest_str(local, l, sizeof(l));
+    kvf_compat_digest_str(r0, v, sizeof(v));
+    kvf_compat_refuse(c, "model_digest", l, v, "%s",
+                      ((local->model_digest[0] == '\0') || (r0->model_digest[0] == '\0')) ?
+                      "one side advertises no model digest: weights and tokenizer cannot be "
+                      "compared" : "weights or tokenizer differ");
+    return false;
+}
+
 kvf_status_t kvf_compat_check(const kvf_model_config_t *cfg, const kvf_rank_meta_t *local,
                               const kvf_rank_meta_t *remote, int num_remote,
                               kvf_rank_geometry_t *remote_geoms, kvf_refusal_t *refusals,
@@ -175,6 +206,9 @@ kvf_status_t kvf_compat_check(const kvf_model_config_t *cfg, const kvf_rank_meta
         kvf_compat_refuse(&c, "model_fingerprint", l, v,
                           "the instances serve different models (geometry-defining config "
                           "fields differ)");
+        goto out;
+    }
+    if (!kvf_compat_check_digest(&c, local, r0)) {
         goto out;
     }
     if ((r0->tp_size != num_remote)) {

@@ -4,7 +4,10 @@
  *
  * Translatable differences are accepted: logical and kernel block sizes,
  * TP degrees that divide each other, alignment mode. Refused, with the field
- * and both values: protocol version, model fingerprint, KV/conv/SSM dtypes
+ * and both values: protocol version, model fingerprint (geometry config),
+ * model digest (weights and tokenizer: "handshake refused: model_digest
+ * local=<d> (<folder>) remote=<d> (<folder>): weights or tokenizer differ";
+ * also when only one side advertises one), KV/conv/SSM dtypes
  * (conv/SSM for hybrid models only), layout tag, TP sizes that do not divide
  * each other or cannot shard the model, and any advertised geometry that is
  * not what kvf_rank_geometry_compute() gives for the advertised parameters

@@ -250,6 +250,8 @@ kvf_status_t kvf_handshake_reply_pack(const kvf_handshake_reply_t *reply, uint8_
         p->worker_address.data = (uint8_t *)r->worker_addr;
         p->has_incarnation = (r->incarnation != 0);
         p->incarnation = r->incarnation;
+        p->model_digest = (r->model_digest[0] != '\0') ? (char *)r->model_digest : NULL;
+        p->model_path = (r->model_digest[0] != '\0') ? (char *)r->model_path : NULL;
         meta_ptrs[i] = p;
     }
     m.n_ranks = (size_t)n;
@@ -272,6 +274,33 @@ out:
     free(meta_ptrs);
     free(metas);
     return status;
+}
+
+/* The model digest and folder: "" or 32 lowercase hex digits; a path without control bytes. */
+static bool kvf_hs_model_from_proto(const Kvf__RankMetadata *p, kvf_rank_meta_t *r)
+{
+    size_t n;
+
+    if (!kvf_hs_copy_str(r->model_digest, sizeof(r->model_digest), p->model_digest, false) ||
+        !kvf_hs_copy_str(r->model_path, sizeof(r->model_path), p->model_path, false)) {
+        return false;
+    }
+    n = strlen(r->model_digest);
+    if ((n != 0) && (n != KVF_MODEL_DIGEST_HEX)) {
+        return false;
+    }
+    for (size_t i = 0; i < n; ++i) {
+        char c = r->model_digest[i];
+        if (!(((c >= '0') && (c <= '9')) || ((c >= 'a') && (c <= 'f')))) {
+            return false;
+        }
+    }
+    for (const char *c = r->model_path; *c != '\0'; ++c) {
+        if ((unsigned char)*c < 0x20 || (*c == 0x7f)) {
+            return false;               /* it is printed in logs and refusals */
+        }
+    }
+    return true;
 }
 
 /* Validate one rank's metadata and copy it into @a r. */
@@ -328,7 +357,7 @@ static bool kvf_hs_rank_from_proto(const Kvf__RankMetadata *p, kvf_rank_meta_t *
     r->worker_addr_len = p->worker_address.len;
     memcpy(r->worker_addr, p->worker_address.data, p->worker_address.len);
     r->incarnation = p->has_incarnation ? p->incarnation : 0;
-    return true;
+    return kvf_hs_model_from_proto(p, r);
 }
 
 kvf_status_t kvf_handshake_reply_unpack(const uint8_t *buf, size_t len,

@@ -11,6 +11,7 @@
 #ifndef KVF_HANDSHAKE_H
 #define KVF_HANDSHAKE_H
 
+#include "kvf_fingerprint.h"
 #include "kvf_geometry.h"
 #include "kvf_status.h"
 
@@ -60,13 +61,17 @@ typedef struct kvf_rank_meta {
     size_t            worker_addr_len;
     uint8_t           worker_addr[KVF_WORKER_ADDR_MAX];
     uint64_t          incarnation;           /* random per process; 0 = not advertised */
+    /* kvf_model_digest() of the model folder loaded, lowercase hex; "" = not
+     * advertised (a process that loaded no folder, e.g. a tool) */
+    char              model_digest[KVF_MODEL_DIGEST_HEX + 1];
+    char              model_path[KVF_MODEL_PATH_MAX];   /* that folder; no control chars */
 } kvf_rank_meta_t;
 
 /** One reason a handshake was refused; see kvf_refusal_format(). */
 typedef struct kvf_refusal {
     char field[48];
-    char local[96];
-    char remote[96];
+    char local[288];                  /* e.g. "<digest> (<model folder>)" */
+    char remote[288];
     char why[192];
 } kvf_refusal_t;
 

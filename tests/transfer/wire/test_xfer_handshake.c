@@ -457,6 +457,92 @@ static void test_compat(void **state)
                         strlen("handshake refused: tp_size local=2 remote=3: "));
 }
 
+/* Weights and tokenizer: the model digest travels, is range-checked, and a pair differs by it. */
+static void test_model_digest(void **state)
+{
+    static const char *da = "0123456789abcdef0123456789abcdef";
+    static const char *db = "fedcba9876543210fedcba9876543210";
+    kvf_rank_meta_t local, remote[4];
+    kvf_handshake_reply_t reply, out;
+    char line[1024], expect[1024];
+    uint8_t *buf;
+    size_t len;
+
+    (void)state;
+    /* round trip: digest and folder arrive as sent */
+    meta_fill(&local, 1, 0, 8);
+    snprintf(local.model_digest, sizeof(local.model_digest), "%s", da);
+    snprintf(local.model_path, sizeof(local.model_path), "/models/seed1");
+    memset(&reply, 0, sizeof(reply));
+    reply.accepted = true;
+    snprintf(reply.engine_id, sizeof(reply.engine_id), "prefill-a");
+    reply.num_ranks = 1;
+    reply.ranks = &local;
+    assert_int_equal(kvf_handshake_reply_pack(&reply, &buf, &len), KVF_OK);
+    assert_int_equal(kvf_handshake_reply_unpack(buf, len, &out), KVF_OK);
+    assert_string_equal(out.ranks[0].model_digest, da);
+    assert_string_equal(out.ranks[0].model_path, "/models/seed1");
+    kvf_handshake_reply_cleanup(&out);
+    free(buf);
+    /* refused on unpack: not 32 lowercase hex digits, a folder with a control byte */
+    {
+        static const char *bad_digest[] = {"0123", "0123456789ABCDEF0123456789abcdef",
+                                           "0123456789abcdef0123456789abcdeg"};
+        for (size_t i = 0; i < 3; ++i) {
+            snprintf(local.model_digest, sizeof(local.model_digest), "%s", bad_digest[i]);
+            assert_int_equal(kvf_handshake_reply_pack(&reply, &buf, &len), KVF_OK);
+            assert_int_equal(kvf_handshake_reply_unpack(buf, len, &out), KVF_ERR_PARSE);
+            free(buf);
+        }
+        snprintf(local.model_digest, sizeof(local.model_digest), "%s", da);
+        snprintf(local.model_path, sizeof(local.model_path), "/models/x\nforged log line");
+        assert_int_equal(kvf_handshake_reply_pack(&reply, &buf, &len), KVF_OK);
+        assert_int_equal(kvf_handshake_reply_unpack(buf, len, &out), KVF_ERR_PARSE);
+        free(buf);
+    }
+
+    /* compat: equal digests pass, as do two sides without one (tools) */
+    meta_fill(&local, 2, 0, 8);
+    snprintf(local.model_digest, sizeof(local.model_digest), "%s", da);
+    snprintf(local.model_path, sizeof(local.model_path), "/models/seed2");
+    for (int r = 0; r < 4; ++r) {
+        meta_fill(&remote[r], 4, r, 8);
+        snprintf(remote[r].model_digest, sizeof(remote[r].model_digest), "%s", da);
+        snprintf(remote[r].model_path, sizeof(remote[r].model_path), "/models/seed1");
+    }
+    assert_int_equal(check(&local, remote, 4, line, sizeof(line)), KVF_OK);
+    {
+        kvf_rank_meta_t l2, r2[4];
+        meta_fill(&l2, 2, 0, 8);
+        for (int r = 0; r < 4; ++r) {
+            meta_fill(&r2[r], 4, r, 8);
+        }
+        assert_int_equal(check(&l2, r2, 4, line, sizeof(line)), KVF_OK);
+    }
+    /* the same config with other weights: refused, both digests and folders named */
+    for (int r = 0; r < 4; ++r) {
+        snprintf(remote[r].model_digest, sizeof(remote[r].model_digest), "%s", db);
+    }
+    assert_int_equal(check(&local, remote, 4, line, sizeof(line)), KVF_ERR_REFUSED);
+    snprintf(expect, sizeof(expect), "handshake refused: model_digest local=%s (/models/seed2) "
+             "remote=%s (/models/seed1): weights or tokenizer differ", da, db);
+    assert_string_equal(line, expect);
+    /* only one side advertises a digest: refused too */
+    for (int r = 0; r < 4; ++r) {
+        remote[r].model_digest[0] = '\0';
+    }
+    assert_int_equal(check(&local, remote, 4, line, sizeof(line)), KVF_ERR_REFUSED);
+    snprintf(expect, sizeof(expect), "handshake refused: model_digest local=%s (/models/seed2) "
+             "remote=none: one side advertises no model digest", da);
+    assert_memory_equal(line, expect, strlen(expect));
+    /* ranks of one instance that disagree on it */
+    for (int r = 0; r < 4; ++r) {
+        snprintf(remote[r].model_digest, sizeof(remote[r].model_digest), "%s", (r == 3) ? db : da);
+    }
+    assert_int_equal(check(&local, remote, 4, line, sizeof(line)), KVF_ERR_REFUSED);
+    assert_non_null(strstr(line, "handshake refused: rank_metadata local=rank 0 remote=rank 3"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -466,6 +552,7 @@ int main(void)
         cmocka_unit_test(test_reply_rejects_bad_fields),
         cmocka_unit_test(test_garbage_never_crashes),
         cmocka_unit_test(test_compat),
+        cmocka_unit_test(test_model_digest),
     };
     kvf_log_init("test");
     load_tiny();
