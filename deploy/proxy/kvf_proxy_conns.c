@@ -278,7 +278,9 @@ kvf_proxy_conn_slot_t *kvf_proxy_conns_open(kvf_proxy_conns_h c, int fd,
     pthread_mutex_lock(&c->lock);
     s->over_total = (c->admitted >= c->params.max_total);
     c->admitted += !s->over_total;
-    kvf_proxy_attribute_locked(c, s, s->addr_str);
+    if (!s->trusted_peer) {   /* a trusted proxy's connections count for their clients */
+        kvf_proxy_attribute_locked(c, s, s->addr_str);
+    }
     s->phase = KVF_PROXY_PHASE_HEADERS;
     s->deadline_ms = kvf_proxy_conns_now_ms() + c->params.header_timeout_ms;
     s->next = c->head;
@@ -296,11 +298,11 @@ kvf_proxy_admit_t kvf_proxy_conns_attribute(kvf_proxy_conns_h c, kvf_proxy_conn_
 {
     char client[KVF_PROXY_ADDR_STR] = "";
 
-    if (s->trusted_peer && (forwarded_for != NULL) && (c->params.max_per_client != 0)) {
+    if (s->trusted_peer && (c->params.max_per_client != 0)) {
         /* rightmost first: the entries left of a trusted hop are the client's word */
-        const char *end = forwarded_for + strlen(forwarded_for);
+        const char *end = (forwarded_for != NULL) ? forwarded_for + strlen(forwarded_for) : NULL;
 
-        while (end > forwarded_for) {
+        while ((end != NULL) && (end > forwarded_for)) {
             const char *p = end;
             char addr[KVF_PROXY_ADDR_STR];
 
@@ -316,13 +318,14 @@ kvf_proxy_admit_t kvf_proxy_conns_attribute(kvf_proxy_conns_h c, kvf_proxy_conn_
             }
             end = (p > forwarded_for) ? p - 1 : p;
         }
-        if (client[0] != '\0') {
-            pthread_mutex_lock(&c->lock);
-            if (strcmp(client, s->client) != 0) {
-                kvf_proxy_attribute_locked(c, s, client);
-            }
-            pthread_mutex_unlock(&c->lock);
+        if (client[0] == '\0') {   /* no forwarded client named: the peer itself */
+            snprintf(client, sizeof(client), "%s", s->addr_str);
         }
+        pthread_mutex_lock(&c->lock);
+        if ((strcmp(client, s->client) != 0) || s->over_client) {
+            kvf_proxy_attribute_locked(c, s, client);
+        }
+        pthread_mutex_unlock(&c->lock);
     }
     return kvf_proxy_conns_admission(c, s);
 }

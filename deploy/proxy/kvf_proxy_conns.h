@@ -11,8 +11,9 @@
  * Clients: a connection is attributed to its peer address; a peer listed
  * in trusted_proxies (a load balancer, an ingress) is not a client itself:
  * each request's X-Forwarded-For names it (the rightmost address there that
- * is not a trusted proxy), and the connection is re-attributed when the
- * request's headers are in. X-Forwarded-For from any other peer is ignored,
+ * is not a trusted proxy), and the connection is attributed when each
+ * request's headers are in (to the proxy itself when the header names no
+ * one); until then it counts for no client. X-Forwarded-For from any other peer is ignored,
  * so a client cannot pick its own attribution.
  *
  * Deadlines: a new connection must send complete request headers within

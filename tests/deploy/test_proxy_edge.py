@@ -191,6 +191,14 @@ def trusted_part(procs, a, pf, pd):
                           name="proxy-trusted")
     px.wait_healthy(timeout=10)
     held = []
+    for _ in range(3):   # a balancer's connections that sent nothing yet count for no client
+        c = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        c.bind(("127.0.0.7", 0))
+        c.connect(("127.0.0.1", px.port))
+        held.append(c)
+    s, st = keepalive_request("127.0.0.7", px.port, "10.0.0.3")
+    held.append(s)
+    T.check(st == 200, "trusted proxy: 3 idle connections of its own do not use a client's cap")
     for _ in range(2):
         s, st = keepalive_request("127.0.0.7", px.port, "10.0.0.1, 127.0.0.7")
         held.append(s)
