@@ -16,11 +16,15 @@
 #include <stddef.h>
 
 #define KVF_DC_ID_MAX 64   /* request id bytes incl. NUL */
+/* Longest lease time left a peer may announce (ms): anything longer is refused. */
+#define KVF_DC_MAX_LEASE_MS (24ull * 3600ull * 1000ull)
 
 /**
  * A DecodeRequest as it arrived: request_id of 1..KVF_DC_ID_MAX-1 bytes, a
- * non-empty prompt, max_tokens >= 1 when given, transfer params that
- * decode and cover the prompt, with a lease (nonce and time left).
+ * non-empty prompt, max_tokens >= 1 when given with prompt + max_tokens
+ * within an int (overflow-safe), transfer params that decode and cover the
+ * prompt, with a lease (nonce and 1..KVF_DC_MAX_LEASE_MS ms left) and the
+ * prefill's incarnation (required: the handshake cache is keyed by it).
  * @param [out] xp  on KVF_OK the decoded params (kvf_xfer_params_msg_cleanup());
  *                  nothing to free otherwise.
  * @param [out] err why not, naming the field (always NUL-terminated).
@@ -30,7 +34,8 @@ kvf_status_t kvf_decode_request_check(const Kvf__DecodeRequest *dr, kvf_xfer_par
                                       char *err, size_t len);
 
 /**
- * A CheckPeerRequest: engine_id and host non-empty, port 1..65535.
+ * A CheckPeerRequest: engine_id and host non-empty and short enough, port
+ * 1..65535, a non-zero incarnation (required: it keys the handshake cache).
  * @return KVF_OK or KVF_ERR_INVALID_PARAM with @a err.
  */
 kvf_status_t kvf_decode_check_peer_check(const Kvf__CheckPeerRequest *cr, char *err,

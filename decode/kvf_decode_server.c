@@ -1,38 +1,44 @@
 /*
  * kvf-decode: request handling around the engine and the KV connector.
  *
- * Design: the pull of a request runs to completion on the leader thread
- * between engine steps: start_pull on every rank (planning and posting
- * never block), then poll every rank until each reports a final status
- * (bounded by the connector timeout), then finish_pull on every rank and release the lease, so
- * prefill frees its blocks only after ALL decode ranks are done reading.
- * Running requests pause for the transfer time; that keeps the engine
- * single-threaded, as its contract requires. Rejected alternative: pulling
- * on rank threads concurrently with steps, which would need the engine to
- * hand out pools during steps.
+ * Design: one leader loop advances four things with short waits so none
+ * starves: control requests, the pulls in flight (decode/kvf_decode_pull.h:
+ * handshake, claim, GETs, one release; none waits on the network), the
+ * requests waiting for blocks (their lease heartbeats go out and are polled
+ * the same way), and engine steps. A request's pull advances between steps
+ * while running requests keep decoding; only when it ends "valid" is the
+ * import committed and the request joins the batch. So a stalled or dead
+ * prefill delays only the requests whose KV it holds, each by at most the
+ * transfer timeout per phase. The engine stays single-threaded, as its
+ * contract requires: the GETs land in blocks allocated for the import,
+ * which no running request touches.
  *
- * Leases (docs/ARCHITECTURE.md §9): before any GET decode claims the lease on
- * prefill's side channel (binding it to this engine, extending it, and
+ * Leases (docs/LEASE.md): before any GET decode claims the lease on
+ * prefill's side channel (binding it to this decode, extending it, and
  * learning how long it has left); it does not start a pull with less time
- * left than its transfer timeout. After the GETs, every rank releases it,
- * and only if prefill answers "valid" for all of them does decode use the
- * bytes: otherwise the pages may already hold another prompt's KV, and the
- * request fails (or is recomputed, per --load-failure). Requests waiting in
- * line for blocks heartbeat their lease (a claim every third of its time
- * left), so it does not run out while they wait.
+ * left than its transfer timeout. After the GETs one release covers every
+ * rank, and only if prefill answers "valid" does decode use the bytes:
+ * otherwise the pages may already hold another prompt's KV, and the request
+ * fails (or is recomputed, per --load-failure). A pull that fails after its
+ * claim tells prefill at once (an abandoning release), so the pages are
+ * back there without waiting out the lease. Requests waiting in line for
+ * blocks heartbeat their lease (a claim every third of its time left).
  *
  * The first token was sampled by prefill and already reported to the
  * client by the proxy, so decode replies carry only the tokens after it.
  *
- * Drain (first SIGTERM): new decode requests are refused (KVF_ERR_BUSY,
- * health says draining); running and waiting ones are served to their end.
- * Whatever is left at --drain-timeout gets an error reply (a stream's error
- * event), then the loop returns.
+ * Drain (first SIGTERM, daemon/kvf_drain.h): new decode requests are
+ * refused (KVF_ERR_BUSY, health says draining); running, pulling and
+ * waiting ones are served to their end. Whatever is left at --drain-timeout
+ * gets an error reply (a stream's error event), then the loop returns.
  */
 #include "kvf_decode_server.h"
 
 #include "kvf_decode_check.h"
+#include "kvf_decode_peer_check.h"
+#include "kvf_decode_pull.h"
 
+#include "kvf_drain.h"
 #include "kvf_engine.h"
 #include "kvf_fault.h"
 #include "kvf_handshake.h"
@@ -40,23 +46,18 @@
 #include "kvf_time.h"
 #include "kvf_role.h"
 
-#include <errno.h>
 #include <inttypes.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #define KVF_DC_MAX_EVENTS 512
-#define KVF_DC_MAX_TP     KVF_ROLE_MAX_TP
 
 const kvf_config_field_t kvf_decode_config_table[] = {
     KVF_ROLE_CONFIG_FIELDS(kvf_decode_config_t, "tcp://127.0.0.1:5567", "decode-0"),
     {"LOAD_FAILURE", "fail", "when a pull fails: fail the request, or recompute the prompt",
      offsetof(kvf_decode_config_t, load_failure), KVF_CONFIG_TYPE_STRING, 0},
-    {"MAX_QUEUE", "256", "requests waiting for free blocks; more are refused (busy)",
-     offsetof(kvf_decode_config_t, max_queue), KVF_CONFIG_TYPE_INT, 0},
     {"TEST_PULL_DELAY", "0", "test only: wait this long between handshake and the GETs",
      offsetof(kvf_decode_config_t, test_pull_delay_ms), KVF_CONFIG_TYPE_TIME,
      KVF_CONFIG_FLAG_HIDDEN},
@@ -79,7 +80,17 @@ typedef struct {
     uint64_t         arrival_ns;   /* DecodeRequest received */
     uint64_t         landed_ns;    /* latest rank's last GET landed */
     uint64_t         committed_ns; /* import committed: decoding may start */
+    struct kvf_dc_import *imp;     /* owned while the KV is pulled; NULL once decoding */
 } kvf_dc_req_t;
+
+
+/* A request whose KV is being pulled: what the pull and the commit need (a fixed address). */
+typedef struct kvf_dc_import {
+    kvf_dc_pull_t         pull;
+    Kvf__ServeRequest    *msg;      /* the DecodeRequest (its prompt for a recompute) */
+    kvf_xfer_params_msg_t xp;       /* its decoded transfer params */
+    kvf_req_params_t      rp;       /* prompt points into msg */
+} kvf_dc_import_t;
 
 /* A decode request waiting for free blocks (the pool is busy, not too small). */
 typedef struct {
@@ -88,6 +99,7 @@ typedef struct {
     kvf_serve_peer_t   peer;
     uint64_t           deadline_ns;  /* give up one transfer timeout before the lease ends */
     uint64_t           beat_ns;      /* next heartbeat (lease claim) */
+    uint64_t           beat_ticket;  /* heartbeat in flight; 0: none */
     uint64_t           arrival_ns;   /* when it was received */
 } kvf_dc_waiting_t;
 
@@ -98,22 +110,16 @@ struct kvf_decode_server {
     const kvf_connector_ops_t *xops;
     kvf_connector_h            conn;
     kvf_serve_server_h         serve;
-    kvf_dc_req_t              *reqs;
+    kvf_dc_req_t              *reqs;        /* pulling (pull != NULL) and decoding */
     int                        num_reqs;
     int                        cap_reqs;
+    int                        num_pulling;
     kvf_dc_waiting_t          *waiting;     /* FIFO */
     int                        num_waiting;
     int                        cap_waiting;
-    uint64_t                   refusals;
-    uint64_t                   peer_errors;
-    uint64_t                   reads_prevented;   /* lease not valid: KV not used / not read */
-    uint64_t                   drain_start_ns;    /* 0 until SIGTERM */
-    uint64_t                   drained_ns;        /* 0 until no request is left */
-#if KVF_FAULT_ENABLED
-    char                       fault_last_rid[KVF_ENGINE_ID_MAX];   /* lease.claim=replay */
-    uint64_t                   fault_last_nonce;
-    bool                       fault_replayed;    /* this pull's claim was the replay */
-#endif
+    kvf_dc_checks_t            checks;      /* check_peer handshakes in flight */
+    kvf_dc_pull_ctx_t          px;          /* the pulls' connector and counters */
+    kvf_drain_t                drain;
 };
 
 static kvf_status_t kvf_dc_setup(kvf_decode_server_h srv)
@@ -123,6 +129,12 @@ static kvf_status_t kvf_dc_setup(kvf_decode_server_h srv)
     if (status != KVF_OK) {
         return status;
     }
+    srv->px.xops = srv->xops;
+    srv->px.conn = srv->conn;
+    srv->px.tp = srv->cfg.role.tp;
+    srv->px.xfer_timeout_ms = srv->cfg.role.xfer_timeout_ms;
+    srv->px.test_pull_delay_ms = srv->cfg.test_pull_delay_ms;
+    kvf_drain_init(&srv->drain, (uint64_t)srv->cfg.role.drain_timeout_ms);
     return kvf_serve_server_create(srv->cfg.role.listen, &srv->serve);
 }
 
@@ -140,8 +152,9 @@ kvf_status_t kvf_decode_server_create(const kvf_decode_config_t *cfg,
         kvf_error("bad value '%s' for --load-failure (fail or recompute)", cfg->load_failure);
         return KVF_ERR_INVALID_PARAM;
     }
-    if (cfg->max_queue <= 0) {
-        kvf_error("--max-queue must be positive (got %d)", cfg->max_queue);
+    if (cfg->role.tp > KVF_DC_PULL_MAX_TP) {
+        kvf_error("--tp %d: a decode instance pulls with at most %d ranks", cfg->role.tp,
+                  KVF_DC_PULL_MAX_TP);
         return KVF_ERR_INVALID_PARAM;
     }
     srv = calloc(1, sizeof(*srv));
@@ -165,19 +178,42 @@ kvf_status_t kvf_decode_server_create(const kvf_decode_config_t *cfg,
     return KVF_OK;
 }
 
+/* Abandon and free the pull of @a q, if any (nothing lands afterwards). */
+static void kvf_dc_import_free(kvf_decode_server_h srv, kvf_dc_req_t *q)
+{
+    kvf_dc_import_t *imp = q->imp;
+
+    if (imp == NULL) {
+        return;
+    }
+    kvf_dc_pull_abandon(&srv->px, &imp->pull);
+    kvf__serve_request__free_unpacked(imp->msg, NULL);
+    kvf_xfer_params_msg_cleanup(&imp->xp);
+    free(imp);
+    q->imp = NULL;
+    srv->num_pulling--;
+}
+
+static void kvf_dc_req_cleanup(kvf_decode_server_h srv, kvf_dc_req_t *q)
+{
+    kvf_dc_import_free(srv, q);
+    free(q->tokens);
+    q->tokens = NULL;
+}
+
 void kvf_decode_server_destroy(kvf_decode_server_h srv)
 {
     if (srv == NULL) {
         return;
+    }
+    for (int i = 0; (srv->conn != NULL) && (i < srv->num_reqs); ++i) {
+        kvf_dc_req_cleanup(srv, &srv->reqs[i]);   /* pulls first: they use the connector */
     }
     kvf_serve_server_destroy(srv->serve);
     if (srv->conn != NULL) {
         srv->xops->destroy(srv->conn);
     }
     kvf_engine_destroy(srv->engine);
-    for (int i = 0; i < srv->num_reqs; ++i) {
-        free(srv->reqs[i].tokens);
-    }
     for (int i = 0; i < srv->num_waiting; ++i) {
         kvf__serve_request__free_unpacked(srv->waiting[i].req, NULL);
         kvf_xfer_params_msg_cleanup(&srv->waiting[i].params);
@@ -230,7 +266,7 @@ static const char *kvf_dc_finish_str(kvf_finish_reason_t r)
 static int kvf_dc_find(kvf_decode_server_h srv, uint64_t engine_req)
 {
     for (int i = 0; i < srv->num_reqs; ++i) {
-        if (srv->reqs[i].engine_req == engine_req) {
+        if ((srv->reqs[i].imp == NULL) && (srv->reqs[i].engine_req == engine_req)) {
             return i;
         }
     }
@@ -239,12 +275,14 @@ static int kvf_dc_find(kvf_decode_server_h srv, uint64_t engine_req)
 
 static void kvf_dc_remove(kvf_decode_server_h srv, int i)
 {
-    free(srv->reqs[i].tokens);
+    kvf_dc_req_cleanup(srv, &srv->reqs[i]);
     srv->reqs[i] = srv->reqs[--srv->num_reqs];
 }
 
 static kvf_dc_req_t *kvf_dc_track(kvf_decode_server_h srv)
 {
+    kvf_dc_req_t *q;
+
     if (srv->num_reqs == srv->cap_reqs) {
         int cap = srv->cap_reqs ? 2 * srv->cap_reqs : 64;
         kvf_dc_req_t *n = realloc(srv->reqs, (size_t)cap * sizeof(*n));
@@ -254,7 +292,7 @@ static kvf_dc_req_t *kvf_dc_track(kvf_decode_server_h srv)
         srv->reqs = n;
         srv->cap_reqs = cap;
     }
-    kvf_dc_req_t *q = &srv->reqs[srv->num_reqs++];
+    q = &srv->reqs[srv->num_reqs++];
     memset(q, 0, sizeof(*q));
     kvf__transfer_stats__init(&q->stats);
     q->stats.has_bytes = q->stats.has_descriptors = q->stats.has_reads = 1;
@@ -264,235 +302,6 @@ static kvf_dc_req_t *kvf_dc_track(kvf_decode_server_h srv)
 }
 
 /* ---- the pull ----------------------------------------------------------- */
-
-/* One lease operation with the prefill engine named in @a xp (leader thread). */
-static kvf_status_t kvf_dc_lease(kvf_decode_server_h srv, const kvf_xfer_params_msg_t *xp,
-                                 const char *request_id, kvf_lease_op_t op, int rank,
-                                 kvf_status_t pull_status, kvf_lease_answer_t *answer)
-{
-    kvf_lease_msg_t m;
-
-    memset(&m, 0, sizeof(m));
-    m.op = op;
-    snprintf(m.request_id, sizeof(m.request_id), "%s", request_id);
-    m.nonce = xp->nonce;
-    m.decode_rank = rank;
-    m.decode_tp = srv->cfg.role.tp;
-    m.status = pull_status;
-#if KVF_FAULT_ENABLED
-    if ((op == KVF_LEASE_OP_CLAIM) && (KVF_FAULT(LEASE_CLAIM) == KVF_FAULT_REPLAY)) {
-        if (srv->fault_last_rid[0] != '\0') {
-            /* stale transfer params: a lease this decode already released */
-            kvf_warn("fault lease.claim: request %s claims with the transfer params of request"
-                     " %s (released); GETs posted so far: %" PRIu64, request_id,
-                     srv->fault_last_rid, kvf_fault_passes(KVF_FAULT_POINT_UCX_POST));
-            snprintf(m.request_id, sizeof(m.request_id), "%s", srv->fault_last_rid);
-            m.nonce = srv->fault_last_nonce;
-            srv->fault_replayed = true;
-        } else {
-            kvf_warn("fault lease.claim: no released lease to replay yet");
-        }
-    }
-#endif
-    return srv->xops->lease(srv->conn, xp->engine_id, xp->host, xp->port, &m, answer);
-}
-
-/* Pull the request's state into @a blocks on every rank; fills q->stats. */
-static kvf_status_t kvf_dc_pull(kvf_decode_server_h srv, const kvf_xfer_params_msg_t *xp,
-                                const kvf_req_blocks_t *blocks, kvf_dc_req_t *q, char *err,
-                                size_t err_len)
-{
-    kvf_lease_answer_t answer;
-    kvf_connector_pull_t pull;
-    kvf_connector_req_h reqs[KVF_DC_MAX_TP] = {NULL};
-    kvf_status_t final[KVF_DC_MAX_TP];
-    kvf_status_t status = KVF_OK;
-    uint64_t t0 = kvf_time_now_ns();
-    int ntp = srv->cfg.role.tp;
-    bool pending;
-
-    if (xp->has_incarnation) {
-        uint64_t cached;
-        if ((srv->xops->remote_incarnation(srv->conn, xp->engine_id, &cached) == KVF_OK) &&
-            (cached != xp->incarnation)) {
-            /* same engine id, another process: its keys and endpoints are new */
-            kvf_info("prefill engine %s restarted (incarnation %016" PRIx64 " -> %016" PRIx64
-                     "): handshaking again", xp->engine_id, cached, xp->incarnation);
-            srv->xops->forget_engine(srv->conn, xp->engine_id);
-        }
-    }
-    status = srv->xops->handshake(srv->conn, xp->engine_id, xp->host, xp->port, err,
-                                  err_len);
-    q->stats.handshake_ms = (double)(kvf_time_now_ns() - t0) / 1e6;
-    if (status != KVF_OK) {
-        if (status == KVF_ERR_REFUSED) {
-            srv->refusals++;
-        } else if (KVF_IS_PEER_ERROR(status)) {
-            srv->peer_errors++;
-        }
-        return status;
-    }
-    if (xp->num_groups != blocks->num_groups) {
-        snprintf(err, err_len, "transfer params carry %d KV cache groups, this model has %d",
-                 xp->num_groups, blocks->num_groups);
-        return KVF_ERR_INVALID_PARAM;
-    }
-    /* claim the lease before any GET: stale or replayed params stop here */
-    status = kvf_dc_lease(srv, xp, q->request_id, KVF_LEASE_OP_CLAIM, 0, KVF_OK, &answer);
-    if (status != KVF_OK) {
-        snprintf(err, err_len, "claiming the KV lease of request %s at prefill %s failed: %s",
-                 q->request_id, xp->engine_id, kvf_status_str(status));
-        return status;
-    }
-    if (answer.verdict != KVF_LEASE_VALID) {
-        srv->reads_prevented++;
-#if KVF_FAULT_ENABLED
-        if (srv->fault_replayed) {
-            srv->fault_replayed = false;
-            kvf_warn("fault lease.claim: replayed claim of request %s answered %s; GETs posted"
-                     " so far: %" PRIu64, q->request_id,
-                     (answer.verdict == KVF_LEASE_EXPIRED) ? "expired" : "refused",
-                     kvf_fault_passes(KVF_FAULT_POINT_UCX_POST));
-        }
-#endif
-        snprintf(err, err_len, "the KV lease %s before the read could start (prefill %s: %s);"
-                 " nothing was read", (answer.verdict == KVF_LEASE_EXPIRED) ? "expired" :
-                 "was refused", xp->engine_id, answer.why);
-        return KVF_ERR_LEASE_EXPIRED;
-    }
-    if (answer.ms_left < (uint64_t)srv->cfg.role.xfer_timeout_ms) {
-        srv->reads_prevented++;
-        snprintf(err, err_len, "the KV lease of request %s has %llu ms left, less than the"
-                 " transfer timeout (--xfer-timeout %lld ms): not starting the pull",
-                 q->request_id, (unsigned long long)answer.ms_left,
-                 (long long)srv->cfg.role.xfer_timeout_ms);
-        return KVF_ERR_LEASE_EXPIRED;
-    }
-    if (srv->cfg.test_pull_delay_ms > 0) {   /* fault tests kill prefill in this window */
-        struct timespec d = {.tv_sec = srv->cfg.test_pull_delay_ms / 1000,
-                             .tv_nsec = (srv->cfg.test_pull_delay_ms % 1000) * 1000000};
-        kvf_info("request %s: test pull delay %" PRId64 " ms", q->request_id,
-                 srv->cfg.test_pull_delay_ms);
-        while ((nanosleep(&d, &d) != 0) && (errno == EINTR)) {   /* SIGTERM: drain test */
-        }
-    }
-    memset(&pull, 0, sizeof(pull));
-    pull.engine_id = xp->engine_id;
-    pull.request_id = q->request_id;
-    pull.num_tokens = xp->num_tokens;
-    pull.num_groups = blocks->num_groups;
-    for (int g = 0; g < blocks->num_groups; ++g) {
-        pull.remote_ids[g] = xp->ids[g];
-        pull.num_remote_ids[g] = xp->num_ids[g];
-        pull.local_ids[g] = blocks->blocks[g];
-        pull.num_local_ids[g] = blocks->num_blocks[g];
-    }
-
-    t0 = kvf_time_now_ns();
-    q->timing.has_handshake_ms = 1;
-    q->timing.handshake_ms = q->stats.handshake_ms;
-    for (int r = 0; r < ntp; ++r) {
-        final[r] = srv->xops->start_pull(srv->conn, r, &pull, &reqs[r]);
-        if (final[r] == KVF_OK) {
-            final[r] = KVF_INPROGRESS;
-        } else {
-            reqs[r] = NULL;
-        }
-    }
-    do {   /* each poll is bounded by the connector's timeout */
-        pending = false;
-        for (int r = 0; r < ntp; ++r) {
-            if (final[r] == KVF_INPROGRESS) {
-                final[r] = srv->xops->poll(srv->conn, r, reqs[r]);
-                pending |= (final[r] == KVF_INPROGRESS);
-            }
-        }
-    } while (pending);
-    q->stats.transfer_ms = (double)(kvf_time_now_ns() - t0) / 1e6;
-
-    {
-        /* Phase boundaries are the latest rank's, so the phases add up (proto: ServeTiming). */
-        uint64_t posted = t0, landed = 0;
-        for (int r = 0; r < ntp; ++r) {
-            kvf_connector_stats_t st;
-            if (reqs[r] == NULL) {
-                continue;
-            }
-            if (srv->xops->req_stats(srv->conn, r, reqs[r], &st) == KVF_OK) {
-                q->stats.bytes += st.bytes;
-                q->stats.descriptors += st.descriptors;
-                q->stats.reads += (uint32_t)st.remote_ranks;
-                posted = (st.posted_ns > posted) ? st.posted_ns : posted;
-                landed = (st.landed_ns > landed) ? st.landed_ns : landed;
-            }
-        }
-        if (landed > 0) {
-            q->timing.has_posting_ms = q->timing.has_wire_ms = 1;
-            q->timing.posting_ms = (double)(posted - t0) / 1e6;
-            q->timing.wire_ms = (landed > posted) ? (double)(landed - posted) / 1e6 : 0.0;
-            q->landed_ns = (landed > posted) ? landed : posted;
-        }
-    }
-    for (int r = 0; r < ntp; ++r) {   /* drained (or endpoints closed): nothing lands later */
-        if (reqs[r] != NULL) {
-            srv->xops->finish_pull(srv->conn, r, reqs[r]);
-        }
-        if ((status == KVF_OK) && (final[r] != KVF_OK)) {
-            status = final[r];
-        }
-    }
-    if (status == KVF_OK) {
-        /* the bytes count only if the lease held throughout: ask, per rank */
-        kvf_lease_verdict_t worst = KVF_LEASE_VALID;
-        char why[sizeof(answer.why)] = "";
-        for (int r = 0; r < ntp; ++r) {
-            kvf_status_t s = kvf_dc_lease(srv, xp, q->request_id, KVF_LEASE_OP_RELEASE, r, KVF_OK,
-                                          &answer);
-            if (s != KVF_OK) {
-                if (status == KVF_OK) {
-                    status = s;
-                    snprintf(err, err_len, "releasing the KV lease of request %s at prefill %s"
-                             " failed: %s; the KV read is not trusted", q->request_id,
-                             xp->engine_id, kvf_status_str(s));
-                }
-            } else if (answer.verdict > worst) {
-                worst = answer.verdict;
-                snprintf(why, sizeof(why), "%s", answer.why);
-            }
-        }
-#if KVF_FAULT_ENABLED
-        if ((status == KVF_OK) && (worst == KVF_LEASE_VALID)) {
-            snprintf(srv->fault_last_rid, sizeof(srv->fault_last_rid), "%s", q->request_id);
-            srv->fault_last_nonce = xp->nonce;
-        }
-#endif
-        if ((status == KVF_OK) && (worst != KVF_LEASE_VALID)) {
-            srv->reads_prevented++;
-            snprintf(err, err_len, "the KV lease expired before the read finished (prefill %s:"
-                     " %s); the pulled KV was not used", xp->engine_id, why);
-            return KVF_ERR_LEASE_EXPIRED;
-        }
-        if (status != KVF_OK) {
-            return status;
-        }
-    }
-    if (status != KVF_OK) {
-        if (KVF_IS_PEER_ERROR(status) && (status != KVF_ERR_LEASE_EXPIRED)) {
-            /* the prefill process may have restarted under the same engine id
-             * (new keys, new endpoints): handshake afresh next time */
-            srv->peer_errors++;
-            srv->xops->forget_engine(srv->conn, xp->engine_id);
-        }
-        if (status == KVF_ERR_PEER_TIMEOUT) {
-            snprintf(err, err_len, "kv pull from %s failed: no completion within --xfer-timeout"
-                     " %lld ms", xp->engine_id, (long long)srv->cfg.role.xfer_timeout_ms);
-        } else {
-            snprintf(err, err_len, "kv pull from %s failed: %s", xp->engine_id,
-                     kvf_status_str(status));
-        }
-    }
-    return status;
-}
 
 /* Load failed: prefill the prompt and prefill's first token here instead. */
 static kvf_status_t kvf_dc_recompute(kvf_decode_server_h srv, const Kvf__DecodeRequest *dr,
@@ -517,45 +326,143 @@ static kvf_status_t kvf_dc_recompute(kvf_decode_server_h srv, const Kvf__DecodeR
     return status;
 }
 
+/* What the pull of request @a q measured, into its stats and timing. */
+static void kvf_dc_pull_stats(kvf_dc_req_t *q, const kvf_dc_pull_stats_t *ps)
+{
+    q->stats.handshake_ms = ps->handshake_ms;
+    q->stats.transfer_ms = ps->transfer_ms;
+    q->stats.bytes = ps->bytes;
+    q->stats.descriptors = ps->descriptors;
+    q->stats.reads = ps->reads;
+    q->timing.has_handshake_ms = 1;
+    q->timing.handshake_ms = ps->handshake_ms;
+    if (ps->landed_ns > 0) {
+        q->timing.has_posting_ms = q->timing.has_wire_ms = 1;
+        q->timing.posting_ms = ps->posting_ms;
+        q->timing.wire_ms = ps->wire_ms;
+        q->landed_ns = ps->landed_ns;
+    }
+}
+
+/*
+ * The pull of reqs[@a i] ended with @a status: commit the import (decoding
+ * starts), recompute, or answer the error. May remove reqs[@a i].
+ */
+static void kvf_dc_pull_end(kvf_decode_server_h srv, int i, kvf_status_t status)
+{
+    kvf_dc_req_t *q = &srv->reqs[i];
+    kvf_dc_import_t *imp = q->imp;
+    const Kvf__DecodeRequest *dr = imp->msg->decode;
+    const char *err = imp->pull.err;
+    char msg[96];
+    kvf_req_info_t info;
+
+    kvf_dc_pull_stats(q, &imp->pull.stats);
+    if (status == KVF_OK) {
+        status = kvf_engine_import_commit(srv->engine, q->engine_req, imp->xp.first_token);
+        if (status != KVF_OK) {
+            snprintf(msg, sizeof(msg), "first token %d rejected", imp->xp.first_token);
+            err = msg;
+        }
+    }
+    q->committed_ns = kvf_time_now_ns();
+    if (q->landed_ns > 0) {
+        q->timing.has_post_ops_ms = 1;
+        q->timing.post_ops_ms = (double)(q->committed_ns - q->landed_ns) / 1e6;
+    }
+    if (status != KVF_OK) {
+        kvf_engine_abort(srv->engine, q->engine_req);
+        kvf_engine_release(srv->engine, q->engine_req);
+        kvf_warn("request %s: %s", q->request_id, err);
+        if (srv->recompute && (imp->rp.sampling.max_tokens > 1) &&
+            (status != KVF_ERR_REFUSED) &&
+            (kvf_dc_recompute(srv, dr, imp->xp.first_token, &imp->rp, q) == KVF_OK)) {
+            kvf_dc_import_free(srv, q);
+            return;   /* decoding continues from the local prefill */
+        }
+        kvf_serve_server_reply_error(srv->serve, &q->peer, q->request_id, status, err);
+        kvf_dc_remove(srv, i);
+        return;
+    }
+    kvf_dc_import_free(srv, q);
+    /* EOS as first token, or max_tokens 1: finished at commit */
+    if ((kvf_engine_request_info(srv->engine, q->engine_req, &info) == KVF_OK) &&
+        (info.state == KVF_REQ_FINISHED)) {
+        kvf_dc_reply_tokens(srv, q, NULL, 0, true, kvf_dc_finish_str(info.finish));
+        kvf_engine_release(srv->engine, q->engine_req);
+        kvf_dc_remove(srv, i);
+    }
+}
+
+/* Advance every pull as far as it goes without waiting. @return pulls with reads on the wire. */
+static int kvf_dc_advance_pulls(kvf_decode_server_h srv)
+{
+    int on_wire = 0;
+
+    /* backwards: a removal swaps the last (already advanced) request into i */
+    for (int i = srv->num_reqs - 1; i >= 0; --i) {
+        kvf_dc_import_t *imp = srv->reqs[i].imp;
+        kvf_status_t status;
+
+        if (imp == NULL) {
+            continue;
+        }
+        status = kvf_dc_pull_advance(&srv->px, &imp->pull);
+        if (status != KVF_INPROGRESS) {
+            kvf_dc_pull_end(srv, i, status);
+        } else {
+            on_wire += kvf_dc_pull_on_wire(&imp->pull);
+        }
+    }
+    return on_wire;
+}
+
 typedef enum {
-    KVF_DC_DONE = 0,   /* answered, started, or failed: the request message may go */
-    KVF_DC_WAIT = 1,   /* no free blocks now: keep the message and retry later */
+    KVF_DC_DONE = 0,      /* answered (an error): the caller frees the request message */
+    KVF_DC_WAIT = 1,      /* no free blocks now: keep the message and retry later */
+    KVF_DC_STARTED = 2,   /* the pull started: the message and the params were moved in */
 } kvf_dc_outcome_t;
 
-/* @a xp is what kvf_decode_request_check() decoded from @a dr when it arrived; retries reuse it. */
-static kvf_dc_outcome_t kvf_dc_decode(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
-                                      const Kvf__DecodeRequest *dr, uint64_t arrival_ns,
-                                      const kvf_xfer_params_msg_t *xp)
+/* The engine's parameters of @a dr (its prompt stays dr's). */
+static void kvf_dc_req_params(const Kvf__DecodeRequest *dr, kvf_req_params_t *rp)
 {
+    memset(rp, 0, sizeof(*rp));
+    rp->prompt = dr->prompt_tokens;
+    rp->prompt_len = (int)dr->n_prompt_tokens;
+    rp->sampling.max_tokens = 16;
+    rp->rng_skip = 1;   /* prefill sampled the first token from this seed */
+    if (dr->sampling != NULL) {
+        rp->sampling.temperature = dr->sampling->temperature;
+        rp->sampling.seed = dr->sampling->seed;
+        rp->sampling.ignore_eos = dr->sampling->ignore_eos;
+        if (dr->sampling->has_max_tokens) {
+            rp->sampling.max_tokens = (int)dr->sampling->max_tokens;   /* checked on arrival */
+        }
+    }
+}
+
+/*
+ * Allocate blocks for @a req and start its pull. @a xp is what
+ * kvf_decode_request_check() decoded from it on arrival; on KVF_DC_STARTED
+ * both @a req and @a xp were moved into the tracked request.
+ */
+static kvf_dc_outcome_t kvf_dc_decode(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
+                                      Kvf__ServeRequest *req, uint64_t arrival_ns,
+                                      kvf_xfer_params_msg_t *xp)
+{
+    const Kvf__DecodeRequest *dr = req->decode;
     kvf_block_manager_h bm = kvf_engine_block_manager(srv->engine);
-    kvf_req_blocks_t none;
     const char *rid = (dr->request_id != NULL) ? dr->request_id : "";
     const kvf_req_blocks_t *blocks;
+    kvf_req_blocks_t none;
+    kvf_dc_import_t *imp;
     kvf_req_params_t rp;
-    kvf_req_info_t info;
     kvf_dc_req_t *q;
-    char err[512] = "";
+    char err[256];
     uint64_t id, t_alloc;
     kvf_status_t status;
 
-    memset(&rp, 0, sizeof(rp));
-    rp.prompt = dr->prompt_tokens;
-    rp.prompt_len = (int)dr->n_prompt_tokens;
-    rp.sampling.max_tokens = 16;
-    rp.rng_skip = 1;   /* prefill sampled the first token from this seed */
-    if (dr->sampling != NULL) {
-        rp.sampling.temperature = dr->sampling->temperature;
-        rp.sampling.seed = dr->sampling->seed;
-        rp.sampling.ignore_eos = dr->sampling->ignore_eos;
-        if (dr->sampling->has_max_tokens) {
-            rp.sampling.max_tokens = (int)dr->sampling->max_tokens;
-        }
-    }
-    if (rp.sampling.max_tokens < 1) {
-        kvf_serve_server_reply_error(srv->serve, peer, rid, KVF_ERR_INVALID_PARAM,
-                                     "max_tokens must be at least 1");
-        return KVF_DC_DONE;
-    }
+    kvf_dc_req_params(dr, &rp);
     memset(&none, 0, sizeof(none));
     if (kvf_block_manager_blocks_needed(bm, &none, rp.prompt_len) >
         kvf_block_manager_num_blocks(bm)) {
@@ -569,8 +476,10 @@ static kvf_dc_outcome_t kvf_dc_decode(kvf_decode_server_h srv, const kvf_serve_p
     if (!kvf_block_manager_can_allocate(bm, &none, rp.prompt_len)) {
         return KVF_DC_WAIT;   /* running requests will free blocks */
     }
-    q = kvf_dc_track(srv);
+    imp = calloc(1, sizeof(*imp));
+    q = (imp != NULL) ? kvf_dc_track(srv) : NULL;
     if (q == NULL) {
+        free(imp);
         kvf_serve_server_reply_error(srv->serve, peer, rid, KVF_ERR_NO_MEMORY, "out of memory");
         return KVF_DC_DONE;
     }
@@ -582,6 +491,7 @@ static kvf_dc_outcome_t kvf_dc_decode(kvf_decode_server_h srv, const kvf_serve_p
     t_alloc = kvf_time_now_ns();
     status = kvf_engine_import_begin(srv->engine, &rp, &id, &blocks);
     if (status != KVF_OK) {
+        free(imp);
         kvf_dc_remove(srv, srv->num_reqs - 1);
         if (status == KVF_ERR_NO_RESOURCE) {
             return KVF_DC_WAIT;
@@ -594,39 +504,17 @@ static kvf_dc_outcome_t kvf_dc_decode(kvf_decode_server_h srv, const kvf_serve_p
     q->timing.has_queue_ms = q->timing.has_alloc_ms = 1;
     q->timing.queue_ms = (double)(t_alloc - arrival_ns) / 1e6;
     q->timing.alloc_ms = (double)(kvf_time_now_ns() - t_alloc) / 1e6;
-    status = kvf_dc_pull(srv, xp, blocks, q, err, sizeof(err));
-    if (status == KVF_OK) {
-        status = kvf_engine_import_commit(srv->engine, id, xp->first_token);
-        if (status != KVF_OK) {
-            snprintf(err, sizeof(err), "first token %d rejected", xp->first_token);
-        }
-    }
-    q->committed_ns = kvf_time_now_ns();
-    if (q->landed_ns > 0) {
-        q->timing.has_post_ops_ms = 1;
-        q->timing.post_ops_ms = (double)(q->committed_ns - q->landed_ns) / 1e6;
-    }
-    if (status != KVF_OK) {
-        kvf_engine_abort(srv->engine, id);
-        kvf_engine_release(srv->engine, id);
-        kvf_warn("request %s: %s", rid, err);
-        if (srv->recompute && (rp.sampling.max_tokens > 1) && (status != KVF_ERR_REFUSED) &&
-            (kvf_dc_recompute(srv, dr, xp->first_token, &rp, q) == KVF_OK)) {
-            return KVF_DC_DONE;   /* decoding continues from the local prefill */
-        }
-        kvf_serve_server_reply_error(srv->serve, peer, rid, status, err);
-        kvf_dc_remove(srv, srv->num_reqs - 1);
-        return KVF_DC_DONE;
-    }
-    /* EOS as first token, or max_tokens 1: finished at commit */
-    if ((kvf_engine_request_info(srv->engine, id, &info) == KVF_OK) &&
-        (info.state == KVF_REQ_FINISHED)) {
-        kvf_dc_reply_tokens(srv, q, NULL, 0, true, kvf_dc_finish_str(info.finish));
-        kvf_engine_release(srv->engine, id);
-        kvf_dc_remove(srv, srv->num_reqs - 1);
-    }
-    return KVF_DC_DONE;
+    imp->msg = req;
+    imp->xp = *xp;
+    memset(xp, 0, sizeof(*xp));   /* moved */
+    imp->rp = rp;
+    kvf_dc_pull_begin(&srv->px, &imp->pull, &imp->xp, blocks, rid);
+    q->imp = imp;
+    srv->num_pulling++;
+    return KVF_DC_STARTED;
 }
+
+/* ---- requests waiting for blocks ---------------------------------------- */
 
 /*
  * Keep @a req (and its decoded params @a xp, moved in) until blocks free up,
@@ -637,11 +525,13 @@ static bool kvf_dc_wait(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
                         kvf_xfer_params_msg_t *xp)
 {
     /* at most the lease time left on arrival less one transfer timeout (deploy/README.md,
-     * "Timeouts"); the heartbeat keeps the lease itself alive meanwhile */
+     * "Timeouts"); the heartbeat keeps the lease itself alive meanwhile. lease_ms_left was
+     * range-checked on arrival (kvf_decode_request_check), so these products cannot wrap. */
     uint64_t t_ms = (uint64_t)srv->cfg.role.xfer_timeout_ms;
     uint64_t left_ms = (xp->lease_ms_left > t_ms) ? xp->lease_ms_left - t_ms : 0;
     uint64_t beat_ms = xp->lease_ms_left / 3;
     uint64_t now = kvf_time_now_ns();
+    kvf_dc_waiting_t *w;
 
     if (srv->num_waiting == srv->cap_waiting) {
         int cap = srv->cap_waiting ? 2 * srv->cap_waiting : 64;
@@ -652,29 +542,39 @@ static bool kvf_dc_wait(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
         srv->waiting = n;
         srv->cap_waiting = cap;
     }
-    srv->waiting[srv->num_waiting].req = req;
-    srv->waiting[srv->num_waiting].params = *xp;
+    w = &srv->waiting[srv->num_waiting++];
+    memset(w, 0, sizeof(*w));
+    w->req = req;
+    w->params = *xp;
     memset(xp, 0, sizeof(*xp));                 /* moved */
-    srv->waiting[srv->num_waiting].peer = *peer;
-    srv->waiting[srv->num_waiting].deadline_ns = now + left_ms * 1000000ull;
-    srv->waiting[srv->num_waiting].beat_ns = now + beat_ms * 1000000ull;
-    srv->waiting[srv->num_waiting].arrival_ns = arrival_ns;
-    srv->num_waiting++;
+    w->peer = *peer;
+    w->deadline_ns = now + left_ms * 1000000ull;
+    w->beat_ns = now + beat_ms * 1000000ull;
+    w->arrival_ns = arrival_ns;
     kvf_log(KVF_LOG_DEBUG, KVF_SUB_SCHED, "request %s waits for decode blocks (%d waiting)",
             req->decode->request_id, srv->num_waiting);
     return true;
 }
 
+/* Drop waiting[@a i]; its message and params are freed unless moved out (NULL / empty). */
 static void kvf_dc_unwait(kvf_decode_server_h srv, int i)
 {
-    kvf__serve_request__free_unpacked(srv->waiting[i].req, NULL);
+    if (srv->waiting[i].beat_ticket != 0) {
+        srv->xops->cancel(srv->conn, srv->waiting[i].beat_ticket);
+    }
+    if (srv->waiting[i].req != NULL) {
+        kvf__serve_request__free_unpacked(srv->waiting[i].req, NULL);
+    }
     kvf_xfer_params_msg_cleanup(&srv->waiting[i].params);
     memmove(&srv->waiting[i], &srv->waiting[i + 1],
             (size_t)(srv->num_waiting - i - 1) * sizeof(srv->waiting[0]));
     srv->num_waiting--;
 }
 
-/* Heartbeat: claim (extend) the leases of waiting requests due for it; drop lost ones. */
+/*
+ * Heartbeat: claim (extend) the leases of waiting requests due for it, and
+ * read the answers that came; a lost lease ends its request. Never waits.
+ */
 static void kvf_dc_heartbeat(kvf_decode_server_h srv)
 {
     uint64_t now = kvf_time_now_ns();
@@ -686,18 +586,29 @@ static void kvf_dc_heartbeat(kvf_decode_server_h srv)
         kvf_status_t status;
         char err[384];
 
-        if (now < w->beat_ns) {
+        if (w->beat_ticket == 0) {
+            if ((now >= w->beat_ns) &&
+                (kvf_dc_pull_heartbeat(&srv->px, &w->params, rid, &w->beat_ticket) != KVF_OK)) {
+                w->beat_ticket = 0;
+                w->beat_ns = now + 100000000ull;   /* could not send: try again in 100 ms */
+            }
             continue;
         }
-        status = kvf_dc_lease(srv, &w->params, rid, KVF_LEASE_OP_CLAIM, 0, KVF_OK, &answer);
+        status = srv->xops->lease_poll(srv->conn, w->beat_ticket, &answer);
+        if (status == KVF_INPROGRESS) {
+            continue;
+        }
+        w->beat_ticket = 0;
         if ((status == KVF_OK) && (answer.verdict == KVF_LEASE_VALID)) {
-            w->beat_ns = now + answer.ms_left * 1000000ull / 3;
+            uint64_t ms = (answer.ms_left < KVF_DC_MAX_LEASE_MS) ? answer.ms_left :
+                          KVF_DC_MAX_LEASE_MS;
+            w->beat_ns = now + ms * 1000000ull / 3;
             kvf_log(KVF_LOG_DEBUG, KVF_SUB_SCHED, "request %s waits: lease extended, %llu ms"
                     " left", rid, (unsigned long long)answer.ms_left);
             continue;
         }
         if (status == KVF_OK) {
-            srv->reads_prevented++;
+            srv->px.reads_prevented++;
             snprintf(err, sizeof(err), "the KV lease %s while the request waited for decode"
                      " blocks (prefill %s: %s)", (answer.verdict == KVF_LEASE_EXPIRED) ?
                      "expired" : "was refused", w->params.engine_id, answer.why);
@@ -719,8 +630,11 @@ static void kvf_dc_admit_waiting(kvf_decode_server_h srv)
     kvf_dc_heartbeat(srv);
     while (srv->num_waiting > 0) {
         kvf_dc_waiting_t *w = &srv->waiting[0];
-        if (kvf_dc_decode(srv, &w->peer, w->req->decode, w->arrival_ns, &w->params) ==
-            KVF_DC_DONE) {
+        kvf_dc_outcome_t o = kvf_dc_decode(srv, &w->peer, w->req, w->arrival_ns, &w->params);
+        if (o != KVF_DC_WAIT) {
+            if (o == KVF_DC_STARTED) {
+                w->req = NULL;   /* moved into the pull, with the params */
+            }
             kvf_dc_unwait(srv, 0);
             continue;
         }
@@ -740,6 +654,7 @@ static void kvf_dc_abort(kvf_decode_server_h srv, const Kvf__AbortRequest *ar)
     const char *rid = (ar->request_id != NULL) ? ar->request_id : "";
     for (int i = 0; i < srv->num_reqs; ++i) {
         if (strcmp(srv->reqs[i].request_id, rid) == 0) {
+            kvf_dc_import_free(srv, &srv->reqs[i]);   /* a pull in flight is abandoned */
             kvf_engine_abort(srv->engine, srv->reqs[i].engine_req);
             kvf_engine_release(srv->engine, srv->reqs[i].engine_req);
             kvf_dc_reply_tokens(srv, &srv->reqs[i], NULL, 0, true, "abort");
@@ -763,16 +678,14 @@ static void kvf_dc_health_fill(kvf_decode_server_h srv, Kvf__HealthReply *h)
     h->has_running = h->has_handshake_refusals = h->has_peer_errors = h->has_queue_depth = 1;
     h->running = (uint32_t)(srv->num_reqs + srv->num_waiting);
     h->queue_depth = (uint32_t)srv->num_waiting;
-    h->handshake_refusals = srv->refusals;
-    h->peer_errors = srv->peer_errors;
+    h->handshake_refusals = srv->px.refusals;
+    h->peer_errors = srv->px.peer_errors;
     h->has_expired_reads_prevented = 1;
-    h->expired_reads_prevented = srv->reads_prevented;
+    h->expired_reads_prevented = srv->px.reads_prevented;
     h->has_incarnation = 1;
     h->incarnation = srv->xops->incarnation(srv->conn);
     h->has_draining = 1;
-    h->draining = (srv->drain_start_ns != 0);
-    h->has_max_queue = 1;
-    h->max_queue = (uint32_t)srv->cfg.max_queue;
+    h->draining = kvf_drain_active(&srv->drain);
 }
 
 /* Health probes are answered by the control channel's thread from this. */
@@ -792,58 +705,21 @@ static void kvf_dc_health(kvf_decode_server_h srv, const kvf_serve_peer_t *peer)
     kvf_role_reply_health(srv->serve, peer, &h);
 }
 
-/*
- * The proxy asks, at pool start and whenever a prefill restarts, whether
- * this instance can pull from a prefill engine: the same handshake a
- * request runs (cached afterwards), answered with its status and refusal.
- */
-static void kvf_dc_check_peer(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
-                              const Kvf__CheckPeerRequest *cr)
-{
-    const char *rid = (cr->request_id != NULL) ? cr->request_id : "";
-    char err[512] = "";
-    uint64_t cached;
-    kvf_status_t status;
+/* ---- control requests ------------------------------------------------------ */
 
-    if (kvf_decode_check_peer_check(cr, err, sizeof(err)) != KVF_OK) {
-        kvf_serve_server_reply_error(srv->serve, peer, rid, KVF_ERR_INVALID_PARAM, err);
-        return;
-    }
-    if (cr->has_incarnation && (cr->incarnation != 0) &&
-        (srv->xops->remote_incarnation(srv->conn, cr->engine_id, &cached) == KVF_OK) &&
-        (cached != cr->incarnation)) {
-        srv->xops->forget_engine(srv->conn, cr->engine_id);
-    }
-    status = srv->xops->handshake(srv->conn, cr->engine_id, cr->host, (int)cr->port, err,
-                                  sizeof(err));
-    if (status == KVF_ERR_REFUSED) {
-        srv->refusals++;
-        kvf_error("prefill engine %s at %s:%u cannot feed this instance: %s", cr->engine_id,
-                  cr->host, cr->port, err);
-    }
-    if (status != KVF_OK) {
-        if (err[0] == '\0') {
-            snprintf(err, sizeof(err), "handshake with %s at %s:%u failed: %s", cr->engine_id,
-                     cr->host, cr->port, kvf_status_str(status));
-        }
-        kvf_serve_server_reply_error(srv->serve, peer, rid, status, err);
-        return;
-    }
-    kvf_serve_server_reply_error(srv->serve, peer, rid, KVF_OK, NULL);
-}
-
-/* @return true when @a req was kept (queued); the caller frees it otherwise. */
+/* @return true when @a req was kept (pulling or queued); the caller frees it otherwise. */
 static bool kvf_dc_handle(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
                           Kvf__ServeRequest *req)
 {
     kvf_xfer_params_msg_t xp;
     char err[KVF_CONFIG_STR_MAX + 96];
     uint64_t arrival_ns = kvf_time_now_ns();
+    kvf_dc_outcome_t o = KVF_DC_WAIT;
     bool kept;
 
     switch (req->body_case) {
     case KVF__SERVE_REQUEST__BODY_DECODE:
-        if (srv->drain_start_ns != 0) {
+        if (kvf_drain_active(&srv->drain)) {
             snprintf(err, sizeof(err), "decode instance %s is draining (stopping after"
                      " SIGTERM): it takes no new requests", srv->cfg.role.engine_id);
             kvf_serve_server_reply_error(srv->serve, peer, req->decode->request_id,
@@ -856,19 +732,12 @@ static bool kvf_dc_handle(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
             return false;
         }
         /* behind others already waiting, or when the pool is full: wait in line */
-        if ((srv->num_waiting == 0) &&
-            (kvf_dc_decode(srv, peer, req->decode, arrival_ns, &xp) == KVF_DC_DONE)) {
-            kvf_xfer_params_msg_cleanup(&xp);
-            return false;
+        if (srv->num_waiting == 0) {
+            o = kvf_dc_decode(srv, peer, req, arrival_ns, &xp);
         }
-        if (srv->num_waiting >= srv->cfg.max_queue) {
-            snprintf(err, sizeof(err), "decode instance %s's queue is full: %d requests wait"
-                     " for blocks (--max-queue %d)", srv->cfg.role.engine_id, srv->num_waiting,
-                     srv->cfg.max_queue);
-            kvf_serve_server_reply_error(srv->serve, peer, req->decode->request_id,
-                                         KVF_ERR_BUSY, err);
-            kvf_xfer_params_msg_cleanup(&xp);
-            return false;
+        if (o != KVF_DC_WAIT) {
+            kvf_xfer_params_msg_cleanup(&xp);   /* empty when moved into the pull */
+            return o == KVF_DC_STARTED;
         }
         kept = kvf_dc_wait(srv, peer, req, arrival_ns, &xp);
         if (!kept) {
@@ -884,7 +753,7 @@ static bool kvf_dc_handle(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
         kvf_dc_health(srv, peer);
         return false;
     case KVF__SERVE_REQUEST__BODY_CHECK_PEER:
-        kvf_dc_check_peer(srv, peer, req->check_peer);
+        kvf_dc_checks_add(&srv->px, &srv->checks, srv->serve, peer, req->check_peer);
         return false;
     default:
         kvf_serve_server_reply_error(srv->serve, peer, "", KVF_ERR_UNSUPPORTED,
@@ -892,6 +761,8 @@ static bool kvf_dc_handle(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
         return false;
     }
 }
+
+/* ---- engine steps ---------------------------------------------------------- */
 
 static int kvf_dc_append(kvf_dc_req_t *q, int32_t token)
 {
@@ -906,6 +777,23 @@ static int kvf_dc_append(kvf_dc_req_t *q, int32_t token)
     }
     q->tokens[q->num_tokens++] = token;
     return 0;
+}
+
+/* A request the engine finished with an error (outgrew the pool or a failed step). */
+static void kvf_dc_step_failed(kvf_decode_server_h srv, int k)
+{
+    kvf_dc_req_t *q = &srv->reqs[k];
+    char msg[256];
+
+    snprintf(msg, sizeof(msg), "decode failed after %d generated tokens: the request"
+             " outgrew this instance's KV cache (%d blocks of %d tokens; raise"
+             " --num-blocks) or a forward step failed (see the decode log)",
+             q->generated + 1,
+             kvf_block_manager_num_blocks(kvf_engine_block_manager(srv->engine)),
+             kvf_block_manager_block_size(kvf_engine_block_manager(srv->engine)));
+    kvf_serve_server_reply_error(srv->serve, &q->peer, q->request_id, KVF_ERR_NO_RESOURCE, msg);
+    kvf_engine_release(srv->engine, q->engine_req);
+    kvf_dc_remove(srv, k);
 }
 
 static kvf_status_t kvf_dc_step(kvf_decode_server_h srv)
@@ -933,17 +821,7 @@ static kvf_status_t kvf_dc_step(kvf_decode_server_h srv)
             }
         }
         if ((ev[i].kind == KVF_EVENT_FINISHED) && (ev[i].reason == KVF_FINISH_ERROR)) {
-            char msg[256];
-            snprintf(msg, sizeof(msg), "decode failed after %d generated tokens: the request"
-                     " outgrew this instance's KV cache (%d blocks of %d tokens; raise"
-                     " --num-blocks) or a forward step failed (see the decode log)",
-                     q->generated + 1,
-                     kvf_block_manager_num_blocks(kvf_engine_block_manager(srv->engine)),
-                     kvf_block_manager_block_size(kvf_engine_block_manager(srv->engine)));
-            kvf_serve_server_reply_error(srv->serve, &q->peer, q->request_id,
-                                         KVF_ERR_NO_RESOURCE, msg);
-            kvf_engine_release(srv->engine, q->engine_req);
-            kvf_dc_remove(srv, k);
+            kvf_dc_step_failed(srv, k);
         } else if (ev[i].kind == KVF_EVENT_FINISHED) {
             kvf_dc_reply_tokens(srv, q, q->stream ? NULL : q->tokens,
                                 q->stream ? 0 : q->num_tokens, true,
@@ -955,44 +833,40 @@ static kvf_status_t kvf_dc_step(kvf_decode_server_h srv)
     return status;
 }
 
-/*
- * Drain (*stop == KVF_ROLE_STOP_DRAIN): start it on the first call, then
- * @return true once no request is running or waiting (or the deadline
- * passed: those left get an error reply).
- */
-static bool kvf_dc_drained(kvf_decode_server_h srv)
+/* ---- drain (daemon/kvf_drain.h) -------------------------------------------- */
+
+static void kvf_dc_drain_begin(void *arg, uint64_t deadline_ms)
 {
-    uint64_t now = kvf_time_now_ns();
-    uint64_t limit_ns = (uint64_t)srv->cfg.role.drain_timeout_ms * 1000000ull;
+    kvf_decode_server_h srv = arg;
+
+    (void)deadline_ms;
+    kvf_dc_publish_health(srv);   /* the proxy stops routing here at its next probe */
+    kvf_notice("draining (SIGTERM): no new requests; %d running (%d of them pulling) and %d"
+               " waiting are served until done, at most --drain-timeout %lld ms",
+               srv->num_reqs, srv->num_pulling, srv->num_waiting,
+               (long long)srv->cfg.role.drain_timeout_ms);
+}
+
+static bool kvf_dc_drain_idle(void *arg)
+{
+    kvf_decode_server_h srv = arg;
+
+    return (srv->num_reqs == 0) && (srv->num_waiting == 0);
+}
+
+static void kvf_dc_drain_give_up(void *arg)
+{
+    kvf_decode_server_h srv = arg;
     char msg[KVF_CONFIG_STR_MAX + 128];
 
-    if (srv->drain_start_ns == 0) {
-        srv->drain_start_ns = now;
-        kvf_dc_publish_health(srv);   /* the proxy stops routing here at its next probe */
-        kvf_notice("draining (SIGTERM): no new requests; %d running and %d waiting are served"
-                   " until done, at most --drain-timeout %lld ms", srv->num_reqs,
-                   srv->num_waiting, (long long)srv->cfg.role.drain_timeout_ms);
-    }
-    if ((srv->num_reqs == 0) && (srv->num_waiting == 0)) {
-        if (srv->drained_ns == 0) {
-            srv->drained_ns = now;
-            kvf_notice("drained in %llu ms: every request finished; exiting",
-                       (unsigned long long)((now - srv->drain_start_ns) / 1000000ull));
-        }
-        /* the last replies flush (KVF_ROLE_DRAIN_FLUSH_MS) */
-        return now - srv->drained_ns >= (uint64_t)KVF_ROLE_DRAIN_FLUSH_MS * 1000000ull;
-    }
-    if (now - srv->drain_start_ns < limit_ns) {
-        return false;
-    }
-    kvf_warn("--drain-timeout %lld ms reached with %d request(s) running and %d waiting;"
-             " ending them with an error and exiting", (long long)srv->cfg.role.drain_timeout_ms,
-             srv->num_reqs, srv->num_waiting);
+    kvf_warn("%d request(s) running and %d waiting at the drain deadline", srv->num_reqs,
+             srv->num_waiting);
     snprintf(msg, sizeof(msg), "decode instance %s stopped (SIGTERM, --drain-timeout %lld ms)"
              " before the request finished", srv->cfg.role.engine_id,
              (long long)srv->cfg.role.drain_timeout_ms);
     while (srv->num_reqs > 0) {
         kvf_dc_req_t *q = &srv->reqs[0];
+        kvf_dc_import_free(srv, q);
         kvf_engine_abort(srv->engine, q->engine_req);
         kvf_engine_release(srv->engine, q->engine_req);
         kvf_serve_server_reply_error(srv->serve, &q->peer, q->request_id, KVF_ERR_CANCELED, msg);
@@ -1004,35 +878,61 @@ static bool kvf_dc_drained(kvf_decode_server_h srv)
                                      msg);
         kvf_dc_unwait(srv, 0);
     }
-    return true;
+}
+
+static const kvf_drain_ops_t kvf_dc_drain_ops = {
+    .begin = kvf_dc_drain_begin,
+    .idle = kvf_dc_drain_idle,
+    .give_up = kvf_dc_drain_give_up,
+};
+
+/* ---- the loop -------------------------------------------------------------- */
+
+/* Control requests waiting now (at most 64), or after @a timeout_ms. */
+static kvf_status_t kvf_dc_recv(kvf_decode_server_h srv, int timeout_ms)
+{
+    for (int i = 0; i < 64; ++i) {
+        kvf_serve_peer_t peer;
+        Kvf__ServeRequest *req = NULL;
+        kvf_status_t status = kvf_serve_server_recv(srv->serve, (i > 0) ? 0 : timeout_ms, &peer,
+                                                    &req);
+        if (status == KVF_OK) {
+            if (!kvf_dc_handle(srv, &peer, req)) {
+                kvf__serve_request__free_unpacked(req, NULL);
+            }
+            continue;
+        }
+        return (status == KVF_ERR_ZMQ) ? status : KVF_OK;
+    }
+    return KVF_OK;
 }
 
 kvf_status_t kvf_decode_server_run(kvf_decode_server_h srv, volatile sig_atomic_t *stop)
 {
+    int on_wire = 0;
+
     kvf_serve_server_watch_stop(srv->serve, stop);
     while (*stop < KVF_ROLE_STOP_NOW) {
-        if ((*stop == KVF_ROLE_STOP_DRAIN) && kvf_dc_drained(srv)) {
-            break;
-        }
-        bool busy = kvf_engine_has_work(srv->engine);
-        kvf_serve_peer_t peer;
-        Kvf__ServeRequest *req = NULL;
+        bool busy = kvf_engine_has_work(srv->engine) || (on_wire > 0);
+        bool side = (srv->num_pulling > 0) || (srv->checks.num > 0) || (srv->num_waiting > 0);
         kvf_status_t status;
 
-        for (int i = 0; i < 64; ++i) {
-            status = kvf_serve_server_recv(srv->serve, (busy || i > 0) ? 0 : 10, &peer, &req);
-            if (status == KVF_OK) {
-                if (!kvf_dc_handle(srv, &peer, req)) {
-                    kvf__serve_request__free_unpacked(req, NULL);
-                }
-                continue;
-            }
-            if (status == KVF_ERR_ZMQ) {
-                return status;
-            }
+        if ((*stop == KVF_ROLE_STOP_DRAIN) &&
+            kvf_drain_step(&srv->drain, &kvf_dc_drain_ops, srv)) {
             break;
         }
+        if (!busy && side) {
+            /* answers from prefill are due: sleep on the side channel, not the control
+             * socket, so a release is acted on within microseconds (1 ms for new work) */
+            (void)srv->xops->side_wait(srv->conn, 1);
+        }
+        status = kvf_dc_recv(srv, (busy || side) ? 0 : 10);
+        if (status != KVF_OK) {
+            return status;
+        }
+        kvf_dc_checks_poll(&srv->px, &srv->checks, srv->serve);
         kvf_dc_admit_waiting(srv);
+        on_wire = kvf_dc_advance_pulls(srv);
         kvf_dc_publish_health(srv);
         if (kvf_engine_has_work(srv->engine)) {
             kvf_serve_server_step_begin(srv->serve);

@@ -42,6 +42,8 @@ typedef struct {
     uint64_t          ranks[KVF_LEASE_RANK_WORDS];
     int               num_blocks;
     void             *owner;
+    bool              ids_bound;       /* claims and releases must carry ids_digest */
+    uint64_t          ids_digest;      /* kvf_xfer_ids_digest() of the leased lists */
 } kvf_lease_t;
 
 struct kvf_lease_table {
@@ -138,6 +140,23 @@ out:
     return status;
 }
 
+kvf_status_t kvf_lease_table_bind_ids(kvf_lease_table_h table, const char *request_id,
+                                      uint64_t ids_digest)
+{
+    kvf_status_t status = KVF_ERR_NOT_FOUND;
+    kvf_lease_t *l;
+
+    pthread_mutex_lock(&table->lock);
+    l = kvf_lease_find(table, request_id);
+    if ((l != NULL) && (l->state == KVF_LEASE_HELD)) {
+        l->ids_bound = true;
+        l->ids_digest = ids_digest;
+        status = KVF_OK;
+    }
+    pthread_mutex_unlock(&table->lock);
+    return status;
+}
+
 void kvf_lease_table_set_quarantine(kvf_lease_table_h table, uint64_t quarantine_ms)
 {
     pthread_mutex_lock(&table->lock);
@@ -168,42 +187,47 @@ static void kvf_lease_answer(kvf_lease_answer_t *a, kvf_lease_verdict_t v, uint6
 
 /*
  * Common checks of a claim or release: the lease exists, the nonce matches,
- * the engine is the one that claimed it. @return the lease, or NULL with
- * @a a filled (refused, counted).
+ * the engine is the one that claimed it, the block lists are the leased
+ * ones. Every failure gets the same answer, so a probe cannot tell an
+ * unknown request from a wrong nonce (no existence oracle); the log says
+ * which. @return the lease, or NULL with @a a filled (refused, counted).
  */
 static kvf_lease_t *kvf_lease_check(kvf_lease_table_h t, const char *id, uint64_t nonce,
-                                    const char *engine, kvf_lease_answer_t *a)
+                                    const char *engine, const uint64_t *ids_digest,
+                                    kvf_lease_answer_t *a)
 {
     kvf_lease_t *l = kvf_lease_find(t, id);
+    const char *why = NULL;
 
     if (l == NULL) {
-        kvf_lease_answer(a, KVF_LEASE_REFUSED, 0, "no lease for request %s%s", id, "");
+        why = "no such lease";
     } else if (l->nonce != nonce) {
-        kvf_lease_answer(a, KVF_LEASE_REFUSED, 0,
-                         "wrong nonce for the lease of request %s%s", id,
-                         " (stale or forged transfer params)");
-        l = NULL;
+        why = "wrong nonce (stale or forged transfer params)";
     } else if ((l->engine[0] != '\0') && (strcmp(l->engine, engine) != 0)) {
-        kvf_lease_answer(a, KVF_LEASE_REFUSED, 0,
-                         "the lease of request %s belongs to decode engine %s", id, l->engine);
-        l = NULL;
+        why = "another decode engine holds it";
+    } else if (l->ids_bound && ((ids_digest == NULL) || (*ids_digest != l->ids_digest))) {
+        why = "the block ids differ from the leased ones";
     }
-    if (l == NULL) {
+    if (why != NULL) {
+        kvf_log(KVF_LOG_INFO, KVF_SUB_XFER, "lease operation on request %s by %s refused: %s",
+                id, engine, why);
+        kvf_lease_answer(a, KVF_LEASE_REFUSED, 0, "no lease matches request %s%s", id,
+                         " (unknown, or another nonce, owner or block list)");
         t->stats.refused++;
+        return NULL;
     }
     return l;
 }
 
-void kvf_lease_table_claim(kvf_lease_table_h table, const char *request_id, uint64_t nonce,
-                           const char *engine, uint64_t now_ms, uint64_t ttl_ms,
-                           kvf_lease_answer_t *answer)
+static void kvf_lease_claim_locked(kvf_lease_table_h table, const char *request_id,
+                                   uint64_t nonce, const uint64_t *ids_digest,
+                                   const char *engine, uint64_t now_ms, uint64_t ttl_ms,
+                                   kvf_lease_answer_t *answer)
 {
-    kvf_lease_t *l;
+    kvf_lease_t *l = kvf_lease_check(table, request_id, nonce, engine, ids_digest, answer);
 
-    pthread_mutex_lock(&table->lock);
-    l = kvf_lease_check(table, request_id, nonce, engine, answer);
     if (l == NULL) {
-        goto out;
+        return;
     }
     if ((l->state == KVF_LEASE_HELD) && (now_ms >= l->expiry_ms)) {
         kvf_lease_quarantine(table, l, now_ms);   /* collect() had not run yet */
@@ -213,58 +237,101 @@ void kvf_lease_table_claim(kvf_lease_table_h table, const char *request_id, uint
         kvf_lease_answer(answer, KVF_LEASE_EXPIRED, 0,
                          "the KV lease of request %s has expired%s", request_id, "");
         table->stats.expired_answers++;
-        goto out;
+        return;
     }
     if ((l->state != KVF_LEASE_HELD) || (l->num_released > 0)) {
         kvf_lease_answer(answer, KVF_LEASE_REFUSED, 0,
                          "the lease of request %s was already released%s", request_id,
                          " (replayed transfer params)");
         table->stats.refused++;
-        goto out;
+        return;
     }
     snprintf(l->engine, sizeof(l->engine), "%s", engine);
-    if (now_ms + ttl_ms > l->expiry_ms) {
+    if ((ttl_ms <= UINT64_MAX - now_ms) && (now_ms + ttl_ms > l->expiry_ms)) {
         l->expiry_ms = now_ms + ttl_ms;
     }
     kvf_lease_answer(answer, KVF_LEASE_VALID, l->expiry_ms - now_ms, NULL, NULL, NULL);
-out:
+}
+
+void kvf_lease_table_claim(kvf_lease_table_h table, const char *request_id, uint64_t nonce,
+                           const char *engine, uint64_t now_ms, uint64_t ttl_ms,
+                           kvf_lease_answer_t *answer)
+{
+    pthread_mutex_lock(&table->lock);
+    kvf_lease_claim_locked(table, request_id, nonce, NULL, engine, now_ms, ttl_ms, answer);
     pthread_mutex_unlock(&table->lock);
 }
 
-void kvf_lease_table_release(kvf_lease_table_h table, const char *request_id, uint64_t nonce,
-                             const char *engine, int decode_rank, int decode_tp,
-                             uint64_t now_ms, kvf_lease_answer_t *answer)
-{
-    kvf_lease_t *l;
-    uint64_t bit;
+/* A release as it came off the wire; see kvf_lease_table_answer(). Lock held. */
+typedef struct {
+    const char     *id;
+    uint64_t        nonce;
+    const uint64_t *ids_digest;   /* NULL: none carried */
+    const char     *engine;
+    int             rank, tp;
+    bool            all_ranks;
+    kvf_status_t    status;       /* not OK: the pull failed or was abandoned */
+} kvf_lease_rel_t;
 
-    pthread_mutex_lock(&table->lock);
-    l = kvf_lease_check(table, request_id, nonce, engine, answer);
-    if (l == NULL) {
-        goto out;
-    }
-    if ((decode_tp < 1) || (decode_tp > KVF_XFER_MAX_TP) || (decode_rank < 0) ||
-        (decode_rank >= decode_tp) || ((l->decode_tp != 0) && (l->decode_tp != decode_tp))) {
+/* Mark the released ranks; @return false (answer filled) for a replay or a tp change. */
+static bool kvf_lease_mark_ranks(kvf_lease_table_h table, kvf_lease_t *l,
+                                 const kvf_lease_rel_t *r, kvf_lease_answer_t *answer)
+{
+    uint64_t bit = 1ull << (r->rank % 64);
+
+    if ((r->tp < 1) || (r->tp > KVF_XFER_MAX_TP) || (r->rank < 0) || (r->rank >= r->tp) ||
+        ((l->decode_tp != 0) && (l->decode_tp != r->tp))) {
         kvf_lease_answer(answer, KVF_LEASE_REFUSED, 0,
-                         "release of request %s names decode rank/tp %s", request_id,
+                         "release of request %s names decode rank/tp %s", r->id,
                          "that differ from its first release");
         table->stats.refused++;
-        goto out;
+        return false;
     }
-    bit = 1ull << (decode_rank % 64);
-    if ((l->state == KVF_LEASE_DONE) || ((l->ranks[decode_rank / 64] & bit) != 0) ||
-        ((l->state == KVF_LEASE_GONE) && !l->ended_invalid)) {
+    if ((l->state == KVF_LEASE_DONE) || ((l->state == KVF_LEASE_GONE) && !l->ended_invalid) ||
+        (r->all_ranks && (l->num_released > 0)) ||
+        (!r->all_ranks && ((l->ranks[r->rank / 64] & bit) != 0))) {
         kvf_lease_answer(answer, KVF_LEASE_REFUSED, 0,
-                         "request %s: this decode rank already released the lease%s", request_id,
+                         "request %s: this decode rank already released the lease%s", r->id,
                          " (a replay)");
         table->stats.refused++;
-        goto out;
+        return false;
     }
-    l->decode_tp = decode_tp;
-    l->ranks[decode_rank / 64] |= bit;
-    l->num_released++;
+    l->decode_tp = r->tp;
+    if (r->all_ranks) {
+        for (int k = 0; k < r->tp; ++k) {
+            l->ranks[k / 64] |= 1ull << (k % 64);
+        }
+        l->num_released = r->tp;
+    } else {
+        l->ranks[r->rank / 64] |= bit;
+        l->num_released++;
+    }
+    return true;
+}
+
+static void kvf_lease_release_locked(kvf_lease_table_h table, const kvf_lease_rel_t *r,
+                                     uint64_t now_ms, kvf_lease_answer_t *answer)
+{
+    kvf_lease_t *l = kvf_lease_check(table, r->id, r->nonce, r->engine, r->ids_digest, answer);
+
+    if ((l == NULL) || !kvf_lease_mark_ranks(table, l, r, answer)) {
+        return;
+    }
     if (l->engine[0] == '\0') {
-        snprintf(l->engine, sizeof(l->engine), "%s", engine);
+        snprintf(l->engine, sizeof(l->engine), "%s", r->engine);
+    }
+    if ((r->status != KVF_OK) && (l->num_released == l->decode_tp)) {
+        /* the reader failed or gave up and force-closed its reads: nothing reads the
+         * pages any more, so they go back now instead of after the lease (+ quarantine) */
+        if (l->state == KVF_LEASE_HELD) {
+            l->state = KVF_LEASE_DONE;
+        } else if (l->state == KVF_LEASE_QUARANTINED) {
+            l->until_ms = now_ms;
+        }
+        table->stats.abandoned++;
+        kvf_lease_answer(answer, KVF_LEASE_EXPIRED, 0, "the pull of request %s was abandoned%s",
+                         r->id, ": its pages are freed");
+        return;
     }
     if ((l->state == KVF_LEASE_HELD) && (now_ms >= l->expiry_ms)) {
         kvf_lease_quarantine(table, l, now_ms);
@@ -273,16 +340,25 @@ void kvf_lease_table_release(kvf_lease_table_h table, const char *request_id, ui
     if (l->state != KVF_LEASE_HELD) {
         kvf_lease_answer(answer, KVF_LEASE_EXPIRED, 0,
                          "the KV lease of request %s expired before the read finished%s",
-                         request_id, "");
+                         r->id, "");
         table->stats.expired_answers++;
-        goto out;
+        return;
     }
     if (l->num_released == l->decode_tp) {
         l->state = KVF_LEASE_DONE;
         table->stats.released++;
     }
     kvf_lease_answer(answer, KVF_LEASE_VALID, l->expiry_ms - now_ms, NULL, NULL, NULL);
-out:
+}
+
+void kvf_lease_table_release(kvf_lease_table_h table, const char *request_id, uint64_t nonce,
+                             const char *engine, int decode_rank, int decode_tp,
+                             uint64_t now_ms, kvf_lease_answer_t *answer)
+{
+    kvf_lease_rel_t r = {request_id, nonce, NULL, engine, decode_rank, decode_tp, false, KVF_OK};
+
+    pthread_mutex_lock(&table->lock);
+    kvf_lease_release_locked(table, &r, now_ms, answer);
     pthread_mutex_unlock(&table->lock);
 }
 
@@ -290,13 +366,18 @@ void kvf_lease_table_answer(kvf_lease_table_h table, const char *requester,
                             const kvf_lease_msg_t *msg, uint64_t now_ms, uint64_t ttl_ms,
                             kvf_lease_answer_t *answer)
 {
+    const uint64_t *ids = msg->has_ids_digest ? &msg->ids_digest : NULL;
+
+    pthread_mutex_lock(&table->lock);
     if (msg->op == KVF_LEASE_OP_CLAIM) {
-        kvf_lease_table_claim(table, msg->request_id, msg->nonce, requester, now_ms, ttl_ms,
-                              answer);
+        kvf_lease_claim_locked(table, msg->request_id, msg->nonce, ids, requester, now_ms,
+                               ttl_ms, answer);
     } else {
-        kvf_lease_table_release(table, msg->request_id, msg->nonce, requester,
-                                msg->decode_rank, msg->decode_tp, now_ms, answer);
+        kvf_lease_rel_t r = {msg->request_id, msg->nonce, ids, requester, msg->decode_rank,
+                             msg->decode_tp, msg->all_ranks, msg->status};
+        kvf_lease_release_locked(table, &r, now_ms, answer);
     }
+    pthread_mutex_unlock(&table->lock);
 }
 
 bool kvf_lease_table_abort(kvf_lease_table_h table, const char *request_id, uint64_t now_ms)

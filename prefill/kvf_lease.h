@@ -8,14 +8,21 @@
  *             in decode's queue): binds the lease to the claiming decode
  *             engine and extends it to now + ttl; valid with the time left,
  *             or expired / refused.
- *   release  (one per decode rank, after its GETs): valid when the lease was
- *             still held, expired otherwise. Once every decode rank of the
- *             first release's decode_tp has released, the blocks go back.
+ *   release  (after the GETs: one for every decode rank at once, or one per
+ *             rank): valid when the lease was still held, expired
+ *             otherwise. Once every decode rank of the first release's
+ *             decode_tp has released, the blocks go back. A release whose
+ *             status is not OK (the pull failed or was abandoned; decode
+ *             force-closed its reads first) gives the blocks back at once,
+ *             even from quarantine: nobody reads them any more.
  *
  * Only the decode that was given the lease can end it: a claim or release
- * must carry the lease's nonce (random, sent in the transfer params) and
- * come from the engine that claimed it; a rank that already released, an
- * unknown lease, a wrong nonce or another engine is refused and counted.
+ * must carry the lease's nonce (random, sent in the transfer params), the
+ * digest of the leased block lists (once bound: kvf_lease_table_bind_ids)
+ * and come from the engine that claimed it (the authenticated peer). An
+ * unknown lease, a wrong nonce, another owner or other block lists all get
+ * the same answer (no oracle for which requests exist) and are counted; a
+ * rank that already released is refused as a replay.
  *
  * An expired or aborted lease is not freed at once: a read may still be in
  * flight, so its blocks wait in quarantine for the caller's quarantine
@@ -53,6 +60,7 @@ typedef struct kvf_lease_stats {
     uint64_t expired_answers;      /* claims/releases answered "expired": reads not trusted */
     uint64_t quarantined_blocks;   /* blocks that went through quarantine */
     uint64_t quarantined_now;      /* blocks in quarantine now */
+    uint64_t abandoned;            /* leases a failed or abandoned pull gave back early */
 } kvf_lease_stats_t;
 
 /** Create an empty table. @return KVF_OK or KVF_ERR_NO_MEMORY. */
@@ -71,6 +79,14 @@ void kvf_lease_table_destroy(kvf_lease_table_h table);
 kvf_status_t kvf_lease_table_add(kvf_lease_table_h table, const char *request_id,
                                  uint64_t nonce, uint64_t now_ms, uint64_t ttl_ms,
                                  int num_blocks, void *owner);
+
+/**
+ * Bind held lease @a request_id to the block lists whose
+ * kvf_xfer_ids_digest() is @a ids_digest: from now on claims and releases
+ * without that digest are refused. @return KVF_OK; KVF_ERR_NOT_FOUND.
+ */
+kvf_status_t kvf_lease_table_bind_ids(kvf_lease_table_h table, const char *request_id,
+                                      uint64_t ids_digest);
 
 /**
  * Claim or extend (heartbeat) a lease for decode engine @a engine: binds an
@@ -93,7 +109,8 @@ void kvf_lease_table_release(kvf_lease_table_h table, const char *request_id, ui
 
 /**
  * Answer one lease operation as it came off the wire (claim or release by
- * decode engine @a requester); claims extend to @a now_ms + @a ttl_ms.
+ * decode engine @a requester, with its ids digest, all_ranks and status);
+ * claims extend to @a now_ms + @a ttl_ms.
  */
 void kvf_lease_table_answer(kvf_lease_table_h table, const char *requester,
                             const kvf_lease_msg_t *msg, uint64_t now_ms, uint64_t ttl_ms,

@@ -16,10 +16,11 @@
  * expired or refused) without waiting for this loop, so a long engine step
  * never delays an answer. This loop frees what the table hands back:
  * fully released leases at once, expired and aborted ones after their
- * quarantine (the largest transfer timeout any decode announced, and at
- * least our own), because a GET may still be reading them.
+ * quarantine (the largest transfer timeout any decode announced, at least
+ * our own, at most --max-quarantine), because a GET may still be reading
+ * them.
  *
- * Drain (first SIGTERM): new prompts are refused (KVF_ERR_BUSY, health says
+ * Drain (first SIGTERM, daemon/kvf_drain.h): new prompts are refused (KVF_ERR_BUSY, health says
  * draining, so the proxy routes elsewhere); prompts already admitted are
  * prefilled and leased; the loop keeps serving claims, releases and GETs
  * until no prompt is pending and no lease is held (released or expired),
@@ -30,6 +31,7 @@
 #include "kvf_lease.h"
 #include "kvf_prefill_check.h"
 
+#include "kvf_drain.h"
 #include "kvf_engine.h"
 #include "kvf_fault.h"
 #include "kvf_log.h"
@@ -56,6 +58,9 @@ const kvf_config_field_t kvf_prefill_config_table[] = {
      offsetof(kvf_prefill_config_t, side_port), KVF_CONFIG_TYPE_INT, 0},
     {"LEASE_TIMEOUT", "30s", "how long a finished prompt's blocks wait for decode",
      offsetof(kvf_prefill_config_t, lease_timeout_ms), KVF_CONFIG_TYPE_TIME, 0},
+    {"MAX_QUARANTINE", "20s", "longest quarantine of an expired or aborted lease's blocks: a"
+     " decode's announced transfer timeout raises the quarantine up to this bound, not past"
+     " it", offsetof(kvf_prefill_config_t, max_quarantine_ms), KVF_CONFIG_TYPE_TIME, 0},
     {"MAX_QUEUE", "256", "prompts admitted and not yet prefilled; more are refused (busy)",
      offsetof(kvf_prefill_config_t, max_queue), KVF_CONFIG_TYPE_INT, 0},
     {"TEST_NO_RELEASE", "no", "test only: answer releases valid but keep the blocks",
@@ -85,12 +90,10 @@ struct kvf_prefill_server {
     int                        num_pending;
     int                        cap_pending;
     _Atomic uint64_t           quarantine_ms;      /* written by the side-channel thread */
-    uint64_t                   drain_start_ms;     /* 0 until SIGTERM */
-    uint64_t                   drained_ms;         /* 0 until nothing handed out is left */
+    uint64_t                   clamped_ms;         /* side channel: largest peer timeout clamped */
+    kvf_drain_t                drain;
     _Atomic uint64_t           drain_deadline_ms;  /* 0 until SIGTERM; read by the side channel */
 };
-
-#define KVF_PF_MAX_QUARANTINE_MS 60000   /* a peer cannot pin our blocks longer than this */
 
 /* A lease handed out or extended at @a now_ms lasts this long (ms): the
  * lease time, cut to the drain deadline once draining. */
@@ -106,34 +109,51 @@ static uint64_t kvf_pf_lease_ttl(kvf_prefill_server_h srv, uint64_t now)
     return ttl;
 }
 
-/* Side-channel thread: one lease operation from decode engine @a requester. */
+/*
+ * Side-channel thread: the quarantine follows the largest transfer timeout
+ * a decode announced (a read may run that long), at least our own, and
+ * never past --max-quarantine: a peer cannot pin our blocks longer than the
+ * operator allows (said once per larger value).
+ */
+static void kvf_pf_quarantine(kvf_prefill_server_h srv, const char *requester,
+                              uint32_t peer_timeout_ms)
+{
+    uint64_t bound = (uint64_t)srv->cfg.max_quarantine_ms;
+    uint64_t q = atomic_load(&srv->quarantine_ms);
+    uint64_t want = peer_timeout_ms;
+
+    if (want > bound) {
+        if (want > srv->clamped_ms) {
+            srv->clamped_ms = want;
+            kvf_warn("decode %s announces a transfer timeout of %llu ms: quarantine clamped to"
+                     " --max-quarantine %llu ms", requester, (unsigned long long)want,
+                     (unsigned long long)bound);
+        }
+        want = bound;
+    }
+    if (want > q) {   /* only this thread writes it */
+        atomic_store(&srv->quarantine_ms, want);
+        kvf_lease_table_set_quarantine(srv->leases, want);
+    }
+}
+
+/* Side-channel thread: one lease operation from decode @a requester (the authenticated peer). */
 static void kvf_pf_lease_op(void *arg, const char *requester, const kvf_lease_msg_t *msg,
                             uint32_t peer_timeout_ms, kvf_lease_answer_t *answer)
 {
     kvf_prefill_server_h srv = arg;
-    uint64_t q = (uint64_t)srv->cfg.role.xfer_timeout_ms;
     uint64_t now = kvf_time_now_ms();
 
-    if (peer_timeout_ms > q) {
-        q = (peer_timeout_ms < KVF_PF_MAX_QUARANTINE_MS) ? peer_timeout_ms
-                                                         : KVF_PF_MAX_QUARANTINE_MS;
-    }
-    if (q != atomic_load(&srv->quarantine_ms)) {   /* only this thread writes it */
-        atomic_store(&srv->quarantine_ms, q);
-        kvf_lease_table_set_quarantine(srv->leases, q);
-    }
+    kvf_pf_quarantine(srv, requester, peer_timeout_ms);
     if (msg->op == KVF_LEASE_OP_RELEASE) {
         (void)KVF_FAULT(LEASE_RELEASE);   /* tests: die, stop or stall on a release */
     }
-    if (msg->op == KVF_LEASE_OP_CLAIM) {
-        kvf_lease_table_claim(srv->leases, msg->request_id, msg->nonce, requester, now,
-                              kvf_pf_lease_ttl(srv, now), answer);
-    } else if (srv->cfg.test_no_release) {
+    if ((msg->op == KVF_LEASE_OP_RELEASE) && srv->cfg.test_no_release) {
         memset(answer, 0, sizeof(*answer));
         answer->verdict = KVF_LEASE_VALID;
     } else {
-        kvf_lease_table_release(srv->leases, msg->request_id, msg->nonce, requester,
-                                msg->decode_rank, msg->decode_tp, now, answer);
+        kvf_lease_table_answer(srv->leases, requester, msg, now, kvf_pf_lease_ttl(srv, now),
+                               answer);
     }
     if (answer->verdict != KVF_LEASE_VALID) {
         kvf_warn("lease %s of request %s from decode %s: %s: %s",
@@ -151,6 +171,7 @@ static kvf_status_t kvf_pf_setup(kvf_prefill_server_h srv)
     if (status != KVF_OK) {
         return status;
     }
+    kvf_drain_init(&srv->drain, (uint64_t)srv->cfg.role.drain_timeout_ms);
     atomic_store(&srv->quarantine_ms, (uint64_t)srv->cfg.role.xfer_timeout_ms);
     kvf_lease_table_set_quarantine(srv->leases, (uint64_t)srv->cfg.role.xfer_timeout_ms);
     status = srv->xops->set_lease_handler(srv->conn, kvf_pf_lease_op, srv);
@@ -171,6 +192,12 @@ kvf_status_t kvf_prefill_server_create(const kvf_prefill_config_t *cfg,
     }
     if (cfg->lease_timeout_ms <= 0) {
         kvf_error("--lease-timeout must be positive");
+        return KVF_ERR_INVALID_PARAM;
+    }
+    if (cfg->max_quarantine_ms < cfg->role.xfer_timeout_ms) {
+        kvf_error("--max-quarantine %lld ms is shorter than --xfer-timeout %lld ms: a read"
+                  " still in flight could land in reused blocks", (long long)cfg->max_quarantine_ms,
+                  (long long)cfg->role.xfer_timeout_ms);
         return KVF_ERR_INVALID_PARAM;
     }
     if (cfg->max_queue <= 0) {
@@ -255,7 +282,7 @@ static void kvf_pf_health_fill(kvf_prefill_server_h srv, Kvf__HealthReply *h)
     h->side_port = (uint32_t)srv->side_port;
     h->incarnation = srv->xops->incarnation(srv->conn);
     h->has_draining = 1;
-    h->draining = (srv->drain_start_ms != 0);
+    h->draining = kvf_drain_active(&srv->drain);
     {
         kvf_engine_stats_t st;
         uint64_t queued = 0;
@@ -307,7 +334,14 @@ static void kvf_pf_prefill(kvf_prefill_server_h srv, const kvf_serve_peer_t *pee
         kvf_serve_server_reply_error(srv->serve, peer, rid, KVF_ERR_INVALID_PARAM, err);
         return;
     }
-    if (srv->drain_start_ms != 0) {
+    if ((req->n_prompt_tokens > (size_t)kvf_role_max_prompt_tokens(srv->engine))) {
+        snprintf(err, sizeof(err), "prompt of %zu tokens is longer than the %d this prefill"
+                 " instance holds", req->n_prompt_tokens,
+                 kvf_role_max_prompt_tokens(srv->engine));
+        kvf_serve_server_reply_error(srv->serve, peer, rid, KVF_ERR_OUT_OF_RANGE, err);
+        return;
+    }
+    if (kvf_drain_active(&srv->drain)) {
         char msg[KVF_CONFIG_STR_MAX + 96];
         snprintf(msg, sizeof(msg), "prefill instance %s is draining (stopping after SIGTERM):"
                  " it takes no new prompts", srv->cfg.role.engine_id);
@@ -377,6 +411,13 @@ static void kvf_pf_prefilled(kvf_prefill_server_h srv, kvf_pf_pending_t *p, int3
         status = kvf_lease_table_add(srv->leases, p->request_id, nonce, kvf_time_now_ms(),
                                      ttl, nblocks,
                                      (void *)(uintptr_t)(p->engine_req + 1));
+    }
+    if (status == KVF_OK) {
+        /* the nonce binds the block lists: a claim for other blocks is refused */
+        status = kvf_lease_table_bind_ids(srv->leases, p->request_id,
+                                          kvf_xfer_ids_digest(info.blocks->blocks,
+                                                              info.blocks->num_blocks,
+                                                              info.blocks->num_groups));
     }
     if (status != KVF_OK) {
         kvf_engine_release(srv->engine, p->engine_req);
@@ -544,38 +585,34 @@ static void kvf_pf_idle_wait(kvf_prefill_server_h srv)
     (void)kvf_serve_server_wait(srv->serve, 10, NULL, 0);
 }
 
-/*
- * Drain (*stop == KVF_ROLE_STOP_DRAIN): start it on the first call, then
- * @return true once nothing handed out is left (or the deadline passed,
- * when pending prompts are ended with an error).
- */
-static bool kvf_pf_drained(kvf_prefill_server_h srv)
-{
-    uint64_t now = kvf_time_now_ms();
-    size_t held = kvf_lease_table_count(srv->leases);
+/* ---- drain (daemon/kvf_drain.h) -------------------------------------------- */
 
-    if (srv->drain_start_ms == 0) {
-        srv->drain_start_ms = now;
-        atomic_store(&srv->drain_deadline_ms, now + (uint64_t)srv->cfg.role.drain_timeout_ms);
-        kvf_pf_publish_health(srv);   /* the proxy stops routing here at its next probe */
-        kvf_notice("draining (SIGTERM): no new prompts; %d prompt(s) in prefill and %zu lease(s)"
-                   " held are served until done, at most --drain-timeout %lld ms",
-                   srv->num_pending, held, (long long)srv->cfg.role.drain_timeout_ms);
-    }
-    if ((srv->num_pending == 0) && (held == 0)) {
-        if (srv->drained_ms == 0) {
-            srv->drained_ms = now;
-            kvf_notice("drained in %llu ms: every lease handed out was released or expired;"
-                       " exiting", (unsigned long long)(now - srv->drain_start_ms));
-        }
-        return now - srv->drained_ms >= KVF_ROLE_DRAIN_FLUSH_MS;   /* replies flush */
-    }
-    if (now < atomic_load(&srv->drain_deadline_ms)) {
-        return false;
-    }
-    kvf_warn("--drain-timeout %lld ms reached with %d prompt(s) in prefill and %zu lease(s)"
-             " held; exiting", (long long)srv->cfg.role.drain_timeout_ms, srv->num_pending,
-             held);
+static void kvf_pf_drain_begin(void *arg, uint64_t deadline_ms)
+{
+    kvf_prefill_server_h srv = arg;
+
+    /* leases handed out or extended from now on end by the drain deadline */
+    atomic_store(&srv->drain_deadline_ms, deadline_ms);
+    kvf_pf_publish_health(srv);   /* the proxy stops routing here at its next probe */
+    kvf_notice("draining (SIGTERM): no new prompts; %d prompt(s) in prefill and %zu lease(s)"
+               " held are served until done, at most --drain-timeout %lld ms",
+               srv->num_pending, kvf_lease_table_count(srv->leases),
+               (long long)srv->cfg.role.drain_timeout_ms);
+}
+
+static bool kvf_pf_drain_idle(void *arg)
+{
+    kvf_prefill_server_h srv = arg;
+
+    return (srv->num_pending == 0) && (kvf_lease_table_count(srv->leases) == 0);
+}
+
+static void kvf_pf_drain_give_up(void *arg)
+{
+    kvf_prefill_server_h srv = arg;
+
+    kvf_warn("%d prompt(s) in prefill and %zu lease(s) held at the drain deadline",
+             srv->num_pending, kvf_lease_table_count(srv->leases));
     while (srv->num_pending > 0) {
         kvf_pf_pending_t *p = &srv->pending[0];
         kvf_engine_release(srv->engine, p->engine_req);
@@ -584,14 +621,20 @@ static bool kvf_pf_drained(kvf_prefill_server_h srv)
                                      " before the prompt was prefilled");
         kvf_pf_remove_pending(srv, 0);
     }
-    return true;
 }
+
+static const kvf_drain_ops_t kvf_pf_drain_ops = {
+    .begin = kvf_pf_drain_begin,
+    .idle = kvf_pf_drain_idle,
+    .give_up = kvf_pf_drain_give_up,
+};
 
 kvf_status_t kvf_prefill_server_run(kvf_prefill_server_h srv, volatile sig_atomic_t *stop)
 {
     kvf_serve_server_watch_stop(srv->serve, stop);
     while (*stop < KVF_ROLE_STOP_NOW) {
-        if ((*stop == KVF_ROLE_STOP_DRAIN) && kvf_pf_drained(srv)) {
+        if ((*stop == KVF_ROLE_STOP_DRAIN) &&
+            kvf_drain_step(&srv->drain, &kvf_pf_drain_ops, srv)) {
             break;
         }
         bool busy = kvf_engine_has_work(srv->engine);

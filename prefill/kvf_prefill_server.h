@@ -25,6 +25,7 @@ typedef struct kvf_prefill_config {
     char    host[KVF_CONFIG_STR_MAX];        /* address decode uses for the side channel */
     int     side_port;
     int64_t lease_timeout_ms;
+    int64_t max_quarantine_ms;   /* bound on the quarantine a decode's timeout may ask for */
     int     max_queue;                       /* prompts admitted, not yet prefilled; > 0 */
     bool    test_no_release;                 /* hidden: ignore decode's release (lease tests) */
 } kvf_prefill_config_t;

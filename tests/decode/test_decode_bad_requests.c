@@ -104,6 +104,25 @@ static void test_malformed_decode_requests(void **state)
     g.ids = NULL;
     g.n_ids = 0;
     expect_error(&req, "lease nonce");                /* well formed, but no lease */
+    tp.has_nonce = tp.has_lease_ms_left = 1;
+    tp.nonce = 42;
+    tp.lease_ms_left = 0xffffffffffffull;             /* ~8900 years: refused, never wraps */
+    expect_error(&req, "lease_ms_left");
+    tp.lease_ms_left = 20000;
+    expect_error(&req, "incarnation");                /* required: it keys the handshake cache */
+    tp.has_incarnation = 1;
+    tp.incarnation = 0;
+    expect_error(&req, "incarnation");
+    {
+        Kvf__SamplingParams sp = KVF__SAMPLING_PARAMS__INIT;
+        tp.incarnation = 7;
+        sp.has_max_tokens = 1;
+        sp.max_tokens = (uint32_t)INT32_MAX - 1;      /* + 3 prompt tokens overflows an int */
+        dr.sampling = &sp;
+        expect_error(&req, "max_tokens + prompt length");
+        dr.sampling = NULL;
+    }
+    tp.has_nonce = tp.has_lease_ms_left = tp.has_incarnation = 0;
 
     /* a decode with no id followed by an abort: must not take the daemon down */
     dr.request_id = NULL;
@@ -146,8 +165,9 @@ static void fill_decode(Kvf__DecodeRequest *dr, Kvf__TransferParams *tp, Kvf__Bl
     tp->engine_id = (char *)"prefill-gone";      /* nobody answers there: recompute */
     tp->host = (char *)"127.0.0.1";
     tp->has_port = tp->has_first_token = tp->has_num_tokens = tp->has_lease_ms_left = 1;
-    tp->has_nonce = 1;
+    tp->has_nonce = tp->has_incarnation = 1;
     tp->nonce = 42;
+    tp->incarnation = 0x1234;
     tp->port = 9;
     tp->first_token = 104;
     tp->num_tokens = (uint64_t)n;
@@ -274,7 +294,7 @@ static int setup(void **state)
     if (decode_pid == 0) {
         execl(dec, dec, "--model", model, "--listen", endpoint, "--num-blocks", "16",
               "--block-size", "16", "--load-failure", "recompute", "--xfer-timeout", "300ms",
-              (char *)NULL);
+              "--insecure", (char *)NULL);
         _exit(127);
     }
     zctx = zmq_ctx_new();

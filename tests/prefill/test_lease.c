@@ -82,14 +82,14 @@ static void test_refused_operations(void **state)
     assert_int_equal(kvf_lease_table_add(t, "r1", NONCE, 0, 1000, 2, &g_a), KVF_OK);
     kvf_lease_table_claim(t, "r1", NONCE + 1, "decode-0", 1, 1000, &a);       /* wrong nonce */
     assert_int_equal(a.verdict, KVF_LEASE_REFUSED);
-    assert_non_null(strstr(a.why, "wrong nonce"));
+    assert_non_null(strstr(a.why, "no lease matches request r1"));
     kvf_lease_table_claim(t, "nope", NONCE, "decode-0", 1, 1000, &a);         /* unknown */
     assert_int_equal(a.verdict, KVF_LEASE_REFUSED);
     kvf_lease_table_claim(t, "r1", NONCE, "decode-0", 2, 1000, &a);
     assert_int_equal(a.verdict, KVF_LEASE_VALID);
     kvf_lease_table_release(t, "r1", NONCE, "decode-1", 0, 1, 3, &a);        /* other engine */
     assert_int_equal(a.verdict, KVF_LEASE_REFUSED);
-    assert_non_null(strstr(a.why, "belongs to decode engine decode-0"));
+    assert_non_null(strstr(a.why, "no lease matches request r1"));
     kvf_lease_table_release(t, "r1", NONCE, "decode-0", 0, 2, 4, &a);
     assert_int_equal(a.verdict, KVF_LEASE_VALID);
     kvf_lease_table_release(t, "r1", NONCE, "decode-0", 0, 2, 5, &a);        /* replayed rank */
@@ -195,6 +195,113 @@ static void test_abort_quarantines(void **state)
     kvf_lease_table_destroy(t);
 }
 
+/* A probe cannot tell an unknown request from a wrong nonce or another owner. */
+static void test_refusals_reveal_nothing(void **state)
+{
+    kvf_lease_table_h t, empty;
+    kvf_lease_answer_t wrong_nonce, unknown, other_owner;
+    (void)state;
+
+    assert_int_equal(kvf_lease_table_create(&t), KVF_OK);
+    assert_int_equal(kvf_lease_table_create(&empty), KVF_OK);
+    assert_int_equal(kvf_lease_table_add(t, "r1", NONCE, 0, 1000, 2, &g_a), KVF_OK);
+    kvf_lease_table_claim(t, "r1", NONCE + 1, "decode-0", 1, 1000, &wrong_nonce);
+    kvf_lease_table_claim(empty, "r1", NONCE, "decode-0", 1, 1000, &unknown);
+    kvf_lease_table_claim(t, "r1", NONCE, "decode-0", 2, 1000, &other_owner);
+    assert_int_equal(other_owner.verdict, KVF_LEASE_VALID);
+    kvf_lease_table_claim(t, "r1", NONCE, "decode-9", 3, 1000, &other_owner);
+    assert_int_equal(wrong_nonce.verdict, KVF_LEASE_REFUSED);
+    assert_int_equal(unknown.verdict, wrong_nonce.verdict);
+    assert_int_equal(other_owner.verdict, wrong_nonce.verdict);
+    assert_true(unknown.ms_left == wrong_nonce.ms_left);
+    assert_true(other_owner.ms_left == wrong_nonce.ms_left);
+    assert_string_equal(unknown.why, wrong_nonce.why);
+    assert_string_equal(other_owner.why, wrong_nonce.why);
+    kvf_lease_table_destroy(empty);
+    kvf_lease_table_destroy(t);
+}
+
+/* The nonce binds the block lists: a claim or release for other blocks is refused. */
+static void test_ids_bound(void **state)
+{
+    kvf_lease_table_h t;
+    kvf_lease_answer_t a;
+    kvf_lease_msg_t m;
+    void *out[8];
+    int32_t ids0[3] = {4, 5, 6}, ids1[3] = {4, 5, 7};
+    int32_t *lists[1] = {ids0};
+    int n[1] = {3};
+    uint64_t leased = kvf_xfer_ids_digest(lists, n, 1);
+    (void)state;
+
+    lists[0] = ids1;
+    assert_true(kvf_xfer_ids_digest(lists, n, 1) != leased);
+    assert_int_equal(kvf_lease_table_create(&t), KVF_OK);
+    assert_int_equal(kvf_lease_table_add(t, "r1", NONCE, 0, 1000, 3, &g_a), KVF_OK);
+    assert_int_equal(kvf_lease_table_bind_ids(t, "r1", leased), KVF_OK);
+    assert_int_equal(kvf_lease_table_bind_ids(t, "nope", leased), KVF_ERR_NOT_FOUND);
+    memset(&m, 0, sizeof(m));
+    m.op = KVF_LEASE_OP_CLAIM;
+    snprintf(m.request_id, sizeof(m.request_id), "r1");
+    m.nonce = NONCE;
+    kvf_lease_table_answer(t, "decode-0", &m, 1, 1000, &a);     /* no digest: refused */
+    assert_int_equal(a.verdict, KVF_LEASE_REFUSED);
+    m.has_ids_digest = true;
+    m.ids_digest = kvf_xfer_ids_digest(lists, n, 1);             /* other blocks: refused */
+    kvf_lease_table_answer(t, "decode-0", &m, 2, 1000, &a);
+    assert_int_equal(a.verdict, KVF_LEASE_REFUSED);
+    m.ids_digest = leased;
+    kvf_lease_table_answer(t, "decode-0", &m, 3, 1000, &a);
+    assert_int_equal(a.verdict, KVF_LEASE_VALID);
+    /* one release for every decode rank (tp 4) frees the blocks */
+    m.op = KVF_LEASE_OP_RELEASE;
+    m.all_ranks = true;
+    m.decode_tp = 4;
+    kvf_lease_table_answer(t, "decode-0", &m, 4, 1000, &a);
+    assert_int_equal(a.verdict, KVF_LEASE_VALID);
+    assert_int_equal(collect(t, 5, out), 1);
+    kvf_lease_table_answer(t, "decode-0", &m, 6, 1000, &a);     /* a replay of it */
+    assert_int_equal(a.verdict, KVF_LEASE_REFUSED);
+    kvf_lease_table_destroy(t);
+}
+
+/* A failed or abandoned pull's release gives the blocks back at once, quarantined or not. */
+static void test_abandon_frees_at_once(void **state)
+{
+    kvf_lease_table_h t;
+    kvf_lease_answer_t a;
+    kvf_lease_stats_t st;
+    kvf_lease_msg_t m;
+    void *out[8];
+    (void)state;
+
+    assert_int_equal(kvf_lease_table_create(&t), KVF_OK);
+    kvf_lease_table_set_quarantine(t, 10000);
+    assert_int_equal(kvf_lease_table_add(t, "r1", NONCE, 0, 30000, 2, &g_a), KVF_OK);
+    assert_int_equal(kvf_lease_table_add(t, "r2", NONCE, 0, 30000, 2, &g_b), KVF_OK);
+    memset(&m, 0, sizeof(m));
+    m.op = KVF_LEASE_OP_RELEASE;
+    m.nonce = NONCE;
+    m.all_ranks = true;
+    m.decode_tp = 2;
+    m.status = KVF_ERR_PEER_TIMEOUT;
+    snprintf(m.request_id, sizeof(m.request_id), "r1");          /* held: freed at once */
+    kvf_lease_table_answer(t, "decode-0", &m, 10, 30000, &a);
+    assert_int_equal(a.verdict, KVF_LEASE_EXPIRED);
+    assert_int_equal(collect(t, 11, out), 1);
+    assert_ptr_equal(out[0], &g_a);
+    assert_true(kvf_lease_table_abort(t, "r2", 20));             /* quarantined until 10020 */
+    assert_int_equal(collect(t, 21, out), 0);
+    snprintf(m.request_id, sizeof(m.request_id), "r2");
+    kvf_lease_table_answer(t, "decode-0", &m, 30, 30000, &a);    /* the reader says it is done */
+    assert_int_equal(collect(t, 31, out), 1);
+    assert_ptr_equal(out[0], &g_b);
+    kvf_lease_table_stats(t, &st);
+    assert_int_equal(st.abandoned, 2);
+    assert_int_equal(st.quarantined_now, 0);
+    kvf_lease_table_destroy(t);
+}
+
 /* The side-channel thread answers while the leader adds and collects. */
 typedef struct {
     kvf_lease_table_h t;
@@ -210,7 +317,7 @@ static void *race_releaser(void *arg)
         snprintf(id, sizeof(id), "q%d", i);
         do {
             kvf_lease_table_release(r->t, id, NONCE, "decode-0", 0, 1, 1, &a);
-        } while (a.verdict == KVF_LEASE_REFUSED && strstr(a.why, "no lease") != NULL);
+        } while (a.verdict == KVF_LEASE_REFUSED && strstr(a.why, "no lease matches") != NULL);
         assert_int_equal(a.verdict, KVF_LEASE_VALID);
     }
     return NULL;
@@ -252,6 +359,9 @@ int main(void)
         cmocka_unit_test(test_expired_detected_at_release),
         cmocka_unit_test(test_abort_quarantines),
         cmocka_unit_test(test_threads),
+        cmocka_unit_test(test_refusals_reveal_nothing),
+        cmocka_unit_test(test_ids_bound),
+        cmocka_unit_test(test_abandon_frees_at_once),
     };
     kvf_log_set_level(KVF_LOG_ERROR);
     return cmocka_run_group_tests(tests, NULL, NULL);

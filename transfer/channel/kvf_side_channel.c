@@ -1,15 +1,17 @@
 /*
- * ZeroMQ side channel: metadata server thread and caching client.
+ * ZeroMQ side channel: the server thread (the client is
+ * kvf_side_channel_client.c).
  *
- * Design: REQ/REP, one request frame and one reply frame, both protobuf.
- * The server owns its REP socket from its thread only (ZeroMQ sockets are not
- * thread-safe) and polls with a 100 ms timeout so stop() is prompt without
- * signals or inproc pipes. The metadata reply is immutable after start, so
- * it is packed once and every request costs one send. The client opens a
- * fresh REQ socket per request: a REQ socket that timed out is stuck in
- * "expect reply" state, and recreating it is simpler and safer than
- * ZMQ_REQ_RELAXED/CORRELATE bookkeeping. Handshakes are rare (cached per
- * remote engine), so the extra connect costs nothing that matters.
+ * Design: a ROUTER socket, so one connection per decode carries many
+ * requests; a request is [identity] [ticket or empty delimiter]? [payload]
+ * and its answer goes back with the same envelope, so a DEALER client
+ * matches answers to tickets and a plain REQ client (tests, tools) is
+ * answered as a REP would. The server owns its socket from its thread only
+ * (ZeroMQ sockets are not thread-safe) and polls with a 100 ms timeout so
+ * stop() is prompt without signals or inproc pipes. The metadata reply is
+ * immutable after start, so it is packed once and every request costs one
+ * send; sends never block (a peer that stopped reading loses its answers,
+ * as it would after its own timeout).
  */
 #include "kvf_side_channel.h"
 
@@ -17,6 +19,7 @@
 #include "kvf_log.h"
 #include "kvf_time.h"
 #include "kvf_zmq.h"
+#include "kvf_zmq_auth.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -26,8 +29,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-#define KVF_SIDE_CHANNEL_MAX_CACHE 64
 
 struct kvf_side_channel_server {
     void           *ctx;
@@ -40,33 +41,38 @@ struct kvf_side_channel_server {
     size_t          reply_len;
     atomic_ulong    served;
     atomic_ulong    malformed;
-    atomic_uint     peer_timeout_ms;   /* largest transfer timeout a peer announced */
     kvf_side_channel_lease_func_t lease_func;
     void           *lease_arg;
 };
 
-typedef struct kvf_side_channel_entry {
-    char                  engine_id[KVF_ENGINE_ID_MAX];   /* "" marks a free slot */
-    kvf_handshake_reply_t reply;
-    uint64_t              seq;                            /* insertion order, for eviction */
-} kvf_side_channel_entry_t;
-
-struct kvf_side_channel_client {
-    void                    *ctx;
-    char                     engine_id[KVF_ENGINE_ID_MAX];
-    uint32_t                 timeout_ms;
-    int                      num_entries;   /* slots in use so far (high-water mark) */
-    uint64_t                 next_seq;
-    /* Slots never move: a returned reply pointer stays valid until its own
-     * engine is forgotten or evicted. */
-    kvf_side_channel_entry_t entries[KVF_SIDE_CHANNEL_MAX_CACHE];
-    kvf_handshake_reply_t    last_refusal;
-};
-
 /* ---- server ----------------------------------------------------------- */
 
-static void kvf_side_channel_send_error(kvf_side_channel_server_h s, const char *why,
-                                        const kvf_refusal_t *refusal)
+/* Where a reply goes: the ROUTER identity and the envelope frame the request
+ * came with (a DEALER's ticket, a REQ's empty delimiter, or none). */
+typedef struct kvf_sc_route {
+    zmq_msg_t *id;
+    zmq_msg_t *env;    /* NULL: no envelope frame */
+} kvf_sc_route_t;
+
+/* Send @a len bytes as the reply along @a route; never blocks (a peer whose
+ * queue is full loses it, as it would a reply after its timeout). */
+static void kvf_side_channel_send(kvf_side_channel_server_h s, const kvf_sc_route_t *route,
+                                  const void *buf, size_t len)
+{
+    if (zmq_send(s->sock, zmq_msg_data(route->id), zmq_msg_size(route->id),
+                 ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) {
+        return;
+    }
+    if ((route->env != NULL) &&
+        (zmq_send(s->sock, zmq_msg_data(route->env), zmq_msg_size(route->env),
+                  ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)) {
+        return;
+    }
+    (void)zmq_send(s->sock, buf, len, ZMQ_DONTWAIT);
+}
+
+static void kvf_side_channel_send_error(kvf_side_channel_server_h s, const kvf_sc_route_t *route,
+                                        const char *why, const kvf_refusal_t *refusal)
 {
     kvf_handshake_reply_t reply;
     uint8_t *buf;
@@ -81,15 +87,16 @@ static void kvf_side_channel_send_error(kvf_side_channel_server_h s, const char 
         reply.num_refusals = 1;
     }
     if (kvf_handshake_reply_pack(&reply, &buf, &len) != KVF_OK) {
-        zmq_send(s->sock, "", 0, 0);   /* REP must answer; an empty reply is malformed */
+        kvf_side_channel_send(s, route, "", 0);   /* an empty reply is malformed: an answer */
         return;
     }
-    zmq_send(s->sock, buf, len, 0);
+    kvf_side_channel_send(s, route, buf, len);
     free(buf);
 }
 
-static void kvf_side_channel_lease_answer(kvf_side_channel_server_h s,
-                                          const kvf_handshake_request_t *req)
+static void kvf_side_channel_lease_answer(kvf_side_channel_server_h s, const kvf_sc_route_t *route,
+                                          const kvf_handshake_request_t *req,
+                                          const char *requester)
 {
     kvf_lease_answer_t answer;
     uint8_t *buf;
@@ -100,20 +107,19 @@ static void kvf_side_channel_lease_answer(kvf_side_channel_server_h s,
         answer.verdict = KVF_LEASE_REFUSED;
         snprintf(answer.why, sizeof(answer.why), "engine %s holds no leases", s->engine_id);
     } else {
-        s->lease_func(s->lease_arg, req->engine_id, &req->lease,
-                      atomic_load(&s->peer_timeout_ms), &answer);
+        s->lease_func(s->lease_arg, requester, &req->lease, req->xfer_timeout_ms, &answer);
     }
     if (kvf_lease_reply_pack(s->engine_id, &answer, &buf, &len) != KVF_OK) {
-        zmq_send(s->sock, "", 0, 0);   /* REP must answer; an empty reply is malformed */
+        kvf_side_channel_send(s, route, "", 0);
         return;
     }
-    zmq_send(s->sock, buf, len, 0);
+    kvf_side_channel_send(s, route, buf, len);
     free(buf);
 }
 
 #if KVF_FAULT_ENABLED
 /* Fault points side.rkey / side.reply (kvf_fault.h): @return true when the reply was handled. */
-static bool kvf_side_channel_fault_reply(kvf_side_channel_server_h s)
+static bool kvf_side_channel_fault_reply(kvf_side_channel_server_h s, const kvf_sc_route_t *route)
 {
     kvf_fault_action_t rkey = KVF_FAULT(SIDE_RKEY);
     kvf_fault_action_t reply = KVF_FAULT(SIDE_REPLY);
@@ -123,14 +129,14 @@ static bool kvf_side_channel_fault_reply(kvf_side_channel_server_h s)
 
     if (reply == KVF_FAULT_DROP) {
         kvf_warn("side channel: fault side.reply: this handshake is never answered");
-        return true;   /* the REP socket now waits for a send that never comes */
+        return true;   /* the requester waits for an answer that never comes */
     }
     if (reply == KVF_FAULT_CORRUPT) {
         buf = malloc(s->reply_len);
         if (buf != NULL) {
             memcpy(buf, s->reply, s->reply_len);
             kvf_fault_garble(buf, s->reply_len, s->reply_len / 2);
-            zmq_send(s->sock, buf, s->reply_len, 0);
+            kvf_side_channel_send(s, route, buf, s->reply_len);
             free(buf);
             return true;
         }
@@ -149,7 +155,7 @@ static bool kvf_side_channel_fault_reply(kvf_side_channel_server_h s)
             }
         }
         if (kvf_handshake_reply_pack(&r, &buf, &len) == KVF_OK) {
-            zmq_send(s->sock, buf, len, 0);
+            kvf_side_channel_send(s, route, buf, len);
             free(buf);
             kvf_handshake_reply_cleanup(&r);
             return true;
@@ -160,51 +166,134 @@ static bool kvf_side_channel_fault_reply(kvf_side_channel_server_h s)
 }
 #endif
 
-static void kvf_side_channel_handle(kvf_side_channel_server_h s, const zmq_msg_t *msg,
-                                    bool multipart)
+/*
+ * Who sent @a msg: the authenticated member id, or NULL when the socket is
+ * not authenticated or the pool runs insecure (then the claimed engine id
+ * stands, as before authentication existed).
+ */
+static const char *kvf_side_channel_peer(zmq_msg_t *msg)
 {
-    kvf_handshake_request_t req;
+    const char *id = kvf_zmq_msg_peer_id(msg);
+
+    if ((id != NULL) && (id[0] != '\0') && (strcmp(id, "insecure") != 0)) {
+        return id;
+    }
+    return NULL;
+}
+
+static void kvf_side_channel_refuse(kvf_side_channel_server_h s, const kvf_sc_route_t *route,
+                                    const char *field, const char *local, const char *remote,
+                                    const char *why, const char *error)
+{
     kvf_refusal_t refusal;
 
-    if (multipart || (kvf_handshake_request_unpack(zmq_msg_data((zmq_msg_t *)msg),
-                                                   zmq_msg_size(msg), &req) != KVF_OK)) {
+    memset(&refusal, 0, sizeof(refusal));
+    snprintf(refusal.field, sizeof(refusal.field), "%s", field);
+    snprintf(refusal.local, sizeof(refusal.local), "%s", local);
+    snprintf(refusal.remote, sizeof(refusal.remote), "%s", remote);
+    snprintf(refusal.why, sizeof(refusal.why), "%s", why);
+    kvf_side_channel_send_error(s, route, error, &refusal);
+}
+
+static void kvf_side_channel_handle(kvf_side_channel_server_h s, const kvf_sc_route_t *route,
+                                    zmq_msg_t *msg, bool malformed)
+{
+    kvf_handshake_request_t req;
+    const char *peer;
+    char ver[16];
+
+    if (malformed || (kvf_handshake_request_unpack(zmq_msg_data(msg), zmq_msg_size(msg),
+                                                   &req) != KVF_OK)) {
         atomic_fetch_add(&s->malformed, 1);
         kvf_log(KVF_LOG_INFO, KVF_SUB_XFER, "side channel: malformed handshake request "
                 "(%zu bytes) answered with an error", zmq_msg_size(msg));
-        kvf_side_channel_send_error(s, "malformed handshake request", NULL);
+        kvf_side_channel_send_error(s, route, "malformed handshake request", NULL);
         return;
     }
     if (req.protocol_version != KVF_XFER_PROTOCOL_VERSION) {
-        memset(&refusal, 0, sizeof(refusal));
-        snprintf(refusal.field, sizeof(refusal.field), "protocol_version");
-        snprintf(refusal.local, sizeof(refusal.local), "%u", KVF_XFER_PROTOCOL_VERSION);
-        snprintf(refusal.remote, sizeof(refusal.remote), "%u", req.protocol_version);
-        snprintf(refusal.why, sizeof(refusal.why), "protocol versions differ");
-        kvf_side_channel_send_error(s, "protocol version mismatch", &refusal);
+        char remote[16];
+        snprintf(ver, sizeof(ver), "%u", KVF_XFER_PROTOCOL_VERSION);
+        snprintf(remote, sizeof(remote), "%u", req.protocol_version);
+        kvf_side_channel_refuse(s, route, "protocol_version", ver, remote,
+                                "protocol versions differ", "protocol version mismatch");
         return;
     }
-    if (req.xfer_timeout_ms > atomic_load(&s->peer_timeout_ms)) {
-        atomic_store(&s->peer_timeout_ms, req.xfer_timeout_ms);   /* this thread alone writes */
+    peer = kvf_side_channel_peer(msg);
+    if ((peer != NULL) && (strcmp(peer, req.engine_id) != 0)) {
+        atomic_fetch_add(&s->malformed, 1);
+        kvf_warn("side channel: a peer authenticated as %s claims engine id %s: refused", peer,
+                 req.engine_id);
+        kvf_side_channel_refuse(s, route, "engine_id", peer, req.engine_id,
+                                "the engine id differs from the peer's authenticated id",
+                                "engine id does not match the authenticated peer");
+        return;
     }
     if ((req.want_engine_id[0] != '\0') && (strcmp(req.want_engine_id, s->engine_id) != 0)) {
-        memset(&refusal, 0, sizeof(refusal));
-        snprintf(refusal.field, sizeof(refusal.field), "engine_id");
-        snprintf(refusal.local, sizeof(refusal.local), "%s", s->engine_id);
-        snprintf(refusal.remote, sizeof(refusal.remote), "%s", req.want_engine_id);
-        snprintf(refusal.why, sizeof(refusal.why), "this side channel serves another engine");
-        kvf_side_channel_send_error(s, "wrong engine id", &refusal);
+        kvf_side_channel_refuse(s, route, "engine_id", s->engine_id, req.want_engine_id,
+                                "this side channel serves another engine", "wrong engine id");
         return;
     }
     if (req.has_lease) {
-        kvf_side_channel_lease_answer(s, &req);
+        kvf_side_channel_lease_answer(s, route, &req, (peer != NULL) ? peer : req.engine_id);
         return;
     }
 #if KVF_FAULT_ENABLED
-    if (kvf_side_channel_fault_reply(s)) {
+    if (kvf_side_channel_fault_reply(s, route)) {
         return;
     }
 #endif
-    zmq_send(s->sock, s->reply, s->reply_len, 0);
+    kvf_side_channel_send(s, route, s->reply, s->reply_len);
+}
+
+/* Frames of one request: [identity] [envelope]? [payload]; extra ones are malformed. */
+#define KVF_SC_MAX_FRAMES 4
+
+static void kvf_side_channel_serve_one(kvf_side_channel_server_h s)
+{
+    zmq_msg_t frames[KVF_SC_MAX_FRAMES];
+    kvf_sc_route_t route;
+    int n = 0, more = 1;
+    size_t more_len = sizeof(more);
+    bool malformed = false;
+
+    while (more) {
+        zmq_msg_t *f = &frames[(n < KVF_SC_MAX_FRAMES) ? n : KVF_SC_MAX_FRAMES - 1];
+        if (n >= KVF_SC_MAX_FRAMES) {
+            zmq_msg_close(f);   /* keep the first frames, drop the rest */
+            malformed = true;
+        } else {
+            ++n;
+        }
+        zmq_msg_init(f);
+        if (zmq_msg_recv(f, s->sock, (n == 1) ? ZMQ_DONTWAIT : 0) < 0) {
+            zmq_msg_close(f);
+            if (--n == 0) {
+                return;
+            }
+            break;
+        }
+        zmq_getsockopt(s->sock, ZMQ_RCVMORE, &more, &more_len);
+    }
+    if (n < 2) {
+        for (int i = 0; i < n; ++i) {
+            zmq_msg_close(&frames[i]);
+        }
+        return;   /* an identity and nothing: nobody to answer */
+    }
+    /* a DEALER's ticket is 8 bytes, a REQ's delimiter empty */
+    route.id = &frames[0];
+    route.env = NULL;
+    if ((n >= 3) && ((zmq_msg_size(&frames[1]) == 0) || (zmq_msg_size(&frames[1]) == 8))) {
+        route.env = &frames[1];
+    }
+    malformed |= (n > ((route.env != NULL) ? 3 : 2));
+    /* counted before the reply goes out, so a client holding its answer
+     * always finds it in the stats (tests and /metrics read them) */
+    atomic_fetch_add(&s->served, 1);
+    kvf_side_channel_handle(s, &route, &frames[n - 1], malformed);
+    for (int i = 0; i < n; ++i) {
+        zmq_msg_close(&frames[i]);
+    }
 }
 
 static void *kvf_side_channel_thread(void *arg)
@@ -213,36 +302,18 @@ static void *kvf_side_channel_thread(void *arg)
     zmq_pollitem_t item = {s->sock, 0, ZMQ_POLLIN, 0};
 
     while (!atomic_load(&s->stop)) {
-        zmq_msg_t msg;
-        bool multipart = false;
-        int more = 0;
-        size_t more_len = sizeof(more);
-
         if (zmq_poll(&item, 1, 100) <= 0) {
             continue;   /* timeout or EINTR: re-check stop */
         }
-        zmq_msg_init(&msg);
-        if (zmq_msg_recv(&msg, s->sock, ZMQ_DONTWAIT) < 0) {
-            zmq_msg_close(&msg);
-            continue;
-        }
-        zmq_getsockopt(s->sock, ZMQ_RCVMORE, &more, &more_len);
-        while (more) {   /* drain extra frames; the request is malformed */
-            zmq_msg_t extra;
-            multipart = true;
-            zmq_msg_init(&extra);
-            if (zmq_msg_recv(&extra, s->sock, 0) < 0) {
-                more = 0;
-            } else {
-                zmq_getsockopt(s->sock, ZMQ_RCVMORE, &more, &more_len);
+        for (int i = 0; (i < 64) && !atomic_load(&s->stop); ++i) {
+            int events = 0;
+            size_t elen = sizeof(events);
+            if ((zmq_getsockopt(s->sock, ZMQ_EVENTS, &events, &elen) != 0) ||
+                !(events & ZMQ_POLLIN)) {
+                break;
             }
-            zmq_msg_close(&extra);
+            kvf_side_channel_serve_one(s);
         }
-        /* counted before the reply goes out, so a client holding its answer
-         * always finds it in the stats (tests and /metrics read them) */
-        atomic_fetch_add(&s->served, 1);
-        kvf_side_channel_handle(s, &msg, multipart);
-        zmq_msg_close(&msg);
     }
     return NULL;
 }
@@ -274,7 +345,6 @@ kvf_status_t kvf_side_channel_server_start(const kvf_side_channel_params_t *para
     snprintf(s->engine_id, sizeof(s->engine_id), "%s", params->engine_id);
     s->lease_func = params->lease_func;
     s->lease_arg = params->lease_arg;
-    atomic_init(&s->peer_timeout_ms, 0);
 
     memset(&reply, 0, sizeof(reply));
     reply.accepted = true;
@@ -291,7 +361,7 @@ kvf_status_t kvf_side_channel_server_start(const kvf_side_channel_params_t *para
         status = KVF_ERR_ZMQ;
         goto err_free_reply;
     }
-    status = kvf_zmq_socket_open(s->ctx, ZMQ_REP, opts, sizeof(opts) / sizeof(opts[0]),
+    status = kvf_zmq_socket_open(s->ctx, ZMQ_ROUTER, opts, sizeof(opts) / sizeof(opts[0]),
                                  &s->sock);
     if (status != KVF_OK) {
         goto err_term;
@@ -303,7 +373,7 @@ kvf_status_t kvf_side_channel_server_start(const kvf_side_channel_params_t *para
     } else {
         snprintf(endpoint, sizeof(endpoint), "tcp://%s:*", host);
     }
-    if (zmq_bind(s->sock, endpoint) != 0) {
+    if (kvf_zmq_bind(s->sock, endpoint, "side") != KVF_OK) {
         kvf_error("side channel: bind %s failed: %s", endpoint, zmq_strerror(zmq_errno()));
         status = KVF_ERR_ZMQ;
         goto err_close;
@@ -360,364 +430,3 @@ void kvf_side_channel_server_stop(kvf_side_channel_server_h server)
     free(server);
 }
 
-/* ---- client ----------------------------------------------------------- */
-
-/*
- * One request and its reply on a fresh REQ socket, within @a timeout_ms in
- * all. A socket monitor ends the wait early when the answer cannot come: the
- * connection was refused before it was ever made (nothing listens: the
- * process is gone) -> KVF_ERR_PEER_UNREACHABLE, or the peer closed it before
- * answering (a REQ never resends) -> KVF_ERR_PEER_RESET. Without it a release
- * to a killed prefill waited out the whole transfer timeout.
- */
-static kvf_status_t kvf_side_channel_exchange(void *ctx, const char *host, int port,
-                                              const void *msg, size_t len, uint32_t timeout_ms,
-                                              uint8_t **reply_p, size_t *reply_len_p)
-{
-    static atomic_uint mon_seq;
-    char endpoint[128], mon_url[96];
-    const kvf_zmq_opt_t opts[] = {
-        {ZMQ_LINGER, 0},
-        {ZMQ_SNDTIMEO, (int)timeout_ms},
-        {ZMQ_MAXMSGSIZE, KVF_SIDE_CHANNEL_MAX_MSG},
-    };
-    const kvf_zmq_opt_t mon_opts[] = {
-        {ZMQ_LINGER, 0},
-    };
-    uint64_t deadline = kvf_time_now_ns() + (uint64_t)timeout_ms * 1000000ull;
-    kvf_status_t status = KVF_OK;
-    bool connected = false;
-    void *sock, *mon = NULL;
-    zmq_msg_t rep;
-    int n = -1;
-
-    status = kvf_zmq_socket_open(ctx, ZMQ_REQ, opts, sizeof(opts) / sizeof(opts[0]), &sock);
-    if (status != KVF_OK) {
-        return status;
-    }
-    snprintf(endpoint, sizeof(endpoint), "tcp://%s:%d", host, port);
-    snprintf(mon_url, sizeof(mon_url), "inproc://kvf-side-mon-%p-%u", (void *)sock,
-             atomic_fetch_add(&mon_seq, 1u));
-    KVF_ZMQ_CHECK_GOTO(zmq_socket_monitor(sock, mon_url, ZMQ_EVENT_CONNECTED |
-                                          ZMQ_EVENT_CONNECT_RETRIED | ZMQ_EVENT_DISCONNECTED),
-                       status, out);
-    status = kvf_zmq_socket_open(ctx, ZMQ_PAIR, mon_opts, 1, &mon);
-    if (status != KVF_OK) {
-        goto out;
-    }
-    /* the monitor's reader first: events sent before it connects are lost */
-    KVF_ZMQ_CHECK_GOTO(zmq_connect(mon, mon_url), status, out);
-    KVF_ZMQ_CHECK_GOTO(zmq_connect(sock, endpoint), status, out);
-    if (zmq_send(sock, msg, len, 0) < 0) {
-        status = (zmq_errno() == EAGAIN) ? KVF_ERR_PEER_TIMEOUT : KVF_ERR_ZMQ;
-        kvf_error("side channel: send to %s failed: %s", endpoint, zmq_strerror(zmq_errno()));
-        goto out;
-    }
-    zmq_msg_init(&rep);
-    for (;;) {
-        uint64_t now = kvf_time_now_ns();
-        long left_ms = (now < deadline) ? (long)((deadline - now + 999999u) / 1000000u) : 0;
-        zmq_pollitem_t items[2] = {
-            {.socket = sock, .events = ZMQ_POLLIN},
-            {.socket = mon, .events = ZMQ_POLLIN},
-        };
-        int event;
-
-        if (left_ms == 0) {
-            status = KVF_ERR_PEER_TIMEOUT;
-            kvf_error("side channel: no reply from %s within %u ms", endpoint, timeout_ms);
-            break;
-        }
-        if (zmq_poll(items, 2, left_ms) < 0) {
-            if (zmq_errno() == EINTR) {
-                continue;
-            }
-            status = KVF_ERR_ZMQ;
-            kvf_error("side channel: poll for %s failed: %s", endpoint,
-                      zmq_strerror(zmq_errno()));
-            break;
-        }
-        n = zmq_msg_recv(&rep, sock, ZMQ_DONTWAIT);   /* a reply wins over any event */
-        if (n >= 0) {
-            break;
-        }
-        event = (items[1].revents & ZMQ_POLLIN) ? kvf_zmq_monitor_event(mon) : -1;
-        if (event == ZMQ_EVENT_CONNECTED) {
-            connected = true;
-        } else if ((event == ZMQ_EVENT_CONNECT_RETRIED) && !connected) {
-            status = KVF_ERR_PEER_UNREACHABLE;
-            kvf_error("side channel: %s refused the connection (nothing listens there)",
-                      endpoint);
-            break;
-        } else if (event == ZMQ_EVENT_DISCONNECTED) {
-            status = KVF_ERR_PEER_RESET;
-            kvf_error("side channel: %s closed the connection before answering", endpoint);
-            break;
-        }
-    }
-    if (n >= 0) {
-        *reply_p = malloc((size_t)n + 1);
-        if (*reply_p == NULL) {
-            status = KVF_ERR_NO_MEMORY;
-        } else {
-            memcpy(*reply_p, zmq_msg_data(&rep), (size_t)n);
-            *reply_len_p = (size_t)n;
-        }
-    }
-    zmq_msg_close(&rep);
-out:
-    (void)zmq_socket_monitor(sock, NULL, 0);   /* stop the monitor before either closes */
-    zmq_close(sock);
-    if (mon != NULL) {
-        zmq_close(mon);
-    }
-    return status;
-}
-
-kvf_status_t kvf_side_channel_request_raw(const char *host, int port, const void *msg,
-                                          size_t len, uint32_t timeout_ms, uint8_t **reply_p,
-                                          size_t *reply_len_p)
-{
-    void *ctx = zmq_ctx_new();
-    kvf_status_t status;
-
-    if (ctx == NULL) {
-        return KVF_ERR_ZMQ;
-    }
-    status = kvf_side_channel_exchange(ctx, host, port, msg, len, timeout_ms, reply_p,
-                                       reply_len_p);
-    zmq_ctx_term(ctx);
-    return status;
-}
-
-kvf_status_t kvf_side_channel_client_create(const char *engine_id, uint32_t timeout_ms,
-                                            kvf_side_channel_client_h *client_p)
-{
-    kvf_side_channel_client_h c;
-
-    if ((engine_id == NULL) || (strlen(engine_id) >= KVF_ENGINE_ID_MAX) || (timeout_ms == 0)) {
-        return KVF_ERR_INVALID_PARAM;
-    }
-    c = calloc(1, sizeof(*c));
-    if (c == NULL) {
-        return KVF_ERR_NO_MEMORY;
-    }
-    c->ctx = zmq_ctx_new();
-    if (c->ctx == NULL) {
-        free(c);
-        return KVF_ERR_ZMQ;
-    }
-    snprintf(c->engine_id, sizeof(c->engine_id), "%s", engine_id);
-    c->timeout_ms = timeout_ms;
-    *client_p = c;
-    return KVF_OK;
-}
-
-void kvf_side_channel_client_destroy(kvf_side_channel_client_h client)
-{
-    if (client == NULL) {
-        return;
-    }
-    for (int i = 0; i < client->num_entries; ++i) {
-        kvf_handshake_reply_cleanup(&client->entries[i].reply);
-    }
-    kvf_handshake_reply_cleanup(&client->last_refusal);
-    zmq_ctx_term(client->ctx);
-    free(client);
-}
-
-kvf_status_t kvf_side_channel_fetch(kvf_side_channel_client_h client,
-                                    const char *remote_engine_id, const char *host, int port,
-                                    const kvf_handshake_reply_t **reply_p)
-{
-    kvf_handshake_request_t req;
-    kvf_handshake_reply_t reply;
-    kvf_side_channel_entry_t *e;
-    uint8_t *buf = NULL, *rep = NULL;
-    size_t len, rep_len = 0;
-    kvf_status_t status;
-
-    for (int i = 0; i < client->num_entries; ++i) {
-        if ((client->entries[i].engine_id[0] != '\0') &&
-            (strcmp(client->entries[i].engine_id, remote_engine_id) == 0)) {
-            *reply_p = &client->entries[i].reply;
-            return KVF_OK;
-        }
-    }
-    memset(&req, 0, sizeof(req));
-    snprintf(req.engine_id, sizeof(req.engine_id), "%s", client->engine_id);
-    snprintf(req.want_engine_id, sizeof(req.want_engine_id), "%s", remote_engine_id);
-    req.protocol_version = KVF_XFER_PROTOCOL_VERSION;
-    req.xfer_timeout_ms = client->timeout_ms;
-    status = kvf_handshake_request_pack(&req, &buf, &len);
-    if (status != KVF_OK) {
-        return status;
-    }
-    status = kvf_side_channel_exchange(client->ctx, host, port, buf, len, client->timeout_ms,
-                                       &rep, &rep_len);
-    free(buf);
-    if (status != KVF_OK) {
-        return status;
-    }
-    status = kvf_handshake_reply_unpack(rep, rep_len, &reply);
-    free(rep);
-    if (status != KVF_OK) {
-        kvf_error("side channel: malformed handshake reply from %s:%d", host, port);
-        return status;
-    }
-    if (!reply.accepted) {
-        kvf_handshake_reply_cleanup(&client->last_refusal);
-        client->last_refusal = reply;
-        *reply_p = &client->last_refusal;
-        return KVF_ERR_REFUSED;
-    }
-    if (strcmp(reply.engine_id, remote_engine_id) != 0) {
-        kvf_error("side channel: %s:%d answered as engine '%s', expected '%s'", host, port,
-                  reply.engine_id, remote_engine_id);
-        kvf_handshake_reply_cleanup(&reply);
-        return KVF_ERR_PARSE;
-    }
-    e = NULL;
-    for (int i = 0; i < client->num_entries; ++i) {      /* a forgotten slot */
-        if (client->entries[i].engine_id[0] == '\0') {
-            e = &client->entries[i];
-            break;
-        }
-    }
-    if ((e == NULL) && (client->num_entries < KVF_SIDE_CHANNEL_MAX_CACHE)) {
-        e = &client->entries[client->num_entries++];
-    }
-    if (e == NULL) {
-        /* full: evict the oldest; only callers holding ITS pointer must re-fetch */
-        e = &client->entries[0];
-        for (int i = 1; i < client->num_entries; ++i) {
-            if (client->entries[i].seq < e->seq) {
-                e = &client->entries[i];
-            }
-        }
-        kvf_handshake_reply_cleanup(&e->reply);
-    }
-    e->seq = client->next_seq++;
-    snprintf(e->engine_id, sizeof(e->engine_id), "%s", remote_engine_id);
-    e->reply = reply;
-    *reply_p = &e->reply;
-    return KVF_OK;
-}
-
-#if KVF_FAULT_ENABLED
-typedef enum { KVF_SC_FORGE_NONCE, KVF_SC_FORGE_ENGINE, KVF_SC_FORGE_REPLAY } kvf_sc_forge_t;
-
-/*
- * Fault point lease.send: send a copy of release @a real with a wrong
- * nonce, naming another decode engine, or unchanged (a replay after the real
- * one was answered), and log the answer prefill gave it.
- */
-static void kvf_side_channel_forge(kvf_side_channel_client_h client,
-                                   const kvf_handshake_request_t *real, const char *host,
-                                   int port, kvf_sc_forge_t how)
-{
-    static const char *const what[] = {"with a wrong nonce", "naming another engine",
-                                       "replayed"};
-    kvf_handshake_request_t req = *real;
-    kvf_lease_answer_t answer;
-    char from[KVF_ENGINE_ID_MAX];
-    uint8_t *buf = NULL, *rep = NULL;
-    size_t len, rep_len = 0;
-
-    if (how == KVF_SC_FORGE_NONCE) {
-        req.lease.nonce ^= 0x5a5a5a5a5a5a5a5aull;
-    } else if (how == KVF_SC_FORGE_ENGINE) {
-        snprintf(req.engine_id, sizeof(req.engine_id), "forged-%.*s",
-                 (int)sizeof(req.engine_id) - 8, real->engine_id);
-    }
-    if (kvf_handshake_request_pack(&req, &buf, &len) != KVF_OK) {
-        return;
-    }
-    if ((kvf_side_channel_exchange(client->ctx, host, port, buf, len, client->timeout_ms,
-                                   &rep, &rep_len) == KVF_OK) &&
-        (kvf_lease_reply_unpack(rep, rep_len, from, &answer) == KVF_OK)) {
-        kvf_warn("side channel: fault lease.send: release of %s %s answered %s: %s",
-                 req.lease.request_id, what[how], (answer.verdict == KVF_LEASE_VALID) ? "valid" :
-                 (answer.verdict == KVF_LEASE_EXPIRED) ? "expired" : "refused", answer.why);
-    } else {
-        kvf_warn("side channel: fault lease.send: release of %s %s got no answer",
-                 req.lease.request_id, what[how]);
-    }
-    free(rep);
-    free(buf);
-}
-#endif
-
-kvf_status_t kvf_side_channel_lease(kvf_side_channel_client_h client,
-                                    const char *remote_engine_id, const char *host, int port,
-                                    const kvf_lease_msg_t *msg, kvf_lease_answer_t *answer_p)
-{
-    kvf_handshake_request_t req;
-    char from[KVF_ENGINE_ID_MAX];
-    uint8_t *buf = NULL, *rep = NULL;
-    size_t len, rep_len = 0;
-    kvf_status_t status;
-#if KVF_FAULT_ENABLED
-    kvf_fault_action_t fault = KVF_FAULT_NONE;
-#endif
-
-    memset(&req, 0, sizeof(req));
-    snprintf(req.engine_id, sizeof(req.engine_id), "%s", client->engine_id);
-    snprintf(req.want_engine_id, sizeof(req.want_engine_id), "%s", remote_engine_id);
-    req.protocol_version = KVF_XFER_PROTOCOL_VERSION;
-    req.xfer_timeout_ms = client->timeout_ms;
-    req.has_lease = true;
-    req.lease = *msg;
-#if KVF_FAULT_ENABLED
-    if (msg->op == KVF_LEASE_OP_RELEASE) {
-        fault = KVF_FAULT(LEASE_SEND);
-        if (fault == KVF_FAULT_DROP) {
-            kvf_warn("side channel: fault lease.send: release of %s not sent", msg->request_id);
-            return KVF_ERR_PEER_TIMEOUT;   /* as if it never got an answer */
-        }
-        if (fault == KVF_FAULT_CORRUPT) {
-            kvf_side_channel_forge(client, &req, host, port, KVF_SC_FORGE_NONCE);
-            kvf_side_channel_forge(client, &req, host, port, KVF_SC_FORGE_ENGINE);
-        }
-    }
-#endif
-    status = kvf_handshake_request_pack(&req, &buf, &len);
-    if (status != KVF_OK) {
-        return status;
-    }
-    status = kvf_side_channel_exchange(client->ctx, host, port, buf, len, client->timeout_ms,
-                                       &rep, &rep_len);
-    free(buf);
-    if (status != KVF_OK) {
-        return status;
-    }
-    status = kvf_lease_reply_unpack(rep, rep_len, from, answer_p);
-    free(rep);
-    if (status != KVF_OK) {
-        kvf_error("side channel: malformed lease answer from %s:%d", host, port);
-        return status;
-    }
-    if (strcmp(from, remote_engine_id) != 0) {
-        kvf_error("side channel: %s:%d answered the lease as engine '%s', expected '%s'", host,
-                  port, from, remote_engine_id);
-        return KVF_ERR_PARSE;
-    }
-#if KVF_FAULT_ENABLED
-    if (fault == KVF_FAULT_REPLAY) {
-        kvf_side_channel_forge(client, &req, host, port, KVF_SC_FORGE_REPLAY);
-    }
-#endif
-    return KVF_OK;
-}
-
-void kvf_side_channel_forget(kvf_side_channel_client_h client, const char *remote_engine_id)
-{
-    for (int i = 0; i < client->num_entries; ++i) {
-        if ((client->entries[i].engine_id[0] != '\0') &&
-            (strcmp(client->entries[i].engine_id, remote_engine_id) == 0)) {
-            kvf_handshake_reply_cleanup(&client->entries[i].reply);
-            client->entries[i].engine_id[0] = '\0';   /* free; other slots stay put */
-            return;
-        }
-    }
-}

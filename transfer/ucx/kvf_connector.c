@@ -172,6 +172,60 @@ static kvf_status_t kvf_connector_stub_alloc_pool(kvf_connector_h conn,
     return KVF_ERR_UNSUPPORTED;
 }
 
+static kvf_status_t kvf_connector_stub_handshake_start(kvf_connector_h conn,
+                                                       const kvf_connector_peer_t *peer,
+                                                       uint64_t *ticket_p)
+{
+    (void)conn;
+    (void)peer;
+    (void)ticket_p;
+    return KVF_ERR_UNSUPPORTED;
+}
+
+static kvf_status_t kvf_connector_stub_handshake_poll(kvf_connector_h conn, uint64_t ticket,
+                                                      char *why, size_t why_len)
+{
+    (void)conn;
+    (void)ticket;
+    if (why_len > 0) {
+        why[0] = '\0';
+    }
+    return KVF_ERR_UNSUPPORTED;
+}
+
+static kvf_status_t kvf_connector_stub_lease_start(kvf_connector_h conn,
+                                                   const kvf_connector_peer_t *peer,
+                                                   const kvf_lease_msg_t *msg, uint64_t *ticket_p)
+{
+    (void)conn;
+    (void)peer;
+    (void)msg;
+    (void)ticket_p;
+    return KVF_ERR_UNSUPPORTED;
+}
+
+static kvf_status_t kvf_connector_stub_lease_poll(kvf_connector_h conn, uint64_t ticket,
+                                                  kvf_lease_answer_t *answer_p)
+{
+    (void)conn;
+    (void)ticket;
+    (void)answer_p;
+    return KVF_ERR_UNSUPPORTED;
+}
+
+static void kvf_connector_stub_cancel(kvf_connector_h conn, uint64_t ticket)
+{
+    (void)conn;
+    (void)ticket;
+}
+
+static bool kvf_connector_stub_side_wait(kvf_connector_h conn, int timeout_ms)
+{
+    (void)conn;
+    (void)timeout_ms;
+    return false;
+}
+
 void kvf_connector_ops_fill_stubs(kvf_connector_ops_t *ops)
 {
     /* checklist: one line per op of kvf_connector_ops_t */
@@ -198,6 +252,12 @@ void kvf_connector_ops_fill_stubs(kvf_connector_ops_t *ops)
     if (ops->lease == NULL)          ops->lease = kvf_connector_stub_lease;
     if (ops->finish_pull == NULL)    ops->finish_pull = kvf_connector_stub_poll;
     if (ops->alloc_pool == NULL)     ops->alloc_pool = kvf_connector_stub_alloc_pool;
+    if (ops->handshake_start == NULL) ops->handshake_start = kvf_connector_stub_handshake_start;
+    if (ops->handshake_poll == NULL) ops->handshake_poll = kvf_connector_stub_handshake_poll;
+    if (ops->lease_start == NULL)    ops->lease_start = kvf_connector_stub_lease_start;
+    if (ops->lease_poll == NULL)     ops->lease_poll = kvf_connector_stub_lease_poll;
+    if (ops->cancel == NULL)         ops->cancel = kvf_connector_stub_cancel;
+    if (ops->side_wait == NULL)      ops->side_wait = kvf_connector_stub_side_wait;
 }
 
 kvf_status_t kvf_connector_ops_check(const kvf_connector_ops_t *ops)
@@ -214,7 +274,9 @@ kvf_status_t kvf_connector_ops_check(const kvf_connector_ops_t *ops)
         (ops->forget_engine == NULL) || (ops->incarnation == NULL) ||
         (ops->remote_incarnation == NULL) || (ops->wait_fds == NULL) ||
         (ops->set_lease_handler == NULL) || (ops->lease == NULL) || (ops->finish_pull == NULL) ||
-        (ops->alloc_pool == NULL)) {
+        (ops->alloc_pool == NULL) || (ops->handshake_start == NULL) ||
+        (ops->handshake_poll == NULL) || (ops->lease_start == NULL) ||
+        (ops->lease_poll == NULL) || (ops->cancel == NULL) || (ops->side_wait == NULL)) {
         kvf_error("connector '%s' has a NULL op", (ops->name != NULL) ? ops->name : "?");
         return KVF_ERR_UNSUPPORTED;
     }

@@ -25,12 +25,14 @@
  *   leader that also owns every registered rank (the daemons' case).
  * - incarnation reads a value fixed at create: any thread.
  *
- * Flow, decode side (the serving daemons):
+ * Flow, decode side (the serving daemons, decode/kvf_decode_pull.c):
  *   create -> alloc_pool (each rank; the engine computes in that memory; or
  *   register_pool of the engine's own pools with --pool-alloc heap) ->
- *   handshake(remote engine) -> lease(claim) -> start_pull (each rank) ->
- *   poll until != KVF_INPROGRESS -> finish_pull (each rank) ->
- *   lease(release, each rank): valid or expired
+ *   handshake_start/poll(peer) -> lease_start/poll(claim) -> start_pull
+ *   (each rank) -> poll until != KVF_INPROGRESS -> finish_pull (each rank)
+ *   -> lease_start/poll(one release for every rank): valid or expired.
+ *   None of it waits on the network; many requests advance at once.
+ *   handshake() and lease() are the synchronous forms (tools, tests).
  * Flow, prefill side:
  *   create -> alloc_pool or register_pool (each rank) -> set_lease_handler -> serve
  * notify_release / poll_release are the UCX-notification variant of the
@@ -60,12 +62,15 @@
  */
 #define KVF_CONNECTOR_SPIN_NS 5000000ull
 
-#define KVF_CONNECTOR_ABI 9   /* 2: req_stats; 3: forget_engine; 4: incarnations; 5: wait_fds;
+#define KVF_CONNECTOR_ABI 10  /* 2: req_stats; 3: forget_engine; 4: incarnations; 5: wait_fds;
                                  6: stats carry posted/landed/done times;
                                  7: batch_descs, plan_flags in the config;
                                  8: leases (set_lease_handler, lease, finish_pull),
                                     progress_thread in the config;
-                                 9: alloc_pool */
+                                 9: alloc_pool;
+                                 10: asynchronous side channel (handshake_start/poll,
+                                     lease_start/poll, cancel, side_wait), the pull's
+                                     peer key */
 
 typedef struct kvf_connector *kvf_connector_h;
 typedef struct kvf_connector_req *kvf_connector_req_h;
@@ -126,6 +131,19 @@ typedef struct kvf_connector_pool {
     kvf_device_t       device;        /* where base lives; zero-initialised = the CPU */
 } kvf_connector_pool_t;
 
+/**
+ * A remote prefill engine as transfer params name it, and the key of the
+ * handshake cache: the same engine id at another side-channel address, or
+ * of another process (incarnation), is another entry, so a handshake with
+ * one never stands in for the other.
+ */
+typedef struct kvf_connector_peer {
+    const char *engine_id;
+    const char *host;          /* side channel */
+    int         port;
+    uint64_t    incarnation;   /* TransferParams.incarnation; non-zero */
+} kvf_connector_peer_t;
+
 /** One request's pull (decode side): remote ids from the transfer params, local ids allocated here. */
 typedef struct kvf_connector_pull {
     const char     *engine_id;        /* remote (prefill) engine, already handshaken */
@@ -136,6 +154,9 @@ typedef struct kvf_connector_pull {
     int             num_remote_ids[KVF_MAX_KV_GROUPS];
     const int32_t  *local_ids[KVF_MAX_KV_GROUPS];
     int             num_local_ids[KVF_MAX_KV_GROUPS];
+    /* ABI 10: the handshake this pull reads through (handshake_start's key);
+     * NULL: the engine id alone picks it (handshake()). */
+    const kvf_connector_peer_t *peer;
 } kvf_connector_pull_t;
 
 /** What one rank's pull of one request moved (decode side). */
@@ -150,7 +171,11 @@ typedef struct kvf_connector_stats {
     uint64_t done_ns;        /* post-ops (tail zeroing) finished */
 } kvf_connector_stats_t;
 
-/** Prefill's lease table answering one lease operation; see kvf_side_channel_lease_func_t. */
+/**
+ * Prefill's lease table answering one lease operation; see
+ * kvf_side_channel_lease_func_t (@a requester is the authenticated peer,
+ * @a peer_timeout_ms the transfer timeout this request announced).
+ */
 typedef void (*kvf_connector_lease_func_t)(void *arg, const char *requester,
                                            const kvf_lease_msg_t *msg, uint32_t peer_timeout_ms,
                                            kvf_lease_answer_t *answer);
@@ -315,6 +340,55 @@ typedef struct kvf_connector_ops {
      */
     kvf_status_t (*alloc_pool)(kvf_connector_h conn, const kvf_connector_pool_t *pool,
                                void **base_p);
+
+    /*
+     * The asynchronous side channel (decode, leader thread). None of these
+     * waits on the network: a request is sent on the persistent connection
+     * to the prefill's side channel and answered later; the leader polls
+     * its ticket between engine steps. Each ticket is polled until it stops
+     * answering KVF_INPROGRESS (then it is gone), or cancelled.
+     */
+
+    /**
+     * Handshake with @a peer unless the cache holds it (engine id, address
+     * and incarnation all equal). @return KVF_OK when cached (no ticket);
+     * KVF_INPROGRESS with *ticket_p: sent, poll it with handshake_poll;
+     * KVF_INPROGRESS with *ticket_p == 0: a handshake with the same key is
+     * in flight for someone else, call handshake_start again later;
+     * KVF_ERR_INVALID_PARAM (no incarnation, bad address); KVF_ERR_BUSY
+     * before every rank registered; KVF_ERR_NO_RESOURCE (too many in flight).
+     */
+    kvf_status_t (*handshake_start)(kvf_connector_h conn, const kvf_connector_peer_t *peer,
+                                    uint64_t *ticket_p);
+
+    /**
+     * KVF_INPROGRESS, or the end of handshake @a ticket: KVF_OK (checked and
+     * cached), or the errors of handshake() with @a why; KVF_ERR_PEER_RESET
+     * when another process (incarnation) answered than the key names.
+     */
+    kvf_status_t (*handshake_poll)(kvf_connector_h conn, uint64_t ticket, char *why,
+                                   size_t why_len);
+
+    /** Send lease operation @a msg to @a peer. @return KVF_OK with *ticket_p; errors. */
+    kvf_status_t (*lease_start)(kvf_connector_h conn, const kvf_connector_peer_t *peer,
+                                const kvf_lease_msg_t *msg, uint64_t *ticket_p);
+
+    /**
+     * KVF_INPROGRESS, or the end of lease operation @a ticket: KVF_OK with
+     * *answer_p; KVF_ERR_PEER_TIMEOUT (no answer within timeout_ms),
+     * KVF_ERR_PEER_UNREACHABLE, KVF_ERR_PEER_RESET, KVF_ERR_PARSE.
+     */
+    kvf_status_t (*lease_poll)(kvf_connector_h conn, uint64_t ticket,
+                               kvf_lease_answer_t *answer_p);
+
+    /** Forget a handshake or lease ticket; a late answer is dropped. Unknown: ignored. */
+    void         (*cancel)(kvf_connector_h conn, uint64_t ticket);
+
+    /**
+     * Sleep until an answer or a connection event arrives on the side
+     * channel, at most @a timeout_ms. @return true when something arrived.
+     */
+    bool         (*side_wait)(kvf_connector_h conn, int timeout_ms);
 } kvf_connector_ops_t;
 
 /** Point every NULL op of @a ops at a stub returning KVF_ERR_UNSUPPORTED. */

@@ -37,18 +37,14 @@
  * UCS_THREAD_MODE_MULTI with the leader also progressing (a lock on every
  * progress call, for nothing).
  */
-#include "kvf_connector_ucx.h"
-#include "kvf_time.h"
+#include "kvf_connector_ucx_int.h"
 
-#include "kvf_contract.h"
 #include "kvf_device.h"
 #include "kvf_kern_status.h"
 #include "kvf_log.h"
 #include "kvf_random.h"
+#include "kvf_time.h"
 #include "kvf_tp_map.h"
-#include "kvf_compat.h"
-#include "kvf_side_channel.h"
-#include "kvf_ucx_agent.h"
 
 #include <poll.h>
 #include <pthread.h>
@@ -60,108 +56,6 @@
 #include <errno.h>
 #include <unistd.h>
 #include <time.h>
-
-#define KVF_CONN_MAX_ENGINES 16
-
-typedef struct kvf_conn_engine {
-    char                         engine_id[KVF_ENGINE_ID_MAX];
-    kvf_rank_meta_t             *ranks;        /* [tp], our own copy: the side-channel
-                                                * client's cache moves entries on forget */
-    int                          tp;
-    kvf_rank_geometry_t         *geoms;        /* [tp], recomputed by the compat check */
-    int64_t                     *num_blocks;   /* [tp] */
-    bool                         forgotten;    /* slot free for the next handshake */
-    uint64_t                     gen;          /* which engine holds the slot (per fill) */
-    int                          inflight;     /* pulls started, not yet finished */
-    uint64_t                     last_used;    /* LRU stamp: handshake hit or start_pull */
-} kvf_conn_engine_t;
-
-typedef struct kvf_conn_rank {
-    kvf_thread_owner_t  owner;          /* the thread that drives this rank (first op) */
-    bool                registered;
-    kvf_ucx_agent_h     agent;
-    int                 region;
-    uint8_t            *base;
-    size_t              len;
-    int64_t             num_blocks;
-    kvf_rank_geometry_t geom;
-    kvf_rank_meta_t    *meta;
-    kvf_ucx_peer_h     *peers[KVF_CONN_MAX_ENGINES];   /* [engine][remote tp], lazily */
-    int                 peers_tp[KVF_CONN_MAX_ENGINES];  /* length of peers[e] */
-    uint64_t            peers_gen[KVF_CONN_MAX_ENGINES]; /* engine gen peers[e] belong to */
-    kvf_device_t        device;         /* where the pool lives (tail zeroing) */
-} kvf_conn_rank_t;
-
-struct kvf_connector {
-    kvf_thread_owner_t    leader;              /* the thread that called create */
-    char                  engine_id[KVF_ENGINE_ID_MAX];
-    kvf_connector_role_t  role;
-    int                   tp;
-    uint32_t              timeout_ms;
-    uint32_t              batch_descs;         /* 0: a whole rank's list per batch */
-    uint32_t              plan_flags;
-    char                  host[64];
-    int                   port;
-    kvf_model_config_t    cfg;
-    kvf_cache_layout_t   *layout;
-    uint64_t              incarnation;         /* random, non-zero, per create */
-    kvf_model_digest_t    model_digest;        /* advertised; hex "" = none */
-    kvf_conn_rank_t      *ranks;               /* [tp] */
-
-    pthread_mutex_t       lock;                /* engines, registered flags; never held
-                                                * across a network call */
-    kvf_side_channel_client_h client;          /* leader only (handshake, lease, forget) */
-    kvf_side_channel_server_h server;
-    int                   num_engines;
-    kvf_conn_engine_t     engines[KVF_CONN_MAX_ENGINES];
-    uint64_t              engine_gen;          /* last gen handed to a slot */
-    uint64_t              use_seq;             /* LRU clock */
-    kvf_connector_lease_func_t lease_func;     /* prefill: set before serve */
-    void                 *lease_arg;
-    bool                  progress_thread;     /* config: one per rank from serve on */
-    atomic_bool           progress_stop;
-    pthread_t            *progress;            /* [tp] while running */
-};
-
-struct kvf_connector_req {
-    int              rank;
-    int              engine;
-    kvf_xfer_plan_t *plan;
-    kvf_ucx_batch_h *batches;       /* [plan->num_ranks] */
-    size_t          *posted;        /* [plan->num_ranks]: descriptors posted so far */
-    int              nsrc;
-    int             *src;           /* prefill ranks read (each gets a release) */
-    kvf_status_t     status;        /* KVF_INPROGRESS until final */
-    uint64_t         deadline_ns;
-    uint64_t         posted_ns, landed_ns, done_ns;   /* kvf_connector_stats_t */
-    size_t          *zero_off, *zero_len;            /* [plan->num_zero], for the device */
-    bool             holds_engine;  /* counted in its engine's inflight */
-    char             request_id[KVF_ENGINE_ID_MAX];
-};
-
-/* ---- instance --------------------------------------------------------- */
-
-/* The thread rules of kvf_connector.h, checked in debug builds: a rank's ops
- * run on the thread that first drove the rank; instance ops on the leader;
- * ops that touch every rank's worker on a leader that drives every rank. */
-#define KVF_CONN_CHECK_LEADER(_conn, _op) \
-    KVF_OWNER_CHECK(&(_conn)->leader, "connector " _op " (leader thread only)")
-#define KVF_CONN_CHECK_RANK(_conn, _r, _op) \
-    KVF_OWNER_CHECK(&(_conn)->ranks[_r].owner, "connector " _op " (the rank's own thread only)")
-
-static void kvf_conn_check_every_rank(kvf_connector_h conn, const char *op)
-{
-#if KVF_CONTRACTS
-    for (int r = 0; r < conn->tp; ++r) {
-        if (conn->ranks[r].registered) {
-            kvf_thread_owner_check(&conn->ranks[r].owner, op, __FILE__, __LINE__);
-        }
-    }
-#else
-    (void)conn;
-    (void)op;
-#endif
-}
 
 typedef struct {
     kvf_connector_h conn;
@@ -478,7 +372,7 @@ static kvf_status_t kvf_conn_alloc_pool(kvf_connector_h conn, const kvf_connecto
     return (base_p == NULL) ? KVF_ERR_INVALID_PARAM : kvf_conn_add_pool(conn, pool, base_p);
 }
 
-static bool kvf_conn_all_registered(kvf_connector_h conn)
+bool kvf_conn_all_registered(kvf_connector_h conn)
 {
     bool all = true;
     pthread_mutex_lock(&conn->lock);
@@ -565,199 +459,6 @@ static kvf_status_t kvf_conn_serve(kvf_connector_h conn, int *port_p)
     return status;
 }
 
-/* Slot of engine @a engine_id, -1 when not handshaken. Caller holds the lock. */
-static int kvf_conn_find_engine_locked(kvf_connector_h conn, const char *engine_id)
-{
-    for (int e = 0; e < conn->num_engines; ++e) {
-        if (!conn->engines[e].forgotten && (strcmp(conn->engines[e].engine_id, engine_id) == 0)) {
-            return e;
-        }
-    }
-    return -1;
-}
-
-static int kvf_conn_find_engine(kvf_connector_h conn, const char *engine_id)
-{
-    int found;
-    pthread_mutex_lock(&conn->lock);
-    found = kvf_conn_find_engine_locked(conn, engine_id);
-    pthread_mutex_unlock(&conn->lock);
-    return found;
-}
-
-/* Drop slot @a e's cached data (lock held; the leader's). Endpoints stay with the ranks. */
-static void kvf_conn_engine_clear_locked(kvf_connector_h conn, int e)
-{
-    kvf_conn_engine_t *eng = &conn->engines[e];
-    uint64_t gen = eng->gen;
-
-    free(eng->ranks);
-    free(eng->geoms);
-    free(eng->num_blocks);
-    memset(eng, 0, sizeof(*eng));
-    eng->gen = gen;
-    eng->forgotten = true;
-}
-
-/*
- * A slot for a new engine (lock held): a free one, the next unused one, or
- * the least recently used entry with no pull in flight, evicted. -1 when
- * every entry has a pull in flight.
- */
-static int kvf_conn_take_slot_locked(kvf_connector_h conn, char *evicted, size_t evicted_len)
-{
-    int lru = -1;
-
-    evicted[0] = '\0';
-    for (int i = 0; i < conn->num_engines; ++i) {
-        if (conn->engines[i].forgotten) {
-            return i;
-        }
-    }
-    if (conn->num_engines < KVF_CONN_MAX_ENGINES) {
-        return conn->num_engines;
-    }
-    for (int i = 0; i < conn->num_engines; ++i) {
-        if ((conn->engines[i].inflight == 0) &&
-            ((lru < 0) || (conn->engines[i].last_used < conn->engines[lru].last_used))) {
-            lru = i;
-        }
-    }
-    if (lru >= 0) {
-        snprintf(evicted, evicted_len, "%s", conn->engines[lru].engine_id);
-        kvf_side_channel_forget(conn->client, evicted);   /* memory only */
-        kvf_conn_engine_clear_locked(conn, lru);
-    }
-    return lru;
-}
-
-/*
- * No lock is held across the network: the metadata is fetched and checked
- * first (the side-channel client is the leader's alone), then the lock is
- * taken only to publish the entry. A rank thread's pull of another engine
- * proceeds while a peer stalls this call.
- */
-static kvf_status_t kvf_conn_handshake(kvf_connector_h conn, const char *engine_id,
-                                       const char *host, int port, char *why, size_t why_len)
-{
-    const kvf_handshake_reply_t *reply;
-    kvf_refusal_t refusals[KVF_MAX_REFUSALS];
-    kvf_conn_engine_t fresh, *e;
-    char evicted[KVF_ENGINE_ID_MAX];
-    int nref = 0;
-    int slot;
-    kvf_status_t status;
-
-    KVF_CONN_CHECK_LEADER(conn, "handshake");
-    if (why_len > 0) {
-        why[0] = '\0';
-    }
-    if ((conn->role != KVF_CONNECTOR_ROLE_DECODE) || (engine_id == NULL) || (host == NULL)) {
-        return KVF_ERR_INVALID_PARAM;
-    }
-    pthread_mutex_lock(&conn->lock);
-    slot = kvf_conn_find_engine_locked(conn, engine_id);
-    if (slot >= 0) {
-        conn->engines[slot].last_used = ++conn->use_seq;
-    }
-    pthread_mutex_unlock(&conn->lock);
-    if (slot >= 0) {
-        return KVF_OK;    /* cached */
-    }
-    if (!kvf_conn_all_registered(conn)) {
-        return KVF_ERR_BUSY;
-    }
-    status = kvf_side_channel_fetch(conn->client, engine_id, host, port, &reply);
-    if (status == KVF_ERR_REFUSED) {
-        if (reply->num_refusals > 0) {
-            kvf_refusal_format(&reply->refusals[0], why, why_len);
-        } else {
-            snprintf(why, why_len, "handshake refused: %s", reply->error);
-        }
-        return status;
-    }
-    if (status != KVF_OK) {
-        snprintf(why, why_len, "handshake with %s at %s:%d failed: %s", engine_id, host, port,
-                 kvf_status_str(status));
-        return status;
-    }
-    memset(&fresh, 0, sizeof(fresh));
-    fresh.geoms = calloc((size_t)reply->num_ranks, sizeof(*fresh.geoms));
-    fresh.num_blocks = calloc((size_t)reply->num_ranks, sizeof(*fresh.num_blocks));
-    fresh.ranks = malloc((size_t)reply->num_ranks * sizeof(*fresh.ranks));
-    if ((fresh.geoms == NULL) || (fresh.num_blocks == NULL) || (fresh.ranks == NULL)) {
-        status = KVF_ERR_NO_MEMORY;
-        goto err_free;
-    }
-    status = kvf_compat_check(&conn->cfg, conn->ranks[0].meta, reply->ranks, reply->num_ranks,
-                              fresh.geoms, refusals, KVF_MAX_REFUSALS, &nref);
-    if (status != KVF_OK) {
-        if (nref > 0) {
-            kvf_refusal_format(&refusals[0], why, why_len);
-        }
-        goto err_forget;
-    }
-    for (int r = 0; r < reply->num_ranks; ++r) {   /* garbage keys never reach UCX */
-        for (int j = 0; j < reply->ranks[r].num_regions; ++j) {
-            char bad[128];
-            if (kvf_ucx_rkey_check(reply->ranks[r].regions[j].rkey,
-                                   reply->ranks[r].regions[j].rkey_len, bad,
-                                   sizeof(bad)) != KVF_OK) {
-                snprintf(why, why_len, "malformed handshake reply from %s at %s:%d: remote key"
-                         " %d of rank %d refused before ucp_ep_rkey_unpack: %s", engine_id,
-                         host, port, j, r, bad);
-                kvf_error("%s", why);
-                status = KVF_ERR_PARSE;
-                goto err_forget;
-            }
-        }
-    }
-    snprintf(fresh.engine_id, sizeof(fresh.engine_id), "%s", engine_id);
-    memcpy(fresh.ranks, reply->ranks, (size_t)reply->num_ranks * sizeof(*fresh.ranks));
-    fresh.tp = reply->num_ranks;
-    for (int r = 0; r < fresh.tp; ++r) {
-        /* from what the peer registered, not what it claims (the compat check
-         * made them agree; this keeps the planner's bound the registered one) */
-        fresh.num_blocks[r] = (int64_t)(reply->ranks[r].regions[0].length /
-                                        ((uint64_t)reply->ranks[r].slots *
-                                         reply->ranks[r].page_size));
-    }
-
-    pthread_mutex_lock(&conn->lock);
-    slot = kvf_conn_take_slot_locked(conn, evicted, sizeof(evicted));
-    if (slot < 0) {
-        pthread_mutex_unlock(&conn->lock);
-        snprintf(why, why_len, "handshake with %s: all %d prefill engines this instance knows "
-                 "have transfers in flight", engine_id, KVF_CONN_MAX_ENGINES);
-        status = KVF_ERR_NO_RESOURCE;
-        goto err_forget;
-    }
-    e = &conn->engines[slot];
-    fresh.gen = ++conn->engine_gen;
-    fresh.last_used = ++conn->use_seq;
-    *e = fresh;
-    if (slot == conn->num_engines) {
-        conn->num_engines++;    /* publish */
-    }
-    pthread_mutex_unlock(&conn->lock);
-    if (evicted[0] != '\0') {
-        kvf_log(KVF_LOG_INFO, KVF_SUB_XFER, "ucx connector %s: table of %d engines full: "
-                "evicted idle engine %s (least recently used) for %s", conn->engine_id,
-                KVF_CONN_MAX_ENGINES, evicted, engine_id);
-    }
-    kvf_log(KVF_LOG_INFO, KVF_SUB_XFER, "ucx connector %s: engine %s (TP %d) is compatible",
-            conn->engine_id, engine_id, fresh.tp);
-    return KVF_OK;
-
-err_forget:
-    kvf_side_channel_forget(conn->client, engine_id);
-err_free:
-    free(fresh.ranks);
-    free(fresh.geoms);
-    free(fresh.num_blocks);
-    return status;
-}
-
 /* ---- requests --------------------------------------------------------- */
 
 static void kvf_conn_req_free(kvf_connector_h conn, kvf_connector_req_h req)
@@ -791,9 +492,10 @@ static kvf_status_t kvf_conn_peer(kvf_connector_h conn, kvf_conn_rank_t *rk, int
     kvf_status_t status;
 
     if ((rk->peers[engine] != NULL) && (rk->peers_gen[engine] != e->gen)) {
-        /* the slot was evicted and refilled since: those endpoints are another engine's */
+        /* the slot was evicted and refilled since: those endpoints are another
+         * engine's, maybe of a process that is gone: closed without a flush */
         for (int p = 0; p < rk->peers_tp[engine]; ++p) {
-            kvf_ucx_peer_destroy(rk->peers[engine][p]);
+            kvf_ucx_peer_abort(rk->peers[engine][p]);
         }
         free(rk->peers[engine]);
         rk->peers[engine] = NULL;
@@ -867,7 +569,10 @@ static kvf_status_t kvf_conn_start_pull(kvf_connector_h conn, int tp_rank,
         return KVF_ERR_NO_MEMORY;
     }
     pthread_mutex_lock(&conn->lock);
-    engine = kvf_conn_find_engine_locked(conn, pull->engine_id);
+    engine = (pull->peer != NULL) ?
+             kvf_conn_find_engine_locked(conn, pull->engine_id, pull->peer->host,
+                                         pull->peer->port, pull->peer->incarnation) :
+             kvf_conn_find_engine_locked(conn, pull->engine_id, NULL, 0, 0);
     if (engine >= 0) {
         /* in flight from here to req free: the entry is not evicted meanwhile */
         conn->engines[engine].inflight++;
@@ -1075,32 +780,6 @@ static kvf_status_t kvf_conn_finish_pull(kvf_connector_h conn, int tp_rank,
     return kvf_conn_release_common(conn, tp_rank, req, false);
 }
 
-static kvf_status_t kvf_conn_set_lease_handler(kvf_connector_h conn,
-                                               kvf_connector_lease_func_t func, void *arg)
-{
-    if (conn->role != KVF_CONNECTOR_ROLE_PREFILL) {
-        return KVF_ERR_INVALID_PARAM;
-    }
-    if (conn->server != NULL) {
-        return KVF_ERR_BUSY;
-    }
-    conn->lease_func = func;
-    conn->lease_arg = arg;
-    return KVF_OK;
-}
-
-/* Leader thread only, like handshake; the client is not shared with rank threads. */
-static kvf_status_t kvf_conn_lease(kvf_connector_h conn, const char *engine_id, const char *host,
-                                   int port, const kvf_lease_msg_t *msg,
-                                   kvf_lease_answer_t *answer_p)
-{
-    if ((conn->role != KVF_CONNECTOR_ROLE_DECODE) || (engine_id == NULL) || (host == NULL) ||
-        (msg == NULL) || (answer_p == NULL)) {
-        return KVF_ERR_INVALID_PARAM;
-    }
-    return kvf_side_channel_lease(conn->client, engine_id, host, port, msg, answer_p);
-}
-
 static kvf_status_t kvf_conn_poll_release(kvf_connector_h conn, int tp_rank, uint32_t timeout_ms,
                                           char *request_id, size_t id_len, int *decode_rank_p,
                                           kvf_status_t *status_p)
@@ -1133,51 +812,9 @@ static kvf_status_t kvf_conn_poll_release(kvf_connector_h conn, int tp_rank, uin
     return KVF_OK;
 }
 
-static kvf_status_t kvf_conn_forget_engine(kvf_connector_h conn, const char *engine_id)
-{
-    int e;
-
-    KVF_CONN_CHECK_LEADER(conn, "forget_engine");
-    kvf_conn_check_every_rank(conn, "connector forget_engine (closes every rank's endpoints: "
-                              "the leader must drive every rank)");
-    e = (engine_id != NULL) ? kvf_conn_find_engine(conn, engine_id) : -1;
-    if (e < 0) {
-        return KVF_ERR_NOT_FOUND;
-    }
-    for (int r = 0; r < conn->tp; ++r) {
-        kvf_conn_rank_t *rk = &conn->ranks[r];
-        for (int p = 0; (rk->peers[e] != NULL) && (p < rk->peers_tp[e]); ++p) {
-            kvf_ucx_peer_destroy(rk->peers[e][p]);   /* bounded by the agent timeout */
-        }
-        free(rk->peers[e]);
-        rk->peers[e] = NULL;
-    }
-    pthread_mutex_lock(&conn->lock);
-    kvf_side_channel_forget(conn->client, engine_id);
-    kvf_conn_engine_clear_locked(conn, e);
-    pthread_mutex_unlock(&conn->lock);
-    kvf_log(KVF_LOG_INFO, KVF_SUB_XFER, "ucx connector %s: forgot engine %s; the next request"
-            " handshakes again", conn->engine_id, engine_id);
-    return KVF_OK;
-}
-
 static uint64_t kvf_conn_incarnation(kvf_connector_h conn)
 {
     return conn->incarnation;
-}
-
-static kvf_status_t kvf_conn_remote_incarnation(kvf_connector_h conn, const char *engine_id,
-                                                uint64_t *incarnation_p)
-{
-    int e;
-
-    KVF_CONN_CHECK_LEADER(conn, "remote_incarnation");
-    e = (engine_id != NULL) ? kvf_conn_find_engine(conn, engine_id) : -1;
-    if (e < 0) {
-        return KVF_ERR_NOT_FOUND;
-    }
-    *incarnation_p = conn->engines[e].ranks[0].incarnation;
-    return KVF_OK;
 }
 
 static kvf_status_t kvf_conn_wait_fds(kvf_connector_h conn, int *fds, int cap, int *n_p)
@@ -1251,6 +888,12 @@ static const kvf_connector_ops_t kvf_connector_ucx = {
     .lease          = kvf_conn_lease,
     .finish_pull    = kvf_conn_finish_pull,
     .alloc_pool     = kvf_conn_alloc_pool,
+    .handshake_start = kvf_conn_handshake_start,
+    .handshake_poll = kvf_conn_handshake_poll,
+    .lease_start    = kvf_conn_lease_start,
+    .lease_poll     = kvf_conn_lease_poll,
+    .cancel         = kvf_conn_cancel,
+    .side_wait      = kvf_conn_side_wait,
 };
 
 const kvf_connector_ops_t *kvf_connector_ucx_ops(void)

@@ -19,6 +19,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#define XXH_STATIC_LINKING_ONLY   /* XXH3_state_t on the stack */
+#include <xxhash.h>
 
 void kvf_refusal_format(const kvf_refusal_t *r, char *buf, size_t len)
 {
@@ -39,6 +41,14 @@ static bool kvf_hs_copy_str(char *dst, size_t cap, const char *src, bool require
     }
     memcpy(dst, src, n + 1);
     return true;
+}
+
+static void kvf_hs_le32(uint8_t *w, uint32_t v)
+{
+    w[0] = (uint8_t)v;
+    w[1] = (uint8_t)(v >> 8);
+    w[2] = (uint8_t)(v >> 16);
+    w[3] = (uint8_t)(v >> 24);
 }
 
 static kvf_status_t kvf_hs_finish_pack(size_t size, const ProtobufCMessage *msg, uint8_t **buf_p,
@@ -77,6 +87,10 @@ kvf_status_t kvf_handshake_request_pack(const kvf_handshake_request_t *req, uint
         l.decode_rank = (uint32_t)req->lease.decode_rank;
         l.decode_tp = (uint32_t)req->lease.decode_tp;
         l.status = req->lease.status;
+        l.has_all_ranks = req->lease.all_ranks;
+        l.all_ranks = req->lease.all_ranks;
+        l.has_ids_digest = req->lease.has_ids_digest;
+        l.ids_digest = req->lease.ids_digest;
         m.lease = &l;
     }
     return kvf_hs_finish_pack(kvf__handshake_request__get_packed_size(&m), &m.base, buf_p,
@@ -121,6 +135,9 @@ kvf_status_t kvf_handshake_request_unpack(const uint8_t *buf, size_t len,
         d->decode_rank = (int)l->decode_rank;
         d->decode_tp = (int)l->decode_tp;
         d->status = l->has_status ? (kvf_status_t)l->status : KVF_OK;
+        d->all_ranks = l->has_all_ranks && l->all_ranks;
+        d->has_ids_digest = l->has_ids_digest;
+        d->ids_digest = l->has_ids_digest ? l->ids_digest : 0;
         req_p->has_lease = true;
     }
     status = KVF_OK;
@@ -130,6 +147,25 @@ out:
     }
     kvf__handshake_request__free_unpacked(m, NULL);
     return status;
+}
+
+uint64_t kvf_xfer_ids_digest(int32_t *const *ids, const int *num_ids, int num_groups)
+{
+    XXH3_state_t st;
+    uint8_t w[4];
+
+    XXH3_64bits_reset(&st);
+    kvf_hs_le32(w, (uint32_t)num_groups);
+    XXH3_64bits_update(&st, w, sizeof(w));
+    for (int g = 0; g < num_groups; ++g) {
+        kvf_hs_le32(w, (uint32_t)num_ids[g]);
+        XXH3_64bits_update(&st, w, sizeof(w));
+        for (int i = 0; i < num_ids[g]; ++i) {
+            kvf_hs_le32(w, (uint32_t)ids[g][i]);
+            XXH3_64bits_update(&st, w, sizeof(w));
+        }
+    }
+    return XXH3_64bits_digest(&st);
 }
 
 /* ---- lease answer ------------------------------------------------------ */

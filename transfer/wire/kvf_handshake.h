@@ -104,6 +104,9 @@ typedef struct kvf_lease_msg {
     int            decode_rank;                   /* release: in [0, decode_tp) */
     int            decode_tp;                     /* release: 1..KVF_XFER_MAX_TP */
     kvf_status_t   status;                        /* release: the rank's pull status */
+    bool           all_ranks;                     /* release: covers every decode rank */
+    bool           has_ids_digest;
+    uint64_t       ids_digest;                    /* kvf_xfer_ids_digest() of the lists read */
 } kvf_lease_msg_t;
 
 typedef struct kvf_lease_answer {
@@ -111,6 +114,13 @@ typedef struct kvf_lease_answer {
     uint64_t            ms_left;                  /* lease time left, ms (a duration) */
     char                why[192];                 /* "" when valid */
 } kvf_lease_answer_t;
+
+/**
+ * Digest of a request's block-id lists (XXH3-64 over the group count, and
+ * per group its length and ids, little-endian): what a lease operation
+ * carries so prefill can refuse one for other blocks than it leased.
+ */
+uint64_t kvf_xfer_ids_digest(int32_t *const *ids, const int *num_ids, int num_groups);
 
 /** Decode -> prefill: a metadata request, or (has_lease) a lease operation. */
 typedef struct kvf_handshake_request {

@@ -1,0 +1,160 @@
+/*
+ * Inside the UCX connector (transfer/ucx/kvf_connector_ucx.c: instance,
+ * pools, pulls; kvf_connector_ucx_peer.c: remote engines, handshakes and
+ * lease operations): the state both files share. Not for other users.
+ */
+#ifndef KVF_CONNECTOR_UCX_INT_H
+#define KVF_CONNECTOR_UCX_INT_H
+
+#include "kvf_connector_ucx.h"
+
+#include "kvf_contract.h"
+#include "kvf_side_channel.h"
+#include "kvf_ucx_agent.h"
+#include "kvf_xfer_plan.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#define KVF_CONN_MAX_ENGINES 16
+
+typedef struct kvf_conn_engine {
+    char                         engine_id[KVF_ENGINE_ID_MAX];
+    kvf_rank_meta_t             *ranks;        /* [tp], our own copy: the side-channel
+                                                * client's cache moves entries on forget */
+    int                          tp;
+    kvf_rank_geometry_t         *geoms;        /* [tp], recomputed by the compat check */
+    int64_t                     *num_blocks;   /* [tp] */
+    bool                         forgotten;    /* slot free for the next handshake */
+    uint64_t                     gen;          /* which engine holds the slot (per fill) */
+    int                          inflight;     /* pulls started, not yet finished */
+    uint64_t                     last_used;    /* LRU stamp: handshake hit or start_pull */
+    /* the cache key beside engine_id (kvf_connector_peer_t): where its side
+     * channel was reached and which process answered */
+    char                         host[64];
+    int                          port;
+    uint64_t                     incarnation;
+} kvf_conn_engine_t;
+
+/* A handshake sent and not yet polled to its end (leader only). */
+typedef struct kvf_conn_hs {
+    uint64_t ticket;
+    char     engine_id[KVF_ENGINE_ID_MAX];
+    char     host[64];
+    int      port;
+    uint64_t incarnation;
+} kvf_conn_hs_t;
+
+#define KVF_CONN_MAX_HS 64   /* handshakes in flight */
+
+typedef struct kvf_conn_rank {
+    kvf_thread_owner_t  owner;          /* the thread that drives this rank (first op) */
+    bool                registered;
+    kvf_ucx_agent_h     agent;
+    int                 region;
+    uint8_t            *base;
+    size_t              len;
+    int64_t             num_blocks;
+    kvf_rank_geometry_t geom;
+    kvf_rank_meta_t    *meta;
+    kvf_ucx_peer_h     *peers[KVF_CONN_MAX_ENGINES];   /* [engine][remote tp], lazily */
+    int                 peers_tp[KVF_CONN_MAX_ENGINES];  /* length of peers[e] */
+    uint64_t            peers_gen[KVF_CONN_MAX_ENGINES]; /* engine gen peers[e] belong to */
+    kvf_device_t        device;         /* where the pool lives (tail zeroing) */
+} kvf_conn_rank_t;
+
+struct kvf_connector {
+    kvf_thread_owner_t    leader;              /* the thread that called create */
+    char                  engine_id[KVF_ENGINE_ID_MAX];
+    kvf_connector_role_t  role;
+    int                   tp;
+    uint32_t              timeout_ms;
+    uint32_t              batch_descs;         /* 0: a whole rank's list per batch */
+    uint32_t              plan_flags;
+    char                  host[64];
+    int                   port;
+    kvf_model_config_t    cfg;
+    kvf_cache_layout_t   *layout;
+    uint64_t              incarnation;         /* random, non-zero, per create */
+    kvf_model_digest_t    model_digest;        /* advertised; hex "" = none */
+    kvf_conn_rank_t      *ranks;               /* [tp] */
+
+    pthread_mutex_t       lock;                /* engines, registered flags; never held
+                                                * across a network call */
+    kvf_side_channel_client_h client;          /* leader only (handshake, lease, forget) */
+    kvf_conn_hs_t         hs[KVF_CONN_MAX_HS];  /* leader only: handshakes in flight */
+    int                   num_hs;
+    kvf_side_channel_server_h server;
+    int                   num_engines;
+    kvf_conn_engine_t     engines[KVF_CONN_MAX_ENGINES];
+    uint64_t              engine_gen;          /* last gen handed to a slot */
+    uint64_t              use_seq;             /* LRU clock */
+    kvf_connector_lease_func_t lease_func;     /* prefill: set before serve */
+    void                 *lease_arg;
+    bool                  progress_thread;     /* config: one per rank from serve on */
+    atomic_bool           progress_stop;
+    pthread_t            *progress;            /* [tp] while running */
+};
+
+struct kvf_connector_req {
+    int              rank;
+    int              engine;
+    kvf_xfer_plan_t *plan;
+    kvf_ucx_batch_h *batches;       /* [plan->num_ranks] */
+    size_t          *posted;        /* [plan->num_ranks]: descriptors posted so far */
+    int              nsrc;
+    int             *src;           /* prefill ranks read (each gets a release) */
+    kvf_status_t     status;        /* KVF_INPROGRESS until final */
+    uint64_t         deadline_ns;
+    uint64_t         posted_ns, landed_ns, done_ns;   /* kvf_connector_stats_t */
+    size_t          *zero_off, *zero_len;            /* [plan->num_zero], for the device */
+    bool             holds_engine;  /* counted in its engine's inflight */
+    char             request_id[KVF_ENGINE_ID_MAX];
+};
+
+/* The thread rules of kvf_connector.h, checked in debug builds: a rank's ops
+ * run on the thread that first drove the rank; instance ops on the leader;
+ * ops that touch every rank's worker on a leader that drives every rank. */
+#define KVF_CONN_CHECK_LEADER(_conn, _op) \
+    KVF_OWNER_CHECK(&(_conn)->leader, "connector " _op " (leader thread only)")
+#define KVF_CONN_CHECK_RANK(_conn, _r, _op) \
+    KVF_OWNER_CHECK(&(_conn)->ranks[_r].owner, "connector " _op " (the rank's own thread only)")
+
+
+/* Debug builds: every registered rank is driven by the calling thread. */
+void kvf_conn_check_every_rank(kvf_connector_h conn, const char *op);
+
+/* Every rank registered its pool (takes the lock). */
+bool kvf_conn_all_registered(kvf_connector_h conn);
+
+/*
+ * Slot of a handshaken engine, -1 when none (caller holds the lock). With
+ * @a host NULL the engine id alone matches (the synchronous handshake);
+ * otherwise host, port and (when non-zero) incarnation must match too.
+ */
+int kvf_conn_find_engine_locked(kvf_connector_h conn, const char *engine_id, const char *host,
+                                int port, uint64_t incarnation);
+
+/* The ops of kvf_connector_ucx_peer.c, for the table in kvf_connector_ucx.c. */
+kvf_status_t kvf_conn_handshake(kvf_connector_h conn, const char *engine_id, const char *host,
+                                int port, char *why, size_t why_len);
+kvf_status_t kvf_conn_handshake_start(kvf_connector_h conn, const kvf_connector_peer_t *peer,
+                                      uint64_t *ticket_p);
+kvf_status_t kvf_conn_handshake_poll(kvf_connector_h conn, uint64_t ticket, char *why,
+                                     size_t why_len);
+kvf_status_t kvf_conn_set_lease_handler(kvf_connector_h conn, kvf_connector_lease_func_t func,
+                                        void *arg);
+kvf_status_t kvf_conn_lease(kvf_connector_h conn, const char *engine_id, const char *host,
+                            int port, const kvf_lease_msg_t *msg, kvf_lease_answer_t *answer_p);
+kvf_status_t kvf_conn_lease_start(kvf_connector_h conn, const kvf_connector_peer_t *peer,
+                                  const kvf_lease_msg_t *msg, uint64_t *ticket_p);
+kvf_status_t kvf_conn_lease_poll(kvf_connector_h conn, uint64_t ticket,
+                                 kvf_lease_answer_t *answer_p);
+void         kvf_conn_cancel(kvf_connector_h conn, uint64_t ticket);
+bool         kvf_conn_side_wait(kvf_connector_h conn, int timeout_ms);
+kvf_status_t kvf_conn_forget_engine(kvf_connector_h conn, const char *engine_id);
+kvf_status_t kvf_conn_remote_incarnation(kvf_connector_h conn, const char *engine_id,
+                                         uint64_t *incarnation_p);
+
+#endif

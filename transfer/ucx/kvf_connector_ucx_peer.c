@@ -1,0 +1,516 @@
+/*
+ * UCX connector, remote engines: the table of handshaken prefill engines,
+ * the handshake (synchronous and asynchronous) and lease operations over
+ * the side channel (transfer/ucx/kvf_connector.h).
+ *
+ * Design: the table is keyed by engine id, side-channel address and
+ * incarnation (kvf_connector_peer_t), so transfer params that name the
+ * same engine id at another address (a fake side channel) or a restarted
+ * process never reuse another entry's keys and addresses; the synchronous
+ * handshake (tools, tests) looks an engine up by its id alone. No lock is
+ * held across the network: metadata is fetched and checked first (the
+ * side-channel client is the leader's alone), then the lock is taken only
+ * to publish the entry, so a rank thread's pull of another engine proceeds
+ * while a peer stalls a handshake. The asynchronous calls only send and
+ * poll; handshakes in flight are remembered per key, so a second request
+ * for the same prefill waits for the first one's answer instead of sending
+ * its own.
+ */
+#include "kvf_connector_ucx_int.h"
+
+#include "kvf_compat.h"
+#include "kvf_log.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void kvf_conn_check_every_rank(kvf_connector_h conn, const char *op)
+{
+#if KVF_CONTRACTS
+    for (int r = 0; r < conn->tp; ++r) {
+        if (conn->ranks[r].registered) {
+            kvf_thread_owner_check(&conn->ranks[r].owner, op, __FILE__, __LINE__);
+        }
+    }
+#else
+    (void)conn;
+    (void)op;
+#endif
+}
+
+static bool kvf_conn_engine_matches(const kvf_conn_engine_t *e, const char *engine_id,
+                                    const char *host, int port, uint64_t incarnation)
+{
+    if (e->forgotten || (strcmp(e->engine_id, engine_id) != 0)) {
+        return false;
+    }
+    if (host == NULL) {
+        return true;
+    }
+    return (e->port == port) && (strcmp(e->host, host) == 0) &&
+           ((incarnation == 0) || (e->incarnation == incarnation));
+}
+
+int kvf_conn_find_engine_locked(kvf_connector_h conn, const char *engine_id, const char *host,
+                                int port, uint64_t incarnation)
+{
+    int best = -1;
+
+    for (int e = 0; e < conn->num_engines; ++e) {
+        if (kvf_conn_engine_matches(&conn->engines[e], engine_id, host, port, incarnation) &&
+            ((best < 0) || (conn->engines[e].last_used > conn->engines[best].last_used))) {
+            best = e;   /* by id alone: the most recently used one */
+        }
+    }
+    return best;
+}
+
+static int kvf_conn_find_engine(kvf_connector_h conn, const char *engine_id)
+{
+    int found;
+    pthread_mutex_lock(&conn->lock);
+    found = kvf_conn_find_engine_locked(conn, engine_id, NULL, 0, 0);
+    pthread_mutex_unlock(&conn->lock);
+    return found;
+}
+
+/* Drop slot @a e's cached data (lock held; the leader's). Endpoints stay with the ranks. */
+static void kvf_conn_engine_clear_locked(kvf_connector_h conn, int e)
+{
+    kvf_conn_engine_t *eng = &conn->engines[e];
+    uint64_t gen = eng->gen;
+
+    free(eng->ranks);
+    free(eng->geoms);
+    free(eng->num_blocks);
+    memset(eng, 0, sizeof(*eng));
+    eng->gen = gen;
+    eng->forgotten = true;
+}
+
+/*
+ * A slot for a new engine (lock held): a free one, the next unused one, or
+ * the least recently used entry with no pull in flight, evicted. -1 when
+ * every entry has a pull in flight.
+ */
+static int kvf_conn_take_slot_locked(kvf_connector_h conn, char *evicted, size_t evicted_len)
+{
+    int lru = -1;
+
+    evicted[0] = '\0';
+    for (int i = 0; i < conn->num_engines; ++i) {
+        if (conn->engines[i].forgotten) {
+            return i;
+        }
+    }
+    if (conn->num_engines < KVF_CONN_MAX_ENGINES) {
+        return conn->num_engines;
+    }
+    for (int i = 0; i < conn->num_engines; ++i) {
+        if ((conn->engines[i].inflight == 0) &&
+            ((lru < 0) || (conn->engines[i].last_used < conn->engines[lru].last_used))) {
+            lru = i;
+        }
+    }
+    if (lru >= 0) {
+        snprintf(evicted, evicted_len, "%s", conn->engines[lru].engine_id);
+        kvf_side_channel_forget(conn->client, evicted);   /* memory only */
+        kvf_conn_engine_clear_locked(conn, lru);
+    }
+    return lru;
+}
+
+/* Entries of the same engine at the same address from an older process: idle ones go. */
+static void kvf_conn_drop_older_locked(kvf_connector_h conn, const kvf_conn_engine_t *fresh)
+{
+    for (int i = 0; i < conn->num_engines; ++i) {
+        kvf_conn_engine_t *e = &conn->engines[i];
+        if (!e->forgotten && (e->inflight == 0) && (e->incarnation != fresh->incarnation) &&
+            (strcmp(e->engine_id, fresh->engine_id) == 0) && (e->port == fresh->port) &&
+            (strcmp(e->host, fresh->host) == 0)) {
+            kvf_log(KVF_LOG_INFO, KVF_SUB_XFER, "ucx connector %s: engine %s restarted"
+                    " (incarnation %016" PRIx64 " -> %016" PRIx64 "): old entry dropped",
+                    conn->engine_id, e->engine_id, e->incarnation, fresh->incarnation);
+            kvf_conn_engine_clear_locked(conn, i);
+        }
+    }
+}
+
+/* Every region key of @a reply is one UCX would unpack (garbage never reaches it). */
+static kvf_status_t kvf_conn_check_rkeys(const kvf_handshake_reply_t *reply,
+                                         const char *engine_id, const char *host, int port,
+                                         char *why, size_t why_len)
+{
+    for (int r = 0; r < reply->num_ranks; ++r) {
+        for (int j = 0; j < reply->ranks[r].num_regions; ++j) {
+            char bad[128];
+            if (kvf_ucx_rkey_check(reply->ranks[r].regions[j].rkey,
+                                   reply->ranks[r].regions[j].rkey_len, bad,
+                                   sizeof(bad)) != KVF_OK) {
+                snprintf(why, why_len, "malformed handshake reply from %s at %s:%d: remote key"
+                         " %d of rank %d refused before ucp_ep_rkey_unpack: %s", engine_id,
+                         host, port, j, r, bad);
+                kvf_error("%s", why);
+                return KVF_ERR_PARSE;
+            }
+        }
+    }
+    return KVF_OK;
+}
+
+/*
+ * Check an accepted @a reply of @a engine_id at @a host:@a port and
+ * publish it as a new entry (the lock only around the publishing).
+ */
+static kvf_status_t kvf_conn_install(kvf_connector_h conn, const char *engine_id,
+                                     const char *host, int port,
+                                     const kvf_handshake_reply_t *reply, char *why,
+                                     size_t why_len)
+{
+    kvf_refusal_t refusals[KVF_MAX_REFUSALS];
+    kvf_conn_engine_t fresh;
+    char evicted[KVF_ENGINE_ID_MAX];
+    int nref = 0, slot;
+    kvf_status_t status;
+
+    memset(&fresh, 0, sizeof(fresh));
+    fresh.geoms = calloc((size_t)reply->num_ranks, sizeof(*fresh.geoms));
+    fresh.num_blocks = calloc((size_t)reply->num_ranks, sizeof(*fresh.num_blocks));
+    fresh.ranks = malloc((size_t)reply->num_ranks * sizeof(*fresh.ranks));
+    if ((fresh.geoms == NULL) || (fresh.num_blocks == NULL) || (fresh.ranks == NULL)) {
+        status = KVF_ERR_NO_MEMORY;
+        goto err_free;
+    }
+    status = kvf_compat_check(&conn->cfg, conn->ranks[0].meta, reply->ranks, reply->num_ranks,
+                              fresh.geoms, refusals, KVF_MAX_REFUSALS, &nref);
+    if (status != KVF_OK) {
+        if (nref > 0) {
+            kvf_refusal_format(&refusals[0], why, why_len);
+        }
+        goto err_free;
+    }
+    status = kvf_conn_check_rkeys(reply, engine_id, host, port, why, why_len);
+    if (status != KVF_OK) {
+        goto err_free;
+    }
+    snprintf(fresh.engine_id, sizeof(fresh.engine_id), "%s", engine_id);
+    snprintf(fresh.host, sizeof(fresh.host), "%s", host);
+    fresh.port = port;
+    fresh.incarnation = reply->ranks[0].incarnation;
+    memcpy(fresh.ranks, reply->ranks, (size_t)reply->num_ranks * sizeof(*fresh.ranks));
+    fresh.tp = reply->num_ranks;
+    for (int r = 0; r < fresh.tp; ++r) {
+        /* from what the peer registered, not what it claims (the compat check
+         * made them agree; this keeps the planner's bound the registered one) */
+        fresh.num_blocks[r] = (int64_t)(reply->ranks[r].regions[0].length /
+                                        ((uint64_t)reply->ranks[r].slots *
+                                         reply->ranks[r].page_size));
+    }
+
+    pthread_mutex_lock(&conn->lock);
+    kvf_conn_drop_older_locked(conn, &fresh);
+    slot = kvf_conn_take_slot_locked(conn, evicted, sizeof(evicted));
+    if (slot < 0) {
+        pthread_mutex_unlock(&conn->lock);
+        snprintf(why, why_len, "handshake with %s: all %d prefill engines this instance knows "
+                 "have transfers in flight", engine_id, KVF_CONN_MAX_ENGINES);
+        status = KVF_ERR_NO_RESOURCE;
+        goto err_free;
+    }
+    fresh.gen = ++conn->engine_gen;
+    fresh.last_used = ++conn->use_seq;
+    conn->engines[slot] = fresh;
+    if (slot == conn->num_engines) {
+        conn->num_engines++;    /* publish */
+    }
+    pthread_mutex_unlock(&conn->lock);
+    if (evicted[0] != '\0') {
+        kvf_log(KVF_LOG_INFO, KVF_SUB_XFER, "ucx connector %s: table of %d engines full: "
+                "evicted idle engine %s (least recently used) for %s", conn->engine_id,
+                KVF_CONN_MAX_ENGINES, evicted, engine_id);
+    }
+    kvf_log(KVF_LOG_INFO, KVF_SUB_XFER, "ucx connector %s: engine %s (TP %d) at %s:%d is"
+            " compatible", conn->engine_id, engine_id, fresh.tp, host, port);
+    return KVF_OK;
+
+err_free:
+    free(fresh.ranks);
+    free(fresh.geoms);
+    free(fresh.num_blocks);
+    return status;
+}
+
+/* A cache hit marks the entry used. @return true when cached. */
+static bool kvf_conn_cached(kvf_connector_h conn, const char *engine_id, const char *host,
+                            int port, uint64_t incarnation)
+{
+    int slot;
+
+    pthread_mutex_lock(&conn->lock);
+    slot = kvf_conn_find_engine_locked(conn, engine_id, host, port, incarnation);
+    if (slot >= 0) {
+        conn->engines[slot].last_used = ++conn->use_seq;
+    }
+    pthread_mutex_unlock(&conn->lock);
+    return slot >= 0;
+}
+
+kvf_status_t kvf_conn_handshake(kvf_connector_h conn, const char *engine_id, const char *host,
+                                int port, char *why, size_t why_len)
+{
+    const kvf_handshake_reply_t *reply;
+    kvf_status_t status;
+
+    KVF_CONN_CHECK_LEADER(conn, "handshake");
+    if (why_len > 0) {
+        why[0] = '\0';
+    }
+    if ((conn->role != KVF_CONNECTOR_ROLE_DECODE) || (engine_id == NULL) || (host == NULL)) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    if (kvf_conn_cached(conn, engine_id, NULL, 0, 0)) {
+        return KVF_OK;
+    }
+    if (!kvf_conn_all_registered(conn)) {
+        return KVF_ERR_BUSY;
+    }
+    status = kvf_side_channel_fetch(conn->client, engine_id, host, port, &reply);
+    if (status == KVF_ERR_REFUSED) {
+        if (reply->num_refusals > 0) {
+            kvf_refusal_format(&reply->refusals[0], why, why_len);
+        } else {
+            snprintf(why, why_len, "handshake refused: %s", reply->error);
+        }
+        return status;
+    }
+    if (status != KVF_OK) {
+        snprintf(why, why_len, "handshake with %s at %s:%d failed: %s", engine_id, host, port,
+                 kvf_status_str(status));
+        return status;
+    }
+    status = kvf_conn_install(conn, engine_id, host, port, reply, why, why_len);
+    if (status != KVF_OK) {
+        kvf_side_channel_forget(conn->client, engine_id);
+    }
+    return status;
+}
+
+kvf_status_t kvf_conn_handshake_start(kvf_connector_h conn, const kvf_connector_peer_t *peer,
+                                      uint64_t *ticket_p)
+{
+    kvf_conn_hs_t *hs;
+    kvf_status_t status;
+
+    KVF_CONN_CHECK_LEADER(conn, "handshake_start");
+    *ticket_p = 0;
+    if ((conn->role != KVF_CONNECTOR_ROLE_DECODE) || (peer == NULL) ||
+        (peer->engine_id == NULL) || (strlen(peer->engine_id) >= KVF_ENGINE_ID_MAX) ||
+        (peer->host == NULL) || (strlen(peer->host) >= sizeof(hs->host)) ||
+        (peer->incarnation == 0)) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    if (kvf_conn_cached(conn, peer->engine_id, peer->host, peer->port, peer->incarnation)) {
+        return KVF_OK;
+    }
+    if (!kvf_conn_all_registered(conn)) {
+        return KVF_ERR_BUSY;
+    }
+    for (int i = 0; i < conn->num_hs; ++i) {
+        hs = &conn->hs[i];
+        if ((hs->port == peer->port) && (hs->incarnation == peer->incarnation) &&
+            (strcmp(hs->engine_id, peer->engine_id) == 0) && (strcmp(hs->host, peer->host) == 0)) {
+            return KVF_INPROGRESS;   /* someone else's handshake: ask again later */
+        }
+    }
+    if (conn->num_hs == KVF_CONN_MAX_HS) {
+        return KVF_ERR_NO_RESOURCE;
+    }
+    hs = &conn->hs[conn->num_hs];
+    status = kvf_side_channel_fetch_start(conn->client, peer->engine_id, peer->host, peer->port,
+                                          &hs->ticket);
+    if (status != KVF_OK) {
+        return status;
+    }
+    snprintf(hs->engine_id, sizeof(hs->engine_id), "%s", peer->engine_id);
+    snprintf(hs->host, sizeof(hs->host), "%s", peer->host);
+    hs->port = peer->port;
+    hs->incarnation = peer->incarnation;
+    conn->num_hs++;
+    *ticket_p = hs->ticket;
+    return KVF_INPROGRESS;
+}
+
+static int kvf_conn_hs_find(kvf_connector_h conn, uint64_t ticket)
+{
+    for (int i = 0; i < conn->num_hs; ++i) {
+        if (conn->hs[i].ticket == ticket) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+kvf_status_t kvf_conn_handshake_poll(kvf_connector_h conn, uint64_t ticket, char *why,
+                                     size_t why_len)
+{
+    kvf_handshake_reply_t reply;
+    kvf_conn_hs_t hs;
+    kvf_status_t status;
+    int i;
+
+    KVF_CONN_CHECK_LEADER(conn, "handshake_poll");
+    if (why_len > 0) {
+        why[0] = '\0';
+    }
+    i = kvf_conn_hs_find(conn, ticket);
+    if (i < 0) {
+        return KVF_ERR_NOT_FOUND;
+    }
+    status = kvf_side_channel_fetch_poll(conn->client, ticket, &reply);
+    if (status == KVF_INPROGRESS) {
+        return status;
+    }
+    hs = conn->hs[i];
+    conn->hs[i] = conn->hs[--conn->num_hs];
+    if (status == KVF_ERR_REFUSED) {
+        if (reply.num_refusals > 0) {
+            kvf_refusal_format(&reply.refusals[0], why, why_len);
+        } else {
+            snprintf(why, why_len, "handshake refused: %s", reply.error);
+        }
+        kvf_handshake_reply_cleanup(&reply);
+        return status;
+    }
+    if (status != KVF_OK) {
+        snprintf(why, why_len, "handshake with %s at %s:%d failed: %s", hs.engine_id, hs.host,
+                 hs.port, kvf_status_str(status));
+        return status;
+    }
+    if (reply.ranks[0].incarnation != hs.incarnation) {
+        snprintf(why, why_len, "handshake with %s at %s:%d: incarnation %016" PRIx64 " answered,"
+                 " the transfer params name %016" PRIx64 " (that process is gone)", hs.engine_id,
+                 hs.host, hs.port, reply.ranks[0].incarnation, hs.incarnation);
+        kvf_handshake_reply_cleanup(&reply);
+        return KVF_ERR_PEER_RESET;
+    }
+    status = kvf_conn_install(conn, hs.engine_id, hs.host, hs.port, &reply, why, why_len);
+    kvf_handshake_reply_cleanup(&reply);
+    return status;
+}
+
+kvf_status_t kvf_conn_set_lease_handler(kvf_connector_h conn, kvf_connector_lease_func_t func,
+                                        void *arg)
+{
+    if (conn->role != KVF_CONNECTOR_ROLE_PREFILL) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    if (conn->server != NULL) {
+        return KVF_ERR_BUSY;
+    }
+    conn->lease_func = func;
+    conn->lease_arg = arg;
+    return KVF_OK;
+}
+
+/* Leader thread only, like handshake; the client is not shared with rank threads. */
+kvf_status_t kvf_conn_lease(kvf_connector_h conn, const char *engine_id, const char *host,
+                            int port, const kvf_lease_msg_t *msg, kvf_lease_answer_t *answer_p)
+{
+    if ((conn->role != KVF_CONNECTOR_ROLE_DECODE) || (engine_id == NULL) || (host == NULL) ||
+        (msg == NULL) || (answer_p == NULL)) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    KVF_CONN_CHECK_LEADER(conn, "lease");
+    return kvf_side_channel_lease(conn->client, engine_id, host, port, msg, answer_p);
+}
+
+kvf_status_t kvf_conn_lease_start(kvf_connector_h conn, const kvf_connector_peer_t *peer,
+                                  const kvf_lease_msg_t *msg, uint64_t *ticket_p)
+{
+    if ((conn->role != KVF_CONNECTOR_ROLE_DECODE) || (peer == NULL) ||
+        (peer->engine_id == NULL) || (peer->host == NULL) || (msg == NULL) ||
+        (ticket_p == NULL)) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    KVF_CONN_CHECK_LEADER(conn, "lease_start");
+    return kvf_side_channel_lease_start(conn->client, peer->engine_id, peer->host, peer->port,
+                                        msg, ticket_p);
+}
+
+kvf_status_t kvf_conn_lease_poll(kvf_connector_h conn, uint64_t ticket,
+                                 kvf_lease_answer_t *answer_p)
+{
+    KVF_CONN_CHECK_LEADER(conn, "lease_poll");
+    if (conn->client == NULL) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    return kvf_side_channel_lease_poll(conn->client, ticket, answer_p);
+}
+
+void kvf_conn_cancel(kvf_connector_h conn, uint64_t ticket)
+{
+    int i;
+
+    KVF_CONN_CHECK_LEADER(conn, "cancel");
+    if (conn->client == NULL) {
+        return;
+    }
+    i = kvf_conn_hs_find(conn, ticket);
+    if (i >= 0) {
+        conn->hs[i] = conn->hs[--conn->num_hs];
+    }
+    kvf_side_channel_cancel(conn->client, ticket);
+}
+
+bool kvf_conn_side_wait(kvf_connector_h conn, int timeout_ms)
+{
+    KVF_CONN_CHECK_LEADER(conn, "side_wait");
+    return (conn->client != NULL) && kvf_side_channel_wait(conn->client, timeout_ms);
+}
+
+kvf_status_t kvf_conn_forget_engine(kvf_connector_h conn, const char *engine_id)
+{
+    int e;
+    int forgotten = 0;
+
+    KVF_CONN_CHECK_LEADER(conn, "forget_engine");
+    kvf_conn_check_every_rank(conn, "connector forget_engine (closes every rank's endpoints: "
+                              "the leader must drive every rank)");
+    while ((e = (engine_id != NULL) ? kvf_conn_find_engine(conn, engine_id) : -1) >= 0) {
+        for (int r = 0; r < conn->tp; ++r) {
+            kvf_conn_rank_t *rk = &conn->ranks[r];
+            for (int p = 0; (rk->peers[e] != NULL) && (p < rk->peers_tp[e]); ++p) {
+                kvf_ucx_peer_destroy(rk->peers[e][p]);   /* bounded by the agent timeout */
+            }
+            free(rk->peers[e]);
+            rk->peers[e] = NULL;
+        }
+        pthread_mutex_lock(&conn->lock);
+        kvf_side_channel_forget(conn->client, engine_id);
+        kvf_conn_engine_clear_locked(conn, e);
+        pthread_mutex_unlock(&conn->lock);
+        ++forgotten;
+    }
+    if (forgotten == 0) {
+        return KVF_ERR_NOT_FOUND;
+    }
+    kvf_log(KVF_LOG_INFO, KVF_SUB_XFER, "ucx connector %s: forgot engine %s; the next request"
+            " handshakes again", conn->engine_id, engine_id);
+    return KVF_OK;
+}
+
+kvf_status_t kvf_conn_remote_incarnation(kvf_connector_h conn, const char *engine_id,
+                                         uint64_t *incarnation_p)
+{
+    int e;
+
+    KVF_CONN_CHECK_LEADER(conn, "remote_incarnation");
+    e = (engine_id != NULL) ? kvf_conn_find_engine(conn, engine_id) : -1;
+    if (e < 0) {
+        return KVF_ERR_NOT_FOUND;
+    }
+    *incarnation_p = conn->engines[e].ranks[0].incarnation;
+    return KVF_OK;
+}
