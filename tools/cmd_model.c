@@ -361,11 +361,6 @@ static int kvf_bench_weights(const kvf_gen_opts_t *o)
     return 0;
 }
 
-static double kvf_bench_now(void)
-{
-    return 1e-9 * (double)kvf_time_now_ns();
-}
-
 int kvf_cmd_bench_model(int argc, char **argv)
 {
     kvf_gen_opts_t o;
@@ -419,16 +414,16 @@ int kvf_cmd_bench_model(int argc, char **argv)
     while (kvf_engine_has_work(eng)) {
         kvf_engine_stats_t before, after;
         kvf_engine_get_stats(eng, &before);
-        t0 = kvf_bench_now();
+        t0 = kvf_time_now_s();
         if (kvf_engine_step(eng, ev, 4 * (o.batch + 64), &n) != KVF_OK) {
             goto out;
         }
         kvf_engine_get_stats(eng, &after);
         if (after.prefill_tokens > before.prefill_tokens) {
-            t_prefill += kvf_bench_now() - t0;
+            t_prefill += kvf_time_now_s() - t0;
             prefill_tok += after.prefill_tokens - before.prefill_tokens;
         } else {
-            t_decode += kvf_bench_now() - t0;
+            t_decode += kvf_time_now_s() - t0;
             decode_tok += after.decode_tokens - before.decode_tokens;
         }
     }

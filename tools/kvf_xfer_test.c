@@ -139,12 +139,12 @@ static int xt_dtype(const char *flag, const char *text, kvf_dtype_t same, kvf_dt
 static int xt_decode_handshake(xt_ctx_t *c, double *hs_ms)
 {
     char why[512];
-    uint64_t t0 = kvf_ucx_now_ns();
+    uint64_t t0 = kvf_time_now_ns();
     kvf_status_t status;
 
     status = c->xops->handshake(c->conn, c->pm.engine_id, c->pm.host, c->pm.port, why,
                                 sizeof(why));
-    *hs_ms = xt_ms(kvf_ucx_now_ns() - t0);
+    *hs_ms = xt_ms(kvf_time_now_ns() - t0);
     if (status == KVF_ERR_REFUSED) {
         printf("%s\n", (why[0] != '\0') ? why : "handshake refused");
         return 0;

@@ -98,7 +98,7 @@ static void *xt_copy_thread(void *arg)
 
     for (int it = -1; it < x->c->o.iters; ++it) {   /* -1: warm-up, like the pulls' */
         pthread_barrier_wait(x->barrier);
-        uint64_t t0 = kvf_ucx_now_ns();
+        uint64_t t0 = kvf_time_now_ns();
         for (int i = 0; i < x->plan->num_ranks; ++i) {
             const kvf_xfer_rank_plan_t *rp = &x->plan->ranks[i];
             for (size_t k = 0; k < rp->num_descs; ++k) {
@@ -108,7 +108,7 @@ static void *xt_copy_thread(void *arg)
         }
         if (it >= 0) {
             x->t0[it] = t0;
-            x->t1[it] = kvf_ucx_now_ns();
+            x->t1[it] = kvf_time_now_ns();
         }
     }
     return NULL;

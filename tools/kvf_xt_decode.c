@@ -27,9 +27,9 @@ static void xt_decode_pull(xt_rank_t *r, int it, bool *killed)
         pull.local_ids[gi] = c->dec.ids[gi];
         pull.num_local_ids[gi] = c->dec.num_ids[gi];
     }
-    r->t_start[it] = kvf_ucx_now_ns();
+    r->t_start[it] = kvf_time_now_ns();
     status = c->xops->start_pull(c->conn, r->rank, &pull, &req);
-    r->t_post[it] = kvf_ucx_now_ns();
+    r->t_post[it] = kvf_time_now_ns();
     if (status != KVF_OK) {
         r->start_status = status;
         r->t_end[it] = r->t_post[it];
@@ -48,14 +48,14 @@ static void xt_decode_pull(xt_rank_t *r, int it, bool *killed)
     do {
         status = c->xops->poll(c->conn, r->rank, req);
         if (c->o.fault_kill_prefill && (r->rank == 0) && !*killed) {
-            c->t_kill = kvf_ucx_now_ns();
+            c->t_kill = kvf_time_now_ns();
             kill(c->child, SIGKILL);
             *killed = true;
             kvf_info("decode rank 0: killed the prefill (pid %d) after the first window",
                      (int)c->child);
         }
     } while (status == KVF_INPROGRESS);
-    r->t_end[it] = kvf_ucx_now_ns();
+    r->t_end[it] = kvf_time_now_ns();
     rs = c->xops->notify_release(c->conn, r->rank, req);   /* frees req */
     if (status != KVF_OK) {
         r->t_fail = r->t_end[it];
@@ -63,7 +63,7 @@ static void xt_decode_pull(xt_rank_t *r, int it, bool *killed)
                  kvf_status_str(status), (int)status);
         r->status = status;
     } else if (rs != KVF_OK) {
-        r->t_fail = kvf_ucx_now_ns();
+        r->t_fail = kvf_time_now_ns();
         snprintf(r->err, sizeof(r->err), "decode rank %d: release to prefill failed: %s",
                  r->rank, kvf_status_str(rs));
         r->status = rs;
@@ -85,7 +85,7 @@ static void xt_decode_raw(xt_rank_t *r, int it)
                                           &r->raw_peers[src[i]]);
         }
     }
-    r->t_raw_start[it] = kvf_ucx_now_ns();
+    r->t_raw_start[it] = kvf_time_now_ns();
     r->raw_bytes = 0;
     for (int i = 0; (i < nsrc) && (status == KVF_OK); ++i) {
         uint64_t share = r->bytes / (uint64_t)nsrc;
@@ -102,7 +102,7 @@ static void xt_decode_raw(xt_rank_t *r, int it)
             kvf_ucx_batch_release(batches[i]);
         }
     }
-    r->t_raw_end[it] = kvf_ucx_now_ns();
+    r->t_raw_end[it] = kvf_time_now_ns();
     if (status != KVF_OK) {
         snprintf(r->err, sizeof(r->err), "decode rank %d: raw GET failed: %s", r->rank,
                  kvf_status_str(status));
@@ -169,11 +169,11 @@ out:
 static int xt_read_all(int fd, void *buf, size_t len, int timeout_ms)
 {
     uint8_t *p = buf;
-    uint64_t deadline = kvf_ucx_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    uint64_t deadline = kvf_time_now_ns() + (uint64_t)timeout_ms * 1000000ull;
 
     while (len > 0) {
         struct pollfd pfd = {fd, POLLIN, 0};
-        int64_t left = (int64_t)(deadline - kvf_ucx_now_ns()) / 1000000;
+        int64_t left = (int64_t)(deadline - kvf_time_now_ns()) / 1000000;
         ssize_t n;
 
         if ((left <= 0) || (poll(&pfd, 1, (int)left) <= 0)) {
@@ -195,7 +195,7 @@ static int xt_read_all(int fd, void *buf, size_t len, int timeout_ms)
 /* Reap the prefill child within @a timeout_ms (then SIGKILL it). Returns its exit code. */
 int kvf_xt_reap(pid_t pid, int timeout_ms)
 {
-    uint64_t deadline = kvf_ucx_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    uint64_t deadline = kvf_time_now_ns() + (uint64_t)timeout_ms * 1000000ull;
     int wstatus;
 
     for (;;) {
@@ -206,7 +206,7 @@ int kvf_xt_reap(pid_t pid, int timeout_ms)
         if ((w < 0) && (errno != EINTR)) {
             return -1;
         }
-        if (kvf_ucx_now_ns() > deadline) {
+        if (kvf_time_now_ns() > deadline) {
             kill(pid, SIGKILL);
             waitpid(pid, &wstatus, 0);
             return -1;

@@ -13,6 +13,7 @@
 #include "kvf_handshake.h"
 #include "kvf_layout.h"
 #include "kvf_log.h"
+#include "kvf_time.h"
 #include "kvf_tp_map.h"
 #include "kvf_side_channel.h"
 #include "kvf_ucx_agent.h"

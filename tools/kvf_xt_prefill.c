@@ -41,9 +41,9 @@ static void *xt_prefill_thread(void *arg)
     }
     expected = xt_expected_releases(c, r->rank) * c->npulls;
     /* bench runs several pulls; give it time in proportion */
-    deadline = kvf_ucx_now_ns() + (uint64_t)c->o.timeout_ms * 1000000ull *
+    deadline = kvf_time_now_ns() + (uint64_t)c->o.timeout_ms * 1000000ull *
                (uint64_t)(2 + c->npulls);
-    last_work = kvf_ucx_now_ns();
+    last_work = kvf_time_now_ns();
     while (got < expected) {
         char rid[KVF_ENGINE_ID_MAX];
         int drank;
@@ -52,7 +52,7 @@ static void *xt_prefill_thread(void *arg)
         kvf_status_t s = c->xops->poll_release(c->conn, r->rank, c->bench ? 0 : 100, rid,
                                                sizeof(rid), &drank, &st);
         bool raw_work = (r->raw_agent != NULL) && (kvf_ucx_agent_progress(r->raw_agent) > 0);
-        uint64_t now = kvf_ucx_now_ns();
+        uint64_t now = kvf_time_now_ns();
 
         /*
          * The daemons' progress policy (transfer/ucx/kvf_connector_ucx.c): spin while
@@ -76,7 +76,7 @@ static void *xt_prefill_thread(void *arg)
                 goto out;
             }
             got++;
-        } else if ((kvf_ucx_now_ns() > deadline) || (getppid() != parent)) {
+        } else if ((kvf_time_now_ns() > deadline) || (getppid() != parent)) {
             snprintf(r->err, sizeof(r->err), "prefill rank %d: %d of %d releases before "
                      "giving up", r->rank, got, expected);
             r->status = KVF_ERR_LEASE_EXPIRED;

@@ -47,11 +47,6 @@ struct kvf_engine {
     kvf_engine_stats_t     stats;
 };
 
-static double kvf_now(void)
-{
-    return 1e-9 * (double)kvf_time_now_ns();
-}
-
 static kvf_request_t *kvf_find(kvf_engine_h e, uint64_t id, int *idx_p)
 {
     for (int i = 0; i < e->num_reqs; ++i) {
@@ -381,9 +376,9 @@ kvf_status_t kvf_engine_step(kvf_engine_h e, kvf_engine_event_t *events, int cap
     batch.seqs = e->seqs;
     n_fresh = kvf_block_manager_take_fresh(e->bm, e->fresh, e->cap_fresh);
 
-    t0 = kvf_now();
+    t0 = kvf_time_now_s();
     status = kvf_tp_runner_step(e->runner, &batch, e->fresh, n_fresh);
-    dt = kvf_now() - t0;
+    dt = kvf_time_now_s() - t0;
     e->stats.steps++;
     e->stats.prefill_tokens += (uint64_t)prefill_tok;
     e->stats.decode_tokens += (uint64_t)decode_tok;

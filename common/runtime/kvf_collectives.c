@@ -23,6 +23,7 @@
  */
 #include "kvf_collectives.h"
 #include "kvf_log.h"
+#include "kvf_time.h"
 
 #include <limits.h>
 #include <linux/futex.h>
@@ -57,13 +58,6 @@ typedef struct {
     char             name[64];
     char             why[256];    /* written once, by the rank that broke it */
 } kvf_barrier_t;
-
-static uint64_t kvf_barrier_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 /* Break the barrier for good: every rank waiting or arriving later returns an error. */
 static kvf_status_t kvf_barrier_break(kvf_barrier_t *b, int arrived)
@@ -117,10 +111,10 @@ static kvf_status_t kvf_barrier_wait(kvf_barrier_t *b)
         }
         kvf_cpu_relax();
     }
-    deadline = kvf_barrier_now_ns() + (uint64_t)b->timeout_ms * 1000000ull;
+    deadline = kvf_time_now_ns() + (uint64_t)b->timeout_ms * 1000000ull;
     atomic_fetch_add(&b->sleepers, 1);
     while (atomic_load(&b->gen) == g) {
-        uint64_t now = kvf_barrier_now_ns();
+        uint64_t now = kvf_time_now_ns();
         struct timespec ts;
         uint64_t left;
 

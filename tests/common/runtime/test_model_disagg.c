@@ -14,6 +14,7 @@
 #include "kvf_model_test_util.h"
 #include "kvf_connector.h"
 #include "kvf_log.h"
+#include "kvf_time.h"
 #include "kvf_page_pool.h"
 #include "kvf_connector_ucx.h"
 
@@ -29,13 +30,6 @@
 #define PROMPT 120
 
 static const kvf_connector_ops_t *ops;
-
-static double kvf_now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 typedef struct {
     kvf_connector_h  conn;
@@ -66,13 +60,13 @@ typedef struct {
 static kvf_status_t kvf_serve_rank(void *arg, int rank, kvf_page_pool_h pool)
 {
     kvf_serve_ctx_t *c = arg;
-    double deadline = kvf_now_s() + 30.0;
+    double deadline = kvf_time_now_s() + 30.0;
     char id[64];
     int drank;
     kvf_status_t st;
 
     (void)pool;
-    while (kvf_now_s() < deadline) {
+    while (kvf_time_now_s() < deadline) {
         bool done = atomic_load(c->decode_done) != 0;
         if (ops->poll_release(c->conn, rank, 20, id, sizeof(id), &drank, &st) == KVF_OK) {
             atomic_fetch_add(&c->releases, 1);
@@ -115,14 +109,14 @@ static kvf_status_t kvf_pull_rank(void *arg, int rank, kvf_page_pool_h pool)
     kvf_pull_ctx_t *c = arg;
     kvf_connector_req_h req;
     kvf_status_t st;
-    double deadline = kvf_now_s() + 20.0;
+    double deadline = kvf_time_now_s() + 20.0;
 
     (void)pool;
     st = ops->start_pull(c->conn, rank, c->pull, &req);
     if (st != KVF_OK) {
         return st;
     }
-    while (((st = ops->poll(c->conn, rank, req)) == KVF_INPROGRESS) && (kvf_now_s() < deadline)) {
+    while (((st = ops->poll(c->conn, rank, req)) == KVF_INPROGRESS) && (kvf_time_now_s() < deadline)) {
     }
     kvf_status_t rs = ops->notify_release(c->conn, rank, req);
     return (st != KVF_OK) ? st : rs;
