@@ -173,11 +173,11 @@ static void check_gemm(void)
     CK("gemm cpu", kvf_gemm_ex(NULL, M, N, K, x, LDX, w, K, b, 1.0f, cpu, LDY));
     CK("gemm gpu", kvf_gemm_ex(&gdev, M, N, K, dx, LDX, dw, K, db, 1.0f, dy, LDY));
     down(gpu, dy, sizeof(gpu));
-    rowf("gemm (cuBLAS, bias, beta 1)", "fp32", gpu, cpu, M * LDY, 1e-5);
+    rowf("gemm (cuBLAS, bias, beta 1)", "fp32", gpu, cpu, M * LDY, 1e-4);
     CK("gemm cpu", kvf_gemm(NULL, M, N, K, x, w, NULL, cpu));
     CK("gemm gpu", kvf_gemm(&gdev, M, N, K, dx, dw, NULL, dy));
     down(gpu, dy, (size_t)M * N * 4);
-    rowf("gemm (cuBLAS, beta 0)", "fp32", gpu, cpu, (size_t)M * N, 1e-5);
+    rowf("gemm (cuBLAS, beta 0)", "fp32", gpu, cpu, (size_t)M * N, 1e-4);
     kvf_device_free(&gdev, dx);
     kvf_device_free(&gdev, dw);
     kvf_device_free(&gdev, db);
