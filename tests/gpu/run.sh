@@ -134,6 +134,9 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | h
     sed 's/^/GPU: /'
 grep -v '^gpu_vs_cpu: ' "$log/kernels.txt"
 echo "$gen"
+# the other GPU rows: not possible until transfer/ucx registers device pools
+gen_row "xfer GPU->GPU pull, 4p2d" "-" "-" "-" "-" "not yet (no CUDA pools in transfer/ucx)"
+gen_row "kvf bench device-to-device" "-" "-" "-" "-" "not yet (no CUDA pools in transfer/ucx)"
 grep '^gpu_vs_cpu: ' "$log/kernels.txt"
 [ "$rc" -ne 0 ] && [ "$rc" -ne 1 ] && echo "gpu_vs_cpu exited $rc (crash or timeout)"
 echo "tests/gpu/run.sh: $((($(date +%s) - start))) s, $([ $fail -eq 0 ] && echo PASS || echo FAIL)"
