@@ -375,12 +375,14 @@ static kvf_status_t kvf_dc_pull_released(kvf_dc_pull_ctx_t *ctx, kvf_dc_pull_t *
         return status;
     }
     pull->ticket = 0;
-    pull->claimed = false;   /* the release went out: no abandon after it */
     if (status != KVF_OK) {
+        /* unanswered: prefill may never have seen it, so the abandon follows (a replay
+         * of an answered release is refused there, harmlessly) */
         return kvf_dc_pull_fail(ctx, pull, status, "releasing the KV lease of request %s at"
                                 " prefill %s failed: %s; the KV read is not trusted",
                                 pull->request_id, pull->xp->engine_id, kvf_status_str(status));
     }
+    pull->claimed = false;   /* answered: prefill has it, no abandon after it */
     if (answer.verdict != KVF_LEASE_VALID) {
         ctx->reads_prevented++;
         return kvf_dc_pull_fail(ctx, pull, KVF_ERR_LEASE_EXPIRED, "the KV lease expired before"
