@@ -14,6 +14,7 @@
  * pages for nothing).
  */
 #include "kvf_proxy_flow.h"
+#include "kvf_proxy_route.h"
 #include "kvf_time.h"
 #include "kvf_log.h"
 #include "kvf_proxy_export.h"
@@ -183,6 +184,8 @@ static kvf_status_t kvf_proxy_flow_daemon_error(kvf_proxy_flow_t *flow, kvf_prox
     case KVF_ERR_BUSY:
         http = 503;
         type = "server_error";
+        flow->retry_after_s = 1;   /* its queue is full or it is draining */
+        kvf_proxy_metrics_reject(flow->ctx->metrics, KVF_PROXY_REJECT_INSTANCE_BUSY);
         break;
     default:
         break;
@@ -244,83 +247,38 @@ static bool kvf_proxy_flow_pool_settled(const kvf_proxy_flow_ctx_t *ctx)
     return true;
 }
 
-/* What the prefill instance can never do: say so now, not after a timeout. */
-static kvf_status_t kvf_proxy_flow_check_prefill(kvf_proxy_flow_t *flow)
-{
-    const kvf_proxy_flow_ctx_t *ctx = flow->ctx;
-    const kvf_proxy_completion_req_t *req = flow->req;
-    kvf_proxy_instance_info_t pi;
-
-    kvf_proxy_pool_info(ctx->pool, KVF_PROXY_ROLE_PREFILL, flow->prefill_idx, &pi);
-    if ((pi.max_prompt_tokens != 0) && ((uint32_t)req->num_prompt > pi.max_prompt_tokens)) {
-        flow->prefill_idx = -1;
-        return kvf_proxy_flow_fail(flow, KVF_ERR_OUT_OF_RANGE, 400, "invalid_request_error",
-                                   "prompt of %d tokens does not fit prefill instance %s's"
-                                   " KV cache (at most %u tokens; raise --num-blocks on"
-                                   " prefill)", req->num_prompt, pi.url, pi.max_prompt_tokens);
-    }
-    if ((pi.prefill_tokens_per_s > 0) &&
-        ((double)req->num_prompt / pi.prefill_tokens_per_s * 1000.0 >
-         (double)ctx->prefill_timeout_ms)) {
-        flow->prefill_idx = -1;
-        return kvf_proxy_flow_fail(flow, KVF_ERR_OUT_OF_RANGE, 400, "invalid_request_error",
-                                   "prompt of %d tokens would take about %.0f s to prefill"
-                                   " at prefill instance %s's measured %.0f tokens/s, longer"
-                                   " than --prefill-timeout %lld ms", req->num_prompt,
-                                   (double)req->num_prompt / pi.prefill_tokens_per_s, pi.url,
-                                   pi.prefill_tokens_per_s, (long long)ctx->prefill_timeout_ms);
-    }
-    return KVF_OK;
-}
-
 /*
- * Pick the prefill and decode instances. KVF_PROXY_FLOW_PENDING: none is healthy yet
- * in the proxy's first health round (wait); else KVF_OK or the failure.
+ * Pick the prefill and decode instances by load and decide admission
+ * (kvf_proxy_route.h). KVF_PROXY_FLOW_PENDING: none is healthy yet in the proxy's
+ * first health round (wait); else KVF_OK or the failure (a refusal is a 503
+ * with Retry-After, counted by reason).
  */
 static kvf_status_t kvf_proxy_flow_pick(kvf_proxy_flow_t *flow)
 {
     const kvf_proxy_flow_ctx_t *ctx = flow->ctx;
-    char why[320] = "";
+    kvf_proxy_route_req_t rq;
+    kvf_proxy_route_t rt;
+    int64_t left_ms = (flow->deadline_us - kvf_proxy_now_us()) / 1000;
     kvf_status_t status;
-    int p;
 
-    if (kvf_proxy_pool_pick(ctx->pool, KVF_PROXY_ROLE_PREFILL, &flow->prefill_idx) != KVF_OK) {
-        flow->prefill_idx = -1;   /* nothing was sent to it */
-        if ((kvf_proxy_now_us() < ctx->warmup_until_us) && !kvf_proxy_flow_pool_settled(ctx)) {
-            return KVF_PROXY_FLOW_PENDING;
-        }
-        return kvf_proxy_flow_fail(flow, KVF_ERR_NO_RESOURCE, 503, "server_error",
-                                   "no healthy prefill instance (or every one is draining,"
-                                   " or none a decode instance accepts: see /health)");
-    }
-    status = kvf_proxy_flow_check_prefill(flow);
-    if (status != KVF_OK) {
-        return status;
-    }
-    status = kvf_proxy_pool_pick_decode(ctx->pool, flow->prefill_idx, flow->req->num_prompt,
-                                        &flow->decode_idx, why, sizeof(why));
+    rq.num_tokens = flow->req->num_prompt;
+    rq.prefill_timeout_ms = ctx->prefill_timeout_ms;
+    rq.budget_ms = (left_ms < ctx->prefill_timeout_ms) ? left_ms : ctx->prefill_timeout_ms;
+    status = kvf_proxy_route_pick(ctx->pool, &rq, &rt);
+    flow->prefill_idx = rt.prefill_idx;
+    flow->decode_idx = rt.decode_idx;
     if (status == KVF_OK) {
         return KVF_OK;
     }
-    p = flow->prefill_idx;
-    flow->prefill_idx = -1;
-    flow->decode_idx = -1;
-    if (status == KVF_ERR_OUT_OF_RANGE) {
-        return kvf_proxy_flow_fail(flow, status, 400, "invalid_request_error",
-                                   "prompt of %d tokens does not fit any decode instance: %s",
-                                   flow->req->num_prompt, why);
-    }
-    if (status == KVF_ERR_REFUSED) {
-        return kvf_proxy_flow_fail(flow, status, 503, "server_error",
-                                   "no decode instance accepts prefill instance %s: %s",
-                                   kvf_proxy_pool_url(ctx->pool, KVF_PROXY_ROLE_PREFILL, p), why);
-    }
-    if ((kvf_proxy_now_us() < ctx->warmup_until_us) && !kvf_proxy_flow_pool_settled(ctx)) {
+    if ((rt.reason == KVF_PROXY_REJECT_NO_INSTANCE) && (kvf_proxy_now_us() < ctx->warmup_until_us) &&
+        !kvf_proxy_flow_pool_settled(ctx)) {
         return KVF_PROXY_FLOW_PENDING;
     }
-    return kvf_proxy_flow_fail(flow, KVF_ERR_NO_RESOURCE, 503, "server_error",
-                               "no healthy decode instance (or every one is draining: see"
-                               " /health)");
+    if (rt.http == 503) {
+        flow->retry_after_s = rt.retry_after_s;
+        kvf_proxy_metrics_reject(ctx->metrics, rt.reason);
+    }
+    return kvf_proxy_flow_fail(flow, status, rt.http, rt.type, "%s", rt.why);
 }
 
 /* Instances picked: send the PrefillRequest (prompt in, first token and transfer params out). */
@@ -434,6 +392,27 @@ static kvf_status_t kvf_proxy_flow_on_prefill(kvf_proxy_flow_t *flow, const Kvf_
     kvf_proxy_metrics_observe(ctx->metrics, KVF_PROXY_HIST_TTFT, flow->out.ttft_ms / 1000.0, 1);
     if (r->has_prefill_ms) {
         kvf_proxy_metrics_observe(ctx->metrics, KVF_PROXY_HIST_PREFILL, r->prefill_ms / 1000.0, 1);
+    }
+    if (!kvf_proxy_route_usable(ctx->pool, KVF_PROXY_ROLE_DECODE, flow->decode_idx)) {
+        /* the decode picked died or began draining during prefill: another one */
+        char why[320] = "";
+        int was = flow->decode_idx;
+
+        if (kvf_proxy_pool_pick_decode(ctx->pool, flow->prefill_idx, flow->req->num_prompt,
+                                       &flow->decode_idx, why, sizeof(why)) != KVF_OK) {
+            flow->retry_after_s = 1;
+            kvf_proxy_metrics_reject(ctx->metrics, KVF_PROXY_REJECT_NO_INSTANCE);
+            return kvf_proxy_flow_fail(flow, KVF_ERR_NO_RESOURCE, 503, "server_error",
+                                       "decode instance %s went away during prefill and no"
+                                       " other can take the request%s%s",
+                                       flow->out.decode_instance, why[0] ? ": " : "", why);
+        }
+        flow->out.decode_instance = kvf_proxy_pool_url(ctx->pool, KVF_PROXY_ROLE_DECODE,
+                                                       flow->decode_idx);
+        kvf_proxy_metrics_add(ctx->metrics, KVF_PROXY_CTR_DECODE_REROUTES, 1);
+        kvf_info("request %s: decode %s is no longer routable; sent to %s instead",
+                 flow->out.id, kvf_proxy_pool_url(ctx->pool, KVF_PROXY_ROLE_DECODE, was),
+                 flow->out.decode_instance);
     }
     dreq.request_id = flow->out.id;
     dreq.n_prompt_tokens = (size_t)flow->req->num_prompt;

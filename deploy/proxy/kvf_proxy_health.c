@@ -74,6 +74,7 @@ cJSON *kvf_proxy_pool_health_json(kvf_proxy_pool_h pool)
                                         (double)info.queued_prompt_tokens);
                 cJSON_AddNumberToObject(o, "prefill_tokens_per_s_recent",
                                         info.prefill_rate_recent);
+                cJSON_AddNumberToObject(o, "wait_calibration", info.wait_calibration);
             }
             if (info.last_error[0] != '\0') {
                 cJSON_AddStringToObject(o, "error", info.last_error);

@@ -84,6 +84,10 @@ bool kvf_proxy_call_deliver_locked(struct kvf_proxy_pool *pool, kvf_proxy_instan
     /* answered (prefill's one reply) or finished (decode's last, or an error): the
      * instance no longer works on it for this call */
     if ((r->has_done && r->done) || (r->has_status && (r->status != 0))) {
+        if (c->load_open && (c->role == KVF_PROXY_ROLE_PREFILL) &&
+            !(r->has_status && (r->status != 0))) {
+            kvf_proxy_route_on_answer_locked(inst, c);
+        }
         kvf_proxy_call_unload_locked(c);
     }
     if (c->tail != NULL) {
@@ -176,6 +180,9 @@ kvf_status_t kvf_proxy_call_start(kvf_proxy_pool_h pool, kvf_proxy_role_t role, 
         c->load_open = true;
         c->load_tokens = (req->body_case == KVF__SERVE_REQUEST__BODY_PREFILL) ?
                          (uint32_t)req->prefill->n_prompt_tokens : 0;
+        if (role == KVF_PROXY_ROLE_PREFILL) {
+            kvf_proxy_route_on_send_locked(&pool->inst[role][idx], c);
+        }
         info->outstanding++;
         info->outstanding_tokens += c->load_tokens;
     }

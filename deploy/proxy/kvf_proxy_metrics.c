@@ -31,6 +31,8 @@ static const kvf_proxy_metric_desc_t kvf_proxy_counter_desc[KVF_PROXY_CTR_COUNT]
     {"kvf_proxy_peer_errors", "Requests that failed because an instance or peer went away."},
     {"kvf_proxy_timeouts", "Requests that ran out of time waiting for an instance."},
     {"kvf_proxy_client_aborts", "Requests whose client disconnected before the end."},
+    {"kvf_proxy_decode_reroutes", "Requests sent to another decode instance because the one"
+     " picked died or began draining while they were in prefill."},
 };
 
 typedef struct {

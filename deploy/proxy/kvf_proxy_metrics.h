@@ -25,6 +25,7 @@ typedef enum {
     KVF_PROXY_CTR_PEER_ERRORS,          /* requests failed because a peer went away */
     KVF_PROXY_CTR_TIMEOUTS,             /* requests that ran out of time */
     KVF_PROXY_CTR_CLIENT_ABORTS,        /* clients that went away before the end */
+    KVF_PROXY_CTR_DECODE_REROUTES,      /* sent to another decode: theirs went away in prefill */
     KVF_PROXY_CTR_COUNT
 } kvf_proxy_counter_t;
 

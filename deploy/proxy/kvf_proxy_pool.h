@@ -95,6 +95,7 @@ typedef struct kvf_proxy_instance_info {
     uint32_t outstanding;            /* proxy's calls on it not answered / finished */
     uint64_t outstanding_tokens;     /* prefill: prompt tokens of those calls */
     uint64_t foreign_tokens;         /* prefill: reported queue beyond ours (other proxies) */
+    double   wait_calibration;       /* prefill: EWMA of answered / predicted wait; 0: none yet */
 } kvf_proxy_instance_info_t;
 
 /**

@@ -67,6 +67,8 @@ struct kvf_proxy_call {
     void                   *notify_arg;
     bool                    load_open;    /* counted in its instance's outstanding load */
     uint32_t                load_tokens;  /* prompt tokens counted (PrefillRequest) */
+    int64_t                 load_start_ms;      /* registered then */
+    double                  load_predicted_ms;  /* wait predicted then; -1: no rate */
 };
 
 typedef struct kvf_proxy_instance {
@@ -159,6 +161,10 @@ void kvf_proxy_call_unload_locked(struct kvf_proxy_call *c);
 /* ---- kvf_proxy_route.c ---- */
 /* A health reply's load fields into @a inst: queue, recent prefill rate (EWMA). */
 void kvf_proxy_route_on_health_locked(kvf_proxy_instance_t *inst, const Kvf__HealthReply *h);
+/* Prefill call @a c is being registered on @a inst: its predicted wait. */
+void kvf_proxy_route_on_send_locked(kvf_proxy_instance_t *inst, struct kvf_proxy_call *c);
+/* Prefill call @a c was answered with its first token: calibrate the predictions. */
+void kvf_proxy_route_on_answer_locked(kvf_proxy_instance_t *inst, const struct kvf_proxy_call *c);
 
 /* ---- kvf_proxy_io.c ---- */
 kvf_status_t kvf_proxy_inst_open(struct kvf_proxy_pool *pool, kvf_proxy_instance_t *inst);

@@ -118,6 +118,36 @@ void kvf_proxy_route_on_health_locked(kvf_proxy_instance_t *inst, const Kvf__Hea
     kvf_proxy_route_rate_base(inst, h, now_ms);
 }
 
+void kvf_proxy_route_on_send_locked(kvf_proxy_instance_t *inst, struct kvf_proxy_call *c)
+{
+    c->load_start_ms = kvf_proxy_now_ms();
+    c->load_predicted_ms = kvf_proxy_route_wait_ms(kvf_proxy_route_queued(&inst->info),
+                                                   (int)c->load_tokens,
+                                                   kvf_proxy_route_rate(&inst->info));
+}
+
+void kvf_proxy_route_on_answer_locked(kvf_proxy_instance_t *inst, const struct kvf_proxy_call *c)
+{
+    double actual = (double)(kvf_proxy_now_ms() - c->load_start_ms), ratio;
+
+    /* short waits are mostly relay and step granularity: they say little */
+    if (c->load_predicted_ms < KVF_PROXY_CALIBRATE_MIN_MS) {
+        return;
+    }
+    ratio = actual / c->load_predicted_ms;
+    ratio = (ratio < KVF_PROXY_CALIBRATION_MIN) ? KVF_PROXY_CALIBRATION_MIN :
+            (ratio > KVF_PROXY_CALIBRATION_MAX) ? KVF_PROXY_CALIBRATION_MAX : ratio;
+    inst->info.wait_calibration = kvf_proxy_route_ewma(inst->info.wait_calibration, ratio,
+                                                       KVF_PROXY_RATE_ALPHA);
+}
+
+double kvf_proxy_route_calibrated(const kvf_proxy_instance_info_t *info, double wait_ms)
+{
+    double k = (info->wait_calibration > 1.0) ? info->wait_calibration : 1.0;
+
+    return (wait_ms < 0) ? wait_ms : wait_ms * k;
+}
+
 bool kvf_proxy_route_usable(kvf_proxy_pool_h pool, kvf_proxy_role_t role, int idx)
 {
     bool ok;
@@ -166,8 +196,9 @@ static bool kvf_proxy_route_full_locked(struct kvf_proxy_pool *pool,
 /* Ordering key of prefill @a info for a prompt of @a n tokens: lower is better. */
 static double kvf_proxy_route_prefill_key(const kvf_proxy_instance_info_t *info, int n)
 {
-    double w = kvf_proxy_route_wait_ms(kvf_proxy_route_queued(info), n,
-                                       kvf_proxy_route_rate(info));
+    double w = kvf_proxy_route_calibrated(info, kvf_proxy_route_wait_ms(
+                                                    kvf_proxy_route_queued(info), n,
+                                                    kvf_proxy_route_rate(info)));
 
     /* no rate yet: queued tokens as if one per millisecond (an idle one wins) */
     return (w >= 0) ? w : (double)kvf_proxy_route_queued(info);
@@ -346,8 +377,8 @@ static kvf_status_t kvf_proxy_route_admit(kvf_proxy_pool_h pool, const kvf_proxy
 
     kvf_proxy_pool_info(pool, KVF_PROXY_ROLE_PREFILL, rt->prefill_idx, &pi);
     rate = kvf_proxy_route_rate(&pi);
-    rt->predicted_wait_ms = kvf_proxy_route_wait_ms(kvf_proxy_route_queued(&pi), rq->num_tokens,
-                                                    rate);
+    rt->predicted_wait_ms = kvf_proxy_route_calibrated(
+        &pi, kvf_proxy_route_wait_ms(kvf_proxy_route_queued(&pi), rq->num_tokens, rate));
     if (rt->predicted_wait_ms < 0) {
         return KVF_OK;                       /* nothing measured yet: admit */
     }

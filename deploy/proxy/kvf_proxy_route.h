@@ -20,7 +20,8 @@
  * Neither draining, unhealthy nor at its bound (--max-outstanding, and the
  * daemon's reported --max-queue for prefill) instances get new work.
  *
- * Admission: predicted wait = (queued prompt work + this prompt) / rate. A
+ * Admission: predicted wait = (queued prompt work + this prompt) / rate,
+ * times the instance's calibration (below) when that is above 1. A
  * request whose predicted wait exceeds KVF_PROXY_ADMIT_HEADROOM of its
  * budget (min of --prefill-timeout and the time left before its deadline)
  * is refused at once with a 503 and a Retry-After, instead of waiting into a
@@ -40,6 +41,15 @@
 #define KVF_PROXY_RATE_MIN_TOKENS 64    /* a rate sample spans at least this many tokens */
 #define KVF_PROXY_ADMIT_HEADROOM 0.8    /* admit while the predicted wait <= this x budget */
 #define KVF_PROXY_RETRY_AFTER_MAX_S 60
+/* Calibration: answered prefill waits over their predictions (EWMA, weight
+ * KVF_PROXY_RATE_ALPHA, each ratio clamped to MIN..MAX, only predictions of
+ * at least CALIBRATE_MIN_MS); predictions are multiplied by it when above 1,
+ * so a rate that overstates what a queued prompt sees (a CPU shared with
+ * other processes, a scheduler that is not first come first served) is
+ * corrected from what the requests really waited. */
+#define KVF_PROXY_CALIBRATE_MIN_MS 200.0
+#define KVF_PROXY_CALIBRATION_MIN 0.25
+#define KVF_PROXY_CALIBRATION_MAX 8.0
 
 typedef struct kvf_proxy_route_req {
     int     num_tokens;           /* prompt length, >= 1 */
@@ -84,6 +94,9 @@ int kvf_proxy_route_retry_after_s(double wait_ms, double budget_ms);
 
 /** The rate routing uses for @a info: the recent EWMA, else the lifetime average; 0: none. */
 double kvf_proxy_route_rate(const kvf_proxy_instance_info_t *info);
+
+/** @a wait_ms times @a info's wait calibration when that is above 1 (-1 stays -1). */
+double kvf_proxy_route_calibrated(const kvf_proxy_instance_info_t *info, double wait_ms);
 
 /** Queued prompt work of prefill @a info in tokens: ours outstanding plus foreign. */
 uint64_t kvf_proxy_route_queued(const kvf_proxy_instance_info_t *info);

@@ -82,6 +82,32 @@ static void test_rate_from_probes(void **state)
     assert_int_equal(inst.info.foreign_tokens, 200);
 }
 
+/* Answered waits longer than predicted raise later predictions; shorter ones never lower them. */
+static void test_calibration(void **state)
+{
+    kvf_proxy_instance_t inst;
+    struct kvf_proxy_call c;
+
+    (void)state;
+    memset(&inst, 0, sizeof(inst));
+    memset(&c, 0, sizeof(c));
+    inst.info.prefill_rate_recent = 1000;
+    inst.info.outstanding_tokens = 900;
+    c.load_tokens = 100;
+    kvf_proxy_route_on_send_locked(&inst, &c);          /* (900 + 100) / 1000 tokens/s */
+    assert_true((c.load_predicted_ms > 999.9) && (c.load_predicted_ms < 1000.1));
+    c.load_start_ms -= 2000;                             /* it took 2 s: ratio 2 */
+    kvf_proxy_route_on_answer_locked(&inst, &c);
+    assert_true((inst.info.wait_calibration > 1.99) && (inst.info.wait_calibration < 2.01));
+    assert_true(kvf_proxy_route_calibrated(&inst.info, 1500) > 2999.0);
+    assert_true(kvf_proxy_route_calibrated(&inst.info, -1) < 0);
+    inst.info.wait_calibration = 0.5;                    /* faster than predicted: as is */
+    assert_true(kvf_proxy_route_calibrated(&inst.info, 1500) == 1500);
+    c.load_predicted_ms = 50;                            /* too short to say anything */
+    kvf_proxy_route_on_answer_locked(&inst, &c);
+    assert_true(inst.info.wait_calibration == 0.5);
+}
+
 static struct kvf_proxy_pool *test_pool(void)
 {
     kvf_proxy_pool_params_t p = {
@@ -244,7 +270,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_arithmetic),     cmocka_unit_test(test_rate_from_probes),
         cmocka_unit_test(test_pick_and_admit), cmocka_unit_test(test_call_load),
-        cmocka_unit_test(test_reject_metrics),
+        cmocka_unit_test(test_reject_metrics), cmocka_unit_test(test_calibration),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,22 +1,21 @@
 #!/usr/bin/env python3
 """A bounded soak against a 4p2d pool (one prefill instance TP4, two decode
-instances TP2) with default settings: 24 concurrent clients send random
-prompts with max_tokens 1-64, half streamed, 15 % aborted by the client
-mid-request. Must hold: no failed request that the client did not abort;
-every free page back on every instance afterwards; the RSS of every process
-within 25 % + 16 MB of its value after warm-up.
+instances TP2) with default settings, overloaded: random prompts of 1-800
+bytes (not capped to the prefill rate) with max_tokens 1-64, half streamed,
+15 % aborted by the client mid-request, arriving open loop at about 3x what
+the pool serves. Must hold: no request the client did not abort fails
+(no 504, no 502, no broken stream) -- each is served or refused at once
+with a 503 and Retry-After (admission by predicted wait,
+deploy/proxy/kvf_proxy_route.h); every free page back on every instance
+afterwards; the RSS of every process within 25 % + 16 MB of its value after
+warm-up.
 
-Load that fits the machine. 24 closed-loop clients keep about 24 prompts
-queued at the prefill instance, so each waits roughly 24 x (mean prompt
-tokens) / (prefill tokens/s) before its first token. On a quiet machine the
-TP4 prefill runs thousands of tokens/s and prompts of 1-800 bytes wait a
-few seconds; on 2 cores shared with other jobs (load average 20) the same
-pool managed a few hundred, the wait passed --prefill-timeout (30 s) and
-requests failed by that timeout alone, not by a fault of the pool. So a
-warm-up round of 24 requests measures the prefill rate (/health
-prefill_tokens_per_s) first, and the longest prompt is the smaller of 800
-bytes and what keeps that queue wait under a third of --prefill-timeout.
-The test prints the rate and the prompt range it used.
+Capacity is measured first: a warm-up round, then CLIENTS closed-loop
+clients for CAPACITY_SECONDS (requests answered per second). Before
+admission the proxy queued everything and prompts that waited past
+--prefill-timeout failed with 504, so the test had to cap the prompt size
+to the machine's prefill rate; now the queue is held to the deadline by
+the proxy and the test offers more than the pool can do on purpose.
 
 Bounded: at most SOAK_REQUESTS requests or SOAK_SECONDS of load, whichever
 comes first (environment variables of the same names override); the whole
@@ -34,11 +33,13 @@ from e2e_models import model_dir
 from kvf_e2e import Pool, wait_for
 
 CLIENTS = 24
-REQUESTS = int(os.environ.get("SOAK_REQUESTS", "400"))
+REQUESTS = int(os.environ.get("SOAK_REQUESTS", "1500"))
 SECONDS = float(os.environ.get("SOAK_SECONDS", "25"))
+CAPACITY_SECONDS = 10.0
+OVERLOAD = 3.0                  # offered load over measured capacity
 ABORT_SHARE = 0.15
 MAX_PROMPT_BYTES = 800
-PREFILL_TIMEOUT_S = 30.0        # kvf-proxy's default --prefill-timeout
+REJECT_BOUND_S = 1.0            # generous: the benchmark (tests/bench/overload.py) prints it
 RSS_GROWTH = 1.25               # allowed: x1.25 + 16 MB over the post-warm-up value
 RSS_SLACK_KB = 16 * 1024
 
@@ -77,6 +78,13 @@ def one(pool, rng, stats, lock, max_bytes, abort_share=ABORT_SHARE):
                 stats["aborted"] += 1
             return
         raw = r.read()
+        if r.status == 503:
+            with lock:
+                stats["rejected"] += 1
+                stats["reject_s"].append(time.monotonic() - t0)
+                if not r.getheader("Retry-After"):
+                    stats["no_retry_after"] += 1
+            return
         ok = r.status == 200
         if ok and body["stream"]:
             events = [ln[5:].strip() for ln in raw.decode("utf-8", "replace").split("\n")
@@ -98,7 +106,8 @@ def one(pool, rng, stats, lock, max_bytes, abort_share=ABORT_SHARE):
 
 
 def new_stats():
-    return {"ok": 0, "failed": 0, "aborted": 0, "latency": [], "errors": []}
+    return {"ok": 0, "failed": 0, "aborted": 0, "rejected": 0, "no_retry_after": 0,
+            "latency": [], "reject_s": [], "errors": []}
 
 
 def run_clients(pool, n_clients, max_requests, seconds, max_bytes, stats, seed,
@@ -130,12 +139,26 @@ def run_clients(pool, n_clients, max_requests, seconds, max_bytes, stats, seed,
     return issued[0], time.monotonic() - t0
 
 
-def prompt_budget(rate_tok_s):
-    """Longest prompt (bytes ~ tokens) keeping 24 queued prompts under a third of the timeout."""
-    if rate_tok_s <= 0:
-        return MAX_PROMPT_BYTES
-    longest = int(2 * (PREFILL_TIMEOUT_S / 3.0) * rate_tok_s / CLIENTS)
-    return max(16, min(MAX_PROMPT_BYTES, longest))
+def open_loop(pool, rate, max_requests, seconds, max_bytes, stats, seed):
+    """Poisson arrivals at rate per second, a thread each, until max_requests or seconds."""
+    rng = random.Random(seed)
+    lock = threading.Lock()
+    threads = []
+    t0 = time.monotonic()
+    t = t0
+    while len(threads) < max_requests and t - t0 < seconds:
+        t += rng.expovariate(rate)
+        delay = t - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        th = threading.Thread(target=one, args=(pool, random.Random(rng.random()), stats, lock,
+                                                max_bytes))
+        th.start()
+        threads.append(th)
+    for th in threads:
+        th.join(timeout=300)
+    assert not any(th.is_alive() for th in threads), "a client never finished"
+    return len(threads), time.monotonic() - t0
 
 
 def main():
@@ -147,16 +170,23 @@ def main():
         st, start = pages(pool)
         assert st == 200 and all(f == t for f, t in start.values()), start
 
-        # warm-up: every client once, short prompts, no aborts; measures the prefill rate
+        # warm-up: every client once, short prompts, no aborts
         warm = new_stats()
         run_clients(pool, CLIENTS, CLIENTS, 120, 200, warm, 7, abort_share=0.0)
         assert warm["failed"] == 0, warm["errors"]
-        rate = pool.health()[1]["prefill"][0]["prefill_tokens_per_s"]
-        max_bytes = prompt_budget(rate)
+        # capacity: closed loop, the prompts of the soak, no aborts
+        cap = new_stats()
+        n_cap, cap_wall = run_clients(pool, CLIENTS, 10 ** 6, CAPACITY_SECONDS,
+                                      MAX_PROMPT_BYTES, cap, 99, abort_share=0.0)
+        assert cap["failed"] == 0, cap["errors"]
+        capacity = cap["ok"] / cap_wall
+        rate = pool.health()[1]["prefill"][0]["prefill_tokens_per_s_recent"]
+        max_bytes = MAX_PROMPT_BYTES
         rss_warm = {n: rss_kb(p) for n, p in pids.items()}
 
         stats = new_stats()
-        issued, wall = run_clients(pool, CLIENTS, REQUESTS, SECONDS, max_bytes, stats, 1000)
+        issued, wall = open_loop(pool, OVERLOAD * capacity, REQUESTS, SECONDS, max_bytes,
+                                 stats, 1000)
         # releases, lease quarantine of aborted requests (one transfer timeout): poll
         wait_for(lambda: pages(pool)[1] == start, 30, "free pages back on every instance")
         rss_end = {n: rss_kb(p) for n, p in pids.items()}
@@ -164,18 +194,26 @@ def main():
         p50 = lat[len(lat) // 2] if lat else 0
         p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else 0
         m = pool.metrics()
-        print("soak 4p2d, %d clients, %.0f s of load: %d requests (%d ok, %d failed, %d aborted"
-              " by the client), %.1f req/s, latency p50 %.2f s p99 %.2f s; proxy counted %s"
-              " client aborts; prefill rate after warm-up %.0f tokens/s, so prompts of 1-%d"
-              " bytes" % (CLIENTS, wall, issued, stats["ok"], stats["failed"],
-                          stats["aborted"], issued / wall, p50, p99,
-                          m.value("kvf_proxy_client_aborts_total"), rate, max_bytes))
+        rej = sorted(stats["reject_s"])
+        print("soak 4p2d: capacity %.2f req/s (%d clients, %.0f s closed loop); offered %.1f x"
+              " that open loop for %.0f s: %d requests (%d ok, %d failed, %d refused with 503,"
+              " %d aborted by the client), latency p50 %.2f s p99 %.2f s, 503 in at most %.0f ms"
+              " (p50 %.0f ms); proxy counted %s client aborts, rejected %s; prefill rate %.0f"
+              " tokens/s, prompts of 1-%d bytes" % (
+                  capacity, CLIENTS, cap_wall, OVERLOAD, wall, issued, stats["ok"],
+                  stats["failed"], stats["rejected"], stats["aborted"], p50, p99,
+                  1000 * (rej[-1] if rej else 0), 1000 * (rej[len(rej) // 2] if rej else 0),
+                  m.value("kvf_proxy_client_aborts_total"),
+                  {lab["reason"]: m.value("kvf_proxy_rejected_total", **lab)
+                   for lab in m.labels("kvf_proxy_rejected_total")}, rate, max_bytes))
         for n in sorted(pids):
             print("  RSS %-10s after warm-up %6.1f MB, at the end %6.1f MB (bound %.1f MB)" % (
                 n, rss_warm[n] / 1024, rss_end[n] / 1024,
                 (rss_warm[n] * RSS_GROWTH + RSS_SLACK_KB) / 1024))
         assert stats["failed"] == 0, stats["errors"]
         assert stats["ok"] > 0 and stats["aborted"] > 0, stats
+        assert stats["no_retry_after"] == 0, "a 503 without Retry-After"
+        assert not rej or rej[-1] < REJECT_BOUND_S, "a 503 took %.2f s" % rej[-1]
         for n in pids:
             assert rss_end[n] <= rss_warm[n] * RSS_GROWTH + RSS_SLACK_KB, (
                 "%s RSS grew from %d kB to %d kB" % (n, rss_warm[n], rss_end[n]))
