@@ -67,7 +67,7 @@ static void *kvf_conn_progress_main(void *arg)
 {
     kvf_conn_progress_arg_t a = *(kvf_conn_progress_arg_t *)arg;
     kvf_conn_rank_t *rk = &a.conn->ranks[a.rank];
-    uint64_t last_work = kvf_ucx_now_ns();
+    uint64_t last_work = kvf_time_now_ns();
     uint8_t buf[4096];
     size_t len;
     int fd = -1;
@@ -88,10 +88,10 @@ static void *kvf_conn_progress_main(void *arg)
             break;
         }
         if (n > 0) {
-            last_work = kvf_ucx_now_ns();
+            last_work = kvf_time_now_ns();
             continue;
         }
-        if ((fd < 0) || (kvf_ucx_now_ns() - last_work < KVF_CONNECTOR_SPIN_NS)) {
+        if ((fd < 0) || (kvf_time_now_ns() - last_work < KVF_CONNECTOR_SPIN_NS)) {
             sched_yield();
             continue;
         }
@@ -100,7 +100,7 @@ static void *kvf_conn_progress_main(void *arg)
         }
         struct pollfd p = {.fd = fd, .events = POLLIN, .revents = 0};
         if (poll(&p, 1, 50) > 0) {   /* 50 ms: bounds how long stop takes */
-            last_work = kvf_ucx_now_ns();
+            last_work = kvf_time_now_ns();
         }
     }
     return NULL;
@@ -640,7 +640,7 @@ static kvf_status_t kvf_conn_start_pull(kvf_connector_h conn, int tp_rank,
     if (status != KVF_OK) {
         goto err;
     }
-    req->deadline_ns = kvf_ucx_now_ns() + (uint64_t)conn->timeout_ms * 1000000ull;
+    req->deadline_ns = kvf_time_now_ns() + (uint64_t)conn->timeout_ms * 1000000ull;
     for (int i = 0; i < req->plan->num_ranks; ++i) {
         status = kvf_conn_post_next(conn, rk, req, i);
         if (status != KVF_OK) {
@@ -693,7 +693,7 @@ static kvf_status_t kvf_conn_poll(kvf_connector_h conn, int tp_rank, kvf_connect
              * to serve our GETs; a spinning poll starves it on few cores. */
             sched_yield();
         }
-        if (kvf_ucx_now_ns() > req->deadline_ns) {
+        if (kvf_time_now_ns() > req->deadline_ns) {
             kvf_error("ucx connector: request %s on rank %d timed out after %u ms",
                       req->request_id, tp_rank, conn->timeout_ms);
             req->status = KVF_ERR_PEER_TIMEOUT;

@@ -28,11 +28,6 @@
 
 /* -------------------------------------------------------------------- */
 
-uint64_t kvf_ucx_now_ns(void)
-{
-    return kvf_time_now_ns();
-}
-
 kvf_status_t kvf_ucx_status(ucs_status_t status)
 {
     switch (status) {
@@ -348,9 +343,9 @@ kvf_status_t kvf_ucx_notify_send(kvf_ucx_agent_h agent, kvf_ucx_peer_h peer, con
     if (UCS_PTR_IS_ERR(req)) {
         return (peer->status != KVF_OK) ? peer->status : kvf_ucx_status(UCS_PTR_STATUS(req));
     }
-    deadline = kvf_ucx_now_ns() + (uint64_t)agent->timeout_ms * 1000000ull;
+    deadline = kvf_time_now_ns() + (uint64_t)agent->timeout_ms * 1000000ull;
     while ((done == UCS_INPROGRESS) && (peer->status == KVF_OK) &&
-           (kvf_ucx_now_ns() < deadline)) {   /* every round, busy or not */
+           (kvf_time_now_ns() < deadline)) {   /* every round, busy or not */
         if (ucp_worker_progress(agent->worker) == 0) {
             sched_yield();
         }
@@ -372,7 +367,7 @@ kvf_status_t kvf_ucx_notify_send(kvf_ucx_agent_h agent, kvf_ucx_peer_h peer, con
 kvf_status_t kvf_ucx_notify_recv(kvf_ucx_agent_h agent, void *buf, size_t cap, size_t *len_p,
                                  uint32_t timeout_ms)
 {
-    uint64_t deadline = kvf_ucx_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    uint64_t deadline = kvf_time_now_ns() + (uint64_t)timeout_ms * 1000000ull;
     kvf_ucx_notify_slot_t *slot;
     bool worked = false;
 
@@ -382,7 +377,7 @@ kvf_status_t kvf_ucx_notify_recv(kvf_ucx_agent_h agent, void *buf, size_t cap, s
         if (agent->ring_count > 0) {
             break;
         }
-        if (kvf_ucx_now_ns() >= deadline) {   /* every round: busy with other events too */
+        if (kvf_time_now_ns() >= deadline) {   /* every round: busy with other events too */
             return worked ? KVF_INPROGRESS : KVF_ERR_PEER_TIMEOUT;
         }
         if (n == 0) {

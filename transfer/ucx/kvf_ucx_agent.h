@@ -26,6 +26,7 @@
 #define KVF_UCX_AGENT_H
 
 #include "kvf_handshake.h"
+#include "kvf_time.h"   /* kvf_time_now_ns: the clock of every timeout here */
 #include "kvf_ucx_check.h"
 #include "kvf_xfer_plan.h"
 
@@ -267,8 +268,5 @@ kvf_status_t kvf_ucx_notify_send(kvf_ucx_agent_h agent, kvf_ucx_peer_h peer, con
  */
 kvf_status_t kvf_ucx_notify_recv(kvf_ucx_agent_h agent, void *buf, size_t cap, size_t *len_p,
                                  uint32_t timeout_ms);
-
-/** Monotonic clock in ns (for timeouts and timings). */
-uint64_t kvf_ucx_now_ns(void);
 
 #endif

@@ -127,9 +127,9 @@ static bool kvf_ucx_ep_close(kvf_ucx_agent_h agent, kvf_ucx_peer_h peer, bool fo
     if ((req == NULL) || UCS_PTR_IS_ERR(req)) {
         return true;            /* closed at once (or failed: UCX released it) */
     }
-    deadline = kvf_ucx_now_ns() + (uint64_t)agent->timeout_ms * 1000000ull;
+    deadline = kvf_time_now_ns() + (uint64_t)agent->timeout_ms * 1000000ull;
     while ((ucp_request_check_status(req) == UCS_INPROGRESS) &&
-           (kvf_ucx_now_ns() < deadline)) {
+           (kvf_time_now_ns() < deadline)) {
         ucp_worker_progress(agent->worker);
     }
     if (ucp_request_check_status(req) != UCS_INPROGRESS) {

@@ -126,13 +126,13 @@ kvf_status_t kvf_ucx_batch_test(kvf_ucx_batch_h batch)
 kvf_status_t kvf_ucx_batch_wait(kvf_ucx_batch_h batch, uint32_t timeout_ms)
 {
     kvf_ucx_agent_h agent = batch->peer->agent;
-    uint64_t deadline = kvf_ucx_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    uint64_t deadline = kvf_time_now_ns() + (uint64_t)timeout_ms * 1000000ull;
     kvf_status_t status;
 
     /* the deadline is checked on every round: a worker kept busy by other
      * traffic never returns 0 from progress, and must still time out */
     while ((status = kvf_ucx_batch_test(batch)) == KVF_INPROGRESS) {
-        if (kvf_ucx_now_ns() >= deadline) {
+        if (kvf_time_now_ns() >= deadline) {
             kvf_error("%s: transfer from rank %d did not complete in %u ms", agent->name,
                       batch->peer->remote_rank, timeout_ms);
             if (batch->peer->status == KVF_OK) {

@@ -180,7 +180,7 @@ static void run_outsider(kvf_ucx_agent_h agent, const kvf_rank_meta_t *meta, boo
                     NULL};
     char line[600] = "";
     size_t used = 0;
-    uint64_t deadline = kvf_ucx_now_ns() + 30000000000ull;
+    uint64_t deadline = kvf_time_now_ns() + 30000000000ull;
     pid_t pid;
     int wst;
 
@@ -200,7 +200,7 @@ static void run_outsider(kvf_ucx_agent_h agent, const kvf_rank_meta_t *meta, boo
     fcntl(out[0], F_SETFL, O_NONBLOCK);
     for (;;) {   /* the outsider's emulated RMA needs our worker progressed */
         ssize_t n;
-        assert_true(kvf_ucx_now_ns() < deadline);
+        assert_true(kvf_time_now_ns() < deadline);
         struct pollfd pfd = {out[0], POLLIN, 0};
         if (kvf_ucx_agent_progress(agent) == 0) {
             (void)poll(&pfd, 1, 1);      /* idle: wait 1 ms for the outsider's answer */

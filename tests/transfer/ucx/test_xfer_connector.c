@@ -86,8 +86,8 @@ static void *prefill_rank(void *arg)
         r->pool[i] = (uint8_t)rng;
     }
     pthread_barrier_wait(r->ready);
-    deadline = kvf_ucx_now_ns() + 20000000000ull;
-    while ((r->releases < 1) && (kvf_ucx_now_ns() < deadline)) {
+    deadline = kvf_time_now_ns() + 20000000000ull;
+    while ((r->releases < 1) && (kvf_time_now_ns() < deadline)) {
         int drank;
         kvf_status_t st;
         if (ops->poll_release(r->conn, r->rank, 50, r->last_id, sizeof(r->last_id), &drank,
@@ -206,9 +206,9 @@ static void test_ucx_connector(void **state)
     /* the real pull */
     assert_int_equal(ops->start_pull(dconn, 0, &pull, &req), KVF_OK);
     {
-        uint64_t deadline = kvf_ucx_now_ns() + 10000000000ull;
+        uint64_t deadline = kvf_time_now_ns() + 10000000000ull;
         while (((st = ops->poll(dconn, 0, req)) == KVF_INPROGRESS) &&
-               (kvf_ucx_now_ns() < deadline)) {
+               (kvf_time_now_ns() < deadline)) {
         }
     }
     assert_int_equal(st, KVF_OK);

@@ -212,10 +212,10 @@ static kvf_status_t pull_start(kvf_connector_h conn, const char *engine, int32_t
 
 static kvf_status_t pull_wait(kvf_connector_h conn, kvf_connector_req_h req)
 {
-    uint64_t deadline = kvf_ucx_now_ns() + 20000000000ull;
+    uint64_t deadline = kvf_time_now_ns() + 20000000000ull;
     kvf_status_t st;
 
-    while (((st = ops->poll(conn, 0, req)) == KVF_INPROGRESS) && (kvf_ucx_now_ns() < deadline)) {
+    while (((st = ops->poll(conn, 0, req)) == KVF_INPROGRESS) && (kvf_time_now_ns() < deadline)) {
     }
     return st;
 }
