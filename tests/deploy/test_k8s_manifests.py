@@ -10,9 +10,12 @@
 3. The pieces agree: the proxy's --prefill/--decode endpoints name the
    StatefulSets' pods (one per replica) through their headless Services on
    the ports the daemons listen on; --tp equals the pod's GPU limit.
-4. deploy/Dockerfile: the image the manifests name is the one it builds;
-   its runtime stage installs the Debian package of every shared library the
-   built programs load (dpkg -S over ldd), and copies every program the
+4. Every daemon has startup, readiness and liveness probes and a grace
+   period above its drain; every claim a pod mounts is defined.
+5. deploy/Dockerfile builds the proxy's (CPU) image and deploy/Dockerfile.cuda
+   the image of every pod that asks for GPUs; the CPU runtime stage installs
+   the Debian package of every shared library the built programs load
+   (dpkg -S over ldd), and the build stage copies every program the
    manifests run.
 
 Not run here: a cluster (no kubelet) and docker (no image build). Without
@@ -155,14 +158,45 @@ def check_wiring(all_docs):
           "control port; TP equals the GPU limit")
 
 
+def check_pods(all_docs):
+    """Probes on every daemon, grace above the drain, the model claim defined."""
+    claims = {d["metadata"]["name"] for _, d in all_docs if d["kind"] == "PersistentVolumeClaim"}
+    for name, w in workloads(all_docs).items():
+        spec = w["spec"]["template"]["spec"]
+        for v in spec.get("volumes", []):
+            if "persistentVolumeClaim" in v:
+                assert v["persistentVolumeClaim"]["claimName"] in claims, \
+                    "%s mounts claim %s, which no manifest defines" % (
+                        name, v["persistentVolumeClaim"]["claimName"])
+        for c in spec["containers"]:
+            for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                assert probe in c or c["name"] == "proxy" and probe == "startupProbe", \
+                    "%s: container %s has no %s" % (name, c["name"], probe)
+            drain = int(flag_values(container_argv(c)).get("drain-timeout", "30s").rstrip("s"))
+            if c["name"] != "proxy":
+                assert spec.get("terminationGracePeriodSeconds", 30) > drain, \
+                    "%s: grace period not above the %d s drain" % (name, drain)
+    print("pods: probes on every daemon, grace periods above the drain, claims %s defined"
+          % sorted(claims))
+
+
 def check_dockerfile(all_docs):
     with open(DOCKERFILE) as f:
         text = f.read()
+    with open(DOCKERFILE + ".cuda") as f:
+        cuda_text = f.read()
     images = {c["image"] for w in workloads(all_docs).values()
-              for c in w["spec"]["template"]["spec"]["containers"]}
+              for c in w["spec"]["template"]["spec"]["containers"]
+              if c["name"] == "proxy"}
     assert len(images) == 1, images
     image = images.pop()
     assert "-t %s " % image in text, "the Dockerfile does not build %s" % image
+    gpu_images = {c["image"] for w in workloads(all_docs).values()
+                  for c in w["spec"]["template"]["spec"]["containers"]
+                  if "nvidia.com/gpu" in c.get("resources", {}).get("limits", {})}
+    for gi in gpu_images:
+        assert "-t %s " % gi in cuda_text, "a pod asks for GPUs but its image %s is not the " \
+            "one deploy/Dockerfile.cuda builds" % gi
     stages = re.split(r"^FROM ", text, flags=re.M)[1:]
     assert len(stages) == 2, "expected a build and a runtime stage"
     runtime = stages[-1]
@@ -211,6 +245,7 @@ def main():
     check_schema(all_docs)
     check_flags(all_docs)
     check_wiring(all_docs)
+    check_pods(all_docs)
     check_dockerfile(all_docs)
     print("test_k8s_manifests passed")
 

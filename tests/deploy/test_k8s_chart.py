@@ -1,0 +1,348 @@
+#!/usr/bin/env python3
+"""deploy/helm/kvferry rendered for several sets of values and every manifest
+checked, without Helm or a cluster.
+
+Helm is not in this machine's package registries, so the chart's templates
+are rendered by tests/deploy/helm_render.py: the subset of Go's text/template
+and Helm's functions the chart uses, strict (anything else is an error). Its
+own behaviour is checked first against outputs written out by hand from Go's
+template rules.
+
+For each of three sets of values (the defaults: CUDA image, GPUs, keys, a
+PVC made by the chart; a CPU lab pool: no GPUs, --insecure, an existing
+claim, resources; RDMA: the RDMA resource, IPC_LOCK, UCX_NET_DEVICES/TLS,
+another release name and namespace):
+
+1. every manifest validates strictly against the Kubernetes API schema of
+   the oldest and newest version PyPI kubernetes-validate ships;
+2. prefill, decode and proxy are separate workloads (two StatefulSets behind
+   headless Services, a Deployment behind a Service); every container has
+   startup, readiness and liveness probes on ports it declares; every pod's
+   grace period is above its --drain-timeout; every pod mounts the model
+   volume, whose claim the chart defines (or is the existing one named);
+3. GPUs (one per TP rank) and the CUDA image exactly when gpu.enabled; the
+   RDMA resource, IPC_LOCK and UCX_NET_DEVICES exactly when rdma.enabled;
+   keys from the Secret (mounted, --keys) unless keys.insecure;
+4. discovery: the proxy lists every ordinal up to maxReplicas by its stable
+   name pod.service on the daemons' control port, the Services publish not
+   ready pods, and scaling either StatefulSet (replicas within maxReplicas)
+   renders the proxy's Deployment byte for byte the same;
+5. every flag a pod passes is one the built program lists in --help.
+
+Also: values the chart refuses (a list too long for the proxy's option, no
+claim) fail rendering with the reason, and deploy/Dockerfile.cuda has a CUDA
+build and runtime stage and copies every program the chart runs.
+Without kubernetes-validate the test reports skipped (77).
+"""
+
+import copy
+import json
+import os
+import re
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_k8s_manifests as M  # noqa: E402  (exits 77 without kubernetes-validate)
+from helm_render import TemplateError, render_chart, render_string  # noqa: E402
+
+CHART = os.path.join(M.ROOT, "deploy", "helm", "kvferry")
+DOCKERFILE_CUDA = os.path.join(M.ROOT, "deploy", "Dockerfile.cuda")
+
+VALUE_SETS = {
+    "defaults": ({}, "kvferry", "default"),
+    "cpu-lab": ({
+        "gpu": {"enabled": False},
+        "keys": {"insecure": True},
+        "model": {"name": "tiny", "path": "/models/tiny",
+                  "volume": {"create": False, "existingClaim": "models-ro"}},
+        "prefill": {"replicas": 2, "maxReplicas": 2, "tp": 1,
+                    "resources": {"requests": {"cpu": "2", "memory": "4Gi"},
+                                  "limits": {"memory": "8Gi"}},
+                    "nodeSelector": {"kvferry/pool": "lab"}},
+        "decode": {"replicas": 1, "maxReplicas": 3, "tp": 1, "drainTimeoutSeconds": 60},
+        "proxy": {"resources": {"requests": {"cpu": "1"}}, "extraArgs": ["--max-prompt-tokens=4096"]},
+        "env": [{"name": "UCX_TLS", "value": "tcp,self"}],
+    }, "lab", "kvf-lab"),
+    "rdma": ({
+        "rdma": {"enabled": True, "ucxTls": "rc,cuda_copy,cuda_ipc",
+                 "ucxNetDevices": "mlx5_1:1", "resource": "rdma/hca", "count": 2},
+        "prefill": {"maxReplicas": 5, "tp": 8,
+                    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists",
+                                     "effect": "NoSchedule"}]},
+        "decode": {"replicas": 4, "maxReplicas": 5, "extraArgs": ["--max-batch-tokens=1024"]},
+        "image": {"pullSecrets": [{"name": "regcred"}]},
+        "model": {"volume": {"storageClassName": "fast-rwx", "size": "500Gi"}},
+        "proxy": {"service": {"type": "LoadBalancer"}, "replicas": 2},
+    }, "kv", "serving"),
+}
+
+
+# ---------------------------------------------------------------- the renderer itself
+
+def check_renderer():
+    cases = [
+        ("x\n  {{- .Values.a }}\ny", {"a": 1}, "x1\ny"),
+        ("a {{ .Values.a -}}\n  b", {"a": 1}, "a 1b"),
+        ("{{ if .Values.on }}y{{ else if .Values.b }}b{{ else }}n{{ end }}", {"b": 1}, "b"),
+        ("{{ if .Values.on }}y{{ else }}n{{ end }}", {"on": 0}, "n"),
+        ("{{ range $i, $v := .Values.l }}{{ if $i }},{{ end }}{{ $v }}{{ end }}",
+         {"l": ["a", "b", "c"]}, "a,b,c"),
+        ("{{ range $k, $v := .Values.m }}{{ $k }}={{ $v }};{{ end }}", {"m": {"b": 2, "a": 1}},
+         "a=1;b=2;"),
+        ("{{ range .Values.l }}{{ . }}{{ else }}none{{ end }}", {"l": []}, "none"),
+        ('{{ define "t" }}[{{ . }}]{{ end }}{{ include "t" "x" | quote }}', {}, '"[x]"'),
+        ('{{ define "t" }}{{ $.k }}{{ end }}{{ include "t" (dict "k" 5) }}', {}, "5"),
+        ("m:{{ .Values.m | toYaml | nindent 2 }}", {"m": {"b": 1, "a": [2]}},
+         "m:\n  a:\n  - 2\n  b: 1"),
+        ("{{ default 5 .Values.nope }} {{ .Values.z | default 7 }}", {"z": 0}, "5 7"),
+        ('{{ printf "%s-%d" "a" 3 }} {{ add 1 2 }} {{ div 600 5 }}', {}, "a-3 3 120"),
+        ("{{ $x := 1 }}{{ range until 3 }}{{ $x = add $x . }}{{ end }}{{ $x }}", {}, "4"),
+        ("{{ range .Values.l }}{{ $.Values.p }}{{ . }}{{ end }}", {"l": [1, 2], "p": "p"},
+         "p1p2"),
+        ('{{ and 1 0 }} {{ or 0 "z" }} {{ not .Values.f }} {{ ternary "y" "n" true }}',
+         {"f": False}, "0 z true y"),
+        ('{{ with .Values.w }}{{ .a }}{{ else }}-{{ end }}', {"w": {"a": "A"}}, "A"),
+        ("{{/* a comment */}}k: {{ .Values.s | quote }}", {"s": 'say "hi"'},
+         'k: "say \\"hi\\""'),
+    ]
+    for src, values, want in cases:
+        got = render_string(src, values)
+        assert got == want, "renderer: %r with %r gave %r, Go gives %r" % (src, values, got, want)
+    bad = [("{{ .Values.nope }}", "prints a missing value"),
+           ("{{ nosuch 1 }}", "not in the supported subset"),
+           ("{{ .Values.a.b }}", "reads .b of a missing value"),
+           ("{{ if 1 }}x", "no {{ end }}"),
+           ("{{ .Values.l }}", "prints a list or map"),
+           ("{{ end }}", "without a block"),
+           ('{{ fail "no" }}', "fail: no"),
+           ('{{ required "need x" .Values.nope }}', "required: need x")]
+    for src, why in bad:
+        try:
+            render_string(src, {"l": [1]})
+        except TemplateError as e:
+            assert why in str(e), (src, str(e))
+            continue
+        raise AssertionError("renderer accepted %r" % src)
+    print("renderer: %d cases render as Go's text/template does; %d outside the subset or "
+          "invalid are refused" % (len(cases), len(bad)))
+
+
+# ---------------------------------------------------------------- the chart
+
+def by_kind(docs, kind):
+    return {d["metadata"]["name"]: d for _, d in docs if d["kind"] == kind}
+
+
+def pod_containers(w):
+    return w["spec"]["template"]["spec"]["containers"]
+
+
+def merged(overrides):
+    import yaml
+    from helm_render import merge
+    with open(os.path.join(CHART, "values.yaml")) as f:
+        return merge(yaml.safe_load(f), overrides)
+
+
+def arg_flags(c):
+    return M.flag_values(M.container_argv(c))
+
+
+def seconds(v):
+    m = re.fullmatch(r"(\d+)s", v)
+    assert m, "a --drain-timeout in seconds, got %r" % v
+    return int(m.group(1))
+
+
+def check_set(label, overrides, release, ns, schema_versions):
+    import kubernetes_validate as kv
+    docs = render_chart(CHART, overrides, release=release, namespace=ns)
+    v = merged(overrides)
+    for fn, d in docs:
+        for ver in schema_versions:
+            try:
+                kv.validate(d, ver, strict=True)
+            except kv.ValidationError as e:
+                raise AssertionError("%s: %s %s (%s) invalid for Kubernetes %s: %s" % (
+                    label, fn, d["kind"], d["metadata"]["name"], ver, e))
+    sts, deps = by_kind(docs, "StatefulSet"), by_kind(docs, "Deployment")
+    for w in list(sts.values())[:1]:   # the check can fail: planted errors are refused
+        for path, bad in ((("spec", "replicas"), "two"),
+                          (("spec", "template", "spec", "terminationGracePeriodSecond"), 1)):
+            planted = copy.deepcopy(w)
+            node = planted
+            for k in path[:-1]:
+                node = node[k]
+            node[path[-1]] = bad
+            try:
+                kv.validate(planted, schema_versions[-1], strict=True)
+            except kv.ValidationError:
+                continue
+            raise AssertionError("%s: a planted %s=%r passed validation" % (label, path, bad))
+    svcs, pvcs = by_kind(docs, "Service"), by_kind(docs, "PersistentVolumeClaim")
+    names = {"prefill": release + "-prefill", "decode": release + "-decode",
+             "proxy": release + "-proxy"}
+    assert sorted(sts) == sorted([names["prefill"], names["decode"]]) and \
+        list(deps) == [names["proxy"]], (label, list(sts), list(deps))
+    workloads = {"prefill": sts[names["prefill"]], "decode": sts[names["decode"]],
+                 "proxy": deps[names["proxy"]]}
+    claim = "%s-models" % release if v["model"]["volume"]["create"] else \
+        v["model"]["volume"]["existingClaim"]
+    assert (claim in pvcs) == v["model"]["volume"]["create"], (label, list(pvcs))
+    n_flags = 0
+    for role, w in workloads.items():
+        spec = w["spec"]["template"]["spec"]
+        (c,) = pod_containers(w)
+        ports = {p["name"] for p in c["ports"]}
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            p = c.get(probe)
+            assert p, "%s: %s has no %s" % (label, role, probe)
+            port = (p.get("tcpSocket") or p.get("httpGet"))["port"]
+            assert port in ports, (label, role, probe, port, ports)
+        f = arg_flags(c)
+        drain = seconds(f["drain-timeout"])
+        assert spec["terminationGracePeriodSeconds"] > drain, \
+            "%s: %s grace %d not above its drain %d s" % (label, role,
+                                                          spec["terminationGracePeriodSeconds"], drain)
+        vols = {x["name"]: x for x in spec["volumes"]}
+        assert vols["models"]["persistentVolumeClaim"]["claimName"] == claim, (label, role)
+        assert any(m["name"] == "models" and m["readOnly"] for m in c["volumeMounts"])
+        limits = c.get("resources", {}).get("limits", {})
+        secctx = c.get("securityContext", {})
+        env = {e["name"]: e.get("value") for e in c.get("env", [])}
+        if role != "proxy":
+            vr = v[role]
+            assert int(f["tp"]) == vr["tp"], (label, role)
+            assert w["spec"]["replicas"] == vr["replicas"] <= vr["maxReplicas"]
+            img = v["image"]["cuda" if v["gpu"]["enabled"] else "cpu"]
+            assert c["image"] == "%s:%s" % (img["repository"], img["tag"]), (label, role, c["image"])
+            if v["gpu"]["enabled"]:
+                assert limits.get(v["gpu"]["resource"]) == vr["tp"], (label, role, limits)
+            else:
+                assert not any("gpu" in k for k in limits), (label, role, limits)
+            rd = v["rdma"]
+            if rd["enabled"]:
+                assert limits.get(rd["resource"]) == rd["count"], (label, role, limits)
+                assert "IPC_LOCK" in secctx.get("capabilities", {}).get("add", []), (label, role)
+                assert env.get("UCX_NET_DEVICES") == rd["ucxNetDevices"], (label, role, env)
+            else:
+                assert not any(k.startswith("rdma/") for k in limits) and \
+                    "capabilities" not in secctx and "UCX_NET_DEVICES" not in env, (label, role)
+            if rd["ucxTls"]:
+                assert env.get("UCX_TLS") == rd["ucxTls"], (label, role, env)
+            for e in v["env"]:
+                assert env.get(e["name"]) == e["value"], (label, role, e)
+            assert vols["shm"]["emptyDir"]["medium"] == "Memory"
+            svc = svcs[w["spec"]["serviceName"]]
+            assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"]
+            listen = int(f["listen"].rsplit(":", 1)[1])
+            assert listen == vr["controlPort"] and listen in [p["port"] for p in svc["spec"]["ports"]]
+            assert f["engine-id"] == "$POD_NAME", (label, role, f)
+        else:
+            assert c["image"] == "%s:%s" % (v["image"]["cpu"]["repository"],
+                                            v["image"]["cpu"]["tag"]), (label, c["image"])
+            assert not limits or not any("gpu" in k or "rdma" in k for k in limits)
+            assert svcs[names["proxy"]]["spec"]["type"] == v["proxy"]["service"]["type"]
+            for role2 in ("prefill", "decode"):
+                vr = v[role2]
+                want = ["tcp://%s-%d.%s:%d" % (names[role2], k, names[role2], vr["controlPort"])
+                        for k in range(vr["maxReplicas"])]
+                assert f[role2].split(",") == want, (label, role2, f[role2], want)
+                assert len(f[role2]) <= 255, (label, role2, len(f[role2]))
+        if v["keys"]["insecure"]:
+            assert "insecure" in f and "keys" not in f and "keys" not in vols, (label, role)
+        else:
+            assert f.get("keys") == "/etc/kvferry/keys", (label, role, f)
+            assert vols["keys"]["secret"]["secretName"] == v["keys"]["secretName"]
+            assert any(m["name"] == "keys" and m["mountPath"] == "/etc/kvferry/keys"
+                       for m in c["volumeMounts"])
+        n_flags += check_flags(role, c)
+    # scaling within maxReplicas: the proxy's Deployment does not change
+    scaled = copy.deepcopy(overrides)
+    for role in ("prefill", "decode"):
+        scaled.setdefault(role, {})["replicas"] = v[role]["maxReplicas"]
+    docs2 = render_chart(CHART, scaled, release=release, namespace=ns)
+    assert json.dumps(by_kind(docs2, "Deployment"), sort_keys=True) == \
+        json.dumps(deps, sort_keys=True), "%s: scaling changed the proxy" % label
+    assert by_kind(docs2, "StatefulSet")[names["decode"]]["spec"]["replicas"] == \
+        v["decode"]["maxReplicas"]
+    print("%s: %d manifests (%s) valid (strict) for Kubernetes %s; probes, grace > drain, "
+          "model claim %s, GPUs %s, RDMA %s, keys %s; proxy lists %d+%d stable names and is "
+          "unchanged when both StatefulSets scale to their maximum; %d flags exist" % (
+              label, len(docs), ", ".join(sorted({d["kind"] for _, d in docs})),
+              " and ".join(schema_versions), claim, "on" if v["gpu"]["enabled"] else "off",
+              "on" if v["rdma"]["enabled"] else "off",
+              "insecure" if v["keys"]["insecure"] else "from Secret " + v["keys"]["secretName"],
+              v["prefill"]["maxReplicas"], v["decode"]["maxReplicas"], n_flags))
+    return docs
+
+
+_HELP = {}
+
+
+def check_flags(role, c):
+    argv = M.container_argv(c)
+    prog = argv[0]
+    assert prog == "kvf-" + role, (role, argv)
+    if prog not in _HELP:
+        import subprocess
+        _HELP[prog] = subprocess.run([os.path.join(M.BIN, prog), "--help"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, timeout=30).stdout
+    known = set(re.findall(r"^\s+--([a-z0-9-]+)", _HELP[prog], re.M))
+    assert known, _HELP[prog]
+    flags = M.flag_values(argv)
+    for flag in flags:
+        assert flag in known, "%s: %s has no flag --%s" % (role, prog, flag)
+    return len(flags)
+
+
+def check_refused():
+    for over, why in (({"decode": {"maxReplicas": 9}}, "255 at most"),
+                      ({"model": {"volume": {"create": False}}}, "existingClaim is needed")):
+        try:
+            render_chart(CHART, over)
+        except TemplateError as e:
+            assert why in str(e), (over, str(e))
+            continue
+        raise AssertionError("the chart rendered %r" % (over,))
+    print("refused: a proxy list over 255 characters, a missing model claim")
+
+
+def check_dockerfile_cuda(docs):
+    with open(DOCKERFILE_CUDA) as f:
+        text = f.read()
+    stages = re.split(r"^FROM ", text, flags=re.M)[1:]
+    assert len(stages) == 2, "expected a build and a runtime stage"
+    assert re.match(r"nvidia/cuda:[\d.]+-devel-", stages[0]), stages[0].splitlines()[0]
+    assert re.match(r"nvidia/cuda:[\d.]+-runtime-", stages[1]), stages[1].splitlines()[0]
+    assert "-DKVF_CUDA=ON" in stages[0], "the build stage must require CUDA"
+    assert "--with-cuda" in stages[0], "UCX must be built with CUDA support"
+    progs = {M.container_argv(c)[0] for _, d in docs if d["kind"] in ("StatefulSet", "Deployment")
+             for c in pod_containers(d)}
+    for p in progs:
+        assert re.search(r"/build/bin/%s\b" % re.escape(p), stages[0]), \
+            "Dockerfile.cuda does not copy %s" % p
+    v = merged({})
+    assert "-t %s:" % v["image"]["cuda"]["repository"] in text, \
+        "Dockerfile.cuda does not say how to build %s" % v["image"]["cuda"]["repository"]
+    print("Dockerfile.cuda: CUDA devel build stage (UCX with CUDA, -DKVF_CUDA=ON), CUDA runtime "
+          "stage, copies %s" % ", ".join(sorted(progs)))
+
+
+def main():
+    from kubernetes_validate import utils as kvu
+    check_renderer()
+    versions = sorted(kvu.all_versions(), key=lambda x: tuple(int(p) for p in x.split(".")))
+    picked = [versions[0], versions[-1]]
+    docs = None
+    for label, (over, release, ns) in VALUE_SETS.items():
+        d = check_set(label, over, release, ns, picked)
+        docs = docs or d
+    check_refused()
+    check_dockerfile_cuda(docs)
+    print("test_k8s_chart passed")
+
+
+if __name__ == "__main__":
+    main()
