@@ -62,6 +62,7 @@ def job(td, fakebin, model, decode_exe, tag):
                       ("kvf-decode", decode_exe),
                       ("kvf-proxy", os.path.join(fakebin, "kvf-proxy"))):
         write(os.path.join(bind, prog), WRAP % {"exe": exe, "insecure": INSECURE[0]})
+    os.symlink(os.path.join(find_bin(), "kvf"), os.path.join(bind, "kvf"))   # kvf keygen
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
