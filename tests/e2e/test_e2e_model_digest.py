@@ -35,6 +35,15 @@ class T:
         print("ok:", what)
 
 
+def alive(pid):
+    """A live, non-zombie process."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
 def logged_digest(pool, name):
     m = re.search(DIGEST_RE, pool.log(name))
     T.check(m is not None, "%s logs its model digest" % name)
@@ -72,11 +81,9 @@ def main():
                     "weights or tokenizer differ" % (d2, p2, d1, p1))
             T.check(("incompatible pairing prefill-0 -> decode-0: " + want) in out,
                     "kvf-up names both digests and both folders", out[-1500:])
-            T.check(not [f for f in os.listdir(pool.run_dir) if f.endswith(".pid")] or
-                    all(not os.path.exists("/proc/%s" % open(os.path.join(pool.run_dir, f))
-                                           .read().split()[0])
-                        for f in os.listdir(pool.run_dir) if f.endswith(".pid")),
-                    "nothing left running after the refusal")
+            pids = [int(x) for x in re.findall(r"started \S+ on \S+ \(pid (\d+)\)", out)]
+            T.check(len(pids) == 3 and not [p for p in pids if alive(p)],
+                    "the three processes kvf-up started are gone after the refusal (%s)" % pids)
         finally:
             pool.stop()
             shutil.rmtree(pool.run_dir, ignore_errors=True)
