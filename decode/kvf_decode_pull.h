@@ -43,10 +43,12 @@ typedef struct kvf_dc_pull_ctx {
     int                        tp;                  /* decode ranks */
     int64_t                    xfer_timeout_ms;     /* bounds each phase */
     int64_t                    test_pull_delay_ms;  /* hidden: before the GETs */
+    bool                       kv_digest;           /* --kv-digest on: releases carry digests */
     uint64_t                   refusals;            /* handshakes refused */
     uint64_t                   peer_errors;
     uint64_t                   reads_prevented;     /* lease not valid: KV not read / not used */
     uint64_t                   abandoned;           /* abandoning releases sent */
+    uint64_t                   digest_mismatches;   /* releases answered corrupt */
 #if KVF_FAULT_ENABLED
     char                       fault_last_rid[KVF_ENGINE_ID_MAX];   /* lease.claim=replay */
     uint64_t                   fault_last_nonce;
@@ -72,6 +74,7 @@ typedef struct kvf_dc_pull_stats {
     uint64_t bytes;
     uint64_t descriptors;
     uint32_t reads;          /* prefill ranks read, summed over decode ranks */
+    double   digest_ms;      /* hashing what landed (--kv-digest on), every rank */
 } kvf_dc_pull_stats_t;
 
 typedef struct kvf_dc_pull {
@@ -89,6 +92,8 @@ typedef struct kvf_dc_pull {
     kvf_connector_req_h          reqs[KVF_DC_PULL_MAX_TP];
     kvf_status_t                 final[KVF_DC_PULL_MAX_TP];
     kvf_dc_pull_stats_t          stats;
+    kvf_kv_digest_t             *digests;   /* [num_digests] for the release; owned */
+    int                          num_digests;
     char                         err[512];  /* why, on a final status other than KVF_OK */
 } kvf_dc_pull_t;
 
@@ -105,7 +110,8 @@ void kvf_dc_pull_begin(kvf_dc_pull_ctx_t *ctx, kvf_dc_pull_t *pull,
  * @return KVF_INPROGRESS; KVF_OK (every byte landed and prefill answered the
  *         release "valid": commit); or the failure with pull->err:
  *         KVF_ERR_LEASE_EXPIRED (the lease did not hold, or too little was
- *         left), KVF_ERR_REFUSED (incompatible), peer errors (timeouts
+ *         left), KVF_ERR_PARSE (prefill answered the KV digests "corrupt":
+ *         the bytes differ from what it sent), KVF_ERR_REFUSED (incompatible), peer errors (timeouts
  *         included), KVF_ERR_INVALID_PARAM (params that do not fit).
  *         After a final status nothing is in flight.
  */

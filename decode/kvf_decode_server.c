@@ -58,6 +58,9 @@ const kvf_config_field_t kvf_decode_config_table[] = {
     KVF_ROLE_CONFIG_FIELDS(kvf_decode_config_t, "tcp://127.0.0.1:5567", "decode-0"),
     {"LOAD_FAILURE", "fail", "when a pull fails: fail the request, or recompute the prompt",
      offsetof(kvf_decode_config_t, load_failure), KVF_CONFIG_TYPE_STRING, 0},
+    {"KV_DIGEST", "on", "KV integrity: on (prefill checks a digest of every pull's bytes"
+     " before decode uses them; a mismatch fails or recomputes per --load-failure) or off",
+     offsetof(kvf_decode_config_t, kv_digest), KVF_CONFIG_TYPE_STRING, 0},
     {"TEST_PULL_DELAY", "0", "test only: wait this long between handshake and the GETs",
      offsetof(kvf_decode_config_t, test_pull_delay_ms), KVF_CONFIG_TYPE_TIME,
      KVF_CONFIG_FLAG_HIDDEN},
@@ -134,6 +137,7 @@ static kvf_status_t kvf_dc_setup(kvf_decode_server_h srv)
     srv->px.tp = srv->cfg.role.tp;
     srv->px.xfer_timeout_ms = srv->cfg.role.xfer_timeout_ms;
     srv->px.test_pull_delay_ms = srv->cfg.test_pull_delay_ms;
+    srv->px.kv_digest = (strcmp(srv->cfg.kv_digest, "on") == 0);
     kvf_drain_init(&srv->drain, (uint64_t)srv->cfg.role.drain_timeout_ms);
     return kvf_serve_server_create(srv->cfg.role.listen, &srv->serve);
 }
@@ -150,6 +154,10 @@ kvf_status_t kvf_decode_server_create(const kvf_decode_config_t *cfg,
     if ((strcmp(cfg->load_failure, "fail") != 0) &&
         (strcmp(cfg->load_failure, "recompute") != 0)) {
         kvf_error("bad value '%s' for --load-failure (fail or recompute)", cfg->load_failure);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    if ((strcmp(cfg->kv_digest, "on") != 0) && (strcmp(cfg->kv_digest, "off") != 0)) {
+        kvf_error("bad value '%s' for --kv-digest (on or off)", cfg->kv_digest);
         return KVF_ERR_INVALID_PARAM;
     }
     if (cfg->role.tp > KVF_DC_PULL_MAX_TP) {
@@ -171,9 +179,9 @@ kvf_status_t kvf_decode_server_create(const kvf_decode_config_t *cfg,
     /* the one ready line, whatever the log level */
     kvf_log_emit(__FILE__, __LINE__, __func__, KVF_LOG_INFO, KVF_SUB_ALL,
                  "ready: decode %s, tp %d, block size %d, %d blocks per rank, control %s, load"
-                 " failure policy %s", cfg->role.engine_id, cfg->role.tp,
+                 " failure policy %s, kv digest %s", cfg->role.engine_id, cfg->role.tp,
              kvf_block_manager_block_size(kvf_engine_block_manager(srv->engine)),
-             cfg->role.num_blocks, cfg->role.listen, cfg->load_failure);
+             cfg->role.num_blocks, cfg->role.listen, cfg->load_failure, cfg->kv_digest);
     *srv_p = srv;
     return KVF_OK;
 }
@@ -686,6 +694,8 @@ static void kvf_dc_health_fill(kvf_decode_server_h srv, Kvf__HealthReply *h)
     h->incarnation = srv->xops->incarnation(srv->conn);
     h->has_draining = 1;
     h->draining = kvf_drain_active(&srv->drain);
+    h->has_kv_digest_mismatches = 1;
+    h->kv_digest_mismatches = srv->px.digest_mismatches;
 }
 
 /* Health probes are answered by the control channel's thread from this. */

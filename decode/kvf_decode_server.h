@@ -27,6 +27,7 @@
 typedef struct kvf_decode_config {
     kvf_role_config_t role;                     /* model, tp, listen, engine id, pool, ... */
     char    load_failure[KVF_CONFIG_STR_MAX];   /* "fail" or "recompute" */
+    char    kv_digest[KVF_CONFIG_STR_MAX];      /* "on" (default) or "off" */
     int     max_queue;                          /* requests waiting for blocks; > 0 */
     int64_t test_pull_delay_ms;                 /* hidden: stall before the GETs (fault tests) */
 } kvf_decode_config_t;

@@ -53,8 +53,8 @@
  *                 kill stop stall; drop (reported sent), corrupt (its bytes
  *                 inverted)
  *   side.reply    side-channel server, before a handshake (metadata) reply.
- *                 kill stop stall; drop (never answered: the REP socket stays
- *                 wedged, as a hung peer's would), corrupt (bytes of the
+ *                 kill stop stall; drop (never answered, nor is any request
+ *                 after it: the side channel hangs, as a hung peer's would), corrupt (bytes of the
  *                 packed reply inverted from the middle on)
  *   side.rkey     side-channel server, before a handshake reply: the reply
  *                 stays well-formed but every region's packed remote key is
@@ -73,6 +73,9 @@
  *                 answered. kill stop stall
  *   decode.step   decode, before each engine step (a token for every running
  *                 request). kill stop stall
+ *   ucx.data      decode connector, when a rank's landed KV is digested
+ *                 (--kv-digest on), once per prefill rank read: corrupt flips
+ *                 one byte of the landed bytes, as if garbled on the wire
  *
  * Thread rules: kvf_fault_init()/kvf_fault_arm()/kvf_fault_disarm() before
  * other threads hit points (start-up, or a single-threaded unit test);
@@ -117,7 +120,8 @@ typedef enum {
     _X(LEASE_SEND,    "lease.send",    KVF_FA_PROC | KVF_FA_(DROP) | KVF_FA_(CORRUPT) | \
                                        KVF_FA_(REPLAY))                              \
     _X(LEASE_RELEASE, "lease.release", KVF_FA_PROC)                                  \
-    _X(DECODE_STEP,   "decode.step",   KVF_FA_PROC)
+    _X(DECODE_STEP,   "decode.step",   KVF_FA_PROC)                                  \
+    _X(UCX_DATA,      "ucx.data",      KVF_FA_(CORRUPT))
 
 typedef enum {
 #define KVF_FAULT_POINT_ENUM(_e, _name, _mask) KVF_FAULT_POINT_##_e,

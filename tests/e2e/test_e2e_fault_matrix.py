@@ -295,10 +295,13 @@ def release_forged_and_stale(model, refs):
         assert sorted(forged) == sorted([("with a wrong nonce", "refused"),
                                          ("naming another engine", "refused"),
                                          ("replayed", "refused")]), forged
-        wait_for(lambda: health(pool)["prefill"][0]["releases_refused"] - ref0 >= 3, 5,
+        # wrong nonce and replay are refused by the lease table (counted there); the copy
+        # naming another engine by the lease table too in an insecure pool, by the side
+        # channel (its engine id is not the authenticated peer) in a secure one
+        wait_for(lambda: health(pool)["prefill"][0]["releases_refused"] - ref0 >= 2, 5,
                  "the refusals counted")
         refused = pool.metrics().sum("kvf_instance_releases_refused_total", role="prefill") - ref0
-        assert refused == 3, "prefill counted %d refused releases, expected 3" % refused
+        assert refused in (2, 3), "prefill counted %d refused releases, expected 2 or 3" % refused
         p = health(pool)["prefill"][0]
         assert p["quarantined_blocks"] == 0, "the real releases did not free the blocks: %s" % p
         results["release-forged-replayed"] = (
@@ -477,6 +480,30 @@ def abort_queued_decoding(model, refs):
 
 # ---- runner -----------------------------------------------------------------
 
+def kv_corrupt(model, refs, trials=4):
+    """decode ucx.data@1+=corrupt: one byte of every pull's landed KV flipped, as if garbled
+    on the wire. With --kv-digest on (the default) prefill finds the digest of what decode
+    received differs from what it sent and answers the release corrupt: every trial is
+    caught, recomputed, and the client gets the colocated tokens."""
+    with Faulted("ucx.data@1+=corrupt", layout="1p1d", model=model,
+                 decode_args=["--load-failure", "recompute", "--xfer-timeout", "2s"]) as pool:
+        for i in range(trials):
+            prompt = PROMPT if i % 2 == 0 else PROMPT_B
+            r = pool.complete(prompt, max_tokens=MAX_TOKENS, temperature=0,
+                              return_token_ids=True, timeout=30)
+            assert r["kv_transfer"]["recomputed"] is True, r["kv_transfer"]
+            check_answer(r, refs, prompt, "trial %d (recomputed after the corruption)" % i)
+        dlog, plog = pool.log("decode-0"), pool.log("prefill-0")
+        flipped = len(re.findall(r"fault ucx\.data: request \S+: one byte", dlog))
+        caught = len(re.findall(r"KV digest mismatch", dlog))
+        answered = len(re.findall(r"differs from what was sent", plog))
+        assert flipped == trials and caught == trials and answered == trials, (
+            flipped, caught, answered, dlog[-2000:])
+        wait_for(lambda: all_free(pool), 10, "pages back on both sides")
+        return ("%d of %d corruptions caught (prefill answered corrupt, decode recomputed);"
+                " every answer equals the colocated tokens" % (caught, trials))
+
+
 ROWS = [
     # (row id, matrix wording, driver, returns a dict of several rows?)
     ("prefill-killed-half-gets", "prefill killed after half of the GETs were posted",
@@ -498,6 +525,7 @@ ROWS = [
     ("side-channel-silent", "side channel that accepts and never answers", side_channel_silent),
     ("abort-pulling", "client abort while pulling", abort_pulling),
     ("abort-queued+abort-decoding", None, abort_queued_decoding),
+    ("kv-corrupt", "KV bytes corrupted in flight (ucx.data=corrupt, --kv-digest on)", kv_corrupt),
 ]
 
 

@@ -43,6 +43,7 @@ struct kvf_side_channel_server {
     atomic_ulong    malformed;
     kvf_side_channel_lease_func_t lease_func;
     void           *lease_arg;
+    bool            wedged;       /* fault side.reply=drop: answers nothing any more */
 };
 
 /* ---- server ----------------------------------------------------------- */
@@ -128,8 +129,10 @@ static bool kvf_side_channel_fault_reply(kvf_side_channel_server_h s, const kvf_
     size_t len;
 
     if (reply == KVF_FAULT_DROP) {
-        kvf_warn("side channel: fault side.reply: this handshake is never answered");
-        return true;   /* the requester waits for an answer that never comes */
+        kvf_warn("side channel: fault side.reply: this handshake and every request after it"
+                 " are never answered (a hung side channel)");
+        s->wedged = true;   /* as a hung peer's: nothing is answered from now on */
+        return true;
     }
     if (reply == KVF_FAULT_CORRUPT) {
         buf = malloc(s->reply_len);
@@ -216,9 +219,29 @@ static void kvf_side_channel_handle(kvf_side_channel_server_h s, const kvf_sc_ro
         snprintf(remote, sizeof(remote), "%u", req.protocol_version);
         kvf_side_channel_refuse(s, route, "protocol_version", ver, remote,
                                 "protocol versions differ", "protocol version mismatch");
+        kvf_handshake_request_cleanup(&req);
         return;
     }
     peer = kvf_side_channel_peer(msg);
+    if ((peer != NULL) && (strcmp(peer, req.engine_id) != 0) && req.has_lease) {
+        kvf_lease_answer_t refused;
+        uint8_t *buf;
+        size_t len;
+
+        /* a lease operation is answered as one, so the requester reads the refusal */
+        kvf_warn("side channel: a peer authenticated as %s claims engine id %s: lease"
+                 " operation refused", peer, req.engine_id);
+        memset(&refused, 0, sizeof(refused));
+        refused.verdict = KVF_LEASE_REFUSED;
+        snprintf(refused.why, sizeof(refused.why), "engine id %s is not the authenticated"
+                 " peer %s", req.engine_id, peer);
+        if (kvf_lease_reply_pack(s->engine_id, &refused, &buf, &len) == KVF_OK) {
+            kvf_side_channel_send(s, route, buf, len);
+            free(buf);
+        }
+        kvf_handshake_request_cleanup(&req);
+        return;
+    }
     if ((peer != NULL) && (strcmp(peer, req.engine_id) != 0)) {
         atomic_fetch_add(&s->malformed, 1);
         kvf_warn("side channel: a peer authenticated as %s claims engine id %s: refused", peer,
@@ -226,15 +249,18 @@ static void kvf_side_channel_handle(kvf_side_channel_server_h s, const kvf_sc_ro
         kvf_side_channel_refuse(s, route, "engine_id", peer, req.engine_id,
                                 "the engine id differs from the peer's authenticated id",
                                 "engine id does not match the authenticated peer");
+        kvf_handshake_request_cleanup(&req);
         return;
     }
     if ((req.want_engine_id[0] != '\0') && (strcmp(req.want_engine_id, s->engine_id) != 0)) {
         kvf_side_channel_refuse(s, route, "engine_id", s->engine_id, req.want_engine_id,
                                 "this side channel serves another engine", "wrong engine id");
+        kvf_handshake_request_cleanup(&req);
         return;
     }
     if (req.has_lease) {
         kvf_side_channel_lease_answer(s, route, &req, (peer != NULL) ? peer : req.engine_id);
+        kvf_handshake_request_cleanup(&req);
         return;
     }
 #if KVF_FAULT_ENABLED
@@ -290,7 +316,9 @@ static void kvf_side_channel_serve_one(kvf_side_channel_server_h s)
     /* counted before the reply goes out, so a client holding its answer
      * always finds it in the stats (tests and /metrics read them) */
     atomic_fetch_add(&s->served, 1);
-    kvf_side_channel_handle(s, &route, &frames[n - 1], malformed);
+    if (!s->wedged) {
+        kvf_side_channel_handle(s, &route, &frames[n - 1], malformed);
+    }
     for (int i = 0; i < n; ++i) {
         zmq_msg_close(&frames[i]);
     }

@@ -856,6 +856,8 @@ kvf_status_t kvf_side_channel_lease_start(kvf_side_channel_client_h client,
 #if KVF_FAULT_ENABLED
     op->replay = (fault == KVF_FAULT_REPLAY);
     op->req = req;
+    op->req.lease.num_digests = 0;   /* the caller's memory: not kept */
+    op->req.lease.digests = NULL;
 #endif
     *ticket_p = op->ticket;
     return KVF_OK;

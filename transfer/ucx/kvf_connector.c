@@ -226,6 +226,18 @@ static bool kvf_connector_stub_side_wait(kvf_connector_h conn, int timeout_ms)
     return false;
 }
 
+static kvf_status_t kvf_connector_stub_req_digests(kvf_connector_h conn, int tp_rank,
+                                                   kvf_connector_req_h req,
+                                                   const kvf_kv_digest_t **digests_p, int *n_p)
+{
+    (void)conn;
+    (void)tp_rank;
+    (void)req;
+    (void)digests_p;
+    (void)n_p;
+    return KVF_ERR_UNSUPPORTED;
+}
+
 void kvf_connector_ops_fill_stubs(kvf_connector_ops_t *ops)
 {
     /* checklist: one line per op of kvf_connector_ops_t */
@@ -258,6 +270,7 @@ void kvf_connector_ops_fill_stubs(kvf_connector_ops_t *ops)
     if (ops->lease_poll == NULL)     ops->lease_poll = kvf_connector_stub_lease_poll;
     if (ops->cancel == NULL)         ops->cancel = kvf_connector_stub_cancel;
     if (ops->side_wait == NULL)      ops->side_wait = kvf_connector_stub_side_wait;
+    if (ops->req_digests == NULL)    ops->req_digests = kvf_connector_stub_req_digests;
 }
 
 kvf_status_t kvf_connector_ops_check(const kvf_connector_ops_t *ops)
@@ -276,7 +289,8 @@ kvf_status_t kvf_connector_ops_check(const kvf_connector_ops_t *ops)
         (ops->set_lease_handler == NULL) || (ops->lease == NULL) || (ops->finish_pull == NULL) ||
         (ops->alloc_pool == NULL) || (ops->handshake_start == NULL) ||
         (ops->handshake_poll == NULL) || (ops->lease_start == NULL) ||
-        (ops->lease_poll == NULL) || (ops->cancel == NULL) || (ops->side_wait == NULL)) {
+        (ops->lease_poll == NULL) || (ops->cancel == NULL) || (ops->side_wait == NULL) ||
+        (ops->req_digests == NULL)) {
         kvf_error("connector '%s' has a NULL op", (ops->name != NULL) ? ops->name : "?");
         return KVF_ERR_UNSUPPORTED;
     }

@@ -62,7 +62,7 @@
  */
 #define KVF_CONNECTOR_SPIN_NS 5000000ull
 
-#define KVF_CONNECTOR_ABI 10  /* 2: req_stats; 3: forget_engine; 4: incarnations; 5: wait_fds;
+#define KVF_CONNECTOR_ABI 11  /* 2: req_stats; 3: forget_engine; 4: incarnations; 5: wait_fds;
                                  6: stats carry posted/landed/done times;
                                  7: batch_descs, plan_flags in the config;
                                  8: leases (set_lease_handler, lease, finish_pull),
@@ -70,7 +70,8 @@
                                  9: alloc_pool;
                                  10: asynchronous side channel (handshake_start/poll,
                                      lease_start/poll, cancel, side_wait), the pull's
-                                     peer key */
+                                     peer key;
+                                 11: req_digests (KV integrity) */
 
 typedef struct kvf_connector *kvf_connector_h;
 typedef struct kvf_connector_req *kvf_connector_req_h;
@@ -389,6 +390,21 @@ typedef struct kvf_connector_ops {
      * channel, at most @a timeout_ms. @return true when something arrived.
      */
     bool         (*side_wait)(kvf_connector_h conn, int timeout_ms);
+
+    /**
+     * Decode (rank thread), after poll returned KVF_OK: the KV digest of
+     * what this rank received from each prefill rank it read
+     * (kvf_kv_digest_ranges() over the landed bytes in descriptor order;
+     * ranges are the prefill region's), computed on the first call.
+     * *digests_p stays valid until finish_pull. A release carrying them
+     * makes prefill hash its own bytes of the same ranges while the lease
+     * holds and answer KVF_LEASE_CORRUPT on a difference.
+     * @return KVF_OK; KVF_ERR_INVALID_PARAM (not landed); KVF_ERR_UNSUPPORTED
+     *         (a device pool: its bytes are not host-readable here);
+     *         KVF_ERR_NO_MEMORY.
+     */
+    kvf_status_t (*req_digests)(kvf_connector_h conn, int tp_rank, kvf_connector_req_h req,
+                                const kvf_kv_digest_t **digests_p, int *n_p);
 } kvf_connector_ops_t;
 
 /** Point every NULL op of @a ops at a stub returning KVF_ERR_UNSUPPORTED. */

@@ -40,11 +40,15 @@
 #include "kvf_connector_ucx_int.h"
 
 #include "kvf_device.h"
+#include "kvf_fault.h"
 #include "kvf_kern_status.h"
 #include "kvf_log.h"
 #include "kvf_random.h"
 #include "kvf_time.h"
 #include "kvf_tp_map.h"
+
+#define XXH_STATIC_LINKING_ONLY   /* XXH3_state_t on the stack */
+#include <xxhash.h>
 
 #include <poll.h>
 #include <pthread.h>
@@ -442,8 +446,8 @@ static kvf_status_t kvf_conn_serve(kvf_connector_h conn, int *port_p)
     sp.engine_id = conn->engine_id;
     sp.ranks = metas;
     sp.num_ranks = conn->tp;
-    sp.lease_func = conn->lease_func;
-    sp.lease_arg = conn->lease_arg;
+    sp.lease_func = (conn->lease_func != NULL) ? kvf_conn_lease_verify : NULL;
+    sp.lease_arg = conn;
     status = kvf_side_channel_server_start(&sp, &conn->server);
     free(metas);
     if ((status == KVF_OK) && conn->progress_thread) {
@@ -473,6 +477,10 @@ static void kvf_conn_req_free(kvf_connector_h conn, kvf_connector_req_h req)
     }
     free(req->zero_off);
     free(req->zero_len);
+    for (int i = 0; (req->digests != NULL) && (i < req->plan->num_ranks); ++i) {
+        free(req->digests[i].ranges);
+    }
+    free(req->digests);
     if (req->plan != NULL) {
         for (int i = 0; i < req->plan->num_ranks; ++i) {
             kvf_ucx_batch_release(req->batches[i]);
@@ -849,6 +857,68 @@ static kvf_status_t kvf_conn_wait_fds(kvf_connector_h conn, int *fds, int cap, i
     return KVF_OK;
 }
 
+/* Digest what rank @a tp_rank received from prefill rank plan @a i (fault ucx.data first). */
+static kvf_status_t kvf_conn_digest_one(kvf_connector_h conn, kvf_connector_req_h req, int i)
+{
+    const kvf_xfer_rank_plan_t *rp = &req->plan->ranks[i];
+    kvf_conn_rank_t *rk = &conn->ranks[req->rank];
+    kvf_kv_digest_t *d = &req->digests[i];
+    XXH3_state_t st;
+
+    d->decode_rank = req->rank;
+    d->prefill_rank = rp->remote_rank;
+    d->num_ranges = rp->num_descs;
+    d->ranges = malloc(2 * rp->num_descs * sizeof(*d->ranges) + 1);
+    if (d->ranges == NULL) {
+        return KVF_ERR_NO_MEMORY;
+    }
+#if KVF_FAULT_ENABLED
+    if ((rp->num_descs > 0) && (KVF_FAULT(UCX_DATA) == KVF_FAULT_CORRUPT)) {
+        uint8_t *b = rk->base + rp->descs[0].local_off + rp->descs[0].len / 2;
+        kvf_warn("fault ucx.data: request %s: one byte from prefill rank %d flipped (0x%02x)",
+                 req->request_id, rp->remote_rank, *b);
+        *b ^= 0xff;
+    }
+#endif
+    XXH3_64bits_reset(&st);
+    for (size_t k = 0; k < rp->num_descs; ++k) {
+        d->ranges[2 * k] = rp->descs[k].remote_off;
+        d->ranges[2 * k + 1] = rp->descs[k].len;
+        XXH3_64bits_update(&st, rk->base + rp->descs[k].local_off, (size_t)rp->descs[k].len);
+    }
+    d->digest = XXH3_64bits_digest(&st);
+    return KVF_OK;
+}
+
+static kvf_status_t kvf_conn_req_digests(kvf_connector_h conn, int tp_rank,
+                                         kvf_connector_req_h req,
+                                         const kvf_kv_digest_t **digests_p, int *n_p)
+{
+    if ((req == NULL) || (req->rank != tp_rank) || (req->status != KVF_OK) ||
+        (digests_p == NULL) || (n_p == NULL)) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    KVF_CONN_CHECK_RANK(conn, tp_rank, "req_digests");
+    if (conn->ranks[tp_rank].device.kind != KVF_DEVICE_CPU) {
+        return KVF_ERR_UNSUPPORTED;
+    }
+    if (req->digests == NULL) {
+        req->digests = calloc((size_t)req->plan->num_ranks + 1, sizeof(*req->digests));
+        if (req->digests == NULL) {
+            return KVF_ERR_NO_MEMORY;
+        }
+        for (int i = 0; i < req->plan->num_ranks; ++i) {
+            kvf_status_t status = kvf_conn_digest_one(conn, req, i);
+            if (status != KVF_OK) {
+                return status;   /* freed with the request */
+            }
+        }
+    }
+    *digests_p = req->digests;
+    *n_p = req->plan->num_ranks;
+    return KVF_OK;
+}
+
 static kvf_status_t kvf_conn_req_stats(kvf_connector_h conn, int tp_rank,
                                        kvf_connector_req_h req, kvf_connector_stats_t *stats_p)
 {
@@ -894,6 +964,7 @@ static const kvf_connector_ops_t kvf_connector_ucx = {
     .lease_poll     = kvf_conn_lease_poll,
     .cancel         = kvf_conn_cancel,
     .side_wait      = kvf_conn_side_wait,
+    .req_digests    = kvf_conn_req_digests,
 };
 
 const kvf_connector_ops_t *kvf_connector_ucx_ops(void)

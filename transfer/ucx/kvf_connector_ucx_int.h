@@ -111,6 +111,7 @@ struct kvf_connector_req {
     size_t          *zero_off, *zero_len;            /* [plan->num_zero], for the device */
     bool             holds_engine;  /* counted in its engine's inflight */
     char             request_id[KVF_ENGINE_ID_MAX];
+    kvf_kv_digest_t *digests;       /* [plan->num_ranks] once req_digests ran */
 };
 
 /* The thread rules of kvf_connector.h, checked in debug builds: a rank's ops
@@ -156,5 +157,10 @@ bool         kvf_conn_side_wait(kvf_connector_h conn, int timeout_ms);
 kvf_status_t kvf_conn_forget_engine(kvf_connector_h conn, const char *engine_id);
 kvf_status_t kvf_conn_remote_incarnation(kvf_connector_h conn, const char *engine_id,
                                          uint64_t *incarnation_p);
+
+/* Prefill: the side channel's lease handler: KV digests of a release checked, then the
+ * daemon's handler (conn->lease_func). */
+void         kvf_conn_lease_verify(void *arg, const char *requester, const kvf_lease_msg_t *msg,
+                                   uint32_t peer_timeout_ms, kvf_lease_answer_t *answer);
 
 #endif

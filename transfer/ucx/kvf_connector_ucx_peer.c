@@ -21,6 +21,8 @@
 #include "kvf_compat.h"
 #include "kvf_log.h"
 
+#include <stdint.h>
+
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -398,6 +400,69 @@ kvf_status_t kvf_conn_handshake_poll(kvf_connector_h conn, uint64_t ticket, char
     status = kvf_conn_install(conn, hs.engine_id, hs.host, hs.port, &reply, why, why_len);
     kvf_handshake_reply_cleanup(&reply);
     return status;
+}
+
+/*
+ * The KV digests of release @a msg against this instance's pools (read
+ * while the lease still holds). @return true when one differs (@a why says
+ * which); malformed ranges count as a difference.
+ */
+static bool kvf_conn_digests_differ(kvf_connector_h conn, const kvf_lease_msg_t *msg,
+                                    char *why, size_t why_len)
+{
+    for (int i = 0; i < msg->num_digests; ++i) {
+        const kvf_kv_digest_t *d = &msg->digests[i];
+        const kvf_conn_rank_t *rk;
+        uint64_t total = 0;
+
+        if ((d->prefill_rank < 0) || (d->prefill_rank >= conn->tp) ||
+            !conn->ranks[d->prefill_rank].registered) {
+            snprintf(why, why_len, "KV digest names prefill rank %d of %d", d->prefill_rank,
+                     conn->tp);
+            return true;
+        }
+        rk = &conn->ranks[d->prefill_rank];
+        if (rk->device.kind != KVF_DEVICE_CPU) {
+            continue;   /* device pool: not host-readable here (logged at serve) */
+        }
+        for (size_t k = 0; k < d->num_ranges; ++k) {
+            uint64_t off = d->ranges[2 * k], len = d->ranges[2 * k + 1];
+            if ((off > rk->len) || (len > rk->len - off) || (len > UINT64_MAX - total) ||
+                ((total += len) > 4 * (uint64_t)rk->len)) {
+                snprintf(why, why_len, "KV digest range %zu (%llu+%llu) of prefill rank %d is"
+                         " outside its pool of %zu bytes", k, (unsigned long long)off,
+                         (unsigned long long)len, d->prefill_rank, rk->len);
+                return true;
+            }
+        }
+        if (kvf_kv_digest_ranges(rk->base, d->ranges, d->num_ranges) != d->digest) {
+            snprintf(why, why_len, "the KV decode rank %d received from prefill rank %d differs"
+                     " from what was sent (digest over %zu ranges)", d->decode_rank,
+                     d->prefill_rank, d->num_ranges);
+            return true;
+        }
+    }
+    return false;
+}
+
+void kvf_conn_lease_verify(void *arg, const char *requester, const kvf_lease_msg_t *msg,
+                           uint32_t peer_timeout_ms, kvf_lease_answer_t *answer)
+{
+    kvf_connector_h conn = arg;
+    char why[sizeof(answer->why)];
+    bool corrupt = false;
+
+    if ((msg->op == KVF_LEASE_OP_RELEASE) && (msg->status == KVF_OK) &&
+        (msg->num_digests > 0)) {
+        corrupt = kvf_conn_digests_differ(conn, msg, why, sizeof(why));   /* before it frees */
+    }
+    conn->lease_func(conn->lease_arg, requester, msg, peer_timeout_ms, answer);
+    if (corrupt && (answer->verdict == KVF_LEASE_VALID)) {
+        kvf_warn("ucx connector %s: release of request %s from %s: %s", conn->engine_id,
+                 msg->request_id, requester, why);
+        answer->verdict = KVF_LEASE_CORRUPT;
+        snprintf(answer->why, sizeof(answer->why), "%s", why);
+    }
 }
 
 kvf_status_t kvf_conn_set_lease_handler(kvf_connector_h conn, kvf_connector_lease_func_t func,

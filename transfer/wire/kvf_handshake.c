@@ -65,11 +65,69 @@ static kvf_status_t kvf_hs_finish_pack(size_t size, const ProtobufCMessage *msg,
 
 /* ---- request ---------------------------------------------------------- */
 
+static void kvf_hs_le64(uint8_t *w, uint64_t v)
+{
+    for (int i = 0; i < 8; ++i) {
+        w[i] = (uint8_t)(v >> (8 * i));
+    }
+}
+
+static uint64_t kvf_hs_get64(const uint8_t *w)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; --i) {
+        v = (v << 8) | w[i];
+    }
+    return v;
+}
+
+uint64_t kvf_kv_digest_ranges(const uint8_t *base, const uint64_t *ranges, size_t num_ranges)
+{
+    XXH3_state_t st;
+
+    XXH3_64bits_reset(&st);
+    for (size_t i = 0; i < num_ranges; ++i) {
+        XXH3_64bits_update(&st, base + ranges[2 * i], (size_t)ranges[2 * i + 1]);
+    }
+    return XXH3_64bits_digest(&st);
+}
+
+/* The digests of a release as protobuf (pointing into @a bufs, which the caller frees). */
+static kvf_status_t kvf_hs_pack_digests(const kvf_lease_msg_t *lm, Kvf__LeaseRequest *l,
+                                        Kvf__KvDigest **pd, Kvf__KvDigest *d, uint8_t **bufs)
+{
+    for (int i = 0; i < lm->num_digests; ++i) {
+        const kvf_kv_digest_t *x = &lm->digests[i];
+        kvf__kv_digest__init(&d[i]);
+        bufs[i] = malloc(16 * x->num_ranges + 1);
+        if (bufs[i] == NULL) {
+            return KVF_ERR_NO_MEMORY;
+        }
+        for (size_t k = 0; k < 2 * x->num_ranges; ++k) {
+            kvf_hs_le64(bufs[i] + 8 * k, x->ranges[k]);
+        }
+        d[i].has_decode_rank = d[i].has_prefill_rank = d[i].has_ranges = d[i].has_digest = 1;
+        d[i].decode_rank = (uint32_t)x->decode_rank;
+        d[i].prefill_rank = (uint32_t)x->prefill_rank;
+        d[i].ranges.data = bufs[i];
+        d[i].ranges.len = 16 * x->num_ranges;
+        d[i].digest = x->digest;
+        pd[i] = &d[i];
+    }
+    l->n_digests = (size_t)lm->num_digests;
+    l->digests = pd;
+    return KVF_OK;
+}
+
 kvf_status_t kvf_handshake_request_pack(const kvf_handshake_request_t *req, uint8_t **buf_p,
                                         size_t *len_p)
 {
     Kvf__HandshakeRequest m = KVF__HANDSHAKE_REQUEST__INIT;
     Kvf__LeaseRequest l = KVF__LEASE_REQUEST__INIT;
+    int nd = req->has_lease ? req->lease.num_digests : 0;
+    Kvf__KvDigest **pd = NULL, *d = NULL;
+    uint8_t **bufs = NULL;
+    kvf_status_t status = KVF_OK;
 
     m.engine_id = (char *)req->engine_id;
     m.has_protocol_version = 1;
@@ -92,9 +150,75 @@ kvf_status_t kvf_handshake_request_pack(const kvf_handshake_request_t *req, uint
         l.has_ids_digest = req->lease.has_ids_digest;
         l.ids_digest = req->lease.ids_digest;
         m.lease = &l;
+        if ((nd < 0) || (nd > KVF_LEASE_MAX_DIGESTS)) {
+            return KVF_ERR_INVALID_PARAM;
+        }
+        if (nd > 0) {
+            pd = calloc((size_t)nd, sizeof(*pd));
+            d = calloc((size_t)nd, sizeof(*d));
+            bufs = calloc((size_t)nd, sizeof(*bufs));
+            status = ((pd == NULL) || (d == NULL) || (bufs == NULL)) ? KVF_ERR_NO_MEMORY :
+                     kvf_hs_pack_digests(&req->lease, &l, pd, d, bufs);
+        }
     }
-    return kvf_hs_finish_pack(kvf__handshake_request__get_packed_size(&m), &m.base, buf_p,
-                              len_p);
+    if (status == KVF_OK) {
+        status = kvf_hs_finish_pack(kvf__handshake_request__get_packed_size(&m), &m.base, buf_p,
+                                    len_p);
+    }
+    for (int i = 0; (bufs != NULL) && (i < nd); ++i) {
+        free(bufs[i]);
+    }
+    free(bufs);
+    free(d);
+    free(pd);
+    return status;
+}
+
+void kvf_handshake_request_cleanup(kvf_handshake_request_t *req)
+{
+    for (int i = 0; (req->lease.digests != NULL) && (i < req->lease.num_digests); ++i) {
+        free(req->lease.digests[i].ranges);
+    }
+    free(req->lease.digests);
+    req->lease.digests = NULL;
+    req->lease.num_digests = 0;
+}
+
+/* Copy a release's digests: every count and length in range. false: malformed (freed). */
+static bool kvf_hs_unpack_digests(const Kvf__LeaseRequest *l, kvf_lease_msg_t *d)
+{
+    if (l->n_digests == 0) {
+        return true;
+    }
+    if (l->n_digests > KVF_LEASE_MAX_DIGESTS) {
+        return false;
+    }
+    d->digests = calloc(l->n_digests, sizeof(*d->digests));
+    if (d->digests == NULL) {
+        return false;
+    }
+    d->num_digests = (int)l->n_digests;
+    for (size_t i = 0; i < l->n_digests; ++i) {
+        const Kvf__KvDigest *x = l->digests[i];
+        kvf_kv_digest_t *y = &d->digests[i];
+        if (!x->has_decode_rank || !x->has_prefill_rank || !x->has_ranges || !x->has_digest ||
+            (x->decode_rank >= KVF_XFER_MAX_TP) || (x->prefill_rank >= KVF_XFER_MAX_TP) ||
+            (x->ranges.len % 16 != 0)) {
+            return false;
+        }
+        y->decode_rank = (int)x->decode_rank;
+        y->prefill_rank = (int)x->prefill_rank;
+        y->digest = x->digest;
+        y->num_ranges = x->ranges.len / 16;
+        y->ranges = malloc(x->ranges.len + 1);
+        if (y->ranges == NULL) {
+            return false;
+        }
+        for (size_t k = 0; k < 2 * y->num_ranges; ++k) {
+            y->ranges[k] = kvf_hs_get64(x->ranges.data + 8 * k);
+        }
+    }
+    return true;
 }
 
 kvf_status_t kvf_handshake_request_unpack(const uint8_t *buf, size_t len,
@@ -139,10 +263,15 @@ kvf_status_t kvf_handshake_request_unpack(const uint8_t *buf, size_t len,
         d->has_ids_digest = l->has_ids_digest;
         d->ids_digest = l->has_ids_digest ? l->ids_digest : 0;
         req_p->has_lease = true;
+        if (!kvf_hs_unpack_digests(l, d)) {
+            kvf_log(KVF_LOG_DEBUG, KVF_SUB_PROTO, "lease release: malformed KV digests");
+            goto out;
+        }
     }
     status = KVF_OK;
 out:
     if (status != KVF_OK) {
+        kvf_handshake_request_cleanup(req_p);
         memset(req_p, 0, sizeof(*req_p));
     }
     kvf__handshake_request__free_unpacked(m, NULL);
@@ -199,7 +328,7 @@ kvf_status_t kvf_lease_reply_unpack(const uint8_t *buf, size_t len, char *engine
         kvf_log(KVF_LOG_DEBUG, KVF_SUB_PROTO, "lease reply: not a valid message (%zu bytes)", len);
         return KVF_ERR_PARSE;
     }
-    if ((m->lease == NULL) || !m->lease->has_verdict || (m->lease->verdict > KVF_LEASE_REFUSED) ||
+    if ((m->lease == NULL) || !m->lease->has_verdict || (m->lease->verdict > KVF_LEASE_CORRUPT) ||
         (m->n_ranks != 0) ||
         !kvf_hs_copy_str(engine_id_p, KVF_ENGINE_ID_MAX, m->engine_id, true) ||
         !kvf_hs_copy_str(answer_p->why, sizeof(answer_p->why), m->lease->why, false)) {

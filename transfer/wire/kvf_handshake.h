@@ -95,7 +95,25 @@ typedef enum {
     KVF_LEASE_VALID   = 0,      /* the lease was held (and is, for a claim) */
     KVF_LEASE_EXPIRED = 1,      /* it expired or was aborted: the pages may hold other KV */
     KVF_LEASE_REFUSED = 2,      /* unknown lease, wrong nonce, another engine, a replay */
+    KVF_LEASE_CORRUPT = 3,      /* release: held, but a KV digest differs: do not use the bytes */
 } kvf_lease_verdict_t;
+
+/** What one decode rank read from one prefill rank (a release with --kv-digest on). */
+typedef struct kvf_kv_digest {
+    int       decode_rank;
+    int       prefill_rank;
+    uint64_t  digest;        /* kvf_kv_digest_ranges() of the bytes as decode received them */
+    size_t    num_ranges;
+    uint64_t *ranges;        /* [2 * num_ranges]: prefill region offset, length; read order */
+} kvf_kv_digest_t;
+
+#define KVF_LEASE_MAX_DIGESTS 4096   /* per release */
+
+/**
+ * XXH3-64 of @a num_ranges byte ranges of @a base ([2i] offset, [2i+1]
+ * length), in order: the one digest both sides compute.
+ */
+uint64_t kvf_kv_digest_ranges(const uint8_t *base, const uint64_t *ranges, size_t num_ranges);
 
 typedef struct kvf_lease_msg {
     kvf_lease_op_t op;
@@ -107,6 +125,9 @@ typedef struct kvf_lease_msg {
     bool           all_ranks;                     /* release: covers every decode rank */
     bool           has_ids_digest;
     uint64_t       ids_digest;                    /* kvf_xfer_ids_digest() of the lists read */
+    int            num_digests;                   /* release: KV digests (0: none sent) */
+    kvf_kv_digest_t *digests;                     /* [num_digests]; the filler's memory, or
+                                                   * kvf_handshake_request_cleanup() after unpack */
 } kvf_lease_msg_t;
 
 typedef struct kvf_lease_answer {
@@ -146,9 +167,15 @@ typedef struct kvf_handshake_reply {
 kvf_status_t kvf_handshake_request_pack(const kvf_handshake_request_t *req, uint8_t **buf_p,
                                         size_t *len_p);
 
-/** @return KVF_OK; KVF_ERR_PARSE for malformed input (logged at debug level). */
+/**
+ * @return KVF_OK (a lease's digests are allocated: kvf_handshake_request_cleanup());
+ *         KVF_ERR_PARSE for malformed input (logged at debug level), nothing to free.
+ */
 kvf_status_t kvf_handshake_request_unpack(const uint8_t *buf, size_t len,
                                           kvf_handshake_request_t *req_p);
+
+/** Free what an unpacked request owns (a release's digests). */
+void kvf_handshake_request_cleanup(kvf_handshake_request_t *req);
 
 kvf_status_t kvf_handshake_reply_pack(const kvf_handshake_reply_t *reply, uint8_t **buf_p,
                                       size_t *len_p);
