@@ -21,7 +21,6 @@
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 static uint64_t kvf_dc_pull_phase_ns(const kvf_dc_pull_ctx_t *ctx)
@@ -66,57 +65,6 @@ static void kvf_dc_pull_msg(const kvf_dc_pull_ctx_t *ctx, const kvf_xfer_params_
     m->all_ranks = (op == KVF_LEASE_OP_RELEASE);
     m->has_ids_digest = true;
     m->ids_digest = kvf_xfer_ids_digest(xp->ids, xp->num_ids, xp->num_groups);
-}
-
-static void kvf_dc_pull_free_digests(kvf_dc_pull_t *pull)
-{
-    for (int i = 0; i < pull->num_digests; ++i) {
-        free(pull->digests[i].ranges);
-    }
-    free(pull->digests);
-    pull->digests = NULL;
-    pull->num_digests = 0;
-}
-
-/*
- * --kv-digest on: what every rank received, per prefill rank read, copied
- * out of the connector requests (finish_pull frees theirs).
- */
-static kvf_status_t kvf_dc_pull_digest(kvf_dc_pull_ctx_t *ctx, kvf_dc_pull_t *pull)
-{
-    uint64_t t0 = kvf_time_now_ns();
-    int cap = 0;
-
-    for (int r = 0; r < ctx->tp; ++r) {
-        const kvf_kv_digest_t *d;
-        int n;
-        kvf_status_t status = ctx->xops->req_digests(ctx->conn, r, pull->reqs[r], &d, &n);
-        kvf_kv_digest_t *grown;
-
-        if (status != KVF_OK) {
-            return status;
-        }
-        if (pull->num_digests + n > cap) {
-            cap = (pull->num_digests + n) * 2;
-            grown = realloc(pull->digests, (size_t)cap * sizeof(*grown));
-            if (grown == NULL) {
-                return KVF_ERR_NO_MEMORY;
-            }
-            pull->digests = grown;
-        }
-        for (int i = 0; i < n; ++i) {
-            kvf_kv_digest_t *x = &pull->digests[pull->num_digests];
-            *x = d[i];
-            x->ranges = malloc(2 * d[i].num_ranges * sizeof(*x->ranges) + 1);
-            if (x->ranges == NULL) {
-                return KVF_ERR_NO_MEMORY;
-            }
-            memcpy(x->ranges, d[i].ranges, 2 * d[i].num_ranges * sizeof(*x->ranges));
-            pull->num_digests++;
-        }
-    }
-    pull->stats.digest_ms = (double)(kvf_time_now_ns() - t0) / 1e6;
-    return KVF_OK;
 }
 
 /* Every rank that started: nothing lands after this (force-closed when not done). */
@@ -170,7 +118,6 @@ static kvf_status_t kvf_dc_pull_fail(kvf_dc_pull_ctx_t *ctx, kvf_dc_pull_t *pull
     if (pull->claimed && (pull->state != KVF_DC_PULL_DONE)) {
         kvf_dc_pull_send_abandon(ctx, pull, status);
     }
-    kvf_dc_pull_free_digests(pull);
     if (KVF_IS_PEER_ERROR(status)) {
         ctx->peer_errors++;
     }
@@ -406,19 +353,9 @@ static kvf_status_t kvf_dc_pull_gets(kvf_dc_pull_ctx_t *ctx, kvf_dc_pull_t *pull
         return kvf_dc_pull_fail(ctx, pull, status, "kv pull from %s failed: %s",
                                 pull->xp->engine_id, kvf_status_str(status));
     }
-    if (ctx->kv_digest) {
-        status = kvf_dc_pull_digest(ctx, pull);
-        if (status != KVF_OK) {
-            return kvf_dc_pull_fail(ctx, pull, status, "digesting the KV of request %s failed:"
-                                    " %s", pull->request_id, kvf_status_str(status));
-        }
-    }
     (void)kvf_dc_pull_finish_ranks(ctx, pull);   /* every rank landed: frees the requests */
-    /* the bytes count only if the lease held throughout (and, with digests, prefill
-     * finds them equal to what it sent): one release for every rank */
+    /* the bytes count only if the lease held throughout: one release for every rank */
     kvf_dc_pull_msg(ctx, pull->xp, pull->request_id, KVF_LEASE_OP_RELEASE, KVF_OK, &m);
-    m.num_digests = pull->num_digests;
-    m.digests = pull->digests;
     status = ctx->xops->lease_start(ctx->conn, &pull->peer, &m, &pull->ticket);
     if (status != KVF_OK) {
         return kvf_dc_pull_fail(ctx, pull, status, "releasing the KV lease of request %s at"
@@ -446,13 +383,6 @@ static kvf_status_t kvf_dc_pull_released(kvf_dc_pull_ctx_t *ctx, kvf_dc_pull_t *
                                 pull->request_id, pull->xp->engine_id, kvf_status_str(status));
     }
     pull->claimed = false;   /* answered: prefill has it, no abandon after it */
-    kvf_dc_pull_free_digests(pull);
-    if (answer.verdict == KVF_LEASE_CORRUPT) {
-        ctx->digest_mismatches++;
-        return kvf_dc_pull_fail(ctx, pull, KVF_ERR_PARSE, "KV digest mismatch: the KV of request"
-                                " %s differs from what prefill %s sent (%s); the pulled KV was"
-                                " not used", pull->request_id, pull->xp->engine_id, answer.why);
-    }
     if (answer.verdict != KVF_LEASE_VALID) {
         ctx->reads_prevented++;
         return kvf_dc_pull_fail(ctx, pull, KVF_ERR_LEASE_EXPIRED, "the KV lease expired before"

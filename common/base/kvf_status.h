@@ -4,7 +4,8 @@
  * radius so a caller can tell "retry on another peer" from "bug".
  *
  * NOTE: append only; never renumber (values cross process boundaries in
- * transfer notifications).
+ * transfer notifications and serve replies). Retired values are not reused:
+ * -43 was KVF_ERR_LEASE_EXPIRED while it sat in the peer-error range.
  */
 #ifndef KVF_STATUS_H
 #define KVF_STATUS_H
@@ -29,10 +30,10 @@
     _X(KVF_ERR_NCCL,            -22, "nccl call failed")                     \
     _X(KVF_ERR_REFUSED,         -30, "handshake refused")                    \
     _X(KVF_ERR_VERSION,         -31, "protocol version mismatch")            \
+    _X(KVF_ERR_LEASE_EXPIRED,   -32, "prefill lease expired or refused")     \
     _X(KVF_ERR_PEER_RESET,      -40, "peer reset the connection")            \
     _X(KVF_ERR_PEER_TIMEOUT,    -41, "peer did not answer in time")          \
-    _X(KVF_ERR_PEER_UNREACHABLE,-42, "peer unreachable")                     \
-    _X(KVF_ERR_LEASE_EXPIRED,   -43, "prefill lease expired")
+    _X(KVF_ERR_PEER_UNREACHABLE,-42, "peer unreachable")
 
 typedef enum {
 #define KVF_STATUS_ENUM(_name, _val, _str) _name = (_val),
@@ -40,7 +41,13 @@ typedef enum {
 #undef KVF_STATUS_ENUM
 } kvf_status_t;
 
-/* -40..-59: this peer is gone; the request may be retried elsewhere. */
+/*
+ * -12 KVF_ERR_TIMED_OUT: a local wait ran out (nothing arrived, a barrier);
+ * no peer is to blame. -30..-39: the peer answered and said no (handshake
+ * refused, version, the KV lease no longer holds); it is alive, and the same
+ * request on it will not succeed. -40..-59: this peer is gone (reset, no answer
+ * in time, unreachable); the request may be retried elsewhere.
+ */
 #define KVF_IS_PEER_ERROR(_s) (((_s) <= -40) && ((_s) >= -59))
 
 /** Human-readable string for @a status; never NULL ("unknown status"). */

@@ -419,19 +419,19 @@ kvf_status_t kvf_serve_server_recv(kvf_serve_server_h srv, int timeout_ms,
     rc = zmq_poll(&item, 1, timeout_ms);
     if (rc < 0) {
         if (errno == EINTR) {
-            return KVF_ERR_PEER_TIMEOUT;
+            return KVF_ERR_TIMED_OUT;
         }
         kvf_error("zmq_poll failed: %s", zmq_strerror(zmq_errno()));
         return KVF_ERR_ZMQ;
     }
     if (rc == 0) {
-        return KVF_ERR_PEER_TIMEOUT;
+        return KVF_ERR_TIMED_OUT;   /* a local wait: no peer owed us anything */
     }
     /* The I/O thread forwards only [id][body] with a checked id length. */
     zmq_msg_init(&id);
     if (zmq_msg_recv(&id, srv->leader, ZMQ_DONTWAIT) < 0) {
         zmq_msg_close(&id);
-        return KVF_ERR_PEER_TIMEOUT;
+        return KVF_ERR_TIMED_OUT;
     }
     peer_p->len = zmq_msg_size(&id);
     memcpy(peer_p->id, zmq_msg_data(&id), peer_p->len);

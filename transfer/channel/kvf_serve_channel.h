@@ -79,7 +79,7 @@ void kvf_serve_server_destroy(kvf_serve_server_h srv);
  * @param [out] peer_p  Sender, to pass to kvf_serve_server_reply().
  * @param [out] req_p   Unpacked request; free with
  *                      kvf__serve_request__free_unpacked(req, NULL).
- * @return KVF_OK; KVF_ERR_PEER_TIMEOUT when nothing arrived (not an error);
+ * @return KVF_OK; KVF_ERR_TIMED_OUT when nothing arrived (not an error);
  *         KVF_ERR_PARSE for a malformed message (already answered with an
  *         error reply when the sender could be identified; nothing to free);
  *         KVF_ERR_ZMQ.

@@ -154,7 +154,7 @@ static void test_health_during_step(void **state)
     assert_true(r->status == KVF_ERR_PARSE);
     assert_non_null(strstr(r->error, "malformed"));
     kvf__serve_reply__free_unpacked(r, NULL);
-    assert_int_equal(kvf_serve_server_recv(srv, 50, &peer, &got), KVF_ERR_PEER_TIMEOUT);
+    assert_int_equal(kvf_serve_server_recv(srv, 50, &peer, &got), KVF_ERR_TIMED_OUT);
 
     zmq_close(s);
     kvf_serve_server_destroy(srv);
