@@ -17,18 +17,21 @@
  * the table) only when the per-client cap is on; the watchdog passes over
  * the table every 100 ms (thousands of slots: microseconds).
  */
+#define _GNU_SOURCE   /* POLLRDHUP */
 #include "kvf_proxy_conns.h"
 #include "kvf_time.h"
 #include "kvf_log.h"
 
 #include <arpa/inet.h>
-#include <netinet/in.h>
-#include <pthread.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <time.h>
 
 #define KVF_PROXY_WATCHDOG_MS 100
@@ -47,6 +50,8 @@ struct kvf_proxy_conn_slot {
     bool                   served;        /* answered at least one request */
     bool                   fired;         /* the watchdog shut it */
     int64_t                deadline_ms;   /* 0: none */
+    uint32_t               gen;           /* phase changes so far */
+    uint32_t               hup_gen;       /* gen + 1 when the last tick saw the peer gone */
 };
 
 struct kvf_proxy_conns {
@@ -61,6 +66,9 @@ struct kvf_proxy_conns {
     uint64_t                 timeouts;
     bool                     stop;
     pthread_t                thread;
+    struct pollfd           *pfd;         /* watchdog: hang-up check scratch */
+    kvf_proxy_conn_slot_t  **pfd_slot;
+    size_t                   pfd_cap;
 };
 
 static int64_t kvf_proxy_conns_now_ms(void)
@@ -131,6 +139,64 @@ static kvf_status_t kvf_proxy_parse_trusted(struct kvf_proxy_conns *c, const cha
     return KVF_OK;
 }
 
+/*
+ * Shut the connections whose client has closed its side (hang-up, nothing
+ * left unread) while they wait for a request or its body: nothing more can
+ * come. The library's edge-triggered epoll does not see a FIN that came
+ * with the data it already read, so such a connection would wait out its
+ * deadline. Acted on when two ticks in a row see it in the same phase (a
+ * request the library has just read is handed over well within a tick); a
+ * connection being answered (BUSY) is left alone: its client may still read.
+ * Lock held.
+ */
+static void kvf_proxy_watchdog_hangups(struct kvf_proxy_conns *c)
+{
+    size_t n = 0;
+
+    if (c->count > c->pfd_cap) {
+        size_t cap = (size_t)c->count * 2;
+        struct pollfd *p = realloc(c->pfd, cap * sizeof(*p));
+        kvf_proxy_conn_slot_t **ps = (p != NULL) ? realloc(c->pfd_slot, cap * sizeof(*ps)) :
+                                     NULL;
+
+        if (p != NULL) {
+            c->pfd = p;
+        }
+        if (ps == NULL) {
+            return;   /* next tick */
+        }
+        c->pfd_slot = ps;
+        c->pfd_cap = cap;
+    }
+    for (kvf_proxy_conn_slot_t *s = c->head; (s != NULL) && (n < c->pfd_cap); s = s->next) {
+        if (!s->fired && (s->phase != KVF_PROXY_PHASE_BUSY)) {
+            c->pfd[n].fd = s->fd;
+            c->pfd[n].events = POLLRDHUP;
+            c->pfd[n].revents = 0;
+            c->pfd_slot[n++] = s;
+        }
+    }
+    if ((n == 0) || (poll(c->pfd, (nfds_t)n, 0) <= 0)) {
+        return;
+    }
+    for (size_t i = 0; i < n; ++i) {
+        kvf_proxy_conn_slot_t *s = c->pfd_slot[i];
+        int unread = 0;
+
+        if (!(c->pfd[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) ||
+            (ioctl(s->fd, FIONREAD, &unread) != 0) || (unread > 0)) {
+            continue;
+        }
+        if (s->hup_gen != s->gen + 1) {
+            s->hup_gen = s->gen + 1;   /* seen once; act if still so next tick */
+            continue;
+        }
+        s->fired = true;
+        kvf_debug("closing the connection from %s: the client closed it", s->addr_str);
+        (void)shutdown(s->fd, SHUT_RDWR);
+    }
+}
+
 static void *kvf_proxy_watchdog(void *arg)
 {
     struct kvf_proxy_conns *c = arg;
@@ -166,6 +232,7 @@ static void *kvf_proxy_watchdog(void *arg)
                      what, flag, (long long)ms);
             (void)shutdown(s->fd, SHUT_RDWR);
         }
+        kvf_proxy_watchdog_hangups(c);
         clock_gettime(CLOCK_MONOTONIC, &ts);
         ts.tv_nsec += KVF_PROXY_WATCHDOG_MS * 1000000L;
         if (ts.tv_nsec >= 1000000000L) {
@@ -233,6 +300,8 @@ void kvf_proxy_conns_destroy(kvf_proxy_conns_h c)
     }
     pthread_cond_destroy(&c->cond);
     pthread_mutex_destroy(&c->lock);
+    free(c->pfd);
+    free(c->pfd_slot);
     free(c);
 }
 
@@ -386,6 +455,7 @@ void kvf_proxy_conns_phase(kvf_proxy_conns_h c, kvf_proxy_conn_slot_t *s,
         s->served = true;   /* an answer went out: keep-alive idle from here */
     }
     s->phase = phase;
+    s->gen++;
     switch (phase) {
     case KVF_PROXY_PHASE_HEADERS:
         s->deadline_ms = now + (s->served ? c->params.idle_timeout_ms :
