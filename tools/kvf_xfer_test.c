@@ -373,6 +373,31 @@ static int xt_bench_exports(const xt_ctx_t *c, const xt_totals_t *t, uint64_t kv
     return rc;
 }
 
+/*
+ * What the daemons' KV digest (--kv-digest on) costs: decode hashes what
+ * landed (the slowest rank's time, median over the pulls) and prefill the
+ * same bytes of its pool, so the pull grows by about twice this.
+ */
+static void xt_report_digest(const xt_ctx_t *c, int n, uint64_t kv)
+{
+    uint64_t dg[XT_MAX_ITERS];
+
+    for (int it = 0; it < n; ++it) {
+        int k = kvf_xt_timed_pull(c, it);
+        dg[it] = 0;
+        for (int r = 0; r < c->dec.tp; ++r) {
+            dg[it] = (c->ranks[r].t_digest[k] > dg[it]) ? c->ranks[r].t_digest[k] : dg[it];
+        }
+    }
+    qsort(dg, (size_t)n, sizeof(dg[0]), xt_cmp_u64);
+    if (dg[n / 2] > 0) {
+        printf("kv digest: %.3f ms (XXH3-64 of the landed bytes, slowest rank%s) = %.1f %% of"
+               " the pull; with prefill hashing the same bytes, %.1f %% (--kv-digest off"
+               " saves it)\n", xt_ms(dg[n / 2]), c->bench ? ", median" : "",
+               100.0 * (double)dg[n / 2] / (double)kv, 200.0 * (double)dg[n / 2] / (double)kv);
+    }
+}
+
 /* The figures of a pull that went (transfer, timings; bench: raw GET, ratio). Returns rc. */
 static int xt_report(const xt_ctx_t *c, const xt_totals_t *t, double hs_ms, int rc)
 {
@@ -391,6 +416,7 @@ static int xt_report(const xt_ctx_t *c, const xt_totals_t *t, double hs_ms, int 
            xt_ms(kv), (double)t->bytes / (double)kv, c->bench ? " (median)" : "");
     printf("plan+post time: %.3f ms (start_pull, slowest rank%s)\n", xt_ms(post),
            c->bench ? ", median" : "");
+    xt_report_digest(c, n, kv);
     if (c->bench) {
         double kv_gbs = (double)t->bytes / (double)kv;
         double raw_gbs = (double)t->raw_bytes / (double)raw;

@@ -56,6 +56,13 @@ static void xt_decode_pull(xt_rank_t *r, int it, bool *killed)
         }
     } while (status == KVF_INPROGRESS);
     r->t_end[it] = kvf_time_now_ns();
+    if (status == KVF_OK) {   /* the daemons' --kv-digest on: what hashing the landed KV costs */
+        const kvf_kv_digest_t *dg;
+        int ndg;
+        if (c->xops->req_digests(c->conn, r->rank, req, &dg, &ndg) == KVF_OK) {
+            r->t_digest[it] = kvf_time_now_ns() - r->t_end[it];
+        }
+    }
     rs = c->xops->notify_release(c->conn, r->rank, req);   /* frees req */
     if (status != KVF_OK) {
         r->t_fail = r->t_end[it];
