@@ -217,6 +217,13 @@ static void kvf_proxy_io_health_reply(struct kvf_proxy_pool *pool, kvf_proxy_ins
         kvf_proxy_inst_unhealthy_locked(inst, why);
         goto out;
     }
+    if ((h->cannot_serve != NULL) && (h->cannot_serve[0] != '\0')) {
+        /* it answers, but cannot serve (a broken TP world): not routed, its error shown */
+        snprintf(why, sizeof(why), "instance cannot serve: %s", h->cannot_serve);
+        info->connected = true;
+        kvf_proxy_inst_unhealthy_locked(inst, why);
+        goto out;
+    }
     if (!info->healthy) {
         kvf_info("%s instance %s (engine %s, tp %u) is healthy", want, inst->url, info->engine_id,
                  info->tp_size);

@@ -137,8 +137,10 @@ void kvf_proxy_route_on_answer_locked(kvf_proxy_instance_t *inst, const struct k
     ratio = actual / c->load_predicted_ms;
     ratio = (ratio < KVF_PROXY_CALIBRATION_MIN) ? KVF_PROXY_CALIBRATION_MIN :
             (ratio > KVF_PROXY_CALIBRATION_MAX) ? KVF_PROXY_CALIBRATION_MAX : ratio;
-    inst->info.wait_calibration = kvf_proxy_route_ewma(inst->info.wait_calibration, ratio,
-                                                       KVF_PROXY_RATE_ALPHA);
+    /* up fast, down slowly: it follows the longer waits, which are the 504s */
+    inst->info.wait_calibration = kvf_proxy_route_ewma(
+        inst->info.wait_calibration, ratio,
+        (ratio > inst->info.wait_calibration) ? KVF_PROXY_CALIBRATION_UP : KVF_PROXY_CALIBRATION_DOWN);
 }
 
 double kvf_proxy_route_calibrated(const kvf_proxy_instance_info_t *info, double wait_ms)

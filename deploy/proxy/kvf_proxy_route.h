@@ -39,10 +39,10 @@
 
 #define KVF_PROXY_RATE_ALPHA 0.3        /* EWMA weight of the newest rate sample */
 #define KVF_PROXY_RATE_MIN_TOKENS 64    /* a rate sample spans at least this many tokens */
-#define KVF_PROXY_ADMIT_HEADROOM 0.8    /* admit while the predicted wait <= this x budget */
+#define KVF_PROXY_ADMIT_HEADROOM 0.65   /* admit while the predicted wait <= this x budget */
 #define KVF_PROXY_RETRY_AFTER_MAX_S 60
 /* Calibration: answered prefill waits over their predictions (EWMA, weight
- * KVF_PROXY_RATE_ALPHA, each ratio clamped to MIN..MAX, only predictions of
+ * UP for a ratio above it and DOWN below, each ratio clamped to MIN..MAX, only predictions of
  * at least CALIBRATE_MIN_MS); predictions are multiplied by it when above 1,
  * so a rate that overstates what a queued prompt sees (a CPU shared with
  * other processes, a scheduler that is not first come first served) is
@@ -50,6 +50,8 @@
 #define KVF_PROXY_CALIBRATE_MIN_MS 200.0
 #define KVF_PROXY_CALIBRATION_MIN 0.25
 #define KVF_PROXY_CALIBRATION_MAX 8.0
+#define KVF_PROXY_CALIBRATION_UP 0.5
+#define KVF_PROXY_CALIBRATION_DOWN 0.1
 
 typedef struct kvf_proxy_route_req {
     int     num_tokens;           /* prompt length, >= 1 */

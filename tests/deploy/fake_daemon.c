@@ -25,7 +25,8 @@
  * fail-decode (status -30, a handshake refusal), hang-decode (accept the
  * request, never answer), no-health (never answer health probes),
  * refuse-check (decode: refuse the proxy's compatibility check, as a
- * decode with another KV dtype would).
+ * decode with another KV dtype would), cannot-serve (health answers with
+ * cannot_serve set, as a daemon whose TP world broke would).
  * Every abort received is logged as "fake: abort <request_id>" on stderr.
  * Unknown flags (the real daemons' --model, --num-blocks, ...) are ignored.
  */
@@ -186,6 +187,9 @@ static void fake_health(void *sock, zmq_msg_t *identity)
         h.side_host = (char *)"127.0.0.1";
         h.has_side_port = true;
         h.side_port = (uint32_t)((fake_side_port > 0) ? fake_side_port : 1);
+    }
+    if (strcmp(fake_mode, "cannot-serve") == 0) {
+        h.cannot_serve = (char *)"TP barrier 'fake step' timed out after 60000 ms";
     }
     r.request_id = (char *)"health";
     r.has_status = true;

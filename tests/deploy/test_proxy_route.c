@@ -99,6 +99,13 @@ static void test_calibration(void **state)
     c.load_start_ms -= 2000;                             /* it took 2 s: ratio 2 */
     kvf_proxy_route_on_answer_locked(&inst, &c);
     assert_true((inst.info.wait_calibration > 1.99) && (inst.info.wait_calibration < 2.01));
+    c.load_start_ms += 1000;                             /* then 1 s: 2 + 0.1 x (1 - 2) */
+    kvf_proxy_route_on_answer_locked(&inst, &c);
+    assert_true((inst.info.wait_calibration > 1.89) && (inst.info.wait_calibration < 1.91));
+    c.load_start_ms -= 3000;                             /* then 4 s: 1.9 + 0.5 x (4 - 1.9) */
+    kvf_proxy_route_on_answer_locked(&inst, &c);
+    assert_true((inst.info.wait_calibration > 2.94) && (inst.info.wait_calibration < 2.96));
+    inst.info.wait_calibration = 2.0;
     assert_true(kvf_proxy_route_calibrated(&inst.info, 1500) > 2999.0);
     assert_true(kvf_proxy_route_calibrated(&inst.info, -1) < 0);
     inst.info.wait_calibration = 0.5;                    /* faster than predicted: as is */
@@ -161,7 +168,7 @@ static void test_pick_and_admit(void **state)
     assert_int_equal(rt.decode_idx, 1);
     assert_true((rt.predicted_wait_ms > 99.9) && (rt.predicted_wait_ms < 100.1));
 
-    /* prefill 1 draining, decode 1 unhealthy: the loaded ones, admitted (5.1 s <= 8 s) */
+    /* prefill 1 draining, decode 1 unhealthy: the loaded ones, admitted (5.1 s <= 6.5 s) */
     pthread_mutex_lock(&pool->lock);
     info_of(pool, 0, 1)->draining = true;
     info_of(pool, 1, 1)->healthy = false;
@@ -171,7 +178,7 @@ static void test_pick_and_admit(void **state)
     assert_int_equal(rt.prefill_idx, 0);
     assert_int_equal(rt.decode_idx, 0);
 
-    /* a 5 s budget: 5.1 s > 0.8 x 5 s = 4 s, refused at once; Retry-After ceil(1.1) = 2 */
+    /* a 5 s budget: 5.1 s > 0.65 x 5 s = 3.25 s, refused at once; Retry-After ceil(1.85) = 2 */
     rq.budget_ms = 5000;
     assert_int_equal(kvf_proxy_route_pick(pool, &rq, &rt), KVF_ERR_NO_RESOURCE);
     assert_int_equal(rt.http, 503);

@@ -77,6 +77,8 @@ def closed_loop(pool, clients, seconds, seed=1):
             r["prompt"] = i
             with lock:
                 results.append(r)
+            if r["status"] == 503:
+                time.sleep(0.2)   # back off instead of spinning on refusals
 
     t0 = time.monotonic()
     threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]

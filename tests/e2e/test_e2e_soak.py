@@ -84,6 +84,7 @@ def one(pool, rng, stats, lock, max_bytes, abort_share=ABORT_SHARE):
                 stats["reject_s"].append(time.monotonic() - t0)
                 if not r.getheader("Retry-After"):
                     stats["no_retry_after"] += 1
+            time.sleep(0.2)   # back off (a closed-loop client would otherwise spin on 503s)
             return
         ok = r.status == 200
         if ok and body["stream"]:
