@@ -53,6 +53,20 @@ def proc_figures(pid):
     return rss, hwm, cpu
 
 
+def dechunk(body):
+    """The payload of a chunked HTTP body (an SSE event may span chunks)."""
+    out, i = b"", 0
+    while True:
+        j = body.find(b"\r\n", i)
+        if j < 0:
+            return out
+        n = int(body[i:j].split(b";")[0] or b"0", 16)
+        if n == 0:
+            return out
+        out += body[j + 2:j + 2 + n]
+        i = j + 2 + n + 2
+
+
 async def one_stream(port, sem_start):
     """One streaming completion: ('ok', text, latency) / ('503', msg, latency) / ('bad', why, t)."""
     body = json.dumps({"model": "m", "prompt": PROMPT, "max_tokens": MAX_TOKENS,
@@ -91,6 +105,7 @@ async def one_stream(port, sem_start):
     head, _, rest = data.partition(b"\r\n\r\n")
     if head.startswith(b"HTTP/1.1 200"):
         text = ""
+        rest = dechunk(rest) if b"transfer-encoding: chunked" in head.lower() else rest
         for line in rest.split(b"\n"):
             line = line.strip()
             if line.startswith(b"data: {"):
@@ -100,7 +115,7 @@ async def one_stream(port, sem_start):
                 text += ev["choices"][0]["text"]
         if b"data: [DONE]" in rest and text == PROMPT[:MAX_TOKENS]:
             return "ok", text, dt
-        return "bad", "stream %r" % rest[-200:], dt
+        return "bad", "stream text %r, ending %r" % (text, rest[-60:]), dt
     if head.startswith(b"HTTP/1.1 503"):
         try:
             msg = json.loads(rest)["error"]["message"]
