@@ -1,7 +1,8 @@
 /*
  * ZeroMQ side channel: metadata round trip, per-engine cache, garbage and
  * wrong-version requests answered with an error reply (and the server keeps
- * serving), wrong engine id refused, and a bounded wait on a dead port.
+ * serving), wrong engine id refused, a bounded wait on a dead port, and the
+ * asynchronous client's tickets on one persistent connection.
  */
 #include "kvf_side_channel.h"
 #include "kvf_time.h"
@@ -14,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zmq.h>
 #include <cmocka.h>
 
 static kvf_rank_meta_t ranks[2];
@@ -218,12 +220,133 @@ static void test_forget_keeps_other_engines(void **state)
     kvf_side_channel_server_stop(sb);
 }
 
+/* Lease handler of the async test: answers every operation valid, ms_left = its nonce. */
+static void echo_lease(void *arg, const char *requester, const kvf_lease_msg_t *msg,
+                       uint32_t peer_timeout_ms, kvf_lease_answer_t *answer)
+{
+    (void)arg;
+    (void)peer_timeout_ms;
+    memset(answer, 0, sizeof(*answer));
+    answer->verdict = KVF_LEASE_VALID;
+    answer->ms_left = msg->nonce;
+    snprintf(answer->why, sizeof(answer->why), "%s:%s", requester, msg->request_id);
+}
+
+/*
+ * The asynchronous client: many requests in flight on one persistent
+ * connection, each answer matched to its ticket; nothing waits (poll says
+ * in progress until the answer came); a side channel that never answers
+ * ends its tickets at the deadline, a port nobody listens on at once.
+ */
+static void test_async_tickets(void **state)
+{
+    enum { N = 16 };
+    kvf_side_channel_params_t p;
+    kvf_side_channel_server_h s;
+    kvf_side_channel_client_h c;
+    kvf_lease_answer_t a;
+    uint64_t tickets[N], t0, hs;
+    kvf_handshake_reply_t reply;
+    void *ctx, *silent;
+    char ep[64];
+    size_t ep_len = sizeof(ep);
+    int done = 0, port, silent_port;
+    kvf_status_t st;
+    (void)state;
+
+    memset(&p, 0, sizeof(p));
+    p.engine_id = "prefill-sc";
+    p.ranks = ranks;
+    p.num_ranks = 2;
+    p.lease_func = echo_lease;
+    assert_int_equal(kvf_side_channel_server_start(&p, &s), KVF_OK);
+    port = kvf_side_channel_server_port(s);
+    assert_int_equal(kvf_side_channel_client_create("decode-a", 3000, &c), KVF_OK);
+    for (int i = 0; i < N; ++i) {
+        kvf_lease_msg_t m;
+        memset(&m, 0, sizeof(m));
+        m.op = KVF_LEASE_OP_CLAIM;
+        snprintf(m.request_id, sizeof(m.request_id), "req-%d", i);
+        m.nonce = 1000 + (uint64_t)i;
+        assert_int_equal(kvf_side_channel_lease_start(c, "prefill-sc", "127.0.0.1", port, &m,
+                                                      &tickets[i]), KVF_OK);
+    }
+    assert_int_equal(kvf_side_channel_fetch_start(c, "prefill-sc", "127.0.0.1", port, &hs),
+                     KVF_OK);
+    assert_int_equal(kvf_side_channel_inflight(c), N + 1);
+    t0 = kvf_time_now_ns();
+    while (done < N) {
+        assert_true(kvf_time_now_ns() - t0 < 3000000000ull);
+        (void)kvf_side_channel_wait(c, 50);
+        for (int i = 0; i < N; ++i) {
+            char want[64];
+            if (tickets[i] == 0) {
+                continue;
+            }
+            st = kvf_side_channel_lease_poll(c, tickets[i], &a);
+            if (st == KVF_INPROGRESS) {
+                continue;
+            }
+            assert_int_equal(st, KVF_OK);
+            assert_int_equal(a.verdict, KVF_LEASE_VALID);
+            assert_true(a.ms_left == 1000 + (uint64_t)i);      /* its own answer */
+            snprintf(want, sizeof(want), "decode-a:req-%d", i);
+            assert_string_equal(a.why, want);
+            tickets[i] = 0;
+            ++done;
+        }
+    }
+    while ((st = kvf_side_channel_fetch_poll(c, hs, &reply)) == KVF_INPROGRESS) {
+        assert_true(kvf_time_now_ns() - t0 < 3000000000ull);
+        (void)kvf_side_channel_wait(c, 50);
+    }
+    assert_int_equal(st, KVF_OK);
+    assert_int_equal(reply.num_ranks, 2);
+    kvf_handshake_reply_cleanup(&reply);
+    assert_int_equal(kvf_side_channel_lease_poll(c, hs, &a), KVF_ERR_NOT_FOUND);   /* gone */
+    assert_int_equal(kvf_side_channel_inflight(c), 0);
+    kvf_side_channel_client_destroy(c);
+
+    /* a ROUTER that never answers: in progress, then a timeout at the deadline */
+    ctx = zmq_ctx_new();
+    silent = zmq_socket(ctx, ZMQ_ROUTER);
+    assert_int_equal(zmq_bind(silent, "tcp://127.0.0.1:*"), 0);
+    assert_int_equal(zmq_getsockopt(silent, ZMQ_LAST_ENDPOINT, ep, &ep_len), 0);
+    silent_port = atoi(strrchr(ep, ':') + 1);
+    assert_int_equal(kvf_side_channel_client_create("decode-a", 300, &c), KVF_OK);
+    assert_int_equal(kvf_side_channel_fetch_start(c, "prefill-sc", "127.0.0.1", silent_port,
+                                                  &hs), KVF_OK);
+    t0 = kvf_time_now_ns();
+    assert_int_equal(kvf_side_channel_fetch_poll(c, hs, &reply), KVF_INPROGRESS);
+    while ((st = kvf_side_channel_fetch_poll(c, hs, &reply)) == KVF_INPROGRESS) {
+        (void)kvf_side_channel_wait(c, 20);
+        assert_true(kvf_time_now_ns() - t0 < 2000000000ull);
+    }
+    assert_int_equal(st, KVF_ERR_PEER_TIMEOUT);
+    assert_true(kvf_time_now_ns() - t0 >= 250000000ull);
+    /* nothing listens: refused at once, well before the deadline */
+    zmq_close(silent);
+    zmq_ctx_term(ctx);
+    assert_int_equal(kvf_side_channel_fetch_start(c, "prefill-sc", "127.0.0.1", silent_port,
+                                                  &hs), KVF_OK);
+    t0 = kvf_time_now_ns();
+    while ((st = kvf_side_channel_fetch_poll(c, hs, &reply)) == KVF_INPROGRESS) {
+        (void)kvf_side_channel_wait(c, 20);
+        assert_true(kvf_time_now_ns() - t0 < 2000000000ull);
+    }
+    assert_true((st == KVF_ERR_PEER_UNREACHABLE) || (st == KVF_ERR_PEER_RESET) ||
+                (st == KVF_ERR_PEER_TIMEOUT));
+    kvf_side_channel_client_destroy(c);
+    kvf_side_channel_server_stop(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fetch_and_cache),
         cmocka_unit_test(test_garbage_and_refusals),
         cmocka_unit_test(test_forget_keeps_other_engines),
+        cmocka_unit_test(test_async_tickets),
     };
     kvf_log_init("test");
     kvf_log_set_level(KVF_LOG_ERROR + 0);
