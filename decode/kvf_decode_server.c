@@ -43,6 +43,7 @@
 #include "kvf_fault.h"
 #include "kvf_handshake.h"
 #include "kvf_log.h"
+#include "kvf_array.h"
 #include "kvf_time.h"
 #include "kvf_role.h"
 
@@ -291,14 +292,8 @@ static kvf_dc_req_t *kvf_dc_track(kvf_decode_server_h srv)
 {
     kvf_dc_req_t *q;
 
-    if (srv->num_reqs == srv->cap_reqs) {
-        int cap = srv->cap_reqs ? 2 * srv->cap_reqs : 64;
-        kvf_dc_req_t *n = realloc(srv->reqs, (size_t)cap * sizeof(*n));
-        if (n == NULL) {
-            return NULL;
-        }
-        srv->reqs = n;
-        srv->cap_reqs = cap;
+    if (KVF_ARRAY_GROW(srv->reqs, srv->cap_reqs, srv->num_reqs + 1, 64) != KVF_OK) {
+        return NULL;
     }
     q = &srv->reqs[srv->num_reqs++];
     memset(q, 0, sizeof(*q));
@@ -541,14 +536,8 @@ static bool kvf_dc_wait(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
     uint64_t now = kvf_time_now_ns();
     kvf_dc_waiting_t *w;
 
-    if (srv->num_waiting == srv->cap_waiting) {
-        int cap = srv->cap_waiting ? 2 * srv->cap_waiting : 64;
-        kvf_dc_waiting_t *n = realloc(srv->waiting, (size_t)cap * sizeof(*n));
-        if (n == NULL) {
-            return false;
-        }
-        srv->waiting = n;
-        srv->cap_waiting = cap;
+    if (KVF_ARRAY_GROW(srv->waiting, srv->cap_waiting, srv->num_waiting + 1, 64) != KVF_OK) {
+        return false;
     }
     w = &srv->waiting[srv->num_waiting++];
     memset(w, 0, sizeof(*w));
@@ -776,14 +765,8 @@ static bool kvf_dc_handle(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
 
 static int kvf_dc_append(kvf_dc_req_t *q, int32_t token)
 {
-    if (q->num_tokens == q->cap_tokens) {
-        int cap = q->cap_tokens ? 2 * q->cap_tokens : 64;
-        int32_t *n = realloc(q->tokens, (size_t)cap * sizeof(*n));
-        if (n == NULL) {
-            return -1;
-        }
-        q->tokens = n;
-        q->cap_tokens = cap;
+    if (KVF_ARRAY_GROW(q->tokens, q->cap_tokens, q->num_tokens + 1, 64) != KVF_OK) {
+        return -1;
     }
     q->tokens[q->num_tokens++] = token;
     return 0;

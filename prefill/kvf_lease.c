@@ -13,6 +13,7 @@
  */
 #include "kvf_lease.h"
 #include "kvf_log.h"
+#include "kvf_array.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -114,15 +115,9 @@ kvf_status_t kvf_lease_table_add(kvf_lease_table_h table, const char *request_id
         goto out;
     }
     if (l == NULL) {
-        if (table->count == table->capacity) {
-            size_t cap = table->capacity ? table->capacity * 2 : 64;
-            kvf_lease_t *n = realloc(table->leases, cap * sizeof(*n));
-            if (n == NULL) {
-                status = KVF_ERR_NO_MEMORY;
-                goto out;
-            }
-            table->leases = n;
-            table->capacity = cap;
+        if (KVF_ARRAY_GROW(table->leases, table->capacity, table->count + 1, 64) != KVF_OK) {
+            status = KVF_ERR_NO_MEMORY;
+            goto out;
         }
         l = &table->leases[table->count++];
     } else {

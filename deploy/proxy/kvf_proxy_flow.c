@@ -17,6 +17,7 @@
 #include "kvf_proxy_route.h"
 #include "kvf_time.h"
 #include "kvf_log.h"
+#include "kvf_array.h"
 #include "kvf_proxy_export.h"
 
 #include <stdarg.h>
@@ -71,14 +72,9 @@ static kvf_status_t kvf_proxy_flow_fail(kvf_proxy_flow_t *flow, kvf_status_t sta
 
 static kvf_status_t kvf_proxy_flow_append(kvf_proxy_flow_t *flow, const int32_t *ids, size_t n)
 {
-    if ((size_t)flow->out.num_tokens + n > (size_t)flow->cap_tokens) {
-        size_t cap = (size_t)flow->cap_tokens * 2 + n + 16;
-        int32_t *t = realloc(flow->out.tokens, cap * sizeof(*t));
-        if (t == NULL) {
-            return KVF_ERR_NO_MEMORY;
-        }
-        flow->out.tokens = t;
-        flow->cap_tokens = (int)cap;
+    if (KVF_ARRAY_GROW(flow->out.tokens, flow->cap_tokens, (size_t)flow->out.num_tokens + n, 64) !=
+        KVF_OK) {
+        return KVF_ERR_NO_MEMORY;
     }
     memcpy(flow->out.tokens + flow->out.num_tokens, ids, n * sizeof(*ids));
     flow->out.num_tokens += (int)n;

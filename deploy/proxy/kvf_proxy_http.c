@@ -19,6 +19,7 @@
 #define _GNU_SOURCE
 #include "kvf_proxy_http_int.h"
 #include "kvf_log.h"
+#include "kvf_array.h"
 #include "kvf_proxy_export.h"
 
 #include <errno.h>
@@ -266,14 +267,8 @@ static enum MHD_Result kvf_proxy_access_body(struct kvf_proxy_http *http, kvf_pr
         cc->len = cc->cap = 0;
     }
     if (!cc->too_large) {
-        if (cc->len + n + 1 > cc->cap) {
-            size_t cap = (cc->len + n + 1) * 2;
-            char *b = realloc(cc->body, cap);
-            if (b == NULL) {
-                return MHD_NO;
-            }
-            cc->body = b;
-            cc->cap = cap;
+        if (KVF_ARRAY_GROW(cc->body, cc->cap, cc->len + n + 1, 1024) != KVF_OK) {
+            return MHD_NO;
         }
         memcpy(cc->body + cc->len, data, n);
         cc->len += n;

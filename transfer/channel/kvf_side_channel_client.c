@@ -22,6 +22,7 @@
 
 #include "kvf_fault.h"
 #include "kvf_log.h"
+#include "kvf_array.h"
 #include "kvf_time.h"
 #include "kvf_zmq.h"
 
@@ -569,14 +570,8 @@ static kvf_status_t kvf_sc_send(kvf_side_channel_client_h c, kvf_sc_op_kind_t ki
         kvf_error("side channel: %d requests in flight already", c->num_ops);
         return KVF_ERR_NO_RESOURCE;
     }
-    if (c->num_ops == c->cap_ops) {
-        int cap = c->cap_ops ? 2 * c->cap_ops : 64;
-        kvf_sc_op_t *n = realloc(c->ops, (size_t)cap * sizeof(*n));
-        if (n == NULL) {
-            return KVF_ERR_NO_MEMORY;
-        }
-        c->ops = n;
-        c->cap_ops = cap;
+    if (KVF_ARRAY_GROW(c->ops, c->cap_ops, c->num_ops + 1, 64) != KVF_OK) {
+        return KVF_ERR_NO_MEMORY;
     }
     conn = kvf_sc_conn_get(c, host, port, &status);
     if (conn < 0) {
