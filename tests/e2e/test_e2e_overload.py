@@ -14,6 +14,9 @@
    prompts queues at prefill, then decode-0 is SIGKILLed. Every request is
    served by decode-1 (re-routed after prefill), none fails, none is answered
    by the dead instance.
+3. Bounded queues: prefill --max-queue 2 and the proxy's --max-outstanding 3;
+   a burst of 10 long prompts: each is served or refused at once with a 503
+   that names the bound, at most 2 wait at prefill at any time (/health).
 """
 
 import os
@@ -90,14 +93,48 @@ def decode_killed_in_prefill(model, refs):
         assert rerouted > 0, "no request was re-routed (did any reach prefill before the kill?)"
 
 
+def bounded_queues(model, refs):
+    with Pool(layout="1p1d", model=model, prefill_args=["--max-queue", "2"],
+              proxy_args=["--max-outstanding", "3"], timeout=120) as pool:
+        assert ov.post(pool, ov.PROMPTS[0])["status"] == 200
+        p0 = pool.health()[1]["prefill"][0]
+        assert p0["max_queue"] == 2, p0
+        results, lock, peak = [], threading.Lock(), [0]
+        long_prompt = len(ov.PROMPTS) - 1
+
+        def one():
+            r = ov.post(pool, ov.PROMPTS[long_prompt], timeout=120)
+            with lock:
+                results.append(dict(r, prompt=long_prompt))
+
+        threads = [threading.Thread(target=one) for _ in range(10)]
+        for t in threads:
+            t.start()
+        while any(t.is_alive() for t in threads):
+            peak[0] = max(peak[0], pool.health()[1]["prefill"][0]["outstanding"])
+            time.sleep(0.05)
+        c = ov.classify(results, refs)
+        print("bounded queues: 10 long prompts at prefill --max-queue 2: %d served, %d refused"
+              " with 503 (max %.0f ms), at most %d outstanding at prefill" % (
+                  c["served"], c["503"], 1000 * max(c["reject_s"] or [0]), peak[0]))
+        assert c["served"] + c["503"] == 10, c["others"][:3]
+        assert c["served"] >= 2 and c["503"] >= 1, c
+        assert peak[0] <= 2, "prefill held %d requests (--max-queue 2)" % peak[0]
+        assert max(c["reject_s"]) < REJECT_BOUND_S, max(c["reject_s"])
+        m = pool.metrics()
+        assert m.value("kvf_proxy_rejected_total", reason="queue_full") >= 1, m.text[-2000:]
+
+
 def main():
-    parts = sys.argv[1:] or ["overload", "reroute"]     # one part by name, for reruns
+    parts = sys.argv[1:] or ["overload", "reroute", "bounds"]   # one part by name, for reruns
     model = model_dir("tiny-hybrid")
     refs = ov.references(model)
     if "overload" in parts:
         overload(model, refs)
     if "reroute" in parts:
         decode_killed_in_prefill(model, refs)
+    if "bounds" in parts:
+        bounded_queues(model, refs)
     print("test_e2e_overload passed")
 
 
