@@ -7,6 +7,7 @@
 #include "kvf_fault.h"
 #include "kvf_connector_ucx.h"
 #include "kvf_fingerprint.h"
+#include "kvf_zmq_auth.h"
 
 #include <string.h>
 
@@ -258,6 +259,9 @@ void kvf_role_health_fill(kvf_engine_h engine, const char *role,
     h->free_pages = (uint64_t)kvf_block_manager_num_free(bm) * pages_per_block;
     h->total_pages = (uint64_t)kvf_block_manager_num_blocks(bm) * pages_per_block;
     h->block_size = (uint32_t)kvf_block_manager_block_size(bm);
+    h->has_auth_refusals_serve = h->has_auth_refusals_side = 1;
+    h->auth_refusals_serve = kvf_zmq_auth_refusals("serve");
+    h->auth_refusals_side = kvf_zmq_auth_refusals("side");
 }
 
 void kvf_role_reply_health(kvf_serve_server_h serve, const kvf_serve_peer_t *peer,
@@ -270,6 +274,17 @@ void kvf_role_reply_health(kvf_serve_server_h serve, const kvf_serve_peer_t *pee
     reply.has_done = 1;
     reply.done = 1;
     kvf_serve_server_reply(serve, peer, &reply);
+}
+
+/* --keys/--key-id/--insecure -> kvf_zmq_auth_init (the key id defaults to the engine id) */
+static kvf_status_t kvf_role_auth_init(const kvf_role_config_t *c)
+{
+    kvf_zmq_auth_config_t auth = {
+        .keys_dir = c->keys,
+        .key_id = (c->key_id[0] != '\0') ? c->key_id : c->engine_id,
+        .insecure = c->insecure,
+    };
+    return kvf_zmq_auth_init(NULL, &auth);   /* logs what is missing: --keys or --insecure */
 }
 
 static volatile sig_atomic_t kvf_role_stop;
@@ -291,6 +306,9 @@ int kvf_role_main(const kvf_role_daemon_t *d, int argc, char **argv)
     kvf_status_t status;
 
     kvf_log_init(d->role);
+    if (kvf_fault_refuse_test_switches(argc, argv) != KVF_OK) {   /* release builds: by name */
+        return 2;
+    }
     if (kvf_config_parse(d->table, d->name, argc - 1, argv + 1, d->config, &done) != KVF_OK) {
         return 2;
     }
@@ -303,6 +321,9 @@ int kvf_role_main(const kvf_role_daemon_t *d, int argc, char **argv)
     if (kvf_fault_init() != KVF_OK) {   /* a malformed KVF_FAULT is refused, by name */
         return 2;
     }
+    if (kvf_role_auth_init((const kvf_role_config_t *)d->config) != KVF_OK) {
+        return 2;
+    }
     memset(&sa, 0, sizeof(sa));
     sa.sa_handler = kvf_role_on_signal;
     sigaction(SIGTERM, &sa, NULL);
@@ -313,5 +334,6 @@ int kvf_role_main(const kvf_role_daemon_t *d, int argc, char **argv)
     }
     status = d->run(server, &kvf_role_stop);
     d->destroy(server);
+    kvf_zmq_auth_cleanup();
     return (status == KVF_OK) ? 0 : 1;
 }

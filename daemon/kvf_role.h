@@ -30,6 +30,9 @@ typedef struct kvf_role_config {
     int64_t xfer_timeout_ms;                 /* bound on every transfer wait */
     int64_t drain_timeout_ms;                /* after SIGTERM: longest drain before exit */
     char    pool_alloc[KVF_CONFIG_STR_MAX];  /* ucx (connector's shared memory) or heap */
+    char    keys[KVF_CONFIG_STR_MAX];        /* key set folder (kvf_zmq_auth.h), "" = none */
+    char    key_id[KVF_CONFIG_STR_MAX];      /* this daemon's member id; "" = engine_id */
+    bool    insecure;                        /* plain ZeroMQ, any peer (lab only; warns) */
     bool    test_no_block_zero;              /* TEST ONLY: fresh attention blocks not zeroed */
 } kvf_role_config_t;
 
@@ -81,6 +84,13 @@ typedef struct kvf_role_config {
      "where the page pools live: ucx (shared memory UCX maps, which a peer on the same host " \
      "reads with a plain copy) or heap (malloc, registered with UCX)",                        \
      offsetof(_type, role.pool_alloc), KVF_CONFIG_TYPE_STRING, 0},                            \
+    {"KEYS", "", "key set folder (server.key, <id>.key, pool.pub; made by kvf-up or `kvf "  \
+     "keygen`): CURVE on every channel, only pool members accepted (docs/SECURITY.md)",     \
+     offsetof(_type, role.keys), KVF_CONFIG_TYPE_STRING, 0},                                  \
+    {"KEY_ID", "", "this daemon's member id in pool.pub (empty: the engine id)",             \
+     offsetof(_type, role.key_id), KVF_CONFIG_TYPE_STRING, 0},                                \
+    {"INSECURE", "no", "no keys: plain ZeroMQ that accepts any peer (closed lab networks "    \
+     "only; warns at every start)", offsetof(_type, role.insecure), KVF_CONFIG_TYPE_BOOL, 0}, \
     {"TEST_NO_BLOCK_ZERO", "no",                                                              \
      "test only: fresh attention blocks are not zeroed (reproduces the stale-bytes NaN)",     \
      offsetof(_type, role.test_no_block_zero), KVF_CONFIG_TYPE_BOOL, KVF_CONFIG_FLAG_HIDDEN}

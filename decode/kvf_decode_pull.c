@@ -21,6 +21,7 @@
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static uint64_t kvf_dc_pull_phase_ns(const kvf_dc_pull_ctx_t *ctx)
@@ -47,7 +48,7 @@ void kvf_dc_pull_begin(kvf_dc_pull_ctx_t *ctx, kvf_dc_pull_t *pull,
 
 bool kvf_dc_pull_on_wire(const kvf_dc_pull_t *pull)
 {
-    return pull->state == KVF_DC_PULL_GETS;
+    return (pull->state == KVF_DC_PULL_GETS) || (pull->state == KVF_DC_PULL_DIGEST);
 }
 
 /* A lease operation on the pull's lease; @a all_ranks releases for every decode rank. */
@@ -65,6 +66,54 @@ static void kvf_dc_pull_msg(const kvf_dc_pull_ctx_t *ctx, const kvf_xfer_params_
     m->all_ranks = (op == KVF_LEASE_OP_RELEASE);
     m->has_ids_digest = true;
     m->ids_digest = kvf_xfer_ids_digest(xp->ids, xp->num_ids, xp->num_groups);
+}
+
+static void kvf_dc_pull_free_digests(kvf_dc_pull_t *pull)
+{
+    for (int i = 0; i < pull->num_digests; ++i) {
+        free(pull->digests[i].ranges);
+    }
+    free(pull->digests);
+    pull->digests = NULL;
+    pull->num_digests = 0;
+    pull->cap_digests = 0;
+}
+
+/*
+ * --kv-digest on: what rank @a r received, per prefill rank read, copied out
+ * of its connector request (finish_pull frees the connector's copy).
+ */
+static kvf_status_t kvf_dc_pull_digest_rank(kvf_dc_pull_ctx_t *ctx, kvf_dc_pull_t *pull, int r)
+{
+    uint64_t t0 = kvf_time_now_ns();
+    const kvf_kv_digest_t *d;
+    int n;
+    kvf_status_t status = ctx->xops->req_digests(ctx->conn, r, pull->reqs[r], &d, &n);
+
+    if (status != KVF_OK) {
+        return status;
+    }
+    if (pull->num_digests + n > pull->cap_digests) {
+        int cap = (pull->num_digests + n) * 2;
+        kvf_kv_digest_t *grown = realloc(pull->digests, (size_t)cap * sizeof(*grown));
+        if (grown == NULL) {
+            return KVF_ERR_NO_MEMORY;
+        }
+        pull->digests = grown;
+        pull->cap_digests = cap;
+    }
+    for (int i = 0; i < n; ++i) {
+        kvf_kv_digest_t *x = &pull->digests[pull->num_digests];
+        *x = d[i];
+        x->ranges = malloc(2 * d[i].num_ranges * sizeof(*x->ranges) + 1);
+        if (x->ranges == NULL) {
+            return KVF_ERR_NO_MEMORY;
+        }
+        memcpy(x->ranges, d[i].ranges, 2 * d[i].num_ranges * sizeof(*x->ranges));
+        pull->num_digests++;
+    }
+    pull->stats.digest_ms += (double)(kvf_time_now_ns() - t0) / 1e6;
+    return KVF_OK;
 }
 
 /* Every rank that started: nothing lands after this (force-closed when not done). */
@@ -118,6 +167,7 @@ static kvf_status_t kvf_dc_pull_fail(kvf_dc_pull_ctx_t *ctx, kvf_dc_pull_t *pull
     if (pull->claimed && (pull->state != KVF_DC_PULL_DONE)) {
         kvf_dc_pull_send_abandon(ctx, pull, status);
     }
+    kvf_dc_pull_free_digests(pull);
     if (KVF_IS_PEER_ERROR(status)) {
         ctx->peer_errors++;
     }
@@ -323,10 +373,11 @@ static void kvf_dc_pull_gather_stats(kvf_dc_pull_ctx_t *ctx, kvf_dc_pull_t *pull
     }
 }
 
+static kvf_status_t kvf_dc_pull_send_release(kvf_dc_pull_ctx_t *ctx, kvf_dc_pull_t *pull);
+
 static kvf_status_t kvf_dc_pull_gets(kvf_dc_pull_ctx_t *ctx, kvf_dc_pull_t *pull)
 {
     kvf_status_t status = KVF_OK;
-    kvf_lease_msg_t m;
     bool pending = false;
 
     for (int r = 0; r < ctx->tp; ++r) {   /* each poll is bounded by the connector's timeout */
@@ -353,9 +404,43 @@ static kvf_status_t kvf_dc_pull_gets(kvf_dc_pull_ctx_t *ctx, kvf_dc_pull_t *pull
         return kvf_dc_pull_fail(ctx, pull, status, "kv pull from %s failed: %s",
                                 pull->xp->engine_id, kvf_status_str(status));
     }
+    if (ctx->kv_digest) {
+        /* one rank's KV hashed per advance: engine steps run between (a rank of a long
+         * prompt is tens of ms of hashing) */
+        pull->state = KVF_DC_PULL_DIGEST;
+        pull->digest_rank = 0;
+        return KVF_INPROGRESS;
+    }
+    return kvf_dc_pull_send_release(ctx, pull);
+}
+
+/* Hash the next rank's landed KV; after the last one, the release goes out. */
+static kvf_status_t kvf_dc_pull_digest(kvf_dc_pull_ctx_t *ctx, kvf_dc_pull_t *pull)
+{
+    kvf_status_t status = kvf_dc_pull_digest_rank(ctx, pull, pull->digest_rank);
+
+    if (status != KVF_OK) {
+        return kvf_dc_pull_fail(ctx, pull, status, "digesting the KV of request %s failed: %s",
+                                pull->request_id, kvf_status_str(status));
+    }
+    if (++pull->digest_rank < ctx->tp) {
+        return KVF_INPROGRESS;
+    }
+    return kvf_dc_pull_send_release(ctx, pull);
+}
+
+/* Every rank landed (and was digested): free the requests, send the one release. */
+static kvf_status_t kvf_dc_pull_send_release(kvf_dc_pull_ctx_t *ctx, kvf_dc_pull_t *pull)
+{
+    kvf_lease_msg_t m;
+    kvf_status_t status;
+
     (void)kvf_dc_pull_finish_ranks(ctx, pull);   /* every rank landed: frees the requests */
-    /* the bytes count only if the lease held throughout: one release for every rank */
+    /* the bytes count only if the lease held throughout (and, with digests, prefill
+     * finds them equal to what it sent): one release for every rank */
     kvf_dc_pull_msg(ctx, pull->xp, pull->request_id, KVF_LEASE_OP_RELEASE, KVF_OK, &m);
+    m.num_digests = pull->num_digests;
+    m.digests = pull->digests;
     status = ctx->xops->lease_start(ctx->conn, &pull->peer, &m, &pull->ticket);
     if (status != KVF_OK) {
         return kvf_dc_pull_fail(ctx, pull, status, "releasing the KV lease of request %s at"
@@ -383,6 +468,13 @@ static kvf_status_t kvf_dc_pull_released(kvf_dc_pull_ctx_t *ctx, kvf_dc_pull_t *
                                 pull->request_id, pull->xp->engine_id, kvf_status_str(status));
     }
     pull->claimed = false;   /* answered: prefill has it, no abandon after it */
+    kvf_dc_pull_free_digests(pull);
+    if (answer.verdict == KVF_LEASE_CORRUPT) {
+        ctx->digest_mismatches++;
+        return kvf_dc_pull_fail(ctx, pull, KVF_ERR_PARSE, "KV digest mismatch: the KV of request"
+                                " %s differs from what prefill %s sent (%s); the pulled KV was"
+                                " not used", pull->request_id, pull->xp->engine_id, answer.why);
+    }
     if (answer.verdict != KVF_LEASE_VALID) {
         ctx->reads_prevented++;
         return kvf_dc_pull_fail(ctx, pull, KVF_ERR_LEASE_EXPIRED, "the KV lease expired before"
@@ -416,6 +508,9 @@ kvf_status_t kvf_dc_pull_advance(kvf_dc_pull_ctx_t *ctx, kvf_dc_pull_t *pull)
             break;
         case KVF_DC_PULL_GETS:
             status = kvf_dc_pull_gets(ctx, pull);
+            break;
+        case KVF_DC_PULL_DIGEST:
+            status = kvf_dc_pull_digest(ctx, pull);
             break;
         case KVF_DC_PULL_RELEASE:
             status = kvf_dc_pull_released(ctx, pull);

@@ -2,7 +2,7 @@
  * kvf-decode's transfer path as a per-request state machine
  * (docs/ARCHITECTURE.md §5, docs/LEASE.md):
  *
- *   HANDSHAKE -> CLAIM -> [DELAY] -> GETS -> RELEASE -> done
+ *   HANDSHAKE -> CLAIM -> [DELAY] -> GETS -> [DIGEST] -> RELEASE -> done
  *
  * handshake (cached per prefill engine, side-channel address and
  * incarnation), claim the lease (bind it to this decode, learn the time
@@ -60,6 +60,7 @@ typedef enum {
     KVF_DC_PULL_CLAIM,
     KVF_DC_PULL_DELAY,
     KVF_DC_PULL_GETS,
+    KVF_DC_PULL_DIGEST,     /* --kv-digest on: one rank's landed KV hashed per advance */
     KVF_DC_PULL_RELEASE,
     KVF_DC_PULL_DONE,
 } kvf_dc_pull_state_t;
@@ -94,6 +95,8 @@ typedef struct kvf_dc_pull {
     kvf_dc_pull_stats_t          stats;
     kvf_kv_digest_t             *digests;   /* [num_digests] for the release; owned */
     int                          num_digests;
+    int                          cap_digests;
+    int                          digest_rank;  /* DIGEST: the next rank to hash */
     char                         err[512];  /* why, on a final status other than KVF_OK */
 } kvf_dc_pull_t;
 
@@ -117,7 +120,7 @@ void kvf_dc_pull_begin(kvf_dc_pull_ctx_t *ctx, kvf_dc_pull_t *pull,
  */
 kvf_status_t kvf_dc_pull_advance(kvf_dc_pull_ctx_t *ctx, kvf_dc_pull_t *pull);
 
-/** The pull's reads are on the wire (the leader should spin rather than sleep). */
+/** The pull's reads are on the wire, or its hashing is due (the leader should spin, not sleep). */
 bool kvf_dc_pull_on_wire(const kvf_dc_pull_t *pull);
 
 /**

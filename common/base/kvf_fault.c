@@ -23,6 +23,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
+
+extern char **environ;
 
 typedef struct {
     kvf_fault_point_t  point;
@@ -221,6 +224,39 @@ void kvf_fault_disarm(void)
 kvf_status_t kvf_fault_init(void)
 {
     return kvf_fault_arm(getenv("KVF_FAULT"));
+}
+
+kvf_status_t kvf_fault_refuse_test_switches(int argc, char *const *argv)
+{
+    static const char *const harness[] = {"KVF_TEST_FUZZ=", "KVF_TEST_REFERENCE=",
+                                          "KVF_TEST_SANITIZERS="};
+    kvf_status_t status = KVF_OK;
+
+    if (KVF_FAULT_ENABLED) {
+        return KVF_OK;
+    }
+    for (char **e = environ; (e != NULL) && (*e != NULL); ++e) {
+        bool exempt = false;
+        if (strncmp(*e, "KVF_TEST_", 9) != 0) {
+            continue;
+        }
+        for (size_t i = 0; i < sizeof(harness) / sizeof(harness[0]); ++i) {
+            exempt |= (strncmp(*e, harness[i], strlen(harness[i])) == 0);
+        }
+        if (!exempt) {
+            kvf_error("%.*s is a test-only switch; this build (without KVF_FAULT_INJECTION) "
+                      "refuses it", (int)strcspn(*e, "="), *e);
+            status = KVF_ERR_UNSUPPORTED;
+        }
+    }
+    for (int i = 1; (argv != NULL) && (i < argc); ++i) {
+        if ((argv[i] != NULL) && (strncmp(argv[i], "--test-", 7) == 0)) {
+            kvf_error("%.*s is a test-only switch; this build (without KVF_FAULT_INJECTION) "
+                      "refuses it", (int)strcspn(argv[i], "="), argv[i]);
+            status = KVF_ERR_UNSUPPORTED;
+        }
+    }
+    return status;
 }
 
 bool kvf_fault_enabled(void)

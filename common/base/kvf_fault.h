@@ -150,6 +150,20 @@ void kvf_fault_disarm(void);
 /** kvf_fault_arm(getenv("KVF_FAULT")); the daemons call it at start-up and exit 2 on error. */
 kvf_status_t kvf_fault_init(void);
 
+/**
+ * Test-only switches (the hidden TEST_* config rows: KVF_TEST_NO_RELEASE,
+ * KVF_TEST_PULL_DELAY, KVF_TEST_NO_BLOCK_ZERO, ...) exist only in builds with
+ * -DKVF_FAULT_INJECTION=ON. In a build without it, refuse any KVF_TEST_*
+ * environment variable and any --test-* flag in @a argv[1..argc), naming
+ * it ("KVF_TEST_NO_RELEASE is a test-only switch; this build (without
+ * KVF_FAULT_INJECTION) refuses it"). Exempt: the test harness's own
+ * variables, read by tests/run.sh and never by a product binary
+ * (KVF_TEST_FUZZ, KVF_TEST_REFERENCE, KVF_TEST_SANITIZERS). Every daemon and
+ * kvf-proxy calls it first at start and exits 2 on error.
+ * @return KVF_OK; KVF_ERR_UNSUPPORTED (logged) in a release build that sees one.
+ */
+kvf_status_t kvf_fault_refuse_test_switches(int argc, char *const *argv);
+
 /** True when this build has fault points (-DKVF_FAULT_INJECTION=ON). */
 bool kvf_fault_enabled(void);
 

@@ -8,7 +8,9 @@
  * accepts connections (scripts wait for that line or for /health).
  */
 #include "kvf_proxy.h"
+#include "kvf_fault.h"
 #include "kvf_log.h"
+#include "kvf_zmq_auth.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -23,6 +25,9 @@ int main(int argc, char **argv)
     int sig = 0;
 
     kvf_log_init("proxy");
+    if (kvf_fault_refuse_test_switches(argc, argv) != KVF_OK) {   /* release builds: by name */
+        return 2;
+    }
     memset(&cfg, 0, sizeof(cfg));
     if (kvf_config_parse(kvf_proxy_config_table, "kvf-proxy", argc - 1, argv + 1, &cfg,
                          &exit_now) != KVF_OK) {
@@ -32,6 +37,13 @@ int main(int argc, char **argv)
         return 0;
     }
     kvf_config_warn_unused();
+    {
+        kvf_zmq_auth_config_t auth = {.keys_dir = cfg.keys, .key_id = cfg.key_id,
+                                      .insecure = cfg.insecure};
+        if (kvf_zmq_auth_init(NULL, &auth) != KVF_OK) {   /* names --keys / --insecure */
+            return 2;
+        }
+    }
 
     /* Block the stop signals in every thread; this one waits for them. */
     sigemptyset(&set);
@@ -50,6 +62,7 @@ int main(int argc, char **argv)
     kvf_info("signal %d (%s): draining, then shutting down", sig, strsignal(sig));
     kvf_proxy_drain(proxy);
     kvf_proxy_destroy(proxy);
+    kvf_zmq_auth_cleanup();
     kvf_info("stopped");
     return 0;
 }

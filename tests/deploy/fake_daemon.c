@@ -31,6 +31,7 @@
  * Unknown flags (the real daemons' --model, --num-blocks, ...) are ignored.
  */
 #include "kvf_serve.pb-c.h"
+#include "kvf_zmq.h"
 
 #include <signal.h>
 #include <stdbool.h>
@@ -374,9 +375,10 @@ static void fake_abort(const Kvf__AbortRequest *a)
 int main(int argc, char **argv)
 {
     const char *listen = NULL;
+    kvf_zmq_auth_config_t auth = {.keys_dir = NULL, .key_id = NULL, .insecure = false};
+    const kvf_zmq_opt_t opts[] = {{ZMQ_LINGER, 0}};
     const char *base = strrchr(argv[0], '/') ? strrchr(argv[0], '/') + 1 : argv[0];
     void *ctx, *sock;
-    int zero = 0;
 
     if (strstr(base, "decode") != NULL) {
         fake_role = "decode";
@@ -392,6 +394,10 @@ int main(int argc, char **argv)
             fake_tp = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--side-port") == 0) {
             fake_side_port = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--keys") == 0) {   /* as the real daemons take them */
+            auth.keys_dir = argv[++i];
+        } else if (strcmp(argv[i], "--key-id") == 0) {
+            auth.key_id = argv[++i];
         } else if (strcmp(argv[i], "--fake-mode") == 0) {
             fake_mode = argv[++i];
         } else if (strcmp(argv[i], "--fake-token-delay-ms") == 0) {
@@ -410,13 +416,21 @@ int main(int argc, char **argv)
     }
     signal(SIGTERM, fake_on_signal);
     signal(SIGINT, fake_on_signal);
+    for (int i = 1; i < argc; ++i) {
+        auth.insecure |= (strcmp(argv[i], "--insecure") == 0);
+    }
+    if (auth.key_id == NULL) {
+        auth.key_id = fake_engine;
+    }
+    if (kvf_zmq_auth_init(NULL, &auth) != KVF_OK) {   /* the daemons' rule: keys or --insecure */
+        return 2;
+    }
     ctx = zmq_ctx_new();
-    sock = zmq_socket(ctx, ZMQ_ROUTER);
-    if ((sock == NULL) || (zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof(zero)) != 0)) {
+    if (kvf_zmq_socket_open(ctx, ZMQ_ROUTER, opts, 1, &sock) != KVF_OK) {
         fprintf(stderr, "fake: ROUTER socket: %s\n", zmq_strerror(zmq_errno()));
         return 1;
     }
-    if (zmq_bind(sock, listen) != 0) {
+    if (kvf_zmq_bind(sock, listen, "serve") != KVF_OK) {
         fprintf(stderr, "fake: bind %s: %s\n", listen, zmq_strerror(zmq_errno()));
         return 1;
     }

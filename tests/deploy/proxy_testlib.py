@@ -30,7 +30,32 @@ class Procs:
         self.procs = []
         self.logdir = logdir
 
+    def keys(self):
+        """The test's key set (kvf keygen, once per Procs): every process started here
+        authenticates with it, as a kvf-up pool's members do (docs/SECURITY.md)."""
+        d = os.path.join(self.logdir, "keys")
+        if not os.path.exists(os.path.join(d, "pool.pub")):
+            kvf = os.path.join(kvf_e2e.find_bin(), "kvf")
+            subprocess.run([kvf, "keygen", "--out", d, "--members", "prefill-0,decode-0,proxy"],
+                           check=True, stdout=subprocess.DEVNULL)
+        return d
+
+    def with_keys(self, cmd):
+        """cmd plus --keys (and a member --key-id for a fake daemon) unless it says
+        --keys or --insecure itself."""
+        prog = os.path.basename(cmd[0])
+        if prog not in ("kvf-proxy", "kvf_fake_daemon", "kvf-prefill", "kvf-decode") or \
+                "--keys" in cmd or "--insecure" in cmd:
+            return cmd
+        cmd = list(cmd) + ["--keys", self.keys()]
+        if prog != "kvf-proxy":
+            role = cmd[cmd.index("--role") + 1] if "--role" in cmd else \
+                ("decode" if "decode" in prog else "prefill")
+            cmd += ["--key-id", "%s-0" % role]
+        return cmd
+
     def start(self, name, cmd, capture_stdout=False):
+        cmd = self.with_keys(cmd)
         err = open(os.path.join(self.logdir, name + ".log"), "w")
         env = dict(os.environ, KVF_LOG_LEVEL=os.environ.get("KVF_LOG_LEVEL", "info"))
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE if capture_stdout else err,

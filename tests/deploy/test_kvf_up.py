@@ -78,7 +78,7 @@ def main():
         # check cannot rely on the proxy exiting first.
         port = int(pool.url.rsplit(":", 1)[1])
         with tempfile.TemporaryDirectory() as rb, tempfile.TemporaryDirectory() as bb:
-            for exe in ("kvf-prefill", "kvf-decode"):
+            for exe in ("kvf-prefill", "kvf-decode", "kvf"):   # kvf: kvf-up's `kvf keygen`
                 os.symlink(os.path.join(a.fakebin, exe), os.path.join(bb, exe))
             with open(os.path.join(bb, "kvf-proxy"), "w") as f:
                 f.write('#!/bin/sh\n"%s" "$@"\nexec sleep 60\n' % os.path.join(a.fakebin, "kvf-proxy"))

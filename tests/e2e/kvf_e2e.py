@@ -29,7 +29,8 @@ import tempfile
 import time
 
 __all__ = ["Pool", "Proxy", "StreamResult", "Metrics", "HttpError", "free_port_range",
-           "find_bin", "parse_sse", "parse_metrics", "wait_for", "repo_root"]
+           "find_bin", "parse_sse", "parse_metrics", "wait_for", "repo_root", "keygen",
+           "skip_without_test_switches"]
 
 
 def repo_root():
@@ -44,6 +45,27 @@ def find_bin(bin_dir=None):
         if d and os.path.isdir(d):
             return os.path.abspath(d)
     raise FileNotFoundError("no bin dir: pass bin_dir or set KVF_BIN")
+
+
+def keygen(out, members=("prefill-0", "decode-0", "proxy"), bin_dir=None):
+    """A pool key set in folder out (`kvf keygen`, docs/SECURITY.md) for daemons started
+    by hand: give them --keys out --key-id <member>. Returns out."""
+    subprocess.run([os.path.join(find_bin(bin_dir), "kvf"), "keygen", "--out", out,
+                    "--members", ",".join(members)], check=True, stdout=subprocess.DEVNULL)
+    return out
+
+
+def skip_without_test_switches(bin_dir=None):
+    """Exit 77 (ctest: skipped) when the daemons refuse test-only switches (--test-*,
+    KVF_TEST_*): a build without -DKVF_FAULT_INJECTION=ON (tests/run.sh builds with it)."""
+    import sys
+    p = subprocess.run([os.path.join(find_bin(bin_dir), "kvf-decode"), "--test-pull-delay", "0",
+                        "--print-config"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                       text=True, timeout=30)
+    if "is a test-only switch" in p.stderr:
+        print("skipped: this build refuses test-only switches (configure with "
+              "-DKVF_FAULT_INJECTION=ON; tests/run.sh does)")
+        sys.exit(77)
 
 
 def wait_for(cond, timeout, what="condition", interval=0.05):

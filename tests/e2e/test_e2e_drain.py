@@ -22,9 +22,11 @@ import signal
 import subprocess
 import threading
 import time
+import tempfile
 
 from e2e_models import check_tokens, model_dir, reference
-from kvf_e2e import HttpError, Pool, find_bin, free_port_range, wait_for
+from kvf_e2e import (HttpError, Pool, find_bin, free_port_range, keygen,
+                     skip_without_test_switches, wait_for)
 
 PROMPT = "a request that is pulled while its prefill instance stops"
 MAX_TOKENS = 8
@@ -160,8 +162,10 @@ def exit_codes(model):
     bindir = find_bin()
     for second_term in (False, True):
         port = free_port_range(2)
+        keys = keygen(os.path.join(tempfile.mkdtemp(prefix="kvf-drain."), "keys"))
         cmd = [os.path.join(bindir, "kvf-prefill"), "--model", model,
-               "--listen", "tcp://127.0.0.1:%d" % port, "--side-port", str(port + 1)]
+               "--listen", "tcp://127.0.0.1:%d" % port, "--side-port", str(port + 1),
+               "--keys", keys, "--key-id", "prefill-0"]
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             lines = []
@@ -186,6 +190,7 @@ def exit_codes(model):
 
 
 def main():
+    skip_without_test_switches()   # --test-pull-delay
     t0 = time.monotonic()
     model = model_dir("tiny-dense")
     ref = reference(model, PROMPT, MAX_TOKENS)

@@ -29,7 +29,7 @@ import threading
 import time
 
 from e2e_models import check_tokens, model_dir, reference
-from kvf_e2e import HttpError, Pool, wait_for
+from kvf_e2e import HttpError, Pool, skip_without_test_switches, wait_for
 
 PROMPT = "a prompt whose prefill instance dies"
 MAX_TOKENS = 8
@@ -270,6 +270,7 @@ def client_abort():
 
 
 def main():
+    skip_without_test_switches()   # --test-pull-delay, --test-no-release
     model = model_dir("tiny-hybrid")
     refs = reference(model, PROMPT, MAX_TOKENS)
     prefill_killed("fail", refs)

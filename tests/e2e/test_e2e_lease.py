@@ -20,7 +20,7 @@ import threading
 import time
 
 from e2e_models import check_tokens, model_dir, reference
-from kvf_e2e import HttpError, Pool, wait_for
+from kvf_e2e import HttpError, Pool, skip_without_test_switches, wait_for
 
 PROMPT_A = "the first prompt, whose decode comes too late"
 PROMPT_B = "another prompt that reuses those very blocks!"
@@ -85,6 +85,7 @@ def late_read(name, policy):
 
 
 def main():
+    skip_without_test_switches()   # --test-pull-delay
     t0 = time.monotonic()
     late_read("tiny-hybrid", "fail")
     late_read("tiny-dense", "fail")

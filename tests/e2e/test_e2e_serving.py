@@ -125,6 +125,7 @@ def compat_check(model):
         st, h = pool.health()
         assert st == 200, h
         good, dec = h["prefill"][0]["url"], h["decode"][0]["url"]
+        keys = os.path.join(pool.run_dir, "keys")   # kvf-up's key set: a second prefill-0 key user
         assert [p["state"] for p in h["pairs"]] == ["compatible"], h["pairs"]
         base = free_port_range(2)
         bad = "tcp://127.0.0.1:%d" % base
@@ -132,10 +133,12 @@ def compat_check(model):
             procs.append(subprocess.Popen(
                 [os.path.join(bindir, "kvf-prefill"), "--model", model, "--tp", "1",
                  "--listen", bad, "--side-port", str(base + 1), "--engine-id", "prefill-bad",
-                 "--kv-dtype", "fp32"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+                 "--kv-dtype", "fp32", "--keys", keys, "--key-id", "prefill-0"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
             px = subprocess.Popen(
                 [os.path.join(bindir, "kvf-proxy"), "--prefill", "%s,%s" % (good, bad),
-                 "--decode", dec, "--model", model, "--model-name", "tiny", "--port", "0"],
+                 "--decode", dec, "--model", model, "--model-name", "tiny", "--port", "0",
+                 "--keys", keys],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             procs.append(px)
             line = px.stdout.readline()

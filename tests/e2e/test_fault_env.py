@@ -8,8 +8,9 @@ build without fault points (never silently ignored)."""
 import os
 import subprocess
 import sys
+import tempfile
 
-from kvf_e2e import find_bin
+from kvf_e2e import find_bin, keygen
 
 CASES = [
     ("ucx.pots@3=kill", "entry 'ucx.pots@3=kill': unknown fault point 'ucx.pots' (points: "
@@ -25,9 +26,16 @@ CASES = [
 ]
 
 
+KEYS = None
+
+
 def run(exe, spec):
+    global KEYS
+    KEYS = KEYS or keygen(os.path.join(tempfile.mkdtemp(prefix="kvf-fault-env."), "keys"))
     env = dict(os.environ, KVF_FAULT=spec)
-    p = subprocess.run([exe, "--model", "/nonexistent-model"], env=env, stdout=subprocess.PIPE,
+    role = "decode" if exe.endswith("decode") else "prefill"
+    p = subprocess.run([exe, "--model", "/nonexistent-model", "--keys", KEYS, "--key-id",
+                        role + "-0"], env=env, stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, text=True, timeout=30)
     return p.returncode, p.stdout
 

@@ -75,7 +75,7 @@ grep -q "tensor 'backbone.layers.0.mixer.q_proj.weight' not found" "$T/err" \
 
 # the daemons refuse a page-pool placement they do not have, naming the flag and the value
 for d in kvf-prefill kvf-decode; do
-    if "${KVF_BIN}/$d" --model "$T/h" --pool-alloc bogus 2>"$T/err"; then
+    if "${KVF_BIN}/$d" --model "$T/h" --pool-alloc bogus --insecure 2>"$T/err"; then
         fail "$d accepted --pool-alloc bogus"
     fi
     grep -q "\-\-pool-alloc must be ucx or heap, not 'bogus'" "$T/err" \
