@@ -202,6 +202,12 @@ static kvf_status_t kvf_new_request(kvf_engine_h e, const kvf_req_params_t *p, k
             return KVF_ERR_INVALID_PARAM;
         }
     }
+    if ((e->cfg->sliding_window > 0) && (p->prompt_len > e->cfg->sliding_window)) {
+        /* kvferry computes full attention: exact only within the window */
+        kvf_error("request: prompt of %d tokens is longer than the model's sliding_window (%d)",
+                  p->prompt_len, e->cfg->sliding_window);
+        return KVF_ERR_INVALID_PARAM;
+    }
     if (KVF_ARRAY_GROW(e->reqs, e->cap_reqs, e->num_reqs + 1, 16) != KVF_OK) {
         return KVF_ERR_NO_MEMORY;
     }
@@ -289,9 +295,11 @@ static kvf_status_t kvf_accept_token(kvf_engine_h e, kvf_request_t *r, int32_t t
         return KVF_OK;
     }
     kvf_emit(events, cap, n, r->id, KVF_EVENT_TOKEN, tok, KVF_FINISH_NONE);
-    if (!r->sampling.ignore_eos && (tok == e->cfg->eos_token_id)) {
+    if (!r->sampling.ignore_eos && kvf_model_is_eos(e->cfg, tok)) {
         kvf_finish(e, r, KVF_FINISH_EOS);
-    } else if (outputs >= r->sampling.max_tokens) {
+    } else if ((outputs >= r->sampling.max_tokens) ||
+               ((e->cfg->sliding_window > 0) && (r->num_tokens >= e->cfg->sliding_window))) {
+        /* the next token would attend past the sliding window */
         kvf_finish(e, r, KVF_FINISH_LENGTH);
     }
     if (r->state == KVF_REQ_FINISHED) {
@@ -365,6 +373,9 @@ kvf_status_t kvf_engine_step(kvf_engine_h e, kvf_engine_event_t *events, int cap
             .group_blocks = (const int32_t *const *)r->blocks.blocks,
             .group_num_blocks = r->blocks.num_blocks,
             .logits = pe->samples ? e->logits + (size_t)ns++ * (size_t)vocab : NULL,
+            /* decode steps feed the one token sampled last; anything else (the prompt,
+             * a recompute after preemption) is a prompt forward in transformers */
+            .prompt = (pe->start < r->prompt_len) || (pe->num_tokens > 1),
         };
         if ((pe->num_tokens == 1) && (pe->start > 0)) {
             ++decode_tok;

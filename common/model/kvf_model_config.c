@@ -334,7 +334,7 @@ static const struct {
     {"attention_bias", KVF_A_NH | KVF_A_LL | KVF_A_QW}, {"rope_parameters", KVF_A_DENSE},
     {"rope_scaling", KVF_A_DENSE}, {"rope_theta", KVF_A_ALL},
     {"partial_rotary_factor", KVF_A_ALL}, {"layer_types", KVF_A_QW},
-    {"use_sliding_window", KVF_A_QW},
+    {"use_sliding_window", KVF_A_QW}, {"max_window_layers", KVF_A_QW},
     /* known to leave inference unchanged */
     {"architectures", KVF_A_ALL}, {"auto_map", KVF_A_ALL}, {"transformers_version", KVF_A_ALL},
     {"_name_or_path", KVF_A_ALL}, {"use_cache", KVF_A_ALL}, {"pad_token_id", KVF_A_ALL},
@@ -351,7 +351,6 @@ static const struct {
     {"router_aux_loss_coef", KVF_A_NH},
     {"num_nextn_predict_layers", KVF_A_NH}, {"mtp_layers_block_type", KVF_A_NH},
     {"mtp_hybrid_override_pattern", KVF_A_NH}, {"pretraining_tp", KVF_A_LL},
-    {"max_window_layers", KVF_A_QW},
     /* nemotron_h: written by NVIDIA's checkpoints, unused by its attention (no RoPE)
      * and its norms (layer_norm_epsilon) */
     {"norm_eps", KVF_A_NH},
@@ -412,7 +411,8 @@ static kvf_status_t kvf_cfg_rope(const kvf_cfg_reader_t *rd, kvf_model_config_t 
         "rope_type", "type", "rope_theta", "factor", "low_freq_factor", "high_freq_factor",
         "original_max_position_embeddings", "partial_rotary_factor",
     };
-    const char *field = "rope_parameters";
+    /* transformers 5 takes rope_scaling over rope_parameters when a file has both */
+    const char *field = "rope_scaling";
     const cJSON *rp = cJSON_GetObjectItemCaseSensitive(rd->root, field);
     const cJSON *it, *type;
     kvf_rope_t *r = &cfg->rope;
@@ -421,7 +421,7 @@ static kvf_status_t kvf_cfg_rope(const kvf_cfg_reader_t *rd, kvf_model_config_t 
     char val[128];
 
     if ((rp == NULL) || cJSON_IsNull(rp)) {
-        field = "rope_scaling";
+        field = "rope_parameters";
         rp = cJSON_GetObjectItemCaseSensitive(rd->root, field);
     }
     status = kvf_cfg_num(rd, rd->root, "rope_theta", 10000.0, &top_theta);
@@ -595,11 +595,72 @@ static kvf_status_t kvf_cfg_refusals(const kvf_cfg_reader_t *rd, const kvf_model
         KVF_CFG_FAIL(KVF_ERR_UNSUPPORTED, "field 'quantization_config' = %s is not implemented"
                      " (unquantized checkpoints only): refused", val);
     }
-    item = cJSON_GetObjectItemCaseSensitive(rd->root, "sliding_window");
-    if ((item != NULL) && !cJSON_IsNull(item) && (cfg->arch != KVF_ARCH_QWEN3)) {
-        kvf_cfg_value_str(item, val, sizeof(val));
-        KVF_CFG_FAIL(KVF_ERR_UNSUPPORTED, "field 'sliding_window' = %s is not implemented (only"
-                     " null: full attention): refused", val);
+    (void)cfg;
+    return KVF_OK;
+}
+
+/*
+ * sliding_window -> cfg->sliding_window: @a absent when the field is missing
+ * (transformers' class default), 0 when null or when it does not @a apply
+ * (qwen3 without use_sliding_window or without a sliding layer), and 0 too
+ * when it cannot bind: at least max_position_embeddings. A window that binds
+ * is kept: kvferry computes full attention, exact for sequences of at most
+ * the window, and the engine refuses longer ones.
+ */
+static kvf_status_t kvf_cfg_window(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg,
+                                   int absent, bool apply)
+{
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(rd->root, "sliding_window");
+    int w = absent;
+
+    if ((item != NULL) && !cJSON_IsNull(item)) {
+        KVF_CFG_TRY(kvf_cfg_int(rd, "sliding_window", &w));
+    } else if (item != NULL) {
+        w = 0;
+    }
+    if (!apply || ((cfg->max_position_embeddings > 0) && (w >= cfg->max_position_embeddings))) {
+        w = 0;
+    }
+    if ((w > 0) && (cfg->arch != KVF_ARCH_NEMOTRON_H)) {
+        kvf_warn("%s: field 'sliding_window' = %d%s binds below max_position_embeddings = %d:"
+                 " sequences are limited to %d tokens (full attention is exact there)",
+                 rd->origin, w, (item == NULL) ? " (transformers' default)" : "",
+                 cfg->max_position_embeddings, w);
+    }
+    cfg->sliding_window = w;
+    return KVF_OK;
+}
+
+/* eos_token_id: one id or a list (transformers stops on any): every id in range. */
+static kvf_status_t kvf_cfg_eos_list(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
+{
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(rd->root, "eos_token_id");
+    const cJSON *it;
+
+    cfg->num_eos = 0;
+    if ((item == NULL) || cJSON_IsNull(item)) {
+        return KVF_OK;
+    }
+    if (!cJSON_IsArray(item)) {
+        cfg->eos_token_ids[cfg->num_eos++] = cfg->eos_token_id;
+        return KVF_OK;
+    }
+    if (cJSON_GetArraySize(item) > KVF_MAX_EOS) {
+        KVF_CFG_FAIL(KVF_ERR_UNSUPPORTED, "field 'eos_token_id' lists %d ids, more than %d",
+                     cJSON_GetArraySize(item), KVF_MAX_EOS);
+    }
+    cJSON_ArrayForEach(it, item) {
+        if (!cJSON_IsNumber(it) || (it->valuedouble < 0) ||
+            (it->valuedouble != (double)(int)it->valuedouble)) {
+            KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "field 'eos_token_id' entry %d must be a"
+                         " non-negative integer", cfg->num_eos);
+        }
+        if ((int)it->valuedouble >= cfg->vocab_size) {
+            KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "field 'eos_token_id' entry %d = %d is outside"
+                         " the vocabulary [0, %d) (vocab_size)", cfg->num_eos,
+                         (int)it->valuedouble, cfg->vocab_size);
+        }
+        cfg->eos_token_ids[cfg->num_eos++] = (int)it->valuedouble;
     }
     return KVF_OK;
 }
@@ -641,6 +702,7 @@ static kvf_status_t kvf_cfg_common(const kvf_cfg_reader_t *rd, kvf_model_config_
     if (!kvf_cfg_present(rd, "eos_token_id")) {
         cfg->eos_token_id = -1;
     }
+    KVF_CFG_TRY(kvf_cfg_eos_list(rd, cfg));
     KVF_CFG_TRY(kvf_cfg_bool(rd, "tie_word_embeddings", false, &cfg->tie_word_embeddings));
     /* transformers 5 writes "dtype"; older files "torch_dtype" */
     KVF_CFG_TRY(kvf_cfg_dtype_opt(rd, kvf_cfg_alias(rd, "dtype", "torch_dtype"), KVF_DTYPE_BF16,
@@ -655,8 +717,9 @@ static kvf_status_t kvf_cfg_common(const kvf_cfg_reader_t *rd, kvf_model_config_
     KVF_CFG_TRY(kvf_cfg_int_opt(rd, "max_position_embeddings", 0,
                                 &cfg->max_position_embeddings));
     {
-        const char *name = (cfg->arch == KVF_ARCH_NEMOTRON_H) ?
-                           kvf_cfg_alias(rd, "layer_norm_epsilon", "rms_norm_eps") :
+        /* transformers' NemotronH reads layer_norm_epsilon only (an rms_norm_eps
+         * in its file is ignored); the dense archs read rms_norm_eps */
+        const char *name = (cfg->arch == KVF_ARCH_NEMOTRON_H) ? "layer_norm_epsilon" :
                            "rms_norm_eps";
         KVF_CFG_TRY(kvf_cfg_num(rd, rd->root, name,
                                 (cfg->arch == KVF_ARCH_NEMOTRON_H) ? 1e-5 : 1e-6,
@@ -736,6 +799,12 @@ static kvf_status_t kvf_cfg_parse_nemotron_h(const kvf_cfg_reader_t *rd,
         KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "missing field 'intermediate_size' (the pattern has"
                      " MLP layers)");
     }
+    KVF_CFG_TRY(kvf_cfg_window(rd, cfg, 0, true));
+    if (cfg->sliding_window > 0) {
+        KVF_CFG_FAIL(KVF_ERR_UNSUPPORTED, "field 'sliding_window' = %d is not implemented for"
+                     " nemotron_h (only null, or at least max_position_embeddings = %d):"
+                     " refused", cfg->sliding_window, cfg->max_position_embeddings);
+    }
     cfg->rope.type = KVF_ROPE_NONE;
     cfg->lm_head_tied = false;   /* transformers' NemotronH keeps lm_head.weight */
     return KVF_OK;
@@ -771,25 +840,36 @@ static kvf_status_t kvf_cfg_dense_finish(const kvf_cfg_reader_t *rd, kvf_model_c
     return KVF_OK;
 }
 
-/* llama and mistral: a dense decoder with nothing of its own. */
+/* llama: a dense decoder with nothing of its own. */
 static kvf_status_t kvf_cfg_parse_llama(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
 {
     KVF_CFG_TRY(kvf_cfg_dense_layers(rd, cfg));
     return kvf_cfg_dense_finish(rd, cfg);
 }
 
-/* qwen3: a dense decoder with QK norm; sliding-window attention refused by name. */
+/* mistral: llama's layers with a sliding window on every layer (transformers'
+ * MistralConfig default 4096 when the field is absent; null: none). */
+static kvf_status_t kvf_cfg_parse_mistral(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
+{
+    KVF_CFG_TRY(kvf_cfg_dense_layers(rd, cfg));
+    KVF_CFG_TRY(kvf_cfg_window(rd, cfg, 4096, true));
+    return kvf_cfg_dense_finish(rd, cfg);
+}
+
+/*
+ * qwen3: a dense decoder with QK norm. Sliding window as transformers'
+ * Qwen3Config: only with use_sliding_window, on the layers layer_types marks
+ * sliding_attention (default: layers from max_window_layers, 28, on).
+ */
 static kvf_status_t kvf_cfg_parse_qwen3(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
 {
     const cJSON *item;
-    bool sliding;
+    bool use_sliding, any_sliding = false;
+    int max_window_layers;
 
     KVF_CFG_TRY(kvf_cfg_dense_layers(rd, cfg));
-    KVF_CFG_TRY(kvf_cfg_bool(rd, "use_sliding_window", false, &sliding));
-    if (sliding) {
-        KVF_CFG_FAIL(KVF_ERR_UNSUPPORTED, "field 'use_sliding_window' = true is not"
-                     " implemented (full attention only): refused");
-    }
+    KVF_CFG_TRY(kvf_cfg_bool(rd, "use_sliding_window", false, &use_sliding));
+    KVF_CFG_TRY(kvf_cfg_int_opt(rd, "max_window_layers", 28, &max_window_layers));
     item = cJSON_GetObjectItemCaseSensitive(rd->root, "layer_types");
     if ((item != NULL) && !cJSON_IsNull(item)) {
         const cJSON *lt;
@@ -798,18 +878,24 @@ static kvf_status_t kvf_cfg_parse_qwen3(const kvf_cfg_reader_t *rd, kvf_model_co
             KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "field 'layer_types' must be a list");
         }
         cJSON_ArrayForEach(lt, item) {
-            if (!cJSON_IsString(lt) || (strcmp(lt->valuestring, "full_attention") != 0)) {
+            bool full = cJSON_IsString(lt) && (strcmp(lt->valuestring, "full_attention") == 0);
+            bool slid = cJSON_IsString(lt) && (strcmp(lt->valuestring, "sliding_attention") == 0);
+            if (!full && !slid) {
                 KVF_CFG_FAIL(KVF_ERR_UNSUPPORTED, "field 'layer_types' entry %d = '%s' is not"
-                             " implemented (full_attention only): refused", n,
+                             " implemented (full_attention, sliding_attention): refused", n,
                              cJSON_IsString(lt) ? lt->valuestring : "?");
             }
+            any_sliding = any_sliding || slid;
             ++n;
         }
         if (n != cfg->num_layers) {
             KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "field 'layer_types' has %d entries but"
                          " num_hidden_layers = %d", n, cfg->num_layers);
         }
+    } else {
+        any_sliding = (max_window_layers < cfg->num_layers);
     }
+    KVF_CFG_TRY(kvf_cfg_window(rd, cfg, 4096, use_sliding && any_sliding));
     return kvf_cfg_dense_finish(rd, cfg);
 }
 
@@ -822,7 +908,7 @@ static const struct {
     {"nemotron_h", KVF_ARCH_NEMOTRON_H, kvf_cfg_parse_nemotron_h},
     {"llama",      KVF_ARCH_LLAMA,      kvf_cfg_parse_llama},
     {"qwen3",      KVF_ARCH_QWEN3,      kvf_cfg_parse_qwen3},
-    {"mistral",    KVF_ARCH_MISTRAL,    kvf_cfg_parse_llama},
+    {"mistral",    KVF_ARCH_MISTRAL,    kvf_cfg_parse_mistral},
 };
 
 kvf_status_t kvf_model_config_parse(const char *json, const char *origin,
@@ -869,89 +955,4 @@ kvf_status_t kvf_model_config_parse(const char *json, const char *origin,
 out:
     cJSON_Delete((cJSON *)rd.root);
     return status;
-}
-
-kvf_status_t kvf_model_config_load(const char *path, kvf_model_config_t *cfg_p)
-{
-    char file[4096];
-    struct stat st;
-    FILE *f;
-    char *text;
-    long len;
-    kvf_status_t status;
-
-    if ((stat(path, &st) == 0) && S_ISDIR(st.st_mode)) {
-        snprintf(file, sizeof(file), "%s/config.json", path);
-    } else {
-        snprintf(file, sizeof(file), "%s", path);
-    }
-    f = fopen(file, "rb");
-    if (f == NULL) {
-        kvf_error("cannot open model config %s: %m", file);
-        return KVF_ERR_IO;
-    }
-    if ((fseek(f, 0, SEEK_END) != 0) || ((len = ftell(f)) < 0) || (fseek(f, 0, SEEK_SET) != 0)) {
-        kvf_error("cannot size model config %s: %m", file);
-        fclose(f);
-        return KVF_ERR_IO;
-    }
-    text = malloc((size_t)len + 1);
-    if (text == NULL) {
-        fclose(f);
-        return KVF_ERR_NO_MEMORY;
-    }
-    if (fread(text, 1, (size_t)len, f) != (size_t)len) {
-        kvf_error("cannot read model config %s: %m", file);
-        free(text);
-        fclose(f);
-        return KVF_ERR_IO;
-    }
-    text[len] = '\0';
-    fclose(f);
-    status = kvf_model_config_parse(text, file, cfg_p);
-    free(text);
-    return status;
-}
-
-static uint64_t kvf_fnv1a(uint64_t h, const void *data, size_t len)
-{
-    const unsigned char *p = data;
-    for (size_t i = 0; i < len; ++i) {
-        h ^= p[i];
-        h *= 0x100000001b3ull;
-    }
-    return h;
-}
-
-uint64_t kvf_model_config_fingerprint(const kvf_model_config_t *cfg)
-{
-    const int fields[] = {
-        (int)cfg->arch, cfg->hidden_size, cfg->num_layers, cfg->vocab_size,
-        cfg->num_attention_heads, cfg->num_key_value_heads, cfg->head_dim,
-        cfg->intermediate_size, cfg->mamba_num_heads, cfg->mamba_head_dim,
-        cfg->ssm_state_size, cfg->n_groups, cfg->conv_kernel,
-        /* the forward's math: two instances must compute the same model */
-        (int)cfg->mlp_act, (int)cfg->mamba_act, cfg->mlp_bias, cfg->attn_bias,
-        cfg->mamba_proj_bias, cfg->use_conv_bias, cfg->qk_norm, cfg->lm_head_tied,
-        (int)cfg->rope.type, cfg->moe_num_experts, cfg->moe_top_k,
-        cfg->moe_intermediate_size, cfg->moe_shared_intermediate_size, cfg->moe_n_group,
-        cfg->moe_topk_group, cfg->moe_norm_topk_prob,
-    };
-    const double reals[] = {
-        cfg->norm_eps, cfg->time_step_min, cfg->moe_routed_scaling, cfg->rope.theta,
-        cfg->rope.factor, cfg->rope.low_freq_factor, cfg->rope.high_freq_factor,
-        cfg->rope.original_max_pos,
-    };
-    uint64_t h = 0xcbf29ce484222325ull;
-
-    for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); ++i) {
-        int32_t v = fields[i];   /* fixed width: the fingerprint crosses hosts */
-        h = kvf_fnv1a(h, &v, sizeof(v));
-    }
-    for (size_t i = 0; i < sizeof(reals) / sizeof(reals[0]); ++i) {
-        uint64_t bits;           /* IEEE-754 bits, little-endian hosts */
-        memcpy(&bits, &reals[i], sizeof(bits));
-        h = kvf_fnv1a(h, &bits, sizeof(bits));
-    }
-    return kvf_fnv1a(h, cfg->layer_kinds, (size_t)cfg->num_layers);
 }

@@ -16,6 +16,7 @@
 
 #define KVF_MAX_LAYERS   512   /* decoder layers per model */
 #define KVF_MAX_KV_HEADS 512   /* KV heads one rank holds (planner scratch bound) */
+#define KVF_MAX_EOS      8     /* stop tokens of an eos_token_id list */
 
 typedef enum {
     KVF_LAYER_MAMBA     = 'M',
@@ -122,13 +123,31 @@ typedef struct kvf_model_config {
     double      norm_eps;             /* layer_norm_epsilon / rms_norm_eps */
     kvf_dtype_t torch_dtype;          /* dtype (or legacy torch_dtype); default bf16 */
     int         bos_token_id;         /* -1 when absent */
-    int         eos_token_id;         /* -1 when absent */
+    int         eos_token_id;         /* -1 when absent; the first of a list */
+    int         num_eos;              /* entries in eos_token_ids (0 when absent) */
+    int         eos_token_ids[KVF_MAX_EOS]; /* every stop token (eos_token_id may be a list:
+                                         transformers stops on any of them) */
+    int         sliding_window;       /* tokens a query attends back (mistral: 4096 when the
+                                         field is absent, as transformers); 0: none. kvferry
+                                         computes full attention, exact for sequences of at
+                                         most this many tokens: the engine refuses longer */
     int         max_position_embeddings; /* longest sequence (prompt + output); 0: absent */
     bool        tie_word_embeddings;  /* as written in the file */
     bool        lm_head_tied;         /* lm_head = embeddings: dense archs with
                                          tie_word_embeddings; never nemotron_h
                                          (transformers' NemotronH does not tie) */
 } kvf_model_config_t;
+
+/** True when @a tok is one of the model's stop tokens (eos_token_id or any of its list). */
+static inline bool kvf_model_is_eos(const kvf_model_config_t *cfg, int tok)
+{
+    for (int i = 0; i < cfg->num_eos; ++i) {
+        if (cfg->eos_token_ids[i] == tok) {
+            return true;
+        }
+    }
+    return false;
+}
 
 /**
  * transformers' activation name -> kvf_act_t. @return 0, or -1 for a name

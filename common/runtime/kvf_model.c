@@ -555,7 +555,12 @@ static kvf_status_t kvf_load_embeddings(kvf_loader_t *ld, kvf_model_h m)
                                "backbone.embeddings.weight", V, H, all, 1, &m->embed));
     KVF_LOAD(kvf_load_vec(ld, ld->dense ? "model.norm.weight" : "backbone.norm_f.weight", 1,
                           hshape, &m->norm_f));
-    if (cfg->lm_head_tied) {
+    /* tied: lm_head = embeddings, unless the file stores an lm_head.weight
+     * (transformers 5 then keeps the stored head) */
+    if (cfg->lm_head_tied && (kvf_ckpt_find(ld->ck, "lm_head.weight") != NULL)) {
+        m->cfg.lm_head_tied = false;
+    }
+    if (m->cfg.lm_head_tied) {
         m->lm_head = m->embed;
         return KVF_OK;
     }

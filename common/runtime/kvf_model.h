@@ -10,7 +10,7 @@
  *   Mamba2 ('M'): in_proj (+bias with use_bias) -> z | xBC | dt; causal
  *                 depthwise conv1d + bias + mamba_hidden_act over xBC;
  *                 dt = softplus(dt + dt_bias), clamped to >= time_step_min in
- *                 multi-token chunks (not in the one-token step, as
+ *                 prompt chunks, even of one token (not in the decode step, as
  *                 transformers); A = -exp(A_log); selective scan with D
  *                 skip; y = gated_rmsnorm(y, z) with groups of inner /
  *                 n_groups; out_proj (+bias)
@@ -26,7 +26,7 @@
  *   mlp(post_attention_layernorm(h)); attention with RoPE (default, linear,
  *   llama3), optional q/k/v/o biases, Qwen3's per-head q/k RMSNorm before
  *   RoPE, GQA; SwiGLU MLP down(act(gate(x)) * up(x)); lm_head tied to the
- *   embeddings with tie_word_embeddings.
+ *   embeddings with tie_word_embeddings unless the file stores lm_head.weight.
  *
  * Sharding (Megatron-style, common/model/kvf_shard.h): column-parallel in_proj
  * (z, x, B, C, dt rows of this rank's heads and groups), q/k/v (heads; KV
@@ -46,6 +46,7 @@
 #include "kvf_model_config.h"
 #include "kvf_page_pool.h"
 
+#include <stdbool.h>
 #include <stdint.h>
 
 typedef struct kvf_model *kvf_model_h;
@@ -94,6 +95,9 @@ typedef struct kvf_fwd_seq {
     const int32_t *const *group_blocks;  /* [num_groups] */
     const int      *group_num_blocks;    /* [num_groups] */
     float          *logits;        /* [vocab] logits of the last token (rank 0), or NULL */
+    bool            prompt;        /* a chunk of the prompt (or of a recompute): computed
+                                      like transformers' prompt forward even when it is one
+                                      token (Mamba dt clamped); false: a decode step */
 } kvf_fwd_seq_t;
 
 typedef struct kvf_fwd_batch {

@@ -266,12 +266,16 @@ static kvf_status_t kvf_fwd_mamba(kvf_model_h m, const kvf_rank_ctx_t *ctx,
         float *xbc = ws->xbc + (size_t)o * cd;
 
         if ((n == 1) && has) {
+            /* one token on a state: the recurrent update, with the scan's dt clamp when
+             * it is the last token of a prompt (k * chunk + 1 tokens), as transformers'
+             * prompt forward computes it */
             KVF_KCALL(kvf_conv1d_step(dev, xbc_in, cd, K, w->conv_w, w->conv_b, silu, conv_state,
                                       ctx->geom->conv_dtype, xbc));
             if (!silu) {
                 kvf_act_apply(cfg->mamba_act, xbc, (size_t)cd);
             }
-            KVF_KCALL(kvf_mamba2_step(dev, &mp_step, xbc, ws->proj + (size_t)o * R + dim + cd,
+            KVF_KCALL(kvf_mamba2_step(dev, sq->prompt ? &mp_scan : &mp_step, xbc,
+                                      ws->proj + (size_t)o * R + dim + cd,
                                       xbc + dim, xbc + dim + s->groups * N,
                                       ssm_state, ctx->geom->ssm_dtype, ws->ybuf + (size_t)o * R));
         } else {

@@ -342,6 +342,28 @@ kvf_status_t kvf_st_tensor_dtype(kvf_st_file_h file, const char *name, kvf_dtype
     return KVF_OK;
 }
 
+/*
+ * The mapped pages of bytes [off, off + len) of tensor @a t are copied out:
+ * drop them from the process (the map is read-only and never written, so a
+ * later read faults them back in from the page cache). Without this a load
+ * holds the mapped file and the copy at once (about 2x the file resident).
+ */
+static void kvf_st_drop_pages(kvf_st_file_h file, const kvf_st_tensor_info_t *t, size_t off,
+                              size_t len)
+{
+    const size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = (uintptr_t)t->data + off, hi = lo + len;
+    uintptr_t map_lo = (uintptr_t)file->map, map_hi = map_lo + file->map_len;
+
+    lo &= ~(uintptr_t)(pg - 1);
+    hi = (hi + pg - 1) & ~(uintptr_t)(pg - 1);
+    lo = (lo < map_lo) ? map_lo : lo;
+    hi = (hi > map_hi) ? ((map_hi + pg - 1) & ~(uintptr_t)(pg - 1)) : hi;
+    if (hi > lo) {
+        (void)madvise((void *)lo, (size_t)(hi - lo), MADV_DONTNEED);
+    }
+}
+
 kvf_status_t kvf_st_load_block(kvf_st_file_h file, const char *name, int ndim,
                                const int64_t *shape, int64_t row_start, int64_t rows,
                                int64_t col_start, int64_t cols, kvf_dtype_t dtype, void *out)
@@ -382,6 +404,8 @@ kvf_status_t kvf_st_load_block(kvf_st_file_h file, const char *name, int ndim,
             kvf_st_convert(t, first, (size_t)cols, dst);
         }
     }
+    kvf_st_drop_pages(file, t, (size_t)(row_start * row_len) * kvf_dtype_size(have),
+                      (size_t)(rows * row_len) * kvf_dtype_size(have));
     return KVF_OK;
 }
 

@@ -68,8 +68,11 @@ static kvf_status_t kvf_proxy_parse_prompt(const kvf_proxy_openai_ctx_t *ctx, co
     }
     if (cJSON_IsString(prompt)) {
         size_t len = strlen(prompt->valuestring);
-        int capacity = (int)((len + 1 < (size_t)ctx->max_prompt_tokens + 1) ?
-                             len + 1 : (size_t)ctx->max_prompt_tokens + 1);
+        /* at most one token per byte plus BOS, once each invalid UTF-8 byte has become
+         * U+FFFD (3 bytes): a shorter capacity would call "a\xffb" too long */
+        size_t most = 3 * len + 2;
+        int capacity = (int)((most < (size_t)ctx->max_prompt_tokens + 1) ?
+                             most : (size_t)ctx->max_prompt_tokens + 1);
 
         req->prompt_ids = malloc(sizeof(int32_t) * (size_t)(capacity > 0 ? capacity : 1));
         if (req->prompt_ids == NULL) {

@@ -14,8 +14,12 @@ its generate() does (the prompt in one forward, then one token at a time
 from its cache), fed kvferry's tokens (teacher forcing) so every step's
 logits are compared even if a near-tie flipped a greedy choice.
 
-Prompts: 5 tokens, exactly one cache block, several blocks, and more than
-one prefill chunk (kvferry's block size is read from `kvf plan`).
+Prompts: 5 tokens, exactly one cache block, several blocks, more than one
+prefill chunk, and k chunks + 1 tokens (a last prefill chunk of one token;
+513 and 1025 tokens with 512-token chunks for hybrid-dt-clamp). kvferry's
+block size is read from `kvf plan`. The cases after "moe-hybrid" are the
+departures of issue 25: their config.json is edited after saving (PATCHES)
+and transformers' reference is from_pretrained of the edited folder.
 
 Usage:
   python3 tests/reference/hf_compare.py --kvf build/bin/kvf [--tp 1,2,4]
@@ -77,7 +81,65 @@ def cases():
             n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
             moe_shared_expert_intermediate_size=64, n_group=2, topk_group=1,
             norm_topk_prob=True, routed_scaling_factor=2.5, mlp_bias=True), "200KB"),
+        # --- issue 25's departures, each as transformers reads the saved folder ---
+        # dt clamp that binds (time_step_min above most dt): prompts of k * chunk + 1
+        # tokens end with a one-token prompt chunk, a prompt forward in transformers
+        "hybrid-dt-clamp": ("nemotron_h", dict(
+            NEMOTRON, layers_block_type=["linear_attention", "full_attention", "mlp",
+                                         "linear_attention"],
+            time_step_min=0.05, time_step_max=0.1), None),
+        # an rms_norm_eps in a NemotronH file: transformers ignores it
+        "hybrid-rms-eps": ("nemotron_h", dict(
+            NEMOTRON, layers_block_type=["linear_attention", "full_attention", "mlp"],
+            rms_norm_eps=0.5), None),
+        # tie_word_embeddings true with a stored lm_head.weight: transformers 5 keeps it
+        "llama-tied-stored-head": ("llama", dict(
+            COMMON, intermediate_size=128, num_hidden_layers=2, num_attention_heads=8,
+            num_key_value_heads=2, head_dim=16, tie_word_embeddings=False), None),
+        # rope_parameters and rope_scaling both present: rope_scaling wins
+        "llama-rope-both": ("llama", dict(
+            COMMON, intermediate_size=128, num_hidden_layers=2, num_attention_heads=8,
+            num_key_value_heads=2, head_dim=16,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0}), None),
+        # mistral without a sliding_window field: transformers' default 4096 (cannot bind
+        # on these prompts; kvferry accepts it and limits sequences to 4096 tokens)
+        "mistral-default-window": ("mistral", dict(
+            COMMON, intermediate_size=128, num_hidden_layers=2, num_attention_heads=8,
+            num_key_value_heads=2, head_dim=16, max_position_embeddings=32768), None),
     }
+
+
+# After save_pretrained, the config.json edits of the departure cases (the
+# reference is then transformers' from_pretrained of the edited folder).
+PATCHES = {
+    "llama-tied-stored-head": {"tie_word_embeddings": True},
+    "llama-rope-both": {"rope_scaling": {"rope_type": "linear", "factor": 4.0},
+                        "rope_theta": 500.0},
+    "mistral-default-window": {"sliding_window": None},   # None: remove the field
+}
+
+# Extra prompts of exactly k * chunk + 1 tokens with the default 512-token chunk.
+LONG_CASES = {"hybrid-dt-clamp"}
+
+
+def patch_config(model_dir, edits):
+    """Edit the saved config.json and reload the model from the folder."""
+    import torch
+    import transformers
+
+    path = os.path.join(model_dir, "config.json")
+    with open(path) as f:
+        cfg = json.load(f)
+    for k, v in edits.items():
+        if v is None:
+            cfg.pop(k, None)
+        else:
+            cfg[k] = v
+    with open(path, "w") as f:
+        json.dump(cfg, f, indent=2)
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.eval()
+    return model
 
 
 def build_model(model_type, kwargs, out_dir, max_shard, seed):
@@ -121,7 +183,7 @@ def kvf_block_size(kvf, model_dir):
     return int(json.loads(out)[0]["prefill"]["block_size"])
 
 
-def run_kvf(kvf, model_dir, prompt_bytes, max_tokens, tp, tmp):
+def run_kvf(kvf, model_dir, prompt_bytes, max_tokens, tp, tmp, chunk=CHUNK):
     path = os.path.join(tmp, "prompt.txt")
     with open(path, "wb") as f:
         f.write(prompt_bytes)
@@ -129,7 +191,7 @@ def run_kvf(kvf, model_dir, prompt_bytes, max_tokens, tp, tmp):
         [kvf, "generate", "--model", model_dir, "--tp", str(tp), "--prompt-file", path,
          "--max-tokens", str(max_tokens), "--kv-dtype", "fp32", "--ssm-dtype", "fp32",
          "--conv-dtype", "fp32", "--ignore-eos", "yes", "--print-logits", "yes",
-         "--max-batch-tokens", str(CHUNK), "--num-blocks", "64"],
+         "--max-batch-tokens", str(chunk), "--num-blocks", str(max(64, 3 * len(prompt_bytes)))],
         capture_output=True)
     if p.returncode != 0:
         sys.exit("kvf generate failed (tp %d): %s" % (tp, p.stderr.decode(errors="replace")))
@@ -187,19 +249,25 @@ def main():
         d = os.path.join(root, name)
         os.makedirs(d, exist_ok=True)
         model = build_model(model_type, kwargs, d, shard, args.seed)
+        if name in PATCHES:
+            model = patch_config(d, PATCHES[name])
         add_byte_tokenizer(args.kvf, d)
         files = sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))
         bs = kvf_block_size(args.kvf, d)
-        lengths = {"5 tokens": 5, "one block": bs, "several blocks": 3 * bs + 7,
-                   "several chunks": max(2 * CHUNK + 11, bs + 3)}
+        lengths = {"5 tokens": (5, CHUNK), "one block": (bs, CHUNK),
+                   "several blocks": (3 * bs + 7, CHUNK),
+                   "several chunks": (max(2 * CHUNK + 11, bs + 3), CHUNK),
+                   "chunk + 1": (CHUNK + 1, CHUNK), "2 chunks + 1": (2 * CHUNK + 1, CHUNK)}
+        if name in LONG_CASES:
+            lengths.update({"512 + 1": (513, 512), "1024 + 1": (1025, 512)})
         print("== %s (%s, %d safetensors file%s, block %d, chunk %d)" % (
             name, model_type, len(files), "" if len(files) == 1 else "s", bs, CHUNK))
-        for what, n in lengths.items():
+        for what, (n, chunk) in lengths.items():
             body = bytes((7 * i + 33) % 95 + 32 for i in range(n - 1))   # BOS + n-1 bytes
             ids = [BOS] + list(body)
             ref = None
             for tp in tps:
-                k_tokens, k_logits = run_kvf(args.kvf, d, body, args.max_tokens, tp, root)
+                k_tokens, k_logits = run_kvf(args.kvf, d, body, args.max_tokens, tp, root, chunk)
                 if ref is None:
                     ref = hf_logits(model, ids, k_tokens)
                 h_tokens = [int(torch.argmax(x)) for x in ref]

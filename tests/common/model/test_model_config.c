@@ -153,6 +153,96 @@ static void test_honoured_fields(void **state)
     assert_true(c.qk_norm);
     assert_int_equal(c.rope.type, KVF_ROPE_DEFAULT);
     assert_true(c.rope.theta == 10000.0);
+    assert_int_equal(c.sliding_window, 0);
+}
+
+static kvf_status_t parse_dense(const char *mt, const char *extra, kvf_model_config_t *cfg)
+{
+    char buf[2048];
+    snprintf(buf, sizeof(buf), "{\"model_type\":\"%s\",\"hidden_size\":64,\"vocab_size\":10,"
+             "\"num_attention_heads\":4,\"num_hidden_layers\":2,\"intermediate_size\":8%s%s}",
+             mt, (extra[0] != '\0') ? "," : "", extra);
+    return kvf_model_config_parse(buf, "t", cfg);
+}
+
+/* The departures from transformers 5 found side by side (issue 25), each as
+ * transformers reads the same config.json. */
+static void test_transformers_semantics(void **state)
+{
+    kvf_model_config_t c;
+    (void)state;
+
+    /* nemotron_h: layer_norm_epsilon (default 1e-5); rms_norm_eps is ignored */
+    assert_int_equal(parse_with("\"hybrid_override_pattern\":\"M*\",\"rms_norm_eps\":0.001",
+                                &c), KVF_OK);
+    assert_true(c.norm_eps == 1e-5);
+    assert_int_equal(parse_with("\"hybrid_override_pattern\":\"M*\",\"rms_norm_eps\":0.001,"
+                                "\"layer_norm_epsilon\":1e-6", &c), KVF_OK);
+    assert_true(c.norm_eps == 1e-6);
+    /* rope_scaling wins over rope_parameters when both are there */
+    assert_int_equal(parse_dense("llama", "\"rope_parameters\":{\"rope_type\":\"default\","
+                                 "\"rope_theta\":20000.0},\"rope_theta\":1000.0,"
+                                 "\"rope_scaling\":{\"rope_type\":\"linear\",\"factor\":2.0}",
+                                 &c), KVF_OK);
+    assert_int_equal(c.rope.type, KVF_ROPE_LINEAR);
+    assert_true(c.rope.factor == 2.0);
+    assert_true(c.rope.theta == 1000.0);
+    assert_int_equal(parse_dense("llama", "\"rope_parameters\":{\"rope_type\":\"default\","
+                                 "\"rope_theta\":20000.0},\"rope_scaling\":null", &c), KVF_OK);
+    assert_int_equal(c.rope.type, KVF_ROPE_DEFAULT);
+    assert_true(c.rope.theta == 20000.0);
+    /* eos_token_id as a list: every id stops */
+    assert_int_equal(parse_dense("llama", "\"eos_token_id\":[7,9]", &c), KVF_OK);
+    assert_int_equal(c.num_eos, 2);
+    assert_int_equal(c.eos_token_id, 7);
+    assert_true(kvf_model_is_eos(&c, 7) && kvf_model_is_eos(&c, 9));
+    assert_false(kvf_model_is_eos(&c, 8));
+    assert_int_equal(parse_dense("llama", "\"eos_token_id\":[7,10]", &c), KVF_ERR_INVALID_PARAM);
+    assert_int_equal(parse_dense("llama", "\"eos_token_id\":3", &c), KVF_OK);
+    assert_int_equal(c.num_eos, 1);
+    assert_true(kvf_model_is_eos(&c, 3));
+    assert_int_equal(parse_dense("llama", "", &c), KVF_OK);
+    assert_int_equal(c.num_eos, 0);
+    assert_false(kvf_model_is_eos(&c, -1));
+    /* mistral: transformers' default window 4096 when the field is absent; a window at
+     * least max_position_embeddings cannot bind (accepted, full attention) */
+    assert_int_equal(parse_dense("mistral", "", &c), KVF_OK);
+    assert_int_equal(c.sliding_window, 4096);
+    assert_int_equal(parse_dense("mistral", "\"max_position_embeddings\":32768", &c), KVF_OK);
+    assert_int_equal(c.sliding_window, 4096);
+    assert_int_equal(parse_dense("mistral", "\"max_position_embeddings\":4096", &c), KVF_OK);
+    assert_int_equal(c.sliding_window, 0);
+    assert_int_equal(parse_dense("mistral", "\"sliding_window\":null,"
+                                 "\"max_position_embeddings\":32768", &c), KVF_OK);
+    assert_int_equal(c.sliding_window, 0);
+    assert_int_equal(parse_dense("mistral", "\"sliding_window\":8192,"
+                                 "\"max_position_embeddings\":8192", &c), KVF_OK);
+    assert_int_equal(c.sliding_window, 0);
+    assert_int_equal(parse_dense("mistral", "\"sliding_window\":1024,"
+                                 "\"max_position_embeddings\":8192", &c), KVF_OK);
+    assert_int_equal(c.sliding_window, 1024);
+    /* qwen3: the window only with use_sliding_window and a sliding layer */
+    assert_int_equal(parse_dense("qwen3", "\"head_dim\":16,\"use_sliding_window\":true,"
+                                 "\"sliding_window\":512,\"max_position_embeddings\":40960,"
+                                 "\"layer_types\":[\"full_attention\",\"sliding_attention\"]",
+                                 &c), KVF_OK);
+    assert_int_equal(c.sliding_window, 512);
+    assert_int_equal(parse_dense("qwen3", "\"head_dim\":16,\"use_sliding_window\":true,"
+                                 "\"sliding_window\":512,\"max_window_layers\":2", &c), KVF_OK);
+    assert_int_equal(c.sliding_window, 0);   /* no layer from max_window_layers = 2 on */
+    assert_int_equal(parse_dense("qwen3", "\"head_dim\":16,\"use_sliding_window\":true,"
+                                 "\"sliding_window\":4096,\"max_position_embeddings\":4096,"
+                                 "\"max_window_layers\":0", &c), KVF_OK);
+    assert_int_equal(c.sliding_window, 0);   /* window = context: cannot bind */
+    assert_int_equal(parse_dense("qwen3", "\"head_dim\":16,\"sliding_window\":512,"
+                                 "\"layer_types\":[\"sliding_attention\",\"sliding_attention\"]",
+                                 &c), KVF_OK);
+    assert_int_equal(c.sliding_window, 0);   /* use_sliding_window false */
+    /* nemotron_h: a window is refused unless it cannot bind */
+    assert_int_equal(parse_with("\"hybrid_override_pattern\":\"M*\",\"sliding_window\":4096,"
+                                "\"max_position_embeddings\":4096", &c), KVF_OK);
+    assert_int_equal(parse_with("\"hybrid_override_pattern\":\"M*\",\"sliding_window\":1024,"
+                                "\"max_position_embeddings\":4096", &c), KVF_ERR_UNSUPPORTED);
 }
 
 /* Parse @a json with stderr captured; returns the status, *line the log text. */
@@ -192,16 +282,15 @@ static void test_refusals(void **state)
         {"\"frobnicate\":true", false, "frobnicate", "nemotron_h"},
         {"\"layers_block_type\":[\"linear_attention\",\"sliding_attention\"]", false,
          "layers_block_type", "sliding_attention"},
-        {"\"sliding_window\":4096", true, "sliding_window", "4096"},
+        {"\"sliding_window\":0", true, "sliding_window", "0"},
         {"\"hidden_act\":\"xielu\"", true, "hidden_act", "xielu"},
         {"\"rope_parameters\":{\"rope_type\":\"yarn\",\"factor\":4.0}", true, "rope_type", "yarn"},
         {"\"rope_scaling\":{\"rope_type\":\"dynamic\",\"factor\":2.0}", true, "rope_type", "dynamic"},
         {"\"rope_parameters\":{\"rope_type\":\"default\",\"mrope_section\":[1,2]}", true,
          "mrope_section", "[1,2]"},
         {"\"partial_rotary_factor\":0.5", true, "partial_rotary_factor", "0.5"},
-        {"\"use_sliding_window\":true", true, "use_sliding_window", "true"},
-        {"\"layer_types\":[\"sliding_attention\",\"full_attention\"]", true, "layer_types",
-         "sliding_attention"},
+        {"\"layer_types\":[\"sliding_chunks\",\"full_attention\"]", true, "layer_types",
+         "sliding_chunks"},
     };
     char json[2048], line[1024];
     (void)state;
@@ -283,7 +372,7 @@ static void test_bad_input(void **state)
     assert_int_equal(parse_with("\"hybrid_override_pattern\":\"M*\",\"bos_token_id\":100",
                                 &cfg), KVF_ERR_INVALID_PARAM);
     assert_int_equal(parse_with("\"hybrid_override_pattern\":\"M*\",\"eos_token_id\":[7,300]",
-                                &cfg), KVF_OK);   /* the first id of a list counts */
+                                &cfg), KVF_ERR_INVALID_PARAM);   /* every id of a list stops */
     assert_int_equal(parse_with("\"hybrid_override_pattern\":\"M*\",\"eos_token_id\":[300]",
                                 &cfg), KVF_ERR_INVALID_PARAM);
     assert_int_equal(parse_with("\"hybrid_override_pattern\":\"M*\",\"bos_token_id\":99,"
@@ -298,6 +387,7 @@ int main(void)
         cmocka_unit_test(test_layers_block_type),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_honoured_fields),
+        cmocka_unit_test(test_transformers_semantics),
         cmocka_unit_test(test_refusals),
     };
     kvf_log_init("test");

@@ -112,6 +112,61 @@ static void test_bf16_resident_size(void **state)
     }
 }
 
+/* Rewrite @a dir/config.json's "tie_word_embeddings": false as true. */
+static void kvf_set_tied(const char *dir)
+{
+    char path[512], text[8192], *at;
+    FILE *f;
+    size_t n;
+
+    snprintf(path, sizeof(path), "%s/config.json", dir);
+    f = fopen(path, "rb");
+    assert_non_null(f);
+    n = fread(text, 1, sizeof(text) - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    at = strstr(text, "\"tie_word_embeddings\"");
+    assert_non_null(at);
+    at = strstr(at, "false");
+    assert_non_null(at);
+    memcpy(at, "true ", 5);   /* same length: JSON allows the space */
+    f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(text, 1, n, f), n);
+    fclose(f);
+}
+
+/* tie_word_embeddings true with an lm_head.weight in the file (llama, qwen3): the
+ * stored head is used, as transformers 5 does, so the logits equal the untied
+ * model's bit for bit (tying would give the embeddings' logits instead). */
+static void test_tied_with_stored_head(void **state)
+{
+    static const char *const models[] = {"tiny-llama", "tiny-qwen3"};
+    (void)state;
+
+    for (size_t m = 0; m < sizeof(models) / sizeof(models[0]); ++m) {
+        char dir[256];
+        int32_t t1[GEN], t2[GEN];
+        float *l1 = malloc(GEN * 260 * sizeof(float)), *l2 = malloc(GEN * 260 * sizeof(float));
+        kvf_model_h mod;
+
+        assert_true((l1 != NULL) && (l2 != NULL));
+        kvf_mk(models[m], KVF_DTYPE_FP32, 1, dir);
+        kvf_run(dir, 1, t1, l1);
+        kvf_set_tied(dir);
+        assert_int_equal(kvf_model_load(dir, 1, &mod), KVF_OK);
+        assert_true(kvf_model_get_config(mod)->tie_word_embeddings);
+        assert_false(kvf_model_get_config(mod)->lm_head_tied);
+        kvf_model_destroy(mod);
+        kvf_run(dir, 1, t2, l2);
+        assert_memory_equal(t1, t2, sizeof(t1));
+        assert_memory_equal(l1, l2, GEN * 260 * sizeof(float));
+        free(l1);
+        free(l2);
+        kvf_test_rmmodel(dir);
+    }
+}
+
 static void test_bad_index(void **state)
 {
     char dir[256], p[512];
@@ -148,6 +203,7 @@ int main(void)
         cmocka_unit_test(test_sharded_equals_single),
         cmocka_unit_test(test_bf16_resident_size),
         cmocka_unit_test(test_bad_index),
+        cmocka_unit_test(test_tied_with_stored_head),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -151,9 +151,54 @@ static void test_boundary_matches_reference(void **state)
     kvf_test_rmmodel(dir);
 }
 
+/*
+ * A prompt of k * max_batch_tokens + 1 tokens: its last chunk is one token on
+ * a state, and must still be a prompt forward (dt clamped to time_step_min as
+ * transformers' chunked scan does), so the logits equal those of the prompt
+ * in one chunk. time_step_min = 0.08 clamps most heads' dt in this model, so
+ * a decode-style step (no clamp) would differ by far more than the tolerance.
+ */
+static void test_one_token_last_chunk_is_prompt(void **state)
+{
+    static const int chunks[] = {16, 32};
+    char dir[256];
+    int32_t seq[80], tok, tok_ref;
+    float lg[260], ref[260];
+
+    (void)state;
+    kvf_test_mkmodel("tiny-hybrid-dtclamp", 5, dir);
+    for (size_t c = 0; c < sizeof(chunks) / sizeof(chunks[0]); ++c) {
+        for (int k = 1; k <= 2; ++k) {
+            const int P = k * chunks[c] + 1;
+            kvf_test_engine_opts_t o = kvf_test_engine_defaults();
+            kvf_engine_h eng;
+            double d;
+
+            seq[0] = 256;
+            for (int i = 1; i < P; ++i) {
+                seq[i] = (int32_t)((i * 29 + 3) % 256);
+            }
+            o.max_batch_tokens = chunks[c];
+            eng = kvf_test_engine(dir, &o);
+            kvf_test_greedy(eng, seq, P, 1, &tok, lg);
+            kvf_engine_destroy(eng);
+            o.max_batch_tokens = 0;             /* the whole prompt in one chunk */
+            eng = kvf_test_engine(dir, &o);
+            kvf_test_greedy(eng, seq, P, 1, &tok_ref, ref);
+            kvf_engine_destroy(eng);
+            d = kvf_test_rel_diff(lg, ref, 260);
+            print_message("chunk %d P %d: rel diff %.3g\n", chunks[c], P, d);
+            assert_true(d < 1e-4);
+            assert_int_equal(tok, tok_ref);
+        }
+    }
+    kvf_test_rmmodel(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_one_token_last_chunk_is_prompt),
         cmocka_unit_test(test_hybrid_prefill_decode_consistency),
         cmocka_unit_test(test_dense_prefill_decode_consistency),
         cmocka_unit_test(test_boundary_matches_reference),

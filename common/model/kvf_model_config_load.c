@@ -1,0 +1,96 @@
+/*
+ * config.json from a file or model folder, and the config fingerprint (the
+ * parser is kvf_model_config.c).
+ */
+#include "kvf_model_config.h"
+#include "kvf_log.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+kvf_status_t kvf_model_config_load(const char *path, kvf_model_config_t *cfg_p)
+{
+    char file[4096];
+    struct stat st;
+    FILE *f;
+    char *text;
+    long len;
+    kvf_status_t status;
+
+    if ((stat(path, &st) == 0) && S_ISDIR(st.st_mode)) {
+        snprintf(file, sizeof(file), "%s/config.json", path);
+    } else {
+        snprintf(file, sizeof(file), "%s", path);
+    }
+    f = fopen(file, "rb");
+    if (f == NULL) {
+        kvf_error("cannot open model config %s: %m", file);
+        return KVF_ERR_IO;
+    }
+    if ((fseek(f, 0, SEEK_END) != 0) || ((len = ftell(f)) < 0) || (fseek(f, 0, SEEK_SET) != 0)) {
+        kvf_error("cannot size model config %s: %m", file);
+        fclose(f);
+        return KVF_ERR_IO;
+    }
+    text = malloc((size_t)len + 1);
+    if (text == NULL) {
+        fclose(f);
+        return KVF_ERR_NO_MEMORY;
+    }
+    if (fread(text, 1, (size_t)len, f) != (size_t)len) {
+        kvf_error("cannot read model config %s: %m", file);
+        free(text);
+        fclose(f);
+        return KVF_ERR_IO;
+    }
+    text[len] = '\0';
+    fclose(f);
+    status = kvf_model_config_parse(text, file, cfg_p);
+    free(text);
+    return status;
+}
+
+static uint64_t kvf_fnv1a(uint64_t h, const void *data, size_t len)
+{
+    const unsigned char *p = data;
+    for (size_t i = 0; i < len; ++i) {
+        h ^= p[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+uint64_t kvf_model_config_fingerprint(const kvf_model_config_t *cfg)
+{
+    const int fields[] = {
+        (int)cfg->arch, cfg->hidden_size, cfg->num_layers, cfg->vocab_size,
+        cfg->num_attention_heads, cfg->num_key_value_heads, cfg->head_dim,
+        cfg->intermediate_size, cfg->mamba_num_heads, cfg->mamba_head_dim,
+        cfg->ssm_state_size, cfg->n_groups, cfg->conv_kernel,
+        /* the forward's math: two instances must compute the same model */
+        (int)cfg->mlp_act, (int)cfg->mamba_act, cfg->mlp_bias, cfg->attn_bias,
+        cfg->mamba_proj_bias, cfg->use_conv_bias, cfg->qk_norm, cfg->lm_head_tied,
+        (int)cfg->rope.type, cfg->moe_num_experts, cfg->moe_top_k,
+        cfg->moe_intermediate_size, cfg->moe_shared_intermediate_size, cfg->moe_n_group,
+        cfg->moe_topk_group, cfg->moe_norm_topk_prob,
+    };
+    const double reals[] = {
+        cfg->norm_eps, cfg->time_step_min, cfg->moe_routed_scaling, cfg->rope.theta,
+        cfg->rope.factor, cfg->rope.low_freq_factor, cfg->rope.high_freq_factor,
+        cfg->rope.original_max_pos,
+    };
+    uint64_t h = 0xcbf29ce484222325ull;
+
+    for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); ++i) {
+        int32_t v = fields[i];   /* fixed width: the fingerprint crosses hosts */
+        h = kvf_fnv1a(h, &v, sizeof(v));
+    }
+    for (size_t i = 0; i < sizeof(reals) / sizeof(reals[0]); ++i) {
+        uint64_t bits;           /* IEEE-754 bits, little-endian hosts */
+        memcpy(&bits, &reals[i], sizeof(bits));
+        h = kvf_fnv1a(h, &bits, sizeof(bits));
+    }
+    return kvf_fnv1a(h, cfg->layer_kinds, (size_t)cfg->num_layers);
+}
