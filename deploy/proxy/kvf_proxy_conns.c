@@ -71,11 +71,6 @@ struct kvf_proxy_conns {
     size_t                   pfd_cap;
 };
 
-static int64_t kvf_proxy_conns_now_ms(void)
-{
-    return (int64_t)(kvf_time_now_ns() / 1000000u);
-}
-
 /* @a text (length @a len) as a numeric address in canonical form into @a out; false if not one. */
 static bool kvf_proxy_addr_canon(const char *text, size_t len, char *out, size_t cap)
 {
@@ -204,7 +199,7 @@ static void *kvf_proxy_watchdog(void *arg)
 
     pthread_mutex_lock(&c->lock);
     while (!c->stop) {
-        int64_t now = kvf_proxy_conns_now_ms();
+        int64_t now = (int64_t)kvf_time_now_ms();
 
         for (kvf_proxy_conn_slot_t *s = c->head; s != NULL; s = s->next) {
             const char *what, *flag;
@@ -233,12 +228,7 @@ static void *kvf_proxy_watchdog(void *arg)
             (void)shutdown(s->fd, SHUT_RDWR);
         }
         kvf_proxy_watchdog_hangups(c);
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_nsec += KVF_PROXY_WATCHDOG_MS * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+        ts = kvf_time_deadline_ts(CLOCK_MONOTONIC, KVF_PROXY_WATCHDOG_MS);   /* the cond's clock */
         pthread_cond_timedwait(&c->cond, &c->lock, &ts);
     }
     pthread_mutex_unlock(&c->lock);
@@ -351,7 +341,7 @@ kvf_proxy_conn_slot_t *kvf_proxy_conns_open(kvf_proxy_conns_h c, int fd,
         kvf_proxy_attribute_locked(c, s, s->addr_str);
     }
     s->phase = KVF_PROXY_PHASE_HEADERS;
-    s->deadline_ms = kvf_proxy_conns_now_ms() + c->params.header_timeout_ms;
+    s->deadline_ms = (int64_t)kvf_time_now_ms() + c->params.header_timeout_ms;
     s->next = c->head;
     if (c->head != NULL) {
         c->head->prev = s;
@@ -448,7 +438,7 @@ kvf_proxy_admit_t kvf_proxy_conns_admission(kvf_proxy_conns_h c, const kvf_proxy
 void kvf_proxy_conns_phase(kvf_proxy_conns_h c, kvf_proxy_conn_slot_t *s,
                            kvf_proxy_phase_t phase)
 {
-    int64_t now = kvf_proxy_conns_now_ms();
+    int64_t now = (int64_t)kvf_time_now_ms();
 
     pthread_mutex_lock(&c->lock);
     if ((phase == KVF_PROXY_PHASE_HEADERS) && (s->phase == KVF_PROXY_PHASE_BUSY)) {

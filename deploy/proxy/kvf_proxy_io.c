@@ -210,7 +210,7 @@ static void kvf_proxy_io_health_reply(struct kvf_proxy_pool *pool, kvf_proxy_ins
                  inst->url, info->engine_id);
     }
     info->draining = h->draining;
-    inst->last_ok_ms = kvf_proxy_now_ms();
+    inst->last_ok_ms = (int64_t)kvf_time_now_ms();
     if (strcmp(info->reported_role, want) != 0) {
         snprintf(why, sizeof(why), "instance reports role '%s' but is listed as %s",
                  info->reported_role, want);
@@ -312,7 +312,7 @@ static void kvf_proxy_io_monitor(struct kvf_proxy_pool *pool, kvf_proxy_instance
             kvf_proxy_inst_unhealthy_locked(inst, "connection lost");
             /* calls sent before this loss fail a grace after it (the latest loss: a
              * second loss soon after the first gives its own calls their grace too) */
-            inst->lost_ms = kvf_proxy_now_ms();
+            inst->lost_ms = (int64_t)kvf_time_now_ms();
         }
         pthread_mutex_unlock(&pool->lock);
     }
@@ -427,7 +427,7 @@ void *kvf_proxy_io_main(void *arg)
     }
 
     while (!atomic_load(&pool->stop)) {
-        int64_t now = kvf_proxy_now_ms();
+        int64_t now = (int64_t)kvf_time_now_ms();
         long wait = (long)((next_probe > now) ? (next_probe - now) : 0);
 
         if (wait > 50) {
@@ -453,7 +453,7 @@ void *kvf_proxy_io_main(void *arg)
                 kvf_proxy_io_monitor(pool, owner[j]);
             }
         }
-        now = kvf_proxy_now_ms();
+        now = (int64_t)kvf_time_now_ms();
         kvf_proxy_io_fail_lost(pool, now);
         kvf_proxy_io_check_timeouts(pool, now);
         if (now >= next_probe) {

@@ -205,16 +205,7 @@ kvf_status_t kvf_proxy_call_next(kvf_proxy_call_h call, int64_t timeout_ms,
     struct timespec deadline;
     int rc = 0;
 
-    clock_gettime(CLOCK_MONOTONIC, &deadline);
-    if (timeout_ms < 0) {
-        timeout_ms = 0;
-    }
-    deadline.tv_sec += (time_t)(timeout_ms / 1000);
-    deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (deadline.tv_nsec >= 1000000000L) {
-        deadline.tv_sec++;
-        deadline.tv_nsec -= 1000000000L;
-    }
+    deadline = kvf_time_deadline_ts(CLOCK_MONOTONIC, timeout_ms);   /* the cond's clock; < 0: now */
     pthread_mutex_lock(&pool->lock);
     while ((call->head == NULL) && (call->failed == KVF_OK) && (rc != ETIMEDOUT)) {
         rc = pthread_cond_timedwait(&call->cond, &pool->lock, &deadline);

@@ -58,7 +58,7 @@ void kvf_proxy_io_check_reply(struct kvf_proxy_pool *pool, kvf_proxy_instance_t 
         kvf_error("prefill %s -> decode %s will not be routed: %s", pf->url, inst->url, msg);
     } else {
         pair->state = KVF_PROXY_PAIR_UNCHECKED;
-        pair->retry_ms = kvf_proxy_now_ms() + KVF_PROXY_CHECK_RETRY_MS;
+        pair->retry_ms = (int64_t)kvf_time_now_ms() + KVF_PROXY_CHECK_RETRY_MS;
         snprintf(pair->error, sizeof(pair->error), "check failed: %s", msg);
         kvf_warn("prefill %s -> decode %s: compatibility check failed, retrying: %s", pf->url,
                  inst->url, msg);

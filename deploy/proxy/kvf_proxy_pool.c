@@ -207,7 +207,7 @@ void kvf_proxy_pool_info(kvf_proxy_pool_h pool, kvf_proxy_role_t role, int idx,
 
     pthread_mutex_lock(&pool->lock);
     *info_p = inst->info;
-    info_p->last_ok_age_ms = (inst->last_ok_ms != 0) ? kvf_proxy_now_ms() - inst->last_ok_ms : -1;
+    info_p->last_ok_age_ms = (inst->last_ok_ms != 0) ? (int64_t)kvf_time_now_ms() - inst->last_ok_ms : -1;
     pthread_mutex_unlock(&pool->lock);
 }
 

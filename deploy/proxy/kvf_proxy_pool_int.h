@@ -125,11 +125,6 @@ static inline kvf_proxy_pair_t *kvf_proxy_pair(struct kvf_proxy_pool *pool, int 
     return &pool->pairs[(size_t)p * (size_t)pool->count[KVF_PROXY_ROLE_DECODE] + (size_t)d];
 }
 
-static inline int64_t kvf_proxy_now_ms(void)
-{
-    return (int64_t)(kvf_time_now_ns() / 1000000u);
-}
-
 /* New requests may go to @a info's instance: healthy and not draining. */
 static inline bool kvf_proxy_routable(const kvf_proxy_instance_info_t *info)
 {

@@ -93,7 +93,7 @@ static double kvf_proxy_route_rate_sample(const kvf_proxy_instance_t *inst,
 void kvf_proxy_route_on_health_locked(kvf_proxy_instance_t *inst, const Kvf__HealthReply *h)
 {
     kvf_proxy_instance_info_t *info = &inst->info;
-    int64_t now_ms = kvf_proxy_now_ms();
+    int64_t now_ms = (int64_t)kvf_time_now_ms();
 
     info->queued_prompt_tokens = h->queued_prompt_tokens;
     info->max_queue = h->max_queue;
@@ -120,7 +120,7 @@ void kvf_proxy_route_on_health_locked(kvf_proxy_instance_t *inst, const Kvf__Hea
 
 void kvf_proxy_route_on_send_locked(kvf_proxy_instance_t *inst, struct kvf_proxy_call *c)
 {
-    c->load_start_ms = kvf_proxy_now_ms();
+    c->load_start_ms = (int64_t)kvf_time_now_ms();
     c->load_predicted_ms = kvf_proxy_route_wait_ms(kvf_proxy_route_queued(&inst->info),
                                                    (int)c->load_tokens,
                                                    kvf_proxy_route_rate(&inst->info));
@@ -128,7 +128,7 @@ void kvf_proxy_route_on_send_locked(kvf_proxy_instance_t *inst, struct kvf_proxy
 
 void kvf_proxy_route_on_answer_locked(kvf_proxy_instance_t *inst, const struct kvf_proxy_call *c)
 {
-    double actual = (double)(kvf_proxy_now_ms() - c->load_start_ms), ratio;
+    double actual = (double)((int64_t)kvf_time_now_ms() - c->load_start_ms), ratio;
 
     /* short waits are mostly relay and step granularity: they say little */
     if (c->load_predicted_ms < KVF_PROXY_CALIBRATE_MIN_MS) {
