@@ -711,7 +711,7 @@ static bool kvf_dc_handle(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
                           Kvf__ServeRequest *req)
 {
     kvf_xfer_params_msg_t xp;
-    char err[KVF_CONFIG_STR_MAX + 96];
+    char err[KVF_CONFIG_STR_MAX + 320];
     uint64_t arrival_ns = kvf_time_now_ns();
     kvf_dc_outcome_t o = KVF_DC_WAIT;
     bool kept;
