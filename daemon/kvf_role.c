@@ -4,6 +4,7 @@
  */
 #include "kvf_role.h"
 #include "kvf_log.h"
+#include "kvf_time.h"
 #include "kvf_fault.h"
 #include "kvf_connector_ucx.h"
 #include "kvf_fingerprint.h"
@@ -33,6 +34,17 @@ kvf_status_t kvf_role_check_flags(const kvf_role_config_t *params)
     } else {
         return KVF_OK;
     }
+    return KVF_ERR_INVALID_PARAM;
+}
+
+kvf_status_t kvf_role_check_not_shorter(const char *a_flag, int64_t a_ms, const char *b_flag,
+                                        int64_t b_ms, const char *consequence)
+{
+    if (a_ms >= b_ms) {
+        return KVF_OK;
+    }
+    kvf_error("%s %lld ms is shorter than %s %lld ms: %s", a_flag, (long long)a_ms, b_flag,
+              (long long)b_ms, consequence);
     return KVF_ERR_INVALID_PARAM;
 }
 
@@ -242,6 +254,7 @@ void kvf_role_health_fill(kvf_engine_h engine, const char *role,
     kvf__health_reply__init(h);
     h->role = (char *)role;
     h->engine_id = (char *)config->engine_id;
+    h->cannot_serve = (char *)kvf_role_cannot_serve(engine);   /* NULL: not sent */
     {
         kvf_engine_stats_t st;
         kvf_engine_get_stats(engine, &st);
@@ -262,6 +275,34 @@ void kvf_role_health_fill(kvf_engine_h engine, const char *role,
     h->has_auth_refusals_serve = h->has_auth_refusals_side = 1;
     h->auth_refusals_serve = kvf_zmq_auth_refusals("serve");
     h->auth_refusals_side = kvf_zmq_auth_refusals("side");
+}
+
+const char *kvf_role_cannot_serve(kvf_engine_h engine)
+{
+    return kvf_tp_runner_world_error(kvf_engine_runner(engine));
+}
+
+bool kvf_role_broken_exit(kvf_engine_h engine, uint64_t *broken_ms_p)
+{
+    const char *why = kvf_role_cannot_serve(engine);
+    uint64_t now = kvf_time_now_ms();
+
+    if (why == NULL) {
+        return false;
+    }
+    if (*broken_ms_p == 0) {
+        *broken_ms_p = now;
+        kvf_error("this instance cannot serve any more: %s; health says so (cannot_serve) and "
+                  "new work is refused; exiting in %d ms with status 1 so a supervisor "
+                  "restarts it", why, KVF_ROLE_BROKEN_EXIT_MS);
+        return false;
+    }
+    if (now - *broken_ms_p < KVF_ROLE_BROKEN_EXIT_MS) {
+        return false;
+    }
+    kvf_error("exiting: the TP world broke %llu ms ago (%s)",
+              (unsigned long long)(now - *broken_ms_p), why);
+    return true;
 }
 
 void kvf_role_reply_health(kvf_serve_server_h serve, const kvf_serve_peer_t *peer,

@@ -102,6 +102,18 @@ typedef struct kvf_role_config {
 kvf_status_t kvf_role_check_flags(const kvf_role_config_t *config);
 
 /**
+ * Refuse two durations that contradict each other: @a a_ms (flag @a a_flag,
+ * e.g. "--lease-timeout") must not be shorter than @a b_ms (@a b_flag, e.g.
+ * "--xfer-timeout"). Logs one line naming both values and @a consequence:
+ * "--lease-timeout 5000 ms is shorter than --xfer-timeout 10000 ms: a lease
+ * would expire during a transfer". kvf-up makes the same checks across the
+ * pool's daemons before it starts any (deploy/pool/kvf-up).
+ * @return KVF_OK or KVF_ERR_INVALID_PARAM.
+ */
+kvf_status_t kvf_role_check_not_shorter(const char *a_flag, int64_t a_ms, const char *b_flag,
+                                        int64_t b_ms, const char *consequence);
+
+/**
  * Load the model, create the UCX connector for @a role, build the engine
  * (rank threads, pools) and give the connector every rank's pool once:
  * with POOL_ALLOC ucx the connector allocates the pools (alloc_pool: UCX-
@@ -133,6 +145,33 @@ int kvf_role_max_prompt_tokens(kvf_engine_h engine);
  */
 void kvf_role_health_fill(kvf_engine_h engine, const char *role,
                           const kvf_role_config_t *config, Kvf__HealthReply *health);
+
+/*
+ * A TP world that broke (a barrier timed out: a rank thread stuck or gone,
+ * common/runtime/kvf_collectives.h) fails every later collective, so the
+ * instance can never compute again. It stays up this long after it noticed,
+ * answering health with HealthReply.cannot_serve = the world's error (the
+ * proxy marks it unhealthy with that text and routes around it; 500 ms
+ * probes see it several times) and refusing new work, then exits 1 so a
+ * supervisor (kvf-up --supervise, a Kubernetes restart policy) starts it anew.
+ */
+#define KVF_ROLE_BROKEN_EXIT_MS 3000
+
+/**
+ * Why @a engine can no longer serve (its TP world broke), or NULL while it
+ * can. The text is stable once set. kvf_role_health_fill() puts it in
+ * HealthReply.cannot_serve.
+ */
+const char *kvf_role_cannot_serve(kvf_engine_h engine);
+
+/**
+ * The run loop's check, once per iteration: false while the TP world is
+ * whole; once it broke, logs the error and the coming exit (once, keeping
+ * the time in *broken_ms_p, which starts at 0) and returns true
+ * KVF_ROLE_BROKEN_EXIT_MS later, when the loop should return an error
+ * (the process then exits 1).
+ */
+bool kvf_role_broken_exit(kvf_engine_h engine, uint64_t *broken_ms_p);
 
 /** Send @a health to @a peer (request_id "health", done). */
 void kvf_role_reply_health(kvf_serve_server_h serve, const kvf_serve_peer_t *peer,

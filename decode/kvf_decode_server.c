@@ -124,6 +124,7 @@ struct kvf_decode_server {
     kvf_dc_checks_t            checks;      /* check_peer handshakes in flight */
     kvf_dc_pull_ctx_t          px;          /* the pulls' connector and counters */
     kvf_drain_t                drain;
+    uint64_t                   broken_ms;   /* TP world broke then (kvf_role_broken_exit) */
 };
 
 static kvf_status_t kvf_dc_setup(kvf_decode_server_h srv)
@@ -718,6 +719,13 @@ static bool kvf_dc_handle(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
 
     switch (req->body_case) {
     case KVF__SERVE_REQUEST__BODY_DECODE:
+        if (kvf_role_cannot_serve(srv->engine) != NULL) {
+            snprintf(err, sizeof(err), "decode instance %.63s cannot serve: %.200s",
+                     srv->cfg.role.engine_id, kvf_role_cannot_serve(srv->engine));
+            kvf_serve_server_reply_error(srv->serve, peer, req->decode->request_id,
+                                         KVF_ERR_BUSY, err);
+            return false;
+        }
         if (kvf_drain_active(&srv->drain)) {
             snprintf(err, sizeof(err), "decode instance %s is draining (stopping after"
                      " SIGTERM): it takes no new requests", srv->cfg.role.engine_id);
@@ -934,6 +942,9 @@ kvf_status_t kvf_decode_server_run(kvf_decode_server_h srv, volatile sig_atomic_
             if (status != KVF_OK) {
                 kvf_error("engine step failed: %s", kvf_status_str(status));
             }
+        }
+        if (kvf_role_broken_exit(srv->engine, &srv->broken_ms)) {
+            return KVF_ERR_TIMED_OUT;   /* exit 1: a supervisor restarts it */
         }
     }
     return KVF_OK;

@@ -93,6 +93,7 @@ struct kvf_prefill_server {
     uint64_t                   clamped_ms;         /* side channel: largest peer timeout clamped */
     kvf_drain_t                drain;
     _Atomic uint64_t           drain_deadline_ms;  /* 0 until SIGTERM; read by the side channel */
+    uint64_t                   broken_ms;          /* TP world broke then (kvf_role_broken_exit) */
 };
 
 /* A lease handed out or extended at @a now_ms lasts this long (ms): the
@@ -194,10 +195,13 @@ kvf_status_t kvf_prefill_server_create(const kvf_prefill_config_t *cfg,
         kvf_error("--lease-timeout must be positive");
         return KVF_ERR_INVALID_PARAM;
     }
-    if (cfg->max_quarantine_ms < cfg->role.xfer_timeout_ms) {
-        kvf_error("--max-quarantine %lld ms is shorter than --xfer-timeout %lld ms: a read"
-                  " still in flight could land in reused blocks", (long long)cfg->max_quarantine_ms,
-                  (long long)cfg->role.xfer_timeout_ms);
+    if ((kvf_role_check_not_shorter("--lease-timeout", cfg->lease_timeout_ms, "--xfer-timeout",
+                                    cfg->role.xfer_timeout_ms,
+                                    "a lease would expire during a transfer") != KVF_OK) ||
+        (kvf_role_check_not_shorter("--max-quarantine", cfg->max_quarantine_ms,
+                                    "--xfer-timeout", cfg->role.xfer_timeout_ms,
+                                    "a read still in flight could land in reused blocks") !=
+         KVF_OK)) {
         return KVF_ERR_INVALID_PARAM;
     }
     if (cfg->max_queue <= 0) {
@@ -339,6 +343,14 @@ static void kvf_pf_prefill(kvf_prefill_server_h srv, const kvf_serve_peer_t *pee
                  " instance holds", req->n_prompt_tokens,
                  kvf_role_max_prompt_tokens(srv->engine));
         kvf_serve_server_reply_error(srv->serve, peer, rid, KVF_ERR_OUT_OF_RANGE, err);
+        return;
+    }
+    if (kvf_role_cannot_serve(srv->engine) != NULL) {
+        char msg[KVF_CONFIG_STR_MAX + 320];
+        snprintf(msg, sizeof(msg), "prefill instance %s cannot serve: %s",
+                 srv->cfg.role.engine_id, kvf_role_cannot_serve(srv->engine));
+        kvf_warn("prompt %s refused: this instance cannot serve (broken TP world)", rid);
+        kvf_serve_server_reply_error(srv->serve, peer, rid, KVF_ERR_BUSY, msg);
         return;
     }
     if (kvf_drain_active(&srv->drain)) {
@@ -545,8 +557,11 @@ static kvf_status_t kvf_pf_step(kvf_prefill_server_h srv)
             kvf_pf_prefilled(srv, &srv->pending[k], ev[i].token);
             kvf_pf_remove_pending(srv, k);
         } else if (ev[i].kind == KVF_EVENT_FINISHED) {
+            const char *broken = kvf_role_cannot_serve(srv->engine);
             kvf_serve_server_reply_error(srv->serve, &srv->pending[k].peer,
-                                         srv->pending[k].request_id, KVF_ERR_NO_RESOURCE,
+                                         srv->pending[k].request_id, (broken != NULL) ?
+                                         KVF_ERR_TIMED_OUT : KVF_ERR_NO_RESOURCE,
+                                         (broken != NULL) ? broken :
                                          "prefill failed (the pool cannot hold the prompt?)");
             kvf_engine_release(srv->engine, ev[i].id);
             kvf_pf_remove_pending(srv, k);
@@ -669,6 +684,9 @@ kvf_status_t kvf_prefill_server_run(kvf_prefill_server_h srv, volatile sig_atomi
             }
         }
         kvf_pf_collect(srv);
+        if (kvf_role_broken_exit(srv->engine, &srv->broken_ms)) {
+            return KVF_ERR_TIMED_OUT;   /* exit 1: a supervisor restarts it */
+        }
     }
     return KVF_OK;
 }

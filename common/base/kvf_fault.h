@@ -76,6 +76,12 @@
  *   ucx.data      decode connector, when a rank's landed KV is digested
  *                 (--kv-digest on), once per prefill rank read: corrupt flips
  *                 one byte of the landed bytes, as if garbled on the wire
+ *   tp.barrier    TP collectives (common/runtime/kvf_collectives.c), when a
+ *                 rank thread arrives at a barrier of a world of 2 or more
+ *                 ranks; n counts arrivals in the process (every rank, every
+ *                 collective). kill stop stall; drop (the arrival is lost:
+ *                 the barrier breaks at once as its timeout would, and the
+ *                 world with it, for good)
  *
  * Thread rules: kvf_fault_init()/kvf_fault_arm()/kvf_fault_disarm() before
  * other threads hit points (start-up, or a single-threaded unit test);
@@ -121,7 +127,8 @@ typedef enum {
                                        KVF_FA_(REPLAY))                              \
     _X(LEASE_RELEASE, "lease.release", KVF_FA_PROC)                                  \
     _X(DECODE_STEP,   "decode.step",   KVF_FA_PROC)                                  \
-    _X(UCX_DATA,      "ucx.data",      KVF_FA_(CORRUPT))
+    _X(UCX_DATA,      "ucx.data",      KVF_FA_(CORRUPT))                             \
+    _X(TP_BARRIER,    "tp.barrier",    KVF_FA_PROC | KVF_FA_(DROP))
 
 typedef enum {
 #define KVF_FAULT_POINT_ENUM(_e, _name, _mask) KVF_FAULT_POINT_##_e,

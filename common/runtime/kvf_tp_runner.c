@@ -298,3 +298,8 @@ const kvf_cache_params_t *kvf_tp_runner_cache_params(kvf_tp_runner_h r)
 {
     return &r->cache;
 }
+
+const char *kvf_tp_runner_world_error(kvf_tp_runner_h r)
+{
+    return kvf_comm_world_error(r->world);
+}

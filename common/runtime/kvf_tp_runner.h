@@ -84,5 +84,11 @@ const kvf_cache_layout_t  *kvf_tp_runner_layout(kvf_tp_runner_h runner);
 int                        kvf_tp_runner_num_blocks(kvf_tp_runner_h runner);
 /** The cache params the geometry was derived from (dtypes, block size rule, kernel sizes). */
 const kvf_cache_params_t  *kvf_tp_runner_cache_params(kvf_tp_runner_h runner);
+/**
+ * Why the ranks' world broke for good (a TP barrier timed out, see
+ * kvf_comm_world_error()), or NULL while every collective can still run.
+ * Any thread; the text is stable once set and lives as long as the runner.
+ */
+const char                *kvf_tp_runner_world_error(kvf_tp_runner_h runner);
 
 #endif

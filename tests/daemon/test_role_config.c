@@ -127,11 +127,72 @@ static void test_daemons(void **state)
     }
 }
 
+/* Two durations that contradict each other are refused; equal or longer pass. */
+static void test_not_shorter(void **state)
+{
+    (void)state;
+    assert_int_equal(kvf_role_check_not_shorter("--lease-timeout", 10000, "--xfer-timeout",
+                                                10000, "x"), KVF_OK);
+    assert_int_equal(kvf_role_check_not_shorter("--lease-timeout", 30000, "--xfer-timeout",
+                                                10000, "x"), KVF_OK);
+    assert_int_equal(kvf_role_check_not_shorter("--lease-timeout", 9999, "--xfer-timeout",
+                                                10000, "x"), KVF_ERR_INVALID_PARAM);
+}
+
+/*
+ * kvf-prefill refuses contradicting timeouts at start, by flag or by KVF_
+ * variable, naming both values, before it loads a model (the model folder
+ * given does not exist: a consistent config fails on that instead).
+ * KVF_INSECURE=yes: no key set needed to get that far.
+ */
+static void test_daemon_contradictions(void **state)
+{
+    const char *bin = getenv("KVF_BIN");
+    static const struct {
+        const char *args, *want;
+    } cases[] = {
+        {"--lease-timeout 5s --xfer-timeout 10s",
+         "--lease-timeout 5000 ms is shorter than --xfer-timeout 10000 ms: a lease would expire "
+         "during a transfer"},
+        {"--lease-timeout=2500ms",   /* against the default --xfer-timeout 10s */
+         "--lease-timeout 2500 ms is shorter than --xfer-timeout 10000 ms"},
+        {"--max-quarantine 5s --xfer-timeout 10s",
+         "--max-quarantine 5000 ms is shorter than --xfer-timeout 10000 ms: a read still in "
+         "flight could land in reused blocks"},
+    };
+    static char out[65536];
+    char cmd[1024];
+
+    (void)state;
+    if (bin == NULL) {
+        skip();
+    }
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); ++i) {
+        snprintf(cmd, sizeof(cmd), "KVF_INSECURE=yes %s/kvf-prefill --model /nonexistent-kvf-model "
+                 "%s 2>&1", bin, cases[i].args);
+        assert_int_equal(run(cmd, out, sizeof(out)), 1);
+        if (strstr(out, cases[i].want) == NULL) {
+            fail_msg("'%s' printed:\n%s\nnot: %s", cmd, out, cases[i].want);
+        }
+    }
+    snprintf(cmd, sizeof(cmd), "KVF_INSECURE=yes KVF_LEASE_TIMEOUT=4s KVF_XFER_TIMEOUT=6s "
+             "%s/kvf-prefill --model /nonexistent-kvf-model 2>&1", bin);
+    assert_int_equal(run(cmd, out, sizeof(out)), 1);
+    assert_non_null(strstr(out, "--lease-timeout 4000 ms is shorter than --xfer-timeout 6000 ms"));
+    /* consistent: refused for the missing model, not for the timeouts */
+    snprintf(cmd, sizeof(cmd), "KVF_INSECURE=yes %s/kvf-prefill --model /nonexistent-kvf-model "
+             "--lease-timeout 3s --xfer-timeout 1s 2>&1", bin);
+    assert_int_not_equal(run(cmd, out, sizeof(out)), 0);
+    assert_null(strstr(out, "is shorter than"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hidden_row),
         cmocka_unit_test(test_daemons),
+        cmocka_unit_test(test_not_shorter),
+        cmocka_unit_test(test_daemon_contradictions),
     };
     kvf_log_init("test");
     return cmocka_run_group_tests(tests, NULL, NULL);

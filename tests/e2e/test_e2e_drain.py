@@ -95,7 +95,7 @@ def prefill_drain(model, ref):
 def prefill_drain_lease_bound(model):
     lease_s = 2.0
     with Pool(layout="1p1d", model=model, timeout=60,
-              prefill_args=["--lease-timeout", "2s"],
+              prefill_args=["--lease-timeout", "2s", "--xfer-timeout", "1s"],
               decode_args=["--test-pull-delay", "4s", "--xfer-timeout", "1s"],
               proxy_args=["--token-timeout", "20s"]) as pool:
         pid = pool.pids()["prefill-0"]

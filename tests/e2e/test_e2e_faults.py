@@ -141,7 +141,8 @@ def lease_expiry():
 def decode_never_comes():
     model = model_dir("tiny-hybrid")
     with Pool(layout="1p1d", model=model, timeout=60,
-              prefill_args=["--lease-timeout", "1s"],
+              prefill_args=["--lease-timeout", "1s", "--xfer-timeout", "1s"],
+              decode_args=["--xfer-timeout", "1s"],   # a lease may not be shorter (kvf-up)
               # the proxy gives up (and sends aborts) well after the lease ran out, so
               # what frees prefill's blocks here is the lease, not the abort
               proxy_args=["--token-timeout", "5s", "--health-timeout", "30s"]) as pool:

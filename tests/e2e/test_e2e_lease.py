@@ -35,7 +35,7 @@ def late_read(name, policy):
     model = model_dir(name)
     refs = {p: reference(model, p, MAX_TOKENS) for p in (PROMPT_A, PROMPT_B)}
     with Pool(layout="1p1d", model=model, timeout=60,
-              prefill_args=["--lease-timeout", "1s", "--num-blocks", "3"],
+              prefill_args=["--lease-timeout", "1s", "--xfer-timeout", "1s", "--num-blocks", "3"],
               decode_args=["--test-pull-delay", "3s", "--xfer-timeout", "1s",
                            "--load-failure", policy],
               proxy_args=["--token-timeout", "20s"]) as pool:

@@ -15,7 +15,7 @@ from kvf_e2e import find_bin, keygen
 CASES = [
     ("ucx.pots@3=kill", "entry 'ucx.pots@3=kill': unknown fault point 'ucx.pots' (points: "
      "ucx.post, ucx.half, ucx.notify, side.reply, side.rkey, lease.claim, lease.send, "
-     "lease.release, decode.step)"),
+     "lease.release, decode.step, ucx.data, tp.barrier)"),
     ("side.rkey=drop", "entry 'side.rkey=drop': fault point side.rkey does not take action "
      "drop (it takes: corrupt)"),
     ("ucx.post=stall", "entry 'ucx.post=stall': stall needs a duration, stall:<ms> with ms in"
