@@ -41,6 +41,8 @@ def overload(model, refs):
         cap, cap_res = ov.capacity(pool, clients=12, seconds=8.0)
         cc = ov.classify(cap_res, refs)
         assert cc["wrong"] == 0 and cc["504"] == 0 and cc["other"] == 0, cc["others"][:3]
+        print("capacity: %.2f req/s (%d served, %d refused in the closed loop)" % (
+            cap, cc["served"], cc["503"]))
         assert cap > 0, "nothing served in the capacity phase"
         res, first, last = ov.open_loop(pool, FACTOR * cap, 12.0)
         c = ov.classify(res, refs)
@@ -54,8 +56,10 @@ def overload(model, refs):
         assert c["served"] > 0 and c["503"] > 0, c
         assert c["no_retry_after"] == 0, "a 503 without Retry-After"
         assert max(c["reject_s"]) < REJECT_BOUND_S, "a 503 took %.2f s" % max(c["reject_s"])
-        assert rejected == c["503"], "proxy counted %d rejections, clients saw %d 503s" % (
-            rejected, c["503"])
+        # the capacity phase may have met a few refusals too (closed loop, 12 clients)
+        assert rejected == c["503"] + cc["503"], (
+            "proxy counted %d rejections, clients saw %d + %d 503s" % (rejected, c["503"],
+                                                                       cc["503"]))
 
 
 def decode_killed_in_prefill(model, refs):
