@@ -200,13 +200,7 @@ static int xt_start_ranks(xt_ctx_t *c)
         c->go = 0;
         return -1;
     }
-    pthread_barrier_init(&c->barrier, NULL, (unsigned)c->dec.tp + 1);
-    for (int r = 0; r < c->dec.tp; ++r) {
-        c->ranks[r].ctx = c;
-        c->ranks[r].side = &c->dec;
-        c->ranks[r].rank = r;
-        pthread_create(&c->ranks[r].thread, NULL, kvf_xt_decode_thread, &c->ranks[r]);
-    }
+    kvf_xt_start_ranks(c, &c->dec, kvf_xt_decode_thread);
     pthread_barrier_wait(&c->barrier);          /* decode pools registered */
 
     c->go = 1;

@@ -167,6 +167,13 @@ kvf_status_t kvf_xt_conn_create(xt_ctx_t *c, const xt_side_t *side);
 /* Pool, pattern and registration of one rank (runs on the rank's thread). */
 kvf_status_t kvf_xt_rank_setup(xt_rank_t *r);
 
+/*
+ * One thread per rank of @a side running @a thread_fn on c->ranks[r] (ctx,
+ * side and rank set), after initialising c->barrier for side->tp + 1 parties
+ * (the ranks and the caller).
+ */
+void kvf_xt_start_ranks(xt_ctx_t *c, xt_side_t *side, void *(*thread_fn)(void *));
+
 /* Drop the bench's raw agent of one rank (peers, region, agent). */
 void kvf_xt_raw_teardown(xt_rank_t *r);
 

@@ -184,13 +184,7 @@ int kvf_xt_prefill_main(xt_ctx_t *c, int fd)
     if ((c->ranks == NULL) || (kvf_xt_conn_create(c, &c->pre) != KVF_OK)) {
         return 1;
     }
-    pthread_barrier_init(&c->barrier, NULL, (unsigned)c->pre.tp + 1);
-    for (int r = 0; r < c->pre.tp; ++r) {
-        c->ranks[r].ctx = c;
-        c->ranks[r].side = &c->pre;
-        c->ranks[r].rank = r;
-        pthread_create(&c->ranks[r].thread, NULL, xt_prefill_thread, &c->ranks[r]);
-    }
+    kvf_xt_start_ranks(c, &c->pre, xt_prefill_thread);
     pthread_barrier_wait(&c->barrier);
     for (int r = 0; r < c->pre.tp; ++r) {
         if (c->ranks[r].status != KVF_OK) {

@@ -192,6 +192,17 @@ kvf_status_t kvf_xt_rank_setup(xt_rank_t *r)
     return c->bench ? xt_raw_setup(r) : KVF_OK;
 }
 
+void kvf_xt_start_ranks(xt_ctx_t *c, xt_side_t *side, void *(*thread_fn)(void *))
+{
+    pthread_barrier_init(&c->barrier, NULL, (unsigned)side->tp + 1);
+    for (int r = 0; r < side->tp; ++r) {
+        c->ranks[r].ctx = c;
+        c->ranks[r].side = side;
+        c->ranks[r].rank = r;
+        pthread_create(&c->ranks[r].thread, NULL, thread_fn, &c->ranks[r]);
+    }
+}
+
 void kvf_xt_raw_teardown(xt_rank_t *r)
 {
     if (r->raw_agent != NULL) {
