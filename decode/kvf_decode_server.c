@@ -62,6 +62,8 @@ const kvf_config_field_t kvf_decode_config_table[] = {
     {"KV_DIGEST", "on", "KV integrity: on (prefill checks a digest of every pull's bytes"
      " before decode uses them; a mismatch fails or recomputes per --load-failure) or off",
      offsetof(kvf_decode_config_t, kv_digest), KVF_CONFIG_TYPE_STRING, 0},
+    {"MAX_QUEUE", "256", "requests waiting for free blocks; more are refused (busy)",
+     offsetof(kvf_decode_config_t, max_queue), KVF_CONFIG_TYPE_INT, 0},
     {"TEST_PULL_DELAY", "0", "test only: wait this long between handshake and the GETs",
      offsetof(kvf_decode_config_t, test_pull_delay_ms), KVF_CONFIG_TYPE_TIME,
      KVF_CONFIG_FLAG_HIDDEN},
@@ -156,6 +158,10 @@ kvf_status_t kvf_decode_server_create(const kvf_decode_config_t *cfg,
     if ((strcmp(cfg->load_failure, "fail") != 0) &&
         (strcmp(cfg->load_failure, "recompute") != 0)) {
         kvf_error("bad value '%s' for --load-failure (fail or recompute)", cfg->load_failure);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    if (cfg->max_queue <= 0) {
+        kvf_error("--max-queue must be positive (got %d)", cfg->max_queue);
         return KVF_ERR_INVALID_PARAM;
     }
     if ((strcmp(cfg->kv_digest, "on") != 0) && (strcmp(cfg->kv_digest, "off") != 0)) {
@@ -686,6 +692,8 @@ static void kvf_dc_health_fill(kvf_decode_server_h srv, Kvf__HealthReply *h)
     h->draining = kvf_drain_active(&srv->drain);
     h->has_kv_digest_mismatches = 1;
     h->kv_digest_mismatches = srv->px.digest_mismatches;
+    h->has_max_queue = 1;
+    h->max_queue = (uint32_t)srv->cfg.max_queue;
 }
 
 /* Health probes are answered by the control channel's thread from this. */
@@ -745,6 +753,15 @@ static bool kvf_dc_handle(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
         if (o != KVF_DC_WAIT) {
             kvf_xfer_params_msg_cleanup(&xp);   /* empty when moved into the pull */
             return o == KVF_DC_STARTED;
+        }
+        if (srv->num_waiting >= srv->cfg.max_queue) {
+            snprintf(err, sizeof(err), "decode instance %s's queue is full: %d requests wait"
+                     " for blocks (--max-queue %d)", srv->cfg.role.engine_id, srv->num_waiting,
+                     srv->cfg.max_queue);
+            kvf_serve_server_reply_error(srv->serve, peer, req->decode->request_id,
+                                         KVF_ERR_BUSY, err);
+            kvf_xfer_params_msg_cleanup(&xp);
+            return false;
         }
         kept = kvf_dc_wait(srv, peer, req, arrival_ns, &xp);
         if (!kept) {
