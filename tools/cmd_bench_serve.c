@@ -1,25 +1,55 @@
 /*
- * kvf bench-serve: flags, then the engine in kvf_bench_serve.c, then a
- * table (or --json) on stdout and, with --csv, one row per request.
- * Exit code: 0 when at least one measured request succeeded, 1 when none
- * did or the run could not start, 2 for bad flags.
+ * kvf bench-serve: flags as `vllm bench serve` spells them (kvferry's older
+ * names kept as aliases), then the engine in kvf_bench_serve.c once per
+ * --request-rate, then a table (or --json) on stdout, with --save-result a
+ * vLLM-shaped result JSON per rate and a PNG of TTFT and ITL percentiles
+ * against request rate in --result-dir, and with --csv one row per request.
+ *
+ * Settings come from the command line only: KVF_<NAME> variables exported
+ * for the daemons (KVF_MODEL, KVF_PORT, ...) are not bench-serve's. Without
+ * --model the name is the one the proxy serves (GET /v1/models).
+ *
+ * Exit code: 0 when at least one measured request succeeded in every run,
+ * 1 when none did, a run could not start or a result could not be written,
+ * 2 for bad flags.
  */
+#define _GNU_SOURCE
 #include "kvf_bench_serve.h"
 #include "kvf_cmds.h"
 #include "kvf_log.h"
 
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
+
+#define KVF_BS_MAX_RATES 16
 
 typedef struct {
     kvf_bs_params_t p;
-    char url[KVF_CONFIG_STR_MAX];
+    char backend[KVF_CONFIG_STR_MAX];
+    char base_url[KVF_CONFIG_STR_MAX];
+    char host[KVF_CONFIG_STR_MAX];
+    int  port;
+    char dataset_name[KVF_CONFIG_STR_MAX];
+    char rates[KVF_CONFIG_STR_MAX];
+    double range_ratio;
     char input_dist[KVF_CONFIG_STR_MAX];
     char output_dist[KVF_CONFIG_STR_MAX];
+    char pct_metrics[KVF_CONFIG_STR_MAX];
+    char pcts[KVF_CONFIG_STR_MAX];
+    char goodput[KVF_CONFIG_STR_MAX];
+    bool save_result;
+    char result_dir[KVF_CONFIG_STR_MAX];
+    char result_filename[KVF_CONFIG_STR_MAX];
     char csv[KVF_CONFIG_STR_MAX];
     char progress[KVF_CONFIG_STR_MAX];
+    bool disable_tqdm;
     int  seed;
     bool json;
 } kvf_bs_opts_t;
@@ -27,39 +57,53 @@ typedef struct {
 #define KVF_BS_OFF(_f) offsetof(kvf_bs_opts_t, _f)
 
 static const kvf_config_field_t kvf_bs_table[] = {
-    {"URL", "http://127.0.0.1:8000", "the proxy's base URL",
-     KVF_BS_OFF(url), KVF_CONFIG_TYPE_STRING, 0},
-    {"MODEL", "", "model name sent in each request (empty: none; the proxy serves one)",
-     KVF_BS_OFF(p.model), KVF_CONFIG_TYPE_STRING, 0},
-    {"DATASET", "", "JSONL file, one {\"prompt\": text or [ids], \"max_tokens\": n} per line "
-     "(cycled); empty: synthetic prompts", KVF_BS_OFF(p.dataset), KVF_CONFIG_TYPE_STRING, 0},
-    {"INPUT_LEN", "128", "prompt tokens (synthetic prompts): the mean",
+    {"BACKEND", "openai", "openai or vllm (both: the OpenAI completions API kvf-proxy serves)",
+     KVF_BS_OFF(backend), KVF_CONFIG_TYPE_STRING, 0},
+    {"BASE_URL", "", "the proxy's base URL, e.g. http://127.0.0.1:8000 (alias --url; empty: "
+     "http://HOST:PORT)", KVF_BS_OFF(base_url), KVF_CONFIG_TYPE_STRING, 0},
+    {"HOST", "127.0.0.1", "the proxy's host when no --base-url", KVF_BS_OFF(host),
+     KVF_CONFIG_TYPE_STRING, 0},
+    {"PORT", "8000", "the proxy's port when no --base-url", KVF_BS_OFF(port),
+     KVF_CONFIG_TYPE_INT, 0},
+    {"ENDPOINT", "/v1/completions", "API path (only /v1/completions: streaming completions)",
+     KVF_BS_OFF(p.endpoint), KVF_CONFIG_TYPE_STRING, 0},
+    {"MODEL", "", "model name sent in each request (empty: the first id of the proxy's "
+     "GET /v1/models)", KVF_BS_OFF(p.model), KVF_CONFIG_TYPE_STRING, 0},
+    {"DATASET_NAME", "", "random (synthetic token ids) or custom (JSONL from --dataset-path); "
+     "empty: custom with --dataset-path, random otherwise", KVF_BS_OFF(dataset_name),
+     KVF_CONFIG_TYPE_STRING, 0},
+    {"DATASET_PATH", "", "JSONL file, one {\"prompt\": text or [ids], \"max_tokens\": n} per "
+     "line (cycled) (alias --dataset)", KVF_BS_OFF(p.dataset), KVF_CONFIG_TYPE_STRING, 0},
+    {"NUM_PROMPTS", "100", "measured requests (0: as many as --duration allows) "
+     "(alias --num-requests)", KVF_BS_OFF(p.num_requests), KVF_CONFIG_TYPE_INT, 0},
+    {"RANDOM_INPUT_LEN", "128", "prompt tokens of random prompts: the mean (alias --input-len)",
      KVF_BS_OFF(p.input_len), KVF_CONFIG_TYPE_INT, 0},
+    {"RANDOM_OUTPUT_LEN", "32", "max_tokens of each request (with --ignore-eos, the output "
+     "length) (alias --output-len)", KVF_BS_OFF(p.output_len), KVF_CONFIG_TYPE_INT, 0},
+    {"RANDOM_RANGE_RATIO", "0", "lengths uniform in [len (1 - r), len (1 + r)], r in [0, 1)",
+     KVF_BS_OFF(range_ratio), KVF_CONFIG_TYPE_DOUBLE, 0},
     {"INPUT_DIST", "fixed", "prompt length distribution: fixed, uniform (len +- spread), "
      "normal (std spread)", KVF_BS_OFF(input_dist), KVF_CONFIG_TYPE_STRING, 0},
     {"INPUT_SPREAD", "0", "uniform half-width or normal standard deviation, tokens",
      KVF_BS_OFF(p.input_spread), KVF_CONFIG_TYPE_DOUBLE, 0},
-    {"OUTPUT_LEN", "32", "max_tokens of each request (with ignore_eos, the output length)",
-     KVF_BS_OFF(p.output_len), KVF_CONFIG_TYPE_INT, 0},
     {"OUTPUT_DIST", "fixed", "output length distribution: fixed, uniform, normal",
      KVF_BS_OFF(output_dist), KVF_CONFIG_TYPE_STRING, 0},
     {"OUTPUT_SPREAD", "0", "uniform half-width or normal standard deviation, tokens",
      KVF_BS_OFF(p.output_spread), KVF_CONFIG_TYPE_DOUBLE, 0},
-    {"TOKEN_LO", "32", "synthetic prompt token ids are drawn from [token-lo, token-hi)",
+    {"TOKEN_LO", "32", "random prompt token ids are drawn from [token-lo, token-hi)",
      KVF_BS_OFF(p.token_lo), KVF_CONFIG_TYPE_INT, 0},
     {"TOKEN_HI", "127", "see --token-lo; must not exceed the model's vocabulary",
      KVF_BS_OFF(p.token_hi), KVF_CONFIG_TYPE_INT, 0},
-    {"NUM_REQUESTS", "100", "measured requests (0: as many as --duration allows)",
-     KVF_BS_OFF(p.num_requests), KVF_CONFIG_TYPE_INT, 0},
     {"DURATION", "0", "stop sending after this many seconds (0: no limit)",
      KVF_BS_OFF(p.duration_s), KVF_CONFIG_TYPE_DOUBLE, 0},
-    {"REQUEST_RATE", "0", "requests per second (0: all at once, bounded by --max-concurrency)",
-     KVF_BS_OFF(p.request_rate), KVF_CONFIG_TYPE_DOUBLE, 0},
+    {"REQUEST_RATE", "inf", "requests per second, Poisson (inf: all at once, bounded by "
+     "--max-concurrency); a comma list runs once per rate", KVF_BS_OFF(rates),
+     KVF_CONFIG_TYPE_STRING, 0},
     {"BURSTINESS", "1", "gamma shape of the gaps between arrivals: 1 Poisson, < 1 burstier, "
      "> 1 steadier", KVF_BS_OFF(p.burstiness), KVF_CONFIG_TYPE_DOUBLE, 0},
     {"MAX_CONCURRENCY", "0", "requests in flight at most (0: unlimited)",
      KVF_BS_OFF(p.max_concurrency), KVF_CONFIG_TYPE_INT, 0},
-    {"WARMUP", "0", "requests sent one at a time first and not counted",
+    {"NUM_WARMUPS", "0", "requests sent one at a time first and not counted (alias --warmup)",
      KVF_BS_OFF(p.warmup), KVF_CONFIG_TYPE_INT, 0},
     {"SEED", "0", "seed for lengths, prompts and arrival times",
      KVF_BS_OFF(seed), KVF_CONFIG_TYPE_INT, 0},
@@ -69,20 +113,123 @@ static const kvf_config_field_t kvf_bs_table[] = {
      KVF_BS_OFF(p.ignore_eos), KVF_CONFIG_TYPE_BOOL, 0},
     {"TIMEOUT", "60", "per-request limit, seconds",
      KVF_BS_OFF(p.timeout_s), KVF_CONFIG_TYPE_DOUBLE, 0},
-    {"SLO_TTFT_MS", "0", "goodput SLO on time to first token, ms (0: none)",
+    {"PERCENTILE_METRICS", "ttft,tpot,itl", "metrics reported with percentiles: comma list of "
+     "ttft, tpot, itl, e2el", KVF_BS_OFF(pct_metrics), KVF_CONFIG_TYPE_STRING, 0},
+    {"METRIC_PERCENTILES", "99", "percentiles reported, comma list (e.g. 25,50,75,99.9)",
+     KVF_BS_OFF(pcts), KVF_CONFIG_TYPE_STRING, 0},
+    {"GOODPUT", "", "SLOs as KEY:VALUE ms pairs, spaces or commas between (ttft, tpot, e2el), "
+     "e.g. --goodput ttft:500 tpot:50", KVF_BS_OFF(goodput), KVF_CONFIG_TYPE_STRING, 0},
+    {"SLO_TTFT_MS", "0", "goodput SLO on time to first token, ms (0: none; --goodput ttft:MS)",
      KVF_BS_OFF(p.slo_ttft_ms), KVF_CONFIG_TYPE_DOUBLE, 0},
-    {"SLO_TPOT_MS", "0", "goodput SLO on time per output token, ms (0: none)",
+    {"SLO_TPOT_MS", "0", "goodput SLO on time per output token, ms (0: none; --goodput tpot:MS)",
      KVF_BS_OFF(p.slo_tpot_ms), KVF_CONFIG_TYPE_DOUBLE, 0},
-    {"SLO_E2E_MS", "0", "goodput SLO on end-to-end latency, ms (0: none)",
+    {"SLO_E2E_MS", "0", "goodput SLO on end-to-end latency, ms (0: none; --goodput e2el:MS)",
      KVF_BS_OFF(p.slo_e2e_ms), KVF_CONFIG_TYPE_DOUBLE, 0},
-    {"JSON", "no", "print the summary as JSON instead of a table",
+    {"SAVE_RESULT", "no", "write the result JSON (vLLM's field names) and the percentile PNG "
+     "to --result-dir", KVF_BS_OFF(save_result), KVF_CONFIG_TYPE_BOOL, 0},
+    {"SAVE_DETAILED", "no", "with --save-result: per-request input_lens, output_lens, ttfts, "
+     "itls, errors too", KVF_BS_OFF(p.detailed), KVF_CONFIG_TYPE_BOOL, 0},
+    {"RESULT_DIR", ".", "folder for --save-result (created)", KVF_BS_OFF(result_dir),
+     KVF_CONFIG_TYPE_STRING, 0},
+    {"RESULT_FILENAME", "", "result file name (several rates: -RATEqps inserted); empty: "
+     "BACKEND-RATEqps[-concurrencyN]-MODEL-YYYYMMDD-HHMMSS.json; the PNG takes the same stem",
+     KVF_BS_OFF(result_filename), KVF_CONFIG_TYPE_STRING, 0},
+    {"JSON", "no", "print the result JSON instead of a table (a list with several rates)",
      KVF_BS_OFF(json), KVF_CONFIG_TYPE_BOOL, 0},
-    {"CSV", "", "write one row per request to this file",
+    {"CSV", "", "write one row per request to this file (several rates: the last run)",
      KVF_BS_OFF(csv), KVF_CONFIG_TYPE_STRING, 0},
     {"PROGRESS", "auto", "progress bar on stderr: auto (when stderr is a terminal), yes, no",
      KVF_BS_OFF(progress), KVF_CONFIG_TYPE_STRING, 0},
+    {"DISABLE_TQDM", "no", "no progress bar (as --progress no)", KVF_BS_OFF(disable_tqdm),
+     KVF_CONFIG_TYPE_BOOL, 0},
     {NULL, NULL, NULL, 0, 0, 0},
 };
+
+/* kvferry's earlier flag names and the vLLM names they stand for. */
+static const char *const kvf_bs_aliases[][2] = {
+    {"url", "base-url"},          {"num-requests", "num-prompts"},
+    {"input-len", "random-input-len"}, {"output-len", "random-output-len"},
+    {"warmup", "num-warmups"},    {"dataset", "dataset-path"},
+};
+
+/*
+ * argv with aliases renamed and --goodput's space-separated pairs joined
+ * into one value (vLLM takes them as nargs='+'). Strings in @a out point
+ * into @a store or argv. Returns the new argc.
+ */
+static int kvf_bs_rewrite(int argc, char **argv, char **out, char *store, size_t cap)
+{
+    size_t used = 0;
+    int n = 0;
+
+    for (int i = 0; i < argc; ++i) {
+        const char *a = argv[i];
+        size_t len = strcspn(a, "=");
+
+        out[n] = argv[i];
+        if (strncmp(a, "--", 2) == 0) {
+            for (size_t k = 0; k < sizeof(kvf_bs_aliases) / sizeof(kvf_bs_aliases[0]); ++k) {
+                const char *old = kvf_bs_aliases[k][0];
+                if ((len == strlen(old) + 2) && (strncmp(a + 2, old, len - 2) == 0)) {
+                    int w = snprintf(store + used, cap - used, "--%s%s", kvf_bs_aliases[k][1],
+                                     a + len);
+                    out[n] = store + used;
+                    used += (size_t)w + 1;
+                    break;
+                }
+            }
+        }
+        if (strcmp(a, "--goodput") == 0) {
+            char *v = store + used;
+
+            v[0] = '\0';
+            while ((i + 1 < argc) && (strncmp(argv[i + 1], "--", 2) != 0) &&
+                   (used + strlen(v) + strlen(argv[i + 1]) + 2 < cap)) {
+                if (v[0] != '\0') {
+                    strcat(v, " ");
+                }
+                strcat(v, argv[++i]);
+            }
+            used += strlen(v) + 1;
+            out[++n] = v;
+        }
+        ++n;
+    }
+    out[n] = NULL;
+    return n;
+}
+
+/* Was --flag for table field @a name on the command line? */
+static bool kvf_bs_given(const char *name, int argc, char **argv)
+{
+    char flag[96];
+    size_t len;
+
+    snprintf(flag, sizeof(flag), "--%s", name);
+    for (char *c = flag; *c != '\0'; ++c) {
+        *c = (*c == '_') ? '-' : (char)((*c >= 'A' && *c <= 'Z') ? *c - 'A' + 'a' : *c);
+    }
+    len = strlen(flag);
+    for (int i = 0; i < argc; ++i) {
+        if ((strncmp(argv[i], flag, len) == 0) && ((argv[i][len] == '\0') ||
+                                                   (argv[i][len] == '='))) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Undo what the environment set: the daemons' KVF_MODEL is not a model name here. */
+static void kvf_bs_drop_env(kvf_bs_opts_t *o, int argc, char **argv)
+{
+    for (const kvf_config_field_t *f = kvf_bs_table; f->name != NULL; ++f) {
+        char env[128];
+        snprintf(env, sizeof(env), "KVF_%s", f->name);
+        if ((getenv(env) != NULL) && !kvf_bs_given(f->name, argc, argv)) {
+            (void)kvf_config_parse_value(f->type, f->dflt, (char *)o + f->offset);
+        }
+    }
+}
 
 static int kvf_bs_dist(const char *flag, const char *text, kvf_bs_dist_t *out)
 {
@@ -99,59 +246,351 @@ static int kvf_bs_dist(const char *flag, const char *text, kvf_bs_dist_t *out)
     return 0;
 }
 
+/* A comma list of numbers; "inf" is 0 when @a inf_ok. Count, or -1 (logged). */
+static int kvf_bs_numbers(const char *flag, const char *text, double lo, double hi, bool inf_ok,
+                          double *vals, int max)
+{
+    char buf[KVF_CONFIG_STR_MAX];
+    int n = 0;
+
+    snprintf(buf, sizeof(buf), "%s", text);
+    for (char *save = NULL, *tok = strtok_r(buf, ", ", &save); tok != NULL;
+         tok = strtok_r(NULL, ", ", &save)) {
+        char *end;
+        double v = strtod(tok, &end);
+
+        if (inf_ok && ((strcmp(tok, "inf") == 0) || (strcmp(tok, "0") == 0))) {
+            v = 0;
+        } else if ((end == tok) || (*end != '\0') || !(v > lo) || (v > hi)) {
+            kvf_error("bad value '%s' for --%s: '%s' is not a number in (%g, %g]%s", text,
+                      flag, tok, lo, hi, inf_ok ? " or inf" : "");
+            return -1;
+        }
+        if (n == max) {
+            kvf_error("bad value '%s' for --%s: at most %d entries", text, flag, max);
+            return -1;
+        }
+        vals[n++] = v;
+    }
+    if (n == 0) {
+        kvf_error("bad value '%s' for --%s: empty", text, flag);
+        return -1;
+    }
+    return n;
+}
+
+/* --percentile-metrics, --metric-percentiles, --goodput into p. 0, or -1 (logged). */
+static int kvf_bs_metrics(kvf_bs_opts_t *o)
+{
+    static const char *const names[] = {"ttft", "tpot", "itl", "e2el"};
+    char buf[KVF_CONFIG_STR_MAX];
+
+    o->p.pct_metrics = 0;
+    snprintf(buf, sizeof(buf), "%s", o->pct_metrics);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok != NULL;
+         tok = strtok_r(NULL, ",", &save)) {
+        size_t k;
+        for (k = 0; (k < 4) && (strcmp(tok, names[k]) != 0); ++k) {
+        }
+        if (k == 4) {
+            kvf_error("bad value '%s' for --percentile-metrics: unknown metric '%s' (ttft, tpot, "
+                      "itl, e2el)", o->pct_metrics, tok);
+            return -1;
+        }
+        o->p.pct_metrics |= 1u << k;
+    }
+    o->p.num_pct = kvf_bs_numbers("metric-percentiles", o->pcts, 0, 100, false, o->p.pct,
+                                  KVF_BS_MAX_PCT);
+    if (o->p.num_pct < 0) {
+        return -1;
+    }
+    snprintf(buf, sizeof(buf), "%s", o->goodput);
+    for (char *save = NULL, *tok = strtok_r(buf, ", ", &save); tok != NULL;
+         tok = strtok_r(NULL, ", ", &save)) {
+        char *colon = strchr(tok, ':'), *end;
+        double v = (colon != NULL) ? strtod(colon + 1, &end) : -1;
+
+        if ((colon == NULL) || (end == colon + 1) || (*end != '\0') || !(v >= 0)) {
+            kvf_error("bad value '%s' for --goodput: '%s' is not KEY:MS with MS >= 0",
+                      o->goodput, tok);
+            return -1;
+        }
+        *colon = '\0';
+        if (strcmp(tok, "ttft") == 0) {
+            o->p.slo_ttft_ms = v;
+        } else if (strcmp(tok, "tpot") == 0) {
+            o->p.slo_tpot_ms = v;
+        } else if (strcmp(tok, "e2el") == 0) {
+            o->p.slo_e2e_ms = v;
+        } else {
+            kvf_error("bad value '%s' for --goodput: unknown metric '%s' (ttft, tpot, e2el)",
+                      o->goodput, tok);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Everything but the rates into o->p; 0, or -1 (logged). */
+static int kvf_bs_setup(kvf_bs_opts_t *o)
+{
+    char url[KVF_CONFIG_STR_MAX + 32];
+
+    if ((strcmp(o->backend, "openai") != 0) && (strcmp(o->backend, "vllm") != 0)) {
+        kvf_error("bad value '%s' for --backend: kvf bench-serve speaks openai (or vllm, the "
+                  "same API)", o->backend);
+        return -1;
+    }
+    if (strcmp(o->p.endpoint, "/v1/completions") != 0) {
+        kvf_error("bad value '%s' for --endpoint: kvf-proxy benchmarks through "
+                  "/v1/completions only", o->p.endpoint);
+        return -1;
+    }
+    if (o->base_url[0] != '\0') {
+        snprintf(url, sizeof(url), "%s", o->base_url);
+    } else {
+        snprintf(url, sizeof(url), "http://%s:%d", o->host, o->port);
+    }
+    if (kvf_bs_parse_url(o->base_url[0] ? "base-url" : "host", url, &o->p) != 0) {
+        return -1;
+    }
+    if (o->dataset_name[0] == '\0') {
+        snprintf(o->dataset_name, sizeof(o->dataset_name), "%s",
+                 (o->p.dataset[0] != '\0') ? "custom" : "random");
+    }
+    if ((strcmp(o->dataset_name, "random") == 0) && (o->p.dataset[0] != '\0')) {
+        kvf_error("--dataset-name random takes no --dataset-path (%s): use --dataset-name custom",
+                  o->p.dataset);
+        return -1;
+    }
+    if ((strcmp(o->dataset_name, "custom") == 0) && (o->p.dataset[0] == '\0')) {
+        kvf_error("--dataset-name custom needs --dataset-path FILE.jsonl");
+        return -1;
+    }
+    if ((strcmp(o->dataset_name, "random") != 0) && (strcmp(o->dataset_name, "custom") != 0)) {
+        kvf_error("bad value '%s' for --dataset-name: not supported (random; custom with "
+                  "--dataset-path, JSONL with \"prompt\")", o->dataset_name);
+        return -1;
+    }
+    if ((kvf_bs_dist("input-dist", o->input_dist, &o->p.input_dist) != 0) ||
+        (kvf_bs_dist("output-dist", o->output_dist, &o->p.output_dist) != 0)) {
+        return -1;
+    }
+    if (!(o->range_ratio >= 0) || !(o->range_ratio < 1)) {
+        kvf_error("bad value %g for --random-range-ratio: must be in [0, 1)", o->range_ratio);
+        return -1;
+    }
+    if (o->range_ratio > 0) {
+        o->p.input_dist = o->p.output_dist = KVF_BS_DIST_UNIFORM;
+        o->p.input_spread = floor(o->p.input_len * o->range_ratio);
+        o->p.output_spread = floor(o->p.output_len * o->range_ratio);
+    }
+    if (o->seed < 0) {
+        kvf_error("bad value %d for --seed: must be >= 0", o->seed);
+        return -1;
+    }
+    o->p.seed = (uint64_t)o->seed;
+    if (strcmp(o->progress, "auto") == 0) {
+        o->p.progress = isatty(STDERR_FILENO) && !o->disable_tqdm;
+    } else if ((strcmp(o->progress, "yes") == 0) || (strcmp(o->progress, "no") == 0)) {
+        o->p.progress = (strcmp(o->progress, "yes") == 0) && !o->disable_tqdm;
+    } else {
+        kvf_error("bad value '%s' for --progress (auto, yes, no)", o->progress);
+        return -1;
+    }
+    return kvf_bs_metrics(o);
+}
+
+/* "inf" or "%g" of a rate. */
+static void kvf_bs_rate_text(double rate, char *buf, size_t cap)
+{
+    if (rate > 0) {
+        snprintf(buf, cap, "%g", rate);
+    } else {
+        snprintf(buf, cap, "inf");
+    }
+}
+
+/*
+ * The stem (no extension) of the result for @a rates: --result-filename
+ * less ".json" (with -RATEqps when @a with_rate of several), else vLLM's
+ * BACKEND-RATEqps[-concurrencyN]-MODEL-DATE, RATE the rates joined by "_".
+ */
+static void kvf_bs_stem(const kvf_bs_opts_t *o, const double *rates, int n, bool one,
+                        const char *dt, char *out, size_t cap)
+{
+    char rt[KVF_CONFIG_STR_MAX] = "", conc[32] = "";
+    const char *base = strrchr(o->p.model, '/');
+    size_t used = 0;
+
+    for (int i = 0; i < n; ++i) {
+        char r[32];
+        kvf_bs_rate_text(rates[i], r, sizeof(r));
+        used += (size_t)snprintf(rt + used, sizeof(rt) - used, "%s%s", i ? "_" : "", r);
+        if (used >= sizeof(rt)) {
+            break;
+        }
+    }
+    if (o->result_filename[0] != '\0') {
+        size_t len = strlen(o->result_filename);
+        if ((len > 5) && (strcmp(o->result_filename + len - 5, ".json") == 0)) {
+            len -= 5;
+        }
+        snprintf(out, cap, "%s/%.*s%s%s%s", o->result_dir, (int)len, o->result_filename,
+                 one ? "-" : "", one ? rt : "", one ? "qps" : "");
+        return;
+    }
+    if (o->p.max_concurrency > 0) {
+        snprintf(conc, sizeof(conc), "-concurrency%d", o->p.max_concurrency);
+    }
+    snprintf(out, cap, "%s/%s-%sqps%s-%s-%s", o->result_dir, o->backend, rt, conc,
+             (base != NULL) ? base + 1 : o->p.model, dt);
+}
+
+/* Write one JSON document to @a path. 0, or -1 (logged). */
+static int kvf_bs_write(const char *path, cJSON *doc)
+{
+    char *text = cJSON_Print(doc);
+    FILE *f = fopen(path, "w");
+    int rc = 0;
+
+    if ((text == NULL) || (f == NULL) || (fprintf(f, "%s\n", text) < 0)) {
+        rc = -1;
+    }
+    if ((f != NULL) && (fclose(f) != 0)) {
+        rc = -1;
+    }
+    if (rc != 0) {
+        kvf_error("cannot write --save-result %s: %m", path);
+    }
+    free(text);
+    return rc;
+}
+
+/* --save-result: the JSON per rate and the PNG. 0, or -1 (logged). */
+static int kvf_bs_save(kvf_bs_opts_t *o, kvf_bs_summary_t *runs, const double *rates, int n,
+                       const char *dt)
+{
+    char stem[PATH_MAX], path[PATH_MAX + 8];
+    int rc = 0;
+
+    if ((mkdir(o->result_dir, 0755) != 0) && (errno != EEXIST)) {
+        kvf_error("cannot create --result-dir %s: %m", o->result_dir);
+        return -1;
+    }
+    for (int r = 0; r < n; ++r) {
+        cJSON *doc;
+        o->p.request_rate = rates[r];
+        doc = kvf_bs_json_obj(&o->p, &runs[r], dt, o->backend);
+        kvf_bs_stem(o, &rates[r], 1, n > 1, dt, stem, sizeof(stem));
+        snprintf(path, sizeof(path), "%s.json", stem);
+        rc |= kvf_bs_write(path, doc);
+        cJSON_Delete(doc);
+        if (rc == 0) {
+            fprintf(stderr, "kvf bench-serve: wrote %s\n", path);
+        }
+    }
+    kvf_bs_stem(o, rates, n, false, dt, stem, sizeof(stem));
+    snprintf(path, sizeof(path), "%s.png", stem);
+    if (kvf_bs_plot(path, &o->p, runs, rates, n) > 0) {
+        fprintf(stderr, "kvf bench-serve: wrote %s\n", path);
+    } else {
+        rc = -1;
+    }
+    return rc;
+}
+
+/* The runs' table or JSON on stdout. */
+static void kvf_bs_report(kvf_bs_opts_t *o, kvf_bs_summary_t *runs, const double *rates, int n,
+                          const char *dt)
+{
+    if (o->json) {
+        cJSON *all = (n > 1) ? cJSON_CreateArray() : NULL, *doc = NULL;
+        char *text;
+
+        for (int r = 0; r < n; ++r) {
+            o->p.request_rate = rates[r];
+            doc = kvf_bs_json_obj(&o->p, &runs[r], dt, o->backend);
+            if (all != NULL) {
+                cJSON_AddItemToArray(all, doc);
+            }
+        }
+        text = cJSON_Print((all != NULL) ? all : doc);
+        printf("%s\n", text);
+        free(text);
+        cJSON_Delete((all != NULL) ? all : doc);
+        return;
+    }
+    for (int r = 0; r < n; ++r) {
+        o->p.request_rate = rates[r];
+        kvf_bs_print_table(&o->p, &runs[r], stdout);
+    }
+}
+
 int kvf_cmd_bench_serve(int argc, char **argv)
 {
+    static char store[8192];
+    char **args = calloc((size_t)argc + 1, sizeof(char *));
+    kvf_bs_summary_t runs[KVF_BS_MAX_RATES];
+    double rates[KVF_BS_MAX_RATES];
     kvf_bs_opts_t o;
-    kvf_bs_summary_t s;
+    char dt[32];
+    time_t now = time(NULL);
+    int nargs, nrates, nrun = 0, rc = 0;
     bool done;
-    int rc;
 
+    if (args == NULL) {
+        return 1;
+    }
+    nargs = kvf_bs_rewrite(argc, argv, args, store, sizeof(store));
     memset(&o, 0, sizeof(o));
+    memset(runs, 0, sizeof(runs));
     kvf_bs_params_default(&o.p);
-    if (kvf_config_parse(kvf_bs_table, "kvf bench-serve", argc, argv, &o, &done) != KVF_OK) {
+    if (kvf_config_parse(kvf_bs_table, "kvf bench-serve", nargs, args, &o, &done) != KVF_OK) {
+        free(args);
         return 2;
     }
+    kvf_bs_drop_env(&o, nargs, args);
+    free(args);
     if (done) {
         return 0;
     }
-    if ((kvf_bs_parse_url("url", o.url, &o.p) != 0) ||
-        (kvf_bs_dist("input-dist", o.input_dist, &o.p.input_dist) != 0) ||
-        (kvf_bs_dist("output-dist", o.output_dist, &o.p.output_dist) != 0)) {
+    nrates = kvf_bs_numbers("request-rate", o.rates, 0, INFINITY, true, rates, KVF_BS_MAX_RATES);
+    if ((nrates < 0) || (kvf_bs_setup(&o) != 0) || (kvf_bs_params_check(&o.p) != 0)) {
         return 2;
     }
-    if (o.seed < 0) {
-        kvf_error("bad value %d for --seed: must be >= 0", o.seed);
-        return 2;
-    }
-    o.p.seed = (uint64_t)o.seed;
-    if (strcmp(o.progress, "auto") == 0) {
-        o.p.progress = isatty(STDERR_FILENO);
-    } else if ((strcmp(o.progress, "yes") == 0) || (strcmp(o.progress, "no") == 0)) {
-        o.p.progress = (strcmp(o.progress, "yes") == 0);
-    } else {
-        kvf_error("bad value '%s' for --progress (auto, yes, no)", o.progress);
-        return 2;
-    }
-    if (kvf_bs_params_check(&o.p) != 0) {
-        return 2;
-    }
-    if (kvf_bs_run(&o.p, &s) != 0) {
+    if ((o.p.model[0] == '\0') && (kvf_bs_fetch_model(&o.p) != 0)) {
         return 1;
     }
-    if (o.json) {
-        char *text = kvf_bs_json(&o.p, &s);
-        printf("%s\n", text);
-        free(text);
-    } else {
-        kvf_bs_print_table(&o.p, &s, stdout);
+    if (getenv("OPENAI_API_KEY") != NULL) {   /* as vLLM's client sends it */
+        snprintf(o.p.api_key, sizeof(o.p.api_key), "%s", getenv("OPENAI_API_KEY"));
     }
-    rc = (s.completed > 0) ? 0 : 1;
-    if ((o.csv[0] != '\0') && (kvf_bs_write_csv(&s, o.csv) != 0)) {
-        rc = 1;
+    strftime(dt, sizeof(dt), "%Y%m%d-%H%M%S", localtime(&now));
+    for (; nrun < nrates; ++nrun) {
+        o.p.request_rate = rates[nrun];
+        if (kvf_bs_run(&o.p, &runs[nrun]) != 0) {
+            rc = 1;
+            break;
+        }
+        if (runs[nrun].completed == 0) {
+            char r[32];
+            kvf_bs_rate_text(rates[nrun], r, sizeof(r));
+            kvf_error("kvf bench-serve: no request succeeded at request rate %s (%d sent)", r,
+                      runs[nrun].sent);
+            rc = 1;
+        }
     }
-    if (s.completed == 0) {
-        kvf_error("kvf bench-serve: no request succeeded (%d sent)", s.sent);
+    if (nrun > 0) {
+        kvf_bs_report(&o, runs, rates, nrun, dt);
+        if (o.save_result && (kvf_bs_save(&o, runs, rates, nrun, dt) != 0)) {
+            rc = 1;
+        }
+        if ((o.csv[0] != '\0') && (kvf_bs_write_csv(&runs[nrun - 1], o.csv) != 0)) {
+            rc = 1;
+        }
     }
-    kvf_bs_summary_cleanup(&s);
+    for (int r = 0; r < nrun; ++r) {
+        kvf_bs_summary_cleanup(&runs[r]);
+    }
     return rc;
 }

@@ -113,6 +113,10 @@ void kvf_bs_params_default(kvf_bs_params_t *p)
     p->burstiness = 1.0;
     p->ignore_eos = true;
     p->timeout_s = 60;
+    snprintf(p->endpoint, sizeof(p->endpoint), "/v1/completions");
+    p->pct_metrics = KVF_BS_M_TTFT | KVF_BS_M_TPOT | KVF_BS_M_ITL;   /* vLLM's defaults */
+    p->pct[0] = 99;
+    p->num_pct = 1;
 }
 
 int kvf_bs_parse_url(const char *flag, const char *url, kvf_bs_params_t *p)
@@ -363,12 +367,25 @@ static int kvf_bs_cmp(const void *a, const void *b)
     return (x < y) ? -1 : (x > y);
 }
 
-/* Mean and linearly interpolated percentiles (numpy's default) of @a v (sorted in place). */
+double kvf_bs_percentile(const kvf_bs_stat_t *st, double q)
+{
+    double pos;
+    int lo, hi;
+
+    if ((st->n == 0) || (st->v == NULL)) {
+        return 0;
+    }
+    pos = q / 100.0 * (st->n - 1);
+    lo = (int)floor(pos);
+    hi = (lo + 1 < st->n) ? lo + 1 : lo;
+    return st->v[lo] + (st->v[hi] - st->v[lo]) * (pos - lo);
+}
+
+/* Mean, std and percentiles of @a v (sorted in place, owned by the result from here). */
 static kvf_bs_stat_t kvf_bs_stat(double *v, int n)
 {
-    kvf_bs_stat_t s = {0, 0, 0, 0, n};
-    const double q[3] = {50, 90, 99};
-    double *dst[3] = {&s.p50, &s.p90, &s.p99};
+    kvf_bs_stat_t s = {0, 0, 0, 0, 0, n, v};
+    double var = 0;
 
     if (n == 0) {
         return s;
@@ -378,13 +395,55 @@ static kvf_bs_stat_t kvf_bs_stat(double *v, int n)
         s.mean += v[i];
     }
     s.mean /= n;
-    for (int k = 0; k < 3; ++k) {
-        double pos = q[k] / 100.0 * (n - 1);
-        int lo = (int)floor(pos);
-        int hi = (lo + 1 < n) ? lo + 1 : lo;
-        *dst[k] = v[lo] + (v[hi] - v[lo]) * (pos - lo);
+    for (int i = 0; i < n; ++i) {
+        var += (v[i] - s.mean) * (v[i] - s.mean);
     }
+    s.std = sqrt(var / n);
+    s.p50 = kvf_bs_percentile(&s, 50);
+    s.p90 = kvf_bs_percentile(&s, 90);
+    s.p99 = kvf_bs_percentile(&s, 99);
     return s;
+}
+
+/* Most requests in flight at once, and most output tokens finished within one second. */
+static void kvf_bs_peaks(kvf_bs_summary_t *s, double first_ms)
+{
+    int n = s->sent, maxc = 0, nb;
+    double *bucket;
+
+    for (int i = 0; i < n; ++i) {
+        int c = 0;
+        for (int j = 0; j < n; ++j) {
+            c += (s->results[j].start_ms <= s->results[i].start_ms) &&
+                 (s->results[j].end_ms > s->results[i].start_ms);
+        }
+        maxc = (c > maxc) ? c : maxc;
+    }
+    s->max_concurrent = maxc;
+    nb = (int)(s->duration_s + 2);
+    bucket = calloc((size_t)nb, sizeof(double));
+    if (bucket == NULL) {
+        return;
+    }
+    for (int i = 0; i < n; ++i) {
+        const kvf_bs_result_t *r = &s->results[i];
+        double t = r->start_ms + r->ttft_ms - first_ms;
+
+        if (!r->ok || (r->output_tokens == 0)) {
+            continue;
+        }
+        for (int k = 0; k <= r->num_itl; ++k) {
+            int b = (int)(t / 1000.0);
+            if ((b >= 0) && (b < nb)) {
+                bucket[b] += 1;
+            }
+            t += (k < r->num_itl) ? r->itl_ms[k] : 0;
+        }
+    }
+    for (int b = 0; b < nb; ++b) {
+        s->max_output_tps = fmax(s->max_output_tps, bucket[b]);
+    }
+    free(bucket);
 }
 
 static void kvf_bs_summarize(const kvf_bs_params_t *p, kvf_bs_summary_t *s)
@@ -453,10 +512,7 @@ static void kvf_bs_summarize(const kvf_bs_params_t *p, kvf_bs_summary_t *s)
     s->tpot = kvf_bs_stat(tpot, nt);
     s->itl = kvf_bs_stat(itl, nitl);
     s->transfer_share_mean = (nshare > 0) ? share / nshare : -1;
-    free(ttft);
-    free(e2e);
-    free(tpot);
-    free(itl);
+    kvf_bs_peaks(s, (n > 0) ? first : 0);
 }
 
 static void kvf_bs_sleep_until(uint64_t t_ns)
@@ -666,5 +722,9 @@ void kvf_bs_summary_cleanup(kvf_bs_summary_t *s)
         free(s->results[i].itl_ms);
     }
     free(s->results);
+    free(s->ttft.v);
+    free(s->tpot.v);
+    free(s->itl.v);
+    free(s->e2e.v);
     memset(s, 0, sizeof(*s));
 }

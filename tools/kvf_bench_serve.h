@@ -8,15 +8,31 @@
  * gap between chunks that carry tokens (split evenly over a chunk's tokens);
  * TPOT = (E2E - TTFT) / (output tokens - 1); E2E ends at the final chunk.
  * Goodput counts requests that succeeded and met every SLO that was given.
+ *
+ * Names follow `vllm bench serve`: the flags (cmd_bench_serve.c) and the
+ * result JSON (kvf_bs_json(): completed, total_input_tokens, mean_ttft_ms,
+ * median_ttft_ms, std_ttft_ms, p99_ttft_ms, ... for ttft, tpot, itl, e2el),
+ * with kvferry's own figures (failures by kind, transfer share) beside them.
  */
 #ifndef KVF_BENCH_SERVE_H
 #define KVF_BENCH_SERVE_H
 
 #include "kvf_config.h"
 
+#include <cjson/cJSON.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+
+#define KVF_BS_MAX_PCT 16   /* --metric-percentiles entries at most */
+
+/* --percentile-metrics bits. */
+enum {
+    KVF_BS_M_TTFT = 1u << 0,
+    KVF_BS_M_TPOT = 1u << 1,
+    KVF_BS_M_ITL  = 1u << 2,
+    KVF_BS_M_E2EL = 1u << 3,
+};
 
 typedef enum {
     KVF_BS_DIST_FIXED = 0,
@@ -29,6 +45,8 @@ typedef struct kvf_bs_params {
     char          host[KVF_CONFIG_STR_MAX];   /* proxy host (name or address) */
     int           port;
     char          model[KVF_CONFIG_STR_MAX];  /* "" : no "model" field in requests */
+    char          endpoint[KVF_CONFIG_STR_MAX];/* request path, "/v1/completions" */
+    char          api_key[KVF_CONFIG_STR_MAX];/* "" : no Authorization header */
     char          dataset[KVF_CONFIG_STR_MAX];/* JSONL file of prompts, "" : synthetic */
     int           input_len;
     kvf_bs_dist_t input_dist;
@@ -49,6 +67,10 @@ typedef struct kvf_bs_params {
     double        timeout_s;                  /* per request */
     double        slo_ttft_ms, slo_tpot_ms, slo_e2e_ms;  /* 0 : no such SLO */
     bool          progress;                   /* progress bar on stderr */
+    unsigned      pct_metrics;                /* KVF_BS_M_* reported with percentiles */
+    double        pct[KVF_BS_MAX_PCT];        /* percentiles reported, in (0, 100] */
+    int           num_pct;
+    bool          detailed;                   /* per-request arrays in the JSON */
 } kvf_bs_params_t;
 
 /** One measured request. Times in milliseconds. */
@@ -77,8 +99,9 @@ typedef struct kvf_bs_result {
 } kvf_bs_result_t;
 
 typedef struct kvf_bs_stat {
-    double mean, p50, p90, p99;
-    int    n;
+    double  mean, std, p50, p90, p99;   /* std: population (numpy's default) */
+    int     n;
+    double *v;                          /* the n values, sorted (owned) */
 } kvf_bs_stat_t;
 
 typedef struct kvf_bs_summary {
@@ -91,6 +114,8 @@ typedef struct kvf_bs_summary {
     double        request_throughput, output_throughput, total_throughput, goodput;
     kvf_bs_stat_t ttft, tpot, itl, e2e;
     double        transfer_share_mean;   /* < 0 : the proxy gave no breakdown */
+    int           max_concurrent;     /* most requests in flight at one time */
+    double        max_output_tps;     /* most output tokens in one 1 s window */
     kvf_bs_result_t *results;         /* sent entries, in index order (owned) */
 } kvf_bs_summary_t;
 
@@ -117,8 +142,44 @@ int kvf_bs_run(const kvf_bs_params_t *p, kvf_bs_summary_t *summary_p);
 
 void kvf_bs_summary_cleanup(kvf_bs_summary_t *s);
 
+/** Percentile @a q in [0, 100] of @a st's values, linearly interpolated (numpy's default); 0 when empty. */
+double kvf_bs_percentile(const kvf_bs_stat_t *st, double q);
+
+/**
+ * The model name the proxy serves (the first id of GET /v1/models) into
+ * p->model. 0, or -1 with a logged line (proxy unreachable, no model listed).
+ */
+int kvf_bs_fetch_model(kvf_bs_params_t *p);
+
+/**
+ * A PNG of TTFT and ITL percentiles (median and p->pct) against request
+ * rate, one point per run, through gnuplot. @a rates[i] <= 0 is "inf".
+ * @return 1 written, 0 skipped (no gnuplot; a line says so), -1 failed (logged).
+ */
+int kvf_bs_plot(const char *png, const kvf_bs_params_t *p, const kvf_bs_summary_t *runs,
+                const double *rates, int n);
+
+/** Path of an executable gnuplot into @a buf; false when none is installed. */
+bool kvf_bs_find_gnuplot(char *buf, size_t cap);
+
 /** The human table (stdout style) and the JSON document (malloc'd string). */
 void kvf_bs_print_table(const kvf_bs_params_t *p, const kvf_bs_summary_t *s, FILE *out);
+
+/**
+ * The result as `vllm bench serve --save-result` writes it: date, backend,
+ * model_id, num_prompts, request_rate ("inf" or req/s), burstiness,
+ * max_concurrency, duration (s), completed, failed, total_input_tokens,
+ * total_output_tokens, request_throughput, request_goodput (null without an
+ * SLO), output_throughput, total_token_throughput, max_output_tokens_per_s,
+ * max_concurrent_requests, then mean_/median_/std_/pNN_{ttft,tpot,itl,e2el}_ms
+ * for p->pct_metrics and p->pct; with p->detailed input_lens, output_lens,
+ * ttfts (s), itls (s), errors. kvferry's own: sent, good, failures (by kind),
+ * transfer_share, url. Returns a cJSON object (owned by the caller).
+ */
+cJSON *kvf_bs_json_obj(const kvf_bs_params_t *p, const kvf_bs_summary_t *s, const char *date,
+                       const char *backend);
+
+/** kvf_bs_json_obj() printed (malloc'd string). */
 char *kvf_bs_json(const kvf_bs_params_t *p, const kvf_bs_summary_t *s);
 
 /** One CSV row per request, with a header line. 0, or -1 (logged). */

@@ -3,6 +3,7 @@
  */
 #include "kvf_bs_int.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -76,69 +77,133 @@ void kvf_bs_print_table(const kvf_bs_params_t *p, const kvf_bs_summary_t *s, FIL
     }
 }
 
-static void kvf_bs_json_stat(cJSON *root, const char *name, const kvf_bs_stat_t *st)
+/* mean_/median_/std_/pNN_<name>_ms as vLLM names them (p99.9 keeps its point). */
+static void kvf_bs_json_stat(cJSON *root, const kvf_bs_params_t *p, const char *name,
+                             const kvf_bs_stat_t *st)
 {
-    cJSON *o = cJSON_AddObjectToObject(root, name);
+    char key[64];
 
-    cJSON_AddNumberToObject(o, "mean", st->mean);
-    cJSON_AddNumberToObject(o, "p50", st->p50);
-    cJSON_AddNumberToObject(o, "p90", st->p90);
-    cJSON_AddNumberToObject(o, "p99", st->p99);
-    cJSON_AddNumberToObject(o, "n", st->n);
+    snprintf(key, sizeof(key), "mean_%s_ms", name);
+    cJSON_AddNumberToObject(root, key, st->mean);
+    snprintf(key, sizeof(key), "median_%s_ms", name);
+    cJSON_AddNumberToObject(root, key, kvf_bs_percentile(st, 50));
+    snprintf(key, sizeof(key), "std_%s_ms", name);
+    cJSON_AddNumberToObject(root, key, st->std);
+    for (int i = 0; i < p->num_pct; ++i) {
+        snprintf(key, sizeof(key), "p%g_%s_ms", p->pct[i], name);
+        cJSON_AddNumberToObject(root, key, kvf_bs_percentile(st, p->pct[i]));
+    }
 }
 
-char *kvf_bs_json(const kvf_bs_params_t *p, const kvf_bs_summary_t *s)
+/* --save-detailed: one entry per sent request, as vLLM's lists (times in seconds). */
+static void kvf_bs_json_detail(cJSON *root, const kvf_bs_summary_t *s)
 {
-    cJSON *root = cJSON_CreateObject();
-    cJSON *w = cJSON_AddObjectToObject(root, "workload");
-    cJSON *slo = cJSON_AddObjectToObject(root, "slo");
-    cJSON *fails = cJSON_AddObjectToObject(root, "failures");
-    char url[KVF_CONFIG_STR_MAX + 32];
-    char *text;
+    cJSON *in = cJSON_AddArrayToObject(root, "input_lens");
+    cJSON *out = cJSON_AddArrayToObject(root, "output_lens");
+    cJSON *ttfts = cJSON_AddArrayToObject(root, "ttfts");
+    cJSON *itls = cJSON_AddArrayToObject(root, "itls");
+    cJSON *errs = cJSON_AddArrayToObject(root, "errors");
 
-    snprintf(url, sizeof(url), "http://%s:%d", p->host, p->port);
-    cJSON_AddStringToObject(root, "url", url);
-    cJSON_AddStringToObject(w, "dataset", p->dataset);
-    cJSON_AddNumberToObject(w, "input_len", p->input_len);
-    cJSON_AddStringToObject(w, "input_dist", kvf_bs_dist_name(p->input_dist));
-    cJSON_AddNumberToObject(w, "input_spread", p->input_spread);
-    cJSON_AddNumberToObject(w, "output_len", p->output_len);
-    cJSON_AddStringToObject(w, "output_dist", kvf_bs_dist_name(p->output_dist));
-    cJSON_AddNumberToObject(w, "output_spread", p->output_spread);
-    cJSON_AddNumberToObject(w, "request_rate", p->request_rate > 0 ? p->request_rate : 0);
-    cJSON_AddNumberToObject(w, "burstiness", p->burstiness);
-    cJSON_AddNumberToObject(w, "max_concurrency", p->max_concurrency);
-    cJSON_AddNumberToObject(w, "num_requests", p->num_requests);
-    cJSON_AddNumberToObject(w, "duration_s", p->duration_s);
-    cJSON_AddNumberToObject(w, "warmup", p->warmup);
-    cJSON_AddNumberToObject(w, "seed", (double)p->seed);
-    cJSON_AddNumberToObject(slo, "ttft_ms", p->slo_ttft_ms);
-    cJSON_AddNumberToObject(slo, "tpot_ms", p->slo_tpot_ms);
-    cJSON_AddNumberToObject(slo, "e2e_ms", p->slo_e2e_ms);
-    cJSON_AddNumberToObject(root, "duration_s", s->duration_s);
-    cJSON_AddNumberToObject(root, "sent", s->sent);
+    for (int i = 0; i < s->sent; ++i) {
+        const kvf_bs_result_t *r = &s->results[i];
+        cJSON *gaps = cJSON_CreateArray();
+        char err[sizeof(r->error) + sizeof(r->error_kind) + 4] = "";
+
+        cJSON_AddItemToArray(in, cJSON_CreateNumber(r->prompt_tokens));
+        cJSON_AddItemToArray(out, cJSON_CreateNumber(r->ok ? r->output_tokens : 0));
+        cJSON_AddItemToArray(ttfts, cJSON_CreateNumber(r->ok ? r->ttft_ms / 1000.0 : 0));
+        for (int k = 0; r->ok && (k < r->num_itl); ++k) {
+            cJSON_AddItemToArray(gaps, cJSON_CreateNumber(r->itl_ms[k] / 1000.0));
+        }
+        cJSON_AddItemToArray(itls, gaps);
+        if (!r->ok) {
+            snprintf(err, sizeof(err), "%s: %s", r->error_kind, r->error);
+        }
+        cJSON_AddItemToArray(errs, cJSON_CreateString(err));
+    }
+}
+
+cJSON *kvf_bs_json_obj(const kvf_bs_params_t *p, const kvf_bs_summary_t *s, const char *date,
+                       const char *backend)
+{
+    static const struct {
+        unsigned bit;
+        const char *name;
+        size_t off;
+    } metrics[] = {
+        {KVF_BS_M_TTFT, "ttft", offsetof(kvf_bs_summary_t, ttft)},
+        {KVF_BS_M_TPOT, "tpot", offsetof(kvf_bs_summary_t, tpot)},
+        {KVF_BS_M_ITL, "itl", offsetof(kvf_bs_summary_t, itl)},
+        {KVF_BS_M_E2EL, "e2el", offsetof(kvf_bs_summary_t, e2e)},
+    };
+    bool slo = (p->slo_ttft_ms > 0) || (p->slo_tpot_ms > 0) || (p->slo_e2e_ms > 0);
+    cJSON *root = cJSON_CreateObject();
+    cJSON *fails, *g;
+    char url[KVF_CONFIG_STR_MAX + 32];
+
+    if (date != NULL) {
+        cJSON_AddStringToObject(root, "date", date);
+    }
+    cJSON_AddStringToObject(root, "backend", (backend != NULL) ? backend : "openai");
+    cJSON_AddStringToObject(root, "model_id", p->model);
+    cJSON_AddStringToObject(root, "tokenizer_id", p->model);
+    cJSON_AddNumberToObject(root, "num_prompts", p->num_requests);
+    if (p->request_rate > 0) {
+        cJSON_AddNumberToObject(root, "request_rate", p->request_rate);
+    } else {
+        cJSON_AddStringToObject(root, "request_rate", "inf");
+    }
+    cJSON_AddNumberToObject(root, "burstiness", p->burstiness);
+    if (p->max_concurrency > 0) {
+        cJSON_AddNumberToObject(root, "max_concurrency", p->max_concurrency);
+    } else {
+        cJSON_AddNullToObject(root, "max_concurrency");
+    }
+    cJSON_AddNumberToObject(root, "duration", s->duration_s);
     cJSON_AddNumberToObject(root, "completed", s->completed);
     cJSON_AddNumberToObject(root, "failed", s->failed);
+    cJSON_AddNumberToObject(root, "total_input_tokens", (double)s->input_tokens);
+    cJSON_AddNumberToObject(root, "total_output_tokens", (double)s->output_tokens);
+    cJSON_AddNumberToObject(root, "request_throughput", s->request_throughput);
+    g = slo ? cJSON_CreateNumber(s->goodput) : cJSON_CreateNull();
+    cJSON_AddItemToObject(root, "request_goodput", g);
+    cJSON_AddNumberToObject(root, "output_throughput", s->output_throughput);
+    cJSON_AddNumberToObject(root, "total_token_throughput", s->total_throughput);
+    cJSON_AddNumberToObject(root, "max_output_tokens_per_s", s->max_output_tps);
+    cJSON_AddNumberToObject(root, "max_concurrent_requests", s->max_concurrent);
+    for (size_t i = 0; i < sizeof(metrics) / sizeof(metrics[0]); ++i) {
+        if (p->pct_metrics & metrics[i].bit) {
+            kvf_bs_json_stat(root, p, metrics[i].name,
+                             (const kvf_bs_stat_t *)((const char *)s + metrics[i].off));
+        }
+    }
+    if (p->detailed) {
+        kvf_bs_json_detail(root, s);
+    }
+    /* kvferry's own */
+    snprintf(url, sizeof(url), "http://%s:%d", p->host, p->port);
+    cJSON_AddStringToObject(root, "url", url);
+    cJSON_AddNumberToObject(root, "random_input_len", p->input_len);
+    cJSON_AddNumberToObject(root, "random_output_len", p->output_len);
+    cJSON_AddNumberToObject(root, "sent", s->sent);
+    cJSON_AddNumberToObject(root, "good", s->good);
+    fails = cJSON_AddObjectToObject(root, "failures");
     for (int k = 0; k < s->num_kinds; ++k) {
         cJSON_AddNumberToObject(fails, s->kinds[k], s->kind_counts[k]);
     }
-    cJSON_AddNumberToObject(root, "good", s->good);
-    cJSON_AddNumberToObject(root, "input_tokens", (double)s->input_tokens);
-    cJSON_AddNumberToObject(root, "output_tokens", (double)s->output_tokens);
-    cJSON_AddNumberToObject(root, "request_throughput", s->request_throughput);
-    cJSON_AddNumberToObject(root, "output_throughput", s->output_throughput);
-    cJSON_AddNumberToObject(root, "total_throughput", s->total_throughput);
-    cJSON_AddNumberToObject(root, "goodput", s->goodput);
     if (s->transfer_share_mean >= 0) {
         cJSON_AddNumberToObject(root, "transfer_share", s->transfer_share_mean);
     } else {
         cJSON_AddNullToObject(root, "transfer_share");
     }
-    kvf_bs_json_stat(root, "ttft_ms", &s->ttft);
-    kvf_bs_json_stat(root, "tpot_ms", &s->tpot);
-    kvf_bs_json_stat(root, "itl_ms", &s->itl);
-    kvf_bs_json_stat(root, "e2e_ms", &s->e2e);
-    text = cJSON_Print(root);
+    return root;
+}
+
+char *kvf_bs_json(const kvf_bs_params_t *p, const kvf_bs_summary_t *s)
+{
+    cJSON *root = kvf_bs_json_obj(p, s, NULL, NULL);
+    char *text = cJSON_Print(root);
+
     cJSON_Delete(root);
     return text;
 }

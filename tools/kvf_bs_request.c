@@ -353,7 +353,7 @@ static void kvf_bs_request(kvf_bs_job_t *job)
     kvf_bs_dechunk_t dc = {0};
     bool headers = false;
     uint64_t deadline;
-    char head[512];
+    char head[1024 + 2 * KVF_CONFIG_STR_MAX];
     int fd, hl;
 
     st.start_ns = kvf_time_now_ns();
@@ -363,10 +363,11 @@ static void kvf_bs_request(kvf_bs_job_t *job)
     if (fd < 0) {
         goto out;
     }
-    hl = snprintf(head, sizeof(head), "POST /v1/completions HTTP/1.1\r\nHost: %s:%d\r\n"
+    hl = snprintf(head, sizeof(head), "POST %s HTTP/1.1\r\nHost: %s:%d\r\n"
                   "Content-Type: application/json\r\nAccept: text/event-stream\r\n"
-                  "Content-Length: %zu\r\nConnection: close\r\n\r\n", p->host, p->port,
-                  strlen(job->body));
+                  "%s%s%sContent-Length: %zu\r\nConnection: close\r\n\r\n", p->endpoint,
+                  p->host, p->port, (p->api_key[0] != '\0') ? "Authorization: Bearer " : "",
+                  p->api_key, (p->api_key[0] != '\0') ? "\r\n" : "", strlen(job->body));
     if ((kvf_bs_send_all(fd, head, (size_t)hl, deadline, res) != 0) ||
         (kvf_bs_send_all(fd, job->body, strlen(job->body), deadline, res) != 0)) {
         goto out_close;
@@ -477,4 +478,109 @@ void *kvf_bs_thread(void *arg)
         sem_post(job->slots);
     }
     return NULL;
+}
+
+/* GET @a path into a malloc'd body (until the server closes); the HTTP status or -1. */
+static int kvf_bs_get(const kvf_bs_params_t *p, const struct addrinfo *ai, const char *path,
+                      char **body_p, kvf_bs_result_t *res)
+{
+    uint64_t deadline = kvf_time_now_ns() + 10000000000ull;
+    kvf_bs_buf_t raw = {0}, body = {0};
+    kvf_bs_dechunk_t dc = {0};
+    char head[512 + 2 * KVF_CONFIG_STR_MAX], *eoh;
+    int fd, hl, code = -1;
+
+    *body_p = NULL;
+    fd = kvf_bs_connect(ai, deadline, res);
+    if (fd < 0) {
+        return -1;
+    }
+    hl = snprintf(head, sizeof(head), "GET %s HTTP/1.1\r\nHost: %s:%d\r\n%s%s%s"
+                  "Connection: close\r\n\r\n", path, p->host, p->port,
+                  (p->api_key[0] != '\0') ? "Authorization: Bearer " : "", p->api_key,
+                  (p->api_key[0] != '\0') ? "\r\n" : "");
+    if (kvf_bs_send_all(fd, head, (size_t)hl, deadline, res) != 0) {
+        goto out_close;
+    }
+    for (;;) {
+        char tmp[4096];
+        ssize_t n = recv(fd, tmp, sizeof(tmp), 0);
+
+        if ((n < 0) && ((errno == EAGAIN) || (errno == EINTR))) {
+            if (kvf_bs_wait(fd, POLLIN, deadline) <= 0) {
+                kvf_bs_fail(res, "timeout", "no answer to GET %s within 10 s", path);
+                goto out_close;
+            }
+            continue;
+        }
+        if ((n <= 0) || (raw.len > (1u << 20)) || (kvf_bs_buf_add(&raw, tmp, (size_t)n) != 0)) {
+            break;
+        }
+    }
+    eoh = (raw.data != NULL) ? strstr(raw.data, "\r\n\r\n") : NULL;
+    if ((eoh == NULL) || (sscanf(raw.data, "HTTP/1.%*d %d", &code) != 1)) {
+        kvf_bs_fail(res, "protocol", "GET %s: not an HTTP response", path);
+        code = -1;
+        goto out_close;
+    }
+    *eoh = '\0';
+    dc.chunked = (strcasestr(raw.data, "\r\ntransfer-encoding: chunked") != NULL);
+    memmove(raw.data, eoh + 4, raw.len - (size_t)(eoh + 4 - raw.data) + 1);
+    raw.len = strlen(raw.data);
+    if ((kvf_bs_dechunk(&dc, &raw, &body) != 0) || (body.data == NULL)) {
+        kvf_bs_fail(res, "protocol", "GET %s: bad body", path);
+        code = -1;
+        goto out_close;
+    }
+    *body_p = body.data;
+    body.data = NULL;
+out_close:
+    close(fd);
+    free(raw.data);
+    free(body.data);
+    return code;
+}
+
+int kvf_bs_fetch_model(kvf_bs_params_t *p)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
+    kvf_bs_result_t res = {0};
+    const cJSON *id;
+    cJSON *root;
+    char port[16], *body = NULL;
+    int code, rc;
+
+    snprintf(port, sizeof(port), "%d", p->port);
+    rc = getaddrinfo(p->host, port, &hints, &ai);
+    if (rc != 0) {
+        kvf_error("cannot resolve %s: %s", p->host, gai_strerror(rc));
+        return -1;
+    }
+    code = kvf_bs_get(p, ai, "/v1/models", &body, &res);
+    freeaddrinfo(ai);
+    if (code != 200) {
+        if (code > 0) {
+            kvf_error("GET http://%s:%d/v1/models answered HTTP %d (give --model NAME)",
+                      p->host, p->port, code);
+        } else {
+            kvf_error("GET http://%s:%d/v1/models failed (%s): %s (give --model NAME)",
+                      p->host, p->port, res.error_kind, res.error);
+        }
+        free(body);
+        return -1;
+    }
+    root = cJSON_Parse(body);
+    free(body);
+    id = cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(root, "data"), 0), "id");
+    if (!cJSON_IsString(id) || (id->valuestring[0] == '\0') ||
+        (strlen(id->valuestring) >= sizeof(p->model))) {
+        kvf_error("GET http://%s:%d/v1/models lists no model id (give --model NAME)", p->host,
+                  p->port);
+        cJSON_Delete(root);
+        return -1;
+    }
+    snprintf(p->model, sizeof(p->model), "%s", id->valuestring);
+    cJSON_Delete(root);
+    return 0;
 }
