@@ -31,7 +31,9 @@
 #endif
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 
 size_t kvf_paged_kv_kernel_block_bytes(const kvf_paged_kv_t *kv)
 {
@@ -125,6 +127,122 @@ int kvf_attn_cache_write(const kvf_device_t *dev, const kvf_paged_kv_t *kv, cons
     return KVF_KERN_OK;
 }
 
+/* Kernel blocks gathered into one CPU tile of the blocked path (its GEMMs are
+ * then up to KVF_ATTN_CPU_KBLOCKS * kernel_block_size wide). */
+#define KVF_ATTN_CPU_KBLOCKS 8
+
+/*
+ * Blocked CPU attention for ascending positions (every chunk the model runs):
+ * per KV head, the queries of its GQA group packed as rows Q[nq][hd]; per
+ * tile of up to KVF_ATTN_CPU_KBLOCKS kernel blocks (each loaded whole,
+ * written slots or not; tiles start at multiples of KVF_ATTN_CPU_KBLOCKS
+ * kernel blocks whatever the call), the scores of every query row that
+ * reaches the tile, kvf_attn_tile_probs (the shared fold) per row, then
+ * acc += P V. The loops run over tile slots (scores, K transposed) and head
+ * dims (P V) innermost so they vectorise, while each element keeps the
+ * scalar fold's summation order (over dims for a score, over slots for the
+ * output): a row's result does not depend on the other rows of the call, so
+ * a chunk and the same tokens one by one agree bit for bit. Rows whose limit
+ * is below the tile start do not read it, as in the per-query path.
+ */
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("O3")))
+#endif
+static int kvf_attn_paged_blocked(const kvf_paged_kv_t *kv, const float *q, int ldq,
+                                  const int32_t *positions, int num_tokens, int q_heads,
+                                  float scale, float *out)
+{
+    const size_t hd = (size_t)kv->head_dim, kbs = (size_t)kv->kernel_block_size;
+    const size_t nkv = (size_t)kv->kv_heads, group = (size_t)q_heads / nkv;
+    const size_t nq = (size_t)num_tokens * group, tw = KVF_ATTN_CPU_KBLOCKS * kbs;
+    const size_t kbb = kvf_paged_kv_kernel_block_bytes(kv);
+    const int nkb = positions[num_tokens - 1] / kv->kernel_block_size + 1;
+    float *scratch, *ktile, *kt, *vtile, *S, *Q, *acc, *m, *l;
+
+    scratch = malloc((3 * tw * hd + nq * tw + 2 * nq * hd + 2 * nq) * sizeof(float));
+    if (scratch == NULL) {
+        return KVF_KERN_ENOMEM;
+    }
+    ktile = scratch;
+    kt = ktile + tw * hd;       /* K transposed: [hd][tw] */
+    vtile = kt + tw * hd;
+    S = vtile + tw * hd;
+    Q = S + nq * tw;
+    acc = Q + nq * hd;
+    m = acc + nq * hd;
+    l = m + nq;
+    for (size_t kh = 0; kh < nkv; ++kh) {
+        int t_first = 0;
+        for (int t = 0; t < num_tokens; ++t) {
+            for (size_t g = 0; g < group; ++g) {
+                memcpy(Q + ((size_t)t * group + g) * hd,
+                       q + (size_t)t * (size_t)ldq + (kh * group + g) * hd, hd * sizeof(float));
+            }
+        }
+        for (size_t i = 0; i < nq; ++i) {
+            m[i] = -INFINITY;
+            l[i] = 0.0f;
+        }
+        memset(acc, 0, nq * hd * sizeof(float));
+        for (int kb0 = 0; kb0 < nkb; kb0 += KVF_ATTN_CPU_KBLOCKS) {
+            const int nb = (nkb - kb0 < KVF_ATTN_CPU_KBLOCKS) ? (nkb - kb0) : KVF_ATTN_CPU_KBLOCKS;
+            const int token0 = kb0 * kv->kernel_block_size;
+            const size_t width = (size_t)nb * kbs;
+            for (int b = 0; b < nb; ++b) {
+                const char *kblock = kvf_attn_kblock(kv, kbb, token0 + b * kv->kernel_block_size);
+                kvf_kern_load(kblock, kv->dtype, kh * kbs * hd, kbs * hd, ktile + b * kbs * hd);
+                kvf_kern_load(kblock, kv->dtype, (nkv + kh) * kbs * hd, kbs * hd,
+                              vtile + b * kbs * hd);
+            }
+            for (size_t j = 0; j < width; ++j) {
+                for (size_t d = 0; d < hd; ++d) {
+                    kt[d * width + j] = ktile[j * hd + d];
+                }
+            }
+            while ((t_first < num_tokens) && (positions[t_first] < token0)) {
+                ++t_first;   /* tile entirely in this query's future: not read */
+            }
+            for (size_t i = (size_t)t_first * group; i < nq; ++i) {
+                float *srow = S + i * tw, *arow = acc + i * hd;
+                const float *qrow = Q + i * hd;
+                float alpha;
+                for (size_t j = 0; j < width; ++j) {
+                    srow[j] = 0.0f;
+                }
+                for (size_t d = 0; d < hd; ++d) {
+                    const float qd = qrow[d];
+                    const float *krow = kt + d * width;
+                    for (size_t j = 0; j < width; ++j) {
+                        srow[j] += qd * krow[j];
+                    }
+                }
+                for (size_t j = 0; j < width; ++j) {
+                    srow[j] *= scale;
+                }
+                alpha = kvf_attn_tile_probs(srow, width, token0, positions[i / group], &m[i],
+                                            &l[i]);
+                for (size_t d = 0; d < hd; ++d) {
+                    arow[d] *= alpha;
+                }
+                for (size_t j = 0; j < width; ++j) {
+                    const float p = srow[j];          /* masked: 0, still 0 * v */
+                    const float *vrow = vtile + j * hd;
+                    for (size_t d = 0; d < hd; ++d) {
+                        arow[d] += p * vrow[d];
+                    }
+                }
+            }
+        }
+        for (size_t i = 0; i < nq; ++i) {
+            size_t t = i / group, g = i % group;
+            kvf_attn_finish(acc + i * hd, l[i], hd,
+                            out + t * (size_t)q_heads * hd + (kh * group + g) * hd);
+        }
+    }
+    free(scratch);
+    return KVF_KERN_OK;
+}
+
 int kvf_attn_paged(const kvf_device_t *dev, const kvf_paged_kv_t *kv, const float *q, int ldq,
                    const int32_t *positions, int num_tokens, int q_heads, float scale,
                    float *out)
@@ -157,6 +275,15 @@ int kvf_attn_paged(const kvf_device_t *dev, const kvf_paged_kv_t *kv, const floa
 #else
         return KVF_KERN_EUNSUPPORTED;
 #endif
+    }
+    {
+        bool ascending = true;
+        for (int t = 1; t < num_tokens; ++t) {
+            ascending = ascending && (positions[t] >= positions[t - 1]);
+        }
+        if (ascending) {
+            return kvf_attn_paged_blocked(kv, q, ldq, positions, num_tokens, q_heads, scale, out);
+        }
     }
     for (int t = 0; t < num_tokens; ++t) {
         max_pos = (positions[t] > max_pos) ? positions[t] : max_pos;

@@ -57,30 +57,49 @@ static inline KVF_HD size_t kvf_attn_row_first(size_t kv_heads, size_t kbs, size
  * (-inf before the first tile), denominator *l, accumulator acc[hd];
  * s[kbs] is scratch.
  */
-static inline KVF_HD void kvf_attn_fold_tile(const float *qv, const void *kt, const void *vt,
-                                             int dtype, size_t kbs, size_t hd, int token0,
-                                             int limit, float scale, float *m, float *l,
-                                             float *acc, float *s)
+/**
+ * The online-softmax step of one tile, from its scaled scores s[j] (j < n,
+ * tile tokens token0 + j, causal limit @a limit): the running max *m moves
+ * to the max over unmasked scores, s[j] becomes the probability
+ * exp(s[j] - m) (SELECTED as 0 for a masked slot), *l = *l * alpha + sum(s).
+ * The tile must hold at least one unmasked token (token0 <= limit).
+ * @return alpha = exp(m_old - m_new), the factor the accumulator is scaled
+ *         by before the tile's p * V is added (0 on the first tile).
+ */
+static inline KVF_HD float kvf_attn_tile_probs(float *s, size_t n, int token0, int limit,
+                                               float *m, float *l)
 {
     float m_new = *m;
-    for (size_t j = 0; j < kbs; ++j) {
-        float dot = 0.0f;
-        for (size_t d = 0; d < hd; ++d) {
-            dot += qv[d] * kvf_hd_load(kt, dtype, j * hd + d);
-        }
-        s[j] = dot * scale;
+    for (size_t j = 0; j < n; ++j) {
         if ((token0 + (int)j <= limit) && (s[j] > m_new)) {
             m_new = s[j];
         }
     }
     float alpha = expf(*m - m_new);   /* 0 on the first tile */
     float lsum = 0.0f;
-    for (size_t j = 0; j < kbs; ++j) {
+    for (size_t j = 0; j < n; ++j) {
         /* masked: 0, whatever the score */
         s[j] = (token0 + (int)j <= limit) ? expf(s[j] - m_new) : 0.0f;
         lsum += s[j];
     }
     *l = *l * alpha + lsum;
+    *m = m_new;
+    return alpha;
+}
+
+static inline KVF_HD void kvf_attn_fold_tile(const float *qv, const void *kt, const void *vt,
+                                             int dtype, size_t kbs, size_t hd, int token0,
+                                             int limit, float scale, float *m, float *l,
+                                             float *acc, float *s)
+{
+    for (size_t j = 0; j < kbs; ++j) {
+        float dot = 0.0f;
+        for (size_t d = 0; d < hd; ++d) {
+            dot += qv[d] * kvf_hd_load(kt, dtype, j * hd + d);
+        }
+        s[j] = dot * scale;
+    }
+    float alpha = kvf_attn_tile_probs(s, kbs, token0, limit, m, l);
     for (size_t d = 0; d < hd; ++d) {
         acc[d] *= alpha;
     }
@@ -89,7 +108,6 @@ static inline KVF_HD void kvf_attn_fold_tile(const float *qv, const void *kt, co
             acc[d] += s[j] * kvf_hd_load(vt, dtype, j * hd + d);   /* masked: 0 * v */
         }
     }
-    *m = m_new;
 }
 
 /** Output of one (query, head): o[d] = acc[d] / l. */

@@ -5,7 +5,8 @@
  * row-major. Bias is pre-broadcast into y and folded in with beta = 1, so
  * the BLAS does a single pass. OpenBLAS is pinned to one thread on first use
  * (pthread_once): TP ranks are threads, and each rank calling a BLAS that
- * spawns its own pool oversubscribes the cores and makes timings noisy.
+ * spawns its own pool oversubscribes the cores and makes timings noisy. An
+ * instance of one rank may give its BLAS more (kvf_gemm_set_threads).
  * On a CUDA device the same call goes to cuBLAS (kvf_gemm_cuda.cu).
  */
 #include "kvf_gemm.h"
@@ -18,10 +19,19 @@
 #include <string.h>
 
 static pthread_once_t kvf_gemm_once = PTHREAD_ONCE_INIT;
+static int kvf_gemm_threads = 1;        /* kvf_gemm_set_threads() */
 
 static void kvf_gemm_init_once(void)
 {
-    openblas_set_num_threads(1);
+    openblas_set_num_threads(__atomic_load_n(&kvf_gemm_threads, __ATOMIC_ACQUIRE));
+}
+
+void kvf_gemm_set_threads(int n)
+{
+    n = (n < 1) ? 1 : n;
+    __atomic_store_n(&kvf_gemm_threads, n, __ATOMIC_RELEASE);
+    pthread_once(&kvf_gemm_once, kvf_gemm_init_once);
+    openblas_set_num_threads(n);
 }
 
 int kvf_gemm_ex(const kvf_device_t *dev, int M, int N, int K, const float *x, int ldx,

@@ -20,6 +20,14 @@ extern "C" {
 #endif
 
 /**
+ * Threads of the CPU BLAS for every later GEMM of the process (default 1).
+ * For an instance whose TP is 1 (one rank thread): the cores go to the BLAS
+ * instead; with TP > 1 keep 1 (each rank is a thread already). @a n < 1
+ * counts as 1.
+ */
+void kvf_gemm_set_threads(int n);
+
+/**
  * y[M][N] = x[M][K] * W[N][K]^T + bias[N] (bias broadcast over rows).
  *
  * @param [in]  dev   NULL, the CPU or a CUDA device.

@@ -97,6 +97,7 @@ typedef struct {
     /* generate */
     char   prompt[KVF_CONFIG_STR_MAX];   /* the config table type: up to 255 bytes */
     char   prompt_file[KVF_CONFIG_STR_MAX];
+    char   prompt_ids[KVF_CONFIG_STR_MAX];
     int    max_tokens;
     double temperature;
     int    seed;
@@ -129,10 +130,14 @@ typedef struct {
 
 static const kvf_config_field_t kvf_generate_table[] = {
     KVF_ENGINE_FIELDS,
-    {"PROMPT", "Hello", "prompt text (byte tokenizer)",
+    {"PROMPT", "Hello", "prompt text, encoded with the model's tokenizer.json (byte-level BPE; "
+     "kvf mkmodel's models declare the 256-byte vocabulary)",
      offsetof(kvf_gen_opts_t, prompt), KVF_CONFIG_TYPE_STRING, 0},
     {"PROMPT_FILE", "", "read the prompt from this file instead (any length)",
      offsetof(kvf_gen_opts_t, prompt_file), KVF_CONFIG_TYPE_STRING, 0},
+    {"PROMPT_IDS", "", "the prompt as token ids, comma list, instead of text: no tokenizer "
+     "needed, so a checkpoint without tokenizer.json runs (output: the tokens line alone)",
+     offsetof(kvf_gen_opts_t, prompt_ids), KVF_CONFIG_TYPE_STRING, 0},
     {"MAX_TOKENS", "64", "tokens to generate",
      offsetof(kvf_gen_opts_t, max_tokens), KVF_CONFIG_TYPE_INT, 0},
     {"TEMPERATURE", "0", "sampling temperature (0: greedy)",
@@ -218,6 +223,57 @@ static char *kvf_read_text(const char *path, size_t *len_p)
     return buf;
 }
 
+/* --prompt-ids: run the ids, print the tokens line (no tokenizer, no text). 0, or 1 (logged). */
+static int kvf_generate_ids(const kvf_gen_opts_t *o, kvf_engine_h eng)
+{
+    const int vocab = kvf_engine_model_config(eng)->vocab_size;
+    int32_t ids[KVF_CONFIG_STR_MAX];
+    kvf_req_params_t rp = {0};
+    kvf_engine_event_t ev[256];
+    kvf_req_info_t info;
+    char buf[KVF_CONFIG_STR_MAX];
+    uint64_t id;
+    int n = 0, ne;
+
+    snprintf(buf, sizeof(buf), "%s", o->prompt_ids);
+    for (char *save = NULL, *t = strtok_r(buf, ", ", &save); t != NULL;
+         t = strtok_r(NULL, ", ", &save)) {
+        char *end;
+        long v = strtol(t, &end, 10);
+        if ((end == t) || (*end != '\0') || (v < 0) || (v >= vocab)) {
+            kvf_error("bad value '%s' for --prompt-ids: '%s' is not a token id in [0, %d)",
+                      o->prompt_ids, t, vocab);
+            return 1;
+        }
+        ids[n++] = (int32_t)v;
+    }
+    if (n == 0) {
+        kvf_error("bad value '%s' for --prompt-ids: no token id", o->prompt_ids);
+        return 1;
+    }
+    rp.prompt = ids;
+    rp.prompt_len = n;
+    rp.sampling.max_tokens = o->max_tokens;
+    rp.sampling.temperature = (float)o->temperature;
+    rp.sampling.seed = (uint64_t)(unsigned)o->seed;
+    rp.sampling.ignore_eos = o->ignore_eos;
+    if (kvf_engine_add_request(eng, &rp, &id) != KVF_OK) {
+        return 1;
+    }
+    while (kvf_engine_has_work(eng)) {
+        if (kvf_engine_step(eng, ev, 256, &ne) != KVF_OK) {
+            return 1;
+        }
+    }
+    (void)kvf_engine_request_info(eng, id, &info);
+    printf("tokens:");
+    for (int i = info.prompt_len; i < info.num_tokens; ++i) {
+        printf(" %d", info.tokens[i]);
+    }
+    printf("\n");
+    return 0;
+}
+
 int kvf_cmd_generate(int argc, char **argv)
 {
     kvf_gen_opts_t o;
@@ -245,6 +301,10 @@ int kvf_cmd_generate(int argc, char **argv)
         return rc;
     }
     rc = 1;
+    if (o.prompt_ids[0] != '\0') {
+        rc = kvf_generate_ids(&o, eng);
+        goto out;
+    }
     if (kvf_tokenizer_load(o.model, kvf_engine_model_config(eng), &tok) != KVF_OK) {
         goto out;
     }
@@ -323,15 +383,17 @@ out:
 
 /* ---- bench-model ---------------------------------------------------------------- */
 
-/* Resident set size of this process, bytes (0 when /proc is unreadable). */
-static size_t kvf_rss_bytes(void)
+/* A /proc/self/status size of this process, bytes: "VmRSS" (resident now) or
+ * "VmHWM" (peak resident); 0 when /proc is unreadable. */
+static size_t kvf_proc_bytes(const char *field)
 {
     FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
+    char line[256], fmt[64];
     size_t kb = 0;
 
+    snprintf(fmt, sizeof(fmt), "%s: %%zu kB", field);
     while ((f != NULL) && (fgets(line, sizeof(line), f) != NULL)) {
-        if (sscanf(line, "VmRSS: %zu kB", &kb) == 1) {
+        if (sscanf(line, fmt, &kb) == 1) {
             break;
         }
     }
@@ -344,19 +406,26 @@ static size_t kvf_rss_bytes(void)
 /* Load the weights alone once and print what they occupy against the files. */
 static int kvf_bench_weights(const kvf_gen_opts_t *o)
 {
-    size_t rss0 = kvf_rss_bytes(), rss1;
+    size_t rss0 = kvf_proc_bytes("VmRSS"), rss1, peak;
     kvf_model_h model;
 
     if (kvf_model_load(o->model, o->tp, &model) != KVF_OK) {
         return -1;
     }
-    rss1 = kvf_rss_bytes();
+    rss1 = kvf_proc_bytes("VmRSS");
+    peak = kvf_proc_bytes("VmHWM");
     printf("weights: %.2f MiB held (%s), RSS +%.2f MiB, checkpoint %.2f MiB in %d file%s\n",
            (double)kvf_model_weight_bytes(model) / 1048576.0,
            kvf_dtype_name(kvf_model_get_config(model)->torch_dtype),
            (double)(rss1 > rss0 ? rss1 - rss0 : 0) / 1048576.0,
            (double)kvf_model_file_bytes(model) / 1048576.0, kvf_model_num_files(model),
            (kvf_model_num_files(model) == 1) ? "" : "s");
+    /* peak over the load above the process before it (libraries, CUDA/UCX runtimes):
+     * the file's mapped pages plus the copy made of them */
+    printf("load: peak RSS %.2f MiB (%.2f MiB before loading) = %.2f x the checkpoint file"
+           " size above that\n", (double)peak / 1048576.0, (double)rss0 / 1048576.0,
+           (double)(peak > rss0 ? peak - rss0 : 0) /
+           (double)(kvf_model_file_bytes(model) ? kvf_model_file_bytes(model) : 1));
     kvf_model_destroy(model);
     return 0;
 }
@@ -431,6 +500,8 @@ int kvf_cmd_bench_model(int argc, char **argv)
            o.model, o.tp, o.batch, (unsigned long long)prefill_tok,
            t_prefill > 0 ? (double)prefill_tok / t_prefill : 0.0, (unsigned long long)decode_tok,
            t_decode > 0 ? (double)decode_tok / t_decode : 0.0);
+    printf("run: peak RSS %.2f MiB (weights, KV pool and workspaces)\n",
+           (double)kvf_proc_bytes("VmHWM") / 1048576.0);
     rc = 0;
 out:
     free(prompt);

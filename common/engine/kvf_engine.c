@@ -15,6 +15,7 @@
 #include "kvf_contract.h"
 #include "kvf_time.h"
 #include "kvf_log.h"
+#include "kvf_gemm.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -96,6 +97,13 @@ kvf_status_t kvf_engine_create(const kvf_engine_params_t *params, kvf_engine_h *
                   e->sched.max_batch_tokens, e->sched.max_seqs);
         status = KVF_ERR_INVALID_PARAM;
         goto err;
+    }
+    {
+        /* TP 1: one rank thread, so the BLAS may have the cores (KVF_BLAS_THREADS,
+         * default 1); TP > 1: each rank is a thread already, its BLAS one */
+        const char *env = getenv("KVF_BLAS_THREADS");
+        int blas = (env != NULL) ? atoi(env) : 1;
+        kvf_gemm_set_threads((params->tp_size == 1) ? blas : 1);
     }
     status = kvf_model_load(params->model_dir, params->tp_size, &e->model);
     if (status != KVF_OK) {

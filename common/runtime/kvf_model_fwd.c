@@ -174,6 +174,19 @@ static kvf_status_t kvf_reduce_residual(const kvf_rank_ctx_t *ctx, struct kvf_mo
     return status;
 }
 
+/* bf16 -> fp32 of n values: a shift each, vectorised (the decode step widens
+ * every weight once per token, so this loop is most of a small-batch step). */
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("O3")))
+#endif
+static void kvf_widen_bf16(const uint16_t *restrict src, size_t n, float *restrict dst)
+{
+    for (size_t i = 0; i < n; ++i) {
+        uint32_t u = (uint32_t)src[i] << 16;   /* kvf_bf16_to_fp32, bit for bit */
+        memcpy(&dst[i], &u, sizeof(u));
+    }
+}
+
 /*
  * y[M][w->rows] (row stride ldy) = x[M][w->cols] (stride ldx) * W^T + bias.
  * fp32 matrices go straight to the BLAS; bf16/fp16 ones are widened a tile
@@ -200,10 +213,7 @@ static int kvf_mat_gemm(const kvf_device_t *dev, struct kvf_model_ws *ws, int M,
         int n = (w->rows - r0 < tile) ? (w->rows - r0) : tile;
         size_t first = (size_t)r0 * (size_t)K, cnt = (size_t)n * (size_t)K;
         if (w->dtype == KVF_DTYPE_BF16) {
-            const uint16_t *src = (const uint16_t *)w->data + first;
-            for (size_t i = 0; i < cnt; ++i) {
-                ws->tile[i] = kvf_bf16_to_fp32(src[i]);
-            }
+            kvf_widen_bf16((const uint16_t *)w->data + first, cnt, ws->tile);
         } else {
             for (size_t i = 0; i < cnt; ++i) {
                 ws->tile[i] = kvf_dtype_load(w->data, w->dtype, first + i);
