@@ -226,8 +226,9 @@ static char *kvf_read_text(const char *path, size_t *len_p)
 /* --prompt-ids: run the ids, print the tokens line (no tokenizer, no text). 0, or 1 (logged). */
 static int kvf_generate_ids(const kvf_gen_opts_t *o, kvf_engine_h eng)
 {
-    const int vocab = kvf_engine_model_config(eng)->vocab_size;
-    int32_t ids[KVF_CONFIG_STR_MAX];
+    const kvf_model_config_t *cfg = kvf_engine_model_config(eng);
+    const int vocab = cfg->vocab_size;
+    int32_t ids[KVF_CONFIG_STR_MAX + 1];
     kvf_req_params_t rp = {0};
     kvf_engine_event_t ev[256];
     kvf_req_info_t info;
@@ -235,6 +236,9 @@ static int kvf_generate_ids(const kvf_gen_opts_t *o, kvf_engine_h eng)
     uint64_t id;
     int n = 0, ne;
 
+    if (o->add_bos && (cfg->bos_token_id >= 0)) {
+        ids[n++] = cfg->bos_token_id;   /* as a text prompt gets it */
+    }
     snprintf(buf, sizeof(buf), "%s", o->prompt_ids);
     for (char *save = NULL, *t = strtok_r(buf, ", ", &save); t != NULL;
          t = strtok_r(NULL, ", ", &save)) {
@@ -247,7 +251,7 @@ static int kvf_generate_ids(const kvf_gen_opts_t *o, kvf_engine_h eng)
         }
         ids[n++] = (int32_t)v;
     }
-    if (n == 0) {
+    if (n == ((o->add_bos && (cfg->bos_token_id >= 0)) ? 1 : 0)) {
         kvf_error("bad value '%s' for --prompt-ids: no token id", o->prompt_ids);
         return 1;
     }
@@ -306,6 +310,7 @@ int kvf_cmd_generate(int argc, char **argv)
         goto out;
     }
     if (kvf_tokenizer_load(o.model, kvf_engine_model_config(eng), &tok) != KVF_OK) {
+        kvf_error("kvf generate: without a tokenizer, give the prompt as --prompt-ids");
         goto out;
     }
     if (o.prompt_file[0] != '\0') {
@@ -383,17 +388,15 @@ out:
 
 /* ---- bench-model ---------------------------------------------------------------- */
 
-/* A /proc/self/status size of this process, bytes: "VmRSS" (resident now) or
- * "VmHWM" (peak resident); 0 when /proc is unreadable. */
-static size_t kvf_proc_bytes(const char *field)
+/* Resident set size of this process, bytes (0 when /proc is unreadable). */
+static size_t kvf_rss_bytes(void)
 {
     FILE *f = fopen("/proc/self/status", "r");
-    char line[256], fmt[64];
+    char line[256];
     size_t kb = 0;
 
-    snprintf(fmt, sizeof(fmt), "%s: %%zu kB", field);
     while ((f != NULL) && (fgets(line, sizeof(line), f) != NULL)) {
-        if (sscanf(line, fmt, &kb) == 1) {
+        if (sscanf(line, "VmRSS: %zu kB", &kb) == 1) {
             break;
         }
     }
@@ -406,26 +409,19 @@ static size_t kvf_proc_bytes(const char *field)
 /* Load the weights alone once and print what they occupy against the files. */
 static int kvf_bench_weights(const kvf_gen_opts_t *o)
 {
-    size_t rss0 = kvf_proc_bytes("VmRSS"), rss1, peak;
+    size_t rss0 = kvf_rss_bytes(), rss1;
     kvf_model_h model;
 
     if (kvf_model_load(o->model, o->tp, &model) != KVF_OK) {
         return -1;
     }
-    rss1 = kvf_proc_bytes("VmRSS");
-    peak = kvf_proc_bytes("VmHWM");
+    rss1 = kvf_rss_bytes();
     printf("weights: %.2f MiB held (%s), RSS +%.2f MiB, checkpoint %.2f MiB in %d file%s\n",
            (double)kvf_model_weight_bytes(model) / 1048576.0,
            kvf_dtype_name(kvf_model_get_config(model)->torch_dtype),
            (double)(rss1 > rss0 ? rss1 - rss0 : 0) / 1048576.0,
            (double)kvf_model_file_bytes(model) / 1048576.0, kvf_model_num_files(model),
            (kvf_model_num_files(model) == 1) ? "" : "s");
-    /* peak over the load above the process before it (libraries, CUDA/UCX runtimes):
-     * the file's mapped pages plus the copy made of them */
-    printf("load: peak RSS %.2f MiB (%.2f MiB before loading) = %.2f x the checkpoint file"
-           " size above that\n", (double)peak / 1048576.0, (double)rss0 / 1048576.0,
-           (double)(peak > rss0 ? peak - rss0 : 0) /
-           (double)(kvf_model_file_bytes(model) ? kvf_model_file_bytes(model) : 1));
     kvf_model_destroy(model);
     return 0;
 }
@@ -500,8 +496,6 @@ int kvf_cmd_bench_model(int argc, char **argv)
            o.model, o.tp, o.batch, (unsigned long long)prefill_tok,
            t_prefill > 0 ? (double)prefill_tok / t_prefill : 0.0, (unsigned long long)decode_tok,
            t_decode > 0 ? (double)decode_tok / t_decode : 0.0);
-    printf("run: peak RSS %.2f MiB (weights, KV pool and workspaces)\n",
-           (double)kvf_proc_bytes("VmHWM") / 1048576.0);
     rc = 0;
 out:
     free(prompt);
