@@ -388,15 +388,17 @@ out:
 
 /* ---- bench-model ---------------------------------------------------------------- */
 
-/* Resident set size of this process, bytes (0 when /proc is unreadable). */
-static size_t kvf_rss_bytes(void)
+/* A /proc/self/status size of this process, bytes: "VmRSS" (resident now) or
+ * "VmHWM" (peak resident); 0 when /proc is unreadable. */
+static size_t kvf_proc_bytes(const char *field)
 {
     FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
+    char line[256], fmt[64];
     size_t kb = 0;
 
+    snprintf(fmt, sizeof(fmt), "%s: %%zu kB", field);
     while ((f != NULL) && (fgets(line, sizeof(line), f) != NULL)) {
-        if (sscanf(line, "VmRSS: %zu kB", &kb) == 1) {
+        if (sscanf(line, fmt, &kb) == 1) {
             break;
         }
     }
@@ -409,19 +411,26 @@ static size_t kvf_rss_bytes(void)
 /* Load the weights alone once and print what they occupy against the files. */
 static int kvf_bench_weights(const kvf_gen_opts_t *o)
 {
-    size_t rss0 = kvf_rss_bytes(), rss1;
+    size_t rss0 = kvf_proc_bytes("VmRSS"), rss1, peak;
     kvf_model_h model;
 
     if (kvf_model_load(o->model, o->tp, &model) != KVF_OK) {
         return -1;
     }
-    rss1 = kvf_rss_bytes();
+    rss1 = kvf_proc_bytes("VmRSS");
+    peak = kvf_proc_bytes("VmHWM");
     printf("weights: %.2f MiB held (%s), RSS +%.2f MiB, checkpoint %.2f MiB in %d file%s\n",
            (double)kvf_model_weight_bytes(model) / 1048576.0,
            kvf_dtype_name(kvf_model_get_config(model)->torch_dtype),
            (double)(rss1 > rss0 ? rss1 - rss0 : 0) / 1048576.0,
            (double)kvf_model_file_bytes(model) / 1048576.0, kvf_model_num_files(model),
            (kvf_model_num_files(model) == 1) ? "" : "s");
+    /* peak over the load above the process before it (libraries, CUDA/UCX runtimes):
+     * the file's mapped pages plus the copy made of them */
+    printf("load: peak RSS %.2f MiB (%.2f MiB before loading) = %.2f x the checkpoint file"
+           " size above that\n", (double)peak / 1048576.0, (double)rss0 / 1048576.0,
+           (double)(peak > rss0 ? peak - rss0 : 0) /
+           (double)(kvf_model_file_bytes(model) ? kvf_model_file_bytes(model) : 1));
     kvf_model_destroy(model);
     return 0;
 }
@@ -496,6 +505,8 @@ int kvf_cmd_bench_model(int argc, char **argv)
            o.model, o.tp, o.batch, (unsigned long long)prefill_tok,
            t_prefill > 0 ? (double)prefill_tok / t_prefill : 0.0, (unsigned long long)decode_tok,
            t_decode > 0 ? (double)decode_tok / t_decode : 0.0);
+    printf("run: peak RSS %.2f MiB (weights, KV pool and workspaces)\n",
+           (double)kvf_proc_bytes("VmHWM") / 1048576.0);
     rc = 0;
 out:
     free(prompt);
