@@ -83,6 +83,7 @@ typedef struct {
     /* TTFT breakdown (ServeTiming), sent with the first reply */
     Kvf__ServeTiming timing;
     bool             timing_sent;
+    bool             aborted;      /* answered "abort"; its GETs still land (then it goes) */
     uint64_t         arrival_ns;   /* DecodeRequest received */
     uint64_t         landed_ns;    /* latest rank's last GET landed */
     uint64_t         committed_ns; /* import committed: decoding may start */
@@ -418,7 +419,13 @@ static int kvf_dc_advance_pulls(kvf_decode_server_h srv)
             continue;
         }
         status = kvf_dc_pull_advance(&srv->px, &imp->pull);
-        if (status != KVF_INPROGRESS) {
+        if (srv->reqs[i].aborted && ((status != KVF_INPROGRESS) ||
+                                     !kvf_dc_pull_on_wire(&imp->pull))) {
+            kvf_dc_import_free(srv, &srv->reqs[i]);   /* nothing lands any more: abandoned */
+            kvf_engine_abort(srv->engine, srv->reqs[i].engine_req);
+            kvf_engine_release(srv->engine, srv->reqs[i].engine_req);
+            kvf_dc_remove(srv, i);
+        } else if (status != KVF_INPROGRESS) {
             kvf_dc_pull_end(srv, i, status);
         } else {
             on_wire += kvf_dc_pull_on_wire(&imp->pull);
@@ -657,7 +664,14 @@ static void kvf_dc_abort(kvf_decode_server_h srv, const Kvf__AbortRequest *ar)
 {
     const char *rid = (ar->request_id != NULL) ? ar->request_id : "";
     for (int i = 0; i < srv->num_reqs; ++i) {
-        if (strcmp(srv->reqs[i].request_id, rid) == 0) {
+        if (!srv->reqs[i].aborted && (strcmp(srv->reqs[i].request_id, rid) == 0)) {
+            if ((srv->reqs[i].imp != NULL) && kvf_dc_pull_on_wire(&srv->reqs[i].imp->pull)) {
+                /* GETs in flight: answered now, abandoned once they landed (cancelling them
+                 * would wait on the network or force-close endpoints other pulls share) */
+                srv->reqs[i].aborted = true;
+                kvf_dc_reply_tokens(srv, &srv->reqs[i], NULL, 0, true, "abort");
+                return;
+            }
             kvf_dc_import_free(srv, &srv->reqs[i]);   /* a pull in flight is abandoned */
             kvf_engine_abort(srv->engine, srv->reqs[i].engine_req);
             kvf_engine_release(srv->engine, srv->reqs[i].engine_req);
