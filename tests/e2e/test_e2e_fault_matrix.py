@@ -22,6 +22,9 @@ Rows and how each is driven:
                              garbage remote keys)
   side-channel-silent        prefill side.reply=drop (accepts, never answers)
   abort-queued/pulling/decoding  the client leaves at each stage
+  kv-corrupt                 decode ucx.data@1+=corrupt (a landed byte flipped in
+                             every pull): prefill's digest check answers corrupt,
+                             decode recomputes; N of N caught, colocated tokens
 
 Usage: test_e2e_fault_matrix.py [ROW ...]   (default: every row)
 """
