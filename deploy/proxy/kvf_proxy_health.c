@@ -62,6 +62,8 @@ cJSON *kvf_proxy_pool_health_json(kvf_proxy_pool_h pool)
             cJSON_AddNumberToObject(o, "expired_lease_reads_prevented",
                                     (double)info.expired_reads_prevented);
             cJSON_AddNumberToObject(o, "quarantined_blocks", (double)info.quarantined_blocks);
+            cJSON_AddNumberToObject(o, "auth_refusals_serve", (double)info.auth_refusals_serve);
+            cJSON_AddNumberToObject(o, "auth_refusals_side", (double)info.auth_refusals_side);
             cJSON_AddNumberToObject(o, "last_ok_age_ms", (double)info.last_ok_age_ms);
             cJSON_AddNumberToObject(o, "probes_failed", (double)info.probes_failed);
             cJSON_AddNumberToObject(o, "restarts", (double)info.restarts);
@@ -162,6 +164,11 @@ void kvf_proxy_pool_render_metrics(kvf_proxy_pool_h pool, FILE *out)
         {"kvf_instance_prefill_tokens_per_second", "gauge",
          "Prefill: recent prefill rate (EWMA over probe intervals) admission divides by.",
          false},
+        {"kvf_instance_auth_refusals_serve_total", "counter",
+         "Peers the key check of the instance's control channel refused (docs/SECURITY.md).",
+         false},
+        {"kvf_instance_auth_refusals_side_total", "counter",
+         "Prefill: peers the key check of its side channel refused (docs/SECURITY.md).", false},
     };
     int n = pool->count[0] + pool->count[1];
     kvf_proxy_instance_info_t *infos = calloc((size_t)(n > 0 ? n : 1), sizeof(*infos));
@@ -185,7 +192,8 @@ void kvf_proxy_pool_render_metrics(kvf_proxy_pool_h pool, FILE *out)
                                 f->handshake_refusals, f->peer_errors, f->probes_failed,
                                 f->restarts, f->releases_refused, f->expired_reads_prevented,
                                 f->quarantined_blocks, f->outstanding,
-                                kvf_proxy_route_queued(f), (uint64_t)f->prefill_rate_recent};
+                                kvf_proxy_route_queued(f), (uint64_t)f->prefill_rate_recent,
+                                f->auth_refusals_serve, f->auth_refusals_side};
                 /* Live gauges of an instance that does not answer would be
                  * stale: left out until it is healthy again. */
                 if (g[m].live && !(f->healthy && f->connected)) {

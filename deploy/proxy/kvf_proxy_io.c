@@ -205,6 +205,8 @@ static void kvf_proxy_io_health_reply(struct kvf_proxy_pool *pool, kvf_proxy_ins
     info->releases_refused = h->releases_refused;
     info->expired_reads_prevented = h->expired_reads_prevented;
     info->quarantined_blocks = h->quarantined_blocks;
+    info->auth_refusals_serve = h->auth_refusals_serve;
+    info->auth_refusals_side = h->auth_refusals_side;
     if (h->draining && !info->draining) {
         kvf_info("%s instance %s (engine %s) is draining: no new requests go to it", want,
                  inst->url, info->engine_id);

@@ -85,6 +85,8 @@ typedef struct kvf_proxy_instance_info {
     uint64_t releases_refused;       /* prefill: lease operations refused */
     uint64_t expired_reads_prevented;/* reads not trusted because the lease expired */
     uint64_t quarantined_blocks;     /* prefill: blocks quarantined before reuse */
+    uint64_t auth_refusals_serve;    /* peers its control channel's key check refused */
+    uint64_t auth_refusals_side;     /* prefill: peers its side channel's key check refused */
     int64_t  last_ok_age_ms;         /* since the last answered probe; -1: never */
     uint64_t probes_failed;
     char     last_error[256];        /* why it is unhealthy; "" when healthy */

@@ -127,11 +127,15 @@ def main():
         print("refusals counted: prefill control +%d (keyed attempts %d), side +%d (%d); "
               "decode control +%d (%d)" % (p1[0] - p0[0], keyed_serve_p, p1[1] - p0[1],
                                            keyed_side, d1[0] - d0[0], keyed_serve_d))
-        # the proxy's /metrics shows them per instance, where the proxy exports the field
-        m = pool.metrics()
-        exported = m.sum("kvf_instance_auth_refusals_total")
-        if exported:
-            assert exported >= keyed_serve_p + keyed_serve_d, exported
+        # the proxy's /metrics shows them per instance (the last health probe's values)
+        def exported():
+            m = pool.metrics()
+            return (m.sum("kvf_instance_auth_refusals_serve_total"),
+                    m.sum("kvf_instance_auth_refusals_side_total"))
+        wait_for(lambda: exported()[0] >= keyed_serve_p + keyed_serve_d and
+                 exported()[1] >= keyed_side, 10, "refusals in the proxy's /metrics")
+        print("proxy /metrics: kvf_instance_auth_refusals_serve_total %d, _side_total %d"
+              % exported())
         # a refused peer is logged once, not once per attempt
         log = pool.log("prefill-0")
         assert "refused" in log and "logged once" in log, log[-2000:]
