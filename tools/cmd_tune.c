@@ -2,11 +2,17 @@
  * kvf tune: which layout serves this workload best here. For each candidate
  * layout and instance count that fits the budget (ranks: CPU threads here,
  * GPUs where present) and that the planner does not refuse, start a pool
- * with kvf-up, run the kvf bench-serve engine at each rate, stop the pool,
- * and rank the candidates by goodput (then by TTFT p50). Writes a ranked
- * table on stdout, tune.json and tune.csv (one row per candidate and rate),
- * and tune.png (output throughput against TTFT p50 and TPOT p50 per layout)
- * when gnuplot is installed.
+ * with kvf-up, search for the highest request rate at which the pool meets
+ * the SLO (at least --slo-percent of the requests succeed within
+ * --slo-ttft-ms and --slo-tpot-ms): the rate doubles from --rate-start
+ * while the SLO holds (up to --rate-max), then --search-steps bisections
+ * between the last rate that held and the first that did not; --rates
+ * instead runs a fixed list. Stop the pool, rank the candidates by that
+ * rate (then goodput, then TTFT p50). Writes a ranked table on stdout,
+ * tune.json and tune.csv (one row per candidate and rate), and tune.png
+ * (goodput against request rate per layout with the SLO line goodput =
+ * slo-percent x rate, and TTFT p99 against rate with the TTFT SLO) when
+ * gnuplot is installed.
  *
  * Rejected: timing each candidate in its own process tree by shelling out
  * to kvf bench-serve (the engine is linked in, so the numbers come back as
@@ -24,6 +30,7 @@
 #include <errno.h>
 #include <libgen.h>
 #include <limits.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,7 +40,7 @@
 #include <unistd.h>
 
 #define KVF_TUNE_MAX_CAND  32
-#define KVF_TUNE_MAX_RATES 8
+#define KVF_TUNE_MAX_RATES 16
 
 typedef struct {
     char   model[KVF_CONFIG_STR_MAX];
@@ -41,6 +48,10 @@ typedef struct {
     char   instances[KVF_CONFIG_STR_MAX];
     int    budget;
     char   rates[KVF_CONFIG_STR_MAX];
+    double rate_start, rate_max;
+    int    search_steps;
+    double slo_percent;
+    int    max_concurrency;
     int    num_requests;
     int    input_len, output_len;
     int    warmup;
@@ -63,9 +74,19 @@ static const kvf_config_field_t kvf_tune_table[] = {
      KVF_TUNE_OFF(instances), KVF_CONFIG_TYPE_STRING, 0},
     {"BUDGET", "8", "ranks a pool may use in all (CPU threads here, GPUs where present)",
      KVF_TUNE_OFF(budget), KVF_CONFIG_TYPE_INT, 0},
-    {"RATES", "2,4,8", "request rates to try, requests/s (Poisson)",
-     KVF_TUNE_OFF(rates), KVF_CONFIG_TYPE_STRING, 0},
-    {"NUM_REQUESTS", "16", "measured requests per rate",
+    {"RATES", "", "a fixed list of request rates to run, requests/s (Poisson); empty: search "
+     "for the highest rate that meets the SLO", KVF_TUNE_OFF(rates), KVF_CONFIG_TYPE_STRING, 0},
+    {"RATE_START", "8", "search: the first rate, requests/s (doubled while the SLO holds)",
+     KVF_TUNE_OFF(rate_start), KVF_CONFIG_TYPE_DOUBLE, 0},
+    {"RATE_MAX", "512", "search: the highest rate tried, requests/s",
+     KVF_TUNE_OFF(rate_max), KVF_CONFIG_TYPE_DOUBLE, 0},
+    {"SEARCH_STEPS", "3", "search: bisections between the last rate that met the SLO and the "
+     "first that did not", KVF_TUNE_OFF(search_steps), KVF_CONFIG_TYPE_INT, 0},
+    {"SLO_PERCENT", "90", "a rate meets the SLO when at least this share of its requests (%) "
+     "succeed within every SLO", KVF_TUNE_OFF(slo_percent), KVF_CONFIG_TYPE_DOUBLE, 0},
+    {"MAX_CONCURRENCY", "0", "requests in flight at most (0: unlimited, so a rate above "
+     "capacity queues)", KVF_TUNE_OFF(max_concurrency), KVF_CONFIG_TYPE_INT, 0},
+    {"NUM_REQUESTS", "40", "measured requests per rate",
      KVF_TUNE_OFF(num_requests), KVF_CONFIG_TYPE_INT, 0},
     {"INPUT_LEN", "64", "prompt tokens per request", KVF_TUNE_OFF(input_len),
      KVF_CONFIG_TYPE_INT, 0},
@@ -73,9 +94,9 @@ static const kvf_config_field_t kvf_tune_table[] = {
      KVF_CONFIG_TYPE_INT, 0},
     {"WARMUP", "1", "warm-up requests per pool (not counted)", KVF_TUNE_OFF(warmup),
      KVF_CONFIG_TYPE_INT, 0},
-    {"SLO_TTFT_MS", "1000", "goodput SLO on time to first token, ms (0: none)",
+    {"SLO_TTFT_MS", "300", "goodput SLO on time to first token, ms (0: none)",
      KVF_TUNE_OFF(slo_ttft_ms), KVF_CONFIG_TYPE_DOUBLE, 0},
-    {"SLO_TPOT_MS", "100", "goodput SLO on time per output token, ms (0: none)",
+    {"SLO_TPOT_MS", "50", "goodput SLO on time per output token, ms (0: none)",
      KVF_TUNE_OFF(slo_tpot_ms), KVF_CONFIG_TYPE_DOUBLE, 0},
     {"OUT_DIR", "kvf-tune", "folder for tune.json, tune.csv, tune.png and the pools' run dirs",
      KVF_TUNE_OFF(out_dir), KVF_CONFIG_TYPE_STRING, 0},
@@ -94,6 +115,7 @@ typedef struct {
     double rate;
     kvf_bs_summary_t s;
     bool   ran;
+    bool   meets;                       /* --slo-percent of the requests within the SLO */
 } kvf_tune_point_t;
 
 typedef struct {
@@ -107,7 +129,8 @@ typedef struct {
     bool              ran;
     int               num_points;
     kvf_tune_point_t  pts[KVF_TUNE_MAX_RATES];
-    int               best;             /* index into pts: highest goodput */
+    int               best;             /* index into pts: highest rate meeting the SLO */
+    double            max_rate;         /* highest rate that met the SLO (0: none) */
 } kvf_tune_cand_t;
 
 /* Run argv, wait, capture stdout (up to cap - 1 bytes); the exit code or -1. */
@@ -266,6 +289,81 @@ static int kvf_tune_candidates(const kvf_tune_opts_t *o, const kvf_model_config_
     return 0;
 }
 
+/* Run one rate on the pool into the next point: 1 met the SLO, 0 did not, -1 could not run. */
+static int kvf_tune_point(const kvf_tune_opts_t *o, kvf_tune_cand_t *k, kvf_bs_params_t *p,
+                          double rate)
+{
+    kvf_tune_point_t *pt = &k->pts[k->num_points];
+    const kvf_bs_summary_t *s = &pt->s;
+
+    p->request_rate = rate;
+    p->warmup = (k->num_points == 0) ? o->warmup : 0;
+    p->seed = (uint64_t)k->num_points;
+    pt->rate = rate;
+    if (kvf_bs_run(p, &pt->s) != 0) {
+        snprintf(k->why, sizeof(k->why), "bench-serve could not run at %g req/s", rate);
+        return -1;
+    }
+    pt->ran = true;
+    pt->meets = (s->sent > 0) && (100.0 * s->good >= o->slo_percent * s->sent);
+    k->num_points++;
+    k->ran = true;
+    if (pt->meets && (rate > k->max_rate)) {
+        k->max_rate = rate;
+    }
+    fprintf(stderr, "kvf tune: %s: %g req/s: %d of %d within the SLO, goodput %.2f req/s, "
+            "TTFT p99 %.0f ms: %s\n", k->name, rate, s->good, s->sent, s->goodput, s->ttft.p99,
+            pt->meets ? "meets the SLO" : "misses the SLO");
+    return pt->meets ? 1 : 0;
+}
+
+/*
+ * The search: double from --rate-start while the SLO holds (to --rate-max),
+ * then bisect between the highest rate that held (0 when none) and the
+ * lowest that did not, --search-steps times.
+ */
+static void kvf_tune_search(const kvf_tune_opts_t *o, kvf_tune_cand_t *k, kvf_bs_params_t *p)
+{
+    double lo = 0, hi = 0, rate = o->rate_start;
+    int rc;
+
+    while (k->num_points < KVF_TUNE_MAX_RATES) {
+        rc = kvf_tune_point(o, k, p, rate);
+        if (rc < 0) {
+            return;
+        }
+        if (rc == 0) {
+            hi = rate;
+            break;
+        }
+        lo = rate;
+        if (rate >= o->rate_max) {
+            return;       /* held up to the highest rate asked for */
+        }
+        rate = (2 * rate < o->rate_max) ? 2 * rate : o->rate_max;
+    }
+    for (int step = 0; (step < o->search_steps) && (hi > 0) &&
+                       (k->num_points < KVF_TUNE_MAX_RATES); ++step) {
+        double mid = round((lo + hi) / 2.0 * 100.0) / 100.0;
+
+        if ((mid <= lo) || (mid >= hi)) {
+            break;
+        }
+        rc = kvf_tune_point(o, k, p, mid);
+        if (rc < 0) {
+            return;
+        }
+        *((rc > 0) ? &lo : &hi) = mid;
+    }
+}
+
+static int kvf_tune_rate_cmp(const void *a, const void *b)
+{
+    const kvf_tune_point_t *x = a, *y = b;
+
+    return (x->rate < y->rate) ? -1 : (x->rate > y->rate);
+}
+
 static void kvf_tune_run_cand(const kvf_tune_opts_t *o, kvf_tune_cand_t *k, const double *rates,
                               int nrates)
 {
@@ -308,23 +406,14 @@ static void kvf_tune_run_cand(const kvf_tune_opts_t *o, kvf_tune_cand_t *k, cons
     p.slo_ttft_ms = o->slo_ttft_ms;
     p.slo_tpot_ms = o->slo_tpot_ms;
     p.timeout_s = 120;
-    for (int r = 0; r < nrates; ++r) {
-        kvf_tune_point_t *pt = &k->pts[r];
-
-        p.request_rate = rates[r];
-        p.warmup = (r == 0) ? o->warmup : 0;
-        p.seed = (uint64_t)r;
-        pt->rate = rates[r];
-        fprintf(stderr, "kvf tune: %s: %g req/s, %d requests\n", k->name, rates[r],
-                o->num_requests);
-        if (kvf_bs_run(&p, &pt->s) != 0) {
-            snprintf(k->why, sizeof(k->why), "bench-serve could not run at %g req/s", rates[r]);
-            break;
+    p.max_concurrency = o->max_concurrency;
+    if (nrates > 0) {
+        for (int r = 0; (r < nrates) && (kvf_tune_point(o, k, &p, rates[r]) >= 0); ++r) {
         }
-        pt->ran = true;
-        k->num_points = r + 1;
-        k->ran = true;
+    } else {
+        kvf_tune_search(o, k, &p);
     }
+    qsort(k->pts, (size_t)k->num_points, sizeof(k->pts[0]), kvf_tune_rate_cmp);
 out_down:
     {
         const char *argv[] = {down, "--run-dir", run_dir, NULL};
@@ -332,7 +421,8 @@ out_down:
     }
 }
 
-/* Rank order: ran first, then goodput at the best rate, then lower TTFT p50 there. */
+/* Rank order: ran first, then the highest rate meeting the SLO, then goodput at the best rate,
+ * then lower TTFT p50 there. */
 static int kvf_tune_cmp(const void *a, const void *b)
 {
     const kvf_tune_cand_t *x = a, *y = b;
@@ -344,6 +434,9 @@ static int kvf_tune_cmp(const void *a, const void *b)
     if (!x->ran) {
         return 0;
     }
+    if (x->max_rate != y->max_rate) {
+        return (x->max_rate > y->max_rate) ? -1 : 1;
+    }
     sx = &x->pts[x->best].s;
     sy = &y->pts[y->best].s;
     if (sx->goodput != sy->goodput) {
@@ -352,13 +445,17 @@ static int kvf_tune_cmp(const void *a, const void *b)
     return (sx->ttft.p50 < sy->ttft.p50) ? -1 : (sx->ttft.p50 > sy->ttft.p50);
 }
 
+/* The best point: the highest rate that met the SLO; when none did, the highest goodput. */
 static void kvf_tune_pick_best(kvf_tune_cand_t *k)
 {
     k->best = 0;
     for (int r = 1; r < k->num_points; ++r) {
-        const kvf_bs_summary_t *s = &k->pts[r].s, *b = &k->pts[k->best].s;
-        if ((s->goodput > b->goodput) ||
-            ((s->goodput == b->goodput) && (s->ttft.p50 < b->ttft.p50))) {
+        const kvf_tune_point_t *pt = &k->pts[r], *bp = &k->pts[k->best];
+        const kvf_bs_summary_t *s = &pt->s, *b = &bp->s;
+        if ((pt->meets && !bp->meets) || (pt->meets && bp->meets && (pt->rate > bp->rate)) ||
+            (!pt->meets && !bp->meets &&
+             ((s->goodput > b->goodput) ||
+              ((s->goodput == b->goodput) && (s->ttft.p50 < b->ttft.p50))))) {
             k->best = r;
         }
     }
@@ -367,20 +464,21 @@ static void kvf_tune_pick_best(kvf_tune_cand_t *k)
 static void kvf_tune_print_table(const kvf_tune_opts_t *o, kvf_tune_cand_t *c, int n, FILE *out)
 {
     fprintf(out, "kvf tune: %s, %d-token prompts, %d-token outputs, %d requests per rate, "
-            "SLO ttft<=%gms tpot<=%gms, budget %d ranks\n", o->model, o->input_len,
-            o->output_len, o->num_requests, o->slo_ttft_ms, o->slo_tpot_ms, o->budget);
-    fprintf(out, "%-4s %-12s %5s %-10s %8s %9s %9s %9s %9s %9s %9s %8s  %s\n", "rank", "layout",
-            "ranks", "verdict", "rate", "goodput", "tok/s", "ttft_p50", "ttft_p99", "tpot_p50",
-            "tpot_p99", "xfer%", "recommendation");
+            "SLO: %g %% of requests within ttft<=%gms tpot<=%gms, budget %d ranks\n", o->model,
+            o->input_len, o->output_len, o->num_requests, o->slo_percent, o->slo_ttft_ms,
+            o->slo_tpot_ms, o->budget);
+    fprintf(out, "%-4s %-12s %5s %-10s %8s %8s %9s %9s %9s %9s %9s %9s %8s  %s\n", "rank",
+            "layout", "ranks", "verdict", "max_rate", "rate", "goodput", "tok/s", "ttft_p50",
+            "ttft_p99", "tpot_p50", "tpot_p99", "xfer%", "recommendation");
     for (int i = 0; i < n; ++i) {
         const kvf_tune_cand_t *k = &c[i];
         const kvf_bs_summary_t *s;
         char share[16];
 
         if (!k->ran) {
-            fprintf(out, "%-4s %-12s %5d %-10s %8s %9s %9s %9s %9s %9s %9s %8s  %s\n", "-",
-                    k->name, k->ranks, kvf_verdict_str(k->verdict), "-", "-", "-", "-", "-",
-                    "-", "-", "-", k->why[0] ? k->why : "not run");
+            fprintf(out, "%-4s %-12s %5d %-10s %8s %8s %9s %9s %9s %9s %9s %9s %8s  %s\n",
+                    "-", k->name, k->ranks, kvf_verdict_str(k->verdict), "-", "-", "-", "-", "-",
+                    "-", "-", "-", "-", k->why[0] ? k->why : "not run");
             continue;
         }
         s = &k->pts[k->best].s;
@@ -389,15 +487,17 @@ static void kvf_tune_print_table(const kvf_tune_opts_t *o, kvf_tune_cand_t *c, i
         } else {
             snprintf(share, sizeof(share), "-");
         }
-        fprintf(out, "%-4d %-12s %5d %-10s %8g %9.3f %9.1f %9.1f %9.1f %9.2f %9.2f %8s  %s\n",
-                i + 1, k->name, k->ranks, kvf_verdict_str(k->verdict), k->pts[k->best].rate,
-                s->goodput, s->output_throughput, s->ttft.p50, s->ttft.p99, s->tpot.p50,
-                s->tpot.p99, share,
-                (i == 0) ? "recommended: highest goodput under the SLOs" :
+        fprintf(out, "%-4d %-12s %5d %-10s %8g %8g %9.3f %9.1f %9.1f %9.1f %9.2f %9.2f %8s  "
+                "%s\n", i + 1, k->name, k->ranks, kvf_verdict_str(k->verdict), k->max_rate,
+                k->pts[k->best].rate, s->goodput, s->output_throughput, s->ttft.p50, s->ttft.p99,
+                s->tpot.p50, s->tpot.p99, share,
+                (k->max_rate == 0) ? "no tried rate met the SLO" :
+                (i == 0) ? "recommended: highest rate meeting the SLO" :
                 (s->failed > 0) ? "requests failed" : "");
     }
-    fprintf(out, "rate: the tried rate with the highest goodput; xfer%%: handshake + posting + "
-            "wire + post-ops share of the time to the first decoded token\n");
+    fprintf(out, "max_rate: the highest tried rate (req/s) meeting the SLO; rate: the point "
+            "shown (max_rate, else the highest goodput); xfer%%: handshake + posting + wire + "
+            "post-ops share of the time to the first decoded token\n");
 }
 
 static cJSON *kvf_tune_json(const kvf_tune_opts_t *o, const kvf_tune_cand_t *c, int n)
@@ -409,6 +509,8 @@ static cJSON *kvf_tune_json(const kvf_tune_opts_t *o, const kvf_tune_cand_t *c, 
     cJSON_AddNumberToObject(root, "budget", o->budget);
     cJSON_AddNumberToObject(root, "slo_ttft_ms", o->slo_ttft_ms);
     cJSON_AddNumberToObject(root, "slo_tpot_ms", o->slo_tpot_ms);
+    cJSON_AddNumberToObject(root, "slo_percent", o->slo_percent);
+    cJSON_AddBoolToObject(root, "searched", o->rates[0] == '\0');
     for (int i = 0; i < n; ++i) {
         const kvf_tune_cand_t *k = &c[i];
         cJSON *j = cJSON_CreateObject();
@@ -425,6 +527,7 @@ static cJSON *kvf_tune_json(const kvf_tune_opts_t *o, const kvf_tune_cand_t *c, 
         if (k->ran) {
             cJSON_AddNumberToObject(j, "rank", i + 1);
             cJSON_AddNumberToObject(j, "best_rate", k->pts[k->best].rate);
+            cJSON_AddNumberToObject(j, "max_rate_meeting_slo", k->max_rate);
         } else {
             cJSON_AddStringToObject(j, "why", k->why);
         }
@@ -432,6 +535,8 @@ static cJSON *kvf_tune_json(const kvf_tune_opts_t *o, const kvf_tune_cand_t *c, 
             const kvf_bs_summary_t *s = &k->pts[r].s;
             cJSON *pj = cJSON_CreateObject();
             cJSON_AddNumberToObject(pj, "rate", k->pts[r].rate);
+            cJSON_AddBoolToObject(pj, "meets_slo", k->pts[r].meets);
+            cJSON_AddNumberToObject(pj, "good", s->good);
             cJSON_AddNumberToObject(pj, "completed", s->completed);
             cJSON_AddNumberToObject(pj, "failed", s->failed);
             cJSON_AddNumberToObject(pj, "goodput", s->goodput);
@@ -459,14 +564,16 @@ static int kvf_tune_write_csv(const char *path, const kvf_tune_cand_t *c, int n)
         return -1;
     }
     fprintf(f, "candidate,ranks,verdict,rate,completed,failed,goodput,output_throughput,"
-               "ttft_p50_ms,ttft_p99_ms,tpot_p50_ms,tpot_p99_ms,e2e_p50_ms,transfer_share\n");
+               "ttft_p50_ms,ttft_p99_ms,tpot_p50_ms,tpot_p99_ms,e2e_p50_ms,transfer_share,"
+               "meets_slo\n");
     for (int i = 0; i < n; ++i) {
         for (int r = 0; r < c[i].num_points; ++r) {
             const kvf_bs_summary_t *s = &c[i].pts[r].s;
-            fprintf(f, "%s,%d,%s,%g,%d,%d,%.4f,%.2f,%.3f,%.3f,%.3f,%.3f,%.3f,%.4f\n", c[i].name,
-                    c[i].ranks, kvf_verdict_str(c[i].verdict), c[i].pts[r].rate, s->completed,
-                    s->failed, s->goodput, s->output_throughput, s->ttft.p50, s->ttft.p99,
-                    s->tpot.p50, s->tpot.p99, s->e2e.p50, s->transfer_share_mean);
+            fprintf(f, "%s,%d,%s,%g,%d,%d,%.4f,%.2f,%.3f,%.3f,%.3f,%.3f,%.3f,%.4f,%d\n",
+                    c[i].name, c[i].ranks, kvf_verdict_str(c[i].verdict), c[i].pts[r].rate,
+                    s->completed, s->failed, s->goodput, s->output_throughput, s->ttft.p50,
+                    s->ttft.p99, s->tpot.p50, s->tpot.p99, s->e2e.p50, s->transfer_share_mean,
+                    c[i].pts[r].meets);
         }
     }
     return (fclose(f) == 0) ? 0 : -1;
@@ -476,19 +583,11 @@ static int kvf_tune_write_csv(const char *path, const kvf_tune_cand_t *c, int n)
 static int kvf_tune_plot(const kvf_tune_opts_t *o, const kvf_tune_cand_t *c, int n)
 {
     char dat[PATH_MAX], gp[PATH_MAX], png[PATH_MAX], gnuplot[PATH_MAX], out[4096];
-    const char *dirs[] = {"/usr/bin", "/usr/local/bin", "/bin"};
+    double top = 0;
     FILE *f;
     int series = 0, rc;
 
-    gnuplot[0] = '\0';
-    for (size_t i = 0; i < sizeof(dirs) / sizeof(dirs[0]); ++i) {
-        snprintf(gnuplot, sizeof(gnuplot), "%s/gnuplot", dirs[i]);
-        if (access(gnuplot, X_OK) == 0) {
-            break;
-        }
-        gnuplot[0] = '\0';
-    }
-    if (gnuplot[0] == '\0') {
+    if (!kvf_bs_find_gnuplot(gnuplot, sizeof(gnuplot))) {
         fprintf(stderr, "kvf tune: plot skipped: gnuplot not found (apt-get install "
                 "gnuplot-nox)\n");
         return 0;
@@ -508,8 +607,9 @@ static int kvf_tune_plot(const kvf_tune_opts_t *o, const kvf_tune_cand_t *c, int
         fprintf(f, "# %s\n", c[i].name);
         for (int r = 0; r < c[i].num_points; ++r) {
             const kvf_bs_summary_t *s = &c[i].pts[r].s;
-            fprintf(f, "%.3f %.3f %.3f %g\n", s->output_throughput, s->ttft.p50, s->tpot.p50,
-                    c[i].pts[r].rate);
+            fprintf(f, "%g %.4f %.3f %d\n", c[i].pts[r].rate, s->goodput,
+                    (s->sent > 0) ? 100.0 * s->good / s->sent : 0.0, c[i].pts[r].meets ? 7 : 6);
+            top = (c[i].pts[r].rate > top) ? c[i].pts[r].rate : top;
         }
         fprintf(f, "\n\n");
         series++;
@@ -523,18 +623,32 @@ static int kvf_tune_plot(const kvf_tune_opts_t *o, const kvf_tune_cand_t *c, int
         kvf_error("cannot write %s: %m", gp);
         return -1;
     }
-    fprintf(f, "set terminal png size 1000,450\nset output '%s'\nset multiplot layout 1,2 title "
-               "'kvf tune: output throughput vs latency per layout'\nset grid\n"
-               "set xlabel 'output tokens/s'\nset key top left\n", png);
+    fprintf(f, "set terminal png size 1100,480\nset output '%s'\nset multiplot layout 1,2 title "
+               "'kvf tune: %d-token prompts, %d-token outputs, %d requests per rate; SLO: %g %% "
+               "within ttft<=%gms tpot<=%gms (filled: met)'\nset grid\nset xlabel 'request rate (req/s)'\n"
+               "set key top left\nset xrange [0:%g]\nset yrange [0:*]\n", png, o->input_len,
+            o->output_len, o->num_requests, o->slo_percent, o->slo_ttft_ms, o->slo_tpot_ms,
+            top * 1.05);
     for (int panel = 0; panel < 2; ++panel) {
         int idx = 0;
-        fprintf(f, "set ylabel '%s'\nplot ", panel ? "TPOT p50 (ms)" : "TTFT p50 (ms)");
+        fprintf(f, "set key %s\n", panel ? "bottom left" : "top left");
+        fprintf(f, "set ylabel '%s'\nset title '%s'\nset yrange [0:%s]\nplot ",
+                panel ? "requests within the SLO (%)" : "goodput (req/s)",
+                panel ? "SLO attainment" : "goodput: requests within the SLO per second",
+                panel ? "105" : "*");
+        if (panel == 0) {
+            fprintf(f, "%g * x with lines lw 2 dt 2 lc rgb 'red' title '%g %% of the offered "
+                       "rate', ", o->slo_percent / 100.0, o->slo_percent);
+        } else {
+            fprintf(f, "%g with lines lw 2 dt 2 lc rgb 'red' title 'SLO: %g %% of requests', ",
+                    o->slo_percent, o->slo_percent);
+        }
         for (int i = 0; i < n; ++i) {
             if (!c[i].ran) {
                 continue;
             }
-            fprintf(f, "%s'%s' index %d using 1:%d with linespoints lw 2 title '%s'",
-                    idx ? ", " : "", dat, idx, panel ? 3 : 2, c[i].name);
+            fprintf(f, "%s'%s' index %d using 1:%d:4 with linespoints lw 2 pt variable ps 1.5 "
+                    "title '%s'", idx ? ", " : "", dat, idx, panel ? 3 : 2, c[i].name);
             idx++;
         }
         fprintf(f, "\n");
@@ -575,6 +689,13 @@ int kvf_cmd_tune(int argc, char **argv)
         kvf_error("kvf tune: --model is required (a model folder the daemons can load)");
         return 2;
     }
+    if (!(o.rate_start > 0) || !(o.rate_max >= o.rate_start) || (o.search_steps < 0) ||
+        !(o.slo_percent > 0) || (o.slo_percent > 100) || (o.max_concurrency < 0)) {
+        kvf_error("kvf tune: bad value: --rate-start %g must be > 0 and <= --rate-max %g; "
+                  "--search-steps %d and --max-concurrency %d >= 0; --slo-percent %g in (0, 100]",
+                  o.rate_start, o.rate_max, o.search_steps, o.max_concurrency, o.slo_percent);
+        return 2;
+    }
     if ((o.budget < 2) || (o.num_requests < 1) || (o.input_len < 1) || (o.output_len < 1) ||
         (o.warmup < 0) || (o.up_timeout_s < 1) || (o.token_hi <= 32)) {
         kvf_error("kvf tune: bad value: --budget %d must be >= 2; --num-requests %d, "
@@ -583,7 +704,8 @@ int kvf_cmd_tune(int argc, char **argv)
                   o.up_timeout_s, o.warmup, o.token_hi);
         return 2;
     }
-    nrates = kvf_tune_parse_list("rates", o.rates, rates, KVF_TUNE_MAX_RATES);
+    nrates = (o.rates[0] != '\0') ?
+             kvf_tune_parse_list("rates", o.rates, rates, KVF_TUNE_MAX_RATES) : 0;
     if (nrates < 0) {
         return 2;
     }
