@@ -19,7 +19,10 @@
  * negative, and 0 * inf would be NaN on correct data.
  *
  * Each tile is loaded once per KV head for all queries of the call and all
- * query heads of the GQA group.
+ * query heads of the GQA group. Calls with ascending positions (every chunk
+ * the model runs) take the blocked path, kvf_attn_paged_blocked below: the
+ * same fold (kvf_attn_tile_probs) over tiles of several kernel blocks, with
+ * vectorised loops; other calls the per-query fold of kvf_attn_fold_tile.
  * Rejected alternative: materialising dense K/V per request, which would
  * hide the NaN hazard and cost a copy per step.
  */
@@ -127,16 +130,16 @@ int kvf_attn_cache_write(const kvf_device_t *dev, const kvf_paged_kv_t *kv, cons
     return KVF_KERN_OK;
 }
 
-/* Kernel blocks gathered into one CPU tile of the blocked path (its GEMMs are
- * then up to KVF_ATTN_CPU_KBLOCKS * kernel_block_size wide). */
-#define KVF_ATTN_CPU_KBLOCKS 8
+/* Tokens of one CPU tile of the blocked path: as many whole kernel blocks as
+ * fit (at least one), so the score scratch stays about 128 floats per query. */
+#define KVF_ATTN_CPU_TILE 128
 
 /*
  * Blocked CPU attention for ascending positions (every chunk the model runs):
  * per KV head, the queries of its GQA group packed as rows Q[nq][hd]; per
- * tile of up to KVF_ATTN_CPU_KBLOCKS kernel blocks (each loaded whole,
- * written slots or not; tiles start at multiples of KVF_ATTN_CPU_KBLOCKS
- * kernel blocks whatever the call), the scores of every query row that
+ * tile of the kernel blocks that fit KVF_ATTN_CPU_TILE tokens (each loaded
+ * whole, written slots or not; tile bounds depend on the kernel block size
+ * alone, never on the call), the scores of every query row that
  * reaches the tile, kvf_attn_tile_probs (the shared fold) per row, then
  * acc += P V. The loops run over tile slots (scores, K transposed) and head
  * dims (P V) innermost so they vectorise, while each element keeps the
@@ -154,7 +157,9 @@ static int kvf_attn_paged_blocked(const kvf_paged_kv_t *kv, const float *q, int 
 {
     const size_t hd = (size_t)kv->head_dim, kbs = (size_t)kv->kernel_block_size;
     const size_t nkv = (size_t)kv->kv_heads, group = (size_t)q_heads / nkv;
-    const size_t nq = (size_t)num_tokens * group, tw = KVF_ATTN_CPU_KBLOCKS * kbs;
+    const int kpt = (kv->kernel_block_size < KVF_ATTN_CPU_TILE) ?
+                    KVF_ATTN_CPU_TILE / kv->kernel_block_size : 1;   /* kernel blocks a tile */
+    const size_t nq = (size_t)num_tokens * group, tw = (size_t)kpt * kbs;
     const size_t kbb = kvf_paged_kv_kernel_block_bytes(kv);
     const int nkb = positions[num_tokens - 1] / kv->kernel_block_size + 1;
     float *scratch, *ktile, *kt, *vtile, *S, *Q, *acc, *m, *l;
@@ -184,8 +189,8 @@ static int kvf_attn_paged_blocked(const kvf_paged_kv_t *kv, const float *q, int 
             l[i] = 0.0f;
         }
         memset(acc, 0, nq * hd * sizeof(float));
-        for (int kb0 = 0; kb0 < nkb; kb0 += KVF_ATTN_CPU_KBLOCKS) {
-            const int nb = (nkb - kb0 < KVF_ATTN_CPU_KBLOCKS) ? (nkb - kb0) : KVF_ATTN_CPU_KBLOCKS;
+        for (int kb0 = 0; kb0 < nkb; kb0 += kpt) {
+            const int nb = (nkb - kb0 < kpt) ? (nkb - kb0) : kpt;
             const int token0 = kb0 * kv->kernel_block_size;
             const size_t width = (size_t)nb * kbs;
             for (int b = 0; b < nb; ++b) {
