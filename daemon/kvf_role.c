@@ -8,6 +8,7 @@
 #include "kvf_fault.h"
 #include "kvf_connector_ucx.h"
 #include "kvf_fingerprint.h"
+#include "kvf_tok_digest.h"
 #include "kvf_zmq_auth.h"
 
 #include <string.h>
@@ -138,6 +139,10 @@ static kvf_status_t kvf_role_register_pools(kvf_engine_h engine, const kvf_cache
     return KVF_OK;
 }
 
+/* What this process serves, for its health replies (one model per process, set at start). */
+static kvf_model_digest_t kvf_role_digest;
+static char kvf_role_tok_hex[KVF_TOK_DIGEST_HEX + 1];
+
 /* The digest of the model folder served, advertised at handshake (kvf_fingerprint.h). */
 static kvf_status_t kvf_role_model_digest(const char *model, kvf_model_digest_t *digest_p)
 {
@@ -172,6 +177,17 @@ kvf_status_t kvf_role_start(const kvf_role_config_t *config, kvf_connector_role_
     }
     if (status == KVF_OK) {
         status = kvf_role_model_digest(config->model, &digest);
+    }
+    if (status == KVF_OK) {
+        kvf_role_digest = digest;
+        if (kvf_tokenizer_digest_of_model(config->model, kvf_role_tok_hex) == KVF_OK) {
+            kvf_info("tokenizer digest %s (the proxy checks its own against it)",
+                     kvf_role_tok_hex);
+        } else {
+            kvf_role_tok_hex[0] = '\0';
+            kvf_warn("no tokenizer digest: the model's tokenizer did not load (a proxy cannot "
+                     "check its own against it)");
+        }
     }
     if (status == KVF_OK) {
         status = kvf_connector_ops_check(ops);
@@ -255,6 +271,9 @@ void kvf_role_health_fill(kvf_engine_h engine, const char *role,
     h->role = (char *)role;
     h->engine_id = (char *)config->engine_id;
     h->cannot_serve = (char *)kvf_role_cannot_serve(engine);   /* NULL: not sent */
+    h->model_path = kvf_role_digest.path[0] ? kvf_role_digest.path : NULL;
+    h->model_digest = kvf_role_digest.hex[0] ? kvf_role_digest.hex : NULL;
+    h->tokenizer_digest = kvf_role_tok_hex[0] ? kvf_role_tok_hex : NULL;
     {
         kvf_engine_stats_t st;
         kvf_engine_get_stats(engine, &st);

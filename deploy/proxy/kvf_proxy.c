@@ -9,10 +9,12 @@
 #include "kvf_log.h"
 #include "kvf_model_config.h"
 #include "kvf_tokenizer.h"
+#include "kvf_tok_digest.h"
 
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #define KVF_PF(_f) offsetof(kvf_proxy_config_t, _f)
 
@@ -25,8 +27,10 @@ const kvf_config_field_t kvf_proxy_config_table[] = {
      KVF_PF(prefill), KVF_CONFIG_TYPE_STRING, 0},
     {"DECODE", "", "comma list of decode instance endpoints (tcp://host:port)",
      KVF_PF(decode), KVF_CONFIG_TYPE_STRING, 0},
-    {"MODEL", "", "model folder or config.json, for the tokenizer's vocabulary, BOS and EOS "
-     "(empty: byte ids only)", KVF_PF(model), KVF_CONFIG_TYPE_STRING, 0},
+    {"MODEL", "", "model folder or config.json, for the tokenizer's vocabulary, BOS and EOS; "
+     "an instance with another tokenizer is refused (empty: the daemons' model folder, when "
+     "this machine can read it; completions get 503 until then)", KVF_PF(model),
+     KVF_CONFIG_TYPE_STRING, 0},
     {"MODEL_NAME", "kvferry", "model id served in /v1/models and accepted in requests",
      KVF_PF(model_name), KVF_CONFIG_TYPE_STRING, 0},
     {"REQUEST_TIMEOUT", "60s", "deadline for a whole completion request",
@@ -97,7 +101,51 @@ struct kvf_proxy {
     kvf_proxy_http_h       http;
     char                   model_name[KVF_CONFIG_STR_MAX];
     char                   api_key[KVF_CONFIG_STR_MAX];   /* "" = none */
+    kvf_tokenizer_t        bytes_tok;  /* stand-in until the daemons' tokenizer is known */
+    char                   tok_hex[KVF_TOK_DIGEST_HEX + 1]; /* kvf_tok_digest.h; "" = none */
+    char                   tok_src[KVF_CONFIG_STR_MAX + 16];
 };
+
+/* No --model: the pool's thread offers the daemons' model folder (kvf_proxy_tokcheck.c). */
+static kvf_status_t kvf_proxy_adopt_tok(void *ctx, const char *path, const char *digest,
+                                        char *why, size_t cap)
+{
+    struct kvf_proxy *proxy = ctx;
+    kvf_model_config_t mc;
+    kvf_tokenizer_t tok;
+    char hex[KVF_TOK_DIGEST_HEX + 1];
+    kvf_status_t status;
+
+    memset(&tok, 0, sizeof(tok));
+    if (path == NULL) {
+        proxy->api.tok_ready = true;     /* the stand-in: byte ids, said in log and /health */
+        return KVF_OK;
+    }
+    status = kvf_model_config_load(path, &mc);
+    if (status == KVF_OK) {
+        status = kvf_tokenizer_load(path, &mc, &tok);
+    }
+    if (status != KVF_OK) {
+        snprintf(why, cap, "its config.json or tokenizer does not load here (%s)",
+                 kvf_status_str(status));
+        return status;
+    }
+    status = kvf_tokenizer_digest(&tok, hex);
+    if ((status == KVF_OK) && (strcmp(hex, digest) != 0)) {
+        snprintf(why, cap, "the folder here has tokenizer %s, the daemon's has %s (not the "
+                 "same files)", hex, digest);
+        status = KVF_ERR_REFUSED;
+    }
+    if (status != KVF_OK) {
+        kvf_tokenizer_cleanup(&tok);
+        return status;
+    }
+    proxy->tok = tok;
+    proxy->api.max_model_len = mc.max_position_embeddings;
+    proxy->api.tok = &proxy->tok;   /* published (atomic stores), then text is served */
+    proxy->api.tok_ready = true;
+    return KVF_OK;
+}
 
 /* The API key from --api-key (or KVF_API_KEY) or the first line of --api-key-file. */
 static kvf_status_t kvf_proxy_api_key(const kvf_proxy_config_t *cfg, char *key, size_t cap)
@@ -161,6 +209,69 @@ static kvf_status_t kvf_proxy_check(const kvf_proxy_config_t *cfg)
     return KVF_OK;
 }
 
+/* The tokenizer: --model's (its fingerprint checked against every instance's), or a
+ * stand-in until the daemons' model folder is adopted (kvf_proxy_tokcheck.c). */
+static kvf_status_t kvf_proxy_tok_setup(const kvf_proxy_config_t *cfg, struct kvf_proxy *proxy,
+                                        kvf_proxy_pool_params_t *pp)
+{
+    kvf_status_t status;
+
+    if (cfg->model[0] != '\0') {
+        kvf_model_config_t mc;
+
+        status = kvf_model_config_load(cfg->model, &mc);
+        if (status == KVF_OK) {
+            status = kvf_tokenizer_load(cfg->model, &mc, &proxy->tok);
+            proxy->api.max_model_len = mc.max_position_embeddings;
+        }
+        if (status == KVF_OK) {
+            status = kvf_tokenizer_digest(&proxy->tok, proxy->tok_hex);
+        }
+        if (status != KVF_OK) {
+            return status;
+        }
+        proxy->api.tok = &proxy->tok;
+        proxy->api.tok_ready = true;
+        snprintf(proxy->tok_src, sizeof(proxy->tok_src), "--model %s", cfg->model);
+        kvf_info("tokenizer %s (--model %s): instances with another are refused",
+                 proxy->tok_hex, cfg->model);
+    } else {
+        /* never byte ids: the tokenizer comes from the daemons' model, or none is served */
+        proxy->bytes_tok.vocab_size = 256;     /* byte ids; no BOS, no EOS */
+        proxy->bytes_tok.bos_token_id = -1;
+        proxy->bytes_tok.eos_token_id = -1;
+        proxy->api.tok = &proxy->bytes_tok;
+        proxy->api.tok_ready = false;
+        snprintf(proxy->tok_src, sizeof(proxy->tok_src), "none yet: no --model, waiting for "
+                 "the daemons' model folder");
+        pp->adopt = kvf_proxy_adopt_tok;
+        pp->adopt_ctx = proxy;
+    }
+    pp->tokenizer_digest = proxy->tok_hex;
+    pp->tokenizer_source = proxy->tok_src;
+    return KVF_OK;
+}
+
+static void kvf_proxy_tok_wait(const kvf_proxy_config_t *cfg, struct kvf_proxy *proxy)
+{
+    /* No --model: the tokenizer comes with the daemons' first health replies
+     * (kvf_proxy_tokcheck.c); wait for them, as long as the warm-up at most, before the
+     * HTTP edge opens, so that early requests are not refused for the lack of it. */
+    if (!proxy->api.tok_ready &&
+        ((kvf_proxy_pool_count(proxy->pool, KVF_PROXY_ROLE_PREFILL) +
+          kvf_proxy_pool_count(proxy->pool, KVF_PROXY_ROLE_DECODE)) > 0)) {
+        int64_t end_us = kvf_proxy_now_us() + (cfg->health_interval + cfg->health_timeout) * 1000;
+
+        while (!proxy->api.tok_ready && (kvf_proxy_now_us() < end_us)) {
+            usleep(10000);
+        }
+        if (!proxy->api.tok_ready) {
+            kvf_warn("no --model and no instance has reported a model folder this machine can "
+                     "read yet: completions get 503 until one does (/health: tokenizer)");
+        }
+    }
+}
+
 kvf_status_t kvf_proxy_create(const kvf_proxy_config_t *cfg, kvf_proxy_h *proxy_p)
 {
     kvf_proxy_pool_params_t pp = {0};
@@ -176,21 +287,9 @@ kvf_status_t kvf_proxy_create(const kvf_proxy_config_t *cfg, kvf_proxy_h *proxy_
     if (proxy == NULL) {
         return KVF_ERR_NO_MEMORY;
     }
-    if (cfg->model[0] != '\0') {
-        kvf_model_config_t mc;
-
-        status = kvf_model_config_load(cfg->model, &mc);
-        if (status == KVF_OK) {
-            status = kvf_tokenizer_load(cfg->model, &mc, &proxy->tok);
-            proxy->api.max_model_len = mc.max_position_embeddings;
-        }
-        if (status != KVF_OK) {
-            goto err_free;
-        }
-    } else {
-        proxy->tok.vocab_size = 256;     /* byte ids only; no BOS, no EOS */
-        proxy->tok.bos_token_id = -1;
-        proxy->tok.eos_token_id = -1;
+    status = kvf_proxy_tok_setup(cfg, proxy, &pp);
+    if (status != KVF_OK) {
+        goto err_free;
     }
     status = kvf_proxy_metrics_create(&proxy->metrics);
     if (status != KVF_OK) {
@@ -205,6 +304,7 @@ kvf_status_t kvf_proxy_create(const kvf_proxy_config_t *cfg, kvf_proxy_h *proxy_
     if (status != KVF_OK) {
         goto err_metrics;
     }
+    kvf_proxy_tok_wait(cfg, proxy);
     /* One line per missing role, so a proxy started with neither says so for both. */
     if (kvf_proxy_pool_count(proxy->pool, KVF_PROXY_ROLE_PREFILL) == 0) {
         kvf_warn("no prefill instances configured (--prefill / KVF_PREFILL): /health stays 503 "
@@ -229,7 +329,6 @@ kvf_status_t kvf_proxy_create(const kvf_proxy_config_t *cfg, kvf_proxy_h *proxy_
     atomic_init(&proxy->flow.cancel, false);
 
     snprintf(proxy->model_name, sizeof(proxy->model_name), "%s", cfg->model_name);
-    proxy->api.tok = &proxy->tok;
     proxy->api.model_name = proxy->model_name;
     proxy->api.add_bos = cfg->add_bos;
     proxy->api.max_prompt_tokens = cfg->max_prompt_tokens;

@@ -107,6 +107,21 @@ cJSON *kvf_proxy_pool_health_json(kvf_proxy_pool_h pool)
         }
         pthread_mutex_unlock(&pool->lock);
     }
+    {
+        /* the proxy's tokenizer: its fingerprint and where it came from (kvf_proxy_tokcheck.c) */
+        cJSON *o = cJSON_AddObjectToObject(root, "tokenizer");
+
+        pthread_mutex_lock(&pool->lock);
+        if (o != NULL) {
+            if (pool->tok_digest[0] != '\0') {
+                cJSON_AddStringToObject(o, "digest", pool->tok_digest);
+            } else {
+                cJSON_AddNullToObject(o, "digest");
+            }
+            cJSON_AddStringToObject(o, "source", pool->tok_source);
+        }
+        pthread_mutex_unlock(&pool->lock);
+    }
     return root;
 }
 

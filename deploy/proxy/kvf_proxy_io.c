@@ -219,6 +219,11 @@ static void kvf_proxy_io_health_reply(struct kvf_proxy_pool *pool, kvf_proxy_ins
         kvf_proxy_inst_unhealthy_locked(inst, why);
         goto out;
     }
+    if (!kvf_proxy_tok_check_locked(pool, inst, h, why, sizeof(why))) {
+        info->connected = true;   /* it answers; its model is not this proxy's */
+        kvf_proxy_inst_unhealthy_locked(inst, why);
+        goto out;
+    }
     if ((h->cannot_serve != NULL) && (h->cannot_serve[0] != '\0')) {
         /* it answers, but cannot serve (a broken TP world): not routed, its error shown */
         snprintf(why, sizeof(why), "instance cannot serve: %s", h->cannot_serve);

@@ -261,6 +261,7 @@ kvf_status_t kvf_proxy_openai_parse(const kvf_proxy_openai_ctx_t *ctx, const cha
                                     const char **param_p, char *err, size_t err_cap)
 {
     kvf_proxy_completion_req_t req = {0};
+    bool tok_ready = ctx->tok_ready;   /* read first: ctx->tok is then the real one */
     kvf_status_t status;
     cJSON *root;
 
@@ -312,6 +313,13 @@ kvf_status_t kvf_proxy_openai_parse(const kvf_proxy_openai_ctx_t *ctx, const cha
                                KVF_ERR_OUT_OF_RANGE, "'prompt' (%d tokens) plus 'max_tokens' (%u)"
                                " is longer than the model's max_position_embeddings (%d)",
                                req.num_prompt, req.max_tokens, ctx->max_model_len);
+    }
+    if ((status == KVF_OK) && !tok_ready) {
+        /* checked with a stand-in, never sent: byte ids would give a wrong answer */
+        status = kvf_proxy_bad(http_p, param_p, NULL, 503, err, err_cap, KVF_ERR_BUSY,
+                               "no healthy instance has given this proxy a tokenizer (started "
+                               "without --model, it takes the daemons' model folder when it "
+                               "can read it; its log and /health say why not); give it --model");
     }
     if (status != KVF_OK) {
         kvf_proxy_openai_req_cleanup(&req);

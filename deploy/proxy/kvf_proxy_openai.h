@@ -24,7 +24,10 @@
 #include <stdint.h>
 
 typedef struct kvf_proxy_openai_ctx {
-    const kvf_tokenizer_t *tok;
+    /* the tokenizer; a byte-id stand-in (for request checks only) until tok_ready: without
+     * --model the proxy takes the daemons' (kvf_proxy_tokcheck.c), setting tok then
+     * tok_ready once; completions are refused (503) while tok_ready is false */
+    const kvf_tokenizer_t *_Atomic tok;
     const char *model_name;          /* the served model id */
     bool        add_bos;             /* prefix string prompts with BOS (when the model has one) */
     int         max_prompt_tokens;   /* longer prompts: 400 */
@@ -32,6 +35,7 @@ typedef struct kvf_proxy_openai_ctx {
     uint32_t    default_max_tokens;
     int         max_model_len;       /* the model's max_position_embeddings: a prompt, or a
                                       * prompt plus max_tokens, longer gets 400; 0: no limit */
+    _Atomic bool tok_ready;          /* see tok */
 } kvf_proxy_openai_ctx_t;
 
 typedef struct kvf_proxy_completion_req {

@@ -88,6 +88,12 @@ kvf_status_t kvf_proxy_pool_create(const kvf_proxy_pool_params_t *params,
     pool->timeout_ms = params->health_timeout_ms;
     pool->max_outstanding = (params->max_outstanding > 0) ? params->max_outstanding :
                             KVF_PROXY_MAX_OUTSTANDING_DEFAULT;
+    snprintf(pool->tok_digest, sizeof(pool->tok_digest), "%s",
+             params->tokenizer_digest ? params->tokenizer_digest : "");
+    snprintf(pool->tok_source, sizeof(pool->tok_source), "%s",
+             params->tokenizer_source ? params->tokenizer_source : "");
+    pool->adopt = params->adopt;
+    pool->adopt_ctx = params->adopt_ctx;
     atomic_init(&pool->stop, false);
 
     status = kvf_proxy_pool_add_list(pool, KVF_PROXY_ROLE_PREFILL, params->prefill_urls);

@@ -50,6 +50,19 @@ typedef struct kvf_proxy_pool_params {
     int         max_outstanding;     /* requests per instance the proxy has sent and not seen
                                       * answered (prefill) or finished (decode); 0: default
                                       * KVF_PROXY_MAX_OUTSTANDING_DEFAULT */
+    /* This proxy's tokenizer fingerprint (common/runtime/kvf_tok_digest.h): an instance
+     * reporting another is marked unhealthy ("incompatible: tokenizer ..."). NULL or "":
+     * none yet (no --model): the first instance's model folder that @a adopt can read
+     * gives it (kvf_proxy_tokcheck.c). */
+    const char *tokenizer_digest;
+    const char *tokenizer_source;    /* where it came from, for logs and /health */
+    /* Load the tokenizer of model folder @a path, which must have fingerprint @a digest,
+     * and start serving text with it (@a path NULL: byte ids, for instances that report
+     * no tokenizer). KVF_OK, or an error with its reason in @a why.
+     * Called by the pool's thread with the pool locked, at most once per folder. */
+    kvf_status_t (*adopt)(void *ctx, const char *path, const char *digest, char *why,
+                          size_t cap);
+    void       *adopt_ctx;
 } kvf_proxy_pool_params_t;
 
 #define KVF_PROXY_MAX_OUTSTANDING_DEFAULT 128

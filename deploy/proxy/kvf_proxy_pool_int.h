@@ -117,7 +117,25 @@ struct kvf_proxy_pool {
     int64_t              timeout_ms;
     kvf_proxy_pair_t    *pairs;          /* [prefill][decode], count[0] x count[1] */
     int                  max_outstanding;   /* per instance, > 0 */
+    /* tokenizer check (kvf_proxy_tokcheck.c) */
+    char                 tok_digest[24];     /* "": none yet; KVF_PROXY_TOK_BYTES: byte ids */
+    char                 tok_source[320];    /* "--model DIR", "the daemons' DIR", or why none */
+    char                 tok_tried[256];     /* last model folder adopt() failed on */
+    kvf_status_t       (*adopt)(void *ctx, const char *path, const char *digest, char *why,
+                                size_t cap);
+    void                *adopt_ctx;
 };
+
+#define KVF_PROXY_TOK_BYTES "bytes"
+
+/*
+ * Check an instance's health reply @a h against this proxy's tokenizer, adopting
+ * the instance's model folder first when the proxy has none. Pool locked.
+ * @return true when it may serve; false with the reason in @a why (the caller
+ *         marks the instance unhealthy with it).
+ */
+bool kvf_proxy_tok_check_locked(struct kvf_proxy_pool *pool, kvf_proxy_instance_t *inst,
+                                const Kvf__HealthReply *h, char *why, size_t cap);
 
 /* Pair (prefill @a p, decode @a d); pool->pairs must not be NULL. */
 static inline kvf_proxy_pair_t *kvf_proxy_pair(struct kvf_proxy_pool *pool, int p, int d)

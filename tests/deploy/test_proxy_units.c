@@ -18,7 +18,7 @@ static kvf_tokenizer_t test_tok = {260, 256, 257, NULL};
 
 static kvf_proxy_openai_ctx_t test_ctx(void)
 {
-    kvf_proxy_openai_ctx_t c = {&test_tok, "tiny", true, 64, 100, 16, 0};
+    kvf_proxy_openai_ctx_t c = {&test_tok, "tiny", true, 64, 100, 16, 0, true};
     return c;
 }
 
