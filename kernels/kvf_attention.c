@@ -145,8 +145,10 @@ int kvf_attn_cache_write(const kvf_device_t *dev, const kvf_paged_kv_t *kv, cons
  * dims (P V) innermost so they vectorise, while each element keeps the
  * scalar fold's summation order (over dims for a score, over slots for the
  * output): a row's result does not depend on the other rows of the call, so
- * a chunk and the same tokens one by one agree bit for bit. Rows whose limit
- * is below the tile start do not read it, as in the per-query path.
+ * a chunk and the same tokens one by one agree bit for bit. A row reads the
+ * tile only up to the end of its own kernel block (rows whose limit is below
+ * the tile start not at all), exactly the slots the per-query path reads, so
+ * stale bytes poison the same rows (tests/common/cache/test_page_pool_nan.c).
  */
 #if defined(__GNUC__) && !defined(__clang__)
 __attribute__((optimize("O3")))
@@ -192,16 +194,16 @@ static int kvf_attn_paged_blocked(const kvf_paged_kv_t *kv, const float *q, int 
         for (int kb0 = 0; kb0 < nkb; kb0 += kpt) {
             const int nb = (nkb - kb0 < kpt) ? (nkb - kb0) : kpt;
             const int token0 = kb0 * kv->kernel_block_size;
-            const size_t width = (size_t)nb * kbs;
+            const size_t tile_w = (size_t)nb * kbs;
             for (int b = 0; b < nb; ++b) {
                 const char *kblock = kvf_attn_kblock(kv, kbb, token0 + b * kv->kernel_block_size);
                 kvf_kern_load(kblock, kv->dtype, kh * kbs * hd, kbs * hd, ktile + b * kbs * hd);
                 kvf_kern_load(kblock, kv->dtype, (nkv + kh) * kbs * hd, kbs * hd,
                               vtile + b * kbs * hd);
             }
-            for (size_t j = 0; j < width; ++j) {
+            for (size_t j = 0; j < tile_w; ++j) {
                 for (size_t d = 0; d < hd; ++d) {
-                    kt[d * width + j] = ktile[j * hd + d];
+                    kt[d * tile_w + j] = ktile[j * hd + d];
                 }
             }
             while ((t_first < num_tokens) && (positions[t_first] < token0)) {
@@ -210,13 +212,19 @@ static int kvf_attn_paged_blocked(const kvf_paged_kv_t *kv, const float *q, int 
             for (size_t i = (size_t)t_first * group; i < nq; ++i) {
                 float *srow = S + i * tw, *arow = acc + i * hd;
                 const float *qrow = Q + i * hd;
+                /* up to the end of the query's own kernel block, as the per-query fold
+                 * reads: later kernel blocks of the tile are its future, not read */
+                const int limit = positions[i / group];
+                const size_t own = (size_t)(limit / kv->kernel_block_size + 1) * kbs -
+                                   (size_t)token0;
+                const size_t width = (own < tile_w) ? own : tile_w;
                 float alpha;
                 for (size_t j = 0; j < width; ++j) {
                     srow[j] = 0.0f;
                 }
                 for (size_t d = 0; d < hd; ++d) {
                     const float qd = qrow[d];
-                    const float *krow = kt + d * width;
+                    const float *krow = kt + d * tile_w;
                     for (size_t j = 0; j < width; ++j) {
                         srow[j] += qd * krow[j];
                     }
@@ -224,8 +232,7 @@ static int kvf_attn_paged_blocked(const kvf_paged_kv_t *kv, const float *q, int 
                 for (size_t j = 0; j < width; ++j) {
                     srow[j] *= scale;
                 }
-                alpha = kvf_attn_tile_probs(srow, width, token0, positions[i / group], &m[i],
-                                            &l[i]);
+                alpha = kvf_attn_tile_probs(srow, width, token0, limit, &m[i], &l[i]);
                 for (size_t d = 0; d < hd; ++d) {
                     arow[d] *= alpha;
                 }
