@@ -56,6 +56,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     FUZZ_CHECK(kvf_model_config_load(model, &mc) == KVF_OK);
     FUZZ_CHECK(kvf_tokenizer_load(model, &mc, &g_tok) == KVF_OK);
     g_ctx.tok = &g_tok;
+    g_ctx.tok_ready = true;
     g_ctx.model_name = "tiny";
     g_ctx.add_bos = true;
     g_ctx.max_prompt_tokens = 512;
