@@ -556,8 +556,14 @@ int kvf_cmd_bench_serve(int argc, char **argv)
         return 0;
     }
     nrates = kvf_bs_numbers("request-rate", o.rates, 0, INFINITY, true, rates, KVF_BS_MAX_RATES);
-    if ((nrates < 0) || (kvf_bs_setup(&o) != 0) || (kvf_bs_params_check(&o.p) != 0)) {
+    if ((nrates < 0) || (kvf_bs_setup(&o) != 0)) {
         return 2;
+    }
+    for (int r = 0; r < nrates; ++r) {
+        o.p.request_rate = rates[r];
+        if (kvf_bs_params_check(&o.p) != 0) {
+            return 2;
+        }
     }
     if ((o.p.model[0] == '\0') && (kvf_bs_fetch_model(&o.p) != 0)) {
         return 1;
