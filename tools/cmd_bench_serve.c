@@ -173,13 +173,15 @@ static int kvf_bs_rewrite(int argc, char **argv, char **out, char *store, size_t
                 if ((len == strlen(old) + 2) && (strncmp(a + 2, old, len - 2) == 0)) {
                     int w = snprintf(store + used, cap - used, "--%s%s", kvf_bs_aliases[k][1],
                                      a + len);
-                    out[n] = store + used;
-                    used += (size_t)w + 1;
+                    if ((w > 0) && ((size_t)w < cap - used)) {   /* else left as given */
+                        out[n] = store + used;
+                        used += (size_t)w + 1;
+                    }
                     break;
                 }
             }
         }
-        if (strcmp(a, "--goodput") == 0) {
+        if ((strcmp(a, "--goodput") == 0) && (used + 1 < cap)) {
             char *v = store + used;
 
             v[0] = '\0';
@@ -565,11 +567,11 @@ int kvf_cmd_bench_serve(int argc, char **argv)
             return 2;
         }
     }
-    if ((o.p.model[0] == '\0') && (kvf_bs_fetch_model(&o.p) != 0)) {
-        return 1;
-    }
     if (getenv("OPENAI_API_KEY") != NULL) {   /* as vLLM's client sends it */
         snprintf(o.p.api_key, sizeof(o.p.api_key), "%s", getenv("OPENAI_API_KEY"));
+    }
+    if ((o.p.model[0] == '\0') && (kvf_bs_fetch_model(&o.p) != 0)) {
+        return 1;
     }
     strftime(dt, sizeof(dt), "%Y%m%d-%H%M%S", localtime(&now));
     for (; nrun < nrates; ++nrun) {
