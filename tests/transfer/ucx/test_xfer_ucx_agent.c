@@ -226,6 +226,29 @@ static void test_bad_params(void **state)
     free(m);
 }
 
+/*
+ * Runs first, in a process where nothing has packed a key yet: a decode
+ * agent (LOCAL, packs no key of its own) learns UCX's key layout when it is
+ * created, so a garbage key in a handshake reply is refused by the full
+ * check before any endpoint exists (not just by its length).
+ */
+static void test_rkey_check_local_first(void **state)
+{
+    kvf_ucx_agent_h d = make_agent_access("decode-first", KVF_UCX_ACCESS_LOCAL);
+    uint8_t key[24];
+    char why[128];
+
+    (void)state;
+    memset(key, 0, sizeof(key));                       /* names no memory domain */
+    assert_int_equal(kvf_ucx_rkey_check(key, sizeof(key), why, sizeof(why)), KVF_ERR_PARSE);
+    assert_non_null(strstr(why, "no memory domain"));
+    key[0] = 1;
+    key[8] = 0xee;                                     /* a memory type UCX does not know */
+    assert_int_equal(kvf_ucx_rkey_check(key, sizeof(key), why, sizeof(why)), KVF_ERR_PARSE);
+    assert_non_null(strstr(why, "memory type 238"));
+    kvf_ucx_agent_destroy(d);
+}
+
 /* Garbage remote keys are refused before ucp_ep_rkey_unpack (which trusts its input). */
 static void test_rkey_check(void **state)
 {
@@ -355,6 +378,7 @@ static void test_local_regions(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_rkey_check_local_first),   /* before any key is packed */
         cmocka_unit_test(test_status_map),
         cmocka_unit_test(test_get_put_notify),
         cmocka_unit_test(test_bad_params),
