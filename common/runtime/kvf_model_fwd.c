@@ -4,6 +4,8 @@
  */
 #include "kvf_model_int.h"
 
+#include "kvf_moe_math.h"
+
 /* ---- workspace ------------------------------------------------------------ */
 
 kvf_status_t kvf_model_ws_create(struct kvf_model_ws **ws_p)
@@ -440,60 +442,16 @@ static void kvf_moe_route(const kvf_model_config_t *cfg, const kvf_layer_w_t *w,
                           struct kvf_model_ws *ws, int T)
 {
     const int E = cfg->moe_num_experts, k = cfg->moe_top_k;
-    const int ng = cfg->moe_n_group, per = E / ng;
-    float choice[1024], gsum[1024];
-    bool gkeep[1024], taken[1024];
+    float choice[KVF_MOE_EXPERTS_MAX], gsum[KVF_MOE_EXPERTS_MAX];
+    bool gkeep[KVF_MOE_EXPERTS_MAX], taken[KVF_MOE_EXPERTS_MAX];
 
     for (int t = 0; t < T; ++t) {
-        const float *sc = ws->scores + (size_t)t * (size_t)E;
-        int32_t *idx = ws->route_idx + (size_t)t * (size_t)k;
-        float *wt = ws->route_w + (size_t)t * (size_t)k;
-        double sum = 0.0;
-
-        for (int e = 0; e < E; ++e) {
-            choice[e] = sc[e] + w->router_b[e];
-            taken[e] = false;
-        }
-        for (int gi = 0; gi < ng; ++gi) {
-            float b1 = -INFINITY, b2 = -INFINITY;
-            for (int e = gi * per; e < (gi + 1) * per; ++e) {
-                if (choice[e] > b1) {
-                    b2 = b1;
-                    b1 = choice[e];
-                } else if (choice[e] > b2) {
-                    b2 = choice[e];
-                }
-            }
-            gsum[gi] = b1 + b2;
-            gkeep[gi] = false;
-        }
-        for (int r = 0; r < cfg->moe_topk_group; ++r) {
-            int best = -1;
-            for (int gi = 0; gi < ng; ++gi) {
-                if (!gkeep[gi] && ((best < 0) || (gsum[gi] > gsum[best]))) {
-                    best = gi;
-                }
-            }
-            gkeep[best] = true;
-        }
-        for (int r = 0; r < k; ++r) {
-            int best = -1;
-            for (int e = 0; e < E; ++e) {
-                if (!taken[e] && gkeep[e / per] && ((best < 0) || (choice[e] > choice[best]))) {
-                    best = e;
-                }
-            }
-            taken[best] = true;
-            idx[r] = best;
-            wt[r] = sc[best];
-            sum += sc[best];
-        }
-        for (int r = 0; r < k; ++r) {
-            if (cfg->moe_norm_topk_prob) {
-                wt[r] = wt[r] / (float)(sum + 1e-20);
-            }
-            wt[r] = wt[r] * (float)cfg->moe_routed_scaling;
-        }
+        /* the body the kernels share with CUDA (kernels/kvf_moe_math.h) */
+        kvf_moe_route_token_hd(ws->scores + (size_t)t * (size_t)E, w->router_b, E,
+                               cfg->moe_n_group, cfg->moe_topk_group, k,
+                               cfg->moe_norm_topk_prob, (float)cfg->moe_routed_scaling, choice,
+                               gsum, gkeep, taken, ws->route_idx + (size_t)t * (size_t)k,
+                               ws->route_w + (size_t)t * (size_t)k);
     }
 }
 
