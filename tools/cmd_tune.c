@@ -143,6 +143,8 @@ static int kvf_tune_exec(const char *const argv[], char *out, size_t cap)
     if (pipe(fds) != 0) {
         return -1;
     }
+    fflush(stdout);   /* the child must not write our buffered output again */
+    fflush(stderr);
     pid = fork();
     if (pid < 0) {
         close(fds[0]);

@@ -28,53 +28,103 @@ static void kvf_bs_slo_text(const kvf_bs_params_t *p, char *buf, size_t cap)
     }
 }
 
+/* One "----Header----" line, centred in 50 columns as vLLM prints it. */
+static void kvf_bs_rule(FILE *out, const char *title, char c)
+{
+    int len = (int)strlen(title), left = (50 - len) / 2, right = 50 - len - left;
+
+    for (int i = 0; i < left; ++i) {
+        fputc(c, out);
+    }
+    fputs(title, out);
+    for (int i = 0; i < right; ++i) {
+        fputc(c, out);
+    }
+    fputc('\n', out);
+}
+
 void kvf_bs_print_table(const kvf_bs_params_t *p, const kvf_bs_summary_t *s, FILE *out)
 {
-    const struct {
-        const char *name;
-        const kvf_bs_stat_t *st;
-    } rows[] = {{"ttft", &s->ttft}, {"tpot", &s->tpot}, {"itl", &s->itl}, {"e2e", &s->e2e}};
-    char slo[128], rate[32];
+    static const struct {
+        unsigned bit;
+        const char *name, *header;
+        size_t off;
+    } metrics[] = {
+        {KVF_BS_M_TTFT, "TTFT", "Time to First Token", offsetof(kvf_bs_summary_t, ttft)},
+        {KVF_BS_M_TPOT, "TPOT", "Time per Output Token (excl. 1st token)",
+         offsetof(kvf_bs_summary_t, tpot)},
+        {KVF_BS_M_ITL, "ITL", "Inter-token Latency", offsetof(kvf_bs_summary_t, itl)},
+        {KVF_BS_M_E2EL, "E2EL", "End-to-end Latency", offsetof(kvf_bs_summary_t, e2e)},
+    };
+    char slo[128], rate[32], line[64];
 
     kvf_bs_slo_text(p, slo, sizeof(slo));
     if (p->request_rate > 0) {
-        snprintf(rate, sizeof(rate), "%g req/s", p->request_rate);
+        snprintf(rate, sizeof(rate), "%g", p->request_rate);
     } else {
         snprintf(rate, sizeof(rate), "inf");
     }
-    fprintf(out, "kvf bench-serve: http://%s:%d\n", p->host, p->port);
+    fprintf(out, "kvf bench-serve: http://%s:%d, model %s\n", p->host, p->port, p->model);
     if (p->dataset[0] != '\0') {
-        fprintf(out, "workload            dataset %s, output %s %d\n", p->dataset,
+        fprintf(out, "workload: dataset %s, output %s %d\n", p->dataset,
                 kvf_bs_dist_name(p->output_dist), p->output_len);
     } else {
-        fprintf(out, "workload            input %s %d (spread %g), output %s %d (spread %g)\n",
+        fprintf(out, "workload: random, input %s %d (spread %g), output %s %d (spread %g)\n",
                 kvf_bs_dist_name(p->input_dist), p->input_len, p->input_spread,
                 kvf_bs_dist_name(p->output_dist), p->output_len, p->output_spread);
     }
-    fprintf(out, "arrivals            rate %s, burstiness %g, max concurrency %d, warm-up %d\n",
-            rate, p->burstiness, p->max_concurrency, p->warmup);
-    fprintf(out, "duration_s          %.3f\n", s->duration_s);
-    fprintf(out, "requests            %d sent, %d completed, %d failed\n", s->sent, s->completed,
-            s->failed);
+    fprintf(out, "Traffic request rate: %s\nBurstiness factor: %g\n", rate, p->burstiness);
+    if (p->max_concurrency > 0) {
+        fprintf(out, "Maximum request concurrency: %d\n", p->max_concurrency);
+    } else {
+        fprintf(out, "Maximum request concurrency: None\n");
+    }
+    kvf_bs_rule(out, " Serving Benchmark Result ", '=');
+#define KVF_BS_ROW(_label, _fmt, ...) fprintf(out, "%-40s " _fmt "\n", _label, __VA_ARGS__)
+    KVF_BS_ROW("Successful requests:", "%-10d", s->completed);
+    KVF_BS_ROW("Failed requests:", "%-10d", s->failed);
     for (int k = 0; k < s->num_kinds; ++k) {
-        fprintf(out, "  failed %-12s %d\n", s->kinds[k], s->kind_counts[k]);
+        snprintf(line, sizeof(line), "  failed %s:", s->kinds[k]);
+        KVF_BS_ROW(line, "%-10d", s->kind_counts[k]);
     }
-    fprintf(out, "tokens              %lld input, %lld output\n", s->input_tokens,
-            s->output_tokens);
-    fprintf(out, "request_throughput  %.3f req/s\n", s->request_throughput);
-    fprintf(out, "output_throughput   %.1f tok/s\n", s->output_throughput);
-    fprintf(out, "total_throughput    %.1f tok/s\n", s->total_throughput);
-    fprintf(out, "goodput             %.3f req/s (%d of %d completed within%s)\n", s->goodput,
-            s->good, s->completed, (slo[0] != '\0') ? slo : " no SLO given");
+    if (p->max_concurrency > 0) {
+        KVF_BS_ROW("Maximum request concurrency:", "%-10d", p->max_concurrency);
+    }
+    KVF_BS_ROW("Benchmark duration (s):", "%-10.2f", s->duration_s);
+    KVF_BS_ROW("Total input tokens:", "%-10lld", s->input_tokens);
+    KVF_BS_ROW("Total generated tokens:", "%-10lld", s->output_tokens);
+    KVF_BS_ROW("Request throughput (req/s):", "%-10.2f", s->request_throughput);
+    if (slo[0] != '\0') {
+        snprintf(line, sizeof(line), "Request goodput (req/s):");
+        fprintf(out, "%-40s %-10.2f (%d of %d within%s)\n", line, s->goodput, s->good,
+                s->completed, slo);
+    }
+    KVF_BS_ROW("Output token throughput (tok/s):", "%-10.2f", s->output_throughput);
+    KVF_BS_ROW("Peak output token throughput (tok/s):", "%-10.2f", s->max_output_tps);
+    KVF_BS_ROW("Peak concurrent requests:", "%-10d", s->max_concurrent);
+    KVF_BS_ROW("Total Token throughput (tok/s):", "%-10.2f", s->total_throughput);
     if (s->transfer_share_mean >= 0) {
-        fprintf(out, "transfer_share      %.1f%% of the time to the first decode token\n",
-                100.0 * s->transfer_share_mean);
+        KVF_BS_ROW("KV transfer share of first decode (%):", "%-10.1f",
+                   100.0 * s->transfer_share_mean);
     }
-    fprintf(out, "%-8s %10s %10s %10s %10s %8s\n", "ms", "mean", "p50", "p90", "p99", "n");
-    for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); ++i) {
-        fprintf(out, "%-8s %10.2f %10.2f %10.2f %10.2f %8d\n", rows[i].name, rows[i].st->mean,
-                rows[i].st->p50, rows[i].st->p90, rows[i].st->p99, rows[i].st->n);
+    for (size_t i = 0; i < sizeof(metrics) / sizeof(metrics[0]); ++i) {
+        const kvf_bs_stat_t *st = (const kvf_bs_stat_t *)((const char *)s + metrics[i].off);
+
+        if (!(p->pct_metrics & metrics[i].bit)) {
+            continue;
+        }
+        kvf_bs_rule(out, metrics[i].header, '-');
+        snprintf(line, sizeof(line), "Mean %s (ms):", metrics[i].name);
+        KVF_BS_ROW(line, "%-10.2f", st->mean);
+        snprintf(line, sizeof(line), "Median %s (ms):", metrics[i].name);
+        KVF_BS_ROW(line, "%-10.2f", kvf_bs_percentile(st, 50));
+        for (int k = 0; k < p->num_pct; ++k) {
+            snprintf(line, sizeof(line), "P%g %s (ms):", p->pct[k], metrics[i].name);
+            KVF_BS_ROW(line, "%-10.2f", kvf_bs_percentile(st, p->pct[k]));
+        }
     }
+#undef KVF_BS_ROW
+    kvf_bs_rule(out, "", '=');
 }
 
 /* mean_/median_/std_/pNN_<name>_ms as vLLM names them (p99.9 keeps its point). */

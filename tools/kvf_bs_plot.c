@@ -35,7 +35,11 @@ bool kvf_bs_find_gnuplot(char *buf, size_t cap)
 static int kvf_bs_gnuplot(const char *gnuplot, const char *script)
 {
     int status;
-    pid_t pid = fork();
+    pid_t pid;
+
+    fflush(stdout);   /* else the child's copy of the buffer is written a second time */
+    fflush(stderr);
+    pid = fork();
 
     if (pid < 0) {
         return -1;

@@ -7,7 +7,7 @@
 
 with KVF_MODEL exported (a daemon's variable: it must not become the model name; the name
 comes from the proxy's GET /v1/models). Checked: the result JSON in DIR has vLLM's field
-names with sane values (completed 40, token totals, throughputs, mean/median/std/p99 of
+names with sane values (the vLLM result block on stdout once; completed 40, token totals, throughputs, mean/median/std/p99 of
 TTFT, TPOT and ITL, median <= p99, TPOT ~ mean ITL), the PNG is a PNG; a second run at two
 request rates with --goodput and --metric-percentiles writes one JSON per rate with those
 percentiles and request_goodput, and one PNG; unknown flags and datasets are refused by name.
@@ -69,6 +69,9 @@ def main():
                                       "--random-output-len", "16", "--max-concurrency", "8",
                                       "--save-result", "--result-dir", d1], env=env)
             print(p.stdout)
+            check(p.stdout.count("Serving Benchmark Result") == 1 and
+                  "Successful requests:                     40" in p.stdout,
+                  "vLLM's result block printed once, 40 successful requests")
             js = json.load(open(one(os.path.join(d1, "*.json"))))
             png = one(os.path.join(d1, "*.png"))
             for k in ("date", "backend", "model_id", "num_prompts", "request_rate",
