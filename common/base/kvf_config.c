@@ -183,6 +183,9 @@ void kvf_config_print(const kvf_config_field_t *table, const void *obj, FILE *ou
             continue;
         }
         kvf_config_format(f, obj, val, sizeof(val));
+        if ((f->flags & KVF_CONFIG_FLAG_SECRET) && (val[0] != '\0')) {
+            snprintf(val, sizeof(val), "(set)");   /* the value never leaves the process */
+        }
         fprintf(out, "# %s\nKVF_%s=%s\n", f->help, f->name, val);
     }
 }

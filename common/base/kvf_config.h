@@ -32,6 +32,7 @@ typedef enum {
 
 enum {
     KVF_CONFIG_FLAG_HIDDEN = 1u << 0,  /* test-only; not in --print-config */
+    KVF_CONFIG_FLAG_SECRET = 1u << 1,  /* a secret (API key): --print-config shows "(set)" */
 };
 
 typedef struct kvf_config_field {

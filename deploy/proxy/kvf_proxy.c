@@ -65,7 +65,7 @@ const kvf_config_field_t kvf_proxy_config_table[] = {
      "is ignored", KVF_PF(trusted_proxy), KVF_CONFIG_TYPE_STRING, 0},
     {"API_KEY", "", "clients must send 'Authorization: Bearer KEY' (401 otherwise); prefer the "
      "environment or --api-key-file to the command line (ps shows it)",
-     KVF_PF(api_key), KVF_CONFIG_TYPE_STRING, 0},
+     KVF_PF(api_key), KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_SECRET},
     {"API_KEY_FILE", "", "file whose first line is the API key (instead of --api-key)",
      KVF_PF(api_key_file), KVF_CONFIG_TYPE_STRING, 0},
     {"PROTECT_METRICS", "no", "with an API key: /health and /metrics need it too (they are open "

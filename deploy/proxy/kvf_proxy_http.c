@@ -74,13 +74,23 @@ enum MHD_Result kvf_proxy_respond_ex(struct MHD_Connection *conn, unsigned code,
     return kvf_proxy_respond_hdr(conn, code, type, body, close, NULL, NULL);
 }
 
+enum MHD_Result kvf_proxy_respond_error_retry(struct MHD_Connection *conn, int code,
+                                              const char *type, const char *param,
+                                              const char *msg, int retry_after_s)
+{
+    char secs[16];
+
+    /* a 503 is a refusal to retry (overload, draining): say when (kvf_proxy_route.h) */
+    snprintf(secs, sizeof(secs), "%d", (retry_after_s < 1) ? 1 : retry_after_s);
+    return kvf_proxy_respond_hdr(conn, (unsigned)code, "application/json",
+                                 kvf_proxy_openai_error_json(msg, type, param, code), false,
+                                 (code == 503) ? "Retry-After" : NULL, secs);
+}
+
 enum MHD_Result kvf_proxy_respond_error(struct MHD_Connection *conn, int code, const char *type,
                                         const char *param, const char *msg)
 {
-    /* a 503 is a refusal to retry (overload, draining): say when (kvf_proxy_route.h) */
-    return kvf_proxy_respond_hdr(conn, (unsigned)code, "application/json",
-                                 kvf_proxy_openai_error_json(msg, type, param, code), false,
-                                 (code == 503) ? "Retry-After" : NULL, "1");
+    return kvf_proxy_respond_error_retry(conn, code, type, param, msg, 1);
 }
 
 /* A refusal at the headers: counted, JSON, and the connection closed (its body is not read). */
@@ -94,8 +104,9 @@ static enum MHD_Result kvf_proxy_refuse(struct kvf_proxy_http *http, struct MHD_
     kvf_proxy_metrics_request(http->params.flow->metrics, code);
     return kvf_proxy_respond_hdr(conn, (unsigned)code, "application/json",
                                  kvf_proxy_openai_error_json(msg, type, NULL, code), true,
-                                 (code == 401) ? MHD_HTTP_HEADER_WWW_AUTHENTICATE : NULL,
-                                 "Bearer");
+                                 (code == 401) ? MHD_HTTP_HEADER_WWW_AUTHENTICATE :
+                                 (code == 503) ? "Retry-After" : NULL,
+                                 (code == 401) ? "Bearer" : "1");
 }
 
 /* ---- API key ------------------------------------------------------------------ */
@@ -219,6 +230,7 @@ static enum MHD_Result kvf_proxy_access_headers(struct kvf_proxy_http *http,
     kvf_proxy_admit_t admit = KVF_PROXY_ADMIT_OK;
 
     if (atomic_load(&http->draining)) {
+        kvf_proxy_metrics_reject(http->params.flow->metrics, KVF_PROXY_REJECT_SHUTDOWN);
         return kvf_proxy_refuse(http, conn, cc, 503, "server_error",
                                 "the proxy is shutting down; retry on another one");
     }
@@ -235,6 +247,7 @@ static enum MHD_Result kvf_proxy_access_headers(struct kvf_proxy_http *http,
                  "too many connections from this client: at most %u at once "
                  "(--max-connections-per-client); retry later",
                  total ? http->params.max_connections : http->params.max_per_client);
+        kvf_proxy_metrics_reject(http->params.flow->metrics, KVF_PROXY_REJECT_CONNECTIONS);
         return kvf_proxy_refuse(http, conn, cc, 503, "server_error", err);
     }
     if (kvf_proxy_unauthorized(http, conn, url)) {

@@ -69,9 +69,14 @@ typedef struct kvf_proxy_conn {
 enum MHD_Result kvf_proxy_respond_ex(struct MHD_Connection *conn, unsigned code,
                                      const char *type, char *body, bool close);
 
-/** Queue the OpenAI-style error JSON. */
+/** Queue the OpenAI-style error JSON (a 503 with Retry-After: 1). */
 enum MHD_Result kvf_proxy_respond_error(struct MHD_Connection *conn, int code, const char *type,
                                         const char *param, const char *msg);
+
+/** The same with a 503's Retry-After of @a retry_after_s seconds (< 1: 1). */
+enum MHD_Result kvf_proxy_respond_error_retry(struct MHD_Connection *conn, int code,
+                                              const char *type, const char *param,
+                                              const char *msg, int retry_after_s);
 
 /** POST /v1/completions, the body complete (first call or after a resume). */
 enum MHD_Result kvf_proxy_completions(struct kvf_proxy_http *http, struct MHD_Connection *conn,

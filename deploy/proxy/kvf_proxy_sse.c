@@ -286,7 +286,8 @@ static enum MHD_Result kvf_proxy_cmpl_fail(struct MHD_Connection *conn, kvf_prox
     cc->cmpl = NULL;
     c->code = c->flow.http_code;
     if (c->code != 499) {
-        ret = kvf_proxy_respond_error(conn, c->code, c->flow.error_type, NULL, c->flow.error);
+        ret = kvf_proxy_respond_error_retry(conn, c->code, c->flow.error_type, NULL,
+                                            c->flow.error, c->flow.retry_after_s);
     }
     kvf_proxy_cmpl_free(c);
     return ret;

@@ -165,7 +165,22 @@ def library_refusals(port, px):
     T.check(st == 200, "a normal request is still served after them")
 
 
+def print_config_hides_secrets(fakebin):
+    """--print-config shows an API key as (set), never its value; paths as they are."""
+    import os
+    import subprocess
+    env = dict(os.environ, KVF_API_KEY="s3cret-abuse-key", KVF_KEYS="/some/keys/dir")
+    p = subprocess.run([os.path.join(fakebin, "kvf-proxy"), "--print-config"], env=env,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=10)
+    T.check(p.returncode == 0 and "KVF_API_KEY=(set)\n" in p.stdout and
+            "s3cret-abuse-key" not in p.stdout + p.stderr and
+            "KVF_KEYS=/some/keys/dir\n" in p.stdout,
+            "--print-config prints the API key as (set), the keys folder as given",
+            p.stdout[-600:] + p.stderr[-300:])
+
+
 def run(a, procs):
+    print_config_hides_secrets(a.fakebin)
     base = free_port_range(2)
     T.start_fake(procs, a.testbin, "prefill", "prefill-0", base)
     T.start_fake(procs, a.testbin, "decode", "decode-0", base + 1)
@@ -231,6 +246,12 @@ def run(a, procs):
     wait_for(lambda: post(port, ok_body, src="127.0.0.2")[0] == 200, 5,
              "served again once the idle connections are gone")
     T.check(True, "served again once the idle connections are gone")
+    # both cap refusals counted by reason (the per-client one and the total one;
+    # /metrics requests that met the total cap count too)
+    rej = px.metrics().value("kvf_proxy_rejected_total", reason="connections")
+    T.check(rej is not None and rej >= 2,
+            "connection-cap 503s counted in kvf_proxy_rejected_total{reason=\"connections\"}",
+            rej)
 
     # Slow headers: one byte every 300 ms never completes within 1.5 s.
     s = connect(port)
