@@ -41,26 +41,15 @@ static void kvf_preempt(kvf_block_manager_h bm, kvf_request_t *r)
     r->preemptions++;
 }
 
-kvf_status_t kvf_scheduler_schedule(const kvf_scheduler_params_t *params, kvf_block_manager_h bm,
-                                    kvf_request_t **reqs, int n, kvf_sched_entry_t *plan,
-                                    int *n_plan)
+/* 1. decode tokens of running requests: one token each, preempting the
+ * latest-arrived running request not yet scheduled when blocks run out. */
+static kvf_status_t kvf_sched_decode(const kvf_scheduler_params_t *params, kvf_block_manager_h bm,
+                                     kvf_request_t **v, int nv, kvf_sched_entry_t *plan,
+                                     int *np_p, int *budget_p)
 {
-    kvf_request_t **v = malloc((size_t)(n ? n : 1) * sizeof(*v));
-    int budget = params->max_batch_tokens, np = 0, nv = 0;
+    int np = *np_p, budget = *budget_p;
     kvf_status_t status = KVF_OK;
 
-    if (v == NULL) {
-        return KVF_ERR_NO_MEMORY;
-    }
-    for (int i = 0; i < n; ++i) {
-        reqs[i]->sched_tokens = 0;
-        if ((reqs[i]->state == KVF_REQ_WAITING) || (reqs[i]->state == KVF_REQ_RUNNING)) {
-            v[nv++] = reqs[i];
-        }
-    }
-    kvf_sort_by_arrival(v, nv);
-
-    /* 1. decode tokens of running requests */
     for (int i = 0; (i < nv) && (budget > 0) && (np < params->max_seqs); ++i) {
         kvf_request_t *r = v[i];
         if ((r->state != KVF_REQ_RUNNING) || (r->num_tokens - r->num_computed != 1)) {
@@ -85,95 +74,136 @@ kvf_status_t kvf_scheduler_schedule(const kvf_scheduler_params_t *params, kvf_bl
             continue;    /* waits for blocks; nothing left to preempt */
         }
         if (status != KVF_OK) {
-            goto out;
+            break;
         }
         r->sched_tokens = 1;
         plan[np++] = (kvf_sched_entry_t){r, r->num_computed, 1, true};
         --budget;
     }
+    *np_p = np;
+    *budget_p = budget;
+    return status;
+}
 
-    /* 2. prefill chunks. Pass 1, in arrival order: each request waiting for
-     * prefill gets up to a quarter of the step budget (so one long prompt
-     * cannot take a whole step while others wait); pass 2: what is left goes
-     * to the requests closest to done first (a short prompt behind a long
-     * one finishes in this step). Then blocks are allocated in arrival order
-     * (FCFS: stop at the first that does not fit). Rejected: equal shares
-     * for all (processor sharing): under saturation every request finishes
-     * late, together, and many miss their deadline. */
-    {
-        int *want = calloc((size_t)(nv ? nv : 1), sizeof(*want));
-        int cap = params->max_batch_tokens / 4;
-        int ncand = 0;
+/* Shares the prefill budget: want[i] are the tokens of v[i] in this step
+ * (-1: not a prefill candidate). Pass 1, in arrival order: each candidate
+ * gets up to cap; pass 2: what is left goes to the requests closest to done
+ * first. */
+static void kvf_sched_share(const kvf_scheduler_params_t *params, kvf_request_t **v, int nv,
+                            int np, int budget, int *want)
+{
+    int cap = params->max_batch_tokens / 4;
+    int ncand = 0;
 
-        if (want == NULL) {
-            status = KVF_ERR_NO_MEMORY;
-            goto out;
-        }
-        if (cap < 16) {
-            cap = 16;
-        }
-        /* want[i]: tokens of v[i] in this step; -1: not a prefill candidate */
-        for (int i = 0; i < nv; ++i) {
-            kvf_request_t *r = v[i];
-            int remaining = r->num_tokens - r->num_computed;
-            want[i] = -1;
-            if ((np + ncand >= params->max_seqs) || (r->sched_tokens > 0) || (remaining <= 0) ||
-                ((r->state == KVF_REQ_RUNNING) && (remaining == 1))) {
-                continue;
-            }
-            want[i] = 0;
-            ncand++;
-        }
-        for (int i = 0; (i < nv) && (budget > 0); ++i) {
-            int take;
-            if (want[i] < 0) {
-                continue;
-            }
-            take = v[i]->num_tokens - v[i]->num_computed;
-            take = (take < cap) ? take : cap;
-            take = (take < budget) ? take : budget;
-            want[i] = take;
-            budget -= take;
-        }
-        while (budget > 0) {
-            int best = -1, best_left = 0;
-            for (int i = 0; i < nv; ++i) {
-                int left = (want[i] < 0) ? 0 : v[i]->num_tokens - v[i]->num_computed - want[i];
-                if ((want[i] > 0) && (left > 0) && ((best < 0) || (left < best_left))) {
-                    best = i;
-                    best_left = left;
-                }
-            }
-            if (best < 0) {
-                break;
-            }
-            best_left = (best_left < budget) ? best_left : budget;
-            want[best] += best_left;
-            budget -= best_left;
-        }
-        for (int i = 0; i < nv; ++i) {
-            kvf_request_t *r = v[i];
-            int chunk = want[i];
-            if (chunk <= 0) {
-                continue;
-            }
-            status = kvf_block_manager_allocate(bm, &r->blocks, r->num_computed + chunk);
-            if (status == KVF_ERR_NO_RESOURCE) {
-                status = KVF_OK;
-                break;
-            }
-            if (status != KVF_OK) {
-                free(want);
-                goto out;
-            }
-            r->state = KVF_REQ_RUNNING;
-            r->sched_tokens = chunk;
-            plan[np++] = (kvf_sched_entry_t){r, r->num_computed, chunk,
-                                             chunk == r->num_tokens - r->num_computed};
-        }
-        free(want);
+    if (cap < 16) {
+        cap = 16;
     }
-out:
+    for (int i = 0; i < nv; ++i) {
+        kvf_request_t *r = v[i];
+        int remaining = r->num_tokens - r->num_computed;
+        want[i] = -1;
+        if ((np + ncand >= params->max_seqs) || (r->sched_tokens > 0) || (remaining <= 0) ||
+            ((r->state == KVF_REQ_RUNNING) && (remaining == 1))) {
+            continue;
+        }
+        want[i] = 0;
+        ncand++;
+    }
+    for (int i = 0; (i < nv) && (budget > 0); ++i) {
+        int take;
+        if (want[i] < 0) {
+            continue;
+        }
+        take = v[i]->num_tokens - v[i]->num_computed;
+        take = (take < cap) ? take : cap;
+        take = (take < budget) ? take : budget;
+        want[i] = take;
+        budget -= take;
+    }
+    while (budget > 0) {
+        int best = -1, best_left = 0;
+        for (int i = 0; i < nv; ++i) {
+            int left = (want[i] < 0) ? 0 : v[i]->num_tokens - v[i]->num_computed - want[i];
+            if ((want[i] > 0) && (left > 0) && ((best < 0) || (left < best_left))) {
+                best = i;
+                best_left = left;
+            }
+        }
+        if (best < 0) {
+            break;
+        }
+        best_left = (best_left < budget) ? best_left : budget;
+        want[best] += best_left;
+        budget -= best_left;
+    }
+}
+
+/* 2. prefill chunks. Each request waiting for prefill gets up to a quarter
+ * of the step budget (so one long prompt cannot take a whole step while
+ * others wait); what is left goes to the requests closest to done first (a
+ * short prompt behind a long one finishes in this step). Then blocks are
+ * allocated in arrival order (FCFS: stop at the first that does not fit).
+ * Rejected: equal shares for all (processor sharing): under saturation every
+ * request finishes late, together, and many miss their deadline. */
+static kvf_status_t kvf_sched_prefill(const kvf_scheduler_params_t *params, kvf_block_manager_h bm,
+                                      kvf_request_t **v, int nv, kvf_sched_entry_t *plan,
+                                      int *np_p, int budget)
+{
+    int *want = calloc((size_t)(nv ? nv : 1), sizeof(*want));
+    int np = *np_p;
+    kvf_status_t status = KVF_OK;
+
+    if (want == NULL) {
+        return KVF_ERR_NO_MEMORY;
+    }
+    kvf_sched_share(params, v, nv, np, budget, want);
+    for (int i = 0; i < nv; ++i) {
+        kvf_request_t *r = v[i];
+        int chunk = want[i];
+        if (chunk <= 0) {
+            continue;
+        }
+        status = kvf_block_manager_allocate(bm, &r->blocks, r->num_computed + chunk);
+        if (status == KVF_ERR_NO_RESOURCE) {
+            status = KVF_OK;
+            break;
+        }
+        if (status != KVF_OK) {
+            break;
+        }
+        r->state = KVF_REQ_RUNNING;
+        r->sched_tokens = chunk;
+        plan[np++] = (kvf_sched_entry_t){r, r->num_computed, chunk,
+                                         chunk == r->num_tokens - r->num_computed};
+    }
+    free(want);
+    *np_p = np;
+    return status;
+}
+
+kvf_status_t kvf_scheduler_schedule(const kvf_scheduler_params_t *params, kvf_block_manager_h bm,
+                                    kvf_request_t **reqs, int n, kvf_sched_entry_t *plan,
+                                    int *n_plan)
+{
+    kvf_request_t **v = malloc((size_t)(n ? n : 1) * sizeof(*v));
+    int budget = params->max_batch_tokens, np = 0, nv = 0;
+    kvf_status_t status;
+
+    if (v == NULL) {
+        return KVF_ERR_NO_MEMORY;
+    }
+    for (int i = 0; i < n; ++i) {
+        reqs[i]->sched_tokens = 0;
+        if ((reqs[i]->state == KVF_REQ_WAITING) || (reqs[i]->state == KVF_REQ_RUNNING)) {
+            v[nv++] = reqs[i];
+        }
+    }
+    kvf_sort_by_arrival(v, nv);
+
+    status = kvf_sched_decode(params, bm, v, nv, plan, &np, &budget);
+    if (status == KVF_OK) {
+        status = kvf_sched_prefill(params, bm, v, nv, plan, &np, budget);
+    }
     free(v);
     *n_plan = np;
     return status;
