@@ -36,7 +36,14 @@ kvf_status_t kvf_proxy_inst_open(struct kvf_proxy_pool *pool, kvf_proxy_instance
         {ZMQ_LINGER, 0},
         {ZMQ_IMMEDIATE, 1},
         {ZMQ_RECONNECT_IVL, 100},
-        {ZMQ_RECONNECT_IVL_MAX, 1000},
+        {ZMQ_RECONNECT_IVL_MAX, 500},
+        /* a link outage: ZMTP heartbeats drop the connection within 3 s (its TCP
+         * socket would resume only at the next retransmission, backed off as
+         * long as the outage lasted), and a connect attempt gives up after
+         * 500 ms, so one lands within about 0.6 s of the link's return */
+        {ZMQ_HEARTBEAT_IVL, 1000},
+        {ZMQ_HEARTBEAT_TIMEOUT, 3000},
+        {ZMQ_CONNECT_TIMEOUT, 500},
     };
     static const kvf_zmq_opt_t mon_opts[] = {
         {ZMQ_LINGER, 0},
@@ -205,6 +212,7 @@ static void kvf_proxy_io_health_reply(struct kvf_proxy_pool *pool, kvf_proxy_ins
     info->releases_refused = h->releases_refused;
     info->expired_reads_prevented = h->expired_reads_prevented;
     info->quarantined_blocks = h->quarantined_blocks;
+    info->quarantine_cut_blocks = h->quarantine_cut_blocks;
     info->auth_refusals_serve = h->auth_refusals_serve;
     info->auth_refusals_side = h->auth_refusals_side;
     if (h->draining && !info->draining) {

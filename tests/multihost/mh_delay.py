@@ -62,6 +62,7 @@ def main():
     sock.bind((0, 0))
     cfg = [
         [attr(NFQA_CFG_CMD, struct.pack("!BBH", NFQNL_CFG_CMD_BIND, 0, socket.AF_INET))],
+        [attr(NFQA_CFG_CMD, struct.pack("!BBH", NFQNL_CFG_CMD_BIND, 0, socket.AF_INET6))],
         [attr(NFQA_CFG_PARAMS, struct.pack("!IB", 0, NFQNL_COPY_META)),
          attr(NFQA_CFG_QUEUE_MAXLEN, struct.pack("!I", 65536)),
          attr(NFQA_CFG_MASK, struct.pack("!I", NFQA_CFG_F_GSO)),
@@ -69,7 +70,11 @@ def main():
     ]
     for seq, attrs in enumerate(cfg, 1):
         sock.send(msg(queue, NFQNL_MSG_CONFIG, attrs, NLM_F_REQUEST | NLM_F_ACK, seq))
-        check_ack(sock)
+        try:
+            check_ack(sock)
+        except OSError as e:
+            if not (seq == 2 and e.errno == 16):
+                raise       # (a kernel binding every family at once: IPv6 is bound)
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
     print("ready", flush=True)
     pending = []   # (release time, packet id)

@@ -409,6 +409,8 @@ class TestNet:
         self._delayers = procs
         if i in procs:
             self.run(i, ["iptables", "-F"], check=False)
+            if shutil.which("ip6tables"):
+                self.run(i, ["ip6tables", "-F"], check=False)
             procs[i].terminate()
             procs[i].wait(timeout=10)
             del procs[i]
@@ -424,17 +426,23 @@ class TestNet:
                  "the delay queue in host %d" % i)
         if p.poll() is not None:
             raise RuntimeError("mh_delay.py failed: %s" % open(log).read())
-        for chain, io in (("OUTPUT", "-o"), ("INPUT", "-i")):
-            self.run(i, ["iptables", "-A", chain, io, "eth0", "-j", "NFQUEUE", "--queue-num",
-                         "0", "--queue-bypass"])
+        # IPv6 too: eth0 has a link-local address, and traffic over it (UCX's
+        # TCP transport may pick it) would bypass IPv4-only rules undelayed
+        tables = ["iptables"] + (["ip6tables"] if shutil.which("ip6tables") else [])
+        for table in tables:
+            for chain, io in (("OUTPUT", "-o"), ("INPUT", "-i")):
+                self.run(i, [table, "-A", chain, io, "eth0", "-j", "NFQUEUE", "--queue-num",
+                             "0", "--queue-bypass"])
 
     def delayed(self, i):
         """Packets sent through host i's delay queue so far (NFQUEUE rule counters;
         None with netem)."""
         if self.has_netem():
             return None
-        p = self.run(i, ["iptables", "-L", "-v", "-n", "-x"], check=False)
-        return sum(int(line.split()[0]) for line in p.stdout.splitlines()
+        out = self.run(i, ["iptables", "-L", "-v", "-n", "-x"], check=False).stdout
+        if shutil.which("ip6tables"):
+            out += self.run(i, ["ip6tables", "-L", "-v", "-n", "-x"], check=False).stdout
+        return sum(int(line.split()[0]) for line in out.splitlines()
                    if "NFQUEUE" in line and line.split()[0].isdigit())
 
     def _nft_loss(self, i, loss_pct):

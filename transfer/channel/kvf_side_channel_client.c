@@ -306,6 +306,13 @@ static kvf_status_t kvf_sc_conn_open(kvf_side_channel_client_h c, int i, const c
     const kvf_zmq_opt_t opts[] = {
         {ZMQ_LINGER, 0},
         {ZMQ_MAXMSGSIZE, KVF_SIDE_CHANNEL_MAX_MSG},
+        /* after a link outage a stalled connection is dropped (heartbeats) and
+         * the monitor's disconnect fails its operations; the reopened one
+         * connects within about 0.6 s of the link's return */
+        {ZMQ_HEARTBEAT_IVL, 1000},
+        {ZMQ_HEARTBEAT_TIMEOUT, 3000},
+        {ZMQ_CONNECT_TIMEOUT, 500},
+        {ZMQ_RECONNECT_IVL_MAX, 500},
     };
     const kvf_zmq_opt_t mon_opts[] = {
         {ZMQ_LINGER, 0},
@@ -353,6 +360,8 @@ err_sock:
 }
 
 /* The connection to @a host:@a port, opened when missing. -1 when none can be had. */
+static bool kvf_sc_conn_events(kvf_side_channel_client_h c, int i);
+
 static int kvf_sc_conn_get(kvf_side_channel_client_h c, const char *host, int port,
                            kvf_status_t *status_p)
 {
@@ -371,8 +380,14 @@ static int kvf_sc_conn_get(kvf_side_channel_client_h c, const char *host, int po
             continue;
         }
         if ((k->port == port) && (strcmp(k->host, host) == 0)) {
-            k->used_seq = ++c->conn_seq;
-            return i;
+            /* a disconnect seen while idle (heartbeats across a link outage) is read
+             * now, so this request goes out on a fresh connection, not the dead one */
+            if (kvf_sc_conn_events(c, i)) {
+                k->used_seq = ++c->conn_seq;
+                return i;
+            }
+            free_slot = i;   /* failed and closed: reopened in its slot */
+            break;
         }
         if ((idle < 0) || (k->used_seq < c->conns[idle].used_seq)) {
             idle = i;

@@ -470,6 +470,10 @@ static void kvf_conn_req_free(kvf_connector_h conn, kvf_connector_req_h req)
     if (req == NULL) {
         return;
     }
+    if (req->holds_peers) {
+        conn->ranks[req->rank].peers_busy[req->engine]--;
+        conn->ranks[req->rank].peers_used_ns[req->engine] = kvf_time_now_ns();
+    }
     if (req->holds_engine) {
         pthread_mutex_lock(&conn->lock);
         conn->engines[req->engine].inflight--;   /* idle again: may be evicted */
@@ -508,6 +512,20 @@ static kvf_status_t kvf_conn_peer(kvf_connector_h conn, kvf_conn_rank_t *rk, int
         free(rk->peers[engine]);
         rk->peers[engine] = NULL;
     }
+    if ((rk->peers[engine] != NULL) && (rk->peers_busy[engine] == 0) &&
+        (kvf_time_now_ns() - rk->peers_used_ns[engine] > KVF_CONN_EP_IDLE_MS * 1000000ull)) {
+        /* idle: maybe stale after a link outage (KVF_CONN_EP_IDLE_MS); nothing is
+         * posted on them, so a forced close loses nothing */
+        kvf_log(KVF_LOG_DEBUG, KVF_SUB_XFER, "ucx connector %s rank %d: endpoints to %s idle"
+                " over %d ms: reconnecting", conn->engine_id, (int)(rk - conn->ranks),
+                e->engine_id, KVF_CONN_EP_IDLE_MS);
+        for (int p = 0; p < rk->peers_tp[engine]; ++p) {
+            kvf_ucx_peer_abort(rk->peers[engine][p]);
+        }
+        free(rk->peers[engine]);
+        rk->peers[engine] = NULL;
+        rk->reconnects++;
+    }
     if (rk->peers[engine] == NULL) {
         rk->peers[engine] = calloc((size_t)e->tp, sizeof(kvf_ucx_peer_h));
         if (rk->peers[engine] == NULL) {
@@ -515,6 +533,7 @@ static kvf_status_t kvf_conn_peer(kvf_connector_h conn, kvf_conn_rank_t *rk, int
         }
         rk->peers_tp[engine] = e->tp;
         rk->peers_gen[engine] = e->gen;
+        rk->peers_used_ns[engine] = kvf_time_now_ns();   /* fresh: not idle */
     }
     if ((rk->peers[engine][remote] != NULL) &&
         (kvf_ucx_peer_status(rk->peers[engine][remote]) != KVF_OK)) {
@@ -648,6 +667,9 @@ static kvf_status_t kvf_conn_start_pull(kvf_connector_h conn, int tp_rank,
     if (status != KVF_OK) {
         goto err;
     }
+    rk->peers_busy[engine]++;
+    rk->peers_used_ns[engine] = kvf_time_now_ns();
+    req->holds_peers = true;
     req->deadline_ns = kvf_time_now_ns() + (uint64_t)conn->timeout_ms * 1000000ull;
     for (int i = 0; i < req->plan->num_ranks; ++i) {
         status = kvf_conn_post_next(conn, rk, req, i);

@@ -19,6 +19,16 @@
 
 #define KVF_CONN_MAX_ENGINES 16
 
+/*
+ * Endpoints to an engine that carried no pull for this long are closed and
+ * connected afresh before the next pull (docs/FAILURES.md, link outages): an
+ * endpoint that sent anything (UCX keepalives) while a link was down waits
+ * out TCP's retransmission back-off, as long as the outage, when the link
+ * returns. One that carried a pull within this bound saw the link up then,
+ * so any outage since was shorter and so is its stall.
+ */
+#define KVF_CONN_EP_IDLE_MS 2000
+
 typedef struct kvf_conn_engine {
     char                         engine_id[KVF_ENGINE_ID_MAX];
     kvf_rank_meta_t             *ranks;        /* [tp], our own copy: the side-channel
@@ -61,6 +71,11 @@ typedef struct kvf_conn_rank {
     kvf_ucx_peer_h     *peers[KVF_CONN_MAX_ENGINES];   /* [engine][remote tp], lazily */
     int                 peers_tp[KVF_CONN_MAX_ENGINES];  /* length of peers[e] */
     uint64_t            peers_gen[KVF_CONN_MAX_ENGINES]; /* engine gen peers[e] belong to */
+    /* pulls of this rank from engine e in flight, and when one last started or
+     * ended: endpoints idle past KVF_CONN_EP_IDLE_MS are reconnected first */
+    int                 peers_busy[KVF_CONN_MAX_ENGINES];
+    uint64_t            peers_used_ns[KVF_CONN_MAX_ENGINES];
+    uint64_t            reconnects;     /* idle endpoint sets replaced (stats, tests) */
     kvf_device_t        device;         /* where the pool lives (tail zeroing) */
 } kvf_conn_rank_t;
 
@@ -110,6 +125,7 @@ struct kvf_connector_req {
     uint64_t         posted_ns, landed_ns, done_ns;   /* kvf_connector_stats_t */
     size_t          *zero_off, *zero_len;            /* [plan->num_zero], for the device */
     bool             holds_engine;  /* counted in its engine's inflight */
+    bool             holds_peers;   /* counted in its rank's peers_busy[engine] */
     char             request_id[KVF_ENGINE_ID_MAX];
     kvf_kv_digest_t *digests;       /* [plan->num_ranks] once req_digests ran */
 };
