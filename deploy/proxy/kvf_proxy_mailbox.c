@@ -17,10 +17,25 @@
 
 /* ---- mailboxes (pool->lock held) ---------------------------------------- */
 
+/* FNV-1a over the request id, the role and the instance index. */
+static unsigned kvf_proxy_call_hash(kvf_proxy_role_t role, int idx, const char *request_id)
+{
+    uint32_t h = 2166136261u;
+
+    for (const unsigned char *p = (const unsigned char *)request_id; *p != '\0'; ++p) {
+        h = (h ^ *p) * 16777619u;
+    }
+    h = (h ^ (uint32_t)role) * 16777619u;
+    h = (h ^ (uint32_t)idx) * 16777619u;
+    return h & (KVF_PROXY_CALL_BUCKETS - 1u);
+}
+
 struct kvf_proxy_call *kvf_proxy_call_find(struct kvf_proxy_pool *pool, kvf_proxy_role_t role,
                                            int idx, const char *request_id)
 {
-    for (struct kvf_proxy_call *c = pool->calls; c != NULL; c = c->next) {
+    unsigned b = kvf_proxy_call_hash(role, idx, request_id);
+
+    for (struct kvf_proxy_call *c = pool->buckets[b]; c != NULL; c = c->hnext) {
         if ((c->role == role) && (c->idx == idx) && (strcmp(c->request_id, request_id) == 0)) {
             return c;
         }
@@ -173,6 +188,9 @@ kvf_status_t kvf_proxy_call_start(kvf_proxy_pool_h pool, kvf_proxy_role_t role, 
     pthread_mutex_lock(&pool->lock);
     c->next = pool->calls;
     pool->calls = c;
+    c->bucket = kvf_proxy_call_hash(role, idx, c->request_id);
+    c->hnext = pool->buckets[c->bucket];
+    pool->buckets[c->bucket] = c;
     if ((req->body_case == KVF__SERVE_REQUEST__BODY_PREFILL) ||
         (req->body_case == KVF__SERVE_REQUEST__BODY_DECODE)) {
         kvf_proxy_instance_info_t *info = &pool->inst[role][idx].info;
@@ -249,6 +267,13 @@ void kvf_proxy_call_end(kvf_proxy_call_h call)
     for (struct kvf_proxy_call **pp = &pool->calls; *pp != NULL; pp = &(*pp)->next) {
         if (*pp == call) {
             *pp = call->next;
+            break;
+        }
+    }
+    for (struct kvf_proxy_call **pp = &pool->buckets[call->bucket]; *pp != NULL;
+         pp = &(*pp)->hnext) {
+        if (*pp == call) {
+            *pp = call->hnext;
             break;
         }
     }

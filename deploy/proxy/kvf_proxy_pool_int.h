@@ -51,8 +51,14 @@ typedef struct kvf_proxy_reply_node {
     Kvf__ServeReply             *reply;
 } kvf_proxy_reply_node_t;
 
+/* Buckets of the calls' hash by (role, instance, request id): a reply finds its
+ * call in O(1) however many are open (kvf_proxy_call_find). A power of two. */
+#define KVF_PROXY_CALL_BUCKETS 1024u
+
 struct kvf_proxy_call {
     struct kvf_proxy_call  *next;
+    struct kvf_proxy_call  *hnext;          /* in pool->buckets[hash] */
+    unsigned                bucket;
     struct kvf_proxy_pool  *pool;
     kvf_proxy_role_t        role;
     int                     idx;
@@ -106,6 +112,7 @@ struct kvf_proxy_pool {
     int                  count[KVF_PROXY_ROLE_COUNT];
     unsigned             rr[KVF_PROXY_ROLE_COUNT];
     struct kvf_proxy_call *calls;
+    struct kvf_proxy_call *buckets[KVF_PROXY_CALL_BUCKETS];   /* the same calls, hashed */
     kvf_proxy_msg_t     *sendq_head;
     kvf_proxy_msg_t     *sendq_tail;
     int                  efd;
