@@ -61,6 +61,8 @@ typedef struct kvf_lease_stats {
     uint64_t quarantined_blocks;   /* blocks that went through quarantine */
     uint64_t quarantined_now;      /* blocks in quarantine now */
     uint64_t abandoned;            /* leases a failed or abandoned pull gave back early */
+    uint64_t quarantine_cut_blocks;/* quarantined blocks an abandoning release freed before
+                                    * their quarantine ended (an abort came first) */
 } kvf_lease_stats_t;
 
 /** Create an empty table. @return KVF_OK or KVF_ERR_NO_MEMORY. */

@@ -276,6 +276,8 @@ static void kvf_pf_health_fill(kvf_prefill_server_h srv, Kvf__HealthReply *h)
     h->releases_refused = ls.refused;
     h->expired_reads_prevented = ls.expired_answers;
     h->quarantined_blocks = ls.quarantined_blocks;
+    h->has_quarantine_cut_blocks = 1;
+    h->quarantine_cut_blocks = ls.quarantine_cut_blocks;
     h->has_running = h->has_leases = h->has_queue_depth = h->has_lease_timeout_ms = 1;
     h->running = (uint32_t)(srv->num_pending + (int)kvf_lease_table_pinned(srv->leases));
     h->leases = kvf_lease_table_count(srv->leases);
@@ -495,6 +497,8 @@ static void kvf_pf_abort(kvf_prefill_server_h srv, const Kvf__AbortRequest *req)
      * pull), so the blocks wait out the quarantine instead of being freed at
      * once, and its release will be answered "expired" (§9) */
     if (kvf_lease_table_abort(srv->leases, rid, kvf_time_now_ms())) {
+        kvf_log(KVF_LOG_INFO, KVF_SUB_SCHED, "request %s aborted while leased: its blocks wait"
+                " in quarantine unless its decode says it stopped reading", rid);
         return;
     }
     for (int i = 0; i < srv->num_pending; ++i) {

@@ -62,6 +62,8 @@ cJSON *kvf_proxy_pool_health_json(kvf_proxy_pool_h pool)
             cJSON_AddNumberToObject(o, "expired_lease_reads_prevented",
                                     (double)info.expired_reads_prevented);
             cJSON_AddNumberToObject(o, "quarantined_blocks", (double)info.quarantined_blocks);
+            cJSON_AddNumberToObject(o, "quarantine_cut_blocks",
+                                    (double)info.quarantine_cut_blocks);
             cJSON_AddNumberToObject(o, "auth_refusals_serve", (double)info.auth_refusals_serve);
             cJSON_AddNumberToObject(o, "auth_refusals_side", (double)info.auth_refusals_side);
             cJSON_AddNumberToObject(o, "last_ok_age_ms", (double)info.last_ok_age_ms);

@@ -98,6 +98,7 @@ typedef struct kvf_proxy_instance_info {
     uint64_t releases_refused;       /* prefill: lease operations refused */
     uint64_t expired_reads_prevented;/* reads not trusted because the lease expired */
     uint64_t quarantined_blocks;     /* prefill: blocks quarantined before reuse */
+    uint64_t quarantine_cut_blocks;  /* prefill: of those, freed early by an abandon */
     uint64_t auth_refusals_serve;    /* peers its control channel's key check refused */
     uint64_t auth_refusals_side;     /* prefill: peers its side channel's key check refused */
     int64_t  last_ok_age_ms;         /* since the last answered probe; -1: never */

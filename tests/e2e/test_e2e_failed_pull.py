@@ -5,7 +5,9 @@ Decode's first release is dropped (fault lease.send@1=drop: not sent, the
 pull fails as unanswered), so decode cannot trust the read and fails the
 request. It then sends an abandoning release (every rank, status not OK):
 nothing reads those pages any more. Prefill must free them at once, not
-after the lease (30 s) and its quarantine. Measured from the client's error
+after the lease (30 s) and its quarantine (if the proxy's abort of the
+failed request reaches prefill first, the lease is quarantined and the
+abandon cuts that short: quarantine_cut_blocks counts it). Measured from the client's error
 to the moment the proxy's /health (probed every few hundred ms) shows every
 prefill page free: under 1 s; the figure is printed. The next request is
 answered with the colocated tokens.
@@ -56,12 +58,18 @@ def main():
                          2.0, "a health answer after the error", interval=0.01)
         back_ms = 1e3 * (at - t_err)
         print("failed pull: prefill's first health answer after the client's error (%.0f ms"
-              " later) shows free %d of %d pages, quarantined %d, leases %s"
+              " later) shows free %d of %d pages, quarantined %d (cut short by the abandon"
+              " %d), leases %s"
               % (back_ms, p["free_pages"], p["total_pages"], p["quarantined_blocks"],
-                 p.get("leases")))
+                 p["quarantine_cut_blocks"], p.get("leases")))
         assert p["free_pages"] == p["total_pages"], "pages still pinned: %s" % p
         assert back_ms < 1000, back_ms
-        assert p["quarantined_blocks"] == 0, p
+        # The proxy aborts the failed request on prefill (control channel) while decode's
+        # abandon goes over the side channel: when the abort lands first (seen under load)
+        # the lease is quarantined and the abandon then cuts the quarantine short. What
+        # matters: no block waited out a quarantine.
+        assert p["quarantined_blocks"] == p["quarantine_cut_blocks"], \
+            "blocks waited out a quarantine: %s" % p
         r = pool.complete(PROMPT, max_tokens=MAX_TOKENS, temperature=0, return_token_ids=True)
         check_tokens(r["choices"][0]["token_ids"], ref_tokens, ref_logits, True,
                      "the request after the failed pull")

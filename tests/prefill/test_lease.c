@@ -299,6 +299,8 @@ static void test_abandon_frees_at_once(void **state)
     kvf_lease_table_stats(t, &st);
     assert_int_equal(st.abandoned, 2);
     assert_int_equal(st.quarantined_now, 0);
+    assert_int_equal(st.quarantined_blocks, 2);      /* r2's, by the abort */
+    assert_int_equal(st.quarantine_cut_blocks, 2);   /* ... and cut short by its release */
     kvf_lease_table_destroy(t);
 }
 
