@@ -33,6 +33,7 @@ import os
 import random
 import sys
 import time
+import types
 
 import torch
 
@@ -134,7 +135,8 @@ def save(model, cfg_json, tok, held, out, meta):
         f.write(meta)
 
 
-def main():
+def parse_args():
+    """Command line, checked; sets tasks.PARAMS. Returns (args, fixed_records)."""
     ap = argparse.ArgumentParser(description="train a tiny Nemotron-H on the synthetic tasks")
     ap.add_argument("--config", required=True, help="config.json giving the geometry")
     ap.add_argument("--out", required=True)
@@ -201,12 +203,18 @@ def main():
         ap.error(f"--recall-keys letters has {len(tasks.KEY_LETTERS)} distinct keys, fewer than "
                  f"the {most} records a prompt may hold (--recall-records)")
 
+    return args, fixed_records
+
+
+def setup(args):
+    """Seeds torch, draws the held-out set, builds (or loads) the tokenizer and the model.
+    Returns a namespace: rng (to go on drawing from), held, seen, tok, bos, eos, pad,
+    cfg_json, model, nparams."""
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     torch.use_deterministic_algorithms(True)
     from transformers import NemotronHConfig, NemotronHForCausalLM
     import tokenizers
-    import transformers
 
     rng = random.Random(args.seed)
     held, seen = [], set()
@@ -241,7 +249,12 @@ def main():
     nparams = sum(p.numel() for p in model.parameters())
     log(f"model {nparams} parameters, vocab {tok.get_vocab_size()}")
 
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
+    return types.SimpleNamespace(rng=rng, held=held, seen=seen, tok=tok, bos=bos, eos=eos,
+                                 pad=pad, cfg_json=cfg_json, model=model, nparams=nparams)
+
+
+def lr_schedule(args):
+    """The learning rate of each step: (lr_at(step), the recall warm-up's rate)."""
     warm = 20
 
     recall_lr = args.recall_lr or args.lr
@@ -257,6 +270,16 @@ def main():
             return recall_lr + (args.lr - recall_lr) * (step - start + 1) / 50
         p = (step - start) / max(1, args.steps - start)
         return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)))
+
+    return lr_at, recall_lr
+
+
+def train_loop(args, st, fixed_records, lr_at):
+    """Trains st.model for --steps, logging losses and saving a partial checkpoint every
+    --eval-every steps. Returns the start time."""
+    model, tok, held, seen, rng = st.model, st.tok, st.held, st.seen, st.rng
+    bos, eos, pad, cfg_json = st.bos, st.eos, st.pad, st.cfg_json
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
 
     def fresh(task, **kw):
         while True:
@@ -300,6 +323,17 @@ def main():
             log(f"eval step {step + 1}: {evaluate(model, tok, held, bos, eos, 20)}")
             save(model, cfg_json, tok, held, args.out, f"(partial, step {step + 1})\n")
 
+    return t0
+
+
+def finish(args, st, recall_lr, t0):
+    """Rounds the weights to bf16, measures held-out accuracy on them, saves with TRAINING.md."""
+    import tokenizers
+    import transformers
+
+    model, tok, held, bos, eos = st.model, st.tok, st.held, st.bos, st.eos
+    cfg_json, nparams = st.cfg_json, st.nparams
+
     # Measure what is shipped: the bf16-rounded weights.
     with torch.no_grad():
         for p in model.parameters():
@@ -328,6 +362,14 @@ def main():
             + "".join(f" {t} {100 * a:.0f}%" for t, a in acc.items()) + "\n")
     save(model, cfg_json, tok, held, args.out, meta)
     log("saved " + args.out)
+
+
+def main():
+    args, fixed_records = parse_args()
+    st = setup(args)
+    lr_at, recall_lr = lr_schedule(args)
+    t0 = train_loop(args, st, fixed_records, lr_at)
+    finish(args, st, recall_lr, t0)
 
 
 if __name__ == "__main__":
