@@ -75,8 +75,12 @@ class Stream(threading.Thread):
         return (self.error is None) and (r is not None) and r.done and not r.errors
 
     def ended_cleanly(self):
-        """Completed, or ended with an error event followed by [DONE]."""
+        """Completed, or ended with an error event followed by [DONE], or refused with an
+        HTTP 5xx error body before any token was sent (the proxy drops a prefill that misses
+        its ZeroMQ heartbeats for 3 s and fails that prefill's requests at once)."""
         r = self.result
+        if isinstance(self.error, HttpError):
+            return self.error.status >= 500 and not self.stamps and "error" in str(self.error)
         return (self.error is None) and (r is not None) and r.done
 
 
