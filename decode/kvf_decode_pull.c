@@ -300,19 +300,36 @@ static kvf_status_t kvf_dc_pull_start_gets(kvf_dc_pull_ctx_t *ctx, kvf_dc_pull_t
     return KVF_INPROGRESS;
 }
 
-static kvf_status_t kvf_dc_pull_claimed(kvf_dc_pull_ctx_t *ctx, kvf_dc_pull_t *pull)
+/*
+ * The answer to the lease operation in flight (@a what: "claiming" or "releasing"):
+ * KVF_INPROGRESS while there is none; KVF_OK with *answer_p; else the pull has failed
+ * with that status, its message ending in @a tail.
+ */
+static kvf_status_t kvf_dc_pull_lease_answer(kvf_dc_pull_ctx_t *ctx, kvf_dc_pull_t *pull,
+                                             const char *what, const char *tail,
+                                             kvf_lease_answer_t *answer_p)
 {
-    kvf_lease_answer_t answer;
-    kvf_status_t status = ctx->xops->lease_poll(ctx->conn, pull->ticket, &answer);
+    kvf_status_t status = ctx->xops->lease_poll(ctx->conn, pull->ticket, answer_p);
 
     if (status == KVF_INPROGRESS) {
         return status;
     }
     pull->ticket = 0;
     if (status != KVF_OK) {
-        return kvf_dc_pull_fail(ctx, pull, status, "claiming the KV lease of request %s at"
-                                " prefill %s failed: %s", pull->request_id, pull->xp->engine_id,
-                                kvf_status_str(status));
+        return kvf_dc_pull_fail(ctx, pull, status, "%s the KV lease of request %s at prefill %s"
+                                " failed: %s%s", what, pull->request_id, pull->xp->engine_id,
+                                kvf_status_str(status), tail);
+    }
+    return KVF_OK;
+}
+
+static kvf_status_t kvf_dc_pull_claimed(kvf_dc_pull_ctx_t *ctx, kvf_dc_pull_t *pull)
+{
+    kvf_lease_answer_t answer;
+    kvf_status_t status = kvf_dc_pull_lease_answer(ctx, pull, "claiming", "", &answer);
+
+    if (status != KVF_OK) {
+        return status;
     }
     if (answer.verdict != KVF_LEASE_VALID) {
         ctx->reads_prevented++;
@@ -454,18 +471,13 @@ static kvf_status_t kvf_dc_pull_send_release(kvf_dc_pull_ctx_t *ctx, kvf_dc_pull
 static kvf_status_t kvf_dc_pull_released(kvf_dc_pull_ctx_t *ctx, kvf_dc_pull_t *pull)
 {
     kvf_lease_answer_t answer;
-    kvf_status_t status = ctx->xops->lease_poll(ctx->conn, pull->ticket, &answer);
+    /* unanswered: prefill may never have seen it, so the abandon follows (a replay of an
+     * answered release is refused there, harmlessly) */
+    kvf_status_t status = kvf_dc_pull_lease_answer(ctx, pull, "releasing",
+                                                   "; the KV read is not trusted", &answer);
 
-    if (status == KVF_INPROGRESS) {
-        return status;
-    }
-    pull->ticket = 0;
     if (status != KVF_OK) {
-        /* unanswered: prefill may never have seen it, so the abandon follows (a replay
-         * of an answered release is refused there, harmlessly) */
-        return kvf_dc_pull_fail(ctx, pull, status, "releasing the KV lease of request %s at"
-                                " prefill %s failed: %s; the KV read is not trusted",
-                                pull->request_id, pull->xp->engine_id, kvf_status_str(status));
+        return status;
     }
     pull->claimed = false;   /* answered: prefill has it, no abandon after it */
     kvf_dc_pull_free_digests(pull);
