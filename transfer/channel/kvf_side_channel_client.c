@@ -36,6 +36,7 @@
 #define KVF_SIDE_CHANNEL_MAX_CACHE 64
 #define KVF_SC_MAX_CONNS           64     /* remote side channels open at once */
 #define KVF_SC_MAX_OPS             4096   /* requests in flight */
+#define KVF_SC_CONNECT_TIMEOUT_MS  1500   /* > the first SYN retransmission (1 s) */
 
 typedef struct kvf_side_channel_entry {
     char                  engine_id[KVF_ENGINE_ID_MAX];   /* "" marks a free slot */
@@ -51,6 +52,7 @@ typedef struct kvf_sc_conn {
     void    *sock;            /* DEALER */
     void    *mon;             /* PAIR reading the socket's monitor */
     uint64_t used_seq;        /* LRU: a full table closes the idlest */
+    uint64_t opened_ns;       /* when the connect began: tells a refusal from a timeout */
 } kvf_sc_conn_t;
 
 typedef enum { KVF_SC_OP_FETCH = 1, KVF_SC_OP_LEASE = 2 } kvf_sc_op_kind_t;
@@ -307,11 +309,14 @@ static kvf_status_t kvf_sc_conn_open(kvf_side_channel_client_h c, int i, const c
         {ZMQ_LINGER, 0},
         {ZMQ_MAXMSGSIZE, KVF_SIDE_CHANNEL_MAX_MSG},
         /* after a link outage a stalled connection is dropped (heartbeats) and
-         * the monitor's disconnect fails its operations; the reopened one
-         * connects within about 0.6 s of the link's return */
+         * the monitor's disconnect fails its operations. The reopened one may
+         * lose its first SYN (a neighbour entry still unresolved just after the
+         * link returns): the connect timeout outlasts the kernel's first SYN
+         * retransmission (1 s), so one lost SYN costs a second, not the request.
+         * A refusal (RST: nothing listens) still fails at once. */
         {ZMQ_HEARTBEAT_IVL, 1000},
         {ZMQ_HEARTBEAT_TIMEOUT, 3000},
-        {ZMQ_CONNECT_TIMEOUT, 500},
+        {ZMQ_CONNECT_TIMEOUT, KVF_SC_CONNECT_TIMEOUT_MS},
         {ZMQ_RECONNECT_IVL_MAX, 500},
     };
     const kvf_zmq_opt_t mon_opts[] = {
@@ -346,6 +351,7 @@ static kvf_status_t kvf_sc_conn_open(kvf_side_channel_client_h c, int i, const c
     }
     snprintf(k->host, sizeof(k->host), "%s", host);
     k->port = port;
+    k->opened_ns = kvf_time_now_ns();
     k->in_use = true;
     return KVF_OK;
 
@@ -427,8 +433,14 @@ static bool kvf_sc_conn_events(kvf_side_channel_client_h c, int i)
         if (event == ZMQ_EVENT_CONNECTED) {
             k->connected = true;
         } else if ((event == ZMQ_EVENT_CONNECT_RETRIED) && !k->connected) {
-            kvf_error("side channel: tcp://%s:%d refused the connection (nothing listens"
-                      " there)", k->host, k->port);
+            uint64_t waited_ms = (kvf_time_now_ns() - k->opened_ns) / 1000000u;
+            if (waited_ms + 100u >= KVF_SC_CONNECT_TIMEOUT_MS) {
+                kvf_error("side channel: tcp://%s:%d did not answer the connection within"
+                          " %d ms", k->host, k->port, KVF_SC_CONNECT_TIMEOUT_MS);
+            } else {
+                kvf_error("side channel: tcp://%s:%d refused the connection (nothing"
+                          " listens there)", k->host, k->port);
+            }
             kvf_sc_conn_fail(c, i, KVF_ERR_PEER_UNREACHABLE);
             return false;
         } else if (event == ZMQ_EVENT_DISCONNECTED) {
