@@ -40,15 +40,10 @@
 #include "kvf_connector_ucx_int.h"
 
 #include "kvf_device.h"
-#include "kvf_fault.h"
-#include "kvf_kern_status.h"
 #include "kvf_log.h"
 #include "kvf_random.h"
 #include "kvf_time.h"
 #include "kvf_tp_map.h"
-
-#define XXH_STATIC_LINKING_ONLY   /* XXH3_state_t on the stack */
-#include <xxhash.h>
 
 #include <poll.h>
 #include <pthread.h>
@@ -166,6 +161,7 @@ static void kvf_conn_destroy(kvf_connector_h conn)
     for (int r = 0; (conn->ranks != NULL) && (r < conn->tp); ++r) {
         kvf_conn_rank_t *rk = &conn->ranks[r];
         kvf_ucx_agent_destroy(rk->agent);   /* closes the peers it connected */
+        kvf_conn_pool_stream_destroy(rk);
         for (int e = 0; e < KVF_CONN_MAX_ENGINES; ++e) {
             free(rk->peers[e]);
         }
@@ -262,11 +258,13 @@ static kvf_status_t kvf_conn_add_pool(kvf_connector_h conn, const kvf_connector_
     kvf_conn_rank_t *rk;
     kvf_ucx_agent_params_t ap;
     kvf_rank_meta_t *m;
+    kvf_xfer_mem_type_t mem_type;
     char name[64];
     kvf_status_t status;
 
     if ((pool == NULL) || (pool->tp_rank < 0) || (pool->tp_rank >= conn->tp) ||
-        ((base == NULL) == (alloc_p == NULL)) || (pool->num_blocks < 1)) {
+        ((base == NULL) == (alloc_p == NULL)) || (pool->num_blocks < 1) ||
+        (kvf_conn_pool_device(conn, pool, &mem_type) != KVF_OK)) {
         return KVF_ERR_INVALID_PARAM;
     }
     if ((alloc_p != NULL) && (pool->device.kind != KVF_DEVICE_CPU)) {
@@ -311,7 +309,7 @@ static kvf_status_t kvf_conn_add_pool(kvf_connector_h conn, const kvf_connector_
     }
     status = (alloc_p != NULL) ?
              kvf_ucx_agent_mem_alloc(rk->agent, pool->len, &base, &rk->region) :
-             kvf_ucx_agent_mem_register(rk->agent, base, pool->len, &rk->region);
+             kvf_ucx_agent_mem_register_type(rk->agent, base, pool->len, mem_type, &rk->region);
     if (status != KVF_OK) {
         goto err_destroy_agent;
     }
@@ -341,13 +339,15 @@ static kvf_status_t kvf_conn_add_pool(kvf_connector_h conn, const kvf_connector_
         status = kvf_ucx_agent_worker_address(rk->agent, m->worker_addr, sizeof(m->worker_addr),
                                               &m->worker_addr_len);
     }
+    if (status == KVF_OK) {
+        status = kvf_conn_pool_stream(conn, rk, pool);   /* the pool's device, its stream */
+    }
     if (status != KVF_OK) {
         goto err_destroy_agent;
     }
     rk->base = base;
     rk->len = pool->len;
     rk->num_blocks = pool->num_blocks;
-    rk->device = pool->device;
     pthread_mutex_lock(&conn->lock);
     rk->registered = true;
     pthread_mutex_unlock(&conn->lock);
@@ -731,17 +731,10 @@ static kvf_status_t kvf_conn_poll(kvf_connector_h conn, int tp_rank, kvf_connect
         return req->status;
     }
     req->landed_ns = kvf_time_now_ns();
-    /* the untransferred tails, on whatever device holds the pool */
-    {
-        int err = kvf_zero_ranges(&rk->device, rk->base, req->zero_off, req->zero_len,
-                                  req->plan->num_zero);
-        if (err != KVF_KERN_OK) {
-            kvf_error("ucx connector: zeroing %zu tail range(s) of request %s on rank %d "
-                      "(%s) failed: %s", req->plan->num_zero, req->request_id, tp_rank,
-                      kvf_device_kind_name(rk->device.kind), kvf_kern_strerror(err));
-            req->status = kvf_status_from_kern(err);
-            return req->status;
-        }
+    /* the untransferred tails, on whatever device holds the pool (its stream) */
+    req->status = kvf_conn_zero_tails(conn, req);
+    if (req->status != KVF_OK) {
+        return req->status;
     }
     req->done_ns = kvf_time_now_ns();
     req->status = KVF_OK;
@@ -876,68 +869,6 @@ static kvf_status_t kvf_conn_wait_fds(kvf_connector_h conn, int *fds, int cap, i
         ++n;
     }
     *n_p = n;
-    return KVF_OK;
-}
-
-/* Digest what rank @a tp_rank received from prefill rank plan @a i (fault ucx.data first). */
-static kvf_status_t kvf_conn_digest_one(kvf_connector_h conn, kvf_connector_req_h req, int i)
-{
-    const kvf_xfer_rank_plan_t *rp = &req->plan->ranks[i];
-    kvf_conn_rank_t *rk = &conn->ranks[req->rank];
-    kvf_kv_digest_t *d = &req->digests[i];
-    XXH3_state_t st;
-
-    d->decode_rank = req->rank;
-    d->prefill_rank = rp->remote_rank;
-    d->num_ranges = rp->num_descs;
-    d->ranges = malloc(2 * rp->num_descs * sizeof(*d->ranges) + 1);
-    if (d->ranges == NULL) {
-        return KVF_ERR_NO_MEMORY;
-    }
-#if KVF_FAULT_ENABLED
-    if ((rp->num_descs > 0) && (KVF_FAULT(UCX_DATA) == KVF_FAULT_CORRUPT)) {
-        uint8_t *b = rk->base + rp->descs[0].local_off + rp->descs[0].len / 2;
-        kvf_warn("fault ucx.data: request %s: one byte from prefill rank %d flipped (0x%02x)",
-                 req->request_id, rp->remote_rank, *b);
-        *b ^= 0xff;
-    }
-#endif
-    XXH3_64bits_reset(&st);
-    for (size_t k = 0; k < rp->num_descs; ++k) {
-        d->ranges[2 * k] = rp->descs[k].remote_off;
-        d->ranges[2 * k + 1] = rp->descs[k].len;
-        XXH3_64bits_update(&st, rk->base + rp->descs[k].local_off, (size_t)rp->descs[k].len);
-    }
-    d->digest = XXH3_64bits_digest(&st);
-    return KVF_OK;
-}
-
-static kvf_status_t kvf_conn_req_digests(kvf_connector_h conn, int tp_rank,
-                                         kvf_connector_req_h req,
-                                         const kvf_kv_digest_t **digests_p, int *n_p)
-{
-    if ((req == NULL) || (req->rank != tp_rank) || (req->status != KVF_OK) ||
-        (digests_p == NULL) || (n_p == NULL)) {
-        return KVF_ERR_INVALID_PARAM;
-    }
-    KVF_CONN_CHECK_RANK(conn, tp_rank, "req_digests");
-    if (conn->ranks[tp_rank].device.kind != KVF_DEVICE_CPU) {
-        return KVF_ERR_UNSUPPORTED;
-    }
-    if (req->digests == NULL) {
-        req->digests = calloc((size_t)req->plan->num_ranks + 1, sizeof(*req->digests));
-        if (req->digests == NULL) {
-            return KVF_ERR_NO_MEMORY;
-        }
-        for (int i = 0; i < req->plan->num_ranks; ++i) {
-            kvf_status_t status = kvf_conn_digest_one(conn, req, i);
-            if (status != KVF_OK) {
-                return status;   /* freed with the request */
-            }
-        }
-    }
-    *digests_p = req->digests;
-    *n_p = req->plan->num_ranks;
     return KVF_OK;
 }
 

@@ -76,7 +76,8 @@ typedef struct kvf_conn_rank {
     int                 peers_busy[KVF_CONN_MAX_ENGINES];
     uint64_t            peers_used_ns[KVF_CONN_MAX_ENGINES];
     uint64_t            reconnects;     /* idle endpoint sets replaced (stats, tests) */
-    kvf_device_t        device;         /* where the pool lives (tail zeroing) */
+    kvf_device_t        device;         /* where the pool lives; CUDA: with a stream of
+                                         * its own for the zeroing (kvf_conn_pool_stream) */
 } kvf_conn_rank_t;
 
 struct kvf_connector {
@@ -173,6 +174,43 @@ bool         kvf_conn_side_wait(kvf_connector_h conn, int timeout_ms);
 kvf_status_t kvf_conn_forget_engine(kvf_connector_h conn, const char *engine_id);
 kvf_status_t kvf_conn_remote_incarnation(kvf_connector_h conn, const char *engine_id,
                                          uint64_t *incarnation_p);
+
+/* ---- kvf_connector_ucx_land.c: the pool's device, zeroing, digests ---- */
+
+/* The memory type of @a pool's device (cpu: host, cuda: cuda); KVF_ERR_INVALID_PARAM
+ * (logged) for another kind. */
+kvf_status_t kvf_conn_pool_device(kvf_connector_h conn, const kvf_connector_pool_t *pool,
+                                  kvf_xfer_mem_type_t *type_p);
+
+/* rk->device from @a pool's: a copy for the CPU, with a stream of its own for CUDA
+ * (kvf_device_stream_create()). Rank thread, setup. */
+kvf_status_t kvf_conn_pool_stream(kvf_connector_h conn, kvf_conn_rank_t *rk,
+                                  const kvf_connector_pool_t *pool);
+
+/* Destroy the stream kvf_conn_pool_stream() made (none: nothing). */
+void         kvf_conn_pool_stream_destroy(kvf_conn_rank_t *rk);
+
+/*
+ * Split @a n ascending, disjoint byte ranges of a pool of @a page_size pages
+ * into the whole pages they cover (@a pages, *npages_p of them; room for
+ * sum(len / page_size + 1)) and the partial rest (@a rest_off/@a rest_len,
+ * room for 2n). Returns the number of partial ranges.
+ */
+size_t       kvf_conn_zero_split(const size_t *off, const size_t *len, size_t n,
+                                 size_t page_size, int64_t *pages, size_t *npages_p,
+                                 size_t *rest_off, size_t *rest_len);
+
+/*
+ * The zero post-ops of @a req once its last GET landed: CPU pools by one
+ * kvf_zero_ranges(); CUDA pools by kvf_blocks_zero() for whole pages and
+ * kvf_zero_ranges() for tails on the pool's stream, then a sync of it.
+ * @return KVF_OK, or the device error (logged).
+ */
+kvf_status_t kvf_conn_zero_tails(kvf_connector_h conn, kvf_connector_req_h req);
+
+/* The req_digests op (kvf_connector.h). */
+kvf_status_t kvf_conn_req_digests(kvf_connector_h conn, int tp_rank, kvf_connector_req_h req,
+                                  const kvf_kv_digest_t **digests_p, int *n_p);
 
 /* Prefill: the side channel's lease handler: KV digests of a release checked, then the
  * daemon's handler (conn->lease_func). */

@@ -163,6 +163,43 @@ static kvf_status_t kvf_conn_check_rkeys(const kvf_handshake_reply_t *reply,
 }
 
 /*
+ * Every remote region is memory this side's UCX reaches: a prefill pool in
+ * CUDA memory read by a decode whose UCX has no CUDA is refused here, by
+ * name with both sides' values, before any endpoint or key exists.
+ */
+static kvf_status_t kvf_conn_check_mem_types(kvf_connector_h conn,
+                                             const kvf_handshake_reply_t *reply, char *why,
+                                             size_t why_len)
+{
+    const kvf_conn_rank_t *rk = &conn->ranks[0];   /* every rank's agent: the same UCX */
+
+    for (int r = 0; r < reply->num_ranks; ++r) {
+        for (int j = 0; j < reply->ranks[r].num_regions; ++j) {
+            kvf_xfer_mem_type_t t = reply->ranks[r].regions[j].mem_type;
+            kvf_refusal_t ref;
+            char what[200];
+
+            if (kvf_ucx_agent_mem_reach(rk->agent, t, what, sizeof(what)) == KVF_OK) {
+                continue;
+            }
+            memset(&ref, 0, sizeof(ref));
+            snprintf(ref.field, sizeof(ref.field), "regions[%d].memory_type", j);
+            snprintf(ref.local, sizeof(ref.local), "%s pool (%s)",
+                     kvf_xfer_mem_type_name(rk->meta->regions[0].mem_type), what);
+            snprintf(ref.remote, sizeof(ref.remote), "%s (rank %d)",
+                     kvf_xfer_mem_type_name(t), r);
+            snprintf(ref.why, sizeof(ref.why), "this side's UCX cannot reach %s memory: pools"
+                     " in device memory need a UCX built with CUDA on both sides",
+                     kvf_xfer_mem_type_name(t));
+            kvf_refusal_format(&ref, why, why_len);
+            kvf_error("%s", why);
+            return KVF_ERR_REFUSED;
+        }
+    }
+    return KVF_OK;
+}
+
+/*
  * Check an accepted @a reply of @a engine_id at @a host:@a port and
  * publish it as a new entry (the lock only around the publishing).
  */
@@ -193,7 +230,10 @@ static kvf_status_t kvf_conn_install(kvf_connector_h conn, const char *engine_id
         }
         goto err_free;
     }
-    status = kvf_conn_check_rkeys(reply, engine_id, host, port, why, why_len);
+    status = kvf_conn_check_mem_types(conn, reply, why, why_len);
+    if (status == KVF_OK) {
+        status = kvf_conn_check_rkeys(reply, engine_id, host, port, why, why_len);
+    }
     if (status != KVF_OK) {
         goto err_free;
     }

@@ -163,6 +163,7 @@ kvf_status_t kvf_ucx_agent_create(const kvf_ucx_agent_params_t *params,
         goto err_free_ring;
     }
 
+    kvf_ucx_mem_types_query(agent);
     memset(&wparams, 0, sizeof(wparams));
     wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
     wparams.thread_mode = UCS_THREAD_MODE_SINGLE;

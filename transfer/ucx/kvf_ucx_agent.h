@@ -90,12 +90,32 @@ kvf_status_t kvf_ucx_agent_create(const kvf_ucx_agent_params_t *params,
 void kvf_ucx_agent_destroy(kvf_ucx_agent_h agent);
 
 /**
- * Register [addr, addr + len) once (ucp_mem_map); setup path only.
+ * Register [addr, addr + len) once (ucp_mem_map); setup path only. CUDA
+ * device memory (kvf_device_ptr_is_cuda(addr): this call starts the CUDA
+ * runtime in a CUDA build) is mapped with
+ * UCS_MEMORY_TYPE_CUDA, so a CUDA-built UCX picks cuda_copy/cuda_ipc on one
+ * host and GPUDirect RDMA across hosts; the region's metadata then says
+ * KVF_XFER_MEM_CUDA and GETs into it carry that memory type.
  * @param [out] region_p  Index of the new region (0, 1, ...).
- * @return KVF_OK; KVF_ERR_NO_RESOURCE past KVF_XFER_MAX_REGIONS; UCX errors.
+ * @return KVF_OK; KVF_ERR_NO_RESOURCE past KVF_XFER_MAX_REGIONS;
+ *         KVF_ERR_UNSUPPORTED for device memory this UCX cannot reach
+ *         (kvf_ucx_agent_mem_reach(); logged naming the memory type, the
+ *         UCX version, its memory types and UCX_TLS); UCX errors.
  */
 kvf_status_t kvf_ucx_agent_mem_register(kvf_ucx_agent_h agent, void *addr, size_t len,
                                         int *region_p);
+
+/**
+ * As kvf_ucx_agent_mem_register(), with the memory type said by the caller
+ * (the pool's device): KVF_XFER_MEM_HOST touches no CUDA at all (the CPU
+ * path: kvf_device_ptr_is_cuda() would start the CUDA runtime, a context on
+ * a GPU machine); KVF_XFER_MEM_CUDA is checked against the pointer.
+ * @return as kvf_ucx_agent_mem_register(); KVF_ERR_INVALID_PARAM for CUDA
+ *         memory that CUDA does not know as device memory, or a @a type
+ *         outside kvf_xfer_mem_type_t.
+ */
+kvf_status_t kvf_ucx_agent_mem_register_type(kvf_ucx_agent_h agent, void *addr, size_t len,
+                                             kvf_xfer_mem_type_t type, int *region_p);
 
 /**
  * Allocate @a len bytes of host memory through UCX and register them as a
@@ -120,6 +140,20 @@ kvf_status_t kvf_ucx_agent_mem_alloc(kvf_ucx_agent_h agent, size_t len, void **a
  */
 kvf_status_t kvf_ucx_agent_region_meta(kvf_ucx_agent_h agent, int region,
                                        kvf_xfer_region_meta_t *meta_p);
+
+/**
+ * Whether this agent's UCX context reaches memory of @a type: host always;
+ * CUDA when ucp_context_query() lists UCS_MEMORY_TYPE_CUDA (a UCX built with
+ * CUDA; Debian 12's 1.13.1 is not). @a what always receives what this UCX is,
+ * e.g. "UCX 1.13.1 reaching host memory, UCX_TLS=all", for messages.
+ * @return KVF_OK; KVF_ERR_UNSUPPORTED; KVF_ERR_INVALID_PARAM for a @a type
+ *         outside kvf_xfer_mem_type_t. Any thread (reads what create stored).
+ */
+kvf_status_t kvf_ucx_agent_mem_reach(kvf_ucx_agent_h agent, kvf_xfer_mem_type_t type,
+                                     char *what, size_t what_len);
+
+/** What kvf_ucx_agent_mem_reach() writes to @a what: UCX version, memory types, UCX_TLS. */
+void kvf_ucx_agent_describe(kvf_ucx_agent_h agent, char *buf, size_t len);
 
 /** Copy this worker's address into @a buf (cap bytes). KVF_ERR_NO_RESOURCE if too small. */
 kvf_status_t kvf_ucx_agent_worker_address(kvf_ucx_agent_h agent, uint8_t *buf, size_t cap,
@@ -185,9 +219,12 @@ kvf_status_t kvf_ucx_rkey_check(const uint8_t *rkey, size_t len, char *why, size
 /**
  * Connect to a remote rank: create the endpoint from meta->worker_addr and
  * unpack every region's rkey (once; cached in the peer) after
- * kvf_ucx_rkey_check() passed for it.
+ * kvf_ucx_rkey_check() passed for it and its memory type is one this UCX
+ * reaches (kvf_ucx_agent_mem_reach()).
  * @return KVF_OK; KVF_ERR_PARSE for an rkey the check refuses or UCX cannot
- *         unpack (nothing connected then); mapped UCX errors.
+ *         unpack (nothing connected then); KVF_ERR_UNSUPPORTED for a region
+ *         in memory this UCX cannot reach (logged naming both); mapped UCX
+ *         errors.
  */
 kvf_status_t kvf_ucx_peer_connect(kvf_ucx_agent_h agent, const kvf_rank_meta_t *meta,
                                   kvf_ucx_peer_h *peer_p);
@@ -218,7 +255,9 @@ kvf_status_t kvf_ucx_peer_status(kvf_ucx_peer_h peer);
 /**
  * Post one batch: for each descriptor, @a op of descs[i].len bytes between
  * local region @a local_region + local_off and the peer's region
- * @a remote_region + remote_off. Never blocks. Every descriptor is checked
+ * @a remote_region + remote_off. Never blocks. A local region in device
+ * memory is named to UCX on every operation (UCP_OP_ATTR_FIELD_MEMORY_TYPE),
+ * so UCX does not detect the pointer's type per GET. Every descriptor is checked
  * against both region lengths first; on any error nothing was posted.
  *
  * @param [out] batch_p  New batch (release with kvf_ucx_batch_release()).

@@ -17,11 +17,18 @@
 #define KVF_UCX_MAX_PEERS      1024
 #define KVF_UCX_ARM_MAX_ROUNDS 1024     /* progress rounds before arm gives up: busy */
 
+/* What the UCX headers offer for memory types: ucp_mem_map's memory_type and
+ * ucp_request_param_t's (both UCX 1.10), ucp_context_query's memory_types
+ * (1.12). Without the query a UCX counts as reaching host memory only. */
+#define KVF_UCX_HAS_MEM_TYPE_PARAMS (UCP_API_VERSION >= UCP_VERSION(1, 10))
+#define KVF_UCX_HAS_MEM_TYPES_QUERY (UCP_API_VERSION >= UCP_VERSION(1, 12))
+
 typedef struct kvf_ucx_region {
     void    *addr;
     size_t   len;
     ucp_mem_h memh;
     kvf_ucx_access_t access;
+    kvf_xfer_mem_type_t mem_type;   /* kvf_device_ptr_is_cuda() of addr at map */
 } kvf_ucx_region_t;
 
 typedef struct kvf_ucx_notify_slot {
@@ -35,6 +42,7 @@ struct kvf_ucx_agent {
     bool             peer_err_mode;
     kvf_ucx_access_t access;        /* of the regions it maps */
     ucp_context_h    context;
+    uint64_t         mem_types;     /* UCS_BIT(ucs_memory_type_t) this UCX reaches */
     ucp_worker_h     worker;
     int              num_regions;
     kvf_ucx_region_t regions[KVF_XFER_MAX_REGIONS];
@@ -56,6 +64,7 @@ typedef struct kvf_ucx_remote_region {
     uint64_t  addr;
     uint64_t  len;
     ucp_rkey_h rkey;
+    kvf_xfer_mem_type_t mem_type;   /* as the peer published it */
 } kvf_ucx_remote_region_t;
 
 struct kvf_ucx_peer {
@@ -85,6 +94,13 @@ struct kvf_ucx_batch {
  * (kvf_ucx_mem.c).
  */
 void kvf_ucx_rkey_layout_probe(kvf_ucx_agent_h agent);
+
+/*
+ * The memory types this agent's UCX context reaches (ucp_context_query's
+ * memory_types; host only when the query is missing or fails), into
+ * agent->mem_types. Called once by kvf_ucx_agent_create() (kvf_ucx_mem.c).
+ */
+void kvf_ucx_mem_types_query(kvf_ucx_agent_h agent);
 
 /* Free parked peers whose close request completed (kvf_ucx_peer.c). */
 void kvf_ucx_reap_parked(kvf_ucx_agent_h agent);

@@ -165,6 +165,16 @@ kvf_status_t kvf_ucx_peer_connect(kvf_ucx_agent_h agent, const kvf_rank_meta_t *
         return KVF_ERR_INVALID_PARAM;
     }
     kvf_ucx_rkey_layout_probe(agent);                 /* decode packs no key of its own */
+    for (int i = 0; i < meta->num_regions; ++i) {
+        char what[256];
+        if (kvf_ucx_agent_mem_reach(agent, meta->regions[i].mem_type, what, sizeof(what)) !=
+            KVF_OK) {
+            kvf_error("%s: region %d of rank %d of %s is %s memory, and this side cannot reach"
+                      " it (%s)", agent->name, i, meta->tp_rank, meta->engine_id,
+                      kvf_xfer_mem_type_name(meta->regions[i].mem_type), what);
+            return KVF_ERR_UNSUPPORTED;
+        }
+    }
     for (int i = 0; i < meta->num_regions; ++i) {   /* before UCX sees any of it */
         char why[128];
         if (kvf_ucx_rkey_check(meta->regions[i].rkey, meta->regions[i].rkey_len, why,
@@ -206,6 +216,7 @@ kvf_status_t kvf_ucx_peer_connect(kvf_ucx_agent_h agent, const kvf_rank_meta_t *
         }
         peer->regions[i].addr = meta->regions[i].addr;
         peer->regions[i].len = meta->regions[i].length;
+        peer->regions[i].mem_type = meta->regions[i].mem_type;
         peer->num_regions = i + 1;
     }
     kvf_ucx_record_lanes(agent, peer->ep);

@@ -70,6 +70,12 @@ kvf_status_t kvf_ucx_xfer_post(kvf_ucx_agent_h agent, kvf_ucx_peer_h peer, kvf_u
     batch->status = KVF_INPROGRESS;
 
     memset(&param, 0, sizeof(param));
+#if KVF_UCX_HAS_MEM_TYPE_PARAMS
+    if (lr->mem_type != KVF_XFER_MEM_HOST) {   /* the local buffer of every GET/PUT */
+        param.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+        param.memory_type = UCS_MEMORY_TYPE_CUDA;
+    }
+#endif
     for (size_t i = 0; i < num_descs; ++i) {
         const kvf_xfer_desc_t *d = &descs[i];
         void *laddr = (uint8_t *)lr->addr + d->local_off;

@@ -22,6 +22,17 @@
 #define XXH_STATIC_LINKING_ONLY   /* XXH3_state_t on the stack */
 #include <xxhash.h>
 
+const char *kvf_xfer_mem_type_name(kvf_xfer_mem_type_t type)
+{
+    switch (type) {
+    case KVF_XFER_MEM_HOST:
+        return "host";
+    case KVF_XFER_MEM_CUDA:
+        return "cuda";
+    }
+    return "unknown";
+}
+
 void kvf_refusal_format(const kvf_refusal_t *r, char *buf, size_t len)
 {
     snprintf(buf, len, "handshake refused: %s local=%s remote=%s: %s", r->field, r->local,
@@ -408,6 +419,9 @@ kvf_status_t kvf_handshake_reply_pack(const kvf_handshake_reply_t *reply, uint8_
             x->has_rkey = 1;
             x->rkey.len = r->regions[j].rkey_len;
             x->rkey.data = (uint8_t *)r->regions[j].rkey;
+            /* host stays unsaid: the bytes of a host pool's metadata are unchanged */
+            x->has_memory_type = (r->regions[j].mem_type != KVF_XFER_MEM_HOST);
+            x->memory_type = (uint32_t)r->regions[j].mem_type;
             p->regions[j] = x;
         }
         p->has_worker_address = 1;
@@ -514,8 +528,16 @@ static bool kvf_hs_rank_from_proto(const Kvf__RankMetadata *p, kvf_rank_meta_t *
             (x->addr + x->length < x->addr)) {
             return false;
         }
+        if (x->has_memory_type && (x->memory_type >= KVF_XFER_MEM_TYPES)) {
+            kvf_log(KVF_LOG_DEBUG, KVF_SUB_PROTO, "handshake reply: rank %u regions[%zu]."
+                    "memory_type %u is not one of host (0), cuda (1)", p->tp_rank, j,
+                    x->memory_type);
+            return false;
+        }
         r->regions[j].addr = x->addr;
         r->regions[j].length = x->length;
+        r->regions[j].mem_type = x->has_memory_type ? (kvf_xfer_mem_type_t)x->memory_type :
+                                 KVF_XFER_MEM_HOST;
         r->regions[j].rkey_len = x->rkey.len;
         memcpy(r->regions[j].rkey, x->rkey.data, x->rkey.len);
     }

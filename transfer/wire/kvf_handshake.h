@@ -30,10 +30,24 @@
 #define KVF_LAYOUT_TAG_HND    "HND"  /* [K|V][heads][tokens][head_dim] */
 #define KVF_LAYOUT_TAG_DS     "DS"
 
+/**
+ * Where a region lives (XferRegion.memory_type). HOST is the zero value: a
+ * peer that sends no memory type publishes host memory.
+ */
+typedef enum {
+    KVF_XFER_MEM_HOST = 0,            /* host memory (UCS_MEMORY_TYPE_HOST) */
+    KVF_XFER_MEM_CUDA = 1,            /* CUDA device memory (UCS_MEMORY_TYPE_CUDA) */
+} kvf_xfer_mem_type_t;
+#define KVF_XFER_MEM_TYPES 2          /* values below this are known; unpack refuses others */
+
+/** "host", "cuda", or "unknown" for a value outside kvf_xfer_mem_type_t. */
+const char *kvf_xfer_mem_type_name(kvf_xfer_mem_type_t type);
+
 /** One registered region as published. */
 typedef struct kvf_xfer_region_meta {
     uint64_t addr;                    /* base address in the owner's process */
     uint64_t length;                  /* bytes */
+    kvf_xfer_mem_type_t mem_type;     /* where those bytes live; HOST when unsaid */
     size_t   rkey_len;
     uint8_t  rkey[KVF_RKEY_MAX];      /* packed UCX remote key */
 } kvf_xfer_region_meta_t;
@@ -183,7 +197,8 @@ kvf_status_t kvf_handshake_reply_pack(const kvf_handshake_reply_t *reply, uint8_
 /**
  * Decode and validate a reply: every rank's required fields present, in
  * range (tp_rank < tp_size <= KVF_XFER_MAX_TP, dtypes known, sizes > 0,
- * regions <= KVF_XFER_MAX_REGIONS, key and address lengths within bounds),
+ * regions <= KVF_XFER_MAX_REGIONS, key and address lengths within bounds,
+ * a region's memory type below KVF_XFER_MEM_TYPES, absent = host),
  * one entry per rank 0..tp_size-1 (sorted into ranks[tp_rank]).
  *
  * @return KVF_OK and *reply_p filled (cleanup needed); KVF_ERR_PARSE with

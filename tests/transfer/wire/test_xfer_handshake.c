@@ -259,6 +259,69 @@ static void test_reply_rejects_bad_fields(void **state)
     }
 }
 
+/* A reply of TP 2 whose regions are (rank 0, rank 1) of the memory types given, packed. */
+static void pack_mem_types(kvf_xfer_mem_type_t t0, kvf_xfer_mem_type_t t1, uint8_t **buf_p,
+                           size_t *len_p)
+{
+    kvf_handshake_reply_t reply;
+    kvf_rank_meta_t ranks[2];
+
+    meta_fill(&ranks[0], 2, 0, 8);
+    meta_fill(&ranks[1], 2, 1, 8);
+    ranks[0].regions[0].mem_type = t0;
+    ranks[1].regions[0].mem_type = t1;
+    memset(&reply, 0, sizeof(reply));
+    reply.accepted = true;
+    reply.num_ranks = 2;
+    reply.ranks = ranks;
+    assert_int_equal(kvf_handshake_reply_pack(&reply, buf_p, len_p), KVF_OK);
+}
+
+/*
+ * XferRegion.memory_type: cuda survives the round trip; host is not sent at
+ * all (a host pool's metadata is byte for byte what it was before the field,
+ * and a peer that never sends it reads as host); a value past cuda is refused.
+ */
+static void test_reply_memory_type(void **state)
+{
+    kvf_handshake_reply_t out;
+    Kvf__HandshakeReply *m;
+    uint8_t *buf;
+    size_t len;
+
+    (void)state;
+    assert_string_equal(kvf_xfer_mem_type_name(KVF_XFER_MEM_HOST), "host");
+    assert_string_equal(kvf_xfer_mem_type_name(KVF_XFER_MEM_CUDA), "cuda");
+    assert_string_equal(kvf_xfer_mem_type_name((kvf_xfer_mem_type_t)7), "unknown");
+
+    pack_mem_types(KVF_XFER_MEM_HOST, KVF_XFER_MEM_CUDA, &buf, &len);
+    m = kvf__handshake_reply__unpack(NULL, len, buf);
+    assert_non_null(m);
+    for (size_t i = 0; i < m->n_ranks; ++i) {   /* on the wire: only the cuda region says so */
+        const Kvf__XferRegion *x = m->ranks[i]->regions[0];
+        assert_int_equal(x->has_memory_type, m->ranks[i]->tp_rank == 1);
+        if (x->has_memory_type) {
+            assert_int_equal(x->memory_type, 1);
+        }
+    }
+    kvf__handshake_reply__free_unpacked(m, NULL);
+    assert_int_equal(kvf_handshake_reply_unpack(buf, len, &out), KVF_OK);
+    assert_int_equal(out.ranks[0].regions[0].mem_type, KVF_XFER_MEM_HOST);
+    assert_int_equal(out.ranks[1].regions[0].mem_type, KVF_XFER_MEM_CUDA);
+    kvf_handshake_reply_cleanup(&out);
+    free(buf);
+
+    /* out of range: the first unknown value, and the largest a uint32 can say */
+    for (int k = 0; k < 2; ++k) {
+        kvf_xfer_mem_type_t bad = (k == 0) ? (kvf_xfer_mem_type_t)KVF_XFER_MEM_TYPES :
+                                  (kvf_xfer_mem_type_t)0xffffffffu;
+        pack_mem_types(KVF_XFER_MEM_CUDA, bad, &buf, &len);
+        assert_int_equal(kvf_handshake_reply_unpack(buf, len, &out), KVF_ERR_PARSE);
+        assert_null(out.ranks);
+        free(buf);
+    }
+}
+
 static uint64_t rng_next(uint64_t *s)
 {
     *s ^= *s << 13;
@@ -550,6 +613,7 @@ int main(void)
         cmocka_unit_test(test_other_roundtrips),
         cmocka_unit_test(test_params_decoder_names_fields),
         cmocka_unit_test(test_reply_rejects_bad_fields),
+        cmocka_unit_test(test_reply_memory_type),
         cmocka_unit_test(test_garbage_never_crashes),
         cmocka_unit_test(test_compat),
         cmocka_unit_test(test_model_digest),

@@ -1,0 +1,215 @@
+/*
+ * UCX connector: what a decode rank does with its pool around the GETs:
+ * the pool's device (memory type, zeroing stream), the zero post-ops once
+ * the last GET landed, and the KV digests of what landed.
+ *
+ * Design. A pool on the CPU is zeroed exactly as before device pools
+ * existed: one kvf_zero_ranges() over the plan's ranges. A pool in CUDA
+ * memory gets a stream of its own at registration
+ * (kvf_device_stream_create()); after the last GET completed, the plan's
+ * ranges are split into whole pages, zeroed by one kvf_blocks_zero() kernel,
+ * and partial tails, zeroed by kvf_zero_ranges() (cudaMemsetAsync), both on
+ * that stream, and the poll that saw the GETs land waits for the stream
+ * (kvf_device_sync()) before it reports the request done: when poll says
+ * KVF_OK the bytes are final for any stream of the engine. Rejected: an
+ * event the engine's stream waits on (needs the engine's stream here, and
+ * the kernels layer has no event API); a host-side memset (the pool is not
+ * host memory).
+ */
+#include "kvf_connector_ucx_int.h"
+
+#include "kvf_device.h"
+#include "kvf_fault.h"
+#include "kvf_kern_status.h"
+#include "kvf_log.h"
+
+#define XXH_STATIC_LINKING_ONLY   /* XXH3_state_t on the stack */
+#include <xxhash.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+kvf_status_t kvf_conn_pool_device(kvf_connector_h conn, const kvf_connector_pool_t *pool,
+                                  kvf_xfer_mem_type_t *type_p)
+{
+    switch (pool->device.kind) {
+    case KVF_DEVICE_CPU:
+        *type_p = KVF_XFER_MEM_HOST;
+        return KVF_OK;
+    case KVF_DEVICE_CUDA:
+        *type_p = KVF_XFER_MEM_CUDA;
+        return KVF_OK;
+    }
+    kvf_error("ucx connector %s: rank %d pool device kind %d is not one of cpu (0), cuda (1)",
+              conn->engine_id, pool->tp_rank, (int)pool->device.kind);
+    return KVF_ERR_INVALID_PARAM;
+}
+
+kvf_status_t kvf_conn_pool_stream(kvf_connector_h conn, kvf_conn_rank_t *rk,
+                                  const kvf_connector_pool_t *pool)
+{
+    int err;
+
+    if (pool->device.kind == KVF_DEVICE_CPU) {
+        rk->device = pool->device;
+        return KVF_OK;
+    }
+    err = kvf_device_stream_create(&pool->device, &rk->device);
+    if (err != KVF_KERN_OK) {
+        kvf_error("ucx connector %s: rank %d: no zeroing stream on %s:%d: %s", conn->engine_id,
+                  pool->tp_rank, kvf_device_kind_name(pool->device.kind),
+                  pool->device.ordinal, kvf_kern_strerror(err));
+        return kvf_status_from_kern(err);
+    }
+    return KVF_OK;
+}
+
+void kvf_conn_pool_stream_destroy(kvf_conn_rank_t *rk)
+{
+    kvf_device_stream_destroy(&rk->device);   /* CPU, or no stream: nothing */
+}
+
+size_t kvf_conn_zero_split(const size_t *off, const size_t *len, size_t n, size_t page_size,
+                           int64_t *pages, size_t *npages_p, size_t *rest_off,
+                           size_t *rest_len)
+{
+    size_t np = 0, nr = 0;
+
+    for (size_t i = 0; i < n; ++i) {
+        size_t a = off[i], e = off[i] + len[i];
+        size_t first = (a + page_size - 1) / page_size, last = e / page_size;   /* whole */
+
+        if (first >= last) {
+            rest_off[nr] = a;
+            rest_len[nr++] = len[i];
+            continue;
+        }
+        if (a < first * page_size) {
+            rest_off[nr] = a;
+            rest_len[nr++] = first * page_size - a;
+        }
+        for (size_t p = first; p < last; ++p) {
+            pages[np++] = (int64_t)p;
+        }
+        if (last * page_size < e) {
+            rest_off[nr] = last * page_size;
+            rest_len[nr++] = e - last * page_size;
+        }
+    }
+    *npages_p = np;
+    return nr;
+}
+
+/* The device path of kvf_conn_zero_tails(): whole pages by kernel, tails by memset, synced. */
+static int kvf_conn_zero_device(kvf_conn_rank_t *rk, kvf_connector_req_h req)
+{
+    size_t n = req->plan->num_zero, psz = rk->geom.page_size, pages_cap = 0, np = 0, nr;
+    int64_t *pages;
+    size_t *roff, *rlen;
+    int err;
+
+    for (size_t i = 0; i < n; ++i) {
+        pages_cap += req->zero_len[i] / psz + 1;
+    }
+    pages = malloc((pages_cap + 1) * sizeof(*pages));
+    roff = malloc((2 * n + 1) * sizeof(*roff));
+    rlen = malloc((2 * n + 1) * sizeof(*rlen));
+    if ((pages == NULL) || (roff == NULL) || (rlen == NULL)) {
+        err = KVF_KERN_ENOMEM;
+        goto out_free;
+    }
+    nr = kvf_conn_zero_split(req->zero_off, req->zero_len, n, psz, pages, &np, roff, rlen);
+    err = kvf_blocks_zero(&rk->device, rk->base, psz, pages, np);
+    if (err == KVF_KERN_OK) {
+        err = kvf_zero_ranges(&rk->device, rk->base, roff, rlen, nr);
+    }
+    if (err == KVF_KERN_OK) {
+        err = kvf_device_sync(&rk->device);   /* done means final for every stream */
+    }
+out_free:
+    free(pages);
+    free(roff);
+    free(rlen);
+    return err;
+}
+
+kvf_status_t kvf_conn_zero_tails(kvf_connector_h conn, kvf_connector_req_h req)
+{
+    kvf_conn_rank_t *rk = &conn->ranks[req->rank];
+    int err;
+
+    if (rk->device.kind == KVF_DEVICE_CPU) {
+        err = kvf_zero_ranges(&rk->device, rk->base, req->zero_off, req->zero_len,
+                              req->plan->num_zero);
+    } else {
+        err = kvf_conn_zero_device(rk, req);
+    }
+    if (err != KVF_KERN_OK) {
+        kvf_error("ucx connector: zeroing %zu tail range(s) of request %s on rank %d "
+                  "(%s) failed: %s", req->plan->num_zero, req->request_id, req->rank,
+                  kvf_device_kind_name(rk->device.kind), kvf_kern_strerror(err));
+        return kvf_status_from_kern(err);
+    }
+    return KVF_OK;
+}
+
+/* Digest what rank @a tp_rank received from prefill rank plan @a i (fault ucx.data first). */
+static kvf_status_t kvf_conn_digest_one(kvf_connector_h conn, kvf_connector_req_h req, int i)
+{
+    const kvf_xfer_rank_plan_t *rp = &req->plan->ranks[i];
+    kvf_conn_rank_t *rk = &conn->ranks[req->rank];
+    kvf_kv_digest_t *d = &req->digests[i];
+    XXH3_state_t st;
+
+    d->decode_rank = req->rank;
+    d->prefill_rank = rp->remote_rank;
+    d->num_ranges = rp->num_descs;
+    d->ranges = malloc(2 * rp->num_descs * sizeof(*d->ranges) + 1);
+    if (d->ranges == NULL) {
+        return KVF_ERR_NO_MEMORY;
+    }
+#if KVF_FAULT_ENABLED
+    if ((rp->num_descs > 0) && (KVF_FAULT(UCX_DATA) == KVF_FAULT_CORRUPT)) {
+        uint8_t *b = rk->base + rp->descs[0].local_off + rp->descs[0].len / 2;
+        kvf_warn("fault ucx.data: request %s: one byte from prefill rank %d flipped (0x%02x)",
+                 req->request_id, rp->remote_rank, *b);
+        *b ^= 0xff;
+    }
+#endif
+    XXH3_64bits_reset(&st);
+    for (size_t k = 0; k < rp->num_descs; ++k) {
+        d->ranges[2 * k] = rp->descs[k].remote_off;
+        d->ranges[2 * k + 1] = rp->descs[k].len;
+        XXH3_64bits_update(&st, rk->base + rp->descs[k].local_off, (size_t)rp->descs[k].len);
+    }
+    d->digest = XXH3_64bits_digest(&st);
+    return KVF_OK;
+}
+
+kvf_status_t kvf_conn_req_digests(kvf_connector_h conn, int tp_rank, kvf_connector_req_h req,
+                                  const kvf_kv_digest_t **digests_p, int *n_p)
+{
+    if ((req == NULL) || (req->rank != tp_rank) || (req->status != KVF_OK) ||
+        (digests_p == NULL) || (n_p == NULL)) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    KVF_CONN_CHECK_RANK(conn, tp_rank, "req_digests");
+    if (conn->ranks[tp_rank].device.kind != KVF_DEVICE_CPU) {
+        return KVF_ERR_UNSUPPORTED;
+    }
+    if (req->digests == NULL) {
+        req->digests = calloc((size_t)req->plan->num_ranks + 1, sizeof(*req->digests));
+        if (req->digests == NULL) {
+            return KVF_ERR_NO_MEMORY;
+        }
+        for (int i = 0; i < req->plan->num_ranks; ++i) {
+            kvf_status_t status = kvf_conn_digest_one(conn, req, i);
+            if (status != KVF_OK) {
+                return status;   /* freed with the request */
+            }
+        }
+    }
+    *digests_p = req->digests;
+    *n_p = req->plan->num_ranks;
+    return KVF_OK;
+}
