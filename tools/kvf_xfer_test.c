@@ -78,6 +78,10 @@
              "memory a local peer reads by a copy; the daemons' default) or heap "          \
              "(aligned_alloc)", \
              pool_alloc, KVF_CONFIG_TYPE_STRING, 0),                                         \
+    XT_FIELD("DEVICE", "cpu", "where both sides' pools live: cpu, or cuda[:N] (GPU N's "    \
+             "memory from kvf_device_alloc, registered with UCX as CUDA memory; the pattern " \
+             "is copied in and the verify copies out; --pool-alloc does not apply)", device, \
+             KVF_CONFIG_TYPE_STRING, 0),                                                      \
     XT_FIELD("NO_COALESCE", "no", "one descriptor per run (planner debugging)", no_coalesce, \
              KVF_CONFIG_TYPE_BOOL, 0),                                                        \
     XT_FIELD("FAULT_VERSION", "0", "prefill advertises this protocol version", fault_version, \
@@ -133,6 +137,32 @@ static int xt_dtype(const char *flag, const char *text, kvf_dtype_t same, kvf_dt
     }
     return (kvf_config_dtype(flag, text, same, KVF_CONFIG_DTYPE_AUTO | KVF_CONFIG_DTYPE_FP8,
                              out) == KVF_OK) ? 0 : -1;
+}
+
+/* --device: "cpu", "cuda" (GPU 0) or "cuda:N". Returns 0, or -1 after naming the value. */
+static int xt_device_parse(const char *prog, xt_ctx_t *c)
+{
+    const char *d = c->o.device;
+    char *end = NULL;
+    long n = 0;
+
+    c->o.dev_kind = KVF_DEVICE_CPU;
+    c->o.dev_ordinal = 0;
+    if (strcmp(d, "cpu") == 0) {
+        return 0;
+    }
+    if ((strncmp(d, "cuda", 4) == 0) && ((d[4] == '\0') || (d[4] == ':'))) {
+        if (d[4] == ':') {
+            n = strtol(d + 5, &end, 10);
+        }
+        if ((d[4] == '\0') || ((end != d + 5) && (*end == '\0') && (n >= 0) && (n < 1024))) {
+            c->o.dev_kind = KVF_DEVICE_CUDA;
+            c->o.dev_ordinal = (int)n;
+            return 0;
+        }
+    }
+    kvf_error("%s: --device must be cpu, cuda or cuda:N (N in 0..1023), not '%s'", prog, d);
+    return -1;
 }
 
 /* Handshake through the connector. Returns 1 when the transfer may go. */
@@ -350,7 +380,10 @@ static int xt_bench_exports(const xt_ctx_t *c, const xt_totals_t *t, uint64_t kv
         } else if (c->o.descs_out[0] != '\0') {
             printf("descriptor lists: written to %s\n", c->o.descs_out);
         }
-        if (c->o.copy_limit) {
+        if (c->o.copy_limit && (c->o.dev_kind != KVF_DEVICE_CPU)) {
+            printf("copy limit: not measured (a host memcpy says nothing about %s pools)\n",
+                   c->o.device);
+        } else if (c->o.copy_limit) {
             uint64_t ns = kvf_xt_copy_limit(c, plans);
             double kv_gbs = (double)t->bytes / (double)kv_ns;
             if (ns > 0) {
@@ -487,8 +520,8 @@ out_reap:
         c->xops->destroy(c->conn);
         c->conn = NULL;
     }
-    for (int r = 0; (c->ranks != NULL) && (r < c->dec.tp) && !c->o.ucx_pools; ++r) {
-        free(c->ranks[r].pool);
+    for (int r = 0; (c->ranks != NULL) && (r < c->dec.tp); ++r) {
+        kvf_xt_pool_free(&c->ranks[r]);
     }
     close(pfd[0]);
     free(in.buf);
@@ -541,7 +574,10 @@ static int xt_main(int argc, char **argv, bool bench)
         kvf_error("%s: --pool-alloc must be heap or ucx, not '%s'", prog, c->o.pool_alloc);
         goto out;
     }
-    c->o.ucx_pools = (strcmp(c->o.pool_alloc, "ucx") == 0);
+    if (xt_device_parse(prog, c) != 0) {
+        goto out;
+    }
+    c->o.ucx_pools = (strcmp(c->o.pool_alloc, "ucx") == 0) && (c->o.dev_kind == KVF_DEVICE_CPU);
     if (c->o.fault_kill_prefill && (c->o.batch_descs == 0)) {
         c->o.batch_descs = 1;   /* "mid-transfer" needs more than one batch */
     }
@@ -596,6 +632,10 @@ static int xt_main(int argc, char **argv, bool bench)
            kvf_dtype_name(c->dec.params.conv_dtype), kvf_dtype_name(c->dec.params.ssm_dtype),
            c->dec.num_blocks, c->layout->slots, c->dec.geom[0].page_size);
     c->npulls = bench ? 1 + c->o.iters + (c->o.verify ? 1 : 0) : 1;
+    if ((c->o.dev_kind != KVF_DEVICE_CPU) && (kvf_xt_device_probe(c, prog) != 0)) {
+        rc = 1;   /* fail fast: no GPU, or a build without CUDA */
+        goto out;
+    }
     rc = xt_run(c);
 out:
     if (c->layout != NULL) {

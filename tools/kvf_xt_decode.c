@@ -159,10 +159,18 @@ void *kvf_xt_decode_thread(void *arg)
         pthread_barrier_wait(&c->barrier);
         if ((r->status == KVF_OK) && last_verify) {
             /* the raw GETs overwrote the pool: poison it again, pull once more, verify */
-            kvf_xt_poison(r->pool, r->pool_len, XT_POISON_DECODE);
+            kvf_xt_poison(r->host, r->pool_len, XT_POISON_DECODE);
+            r->status = kvf_xt_pool_push(r);
         }
         if (r->status == KVF_OK) {
             xt_decode_pull(r, p, &killed);
+        }
+    }
+    if ((r->status == KVF_OK) && c->o.verify) {
+        r->status = kvf_xt_pool_pull(r);   /* a device pool: what landed, to the host */
+        if (r->status != KVF_OK) {
+            snprintf(r->err, sizeof(r->err), "decode rank %d: copying the pool from %.40s to "
+                     "the host failed: %s", r->rank, c->o.device, kvf_status_str(r->status));
         }
     }
     if ((r->status == KVF_OK) && c->o.verify) {

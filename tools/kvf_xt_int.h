@@ -10,6 +10,8 @@
 #include "kvf_config.h"
 #include "kvf_connector.h"
 #include "kvf_connector_ucx.h"
+#include "kvf_device.h"
+#include "kvf_kern_status.h"
 #include "kvf_handshake.h"
 #include "kvf_layout.h"
 #include "kvf_log.h"
@@ -67,7 +69,10 @@ typedef struct xt_opts {
     /* bench only */
     char    descs_out[KVF_CONFIG_STR_MAX];
     char    pool_alloc[KVF_CONFIG_STR_MAX];
-    bool    ucx_pools;   /* pool_alloc == "ucx" */
+    bool    ucx_pools;   /* pool_alloc == "ucx" (and the pools are host memory) */
+    char    device[KVF_CONFIG_STR_MAX];
+    kvf_device_kind_t dev_kind;   /* --device: where both sides' pools live */
+    int     dev_ordinal;
     bool    copy_limit;
 } xt_opts_t;
 
@@ -92,7 +97,11 @@ typedef struct xt_rank {
     int              rank;
     pthread_t        thread;
     uint8_t         *pool;          /* heap: freed after the connector is destroyed;
-                                       ucx_pools: the connector's, gone with it */
+                                       ucx_pools: the connector's, gone with it;
+                                       --device cuda: device memory (kvf_device_alloc) */
+    uint8_t         *host;          /* what the pattern is written to and verified in:
+                                       the pool itself, or its host copy (device pools) */
+    kvf_device_t     dev;           /* the pool's device (the CPU for host pools) */
     size_t           pool_len;
 
     /* the raw reference (bench only): a bare agent with the pool registered again */
@@ -166,6 +175,20 @@ kvf_status_t kvf_xt_conn_create(xt_ctx_t *c, const xt_side_t *side);
 
 /* Pool, pattern and registration of one rank (runs on the rank's thread). */
 kvf_status_t kvf_xt_rank_setup(xt_rank_t *r);
+
+/* Device pools: r->host -> the pool (push) or the pool -> r->host (pull); host pools: no-op. */
+kvf_status_t kvf_xt_pool_push(xt_rank_t *r);
+kvf_status_t kvf_xt_pool_pull(xt_rank_t *r);
+
+/* Free one rank's pool after its connector is gone (connector-owned pools: nothing). */
+void kvf_xt_pool_free(xt_rank_t *r);
+
+/*
+ * --device cuda[:N]: check in a throw-away child process (so neither side
+ * inherits a CUDA runtime across fork) that CUDA device N can be used here.
+ * Returns 0, or 1 after printing why not (no GPU, a build without CUDA).
+ */
+int kvf_xt_device_probe(const xt_ctx_t *c, const char *prog);
 
 /*
  * One thread per rank of @a side running @a thread_fn on c->ranks[r] (ctx,

@@ -170,7 +170,7 @@ kvf_status_t kvf_xt_decode_verify(const xt_ctx_t *c, xt_rank_t *r)
         }
     }
     for (int64_t pi = 0; pi < nb * l->slots; ++pi) {
-        const uint8_t *page = r->pool + (size_t)pi * g->page_size;
+        const uint8_t *page = r->host + (size_t)pi * g->page_size;   /* the pool, host-side */
         int gi = owner[pi];
         int slot = (int)(pi % l->slots);
 

@@ -252,8 +252,8 @@ int kvf_xt_prefill_main(xt_ctx_t *c, int fd)
     }
     kvf_side_channel_server_stop(lying);
     c->xops->destroy(c->conn);
-    for (int r = 0; (r < c->pre.tp) && !c->o.ucx_pools; ++r) {
-        free(c->ranks[r].pool);
+    for (int r = 0; r < c->pre.tp; ++r) {
+        kvf_xt_pool_free(&c->ranks[r]);
     }
     pthread_barrier_destroy(&c->barrier);
     return rc;

@@ -127,7 +127,10 @@ static kvf_status_t xt_raw_setup(xt_rank_t *r)
     ap.timeout_ms = (uint32_t)c->o.timeout_ms;
     status = kvf_ucx_agent_create(&ap, &r->raw_agent);
     if (status == KVF_OK) {
-        status = kvf_ucx_agent_mem_register(r->raw_agent, r->pool, r->pool_len, &r->raw_region);
+        status = kvf_ucx_agent_mem_register_type(r->raw_agent, r->pool, r->pool_len,
+                                                 (r->dev.kind == KVF_DEVICE_CUDA) ?
+                                                 KVF_XFER_MEM_CUDA : KVF_XFER_MEM_HOST,
+                                                 &r->raw_region);
     }
     if (status != KVF_OK) {
         return status;
@@ -151,6 +154,62 @@ static kvf_status_t xt_raw_setup(xt_rank_t *r)
     return status;
 }
 
+/* A device pool of r->pool_len bytes on --device and its host copy (rank thread). */
+static kvf_status_t xt_device_pool(xt_rank_t *r)
+{
+    xt_ctx_t *c = r->ctx;
+    void *p = NULL;
+    int err;
+
+    err = kvf_device_init(c->o.dev_kind, c->o.dev_ordinal, &r->dev);   /* binds this thread */
+    if (err == KVF_KERN_OK) {
+        err = kvf_device_alloc(&r->dev, r->pool_len, &p);
+    }
+    if (err != KVF_KERN_OK) {
+        snprintf(r->err, sizeof(r->err), "%s rank %d: a %zu-byte pool on %.40s: %s",
+                 r->side->prefill ? "prefill" : "decode", r->rank, r->pool_len, c->o.device,
+                 kvf_kern_strerror(err));
+        return kvf_status_from_kern(err);
+    }
+    r->pool = p;
+    r->host = malloc(r->pool_len);
+    return (r->host != NULL) ? KVF_OK : KVF_ERR_NO_MEMORY;
+}
+
+kvf_status_t kvf_xt_pool_push(xt_rank_t *r)
+{
+    int err = KVF_KERN_OK;
+
+    if (r->dev.kind != KVF_DEVICE_CPU) {
+        err = kvf_device_memcpy(&r->dev, r->pool, r->host, r->pool_len, KVF_COPY_H2D);
+    }
+    return kvf_status_from_kern(err);
+}
+
+kvf_status_t kvf_xt_pool_pull(xt_rank_t *r)
+{
+    int err = KVF_KERN_OK;
+
+    if (r->dev.kind != KVF_DEVICE_CPU) {
+        err = kvf_device_memcpy(&r->dev, r->host, r->pool, r->pool_len, KVF_COPY_D2H);
+    }
+    return kvf_status_from_kern(err);
+}
+
+void kvf_xt_pool_free(xt_rank_t *r)
+{
+    if (r->ctx == NULL) {
+        return;                        /* the rank never started: nothing allocated */
+    }
+    if (r->dev.kind != KVF_DEVICE_CPU) {
+        kvf_device_free(&r->dev, r->pool);
+        free(r->host);
+    } else if (!r->ctx->o.ucx_pools) {
+        free(r->pool);
+    }
+    r->pool = r->host = NULL;
+}
+
 /* Pool, pattern and registration of one rank (runs on the rank's thread). */
 kvf_status_t kvf_xt_rank_setup(xt_rank_t *r)
 {
@@ -161,12 +220,21 @@ kvf_status_t kvf_xt_rank_setup(xt_rank_t *r)
     kvf_status_t status;
 
     r->pool_len = (size_t)side->num_blocks * (size_t)c->layout->slots * g->page_size;
+    r->dev = kvf_device_cpu();
     memset(&cp, 0, sizeof(cp));
     cp.tp_rank = r->rank;
     cp.len = r->pool_len;
     cp.num_blocks = side->num_blocks;
     cp.params = side->params;
-    if (c->o.ucx_pools) {
+    if (c->o.dev_kind != KVF_DEVICE_CPU) {
+        status = xt_device_pool(r);
+        if (status != KVF_OK) {
+            return status;
+        }
+        cp.base = r->pool;
+        cp.device = r->dev;
+        status = c->xops->register_pool(c->conn, &cp);
+    } else if (c->o.ucx_pools) {
         void *base = NULL;
         status = c->xops->alloc_pool(c->conn, &cp, &base);
         r->pool = base;
@@ -178,18 +246,58 @@ kvf_status_t kvf_xt_rank_setup(xt_rank_t *r)
         cp.base = r->pool;
         status = c->xops->register_pool(c->conn, &cp);
     }
+    if (r->host == NULL) {
+        r->host = r->pool;   /* a host pool is written in place */
+    }
     if (status != KVF_OK) {
-        snprintf(r->err, sizeof(r->err), "%s rank %d: %s failed: %s",
+        snprintf(r->err, sizeof(r->err), "%s rank %d: %s of a %.40s pool failed: %s",
                  side->prefill ? "prefill" : "decode", r->rank,
-                 c->o.ucx_pools ? "alloc_pool" : "register_pool", kvf_status_str(status));
+                 (c->o.ucx_pools && (r->dev.kind == KVF_DEVICE_CPU)) ? "alloc_pool" :
+                 "register_pool", c->o.device, kvf_status_str(status));
         return status;
     }
     /* registered before it is written: the connector may own the memory */
-    kvf_xt_poison(r->pool, r->pool_len, side->prefill ? XT_POISON_PREFILL : XT_POISON_DECODE);
+    kvf_xt_poison(r->host, r->pool_len, side->prefill ? XT_POISON_PREFILL : XT_POISON_DECODE);
     if (side->prefill) {
-        kvf_xt_prefill_fill(c, side, g, r->pool);
+        kvf_xt_prefill_fill(c, side, g, r->host);
+    }
+    status = kvf_xt_pool_push(r);
+    if (status != KVF_OK) {
+        snprintf(r->err, sizeof(r->err), "%s rank %d: copying the pattern to %.40s failed: %s",
+                 side->prefill ? "prefill" : "decode", r->rank, c->o.device,
+                 kvf_status_str(status));
+        return status;
     }
     return c->bench ? xt_raw_setup(r) : KVF_OK;
+}
+
+int kvf_xt_device_probe(const xt_ctx_t *c, const char *prog)
+{
+    pid_t pid;
+    int rc;
+
+    fflush(NULL);
+    pid = fork();
+    if (pid < 0) {
+        kvf_error("%s: fork failed: %m", prog);
+        return 1;
+    }
+    if (pid == 0) {
+        kvf_device_t dev;
+        int err = kvf_device_init(c->o.dev_kind, c->o.dev_ordinal, &dev);
+        _exit((err == KVF_KERN_OK) ? 0 : (-err & 0x7f));
+    }
+    rc = kvf_xt_reap(pid, 30000);   /* a driver that hangs is no device either */
+    if (rc == 0) {
+        return 0;
+    }
+    printf("%s: --device %s: no usable CUDA device here: %s\n", prog, c->o.device,
+           (rc == -KVF_KERN_EUNSUPPORTED) ?
+           "this build has no CUDA (configure where nvcc exists, -DKVF_CUDA=ON)" :
+           (rc == -KVF_KERN_ECUDA) ? "CUDA found no such device (no GPU, no driver, or "
+           "ordinal past the last one)" :
+           (rc == -KVF_KERN_EINVAL) ? "bad ordinal" : "the probe failed");
+    return 1;
 }
 
 void kvf_xt_start_ranks(xt_ctx_t *c, xt_side_t *side, void *(*thread_fn)(void *))

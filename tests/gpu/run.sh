@@ -134,9 +134,44 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | h
     sed 's/^/GPU: /'
 grep -v '^gpu_vs_cpu: ' "$log/kernels.txt"
 echo "$gen"
-# the issue's other GPU rows: not possible until transfer/ucx registers device pools
-gen_row "xfer GPU->GPU pull, 4p2d" "-" "-" "-" "-" "not yet (no CUDA pools in transfer/ucx)"
-gen_row "kvf bench device-to-device" "-" "-" "-" "-" "not yet (no CUDA pools in transfer/ucx)"
+# The transfer rows: both sides' pools in GPU memory (--device cuda: kvf_device_alloc,
+# registered with UCX as UCS_MEMORY_TYPE_CUDA), a real prefill -> decode pull between two
+# processes, every byte of the decode pool verified after a copy to the host. A UCX built
+# without CUDA (Debian's) refuses a device pool by name: the row says so and FAILs, since
+# the GPU->GPU pull did not happen (point -DKVF_UCX_PREFIX at a CUDA UCX).
+xfer_row() { # name, output file, exit code, dtype; prints the row, 1 when it is not a PASS
+    local name=$1 out=$2 rc=$3 dt=$4 a b
+    if [ "$rc" -eq 0 ] && grep -q '^verify: ok' "$out"; then
+        a=$(sed -n 's/^transfer: \([0-9]*\) bytes.*/\1 B/p' "$out")
+        b=$(sed -n 's/^transfer time: .* ms, \([0-9.]*\) GB\/s.*/\1 GB\/s/p' "$out")
+        grep -q '^ratio kv/raw: ' "$out" && b="$b, kv/raw $(sed -n 's/^ratio kv\/raw: //p' "$out")"
+        gen_row "$name" "$dt" "$a" "$b" "-" "PASS (bytes verified)"
+        return 0
+    elif grep -q 'this UCX cannot register it\|cannot reach cuda memory' "$out"; then
+        gen_row "$name" "$dt" "-" "-" "-" "FAIL: not run, UCX without CUDA ($(ucx_info -v 2>/dev/null | sed -n 's/^# Version //p'))"
+    else
+        gen_row "$name" "$dt" "-" "-" "-" "FAIL (exit $rc)"
+        grep -i 'error\|FAIL\|refused' "$out" | tail -5
+    fi
+    return 1
+}
+xfer_tmo() { local l; l=$(left); [ "$l" -gt 120 ] && l=120; echo "$l"; }
+if [ ! -x "$kvf" ]; then
+    gen_row "xfer GPU->GPU pull, 4p2d" "-" "-" "-" "-" "not built"
+    gen_row "kvf bench device-to-device" "-" "-" "-" "-" "not built"
+elif ! "$kvf" xfer-test --help 2>&1 | grep -q -- '--device'; then
+    gen_row "xfer GPU->GPU pull, 4p2d" "-" "-" "-" "-" "FAIL: kvf xfer-test has no --device"
+    gen_row "kvf bench device-to-device" "-" "-" "-" "-" "FAIL: kvf bench has no --device"
+    fail=1
+else
+    timeout "$(xfer_tmo)" "$kvf" xfer-test --model "$root/tests/data/models/tiny-hybrid.config.json" \
+        --layout 4p2d --prefill-block-size 80 --decode-block-size 96 --tokens 333 \
+        --device cuda:0 >"$log/xfer.txt" 2>&1
+    xfer_row "xfer GPU->GPU pull, 4p2d" "$log/xfer.txt" $? "bf16" || fail=1
+    timeout "$(xfer_tmo)" "$kvf" bench --model "$root/tests/data/models/nemotron-nano-9b-v2.config.json" \
+        --layout 4p2d --tokens 8192 --iters 5 --verify yes --device cuda:0 >"$log/bench.txt" 2>&1
+    xfer_row "kvf bench device-to-device" "$log/bench.txt" $? "bf16" || fail=1
+fi
 grep '^gpu_vs_cpu: ' "$log/kernels.txt"
 [ "$rc" -ne 0 ] && [ "$rc" -ne 1 ] && echo "gpu_vs_cpu exited $rc (crash or timeout)"
 echo "tests/gpu/run.sh: $((($(date +%s) - start))) s, $([ $fail -eq 0 ] && echo PASS || echo FAIL)"

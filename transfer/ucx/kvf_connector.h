@@ -119,9 +119,14 @@ typedef struct kvf_connector_config {
 
 /**
  * One rank's page pool: num_blocks * slots * page_size bytes at base. The
- * UCX registration needs memory UCX can map (host memory; device memory
- * only with a CUDA-aware UCX); the tail zeroing after a pull goes through
- * the device layer (kvf_zero_ranges() on @a device).
+ * UCX registration needs memory UCX can map: host memory (device cpu), or
+ * CUDA memory from kvf_device_alloc() (device cuda: mapped as
+ * UCS_MEMORY_TYPE_CUDA, published with that memory type; a UCX without CUDA
+ * refuses it with KVF_ERR_UNSUPPORTED, naming the type and the UCX). The
+ * zeroing after a pull goes through the device layer: kvf_zero_ranges() on
+ * the CPU; on CUDA kvf_blocks_zero() and kvf_zero_ranges() on a stream of
+ * the pool's own (kvf_device_stream_create()), synced before poll reports
+ * KVF_OK. A device kind outside kvf_device_kind_t is KVF_ERR_INVALID_PARAM.
  */
 typedef struct kvf_connector_pool {
     int                tp_rank;
@@ -209,7 +214,10 @@ typedef struct kvf_connector_ops {
      * (started, not yet finished or released); a later pull from the evicted
      * engine gets KVF_ERR_NOT_FOUND until it is handshaken again.
      * @return KVF_OK; KVF_ERR_REFUSED with @a why = "handshake refused:
-     *         <field> local=<v> remote=<v>: <why>"; KVF_ERR_NO_RESOURCE when
+     *         <field> local=<v> remote=<v>: <why>" (the compatibility check,
+     *         or a region memory type this side's UCX cannot reach:
+     *         "regions[0].memory_type local=host pool (UCX ...) remote=cuda
+     *         (rank 0): ..."); KVF_ERR_NO_RESOURCE when
      *         all 16 cached engines have pulls in flight (@a why says so);
      *         KVF_ERR_BUSY before every rank registered; peer errors
      *         (KVF_ERR_PEER_TIMEOUT for a side channel that never answers)
