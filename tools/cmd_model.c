@@ -94,6 +94,7 @@ typedef struct {
     int    block_size;
     int    num_blocks;
     int    max_batch_tokens;
+    char   device[KVF_CONFIG_STR_MAX];
     /* generate */
     char   prompt[KVF_CONFIG_STR_MAX];   /* the config table type: up to 255 bytes */
     char   prompt_file[KVF_CONFIG_STR_MAX];
@@ -126,7 +127,10 @@ typedef struct {
     {"NUM_BLOCKS", "256", "blocks in each rank's page pool",                                   \
      offsetof(kvf_gen_opts_t, num_blocks), KVF_CONFIG_TYPE_INT, 0},                             \
     {"MAX_BATCH_TOKENS", "512", "tokens per engine step (prefill chunk budget)",               \
-     offsetof(kvf_gen_opts_t, max_batch_tokens), KVF_CONFIG_TYPE_INT, 0}
+     offsetof(kvf_gen_opts_t, max_batch_tokens), KVF_CONFIG_TYPE_INT, 0},                       \
+    {"DEVICE", "cpu", "where weights, KV pages and Mamba state live and the forward runs: "    \
+     "cpu, cuda or cuda:N (CUDA: tp 1 only; compiled, not yet run on a GPU)",                 \
+     offsetof(kvf_gen_opts_t, device), KVF_CONFIG_TYPE_STRING, 0}
 
 static const kvf_config_field_t kvf_generate_table[] = {
     KVF_ENGINE_FIELDS,
@@ -164,14 +168,33 @@ static const kvf_config_field_t kvf_bench_table[] = {
     {NULL, NULL, NULL, 0, 0, 0},
 };
 
+/* --device, opened before anything is loaded (a missing GPU fails at once). 0, 1 or 2. */
+static int kvf_gen_device(const kvf_gen_opts_t *o, kvf_device_t *dev_p)
+{
+    kvf_status_t status;
+
+    if ((strncmp(o->device, "cuda", 4) == 0) && (o->tp > 1)) {
+        kvf_error("--device %s with --tp %d: GPU ranks need NCCL collectives, not written yet "
+                  "(only --tp 1 runs on a GPU)", o->device, o->tp);
+        return 2;
+    }
+    status = kvf_model_device_open("--device", o->device, dev_p);
+    return (status == KVF_OK) ? 0 : (status == KVF_ERR_INVALID_PARAM) ? 2 : 1;
+}
+
 static int kvf_open_engine(const kvf_gen_opts_t *o, kvf_engine_h *engine_p)
 {
     kvf_engine_params_t ep = {0};
     kvf_model_config_t cfg;
+    int rc;
 
     if (o->model[0] == '\0') {
         kvf_error("--model is required (a folder written by kvf mkmodel)");
         return 2;
+    }
+    rc = kvf_gen_device(o, &ep.device);
+    if (rc != 0) {
+        return rc;
     }
     if (kvf_model_config_load(o->model, &cfg) != KVF_OK) {
         return 1;
@@ -187,7 +210,7 @@ static int kvf_open_engine(const kvf_gen_opts_t *o, kvf_engine_h *engine_p)
     }
     ep.cache.block_size = o->block_size;
     ep.field_mask = KVF_ENGINE_PARAM_FIELD_CACHE | KVF_ENGINE_PARAM_FIELD_NUM_BLOCKS |
-                    KVF_ENGINE_PARAM_FIELD_MAX_BATCH_TOKENS;
+                    KVF_ENGINE_PARAM_FIELD_MAX_BATCH_TOKENS | KVF_ENGINE_PARAM_FIELD_DEVICE;
     ep.model_dir = o->model;
     ep.tp_size = o->tp;
     ep.num_blocks = o->num_blocks;
@@ -413,8 +436,10 @@ static int kvf_bench_weights(const kvf_gen_opts_t *o)
 {
     size_t rss0 = kvf_proc_bytes("VmRSS"), rss1, peak;
     kvf_model_h model;
+    kvf_device_t dev;
 
-    if (kvf_model_load(o->model, o->tp, &model) != KVF_OK) {
+    if ((kvf_gen_device(o, &dev) != 0) ||
+        (kvf_model_load_device(o->model, o->tp, &dev, &model) != KVF_OK)) {
         return -1;
     }
     rss1 = kvf_proc_bytes("VmRSS");

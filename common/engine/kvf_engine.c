@@ -105,7 +105,9 @@ kvf_status_t kvf_engine_create(const kvf_engine_params_t *params, kvf_engine_h *
         int blas = (env != NULL) ? atoi(env) : 1;
         kvf_gemm_set_threads((params->tp_size == 1) ? blas : 1);
     }
-    status = kvf_model_load(params->model_dir, params->tp_size, &e->model);
+    status = kvf_model_load_device(params->model_dir, params->tp_size,
+                                   (params->field_mask & KVF_ENGINE_PARAM_FIELD_DEVICE) ?
+                                   &params->device : NULL, &e->model);
     if (status != KVF_OK) {
         goto err;
     }

@@ -36,8 +36,9 @@ enum kvf_engine_params_field {              /* append only, never renumber */
     KVF_ENGINE_PARAM_FIELD_MAX_SEQS         = KVF_BIT(3),  /* default 64 */
     KVF_ENGINE_PARAM_FIELD_NO_ZERO          = KVF_BIT(4),  /* TEST ONLY */
     KVF_ENGINE_PARAM_FIELD_POOL_ALLOC       = KVF_BIT(5),  /* default: pools allocate on the CPU */
+    KVF_ENGINE_PARAM_FIELD_DEVICE           = KVF_BIT(6),  /* default: the CPU */
 };
-#define KVF_ENGINE_PARAM_FIELDS_KNOWN (KVF_BIT(6) - 1)
+#define KVF_ENGINE_PARAM_FIELDS_KNOWN (KVF_BIT(7) - 1)
 
 typedef struct kvf_engine_params {
     uint64_t           field_mask;        /* first */
@@ -51,6 +52,8 @@ typedef struct kvf_engine_params {
     kvf_pool_alloc_fn_t pool_alloc;       /* POOL_ALLOC: page-pool memory, as
                                            * kvf_tp_runner_params_t.pool_alloc */
     void               *pool_alloc_ctx;
+    kvf_device_t        device;           /* DEVICE: weights, pools and kernels there
+                                           * (kvf_model_load_device(); CUDA: tp 1 only) */
 } kvf_engine_params_t;
 
 /** A new request. The prompt is copied. */

@@ -430,7 +430,7 @@ static kvf_status_t kvf_load_moe(kvf_loader_t *ld, const kvf_model_config_t *cfg
                              &w->sh_down_b);
 }
 
-static void kvf_layer_w_free(kvf_layer_w_t *w, int experts)
+static void kvf_layer_w_free(kvf_model_h m, kvf_layer_w_t *w, int experts)
 {
     void *ptrs[] = {
         w->in_proj.data, w->in_bias, w->conv_w, w->conv_b, w->dt_bias, w->A_log, w->D,
@@ -439,11 +439,11 @@ static void kvf_layer_w_free(kvf_layer_w_t *w, int experts)
         w->router_w, w->router_b, w->sh_up.data, w->sh_down.data, w->sh_up_b, w->sh_down_b,
     };
     for (size_t i = 0; i < sizeof(ptrs) / sizeof(ptrs[0]); ++i) {
-        free(ptrs[i]);
+        kvf_model_wfree(m, ptrs[i]);
     }
     for (int e = 0; (w->exp_up != NULL) && (e < experts); ++e) {
-        free(w->exp_up[e].data);
-        free(w->exp_down[e].data);
+        kvf_model_wfree(m, w->exp_up[e].data);
+        kvf_model_wfree(m, w->exp_down[e].data);
     }
     free(w->exp_up);
     free(w->exp_down);
@@ -456,25 +456,26 @@ void kvf_model_destroy(kvf_model_h model)
     }
     for (int r = 0; (model->ranks != NULL) && (r < model->tp); ++r) {
         for (int l = 0; (model->ranks[r].layers != NULL) && (l < model->cfg.num_layers); ++l) {
-            kvf_layer_w_free(&model->ranks[r].layers[l], model->ranks[r].shard.moe_experts);
+            kvf_layer_w_free(model, &model->ranks[r].layers[l],
+                             model->ranks[r].shard.moe_experts);
         }
         free(model->ranks[r].layers);
     }
     for (int l = 0; (model->norm_w != NULL) && (l < model->cfg.num_layers); ++l) {
-        free(model->norm_w[l]);
+        kvf_model_wfree(model, model->norm_w[l]);
     }
     for (int l = 0; (model->norm2_w != NULL) && (l < model->cfg.num_layers); ++l) {
-        free(model->norm2_w[l]);
+        kvf_model_wfree(model, model->norm2_w[l]);
     }
     free(model->norm_w);
     free(model->norm2_w);
     free(model->ranks);
     if (model->lm_head.data != model->embed.data) {
-        free(model->lm_head.data);
+        kvf_model_wfree(model, model->lm_head.data);
     }
-    free(model->embed.data);
-    free(model->norm_f);
-    free(model->inv_freq);
+    kvf_model_wfree(model, model->embed.data);
+    kvf_model_wfree(model, model->norm_f);
+    kvf_model_wfree(model, model->inv_freq);
     free(model);
 }
 
@@ -569,11 +570,25 @@ static kvf_status_t kvf_load_embeddings(kvf_loader_t *ld, kvf_model_h m)
 
 kvf_status_t kvf_model_load(const char *dir, int tp_size, kvf_model_h *model_p)
 {
+    return kvf_model_load_device(dir, tp_size, NULL, model_p);
+}
+
+kvf_status_t kvf_model_load_device(const char *dir, int tp_size, const kvf_device_t *dev,
+                                   kvf_model_h *model_p)
+{
     kvf_loader_t ld = {0};
-    kvf_model_h m = calloc(1, sizeof(*m));
+    kvf_model_h m;
     kvf_model_config_t *cfg;
     kvf_status_t status;
 
+    if ((dev != NULL) && (dev->kind != KVF_DEVICE_CPU) && (tp_size > 1)) {
+        /* kvf_comm_ops_t has the CPU backend alone: its collectives read host memory */
+        kvf_error("model: tp_size %d on %s:%d needs NCCL collectives between GPU ranks, not "
+                  "written yet (only tp 1 runs on a GPU)", tp_size,
+                  kvf_device_kind_name(dev->kind), dev->ordinal);
+        return KVF_ERR_UNSUPPORTED;
+    }
+    m = calloc(1, sizeof(*m));
     if (m == NULL) {
         return KVF_ERR_NO_MEMORY;
     }
@@ -657,6 +672,10 @@ kvf_status_t kvf_model_load(const char *dir, int tp_size, kvf_model_h *model_p)
     }
     m->weight_bytes = ld.bytes;
     kvf_ckpt_close(ld.ck);
+    if ((status == KVF_OK) && (dev != NULL) && (dev->kind != KVF_DEVICE_CPU)) {
+        m->dev = *dev;
+        status = kvf_model_upload(m);
+    }
     if (status != KVF_OK) {
         goto err;
     }
@@ -666,6 +685,11 @@ kvf_status_t kvf_model_load(const char *dir, int tp_size, kvf_model_h *model_p)
 err:
     kvf_model_destroy(m);
     return status;
+}
+
+const kvf_device_t *kvf_model_device(kvf_model_h model)
+{
+    return &model->dev;
 }
 
 const kvf_model_config_t *kvf_model_get_config(kvf_model_h model)

@@ -63,6 +63,41 @@ typedef struct kvf_model *kvf_model_h;
  */
 kvf_status_t kvf_model_load(const char *dir, int tp_size, kvf_model_h *model_p);
 
+/**
+ * kvf_model_load() onto @a dev (NULL or a CPU device: exactly
+ * kvf_model_load()). A CUDA device (from kvf_model_device_open()) keeps
+ * every weight in its memory: each tensor is loaded on the host as on the
+ * CPU, matrices widened to fp32 there (cuBLAS computes fp32 GEMMs from
+ * fp32 operands: a bf16 checkpoint takes twice its file size on the GPU),
+ * then copied with kvf_device_memcpy() and the host copy freed. The
+ * forward then runs the kernels' CUDA launchers on that device, and the
+ * TP runner puts the page pools there. Compiled, not yet run on a GPU.
+ *
+ * @return as kvf_model_load(); KVF_ERR_UNSUPPORTED for a CUDA device with
+ *         tp_size > 1 (GPU ranks need NCCL collectives, not written yet:
+ *         logged naming it); KVF_ERR_CUDA / KVF_ERR_NO_MEMORY when a copy
+ *         to the device fails.
+ */
+kvf_status_t kvf_model_load_device(const char *dir, int tp_size, const kvf_device_t *dev,
+                                   kvf_model_h *model_p);
+
+/** The device the weights live on (the CPU for kvf_model_load()). */
+const kvf_device_t *kvf_model_device(kvf_model_h model);
+
+/**
+ * Parse a --device value, "cpu", "cuda" (= cuda:0) or "cuda:N", and open
+ * it (kvf_device_init(): for CUDA, the device must exist and becomes
+ * current on the calling thread). @a what names the option in messages
+ * ("--device"). Every failure is logged once naming the value, e.g.
+ * "--device cuda:0: no CUDA device (cudaGetDeviceCount: no CUDA-capable
+ * device is detected)" or "--device cuda: CUDA is not built in".
+ *
+ * @return KVF_OK and *dev_p; KVF_ERR_INVALID_PARAM for a value that does
+ *         not parse; KVF_ERR_UNSUPPORTED in a build without CUDA;
+ *         KVF_ERR_CUDA when no such CUDA device can be opened.
+ */
+kvf_status_t kvf_model_device_open(const char *what, const char *value, kvf_device_t *dev_p);
+
 /** Bytes of weights held in memory by all ranks together (shared tensors once). */
 size_t kvf_model_weight_bytes(kvf_model_h model);
 

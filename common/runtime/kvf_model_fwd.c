@@ -4,8 +4,6 @@
  */
 #include "kvf_model_int.h"
 
-#include "kvf_moe_math.h"
-
 /* ---- workspace ------------------------------------------------------------ */
 
 kvf_status_t kvf_model_ws_create(struct kvf_model_ws **ws_p)
@@ -18,28 +16,62 @@ kvf_status_t kvf_model_ws_create(struct kvf_model_ws **ws_p)
     return KVF_OK;
 }
 
+/* Whether the (dev) buffers of @a ws are device memory (not host memory). */
+static bool kvf_ws_on_device(const struct kvf_model_ws *ws)
+{
+    return ws->dev_set && (ws->dev.kind != KVF_DEVICE_CPU);
+}
+
 void kvf_model_ws_destroy(struct kvf_model_ws *ws)
 {
     if (ws == NULL) {
         return;
     }
-    void *ptrs[] = {
-        ws->h, ws->xn, ws->out, ws->proj, ws->ybuf, ws->xbc, ws->g, ws->sumsq, ws->pos, ws->xg,
-        ws->yg, ws->scores, ws->route_idx, ws->route_w, ws->rows, ws->rw, ws->tile, ws->last,
-        ws->logits,
+    void *dptrs[] = {
+        ws->h, ws->xn, ws->out, ws->proj, ws->ybuf, ws->xbc, ws->g, ws->sumsq, ws->xg, ws->yg,
+        ws->scores, ws->route_idx, ws->route_w, ws->last, ws->logits,
     };
-    for (size_t i = 0; i < sizeof(ptrs) / sizeof(ptrs[0]); ++i) {
-        free(ptrs[i]);
+    void *hptrs[] = {
+        ws->pos, ws->rows, ws->rw, ws->tile, ws->ids, ws->last_rows, ws->h_route_idx,
+        ws->h_route_w,
+    };
+    for (size_t i = 0; i < sizeof(dptrs) / sizeof(dptrs[0]); ++i) {
+        if (kvf_ws_on_device(ws)) {
+            kvf_device_free(&ws->dev, dptrs[i]);
+        } else {
+            free(dptrs[i]);
+        }
+    }
+    for (size_t i = 0; i < sizeof(hptrs) / sizeof(hptrs[0]); ++i) {
+        free(hptrs[i]);
     }
     free(ws);
 }
 
+/* A host buffer grown to @a bytes (contents kept). 0, or -1 with *p unchanged. */
 static int kvf_grow(void **p, size_t bytes)
 {
     void *n = realloc(*p, bytes ? bytes : 1);
     if (n == NULL) {
         return -1;
     }
+    *p = n;
+    return 0;
+}
+
+/* A (dev) buffer grown to @a bytes: realloc on the CPU; on a device a fresh
+ * allocation (scratch: contents not kept). 0, or -1 with *p unchanged. */
+static int kvf_grow_dev(struct kvf_model_ws *ws, void **p, size_t bytes)
+{
+    void *n = NULL;
+
+    if (!kvf_ws_on_device(ws)) {
+        return kvf_grow(p, bytes);
+    }
+    if (kvf_device_alloc(&ws->dev, bytes ? bytes : 1, &n) != KVF_KERN_OK) {
+        return -1;
+    }
+    kvf_device_free(&ws->dev, *p);
     *p = n;
     return 0;
 }
@@ -52,7 +84,8 @@ static size_t kvf_tile_rows(int K)
 }
 
 static kvf_status_t kvf_ws_reserve(struct kvf_model_ws *ws, const kvf_model_h m,
-                                   const kvf_rank_w_t *rw, size_t T, size_t S)
+                                   const kvf_rank_w_t *rw, const kvf_device_t *dev, size_t T,
+                                   size_t S)
 {
     const kvf_model_config_t *cfg = &m->cfg;
     const kvf_shard_t *s = &rw->shard;
@@ -64,6 +97,10 @@ static kvf_status_t kvf_ws_reserve(struct kvf_model_ws *ws, const kvf_model_h m,
     size_t k = (size_t)(cfg->moe_top_k ? cfg->moe_top_k : 1);
     int bad = 0;
 
+    if (!ws->dev_set) {
+        ws->dev = (dev != NULL) ? *dev : kvf_device_cpu();
+        ws->dev_set = true;
+    }
     if (ws->cap_tile == 0) {
         /* widest K of any matrix: H (column-parallel) or an inner width (row-parallel) */
         size_t K = (H > gdim) ? H : gdim;
@@ -74,22 +111,26 @@ static kvf_status_t kvf_ws_reserve(struct kvf_model_ws *ws, const kvf_model_h m,
         ws->cap_tile = tile;
     }
     if (T > ws->cap_tokens) {
-        bad |= kvf_grow((void **)&ws->h, T * H * sizeof(float));
-        bad |= kvf_grow((void **)&ws->xn, T * H * sizeof(float));
-        bad |= kvf_grow((void **)&ws->out, T * H * sizeof(float));
-        bad |= kvf_grow((void **)&ws->proj, T * wide * sizeof(float));
-        bad |= kvf_grow((void **)&ws->ybuf, T * wide * sizeof(float));
-        bad |= kvf_grow((void **)&ws->xbc, T * (size_t)(s->conv_dim ? s->conv_dim : 1) * sizeof(float));
-        bad |= kvf_grow((void **)&ws->g, T * gdim * sizeof(float));
-        bad |= kvf_grow((void **)&ws->sumsq, T * groups * sizeof(float));
+        bad |= kvf_grow_dev(ws, (void **)&ws->h, T * H * sizeof(float));
+        bad |= kvf_grow_dev(ws, (void **)&ws->xn, T * H * sizeof(float));
+        bad |= kvf_grow_dev(ws, (void **)&ws->out, T * H * sizeof(float));
+        bad |= kvf_grow_dev(ws, (void **)&ws->proj, T * wide * sizeof(float));
+        bad |= kvf_grow_dev(ws, (void **)&ws->ybuf, T * wide * sizeof(float));
+        bad |= kvf_grow_dev(ws, (void **)&ws->xbc,
+                            T * (size_t)(s->conv_dim ? s->conv_dim : 1) * sizeof(float));
+        bad |= kvf_grow_dev(ws, (void **)&ws->g, T * gdim * sizeof(float));
+        bad |= kvf_grow_dev(ws, (void **)&ws->sumsq, T * groups * sizeof(float));
         bad |= kvf_grow((void **)&ws->pos, T * sizeof(int32_t));
-        bad |= kvf_grow((void **)&ws->xg, T * H * sizeof(float));
-        bad |= kvf_grow((void **)&ws->yg, T * H * sizeof(float));
-        bad |= kvf_grow((void **)&ws->scores, T * E * sizeof(float));
-        bad |= kvf_grow((void **)&ws->route_idx, T * k * sizeof(int32_t));
-        bad |= kvf_grow((void **)&ws->route_w, T * k * sizeof(float));
+        bad |= kvf_grow_dev(ws, (void **)&ws->xg, T * H * sizeof(float));
+        bad |= kvf_grow_dev(ws, (void **)&ws->yg, T * H * sizeof(float));
+        bad |= kvf_grow_dev(ws, (void **)&ws->scores, T * E * sizeof(float));
+        bad |= kvf_grow_dev(ws, (void **)&ws->route_idx, T * k * sizeof(int32_t));
+        bad |= kvf_grow_dev(ws, (void **)&ws->route_w, T * k * sizeof(float));
         bad |= kvf_grow((void **)&ws->rows, T * sizeof(int32_t));
         bad |= kvf_grow((void **)&ws->rw, T * sizeof(float));
+        bad |= kvf_grow((void **)&ws->ids, T * sizeof(int32_t));
+        bad |= kvf_grow((void **)&ws->h_route_idx, T * k * sizeof(int32_t));
+        bad |= kvf_grow((void **)&ws->h_route_w, T * k * sizeof(float));
         if (bad) {
             /* realloc keeps what it could not grow: the old capacity stays valid, so
              * every rank keeps the same capacity history (see the forward) */
@@ -98,8 +139,10 @@ static kvf_status_t kvf_ws_reserve(struct kvf_model_ws *ws, const kvf_model_h m,
         ws->cap_tokens = T;
     }
     if (S > ws->cap_seqs) {
-        bad |= kvf_grow((void **)&ws->last, S * H * sizeof(float));
-        bad |= kvf_grow((void **)&ws->logits, S * (size_t)cfg->vocab_size * sizeof(float));
+        bad |= kvf_grow_dev(ws, (void **)&ws->last, S * H * sizeof(float));
+        bad |= kvf_grow_dev(ws, (void **)&ws->logits,
+                            S * (size_t)cfg->vocab_size * sizeof(float));
+        bad |= kvf_grow((void **)&ws->last_rows, S * sizeof(int32_t));
         if (bad) {
             return KVF_ERR_NO_MEMORY;
         }
@@ -170,9 +213,7 @@ static kvf_status_t kvf_reduce_residual(const kvf_rank_ctx_t *ctx, struct kvf_mo
     if (status == KVF_OK) {
         status = s2;
     }
-    for (size_t i = 0; i < T * H; ++i) {
-        ws->h[i] += ws->out[i];
-    }
+    KVF_KCALL(kvf_add(kvf_page_pool_device(ctx->pool), ws->h, ws->out, T * H));
     return status;
 }
 
@@ -207,6 +248,9 @@ static int kvf_mat_gemm(const kvf_device_t *dev, struct kvf_model_ws *ws, int M,
     if (M == 0) {
         return KVF_KERN_OK;
     }
+    if ((dev != NULL) && (dev->kind != KVF_DEVICE_CPU)) {
+        return KVF_KERN_EUNSUPPORTED;   /* device weights are fp32 (kvf_model_upload) */
+    }
     tile = (int)(ws->cap_tile / (size_t)K);
     if (tile < 1) {
         return KVF_KERN_EINVAL;
@@ -225,19 +269,6 @@ static int kvf_mat_gemm(const kvf_device_t *dev, struct kvf_model_ws *ws, int M,
                         0.0f, y + r0, ldy);
     }
     return e;
-}
-
-/* One row of a matrix as fp32 (embedding lookup). */
-static void kvf_mat_row(const kvf_mat_t *w, int row, float *out)
-{
-    size_t first = (size_t)row * (size_t)w->cols;
-    if (w->dtype == KVF_DTYPE_FP32) {
-        memcpy(out, (const float *)w->data + first, (size_t)w->cols * sizeof(float));
-        return;
-    }
-    for (int i = 0; i < w->cols; ++i) {
-        out[i] = kvf_dtype_load(w->data, w->dtype, first + (size_t)i);
-    }
 }
 
 static kvf_status_t kvf_fwd_mamba(kvf_model_h m, const kvf_rank_ctx_t *ctx,
@@ -284,7 +315,7 @@ static kvf_status_t kvf_fwd_mamba(kvf_model_h m, const kvf_rank_ctx_t *ctx,
             KVF_KCALL(kvf_conv1d_step(dev, xbc_in, cd, K, w->conv_w, w->conv_b, silu, conv_state,
                                       ctx->geom->conv_dtype, xbc));
             if (!silu) {
-                kvf_act_apply(cfg->mamba_act, xbc, (size_t)cd);
+                KVF_KCALL(kvf_act(dev, (int)cfg->mamba_act, xbc, (size_t)cd));
             }
             KVF_KCALL(kvf_mamba2_step(dev, sq->prompt ? &mp_scan : &mp_step, xbc,
                                       ws->proj + (size_t)o * R + dim + cd,
@@ -294,7 +325,7 @@ static kvf_status_t kvf_fwd_mamba(kvf_model_h m, const kvf_rank_ctx_t *ctx,
             KVF_KCALL(kvf_conv1d_chunk(dev, xbc_in, R, n, cd, K, w->conv_w, w->conv_b, silu,
                                        conv_state, ctx->geom->conv_dtype, has, xbc, cd));
             if (!silu) {
-                kvf_act_apply(cfg->mamba_act, xbc, (size_t)n * (size_t)cd);
+                KVF_KCALL(kvf_act(dev, (int)cfg->mamba_act, xbc, (size_t)n * (size_t)cd));
             }
             KVF_KCALL(kvf_mamba2_scan(dev, &mp_scan, n, xbc, cd,
                                       ws->proj + (size_t)o * R + dim + cd, R, xbc + dim,
@@ -322,22 +353,6 @@ static kvf_status_t kvf_fwd_mamba(kvf_model_h m, const kvf_rank_ctx_t *ctx,
                                       (float)cfg->norm_eps, ws->g));
     KVF_KCALL(kvf_mat_gemm(dev, ws, T, ws->g, dim, &w->out_proj, w->out_bias, ws->out, H));
     return kvf_reduce_residual(ctx, ws, (size_t)T, (size_t)H, status);
-}
-
-/* Rotate head vectors of one token in place (transformers' rotate_half form). */
-static void kvf_rope_apply(const float *inv_freq, int pos, float *x, int heads, int hd)
-{
-    const int half = hd / 2;
-    for (int i = 0; i < half; ++i) {
-        float f = (float)pos * inv_freq[i];
-        float c = cosf(f), sn = sinf(f);
-        for (int h = 0; h < heads; ++h) {
-            float *v = x + (size_t)h * (size_t)hd;
-            float a = v[i], b = v[i + half];
-            v[i] = a * c - b * sn;
-            v[i + half] = b * c + a * sn;
-        }
-    }
 }
 
 static kvf_status_t kvf_fwd_attention(kvf_model_h m, const kvf_rank_ctx_t *ctx,
@@ -370,10 +385,11 @@ static kvf_status_t kvf_fwd_attention(kvf_model_h m, const kvf_rank_ctx_t *ctx,
                 KVF_KCALL(kvf_rmsnorm(dev, q, w->q_norm, q, s->attn_heads, hd, (float)cfg->norm_eps));
                 KVF_KCALL(kvf_rmsnorm(dev, k, w->k_norm, k, s->kv_heads, hd, (float)cfg->norm_eps));
             }
-            if (m->inv_freq != NULL) {
-                kvf_rope_apply(m->inv_freq, sq->start + t, q, s->attn_heads, hd);
-                kvf_rope_apply(m->inv_freq, sq->start + t, k, s->kv_heads, hd);
-            }
+        }
+        if (m->inv_freq != NULL) {
+            /* transformers' rotate_half RoPE of q and k (kernels/kvf_ops_math.h) */
+            KVF_KCALL(kvf_rope(dev, m->inv_freq, hd, ws->pos + o, n, row, R, s->attn_heads));
+            KVF_KCALL(kvf_rope(dev, m->inv_freq, hd, ws->pos + o, n, row + qd, R, s->kv_heads));
         }
         kvf_page_pool_attn_view(ctx->pool, geo, hd, slot, sq->group_blocks[g],
                                 sq->group_num_blocks[g], &kv);
@@ -402,18 +418,11 @@ static int kvf_mlp_rows(const kvf_device_t *dev, struct kvf_model_ws *ws, kvf_ac
         return e;
     }
     if (gated) {
-        for (int t = 0; t < M; ++t) {
-            float *gate = ws->proj + (size_t)t * (size_t)(2 * C);
-            float *dst = ws->g + (size_t)t * (size_t)C;
-            kvf_act_apply(act, gate, (size_t)C);
-            for (int i = 0; i < C; ++i) {
-                dst[i] = gate[i] * gate[C + i];
-            }
-        }
-        return kvf_mat_gemm(dev, ws, M, ws->g, C, down, down_b, out, H);
+        e = kvf_act_mul(dev, (int)act, ws->proj, M, C, ws->g);   /* act(gate) * up */
+        return (e != KVF_KERN_OK) ? e : kvf_mat_gemm(dev, ws, M, ws->g, C, down, down_b, out, H);
     }
-    kvf_act_apply(act, ws->proj, (size_t)M * (size_t)C);
-    return kvf_mat_gemm(dev, ws, M, ws->proj, C, down, down_b, out, H);
+    e = kvf_act(dev, (int)act, ws->proj, (size_t)M * (size_t)C);
+    return (e != KVF_KERN_OK) ? e : kvf_mat_gemm(dev, ws, M, ws->proj, C, down, down_b, out, H);
 }
 
 static kvf_status_t kvf_fwd_mlp(kvf_model_h m, const kvf_rank_ctx_t *ctx, int l, int T,
@@ -431,28 +440,41 @@ static kvf_status_t kvf_fwd_mlp(kvf_model_h m, const kvf_rank_ctx_t *ctx, int l,
 }
 
 /*
- * transformers' NemotronH top-k router for T rows of ws->xn: sigmoid scores;
+ * transformers' NemotronH top-k router for the T rows of router logits in
+ * ws->scores (kvf_moe_route, kernels/kvf_moe_math.h): sigmoid scores;
  * choice scores = scores + e_score_correction_bias; the topk_group groups
  * with the largest sum of their two best choice scores stay; the top_k
  * experts by choice score among them are taken, weighted by their (plain)
  * scores, normalised to sum 1 when norm_topk_prob, times
- * routed_scaling_factor. Ties go to the lower index.
+ * routed_scaling_factor. Ties go to the lower index. The choice is returned
+ * in host memory (*idx_p, *wt_p: [T][top_k]) for the expert gather: on a
+ * device, a copy of the routing arrays.
  */
-static void kvf_moe_route(const kvf_model_config_t *cfg, const kvf_layer_w_t *w,
-                          struct kvf_model_ws *ws, int T)
+static int kvf_fwd_route(const kvf_device_t *dev, const kvf_model_config_t *cfg,
+                         const kvf_layer_w_t *w, struct kvf_model_ws *ws, int T,
+                         const int32_t **idx_p, const float **wt_p)
 {
-    const int E = cfg->moe_num_experts, k = cfg->moe_top_k;
-    float choice[KVF_MOE_EXPERTS_MAX], gsum[KVF_MOE_EXPERTS_MAX];
-    bool gkeep[KVF_MOE_EXPERTS_MAX], taken[KVF_MOE_EXPERTS_MAX];
+    const size_t n = (size_t)T * (size_t)cfg->moe_top_k;
+    const kvf_moe_route_params_t p = {
+        .experts = cfg->moe_num_experts, .top_k = cfg->moe_top_k, .n_group = cfg->moe_n_group,
+        .topk_group = cfg->moe_topk_group, .norm_topk_prob = cfg->moe_norm_topk_prob,
+        .routed_scaling = (float)cfg->moe_routed_scaling, .bias = w->router_b,
+    };
+    int e = kvf_moe_route(dev, &p, ws->scores, T, ws->scores, ws->route_idx, ws->route_w);
 
-    for (int t = 0; t < T; ++t) {
-        /* the body the kernels share with CUDA (kernels/kvf_moe_math.h) */
-        kvf_moe_route_token_hd(ws->scores + (size_t)t * (size_t)E, w->router_b, E,
-                               cfg->moe_n_group, cfg->moe_topk_group, k,
-                               cfg->moe_norm_topk_prob, (float)cfg->moe_routed_scaling, choice,
-                               gsum, gkeep, taken, ws->route_idx + (size_t)t * (size_t)k,
-                               ws->route_w + (size_t)t * (size_t)k);
+    *idx_p = ws->route_idx;
+    *wt_p = ws->route_w;
+    if ((e != KVF_KERN_OK) || !kvf_ws_on_device(ws)) {
+        return e;
     }
+    e = kvf_device_memcpy(dev, ws->h_route_idx, ws->route_idx, n * sizeof(int32_t),
+                          KVF_COPY_D2H);
+    if (e == KVF_KERN_OK) {
+        e = kvf_device_memcpy(dev, ws->h_route_w, ws->route_w, n * sizeof(float), KVF_COPY_D2H);
+    }
+    *idx_p = ws->h_route_idx;
+    *wt_p = ws->h_route_w;
+    return e;
 }
 
 static kvf_status_t kvf_fwd_moe(kvf_model_h m, const kvf_rank_ctx_t *ctx, int l, int T,
@@ -465,15 +487,12 @@ static kvf_status_t kvf_fwd_moe(kvf_model_h m, const kvf_rank_ctx_t *ctx, int l,
     const kvf_device_t *dev = kvf_page_pool_device(ctx->pool);
     struct kvf_model_ws *ws = ctx->ws;
     const int H = cfg->hidden_size, E = cfg->moe_num_experts, k = cfg->moe_top_k;
+    const int32_t *route_idx = NULL;
+    const float *route_w = NULL;
 
     /* router (fp32, replicated: every rank routes alike) */
     KVF_KCALL(kvf_gemm(dev, T, E, H, ws->xn, w->router_w, NULL, ws->scores));
-    for (size_t i = 0; i < (size_t)T * (size_t)E; ++i) {
-        ws->scores[i] = 1.0f / (1.0f + expf(-ws->scores[i]));
-    }
-    if (status == KVF_OK) {
-        kvf_moe_route(cfg, w, ws, T);
-    }
+    KVF_KCALL(kvf_fwd_route(dev, cfg, w, ws, T, &route_idx, &route_w));
     /* shared expert slice first: it writes ws->out */
     KVF_KCALL(kvf_mlp_rows(dev, ws, cfg->mlp_act, false, T, ws->xn, H, &w->sh_up, w->sh_up_b,
                            &w->sh_down, w->sh_down_b, ws->out));
@@ -482,11 +501,9 @@ static kvf_status_t kvf_fwd_moe(kvf_model_h m, const kvf_rank_ctx_t *ctx, int l,
         int n = 0;
         for (int t = 0; t < T; ++t) {
             for (int r = 0; r < k; ++r) {
-                if (ws->route_idx[(size_t)t * (size_t)k + (size_t)r] == ge) {
+                if (route_idx[(size_t)t * (size_t)k + (size_t)r] == ge) {
                     ws->rows[n] = t;
-                    ws->rw[n] = ws->route_w[(size_t)t * (size_t)k + (size_t)r];
-                    memcpy(ws->xg + (size_t)n * (size_t)H, ws->xn + (size_t)t * (size_t)H,
-                           (size_t)H * sizeof(float));
+                    ws->rw[n] = route_w[(size_t)t * (size_t)k + (size_t)r];
                     ++n;
                 }
             }
@@ -494,15 +511,12 @@ static kvf_status_t kvf_fwd_moe(kvf_model_h m, const kvf_rank_ctx_t *ctx, int l,
         if (n == 0) {
             continue;
         }
+        /* gather the expert's tokens, run it, add its weighted outputs to their rows
+         * (a token picks an expert at most once: the rows are distinct) */
+        KVF_KCALL(kvf_gather_rows(dev, ws->xn, KVF_DTYPE_FP32, H, ws->rows, n, ws->xg));
         KVF_KCALL(kvf_mlp_rows(dev, ws, cfg->mlp_act, false, n, ws->xg, H, &w->exp_up[e], NULL,
                                &w->exp_down[e], NULL, ws->yg));
-        for (int j = 0; (status == KVF_OK) && (j < n); ++j) {
-            float *dst = ws->out + (size_t)ws->rows[j] * (size_t)H;
-            const float *src = ws->yg + (size_t)j * (size_t)H;
-            for (int c = 0; c < H; ++c) {
-                dst[c] += src[c] * ws->rw[j];
-            }
-        }
+        KVF_KCALL(kvf_scatter_add_rows(dev, ws->out, H, ws->rows, ws->rw, n, ws->yg, H));
     }
     return kvf_reduce_residual(ctx, ws, (size_t)T, (size_t)H, status);
 }
@@ -524,6 +538,13 @@ kvf_status_t kvf_model_forward_rank(kvf_model_h m, const kvf_rank_ctx_t *ctx,
     if (batch->num_seqs == 0) {
         return KVF_OK;
     }
+    if ((dev->kind != m->dev.kind) ||
+        ((dev->kind != KVF_DEVICE_CPU) && (dev->ordinal != m->dev.ordinal))) {
+        kvf_error("rank %d: the page pool is on %s:%d but the weights on %s:%d", ctx->rank,
+                  kvf_device_kind_name(dev->kind), dev->ordinal,
+                  kvf_device_kind_name(m->dev.kind), m->dev.ordinal);
+        return KVF_ERR_INVALID_PARAM;   /* same on every rank (one model, pools alike) */
+    }
     status = kvf_batch_check(m, ctx, batch);
     if (status != KVF_OK) {
         return status;   /* identical on every rank: nobody enters a collective */
@@ -532,7 +553,8 @@ kvf_status_t kvf_model_forward_rank(kvf_model_h m, const kvf_rank_ctx_t *ctx,
      * same steps; only then can one rank fail where another succeeds. */
     grow = ((size_t)T > ws->cap_tokens) || ((size_t)batch->num_seqs > ws->cap_seqs) ||
            (ws->cap_tile == 0);
-    status = kvf_ws_reserve(ws, m, &m->ranks[ctx->rank], (size_t)T, (size_t)batch->num_seqs);
+    status = kvf_ws_reserve(ws, m, &m->ranks[ctx->rank], dev, (size_t)T,
+                            (size_t)batch->num_seqs);
     if ((ctx->comm->size > 1) && grow) {
         /* agree on "can run" so a rank that cannot allocate does not strand its peers */
         float failed = (status != KVF_OK) ? 1.0f : 0.0f;
@@ -549,12 +571,17 @@ kvf_status_t kvf_model_forward_rank(kvf_model_h m, const kvf_rank_ctx_t *ctx,
         return status;
     }
 
+    if (dev->kind != KVF_DEVICE_CPU) {
+        KVF_KCALL(kvf_device_bind(dev));   /* this rank thread's current device */
+    }
     for (int i = 0; i < batch->num_seqs; ++i) {
         const kvf_fwd_seq_t *sq = &batch->seqs[i];
         for (int t = 0; t < sq->num_tokens; ++t, ++o) {
-            kvf_mat_row(&m->embed, sq->tokens[t], ws->h + (size_t)o * H);
+            ws->ids[o] = sq->tokens[t];
         }
     }
+    /* embedding lookup (ids checked against the vocabulary by kvf_batch_check) */
+    KVF_KCALL(kvf_gather_rows(dev, m->embed.data, m->embed.dtype, H, ws->ids, T, ws->h));
     for (int l = 0; l < cfg->num_layers; ++l) {
         KVF_KCALL(kvf_rmsnorm(dev, ws->h, m->norm_w[l], ws->xn, T, H, (float)cfg->norm_eps));
         switch (cfg->layer_kinds[l]) {
@@ -584,19 +611,21 @@ kvf_status_t kvf_model_forward_rank(kvf_model_h m, const kvf_rank_ctx_t *ctx,
         for (int i = 0; i < batch->num_seqs; ++i) {
             o += batch->seqs[i].num_tokens;
             if (batch->seqs[i].logits != NULL) {
-                memcpy(ws->last + (size_t)ns * H, ws->h + (size_t)(o - 1) * H,
-                       (size_t)H * sizeof(float));
-                ++ns;
+                ws->last_rows[ns++] = o - 1;   /* the last token of each seq wanting logits */
             }
         }
+        KVF_KCALL(kvf_gather_rows(dev, ws->h, KVF_DTYPE_FP32, H, ws->last_rows, ns, ws->last));
         KVF_KCALL(kvf_rmsnorm(dev, ws->last, m->norm_f, ws->last, ns, H, (float)cfg->norm_eps));
         KVF_KCALL(kvf_mat_gemm(dev, ws, ns, ws->last, H, &m->lm_head, NULL, ws->logits,
                                cfg->vocab_size));
         ns = 0;
-        for (int i = 0; (status == KVF_OK) && (i < batch->num_seqs); ++i) {
+        for (int i = 0; i < batch->num_seqs; ++i) {
             if (batch->seqs[i].logits != NULL) {
-                memcpy(batch->seqs[i].logits, ws->logits + (size_t)ns * cfg->vocab_size,
-                       (size_t)cfg->vocab_size * sizeof(float));
+                /* to the host for sampling (synchronous: the step's work is done after) */
+                KVF_KCALL(kvf_device_memcpy(dev, batch->seqs[i].logits,
+                                            ws->logits + (size_t)ns * cfg->vocab_size,
+                                            (size_t)cfg->vocab_size * sizeof(float),
+                                            KVF_COPY_D2H));
                 ++ns;
             }
         }

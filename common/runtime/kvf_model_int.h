@@ -12,11 +12,14 @@
 #include "kvf_kern_status.h"
 #include "kvf_log.h"
 #include "kvf_safetensors.h"
+#include "kvf_act.h"
 #include "kvf_attention.h"
 #include "kvf_conv1d.h"
 #include "kvf_gemm.h"
 #include "kvf_mamba2.h"
+#include "kvf_moe.h"
 #include "kvf_norm.h"
+#include "kvf_ops.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -72,6 +75,7 @@ typedef struct {
 struct kvf_model {
     kvf_model_config_t cfg;
     int                tp;
+    kvf_device_t       dev;       /* where every weight below lives (CPU: host memory) */
     kvf_mat_t          embed;     /* [V][H] */
     float             *norm_f;    /* [H] */
     kvf_mat_t          lm_head;   /* [V][H]; aliases embed when tied */
@@ -84,24 +88,40 @@ struct kvf_model {
     int                num_files;
 };
 
+/*
+ * Buffers marked (dev) live on the rank's device (the pool's: host memory on
+ * the CPU, device memory on CUDA); the others are always host memory (index
+ * arrays the kernels take as HOST, and the bf16 widening tile of the CPU).
+ */
 struct kvf_model_ws {
     size_t cap_tokens, cap_seqs, cap_tile;
-    float *h, *xn, *out;        /* [T][H] */
-    float *proj, *ybuf;         /* [T][max_rows] */
-    float *xbc;                 /* [T][conv_dim] */
-    float *g;                   /* [T][max_inner] */
-    float *sumsq;               /* [T][groups] */
-    int32_t *pos;               /* [T] */
-    float *xg, *yg;             /* [T][H] MoE gather / expert output */
-    float *scores;              /* [T][E] router */
-    int32_t *route_idx;         /* [T][top_k] */
-    float *route_w;             /* [T][top_k] */
-    int32_t *rows;              /* [T] tokens of one expert */
-    float *rw;                  /* [T] their weights */
-    float *tile;                /* widened weight rows */
-    float *last;                /* [S][H] */
-    float *logits;              /* [S][V] */
+    kvf_device_t dev;           /* the device of the (dev) buffers, fixed at the first reserve */
+    bool   dev_set;
+    float *h, *xn, *out;        /* [T][H] (dev) */
+    float *proj, *ybuf;         /* [T][max_rows] (dev) */
+    float *xbc;                 /* [T][conv_dim] (dev) */
+    float *g;                   /* [T][max_inner] (dev) */
+    float *sumsq;               /* [T][groups] (dev) */
+    int32_t *pos;               /* [T] positions (host) */
+    float *xg, *yg;             /* [T][H] MoE gather / expert output (dev) */
+    float *scores;              /* [T][E] router (dev) */
+    int32_t *route_idx;         /* [T][top_k] (dev) */
+    float *route_w;             /* [T][top_k] (dev) */
+    int32_t *rows;              /* [T] tokens of one expert (host) */
+    float *rw;                  /* [T] their weights (host) */
+    float *tile;                /* widened weight rows (host, CPU bf16/fp16 GEMMs) */
+    float *last;                /* [S][H] (dev) */
+    float *logits;              /* [S][V] (dev) */
+    int32_t *ids;               /* [T] token ids of the step (host) */
+    int32_t *last_rows;         /* [S] rows of h whose logits are wanted (host) */
+    int32_t *h_route_idx;       /* [T][top_k] host copy of route_idx (CUDA) */
+    float   *h_route_w;         /* [T][top_k] host copy of route_w (CUDA) */
 };
+
+/* Weights to the model's device (kvf_model_dev.c): after the host load, CUDA only. */
+kvf_status_t kvf_model_upload(kvf_model_h m);
+/* Free a weight buffer wherever it lives (host free() on a CPU model). */
+void kvf_model_wfree(kvf_model_h m, void *p);
 
 
 #endif

@@ -111,12 +111,10 @@ void kvf_tp_runner_destroy(kvf_tp_runner_h r)
     free(r);
 }
 
-kvf_status_t kvf_tp_runner_create(const kvf_tp_runner_params_t *params, kvf_tp_runner_h *runner_p)
+/* The params' own checks, before anything is allocated. */
+static kvf_status_t kvf_tp_runner_check(const kvf_tp_runner_params_t *params)
 {
-    const kvf_model_config_t *cfg;
-    kvf_cache_params_t cache;
-    kvf_tp_runner_h r;
-    kvf_status_t status;
+    const kvf_device_t *dev;
 
     if ((params->field_mask & ~KVF_TP_RUNNER_PARAM_FIELDS_KNOWN) || (params->model == NULL)) {
         kvf_error("tp runner: unknown params bits 0x%llx or no model",
@@ -128,6 +126,31 @@ kvf_status_t kvf_tp_runner_create(const kvf_tp_runner_params_t *params, kvf_tp_r
         kvf_error("tp runner: POOL_ALLOC set without a pool_alloc function");
         return KVF_ERR_INVALID_PARAM;
     }
+    dev = kvf_model_device(params->model);
+    if ((dev->kind != KVF_DEVICE_CPU) &&
+        (params->field_mask & KVF_TP_RUNNER_PARAM_FIELD_POOL_ALLOC)) {
+        /* pool_alloc hands in host memory (the transfer connector's); a model on a GPU
+         * needs its pools in that GPU's memory */
+        kvf_error("tp runner: the model is on %s:%d but POOL_ALLOC places the page pools in "
+                  "host memory; device pools come from kvf_device_alloc (leave POOL_ALLOC "
+                  "unset)", kvf_device_kind_name(dev->kind), dev->ordinal);
+        return KVF_ERR_UNSUPPORTED;
+    }
+    return KVF_OK;
+}
+
+kvf_status_t kvf_tp_runner_create(const kvf_tp_runner_params_t *params, kvf_tp_runner_h *runner_p)
+{
+    const kvf_model_config_t *cfg;
+    const kvf_device_t *dev;
+    kvf_cache_params_t cache;
+    kvf_tp_runner_h r;
+    kvf_status_t status = kvf_tp_runner_check(params);
+
+    if (status != KVF_OK) {
+        return status;
+    }
+    dev = kvf_model_device(params->model);
     cfg = kvf_model_get_config(params->model);
     if (params->field_mask & KVF_TP_RUNNER_PARAM_FIELD_CACHE) {
         cache = params->cache;
@@ -175,6 +198,10 @@ kvf_status_t kvf_tp_runner_create(const kvf_tp_runner_params_t *params, kvf_tp_r
             goto err;
         }
         kvf_page_pool_params_init(&s->geom, &r->layout, r->num_blocks, &pp);
+        if (dev->kind != KVF_DEVICE_CPU) {
+            pp.field_mask |= KVF_PAGE_POOL_PARAM_FIELD_DEVICE;   /* the pool where the weights are */
+            pp.device = *dev;
+        }
         if ((params->field_mask & KVF_TP_RUNNER_PARAM_FIELD_NO_ZERO) && params->disable_zeroing) {
             pp.field_mask |= KVF_PAGE_POOL_PARAM_FIELD_NO_ZERO;
             pp.disable_zeroing = true;

@@ -48,8 +48,13 @@ typedef struct kvf_tp_runner_params {
 
 /**
  * Compute every rank's geometry, allocate the pools and start tp-1 threads.
+ * The pools are allocated on the model's device (kvf_model_device(): host
+ * memory for a CPU model, device memory for a CUDA one).
  * @return KVF_OK; geometry errors (e.g. explicit block size too small for
- *         the Mamba state); KVF_ERR_NO_MEMORY; KVF_ERR_INVALID_PARAM.
+ *         the Mamba state); KVF_ERR_NO_MEMORY; KVF_ERR_INVALID_PARAM;
+ *         KVF_ERR_UNSUPPORTED for POOL_ALLOC with a model on a GPU (the
+ *         allocator gives host memory); KVF_ERR_CUDA when a device pool
+ *         cannot be allocated.
  */
 kvf_status_t kvf_tp_runner_create(const kvf_tp_runner_params_t *params, kvf_tp_runner_h *runner_p);
 

@@ -1,0 +1,261 @@
+/*
+ * The model on a device: parsing and opening a --device value, and moving
+ * the loaded weights into a CUDA device's memory (kvf_model.h,
+ * kvf_model_load_device()).
+ *
+ * Design: the loader (kvf_model.c) reads every tensor into host memory as
+ * on the CPU; kvf_model_upload() then replaces each host buffer by a device
+ * copy, one tensor at a time (peak host memory: the host model plus one
+ * widened matrix). Matrices become fp32 on the way (kvf_convert on the
+ * host), so every GEMM is one cuBLAS fp32 call with no widening tile on the
+ * GPU. Each pointer is either host or device memory at any moment, and
+ * kvf_model_wfree() asks which (kvf_device_ptr_is_cuda), so a model whose
+ * upload failed half way is freed correctly. A CPU model never reaches
+ * this file's CUDA paths: its buffers are host memory, freed with free().
+ */
+#include "kvf_model_int.h"
+
+#include <errno.h>
+#include <limits.h>
+
+/* ---- --device ---------------------------------------------------------------- */
+
+#ifdef KVF_HAVE_CUDA
+/* The first CUDA failure of kvf_device_init(), caught from the kernels' reporter. */
+static _Thread_local char kvf_dev_err_call[64], kvf_dev_err_text[160];
+
+static void kvf_dev_capture(const char *call, const char *error)
+{
+    size_t n = strcspn(call, "(");   /* "cudaGetDeviceCount(&count)" -> the function name */
+
+    if (kvf_dev_err_call[0] != '\0') {
+        return;
+    }
+    if (n >= sizeof(kvf_dev_err_call)) {
+        n = sizeof(kvf_dev_err_call) - 1;
+    }
+    memcpy(kvf_dev_err_call, call, n);
+    kvf_dev_err_call[n] = '\0';
+    snprintf(kvf_dev_err_text, sizeof(kvf_dev_err_text), "%s", error);
+}
+
+/* Open CUDA device @a ordinal, naming the value and the CUDA error on failure. */
+static kvf_status_t kvf_device_open_cuda(const char *what, int ordinal, kvf_device_t *dev_p)
+{
+    kvf_device_t dev;
+    int e;
+
+    kvf_dev_err_call[0] = '\0';
+    kvf_dev_err_text[0] = '\0';
+    kvf_kern_set_report_func(kvf_dev_capture);
+    e = kvf_device_init(KVF_DEVICE_CUDA, ordinal, &dev);
+    kvf_kern_set_report_func(NULL);   /* back to the default reporter (the log) */
+    if (e == KVF_KERN_OK) {
+        *dev_p = dev;
+        return KVF_OK;
+    }
+    if (kvf_dev_err_call[0] != '\0') {
+        kvf_error("%s cuda:%d: no CUDA device (%s: %s)", what, ordinal, kvf_dev_err_call,
+                  kvf_dev_err_text);
+    } else {
+        kvf_error("%s cuda:%d: no CUDA device with index %d (%s)", what, ordinal, ordinal,
+                  kvf_kern_strerror(e));
+    }
+    return kvf_status_from_kern(e);
+}
+#endif
+
+/* "cpu", "cuda", "cuda:N" -> kind and ordinal; false when it does not parse. */
+static bool kvf_device_parse(const char *value, kvf_device_kind_t *kind_p, int *ordinal_p)
+{
+    if (strcmp(value, "cpu") == 0) {
+        *kind_p = KVF_DEVICE_CPU;
+        *ordinal_p = 0;
+        return true;
+    }
+    if (strcmp(value, "cuda") == 0) {
+        *kind_p = KVF_DEVICE_CUDA;
+        *ordinal_p = 0;
+        return true;
+    }
+    if (strncmp(value, "cuda:", 5) == 0) {
+        char *end;
+        long v;
+        errno = 0;
+        v = strtol(value + 5, &end, 10);
+        if ((end == value + 5) || (*end != '\0') || (errno != 0) || (v < 0) || (v > INT_MAX)) {
+            return false;
+        }
+        *kind_p = KVF_DEVICE_CUDA;
+        *ordinal_p = (int)v;
+        return true;
+    }
+    return false;
+}
+
+kvf_status_t kvf_model_device_open(const char *what, const char *value, kvf_device_t *dev_p)
+{
+    kvf_device_kind_t kind;
+    int ordinal;
+
+    if ((value == NULL) || !kvf_device_parse(value, &kind, &ordinal)) {
+        kvf_error("bad value '%s' for %s: cpu, cuda or cuda:N (N a device index)",
+                  (value != NULL) ? value : "(null)", what);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    if (kind == KVF_DEVICE_CPU) {
+        *dev_p = kvf_device_cpu();
+        return KVF_OK;
+    }
+#ifdef KVF_HAVE_CUDA
+    return kvf_device_open_cuda(what, ordinal, dev_p);
+#else
+    kvf_error("%s cuda:%d: CUDA is not built in (configure with -DKVF_CUDA=ON on a machine "
+              "with nvcc)", what, ordinal);
+    return KVF_ERR_UNSUPPORTED;
+#endif
+}
+
+/* ---- weights to the device ------------------------------------------------------ */
+
+void kvf_model_wfree(kvf_model_h m, void *p)
+{
+    if (p == NULL) {
+        return;
+    }
+    if ((m->dev.kind != KVF_DEVICE_CPU) && kvf_device_ptr_is_cuda(p)) {
+        kvf_device_free(&m->dev, p);
+    } else {
+        free(p);
+    }
+}
+
+/* Replace host buffer *p (bytes) by a device copy; the host copy is freed on success. */
+static kvf_status_t kvf_up_bytes(kvf_model_h m, void **p, size_t bytes)
+{
+    void *d = NULL;
+    int e;
+
+    if ((*p == NULL) || (bytes == 0)) {
+        return KVF_OK;
+    }
+    e = kvf_device_alloc(&m->dev, bytes, &d);
+    if (e == KVF_KERN_OK) {
+        e = kvf_device_memcpy(&m->dev, d, *p, bytes, KVF_COPY_H2D);
+        if (e != KVF_KERN_OK) {
+            kvf_device_free(&m->dev, d);
+        }
+    }
+    if (e != KVF_KERN_OK) {
+        kvf_error("model: copying %zu bytes of weights to cuda:%d failed: %s", bytes,
+                  m->dev.ordinal, kvf_kern_strerror(e));
+        return kvf_status_from_kern(e);
+    }
+    free(*p);
+    *p = d;
+    return KVF_OK;
+}
+
+static kvf_status_t kvf_up_vec(kvf_model_h m, float **p, size_t n)
+{
+    return kvf_up_bytes(m, (void **)p, n * sizeof(float));
+}
+
+/* A matrix: widened to fp32 on the host (if stored narrower), then copied. */
+static kvf_status_t kvf_up_mat(kvf_model_h m, kvf_mat_t *w)
+{
+    size_t n = (size_t)w->rows * (size_t)w->cols;
+
+    if (w->data == NULL) {
+        return KVF_OK;
+    }
+    if (w->dtype != KVF_DTYPE_FP32) {
+        float *wide = malloc((n ? n : 1) * sizeof(float));
+        if (wide == NULL) {
+            return KVF_ERR_NO_MEMORY;
+        }
+        (void)kvf_convert(NULL, wide, KVF_DTYPE_FP32, w->data, w->dtype, n);
+        m->weight_bytes += n * (sizeof(float) - kvf_dtype_size(w->dtype));
+        free(w->data);
+        w->data = wide;
+        w->dtype = KVF_DTYPE_FP32;
+    }
+    return kvf_up_bytes(m, &w->data, n * sizeof(float));
+}
+
+#define KVF_UP(_expr)                  \
+    do {                               \
+        if (status == KVF_OK) {        \
+            status = (_expr);          \
+        }                              \
+    } while (0)
+
+static kvf_status_t kvf_up_layer(kvf_model_h m, const kvf_shard_t *s, kvf_layer_w_t *w)
+{
+    const kvf_model_config_t *cfg = &m->cfg;
+    const size_t H = (size_t)cfg->hidden_size, hd = (size_t)cfg->head_dim;
+    const size_t heads = (size_t)s->mamba_heads, cd = (size_t)s->conv_dim;
+    kvf_status_t status = KVF_OK;
+
+    KVF_UP(kvf_up_mat(m, &w->in_proj));
+    KVF_UP(kvf_up_vec(m, &w->in_bias, (size_t)w->in_rows));
+    KVF_UP(kvf_up_vec(m, &w->conv_w, cd * (size_t)cfg->conv_kernel));
+    KVF_UP(kvf_up_vec(m, &w->conv_b, cd));
+    KVF_UP(kvf_up_vec(m, &w->dt_bias, heads));
+    KVF_UP(kvf_up_vec(m, &w->A_log, heads));
+    KVF_UP(kvf_up_vec(m, &w->D, heads));
+    KVF_UP(kvf_up_vec(m, &w->gnorm_w, heads * (size_t)cfg->mamba_head_dim));
+    KVF_UP(kvf_up_mat(m, &w->out_proj));
+    KVF_UP(kvf_up_vec(m, &w->out_bias, H));
+    KVF_UP(kvf_up_mat(m, &w->qkv));
+    KVF_UP(kvf_up_vec(m, &w->qkv_bias, (size_t)w->qkv_rows));
+    KVF_UP(kvf_up_mat(m, &w->o_proj));
+    KVF_UP(kvf_up_vec(m, &w->o_bias, H));
+    KVF_UP(kvf_up_vec(m, &w->q_norm, hd));
+    KVF_UP(kvf_up_vec(m, &w->k_norm, hd));
+    KVF_UP(kvf_up_mat(m, &w->up));
+    KVF_UP(kvf_up_vec(m, &w->up_bias, (size_t)w->up.rows));
+    KVF_UP(kvf_up_mat(m, &w->down));
+    KVF_UP(kvf_up_vec(m, &w->down_bias, H));
+    KVF_UP(kvf_up_vec(m, &w->router_w, (size_t)cfg->moe_num_experts * H));
+    KVF_UP(kvf_up_vec(m, &w->router_b, (size_t)cfg->moe_num_experts));
+    for (int e = 0; (w->exp_up != NULL) && (e < s->moe_experts); ++e) {
+        KVF_UP(kvf_up_mat(m, &w->exp_up[e]));
+        KVF_UP(kvf_up_mat(m, &w->exp_down[e]));
+    }
+    KVF_UP(kvf_up_mat(m, &w->sh_up));
+    KVF_UP(kvf_up_vec(m, &w->sh_up_b, (size_t)w->sh_up.rows));
+    KVF_UP(kvf_up_mat(m, &w->sh_down));
+    KVF_UP(kvf_up_vec(m, &w->sh_down_b, H));
+    return status;
+}
+
+kvf_status_t kvf_model_upload(kvf_model_h m)
+{
+    const kvf_model_config_t *cfg = &m->cfg;
+    const size_t H = (size_t)cfg->hidden_size;
+    const bool tied = (m->lm_head.data == m->embed.data);
+    kvf_status_t status = KVF_OK;
+
+    if (m->dev.kind == KVF_DEVICE_CPU) {
+        return KVF_OK;
+    }
+    KVF_UP(kvf_up_mat(m, &m->embed));
+    if (tied) {
+        m->lm_head = m->embed;     /* one copy, as on the host (also after a failure) */
+    } else {
+        KVF_UP(kvf_up_mat(m, &m->lm_head));
+    }
+    KVF_UP(kvf_up_vec(m, &m->norm_f, H));
+    KVF_UP(kvf_up_vec(m, &m->inv_freq, (size_t)(cfg->head_dim / 2)));
+    for (int l = 0; l < cfg->num_layers; ++l) {
+        KVF_UP(kvf_up_vec(m, &m->norm_w[l], H));
+        KVF_UP(kvf_up_vec(m, &m->norm2_w[l], H));
+    }
+    for (int r = 0; r < m->tp; ++r) {
+        for (int l = 0; l < cfg->num_layers; ++l) {
+            KVF_UP(kvf_up_layer(m, &m->ranks[r].shard, &m->ranks[r].layers[l]));
+        }
+    }
+    return status;
+}

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# kvf generate / bench-model --device: "cpu" is the default, byte for byte (tokens and every
+# logit); "cuda[:N]" without a usable GPU fails at once, before the model is read, naming the
+# value and the CUDA error (or saying CUDA is not built in), exit 1; bad values and
+# --tp > 1 on CUDA are refused by name, exit 2. On a machine with a GPU the refusal cases
+# are skipped (tests/gpu/run.sh compares the GPU run with the CPU's there).
+set -euo pipefail
+KVF="${KVF_BIN:?}/kvf"
+SRC="${KVF_SOURCE_DIR:?}"
+T="$(mktemp -d /tmp/kvf-dev-XXXXXX)"
+trap 'rm -rf "$T"' EXIT
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+"$KVF" generate --help 2>&1 | grep -q -- '--device' || fail "generate --help lists no --device"
+
+# --device cpu is the default, byte for byte, on a hybrid (Mamba2 + attention + MLP), a MoE
+# and a dense RoPE model
+for m in tiny-hybrid tiny-moe tiny-qwen3; do
+    "$KVF" mkmodel --config "$SRC/tests/data/models/$m.config.json" --out "$T/$m" --seed 3 >/dev/null
+    args=(generate --model "$T/$m" --prompt "hello kvferry" --max-tokens 6 --ignore-eos yes
+          --print-logits yes)
+    a="$("$KVF" "${args[@]}" | grep -v '^prefill\|^decode')"
+    b="$("$KVF" "${args[@]}" --device cpu | grep -v '^prefill\|^decode')"
+    [ "$(grep -c '^logits ' <<<"$a")" -eq 6 ] || fail "$m: expected 6 logits lines"
+    [ "$a" = "$b" ] || fail "$m: --device cpu differs from the default"
+done
+
+# refusals by value (exit 2)
+for v in gpu cuda: cuda:x cuda:-1 CUDA; do
+    rc=0
+    "$KVF" generate --model "$T/tiny-hybrid" --device "$v" --max-tokens 1 >/dev/null 2>"$T/err" || rc=$?
+    [ "$rc" -eq 2 ] || fail "--device $v: exit $rc, expected 2"
+    grep -q "bad value '$v' for --device: cpu, cuda or cuda:N" "$T/err" \
+        || fail "--device $v message: $(cat "$T/err")"
+done
+rc=0
+"$KVF" generate --model "$T/tiny-hybrid" --device cuda --tp 2 --max-tokens 1 >/dev/null \
+    2>"$T/err" || rc=$?
+[ "$rc" -eq 2 ] || fail "--device cuda --tp 2: exit $rc, expected 2"
+grep -q -- "--device cuda with --tp 2: GPU ranks need NCCL collectives" "$T/err" \
+    || fail "--tp 2 message: $(cat "$T/err")"
+
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+    echo "a GPU is present: the no-GPU refusals are not checked here (tests/gpu/run.sh)"
+    exit 0
+fi
+
+# no usable GPU: fail fast with the device and the CUDA error, before the model is read (the
+# model folder does not exist), exit 1; same for bench-model
+for v in cuda cuda:0 cuda:3; do
+    want="$v"
+    [ "$v" = cuda ] && want=cuda:0
+    for cmd in generate bench-model; do
+        rc=0
+        "$KVF" $cmd --model "$T/no-such-model" --device "$v" >"$T/out" 2>"$T/err" || rc=$?
+        [ "$rc" -eq 1 ] || fail "$cmd --device $v without a GPU: exit $rc, expected 1"
+        if grep -q -- "--device $want: CUDA is not built in" "$T/err"; then
+            continue
+        fi
+        grep -Eq -- "--device $want: no CUDA device \(cuda[A-Za-z]+: .+\)" "$T/err" \
+            || fail "$cmd --device $v message: $(cat "$T/err")"
+        ! grep -q "no-such-model" "$T/err" || fail "$cmd --device $v read the model first"
+    done
+done
+echo "test_generate_device: PASS"
