@@ -33,16 +33,13 @@ static ucs_memory_type_t kvf_ucx_mem_type(kvf_xfer_mem_type_t type)
 
 void kvf_ucx_agent_describe(kvf_ucx_agent_h agent, char *buf, size_t len)
 {
-    static const char *const names[] = {"host", "cuda", "cuda-managed", "rocm",
-                                        "rocm-managed"};
-    char types[96] = "";
+    char types[128] = "";
     size_t used = 0;
 
-    for (unsigned t = 0; (t < sizeof(names) / sizeof(names[0])) && (used < sizeof(types));
-         ++t) {
-        if (agent->mem_types & UCS_BIT(t)) {
+    for (unsigned t = 0; (t < UCS_MEMORY_TYPE_LAST) && (used < sizeof(types)); ++t) {
+        if (agent->mem_types & UCS_BIT(t)) {   /* UCX's own names: host, cuda, ... */
             used += (size_t)snprintf(types + used, sizeof(types) - used, "%s%s",
-                                     (used > 0) ? "," : "", names[t]);
+                                     (used > 0) ? "," : "", ucs_memory_type_names[t]);
         }
     }
     snprintf(buf, len, "UCX %s reaching %s memory, UCX_TLS=%s%s", ucp_get_version_string(),

@@ -1,0 +1,320 @@
+/*
+ * The connector's device-pool path, run on the CPU: a decode pool "in CUDA
+ * memory" as far as kvferry can tell (link-time wraps: kvf_device_ptr_is_cuda
+ * says yes for it, ucp_context_query lists UCS_MEMORY_TYPE_CUDA, and the
+ * device layer's stream create / blocks_zero / zero_ranges / sync run their
+ * CPU versions while recording what they were asked), pulling from a host
+ * prefill. Checks: the pool is registered as cuda memory (its metadata says
+ * so), a zeroing stream is made at registration and destroyed with the
+ * connector, after the GETs the whole pages go to kvf_blocks_zero and the
+ * partial tails to kvf_zero_ranges on that stream, the stream is synced
+ * before poll reports KVF_OK, and the pool holds the right bytes: pulled
+ * pages the prefill's, zeroed tails zero, other pages untouched. What it
+ * cannot check: that UCX moves bytes into real device memory (UCX here has no
+ * CUDA; host memory mapped as CUDA is accepted by ucp_mem_map and its GETs
+ * fall back to host copies), and the CUDA kernels themselves (tests/gpu).
+ */
+#include "kvf_connector_ucx.h"
+#include "kvf_handshake.h"
+#include "kvf_xfer.pb-c.h"
+
+#include "kvf_log.h"
+#include "kvf_time.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <ucp/api/ucp.h>
+#include <cmocka.h>
+
+#define P_BLOCKS 4
+#define D_BLOCKS 6
+#define TOKENS   40          /* tiny-dense, block 16: 3 blocks, the last one partial */
+#define FAKE_STREAM ((void *)0x5eed)
+
+static kvf_model_config_t cfg;
+static kvf_cache_params_t params;
+static const kvf_connector_ops_t *ops;
+
+/* ---- link-time wraps ---------------------------------------------------- */
+
+bool __real_kvf_device_ptr_is_cuda(const void *ptr);
+bool __wrap_kvf_device_ptr_is_cuda(const void *ptr);
+ucs_status_t __real_ucp_context_query(ucp_context_h context, ucp_context_attr_t *attr);
+ucs_status_t __wrap_ucp_context_query(ucp_context_h context, ucp_context_attr_t *attr);
+int __wrap_kvf_device_stream_create(const kvf_device_t *dev, kvf_device_t *dev_p);
+void __wrap_kvf_device_stream_destroy(kvf_device_t *dev);
+int __real_kvf_blocks_zero(const kvf_device_t *dev, void *base, size_t page_size,
+                           const int64_t *page_ids, size_t n);
+int __wrap_kvf_blocks_zero(const kvf_device_t *dev, void *base, size_t page_size,
+                           const int64_t *page_ids, size_t n);
+int __real_kvf_zero_ranges(const kvf_device_t *dev, void *base, const size_t *offsets,
+                           const size_t *lens, size_t n);
+int __wrap_kvf_zero_ranges(const kvf_device_t *dev, void *base, const size_t *offsets,
+                           const size_t *lens, size_t n);
+int __wrap_kvf_device_sync(const kvf_device_t *dev);
+
+static const uint8_t *dev_lo, *dev_hi;    /* the "device" pool */
+static int streams_made, streams_destroyed, syncs, sync_after_zero;
+static size_t blocks_zeroed_pages, ranges_zeroed, ranges_zero_bytes, blocks_calls, range_calls;
+static bool zero_since_sync;
+
+bool __wrap_kvf_device_ptr_is_cuda(const void *ptr)
+{
+    if ((dev_lo != NULL) && ((const uint8_t *)ptr >= dev_lo) && ((const uint8_t *)ptr < dev_hi)) {
+        return true;
+    }
+    return __real_kvf_device_ptr_is_cuda(ptr);
+}
+
+ucs_status_t __wrap_ucp_context_query(ucp_context_h context, ucp_context_attr_t *attr)
+{
+    ucs_status_t s = __real_ucp_context_query(context, attr);
+    if ((s == UCS_OK) && (attr->field_mask & UCP_ATTR_FIELD_MEMORY_TYPES)) {
+        attr->memory_types |= UCS_BIT(UCS_MEMORY_TYPE_CUDA);   /* "a CUDA-built UCX" */
+    }
+    return s;
+}
+
+int __wrap_kvf_device_stream_create(const kvf_device_t *dev, kvf_device_t *dev_p)
+{
+    assert_int_equal(dev->kind, KVF_DEVICE_CUDA);
+    *dev_p = *dev;
+    dev_p->stream = FAKE_STREAM;
+    streams_made++;
+    return KVF_KERN_OK;
+}
+
+void __wrap_kvf_device_stream_destroy(kvf_device_t *dev)
+{
+    if (dev->stream == FAKE_STREAM) {
+        streams_destroyed++;
+    }
+    dev->stream = NULL;
+}
+
+int __wrap_kvf_blocks_zero(const kvf_device_t *dev, void *base, size_t page_size,
+                           const int64_t *page_ids, size_t n)
+{
+    kvf_device_t cpu = kvf_device_cpu();
+
+    assert_int_equal(dev->kind, KVF_DEVICE_CUDA);
+    assert_ptr_equal(dev->stream, FAKE_STREAM);   /* on the pool's own stream */
+    blocks_calls++;
+    blocks_zeroed_pages += n;
+    zero_since_sync = true;
+    return __real_kvf_blocks_zero(&cpu, base, page_size, page_ids, n);
+}
+
+int __wrap_kvf_zero_ranges(const kvf_device_t *dev, void *base, const size_t *offsets,
+                           const size_t *lens, size_t n)
+{
+    kvf_device_t cpu = kvf_device_cpu();
+
+    assert_int_equal(dev->kind, KVF_DEVICE_CUDA);
+    assert_ptr_equal(dev->stream, FAKE_STREAM);
+    range_calls++;
+    ranges_zeroed += n;
+    for (size_t i = 0; i < n; ++i) {
+        ranges_zero_bytes += lens[i];
+    }
+    zero_since_sync = true;
+    return __real_kvf_zero_ranges(&cpu, base, offsets, lens, n);
+}
+
+int __wrap_kvf_device_sync(const kvf_device_t *dev)
+{
+    assert_ptr_equal(dev->stream, FAKE_STREAM);
+    syncs++;
+    sync_after_zero += zero_since_sync;
+    zero_since_sync = false;
+    return KVF_KERN_OK;
+}
+
+/* ---- the test ------------------------------------------------------------- */
+
+/* Bytes of one block (slots pages) and, in *page_p, of one page. */
+static size_t block_bytes(size_t *page_p)
+{
+    kvf_rank_geometry_t g;
+    kvf_cache_layout_t layout;
+    assert_int_equal(kvf_cache_layout_build(&cfg, &layout), KVF_OK);
+    assert_int_equal(kvf_rank_geometry_compute(&cfg, &params, 1, 0, &g), KVF_OK);
+    *page_p = g.page_size;
+    return (size_t)layout.slots * g.page_size;
+}
+
+static kvf_connector_h conn_make(const char *id, kvf_connector_role_t role)
+{
+    kvf_connector_config_t cc;
+    kvf_connector_h conn;
+
+    memset(&cc, 0, sizeof(cc));
+    cc.field_mask = KVF_CONNECTOR_CONFIG_FIELD_TIMEOUT_MS |
+                    ((role == KVF_CONNECTOR_ROLE_PREFILL) ? KVF_CONNECTOR_CONFIG_FIELD_PROGRESS : 0);
+    cc.engine_id = id;
+    cc.role = role;
+    cc.tp_size = 1;
+    cc.cfg = &cfg;
+    cc.timeout_ms = 5000;
+    cc.progress_thread = true;
+    assert_int_equal(ops->create(&cc, &conn), KVF_OK);
+    return conn;
+}
+
+static void test_device_pool_zeroing(void **state)
+{
+    size_t psz, page = block_bytes(&psz);   /* "page" below: one block, slots pages */
+    size_t plen = P_BLOCKS * page, dlen = D_BLOCKS * page;
+    uint8_t *ppool = malloc(plen), *dpool = malloc(dlen);
+    kvf_connector_h pre = conn_make("prefill-d", KVF_CONNECTOR_ROLE_PREFILL);
+    kvf_connector_h dec = conn_make("decode-d", KVF_CONNECTOR_ROLE_DECODE);
+    static const int32_t rids[3] = {0, 1, 2};
+    static const int32_t lids[3] = {4, 1, 3};
+    kvf_connector_pull_t pull;
+    kvf_connector_req_h req;
+    kvf_connector_stats_t st;
+    Kvf__HandshakeReply *md;
+    static uint8_t mbuf[64 * 1024];
+    uint64_t deadline = kvf_time_now_ns() + 20000000000ull;
+    size_t mlen;
+    char why[512];
+    int port = 0;
+    kvf_status_t s;
+
+    (void)state;
+    assert_non_null(ppool);
+    assert_non_null(dpool);
+    for (size_t i = 0; i < plen; ++i) {
+        ppool[i] = (uint8_t)(1 + (i % 251));      /* never 0: a zeroed byte shows */
+    }
+    memset(dpool, 0xee, dlen);
+    dev_lo = dpool;
+    dev_hi = dpool + dlen;
+    {
+        kvf_connector_pool_t pp = {0, ppool, plen, P_BLOCKS, params, kvf_device_cpu()};
+        kvf_connector_pool_t dp = {0, dpool, dlen, D_BLOCKS, params, kvf_device_cpu()};
+        dp.device.kind = KVF_DEVICE_CUDA;
+        assert_int_equal(ops->register_pool(pre, &pp), KVF_OK);
+        assert_int_equal(ops->register_pool(dec, &dp), KVF_OK);
+    }
+    assert_int_equal(streams_made, 1);                /* decode's pool only */
+    assert_int_equal(ops->get_metadata(dec, 0, mbuf, sizeof(mbuf), &mlen), KVF_OK);
+    /* a decode pool publishes no key, so the checked unpack refuses it: read the wire */
+    md = kvf__handshake_reply__unpack(NULL, mlen, mbuf);
+    assert_non_null(md);
+    assert_true(md->ranks[0]->regions[0]->has_memory_type);
+    assert_int_equal(md->ranks[0]->regions[0]->memory_type, KVF_XFER_MEM_CUDA);
+    kvf__handshake_reply__free_unpacked(md, NULL);
+    assert_int_equal(ops->serve(pre, &port), KVF_OK);
+    assert_int_equal(ops->handshake(dec, "prefill-d", "127.0.0.1", port, why, sizeof(why)),
+                     KVF_OK);
+
+    memset(&pull, 0, sizeof(pull));
+    pull.engine_id = "prefill-d";
+    pull.request_id = "r";
+    pull.num_tokens = TOKENS;
+    pull.num_groups = 1;
+    pull.remote_ids[0] = rids;
+    pull.num_remote_ids[0] = 3;
+    pull.local_ids[0] = lids;
+    pull.num_local_ids[0] = 3;
+    assert_int_equal(ops->start_pull(dec, 0, &pull, &req), KVF_OK);
+    while (((s = ops->poll(dec, 0, req)) == KVF_INPROGRESS) && (kvf_time_now_ns() < deadline)) {
+    }
+    print_message("pull: %s; blocks_zero %zu call(s), %zu page(s); zero_ranges %zu call(s), "
+                  "%zu range(s), %zu bytes; %d sync(s)\n", kvf_status_str(s), blocks_calls,
+                  blocks_zeroed_pages, range_calls, ranges_zeroed, ranges_zero_bytes, syncs);
+    assert_int_equal(s, KVF_OK);
+    assert_int_equal(ops->req_stats(dec, 0, req, &st), KVF_OK);
+    assert_int_equal(blocks_calls, 1);
+    assert_int_equal(range_calls, 1);
+    assert_int_equal(blocks_zeroed_pages * psz + ranges_zero_bytes, st.zero_bytes);
+    assert_true(ranges_zero_bytes > 0);               /* block 2 is partial: a tail */
+    assert_int_equal(sync_after_zero, 1);             /* synced once, after the zeroing */
+    assert_false(zero_since_sync);
+    /* KV digests read the pool on the host: not for a device pool */
+    {
+        const kvf_kv_digest_t *dg;
+        int ndg;
+        assert_int_equal(ops->req_digests(dec, 0, req, &dg, &ndg), KVF_ERR_UNSUPPORTED);
+    }
+    assert_int_equal(ops->finish_pull(dec, 0, req), KVF_OK);
+
+    /* bytes: local blocks 4, 1, 3 hold remote 0, 1, 2 up to the tokens; the tail of the
+     * last one is zero; blocks 0, 2, 5 were never written */
+    for (int i = 0; i < 3; ++i) {
+        const uint8_t *d = dpool + (size_t)lids[i] * page, *p = ppool + (size_t)rids[i] * page;
+        size_t same = 0, zero = 0;
+        for (size_t b = 0; b < page; ++b) {
+            same += (d[b] == p[b]);
+            zero += (d[b] == 0);
+        }
+        assert_int_equal(same + zero, page);          /* every byte: pulled or zeroed */
+        if (i < 2) {
+            assert_int_equal(same, page);             /* whole blocks */
+        } else {
+            assert_true(zero > 0);
+        }
+    }
+    for (int b = 0; b < D_BLOCKS; b += (b == 0) ? 2 : 3) {   /* 0, 2, 5 */
+        for (size_t k = 0; k < page; ++k) {
+            assert_int_equal(dpool[(size_t)b * page + k], 0xee);
+        }
+    }
+
+    /* 48 tokens: three whole blocks, and a fourth local block for the first generated
+     * token, never pulled: its pages are zeroed whole, by the page kernel */
+    {
+        static const int32_t lids2[4] = {0, 2, 5, 3};
+        blocks_calls = range_calls = blocks_zeroed_pages = ranges_zero_bytes = 0;
+        sync_after_zero = 0;
+        pull.num_tokens = 48;
+        pull.local_ids[0] = lids2;
+        pull.num_local_ids[0] = 4;
+        assert_int_equal(ops->start_pull(dec, 0, &pull, &req), KVF_OK);
+        while (((s = ops->poll(dec, 0, req)) == KVF_INPROGRESS) &&
+               (kvf_time_now_ns() < deadline)) {
+        }
+        print_message("pull of 48: %s; blocks_zero %zu page(s), zero_ranges %zu bytes\n",
+                      kvf_status_str(s), blocks_zeroed_pages, ranges_zero_bytes);
+        assert_int_equal(s, KVF_OK);
+        assert_int_equal(ops->req_stats(dec, 0, req, &st), KVF_OK);
+        assert_int_equal(ops->finish_pull(dec, 0, req), KVF_OK);
+        assert_int_equal(blocks_zeroed_pages * psz, page);   /* block 3, whole */
+        assert_int_equal(ranges_zero_bytes, 0);
+        assert_int_equal(st.zero_bytes, page);
+        assert_int_equal(sync_after_zero, 1);
+        for (int i = 0; i < 3; ++i) {
+            assert_memory_equal(dpool + (size_t)lids2[i] * page, ppool + (size_t)rids[i] * page,
+                                page);
+        }
+        for (size_t k = 0; k < page; ++k) {
+            assert_int_equal(dpool[3 * page + k], 0);
+        }
+    }
+    ops->destroy(dec);
+    ops->destroy(pre);
+    assert_int_equal(streams_destroyed, 1);
+    dev_lo = dev_hi = NULL;
+    free(ppool);
+    free(dpool);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_device_pool_zeroing),
+    };
+    kvf_log_init("test");
+    if (kvf_model_config_load(KVF_SOURCE_DIR "/tests/data/models/tiny-dense.config.json",
+                              &cfg) != KVF_OK) {
+        return 1;
+    }
+    kvf_cache_params_default(&cfg, &params);
+    ops = kvf_connector_ucx_ops();
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
