@@ -32,6 +32,16 @@ kvf_status_t kvf_role_check_flags(const kvf_role_config_t *params)
     } else if ((strcmp(params->pool_alloc, "ucx") != 0) &&
                (strcmp(params->pool_alloc, "heap") != 0)) {
         kvf_error("--pool-alloc must be ucx or heap, not '%s'", params->pool_alloc);
+    } else if (strncmp(params->device, "cuda", 4) == 0) {
+        /* the engine can run on a GPU (kvf_model_load_device), the daemons not yet: their
+         * pools are the connector's host memory and the KV digest reads pool bytes on the
+         * host */
+        kvf_error("--device %s: the daemons run on the CPU only for now (their page pools "
+                  "are host memory the transfer connector reads); kvf generate --device %s "
+                  "runs a model on a GPU", params->device, params->device);
+    } else if (strcmp(params->device, "cpu") != 0) {
+        kvf_error("bad value '%s' for --device: cpu (cuda is refused by the daemons)",
+                  params->device);
     } else {
         return KVF_OK;
     }

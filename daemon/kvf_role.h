@@ -34,6 +34,7 @@ typedef struct kvf_role_config {
     char    key_id[KVF_CONFIG_STR_MAX];      /* this daemon's member id; "" = engine_id */
     bool    insecure;                        /* plain ZeroMQ, any peer (lab only; warns) */
     bool    test_no_block_zero;              /* TEST ONLY: fresh attention blocks not zeroed */
+    char    device[KVF_CONFIG_STR_MAX];      /* cpu (cuda is refused: host page pools only) */
 } kvf_role_config_t;
 
 #define KVF_ROLE_MAX_TP 64
@@ -74,6 +75,9 @@ typedef struct kvf_role_config {
      offsetof(_type, role.block_size), KVF_CONFIG_TYPE_INT, 0},                               \
     {"MAX_BATCH_TOKENS", "512", "tokens per engine step",                                     \
      offsetof(_type, role.max_batch_tokens), KVF_CONFIG_TYPE_INT, 0},                         \
+    {"DEVICE", "cpu", "where the model runs: cpu (cuda is refused here for now: the daemons' " \
+     "page pools are host memory; kvf generate --device cuda runs on a GPU)",                 \
+     offsetof(_type, role.device), KVF_CONFIG_TYPE_STRING, 0},                                \
     {"XFER_TIMEOUT", KVF_ROLE_XFER_TIMEOUT_DEFAULT,                                           \
      "bound on every transfer wait (handshake, pull, release); the unit of the timeout model", \
      offsetof(_type, role.xfer_timeout_ms), KVF_CONFIG_TYPE_TIME, 0},                         \

@@ -2,7 +2,8 @@
 # kvf generate / bench-model --device: "cpu" is the default, byte for byte (tokens and every
 # logit); "cuda[:N]" without a usable GPU fails at once, before the model is read, naming the
 # value and the CUDA error (or saying CUDA is not built in), exit 1; bad values and
-# --tp > 1 on CUDA are refused by name, exit 2. On a machine with a GPU the refusal cases
+# --tp > 1 on CUDA are refused by name, exit 2; kvf-prefill / kvf-decode refuse --device cuda by
+# name. On a machine with a GPU the refusal cases
 # are skipped (tests/gpu/run.sh compares the GPU run with the CPU's there).
 set -euo pipefail
 KVF="${KVF_BIN:?}/kvf"
@@ -40,6 +41,15 @@ rc=0
 [ "$rc" -eq 2 ] || fail "--device cuda --tp 2: exit $rc, expected 2"
 grep -q -- "--device cuda with --tp 2: GPU ranks need NCCL collectives" "$T/err" \
     || fail "--tp 2 message: $(cat "$T/err")"
+
+# the daemons refuse cuda by name (host page pools only, for now), any machine
+for d in kvf-prefill kvf-decode; do
+    rc=0
+    "${KVF_BIN}/$d" --model "$T/tiny-hybrid" --insecure --device cuda:0 >/dev/null 2>"$T/err" || rc=$?
+    [ "$rc" -ne 0 ] || fail "$d --device cuda:0 accepted"
+    grep -q -- "--device cuda:0: the daemons run on the CPU only for now" "$T/err" \
+        || fail "$d --device cuda:0 message: $(cat "$T/err")"
+done
 
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
     echo "a GPU is present: the no-GPU refusals are not checked here (tests/gpu/run.sh)"
