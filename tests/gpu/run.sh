@@ -118,16 +118,52 @@ if [ ! -x "$kvf" ]; then
 elif ! "$kvf" generate --help 2>&1 | grep -q -- '--device'; then
     gen=$(gen_row "kvf generate --device cuda" "-" "-" "-" "-" "not yet (kvf has no --device)")
 else
-    args=(generate --model "$model" --prompt "12+34=" --max-tokens 16 --kv-dtype fp32)
-    cpu=$(timeout "$(left)" "$kvf" "${args[@]}" --device cpu 2>"$log/gen-cpu.err")
-    gpu=$(timeout "$(left)" "$kvf" "${args[@]}" --device cuda:0 2>"$log/gen-gpu.err")
-    if [ -n "$cpu" ] && [ "$cpu" = "$gpu" ]; then
-        gen=$(gen_row "kvf generate --device cuda" "fp32" "same tokens" "-" "-" "PASS")
-    else
-        gen=$(gen_row "kvf generate --device cuda" "fp32" "tokens differ" "-" "-" "FAIL")
-        fail=1
-        tail -5 "$log/gen-gpu.err"
-    fi
+    # the trained hybrid (Mamba2 + attention + MLP) and the trained dense (RoPE, SwiGLU): 16
+    # greedy tokens past EOS, tokens equal and every logit within tol of the CPU's
+    # (columns: max |gpu - cpu|, max |gpu - cpu| / (1 + |cpu|), tol)
+    gen=""
+    for m in tiny-hybrid tiny-dense; do
+        args=(generate --model "$root/models-trained/$m" --prompt "12+34=" --max-tokens 16
+              --ignore-eos yes --print-logits yes --kv-dtype fp32)
+        name="generate cuda: $m"
+        timeout "$(left)" "$kvf" "${args[@]}" --device cpu >"$log/gen-$m-cpu.txt" 2>"$log/gen-$m-cpu.err"
+        rc_c=$?
+        timeout "$(left)" "$kvf" "${args[@]}" --device cuda:0 >"$log/gen-$m-gpu.txt" 2>"$log/gen-$m-gpu.err"
+        rc_g=$?
+        if [ "$rc_c" -ne 0 ] || [ "$rc_g" -ne 0 ]; then
+            row=$(gen_row "$name" "fp32" "-" "-" "-" "FAIL (exit cpu $rc_c, gpu $rc_g)")
+            fail=1
+            tail -5 "$log/gen-$m-gpu.err"
+        elif [ "$(grep '^tokens:' "$log/gen-$m-cpu.txt")" != "$(grep '^tokens:' "$log/gen-$m-gpu.txt")" ]; then
+            row=$(gen_row "$name" "fp32" "-" "-" "-" "FAIL: tokens differ")
+            fail=1
+            grep -h '^tokens:' "$log/gen-$m-cpu.txt" "$log/gen-$m-gpu.txt"
+        else
+            diffs=$(paste -d'\n' <(grep '^logits ' "$log/gen-$m-cpu.txt") \
+                                 <(grep '^logits ' "$log/gen-$m-gpu.txt") | awk '
+                NR % 2 == 1 { n = split($0, c, " "); next }
+                { k = split($0, g, " "); if (k != n) { bad = 1 }
+                  for (i = 4; i <= n; i++) { d = g[i] - c[i]; if (d < 0) d = -d
+                      a = c[i] < 0 ? -c[i] : c[i]; if (d > ma) ma = d
+                      if (d / (1 + a) > mr) mr = d / (1 + a) }
+                  lines++ }
+                END { if (bad || lines == 0) print "bad"; else printf "%.3g %.3g\n", ma, mr }')
+            if [ "$diffs" = "bad" ]; then
+                row=$(gen_row "$name" "fp32" "-" "-" "-" "FAIL: logits lines differ in shape")
+                fail=1
+            else
+                read -r ma mr <<<"$diffs"
+                if awk -v r="$mr" 'BEGIN { exit !(r <= 1e-3) }'; then
+                    row=$(gen_row "$name" "fp32" "$ma" "$mr" "1e-3" "PASS (same tokens)")
+                else
+                    row=$(gen_row "$name" "fp32" "$ma" "$mr" "1e-3" "FAIL: logits differ")
+                    fail=1
+                fi
+            fi
+        fi
+        gen="${gen:+$gen
+}$row"
+    done
 fi
 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1 |
