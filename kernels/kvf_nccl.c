@@ -35,6 +35,35 @@ int kvf_nccl_all_gather(kvf_nccl_comm_h comm, const float *send, float *recv, si
     return KVF_KERN_EUNSUPPORTED;
 }
 
+int kvf_nccl_broadcast(kvf_nccl_comm_h comm, const void *send, void *recv, size_t bytes,
+                       int root)
+{
+    (void)comm, (void)send, (void)recv, (void)bytes, (void)root;
+    return KVF_KERN_EUNSUPPORTED;
+}
+
+void kvf_nccl_comm_watch(kvf_nccl_comm_h comm, const int *cancel)
+{
+    (void)comm, (void)cancel;
+}
+
+const char *kvf_nccl_comm_error(kvf_nccl_comm_h comm)
+{
+    (void)comm;
+    return "NCCL is not built in";
+}
+
+void kvf_nccl_comm_abort(kvf_nccl_comm_h comm)
+{
+    (void)comm;
+}
+
+int kvf_nccl_comm_finalize(kvf_nccl_comm_h comm)
+{
+    (void)comm;
+    return KVF_KERN_EUNSUPPORTED;
+}
+
 bool kvf_nccl_comm_broken(kvf_nccl_comm_h comm)
 {
     (void)comm;

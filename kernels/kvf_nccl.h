@@ -12,8 +12,14 @@
  * function returns KVF_KERN_EUNSUPPORTED and kvf_nccl_available() is false.
  * CPU ranks keep common/runtime's CPU collectives.
  *
- * Not yet used by common/runtime (which has no CUDA device path); compiled
- * and linked only, never run on a GPU.
+ * Used by common/runtime's NCCL world (kvf_collectives_nccl.c: one
+ * communicator per rank for the whole instance and one per span group, all
+ * made at start). Compiled and linked only, never run on a GPU.
+ *
+ * Threads: a communicator is used by its rank's thread, except
+ * kvf_nccl_comm_finalize()/destroy()/abort(), which one thread may call for
+ * every rank's communicator once no collective runs (finalize all first,
+ * then destroy all: a finalize completes only when every rank finalized).
  */
 #ifndef KVF_NCCL_H
 #define KVF_NCCL_H
@@ -74,10 +80,48 @@ int kvf_nccl_all_reduce_sum(kvf_nccl_comm_h comm, const float *send, float *recv
  */
 int kvf_nccl_all_gather(kvf_nccl_comm_h comm, const float *send, float *recv, size_t n);
 
+/**
+ * recv[i] = send of rank @a root [i], i < @a bytes (device memory; send is
+ * read on the root only and may equal recv). Errors as
+ * kvf_nccl_all_reduce_sum(), plus KVF_KERN_EINVAL for a root outside [0, nranks).
+ */
+int kvf_nccl_broadcast(kvf_nccl_comm_h comm, const void *send, void *recv, size_t bytes,
+                       int root);
+
+/**
+ * Let @a cancel end this communicator's waits early: while *cancel is 0 it is
+ * ignored; once another thread stores non-zero in it (__atomic_store_n,
+ * release), a wait in progress or begun later aborts the communicator and
+ * fails with KVF_KERN_ENCCL ("cancelled"). For a world whose other rank
+ * already failed, so that the peers do not wait out their deadline. @a cancel
+ * must outlive the communicator; NULL removes it.
+ */
+void kvf_nccl_comm_watch(kvf_nccl_comm_h comm, const int *cancel);
+
 /** True after a failure or a timeout aborted the communicator. */
 bool kvf_nccl_comm_broken(kvf_nccl_comm_h comm);
 
-/** Finalize (healthy) or abort (broken), then free; NULL is a no-op. */
+/**
+ * Why the communicator broke, or NULL while it is healthy: "<call>: <NCCL's
+ * error string> (<ncclGetLastError>); communicator aborted", "<call>: not
+ * complete after T ms; communicator aborted", or "<call>: cancelled ...".
+ * Stable once set, valid until destroy.
+ */
+const char *kvf_nccl_comm_error(kvf_nccl_comm_h comm);
+
+/** Abort the communicator now (ncclCommAbort) and mark it broken; idempotent; NULL is a no-op. */
+void kvf_nccl_comm_abort(kvf_nccl_comm_h comm);
+
+/**
+ * Begin a non-blocking finalize (ncclCommFinalize) without waiting for it;
+ * kvf_nccl_comm_destroy() then waits (bounded by the communicator's timeout,
+ * past it aborts). Lets one thread finalize every rank's communicator before
+ * it waits for any. A broken communicator is left alone. @return KVF_KERN_OK;
+ * KVF_KERN_ENCCL (then aborted); KVF_KERN_EUNSUPPORTED.
+ */
+int kvf_nccl_comm_finalize(kvf_nccl_comm_h comm);
+
+/** Finalize (healthy: bounded wait) or abort (broken), then free; NULL is a no-op. */
 void kvf_nccl_comm_destroy(kvf_nccl_comm_h comm);
 
 #ifdef __cplusplus

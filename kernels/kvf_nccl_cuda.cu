@@ -5,8 +5,12 @@
  * no NCCL call can hang a rank thread: init and every collective are polled
  * (ncclCommGetAsyncError for the communicator, cudaStreamQuery for the
  * collective's completion) until done or the deadline, checked on every
- * turn of the loop; past it the communicator is aborted (ncclCommAbort,
- * which also unblocks the peers' kernels) and marked broken. Rejected
+ * turn of the loop; past it the communicator is aborted (ncclCommAbort)
+ * and marked broken, with the reason kept for kvf_nccl_comm_error(). An
+ * abort ends this rank's kernels only: a peer's collective ends at its own
+ * deadline, or at once when its owner sets the flag it watches
+ * (kvf_nccl_comm_watch(): common/runtime sets it when any rank failed).
+ * The broadcast is on bytes (ncclUint8) so any buffer can go. Rejected
  * alternative: blocking collectives plus a watchdog thread, which needs a
  * second thread per rank and cannot tell a slow peer from a dead one any
  * better.
@@ -17,10 +21,18 @@
 
 #include <nccl.h>
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 static_assert(sizeof(ncclUniqueId) == KVF_NCCL_ID_BYTES, "KVF_NCCL_ID_BYTES");
+
+/* a failure before there is a communicator to abort */
+static int kvf_nccl_error(ncclResult_t r, const char *call)
+{
+    kvf_kern_report(call, ncclGetErrorString(r));
+    return KVF_KERN_ENCCL;
+}
 
 struct kvf_nccl_comm {
     ncclComm_t   comm;
@@ -28,21 +40,32 @@ struct kvf_nccl_comm {
     int          nranks;
     int64_t      timeout_ms;
     bool         broken;
+    bool         finalizing;   /* ncclCommFinalize issued, destroy waits for it */
+    const int   *cancel;       /* kvf_nccl_comm_watch(); NULL: none */
+    char         why[320];     /* kvf_nccl_comm_error() once broken */
 };
 
-static int kvf_nccl_error(ncclResult_t r, const char *call)
-{
-    kvf_kern_report(call, ncclGetErrorString(r));
-    return KVF_KERN_ENCCL;
-}
-
-static void kvf_nccl_abort(kvf_nccl_comm *c, const char *why)
+/* Record why (first failure only), report it, abort the communicator; returns @a rc. */
+static int kvf_nccl_fail(kvf_nccl_comm *c, int rc, const char *what, const char *detail)
 {
     if (!c->broken) {
-        kvf_kern_report(why, "communicator aborted");
+        snprintf(c->why, sizeof(c->why), "%s: %s; communicator aborted", what, detail);
+        kvf_kern_report(what, c->why);
         (void)ncclCommAbort(c->comm);
         c->broken = true;
     }
+    return rc;
+}
+
+/* an NCCL failure: NCCL's string for the code and its last error text, then abort */
+static int kvf_nccl_fail_nccl(kvf_nccl_comm *c, ncclResult_t r, const char *what)
+{
+    char detail[256];
+    const char *last = c->broken ? NULL : ncclGetLastError(c->comm);
+
+    snprintf(detail, sizeof(detail), "%s (%s)", ncclGetErrorString(r),
+             ((last != NULL) && (last[0] != '\0')) ? last : "no further detail");
+    return kvf_nccl_fail(c, KVF_KERN_ENCCL, what, detail);
 }
 
 /* poll the communicator (and, with @a stream_done, the stream) until ready or the deadline */
@@ -53,9 +76,7 @@ static int kvf_nccl_wait(kvf_nccl_comm *c, bool stream_done, const char *what)
         ncclResult_t async = ncclSuccess;
         ncclResult_t r = ncclCommGetAsyncError(c->comm, &async);
         if (r != ncclSuccess || (async != ncclSuccess && async != ncclInProgress)) {
-            int rc = kvf_nccl_error((r != ncclSuccess) ? r : async, what);
-            kvf_nccl_abort(c, what);
-            return rc;
+            return kvf_nccl_fail_nccl(c, (r != ncclSuccess) ? r : async, what);
         }
         if (async == ncclSuccess) {
             if (!stream_done) {
@@ -66,14 +87,21 @@ static int kvf_nccl_wait(kvf_nccl_comm *c, bool stream_done, const char *what)
                 return KVF_KERN_OK;
             }
             if (q != cudaErrorNotReady) {
-                int rc = kvf_cuda_error(q, "cudaStreamQuery(collective stream)");
-                kvf_nccl_abort(c, what);
-                return rc;
+                char detail[160];
+                snprintf(detail, sizeof(detail), "the collective's stream failed: %s",
+                         cudaGetErrorString(q));
+                return kvf_nccl_fail(c, KVF_KERN_ECUDA, what, detail);
             }
         }
+        if ((c->cancel != NULL) && (__atomic_load_n(c->cancel, __ATOMIC_ACQUIRE) != 0)) {
+            return kvf_nccl_fail(c, KVF_KERN_ENCCL, what,
+                                 "cancelled (another rank of the instance failed first)");
+        }
         if (kvf_time_now_ms() >= deadline) {
-            kvf_nccl_abort(c, what);
-            return KVF_KERN_ETIMEDOUT;
+            char detail[96];
+            snprintf(detail, sizeof(detail), "not complete after %lld ms",
+                     (long long)c->timeout_ms);
+            return kvf_nccl_fail(c, KVF_KERN_ETIMEDOUT, what, detail);
         }
         sched_yield();
     }
@@ -145,9 +173,7 @@ out_free:
 static int kvf_nccl_enqueued(kvf_nccl_comm *c, ncclResult_t r, const char *what)
 {
     if ((r != ncclSuccess) && (r != ncclInProgress)) {
-        int rc = kvf_nccl_error(r, what);
-        kvf_nccl_abort(c, what);
-        return rc;
+        return kvf_nccl_fail_nccl(c, r, what);
     }
     return kvf_nccl_wait(c, true, what);
 }
@@ -185,9 +211,64 @@ extern "C" int kvf_nccl_all_gather(kvf_nccl_comm_h c, const float *send, float *
                              "ncclAllGather(fp32)");
 }
 
+extern "C" int kvf_nccl_broadcast(kvf_nccl_comm_h c, const void *send, void *recv,
+                                  size_t bytes, int root)
+{
+    if ((c == NULL) || (send == NULL) || (recv == NULL) || (root < 0) || (root >= c->nranks)) {
+        return KVF_KERN_EINVAL;
+    }
+    if (c->broken) {
+        return KVF_KERN_ENCCL;
+    }
+    if (bytes == 0) {
+        return KVF_KERN_OK;
+    }
+    return kvf_nccl_enqueued(c, ncclBroadcast(send, recv, bytes, ncclUint8, root, c->comm,
+                                              kvf_cuda_stream_of(&c->dev)),
+                             "ncclBroadcast(bytes)");
+}
+
+extern "C" void kvf_nccl_comm_watch(kvf_nccl_comm_h c, const int *cancel)
+{
+    if (c != NULL) {
+        c->cancel = cancel;
+    }
+}
+
 extern "C" bool kvf_nccl_comm_broken(kvf_nccl_comm_h c)
 {
     return (c == NULL) || c->broken;
+}
+
+extern "C" const char *kvf_nccl_comm_error(kvf_nccl_comm_h c)
+{
+    if (c == NULL) {
+        return "no communicator";
+    }
+    return c->broken ? c->why : NULL;
+}
+
+extern "C" void kvf_nccl_comm_abort(kvf_nccl_comm_h c)
+{
+    if (c != NULL) {
+        (void)kvf_nccl_fail(c, KVF_KERN_ENCCL, "kvf_nccl_comm_abort", "aborted by its owner");
+    }
+}
+
+extern "C" int kvf_nccl_comm_finalize(kvf_nccl_comm_h c)
+{
+    if (c == NULL) {
+        return KVF_KERN_EINVAL;
+    }
+    if (c->broken || c->finalizing) {
+        return KVF_KERN_OK;
+    }
+    ncclResult_t r = ncclCommFinalize(c->comm);
+    if ((r != ncclSuccess) && (r != ncclInProgress)) {
+        return kvf_nccl_fail_nccl(c, r, "ncclCommFinalize(comm)");
+    }
+    c->finalizing = true;
+    return KVF_KERN_OK;
 }
 
 extern "C" void kvf_nccl_comm_destroy(kvf_nccl_comm_h c)
@@ -195,13 +276,10 @@ extern "C" void kvf_nccl_comm_destroy(kvf_nccl_comm_h c)
     if (c == NULL) {
         return;
     }
-    if (!c->broken) {
-        /* non-blocking finalize: flush, bounded by the same deadline, else abort */
-        ncclResult_t r = ncclCommFinalize(c->comm);
-        if (((r != ncclSuccess) && (r != ncclInProgress)) ||
-            (kvf_nccl_wait(c, false, "ncclCommFinalize (wait)") != KVF_KERN_OK)) {
-            kvf_nccl_abort(c, "ncclCommFinalize");
-        }
+    /* non-blocking finalize: flush, bounded by the same deadline, else abort */
+    if (!c->broken && (kvf_nccl_comm_finalize(c) == KVF_KERN_OK) && !c->broken) {
+        c->cancel = NULL;   /* the owner's cancel flag may be set already: finish the flush */
+        (void)kvf_nccl_wait(c, false, "ncclCommFinalize (wait)");
     }
     if (!c->broken) {
         (void)ncclCommDestroy(c->comm);

@@ -21,7 +21,7 @@
  * resettable barrier (the ranks would have to agree on the reset, which is
  * the very synchronisation that failed).
  */
-#include "kvf_collectives.h"
+#include "kvf_collectives_int.h"
 #include "kvf_fault.h"
 #include "kvf_log.h"
 #include "kvf_time.h"
@@ -143,22 +143,22 @@ typedef struct {
     size_t  cap;
 } kvf_comm_rank_state_t;
 
-struct kvf_comm_world {
+typedef struct kvf_comm_cpu_world {
+    struct kvf_comm_world base;   /* first: the public handle */
     int                   size;
     kvf_barrier_t         bar;
     void                 *bufs[KVF_COMM_MAX_RANKS];
     kvf_comm_rank_state_t st[KVF_COMM_MAX_RANKS];
-    kvf_comm_t            comms[KVF_COMM_MAX_RANKS];
-};
+} kvf_comm_cpu_world_t;
 
-static kvf_status_t kvf_comm_wait(struct kvf_comm_world *w)
+static kvf_status_t kvf_comm_wait(kvf_comm_cpu_world_t *w)
 {
     return kvf_barrier_wait(&w->bar);
 }
 
 static kvf_status_t kvf_comm_cpu_all_reduce(void *ctx, int rank, float *buf, size_t n, int span)
 {
-    struct kvf_comm_world *w = ctx;
+    kvf_comm_cpu_world_t *w = ctx;
     kvf_comm_rank_state_t *st = &w->st[rank];
     kvf_status_t status = KVF_OK, wait;
     int first;
@@ -203,7 +203,7 @@ static kvf_status_t kvf_comm_cpu_all_reduce(void *ctx, int rank, float *buf, siz
 
 static kvf_status_t kvf_comm_cpu_broadcast(void *ctx, int rank, void *buf, size_t n, int root)
 {
-    struct kvf_comm_world *w = ctx;
+    kvf_comm_cpu_world_t *w = ctx;
     kvf_status_t status;
 
     w->bufs[rank] = buf;
@@ -231,9 +231,44 @@ static const kvf_comm_ops_t kvf_comm_cpu_ops = {
     .barrier            = kvf_comm_cpu_barrier,
 };
 
+static kvf_status_t kvf_comm_cpu_set_barrier(kvf_comm_world_h world, const char *name,
+                                             uint32_t timeout_ms)
+{
+    kvf_comm_cpu_world_t *w = (kvf_comm_cpu_world_t *)world;
+
+    snprintf(w->bar.name, sizeof(w->bar.name), "%s", name);
+    w->bar.timeout_ms = timeout_ms;
+    return KVF_OK;
+}
+
+static const char *kvf_comm_cpu_error(kvf_comm_world_h world)
+{
+    kvf_comm_cpu_world_t *w = (kvf_comm_cpu_world_t *)world;
+
+    return (atomic_load(&w->bar.broken) != KVF_OK) ? w->bar.why : NULL;
+}
+
+static void kvf_comm_cpu_destroy(kvf_comm_world_h world)
+{
+    kvf_comm_cpu_world_t *w = (kvf_comm_cpu_world_t *)world;
+
+    for (int r = 0; r < w->size; ++r) {
+        free(w->st[r].scratch);
+    }
+    free(w);
+}
+
+static const kvf_comm_world_vtbl_t kvf_comm_cpu_world_vtbl = {
+    .kind        = "cpu",
+    .start_rank  = NULL,
+    .set_barrier = kvf_comm_cpu_set_barrier,
+    .error       = kvf_comm_cpu_error,
+    .destroy     = kvf_comm_cpu_destroy,
+};
+
 kvf_status_t kvf_comm_world_create_cpu(int size, kvf_comm_world_h *world_p)
 {
-    struct kvf_comm_world *w;
+    kvf_comm_cpu_world_t *w;
 
     if ((size < 1) || (size > KVF_COMM_MAX_RANKS)) {
         kvf_error("communicator size %d is outside [1, %d]", size, KVF_COMM_MAX_RANKS);
@@ -248,40 +283,73 @@ kvf_status_t kvf_comm_world_create_cpu(int size, kvf_comm_world_h *world_p)
     snprintf(w->bar.name, sizeof(w->bar.name), "tp");
     atomic_init(&w->bar.broken, KVF_OK);
     w->size = size;
+    w->base.vt = &kvf_comm_cpu_world_vtbl;
+    w->base.size = size;
     for (int r = 0; r < size; ++r) {
-        w->comms[r] = (kvf_comm_t){.ops = &kvf_comm_cpu_ops, .ctx = w, .rank = r, .size = size};
+        w->base.comms[r] = (kvf_comm_t){
+            .ops = &kvf_comm_cpu_ops, .ctx = w, .rank = r, .size = size,
+        };
     }
-    *world_p = w;
+    *world_p = &w->base;
     return KVF_OK;
+}
+
+/* ---- the world functions of kvf_collectives.h, for every backend ---- */
+
+kvf_status_t kvf_comm_world_create(kvf_device_kind_t kind, int size, const kvf_device_t *devs,
+                                   kvf_comm_world_h *world_p)
+{
+    if (world_p == NULL) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    switch (kind) {
+    case KVF_DEVICE_CPU:
+        return kvf_comm_world_create_cpu(size, world_p);
+    case KVF_DEVICE_CUDA:
+        return kvf_comm_world_create_nccl(size, devs, world_p);
+    default:
+        kvf_error("TP collectives: unknown device kind %d (want cpu or cuda)", (int)kind);
+        return KVF_ERR_INVALID_PARAM;
+    }
+}
+
+kvf_status_t kvf_comm_rank_start(kvf_comm_t *comm)
+{
+    kvf_comm_world_h w;
+
+    if ((comm == NULL) || (comm->ctx == NULL)) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    /* every backend's ctx is its world, whose first member is the base */
+    w = (kvf_comm_world_h)comm->ctx;
+    return (w->vt->start_rank != NULL) ? w->vt->start_rank(w, comm->rank) : KVF_OK;
+}
+
+const char *kvf_comm_world_kind(kvf_comm_world_h world)
+{
+    return world->vt->kind;
 }
 
 void kvf_comm_world_destroy(kvf_comm_world_h world)
 {
-    if (world == NULL) {
-        return;
+    if (world != NULL) {
+        world->vt->destroy(world);
     }
-    for (int r = 0; r < world->size; ++r) {
-        free(world->st[r].scratch);
-    }
-    free(world);
 }
 
 kvf_status_t kvf_comm_world_set_barrier(kvf_comm_world_h world, const char *name,
                                         uint32_t timeout_ms)
 {
-    if ((world == NULL) || (name == NULL) || (name[0] == '\0') ||
-        (strlen(name) >= sizeof(world->bar.name))) {
-        kvf_error("communicator barrier name must be 1..%zu bytes", sizeof(world->bar.name) - 1);
+    if ((world == NULL) || (name == NULL) || (name[0] == '\0') || (strlen(name) >= 64)) {
+        kvf_error("communicator barrier name must be 1..63 bytes");
         return KVF_ERR_INVALID_PARAM;
     }
-    snprintf(world->bar.name, sizeof(world->bar.name), "%s", name);
-    world->bar.timeout_ms = timeout_ms;
-    return KVF_OK;
+    return world->vt->set_barrier(world, name, timeout_ms);
 }
 
 const char *kvf_comm_world_error(kvf_comm_world_h world)
 {
-    return (atomic_load(&world->bar.broken) != KVF_OK) ? world->bar.why : NULL;
+    return world->vt->error(world);
 }
 
 kvf_comm_t *kvf_comm_world_rank(kvf_comm_world_h world, int rank)

@@ -1,6 +1,9 @@
 /*
- * TP collectives behind an ops table (docs/ARCHITECTURE.md §5). One backend exists: CPU
- * ranks of one process, over shared buffers and a barrier.
+ * TP collectives behind an ops table (docs/ARCHITECTURE.md §5). Two backends:
+ * CPU ranks of one process, over shared buffers and a barrier
+ * (kvf_collectives.c); GPU ranks (one thread and one CUDA device per rank)
+ * over NCCL (kvf_collectives_nccl.c, through kernels/kvf_nccl.h).
+ * kvf_comm_world_create() picks one by the ranks' device kind.
  *
  * A communicator world of `size` ranks is created once per instance; each
  * rank thread then uses its own kvf_comm_t handle. Every collective must be
@@ -16,12 +19,33 @@
  * barrier that times out breaks the world: that collective and every later
  * one, on every rank, return KVF_ERR_TIMED_OUT (logged once, with the
  * barrier's name and timeout; kvf_comm_world_error() returns the text).
+ *
+ * NCCL world: every rank thread calls kvf_comm_rank_start() once, all at
+ * the same time, before its first collective (it makes the rank's
+ * communicators: one over the world, one per span group); a rank that did
+ * not starts in its first collective instead (init failures then surface
+ * there, not at start-up). Buffers may be
+ * device memory of the rank's device (used in place) or host memory
+ * (staged through a device buffer of the rank); the result is in @a buf
+ * when the call returns. Each collective waits at most the world's timeout
+ * (kvf_comm_world_set_barrier(), default KVF_COMM_BARRIER_TIMEOUT_MS). A
+ * collective that times out or that NCCL fails aborts that communicator
+ * (ncclCommAbort) and breaks the world, as a CPU barrier timeout does: the
+ * peers' waits are cancelled, every later collective of every rank fails at
+ * once (KVF_ERR_TIMED_OUT for a timeout, else KVF_ERR_NCCL) without
+ * entering NCCL, and kvf_comm_world_error() names the collective, the rank
+ * and NCCL's error string, which the daemons publish as
+ * HealthReply.cannot_serve (daemon/kvf_role.h) before they exit to be
+ * restarted. Compiled, not yet run on a GPU.
  */
 #ifndef KVF_COLLECTIVES_H
 #define KVF_COLLECTIVES_H
 
+#include "kvf_device.h"
+#include "kvf_nccl.h"
 #include "kvf_status.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -33,7 +57,7 @@ typedef struct kvf_comm_world *kvf_comm_world_h;
 
 typedef struct kvf_comm_ops {
     unsigned    abi_version;   /* KVF_COMM_ABI */
-    const char *name;          /* "cpu"; logs only */
+    const char *name;          /* "cpu", "nccl"; logs only */
 
     /* In-place sum of n floats over the `span` consecutive ranks
      * [rank / span * span, +span). span must divide the world size.
@@ -64,10 +88,43 @@ typedef struct kvf_comm {
 kvf_status_t kvf_comm_world_create_cpu(int size, kvf_comm_world_h *world_p);
 
 /**
+ * The world of @a size ranks on devices of @a kind: KVF_DEVICE_CPU is
+ * kvf_comm_world_create_cpu() (@a devs ignored, may be NULL);
+ * KVF_DEVICE_CUDA is the NCCL world, rank r on @a devs[r] (each a CUDA
+ * device from kvf_device_init(), a distinct ordinal per rank: NCCL takes
+ * one GPU per rank; the device values are copied, collectives go on their
+ * streams).
+ * @return KVF_OK; KVF_ERR_INVALID_PARAM for a size outside [1,
+ *         KVF_COMM_MAX_RANKS], an unknown kind, NULL @a devs for CUDA, a rank
+ *         whose device is not CUDA or two ranks on one GPU (logged, naming
+ *         the ranks); KVF_ERR_UNSUPPORTED for CUDA in a build without NCCL,
+ *         or with no CUDA device visible (logged, saying which);
+ *         KVF_ERR_NCCL when no NCCL id could be made; KVF_ERR_NO_MEMORY.
+ */
+kvf_status_t kvf_comm_world_create(kvf_device_kind_t kind, int size, const kvf_device_t *devs,
+                                   kvf_comm_world_h *world_p);
+
+/**
+ * Make rank @a comm's part of its world; each rank's own thread, all ranks
+ * at the same time, once, before the rank's first collective. CPU world:
+ * nothing to do. NCCL world: binds the rank's device to the calling thread
+ * and makes its communicators (each init bounded by the world's timeout).
+ * @return KVF_OK; KVF_ERR_INVALID_PARAM (started twice); KVF_ERR_NCCL,
+ *         KVF_ERR_TIMED_OUT, KVF_ERR_CUDA, KVF_ERR_NO_MEMORY (logged); a
+ *         failed start breaks the world.
+ */
+kvf_status_t kvf_comm_rank_start(kvf_comm_t *comm);
+
+/** The backend of @a world: "cpu" or "nccl". */
+const char *kvf_comm_world_kind(kvf_comm_world_h world);
+
+/**
  * Name the world's barrier (for the timeout error, e.g. "prefill-0 tp") and
  * set its timeout in ms (0: wait forever). Before any rank enters a
- * collective. @return KVF_OK; KVF_ERR_INVALID_PARAM for a NULL or empty
- * name or one of 64 bytes or more.
+ * collective (NCCL world: before kvf_comm_rank_start(); every NCCL wait has
+ * a deadline, so 0 is refused there). @return KVF_OK;
+ * KVF_ERR_INVALID_PARAM for a NULL or empty name or one of 64 bytes or
+ * more, or (NCCL) a 0 timeout or a rank already started.
  */
 kvf_status_t kvf_comm_world_set_barrier(kvf_comm_world_h world, const char *name,
                                         uint32_t timeout_ms);
@@ -78,11 +135,48 @@ kvf_status_t kvf_comm_world_set_barrier(kvf_comm_world_h world, const char *name
  */
 const char *kvf_comm_world_error(kvf_comm_world_h world);
 
-/** Free the world. No rank may be inside a collective. NULL is a no-op. */
+/**
+ * Free the world. No rank may be inside a collective; any thread. NCCL:
+ * every communicator is finalized (all begun, then each waited for, bounded
+ * by the timeout) or, in a broken world, aborted. NULL is a no-op.
+ */
 void kvf_comm_world_destroy(kvf_comm_world_h world);
 
 /** Handle of rank @a rank in [0, size); valid until the world is destroyed. */
 kvf_comm_t *kvf_comm_world_rank(kvf_comm_world_h world, int rank);
+
+/**
+ * What the NCCL world calls: kernels/kvf_nccl.h's functions, or (TEST ONLY,
+ * fault-injection builds: kvf_comm_world_create_nccl_test()) a fake NCCL on
+ * the CPU, so that a test runs the NCCL world's own code (rank start, span
+ * communicators, staging, failure and fail-fast). Same contracts as the
+ * kvf_nccl_* functions.
+ */
+typedef struct kvf_comm_nccl_backend {
+    int  (*id_make)(kvf_nccl_id_t *id_p);
+    int  (*comm_init)(const kvf_device_t *dev, const kvf_nccl_id_t *id, int nranks, int rank,
+                      int64_t timeout_ms, kvf_nccl_comm_h *comm_p);
+    void (*comm_watch)(kvf_nccl_comm_h comm, const int *cancel);
+    int  (*all_reduce_sum)(kvf_nccl_comm_h comm, const float *send, float *recv, size_t n);
+    int  (*broadcast)(kvf_nccl_comm_h comm, const void *send, void *recv, size_t bytes,
+                      int root);
+    const char *(*comm_error)(kvf_nccl_comm_h comm);
+    void (*comm_abort)(kvf_nccl_comm_h comm);
+    int  (*comm_finalize)(kvf_nccl_comm_h comm);
+    void (*comm_destroy)(kvf_nccl_comm_h comm);
+} kvf_comm_nccl_backend_t;
+
+#ifdef KVF_FAULT_INJECTION
+/**
+ * TEST ONLY: the NCCL world of @a size ranks on @a devs (any kind: a fake
+ * backend on CPU devices stages through host memory) over @a backend
+ * (copied). @return as kvf_comm_world_create() for CUDA, without the
+ * device checks.
+ */
+kvf_status_t kvf_comm_world_create_nccl_test(int size, const kvf_device_t *devs,
+                                             const kvf_comm_nccl_backend_t *backend,
+                                             kvf_comm_world_h *world_p);
+#endif
 
 /** Sum @a n floats at @a buf over all ranks, in place. */
 static inline kvf_status_t kvf_comm_all_reduce(kvf_comm_t *comm, float *buf, size_t n)

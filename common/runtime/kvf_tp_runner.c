@@ -178,7 +178,12 @@ kvf_status_t kvf_tp_runner_create(const kvf_tp_runner_params_t *params, kvf_tp_r
     if (status != KVF_OK) {
         goto err;
     }
-    status = kvf_comm_world_create_cpu(r->tp, &r->world);
+    /* the collectives by the ranks' device kind (CPU world, or NCCL for GPU ranks, one GPU
+     * each: the runner has one model device, so a GPU world of more than one rank is refused
+     * for want of devs, as kvf_model_load_device() already refuses it); a world of one never
+     * communicates, so it stays the CPU's and TP 1 on a GPU needs no NCCL */
+    status = kvf_comm_world_create((r->tp > 1) ? dev->kind : KVF_DEVICE_CPU, r->tp, NULL,
+                                   &r->world);
     if (status != KVF_OK) {
         goto err;
     }
