@@ -18,13 +18,18 @@
  * running max by more than exp's range when every real score is very
  * negative, and 0 * inf would be NaN on correct data.
  *
- * Each tile is loaded once per KV head for all queries of the call and all
- * query heads of the GQA group. Calls with ascending positions (every chunk
- * the model runs) take the blocked path, kvf_attn_paged_blocked below: the
- * same fold (kvf_attn_tile_probs) over tiles of several kernel blocks, with
- * vectorised loops; other calls the per-query fold of kvf_attn_fold_tile.
- * Rejected alternative: materialising dense K/V per request, which would
- * hide the NaN hazard and cost a copy per step.
+ * Calls with ascending positions (every chunk the model runs) take the
+ * blocked path, kvf_attn_paged_blocked below: per KV head its K and V
+ * converted to fp32 once, whole kernel blocks, then FlashAttention-style
+ * blocks of query rows against key tiles of several kernel blocks, the
+ * Q K^T and P V tile products in the BLAS (cblas_sgemm) around the same
+ * shared fold step (kvf_attn_tile_probs); other calls the per-query fold of
+ * kvf_attn_fold_tile. The two, and a chunk against the same tokens one by
+ * one, agree to fp32 rounding (the BLAS's summation order may depend on the
+ * shapes), not bit for bit.
+ * The fp32 copy of a head's K/V is per call and covers whole kernel blocks,
+ * so it hides no stale slot; it costs O(tokens * head_dim) against the
+ * O(queries * tokens * head_dim) products.
  */
 #include "kvf_attention.h"
 #include "kvf_attention_math.h"
@@ -33,6 +38,7 @@
 #include "kvf_device_cuda.h"
 #endif
 
+#include <cblas.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -130,125 +136,138 @@ int kvf_attn_cache_write(const kvf_device_t *dev, const kvf_paged_kv_t *kv, cons
     return KVF_KERN_OK;
 }
 
-/* Tokens of one CPU tile of the blocked path: as many whole kernel blocks as
- * fit (at least one), so the score scratch stays about 128 floats per query. */
-#define KVF_ATTN_CPU_TILE 128
+/* Key tokens of one CPU tile: as many whole kernel blocks as fit (at least
+ * one). The online softmax rescales once per tile; tile bounds depend on the
+ * kernel block size alone, never on the call. */
+#define KVF_ATTN_CPU_TILE 256
+/* Query rows (token, GQA head) of one CPU block: their scores [rows][tile]
+ * and accumulators stay in cache while the key tiles stream past. */
+#define KVF_ATTN_CPU_QROWS 128
+
+/* One KV head's work of the blocked path (values; scratch owned by the caller). */
+typedef struct kvf_attn_cpu {
+    const float   *kf, *vf;     /* fp32 [ntok][hd]: this head's K and V, whole kernel blocks */
+    const float   *Q;           /* fp32 [nq][hd]: the GQA group's query rows, packed */
+    const int32_t *positions;   /* of query row i: positions[i / group] */
+    size_t         hd, group, kbs, tw;
+    float          scale;
+    float         *S, *acc, *m, *l;   /* [QROWS][tw], [QROWS][hd], [QROWS], [QROWS] */
+} kvf_attn_cpu_t;
+
+/* Slots of the tile starting at token j0 that query row i reads: up to the
+ * end of its own kernel block, at most the tile. */
+static inline size_t kvf_attn_row_width(const kvf_attn_cpu_t *c, size_t i, size_t j0)
+{
+    size_t own = ((size_t)c->positions[i / c->group] / c->kbs + 1) * c->kbs - j0;
+    return (own < c->tw) ? own : c->tw;
+}
 
 /*
- * Blocked CPU attention for ascending positions (every chunk the model runs):
- * per KV head, the queries of its GQA group packed as rows Q[nq][hd]; per
- * tile of the kernel blocks that fit KVF_ATTN_CPU_TILE tokens (each loaded
- * whole, written slots or not; tile bounds depend on the kernel block size
- * alone, never on the call), the scores of every query row that
- * reaches the tile, kvf_attn_tile_probs (the shared fold) per row, then
- * acc += P V. The loops run over tile slots (scores, K transposed) and head
- * dims (P V) innermost so they vectorise, while each element keeps the
- * scalar fold's summation order (over dims for a score, over slots for the
- * output): a row's result does not depend on the other rows of the call, so
- * a chunk and the same tokens one by one agree bit for bit. A row reads the
- * tile only up to the end of its own kernel block (rows whose limit is below
- * the tile start not at all), exactly the slots the per-query path reads, so
- * stale bytes poison the same rows (tests/common/cache/test_page_pool_nan.c).
+ * Query rows [r0, r1) against every key tile they reach. Per tile, one GEMM
+ * gives the scaled scores of all rows reaching it (rows whose limit is below
+ * the tile start read nothing of it), up to the widest row's own kernel
+ * block; the shared online-softmax step kvf_attn_tile_probs turns each row's
+ * own width into probabilities (masked slots selected as 0); then one GEMM
+ * per run of rows of equal width adds P V, so a row's value sum takes
+ * exactly the slots up to the end of its own kernel block, written or not:
+ * a stale NaN/Inf there poisons it (0 * v), one in a later kernel block
+ * does not, as in the per-query fold.
  */
-#if defined(__GNUC__) && !defined(__clang__)
-__attribute__((optimize("O3")))
-#endif
+static void kvf_attn_cpu_qblock(const kvf_attn_cpu_t *c, size_t r0, size_t r1)
+{
+    const size_t hd = c->hd, tw = c->tw;
+    const int last = c->positions[(r1 - 1) / c->group];
+    size_t a = r0;
+
+    for (size_t i = 0; i < r1 - r0; ++i) {
+        c->m[i] = -INFINITY;
+        c->l[i] = 0.0f;
+    }
+    memset(c->acc, 0, (r1 - r0) * hd * sizeof(float));
+    for (size_t j0 = 0; (int)j0 <= last; j0 += tw) {
+        const size_t wmax = kvf_attn_row_width(c, r1 - 1, j0);
+        while (c->positions[a / c->group] < (int)j0) {
+            ++a;   /* tile entirely in this row's future: not read */
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(r1 - a), (int)wmax, (int)hd,
+                    c->scale, c->Q + a * hd, (int)hd, c->kf + j0 * hd, (int)hd, 0.0f,
+                    c->S + (a - r0) * tw, (int)tw);
+        for (size_t s0 = a, s1; s0 < r1; s0 = s1) {
+            const size_t w = kvf_attn_row_width(c, s0, j0);
+            for (s1 = s0; (s1 < r1) && (kvf_attn_row_width(c, s1, j0) == w); ++s1) {
+                float *arow = c->acc + (s1 - r0) * hd;
+                const float alpha = kvf_attn_tile_probs(c->S + (s1 - r0) * tw, w, (int)j0,
+                                                        c->positions[s1 / c->group],
+                                                        &c->m[s1 - r0], &c->l[s1 - r0]);
+                for (size_t d = 0; d < hd; ++d) {
+                    arow[d] *= alpha;
+                }
+            }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(s1 - s0), (int)hd,
+                        (int)w, 1.0f, c->S + (s0 - r0) * tw, (int)tw, c->vf + j0 * hd, (int)hd,
+                        1.0f, c->acc + (s0 - r0) * hd, (int)hd);
+        }
+    }
+}
+
+/*
+ * Blocked CPU attention for ascending positions (every chunk the model runs),
+ * FlashAttention-style with the BLAS for the tile products: per KV head, its
+ * K and V for every kernel block up to the one holding the last position are
+ * converted to fp32 once (each kernel block whole, written slots or not), the
+ * GQA group's query rows packed as Q[nq][hd], and blocks of
+ * KVF_ATTN_CPU_QROWS rows run against the key tiles (kvf_attn_cpu_qblock).
+ * The stale-slot poisoning is the per-query fold's
+ * (tests/common/cache/test_page_pool_nan.c); the result matches it, and a
+ * chunk matches the same tokens one by one, to fp32 rounding (the BLAS's
+ * summation order may depend on the matrix shapes), not bit for bit.
+ */
 static int kvf_attn_paged_blocked(const kvf_paged_kv_t *kv, const float *q, int ldq,
                                   const int32_t *positions, int num_tokens, int q_heads,
                                   float scale, float *out)
 {
     const size_t hd = (size_t)kv->head_dim, kbs = (size_t)kv->kernel_block_size;
     const size_t nkv = (size_t)kv->kv_heads, group = (size_t)q_heads / nkv;
-    const int kpt = (kv->kernel_block_size < KVF_ATTN_CPU_TILE) ?
-                    KVF_ATTN_CPU_TILE / kv->kernel_block_size : 1;   /* kernel blocks a tile */
-    const size_t nq = (size_t)num_tokens * group, tw = (size_t)kpt * kbs;
+    const size_t kpt = (kbs < KVF_ATTN_CPU_TILE) ? KVF_ATTN_CPU_TILE / kbs : 1;
+    const size_t nq = (size_t)num_tokens * group, tw = kpt * kbs, qr = KVF_ATTN_CPU_QROWS;
     const size_t kbb = kvf_paged_kv_kernel_block_bytes(kv);
-    const int nkb = positions[num_tokens - 1] / kv->kernel_block_size + 1;
-    float *scratch, *ktile, *kt, *vtile, *S, *Q, *acc, *m, *l;
+    const size_t nkb = (size_t)positions[num_tokens - 1] / kbs + 1, ntok = nkb * kbs;
+    float *scratch, *kf, *vf, *Q;
+    kvf_attn_cpu_t c = {.positions = positions, .hd = hd, .group = group, .kbs = kbs,
+                        .tw = tw, .scale = scale};
 
-    scratch = malloc((3 * tw * hd + nq * tw + 2 * nq * hd + 2 * nq) * sizeof(float));
+    scratch = malloc((2 * ntok * hd + nq * hd + qr * (tw + hd + 2)) * sizeof(float));
     if (scratch == NULL) {
         return KVF_KERN_ENOMEM;
     }
-    ktile = scratch;
-    kt = ktile + tw * hd;       /* K transposed: [hd][tw] */
-    vtile = kt + tw * hd;
-    S = vtile + tw * hd;
-    Q = S + nq * tw;
-    acc = Q + nq * hd;
-    m = acc + nq * hd;
-    l = m + nq;
+    kf = scratch;
+    vf = kf + ntok * hd;
+    Q = vf + ntok * hd;
+    c.kf = kf;
+    c.vf = vf;
+    c.Q = Q;
+    c.S = Q + nq * hd;
+    c.acc = c.S + qr * tw;
+    c.m = c.acc + qr * hd;
+    c.l = c.m + qr;
     for (size_t kh = 0; kh < nkv; ++kh) {
-        int t_first = 0;
-        for (int t = 0; t < num_tokens; ++t) {
-            for (size_t g = 0; g < group; ++g) {
-                memcpy(Q + ((size_t)t * group + g) * hd,
-                       q + (size_t)t * (size_t)ldq + (kh * group + g) * hd, hd * sizeof(float));
-            }
+        for (size_t b = 0; b < nkb; ++b) {
+            const char *kblock = kvf_attn_kblock(kv, kbb, (int)(b * kbs));
+            kvf_kern_load(kblock, kv->dtype, kh * kbs * hd, kbs * hd, kf + b * kbs * hd);
+            kvf_kern_load(kblock, kv->dtype, (nkv + kh) * kbs * hd, kbs * hd, vf + b * kbs * hd);
         }
-        for (size_t i = 0; i < nq; ++i) {
-            m[i] = -INFINITY;
-            l[i] = 0.0f;
+        for (size_t t = 0; t < (size_t)num_tokens; ++t) {
+            memcpy(Q + t * group * hd, q + t * (size_t)ldq + kh * group * hd,
+                   group * hd * sizeof(float));
         }
-        memset(acc, 0, nq * hd * sizeof(float));
-        for (int kb0 = 0; kb0 < nkb; kb0 += kpt) {
-            const int nb = (nkb - kb0 < kpt) ? (nkb - kb0) : kpt;
-            const int token0 = kb0 * kv->kernel_block_size;
-            const size_t tile_w = (size_t)nb * kbs;
-            for (int b = 0; b < nb; ++b) {
-                const char *kblock = kvf_attn_kblock(kv, kbb, token0 + b * kv->kernel_block_size);
-                kvf_kern_load(kblock, kv->dtype, kh * kbs * hd, kbs * hd, ktile + b * kbs * hd);
-                kvf_kern_load(kblock, kv->dtype, (nkv + kh) * kbs * hd, kbs * hd,
-                              vtile + b * kbs * hd);
+        for (size_t r0 = 0; r0 < nq; r0 += qr) {
+            const size_t r1 = (nq - r0 < qr) ? nq : r0 + qr;
+            kvf_attn_cpu_qblock(&c, r0, r1);
+            for (size_t i = r0; i < r1; ++i) {
+                kvf_attn_finish(c.acc + (i - r0) * hd, c.l[i - r0], hd,
+                                out + (i / group) * (size_t)q_heads * hd +
+                                    (kh * group + i % group) * hd);
             }
-            for (size_t j = 0; j < tile_w; ++j) {
-                for (size_t d = 0; d < hd; ++d) {
-                    kt[d * tile_w + j] = ktile[j * hd + d];
-                }
-            }
-            while ((t_first < num_tokens) && (positions[t_first] < token0)) {
-                ++t_first;   /* tile entirely in this query's future: not read */
-            }
-            for (size_t i = (size_t)t_first * group; i < nq; ++i) {
-                float *srow = S + i * tw, *arow = acc + i * hd;
-                const float *qrow = Q + i * hd;
-                /* up to the end of the query's own kernel block, as the per-query fold
-                 * reads: later kernel blocks of the tile are its future, not read */
-                const int limit = positions[i / group];
-                const size_t own = (size_t)(limit / kv->kernel_block_size + 1) * kbs -
-                                   (size_t)token0;
-                const size_t width = (own < tile_w) ? own : tile_w;
-                float alpha;
-                for (size_t j = 0; j < width; ++j) {
-                    srow[j] = 0.0f;
-                }
-                for (size_t d = 0; d < hd; ++d) {
-                    const float qd = qrow[d];
-                    const float *krow = kt + d * tile_w;
-                    for (size_t j = 0; j < width; ++j) {
-                        srow[j] += qd * krow[j];
-                    }
-                }
-                for (size_t j = 0; j < width; ++j) {
-                    srow[j] *= scale;
-                }
-                alpha = kvf_attn_tile_probs(srow, width, token0, limit, &m[i], &l[i]);
-                for (size_t d = 0; d < hd; ++d) {
-                    arow[d] *= alpha;
-                }
-                for (size_t j = 0; j < width; ++j) {
-                    const float p = srow[j];          /* masked: 0, still 0 * v */
-                    const float *vrow = vtile + j * hd;
-                    for (size_t d = 0; d < hd; ++d) {
-                        arow[d] += p * vrow[d];
-                    }
-                }
-            }
-        }
-        for (size_t i = 0; i < nq; ++i) {
-            size_t t = i / group, g = i % group;
-            kvf_attn_finish(acc + i * hd, l[i], hd,
-                            out + t * (size_t)q_heads * hd + (kh * group + g) * hd);
         }
     }
     free(scratch);

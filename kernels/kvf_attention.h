@@ -108,9 +108,10 @@ int kvf_attn_cache_write(const kvf_device_t *dev, const kvf_paged_kv_t *kv, cons
  * @param [in]  scale       Score scale; <= 0 selects 1/sqrt(head_dim).
  * @param [out] out         fp32 [num_tokens][q_heads * head_dim] contiguous;
  *                          must not overlap q.
- * @return KVF_KERN_OK; KVF_KERN_EINVAL; KVF_KERN_ENOMEM (scratch of about
- *         num_tokens * q_heads / kv_heads * (head_dim + 2) + 2 *
- *         kernel_block_size * (head_dim + 1) floats); KVF_KERN_ECUDA;
+ * @return KVF_KERN_OK; KVF_KERN_EINVAL; KVF_KERN_ENOMEM (CPU scratch of
+ *         about (2 * (max position + kernel_block_size) + num_tokens *
+ *         q_heads / kv_heads) * head_dim + 128 * (head_dim + 258) floats);
+ *         KVF_KERN_ECUDA;
  *         KVF_KERN_EUNSUPPORTED (CUDA in a build without it).
  */
 int kvf_attn_paged(const kvf_device_t *dev, const kvf_paged_kv_t *kv, const float *q, int ldq,

@@ -251,9 +251,13 @@ static void test_negative_scores_masked_slots(void **state)
     }
 }
 
-/* Attending a chunk at once or token by token gives bitwise equal rows (the
- * tile order per query is fixed), so prefill and decode agree exactly. */
-static void test_chunking_bitwise(void **state)
+/* Attending a chunk at once or token by token gives the same rows to fp32
+ * rounding: the tile order per query is fixed (tile bounds depend on the
+ * kernel block size alone), but the tile products go through the BLAS, whose
+ * summation order may depend on the matrix shapes (a 70-row chunk against one
+ * row), so bit identity is not promised; 1e-5 relative is a few ulps of the
+ * 64-term sums. */
+static void test_chunking_matches_steps(void **state)
 {
     static const int32_t table[] = {3, 0};
     enum { N = 70 };
@@ -278,7 +282,8 @@ static void test_chunking_bitwise(void **state)
         assert_int_equal(kvf_attn_paged(NULL, &f.kv, qkv + (size_t)t * LDQKV, LDQKV, &pos[t], 1,
                                         QH, 0, one),
                          KVF_KERN_OK);
-        assert_memory_equal(one, whole + (size_t)t * QH * HD, sizeof(one));
+        kvf_test_assert_close_f(one, whole + (size_t)t * QH * HD, QH * HD, 1e-6, 1e-5,
+                                "chunk vs one token");
     }
     free(f.pool);
     free(qkv);
@@ -319,7 +324,7 @@ int main(void)
         cmocka_unit_test(test_against_dense),
         cmocka_unit_test(test_stale_nan_hazard),
         cmocka_unit_test(test_negative_scores_masked_slots),
-        cmocka_unit_test(test_chunking_bitwise),
+        cmocka_unit_test(test_chunking_matches_steps),
         cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
