@@ -81,7 +81,10 @@
  *                 ranks; n counts arrivals in the process (every rank, every
  *                 collective). kill stop stall; drop (the arrival is lost:
  *                 the barrier breaks at once as its timeout would, and the
- *                 world with it, for good)
+ *                 world with it, for good). The NCCL world
+ *                 (kvf_collectives_nccl.c) passes it at the start of each
+ *                 collective: drop aborts that rank's communicators and
+ *                 breaks the world as an NCCL timeout would
  *
  * Thread rules: kvf_fault_init()/kvf_fault_arm()/kvf_fault_disarm() before
  * other threads hit points (start-up, or a single-threaded unit test);
