@@ -56,92 +56,95 @@ typedef struct {
 
 #define KVF_BS_OFF(_f) offsetof(kvf_bs_opts_t, _f)
 
+/* No KVF_* variable is read (every field is KVF_CONFIG_FLAG_NO_ENV): the shell that
+ * runs a benchmark often exports the daemons' KVF_MODEL, KVF_PORT, ... which mean
+ * something else here. */
 static const kvf_config_field_t kvf_bs_table[] = {
     {"BACKEND", "openai", "openai or vllm (both: the OpenAI completions API kvf-proxy serves)",
-     KVF_BS_OFF(backend), KVF_CONFIG_TYPE_STRING, 0},
+     KVF_BS_OFF(backend), KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
     {"BASE_URL", "", "the proxy's base URL, e.g. http://127.0.0.1:8000 (alias --url; empty: "
-     "http://HOST:PORT)", KVF_BS_OFF(base_url), KVF_CONFIG_TYPE_STRING, 0},
+     "http://HOST:PORT)", KVF_BS_OFF(base_url), KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
     {"HOST", "127.0.0.1", "the proxy's host when no --base-url", KVF_BS_OFF(host),
-     KVF_CONFIG_TYPE_STRING, 0},
+     KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
     {"PORT", "8000", "the proxy's port when no --base-url", KVF_BS_OFF(port),
-     KVF_CONFIG_TYPE_INT, 0},
+     KVF_CONFIG_TYPE_INT, KVF_CONFIG_FLAG_NO_ENV},
     {"ENDPOINT", "/v1/completions", "API path (only /v1/completions: streaming completions)",
-     KVF_BS_OFF(p.endpoint), KVF_CONFIG_TYPE_STRING, 0},
+     KVF_BS_OFF(p.endpoint), KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
     {"MODEL", "", "model name sent in each request (empty: the first id of the proxy's "
-     "GET /v1/models)", KVF_BS_OFF(p.model), KVF_CONFIG_TYPE_STRING, 0},
+     "GET /v1/models)", KVF_BS_OFF(p.model), KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
     {"DATASET_NAME", "", "random (synthetic token ids) or custom (JSONL from --dataset-path); "
      "empty: custom with --dataset-path, random otherwise", KVF_BS_OFF(dataset_name),
-     KVF_CONFIG_TYPE_STRING, 0},
+     KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
     {"DATASET_PATH", "", "JSONL file, one {\"prompt\": text or [ids], \"max_tokens\": n} per "
-     "line (cycled) (alias --dataset)", KVF_BS_OFF(p.dataset), KVF_CONFIG_TYPE_STRING, 0},
+     "line (cycled) (alias --dataset)", KVF_BS_OFF(p.dataset), KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
     {"NUM_PROMPTS", "100", "measured requests (0: as many as --duration allows) "
-     "(alias --num-requests)", KVF_BS_OFF(p.num_requests), KVF_CONFIG_TYPE_INT, 0},
+     "(alias --num-requests)", KVF_BS_OFF(p.num_requests), KVF_CONFIG_TYPE_INT, KVF_CONFIG_FLAG_NO_ENV},
     {"RANDOM_INPUT_LEN", "128", "prompt tokens of random prompts: the mean (alias --input-len)",
-     KVF_BS_OFF(p.input_len), KVF_CONFIG_TYPE_INT, 0},
+     KVF_BS_OFF(p.input_len), KVF_CONFIG_TYPE_INT, KVF_CONFIG_FLAG_NO_ENV},
     {"RANDOM_OUTPUT_LEN", "32", "max_tokens of each request (with --ignore-eos, the output "
-     "length) (alias --output-len)", KVF_BS_OFF(p.output_len), KVF_CONFIG_TYPE_INT, 0},
+     "length) (alias --output-len)", KVF_BS_OFF(p.output_len), KVF_CONFIG_TYPE_INT, KVF_CONFIG_FLAG_NO_ENV},
     {"RANDOM_RANGE_RATIO", "0", "lengths uniform in [len (1 - r), len (1 + r)], r in [0, 1)",
-     KVF_BS_OFF(range_ratio), KVF_CONFIG_TYPE_DOUBLE, 0},
+     KVF_BS_OFF(range_ratio), KVF_CONFIG_TYPE_DOUBLE, KVF_CONFIG_FLAG_NO_ENV},
     {"INPUT_DIST", "fixed", "prompt length distribution: fixed, uniform (len +- spread), "
-     "normal (std spread)", KVF_BS_OFF(input_dist), KVF_CONFIG_TYPE_STRING, 0},
+     "normal (std spread)", KVF_BS_OFF(input_dist), KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
     {"INPUT_SPREAD", "0", "uniform half-width or normal standard deviation, tokens",
-     KVF_BS_OFF(p.input_spread), KVF_CONFIG_TYPE_DOUBLE, 0},
+     KVF_BS_OFF(p.input_spread), KVF_CONFIG_TYPE_DOUBLE, KVF_CONFIG_FLAG_NO_ENV},
     {"OUTPUT_DIST", "fixed", "output length distribution: fixed, uniform, normal",
-     KVF_BS_OFF(output_dist), KVF_CONFIG_TYPE_STRING, 0},
+     KVF_BS_OFF(output_dist), KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
     {"OUTPUT_SPREAD", "0", "uniform half-width or normal standard deviation, tokens",
-     KVF_BS_OFF(p.output_spread), KVF_CONFIG_TYPE_DOUBLE, 0},
+     KVF_BS_OFF(p.output_spread), KVF_CONFIG_TYPE_DOUBLE, KVF_CONFIG_FLAG_NO_ENV},
     {"TOKEN_LO", "32", "random prompt token ids are drawn from [token-lo, token-hi)",
-     KVF_BS_OFF(p.token_lo), KVF_CONFIG_TYPE_INT, 0},
+     KVF_BS_OFF(p.token_lo), KVF_CONFIG_TYPE_INT, KVF_CONFIG_FLAG_NO_ENV},
     {"TOKEN_HI", "127", "see --token-lo; must not exceed the model's vocabulary",
-     KVF_BS_OFF(p.token_hi), KVF_CONFIG_TYPE_INT, 0},
+     KVF_BS_OFF(p.token_hi), KVF_CONFIG_TYPE_INT, KVF_CONFIG_FLAG_NO_ENV},
     {"DURATION", "0", "stop sending after this many seconds (0: no limit)",
-     KVF_BS_OFF(p.duration_s), KVF_CONFIG_TYPE_DOUBLE, 0},
+     KVF_BS_OFF(p.duration_s), KVF_CONFIG_TYPE_DOUBLE, KVF_CONFIG_FLAG_NO_ENV},
     {"REQUEST_RATE", "inf", "requests per second, Poisson (inf: all at once, bounded by "
      "--max-concurrency); a comma list runs once per rate", KVF_BS_OFF(rates),
-     KVF_CONFIG_TYPE_STRING, 0},
+     KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
     {"BURSTINESS", "1", "gamma shape of the gaps between arrivals: 1 Poisson, < 1 burstier, "
-     "> 1 steadier", KVF_BS_OFF(p.burstiness), KVF_CONFIG_TYPE_DOUBLE, 0},
+     "> 1 steadier", KVF_BS_OFF(p.burstiness), KVF_CONFIG_TYPE_DOUBLE, KVF_CONFIG_FLAG_NO_ENV},
     {"MAX_CONCURRENCY", "0", "requests in flight at most (0: unlimited)",
-     KVF_BS_OFF(p.max_concurrency), KVF_CONFIG_TYPE_INT, 0},
+     KVF_BS_OFF(p.max_concurrency), KVF_CONFIG_TYPE_INT, KVF_CONFIG_FLAG_NO_ENV},
     {"NUM_WARMUPS", "0", "requests sent one at a time first and not counted (alias --warmup)",
-     KVF_BS_OFF(p.warmup), KVF_CONFIG_TYPE_INT, 0},
+     KVF_BS_OFF(p.warmup), KVF_CONFIG_TYPE_INT, KVF_CONFIG_FLAG_NO_ENV},
     {"SEED", "0", "seed for lengths, prompts and arrival times",
-     KVF_BS_OFF(seed), KVF_CONFIG_TYPE_INT, 0},
+     KVF_BS_OFF(seed), KVF_CONFIG_TYPE_INT, KVF_CONFIG_FLAG_NO_ENV},
     {"TEMPERATURE", "0", "sampling temperature of each request",
-     KVF_BS_OFF(p.temperature), KVF_CONFIG_TYPE_DOUBLE, 0},
+     KVF_BS_OFF(p.temperature), KVF_CONFIG_TYPE_DOUBLE, KVF_CONFIG_FLAG_NO_ENV},
     {"IGNORE_EOS", "yes", "ask for exactly max_tokens tokens",
-     KVF_BS_OFF(p.ignore_eos), KVF_CONFIG_TYPE_BOOL, 0},
+     KVF_BS_OFF(p.ignore_eos), KVF_CONFIG_TYPE_BOOL, KVF_CONFIG_FLAG_NO_ENV},
     {"TIMEOUT", "60", "per-request limit, seconds",
-     KVF_BS_OFF(p.timeout_s), KVF_CONFIG_TYPE_DOUBLE, 0},
+     KVF_BS_OFF(p.timeout_s), KVF_CONFIG_TYPE_DOUBLE, KVF_CONFIG_FLAG_NO_ENV},
     {"PERCENTILE_METRICS", "ttft,tpot,itl", "metrics reported with percentiles: comma list of "
-     "ttft, tpot, itl, e2el", KVF_BS_OFF(pct_metrics), KVF_CONFIG_TYPE_STRING, 0},
+     "ttft, tpot, itl, e2el", KVF_BS_OFF(pct_metrics), KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
     {"METRIC_PERCENTILES", "99", "percentiles reported, comma list (e.g. 25,50,75,99.9)",
-     KVF_BS_OFF(pcts), KVF_CONFIG_TYPE_STRING, 0},
+     KVF_BS_OFF(pcts), KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
     {"GOODPUT", "", "SLOs as KEY:VALUE ms pairs, spaces or commas between (ttft, tpot, e2el), "
-     "e.g. --goodput ttft:500 tpot:50", KVF_BS_OFF(goodput), KVF_CONFIG_TYPE_STRING, 0},
+     "e.g. --goodput ttft:500 tpot:50", KVF_BS_OFF(goodput), KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
     {"SLO_TTFT_MS", "0", "goodput SLO on time to first token, ms (0: none; --goodput ttft:MS)",
-     KVF_BS_OFF(p.slo_ttft_ms), KVF_CONFIG_TYPE_DOUBLE, 0},
+     KVF_BS_OFF(p.slo_ttft_ms), KVF_CONFIG_TYPE_DOUBLE, KVF_CONFIG_FLAG_NO_ENV},
     {"SLO_TPOT_MS", "0", "goodput SLO on time per output token, ms (0: none; --goodput tpot:MS)",
-     KVF_BS_OFF(p.slo_tpot_ms), KVF_CONFIG_TYPE_DOUBLE, 0},
+     KVF_BS_OFF(p.slo_tpot_ms), KVF_CONFIG_TYPE_DOUBLE, KVF_CONFIG_FLAG_NO_ENV},
     {"SLO_E2E_MS", "0", "goodput SLO on end-to-end latency, ms (0: none; --goodput e2el:MS)",
-     KVF_BS_OFF(p.slo_e2e_ms), KVF_CONFIG_TYPE_DOUBLE, 0},
+     KVF_BS_OFF(p.slo_e2e_ms), KVF_CONFIG_TYPE_DOUBLE, KVF_CONFIG_FLAG_NO_ENV},
     {"SAVE_RESULT", "no", "write the result JSON (vLLM's field names) and the percentile PNG "
-     "to --result-dir", KVF_BS_OFF(save_result), KVF_CONFIG_TYPE_BOOL, 0},
+     "to --result-dir", KVF_BS_OFF(save_result), KVF_CONFIG_TYPE_BOOL, KVF_CONFIG_FLAG_NO_ENV},
     {"SAVE_DETAILED", "no", "with --save-result: per-request input_lens, output_lens, ttfts, "
-     "itls, errors too", KVF_BS_OFF(p.detailed), KVF_CONFIG_TYPE_BOOL, 0},
+     "itls, errors too", KVF_BS_OFF(p.detailed), KVF_CONFIG_TYPE_BOOL, KVF_CONFIG_FLAG_NO_ENV},
     {"RESULT_DIR", ".", "folder for --save-result (created)", KVF_BS_OFF(result_dir),
-     KVF_CONFIG_TYPE_STRING, 0},
+     KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
     {"RESULT_FILENAME", "", "result file name (several rates: -RATEqps inserted); empty: "
      "BACKEND-RATEqps[-concurrencyN]-MODEL-YYYYMMDD-HHMMSS.json; the PNG takes the same stem",
-     KVF_BS_OFF(result_filename), KVF_CONFIG_TYPE_STRING, 0},
+     KVF_BS_OFF(result_filename), KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
     {"JSON", "no", "print the result JSON instead of a table (a list with several rates)",
-     KVF_BS_OFF(json), KVF_CONFIG_TYPE_BOOL, 0},
+     KVF_BS_OFF(json), KVF_CONFIG_TYPE_BOOL, KVF_CONFIG_FLAG_NO_ENV},
     {"CSV", "", "write one row per request to this file (several rates: the last run)",
-     KVF_BS_OFF(csv), KVF_CONFIG_TYPE_STRING, 0},
+     KVF_BS_OFF(csv), KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
     {"PROGRESS", "auto", "progress bar on stderr: auto (when stderr is a terminal), yes, no",
-     KVF_BS_OFF(progress), KVF_CONFIG_TYPE_STRING, 0},
+     KVF_BS_OFF(progress), KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
     {"DISABLE_TQDM", "no", "no progress bar (as --progress no)", KVF_BS_OFF(disable_tqdm),
-     KVF_CONFIG_TYPE_BOOL, 0},
+     KVF_CONFIG_TYPE_BOOL, KVF_CONFIG_FLAG_NO_ENV},
     {NULL, NULL, NULL, 0, 0, 0},
 };
 
@@ -199,38 +202,6 @@ static int kvf_bs_rewrite(int argc, char **argv, char **out, char *store, size_t
     }
     out[n] = NULL;
     return n;
-}
-
-/* Was --flag for table field @a name on the command line? */
-static bool kvf_bs_given(const char *name, int argc, char **argv)
-{
-    char flag[96];
-    size_t len;
-
-    snprintf(flag, sizeof(flag), "--%s", name);
-    for (char *c = flag; *c != '\0'; ++c) {
-        *c = (*c == '_') ? '-' : (char)((*c >= 'A' && *c <= 'Z') ? *c - 'A' + 'a' : *c);
-    }
-    len = strlen(flag);
-    for (int i = 0; i < argc; ++i) {
-        if ((strncmp(argv[i], flag, len) == 0) && ((argv[i][len] == '\0') ||
-                                                   (argv[i][len] == '='))) {
-            return true;
-        }
-    }
-    return false;
-}
-
-/* Undo what the environment set: the daemons' KVF_MODEL is not a model name here. */
-static void kvf_bs_drop_env(kvf_bs_opts_t *o, int argc, char **argv)
-{
-    for (const kvf_config_field_t *f = kvf_bs_table; f->name != NULL; ++f) {
-        char env[128];
-        snprintf(env, sizeof(env), "KVF_%s", f->name);
-        if ((getenv(env) != NULL) && !kvf_bs_given(f->name, argc, argv)) {
-            (void)kvf_config_parse_value(f->type, f->dflt, (char *)o + f->offset);
-        }
-    }
 }
 
 static int kvf_bs_dist(const char *flag, const char *text, kvf_bs_dist_t *out)
@@ -552,7 +523,6 @@ int kvf_cmd_bench_serve(int argc, char **argv)
         free(args);
         return 2;
     }
-    kvf_bs_drop_env(&o, nargs, args);
     free(args);
     if (done) {
         return 0;

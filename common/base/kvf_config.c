@@ -199,6 +199,11 @@ static void kvf_config_usage(const kvf_config_field_t *table, const char *prog, 
             continue;
         }
         kvf_config_flag_name(f->name, flag, sizeof(flag));
+        if (f->flags & KVF_CONFIG_FLAG_NO_ENV) {
+            fprintf(out, "  --%-22s %s (default: %s)\n", flag, f->help,
+                    (f->dflt[0] != '\0') ? f->dflt : "\"\"");
+            continue;
+        }
         fprintf(out, "  --%-22s %s (default: %s; env KVF_%s)\n", flag, f->help,
                 (f->dflt[0] != '\0') ? f->dflt : "\"\"", f->name);
     }
@@ -222,7 +227,7 @@ kvf_status_t kvf_config_parse(const kvf_config_field_t *table, const char *prog,
         }
         snprintf(env, sizeof(env), "KVF_%s", f->name);
         kvf_config_mark_seen(f->name);
-        v = getenv(env);
+        v = (f->flags & KVF_CONFIG_FLAG_NO_ENV) ? NULL : getenv(env);
         if (v != NULL) {
             status = kvf_config_set(f, v, env, obj);
             if (status != KVF_OK) {

@@ -33,6 +33,8 @@ typedef enum {
 enum {
     KVF_CONFIG_FLAG_HIDDEN = 1u << 0,  /* test-only; not in --print-config */
     KVF_CONFIG_FLAG_SECRET = 1u << 1,  /* a secret (API key): --print-config shows "(set)" */
+    KVF_CONFIG_FLAG_NO_ENV = 1u << 2,  /* never read from KVF_<NAME> (a client tool in a shell
+                                        * that exports the daemons' variables); help says so */
 };
 
 typedef struct kvf_config_field {

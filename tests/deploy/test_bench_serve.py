@@ -7,8 +7,10 @@ meet a 250 ms TTFT SLO. Checked: counts, tokens, each request's TTFT and
 TPOT against the delays, the identity E2E = TTFT + TPOT * (n - 1), the
 summary's mean and percentiles against the per-request CSV, goodput,
 failures by kind (an instance failing every prefill; a decode that never
-answers), Poisson arrivals over a bounded duration, a JSONL dataset and
-bad flags.
+answers), Poisson arrivals over a bounded duration, a JSONL dataset, bad
+flags, a proxy with an API key (OPENAI_API_KEY sent as a bearer token, 401s
+counted without it), and the daemons' KVF_* variables in the environment
+ignored.
 """
 
 import csv
@@ -38,12 +40,13 @@ def percentile(v, q):
     return v[lo] + (v[hi] - v[lo]) * (pos - lo)
 
 
-def bench(kvf, url, args, tmp, name, expect_rc=0):
+def bench(kvf, url, args, tmp, name, expect_rc=0, env=None):
     out_csv = os.path.join(tmp, name + ".csv")
     cmd = [kvf, "bench-serve", "--url", url, "--json", "--csv", out_csv, "--progress", "no",
            "--input-len", "12", "--output-len", "6",
            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99"] + args
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
+                       env=None if env is None else dict(os.environ, **env))
     errors = ""
     if p.returncode != expect_rc and os.path.exists(out_csv):
         with open(out_csv) as f:
@@ -218,6 +221,31 @@ def run(a, procs, tmp):
                            timeout=30)
         T.check(p.returncode == 2 and ("--" + flag) in p.stderr,
                 "bad %s refused, naming the flag" % flag, p.stderr)
+
+    # 6. An API key: OPENAI_API_KEY goes out as "Authorization: Bearer" (as vLLM's client
+    # sends it); without it every request is a counted 401. The daemons' KVF_* variables
+    # (a shell that launched the pool) are not read: KVF_PORT / KVF_MODEL mean other things.
+    with open(os.path.join(tmp, "key"), "w") as f:
+        f.write("s3cret\n")
+    _, kx = T.start_proxy(procs, a.fakebin, P(0), P(2),
+                          ["--model-name", "m", "--health-interval", "100ms",
+                           "--api-key-file", os.path.join(tmp, "key")], name="proxy-key")
+    wait_for(lambda: all(i["healthy"] for r in ("prefill", "decode")
+                         for i in kx.health()[1][r]), 10, "the keyed proxy's instances healthy")
+    noise = {"KVF_PORT": "not-a-port", "KVF_MODEL": "/models/elsewhere", "KVF_NUM_PROMPTS": "x"}
+    js, _ = bench(kvf, kx.url, ["--num-requests", "3", "--model", "m"], tmp, "nokey",
+                  expect_rc=1, env=dict(noise, OPENAI_API_KEY=""))
+    T.check(js["completed"] == 0 and js["failures"] == {"http_401": 3},
+            "no key: 3 requests, each a counted 401", js)
+    js, _ = bench(kvf, kx.url, ["--num-requests", "3"], tmp, "key",
+                  env=dict(noise, OPENAI_API_KEY="s3cret"))
+    T.check(js["completed"] == 3 and js["failed"] == 0 and js["sent"] == 3,
+            "OPENAI_API_KEY: 3 requests answered (model from GET /v1/models, which needs "
+            "the key too); KVF_PORT, KVF_MODEL and KVF_NUM_PROMPTS ignored", js)
+    p = subprocess.run([kvf, "bench-serve", "--help"], capture_output=True, text=True,
+                       timeout=30)
+    T.check(p.returncode == 0 and "--num-prompts" in p.stdout and "env KVF_" not in p.stdout,
+            "--help lists no KVF_* variable (none is read)", p.stdout[:300])
 
 
 if __name__ == "__main__":

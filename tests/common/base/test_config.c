@@ -1,4 +1,5 @@
-/* Config tables: defaults, environment, flags, units, unknown flags. */
+/* Config tables: defaults, environment, flags, units, unknown flags, fields never read
+ * from the environment. */
 #include "kvf_config.h"
 #include "kvf_log.h"
 #include "kvf_test_util.h"
@@ -53,6 +54,48 @@ static void test_precedence(void **state)
     assert_int_equal(kvf_config_parse(table, "t", 0, NULL, &c, &done), KVF_OK);
     assert_int_equal(c.timeout_ms, 30000);
     assert_int_equal(c.pool, 64u << 20);
+}
+
+/* A KVF_CONFIG_FLAG_NO_ENV field ignores KVF_<NAME> (even an unparsable value), a flag
+ * still sets it, and --help shows no "env KVF_<NAME>" for it. */
+static void test_no_env(void **state)
+{
+    static const kvf_config_field_t t2[] = {
+        {"TEST_CFG_PORT", "8000", "port", offsetof(cfg_t, tp), KVF_CONFIG_TYPE_INT,
+         KVF_CONFIG_FLAG_NO_ENV},
+        {"TEST_CFG_POOL", "64m", "p", offsetof(cfg_t, pool), KVF_CONFIG_TYPE_SIZE, 0},
+        {NULL, NULL, NULL, 0, 0, 0},
+    };
+    char a0[] = "--test-cfg-port", a1[] = "9", h0[] = "--help";
+    char *argv[] = {a0, a1}, *help[] = {h0};
+    char buf[1024] = {0};
+    cfg_t c;
+    bool done;
+    FILE *out, *saved;
+    (void)state;
+
+    setenv("KVF_TEST_CFG_PORT", "not-a-port", 1);
+    setenv("KVF_TEST_CFG_POOL", "2k", 1);
+    assert_int_equal(kvf_config_parse(t2, "t", 0, NULL, &c, &done), KVF_OK);
+    assert_int_equal(c.tp, 8000);            /* the default, not the environment */
+    assert_int_equal(c.pool, 2048);          /* an ordinary field still reads it */
+    assert_int_equal(kvf_config_parse(t2, "t", 2, argv, &c, &done), KVF_OK);
+    assert_int_equal(c.tp, 9);
+    out = tmpfile();
+    assert_non_null(out);
+    saved = stdout;
+    stdout = out;
+    assert_int_equal(kvf_config_parse(t2, "t", 1, help, &c, &done), KVF_OK);
+    stdout = saved;
+    assert_true(done);
+    rewind(out);
+    assert_true(fread(buf, 1, sizeof(buf) - 1, out) > 0);
+    fclose(out);
+    assert_non_null(strstr(buf, "--test-cfg-port"));
+    assert_null(strstr(buf, "env KVF_TEST_CFG_PORT"));
+    assert_non_null(strstr(buf, "env KVF_TEST_CFG_POOL"));
+    unsetenv("KVF_TEST_CFG_PORT");
+    unsetenv("KVF_TEST_CFG_POOL");
 }
 
 static void test_errors(void **state)
@@ -111,6 +154,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_precedence),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_no_env),
         cmocka_unit_test(test_dtype_flag),
     };
     kvf_log_init("test");
