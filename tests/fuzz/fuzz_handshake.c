@@ -92,6 +92,7 @@ static void check_rank_equal(const kvf_rank_meta_t *a, const kvf_rank_meta_t *b)
         FUZZ_CHECK(a->regions[j].length == b->regions[j].length);
         FUZZ_CHECK(a->regions[j].rkey_len == b->regions[j].rkey_len);
         FUZZ_CHECK(memcmp(a->regions[j].rkey, b->regions[j].rkey, a->regions[j].rkey_len) == 0);
+        FUZZ_CHECK(a->regions[j].mem_type == b->regions[j].mem_type);
     }
     FUZZ_CHECK(a->worker_addr_len == b->worker_addr_len);
     FUZZ_CHECK(memcmp(a->worker_addr, b->worker_addr, a->worker_addr_len) == 0);
@@ -127,6 +128,8 @@ static void check_reply(const uint8_t *data, size_t size)
         for (int j = 0; j < m->num_regions; ++j) {
             FUZZ_CHECK((m->regions[j].rkey_len >= 1) && (m->regions[j].rkey_len <= KVF_RKEY_MAX));
             FUZZ_CHECK(m->regions[j].addr + m->regions[j].length > m->regions[j].addr);
+            FUZZ_CHECK((m->regions[j].mem_type == KVF_XFER_MEM_HOST) ||
+                       (m->regions[j].mem_type == KVF_XFER_MEM_CUDA));
         }
     }
     for (int i = 0; i < reply.num_refusals; ++i) {

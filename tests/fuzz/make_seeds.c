@@ -87,8 +87,11 @@ static void rank_fill(kvf_rank_meta_t *m, int tp, int rank, int regions)
     m->incarnation = 0x8badf00d12345678ull;
 }
 
+#define SEED_DUPLICATE_RANK 1   /* edge: two ranks claim the same tp_rank */
+#define SEED_CUDA_REGIONS   2   /* every region in device memory (memory_type cuda) */
+
 static void handshake_reply_seed(const char *target, const char *name, int tp, int regions,
-                                 int swap_last_rank)
+                                 int flags)
 {
     kvf_handshake_reply_t reply;
     uint8_t *buf;
@@ -105,7 +108,12 @@ static void handshake_reply_seed(const char *target, const char *name, int tp, i
     for (int r = 0; r < tp; ++r) {
         rank_fill(&reply.ranks[r], tp, r, regions);
     }
-    if (swap_last_rank) {   /* edge: two ranks claim the same tp_rank */
+    for (int r = 0; (flags & SEED_CUDA_REGIONS) && (r < tp); ++r) {
+        for (int j = 0; j < regions; ++j) {
+            reply.ranks[r].regions[j].mem_type = KVF_XFER_MEM_CUDA;
+        }
+    }
+    if (flags & SEED_DUPLICATE_RANK) {
         reply.ranks[tp - 1].tp_rank = 0;
     }
     if (kvf_handshake_reply_pack(&reply, &buf, &len) != KVF_OK) {
@@ -170,7 +178,8 @@ static void seeds_handshake(void)
 
     handshake_reply_seed(t, "reply_tp1", 1, 1, 0);
     handshake_reply_seed(t, "reply_tp2_two_regions", 2, 2, 0);
-    handshake_reply_seed(t, "reply_tp4_duplicate_rank", 4, 1, 1);
+    handshake_reply_seed(t, "reply_tp4_duplicate_rank", 4, 1, SEED_DUPLICATE_RANK);
+    handshake_reply_seed(t, "reply_tp2_cuda_regions", 2, 2, SEED_CUDA_REGIONS);
     memset(&refusal, 0, sizeof(refusal));
     snprintf(refusal.engine_id, sizeof(refusal.engine_id), "prefill-0");
     snprintf(refusal.error, sizeof(refusal.error), "wrong engine id");
