@@ -21,7 +21,9 @@
 /* ---- --device ---------------------------------------------------------------- */
 
 #ifdef KVF_HAVE_CUDA
-/* The first CUDA failure of kvf_device_init(), caught from the kernels' reporter. */
+/* The first CUDA failure of kvf_device_init(), caught from the kernels' reporter. The
+ * reporter is process-wide and swapped for the one call: meant for start-up, before other
+ * threads use CUDA (a report of theirs meanwhile would land in their own buffer, unlogged). */
 static _Thread_local char kvf_dev_err_call[64], kvf_dev_err_text[160];
 
 static void kvf_dev_capture(const char *call, const char *error)
