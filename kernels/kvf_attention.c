@@ -136,22 +136,32 @@ int kvf_attn_cache_write(const kvf_device_t *dev, const kvf_paged_kv_t *kv, cons
     return KVF_KERN_OK;
 }
 
-/* Key tokens of one CPU tile: as many whole kernel blocks as fit (at least
- * one). The online softmax rescales once per tile; tile bounds depend on the
- * kernel block size alone, never on the call. */
-#define KVF_ATTN_CPU_TILE 256
-/* Query rows (token, GQA head) of one CPU block: their scores [rows][tile]
- * and accumulators stay in cache while the key tiles stream past. */
-#define KVF_ATTN_CPU_QROWS 128
+/* Key tokens of one CPU tile: whole kernel blocks, about this many (at
+ * least one kernel block). The online softmax rescales once per tile; tile
+ * bounds depend on the kernel block size alone, never on the call. */
+#define KVF_ATTN_CPU_TILE 64
+/* Query rows (token, GQA head) of one CPU block: as many as keep a tile
+ * product (rows x tile x head_dim) below 2^18 multiply-adds, 16 to 128, so
+ * that their scores and accumulators stay in cache while the key tiles
+ * stream past; and a product below 2^18 is one OpenBLAS 0.3 runs on the
+ * calling thread whatever its thread count (GEMM_MULTITHREAD_THRESHOLD 4 x
+ * 65536), so the attention's own threads (kvf_kern_parallel) never wait on
+ * the BLAS's. Where even 16 rows would not fit (a kernel block of more than
+ * 256 tokens at head_dim 64), 64 rows and one thread: the BLAS threads the
+ * products itself. Rows depend on head_dim and the kernel block size alone,
+ * so the bits do not depend on the thread count. */
+#define KVF_ATTN_CPU_MNK ((1u << 18) - 1)
+#define KVF_ATTN_CPU_QROWS_MIN 16
+#define KVF_ATTN_CPU_QROWS_MAX 128
 
 /* One KV head's work of the blocked path (values; scratch owned by the caller). */
 typedef struct kvf_attn_cpu {
     const float   *kf, *vf;     /* fp32 [ntok][hd]: this head's K and V, whole kernel blocks */
     const float   *Q;           /* fp32 [nq][hd]: the GQA group's query rows, packed */
     const int32_t *positions;   /* of query row i: positions[i / group] */
-    size_t         hd, group, kbs, tw;
+    size_t         hd, group, kbs, tw, qr;   /* qr: rows of a query block */
     float          scale;
-    float         *S, *acc, *m, *l;   /* [QROWS][tw], [QROWS][hd], [QROWS], [QROWS] */
+    float         *S, *acc, *m, *l;   /* [qr][tw], [qr][hd], [qr], [qr] */
 } kvf_attn_cpu_t;
 
 /* Slots of the tile starting at token j0 that query row i reads: up to the
@@ -210,17 +220,50 @@ static void kvf_attn_cpu_qblock(const kvf_attn_cpu_t *c, size_t r0, size_t r1)
     }
 }
 
+/* One kvf_kern_parallel() job: the query blocks of one KV head, dealt out
+ * round robin (causal blocks grow with their position) over parts that
+ * each have their own score and accumulator scratch. */
+typedef struct kvf_attn_cpu_job {
+    kvf_attn_cpu_t c;           /* shared fields; S/acc/m/l: part 0's scratch */
+    size_t         nq, q_heads, kh, scratch_part;   /* floats of scratch a part */
+    float         *out;
+} kvf_attn_cpu_job_t;
+
+static int kvf_attn_cpu_part(void *ctx, int part, int parts)
+{
+    const kvf_attn_cpu_job_t *j = ctx;
+    const size_t hd = j->c.hd, group = j->c.group, qr = j->c.qr;
+    kvf_attn_cpu_t c = j->c;
+
+    c.S += (size_t)part * j->scratch_part;
+    c.acc += (size_t)part * j->scratch_part;
+    c.m += (size_t)part * j->scratch_part;
+    c.l += (size_t)part * j->scratch_part;
+    for (size_t r0 = (size_t)part * qr; r0 < j->nq; r0 += (size_t)parts * qr) {
+        const size_t r1 = (j->nq - r0 < qr) ? j->nq : r0 + qr;
+        kvf_attn_cpu_qblock(&c, r0, r1);
+        for (size_t i = r0; i < r1; ++i) {
+            kvf_attn_finish(c.acc + (i - r0) * hd, c.l[i - r0], hd,
+                            j->out + (i / group) * j->q_heads * hd +
+                                (j->kh * group + i % group) * hd);
+        }
+    }
+    return KVF_KERN_OK;
+}
+
 /*
  * Blocked CPU attention for ascending positions (every chunk the model runs),
  * FlashAttention-style with the BLAS for the tile products: per KV head, its
  * K and V for every kernel block up to the one holding the last position are
  * converted to fp32 once (each kernel block whole, written slots or not), the
- * GQA group's query rows packed as Q[nq][hd], and blocks of
- * KVF_ATTN_CPU_QROWS rows run against the key tiles (kvf_attn_cpu_qblock).
- * The stale-slot poisoning is the per-query fold's
- * (tests/common/cache/test_page_pool_nan.c); the result matches it, and a
- * chunk matches the same tokens one by one, to fp32 rounding (the BLAS's
- * summation order may depend on the matrix shapes), not bit for bit.
+ * GQA group's query rows packed as Q[nq][hd], and blocks of rows run
+ * against the key tiles (kvf_attn_cpu_qblock),
+ * on kvf_kern_cpu_threads() threads when there are at least two blocks
+ * (each row's arithmetic is the same on any thread). The stale-slot
+ * poisoning is the per-query fold's (tests/common/cache/test_page_pool_nan.c);
+ * the result matches it, and a chunk matches the same tokens one by one, to
+ * fp32 rounding (the BLAS's summation order may depend on the matrix
+ * shapes), not bit for bit.
  */
 static int kvf_attn_paged_blocked(const kvf_paged_kv_t *kv, const float *q, int ldq,
                                   const int32_t *positions, int num_tokens, int q_heads,
@@ -228,29 +271,37 @@ static int kvf_attn_paged_blocked(const kvf_paged_kv_t *kv, const float *q, int 
 {
     const size_t hd = (size_t)kv->head_dim, kbs = (size_t)kv->kernel_block_size;
     const size_t nkv = (size_t)kv->kv_heads, group = (size_t)q_heads / nkv;
-    const size_t kpt = (kbs < KVF_ATTN_CPU_TILE) ? KVF_ATTN_CPU_TILE / kbs : 1;
-    const size_t nq = (size_t)num_tokens * group, tw = kpt * kbs, qr = KVF_ATTN_CPU_QROWS;
+    const size_t tw = ((kbs < KVF_ATTN_CPU_TILE) ? KVF_ATTN_CPU_TILE / kbs : 1) * kbs;
+    const size_t fit = KVF_ATTN_CPU_MNK / (tw * hd), nq = (size_t)num_tokens * group;
+    const bool small = (fit >= KVF_ATTN_CPU_QROWS_MIN);
+    const size_t qr = !small ? 64 : (fit < KVF_ATTN_CPU_QROWS_MAX) ? fit : KVF_ATTN_CPU_QROWS_MAX;
     const size_t kbb = kvf_paged_kv_kernel_block_bytes(kv);
     const size_t nkb = (size_t)positions[num_tokens - 1] / kbs + 1, ntok = nkb * kbs;
+    const size_t nblk = (nq + qr - 1) / qr, per = qr * (tw + hd + 2);
+    const int th = small ? kvf_kern_cpu_threads() : 1;
+    const int parts = (th < 2) ? 1 : ((size_t)th < nblk) ? th : (int)nblk;
     float *scratch, *kf, *vf, *Q;
-    kvf_attn_cpu_t c = {.positions = positions, .hd = hd, .group = group, .kbs = kbs,
-                        .tw = tw, .scale = scale};
+    kvf_attn_cpu_job_t j = {.c = {.positions = positions, .hd = hd, .group = group,
+                                  .kbs = kbs, .tw = tw, .qr = qr, .scale = scale},
+                            .nq = nq, .q_heads = (size_t)q_heads, .scratch_part = per,
+                            .out = out};
+    int rc = KVF_KERN_OK;
 
-    scratch = malloc((2 * ntok * hd + nq * hd + qr * (tw + hd + 2)) * sizeof(float));
+    scratch = malloc((2 * ntok * hd + nq * hd + (size_t)parts * per) * sizeof(float));
     if (scratch == NULL) {
         return KVF_KERN_ENOMEM;
     }
     kf = scratch;
     vf = kf + ntok * hd;
     Q = vf + ntok * hd;
-    c.kf = kf;
-    c.vf = vf;
-    c.Q = Q;
-    c.S = Q + nq * hd;
-    c.acc = c.S + qr * tw;
-    c.m = c.acc + qr * hd;
-    c.l = c.m + qr;
-    for (size_t kh = 0; kh < nkv; ++kh) {
+    j.c.kf = kf;
+    j.c.vf = vf;
+    j.c.Q = Q;
+    j.c.S = Q + nq * hd;                 /* part p: S, acc, m, l at + p * per */
+    j.c.acc = j.c.S + qr * tw;
+    j.c.m = j.c.acc + qr * hd;
+    j.c.l = j.c.m + qr;
+    for (size_t kh = 0; (kh < nkv) && (rc == KVF_KERN_OK); ++kh) {
         for (size_t b = 0; b < nkb; ++b) {
             const char *kblock = kvf_attn_kblock(kv, kbb, (int)(b * kbs));
             kvf_kern_load(kblock, kv->dtype, kh * kbs * hd, kbs * hd, kf + b * kbs * hd);
@@ -260,18 +311,12 @@ static int kvf_attn_paged_blocked(const kvf_paged_kv_t *kv, const float *q, int 
             memcpy(Q + t * group * hd, q + t * (size_t)ldq + kh * group * hd,
                    group * hd * sizeof(float));
         }
-        for (size_t r0 = 0; r0 < nq; r0 += qr) {
-            const size_t r1 = (nq - r0 < qr) ? nq : r0 + qr;
-            kvf_attn_cpu_qblock(&c, r0, r1);
-            for (size_t i = r0; i < r1; ++i) {
-                kvf_attn_finish(c.acc + (i - r0) * hd, c.l[i - r0], hd,
-                                out + (i / group) * (size_t)q_heads * hd +
-                                    (kh * group + i % group) * hd);
-            }
-        }
+        j.kh = kh;
+        rc = (parts > 1) ? kvf_kern_parallel(parts, kvf_attn_cpu_part, &j)
+                         : kvf_attn_cpu_part(&j, 0, 1);
     }
     free(scratch);
-    return KVF_KERN_OK;
+    return rc;
 }
 
 int kvf_attn_paged(const kvf_device_t *dev, const kvf_paged_kv_t *kv, const float *q, int ldq,

@@ -110,7 +110,9 @@ int kvf_attn_cache_write(const kvf_device_t *dev, const kvf_paged_kv_t *kv, cons
  *                          must not overlap q.
  * @return KVF_KERN_OK; KVF_KERN_EINVAL; KVF_KERN_ENOMEM (CPU scratch of
  *         about (2 * (max position + kernel_block_size) + num_tokens *
- *         q_heads / kv_heads) * head_dim + 128 * (head_dim + 258) floats);
+ *         q_heads / kv_heads) * head_dim + threads * 128 * (max(64,
+ *         kernel_block_size) + head_dim + 2) floats at most; threads:
+ *         kvf_gemm_set_threads(), used for calls of at least two query blocks);
  *         KVF_KERN_ECUDA;
  *         KVF_KERN_EUNSUPPORTED (CUDA in a build without it).
  */

@@ -6,10 +6,14 @@
  * the BLAS does a single pass. OpenBLAS is pinned to one thread on first use
  * (pthread_once): TP ranks are threads, and each rank calling a BLAS that
  * spawns its own pool oversubscribes the cores and makes timings noisy. An
- * instance of one rank may give its BLAS more (kvf_gemm_set_threads).
+ * instance of one rank may give its BLAS more (kvf_gemm_set_threads); the
+ * same count splits the CPU attention and scan over threads of their own
+ * (kvf_kern_parallel), whose BLAS calls are small enough that OpenBLAS runs
+ * them on the calling thread.
  * On a CUDA device the same call goes to cuBLAS (kvf_gemm_cuda.cu).
  */
 #include "kvf_gemm.h"
+#include "kvf_kern_internal.h"
 #ifdef KVF_HAVE_CUDA
 #include "kvf_device_cuda.h"
 #endif
@@ -32,6 +36,54 @@ void kvf_gemm_set_threads(int n)
     __atomic_store_n(&kvf_gemm_threads, n, __ATOMIC_RELEASE);
     pthread_once(&kvf_gemm_once, kvf_gemm_init_once);
     openblas_set_num_threads(n);
+}
+
+int kvf_kern_cpu_threads(void)
+{
+    return __atomic_load_n(&kvf_gemm_threads, __ATOMIC_ACQUIRE);
+}
+
+typedef struct kvf_kern_par_arg {
+    kvf_kern_par_fn_t fn;
+    void             *ctx;
+    int               part, parts, rc;
+} kvf_kern_par_arg_t;
+
+static void *kvf_kern_par_main(void *p)
+{
+    kvf_kern_par_arg_t *a = p;
+    a->rc = a->fn(a->ctx, a->part, a->parts);
+    return NULL;
+}
+
+int kvf_kern_parallel(int parts, kvf_kern_par_fn_t fn, void *ctx)
+{
+    enum { KVF_KERN_PAR_MAX = 64 };
+    kvf_kern_par_arg_t arg[KVF_KERN_PAR_MAX];
+    pthread_t th[KVF_KERN_PAR_MAX];
+    int started = 1, rc = KVF_KERN_OK;
+
+    parts = (parts < 1) ? 1 : (parts > KVF_KERN_PAR_MAX) ? KVF_KERN_PAR_MAX : parts;
+    for (int i = 0; i < parts; ++i) {
+        arg[i] = (kvf_kern_par_arg_t){.fn = fn, .ctx = ctx, .part = i, .parts = parts};
+    }
+    /* a part whose thread cannot start runs on the caller: same result, slower */
+    for (; started < parts; ++started) {
+        if (pthread_create(&th[started], NULL, kvf_kern_par_main, &arg[started]) != 0) {
+            break;
+        }
+    }
+    for (int i = started; i < parts; ++i) {
+        kvf_kern_par_main(&arg[i]);
+    }
+    kvf_kern_par_main(&arg[0]);
+    for (int i = 1; i < started; ++i) {
+        pthread_join(th[i], NULL);
+    }
+    for (int i = 0; i < parts; ++i) {
+        rc = (rc != KVF_KERN_OK) ? rc : arg[i].rc;
+    }
+    return rc;
 }
 
 int kvf_gemm_ex(const kvf_device_t *dev, int M, int N, int K, const float *x, int ldx,

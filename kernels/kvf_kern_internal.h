@@ -21,6 +21,23 @@ static inline bool kvf_kern_on_cpu(const kvf_device_t *dev)
     return (dev == NULL) || (dev->kind == KVF_DEVICE_CPU);
 }
 
+/**
+ * CPU threads a kernel may use (kvf_gemm_set_threads(); 1 unless an instance
+ * of TP 1 gave the BLAS more). Defined in kvf_gemm.c.
+ */
+int kvf_kern_cpu_threads(void);
+
+/** One part of a kvf_kern_parallel() job: part in [0, parts); returns a KVF_KERN_* code. */
+typedef int (*kvf_kern_par_fn_t)(void *ctx, int part, int parts);
+
+/**
+ * Run fn(ctx, part, parts) for every part, part 0 on the calling thread and
+ * the others on threads started for the call (joined before the return; a
+ * part whose thread fails to start runs on the caller). parts is clamped to
+ * [1, 64]. @return the first failing part's code, else KVF_KERN_OK.
+ */
+int kvf_kern_parallel(int parts, kvf_kern_par_fn_t fn, void *ctx);
+
 /** True for the cache dtypes kernels can read and write: fp32, bf16, fp16. */
 static inline bool kvf_kern_cache_dtype_ok(kvf_dtype_t dtype)
 {

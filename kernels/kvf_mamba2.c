@@ -126,13 +126,67 @@ static void kvf_mamba2_head_scan(float *restrict St, size_t hd, size_t ns, size_
     }
 }
 
+/* One kvf_kern_parallel() part of a chunk scan: heads part, part + parts, ... */
+typedef struct kvf_mamba2_job {
+    const kvf_mamba2_params_t *p;
+    size_t       T, ldx, lddt, ldbc, ldy;
+    const float *x, *dt, *B, *C;
+    void        *state;
+    kvf_dtype_t  state_dtype;
+    int          has_state;
+    float       *y;
+} kvf_mamba2_job_t;
+
+static int kvf_mamba2_scan_part(void *ctx, int part, int parts)
+{
+    const kvf_mamba2_job_t *j = ctx;
+    const kvf_mamba2_params_t *p = j->p;
+    const size_t hd = (size_t)p->head_dim, ns = (size_t)p->state_size, per_head = hd * ns;
+    float *S = malloc((2 * per_head + j->T) * sizeof(float)), *St, *dts;
+
+    if (S == NULL) {
+        return KVF_KERN_ENOMEM;
+    }
+    St = S + per_head;
+    dts = St + per_head;
+    for (int h = part; h < p->heads; h += parts) {
+        size_t g = (size_t)(h / (p->heads / p->groups));
+        float A = kvf_mamba2_A_hd(p->A_log[h]);
+        float Dh = (p->D != NULL) ? p->D[h] : 0.0f;
+        if (j->has_state) {
+            kvf_kern_load(j->state, j->state_dtype, (size_t)h * per_head, per_head, S);
+        } else {
+            memset(S, 0, per_head * sizeof(float));
+        }
+        for (size_t d = 0; d < hd; ++d) {
+            for (size_t n = 0; n < ns; ++n) {
+                St[n * hd + d] = S[d * ns + n];
+            }
+        }
+        for (size_t t = 0; t < j->T; ++t) {
+            dts[t] = kvf_mamba2_dt(p, h, j->dt[t * j->lddt + (size_t)h]);
+        }
+        kvf_mamba2_head_scan(St, hd, ns, j->T, dts, A, Dh, j->x + (size_t)h * hd, j->ldx,
+                             j->B + g * ns, j->C + g * ns, j->ldbc, j->y + (size_t)h * hd,
+                             j->ldy);
+        for (size_t d = 0; d < hd; ++d) {
+            for (size_t n = 0; n < ns; ++n) {
+                S[d * ns + n] = St[n * hd + d];
+            }
+        }
+        kvf_kern_store(j->state, j->state_dtype, (size_t)h * per_head, per_head, S);
+    }
+    free(S);
+    return KVF_KERN_OK;
+}
+
 int kvf_mamba2_scan(const kvf_device_t *dev, const kvf_mamba2_params_t *p, int T,
                     const float *x, int ldx, const float *dt, int lddt, const float *B,
                     const float *C, int ldbc, void *state, kvf_dtype_t state_dtype,
                     int has_state, float *y, int ldy)
 {
-    size_t hd, ns, per_head;
-    float *S, *St, *dts;
+    kvf_mamba2_job_t j;
+    int parts;
 
     if ((T < 0) || (kvf_mamba2_check(p, state, state_dtype) != KVF_KERN_OK)) {
         return KVF_KERN_EINVAL;
@@ -155,44 +209,15 @@ int kvf_mamba2_scan(const kvf_device_t *dev, const kvf_mamba2_params_t *p, int T
         return KVF_KERN_EUNSUPPORTED;
 #endif
     }
-    hd = (size_t)p->head_dim;
-    ns = (size_t)p->state_size;
-    per_head = hd * ns;
-    S = malloc((2 * per_head + (size_t)T) * sizeof(float));
-    if (S == NULL) {
-        return KVF_KERN_ENOMEM;
-    }
-    St = S + per_head;
-    dts = St + per_head;
-    for (int h = 0; h < p->heads; ++h) {
-        size_t g = (size_t)(h / (p->heads / p->groups));
-        float A = kvf_mamba2_A_hd(p->A_log[h]);
-        float Dh = (p->D != NULL) ? p->D[h] : 0.0f;
-        if (has_state) {
-            kvf_kern_load(state, state_dtype, (size_t)h * per_head, per_head, S);
-        } else {
-            memset(S, 0, per_head * sizeof(float));
-        }
-        for (size_t d = 0; d < hd; ++d) {
-            for (size_t n = 0; n < ns; ++n) {
-                St[n * hd + d] = S[d * ns + n];
-            }
-        }
-        for (size_t t = 0; t < (size_t)T; ++t) {
-            dts[t] = kvf_mamba2_dt(p, h, dt[t * (size_t)lddt + (size_t)h]);
-        }
-        kvf_mamba2_head_scan(St, hd, ns, (size_t)T, dts, A, Dh, x + (size_t)h * hd, (size_t)ldx,
-                             B + g * ns, C + g * ns, (size_t)ldbc, y + (size_t)h * hd,
-                             (size_t)ldy);
-        for (size_t d = 0; d < hd; ++d) {
-            for (size_t n = 0; n < ns; ++n) {
-                S[d * ns + n] = St[n * hd + d];
-            }
-        }
-        kvf_kern_store(state, state_dtype, (size_t)h * per_head, per_head, S);
-    }
-    free(S);
-    return KVF_KERN_OK;
+    j = (kvf_mamba2_job_t){.p = p, .T = (size_t)T, .ldx = (size_t)ldx, .lddt = (size_t)lddt,
+                           .ldbc = (size_t)ldbc, .ldy = (size_t)ldy, .x = x, .dt = dt, .B = B,
+                           .C = C, .state = state, .state_dtype = state_dtype,
+                           .has_state = has_state, .y = y};
+    /* heads over the instance's CPU threads for a chunk worth a thread start */
+    parts = (T >= 64) ? kvf_kern_cpu_threads() : 1;
+    parts = (parts > p->heads) ? p->heads : parts;
+    return (parts > 1) ? kvf_kern_parallel(parts, kvf_mamba2_scan_part, &j)
+                       : kvf_mamba2_scan_part(&j, 0, 1);
 }
 
 int kvf_mamba2_step(const kvf_device_t *dev, const kvf_mamba2_params_t *p, const float *x,

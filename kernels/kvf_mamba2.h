@@ -62,8 +62,10 @@ typedef struct kvf_mamba2_params {
  * @param [in]     state_dtype fp32, bf16 or fp16.
  * @param [in]     has_state 0: start from zeros (stored bytes not read); 1: continue.
  * @param [out]    y        fp32 [T][ldy], ldy >= heads*head_dim; must not overlap inputs.
- * @return KVF_KERN_OK; KVF_KERN_EINVAL; KVF_KERN_ENOMEM (head_dim *
- *         state_size float scratch); KVF_KERN_EUNSUPPORTED.
+ * CPU: with T >= 64 the heads are dealt out over kvf_gemm_set_threads()
+ * threads (same bits as one thread).
+ * @return KVF_KERN_OK; KVF_KERN_EINVAL; KVF_KERN_ENOMEM (2 * head_dim *
+ *         state_size + T floats of scratch a thread); KVF_KERN_EUNSUPPORTED.
  */
 int kvf_mamba2_scan(const kvf_device_t *dev, const kvf_mamba2_params_t *p, int T,
                     const float *x, int ldx, const float *dt, int lddt, const float *B,

@@ -2,6 +2,7 @@
  * and fp16 caches, several block / kernel block sizes, chunked prefill then
  * decode; and the stale-NaN hazard of whole-tile masking. */
 #include "kvf_attention.h"
+#include "kvf_gemm.h"
 #include "kvf_kern_test.h"
 
 #include <stdlib.h>
@@ -289,6 +290,49 @@ static void test_chunking_matches_steps(void **state)
     free(qkv);
 }
 
+/* A long chunk: 300 tokens take two key tiles and many query blocks; split
+ * over two CPU threads (kvf_gemm_set_threads, as an instance of TP 1 does)
+ * every row is computed by the same arithmetic, so the bits equal the one
+ * thread's; both match the dense reference. */
+static void test_long_chunk_threads(void **state)
+{
+    static const int32_t table[] = {4, 1, 5, 0};
+    enum { N = 300 };
+    float *qkv = malloc((size_t)N * LDQKV * sizeof(float));
+    float *one = malloc((size_t)N * QH * HD * sizeof(float));
+    float *two = malloc((size_t)N * QH * HD * sizeof(float));
+    double ref[QH * HD];
+    kvf_test_rng_t rng = {99};
+    int32_t pos[N];
+    fixture_t f;
+    (void)state;
+
+    assert_non_null(qkv);
+    assert_non_null(one);
+    assert_non_null(two);
+    kvf_test_fill(&rng, qkv, (size_t)N * LDQKV, -1, 1);
+    for (int i = 0; i < N; ++i) {
+        pos[i] = i;
+    }
+    fixture_init(&f, KVF_DTYPE_FP16, 80, 16, table, 4, 0);
+    assert_int_equal(kvf_attn_cache_write(NULL, &f.kv, qkv + QH * HD, qkv + (QH + KVH) * HD,
+                                          LDQKV, pos, N),
+                     KVF_KERN_OK);
+    assert_int_equal(kvf_attn_paged(NULL, &f.kv, qkv, LDQKV, pos, N, QH, 0, one), KVF_KERN_OK);
+    kvf_gemm_set_threads(2);
+    assert_int_equal(kvf_attn_paged(NULL, &f.kv, qkv, LDQKV, pos, N, QH, 0, two), KVF_KERN_OK);
+    kvf_gemm_set_threads(1);
+    assert_memory_equal(one, two, (size_t)N * QH * HD * sizeof(float));
+    for (int t = 0; t < N; t += 37) {
+        ref_attention(qkv, KVF_DTYPE_FP16, t, t, ref);
+        kvf_test_assert_close(one + (size_t)t * QH * HD, ref, QH * HD, 2e-5, 2e-5, "long chunk");
+    }
+    free(f.pool);
+    free(two);
+    free(one);
+    free(qkv);
+}
+
 static void test_errors(void **state)
 {
     static const int32_t table[] = {1, -1};
@@ -325,6 +369,7 @@ int main(void)
         cmocka_unit_test(test_stale_nan_hazard),
         cmocka_unit_test(test_negative_scores_masked_slots),
         cmocka_unit_test(test_chunking_matches_steps),
+        cmocka_unit_test(test_long_chunk_threads),
         cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,6 +1,7 @@
 /* Mamba2 scan: one chunk, split chunks and repeated single steps against a
  * naive recurrence in double; fresh requests ignore stale state; a hand
  * example. */
+#include "kvf_gemm.h"
 #include "kvf_mamba2.h"
 #include "kvf_kern_test.h"
 
@@ -163,6 +164,44 @@ static void test_scan_equals_steps(void **state)
     free(xbc);
 }
 
+/* A chunk split over two CPU threads (heads dealt out; kvf_gemm_set_threads,
+ * as an instance of TP 1 does) gives the one thread's bits, y and state. */
+static void test_scan_threads(void **state)
+{
+    enum { SH = 6, SP = 16, SG = 2, SN = 8, ST = 96, SLD = SH * SP + 2 * SG * SN };
+    float *xbc = malloc(ST * SLD * sizeof(float)), dt[ST * SH], A_log[SH], D[SH];
+    float S1[SH * SP * SN], S2[SH * SP * SN];
+    float *y1 = malloc(ST * SH * SP * sizeof(float)), *y2 = malloc(ST * SH * SP * sizeof(float));
+    kvf_test_rng_t rng = {78};
+    kvf_mamba2_params_t p = {SH, SP, SG, SN, NULL, A_log, D, 0.01f, INFINITY};
+    (void)state;
+
+    assert_non_null(xbc);
+    assert_non_null(y1);
+    assert_non_null(y2);
+    kvf_test_fill(&rng, xbc, ST * SLD, -1, 1);
+    kvf_test_fill(&rng, dt, ST * SH, -3, 1);
+    kvf_test_fill(&rng, A_log, SH, -1, 1.5f);
+    kvf_test_fill(&rng, D, SH, 0, 1);
+    kvf_test_fill(&rng, S1, SH * SP * SN, -1, 1);
+    memcpy(S2, S1, sizeof(S1));
+    assert_int_equal(kvf_mamba2_scan(NULL, &p, ST, xbc, SLD, dt, SH, xbc + SH * SP,
+                                     xbc + SH * SP + SG * SN, SLD, S1, KVF_DTYPE_FP32, 1, y1,
+                                     SH * SP),
+                     KVF_KERN_OK);
+    kvf_gemm_set_threads(2);
+    assert_int_equal(kvf_mamba2_scan(NULL, &p, ST, xbc, SLD, dt, SH, xbc + SH * SP,
+                                     xbc + SH * SP + SG * SN, SLD, S2, KVF_DTYPE_FP32, 1, y2,
+                                     SH * SP),
+                     KVF_KERN_OK);
+    kvf_gemm_set_threads(1);
+    assert_memory_equal(y1, y2, ST * SH * SP * sizeof(float));
+    assert_memory_equal(S1, S2, sizeof(S1));
+    free(y2);
+    free(y1);
+    free(xbc);
+}
+
 /* 1 head, dim 1, state 1: A_log 0 -> A = -1; dt raw 0, bias 0 -> dt = ln 2;
  * dA = 1/2. x = B = C = 1, D = 0.5: S1 = ln2, y1 = ln2 + 0.5;
  * S2 = ln2/2 + ln2, y2 = 1.5 ln2 + 0.5. */
@@ -193,6 +232,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_scan_splits),
         cmocka_unit_test(test_scan_equals_steps),
+        cmocka_unit_test(test_scan_threads),
         cmocka_unit_test(test_scan_hand),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
