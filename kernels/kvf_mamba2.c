@@ -49,16 +49,15 @@ static inline float kvf_mamba2_dt(const kvf_mamba2_params_t *p, int h, float raw
                             p->dt_max);
 }
 
-/* The scan's inner loops, vectorised over head dims: GCC clones them for
- * AVX-512F and AVX2 with contraction off (AVX-512F has FMA instructions; no
- * FMA keeps every element rounding as the scalar step does) and picks the
- * clone at load time; other compilers get the plain loops. */
+/* The scan's inner loops, vectorised over head dims: with GCC on x86-64 they
+ * are compiled three times, for AVX-512F, AVX2 and the baseline, with
+ * contraction off (AVX-512F has FMA instructions; no FMA keeps every element
+ * rounding as the scalar step does), and kvf_mamba2_head_scan_any picks one
+ * per call from the CPU's features (not an ifunc: a resolver runs before a
+ * sanitizer's runtime is up and crashed the TSan build). */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define KVF_MAMBA2_VEC                                                                  \
-    __attribute__((target_clones("avx512f", "avx2", "default"), optimize("O3"),          \
-                   optimize("fp-contract=off")))
-#else
-#define KVF_MAMBA2_VEC
+#define KVF_MAMBA2_X86 1
+#define KVF_MAMBA2_OPT optimize("O3", "fp-contract=off")
 #endif
 
 /*
@@ -100,8 +99,8 @@ kvf_mamba2_dblock(float *restrict St, size_t hd, size_t ns, size_t d0, size_t DB
  * in the same order (acc summed over n ascending), so the scan and the
  * decode step agree bit for bit. dts[t]: the clamped dt of each token.
  */
-KVF_MAMBA2_VEC
-static void kvf_mamba2_head_scan(float *restrict St, size_t hd, size_t ns, size_t T,
+static inline __attribute__((always_inline)) void
+kvf_mamba2_head_scan(float *restrict St, size_t hd, size_t ns, size_t T,
                                  const float *restrict dts, float A, float Dh,
                                  const float *restrict x, size_t ldx, const float *restrict B,
                                  const float *restrict C, size_t ldbc, float *restrict y,
@@ -124,6 +123,45 @@ static void kvf_mamba2_head_scan(float *restrict St, size_t hd, size_t ns, size_
             kvf_mamba2_dblock(St, hd, ns, d0, 1, dth, dA, Dh, xh, Bg, Cg, yh);
         }
     }
+}
+
+#define KVF_MAMBA2_SCAN_ARGS                                                             \
+    float *restrict St, size_t hd, size_t ns, size_t T, const float *restrict dts, float A, \
+        float Dh, const float *restrict x, size_t ldx, const float *restrict B,           \
+        const float *restrict C, size_t ldbc, float *restrict y, size_t ldy
+#define KVF_MAMBA2_SCAN_PASS St, hd, ns, T, dts, A, Dh, x, ldx, B, C, ldbc, y, ldy
+#ifdef KVF_MAMBA2_X86
+__attribute__((target("avx512f"), KVF_MAMBA2_OPT)) static void
+kvf_mamba2_head_scan_avx512(KVF_MAMBA2_SCAN_ARGS)
+{
+    kvf_mamba2_head_scan(KVF_MAMBA2_SCAN_PASS);
+}
+
+__attribute__((target("avx2"), KVF_MAMBA2_OPT)) static void
+kvf_mamba2_head_scan_avx2(KVF_MAMBA2_SCAN_ARGS)
+{
+    kvf_mamba2_head_scan(KVF_MAMBA2_SCAN_PASS);
+}
+
+__attribute__((KVF_MAMBA2_OPT)) static void kvf_mamba2_head_scan_base(KVF_MAMBA2_SCAN_ARGS)
+{
+    kvf_mamba2_head_scan(KVF_MAMBA2_SCAN_PASS);
+}
+#endif
+
+static void kvf_mamba2_head_scan_any(KVF_MAMBA2_SCAN_ARGS)
+{
+#ifdef KVF_MAMBA2_X86
+    if (__builtin_cpu_supports("avx512f")) {
+        kvf_mamba2_head_scan_avx512(KVF_MAMBA2_SCAN_PASS);
+    } else if (__builtin_cpu_supports("avx2")) {
+        kvf_mamba2_head_scan_avx2(KVF_MAMBA2_SCAN_PASS);
+    } else {
+        kvf_mamba2_head_scan_base(KVF_MAMBA2_SCAN_PASS);
+    }
+#else
+    kvf_mamba2_head_scan(KVF_MAMBA2_SCAN_PASS);
+#endif
 }
 
 /* One kvf_kern_parallel() part of a chunk scan: heads part, part + parts, ... */
@@ -166,9 +204,9 @@ static int kvf_mamba2_scan_part(void *ctx, int part, int parts)
         for (size_t t = 0; t < j->T; ++t) {
             dts[t] = kvf_mamba2_dt(p, h, j->dt[t * j->lddt + (size_t)h]);
         }
-        kvf_mamba2_head_scan(St, hd, ns, j->T, dts, A, Dh, j->x + (size_t)h * hd, j->ldx,
-                             j->B + g * ns, j->C + g * ns, j->ldbc, j->y + (size_t)h * hd,
-                             j->ldy);
+        kvf_mamba2_head_scan_any(St, hd, ns, j->T, dts, A, Dh, j->x + (size_t)h * hd,
+                                 j->ldx, j->B + g * ns, j->C + g * ns, j->ldbc,
+                                 j->y + (size_t)h * hd, j->ldy);
         for (size_t d = 0; d < hd; ++d) {
             for (size_t n = 0; n < ns; ++n) {
                 S[d * ns + n] = St[n * hd + d];
