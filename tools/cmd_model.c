@@ -129,7 +129,8 @@ typedef struct {
     {"MAX_BATCH_TOKENS", "512", "tokens per engine step (prefill chunk budget)",               \
      offsetof(kvf_gen_opts_t, max_batch_tokens), KVF_CONFIG_TYPE_INT, 0},                       \
     {"DEVICE", "cpu", "where weights, KV pages and Mamba state live and the forward runs: "    \
-     "cpu, cuda or cuda:N (CUDA: tp 1 only; compiled, not yet run on a GPU)",                 \
+     "cpu, cuda or cuda:N (rank r on cuda:N+r, NCCL between ranks; compiled, not yet run "   \
+     "on a GPU)",                                                                             \
      offsetof(kvf_gen_opts_t, device), KVF_CONFIG_TYPE_STRING, 0}
 
 static const kvf_config_field_t kvf_generate_table[] = {
@@ -171,14 +172,8 @@ static const kvf_config_field_t kvf_bench_table[] = {
 /* --device, opened before anything is loaded (a missing GPU fails at once). 0, 1 or 2. */
 static int kvf_gen_device(const kvf_gen_opts_t *o, kvf_device_t *dev_p)
 {
-    kvf_status_t status;
+    kvf_status_t status = kvf_model_device_open("--device", o->device, dev_p);
 
-    if ((strncmp(o->device, "cuda", 4) == 0) && (o->tp > 1)) {
-        kvf_error("--device %s with --tp %d: GPU ranks need NCCL collectives, not written yet "
-                  "(only --tp 1 runs on a GPU)", o->device, o->tp);
-        return 2;
-    }
-    status = kvf_model_device_open("--device", o->device, dev_p);
     return (status == KVF_OK) ? 0 : (status == KVF_ERR_INVALID_PARAM) ? 2 : 1;
 }
 

@@ -53,7 +53,8 @@ typedef struct kvf_engine_params {
                                            * kvf_tp_runner_params_t.pool_alloc */
     void               *pool_alloc_ctx;
     kvf_device_t        device;           /* DEVICE: weights, pools and kernels there
-                                           * (kvf_model_load_device(); CUDA: tp 1 only) */
+                                           * (kvf_model_load_device(); CUDA: rank r on
+                                           * cuda:ordinal+r) */
 } kvf_engine_params_t;
 
 /** A new request. The prompt is copied. */

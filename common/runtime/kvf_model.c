@@ -460,22 +460,14 @@ void kvf_model_destroy(kvf_model_h model)
                              model->ranks[r].shard.moe_experts);
         }
         free(model->ranks[r].layers);
+        if (model->ranks[r].rep != NULL) {
+            kvf_model_rep_free(model, model->ranks[r].rep);
+            free(model->ranks[r].rep);
+        }
     }
-    for (int l = 0; (model->norm_w != NULL) && (l < model->cfg.num_layers); ++l) {
-        kvf_model_wfree(model, model->norm_w[l]);
-    }
-    for (int l = 0; (model->norm2_w != NULL) && (l < model->cfg.num_layers); ++l) {
-        kvf_model_wfree(model, model->norm2_w[l]);
-    }
-    free(model->norm_w);
-    free(model->norm2_w);
+    kvf_model_rep_free(model, &model->rep);
     free(model->ranks);
-    if (model->lm_head.data != model->embed.data) {
-        kvf_model_wfree(model, model->lm_head.data);
-    }
-    kvf_model_wfree(model, model->embed.data);
-    kvf_model_wfree(model, model->norm_f);
-    kvf_model_wfree(model, model->inv_freq);
+    free(model->gpu_devs);
     free(model);
 }
 
@@ -553,19 +545,19 @@ static kvf_status_t kvf_load_embeddings(kvf_loader_t *ld, kvf_model_h m)
     kvf_status_t status;
 
     KVF_LOAD(kvf_load_mat_rows(ld, ld->dense ? "model.embed_tokens.weight" :
-                               "backbone.embeddings.weight", V, H, all, 1, &m->embed));
+                               "backbone.embeddings.weight", V, H, all, 1, &m->rep.embed));
     KVF_LOAD(kvf_load_vec(ld, ld->dense ? "model.norm.weight" : "backbone.norm_f.weight", 1,
-                          hshape, &m->norm_f));
+                          hshape, &m->rep.norm_f));
     /* tied: lm_head = embeddings, unless the file stores an lm_head.weight
      * (transformers 5 then keeps the stored head) */
     if (cfg->lm_head_tied && (kvf_ckpt_find(ld->ck, "lm_head.weight") != NULL)) {
         m->cfg.lm_head_tied = false;
     }
     if (m->cfg.lm_head_tied) {
-        m->lm_head = m->embed;
+        m->rep.lm_head = m->rep.embed;
         return KVF_OK;
     }
-    return kvf_load_mat_rows(ld, "lm_head.weight", V, H, all, 1, &m->lm_head);
+    return kvf_load_mat_rows(ld, "lm_head.weight", V, H, all, 1, &m->rep.lm_head);
 }
 
 kvf_status_t kvf_model_load(const char *dir, int tp_size, kvf_model_h *model_p)
@@ -576,18 +568,12 @@ kvf_status_t kvf_model_load(const char *dir, int tp_size, kvf_model_h *model_p)
 kvf_status_t kvf_model_load_device(const char *dir, int tp_size, const kvf_device_t *dev,
                                    kvf_model_h *model_p)
 {
+    const bool gpu = (dev != NULL) && (dev->kind != KVF_DEVICE_CPU);
     kvf_loader_t ld = {0};
     kvf_model_h m;
     kvf_model_config_t *cfg;
     kvf_status_t status;
 
-    if ((dev != NULL) && (dev->kind != KVF_DEVICE_CPU) && (tp_size > 1)) {
-        /* kvf_comm_ops_t has the CPU backend alone: its collectives read host memory */
-        kvf_error("model: tp_size %d on %s:%d needs NCCL collectives between GPU ranks, not "
-                  "written yet (only tp 1 runs on a GPU)", tp_size,
-                  kvf_device_kind_name(dev->kind), dev->ordinal);
-        return KVF_ERR_UNSUPPORTED;
-    }
     m = calloc(1, sizeof(*m));
     if (m == NULL) {
         return KVF_ERR_NO_MEMORY;
@@ -602,6 +588,12 @@ kvf_status_t kvf_model_load_device(const char *dir, int tp_size, const kvf_devic
         goto err;
     }
     m->tp = tp_size;
+    if (gpu) {
+        status = kvf_model_gpu_open(m, dev);   /* every rank's GPU, before reading weights */
+        if (status != KVF_OK) {
+            goto err;
+        }
+    }
     ld.dense = (cfg->arch != KVF_ARCH_NEMOTRON_H);
     status = kvf_ckpt_open(dir, &ld.ck);
     if (status != KVF_OK) {
@@ -610,23 +602,24 @@ kvf_status_t kvf_model_load_device(const char *dir, int tp_size, const kvf_devic
     m->file_bytes = kvf_ckpt_bytes(ld.ck);
     m->num_files = kvf_ckpt_num_files(ld.ck);
     status = kvf_load_embeddings(&ld, m);
-    m->norm_w = calloc((size_t)cfg->num_layers, sizeof(*m->norm_w));
-    m->norm2_w = calloc((size_t)cfg->num_layers, sizeof(*m->norm2_w));
-    m->ranks = calloc((size_t)tp_size, sizeof(*m->ranks));
-    if ((status == KVF_OK) && ((m->norm_w == NULL) || (m->norm2_w == NULL) || (m->ranks == NULL))) {
+    m->rep.norm_w = calloc((size_t)cfg->num_layers, sizeof(*m->rep.norm_w));
+    m->rep.norm2_w = calloc((size_t)cfg->num_layers, sizeof(*m->rep.norm2_w));
+    m->ranks = calloc((size_t)tp_size, sizeof(*m->ranks));   /* .dev zero: the CPU */
+    if ((status == KVF_OK) &&
+        ((m->rep.norm_w == NULL) || (m->rep.norm2_w == NULL) || (m->ranks == NULL))) {
         status = KVF_ERR_NO_MEMORY;
     }
     if ((status == KVF_OK) && (cfg->rope.type != KVF_ROPE_NONE)) {
-        m->inv_freq = kvf_rope_inv_freq(cfg);
-        status = (m->inv_freq != NULL) ? KVF_OK : KVF_ERR_NO_MEMORY;
+        m->rep.inv_freq = kvf_rope_inv_freq(cfg);
+        status = (m->rep.inv_freq != NULL) ? KVF_OK : KVF_ERR_NO_MEMORY;
     }
     for (int l = 0; (status == KVF_OK) && (l < cfg->num_layers); ++l) {
         const int64_t hshape[1] = {cfg->hidden_size};
         status = kvf_load_vec(&ld, kvf_lname(&ld, l, ld.dense ? "input_layernorm.weight" :
-                                             "norm.weight"), 1, hshape, &m->norm_w[l]);
+                                             "norm.weight"), 1, hshape, &m->rep.norm_w[l]);
         if ((status == KVF_OK) && ld.dense) {
             status = kvf_load_vec(&ld, kvf_lname(&ld, l, "post_attention_layernorm.weight"), 1,
-                                  hshape, &m->norm2_w[l]);
+                                  hshape, &m->rep.norm2_w[l]);
         }
     }
     for (int r = 0; (status == KVF_OK) && (r < tp_size); ++r) {
@@ -672,8 +665,7 @@ kvf_status_t kvf_model_load_device(const char *dir, int tp_size, const kvf_devic
     }
     m->weight_bytes = ld.bytes;
     kvf_ckpt_close(ld.ck);
-    if ((status == KVF_OK) && (dev != NULL) && (dev->kind != KVF_DEVICE_CPU)) {
-        m->dev = *dev;
+    if ((status == KVF_OK) && gpu) {
         status = kvf_model_upload(m);
     }
     if (status != KVF_OK) {
@@ -690,6 +682,11 @@ err:
 const kvf_device_t *kvf_model_device(kvf_model_h model)
 {
     return &model->dev;
+}
+
+const kvf_device_t *kvf_model_rank_device(kvf_model_h model, int rank)
+{
+    return &model->ranks[rank].dev;
 }
 
 const kvf_model_config_t *kvf_model_get_config(kvf_model_h model)

@@ -65,24 +65,32 @@ kvf_status_t kvf_model_load(const char *dir, int tp_size, kvf_model_h *model_p);
 
 /**
  * kvf_model_load() onto @a dev (NULL or a CPU device: exactly
- * kvf_model_load()). A CUDA device (from kvf_model_device_open()) keeps
- * every weight in its memory: each tensor is loaded on the host as on the
- * CPU, matrices widened to fp32 there (cuBLAS computes fp32 GEMMs from
+ * kvf_model_load()). A CUDA device cuda:N (from kvf_model_device_open())
+ * keeps every weight in GPU memory, rank r on cuda:(N + r) (opened here,
+ * before the weights are read): each tensor is loaded on the host as on
+ * the CPU, matrices widened to fp32 there (cuBLAS computes fp32 GEMMs from
  * fp32 operands: a bf16 checkpoint takes twice its file size on the GPU),
- * then copied with kvf_device_memcpy() and the host copy freed. The
- * forward then runs the kernels' CUDA launchers on that device, and the
- * TP runner puts the page pools there. Compiled, not yet run on a GPU.
+ * then copied with kvf_device_memcpy() and the host copy freed; the
+ * replicated tensors (embeddings, norms, lm_head) get one copy per rank's
+ * GPU. The forward then runs the kernels' CUDA launchers on each rank's
+ * device, the TP runner puts the page pools there and, for tp > 1, makes
+ * an NCCL world (kvf_comm_world_create). Compiled, not yet run on a GPU.
  *
- * @return as kvf_model_load(); KVF_ERR_UNSUPPORTED for a CUDA device with
- *         tp_size > 1 (GPU ranks need NCCL collectives, not written yet:
- *         logged naming it); KVF_ERR_CUDA / KVF_ERR_NO_MEMORY when a copy
- *         to the device fails.
+ * @return as kvf_model_load(); KVF_ERR_CUDA when a rank's GPU cannot be
+ *         opened (logged naming the rank and the CUDA error);
+ *         KVF_ERR_CUDA / KVF_ERR_NO_MEMORY when a copy to a device fails.
  */
 kvf_status_t kvf_model_load_device(const char *dir, int tp_size, const kvf_device_t *dev,
                                    kvf_model_h *model_p);
 
-/** The device the weights live on (the CPU for kvf_model_load()). */
+/** The device rank 0's weights live on (the CPU for kvf_model_load()). */
 const kvf_device_t *kvf_model_device(kvf_model_h model);
+
+/**
+ * The device rank @a rank's weights live on: the CPU, or for a model on
+ * cuda:N with tp ranks, cuda:(N + rank) (one GPU per rank, as NCCL wants).
+ */
+const kvf_device_t *kvf_model_rank_device(kvf_model_h model, int rank);
 
 /**
  * Parse a --device value, "cpu", "cuda" (= cuda:0) or "cuda:N", and open

@@ -132,57 +132,130 @@ void kvf_model_wfree(kvf_model_h m, void *p)
     }
 }
 
-/* Replace host buffer *p (bytes) by a device copy; the host copy is freed on success. */
-static kvf_status_t kvf_up_bytes(kvf_model_h m, void **p, size_t bytes)
+void kvf_model_rep_free(kvf_model_h m, kvf_rep_w_t *rep)
+{
+    for (int l = 0; (rep->norm_w != NULL) && (l < m->cfg.num_layers); ++l) {
+        kvf_model_wfree(m, rep->norm_w[l]);
+    }
+    for (int l = 0; (rep->norm2_w != NULL) && (l < m->cfg.num_layers); ++l) {
+        kvf_model_wfree(m, rep->norm2_w[l]);
+    }
+    free(rep->norm_w);
+    free(rep->norm2_w);
+    if (rep->lm_head.data != rep->embed.data) {
+        kvf_model_wfree(m, rep->lm_head.data);
+    }
+    kvf_model_wfree(m, rep->embed.data);
+    kvf_model_wfree(m, rep->norm_f);
+    kvf_model_wfree(m, rep->inv_freq);
+    memset(rep, 0, sizeof(*rep));
+}
+
+kvf_status_t kvf_model_gpu_open(kvf_model_h m, const kvf_device_t *dev)
+{
+    const int tp = m->tp;
+    kvf_device_t *devs = calloc((size_t)tp, sizeof(*devs));
+
+    if (devs == NULL) {
+        return KVF_ERR_NO_MEMORY;
+    }
+    m->dev = *dev;
+    m->gpu_devs = devs;   /* freed with the model */
+    devs[0] = *dev;
+    for (int r = 1; r < tp; ++r) {
+#ifdef KVF_HAVE_CUDA
+        char what[96];
+        kvf_status_t status;
+
+        snprintf(what, sizeof(what), "--device cuda:%d --tp %d, rank %d (one GPU per rank):",
+                 dev->ordinal, tp, r);
+        status = kvf_device_open_cuda(what, dev->ordinal + r, &devs[r]);
+        if (status != KVF_OK) {
+            return status;
+        }
+#else
+        kvf_error("model: rank %d on cuda:%d: CUDA is not built in", r, dev->ordinal + r);
+        return KVF_ERR_UNSUPPORTED;
+#endif
+    }
+    /* opening a device makes it current: the loading thread goes back to rank 0's */
+    return kvf_status_from_kern(kvf_device_bind(&devs[0]));
+}
+
+/* A device copy on @a dev of @a bytes at host @a src, into *dst_p (NULL src: nothing). */
+static kvf_status_t kvf_up_copy(const kvf_device_t *dev, const void *src, size_t bytes,
+                                void **dst_p)
 {
     void *d = NULL;
     int e;
 
-    if ((*p == NULL) || (bytes == 0)) {
+    if ((src == NULL) || (bytes == 0)) {
         return KVF_OK;
     }
-    e = kvf_device_alloc(&m->dev, bytes, &d);
+    e = kvf_device_alloc(dev, bytes, &d);
     if (e == KVF_KERN_OK) {
-        e = kvf_device_memcpy(&m->dev, d, *p, bytes, KVF_COPY_H2D);
+        e = kvf_device_memcpy(dev, d, src, bytes, KVF_COPY_H2D);
         if (e != KVF_KERN_OK) {
-            kvf_device_free(&m->dev, d);
+            kvf_device_free(dev, d);
         }
     }
     if (e != KVF_KERN_OK) {
         kvf_error("model: copying %zu bytes of weights to cuda:%d failed: %s", bytes,
-                  m->dev.ordinal, kvf_kern_strerror(e));
+                  dev->ordinal, kvf_kern_strerror(e));
         return kvf_status_from_kern(e);
     }
-    free(*p);
-    *p = d;
+    *dst_p = d;
     return KVF_OK;
 }
 
-static kvf_status_t kvf_up_vec(kvf_model_h m, float **p, size_t n)
+/* Replace host buffer *p (bytes) by a device copy; the host copy is freed on success. */
+static kvf_status_t kvf_up_bytes(const kvf_device_t *dev, void **p, size_t bytes)
 {
-    return kvf_up_bytes(m, (void **)p, n * sizeof(float));
+    void *d = NULL;
+    kvf_status_t status = kvf_up_copy(dev, *p, bytes, &d);
+
+    if ((status == KVF_OK) && (d != NULL)) {
+        free(*p);
+        *p = d;
+    }
+    return status;
 }
 
-/* A matrix: widened to fp32 on the host (if stored narrower), then copied. */
-static kvf_status_t kvf_up_mat(kvf_model_h m, kvf_mat_t *w)
+static kvf_status_t kvf_up_vec(const kvf_device_t *dev, float **p, size_t n)
+{
+    return kvf_up_bytes(dev, (void **)p, n * sizeof(float));
+}
+
+/* A host matrix widened to fp32 in place (if stored narrower); bytes added to the count. */
+static kvf_status_t kvf_widen_mat(kvf_model_h m, kvf_mat_t *w)
 {
     size_t n = (size_t)w->rows * (size_t)w->cols;
+    float *wide;
 
-    if (w->data == NULL) {
+    if ((w->data == NULL) || (w->dtype == KVF_DTYPE_FP32)) {
         return KVF_OK;
     }
-    if (w->dtype != KVF_DTYPE_FP32) {
-        float *wide = malloc((n ? n : 1) * sizeof(float));
-        if (wide == NULL) {
-            return KVF_ERR_NO_MEMORY;
-        }
-        (void)kvf_convert(NULL, wide, KVF_DTYPE_FP32, w->data, w->dtype, n);
-        m->weight_bytes += n * (sizeof(float) - kvf_dtype_size(w->dtype));
-        free(w->data);
-        w->data = wide;
-        w->dtype = KVF_DTYPE_FP32;
+    wide = malloc((n ? n : 1) * sizeof(float));
+    if (wide == NULL) {
+        return KVF_ERR_NO_MEMORY;
     }
-    return kvf_up_bytes(m, &w->data, n * sizeof(float));
+    (void)kvf_convert(NULL, wide, KVF_DTYPE_FP32, w->data, w->dtype, n);
+    m->weight_bytes += n * (sizeof(float) - kvf_dtype_size(w->dtype));
+    free(w->data);
+    w->data = wide;
+    w->dtype = KVF_DTYPE_FP32;
+    return KVF_OK;
+}
+
+/* A matrix: widened to fp32 on the host (if stored narrower), then moved to @a dev. */
+static kvf_status_t kvf_up_mat(kvf_model_h m, const kvf_device_t *dev, kvf_mat_t *w)
+{
+    kvf_status_t status = kvf_widen_mat(m, w);
+
+    if (status != KVF_OK) {
+        return status;
+    }
+    return kvf_up_bytes(dev, &w->data, (size_t)w->rows * (size_t)w->cols * sizeof(float));
 }
 
 #define KVF_UP(_expr)                  \
@@ -192,72 +265,116 @@ static kvf_status_t kvf_up_mat(kvf_model_h m, kvf_mat_t *w)
         }                              \
     } while (0)
 
-static kvf_status_t kvf_up_layer(kvf_model_h m, const kvf_shard_t *s, kvf_layer_w_t *w)
+static kvf_status_t kvf_up_layer(kvf_model_h m, const kvf_device_t *dev, const kvf_shard_t *s,
+                                 kvf_layer_w_t *w)
 {
     const kvf_model_config_t *cfg = &m->cfg;
     const size_t H = (size_t)cfg->hidden_size, hd = (size_t)cfg->head_dim;
     const size_t heads = (size_t)s->mamba_heads, cd = (size_t)s->conv_dim;
     kvf_status_t status = KVF_OK;
 
-    KVF_UP(kvf_up_mat(m, &w->in_proj));
-    KVF_UP(kvf_up_vec(m, &w->in_bias, (size_t)w->in_rows));
-    KVF_UP(kvf_up_vec(m, &w->conv_w, cd * (size_t)cfg->conv_kernel));
-    KVF_UP(kvf_up_vec(m, &w->conv_b, cd));
-    KVF_UP(kvf_up_vec(m, &w->dt_bias, heads));
-    KVF_UP(kvf_up_vec(m, &w->A_log, heads));
-    KVF_UP(kvf_up_vec(m, &w->D, heads));
-    KVF_UP(kvf_up_vec(m, &w->gnorm_w, heads * (size_t)cfg->mamba_head_dim));
-    KVF_UP(kvf_up_mat(m, &w->out_proj));
-    KVF_UP(kvf_up_vec(m, &w->out_bias, H));
-    KVF_UP(kvf_up_mat(m, &w->qkv));
-    KVF_UP(kvf_up_vec(m, &w->qkv_bias, (size_t)w->qkv_rows));
-    KVF_UP(kvf_up_mat(m, &w->o_proj));
-    KVF_UP(kvf_up_vec(m, &w->o_bias, H));
-    KVF_UP(kvf_up_vec(m, &w->q_norm, hd));
-    KVF_UP(kvf_up_vec(m, &w->k_norm, hd));
-    KVF_UP(kvf_up_mat(m, &w->up));
-    KVF_UP(kvf_up_vec(m, &w->up_bias, (size_t)w->up.rows));
-    KVF_UP(kvf_up_mat(m, &w->down));
-    KVF_UP(kvf_up_vec(m, &w->down_bias, H));
-    KVF_UP(kvf_up_vec(m, &w->router_w, (size_t)cfg->moe_num_experts * H));
-    KVF_UP(kvf_up_vec(m, &w->router_b, (size_t)cfg->moe_num_experts));
+    KVF_UP(kvf_up_mat(m, dev, &w->in_proj));
+    KVF_UP(kvf_up_vec(dev, &w->in_bias, (size_t)w->in_rows));
+    KVF_UP(kvf_up_vec(dev, &w->conv_w, cd * (size_t)cfg->conv_kernel));
+    KVF_UP(kvf_up_vec(dev, &w->conv_b, cd));
+    KVF_UP(kvf_up_vec(dev, &w->dt_bias, heads));
+    KVF_UP(kvf_up_vec(dev, &w->A_log, heads));
+    KVF_UP(kvf_up_vec(dev, &w->D, heads));
+    KVF_UP(kvf_up_vec(dev, &w->gnorm_w, heads * (size_t)cfg->mamba_head_dim));
+    KVF_UP(kvf_up_mat(m, dev, &w->out_proj));
+    KVF_UP(kvf_up_vec(dev, &w->out_bias, H));
+    KVF_UP(kvf_up_mat(m, dev, &w->qkv));
+    KVF_UP(kvf_up_vec(dev, &w->qkv_bias, (size_t)w->qkv_rows));
+    KVF_UP(kvf_up_mat(m, dev, &w->o_proj));
+    KVF_UP(kvf_up_vec(dev, &w->o_bias, H));
+    KVF_UP(kvf_up_vec(dev, &w->q_norm, hd));
+    KVF_UP(kvf_up_vec(dev, &w->k_norm, hd));
+    KVF_UP(kvf_up_mat(m, dev, &w->up));
+    KVF_UP(kvf_up_vec(dev, &w->up_bias, (size_t)w->up.rows));
+    KVF_UP(kvf_up_mat(m, dev, &w->down));
+    KVF_UP(kvf_up_vec(dev, &w->down_bias, H));
+    KVF_UP(kvf_up_vec(dev, &w->router_w, (size_t)cfg->moe_num_experts * H));
+    KVF_UP(kvf_up_vec(dev, &w->router_b, (size_t)cfg->moe_num_experts));
     for (int e = 0; (w->exp_up != NULL) && (e < s->moe_experts); ++e) {
-        KVF_UP(kvf_up_mat(m, &w->exp_up[e]));
-        KVF_UP(kvf_up_mat(m, &w->exp_down[e]));
+        KVF_UP(kvf_up_mat(m, dev, &w->exp_up[e]));
+        KVF_UP(kvf_up_mat(m, dev, &w->exp_down[e]));
     }
-    KVF_UP(kvf_up_mat(m, &w->sh_up));
-    KVF_UP(kvf_up_vec(m, &w->sh_up_b, (size_t)w->sh_up.rows));
-    KVF_UP(kvf_up_mat(m, &w->sh_down));
-    KVF_UP(kvf_up_vec(m, &w->sh_down_b, H));
+    KVF_UP(kvf_up_mat(m, dev, &w->sh_up));
+    KVF_UP(kvf_up_vec(dev, &w->sh_up_b, (size_t)w->sh_up.rows));
+    KVF_UP(kvf_up_mat(m, dev, &w->sh_down));
+    KVF_UP(kvf_up_vec(dev, &w->sh_down_b, H));
+    return status;
+}
+
+/* Rank @a r's own copy of the replicated tensors (host m->rep, already fp32) on its device. */
+static kvf_status_t kvf_up_rep(kvf_model_h m, int r)
+{
+    const kvf_model_config_t *cfg = &m->cfg;
+    const kvf_device_t *dev = &m->ranks[r].dev;
+    const size_t H = (size_t)cfg->hidden_size, V = (size_t)cfg->vocab_size;
+    const size_t L = (size_t)(cfg->num_layers > 0 ? cfg->num_layers : 1);
+    const bool tied = (m->rep.lm_head.data == m->rep.embed.data);
+    kvf_rep_w_t *rep = calloc(1, sizeof(*rep));
+    kvf_status_t status = KVF_OK;
+
+    if (rep == NULL) {
+        return KVF_ERR_NO_MEMORY;
+    }
+    m->ranks[r].rep = rep;   /* freed with the model, whatever was copied */
+    rep->embed = m->rep.embed;
+    rep->lm_head = m->rep.lm_head;
+    rep->embed.data = rep->lm_head.data = NULL;
+    rep->norm_w = calloc(L, sizeof(*rep->norm_w));
+    rep->norm2_w = calloc(L, sizeof(*rep->norm2_w));
+    if ((rep->norm_w == NULL) || (rep->norm2_w == NULL)) {
+        return KVF_ERR_NO_MEMORY;
+    }
+    KVF_UP(kvf_up_copy(dev, m->rep.embed.data, V * H * sizeof(float), &rep->embed.data));
+    if (tied) {
+        rep->lm_head.data = rep->embed.data;
+    } else {
+        KVF_UP(kvf_up_copy(dev, m->rep.lm_head.data, V * H * sizeof(float),
+                           &rep->lm_head.data));
+    }
+    KVF_UP(kvf_up_copy(dev, m->rep.norm_f, H * sizeof(float), (void **)&rep->norm_f));
+    KVF_UP(kvf_up_copy(dev, m->rep.inv_freq, (size_t)(cfg->head_dim / 2) * sizeof(float),
+                       (void **)&rep->inv_freq));
+    for (int l = 0; l < cfg->num_layers; ++l) {
+        KVF_UP(kvf_up_copy(dev, m->rep.norm_w[l], H * sizeof(float), (void **)&rep->norm_w[l]));
+        KVF_UP(kvf_up_copy(dev, m->rep.norm2_w[l], H * sizeof(float),
+                           (void **)&rep->norm2_w[l]));
+    }
     return status;
 }
 
 kvf_status_t kvf_model_upload(kvf_model_h m)
 {
-    const kvf_model_config_t *cfg = &m->cfg;
-    const size_t H = (size_t)cfg->hidden_size;
-    const bool tied = (m->lm_head.data == m->embed.data);
+    const bool tied = (m->rep.lm_head.data == m->rep.embed.data);
     kvf_status_t status = KVF_OK;
 
-    if (m->dev.kind == KVF_DEVICE_CPU) {
+    if ((m->dev.kind == KVF_DEVICE_CPU) || (m->gpu_devs == NULL)) {
         return KVF_OK;
     }
-    KVF_UP(kvf_up_mat(m, &m->embed));
-    if (tied) {
-        m->lm_head = m->embed;     /* one copy, as on the host (also after a failure) */
-    } else {
-        KVF_UP(kvf_up_mat(m, &m->lm_head));
+    for (int r = 0; r < m->tp; ++r) {
+        m->ranks[r].dev = m->gpu_devs[r];
     }
-    KVF_UP(kvf_up_vec(m, &m->norm_f, H));
-    KVF_UP(kvf_up_vec(m, &m->inv_freq, (size_t)(cfg->head_dim / 2)));
-    for (int l = 0; l < cfg->num_layers; ++l) {
-        KVF_UP(kvf_up_vec(m, &m->norm_w[l], H));
-        KVF_UP(kvf_up_vec(m, &m->norm2_w[l], H));
+    /* replicated tensors: widened once on the host, then one copy per rank's GPU (counted
+     * once in weight_bytes, as the CPU's shared copy) */
+    KVF_UP(kvf_widen_mat(m, &m->rep.embed));
+    if (tied) {
+        m->rep.lm_head = m->rep.embed;   /* one copy, as on the host (also after a failure) */
+    } else {
+        KVF_UP(kvf_widen_mat(m, &m->rep.lm_head));
     }
     for (int r = 0; r < m->tp; ++r) {
-        for (int l = 0; l < cfg->num_layers; ++l) {
-            KVF_UP(kvf_up_layer(m, &m->ranks[r].shard, &m->ranks[r].layers[l]));
+        KVF_UP(kvf_up_rep(m, r));
+        for (int l = 0; l < m->cfg.num_layers; ++l) {
+            KVF_UP(kvf_up_layer(m, &m->ranks[r].dev, &m->ranks[r].shard,
+                                &m->ranks[r].layers[l]));
         }
+    }
+    if (status == KVF_OK) {
+        kvf_model_rep_free(m, &m->rep);   /* the host copy: every rank has its own now */
     }
     return status;
 }

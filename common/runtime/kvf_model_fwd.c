@@ -364,6 +364,7 @@ static kvf_status_t kvf_fwd_attention(kvf_model_h m, const kvf_rank_ctx_t *ctx,
     const kvf_shard_t *s = &rw->shard;
     const kvf_layer_w_t *w = &rw->layers[l];
     const kvf_device_t *dev = kvf_page_pool_device(ctx->pool);
+    const kvf_rep_w_t *rep = kvf_model_rep(m, ctx->rank);
     const kvf_rank_geometry_t *geo = ctx->geom;
     struct kvf_model_ws *ws = ctx->ws;
     const int H = cfg->hidden_size, R = w->qkv_rows, hd = cfg->head_dim;
@@ -386,10 +387,11 @@ static kvf_status_t kvf_fwd_attention(kvf_model_h m, const kvf_rank_ctx_t *ctx,
                 KVF_KCALL(kvf_rmsnorm(dev, k, w->k_norm, k, s->kv_heads, hd, (float)cfg->norm_eps));
             }
         }
-        if (m->inv_freq != NULL) {
+        if (rep->inv_freq != NULL) {
             /* transformers' rotate_half RoPE of q and k (kernels/kvf_ops_math.h) */
-            KVF_KCALL(kvf_rope(dev, m->inv_freq, hd, ws->pos + o, n, row, R, s->attn_heads));
-            KVF_KCALL(kvf_rope(dev, m->inv_freq, hd, ws->pos + o, n, row + qd, R, s->kv_heads));
+            KVF_KCALL(kvf_rope(dev, rep->inv_freq, hd, ws->pos + o, n, row, R, s->attn_heads));
+            KVF_KCALL(kvf_rope(dev, rep->inv_freq, hd, ws->pos + o, n, row + qd, R,
+                               s->kv_heads));
         }
         kvf_page_pool_attn_view(ctx->pool, geo, hd, slot, sq->group_blocks[g],
                                 sq->group_num_blocks[g], &kv);
@@ -526,6 +528,8 @@ kvf_status_t kvf_model_forward_rank(kvf_model_h m, const kvf_rank_ctx_t *ctx,
 {
     const kvf_model_config_t *cfg = &m->cfg;
     const kvf_device_t *dev = kvf_page_pool_device(ctx->pool);
+    const kvf_device_t *wdev = &m->ranks[ctx->rank].dev;
+    const kvf_rep_w_t *rep = kvf_model_rep(m, ctx->rank);
     struct kvf_model_ws *ws = ctx->ws;
     const int H = cfg->hidden_size;
     kvf_status_t status;
@@ -538,11 +542,11 @@ kvf_status_t kvf_model_forward_rank(kvf_model_h m, const kvf_rank_ctx_t *ctx,
     if (batch->num_seqs == 0) {
         return KVF_OK;
     }
-    if ((dev->kind != m->dev.kind) ||
-        ((dev->kind != KVF_DEVICE_CPU) && (dev->ordinal != m->dev.ordinal))) {
+    if ((dev->kind != wdev->kind) ||
+        ((dev->kind != KVF_DEVICE_CPU) && (dev->ordinal != wdev->ordinal))) {
         kvf_error("rank %d: the page pool is on %s:%d but the weights on %s:%d", ctx->rank,
                   kvf_device_kind_name(dev->kind), dev->ordinal,
-                  kvf_device_kind_name(m->dev.kind), m->dev.ordinal);
+                  kvf_device_kind_name(wdev->kind), wdev->ordinal);
         return KVF_ERR_INVALID_PARAM;   /* same on every rank (one model, pools alike) */
     }
     status = kvf_batch_check(m, ctx, batch);
@@ -581,9 +585,9 @@ kvf_status_t kvf_model_forward_rank(kvf_model_h m, const kvf_rank_ctx_t *ctx,
         }
     }
     /* embedding lookup (ids checked against the vocabulary by kvf_batch_check) */
-    KVF_KCALL(kvf_gather_rows(dev, m->embed.data, m->embed.dtype, H, ws->ids, T, ws->h));
+    KVF_KCALL(kvf_gather_rows(dev, rep->embed.data, rep->embed.dtype, H, ws->ids, T, ws->h));
     for (int l = 0; l < cfg->num_layers; ++l) {
-        KVF_KCALL(kvf_rmsnorm(dev, ws->h, m->norm_w[l], ws->xn, T, H, (float)cfg->norm_eps));
+        KVF_KCALL(kvf_rmsnorm(dev, ws->h, rep->norm_w[l], ws->xn, T, H, (float)cfg->norm_eps));
         switch (cfg->layer_kinds[l]) {
         case KVF_LAYER_MAMBA:
             status = kvf_fwd_mamba(m, ctx, batch, l, T, status);
@@ -591,7 +595,7 @@ kvf_status_t kvf_model_forward_rank(kvf_model_h m, const kvf_rank_ctx_t *ctx,
         case KVF_LAYER_ATTENTION:
             status = kvf_fwd_attention(m, ctx, batch, l, T, status);
             if (cfg->dense_mlp_in_layer) {
-                KVF_KCALL(kvf_rmsnorm(dev, ws->h, m->norm2_w[l], ws->xn, T, H,
+                KVF_KCALL(kvf_rmsnorm(dev, ws->h, rep->norm2_w[l], ws->xn, T, H,
                                       (float)cfg->norm_eps));
                 status = kvf_fwd_mlp(m, ctx, l, T, status);
             }
@@ -615,8 +619,8 @@ kvf_status_t kvf_model_forward_rank(kvf_model_h m, const kvf_rank_ctx_t *ctx,
             }
         }
         KVF_KCALL(kvf_gather_rows(dev, ws->h, KVF_DTYPE_FP32, H, ws->last_rows, ns, ws->last));
-        KVF_KCALL(kvf_rmsnorm(dev, ws->last, m->norm_f, ws->last, ns, H, (float)cfg->norm_eps));
-        KVF_KCALL(kvf_mat_gemm(dev, ws, ns, ws->last, H, &m->lm_head, NULL, ws->logits,
+        KVF_KCALL(kvf_rmsnorm(dev, ws->last, rep->norm_f, ws->last, ns, H, (float)cfg->norm_eps));
+        KVF_KCALL(kvf_mat_gemm(dev, ws, ns, ws->last, H, &rep->lm_head, NULL, ws->logits,
                                cfg->vocab_size));
         ns = 0;
         for (int i = 0; i < batch->num_seqs; ++i) {

@@ -65,8 +65,21 @@ typedef struct {
     float    *sh_up_b, *sh_down_b;
 } kvf_layer_w_t;
 
+/* The tensors every rank uses whole (replicated): one shared copy on the CPU; on GPUs one
+ * copy per rank, on the rank's device (kvf_rank_w_t.rep). */
+typedef struct kvf_rep_w {
+    kvf_mat_t          embed;     /* [V][H] */
+    float             *norm_f;    /* [H] */
+    kvf_mat_t          lm_head;   /* [V][H]; aliases embed when tied */
+    float            **norm_w;    /* [L][H] pre-norm of each layer (dense: input_layernorm) */
+    float            **norm2_w;   /* [L][H] dense: post_attention_layernorm */
+    float             *inv_freq;  /* [head_dim / 2] RoPE, or NULL */
+} kvf_rep_w_t;
+
 typedef struct {
     kvf_shard_t    shard;
+    kvf_device_t   dev;        /* where this rank's weights live (CPU: host memory) */
+    kvf_rep_w_t   *rep;        /* this rank's replicated tensors: NULL = the model's shared */
     kvf_layer_w_t *layers;
     int            max_rows;   /* widest column-parallel output of any layer */
     int            max_inner;  /* widest per-token intermediate (g buffer) */
@@ -75,13 +88,11 @@ typedef struct {
 struct kvf_model {
     kvf_model_config_t cfg;
     int                tp;
-    kvf_device_t       dev;       /* where every weight below lives (CPU: host memory) */
-    kvf_mat_t          embed;     /* [V][H] */
-    float             *norm_f;    /* [H] */
-    kvf_mat_t          lm_head;   /* [V][H]; aliases embed when tied */
-    float            **norm_w;    /* [L][H] pre-norm of each layer (dense: input_layernorm) */
-    float            **norm2_w;   /* [L][H] dense: post_attention_layernorm */
-    float             *inv_freq;  /* [head_dim / 2] RoPE, or NULL */
+    kvf_device_t       dev;       /* rank 0's device (CPU: every weight in host memory; CUDA:
+                                   * rank r on ordinal dev.ordinal + r, ranks[r].dev) */
+    kvf_rep_w_t        rep;       /* replicated tensors as loaded (host); on GPUs emptied by
+                                   * kvf_model_upload() into each rank's own copy */
+    kvf_device_t      *gpu_devs;  /* [tp] GPU models: rank r's device (kvf_model_gpu_open) */
     kvf_rank_w_t      *ranks;
     size_t             weight_bytes;
     size_t             file_bytes;
@@ -118,8 +129,19 @@ struct kvf_model_ws {
     float   *h_route_w;         /* [T][top_k] host copy of route_w (CUDA) */
 };
 
-/* Weights to the model's device (kvf_model_dev.c): after the host load, CUDA only. */
+/* Weights to the ranks' devices (kvf_model_dev.c): after the host load, CUDA only. */
 kvf_status_t kvf_model_upload(kvf_model_h m);
+/* A model on GPU @a dev with m->tp ranks: m->dev = *dev and m->gpu_devs[r] =
+ * cuda:(ordinal + r) (NCCL takes one GPU per rank), each opened (kvf_device_init; a
+ * failure logged naming the rank and the CUDA error), the calling thread left on rank 0's. */
+kvf_status_t kvf_model_gpu_open(kvf_model_h m, const kvf_device_t *dev);
+/* Free a set of replicated tensors (the model's shared one or a rank's own), zeroing it. */
+void kvf_model_rep_free(kvf_model_h m, kvf_rep_w_t *rep);
+/* The replicated tensors rank @a r reads. */
+static inline const kvf_rep_w_t *kvf_model_rep(const struct kvf_model *m, int r)
+{
+    return (m->ranks[r].rep != NULL) ? m->ranks[r].rep : &m->rep;
+}
 /* Free a weight buffer wherever it lives (host free() on a CPU model). */
 void kvf_model_wfree(kvf_model_h m, void *p);
 

@@ -139,6 +139,33 @@ static kvf_status_t kvf_tp_runner_check(const kvf_tp_runner_params_t *params)
     return KVF_OK;
 }
 
+/* Rank job: make this rank's part of its world (kvf_comm_rank_start). */
+static kvf_status_t kvf_rank_comm_start(void *arg, int rank, kvf_page_pool_h pool)
+{
+    kvf_tp_runner_h r = arg;
+
+    (void)pool;
+    return kvf_comm_rank_start(kvf_comm_world_rank(r->world, rank));
+}
+
+/* The ranks' collectives: the CPU world, or an NCCL world over the ranks' GPUs. */
+static kvf_status_t kvf_tp_runner_world(kvf_tp_runner_h r, const kvf_device_t *dev)
+{
+    kvf_device_t devs[KVF_COMM_MAX_RANKS];
+
+    if ((r->tp == 1) || (dev->kind == KVF_DEVICE_CPU)) {
+        return kvf_comm_world_create(KVF_DEVICE_CPU, r->tp, NULL, &r->world);
+    }
+    if (r->tp > KVF_COMM_MAX_RANKS) {
+        kvf_error("tp runner: %d ranks, at most %d", r->tp, KVF_COMM_MAX_RANKS);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    for (int i = 0; i < r->tp; ++i) {
+        devs[i] = *kvf_model_rank_device(r->model, i);
+    }
+    return kvf_comm_world_create(dev->kind, r->tp, devs, &r->world);
+}
+
 kvf_status_t kvf_tp_runner_create(const kvf_tp_runner_params_t *params, kvf_tp_runner_h *runner_p)
 {
     const kvf_model_config_t *cfg;
@@ -179,11 +206,9 @@ kvf_status_t kvf_tp_runner_create(const kvf_tp_runner_params_t *params, kvf_tp_r
         goto err;
     }
     /* the collectives by the ranks' device kind (CPU world, or NCCL for GPU ranks, one GPU
-     * each: the runner has one model device, so a GPU world of more than one rank is refused
-     * for want of devs, as kvf_model_load_device() already refuses it); a world of one never
-     * communicates, so it stays the CPU's and TP 1 on a GPU needs no NCCL */
-    status = kvf_comm_world_create((r->tp > 1) ? dev->kind : KVF_DEVICE_CPU, r->tp, NULL,
-                                   &r->world);
+     * each: kvf_model_rank_device); a world of one never communicates, so it stays the CPU's
+     * and TP 1 on a GPU needs no NCCL */
+    status = kvf_tp_runner_world(r, dev);
     if (status != KVF_OK) {
         goto err;
     }
@@ -204,8 +229,8 @@ kvf_status_t kvf_tp_runner_create(const kvf_tp_runner_params_t *params, kvf_tp_r
         }
         kvf_page_pool_params_init(&s->geom, &r->layout, r->num_blocks, &pp);
         if (dev->kind != KVF_DEVICE_CPU) {
-            pp.field_mask |= KVF_PAGE_POOL_PARAM_FIELD_DEVICE;   /* the pool where the weights are */
-            pp.device = *dev;
+            pp.field_mask |= KVF_PAGE_POOL_PARAM_FIELD_DEVICE;   /* where the rank's weights are */
+            pp.device = *kvf_model_rank_device(params->model, i);
         }
         if ((params->field_mask & KVF_TP_RUNNER_PARAM_FIELD_NO_ZERO) && params->disable_zeroing) {
             pp.field_mask |= KVF_PAGE_POOL_PARAM_FIELD_NO_ZERO;
@@ -243,6 +268,14 @@ kvf_status_t kvf_tp_runner_create(const kvf_tp_runner_params_t *params, kvf_tp_r
             goto err;
         }
         r->ranks[i].started = true;
+    }
+    if (strcmp(kvf_comm_world_kind(r->world), "cpu") != 0) {
+        /* NCCL: every rank makes its communicators now, in its own thread, so an init
+         * failure fails the start-up rather than the first step */
+        status = kvf_tp_runner_run_on_ranks(r, kvf_rank_comm_start, r);
+        if (status != KVF_OK) {
+            goto err;
+        }
     }
     *runner_p = r;
     return KVF_OK;

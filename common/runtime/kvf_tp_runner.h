@@ -48,13 +48,17 @@ typedef struct kvf_tp_runner_params {
 
 /**
  * Compute every rank's geometry, allocate the pools and start tp-1 threads.
- * The pools are allocated on the model's device (kvf_model_device(): host
- * memory for a CPU model, device memory for a CUDA one).
+ * Each rank's pool is allocated on that rank's device (kvf_model_rank_device():
+ * host memory for a CPU model, the rank's GPU for a CUDA one), and the ranks'
+ * world is the CPU's or, for a CUDA model with tp > 1, NCCL's over the ranks'
+ * GPUs, every rank's communicators made here (kvf_comm_rank_start on each
+ * rank thread).
  * @return KVF_OK; geometry errors (e.g. explicit block size too small for
  *         the Mamba state); KVF_ERR_NO_MEMORY; KVF_ERR_INVALID_PARAM;
  *         KVF_ERR_UNSUPPORTED for POOL_ALLOC with a model on a GPU (the
  *         allocator gives host memory); KVF_ERR_CUDA when a device pool
- *         cannot be allocated.
+ *         cannot be allocated; the NCCL world's errors (kvf_comm_world_create,
+ *         kvf_comm_rank_start: KVF_ERR_UNSUPPORTED without NCCL, KVF_ERR_NCCL).
  */
 kvf_status_t kvf_tp_runner_create(const kvf_tp_runner_params_t *params, kvf_tp_runner_h *runner_p);
 
