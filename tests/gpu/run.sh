@@ -120,27 +120,33 @@ elif ! "$kvf" generate --help 2>&1 | grep -q -- '--device'; then
 else
     # the trained hybrid (Mamba2 + attention + MLP) and the trained dense (RoPE, SwiGLU): 16
     # greedy tokens past EOS, tokens equal and every logit within tol of the CPU's
-    # (columns: max |gpu - cpu|, max |gpu - cpu| / (1 + |cpu|), tol)
+    # (columns: max |gpu - cpu|, max |gpu - cpu| / (1 + |cpu|), tol); with two GPUs also the
+    # hybrid at TP 2 (ranks on cuda:0 and cuda:1, NCCL all-reduces) against the CPU's TP 2
     gen=""
-    for m in tiny-hybrid tiny-dense; do
+    cases="tiny-hybrid:1 tiny-dense:1"
+    [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')" -ge 2 ] && cases="$cases tiny-hybrid:2"
+    for c in $cases; do
+        m=${c%%:*}
+        tp=${c##*:}
         args=(generate --model "$root/models-trained/$m" --prompt "12+34=" --max-tokens 16
-              --ignore-eos yes --print-logits yes --kv-dtype fp32)
+              --ignore-eos yes --print-logits yes --kv-dtype fp32 --tp "$tp")
         name="generate cuda: $m"
-        timeout "$(left)" "$kvf" "${args[@]}" --device cpu >"$log/gen-$m-cpu.txt" 2>"$log/gen-$m-cpu.err"
+        [ "$tp" -gt 1 ] && name="gen cuda tp$tp: $m"
+        timeout "$(left)" "$kvf" "${args[@]}" --device cpu >"$log/gen-$c-cpu.txt" 2>"$log/gen-$c-cpu.err"
         rc_c=$?
-        timeout "$(left)" "$kvf" "${args[@]}" --device cuda:0 >"$log/gen-$m-gpu.txt" 2>"$log/gen-$m-gpu.err"
+        timeout "$(left)" "$kvf" "${args[@]}" --device cuda:0 >"$log/gen-$c-gpu.txt" 2>"$log/gen-$c-gpu.err"
         rc_g=$?
         if [ "$rc_c" -ne 0 ] || [ "$rc_g" -ne 0 ]; then
             row=$(gen_row "$name" "fp32" "-" "-" "-" "FAIL (exit cpu $rc_c, gpu $rc_g)")
             fail=1
-            tail -5 "$log/gen-$m-gpu.err"
-        elif [ "$(grep '^tokens:' "$log/gen-$m-cpu.txt")" != "$(grep '^tokens:' "$log/gen-$m-gpu.txt")" ]; then
+            tail -5 "$log/gen-$c-gpu.err"
+        elif [ "$(grep '^tokens:' "$log/gen-$c-cpu.txt")" != "$(grep '^tokens:' "$log/gen-$c-gpu.txt")" ]; then
             row=$(gen_row "$name" "fp32" "-" "-" "-" "FAIL: tokens differ")
             fail=1
-            grep -h '^tokens:' "$log/gen-$m-cpu.txt" "$log/gen-$m-gpu.txt"
+            grep -h '^tokens:' "$log/gen-$c-cpu.txt" "$log/gen-$c-gpu.txt"
         else
-            diffs=$(paste -d'\n' <(grep '^logits ' "$log/gen-$m-cpu.txt") \
-                                 <(grep '^logits ' "$log/gen-$m-gpu.txt") | awk '
+            diffs=$(paste -d'\n' <(grep '^logits ' "$log/gen-$c-cpu.txt") \
+                                 <(grep '^logits ' "$log/gen-$c-gpu.txt") | awk '
                 NR % 2 == 1 { n = split($0, c, " "); next }
                 { k = split($0, g, " "); if (k != n) { bad = 1 }
                   for (i = 4; i <= n; i++) { d = g[i] - c[i]; if (d < 0) d = -d
