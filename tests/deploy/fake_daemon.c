@@ -430,7 +430,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "fake: ROUTER socket: %s\n", zmq_strerror(zmq_errno()));
         return 1;
     }
-    if (kvf_zmq_bind(sock, listen, "serve") != KVF_OK) {
+    if (kvf_zmq_bind(ctx, sock, listen, "serve") != KVF_OK) {
         fprintf(stderr, "fake: bind %s: %s\n", listen, zmq_strerror(zmq_errno()));
         return 1;
     }

@@ -298,7 +298,7 @@ kvf_status_t kvf_serve_server_create(const char *endpoint, kvf_serve_server_h *s
                             &srv->sock) != KVF_OK) {
         goto err_ctx;
     }
-    if (kvf_zmq_bind(srv->sock, endpoint, "serve") != KVF_OK) {
+    if (kvf_zmq_bind(srv->ctx, srv->sock, endpoint, "serve") != KVF_OK) {
         kvf_error("cannot listen on %s: %s", endpoint, zmq_strerror(zmq_errno()));
         goto err_socks;
     }

@@ -401,7 +401,7 @@ kvf_status_t kvf_side_channel_server_start(const kvf_side_channel_params_t *para
     } else {
         snprintf(endpoint, sizeof(endpoint), "tcp://%s:*", host);
     }
-    if (kvf_zmq_bind(s->sock, endpoint, "side") != KVF_OK) {
+    if (kvf_zmq_bind(s->ctx, s->sock, endpoint, "side") != KVF_OK) {
         kvf_error("side channel: bind %s failed: %s", endpoint, zmq_strerror(zmq_errno()));
         status = KVF_ERR_ZMQ;
         goto err_close;

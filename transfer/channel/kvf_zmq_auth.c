@@ -593,6 +593,129 @@ err_sock:
     return KVF_ERR_ZMQ;
 }
 
+/* ------------------------------------------------- handshake failures */
+
+/* A connection without CURVE (or with a wrong server key, or not ZeroMQ at all)
+ * fails the mechanism handshake inside libzmq, before the ZAP handler is asked.
+ * A monitor on each bound socket sees those failures: one detached thread per
+ * socket counts them on the socket's channel and logs once per kind. It ends
+ * when the socket closes (MONITOR_STOPPED) or its context terminates. */
+typedef struct kvf_auth_watch {
+    void *pair;            /* reads the bound socket's monitor */
+    int   domain;
+    char  endpoint[128];
+} kvf_auth_watch_t;
+
+static const char *kvf_auth_handshake_why(uint16_t event, uint32_t value)
+{
+    if (event != ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) {
+        return "handshake failed (no detail)";
+    }
+    if (value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH) {
+        return "mechanism mismatch: a client without CURVE (no pool key)";
+    }
+    if (value == ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC) {
+        return "cryptographic error: a CURVE client with another server key";
+    }
+    return "malformed ZMTP handshake (not a ZeroMQ peer of this pool)";
+}
+
+static void *kvf_auth_watch_main(void *arg)
+{
+    kvf_auth_watch_t *w = arg;
+
+    for (;;) {
+        zmq_msg_t ev, addr;
+        uint16_t event = 0;
+        uint32_t value = 0;
+        int rc;
+
+        zmq_msg_init(&ev);
+        rc = zmq_msg_recv(&ev, w->pair, 0);
+        if ((rc < 0) && (zmq_errno() == EINTR)) {
+            zmq_msg_close(&ev);
+            continue;
+        }
+        if (rc < 0) {   /* ETERM: the context is ending */
+            zmq_msg_close(&ev);
+            break;
+        }
+        if (zmq_msg_size(&ev) >= 6) {
+            memcpy(&event, zmq_msg_data(&ev), 2);
+            memcpy(&value, (const uint8_t *)zmq_msg_data(&ev) + 2, 4);
+        }
+        zmq_msg_init(&addr);
+        if (zmq_msg_more(&ev)) {
+            (void)zmq_msg_recv(&addr, w->pair, 0);   /* the bound endpoint */
+        }
+        zmq_msg_close(&addr);
+        zmq_msg_close(&ev);
+        if (event == ZMQ_EVENT_MONITOR_STOPPED) {
+            break;
+        }
+        if ((event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) ||
+            (event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL)) {
+            const char *why = kvf_auth_handshake_why(event, value);
+            if (kvf_auth_count(w->domain, kvf_auth_hash(kvf_auth_domains[w->domain], why, NULL,
+                                                        0))) {
+                kvf_warn("auth: %s channel (%s) refused a connection: %s (counted; logged "
+                         "once per kind)", kvf_auth_domains[w->domain], w->endpoint, why);
+            }
+        }
+    }
+    zmq_close(w->pair);
+    free(w);
+    return NULL;
+}
+
+/* Start the watch of @a sock, bound on @a endpoint in @a ctx; a failure only
+ * loses the count (logged), never the bind. */
+static void kvf_auth_watch_start(void *ctx, void *sock, const char *endpoint, int domain)
+{
+    static atomic_uint seq;
+    const int events = ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                       ZMQ_EVENT_MONITOR_STOPPED;
+    kvf_auth_watch_t *w = calloc(1, sizeof(*w));
+    char url[64];
+    int linger = 0;
+    pthread_t thread;
+    pthread_attr_t attr;
+
+    if (w == NULL) {
+        goto err;
+    }
+    w->domain = domain;
+    snprintf(w->endpoint, sizeof(w->endpoint), "%s", endpoint);
+    snprintf(url, sizeof(url), "inproc://kvf-auth-watch-%u", atomic_fetch_add(&seq, 1u));
+    if (zmq_socket_monitor(sock, url, events) != 0) {
+        goto err_free;
+    }
+    w->pair = zmq_socket(ctx, ZMQ_PAIR);
+    if ((w->pair == NULL) || (zmq_setsockopt(w->pair, ZMQ_LINGER, &linger, sizeof(linger)) != 0) ||
+        (zmq_connect(w->pair, url) != 0)) {
+        goto err_monitor;
+    }
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&thread, &attr, kvf_auth_watch_main, w) != 0) {
+        pthread_attr_destroy(&attr);
+        goto err_monitor;
+    }
+    pthread_attr_destroy(&attr);
+    return;
+
+err_monitor:
+    if (w->pair != NULL) {
+        zmq_close(w->pair);
+    }
+    (void)zmq_socket_monitor(sock, NULL, 0);
+err_free:
+    free(w);
+err:
+    kvf_warn("auth: %s: connections failing the CURVE handshake will not be counted (%s)",
+             endpoint, zmq_strerror(zmq_errno()));
+}
+
 /* ------------------------------------------------------- bind / connect */
 
 static bool kvf_auth_plain(const char *endpoint)
@@ -600,23 +723,35 @@ static bool kvf_auth_plain(const char *endpoint)
     return (kvf_auth_mode != 2) || (strncmp(endpoint, "inproc://", 9) == 0);
 }
 
-kvf_status_t kvf_zmq_bind(void *sock, const char *endpoint, const char *domain)
+kvf_status_t kvf_zmq_bind(void *ctx, void *sock, const char *endpoint, const char *domain)
 {
     int one = 1;
+    bool secure = !kvf_auth_plain(endpoint);
 
     if (kvf_auth_domain_idx(domain) < 0) {
         kvf_error("kvf_zmq_bind(%s): unknown channel '%s' (serve, side)", endpoint,
                   (domain != NULL) ? domain : "(null)");
         return KVF_ERR_INVALID_PARAM;
     }
-    if (!kvf_auth_plain(endpoint)) {
+    if (secure) {
         if ((zmq_setsockopt(sock, ZMQ_CURVE_SERVER, &one, sizeof(one)) != 0) ||
             (zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, kvf_auth_server_sec, KVF_Z85_LEN) != 0) ||
             (zmq_setsockopt(sock, ZMQ_ZAP_DOMAIN, domain, strlen(domain)) != 0)) {
             return KVF_ERR_ZMQ;
         }
     }
-    return (zmq_bind(sock, endpoint) == 0) ? KVF_OK : KVF_ERR_ZMQ;
+    if (zmq_bind(sock, endpoint) != 0) {
+        return KVF_ERR_ZMQ;
+    }
+    if (secure) {
+        char bound[128];
+        size_t len = sizeof(bound);
+        if (zmq_getsockopt(sock, ZMQ_LAST_ENDPOINT, bound, &len) != 0) {
+            snprintf(bound, sizeof(bound), "%s", endpoint);
+        }
+        kvf_auth_watch_start(ctx, sock, bound, kvf_auth_domain_idx(domain));
+    }
+    return KVF_OK;
 }
 
 kvf_status_t kvf_zmq_connect(void *sock, const char *endpoint)

@@ -84,14 +84,20 @@ kvf_status_t kvf_zmq_auth_attach(void *ctx);
 bool kvf_zmq_auth_secure(void);
 
 /**
- * Bind @a sock on @a endpoint as a CURVE server with server.key, ZAP domain
- * @a domain ("serve" or "side"). inproc:// endpoints, and every endpoint
- * when not secure, are bound plainly (zmq_bind).
+ * Bind @a sock (opened in context @a ctx) on @a endpoint as a CURVE server
+ * with server.key, ZAP domain @a domain ("serve" or "side"). inproc://
+ * endpoints, and every endpoint when not secure, are bound plainly
+ * (zmq_bind). A secure bind also starts a monitor of @a sock (a thread that
+ * ends when the socket closes or @a ctx terminates): each connection that
+ * fails the CURVE handshake before the key check (no CURVE, another server
+ * key, not ZeroMQ) counts as a refusal on @a domain (kvf_zmq_auth_refusals())
+ * and is logged once per kind; so @a sock must not get another
+ * zmq_socket_monitor().
  * @return KVF_OK; KVF_ERR_INVALID_PARAM (unknown domain);
  *         KVF_ERR_ZMQ (an option or zmq_bind failed; zmq_errno() is that of
  *         the failed call, so callers can log zmq_strerror(zmq_errno())).
  */
-kvf_status_t kvf_zmq_bind(void *sock, const char *endpoint, const char *domain);
+kvf_status_t kvf_zmq_bind(void *ctx, void *sock, const char *endpoint, const char *domain);
 
 /**
  * Connect @a sock to @a endpoint as a CURVE client with this process's
