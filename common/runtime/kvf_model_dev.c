@@ -178,8 +178,15 @@ kvf_status_t kvf_model_gpu_open(kvf_model_h m, const kvf_device_t *dev)
         return KVF_ERR_UNSUPPORTED;
 #endif
     }
-    /* opening a device makes it current: the loading thread goes back to rank 0's */
-    return kvf_status_from_kern(kvf_device_bind(&devs[0]));
+    /* opening a device makes it current: the loading thread goes back to rank 0's (the
+     * first CUDA call of a model loaded without kvf_model_device_open: a missing GPU fails
+     * here, before any weight is read) */
+    int e = kvf_device_bind(&devs[0]);
+    if (e != KVF_KERN_OK) {
+        kvf_error("model: cuda:%d cannot be made current: %s", dev->ordinal,
+                  kvf_kern_strerror(e));
+    }
+    return kvf_status_from_kern(e);
 }
 
 /* A device copy on @a dev of @a bytes at host @a src, into *dst_p (NULL src: nothing). */
