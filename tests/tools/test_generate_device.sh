@@ -18,7 +18,8 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 # --device cpu is the default, byte for byte, on a hybrid (Mamba2 + attention + MLP), a MoE
 # and a dense RoPE model
 for m in tiny-hybrid tiny-moe tiny-qwen3; do
-    "$KVF" mkmodel --config "$SRC/tests/data/models/$m.config.json" --out "$T/$m" --seed 3 >/dev/null
+    "$KVF" mkmodel --config "$SRC/tests/data/models/$m.config.json" --out "$T/$m" --seed 3 \
+        >/dev/null
     args=(generate --model "$T/$m" --prompt "hello kvferry" --max-tokens 6 --ignore-eos yes
           --print-logits yes)
     a="$("$KVF" "${args[@]}" | grep -v '^prefill\|^decode')"
@@ -30,7 +31,8 @@ done
 # refusals by value (exit 2)
 for v in gpu cuda: cuda:x cuda:-1 CUDA; do
     rc=0
-    "$KVF" generate --model "$T/tiny-hybrid" --device "$v" --max-tokens 1 >/dev/null 2>"$T/err" || rc=$?
+    "$KVF" generate --model "$T/tiny-hybrid" --device "$v" --max-tokens 1 >/dev/null \
+        2>"$T/err" || rc=$?
     [ "$rc" -eq 2 ] || fail "--device $v: exit $rc, expected 2"
     grep -q "bad value '$v' for --device: cpu, cuda or cuda:N" "$T/err" \
         || fail "--device $v message: $(cat "$T/err")"
@@ -39,7 +41,8 @@ done
 # the daemons refuse cuda by name (host page pools only, for now), any machine
 for d in kvf-prefill kvf-decode; do
     rc=0
-    "${KVF_BIN}/$d" --model "$T/tiny-hybrid" --insecure --device cuda:0 >/dev/null 2>"$T/err" || rc=$?
+    "${KVF_BIN}/$d" --model "$T/tiny-hybrid" --insecure --device cuda:0 >/dev/null \
+        2>"$T/err" || rc=$?
     [ "$rc" -ne 0 ] || fail "$d --device cuda:0 accepted"
     grep -q -- "--device cuda:0: the daemons run on the CPU only for now" "$T/err" \
         || fail "$d --device cuda:0 message: $(cat "$T/err")"
