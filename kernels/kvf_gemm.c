@@ -24,10 +24,18 @@
 
 static pthread_once_t kvf_gemm_once = PTHREAD_ONCE_INIT;
 static int kvf_gemm_threads = 1;        /* kvf_gemm_set_threads() */
+static int kvf_gemm_blas_now = 1;       /* what OpenBLAS was last told */
+
+/* Products of fewer rows (decode steps) run on one BLAS thread: OpenBLAS
+ * would split a 1-row product over its threads and wait for them at every
+ * call, slower than one thread (TP 1 on 2 threads decoded at 0.75x). */
+#define KVF_GEMM_THREAD_MIN_ROWS 16
 
 static void kvf_gemm_init_once(void)
 {
-    openblas_set_num_threads(__atomic_load_n(&kvf_gemm_threads, __ATOMIC_ACQUIRE));
+    const int n = __atomic_load_n(&kvf_gemm_threads, __ATOMIC_ACQUIRE);
+    openblas_set_num_threads(n);
+    __atomic_store_n(&kvf_gemm_blas_now, n, __ATOMIC_RELEASE);
 }
 
 void kvf_gemm_set_threads(int n)
@@ -36,6 +44,22 @@ void kvf_gemm_set_threads(int n)
     __atomic_store_n(&kvf_gemm_threads, n, __ATOMIC_RELEASE);
     pthread_once(&kvf_gemm_once, kvf_gemm_init_once);
     openblas_set_num_threads(n);
+    __atomic_store_n(&kvf_gemm_blas_now, n, __ATOMIC_RELEASE);
+}
+
+/* OpenBLAS threads for a product of M rows: all of kvf_gemm_set_threads()
+ * from KVF_GEMM_THREAD_MIN_ROWS rows, else 1. Only an instance of TP 1 has
+ * more than one (its rank thread is the only caller), so nothing switches
+ * while another thread is inside the BLAS. */
+static void kvf_gemm_pick_threads(int M)
+{
+    const int all = __atomic_load_n(&kvf_gemm_threads, __ATOMIC_ACQUIRE);
+    const int want = (M < KVF_GEMM_THREAD_MIN_ROWS) ? 1 : all;
+
+    if ((all > 1) && (__atomic_load_n(&kvf_gemm_blas_now, __ATOMIC_ACQUIRE) != want)) {
+        openblas_set_num_threads(want);
+        __atomic_store_n(&kvf_gemm_blas_now, want, __ATOMIC_RELEASE);
+    }
 }
 
 int kvf_kern_cpu_threads(void)
@@ -106,6 +130,7 @@ int kvf_gemm_ex(const kvf_device_t *dev, int M, int N, int K, const float *x, in
 #endif
     }
     pthread_once(&kvf_gemm_once, kvf_gemm_init_once);
+    kvf_gemm_pick_threads(M);
 
     if (bias != NULL) {
         for (int m = 0; m < M; ++m) {
