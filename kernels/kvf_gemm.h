@@ -2,9 +2,11 @@
  * Dense fp32 matrix multiply for linear layers: y = x * W^T (+ bias), with W
  * stored as PyTorch nn.Linear stores it, [out_features][in_features].
  *
- * CPU: cblas_sgemm (OpenBLAS). OpenBLAS is forced to ONE thread on the first
- * call (openblas_set_num_threads(1)), because kvferry runs one thread per TP
- * rank and a multi-threaded BLAS inside each rank would oversubscribe cores.
+ * CPU: cblas_sgemm (OpenBLAS). OpenBLAS runs ONE thread unless
+ * kvf_gemm_set_threads() says more (openblas_set_num_threads on the first
+ * call), because kvferry runs one thread per TP rank and a multi-threaded
+ * BLAS inside each rank would oversubscribe cores; with more, products of
+ * fewer than 16 rows (decode steps) still run on one.
  * CUDA: cublasSgemm in fp32 (CUBLAS_DEFAULT_MATH: no TF32) on dev->stream,
  * one cuBLAS handle per thread and device (created on first use, kept for
  * the thread's life); the bias broadcast is a kernel on the same stream.
@@ -22,8 +24,9 @@ extern "C" {
 /**
  * Threads of the CPU BLAS for every later GEMM of the process (default 1).
  * For an instance whose TP is 1 (one rank thread): the cores go to the BLAS
- * instead; with TP > 1 keep 1 (each rank is a thread already). @a n < 1
- * counts as 1.
+ * instead; with TP > 1 keep 1 (each rank is a thread already). The CPU
+ * attention and Mamba2 scan split long chunks over as many threads of their
+ * own. @a n < 1 counts as 1.
  */
 void kvf_gemm_set_threads(int n);
 
