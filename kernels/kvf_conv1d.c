@@ -1,11 +1,12 @@
 /*
  * Causal depthwise conv1d + bias + SiLU with a cached state (Mamba2).
  *
- * Design: the chunk version builds, per channel, one contiguous fp32 window
- * [kernel-1 history taps | T new inputs] and slides the filter over it; the
+ * Design: the chunk version builds one time-major fp32 window
+ * [kernel-1 history rows | T new input rows][channels] and slides the
+ * filter over it, channels innermost so the loops vectorise; the
  * history comes from the stored state (continuation) or is zero (fresh
  * request: the stored bytes are NOT read, since Mamba pages are recycled
- * without zeroing). The new state is the window's last kernel-1 entries,
+ * without zeroing). The new state is the window's last kernel-1 rows,
  * which covers T < kernel-1 (part old history, part new tokens) with no
  * special case. The decode step works on the state in place and needs no
  * scratch. Inputs are converted once, so a bf16 state rounds once per chunk.
@@ -30,13 +31,46 @@ static int kvf_conv_check(int channels, int kernel, const float *w, const void *
     return KVF_KERN_OK;
 }
 
+/*
+ * y rows [0, T) from the time-major window win[taps + T][channels] and the
+ * transposed filter wt[kernel][channels]: per token, acc[c] = bias[c], then
+ * acc[c] += wt[i][c] * win[t + i][c] for i ascending (kvf_conv_tap_sum's
+ * order, so the step agrees bit for bit), then SiLU; the loops over
+ * channels vectorise (contraction off, as the scalar step is compiled).
+ */
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("O3", "fp-contract=off")))
+#endif
+static void kvf_conv_rows(const float *restrict win, const float *restrict wt,
+                          const float *restrict bias, size_t channels, size_t kernel, size_t T,
+                          int silu, float *restrict y, size_t ldy)
+{
+    for (size_t t = 0; t < T; ++t) {
+        float *restrict acc = y + t * ldy;
+        for (size_t c = 0; c < channels; ++c) {
+            acc[c] = (bias != NULL) ? bias[c] : 0.0f;
+        }
+        for (size_t i = 0; i < kernel; ++i) {
+            const float *restrict in = win + (t + i) * channels;
+            const float *restrict w = wt + i * channels;
+            for (size_t c = 0; c < channels; ++c) {
+                acc[c] += w[c] * in[c];
+            }
+        }
+        if (silu) {
+            for (size_t c = 0; c < channels; ++c) {
+                acc[c] = kvf_silu_hd(acc[c]);
+            }
+        }
+    }
+}
+
 int kvf_conv1d_chunk(const kvf_device_t *dev, const float *x, int ldx, int T, int channels,
                      int kernel, const float *w, const float *bias, int silu, void *state,
                      kvf_dtype_t state_dtype, int has_state, float *y, int ldy)
 {
-    size_t taps = (size_t)(kernel - 1);
-    size_t win_len;
-    float *win;
+    const size_t taps = (size_t)(kernel - 1), nc = (size_t)channels;
+    float *win, *wt, *hist;
 
     if ((T < 0) || (kvf_conv_check(channels, kernel, w, state, state_dtype) != KVF_KERN_OK) ||
         (ldx < channels) || (ldy < channels)) {
@@ -56,32 +90,39 @@ int kvf_conv1d_chunk(const kvf_device_t *dev, const float *x, int ldx, int T, in
         return KVF_KERN_EUNSUPPORTED;
 #endif
     }
-    win_len = taps + (size_t)T;
-    /* all channels' windows first: y may alias x, so read every input before writing */
-    win = malloc((size_t)channels * win_len * sizeof(float));
+    /* time-major window [taps history | T inputs][channels], the filter transposed and
+     * the state's [channel][tap] history; every input is read before y (which may
+     * alias x) is written */
+    win = malloc(((taps + (size_t)T) * nc + (size_t)kernel * nc + nc * taps) * sizeof(float));
     if (win == NULL) {
         return KVF_KERN_ENOMEM;
     }
-    for (size_t c = 0; c < (size_t)channels; ++c) {
-        float *wc = win + c * win_len;
-        if (has_state) {
-            kvf_kern_load(state, state_dtype, c * taps, taps, wc);
-        } else {
-            memset(wc, 0, taps * sizeof(float));
+    wt = win + (taps + (size_t)T) * nc;
+    hist = wt + (size_t)kernel * nc;
+    if (has_state) {
+        kvf_kern_load(state, state_dtype, 0, nc * taps, hist);
+    } else {
+        memset(hist, 0, nc * taps * sizeof(float));
+    }
+    for (size_t c = 0; c < nc; ++c) {
+        for (size_t i = 0; i < taps; ++i) {
+            win[i * nc + c] = hist[c * taps + i];
         }
-        for (size_t t = 0; t < (size_t)T; ++t) {
-            wc[taps + t] = x[t * (size_t)ldx + c];
+        for (size_t i = 0; i < (size_t)kernel; ++i) {
+            wt[i * nc + c] = w[c * (size_t)kernel + i];
         }
     }
-    for (size_t c = 0; c < (size_t)channels; ++c) {
-        const float *wc = win + c * win_len;
-        const float *filt = w + c * (size_t)kernel;
-        float b = (bias != NULL) ? bias[c] : 0.0f;
-        for (size_t t = 0; t < (size_t)T; ++t) {
-            y[t * (size_t)ldy + c] = kvf_conv_tap_sum(filt, wc + t, kernel, b, silu);
-        }
-        kvf_kern_store(state, state_dtype, c * taps, taps, wc + (size_t)T);
+    for (size_t t = 0; t < (size_t)T; ++t) {
+        memcpy(win + (taps + t) * nc, x + t * (size_t)ldx, nc * sizeof(float));
     }
+    /* the new state: the window's last taps rows */
+    for (size_t c = 0; c < nc; ++c) {
+        for (size_t i = 0; i < taps; ++i) {
+            hist[c * taps + i] = win[((size_t)T + i) * nc + c];
+        }
+    }
+    kvf_conv_rows(win, wt, bias, nc, (size_t)kernel, (size_t)T, silu, y, (size_t)ldy);
+    kvf_kern_store(state, state_dtype, 0, nc * taps, hist);
     free(win);
     return KVF_KERN_OK;
 }

@@ -81,6 +81,35 @@ static void test_conv_splits(void **state)
     }
 }
 
+/* The chunk (time-major, vectorised over channels) computed IN PLACE (y = x,
+ * same stride) equals the same tokens as decode steps bit for bit: every
+ * input is read before a row is written, and each output sums its taps in
+ * the step's order. */
+static void test_conv_in_place_equals_steps(void **state)
+{
+    kvf_test_rng_t rng = {4711};
+    float x[T * LDX], io[T * LDX], w[CH * KW], b[CH], ys[T * CH];
+    float st1[CH * (KW - 1)], st2[CH * (KW - 1)];
+    (void)state;
+
+    kvf_test_fill(&rng, x, T * LDX, -2, 2);
+    kvf_test_fill(&rng, w, CH * KW, -1, 1);
+    kvf_test_fill(&rng, b, CH, -0.5f, 0.5f);
+    kvf_test_fill(&rng, st1, CH * (KW - 1), -1, 1);
+    memcpy(st2, st1, sizeof(st1));
+    memcpy(io, x, sizeof(x));
+    assert_int_equal(kvf_conv1d_chunk(NULL, io, LDX, T, CH, KW, w, b, 1, st1, KVF_DTYPE_FP32, 1,
+                                      io, LDX),
+                     KVF_KERN_OK);
+    for (int t = 0; t < T; ++t) {
+        assert_int_equal(kvf_conv1d_step(NULL, x + t * LDX, CH, KW, w, b, 1, st2,
+                                         KVF_DTYPE_FP32, ys + t * CH),
+                         KVF_KERN_OK);
+        assert_memory_equal(io + t * LDX, ys + t * CH, CH * sizeof(float));
+    }
+    assert_memory_equal(st1, st2, sizeof(st1));
+}
+
 /* hand value: one channel, w = [1 2 3 4], bias 0, no SiLU, x = 1, 1, 1 */
 static void test_conv_hand(void **state)
 {
@@ -109,6 +138,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conv_splits),
+        cmocka_unit_test(test_conv_in_place_equals_steps),
         cmocka_unit_test(test_conv_hand),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
