@@ -29,6 +29,7 @@
 #include "kvf_moe.h"
 #include "kvf_nccl.h"
 #include "kvf_norm.h"
+#include "kvf_ops.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -219,6 +220,107 @@ static void check_elementwise(void)
         kvf_device_free(&gdev, dd);
     }
     kvf_device_free(&gdev, dx);
+    free(x);
+}
+
+/* The forward's glue kernels (kvf_ops.h): residual add, row gather (fp32 and
+ * bf16 embeddings), MoE weighted scatter-add, act(gate) * up, RoPE. */
+static void check_ops(void)
+{
+    enum { N = 4096, R = 50, C = 96, G = 37, LDY = 128, M = 20, HD = 64, H = 3, T = 40 };
+    float *y = frand(N, -2, 2), *x = frand(N, -2, 2), yc[N], yg[N];
+    float *dy = up(y, sizeof(yc)), *dx = up(x, sizeof(yc));
+    int32_t ids[G], rows[G], pos[T];
+    float wt[G];
+
+    memcpy(yc, y, sizeof(yc));
+    CK("add cpu", kvf_add(NULL, yc, x, N));
+    CK("add gpu", kvf_add(&gdev, dy, dx, N));
+    down(yg, dy, sizeof(yg));
+    rowf("add (residual)", "fp32", yg, yc, N, 0.0);
+
+    for (int i = 0; i < G; ++i) {
+        ids[i] = (int32_t)((i * 7 + 3) % R);        /* repeats allowed */
+        rows[i] = (int32_t)((i * 11) % R);           /* distinct: 11 and 50 coprime, G < R */
+        wt[i] = rnd(0.0f, 1.0f);
+    }
+    for (int dt = KVF_DTYPE_FP32; dt <= KVF_DTYPE_BF16; ++dt) {
+        unsigned char src[R * C * 4];
+        float gc[G * C], gg[G * C];
+        void *dsrc;
+        float *ddst = up(NULL, sizeof(gc));
+        char name[64];
+        float *vals = frand((size_t)R * C, -3, 3);
+        CK("gather convert", kvf_convert(NULL, src, (kvf_dtype_t)dt, vals, KVF_DTYPE_FP32,
+                                         R * C));
+        free(vals);
+        dsrc = up(src, (size_t)R * C * kvf_dtype_size((kvf_dtype_t)dt));
+        CK("gather cpu", kvf_gather_rows(NULL, src, (kvf_dtype_t)dt, C, ids, G, gc));
+        CK("gather gpu", kvf_gather_rows(&gdev, dsrc, (kvf_dtype_t)dt, C, ids, G, ddst));
+        down(gg, ddst, sizeof(gg));
+        snprintf(name, sizeof(name), "gather_rows from %s", kvf_dtype_name((kvf_dtype_t)dt));
+        rowf(name, "fp32", gg, gc, (size_t)G * C, 0.0);
+        kvf_device_free(&gdev, dsrc);
+        kvf_device_free(&gdev, ddst);
+    }
+
+    {   /* y [R][LDY] += x [G][C] * wt into rows */
+        float *base = frand((size_t)R * LDY, -1, 1), *sc = malloc((size_t)R * LDY * 4);
+        float *sg = malloc((size_t)R * LDY * 4), *dsy = up(base, (size_t)R * LDY * 4);
+        if ((sc == NULL) || (sg == NULL)) {
+            die("scatter alloc", KVF_KERN_ENOMEM);
+        }
+        memcpy(sc, base, (size_t)R * LDY * 4);
+        CK("scatter cpu", kvf_scatter_add_rows(NULL, sc, LDY, rows, wt, G, x, C));
+        CK("scatter gpu", kvf_scatter_add_rows(&gdev, dsy, LDY, rows, wt, G, dx, C));
+        down(sg, dsy, (size_t)R * LDY * 4);
+        rowf("scatter_add_rows (moe)", "fp32", sg, sc, (size_t)R * LDY, 1e-6);
+        kvf_device_free(&gdev, dsy);
+        free(base);
+        free(sc);
+        free(sg);
+    }
+
+    for (int a = 0; a < KVF_KACT_COUNT; a += KVF_KACT_COUNT - 1) {   /* first and last */
+        float mc[M * C], mg[M * C];
+        float *dm = up(NULL, sizeof(mc));
+        char name[64];
+        CK("act_mul cpu", kvf_act_mul(NULL, a, x, M, C, mc));
+        CK("act_mul gpu", kvf_act_mul(&gdev, a, dx, M, C, dm));
+        down(mg, dm, sizeof(mg));
+        snprintf(name, sizeof(name), "act_mul act %d", a);
+        rowf(name, "fp32", mg, mc, (size_t)M * C, 1e-6);
+        kvf_device_free(&gdev, dm);
+    }
+
+    {   /* RoPE on T tokens of H heads, rows of H * HD + 16 floats */
+        enum { LDX = H * HD + 16 };
+        float inv[HD / 2], *q = frand((size_t)T * LDX, -1, 1), *rc = malloc((size_t)T * LDX * 4);
+        float *rg = malloc((size_t)T * LDX * 4), *dq = up(q, (size_t)T * LDX * 4), *dinv;
+        if ((rc == NULL) || (rg == NULL)) {
+            die("rope alloc", KVF_KERN_ENOMEM);
+        }
+        for (int i = 0; i < HD / 2; ++i) {
+            inv[i] = powf(10000.0f, -2.0f * (float)i / (float)HD);
+        }
+        for (int t = 0; t < T; ++t) {
+            pos[t] = t * 97;   /* angles up to about 3800 rad */
+        }
+        dinv = up(inv, sizeof(inv));
+        memcpy(rc, q, (size_t)T * LDX * 4);
+        CK("rope cpu", kvf_rope(NULL, inv, HD, pos, T, rc, LDX, H));
+        CK("rope gpu", kvf_rope(&gdev, dinv, HD, pos, T, dq, LDX, H));
+        down(rg, dq, (size_t)T * LDX * 4);
+        rowf("rope", "fp32", rg, rc, (size_t)T * LDX, 1e-5);
+        kvf_device_free(&gdev, dq);
+        kvf_device_free(&gdev, dinv);
+        free(q);
+        free(rc);
+        free(rg);
+    }
+    kvf_device_free(&gdev, dy);
+    kvf_device_free(&gdev, dx);
+    free(y);
     free(x);
 }
 
@@ -711,6 +813,7 @@ int main(int argc, char **argv)
     check_norms();
     check_gemm();
     check_elementwise();
+    check_ops();
     check_moe();
     check_zeroing();
     check_stream_nccl();

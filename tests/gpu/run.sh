@@ -6,8 +6,9 @@
 #      alone with nvcc and cc (build-gpu-run/standalone; no kvf then),
 #   2. runs every CUDA kernel against its CPU twin (gpu_vs_cpu: max abs diff per op and
 #      dtype, and the stale-fp32 Mamba NaN case with block zeroing off and on),
-#   3. runs `kvf generate --device cuda` against the CPU's tokens when kvf has --device
-#      (today it has not: the row says "not yet"),
+#   3. runs `kvf generate --device cuda` against the CPU's tokens and logits (TP 1, and
+#      TP 2 over two GPUs when there are two), a 4p2d GPU->GPU pull (kvf xfer-test
+#      --device cuda:0, bytes verified) and `kvf bench --device cuda:0`,
 # and prints one table. Budget: 10 minutes in all (each step has its own timeout).
 #
 # Without a GPU (no nvidia-smi, nvidia-smi lists no GPU, or cudaGetDeviceCount fails)
