@@ -37,6 +37,12 @@
 #define KVF_SC_MAX_CONNS           64     /* remote side channels open at once */
 #define KVF_SC_MAX_OPS             4096   /* requests in flight */
 #define KVF_SC_CONNECT_TIMEOUT_MS  1500   /* > the first SYN retransmission (1 s) */
+/* A connect refused (or failed) is tried again by ZeroMQ after 100, 200, 400 ms;
+ * the operation fails at the third failure or 800 ms after the first attempt:
+ * a peer just back from a link outage gets a few hundred ms, nothing listening
+ * fails well within a second. */
+#define KVF_SC_CONNECT_TRIES       3
+#define KVF_SC_CONNECT_GIVE_UP_MS  800
 
 typedef struct kvf_side_channel_entry {
     char                  engine_id[KVF_ENGINE_ID_MAX];   /* "" marks a free slot */
@@ -53,6 +59,7 @@ typedef struct kvf_sc_conn {
     void    *mon;             /* PAIR reading the socket's monitor */
     uint64_t used_seq;        /* LRU: a full table closes the idlest */
     uint64_t opened_ns;       /* when the connect began: tells a refusal from a timeout */
+    int      failed_connects; /* CONNECT_RETRIED events before the first CONNECTED */
 } kvf_sc_conn_t;
 
 typedef enum { KVF_SC_OP_FETCH = 1, KVF_SC_OP_LEASE = 2 } kvf_sc_op_kind_t;
@@ -93,6 +100,30 @@ struct kvf_side_channel_client {
 /* ---- one-shot exchange (raw requests, forged fault copies) ------------ */
 
 /*
+ * One more failed connect to @a endpoint (ZeroMQ retries by itself); @return
+ * true, with the reason logged, when the operation should fail now.
+ */
+static bool kvf_sc_connect_give_up(const char *endpoint, int *failed_p, uint64_t opened_ns)
+{
+    uint64_t waited_ms = (kvf_time_now_ns() - opened_ns) / 1000000u;
+
+    ++*failed_p;
+    if ((*failed_p < KVF_SC_CONNECT_TRIES) && (waited_ms < KVF_SC_CONNECT_GIVE_UP_MS)) {
+        kvf_debug("side channel: %s: connect failed (try %d), ZeroMQ tries again", endpoint,
+                  *failed_p);
+        return false;
+    }
+    if (waited_ms + 100u >= KVF_SC_CONNECT_TIMEOUT_MS) {
+        kvf_error("side channel: %s did not answer the connection within %d ms", endpoint,
+                  KVF_SC_CONNECT_TIMEOUT_MS);
+    } else {
+        kvf_error("side channel: %s refused the connection %d times in %llu ms (nothing "
+                  "listens there)", endpoint, *failed_p, (unsigned long long)waited_ms);
+    }
+    return true;
+}
+
+/*
  * One request and its reply on a fresh REQ socket, within @a timeout_ms in
  * all. A socket monitor ends the wait early when the answer cannot come: the
  * connection was refused before it was ever made (nothing listens: the
@@ -116,6 +147,8 @@ static kvf_status_t kvf_side_channel_exchange(void *ctx, const char *host, int p
     uint64_t deadline = kvf_time_now_ns() + (uint64_t)timeout_ms * 1000000ull;
     kvf_status_t status = KVF_OK;
     bool connected = false;
+    int failed_connects = 0;
+    uint64_t opened_ns = kvf_time_now_ns();
     void *sock, *mon = NULL;
     zmq_msg_t rep;
     int n = -1;
@@ -177,10 +210,9 @@ static kvf_status_t kvf_side_channel_exchange(void *ctx, const char *host, int p
         event = (items[1].revents & ZMQ_POLLIN) ? kvf_zmq_monitor_event(mon) : -1;
         if (event == ZMQ_EVENT_CONNECTED) {
             connected = true;
-        } else if ((event == ZMQ_EVENT_CONNECT_RETRIED) && !connected) {
+        } else if ((event == ZMQ_EVENT_CONNECT_RETRIED) && !connected &&
+                   kvf_sc_connect_give_up(endpoint, &failed_connects, opened_ns)) {
             status = KVF_ERR_PEER_UNREACHABLE;
-            kvf_error("side channel: %s refused the connection (nothing listens there)",
-                      endpoint);
             break;
         } else if (event == ZMQ_EVENT_DISCONNECTED) {
             status = KVF_ERR_PEER_RESET;
@@ -289,6 +321,7 @@ void kvf_side_channel_client_destroy(kvf_side_channel_client_h client)
 }
 
 /* ---- connections -------------------------------------------------------- */
+
 
 /* End every operation in flight on connection @a i with @a status and close it. */
 static void kvf_sc_conn_fail(kvf_side_channel_client_h c, int i, kvf_status_t status)
@@ -433,16 +466,12 @@ static bool kvf_sc_conn_events(kvf_side_channel_client_h c, int i)
         if (event == ZMQ_EVENT_CONNECTED) {
             k->connected = true;
         } else if ((event == ZMQ_EVENT_CONNECT_RETRIED) && !k->connected) {
-            uint64_t waited_ms = (kvf_time_now_ns() - k->opened_ns) / 1000000u;
-            if (waited_ms + 100u >= KVF_SC_CONNECT_TIMEOUT_MS) {
-                kvf_error("side channel: tcp://%s:%d did not answer the connection within"
-                          " %d ms", k->host, k->port, KVF_SC_CONNECT_TIMEOUT_MS);
-            } else {
-                kvf_error("side channel: tcp://%s:%d refused the connection (nothing"
-                          " listens there)", k->host, k->port);
+            char endpoint[96];
+            snprintf(endpoint, sizeof(endpoint), "tcp://%s:%d", k->host, k->port);
+            if (kvf_sc_connect_give_up(endpoint, &k->failed_connects, k->opened_ns)) {
+                kvf_sc_conn_fail(c, i, KVF_ERR_PEER_UNREACHABLE);
+                return false;
             }
-            kvf_sc_conn_fail(c, i, KVF_ERR_PEER_UNREACHABLE);
-            return false;
         } else if (event == ZMQ_EVENT_DISCONNECTED) {
             kvf_error("side channel: tcp://%s:%d closed the connection", k->host, k->port);
             kvf_sc_conn_fail(c, i, KVF_ERR_PEER_RESET);

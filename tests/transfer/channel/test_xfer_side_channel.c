@@ -3,7 +3,7 @@
  * wrong-version requests answered with an error reply (and the server keeps
  * serving), wrong engine id refused, a bounded wait on a dead port, and the
  * asynchronous client's tickets on one persistent connection, and a connection
- * whose first SYN is lost still answered.
+ * whose first SYN is lost, or that is refused for a moment, still answered.
  */
 #include "kvf_side_channel.h"
 #include "kvf_time.h"
@@ -407,6 +407,48 @@ static void test_lost_first_syn(void **state)
     kvf_side_channel_server_stop(s);
 }
 
+/* Nothing listens for the first ~150 ms (a prefill whose host just came back
+ * from a link outage answers the first SYN with a refusal, as CI saw): ZeroMQ's
+ * retries reach it and the request is answered; with nothing listening at all
+ * the same request fails within a second (test_fetch_and_cache). */
+static void test_listener_late(void **state)
+{
+    kvf_side_channel_params_t p;
+    kvf_side_channel_server_h s = start_server();
+    kvf_side_channel_client_h c;
+    kvf_handshake_reply_t reply;
+    int port = kvf_side_channel_server_port(s);
+    uint64_t hs, t0;
+    kvf_status_t st;
+
+    (void)state;
+    kvf_side_channel_server_stop(s);   /* its port, now refused */
+    assert_int_equal(kvf_side_channel_client_create("decode-late", 4000, &c), KVF_OK);
+    assert_int_equal(kvf_side_channel_fetch_start(c, "prefill-sc", "127.0.0.1", port, &hs),
+                     KVF_OK);
+    t0 = kvf_time_now_ns();
+    while (kvf_time_now_ns() - t0 < 150000000ull) {   /* refused at least once meanwhile */
+        assert_int_equal(kvf_side_channel_fetch_poll(c, hs, &reply), KVF_INPROGRESS);
+        (void)kvf_side_channel_wait(c, 10);
+    }
+    memset(&p, 0, sizeof(p));
+    p.field_mask = KVF_SIDE_CHANNEL_PARAM_FIELD_PORT;
+    p.port = port;
+    p.engine_id = "prefill-sc";
+    p.ranks = ranks;
+    p.num_ranks = 2;
+    assert_int_equal(kvf_side_channel_server_start(&p, &s), KVF_OK);
+    while ((st = kvf_side_channel_fetch_poll(c, hs, &reply)) == KVF_INPROGRESS) {
+        assert_true(kvf_time_now_ns() - t0 < 4000000000ull);
+        (void)kvf_side_channel_wait(c, 10);
+    }
+    assert_int_equal(st, KVF_OK);
+    assert_int_equal(reply.num_ranks, 2);
+    kvf_handshake_reply_cleanup(&reply);
+    kvf_side_channel_client_destroy(c);
+    kvf_side_channel_server_stop(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -415,6 +457,7 @@ int main(void)
         cmocka_unit_test(test_forget_keeps_other_engines),
         cmocka_unit_test(test_async_tickets),
         cmocka_unit_test(test_lost_first_syn),
+        cmocka_unit_test(test_listener_late),
     };
     kvf_log_init("test");
     kvf_log_set_level(KVF_LOG_ERROR + 0);
