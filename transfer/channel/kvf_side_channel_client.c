@@ -39,7 +39,9 @@
 #define KVF_SC_CONNECT_TIMEOUT_MS  1500   /* > the first SYN retransmission (1 s) */
 /* A connect refused (or failed) is tried again by ZeroMQ after 100, 200, 400 ms;
  * the operation fails at the third failure or 800 ms after the first attempt:
- * a peer just back from a link outage gets a few hundred ms, nothing listening
+ * a peer just back from a link outage gets a few hundred ms (the first SYN after
+ * an outage can fail at once with EHOSTUNREACH: it queued behind an ARP entry
+ * whose probes, begun while the link was down, ran out), nothing listening
  * fails well within a second. */
 #define KVF_SC_CONNECT_TRIES       3
 #define KVF_SC_CONNECT_GIVE_UP_MS  800
@@ -117,8 +119,9 @@ static bool kvf_sc_connect_give_up(const char *endpoint, int *failed_p, uint64_t
         kvf_error("side channel: %s did not answer the connection within %d ms", endpoint,
                   KVF_SC_CONNECT_TIMEOUT_MS);
     } else {
-        kvf_error("side channel: %s refused the connection %d times in %llu ms (nothing "
-                  "listens there)", endpoint, *failed_p, (unsigned long long)waited_ms);
+        kvf_error("side channel: %s: %d connects failed in %llu ms (refused: nothing "
+                  "listens there; or unreachable: no route or no ARP answer)", endpoint,
+                  *failed_p, (unsigned long long)waited_ms);
     }
     return true;
 }
