@@ -160,6 +160,16 @@ static bool ping(void *srv, void *cli, int ms, const char *want_id)
     return true;
 }
 
+/* Poll until @a domain counted at least @a want refusals (the bind's monitor
+ * thread counts asynchronously), within 5 s. */
+static void wait_refusals(const char *domain, uint64_t want)
+{
+    for (uint64_t t0 = kvf_time_now_ns(); kvf_zmq_auth_refusals(domain) < want;) {
+        assert_true(kvf_time_now_ns() - t0 < 5000000000ull);
+        (void)usleep(10000);
+    }
+}
+
 static void test_channels(void **state)
 {
     kvf_zmq_auth_config_t cfg = {.keys_dir = keys, .key_id = "prefill-0"};
@@ -191,10 +201,7 @@ static void test_channels(void **state)
     c = client(cctx, ep, NULL, NULL, NULL);
     assert_false(ping(srv, c, 500, ""));
     zmq_close(c);
-    for (uint64_t t0 = kvf_time_now_ns(); kvf_zmq_auth_refusals("side") < side0 + 1;) {
-        assert_true(kvf_time_now_ns() - t0 < 5000000000ull);
-        (void)usleep(10000);   /* the monitor thread counts asynchronously */
-    }
+    wait_refusals("side", side0 + 1);
     assert_int_equal(kvf_zmq_auth_refusals("serve"), 0);
     side0 = kvf_zmq_auth_refusals("side");
     /* a CURVE client that pins another server key: counted too (cryptographic error) */
@@ -206,10 +213,7 @@ static void test_channels(void **state)
         assert_false(ping(srv, c, 500, ""));
         zmq_close(c);
     }
-    for (uint64_t t0 = kvf_time_now_ns(); kvf_zmq_auth_refusals("side") < side0 + 1;) {
-        assert_true(kvf_time_now_ns() - t0 < 5000000000ull);
-        (void)usleep(10000);   /* the monitor thread counts asynchronously */
-    }
+    wait_refusals("side", side0 + 1);
     side0 = kvf_zmq_auth_refusals("side");
     /* a self-made key: nothing, one refusal */
     assert_int_equal(zmq_curve_keypair(self_pub, self_sec), 0);
