@@ -30,14 +30,13 @@
 #include <ucp/api/ucp.h>
 #include <cmocka.h>
 
+#include "xfer_test_pool.h"
+
 #define P_BLOCKS 4
 #define D_BLOCKS 6
 #define TOKENS   40          /* tiny-dense, block 16: 3 blocks, the last one partial */
 #define FAKE_STREAM ((void *)0x5eed)
 
-static kvf_model_config_t cfg;
-static kvf_cache_params_t params;
-static const kvf_connector_ops_t *ops;
 
 /* ---- link-time wraps ---------------------------------------------------- */
 
@@ -136,38 +135,9 @@ int __wrap_kvf_device_sync(const kvf_device_t *dev)
 
 /* ---- the test ------------------------------------------------------------- */
 
-/* Bytes of one block (slots pages) and, in *page_p, of one page. */
-static size_t block_bytes(size_t *page_p)
-{
-    kvf_rank_geometry_t g;
-    kvf_cache_layout_t layout;
-    assert_int_equal(kvf_cache_layout_build(&cfg, &layout), KVF_OK);
-    assert_int_equal(kvf_rank_geometry_compute(&cfg, &params, 1, 0, &g), KVF_OK);
-    *page_p = g.page_size;
-    return (size_t)layout.slots * g.page_size;
-}
-
-static kvf_connector_h conn_make(const char *id, kvf_connector_role_t role)
-{
-    kvf_connector_config_t cc;
-    kvf_connector_h conn;
-
-    memset(&cc, 0, sizeof(cc));
-    cc.field_mask = KVF_CONNECTOR_CONFIG_FIELD_TIMEOUT_MS |
-                    ((role == KVF_CONNECTOR_ROLE_PREFILL) ? KVF_CONNECTOR_CONFIG_FIELD_PROGRESS : 0);
-    cc.engine_id = id;
-    cc.role = role;
-    cc.tp_size = 1;
-    cc.cfg = &cfg;
-    cc.timeout_ms = 5000;
-    cc.progress_thread = true;
-    assert_int_equal(ops->create(&cc, &conn), KVF_OK);
-    return conn;
-}
-
 static void test_device_pool_zeroing(void **state)
 {
-    size_t psz, page = block_bytes(&psz);   /* "page" below: one block, slots pages */
+    size_t psz, page = xt_pool_bytes(1, &psz);   /* "page" below: one block, slots pages */
     size_t plen = P_BLOCKS * page, dlen = D_BLOCKS * page;
     uint8_t *ppool = malloc(plen), *dpool = malloc(dlen);
     kvf_connector_h pre = conn_make("prefill-d", KVF_CONNECTOR_ROLE_PREFILL);
@@ -310,11 +280,8 @@ int main(void)
         cmocka_unit_test(test_device_pool_zeroing),
     };
     kvf_log_init("test");
-    if (kvf_model_config_load(KVF_SOURCE_DIR "/tests/data/models/tiny-dense.config.json",
-                              &cfg) != KVF_OK) {
+    if (xt_setup() != 0) {
         return 1;
     }
-    kvf_cache_params_default(&cfg, &params);
-    ops = kvf_connector_ucx_ops();
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

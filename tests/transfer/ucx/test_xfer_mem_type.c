@@ -17,6 +17,7 @@
  *   kvf_blocks_zero kernel) and partial tails (kvf_zero_ranges).
  */
 #include "kvf_connector_ucx_int.h"
+#include "xfer_test_pool.h"
 #include "kvf_side_channel.h"
 #include "kvf_ucx_agent.h"
 
@@ -36,9 +37,6 @@
 #define D_BLOCKS 4
 #define TOKENS   40
 
-static kvf_model_config_t cfg;
-static kvf_cache_params_t params;
-static const kvf_connector_ops_t *ops;
 
 /* ---- link-time wrap: which pointers "are" device memory ------------------ */
 
@@ -115,33 +113,6 @@ static void test_agent_reach(void **state)
 
 /* ---- instances ------------------------------------------------------------ */
 
-static size_t pool_bytes(int64_t blocks)
-{
-    kvf_rank_geometry_t g;
-    kvf_cache_layout_t layout;
-    assert_int_equal(kvf_cache_layout_build(&cfg, &layout), KVF_OK);
-    assert_int_equal(kvf_rank_geometry_compute(&cfg, &params, 1, 0, &g), KVF_OK);
-    return (size_t)blocks * (size_t)layout.slots * g.page_size;
-}
-
-static kvf_connector_h conn_make(const char *id, kvf_connector_role_t role)
-{
-    kvf_connector_config_t cc;
-    kvf_connector_h conn;
-
-    memset(&cc, 0, sizeof(cc));
-    cc.field_mask = KVF_CONNECTOR_CONFIG_FIELD_TIMEOUT_MS |
-                    ((role == KVF_CONNECTOR_ROLE_PREFILL) ? KVF_CONNECTOR_CONFIG_FIELD_PROGRESS : 0);
-    cc.engine_id = id;
-    cc.role = role;
-    cc.tp_size = 1;
-    cc.cfg = &cfg;
-    cc.timeout_ms = 3000;
-    cc.progress_thread = true;
-    assert_int_equal(ops->create(&cc, &conn), KVF_OK);
-    return conn;
-}
-
 /*
  * A prefill whose regions[0] claims @a type: the real connector's metadata
  * (get_metadata), altered, served on a side channel of the test's own.
@@ -173,7 +144,7 @@ static void test_handshake_refuses_unreachable_type(void **state)
 {
     kvf_connector_h pre = conn_make("prefill-m", KVF_CONNECTOR_ROLE_PREFILL);
     kvf_connector_h dec = conn_make("decode-m", KVF_CONNECTOR_ROLE_DECODE);
-    size_t plen = pool_bytes(P_BLOCKS), dlen = pool_bytes(D_BLOCKS);
+    size_t plen = xt_pool_bytes(P_BLOCKS, NULL), dlen = xt_pool_bytes(D_BLOCKS, NULL);
     uint8_t *ppool = malloc(plen), *dpool = malloc(dlen);
     kvf_side_channel_server_h liar;
     int port = 0, liar_port = 0, queries0;
@@ -251,7 +222,7 @@ static void test_handshake_refuses_unreachable_type(void **state)
 
 static void test_register_and_connect_refuse_cuda(void **state)
 {
-    size_t len = pool_bytes(P_BLOCKS);
+    size_t len = xt_pool_bytes(P_BLOCKS, NULL);
     uint8_t *mem = malloc(len);
     kvf_ucx_agent_h agent = agent_make(), other = agent_make();
     kvf_connector_h conn = conn_make("decode-c", KVF_CONNECTOR_ROLE_DECODE);
@@ -348,11 +319,8 @@ int main(void)
         cmocka_unit_test(test_zero_split),
     };
     kvf_log_init("test");
-    if (kvf_model_config_load(KVF_SOURCE_DIR "/tests/data/models/tiny-dense.config.json",
-                              &cfg) != KVF_OK) {
+    if (xt_setup() != 0) {
         return 1;
     }
-    kvf_cache_params_default(&cfg, &params);
-    ops = kvf_connector_ucx_ops();
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
