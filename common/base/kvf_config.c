@@ -299,7 +299,8 @@ void kvf_config_warn_unused(void)
 {
     static const char *const known[] = {
         "LOG_LEVEL", "LOG_SUBSYS", "SOURCE_DIR", "BIN", "SHARED_MODELS",
-        "FAULT",   /* kvf_fault.h: read by kvf_fault_init() */
+        "FAULT",          /* kvf_fault.h: read by kvf_fault_init() */
+        "BLAS_THREADS",   /* common/engine: threads of a TP 1 instance's kernels */
     };
     for (char **e = environ; (e != NULL) && (*e != NULL); ++e) {
         const char *name = *e;

@@ -99,11 +99,18 @@ kvf_status_t kvf_engine_create(const kvf_engine_params_t *params, kvf_engine_h *
         goto err;
     }
     {
-        /* TP 1: one rank thread, so the BLAS may have the cores (KVF_BLAS_THREADS,
-         * default 1); TP > 1: each rank is a thread already, its BLAS one */
+        /* TP 1: one rank thread, so the kernels may have the cores (KVF_BLAS_THREADS,
+         * 1..64, default 1); TP > 1: each rank is a thread already, its kernels one */
         const char *env = getenv("KVF_BLAS_THREADS");
-        int blas = (env != NULL) ? atoi(env) : 1;
-        kvf_gemm_set_threads((params->tp_size == 1) ? blas : 1);
+        char *end = NULL;
+        long blas = (env != NULL) ? strtol(env, &end, 10) : 1;
+        if ((env != NULL) && ((end == env) || (*end != '\0') || (blas < 1) || (blas > 64))) {
+            kvf_error("engine: bad value '%s' for KVF_BLAS_THREADS (threads of a TP 1 "
+                      "instance's kernels: 1..64)", env);
+            status = KVF_ERR_INVALID_PARAM;
+            goto err;
+        }
+        kvf_gemm_set_threads((params->tp_size == 1) ? (int)blas : 1);
     }
     status = kvf_model_load_device(params->model_dir, params->tp_size,
                                    (params->field_mask & KVF_ENGINE_PARAM_FIELD_DEVICE) ?

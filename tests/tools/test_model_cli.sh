@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # kvf mkmodel / generate / bench-model end to end: same greedy tokens at
-# TP1, TP2 and TP4; throughput lines printed; missing and mis-shaped tensors
+# TP1, TP2 and TP4 (and TP1 on two kernel threads, a bad KVF_BLAS_THREADS refused);
+# throughput lines printed; missing and mis-shaped tensors
 # are refused with the tensor name and both shapes; the daemons refuse a bad --pool-alloc.
 set -euo pipefail
 KVF="${KVF_BIN:?}/kvf"
@@ -22,6 +23,14 @@ for tp in 1 2 4; do
     grep -q '^prefill: 14 tokens' <<<"$out" || fail "tp $tp: no prefill line: $out"
     grep -qE '^decode: 11 tokens .* tok/s' <<<"$out" || fail "tp $tp: no decode line: $out"
 done
+# TP 1 on two kernel threads: the same tokens; a bad thread count is refused by name
+two="$(KVF_BLAS_THREADS=2 "$KVF" generate --model "$T/h" --tp 1 --prompt "hello kvferry" \
+       --max-tokens 12 --ignore-eos yes 2>&1 | grep '^tokens:')"
+[ "$two" = "${toks[1]}" ] || fail "KVF_BLAS_THREADS=2 changed the tokens: $two / ${toks[1]}"
+if err="$(KVF_BLAS_THREADS=lots "$KVF" generate --model "$T/h" --prompt x --max-tokens 2 2>&1)"; then
+    fail "KVF_BLAS_THREADS=lots accepted"
+fi
+grep -q "bad value 'lots' for KVF_BLAS_THREADS" <<<"$err" || fail "no KVF_BLAS_THREADS error: $err"
 [ "${toks[1]}" = "${toks[2]}" ] || fail "tp1 and tp2 differ: ${toks[1]} / ${toks[2]}"
 [ "${toks[1]}" = "${toks[4]}" ] || fail "tp1 and tp4 differ: ${toks[1]} / ${toks[4]}"
 
