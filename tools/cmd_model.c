@@ -74,11 +74,12 @@ int kvf_cmd_mkmodel(int argc, char **argv)
         return 1;
     }
     if (o.shards > 1) {
-        printf("wrote %s/config.json, %d safetensors shards and model.safetensors.index.json"
-               " (seed %d, %s)\n", o.out, o.shards, o.seed, kvf_dtype_name(dtype));
+        printf("wrote %s/config.json, tokenizer.json, %d safetensors shards and "
+               "model.safetensors.index.json (seed %d, %s)\n", o.out, o.shards, o.seed,
+               kvf_dtype_name(dtype));
     } else {
-        printf("wrote %s/config.json and %s/model.safetensors (seed %d, %s)\n", o.out, o.out,
-               o.seed, kvf_dtype_name(dtype));
+        printf("wrote %s/config.json, tokenizer.json and model.safetensors (seed %d, %s)\n",
+               o.out, o.seed, kvf_dtype_name(dtype));
     }
     return 0;
 }
@@ -185,6 +186,10 @@ static int kvf_open_engine(const kvf_gen_opts_t *o, kvf_engine_h *engine_p)
 
     if (o->model[0] == '\0') {
         kvf_error("--model is required (a folder written by kvf mkmodel)");
+        return 2;
+    }
+    if ((o->tp < 1) || (o->tp > 64)) {
+        kvf_error("bad value %d for --tp (tensor-parallel ranks: 1..64)", o->tp);
         return 2;
     }
     rc = kvf_gen_device(o, &ep.device);
@@ -317,6 +322,10 @@ int kvf_cmd_generate(int argc, char **argv)
     }
     if (done) {
         return 0;
+    }
+    if (o.max_tokens < 1) {
+        kvf_error("bad value %d for --max-tokens (at least 1)", o.max_tokens);
+        return 2;
     }
     rc = kvf_open_engine(&o, &eng);
     if (rc != 0) {

@@ -173,10 +173,30 @@ int kvf_cmd_tokenize(int argc, char **argv)
         char *p = o.decode, *end;
         size_t cap;
         char *text;
-        while (n < KVF_CONFIG_STR_MAX) {
-            long v = strtol(p, &end, 10);
-            if (end == p) {
+        for (;;) {   /* ids separated by spaces or commas; anything else is refused */
+            long v;
+            while ((*p == ' ') || (*p == ',') || (*p == '\t')) {
+                ++p;
+            }
+            if (*p == '\0') {
                 break;
+            }
+            v = strtol(p, &end, 10);
+            if ((end == p) || ((*end != '\0') && (*end != ' ') && (*end != ',') &&
+                               (*end != '\t'))) {
+                kvf_error("--decode: '%.*s' is not a token id", (int)strcspn(p, " ,\t"), p);
+                kvf_tokenizer_cleanup(&tok);
+                return 2;
+            }
+            if ((v < 0) || (v >= tok.vocab_size)) {
+                kvf_error("--decode: %ld is not a token id in [0, %d)", v, tok.vocab_size);
+                kvf_tokenizer_cleanup(&tok);
+                return 2;
+            }
+            if (n == KVF_CONFIG_STR_MAX) {
+                kvf_error("--decode: more than %d ids", KVF_CONFIG_STR_MAX);
+                kvf_tokenizer_cleanup(&tok);
+                return 2;
             }
             ids[n++] = (int32_t)v;
             p = end;

@@ -4,6 +4,10 @@
  */
 #include "kvf_xt_int.h"
 
+#include "kvf_kern.h"
+
+#include <unistd.h>
+
 static uint64_t xt_rng_next(uint64_t *s)
 {
     *s ^= *s << 13;
@@ -271,32 +275,64 @@ kvf_status_t kvf_xt_rank_setup(xt_rank_t *r)
     return c->bench ? xt_raw_setup(r) : KVF_OK;
 }
 
+/* The probe child's first CUDA failure, written to the pipe its parent reads. */
+static int kvf_xt_probe_fd = -1;
+
+static void kvf_xt_probe_report(const char *call, const char *error)
+{
+    char line[256];
+    int n = snprintf(line, sizeof(line), "%s: %s", call, error);
+    if ((kvf_xt_probe_fd >= 0) && (n > 0)) {
+        size_t len = ((size_t)n < sizeof(line)) ? (size_t)n : sizeof(line) - 1;
+        (void)!write(kvf_xt_probe_fd, line, len);   /* < PIPE_BUF: never blocks */
+        close(kvf_xt_probe_fd);
+        kvf_xt_probe_fd = -1;   /* the first failure only */
+    }
+}
+
 int kvf_xt_device_probe(const xt_ctx_t *c, const char *prog)
 {
+    char why[256] = "";
+    int fds[2], rc;
+    ssize_t got;
     pid_t pid;
-    int rc;
 
     fflush(NULL);
+    if (pipe(fds) != 0) {
+        kvf_error("%s: pipe failed: %m", prog);
+        return 1;
+    }
     pid = fork();
     if (pid < 0) {
         kvf_error("%s: fork failed: %m", prog);
+        close(fds[0]);
+        close(fds[1]);
         return 1;
     }
     if (pid == 0) {
         kvf_device_t dev;
-        int err = kvf_device_init(c->o.dev_kind, c->o.dev_ordinal, &dev);
+        int err;
+        close(fds[0]);
+        kvf_xt_probe_fd = fds[1];
+        kvf_kern_set_report_func(kvf_xt_probe_report);
+        err = kvf_device_init(c->o.dev_kind, c->o.dev_ordinal, &dev);
         _exit((err == KVF_KERN_OK) ? 0 : (-err & 0x7f));
     }
+    close(fds[1]);
     rc = kvf_xt_reap(pid, 30000);   /* a driver that hangs is no device either */
+    got = (rc == 0) ? 0 : read(fds[0], why, sizeof(why) - 1);   /* the child has exited */
+    close(fds[0]);
+    why[(got > 0) ? got : 0] = '\0';
     if (rc == 0) {
         return 0;
     }
-    printf("%s: --device %s: no usable CUDA device here: %s\n", prog, c->o.device,
+    printf("%s: --device %s: no usable CUDA device here: %s%s%s%s\n", prog, c->o.device,
            (rc == -KVF_KERN_EUNSUPPORTED) ?
            "this build has no CUDA (configure where nvcc exists, -DKVF_CUDA=ON)" :
            (rc == -KVF_KERN_ECUDA) ? "CUDA found no such device (no GPU, no driver, or "
            "ordinal past the last one)" :
-           (rc == -KVF_KERN_EINVAL) ? "bad ordinal" : "the probe failed");
+           (rc == -KVF_KERN_EINVAL) ? "bad ordinal" : "the probe failed",
+           (why[0] != '\0') ? " (" : "", why, (why[0] != '\0') ? ")" : "");
     return 1;
 }
 

@@ -186,6 +186,12 @@ void kvf_config_print(const kvf_config_field_t *table, const void *obj, FILE *ou
         if ((f->flags & KVF_CONFIG_FLAG_SECRET) && (val[0] != '\0')) {
             snprintf(val, sizeof(val), "(set)");   /* the value never leaves the process */
         }
+        if (f->flags & KVF_CONFIG_FLAG_NO_ENV) {   /* a flag only: print it as one */
+            char flag[96];
+            kvf_config_flag_name(f->name, flag, sizeof(flag));
+            fprintf(out, "# %s\n--%s=%s\n", f->help, flag, val);
+            continue;
+        }
         fprintf(out, "# %s\nKVF_%s=%s\n", f->help, f->name, val);
     }
 }

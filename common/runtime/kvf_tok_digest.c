@@ -2,6 +2,7 @@
 #include "kvf_tok_digest.h"
 
 #include <stdio.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
@@ -63,8 +64,17 @@ kvf_status_t kvf_tokenizer_digest_of_model(const char *model_path, char *hex)
 {
     kvf_model_config_t mc;
     kvf_tokenizer_t tok;
-    kvf_status_t status = kvf_model_config_load(model_path, &mc);
+    char file[4096];
+    struct stat st;
+    kvf_status_t status;
 
+    /* a model without tokenizer.json has no digest (the daemons take token ids):
+     * not an error, so nothing is logged */
+    snprintf(file, sizeof(file), "%s/tokenizer.json", model_path);
+    if ((stat(model_path, &st) == 0) && S_ISDIR(st.st_mode) && (stat(file, &st) != 0)) {
+        return KVF_ERR_NOT_FOUND;
+    }
+    status = kvf_model_config_load(model_path, &mc);
     if (status != KVF_OK) {
         return status;
     }

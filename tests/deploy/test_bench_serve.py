@@ -246,6 +246,10 @@ def run(a, procs, tmp):
                        timeout=30)
     T.check(p.returncode == 0 and "--num-prompts" in p.stdout and "env KVF_" not in p.stdout,
             "--help lists no KVF_* variable (none is read)", p.stdout[:300])
+    p = subprocess.run([kvf, "bench-serve", "--print-config", "--port", "9"],
+                       capture_output=True, text=True, timeout=30)
+    T.check(p.returncode == 0 and "--port=9" in p.stdout and "KVF_" not in p.stdout,
+            "--print-config shows flags (--port=9), no KVF_* variable", p.stdout[:300])
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 # kvf generate --prompt-ids: a checkpoint without tokenizer.json runs when given token ids,
 # with the same tokens as the text prompt of those bytes on the same weights with their
 # tokenizer; without ids it is refused naming --prompt-ids; ids outside the vocabulary
-# are refused naming the id. kvf generate --help and kvf matrix --help are complete.
+# are refused naming the id (in kvf tokenize --decode too). kvf generate --help and kvf matrix
+# --help are complete.
 set -euo pipefail
 KVF="${KVF_BIN:?}/kvf"
 SRC="${KVF_SOURCE_DIR:?}"
@@ -22,6 +23,17 @@ echo "ok: a text prompt without tokenizer.json is refused, pointing at --prompt-
 if err="$("$KVF" generate --model "$T/bare" --prompt-ids 72,99999 2>&1)"; then fail "bad id ran"; fi
 grep -q "'99999' is not a token id" <<<"$err" || fail "bad id not named: $err"
 echo "ok: an id outside the vocabulary is refused by value"
+# kvf tokenize --decode: ids back to text; a non-number or an id outside the vocabulary is
+# refused by value (it once decoded up to the first bad id and exited 0)
+enc="$("$KVF" tokenize --model "$T/m" --text 'Hi!')"
+[ "$("$KVF" tokenize --model "$T/m" --decode "$enc")" = 'Hi!' ] || fail "decode of '$enc'"
+for bad in "$enc abc" "$enc 99999" "-3"; do
+    if err="$("$KVF" tokenize --model "$T/m" --decode "$bad" 2>&1)"; then
+        fail "tokenize --decode '$bad' accepted: $err"
+    fi
+    grep -q -- "--decode: .* is not a token id" <<<"$err" || fail "'$bad' not named: $err"
+done
+echo "ok: kvf tokenize --decode round-trips 'Hi!' and refuses a bad id by value"
 "$KVF" generate --help | grep -q 'byte tokenizer' && fail "kvf generate --help still says byte tokenizer"
 echo "ok: kvf generate --help names the tokenizer.json"
 help="$("$KVF" matrix --help)"

@@ -31,6 +31,11 @@ if err="$(KVF_BLAS_THREADS=lots "$KVF" generate --model "$T/h" --prompt x --max-
     fail "KVF_BLAS_THREADS=lots accepted"
 fi
 grep -q "bad value 'lots' for KVF_BLAS_THREADS" <<<"$err" || fail "no KVF_BLAS_THREADS error: $err"
+for bad in "--tp 0" "--max-tokens -5"; do   # named by flag and value, exit 2
+    set +e; err="$("$KVF" generate --model "$T/h" --prompt x $bad 2>&1)"; rc=$?; set -e
+    [ "$rc" -eq 2 ] || fail "generate $bad: exit $rc: $err"
+    grep -q -- "bad value ${bad#* } for ${bad%% *}" <<<"$err" || fail "generate $bad not named: $err"
+done
 [ "${toks[1]}" = "${toks[2]}" ] || fail "tp1 and tp2 differ: ${toks[1]} / ${toks[2]}"
 [ "${toks[1]}" = "${toks[4]}" ] || fail "tp1 and tp4 differ: ${toks[1]} / ${toks[4]}"
 

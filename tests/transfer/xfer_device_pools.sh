@@ -34,6 +34,11 @@ for cmd in "xfer-test --layout 4p2d --device cuda" "bench --layout 2p1d --tokens
     [ $rc -eq 1 ] || fail "kvf $cmd exited $rc, not 1"
     echo "$out" | grep -q -- "--device cuda[:1]*: no usable CUDA device here: " ||
         fail "kvf $cmd did not say why"
+    # with CUDA built in, the CUDA call and its error string are on that line
+    if echo "$out" | grep -q "CUDA found no such device"; then
+        echo "$out" | grep -q "no such device (no GPU, no driver, or ordinal past the last one) (cuda[A-Za-z]*[(:]" ||
+            fail "kvf $cmd did not name the CUDA error"
+    fi
     # refused before the prefill child or any transfer existed
     echo "$out" | grep -q 'rdma operations posted\|handshake' && fail "kvf $cmd went on"
     [ $took -le 15 ] || fail "kvf $cmd took ${took}s to refuse"
