@@ -76,13 +76,16 @@ static const kvf_config_field_t kvf_bs_table[] = {
      "empty: custom with --dataset-path, random otherwise", KVF_BS_OFF(dataset_name),
      KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
     {"DATASET_PATH", "", "JSONL file, one {\"prompt\": text or [ids], \"max_tokens\": n} per "
-     "line (cycled) (alias --dataset)", KVF_BS_OFF(p.dataset), KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
+     "line (cycled) (alias --dataset)",
+     KVF_BS_OFF(p.dataset), KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
     {"NUM_PROMPTS", "100", "measured requests (0: as many as --duration allows) "
-     "(alias --num-requests)", KVF_BS_OFF(p.num_requests), KVF_CONFIG_TYPE_INT, KVF_CONFIG_FLAG_NO_ENV},
+     "(alias --num-requests)",
+     KVF_BS_OFF(p.num_requests), KVF_CONFIG_TYPE_INT, KVF_CONFIG_FLAG_NO_ENV},
     {"RANDOM_INPUT_LEN", "128", "prompt tokens of random prompts: the mean (alias --input-len)",
      KVF_BS_OFF(p.input_len), KVF_CONFIG_TYPE_INT, KVF_CONFIG_FLAG_NO_ENV},
     {"RANDOM_OUTPUT_LEN", "32", "max_tokens of each request (with --ignore-eos, the output "
-     "length) (alias --output-len)", KVF_BS_OFF(p.output_len), KVF_CONFIG_TYPE_INT, KVF_CONFIG_FLAG_NO_ENV},
+     "length) (alias --output-len)",
+     KVF_BS_OFF(p.output_len), KVF_CONFIG_TYPE_INT, KVF_CONFIG_FLAG_NO_ENV},
     {"RANDOM_RANGE_RATIO", "0", "lengths uniform in [len (1 - r), len (1 + r)], r in [0, 1)",
      KVF_BS_OFF(range_ratio), KVF_CONFIG_TYPE_DOUBLE, KVF_CONFIG_FLAG_NO_ENV},
     {"INPUT_DIST", "fixed", "prompt length distribution: fixed, uniform (len +- spread), "
@@ -117,11 +120,13 @@ static const kvf_config_field_t kvf_bs_table[] = {
     {"TIMEOUT", "60", "per-request limit, seconds",
      KVF_BS_OFF(p.timeout_s), KVF_CONFIG_TYPE_DOUBLE, KVF_CONFIG_FLAG_NO_ENV},
     {"PERCENTILE_METRICS", "ttft,tpot,itl", "metrics reported with percentiles: comma list of "
-     "ttft, tpot, itl, e2el", KVF_BS_OFF(pct_metrics), KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
+     "ttft, tpot, itl, e2el",
+     KVF_BS_OFF(pct_metrics), KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
     {"METRIC_PERCENTILES", "99", "percentiles reported, comma list (e.g. 25,50,75,99.9)",
      KVF_BS_OFF(pcts), KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
     {"GOODPUT", "", "SLOs as KEY:VALUE ms pairs, spaces or commas between (ttft, tpot, e2el), "
-     "e.g. --goodput ttft:500 tpot:50", KVF_BS_OFF(goodput), KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
+     "e.g. --goodput ttft:500 tpot:50",
+     KVF_BS_OFF(goodput), KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
     {"SLO_TTFT_MS", "0", "goodput SLO on time to first token, ms (0: none; --goodput ttft:MS)",
      KVF_BS_OFF(p.slo_ttft_ms), KVF_CONFIG_TYPE_DOUBLE, KVF_CONFIG_FLAG_NO_ENV},
     {"SLO_TPOT_MS", "0", "goodput SLO on time per output token, ms (0: none; --goodput tpot:MS)",
@@ -219,39 +224,6 @@ static int kvf_bs_dist(const char *flag, const char *text, kvf_bs_dist_t *out)
     return 0;
 }
 
-/* A comma list of numbers; "inf" is 0 when @a inf_ok. Count, or -1 (logged). */
-static int kvf_bs_numbers(const char *flag, const char *text, double lo, double hi, bool inf_ok,
-                          double *vals, int max)
-{
-    char buf[KVF_CONFIG_STR_MAX];
-    int n = 0;
-
-    snprintf(buf, sizeof(buf), "%s", text);
-    for (char *save = NULL, *tok = strtok_r(buf, ", ", &save); tok != NULL;
-         tok = strtok_r(NULL, ", ", &save)) {
-        char *end;
-        double v = strtod(tok, &end);
-
-        if (inf_ok && ((strcmp(tok, "inf") == 0) || (strcmp(tok, "0") == 0))) {
-            v = 0;
-        } else if ((end == tok) || (*end != '\0') || !(v > lo) || (v > hi)) {
-            kvf_error("bad value '%s' for --%s: '%s' is not a number in (%g, %g]%s", text,
-                      flag, tok, lo, hi, inf_ok ? " or inf" : "");
-            return -1;
-        }
-        if (n == max) {
-            kvf_error("bad value '%s' for --%s: at most %d entries", text, flag, max);
-            return -1;
-        }
-        vals[n++] = v;
-    }
-    if (n == 0) {
-        kvf_error("bad value '%s' for --%s: empty", text, flag);
-        return -1;
-    }
-    return n;
-}
-
 /* --percentile-metrics, --metric-percentiles, --goodput into p. 0, or -1 (logged). */
 static int kvf_bs_metrics(kvf_bs_opts_t *o)
 {
@@ -272,8 +244,8 @@ static int kvf_bs_metrics(kvf_bs_opts_t *o)
         }
         o->p.pct_metrics |= 1u << k;
     }
-    o->p.num_pct = kvf_bs_numbers("metric-percentiles", o->pcts, 0, 100, false, o->p.pct,
-                                  KVF_BS_MAX_PCT);
+    o->p.num_pct = kvf_config_number_list("metric-percentiles", o->pcts, 0, 100, false,
+                                          o->p.pct, KVF_BS_MAX_PCT);
     if (o->p.num_pct < 0) {
         return -1;
     }
@@ -527,7 +499,8 @@ int kvf_cmd_bench_serve(int argc, char **argv)
     if (done) {
         return 0;
     }
-    nrates = kvf_bs_numbers("request-rate", o.rates, 0, INFINITY, true, rates, KVF_BS_MAX_RATES);
+    nrates = kvf_config_number_list("request-rate", o.rates, 0, INFINITY, true, rates,
+                                    KVF_BS_MAX_RATES);
     if ((nrates < 0) || (kvf_bs_setup(&o) != 0)) {
         return 2;
     }

@@ -197,30 +197,6 @@ static void kvf_tune_default_bin(char *bin, size_t cap)
     snprintf(bin, cap, "%s", dirname(self));
 }
 
-static int kvf_tune_parse_list(const char *flag, const char *text, double *vals, int max)
-{
-    char buf[KVF_CONFIG_STR_MAX];
-    int n = 0;
-
-    snprintf(buf, sizeof(buf), "%s", text);
-    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok != NULL;
-         tok = strtok_r(NULL, ",", &save)) {
-        char *end;
-        double v = strtod(tok, &end);
-        if ((end == tok) || (*end != '\0') || !(v > 0) || (n == max)) {
-            kvf_error("bad value '%s' for --%s: a comma list of at most %d positive numbers",
-                      text, flag, max);
-            return -1;
-        }
-        vals[n++] = v;
-    }
-    if (n == 0) {
-        kvf_error("bad value '%s' for --%s: empty", text, flag);
-        return -1;
-    }
-    return n;
-}
-
 /* The candidates: every layout x instance count, with its verdict and whether it fits. */
 static int kvf_tune_candidates(const kvf_tune_opts_t *o, const kvf_model_config_t *cfg,
                                kvf_tune_cand_t *c, int *n_p)
@@ -707,7 +683,8 @@ int kvf_cmd_tune(int argc, char **argv)
         return 2;
     }
     nrates = (o.rates[0] != '\0') ?
-             kvf_tune_parse_list("rates", o.rates, rates, KVF_TUNE_MAX_RATES) : 0;
+             kvf_config_number_list("rates", o.rates, 0, INFINITY, false, rates,
+                                    KVF_TUNE_MAX_RATES) : 0;
     if (nrates < 0) {
         return 2;
     }

@@ -335,6 +335,38 @@ void kvf_config_warn_unused(void)
     }
 }
 
+int kvf_config_number_list(const char *flag, const char *text, double lo, double hi,
+                           bool inf_ok, double *vals, int max)
+{
+    char buf[KVF_CONFIG_STR_MAX];
+    int n = 0;
+
+    snprintf(buf, sizeof(buf), "%s", text);
+    for (char *save = NULL, *tok = strtok_r(buf, ", ", &save); tok != NULL;
+         tok = strtok_r(NULL, ", ", &save)) {
+        char *end;
+        double v = strtod(tok, &end);
+
+        if (inf_ok && ((strcmp(tok, "inf") == 0) || (strcmp(tok, "0") == 0))) {
+            v = 0;
+        } else if ((end == tok) || (*end != '\0') || !(v > lo) || (v > hi)) {
+            kvf_error("bad value '%s' for --%s: '%s' is not a number in (%g, %g]%s", text,
+                      flag, tok, lo, hi, inf_ok ? " or inf" : "");
+            return -1;
+        }
+        if (n == max) {
+            kvf_error("bad value '%s' for --%s: at most %d entries", text, flag, max);
+            return -1;
+        }
+        vals[n++] = v;
+    }
+    if (n == 0) {
+        kvf_error("bad value '%s' for --%s: empty", text, flag);
+        return -1;
+    }
+    return n;
+}
+
 kvf_status_t kvf_config_dtype(const char *flag, const char *text, kvf_dtype_t dflt,
                               unsigned flags, kvf_dtype_t *dtype_p)
 {

@@ -76,6 +76,21 @@ enum kvf_config_dtype_flags {
 };
 
 /**
+ * The one parser of number-list flag values (--request-rate 1,2,inf,
+ * --metric-percentiles 50,99): numbers separated by commas or spaces, each
+ * in (@a lo, @a hi]; with @a inf_ok, "inf" and "0" are accepted and stored
+ * as 0 (unbounded).
+ *
+ * @param [in]  flag  Flag name without dashes, for the error.
+ * @param [out] vals  [max]; the first (return value) entries are set.
+ * @return the count (>= 1); -1 with one logged line naming the flag and the
+ *         bad entry ("bad value '1,x' for --rates: 'x' is not a number in
+ *         (0, inf]"), more than @a max entries, or an empty list.
+ */
+int kvf_config_number_list(const char *flag, const char *text, double lo, double hi,
+                           bool inf_ok, double *vals, int max);
+
+/**
  * The one parser of dtype flag values (--kv-dtype, --ssm-dtype, ...):
  * fp32, bf16, fp16 (with their aliases, kvf_dtype_parse()), fp8 only with
  * KVF_CONFIG_DTYPE_FP8, "auto" -> @a dflt only with KVF_CONFIG_DTYPE_AUTO.
