@@ -51,8 +51,10 @@ static kvf_connector_h conn_make(const char *id, kvf_connector_role_t role)
     kvf_connector_h conn;
 
     memset(&cc, 0, sizeof(cc));
-    cc.field_mask = KVF_CONNECTOR_CONFIG_FIELD_TIMEOUT_MS |
-                    ((role == KVF_CONNECTOR_ROLE_PREFILL) ? KVF_CONNECTOR_CONFIG_FIELD_PROGRESS : 0);
+    cc.field_mask = KVF_CONNECTOR_CONFIG_FIELD_TIMEOUT_MS;
+    if (role == KVF_CONNECTOR_ROLE_PREFILL) {
+        cc.field_mask |= KVF_CONNECTOR_CONFIG_FIELD_PROGRESS;
+    }
     cc.engine_id = id;
     cc.role = role;
     cc.tp_size = 1;
