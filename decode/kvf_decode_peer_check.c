@@ -20,7 +20,7 @@ static void kvf_dc_check_answer(kvf_dc_pull_ctx_t *ctx, kvf_serve_server_h serve
     if (status == KVF_ERR_REFUSED) {
         ctx->refusals++;
         kvf_error("prefill engine %s at %s:%d cannot feed this instance: %s", c->engine_id,
-                  c->host, c->port, why);
+                  c->host, c->port, (why != NULL) ? why : kvf_status_str(status));
     }
     if ((why == NULL) || (why[0] == '\0')) {
         snprintf(err, sizeof(err), "handshake with %s at %s:%d failed: %s", c->engine_id,

@@ -1,15 +1,29 @@
 #!/usr/bin/env bash
 # The GPU path in one run (tests/gpu/README.md). On a machine with an NVIDIA GPU:
-#   1. builds kvferry with CUDA into its own build dir (build-gpu-run/, or reuses
-#      $KVF_GPU_BUILD_DIR without rebuilding: that is how ctest runs it); when cmake cannot
-#      configure there (a bare GPU machine without UCX, ZeroMQ, ...), it builds gpu_vs_cpu
-#      alone with nvcc and cc (build-gpu-run/standalone; no kvf then),
+#   bash tests/gpu/run.sh [--bundle FILE [--nixl-wheel WHEEL]]
+#   1. without --bundle: builds kvferry with CUDA into its own build dir (build-gpu-run/, or
+#      reuses $KVF_GPU_BUILD_DIR without rebuilding: that is how ctest runs it); when cmake
+#      cannot configure there, it builds gpu_vs_cpu alone with nvcc and cc
+#      (build-gpu-run/standalone; no kvf then);
+#      with --bundle FILE (deploy/gpu-bundle.sh's tarball): unpacks it into $KVF_GPU_WORK
+#      (default /tmp/kvferry-gpu-run) and runs its programs, on a machine with nothing
+#      installed but the NVIDIA driver; cuBLAS and NCCL, which the bundle does not carry, are
+#      taken from $KVF_CUDA_LIBS, the Python's nvidia-cublas / nvidia-nccl wheels, or the CUDA
+#      toolkit, and the table's first lines say from where;
 #   2. runs every CUDA kernel against its CPU twin (gpu_vs_cpu: max abs diff per op and
 #      dtype, and the stale-fp32 Mamba NaN case with block zeroing off and on),
 #   3. runs `kvf generate --device cuda` against the CPU's tokens and logits (TP 1, and
 #      TP 2 over two GPUs when there are two), a 4p2d GPU->GPU pull (kvf xfer-test
-#      --device cuda:0, bytes verified) and `kvf bench --device cuda:0`,
-# and prints one table. Budget: 10 minutes in all (each step has its own timeout).
+#      --device cuda:0, bytes verified), `kvf bench --device cuda:0` on the
+#      Nemotron-Nano-9B-v2 geometry (8k tokens; layouts 4p2d, 1p4d, 4p1d, 2p2d, 1p1d; each
+#      path kvf offers: GB/s, host post time per descriptor, the path that ran), the GPU's own
+#      copy rate and NIXL on the same descriptors (tests/gpu/nixl_vram.py; NIXL only with
+#      --nixl-wheel or an installed nixl package), the 1p1d pool with both daemons on cuda:0
+#      against colocated answers (tests/gpu/pool_gpu.sh), batch invariance of the GPU
+#      engine, and the engine benchmark against transformers (tests/bench/engine_gpu.py)
+#      when time is left,
+# and prints one table. Budget: $KVF_GPU_BUDGET seconds in all (default 540; each step has
+# its own timeout from what is left).
 #
 # Without a GPU (no nvidia-smi, nvidia-smi lists no GPU, or cudaGetDeviceCount fails)
 # it prints "skipped: no GPU" and exits $KVF_GPU_SKIP_EXIT: 0 by hand, 77 under ctest
@@ -18,14 +32,27 @@
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 skip_exit=${KVF_GPU_SKIP_EXIT:-0}
+budget=${KVF_GPU_BUDGET:-540}
 start=$(date +%s)
+bundle="" nixl_wheel=""
+while [ $# -gt 0 ]; do
+    case $1 in
+    --bundle) bundle=${2:-}; shift 2 || { echo "run.sh: --bundle needs a file"; exit 2; } ;;
+    --nixl-wheel) nixl_wheel=${2:-}; shift 2 || { echo "run.sh: --nixl-wheel needs a file"; exit 2; } ;;
+    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
+    *) echo "run.sh: unknown argument '$1' (see --help)"; exit 2 ;;
+    esac
+done
+[ -z "$bundle" ] || [ -f "$bundle" ] || { echo "run.sh: --bundle $bundle: no such file"; exit 2; }
+[ -z "$nixl_wheel" ] || [ -f "$nixl_wheel" ] ||
+    { echo "run.sh: --nixl-wheel $nixl_wheel: no such file"; exit 2; }
 
 skip() {
     echo "skipped: no GPU ($1)"
     exit "$skip_exit"
 }
-left() { # seconds left of the 10-minute budget, at least 10
-    local l=$((600 - ($(date +%s) - start)))
+left() { # seconds left of the budget, at least 10
+    local l=$((budget - ($(date +%s) - start)))
     [ "$l" -lt 10 ] && l=10
     echo "$l"
 }
@@ -77,6 +104,54 @@ standalone() {
 }
 
 build=${KVF_GPU_BUILD_DIR:-}
+data=$root            # models and configs: the repository, or the bundle's src/
+kvf=""
+cuda_libs_row=""
+if [ -n "$bundle" ]; then
+    work=${KVF_GPU_WORK:-/tmp/kvferry-gpu-run}
+    rm -rf "$work" && mkdir -p "$work" || { echo "FAIL: cannot make $work"; exit 1; }
+    if ! tar -xJf "$bundle" -C "$work"; then
+        echo "FAIL: cannot unpack $bundle"
+        exit 1
+    fi
+    B="$work/kvferry-gpu"
+    data="$B/src"
+    root="$B/src"     # the bundle's scripts (tests/gpu, tests/bench) replace the checkout's
+    # cuBLAS and NCCL (not in the bundle): $KVF_CUDA_LIBS, the Python's nvidia-* wheels, the
+    # CUDA toolkit, the system's library cache; the first folder holding each wins
+    find_lib() { # soname: prints the folder holding it
+        local n=$1 d py
+        local libs_env=${KVF_CUDA_LIBS:-}
+        for d in ${libs_env//:/ }; do [ -e "$d/$n" ] && { echo "$d"; return 0; }; done
+        py=$(python3 - "$n" 2>/dev/null <<'PY'
+import glob, os, site, sys
+roots = site.getsitepackages() + [site.getusersitepackages()]
+for r in roots:
+    for f in glob.glob(os.path.join(r, "nvidia", "**", sys.argv[1]), recursive=True):
+        print(os.path.dirname(f)); sys.exit(0)
+PY
+)
+        [ -n "$py" ] && { echo "$py"; return 0; }
+        for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib; do
+            [ -e "$d/$n" ] && { echo "$d"; return 0; }
+        done
+        d=$(ldconfig -p 2>/dev/null | awk -v n="$n" '$1 == n { print $NF; exit }')
+        [ -n "$d" ] && { dirname "$d"; return 0; }
+        return 1
+    }
+    libs=""
+    for n in libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
+        if d=$(find_lib "$n"); then
+            case ":$libs:" in *":$d:"*) ;; *) libs="${libs:+$libs:}$d" ;; esac
+            cuda_libs_row="${cuda_libs_row:+$cuda_libs_row; }$n: $d"
+        else
+            cuda_libs_row="${cuda_libs_row:+$cuda_libs_row; }$n: NOT FOUND"
+        fi
+    done
+    export KVF_CUDA_LIBS="$libs"
+    build="$B"
+    kvf="$B/bin/kvf"
+fi
 if [ -z "$build" ]; then
     build="$root/build-gpu-run"
     echo "building into $build (log: $build/gpu-build.log) ..."
@@ -100,6 +175,7 @@ if [ -z "$build" ]; then
     fi
 fi
 bin="$build/tests/bin/gpu_vs_cpu"
+[ -n "$bundle" ] && bin="$B/bin/gpu_vs_cpu"
 [ -x "$bin" ] || { echo "FAIL: $bin missing (not built)"; exit 1; }
 
 timeout "$(left)" "$bin" >"$log/kernels.txt" 2>&1
@@ -112,8 +188,7 @@ fail=0
 
 # kvf generate on the GPU against the CPU, greedy, on the committed trained hybrid
 gen_row() { printf '| %-28s | %-5s | %-12s | %-12s | %-7s | %s |\n' "$@"; }
-kvf="$build/bin/kvf"
-model="$root/models-trained/tiny-hybrid"
+[ -n "$kvf" ] || kvf="$build/bin/kvf"
 if [ ! -x "$kvf" ]; then
     gen=$(gen_row "kvf generate --device cuda" "-" "-" "-" "-" "not built")
 elif ! "$kvf" generate --help 2>&1 | grep -q -- '--device'; then
@@ -129,7 +204,7 @@ else
     for c in $cases; do
         m=${c%%:*}
         tp=${c##*:}
-        args=(generate --model "$root/models-trained/$m" --prompt "12+34=" --max-tokens 16
+        args=(generate --model "$data/models-trained/$m" --prompt "12+34=" --max-tokens 16
               --ignore-eos yes --print-logits yes --kv-dtype fp32 --tp "$tp")
         name="generate cuda: $m"
         [ "$tp" -gt 1 ] && name="gen cuda tp$tp: $m"
@@ -175,47 +250,144 @@ fi
 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1 |
     sed 's/^/GPU: /'
+if [ -n "$bundle" ]; then
+    sed -n 's/^\(commit\|UCX\|built\): /bundle \1: /p' "$B/MANIFEST"
+    echo "CUDA libraries not in the bundle: $cuda_libs_row"
+fi
 grep -v '^gpu_vs_cpu: ' "$log/kernels.txt"
 echo "$gen"
 # The transfer rows: both sides' pools in GPU memory (--device cuda: kvf_device_alloc,
 # registered with UCX as UCS_MEMORY_TYPE_CUDA), a real prefill -> decode pull between two
 # processes, every byte of the decode pool verified after a copy to the host. A UCX built
 # without CUDA (Debian's) refuses a device pool by name: the row says so and FAILs, since
-# the GPU->GPU pull did not happen (point -DKVF_UCX_PREFIX at a CUDA UCX).
+# the GPU->GPU pull did not happen (build against the libucx-cu13 wheel's UCX).
 xfer_row() { # name, output file, exit code, dtype; prints the row, 1 when it is not a PASS
-    local name=$1 out=$2 rc=$3 dt=$4 a b
+    local name=$1 out=$2 rc=$3 dt=$4 a b p
     if [ "$rc" -eq 0 ] && grep -q '^verify: ok' "$out"; then
-        a=$(sed -n 's/^transfer: \([0-9]*\) bytes.*/\1 B/p' "$out")
-        b=$(sed -n 's/^transfer time: .* ms, \([0-9.]*\) GB\/s.*/\1 GB\/s/p' "$out")
-        grep -q '^ratio kv/raw: ' "$out" && b="$b, kv/raw $(sed -n 's/^ratio kv\/raw: //p' "$out")"
+        a=$(sed -n 's/^transfer: \([0-9]*\) bytes.*/\1 B/p' "$out" | head -1)
+        b=$(sed -n 's/^transfer time: .* ms, \([0-9.]*\) GB\/s.*/\1 GB\/s/p' "$out" | head -1)
+        p=$(sed -n 's/^post: .*, \([0-9.]*\) us\/desc.*/\1 us\/desc/p' "$out" | head -1)
+        [ -n "$p" ] && b="$b, post $p"
+        grep -q '^path: ' "$out" && b="$b, path $(sed -n 's/^path: //p' "$out" | head -1)"
         gen_row "$name" "$dt" "$a" "$b" "-" "PASS (bytes verified)"
         return 0
     elif grep -q 'this UCX cannot register it\|cannot reach cuda memory' "$out"; then
-        gen_row "$name" "$dt" "-" "-" "-" "FAIL: not run, UCX without CUDA ($(ucx_info -v 2>/dev/null | sed -n 's/^# Version //p'))"
+        gen_row "$name" "$dt" "-" "-" "-" "FAIL: not run, UCX without CUDA"
     else
         gen_row "$name" "$dt" "-" "-" "-" "FAIL (exit $rc)"
-        grep -i 'error\|FAIL\|refused' "$out" | tail -5
+        grep -i 'error\|FAIL\|refused' "$out" | tail -3
     fi
     return 1
 }
 xfer_tmo() { local l; l=$(left); [ "$l" -gt 120 ] && l=120; echo "$l"; }
+nano="$data/tests/data/models/nemotron-nano-9b-v2.config.json"
 if [ ! -x "$kvf" ]; then
     gen_row "xfer GPU->GPU pull, 4p2d" "-" "-" "-" "-" "not built"
     gen_row "kvf bench device-to-device" "-" "-" "-" "-" "not built"
 elif ! "$kvf" xfer-test --help 2>&1 | grep -q -- '--device'; then
     gen_row "xfer GPU->GPU pull, 4p2d" "-" "-" "-" "-" "FAIL: kvf xfer-test has no --device"
-    gen_row "kvf bench device-to-device" "-" "-" "-" "-" "FAIL: kvf bench has no --device"
     fail=1
 else
-    timeout "$(xfer_tmo)" "$kvf" xfer-test --model "$root/tests/data/models/tiny-hybrid.config.json" \
+    timeout "$(xfer_tmo)" "$kvf" xfer-test --model "$data/tests/data/models/tiny-hybrid.config.json" \
         --layout 4p2d --prefill-block-size 80 --decode-block-size 96 --tokens 333 \
         --device cuda:0 >"$log/xfer.txt" 2>&1
-    xfer_row "xfer GPU->GPU pull, 4p2d" "$log/xfer.txt" $? "bf16" || fail=1
-    timeout "$(xfer_tmo)" "$kvf" bench --model "$root/tests/data/models/nemotron-nano-9b-v2.config.json" \
-        --layout 4p2d --tokens 8192 --iters 5 --verify yes --device cuda:0 >"$log/bench.txt" 2>&1
-    xfer_row "kvf bench device-to-device" "$log/bench.txt" $? "bf16" || fail=1
+    xfer_row "xfer GPU->GPU pull, 4p2d 80->96" "$log/xfer.txt" $? "bf16" || fail=1
+    # kvf bench on the 9B geometry, 8k tokens: every layout; for 4p2d every path kvf has
+    paths="auto"
+    "$kvf" bench --help 2>&1 | grep -q -- '--path' && paths="auto ucx ipc"
+    for lay in 4p2d 1p4d 4p1d 2p2d 1p1d; do
+        ps="auto"
+        [ "$lay" = 4p2d ] && ps=$paths
+        for p in $ps; do
+            extra=()
+            [ "$p" != auto ] && extra=(--path "$p")
+            [ "$lay$p" = 4p2dauto ] && extra+=(--descs-out "$log/descs-4p2d.json")
+            timeout "$(xfer_tmo)" "$kvf" bench --model "$nano" --layout "$lay" --tokens 8192 \
+                --iters 5 --verify yes --device cuda:0 "${extra[@]}" \
+                >"$log/bench-$lay-$p.txt" 2>&1
+            xfer_row "bench 9B $lay 8k, path $p" "$log/bench-$lay-$p.txt" $? "bf16" || fail=1
+        done
+    done
+    # the same descriptors through NIXL (GPU memory on both sides) and the GPU's own copy rate
+    # (the descriptors are the planner's, the same for any device: a CPU run writes them when
+    # the GPU run above did not)
+    [ -s "$log/descs-4p2d.json" ] || timeout "$(xfer_tmo)" "$kvf" bench --model "$nano" \
+        --layout 4p2d --tokens 8192 --iters 1 --device cpu --copy-limit no \
+        --descs-out "$log/descs-4p2d.json" >"$log/descs.txt" 2>&1
+    if [ -s "$log/descs-4p2d.json" ]; then
+        pypath=""
+        if [ -n "$nixl_wheel" ]; then
+            mkdir -p "$log/nixl"
+            python3 -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' \
+                "$nixl_wheel" "$log/nixl" && pypath="$log/nixl"
+        fi
+        PYTHONPATH="$pypath${PYTHONPATH:+:$PYTHONPATH}" timeout "$(xfer_tmo)" python3 \
+            "$root/tests/gpu/nixl_vram.py" "$log/descs-4p2d.json" >"$log/nixl.txt" 2>&1
+        nrc=$?
+        c=$(sed -n 's/^copy: .*, \([0-9.]*\) GB\/s.*/\1 GB\/s/p' "$log/nixl.txt")
+        if [ -n "$c" ]; then
+            gen_row "GPU copy, same bytes" "-" "contiguous" "$c" "-" "reference"
+        fi
+        # "nixl: ... N descriptors, B bytes, median T ms, R GB/s, post P us/desc, ..."
+        n=$(awk '/^nixl: .* descriptors, / { for (i = 1; i <= NF; i++) {
+                    if ($(i + 1) ~ /^bytes/) b = $i; if ($(i + 1) ~ /^GB/) r = $i
+                    if ($i == "post") p = $(i + 1) }
+                  printf "%s B|%s GB/s, post %s us/desc\n", b, r, p }' "$log/nixl.txt")
+        if [ "$nrc" -eq 0 ] && [ -n "$n" ]; then
+            gen_row "NIXL READ VRAM, 9B 4p2d 8k" "bf16" "${n%%|*}" "${n#*|}" "-" "PASS (bytes verified)"
+        elif [ "$nrc" -eq 77 ]; then
+            why=$(sed -n 's/^nixl: skipped //p' "$log/nixl.txt")
+            gen_row "NIXL READ VRAM, 9B 4p2d 8k" "-" "-" "-" "-" "not run: $why"
+        else
+            gen_row "NIXL READ VRAM, 9B 4p2d 8k" "-" "-" "-" "-" "FAIL (exit $nrc)"
+            tail -5 "$log/nixl.txt"
+            fail=1
+        fi
+    else
+        gen_row "NIXL READ VRAM, 9B 4p2d 8k" "-" "-" "-" "-" "FAIL: no descriptor file"
+        tail -3 "$log/descs.txt"
+        fail=1
+    fi
+fi
+# The 1p1d pool with both daemons on cuda:0 against colocated answers (tests/gpu/pool_gpu.sh)
+if [ -x "$kvf" ] && [ -f "$root/tests/gpu/pool_gpu.sh" ]; then
+    KVF_BIN_DIR=$(dirname "$kvf") timeout "$(xfer_tmo)" bash "$root/tests/gpu/pool_gpu.sh" \
+        --device cuda:0 --model "$data/models-trained/tiny-hybrid" >"$log/pool.txt" 2>&1
+    prc=$?
+    line=$(grep '^pool-gpu: ' "$log/pool.txt" | tail -1)
+    if [ "$prc" -eq 0 ] && [ -n "$line" ]; then
+        gen_row "1p1d pool on cuda:0" "bf16" "-" "${line#pool-gpu: }" "-" "PASS (= colocated)"
+    else
+        gen_row "1p1d pool on cuda:0" "bf16" "-" "${line#pool-gpu: }" "-" "FAIL (exit $prc)"
+        tail -8 "$log/pool.txt"
+        fail=1
+    fi
+fi
+# Batch invariance of the GPU engine: a request's logits alone and in other batches, bit for bit
+if [ -x "$kvf" ] && [ -f "$root/tests/gpu/invariance_gpu.sh" ]; then
+    KVF_BIN_DIR=$(dirname "$kvf") timeout "$(xfer_tmo)" bash "$root/tests/gpu/invariance_gpu.sh" \
+        --device cuda:0 --model "$data/models-trained/tiny-hybrid" >"$log/inv.txt" 2>&1
+    irc=$?
+    line=$(grep '^invariance: ' "$log/inv.txt" | tail -1)
+    if [ "$irc" -eq 0 ]; then
+        gen_row "batch invariance, cuda:0" "fp32" "-" "${line#invariance: }" "bits" "PASS"
+    else
+        gen_row "batch invariance, cuda:0" "fp32" "-" "${line#invariance: }" "bits" "FAIL (exit $irc)"
+        tail -5 "$log/inv.txt"
+        fail=1
+    fi
 fi
 grep '^gpu_vs_cpu: ' "$log/kernels.txt"
 [ "$rc" -ne 0 ] && [ "$rc" -ne 1 ] && echo "gpu_vs_cpu exited $rc (crash or timeout)"
+# The engine against transformers on this GPU, when torch is here and time is left
+if [ -x "$kvf" ] && [ -f "$root/tests/bench/engine_gpu.py" ] && [ "$(left)" -gt 150 ]; then
+    echo
+    echo "engine benchmark (tests/bench/engine_gpu.py):"
+    timeout "$(( $(left) - 20 ))" python3 "$root/tests/bench/engine_gpu.py" --kvf "$kvf" \
+        --budget "$(( $(left) - 30 ))" 2>"$log/engine.err" | tee "$log/engine.txt"
+    erc=${PIPESTATUS[0]}
+    [ "$erc" -ne 0 ] && [ "$erc" -ne 77 ] && { echo "engine benchmark exited $erc"; tail -5 "$log/engine.err"; }
+fi
+[ -n "${KVF_GPU_KEEP_LOGS:-}" ] && cp -r "$log"/. "$KVF_GPU_KEEP_LOGS"/ 2>/dev/null
 echo "tests/gpu/run.sh: $((($(date +%s) - start))) s, $([ $fail -eq 0 ] && echo PASS || echo FAIL)"
 exit $fail
