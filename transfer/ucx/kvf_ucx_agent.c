@@ -179,11 +179,6 @@ kvf_status_t kvf_ucx_agent_create(const kvf_ucx_agent_params_t *params,
     KVF_UCX_CHECK_GOTO(ucp_worker_set_am_recv_handler(agent->worker, &am), status,
                        err_destroy_worker);
 
-    if (agent->access == KVF_UCX_ACCESS_LOCAL) {
-        /* no key of its own is ever packed: learn the key layout now, so a peer's
-         * key in a handshake reply gets the full check before any connect */
-        kvf_ucx_rkey_layout_probe(agent);
-    }
     tls = getenv("UCX_TLS");
     snprintf(agent->tls_env, sizeof(agent->tls_env), "%s", (tls != NULL) ? tls : "all");
     snprintf(agent->transports, sizeof(agent->transports), "UCX_TLS=%s; ep lanes: none",

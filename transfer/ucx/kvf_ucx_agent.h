@@ -199,19 +199,18 @@ kvf_status_t kvf_ucx_agent_arm(kvf_ucx_agent_h agent);
 uint64_t kvf_ucx_agent_ops_posted(kvf_ucx_agent_h agent);
 
 /**
- * Check a peer's packed remote key before anything hands it to
- * ucp_ep_rkey_unpack() (which trusts its input): length 1..KVF_RKEY_MAX, and,
- * once this process has seen its own first packed key walk cleanly as
- * UCX's layout (a 64-bit memory-domain map, a memory-type byte below
- * UCS_MEMORY_TYPE_LAST, one size byte plus that many bytes per map bit, an
- * optional system-device byte and 3-byte distance records), that the key
- * walks the same way to its last byte. A UCX whose own keys do not walk so
- * gets the length check only (logged once at warn level). Catches garbage;
- * a peer that crafts a well-formed key for memory it does not own is not
- * caught here (UCX checks nothing more either).
+ * Bound a peer's packed remote key before it is handed to
+ * ucp_ep_rkey_unpack(): 1..KVF_RKEY_MAX bytes. Nothing else: the key is
+ * UCX's private format (its layout changes between UCX versions; a newer
+ * UCX may append bytes), so it is never parsed here. What vouches for a key
+ * is who sent it: handshake replies come only from authenticated pool
+ * members (CURVE on the side channel; docs/SECURITY.md "Remote keys"), and
+ * every descriptor posted with it is range-checked against the region the
+ * peer advertised (kvf_ucx_xfer_post()).
  *
- * @param [out] why  What is wrong (NUL-terminated), when not KVF_OK.
- * @return KVF_OK; KVF_ERR_PARSE for a key that does not walk.
+ * @param [out] why  What is wrong, naming rkey_len and its value
+ *                   (NUL-terminated), when not KVF_OK.
+ * @return KVF_OK; KVF_ERR_PARSE for a NULL, empty or oversized key.
  * Any thread.
  */
 kvf_status_t kvf_ucx_rkey_check(const uint8_t *rkey, size_t len, char *why, size_t why_len);
@@ -221,10 +220,12 @@ kvf_status_t kvf_ucx_rkey_check(const uint8_t *rkey, size_t len, char *why, size
  * unpack every region's rkey (once; cached in the peer) after
  * kvf_ucx_rkey_check() passed for it and its memory type is one this UCX
  * reaches (kvf_ucx_agent_mem_reach()).
- * @return KVF_OK; KVF_ERR_PARSE for an rkey the check refuses or UCX cannot
- *         unpack (nothing connected then); KVF_ERR_UNSUPPORTED for a region
- *         in memory this UCX cannot reach (logged naming both); mapped UCX
- *         errors.
+ * @return KVF_OK; KVF_ERR_PARSE for an rkey outside 1..KVF_RKEY_MAX
+ *         (nothing connected then); KVF_ERR_REFUSED when
+ *         ucp_ep_rkey_unpack() refuses a key (logged naming the region, the
+ *         rank, its engine and UCX's status; nothing connected then);
+ *         KVF_ERR_UNSUPPORTED for a region in memory this UCX cannot reach
+ *         (logged naming both); mapped UCX errors.
  */
 kvf_status_t kvf_ucx_peer_connect(kvf_ucx_agent_h agent, const kvf_rank_meta_t *meta,
                                   kvf_ucx_peer_h *peer_p);

@@ -85,17 +85,6 @@ struct kvf_ucx_batch {
 };
 
 /*
- * Learn whether this UCX's packed keys walk (kvf_ucx_rkey_check()'s full
- * check) from the key of a 64-byte scratch region mapped, packed, released
- * and unmapped at once, for an agent that publishes no key of its own (a
- * KVF_UCX_ACCESS_LOCAL agent: decode). Called when such an agent is created,
- * so the handshake reply's keys (kvf_connector_ucx_peer.c) get the full check
- * before any endpoint connect, and again at connect. No-op once known
- * (kvf_ucx_mem.c).
- */
-void kvf_ucx_rkey_layout_probe(kvf_ucx_agent_h agent);
-
-/*
  * The memory types this agent's UCX context reaches (ucp_context_query's
  * memory_types; host only when the query is missing or fails), into
  * agent->mem_types. Called once by kvf_ucx_agent_create() (kvf_ucx_mem.c).
