@@ -22,6 +22,8 @@
  * (1.12). Without the query a UCX counts as reaching host memory only. */
 #define KVF_UCX_HAS_MEM_TYPE_PARAMS (UCP_API_VERSION >= UCP_VERSION(1, 10))
 #define KVF_UCX_HAS_MEM_TYPES_QUERY (UCP_API_VERSION >= UCP_VERSION(1, 12))
+/* ucp_request_param_t's memh and UCP_OP_ATTR_FLAG_MULTI_SEND (both in 1.13's headers) */
+#define KVF_UCX_HAS_OP_MEMH         (UCP_API_VERSION >= UCP_VERSION(1, 13))
 
 typedef struct kvf_ucx_region {
     void    *addr;
@@ -48,6 +50,7 @@ struct kvf_ucx_agent {
     kvf_ucx_region_t regions[KVF_XFER_MAX_REGIONS];
     uint64_t         ops_posted;
     char             tls_env[128];
+    char             device_cfg[160];  /* kvf_ucx_agent_device_config() */
     char             transports[640];
     kvf_ucx_peer_h   peers[KVF_UCX_MAX_PEERS];   /* connected, for destroy */
     int              num_peers;

@@ -183,6 +183,26 @@ static void test_get_put_notify(void **state)
     free(lb);
 }
 
+/*
+ * The UCX this program loads is the one it was built against (pkg-config's
+ * version, KVF_UCX_BUILT_VERSION): a CUDA build against the libucx-cu13 wheel
+ * (1.22) must not run on Debian's 1.13 through a stray library path, nor the
+ * other way round (tests/run.sh builds the transfer tests against both).
+ */
+static void test_ucx_version(void **state)
+{
+    unsigned major, minor, release;
+    char v[32];
+
+    (void)state;
+    ucp_get_version(&major, &minor, &release);
+    snprintf(v, sizeof(v), "%u.%u.%u", major, minor, release);
+    assert_string_equal(v, KVF_UCX_BUILT_VERSION);
+    assert_string_equal(ucp_get_version_string(), KVF_UCX_BUILT_VERSION);
+    assert_int_equal(major, UCP_API_MAJOR);
+    assert_int_equal(minor, UCP_API_MINOR);
+}
+
 static void test_status_map(void **state)
 {
     (void)state;
@@ -382,6 +402,96 @@ static void test_rkey_check(void **state)
     free(m);
 }
 
+/* Create an agent with stderr captured into @a log; @a mem_type -1: the field unset. */
+static kvf_status_t create_logged(const char *name, int mem_type, kvf_ucx_agent_h *a_p,
+                                  char *log, size_t cap)
+{
+    kvf_ucx_agent_params_t p;
+    FILE *tmp = tmpfile();
+    int saved = dup(2);
+    kvf_status_t status;
+    size_t n;
+
+    memset(&p, 0, sizeof(p));
+    p.field_mask = KVF_UCX_AGENT_PARAM_FIELD_NAME;
+    p.name = name;
+    if (mem_type >= 0) {
+        p.field_mask |= KVF_UCX_AGENT_PARAM_FIELD_MEM_TYPE;
+        p.mem_type = (kvf_xfer_mem_type_t)mem_type;
+    }
+    assert_non_null(tmp);
+    fflush(stderr);
+    assert_true(dup2(fileno(tmp), 2) >= 0);
+    status = kvf_ucx_agent_create(&p, a_p);
+    fflush(stderr);
+    assert_true(dup2(saved, 2) >= 0);
+    close(saved);
+    rewind(tmp);
+    n = fread(log, 1, cap - 1, tmp);
+    log[n] = '\0';
+    fclose(tmp);
+    fputs(log, stderr);
+    return status;
+}
+
+/*
+ * An agent of device memory asks its own UCX config for cuda_ipc GET
+ * zero-copy and names the outcome in the line that describes it; the
+ * operator's UCX_CUDA_IPC_ENABLE_GET_ZCOPY stands; host agents set nothing.
+ * Which outcome a UCX gives: the variable is known where UCX loaded its CUDA
+ * module (1.22 on a GPU machine); 1.22 without it refuses the name; 1.13
+ * takes any name into its config.
+ */
+static void test_device_config(void **state)
+{
+    kvf_ucx_agent_h a = NULL;
+    char log[4096];
+
+    (void)state;
+    kvf_log_set_level(KVF_LOG_INFO);
+    unsetenv("UCX_CUDA_IPC_ENABLE_GET_ZCOPY");
+    assert_int_equal(create_logged("host-agent", KVF_XFER_MEM_HOST, &a, log, sizeof(log)),
+                     KVF_OK);
+    assert_string_equal(kvf_ucx_agent_device_config(a), "");
+    assert_non_null(strstr(log, "host-agent: ucx "));
+    assert_null(strstr(log, "CUDA_IPC"));
+    kvf_ucx_agent_destroy(a);
+
+    assert_int_equal(create_logged("cuda-agent", KVF_XFER_MEM_CUDA, &a, log, sizeof(log)),
+                     KVF_OK);
+    if (strcmp(ucp_get_version_string(), "1.13.1") == 0) {
+        assert_string_equal(kvf_ucx_agent_device_config(a),
+                            "UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y (cuda_ipc GET zero-copy, set by "
+                            "kvferry)");
+    } else {
+        assert_true((strstr(kvf_ucx_agent_device_config(a), "=y (cuda_ipc GET zero-copy, set "
+                                                            "by kvferry)") != NULL) ||
+                    (strstr(kvf_ucx_agent_device_config(a), " not set: this UCX does not "
+                                                            "know it") != NULL));
+    }
+    assert_non_null(strstr(log, "cuda-agent: ucx "));
+    assert_non_null(strstr(log, ", device memory: UCX_CUDA_IPC_ENABLE_GET_ZCOPY"));
+    assert_non_null(strstr(log, kvf_ucx_agent_device_config(a)));
+    kvf_ucx_agent_destroy(a);
+
+    setenv("UCX_CUDA_IPC_ENABLE_GET_ZCOPY", "n", 1);
+    assert_int_equal(create_logged("cuda-own", KVF_XFER_MEM_CUDA, &a, log, sizeof(log)),
+                     KVF_OK);
+    unsetenv("UCX_CUDA_IPC_ENABLE_GET_ZCOPY");
+    assert_string_equal(kvf_ucx_agent_device_config(a),
+                        "UCX_CUDA_IPC_ENABLE_GET_ZCOPY=n (the operator's)");
+    assert_non_null(strstr(log, "device memory: UCX_CUDA_IPC_ENABLE_GET_ZCOPY=n (the "
+                                "operator's)"));
+    kvf_ucx_agent_destroy(a);
+
+    /* a memory type outside the enum: refused by name, nothing created */
+    a = NULL;
+    assert_int_equal(create_logged("bad", 9, &a, log, sizeof(log)), KVF_ERR_INVALID_PARAM);
+    assert_null(a);
+    assert_non_null(strstr(log, "mem_type 9 is not one of host (0), cuda (1)"));
+    kvf_log_set_level(KVF_LOG_WARN);
+}
+
 /* A LOCAL region (a decode pool) is published without a key; nobody can connect to it. */
 static void test_local_regions(void **state)
 {
@@ -451,11 +561,13 @@ static void test_local_regions(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ucx_version),
         cmocka_unit_test(test_status_map),
         cmocka_unit_test(test_get_put_notify),
         cmocka_unit_test(test_bad_params),
         cmocka_unit_test(test_rkey_check),
         cmocka_unit_test(test_local_regions),
+        cmocka_unit_test(test_device_config),
     };
     kvf_log_init("test");
     return cmocka_run_group_tests(tests, NULL, NULL);
