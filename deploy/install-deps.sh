@@ -8,7 +8,21 @@
 #            with its libFuzzer/sanitizer runtime and llvm-symbolizer for the
 #            fuzz targets (tests/fuzz).
 #            tests/run.sh passes it.
+# UCX with CUDA: Debian's UCX 1.13 cannot reach CUDA memory, so CUDA builds use the UCX
+# of the PyPI wheel libucx-cu13 (headers, pkg-config files, libraries, lib/ucx/ modules
+# cuda_copy / cuda_ipc, and the libcudart its libucm_cuda loads, in libucx_cu13.libs/).
+# It is installed with pip --target into KVF_UCX_WHEEL_DIR (default
+# /opt/kvferry/ucx-cu13), where CMake looks for it (CMakeLists.txt, KVF_UCX_PREFIX),
+# when nvcc is found, with --tests (tests/run.sh builds the transfer tests against it
+# too), or with --ucx-cuda. pip's own PIP_FIND_LINKS / PIP_INDEX_URL apply.
 set -euo pipefail
+ucx_wheel_dir="${KVF_UCX_WHEEL_DIR:-/opt/kvferry/ucx-cu13}"
+ucx_wheel_req="libucx-cu13==1.22.0"
+want_ucx_wheel=0
+if [ "${1:-}" = "--tests" ] || [ "${1:-}" = "--ucx-cuda" ] || command -v nvcc >/dev/null 2>&1 ||
+   [ -x /usr/local/cuda/bin/nvcc ]; then
+    want_ucx_wheel=1
+fi
 pkgs=(build-essential cmake pkg-config git python3
       libucx-dev ucx-utils libprotobuf-c-dev protobuf-c-compiler libzmq3-dev libxxhash-dev libcjson-dev libpcre2-dev
       libopenblas-dev libmicrohttpd-dev libcmocka-dev curl procps
@@ -18,16 +32,32 @@ if [ "${1:-}" = "--tests" ]; then
            slurm-client munge python3-pip python3-yaml clang libclang-rt-dev llvm
            openssl)   # openssl: test_proxy_edge's self-signed certificate
 fi
+if [ $want_ucx_wheel = 1 ]; then
+    pkgs+=(python3-pip)
+fi
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-if [ ${#missing[@]} -eq 0 ]; then
-    exit 0
-fi
-echo "kvferry: installing ${missing[*]}"
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "kvferry: installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get update -qq
+    $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+ucx_pc="$ucx_wheel_dir/libucx/lib/pkgconfig/ucx.pc"
+if [ $want_ucx_wheel = 1 ] && ! grep -qx "Version: ${ucx_wheel_req##*==}" "$ucx_pc" 2>/dev/null; then
+    echo "kvferry: installing $ucx_wheel_req into $ucx_wheel_dir (UCX with CUDA)"
+    # --target installs outside any Python environment (PEP 668 does not apply there);
+    # the second try is for a pip that still refuses
+    $SUDO python3 -m pip install -q --upgrade --no-deps --root-user-action=ignore --target "$ucx_wheel_dir" \
+        "$ucx_wheel_req" ||
+        $SUDO python3 -m pip install -q --upgrade --no-deps --root-user-action=ignore --break-system-packages \
+            --target "$ucx_wheel_dir" "$ucx_wheel_req"
+    grep -qx "Version: ${ucx_wheel_req##*==}" "$ucx_pc" || {
+        echo "kvferry: $ucx_wheel_req did not install a UCX at $ucx_pc" >&2
+        exit 1
+    }
+fi

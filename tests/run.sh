@@ -28,6 +28,25 @@ rm -rf "$build"
 BUILD_DIR="$root/$build" bash deploy/build.sh -DKVF_WERROR=ON -DKVF_FAULT_INJECTION=ON
 ctest --test-dir "$build" --output-on-failure --timeout 600 -j2 --no-tests=error
 
+# The host-memory transfer tests again against the other UCX: the main build above uses
+# Debian's UCX 1.13 (or, as a CUDA build, the libucx-cu13 wheel's 1.22, CMakeLists.txt),
+# this one the wheel's UCX 1.22 on the CPU, so a UCX upgrade cannot break the pull
+# silently (test_ucx_version checks the UCX loaded at run time is the one built against).
+ucx_wheel="${KVF_UCX_WHEEL_DIR:-/opt/kvferry/ucx-cu13}/libucx"
+ucx122=build-ucx122
+ucx122_tests="test_xfer_ucx_agent test_xfer_connector test_connector_contract
+    test_xfer_agent_waits test_xfer_connector_risks test_xfer_mem_type test_xfer_device_pool
+    test_xfer_handshake test_xfer_side_channel"
+rm -rf "$ucx122"
+cmake -S "$root" -B "$ucx122" -DKVF_CUDA=OFF -DKVF_WERROR=ON -DKVF_FAULT_INJECTION=ON \
+    -DKVF_UCX_PREFIX="$ucx_wheel" >/dev/null
+# shellcheck disable=SC2086
+cmake --build "$ucx122" -j"$(nproc)" --target kvf $ucx122_tests
+grep -q '^UCX_VERSION:INTERNAL=1\.22\.' "$ucx122/CMakeCache.txt" ||
+    { echo "kvferry: $ucx122 did not build against UCX 1.22 ($ucx_wheel)" >&2; exit 1; }
+ctest --test-dir "$ucx122" --output-on-failure -j2 --no-tests=error \
+    -R "^($(echo $ucx122_tests | tr ' ' '|')|test_xfer_ucx_agent_tcp|xfer_(ucx|heap)_pools(_tcp)?|xfer_batch_windows|xfer_fp8_kv|xfer_bench_smoke)\$"
+
 # Optional reference step: kvferry against transformers on checkpoints transformers
 # itself writes (tests/reference/hf_compare.py); skipped when torch or transformers
 # is not installed, or with KVF_TEST_REFERENCE=0. The C suite above never needs them.

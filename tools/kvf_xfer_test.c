@@ -362,6 +362,48 @@ static void xt_medians(const xt_ctx_t *c, int n, uint64_t *kv_p, uint64_t *raw_p
     *post_p = post[n / 2];
 }
 
+/*
+ * Host time per descriptor of starting a pull: one decode rank's start_pull
+ * (plan, then every GET posted) over the descriptors that rank posted; per
+ * pull the rank slowest per descriptor, the median over the pulls. On device
+ * memory a GET is an asynchronous copy, so this is the host cost that bounds
+ * the pull; on host memory over shared memory it includes the copies.
+ */
+static void xt_post_per_desc(const xt_ctx_t *c, int n, size_t *descs_p, uint64_t *ns_p)
+{
+    uint64_t ns[XT_MAX_ITERS];
+    size_t descs[XT_MAX_ITERS];
+    double per[XT_MAX_ITERS];
+    int order[XT_MAX_ITERS];
+
+    for (int it = 0; it < n; ++it) {
+        int k = kvf_xt_timed_pull(c, it);
+        per[it] = -1.0;
+        ns[it] = 0;
+        descs[it] = 0;
+        for (int r = 0; r < c->dec.tp; ++r) {
+            const xt_rank_t *x = &c->ranks[r];
+            uint64_t t = x->t_post[k] - x->t_start[k];
+            double p = (double)t / (double)(x->descs ? x->descs : 1);
+            if (p > per[it]) {
+                per[it] = p;
+                ns[it] = t;
+                descs[it] = x->descs;
+            }
+        }
+        order[it] = it;
+    }
+    for (int i = 1; i < n; ++i) {   /* a handful of pulls: insertion sort by ns/desc */
+        for (int j = i; (j > 0) && (per[order[j]] < per[order[j - 1]]); --j) {
+            int tmp = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = tmp;
+        }
+    }
+    *descs_p = descs[order[n / 2]];
+    *ns_p = ns[order[n / 2]];
+}
+
 /* bench: --descs-out and the copy limit, from this side's own plans. Returns 1 on failure. */
 static int xt_bench_exports(const xt_ctx_t *c, const xt_totals_t *t, uint64_t kv_ns)
 {
@@ -443,6 +485,15 @@ static int xt_report(const xt_ctx_t *c, const xt_totals_t *t, double hs_ms, int 
            xt_ms(kv), (double)t->bytes / (double)kv, c->bench ? " (median)" : "");
     printf("plan+post time: %.3f ms (start_pull, slowest rank%s)\n", xt_ms(post),
            c->bench ? ", median" : "");
+    {
+        size_t pd;
+        uint64_t pns;
+        xt_post_per_desc(c, n, &pd, &pns);
+        printf("post: %zu descriptors, %.1f us, %.3f us/desc (one decode rank's start_pull:"
+               " plan + every GET posted; the rank slowest per descriptor%s)\n", pd,
+               (double)pns / 1e3, (double)pns / 1e3 / (double)(pd ? pd : 1),
+               c->bench ? ", median" : "");
+    }
     xt_report_digest(c, n, kv);
     if (c->bench) {
         double kv_gbs = (double)t->bytes / (double)kv;

@@ -115,7 +115,10 @@ static void xt_decode_raw(xt_rank_t *r, int it)
                  kvf_status_str(status));
         r->status = status;
     }
-    snprintf(r->transports, sizeof(r->transports), "%s", kvf_ucx_agent_transports(r->raw_agent));
+    snprintf(r->transports, sizeof(r->transports), "%s%s%s",
+             kvf_ucx_agent_transports(r->raw_agent),
+             (kvf_ucx_agent_device_config(r->raw_agent)[0] != '\0') ? "; device memory: " : "",
+             kvf_ucx_agent_device_config(r->raw_agent));   /* what a CUDA pool's agent set */
 }
 
 /* bench: whether a raw GET (iteration p - 1) comes before pull p. */

@@ -126,9 +126,11 @@ static kvf_status_t xt_raw_setup(xt_rank_t *r)
     snprintf(name, sizeof(name), "%s rank %d raw", r->side->prefill ? "prefill" : "decode",
              r->rank);
     memset(&ap, 0, sizeof(ap));
-    ap.field_mask = KVF_UCX_AGENT_PARAM_FIELD_NAME | KVF_UCX_AGENT_PARAM_FIELD_TIMEOUT_MS;
+    ap.field_mask = KVF_UCX_AGENT_PARAM_FIELD_NAME | KVF_UCX_AGENT_PARAM_FIELD_TIMEOUT_MS |
+                    KVF_UCX_AGENT_PARAM_FIELD_MEM_TYPE;
     ap.name = name;
     ap.timeout_ms = (uint32_t)c->o.timeout_ms;
+    ap.mem_type = (r->dev.kind == KVF_DEVICE_CUDA) ? KVF_XFER_MEM_CUDA : KVF_XFER_MEM_HOST;
     status = kvf_ucx_agent_create(&ap, &r->raw_agent);
     if (status == KVF_OK) {
         status = kvf_ucx_agent_mem_register_type(r->raw_agent, r->pool, r->pool_len,

@@ -57,8 +57,10 @@
  *                 after it: the side channel hangs, as a hung peer's would), corrupt (bytes of the
  *                 packed reply inverted from the middle on)
  *   side.rkey     side-channel server, before a handshake reply: the reply
- *                 stays well-formed but every region's packed remote key is
- *                 replaced by garbage of the same length. corrupt
+ *                 stays well-formed but every region's packed remote key
+ *                 gets 5 bytes appended, as a newer UCX may append to its
+ *                 keys (decode must accept them: keys are never parsed).
+ *                 corrupt
  *   lease.claim   decode, before it claims a request's lease (before any GET;
  *                 queue heartbeats are claims too). kill stop stall; replay
  *                 (the claim names the previous request whose lease decode

@@ -6,7 +6,10 @@
  * KVF_ERR_PARSE, never crash, leak or read out of bounds; and what they
  * accept must be in range and survive a pack/unpack round trip unchanged
  * (a decoder that accepts what its own encoder would write differently is
- * a bug too). abort() marks a violated invariant.
+ * a bug too). abort() marks a violated invariant. Decode never parses a
+ * packed remote key (UCX's private format, docs/SECURITY.md "Remote keys"):
+ * the bounds checked here (key 1..KVF_RKEY_MAX bytes, regions that do not
+ * wrap, known memory types) are what stands between a reply and UCX.
  *
  * Seeds: tests/fuzz/corpus/fuzz_handshake (tests/fuzz/make_seeds.c).
  */

@@ -146,14 +146,16 @@ static bool kvf_side_channel_fault_reply(kvf_side_channel_server_h s, const kvf_
     }
     if ((rkey == KVF_FAULT_CORRUPT) &&
         (kvf_handshake_reply_unpack(s->reply, s->reply_len, &r) == KVF_OK)) {
-        uint32_t x = 0x9e3779b9u;   /* xorshift: same garbage on every run */
+        uint32_t x = 0x9e3779b9u;   /* xorshift: same bytes on every run */
+        /* 5 bytes after each key, as a newer UCX may append (1.22 does to CUDA keys) */
         for (int i = 0; i < r.num_ranks; ++i) {
             for (int j = 0; j < r.ranks[i].num_regions; ++j) {
-                for (size_t b = 0; b < r.ranks[i].regions[j].rkey_len; ++b) {
+                kvf_xfer_region_meta_t *g = &r.ranks[i].regions[j];
+                for (size_t b = 0; (b < 5) && (g->rkey_len < KVF_RKEY_MAX); ++b) {
                     x ^= x << 13;
                     x ^= x >> 17;
                     x ^= x << 5;
-                    r.ranks[i].regions[j].rkey[b] = (uint8_t)x;
+                    g->rkey[g->rkey_len++] = (uint8_t)x;
                 }
             }
         }

@@ -297,8 +297,9 @@ static kvf_status_t kvf_conn_add_pool(kvf_connector_h conn, const kvf_connector_
              (conn->role == KVF_CONNECTOR_ROLE_PREFILL) ? "prefill" : "decode", pool->tp_rank);
     memset(&ap, 0, sizeof(ap));
     ap.field_mask = KVF_UCX_AGENT_PARAM_FIELD_NAME | KVF_UCX_AGENT_PARAM_FIELD_TIMEOUT_MS |
-                    KVF_UCX_AGENT_PARAM_FIELD_ACCESS;
+                    KVF_UCX_AGENT_PARAM_FIELD_ACCESS | KVF_UCX_AGENT_PARAM_FIELD_MEM_TYPE;
     ap.name = name;
+    ap.mem_type = mem_type;   /* device pools: the agent sets what UCX needs for them */
     ap.timeout_ms = conn->timeout_ms;
     /* prefill pools are read by decode; decode pools by nobody (no rkey is packed) */
     ap.access = (conn->role == KVF_CONNECTOR_ROLE_PREFILL) ? KVF_UCX_ACCESS_REMOTE_READ :

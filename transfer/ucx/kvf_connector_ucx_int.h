@@ -191,19 +191,10 @@ kvf_status_t kvf_conn_pool_stream(kvf_connector_h conn, kvf_conn_rank_t *rk,
 void         kvf_conn_pool_stream_destroy(kvf_conn_rank_t *rk);
 
 /*
- * Split @a n ascending, disjoint byte ranges of a pool of @a page_size pages
- * into the whole pages they cover (@a pages, *npages_p of them; room for
- * sum(len / page_size + 1)) and the partial rest (@a rest_off/@a rest_len,
- * room for 2n). Returns the number of partial ranges.
- */
-size_t       kvf_conn_zero_split(const size_t *off, const size_t *len, size_t n,
-                                 size_t page_size, int64_t *pages, size_t *npages_p,
-                                 size_t *rest_off, size_t *rest_len);
-
-/*
  * The zero post-ops of @a req once its last GET landed: CPU pools by one
- * kvf_zero_ranges(); CUDA pools by kvf_blocks_zero() for whole pages and
- * kvf_zero_ranges() for tails on the pool's stream, then a sync of it.
+ * kvf_zero_ranges(); CUDA pools by one kvf_zero_ranges_batch() launch for
+ * every range (whole pages and tails alike) on the pool's stream, then a
+ * sync of it.
  * @return KVF_OK, or the device error (logged).
  */
 kvf_status_t kvf_conn_zero_tails(kvf_connector_h conn, kvf_connector_req_h req);

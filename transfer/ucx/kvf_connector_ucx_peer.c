@@ -140,7 +140,7 @@ static void kvf_conn_drop_older_locked(kvf_connector_h conn, const kvf_conn_engi
     }
 }
 
-/* Every region key of @a reply is one UCX would unpack (garbage never reaches it). */
+/* Every region key of @a reply is within 1..KVF_RKEY_MAX bytes (never parsed: UCX's format). */
 static kvf_status_t kvf_conn_check_rkeys(const kvf_handshake_reply_t *reply,
                                          const char *engine_id, const char *host, int port,
                                          char *why, size_t why_len)
@@ -152,8 +152,8 @@ static kvf_status_t kvf_conn_check_rkeys(const kvf_handshake_reply_t *reply,
                                    reply->ranks[r].regions[j].rkey_len, bad,
                                    sizeof(bad)) != KVF_OK) {
                 snprintf(why, why_len, "malformed handshake reply from %s at %s:%d: remote key"
-                         " %d of rank %d refused before ucp_ep_rkey_unpack: %s", engine_id,
-                         host, port, j, r, bad);
+                         " of region %d of rank %d refused: %s", engine_id, host, port, j, r,
+                         bad);
                 kvf_error("%s", why);
                 return KVF_ERR_PARSE;
             }

@@ -7,6 +7,11 @@
  * - Peer error mode disables shared-memory transports unless
  *   UCX_POSIX_ERROR_HANDLING / UCX_SYSV_ERROR_HANDLING are set; we set them
  *   (once per process, before ucp_config_read) unless the user did.
+ * - Device memory: what UCX needs for it is set on the agent's own ucp
+ *   config (ucp_config_modify), never by setenv: agents of one process may
+ *   hold host and device pools, and the operator's environment wins.
+ *   Rejected: setting the UCX_* variable process-wide (every agent, and
+ *   whatever else in the process reads UCX's environment, would get it).
  * - Notifications arrive in a worker callback and are copied into a small
  *   ring; they are tiny, so eager protocol is forced on send.
  * - Every wait loop checks its deadline on every iteration, not only when
@@ -81,6 +86,36 @@ static void kvf_ucx_env_init(void)
     setenv("UCX_SYSV_ERROR_HANDLING", "y", 0);
 }
 
+#define KVF_UCX_GET_ZCOPY_VAR "CUDA_IPC_ENABLE_GET_ZCOPY"   /* UCX 1.22: on|off|auto */
+
+/*
+ * For an agent of device memory: cuda_ipc GET zero-copy on @a config unless
+ * the operator set UCX_CUDA_IPC_ENABLE_GET_ZCOPY; what happened into
+ * agent->device_cfg. A UCX that does not know the variable (its CUDA module
+ * not loaded, or a UCX without it) says so through ucp_config_modify and is
+ * left as it is.
+ */
+static void kvf_ucx_config_device(kvf_ucx_agent_h agent, ucp_config_t *config)
+{
+    const char *mine = getenv("UCX_" KVF_UCX_GET_ZCOPY_VAR);
+    ucs_status_t s;
+
+    if (mine != NULL) {
+        snprintf(agent->device_cfg, sizeof(agent->device_cfg), "UCX_%s=%s (the operator's)",
+                 KVF_UCX_GET_ZCOPY_VAR, mine);
+        return;
+    }
+    s = ucp_config_modify(config, KVF_UCX_GET_ZCOPY_VAR, "y");
+    if (s == UCS_OK) {
+        snprintf(agent->device_cfg, sizeof(agent->device_cfg),
+                 "UCX_%s=y (cuda_ipc GET zero-copy, set by kvferry)", KVF_UCX_GET_ZCOPY_VAR);
+    } else {
+        snprintf(agent->device_cfg, sizeof(agent->device_cfg),
+                 "UCX_%s not set: this UCX does not know it (%s)", KVF_UCX_GET_ZCOPY_VAR,
+                 ucs_status_string(s));
+    }
+}
+
 static ucs_status_t kvf_ucx_am_cb(void *arg, const void *header, size_t header_length,
                                   void *data, size_t length, const ucp_am_recv_param_t *param)
 {
@@ -125,6 +160,12 @@ kvf_status_t kvf_ucx_agent_create(const kvf_ucx_agent_params_t *params,
                   "remote read-write (2)", (int)params->access);
         return KVF_ERR_INVALID_PARAM;
     }
+    if ((params != NULL) && (params->field_mask & KVF_UCX_AGENT_PARAM_FIELD_MEM_TYPE) &&
+        ((unsigned)params->mem_type >= KVF_XFER_MEM_TYPES)) {
+        kvf_error("ucx agent params: mem_type %d is not one of host (0), cuda (1)",
+                  (int)params->mem_type);
+        return KVF_ERR_INVALID_PARAM;
+    }
     agent = calloc(1, sizeof(*agent));
     if (agent == NULL) {
         return KVF_ERR_NO_MEMORY;
@@ -150,6 +191,10 @@ kvf_status_t kvf_ucx_agent_create(const kvf_ucx_agent_params_t *params,
     }
 
     KVF_UCX_CHECK_GOTO(ucp_config_read(NULL, NULL, &config), status, err_free_ring);
+    if ((params != NULL) && (params->field_mask & KVF_UCX_AGENT_PARAM_FIELD_MEM_TYPE) &&
+        (params->mem_type == KVF_XFER_MEM_CUDA)) {
+        kvf_ucx_config_device(agent, config);
+    }
     memset(&ucp_params, 0, sizeof(ucp_params));
     ucp_params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
     /* WAKEUP: an idle owner can sleep in poll() on the worker's event fd
@@ -179,20 +224,16 @@ kvf_status_t kvf_ucx_agent_create(const kvf_ucx_agent_params_t *params,
     KVF_UCX_CHECK_GOTO(ucp_worker_set_am_recv_handler(agent->worker, &am), status,
                        err_destroy_worker);
 
-    if (agent->access == KVF_UCX_ACCESS_LOCAL) {
-        /* no key of its own is ever packed: learn the key layout now, so a peer's
-         * key in a handshake reply gets the full check before any connect */
-        kvf_ucx_rkey_layout_probe(agent);
-    }
     tls = getenv("UCX_TLS");
     snprintf(agent->tls_env, sizeof(agent->tls_env), "%s", (tls != NULL) ? tls : "all");
     snprintf(agent->transports, sizeof(agent->transports), "UCX_TLS=%s; ep lanes: none",
              agent->tls_env);
     kvf_log(KVF_LOG_INFO, KVF_SUB_XFER, "%s: ucx %s, UCX_TLS=%s, peer error mode %s, "
-            "posix/sysv error handling %s/%s", agent->name, ucp_get_version_string(),
+            "posix/sysv error handling %s/%s%s%s", agent->name, ucp_get_version_string(),
             agent->tls_env, agent->peer_err_mode ? "on" : "off",
             getenv("UCX_POSIX_ERROR_HANDLING") ? getenv("UCX_POSIX_ERROR_HANDLING") : "n",
-            getenv("UCX_SYSV_ERROR_HANDLING") ? getenv("UCX_SYSV_ERROR_HANDLING") : "n");
+            getenv("UCX_SYSV_ERROR_HANDLING") ? getenv("UCX_SYSV_ERROR_HANDLING") : "n",
+            (agent->device_cfg[0] != '\0') ? ", device memory: " : "", agent->device_cfg);
     *agent_p = agent;
     return KVF_OK;
 
@@ -249,6 +290,11 @@ kvf_status_t kvf_ucx_agent_worker_address(kvf_ucx_agent_h agent, uint8_t *buf, s
     *len_p = len;
     ucp_worker_release_address(agent->worker, addr);
     return KVF_OK;
+}
+
+const char *kvf_ucx_agent_device_config(kvf_ucx_agent_h agent)
+{
+    return agent->device_cfg;
 }
 
 const char *kvf_ucx_agent_transports(kvf_ucx_agent_h agent)

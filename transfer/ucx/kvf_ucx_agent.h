@@ -40,8 +40,9 @@ enum kvf_ucx_agent_params_field {          /* append only, never renumber */
     KVF_UCX_AGENT_PARAM_FIELD_TIMEOUT_MS = KVF_BIT(1),
     KVF_UCX_AGENT_PARAM_FIELD_ERR_MODE   = KVF_BIT(2),
     KVF_UCX_AGENT_PARAM_FIELD_ACCESS     = KVF_BIT(3),
+    KVF_UCX_AGENT_PARAM_FIELD_MEM_TYPE   = KVF_BIT(4),
 };
-#define KVF_UCX_AGENT_PARAM_FIELDS_KNOWN (KVF_BIT(4) - 1)
+#define KVF_UCX_AGENT_PARAM_FIELDS_KNOWN (KVF_BIT(5) - 1)
 
 /**
  * What peers may do to the regions an agent maps (ucp_mem_map's prot).
@@ -71,6 +72,9 @@ typedef struct kvf_ucx_agent_params {
     bool        peer_err_mode;  /* UCP_ERR_HANDLING_MODE_PEER; default true */
     kvf_ucx_access_t access;    /* of every region this agent maps; default
                                  * KVF_UCX_ACCESS_REMOTE_READ */
+    kvf_xfer_mem_type_t mem_type; /* memory its regions will be in; default HOST.
+                                 * CUDA: the agent sets on its own UCX config what
+                                 * device memory needs (kvf_ucx_agent_create()) */
 } kvf_ucx_agent_params_t;
 
 typedef enum {
@@ -80,8 +84,20 @@ typedef enum {
 
 /**
  * Create an agent: ucp context (RMA + AM features) and one worker.
- * @return KVF_OK; KVF_ERR_INVALID_PARAM for unknown field_mask bits or an
- *         access outside kvf_ucx_access_t; KVF_ERR_UCX (or a mapped status) when UCX init fails (logged).
+ * For an agent whose regions are CUDA memory (params->mem_type) it sets, on
+ * its own ucp config (ucp_config_modify, nothing process-wide), what UCX
+ * needs to read device memory at full speed, so the operator need not know
+ * UCX's variables: CUDA_IPC_ENABLE_GET_ZCOPY=y, cuda_ipc GET zero-copy,
+ * which UCX 1.22 turns off on GPUs without NVLink ("cuda-ipc get zcopy
+ * disabled as no nvlinks detected": 0.5-0.7 GB/s GETs instead of tens to
+ * hundreds). An operator's UCX_CUDA_IPC_ENABLE_GET_ZCOPY stands as set; a
+ * UCX that does not know the variable (one without its CUDA modules) is
+ * left as it is. The info line that describes the agent names the outcome
+ * (kvf_ucx_agent_device_config()).
+ * @return KVF_OK; KVF_ERR_INVALID_PARAM for unknown field_mask bits, an
+ *         access outside kvf_ucx_access_t or a mem_type outside
+ *         kvf_xfer_mem_type_t (logged by name); KVF_ERR_UCX (or a mapped
+ *         status) when UCX init fails (logged).
  */
 kvf_status_t kvf_ucx_agent_create(const kvf_ucx_agent_params_t *params,
                                   kvf_ucx_agent_h *agent_p);
@@ -152,6 +168,14 @@ kvf_status_t kvf_ucx_agent_region_meta(kvf_ucx_agent_h agent, int region,
 kvf_status_t kvf_ucx_agent_mem_reach(kvf_ucx_agent_h agent, kvf_xfer_mem_type_t type,
                                      char *what, size_t what_len);
 
+/**
+ * What the agent set on its UCX config for device memory, e.g.
+ * "UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y (cuda_ipc GET zero-copy, set by kvferry)",
+ * "UCX_CUDA_IPC_ENABLE_GET_ZCOPY=n (the operator's)", or "" for a host-memory
+ * agent. Owned by the agent. Any thread.
+ */
+const char *kvf_ucx_agent_device_config(kvf_ucx_agent_h agent);
+
 /** What kvf_ucx_agent_mem_reach() writes to @a what: UCX version, memory types, UCX_TLS. */
 void kvf_ucx_agent_describe(kvf_ucx_agent_h agent, char *buf, size_t len);
 
@@ -199,19 +223,18 @@ kvf_status_t kvf_ucx_agent_arm(kvf_ucx_agent_h agent);
 uint64_t kvf_ucx_agent_ops_posted(kvf_ucx_agent_h agent);
 
 /**
- * Check a peer's packed remote key before anything hands it to
- * ucp_ep_rkey_unpack() (which trusts its input): length 1..KVF_RKEY_MAX, and,
- * once this process has seen its own first packed key walk cleanly as
- * UCX's layout (a 64-bit memory-domain map, a memory-type byte below
- * UCS_MEMORY_TYPE_LAST, one size byte plus that many bytes per map bit, an
- * optional system-device byte and 3-byte distance records), that the key
- * walks the same way to its last byte. A UCX whose own keys do not walk so
- * gets the length check only (logged once at warn level). Catches garbage;
- * a peer that crafts a well-formed key for memory it does not own is not
- * caught here (UCX checks nothing more either).
+ * Bound a peer's packed remote key before it is handed to
+ * ucp_ep_rkey_unpack(): 1..KVF_RKEY_MAX bytes. Nothing else: the key is
+ * UCX's private format (its layout changes between UCX versions; a newer
+ * UCX may append bytes), so it is never parsed here. What vouches for a key
+ * is who sent it: handshake replies come only from authenticated pool
+ * members (CURVE on the side channel; docs/SECURITY.md "Remote keys"), and
+ * every descriptor posted with it is range-checked against the region the
+ * peer advertised (kvf_ucx_xfer_post()).
  *
- * @param [out] why  What is wrong (NUL-terminated), when not KVF_OK.
- * @return KVF_OK; KVF_ERR_PARSE for a key that does not walk.
+ * @param [out] why  What is wrong, naming rkey_len and its value
+ *                   (NUL-terminated), when not KVF_OK.
+ * @return KVF_OK; KVF_ERR_PARSE for a NULL, empty or oversized key.
  * Any thread.
  */
 kvf_status_t kvf_ucx_rkey_check(const uint8_t *rkey, size_t len, char *why, size_t why_len);
@@ -221,10 +244,12 @@ kvf_status_t kvf_ucx_rkey_check(const uint8_t *rkey, size_t len, char *why, size
  * unpack every region's rkey (once; cached in the peer) after
  * kvf_ucx_rkey_check() passed for it and its memory type is one this UCX
  * reaches (kvf_ucx_agent_mem_reach()).
- * @return KVF_OK; KVF_ERR_PARSE for an rkey the check refuses or UCX cannot
- *         unpack (nothing connected then); KVF_ERR_UNSUPPORTED for a region
- *         in memory this UCX cannot reach (logged naming both); mapped UCX
- *         errors.
+ * @return KVF_OK; KVF_ERR_PARSE for an rkey outside 1..KVF_RKEY_MAX
+ *         (nothing connected then); KVF_ERR_REFUSED when
+ *         ucp_ep_rkey_unpack() refuses a key (logged naming the region, the
+ *         rank, its engine and UCX's status; nothing connected then);
+ *         KVF_ERR_UNSUPPORTED for a region in memory this UCX cannot reach
+ *         (logged naming both); mapped UCX errors.
  */
 kvf_status_t kvf_ucx_peer_connect(kvf_ucx_agent_h agent, const kvf_rank_meta_t *meta,
                                   kvf_ucx_peer_h *peer_p);

@@ -22,6 +22,8 @@
  * (1.12). Without the query a UCX counts as reaching host memory only. */
 #define KVF_UCX_HAS_MEM_TYPE_PARAMS (UCP_API_VERSION >= UCP_VERSION(1, 10))
 #define KVF_UCX_HAS_MEM_TYPES_QUERY (UCP_API_VERSION >= UCP_VERSION(1, 12))
+/* ucp_request_param_t's memh and UCP_OP_ATTR_FLAG_MULTI_SEND (both in 1.13's headers) */
+#define KVF_UCX_HAS_OP_MEMH         (UCP_API_VERSION >= UCP_VERSION(1, 13))
 
 typedef struct kvf_ucx_region {
     void    *addr;
@@ -48,6 +50,7 @@ struct kvf_ucx_agent {
     kvf_ucx_region_t regions[KVF_XFER_MAX_REGIONS];
     uint64_t         ops_posted;
     char             tls_env[128];
+    char             device_cfg[160];  /* kvf_ucx_agent_device_config() */
     char             transports[640];
     kvf_ucx_peer_h   peers[KVF_UCX_MAX_PEERS];   /* connected, for destroy */
     int              num_peers;
@@ -83,17 +86,6 @@ struct kvf_ucx_batch {
     void          *flush_req;   /* NULL once completed */
     kvf_status_t   status;      /* KVF_INPROGRESS until the flush completes */
 };
-
-/*
- * Learn whether this UCX's packed keys walk (kvf_ucx_rkey_check()'s full
- * check) from the key of a 64-byte scratch region mapped, packed, released
- * and unmapped at once, for an agent that publishes no key of its own (a
- * KVF_UCX_ACCESS_LOCAL agent: decode). Called when such an agent is created,
- * so the handshake reply's keys (kvf_connector_ucx_peer.c) get the full check
- * before any endpoint connect, and again at connect. No-op once known
- * (kvf_ucx_mem.c).
- */
-void kvf_ucx_rkey_layout_probe(kvf_ucx_agent_h agent);
 
 /*
  * The memory types this agent's UCX context reaches (ucp_context_query's

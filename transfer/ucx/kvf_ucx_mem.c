@@ -1,13 +1,12 @@
 /*
  * UCX agent: registered regions (ucp_mem_map) and remote keys, packed for
- * publication and checked before a peer's key reaches ucp_ep_rkey_unpack().
+ * publication; a peer's key is bounded before ucp_ep_rkey_unpack() sees it.
  */
 #include "kvf_ucx_agent_int.h"
 
 #include "kvf_device.h"
 #include "kvf_log.h"
 
-#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -197,99 +196,23 @@ kvf_status_t kvf_ucx_agent_mem_alloc(kvf_ucx_agent_h agent, size_t len, void **a
     return kvf_ucx_agent_map(agent, NULL, len, KVF_XFER_MEM_HOST, addr_p, region_p);
 }
 
-/* 0: not yet known whether this UCX packs keys the way the walk expects;
- * 1: our own key walked cleanly (full check); -1: it did not (length only). */
-static atomic_int kvf_ucx_rkey_layout_known;
-
-/* Walk a packed key as ucp_rkey_pack() lays it out; see kvf_ucx_rkey_check(). */
-static kvf_status_t kvf_ucx_rkey_walk(const uint8_t *k, size_t len, char *why, size_t why_len)
-{
-    uint64_t md_map;
-    size_t off = sizeof(md_map) + 1;
-
-    if (len < off) {
-        snprintf(why, why_len, "%zu bytes, shorter than its %zu-byte header", len, off);
-        return KVF_ERR_PARSE;
-    }
-    memcpy(&md_map, k, sizeof(md_map));
-    if (md_map == 0) {
-        snprintf(why, why_len, "names no memory domain");
-        return KVF_ERR_PARSE;
-    }
-    if (k[sizeof(md_map)] >= UCS_MEMORY_TYPE_LAST) {
-        snprintf(why, why_len, "memory type %u is not one UCX knows", k[sizeof(md_map)]);
-        return KVF_ERR_PARSE;
-    }
-    for (int md = 0; md < 64; ++md) {
-        if (((md_map >> md) & 1u) == 0) {
-            continue;
-        }
-        if ((off >= len) || (k[off] > len - off - 1)) {
-            snprintf(why, why_len, "the key of memory domain %d runs past its %zu bytes", md,
-                     len);
-            return KVF_ERR_PARSE;
-        }
-        off += 1 + (size_t)k[off];
-    }
-    if ((off < len) && ((len - off - 1) % 3 != 0)) {   /* sys_dev + distance records */
-        snprintf(why, why_len, "%zu trailing bytes are no device-distance records", len - off);
-        return KVF_ERR_PARSE;
-    }
-    return KVF_OK;
-}
-
-/* Learn from our own packed key whether peers' keys can be walked (once per process). */
-static void kvf_ucx_rkey_learn(kvf_ucx_agent_h agent, const void *rkey, size_t len)
-{
-    char why[128];
-
-    if (atomic_load(&kvf_ucx_rkey_layout_known) != 0) {
-        return;
-    }
-    if (kvf_ucx_rkey_walk(rkey, len, why, sizeof(why)) == KVF_OK) {
-        atomic_store(&kvf_ucx_rkey_layout_known, 1);
-    } else {
-        atomic_store(&kvf_ucx_rkey_layout_known, -1);
-        kvf_warn("%s: this UCX packs remote keys in an unknown layout (%s): peers' keys"
-                 " get a length check only", agent->name, why);
-    }
-}
-
-void kvf_ucx_rkey_layout_probe(kvf_ucx_agent_h agent)
-{
-    static uint8_t scratch[64];
-    ucp_mem_map_params_t mp;
-    ucp_mem_h memh;
-    void *rkey_buf;
-    size_t rkey_len;
-
-    if (atomic_load(&kvf_ucx_rkey_layout_known) != 0) {
-        return;
-    }
-    memset(&mp, 0, sizeof(mp));
-    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
-    mp.address = scratch;
-    mp.length = sizeof(scratch);
-    if (ucp_mem_map(agent->context, &mp, &memh) != UCS_OK) {
-        return;                 /* learnt later, or never: length checks only */
-    }
-    if (ucp_rkey_pack(agent->context, memh, &rkey_buf, &rkey_len) == UCS_OK) {
-        kvf_ucx_rkey_learn(agent, rkey_buf, rkey_len);   /* never leaves this function */
-        ucp_rkey_buffer_release(rkey_buf);
-    }
-    KVF_UCX_CHECK_IGNORE(ucp_mem_unmap(agent->context, memh));
-}
-
+/*
+ * Design: a peer's packed key is opaque. It is bounded here and handed to
+ * ucp_ep_rkey_unpack() as it came; what vouches for it is who sent it (an
+ * authenticated pool member, docs/SECURITY.md "Remote keys").
+ * Rejected: walking UCX's packed layout to refuse garbage before UCX sees
+ * it. That layout is UCX's private format and changes between versions
+ * (UCX 1.22 appends bytes to a CUDA key that the 1.13 layout has no room
+ * for), so the walk refused every key of a newer UCX, and learning the
+ * layout meant registering a shared scratch buffer in every agent.
+ */
 kvf_status_t kvf_ucx_rkey_check(const uint8_t *rkey, size_t len, char *why, size_t why_len)
 {
     if ((rkey == NULL) || (len < 1) || (len > KVF_RKEY_MAX)) {
-        snprintf(why, why_len, "length %zu is outside 1..%d", len, KVF_RKEY_MAX);
+        snprintf(why, why_len, "rkey_len %zu is outside 1..%d", len, KVF_RKEY_MAX);
         return KVF_ERR_PARSE;
     }
-    if (atomic_load(&kvf_ucx_rkey_layout_known) <= 0) {
-        return KVF_OK;
-    }
-    return kvf_ucx_rkey_walk(rkey, len, why, why_len);
+    return KVF_OK;
 }
 
 kvf_status_t kvf_ucx_agent_region_meta(kvf_ucx_agent_h agent, int region,
@@ -316,7 +239,6 @@ kvf_status_t kvf_ucx_agent_region_meta(kvf_ucx_agent_h agent, int region,
         ucp_rkey_buffer_release(rkey_buf);
         return KVF_ERR_NO_RESOURCE;
     }
-    kvf_ucx_rkey_learn(agent, rkey_buf, rkey_len);
     meta_p->rkey_len = rkey_len;
     memcpy(meta_p->rkey, rkey_buf, rkey_len);
     ucp_rkey_buffer_release(rkey_buf);

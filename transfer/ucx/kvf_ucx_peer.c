@@ -164,7 +164,6 @@ kvf_status_t kvf_ucx_peer_connect(kvf_ucx_agent_h agent, const kvf_rank_meta_t *
         (meta->num_regions > KVF_XFER_MAX_REGIONS)) {
         return KVF_ERR_INVALID_PARAM;
     }
-    kvf_ucx_rkey_layout_probe(agent);                 /* decode packs no key of its own */
     for (int i = 0; i < meta->num_regions; ++i) {
         char what[256];
         if (kvf_ucx_agent_mem_reach(agent, meta->regions[i].mem_type, what, sizeof(what)) !=
@@ -179,8 +178,8 @@ kvf_status_t kvf_ucx_peer_connect(kvf_ucx_agent_h agent, const kvf_rank_meta_t *
         char why[128];
         if (kvf_ucx_rkey_check(meta->regions[i].rkey, meta->regions[i].rkey_len, why,
                                sizeof(why)) != KVF_OK) {
-            kvf_error("%s: remote key %d of rank %d of %s refused before ucp_ep_rkey_unpack:"
-                      " %s", agent->name, i, meta->tp_rank, meta->engine_id, why);
+            kvf_error("%s: remote key of region %d of rank %d of %s refused: %s", agent->name,
+                      i, meta->tp_rank, meta->engine_id, why);
             return KVF_ERR_PARSE;
         }
     }
@@ -209,9 +208,11 @@ kvf_status_t kvf_ucx_peer_connect(kvf_ucx_agent_h agent, const kvf_rank_meta_t *
         ucs_status_t ucs = ucp_ep_rkey_unpack(peer->ep, meta->regions[i].rkey,
                                               &peer->regions[i].rkey);
         if (ucs != UCS_OK) {
-            kvf_error("%s: cannot unpack remote key %d of rank %d: %s", agent->name, i,
-                      meta->tp_rank, ucs_status_string(ucs));
-            status = KVF_ERR_PARSE;
+            /* UCX's own checks said no: a refusal of that peer's key, not a local fault */
+            kvf_error("%s: remote key of region %d of rank %d of %s (%zu bytes) refused by "
+                      "ucp_ep_rkey_unpack: %s", agent->name, i, meta->tp_rank,
+                      meta->engine_id, meta->regions[i].rkey_len, ucs_status_string(ucs));
+            status = KVF_ERR_REFUSED;
             goto err_destroy_rkeys;
         }
         peer->regions[i].addr = meta->regions[i].addr;

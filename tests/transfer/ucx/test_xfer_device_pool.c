@@ -6,13 +6,17 @@
  * CPU versions while recording what they were asked), pulling from a host
  * prefill. Checks: the pool is registered as cuda memory (its metadata says
  * so), a zeroing stream is made at registration and destroyed with the
- * connector, after the GETs the whole pages go to kvf_blocks_zero and the
- * partial tails to kvf_zero_ranges on that stream, the stream is synced
+ * connector, every GET names the pool's memory handle, CUDA memory and
+ * UCP_OP_ATTR_FLAG_MULTI_SEND, after the GETs every untransferred range
+ * (whole pages and partial tails alike) goes to ONE kvf_zero_ranges_batch
+ * call on that stream (no per-range or per-page call), the stream is synced
  * before poll reports KVF_OK, and the pool holds the right bytes: pulled
  * pages the prefill's, zeroed tails zero, other pages untouched. What it
  * cannot check: that UCX moves bytes into real device memory (UCX here has no
- * CUDA; host memory mapped as CUDA is accepted by ucp_mem_map and its GETs
- * fall back to host copies), and the CUDA kernels themselves (tests/gpu).
+ * CUDA: ucp_mem_map and ucp_get_nbx are wrapped to take the CUDA memory type
+ * off after recording it, so the bytes move as host copies on UCX 1.13 and
+ * 1.22 alike), and the CUDA kernel itself (tests/kernels/test_kern_zero_batch
+ * with a GPU).
  */
 #include "kvf_connector_ucx.h"
 #include "kvf_handshake.h"
@@ -46,19 +50,31 @@ ucs_status_t __real_ucp_context_query(ucp_context_h context, ucp_context_attr_t 
 ucs_status_t __wrap_ucp_context_query(ucp_context_h context, ucp_context_attr_t *attr);
 int __wrap_kvf_device_stream_create(const kvf_device_t *dev, kvf_device_t *dev_p);
 void __wrap_kvf_device_stream_destroy(kvf_device_t *dev);
-int __real_kvf_blocks_zero(const kvf_device_t *dev, void *base, size_t page_size,
-                           const int64_t *page_ids, size_t n);
 int __wrap_kvf_blocks_zero(const kvf_device_t *dev, void *base, size_t page_size,
                            const int64_t *page_ids, size_t n);
-int __real_kvf_zero_ranges(const kvf_device_t *dev, void *base, const size_t *offsets,
-                           const size_t *lens, size_t n);
 int __wrap_kvf_zero_ranges(const kvf_device_t *dev, void *base, const size_t *offsets,
                            const size_t *lens, size_t n);
+int __real_kvf_zero_ranges_batch(const kvf_device_t *dev, void *base, const size_t *offsets,
+                                 const size_t *lens, size_t n);
+int __wrap_kvf_zero_ranges_batch(const kvf_device_t *dev, void *base, const size_t *offsets,
+                                 const size_t *lens, size_t n);
+ucs_status_t __real_ucp_mem_map(ucp_context_h context, const ucp_mem_map_params_t *mp,
+                                ucp_mem_h *memh_p);
+ucs_status_t __wrap_ucp_mem_map(ucp_context_h context, const ucp_mem_map_params_t *mp,
+                                ucp_mem_h *memh_p);
+ucs_status_ptr_t __real_ucp_get_nbx(ucp_ep_h ep, void *buffer, size_t count,
+                                    uint64_t remote_addr, ucp_rkey_h rkey,
+                                    const ucp_request_param_t *param);
+ucs_status_ptr_t __wrap_ucp_get_nbx(ucp_ep_h ep, void *buffer, size_t count,
+                                    uint64_t remote_addr, ucp_rkey_h rkey,
+                                    const ucp_request_param_t *param);
 int __wrap_kvf_device_sync(const kvf_device_t *dev);
 
 static const uint8_t *dev_lo, *dev_hi;    /* the "device" pool */
 static int streams_made, streams_destroyed, syncs, sync_after_zero;
-static size_t blocks_zeroed_pages, ranges_zeroed, ranges_zero_bytes, blocks_calls, range_calls;
+static size_t batch_calls, ranges_zeroed, ranges_zero_bytes, gets_device, gets_memh;
+static size_t old_zero_calls;              /* kvf_blocks_zero / kvf_zero_ranges: never */
+static ucp_mem_h dev_memh;                 /* the "device" pool's registration */
 static bool zero_since_sync;
 
 bool __wrap_kvf_device_ptr_is_cuda(const void *ptr)
@@ -98,30 +114,75 @@ void __wrap_kvf_device_stream_destroy(kvf_device_t *dev)
 int __wrap_kvf_blocks_zero(const kvf_device_t *dev, void *base, size_t page_size,
                            const int64_t *page_ids, size_t n)
 {
-    kvf_device_t cpu = kvf_device_cpu();
-
-    assert_int_equal(dev->kind, KVF_DEVICE_CUDA);
-    assert_ptr_equal(dev->stream, FAKE_STREAM);   /* on the pool's own stream */
-    blocks_calls++;
-    blocks_zeroed_pages += n;
-    zero_since_sync = true;
-    return __real_kvf_blocks_zero(&cpu, base, page_size, page_ids, n);
+    (void)dev, (void)base, (void)page_size, (void)page_ids, (void)n;
+    old_zero_calls++;
+    return KVF_KERN_EINVAL;
 }
 
 int __wrap_kvf_zero_ranges(const kvf_device_t *dev, void *base, const size_t *offsets,
                            const size_t *lens, size_t n)
 {
+    (void)dev, (void)base, (void)offsets, (void)lens, (void)n;
+    old_zero_calls++;
+    return KVF_KERN_EINVAL;
+}
+
+int __wrap_kvf_zero_ranges_batch(const kvf_device_t *dev, void *base, const size_t *offsets,
+                                 const size_t *lens, size_t n)
+{
     kvf_device_t cpu = kvf_device_cpu();
 
     assert_int_equal(dev->kind, KVF_DEVICE_CUDA);
-    assert_ptr_equal(dev->stream, FAKE_STREAM);
-    range_calls++;
+    assert_ptr_equal(dev->stream, FAKE_STREAM);   /* on the pool's own stream */
+    assert_ptr_equal(base, dev_lo);
+    batch_calls++;
     ranges_zeroed += n;
     for (size_t i = 0; i < n; ++i) {
         ranges_zero_bytes += lens[i];
     }
     zero_since_sync = true;
-    return __real_kvf_zero_ranges(&cpu, base, offsets, lens, n);
+    return __real_kvf_zero_ranges_batch(&cpu, base, offsets, lens, n);   /* the same split */
+}
+
+/* The "device" pool's registration: recorded, then mapped as the host memory it is. */
+ucs_status_t __wrap_ucp_mem_map(ucp_context_h context, const ucp_mem_map_params_t *mp,
+                                ucp_mem_h *memh_p)
+{
+    ucp_mem_map_params_t p = *mp;
+    bool dev = (mp->field_mask & UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE) &&
+               (mp->memory_type == UCS_MEMORY_TYPE_CUDA);
+    ucs_status_t s;
+
+    if (dev) {
+        assert_ptr_equal(mp->address, dev_lo);
+        p.field_mask &= ~(uint64_t)UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+    }
+    s = __real_ucp_mem_map(context, &p, memh_p);
+    if (dev && (s == UCS_OK)) {
+        dev_memh = *memh_p;
+    }
+    return s;
+}
+
+/* GETs into the "device" pool: what they name is recorded, the CUDA type taken off. */
+ucs_status_ptr_t __wrap_ucp_get_nbx(ucp_ep_h ep, void *buffer, size_t count,
+                                    uint64_t remote_addr, ucp_rkey_h rkey,
+                                    const ucp_request_param_t *param)
+{
+    ucp_request_param_t p = *param;
+
+    if ((dev_lo != NULL) && ((uint8_t *)buffer >= dev_lo) && ((uint8_t *)buffer < dev_hi)) {
+        if ((param->op_attr_mask & UCP_OP_ATTR_FIELD_MEMORY_TYPE) &&
+            (param->memory_type == UCS_MEMORY_TYPE_CUDA)) {
+            gets_device++;
+            p.op_attr_mask &= ~(uint32_t)UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+        }
+        if ((param->op_attr_mask & UCP_OP_ATTR_FIELD_MEMH) && (param->memh == dev_memh) &&
+            (param->op_attr_mask & UCP_OP_ATTR_FLAG_MULTI_SEND)) {
+            gets_memh++;
+        }
+    }
+    return __real_ucp_get_nbx(ep, buffer, count, remote_addr, rkey, &p);
 }
 
 int __wrap_kvf_device_sync(const kvf_device_t *dev)
@@ -195,15 +256,18 @@ static void test_device_pool_zeroing(void **state)
     assert_int_equal(ops->start_pull(dec, 0, &pull, &req), KVF_OK);
     while (((s = ops->poll(dec, 0, req)) == KVF_INPROGRESS) && (kvf_time_now_ns() < deadline)) {
     }
-    print_message("pull: %s; blocks_zero %zu call(s), %zu page(s); zero_ranges %zu call(s), "
-                  "%zu range(s), %zu bytes; %d sync(s)\n", kvf_status_str(s), blocks_calls,
-                  blocks_zeroed_pages, range_calls, ranges_zeroed, ranges_zero_bytes, syncs);
+    print_message("pull: %s; zero_ranges_batch %zu call(s), %zu range(s), %zu bytes; %d "
+                  "sync(s); %zu GETs named cuda, %zu the pool's memh\n", kvf_status_str(s),
+                  batch_calls, ranges_zeroed, ranges_zero_bytes, syncs, gets_device, gets_memh);
     assert_int_equal(s, KVF_OK);
     assert_int_equal(ops->req_stats(dec, 0, req, &st), KVF_OK);
-    assert_int_equal(blocks_calls, 1);
-    assert_int_equal(range_calls, 1);
-    assert_int_equal(blocks_zeroed_pages * psz + ranges_zero_bytes, st.zero_bytes);
-    assert_true(ranges_zero_bytes > 0);               /* block 2 is partial: a tail */
+    assert_int_equal(batch_calls, 1);                 /* every range, one launch */
+    assert_int_equal(old_zero_calls, 0);
+    assert_int_equal(ranges_zero_bytes, st.zero_bytes);
+    assert_true(ranges_zeroed >= 1);                  /* block 2 is partial: a tail */
+    assert_true(st.descriptors >= 1);
+    assert_int_equal(gets_device, st.descriptors);    /* every GET: cuda, memh, multi-send */
+    assert_int_equal(gets_memh, st.descriptors);
     assert_int_equal(sync_after_zero, 1);             /* synced once, after the zeroing */
     assert_false(zero_since_sync);
     /* KV digests read the pool on the host: not for a device pool */
@@ -237,10 +301,10 @@ static void test_device_pool_zeroing(void **state)
     }
 
     /* 48 tokens: three whole blocks, and a fourth local block for the first generated
-     * token, never pulled: its pages are zeroed whole, by the page kernel */
+     * token, never pulled: its pages are zeroed whole, by the same single launch */
     {
         static const int32_t lids2[4] = {0, 2, 5, 3};
-        blocks_calls = range_calls = blocks_zeroed_pages = ranges_zero_bytes = 0;
+        batch_calls = ranges_zeroed = ranges_zero_bytes = 0;
         sync_after_zero = 0;
         pull.num_tokens = 48;
         pull.local_ids[0] = lids2;
@@ -249,13 +313,14 @@ static void test_device_pool_zeroing(void **state)
         while (((s = ops->poll(dec, 0, req)) == KVF_INPROGRESS) &&
                (kvf_time_now_ns() < deadline)) {
         }
-        print_message("pull of 48: %s; blocks_zero %zu page(s), zero_ranges %zu bytes\n",
-                      kvf_status_str(s), blocks_zeroed_pages, ranges_zero_bytes);
+        print_message("pull of 48: %s; zero_ranges_batch %zu call(s), %zu bytes\n",
+                      kvf_status_str(s), batch_calls, ranges_zero_bytes);
         assert_int_equal(s, KVF_OK);
         assert_int_equal(ops->req_stats(dec, 0, req, &st), KVF_OK);
         assert_int_equal(ops->finish_pull(dec, 0, req), KVF_OK);
-        assert_int_equal(blocks_zeroed_pages * psz, page);   /* block 3, whole */
-        assert_int_equal(ranges_zero_bytes, 0);
+        assert_int_equal(batch_calls, 1);
+        assert_int_equal(ranges_zero_bytes, page);          /* block 3, whole */
+        assert_int_equal(old_zero_calls, 0);
         assert_int_equal(st.zero_bytes, page);
         assert_int_equal(sync_after_zero, 1);
         for (int i = 0; i < 3; ++i) {

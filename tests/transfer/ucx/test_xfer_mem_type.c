@@ -13,8 +13,6 @@
  *   without CUDA, naming the memory type; a pool declared cuda whose memory
  *   CUDA does not know is refused as an invalid parameter; a peer whose
  *   region is cuda is refused at connect.
- * - the split of the zero post-ops of a device pool into whole pages (one
- *   kvf_blocks_zero kernel) and partial tails (kvf_zero_ranges).
  */
 #include "kvf_connector_ucx_int.h"
 #include "xfer_test_pool.h"
@@ -279,44 +277,12 @@ out:
     free(mem);
 }
 
-/* Pages of 100 bytes: whole pages to the kernel, partial ranges to the memset. */
-static void test_zero_split(void **state)
-{
-    const size_t off[] = {50, 300, 510, 600, 1000};
-    const size_t len[] = {200, 200, 10, 100, 250};
-    int64_t pages[32];
-    size_t roff[16], rlen[16], np = 0, nr;
-    const int64_t want_pages[] = {1, 3, 4, 6, 10, 11};
-    const size_t want_off[] = {50, 200, 510, 1200};
-    const size_t want_len[] = {50, 50, 10, 50};
-
-    (void)state;
-    nr = kvf_conn_zero_split(off, len, 5, 100, pages, &np, roff, rlen);
-    assert_int_equal(np, 6);
-    assert_memory_equal(pages, want_pages, sizeof(want_pages));
-    assert_int_equal(nr, 4);
-    assert_memory_equal(roff, want_off, sizeof(want_off));
-    assert_memory_equal(rlen, want_len, sizeof(want_len));
-    /* every byte exactly once */
-    {
-        size_t total = 0, want = 0;
-        for (size_t i = 0; i < 5; ++i) {
-            want += len[i];
-        }
-        for (size_t i = 0; i < nr; ++i) {
-            total += rlen[i];
-        }
-        assert_int_equal(total + np * 100, want);
-    }
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_agent_reach),
         cmocka_unit_test(test_handshake_refuses_unreachable_type),
         cmocka_unit_test(test_register_and_connect_refuse_cuda),
-        cmocka_unit_test(test_zero_split),
     };
     kvf_log_init("test");
     if (xt_setup() != 0) {

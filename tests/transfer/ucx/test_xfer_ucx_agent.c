@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <ucp/api/ucp.h>
 #include <cmocka.h>
 
@@ -182,6 +183,26 @@ static void test_get_put_notify(void **state)
     free(lb);
 }
 
+/*
+ * The UCX this program loads is the one it was built against (pkg-config's
+ * version, KVF_UCX_BUILT_VERSION): a CUDA build against the libucx-cu13 wheel
+ * (1.22) must not run on Debian's 1.13 through a stray library path, nor the
+ * other way round (tests/run.sh builds the transfer tests against both).
+ */
+static void test_ucx_version(void **state)
+{
+    unsigned major, minor, release;
+    char v[32];
+
+    (void)state;
+    ucp_get_version(&major, &minor, &release);
+    snprintf(v, sizeof(v), "%u.%u.%u", major, minor, release);
+    assert_string_equal(v, KVF_UCX_BUILT_VERSION);
+    assert_string_equal(ucp_get_version_string(), KVF_UCX_BUILT_VERSION);
+    assert_int_equal(major, UCP_API_MAJOR);
+    assert_int_equal(minor, UCP_API_MINOR);
+}
+
 static void test_status_map(void **state)
 {
     (void)state;
@@ -208,8 +229,8 @@ static void test_bad_params(void **state)
     assert_int_equal(kvf_ucx_agent_create(&p, &a), KVF_ERR_INVALID_PARAM);
     a = make_agent("bad");
     /* metadata the agent can reject without asking UCX (UCX itself does not
-     * validate packed rkeys: kvf_compat_check(), kvf_ucx_rkey_check() and the
-     * unpack bounds are the guard against a malformed peer; test_rkey_check) */
+     * validate packed rkeys: who may send one is the guard, the side channel's
+     * CURVE authentication; kvf_ucx_rkey_check() bounds the length; test_rkey_check) */
     m->num_regions = KVF_XFER_MAX_REGIONS + 1;
     m->worker_addr_len = 8;
     assert_int_equal(kvf_ucx_peer_connect(a, m, &peer), KVF_ERR_INVALID_PARAM);
@@ -227,86 +248,248 @@ static void test_bad_params(void **state)
 }
 
 /*
- * Runs first, in a process where nothing has packed a key yet: a decode
- * agent (LOCAL, packs no key of its own) learns UCX's key layout when it is
- * created, so a garbage key in a handshake reply is refused by the full
- * check before any endpoint exists (not just by its length).
+ * ucp_ep_rkey_unpack wrapped at link time: passes through, except while
+ * unpack_refuse is set, when it says no as UCX's own checks would.
  */
-static void test_rkey_check_local_first(void **state)
-{
-    kvf_ucx_agent_h d = make_agent_access("decode-first", KVF_UCX_ACCESS_LOCAL);
-    uint8_t key[24];
-    char why[128];
+ucs_status_t __real_ucp_ep_rkey_unpack(ucp_ep_h ep, const void *rkey_buffer,
+                                       ucp_rkey_h *rkey_p);
+ucs_status_t __wrap_ucp_ep_rkey_unpack(ucp_ep_h ep, const void *rkey_buffer,
+                                       ucp_rkey_h *rkey_p);
+static bool unpack_refuse;
+static int unpack_calls;
 
-    (void)state;
-    memset(key, 0, sizeof(key));                       /* names no memory domain */
-    assert_int_equal(kvf_ucx_rkey_check(key, sizeof(key), why, sizeof(why)), KVF_ERR_PARSE);
-    assert_non_null(strstr(why, "no memory domain"));
-    key[0] = 1;
-    key[8] = 0xee;                                     /* a memory type UCX does not know */
-    assert_int_equal(kvf_ucx_rkey_check(key, sizeof(key), why, sizeof(why)), KVF_ERR_PARSE);
-    assert_non_null(strstr(why, "memory type 238"));
-    kvf_ucx_agent_destroy(d);
+ucs_status_t __wrap_ucp_ep_rkey_unpack(ucp_ep_h ep, const void *rkey_buffer,
+                                       ucp_rkey_h *rkey_p)
+{
+    unpack_calls++;
+    if (unpack_refuse) {
+        return UCS_ERR_INVALID_PARAM;
+    }
+    return __real_ucp_ep_rkey_unpack(ep, rkey_buffer, rkey_p);
 }
 
-/* Garbage remote keys are refused before ucp_ep_rkey_unpack (which trusts its input). */
+/* Run kvf_ucx_peer_connect() with stderr captured into @a log (the agent's log lines). */
+static kvf_status_t connect_logged(kvf_ucx_agent_h a, const kvf_rank_meta_t *m,
+                                   kvf_ucx_peer_h *peer_p, char *log, size_t cap)
+{
+    FILE *tmp = tmpfile();
+    int saved = dup(2);
+    kvf_status_t status;
+    size_t n;
+
+    assert_non_null(tmp);
+    assert_true(saved >= 0);
+    fflush(stderr);
+    assert_true(dup2(fileno(tmp), 2) >= 0);
+    status = kvf_ucx_peer_connect(a, m, peer_p);
+    fflush(stderr);
+    assert_true(dup2(saved, 2) >= 0);
+    close(saved);
+    rewind(tmp);
+    n = fread(log, 1, cap - 1, tmp);
+    log[n] = '\0';
+    fclose(tmp);
+    fputs(log, stderr);   /* still in the test's output */
+    return status;
+}
+
+/* GET all of a 64 KiB pool through @a peer and check every byte (pattern @a seed). */
+static void get_all_checked(kvf_ucx_agent_h a, kvf_ucx_agent_h b, kvf_ucx_peer_h peer,
+                            int local_region, uint8_t *local, uint8_t seed)
+{
+    const kvf_xfer_desc_t desc = {0, 0, 1 << 16};
+    kvf_ucx_batch_h batch;
+    uint64_t deadline = kvf_time_now_ns() + 5000000000ull;
+
+    memset(local, 0, 1 << 16);
+    assert_int_equal(kvf_ucx_xfer_post(a, peer, KVF_UCX_OP_GET, local_region, 0, &desc, 1,
+                                       &batch), KVF_OK);
+    while (kvf_ucx_batch_test(batch) == KVF_INPROGRESS) {   /* this thread drives both */
+        assert_true(kvf_time_now_ns() < deadline);
+        kvf_ucx_agent_progress(b);
+        kvf_ucx_agent_progress(a);
+    }
+    assert_int_equal(kvf_ucx_batch_test(batch), KVF_OK);
+    kvf_ucx_batch_release(batch);
+    for (size_t i = 0; i < (1 << 16); ++i) {
+        if (local[i] != (uint8_t)(i * 7u + seed)) {
+            fail_msg("byte %zu: 0x%02x, want 0x%02x", i, local[i], (uint8_t)(i * 7u + seed));
+        }
+    }
+}
+
+/*
+ * A peer's key is opaque: bounded (1..KVF_RKEY_MAX), then handed to UCX as
+ * it came. A key with bytes a newer UCX might append is accepted and reads
+ * the pool; empty and oversized keys are refused by name before UCX sees
+ * them; what ucp_ep_rkey_unpack refuses is a refusal naming region and rank.
+ */
 static void test_rkey_check(void **state)
 {
-    kvf_ucx_agent_h a = make_agent("rkey");
+    kvf_ucx_agent_h a = make_agent_access("rkey", KVF_UCX_ACCESS_LOCAL);   /* as decode */
     kvf_ucx_agent_h b = make_agent("rkey-peer");
     kvf_rank_meta_t *m = calloc(1, sizeof(*m));
-    static uint8_t pool[1 << 16];
+    static uint8_t pool[1 << 16], local[1 << 16];
     kvf_xfer_region_meta_t good;
-    kvf_ucx_peer_h peer;
-    char why[128];
-    uint32_t x = 12345;
-    int region;
+    kvf_ucx_peer_h peer = NULL;
+    char why[128], log[4096];
+    int region, lregion, calls;
 
     (void)state;
+    assert_non_null(m);
+    for (size_t i = 0; i < sizeof(pool); ++i) {
+        pool[i] = (uint8_t)(i * 7u + 3);
+    }
     assert_int_equal(kvf_ucx_agent_mem_register(b, pool, sizeof(pool), &region), KVF_OK);
-    meta_of(b, region, m);   /* packing our own key teaches the check UCX's layout */
+    assert_int_equal(kvf_ucx_agent_mem_register(a, local, sizeof(local), &lregion), KVF_OK);
+    meta_of(b, region, m);
     good = m->regions[0];
+    assert_true(good.rkey_len >= 1);
     assert_int_equal(kvf_ucx_rkey_check(good.rkey, good.rkey_len, why, sizeof(why)), KVF_OK);
-    /* truncated, padded, empty, oversized */
-    assert_int_equal(kvf_ucx_rkey_check(good.rkey, good.rkey_len - 1, why, sizeof(why)),
-                     KVF_ERR_PARSE);
-    assert_int_equal(kvf_ucx_rkey_check(good.rkey, 5, why, sizeof(why)), KVF_ERR_PARSE);
+    /* any length in bounds passes: the bytes are UCX's to judge, not ours */
+    assert_int_equal(kvf_ucx_rkey_check(good.rkey, 1, why, sizeof(why)), KVF_OK);
+    assert_int_equal(kvf_ucx_rkey_check(good.rkey, KVF_RKEY_MAX, why, sizeof(why)), KVF_OK);
+    /* empty, oversized, missing: refused, named with the value */
     assert_int_equal(kvf_ucx_rkey_check(good.rkey, 0, why, sizeof(why)), KVF_ERR_PARSE);
+    assert_non_null(strstr(why, "rkey_len 0 is outside 1..2048"));
     assert_int_equal(kvf_ucx_rkey_check(good.rkey, KVF_RKEY_MAX + 1, why, sizeof(why)),
                      KVF_ERR_PARSE);
-    /* no memory domain; a memory type UCX does not know */
-    {
-        kvf_xfer_region_meta_t r = good;
-        memset(r.rkey, 0, 8);
-        assert_int_equal(kvf_ucx_rkey_check(r.rkey, r.rkey_len, why, sizeof(why)),
-                         KVF_ERR_PARSE);
-        r = good;
-        r.rkey[8] = 0xee;
-        assert_int_equal(kvf_ucx_rkey_check(r.rkey, r.rkey_len, why, sizeof(why)),
-                         KVF_ERR_PARSE);
-        assert_non_null(strstr(why, "memory type 238"));
-    }
-    /* random garbage of the key's length, 1000 times: never handed to UCX */
-    for (int t = 0; t < 1000; ++t) {
-        kvf_xfer_region_meta_t r = good;
-        for (size_t i = 0; i < r.rkey_len; ++i) {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            r.rkey[i] = (uint8_t)x;
-        }
-        assert_int_equal(kvf_ucx_rkey_check(r.rkey, r.rkey_len, why, sizeof(why)),
-                         KVF_ERR_PARSE);
-    }
-    /* peer_connect refuses such a key and connects nothing; the real one connects */
-    m->regions[0].rkey[8] = 0xee;
-    assert_int_equal(kvf_ucx_peer_connect(a, m, &peer), KVF_ERR_PARSE);
-    m->regions[0] = good;
+    assert_non_null(strstr(why, "rkey_len 2049 is outside 1..2048"));
+    assert_int_equal(kvf_ucx_rkey_check(NULL, 8, why, sizeof(why)), KVF_ERR_PARSE);
+
+    /* trailing bytes a newer UCX may append (UCX 1.22 appends to CUDA keys): the
+     * check passes them, UCX unpacks the key, the GET reads prefill's bytes */
+    m->regions[0].rkey_len = good.rkey_len + 5;
+    memset(m->regions[0].rkey + good.rkey_len, 0xa5, 5);
+    assert_int_equal(kvf_ucx_rkey_check(m->regions[0].rkey, m->regions[0].rkey_len, why,
+                                        sizeof(why)), KVF_OK);
+    calls = unpack_calls;
     assert_int_equal(kvf_ucx_peer_connect(a, m, &peer), KVF_OK);
+    assert_int_equal(unpack_calls, calls + 1);
+    get_all_checked(a, b, peer, lregion, local, 3);
+    kvf_ucx_peer_destroy(peer);
+    peer = NULL;
+
+    /* an empty key never reaches UCX: refused naming region, rank and length */
+    m->regions[0].rkey_len = 0;
+    calls = unpack_calls;
+    assert_int_equal(connect_logged(a, m, &peer, log, sizeof(log)), KVF_ERR_PARSE);
+    assert_null(peer);
+    assert_int_equal(unpack_calls, calls);
+    assert_non_null(strstr(log, "remote key of region 0 of rank 0 of target refused: "
+                                "rkey_len 0 is outside 1..2048"));
+    m->regions[0].rkey_len = KVF_RKEY_MAX + 1;
+    assert_int_equal(connect_logged(a, m, &peer, log, sizeof(log)), KVF_ERR_PARSE);
+    assert_non_null(strstr(log, "rkey_len 2049 is outside 1..2048"));
+    assert_int_equal(unpack_calls, calls);
+
+    /* what UCX's own checks refuse is a refusal of that key, named; nothing connected */
+    m->regions[0] = good;
+    m->tp_rank = 3;
+    unpack_refuse = true;
+    assert_int_equal(connect_logged(a, m, &peer, log, sizeof(log)), KVF_ERR_REFUSED);
+    unpack_refuse = false;
+    assert_null(peer);
+    assert_non_null(strstr(log, "remote key of region 0 of rank 3 of target"));
+    assert_non_null(strstr(log, "refused by ucp_ep_rkey_unpack"));
+
+    /* and the real key still connects and reads */
+    assert_int_equal(kvf_ucx_peer_connect(a, m, &peer), KVF_OK);
+    get_all_checked(a, b, peer, lregion, local, 3);
     kvf_ucx_peer_destroy(peer);
     kvf_ucx_agent_destroy(a);
     kvf_ucx_agent_destroy(b);
     free(m);
+}
+
+/* Create an agent with stderr captured into @a log; @a mem_type -1: the field unset. */
+static kvf_status_t create_logged(const char *name, int mem_type, kvf_ucx_agent_h *a_p,
+                                  char *log, size_t cap)
+{
+    kvf_ucx_agent_params_t p;
+    FILE *tmp = tmpfile();
+    int saved = dup(2);
+    kvf_status_t status;
+    size_t n;
+
+    memset(&p, 0, sizeof(p));
+    p.field_mask = KVF_UCX_AGENT_PARAM_FIELD_NAME;
+    p.name = name;
+    if (mem_type >= 0) {
+        p.field_mask |= KVF_UCX_AGENT_PARAM_FIELD_MEM_TYPE;
+        p.mem_type = (kvf_xfer_mem_type_t)mem_type;
+    }
+    assert_non_null(tmp);
+    fflush(stderr);
+    assert_true(dup2(fileno(tmp), 2) >= 0);
+    status = kvf_ucx_agent_create(&p, a_p);
+    fflush(stderr);
+    assert_true(dup2(saved, 2) >= 0);
+    close(saved);
+    rewind(tmp);
+    n = fread(log, 1, cap - 1, tmp);
+    log[n] = '\0';
+    fclose(tmp);
+    fputs(log, stderr);
+    return status;
+}
+
+/*
+ * An agent of device memory asks its own UCX config for cuda_ipc GET
+ * zero-copy and names the outcome in the line that describes it; the
+ * operator's UCX_CUDA_IPC_ENABLE_GET_ZCOPY stands; host agents set nothing.
+ * Which outcome a UCX gives: the variable is known where UCX loaded its CUDA
+ * module (1.22 on a GPU machine); 1.22 without it refuses the name; 1.13
+ * takes any name into its config.
+ */
+static void test_device_config(void **state)
+{
+    kvf_ucx_agent_h a = NULL;
+    char log[4096];
+
+    (void)state;
+    kvf_log_set_level(KVF_LOG_INFO);
+    unsetenv("UCX_CUDA_IPC_ENABLE_GET_ZCOPY");
+    assert_int_equal(create_logged("host-agent", KVF_XFER_MEM_HOST, &a, log, sizeof(log)),
+                     KVF_OK);
+    assert_string_equal(kvf_ucx_agent_device_config(a), "");
+    assert_non_null(strstr(log, "host-agent: ucx "));
+    assert_null(strstr(log, "CUDA_IPC"));
+    kvf_ucx_agent_destroy(a);
+
+    assert_int_equal(create_logged("cuda-agent", KVF_XFER_MEM_CUDA, &a, log, sizeof(log)),
+                     KVF_OK);
+    if (strcmp(ucp_get_version_string(), "1.13.1") == 0) {
+        assert_string_equal(kvf_ucx_agent_device_config(a),
+                            "UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y (cuda_ipc GET zero-copy, set by "
+                            "kvferry)");
+    } else {
+        assert_true((strstr(kvf_ucx_agent_device_config(a), "=y (cuda_ipc GET zero-copy, set "
+                                                            "by kvferry)") != NULL) ||
+                    (strstr(kvf_ucx_agent_device_config(a), " not set: this UCX does not "
+                                                            "know it") != NULL));
+    }
+    assert_non_null(strstr(log, "cuda-agent: ucx "));
+    assert_non_null(strstr(log, ", device memory: UCX_CUDA_IPC_ENABLE_GET_ZCOPY"));
+    assert_non_null(strstr(log, kvf_ucx_agent_device_config(a)));
+    kvf_ucx_agent_destroy(a);
+
+    setenv("UCX_CUDA_IPC_ENABLE_GET_ZCOPY", "n", 1);
+    assert_int_equal(create_logged("cuda-own", KVF_XFER_MEM_CUDA, &a, log, sizeof(log)),
+                     KVF_OK);
+    unsetenv("UCX_CUDA_IPC_ENABLE_GET_ZCOPY");
+    assert_string_equal(kvf_ucx_agent_device_config(a),
+                        "UCX_CUDA_IPC_ENABLE_GET_ZCOPY=n (the operator's)");
+    assert_non_null(strstr(log, "device memory: UCX_CUDA_IPC_ENABLE_GET_ZCOPY=n (the "
+                                "operator's)"));
+    kvf_ucx_agent_destroy(a);
+
+    /* a memory type outside the enum: refused by name, nothing created */
+    a = NULL;
+    assert_int_equal(create_logged("bad", 9, &a, log, sizeof(log)), KVF_ERR_INVALID_PARAM);
+    assert_null(a);
+    assert_non_null(strstr(log, "mem_type 9 is not one of host (0), cuda (1)"));
+    kvf_log_set_level(KVF_LOG_WARN);
 }
 
 /* A LOCAL region (a decode pool) is published without a key; nobody can connect to it. */
@@ -378,12 +561,13 @@ static void test_local_regions(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_rkey_check_local_first),   /* before any key is packed */
+        cmocka_unit_test(test_ucx_version),
         cmocka_unit_test(test_status_map),
         cmocka_unit_test(test_get_put_notify),
         cmocka_unit_test(test_bad_params),
         cmocka_unit_test(test_rkey_check),
         cmocka_unit_test(test_local_regions),
+        cmocka_unit_test(test_device_config),
     };
     kvf_log_init("test");
     return cmocka_run_group_tests(tests, NULL, NULL);
