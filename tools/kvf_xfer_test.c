@@ -437,8 +437,13 @@ static int xt_bench_exports(const xt_ctx_t *c, const xt_totals_t *t, uint64_t kv
             printf("descriptor lists: written to %s\n", c->o.descs_out);
         }
         if (c->o.copy_limit && (c->o.dev_kind != KVF_DEVICE_CPU)) {
-            printf("copy limit: not measured (a host memcpy says nothing about %s pools)\n",
-                   c->o.device);
+            uint64_t ns = kvf_xt_device_copy_limit(c, t->bytes);
+            double kv_gbs = (double)t->bytes / (double)kv_ns;
+            if (ns > 0) {
+                printf("copy limit (one device-to-device copy of the same bytes on %s): "
+                       "%.3f ms, %.2f GB/s (median); kv/copy %.3f\n", c->o.device, xt_ms(ns),
+                       (double)t->bytes / (double)ns, kv_gbs / ((double)t->bytes / (double)ns));
+            }
         } else if (c->o.copy_limit) {
             uint64_t ns = kvf_xt_copy_limit(c, plans);
             double kv_gbs = (double)t->bytes / (double)kv_ns;

@@ -247,6 +247,13 @@ int kvf_xt_write_descs(const xt_ctx_t *c, kvf_xfer_plan_t **plans);
  */
 uint64_t kvf_xt_copy_limit(const xt_ctx_t *c, kvf_xfer_plan_t **plans);
 
+/*
+ * Device pools: one device-to-device copy of @a bytes on --device, the same
+ * iterations as the pulls: the device's copy rate for this request. Returns
+ * the median ns, 0 on failure.
+ */
+uint64_t kvf_xt_device_copy_limit(const xt_ctx_t *c, uint64_t bytes);
+
 /* Nanoseconds as milliseconds. */
 static inline double xt_ms(uint64_t ns)
 {
