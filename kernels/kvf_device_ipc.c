@@ -5,6 +5,8 @@
  * unsupported and its events are always done.
  */
 #include "kvf_device_ipc.h"
+
+#include <stdlib.h>
 #ifdef KVF_HAVE_CUDA
 #include "kvf_ipc_cuda.h"
 #endif
@@ -96,6 +98,42 @@ int kvf_device_event_query(const kvf_device_t *dev, void *event, bool *done_p)
 #else
     return KVF_KERN_EUNSUPPORTED;
 #endif
+}
+
+int kvf_device_host_alloc(const kvf_device_t *dev, size_t bytes, void **ptr_p)
+{
+    void *p;
+
+    if ((bytes == 0) || (ptr_p == NULL)) {
+        return KVF_KERN_EINVAL;
+    }
+    if (kvf_ipc_is_cuda(dev)) {
+#ifdef KVF_HAVE_CUDA
+        return kvf_cuda_host_alloc(dev, bytes, ptr_p);
+#else
+        return KVF_KERN_EUNSUPPORTED;
+#endif
+    }
+    p = malloc(bytes);
+    if (p == NULL) {
+        return KVF_KERN_ENOMEM;
+    }
+    *ptr_p = p;
+    return KVF_KERN_OK;
+}
+
+void kvf_device_host_free(const kvf_device_t *dev, void *ptr)
+{
+    if (ptr == NULL) {
+        return;
+    }
+    if (kvf_ipc_is_cuda(dev)) {
+#ifdef KVF_HAVE_CUDA
+        kvf_cuda_host_free(ptr);
+#endif
+        return;
+    }
+    free(ptr);
 }
 
 void kvf_device_event_destroy(const kvf_device_t *dev, void *event)

@@ -92,6 +92,20 @@ int kvf_device_event_query(const kvf_device_t *dev, void *event, bool *done_p);
 /** Destroy an event of kvf_device_event_record(); NULL ok. */
 void kvf_device_event_destroy(const kvf_device_t *dev, void *event);
 
+/**
+ * Host memory a copy engine reads without a staging copy (cudaHostAlloc,
+ * pinned), for buffers handed to a device again and again (the ops of
+ * kvf_gather_staged()). CPU device: plain malloc. Slow (milliseconds on
+ * CUDA): allocate once, reuse.
+ * @param [out] ptr_p  Set only on success; free with kvf_device_host_free().
+ * @return KVF_KERN_OK; KVF_KERN_EINVAL (bytes 0); KVF_KERN_ENOMEM;
+ *         KVF_KERN_ECUDA; KVF_KERN_EUNSUPPORTED (CUDA in a build without CUDA).
+ */
+int kvf_device_host_alloc(const kvf_device_t *dev, size_t bytes, void **ptr_p);
+
+/** Free what kvf_device_host_alloc() gave for the same device kind; NULL ok. */
+void kvf_device_host_free(const kvf_device_t *dev, void *ptr);
+
 #ifdef __cplusplus
 }
 #endif

@@ -169,6 +169,21 @@ extern "C" int kvf_cuda_event_query(void *event, bool *done_p)
     return KVF_KERN_OK;
 }
 
+extern "C" int kvf_cuda_host_alloc(const kvf_device_t *dev, size_t bytes, void **ptr_p)
+{
+    void *p = NULL;
+
+    KVF_CUDA_CHECK(cudaSetDevice(dev->ordinal));
+    KVF_CUDA_CHECK(cudaHostAlloc(&p, bytes, cudaHostAllocDefault));
+    *ptr_p = p;
+    return KVF_KERN_OK;
+}
+
+extern "C" void kvf_cuda_host_free(void *ptr)
+{
+    KVF_CUDA_CHECK_IGNORE(cudaFreeHost(ptr));
+}
+
 extern "C" void kvf_cuda_event_destroy(void *event)
 {
     KVF_CUDA_CHECK_IGNORE(cudaEventDestroy((cudaEvent_t)event));

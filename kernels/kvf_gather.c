@@ -24,26 +24,20 @@ size_t kvf_gather_split(uint64_t src, uint64_t dst, uint64_t len, kvf_gather_op_
     return n;
 }
 
-int kvf_gather(const kvf_device_t *dev, const kvf_gather_op_t *ops, size_t n)
+/* Every op has a length and a destination. */
+static bool kvf_gather_ops_ok(const kvf_gather_op_t *ops, size_t n)
 {
-    if (n == 0) {
-        return KVF_KERN_OK;
-    }
-    if (ops == NULL) {
-        return KVF_KERN_EINVAL;
-    }
     for (size_t i = 0; i < n; ++i) {
         if ((ops[i].len == 0) || (ops[i].dst == 0)) {
-            return KVF_KERN_EINVAL;
+            return false;
         }
     }
-    if ((dev != NULL) && (dev->kind == KVF_DEVICE_CUDA)) {
-#ifdef KVF_HAVE_CUDA
-        return kvf_cuda_gather(dev, ops, n);
-#else
-        return KVF_KERN_EUNSUPPORTED;
-#endif
-    }
+    return true;
+}
+
+/* The CPU twin: what the CUDA kernel writes, op by op. */
+static void kvf_gather_cpu(const kvf_gather_op_t *ops, size_t n)
+{
     for (size_t i = 0; i < n; ++i) {
         void *dst = (void *)(uintptr_t)ops[i].dst;
         if (ops[i].src == 0) {
@@ -52,5 +46,48 @@ int kvf_gather(const kvf_device_t *dev, const kvf_gather_op_t *ops, size_t n)
             memcpy(dst, (const void *)(uintptr_t)ops[i].src, (size_t)ops[i].len);
         }
     }
+}
+
+int kvf_gather_staged(const kvf_device_t *dev, const kvf_gather_op_t *host_ops,
+                      kvf_gather_op_t *dev_ops, size_t n)
+{
+    bool cuda = (dev != NULL) && (dev->kind == KVF_DEVICE_CUDA);
+
+    if (n == 0) {
+        return KVF_KERN_OK;
+    }
+    if ((host_ops == NULL) || (cuda && (dev_ops == NULL)) || !kvf_gather_ops_ok(host_ops, n)) {
+        return KVF_KERN_EINVAL;
+    }
+    if (cuda) {
+#ifdef KVF_HAVE_CUDA
+        return kvf_cuda_gather_staged(dev, host_ops, dev_ops, n);
+#else
+        return KVF_KERN_EUNSUPPORTED;
+#endif
+    }
+    kvf_gather_cpu(host_ops, n);
+    return KVF_KERN_OK;
+}
+
+int kvf_gather(const kvf_device_t *dev, const kvf_gather_op_t *ops, size_t n)
+{
+    if (n == 0) {
+        return KVF_KERN_OK;
+    }
+    if (ops == NULL) {
+        return KVF_KERN_EINVAL;
+    }
+    if (!kvf_gather_ops_ok(ops, n)) {
+        return KVF_KERN_EINVAL;
+    }
+    if ((dev != NULL) && (dev->kind == KVF_DEVICE_CUDA)) {
+#ifdef KVF_HAVE_CUDA
+        return kvf_cuda_gather(dev, ops, n);
+#else
+        return KVF_KERN_EUNSUPPORTED;
+#endif
+    }
+    kvf_gather_cpu(ops, n);
     return KVF_KERN_OK;
 }

@@ -65,6 +65,20 @@ size_t kvf_gather_split(uint64_t src, uint64_t dst, uint64_t len, kvf_gather_op_
  */
 int kvf_gather(const kvf_device_t *dev, const kvf_gather_op_t *ops, size_t n);
 
+/**
+ * kvf_gather() without an allocation or a staging copy per call, for a
+ * caller that gathers again and again (a pull path): @a host_ops in pinned
+ * host memory (kvf_device_host_alloc()) and @a dev_ops, device memory of
+ * room for @a n ops (kvf_device_alloc()), both the caller's. CUDA: one
+ * asynchronous copy host_ops -> dev_ops and one kernel on dev->stream; the
+ * caller leaves both buffers untouched until the stream has passed this
+ * point (kvf_device_event_record()/_query()). CPU: kvf_gather() of
+ * @a host_ops, done on return (@a dev_ops unused, may be NULL).
+ * @return as kvf_gather(); KVF_KERN_EINVAL for a NULL dev_ops on CUDA.
+ */
+int kvf_gather_staged(const kvf_device_t *dev, const kvf_gather_op_t *host_ops,
+                      kvf_gather_op_t *dev_ops, size_t n);
+
 #ifdef __cplusplus
 }
 #endif

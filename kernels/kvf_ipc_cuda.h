@@ -23,6 +23,10 @@ int  kvf_cuda_event_record(const kvf_device_t *dev, void **event_p);
 int  kvf_cuda_event_query(void *event, bool *done_p);
 void kvf_cuda_event_destroy(void *event);
 int  kvf_cuda_gather(const kvf_device_t *dev, const kvf_gather_op_t *ops, size_t n);
+int  kvf_cuda_gather_staged(const kvf_device_t *dev, const kvf_gather_op_t *host_ops,
+                            kvf_gather_op_t *dev_ops, size_t n);
+int  kvf_cuda_host_alloc(const kvf_device_t *dev, size_t bytes, void **ptr_p);
+void kvf_cuda_host_free(void *ptr);
 
 #ifdef __cplusplus
 }

@@ -2,9 +2,9 @@
  * UCX connector, the same-node pull path: when a decode rank and the
  * prefill ranks it reads share a node and both pools are CUDA memory, the
  * prefill pools are mapped into decode once (CUDA IPC) and a whole pull is
- * ONE gather kernel over the request's descriptor list, followed on the
- * same stream by one over its zero ranges; across nodes, for host pools, or
- * when anything here says no, the pull stays UCX.
+ * ONE gather kernel over the request's descriptor list and its zero ranges
+ * (the untransferred tails), on the pool's stream; across nodes, for host
+ * pools, or when anything here says no, the pull stays UCX.
  *
  * Design. Prefill shares each CUDA pool at registration: the allocation's
  * IPC handle, where the pool starts in it, this node's boot id and the GPU's
@@ -18,8 +18,10 @@
  * the decision; a new generation of the slot (eviction, a restarted prefill
  * with a new incarnation: a new handshake entry) closes them and decides
  * again, and connector destroy closes them after the pool's stream drained.
- * A pull then builds the op list on the host (descriptors cut into 64 KiB
- * ops, kvf_gather.h), one kvf_gather() of it, one of the zero ranges, one
+ * A pull then builds its op list (descriptors cut into 64 KiB ops, then the
+ * zero ranges; kvf_gather.h) straight into a pinned staging buffer of the rank
+ * (up to KVF_CONN_IPC_SLOTS pulls in flight have one each, reused, so no
+ * allocation or staging copy per pull), one kvf_gather_staged() of it, one
  * event; poll() queries the event, so completion goes through the existing
  * poll/notify_release path, and the release notifications still go over the
  * UCX endpoints (connected as for a UCX pull; no GET is posted on them).
@@ -57,9 +59,25 @@ typedef struct kvf_conn_ipc_engine {
     char                why[192];  /* why not (ok false) */
 } kvf_conn_ipc_engine_t;
 
+/*
+ * Staging buffers of one pull in flight: its ops in pinned host memory and a
+ * device copy of them, reused by the next pull once this one is freed.
+ */
+typedef struct kvf_conn_ipc_slot {
+    kvf_gather_op_t *host;     /* kvf_device_host_alloc() */
+    kvf_gather_op_t *dev;      /* kvf_device_alloc() */
+    size_t           cap;      /* ops each holds */
+    bool             busy;     /* a request in flight owns it */
+} kvf_conn_ipc_slot_t;
+
+#define KVF_CONN_IPC_SLOTS   4        /* pulls in flight per rank with staged ops; more:
+                                       * pageable ops, one allocation each */
+#define KVF_CONN_IPC_MIN_OPS 8192     /* first capacity (192 KiB): an 8k-token pull fits */
+
 struct kvf_conn_ipc_rank {
     kvf_conn_ipc_engine_t engines[KVF_CONN_MAX_ENGINES];
     char                  node[KVF_XFER_NODE_MAX];   /* "" until read */
+    kvf_conn_ipc_slot_t   slots[KVF_CONN_IPC_SLOTS];
 };
 
 const char *kvf_connector_path_name(kvf_connector_path_t path)
@@ -191,10 +209,15 @@ static void kvf_conn_ipc_decide(kvf_connector_h conn, kvf_conn_rank_t *rk, int e
     ie->ok = true;
 }
 
-/* Fill @a ops with the request's copies, then its zero ranges; *ncopy_p: copy ops. */
+/*
+ * Fill @a ops with the request's copies, then its zero ranges: one op list,
+ * one kernel. They never overlap (the planner's zero ranges are exactly what
+ * the descriptors leave untouched), so their order inside the kernel does not
+ * matter.
+ */
 static kvf_status_t kvf_conn_ipc_ops(kvf_connector_h conn, kvf_conn_rank_t *rk,
                                      kvf_connector_req_h req, const kvf_conn_ipc_engine_t *ie,
-                                     kvf_gather_op_t *ops, size_t *ncopy_p, size_t *n_p)
+                                     kvf_gather_op_t *ops, size_t *n_p)
 {
     const kvf_conn_engine_t *e = &conn->engines[req->engine];
     uint64_t dst = (uint64_t)(uintptr_t)rk->base;
@@ -218,7 +241,6 @@ static kvf_status_t kvf_conn_ipc_ops(kvf_connector_h conn, kvf_conn_rank_t *rk,
             n += kvf_gather_split(src + d->remote_off, dst + d->local_off, d->len, ops + n);
         }
     }
-    *ncopy_p = n;
     for (size_t z = 0; z < req->plan->num_zero; ++z) {
         if (req->zero_len[z] > 0) {
             n += kvf_gather_split(0, dst + req->zero_off[z], req->zero_len[z], ops + n);
@@ -228,12 +250,46 @@ static kvf_status_t kvf_conn_ipc_ops(kvf_connector_h conn, kvf_conn_rank_t *rk,
     return KVF_OK;
 }
 
+/* A free staging slot of room for @a cap ops (grown as needed), or NULL: pageable ops. */
+static kvf_conn_ipc_slot_t *kvf_conn_ipc_slot(kvf_conn_rank_t *rk, size_t cap)
+{
+    for (int i = 0; i < KVF_CONN_IPC_SLOTS; ++i) {
+        kvf_conn_ipc_slot_t *sl = &rk->ipc->slots[i];
+        size_t want;
+        int err;
+
+        if (sl->busy) {
+            continue;
+        }
+        if (sl->cap >= cap) {
+            return sl;
+        }
+        want = (cap > KVF_CONN_IPC_MIN_OPS) ? cap + cap / 2 : KVF_CONN_IPC_MIN_OPS;
+        kvf_device_host_free(&rk->device, sl->host);
+        kvf_device_free(&rk->device, sl->dev);
+        memset(sl, 0, sizeof(*sl));
+        err = kvf_device_host_alloc(&rk->device, want * sizeof(*sl->host), (void **)&sl->host);
+        if (err == KVF_KERN_OK) {
+            err = kvf_device_alloc(&rk->device, want * sizeof(*sl->dev), (void **)&sl->dev);
+        }
+        if (err != KVF_KERN_OK) {
+            kvf_device_host_free(&rk->device, sl->host);
+            memset(sl, 0, sizeof(*sl));
+            return NULL;   /* logged by the device layer; the pageable way still works */
+        }
+        sl->cap = want;
+        return sl;
+    }
+    return NULL;
+}
+
 kvf_status_t kvf_conn_ipc_start(kvf_connector_h conn, kvf_conn_rank_t *rk,
                                 kvf_connector_req_h req)
 {
     kvf_conn_ipc_engine_t *ie;
+    kvf_conn_ipc_slot_t *sl;
     kvf_gather_op_t *ops;
-    size_t cap = 0, ncopy = 0, n = 0;
+    size_t cap = 0, n = 0;
     kvf_status_t status;
     int err;
 
@@ -277,24 +333,30 @@ kvf_status_t kvf_conn_ipc_start(kvf_connector_h conn, kvf_conn_rank_t *rk,
     for (size_t z = 0; z < req->plan->num_zero; ++z) {
         cap += kvf_gather_ops_for(req->zero_len[z]);
     }
-    ops = malloc((cap + 1) * sizeof(*ops));
+    sl = kvf_conn_ipc_slot(rk, cap);
+    ops = (sl != NULL) ? sl->host : malloc((cap + 1) * sizeof(*ops));
     if (ops == NULL) {
         return KVF_ERR_NO_MEMORY;
     }
-    status = kvf_conn_ipc_ops(conn, rk, req, ie, ops, &ncopy, &n);
+    status = kvf_conn_ipc_ops(conn, rk, req, ie, ops, &n);
     if (status != KVF_OK) {
-        free(ops);
+        if (sl == NULL) {
+            free(ops);
+        }
         return status;
     }
-    /* copies, then zeroing on the same stream: ordered without a host wait */
-    err = kvf_gather(&rk->device, ops, ncopy);
-    if (err == KVF_KERN_OK) {
-        err = kvf_gather(&rk->device, ops + ncopy, n - ncopy);
-    }
+    /* the copies and the zero ranges: one upload, one kernel, on the pool's stream */
+    err = (sl != NULL) ? kvf_gather_staged(&rk->device, ops, sl->dev, n) :
+          kvf_gather(&rk->device, ops, n);
     if (err == KVF_KERN_OK) {
         err = kvf_device_event_record(&rk->device, &req->ipc_event);
     }
-    free(ops);   /* kvf_gather() copied it */
+    if (sl != NULL) {
+        sl->busy = true;   /* until the request is freed, after its event */
+        req->ipc_slot = (int)(sl - rk->ipc->slots) + 1;
+    } else {
+        free(ops);         /* kvf_gather() copied it */
+    }
     if (err != KVF_KERN_OK) {
         kvf_error("ucx connector %s rank %d: same-node gather of request %s (%zu ops) failed: "
                   "%s", conn->engine_id, req->rank, req->request_id, n, kvf_kern_strerror(err));
@@ -337,14 +399,19 @@ void kvf_conn_ipc_req_free(kvf_connector_h conn, kvf_connector_req_h req)
     kvf_conn_rank_t *rk = &conn->ranks[req->rank];
     bool done = true;
 
-    if (req->ipc_event == NULL) {
+    if ((req->ipc_event == NULL) && (req->ipc_slot == 0)) {
         return;
     }
-    if ((kvf_device_event_query(&rk->device, req->ipc_event, &done) != KVF_KERN_OK) || !done) {
+    if ((req->ipc_event == NULL) ||
+        (kvf_device_event_query(&rk->device, req->ipc_event, &done) != KVF_KERN_OK) || !done) {
         (void)kvf_device_sync(&rk->device);   /* it writes the pool the caller reuses */
     }
     kvf_device_event_destroy(&rk->device, req->ipc_event);
     req->ipc_event = NULL;
+    if (req->ipc_slot > 0) {
+        rk->ipc->slots[req->ipc_slot - 1].busy = false;   /* its ops were read */
+        req->ipc_slot = 0;
+    }
 }
 
 void kvf_conn_ipc_stats(kvf_connector_h conn, const struct kvf_connector_req *req,
@@ -368,6 +435,10 @@ void kvf_conn_ipc_rank_destroy(kvf_conn_rank_t *rk)
     (void)kvf_device_sync(&rk->device);   /* no gather reads a mapping being closed */
     for (int e = 0; e < KVF_CONN_MAX_ENGINES; ++e) {
         kvf_conn_ipc_forget(rk, &rk->ipc->engines[e]);
+    }
+    for (int i = 0; i < KVF_CONN_IPC_SLOTS; ++i) {
+        kvf_device_host_free(&rk->device, rk->ipc->slots[i].host);
+        kvf_device_free(&rk->device, rk->ipc->slots[i].dev);
     }
     free(rk->ipc);
     rk->ipc = NULL;

@@ -41,8 +41,8 @@ void kvf_conn_ipc_export(struct kvf_connector *conn, struct kvf_conn_rank *rk,
  * when this pull can take the same-node path (config path, both pools CUDA,
  * the same node, the GPU visible, every source rank's allocation mapped:
  * opened once per (engine, incarnation, rank) and cached), enqueue it as
- * ONE gather of every descriptor and then one of the zero ranges on the
- * pool's stream, and an event after them; req->ipc is then true and poll()
+ * ONE gather of every descriptor and zero range (kvf_gather_staged()) on
+ * the pool's stream, and an event after it; req->ipc is then true and poll()
  * watches the event. Otherwise req->ipc stays false and the caller posts
  * UCX GETs (the reason logged once per engine and rank).
  * @return KVF_OK (either way); KVF_ERR_UNSUPPORTED when the config path is

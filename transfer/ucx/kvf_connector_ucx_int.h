@@ -134,6 +134,7 @@ struct kvf_connector_req {
     bool             ipc;           /* moved by one gather (kvf_connector_ipc.c), not GETs */
     void            *ipc_event;     /* its completion event on the pool's stream */
     uint64_t         ipc_ops;       /* ops of that gather */
+    int              ipc_slot;      /* its staging buffers: slot + 1; 0 none */
 };
 
 /* The thread rules of kvf_connector.h, checked in debug builds: a rank's ops

@@ -68,6 +68,16 @@ void __wrap_kvf_device_ipc_close(const kvf_device_t *dev, void *base);
 bool __wrap_kvf_device_uuid_visible(const uint8_t *uuid);
 int __real_kvf_gather(const kvf_device_t *dev, const kvf_gather_op_t *o, size_t n);
 int __wrap_kvf_gather(const kvf_device_t *dev, const kvf_gather_op_t *o, size_t n);
+int __real_kvf_gather_staged(const kvf_device_t *dev, const kvf_gather_op_t *host_ops,
+                             kvf_gather_op_t *dev_ops, size_t n);
+int __wrap_kvf_gather_staged(const kvf_device_t *dev, const kvf_gather_op_t *host_ops,
+                             kvf_gather_op_t *dev_ops, size_t n);
+int __wrap_kvf_device_host_alloc(const kvf_device_t *dev, size_t bytes, void **ptr_p);
+void __wrap_kvf_device_host_free(const kvf_device_t *dev, void *ptr);
+int __real_kvf_device_alloc(const kvf_device_t *dev, size_t bytes, void **ptr_p);
+int __wrap_kvf_device_alloc(const kvf_device_t *dev, size_t bytes, void **ptr_p);
+void __real_kvf_device_free(const kvf_device_t *dev, void *ptr);
+void __wrap_kvf_device_free(const kvf_device_t *dev, void *ptr);
 int __wrap_kvf_device_event_record(const kvf_device_t *dev, void **event_p);
 int __wrap_kvf_device_event_query(const kvf_device_t *dev, void *event, bool *done_p);
 void __wrap_kvf_device_event_destroy(const kvf_device_t *dev, void *event);
@@ -81,7 +91,8 @@ static const char *node_now = "node-a";      /* what kvf_node_id() says now */
 static bool uuid_visible = true, open_fails;
 static size_t open_short_by;                 /* the mapping is this much shorter */
 static int opens, closes, streams_made, streams_destroyed, events, events_destroyed;
-static int gathers, syncs;
+static int gathers, staged, syncs, host_allocs, host_frees, dev_allocs, dev_frees;
+static bool staging_fails;                   /* kvf_device_host_alloc() says no */
 static size_t copy_ops, zero_ops;
 static uint64_t copy_bytes, zero_bytes;
 static int pending;                          /* queries left answering "not done" */
@@ -207,29 +218,76 @@ bool __wrap_kvf_device_uuid_visible(const uint8_t *uuid)
     return uuid_visible;
 }
 
-int __wrap_kvf_gather(const kvf_device_t *dev, const kvf_gather_op_t *o, size_t n)
+/* What one gather was asked: ops within the chunk, copies and zero ranges counted. */
+static void gather_seen(const kvf_device_t *dev, const kvf_gather_op_t *o, size_t n)
 {
-    kvf_device_t cpu = kvf_device_cpu();
-    bool zero = (n > 0) && (o[0].src == 0);
-
     assert_int_equal(dev->kind, KVF_DEVICE_CUDA);
     assert_ptr_equal(dev->stream, FAKE_STREAM);      /* the pool's own stream */
     gathers++;
     for (size_t i = 0; i < n; ++i) {
-        assert_true(o[i].len <= KVF_GATHER_CHUNK);
-        assert_int_equal(o[i].src == 0, zero);        /* one call copies, the next zeroes */
-        if (zero) {
+        assert_true((o[i].len > 0) && (o[i].len <= KVF_GATHER_CHUNK));
+        if (o[i].src == 0) {
             zero_bytes += o[i].len;
+            zero_ops++;
         } else {
             copy_bytes += o[i].len;
+            copy_ops++;
         }
     }
-    if (zero) {
-        zero_ops += n;
-    } else {
-        copy_ops += n;
-    }
+}
+
+int __wrap_kvf_gather(const kvf_device_t *dev, const kvf_gather_op_t *o, size_t n)
+{
+    kvf_device_t cpu = kvf_device_cpu();
+
+    gather_seen(dev, o, n);
     return __real_kvf_gather(&cpu, o, n);
+}
+
+/* The staged form: the ops must be in a buffer of kvf_device_host_alloc(), "uploaded" to
+ * the device buffer (here: copied, then executed from there, as the kernel would) */
+int __wrap_kvf_gather_staged(const kvf_device_t *dev, const kvf_gather_op_t *host_ops,
+                             kvf_gather_op_t *dev_ops, size_t n)
+{
+    kvf_device_t cpu = kvf_device_cpu();
+
+    gather_seen(dev, host_ops, n);
+    staged++;
+    assert_non_null(dev_ops);
+    memcpy(dev_ops, host_ops, n * sizeof(*dev_ops));
+    return __real_kvf_gather_staged(&cpu, dev_ops, NULL, n);
+}
+
+int __wrap_kvf_device_host_alloc(const kvf_device_t *dev, size_t bytes, void **ptr_p)
+{
+    assert_int_equal(dev->kind, KVF_DEVICE_CUDA);
+    if (staging_fails) {
+        return KVF_KERN_ENOMEM;
+    }
+    *ptr_p = malloc(bytes);
+    host_allocs++;
+    return (*ptr_p != NULL) ? KVF_KERN_OK : KVF_KERN_ENOMEM;
+}
+
+void __wrap_kvf_device_host_free(const kvf_device_t *dev, void *ptr)
+{
+    (void)dev;
+    host_frees += (ptr != NULL);
+    free(ptr);
+}
+
+int __wrap_kvf_device_alloc(const kvf_device_t *dev, size_t bytes, void **ptr_p)
+{
+    kvf_device_t cpu = kvf_device_cpu();
+    dev_allocs += (dev != NULL) && (dev->kind == KVF_DEVICE_CUDA);
+    return __real_kvf_device_alloc(&cpu, bytes, ptr_p);
+}
+
+void __wrap_kvf_device_free(const kvf_device_t *dev, void *ptr)
+{
+    kvf_device_t cpu = kvf_device_cpu();
+    dev_frees += (dev != NULL) && (dev->kind == KVF_DEVICE_CUDA) && (ptr != NULL);
+    __real_kvf_device_free(&cpu, ptr);
 }
 
 int __wrap_kvf_device_event_record(const kvf_device_t *dev, void **event_p)
@@ -266,7 +324,7 @@ kvf_status_t __wrap_kvf_node_id(char *buf, size_t len)
 
 static void counters_reset(void)
 {
-    gathers = 0;
+    gathers = staged = 0;
     copy_ops = zero_ops = 0;
     copy_bytes = zero_bytes = 0;
     not_done_seen = 0;
@@ -449,7 +507,10 @@ static void test_ipc_pull_1p1d(void **state)
                   not_done_seen);
     assert_int_equal(end, KVF_OK);
     assert_int_equal(st.path, KVF_CONNECTOR_PATH_IPC);
-    assert_int_equal(gathers, 2);                    /* the copies, then the zero ranges */
+    assert_int_equal(gathers, 1);                    /* the copies and the zero ranges */
+    assert_int_equal(staged, 1);                     /* from the rank's pinned staging */
+    assert_int_equal(host_allocs, 1);
+    assert_int_equal(dev_allocs, 1);
     assert_int_equal(copy_bytes, st.bytes);
     assert_int_equal(zero_bytes, st.zero_bytes);
     assert_true(zero_bytes > 0);                     /* block 2 is partial */
@@ -466,12 +527,60 @@ static void test_ipc_pull_1p1d(void **state)
     assert_int_equal(end, KVF_OK);
     assert_int_equal(st.path, KVF_CONNECTOR_PATH_IPC);
     assert_int_equal(opens, 1);
-    assert_int_equal(gathers, 2);
+    assert_int_equal(gathers, 1);
+    assert_int_equal(host_allocs, 1);                /* the staging buffers are reused */
     check_1p1d(dpool, ppool);
     assert_int_equal(events_destroyed, events);      /* every event dropped with its request */
 
+    /* two pulls in flight: a second staging slot; with staging refused, pageable ops */
+    {
+        kvf_connector_pull_t pl;
+        kvf_connector_req_h r1, r2, r3;
+        kvf_status_t s1, s2, s3;
+        memset(&pl, 0, sizeof(pl));
+        pl.engine_id = "prefill-i";
+        pl.request_id = "r2";
+        pl.num_tokens = TOKENS;
+        pl.num_groups = 1;
+        pl.remote_ids[0] = rids;
+        pl.num_remote_ids[0] = 3;
+        pl.local_ids[0] = lids;
+        pl.num_local_ids[0] = 3;
+        counters_reset();
+        assert_int_equal(ops->start_pull(dec, 0, &pl, &r1), KVF_OK);
+        assert_int_equal(ops->start_pull(dec, 0, &pl, &r2), KVF_OK);
+        assert_int_equal(host_allocs, 2);
+        staging_fails = true;
+        for (int i = 0; i < 3; ++i) {                /* the third waits for neither */
+            assert_int_equal(ops->start_pull(dec, 0, &pl, &r3), KVF_OK);
+            assert_int_equal(ops->finish_pull(dec, 0, r3), KVF_OK);
+        }
+        staging_fails = false;
+        assert_int_equal(host_allocs, 2);
+        assert_int_equal(staged, 2);                 /* r1, r2 staged; r3 three times not */
+        assert_int_equal(gathers, 5);
+        while ((s1 = ops->poll(dec, 0, r1)) == KVF_INPROGRESS) {
+        }
+        while ((s2 = ops->poll(dec, 0, r2)) == KVF_INPROGRESS) {
+        }
+        assert_int_equal(s1, KVF_OK);
+        assert_int_equal(s2, KVF_OK);
+        assert_int_equal(ops->finish_pull(dec, 0, r1), KVF_OK);
+        assert_int_equal(ops->finish_pull(dec, 0, r2), KVF_OK);
+        assert_int_equal(ops->start_pull(dec, 0, &pl, &r3), KVF_OK);   /* a free slot again */
+        while ((s3 = ops->poll(dec, 0, r3)) == KVF_INPROGRESS) {
+        }
+        assert_int_equal(s3, KVF_OK);
+        assert_int_equal(ops->finish_pull(dec, 0, r3), KVF_OK);
+        assert_int_equal(host_allocs, 2);
+        assert_int_equal(staged, 3);
+        check_1p1d(dpool, ppool);
+    }
+
     ops->destroy(dec);
     assert_int_equal(closes, 1);                     /* mapped once, closed at destroy */
+    assert_int_equal(host_frees, host_allocs);       /* staging freed with the connector */
+    assert_int_equal(dev_frees, dev_allocs);
     ops->destroy(pre);
     assert_int_equal(streams_destroyed, streams_made);
     free(ppool);
