@@ -26,8 +26,8 @@
 extern "C" {
 #endif
 
-/** Bytes per op at most: one CUDA block's share (16 passes of 256 threads x 16 B). */
-#define KVF_GATHER_CHUNK (64u * 1024u)
+/** Bytes per op at most: one CUDA block's share (4 passes of 512 threads x 4 x 16 B). */
+#define KVF_GATHER_CHUNK (128u * 1024u)
 
 typedef struct kvf_gather_op {
     uint64_t src;   /* source address; 0: zero the destination range */

@@ -18,7 +18,7 @@
  * the decision; a new generation of the slot (eviction, a restarted prefill
  * with a new incarnation: a new handshake entry) closes them and decides
  * again, and connector destroy closes them after the pool's stream drained.
- * A pull then builds its op list (descriptors cut into 64 KiB ops, then the
+ * A pull then builds its op list (descriptors cut into 128 KiB ops, then the
  * zero ranges; kvf_gather.h) straight into a pinned staging buffer of the rank
  * (up to KVF_CONN_IPC_SLOTS pulls in flight have one each, reused, so no
  * allocation or staging copy per pull), one kvf_gather_staged() of it, one
@@ -72,7 +72,7 @@ typedef struct kvf_conn_ipc_slot {
 
 #define KVF_CONN_IPC_SLOTS   4        /* pulls in flight per rank with staged ops; more:
                                        * pageable ops, one allocation each */
-#define KVF_CONN_IPC_MIN_OPS 8192     /* first capacity (192 KiB): an 8k-token pull fits */
+#define KVF_CONN_IPC_MIN_OPS 4096     /* first capacity (96 KiB): an 8k-token pull fits */
 
 struct kvf_conn_ipc_rank {
     kvf_conn_ipc_engine_t engines[KVF_CONN_MAX_ENGINES];

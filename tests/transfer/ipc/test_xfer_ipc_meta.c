@@ -5,7 +5,7 @@
  * region without one unpacks as before (older peers); a reply whose share
  * is forged or short (handle not 64 bytes, UUID not 16, node empty, too long
  * or not printable, no offset) is refused at unpack, and the debug line
- * names the field and value; the gather's ops cut at 64 KiB and its CPU
+ * names the field and value; the gather's ops cut at 128 KiB and its CPU
  * execution equal memcpy/memset of the ranges at every alignment.
  */
 #include "kvf_gather.h"
