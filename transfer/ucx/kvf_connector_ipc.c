@@ -137,6 +137,32 @@ static void kvf_conn_ipc_forget(kvf_conn_rank_t *rk, kvf_conn_ipc_engine_t *ie)
 }
 
 /*
+ * Close the mappings of engines that left the table (forgotten, evicted, or
+ * dropped when their prefill restarted under a new incarnation): a slot is
+ * cleared only with no pull of it in flight, so nothing reads them. Without
+ * this a restarted prefill's old allocation would stay mapped, and held in
+ * GPU memory, until its slot was reused.
+ */
+static void kvf_conn_ipc_sweep(kvf_connector_h conn, kvf_conn_rank_t *rk)
+{
+    bool gone[KVF_CONN_MAX_ENGINES] = {false};
+
+    pthread_mutex_lock(&conn->lock);
+    for (int e = 0; e < KVF_CONN_MAX_ENGINES; ++e) {
+        const kvf_conn_ipc_engine_t *ie = &rk->ipc->engines[e];
+        gone[e] = (ie->maps != NULL) &&
+                  ((e >= conn->num_engines) || conn->engines[e].forgotten ||
+                   (conn->engines[e].gen != ie->gen));
+    }
+    pthread_mutex_unlock(&conn->lock);
+    for (int e = 0; e < KVF_CONN_MAX_ENGINES; ++e) {
+        if (gone[e]) {
+            kvf_conn_ipc_forget(rk, &rk->ipc->engines[e]);   /* decided again if it returns */
+        }
+    }
+}
+
+/*
  * Decide whether rank @a rk pulls from engine slot @a engine by CUDA IPC,
  * mapping every source rank @a src[0..nsrc) (ie->ok, or ie->why).
  */
@@ -300,6 +326,7 @@ kvf_status_t kvf_conn_ipc_start(kvf_connector_h conn, kvf_conn_rank_t *rk,
     if (status != KVF_OK) {
         return status;
     }
+    kvf_conn_ipc_sweep(conn, rk);
     ie = &rk->ipc->engines[req->engine];
     if (ie->gen != conn->engines[req->engine].gen) {
         /* a new engine in the slot (or a restarted one): no pull of the old one is in

@@ -577,8 +577,19 @@ static void test_ipc_pull_1p1d(void **state)
         check_1p1d(dpool, ppool);
     }
 
+    /* the engine forgotten (a restart, an eviction): its mapping is closed at the next pull,
+     * a fresh handshake maps it again */
+    assert_int_equal(ops->forget_engine(dec, "prefill-i"), KVF_OK);
+    assert_int_equal(ops->handshake(dec, "prefill-i", "127.0.0.1", port, why, sizeof(why)),
+                     KVF_OK);
+    assert_int_equal(closes, 0);
+    assert_int_equal(pull(dec, "prefill-i", &st, &end), KVF_OK);
+    assert_int_equal(end, KVF_OK);
+    assert_int_equal(st.path, KVF_CONNECTOR_PATH_IPC);
+    assert_int_equal(opens, 2);
+    assert_int_equal(closes, 1);
     ops->destroy(dec);
-    assert_int_equal(closes, 1);                     /* mapped once, closed at destroy */
+    assert_int_equal(closes, 2);                     /* the live mapping, at destroy */
     assert_int_equal(host_frees, host_allocs);       /* staging freed with the connector */
     assert_int_equal(dev_frees, dev_allocs);
     ops->destroy(pre);
