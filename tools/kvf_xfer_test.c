@@ -74,6 +74,9 @@
              timeout_ms, KVF_CONFIG_TYPE_TIME, 0),                                            \
     XT_FIELD("BATCH_DESCS", "0", "GETs in flight per prefill rank read (0: all at once)",    \
              batch_descs, KVF_CONFIG_TYPE_INT, 0),                                            \
+    XT_FIELD("PATH", "auto", "how decode pulls: auto (CUDA IPC when both pools are CUDA "      \
+             "memory on one node, else UCX), ucx, ipc (CUDA IPC or refuse)", path,           \
+             KVF_CONFIG_TYPE_STRING, 0),                                                      \
     XT_FIELD("POOL_ALLOC", "ucx", "pool memory: ucx (the connector allocates it: shared "   \
              "memory a local peer reads by a copy; the daemons' default) or heap "          \
              "(aligned_alloc)", \
@@ -163,6 +166,30 @@ static int xt_device_parse(const char *prog, xt_ctx_t *c)
     }
     kvf_error("%s: --device must be cpu, cuda or cuda:N (N in 0..1023), not '%s'", prog, d);
     return -1;
+}
+
+/* --path: auto, ucx or ipc (CUDA pools only). Returns 0, or -1 after naming the value. */
+static int xt_path_parse(const char *prog, xt_ctx_t *c)
+{
+    const char *p = c->o.path;
+
+    if (strcmp(p, "auto") == 0) {
+        c->o.path_kind = KVF_CONNECTOR_PATH_AUTO;
+    } else if (strcmp(p, "ucx") == 0) {
+        c->o.path_kind = KVF_CONNECTOR_PATH_UCX;
+    } else if (strcmp(p, "ipc") == 0) {
+        c->o.path_kind = KVF_CONNECTOR_PATH_IPC;
+    } else {
+        kvf_error("%s: --path must be auto, ucx or ipc, not '%s'", prog, p);
+        return -1;
+    }
+    if ((c->o.path_kind == KVF_CONNECTOR_PATH_IPC) && (c->o.dev_kind != KVF_DEVICE_CUDA)) {
+        kvf_error("%s: --path ipc needs --device cuda[:N], not '%s': CUDA IPC maps device "
+                  "memory; host pools are read over UCX (shared memory on one node)", prog,
+                  c->o.device);
+        return -1;
+    }
+    return 0;
 }
 
 /* Handshake through the connector. Returns 1 when the transfer may go. */
@@ -333,6 +360,35 @@ static int xt_collect(const xt_ctx_t *c, xt_totals_t *t)
     return rc;
 }
 
+/* The path line: which path moved the bytes, and for UCX why not the same-node one. */
+static void xt_report_path(const xt_ctx_t *c, const xt_totals_t *t)
+{
+    uint64_t ops = 0;
+    int ipc = 0;
+
+    for (int r = 0; r < c->dec.tp; ++r) {
+        ipc += (c->ranks[r].path == KVF_CONNECTOR_PATH_IPC);
+        ops += c->ranks[r].gather_ops;
+    }
+    if (ipc == c->dec.tp) {
+        printf("path: cuda-ipc (same node, one gather of %zu ranges)\n", t->descs);
+        printf("gather: %d decode rank(s), each one kernel of its ranges and zero ranges: %"
+               PRIu64 " ops of at most %u bytes in all\n", c->dec.tp, ops, KVF_GATHER_CHUNK);
+        return;
+    }
+    for (int r = 0; r < c->dec.tp; ++r) {
+        if (c->ranks[r].path != KVF_CONNECTOR_PATH_IPC) {
+            printf("path: ucx (%s%s%s)\n", (c->ranks[r].transports[0] != '\0') ?
+                   c->ranks[r].transports : "", (c->ranks[r].transports[0] != '\0') ? "; " : "",
+                   c->ranks[r].path_why);
+            break;
+        }
+    }
+    if (ipc > 0) {
+        printf("path: %d of %d decode rank(s) took cuda-ipc\n", ipc, c->dec.tp);
+    }
+}
+
 /* Medians over the timed pulls (the span from the first rank's start to the last one's end). */
 static void xt_medians(const xt_ctx_t *c, int n, uint64_t *kv_p, uint64_t *raw_p,
                        uint64_t *post_p)
@@ -423,8 +479,13 @@ static int xt_bench_exports(const xt_ctx_t *c, const xt_totals_t *t, uint64_t kv
             printf("descriptor lists: written to %s\n", c->o.descs_out);
         }
         if (c->o.copy_limit && (c->o.dev_kind != KVF_DEVICE_CPU)) {
-            printf("copy limit: not measured (a host memcpy says nothing about %s pools)\n",
-                   c->o.device);
+            uint64_t ns = kvf_xt_device_copy_limit(c, t->bytes);
+            double kv_gbs = (double)t->bytes / (double)kv_ns;
+            if (ns > 0) {
+                printf("copy limit (one device-to-device copy of the same bytes on %s): "
+                       "%.3f ms, %.2f GB/s (median); kv/copy %.3f\n", c->o.device, xt_ms(ns),
+                       (double)t->bytes / (double)ns, kv_gbs / ((double)t->bytes / (double)ns));
+            }
         } else if (c->o.copy_limit) {
             uint64_t ns = kvf_xt_copy_limit(c, plans);
             double kv_gbs = (double)t->bytes / (double)kv_ns;
@@ -481,6 +542,7 @@ static int xt_report(const xt_ctx_t *c, const xt_totals_t *t, double hs_ms, int 
     printf("transfer: %" PRIu64 " bytes, %zu descriptors (GET operations), %d reads "
            "(prefill->decode rank pairs), zeroed %" PRIu64 " bytes\n", t->bytes,
            t->descs, t->reads, t->zero);
+    xt_report_path(c, t);
     printf("transfer time: %.3f ms, %.2f GB/s%s (connector: start_pull to poll done)\n",
            xt_ms(kv), (double)t->bytes / (double)kv, c->bench ? " (median)" : "");
     printf("plan+post time: %.3f ms (start_pull, slowest rank%s)\n", xt_ms(post),
@@ -625,7 +687,7 @@ static int xt_main(int argc, char **argv, bool bench)
         kvf_error("%s: --pool-alloc must be heap or ucx, not '%s'", prog, c->o.pool_alloc);
         goto out;
     }
-    if (xt_device_parse(prog, c) != 0) {
+    if ((xt_device_parse(prog, c) != 0) || (xt_path_parse(prog, c) != 0)) {
         goto out;
     }
     c->o.ucx_pools = (strcmp(c->o.pool_alloc, "ucx") == 0) && (c->o.dev_kind == KVF_DEVICE_CPU);

@@ -115,6 +115,47 @@ static void *xt_copy_thread(void *arg)
 }
 
 /*
+ * Device pools: one device-to-device copy (kvf_device_memcpy, synchronous) of
+ * @a bytes between two fresh buffers on --device, timed like the pulls (a
+ * warm-up, then --iters). The rate a same-node pull is measured against.
+ * Returns the median ns, 0 on failure (logged).
+ */
+uint64_t kvf_xt_device_copy_limit(const xt_ctx_t *c, uint64_t bytes)
+{
+    uint64_t t[XT_MAX_ITERS], med = 0;
+    void *src = NULL, *dst = NULL;
+    kvf_device_t dev;
+    int err;
+
+    err = kvf_device_init(c->o.dev_kind, c->o.dev_ordinal, &dev);
+    if (err == KVF_KERN_OK) {
+        err = kvf_device_alloc(&dev, (size_t)bytes, &src);
+    }
+    if (err == KVF_KERN_OK) {
+        err = kvf_device_alloc(&dev, (size_t)bytes, &dst);
+    }
+    if (err == KVF_KERN_OK) {
+        err = kvf_device_memset(&dev, src, 0x5a, (size_t)bytes);
+    }
+    for (int it = -1; (err == KVF_KERN_OK) && (it < c->o.iters); ++it) {
+        uint64_t t0 = kvf_time_now_ns();
+        err = kvf_device_memcpy(&dev, dst, src, (size_t)bytes, KVF_COPY_D2D);
+        if (it >= 0) {
+            t[it] = kvf_time_now_ns() - t0;
+        }
+    }
+    if (err == KVF_KERN_OK) {
+        qsort(t, (size_t)c->o.iters, sizeof(t[0]), xt_cmp_u64);
+        med = t[c->o.iters / 2];
+    } else {
+        kvf_error("bench: device copy limit on %s: %s", c->o.device, kvf_kern_strerror(err));
+    }
+    kvf_device_free(&dev, src);
+    kvf_device_free(&dev, dst);
+    return med;
+}
+
+/*
  * memcpy of every descriptor list, one thread per decode rank, between
  * buffers of the pools' sizes in this process: the copy limit of the
  * machine for this request. Returns the median ns, 0 on failure.

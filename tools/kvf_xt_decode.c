@@ -43,7 +43,11 @@ static void xt_decode_pull(xt_rank_t *r, int it, bool *killed)
         r->descs = st.descriptors;
         r->zero_bytes = st.zero_bytes;
         r->reads = st.remote_ranks;
-        r->ops_posted += st.descriptors;
+        r->path = st.path;
+        snprintf(r->path_why, sizeof(r->path_why), "%s", (st.path_why != NULL) ?
+                 st.path_why : "");
+        r->gather_ops += (st.path == KVF_CONNECTOR_PATH_IPC) ? st.gather_ops : 0;
+        r->ops_posted += (st.path == KVF_CONNECTOR_PATH_IPC) ? 0 : st.descriptors;   /* GETs */
     }
     do {
         status = c->xops->poll(c->conn, r->rank, req);

@@ -11,6 +11,7 @@
 #include "kvf_connector.h"
 #include "kvf_connector_ucx.h"
 #include "kvf_device.h"
+#include "kvf_gather.h"
 #include "kvf_kern_status.h"
 #include "kvf_handshake.h"
 #include "kvf_layout.h"
@@ -74,6 +75,8 @@ typedef struct xt_opts {
     kvf_device_kind_t dev_kind;   /* --device: where both sides' pools live */
     int     dev_ordinal;
     bool    copy_limit;
+    char    path[KVF_CONFIG_STR_MAX];   /* --path auto|ucx|ipc */
+    kvf_connector_path_t path_kind;
 } xt_opts_t;
 
 /* ---------------------------------------------------------------------- */
@@ -125,6 +128,9 @@ typedef struct xt_rank {
     uint64_t         t_raw_start[XT_MAX_ITERS], t_raw_end[XT_MAX_ITERS];
     uint64_t         t_fail;
     char             transports[640];
+    kvf_connector_path_t path;      /* what moved the last pull (req_stats) */
+    char             path_why[192]; /* UCX: why not the same-node path */
+    uint64_t         gather_ops;    /* same-node path: ops of the rank's gathers */
 } xt_rank_t;
 
 struct xt_ctx {
@@ -240,6 +246,13 @@ int kvf_xt_write_descs(const xt_ctx_t *c, kvf_xfer_plan_t **plans);
  * machine for this request. Returns the median ns, 0 on failure.
  */
 uint64_t kvf_xt_copy_limit(const xt_ctx_t *c, kvf_xfer_plan_t **plans);
+
+/*
+ * Device pools: one device-to-device copy of @a bytes on --device, the same
+ * iterations as the pulls: the device's copy rate for this request. Returns
+ * the median ns, 0 on failure.
+ */
+uint64_t kvf_xt_device_copy_limit(const xt_ctx_t *c, uint64_t bytes);
 
 /* Nanoseconds as milliseconds. */
 static inline double xt_ms(uint64_t ns)

@@ -103,7 +103,7 @@ kvf_status_t kvf_xt_conn_create(xt_ctx_t *c, const xt_side_t *side)
     memset(&cc, 0, sizeof(cc));
     cc.field_mask = KVF_CONNECTOR_CONFIG_FIELD_TIMEOUT_MS |
                     KVF_CONNECTOR_CONFIG_FIELD_BATCH_DESCS |
-                    KVF_CONNECTOR_CONFIG_FIELD_PLAN_FLAGS;
+                    KVF_CONNECTOR_CONFIG_FIELD_PLAN_FLAGS | KVF_CONNECTOR_CONFIG_FIELD_PATH;
     cc.engine_id = side->engine_id;
     cc.role = side->prefill ? KVF_CONNECTOR_ROLE_PREFILL : KVF_CONNECTOR_ROLE_DECODE;
     cc.tp_size = side->tp;
@@ -111,6 +111,7 @@ kvf_status_t kvf_xt_conn_create(xt_ctx_t *c, const xt_side_t *side)
     cc.timeout_ms = (uint32_t)c->o.timeout_ms;
     cc.batch_descs = (uint32_t)c->o.batch_descs;
     cc.plan_flags = c->o.no_coalesce ? KVF_XFER_PLAN_FLAG_NO_COALESCE : 0;
+    cc.path = c->o.path_kind;
     return c->xops->create(&cc, &c->conn);
 }
 

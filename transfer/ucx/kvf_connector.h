@@ -88,8 +88,26 @@ enum kvf_connector_config_field {     /* append only, never renumber */
     KVF_CONNECTOR_CONFIG_FIELD_PLAN_FLAGS = KVF_BIT(3),
     KVF_CONNECTOR_CONFIG_FIELD_PROGRESS   = KVF_BIT(4),  /* progress_thread */
     KVF_CONNECTOR_CONFIG_FIELD_MODEL_DIGEST = KVF_BIT(5),  /* model_digest */
+    KVF_CONNECTOR_CONFIG_FIELD_PATH       = KVF_BIT(6),  /* path */
 };
-#define KVF_CONNECTOR_CONFIG_FIELDS_KNOWN (KVF_BIT(6) - 1)
+#define KVF_CONNECTOR_CONFIG_FIELDS_KNOWN (KVF_BIT(7) - 1)
+
+/**
+ * How a decode rank's pull moves bytes (transfer/ucx/kvf_connector_ipc.c).
+ * AUTO: CUDA IPC when both pools are CUDA memory on the same node and the
+ * prefill's allocation maps here, UCX otherwise (the reason logged once per
+ * engine and rank). UCX: always UCX (prefill then shares no IPC handle).
+ * IPC: CUDA IPC, and a pull that cannot take it is refused
+ * (KVF_ERR_UNSUPPORTED, the reason logged).
+ */
+typedef enum {
+    KVF_CONNECTOR_PATH_AUTO = 0,
+    KVF_CONNECTOR_PATH_UCX  = 1,
+    KVF_CONNECTOR_PATH_IPC  = 2,
+} kvf_connector_path_t;
+
+/** "auto", "ucx", "cuda-ipc"; "unknown" outside kvf_connector_path_t. */
+const char *kvf_connector_path_name(kvf_connector_path_t path);
 
 typedef struct kvf_connector_config {
     uint64_t                  field_mask;   /* first */
@@ -115,6 +133,7 @@ typedef struct kvf_connector_config {
      * every rank's metadata; a pair whose digests differ, or where only one
      * side has one, is refused at handshake (kvf_compat.h). Default: none. */
     const kvf_model_digest_t *model_digest;
+    kvf_connector_path_t      path;         /* default KVF_CONNECTOR_PATH_AUTO */
 } kvf_connector_config_t;
 
 /**
@@ -175,6 +194,11 @@ typedef struct kvf_connector_stats {
     uint64_t posted_ns;      /* start_pull returned: planned, every GET posted */
     uint64_t landed_ns;      /* poll saw the last GET complete */
     uint64_t done_ns;        /* post-ops (tail zeroing) finished */
+    /* which path moved the bytes: KVF_CONNECTOR_PATH_UCX or _IPC; for UCX, why
+     * not IPC (borrowed: valid until this rank's next start_pull or destroy) */
+    kvf_connector_path_t path;
+    const char          *path_why;
+    uint64_t             gather_ops;   /* IPC: ops of the one gather (chunks + zero ranges) */
 } kvf_connector_stats_t;
 
 /**

@@ -160,6 +160,7 @@ static void kvf_conn_destroy(kvf_connector_h conn)
     kvf_side_channel_client_destroy(conn->client);
     for (int r = 0; (conn->ranks != NULL) && (r < conn->tp); ++r) {
         kvf_conn_rank_t *rk = &conn->ranks[r];
+        kvf_conn_ipc_rank_destroy(rk);      /* same-node mappings, after the stream drained */
         kvf_ucx_agent_destroy(rk->agent);   /* closes the peers it connected */
         kvf_conn_pool_stream_destroy(rk);
         for (int e = 0; e < KVF_CONN_MAX_ENGINES; ++e) {
@@ -187,7 +188,9 @@ static kvf_status_t kvf_conn_create(const kvf_connector_config_t *config,
     if ((config == NULL) || (config->field_mask & ~KVF_CONNECTOR_CONFIG_FIELDS_KNOWN) ||
         (config->engine_id == NULL) || (strlen(config->engine_id) >= KVF_ENGINE_ID_MAX) ||
         (config->cfg == NULL) || (config->tp_size < 1) || (config->tp_size > KVF_XFER_MAX_TP) ||
-        (config->role > KVF_CONNECTOR_ROLE_DECODE)) {
+        (config->role > KVF_CONNECTOR_ROLE_DECODE) ||
+        ((config->field_mask & KVF_CONNECTOR_CONFIG_FIELD_PATH) &&
+         ((unsigned)config->path > KVF_CONNECTOR_PATH_IPC))) {
         kvf_error("ucx connector: invalid config");
         return KVF_ERR_INVALID_PARAM;
     }
@@ -211,6 +214,8 @@ static kvf_status_t kvf_conn_create(const kvf_connector_config_t *config,
                         config->batch_descs : 0;
     conn->plan_flags = (config->field_mask & KVF_CONNECTOR_CONFIG_FIELD_PLAN_FLAGS) ?
                        config->plan_flags : 0;
+    conn->path = (config->field_mask & KVF_CONNECTOR_CONFIG_FIELD_PATH) ? config->path :
+                 KVF_CONNECTOR_PATH_AUTO;
     snprintf(conn->host, sizeof(conn->host), "%s",
              ((config->field_mask & KVF_CONNECTOR_CONFIG_FIELD_LISTEN) &&
               (config->listen_host != NULL)) ? config->listen_host : "127.0.0.1");
@@ -343,6 +348,9 @@ static kvf_status_t kvf_conn_add_pool(kvf_connector_h conn, const kvf_connector_
     if (status == KVF_OK) {
         status = kvf_conn_pool_stream(conn, rk, pool);   /* the pool's device, its stream */
     }
+    if (status == KVF_OK) {
+        kvf_conn_ipc_export(conn, rk, pool);   /* prefill CUDA pools: the same-node path */
+    }
     if (status != KVF_OK) {
         goto err_destroy_agent;
     }
@@ -471,6 +479,7 @@ static void kvf_conn_req_free(kvf_connector_h conn, kvf_connector_req_h req)
     if (req == NULL) {
         return;
     }
+    kvf_conn_ipc_req_free(conn, req);   /* a same-node gather drained first */
     if (req->holds_peers) {
         conn->ranks[req->rank].peers_busy[req->engine]--;
         conn->ranks[req->rank].peers_used_ns[req->engine] = kvf_time_now_ns();
@@ -672,7 +681,11 @@ static kvf_status_t kvf_conn_start_pull(kvf_connector_h conn, int tp_rank,
     rk->peers_used_ns[engine] = kvf_time_now_ns();
     req->holds_peers = true;
     req->deadline_ns = kvf_time_now_ns() + (uint64_t)conn->timeout_ms * 1000000ull;
-    for (int i = 0; i < req->plan->num_ranks; ++i) {
+    status = kvf_conn_ipc_start(conn, rk, req);   /* same node: one gather, no GETs */
+    if (status != KVF_OK) {
+        goto err;
+    }
+    for (int i = 0; !req->ipc && (i < req->plan->num_ranks); ++i) {
         status = kvf_conn_post_next(conn, rk, req, i);
         if (status != KVF_OK) {
             /* earlier batches are in flight: report through poll, release drains them */
@@ -701,6 +714,9 @@ static kvf_status_t kvf_conn_poll(kvf_connector_h conn, int tp_rank, kvf_connect
     KVF_CONN_CHECK_RANK(conn, tp_rank, "poll");
     if (req->status != KVF_INPROGRESS) {
         return req->status;
+    }
+    if (req->ipc) {
+        return kvf_conn_ipc_poll(conn, req);
     }
     rk = &conn->ranks[tp_rank];
     progressed = kvf_ucx_agent_progress(rk->agent);
@@ -887,6 +903,7 @@ static kvf_status_t kvf_conn_req_stats(kvf_connector_h conn, int tp_rank,
     stats_p->posted_ns = req->posted_ns;
     stats_p->landed_ns = req->landed_ns;
     stats_p->done_ns = req->done_ns;
+    kvf_conn_ipc_stats(conn, req, stats_p);
     return KVF_OK;
 }
 

@@ -78,6 +78,7 @@ typedef struct kvf_conn_rank {
     uint64_t            reconnects;     /* idle endpoint sets replaced (stats, tests) */
     kvf_device_t        device;         /* where the pool lives; CUDA: with a stream of
                                          * its own for the zeroing (kvf_conn_pool_stream) */
+    struct kvf_conn_ipc_rank *ipc;      /* the same-node path's state (kvf_connector_ipc.c) */
 } kvf_conn_rank_t;
 
 struct kvf_connector {
@@ -111,6 +112,7 @@ struct kvf_connector {
     bool                  progress_thread;     /* config: one per rank from serve on */
     atomic_bool           progress_stop;
     pthread_t            *progress;            /* [tp] while running */
+    kvf_connector_path_t  path;                /* config path (kvf_connector_ipc.c) */
 };
 
 struct kvf_connector_req {
@@ -129,6 +131,10 @@ struct kvf_connector_req {
     bool             holds_peers;   /* counted in its rank's peers_busy[engine] */
     char             request_id[KVF_ENGINE_ID_MAX];
     kvf_kv_digest_t *digests;       /* [plan->num_ranks] once req_digests ran */
+    bool             ipc;           /* moved by one gather (kvf_connector_ipc.c), not GETs */
+    void            *ipc_event;     /* its completion event on the pool's stream */
+    uint64_t         ipc_ops;       /* ops of that gather */
+    int              ipc_slot;      /* its staging buffers: slot + 1; 0 none */
 };
 
 /* The thread rules of kvf_connector.h, checked in debug builds: a rank's ops
@@ -207,5 +213,7 @@ kvf_status_t kvf_conn_req_digests(kvf_connector_h conn, int tp_rank, kvf_connect
  * daemon's handler (conn->lease_func). */
 void         kvf_conn_lease_verify(void *arg, const char *requester, const kvf_lease_msg_t *msg,
                                    uint32_t peer_timeout_ms, kvf_lease_answer_t *answer);
+
+#include "kvf_connector_ipc.h"
 
 #endif

@@ -358,12 +358,69 @@ out:
 
 /* ---- reply ------------------------------------------------------------ */
 
+/* An XferIpc pointing into @a m (no copies). */
+static void kvf_hs_pack_ipc(const kvf_xfer_ipc_meta_t *m, Kvf__XferIpc *x)
+{
+    kvf__xfer_ipc__init(x);
+    x->has_handle = x->has_offset = x->has_device_uuid = 1;
+    x->handle.data = (uint8_t *)m->handle;
+    x->handle.len = sizeof(m->handle);
+    x->offset = m->offset;
+    x->node = (char *)m->node;
+    x->device_uuid.data = (uint8_t *)m->uuid;
+    x->device_uuid.len = sizeof(m->uuid);
+}
+
+/*
+ * Check and copy an XferIpc: all four fields, a 64-byte handle, a 16-byte
+ * UUID, a printable node id. false with @a why naming the field and value.
+ */
+static bool kvf_hs_ipc_from_proto(const Kvf__XferIpc *x, kvf_xfer_ipc_meta_t *m, char *why,
+                                  size_t why_len)
+{
+    size_t n;
+
+    if (!x->has_handle || (x->handle.len != KVF_XFER_IPC_HANDLE_BYTES)) {
+        snprintf(why, why_len, "ipc.handle is %zu bytes, not %d", x->has_handle ?
+                 x->handle.len : (size_t)0, KVF_XFER_IPC_HANDLE_BYTES);
+        return false;
+    }
+    if (!x->has_device_uuid || (x->device_uuid.len != KVF_XFER_IPC_UUID_BYTES)) {
+        snprintf(why, why_len, "ipc.device_uuid is %zu bytes, not %d", x->has_device_uuid ?
+                 x->device_uuid.len : (size_t)0, KVF_XFER_IPC_UUID_BYTES);
+        return false;
+    }
+    if (!x->has_offset || (x->offset > (1ull << 48))) {
+        snprintf(why, why_len, "ipc.offset missing or past 2^48");
+        return false;
+    }
+    n = (x->node != NULL) ? strlen(x->node) : 0;
+    if ((n == 0) || (n >= sizeof(m->node))) {
+        snprintf(why, why_len, "ipc.node is %zu characters, not 1..%zu", n,
+                 sizeof(m->node) - 1);
+        return false;
+    }
+    for (size_t i = 0; i < n; ++i) {
+        if (((unsigned char)x->node[i] <= 0x20) || ((unsigned char)x->node[i] >= 0x7f)) {
+            snprintf(why, why_len, "ipc.node has byte 0x%02x at %zu (printable only)",
+                     (unsigned char)x->node[i], i);
+            return false;
+        }
+    }
+    memcpy(m->handle, x->handle.data, KVF_XFER_IPC_HANDLE_BYTES);
+    memcpy(m->uuid, x->device_uuid.data, KVF_XFER_IPC_UUID_BYTES);
+    memcpy(m->node, x->node, n + 1);
+    m->offset = x->offset;
+    return true;
+}
+
 kvf_status_t kvf_handshake_reply_pack(const kvf_handshake_reply_t *reply, uint8_t **buf_p,
                                       size_t *len_p)
 {
     Kvf__HandshakeReply m = KVF__HANDSHAKE_REPLY__INIT;
     Kvf__RankMetadata *metas = NULL, **meta_ptrs = NULL;
     Kvf__XferRegion *regions = NULL, **region_ptrs = NULL;
+    Kvf__XferIpc *ipcs = NULL;
     Kvf__Refusal refs[KVF_MAX_REFUSALS], *ref_ptrs[KVF_MAX_REFUSALS];
     kvf_status_t status = KVF_ERR_NO_MEMORY;
     int n = reply->num_ranks;
@@ -376,7 +433,9 @@ kvf_status_t kvf_handshake_reply_pack(const kvf_handshake_reply_t *reply, uint8_
     meta_ptrs = calloc((size_t)n + 1, sizeof(*meta_ptrs));
     regions = calloc((size_t)n * KVF_XFER_MAX_REGIONS + 1, sizeof(*regions));
     region_ptrs = calloc((size_t)n * KVF_XFER_MAX_REGIONS + 1, sizeof(*region_ptrs));
-    if ((metas == NULL) || (meta_ptrs == NULL) || (regions == NULL) || (region_ptrs == NULL)) {
+    ipcs = calloc((size_t)n * KVF_XFER_MAX_REGIONS + 1, sizeof(*ipcs));
+    if ((metas == NULL) || (meta_ptrs == NULL) || (regions == NULL) || (region_ptrs == NULL) ||
+        (ipcs == NULL)) {
         goto out;
     }
 
@@ -422,6 +481,10 @@ kvf_status_t kvf_handshake_reply_pack(const kvf_handshake_reply_t *reply, uint8_
             /* host stays unsaid: the bytes of a host pool's metadata are unchanged */
             x->has_memory_type = (r->regions[j].mem_type != KVF_XFER_MEM_HOST);
             x->memory_type = (uint32_t)r->regions[j].mem_type;
+            if (r->regions[j].has_ipc) {
+                kvf_hs_pack_ipc(&r->regions[j].ipc, &ipcs[i * KVF_XFER_MAX_REGIONS + j]);
+                x->ipc = &ipcs[i * KVF_XFER_MAX_REGIONS + j];
+            }
             p->regions[j] = x;
         }
         p->has_worker_address = 1;
@@ -448,6 +511,7 @@ kvf_status_t kvf_handshake_reply_pack(const kvf_handshake_reply_t *reply, uint8_
 
     status = kvf_hs_finish_pack(kvf__handshake_reply__get_packed_size(&m), &m.base, buf_p, len_p);
 out:
+    free(ipcs);
     free(region_ptrs);
     free(regions);
     free(meta_ptrs);
@@ -482,9 +546,12 @@ static bool kvf_hs_model_from_proto(const Kvf__RankMetadata *p, kvf_rank_meta_t 
     return true;
 }
 
-/* Validate one rank's metadata and copy it into @a r. */
-static bool kvf_hs_rank_from_proto(const Kvf__RankMetadata *p, kvf_rank_meta_t *r)
+/* Validate one rank's metadata and copy it into @a r; @a why: a reason for some refusals. */
+static bool kvf_hs_rank_from_proto(const Kvf__RankMetadata *p, kvf_rank_meta_t *r, char *why,
+                                   size_t why_len)
 {
+    char bad[64];
+
     if (!p->has_protocol_version || !p->has_model_fingerprint || !p->has_tp_rank ||
         !p->has_tp_size || !p->has_block_size || !p->has_kernel_block_size ||
         !p->has_page_size || !p->has_slots || !p->has_num_blocks || !p->has_kv_dtype ||
@@ -540,6 +607,12 @@ static bool kvf_hs_rank_from_proto(const Kvf__RankMetadata *p, kvf_rank_meta_t *
                                  KVF_XFER_MEM_HOST;
         r->regions[j].rkey_len = x->rkey.len;
         memcpy(r->regions[j].rkey, x->rkey.data, x->rkey.len);
+        r->regions[j].has_ipc = (x->ipc != NULL);
+        if ((x->ipc != NULL) && !kvf_hs_ipc_from_proto(x->ipc, &r->regions[j].ipc, bad,
+                                                       sizeof(bad))) {
+            snprintf(why, why_len, "rank %u regions[%zu].%s", p->tp_rank, j, bad);
+            return false;
+        }
     }
     r->worker_addr_len = p->worker_address.len;
     memcpy(r->worker_addr, p->worker_address.data, p->worker_address.len);
@@ -554,6 +627,7 @@ kvf_status_t kvf_handshake_reply_unpack(const uint8_t *buf, size_t len,
     kvf_handshake_reply_t reply;
     kvf_status_t status = KVF_ERR_PARSE;
     const char *why = "missing or out-of-range field";
+    char field[128], why_buf[192];
 
     memset(reply_p, 0, sizeof(*reply_p));
     memset(&reply, 0, sizeof(reply));
@@ -585,8 +659,11 @@ kvf_status_t kvf_handshake_reply_unpack(const uint8_t *buf, size_t len,
         for (size_t i = 0; i < m->n_ranks; ++i) {
             kvf_rank_meta_t tmp_rank;
             /* heap buffer would do too; one rank on the stack is ~17 KiB */
-            if (!kvf_hs_rank_from_proto(m->ranks[i], &tmp_rank)) {
-                why = "rank metadata missing or out-of-range field";
+            field[0] = '\0';
+            if (!kvf_hs_rank_from_proto(m->ranks[i], &tmp_rank, field, sizeof(field))) {
+                snprintf(why_buf, sizeof(why_buf), "rank metadata missing or out-of-range "
+                         "field%s%s", (field[0] != '\0') ? ": " : "", field);
+                why = why_buf;
                 goto out_free;
             }
             /* ranks must be exactly 0..n-1 of one tp_size */

@@ -43,6 +43,23 @@ typedef enum {
 /** "host", "cuda", or "unknown" for a value outside kvf_xfer_mem_type_t. */
 const char *kvf_xfer_mem_type_name(kvf_xfer_mem_type_t type);
 
+#define KVF_XFER_IPC_HANDLE_BYTES 64   /* cudaIpcMemHandle_t */
+#define KVF_XFER_IPC_UUID_BYTES   16   /* a GPU's UUID */
+#define KVF_XFER_NODE_MAX         64   /* node id bytes incl. NUL */
+
+/**
+ * A CUDA IPC share of a region (XferIpc): what a decode on the same node
+ * maps instead of reading over UCX (transfer/ucx/kvf_connector_ipc.c).
+ * Unpack accepts it only whole: a handle of exactly 64 bytes, a UUID of 16,
+ * a node id of 1..63 printable characters, an offset.
+ */
+typedef struct kvf_xfer_ipc_meta {
+    uint8_t  handle[KVF_XFER_IPC_HANDLE_BYTES];
+    uint64_t offset;                  /* region start - allocation start, bytes */
+    char     node[KVF_XFER_NODE_MAX]; /* the owner's node (boot id) */
+    uint8_t  uuid[KVF_XFER_IPC_UUID_BYTES];   /* the GPU holding the region */
+} kvf_xfer_ipc_meta_t;
+
 /** One registered region as published. */
 typedef struct kvf_xfer_region_meta {
     uint64_t addr;                    /* base address in the owner's process */
@@ -50,6 +67,8 @@ typedef struct kvf_xfer_region_meta {
     kvf_xfer_mem_type_t mem_type;     /* where those bytes live; HOST when unsaid */
     size_t   rkey_len;
     uint8_t  rkey[KVF_RKEY_MAX];      /* packed UCX remote key */
+    bool     has_ipc;                 /* CUDA regions shared for the same-node path */
+    kvf_xfer_ipc_meta_t ipc;
 } kvf_xfer_region_meta_t;
 
 /** What one TP rank publishes at handshake. */
