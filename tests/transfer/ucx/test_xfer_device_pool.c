@@ -9,7 +9,8 @@
  * connector, after the GETs the whole pages go to kvf_blocks_zero and the
  * partial tails to kvf_zero_ranges on that stream, the stream is synced
  * before poll reports KVF_OK, and the pool holds the right bytes: pulled
- * pages the prefill's, zeroed tails zero, other pages untouched. What it
+ * pages the prefill's, zeroed tails zero, other pages untouched; the KV digest of
+ * the device pool, read through device-to-host copies, equals prefill's. What it
  * cannot check: that UCX moves bytes into real device memory (UCX here has no
  * CUDA; host memory mapped as CUDA is accepted by ucp_mem_map and its GETs
  * fall back to host copies), and the CUDA kernels themselves (tests/gpu).
@@ -55,11 +56,16 @@ int __real_kvf_zero_ranges(const kvf_device_t *dev, void *base, const size_t *of
 int __wrap_kvf_zero_ranges(const kvf_device_t *dev, void *base, const size_t *offsets,
                            const size_t *lens, size_t n);
 int __wrap_kvf_device_sync(const kvf_device_t *dev);
+int __real_kvf_device_memcpy(const kvf_device_t *dev, void *dst, const void *src, size_t bytes,
+                             kvf_copy_kind_t kind);
+int __wrap_kvf_device_memcpy(const kvf_device_t *dev, void *dst, const void *src, size_t bytes,
+                             kvf_copy_kind_t kind);
 
 static const uint8_t *dev_lo, *dev_hi;    /* the "device" pool */
 static int streams_made, streams_destroyed, syncs, sync_after_zero;
 static size_t blocks_zeroed_pages, ranges_zeroed, ranges_zero_bytes, blocks_calls, range_calls;
 static bool zero_since_sync;
+static size_t d2h_bytes;
 
 bool __wrap_kvf_device_ptr_is_cuda(const void *ptr)
 {
@@ -131,6 +137,19 @@ int __wrap_kvf_device_sync(const kvf_device_t *dev)
     sync_after_zero += zero_since_sync;
     zero_since_sync = false;
     return KVF_KERN_OK;
+}
+
+int __wrap_kvf_device_memcpy(const kvf_device_t *dev, void *dst, const void *src, size_t bytes,
+                             kvf_copy_kind_t kind)
+{
+    kvf_device_t cpu = kvf_device_cpu();
+
+    if (dev->kind == KVF_DEVICE_CUDA) {
+        assert_int_equal(kind, KVF_COPY_D2H);             /* the KV digest's reads */
+        assert_true(((const uint8_t *)src >= dev_lo) && ((const uint8_t *)src < dev_hi));
+        d2h_bytes += bytes;
+    }
+    return __real_kvf_device_memcpy(&cpu, dst, src, bytes, kind);
 }
 
 /* ---- the test ------------------------------------------------------------- */
@@ -206,11 +225,20 @@ static void test_device_pool_zeroing(void **state)
     assert_true(ranges_zero_bytes > 0);               /* block 2 is partial: a tail */
     assert_int_equal(sync_after_zero, 1);             /* synced once, after the zeroing */
     assert_false(zero_since_sync);
-    /* KV digests read the pool on the host: not for a device pool */
+    /* KV digest of a device pool: the landed bytes copied to the host (device-to-host
+     * copies, here the CPU's), equal to the digest of the same ranges of prefill's pool */
     {
         const kvf_kv_digest_t *dg;
+        size_t bytes = 0;
         int ndg;
-        assert_int_equal(ops->req_digests(dec, 0, req, &dg, &ndg), KVF_ERR_UNSUPPORTED);
+        assert_int_equal(ops->req_digests(dec, 0, req, &dg, &ndg), KVF_OK);
+        assert_int_equal(ndg, 1);
+        for (size_t k = 0; k < dg[0].num_ranges; ++k) {
+            bytes += dg[0].ranges[2 * k + 1];
+        }
+        assert_int_equal(bytes, st.bytes);
+        assert_int_equal(d2h_bytes, st.bytes);        /* each pulled byte copied once */
+        assert_true(dg[0].digest == kvf_kv_digest_ranges(ppool, dg[0].ranges, dg[0].num_ranges));
     }
     assert_int_equal(ops->finish_pull(dec, 0, req), KVF_OK);
 
