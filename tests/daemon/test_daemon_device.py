@@ -19,7 +19,10 @@
 3. Fault builds: decode flips a landed byte (ucx.data=corrupt); prefill's
    digest of its GPU pool finds the difference, decode recomputes, and the
    answer still equals the colocated one.
-4. CUDA builds: TP 2 decode over two simulated GPUs (rank r on cuda:r,
+4. kvf-up --device cuda:auto places instances on GPUs of their own;
+   --prefill-device / --decode-device split the roles (a GPU prefill pool
+   feeding a CPU decode pool answers like colocated).
+5. CUDA builds: TP 2 decode over two simulated GPUs (rank r on cuda:r,
    /health "cuda:0,cuda:1"), answers equal colocated; TP 2 with one GPU
    refused naming rank 1's device.
 
@@ -175,6 +178,42 @@ def check_corrupt(devbin):
            "tokens equal colocated"
 
 
+class DevicePool(Pool):
+    """A Pool whose kvf-up gets --device / --prefill-device / --decode-device flags."""
+
+    def __init__(self, up_flags, **kw):
+        super().__init__(**kw)
+        self.up_flags = list(up_flags)
+
+    def _up_cmd(self, base_port):
+        cmd = super()._up_cmd(base_port)
+        return cmd[:1] + self.up_flags + cmd[1:]
+
+
+def check_auto(devbin):
+    """kvf-up --device cuda:auto: each instance on a host gets GPUs of its own, prefill first."""
+    os.environ["KVF_TEST_DEVSIM_GPUS"] = "3"
+    try:
+        with DevicePool(["--device", "cuda:auto"], layout="1p1d", model=MODEL, bin_dir=devbin,
+                        prefill_instances=2) as pool:
+            devs = {i["engine_id"]: i.get("device") for r in ("prefill", "decode")
+                    for i in pool.health()[1][r]}
+        with DevicePool(["--prefill-device", "cuda:2", "--decode-device", "cpu"], layout="1p1d",
+                        model=MODEL, bin_dir=devbin) as pool:
+            split = {i["engine_id"]: i.get("device") for r in ("prefill", "decode")
+                     for i in pool.health()[1][r]}
+            r = pool.complete(heldout(1)[0], max_tokens=8, temperature=0, return_token_ids=True,
+                              timeout=60)
+    finally:
+        del os.environ["KVF_TEST_DEVSIM_GPUS"]
+    assert devs == {"prefill-0": "cuda:0", "prefill-1": "cuda:1", "decode-0": "cuda:2"}, devs
+    assert split == {"prefill-0": "cuda:2", "decode-0": "cpu"}, split
+    want = colocated_tokens(devbin, heldout(1)[0], 8, device="cpu")
+    assert r["choices"][0]["token_ids"] == want, (r["choices"][0]["token_ids"], want)
+    return ("kvf-up --device cuda:auto: prefill-0 cuda:0, prefill-1 cuda:1, decode-0 cuda:2; "
+            "a GPU prefill (cuda:2) with a CPU decode answers like colocated")
+
+
 def check_tp2(devbin):
     env = {"KVF_TEST_DEVSIM_GPUS": "2"}
     rc, out, _ = run([os.path.join(devbin, "kvf-decode"), "--model", MODEL, "--insecure",
@@ -202,6 +241,7 @@ def main():
     try:
         print(check_refusals(devbin), flush=True)
         print(check_pool(devbin), flush=True)
+        print(check_auto(devbin), flush=True)
         if FAULTS:
             print(check_corrupt(devbin), flush=True)
         else:
