@@ -125,7 +125,7 @@ def check_pool(devbin, questions=6):
             logs[name] = f.read()
     p, d = devsim_counts(logs["prefill-0"]), devsim_counts(logs["decode-0"])
     for name, c in (("prefill", p), ("decode", d)):
-        assert c["host_ptr_errors"] == 0, (name, c)
+        assert c["host_ptr_errors"] == 0 and c["wrong_device"] == 0, (name, c)
         assert c["ucx_maps"] == 1, (name, c)       # the one pool, mapped as CUDA memory
         assert c["opened"] >= 1 and c["kernels"] > 0, (name, c)
     for name in logs:
@@ -223,7 +223,7 @@ def check_tp2(devbin):
     want = [colocated_tokens(devbin, p, 8, env=env) for p in prompts]
     os.environ.update(env)
     try:
-        with Pool(layout="1p2d", model=MODEL, bin_dir=devbin,
+        with Pool(layout="1p2d", model=MODEL, bin_dir=devbin, keep_run_dir=True,
                   extra_args=["--device", "cuda:0"]) as pool:
             devs = {i["engine_id"]: i.get("device") for r in ("prefill", "decode")
                     for i in pool.health()[1][r]}
@@ -231,8 +231,12 @@ def check_tp2(devbin):
                                  timeout=60)["choices"][0]["token_ids"] for p in prompts]
     finally:
         del os.environ["KVF_TEST_DEVSIM_GPUS"]
+    d = devsim_counts(pool.log("decode-0"))   # printed at exit
+    os.system("rm -rf '%s'" % pool.run_dir)
     assert devs == {"prefill-0": "cuda:0", "decode-0": "cuda:0,cuda:1"}, devs
     assert got == want, (got, want)
+    # every launch and zeroing of rank 1's memory went to cuda:1 (no peer access assumed)
+    assert d["wrong_device"] == 0 and d["host_ptr_errors"] == 0, d
     return "1p2d, decode TP 2 on cuda:0,cuda:1: answers equal colocated"
 
 

@@ -60,7 +60,10 @@ static size_t devsim_n, devsim_cap;
 static int devsim_gpus = -1;
 static atomic_ullong st_opened, st_allocs, st_alloc_bytes, st_kernels, st_blocks_zero_calls,
     st_blocks_zero_pages, st_zero_range_calls, st_zero_range_bytes, st_d2h_calls, st_d2h_bytes,
-    st_h2d_bytes, st_syncs, st_streams, st_binds, st_host_ptr_errors, st_ucx_maps;
+    st_h2d_bytes, st_syncs, st_streams, st_binds, st_host_ptr_errors, st_ucx_maps,
+    st_wrong_device;
+/* the calling thread's current GPU, as CUDA keeps it: 0 until a call sets it */
+static _Thread_local int devsim_current;
 
 static int devsim_count(void)
 {
@@ -93,7 +96,7 @@ static int devsim_owner(const void *p)
 }
 
 /* A pointer a device kernel or copy reads or writes on the device: it must be device memory. */
-static void devsim_want_dev(const void *p, const char *what)
+static void devsim_want_dev_fn(const void *p, const char *what)
 {
     if ((p != NULL) && (devsim_owner(p) < 0)) {
         if (atomic_fetch_add(&st_host_ptr_errors, 1) < 8) {
@@ -112,6 +115,23 @@ static void devsim_want_host(const void *p, const char *what)
     }
 }
 
+/*
+ * Work enqueued on the legacy default stream (dev->stream NULL) runs on the calling
+ * thread's current GPU: memory of another GPU there is an illegal access without peer
+ * access. Counted; a stream of its own belongs to the device it was made on.
+ */
+static void devsim_want_current(const kvf_device_t *dev, const void *p, const char *what)
+{
+    int owner = devsim_owner(p);
+
+    if ((dev->stream == NULL) && (owner >= 0) && (owner != devsim_current)) {
+        if (atomic_fetch_add(&st_wrong_device, 1) < 8) {
+            fprintf(stderr, "devsim: %s: memory of cuda:%d reached from cuda:%d, the calling "
+                    "thread's current device\n", what, owner, devsim_current);
+        }
+    }
+}
+
 static bool devsim_is_cuda(const kvf_device_t *dev)
 {
     return (dev != NULL) && (dev->kind == KVF_DEVICE_CUDA);
@@ -122,7 +142,7 @@ static void devsim_report(void)
     fprintf(stderr, "devsim: gpus %d opened %llu allocs %llu (%llu bytes) kernels %llu "
             "blocks_zero %llu calls %llu pages zero_ranges %llu calls %llu bytes d2h %llu "
             "calls %llu bytes h2d %llu bytes syncs %llu streams %llu binds %llu ucx_maps %llu "
-            "host_ptr_errors %llu\n", devsim_count(), (unsigned long long)st_opened,
+            "host_ptr_errors %llu wrong_device %llu\n", devsim_count(), (unsigned long long)st_opened,
             (unsigned long long)st_allocs, (unsigned long long)st_alloc_bytes,
             (unsigned long long)st_kernels, (unsigned long long)st_blocks_zero_calls,
             (unsigned long long)st_blocks_zero_pages, (unsigned long long)st_zero_range_calls,
@@ -130,7 +150,7 @@ static void devsim_report(void)
             (unsigned long long)st_d2h_bytes, (unsigned long long)st_h2d_bytes,
             (unsigned long long)st_syncs, (unsigned long long)st_streams,
             (unsigned long long)st_binds, (unsigned long long)st_ucx_maps,
-            (unsigned long long)st_host_ptr_errors);
+            (unsigned long long)st_host_ptr_errors, (unsigned long long)st_wrong_device);
 }
 
 __attribute__((constructor)) static void devsim_init(void)
@@ -184,6 +204,7 @@ int __wrap_kvf_device_init(kvf_device_kind_t kind, int ordinal, kvf_device_t *de
     dev_p->kind = KVF_DEVICE_CUDA;
     dev_p->ordinal = ordinal;
     dev_p->stream = NULL;
+    devsim_current = ordinal;   /* cudaSetDevice */
     st_opened++;
     return KVF_KERN_OK;
 }
@@ -196,8 +217,11 @@ int __wrap_kvf_device_bind(const kvf_device_t *dev)
         return __real_kvf_device_bind(dev);
     }
     st_binds++;
-    return ((dev->ordinal >= 0) && (dev->ordinal < devsim_count())) ? KVF_KERN_OK :
-                                                                       KVF_KERN_ECUDA;
+    if ((dev->ordinal < 0) || (dev->ordinal >= devsim_count())) {
+        return KVF_KERN_ECUDA;
+    }
+    devsim_current = dev->ordinal;
+    return KVF_KERN_OK;
 }
 
 int __real_kvf_device_alloc(const kvf_device_t *dev, size_t bytes, void **ptr_p);
@@ -213,6 +237,7 @@ int __wrap_kvf_device_alloc(const kvf_device_t *dev, size_t bytes, void **ptr_p)
     if (bytes == 0) {
         return KVF_KERN_EINVAL;
     }
+    devsim_current = dev->ordinal;   /* kvf_cuda_alloc sets the device */
     p = aligned_alloc(256, len);
     if (p == NULL) {
         return KVF_KERN_ENOMEM;
@@ -260,7 +285,7 @@ void __wrap_kvf_device_free(const kvf_device_t *dev, void *ptr)
     if (found) {
         free(ptr);
     } else if (ptr != NULL) {
-        devsim_want_dev(ptr, "kvf_device_free");   /* counted; never free()d as host memory */
+        devsim_want_dev_fn(ptr, "kvf_device_free");   /* counted; never free()d as host memory */
     }
 }
 
@@ -278,7 +303,8 @@ int __wrap_kvf_device_memset(const kvf_device_t *dev, void *ptr, int value, size
     kvf_device_t cpu = kvf_device_cpu();
 
     if (devsim_is_cuda(dev)) {
-        devsim_want_dev(ptr, "kvf_device_memset");
+        devsim_want_dev_fn(ptr, "kvf_device_memset");
+        devsim_want_current(dev, ptr, "kvf_device_memset");
         dev = &cpu;
     }
     return __real_kvf_device_memset(dev, ptr, value, bytes);
@@ -296,19 +322,19 @@ int __wrap_kvf_device_memcpy(const kvf_device_t *dev, void *dst, const void *src
     if (devsim_is_cuda(dev)) {
         switch (kind) {
         case KVF_COPY_H2D:
-            devsim_want_dev(dst, "kvf_device_memcpy H2D dst");
+            devsim_want_dev_fn(dst, "kvf_device_memcpy H2D dst");
             devsim_want_host(src, "kvf_device_memcpy H2D src");
             st_h2d_bytes += bytes;
             break;
         case KVF_COPY_D2H:
             devsim_want_host(dst, "kvf_device_memcpy D2H dst");
-            devsim_want_dev(src, "kvf_device_memcpy D2H src");
+            devsim_want_dev_fn(src, "kvf_device_memcpy D2H src");
             st_d2h_calls++;
             st_d2h_bytes += bytes;
             break;
         case KVF_COPY_D2D:
-            devsim_want_dev(dst, "kvf_device_memcpy D2D dst");
-            devsim_want_dev(src, "kvf_device_memcpy D2D src");
+            devsim_want_dev_fn(dst, "kvf_device_memcpy D2D dst");
+            devsim_want_dev_fn(src, "kvf_device_memcpy D2D src");
             break;
         default:
             break;
@@ -338,6 +364,7 @@ int __wrap_kvf_device_stream_create(const kvf_device_t *dev, kvf_device_t *dev_p
     if (!devsim_is_cuda(dev)) {
         return __real_kvf_device_stream_create(dev, dev_p);
     }
+    devsim_current = dev->ordinal;   /* kvf_cuda_stream_create sets the device */
     *dev_p = *dev;
     dev_p->stream = &streams[(atomic_fetch_add(&st_streams, 1)) % sizeof(streams)];
     return KVF_KERN_OK;
@@ -364,7 +391,8 @@ int __wrap_kvf_blocks_zero(const kvf_device_t *dev, void *base, size_t page_size
     kvf_device_t cpu = kvf_device_cpu();
 
     if (devsim_is_cuda(dev)) {
-        devsim_want_dev(base, "kvf_blocks_zero base");
+        devsim_want_dev_fn(base, "kvf_blocks_zero base");
+        devsim_want_current(dev, base, "kvf_blocks_zero");
         devsim_want_host(page_ids, "kvf_blocks_zero page_ids (a host array)");
         st_blocks_zero_calls++;
         st_blocks_zero_pages += n;
@@ -383,7 +411,8 @@ int __wrap_kvf_zero_ranges(const kvf_device_t *dev, void *base, const size_t *of
     kvf_device_t cpu = kvf_device_cpu();
 
     if (devsim_is_cuda(dev)) {
-        devsim_want_dev(base, "kvf_zero_ranges base");
+        devsim_want_dev_fn(base, "kvf_zero_ranges base");
+        devsim_want_current(dev, base, "kvf_zero_ranges");
         st_zero_range_calls++;
         for (size_t i = 0; i < n; ++i) {
             st_zero_range_bytes += lens[i];
@@ -431,7 +460,7 @@ ucs_status_t __wrap_ucp_mem_map(ucp_context_h context, const ucp_mem_map_params_
 
     if ((p.field_mask & UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE) &&
         (p.memory_type == UCS_MEMORY_TYPE_CUDA)) {
-        devsim_want_dev(p.address, "ucp_mem_map of cuda memory");
+        devsim_want_dev_fn(p.address, "ucp_mem_map of cuda memory");
         st_ucx_maps++;
         p.memory_type = UCS_MEMORY_TYPE_HOST;   /* what the simulated GPU memory really is */
     }
@@ -449,11 +478,16 @@ ucs_status_t __wrap_ucp_mem_map(ucp_context_h context, const ucp_mem_map_params_
         (_dev) = &devsim_cpu_;                                                         \
     }
 
+/* in a kernel's checks: device memory, of the GPU the launch goes to */
+#define devsim_want_dev(_p, _what)                                                     \
+    (devsim_want_dev_fn(_p, _what), devsim_want_current(devsim_kdev_, _p, _what))
+
 #define DEVSIM_KERNEL(_name, _params, _args, _checks)                                  \
     int __real_##_name _params;                                                        \
     int __wrap_##_name _params;                                                        \
     int __wrap_##_name _params                                                         \
     {                                                                                  \
+        const kvf_device_t *devsim_kdev_ = dev;                                        \
         DEVSIM_ON_CPU(dev);                                                            \
         if (devsim_gpu_) {                                                             \
             _checks;                                                                   \
