@@ -1,6 +1,16 @@
 /*
  * Shared setup of the role daemons. Kept to what is truly identical in
  * both roles; request handling stays in prefill/ and decode/.
+ *
+ * Design (--device cuda[:N]): the device is opened before anything else, so
+ * a missing GPU fails in milliseconds with the CUDA error; the engine then
+ * puts the weights and each rank's pool on cuda:N+r (kvf_device_alloc, the
+ * TP runner's own allocation) and the pools are handed to the connector with
+ * register_pool and their device, which maps them as CUDA memory. Rejected:
+ * letting UCX allocate GPU pools (alloc_pool, as for host pools): the runner
+ * takes foreign memory only on the CPU, and cudaMalloc'd memory is what UCX's
+ * cuda_ipc and CUDA IPC handles are made for. Two instances on one GPU need
+ * nothing special: each process has its own pools there.
  */
 #include "kvf_role.h"
 #include "kvf_log.h"

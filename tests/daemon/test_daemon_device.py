@@ -192,7 +192,7 @@ class DevicePool(Pool):
 
 def check_auto(devbin):
     """kvf-up --device cuda:auto: each instance on a host gets GPUs of its own, prefill first."""
-    os.environ["KVF_TEST_DEVSIM_GPUS"] = "3"
+    os.environ["DEVSIM_GPUS"] = "3"
     try:
         with DevicePool(["--device", "cuda:auto"], layout="1p1d", model=MODEL, bin_dir=devbin,
                         prefill_instances=2) as pool:
@@ -205,7 +205,7 @@ def check_auto(devbin):
             r = pool.complete(heldout(1)[0], max_tokens=8, temperature=0, return_token_ids=True,
                               timeout=60)
     finally:
-        del os.environ["KVF_TEST_DEVSIM_GPUS"]
+        del os.environ["DEVSIM_GPUS"]
     assert devs == {"prefill-0": "cuda:0", "prefill-1": "cuda:1", "decode-0": "cuda:2"}, devs
     assert split == {"prefill-0": "cuda:2", "decode-0": "cpu"}, split
     want = colocated_tokens(devbin, heldout(1)[0], 8, device="cpu")
@@ -215,7 +215,7 @@ def check_auto(devbin):
 
 
 def check_tp2(devbin):
-    env = {"KVF_TEST_DEVSIM_GPUS": "2"}
+    env = {"DEVSIM_GPUS": "2"}
     rc, out, _ = run([os.path.join(devbin, "kvf-decode"), "--model", MODEL, "--insecure",
                       "--tp", "2", "--device", "cuda:1"], env=env)
     assert rc == 1 and "rank 1 (one GPU per rank): cuda:2: no CUDA device" in out, out
@@ -230,7 +230,7 @@ def check_tp2(devbin):
             got = [pool.complete(p, max_tokens=8, temperature=0, return_token_ids=True,
                                  timeout=60)["choices"][0]["token_ids"] for p in prompts]
     finally:
-        del os.environ["KVF_TEST_DEVSIM_GPUS"]
+        del os.environ["DEVSIM_GPUS"]
     d = devsim_counts(pool.log("decode-0"))   # printed at exit
     os.system("rm -rf '%s'" % pool.run_dir)
     assert devs == {"prefill-0": "cuda:0", "decode-0": "cuda:0,cuda:1"}, devs

@@ -5,7 +5,8 @@
  * into the shipped binaries.
  *
  * What it does: `--device cuda[:N]` opens a "GPU" when N is below
- * KVF_TEST_DEVSIM_GPUS (default 1); kvf_device_alloc() on it gives host
+ * DEVSIM_GPUS (default 1; not a KVF_ variable: only these binaries read it,
+ * in any build); kvf_device_alloc() on it gives host
  * memory, 256-byte aligned, recorded as device memory (kvf_device_ptr_is_cuda
  * says yes for it, and only for it); every device-layer call and every
  * kernel entry point given a CUDA device runs its CPU version; the NCCL
@@ -68,7 +69,7 @@ static _Thread_local int devsim_current;
 static int devsim_count(void)
 {
     if (devsim_gpus < 0) {
-        const char *e = getenv("KVF_TEST_DEVSIM_GPUS");
+        const char *e = getenv("DEVSIM_GPUS");
         long n = (e != NULL) ? strtol(e, NULL, 10) : 1;
         devsim_gpus = ((n >= 0) && (n <= 64)) ? (int)n : 1;
     }
@@ -142,7 +143,8 @@ static void devsim_report(void)
     fprintf(stderr, "devsim: gpus %d opened %llu allocs %llu (%llu bytes) kernels %llu "
             "blocks_zero %llu calls %llu pages zero_ranges %llu calls %llu bytes d2h %llu "
             "calls %llu bytes h2d %llu bytes syncs %llu streams %llu binds %llu ucx_maps %llu "
-            "host_ptr_errors %llu wrong_device %llu\n", devsim_count(), (unsigned long long)st_opened,
+            "host_ptr_errors %llu wrong_device %llu\n", devsim_count(),
+            (unsigned long long)st_opened,
             (unsigned long long)st_allocs, (unsigned long long)st_alloc_bytes,
             (unsigned long long)st_kernels, (unsigned long long)st_blocks_zero_calls,
             (unsigned long long)st_blocks_zero_pages, (unsigned long long)st_zero_range_calls,
