@@ -36,6 +36,14 @@ kvf_status_t kvf_kv_digest_ranges_dev(const kvf_device_t *dev, const uint8_t *ba
         total += (size_t)ranges[2 * i + 1];
     }
     cap = (total < KVF_KV_DIGEST_STAGING_MAX) ? total : KVF_KV_DIGEST_STAGING_MAX;
+    /* the pool's own device: a thread that never used CUDA (prefill's side channel) would
+     * otherwise make and use device 0's context for a pool on another GPU */
+    err = kvf_device_bind(dev);
+    if (err != KVF_KERN_OK) {
+        kvf_error("KV digest: %s:%d cannot be made current: %s", kvf_device_kind_name(dev->kind),
+                  dev->ordinal, kvf_kern_strerror(err));
+        return kvf_status_from_kern(err);
+    }
     stage = malloc(cap + 1);
     if (stage == NULL) {
         return KVF_ERR_NO_MEMORY;

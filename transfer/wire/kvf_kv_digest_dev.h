@@ -31,9 +31,9 @@
  * pulled bytes at device-to-host bandwidth, once per pull, and only with
  * --kv-digest on (measured nowhere yet on a GPU).
  *
- * Any thread: under unified addressing the copy needs no current device,
- * and none is changed. Ranges are not bounds-checked here (the callers check
- * them against the pool first).
+ * Any thread; CUDA: makes @a dev current on the calling thread (and leaves
+ * it so), so the copy runs in the pool's own device context. Ranges are not
+ * bounds-checked here (the callers check them against the pool first).
  *
  * @param [out] digest_p  Set only on success.
  * @return KVF_OK; KVF_ERR_NO_MEMORY (staging); KVF_ERR_CUDA or

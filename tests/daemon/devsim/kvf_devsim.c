@@ -117,19 +117,26 @@ static void devsim_want_host(const void *p, const char *what)
 }
 
 /*
- * Work enqueued on the legacy default stream (dev->stream NULL) runs on the calling
- * thread's current GPU: memory of another GPU there is an illegal access without peer
- * access. Counted; a stream of its own belongs to the device it was made on.
+ * Where work runs, as CUDA has it: on the legacy default stream (dev->stream NULL), the
+ * calling thread's current GPU; on a stream of its own, the stream's GPU, and a kernel is
+ * launched into such a stream only from a thread whose current GPU it is (a copy or memset
+ * may be issued from anywhere). Memory of another GPU than the one the work runs on is an
+ * illegal access without peer access. Each breach is counted.
  */
-static void devsim_want_current(const kvf_device_t *dev, const void *p, const char *what)
+static void devsim_want_current(const kvf_device_t *dev, const void *p, const char *what,
+                                bool kernel)
 {
-    int owner = devsim_owner(p);
+    int owner = devsim_owner(p), on = (dev->stream == NULL) ? devsim_current : dev->ordinal;
+    const char *why = NULL;
 
-    if ((dev->stream == NULL) && (owner >= 0) && (owner != devsim_current)) {
-        if (atomic_fetch_add(&st_wrong_device, 1) < 8) {
-            fprintf(stderr, "devsim: %s: memory of cuda:%d reached from cuda:%d, the calling "
-                    "thread's current device\n", what, owner, devsim_current);
-        }
+    if (kernel && (dev->stream != NULL) && (dev->ordinal != devsim_current)) {
+        why = "a kernel launched into a stream of another GPU than the current one";
+    } else if ((owner >= 0) && (owner != on)) {
+        why = "memory of another GPU than the one the work runs on";
+    }
+    if ((why != NULL) && (atomic_fetch_add(&st_wrong_device, 1) < 8)) {
+        fprintf(stderr, "devsim: %s: %s (memory on cuda:%d, stream of cuda:%d, current "
+                "cuda:%d)\n", what, why, owner, dev->ordinal, devsim_current);
     }
 }
 
@@ -306,7 +313,7 @@ int __wrap_kvf_device_memset(const kvf_device_t *dev, void *ptr, int value, size
 
     if (devsim_is_cuda(dev)) {
         devsim_want_dev_fn(ptr, "kvf_device_memset");
-        devsim_want_current(dev, ptr, "kvf_device_memset");
+        devsim_want_current(dev, ptr, "kvf_device_memset", false);
         dev = &cpu;
     }
     return __real_kvf_device_memset(dev, ptr, value, bytes);
@@ -394,7 +401,7 @@ int __wrap_kvf_blocks_zero(const kvf_device_t *dev, void *base, size_t page_size
 
     if (devsim_is_cuda(dev)) {
         devsim_want_dev_fn(base, "kvf_blocks_zero base");
-        devsim_want_current(dev, base, "kvf_blocks_zero");
+        devsim_want_current(dev, base, "kvf_blocks_zero", true);
         devsim_want_host(page_ids, "kvf_blocks_zero page_ids (a host array)");
         st_blocks_zero_calls++;
         st_blocks_zero_pages += n;
@@ -414,7 +421,7 @@ int __wrap_kvf_zero_ranges(const kvf_device_t *dev, void *base, const size_t *of
 
     if (devsim_is_cuda(dev)) {
         devsim_want_dev_fn(base, "kvf_zero_ranges base");
-        devsim_want_current(dev, base, "kvf_zero_ranges");
+        devsim_want_current(dev, base, "kvf_zero_ranges", false);
         st_zero_range_calls++;
         for (size_t i = 0; i < n; ++i) {
             st_zero_range_bytes += lens[i];
@@ -482,7 +489,7 @@ ucs_status_t __wrap_ucp_mem_map(ucp_context_h context, const ucp_mem_map_params_
 
 /* in a kernel's checks: device memory, of the GPU the launch goes to */
 #define devsim_want_dev(_p, _what)                                                     \
-    (devsim_want_dev_fn(_p, _what), devsim_want_current(devsim_kdev_, _p, _what))
+    (devsim_want_dev_fn(_p, _what), devsim_want_current(devsim_kdev_, _p, _what, true))
 
 #define DEVSIM_KERNEL(_name, _params, _args, _checks)                                  \
     int __real_##_name _params;                                                        \

@@ -60,12 +60,14 @@ int __real_kvf_device_memcpy(const kvf_device_t *dev, void *dst, const void *src
                              kvf_copy_kind_t kind);
 int __wrap_kvf_device_memcpy(const kvf_device_t *dev, void *dst, const void *src, size_t bytes,
                              kvf_copy_kind_t kind);
+int __wrap_kvf_device_bind(const kvf_device_t *dev);
 
 static const uint8_t *dev_lo, *dev_hi;    /* the "device" pool */
 static int streams_made, streams_destroyed, syncs, sync_after_zero;
 static size_t blocks_zeroed_pages, ranges_zeroed, ranges_zero_bytes, blocks_calls, range_calls;
 static bool zero_since_sync;
 static size_t d2h_bytes;
+static int binds;
 
 bool __wrap_kvf_device_ptr_is_cuda(const void *ptr)
 {
@@ -136,6 +138,15 @@ int __wrap_kvf_device_sync(const kvf_device_t *dev)
     syncs++;
     sync_after_zero += zero_since_sync;
     zero_since_sync = false;
+    return KVF_KERN_OK;
+}
+
+/* the zeroing kernel's and the digest's device made current first: "cuda:0" */
+int __wrap_kvf_device_bind(const kvf_device_t *dev)
+{
+    assert_int_equal(dev->kind, KVF_DEVICE_CUDA);
+    assert_int_equal(dev->ordinal, 0);
+    binds++;
     return KVF_KERN_OK;
 }
 
@@ -225,6 +236,7 @@ static void test_device_pool_zeroing(void **state)
     assert_true(ranges_zero_bytes > 0);               /* block 2 is partial: a tail */
     assert_int_equal(sync_after_zero, 1);             /* synced once, after the zeroing */
     assert_false(zero_since_sync);
+    assert_true(binds >= 1);                          /* the pool's device made current */
     /* KV digest of a device pool: the landed bytes copied to the host (device-to-host
      * copies, here the CPU's), equal to the digest of the same ranges of prefill's pool */
     {
