@@ -30,6 +30,8 @@ bin=${KVF_BIN_DIR:-${KVF_BIN:-$root/build/bin}}
 model=$root/models-trained/tiny-hybrid
 device=cuda:0 questions=12 keep=""
 budget=${KVF_POOL_GPU_TIMEOUT:-90}
+# read here only: the daemons would warn about KVF_ variables nobody of theirs reads
+unset KVF_BIN_DIR KVF_POOL_GPU_TIMEOUT
 
 usage() { sed -n '2,/^set -uo/{/^set -uo/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"; }
 die_usage() { echo "pool_gpu.sh: $*" >&2; exit 2; }
@@ -99,7 +101,10 @@ out=$(timeout "$(left)" "$bin/kvf-pool-answers" --url "$url" --model "$model" --
 rc=$?
 echo "$out" | grep -v '^accuracy over' >&2
 line=$(echo "$out" | grep '^accuracy over' | tail -n 1)
-[[ -n "$line" ]] || fail "no answers (kvf-pool-answers exited $rc; timed out after ${budget}s?)"
+if [[ -z "$line" ]]; then
+    [[ $rc -eq 124 ]] && fail "no answers within KVF_POOL_GPU_TIMEOUT ${budget} s"
+    fail "kvf-pool-answers exited $rc: $(echo "$out" | grep '^kvf-pool-answers:' | tail -n 1)"
+fi
 # "accuracy over M held-out questions: pool A/M, colocated C/M; identical tokens N/M (T s)"
 re='^accuracy over ([0-9]+) .*pool ([0-9]+)/.*colocated ([0-9]+)/.*tokens ([0-9]+)/'
 [[ "$line" =~ $re ]] || fail "cannot read '$line'"
