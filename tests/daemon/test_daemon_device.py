@@ -198,6 +198,9 @@ def check_auto(devbin):
                         prefill_instances=2) as pool:
             devs = {i["engine_id"]: i.get("device") for r in ("prefill", "decode")
                     for i in pool.health()[1][r]}
+            status, _, raw = pool.request("GET", "/metrics", timeout=10)
+            info = dict(re.findall(r'^kvf_instance_device_info\{[^}]*engine_id="([^"]+)",'
+                                   r'device="([^"]+)"\} 1$', raw.decode(), re.M))
         with DevicePool(["--prefill-device", "cuda:2", "--decode-device", "cpu"], layout="1p1d",
                         model=MODEL, bin_dir=devbin) as pool:
             split = {i["engine_id"]: i.get("device") for r in ("prefill", "decode")
@@ -207,6 +210,7 @@ def check_auto(devbin):
     finally:
         del os.environ["DEVSIM_GPUS"]
     assert devs == {"prefill-0": "cuda:0", "prefill-1": "cuda:1", "decode-0": "cuda:2"}, devs
+    assert status == 200 and info == devs, (status, info)   # the metrics label, the same
     assert split == {"prefill-0": "cuda:2", "decode-0": "cpu"}, split
     want = colocated_tokens(devbin, heldout(1)[0], 8, device="cpu")
     assert r["choices"][0]["token_ids"] == want, (r["choices"][0]["token_ids"], want)
