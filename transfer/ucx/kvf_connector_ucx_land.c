@@ -117,12 +117,7 @@ static int kvf_conn_zero_device(kvf_conn_rank_t *rk, kvf_connector_req_h req)
         goto out_free;
     }
     nr = kvf_conn_zero_split(req->zero_off, req->zero_len, n, psz, pages, &np, roff, rlen);
-    /* a kernel goes into the pool's stream only from a thread whose current device owns it
-     * (decode's leader polls every rank's pull; rank r's pool is on cuda:N+r) */
-    err = kvf_device_bind(&rk->device);
-    if (err == KVF_KERN_OK) {
-        err = kvf_blocks_zero(&rk->device, rk->base, psz, pages, np);
-    }
+    err = kvf_blocks_zero(&rk->device, rk->base, psz, pages, np);
     if (err == KVF_KERN_OK) {
         err = kvf_zero_ranges(&rk->device, rk->base, roff, rlen, nr);
     }

@@ -476,6 +476,81 @@ ucs_status_t __wrap_ucp_mem_map(ucp_context_h context, const ucp_mem_map_params_
     return __real_ucp_mem_map(context, &p, memh_p);
 }
 
+/* A GET or PUT whose local buffer kvferry names as CUDA memory: UCX is told host (what it is). */
+static const ucp_request_param_t *devsim_host_param(const void *buffer,
+                                                    const ucp_request_param_t *param,
+                                                    ucp_request_param_t *copy)
+{
+    if ((param->op_attr_mask & UCP_OP_ATTR_FIELD_MEMORY_TYPE) &&
+        (param->memory_type == UCS_MEMORY_TYPE_CUDA)) {
+        devsim_want_dev_fn(buffer, "a GET/PUT naming cuda memory");
+        *copy = *param;
+        copy->memory_type = UCS_MEMORY_TYPE_HOST;
+        return copy;
+    }
+    return param;
+}
+
+ucs_status_ptr_t __real_ucp_get_nbx(ucp_ep_h ep, void *buffer, size_t count,
+                                    uint64_t remote_addr, ucp_rkey_h rkey,
+                                    const ucp_request_param_t *param);
+ucs_status_ptr_t __wrap_ucp_get_nbx(ucp_ep_h ep, void *buffer, size_t count,
+                                    uint64_t remote_addr, ucp_rkey_h rkey,
+                                    const ucp_request_param_t *param);
+ucs_status_ptr_t __wrap_ucp_get_nbx(ucp_ep_h ep, void *buffer, size_t count,
+                                    uint64_t remote_addr, ucp_rkey_h rkey,
+                                    const ucp_request_param_t *param)
+{
+    ucp_request_param_t copy;
+
+    return __real_ucp_get_nbx(ep, buffer, count, remote_addr, rkey,
+                              devsim_host_param(buffer, param, &copy));
+}
+
+ucs_status_ptr_t __real_ucp_put_nbx(ucp_ep_h ep, const void *buffer, size_t count,
+                                    uint64_t remote_addr, ucp_rkey_h rkey,
+                                    const ucp_request_param_t *param);
+ucs_status_ptr_t __wrap_ucp_put_nbx(ucp_ep_h ep, const void *buffer, size_t count,
+                                    uint64_t remote_addr, ucp_rkey_h rkey,
+                                    const ucp_request_param_t *param);
+ucs_status_ptr_t __wrap_ucp_put_nbx(ucp_ep_h ep, const void *buffer, size_t count,
+                                    uint64_t remote_addr, ucp_rkey_h rkey,
+                                    const ucp_request_param_t *param)
+{
+    ucp_request_param_t copy;
+
+    return __real_ucp_put_nbx(ep, buffer, count, remote_addr, rkey,
+                              devsim_host_param(buffer, param, &copy));
+}
+
+/*
+ * kvf_zero_ranges_batch() (kernels/kvf_zero_batch.h, where the tree has it: one launch
+ * zeroing a pull's ranges): weak, so this file links whether or not the tree defines it.
+ */
+int __real_kvf_zero_ranges_batch(const kvf_device_t *dev, void *base, const size_t *offsets,
+                                 const size_t *lens, size_t n) __attribute__((weak));
+int __wrap_kvf_zero_ranges_batch(const kvf_device_t *dev, void *base, const size_t *offsets,
+                                 const size_t *lens, size_t n);
+int __wrap_kvf_zero_ranges_batch(const kvf_device_t *dev, void *base, const size_t *offsets,
+                                 const size_t *lens, size_t n)
+{
+    kvf_device_t cpu = kvf_device_cpu();
+
+    if (__real_kvf_zero_ranges_batch == NULL) {
+        return KVF_KERN_EUNSUPPORTED;   /* never called: nothing in the tree calls it */
+    }
+    if (devsim_is_cuda(dev)) {
+        devsim_want_dev_fn(base, "kvf_zero_ranges_batch base");
+        devsim_want_current(dev, base, "kvf_zero_ranges_batch", true);
+        st_zero_range_calls++;
+        for (size_t i = 0; i < n; ++i) {
+            st_zero_range_bytes += lens[i];
+        }
+        dev = &cpu;
+    }
+    return __real_kvf_zero_ranges_batch(dev, base, offsets, lens, n);
+}
+
 /* ---- kernels: a CUDA device runs the CPU version ------------------------------ */
 
 /* @a dev (a parameter) becomes the CPU when it is a simulated GPU; counts the launch. */
