@@ -237,7 +237,8 @@ void kvf_proxy_pool_render_metrics(kvf_proxy_pool_h pool, FILE *out)
             if (infos[k].device[0] == '\0') {
                 continue;   /* not answered yet, or a daemon without the field */
             }
-            fprintf(out, "kvf_instance_device_info{instance=\"");
+            /* kvf_instance, not instance (Prometheus sets that on every scraped target) */
+            fprintf(out, "kvf_instance_device_info{kvf_instance=\"");
             kvf_proxy_label(out, infos[k].url);
             fprintf(out, "\",role=\"%s\",engine_id=\"",
                     kvf_proxy_role_name((kvf_proxy_role_t)role));
