@@ -1,6 +1,16 @@
 /*
  * Shared setup of the role daemons. Kept to what is truly identical in
  * both roles; request handling stays in prefill/ and decode/.
+ *
+ * Design (--device cuda[:N]): the device is opened before anything else, so
+ * a missing GPU fails in milliseconds with the CUDA error; the engine then
+ * puts the weights and each rank's pool on cuda:N+r (kvf_device_alloc, the
+ * TP runner's own allocation) and the pools are handed to the connector with
+ * register_pool and their device, which maps them as CUDA memory. Rejected:
+ * letting UCX allocate GPU pools (alloc_pool, as for host pools): the runner
+ * takes foreign memory only on the CPU, and cudaMalloc'd memory is what UCX's
+ * cuda_ipc and CUDA IPC handles are made for. Two instances on one GPU need
+ * nothing special: each process has its own pools there.
  */
 #include "kvf_role.h"
 #include "kvf_log.h"
@@ -10,8 +20,35 @@
 #include "kvf_fingerprint.h"
 #include "kvf_tok_digest.h"
 #include "kvf_zmq_auth.h"
+#include "kvf_model.h"
+#include "kvf_kern_status.h"
 
+#include <stdlib.h>
 #include <string.h>
+
+/* --device's syntax: "cpu", "cuda" (= cuda:0) or "cuda:N" (opened by kvf_role_start). */
+static bool kvf_role_device_parse(const char *value)
+{
+    char *end = NULL;
+    long n = 0;
+
+    if (strcmp(value, "cpu") == 0) {
+        return true;
+    }
+    if ((strncmp(value, "cuda", 4) != 0) || ((value[4] != '\0') && (value[4] != ':'))) {
+        return false;
+    }
+    if (value[4] == ':') {
+        if ((value[5] < '0') || (value[5] > '9')) {
+            return false;
+        }
+        n = strtol(value + 5, &end, 10);
+        if ((*end != '\0') || (n > 1023)) {
+            return false;
+        }
+    }
+    return true;
+}
 
 kvf_status_t kvf_role_check_flags(const kvf_role_config_t *params)
 {
@@ -32,15 +69,8 @@ kvf_status_t kvf_role_check_flags(const kvf_role_config_t *params)
     } else if ((strcmp(params->pool_alloc, "ucx") != 0) &&
                (strcmp(params->pool_alloc, "heap") != 0)) {
         kvf_error("--pool-alloc must be ucx or heap, not '%s'", params->pool_alloc);
-    } else if (strncmp(params->device, "cuda", 4) == 0) {
-        /* the engine can run on a GPU (kvf_model_load_device), the daemons not yet: their
-         * pools are the connector's host memory and the KV digest reads pool bytes on the
-         * host */
-        kvf_error("--device %s: the daemons run on the CPU only for now (their page pools "
-                  "are host memory the transfer connector reads); kvf generate --device %s "
-                  "runs a model on a GPU", params->device, params->device);
-    } else if (strcmp(params->device, "cpu") != 0) {
-        kvf_error("bad value '%s' for --device: cpu (cuda is refused by the daemons)",
+    } else if (!kvf_role_device_parse(params->device)) {
+        kvf_error("bad value '%s' for --device: cpu, cuda or cuda:N (N in 0..1023)",
                   params->device);
     } else {
         return KVF_OK;
@@ -100,13 +130,15 @@ static kvf_status_t kvf_role_pool_alloc(void *ctx, int rank, int num_blocks, siz
 
 static kvf_status_t kvf_role_engine_create(const kvf_role_config_t *params,
                                            const kvf_cache_params_t *cache,
+                                           const kvf_device_t *dev,
                                            kvf_role_pool_alloc_t *alloc, kvf_engine_h *engine_p)
 {
     kvf_engine_params_t ep;
 
     memset(&ep, 0, sizeof(ep));
     ep.field_mask = KVF_ENGINE_PARAM_FIELD_NUM_BLOCKS | KVF_ENGINE_PARAM_FIELD_CACHE |
-                    KVF_ENGINE_PARAM_FIELD_MAX_BATCH_TOKENS;
+                    KVF_ENGINE_PARAM_FIELD_MAX_BATCH_TOKENS | KVF_ENGINE_PARAM_FIELD_DEVICE;
+    ep.device = *dev;   /* CUDA: weights and pools on cuda:N+r (kvf_model_load_device) */
     ep.model_dir = params->model;
     ep.tp_size = params->tp;
     ep.num_blocks = params->num_blocks;
@@ -124,7 +156,8 @@ static kvf_status_t kvf_role_engine_create(const kvf_role_config_t *params,
     return kvf_engine_create(&ep, engine_p);
 }
 
-/* POOL_ALLOC heap: give the connector each rank's malloc'd pool, once, at start-up. */
+/* POOL_ALLOC heap, or a device: give the connector each rank's pool, once, at start-up (a
+ * device pool is registered as CUDA memory: kvf_connector_pool_t.device). */
 static kvf_status_t kvf_role_register_pools(kvf_engine_h engine, const kvf_cache_params_t *cache,
                                             const kvf_connector_ops_t *ops, kvf_connector_h conn)
 {
@@ -152,6 +185,61 @@ static kvf_status_t kvf_role_register_pools(kvf_engine_h engine, const kvf_cache
 /* What this process serves, for its health replies (one model per process, set at start). */
 static kvf_model_digest_t kvf_role_digest;
 static char kvf_role_tok_hex[KVF_TOK_DIGEST_HEX + 1];
+static char kvf_role_device_names[KVF_ROLE_DEVICE_NAMES_MAX];
+
+/* "cpu", or every rank's GPU in rank order: "cuda:0", "cuda:2,cuda:3" (as pools were placed). */
+static void kvf_role_name_devices(kvf_engine_h engine, char *buf, size_t cap)
+{
+    kvf_tp_runner_h runner = kvf_engine_runner(engine);
+    size_t len = 0;
+
+    snprintf(buf, cap, "cpu");
+    for (int r = 0; r < kvf_tp_runner_tp_size(runner); ++r) {
+        const kvf_device_t *d = kvf_page_pool_device(kvf_tp_runner_pool(runner, r));
+        int n;
+
+        if (d->kind == KVF_DEVICE_CPU) {
+            return;   /* one model: every rank alike */
+        }
+        n = snprintf(buf + len, cap - len, "%scuda:%d", (r == 0) ? "" : ",", d->ordinal);
+        if ((n < 0) || ((size_t)n >= cap - len)) {
+            return;   /* cut at the last whole name that fits */
+        }
+        len += (size_t)n;
+    }
+}
+
+const char *kvf_role_device_names_get(void)
+{
+    return (kvf_role_device_names[0] != '\0') ? kvf_role_device_names : "cpu";
+}
+
+kvf_status_t kvf_role_pools_sync(kvf_engine_h engine)
+{
+    kvf_tp_runner_h runner = kvf_engine_runner(engine);
+    const int tp = kvf_tp_runner_tp_size(runner);
+    int err = KVF_KERN_OK;
+
+    for (int r = 0; (r < tp) && (err == KVF_KERN_OK); ++r) {
+        const kvf_device_t *d = kvf_page_pool_device(kvf_tp_runner_pool(runner, r));
+        if (d->kind == KVF_DEVICE_CPU) {
+            return KVF_OK;   /* CPU zeroing is done when it returns */
+        }
+        err = kvf_device_bind(d);
+        if (err == KVF_KERN_OK) {
+            err = kvf_device_sync(d);
+        }
+        if (err != KVF_KERN_OK) {
+            kvf_error("waiting for rank %d's block zeroing on cuda:%d failed: %s", r,
+                      d->ordinal, kvf_kern_strerror(err));
+        }
+    }
+    if (tp > 1) {   /* the leader is rank 0: its device current again */
+        int e = kvf_device_bind(kvf_page_pool_device(kvf_tp_runner_pool(runner, 0)));
+        err = (err == KVF_KERN_OK) ? e : err;
+    }
+    return kvf_status_from_kern(err);
+}
 
 /* The digest of the model folder served, advertised at handshake (kvf_fingerprint.h). */
 static kvf_status_t kvf_role_model_digest(const char *model, kvf_model_digest_t *digest_p)
@@ -177,10 +265,19 @@ kvf_status_t kvf_role_start(const kvf_role_config_t *config, kvf_connector_role_
     kvf_model_config_t mc;
     kvf_model_digest_t digest;
     kvf_connector_h conn;
-    bool ucx_pools = (strcmp(config->pool_alloc, "ucx") == 0);
+    kvf_device_t dev;
+    bool ucx_pools;
     kvf_status_t status;
 
     *engine_p = NULL;
+    /* the device first: a missing GPU fails at once, naming the value and the CUDA error */
+    status = kvf_model_device_open("--device", config->device, &dev);
+    if (status != KVF_OK) {
+        return status;
+    }
+    /* a GPU's pools are its memory (kvf_device_alloc), registered with UCX as CUDA memory;
+     * --pool-alloc chooses between host memories only */
+    ucx_pools = (dev.kind == KVF_DEVICE_CPU) && (strcmp(config->pool_alloc, "ucx") == 0);
     status = kvf_model_config_load(config->model, &mc);
     if (status == KVF_OK) {
         status = kvf_role_cache_params(config, &mc, &alloc.cache);
@@ -230,7 +327,8 @@ kvf_status_t kvf_role_start(const kvf_role_config_t *config, kvf_connector_role_
     }
     alloc.ops = ops;
     alloc.conn = conn;
-    status = kvf_role_engine_create(config, &alloc.cache, ucx_pools ? &alloc : NULL, engine_p);
+    status = kvf_role_engine_create(config, &alloc.cache, &dev, ucx_pools ? &alloc : NULL,
+                                    engine_p);
     if ((status == KVF_OK) && !ucx_pools) {
         status = kvf_role_register_pools(*engine_p, &alloc.cache, ops, conn);
     }
@@ -242,9 +340,12 @@ kvf_status_t kvf_role_start(const kvf_role_config_t *config, kvf_connector_role_
         *engine_p = NULL;
         return status;
     }
-    kvf_info("page pools: %s (%d rank%s)", ucx_pools ?
+    kvf_role_name_devices(*engine_p, kvf_role_device_names, sizeof(kvf_role_device_names));
+    kvf_info("page pools: %s (%d rank%s, device %s)", ucx_pools ?
              "allocated by UCX (System V or POSIX shared memory where UCX can map it)" :
-             "heap, registered with UCX", config->tp, (config->tp == 1) ? "" : "s");
+             (dev.kind != KVF_DEVICE_CPU) ? "GPU memory, registered with UCX as CUDA memory" :
+             "heap, registered with UCX", config->tp, (config->tp == 1) ? "" : "s",
+             kvf_role_device_names);
     *ops_p = ops;
     *conn_p = conn;
     return KVF_OK;
@@ -304,6 +405,7 @@ void kvf_role_health_fill(kvf_engine_h engine, const char *role,
     h->has_auth_refusals_serve = h->has_auth_refusals_side = 1;
     h->auth_refusals_serve = kvf_zmq_auth_refusals("serve");
     h->auth_refusals_side = kvf_zmq_auth_refusals("side");
+    h->device = (char *)kvf_role_device_names_get();
 }
 
 const char *kvf_role_cannot_serve(kvf_engine_h engine)

@@ -34,7 +34,7 @@ typedef struct kvf_role_config {
     char    key_id[KVF_CONFIG_STR_MAX];      /* this daemon's member id; "" = engine_id */
     bool    insecure;                        /* plain ZeroMQ, any peer (lab only; warns) */
     bool    test_no_block_zero;              /* TEST ONLY: fresh attention blocks not zeroed */
-    char    device[KVF_CONFIG_STR_MAX];      /* cpu (cuda is refused: host page pools only) */
+    char    device[KVF_CONFIG_STR_MAX];      /* cpu, cuda or cuda:N (rank r on cuda:N+r) */
 } kvf_role_config_t;
 
 #define KVF_ROLE_MAX_TP 64
@@ -75,8 +75,9 @@ typedef struct kvf_role_config {
      offsetof(_type, role.block_size), KVF_CONFIG_TYPE_INT, 0},                               \
     {"MAX_BATCH_TOKENS", "512", "tokens per engine step",                                     \
      offsetof(_type, role.max_batch_tokens), KVF_CONFIG_TYPE_INT, 0},                         \
-    {"DEVICE", "cpu", "where the model runs: cpu (cuda is refused here for now: the daemons' " \
-     "page pools are host memory; kvf generate --device cuda runs on a GPU)",                 \
+    {"DEVICE", "cpu", "where weights, KV pages and Mamba state live and the forward runs: "  \
+     "cpu, cuda or cuda:N (rank r on cuda:N+r, NCCL between ranks; the pools are registered " \
+     "with UCX as CUDA memory, --pool-alloc does not apply; two instances may share a GPU)", \
      offsetof(_type, role.device), KVF_CONFIG_TYPE_STRING, 0},                                \
     {"XFER_TIMEOUT", KVF_ROLE_XFER_TIMEOUT_DEFAULT,                                           \
      "bound on every transfer wait (handshake, pull, release); the unit of the timeout model", \
@@ -176,6 +177,28 @@ const char *kvf_role_cannot_serve(kvf_engine_h engine);
  * (the process then exits 1).
  */
 bool kvf_role_broken_exit(kvf_engine_h engine, uint64_t *broken_ms_p);
+
+/** Longest --device description kept: "cuda:0,cuda:1,..." for every rank. */
+#define KVF_ROLE_DEVICE_NAMES_MAX 256
+
+/**
+ * Where this process's ranks run, as HealthReply.device and the ready line
+ * say it: "cpu", or each rank's GPU in rank order ("cuda:0"; TP 2 from
+ * cuda:2: "cuda:2,cuda:3"). "cpu" before kvf_role_start() placed the pools.
+ * Static storage, stable after start-up; any thread.
+ */
+const char *kvf_role_device_names_get(void);
+
+/**
+ * Wait until the block zeroing enqueued on every rank's pool device is done
+ * (CUDA: the pool stream of each rank synchronised, rank 0's device current
+ * again on return; the CPU: nothing to wait for). Decode calls it after
+ * kvf_engine_import_begin() and before any GET is posted: a transfer
+ * engine's copies run on streams of their own, so a zeroing kernel still
+ * queued could land after, and over, the pulled bytes. Leader thread.
+ * @return KVF_OK; KVF_ERR_CUDA (logged, naming the rank and the device).
+ */
+kvf_status_t kvf_role_pools_sync(kvf_engine_h engine);
 
 /** Send @a health to @a peer (request_id "health", done). */
 void kvf_role_reply_health(kvf_serve_server_h serve, const kvf_serve_peer_t *peer,

@@ -188,9 +188,10 @@ kvf_status_t kvf_decode_server_create(const kvf_decode_config_t *cfg,
     /* the one ready line, whatever the log level */
     kvf_log_emit(__FILE__, __LINE__, __func__, KVF_LOG_INFO, KVF_SUB_ALL,
                  "ready: decode %s, tp %d, block size %d, %d blocks per rank, control %s, load"
-                 " failure policy %s, kv digest %s", cfg->role.engine_id, cfg->role.tp,
-             kvf_block_manager_block_size(kvf_engine_block_manager(srv->engine)),
-             cfg->role.num_blocks, cfg->role.listen, cfg->load_failure, cfg->kv_digest);
+                 " failure policy %s, kv digest %s, device %s", cfg->role.engine_id,
+                 cfg->role.tp, kvf_block_manager_block_size(kvf_engine_block_manager(srv->engine)),
+                 cfg->role.num_blocks, cfg->role.listen, cfg->load_failure, cfg->kv_digest,
+                 kvf_role_device_names_get());
     *srv_p = srv;
     return KVF_OK;
 }
@@ -507,6 +508,15 @@ static kvf_dc_outcome_t kvf_dc_decode(kvf_decode_server_h srv, const kvf_serve_p
 
     t_alloc = kvf_time_now_ns();
     status = kvf_engine_import_begin(srv->engine, &rp, &id, &blocks);
+    if ((status == KVF_OK) && (kvf_role_pools_sync(srv->engine) != KVF_OK)) {
+        /* a GPU pool: the fresh blocks' zeroing must be done before any GET can land */
+        (void)kvf_engine_release(srv->engine, id);
+        free(imp);
+        kvf_dc_remove(srv, srv->num_reqs - 1);
+        kvf_serve_server_reply_error(srv->serve, peer, rid, KVF_ERR_CUDA,
+                                     "zeroing the request's fresh blocks on the device failed");
+        return KVF_DC_DONE;
+    }
     if (status != KVF_OK) {
         free(imp);
         kvf_dc_remove(srv, srv->num_reqs - 1);

@@ -228,9 +228,10 @@ kvf_status_t kvf_prefill_server_create(const kvf_prefill_config_t *cfg,
     /* the one ready line, whatever the log level */
     kvf_log_emit(__FILE__, __LINE__, __func__, KVF_LOG_INFO, KVF_SUB_ALL,
                  "ready: prefill %s, tp %d, block size %d, %d blocks per rank, control %s, side"
-                 " channel %s:%d", cfg->role.engine_id, cfg->role.tp,
-             kvf_block_manager_block_size(kvf_engine_block_manager(srv->engine)),
-             cfg->role.num_blocks, cfg->role.listen, cfg->host, srv->side_port);
+                 " channel %s:%d, device %s", cfg->role.engine_id, cfg->role.tp,
+                 kvf_block_manager_block_size(kvf_engine_block_manager(srv->engine)),
+                 cfg->role.num_blocks, cfg->role.listen, cfg->host, srv->side_port,
+                 kvf_role_device_names_get());
     *srv_p = srv;
     return KVF_OK;
 

@@ -220,7 +220,13 @@ kvf_status_t kvf_page_pool_zero_blocks(kvf_page_pool_h pool, const int32_t *bloc
             pages[np++] = (int64_t)block_ids[i] * pool->slots + j;
         }
     }
-    err = kvf_blocks_zero(&pool->device, pool->base, pool->page_size, pages, np);
+    /* a GPU pool's zeroing is launched on the calling thread's current device: make it the
+     * pool's (decode's leader zeroes every rank's fresh blocks at import, rank r's pool on
+     * cuda:N+r; without peer access another GPU's memory is an illegal address) */
+    err = kvf_device_bind(&pool->device);
+    if (err == KVF_KERN_OK) {
+        err = kvf_blocks_zero(&pool->device, pool->base, pool->page_size, pages, np);
+    }
     free(pages);
     if (err != KVF_KERN_OK) {
         kvf_error("page pool: zeroing %d blocks failed: %s", n, kvf_kern_strerror(err));

@@ -124,6 +124,9 @@ size_t kvf_page_pool_page_offset(kvf_page_pool_h pool, int block, int slot);
  * Zero every page (all slots) of @a n blocks in ONE kvf_blocks_zero() call.
  * No-op returning KVF_OK when zeroing is disabled or n == 0.
  *
+ * CUDA: makes the pool's device current on the calling thread first (the
+ * zeroing kernel is launched there), and leaves it current.
+ *
  * @param [in] block_ids  Host int32[n], each in [0, num_blocks).
  * @return KVF_OK (CUDA: enqueued on the pool device's stream);
  *         KVF_ERR_OUT_OF_RANGE for a bad id (nothing zeroed);

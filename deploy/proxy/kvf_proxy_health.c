@@ -32,6 +32,9 @@ cJSON *kvf_proxy_pool_health_json(kvf_proxy_pool_h pool)
             cJSON_AddBoolToObject(o, "draining", info.draining);
             cJSON_AddStringToObject(o, "engine_id", info.engine_id);
             cJSON_AddNumberToObject(o, "tp_size", info.tp_size);
+            if (info.device[0] != '\0') {   /* --device: "cpu", "cuda:0", "cuda:2,cuda:3" */
+                cJSON_AddStringToObject(o, "device", info.device);
+            }
             /* The live gauges are only current while the instance answers:
              * after a crash or disconnect the last values would read as
              * current (a "free == total" leak check would misfire), so they
@@ -223,6 +226,26 @@ void kvf_proxy_pool_render_metrics(kvf_proxy_pool_h pool, FILE *out)
                 kvf_proxy_label(out, f->engine_id);
                 fprintf(out, "\"} %llu\n", (unsigned long long)v[m]);
             }
+        }
+    }
+    /* where each instance runs, as a label of an info gauge (always 1) */
+    fprintf(out, "# HELP kvf_instance_device_info The instance's --device (cpu, or each rank's "
+            "GPU), from its health replies.\n# TYPE kvf_instance_device_info gauge\n");
+    k = 0;
+    for (int role = 0; role < KVF_PROXY_ROLE_COUNT; ++role) {
+        for (int i = 0; i < pool->count[role]; ++i, ++k) {
+            if (infos[k].device[0] == '\0') {
+                continue;   /* not answered yet, or a daemon without the field */
+            }
+            /* kvf_instance, not instance (Prometheus sets that on every scraped target) */
+            fprintf(out, "kvf_instance_device_info{kvf_instance=\"");
+            kvf_proxy_label(out, infos[k].url);
+            fprintf(out, "\",role=\"%s\",engine_id=\"",
+                    kvf_proxy_role_name((kvf_proxy_role_t)role));
+            kvf_proxy_label(out, infos[k].engine_id);
+            fprintf(out, "\",device=\"");
+            kvf_proxy_label(out, infos[k].device);
+            fprintf(out, "\"} 1\n");
         }
     }
     free(infos);

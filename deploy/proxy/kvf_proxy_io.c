@@ -215,6 +215,7 @@ static void kvf_proxy_io_health_reply(struct kvf_proxy_pool *pool, kvf_proxy_ins
     info->quarantine_cut_blocks = h->quarantine_cut_blocks;
     info->auth_refusals_serve = h->auth_refusals_serve;
     info->auth_refusals_side = h->auth_refusals_side;
+    snprintf(info->device, sizeof(info->device), "%s", (h->device != NULL) ? h->device : "");
     if (h->draining && !info->draining) {
         kvf_info("%s instance %s (engine %s) is draining: no new requests go to it", want,
                  inst->url, info->engine_id);

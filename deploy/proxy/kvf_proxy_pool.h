@@ -112,6 +112,7 @@ typedef struct kvf_proxy_instance_info {
     uint64_t outstanding_tokens;     /* prefill: prompt tokens of those calls */
     uint64_t foreign_tokens;         /* prefill: reported queue beyond ours (other proxies) */
     double   wait_calibration;       /* prefill: EWMA of answered / predicted wait; 0: none yet */
+    char     device[64];             /* HealthReply.device: "cpu", "cuda:0", ...; "" unknown */
 } kvf_proxy_instance_info_t;
 
 /**

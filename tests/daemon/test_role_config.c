@@ -3,7 +3,8 @@
  * role daemons' config table (TEST_NO_BLOCK_ZERO), not a raw getenv: it is
  * accepted by flag and by KVF_ variable, a bad value or a misspelt flag is
  * refused naming it, and --help / --print-config do not list it. Checked on
- * the shared rows (KVF_ROLE_CONFIG_FIELDS) and on both daemons' binaries.
+ * the shared rows (KVF_ROLE_CONFIG_FIELDS) and on both daemons' binaries. --device
+ * values are accepted or refused by value (test_device_flag).
  */
 #include "kvf_role.h"
 
@@ -186,6 +187,52 @@ static void test_daemon_contradictions(void **state)
     assert_null(strstr(out, "is shorter than"));
 }
 
+/* --device: cpu, cuda, cuda:N (N in 0..1023) accepted by flag and KVF_DEVICE; the rest refused */
+static void test_device_flag(void **state)
+{
+    static const char *const good[] = {"cpu", "cuda", "cuda:0", "cuda:7", "cuda:1023"};
+    static const char *const bad[] = {"gpu", "cuda:", "cuda:x", "cuda:-1", "cuda:1024",
+                                      "cuda:1e3", "cuda 0", "CUDA", "cuda0", ""};
+    cfg_t c;
+
+    (void)state;
+    unsetenv("KVF_DEVICE");
+    {
+        const char *none[] = {"--model", "m"};
+        assert_int_equal(parse(2, none, &c), KVF_OK);
+        assert_string_equal(c.role.device, "cpu");     /* the default */
+    }
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); ++i) {
+        const char *argv[] = {"--model", "m", "--device", good[i]};
+        assert_int_equal(parse(4, argv, &c), KVF_OK);
+        assert_string_equal(c.role.device, good[i]);
+        assert_int_equal(kvf_role_check_flags(&c.role), KVF_OK);
+    }
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); ++i) {
+        const char *argv[] = {"--model", "m", "--device", bad[i]};
+        kvf_status_t st = parse(4, argv, &c);
+        if (st == KVF_OK) {
+            st = kvf_role_check_flags(&c.role);
+        }
+        if (st != KVF_ERR_INVALID_PARAM) {
+            fail_msg("--device '%s' accepted", bad[i]);
+        }
+    }
+    setenv("KVF_DEVICE", "cuda:2", 1);
+    {
+        const char *argv[] = {"--model", "m"};
+        assert_int_equal(parse(2, argv, &c), KVF_OK);
+        assert_string_equal(c.role.device, "cuda:2");
+    }
+    setenv("KVF_DEVICE", "tpu", 1);
+    {
+        const char *argv[] = {"--model", "m"};
+        assert_int_equal(parse(2, argv, &c), KVF_OK);
+        assert_int_equal(kvf_role_check_flags(&c.role), KVF_ERR_INVALID_PARAM);
+    }
+    unsetenv("KVF_DEVICE");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -193,6 +240,7 @@ int main(void)
         cmocka_unit_test(test_daemons),
         cmocka_unit_test(test_not_shorter),
         cmocka_unit_test(test_daemon_contradictions),
+        cmocka_unit_test(test_device_flag),
     };
     kvf_log_init("test");
     return cmocka_run_group_tests(tests, NULL, NULL);

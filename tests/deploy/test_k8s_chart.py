@@ -20,8 +20,8 @@ another release name and namespace):
    startup, readiness and liveness probes on ports it declares; every pod's
    grace period is above its --drain-timeout; every pod mounts the model
    volume, whose claim the chart defines (or is the existing one named);
-3. GPUs (one per TP rank) and the CUDA image exactly when gpu.enabled; the
-   RDMA resource, IPC_LOCK and UCX_NET_DEVICES exactly when rdma.enabled;
+3. GPUs (one per TP rank), --device gpu.device and the CUDA image exactly when
+   gpu.enabled; the RDMA resource, IPC_LOCK and UCX_NET_DEVICES exactly when rdma.enabled;
    keys from the Secret (mounted, --keys) unless keys.insecure;
 4. discovery: the proxy lists every ordinal up to maxReplicas by its stable
    name pod.service on the daemons' control port, the Services publish not
@@ -218,8 +218,10 @@ def check_set(label, overrides, release, ns, schema_versions):
             assert c["image"] == "%s:%s" % (img["repository"], img["tag"]), (label, role, c["image"])
             if v["gpu"]["enabled"]:
                 assert limits.get(v["gpu"]["resource"]) == vr["tp"], (label, role, limits)
+                assert f.get("device") == v["gpu"]["device"], (label, role, f)
             else:
                 assert not any("gpu" in k for k in limits), (label, role, limits)
+                assert "device" not in f, (label, role, f)
             rd = v["rdma"]
             if rd["enabled"]:
                 assert limits.get(rd["resource"]) == rd["count"], (label, role, limits)

@@ -2,8 +2,8 @@
 # kvf generate / bench-model --device: "cpu" is the default, byte for byte (tokens and every
 # logit); "cuda[:N]" without a usable GPU fails at once, before the model is read, naming the
 # value and the CUDA error (or saying CUDA is not built in), exit 1 (also with --tp 2); bad
-# values are refused by name, exit 2; kvf-prefill / kvf-decode refuse --device cuda by
-# name. On a machine with a GPU the refusal cases
+# values are refused by name, exit 2; kvf-prefill / kvf-decode fail the same way without a
+# GPU. On a machine with a GPU the refusal cases
 # are skipped (tests/gpu/run.sh compares the GPU run with the CPU's there).
 set -euo pipefail
 KVF="${KVF_BIN:?}/kvf"
@@ -38,16 +38,6 @@ for v in gpu cuda: cuda:x cuda:-1 CUDA; do
         || fail "--device $v message: $(cat "$T/err")"
 done
 
-# the daemons refuse cuda by name (host page pools only, for now), any machine
-for d in kvf-prefill kvf-decode; do
-    rc=0
-    "${KVF_BIN}/$d" --model "$T/tiny-hybrid" --insecure --device cuda:0 >/dev/null \
-        2>"$T/err" || rc=$?
-    [ "$rc" -ne 0 ] || fail "$d --device cuda:0 accepted"
-    grep -q -- "--device cuda:0: the daemons run on the CPU only for now" "$T/err" \
-        || fail "$d --device cuda:0 message: $(cat "$T/err")"
-done
-
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
     echo "a GPU is present: the no-GPU refusals are not checked here (tests/gpu/run.sh)"
     exit 0
@@ -70,5 +60,15 @@ for v in cuda cuda:0 cuda:3 "cuda --tp 2"; do
             || fail "$cmd --device $v message: $(cat "$T/err")"
         ! grep -q "no-such-model" "$T/err" || fail "$cmd --device $v read the model first"
     done
+done
+# the daemons take --device cuda too (tests/daemon/test_daemon_device.py runs them on a
+# simulated GPU); without one they fail the same way, before binding anything
+for d in kvf-prefill kvf-decode; do
+    rc=0
+    timeout 30 "${KVF_BIN}/$d" --model "$T/tiny-hybrid" --insecure --device cuda:0 \
+        >/dev/null 2>"$T/err" || rc=$?
+    [ "$rc" -eq 1 ] || fail "$d --device cuda:0 without a GPU: exit $rc, expected 1"
+    grep -Eq -- "--device cuda:0: (CUDA is not built in|no CUDA device \(cuda[A-Za-z]+: .+\))" \
+        "$T/err" || fail "$d --device cuda:0 message: $(cat "$T/err")"
 done
 echo "test_generate_device: PASS"

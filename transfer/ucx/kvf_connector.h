@@ -427,13 +427,14 @@ typedef struct kvf_connector_ops {
      * Decode (rank thread), after poll returned KVF_OK: the KV digest of
      * what this rank received from each prefill rank it read
      * (kvf_kv_digest_ranges() over the landed bytes in descriptor order;
-     * ranges are the prefill region's), computed on the first call.
-     * *digests_p stays valid until finish_pull. A release carrying them
-     * makes prefill hash its own bytes of the same ranges while the lease
-     * holds and answer KVF_LEASE_CORRUPT on a difference.
-     * @return KVF_OK; KVF_ERR_INVALID_PARAM (not landed); KVF_ERR_UNSUPPORTED
-     *         (a device pool: its bytes are not host-readable here);
-     *         KVF_ERR_NO_MEMORY.
+     * ranges are the prefill region's), computed on the first call; a GPU
+     * pool's bytes are copied to the host once for it, on either side
+     * (kvf_kv_digest_ranges_dev()). *digests_p stays valid until
+     * finish_pull. A release carrying them makes prefill hash its own bytes
+     * of the same ranges while the lease holds and answer KVF_LEASE_CORRUPT
+     * on a difference.
+     * @return KVF_OK; KVF_ERR_INVALID_PARAM (not landed); KVF_ERR_NO_MEMORY;
+     *         KVF_ERR_CUDA when a device copy fails.
      */
     kvf_status_t (*req_digests)(kvf_connector_h conn, int tp_rank, kvf_connector_req_h req,
                                 const kvf_kv_digest_t **digests_p, int *n_p);

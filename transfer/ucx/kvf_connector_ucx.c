@@ -748,8 +748,11 @@ static kvf_status_t kvf_conn_poll(kvf_connector_h conn, int tp_rank, kvf_connect
         return req->status;
     }
     req->landed_ns = kvf_time_now_ns();
-    /* the untransferred tails, on whatever device holds the pool (its stream) */
-    req->status = kvf_conn_zero_tails(conn, req);
+    /* the untransferred tails, on whatever device holds the pool (its stream); that device
+     * current first: a kernel goes into a stream only from its device (decode's leader
+     * polls every rank's pull, rank r's pool on cuda:N+r; the CPU: nothing to do) */
+    req->status = (kvf_device_bind(&conn->ranks[req->rank].device) == KVF_KERN_OK) ?
+                  kvf_conn_zero_tails(conn, req) : KVF_ERR_CUDA;
     if (req->status != KVF_OK) {
         return req->status;
     }

@@ -23,11 +23,9 @@
 #include "kvf_device.h"
 #include "kvf_fault.h"
 #include "kvf_kern_status.h"
+#include "kvf_kv_digest_dev.h"
 #include "kvf_log.h"
 #include "kvf_zero_batch.h"
-
-#define XXH_STATIC_LINKING_ONLY   /* XXH3_state_t on the stack */
-#include <xxhash.h>
 
 #include <stdlib.h>
 #include <string.h>
@@ -103,31 +101,39 @@ static kvf_status_t kvf_conn_digest_one(kvf_connector_h conn, kvf_connector_req_
     const kvf_xfer_rank_plan_t *rp = &req->plan->ranks[i];
     kvf_conn_rank_t *rk = &conn->ranks[req->rank];
     kvf_kv_digest_t *d = &req->digests[i];
-    XXH3_state_t st;
+    uint64_t *local;
+    kvf_status_t status;
 
     d->decode_rank = req->rank;
     d->prefill_rank = rp->remote_rank;
     d->num_ranges = rp->num_descs;
     d->ranges = malloc(2 * rp->num_descs * sizeof(*d->ranges) + 1);
-    if (d->ranges == NULL) {
-        return KVF_ERR_NO_MEMORY;
+    local = malloc(2 * rp->num_descs * sizeof(*local) + 1);
+    if ((d->ranges == NULL) || (local == NULL)) {
+        free(local);
+        return KVF_ERR_NO_MEMORY;   /* d->ranges freed with the request */
     }
 #if KVF_FAULT_ENABLED
     if ((rp->num_descs > 0) && (KVF_FAULT(UCX_DATA) == KVF_FAULT_CORRUPT)) {
-        uint8_t *b = rk->base + rp->descs[0].local_off + rp->descs[0].len / 2;
+        /* through the device layer: the pool may be GPU memory */
+        uint8_t *at = rk->base + rp->descs[0].local_off + rp->descs[0].len / 2, b = 0;
+        (void)kvf_device_memcpy(&rk->device, &b, at, 1, KVF_COPY_D2H);
         kvf_warn("fault ucx.data: request %s: one byte from prefill rank %d flipped (0x%02x)",
-                 req->request_id, rp->remote_rank, *b);
-        *b ^= 0xff;
+                 req->request_id, rp->remote_rank, b);
+        b ^= 0xff;
+        (void)kvf_device_memcpy(&rk->device, at, &b, 1, KVF_COPY_H2D);
     }
 #endif
-    XXH3_64bits_reset(&st);
     for (size_t k = 0; k < rp->num_descs; ++k) {
         d->ranges[2 * k] = rp->descs[k].remote_off;
         d->ranges[2 * k + 1] = rp->descs[k].len;
-        XXH3_64bits_update(&st, rk->base + rp->descs[k].local_off, (size_t)rp->descs[k].len);
+        local[2 * k] = rp->descs[k].local_off;
+        local[2 * k + 1] = rp->descs[k].len;
     }
-    d->digest = XXH3_64bits_digest(&st);
-    return KVF_OK;
+    /* a GPU pool: the landed bytes are copied to the host once and hashed there */
+    status = kvf_kv_digest_ranges_dev(&rk->device, rk->base, local, rp->num_descs, &d->digest);
+    free(local);
+    return status;
 }
 
 kvf_status_t kvf_conn_req_digests(kvf_connector_h conn, int tp_rank, kvf_connector_req_h req,
@@ -138,9 +144,6 @@ kvf_status_t kvf_conn_req_digests(kvf_connector_h conn, int tp_rank, kvf_connect
         return KVF_ERR_INVALID_PARAM;
     }
     KVF_CONN_CHECK_RANK(conn, tp_rank, "req_digests");
-    if (conn->ranks[tp_rank].device.kind != KVF_DEVICE_CPU) {
-        return KVF_ERR_UNSUPPORTED;
-    }
     if (req->digests == NULL) {
         req->digests = calloc((size_t)req->plan->num_ranks + 1, sizeof(*req->digests));
         if (req->digests == NULL) {

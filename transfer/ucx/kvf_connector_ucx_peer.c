@@ -19,6 +19,7 @@
 #include "kvf_connector_ucx_int.h"
 
 #include "kvf_compat.h"
+#include "kvf_kv_digest_dev.h"
 #include "kvf_log.h"
 
 #include <stdint.h>
@@ -453,7 +454,7 @@ static bool kvf_conn_digests_differ(kvf_connector_h conn, const kvf_lease_msg_t 
     for (int i = 0; i < msg->num_digests; ++i) {
         const kvf_kv_digest_t *d = &msg->digests[i];
         const kvf_conn_rank_t *rk;
-        uint64_t total = 0;
+        uint64_t total = 0, mine = 0;
 
         if ((d->prefill_rank < 0) || (d->prefill_rank >= conn->tp) ||
             !conn->ranks[d->prefill_rank].registered) {
@@ -462,9 +463,6 @@ static bool kvf_conn_digests_differ(kvf_connector_h conn, const kvf_lease_msg_t 
             return true;
         }
         rk = &conn->ranks[d->prefill_rank];
-        if (rk->device.kind != KVF_DEVICE_CPU) {
-            continue;   /* device pool: not host-readable here (logged at serve) */
-        }
         for (size_t k = 0; k < d->num_ranges; ++k) {
             uint64_t off = d->ranges[2 * k], len = d->ranges[2 * k + 1];
             if ((off > rk->len) || (len > rk->len - off) || (len > UINT64_MAX - total) ||
@@ -475,7 +473,15 @@ static bool kvf_conn_digests_differ(kvf_connector_h conn, const kvf_lease_msg_t 
                 return true;
             }
         }
-        if (kvf_kv_digest_ranges(rk->base, d->ranges, d->num_ranges) != d->digest) {
+        /* a GPU pool: the ranges are copied to the host once (kvf_kv_digest_dev.h) */
+        if (kvf_kv_digest_ranges_dev(&rk->device, rk->base, d->ranges, d->num_ranges,
+                                     &mine) != KVF_OK) {
+            snprintf(why, why_len, "the KV digest of prefill rank %d's %zu ranges could not be"
+                     " computed on %s:%d", d->prefill_rank, d->num_ranges,
+                     kvf_device_kind_name(rk->device.kind), rk->device.ordinal);
+            return true;
+        }
+        if (mine != d->digest) {
             snprintf(why, why_len, "the KV decode rank %d received from prefill rank %d differs"
                      " from what was sent (digest over %zu ranges)", d->decode_rank,
                      d->prefill_rank, d->num_ranges);

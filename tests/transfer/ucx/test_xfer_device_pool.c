@@ -11,7 +11,8 @@
  * (whole pages and partial tails alike) goes to ONE kvf_zero_ranges_batch
  * call on that stream (no per-range or per-page call), the stream is synced
  * before poll reports KVF_OK, and the pool holds the right bytes: pulled
- * pages the prefill's, zeroed tails zero, other pages untouched. What it
+ * pages the prefill's, zeroed tails zero, other pages untouched; the KV digest of
+ * the device pool, read through device-to-host copies, equals prefill's. What it
  * cannot check: that UCX moves bytes into real device memory (UCX here has no
  * CUDA: ucp_mem_map and ucp_get_nbx are wrapped to take the CUDA memory type
  * off after recording it, so the bytes move as host copies on UCX 1.13 and
@@ -69,6 +70,11 @@ ucs_status_ptr_t __wrap_ucp_get_nbx(ucp_ep_h ep, void *buffer, size_t count,
                                     uint64_t remote_addr, ucp_rkey_h rkey,
                                     const ucp_request_param_t *param);
 int __wrap_kvf_device_sync(const kvf_device_t *dev);
+int __real_kvf_device_memcpy(const kvf_device_t *dev, void *dst, const void *src, size_t bytes,
+                             kvf_copy_kind_t kind);
+int __wrap_kvf_device_memcpy(const kvf_device_t *dev, void *dst, const void *src, size_t bytes,
+                             kvf_copy_kind_t kind);
+int __wrap_kvf_device_bind(const kvf_device_t *dev);
 
 static const uint8_t *dev_lo, *dev_hi;    /* the "device" pool */
 static int streams_made, streams_destroyed, syncs, sync_after_zero;
@@ -76,6 +82,8 @@ static size_t batch_calls, ranges_zeroed, ranges_zero_bytes, gets_device, gets_m
 static size_t old_zero_calls;              /* kvf_blocks_zero / kvf_zero_ranges: never */
 static ucp_mem_h dev_memh;                 /* the "device" pool's registration */
 static bool zero_since_sync;
+static size_t d2h_bytes;
+static int binds;
 
 bool __wrap_kvf_device_ptr_is_cuda(const void *ptr)
 {
@@ -194,6 +202,28 @@ int __wrap_kvf_device_sync(const kvf_device_t *dev)
     return KVF_KERN_OK;
 }
 
+/* the zeroing kernel's and the digest's device made current first: "cuda:0" */
+int __wrap_kvf_device_bind(const kvf_device_t *dev)
+{
+    assert_int_equal(dev->kind, KVF_DEVICE_CUDA);
+    assert_int_equal(dev->ordinal, 0);
+    binds++;
+    return KVF_KERN_OK;
+}
+
+int __wrap_kvf_device_memcpy(const kvf_device_t *dev, void *dst, const void *src, size_t bytes,
+                             kvf_copy_kind_t kind)
+{
+    kvf_device_t cpu = kvf_device_cpu();
+
+    if (dev->kind == KVF_DEVICE_CUDA) {
+        assert_int_equal(kind, KVF_COPY_D2H);             /* the KV digest's reads */
+        assert_true(((const uint8_t *)src >= dev_lo) && ((const uint8_t *)src < dev_hi));
+        d2h_bytes += bytes;
+    }
+    return __real_kvf_device_memcpy(&cpu, dst, src, bytes, kind);
+}
+
 /* ---- the test ------------------------------------------------------------- */
 
 static void test_device_pool_zeroing(void **state)
@@ -270,11 +300,21 @@ static void test_device_pool_zeroing(void **state)
     assert_int_equal(gets_memh, st.descriptors);
     assert_int_equal(sync_after_zero, 1);             /* synced once, after the zeroing */
     assert_false(zero_since_sync);
-    /* KV digests read the pool on the host: not for a device pool */
+    assert_true(binds >= 1);                          /* the pool's device made current */
+    /* KV digest of a device pool: the landed bytes copied to the host (device-to-host
+     * copies, here the CPU's), equal to the digest of the same ranges of prefill's pool */
     {
         const kvf_kv_digest_t *dg;
+        size_t bytes = 0;
         int ndg;
-        assert_int_equal(ops->req_digests(dec, 0, req, &dg, &ndg), KVF_ERR_UNSUPPORTED);
+        assert_int_equal(ops->req_digests(dec, 0, req, &dg, &ndg), KVF_OK);
+        assert_int_equal(ndg, 1);
+        for (size_t k = 0; k < dg[0].num_ranges; ++k) {
+            bytes += dg[0].ranges[2 * k + 1];
+        }
+        assert_int_equal(bytes, st.bytes);
+        assert_int_equal(d2h_bytes, st.bytes);        /* each pulled byte copied once */
+        assert_true(dg[0].digest == kvf_kv_digest_ranges(ppool, dg[0].ranges, dg[0].num_ranges));
     }
     assert_int_equal(ops->finish_pull(dec, 0, req), KVF_OK);
 

@@ -30,6 +30,13 @@ app.kubernetes.io/component: {{ .role }}
 {{- end -}}
 {{- end -}}
 
+{{/* A daemon's --device: with gpu.enabled, gpu.device (its pod's GPUs count from 0). */}}
+{{- define "kvferry.deviceArgs" -}}
+{{- if .Values.gpu.enabled -}}
+--device {{ .Values.gpu.device }}
+{{- end -}}
+{{- end -}}
+
 {{/* The key flags of a pod: its key id is its engine id (the pod name), or "proxy". */}}
 {{- define "kvferry.authArgs" -}}
 {{- if .Values.keys.insecure -}}

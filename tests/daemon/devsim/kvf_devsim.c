@@ -1,0 +1,679 @@
+/*
+ * TEST ONLY: a simulated CUDA device for whole daemon processes on a machine
+ * without a GPU. Linked (with -Wl,--wrap for every symbol below) into
+ * test-only copies of kvf-prefill and kvf-decode (tests/bin/kvf-*-devsim), never
+ * into the shipped binaries.
+ *
+ * What it does: `--device cuda[:N]` opens a "GPU" when N is below
+ * DEVSIM_GPUS (default 1; not a KVF_ variable: only these binaries read it,
+ * in any build); kvf_device_alloc() on it gives host
+ * memory, 256-byte aligned, recorded as device memory (kvf_device_ptr_is_cuda
+ * says yes for it, and only for it); every device-layer call and every
+ * kernel entry point given a CUDA device runs its CPU version; the NCCL
+ * world of a TP > 1 instance is the CPU world; UCX is told the memory is
+ * host memory (so any UCX build maps it) while kvferry publishes and checks
+ * it as cuda (ucp_context_query claims CUDA support). So the daemons take
+ * exactly their --device cuda paths: model upload, pools from
+ * kvf_device_alloc registered as CUDA memory, zeroing through
+ * kvf_blocks_zero / kvf_zero_ranges on the device, the stream sync before a
+ * pull, the KV digest's device-to-host copies.
+ *
+ * What it checks, for a test to read: a host pointer handed to a device
+ * kernel or the wrong side of a device copy is counted (a real GPU would
+ * fault there); at exit the process prints one line to stderr,
+ *   devsim: gpus N opened O allocs A (B bytes) ... host_ptr_errors E
+ * which tests/daemon/daemon_device.py asserts on. What it cannot check:
+ * CUDA kernels themselves, stream concurrency, UCX moving real device
+ * memory (tests/gpu, on a GPU).
+ */
+#include "kvf_act.h"
+#include "kvf_attention.h"
+#include "kvf_collectives.h"
+#include "kvf_conv1d.h"
+#include "kvf_device.h"
+#include "kvf_gemm.h"
+#include "kvf_mamba2.h"
+#include "kvf_model.h"
+#include "kvf_moe.h"
+#include "kvf_norm.h"
+#include "kvf_ops.h"
+#include "kvf_log.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <ucp/api/ucp.h>
+
+/* ---- the simulated memory ---------------------------------------------------- */
+
+typedef struct {
+    uintptr_t lo, hi;
+    int       ordinal;
+} devsim_range_t;
+
+static pthread_mutex_t devsim_lock = PTHREAD_MUTEX_INITIALIZER;
+static devsim_range_t *devsim_ranges;
+static size_t devsim_n, devsim_cap;
+static int devsim_gpus = -1;
+static atomic_ullong st_opened, st_allocs, st_alloc_bytes, st_kernels, st_blocks_zero_calls,
+    st_blocks_zero_pages, st_zero_range_calls, st_zero_range_bytes, st_d2h_calls, st_d2h_bytes,
+    st_h2d_bytes, st_syncs, st_streams, st_binds, st_host_ptr_errors, st_ucx_maps,
+    st_wrong_device;
+/* the calling thread's current GPU, as CUDA keeps it: 0 until a call sets it */
+static _Thread_local int devsim_current;
+
+static int devsim_count(void)
+{
+    if (devsim_gpus < 0) {
+        const char *e = getenv("DEVSIM_GPUS");
+        long n = (e != NULL) ? strtol(e, NULL, 10) : 1;
+        devsim_gpus = ((n >= 0) && (n <= 64)) ? (int)n : 1;
+    }
+    return devsim_gpus;
+}
+
+/* The ordinal owning @a p, or -1 for host memory. */
+static int devsim_owner(const void *p)
+{
+    uintptr_t a = (uintptr_t)p;
+    int ord = -1;
+
+    if (p == NULL) {
+        return -1;
+    }
+    pthread_mutex_lock(&devsim_lock);
+    for (size_t i = 0; i < devsim_n; ++i) {
+        if ((a >= devsim_ranges[i].lo) && (a < devsim_ranges[i].hi)) {
+            ord = devsim_ranges[i].ordinal;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&devsim_lock);
+    return ord;
+}
+
+/* A pointer a device kernel or copy reads or writes on the device: it must be device memory. */
+static void devsim_want_dev_fn(const void *p, const char *what)
+{
+    if ((p != NULL) && (devsim_owner(p) < 0)) {
+        if (atomic_fetch_add(&st_host_ptr_errors, 1) < 8) {
+            fprintf(stderr, "devsim: %s: host pointer %p where the device's memory belongs\n",
+                    what, p);
+        }
+    }
+}
+
+static void devsim_want_host(const void *p, const char *what)
+{
+    if ((p != NULL) && (devsim_owner(p) >= 0)) {
+        if (atomic_fetch_add(&st_host_ptr_errors, 1) < 8) {
+            fprintf(stderr, "devsim: %s: device pointer %p where host memory belongs\n", what, p);
+        }
+    }
+}
+
+/*
+ * Where work runs, as CUDA has it: on the legacy default stream (dev->stream NULL), the
+ * calling thread's current GPU; on a stream of its own, the stream's GPU, and a kernel is
+ * launched into such a stream only from a thread whose current GPU it is (a copy or memset
+ * may be issued from anywhere). Memory of another GPU than the one the work runs on is an
+ * illegal access without peer access. Each breach is counted.
+ */
+static void devsim_want_current(const kvf_device_t *dev, const void *p, const char *what,
+                                bool kernel)
+{
+    int owner = devsim_owner(p), on = (dev->stream == NULL) ? devsim_current : dev->ordinal;
+    const char *why = NULL;
+
+    if (kernel && (dev->stream != NULL) && (dev->ordinal != devsim_current)) {
+        why = "a kernel launched into a stream of another GPU than the current one";
+    } else if ((owner >= 0) && (owner != on)) {
+        why = "memory of another GPU than the one the work runs on";
+    }
+    if ((why != NULL) && (atomic_fetch_add(&st_wrong_device, 1) < 8)) {
+        fprintf(stderr, "devsim: %s: %s (memory on cuda:%d, stream of cuda:%d, current "
+                "cuda:%d)\n", what, why, owner, dev->ordinal, devsim_current);
+    }
+}
+
+static bool devsim_is_cuda(const kvf_device_t *dev)
+{
+    return (dev != NULL) && (dev->kind == KVF_DEVICE_CUDA);
+}
+
+static void devsim_report(void)
+{
+    fprintf(stderr, "devsim: gpus %d opened %llu allocs %llu (%llu bytes) kernels %llu "
+            "blocks_zero %llu calls %llu pages zero_ranges %llu calls %llu bytes d2h %llu "
+            "calls %llu bytes h2d %llu bytes syncs %llu streams %llu binds %llu ucx_maps %llu "
+            "host_ptr_errors %llu wrong_device %llu\n", devsim_count(),
+            (unsigned long long)st_opened,
+            (unsigned long long)st_allocs, (unsigned long long)st_alloc_bytes,
+            (unsigned long long)st_kernels, (unsigned long long)st_blocks_zero_calls,
+            (unsigned long long)st_blocks_zero_pages, (unsigned long long)st_zero_range_calls,
+            (unsigned long long)st_zero_range_bytes, (unsigned long long)st_d2h_calls,
+            (unsigned long long)st_d2h_bytes, (unsigned long long)st_h2d_bytes,
+            (unsigned long long)st_syncs, (unsigned long long)st_streams,
+            (unsigned long long)st_binds, (unsigned long long)st_ucx_maps,
+            (unsigned long long)st_host_ptr_errors, (unsigned long long)st_wrong_device);
+}
+
+__attribute__((constructor)) static void devsim_init(void)
+{
+    atexit(devsim_report);
+}
+
+/* ---- --device and the device layer ------------------------------------------- */
+
+kvf_status_t __real_kvf_model_device_open(const char *what, const char *value,
+                                          kvf_device_t *dev_p);
+kvf_status_t __wrap_kvf_model_device_open(const char *what, const char *value,
+                                          kvf_device_t *dev_p);
+int __real_kvf_device_init(kvf_device_kind_t kind, int ordinal, kvf_device_t *dev_p);
+int __wrap_kvf_device_init(kvf_device_kind_t kind, int ordinal, kvf_device_t *dev_p);
+
+kvf_status_t __wrap_kvf_model_device_open(const char *what, const char *value,
+                                          kvf_device_t *dev_p)
+{
+    long n = 0;
+    char *end = NULL;
+
+    if ((value == NULL) || (strncmp(value, "cuda", 4) != 0)) {
+        return __real_kvf_model_device_open(what, value, dev_p);   /* cpu, or bad: as shipped */
+    }
+    if (value[4] == ':') {
+        errno = 0;
+        n = strtol(value + 5, &end, 10);
+        if ((end == value + 5) || (*end != '\0') || (errno != 0) || (n < 0) || (n > INT_MAX)) {
+            return __real_kvf_model_device_open(what, value, dev_p);
+        }
+    } else if (value[4] != '\0') {
+        return __real_kvf_model_device_open(what, value, dev_p);
+    }
+    if (__wrap_kvf_device_init(KVF_DEVICE_CUDA, (int)n, dev_p) != KVF_KERN_OK) {
+        kvf_error("%s cuda:%ld: no CUDA device (devsim: %d simulated GPU%s)", what, n,
+                  devsim_count(), (devsim_count() == 1) ? "" : "s");
+        return KVF_ERR_CUDA;
+    }
+    return KVF_OK;
+}
+
+int __wrap_kvf_device_init(kvf_device_kind_t kind, int ordinal, kvf_device_t *dev_p)
+{
+    if (kind != KVF_DEVICE_CUDA) {
+        return __real_kvf_device_init(kind, ordinal, dev_p);
+    }
+    if ((ordinal < 0) || (ordinal >= devsim_count())) {
+        return KVF_KERN_ECUDA;
+    }
+    dev_p->kind = KVF_DEVICE_CUDA;
+    dev_p->ordinal = ordinal;
+    dev_p->stream = NULL;
+    devsim_current = ordinal;   /* cudaSetDevice */
+    st_opened++;
+    return KVF_KERN_OK;
+}
+
+int __real_kvf_device_bind(const kvf_device_t *dev);
+int __wrap_kvf_device_bind(const kvf_device_t *dev);
+int __wrap_kvf_device_bind(const kvf_device_t *dev)
+{
+    if (!devsim_is_cuda(dev)) {
+        return __real_kvf_device_bind(dev);
+    }
+    st_binds++;
+    if ((dev->ordinal < 0) || (dev->ordinal >= devsim_count())) {
+        return KVF_KERN_ECUDA;
+    }
+    devsim_current = dev->ordinal;
+    return KVF_KERN_OK;
+}
+
+int __real_kvf_device_alloc(const kvf_device_t *dev, size_t bytes, void **ptr_p);
+int __wrap_kvf_device_alloc(const kvf_device_t *dev, size_t bytes, void **ptr_p);
+int __wrap_kvf_device_alloc(const kvf_device_t *dev, size_t bytes, void **ptr_p)
+{
+    size_t len = (bytes + 255) & ~(size_t)255;
+    void *p;
+
+    if (!devsim_is_cuda(dev)) {
+        return __real_kvf_device_alloc(dev, bytes, ptr_p);
+    }
+    if (bytes == 0) {
+        return KVF_KERN_EINVAL;
+    }
+    devsim_current = dev->ordinal;   /* kvf_cuda_alloc sets the device */
+    p = aligned_alloc(256, len);
+    if (p == NULL) {
+        return KVF_KERN_ENOMEM;
+    }
+    memset(p, 0xff, len);   /* stale bytes, as cudaMalloc leaves them: NaN in every dtype */
+    pthread_mutex_lock(&devsim_lock);
+    if (devsim_n == devsim_cap) {
+        size_t cap = devsim_cap ? 2 * devsim_cap : 256;
+        devsim_range_t *r = realloc(devsim_ranges, cap * sizeof(*r));
+        if (r == NULL) {
+            pthread_mutex_unlock(&devsim_lock);
+            free(p);
+            return KVF_KERN_ENOMEM;
+        }
+        devsim_ranges = r;
+        devsim_cap = cap;
+    }
+    devsim_ranges[devsim_n++] = (devsim_range_t){(uintptr_t)p, (uintptr_t)p + len, dev->ordinal};
+    pthread_mutex_unlock(&devsim_lock);
+    st_allocs++;
+    st_alloc_bytes += bytes;
+    *ptr_p = p;
+    return KVF_KERN_OK;
+}
+
+void __real_kvf_device_free(const kvf_device_t *dev, void *ptr);
+void __wrap_kvf_device_free(const kvf_device_t *dev, void *ptr);
+void __wrap_kvf_device_free(const kvf_device_t *dev, void *ptr)
+{
+    bool found = false;
+
+    if (!devsim_is_cuda(dev)) {
+        __real_kvf_device_free(dev, ptr);
+        return;
+    }
+    pthread_mutex_lock(&devsim_lock);
+    for (size_t i = 0; i < devsim_n; ++i) {
+        if (devsim_ranges[i].lo == (uintptr_t)ptr) {
+            devsim_ranges[i] = devsim_ranges[--devsim_n];
+            found = true;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&devsim_lock);
+    if (found) {
+        free(ptr);
+    } else if (ptr != NULL) {
+        devsim_want_dev_fn(ptr, "kvf_device_free");   /* counted; never free()d as host memory */
+    }
+}
+
+bool __real_kvf_device_ptr_is_cuda(const void *ptr);
+bool __wrap_kvf_device_ptr_is_cuda(const void *ptr);
+bool __wrap_kvf_device_ptr_is_cuda(const void *ptr)
+{
+    return devsim_owner(ptr) >= 0;
+}
+
+int __real_kvf_device_memset(const kvf_device_t *dev, void *ptr, int value, size_t bytes);
+int __wrap_kvf_device_memset(const kvf_device_t *dev, void *ptr, int value, size_t bytes);
+int __wrap_kvf_device_memset(const kvf_device_t *dev, void *ptr, int value, size_t bytes)
+{
+    kvf_device_t cpu = kvf_device_cpu();
+
+    if (devsim_is_cuda(dev)) {
+        devsim_want_dev_fn(ptr, "kvf_device_memset");
+        devsim_want_current(dev, ptr, "kvf_device_memset", false);
+        dev = &cpu;
+    }
+    return __real_kvf_device_memset(dev, ptr, value, bytes);
+}
+
+int __real_kvf_device_memcpy(const kvf_device_t *dev, void *dst, const void *src, size_t bytes,
+                             kvf_copy_kind_t kind);
+int __wrap_kvf_device_memcpy(const kvf_device_t *dev, void *dst, const void *src, size_t bytes,
+                             kvf_copy_kind_t kind);
+int __wrap_kvf_device_memcpy(const kvf_device_t *dev, void *dst, const void *src, size_t bytes,
+                             kvf_copy_kind_t kind)
+{
+    kvf_device_t cpu = kvf_device_cpu();
+
+    if (devsim_is_cuda(dev)) {
+        switch (kind) {
+        case KVF_COPY_H2D:
+            devsim_want_dev_fn(dst, "kvf_device_memcpy H2D dst");
+            devsim_want_host(src, "kvf_device_memcpy H2D src");
+            st_h2d_bytes += bytes;
+            break;
+        case KVF_COPY_D2H:
+            devsim_want_host(dst, "kvf_device_memcpy D2H dst");
+            devsim_want_dev_fn(src, "kvf_device_memcpy D2H src");
+            st_d2h_calls++;
+            st_d2h_bytes += bytes;
+            break;
+        case KVF_COPY_D2D:
+            devsim_want_dev_fn(dst, "kvf_device_memcpy D2D dst");
+            devsim_want_dev_fn(src, "kvf_device_memcpy D2D src");
+            break;
+        default:
+            break;
+        }
+        dev = &cpu;
+    }
+    return __real_kvf_device_memcpy(dev, dst, src, bytes, kind);
+}
+
+int __real_kvf_device_sync(const kvf_device_t *dev);
+int __wrap_kvf_device_sync(const kvf_device_t *dev);
+int __wrap_kvf_device_sync(const kvf_device_t *dev)
+{
+    if (!devsim_is_cuda(dev)) {
+        return __real_kvf_device_sync(dev);
+    }
+    st_syncs++;
+    return KVF_KERN_OK;
+}
+
+int __real_kvf_device_stream_create(const kvf_device_t *dev, kvf_device_t *dev_p);
+int __wrap_kvf_device_stream_create(const kvf_device_t *dev, kvf_device_t *dev_p);
+int __wrap_kvf_device_stream_create(const kvf_device_t *dev, kvf_device_t *dev_p)
+{
+    static char streams[64];   /* distinct non-NULL "stream" values */
+
+    if (!devsim_is_cuda(dev)) {
+        return __real_kvf_device_stream_create(dev, dev_p);
+    }
+    devsim_current = dev->ordinal;   /* kvf_cuda_stream_create sets the device */
+    *dev_p = *dev;
+    dev_p->stream = &streams[(atomic_fetch_add(&st_streams, 1)) % sizeof(streams)];
+    return KVF_KERN_OK;
+}
+
+void __real_kvf_device_stream_destroy(kvf_device_t *dev);
+void __wrap_kvf_device_stream_destroy(kvf_device_t *dev);
+void __wrap_kvf_device_stream_destroy(kvf_device_t *dev)
+{
+    if (!devsim_is_cuda(dev)) {
+        __real_kvf_device_stream_destroy(dev);
+        return;
+    }
+    dev->stream = NULL;
+}
+
+int __real_kvf_blocks_zero(const kvf_device_t *dev, void *base, size_t page_size,
+                           const int64_t *page_ids, size_t n);
+int __wrap_kvf_blocks_zero(const kvf_device_t *dev, void *base, size_t page_size,
+                           const int64_t *page_ids, size_t n);
+int __wrap_kvf_blocks_zero(const kvf_device_t *dev, void *base, size_t page_size,
+                           const int64_t *page_ids, size_t n)
+{
+    kvf_device_t cpu = kvf_device_cpu();
+
+    if (devsim_is_cuda(dev)) {
+        devsim_want_dev_fn(base, "kvf_blocks_zero base");
+        devsim_want_current(dev, base, "kvf_blocks_zero", true);
+        devsim_want_host(page_ids, "kvf_blocks_zero page_ids (a host array)");
+        st_blocks_zero_calls++;
+        st_blocks_zero_pages += n;
+        dev = &cpu;
+    }
+    return __real_kvf_blocks_zero(dev, base, page_size, page_ids, n);
+}
+
+int __real_kvf_zero_ranges(const kvf_device_t *dev, void *base, const size_t *offsets,
+                           const size_t *lens, size_t n);
+int __wrap_kvf_zero_ranges(const kvf_device_t *dev, void *base, const size_t *offsets,
+                           const size_t *lens, size_t n);
+int __wrap_kvf_zero_ranges(const kvf_device_t *dev, void *base, const size_t *offsets,
+                           const size_t *lens, size_t n)
+{
+    kvf_device_t cpu = kvf_device_cpu();
+
+    if (devsim_is_cuda(dev)) {
+        devsim_want_dev_fn(base, "kvf_zero_ranges base");
+        devsim_want_current(dev, base, "kvf_zero_ranges", false);
+        st_zero_range_calls++;
+        for (size_t i = 0; i < n; ++i) {
+            st_zero_range_bytes += lens[i];
+        }
+        dev = &cpu;
+    }
+    return __real_kvf_zero_ranges(dev, base, offsets, lens, n);
+}
+
+/* ---- the ranks' world: the CPU's ---------------------------------------------- */
+
+kvf_status_t __real_kvf_comm_world_create(kvf_device_kind_t kind, int size,
+                                          const kvf_device_t *devs, kvf_comm_world_h *world_p);
+kvf_status_t __wrap_kvf_comm_world_create(kvf_device_kind_t kind, int size,
+                                          const kvf_device_t *devs, kvf_comm_world_h *world_p);
+kvf_status_t __wrap_kvf_comm_world_create(kvf_device_kind_t kind, int size,
+                                          const kvf_device_t *devs, kvf_comm_world_h *world_p)
+{
+    (void)kind;   /* NCCL over simulated GPUs: the CPU world on their (host) buffers */
+    return __real_kvf_comm_world_create(KVF_DEVICE_CPU, size, devs, world_p);
+}
+
+/* ---- UCX: kvferry sees a CUDA-capable UCX, UCX sees host memory --------------- */
+
+ucs_status_t __real_ucp_context_query(ucp_context_h context, ucp_context_attr_t *attr);
+ucs_status_t __wrap_ucp_context_query(ucp_context_h context, ucp_context_attr_t *attr);
+ucs_status_t __wrap_ucp_context_query(ucp_context_h context, ucp_context_attr_t *attr)
+{
+    ucs_status_t s = __real_ucp_context_query(context, attr);
+
+    if ((s == UCS_OK) && (attr->field_mask & UCP_ATTR_FIELD_MEMORY_TYPES)) {
+        attr->memory_types |= UCS_BIT(UCS_MEMORY_TYPE_CUDA);
+    }
+    return s;
+}
+
+ucs_status_t __real_ucp_mem_map(ucp_context_h context, const ucp_mem_map_params_t *params,
+                                ucp_mem_h *memh_p);
+ucs_status_t __wrap_ucp_mem_map(ucp_context_h context, const ucp_mem_map_params_t *params,
+                                ucp_mem_h *memh_p);
+ucs_status_t __wrap_ucp_mem_map(ucp_context_h context, const ucp_mem_map_params_t *params,
+                                ucp_mem_h *memh_p)
+{
+    ucp_mem_map_params_t p = *params;
+
+    if ((p.field_mask & UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE) &&
+        (p.memory_type == UCS_MEMORY_TYPE_CUDA)) {
+        devsim_want_dev_fn(p.address, "ucp_mem_map of cuda memory");
+        st_ucx_maps++;
+        p.memory_type = UCS_MEMORY_TYPE_HOST;   /* what the simulated GPU memory really is */
+    }
+    return __real_ucp_mem_map(context, &p, memh_p);
+}
+
+/* A GET or PUT whose local buffer kvferry names as CUDA memory: UCX is told host (what it is). */
+static const ucp_request_param_t *devsim_host_param(const void *buffer,
+                                                    const ucp_request_param_t *param,
+                                                    ucp_request_param_t *copy)
+{
+    if ((param->op_attr_mask & UCP_OP_ATTR_FIELD_MEMORY_TYPE) &&
+        (param->memory_type == UCS_MEMORY_TYPE_CUDA)) {
+        devsim_want_dev_fn(buffer, "a GET/PUT naming cuda memory");
+        *copy = *param;
+        copy->memory_type = UCS_MEMORY_TYPE_HOST;
+        return copy;
+    }
+    return param;
+}
+
+ucs_status_ptr_t __real_ucp_get_nbx(ucp_ep_h ep, void *buffer, size_t count,
+                                    uint64_t remote_addr, ucp_rkey_h rkey,
+                                    const ucp_request_param_t *param);
+ucs_status_ptr_t __wrap_ucp_get_nbx(ucp_ep_h ep, void *buffer, size_t count,
+                                    uint64_t remote_addr, ucp_rkey_h rkey,
+                                    const ucp_request_param_t *param);
+ucs_status_ptr_t __wrap_ucp_get_nbx(ucp_ep_h ep, void *buffer, size_t count,
+                                    uint64_t remote_addr, ucp_rkey_h rkey,
+                                    const ucp_request_param_t *param)
+{
+    ucp_request_param_t copy;
+
+    return __real_ucp_get_nbx(ep, buffer, count, remote_addr, rkey,
+                              devsim_host_param(buffer, param, &copy));
+}
+
+ucs_status_ptr_t __real_ucp_put_nbx(ucp_ep_h ep, const void *buffer, size_t count,
+                                    uint64_t remote_addr, ucp_rkey_h rkey,
+                                    const ucp_request_param_t *param);
+ucs_status_ptr_t __wrap_ucp_put_nbx(ucp_ep_h ep, const void *buffer, size_t count,
+                                    uint64_t remote_addr, ucp_rkey_h rkey,
+                                    const ucp_request_param_t *param);
+ucs_status_ptr_t __wrap_ucp_put_nbx(ucp_ep_h ep, const void *buffer, size_t count,
+                                    uint64_t remote_addr, ucp_rkey_h rkey,
+                                    const ucp_request_param_t *param)
+{
+    ucp_request_param_t copy;
+
+    return __real_ucp_put_nbx(ep, buffer, count, remote_addr, rkey,
+                              devsim_host_param(buffer, param, &copy));
+}
+
+/*
+ * kvf_zero_ranges_batch() (kernels/kvf_zero_batch.h, where the tree has it: one launch
+ * zeroing a pull's ranges): weak, so this file links whether or not the tree defines it.
+ */
+int __real_kvf_zero_ranges_batch(const kvf_device_t *dev, void *base, const size_t *offsets,
+                                 const size_t *lens, size_t n) __attribute__((weak));
+int __wrap_kvf_zero_ranges_batch(const kvf_device_t *dev, void *base, const size_t *offsets,
+                                 const size_t *lens, size_t n);
+int __wrap_kvf_zero_ranges_batch(const kvf_device_t *dev, void *base, const size_t *offsets,
+                                 const size_t *lens, size_t n)
+{
+    kvf_device_t cpu = kvf_device_cpu();
+
+    if (__real_kvf_zero_ranges_batch == NULL) {
+        return KVF_KERN_EUNSUPPORTED;   /* never called: nothing in the tree calls it */
+    }
+    if (devsim_is_cuda(dev)) {
+        devsim_want_dev_fn(base, "kvf_zero_ranges_batch base");
+        devsim_want_current(dev, base, "kvf_zero_ranges_batch", true);
+        st_zero_range_calls++;
+        for (size_t i = 0; i < n; ++i) {
+            st_zero_range_bytes += lens[i];
+        }
+        dev = &cpu;
+    }
+    return __real_kvf_zero_ranges_batch(dev, base, offsets, lens, n);
+}
+
+/* ---- kernels: a CUDA device runs the CPU version ------------------------------ */
+
+/* @a dev (a parameter) becomes the CPU when it is a simulated GPU; counts the launch. */
+#define DEVSIM_ON_CPU(_dev)                                                            \
+    kvf_device_t devsim_cpu_ = kvf_device_cpu();                                       \
+    bool devsim_gpu_ = devsim_is_cuda(_dev);                                           \
+    if (devsim_gpu_) {                                                                 \
+        st_kernels++;                                                                  \
+        (_dev) = &devsim_cpu_;                                                         \
+    }
+
+/* in a kernel's checks: device memory, of the GPU the launch goes to */
+#define devsim_want_dev(_p, _what)                                                     \
+    (devsim_want_dev_fn(_p, _what), devsim_want_current(devsim_kdev_, _p, _what, true))
+
+#define DEVSIM_KERNEL(_name, _params, _args, _checks)                                  \
+    int __real_##_name _params;                                                        \
+    int __wrap_##_name _params;                                                        \
+    int __wrap_##_name _params                                                         \
+    {                                                                                  \
+        const kvf_device_t *devsim_kdev_ = dev;                                        \
+        DEVSIM_ON_CPU(dev);                                                            \
+        if (devsim_gpu_) {                                                             \
+            _checks;                                                                   \
+        }                                                                              \
+        return __real_##_name _args;                                                   \
+    }
+
+DEVSIM_KERNEL(kvf_act, (const kvf_device_t *dev, int act, float *x, size_t n),
+              (dev, act, x, n), devsim_want_dev(x, "kvf_act x"))
+DEVSIM_KERNEL(kvf_convert, (const kvf_device_t *dev, void *dst, kvf_dtype_t dst_dtype,
+                            const void *src, kvf_dtype_t src_dtype, size_t n),
+              (dev, dst, dst_dtype, src, src_dtype, n), devsim_want_dev(dst, "kvf_convert dst"))
+DEVSIM_KERNEL(kvf_attn_cache_write, (const kvf_device_t *dev, const kvf_paged_kv_t *kv,
+                                     const float *k, const float *v, int ld,
+                                     const int32_t *positions, int num_tokens),
+              (dev, kv, k, v, ld, positions, num_tokens),
+              (devsim_want_dev(k, "kvf_attn_cache_write k"),
+               devsim_want_dev(v, "kvf_attn_cache_write v")))
+DEVSIM_KERNEL(kvf_attn_paged, (const kvf_device_t *dev, const kvf_paged_kv_t *kv, const float *q,
+                               int ldq, const int32_t *positions, int num_tokens, int q_heads,
+                               float scale, float *out),
+              (dev, kv, q, ldq, positions, num_tokens, q_heads, scale, out),
+              (devsim_want_dev(q, "kvf_attn_paged q"), devsim_want_dev(out, "kvf_attn_paged out")))
+DEVSIM_KERNEL(kvf_conv1d_chunk, (const kvf_device_t *dev, const float *x, int ldx, int T,
+                                 int channels, int kernel, const float *w, const float *bias,
+                                 int silu, void *state, kvf_dtype_t state_dtype, int has_state,
+                                 float *y, int ldy),
+              (dev, x, ldx, T, channels, kernel, w, bias, silu, state, state_dtype, has_state, y,
+               ldy),
+              (devsim_want_dev(x, "kvf_conv1d_chunk x"), devsim_want_dev(y, "kvf_conv1d_chunk y"),
+               devsim_want_dev(state, "kvf_conv1d_chunk state")))
+DEVSIM_KERNEL(kvf_conv1d_step, (const kvf_device_t *dev, const float *x, int channels, int kernel,
+                                const float *w, const float *bias, int silu, void *state,
+                                kvf_dtype_t state_dtype, float *y),
+              (dev, x, channels, kernel, w, bias, silu, state, state_dtype, y),
+              (devsim_want_dev(x, "kvf_conv1d_step x"), devsim_want_dev(y, "kvf_conv1d_step y"),
+               devsim_want_dev(state, "kvf_conv1d_step state")))
+DEVSIM_KERNEL(kvf_gemm, (const kvf_device_t *dev, int M, int N, int K, const float *x,
+                         const float *w, const float *bias, float *y),
+              (dev, M, N, K, x, w, bias, y),
+              (devsim_want_dev(x, "kvf_gemm x"), devsim_want_dev(w, "kvf_gemm w"),
+               devsim_want_dev(y, "kvf_gemm y")))
+DEVSIM_KERNEL(kvf_gemm_ex, (const kvf_device_t *dev, int M, int N, int K, const float *x, int ldx,
+                            const float *w, int ldw, const float *bias, float beta, float *y,
+                            int ldy),
+              (dev, M, N, K, x, ldx, w, ldw, bias, beta, y, ldy),
+              (devsim_want_dev(x, "kvf_gemm_ex x"), devsim_want_dev(w, "kvf_gemm_ex w"),
+               devsim_want_dev(y, "kvf_gemm_ex y")))
+DEVSIM_KERNEL(kvf_mamba2_scan, (const kvf_device_t *dev, const kvf_mamba2_params_t *p, int T,
+                                const float *x, int ldx, const float *dt, int lddt,
+                                const float *B, const float *C, int ldbc, void *state,
+                                kvf_dtype_t state_dtype, int has_state, float *y, int ldy),
+              (dev, p, T, x, ldx, dt, lddt, B, C, ldbc, state, state_dtype, has_state, y, ldy),
+              (devsim_want_dev(x, "kvf_mamba2_scan x"), devsim_want_dev(y, "kvf_mamba2_scan y"),
+               devsim_want_dev(state, "kvf_mamba2_scan state")))
+DEVSIM_KERNEL(kvf_mamba2_step, (const kvf_device_t *dev, const kvf_mamba2_params_t *p,
+                                const float *x, const float *dt, const float *B, const float *C,
+                                void *state, kvf_dtype_t state_dtype, float *y),
+              (dev, p, x, dt, B, C, state, state_dtype, y),
+              (devsim_want_dev(x, "kvf_mamba2_step x"), devsim_want_dev(y, "kvf_mamba2_step y"),
+               devsim_want_dev(state, "kvf_mamba2_step state")))
+DEVSIM_KERNEL(kvf_moe_route, (const kvf_device_t *dev, const kvf_moe_route_params_t *p,
+                              const float *logits, int T, float *scores, int32_t *idx, float *wt),
+              (dev, p, logits, T, scores, idx, wt), devsim_want_dev(logits, "kvf_moe_route"))
+DEVSIM_KERNEL(kvf_rmsnorm, (const kvf_device_t *dev, const float *x, const float *w, float *y,
+                            int rows, int dim, float eps),
+              (dev, x, w, y, rows, dim, eps),
+              (devsim_want_dev(x, "kvf_rmsnorm x"), devsim_want_dev(y, "kvf_rmsnorm y")))
+DEVSIM_KERNEL(kvf_gated_rmsnorm_sumsq, (const kvf_device_t *dev, const float *x, const float *z,
+                                        int ld, int rows, int dim, int group_size, float *g,
+                                        float *sumsq),
+              (dev, x, z, ld, rows, dim, group_size, g, sumsq),
+              devsim_want_dev(x, "kvf_gated_rmsnorm_sumsq x"))
+DEVSIM_KERNEL(kvf_gated_rmsnorm_apply, (const kvf_device_t *dev, const float *g,
+                                        const float *sumsq, const float *w, int rows, int dim,
+                                        int group_size, int norm_elems, float eps, float *y),
+              (dev, g, sumsq, w, rows, dim, group_size, norm_elems, eps, y),
+              devsim_want_dev(y, "kvf_gated_rmsnorm_apply y"))
+DEVSIM_KERNEL(kvf_gated_rmsnorm, (const kvf_device_t *dev, const float *x, const float *z, int ld,
+                                  const float *w, int rows, int dim, int group_size, float eps,
+                                  float *y),
+              (dev, x, z, ld, w, rows, dim, group_size, eps, y),
+              (devsim_want_dev(x, "kvf_gated_rmsnorm x"),
+               devsim_want_dev(y, "kvf_gated_rmsnorm y")))
+DEVSIM_KERNEL(kvf_add, (const kvf_device_t *dev, float *y, const float *x, size_t n),
+              (dev, y, x, n), (devsim_want_dev(x, "kvf_add x"), devsim_want_dev(y, "kvf_add y")))
+DEVSIM_KERNEL(kvf_gather_rows, (const kvf_device_t *dev, const void *src, kvf_dtype_t src_dtype,
+                                int cols, const int32_t *ids, int n, float *dst),
+              (dev, src, src_dtype, cols, ids, n, dst),
+              (devsim_want_dev(src, "kvf_gather_rows src"),
+               devsim_want_dev(dst, "kvf_gather_rows dst")))
+DEVSIM_KERNEL(kvf_scatter_add_rows, (const kvf_device_t *dev, float *y, int ldy,
+                                     const int32_t *rows, const float *wt, int n, const float *x,
+                                     int cols),
+              (dev, y, ldy, rows, wt, n, x, cols),
+              (devsim_want_dev(x, "kvf_scatter_add_rows x"),
+               devsim_want_dev(y, "kvf_scatter_add_rows y")))
+DEVSIM_KERNEL(kvf_act_mul, (const kvf_device_t *dev, int act, const float *x, int M, int C,
+                            float *y),
+              (dev, act, x, M, C, y),
+              (devsim_want_dev(x, "kvf_act_mul x"), devsim_want_dev(y, "kvf_act_mul y")))
+DEVSIM_KERNEL(kvf_rope, (const kvf_device_t *dev, const float *inv_freq, int head_dim,
+                         const int32_t *positions, int T, float *x, int ldx, int heads),
+              (dev, inv_freq, head_dim, positions, T, x, ldx, heads),
+              devsim_want_dev(x, "kvf_rope x"))
