@@ -22,9 +22,10 @@
  * blocked path, kvf_attn_paged_blocked below: per KV head its K and V
  * converted to fp32 once, whole kernel blocks, then FlashAttention-style
  * blocks of query rows against key tiles of several kernel blocks, the
- * Q K^T and P V tile products in kvferry's fixed-order GEMM (kvf_gemm_cpu:
- * every score and every value sum is summed in one order, whatever the
- * number of rows) around the same shared fold step (kvf_attn_tile_probs);
+ * Q K^T and P V tile products in kvferry's fixed-order product
+ * (kvf_gemm_cpu_nn: every score is one FMA chain over head dims, every value
+ * sum one over the tile's slots, whatever the number of rows) around the
+ * same shared fold step (kvf_attn_tile_probs);
  * other calls the per-query fold of kvf_attn_fold_tile. A query row's bits
  * depend on its own q, position and the cache alone: never on the other
  * rows of the call, so neither on the chunking nor on the batch (a decode
@@ -146,18 +147,18 @@ int kvf_attn_cache_write(const kvf_device_t *dev, const kvf_paged_kv_t *kv, cons
  * product (rows x tile x head_dim) below 2^18 multiply-adds, 16 to 128, so
  * that their scores and accumulators stay in cache while the key tiles
  * stream past. Where even 16 rows would not fit (a kernel block of more than
- * 256 tokens at head_dim 64), 64 rows and one thread: the GEMM threads the
- * products itself. A row's bits depend on neither (kvf_gemm_cpu). */
+ * 256 tokens at head_dim 64), 64 rows. A row's bits depend on neither, nor
+ * on the thread that runs its block (kvf_gemm_cpu_nn). */
 #define KVF_ATTN_CPU_MNK ((1u << 18) - 1)
 #define KVF_ATTN_CPU_QROWS_MIN 16
 #define KVF_ATTN_CPU_QROWS_MAX 128
 
 /* One KV head's work of the blocked path (values; scratch owned by the caller). */
 typedef struct kvf_attn_cpu {
-    const float   *kf;          /* fp32 [ntok][hd]: this head's K, whole kernel blocks */
-    const float   *vt;          /* fp32 [hd][ntok]: its V transposed (P V rows are dots) */
+    const float   *kt;          /* fp32 [hd][ntok]: this head's K transposed, whole kernel
+                                   blocks (a score is one FMA chain over head dims) */
+    const float   *vf;          /* fp32 [ntok][hd]: its V */
     size_t         ntok;
-    int            threads;     /* of each tile product: 1 when the attention splits rows */
     const float   *Q;           /* fp32 [nq][hd]: the GQA group's query rows, packed */
     const int32_t *positions;   /* of query row i: positions[i / group] */
     size_t         hd, group, kbs, tw, qr;   /* qr: rows of a query block */
@@ -200,9 +201,8 @@ static void kvf_attn_cpu_qblock(const kvf_attn_cpu_t *c, size_t r0, size_t r1)
         while (c->positions[a / c->group] < (int)j0) {
             ++a;   /* tile entirely in this row's future: not read */
         }
-        (void)kvf_gemm_cpu((int)(r1 - a), (int)wmax, (int)hd, c->scale, c->Q + a * hd, hd,
-                           c->kf + j0 * hd, KVF_DTYPE_FP32, hd, NULL, 0.0f, c->S + (a - r0) * tw,
-                           tw, c->threads);
+        (void)kvf_gemm_cpu_nn((int)(r1 - a), (int)wmax, (int)hd, c->scale, c->Q + a * hd, hd,
+                              c->kt + j0, c->ntok, 0.0f, c->S + (a - r0) * tw, tw);
         for (size_t s0 = a, s1; s0 < r1; s0 = s1) {
             const size_t w = kvf_attn_row_width(c, s0, j0);
             for (s1 = s0; (s1 < r1) && (kvf_attn_row_width(c, s1, j0) == w); ++s1) {
@@ -214,9 +214,8 @@ static void kvf_attn_cpu_qblock(const kvf_attn_cpu_t *c, size_t r0, size_t r1)
                     arow[d] *= alpha;
                 }
             }
-            (void)kvf_gemm_cpu((int)(s1 - s0), (int)hd, (int)w, 1.0f, c->S + (s0 - r0) * tw,
-                               tw, c->vt + j0, KVF_DTYPE_FP32, c->ntok, NULL, 1.0f,
-                               c->acc + (s0 - r0) * hd, hd, c->threads);
+            (void)kvf_gemm_cpu_nn((int)(s1 - s0), (int)hd, (int)w, 1.0f, c->S + (s0 - r0) * tw,
+                                  tw, c->vf + j0 * hd, hd, 1.0f, c->acc + (s0 - r0) * hd, hd);
         }
     }
 }
@@ -254,8 +253,8 @@ static int kvf_attn_cpu_part(void *ctx, int part, int parts)
 
 /*
  * Blocked CPU attention for ascending positions (every chunk the model runs),
- * FlashAttention-style with the fixed-order GEMM for the tile products: per KV
- * head, its K and V (transposed) for every kernel block up to the one holding
+ * FlashAttention-style with the fixed-order product for the tiles: per KV
+ * head, its K (transposed) and V for every kernel block up to the one holding
  * the last position are converted to fp32 once (each kernel block whole,
  * written slots or not), the
  * GQA group's query rows packed as Q[nq][hd], and blocks of rows run
@@ -279,9 +278,9 @@ static int kvf_attn_paged_blocked(const kvf_paged_kv_t *kv, const float *q, int 
     const size_t kbb = kvf_paged_kv_kernel_block_bytes(kv);
     const size_t nkb = (size_t)positions[num_tokens - 1] / kbs + 1, ntok = nkb * kbs;
     const size_t nblk = (nq + qr - 1) / qr, per = qr * (tw + hd + 2);
-    const int th = small ? kvf_kern_cpu_threads() : 1;
+    const int th = kvf_kern_cpu_threads();
     const int parts = (th < 2) ? 1 : ((size_t)th < nblk) ? th : (int)nblk;
-    float *scratch, *kf, *vt, *vb, *Q;
+    float *scratch, *kt, *vf, *kb, *Q;
     kvf_attn_cpu_job_t j = {.c = {.positions = positions, .hd = hd, .group = group,
                                   .kbs = kbs, .tw = tw, .qr = qr, .scale = scale},
                             .nq = nq, .q_heads = (size_t)q_heads, .scratch_part = per,
@@ -292,14 +291,13 @@ static int kvf_attn_paged_blocked(const kvf_paged_kv_t *kv, const float *q, int 
     if (scratch == NULL) {
         return KVF_KERN_ENOMEM;
     }
-    kf = scratch;
-    vt = kf + ntok * hd;
-    vb = vt + ntok * hd;
-    Q = vb + kbs * hd;
-    j.c.kf = kf;
-    j.c.vt = vt;
+    kt = scratch;
+    vf = kt + ntok * hd;
+    kb = vf + ntok * hd;
+    Q = kb + kbs * hd;
+    j.c.kt = kt;
+    j.c.vf = vf;
     j.c.ntok = ntok;
-    j.c.threads = small ? 1 : kvf_kern_cpu_threads();
     j.c.Q = Q;
     j.c.S = Q + nq * hd;                 /* part p: S, acc, m, l at + p * per */
     j.c.acc = j.c.S + qr * tw;
@@ -308,11 +306,11 @@ static int kvf_attn_paged_blocked(const kvf_paged_kv_t *kv, const float *q, int 
     for (size_t kh = 0; (kh < nkv) && (rc == KVF_KERN_OK); ++kh) {
         for (size_t b = 0; b < nkb; ++b) {
             const char *kblock = kvf_attn_kblock(kv, kbb, (int)(b * kbs));
-            kvf_kern_load(kblock, kv->dtype, kh * kbs * hd, kbs * hd, kf + b * kbs * hd);
-            kvf_kern_load(kblock, kv->dtype, (nkv + kh) * kbs * hd, kbs * hd, vb);
+            kvf_kern_load(kblock, kv->dtype, kh * kbs * hd, kbs * hd, kb);
+            kvf_kern_load(kblock, kv->dtype, (nkv + kh) * kbs * hd, kbs * hd, vf + b * kbs * hd);
             for (size_t t = 0; t < kbs; ++t) {
                 for (size_t d = 0; d < hd; ++d) {
-                    vt[d * ntok + b * kbs + t] = vb[t * hd + d];
+                    kt[d * ntok + b * kbs + t] = kb[t * hd + d];
                 }
             }
         }

@@ -54,6 +54,17 @@ int kvf_gemm_cpu(int M, int N, int K, float alpha, const float *x, size_t ldx, c
                  kvf_dtype_t w_dtype, size_t ldw, const float *bias, float beta, float *y,
                  size_t ldy, int threads);
 
+/**
+ * The attention's tile product (kvf_gemm_nn.c): y[m][n] = alpha * c_K for m < M, n < N,
+ * c_0 = beta * y[m][n] (+0 when beta = 0: y not read), c_{k+1} = fma(x[m][k], b[k][n], c_k),
+ * k ascending; x fp32 [M][ldx], b fp32 k-major [K][ldb], y [M][ldy]; alpha 1 multiplies
+ * nothing. One FMA chain per element: its bits depend on x[m], b, y[m][n], K, alpha and
+ * beta alone, never on M, N, the element's place or the ISA path (one thread).
+ * @return KVF_KERN_OK; KVF_KERN_EINVAL for bad sizes, strides or NULL pointers.
+ */
+int kvf_gemm_cpu_nn(int M, int N, int K, float alpha, const float *x, size_t ldx,
+                    const float *b, size_t ldb, float beta, float *y, size_t ldy);
+
 /** True for the cache dtypes kernels can read and write: fp32, bf16, fp16. */
 static inline bool kvf_kern_cache_dtype_ok(kvf_dtype_t dtype)
 {
