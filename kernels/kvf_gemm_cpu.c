@@ -3,7 +3,7 @@
  * one fixed order (kvf_kern_internal.h, kvf_gemm_cpu), so a row's result
  * does not depend on how many rows the call has, where the row sits, how
  * the work is tiled or on how many threads: the batch invariance of
- * docs/ARCHITECTURE.md §5 rests on it.
+ * common/engine/README.md ("Batch invariance") rests on it.
  *
  * Design: each dot product of K terms is 16 lanes, lane l the FMA chain of
  * the terms k = l, l + 16, ... in ascending k from +0, then the lanes added

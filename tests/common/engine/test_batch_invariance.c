@@ -5,9 +5,11 @@
  * run alone (the reference, as `kvf generate` runs them), then together in
  * several batch compositions: all at once, reversed arrival, staggered
  * arrival, odd step budgets (so every prompt is chunked at other points),
- * few sequences per step, a pool small enough to preempt (recompute), and
- * two kernel threads. Every generated token's logits must equal the solo
- * run's BIT FOR BIT (memcmp), not to a tolerance.
+ * few sequences per step, a pool small enough to preempt (recompute), two
+ * kernel threads, and two compositions at TP 2 (against solo runs at TP 2).
+ * Every generated token's logits must equal the solo run's BIT FOR BIT
+ * (memcmp), not to a tolerance. On the code before issue 33's fix every
+ * request differed (max |logit diff| 0.03 to 0.22).
  *
  * KVF_INVARIANCE_DEVICE=cuda:0 runs the same check on a GPU engine (the
  * solo references then come from that device too); the cache dtypes are
@@ -34,7 +36,7 @@ typedef struct {
     int32_t ids[MAXP];
     int     n;
     int32_t toks[GEN];
-    float  *logits;      /* [GEN][vocab], solo */
+    float  *logits[2];   /* [GEN][vocab], solo at TP 1 and TP 2 */
 } kvf_case_t;
 
 static char        g_dir[512];
@@ -42,7 +44,7 @@ static kvf_case_t  g_case[NREQ];
 static int         g_vocab;
 static kvf_device_t g_dev;
 
-static kvf_engine_h kvf_inv_engine(int max_batch_tokens, int max_seqs, int num_blocks)
+static kvf_engine_h kvf_inv_engine(int tp, int max_batch_tokens, int max_seqs, int num_blocks)
 {
     kvf_engine_params_t ep = {0};
     kvf_model_config_t cfg;
@@ -56,7 +58,7 @@ static kvf_engine_h kvf_inv_engine(int max_batch_tokens, int max_seqs, int num_b
                     KVF_ENGINE_PARAM_FIELD_MAX_BATCH_TOKENS | KVF_ENGINE_PARAM_FIELD_MAX_SEQS |
                     KVF_ENGINE_PARAM_FIELD_DEVICE;
     ep.model_dir = g_dir;
-    ep.tp_size = 1;
+    ep.tp_size = tp;
     ep.num_blocks = num_blocks;
     ep.max_batch_tokens = max_batch_tokens;
     ep.max_seqs = max_seqs;
@@ -145,14 +147,15 @@ static int kvf_inv_setup(void **state)
     }
     kvf_tokenizer_cleanup(&tok);
 
-    /* the references: each request alone, as kvf generate runs it */
-    {
-        kvf_engine_h eng = kvf_inv_engine(512, 64, 256);
+    /* the references: each request alone, as kvf generate runs it, at TP 1 and TP 2
+     * (the bits are equal within one TP degree; across degrees the sums differ) */
+    for (int tp = 1; tp <= 2; ++tp) {
+        kvf_engine_h eng = kvf_inv_engine(tp, 512, 64, 256);
         for (int i = 0; i < NREQ; ++i) {
-            g_case[i].logits = malloc((size_t)GEN * (size_t)g_vocab * sizeof(float));
-            assert_non_null(g_case[i].logits);
-            kvf_test_greedy(eng, g_case[i].ids, g_case[i].n, GEN, g_case[i].toks,
-                            g_case[i].logits);
+            float *lg = malloc((size_t)GEN * (size_t)g_vocab * sizeof(float));
+            assert_non_null(lg);
+            g_case[i].logits[tp - 1] = lg;
+            kvf_test_greedy(eng, g_case[i].ids, g_case[i].n, GEN, g_case[i].toks, lg);
         }
         kvf_engine_destroy(eng);
     }
@@ -163,7 +166,8 @@ static int kvf_inv_teardown(void **state)
 {
     (void)state;
     for (int i = 0; i < NREQ; ++i) {
-        free(g_case[i].logits);
+        free(g_case[i].logits[0]);
+        free(g_case[i].logits[1]);
     }
     return 0;
 }
@@ -177,6 +181,7 @@ typedef struct {
     int  blas_threads;   /* KVF_BLAS_THREADS of the engine (0: unset) */
     int  stride, first;  /* held-out questions first, first + stride, ... (0: all) */
     bool preempts;       /* the pool is small enough that some request must be recomputed */
+    int  tp;             /* 0: 1 */
 } kvf_comp_t;
 
 /* Runs @a c, compares every request's logits with its solo run; returns the
@@ -190,6 +195,7 @@ static int kvf_inv_run(const kvf_comp_t *c)
     double maxd = 0.0;
     char env[16];
     kvf_engine_stats_t st;
+    const int tp = (c->tp > 0) ? c->tp : 1;
 
     for (int k = 0; k < NREQ; ++k) {
         if ((c->stride == 0) || ((k % c->stride) == c->first) || (k >= NHELD)) {
@@ -207,7 +213,7 @@ static int kvf_inv_run(const kvf_comp_t *c)
         snprintf(env, sizeof(env), "%d", c->blas_threads);
         setenv("KVF_BLAS_THREADS", env, 1);
     }
-    eng = kvf_inv_engine(c->max_batch_tokens, c->max_seqs, c->num_blocks);
+    eng = kvf_inv_engine(tp, c->max_batch_tokens, c->max_seqs, c->num_blocks);
     unsetenv("KVF_BLAS_THREADS");
     while ((added < nsel) || kvf_engine_has_work(eng)) {
         int ne, admit = (c->per_step > 0) ? c->per_step : nsel;
@@ -226,17 +232,18 @@ static int kvf_inv_run(const kvf_comp_t *c)
     }
     for (int k = 0; k < nsel; ++k) {
         const kvf_case_t *kc = &g_case[order[k]];
+        const float *solo = kc->logits[tp - 1];
         kvf_req_info_t info;
         assert_int_equal(kvf_engine_request_info(eng, ids[k], &info), KVF_OK);
         assert_int_equal(info.state, KVF_REQ_FINISHED);
         assert_int_equal(info.num_logits, GEN);
-        if (memcmp(info.logits, kc->logits, (size_t)GEN * (size_t)g_vocab * sizeof(float)) != 0) {
+        if (memcmp(info.logits, solo, (size_t)GEN * (size_t)g_vocab * sizeof(float)) != 0) {
             int first = -1;
             for (int t = 0; t < GEN; ++t) {
                 for (int v = 0; v < g_vocab; ++v) {
                     size_t i = (size_t)t * (size_t)g_vocab + (size_t)v;
-                    double d = fabs((double)info.logits[i] - (double)kc->logits[i]);
-                    if ((d != 0.0) || (isnan(info.logits[i]) != isnan(kc->logits[i]))) {
+                    double d = fabs((double)info.logits[i] - (double)solo[i]);
+                    if ((d != 0.0) || (isnan(info.logits[i]) != isnan(solo[i]))) {
                         first = (first < 0) ? t : first;
                     }
                     maxd = (d > maxd) ? d : maxd;
@@ -273,12 +280,14 @@ static int kvf_inv_run(const kvf_comp_t *c)
 static void test_batch_compositions(void **state)
 {
     static const kvf_comp_t comps[] = {
-        {"all at once, budget 512", 512, 64, 256, 0, false, 0, 0, 0, false},
-        {"reversed, budget 128, 8 per step", 128, 8, 256, 0, true, 0, 0, 0, false},
-        {"staggered 3 per step, budget 97", 97, 64, 256, 3, false, 0, 0, 0, false},
-        {"a third, budget 40", 40, 64, 256, 1, false, 0, 3, 1, false},
-        {"small pool (preemption), 61", 61, 16, 24, 2, false, 0, 0, 0, true},
-        {"two kernel threads, budget 300", 300, 64, 256, 0, true, 2, 2, 0, false},
+        {"all at once, budget 512", 512, 64, 256, 0, false, 0, 0, 0, false, 0},
+        {"reversed, budget 128, 8 per step", 128, 8, 256, 0, true, 0, 0, 0, false, 0},
+        {"staggered 3 per step, budget 97", 97, 64, 256, 3, false, 0, 0, 0, false, 0},
+        {"a third, budget 40", 40, 64, 256, 1, false, 0, 3, 1, false, 0},
+        {"small pool (preemption), 61", 61, 16, 24, 2, false, 0, 0, 0, true, 0},
+        {"two kernel threads, budget 300", 300, 64, 256, 0, true, 2, 2, 0, false, 0},
+        {"tp 2, all at once, budget 97", 97, 64, 256, 0, false, 0, 0, 0, false, 2},
+        {"tp 2, reversed, a third, budget 40", 40, 64, 256, 1, true, 0, 3, 2, false, 2},
     };
     int bad = 0;
 
