@@ -67,6 +67,12 @@ static kvf_engine_h kvf_inv_engine(int tp, int max_batch_tokens, int max_seqs, i
     return eng;
 }
 
+/* TP degrees checked: 2 on the CPU; on a GPU 1 (rank r would need cuda:N+r). */
+static int kvf_inv_max_tp(void)
+{
+    return (g_dev.kind == KVF_DEVICE_CPU) ? 2 : 1;
+}
+
 /* "prompt": "..." of one heldout.jsonl line (no escapes in that file). */
 static int kvf_inv_prompt_of(const char *line, char *out, size_t cap)
 {
@@ -149,7 +155,7 @@ static int kvf_inv_setup(void **state)
 
     /* the references: each request alone, as kvf generate runs it, at TP 1 and TP 2
      * (the bits are equal within one TP degree; across degrees the sums differ) */
-    for (int tp = 1; tp <= 2; ++tp) {
+    for (int tp = 1; tp <= kvf_inv_max_tp(); ++tp) {
         kvf_engine_h eng = kvf_inv_engine(tp, 512, 64, 256);
         for (int i = 0; i < NREQ; ++i) {
             float *lg = malloc((size_t)GEN * (size_t)g_vocab * sizeof(float));
@@ -293,6 +299,11 @@ static void test_batch_compositions(void **state)
 
     (void)state;
     for (size_t i = 0; i < sizeof(comps) / sizeof(comps[0]); ++i) {
+        if (comps[i].tp > kvf_inv_max_tp()) {
+            printf("%-34s skipped on %s (one device)\n", comps[i].name,
+                   kvf_device_kind_name(g_dev.kind));
+            continue;
+        }
         bad += kvf_inv_run(&comps[i]);
     }
     assert_int_equal(bad, 0);
