@@ -382,13 +382,32 @@ kvf_g256_1x8(size_t K, const float *xr, const void *w, int wbf, const size_t wc[
 
 typedef void (*kvf_gemm_block_fn_t)(const kvf_gemm_job_t *j, int n0, int n1);
 
+#ifdef KVF_FAULT_INJECTION
+static int kvf_gemm_isa_cap = 2;
+
+void kvf_gemm_cpu_test_isa(int max_isa)
+{
+    __atomic_store_n(&kvf_gemm_isa_cap, max_isa, __ATOMIC_RELEASE);
+}
+
+int kvf_gemm_cpu_isa_cap(void)
+{
+    return __atomic_load_n(&kvf_gemm_isa_cap, __ATOMIC_ACQUIRE);
+}
+#define KVF_GEMM_CAP() kvf_gemm_cpu_isa_cap()
+#else
+#define KVF_GEMM_CAP() 2
+#endif
+
 static kvf_gemm_block_fn_t kvf_gemm_pick(void)
 {
 #ifdef KVF_GEMM_X86
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma")) {
+    if ((KVF_GEMM_CAP() >= 2) && __builtin_cpu_supports("avx512f") &&
+        __builtin_cpu_supports("fma")) {
         return kvf_gemm_block_512;
     }
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    if ((KVF_GEMM_CAP() >= 1) && __builtin_cpu_supports("avx2") &&
+        __builtin_cpu_supports("fma")) {
         return kvf_gemm_block_256;
     }
 #endif
@@ -415,6 +434,7 @@ int kvf_gemm_cpu(int M, int N, int K, float alpha, const float *x, size_t ldx, c
                  size_t ldy, int threads)
 {
     static kvf_gemm_block_fn_t fn;   /* the same on every call: a CPU's features are fixed */
+    kvf_gemm_block_fn_t call;
     const size_t wsize = (w_dtype == KVF_DTYPE_BF16) ? 2 : 4;
     kvf_gemm_job_t j;
     kvf_gemm_par_t par;
@@ -431,8 +451,13 @@ int kvf_gemm_cpu(int M, int N, int K, float alpha, const float *x, size_t ldx, c
     if ((x == NULL) || (w == NULL) || (y == NULL)) {
         return KVF_KERN_EINVAL;
     }
-    if (__atomic_load_n(&fn, __ATOMIC_ACQUIRE) == NULL) {
-        __atomic_store_n(&fn, kvf_gemm_pick(), __ATOMIC_RELEASE);
+    call = __atomic_load_n(&fn, __ATOMIC_ACQUIRE);
+#ifdef KVF_FAULT_INJECTION
+    call = NULL;   /* re-picked on every call: a test may change the ISA cap */
+#endif
+    if (call == NULL) {
+        call = kvf_gemm_pick();
+        __atomic_store_n(&fn, call, __ATOMIC_RELEASE);
     }
     /* a column block of W of about 192 KiB (in L2 while all rows pass), 8 columns at least */
     nb = ((size_t)192 * 1024 / ((size_t)K * wsize)) & ~(size_t)7;
@@ -441,7 +466,7 @@ int kvf_gemm_cpu(int M, int N, int K, float alpha, const float *x, size_t ldx, c
                          .alpha = alpha, .beta = beta, .x = x, .bias = bias, .w = w,
                          .wbf = (w_dtype == KVF_DTYPE_BF16), .y = y,
                          .nb = (nb > (size_t)N) ? N : (int)nb};
-    par = (kvf_gemm_par_t){.j = &j, .fn = fn};
+    par = (kvf_gemm_par_t){.j = &j, .fn = call};
     blocks = (N + j.nb - 1) / j.nb;
     /* threads only for products worth a thread start (about 2^21 multiply-adds) */
     parts = ((double)M * (double)N * (double)K >= (double)(1 << 21)) ? threads : 1;

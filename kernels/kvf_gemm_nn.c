@@ -218,19 +218,28 @@ int kvf_gemm_cpu_nn(int M, int N, int K, float alpha, const float *x, size_t ldx
     if ((x == NULL) || ((b == NULL) && (K > 0)) || (y == NULL)) {
         return KVF_KERN_EINVAL;
     }
-    if (__atomic_load_n(&fn, __ATOMIC_ACQUIRE) == NULL) {
-        void (*pick)(const kvf_nn_job_t *j) = kvf_nn_ref;
+    void (*call)(const kvf_nn_job_t *j) = __atomic_load_n(&fn, __ATOMIC_ACQUIRE);
+#ifdef KVF_FAULT_INJECTION
+    const int cap = kvf_gemm_cpu_isa_cap();   /* a test may change it between calls */
+    call = NULL;
+#else
+    const int cap = 2;
+#endif
+    if (call == NULL) {
+        call = kvf_nn_ref;
 #ifdef KVF_NN_X86
-        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma")) {
-            pick = kvf_nn512;
-        } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-            pick = kvf_nn256;
+        if ((cap >= 2) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma")) {
+            call = kvf_nn512;
+        } else if ((cap >= 1) && __builtin_cpu_supports("avx2") &&
+                   __builtin_cpu_supports("fma")) {
+            call = kvf_nn256;
         }
 #endif
-        __atomic_store_n(&fn, pick, __ATOMIC_RELEASE);
+        (void)cap;
+        __atomic_store_n(&fn, call, __ATOMIC_RELEASE);
     }
     j = (kvf_nn_job_t){.M = M, .N = N, .K = K, .alpha = alpha, .beta = beta, .x = x, .b = b,
                        .ldx = ldx, .ldb = ldb, .ldy = ldy, .y = y};
-    fn(&j);
+    call(&j);
     return KVF_KERN_OK;
 }

@@ -65,6 +65,17 @@ int kvf_gemm_cpu(int M, int N, int K, float alpha, const float *x, size_t ldx, c
 int kvf_gemm_cpu_nn(int M, int N, int K, float alpha, const float *x, size_t ldx,
                     const float *b, size_t ldb, float beta, float *y, size_t ldy);
 
+#ifdef KVF_FAULT_INJECTION
+/**
+ * TEST ONLY (fault-injection builds): the widest ISA path kvf_gemm_cpu() and
+ * kvf_gemm_cpu_nn() may take from now on: 0 plain C, 1 AVX2, 2 AVX-512 (the default;
+ * still only where the CPU has it), so a test can check that every path gives the
+ * same bits. Not thread-safe against running products.
+ */
+void kvf_gemm_cpu_test_isa(int max_isa);
+int kvf_gemm_cpu_isa_cap(void);
+#endif
+
 /** True for the cache dtypes kernels can read and write: fp32, bf16, fp16. */
 static inline bool kvf_kern_cache_dtype_ok(kvf_dtype_t dtype)
 {

@@ -2,6 +2,7 @@
  * invariance: every row of an M-row product, on any thread count and with fp32 or bf16
  * weights, has the bits of the same row alone and of the documented summation order. */
 #include "kvf_gemm.h"
+#include "kvf_kern_internal.h"
 #include "kvf_kern_test.h"
 
 #include <math.h>
@@ -175,12 +176,59 @@ static void test_gemm_rows_invariant(void **state)
     free(w16);
 }
 
+#ifdef KVF_FAULT_INJECTION
+/* Every ISA path (plain C, AVX2, AVX-512, those this CPU has) gives the same bits, for the
+ * GEMM and for the attention's outer-product form, whose element is one FMA chain over k
+ * from beta * y (checked written out). */
+static void test_gemm_isa_paths_agree(void **state)
+{
+    enum { M = 9, N = 75, K = 83 };
+    kvf_test_rng_t rng = {99};
+    float x[M * K], w[N * K], b[N], y[3][M * N], kb[K * N], z0[M * N], z[3][M * N];
+    (void)state;
+
+    kvf_test_fill(&rng, x, M * K, -1, 1);
+    kvf_test_fill(&rng, w, N * K, -1, 1);
+    kvf_test_fill(&rng, kb, K * N, -1, 1);
+    kvf_test_fill(&rng, b, N, -1, 1);
+    kvf_test_fill(&rng, z0, M * N, -1, 1);
+    for (int isa = 0; isa < 3; ++isa) {
+        kvf_gemm_cpu_test_isa(isa);
+        assert_int_equal(kvf_gemm_ex(NULL, M, N, K, x, K, w, K, b, 0.0f, y[isa], N),
+                         KVF_KERN_OK);
+        memcpy(z[isa], z0, sizeof(z0));
+        assert_int_equal(kvf_gemm_cpu_nn(M, N, K, 0.5f, x, K, kb, N, 1.0f, z[isa], N),
+                         KVF_KERN_OK);
+    }
+    kvf_gemm_cpu_test_isa(2);
+    assert_memory_equal(y[0], y[1], sizeof(y[0]));
+    assert_memory_equal(y[0], y[2], sizeof(y[0]));
+    assert_memory_equal(z[0], z[1], sizeof(z[0]));
+    assert_memory_equal(z[0], z[2], sizeof(z[0]));
+    for (int m = 0; m < M; ++m) {
+        for (int n = 0; n < N; ++n) {
+            float c = 1.0f * z0[m * N + n];
+            for (int k = 0; k < K; ++k) {
+                c = fmaf(x[m * K + k], kb[k * N + n], c);
+            }
+            c = 0.5f * c;
+            assert_memory_equal(&z[0][m * N + n], &c, sizeof(c));
+            assert_memory_equal(&y[0][m * N + n], &(float){order_dot(K, x + m * K, w + n * K,
+                                                                      b[n])}, sizeof(float));
+        }
+    }
+}
+#endif
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemm_plain_and_bias),
         cmocka_unit_test(test_gemm_strided_accumulate),
         cmocka_unit_test(test_gemm_rows_invariant),
+#ifdef KVF_FAULT_INJECTION
+        cmocka_unit_test(test_gemm_isa_paths_agree),
+#endif
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
