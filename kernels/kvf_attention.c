@@ -22,11 +22,15 @@
  * blocked path, kvf_attn_paged_blocked below: per KV head its K and V
  * converted to fp32 once, whole kernel blocks, then FlashAttention-style
  * blocks of query rows against key tiles of several kernel blocks, the
- * Q K^T and P V tile products in the BLAS (cblas_sgemm) around the same
- * shared fold step (kvf_attn_tile_probs); other calls the per-query fold of
- * kvf_attn_fold_tile. The two, and a chunk against the same tokens one by
- * one, agree to fp32 rounding (the BLAS's summation order may depend on the
- * shapes), not bit for bit.
+ * Q K^T and P V tile products in kvferry's fixed-order product
+ * (kvf_gemm_cpu_nn: every score is one FMA chain over head dims, every value
+ * sum one over the tile's slots, whatever the number of rows) around the
+ * same shared fold step (kvf_attn_tile_probs);
+ * other calls the per-query fold of kvf_attn_fold_tile. A query row's bits
+ * depend on its own q, position and the cache alone: never on the other
+ * rows of the call, so neither on the chunking nor on the batch (a decode
+ * token gives the bits it would give inside any prompt chunk). The blocked
+ * and per-query paths agree to fp32 rounding, not bit for bit.
  * The fp32 copy of a head's K/V is per call and covers whole kernel blocks,
  * so it hides no stale slot; it costs O(tokens * head_dim) against the
  * O(queries * tokens * head_dim) products.
@@ -38,7 +42,6 @@
 #include "kvf_device_cuda.h"
 #endif
 
-#include <cblas.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -143,20 +146,19 @@ int kvf_attn_cache_write(const kvf_device_t *dev, const kvf_paged_kv_t *kv, cons
 /* Query rows (token, GQA head) of one CPU block: as many as keep a tile
  * product (rows x tile x head_dim) below 2^18 multiply-adds, 16 to 128, so
  * that their scores and accumulators stay in cache while the key tiles
- * stream past; and a product below 2^18 is one OpenBLAS 0.3 runs on the
- * calling thread whatever its thread count (GEMM_MULTITHREAD_THRESHOLD 4 x
- * 65536), so the attention's own threads (kvf_kern_parallel) never wait on
- * the BLAS's. Where even 16 rows would not fit (a kernel block of more than
- * 256 tokens at head_dim 64), 64 rows and one thread: the BLAS threads the
- * products itself. Rows depend on head_dim and the kernel block size alone,
- * so the bits do not depend on the thread count. */
+ * stream past. Where even 16 rows would not fit (a kernel block of more than
+ * 256 tokens at head_dim 64), 64 rows. A row's bits depend on neither, nor
+ * on the thread that runs its block (kvf_gemm_cpu_nn). */
 #define KVF_ATTN_CPU_MNK ((1u << 18) - 1)
 #define KVF_ATTN_CPU_QROWS_MIN 16
 #define KVF_ATTN_CPU_QROWS_MAX 128
 
 /* One KV head's work of the blocked path (values; scratch owned by the caller). */
 typedef struct kvf_attn_cpu {
-    const float   *kf, *vf;     /* fp32 [ntok][hd]: this head's K and V, whole kernel blocks */
+    const float   *kt;          /* fp32 [hd][ntok]: this head's K transposed, whole kernel
+                                   blocks (a score is one FMA chain over head dims) */
+    const float   *vf;          /* fp32 [ntok][hd]: its V */
+    size_t         ntok;
     const float   *Q;           /* fp32 [nq][hd]: the GQA group's query rows, packed */
     const int32_t *positions;   /* of query row i: positions[i / group] */
     size_t         hd, group, kbs, tw, qr;   /* qr: rows of a query block */
@@ -199,9 +201,8 @@ static void kvf_attn_cpu_qblock(const kvf_attn_cpu_t *c, size_t r0, size_t r1)
         while (c->positions[a / c->group] < (int)j0) {
             ++a;   /* tile entirely in this row's future: not read */
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(r1 - a), (int)wmax, (int)hd,
-                    c->scale, c->Q + a * hd, (int)hd, c->kf + j0 * hd, (int)hd, 0.0f,
-                    c->S + (a - r0) * tw, (int)tw);
+        (void)kvf_gemm_cpu_nn((int)(r1 - a), (int)wmax, (int)hd, c->scale, c->Q + a * hd, hd,
+                              c->kt + j0, c->ntok, 0.0f, c->S + (a - r0) * tw, tw);
         for (size_t s0 = a, s1; s0 < r1; s0 = s1) {
             const size_t w = kvf_attn_row_width(c, s0, j0);
             for (s1 = s0; (s1 < r1) && (kvf_attn_row_width(c, s1, j0) == w); ++s1) {
@@ -213,9 +214,8 @@ static void kvf_attn_cpu_qblock(const kvf_attn_cpu_t *c, size_t r0, size_t r1)
                     arow[d] *= alpha;
                 }
             }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(s1 - s0), (int)hd,
-                        (int)w, 1.0f, c->S + (s0 - r0) * tw, (int)tw, c->vf + j0 * hd, (int)hd,
-                        1.0f, c->acc + (s0 - r0) * hd, (int)hd);
+            (void)kvf_gemm_cpu_nn((int)(s1 - s0), (int)hd, (int)w, 1.0f, c->S + (s0 - r0) * tw,
+                                  tw, c->vf + j0 * hd, hd, 1.0f, c->acc + (s0 - r0) * hd, hd);
         }
     }
 }
@@ -253,17 +253,17 @@ static int kvf_attn_cpu_part(void *ctx, int part, int parts)
 
 /*
  * Blocked CPU attention for ascending positions (every chunk the model runs),
- * FlashAttention-style with the BLAS for the tile products: per KV head, its
- * K and V for every kernel block up to the one holding the last position are
- * converted to fp32 once (each kernel block whole, written slots or not), the
+ * FlashAttention-style with the fixed-order product for the tiles: per KV
+ * head, its K (transposed) and V for every kernel block up to the one holding
+ * the last position are converted to fp32 once (each kernel block whole,
+ * written slots or not), the
  * GQA group's query rows packed as Q[nq][hd], and blocks of rows run
  * against the key tiles (kvf_attn_cpu_qblock),
  * on kvf_kern_cpu_threads() threads when there are at least two blocks
  * (each row's arithmetic is the same on any thread). The stale-slot
  * poisoning is the per-query fold's (tests/common/cache/test_page_pool_nan.c);
- * the result matches it, and a chunk matches the same tokens one by one, to
- * fp32 rounding (the BLAS's summation order may depend on the matrix
- * shapes), not bit for bit.
+ * the result matches it to fp32 rounding, and a chunk matches the same
+ * tokens one by one bit for bit.
  */
 static int kvf_attn_paged_blocked(const kvf_paged_kv_t *kv, const float *q, int ldq,
                                   const int32_t *positions, int num_tokens, int q_heads,
@@ -278,24 +278,26 @@ static int kvf_attn_paged_blocked(const kvf_paged_kv_t *kv, const float *q, int 
     const size_t kbb = kvf_paged_kv_kernel_block_bytes(kv);
     const size_t nkb = (size_t)positions[num_tokens - 1] / kbs + 1, ntok = nkb * kbs;
     const size_t nblk = (nq + qr - 1) / qr, per = qr * (tw + hd + 2);
-    const int th = small ? kvf_kern_cpu_threads() : 1;
+    const int th = kvf_kern_cpu_threads();
     const int parts = (th < 2) ? 1 : ((size_t)th < nblk) ? th : (int)nblk;
-    float *scratch, *kf, *vf, *Q;
+    float *scratch, *kt, *vf, *kb, *Q;
     kvf_attn_cpu_job_t j = {.c = {.positions = positions, .hd = hd, .group = group,
                                   .kbs = kbs, .tw = tw, .qr = qr, .scale = scale},
                             .nq = nq, .q_heads = (size_t)q_heads, .scratch_part = per,
                             .out = out};
     int rc = KVF_KERN_OK;
 
-    scratch = malloc((2 * ntok * hd + nq * hd + (size_t)parts * per) * sizeof(float));
+    scratch = malloc((2 * ntok * hd + kbs * hd + nq * hd + (size_t)parts * per) * sizeof(float));
     if (scratch == NULL) {
         return KVF_KERN_ENOMEM;
     }
-    kf = scratch;
-    vf = kf + ntok * hd;
-    Q = vf + ntok * hd;
-    j.c.kf = kf;
+    kt = scratch;
+    vf = kt + ntok * hd;
+    kb = vf + ntok * hd;
+    Q = kb + kbs * hd;
+    j.c.kt = kt;
     j.c.vf = vf;
+    j.c.ntok = ntok;
     j.c.Q = Q;
     j.c.S = Q + nq * hd;                 /* part p: S, acc, m, l at + p * per */
     j.c.acc = j.c.S + qr * tw;
@@ -304,8 +306,13 @@ static int kvf_attn_paged_blocked(const kvf_paged_kv_t *kv, const float *q, int 
     for (size_t kh = 0; (kh < nkv) && (rc == KVF_KERN_OK); ++kh) {
         for (size_t b = 0; b < nkb; ++b) {
             const char *kblock = kvf_attn_kblock(kv, kbb, (int)(b * kbs));
-            kvf_kern_load(kblock, kv->dtype, kh * kbs * hd, kbs * hd, kf + b * kbs * hd);
+            kvf_kern_load(kblock, kv->dtype, kh * kbs * hd, kbs * hd, kb);
             kvf_kern_load(kblock, kv->dtype, (nkv + kh) * kbs * hd, kbs * hd, vf + b * kbs * hd);
+            for (size_t t = 0; t < kbs; ++t) {
+                for (size_t d = 0; d < hd; ++d) {
+                    kt[d * ntok + b * kbs + t] = kb[t * hd + d];
+                }
+            }
         }
         for (size_t t = 0; t < (size_t)num_tokens; ++t) {
             memcpy(Q + t * group * hd, q + t * (size_t)ldq + kh * group * hd,

@@ -1,16 +1,15 @@
 /*
- * fp32 GEMM for linear layers through cblas_sgemm.
+ * fp32 GEMM for linear layers, and the CPU thread count of the kernels.
  *
- * Design: y = x * W^T maps to one sgemm with W transposed in place (no copy),
- * row-major. Bias is pre-broadcast into y and folded in with beta = 1, so
- * the BLAS does a single pass. OpenBLAS is pinned to one thread on first use
- * (pthread_once): TP ranks are threads, and each rank calling a BLAS that
- * spawns its own pool oversubscribes the cores and makes timings noisy. An
- * instance of one rank may give its BLAS more (kvf_gemm_set_threads); the
- * same count splits the CPU attention and scan over threads of their own
- * (kvf_kern_parallel), whose BLAS calls are small enough that OpenBLAS runs
- * them on the calling thread.
- * On a CUDA device the same call goes to cuBLAS (kvf_gemm_cuda.cu).
+ * Design: y = x * W^T; on the CPU kvferry's own fixed-order kernel
+ * (kvf_gemm_cpu.c: each element's summation order is fixed, so a request's
+ * rows do not change with the batch around them), on a CUDA device cuBLAS
+ * (kvf_gemm_cuda.cu). OpenBLAS is still pinned to one thread on first use
+ * (pthread_once), for any other BLAS call in the process: TP ranks are
+ * threads, and each rank calling a BLAS that spawns its own pool
+ * oversubscribes the cores. An instance of one rank may give its kernels
+ * more threads (kvf_gemm_set_threads): the GEMM splits columns over them,
+ * the CPU attention and scan split heads and rows (kvf_kern_parallel).
  */
 #include "kvf_gemm.h"
 #include "kvf_kern_internal.h"
@@ -24,18 +23,10 @@
 
 static pthread_once_t kvf_gemm_once = PTHREAD_ONCE_INIT;
 static int kvf_gemm_threads = 1;        /* kvf_gemm_set_threads() */
-static int kvf_gemm_blas_now = 1;       /* what OpenBLAS was last told */
-
-/* Products of fewer rows (decode steps) run on one BLAS thread: OpenBLAS
- * would split a 1-row product over its threads and wait for them at every
- * call, slower than one thread (TP 1 on 2 threads decoded at 0.75x). */
-#define KVF_GEMM_THREAD_MIN_ROWS 16
 
 static void kvf_gemm_init_once(void)
 {
-    const int n = __atomic_load_n(&kvf_gemm_threads, __ATOMIC_ACQUIRE);
-    openblas_set_num_threads(n);
-    __atomic_store_n(&kvf_gemm_blas_now, n, __ATOMIC_RELEASE);
+    openblas_set_num_threads(1);
 }
 
 void kvf_gemm_set_threads(int n)
@@ -43,23 +34,6 @@ void kvf_gemm_set_threads(int n)
     n = (n < 1) ? 1 : n;
     __atomic_store_n(&kvf_gemm_threads, n, __ATOMIC_RELEASE);
     pthread_once(&kvf_gemm_once, kvf_gemm_init_once);
-    openblas_set_num_threads(n);
-    __atomic_store_n(&kvf_gemm_blas_now, n, __ATOMIC_RELEASE);
-}
-
-/* OpenBLAS threads for a product of M rows: all of kvf_gemm_set_threads()
- * from KVF_GEMM_THREAD_MIN_ROWS rows, else 1. Only an instance of TP 1 has
- * more than one (its rank thread is the only caller), so nothing switches
- * while another thread is inside the BLAS. */
-static void kvf_gemm_pick_threads(int M)
-{
-    const int all = __atomic_load_n(&kvf_gemm_threads, __ATOMIC_ACQUIRE);
-    const int want = (M < KVF_GEMM_THREAD_MIN_ROWS) ? 1 : all;
-
-    if ((all > 1) && (__atomic_load_n(&kvf_gemm_blas_now, __ATOMIC_ACQUIRE) != want)) {
-        openblas_set_num_threads(want);
-        __atomic_store_n(&kvf_gemm_blas_now, want, __ATOMIC_RELEASE);
-    }
 }
 
 int kvf_kern_cpu_threads(void)
@@ -129,34 +103,29 @@ int kvf_gemm_ex(const kvf_device_t *dev, int M, int N, int K, const float *x, in
         return KVF_KERN_EUNSUPPORTED;
 #endif
     }
-    pthread_once(&kvf_gemm_once, kvf_gemm_init_once);
-    kvf_gemm_pick_threads(M);
-
-    if (bias != NULL) {
-        for (int m = 0; m < M; ++m) {
-            float *row = y + (size_t)m * (size_t)ldy;
-            if (beta == 0.0f) {
-                memcpy(row, bias, (size_t)N * sizeof(float));
-            } else {
-                for (int n = 0; n < N; ++n) {
-                    row[n] = beta * row[n] + bias[n];
-                }
-            }
-        }
-        beta = 1.0f;
-    } else if (beta == 0.0f) {
-        /* BLAS may compute 0 * y; make garbage (NaN) in y harmless */
-        for (int m = 0; m < M; ++m) {
-            memset(y + (size_t)m * (size_t)ldy, 0, (size_t)N * sizeof(float));
-        }
-    }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, x, ldx, w, ldw, beta,
-                y, ldy);
-    return KVF_KERN_OK;
+    /* one fixed summation order per element (kvf_gemm_cpu): batch invariant */
+    return kvf_gemm_cpu(M, N, K, 1.0f, x, (size_t)ldx, w, KVF_DTYPE_FP32, (size_t)ldw, bias, beta,
+                        y, (size_t)ldy, kvf_kern_cpu_threads());
 }
 
 int kvf_gemm(const kvf_device_t *dev, int M, int N, int K, const float *x, const float *w,
              const float *bias, float *y)
 {
     return kvf_gemm_ex(dev, M, N, K, x, K, w, K, bias, 0.0f, y, N);
+}
+
+int kvf_gemm_w(const kvf_device_t *dev, int M, int N, int K, const float *x, int ldx,
+               const void *w, kvf_dtype_t w_dtype, int ldw, const float *bias, float *y, int ldy)
+{
+    if (w_dtype == KVF_DTYPE_FP32) {
+        return kvf_gemm_ex(dev, M, N, K, x, ldx, (const float *)w, ldw, bias, 0.0f, y, ldy);
+    }
+    if ((w_dtype != KVF_DTYPE_BF16) || ((dev != NULL) && (dev->kind != KVF_DEVICE_CPU))) {
+        return KVF_KERN_EUNSUPPORTED;
+    }
+    if ((M < 0) || (N <= 0) || (K <= 0) || (ldx < K) || (ldw < K) || (ldy < N)) {
+        return KVF_KERN_EINVAL;
+    }
+    return kvf_gemm_cpu(M, N, K, 1.0f, x, (size_t)ldx, w, KVF_DTYPE_BF16, (size_t)ldw, bias, 0.0f,
+                        y, (size_t)ldy, kvf_kern_cpu_threads());
 }

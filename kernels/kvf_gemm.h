@@ -2,11 +2,12 @@
  * Dense fp32 matrix multiply for linear layers: y = x * W^T (+ bias), with W
  * stored as PyTorch nn.Linear stores it, [out_features][in_features].
  *
- * CPU: cblas_sgemm (OpenBLAS). OpenBLAS runs ONE thread unless
- * kvf_gemm_set_threads() says more (openblas_set_num_threads on the first
- * call), because kvferry runs one thread per TP rank and a multi-threaded
- * BLAS inside each rank would oversubscribe cores; with more, products of
- * fewer than 16 rows (decode steps) still run on one.
+ * CPU: kvferry's own kernel (kvf_gemm_cpu.c), batch invariant by design:
+ * every element y[m][n] is summed in one fixed order (16 FMA lanes over k,
+ * then a fixed tree; kernels/kvf_kern_internal.h, kvf_gemm_cpu), so a row's
+ * bits never depend on M, on the other rows, on tiling or on the thread
+ * count (kvf_gemm_set_threads(): 1 unless an instance of TP 1 asks for more;
+ * the columns are split over them). The same on AVX-512, AVX2 and plain C.
  * CUDA: cublasSgemm in fp32 (CUBLAS_DEFAULT_MATH: no TF32) on dev->stream,
  * one cuBLAS handle per thread and device (created on first use, kept for
  * the thread's life); the bias broadcast is a kernel on the same stream.
@@ -16,6 +17,7 @@
 #define KVF_GEMM_H
 
 #include "kvf_device.h"
+#include "kvf_dtype.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -57,6 +59,18 @@ int kvf_gemm(const kvf_device_t *dev, int M, int N, int K, const float *x, const
  */
 int kvf_gemm_ex(const kvf_device_t *dev, int M, int N, int K, const float *x, int ldx,
                 const float *w, int ldw, const float *bias, float beta, float *y, int ldy);
+
+/**
+ * y[M][N] (row stride ldy) = x[M][K] (stride ldx) * W^T + bias with W [N][K]
+ * (stride ldw) stored as @a w_dtype: fp32, or bf16 widened exactly in the
+ * kernel (no widened copy; the bits are those of kvf_gemm_ex() on the
+ * widened matrix). CPU: fp32 and bf16; a CUDA device: fp32 only (device
+ * weights are widened at load). Errors as kvf_gemm(); KVF_KERN_EUNSUPPORTED
+ * for another dtype (or bf16 on a device).
+ */
+int kvf_gemm_w(const kvf_device_t *dev, int M, int N, int K, const float *x, int ldx,
+               const void *w, kvf_dtype_t w_dtype, int ldw, const float *bias, float *y,
+               int ldy);
 
 #ifdef __cplusplus
 }

@@ -38,6 +38,44 @@ typedef int (*kvf_kern_par_fn_t)(void *ctx, int part, int parts);
  */
 int kvf_kern_parallel(int parts, kvf_kern_par_fn_t fn, void *ctx);
 
+/**
+ * The CPU GEMM (kvf_gemm_cpu.c): y[m][n] = alpha * dot(x[m], W[n]) + (beta * y[m][n] +
+ * bias[n]) for m < M, n < N, x fp32 [M][ldx], W [N][ldw] fp32 or bf16 (widened exactly),
+ * y fp32 [M][ldy]; beta = 0 never reads y; bias may be NULL (0), alpha 1 multiplies
+ * nothing. Every dot of K terms is summed in ONE fixed order: lane l = k mod 16 holds the
+ * FMA chain of its terms in ascending k from +0, then the 16 lanes are added as the tree
+ * (l + l+8), (+ l+4), (+ l+2), (+ l+1). So an element's bits depend on x[m], W[n], K,
+ * alpha, beta, y and bias alone: never on M, N, the element's place, the ISA path taken or
+ * @a threads (>= 1: column blocks over that many threads, for products worth it).
+ * @return KVF_KERN_OK; KVF_KERN_EINVAL for bad sizes, strides, dtype or NULL pointers
+ *         (M = 0 is a no-op).
+ */
+int kvf_gemm_cpu(int M, int N, int K, float alpha, const float *x, size_t ldx, const void *w,
+                 kvf_dtype_t w_dtype, size_t ldw, const float *bias, float beta, float *y,
+                 size_t ldy, int threads);
+
+/**
+ * The attention's tile product (kvf_gemm_nn.c): y[m][n] = alpha * c_K for m < M, n < N,
+ * c_0 = beta * y[m][n] (+0 when beta = 0: y not read), c_{k+1} = fma(x[m][k], b[k][n], c_k),
+ * k ascending; x fp32 [M][ldx], b fp32 k-major [K][ldb], y [M][ldy]; alpha 1 multiplies
+ * nothing. One FMA chain per element: its bits depend on x[m], b, y[m][n], K, alpha and
+ * beta alone, never on M, N, the element's place or the ISA path (one thread).
+ * @return KVF_KERN_OK; KVF_KERN_EINVAL for bad sizes, strides or NULL pointers.
+ */
+int kvf_gemm_cpu_nn(int M, int N, int K, float alpha, const float *x, size_t ldx,
+                    const float *b, size_t ldb, float beta, float *y, size_t ldy);
+
+#ifdef KVF_FAULT_INJECTION
+/**
+ * TEST ONLY (fault-injection builds): the widest ISA path kvf_gemm_cpu() and
+ * kvf_gemm_cpu_nn() may take from now on: 0 plain C, 1 AVX2, 2 AVX-512 (the default;
+ * still only where the CPU has it), so a test can check that every path gives the
+ * same bits. Not thread-safe against running products.
+ */
+void kvf_gemm_cpu_test_isa(int max_isa);
+int kvf_gemm_cpu_isa_cap(void);
+#endif
+
 /** True for the cache dtypes kernels can read and write: fp32, bf16, fp16. */
 static inline bool kvf_kern_cache_dtype_ok(kvf_dtype_t dtype)
 {
@@ -96,6 +134,23 @@ static inline void kvf_kern_store(void *dst, kvf_dtype_t dtype, size_t first, si
     }
     default:
         break;
+    }
+}
+
+/**
+ * v[i] = v[i] stored as @a dtype and loaded back (kvf_kern_store's rounding), i < n: what a
+ * value kept in a narrow cache reads as. fp32 (or an unknown dtype) leaves v unchanged.
+ */
+static inline void kvf_kern_round(float *v, size_t n, kvf_dtype_t dtype)
+{
+    if (dtype == KVF_DTYPE_BF16) {
+        for (size_t i = 0; i < n; ++i) {
+            v[i] = kvf_hd_bf16_to_fp32(kvf_hd_fp32_to_bf16(v[i]));
+        }
+    } else if (dtype == KVF_DTYPE_FP16) {
+        for (size_t i = 0; i < n; ++i) {
+            v[i] = kvf_hd_fp16_to_fp32(kvf_hd_fp32_to_fp16(v[i]));
+        }
     }
 }
 

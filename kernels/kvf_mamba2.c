@@ -9,9 +9,12 @@
  * is loaded to fp32 once per chunk (transposed, head dims innermost, so the
  * loops vectorise across head dims with each element's operations in the
  * scalar order), advanced T tokens, stored once; the decode step updates the
- * stored state element by element, so a bf16 state rounds once per token in
- * both paths. A fresh request starts from zero and never reads the stored
- * bytes (Mamba pages are recycled without zeroing).
+ * stored state element by element. A narrow (bf16/fp16) state is rounded to
+ * its dtype after every token in the scan too, as the step stores it, so a
+ * bf16 state rounds once per token in both paths and the bits do not depend
+ * on where a prompt is cut into chunks (batch invariance). A fresh request
+ * starts from zero and never reads the stored bytes (Mamba pages are
+ * recycled without zeroing).
  *
  * Rejected alternative: the chunked SSD form as matrix products (C B^T
  * masked by the decay segment sums, times X, plus inter-chunk states). For
@@ -104,7 +107,7 @@ kvf_mamba2_head_scan(float *restrict St, size_t hd, size_t ns, size_t T,
                                  const float *restrict dts, float A, float Dh,
                                  const float *restrict x, size_t ldx, const float *restrict B,
                                  const float *restrict C, size_t ldbc, float *restrict y,
-                                 size_t ldy)
+                                 size_t ldy, kvf_dtype_t sdt)
 {
     for (size_t t = 0; t < T; ++t) {
         const float dth = dts[t], dA = kvf_mamba2_dA_hd(dth, A);
@@ -122,14 +125,16 @@ kvf_mamba2_head_scan(float *restrict St, size_t hd, size_t ns, size_t T,
         for (; d0 < hd; ++d0) {
             kvf_mamba2_dblock(St, hd, ns, d0, 1, dth, dA, Dh, xh, Bg, Cg, yh);
         }
+        /* a narrow state: what the next token reads is the stored value, as in the step */
+        kvf_kern_round(St, ns * hd, sdt);
     }
 }
 
 #define KVF_MAMBA2_SCAN_ARGS                                                             \
     float *restrict St, size_t hd, size_t ns, size_t T, const float *restrict dts, float A, \
         float Dh, const float *restrict x, size_t ldx, const float *restrict B,           \
-        const float *restrict C, size_t ldbc, float *restrict y, size_t ldy
-#define KVF_MAMBA2_SCAN_PASS St, hd, ns, T, dts, A, Dh, x, ldx, B, C, ldbc, y, ldy
+        const float *restrict C, size_t ldbc, float *restrict y, size_t ldy, kvf_dtype_t sdt
+#define KVF_MAMBA2_SCAN_PASS St, hd, ns, T, dts, A, Dh, x, ldx, B, C, ldbc, y, ldy, sdt
 #ifdef KVF_MAMBA2_X86
 __attribute__((target("avx512f"), KVF_MAMBA2_OPT)) static void
 kvf_mamba2_head_scan_avx512(KVF_MAMBA2_SCAN_ARGS)
@@ -206,7 +211,7 @@ static int kvf_mamba2_scan_part(void *ctx, int part, int parts)
         }
         kvf_mamba2_head_scan_any(St, hd, ns, j->T, dts, A, Dh, j->x + (size_t)h * hd,
                                  j->ldx, j->B + g * ns, j->C + g * ns, j->ldbc,
-                                 j->y + (size_t)h * hd, j->ldy);
+                                 j->y + (size_t)h * hd, j->ldy, j->state_dtype);
         for (size_t d = 0; d < hd; ++d) {
             for (size_t n = 0; n < ns; ++n) {
                 S[d * ns + n] = St[n * hd + d];

@@ -393,6 +393,8 @@ kvf_status_t kvf_engine_step(kvf_engine_h e, kvf_engine_event_t *events, int cap
             /* decode steps feed the one token sampled last; anything else (the prompt,
              * a recompute after preemption) is a prompt forward in transformers */
             .prompt = (pe->start < r->prompt_len) || (pe->num_tokens > 1),
+            /* per token: a recompute's outputs stay outputs (batch invariance) */
+            .prompt_len = r->prompt_len,
         };
         if ((pe->num_tokens == 1) && (pe->start > 0)) {
             ++decode_tok;

@@ -141,6 +141,11 @@ typedef struct kvf_fwd_seq {
     bool            prompt;        /* a chunk of the prompt (or of a recompute): computed
                                       like transformers' prompt forward even when it is one
                                       token (Mamba dt clamped); false: a decode step */
+    int             prompt_len;    /* > 0: the request's prompt length, which then decides
+                                      per token instead of `prompt`: positions below it are
+                                      prompt tokens (dt clamped), the rest outputs (not), so
+                                      a recompute after preemption gives the bits of the
+                                      first run; 0: `prompt` decides for the whole chunk */
 } kvf_fwd_seq_t;
 
 typedef struct kvf_fwd_batch {

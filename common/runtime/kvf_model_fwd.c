@@ -217,23 +217,12 @@ static kvf_status_t kvf_reduce_residual(const kvf_rank_ctx_t *ctx, struct kvf_mo
     return status;
 }
 
-/* bf16 -> fp32 of n values: a shift each, vectorised (the decode step widens
- * every weight once per token, so this loop is most of a small-batch step). */
-#if defined(__GNUC__) && !defined(__clang__)
-__attribute__((optimize("O3")))
-#endif
-static void kvf_widen_bf16(const uint16_t *restrict src, size_t n, float *restrict dst)
-{
-    for (size_t i = 0; i < n; ++i) {
-        uint32_t u = (uint32_t)src[i] << 16;   /* kvf_bf16_to_fp32, bit for bit */
-        memcpy(&dst[i], &u, sizeof(u));
-    }
-}
-
 /*
  * y[M][w->rows] (row stride ldy) = x[M][w->cols] (stride ldx) * W^T + bias.
- * fp32 matrices go straight to the BLAS; bf16/fp16 ones are widened a tile
- * of rows at a time into ws->tile (fp32 compute, narrow storage).
+ * fp32 matrices, and bf16 ones on the CPU (widened in the kernel's
+ * registers), go straight to the GEMM; fp16 ones are widened a tile of rows
+ * at a time into ws->tile (fp32 compute, narrow storage). The GEMM's
+ * per-element order is fixed (kvf_gemm.h), so tiling never changes a bit.
  */
 static int kvf_mat_gemm(const kvf_device_t *dev, struct kvf_model_ws *ws, int M, const float *x,
                         int ldx, const kvf_mat_t *w, const float *bias, float *y, int ldy)
@@ -241,9 +230,9 @@ static int kvf_mat_gemm(const kvf_device_t *dev, struct kvf_model_ws *ws, int M,
     const int K = w->cols;
     int tile, e = KVF_KERN_OK;
 
-    if (w->dtype == KVF_DTYPE_FP32) {
-        return kvf_gemm_ex(dev, M, w->rows, K, x, ldx, (const float *)w->data, K, bias, 0.0f, y,
-                           ldy);
+    if ((w->dtype == KVF_DTYPE_FP32) ||
+        ((w->dtype == KVF_DTYPE_BF16) && ((dev == NULL) || (dev->kind == KVF_DEVICE_CPU)))) {
+        return kvf_gemm_w(dev, M, w->rows, K, x, ldx, w->data, w->dtype, K, bias, y, ldy);
     }
     if (M == 0) {
         return KVF_KERN_OK;
@@ -258,12 +247,8 @@ static int kvf_mat_gemm(const kvf_device_t *dev, struct kvf_model_ws *ws, int M,
     for (int r0 = 0; (e == KVF_KERN_OK) && (r0 < w->rows); r0 += tile) {
         int n = (w->rows - r0 < tile) ? (w->rows - r0) : tile;
         size_t first = (size_t)r0 * (size_t)K, cnt = (size_t)n * (size_t)K;
-        if (w->dtype == KVF_DTYPE_BF16) {
-            kvf_widen_bf16((const uint16_t *)w->data + first, cnt, ws->tile);
-        } else {
-            for (size_t i = 0; i < cnt; ++i) {
-                ws->tile[i] = kvf_dtype_load(w->data, w->dtype, first + i);
-            }
+        for (size_t i = 0; i < cnt; ++i) {
+            ws->tile[i] = kvf_dtype_load(w->data, w->dtype, first + i);
         }
         e = kvf_gemm_ex(dev, M, n, K, x, ldx, ws->tile, K, (bias != NULL) ? bias + r0 : NULL,
                         0.0f, y + r0, ldy);
@@ -307,6 +292,10 @@ static kvf_status_t kvf_fwd_mamba(kvf_model_h m, const kvf_rank_ctx_t *ctx,
                                                   slot);
         const float *xbc_in = ws->proj + (size_t)o * R + dim;
         float *xbc = ws->xbc + (size_t)o * cd;
+        /* tokens [0, np) are prompt tokens (dt clamped), [np, n) outputs */
+        const int pl = sq->prompt_len - sq->start;
+        const int np = (sq->prompt_len > 0) ? ((pl < 0) ? 0 : (pl > n) ? n : pl) :
+                       (sq->prompt ? n : 0);
 
         if ((n == 1) && has) {
             /* one token on a state: the recurrent update, with the scan's dt clamp when
@@ -317,7 +306,7 @@ static kvf_status_t kvf_fwd_mamba(kvf_model_h m, const kvf_rank_ctx_t *ctx,
             if (!silu) {
                 KVF_KCALL(kvf_act(dev, (int)cfg->mamba_act, xbc, (size_t)cd));
             }
-            KVF_KCALL(kvf_mamba2_step(dev, sq->prompt ? &mp_scan : &mp_step, xbc,
+            KVF_KCALL(kvf_mamba2_step(dev, (np > 0) ? &mp_scan : &mp_step, xbc,
                                       ws->proj + (size_t)o * R + dim + cd,
                                       xbc + dim, xbc + dim + s->groups * N,
                                       ssm_state, ctx->geom->ssm_dtype, ws->ybuf + (size_t)o * R));
@@ -327,10 +316,21 @@ static kvf_status_t kvf_fwd_mamba(kvf_model_h m, const kvf_rank_ctx_t *ctx,
             if (!silu) {
                 KVF_KCALL(kvf_act(dev, (int)cfg->mamba_act, xbc, (size_t)n * (size_t)cd));
             }
-            KVF_KCALL(kvf_mamba2_scan(dev, &mp_scan, n, xbc, cd,
-                                      ws->proj + (size_t)o * R + dim + cd, R, xbc + dim,
-                                      xbc + dim + s->groups * N, cd, ssm_state,
-                                      ctx->geom->ssm_dtype, has, ws->ybuf + (size_t)o * R, R));
+            /* the prompt part, then the outputs (a recompute): the scan is a token-by-token
+             * recurrence, so two calls give the bits of one */
+            for (int part = 0; part < 2; ++part) {
+                const int t0 = (part == 0) ? 0 : np, tn = (part == 0) ? np : n - np;
+                const size_t r0 = (size_t)(o + t0) * (size_t)R;
+                if (tn == 0) {
+                    continue;
+                }
+                KVF_KCALL(kvf_mamba2_scan(dev, (part == 0) ? &mp_scan : &mp_step, tn,
+                                          xbc + (size_t)t0 * cd, cd, ws->proj + r0 + dim + cd, R,
+                                          xbc + (size_t)t0 * cd + dim,
+                                          xbc + (size_t)t0 * cd + dim + s->groups * N, cd,
+                                          ssm_state, ctx->geom->ssm_dtype, has || (t0 > 0),
+                                          ws->ybuf + r0, R));
+            }
         }
         o += n;
     }

@@ -1,8 +1,14 @@
-/* GEMM against a triple loop: bias, strides, beta accumulate, NaN in y with beta 0. */
+/* GEMM against a triple loop: bias, strides, beta accumulate, NaN in y with beta 0; batch
+ * invariance: every row of an M-row product, on any thread count and with fp32 or bf16
+ * weights, has the bits of the same row alone and of the documented summation order. */
 #include "kvf_gemm.h"
+#include "kvf_kern_internal.h"
 #include "kvf_kern_test.h"
 
+#include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 static void ref_gemm(int M, int N, int K, const float *x, int ldx, const float *w, int ldw,
                      const float *bias, double beta, const float *y0, int ldy, double *out)
@@ -90,11 +96,139 @@ static void test_gemm_strided_accumulate(void **state)
                      KVF_KERN_EINVAL);
 }
 
+/* The order kvf_gemm.h documents, written out: lane k % 16 an FMA chain in ascending k
+ * from +0, then (l + l+8), (+ l+4), (+ l+2), (+ l+1); then + bias. */
+static float order_dot(int K, const float *x, const float *w, float bias)
+{
+    float p[16] = {0}, s8[8], s4[4];
+    for (int k = 0; k < K; ++k) {
+        p[k % 16] = fmaf(x[k], w[k], p[k % 16]);
+    }
+    for (int l = 0; l < 8; ++l) {
+        s8[l] = p[l] + p[l + 8];
+    }
+    for (int l = 0; l < 4; ++l) {
+        s4[l] = s8[l] + s8[l + 4];
+    }
+    return ((s4[0] + s4[2]) + (s4[1] + s4[3])) + bias;
+}
+
+static void test_gemm_rows_invariant(void **state)
+{
+    static const int Ks[] = {1, 15, 16, 17, 100, 256};
+    static const int Ms[] = {1, 2, 3, 4, 5, 8, 13, 64};
+    enum { N = 400, MMAX = 64, KMAX = 256 };   /* 256 x 400 x 64: threads split columns */
+    kvf_test_rng_t rng = {777};
+    float *x = malloc(sizeof(float) * (MMAX + 1) * KMAX), *w = malloc(sizeof(float) * N * KMAX);
+    float *wb = malloc(sizeof(float) * N * KMAX), *y = malloc(sizeof(float) * MMAX * N);
+    uint16_t *w16 = malloc(sizeof(uint16_t) * N * KMAX);
+    float b[N], one[N];
+    (void)state;
+
+    assert_non_null(x);
+    assert_non_null(w);
+    assert_non_null(wb);
+    assert_non_null(y);
+    assert_non_null(w16);
+    kvf_test_fill(&rng, x, (MMAX + 1) * KMAX, -1, 1);
+    kvf_test_fill(&rng, w, N * KMAX, -1, 1);
+    kvf_test_fill(&rng, b, N, -1, 1);
+    for (int i = 0; i < N * KMAX; ++i) {       /* bf16 weights and their exact widening */
+        uint32_t u;
+        memcpy(&u, &w[i], sizeof(u));
+        w16[i] = (uint16_t)(u >> 16);
+        u = (uint32_t)w16[i] << 16;
+        memcpy(&wb[i], &u, sizeof(u));
+    }
+    for (size_t ki = 0; ki < sizeof(Ks) / sizeof(Ks[0]); ++ki) {
+        const int K = Ks[ki];
+        for (size_t mi = 0; mi < sizeof(Ms) / sizeof(Ms[0]); ++mi) {
+            const int M = Ms[mi];
+            for (int threads = 1; threads <= 2; ++threads) {
+                kvf_gemm_set_threads(threads);
+                for (int bf = 0; bf < 2; ++bf) {
+                    /* rows [1, 1 + M) of x: row 0 of the product is not row 0 of x */
+                    assert_int_equal(kvf_gemm_w(NULL, M, N, K, x + KMAX, KMAX,
+                                                bf ? (const void *)w16 : (const void *)w,
+                                                bf ? KVF_DTYPE_BF16 : KVF_DTYPE_FP32, KMAX, b,
+                                                y, N),
+                                     KVF_KERN_OK);
+                    for (int m = 0; m < M; ++m) {
+                        const float *xr = x + (size_t)(1 + m) * KMAX;
+                        assert_int_equal(kvf_gemm_ex(NULL, 1, N, K, xr, KMAX, bf ? wb : w, KMAX,
+                                                     b, 0.0f, one, N),
+                                         KVF_KERN_OK);
+                        assert_memory_equal(y + (size_t)m * N, one, sizeof(one));
+                        for (int n = 0; n < N; ++n) {
+                            float want = order_dot(K, xr, (bf ? wb : w) + (size_t)n * KMAX, b[n]);
+                            assert_memory_equal(&one[n], &want, sizeof(float));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    kvf_gemm_set_threads(1);
+    free(x);
+    free(w);
+    free(wb);
+    free(y);
+    free(w16);
+}
+
+#ifdef KVF_FAULT_INJECTION
+/* Every ISA path (plain C, AVX2, AVX-512, those this CPU has) gives the same bits, for the
+ * GEMM and for the attention's outer-product form, whose element is one FMA chain over k
+ * from beta * y (checked written out). */
+static void test_gemm_isa_paths_agree(void **state)
+{
+    enum { M = 9, N = 75, K = 83 };
+    kvf_test_rng_t rng = {99};
+    float x[M * K], w[N * K], b[N], y[3][M * N], kb[K * N], z0[M * N], z[3][M * N];
+    (void)state;
+
+    kvf_test_fill(&rng, x, M * K, -1, 1);
+    kvf_test_fill(&rng, w, N * K, -1, 1);
+    kvf_test_fill(&rng, kb, K * N, -1, 1);
+    kvf_test_fill(&rng, b, N, -1, 1);
+    kvf_test_fill(&rng, z0, M * N, -1, 1);
+    for (int isa = 0; isa < 3; ++isa) {
+        kvf_gemm_cpu_test_isa(isa);
+        assert_int_equal(kvf_gemm_ex(NULL, M, N, K, x, K, w, K, b, 0.0f, y[isa], N),
+                         KVF_KERN_OK);
+        memcpy(z[isa], z0, sizeof(z0));
+        assert_int_equal(kvf_gemm_cpu_nn(M, N, K, 0.5f, x, K, kb, N, 1.0f, z[isa], N),
+                         KVF_KERN_OK);
+    }
+    kvf_gemm_cpu_test_isa(2);
+    assert_memory_equal(y[0], y[1], sizeof(y[0]));
+    assert_memory_equal(y[0], y[2], sizeof(y[0]));
+    assert_memory_equal(z[0], z[1], sizeof(z[0]));
+    assert_memory_equal(z[0], z[2], sizeof(z[0]));
+    for (int m = 0; m < M; ++m) {
+        for (int n = 0; n < N; ++n) {
+            float c = 1.0f * z0[m * N + n];
+            for (int k = 0; k < K; ++k) {
+                c = fmaf(x[m * K + k], kb[k * N + n], c);
+            }
+            c = 0.5f * c;
+            assert_memory_equal(&z[0][m * N + n], &c, sizeof(c));
+            assert_memory_equal(&y[0][m * N + n], &(float){order_dot(K, x + m * K, w + n * K,
+                                                                      b[n])}, sizeof(float));
+        }
+    }
+}
+#endif
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemm_plain_and_bias),
         cmocka_unit_test(test_gemm_strided_accumulate),
+        cmocka_unit_test(test_gemm_rows_invariant),
+#ifdef KVF_FAULT_INJECTION
+        cmocka_unit_test(test_gemm_isa_paths_agree),
+#endif
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

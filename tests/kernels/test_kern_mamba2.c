@@ -66,10 +66,9 @@ static void ref_scan(const inputs_t *in, double *y, double *S_out)
 }
 
 static void run_split(const inputs_t *in, kvf_dtype_t dtype, const int *chunks, int nchunks,
-                      const double *ref, const double *Sref, double tol)
+                      const double *ref, const double *Sref, double tol, float *y)
 {
     float state[H * P * N];
-    float y[T * H * P];
     int t = 0;
 
     memset(state, 0xff, sizeof(state));   /* stale NaN: a fresh request must not read it */
@@ -111,14 +110,27 @@ static void test_scan_splits(void **state)
         const int split[] = {4, 1, 6, 2};
         const int steps[] = {3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};   /* prefill 3, decode 10 */
         const int all_steps[] = {1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
-        run_split(in, KVF_DTYPE_FP32, whole, 1, ref, Sref, 1e-5);
-        run_split(in, KVF_DTYPE_FP32, split, 4, ref, Sref, 1e-5);
-        run_split(in, KVF_DTYPE_FP32, steps, 11, ref, Sref, 1e-5);
-        run_split(in, KVF_DTYPE_FP32, all_steps, 13, ref, Sref, 1e-5);
-        /* bf16 state: rounded at every chunk / step boundary */
-        run_split(in, KVF_DTYPE_BF16, whole, 1, ref, Sref, 1e-2);
-        run_split(in, KVF_DTYPE_BF16, steps, 11, ref, Sref, 3e-2);
-        run_split(in, KVF_DTYPE_FP16, split, 4, ref, Sref, 5e-3);
+        float y0[T * H * P], y1[T * H * P];
+        run_split(in, KVF_DTYPE_FP32, whole, 1, ref, Sref, 1e-5, y0);
+        run_split(in, KVF_DTYPE_FP32, split, 4, ref, Sref, 1e-5, y1);
+        assert_memory_equal(y0, y1, sizeof(y0));
+        run_split(in, KVF_DTYPE_FP32, steps, 11, ref, Sref, 1e-5, y1);
+        assert_memory_equal(y0, y1, sizeof(y0));
+        run_split(in, KVF_DTYPE_FP32, all_steps, 13, ref, Sref, 1e-5, y1);
+        assert_memory_equal(y0, y1, sizeof(y0));
+        /* narrow state: rounded after every token, in a chunk as in a step, so every split
+         * gives the same bits (batch invariance: where a prompt is cut changes nothing) */
+        for (int di = 0; di < 2; ++di) {
+            const kvf_dtype_t dt = di ? KVF_DTYPE_FP16 : KVF_DTYPE_BF16;
+            const double tol = di ? 5e-3 : 3e-2;
+            run_split(in, dt, whole, 1, ref, Sref, tol, y0);
+            run_split(in, dt, split, 4, ref, Sref, tol, y1);
+            assert_memory_equal(y0, y1, sizeof(y0));
+            run_split(in, dt, steps, 11, ref, Sref, tol, y1);
+            assert_memory_equal(y0, y1, sizeof(y0));
+            run_split(in, dt, all_steps, 13, ref, Sref, tol, y1);
+            assert_memory_equal(y0, y1, sizeof(y0));
+        }
     }
     free(in);
 }
