@@ -40,6 +40,7 @@
 
 #include "kvf_drain.h"
 #include "kvf_engine.h"
+#include "kvf_sampling_msg.h"
 #include "kvf_fault.h"
 #include "kvf_handshake.h"
 #include "kvf_log.h"
@@ -88,6 +89,9 @@ typedef struct {
     uint64_t         landed_ns;    /* latest rank's last GET landed */
     uint64_t         committed_ns; /* import committed: decoding may start */
     struct kvf_dc_import *imp;     /* owned while the KV is pulled; NULL once decoding */
+    bool             want_logprobs; /* SamplingParams.logprobs present */
+    int              logprobs;      /* top logprobs per token */
+    kvf_logprob_buf_t lp;          /* logprobs of the tokens not yet replied */
 } kvf_dc_req_t;
 
 
@@ -217,6 +221,7 @@ static void kvf_dc_req_cleanup(kvf_decode_server_h srv, kvf_dc_req_t *q)
     kvf_dc_import_free(srv, q);
     free(q->tokens);
     q->tokens = NULL;
+    kvf_logprob_buf_free(&q->lp);
 }
 
 void kvf_decode_server_destroy(kvf_decode_server_h srv)
@@ -255,6 +260,9 @@ static void kvf_dc_reply_tokens(kvf_decode_server_h srv, kvf_dc_req_t *q, const 
     reply.tokens = (int32_t *)tokens;
     reply.has_done = 1;
     reply.done = done;
+    if (q->want_logprobs) {
+        kvf_logprob_buf_attach(&q->lp, &reply);
+    }
     if (done) {
         reply.finish_reason = (char *)finish;
         reply.stats = &q->stats;
@@ -269,6 +277,7 @@ static void kvf_dc_reply_tokens(kvf_decode_server_h srv, kvf_dc_req_t *q, const 
         q->timing_sent = true;
     }
     kvf_serve_server_reply(srv->serve, &q->peer, &reply);
+    kvf_logprob_buf_clear(&q->lp);
 }
 
 static const char *kvf_dc_finish_str(kvf_finish_reason_t r)
@@ -332,6 +341,8 @@ static kvf_status_t kvf_dc_recompute(kvf_decode_server_h srv, const Kvf__DecodeR
     p.prompt = prompt;
     p.prompt_len = (int)dr->n_prompt_tokens + 1;
     p.sampling.max_tokens = rp->sampling.max_tokens - 1;
+    /* the first token is in the prompt now: one output fewer to wait for */
+    p.sampling.min_tokens = (rp->sampling.min_tokens > 0) ? rp->sampling.min_tokens - 1 : 0;
     status = kvf_engine_add_request(srv->engine, &p, &q->engine_req);
     free(prompt);
     q->stats.recomputed = 1;
@@ -442,21 +453,33 @@ typedef enum {
 } kvf_dc_outcome_t;
 
 /* The engine's parameters of @a dr (its prompt stays dr's). */
-static void kvf_dc_req_params(const Kvf__DecodeRequest *dr, kvf_req_params_t *rp)
+static void kvf_dc_req_params(kvf_decode_server_h srv, const Kvf__DecodeRequest *dr,
+                              kvf_req_params_t *rp)
 {
+    char err[256];
+
     memset(rp, 0, sizeof(*rp));
     rp->prompt = dr->prompt_tokens;
     rp->prompt_len = (int)dr->n_prompt_tokens;
-    rp->sampling.max_tokens = 16;
     rp->rng_skip = 1;   /* prefill sampled the first token from this seed */
-    if (dr->sampling != NULL) {
-        rp->sampling.temperature = dr->sampling->temperature;
-        rp->sampling.seed = dr->sampling->seed;
-        rp->sampling.ignore_eos = dr->sampling->ignore_eos;
-        if (dr->sampling->has_max_tokens) {
-            rp->sampling.max_tokens = (int)dr->sampling->max_tokens;   /* checked on arrival */
-        }
+    /* checked on arrival (kvf_dc_sampling_check) */
+    (void)kvf_sampling_from_msg(dr->sampling, 16, kvf_engine_model_config(srv->engine)->vocab_size,
+                                &rp->sampling, err, sizeof(err));
+}
+
+/* The sampling parameters of a DecodeRequest, checked on arrival; KVF_OK or the refusal. */
+static kvf_status_t kvf_dc_sampling_check(kvf_decode_server_h srv, const Kvf__DecodeRequest *dr,
+                                          char *err, size_t cap)
+{
+    kvf_sampling_t s;
+    char msg[256];
+
+    if (kvf_sampling_from_msg(dr->sampling, 16, kvf_engine_model_config(srv->engine)->vocab_size,
+                              &s, msg, sizeof(msg)) != KVF_OK) {
+        snprintf(err, cap, "sampling parameters: %s", msg);
+        return KVF_ERR_INVALID_PARAM;
     }
+    return KVF_OK;
 }
 
 /*
@@ -480,7 +503,7 @@ static kvf_dc_outcome_t kvf_dc_decode(kvf_decode_server_h srv, const kvf_serve_p
     uint64_t id, t_alloc;
     kvf_status_t status;
 
-    kvf_dc_req_params(dr, &rp);
+    kvf_dc_req_params(srv, dr, &rp);
     memset(&none, 0, sizeof(none));
     if (kvf_block_manager_blocks_needed(bm, &none, rp.prompt_len) >
         kvf_block_manager_num_blocks(bm)) {
@@ -505,6 +528,8 @@ static kvf_dc_outcome_t kvf_dc_decode(kvf_decode_server_h srv, const kvf_serve_p
     q->peer = *peer;
     q->stream = dr->has_stream && dr->stream;
     q->arrival_ns = arrival_ns;
+    q->want_logprobs = rp.sampling.want_logprobs;
+    q->logprobs = rp.sampling.logprobs;
 
     t_alloc = kvf_time_now_ns();
     status = kvf_engine_import_begin(srv->engine, &rp, &id, &blocks);
@@ -765,6 +790,11 @@ static bool kvf_dc_handle(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
                                          KVF_ERR_BUSY, err);
             return false;
         }
+        if (kvf_dc_sampling_check(srv, req->decode, err, sizeof(err)) != KVF_OK) {
+            kvf_serve_server_reply_error(srv->serve, peer, req->decode->request_id,
+                                         KVF_ERR_INVALID_PARAM, err);
+            return false;
+        }
         if (kvf_decode_request_check(req->decode, &xp, err, sizeof(err)) != KVF_OK) {
             kvf_serve_server_reply_error(srv->serve, peer, req->decode->request_id,
                                          KVF_ERR_INVALID_PARAM, err);
@@ -856,6 +886,10 @@ static kvf_status_t kvf_dc_step(kvf_decode_server_h srv)
         q = &srv->reqs[k];
         if ((ev[i].kind == KVF_EVENT_TOKEN) && (ev[i].token >= 0)) {   /* FINISHED repeats it */
             q->generated++;
+            if (q->want_logprobs && (kvf_logprob_buf_push(&q->lp, q->logprobs, &ev[i]) !=
+                                     KVF_OK)) {
+                kvf_engine_abort(srv->engine, q->engine_req);
+            }
             if (q->stream) {
                 kvf_dc_reply_tokens(srv, q, &ev[i].token, 1, false, NULL);
             } else if (kvf_dc_append(q, ev[i].token) != 0) {

@@ -33,6 +33,7 @@
 
 #include "kvf_drain.h"
 #include "kvf_engine.h"
+#include "kvf_sampling_msg.h"
 #include "kvf_fault.h"
 #include "kvf_log.h"
 #include "kvf_random.h"
@@ -76,6 +77,8 @@ typedef struct {
     kvf_serve_peer_t peer;
     uint64_t         start_ns;          /* received (and admitted) */
     uint64_t         compute_ns;        /* the first engine step that computed its tokens */
+    bool             want_logprobs;     /* SamplingParams.logprobs present */
+    int              logprobs;          /* top logprobs to send with the first token */
 } kvf_pf_pending_t;
 
 struct kvf_prefill_server {
@@ -375,11 +378,19 @@ static void kvf_pf_prefill(kvf_prefill_server_h srv, const kvf_serve_peer_t *pee
     rp.prompt = req->prompt_tokens;
     rp.prompt_len = (int)req->n_prompt_tokens;
     rp.prefill_only = true;
-    rp.sampling.max_tokens = 1;
-    if (req->sampling != NULL) {
-        rp.sampling.temperature = req->sampling->temperature;
-        rp.sampling.seed = req->sampling->seed;
-        rp.sampling.ignore_eos = req->sampling->ignore_eos;
+    {
+        char msg[256];
+        /* the whole request's max_tokens for the checks (min_tokens), then this one token */
+        status = kvf_sampling_from_msg(req->sampling, 1,
+                                       kvf_engine_model_config(srv->engine)->vocab_size,
+                                       &rp.sampling, msg, sizeof(msg));
+        if (status != KVF_OK) {
+            char full[320];
+            snprintf(full, sizeof(full), "sampling parameters: %s", msg);
+            kvf_serve_server_reply_error(srv->serve, peer, rid, status, full);
+            return;
+        }
+        rp.sampling.max_tokens = 1;
     }
     status = kvf_engine_add_request(srv->engine, &rp, &id);
     if (status != KVF_OK) {
@@ -398,11 +409,16 @@ static void kvf_pf_prefill(kvf_prefill_server_h srv, const kvf_serve_peer_t *pee
     p->peer = *peer;
     p->start_ns = kvf_time_now_ns();
     p->compute_ns = 0;
+    p->want_logprobs = rp.sampling.want_logprobs;
+    p->logprobs = rp.sampling.logprobs;
 }
 
 /* Blocks of a prefilled request -> TransferParams, lease it, answer. */
-static void kvf_pf_prefilled(kvf_prefill_server_h srv, kvf_pf_pending_t *p, int32_t first)
+static void kvf_pf_prefilled(kvf_prefill_server_h srv, kvf_pf_pending_t *p,
+                             const kvf_engine_event_t *ev)
 {
+    int32_t first = ev->token;
+    kvf_logprob_buf_t lp = {0};
     Kvf__ServeReply reply = KVF__SERVE_REPLY__INIT;
     Kvf__TransferParams tp = KVF__TRANSFER_PARAMS__INIT;
     Kvf__ServeTiming timing = KVF__SERVE_TIMING__INIT;
@@ -480,7 +496,11 @@ static void kvf_pf_prefilled(kvf_prefill_server_h srv, kvf_pf_pending_t *p, int3
         timing.compute_ms = (double)(now - c) / 1e6;
         reply.timing = &timing;
     }
+    if (p->want_logprobs && (kvf_logprob_buf_push(&lp, p->logprobs, ev) == KVF_OK)) {
+        kvf_logprob_buf_attach(&lp, &reply);
+    }
     kvf_serve_server_reply(srv->serve, &p->peer, &reply);
+    kvf_logprob_buf_free(&lp);
     kvf_log(KVF_LOG_DEBUG, KVF_SUB_SCHED, "request %s prefilled: %d tokens, first token %d,"
             " leased", p->request_id, info.prompt_len, first);
 }
@@ -559,7 +579,7 @@ static kvf_status_t kvf_pf_step(kvf_prefill_server_h srv)
             if (srv->pending[k].compute_ns == 0) {
                 srv->pending[k].compute_ns = t_step;
             }
-            kvf_pf_prefilled(srv, &srv->pending[k], ev[i].token);
+            kvf_pf_prefilled(srv, &srv->pending[k], &ev[i]);
             kvf_pf_remove_pending(srv, k);
         } else if (ev[i].kind == KVF_EVENT_FINISHED) {
             const char *broken = kvf_role_cannot_serve(srv->engine);

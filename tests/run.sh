@@ -20,6 +20,15 @@ if ! python3 -c "import kubernetes_validate" >/dev/null 2>&1; then
         python3 -m pip install -q --break-system-packages kubernetes-validate >/dev/null 2>&1 ||
         echo "kvferry: could not install kubernetes-validate; test_k8s_manifests will be skipped"
 fi
+# The official OpenAI client (test_openai_client) and jinja2, the reference of the chat
+# template renderer (test_chat_template); each test reports skipped without its package.
+for pkg in openai:openai jinja2:jinja2; do
+    if ! python3 -c "import ${pkg%%:*}" >/dev/null 2>&1; then
+        python3 -m pip install -q "${pkg#*:}" >/dev/null 2>&1 ||
+            python3 -m pip install -q --break-system-packages "${pkg#*:}" >/dev/null 2>&1 ||
+            echo "kvferry: could not install ${pkg#*:}; the tests that use it will be skipped"
+    fi
+done
 
 # The test tree has the fault points (common/base/kvf_fault.h) that
 # test_e2e_fault_matrix arms; the main job's build (deploy/build.sh alone) does not.

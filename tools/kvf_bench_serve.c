@@ -310,6 +310,8 @@ static char *kvf_bs_body(const kvf_bs_params_t *p, const kvf_bs_dataset_t *d, ui
     cJSON_AddNumberToObject(root, "temperature", p->temperature);
     cJSON_AddNumberToObject(root, "seed", (double)(index & 0xffffffffu));
     cJSON_AddBoolToObject(root, "stream", 1);
+    /* usage comes in its own last chunk, without choices, as vLLM sends it */
+    cJSON_AddBoolToObject(cJSON_AddObjectToObject(root, "stream_options"), "include_usage", 1);
     cJSON_AddBoolToObject(root, "ignore_eos", p->ignore_eos);
     cJSON_AddBoolToObject(root, "return_token_ids", 1);
     s = cJSON_PrintUnformatted(root);

@@ -126,6 +126,15 @@ static void kvf_bs_event(kvf_bs_stream_t *st, const char *data, size_t len)
         return;
     }
     choices = cJSON_GetObjectItemCaseSensitive(root, "choices");
+    if (cJSON_IsArray(choices) && (cJSON_GetArraySize(choices) == 0)) {
+        /* the usage chunk (stream_options.include_usage): the proxy's prompt count */
+        const cJSON *u = cJSON_GetObjectItemCaseSensitive(root, "usage");
+        if (cJSON_IsObject(u)) {
+            res->prompt_tokens = (int)kvf_bs_num(u, "prompt_tokens", res->prompt_tokens);
+        }
+        cJSON_Delete(root);
+        return;
+    }
     choice = cJSON_GetArrayItem(choices, 0);
     ids = cJSON_GetObjectItemCaseSensitive(choice, "token_ids");
     if (cJSON_IsArray(ids)) {

@@ -11,6 +11,7 @@
  * whose chunk reaches their last known token, since only those sample.
  */
 #include "kvf_engine.h"
+#include "kvf_sampler.h"
 #include "kvf_array.h"
 #include "kvf_contract.h"
 #include "kvf_time.h"
@@ -246,7 +247,7 @@ static kvf_status_t kvf_new_request(kvf_engine_h e, const kvf_req_params_t *p, k
     r->sampling = p->sampling;
     r->rng = p->sampling.seed ^ 0x6a09e667f3bcc909ull;
     for (int i = 0; i < p->rng_skip; ++i) {
-        kvf_sample_skip(r);   /* tokens sampled elsewhere from the same seed */
+        kvf_sampler_skip(&r->sampling, &r->rng);   /* tokens sampled elsewhere, same seed */
     }
     r->prefill_only = p->prefill_only;
     r->record_logits = p->record_logits;
@@ -277,15 +278,28 @@ static void kvf_emit(kvf_engine_event_t *events, int cap, int *n, uint64_t id,
                      kvf_event_kind_t kind, int32_t token, kvf_finish_reason_t reason)
 {
     if (*n < cap) {
-        events[*n] = (kvf_engine_event_t){id, kind, token, reason};
+        events[*n] = (kvf_engine_event_t){.id = id, .kind = kind, .token = token,
+                                          .reason = reason};
         ++*n;
     }
 }
 
+/* The sampler's logprobs onto the event just emitted (the last of @a n). */
+static void kvf_emit_logprobs(kvf_engine_event_t *events, int n, const kvf_sample_out_t *so)
+{
+    if ((so == NULL) || (n < 1)) {
+        return;
+    }
+    events[n - 1].logprob = so->logprob;
+    events[n - 1].num_top = so->num_top;
+    memcpy(events[n - 1].top_ids, so->top_ids, sizeof(so->top_ids));
+    memcpy(events[n - 1].top_logprobs, so->top_logprobs, sizeof(so->top_logprobs));
+}
+
 /* Append a sampled token and decide what happens next; emits events. */
 static kvf_status_t kvf_accept_token(kvf_engine_h e, kvf_request_t *r, int32_t tok,
-                                     const float *logits, kvf_engine_event_t *events, int cap,
-                                     int *n)
+                                     const float *logits, const kvf_sample_out_t *so,
+                                     kvf_engine_event_t *events, int cap, int *n)
 {
     const int vocab = e->cfg->vocab_size;
     kvf_status_t status;
@@ -309,10 +323,13 @@ static kvf_status_t kvf_accept_token(kvf_engine_h e, kvf_request_t *r, int32_t t
     if (r->prefill_only) {
         r->state = KVF_REQ_PREFILLED;
         kvf_emit(events, cap, n, r->id, KVF_EVENT_PREFILLED, tok, KVF_FINISH_NONE);
+        kvf_emit_logprobs(events, *n, so);
         return KVF_OK;
     }
     kvf_emit(events, cap, n, r->id, KVF_EVENT_TOKEN, tok, KVF_FINISH_NONE);
-    if (!r->sampling.ignore_eos && kvf_model_is_eos(e->cfg, tok)) {
+    kvf_emit_logprobs(events, *n, so);
+    if ((!r->sampling.ignore_eos && kvf_model_is_eos(e->cfg, tok)) ||
+        kvf_sampling_is_stop_id(&r->sampling, tok)) {
         kvf_finish(e, r, KVF_FINISH_EOS);
     } else if ((outputs >= r->sampling.max_tokens) ||
                ((e->cfg->sliding_window > 0) && (r->num_tokens >= e->cfg->sliding_window))) {
@@ -429,8 +446,15 @@ kvf_status_t kvf_engine_step(kvf_engine_h e, kvf_engine_event_t *events, int cap
         r->num_computed = pe->start + pe->num_tokens;
         r->sched_tokens = 0;
         if (e->seqs[i].logits != NULL) {
-            int32_t tok = kvf_sample_token(r, e->seqs[i].logits, vocab);
-            status = kvf_accept_token(e, r, tok, e->seqs[i].logits, events, cap, n_events);
+            kvf_sample_out_t so;
+            status = kvf_sampler_sample(&r->sampling, &r->rng, r->tokens, r->prompt_len,
+                                        r->num_tokens, e->seqs[i].logits, vocab,
+                                        e->cfg->eos_token_ids, e->cfg->num_eos, &so);
+            if (status == KVF_OK) {
+                status = kvf_accept_token(e, r, so.token, e->seqs[i].logits,
+                                          r->sampling.want_logprobs ? &so : NULL, events, cap,
+                                          n_events);
+            }
             if (status != KVF_OK) {
                 kvf_finish(e, r, KVF_FINISH_ERROR);
                 kvf_emit(events, cap, n_events, r->id, KVF_EVENT_FINISHED, -1, KVF_FINISH_ERROR);
@@ -584,7 +608,7 @@ kvf_status_t kvf_engine_import_commit(kvf_engine_h e, uint64_t id, int32_t first
     r->num_computed = r->prompt_len;
     r->state = KVF_REQ_RUNNING;
     r->prefill_only = false;
-    return kvf_accept_token(e, r, first_token, NULL, ev, 4, &n);
+    return kvf_accept_token(e, r, first_token, NULL, NULL, ev, 4, &n);
 }
 
 kvf_status_t kvf_engine_run_on_ranks(kvf_engine_h e, kvf_rank_func_t func, void *arg)

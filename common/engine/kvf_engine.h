@@ -79,6 +79,12 @@ typedef struct kvf_engine_event {
     kvf_event_kind_t    kind;
     int32_t             token;     /* -1 when none */
     kvf_finish_reason_t reason;
+    /* TOKEN and PREFILLED of a request with sampling.want_logprobs (kvf_sampler.h):
+     * the token's logprob and the top num_top (most likely first); else 0 */
+    float               logprob;
+    int                 num_top;
+    int32_t             top_ids[KVF_SAMPLING_MAX_LOGPROBS];
+    float               top_logprobs[KVF_SAMPLING_MAX_LOGPROBS];
 } kvf_engine_event_t;
 
 /** Read-only view of a request; pointers valid until the next engine call. */

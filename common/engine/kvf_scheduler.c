@@ -13,6 +13,7 @@
  * pools never need it).
  */
 #include "kvf_scheduler.h"
+#include "kvf_sampler.h"
 #include "kvf_log.h"
 
 #include <math.h>
@@ -209,45 +210,19 @@ kvf_status_t kvf_scheduler_schedule(const kvf_scheduler_params_t *params, kvf_bl
     return status;
 }
 
-static uint64_t kvf_rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
+/* The sampler proper is kvf_sampler.h; these keep the request-level entry points. */
 void kvf_sample_skip(kvf_request_t *req)
 {
-    if (req->sampling.temperature > 0.0f) {
-        (void)kvf_rng_next(&req->rng);
-    }
+    kvf_sampler_skip(&req->sampling, &req->rng);
 }
 
 int32_t kvf_sample_token(kvf_request_t *req, const float *logits, int vocab)
 {
-    int32_t best = 0;
-    double sum = 0.0, u, acc = 0.0;
-    double inv_t;
+    kvf_sample_out_t out;
 
-    for (int i = 1; i < vocab; ++i) {
-        if (logits[i] > logits[best]) {
-            best = i;
-        }
+    if (kvf_sampler_sample(&req->sampling, &req->rng, req->tokens, req->prompt_len,
+                           req->num_tokens, logits, vocab, NULL, 0, &out) != KVF_OK) {
+        return 0;   /* no memory for the scratch: the lowest id, as a greedy tie would */
     }
-    if (req->sampling.temperature <= 0.0f) {
-        return best;
-    }
-    inv_t = 1.0 / (double)req->sampling.temperature;
-    for (int i = 0; i < vocab; ++i) {
-        sum += exp(((double)logits[i] - (double)logits[best]) * inv_t);
-    }
-    u = (double)(kvf_rng_next(&req->rng) >> 11) * (1.0 / 9007199254740992.0) * sum;
-    for (int i = 0; i < vocab; ++i) {
-        acc += exp(((double)logits[i] - (double)logits[best]) * inv_t);
-        if (u < acc) {
-            return i;
-        }
-    }
-    return best;
+    return out.token;
 }

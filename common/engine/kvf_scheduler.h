@@ -43,12 +43,31 @@ typedef enum {
     KVF_FINISH_ERROR,      /* a step failed */
 } kvf_finish_reason_t;
 
-/** Sampling of one request. temperature <= 0 is greedy (lowest id on ties). */
+#define KVF_SAMPLING_MAX_STOP_IDS 64   /* stop_token_ids per request */
+#define KVF_SAMPLING_MAX_LOGPROBS 20   /* top logprobs per sampled token */
+
+/**
+ * Sampling of one request. temperature <= 0 is greedy (lowest id on ties).
+ * The fields after ignore_eos (kvf_sampler.h: semantics, ranges) are off when zero,
+ * so a zeroed struct with a temperature samples as before they existed.
+ */
 typedef struct kvf_sampling {
     float    temperature;
     uint64_t seed;         /* seeds the request's own RNG */
     int      max_tokens;   /* generated tokens including the first; >= 1 */
     bool     ignore_eos;
+    float    top_p;               /* (0, 1]; 0: off (1) */
+    int      top_k;               /* >= 1; <= 0: off */
+    float    min_p;               /* [0, 1] */
+    float    presence_penalty;    /* [-2, 2] */
+    float    frequency_penalty;   /* [-2, 2] */
+    float    repetition_penalty;  /* > 0; 0: off (1) */
+    int      min_tokens;          /* [0, max_tokens]: EOS and stop ids masked before */
+    int      num_stop_token_ids;  /* [0, KVF_SAMPLING_MAX_STOP_IDS] */
+    int32_t  stop_token_ids[KVF_SAMPLING_MAX_STOP_IDS];  /* finish ("stop") when sampled */
+    int      logprobs;            /* with want_logprobs: top logprobs per token,
+                                   * [0, KVF_SAMPLING_MAX_LOGPROBS] */
+    bool     want_logprobs;       /* report each sampled token's logprob */
 } kvf_sampling_t;
 
 typedef struct kvf_request {

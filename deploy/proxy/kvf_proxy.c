@@ -4,6 +4,7 @@
  * (HTTP first, so no request thread is left waiting on a pool that is gone).
  */
 #include "kvf_proxy.h"
+#include "kvf_proxy_tokcfg.h"
 #include "kvf_proxy_flow.h"
 #include "kvf_proxy_http.h"
 #include "kvf_log.h"
@@ -14,6 +15,7 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #define KVF_PF(_f) offsetof(kvf_proxy_config_t, _f)
@@ -89,8 +91,13 @@ const kvf_config_field_t kvf_proxy_config_table[] = {
      KVF_CONFIG_TYPE_STRING, 0},
     {"INSECURE", "no", "no keys: plain ZeroMQ to the daemons (closed lab networks only; warns "
      "at every start)", KVF_PF(insecure), KVF_CONFIG_TYPE_BOOL, 0},
+    {"SERVED_MODEL_NAME", "", "comma list of model ids served (vLLM's --served-model-name): "
+     "requests may name any; /v1/models lists each; the first is the one answers carry; "
+     "empty: --model-name", KVF_PF(served_model_name), KVF_CONFIG_TYPE_STRING, 0},
     {NULL, NULL, NULL, 0, 0, 0},
 };
+
+#define KVF_PROXY_MAX_NAMES 16
 
 struct kvf_proxy {
     kvf_tokenizer_t        tok;
@@ -104,7 +111,22 @@ struct kvf_proxy {
     kvf_tokenizer_t        bytes_tok;  /* stand-in until the daemons' tokenizer is known */
     char                   tok_hex[KVF_TOK_DIGEST_HEX + 1]; /* kvf_tok_digest.h; "" = none */
     char                   tok_src[KVF_CONFIG_STR_MAX + 16];
+    kvf_proxy_tokcfg_t     tokcfg;     /* chat template, BOS/EOS text, model folder */
+    char                   names_buf[KVF_CONFIG_STR_MAX];
+    const char            *names[KVF_PROXY_MAX_NAMES];
 };
+
+/* The chat template and the model folder of @a path, before the tokenizer is published. */
+static void kvf_proxy_take_tokcfg(struct kvf_proxy *proxy, const char *path)
+{
+    if (kvf_proxy_tokcfg_load(path, &proxy->tokcfg) != KVF_OK) {
+        kvf_warn("%s: tokenizer_config.json does not parse: chat is refused", path);
+    }
+    proxy->api.chat_template = proxy->tokcfg.chat_template;
+    proxy->api.bos_token = proxy->tokcfg.bos_token;
+    proxy->api.eos_token = proxy->tokcfg.eos_token;
+    proxy->api.root = proxy->tokcfg.root;
+}
 
 /* No --model: the pool's thread offers the daemons' model folder (kvf_proxy_tokcheck.c). */
 static kvf_status_t kvf_proxy_adopt_tok(void *ctx, const char *path, const char *digest,
@@ -142,6 +164,7 @@ static kvf_status_t kvf_proxy_adopt_tok(void *ctx, const char *path, const char 
     }
     proxy->tok = tok;
     proxy->api.max_model_len = mc.max_position_embeddings;
+    kvf_proxy_take_tokcfg(proxy, path);
     proxy->api.tok = &proxy->tok;   /* published (atomic stores), then text is served */
     proxy->api.tok_ready = true;
     return KVF_OK;
@@ -230,6 +253,7 @@ static kvf_status_t kvf_proxy_tok_setup(const kvf_proxy_config_t *cfg, struct kv
         if (status != KVF_OK) {
             return status;
         }
+        kvf_proxy_take_tokcfg(proxy, cfg->model);
         proxy->api.tok = &proxy->tok;
         proxy->api.tok_ready = true;
         snprintf(proxy->tok_src, sizeof(proxy->tok_src), "--model %s", cfg->model);
@@ -330,6 +354,26 @@ kvf_status_t kvf_proxy_create(const kvf_proxy_config_t *cfg, kvf_proxy_h *proxy_
 
     snprintf(proxy->model_name, sizeof(proxy->model_name), "%s", cfg->model_name);
     proxy->api.model_name = proxy->model_name;
+    if (cfg->served_model_name[0] != '\0') {
+        char *save = NULL;
+        snprintf(proxy->names_buf, sizeof(proxy->names_buf), "%s", cfg->served_model_name);
+        for (char *t = strtok_r(proxy->names_buf, ",", &save); t != NULL;
+             t = strtok_r(NULL, ",", &save)) {
+            if (proxy->api.num_names == KVF_PROXY_MAX_NAMES) {
+                kvf_error("--served-model-name: more than %d names", KVF_PROXY_MAX_NAMES);
+                status = KVF_ERR_INVALID_PARAM;
+                goto err_pool;
+            }
+            proxy->names[proxy->api.num_names++] = t;
+        }
+        if (proxy->api.num_names == 0) {
+            kvf_error("--served-model-name '%s': no name in it", cfg->served_model_name);
+            status = KVF_ERR_INVALID_PARAM;
+            goto err_pool;
+        }
+        proxy->api.names = proxy->names;
+        proxy->api.model_name = proxy->names[0];
+    }
     proxy->api.add_bos = cfg->add_bos;
     proxy->api.max_prompt_tokens = cfg->max_prompt_tokens;
     proxy->api.max_tokens_limit = (uint32_t)cfg->max_tokens_limit;
@@ -367,6 +411,7 @@ err_metrics:
     kvf_proxy_metrics_destroy(proxy->metrics);
 err_free:
     kvf_tokenizer_cleanup(&proxy->tok);
+    kvf_proxy_tokcfg_cleanup(&proxy->tokcfg);
     free(proxy);
     return status;
 }
@@ -390,5 +435,6 @@ void kvf_proxy_destroy(kvf_proxy_h proxy)
     kvf_proxy_pool_destroy(proxy->pool);
     kvf_proxy_metrics_destroy(proxy->metrics);
     kvf_tokenizer_cleanup(&proxy->tok);
+    kvf_proxy_tokcfg_cleanup(&proxy->tokcfg);
     free(proxy);
 }

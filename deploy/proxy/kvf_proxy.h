@@ -48,6 +48,7 @@ typedef struct kvf_proxy_config {
     char    keys[KVF_CONFIG_STR_MAX];         /* key set folder (kvf_zmq_auth.h); "" = none */
     char    key_id[KVF_CONFIG_STR_MAX];       /* member id in pool.pub, default "proxy" */
     bool    insecure;                         /* plain ZeroMQ (lab only; warns) */
+    char    served_model_name[KVF_CONFIG_STR_MAX]; /* comma list; "" = model_name */
 } kvf_proxy_config_t;
 
 /** Flags and KVF_* variables of kvf-proxy (NULL-name terminated). */

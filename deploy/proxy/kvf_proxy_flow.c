@@ -220,6 +220,66 @@ static void kvf_proxy_flow_sampling(const kvf_proxy_completion_req_t *req, Kvf__
     sp->seed = req->has_seed ? req->seed : kvf_proxy_flow_random_seed();
     sp->has_ignore_eos = true;
     sp->ignore_eos = req->ignore_eos;
+    /* vLLM's fields (checked by the parser; the daemons check them again) */
+    sp->has_top_p = (req->top_p < 1.0f);
+    sp->top_p = req->top_p;
+    sp->has_top_k = (req->top_k > 0);
+    sp->top_k = req->top_k;
+    sp->has_min_p = (req->min_p > 0.0f);
+    sp->min_p = req->min_p;
+    sp->has_presence_penalty = (req->presence_penalty != 0.0f);
+    sp->presence_penalty = req->presence_penalty;
+    sp->has_frequency_penalty = (req->frequency_penalty != 0.0f);
+    sp->frequency_penalty = req->frequency_penalty;
+    sp->has_repetition_penalty = (req->repetition_penalty != 1.0f);
+    sp->repetition_penalty = req->repetition_penalty;
+    sp->has_min_tokens = (req->min_tokens > 0);
+    sp->min_tokens = req->min_tokens;
+    sp->n_stop_token_ids = (size_t)req->num_stop_ids;
+    sp->stop_token_ids = (int32_t *)req->stop_token_ids;
+    sp->has_logprobs = req->want_logprobs;
+    sp->logprobs = (uint32_t)req->logprobs;
+}
+
+/* A reply's logprobs (SamplingParams.logprobs) appended to the completion's. */
+static kvf_status_t kvf_proxy_flow_logprobs(kvf_proxy_flow_t *flow, const Kvf__ServeReply *r)
+{
+    kvf_proxy_completion_t *o = &flow->out;
+    size_t n = r->n_token_logprobs, per = r->top_per_token;
+    int need = o->num_logprobs + (int)n;
+
+    if (!flow->req->want_logprobs || (n == 0)) {
+        return KVF_OK;
+    }
+    if ((per != (size_t)flow->req->logprobs) || (r->n_top_ids != n * per) ||
+        (r->n_top_logprobs != n * per)) {
+        return KVF_ERR_PARSE;   /* not what was asked: never shown */
+    }
+    if (need > o->cap_logprobs) {
+        int cap = (need > 2 * o->cap_logprobs) ? need : 2 * o->cap_logprobs;
+        float *a = realloc(o->token_logprobs, (size_t)cap * sizeof(float));
+        int32_t *b = (a != NULL) ? realloc(o->top_ids, (size_t)cap * (per + 1) *
+                                                         sizeof(int32_t)) : NULL;
+        float *c = (b != NULL) ? realloc(o->top_logprobs, (size_t)cap * (per + 1) *
+                                                          sizeof(float)) : NULL;
+        if (a != NULL) {
+            o->token_logprobs = a;
+        }
+        if (b != NULL) {
+            o->top_ids = b;
+        }
+        if (c == NULL) {
+            return KVF_ERR_NO_MEMORY;
+        }
+        o->top_logprobs = c;
+        o->cap_logprobs = cap;
+    }
+    memcpy(o->token_logprobs + o->num_logprobs, r->token_logprobs, n * sizeof(float));
+    memcpy(o->top_ids + (size_t)o->num_logprobs * per, r->top_ids, n * per * sizeof(int32_t));
+    memcpy(o->top_logprobs + (size_t)o->num_logprobs * per, r->top_logprobs,
+           n * per * sizeof(float));
+    o->num_logprobs = need;
+    return KVF_OK;
 }
 
 /* Every instance was heard from, or found down: the first health round is over. */
@@ -373,6 +433,9 @@ static kvf_status_t kvf_proxy_flow_on_prefill(kvf_proxy_flow_t *flow, const Kvf_
                                    flow->out.prefill_instance);
     }
     status = kvf_proxy_flow_append(flow, &r->params->first_token, 1);
+    if (status == KVF_OK) {
+        status = kvf_proxy_flow_logprobs(flow, r);
+    }
     if (status != KVF_OK) {
         return kvf_proxy_flow_fail(flow, status, 500, "server_error", "out of memory");
     }
@@ -492,6 +555,9 @@ static kvf_status_t kvf_proxy_flow_on_decode(kvf_proxy_flow_t *flow, const Kvf__
     kvf_proxy_flow_breakdown(flow, r->timing, kvf_proxy_now_us());
     if (r->n_tokens > 0) {
         status = kvf_proxy_flow_append(flow, r->tokens, r->n_tokens);
+        if (status == KVF_OK) {
+            status = kvf_proxy_flow_logprobs(flow, r);
+        }
         if (status != KVF_OK) {
             return kvf_proxy_flow_fail(flow, status, 500, "server_error", "out of memory");
         }
@@ -651,4 +717,29 @@ void kvf_proxy_flow_finish(kvf_proxy_flow_t *flow)
     free(flow->out.tokens);
     flow->out.tokens = NULL;
     flow->out.num_tokens = 0;
+    free(flow->out.token_logprobs);
+    free(flow->out.top_ids);
+    free(flow->out.top_logprobs);
+    flow->out.token_logprobs = flow->out.top_logprobs = NULL;
+    flow->out.top_ids = NULL;
+    flow->out.num_logprobs = flow->out.cap_logprobs = 0;
+}
+
+void kvf_proxy_flow_stop(kvf_proxy_flow_t *flow, const char *reason)
+{
+    if (flow->stage == KVF_PROXY_FLOW_OVER) {
+        return;
+    }
+    /* the instances stop at once: decode (and prefill's lease) are released */
+    if (flow->decode_call != NULL) {
+        kvf_proxy_call_end(flow->decode_call);
+        flow->decode_call = NULL;
+        kvf_proxy_flow_abort(flow, KVF_PROXY_ROLE_DECODE, flow->decode_idx);
+    }
+    if (flow->prefill_idx >= 0) {
+        kvf_proxy_flow_abort(flow, KVF_PROXY_ROLE_PREFILL, flow->prefill_idx);
+    }
+    flow->done = true;
+    flow->stage = KVF_PROXY_FLOW_OVER;
+    snprintf(flow->out.finish_reason, sizeof(flow->out.finish_reason), "%s", reason);
 }

@@ -137,6 +137,13 @@ int64_t kvf_proxy_flow_wake_us(const kvf_proxy_flow_t *flow);
  */
 void kvf_proxy_flow_finish(kvf_proxy_flow_t *flow);
 
+/**
+ * End a flow early as finished (a stop string was found in its text): abort it on
+ * the instances still holding it and mark it done with @a reason as finish_reason.
+ * No-op once over. kvf_proxy_flow_finish() is still called afterwards.
+ */
+void kvf_proxy_flow_stop(kvf_proxy_flow_t *flow, const char *reason);
+
 /** Microseconds of CLOCK_MONOTONIC. */
 int64_t kvf_proxy_now_us(void);
 

@@ -18,6 +18,7 @@
  */
 #define _GNU_SOURCE
 #include "kvf_proxy_http_int.h"
+#include "kvf_proxy_tokenize.h"
 #include "kvf_log.h"
 #include "kvf_array.h"
 #include "kvf_proxy_export.h"
@@ -179,6 +180,42 @@ static enum MHD_Result kvf_proxy_metrics_page(struct kvf_proxy_http *http,
                                 buf, false);
 }
 
+/* /tokenize and /detokenize (kvf_proxy_tokenize.h): POST, with the model's tokenizer. */
+static enum MHD_Result kvf_proxy_tokenize_route(struct kvf_proxy_http *http,
+                                                struct MHD_Connection *conn, const char *url,
+                                                bool post, kvf_proxy_conn_t *cc)
+{
+    const kvf_proxy_openai_ctx_t *api = http->params.api;
+    const char *param = NULL;
+    char err[512];
+    int code = 400;
+    char *json;
+
+    if (!post) {
+        return kvf_proxy_respond_error(conn, 405, "invalid_request_error", NULL,
+                                       "use POST for this endpoint");
+    }
+    if (cc->too_large) {
+        snprintf(err, sizeof(err), "request body is larger than %zu bytes",
+                 http->params.max_body);
+        return kvf_proxy_respond_error(conn, 413, "invalid_request_error", NULL, err);
+    }
+    if (!api->tok_ready) {
+        return kvf_proxy_respond_error(conn, 503, "server_error", NULL, "no tokenizer yet: "
+                                       "the proxy has no --model and no instance has given it "
+                                       "the daemons' model folder");
+    }
+    json = (strcmp(url, "/tokenize") == 0) ?
+           kvf_proxy_tokenize_json(api, (cc->body != NULL) ? cc->body : "", cc->len, &code,
+                                   &param, err, sizeof(err)) :
+           kvf_proxy_detokenize_json(api, (cc->body != NULL) ? cc->body : "", cc->len, &code,
+                                     &param, err, sizeof(err));
+    if (json == NULL) {
+        return kvf_proxy_respond_error(conn, code, "invalid_request_error", param, err);
+    }
+    return kvf_proxy_respond_ex(conn, MHD_HTTP_OK, "application/json", json, false);
+}
+
 static enum MHD_Result kvf_proxy_route(struct kvf_proxy_http *http, struct MHD_Connection *conn,
                                        const char *url, const char *method,
                                        kvf_proxy_conn_t *cc)
@@ -192,6 +229,22 @@ static enum MHD_Result kvf_proxy_route(struct kvf_proxy_http *http, struct MHD_C
                                            "use POST for /v1/completions");
         }
         return kvf_proxy_completions(http, conn, cc);
+    }
+    if (strcmp(url, "/v1/chat/completions") == 0) {
+        if (!post) {
+            return kvf_proxy_respond_error(conn, 405, "invalid_request_error", NULL,
+                                           "use POST for /v1/chat/completions");
+        }
+        return kvf_proxy_chat_completions(http, conn, cc);
+    }
+    if ((strcmp(url, "/tokenize") == 0) || (strcmp(url, "/detokenize") == 0)) {
+        return kvf_proxy_tokenize_route(http, conn, url, post, cc);
+    }
+    if (strcmp(url, "/version") == 0) {
+        return get ? kvf_proxy_respond_ex(conn, MHD_HTTP_OK, "application/json",
+                                          kvf_proxy_version_json(), false) :
+                     kvf_proxy_respond_error(conn, 405, "invalid_request_error", NULL,
+                                             "use GET for /version");
     }
     if ((strcmp(url, "/health") == 0) || (strcmp(url, "/v1/models") == 0) ||
         (strcmp(url, "/metrics") == 0)) {

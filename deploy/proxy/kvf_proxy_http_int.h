@@ -8,6 +8,7 @@
 #define KVF_PROXY_HTTP_INT_H
 
 #include "kvf_proxy_conns.h"
+#include "kvf_proxy_choice.h"
 #include "kvf_proxy_edge.h"
 #include "kvf_proxy_http.h"
 
@@ -44,10 +45,13 @@ typedef enum {
 typedef struct kvf_proxy_cmpl {
     struct kvf_proxy_http     *http;
     struct MHD_Connection     *conn;
-    kvf_proxy_wait_t           wait;      /* suspended while its flow waits */
+    kvf_proxy_wait_t           wait;      /* suspended while its flows wait */
     kvf_proxy_completion_req_t req;
-    kvf_proxy_flow_t           flow;
-    kvf_tokenizer_stream_t     text;      /* holds a character split across tokens */
+    kvf_proxy_choice_t        *choices;   /* prompts x n, each with its flow */
+    int                        num_choices;
+    int                        rr;        /* stream: the choice looked at first next */
+    int                        failed;    /* the choice whose flow failed, or -1 */
+    char                       xrid[72];  /* the client's x-request-id, echoed; "" none */
     kvf_proxy_sse_phase_t      phase;
     int                        code;      /* for the request counter */
     char                      *out;       /* pending SSE bytes */
@@ -81,6 +85,10 @@ enum MHD_Result kvf_proxy_respond_error_retry(struct MHD_Connection *conn, int c
 /** POST /v1/completions, the body complete (first call or after a resume). */
 enum MHD_Result kvf_proxy_completions(struct kvf_proxy_http *http, struct MHD_Connection *conn,
                                       kvf_proxy_conn_t *cc);
+
+/** POST /v1/chat/completions, as kvf_proxy_completions() (kvf_proxy_chat.h renders it). */
+enum MHD_Result kvf_proxy_chat_completions(struct kvf_proxy_http *http,
+                                           struct MHD_Connection *conn, kvf_proxy_conn_t *cc);
 
 /** The connection ended with @a cc's completion still in the handler's hands: end it. */
 void kvf_proxy_cmpl_abandon(kvf_proxy_cmpl_t *c);

@@ -4,13 +4,13 @@
  * errors. Pure functions of their inputs (no I/O), so they are unit-tested
  * directly.
  *
- * Request fields: model (string, optional, must match the served name),
- * prompt (string, or an array of token ids), max_tokens (integer >= 1,
- * default 16), temperature (number >= 0, default 1), seed (integer >= 0),
- * stream (bool), n (only 1), and the extensions ignore_eos (bool) and
- * return_token_ids (bool: add prompt and completion token ids). Fields
- * kvferry cannot honour (stop, logprobs, echo, best_of > 1, suffix) are
- * refused rather than ignored. Unknown fields are ignored.
+ * Request fields: every field of vLLM's /v1/completions is either honoured
+ * with vLLM's semantics and ranges or refused by name with 400 (the table is
+ * kvf_proxy_openai.c's kvf_proxy_fields[] and README's "OpenAI API" section);
+ * a key that is no field of vLLM's is refused by name too. Sampling runs in
+ * the engine (common/engine/kvf_sampler.h); the proxy handles what is text:
+ * stop strings (held back until they cannot start a stop string), echo,
+ * several prompts and n choices (one flow each), logprobs' token strings.
  */
 #ifndef KVF_PROXY_OPENAI_H
 #define KVF_PROXY_OPENAI_H
@@ -36,7 +36,17 @@ typedef struct kvf_proxy_openai_ctx {
     int         max_model_len;       /* the model's max_position_embeddings: a prompt, or a
                                       * prompt plus max_tokens, longer gets 400; 0: no limit */
     _Atomic bool tok_ready;          /* see tok */
+    const char *const *names;        /* --served-model-name: every name served (names[0] is
+                                      * model_name); NULL: model_name alone */
+    int         num_names;
+    const char *root;                /* /v1/models "root": the model folder; NULL: the name */
+    const char *chat_template;       /* tokenizer_config.json's; NULL: chat is refused */
+    const char *bos_token;           /* its text, for the template ("" when none) */
+    const char *eos_token;
 } kvf_proxy_openai_ctx_t;
+
+#define KVF_PROXY_MAX_CHOICES 16     /* prompts x n per request */
+#define KVF_PROXY_MAX_STOP     8     /* stop strings per request (each <= 256 bytes) */
 
 typedef struct kvf_proxy_completion_req {
     int32_t *prompt_ids;             /* owned; kvf_proxy_openai_req_cleanup() frees */
@@ -48,6 +58,31 @@ typedef struct kvf_proxy_completion_req {
     bool     stream;
     bool     ignore_eos;
     bool     return_token_ids;
+    /* vLLM's sampling fields (defaults: off); see kvf_sampler.h */
+    float    top_p;                /* (0, 1], default 1 */
+    int      top_k;                /* 0: off */
+    float    min_p;
+    float    presence_penalty;
+    float    frequency_penalty;
+    float    repetition_penalty;   /* default 1 */
+    uint32_t min_tokens;
+    int      num_stop_ids;
+    int32_t  stop_token_ids[64];
+    bool     want_logprobs;        /* "logprobs" given */
+    int      logprobs;             /* top entries per token, [0, 20] */
+    /* text handled by the proxy */
+    int      num_stop;
+    char    *stop[KVF_PROXY_MAX_STOP];        /* owned */
+    bool     include_stop_str_in_output;
+    bool     echo;
+    int      n;                    /* choices per prompt, >= 1 */
+    int      num_prompts;          /* >= 1; prompt i is prompts[i] (prompts[0] == prompt_ids) */
+    int32_t *prompts[KVF_PROXY_MAX_CHOICES];  /* owned */
+    int      prompt_lens[KVF_PROXY_MAX_CHOICES];
+    bool     include_usage;        /* stream_options.include_usage */
+    bool     continuous_usage;     /* stream_options.continuous_usage_stats */
+    char     response_id[96];      /* "cmpl-<x-request-id>" when given; "" : the flow's id */
+    bool     chat;                 /* chat.completion objects (kvf_proxy_chat.h) */
 } kvf_proxy_completion_req_t;
 
 /** Transfer statistics of one request (TransferStats, as decode reported them). */
@@ -86,6 +121,13 @@ typedef struct kvf_proxy_completion {
     double               ttft_ms;
     double               prefill_ms;
     kvf_proxy_ttft_breakdown_t ttft_breakdown;
+    /* with want_logprobs: per token its logprob and top_per_token entries (owned by the
+     * flow); num_logprobs == num_tokens when every reply carried them */
+    float               *token_logprobs;
+    int32_t             *top_ids;
+    float               *top_logprobs;
+    int                  num_logprobs;
+    int                  cap_logprobs;
 } kvf_proxy_completion_t;
 
 /**
@@ -110,31 +152,75 @@ kvf_status_t kvf_proxy_openai_parse(const kvf_proxy_openai_ctx_t *ctx, const cha
 void kvf_proxy_openai_req_cleanup(kvf_proxy_completion_req_t *req);
 
 /**
- * {"error": {"message", "type", "param", "code"}} as a malloc'd string.
- * @a type: "invalid_request_error", "server_error", "upstream_error", ...
+ * Parse and validate a /v1/chat/completions body (kvf_proxy_chat.h): the same
+ * fields as completions where vLLM's chat has them, "messages" rendered with
+ * the checkpoint's chat template into prompts[0]. Errors as kvf_proxy_openai_parse().
+ */
+kvf_status_t kvf_proxy_openai_parse_chat(const kvf_proxy_openai_ctx_t *ctx, const char *body,
+                                         size_t len, kvf_proxy_completion_req_t *req_p,
+                                         int *http_p, const char **param_p, char *err,
+                                         size_t err_cap);
+
+/**
+ * vLLM's error body, {"object": "error", "message", "type", "param", "code"}, with
+ * OpenAI's nested {"error": {...}} too, as a malloc'd string (NULL: no memory).
+ * The flat "type" is vLLM's class name for @a code ("BadRequestError" for 400,
+ * "NotFoundError", "ServiceUnavailableError", ...); the nested one is @a type
+ * ("invalid_request_error", "server_error", "upstream_error", ...).
  * @a param: the offending request field, or NULL (JSON null).
- * @a code: the HTTP status, written as a string ("400") as OpenAI's code is a string.
+ * @a code: the HTTP status, an integer as in vLLM's.
  */
 char *kvf_proxy_openai_error_json(const char *message, const char *type, const char *param,
                                   int code);
 
-/** The text_completion object of a finished request (malloc'd string; NULL: no memory). */
-char *kvf_proxy_openai_completion_json(const kvf_proxy_openai_ctx_t *ctx,
-                                       const kvf_proxy_completion_req_t *req,
-                                       const kvf_proxy_completion_t *c,
-                                       const char *text);
+/** Token counts of a response or a usage chunk. */
+typedef struct kvf_proxy_usage {
+    int prompt_tokens;
+    int completion_tokens;
+} kvf_proxy_usage_t;
+
+/** One choice's piece of output: the whole of it in a response, a delta in a chunk. */
+typedef struct kvf_proxy_choice_out {
+    int            index;           /* prompt index x n + choice within the prompt */
+    const char    *text;            /* NUL-terminated */
+    const int32_t *ids;             /* its token ids (shown with return_token_ids) */
+    int            num_ids;
+    const float   *token_logprobs;  /* [num_ids]; NULL: "logprobs": null */
+    const int32_t *top_ids;         /* [num_ids][per]; id -1: none */
+    const float   *top_logprobs;
+    int            per;
+    int            text_offset;     /* bytes of the choice's text before this piece */
+    const char    *finish_reason;   /* NULL: not finished (chunks) */
+    const char    *stop_reason;     /* the stop string matched, or NULL */
+    int            stop_token;      /* the stop token id that ended it, or -1 */
+    bool           first;           /* chat chunks: the first delta carries the role */
+} kvf_proxy_choice_out_t;
 
 /**
- * One stream chunk (a text_completion object with a text delta). @a ids /
- * @a num_ids are the delta's token ids (shown with return_token_ids). When
- * @a final, finish_reason, usage, kv_transfer and the instances are added.
+ * One stream chunk: @a ch's piece (NULL: none, "choices": []), and @a usage when
+ * not NULL. With @a ch finished, kvferry's summary of its flow @a c follows
+ * (kv_transfer, instances, ttft_ms, prompt_token_ids with return_token_ids).
+ * @return a malloc'd string; NULL: no memory.
  */
-char *kvf_proxy_openai_chunk_json(const kvf_proxy_openai_ctx_t *ctx,
-                                  const kvf_proxy_completion_req_t *req,
-                                  const kvf_proxy_completion_t *c, const char *text,
-                                  const int32_t *ids, int num_ids, bool final);
+char *kvf_proxy_openai_chunk(const kvf_proxy_openai_ctx_t *ctx,
+                             const kvf_proxy_completion_req_t *req,
+                             const kvf_proxy_completion_t *c, const kvf_proxy_choice_out_t *ch,
+                             const kvf_proxy_usage_t *usage);
 
-/** {"object": "list", "data": [{"id": model, ...}]} (malloc'd). */
+/**
+ * A whole response: @a n choices, usage, and kvferry's summary of @a c (the
+ * first choice's flow). @return a malloc'd string; NULL: no memory.
+ */
+char *kvf_proxy_openai_response(const kvf_proxy_openai_ctx_t *ctx,
+                                const kvf_proxy_completion_req_t *req,
+                                const kvf_proxy_completion_t *c,
+                                const kvf_proxy_choice_out_t *chs, int n,
+                                const kvf_proxy_usage_t *usage);
+
+/**
+ * {"object": "list", "data": [{"id", "object", "created", "owned_by", "root",
+ * "parent", "max_model_len", "permission"}, ...]}: one entry per served name (malloc'd).
+ */
 char *kvf_proxy_openai_models_json(const kvf_proxy_openai_ctx_t *ctx, int64_t created);
 
 #endif

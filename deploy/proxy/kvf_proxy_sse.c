@@ -1,12 +1,15 @@
 /*
- * kvf-proxy completions on the HTTP edge: a request's flow is stepped on
- * the HTTP library's thread whenever it may have progressed, and the
- * connection is suspended in between (kvf_proxy_edge.h), so no thread waits
- * for an instance.
+ * kvf-proxy completions (and chat completions) on the HTTP edge: a request's
+ * flows (one per choice: prompts x n, kvf_proxy_choice.h) are stepped on the
+ * HTTP library's thread whenever they may have progressed, and the connection
+ * is suspended in between (kvf_proxy_edge.h), so no thread waits for an
+ * instance.
  *
  *   body complete -> flow begin -> step ... (suspended while it waits)
  *     non-stream: until done, then one JSON answer
- *     stream:     until the first token, then a server-sent-events response
+ *     stream:     until every choice has its first token, then a server-sent-events
+ *                 response (a chunk per choice's piece of text, the choice's final
+ *                 chunk, a usage chunk without choices with include_usage, [DONE])
  *                 whose content reader steps the flow and suspends the
  *                 connection when nothing is ready (it returns 0 bytes then,
  *                 never blocks); MHD writes each piece out at once (chunked).
@@ -47,55 +50,131 @@ static bool kvf_proxy_client_gone(void *arg)
     return (poll(&pfd, 1, 0) > 0) && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR));
 }
 
-/*
- * A decoded NUL (byte token 0) would cut the JSON string short, since the
- * JSON builder takes C strings: it is sent as U+FFFD instead. Takes @a text
- * (w bytes), returns it or a replacement (the input is freed then).
- */
-static char *kvf_proxy_text_nul(char *text, size_t w)
-{
-    size_t nul = 0, j = 0;
-    char *out;
+/* ---- the choices' flows ----------------------------------------------------------- */
 
-    for (size_t i = 0; i < w; ++i) {
-        nul += (text[i] == '\0');
-    }
-    if (nul == 0) {
-        return text;
-    }
-    out = malloc(w + 2 * nul + 1);
-    if (out != NULL) {
-        for (size_t i = 0; i < w; ++i) {
-            if (text[i] == '\0') {
-                memcpy(out + j, "\xef\xbf\xbd", 3);
-                j += 3;
-            } else {
-                out[j++] = text[i];
+typedef enum {
+    KVF_PROXY_PUMP_MOVED = 0,   /* something happened */
+    KVF_PROXY_PUMP_WAIT,        /* nothing: suspend until a notification or the wake time */
+    KVF_PROXY_PUMP_FAILED,      /* a flow failed: c->failed names it */
+} kvf_proxy_pump_t;
+
+/* Step every choice's flow that is not over, and update its text. */
+static kvf_proxy_pump_t kvf_proxy_pump(kvf_proxy_cmpl_t *c)
+{
+    const kvf_proxy_openai_ctx_t *api = c->http->params.api;
+    bool moved = false;
+
+    for (int i = 0; i < c->num_choices; ++i) {
+        kvf_proxy_choice_t *ch = &c->choices[i];
+        int from;
+        kvf_status_t st;
+
+        if (ch->flow.stage == KVF_PROXY_FLOW_OVER) {
+            if (!kvf_proxy_choice_over(ch) && ch->flow.done) {
+                moved = true;   /* flush its text */
+                if (kvf_proxy_choice_update(ch, api) != KVF_OK) {
+                    goto oom;
+                }
             }
+            continue;
         }
-        out[j] = '\0';
+        st = kvf_proxy_flow_step(&ch->flow, &from);
+        if (st == KVF_PROXY_FLOW_PENDING) {
+            continue;
+        }
+        if (st != KVF_OK) {
+            c->failed = i;
+            return KVF_PROXY_PUMP_FAILED;
+        }
+        moved = true;
+        if (kvf_proxy_choice_update(ch, api) != KVF_OK) {
+            goto oom;
+        }
     }
-    free(text);
-    return out;
+    return moved ? KVF_PROXY_PUMP_MOVED : KVF_PROXY_PUMP_WAIT;
+oom:
+    c->failed = 0;
+    c->choices[0].flow.http_code = 500;
+    c->choices[0].flow.error_type = "server_error";
+    snprintf(c->choices[0].flow.error, sizeof(c->choices[0].flow.error), "out of memory");
+    return KVF_PROXY_PUMP_FAILED;
 }
 
-/* Completion text of tokens [from, to) through the stream's decoder state; malloc'd. */
-static char *kvf_proxy_text(const kvf_tokenizer_t *tok, const kvf_proxy_flow_t *flow,
-                            kvf_tokenizer_stream_t *st, int from, int to, bool flush)
+/* The earliest deadline among the flows still running. */
+static int64_t kvf_proxy_wake(const kvf_proxy_cmpl_t *c)
 {
-    /* room for the feed plus what the flush may release */
-    size_t cap = kvf_tokenizer_stream_cap(tok, to - from) + 3 * KVF_TOKENIZER_STREAM_PEND + 1;
-    char *text = malloc(cap);
-    size_t w;
+    int64_t wake = INT64_MAX;
 
-    if (text == NULL) {
-        return NULL;
+    for (int i = 0; i < c->num_choices; ++i) {
+        if (c->choices[i].flow.stage != KVF_PROXY_FLOW_OVER) {
+            int64_t w = kvf_proxy_flow_wake_us(&c->choices[i].flow);
+            wake = (w < wake) ? w : wake;
+        }
     }
-    w = kvf_tokenizer_stream_feed(tok, st, flow->out.tokens + from, to - from, text, cap);
-    if (flush) {
-        w += kvf_tokenizer_stream_flush(st, text + w, cap - w);
+    return (wake == INT64_MAX) ? kvf_proxy_now_us() : wake;
+}
+
+static bool kvf_proxy_all_over(const kvf_proxy_cmpl_t *c)
+{
+    for (int i = 0; i < c->num_choices; ++i) {
+        if (!kvf_proxy_choice_over(&c->choices[i])) {
+            return false;
+        }
     }
-    return kvf_proxy_text_nul(text, w);
+    return true;
+}
+
+/* Every choice has its first token (or is over): a stream may start. */
+static bool kvf_proxy_all_started(const kvf_proxy_cmpl_t *c)
+{
+    for (int i = 0; i < c->num_choices; ++i) {
+        const kvf_proxy_flow_t *f = &c->choices[i].flow;
+        if ((f->stage != KVF_PROXY_FLOW_DECODE) && (f->stage != KVF_PROXY_FLOW_OVER)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+static kvf_proxy_usage_t kvf_proxy_usage(const kvf_proxy_cmpl_t *c)
+{
+    kvf_proxy_usage_t u = {0, 0};
+
+    for (int p = 0; p < c->req.num_prompts; ++p) {
+        u.prompt_tokens += c->req.prompt_lens[p];
+    }
+    for (int i = 0; i < c->num_choices; ++i) {
+        u.completion_tokens += kvf_proxy_choice_tokens(&c->choices[i]);
+    }
+    return u;
+}
+
+/* A choice's piece [ids_sent, to) of tokens with text [sent, text_end) into @a out. */
+static void kvf_proxy_piece(const kvf_proxy_choice_t *ch, int to, const char *text,
+                            bool final, kvf_proxy_choice_out_t *out)
+{
+    const kvf_proxy_completion_t *o = &ch->flow.out;
+    int from = ch->ids_sent;
+
+    memset(out, 0, sizeof(*out));
+    out->index = ch->index;
+    out->text = text;
+    out->ids = o->tokens + from;
+    out->num_ids = to - from;
+    if (ch->sub.want_logprobs && (o->num_logprobs >= to)) {
+        out->token_logprobs = o->token_logprobs + from;
+        out->top_ids = o->top_ids + (size_t)from * (size_t)ch->sub.logprobs;
+        out->top_logprobs = o->top_logprobs + (size_t)from * (size_t)ch->sub.logprobs;
+        out->per = ch->sub.logprobs;
+    }
+    out->text_offset = (int)ch->sent + ((ch->echo != NULL) ? (int)strlen(ch->echo) : 0);
+    out->stop_token = -1;
+    if (final) {
+        out->finish_reason = kvf_proxy_choice_finish(ch);
+        out->stop_reason = ch->stop_reason;
+        out->stop_token = (ch->stop_reason == NULL) ? ch->stop_token : -1;
+    }
+    out->first = !ch->first_sent;
 }
 
 /* ---- streaming ---------------------------------------------------------------- */
@@ -121,60 +200,104 @@ static void kvf_proxy_sse_set(kvf_proxy_cmpl_t *s, char *json)
     free(json);
 }
 
-static char *kvf_proxy_sse_chunk(kvf_proxy_cmpl_t *s, int from, bool final)
-{
-    const kvf_proxy_openai_ctx_t *api = s->http->params.api;
-    int to = s->flow.out.num_tokens;
-    char *text = kvf_proxy_text(api->tok, &s->flow, &s->text, from, to, final);
-    char *json;
-
-    if (text == NULL) {
-        return NULL;
-    }
-    json = kvf_proxy_openai_chunk_json(api, &s->req, &s->flow.out, text,
-                                       s->flow.out.tokens + from, to - from, final);
-    free(text);
-    return json;
-}
-
 typedef enum {
     KVF_PROXY_SSE_PRODUCED = 0,   /* s->out holds the next event */
     KVF_PROXY_SSE_WAIT,           /* nothing ready: suspend */
     KVF_PROXY_SSE_OVER,           /* the stream is over */
 } kvf_proxy_sse_next_t;
 
+/*
+ * The next chunk of some choice (round robin from s->rr): its ready text, or its
+ * final chunk once over. false: no choice has anything to send now.
+ */
+static bool kvf_proxy_sse_choice_chunk(kvf_proxy_cmpl_t *s)
+{
+    const kvf_proxy_openai_ctx_t *api = s->http->params.api;
+
+    for (int k = 0; k < s->num_choices; ++k) {
+        int i = (s->rr + k) % s->num_choices;
+        kvf_proxy_choice_t *ch = &s->choices[i];
+        bool over = kvf_proxy_choice_over(ch);
+        size_t ready = kvf_proxy_choice_ready(ch);
+        size_t echo = (!ch->first_sent && (ch->echo != NULL)) ? strlen(ch->echo) : 0;
+        int to = over ? kvf_proxy_choice_tokens(ch) : ch->decoded;
+        kvf_proxy_choice_out_t out;
+        kvf_proxy_usage_t u;
+        char *text;
+
+        /* the first chunk of each choice goes out at once, text or not (its first token;
+         * chat's role) */
+        if (ch->final_sent || (!over && (ready <= ch->sent) && ch->first_sent)) {
+            continue;
+        }
+        if (ready < ch->sent) {
+            ready = ch->sent;
+        }
+        text = malloc(echo + (ready - ch->sent) + 1);
+        if (text == NULL) {
+            kvf_proxy_sse_set(s, NULL);
+            return true;
+        }
+        memcpy(text, (echo > 0) ? ch->echo : "", echo);
+        memcpy(text + echo, ch->text + ch->sent, ready - ch->sent);
+        text[echo + (ready - ch->sent)] = '\0';
+        kvf_proxy_piece(ch, to, text, over, &out);
+        out.text_offset -= (int)echo;
+        u.prompt_tokens = ch->sub.num_prompt;
+        u.completion_tokens = to;
+        kvf_proxy_sse_set(s, kvf_proxy_openai_chunk(api, &s->req, &ch->flow.out, &out,
+                                                    s->req.continuous_usage ? &u : NULL));
+        free(text);
+        ch->sent = ready;
+        ch->ids_sent = to;
+        ch->first_sent = true;
+        ch->final_sent = over;
+        s->rr = (i + 1) % s->num_choices;
+        return true;
+    }
+    return false;
+}
+
 /* Decode replies: the next event, or wait. */
 static kvf_proxy_sse_next_t kvf_proxy_sse_run(kvf_proxy_cmpl_t *s)
 {
-    int from;
+    const kvf_proxy_openai_ctx_t *api = s->http->params.api;
 
     for (;;) {
-        kvf_status_t st;
+        kvf_proxy_pump_t p;
 
-        if (s->flow.done) {
-            s->phase = KVF_PROXY_SSE_DONE_MARK;
-            kvf_proxy_sse_set(s, kvf_proxy_sse_chunk(s, s->flow.out.num_tokens, true));
+        if (kvf_proxy_sse_choice_chunk(s)) {
             return KVF_PROXY_SSE_PRODUCED;
         }
-        st = kvf_proxy_flow_step(&s->flow, &from);
-        if (st == KVF_PROXY_FLOW_PENDING) {
+        if (kvf_proxy_all_over(s)) {
+            s->phase = KVF_PROXY_SSE_DONE_MARK;
+            if (s->req.include_usage) {
+                kvf_proxy_usage_t u = kvf_proxy_usage(s);
+                kvf_proxy_sse_set(s, kvf_proxy_openai_chunk(api, &s->req,
+                                                            &s->choices[0].flow.out, NULL, &u));
+                return KVF_PROXY_SSE_PRODUCED;
+            }
+            s->phase = KVF_PROXY_SSE_END;
+            free(s->out);
+            s->out = strdup("data: [DONE]\n\n");
+            s->out_len = (s->out != NULL) ? strlen(s->out) : 0;
+            s->out_off = 0;
+            return KVF_PROXY_SSE_PRODUCED;
+        }
+        p = kvf_proxy_pump(s);
+        if (p == KVF_PROXY_PUMP_WAIT) {
             return KVF_PROXY_SSE_WAIT;
         }
-        if (st != KVF_OK) {
-            if (s->flow.client_gone) {
+        if (p == KVF_PROXY_PUMP_FAILED) {
+            kvf_proxy_flow_t *f = &s->choices[s->failed].flow;
+            if (f->client_gone) {
                 s->code = 499;
                 return KVF_PROXY_SSE_OVER;
             }
-            s->code = s->flow.http_code;
+            s->code = f->http_code;
             s->phase = KVF_PROXY_SSE_DONE_MARK;
-            kvf_proxy_sse_set(s, kvf_proxy_openai_error_json(s->flow.error, s->flow.error_type,
-                                                             NULL, s->flow.http_code));
-            return KVF_PROXY_SSE_PRODUCED;
-        }
-        if (s->flow.out.num_tokens > from) {
-            /* with done: the last tokens and the summary in one final chunk */
-            s->phase = s->flow.done ? KVF_PROXY_SSE_DONE_MARK : KVF_PROXY_SSE_RUN;
-            kvf_proxy_sse_set(s, kvf_proxy_sse_chunk(s, from, s->flow.done));
+            kvf_proxy_sse_set(s, kvf_proxy_openai_error_json(f->error, f->error_type, NULL,
+                                                             f->http_code));
             return KVF_PROXY_SSE_PRODUCED;
         }
     }
@@ -185,11 +308,8 @@ static kvf_proxy_sse_next_t kvf_proxy_sse_produce(kvf_proxy_cmpl_t *s)
 {
     switch (s->phase) {
     case KVF_PROXY_SSE_FIRST:
-        /* The first token is out as soon as prefill returned it. */
-        s->phase = KVF_PROXY_SSE_RUN;
-        kvf_proxy_sse_set(s, kvf_proxy_sse_chunk(s, 0, false));
-        return KVF_PROXY_SSE_PRODUCED;
     case KVF_PROXY_SSE_RUN:
+        s->phase = KVF_PROXY_SSE_RUN;
         return kvf_proxy_sse_run(s);
     case KVF_PROXY_SSE_DONE_MARK:
         s->phase = KVF_PROXY_SSE_END;
@@ -215,8 +335,7 @@ static ssize_t kvf_proxy_sse_reader(void *cls, uint64_t pos, char *buf, size_t m
         kvf_proxy_sse_next_t next = kvf_proxy_sse_produce(s);
 
         if (next == KVF_PROXY_SSE_WAIT) {
-            if (kvf_proxy_edge_suspend(s->http->edge, &s->wait,
-                                       kvf_proxy_flow_wake_us(&s->flow))) {
+            if (kvf_proxy_edge_suspend(s->http->edge, &s->wait, kvf_proxy_wake(s))) {
                 return 0;
             }
             continue;   /* news came meanwhile */
@@ -226,7 +345,8 @@ static ssize_t kvf_proxy_sse_reader(void *cls, uint64_t pos, char *buf, size_t m
                                       MHD_CONTENT_READER_END_OF_STREAM;
         }
         if (s->out == NULL) {
-            kvf_error("request %s: out of memory building a stream chunk", s->flow.out.id);
+            kvf_error("request %s: out of memory building a stream chunk",
+                      s->choices[0].flow.out.id);
             s->code = 500;
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
@@ -242,12 +362,35 @@ static ssize_t kvf_proxy_sse_reader(void *cls, uint64_t pos, char *buf, size_t m
 
 static void kvf_proxy_cmpl_free(kvf_proxy_cmpl_t *c)
 {
-    kvf_proxy_flow_finish(&c->flow);   /* no notification for it from here */
+    for (int i = 0; i < c->num_choices; ++i) {
+        kvf_proxy_choice_cleanup(&c->choices[i]);   /* no notification from here */
+    }
+    free(c->choices);
     kvf_proxy_metrics_request(c->http->params.flow->metrics, c->code);
     kvf_proxy_openai_req_cleanup(&c->req);
     free(c->out);
     atomic_fetch_sub(&c->http->inflight, 1);
     free(c);
+}
+
+static bool kvf_proxy_cmpl_done_normally(const kvf_proxy_cmpl_t *c)
+{
+    for (int i = 0; i < c->num_choices; ++i) {
+        if (!c->choices[i].flow.done) {
+            return false;
+        }
+    }
+    return true;
+}
+
+static bool kvf_proxy_cmpl_client_gone_flag(const kvf_proxy_cmpl_t *c)
+{
+    for (int i = 0; i < c->num_choices; ++i) {
+        if (c->choices[i].flow.client_gone) {
+            return true;
+        }
+    }
+    return false;
 }
 
 static void kvf_proxy_sse_free(void *cls)
@@ -256,13 +399,13 @@ static void kvf_proxy_sse_free(void *cls)
 
     if ((s->phase != KVF_PROXY_SSE_END) || (s->out_off < s->out_len)) {
         /* MHD gave up on the connection before the end: the client left. */
-        if (!s->flow.client_gone && !s->flow.done) {
+        if (!kvf_proxy_cmpl_client_gone_flag(s) && !kvf_proxy_cmpl_done_normally(s)) {
             kvf_proxy_metrics_add(s->http->params.flow->metrics, KVF_PROXY_CTR_CLIENT_ABORTS, 1);
         }
         if (s->code == 200) {
             s->code = 499;
         }
-        kvf_info("request %s: client went away mid-stream", s->flow.out.id);
+        kvf_info("request %s: client went away mid-stream", s->choices[0].flow.out.id);
     }
     kvf_proxy_cmpl_free(s);
 }
@@ -277,17 +420,42 @@ void kvf_proxy_cmpl_abandon(kvf_proxy_cmpl_t *c)
 
 /* ---- /v1/completions ---------------------------------------------------------- */
 
-/* The flow failed: answer its error (499: nobody to answer, close). Frees @a c. */
+/* A response with the client's x-request-id echoed. @a body is taken. */
+static enum MHD_Result kvf_proxy_cmpl_respond(struct MHD_Connection *conn, const char *xrid,
+                                              char *body)
+{
+    struct MHD_Response *resp;
+    enum MHD_Result ret;
+
+    if (body == NULL) {
+        return kvf_proxy_respond_error(conn, 500, "server_error", NULL, "out of memory");
+    }
+    resp = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+    if (resp == NULL) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+    if (xrid[0] != '\0') {
+        MHD_add_response_header(resp, "X-Request-Id", xrid);
+    }
+    ret = MHD_queue_response(conn, MHD_HTTP_OK, resp);
+    MHD_destroy_response(resp);
+    return ret;
+}
+
+/* A flow failed: answer its error (499: nobody to answer, close). Frees @a c. */
 static enum MHD_Result kvf_proxy_cmpl_fail(struct MHD_Connection *conn, kvf_proxy_conn_t *cc)
 {
     kvf_proxy_cmpl_t *c = cc->cmpl;
+    kvf_proxy_flow_t *f = &c->choices[(c->failed >= 0) ? c->failed : 0].flow;
     enum MHD_Result ret = MHD_NO;
 
     cc->cmpl = NULL;
-    c->code = c->flow.http_code;
+    c->code = f->http_code;
     if (c->code != 499) {
-        ret = kvf_proxy_respond_error_retry(conn, c->code, c->flow.error_type, NULL,
-                                            c->flow.error, c->flow.retry_after_s);
+        ret = kvf_proxy_respond_error_retry(conn, c->code, f->error_type, NULL, f->error,
+                                            f->retry_after_s);
     }
     kvf_proxy_cmpl_free(c);
     return ret;
@@ -298,18 +466,46 @@ static enum MHD_Result kvf_proxy_cmpl_answer(struct MHD_Connection *conn, kvf_pr
 {
     kvf_proxy_cmpl_t *c = cc->cmpl;
     const kvf_proxy_openai_ctx_t *api = c->http->params.api;
-    char *text = kvf_proxy_text(api->tok, &c->flow, &c->text, 0, c->flow.out.num_tokens, true);
-    char *json = (text != NULL) ?
-                 kvf_proxy_openai_completion_json(api, &c->req, &c->flow.out, text) : NULL;
+    kvf_proxy_choice_out_t *outs = calloc((size_t)c->num_choices, sizeof(*outs));
+    char **texts = calloc((size_t)c->num_choices, sizeof(*texts));
+    kvf_proxy_usage_t u = kvf_proxy_usage(c);
+    char *json = NULL;
+    bool ok = (outs != NULL) && (texts != NULL);
 
-    free(text);
+    for (int i = 0; ok && (i < c->num_choices); ++i) {
+        kvf_proxy_choice_t *ch = &c->choices[i];
+        size_t echo = (ch->echo != NULL) ? strlen(ch->echo) : 0;
+
+        texts[i] = malloc(echo + ch->end + 1);
+        ok = (texts[i] != NULL);
+        if (ok) {
+            memcpy(texts[i], (echo > 0) ? ch->echo : "", echo);
+            memcpy(texts[i] + echo, ch->text != NULL ? ch->text : "", ch->end);
+            texts[i][echo + ch->end] = '\0';
+            kvf_proxy_piece(ch, kvf_proxy_choice_tokens(ch), texts[i], true, &outs[i]);
+            outs[i].text_offset = (int)echo;
+        }
+    }
+    if (ok) {
+        json = kvf_proxy_openai_response(api, &c->req, &c->choices[0].flow.out, outs,
+                                         c->num_choices, &u);
+    }
+    for (int i = 0; (texts != NULL) && (i < c->num_choices); ++i) {
+        free(texts[i]);
+    }
+    free(texts);
+    free(outs);
     cc->cmpl = NULL;
     c->code = (json != NULL) ? 200 : 500;
-    kvf_proxy_cmpl_free(c);
-    return kvf_proxy_respond_ex(conn, MHD_HTTP_OK, "application/json", json, false);
+    {
+        char xrid[sizeof(c->xrid)];
+        snprintf(xrid, sizeof(xrid), "%s", c->xrid);
+        kvf_proxy_cmpl_free(c);
+        return kvf_proxy_cmpl_respond(conn, xrid, json);
+    }
 }
 
-/* The first token is in: hand the completion to an SSE response. */
+/* Every choice's first token is in: hand the completion to an SSE response. */
 static enum MHD_Result kvf_proxy_cmpl_stream(struct MHD_Connection *conn, kvf_proxy_conn_t *cc)
 {
     kvf_proxy_cmpl_t *c = cc->cmpl;
@@ -319,31 +515,55 @@ static enum MHD_Result kvf_proxy_cmpl_stream(struct MHD_Connection *conn, kvf_pr
     resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, kvf_proxy_sse_reader, c,
                                              kvf_proxy_sse_free);
     if (resp == NULL) {
-        c->flow.http_code = 500;
-        c->flow.error_type = "server_error";
-        snprintf(c->flow.error, sizeof(c->flow.error), "out of memory");
+        kvf_proxy_flow_t *f = &c->choices[0].flow;
+        c->failed = 0;
+        f->http_code = 500;
+        f->error_type = "server_error";
+        snprintf(f->error, sizeof(f->error), "out of memory");
         return kvf_proxy_cmpl_fail(conn, cc);
     }
     cc->cmpl = NULL;   /* the response owns it now */
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    if (c->xrid[0] != '\0') {
+        MHD_add_response_header(resp, "X-Request-Id", c->xrid);
+    }
     ret = MHD_queue_response(conn, MHD_HTTP_OK, resp);
     MHD_destroy_response(resp);   /* c is freed by kvf_proxy_sse_free */
     return ret;
 }
 
-/* Parse the body and begin the flow; NULL after answering (the answer in *ret_p). */
+/* x-request-id: 1..64 printable ASCII bytes without spaces or quotes, else ignored. */
+static void kvf_proxy_x_request_id(struct MHD_Connection *conn, kvf_proxy_cmpl_t *c)
+{
+    const char *x = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Request-Id");
+    size_t n = (x != NULL) ? strlen(x) : 0;
+
+    if ((n == 0) || (n > 64)) {
+        return;
+    }
+    for (size_t i = 0; i < n; ++i) {
+        if ((x[i] <= ' ') || (x[i] > '~') || (x[i] == '"') || (x[i] == '\\')) {
+            return;
+        }
+    }
+    snprintf(c->xrid, sizeof(c->xrid), "%s", x);
+}
+
+/* Parse the body and begin the flows; NULL after answering (the answer in *ret_p). */
 static kvf_proxy_cmpl_t *kvf_proxy_cmpl_new(struct kvf_proxy_http *http,
                                             struct MHD_Connection *conn, kvf_proxy_conn_t *cc,
-                                            enum MHD_Result *ret_p)
+                                            bool chat, enum MHD_Result *ret_p)
 {
     const kvf_proxy_flow_ctx_t *fctx = http->params.flow;
+    const kvf_proxy_openai_ctx_t *api = http->params.api;
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
     kvf_proxy_cmpl_t *c;
     const char *param = NULL;
     char err[512];
     int code = 400;
+    kvf_status_t st;
 
     if (cc->too_large) {
         snprintf(err, sizeof(err), "request body is larger than %zu bytes", http->params.max_body);
@@ -360,54 +580,102 @@ static kvf_proxy_cmpl_t *kvf_proxy_cmpl_new(struct kvf_proxy_http *http,
     c->http = http;
     c->conn = conn;
     c->code = 200;
+    c->failed = -1;
     c->wait.edge = http->edge;
     c->wait.conn = conn;
     c->wait.fd = (ci != NULL) ? ci->connect_fd : -1;
-    if (kvf_proxy_openai_parse(http->params.api, (cc->body != NULL) ? cc->body : "", cc->len,
-                               &c->req, &code, &param, err, sizeof(err)) != KVF_OK) {
+    kvf_proxy_x_request_id(conn, c);
+    st = chat ? kvf_proxy_openai_parse_chat(api, (cc->body != NULL) ? cc->body : "", cc->len,
+                                            &c->req, &code, &param, err, sizeof(err)) :
+                kvf_proxy_openai_parse(api, (cc->body != NULL) ? cc->body : "", cc->len,
+                                       &c->req, &code, &param, err, sizeof(err));
+    if (st != KVF_OK) {
         free(c);
         atomic_fetch_sub(&http->inflight, 1);
         kvf_proxy_metrics_request(fctx->metrics, code);
         *ret_p = kvf_proxy_respond_error(conn, code, "invalid_request_error", param, err);
         return NULL;
     }
+    if ((c->xrid[0] != '\0') && (c->req.response_id[0] == '\0')) {
+        snprintf(c->req.response_id, sizeof(c->req.response_id), "%s-%s",
+                 chat ? "chatcmpl" : "cmpl", c->xrid);
+    }
+    c->num_choices = c->req.num_prompts * c->req.n;
+    c->choices = calloc((size_t)c->num_choices, sizeof(*c->choices));
     cc->cmpl = c;
-    if (kvf_proxy_flow_begin(&c->flow, fctx, &c->req, kvf_proxy_client_gone, c,
-                             kvf_proxy_edge_notify, &c->wait) != KVF_OK) {
-        *ret_p = kvf_proxy_cmpl_fail(conn, cc);
+    if (c->choices == NULL) {
+        c->num_choices = 0;
+        cc->cmpl = NULL;
+        c->code = 500;
+        kvf_proxy_cmpl_free(c);
+        *ret_p = kvf_proxy_respond_error(conn, 500, "server_error", NULL, "out of memory");
         return NULL;
     }
+    for (int i = 0; i < c->num_choices; ++i) {
+        kvf_proxy_choice_t *ch = &c->choices[i];
+
+        if (kvf_proxy_choice_init(ch, api, &c->req, i) != KVF_OK) {
+            ch->flow.http_code = 500;
+            ch->flow.error_type = "server_error";
+            snprintf(ch->flow.error, sizeof(ch->flow.error), "out of memory");
+            c->failed = i;
+            *ret_p = kvf_proxy_cmpl_fail(conn, cc);
+            return NULL;
+        }
+        ch->begun = true;
+        if (kvf_proxy_flow_begin(&ch->flow, fctx, &ch->sub, kvf_proxy_client_gone, c,
+                                 kvf_proxy_edge_notify, &c->wait) != KVF_OK) {
+            c->failed = i;
+            *ret_p = kvf_proxy_cmpl_fail(conn, cc);
+            return NULL;
+        }
+    }
     return c;
+}
+
+static enum MHD_Result kvf_proxy_cmpl_handle(struct kvf_proxy_http *http,
+                                             struct MHD_Connection *conn, kvf_proxy_conn_t *cc,
+                                             bool chat)
+{
+    kvf_proxy_cmpl_t *c = cc->cmpl;
+    enum MHD_Result ret = MHD_NO;
+
+    if ((c == NULL) && ((c = kvf_proxy_cmpl_new(http, conn, cc, chat, &ret)) == NULL)) {
+        return ret;
+    }
+    for (;;) {
+        kvf_proxy_pump_t p;
+
+        if (kvf_proxy_all_over(c)) {
+            if (c->req.stream) {
+                return kvf_proxy_cmpl_stream(conn, cc);
+            }
+            return kvf_proxy_cmpl_answer(conn, cc);
+        }
+        if (c->req.stream && kvf_proxy_all_started(c)) {
+            return kvf_proxy_cmpl_stream(conn, cc);
+        }
+        p = kvf_proxy_pump(c);
+        if (p == KVF_PROXY_PUMP_WAIT) {
+            if (kvf_proxy_edge_suspend(http->edge, &c->wait, kvf_proxy_wake(c))) {
+                return MHD_YES;   /* resumed: the library calls the handler again */
+            }
+            continue;
+        }
+        if (p == KVF_PROXY_PUMP_FAILED) {
+            return kvf_proxy_cmpl_fail(conn, cc);
+        }
+    }
 }
 
 enum MHD_Result kvf_proxy_completions(struct kvf_proxy_http *http, struct MHD_Connection *conn,
                                       kvf_proxy_conn_t *cc)
 {
-    kvf_proxy_cmpl_t *c = cc->cmpl;
-    enum MHD_Result ret = MHD_NO;
-    int from;
+    return kvf_proxy_cmpl_handle(http, conn, cc, false);
+}
 
-    if ((c == NULL) && ((c = kvf_proxy_cmpl_new(http, conn, cc, &ret)) == NULL)) {
-        return ret;
-    }
-    for (;;) {
-        kvf_status_t st;
-
-        if (c->flow.done) {
-            return kvf_proxy_cmpl_answer(conn, cc);
-        }
-        if (c->req.stream && (c->flow.stage == KVF_PROXY_FLOW_DECODE)) {
-            return kvf_proxy_cmpl_stream(conn, cc);
-        }
-        st = kvf_proxy_flow_step(&c->flow, &from);
-        if (st == KVF_PROXY_FLOW_PENDING) {
-            if (kvf_proxy_edge_suspend(http->edge, &c->wait, kvf_proxy_flow_wake_us(&c->flow))) {
-                return MHD_YES;   /* resumed: the library calls the handler again */
-            }
-            continue;
-        }
-        if (st != KVF_OK) {
-            return kvf_proxy_cmpl_fail(conn, cc);
-        }
-    }
+enum MHD_Result kvf_proxy_chat_completions(struct kvf_proxy_http *http,
+                                           struct MHD_Connection *conn, kvf_proxy_conn_t *cc)
+{
+    return kvf_proxy_cmpl_handle(http, conn, cc, true);
 }

@@ -80,9 +80,11 @@ def closed_within(s, seconds):
 
 
 def error_shape(body, code):
-    return (isinstance(body, dict) and set(body) == {"error"} and
-            set(body["error"]) == {"message", "type", "param", "code"} and
-            body["error"]["code"] == str(code))
+    # vLLM's flat error (integer code) with OpenAI's nested one
+    keys = {"message", "type", "param", "code"}
+    return (isinstance(body, dict) and set(body) == keys | {"object", "error"} and
+            body["object"] == "error" and body["code"] == code and
+            set(body["error"]) == keys and body["error"]["code"] == code)
 
 
 def raw_exchange(port, data, timeout=5):

@@ -49,8 +49,9 @@ def error_shape(text, code):
         b = json.loads(text)
     except ValueError:
         return False
-    return (set(b) == {"error"} and set(b["error"]) == {"message", "type", "param", "code"} and
-            b["error"]["code"] == str(code))
+    keys = {"message", "type", "param", "code"}   # vLLM's flat error and OpenAI's nested one
+    return (set(b) == keys | {"object", "error"} and b["code"] == code and
+            set(b["error"]) == keys and b["error"]["code"] == code)
 
 
 def stream_text(text):

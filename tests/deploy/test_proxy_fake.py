@@ -73,15 +73,16 @@ def run(a, procs):
 
     # Streaming: the first chunk carries prefill's token; the joined text equals the
     # non-streamed text; the final chunk has finish_reason and usage; then [DONE].
-    s = px.complete("stream me", max_tokens=9, stream=True, return_token_ids=True)
+    s = px.complete("stream me", max_tokens=9, stream=True, return_token_ids=True,
+                    stream_options={"include_usage": True})
     T.check(s.done and s.text == "stream me" and s.finish_reason == "length",
             "stream joins to 'stream me' and ends with [DONE]")
     T.check(s.chunks[0]["choices"][0]["text"] == "s" and
             s.chunks[0]["choices"][0]["finish_reason"] is None, "first chunk = first token")
     T.check(len(s.chunks) == 9 and s.token_ids == list(b"stream me"),
             "one chunk per token (decode streams one per reply)")
-    T.check(s.final["usage"]["completion_tokens"] == 9 and s.final["kv_transfer"]["bytes"] == 9000,
-            "final chunk has usage and kv_transfer")
+    T.check(s.usage["completion_tokens"] == 9 and s.final["kv_transfer"]["bytes"] == 9000,
+            "final chunk has kv_transfer, the usage chunk (no choices) the usage")
     # Decode sends 8 tokens at least 5 ms apart after the first: if the proxy relays them
     # as they come (not buffered to the end), [DONE] arrives >= 40 ms after the first chunk.
     T.check(s.times[-1] - s.times[0] >= 0.035,

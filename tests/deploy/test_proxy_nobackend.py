@@ -53,7 +53,7 @@ def main():
                                    ('{"prompt": "hello"', None)):
                 st, body = post(body_in)
                 T.check(st == 400 and body["error"]["param"] == param and
-                        body["error"]["code"] == "400",
+                        body["error"]["code"] == 400 and body["code"] == 400,
                         "error param %r and code '400' (%s)" % (param, body["error"]))
                 bad.append((body_in, "param " + str(param)))
             # A NUL in a string prompt would be cut short by the JSON parser: refused.
@@ -78,7 +78,7 @@ def main():
                     answer += chunk
             head, _, raw = answer.partition(b"\r\n\r\n")
             T.check(head.startswith(b"HTTP/1.1 413") and
-                    json.loads(raw)["error"]["code"] == "413",
+                    json.loads(raw)["error"]["code"] == 413,
                     "a body over --max-body (4 MiB) -> 413 (JSON) before the body is sent")
 
             st, _, raw = px.request("GET", "/v1/models")

@@ -18,7 +18,16 @@ static kvf_tokenizer_t test_tok = {260, 256, 257, NULL};
 
 static kvf_proxy_openai_ctx_t test_ctx(void)
 {
-    kvf_proxy_openai_ctx_t c = {&test_tok, "tiny", true, 64, 100, 16, 0, true};
+    kvf_proxy_openai_ctx_t c;
+
+    memset(&c, 0, sizeof(c));
+    c.tok = &test_tok;
+    c.model_name = "tiny";
+    c.add_bos = true;
+    c.max_prompt_tokens = 64;
+    c.max_tokens_limit = 100;
+    c.default_max_tokens = 16;
+    c.tok_ready = true;
     return c;
 }
 
@@ -72,6 +81,51 @@ static void test_parse_ok(void **state)
     assert_true(req.stream);
     assert_true(req.ignore_eos);
     kvf_proxy_openai_req_cleanup(&req);
+
+    /* vLLM's fields, each read with its value */
+    assert_int_equal(parse("{\"prompt\": [\"hi\", [5, 6]], \"n\": 3, \"top_p\": 0.5,"
+                           " \"top_k\": 7, \"min_p\": 0.25, \"presence_penalty\": -1.5,"
+                           " \"frequency_penalty\": 2, \"repetition_penalty\": 1.25,"
+                           " \"min_tokens\": 4, \"stop\": [\"ab\", \"c\"],"
+                           " \"stop_token_ids\": [9, 10], \"logprobs\": 3, \"seed\": -1,"
+                           " \"include_stop_str_in_output\": true, \"stream\": true,"
+                           " \"stream_options\": {\"include_usage\": true,"
+                           " \"continuous_usage_stats\": true}, \"best_of\": 1,"
+                           " \"skip_special_tokens\": true, \"logit_bias\": {},"
+                           " \"request_id\": \"r1\", \"add_special_tokens\": false}",
+                           &req, err), 200);
+    assert_int_equal(req.num_prompts, 2);
+    assert_int_equal(req.prompt_lens[0], 2);        /* add_special_tokens false: no BOS */
+    assert_int_equal(req.prompts[0][0], 'h');
+    assert_int_equal(req.prompt_lens[1], 2);
+    assert_int_equal(req.prompts[1][1], 6);
+    assert_int_equal(req.n, 3);
+    assert_true(req.top_p == 0.5f);
+    assert_int_equal(req.top_k, 7);
+    assert_true(req.min_p == 0.25f);
+    assert_true(req.presence_penalty == -1.5f);
+    assert_true(req.frequency_penalty == 2.0f);
+    assert_true(req.repetition_penalty == 1.25f);
+    assert_int_equal(req.min_tokens, 4);
+    assert_int_equal(req.num_stop, 2);
+    assert_string_equal(req.stop[0], "ab");
+    assert_int_equal(req.num_stop_ids, 2);
+    assert_int_equal(req.stop_token_ids[1], 10);
+    assert_true(req.want_logprobs);
+    assert_int_equal(req.logprobs, 3);
+    assert_int_equal(req.seed, UINT64_MAX);         /* -1 as 64 bits */
+    assert_true(req.include_stop_str_in_output);
+    assert_true(req.include_usage);
+    assert_true(req.continuous_usage);
+    assert_string_equal(req.response_id, "cmpl-r1");
+    kvf_proxy_openai_req_cleanup(&req);
+
+    /* truncate_prompt_tokens keeps the last k */
+    assert_int_equal(parse("{\"prompt\": [1, 2, 3, 4, 5], \"truncate_prompt_tokens\": 2}",
+                           &req, err), 200);
+    assert_int_equal(req.num_prompt, 2);
+    assert_int_equal(req.prompt_ids[0], 4);
+    kvf_proxy_openai_req_cleanup(&req);
 }
 
 static void test_parse_bad(void **state)
@@ -86,7 +140,8 @@ static void test_parse_bad(void **state)
         {"[1, 2]", 400, "JSON object", NULL},
         {"{}", 400, "'prompt' is required", "prompt"},
         {"{\"prompt\": 5}", 400, "'prompt' must be", "prompt"},
-        {"{\"prompt\": [\"a\", \"b\"]}", 400, "batched", "prompt"},
+        {"{\"prompt\": [\"a\", 5]}", 400, "'prompt'[1] must be a string", "prompt"},
+        {"{\"prompt\": [[1], []]}", 400, "'prompt' is empty", "prompt"},
         {"{\"prompt\": [1, 260]}", 400, "'prompt'[1]", "prompt"},
         {"{\"prompt\": [1, -1]}", 400, "'prompt'[1]", "prompt"},
         {"{\"prompt\": []}", 400, "empty", "prompt"},
@@ -99,10 +154,46 @@ static void test_parse_bad(void **state)
          "temperature"},
         {"{\"prompt\": \"hi\", \"temperature\": \"hot\"}", 400, "'temperature' must be a number",
          "temperature"},
-        {"{\"prompt\": \"hi\", \"seed\": -3}", 400, "'seed'", "seed"},
+        {"{\"prompt\": \"hi\", \"seed\": 1.5}", 400, "'seed' must be an integer", "seed"},
         {"{\"prompt\": \"hi\", \"stream\": \"yes\"}", 400, "'stream' must be a boolean", "stream"},
-        {"{\"prompt\": \"hi\", \"n\": 2}", 400, "'n' must be 1", "n"},
-        {"{\"prompt\": \"hi\", \"stop\": [\"\\n\"]}", 400, "'stop' is not supported", "stop"},
+        {"{\"prompt\": \"hi\", \"n\": 0}", 400, "'n' = 0 must be in [1, 16]", "n"},
+        {"{\"prompt\": \"hi\", \"n\": 17}", 400, "'n' = 17", "n"},
+        {"{\"prompt\": [\"a\", \"b\", \"c\"], \"n\": 6}", 400, "18 choices", "n"},
+        {"{\"prompt\": \"hi\", \"stop\": 3}", 400, "'stop' must be", "stop"},
+        {"{\"prompt\": \"hi\", \"stop\": [\"\"]}", 400, "'stop'[0]", "stop"},
+        {"{\"prompt\": \"hi\", \"top_p\": 0}", 400, "'top_p' = 0 must be in (0, 1]", "top_p"},
+        {"{\"prompt\": \"hi\", \"top_p\": 1.5}", 400, "'top_p' = 1.5", "top_p"},
+        {"{\"prompt\": \"hi\", \"top_k\": -2}", 400, "'top_k' = -2", "top_k"},
+        {"{\"prompt\": \"hi\", \"top_k\": 1.5}", 400, "'top_k' must be an integer", "top_k"},
+        {"{\"prompt\": \"hi\", \"min_p\": 1.1}", 400, "'min_p' = 1.1", "min_p"},
+        {"{\"prompt\": \"hi\", \"presence_penalty\": 2.5}", 400, "'presence_penalty'",
+         "presence_penalty"},
+        {"{\"prompt\": \"hi\", \"frequency_penalty\": -3}", 400, "'frequency_penalty'",
+         "frequency_penalty"},
+        {"{\"prompt\": \"hi\", \"repetition_penalty\": 0}", 400, "must be > 0",
+         "repetition_penalty"},
+        {"{\"prompt\": \"hi\", \"min_tokens\": 17}", 400, "'min_tokens' = 17", "min_tokens"},
+        {"{\"prompt\": \"hi\", \"logprobs\": 21}", 400, "'logprobs' = 21", "logprobs"},
+        {"{\"prompt\": \"hi\", \"logprobs\": 1, \"echo\": true}", 400, "prompt logprobs",
+         "echo"},
+        {"{\"prompt\": \"hi\", \"stop_token_ids\": [260]}", 400, "'stop_token_ids'[0]",
+         "stop_token_ids"},
+        {"{\"prompt\": \"hi\", \"stream_options\": {\"include_usage\": true}}", 400,
+         "needs 'stream': true", "stream_options"},
+        {"{\"prompt\": \"hi\", \"stream\": true, \"stream_options\": {\"x\": true}}", 400,
+         "unknown key 'x'", "stream_options"},
+        {"{\"prompt\": \"hi\", \"best_of\": 2}", 400, "'best_of' is not supported", "best_of"},
+        {"{\"prompt\": \"hi\", \"suffix\": \"x\"}", 400, "'suffix' is not supported",
+         "suffix"},
+        {"{\"prompt\": \"hi\", \"logit_bias\": {\"5\": 1}}", 400, "'logit_bias'",
+         "logit_bias"},
+        {"{\"prompt\": \"hi\", \"response_format\": {\"type\": \"json_object\"}}", 400,
+         "'response_format'", "response_format"},
+        {"{\"prompt\": \"hi\", \"use_beam_search\": true}", 400, "beam", "use_beam_search"},
+        {"{\"prompt\": \"hi\", \"messages\": []}", 400, "unknown field 'messages'", NULL},
+        {"{\"prompt\": \"hi\", \"temprature\": 1}", 400, "unknown field 'temprature'", NULL},
+        {"{\"prompt\": \"hi\", \"truncate_prompt_tokens\": 0}", 400, "-1 or at least 1",
+         "truncate_prompt_tokens"},
         {"{\"prompt\": \"hi\", \"model\": \"gpt-4\"}", 404, "'gpt-4' does not exist", "model"},
         {"{\"prompt\": \"hi\", \"model\": 3}", 400, "'model' must be a string", "model"},
         /* A NUL inside a string would cut it short in cJSON ("a" instead of
@@ -119,7 +210,9 @@ static void test_parse_bad(void **state)
     (void)state;
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); ++i) {
         err[0] = '\0';
-        assert_int_equal(parse(cases[i].body, &req, err), cases[i].http);
+        if (parse(cases[i].body, &req, err) != cases[i].http) {
+            fail_msg("case %zu (%s): %s", i, cases[i].body, err);
+        }
         if (strstr(err, cases[i].needle) == NULL) {
             fail_msg("case %zu: '%s' does not contain '%s'", i, err, cases[i].needle);
         }
@@ -207,16 +300,20 @@ static void test_error_json(void **state)
     char *j;
 
     (void)state;
-    /* OpenAI's shape: param names the field, code is a string. */
+    /* vLLM's flat shape (integer code, class-name type) and OpenAI's nested error. */
     j = kvf_proxy_openai_error_json("'max_tokens' = 0 must be in [1, 100]",
                                     "invalid_request_error", "max_tokens", 400);
-    assert_string_equal(j, "{\"error\":{\"message\":\"'max_tokens' = 0 must be in [1, 100]\","
-                           "\"type\":\"invalid_request_error\",\"param\":\"max_tokens\","
-                           "\"code\":\"400\"}}");
+    assert_string_equal(j, "{\"object\":\"error\",\"message\":\"'max_tokens' = 0 must be in"
+                           " [1, 100]\",\"type\":\"BadRequestError\",\"param\":\"max_tokens\","
+                           "\"code\":400,\"error\":{\"message\":\"'max_tokens' = 0 must be in"
+                           " [1, 100]\",\"type\":\"invalid_request_error\","
+                           "\"param\":\"max_tokens\",\"code\":400}}");
     free(j);
     j = kvf_proxy_openai_error_json("no healthy decode instance", "server_error", NULL, 503);
-    assert_string_equal(j, "{\"error\":{\"message\":\"no healthy decode instance\","
-                           "\"type\":\"server_error\",\"param\":null,\"code\":\"503\"}}");
+    assert_string_equal(j, "{\"object\":\"error\",\"message\":\"no healthy decode instance\","
+                           "\"type\":\"ServiceUnavailableError\",\"param\":null,\"code\":503,"
+                           "\"error\":{\"message\":\"no healthy decode instance\","
+                           "\"type\":\"server_error\",\"param\":null,\"code\":503}}");
     free(j);
 }
 

@@ -190,12 +190,16 @@ def parse_metrics(text):
 class StreamResult:
     """A streamed completion: events (decoded chunks, then "[DONE]"), arrival
     times (seconds since the request was sent), the joined text, token ids
-    (when requested) and the final chunk (finish_reason, usage, kv_transfer)."""
+    (when requested), the final chunk (finish_reason, kv_transfer) and the usage
+    chunk's usage (stream_options.include_usage; None without it)."""
 
     def __init__(self, events, times):
         self.events = events
         self.times = times
-        self.chunks = [e for e in events if isinstance(e, dict) and "choices" in e]
+        self.chunks = [e for e in events if isinstance(e, dict) and e.get("choices")]
+        usage = [e["usage"] for e in events if isinstance(e, dict) and "choices" in e and
+                 not e["choices"] and "usage" in e]
+        self.usage = usage[-1] if usage else None
         self.errors = [e["error"] for e in events if isinstance(e, dict) and "error" in e]
         self.done = bool(events) and events[-1] == "[DONE]"
         self.text = "".join(c["choices"][0]["text"] for c in self.chunks)

@@ -5,7 +5,7 @@
  * BPE tokenizer (models-trained/tiny-hybrid); the ids become completion
  * text through the tokenizer's streaming decoder in one piece and as a
  * stream split in two, and the answer is rendered as the JSON the
- * client gets (kvf_proxy_openai_completion_json / _chunk_json / _error_json).
+ * client gets (kvf_proxy_openai_response / _chunk / _error_json).
  *
  * Input: k = byte 0 % 65 completion ids as 4-byte little-endian int32
  * (any value: a buggy decode may send ids outside the vocabulary), then the
@@ -203,12 +203,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         check_refusal(st, http, param, err);
         return 0;
     }
-    FUZZ_CHECK((req.num_prompt >= 1) && (req.num_prompt <= g_ctx.max_prompt_tokens));
-    for (int i = 0; i < req.num_prompt; ++i) {
-        FUZZ_CHECK((req.prompt_ids[i] >= 0) && (req.prompt_ids[i] < g_tok.vocab_size));
+    FUZZ_CHECK((req.num_prompts >= 1) && (req.n >= 1) &&
+               (req.num_prompts * req.n <= KVF_PROXY_MAX_CHOICES));
+    for (int p = 0; p < req.num_prompts; ++p) {
+        FUZZ_CHECK((req.prompt_lens[p] >= 1) && (req.prompt_lens[p] <= g_ctx.max_prompt_tokens));
+        for (int i = 0; i < req.prompt_lens[p]; ++i) {
+            FUZZ_CHECK((req.prompts[p][i] >= 0) && (req.prompts[p][i] < g_tok.vocab_size));
+        }
+        FUZZ_CHECK((int64_t)req.prompt_lens[p] + req.max_tokens <= g_ctx.max_model_len);
     }
     FUZZ_CHECK((req.max_tokens >= 1) && (req.max_tokens <= g_ctx.max_tokens_limit));
-    FUZZ_CHECK((int64_t)req.num_prompt + req.max_tokens <= g_ctx.max_model_len);
+    FUZZ_CHECK(req.min_tokens <= req.max_tokens);
+    FUZZ_CHECK((req.top_p > 0.0f) && (req.top_p <= 1.0f) && (req.min_p >= 0.0f) &&
+               (req.min_p <= 1.0f) && (req.repetition_penalty > 0.0f) &&
+               (fabsf(req.presence_penalty) <= 2.0f) && (fabsf(req.frequency_penalty) <= 2.0f));
     FUZZ_CHECK(isfinite(req.temperature) && (req.temperature >= 0.0f) &&
                (req.temperature <= 100.0f));
 
@@ -232,9 +240,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     snprintf(c.finish_reason, sizeof(c.finish_reason), "length");
     c.prefill_instance = "tcp://127.0.0.1:5557";
     c.decode_instance = "tcp://127.0.0.1:5558";
-    check_answer_json(kvf_proxy_openai_completion_json(&g_ctx, &req, &c, text), text);
-    c.finish_reason[0] = '\0';
-    check_answer_json(kvf_proxy_openai_chunk_json(&g_ctx, &req, &c, a, ids, half, false), a);
+    {
+        kvf_proxy_choice_out_t ch;
+        kvf_proxy_usage_t u = {req.num_prompt, k};
+
+        memset(&ch, 0, sizeof(ch));
+        ch.text = text;
+        ch.ids = ids;
+        ch.num_ids = k;
+        ch.finish_reason = "length";
+        ch.stop_token = -1;
+        check_answer_json(kvf_proxy_openai_response(&g_ctx, &req, &c, &ch, 1, &u), text);
+        ch.text = a;
+        ch.num_ids = half;
+        ch.finish_reason = NULL;
+        check_answer_json(kvf_proxy_openai_chunk(&g_ctx, &req, &c, &ch, NULL), a);
+    }
     free(joined);
     free(a);
     free(b);

@@ -1,0 +1,209 @@
+/* One choice's flow and text: decoding, stop strings, hold-back (kvf_proxy_choice.h). */
+#include "kvf_proxy_choice.h"
+#include "kvf_array.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+kvf_status_t kvf_proxy_choice_init(kvf_proxy_choice_t *ch, const kvf_proxy_openai_ctx_t *ctx,
+                                   const kvf_proxy_completion_req_t *req, int index)
+{
+    int j;
+
+    memset(ch, 0, sizeof(*ch));
+    ch->index = index;
+    ch->prompt_idx = index / req->n;
+    j = index % req->n;
+    ch->stop_token = -1;
+    ch->sub = *req;
+    ch->sub.prompt_ids = req->prompts[ch->prompt_idx];
+    ch->sub.num_prompt = req->prompt_lens[ch->prompt_idx];
+    if (req->has_seed) {
+        ch->sub.seed = req->seed + (uint64_t)j;
+    }
+    if (req->echo) {
+        size_t cap = (size_t)ch->sub.num_prompt * 64 + 1;
+        ch->echo = malloc(cap);
+        if (ch->echo == NULL) {
+            return KVF_ERR_NO_MEMORY;
+        }
+        (void)kvf_tokenizer_decode(ctx->tok, ch->sub.prompt_ids, ch->sub.num_prompt, ch->echo,
+                                   cap);
+    }
+    return KVF_OK;
+}
+
+static bool kvf_proxy_choice_stop_id(const kvf_proxy_choice_t *ch, int32_t id)
+{
+    for (int i = 0; i < ch->sub.num_stop_ids; ++i) {
+        if (ch->sub.stop_token_ids[i] == id) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* The earliest stop string in text[from, len): its position, or -1; *which the string. */
+static long kvf_proxy_choice_find(const kvf_proxy_choice_t *ch, size_t from, int *which)
+{
+    long best = -1;
+
+    for (int i = 0; i < ch->sub.num_stop; ++i) {
+        const char *hit = strstr(ch->text + from, ch->sub.stop[i]);
+        if ((hit != NULL) && ((best < 0) || (hit - ch->text < best))) {
+            best = (long)(hit - ch->text);
+            *which = i;
+        }
+    }
+    return best;
+}
+
+static size_t kvf_proxy_choice_maxstop(const kvf_proxy_choice_t *ch)
+{
+    size_t m = 0;
+
+    for (int i = 0; i < ch->sub.num_stop; ++i) {
+        size_t l = strlen(ch->sub.stop[i]);
+        m = (l > m) ? l : m;
+    }
+    return m;
+}
+
+static kvf_status_t kvf_proxy_choice_append(kvf_proxy_choice_t *ch, const char *s, size_t n)
+{
+    if (KVF_ARRAY_GROW(ch->text, ch->cap, ch->len + n + 1, 256) != KVF_OK) {
+        return KVF_ERR_NO_MEMORY;
+    }
+    memcpy(ch->text + ch->len, s, n);
+    ch->len += n;
+    ch->text[ch->len] = '\0';
+    return KVF_OK;
+}
+
+/* A decoded NUL would end the C string early: shown as U+FFFD (as the old relay did). */
+static kvf_status_t kvf_proxy_choice_append_text(kvf_proxy_choice_t *ch, const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; ++i) {
+        kvf_status_t st = (s[i] == '\0') ? kvf_proxy_choice_append(ch, "\xef\xbf\xbd", 3) :
+                                           kvf_proxy_choice_append(ch, s + i, 1);
+        if (st != KVF_OK) {
+            return st;
+        }
+    }
+    return KVF_OK;
+}
+
+kvf_status_t kvf_proxy_choice_update(kvf_proxy_choice_t *ch, const kvf_proxy_openai_ctx_t *ctx)
+{
+    kvf_proxy_completion_t *o = &ch->flow.out;
+    size_t maxstop = kvf_proxy_choice_maxstop(ch);
+    char buf[4 * KVF_TOKENIZER_STREAM_PEND + 256];
+    kvf_status_t st;
+
+    while (!ch->stopped && (ch->decoded < o->num_tokens)) {
+        int32_t id = o->tokens[ch->decoded];
+        size_t before = ch->len, w;
+        char *piece = buf;
+        size_t cap = kvf_tokenizer_stream_cap(ctx->tok, 1);
+
+        if (cap > sizeof(buf)) {
+            piece = malloc(cap);
+            if (piece == NULL) {
+                return KVF_ERR_NO_MEMORY;
+            }
+        } else {
+            cap = sizeof(buf);
+        }
+        w = kvf_tokenizer_stream_feed(ctx->tok, &ch->dec, &id, 1, piece, cap);
+        st = kvf_proxy_choice_append_text(ch, piece, w);
+        if (piece != buf) {
+            free(piece);
+        }
+        if (st != KVF_OK) {
+            return st;
+        }
+        ch->decoded++;
+        if (kvf_proxy_choice_stop_id(ch, id)) {
+            ch->stop_token = id;
+        }
+        /* vLLM looks for stop strings once min_tokens are out, in the new text and the
+         * stop string's length before it */
+        if ((ch->sub.num_stop > 0) && ((uint32_t)ch->decoded >= ch->sub.min_tokens)) {
+            size_t from = (before + 1 > maxstop) ? before + 1 - maxstop : 0;
+            int which = 0;
+            long at = kvf_proxy_choice_find(ch, from, &which);
+            if (at >= 0) {
+                ch->stopped = true;
+                ch->stop_reason = ch->sub.stop[which];
+                ch->end = (size_t)at + (ch->sub.include_stop_str_in_output ?
+                                        strlen(ch->sub.stop[which]) : 0);
+                o->num_tokens = ch->decoded;   /* tokens after the stop's are not output */
+                if (o->num_logprobs > o->num_tokens) {
+                    o->num_logprobs = o->num_tokens;
+                }
+                kvf_proxy_flow_stop(&ch->flow, "stop");
+            }
+        }
+    }
+    if (!ch->stopped && (ch->flow.stage == KVF_PROXY_FLOW_OVER) && ch->flow.done &&
+        !ch->flushed) {
+        size_t w = kvf_tokenizer_stream_flush(&ch->dec, buf, sizeof(buf));
+        ch->flushed = true;
+        st = kvf_proxy_choice_append_text(ch, buf, w);
+        if (st != KVF_OK) {
+            return st;
+        }
+        ch->end = ch->len;
+    }
+    return KVF_OK;
+}
+
+bool kvf_proxy_choice_over(const kvf_proxy_choice_t *ch)
+{
+    return ch->stopped || (ch->flow.done && ch->flushed);
+}
+
+size_t kvf_proxy_choice_ready(const kvf_proxy_choice_t *ch)
+{
+    size_t hold = 0;
+
+    if (kvf_proxy_choice_over(ch)) {
+        return ch->end;
+    }
+    /* the longest tail that is the start of a stop string waits for the next tokens */
+    for (int i = 0; i < ch->sub.num_stop; ++i) {
+        size_t l = strlen(ch->sub.stop[i]);
+        for (size_t k = (l - 1 < ch->len) ? l - 1 : ch->len; k > hold; --k) {
+            if (memcmp(ch->text + ch->len - k, ch->sub.stop[i], k) == 0) {
+                hold = k;
+                break;
+            }
+        }
+    }
+    return ch->len - hold;
+}
+
+const char *kvf_proxy_choice_finish(const kvf_proxy_choice_t *ch)
+{
+    if (ch->stopped) {
+        return "stop";
+    }
+    return (ch->flow.out.finish_reason[0] != '\0') ? ch->flow.out.finish_reason : "length";
+}
+
+int kvf_proxy_choice_tokens(const kvf_proxy_choice_t *ch)
+{
+    return ch->flow.out.num_tokens;
+}
+
+void kvf_proxy_choice_cleanup(kvf_proxy_choice_t *ch)
+{
+    if (ch->begun) {
+        kvf_proxy_flow_finish(&ch->flow);
+        ch->begun = false;
+    }
+    free(ch->text);
+    ch->text = NULL;
+    free(ch->echo);
+    ch->echo = NULL;
+}

@@ -1,0 +1,72 @@
+/*
+ * One choice of a completion: its flow (a prompt through prefill and decode)
+ * and its text. The text is decoded token by token; stop strings are searched
+ * in it as vLLM does (from the token where min_tokens is reached on, each new
+ * piece together with the stop string's length before it), and what could
+ * still be the start of a stop string is held back, so a stream never shows
+ * text that a later token turns into a stop. A stop string found ends the flow
+ * at once (kvf_proxy_flow_stop()) and cuts the text before it (or after it,
+ * with include_stop_str_in_output).
+ *
+ * Pure state plus the flow: no I/O of its own; kvf_proxy_sse.c drives it.
+ */
+#ifndef KVF_PROXY_CHOICE_H
+#define KVF_PROXY_CHOICE_H
+
+#include "kvf_proxy_flow.h"
+#include "kvf_proxy_openai.h"
+
+typedef struct kvf_proxy_choice {
+    int                        index;       /* prompt x n + j */
+    int                        prompt_idx;
+    kvf_proxy_completion_req_t sub;         /* the request's copy: this prompt, this seed */
+    kvf_proxy_flow_t           flow;
+    bool                       begun;       /* flow begun (finish it) */
+    kvf_tokenizer_stream_t     dec;
+    char                      *text;        /* everything decoded so far (NUL-terminated) */
+    size_t                     len, cap;
+    int                        decoded;     /* tokens fed to the decoder */
+    size_t                     end;         /* text kept once stopped: the cut */
+    bool                       stopped;     /* a stop string ended it */
+    const char                *stop_reason; /* the stop string (req's), or NULL */
+    int                        stop_token;  /* the stop token id that ended it, or -1 */
+    bool                       flushed;     /* decoder flushed (flow over) */
+    /* streaming */
+    size_t                     sent;        /* text bytes sent */
+    int                        ids_sent;    /* tokens sent */
+    bool                       first_sent;
+    bool                       final_sent;
+    char                      *echo;        /* the prompt's text (echo), owned; NULL: none */
+} kvf_proxy_choice_t;
+
+/**
+ * Set up @a ch as choice @a index of @a req (prompt index / n, seed + j when the
+ * request has a seed, as vLLM seeds n > 1 choices), with the prompt's text when
+ * echo is on. @return KVF_OK; KVF_ERR_NO_MEMORY.
+ */
+kvf_status_t kvf_proxy_choice_init(kvf_proxy_choice_t *ch, const kvf_proxy_openai_ctx_t *ctx,
+                                   const kvf_proxy_completion_req_t *req, int index);
+
+/**
+ * Decode the tokens the flow has appended since the last call; search the stop
+ * strings; on a match stop the flow. When the flow is over the decoder is
+ * flushed. @return KVF_OK; KVF_ERR_NO_MEMORY.
+ */
+kvf_status_t kvf_proxy_choice_update(kvf_proxy_choice_t *ch, const kvf_proxy_openai_ctx_t *ctx);
+
+/** Whether the choice is over: its flow finished (normally or by a stop string). */
+bool kvf_proxy_choice_over(const kvf_proxy_choice_t *ch);
+
+/** Bytes of the text that may be shown now: all when over, else less what is held back. */
+size_t kvf_proxy_choice_ready(const kvf_proxy_choice_t *ch);
+
+/** The finish_reason of an over choice ("stop", "length", ...). */
+const char *kvf_proxy_choice_finish(const kvf_proxy_choice_t *ch);
+
+/** Tokens of the choice (the flow's, cut after a stop string's token). */
+int kvf_proxy_choice_tokens(const kvf_proxy_choice_t *ch);
+
+/** Finish the flow (if begun) and free the text. */
+void kvf_proxy_choice_cleanup(kvf_proxy_choice_t *ch);
+
+#endif

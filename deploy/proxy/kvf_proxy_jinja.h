@@ -1,0 +1,28 @@
+/*
+ * The subset of Jinja that chat templates use (Llama 3, Qwen3, Nemotron-H), run
+ * as transformers runs a template: trim_blocks and lstrip_blocks on, undefined
+ * names render as "", raise_exception() fails the render with its message.
+ * Checked against Python's jinja2 on each template and many message lists
+ * (tests/deploy/test_chat_template.py).
+ */
+#ifndef KVF_PROXY_JINJA_H
+#define KVF_PROXY_JINJA_H
+
+#include "kvf_status.h"
+
+#include <cjson/cJSON.h>
+#include <stddef.h>
+
+/**
+ * Render @a tmpl with the variables of @a vars (a JSON object).
+ *
+ * @param [out] out_p  the text (malloc'd; the caller frees) on success
+ * @param [out] err    on failure: what failed (syntax with its offset, an
+ *                     unsupported construct by name, or raise_exception's text)
+ * @return KVF_OK; KVF_ERR_PARSE (syntax); KVF_ERR_UNSUPPORTED (outside the subset);
+ *         KVF_ERR_INVALID_PARAM (raise_exception, a type error); KVF_ERR_NO_MEMORY.
+ */
+kvf_status_t kvf_proxy_jinja_render(const char *tmpl, const cJSON *vars, char **out_p,
+                                    char *err, size_t cap);
+
+#endif
