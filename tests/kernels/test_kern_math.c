@@ -208,6 +208,68 @@ static void test_attn_fold(void **state)
     }
 }
 
+/* Split-K decode: the kernel blocks of one query folded in ranges (one empty) and merged
+ * (kvf_attn_merge, the CUDA decode's merge) equal the one-range fold within fp32 rounding;
+ * a stale NaN in a masked V slot of the last tile still poisons the merged output. */
+static void test_attn_split_merge(void **state)
+{
+    enum { KBS = 8, HD = 16, TILES = 10, N = 4 };
+    static const int bounds[N + 1] = {0, 3, 3, 7, TILES};   /* range 1 is empty */
+    const int limit = (TILES - 1) * KBS + 2;                  /* 5 masked slots at the end */
+    float q[HD], k[TILES][KBS * HD], v[TILES][KBS * HD], s[KBS];
+    float one[HD], acc1[HD] = {0}, m1 = -INFINITY, l1 = 0.0f;
+    float pm[N], pl[N], pacc[N][HD];
+    uint32_t x = 12345u;
+
+    (void)state;
+    for (int round = 0; round < 2; ++round) {
+        for (int d = 0; d < HD; ++d) {
+            x = x * 1664525u + 1013904223u;
+            q[d] = (float)(x >> 8) / 16777216.0f - 0.5f;
+        }
+        for (int t = 0; t < TILES; ++t) {
+            for (int i = 0; i < KBS * HD; ++i) {
+                x = x * 1664525u + 1013904223u;
+                k[t][i] = 4.0f * ((float)(x >> 8) / 16777216.0f - 0.5f);
+                x = x * 1664525u + 1013904223u;
+                v[t][i] = (float)(x >> 8) / 16777216.0f - 0.5f;
+            }
+        }
+        if (round == 1) {
+            v[TILES - 1][(KBS - 1) * HD + 3] = NAN;   /* an unwritten, unzeroed slot */
+        }
+        memset(acc1, 0, sizeof(acc1));
+        m1 = -INFINITY;
+        l1 = 0.0f;
+        for (int t = 0; t < TILES; ++t) {
+            kvf_attn_fold_tile(q, k[t], v[t], KVF_HD_FP32, KBS, HD, t * KBS, limit, 0.25f, &m1,
+                               &l1, acc1, s);
+        }
+        kvf_attn_finish(acc1, l1, HD, one);
+        for (int r = 0; r < N; ++r) {
+            pm[r] = -INFINITY;
+            pl[r] = 0.0f;
+            memset(pacc[r], 0, sizeof(pacc[r]));
+            for (int t = bounds[r]; t < bounds[r + 1]; ++t) {
+                kvf_attn_fold_tile(q, k[t], v[t], KVF_HD_FP32, KBS, HD, t * KBS, limit, 0.25f,
+                                   &pm[r], &pl[r], pacc[r], s);
+            }
+        }
+        for (int d = 0; d < HD; ++d) {
+            float merged = kvf_attn_merge(pm, pl, &pacc[0][0], HD, N, (size_t)d);
+            if (round == 0) {
+                assert_false(isnan(one[d]));
+                assert_true(fabsf(merged - one[d]) <= 1e-5f * (1.0f + fabsf(one[d])));
+            } else {
+                assert_true(isnan(one[d]) == isnan(merged));
+            }
+        }
+        if (round == 1) {
+            assert_true(isnan(kvf_attn_merge(pm, pl, &pacc[0][0], HD, N, 3)));
+        }
+    }
+}
+
 static void test_attn_offsets(void **state)
 {
     const int32_t table[3] = {7, 2, 5};
@@ -347,6 +409,7 @@ int main(void)
         cmocka_unit_test(test_conv_tap_sum),
         cmocka_unit_test(test_gated_norm_edges),
         cmocka_unit_test(test_attn_fold),
+        cmocka_unit_test(test_attn_split_merge),
         cmocka_unit_test(test_attn_offsets),
         cmocka_unit_test(test_activations),
         cmocka_unit_test(test_convert),
