@@ -29,7 +29,7 @@ void kvf_model_ws_destroy(struct kvf_model_ws *ws)
     }
     void *dptrs[] = {
         ws->h, ws->xn, ws->out, ws->proj, ws->ybuf, ws->xbc, ws->g, ws->sumsq, ws->xg, ws->yg,
-        ws->scores, ws->route_idx, ws->route_w, ws->last, ws->logits,
+        ws->scores, ws->route_idx, ws->route_w, ws->last, ws->logits, ws->xs,
     };
     void *hptrs[] = {
         ws->pos, ws->rows, ws->rw, ws->tile, ws->ids, ws->last_rows, ws->h_route_idx,
@@ -131,6 +131,13 @@ static kvf_status_t kvf_ws_reserve(struct kvf_model_ws *ws, const kvf_model_h m,
         bad |= kvf_grow((void **)&ws->ids, T * sizeof(int32_t));
         bad |= kvf_grow((void **)&ws->h_route_idx, T * k * sizeof(int32_t));
         bad |= kvf_grow((void **)&ws->h_route_w, T * k * sizeof(float));
+        if (kvf_ws_on_device(ws)) {
+            /* the widest K of any GEMM: H, an inner width (g) or a column-parallel output
+             * (a non-gated MLP's down reads proj) */
+            size_t K = (H > gdim) ? H : gdim;
+            K = (K > wide) ? K : wide;
+            bad |= kvf_grow_dev(ws, &ws->xs, T * K * sizeof(uint16_t));
+        }
         if (bad) {
             /* realloc keeps what it could not grow: the old capacity stays valid, so
              * every rank keeps the same capacity history (see the forward) */
@@ -249,7 +256,9 @@ static int kvf_mat_gemm(const kvf_device_t *dev, struct kvf_model_ws *ws, int M,
         return KVF_KERN_OK;
     }
     if ((dev != NULL) && (dev->kind != KVF_DEVICE_CPU)) {
-        return KVF_KERN_EUNSUPPORTED;   /* device weights are fp32 (kvf_model_upload) */
+        /* 16-bit weights kept on the GPU (KVF_GPU_WEIGHTS=native): tensor cores */
+        return kvf_gemm_narrow(dev, M, w->rows, K, x, ldx, w->data, w->dtype, K, bias, y, ldy,
+                               ws->xs);
     }
     tile = (int)(ws->cap_tile / (size_t)K);
     if (tile < 1) {

@@ -16,6 +16,7 @@
 #include "kvf_attention.h"
 #include "kvf_conv1d.h"
 #include "kvf_gemm.h"
+#include "kvf_gemm_narrow.h"
 #include "kvf_mamba2.h"
 #include "kvf_moe.h"
 #include "kvf_norm.h"
@@ -127,6 +128,8 @@ struct kvf_model_ws {
     int32_t *last_rows;         /* [S] rows of h whose logits are wanted (host) */
     int32_t *h_route_idx;       /* [T][top_k] host copy of route_idx (CUDA) */
     float   *h_route_w;         /* [T][top_k] host copy of route_w (CUDA) */
+    void    *xs;                /* [T][max K] 16-bit activations of the tensor-core GEMMs
+                                 * (kvf_gemm_narrow; device only, KVF_GPU_WEIGHTS=native) */
 };
 
 /* Weights to the ranks' devices (kvf_model_dev.c): after the host load, CUDA only. */

@@ -25,6 +25,7 @@
 #include "kvf_conv1d.h"
 #include "kvf_device.h"
 #include "kvf_gemm.h"
+#include "kvf_gemm_narrow.h"
 #include "kvf_mamba2.h"
 #include "kvf_moe.h"
 #include "kvf_nccl.h"
@@ -185,6 +186,44 @@ static void check_gemm(void)
     kvf_device_free(&gdev, db);
     kvf_device_free(&gdev, dy);
     free(x);
+    free(w);
+    free(b);
+    free(y0);
+}
+
+/* 16-bit weights on tensor cores (kvf_gemm_narrow.h) against the CPU reference: x rounded
+ * alike, products exact in fp32 on both, only the sum order differs */
+static void check_gemm_narrow(kvf_dtype_t wdt)
+{
+    enum { M = 37, N = 96, K = 256, LDX = 300, LDY = 130 };
+    float *x = frand(M * LDX, -1, 1), *wf = frand(N * K, -1, 1), *b = frand(N, -1, 1);
+    float *y0 = frand(M * LDY, -1, 1), cpu[M * LDY], gpu[M * LDY];
+    uint16_t *w = malloc((size_t)N * K * 2), xs[M * K];
+    char name[64];
+
+    for (size_t i = 0; i < (size_t)N * K; ++i) {
+        w[i] = (wdt == KVF_DTYPE_BF16) ? kvf_fp32_to_bf16(wf[i]) : kvf_fp32_to_fp16(wf[i]);
+    }
+    float *dx = up(x, M * LDX * 4), *db = up(b, N * 4), *dy = up(y0, sizeof(cpu));
+    void *dw = up(w, (size_t)N * K * 2), *dxs = up(NULL, sizeof(xs));
+
+    memcpy(cpu, y0, sizeof(cpu));
+    CK("gemm_narrow cpu", kvf_gemm_narrow(NULL, M, N, K, x, LDX, w, wdt, K, b, cpu, LDY, xs));
+    CK("gemm_narrow gpu", kvf_gemm_narrow(&gdev, M, N, K, dx, LDX, dw, wdt, K, db, dy, LDY, dxs));
+    down(gpu, dy, sizeof(gpu));
+    snprintf(name, sizeof(name), "gemm 16-bit W (GemmEx, bias)");
+    rowf(name, kvf_dtype_name(wdt), gpu, cpu, M * LDY, 1e-3);
+    CK("gemm_narrow cpu", kvf_gemm_narrow(NULL, 1, N, K, x, LDX, w, wdt, K, NULL, cpu, N, xs));
+    CK("gemm_narrow gpu", kvf_gemm_narrow(&gdev, 1, N, K, dx, LDX, dw, wdt, K, NULL, dy, N, dxs));
+    down(gpu, dy, (size_t)N * 4);
+    rowf("gemm 16-bit W (1 row)", kvf_dtype_name(wdt), gpu, cpu, N, 1e-3);
+    kvf_device_free(&gdev, dx);
+    kvf_device_free(&gdev, dw);
+    kvf_device_free(&gdev, db);
+    kvf_device_free(&gdev, dy);
+    kvf_device_free(&gdev, dxs);
+    free(x);
+    free(wf);
     free(w);
     free(b);
     free(y0);
@@ -812,6 +851,8 @@ int main(int argc, char **argv)
            "--------|\n");
     check_norms();
     check_gemm();
+    check_gemm_narrow(KVF_DTYPE_BF16);
+    check_gemm_narrow(KVF_DTYPE_FP16);
     check_elementwise();
     check_ops();
     check_moe();
