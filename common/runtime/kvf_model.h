@@ -73,7 +73,8 @@ kvf_status_t kvf_model_load(const char *dir, int tp_size, kvf_model_h *model_p);
  * with KVF_GPU_WEIGHTS=native in the environment bf16/fp16 matrices and
  * embeddings stay 16-bit and their GEMMs run on tensor cores with the
  * activations rounded to 16 bits, kernels/kvf_gemm_narrow.h; another value
- * than fp32 or native fails the load, naming it), then copied with kvf_device_memcpy() and the host copy freed; the
+ * than fp32 or native fails the load, naming it), then copied with
+ * kvf_device_memcpy() and the host copy freed; the
  * replicated tensors (embeddings, norms, lm_head) get one copy per rank's
  * GPU. The forward then runs the kernels' CUDA launchers on each rank's
  * device, the TP runner puts the page pools there and, for tp > 1, makes

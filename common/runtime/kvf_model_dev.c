@@ -15,7 +15,8 @@
  * activations rounded to 16 bits, fp32 accumulation, as a bf16 PyTorch
  * model computes). fp32 checkpoints are the same either way.
  * Rejected: native as the default before it has been measured on a GPU
- * against the CPU's tokens (the exact path stays the default). Each pointer is either host or device memory at any moment, and
+ * against the CPU's tokens (the exact path stays the default). Each pointer
+ * is either host or device memory at any moment, and
  * kvf_model_wfree() asks which (kvf_device_ptr_is_cuda), so a model whose
  * upload failed half way is freed correctly. A CPU model never reaches
  * this file's CUDA paths: its buffers are host memory, freed with free().
