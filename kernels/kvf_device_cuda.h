@@ -9,7 +9,7 @@
  * Files: kvf_device_cuda.cu (device ops, block zeroing), kvf_norm_cuda.cu,
  * kvf_attention_cuda.cu, kvf_ssm_cuda.cu (conv1d, Mamba2),
  * kvf_elem_cuda.cu (activations, dtype conversion, MoE routing),
- * kvf_gemm_cuda.cu (cuBLAS: kvf_gemm.h, kvf_gemm_narrow.h).
+ * kvf_gemm_cuda.cu (cuBLAS: kvf_gemm.h, kvf_gemm_narrow.h), kvf_argmax_cuda.cu.
  */
 #ifndef KVF_DEVICE_CUDA_H
 #define KVF_DEVICE_CUDA_H
@@ -76,6 +76,8 @@ int  kvf_cuda_moe_route(const kvf_device_t *dev, const kvf_moe_route_params_t *p
                         const float *logits, int T, float *scores, int32_t *idx, float *wt);
 int  kvf_cuda_gemm(const kvf_device_t *dev, int M, int N, int K, const float *x, int ldx,
                    const float *w, int ldw, const float *bias, float beta, float *y, int ldy);
+int  kvf_cuda_argmax_rows(const kvf_device_t *dev, const float *x, int rows, int cols,
+                          int ldx, int32_t *out);
 int  kvf_cuda_gemm_narrow(const kvf_device_t *dev, int M, int N, int K, const float *x,
                           int ldx, const void *w, int wdtype, int ldw, const float *bias,
                           float *y, int ldy, void *xs);

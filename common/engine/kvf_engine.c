@@ -43,6 +43,7 @@ struct kvf_engine {
     kvf_sched_entry_t     *plan;
     kvf_fwd_seq_t         *seqs;
     float                 *logits;     /* [max_seqs][vocab] */
+    int32_t               *greedy;     /* [max_seqs] greedy ids from the forward's argmax */
     int32_t               *fresh;
     int                    cap_fresh;
     kvf_engine_stats_t     stats;
@@ -154,9 +155,11 @@ kvf_status_t kvf_engine_create(const kvf_engine_params_t *params, kvf_engine_h *
     e->plan = calloc((size_t)e->sched.max_seqs, sizeof(*e->plan));
     e->seqs = calloc((size_t)e->sched.max_seqs, sizeof(*e->seqs));
     e->logits = malloc((size_t)e->sched.max_seqs * (size_t)e->cfg->vocab_size * sizeof(float));
+    e->greedy = malloc((size_t)e->sched.max_seqs * sizeof(int32_t));
     e->cap_fresh = bp.num_blocks;
     e->fresh = malloc((size_t)e->cap_fresh * sizeof(int32_t));
-    if ((e->plan == NULL) || (e->seqs == NULL) || (e->logits == NULL) || (e->fresh == NULL)) {
+    if ((e->plan == NULL) || (e->seqs == NULL) || (e->logits == NULL) || (e->fresh == NULL) ||
+        (e->greedy == NULL)) {
         status = KVF_ERR_NO_MEMORY;
         goto err;
     }
@@ -190,6 +193,7 @@ void kvf_engine_destroy(kvf_engine_h e)
     free(e->plan);
     free(e->seqs);
     free(e->logits);
+    free(e->greedy);
     free(e->fresh);
     free(e);
 }
@@ -280,6 +284,15 @@ static void kvf_emit(kvf_engine_event_t *events, int cap, int *n, uint64_t id,
         events[*n] = (kvf_engine_event_t){id, kind, token, reason};
         ++*n;
     }
+}
+
+/* Whether a request's next token is its logits' argmax and nothing else reads the logits:
+ * then the forward computes the argmax where the logits are (kvf_fwd_seq_t.token) and
+ * only the id comes back. Sampling that reads the logits at temperature 0 (penalties,
+ * logprobs) must return false here. */
+static bool kvf_greedy_only(const kvf_request_t *r)
+{
+    return (r->sampling.temperature <= 0.0f) && !r->record_logits;
 }
 
 /* Append a sampled token and decide what happens next; emits events. */
@@ -389,7 +402,10 @@ kvf_status_t kvf_engine_step(kvf_engine_h e, kvf_engine_event_t *events, int cap
             .tokens = r->tokens + pe->start,
             .group_blocks = (const int32_t *const *)r->blocks.blocks,
             .group_num_blocks = r->blocks.num_blocks,
-            .logits = pe->samples ? e->logits + (size_t)ns++ * (size_t)vocab : NULL,
+            /* greedy without recorded logits: the forward's argmax id alone comes back */
+            .logits = (pe->samples && !kvf_greedy_only(r)) ?
+                      e->logits + (size_t)ns++ * (size_t)vocab : NULL,
+            .token = (pe->samples && kvf_greedy_only(r)) ? &e->greedy[i] : NULL,
             /* decode steps feed the one token sampled last; anything else (the prompt,
              * a recompute after preemption) is a prompt forward in transformers */
             .prompt = (pe->start < r->prompt_len) || (pe->num_tokens > 1),
@@ -426,8 +442,9 @@ kvf_status_t kvf_engine_step(kvf_engine_h e, kvf_engine_event_t *events, int cap
         kvf_request_t *r = pe->req;
         r->num_computed = pe->start + pe->num_tokens;
         r->sched_tokens = 0;
-        if (e->seqs[i].logits != NULL) {
-            int32_t tok = kvf_sample_token(r, e->seqs[i].logits, vocab);
+        if ((e->seqs[i].logits != NULL) || (e->seqs[i].token != NULL)) {
+            int32_t tok = (e->seqs[i].logits != NULL) ?
+                          kvf_sample_token(r, e->seqs[i].logits, vocab) : e->greedy[i];
             status = kvf_accept_token(e, r, tok, e->seqs[i].logits, events, cap, n_events);
             if (status != KVF_OK) {
                 kvf_finish(e, r, KVF_FINISH_ERROR);

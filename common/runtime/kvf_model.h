@@ -145,6 +145,11 @@ typedef struct kvf_fwd_seq {
     bool            prompt;        /* a chunk of the prompt (or of a recompute): computed
                                       like transformers' prompt forward even when it is one
                                       token (Mamba dt clamped); false: a decode step */
+    int32_t        *token;         /* greedy: the argmax of the last token's logits (lowest
+                                      id of the largest non-NaN logit; 0 when logit 0 is NaN:
+                                      the engine's greedy scan), computed on the model's
+                                      device so only this id comes back (rank 0); or NULL.
+                                      Independent of logits (either, both or neither). */
 } kvf_fwd_seq_t;
 
 typedef struct kvf_fwd_batch {
@@ -169,7 +174,7 @@ void         kvf_model_ws_destroy(struct kvf_model_ws *ws);
 /**
  * Run one forward step of @a batch on rank ctx->rank. Every rank of the
  * instance must call it with the same batch (collectives inside). Rank 0
- * writes seq->logits. Writes K/V of the new tokens into the attention pages
+ * writes seq->logits and seq->token (those not NULL). Writes K/V of the new tokens into the attention pages
  * and advances the Mamba state pages in place.
  *
  * @return KVF_OK; KVF_ERR_INVALID_PARAM for a bad token id, too few blocks

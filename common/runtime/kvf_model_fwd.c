@@ -29,11 +29,11 @@ void kvf_model_ws_destroy(struct kvf_model_ws *ws)
     }
     void *dptrs[] = {
         ws->h, ws->xn, ws->out, ws->proj, ws->ybuf, ws->xbc, ws->g, ws->sumsq, ws->xg, ws->yg,
-        ws->scores, ws->route_idx, ws->route_w, ws->last, ws->logits, ws->xs,
+        ws->scores, ws->route_idx, ws->route_w, ws->last, ws->logits, ws->xs, ws->d_tok,
     };
     void *hptrs[] = {
         ws->pos, ws->rows, ws->rw, ws->tile, ws->ids, ws->last_rows, ws->h_route_idx,
-        ws->h_route_w,
+        ws->h_route_w, ws->h_tok,
     };
     for (size_t i = 0; i < sizeof(dptrs) / sizeof(dptrs[0]); ++i) {
         if (kvf_ws_on_device(ws)) {
@@ -150,6 +150,8 @@ static kvf_status_t kvf_ws_reserve(struct kvf_model_ws *ws, const kvf_model_h m,
         bad |= kvf_grow_dev(ws, (void **)&ws->logits,
                             S * (size_t)cfg->vocab_size * sizeof(float));
         bad |= kvf_grow((void **)&ws->last_rows, S * sizeof(int32_t));
+        bad |= kvf_grow_dev(ws, (void **)&ws->d_tok, S * sizeof(int32_t));
+        bad |= kvf_grow((void **)&ws->h_tok, S * sizeof(int32_t));
         if (bad) {
             return KVF_ERR_NO_MEMORY;
         }
@@ -532,6 +534,58 @@ static kvf_status_t kvf_fwd_moe(kvf_model_h m, const kvf_rank_ctx_t *ctx, int l,
     return kvf_reduce_residual(ctx, ws, (size_t)T, (size_t)H, status);
 }
 
+/*
+ * Rank 0's head: norm_f and lm_head on the last token of every sequence that wants its
+ * logits or its greedy token; the greedy ids by an argmax on the device, copied back in one
+ * call (the step's one synchronisation when nobody wants logits); logits copied per
+ * sequence only for those that asked (non-greedy sampling, --print-logits).
+ */
+static kvf_status_t kvf_fwd_head(kvf_model_h m, const kvf_rank_ctx_t *ctx,
+                                 const kvf_fwd_batch_t *batch, kvf_status_t status)
+{
+    const kvf_model_config_t *cfg = &m->cfg;
+    const kvf_device_t *dev = kvf_page_pool_device(ctx->pool);
+    const kvf_rep_w_t *rep = kvf_model_rep(m, ctx->rank);
+    struct kvf_model_ws *ws = ctx->ws;
+    const int H = cfg->hidden_size, V = cfg->vocab_size;
+    int ns = 0, o = 0;
+    bool tokens = false;
+
+    for (int i = 0; i < batch->num_seqs; ++i) {
+        const kvf_fwd_seq_t *sq = &batch->seqs[i];
+        o += sq->num_tokens;
+        if ((sq->logits != NULL) || (sq->token != NULL)) {
+            ws->last_rows[ns++] = o - 1;   /* the last token of each seq wanting logits */
+            tokens |= (sq->token != NULL);
+        }
+    }
+    KVF_KCALL(kvf_gather_rows(dev, ws->h, KVF_DTYPE_FP32, H, ws->last_rows, ns, ws->last));
+    KVF_KCALL(kvf_rmsnorm(dev, ws->last, rep->norm_f, ws->last, ns, H, (float)cfg->norm_eps));
+    KVF_KCALL(kvf_mat_gemm(dev, ws, ns, ws->last, H, &rep->lm_head, NULL, ws->logits, V));
+    if (tokens) {
+        KVF_KCALL(kvf_argmax_rows(dev, ws->logits, ns, V, V, ws->d_tok));
+        KVF_KCALL(kvf_device_memcpy(dev, ws->h_tok, ws->d_tok, (size_t)ns * sizeof(int32_t),
+                                    KVF_COPY_D2H));
+    }
+    ns = 0;
+    for (int i = 0; (status == KVF_OK) && (i < batch->num_seqs); ++i) {
+        const kvf_fwd_seq_t *sq = &batch->seqs[i];
+        if ((sq->logits == NULL) && (sq->token == NULL)) {
+            continue;
+        }
+        if (sq->token != NULL) {
+            *sq->token = ws->h_tok[ns];
+        }
+        if (sq->logits != NULL) {
+            /* to the host for sampling (synchronous: the step's work is done after) */
+            KVF_KCALL(kvf_device_memcpy(dev, sq->logits, ws->logits + (size_t)ns * (size_t)V,
+                                        (size_t)V * sizeof(float), KVF_COPY_D2H));
+        }
+        ++ns;
+    }
+    return status;
+}
+
 kvf_status_t kvf_model_forward_rank(kvf_model_h m, const kvf_rank_ctx_t *ctx,
                                     const kvf_fwd_batch_t *batch)
 {
@@ -619,29 +673,7 @@ kvf_status_t kvf_model_forward_rank(kvf_model_h m, const kvf_rank_ctx_t *ctx,
     }
 
     if (ctx->rank == 0) {
-        int ns = 0;
-        o = 0;
-        for (int i = 0; i < batch->num_seqs; ++i) {
-            o += batch->seqs[i].num_tokens;
-            if (batch->seqs[i].logits != NULL) {
-                ws->last_rows[ns++] = o - 1;   /* the last token of each seq wanting logits */
-            }
-        }
-        KVF_KCALL(kvf_gather_rows(dev, ws->h, KVF_DTYPE_FP32, H, ws->last_rows, ns, ws->last));
-        KVF_KCALL(kvf_rmsnorm(dev, ws->last, rep->norm_f, ws->last, ns, H, (float)cfg->norm_eps));
-        KVF_KCALL(kvf_mat_gemm(dev, ws, ns, ws->last, H, &rep->lm_head, NULL, ws->logits,
-                               cfg->vocab_size));
-        ns = 0;
-        for (int i = 0; i < batch->num_seqs; ++i) {
-            if (batch->seqs[i].logits != NULL) {
-                /* to the host for sampling (synchronous: the step's work is done after) */
-                KVF_KCALL(kvf_device_memcpy(dev, batch->seqs[i].logits,
-                                            ws->logits + (size_t)ns * cfg->vocab_size,
-                                            (size_t)cfg->vocab_size * sizeof(float),
-                                            KVF_COPY_D2H));
-                ++ns;
-            }
-        }
+        status = kvf_fwd_head(m, ctx, batch, status);
     }
     return status;
 }

@@ -13,6 +13,7 @@
 #include "kvf_log.h"
 #include "kvf_safetensors.h"
 #include "kvf_act.h"
+#include "kvf_argmax.h"
 #include "kvf_attention.h"
 #include "kvf_conv1d.h"
 #include "kvf_gemm.h"
@@ -128,6 +129,8 @@ struct kvf_model_ws {
     int32_t *last_rows;         /* [S] rows of h whose logits are wanted (host) */
     int32_t *h_route_idx;       /* [T][top_k] host copy of route_idx (CUDA) */
     float   *h_route_w;         /* [T][top_k] host copy of route_w (CUDA) */
+    int32_t *d_tok;             /* [S] greedy ids (dev) */
+    int32_t *h_tok;             /* [S] their host copy */
     void    *xs;                /* [T][max K] 16-bit activations of the tensor-core GEMMs
                                  * (kvf_gemm_narrow; device only, KVF_GPU_WEIGHTS=native) */
 };

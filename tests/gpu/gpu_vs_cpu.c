@@ -21,6 +21,7 @@
  * the comparison), not CUDA.
  */
 #include "kvf_act.h"
+#include "kvf_argmax.h"
 #include "kvf_attention.h"
 #include "kvf_conv1d.h"
 #include "kvf_device.h"
@@ -227,6 +228,33 @@ static void check_gemm_narrow(kvf_dtype_t wdt)
     free(w);
     free(b);
     free(y0);
+}
+
+/* greedy ids (kvf_argmax.h): equal to the CPU's, also with ties, NaNs and a NaN first */
+static void check_argmax(void)
+{
+    enum { ROWS = 5, V = 50000 };
+    float *x = frand((size_t)ROWS * V, -4, 4);
+    int32_t cpu[ROWS], gpu[ROWS];
+    int32_t *dout = up(NULL, sizeof(gpu));
+
+    for (size_t i = 0; i < (size_t)ROWS * V; ++i) {
+        x[i] = roundf(x[i] * 4.0f) / 4.0f;   /* many ties at the max */
+    }
+    x[(size_t)1 * V] = NAN;
+    x[(size_t)2 * V + 17] = NAN;
+    x[(size_t)3 * V + V - 1] = 100.0f;
+    float *dx = up(x, (size_t)ROWS * V * 4);
+    CK("argmax cpu", kvf_argmax_rows(NULL, x, ROWS, V, V, cpu));
+    CK("argmax gpu", kvf_argmax_rows(&gdev, dx, ROWS, V, V, dout));
+    down(gpu, dout, sizeof(gpu));
+    int same = (memcmp(gpu, cpu, sizeof(cpu)) == 0);
+    printf("| %-28s | %-5s | %-12s | %-12s | %-7s | %s |\n", "argmax (greedy ids)", "i32",
+           same ? "0" : "differ", "-", "0", same ? "PASS" : "FAIL");
+    failures += same ? 0 : 1;
+    kvf_device_free(&gdev, dx);
+    kvf_device_free(&gdev, dout);
+    free(x);
 }
 
 static void check_elementwise(void)
@@ -853,6 +881,7 @@ int main(int argc, char **argv)
     check_gemm();
     check_gemm_narrow(KVF_DTYPE_BF16);
     check_gemm_narrow(KVF_DTYPE_FP16);
+    check_argmax();
     check_elementwise();
     check_ops();
     check_moe();

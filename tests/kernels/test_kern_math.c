@@ -8,6 +8,8 @@
  */
 #include "kvf_act.h"
 #include "kvf_act_math.h"
+#include "kvf_argmax.h"
+#include "kvf_argmax_math.h"
 #include "kvf_attention_math.h"
 #include "kvf_dtype_math.h"
 #include "kvf_kern_test.h"
@@ -270,6 +272,81 @@ static void test_attn_split_merge(void **state)
     }
 }
 
+/* the engine's greedy scan (common/engine kvf_sample_token at temperature 0) */
+static int32_t serial_argmax(const float *x, int n)
+{
+    int32_t best = 0;
+    for (int i = 1; i < n; ++i) {
+        if (x[i] > x[best]) {
+            best = i;
+        }
+    }
+    return best;
+}
+
+/* The device argmax's reduction (threads striding over the row, then a tree merge, as
+ * kvf_argmax_cuda.cu) and kvf_argmax_rows on the CPU pick the serial scan's index: ties,
+ * NaNs anywhere (first element included), -0 and +0, all NaN, infinities. */
+static void test_argmax(void **state)
+{
+    enum { N = 300, THREADS = 256, ROWS = 9 };
+    float x[ROWS][N];
+    int32_t got[ROWS];
+    uint32_t r = 99u;
+
+    (void)state;
+    for (int row = 0; row < ROWS; ++row) {
+        for (int i = 0; i < N; ++i) {
+            r = r * 1664525u + 1013904223u;
+            x[row][i] = (float)((r >> 8) % 7u) - 3.0f;   /* many ties */
+        }
+    }
+    x[1][0] = NAN;                    /* NaN first: 0 */
+    x[2][5] = NAN;                    /* NaN elsewhere: skipped */
+    x[2][200] = INFINITY;
+    for (int i = 0; i < N; ++i) {
+        x[3][i] = NAN;                /* all NaN: 0 */
+        x[4][i] = (i % 2) ? -0.0f : 0.0f;
+        x[5][i] = -INFINITY;
+    }
+    x[6][N - 1] = 100.0f;             /* the max in the last column */
+    x[7][0] = 100.0f;
+    x[7][N - 1] = 100.0f;             /* tie at both ends: 0 */
+    x[8][3] = NAN;
+    x[8][0] = -5.0f;
+    assert_int_equal(kvf_argmax_rows(NULL, &x[0][0], ROWS, N, N, got), KVF_KERN_OK);
+    for (int row = 0; row < ROWS; ++row) {
+        kvf_argmax_cand_t part[THREADS];
+        for (int t = 0; t < THREADS; ++t) {
+            part[t] = (kvf_argmax_cand_t){0.0f, -1};
+            for (int i = t; i < N; i += THREADS) {
+                part[t] = kvf_argmax_take(part[t], x[row][i], i);
+            }
+        }
+        for (int stride = THREADS / 2; stride > 0; stride /= 2) {
+            for (int t = 0; t < stride; ++t) {
+                part[t] = kvf_argmax_merge(part[t], part[t + stride]);
+            }
+        }
+        int32_t want = serial_argmax(x[row], N);
+        assert_int_equal(kvf_argmax_result(part[0], x[row][0]), want);
+        assert_int_equal(got[row], want);
+    }
+    assert_int_equal(got[1], 0);
+    assert_int_equal(got[2], 200);
+    assert_int_equal(got[3], 0);
+    assert_int_equal(got[6], N - 1);
+    assert_int_equal(got[7], 0);
+    /* strided rows, refusals, no-op */
+    assert_int_equal(kvf_argmax_rows(NULL, &x[6][0], 2, N - 1, N, got), KVF_KERN_OK);
+    assert_int_equal(got[0], serial_argmax(x[6], N - 1));
+    assert_int_equal(got[1], 0);
+    assert_int_equal(kvf_argmax_rows(NULL, &x[0][0], 1, N, N - 1, got), KVF_KERN_EINVAL);
+    assert_int_equal(kvf_argmax_rows(NULL, &x[0][0], 1, 0, N, got), KVF_KERN_EINVAL);
+    assert_int_equal(kvf_argmax_rows(NULL, NULL, 1, N, N, got), KVF_KERN_EINVAL);
+    assert_int_equal(kvf_argmax_rows(NULL, NULL, 0, N, N, NULL), KVF_KERN_OK);
+}
+
 static void test_attn_offsets(void **state)
 {
     const int32_t table[3] = {7, 2, 5};
@@ -410,6 +487,7 @@ int main(void)
         cmocka_unit_test(test_gated_norm_edges),
         cmocka_unit_test(test_attn_fold),
         cmocka_unit_test(test_attn_split_merge),
+        cmocka_unit_test(test_argmax),
         cmocka_unit_test(test_attn_offsets),
         cmocka_unit_test(test_activations),
         cmocka_unit_test(test_convert),
