@@ -174,7 +174,8 @@ void         kvf_model_ws_destroy(struct kvf_model_ws *ws);
 /**
  * Run one forward step of @a batch on rank ctx->rank. Every rank of the
  * instance must call it with the same batch (collectives inside). Rank 0
- * writes seq->logits and seq->token (those not NULL). Writes K/V of the new tokens into the attention pages
+ * writes seq->logits and seq->token (those not NULL). Writes K/V of the
+ * new tokens into the attention pages
  * and advances the Mamba state pages in place.
  *
  * @return KVF_OK; KVF_ERR_INVALID_PARAM for a bad token id, too few blocks
