@@ -25,6 +25,9 @@
 #include "kvf_cuda_util.h"
 #include "kvf_device_cuda.h"
 
+#include <stdlib.h>
+#include <string.h>
+
 /* the geometry a thread needs (kvf_paged_kv_t with the device block table) */
 struct kvf_cuda_kv {
     char          *base;
@@ -51,21 +54,30 @@ static kvf_cuda_kv kvf_cuda_kv_of(const kvf_paged_kv_t *kv, const int32_t *d_tab
     return g;
 }
 
-static __device__ char *kvf_cuda_kblock(const kvf_cuda_kv &g, int pos)
+static __device__ char *kvf_cuda_kblock(const kvf_cuda_kv &g, const int32_t *table, int pos)
 {
-    return g.base + kvf_attn_kblock_offset(g.block_table, g.block_size, g.kbs, g.slots, g.slot,
+    return g.base + kvf_attn_kblock_offset(table, g.block_size, g.kbs, g.slots, g.slot,
                                            g.page_size, g.kbb, pos);
 }
 
+/* Row t's block table: the one table, or its request's row of the packed tables
+ * [num_seqs][maxb] (tok_seq[t]: row t's request; kvf_attention_seqs.h). */
+static __device__ const int32_t *kvf_cuda_table(const kvf_cuda_kv &g, const int32_t *tok_seq,
+                                                int maxb, size_t t)
+{
+    return (tok_seq == NULL) ? g.block_table : g.block_table + (size_t)tok_seq[t] * maxb;
+}
+
 __global__ void kvf_attn_write_kernel(kvf_cuda_kv g, const float *k, const float *v, int ld,
-                                      const int32_t *positions, size_t n)
+                                      const int32_t *positions, size_t n,
+                                      const int32_t *tok_seq, int maxb)
 {
     const size_t hd = (size_t)g.head_dim, nkv = (size_t)g.kv_heads;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         size_t d = i % hd, h = (i / hd) % nkv, t = i / (hd * nkv);
         int pos = positions[t];
-        char *kblock = kvf_cuda_kblock(g, pos);
+        char *kblock = kvf_cuda_kblock(g, kvf_cuda_table(g, tok_seq, maxb, t), pos);
         size_t row = (size_t)(pos % g.kbs);
         size_t src = t * (size_t)ld + h * hd + d;
         kvf_hd_store(kblock, g.dtype, kvf_attn_row_first(nkv, (size_t)g.kbs, hd, h, row, 0) + d,
@@ -86,7 +98,7 @@ __global__ void kvf_attn_write_kernel(kvf_cuda_kv g, const float *k, const float
 __global__ void __launch_bounds__(KVF_ATTN_THREADS)
 kvf_attn_paged_kernel(kvf_cuda_kv g, const float *q, int ldq, const int32_t *positions,
                       int q_heads, float scale, float *out, float *part_m, float *part_l,
-                      float *part_acc)
+                      float *part_acc, const int32_t *tok_seq, int maxb)
 {
     __shared__ float qs[KVF_ATTN_HD_MAX], sc[KVF_ATTN_KBS_MAX], red[KVF_ATTN_THREADS];
     __shared__ float l_sh;
@@ -97,6 +109,7 @@ kvf_attn_paged_kernel(kvf_cuda_kv g, const float *q, int ldq, const int32_t *pos
     const int nkb = limit / kbs + 1, per = (nkb + splits - 1) / splits;
     const int kb0 = y * per, kb1 = (kb0 + per < nkb) ? kb0 + per : nkb;
     const float *qv = q + (size_t)t * (size_t)ldq + (size_t)qh * (size_t)hd;
+    const int32_t *table = kvf_cuda_table(g, tok_seq, maxb, (size_t)t);
     float m = -INFINITY, l = 0.0f, acc0 = 0.0f, acc1 = 0.0f;   /* dims tid, tid + 128 */
 
     for (int d = tid; d < hd; d += KVF_ATTN_THREADS) {
@@ -105,7 +118,7 @@ kvf_attn_paged_kernel(kvf_cuda_kv g, const float *q, int ldq, const int32_t *pos
     __syncthreads();
     for (int kb = kb0; kb < kb1; ++kb) {
         const int token0 = kb * kbs;
-        const char *kblock = kvf_cuda_kblock(g, token0);
+        const char *kblock = kvf_cuda_kblock(g, table, token0);
         const char *kt = kblock + (size_t)kh * kbs * hd * g.elt;
         const char *vt = kblock + (size_t)(nkv + kh) * kbs * hd * g.elt;
         float mt = m;
@@ -221,6 +234,30 @@ static int kvf_attn_splits(size_t queries, int max_kblocks)
     return (s < 1) ? 1 : (int)s;
 }
 
+/* The attention grid (and the merge when split): part holds the partials, m and l
+ * [queries][splits] then acc [queries][splits][hd]; NULL when splits == 1. */
+static int kvf_attn_launch(cudaStream_t stream, const kvf_cuda_kv &g, const float *q, int ldq,
+                           const int32_t *d_pos, size_t queries, int q_heads, int splits,
+                           float scale, float *out, void *part, const int32_t *tok_seq,
+                           int maxb)
+{
+    const size_t hd = (size_t)g.head_dim;
+    float *pm = (float *)part, *pl = (pm != NULL) ? pm + queries * (size_t)splits : NULL;
+    float *pacc = (pl != NULL) ? pl + queries * (size_t)splits : NULL;
+    dim3 grid((unsigned)queries, (unsigned)splits);
+    int rc;
+
+    kvf_attn_paged_kernel<<<grid, KVF_ATTN_THREADS, 0, stream>>>(
+        g, q, ldq, d_pos, q_heads, scale, out, pm, pl, pacc, tok_seq, maxb);
+    rc = kvf_cuda_launched("kvf_attn_paged_kernel");
+    if ((rc == KVF_KERN_OK) && (splits > 1)) {
+        kvf_attn_merge_kernel<<<kvf_cuda_blocks(queries * hd), KVF_CUDA_THREADS, 0, stream>>>(
+            pm, pl, pacc, queries, splits, (int)hd, out);
+        rc = kvf_cuda_launched("kvf_attn_merge_kernel");
+    }
+    return rc;
+}
+
 /* device copies of the block table and positions, one scratch buffer */
 static int kvf_cuda_attn_tables(cudaStream_t stream, const kvf_paged_kv_t *kv,
                                 const int32_t *positions, int num_tokens, int32_t **buf_p)
@@ -255,7 +292,7 @@ extern "C" int kvf_cuda_attn_cache_write(const kvf_device_t *dev, const kvf_page
         return rc;
     }
     kvf_attn_write_kernel<<<kvf_cuda_blocks(n), KVF_CUDA_THREADS, 0, stream>>>(
-        kvf_cuda_kv_of(kv, tables), k, v, ld, tables + kv->num_blocks, n);
+        kvf_cuda_kv_of(kv, tables), k, v, ld, tables + kv->num_blocks, n, NULL, 0);
     rc = kvf_cuda_launched("kvf_attn_write_kernel");
     kvf_cuda_scratch_free(stream, tables);
     return rc;
@@ -291,19 +328,70 @@ extern "C" int kvf_cuda_attn_paged(const kvf_device_t *dev, const kvf_paged_kv_t
             return rc;
         }
     }
-    float *pm = (float *)part, *pl = pm + queries * (size_t)splits;
-    float *pacc = (part != NULL) ? pl + queries * (size_t)splits : NULL;
-    dim3 grid((unsigned)queries, (unsigned)splits);
-    kvf_attn_paged_kernel<<<grid, KVF_ATTN_THREADS, 0, stream>>>(
-        kvf_cuda_kv_of(kv, tables), q, ldq, tables + kv->num_blocks, q_heads, scale, out,
-        (part != NULL) ? pm : NULL, (part != NULL) ? pl : NULL, pacc);
-    rc = kvf_cuda_launched("kvf_attn_paged_kernel");
-    if ((rc == KVF_KERN_OK) && (splits > 1)) {
-        kvf_attn_merge_kernel<<<kvf_cuda_blocks(queries * hd), KVF_CUDA_THREADS, 0, stream>>>(
-            pm, pl, pacc, queries, splits, (int)hd, out);
-        rc = kvf_cuda_launched("kvf_attn_merge_kernel");
-    }
+    rc = kvf_attn_launch(stream, kvf_cuda_kv_of(kv, tables), q, ldq, tables + kv->num_blocks,
+                         queries, q_heads, splits, scale, out, part, NULL, 0);
     kvf_cuda_scratch_free(stream, part);
     kvf_cuda_scratch_free(stream, tables);
+    return rc;
+}
+
+extern "C" int kvf_cuda_attn_write_paged_seqs(const kvf_device_t *dev, const kvf_paged_kv_t *kv,
+                                              const kvf_attn_seqs_t *seqs, const float *k,
+                                              const float *v, int ld, const float *q, int ldq,
+                                              const int32_t *positions, int num_tokens,
+                                              int q_heads, float scale, float *out)
+{
+    cudaStream_t stream = kvf_cuda_stream_of(dev);
+    const size_t T = (size_t)num_tokens, hd = (size_t)kv->head_dim;
+    const size_t queries = T * (size_t)q_heads;
+    int maxb = 1, max_pos = 0, rc, splits;
+    void *dbuf = NULL, *part = NULL;
+
+    if ((kv->head_dim > KVF_ATTN_HD_MAX) || (kv->kernel_block_size > KVF_ATTN_KBS_MAX) ||
+        (queries > 0x7fffffffu)) {
+        return KVF_KERN_EINVAL;
+    }
+    for (int i = 0; i < seqs->num_seqs; ++i) {
+        maxb = (seqs->num_blocks[i] > maxb) ? seqs->num_blocks[i] : maxb;
+    }
+    for (size_t t = 0; t < T; ++t) {
+        max_pos = (positions[t] > max_pos) ? positions[t] : max_pos;
+    }
+    /* one upload: [T] request of each row, [T] positions, [num_seqs][maxb] block tables */
+    size_t words = 2 * T + (size_t)seqs->num_seqs * (size_t)maxb;
+    int32_t *h = (int32_t *)calloc(words, sizeof(int32_t));
+    if (h == NULL) {
+        return KVF_KERN_ENOMEM;
+    }
+    for (int i = 0, o = 0; i < seqs->num_seqs; ++i) {
+        for (int j = 0; j < seqs->num_tokens[i]; ++j) {
+            h[o++] = i;
+        }
+        memcpy(h + 2 * T + (size_t)i * (size_t)maxb, seqs->block_tables[i],
+               (size_t)seqs->num_blocks[i] * sizeof(int32_t));
+    }
+    memcpy(h + T, positions, T * sizeof(int32_t));
+    rc = kvf_cuda_scratch(stream, words * sizeof(int32_t), h, &dbuf);
+    free(h);   /* staged by the copy */
+    if (rc != KVF_KERN_OK) {
+        return rc;
+    }
+    const int32_t *d_seq = (const int32_t *)dbuf, *d_pos = d_seq + T, *d_tab = d_seq + 2 * T;
+    kvf_cuda_kv g = kvf_cuda_kv_of(kv, d_tab);
+    size_t n = T * (size_t)kv->kv_heads * hd;
+    kvf_attn_write_kernel<<<kvf_cuda_blocks(n), KVF_CUDA_THREADS, 0, stream>>>(
+        g, k, v, ld, d_pos, n, d_seq, maxb);
+    rc = kvf_cuda_launched("kvf_attn_write_kernel");
+    splits = kvf_attn_splits(queries, max_pos / kv->kernel_block_size + 1);
+    if ((rc == KVF_KERN_OK) && (splits > 1)) {
+        rc = kvf_cuda_scratch(stream, queries * (size_t)splits * (hd + 2) * sizeof(float), NULL,
+                              &part);
+    }
+    if (rc == KVF_KERN_OK) {
+        rc = kvf_attn_launch(stream, g, q, ldq, d_pos, queries, q_heads, splits, scale, out,
+                             part, d_seq, maxb);
+    }
+    kvf_cuda_scratch_free(stream, part);
+    kvf_cuda_scratch_free(stream, dbuf);
     return rc;
 }

@@ -15,6 +15,7 @@
 #define KVF_DEVICE_CUDA_H
 
 #include "kvf_attention.h"
+#include "kvf_attention_seqs.h"
 #include "kvf_device.h"
 #include "kvf_mamba2.h"
 #include "kvf_moe.h"
@@ -55,6 +56,10 @@ int  kvf_cuda_attn_cache_write(const kvf_device_t *dev, const kvf_paged_kv_t *kv
 int  kvf_cuda_attn_paged(const kvf_device_t *dev, const kvf_paged_kv_t *kv, const float *q,
                          int ldq, const int32_t *positions, int num_tokens, int q_heads,
                          float scale, float *out);
+int  kvf_cuda_attn_write_paged_seqs(const kvf_device_t *dev, const kvf_paged_kv_t *kv,
+                                    const kvf_attn_seqs_t *seqs, const float *k, const float *v,
+                                    int ld, const float *q, int ldq, const int32_t *positions,
+                                    int num_tokens, int q_heads, float scale, float *out);
 int  kvf_cuda_conv1d_chunk(const kvf_device_t *dev, const float *x, int ldx, int T,
                            int channels, int kernel, const float *w, const float *bias,
                            int silu, void *state, kvf_dtype_t state_dtype, int has_state,

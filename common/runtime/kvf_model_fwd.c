@@ -33,7 +33,7 @@ void kvf_model_ws_destroy(struct kvf_model_ws *ws)
     };
     void *hptrs[] = {
         ws->pos, ws->rows, ws->rw, ws->tile, ws->ids, ws->last_rows, ws->h_route_idx,
-        ws->h_route_w, ws->h_tok,
+        ws->h_route_w, ws->h_tok, ws->seq_n, ws->seq_nb, (void *)ws->seq_tab,
     };
     for (size_t i = 0; i < sizeof(dptrs) / sizeof(dptrs[0]); ++i) {
         if (kvf_ws_on_device(ws)) {
@@ -152,6 +152,9 @@ static kvf_status_t kvf_ws_reserve(struct kvf_model_ws *ws, const kvf_model_h m,
         bad |= kvf_grow((void **)&ws->last_rows, S * sizeof(int32_t));
         bad |= kvf_grow_dev(ws, (void **)&ws->d_tok, S * sizeof(int32_t));
         bad |= kvf_grow((void **)&ws->h_tok, S * sizeof(int32_t));
+        bad |= kvf_grow((void **)&ws->seq_n, S * sizeof(int));
+        bad |= kvf_grow((void **)&ws->seq_nb, S * sizeof(int));
+        bad |= kvf_grow((void **)&ws->seq_tab, S * sizeof(*ws->seq_tab));
         if (bad) {
             return KVF_ERR_NO_MEMORY;
         }
@@ -383,12 +386,17 @@ static kvf_status_t kvf_fwd_attention(kvf_model_h m, const kvf_rank_ctx_t *ctx,
     const int g = ctx->layout->layer_group[l], slot = ctx->layout->layer_slot[l];
     int o = 0;
 
+    kvf_paged_kv_t kv;
+    kvf_attn_seqs_t seqs = {
+        .num_seqs = batch->num_seqs, .num_tokens = ws->seq_n, .block_tables = ws->seq_tab,
+        .num_blocks = ws->seq_nb,
+    };
+
     KVF_KCALL(kvf_mat_gemm(dev, ws, T, ws->xn, H, &w->qkv, w->qkv_bias, ws->proj, R));
     for (int i = 0; i < batch->num_seqs; ++i) {
         const kvf_fwd_seq_t *sq = &batch->seqs[i];
         const int n = sq->num_tokens;
         float *row = ws->proj + (size_t)o * R;
-        kvf_paged_kv_t kv;
 
         for (int t = 0; t < n; ++t) {
             float *q = row + (size_t)t * R, *k = q + qd;
@@ -398,19 +406,23 @@ static kvf_status_t kvf_fwd_attention(kvf_model_h m, const kvf_rank_ctx_t *ctx,
                 KVF_KCALL(kvf_rmsnorm(dev, k, w->k_norm, k, s->kv_heads, hd, (float)cfg->norm_eps));
             }
         }
-        if (rep->inv_freq != NULL) {
-            /* transformers' rotate_half RoPE of q and k (kernels/kvf_ops_math.h) */
-            KVF_KCALL(kvf_rope(dev, rep->inv_freq, hd, ws->pos + o, n, row, R, s->attn_heads));
-            KVF_KCALL(kvf_rope(dev, rep->inv_freq, hd, ws->pos + o, n, row + qd, R,
-                               s->kv_heads));
-        }
-        kvf_page_pool_attn_view(ctx->pool, geo, hd, slot, sq->group_blocks[g],
-                                sq->group_num_blocks[g], &kv);
-        KVF_KCALL(kvf_attn_cache_write(dev, &kv, row + qd, row + qd + kd, R, ws->pos + o, n));
-        KVF_KCALL(kvf_attn_paged(dev, &kv, row, R, ws->pos + o, n, s->attn_heads, 0.0f,
-                                 ws->g + (size_t)o * qd));
+        ws->seq_n[i] = n;
+        ws->seq_tab[i] = sq->group_blocks[g];
+        ws->seq_nb[i] = sq->group_num_blocks[g];
         o += n;
     }
+    if (rep->inv_freq != NULL) {
+        /* transformers' rotate_half RoPE of q and k (kernels/kvf_ops_math.h), every row at
+         * its own position: one call for the batch */
+        KVF_KCALL(kvf_rope(dev, rep->inv_freq, hd, ws->pos, T, ws->proj, R, s->attn_heads));
+        KVF_KCALL(kvf_rope(dev, rep->inv_freq, hd, ws->pos, T, ws->proj + qd, R, s->kv_heads));
+    }
+    /* every seq's K/V written, then every seq attends: one call for the batch (on a GPU two
+     * launches, whatever the batch size; on the CPU the per-seq calls) */
+    kvf_page_pool_attn_view(ctx->pool, geo, hd, slot, batch->seqs[0].group_blocks[g],
+                            batch->seqs[0].group_num_blocks[g], &kv);
+    KVF_KCALL(kvf_attn_write_paged_seqs(dev, &kv, &seqs, ws->proj + qd, ws->proj + qd + kd, R,
+                                        ws->proj, R, ws->pos, s->attn_heads, 0.0f, ws->g));
     KVF_KCALL(kvf_mat_gemm(dev, ws, T, ws->g, qd, &w->o_proj, w->o_bias, ws->out, H));
     return kvf_reduce_residual(ctx, ws, (size_t)T, (size_t)H, status);
 }

@@ -15,6 +15,7 @@
 #include "kvf_act.h"
 #include "kvf_argmax.h"
 #include "kvf_attention.h"
+#include "kvf_attention_seqs.h"
 #include "kvf_conv1d.h"
 #include "kvf_gemm.h"
 #include "kvf_gemm_narrow.h"
@@ -129,6 +130,8 @@ struct kvf_model_ws {
     int32_t *last_rows;         /* [S] rows of h whose logits are wanted (host) */
     int32_t *h_route_idx;       /* [T][top_k] host copy of route_idx (CUDA) */
     float   *h_route_w;         /* [T][top_k] host copy of route_w (CUDA) */
+    int     *seq_n, *seq_nb;    /* [S] tokens and attention blocks of each seq (host) */
+    const int32_t **seq_tab;    /* [S] their attention block tables (host) */
     int32_t *d_tok;             /* [S] greedy ids (dev) */
     int32_t *h_tok;             /* [S] their host copy */
     void    *xs;                /* [T][max K] 16-bit activations of the tensor-core GEMMs

@@ -23,6 +23,7 @@
 #include "kvf_act.h"
 #include "kvf_argmax.h"
 #include "kvf_attention.h"
+#include "kvf_attention_seqs.h"
 #include "kvf_conv1d.h"
 #include "kvf_device.h"
 #include "kvf_gemm.h"
@@ -505,6 +506,70 @@ static void check_attention(kvf_dtype_t dt)
     free(pg);
 }
 
+/* three requests in one call (kvf_attention_seqs.h): prefill chunks of 40, 70 and 3 tokens,
+ * then one decode token each, against the CPU's per-request calls; pool and outputs */
+static void check_attention_seqs(kvf_dtype_t dt)
+{
+    static const int32_t t0[] = {9, 2}, t1[] = {7, 0, 11}, t2[] = {1};
+    static const int32_t *const tables[3] = {t0, t1, t2};
+    static const int nb[3] = {2, 3, 1}, pre[3] = {40, 70, 3};
+    const int T = 40 + 70 + 3;
+    kvf_paged_kv_t kv = attn_kv(NULL, dt, t0);
+    size_t pool_bytes = (size_t)A_POOL_BLOCKS * A_SLOTS * kv.page_size;
+    size_t qn = (size_t)(T + 3) * A_QH * A_HD, kn = (size_t)(T + 3) * A_KVH * A_HD;
+    float *q = frand(qn, -1, 1), *k = frand(kn, -1, 1), *v = frand(kn, -1, 1);
+    float *oc = malloc(qn * 4), *og = malloc(qn * 4);
+    unsigned char *pc = calloc(1, pool_bytes), *pg = malloc(pool_bytes);
+    int32_t pos[40 + 70 + 3 + 3];
+    float *dq = up(q, qn * 4), *dk = up(k, kn * 4), *dv = up(v, kn * 4), *dout = up(NULL, qn * 4);
+    void *dpool = up(pc, pool_bytes);
+    kvf_paged_kv_t kc = kv, kg = kv;
+    kvf_attn_seqs_t seqs = {3, pre, tables, nb};
+    static const int one[3] = {1, 1, 1};
+    const int ld = A_KVH * A_HD, ldq = A_QH * A_HD;
+    char name[64];
+
+    kc.base = pc;
+    kg.base = dpool;
+    for (int i = 0, o = 0; i < 3; ++i) {
+        for (int t = 0; t < pre[i]; ++t) {
+            pos[o++] = t;
+        }
+        pos[T + i] = pre[i];
+    }
+    CK("seqs cpu", kvf_attn_write_paged_seqs(NULL, &kc, &seqs, k, v, ld, q, ldq, pos, A_QH,
+                                             0.0f, oc));
+    CK("seqs gpu", kvf_attn_write_paged_seqs(&gdev, &kg, &seqs, dk, dv, ld, dq, ldq, pos, A_QH,
+                                             0.0f, dout));
+    down(og, dout, (size_t)T * A_QH * A_HD * 4);
+    snprintf(name, sizeof(name), "attn 3 seqs prefill %d", T);
+    rowf(name, kvf_dtype_name(dt), og, oc, (size_t)T * A_QH * A_HD, 1e-5);
+    seqs.num_tokens = one;   /* decode: one token each, split-K */
+    CK("seqs cpu", kvf_attn_write_paged_seqs(NULL, &kc, &seqs, k + (size_t)T * ld,
+                                             v + (size_t)T * ld, ld, q + (size_t)T * ldq, ldq,
+                                             pos + T, A_QH, 0.0f, oc));
+    CK("seqs gpu", kvf_attn_write_paged_seqs(&gdev, &kg, &seqs, dk + (size_t)T * ld,
+                                             dv + (size_t)T * ld, ld, dq + (size_t)T * ldq,
+                                             ldq, pos + T, A_QH, 0.0f, dout));
+    down(og, dout, (size_t)3 * A_QH * A_HD * 4);
+    rowf("attn 3 seqs decode", kvf_dtype_name(dt), og, oc, (size_t)3 * A_QH * A_HD, 1e-5);
+    down(pg, dpool, pool_bytes);
+    row("attn 3 seqs (pool)", kvf_dtype_name(dt), pg, pc, dt, pool_bytes / kvf_dtype_size(dt),
+        0.0);
+    kvf_device_free(&gdev, dq);
+    kvf_device_free(&gdev, dk);
+    kvf_device_free(&gdev, dv);
+    kvf_device_free(&gdev, dout);
+    kvf_device_free(&gdev, dpool);
+    free(q);
+    free(k);
+    free(v);
+    free(oc);
+    free(og);
+    free(pc);
+    free(pg);
+}
+
 /*
  * The stale-fp32 Mamba NaN case on the device: the pool's pages last held
  * fp32 Mamba state whose bytes decode as NaN in the KV dtype (0xff bytes:
@@ -889,6 +954,7 @@ int main(int argc, char **argv)
     check_stream_nccl();
     for (int i = 0; i < 3; ++i) {
         check_attention(cache[i]);
+        check_attention_seqs(cache[i]);
         check_conv(cache[i]);
         check_mamba(cache[i]);
         check_stale_nan(cache[i]);
