@@ -35,7 +35,8 @@
  * for decode (few queries, long context) split-K over the kernel blocks
  * merged by kvf_attn_merge; q, k, v, out and the pool are device
  * memory, block_table and positions stay HOST arrays (copied to scratch on
- * dev->stream); head_dim and kernel_block_size <= 256 (else KVF_KERN_EINVAL).
+ * dev->stream); head_dim <= 256 and kernel_block_size <= 8192 (else
+ * KVF_KERN_EINVAL).
  */
 #ifndef KVF_ATTENTION_H
 #define KVF_ATTENTION_H

@@ -100,7 +100,8 @@ kvf_attn_paged_kernel(kvf_cuda_kv g, const float *q, int ldq, const int32_t *pos
                       int q_heads, float scale, float *out, float *part_m, float *part_l,
                       float *part_acc, const int32_t *tok_seq, int maxb)
 {
-    __shared__ float qs[KVF_ATTN_HD_MAX], sc[KVF_ATTN_KBS_MAX], red[KVF_ATTN_THREADS];
+    __shared__ float qs[KVF_ATTN_HD_MAX], red[KVF_ATTN_THREADS];
+    extern __shared__ float sc[];   /* [kbs]: the tile's scores, then probabilities */
     __shared__ float l_sh;
     const int hd = g.head_dim, kbs = g.kbs, nkv = g.kv_heads, tid = (int)threadIdx.x;
     const int t = (int)blockIdx.x / q_heads, qh = (int)blockIdx.x % q_heads;
@@ -247,7 +248,7 @@ static int kvf_attn_launch(cudaStream_t stream, const kvf_cuda_kv &g, const floa
     dim3 grid((unsigned)queries, (unsigned)splits);
     int rc;
 
-    kvf_attn_paged_kernel<<<grid, KVF_ATTN_THREADS, 0, stream>>>(
+    kvf_attn_paged_kernel<<<grid, KVF_ATTN_THREADS, (size_t)g.kbs * sizeof(float), stream>>>(
         g, q, ldq, d_pos, q_heads, scale, out, pm, pl, pacc, tok_seq, maxb);
     rc = kvf_cuda_launched("kvf_attn_paged_kernel");
     if ((rc == KVF_KERN_OK) && (splits > 1)) {

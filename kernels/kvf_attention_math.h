@@ -24,9 +24,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* GPU thread-local limits (the CPU has none): head_dim and kernel block size */
+/* GPU limits (the CPU has none): head_dim (the query in shared memory) and kernel block
+ * size (the tile's scores in shared memory: 32 KiB; hybrid models' kernel blocks are whole
+ * logical blocks of 1312 tokens and more, e.g. Nemotron-Nano-9B-v2 at TP 1) */
 #define KVF_ATTN_HD_MAX  256
-#define KVF_ATTN_KBS_MAX 256
+#define KVF_ATTN_KBS_MAX 8192
 
 /**
  * Byte offset from the pool base of the kernel block holding token @a pos:

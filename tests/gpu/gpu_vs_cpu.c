@@ -570,6 +570,63 @@ static void check_attention_seqs(kvf_dtype_t dt)
     free(pg);
 }
 
+/* a hybrid model's kernel block: one 1312-token block (Nemotron-Nano-9B-v2's at TP 1),
+ * 700 prompt tokens then one decode token, against the CPU */
+static void check_attention_big_block(kvf_dtype_t dt)
+{
+    enum { BS = 1312, T = 700, KVH = 2, QH = 8, HD = 128 };
+    static const int32_t table[1] = {1};
+    kvf_paged_kv_t kv;
+    memset(&kv, 0, sizeof(kv));
+    kv.slots = 1;
+    kv.dtype = dt;
+    kv.kv_heads = KVH;
+    kv.head_dim = HD;
+    kv.block_size = BS;
+    kv.kernel_block_size = BS;
+    kv.block_table = table;
+    kv.num_blocks = 1;
+    kv.page_size = kvf_paged_kv_kernel_block_bytes(&kv);
+    size_t pool_bytes = 2 * kv.page_size;
+    size_t qn = (size_t)(T + 1) * QH * HD, kn = (size_t)(T + 1) * KVH * HD;
+    float *q = frand(qn, -1, 1), *k = frand(kn, -1, 1), *v = frand(kn, -1, 1);
+    float *oc = malloc(qn * 4), *og = malloc(qn * 4);
+    unsigned char *pc = calloc(1, pool_bytes);
+    int32_t pos[T + 1];
+    float *dq = up(q, qn * 4), *dk = up(k, kn * 4), *dv = up(v, kn * 4), *dout = up(NULL, qn * 4);
+    void *dpool = up(pc, pool_bytes);
+    kvf_paged_kv_t kc = kv, kg = kv;
+
+    kc.base = pc;
+    kg.base = dpool;
+    for (int t = 0; t <= T; ++t) {
+        pos[t] = t;
+    }
+    CK("write cpu", kvf_attn_cache_write(NULL, &kc, k, v, KVH * HD, pos, T + 1));
+    CK("write gpu", kvf_attn_cache_write(&gdev, &kg, dk, dv, KVH * HD, pos, T + 1));
+    CK("attn cpu", kvf_attn_paged(NULL, &kc, q, QH * HD, pos, T + 1, QH, 0.0f, oc));
+    CK("attn gpu", kvf_attn_paged(&gdev, &kg, dq, QH * HD, pos, T + 1, QH, 0.0f, dout));
+    down(og, dout, qn * 4);
+    rowf("attn kernel block 1312", kvf_dtype_name(dt), og, oc, qn, 1e-5);
+    CK("attn cpu", kvf_attn_paged(NULL, &kc, q + (size_t)T * QH * HD, QH * HD, &pos[T], 1, QH,
+                                  0.0f, oc));
+    CK("attn gpu", kvf_attn_paged(&gdev, &kg, dq + (size_t)T * QH * HD, QH * HD, &pos[T], 1,
+                                  QH, 0.0f, dout));
+    down(og, dout, (size_t)QH * HD * 4);
+    rowf("attn kernel block 1312 dec", kvf_dtype_name(dt), og, oc, (size_t)QH * HD, 1e-5);
+    kvf_device_free(&gdev, dq);
+    kvf_device_free(&gdev, dk);
+    kvf_device_free(&gdev, dv);
+    kvf_device_free(&gdev, dout);
+    kvf_device_free(&gdev, dpool);
+    free(q);
+    free(k);
+    free(v);
+    free(oc);
+    free(og);
+    free(pc);
+}
+
 /*
  * The stale-fp32 Mamba NaN case on the device: the pool's pages last held
  * fp32 Mamba state whose bytes decode as NaN in the KV dtype (0xff bytes:
@@ -955,6 +1012,7 @@ int main(int argc, char **argv)
     for (int i = 0; i < 3; ++i) {
         check_attention(cache[i]);
         check_attention_seqs(cache[i]);
+        check_attention_big_block(cache[i]);
         check_conv(cache[i]);
         check_mamba(cache[i]);
         check_stale_nan(cache[i]);
