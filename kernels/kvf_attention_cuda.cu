@@ -124,9 +124,14 @@ kvf_attn_paged_kernel(kvf_cuda_kv g, const float *q, int ldq, const int32_t *pos
         const char *vt = kblock + (size_t)(nkv + kh) * kbs * hd * g.elt;
         float mt = m;
         for (int j = tid; j < kbs; j += KVF_ATTN_THREADS) {
+            /* a masked slot's score is never read (the max skips it, its probability is
+             * selected 0), so its dot is not computed: the same bits, and a prefill query
+             * early in a long kernel block skips most of the tile's K reads */
             float dot = 0.0f;
-            for (int d = 0; d < hd; ++d) {
-                dot += qs[d] * kvf_hd_load(kt, g.dtype, (size_t)j * hd + d);
+            if (token0 + j <= limit) {
+                for (int d = 0; d < hd; ++d) {
+                    dot += qs[d] * kvf_hd_load(kt, g.dtype, (size_t)j * hd + d);
+                }
             }
             sc[j] = dot * scale;
             if ((token0 + j <= limit) && (sc[j] > mt)) {
