@@ -18,6 +18,7 @@
 #include "kvf_attention_seqs.h"
 #include "kvf_device.h"
 #include "kvf_mamba2.h"
+#include "kvf_ssm_seqs.h"
 #include "kvf_moe.h"
 
 #ifdef __cplusplus
@@ -60,6 +61,12 @@ int  kvf_cuda_attn_write_paged_seqs(const kvf_device_t *dev, const kvf_paged_kv_
                                     const kvf_attn_seqs_t *seqs, const float *k, const float *v,
                                     int ld, const float *q, int ldq, const int32_t *positions,
                                     int num_tokens, int q_heads, float scale, float *out);
+int  kvf_cuda_ssm_decode_seqs(const kvf_device_t *dev, const kvf_ssm_seqs_t *seqs,
+                              const float *x_in, int ld_in, int channels, int kernel,
+                              const float *conv_w, const float *conv_b, kvf_dtype_t conv_dtype,
+                              float *xbc, int ld_xbc, const kvf_mamba2_params_t *p,
+                              const float *dt, int lddt, kvf_dtype_t ssm_dtype, float *y,
+                              int ldy);
 int  kvf_cuda_conv1d_chunk(const kvf_device_t *dev, const float *x, int ldx, int T,
                            int channels, int kernel, const float *w, const float *bias,
                            int silu, void *state, kvf_dtype_t state_dtype, int has_state,

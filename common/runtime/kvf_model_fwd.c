@@ -33,7 +33,8 @@ void kvf_model_ws_destroy(struct kvf_model_ws *ws)
     };
     void *hptrs[] = {
         ws->pos, ws->rows, ws->rw, ws->tile, ws->ids, ws->last_rows, ws->h_route_idx,
-        ws->h_route_w, ws->h_tok, ws->seq_n, ws->seq_nb, (void *)ws->seq_tab,
+        ws->h_route_w, ws->h_tok, ws->seq_n, ws->seq_nb, (void *)ws->seq_tab, ws->dec_rows,
+        ws->dec_conv, ws->dec_ssm, ws->dec_dtmin,
     };
     for (size_t i = 0; i < sizeof(dptrs) / sizeof(dptrs[0]); ++i) {
         if (kvf_ws_on_device(ws)) {
@@ -155,6 +156,10 @@ static kvf_status_t kvf_ws_reserve(struct kvf_model_ws *ws, const kvf_model_h m,
         bad |= kvf_grow((void **)&ws->seq_n, S * sizeof(int));
         bad |= kvf_grow((void **)&ws->seq_nb, S * sizeof(int));
         bad |= kvf_grow((void **)&ws->seq_tab, S * sizeof(*ws->seq_tab));
+        bad |= kvf_grow((void **)&ws->dec_rows, S * sizeof(int));
+        bad |= kvf_grow((void **)&ws->dec_conv, S * sizeof(void *));
+        bad |= kvf_grow((void **)&ws->dec_ssm, S * sizeof(void *));
+        bad |= kvf_grow((void **)&ws->dec_dtmin, S * sizeof(float));
         if (bad) {
             return KVF_ERR_NO_MEMORY;
         }
@@ -309,7 +314,7 @@ static kvf_status_t kvf_fwd_mamba(kvf_model_h m, const kvf_rank_ctx_t *ctx,
         .dt_min = (float)cfg->time_step_min, .dt_max = INFINITY,
     };
     kvf_mamba2_params_t mp_step = mp_scan;
-    int gsz, ngl, o = 0;
+    int gsz, ngl, o = 0, nd = 0;
 
     mp_step.dt_min = 0.0f;
     KVF_KCALL(kvf_mat_gemm(dev, ws, T, ws->xn, H, &w->in_proj, w->in_bias, ws->proj, R));
@@ -322,10 +327,16 @@ static kvf_status_t kvf_fwd_mamba(kvf_model_h m, const kvf_rank_ctx_t *ctx,
         const float *xbc_in = ws->proj + (size_t)o * R + dim;
         float *xbc = ws->xbc + (size_t)o * cd;
 
-        if ((n == 1) && has) {
+        if ((n == 1) && has && silu) {
             /* one token on a state: the recurrent update, with the scan's dt clamp when
              * it is the last token of a prompt (k * chunk + 1 tokens), as transformers'
-             * prompt forward computes it */
+             * prompt forward computes it; every such seq in one call after the loop */
+            ws->dec_rows[nd] = o;
+            ws->dec_conv[nd] = conv_state;
+            ws->dec_ssm[nd] = ssm_state;
+            ws->dec_dtmin[nd] = sq->prompt ? mp_scan.dt_min : mp_step.dt_min;
+            ++nd;
+        } else if ((n == 1) && has) {
             KVF_KCALL(kvf_conv1d_step(dev, xbc_in, cd, K, w->conv_w, w->conv_b, silu, conv_state,
                                       ctx->geom->conv_dtype, xbc));
             if (!silu) {
@@ -347,6 +358,16 @@ static kvf_status_t kvf_fwd_mamba(kvf_model_h m, const kvf_rank_ctx_t *ctx,
                                       ctx->geom->ssm_dtype, has, ws->ybuf + (size_t)o * R, R));
         }
         o += n;
+    }
+    if (nd > 0) {
+        const kvf_ssm_seqs_t dec = {
+            .num_seqs = nd, .rows = ws->dec_rows, .conv_states = ws->dec_conv,
+            .ssm_states = ws->dec_ssm, .dt_min = ws->dec_dtmin,
+        };
+        KVF_KCALL(kvf_ssm_decode_seqs(dev, &dec, ws->proj + dim, R, cd, K, w->conv_w, w->conv_b,
+                                      ctx->geom->conv_dtype, ws->xbc, cd, &mp_step,
+                                      ws->proj + dim + cd, R, ctx->geom->ssm_dtype, ws->ybuf,
+                                      R));
     }
     /* gated norm: y (ybuf, ld R) gated by z (proj cols [0, dim), ld R) */
     if (s->group_replication > 1) {

@@ -23,6 +23,7 @@
 #include "kvf_moe.h"
 #include "kvf_norm.h"
 #include "kvf_ops.h"
+#include "kvf_ssm_seqs.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -132,6 +133,9 @@ struct kvf_model_ws {
     float   *h_route_w;         /* [T][top_k] host copy of route_w (CUDA) */
     int     *seq_n, *seq_nb;    /* [S] tokens and attention blocks of each seq (host) */
     const int32_t **seq_tab;    /* [S] their attention block tables (host) */
+    int     *dec_rows;          /* [S] rows of the seqs taking a Mamba decode step (host) */
+    void   **dec_conv, **dec_ssm;  /* [S] their conv and SSM state pages (host arrays) */
+    float   *dec_dtmin;         /* [S] their dt clamps (host) */
     int32_t *d_tok;             /* [S] greedy ids (dev) */
     int32_t *h_tok;             /* [S] their host copy */
     void    *xs;                /* [T][max K] 16-bit activations of the tensor-core GEMMs

@@ -33,6 +33,7 @@
 #include "kvf_nccl.h"
 #include "kvf_norm.h"
 #include "kvf_ops.h"
+#include "kvf_ssm_seqs.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -745,6 +746,87 @@ static void check_conv(kvf_dtype_t dt)
 }
 
 /* Mamba2: fresh scan, continued scan, decode step; y and state (a state dtype rounds once) */
+/* the batched Mamba2 decode step (kvf_ssm_seqs.h): three requests at rows 2, 0, 1 of a
+ * [3][R] projection, each with its own conv and SSM state (fp32: one launch each for the
+ * batch; bf16 / fp16: the per-request kernels), their dt clamps 0, 1e-3, 0 */
+static void check_ssm_seqs(kvf_dtype_t dt)
+{
+    enum { H = 8, P = 16, G = 2, N = 32, K = 4, S = 3 };
+    const int HP = H * P, CD = HP + 2 * G * N, R = HP + CD + H + 5;   /* z | xBC | dt | pad */
+    static const int rows[S] = {2, 0, 1};
+    static const float dtmin[S] = {0.0f, 1e-3f, 0.0f};
+    float *xin = frand((size_t)S * R, -2, 2), *cw = frand((size_t)CD * K, -1, 1);
+    float *cb = frand(CD, -1, 1), *dtb = frand(H, -1, 1), *al = frand(H, -2, 1);
+    float *D = frand(H, -1, 1);
+    size_t cbytes = (size_t)CD * (K - 1) * kvf_dtype_size(dt);
+    size_t sbytes = (size_t)HP * N * kvf_dtype_size(dt);
+    unsigned char *cc = malloc(S * cbytes), *scs = malloc(S * sbytes);
+    unsigned char *cg = malloc(S * cbytes), *sg = malloc(S * sbytes);
+    float *xc = calloc((size_t)S * CD, 4), *xgv = malloc((size_t)S * CD * 4);
+    float *yc = calloc((size_t)S * R, 4), *yg = malloc((size_t)S * R * 4);
+    float *fill = frand((S * (cbytes + sbytes)) / 2 + 1, -1, 1);
+
+    for (size_t i = 0; i < S * cbytes / kvf_dtype_size(dt); ++i) {
+        kvf_dtype_store(cc, dt, i, fill[i]);
+    }
+    for (size_t i = 0; i < S * sbytes / kvf_dtype_size(dt); ++i) {
+        kvf_dtype_store(scs, dt, i, fill[i % ((S * (cbytes + sbytes)) / 2)] * 0.5f);
+    }
+    float *dxin = up(xin, (size_t)S * R * 4), *dcw = up(cw, (size_t)CD * K * 4);
+    float *dcb = up(cb, CD * 4), *ddtb = up(dtb, H * 4), *dal = up(al, H * 4);
+    float *dD = up(D, H * 4), *dxbc = up(xc, (size_t)S * CD * 4), *dy = up(yc, (size_t)S * R * 4);
+    unsigned char *dconv = up(cc, S * cbytes), *dssm = up(scs, S * sbytes);
+    void *hconv[S], *hssm[S], *dconvp[S], *dssmp[S];
+    for (int i = 0; i < S; ++i) {
+        hconv[i] = cc + (size_t)(S - 1 - i) * cbytes;   /* states in reverse order */
+        hssm[i] = scs + (size_t)(S - 1 - i) * sbytes;
+        dconvp[i] = dconv + (size_t)(S - 1 - i) * cbytes;
+        dssmp[i] = dssm + (size_t)(S - 1 - i) * sbytes;
+    }
+    kvf_ssm_seqs_t qc = {S, rows, hconv, hssm, dtmin}, qg = {S, rows, dconvp, dssmp, dtmin};
+    kvf_mamba2_params_t pc = {H, P, G, N, dtb, al, D, 0.0f, INFINITY};
+    kvf_mamba2_params_t pg = {H, P, G, N, ddtb, dal, dD, 0.0f, INFINITY};
+    CK("ssm seqs cpu", kvf_ssm_decode_seqs(NULL, &qc, xin + HP, R, CD, K, cw, cb, dt, xc, CD,
+                                           &pc, xin + HP + CD, R, dt, yc, R));
+    CK("ssm seqs gpu", kvf_ssm_decode_seqs(&gdev, &qg, dxin + HP, R, CD, K, dcw, dcb, dt, dxbc,
+                                           CD, &pg, dxin + HP + CD, R, dt, dy, R));
+    down(xgv, dxbc, (size_t)S * CD * 4);
+    down(yg, dy, (size_t)S * R * 4);
+    down(cg, dconv, S * cbytes);
+    down(sg, dssm, S * sbytes);
+    rowf("ssm 3 seqs conv out", kvf_dtype_name(dt), xgv, xc, (size_t)S * CD, 1e-5);
+    rowf("ssm 3 seqs y", kvf_dtype_name(dt), yg, yc, (size_t)S * R, 1e-4);
+    row("ssm 3 seqs conv state", kvf_dtype_name(dt), cg, cc, dt,
+        S * cbytes / kvf_dtype_size(dt), 0.0);
+    row("ssm 3 seqs state", kvf_dtype_name(dt), sg, scs, dt, S * sbytes / kvf_dtype_size(dt),
+        (dt == KVF_DTYPE_FP32) ? 1e-4 : 1e-2);
+    kvf_device_free(&gdev, dxin);
+    kvf_device_free(&gdev, dcw);
+    kvf_device_free(&gdev, dcb);
+    kvf_device_free(&gdev, ddtb);
+    kvf_device_free(&gdev, dal);
+    kvf_device_free(&gdev, dD);
+    kvf_device_free(&gdev, dxbc);
+    kvf_device_free(&gdev, dy);
+    kvf_device_free(&gdev, dconv);
+    kvf_device_free(&gdev, dssm);
+    free(xin);
+    free(cw);
+    free(cb);
+    free(dtb);
+    free(al);
+    free(D);
+    free(cc);
+    free(scs);
+    free(cg);
+    free(sg);
+    free(xc);
+    free(xgv);
+    free(yc);
+    free(yg);
+    free(fill);
+}
+
 static void check_mamba(kvf_dtype_t dt)
 {
     enum { H = 8, P = 16, G = 2, N = 32, T = 20 };
@@ -1015,6 +1097,7 @@ int main(int argc, char **argv)
         check_attention_big_block(cache[i]);
         check_conv(cache[i]);
         check_mamba(cache[i]);
+        check_ssm_seqs(cache[i]);
         check_stale_nan(cache[i]);
     }
     printf("gpu_vs_cpu: %d failure(s)\n", failures);
