@@ -257,12 +257,19 @@ def num_blocks(batch, prompt, decode, bs):
     return batch * per + 4
 
 
+def max_batch_tokens(args, batch):
+    """Tokens per engine step: the whole prompt at batch 1, at most 4096 (four 1000-token
+    prompts) at larger batches: GEMMs of 4096 rows already fill the GPU, and the workspace,
+    which the peak device memory includes, stays under 2 GB at the 9B geometry."""
+    return max(args.prompt_len, min(args.prompt_len * batch, 4096))
+
+
 def run_kvf(args, env, d, dtype, batch, timeout):
     """One `kvf bench-model` run: dict(prefill, decode, held, peak) or dict(err)."""
     cmd = [args.kvf, "bench-model", "--model", d, "--device", args.device, "--prompt-len",
            str(args.prompt_len), "--decode-tokens", str(args.decode_tokens), "--batch",
            str(batch), "--kv-dtype", dtype, "--warmup", "yes",
-           "--max-batch-tokens", str(min(args.prompt_len * batch, 16384)),
+           "--max-batch-tokens", str(max_batch_tokens(args, batch)),
            "--num-blocks", str(num_blocks(batch, args.prompt_len, args.decode_tokens,
                                           block_size(args.kvf, env, d, dtype)))]
     env = dict(env, KVF_GPU_WEIGHTS="native" if dtype == "bf16" else "fp32")
