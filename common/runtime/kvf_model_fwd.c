@@ -290,6 +290,16 @@ static int kvf_mat_gemm(const kvf_device_t *dev, struct kvf_model_ws *ws, int M,
     return e;
 }
 
+/* The parameters of a seq's one-token Mamba2 step: the scan's (dt clamped) for a prompt
+ * token, the step's (not clamped) for an output. The one place that decides it for both
+ * the batched decode call and the per-seq step. */
+static const kvf_mamba2_params_t *kvf_step_params(const kvf_fwd_seq_t *sq,
+                                                  const kvf_mamba2_params_t *scan,
+                                                  const kvf_mamba2_params_t *step)
+{
+    return sq->prompt ? scan : step;
+}
+
 static kvf_status_t kvf_fwd_mamba(kvf_model_h m, const kvf_rank_ctx_t *ctx,
                                   const kvf_fwd_batch_t *batch, int l, int T,
                                   kvf_status_t status)
@@ -334,7 +344,7 @@ static kvf_status_t kvf_fwd_mamba(kvf_model_h m, const kvf_rank_ctx_t *ctx,
             ws->dec_rows[nd] = o;
             ws->dec_conv[nd] = conv_state;
             ws->dec_ssm[nd] = ssm_state;
-            ws->dec_dtmin[nd] = sq->prompt ? mp_scan.dt_min : mp_step.dt_min;
+            ws->dec_dtmin[nd] = kvf_step_params(sq, &mp_scan, &mp_step)->dt_min;
             ++nd;
         } else if ((n == 1) && has) {
             KVF_KCALL(kvf_conv1d_step(dev, xbc_in, cd, K, w->conv_w, w->conv_b, silu, conv_state,
@@ -342,7 +352,7 @@ static kvf_status_t kvf_fwd_mamba(kvf_model_h m, const kvf_rank_ctx_t *ctx,
             if (!silu) {
                 KVF_KCALL(kvf_act(dev, (int)cfg->mamba_act, xbc, (size_t)cd));
             }
-            KVF_KCALL(kvf_mamba2_step(dev, sq->prompt ? &mp_scan : &mp_step, xbc,
+            KVF_KCALL(kvf_mamba2_step(dev, kvf_step_params(sq, &mp_scan, &mp_step), xbc,
                                       ws->proj + (size_t)o * R + dim + cd,
                                       xbc + dim, xbc + dim + s->groups * N,
                                       ssm_state, ctx->geom->ssm_dtype, ws->ybuf + (size_t)o * R));
