@@ -160,13 +160,28 @@ def library_env(kvf):
     return env, still
 
 
-class DevMemPoll(threading.Thread):
-    """Peak device memory (MiB) of one process, from nvidia-smi every 0.1 s (None when
-    nvidia-smi cannot say). Includes the process's CUDA context."""
+def gpu_used_mib(index):
+    """Device memory in use on GPU @a index (all processes), MiB, or None."""
+    try:
+        out = subprocess.run(["nvidia-smi", "-i", str(index), "--query-gpu=memory.used",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                             timeout=10).stdout.strip().splitlines()
+        return int(out[0].strip()) if out and out[0].strip().isdigit() else None
+    except (OSError, subprocess.SubprocessError):
+        return None
 
-    def __init__(self, pid):
+
+class DevMemPoll(threading.Thread):
+    """Peak device memory (MiB) of one process, from nvidia-smi every 0.1 s: its own
+    figure (which includes its CUDA context) when nvidia-smi lists the process; in a
+    container whose PID namespace hides it, the GPU's memory in use above @a base (taken
+    just before the process started; this script's own transformers memory is idle then),
+    marked with '~'. None when nvidia-smi cannot say."""
+
+    def __init__(self, pid, index, base):
         super().__init__(daemon=True)
-        self.pid, self.peak, self.stop = pid, None, threading.Event()
+        self.pid, self.index, self.base = pid, index, base
+        self.own, self.total, self.stop = None, None, threading.Event()
 
     def run(self):
         while not self.stop.is_set():
@@ -174,13 +189,23 @@ class DevMemPoll(threading.Thread):
                 out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
                                       "--format=csv,noheader,nounits"], capture_output=True,
                                      text=True, timeout=10).stdout
-                for line in out.splitlines():
-                    parts = [p.strip() for p in line.split(",")]
-                    if len(parts) == 2 and parts[0] == str(self.pid) and parts[1].isdigit():
-                        self.peak = max(self.peak or 0, int(parts[1]))
             except (OSError, subprocess.SubprocessError):
                 return
+            for line in out.splitlines():
+                parts = [p.strip() for p in line.split(",")]
+                if len(parts) == 2 and parts[0] == str(self.pid) and parts[1].isdigit():
+                    self.own = max(self.own or 0, int(parts[1]))
+            used = gpu_used_mib(self.index)
+            if used is not None:
+                self.total = max(self.total or 0, used)
             self.stop.wait(0.1)
+
+    def peak(self):
+        if self.own is not None:
+            return self.own
+        if self.total is not None and self.base is not None:
+            return "~%d" % max(0, self.total - self.base)
+        return None
 
 
 # ---- models ---------------------------------------------------------------------------
@@ -257,6 +282,11 @@ def num_blocks(batch, prompt, decode, bs):
     return batch * per + 4
 
 
+def gpu_index(device):
+    """cuda:N -> N (cuda -> 0), for nvidia-smi -i."""
+    return int(device.split(":")[1]) if ":" in device else 0
+
+
 def max_batch_tokens(args, batch):
     """Tokens per engine step: the whole prompt at batch 1, at most 4096 (four 1000-token
     prompts) at larger batches: GEMMs of 4096 rows already fill the GPU, and the workspace,
@@ -273,12 +303,13 @@ def run_kvf(args, env, d, dtype, batch, timeout):
            "--num-blocks", str(num_blocks(batch, args.prompt_len, args.decode_tokens,
                                           block_size(args.kvf, env, d, dtype)))]
     env = dict(env, KVF_GPU_WEIGHTS="native" if dtype == "bf16" else "fp32")
+    base = gpu_used_mib(gpu_index(args.device)) if args.device != "cpu" else None
     try:
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env=env)
     except OSError as e:
         return {"err": "cannot run kvf: %s" % e}
-    poll = DevMemPoll(p.pid) if args.device != "cpu" else None
+    poll = DevMemPoll(p.pid, gpu_index(args.device), base) if args.device != "cpu" else None
     if poll:
         poll.start()
     try:
@@ -294,7 +325,7 @@ def run_kvf(args, env, d, dtype, batch, timeout):
     if p.returncode != 0:
         lines = [l for l in err.strip().splitlines() if l.strip()] or ["(no message)"]
         return {"err": "exit %d: %s" % (p.returncode, lines[-1][-200:])}
-    return parse_kvf(out, poll.peak if poll else None)
+    return parse_kvf(out, poll.peak() if poll else None)
 
 
 def parse_kvf(out, peak):
@@ -344,14 +375,30 @@ def hf_ids(batch, prompt, vocab, device):
     return torch.tensor(rows, dtype=torch.long, device=device)
 
 
-def hf_forward(model, ids, past=None):
-    kw = dict(input_ids=ids, use_cache=True)
+def hf_forward(model, ids, past=None, pos=0):
+    """One forward with the cache: transformers 5's past_key_values; a model that names it
+    cache_params (NemotronH in transformers 4) gets that and the cache position. Only the
+    last row's logits when the model takes logits_to_keep (kvferry computes no others)."""
+    import torch
+
+    kws = [dict(input_ids=ids, use_cache=True)]
     if past is not None:
-        kw["past_key_values"] = past
-    try:
-        return model(logits_to_keep=1, **kw)   # only the last row's logits, as kvferry
-    except TypeError:
-        return model(**kw)
+        kws = [dict(input_ids=ids, use_cache=True, past_key_values=past),
+               dict(input_ids=ids, use_cache=True, cache_params=past,
+                    cache_position=torch.tensor([pos], device=ids.device))]
+    err = None
+    for kw in kws:
+        for keep in (True, False):
+            try:
+                return model(logits_to_keep=1, **kw) if keep else model(**kw)
+            except TypeError as e:   # an argument this model does not take
+                err = e
+    raise err
+
+
+def hf_cache(out):
+    past = getattr(out, "past_key_values", None)
+    return past if past is not None else getattr(out, "cache_params", None)
 
 
 def hf_run(model, batch, prompt, decode, device):
@@ -370,10 +417,10 @@ def hf_run(model, batch, prompt, decode, device):
         tok = out.logits[:, -1:].argmax(-1)
         sync()
         t1 = time.perf_counter()
-        past = out.past_key_values
-        for _ in range(decode - 1):
-            out = hf_forward(model, tok, past)
-            past = out.past_key_values
+        past = hf_cache(out)
+        for step in range(decode - 1):
+            out = hf_forward(model, tok, past, prompt + step)
+            past = hf_cache(out)
             tok = out.logits[:, -1:].argmax(-1)
         sync()
         t2 = time.perf_counter()
@@ -391,6 +438,8 @@ def hf_bench(model, batch, args):
             torch.cuda.reset_peak_memory_stats()
         p, d = hf_run(model, batch, args.prompt_len, args.decode_tokens, args.device)
         peak = torch.cuda.max_memory_allocated() / 1048576.0 if cuda else None
+        if cuda:
+            torch.cuda.empty_cache()   # the next kvf run sees this process's weights only
         return {"prefill": p, "decode": d, "peak": peak}
     except Exception as e:   # OOM or an API difference: the cell says which
         if cuda:
@@ -428,7 +477,8 @@ def table_row(label, dtype, batch, k, h):
     hp = h.get("prefill") if not herr else "HF: " + herr
     hd = h.get("decode") if not herr else "-"
     held, peak = k.get("held"), k.get("peak")
-    over = ratio(peak, held) if (held and peak) else "-"
+    pv = float(peak.lstrip("~")) if isinstance(peak, str) else peak
+    over = ratio(pv, held) if (held and pv) else "-"
     cells = [label, dtype, str(batch), fmt(kp), fmt(hp), ratio(kp, hp), fmt(kd), fmt(hd),
              ratio(kd, hd), fmt(held), fmt(peak, 0), over, fmt(h.get("peak"), 0)]
     return "| " + " | ".join(c.replace("|", "/") for c in cells) + " |"
