@@ -31,9 +31,12 @@
  * q.k * scale with scale = 1/sqrt(head_dim) by default.
  *
  * CUDA (kvf_attention_cuda.cu): the same fold (kvf_attention_math.h), one
- * thread per (query token, query head); q, k, v, out and the pool are device
+ * thread block per (query token, query head) sharing each tile's loads, and
+ * for decode (few queries, long context) split-K over the kernel blocks
+ * merged by kvf_attn_merge; q, k, v, out and the pool are device
  * memory, block_table and positions stay HOST arrays (copied to scratch on
- * dev->stream); head_dim and kernel_block_size <= 256 (else KVF_KERN_EINVAL).
+ * dev->stream); head_dim <= 256 and kernel_block_size <= 8192 (else
+ * KVF_KERN_EINVAL).
  */
 #ifndef KVF_ATTENTION_H
 #define KVF_ATTENTION_H

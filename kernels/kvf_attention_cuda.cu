@@ -1,19 +1,32 @@
 /*
  * CUDA paged attention: the K/V cache write (one thread per element) and
- * the causal GQA attention (one thread per (query token, query head),
- * walking that query's kernel blocks in order with the shared fold of
- * kvf_attention_math.h, so it has the CPU kernel's numerics, its masking
- * and its stale-NaN hazard). The HOST block table and positions are copied
- * into stream-ordered scratch first.
+ * the causal GQA attention with the shared fold of kvf_attention_math.h.
  *
- * This is the plain mapping of the shared body to threads, not a tuned
- * kernel: no shared-memory K/V tiles, no split-K. A FlashAttention-style
- * kernel would keep the same fold per (query, head) and share the tile
- * loads across a warp.
+ * Attention: one thread block per (query token, query head), 128 threads
+ * sharing each kernel-block tile: thread j computes score j (its dot in
+ * dim order), the block reduces the tile max, each slot's probability is
+ * computed in parallel, thread 0 adds the denominator in slot order, and
+ * thread d updates acc[d] over the slots in order. Per (query, head) that is
+ * exactly the serial fold's arithmetic (kvf_attn_fold_tile), so the result
+ * is the one-thread-per-query kernel's it replaces, bit for bit, while a
+ * tile's loads are spread over the block (V rows coalesced).
+ * Decode (few queries, long context): when the (token, head) blocks would
+ * not fill the GPU, the kernel blocks of each query are split into ranges
+ * (split-K, as FlashDecoding), each folded by its own thread block into
+ * (m, l, acc) partials, then merged by kvf_attn_merge (fp32 rounding of the
+ * one-range fold, within the CPU tolerance of gpu_vs_cpu).
+ * The HOST block table and positions are copied into stream-ordered scratch.
+ *
+ * Rejected: a tensor-core FlashAttention tile (QK^T and PV as MMA over a
+ * query tile): its sums would not be the shared fold's, which is the
+ * definition the CPU twin and the tests check.
  */
 #include "kvf_attention_math.h"
 #include "kvf_cuda_util.h"
 #include "kvf_device_cuda.h"
+
+#include <stdlib.h>
+#include <string.h>
 
 /* the geometry a thread needs (kvf_paged_kv_t with the device block table) */
 struct kvf_cuda_kv {
@@ -41,21 +54,30 @@ static kvf_cuda_kv kvf_cuda_kv_of(const kvf_paged_kv_t *kv, const int32_t *d_tab
     return g;
 }
 
-static __device__ char *kvf_cuda_kblock(const kvf_cuda_kv &g, int pos)
+static __device__ char *kvf_cuda_kblock(const kvf_cuda_kv &g, const int32_t *table, int pos)
 {
-    return g.base + kvf_attn_kblock_offset(g.block_table, g.block_size, g.kbs, g.slots, g.slot,
+    return g.base + kvf_attn_kblock_offset(table, g.block_size, g.kbs, g.slots, g.slot,
                                            g.page_size, g.kbb, pos);
 }
 
+/* Row t's block table: the one table, or its request's row of the packed tables
+ * [num_seqs][maxb] (tok_seq[t]: row t's request; kvf_attention_seqs.h). */
+static __device__ const int32_t *kvf_cuda_table(const kvf_cuda_kv &g, const int32_t *tok_seq,
+                                                int maxb, size_t t)
+{
+    return (tok_seq == NULL) ? g.block_table : g.block_table + (size_t)tok_seq[t] * maxb;
+}
+
 __global__ void kvf_attn_write_kernel(kvf_cuda_kv g, const float *k, const float *v, int ld,
-                                      const int32_t *positions, size_t n)
+                                      const int32_t *positions, size_t n,
+                                      const int32_t *tok_seq, int maxb)
 {
     const size_t hd = (size_t)g.head_dim, nkv = (size_t)g.kv_heads;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         size_t d = i % hd, h = (i / hd) % nkv, t = i / (hd * nkv);
         int pos = positions[t];
-        char *kblock = kvf_cuda_kblock(g, pos);
+        char *kblock = kvf_cuda_kblock(g, kvf_cuda_table(g, tok_seq, maxb, t), pos);
         size_t row = (size_t)(pos % g.kbs);
         size_t src = t * (size_t)ld + h * hd + d;
         kvf_hd_store(kblock, g.dtype, kvf_attn_row_first(nkv, (size_t)g.kbs, hd, h, row, 0) + d,
@@ -65,33 +87,181 @@ __global__ void kvf_attn_write_kernel(kvf_cuda_kv g, const float *k, const float
     }
 }
 
-__global__ void kvf_attn_paged_kernel(kvf_cuda_kv g, const float *q, int ldq,
-                                      const int32_t *positions, int num_tokens, int q_heads,
-                                      float scale, float *out)
-{
-    const size_t hd = (size_t)g.head_dim, kbs = (size_t)g.kbs, nkv = (size_t)g.kv_heads;
-    const size_t group = (size_t)q_heads / nkv;
-    float acc[KVF_ATTN_HD_MAX], s[KVF_ATTN_KBS_MAX];
+#define KVF_ATTN_THREADS 128
 
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-         i < (size_t)num_tokens * (size_t)q_heads; i += (size_t)gridDim.x * blockDim.x) {
-        size_t t = i / (size_t)q_heads, qh = i % (size_t)q_heads, kh = qh / group;
-        const float *qv = q + t * (size_t)ldq + qh * hd;
-        int limit = positions[t];
-        float m = -INFINITY, l = 0.0f;
-        for (size_t d = 0; d < hd; ++d) {
-            acc[d] = 0.0f;
-        }
-        for (int kb = 0; kb <= limit / g.kbs; ++kb) {
-            int token0 = kb * g.kbs;
-            const char *kblock = kvf_cuda_kblock(g, token0);
-            const char *kt = kblock + kh * kbs * hd * g.elt;
-            const char *vt = kblock + (nkv + kh) * kbs * hd * g.elt;
-            kvf_attn_fold_tile(qv, kt, vt, g.dtype, kbs, hd, token0, limit, scale, &m, &l, acc,
-                               s);
-        }
-        kvf_attn_finish(acc, l, hd, out + t * (size_t)q_heads * hd + qh * hd);
+/*
+ * Block (blockIdx.x = t * q_heads + qh, blockIdx.y = split of gridDim.y):
+ * fold the kernel blocks [kb0, kb1) of that query's causal range. One split:
+ * out = acc / l. More: the partials part_m/part_l [T * q_heads][splits] and
+ * part_acc [T * q_heads][splits][hd] for kvf_attn_merge_kernel.
+ */
+__global__ void __launch_bounds__(KVF_ATTN_THREADS)
+kvf_attn_paged_kernel(kvf_cuda_kv g, const float *q, int ldq, const int32_t *positions,
+                      int q_heads, float scale, float *out, float *part_m, float *part_l,
+                      float *part_acc, const int32_t *tok_seq, int maxb)
+{
+    __shared__ float qs[KVF_ATTN_HD_MAX], red[KVF_ATTN_THREADS];
+    extern __shared__ float sc[];   /* [kbs]: the tile's scores, then probabilities */
+    __shared__ float l_sh;
+    const int hd = g.head_dim, kbs = g.kbs, nkv = g.kv_heads, tid = (int)threadIdx.x;
+    const int t = (int)blockIdx.x / q_heads, qh = (int)blockIdx.x % q_heads;
+    const int kh = qh / (q_heads / nkv), splits = (int)gridDim.y, y = (int)blockIdx.y;
+    const int limit = positions[t];
+    const int nkb = limit / kbs + 1, per = (nkb + splits - 1) / splits;
+    const int kb0 = y * per, kb1 = (kb0 + per < nkb) ? kb0 + per : nkb;
+    const float *qv = q + (size_t)t * (size_t)ldq + (size_t)qh * (size_t)hd;
+    const int32_t *table = kvf_cuda_table(g, tok_seq, maxb, (size_t)t);
+    float m = -INFINITY, l = 0.0f, acc0 = 0.0f, acc1 = 0.0f;   /* dims tid, tid + 128 */
+
+    for (int d = tid; d < hd; d += KVF_ATTN_THREADS) {
+        qs[d] = qv[d];
     }
+    __syncthreads();
+    for (int kb = kb0; kb < kb1; ++kb) {
+        const int token0 = kb * kbs;
+        const char *kblock = kvf_cuda_kblock(g, table, token0);
+        const char *kt = kblock + (size_t)kh * kbs * hd * g.elt;
+        const char *vt = kblock + (size_t)(nkv + kh) * kbs * hd * g.elt;
+        float mt = m;
+        for (int j = tid; j < kbs; j += KVF_ATTN_THREADS) {
+            /* a masked slot's score is never read (the max skips it, its probability is
+             * selected 0), so its dot is not computed: the same bits, and a prefill query
+             * early in a long kernel block skips most of the tile's K reads */
+            float dot = 0.0f;
+            if (token0 + j <= limit) {
+                for (int d = 0; d < hd; ++d) {
+                    dot += qs[d] * kvf_hd_load(kt, g.dtype, (size_t)j * hd + d);
+                }
+            }
+            sc[j] = dot * scale;
+            if ((token0 + j <= limit) && (sc[j] > mt)) {
+                mt = sc[j];
+            }
+        }
+        red[tid] = mt;
+        __syncthreads();
+        for (int stride = KVF_ATTN_THREADS / 2; stride > 0; stride /= 2) {
+            if ((tid < stride) && (red[tid + stride] > red[tid])) {
+                red[tid] = red[tid + stride];
+            }
+            __syncthreads();
+        }
+        const float m_new = red[0];
+        const float alpha = expf(m - m_new);   /* 0 on the first tile */
+        for (int j = tid; j < kbs; j += KVF_ATTN_THREADS) {
+            sc[j] = kvf_attn_prob(sc[j], token0, (size_t)j, limit, m_new);
+        }
+        __syncthreads();
+        if (tid == 0) {
+            float lsum = 0.0f;
+            for (int j = 0; j < kbs; ++j) {
+                lsum += sc[j];
+            }
+            l = l * alpha + lsum;
+        }
+        if (tid < hd) {
+            acc0 *= alpha;
+            for (int j = 0; j < kbs; ++j) {
+                acc0 += sc[j] * kvf_hd_load(vt, g.dtype, (size_t)j * hd + tid);
+            }
+        }
+        if (tid + KVF_ATTN_THREADS < hd) {
+            acc1 *= alpha;
+            for (int j = 0; j < kbs; ++j) {
+                acc1 += sc[j] * kvf_hd_load(vt, g.dtype, (size_t)j * hd + tid + KVF_ATTN_THREADS);
+            }
+        }
+        m = m_new;
+        __syncthreads();   /* sc and red are rewritten by the next tile */
+    }
+    if (tid == 0) {
+        l_sh = l;
+    }
+    __syncthreads();
+    const size_t qi = blockIdx.x;
+    if (splits == 1) {
+        float *o = out + (size_t)t * (size_t)q_heads * hd + (size_t)qh * hd;
+        if (tid < hd) {
+            o[tid] = acc0 / l_sh;   /* kvf_attn_finish */
+        }
+        if (tid + KVF_ATTN_THREADS < hd) {
+            o[tid + KVF_ATTN_THREADS] = acc1 / l_sh;
+        }
+        return;
+    }
+    const size_t pi = qi * (size_t)splits + (size_t)y;
+    if (tid == 0) {
+        part_m[pi] = m;
+        part_l[pi] = l_sh;
+    }
+    if (tid < hd) {
+        part_acc[pi * hd + tid] = acc0;
+    }
+    if (tid + KVF_ATTN_THREADS < hd) {
+        part_acc[pi * hd + tid + KVF_ATTN_THREADS] = acc1;
+    }
+}
+
+/* one thread per (query row, head, dim): the split-K partials merged (kvf_attn_merge) */
+__global__ void kvf_attn_merge_kernel(const float *part_m, const float *part_l,
+                                      const float *part_acc, size_t rows, int splits, int hd,
+                                      float *out)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < rows * (size_t)hd;
+         i += (size_t)gridDim.x * blockDim.x) {
+        size_t qi = i / (size_t)hd, d = i % (size_t)hd;
+        out[i] = kvf_attn_merge(part_m + qi * splits, part_l + qi * splits,
+                                part_acc + qi * splits * hd, (size_t)hd, splits, d);
+    }
+}
+
+/* Streaming multiprocessors of the current device (0 when unknown). */
+static int kvf_cuda_sm_count(void)
+{
+    int dev = 0, n = 0;
+    if ((cudaGetDevice(&dev) != cudaSuccess) ||
+        (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+/* Splits of each query's kernel blocks: enough thread blocks for about two waves of the
+ * GPU, each range at least 4 kernel blocks long, at most 64 ranges; 1 when the queries
+ * alone fill it (prefill). */
+static int kvf_attn_splits(size_t queries, int max_kblocks)
+{
+    size_t want = 2u * (size_t)kvf_cuda_sm_count();
+    size_t s = (queries >= want) ? 1 : (want + queries - 1) / queries;
+    size_t by_len = ((size_t)max_kblocks + 3) / 4;
+    s = (s < by_len) ? s : by_len;
+    s = (s < 64) ? s : 64;
+    return (s < 1) ? 1 : (int)s;
+}
+
+/* The attention grid (and the merge when split): part holds the partials, m and l
+ * [queries][splits] then acc [queries][splits][hd]; NULL when splits == 1. */
+static int kvf_attn_launch(cudaStream_t stream, const kvf_cuda_kv &g, const float *q, int ldq,
+                           const int32_t *d_pos, size_t queries, int q_heads, int splits,
+                           float scale, float *out, void *part, const int32_t *tok_seq,
+                           int maxb)
+{
+    const size_t hd = (size_t)g.head_dim;
+    float *pm = (float *)part, *pl = (pm != NULL) ? pm + queries * (size_t)splits : NULL;
+    float *pacc = (pl != NULL) ? pl + queries * (size_t)splits : NULL;
+    dim3 grid((unsigned)queries, (unsigned)splits);
+    int rc;
+
+    kvf_attn_paged_kernel<<<grid, KVF_ATTN_THREADS, (size_t)g.kbs * sizeof(float), stream>>>(
+        g, q, ldq, d_pos, q_heads, scale, out, pm, pl, pacc, tok_seq, maxb);
+    rc = kvf_cuda_launched("kvf_attn_paged_kernel");
+    if ((rc == KVF_KERN_OK) && (splits > 1)) {
+        kvf_attn_merge_kernel<<<kvf_cuda_blocks(queries * hd), KVF_CUDA_THREADS, 0, stream>>>(
+            pm, pl, pacc, queries, splits, (int)hd, out);
+        rc = kvf_cuda_launched("kvf_attn_merge_kernel");
+    }
+    return rc;
 }
 
 /* device copies of the block table and positions, one scratch buffer */
@@ -128,7 +298,7 @@ extern "C" int kvf_cuda_attn_cache_write(const kvf_device_t *dev, const kvf_page
         return rc;
     }
     kvf_attn_write_kernel<<<kvf_cuda_blocks(n), KVF_CUDA_THREADS, 0, stream>>>(
-        kvf_cuda_kv_of(kv, tables), k, v, ld, tables + kv->num_blocks, n);
+        kvf_cuda_kv_of(kv, tables), k, v, ld, tables + kv->num_blocks, n, NULL, 0);
     rc = kvf_cuda_launched("kvf_attn_write_kernel");
     kvf_cuda_scratch_free(stream, tables);
     return rc;
@@ -140,20 +310,94 @@ extern "C" int kvf_cuda_attn_paged(const kvf_device_t *dev, const kvf_paged_kv_t
 {
     cudaStream_t stream = kvf_cuda_stream_of(dev);
     int32_t *tables = NULL;
-    size_t n = (size_t)num_tokens * (size_t)q_heads;
-    int rc;
+    size_t queries = (size_t)num_tokens * (size_t)q_heads, hd = (size_t)kv->head_dim;
+    int rc, max_pos = 0, splits;
+    void *part = NULL;
 
-    if ((kv->head_dim > KVF_ATTN_HD_MAX) || (kv->kernel_block_size > KVF_ATTN_KBS_MAX)) {
-        return KVF_KERN_EINVAL;   /* the thread-local accumulator and score tile */
+    if ((kv->head_dim > KVF_ATTN_HD_MAX) || (kv->kernel_block_size > KVF_ATTN_KBS_MAX) ||
+        (queries > 0x7fffffffu)) {
+        return KVF_KERN_EINVAL;   /* the shared q and score tile; the grid's x */
     }
+    for (int t = 0; t < num_tokens; ++t) {
+        max_pos = (positions[t] > max_pos) ? positions[t] : max_pos;
+    }
+    splits = kvf_attn_splits(queries, max_pos / kv->kernel_block_size + 1);
     rc = kvf_cuda_attn_tables(stream, kv, positions, num_tokens, &tables);
     if (rc != KVF_KERN_OK) {
         return rc;
     }
-    kvf_attn_paged_kernel<<<kvf_cuda_blocks(n), KVF_CUDA_THREADS / 2, 0, stream>>>(
-        kvf_cuda_kv_of(kv, tables), q, ldq, tables + kv->num_blocks, num_tokens, q_heads, scale,
-        out);
-    rc = kvf_cuda_launched("kvf_attn_paged_kernel");
+    if (splits > 1) {
+        rc = kvf_cuda_scratch(stream, queries * (size_t)splits * (hd + 2) * sizeof(float), NULL,
+                              &part);
+        if (rc != KVF_KERN_OK) {
+            kvf_cuda_scratch_free(stream, tables);
+            return rc;
+        }
+    }
+    rc = kvf_attn_launch(stream, kvf_cuda_kv_of(kv, tables), q, ldq, tables + kv->num_blocks,
+                         queries, q_heads, splits, scale, out, part, NULL, 0);
+    kvf_cuda_scratch_free(stream, part);
     kvf_cuda_scratch_free(stream, tables);
+    return rc;
+}
+
+extern "C" int kvf_cuda_attn_write_paged_seqs(const kvf_device_t *dev, const kvf_paged_kv_t *kv,
+                                              const kvf_attn_seqs_t *seqs, const float *k,
+                                              const float *v, int ld, const float *q, int ldq,
+                                              const int32_t *positions, int num_tokens,
+                                              int q_heads, float scale, float *out)
+{
+    cudaStream_t stream = kvf_cuda_stream_of(dev);
+    const size_t T = (size_t)num_tokens, hd = (size_t)kv->head_dim;
+    const size_t queries = T * (size_t)q_heads;
+    int maxb = 1, max_pos = 0, rc, splits;
+    void *dbuf = NULL, *part = NULL;
+
+    if ((kv->head_dim > KVF_ATTN_HD_MAX) || (kv->kernel_block_size > KVF_ATTN_KBS_MAX) ||
+        (queries > 0x7fffffffu)) {
+        return KVF_KERN_EINVAL;
+    }
+    for (int i = 0; i < seqs->num_seqs; ++i) {
+        maxb = (seqs->num_blocks[i] > maxb) ? seqs->num_blocks[i] : maxb;
+    }
+    for (size_t t = 0; t < T; ++t) {
+        max_pos = (positions[t] > max_pos) ? positions[t] : max_pos;
+    }
+    /* one upload: [T] request of each row, [T] positions, [num_seqs][maxb] block tables */
+    size_t words = 2 * T + (size_t)seqs->num_seqs * (size_t)maxb;
+    int32_t *h = (int32_t *)calloc(words, sizeof(int32_t));
+    if (h == NULL) {
+        return KVF_KERN_ENOMEM;
+    }
+    for (int i = 0, o = 0; i < seqs->num_seqs; ++i) {
+        for (int j = 0; j < seqs->num_tokens[i]; ++j) {
+            h[o++] = i;
+        }
+        memcpy(h + 2 * T + (size_t)i * (size_t)maxb, seqs->block_tables[i],
+               (size_t)seqs->num_blocks[i] * sizeof(int32_t));
+    }
+    memcpy(h + T, positions, T * sizeof(int32_t));
+    rc = kvf_cuda_scratch(stream, words * sizeof(int32_t), h, &dbuf);
+    free(h);   /* staged by the copy */
+    if (rc != KVF_KERN_OK) {
+        return rc;
+    }
+    const int32_t *d_seq = (const int32_t *)dbuf, *d_pos = d_seq + T, *d_tab = d_seq + 2 * T;
+    kvf_cuda_kv g = kvf_cuda_kv_of(kv, d_tab);
+    size_t n = T * (size_t)kv->kv_heads * hd;
+    kvf_attn_write_kernel<<<kvf_cuda_blocks(n), KVF_CUDA_THREADS, 0, stream>>>(
+        g, k, v, ld, d_pos, n, d_seq, maxb);
+    rc = kvf_cuda_launched("kvf_attn_write_kernel");
+    splits = kvf_attn_splits(queries, max_pos / kv->kernel_block_size + 1);
+    if ((rc == KVF_KERN_OK) && (splits > 1)) {
+        rc = kvf_cuda_scratch(stream, queries * (size_t)splits * (hd + 2) * sizeof(float), NULL,
+                              &part);
+    }
+    if (rc == KVF_KERN_OK) {
+        rc = kvf_attn_launch(stream, g, q, ldq, d_pos, queries, q_heads, splits, scale, out,
+                             part, d_seq, maxb);
+    }
+    kvf_cuda_scratch_free(stream, part);
+    kvf_cuda_scratch_free(stream, dbuf);
     return rc;
 }

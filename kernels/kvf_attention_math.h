@@ -24,9 +24,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* GPU thread-local limits (the CPU has none): head_dim and kernel block size */
+/* GPU limits (the CPU has none): head_dim (the query in shared memory) and kernel block
+ * size (the tile's scores in shared memory: 32 KiB; hybrid models' kernel blocks are whole
+ * logical blocks of 1312 tokens and more, e.g. Nemotron-Nano-9B-v2 at TP 1) */
 #define KVF_ATTN_HD_MAX  256
-#define KVF_ATTN_KBS_MAX 256
+#define KVF_ATTN_KBS_MAX 8192
 
 /**
  * Byte offset from the pool base of the kernel block holding token @a pos:
@@ -66,6 +68,17 @@ static inline KVF_HD size_t kvf_attn_row_first(size_t kv_heads, size_t kbs, size
  * @return alpha = exp(m_old - m_new), the factor the accumulator is scaled
  *         by before the tile's p * V is added (0 on the first tile).
  */
+/**
+ * The probability of tile slot @a j (token token0 + j) with score @a s
+ * under the tile's new running max @a m_new: exp(s - m_new), SELECTED as 0
+ * past the causal limit. Each slot is independent of the others (a GPU
+ * block computes them in parallel; only the sum *l below has an order).
+ */
+static inline KVF_HD float kvf_attn_prob(float s, int token0, size_t j, int limit, float m_new)
+{
+    return (token0 + (int)j <= limit) ? expf(s - m_new) : 0.0f;   /* masked: 0, whatever s */
+}
+
 static inline KVF_HD float kvf_attn_tile_probs(float *s, size_t n, int token0, int limit,
                                                float *m, float *l)
 {
@@ -78,8 +91,7 @@ static inline KVF_HD float kvf_attn_tile_probs(float *s, size_t n, int token0, i
     float alpha = expf(*m - m_new);   /* 0 on the first tile */
     float lsum = 0.0f;
     for (size_t j = 0; j < n; ++j) {
-        /* masked: 0, whatever the score */
-        s[j] = (token0 + (int)j <= limit) ? expf(s[j] - m_new) : 0.0f;
+        s[j] = kvf_attn_prob(s[j], token0, j, limit, m_new);
         lsum += s[j];
     }
     *l = *l * alpha + lsum;
@@ -108,6 +120,31 @@ static inline KVF_HD void kvf_attn_fold_tile(const float *qv, const void *kt, co
             acc[d] += s[j] * kvf_hd_load(vt, dtype, j * hd + d);   /* masked: 0 * v */
         }
     }
+}
+
+/**
+ * Merge of split-K partials of one (query, head), one output dim @a d: a
+ * decode query's kernel blocks split into n ranges, each folded from
+ * m = -inf, l = 0 as above into m[i], l[i], acc_i (at acc + i * ld). With
+ * M = max m_i and w_i = exp(m_i - M) (0 for an empty range, m_i = -inf):
+ * returns (sum w_i acc_i[d]) / (sum w_i l_i), sums in range order. That is
+ * the one-range fold's result up to fp32 rounding (exp(a - b) factors in
+ * place of the running rescales). Used by the CUDA decode attention when it
+ * splits a long context over blocks (FlashDecoding's split-K).
+ */
+static inline KVF_HD float kvf_attn_merge(const float *m, const float *l, const float *acc,
+                                          size_t ld, int n, size_t d)
+{
+    float mx = -INFINITY, lsum = 0.0f, a = 0.0f;
+    for (int i = 0; i < n; ++i) {
+        mx = (m[i] > mx) ? m[i] : mx;
+    }
+    for (int i = 0; i < n; ++i) {
+        float w = (m[i] == -INFINITY) ? 0.0f : expf(m[i] - mx);
+        lsum += w * l[i];
+        a += w * acc[(size_t)i * ld + d];
+    }
+    return a / lsum;
 }
 
 /** Output of one (query, head): o[d] = acc[d] / l. */

@@ -43,6 +43,16 @@ extern "C" int kvf_cuda_init(int ordinal)
         return KVF_KERN_ECUDA;
     }
     KVF_CUDA_CHECK(cudaSetDevice(ordinal));
+    /* the kernels' stream-ordered scratch (cudaMallocAsync) comes from the default pool:
+     * keep what it has grown to instead of handing it back at every synchronisation, so a
+     * step's scratch is a sub-allocation, not a new mapping (best effort: an old driver
+     * without pools only loses the caching) */
+    cudaMemPool_t pool;
+    if (cudaDeviceGetDefaultMemPool(&pool, ordinal) == cudaSuccess) {
+        uint64_t keep = UINT64_MAX;
+        (void)cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+    }
+    (void)cudaGetLastError();
     return KVF_KERN_OK;
 }
 

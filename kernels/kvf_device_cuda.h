@@ -9,14 +9,16 @@
  * Files: kvf_device_cuda.cu (device ops, block zeroing), kvf_norm_cuda.cu,
  * kvf_attention_cuda.cu, kvf_ssm_cuda.cu (conv1d, Mamba2),
  * kvf_elem_cuda.cu (activations, dtype conversion, MoE routing),
- * kvf_gemm_cuda.cu (cuBLAS).
+ * kvf_gemm_cuda.cu (cuBLAS: kvf_gemm.h, kvf_gemm_narrow.h), kvf_argmax_cuda.cu.
  */
 #ifndef KVF_DEVICE_CUDA_H
 #define KVF_DEVICE_CUDA_H
 
 #include "kvf_attention.h"
+#include "kvf_attention_seqs.h"
 #include "kvf_device.h"
 #include "kvf_mamba2.h"
+#include "kvf_ssm_seqs.h"
 #include "kvf_moe.h"
 
 #ifdef __cplusplus
@@ -55,6 +57,16 @@ int  kvf_cuda_attn_cache_write(const kvf_device_t *dev, const kvf_paged_kv_t *kv
 int  kvf_cuda_attn_paged(const kvf_device_t *dev, const kvf_paged_kv_t *kv, const float *q,
                          int ldq, const int32_t *positions, int num_tokens, int q_heads,
                          float scale, float *out);
+int  kvf_cuda_attn_write_paged_seqs(const kvf_device_t *dev, const kvf_paged_kv_t *kv,
+                                    const kvf_attn_seqs_t *seqs, const float *k, const float *v,
+                                    int ld, const float *q, int ldq, const int32_t *positions,
+                                    int num_tokens, int q_heads, float scale, float *out);
+int  kvf_cuda_ssm_decode_seqs(const kvf_device_t *dev, const kvf_ssm_seqs_t *seqs,
+                              const float *x_in, int ld_in, int channels, int kernel,
+                              const float *conv_w, const float *conv_b, kvf_dtype_t conv_dtype,
+                              float *xbc, int ld_xbc, const kvf_mamba2_params_t *p,
+                              const float *dt, int lddt, kvf_dtype_t ssm_dtype, float *y,
+                              int ldy);
 int  kvf_cuda_conv1d_chunk(const kvf_device_t *dev, const float *x, int ldx, int T,
                            int channels, int kernel, const float *w, const float *bias,
                            int silu, void *state, kvf_dtype_t state_dtype, int has_state,
@@ -76,6 +88,11 @@ int  kvf_cuda_moe_route(const kvf_device_t *dev, const kvf_moe_route_params_t *p
                         const float *logits, int T, float *scores, int32_t *idx, float *wt);
 int  kvf_cuda_gemm(const kvf_device_t *dev, int M, int N, int K, const float *x, int ldx,
                    const float *w, int ldw, const float *bias, float beta, float *y, int ldy);
+int  kvf_cuda_argmax_rows(const kvf_device_t *dev, const float *x, int rows, int cols,
+                          int ldx, int32_t *out);
+int  kvf_cuda_gemm_narrow(const kvf_device_t *dev, int M, int N, int K, const float *x,
+                          int ldx, const void *w, int wdtype, int ldw, const float *bias,
+                          float *y, int ldy, void *xs);
 
 #ifdef __cplusplus
 }

@@ -6,12 +6,17 @@
  * The bias is broadcast into y by a kernel first (then beta = 1), as the
  * CPU version does.
  *
+ * 16-bit weights (kvf_gemm_narrow.h): x rounded to W's dtype by a kernel into
+ * the caller's scratch, then cublasGemmEx with 16-bit A and B, fp32 C and
+ * CUBLAS_COMPUTE_32F (tensor cores, fp32 accumulation), same transposes.
+ *
  * Handles: one cuBLAS handle per thread and device ordinal (TP ranks are
  * threads and a handle must not be shared by threads on different
  * streams), made on first use and kept until the process exits; its
  * stream is set to dev->stream before each call.
  */
 #include "kvf_cuda_util.h"
+#include "kvf_dtype_math.h"
 #include "kvf_device_cuda.h"
 
 #include <cublas_v2.h>
@@ -85,6 +90,58 @@ extern "C" int kvf_cuda_gemm(const kvf_device_t *dev, int M, int N, int K, const
     st = cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, w, ldw, x, ldx, &beta, y, ldy);
     if (st != CUBLAS_STATUS_SUCCESS) {
         return kvf_cublas_error(st, "cublasSgemm(W^T x)");
+    }
+    return KVF_KERN_OK;
+}
+
+/* xs[m][k] = x[m][k] (ld ldx) rounded to bf16 or fp16, xs contiguous [M][K] */
+__global__ void kvf_round_rows_kernel(const float *x, int ldx, size_t M, int K, int dtype,
+                                      uint16_t *xs)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < M * (size_t)K;
+         i += (size_t)gridDim.x * blockDim.x) {
+        size_t m = i / (size_t)K, k = i % (size_t)K;
+        float v = x[m * (size_t)ldx + k];
+        xs[i] = (dtype == (int)KVF_DTYPE_BF16) ? kvf_hd_fp32_to_bf16(v) : kvf_hd_fp32_to_fp16(v);
+    }
+}
+
+extern "C" int kvf_cuda_gemm_narrow(const kvf_device_t *dev, int M, int N, int K,
+                                    const float *x, int ldx, const void *w, int wdtype, int ldw,
+                                    const float *bias, float *y, int ldy, void *xs)
+{
+    const float alpha = 1.0f;
+    float beta = 0.0f;
+    const cudaDataType_t ab = (wdtype == (int)KVF_DTYPE_BF16) ? CUDA_R_16BF : CUDA_R_16F;
+    cudaStream_t stream = kvf_cuda_stream_of(dev);
+    size_t n = (size_t)M * (size_t)K;
+    cublasHandle_t h = NULL;
+    cublasStatus_t st;
+    int rc = kvf_cublas_handle(dev, &h);
+
+    if (rc != KVF_KERN_OK) {
+        return rc;
+    }
+    kvf_round_rows_kernel<<<kvf_cuda_blocks(n), KVF_CUDA_THREADS, 0, stream>>>(
+        x, ldx, (size_t)M, K, wdtype, (uint16_t *)xs);
+    rc = kvf_cuda_launched("kvf_round_rows_kernel");
+    if (rc != KVF_KERN_OK) {
+        return rc;
+    }
+    if (bias != NULL) {
+        size_t ny = (size_t)M * (size_t)N;
+        kvf_bias_rows_kernel<<<kvf_cuda_blocks(ny), KVF_CUDA_THREADS, 0, stream>>>(
+            y, ldy, bias, (size_t)M, N, 0.0f);
+        rc = kvf_cuda_launched("kvf_bias_rows_kernel");
+        if (rc != KVF_KERN_OK) {
+            return rc;
+        }
+        beta = 1.0f;
+    }
+    st = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, w, ab, ldw, xs, ab, K, &beta,
+                      y, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        return kvf_cublas_error(st, "cublasGemmEx(W^T x, 16-bit, fp32 compute)");
     }
     return KVF_KERN_OK;
 }

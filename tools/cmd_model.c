@@ -110,6 +110,7 @@ typedef struct {
     int    prompt_len;
     int    decode_tokens;
     int    batch;
+    bool   warmup;
 } kvf_gen_opts_t;
 
 #define KVF_ENGINE_FIELDS                                                                      \
@@ -167,6 +168,9 @@ static const kvf_config_field_t kvf_bench_table[] = {
      offsetof(kvf_gen_opts_t, decode_tokens), KVF_CONFIG_TYPE_INT, 0},
     {"BATCH", "1", "concurrent requests",
      offsetof(kvf_gen_opts_t, batch), KVF_CONFIG_TYPE_INT, 0},
+    {"WARMUP", "no", "first an untimed round of the same requests with 2 decode tokens, so "
+     "first-call set-up (CUDA module loading, cuBLAS handles, workspace growth) is not timed",
+     offsetof(kvf_gen_opts_t, warmup), KVF_CONFIG_TYPE_BOOL, 0},
     {NULL, NULL, NULL, 0, 0, 0},
 };
 
@@ -464,6 +468,50 @@ static int kvf_bench_weights(const kvf_gen_opts_t *o)
     return 0;
 }
 
+/* One round: o->batch requests of o->prompt_len tokens and @a decode tokens each, run to
+ * the end; steps that computed prompt tokens count as prefill, the others as decode. */
+static int kvf_bench_round(const kvf_gen_opts_t *o, kvf_engine_h eng, int decode,
+                           int32_t *prompt, kvf_engine_event_t *ev, double *t_prefill,
+                           double *t_decode, uint64_t *prefill_tok, uint64_t *decode_tok)
+{
+    const int vocab = kvf_engine_model_config(eng)->vocab_size;
+    int n;
+
+    for (int b = 0; b < o->batch; ++b) {
+        kvf_req_params_t rp = {0};
+        uint64_t id;
+        for (int i = 0; i < o->prompt_len; ++i) {
+            prompt[i] = (int32_t)((i * 131 + b * 17 + 7) % (vocab < 256 ? vocab : 256));
+        }
+        rp.prompt = prompt;
+        rp.prompt_len = o->prompt_len;
+        rp.sampling.max_tokens = decode;
+        rp.sampling.ignore_eos = true;
+        if (kvf_engine_add_request(eng, &rp, &id) != KVF_OK) {
+            return -1;
+        }
+    }
+    /* Prefill phase: steps until every request has its first token; then decode steps. */
+    while (kvf_engine_has_work(eng)) {
+        kvf_engine_stats_t before, after;
+        double t0;
+        kvf_engine_get_stats(eng, &before);
+        t0 = kvf_time_now_s();
+        if (kvf_engine_step(eng, ev, 4 * (o->batch + 64), &n) != KVF_OK) {
+            return -1;
+        }
+        kvf_engine_get_stats(eng, &after);
+        if (after.prefill_tokens > before.prefill_tokens) {
+            *t_prefill += kvf_time_now_s() - t0;
+            *prefill_tok += after.prefill_tokens - before.prefill_tokens;
+        } else {
+            *t_decode += kvf_time_now_s() - t0;
+            *decode_tok += after.decode_tokens - before.decode_tokens;
+        }
+    }
+    return 0;
+}
+
 int kvf_cmd_bench_model(int argc, char **argv)
 {
     kvf_gen_opts_t o;
@@ -471,9 +519,9 @@ int kvf_cmd_bench_model(int argc, char **argv)
     kvf_engine_event_t *ev = NULL;
     int32_t *prompt = NULL;
     bool done = false;
-    int rc, n, vocab;
-    double t0, t_prefill = 0, t_decode = 0;
-    uint64_t prefill_tok = 0, decode_tok = 0;
+    int rc;
+    double t_prefill = 0, t_decode = 0, w_prefill = 0, w_decode = 0;
+    uint64_t prefill_tok = 0, decode_tok = 0, w_ptok = 0, w_dtok = 0;
 
     if (kvf_config_parse(kvf_bench_table, "kvf bench-model", argc, argv, &o, &done) != KVF_OK) {
         return 2;
@@ -493,42 +541,23 @@ int kvf_cmd_bench_model(int argc, char **argv)
         return rc;
     }
     rc = 1;
-    vocab = kvf_engine_model_config(eng)->vocab_size;
     prompt = malloc((size_t)o.prompt_len * sizeof(int32_t));
     ev = malloc(4 * (size_t)(o.batch + 64) * sizeof(*ev));
     if ((prompt == NULL) || (ev == NULL)) {
         goto out;
     }
-    for (int b = 0; b < o.batch; ++b) {
-        kvf_req_params_t rp = {0};
-        uint64_t id;
-        for (int i = 0; i < o.prompt_len; ++i) {
-            prompt[i] = (int32_t)((i * 131 + b * 17 + 7) % (vocab < 256 ? vocab : 256));
-        }
-        rp.prompt = prompt;
-        rp.prompt_len = o.prompt_len;
-        rp.sampling.max_tokens = o.decode_tokens;
-        rp.sampling.ignore_eos = true;
-        if (kvf_engine_add_request(eng, &rp, &id) != KVF_OK) {
-            goto out;
-        }
+    if (o.warmup && (kvf_bench_round(&o, eng, 2, prompt, ev, &w_prefill, &w_decode, &w_ptok,
+                                     &w_dtok) != 0)) {
+        goto out;
     }
-    /* Prefill phase: steps until every request has its first token; then decode steps. */
-    while (kvf_engine_has_work(eng)) {
-        kvf_engine_stats_t before, after;
-        kvf_engine_get_stats(eng, &before);
-        t0 = kvf_time_now_s();
-        if (kvf_engine_step(eng, ev, 4 * (o.batch + 64), &n) != KVF_OK) {
-            goto out;
-        }
-        kvf_engine_get_stats(eng, &after);
-        if (after.prefill_tokens > before.prefill_tokens) {
-            t_prefill += kvf_time_now_s() - t0;
-            prefill_tok += after.prefill_tokens - before.prefill_tokens;
-        } else {
-            t_decode += kvf_time_now_s() - t0;
-            decode_tok += after.decode_tokens - before.decode_tokens;
-        }
+    if (kvf_bench_round(&o, eng, o.decode_tokens, prompt, ev, &t_prefill, &t_decode,
+                        &prefill_tok, &decode_tok) != 0) {
+        goto out;
+    }
+    if (o.warmup) {
+        printf("warm-up: prefill %llu tokens in %.2f ms, decode %llu tokens in %.2f ms "
+               "(untimed)\n", (unsigned long long)w_ptok, w_prefill * 1e3,
+               (unsigned long long)w_dtok, w_decode * 1e3);
     }
     printf("model %s tp %d batch %d: prefill %llu tokens %.1f tok/s, decode %llu tokens %.1f tok/s\n",
            o.model, o.tp, o.batch, (unsigned long long)prefill_tok,

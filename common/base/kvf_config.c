@@ -307,6 +307,7 @@ void kvf_config_warn_unused(void)
         "LOG_LEVEL", "LOG_SUBSYS", "SOURCE_DIR", "BIN", "SHARED_MODELS",
         "FAULT",          /* kvf_fault.h: read by kvf_fault_init() */
         "BLAS_THREADS",   /* common/engine: threads of a TP 1 instance's kernels */
+        "GPU_WEIGHTS",    /* common/runtime/kvf_model_dev.c: 16-bit matrices on a GPU */
     };
     for (char **e = environ; (e != NULL) && (*e != NULL); ++e) {
         const char *name = *e;

@@ -44,6 +44,7 @@ struct kvf_engine {
     kvf_sched_entry_t     *plan;
     kvf_fwd_seq_t         *seqs;
     float                 *logits;     /* [max_seqs][vocab] */
+    int32_t               *greedy;     /* [max_seqs] greedy ids from the forward's argmax */
     int32_t               *fresh;
     int                    cap_fresh;
     kvf_engine_stats_t     stats;
@@ -155,9 +156,11 @@ kvf_status_t kvf_engine_create(const kvf_engine_params_t *params, kvf_engine_h *
     e->plan = calloc((size_t)e->sched.max_seqs, sizeof(*e->plan));
     e->seqs = calloc((size_t)e->sched.max_seqs, sizeof(*e->seqs));
     e->logits = malloc((size_t)e->sched.max_seqs * (size_t)e->cfg->vocab_size * sizeof(float));
+    e->greedy = malloc((size_t)e->sched.max_seqs * sizeof(int32_t));
     e->cap_fresh = bp.num_blocks;
     e->fresh = malloc((size_t)e->cap_fresh * sizeof(int32_t));
-    if ((e->plan == NULL) || (e->seqs == NULL) || (e->logits == NULL) || (e->fresh == NULL)) {
+    if ((e->plan == NULL) || (e->seqs == NULL) || (e->logits == NULL) || (e->fresh == NULL) ||
+        (e->greedy == NULL)) {
         status = KVF_ERR_NO_MEMORY;
         goto err;
     }
@@ -191,6 +194,7 @@ void kvf_engine_destroy(kvf_engine_h e)
     free(e->plan);
     free(e->seqs);
     free(e->logits);
+    free(e->greedy);
     free(e->fresh);
     free(e);
 }
@@ -294,6 +298,21 @@ static void kvf_emit_logprobs(kvf_engine_event_t *events, int n, const kvf_sampl
     events[n - 1].num_top = so->num_top;
     memcpy(events[n - 1].top_ids, so->top_ids, sizeof(so->top_ids));
     memcpy(events[n - 1].top_logprobs, so->top_logprobs, sizeof(so->top_logprobs));
+}
+
+/* Whether a request's next token is its logits' argmax and nothing else reads the logits:
+ * then the forward computes the argmax where the logits are (kvf_fwd_seq_t.token) and
+ * only the id comes back. Sampling that reads the logits at temperature 0 (penalties,
+ * min_tokens' masks, logprobs: kvf_sampler.h's steps 1-2) must return false here; the
+ * temperature bound is the sampler's greedy bound (step 3). */
+static bool kvf_greedy_only(const kvf_request_t *r)
+{
+    const kvf_sampling_t *s = &r->sampling;
+
+    return (s->temperature < 1e-5f) && !r->record_logits && !s->want_logprobs &&
+           (s->min_tokens == 0) && (s->presence_penalty == 0.0f) &&
+           (s->frequency_penalty == 0.0f) &&
+           ((s->repetition_penalty == 0.0f) || (s->repetition_penalty == 1.0f));
 }
 
 /* Append a sampled token and decide what happens next; emits events. */
@@ -406,7 +425,10 @@ kvf_status_t kvf_engine_step(kvf_engine_h e, kvf_engine_event_t *events, int cap
             .tokens = r->tokens + pe->start,
             .group_blocks = (const int32_t *const *)r->blocks.blocks,
             .group_num_blocks = r->blocks.num_blocks,
-            .logits = pe->samples ? e->logits + (size_t)ns++ * (size_t)vocab : NULL,
+            /* greedy without recorded logits: the forward's argmax id alone comes back */
+            .logits = (pe->samples && !kvf_greedy_only(r)) ?
+                      e->logits + (size_t)ns++ * (size_t)vocab : NULL,
+            .token = (pe->samples && kvf_greedy_only(r)) ? &e->greedy[i] : NULL,
             /* decode steps feed the one token sampled last; anything else (the prompt,
              * a recompute after preemption) is a prompt forward in transformers */
             .prompt = (pe->start < r->prompt_len) || (pe->num_tokens > 1),
@@ -455,10 +477,14 @@ kvf_status_t kvf_engine_step(kvf_engine_h e, kvf_engine_event_t *events, int cap
                                           r->sampling.want_logprobs ? &so : NULL, events, cap,
                                           n_events);
             }
-            if (status != KVF_OK) {
-                kvf_finish(e, r, KVF_FINISH_ERROR);
-                kvf_emit(events, cap, n_events, r->id, KVF_EVENT_FINISHED, -1, KVF_FINISH_ERROR);
-            }
+        } else if (e->seqs[i].token != NULL) {   /* greedy on the model's device */
+            status = kvf_accept_token(e, r, e->greedy[i], NULL, NULL, events, cap, n_events);
+        } else {
+            continue;
+        }
+        if (status != KVF_OK) {
+            kvf_finish(e, r, KVF_FINISH_ERROR);
+            kvf_emit(events, cap, n_events, r->id, KVF_EVENT_FINISHED, -1, KVF_FINISH_ERROR);
         }
     }
     return KVF_OK;

@@ -69,8 +69,12 @@ kvf_status_t kvf_model_load(const char *dir, int tp_size, kvf_model_h *model_p);
  * keeps every weight in GPU memory, rank r on cuda:(N + r) (opened here,
  * before the weights are read): each tensor is loaded on the host as on
  * the CPU, matrices widened to fp32 there (cuBLAS computes fp32 GEMMs from
- * fp32 operands: a bf16 checkpoint takes twice its file size on the GPU),
- * then copied with kvf_device_memcpy() and the host copy freed; the
+ * fp32 operands: a bf16 checkpoint takes twice its file size on the GPU;
+ * with KVF_GPU_WEIGHTS=native in the environment bf16/fp16 matrices and
+ * embeddings stay 16-bit and their GEMMs run on tensor cores with the
+ * activations rounded to 16 bits, kernels/kvf_gemm_narrow.h; another value
+ * than fp32 or native fails the load, naming it), then copied with
+ * kvf_device_memcpy() and the host copy freed; the
  * replicated tensors (embeddings, norms, lm_head) get one copy per rank's
  * GPU. The forward then runs the kernels' CUDA launchers on each rank's
  * device, the TP runner puts the page pools there and, for tp > 1, makes
@@ -146,6 +150,11 @@ typedef struct kvf_fwd_seq {
                                       prompt tokens (dt clamped), the rest outputs (not), so
                                       a recompute after preemption gives the bits of the
                                       first run; 0: `prompt` decides for the whole chunk */
+    int32_t        *token;         /* greedy: the argmax of the last token's logits (lowest
+                                      id of the largest non-NaN logit; 0 when logit 0 is NaN:
+                                      the engine's greedy scan), computed on the model's
+                                      device so only this id comes back (rank 0); or NULL.
+                                      Independent of logits (either, both or neither). */
 } kvf_fwd_seq_t;
 
 typedef struct kvf_fwd_batch {
@@ -170,7 +179,8 @@ void         kvf_model_ws_destroy(struct kvf_model_ws *ws);
 /**
  * Run one forward step of @a batch on rank ctx->rank. Every rank of the
  * instance must call it with the same batch (collectives inside). Rank 0
- * writes seq->logits. Writes K/V of the new tokens into the attention pages
+ * writes seq->logits and seq->token (those not NULL). Writes K/V of the
+ * new tokens into the attention pages
  * and advances the Mamba state pages in place.
  *
  * @return KVF_OK; KVF_ERR_INVALID_PARAM for a bad token id, too few blocks

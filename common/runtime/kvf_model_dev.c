@@ -8,7 +8,15 @@
  * copy, one tensor at a time (peak host memory: the host model plus one
  * widened matrix). Matrices become fp32 on the way (kvf_convert on the
  * host), so every GEMM is one cuBLAS fp32 call with no widening tile on the
- * GPU. Each pointer is either host or device memory at any moment, and
+ * GPU: the CPU's arithmetic, which the GPU-vs-CPU token checks rely on.
+ * KVF_GPU_WEIGHTS=native keeps a checkpoint's bf16/fp16 matrices (and the
+ * embeddings) in their dtype instead: half the device memory, and the
+ * forward runs their GEMMs on tensor cores (kernels/kvf_gemm_narrow.h:
+ * activations rounded to 16 bits, fp32 accumulation, as a bf16 PyTorch
+ * model computes). fp32 checkpoints are the same either way.
+ * Rejected: native as the default before it has been measured on a GPU
+ * against the CPU's tokens (the exact path stays the default). Each pointer
+ * is either host or device memory at any moment, and
  * kvf_model_wfree() asks which (kvf_device_ptr_is_cuda), so a model whose
  * upload failed half way is freed correctly. A CPU model never reaches
  * this file's CUDA paths: its buffers are host memory, freed with free().
@@ -254,15 +262,37 @@ static kvf_status_t kvf_widen_mat(kvf_model_h m, kvf_mat_t *w)
     return KVF_OK;
 }
 
-/* A matrix: widened to fp32 on the host (if stored narrower), then moved to @a dev. */
-static kvf_status_t kvf_up_mat(kvf_model_h m, const kvf_device_t *dev, kvf_mat_t *w)
+/* KVF_GPU_WEIGHTS: true for "native" (16-bit matrices stay 16-bit on the GPU), false for
+ * unset or "fp32" (widened: the CPU's arithmetic); anything else refused by name. */
+static kvf_status_t kvf_gpu_weights_native(bool *native_p)
 {
-    kvf_status_t status = kvf_widen_mat(m, w);
+    const char *env = getenv("KVF_GPU_WEIGHTS");
+
+    *native_p = false;
+    if ((env == NULL) || (strcmp(env, "fp32") == 0)) {
+        return KVF_OK;
+    }
+    if (strcmp(env, "native") == 0) {
+        *native_p = true;
+        return KVF_OK;
+    }
+    kvf_error("bad value '%s' for KVF_GPU_WEIGHTS: fp32 (matrices widened on the GPU, the "
+              "default) or native (bf16/fp16 matrices kept, tensor-core GEMMs)", env);
+    return KVF_ERR_INVALID_PARAM;
+}
+
+/* A matrix: widened to fp32 on the host (if stored narrower and not @a native), then moved
+ * to @a dev in its dtype. */
+static kvf_status_t kvf_up_mat(kvf_model_h m, const kvf_device_t *dev, kvf_mat_t *w,
+                               bool native)
+{
+    kvf_status_t status = native ? KVF_OK : kvf_widen_mat(m, w);
 
     if (status != KVF_OK) {
         return status;
     }
-    return kvf_up_bytes(dev, &w->data, (size_t)w->rows * (size_t)w->cols * sizeof(float));
+    return kvf_up_bytes(dev, &w->data,
+                        (size_t)w->rows * (size_t)w->cols * kvf_dtype_size(w->dtype));
 }
 
 #define KVF_UP(_expr)                  \
@@ -273,14 +303,14 @@ static kvf_status_t kvf_up_mat(kvf_model_h m, const kvf_device_t *dev, kvf_mat_t
     } while (0)
 
 static kvf_status_t kvf_up_layer(kvf_model_h m, const kvf_device_t *dev, const kvf_shard_t *s,
-                                 kvf_layer_w_t *w)
+                                 kvf_layer_w_t *w, bool nat)
 {
     const kvf_model_config_t *cfg = &m->cfg;
     const size_t H = (size_t)cfg->hidden_size, hd = (size_t)cfg->head_dim;
     const size_t heads = (size_t)s->mamba_heads, cd = (size_t)s->conv_dim;
     kvf_status_t status = KVF_OK;
 
-    KVF_UP(kvf_up_mat(m, dev, &w->in_proj));
+    KVF_UP(kvf_up_mat(m, dev, &w->in_proj, nat));
     KVF_UP(kvf_up_vec(dev, &w->in_bias, (size_t)w->in_rows));
     KVF_UP(kvf_up_vec(dev, &w->conv_w, cd * (size_t)cfg->conv_kernel));
     KVF_UP(kvf_up_vec(dev, &w->conv_b, cd));
@@ -288,32 +318,33 @@ static kvf_status_t kvf_up_layer(kvf_model_h m, const kvf_device_t *dev, const k
     KVF_UP(kvf_up_vec(dev, &w->A_log, heads));
     KVF_UP(kvf_up_vec(dev, &w->D, heads));
     KVF_UP(kvf_up_vec(dev, &w->gnorm_w, heads * (size_t)cfg->mamba_head_dim));
-    KVF_UP(kvf_up_mat(m, dev, &w->out_proj));
+    KVF_UP(kvf_up_mat(m, dev, &w->out_proj, nat));
     KVF_UP(kvf_up_vec(dev, &w->out_bias, H));
-    KVF_UP(kvf_up_mat(m, dev, &w->qkv));
+    KVF_UP(kvf_up_mat(m, dev, &w->qkv, nat));
     KVF_UP(kvf_up_vec(dev, &w->qkv_bias, (size_t)w->qkv_rows));
-    KVF_UP(kvf_up_mat(m, dev, &w->o_proj));
+    KVF_UP(kvf_up_mat(m, dev, &w->o_proj, nat));
     KVF_UP(kvf_up_vec(dev, &w->o_bias, H));
     KVF_UP(kvf_up_vec(dev, &w->q_norm, hd));
     KVF_UP(kvf_up_vec(dev, &w->k_norm, hd));
-    KVF_UP(kvf_up_mat(m, dev, &w->up));
+    KVF_UP(kvf_up_mat(m, dev, &w->up, nat));
     KVF_UP(kvf_up_vec(dev, &w->up_bias, (size_t)w->up.rows));
-    KVF_UP(kvf_up_mat(m, dev, &w->down));
+    KVF_UP(kvf_up_mat(m, dev, &w->down, nat));
     KVF_UP(kvf_up_vec(dev, &w->down_bias, H));
     KVF_UP(kvf_up_vec(dev, &w->router_w, (size_t)cfg->moe_num_experts * H));
     KVF_UP(kvf_up_vec(dev, &w->router_b, (size_t)cfg->moe_num_experts));
     for (int e = 0; (w->exp_up != NULL) && (e < s->moe_experts); ++e) {
-        KVF_UP(kvf_up_mat(m, dev, &w->exp_up[e]));
-        KVF_UP(kvf_up_mat(m, dev, &w->exp_down[e]));
+        KVF_UP(kvf_up_mat(m, dev, &w->exp_up[e], nat));
+        KVF_UP(kvf_up_mat(m, dev, &w->exp_down[e], nat));
     }
-    KVF_UP(kvf_up_mat(m, dev, &w->sh_up));
+    KVF_UP(kvf_up_mat(m, dev, &w->sh_up, nat));
     KVF_UP(kvf_up_vec(dev, &w->sh_up_b, (size_t)w->sh_up.rows));
-    KVF_UP(kvf_up_mat(m, dev, &w->sh_down));
+    KVF_UP(kvf_up_mat(m, dev, &w->sh_down, nat));
     KVF_UP(kvf_up_vec(dev, &w->sh_down_b, H));
     return status;
 }
 
-/* Rank @a r's own copy of the replicated tensors (host m->rep, already fp32) on its device. */
+/* Rank @a r's own copy of the replicated tensors (host m->rep: fp32, or embeddings and
+ * lm_head in the checkpoint's 16-bit dtype with KVF_GPU_WEIGHTS=native) on its device. */
 static kvf_status_t kvf_up_rep(kvf_model_h m, int r)
 {
     const kvf_model_config_t *cfg = &m->cfg;
@@ -336,12 +367,13 @@ static kvf_status_t kvf_up_rep(kvf_model_h m, int r)
     if ((rep->norm_w == NULL) || (rep->norm2_w == NULL)) {
         return KVF_ERR_NO_MEMORY;
     }
-    KVF_UP(kvf_up_copy(dev, m->rep.embed.data, V * H * sizeof(float), &rep->embed.data));
+    KVF_UP(kvf_up_copy(dev, m->rep.embed.data, V * H * kvf_dtype_size(m->rep.embed.dtype),
+                       &rep->embed.data));
     if (tied) {
         rep->lm_head.data = rep->embed.data;
     } else {
-        KVF_UP(kvf_up_copy(dev, m->rep.lm_head.data, V * H * sizeof(float),
-                           &rep->lm_head.data));
+        KVF_UP(kvf_up_copy(dev, m->rep.lm_head.data,
+                           V * H * kvf_dtype_size(m->rep.lm_head.dtype), &rep->lm_head.data));
     }
     KVF_UP(kvf_up_copy(dev, m->rep.norm_f, H * sizeof(float), (void **)&rep->norm_f));
     KVF_UP(kvf_up_copy(dev, m->rep.inv_freq, (size_t)(cfg->head_dim / 2) * sizeof(float),
@@ -358,26 +390,33 @@ kvf_status_t kvf_model_upload(kvf_model_h m)
 {
     const bool tied = (m->rep.lm_head.data == m->rep.embed.data);
     kvf_status_t status = KVF_OK;
+    bool native = false;
 
     if ((m->dev.kind == KVF_DEVICE_CPU) || (m->gpu_devs == NULL)) {
         return KVF_OK;
+    }
+    status = kvf_gpu_weights_native(&native);
+    if (status != KVF_OK) {
+        return status;
     }
     for (int r = 0; r < m->tp; ++r) {
         m->ranks[r].dev = m->gpu_devs[r];
     }
     /* replicated tensors: widened once on the host, then one copy per rank's GPU (counted
      * once in weight_bytes, as the CPU's shared copy) */
-    KVF_UP(kvf_widen_mat(m, &m->rep.embed));
+    if (!native) {
+        KVF_UP(kvf_widen_mat(m, &m->rep.embed));
+    }
     if (tied) {
         m->rep.lm_head = m->rep.embed;   /* one copy, as on the host (also after a failure) */
-    } else {
+    } else if (!native) {
         KVF_UP(kvf_widen_mat(m, &m->rep.lm_head));
     }
     for (int r = 0; r < m->tp; ++r) {
         KVF_UP(kvf_up_rep(m, r));
         for (int l = 0; l < m->cfg.num_layers; ++l) {
             KVF_UP(kvf_up_layer(m, &m->ranks[r].dev, &m->ranks[r].shard,
-                                &m->ranks[r].layers[l]));
+                                &m->ranks[r].layers[l], native));
         }
     }
     if (status == KVF_OK) {

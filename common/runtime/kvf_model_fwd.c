@@ -29,11 +29,12 @@ void kvf_model_ws_destroy(struct kvf_model_ws *ws)
     }
     void *dptrs[] = {
         ws->h, ws->xn, ws->out, ws->proj, ws->ybuf, ws->xbc, ws->g, ws->sumsq, ws->xg, ws->yg,
-        ws->scores, ws->route_idx, ws->route_w, ws->last, ws->logits,
+        ws->scores, ws->route_idx, ws->route_w, ws->last, ws->logits, ws->xs, ws->d_tok,
     };
     void *hptrs[] = {
         ws->pos, ws->rows, ws->rw, ws->tile, ws->ids, ws->last_rows, ws->h_route_idx,
-        ws->h_route_w,
+        ws->h_route_w, ws->h_tok, ws->seq_n, ws->seq_nb, (void *)ws->seq_tab, ws->dec_rows,
+        ws->dec_conv, ws->dec_ssm, ws->dec_dtmin,
     };
     for (size_t i = 0; i < sizeof(dptrs) / sizeof(dptrs[0]); ++i) {
         if (kvf_ws_on_device(ws)) {
@@ -131,6 +132,13 @@ static kvf_status_t kvf_ws_reserve(struct kvf_model_ws *ws, const kvf_model_h m,
         bad |= kvf_grow((void **)&ws->ids, T * sizeof(int32_t));
         bad |= kvf_grow((void **)&ws->h_route_idx, T * k * sizeof(int32_t));
         bad |= kvf_grow((void **)&ws->h_route_w, T * k * sizeof(float));
+        if (kvf_ws_on_device(ws)) {
+            /* the widest K of any GEMM: H, an inner width (g) or a column-parallel output
+             * (a non-gated MLP's down reads proj) */
+            size_t K = (H > gdim) ? H : gdim;
+            K = (K > wide) ? K : wide;
+            bad |= kvf_grow_dev(ws, &ws->xs, T * K * sizeof(uint16_t));
+        }
         if (bad) {
             /* realloc keeps what it could not grow: the old capacity stays valid, so
              * every rank keeps the same capacity history (see the forward) */
@@ -143,6 +151,15 @@ static kvf_status_t kvf_ws_reserve(struct kvf_model_ws *ws, const kvf_model_h m,
         bad |= kvf_grow_dev(ws, (void **)&ws->logits,
                             S * (size_t)cfg->vocab_size * sizeof(float));
         bad |= kvf_grow((void **)&ws->last_rows, S * sizeof(int32_t));
+        bad |= kvf_grow_dev(ws, (void **)&ws->d_tok, S * sizeof(int32_t));
+        bad |= kvf_grow((void **)&ws->h_tok, S * sizeof(int32_t));
+        bad |= kvf_grow((void **)&ws->seq_n, S * sizeof(int));
+        bad |= kvf_grow((void **)&ws->seq_nb, S * sizeof(int));
+        bad |= kvf_grow((void **)&ws->seq_tab, S * sizeof(*ws->seq_tab));
+        bad |= kvf_grow((void **)&ws->dec_rows, S * sizeof(int));
+        bad |= kvf_grow((void **)&ws->dec_conv, S * sizeof(void *));
+        bad |= kvf_grow((void **)&ws->dec_ssm, S * sizeof(void *));
+        bad |= kvf_grow((void **)&ws->dec_dtmin, S * sizeof(float));
         if (bad) {
             return KVF_ERR_NO_MEMORY;
         }
@@ -238,7 +255,9 @@ static int kvf_mat_gemm(const kvf_device_t *dev, struct kvf_model_ws *ws, int M,
         return KVF_KERN_OK;
     }
     if ((dev != NULL) && (dev->kind != KVF_DEVICE_CPU)) {
-        return KVF_KERN_EUNSUPPORTED;   /* device weights are fp32 (kvf_model_upload) */
+        /* 16-bit weights kept on the GPU (KVF_GPU_WEIGHTS=native): tensor cores */
+        return kvf_gemm_narrow(dev, M, w->rows, K, x, ldx, w->data, w->dtype, K, bias, y, ldy,
+                               ws->xs);
     }
     tile = (int)(ws->cap_tile / (size_t)K);
     if (tile < 1) {
@@ -254,6 +273,19 @@ static int kvf_mat_gemm(const kvf_device_t *dev, struct kvf_model_ws *ws, int M,
                         0.0f, y + r0, ldy);
     }
     return e;
+}
+
+/* The parameters of a seq's one-token Mamba2 step: the scan's (dt clamped) for a prompt
+ * token, the step's (not clamped) for an output; with prompt_len set, the token's position
+ * decides (kvf_fwd_seq_t.prompt_len). The one place that decides it for both the batched
+ * decode call and the per-seq step. */
+static const kvf_mamba2_params_t *kvf_step_params(const kvf_fwd_seq_t *sq,
+                                                  const kvf_mamba2_params_t *scan,
+                                                  const kvf_mamba2_params_t *step)
+{
+    const bool prompt_token = (sq->prompt_len > 0) ? (sq->start < sq->prompt_len) : sq->prompt;
+
+    return prompt_token ? scan : step;
 }
 
 static kvf_status_t kvf_fwd_mamba(kvf_model_h m, const kvf_rank_ctx_t *ctx,
@@ -280,7 +312,7 @@ static kvf_status_t kvf_fwd_mamba(kvf_model_h m, const kvf_rank_ctx_t *ctx,
         .dt_min = (float)cfg->time_step_min, .dt_max = INFINITY,
     };
     kvf_mamba2_params_t mp_step = mp_scan;
-    int gsz, ngl, o = 0;
+    int gsz, ngl, o = 0, nd = 0;
 
     mp_step.dt_min = 0.0f;
     KVF_KCALL(kvf_mat_gemm(dev, ws, T, ws->xn, H, &w->in_proj, w->in_bias, ws->proj, R));
@@ -297,16 +329,22 @@ static kvf_status_t kvf_fwd_mamba(kvf_model_h m, const kvf_rank_ctx_t *ctx,
         const int np = (sq->prompt_len > 0) ? ((pl < 0) ? 0 : (pl > n) ? n : pl) :
                        (sq->prompt ? n : 0);
 
-        if ((n == 1) && has) {
+        if ((n == 1) && has && silu) {
             /* one token on a state: the recurrent update, with the scan's dt clamp when
              * it is the last token of a prompt (k * chunk + 1 tokens), as transformers'
-             * prompt forward computes it */
+             * prompt forward computes it; every such seq in one call after the loop */
+            ws->dec_rows[nd] = o;
+            ws->dec_conv[nd] = conv_state;
+            ws->dec_ssm[nd] = ssm_state;
+            ws->dec_dtmin[nd] = kvf_step_params(sq, &mp_scan, &mp_step)->dt_min;
+            ++nd;
+        } else if ((n == 1) && has) {
             KVF_KCALL(kvf_conv1d_step(dev, xbc_in, cd, K, w->conv_w, w->conv_b, silu, conv_state,
                                       ctx->geom->conv_dtype, xbc));
             if (!silu) {
                 KVF_KCALL(kvf_act(dev, (int)cfg->mamba_act, xbc, (size_t)cd));
             }
-            KVF_KCALL(kvf_mamba2_step(dev, (np > 0) ? &mp_scan : &mp_step, xbc,
+            KVF_KCALL(kvf_mamba2_step(dev, kvf_step_params(sq, &mp_scan, &mp_step), xbc,
                                       ws->proj + (size_t)o * R + dim + cd,
                                       xbc + dim, xbc + dim + s->groups * N,
                                       ssm_state, ctx->geom->ssm_dtype, ws->ybuf + (size_t)o * R));
@@ -333,6 +371,16 @@ static kvf_status_t kvf_fwd_mamba(kvf_model_h m, const kvf_rank_ctx_t *ctx,
             }
         }
         o += n;
+    }
+    if (nd > 0) {
+        const kvf_ssm_seqs_t dec = {
+            .num_seqs = nd, .rows = ws->dec_rows, .conv_states = ws->dec_conv,
+            .ssm_states = ws->dec_ssm, .dt_min = ws->dec_dtmin,
+        };
+        KVF_KCALL(kvf_ssm_decode_seqs(dev, &dec, ws->proj + dim, R, cd, K, w->conv_w, w->conv_b,
+                                      ctx->geom->conv_dtype, ws->xbc, cd, &mp_step,
+                                      ws->proj + dim + cd, R, ctx->geom->ssm_dtype, ws->ybuf,
+                                      R));
     }
     /* gated norm: y (ybuf, ld R) gated by z (proj cols [0, dim), ld R) */
     if (s->group_replication > 1) {
@@ -372,12 +420,17 @@ static kvf_status_t kvf_fwd_attention(kvf_model_h m, const kvf_rank_ctx_t *ctx,
     const int g = ctx->layout->layer_group[l], slot = ctx->layout->layer_slot[l];
     int o = 0;
 
+    kvf_paged_kv_t kv;
+    kvf_attn_seqs_t seqs = {
+        .num_seqs = batch->num_seqs, .num_tokens = ws->seq_n, .block_tables = ws->seq_tab,
+        .num_blocks = ws->seq_nb,
+    };
+
     KVF_KCALL(kvf_mat_gemm(dev, ws, T, ws->xn, H, &w->qkv, w->qkv_bias, ws->proj, R));
     for (int i = 0; i < batch->num_seqs; ++i) {
         const kvf_fwd_seq_t *sq = &batch->seqs[i];
         const int n = sq->num_tokens;
         float *row = ws->proj + (size_t)o * R;
-        kvf_paged_kv_t kv;
 
         for (int t = 0; t < n; ++t) {
             float *q = row + (size_t)t * R, *k = q + qd;
@@ -387,19 +440,23 @@ static kvf_status_t kvf_fwd_attention(kvf_model_h m, const kvf_rank_ctx_t *ctx,
                 KVF_KCALL(kvf_rmsnorm(dev, k, w->k_norm, k, s->kv_heads, hd, (float)cfg->norm_eps));
             }
         }
-        if (rep->inv_freq != NULL) {
-            /* transformers' rotate_half RoPE of q and k (kernels/kvf_ops_math.h) */
-            KVF_KCALL(kvf_rope(dev, rep->inv_freq, hd, ws->pos + o, n, row, R, s->attn_heads));
-            KVF_KCALL(kvf_rope(dev, rep->inv_freq, hd, ws->pos + o, n, row + qd, R,
-                               s->kv_heads));
-        }
-        kvf_page_pool_attn_view(ctx->pool, geo, hd, slot, sq->group_blocks[g],
-                                sq->group_num_blocks[g], &kv);
-        KVF_KCALL(kvf_attn_cache_write(dev, &kv, row + qd, row + qd + kd, R, ws->pos + o, n));
-        KVF_KCALL(kvf_attn_paged(dev, &kv, row, R, ws->pos + o, n, s->attn_heads, 0.0f,
-                                 ws->g + (size_t)o * qd));
+        ws->seq_n[i] = n;
+        ws->seq_tab[i] = sq->group_blocks[g];
+        ws->seq_nb[i] = sq->group_num_blocks[g];
         o += n;
     }
+    if (rep->inv_freq != NULL) {
+        /* transformers' rotate_half RoPE of q and k (kernels/kvf_ops_math.h), every row at
+         * its own position: one call for the batch */
+        KVF_KCALL(kvf_rope(dev, rep->inv_freq, hd, ws->pos, T, ws->proj, R, s->attn_heads));
+        KVF_KCALL(kvf_rope(dev, rep->inv_freq, hd, ws->pos, T, ws->proj + qd, R, s->kv_heads));
+    }
+    /* every seq's K/V written, then every seq attends: one call for the batch (on a GPU two
+     * launches, whatever the batch size; on the CPU the per-seq calls) */
+    kvf_page_pool_attn_view(ctx->pool, geo, hd, slot, batch->seqs[0].group_blocks[g],
+                            batch->seqs[0].group_num_blocks[g], &kv);
+    KVF_KCALL(kvf_attn_write_paged_seqs(dev, &kv, &seqs, ws->proj + qd, ws->proj + qd + kd, R,
+                                        ws->proj, R, ws->pos, s->attn_heads, 0.0f, ws->g));
     KVF_KCALL(kvf_mat_gemm(dev, ws, T, ws->g, qd, &w->o_proj, w->o_bias, ws->out, H));
     return kvf_reduce_residual(ctx, ws, (size_t)T, (size_t)H, status);
 }
@@ -523,6 +580,58 @@ static kvf_status_t kvf_fwd_moe(kvf_model_h m, const kvf_rank_ctx_t *ctx, int l,
     return kvf_reduce_residual(ctx, ws, (size_t)T, (size_t)H, status);
 }
 
+/*
+ * Rank 0's head: norm_f and lm_head on the last token of every sequence that wants its
+ * logits or its greedy token; the greedy ids by an argmax on the device, copied back in one
+ * call (the step's one synchronisation when nobody wants logits); logits copied per
+ * sequence only for those that asked (non-greedy sampling, --print-logits).
+ */
+static kvf_status_t kvf_fwd_head(kvf_model_h m, const kvf_rank_ctx_t *ctx,
+                                 const kvf_fwd_batch_t *batch, kvf_status_t status)
+{
+    const kvf_model_config_t *cfg = &m->cfg;
+    const kvf_device_t *dev = kvf_page_pool_device(ctx->pool);
+    const kvf_rep_w_t *rep = kvf_model_rep(m, ctx->rank);
+    struct kvf_model_ws *ws = ctx->ws;
+    const int H = cfg->hidden_size, V = cfg->vocab_size;
+    int ns = 0, o = 0;
+    bool tokens = false;
+
+    for (int i = 0; i < batch->num_seqs; ++i) {
+        const kvf_fwd_seq_t *sq = &batch->seqs[i];
+        o += sq->num_tokens;
+        if ((sq->logits != NULL) || (sq->token != NULL)) {
+            ws->last_rows[ns++] = o - 1;   /* the last token of each seq wanting logits */
+            tokens |= (sq->token != NULL);
+        }
+    }
+    KVF_KCALL(kvf_gather_rows(dev, ws->h, KVF_DTYPE_FP32, H, ws->last_rows, ns, ws->last));
+    KVF_KCALL(kvf_rmsnorm(dev, ws->last, rep->norm_f, ws->last, ns, H, (float)cfg->norm_eps));
+    KVF_KCALL(kvf_mat_gemm(dev, ws, ns, ws->last, H, &rep->lm_head, NULL, ws->logits, V));
+    if (tokens) {
+        KVF_KCALL(kvf_argmax_rows(dev, ws->logits, ns, V, V, ws->d_tok));
+        KVF_KCALL(kvf_device_memcpy(dev, ws->h_tok, ws->d_tok, (size_t)ns * sizeof(int32_t),
+                                    KVF_COPY_D2H));
+    }
+    ns = 0;
+    for (int i = 0; (status == KVF_OK) && (i < batch->num_seqs); ++i) {
+        const kvf_fwd_seq_t *sq = &batch->seqs[i];
+        if ((sq->logits == NULL) && (sq->token == NULL)) {
+            continue;
+        }
+        if (sq->token != NULL) {
+            *sq->token = ws->h_tok[ns];
+        }
+        if (sq->logits != NULL) {
+            /* to the host for sampling (synchronous: the step's work is done after) */
+            KVF_KCALL(kvf_device_memcpy(dev, sq->logits, ws->logits + (size_t)ns * (size_t)V,
+                                        (size_t)V * sizeof(float), KVF_COPY_D2H));
+        }
+        ++ns;
+    }
+    return status;
+}
+
 kvf_status_t kvf_model_forward_rank(kvf_model_h m, const kvf_rank_ctx_t *ctx,
                                     const kvf_fwd_batch_t *batch)
 {
@@ -610,29 +719,7 @@ kvf_status_t kvf_model_forward_rank(kvf_model_h m, const kvf_rank_ctx_t *ctx,
     }
 
     if (ctx->rank == 0) {
-        int ns = 0;
-        o = 0;
-        for (int i = 0; i < batch->num_seqs; ++i) {
-            o += batch->seqs[i].num_tokens;
-            if (batch->seqs[i].logits != NULL) {
-                ws->last_rows[ns++] = o - 1;   /* the last token of each seq wanting logits */
-            }
-        }
-        KVF_KCALL(kvf_gather_rows(dev, ws->h, KVF_DTYPE_FP32, H, ws->last_rows, ns, ws->last));
-        KVF_KCALL(kvf_rmsnorm(dev, ws->last, rep->norm_f, ws->last, ns, H, (float)cfg->norm_eps));
-        KVF_KCALL(kvf_mat_gemm(dev, ws, ns, ws->last, H, &rep->lm_head, NULL, ws->logits,
-                               cfg->vocab_size));
-        ns = 0;
-        for (int i = 0; i < batch->num_seqs; ++i) {
-            if (batch->seqs[i].logits != NULL) {
-                /* to the host for sampling (synchronous: the step's work is done after) */
-                KVF_KCALL(kvf_device_memcpy(dev, batch->seqs[i].logits,
-                                            ws->logits + (size_t)ns * cfg->vocab_size,
-                                            (size_t)cfg->vocab_size * sizeof(float),
-                                            KVF_COPY_D2H));
-                ++ns;
-            }
-        }
+        status = kvf_fwd_head(m, ctx, batch, status);
     }
     return status;
 }

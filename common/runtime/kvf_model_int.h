@@ -13,13 +13,17 @@
 #include "kvf_log.h"
 #include "kvf_safetensors.h"
 #include "kvf_act.h"
+#include "kvf_argmax.h"
 #include "kvf_attention.h"
+#include "kvf_attention_seqs.h"
 #include "kvf_conv1d.h"
 #include "kvf_gemm.h"
+#include "kvf_gemm_narrow.h"
 #include "kvf_mamba2.h"
 #include "kvf_moe.h"
 #include "kvf_norm.h"
 #include "kvf_ops.h"
+#include "kvf_ssm_seqs.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -127,6 +131,15 @@ struct kvf_model_ws {
     int32_t *last_rows;         /* [S] rows of h whose logits are wanted (host) */
     int32_t *h_route_idx;       /* [T][top_k] host copy of route_idx (CUDA) */
     float   *h_route_w;         /* [T][top_k] host copy of route_w (CUDA) */
+    int     *seq_n, *seq_nb;    /* [S] tokens and attention blocks of each seq (host) */
+    const int32_t **seq_tab;    /* [S] their attention block tables (host) */
+    int     *dec_rows;          /* [S] rows of the seqs taking a Mamba decode step (host) */
+    void   **dec_conv, **dec_ssm;  /* [S] their conv and SSM state pages (host arrays) */
+    float   *dec_dtmin;         /* [S] their dt clamps (host) */
+    int32_t *d_tok;             /* [S] greedy ids (dev) */
+    int32_t *h_tok;             /* [S] their host copy */
+    void    *xs;                /* [T][max K] 16-bit activations of the tensor-core GEMMs
+                                 * (kvf_gemm_narrow; device only, KVF_GPU_WEIGHTS=native) */
 };
 
 /* Weights to the ranks' devices (kvf_model_dev.c): after the host load, CUDA only. */

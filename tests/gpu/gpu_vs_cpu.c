@@ -21,15 +21,19 @@
  * the comparison), not CUDA.
  */
 #include "kvf_act.h"
+#include "kvf_argmax.h"
 #include "kvf_attention.h"
+#include "kvf_attention_seqs.h"
 #include "kvf_conv1d.h"
 #include "kvf_device.h"
 #include "kvf_gemm.h"
+#include "kvf_gemm_narrow.h"
 #include "kvf_mamba2.h"
 #include "kvf_moe.h"
 #include "kvf_nccl.h"
 #include "kvf_norm.h"
 #include "kvf_ops.h"
+#include "kvf_ssm_seqs.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -188,6 +192,71 @@ static void check_gemm(void)
     free(w);
     free(b);
     free(y0);
+}
+
+/* 16-bit weights on tensor cores (kvf_gemm_narrow.h) against the CPU reference: x rounded
+ * alike, products exact in fp32 on both, only the sum order differs */
+static void check_gemm_narrow(kvf_dtype_t wdt)
+{
+    enum { M = 37, N = 96, K = 256, LDX = 300, LDY = 130 };
+    float *x = frand(M * LDX, -1, 1), *wf = frand(N * K, -1, 1), *b = frand(N, -1, 1);
+    float *y0 = frand(M * LDY, -1, 1), cpu[M * LDY], gpu[M * LDY];
+    uint16_t *w = malloc((size_t)N * K * 2), xs[M * K];
+    char name[64];
+
+    for (size_t i = 0; i < (size_t)N * K; ++i) {
+        w[i] = (wdt == KVF_DTYPE_BF16) ? kvf_fp32_to_bf16(wf[i]) : kvf_fp32_to_fp16(wf[i]);
+    }
+    float *dx = up(x, M * LDX * 4), *db = up(b, N * 4), *dy = up(y0, sizeof(cpu));
+    void *dw = up(w, (size_t)N * K * 2), *dxs = up(NULL, sizeof(xs));
+
+    memcpy(cpu, y0, sizeof(cpu));
+    CK("gemm_narrow cpu", kvf_gemm_narrow(NULL, M, N, K, x, LDX, w, wdt, K, b, cpu, LDY, xs));
+    CK("gemm_narrow gpu", kvf_gemm_narrow(&gdev, M, N, K, dx, LDX, dw, wdt, K, db, dy, LDY, dxs));
+    down(gpu, dy, sizeof(gpu));
+    snprintf(name, sizeof(name), "gemm 16-bit W (GemmEx, bias)");
+    rowf(name, kvf_dtype_name(wdt), gpu, cpu, M * LDY, 1e-3);
+    CK("gemm_narrow cpu", kvf_gemm_narrow(NULL, 1, N, K, x, LDX, w, wdt, K, NULL, cpu, N, xs));
+    CK("gemm_narrow gpu", kvf_gemm_narrow(&gdev, 1, N, K, dx, LDX, dw, wdt, K, NULL, dy, N, dxs));
+    down(gpu, dy, (size_t)N * 4);
+    rowf("gemm 16-bit W (1 row)", kvf_dtype_name(wdt), gpu, cpu, N, 1e-3);
+    kvf_device_free(&gdev, dx);
+    kvf_device_free(&gdev, dw);
+    kvf_device_free(&gdev, db);
+    kvf_device_free(&gdev, dy);
+    kvf_device_free(&gdev, dxs);
+    free(x);
+    free(wf);
+    free(w);
+    free(b);
+    free(y0);
+}
+
+/* greedy ids (kvf_argmax.h): equal to the CPU's, also with ties, NaNs and a NaN first */
+static void check_argmax(void)
+{
+    enum { ROWS = 5, V = 50000 };
+    float *x = frand((size_t)ROWS * V, -4, 4);
+    int32_t cpu[ROWS], gpu[ROWS];
+    int32_t *dout = up(NULL, sizeof(gpu));
+
+    for (size_t i = 0; i < (size_t)ROWS * V; ++i) {
+        x[i] = roundf(x[i] * 4.0f) / 4.0f;   /* many ties at the max */
+    }
+    x[(size_t)1 * V] = NAN;
+    x[(size_t)2 * V + 17] = NAN;
+    x[(size_t)3 * V + V - 1] = 100.0f;
+    float *dx = up(x, (size_t)ROWS * V * 4);
+    CK("argmax cpu", kvf_argmax_rows(NULL, x, ROWS, V, V, cpu));
+    CK("argmax gpu", kvf_argmax_rows(&gdev, dx, ROWS, V, V, dout));
+    down(gpu, dout, sizeof(gpu));
+    int same = (memcmp(gpu, cpu, sizeof(cpu)) == 0);
+    printf("| %-28s | %-5s | %-12s | %-12s | %-7s | %s |\n", "argmax (greedy ids)", "i32",
+           same ? "0" : "differ", "-", "0", same ? "PASS" : "FAIL");
+    failures += same ? 0 : 1;
+    kvf_device_free(&gdev, dx);
+    kvf_device_free(&gdev, dout);
+    free(x);
 }
 
 static void check_elementwise(void)
@@ -438,6 +507,127 @@ static void check_attention(kvf_dtype_t dt)
     free(pg);
 }
 
+/* three requests in one call (kvf_attention_seqs.h): prefill chunks of 40, 70 and 3 tokens,
+ * then one decode token each, against the CPU's per-request calls; pool and outputs */
+static void check_attention_seqs(kvf_dtype_t dt)
+{
+    static const int32_t t0[] = {9, 2}, t1[] = {7, 0, 11}, t2[] = {1};
+    static const int32_t *const tables[3] = {t0, t1, t2};
+    static const int nb[3] = {2, 3, 1}, pre[3] = {40, 70, 3};
+    const int T = 40 + 70 + 3;
+    kvf_paged_kv_t kv = attn_kv(NULL, dt, t0);
+    size_t pool_bytes = (size_t)A_POOL_BLOCKS * A_SLOTS * kv.page_size;
+    size_t qn = (size_t)(T + 3) * A_QH * A_HD, kn = (size_t)(T + 3) * A_KVH * A_HD;
+    float *q = frand(qn, -1, 1), *k = frand(kn, -1, 1), *v = frand(kn, -1, 1);
+    float *oc = malloc(qn * 4), *og = malloc(qn * 4);
+    unsigned char *pc = calloc(1, pool_bytes), *pg = malloc(pool_bytes);
+    int32_t pos[40 + 70 + 3 + 3];
+    float *dq = up(q, qn * 4), *dk = up(k, kn * 4), *dv = up(v, kn * 4), *dout = up(NULL, qn * 4);
+    void *dpool = up(pc, pool_bytes);
+    kvf_paged_kv_t kc = kv, kg = kv;
+    kvf_attn_seqs_t seqs = {3, pre, tables, nb};
+    static const int one[3] = {1, 1, 1};
+    const int ld = A_KVH * A_HD, ldq = A_QH * A_HD;
+    char name[64];
+
+    kc.base = pc;
+    kg.base = dpool;
+    for (int i = 0, o = 0; i < 3; ++i) {
+        for (int t = 0; t < pre[i]; ++t) {
+            pos[o++] = t;
+        }
+        pos[T + i] = pre[i];
+    }
+    CK("seqs cpu", kvf_attn_write_paged_seqs(NULL, &kc, &seqs, k, v, ld, q, ldq, pos, A_QH,
+                                             0.0f, oc));
+    CK("seqs gpu", kvf_attn_write_paged_seqs(&gdev, &kg, &seqs, dk, dv, ld, dq, ldq, pos, A_QH,
+                                             0.0f, dout));
+    down(og, dout, (size_t)T * A_QH * A_HD * 4);
+    snprintf(name, sizeof(name), "attn 3 seqs prefill %d", T);
+    rowf(name, kvf_dtype_name(dt), og, oc, (size_t)T * A_QH * A_HD, 1e-5);
+    seqs.num_tokens = one;   /* decode: one token each, split-K */
+    CK("seqs cpu", kvf_attn_write_paged_seqs(NULL, &kc, &seqs, k + (size_t)T * ld,
+                                             v + (size_t)T * ld, ld, q + (size_t)T * ldq, ldq,
+                                             pos + T, A_QH, 0.0f, oc));
+    CK("seqs gpu", kvf_attn_write_paged_seqs(&gdev, &kg, &seqs, dk + (size_t)T * ld,
+                                             dv + (size_t)T * ld, ld, dq + (size_t)T * ldq,
+                                             ldq, pos + T, A_QH, 0.0f, dout));
+    down(og, dout, (size_t)3 * A_QH * A_HD * 4);
+    rowf("attn 3 seqs decode", kvf_dtype_name(dt), og, oc, (size_t)3 * A_QH * A_HD, 1e-5);
+    down(pg, dpool, pool_bytes);
+    row("attn 3 seqs (pool)", kvf_dtype_name(dt), pg, pc, dt, pool_bytes / kvf_dtype_size(dt),
+        0.0);
+    kvf_device_free(&gdev, dq);
+    kvf_device_free(&gdev, dk);
+    kvf_device_free(&gdev, dv);
+    kvf_device_free(&gdev, dout);
+    kvf_device_free(&gdev, dpool);
+    free(q);
+    free(k);
+    free(v);
+    free(oc);
+    free(og);
+    free(pc);
+    free(pg);
+}
+
+/* a hybrid model's kernel block: one 1312-token block (Nemotron-Nano-9B-v2's at TP 1),
+ * 700 prompt tokens then one decode token, against the CPU */
+static void check_attention_big_block(kvf_dtype_t dt)
+{
+    enum { BS = 1312, T = 700, KVH = 2, QH = 8, HD = 128 };
+    static const int32_t table[1] = {1};
+    kvf_paged_kv_t kv;
+    memset(&kv, 0, sizeof(kv));
+    kv.slots = 1;
+    kv.dtype = dt;
+    kv.kv_heads = KVH;
+    kv.head_dim = HD;
+    kv.block_size = BS;
+    kv.kernel_block_size = BS;
+    kv.block_table = table;
+    kv.num_blocks = 1;
+    kv.page_size = kvf_paged_kv_kernel_block_bytes(&kv);
+    size_t pool_bytes = 2 * kv.page_size;
+    size_t qn = (size_t)(T + 1) * QH * HD, kn = (size_t)(T + 1) * KVH * HD;
+    float *q = frand(qn, -1, 1), *k = frand(kn, -1, 1), *v = frand(kn, -1, 1);
+    float *oc = malloc(qn * 4), *og = malloc(qn * 4);
+    unsigned char *pc = calloc(1, pool_bytes);
+    int32_t pos[T + 1];
+    float *dq = up(q, qn * 4), *dk = up(k, kn * 4), *dv = up(v, kn * 4), *dout = up(NULL, qn * 4);
+    void *dpool = up(pc, pool_bytes);
+    kvf_paged_kv_t kc = kv, kg = kv;
+
+    kc.base = pc;
+    kg.base = dpool;
+    for (int t = 0; t <= T; ++t) {
+        pos[t] = t;
+    }
+    CK("write cpu", kvf_attn_cache_write(NULL, &kc, k, v, KVH * HD, pos, T + 1));
+    CK("write gpu", kvf_attn_cache_write(&gdev, &kg, dk, dv, KVH * HD, pos, T + 1));
+    CK("attn cpu", kvf_attn_paged(NULL, &kc, q, QH * HD, pos, T + 1, QH, 0.0f, oc));
+    CK("attn gpu", kvf_attn_paged(&gdev, &kg, dq, QH * HD, pos, T + 1, QH, 0.0f, dout));
+    down(og, dout, qn * 4);
+    rowf("attn kernel block 1312", kvf_dtype_name(dt), og, oc, qn, 1e-5);
+    CK("attn cpu", kvf_attn_paged(NULL, &kc, q + (size_t)T * QH * HD, QH * HD, &pos[T], 1, QH,
+                                  0.0f, oc));
+    CK("attn gpu", kvf_attn_paged(&gdev, &kg, dq + (size_t)T * QH * HD, QH * HD, &pos[T], 1,
+                                  QH, 0.0f, dout));
+    down(og, dout, (size_t)QH * HD * 4);
+    rowf("attn kernel block 1312 dec", kvf_dtype_name(dt), og, oc, (size_t)QH * HD, 1e-5);
+    kvf_device_free(&gdev, dq);
+    kvf_device_free(&gdev, dk);
+    kvf_device_free(&gdev, dv);
+    kvf_device_free(&gdev, dout);
+    kvf_device_free(&gdev, dpool);
+    free(q);
+    free(k);
+    free(v);
+    free(oc);
+    free(og);
+    free(pc);
+}
+
 /*
  * The stale-fp32 Mamba NaN case on the device: the pool's pages last held
  * fp32 Mamba state whose bytes decode as NaN in the KV dtype (0xff bytes:
@@ -556,6 +746,87 @@ static void check_conv(kvf_dtype_t dt)
 }
 
 /* Mamba2: fresh scan, continued scan, decode step; y and state (a state dtype rounds once) */
+/* the batched Mamba2 decode step (kvf_ssm_seqs.h): three requests at rows 2, 0, 1 of a
+ * [3][R] projection, each with its own conv and SSM state (fp32: one launch each for the
+ * batch; bf16 / fp16: the per-request kernels), their dt clamps 0, 1e-3, 0 */
+static void check_ssm_seqs(kvf_dtype_t dt)
+{
+    enum { H = 8, P = 16, G = 2, N = 32, K = 4, S = 3 };
+    const int HP = H * P, CD = HP + 2 * G * N, R = HP + CD + H + 5;   /* z | xBC | dt | pad */
+    static const int rows[S] = {2, 0, 1};
+    static const float dtmin[S] = {0.0f, 1e-3f, 0.0f};
+    float *xin = frand((size_t)S * R, -2, 2), *cw = frand((size_t)CD * K, -1, 1);
+    float *cb = frand(CD, -1, 1), *dtb = frand(H, -1, 1), *al = frand(H, -2, 1);
+    float *D = frand(H, -1, 1);
+    size_t cbytes = (size_t)CD * (K - 1) * kvf_dtype_size(dt);
+    size_t sbytes = (size_t)HP * N * kvf_dtype_size(dt);
+    unsigned char *cc = malloc(S * cbytes), *scs = malloc(S * sbytes);
+    unsigned char *cg = malloc(S * cbytes), *sg = malloc(S * sbytes);
+    float *xc = calloc((size_t)S * CD, 4), *xgv = malloc((size_t)S * CD * 4);
+    float *yc = calloc((size_t)S * R, 4), *yg = malloc((size_t)S * R * 4);
+    float *fill = frand((S * (cbytes + sbytes)) / 2 + 1, -1, 1);
+
+    for (size_t i = 0; i < S * cbytes / kvf_dtype_size(dt); ++i) {
+        kvf_dtype_store(cc, dt, i, fill[i]);
+    }
+    for (size_t i = 0; i < S * sbytes / kvf_dtype_size(dt); ++i) {
+        kvf_dtype_store(scs, dt, i, fill[i % ((S * (cbytes + sbytes)) / 2)] * 0.5f);
+    }
+    float *dxin = up(xin, (size_t)S * R * 4), *dcw = up(cw, (size_t)CD * K * 4);
+    float *dcb = up(cb, CD * 4), *ddtb = up(dtb, H * 4), *dal = up(al, H * 4);
+    float *dD = up(D, H * 4), *dxbc = up(xc, (size_t)S * CD * 4), *dy = up(yc, (size_t)S * R * 4);
+    unsigned char *dconv = up(cc, S * cbytes), *dssm = up(scs, S * sbytes);
+    void *hconv[S], *hssm[S], *dconvp[S], *dssmp[S];
+    for (int i = 0; i < S; ++i) {
+        hconv[i] = cc + (size_t)(S - 1 - i) * cbytes;   /* states in reverse order */
+        hssm[i] = scs + (size_t)(S - 1 - i) * sbytes;
+        dconvp[i] = dconv + (size_t)(S - 1 - i) * cbytes;
+        dssmp[i] = dssm + (size_t)(S - 1 - i) * sbytes;
+    }
+    kvf_ssm_seqs_t qc = {S, rows, hconv, hssm, dtmin}, qg = {S, rows, dconvp, dssmp, dtmin};
+    kvf_mamba2_params_t pc = {H, P, G, N, dtb, al, D, 0.0f, INFINITY};
+    kvf_mamba2_params_t pg = {H, P, G, N, ddtb, dal, dD, 0.0f, INFINITY};
+    CK("ssm seqs cpu", kvf_ssm_decode_seqs(NULL, &qc, xin + HP, R, CD, K, cw, cb, dt, xc, CD,
+                                           &pc, xin + HP + CD, R, dt, yc, R));
+    CK("ssm seqs gpu", kvf_ssm_decode_seqs(&gdev, &qg, dxin + HP, R, CD, K, dcw, dcb, dt, dxbc,
+                                           CD, &pg, dxin + HP + CD, R, dt, dy, R));
+    down(xgv, dxbc, (size_t)S * CD * 4);
+    down(yg, dy, (size_t)S * R * 4);
+    down(cg, dconv, S * cbytes);
+    down(sg, dssm, S * sbytes);
+    rowf("ssm 3 seqs conv out", kvf_dtype_name(dt), xgv, xc, (size_t)S * CD, 1e-5);
+    rowf("ssm 3 seqs y", kvf_dtype_name(dt), yg, yc, (size_t)S * R, 1e-4);
+    row("ssm 3 seqs conv state", kvf_dtype_name(dt), cg, cc, dt,
+        S * cbytes / kvf_dtype_size(dt), 0.0);
+    row("ssm 3 seqs state", kvf_dtype_name(dt), sg, scs, dt, S * sbytes / kvf_dtype_size(dt),
+        (dt == KVF_DTYPE_FP32) ? 1e-4 : 1e-2);
+    kvf_device_free(&gdev, dxin);
+    kvf_device_free(&gdev, dcw);
+    kvf_device_free(&gdev, dcb);
+    kvf_device_free(&gdev, ddtb);
+    kvf_device_free(&gdev, dal);
+    kvf_device_free(&gdev, dD);
+    kvf_device_free(&gdev, dxbc);
+    kvf_device_free(&gdev, dy);
+    kvf_device_free(&gdev, dconv);
+    kvf_device_free(&gdev, dssm);
+    free(xin);
+    free(cw);
+    free(cb);
+    free(dtb);
+    free(al);
+    free(D);
+    free(cc);
+    free(scs);
+    free(cg);
+    free(sg);
+    free(xc);
+    free(xgv);
+    free(yc);
+    free(yg);
+    free(fill);
+}
+
 static void check_mamba(kvf_dtype_t dt)
 {
     enum { H = 8, P = 16, G = 2, N = 32, T = 20 };
@@ -812,6 +1083,9 @@ int main(int argc, char **argv)
            "--------|\n");
     check_norms();
     check_gemm();
+    check_gemm_narrow(KVF_DTYPE_BF16);
+    check_gemm_narrow(KVF_DTYPE_FP16);
+    check_argmax();
     check_elementwise();
     check_ops();
     check_moe();
@@ -819,8 +1093,11 @@ int main(int argc, char **argv)
     check_stream_nccl();
     for (int i = 0; i < 3; ++i) {
         check_attention(cache[i]);
+        check_attention_seqs(cache[i]);
+        check_attention_big_block(cache[i]);
         check_conv(cache[i]);
         check_mamba(cache[i]);
+        check_ssm_seqs(cache[i]);
         check_stale_nan(cache[i]);
     }
     printf("gpu_vs_cpu: %d failure(s)\n", failures);

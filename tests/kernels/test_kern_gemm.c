@@ -2,6 +2,7 @@
  * invariance: every row of an M-row product, on any thread count and with fp32 or bf16
  * weights, has the bits of the same row alone and of the documented summation order. */
 #include "kvf_gemm.h"
+#include "kvf_gemm_narrow.h"
 #include "kvf_kern_internal.h"
 #include "kvf_kern_test.h"
 
@@ -220,6 +221,62 @@ static void test_gemm_isa_paths_agree(void **state)
 }
 #endif
 
+/* kvf_gemm_narrow's CPU reference: x rounded to W's dtype, fp32 products and sums, bias */
+static void test_gemm_narrow_reference(void **state)
+{
+    enum { M = 5, N = 6, K = 11, LDX = 13, LDY = 8 };
+    static const kvf_dtype_t dts[2] = {KVF_DTYPE_BF16, KVF_DTYPE_FP16};
+    kvf_test_rng_t rng = {777};
+    float x[M * LDX], xr[M * K], wf[N * K], b[N], y[M * LDY], yc[M * N];
+    uint16_t w[N * K], xs[M * K];
+    double ref[M * N];
+    (void)state;
+
+    for (int d = 0; d < 2; ++d) {
+        kvf_test_fill(&rng, x, M * LDX, -3, 3);
+        kvf_test_fill(&rng, wf, N * K, -1, 1);
+        kvf_test_fill(&rng, b, N, -1, 1);
+        for (int i = 0; i < N * K; ++i) {
+            wf[i] = kvf_test_quant(dts[d], wf[i]);
+            w[i] = (dts[d] == KVF_DTYPE_BF16) ? kvf_fp32_to_bf16(wf[i]) : kvf_fp32_to_fp16(wf[i]);
+        }
+        for (int m = 0; m < M; ++m) {
+            for (int k = 0; k < K; ++k) {
+                xr[m * K + k] = kvf_test_quant(dts[d], x[m * LDX + k]);
+            }
+        }
+        for (int i = 0; i < M * LDY; ++i) {
+            y[i] = NAN;
+        }
+        assert_int_equal(kvf_gemm_narrow(NULL, M, N, K, x, LDX, w, dts[d], K, b, y, LDY, xs),
+                         KVF_KERN_OK);
+        ref_gemm(M, N, K, xr, K, wf, K, b, 0, NULL, N, ref);
+        for (int m = 0; m < M; ++m) {
+            memcpy(yc + m * N, y + m * LDY, N * sizeof(float));
+            assert_true(isnan(y[m * LDY + N]));   /* past N: untouched */
+        }
+        kvf_test_assert_close(yc, ref, M * N, 1e-5, 1e-5, "gemm_narrow");
+    }
+    /* refusals: fp32 or fp8 weights, no scratch, small strides; M = 0 is a no-op */
+    assert_int_equal(kvf_gemm_narrow(NULL, M, N, K, x, LDX, w, KVF_DTYPE_FP32, K, b, y, LDY, xs),
+                     KVF_KERN_EINVAL);
+    assert_int_equal(kvf_gemm_narrow(NULL, M, N, K, x, LDX, w, KVF_DTYPE_FP8, K, b, y, LDY, xs),
+                     KVF_KERN_EINVAL);
+    assert_int_equal(kvf_gemm_narrow(NULL, M, N, K, x, LDX, w, KVF_DTYPE_BF16, K, b, y, LDY,
+                                     NULL), KVF_KERN_EINVAL);
+    assert_int_equal(kvf_gemm_narrow(NULL, M, N, K, x, K - 1, w, KVF_DTYPE_BF16, K, b, y, LDY,
+                                     xs), KVF_KERN_EINVAL);
+    assert_int_equal(kvf_gemm_narrow(NULL, 0, N, K, NULL, LDX, NULL, KVF_DTYPE_BF16, K, NULL,
+                                     NULL, LDY, NULL), KVF_KERN_OK);
+#ifndef KVF_HAVE_CUDA
+    {
+        kvf_device_t cuda = {KVF_DEVICE_CUDA, 0, NULL};
+        assert_int_equal(kvf_gemm_narrow(&cuda, M, N, K, x, LDX, w, KVF_DTYPE_BF16, K, b, y,
+                                         LDY, xs), KVF_KERN_EUNSUPPORTED);
+    }
+#endif
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -229,6 +286,7 @@ int main(void)
 #ifdef KVF_FAULT_INJECTION
         cmocka_unit_test(test_gemm_isa_paths_agree),
 #endif
+        cmocka_unit_test(test_gemm_narrow_reference),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

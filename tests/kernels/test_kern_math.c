@@ -8,6 +8,8 @@
  */
 #include "kvf_act.h"
 #include "kvf_act_math.h"
+#include "kvf_argmax.h"
+#include "kvf_argmax_math.h"
 #include "kvf_attention_math.h"
 #include "kvf_dtype_math.h"
 #include "kvf_kern_test.h"
@@ -208,6 +210,143 @@ static void test_attn_fold(void **state)
     }
 }
 
+/* Split-K decode: the kernel blocks of one query folded in ranges (one empty) and merged
+ * (kvf_attn_merge, the CUDA decode's merge) equal the one-range fold within fp32 rounding;
+ * a stale NaN in a masked V slot of the last tile still poisons the merged output. */
+static void test_attn_split_merge(void **state)
+{
+    enum { KBS = 8, HD = 16, TILES = 10, N = 4 };
+    static const int bounds[N + 1] = {0, 3, 3, 7, TILES};   /* range 1 is empty */
+    const int limit = (TILES - 1) * KBS + 2;                  /* 5 masked slots at the end */
+    float q[HD], k[TILES][KBS * HD], v[TILES][KBS * HD], s[KBS];
+    float one[HD], acc1[HD] = {0}, m1 = -INFINITY, l1 = 0.0f;
+    float pm[N], pl[N], pacc[N][HD];
+    uint32_t x = 12345u;
+
+    (void)state;
+    for (int round = 0; round < 2; ++round) {
+        for (int d = 0; d < HD; ++d) {
+            x = x * 1664525u + 1013904223u;
+            q[d] = (float)(x >> 8) / 16777216.0f - 0.5f;
+        }
+        for (int t = 0; t < TILES; ++t) {
+            for (int i = 0; i < KBS * HD; ++i) {
+                x = x * 1664525u + 1013904223u;
+                k[t][i] = 4.0f * ((float)(x >> 8) / 16777216.0f - 0.5f);
+                x = x * 1664525u + 1013904223u;
+                v[t][i] = (float)(x >> 8) / 16777216.0f - 0.5f;
+            }
+        }
+        if (round == 1) {
+            v[TILES - 1][(KBS - 1) * HD + 3] = NAN;   /* an unwritten, unzeroed slot */
+        }
+        memset(acc1, 0, sizeof(acc1));
+        m1 = -INFINITY;
+        l1 = 0.0f;
+        for (int t = 0; t < TILES; ++t) {
+            kvf_attn_fold_tile(q, k[t], v[t], KVF_HD_FP32, KBS, HD, t * KBS, limit, 0.25f, &m1,
+                               &l1, acc1, s);
+        }
+        kvf_attn_finish(acc1, l1, HD, one);
+        for (int r = 0; r < N; ++r) {
+            pm[r] = -INFINITY;
+            pl[r] = 0.0f;
+            memset(pacc[r], 0, sizeof(pacc[r]));
+            for (int t = bounds[r]; t < bounds[r + 1]; ++t) {
+                kvf_attn_fold_tile(q, k[t], v[t], KVF_HD_FP32, KBS, HD, t * KBS, limit, 0.25f,
+                                   &pm[r], &pl[r], pacc[r], s);
+            }
+        }
+        for (int d = 0; d < HD; ++d) {
+            float merged = kvf_attn_merge(pm, pl, &pacc[0][0], HD, N, (size_t)d);
+            if (round == 0) {
+                assert_false(isnan(one[d]));
+                assert_true(fabsf(merged - one[d]) <= 1e-5f * (1.0f + fabsf(one[d])));
+            } else {
+                assert_true(isnan(one[d]) == isnan(merged));
+            }
+        }
+        if (round == 1) {
+            assert_true(isnan(kvf_attn_merge(pm, pl, &pacc[0][0], HD, N, 3)));
+        }
+    }
+}
+
+/* the engine's greedy scan (common/engine kvf_sample_token at temperature 0) */
+static int32_t serial_argmax(const float *x, int n)
+{
+    int32_t best = 0;
+    for (int i = 1; i < n; ++i) {
+        if (x[i] > x[best]) {
+            best = i;
+        }
+    }
+    return best;
+}
+
+/* The device argmax's reduction (threads striding over the row, then a tree merge, as
+ * kvf_argmax_cuda.cu) and kvf_argmax_rows on the CPU pick the serial scan's index: ties,
+ * NaNs anywhere (first element included), -0 and +0, all NaN, infinities. */
+static void test_argmax(void **state)
+{
+    enum { N = 300, THREADS = 256, ROWS = 9 };
+    float x[ROWS][N];
+    int32_t got[ROWS];
+    uint32_t r = 99u;
+
+    (void)state;
+    for (int row = 0; row < ROWS; ++row) {
+        for (int i = 0; i < N; ++i) {
+            r = r * 1664525u + 1013904223u;
+            x[row][i] = (float)((r >> 8) % 7u) - 3.0f;   /* many ties */
+        }
+    }
+    x[1][0] = NAN;                    /* NaN first: 0 */
+    x[2][5] = NAN;                    /* NaN elsewhere: skipped */
+    x[2][200] = INFINITY;
+    for (int i = 0; i < N; ++i) {
+        x[3][i] = NAN;                /* all NaN: 0 */
+        x[4][i] = (i % 2) ? -0.0f : 0.0f;
+        x[5][i] = -INFINITY;
+    }
+    x[6][N - 1] = 100.0f;             /* the max in the last column */
+    x[7][0] = 100.0f;
+    x[7][N - 1] = 100.0f;             /* tie at both ends: 0 */
+    x[8][3] = NAN;
+    x[8][0] = -5.0f;
+    assert_int_equal(kvf_argmax_rows(NULL, &x[0][0], ROWS, N, N, got), KVF_KERN_OK);
+    for (int row = 0; row < ROWS; ++row) {
+        kvf_argmax_cand_t part[THREADS];
+        for (int t = 0; t < THREADS; ++t) {
+            part[t] = (kvf_argmax_cand_t){0.0f, -1};
+            for (int i = t; i < N; i += THREADS) {
+                part[t] = kvf_argmax_take(part[t], x[row][i], i);
+            }
+        }
+        for (int stride = THREADS / 2; stride > 0; stride /= 2) {
+            for (int t = 0; t < stride; ++t) {
+                part[t] = kvf_argmax_merge(part[t], part[t + stride]);
+            }
+        }
+        int32_t want = serial_argmax(x[row], N);
+        assert_int_equal(kvf_argmax_result(part[0], x[row][0]), want);
+        assert_int_equal(got[row], want);
+    }
+    assert_int_equal(got[1], 0);
+    assert_int_equal(got[2], 200);
+    assert_int_equal(got[3], 0);
+    assert_int_equal(got[6], N - 1);
+    assert_int_equal(got[7], 0);
+    /* strided rows, refusals, no-op */
+    assert_int_equal(kvf_argmax_rows(NULL, &x[6][0], 2, N - 1, N, got), KVF_KERN_OK);
+    assert_int_equal(got[0], serial_argmax(x[6], N - 1));
+    assert_int_equal(got[1], 0);
+    assert_int_equal(kvf_argmax_rows(NULL, &x[0][0], 1, N, N - 1, got), KVF_KERN_EINVAL);
+    assert_int_equal(kvf_argmax_rows(NULL, &x[0][0], 1, 0, N, got), KVF_KERN_EINVAL);
+    assert_int_equal(kvf_argmax_rows(NULL, NULL, 1, N, N, got), KVF_KERN_EINVAL);
+    assert_int_equal(kvf_argmax_rows(NULL, NULL, 0, N, N, NULL), KVF_KERN_OK);
+}
+
 static void test_attn_offsets(void **state)
 {
     const int32_t table[3] = {7, 2, 5};
@@ -347,6 +486,8 @@ int main(void)
         cmocka_unit_test(test_conv_tap_sum),
         cmocka_unit_test(test_gated_norm_edges),
         cmocka_unit_test(test_attn_fold),
+        cmocka_unit_test(test_attn_split_merge),
+        cmocka_unit_test(test_argmax),
         cmocka_unit_test(test_attn_offsets),
         cmocka_unit_test(test_activations),
         cmocka_unit_test(test_convert),

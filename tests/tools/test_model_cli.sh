@@ -60,6 +60,12 @@ b="$("$KVF" generate --model "$T/h" --prompt "s" --max-tokens 8 --temperature 0.
 out="$("$KVF" bench-model --model "$T/h" --tp 2 --prompt-len 64 --decode-tokens 8 --batch 2)"
 grep -qE 'prefill 128 tokens [0-9.]+ tok/s, decode 14 tokens [0-9.]+ tok/s' <<<"$out" \
     || fail "bench-model output: $out"
+# --warmup: an untimed round first (2 decode tokens each), the timed counts unchanged
+out="$("$KVF" bench-model --model "$T/h" --prompt-len 64 --decode-tokens 8 --batch 2 --warmup yes)"
+grep -qE '^warm-up: prefill 128 tokens in [0-9.]+ ms, decode 2 tokens' <<<"$out" \
+    || fail "bench-model --warmup line: $out"
+grep -qE 'prefill 128 tokens [0-9.]+ tok/s, decode 14 tokens [0-9.]+ tok/s' <<<"$out" \
+    || fail "bench-model --warmup timed counts: $out"
 
 # refusals name the tensor (and both shapes)
 if "$KVF" generate --model "$T/h" --tp 3 --max-tokens 1 2>"$T/err"; then fail "tp 3 accepted"; fi

@@ -1,0 +1,64 @@
+/*
+ * Paged attention over a whole batch of requests in one call: the K/V cache
+ * write and the causal attention of kvf_attention.h for num_seqs requests
+ * whose query rows follow each other (request 0's tokens, then request
+ * 1's, ...), each with its own block table. On the CPU it is exactly the
+ * per-request calls of kvf_attention.h in request order (write, then
+ * attend, per request; the same bits). On CUDA the block tables and
+ * positions of every request go to the device in one copy and one launch
+ * covers all of them, so a decode step of a batch of B requests costs two
+ * launches per attention layer instead of 2 B, and its queries fill the
+ * GPU together (split-K only when they do not).
+ *
+ * Requests must not write blocks that another request of the call reads
+ * (true of a block manager's shared prefixes: only full, already computed
+ * blocks are shared): the CUDA write of every request completes before any
+ * attention reads.
+ */
+#ifndef KVF_ATTENTION_SEQS_H
+#define KVF_ATTENTION_SEQS_H
+
+#include "kvf_attention.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** The requests of one call (all HOST arrays, not retained). */
+typedef struct kvf_attn_seqs {
+    int                   num_seqs;      /* >= 0 */
+    const int            *num_tokens;    /* [num_seqs] query rows of each, >= 1 */
+    const int32_t *const *block_tables;  /* [num_seqs] -> int32[num_blocks[i]] */
+    const int            *num_blocks;    /* [num_seqs] */
+} kvf_attn_seqs_t;
+
+/**
+ * Store K and V of every request's new tokens, then attend: for request i
+ * with rows [o_i, o_i + n_i), kvf_attn_cache_write() and kvf_attn_paged()
+ * of @a kv with block_table = block_tables[i], num_blocks = num_blocks[i]
+ * (kv's own block_table and num_blocks are not read) on rows
+ * k/v/q + o_i * ld/ldq, positions + o_i, out + o_i * q_heads * head_dim.
+ *
+ * @param [in]  kv         Geometry of the layer's pages (base, page_size, slots, slot,
+ *                         dtype, heads, block sizes).
+ * @param [in]  seqs       The requests.
+ * @param [in]  k, v, ld   As kvf_attn_cache_write(), rows of every request in order.
+ * @param [in]  q, ldq     As kvf_attn_paged().
+ * @param [in]  positions  HOST int32[sum n_i]: each row's absolute position in its request.
+ * @param [in]  q_heads, scale  As kvf_attn_paged().
+ * @param [out] out        fp32 [sum n_i][q_heads * head_dim].
+ * @return KVF_KERN_OK; KVF_KERN_EINVAL as the per-request calls (checked for
+ *         every request before anything is written on CUDA; on the CPU the
+ *         requests before a bad one are done); KVF_KERN_ENOMEM;
+ *         KVF_KERN_ECUDA; KVF_KERN_EUNSUPPORTED.
+ */
+int kvf_attn_write_paged_seqs(const kvf_device_t *dev, const kvf_paged_kv_t *kv,
+                              const kvf_attn_seqs_t *seqs, const float *k, const float *v,
+                              int ld, const float *q, int ldq, const int32_t *positions,
+                              int q_heads, float scale, float *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

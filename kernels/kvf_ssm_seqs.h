@@ -1,0 +1,60 @@
+/*
+ * The Mamba2 decode step of a whole batch of requests in one call: for each
+ * request, one token through the causal conv1d (SiLU) and the selective
+ * state update, each request with its own conv and SSM state pages. On the
+ * CPU it is exactly kvf_conv1d_step() then kvf_mamba2_step() per request
+ * (the same bits). On CUDA with fp32 SSM states (NemotronH's
+ * mamba_ssm_cache_dtype) the requests' rows, state pointers and dt clamps go
+ * to the device in one copy and two launches cover them all (instead of two
+ * scratch allocations and launches per request), so a decode step of B
+ * requests costs two launches per Mamba layer; 16-bit SSM states take the
+ * per-request calls on CUDA too.
+ */
+#ifndef KVF_SSM_SEQS_H
+#define KVF_SSM_SEQS_H
+
+#include "kvf_device.h"
+#include "kvf_dtype.h"
+#include "kvf_mamba2.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** The requests of one call (all HOST arrays, not retained). */
+typedef struct kvf_ssm_seqs {
+    int          num_seqs;     /* >= 0 */
+    const int   *rows;         /* [num_seqs] each request's row in the row arrays, distinct */
+    void *const *conv_states;  /* [num_seqs] [channels][kernel - 1] of conv_dtype (device) */
+    void *const *ssm_states;   /* [num_seqs] [heads][head_dim][state_size] of ssm_dtype */
+    const float *dt_min;       /* [num_seqs] each request's dt clamp (kvf_mamba2_params_t) */
+} kvf_ssm_seqs_t;
+
+/**
+ * For request i with row r = rows[i]: kvf_conv1d_step(x_in + r * ld_in ->
+ * xbc + r * ld_xbc, SiLU, conv_states[i]), then kvf_mamba2_step() of @a p
+ * with dt_min = dt_min[i] on x = that xbc row, B = x + heads * head_dim,
+ * C = B + groups * state_size, dt = dt + r * lddt, ssm_states[i], into
+ * y + r * ldy.
+ *
+ * @param [in]  x_in, ld_in     fp32 conv inputs, @a channels per row.
+ * @param [in]  kernel, conv_w, conv_b, conv_dtype  As kvf_conv1d_step().
+ * @param [out] xbc, ld_xbc     fp32 conv outputs (x | B | C); must not overlap x_in.
+ * @param [in]  p               Mamba2 parameters (its dt_min is not read).
+ * @param [in]  dt, lddt        fp32 raw dt, heads per row.
+ * @param [out] y, ldy          fp32, heads * head_dim per row.
+ * @return KVF_KERN_OK; KVF_KERN_EINVAL as the per-request calls (all
+ *         checked before anything runs on CUDA); KVF_KERN_ENOMEM;
+ *         KVF_KERN_ECUDA; KVF_KERN_EUNSUPPORTED.
+ */
+int kvf_ssm_decode_seqs(const kvf_device_t *dev, const kvf_ssm_seqs_t *seqs, const float *x_in,
+                        int ld_in, int channels, int kernel, const float *conv_w,
+                        const float *conv_b, kvf_dtype_t conv_dtype, float *xbc, int ld_xbc,
+                        const kvf_mamba2_params_t *p, const float *dt, int lddt,
+                        kvf_dtype_t ssm_dtype, float *y, int ldy);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,140 @@
+/*
+ * CUDA Mamba2 decode step of a batch (kvf_ssm_seqs.h): one upload of every
+ * request's state pointers, row and dt clamp, then the conv step (one thread
+ * per (request, channel)) and the state update (one thread per (request,
+ * head, head-dim) row), each the body of the one-request kernels in
+ * kvf_ssm_cuda.cu (kvf_ssm_math.h), so every request gets those kernels'
+ * bits. fp32 SSM states only (kvf_ssm_seqs.c sends 16-bit ones to the
+ * per-request kernels): a state row is updated in place, its load and store
+ * exact as the one-request kernel's trip through scratch.
+ * Rejected: a thread-local fp32 row for 16-bit states (up to 4 KiB of local
+ * memory a thread, reserved for every resident thread of the GPU).
+ */
+#include "kvf_cuda_util.h"
+#include "kvf_device_cuda.h"
+#include "kvf_dtype_math.h"
+#include "kvf_ssm_math.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* the per-request arrays on the device: [S] conv states, [S] SSM states, [S] rows, [S] dt_min */
+struct kvf_cuda_ssm_seqs {
+    void *const *conv, *const *ssm;
+    const int   *rows;
+    const float *dt_min;
+    int          n;
+};
+
+__global__ void kvf_conv_step_seqs_kernel(kvf_cuda_ssm_seqs s, const float *x_in, int ld_in,
+                                          int channels, int kernel, const float *w,
+                                          const float *bias, int dtype, float *xbc, int ld_xbc)
+{
+    const size_t taps = (size_t)(kernel - 1);
+    float hist[KVF_CONV_KERNEL_MAX];
+
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+         i < (size_t)s.n * (size_t)channels; i += (size_t)gridDim.x * blockDim.x) {
+        const size_t q = i / (size_t)channels, c = i % (size_t)channels;
+        const size_t r = (size_t)s.rows[q];
+        void *state = s.conv[q];
+        float b = (bias != NULL) ? bias[c] : 0.0f;
+        for (size_t k = 0; k < taps; ++k) {
+            hist[k] = kvf_hd_load(state, dtype, c * taps + k);
+        }
+        hist[taps] = x_in[r * (size_t)ld_in + c];
+        for (size_t k = 0; k < taps; ++k) {
+            kvf_hd_store(state, dtype, c * taps + k, hist[k + 1]);
+        }
+        xbc[r * (size_t)ld_xbc + c] = kvf_conv_tap_sum(w + c * (size_t)kernel, hist, kernel, b,
+                                                       1);
+    }
+}
+
+struct kvf_cuda_ssm_layer {
+    int          heads, head_dim, groups, ns;
+    const float *dt_bias, *A_log, *D;
+    float        dt_max;
+};
+
+__global__ void kvf_mamba2_step_seqs_kernel(kvf_cuda_ssm_seqs s, kvf_cuda_ssm_layer p,
+                                            const float *xbc, int ld_xbc, const float *dt,
+                                            int lddt, float *y, int ldy)
+{
+    const size_t hd = (size_t)p.head_dim, ns = (size_t)p.ns, rows = (size_t)p.heads * hd;
+
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (size_t)s.n * rows;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const size_t q = i / rows, j = i % rows, h = j / hd;
+        const size_t g = h / (size_t)(p.heads / p.groups), r = (size_t)s.rows[q];
+        const float *xr = xbc + r * (size_t)ld_xbc;
+        const float *Bg = xr + rows + g * ns;
+        const float *Cg = xr + rows + (size_t)p.groups * ns + g * ns;
+        float A = kvf_mamba2_A_hd(p.A_log[h]);
+        float Dh = (p.D != NULL) ? p.D[h] : 0.0f;
+        float bias = (p.dt_bias != NULL) ? p.dt_bias[h] : 0.0f;
+        float dth = kvf_mamba2_dt_hd(dt[r * (size_t)lddt + h], bias, s.dt_min[q], p.dt_max);
+        float dA = kvf_mamba2_dA_hd(dth, A);
+        float xv = xr[j];
+        float *S = (float *)s.ssm[q] + j * ns;   /* fp32 state: in place */
+        float acc = kvf_mamba2_row_hd(S, ns, dA, dth * xv, Bg, Cg);
+        y[r * (size_t)ldy + j] = kvf_mamba2_out_hd(acc, Dh, xv);
+    }
+}
+
+extern "C" int kvf_cuda_ssm_decode_seqs(const kvf_device_t *dev, const kvf_ssm_seqs_t *seqs,
+                                        const float *x_in, int ld_in, int channels, int kernel,
+                                        const float *conv_w, const float *conv_b,
+                                        kvf_dtype_t conv_dtype, float *xbc, int ld_xbc,
+                                        const kvf_mamba2_params_t *p, const float *dt,
+                                        int lddt, kvf_dtype_t ssm_dtype, float *y, int ldy)
+{
+    (void)ssm_dtype;   /* fp32 (kvf_ssm_seqs.c) */
+    cudaStream_t stream = kvf_cuda_stream_of(dev);
+    const size_t S = (size_t)seqs->num_seqs;
+    /* one upload: pointers first (8-byte aligned), then rows and dt clamps */
+    const size_t bytes = 2 * S * sizeof(void *) + S * sizeof(int) + S * sizeof(float);
+    char *h = (char *)malloc(bytes);
+    void *d = NULL;
+    int rc;
+
+    if (h == NULL) {
+        return KVF_KERN_ENOMEM;
+    }
+    memcpy(h, seqs->conv_states, S * sizeof(void *));
+    memcpy(h + S * sizeof(void *), seqs->ssm_states, S * sizeof(void *));
+    memcpy(h + 2 * S * sizeof(void *), seqs->rows, S * sizeof(int));
+    memcpy(h + 2 * S * sizeof(void *) + S * sizeof(int), seqs->dt_min, S * sizeof(float));
+    rc = kvf_cuda_scratch(stream, bytes, h, &d);
+    free(h);   /* staged by the copy */
+    if (rc != KVF_KERN_OK) {
+        return rc;
+    }
+    kvf_cuda_ssm_seqs s;
+    s.conv = (void *const *)d;
+    s.ssm = (void *const *)((char *)d + S * sizeof(void *));
+    s.rows = (const int *)((char *)d + 2 * S * sizeof(void *));
+    s.dt_min = (const float *)((char *)d + 2 * S * sizeof(void *) + S * sizeof(int));
+    s.n = (int)S;
+    size_t n = S * (size_t)channels;
+    kvf_conv_step_seqs_kernel<<<kvf_cuda_blocks(n), KVF_CUDA_THREADS, 0, stream>>>(
+        s, x_in, ld_in, channels, kernel, conv_w, conv_b, (int)conv_dtype, xbc, ld_xbc);
+    rc = kvf_cuda_launched("kvf_conv_step_seqs_kernel");
+    if (rc == KVF_KERN_OK) {
+        kvf_cuda_ssm_layer l;
+        l.heads = p->heads;
+        l.head_dim = p->head_dim;
+        l.groups = p->groups;
+        l.ns = p->state_size;
+        l.dt_bias = p->dt_bias;
+        l.A_log = p->A_log;
+        l.D = p->D;
+        l.dt_max = p->dt_max;
+        n = S * (size_t)p->heads * (size_t)p->head_dim;
+        kvf_mamba2_step_seqs_kernel<<<kvf_cuda_blocks(n), KVF_CUDA_THREADS / 4, 0, stream>>>(
+            s, l, xbc, ld_xbc, dt, lddt, y, ldy);
+        rc = kvf_cuda_launched("kvf_mamba2_step_seqs_kernel");
+    }
+    kvf_cuda_scratch_free(stream, d);
+    return rc;
+}
