@@ -19,6 +19,7 @@
 #include "kvf_log.h"
 #include "kvf_array.h"
 #include "kvf_proxy_export.h"
+#include "kvf_proxy_vllm.h"
 
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -499,6 +500,8 @@ static kvf_status_t kvf_proxy_flow_on_decode(kvf_proxy_flow_t *flow, const Kvf__
         kvf_proxy_metrics_observe(ctx->metrics, KVF_PROXY_HIST_ITL,
                                   (double)(now - flow->last_token_us) / 1e6 / (double)r->n_tokens,
                                   r->n_tokens);
+        kvf_proxy_vllm_token_gap((double)(now - flow->last_token_us) / 1e6 /
+                                 (double)r->n_tokens, r->n_tokens);
         flow->last_token_us = now;
     }
     if (r->stats != NULL) {
@@ -608,6 +611,42 @@ static void kvf_proxy_flow_abort(kvf_proxy_flow_t *flow, kvf_proxy_role_t role, 
     }
 }
 
+/* The finished request as vLLM's series count it (kvf_proxy_vllm.h). */
+static void kvf_proxy_flow_vllm(const kvf_proxy_flow_t *flow)
+{
+    const kvf_proxy_ttft_breakdown_t *bd = &flow->out.ttft_breakdown;
+    const kvf_proxy_kv_stats_t *kv = &flow->out.kv;
+    kvf_proxy_vllm_req_t v = {
+        .admitted = (flow->prefill_sent_us != 0),
+        .first_token = (flow->out.ttft_ms > 0),
+        .finished_reason = flow->done ? flow->out.finish_reason : "abort",
+        .ttft_s = flow->out.ttft_ms / 1000.0,
+        .e2e_s = (double)(kvf_proxy_now_us() - flow->t0_us) / 1e6,
+        .queue_s = -1.0,
+        .prefill_s = flow->has_prefill_timing ? flow->prefill_compute_ms / 1000.0 :
+                     ((flow->out.prefill_ms > 0) ? flow->out.prefill_ms / 1000.0 : -1.0),
+        .prompt_tokens = (uint32_t)flow->req->num_prompt,
+        .generation_tokens = (uint32_t)flow->out.num_tokens,
+        .max_tokens = flow->req->max_tokens,
+        .transfer = kv->valid,
+        .transfer_failed = kv->recomputed,
+        .transfer_s = kv->transfer_ms / 1000.0,
+        .post_s = bd->valid ? bd->phase_ms[KVF_PROXY_TTFT_PHASE_POSTING] / 1000.0 : -1.0,
+        .transfer_bytes = kv->bytes,
+        .transfer_descriptors = kv->descriptors,
+    };
+
+    if (bd->valid) {
+        v.queue_s = (bd->phase_ms[KVF_PROXY_TTFT_PHASE_PROXY_QUEUE] +
+                     bd->phase_ms[KVF_PROXY_TTFT_PHASE_PREFILL_QUEUE] +
+                     bd->phase_ms[KVF_PROXY_TTFT_PHASE_DECODE_QUEUE]) / 1000.0;
+    } else if (v.admitted) {
+        v.queue_s = ((double)(flow->prefill_sent_us - flow->t0_us) / 1000.0 +
+                     (flow->has_prefill_timing ? flow->prefill_queue_ms : 0.0)) / 1000.0;
+    }
+    kvf_proxy_vllm_request(&v);
+}
+
 void kvf_proxy_flow_finish(kvf_proxy_flow_t *flow)
 {
     const kvf_proxy_flow_ctx_t *ctx = flow->ctx;
@@ -647,6 +686,7 @@ void kvf_proxy_flow_finish(kvf_proxy_flow_t *flow)
                                       kv->handshake_ms / 1000.0, 1);
         }
     }
+    kvf_proxy_flow_vllm(flow);
     kvf_proxy_metrics_in_flight(ctx->metrics, -1);
     free(flow->out.tokens);
     flow->out.tokens = NULL;

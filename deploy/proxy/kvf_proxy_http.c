@@ -21,6 +21,7 @@
 #include "kvf_log.h"
 #include "kvf_array.h"
 #include "kvf_proxy_export.h"
+#include "kvf_proxy_vllm.h"
 
 #include <errno.h>
 #include <netdb.h>
@@ -174,6 +175,8 @@ static enum MHD_Result kvf_proxy_metrics_page(struct kvf_proxy_http *http,
             (unsigned long long)kvf_proxy_conns_timeouts(http->conns));
     kvf_proxy_pool_render_metrics(http->params.flow->pool, f);
     kvf_proxy_export_render(http->params.flow->pool, http->params.api->model_name, f);
+    kvf_proxy_vllm_render(http->params.flow->pool, http->params.api->model_name,
+                          http->params.api->max_model_len, f);
     fclose(f);
     return kvf_proxy_respond_ex(conn, MHD_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8",
                                 buf, false);
