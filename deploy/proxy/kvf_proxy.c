@@ -44,8 +44,12 @@ const kvf_config_field_t kvf_proxy_config_table[] = {
     {"HEALTH_TIMEOUT", "5s", "a probe unanswered this long marks the instance unhealthy",
      KVF_PF(health_timeout), KVF_CONFIG_TYPE_TIME, 0},
     {"MAX_OUTSTANDING", "128", "requests per instance sent and not yet answered (prefill) or "
-     "finished (decode); when every instance is at it, new requests get a 503 (queue_full)",
+     "finished (decode); when every instance is at it, new requests wait in the proxy's "
+     "queue while their predicted wait fits their deadline (503 otherwise)",
      KVF_PF(max_outstanding), KVF_CONFIG_TYPE_INT, 0},
+    {"ADMISSION_QUEUE_BYTES", "64m", "bound on the prompts waiting in the proxy for a slot (4 "
+     "bytes per token); past it a request gets a 503 (queue_full); 0: no queue, a full pool "
+     "answers 503 at once", KVF_PF(admission_queue_bytes), KVF_CONFIG_TYPE_SIZE, 0},
     {"IDLE_TIMEOUT", "10s", "a keep-alive connection idle this long after an answer is closed",
      KVF_PF(idle_timeout), KVF_CONFIG_TYPE_TIME, 0},
     {"HEADER_TIMEOUT", "10s", "a new connection must send complete request headers within this",
@@ -327,6 +331,12 @@ kvf_status_t kvf_proxy_create(const kvf_proxy_config_t *cfg, kvf_proxy_h *proxy_
     proxy->flow.warmup_until_us = proxy->flow.started_us +
                                   (cfg->health_interval + cfg->health_timeout) * 1000;
     atomic_init(&proxy->flow.cancel, false);
+    if (cfg->admission_queue_bytes > 0) {
+        status = kvf_proxy_admit_create(cfg->admission_queue_bytes, &proxy->flow.admit);
+        if (status != KVF_OK) {
+            goto err_pool;
+        }
+    }
 
     snprintf(proxy->model_name, sizeof(proxy->model_name), "%s", cfg->model_name);
     proxy->api.model_name = proxy->model_name;
@@ -362,6 +372,7 @@ kvf_status_t kvf_proxy_create(const kvf_proxy_config_t *cfg, kvf_proxy_h *proxy_
     return KVF_OK;
 
 err_pool:
+    kvf_proxy_admit_destroy(proxy->flow.admit);
     kvf_proxy_pool_destroy(proxy->pool);
 err_metrics:
     kvf_proxy_metrics_destroy(proxy->metrics);
@@ -387,6 +398,7 @@ void kvf_proxy_destroy(kvf_proxy_h proxy)
         return;
     }
     kvf_proxy_http_stop(proxy->http);
+    kvf_proxy_admit_destroy(proxy->flow.admit);   /* empty: every request has ended */
     kvf_proxy_pool_destroy(proxy->pool);
     kvf_proxy_metrics_destroy(proxy->metrics);
     kvf_tokenizer_cleanup(&proxy->tok);

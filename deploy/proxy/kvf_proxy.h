@@ -48,6 +48,8 @@ typedef struct kvf_proxy_config {
     char    keys[KVF_CONFIG_STR_MAX];         /* key set folder (kvf_zmq_auth.h); "" = none */
     char    key_id[KVF_CONFIG_STR_MAX];       /* member id in pool.pub, default "proxy" */
     bool    insecure;                         /* plain ZeroMQ (lab only; warns) */
+    size_t  admission_queue_bytes;            /* queued prompts' bytes (kvf_proxy_admit.h);
+                                               * 0: no queue, a full pool answers 503 */
 } kvf_proxy_config_t;
 
 /** Flags and KVF_* variables of kvf-proxy (NULL-name terminated). */
