@@ -4,7 +4,8 @@ deploy/proxy/kvf_proxy_admit.h).
 
 An idle 1p1d pool of the tiny model behind kvf-proxy with its default
 --max-outstanding 128 per instance. One client opens 200 concurrent streams
-(max_tokens 32): the 72 past the bound wait in the proxy's admission queue
+(max_tokens 32; every connection opened first, then the 200 requests sent
+together): the ones past the bound wait in the proxy's admission queue
 instead of getting a 503. Must hold: every one of the 200 answers 200 with 32
 tokens, the proxy counts no rejection (kvf_proxy_rejected_total is 0 for
 every reason), vllm:num_requests_waiting{engine="proxy"} is back to 0, and
@@ -30,12 +31,14 @@ N = 200
 MAX_TOKENS = 32
 
 
-def stream(pool, i, out):
+def stream(pool, i, out, start):
     body = {"prompt": "burst %d" % i, "max_tokens": MAX_TOKENS, "stream": True,
             "ignore_eos": True, "return_token_ids": True, "temperature": 0.0}
-    t0 = time.monotonic()
     conn = http.client.HTTPConnection(pool.host, pool.port, timeout=120)
     try:
+        conn.connect()
+        start.wait(timeout=60)   # every connection open first: the requests go out together
+        t0 = time.monotonic()
         conn.request("POST", "/v1/completions", body=json.dumps(body),
                      headers={"Content-Type": "application/json"})
         r = conn.getresponse()
@@ -49,7 +52,7 @@ def stream(pool, i, out):
         out[i] = {"status": r.status, "tokens": len(ids), "retry_after":
                   r.getheader("Retry-After"), "body": raw[:300],
                   "s": time.monotonic() - t0}
-    except OSError as e:
+    except (OSError, threading.BrokenBarrierError) as e:
         out[i] = {"status": "exception", "body": repr(e), "tokens": 0}
     finally:
         conn.close()
@@ -57,7 +60,8 @@ def stream(pool, i, out):
 
 def burst(pool):
     out = [None] * N
-    threads = [threading.Thread(target=stream, args=(pool, i, out)) for i in range(N)]
+    start = threading.Barrier(N)
+    threads = [threading.Thread(target=stream, args=(pool, i, out, start)) for i in range(N)]
     peak = [0]
     for t in threads:
         t.start()
