@@ -212,6 +212,13 @@ def main():
         model = os.path.join(tmp, "tiny")
         subprocess.run([kvf, "mkmodel", "--config", cfg_path, "--out", model, "--seed", "3"],
                        check=True, capture_output=True, timeout=60)
+        for bad in ("70000", "-1"):
+            p = subprocess.run([os.path.join(bindir, "kvf-prefill"), "--model", model,
+                                "--insecure", "--metrics-port", bad], capture_output=True,
+                               text=True, timeout=30)
+            T.check(p.returncode == 2 and "--metrics-port %s" % bad in p.stderr,
+                    "kvf-prefill --metrics-port %s refused by name (exit 2)" % bad,
+                    p.stderr[-300:])
         mp = free_port_range(2)
         with Pool(layout="1p1d", model=model, model_name="tiny", bin_dir=bindir, timeout=60,
                   prefill_args=["--metrics-port=%d" % mp, "--served-model-name=tiny"],
