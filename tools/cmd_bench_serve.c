@@ -63,6 +63,7 @@ typedef struct {
     char request_id_prefix[KVF_CONFIG_STR_MAX];
     double ready_timeout;
     bool append_result;
+    int  rep_prefix_len, rep_suffix_len, rep_num_prefixes, rep_output_len;
 } kvf_bs_opts_t;
 
 /* The sampling flags vLLM sends only when given, as the request fields of the same name. */
@@ -180,6 +181,16 @@ static const kvf_config_field_t kvf_bs_table[] = {
     {"READY_CHECK_TIMEOUT_SEC", "0", "before the run, retry one test request until it is "
      "answered, at most this long (0: only check that the server lists the model)",
      KVF_BS_OFF(ready_timeout), KVF_CONFIG_TYPE_DOUBLE, KVF_CONFIG_FLAG_NO_ENV},
+    {"PREFIX_REPETITION_PREFIX_LEN", "256", "prefix_repetition: tokens of each shared prefix",
+     KVF_BS_OFF(rep_prefix_len), KVF_CONFIG_TYPE_INT, KVF_CONFIG_FLAG_NO_ENV},
+    {"PREFIX_REPETITION_SUFFIX_LEN", "256", "prefix_repetition: tokens after the prefix, "
+     "each prompt its own", KVF_BS_OFF(rep_suffix_len), KVF_CONFIG_TYPE_INT,
+     KVF_CONFIG_FLAG_NO_ENV},
+    {"PREFIX_REPETITION_NUM_PREFIXES", "10", "prefix_repetition: distinct prefixes (each "
+     "prompt draws one)", KVF_BS_OFF(rep_num_prefixes), KVF_CONFIG_TYPE_INT,
+     KVF_CONFIG_FLAG_NO_ENV},
+    {"PREFIX_REPETITION_OUTPUT_LEN", "128", "prefix_repetition: max_tokens of each request",
+     KVF_BS_OFF(rep_output_len), KVF_CONFIG_TYPE_INT, KVF_CONFIG_FLAG_NO_ENV},
     {"APPEND_RESULT", "no", "append the result JSON to the result file (one document per "
      "line) instead of replacing it; implies --save-result", KVF_BS_OFF(append_result),
      KVF_CONFIG_TYPE_BOOL, KVF_CONFIG_FLAG_NO_ENV},
@@ -537,11 +548,31 @@ static int kvf_bs_setup(kvf_bs_opts_t *o)
         kvf_error("--dataset-name custom needs --dataset-path FILE.jsonl");
         return -1;
     }
-    if ((strcmp(o->dataset_name, "random") != 0) && (strcmp(o->dataset_name, "custom") != 0)) {
+    if (strcmp(o->dataset_name, "prefix_repetition") == 0) {
+        if (o->p.dataset[0] != '\0') {
+            kvf_error("--dataset-name prefix_repetition takes no --dataset-path (%s)",
+                      o->p.dataset);
+            return -1;
+        }
+        if ((o->rep_prefix_len < 0) || (o->rep_suffix_len < 0) ||
+            (o->rep_prefix_len + o->rep_suffix_len < 1) || (o->rep_num_prefixes < 1) ||
+            (o->rep_output_len < 1)) {
+            kvf_error("--prefix-repetition-prefix-len %d, -suffix-len %d, -num-prefixes %d, "
+                      "-output-len %d: lengths >= 0 with a prompt of at least 1 token, at "
+                      "least 1 prefix and 1 output token", o->rep_prefix_len,
+                      o->rep_suffix_len, o->rep_num_prefixes, o->rep_output_len);
+            return -1;
+        }
+        o->p.rep_num_prefixes = o->rep_num_prefixes;
+        o->p.rep_prefix_len = o->rep_prefix_len;
+        o->p.rep_suffix_len = o->rep_suffix_len;
+        o->p.output_len = o->rep_output_len;
+    } else if ((strcmp(o->dataset_name, "random") != 0) &&
+               (strcmp(o->dataset_name, "custom") != 0)) {
         kvf_error("bad value '%s' for --dataset-name: not implemented in kvf bench-serve "
-                  "(random, with --random-prefix-len; custom with --dataset-path, JSONL with "
-                  "\"prompt\"; vLLM's sharegpt, sonnet, prefix_repetition, burstgpt, hf are "
-                  "not)", o->dataset_name);
+                  "(random, with --random-prefix-len; prefix_repetition; custom with "
+                  "--dataset-path, JSONL with \"prompt\"; vLLM's sharegpt, sonnet, burstgpt, "
+                  "hf are not)", o->dataset_name);
         return -1;
     }
     if (strcmp(o->dataset_name, "random") == 0) {

@@ -303,6 +303,19 @@ static char *kvf_bs_body(const kvf_bs_params_t *p, const kvf_bs_dataset_t *d, ui
         *prompt_len_p = cJSON_IsArray(it->prompt) ? cJSON_GetArraySize(it->prompt) : -1;
         max_tokens = (it->max_tokens > 0) ? it->max_tokens :
                      kvf_bs_draw_len(&rng, p->output_len, p->output_dist, p->output_spread);
+    } else if (p->rep_num_prefixes > 0) {   /* prefix_repetition */
+        uint64_t which = kvf_bs_next(&rng) % (uint64_t)p->rep_num_prefixes;
+        kvf_bs_rng_t prng = {kvf_bs_mix(p->seed * 0x9e3779b97f4a7c15ull + 0x5eed + which)};
+        cJSON *arr = cJSON_AddArrayToObject(root, "prompt");
+        uint64_t span = (uint64_t)(p->token_hi - p->token_lo);
+
+        for (int i = 0; i < p->rep_prefix_len + p->rep_suffix_len; ++i) {
+            kvf_bs_rng_t *r = (i < p->rep_prefix_len) ? &prng : &rng;
+            cJSON_AddItemToArray(arr, cJSON_CreateNumber(p->token_lo +
+                                                         (int)(kvf_bs_next(r) % span)));
+        }
+        *prompt_len_p = p->rep_prefix_len + p->rep_suffix_len;
+        max_tokens = p->output_len;
     } else {
         int n = kvf_bs_draw_len(&rng, p->input_len, p->input_dist, p->input_spread);
         cJSON *arr = cJSON_AddArrayToObject(root, "prompt");

@@ -86,6 +86,10 @@ typedef struct kvf_bs_params {
     bool          keep_text;                  /* results keep the generated text */
     char          label[KVF_CONFIG_STR_MAX];  /* result JSON "label"; "" : null */
     char          tokenizer_id[KVF_CONFIG_STR_MAX]; /* result JSON; "" : the model */
+    /* vLLM's prefix_repetition dataset (rep_num_prefixes > 0): each prompt is one of
+     * rep_num_prefixes fixed prefixes of rep_prefix_len tokens, then rep_suffix_len
+     * tokens of its own; output_len as max_tokens */
+    int           rep_num_prefixes, rep_prefix_len, rep_suffix_len;
 } kvf_bs_params_t;
 
 /** One measured request. Times in milliseconds. */

@@ -163,10 +163,27 @@ def vllm_command_line(kvf, tmp):
                 js["ramp_up_strategy"] == "linear" and js["ramp_up_end_rps"] == 80,
                 "the result: endpoint_type, label, generated texts, latencies, start "
                 "times; --goodput ttft:0 is an SLO of 0 (goodput 0, not null)", js)
+        n0 = len(Recorder.seen)
+        p = subprocess.run([kvf, "bench-serve", "--base-url", url, "--dataset-name",
+                            "prefix_repetition", "--prefix-repetition-prefix-len", "5",
+                            "--prefix-repetition-suffix-len", "3",
+                            "--prefix-repetition-num-prefixes", "2",
+                            "--prefix-repetition-output-len", "3", "--num-prompts", "8",
+                            "--seed", "1", "--disable-tqdm"], capture_output=True, text=True,
+                           timeout=60)
+        bodies = [b for _, b in Recorder.seen[n0:]]
+        T.check(p.returncode == 0 and len(bodies) == 8 and
+                all(len(b["prompt"]) == 8 and b["max_tokens"] == 3 and "ignore_eos" not in b
+                    for b in bodies) and
+                len({tuple(b["prompt"][:5]) for b in bodies}) == 2 and
+                len({tuple(b["prompt"][5:]) for b in bodies}) == 8,
+                "prefix_repetition: 8 prompts of 5 + 3 tokens over 2 shared prefixes, each "
+                "suffix its own, max_tokens 3, no ignore_eos (vLLM forces it for random only)",
+                (p.stderr[-300:], [b["prompt"] for b in bodies]))
         p = subprocess.run([kvf, "bench-serve", "--base-url", url, "--model", "wrong",
                             "--num-prompts", "2"], capture_output=True, text=True, timeout=30)
         T.check(p.returncode == 1 and "model 'wrong' is not served" in p.stderr and
-                "'m'" in p.stderr and len(Recorder.seen) == 10,
+                "'m'" in p.stderr and len(Recorder.seen) == 18,
                 "a wrong --model: the ready check exits 1 naming the served models; nothing "
                 "sent", p.stderr)
         for args_, flag in ((["--dataset-name", "sharegpt"], "dataset-name"),
