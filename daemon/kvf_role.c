@@ -13,6 +13,7 @@
  * nothing special: each process has its own pools there.
  */
 #include "kvf_role.h"
+#include "kvf_daemon_http.h"
 #include "kvf_log.h"
 #include "kvf_time.h"
 #include "kvf_fault.h"
@@ -459,6 +460,23 @@ static kvf_status_t kvf_role_auth_init(const kvf_role_config_t *c)
     return kvf_zmq_auth_init(NULL, &auth);   /* logs what is missing: --keys or --insecure */
 }
 
+/* --metrics-port: up before the model loads, so a startup probe sees "starting" (503) */
+static kvf_status_t kvf_role_http_start(const kvf_role_daemon_t *d)
+{
+    const kvf_role_config_t *c = (const kvf_role_config_t *)d->config;
+    kvf_daemon_http_params_t hp = {
+        .field_mask = KVF_DAEMON_HTTP_PARAM_FIELD_PORT | KVF_DAEMON_HTTP_PARAM_FIELD_ROLE |
+                      KVF_DAEMON_HTTP_PARAM_FIELD_ENGINE_ID |
+                      KVF_DAEMON_HTTP_PARAM_FIELD_MODEL_NAME,
+        .port = c->metrics_port,
+        .role = d->role,
+        .engine_id = c->engine_id,
+        .model_name = (c->served_model_name[0] != '\0') ? c->served_model_name : c->model,
+    };
+
+    return kvf_daemon_http_start(&hp);
+}
+
 static volatile sig_atomic_t kvf_role_stop;
 
 /* first signal: drain; second: stop now */
@@ -501,11 +519,17 @@ int kvf_role_main(const kvf_role_daemon_t *d, int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
+    status = kvf_role_http_start(d);
+    if (status != KVF_OK) {
+        return (status == KVF_ERR_INVALID_PARAM) ? 2 : 1;   /* a bad --metrics-port: 2 */
+    }
     if (d->create(d->config, &server) != KVF_OK) {
+        kvf_daemon_http_stop();
         return 1;
     }
     status = d->run(server, &kvf_role_stop);
     d->destroy(server);
+    kvf_daemon_http_stop();
     kvf_zmq_auth_cleanup();
     return (status == KVF_OK) ? 0 : 1;
 }

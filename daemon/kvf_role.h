@@ -35,6 +35,8 @@ typedef struct kvf_role_config {
     bool    insecure;                        /* plain ZeroMQ, any peer (lab only; warns) */
     bool    test_no_block_zero;              /* TEST ONLY: fresh attention blocks not zeroed */
     char    device[KVF_CONFIG_STR_MAX];      /* cpu, cuda or cuda:N (rank r on cuda:N+r) */
+    int     metrics_port;                    /* HTTP /metrics and /health; 0: none */
+    char    served_model_name[KVF_CONFIG_STR_MAX]; /* model_name label; "": --model */
 } kvf_role_config_t;
 
 #define KVF_ROLE_MAX_TP 64
@@ -96,6 +98,12 @@ typedef struct kvf_role_config {
      offsetof(_type, role.key_id), KVF_CONFIG_TYPE_STRING, 0},                                \
     {"INSECURE", "no", "no keys: plain ZeroMQ that accepts any peer (closed lab networks "    \
      "only; warns at every start)", offsetof(_type, role.insecure), KVF_CONFIG_TYPE_BOOL, 0}, \
+    {"METRICS_PORT", "0", "HTTP port serving GET /metrics (vLLM's per-engine gauges and "      \
+     "kvf_daemon_*) and GET /health (503 while starting, draining or broken); 0: none",     \
+     offsetof(_type, role.metrics_port), KVF_CONFIG_TYPE_INT, 0},                            \
+    {"SERVED_MODEL_NAME", "", "the model_name label of /metrics (empty: --model as given, "   \
+     "as vLLM does; give the proxy's --model-name)",                                         \
+     offsetof(_type, role.served_model_name), KVF_CONFIG_TYPE_STRING, 0},                    \
     {"TEST_NO_BLOCK_ZERO", "no",                                                              \
      "test only: fresh attention blocks are not zeroed (reproduces the stale-bytes NaN)",     \
      offsetof(_type, role.test_no_block_zero), KVF_CONFIG_TYPE_BOOL, KVF_CONFIG_FLAG_HIDDEN}

@@ -32,6 +32,7 @@
  * waiting ones are served to their end. Whatever is left at --drain-timeout
  * gets an error reply (a stream's error event), then the loop returns.
  */
+#include "kvf_daemon_http.h"
 #include "kvf_decode_server.h"
 
 #include "kvf_decode_check.h"
@@ -752,6 +753,7 @@ static void kvf_dc_publish_health(kvf_decode_server_h srv)
 
     kvf_dc_health_fill(srv, &h);
     (void)kvf_serve_server_set_health(srv->serve, &h);
+    kvf_daemon_http_publish(&h);   /* --metrics-port's /metrics and /health */
 }
 
 static void kvf_dc_health(kvf_decode_server_h srv, const kvf_serve_peer_t *peer)

@@ -27,6 +27,7 @@
  * then returns. Leases handed out or extended while draining end by the
  * drain deadline (--drain-timeout after the signal), which bounds the drain.
  */
+#include "kvf_daemon_http.h"
 #include "kvf_prefill_server.h"
 #include "kvf_lease.h"
 #include "kvf_prefill_check.h"
@@ -321,6 +322,7 @@ static void kvf_pf_publish_health(kvf_prefill_server_h srv)
 
     kvf_pf_health_fill(srv, &h);
     (void)kvf_serve_server_set_health(srv->serve, &h);
+    kvf_daemon_http_publish(&h);   /* --metrics-port's /metrics and /health */
 }
 
 static void kvf_pf_health(kvf_prefill_server_h srv, const kvf_serve_peer_t *peer)

@@ -52,7 +52,30 @@ typedef struct {
     bool disable_tqdm;
     int  seed;
     bool json;
+    /* `vllm bench serve` flags; "" : not given */
+    char sampling[7][KVF_CONFIG_STR_MAX];   /* temperature, top_p, ..., in kvf_bs_sampling order */
+    char tokenizer[KVF_CONFIG_STR_MAX];
+    char served_model_name[KVF_CONFIG_STR_MAX];
+    char header[KVF_CONFIG_STR_MAX];
+    char extra_body[KVF_CONFIG_STR_MAX];
+    char ramp_up[KVF_CONFIG_STR_MAX];
+    double ramp_start, ramp_end;
+    char request_id_prefix[KVF_CONFIG_STR_MAX];
+    double ready_timeout;
+    bool append_result;
+    int  rep_prefix_len, rep_suffix_len, rep_num_prefixes, rep_output_len;
 } kvf_bs_opts_t;
+
+/* The sampling flags vLLM sends only when given, as the request fields of the same name. */
+static const struct {
+    const char *flag, *field;
+    bool integer;
+} kvf_bs_sampling[7] = {
+    {"temperature", "temperature", false}, {"top-p", "top_p", false}, {"top-k", "top_k", true},
+    {"min-p", "min_p", false}, {"frequency-penalty", "frequency_penalty", false},
+    {"presence-penalty", "presence_penalty", false},
+    {"repetition-penalty", "repetition_penalty", false},
+};
 
 #define KVF_BS_OFF(_f) offsetof(kvf_bs_opts_t, _f)
 
@@ -78,12 +101,13 @@ static const kvf_config_field_t kvf_bs_table[] = {
     {"DATASET_PATH", "", "JSONL file, one {\"prompt\": text or [ids], \"max_tokens\": n} per "
      "line (cycled) (alias --dataset)",
      KVF_BS_OFF(p.dataset), KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
-    {"NUM_PROMPTS", "100", "measured requests (0: as many as --duration allows) "
+    {"NUM_PROMPTS", "1000", "measured requests (0: as many as --duration allows) "
      "(alias --num-requests)",
      KVF_BS_OFF(p.num_requests), KVF_CONFIG_TYPE_INT, KVF_CONFIG_FLAG_NO_ENV},
-    {"RANDOM_INPUT_LEN", "128", "prompt tokens of random prompts: the mean (alias --input-len)",
+    {"RANDOM_INPUT_LEN", "1024", "prompt tokens of random prompts after the prefix: the mean "
+     "(alias --input-len)",
      KVF_BS_OFF(p.input_len), KVF_CONFIG_TYPE_INT, KVF_CONFIG_FLAG_NO_ENV},
-    {"RANDOM_OUTPUT_LEN", "32", "max_tokens of each request (with --ignore-eos, the output "
+    {"RANDOM_OUTPUT_LEN", "128", "max_tokens of each request (with --ignore-eos, the output "
      "length) (alias --output-len)",
      KVF_BS_OFF(p.output_len), KVF_CONFIG_TYPE_INT, KVF_CONFIG_FLAG_NO_ENV},
     {"RANDOM_RANGE_RATIO", "0", "lengths uniform in [len (1 - r), len (1 + r)], r in [0, 1)",
@@ -113,10 +137,63 @@ static const kvf_config_field_t kvf_bs_table[] = {
      KVF_BS_OFF(p.warmup), KVF_CONFIG_TYPE_INT, KVF_CONFIG_FLAG_NO_ENV},
     {"SEED", "0", "seed for lengths, prompts and arrival times",
      KVF_BS_OFF(seed), KVF_CONFIG_TYPE_INT, KVF_CONFIG_FLAG_NO_ENV},
-    {"TEMPERATURE", "0", "sampling temperature of each request",
-     KVF_BS_OFF(p.temperature), KVF_CONFIG_TYPE_DOUBLE, KVF_CONFIG_FLAG_NO_ENV},
-    {"IGNORE_EOS", "yes", "ask for exactly max_tokens tokens",
+    {"TEMPERATURE", "", "sampling temperature, sent only when given (the server's default "
+     "otherwise)", KVF_BS_OFF(sampling[0]), KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
+    {"TOP_P", "", "top_p, sent only when given", KVF_BS_OFF(sampling[1]),
+     KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
+    {"TOP_K", "", "top_k (an integer), sent only when given", KVF_BS_OFF(sampling[2]),
+     KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
+    {"MIN_P", "", "min_p, sent only when given", KVF_BS_OFF(sampling[3]),
+     KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
+    {"FREQUENCY_PENALTY", "", "frequency_penalty, sent only when given",
+     KVF_BS_OFF(sampling[4]), KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
+    {"PRESENCE_PENALTY", "", "presence_penalty, sent only when given", KVF_BS_OFF(sampling[5]),
+     KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
+    {"REPETITION_PENALTY", "", "repetition_penalty, sent only when given",
+     KVF_BS_OFF(sampling[6]), KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
+    {"EXTRA_BODY", "", "a JSON object whose keys are added to every request body (they win "
+     "over the sampling flags)", KVF_BS_OFF(extra_body), KVF_CONFIG_TYPE_STRING,
+     KVF_CONFIG_FLAG_NO_ENV},
+    {"IGNORE_EOS", "no", "send ignore_eos: true (the random dataset always does, as vLLM's)",
      KVF_BS_OFF(p.ignore_eos), KVF_CONFIG_TYPE_BOOL, KVF_CONFIG_FLAG_NO_ENV},
+    {"SERVED_MODEL_NAME", "", "the model name sent in requests (empty: --model)",
+     KVF_BS_OFF(served_model_name), KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
+    {"TOKENIZER", "", "tokenizer id recorded in the result (tokenizer_id); must exist when a "
+     "path. Random prompts are token ids drawn in [--token-lo, --token-hi), so no text is "
+     "tokenized here", KVF_BS_OFF(tokenizer), KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
+    {"HEADER", "", "KEY=VALUE pairs (spaces between) sent as headers with every request",
+     KVF_BS_OFF(header), KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
+    {"LABEL", "", "the result's label (and its file name's prefix; empty: --backend)",
+     KVF_BS_OFF(p.label), KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
+    {"REQUEST_ID_PREFIX", "auto", "x-request-id of request i is PREFIX + i (auto: "
+     "bench-<8 random hex>-, as vLLM)", KVF_BS_OFF(request_id_prefix), KVF_CONFIG_TYPE_STRING,
+     KVF_CONFIG_FLAG_NO_ENV},
+    {"RAMP_UP_STRATEGY", "", "linear or exponential: the request rate moves from "
+     "--ramp-up-start-rps to --ramp-up-end-rps over the requests (no --request-rate)",
+     KVF_BS_OFF(ramp_up), KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
+    {"RAMP_UP_START_RPS", "-1", "the ramp-up's first rate, requests/s",
+     KVF_BS_OFF(ramp_start), KVF_CONFIG_TYPE_DOUBLE, KVF_CONFIG_FLAG_NO_ENV},
+    {"RAMP_UP_END_RPS", "-1", "the ramp-up's last rate, requests/s",
+     KVF_BS_OFF(ramp_end), KVF_CONFIG_TYPE_DOUBLE, KVF_CONFIG_FLAG_NO_ENV},
+    {"RANDOM_PREFIX_LEN", "0", "random: tokens of one prefix every prompt starts with (before "
+     "--random-input-len)", KVF_BS_OFF(p.prefix_len), KVF_CONFIG_TYPE_INT,
+     KVF_CONFIG_FLAG_NO_ENV},
+    {"READY_CHECK_TIMEOUT_SEC", "0", "before the run, retry one test request until it is "
+     "answered, at most this long (0: only check that the server lists the model)",
+     KVF_BS_OFF(ready_timeout), KVF_CONFIG_TYPE_DOUBLE, KVF_CONFIG_FLAG_NO_ENV},
+    {"PREFIX_REPETITION_PREFIX_LEN", "256", "prefix_repetition: tokens of each shared prefix",
+     KVF_BS_OFF(rep_prefix_len), KVF_CONFIG_TYPE_INT, KVF_CONFIG_FLAG_NO_ENV},
+    {"PREFIX_REPETITION_SUFFIX_LEN", "256", "prefix_repetition: tokens after the prefix, "
+     "each prompt its own", KVF_BS_OFF(rep_suffix_len), KVF_CONFIG_TYPE_INT,
+     KVF_CONFIG_FLAG_NO_ENV},
+    {"PREFIX_REPETITION_NUM_PREFIXES", "10", "prefix_repetition: distinct prefixes (each "
+     "prompt draws one)", KVF_BS_OFF(rep_num_prefixes), KVF_CONFIG_TYPE_INT,
+     KVF_CONFIG_FLAG_NO_ENV},
+    {"PREFIX_REPETITION_OUTPUT_LEN", "128", "prefix_repetition: max_tokens of each request",
+     KVF_BS_OFF(rep_output_len), KVF_CONFIG_TYPE_INT, KVF_CONFIG_FLAG_NO_ENV},
+    {"APPEND_RESULT", "no", "append the result JSON to the result file (one document per "
+     "line) instead of replacing it; implies --save-result", KVF_BS_OFF(append_result),
+     KVF_CONFIG_TYPE_BOOL, KVF_CONFIG_FLAG_NO_ENV},
     {"TIMEOUT", "60", "per-request limit, seconds",
      KVF_BS_OFF(p.timeout_s), KVF_CONFIG_TYPE_DOUBLE, KVF_CONFIG_FLAG_NO_ENV},
     {"PERCENTILE_METRICS", "ttft,tpot,itl", "metrics reported with percentiles: comma list of "
@@ -127,7 +204,8 @@ static const kvf_config_field_t kvf_bs_table[] = {
     {"GOODPUT", "", "SLOs as KEY:VALUE ms pairs, spaces or commas between (ttft, tpot, e2el), "
      "e.g. --goodput ttft:500 tpot:50",
      KVF_BS_OFF(goodput), KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
-    {"SLO_TTFT_MS", "0", "goodput SLO on time to first token, ms (0: none; --goodput ttft:MS)",
+    {"SLO_TTFT_MS", "0", "goodput SLO on time to first token, ms (0: none; --goodput ttft:MS, "
+     "where 0 is an SLO of 0)",
      KVF_BS_OFF(p.slo_ttft_ms), KVF_CONFIG_TYPE_DOUBLE, KVF_CONFIG_FLAG_NO_ENV},
     {"SLO_TPOT_MS", "0", "goodput SLO on time per output token, ms (0: none; --goodput tpot:MS)",
      KVF_BS_OFF(p.slo_tpot_ms), KVF_CONFIG_TYPE_DOUBLE, KVF_CONFIG_FLAG_NO_ENV},
@@ -189,7 +267,8 @@ static int kvf_bs_rewrite(int argc, char **argv, char **out, char *store, size_t
                 }
             }
         }
-        if ((strcmp(a, "--goodput") == 0) && (used + 1 < cap)) {
+        if (((strcmp(a, "--goodput") == 0) || (strcmp(a, "--header") == 0)) &&
+            (used + 1 < cap)) {
             char *v = store + used;
 
             v[0] = '\0';
@@ -249,6 +328,18 @@ static int kvf_bs_metrics(kvf_bs_opts_t *o)
     if (o->p.num_pct < 0) {
         return -1;
     }
+    /* kvferry's --slo-*-ms: 0 is none; --goodput's KEY:0 below is an SLO of 0 (vLLM's) */
+    {
+        double *slo[3] = {&o->p.slo_ttft_ms, &o->p.slo_tpot_ms, &o->p.slo_e2e_ms};
+        static const char *const flag[3] = {"slo-ttft-ms", "slo-tpot-ms", "slo-e2e-ms"};
+        for (int i = 0; i < 3; ++i) {
+            if (!(*slo[i] >= 0)) {
+                kvf_error("bad value %g for --%s: must be >= 0 (0: none)", *slo[i], flag[i]);
+                return -1;
+            }
+            *slo[i] = (*slo[i] > 0) ? *slo[i] : -1;
+        }
+    }
     snprintf(buf, sizeof(buf), "%s", o->goodput);
     for (char *save = NULL, *tok = strtok_r(buf, ", ", &save); tok != NULL;
          tok = strtok_r(NULL, ", ", &save)) {
@@ -274,6 +365,151 @@ static int kvf_bs_metrics(kvf_bs_opts_t *o)
         }
     }
     return 0;
+}
+
+/* A header name or value, or a request id prefix: no control characters (CR, LF end a
+ * header line). */
+static bool kvf_bs_header_safe(const char *v)
+{
+    for (; *v != '\0'; ++v) {
+        if ((unsigned char)*v < 0x20) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* The sampling flags and --extra-body into o->p.extra_body. 0, or -1 (logged). */
+static int kvf_bs_body_flags(kvf_bs_opts_t *o)
+{
+    cJSON *extra = cJSON_CreateObject(), *user = NULL, *it;
+    char *text;
+    int rc = -1;
+
+    o->p.temperature_set = false;   /* vLLM sends no temperature unless asked */
+    for (int i = 0; i < 7; ++i) {
+        const char *v = o->sampling[i];
+        char *end;
+        double x;
+
+        if (v[0] == '\0') {
+            continue;
+        }
+        x = strtod(v, &end);
+        if ((end == v) || (*end != '\0') || !isfinite(x) ||
+            (kvf_bs_sampling[i].integer && (x != floor(x)))) {
+            kvf_error("bad value '%s' for --%s: %s", v, kvf_bs_sampling[i].flag,
+                      kvf_bs_sampling[i].integer ? "an integer" : "a number");
+            goto out;
+        }
+        cJSON_AddNumberToObject(extra, kvf_bs_sampling[i].field, x);
+    }
+    if (o->extra_body[0] != '\0') {
+        user = cJSON_Parse(o->extra_body);
+        if (!cJSON_IsObject(user)) {
+            kvf_error("bad value '%s' for --extra-body: not a JSON object", o->extra_body);
+            goto out;
+        }
+        cJSON_ArrayForEach(it, user) {
+            cJSON_DeleteItemFromObjectCaseSensitive(extra, it->string);
+            cJSON_AddItemToObject(extra, it->string, cJSON_Duplicate(it, 1));
+        }
+    }
+    text = cJSON_PrintUnformatted(extra);
+    if ((text == NULL) || (strlen(text) >= sizeof(o->p.extra_body))) {
+        kvf_error("--extra-body and the sampling flags make %zu bytes of JSON: at most %zu",
+                  (text != NULL) ? strlen(text) : 0, sizeof(o->p.extra_body) - 1);
+        free(text);
+        goto out;
+    }
+    snprintf(o->p.extra_body, sizeof(o->p.extra_body), "%s",
+             (cJSON_GetArraySize(extra) > 0) ? text : "");
+    free(text);
+    rc = 0;
+out:
+    cJSON_Delete(user);
+    cJSON_Delete(extra);
+    return rc;
+}
+
+/* --header, --request-id-prefix, --served-model-name, --tokenizer, --ramp-up-*. */
+static int kvf_bs_vllm_flags(kvf_bs_opts_t *o)
+{
+    char buf[KVF_CONFIG_STR_MAX];
+    size_t used = 0;
+    struct stat st;
+
+    snprintf(buf, sizeof(buf), "%s", o->header);
+    for (char *save = NULL, *tok = strtok_r(buf, " ", &save); tok != NULL;
+         tok = strtok_r(NULL, " ", &save)) {
+        char *eq = strchr(tok, '=');
+        int w;
+
+        if ((eq == NULL) || (eq == tok) || !kvf_bs_header_safe(tok)) {
+            kvf_error("bad value '%s' for --header: '%s' is not KEY=VALUE", o->header, tok);
+            return -1;
+        }
+        *eq = '\0';
+        w = snprintf(o->p.headers + used, sizeof(o->p.headers) - used, "%s: %s\r\n", tok,
+                     eq + 1);
+        if ((w < 0) || ((size_t)w >= sizeof(o->p.headers) - used)) {
+            kvf_error("--header: too many headers");
+            return -1;
+        }
+        used += (size_t)w;
+    }
+    if (strcmp(o->request_id_prefix, "auto") == 0) {
+        uint32_t r = (uint32_t)time(NULL) ^ ((uint32_t)getpid() << 16);
+        FILE *f = fopen("/dev/urandom", "r");
+
+        if ((f != NULL) && (fread(&r, sizeof(r), 1, f) != 1)) {
+            r ^= (uint32_t)clock();
+        }
+        if (f != NULL) {
+            fclose(f);
+        }
+        snprintf(o->p.request_id_prefix, sizeof(o->p.request_id_prefix), "bench-%08x-", r);
+    } else if ((strlen(o->request_id_prefix) >= sizeof(o->p.request_id_prefix) - 12) ||
+               !kvf_bs_header_safe(o->request_id_prefix)) {
+        kvf_error("bad value '%s' for --request-id-prefix: at most %zu printable characters",
+                  o->request_id_prefix, sizeof(o->p.request_id_prefix) - 13);
+        return -1;
+    } else {
+        snprintf(o->p.request_id_prefix, sizeof(o->p.request_id_prefix), "%s",
+                 o->request_id_prefix);
+    }
+    if (o->served_model_name[0] != '\0') {   /* the name requests carry; --model is the id */
+        snprintf(o->p.tokenizer_id, sizeof(o->p.tokenizer_id), "%s", o->p.model);
+        snprintf(o->p.model, sizeof(o->p.model), "%s", o->served_model_name);
+    }
+    if (o->tokenizer[0] != '\0') {
+        if (((o->tokenizer[0] == '/') || (o->tokenizer[0] == '.')) &&
+            (stat(o->tokenizer, &st) != 0)) {
+            kvf_error("bad value '%s' for --tokenizer: no such file or folder", o->tokenizer);
+            return -1;
+        }
+        snprintf(o->p.tokenizer_id, sizeof(o->p.tokenizer_id), "%s", o->tokenizer);
+    }
+    if (o->ramp_up[0] != '\0') {
+        if ((strcmp(o->ramp_up, "linear") != 0) && (strcmp(o->ramp_up, "exponential") != 0)) {
+            kvf_error("bad value '%s' for --ramp-up-strategy (linear, exponential)", o->ramp_up);
+            return -1;
+        }
+        if ((o->ramp_start < 0) || (o->ramp_end < 0)) {
+            kvf_error("--ramp-up-strategy %s needs --ramp-up-start-rps and --ramp-up-end-rps",
+                      o->ramp_up);
+            return -1;
+        }
+        o->p.ramp_up = (strcmp(o->ramp_up, "linear") == 0) ? 1 : 2;
+        o->p.ramp_start_rps = o->ramp_start;
+        o->p.ramp_end_rps = o->ramp_end;
+    }
+    if (!(o->ready_timeout >= 0)) {
+        kvf_error("bad value %g for --ready-check-timeout-sec: must be >= 0", o->ready_timeout);
+        return -1;
+    }
+    o->p.keep_text = o->p.detailed;
+    return kvf_bs_body_flags(o);
 }
 
 /* Everything but the rates into o->p; 0, or -1 (logged). */
@@ -312,9 +548,37 @@ static int kvf_bs_setup(kvf_bs_opts_t *o)
         kvf_error("--dataset-name custom needs --dataset-path FILE.jsonl");
         return -1;
     }
-    if ((strcmp(o->dataset_name, "random") != 0) && (strcmp(o->dataset_name, "custom") != 0)) {
-        kvf_error("bad value '%s' for --dataset-name: not supported (random; custom with "
-                  "--dataset-path, JSONL with \"prompt\")", o->dataset_name);
+    if (strcmp(o->dataset_name, "prefix_repetition") == 0) {
+        if (o->p.dataset[0] != '\0') {
+            kvf_error("--dataset-name prefix_repetition takes no --dataset-path (%s)",
+                      o->p.dataset);
+            return -1;
+        }
+        if ((o->rep_prefix_len < 0) || (o->rep_suffix_len < 0) ||
+            (o->rep_prefix_len + o->rep_suffix_len < 1) || (o->rep_num_prefixes < 1) ||
+            (o->rep_output_len < 1)) {
+            kvf_error("--prefix-repetition-prefix-len %d, -suffix-len %d, -num-prefixes %d, "
+                      "-output-len %d: lengths >= 0 with a prompt of at least 1 token, at "
+                      "least 1 prefix and 1 output token", o->rep_prefix_len,
+                      o->rep_suffix_len, o->rep_num_prefixes, o->rep_output_len);
+            return -1;
+        }
+        o->p.rep_num_prefixes = o->rep_num_prefixes;
+        o->p.rep_prefix_len = o->rep_prefix_len;
+        o->p.rep_suffix_len = o->rep_suffix_len;
+        o->p.output_len = o->rep_output_len;
+    } else if ((strcmp(o->dataset_name, "random") != 0) &&
+               (strcmp(o->dataset_name, "custom") != 0)) {
+        kvf_error("bad value '%s' for --dataset-name: not implemented in kvf bench-serve "
+                  "(random, with --random-prefix-len; prefix_repetition; custom with "
+                  "--dataset-path, JSONL with \"prompt\"; vLLM's sharegpt, sonnet, burstgpt, "
+                  "hf are not)", o->dataset_name);
+        return -1;
+    }
+    if (strcmp(o->dataset_name, "random") == 0) {
+        o->p.ignore_eos = true;   /* vLLM's random dataset runs every request to its length */
+    } else if (o->p.prefix_len > 0) {
+        kvf_error("--random-prefix-len %d: only with --dataset-name random", o->p.prefix_len);
         return -1;
     }
     if ((kvf_bs_dist("input-dist", o->input_dist, &o->p.input_dist) != 0) ||
@@ -335,6 +599,9 @@ static int kvf_bs_setup(kvf_bs_opts_t *o)
         return -1;
     }
     o->p.seed = (uint64_t)o->seed;
+    if (kvf_bs_vllm_flags(o) != 0) {
+        return -1;
+    }
     if (strcmp(o->progress, "auto") == 0) {
         o->p.progress = isatty(STDERR_FILENO) && !o->disable_tqdm;
     } else if ((strcmp(o->progress, "yes") == 0) || (strcmp(o->progress, "no") == 0)) {
@@ -388,18 +655,27 @@ static void kvf_bs_stem(const kvf_bs_opts_t *o, const double *rates, int n, bool
     if (o->p.max_concurrency > 0) {
         snprintf(conc, sizeof(conc), "-concurrency%d", o->p.max_concurrency);
     }
-    snprintf(out, cap, "%s/%s-%sqps%s-%s-%s", o->result_dir, o->backend, rt, conc,
+    if (o->p.ramp_up != 0) {   /* vLLM's name for a ramp-up run */
+        snprintf(rt, sizeof(rt), "ramp-up-%.16s-%gqps-%g", o->ramp_up, o->p.ramp_start_rps,
+                 o->p.ramp_end_rps);
+    }
+    snprintf(out, cap, "%s/%s-%sqps%s-%s-%s", o->result_dir,
+             (o->p.label[0] != '\0') ? o->p.label : o->backend, rt, conc,
              (base != NULL) ? base + 1 : o->p.model, dt);
 }
 
-/* Write one JSON document to @a path. 0, or -1 (logged). */
-static int kvf_bs_write(const char *path, cJSON *doc)
+/* Write one JSON document to @a path (@a append: after what it holds, one document per
+ * line, as vLLM's --append-result). 0, or -1 (logged). */
+static int kvf_bs_write(const char *path, cJSON *doc, bool append)
 {
-    char *text = cJSON_Print(doc);
-    FILE *f = fopen(path, "w");
+    char *text = append ? cJSON_PrintUnformatted(doc) : cJSON_Print(doc);
+    FILE *f = fopen(path, append ? "a" : "w");
     int rc = 0;
 
-    if ((text == NULL) || (f == NULL) || (fprintf(f, "%s\n", text) < 0)) {
+    if ((f != NULL) && append && (ftell(f) > 0) && (fputc('\n', f) == EOF)) {
+        rc = -1;
+    }
+    if ((text == NULL) || (f == NULL) || (fprintf(f, "%s%s", text, append ? "" : "\n") < 0)) {
         rc = -1;
     }
     if ((f != NULL) && (fclose(f) != 0)) {
@@ -429,7 +705,7 @@ static int kvf_bs_save(kvf_bs_opts_t *o, kvf_bs_summary_t *runs, const double *r
         doc = kvf_bs_json_obj(&o->p, &runs[r], dt, o->backend);
         kvf_bs_stem(o, &rates[r], 1, n > 1, dt, stem, sizeof(stem));
         snprintf(path, sizeof(path), "%s.json", stem);
-        rc |= kvf_bs_write(path, doc);
+        rc |= kvf_bs_write(path, doc, o->append_result);
         cJSON_Delete(doc);
         if (rc == 0) {
             fprintf(stderr, "kvf bench-serve: wrote %s\n", path);
@@ -513,9 +789,22 @@ int kvf_cmd_bench_serve(int argc, char **argv)
     if (getenv("OPENAI_API_KEY") != NULL) {   /* as vLLM's client sends it */
         snprintf(o.p.api_key, sizeof(o.p.api_key), "%s", getenv("OPENAI_API_KEY"));
     }
+    if (o.p.ramp_up != 0) {
+        for (int r = 0; r < nrates; ++r) {
+            if (rates[r] > 0) {
+                kvf_error("--ramp-up-strategy sets the rate: give no --request-rate (%s)",
+                          o.rates);
+                return 2;
+            }
+        }
+    }
     if ((o.p.model[0] == '\0') && (kvf_bs_fetch_model(&o.p) != 0)) {
         return 1;
     }
+    if (kvf_bs_ready_check(&o.p, o.ready_timeout) != 0) {   /* names the server's error */
+        return 1;
+    }
+    o.save_result |= o.append_result;
     strftime(dt, sizeof(dt), "%Y%m%d-%H%M%S", localtime(&now));
     for (; nrun < nrates; ++nrun) {
         o.p.request_rate = rates[nrun];

@@ -381,8 +381,8 @@ static void kvf_tune_run_cand(const kvf_tune_opts_t *o, kvf_tune_cand_t *k, cons
     p.output_len = o->output_len;
     p.token_hi = o->token_hi;
     p.num_requests = o->num_requests;
-    p.slo_ttft_ms = o->slo_ttft_ms;
-    p.slo_tpot_ms = o->slo_tpot_ms;
+    p.slo_ttft_ms = (o->slo_ttft_ms > 0) ? o->slo_ttft_ms : -1;   /* 0: none, as --help says */
+    p.slo_tpot_ms = (o->slo_tpot_ms > 0) ? o->slo_tpot_ms : -1;
     p.timeout_s = 120;
     p.max_concurrency = o->max_concurrency;
     if (nrates > 0) {

@@ -25,6 +25,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /*
  * Parts: kvf_bs_request.c (one request: HTTP, chunked, SSE), kvf_bs_output.c
@@ -112,6 +113,8 @@ void kvf_bs_params_default(kvf_bs_params_t *p)
     p->num_requests = 100;
     p->burstiness = 1.0;
     p->ignore_eos = true;
+    p->temperature_set = true;
+    p->slo_ttft_ms = p->slo_tpot_ms = p->slo_e2e_ms = -1;
     p->timeout_s = 60;
     snprintf(p->endpoint, sizeof(p->endpoint), "/v1/completions");
     p->pct_metrics = KVF_BS_M_TTFT | KVF_BS_M_TPOT | KVF_BS_M_ITL;   /* vLLM's defaults */
@@ -191,8 +194,15 @@ int kvf_bs_params_check(const kvf_bs_params_t *p)
     KVF_BS_REQUIRE(p->warmup >= 0, "warmup", "%d: must be >= 0", p->warmup);
     KVF_BS_REQUIRE(p->timeout_s > 0, "timeout", "%g: must be > 0", p->timeout_s);
     KVF_BS_REQUIRE(p->temperature >= 0, "temperature", "%g: must be >= 0", p->temperature);
-    KVF_BS_REQUIRE((p->slo_ttft_ms >= 0) && (p->slo_tpot_ms >= 0) && (p->slo_e2e_ms >= 0),
-                   "slo-ttft-ms", "%g: SLOs must be >= 0 (0: none)", p->slo_ttft_ms);
+    KVF_BS_REQUIRE(!isnan(p->slo_ttft_ms) && !isnan(p->slo_tpot_ms) && !isnan(p->slo_e2e_ms),
+                   "goodput", "%g: an SLO must be a number", p->slo_ttft_ms);
+    KVF_BS_REQUIRE(p->prefix_len >= 0, "random-prefix-len", "%d: must be >= 0", p->prefix_len);
+    KVF_BS_REQUIRE((p->ramp_up == 0) || ((p->ramp_start_rps >= 0) && (p->ramp_end_rps > 0) &&
+                                         (p->ramp_start_rps <= p->ramp_end_rps)),
+                   "ramp-up-start-rps", "%g (end %g): need 0 <= start <= end, end > 0",
+                   p->ramp_start_rps, p->ramp_end_rps);
+    KVF_BS_REQUIRE((p->ramp_up != 2) || (p->ramp_start_rps > 0), "ramp-up-start-rps",
+                   "%g: must be > 0 for an exponential ramp-up", p->ramp_start_rps);
 #undef KVF_BS_REQUIRE
     return 0;
 }
@@ -293,10 +303,31 @@ static char *kvf_bs_body(const kvf_bs_params_t *p, const kvf_bs_dataset_t *d, ui
         *prompt_len_p = cJSON_IsArray(it->prompt) ? cJSON_GetArraySize(it->prompt) : -1;
         max_tokens = (it->max_tokens > 0) ? it->max_tokens :
                      kvf_bs_draw_len(&rng, p->output_len, p->output_dist, p->output_spread);
+    } else if (p->rep_num_prefixes > 0) {   /* prefix_repetition */
+        uint64_t which = kvf_bs_next(&rng) % (uint64_t)p->rep_num_prefixes;
+        kvf_bs_rng_t prng = {kvf_bs_mix(p->seed * 0x9e3779b97f4a7c15ull + 0x5eed + which)};
+        cJSON *arr = cJSON_AddArrayToObject(root, "prompt");
+        uint64_t span = (uint64_t)(p->token_hi - p->token_lo);
+
+        for (int i = 0; i < p->rep_prefix_len + p->rep_suffix_len; ++i) {
+            kvf_bs_rng_t *r = (i < p->rep_prefix_len) ? &prng : &rng;
+            cJSON_AddItemToArray(arr, cJSON_CreateNumber(p->token_lo +
+                                                         (int)(kvf_bs_next(r) % span)));
+        }
+        *prompt_len_p = p->rep_prefix_len + p->rep_suffix_len;
+        max_tokens = p->output_len;
     } else {
         int n = kvf_bs_draw_len(&rng, p->input_len, p->input_dist, p->input_spread);
         cJSON *arr = cJSON_AddArrayToObject(root, "prompt");
-        for (int i = 0; i < n; ++i) {
+        kvf_bs_rng_t prng = {kvf_bs_mix(p->seed * 0x9e3779b97f4a7c15ull + 0x5eed)};
+
+        for (int i = 0; i < p->prefix_len; ++i) {   /* the same prefix on every prompt */
+            int id = p->token_lo + (int)(kvf_bs_next(&prng) %
+                                         (uint64_t)(p->token_hi - p->token_lo));
+            cJSON_AddItemToArray(arr, cJSON_CreateNumber(id));
+        }
+        n += p->prefix_len;
+        for (int i = p->prefix_len; i < n; ++i) {
             int id = p->token_lo + (int)(kvf_bs_next(&rng) % (uint64_t)(p->token_hi - p->token_lo));
             cJSON_AddItemToArray(arr, cJSON_CreateNumber(id));
         }
@@ -307,13 +338,26 @@ static char *kvf_bs_body(const kvf_bs_params_t *p, const kvf_bs_dataset_t *d, ui
         cJSON_AddStringToObject(root, "model", p->model);
     }
     cJSON_AddNumberToObject(root, "max_tokens", max_tokens);
-    cJSON_AddNumberToObject(root, "temperature", p->temperature);
+    if (p->temperature_set) {
+        cJSON_AddNumberToObject(root, "temperature", p->temperature);
+    }
     cJSON_AddNumberToObject(root, "seed", (double)(index & 0xffffffffu));
     cJSON_AddBoolToObject(root, "stream", 1);
     /* usage comes in its own last chunk, without choices, as vLLM sends it */
     cJSON_AddBoolToObject(cJSON_AddObjectToObject(root, "stream_options"), "include_usage", 1);
-    cJSON_AddBoolToObject(root, "ignore_eos", p->ignore_eos);
+    if (p->ignore_eos) {
+        cJSON_AddBoolToObject(root, "ignore_eos", 1);
+    }
     cJSON_AddBoolToObject(root, "return_token_ids", 1);
+    if (p->extra_body[0] != '\0') {   /* sampling flags and --extra-body: theirs win */
+        cJSON *extra = cJSON_Parse(p->extra_body), *it;
+
+        cJSON_ArrayForEach(it, extra) {
+            cJSON_DeleteItemFromObjectCaseSensitive(root, it->string);
+            cJSON_AddItemToObject(root, it->string, cJSON_Duplicate(it, 1));
+        }
+        cJSON_Delete(extra);
+    }
     s = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     *max_tokens_p = max_tokens;
@@ -476,6 +520,8 @@ static void kvf_bs_summarize(const kvf_bs_params_t *p, kvf_bs_summary_t *s)
             }
             if ((k == s->num_kinds) && (k < 8)) {
                 snprintf(s->kinds[k], sizeof(s->kinds[k]), "%s", r->error_kind);
+                snprintf(s->kind_first_error[k], sizeof(s->kind_first_error[k]), "%s",
+                         r->error);
                 s->num_kinds++;
             }
             if (k < 8) {
@@ -483,9 +529,9 @@ static void kvf_bs_summarize(const kvf_bs_params_t *p, kvf_bs_summary_t *s)
             }
             continue;
         }
-        r->good = ((p->slo_ttft_ms <= 0) || (r->ttft_ms <= p->slo_ttft_ms)) &&
-                  ((p->slo_tpot_ms <= 0) || (r->tpot_ms < 0) || (r->tpot_ms <= p->slo_tpot_ms)) &&
-                  ((p->slo_e2e_ms <= 0) || (r->e2e_ms <= p->slo_e2e_ms));
+        r->good = ((p->slo_ttft_ms < 0) || (r->ttft_ms <= p->slo_ttft_ms)) &&
+                  ((p->slo_tpot_ms < 0) || (r->tpot_ms < 0) || (r->tpot_ms <= p->slo_tpot_ms)) &&
+                  ((p->slo_e2e_ms < 0) || (r->e2e_ms <= p->slo_e2e_ms));
         s->good += r->good;
         s->completed++;
         s->input_tokens += (r->prompt_tokens > 0) ? r->prompt_tokens : 0;
@@ -548,6 +594,56 @@ static int kvf_bs_warmup(const kvf_bs_params_t *p, const struct addrinfo *ai,
     return 0;
 }
 
+int kvf_bs_ready_check(const kvf_bs_params_t *p, double timeout_s)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
+    kvf_bs_dataset_t ds = {0};
+    uint64_t end = kvf_time_now_ns() + (uint64_t)(timeout_s * 1e9);
+    char port[16];
+    int rc = -1;
+
+    if (kvf_bs_check_model(p) != 0) {
+        return -1;
+    }
+    if (timeout_s <= 0) {   /* vLLM's default: no test request */
+        return 0;
+    }
+    snprintf(port, sizeof(port), "%d", p->port);
+    if ((getaddrinfo(p->host, port, &hints, &ai) != 0) ||
+        ((p->dataset[0] != '\0') && (kvf_bs_dataset_load(p->dataset, &ds) != 0))) {
+        kvf_error("ready check: cannot resolve %s or read the dataset", p->host);
+        goto out;
+    }
+    for (;;) {
+        kvf_bs_result_t res = {0};
+        atomic_int d = 0, f = 0;
+        kvf_bs_job_t job = {.p = p, .addr = ai, .t0_ns = kvf_time_now_ns(), .res = &res,
+                            .done = &d, .failed = &f};
+        int plen, mt;
+
+        job.body = kvf_bs_body(p, &ds, 0, &plen, &mt);
+        kvf_bs_thread(&job);
+        free(res.itl_ms);
+        free(res.text);
+        if (res.ok) {
+            rc = 0;
+            break;
+        }
+        if (((res.http_code >= 400) && (res.http_code < 500)) || (kvf_time_now_ns() >= end)) {
+            kvf_error("ready check: the test request to http://%s:%d%s failed (%s): %s",
+                      p->host, p->port, p->endpoint, res.error_kind, res.error);
+            break;
+        }
+        usleep(500000);   /* not up yet: try again, as vLLM's ready check does */
+    }
+out:
+    kvf_bs_dataset_free(&ds);
+    if (ai != NULL) {
+        freeaddrinfo(ai);
+    }
+    return rc;
+}
+
 /* The dispatcher of one run: the jobs it started and what their threads count. */
 typedef struct {
     const kvf_bs_params_t  *p;
@@ -603,21 +699,32 @@ static void kvf_bs_dispatch(kvf_bs_dispatch_t *d)
 
     for (uint64_t i = 0;; ++i) {
         kvf_bs_job_t *job;
+        double due_ms;
 
         if ((p->num_requests > 0) && (i >= (uint64_t)p->num_requests)) {
             break;
         }
-        if (p->request_rate > 0) {
+        if ((p->request_rate > 0) || (p->ramp_up != 0)) {
+            double rate = p->request_rate;
+
+            if (p->ramp_up != 0) {
+                /* vLLM's ramp-up: the rate moves from start to end over the requests */
+                double f = (double)i / (double)((p->num_requests > 1) ? p->num_requests - 1 : 1);
+                rate = (p->ramp_up == 1) ?
+                       p->ramp_start_rps + (p->ramp_end_rps - p->ramp_start_rps) * f :
+                       p->ramp_start_rps * pow(p->ramp_end_rps / p->ramp_start_rps, f);
+            }
             if (i > 0) {
                 /* Gamma(shape b, scale 1/(rate b)): mean gap 1/rate; b = 1 is exponential. */
                 arrival_s += kvf_bs_gamma(&arr_rng, p->burstiness) /
-                             (p->request_rate * p->burstiness);
+                             (rate * p->burstiness);
             }
             if ((p->duration_s > 0) && (arrival_s >= p->duration_s)) {
                 break;
             }
             kvf_bs_sleep_until(d->pr.t0_ns + (uint64_t)(arrival_s * 1e9));
         }
+        due_ms = kvf_bs_ms(d->pr.t0_ns, kvf_time_now_ns());
         if (p->max_concurrency > 0) {
             while (sem_wait(&d->slots) != 0) {
             }
@@ -630,6 +737,7 @@ static void kvf_bs_dispatch(kvf_bs_dispatch_t *d)
             break;
         }
         job = kvf_bs_new_job(d, i);
+        job->res->arrival_ms = due_ms;
         if (pthread_create(&job->thread, &d->attr, kvf_bs_thread, job) != 0) {
             kvf_bs_fail(job->res, "connect", "could not start a client thread");
             job->thread = 0;
@@ -722,6 +830,7 @@ void kvf_bs_summary_cleanup(kvf_bs_summary_t *s)
 {
     for (int i = 0; (s->results != NULL) && (i < s->sent); ++i) {
         free(s->results[i].itl_ms);
+        free(s->results[i].text);
     }
     free(s->results);
     free(s->ttft.v);

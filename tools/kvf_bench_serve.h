@@ -65,12 +65,31 @@ typedef struct kvf_bs_params {
     double        temperature;
     bool          ignore_eos;
     double        timeout_s;                  /* per request */
-    double        slo_ttft_ms, slo_tpot_ms, slo_e2e_ms;  /* 0 : no such SLO */
+    double        slo_ttft_ms, slo_tpot_ms, slo_e2e_ms;  /* < 0 : no such SLO (0 is one) */
     bool          progress;                   /* progress bar on stderr */
     unsigned      pct_metrics;                /* KVF_BS_M_* reported with percentiles */
     double        pct[KVF_BS_MAX_PCT];        /* percentiles reported, in (0, 100] */
     int           num_pct;
     bool          detailed;                   /* per-request arrays in the JSON */
+    /* `vllm bench serve` parity (cmd_bench_serve.c sets these; the defaults keep what
+     * kvf tune sends) */
+    bool          temperature_set;            /* send "temperature" (default true) */
+    char          extra_body[2048];           /* JSON object whose keys are merged into
+                                               * each body (sampling flags, --extra-body);
+                                               * "" : none */
+    char          headers[2048];              /* "Key: Value\r\n" lines for each request */
+    char          request_id_prefix[64];      /* x-request-id: prefix + index; "" : none */
+    int           prefix_len;                 /* random: tokens of one prefix every prompt
+                                               * starts with (--random-prefix-len) */
+    int           ramp_up;                    /* 0 none, 1 linear, 2 exponential */
+    double        ramp_start_rps, ramp_end_rps;
+    bool          keep_text;                  /* results keep the generated text */
+    char          label[KVF_CONFIG_STR_MAX];  /* result JSON "label"; "" : null */
+    char          tokenizer_id[KVF_CONFIG_STR_MAX]; /* result JSON; "" : the model */
+    /* vLLM's prefix_repetition dataset (rep_num_prefixes > 0): each prompt is one of
+     * rep_num_prefixes fixed prefixes of rep_prefix_len tokens, then rep_suffix_len
+     * tokens of its own; output_len as max_tokens */
+    int           rep_num_prefixes, rep_prefix_len, rep_suffix_len;
 } kvf_bs_params_t;
 
 /** One measured request. Times in milliseconds. */
@@ -96,6 +115,9 @@ typedef struct kvf_bs_result {
     double   first_decode_ms;     /* ttft_breakdown.time_to_first_decode_token_ms */
     double   transfer_share;      /* transfer phases / time to first decode token */
     char     prefill_instance[64], decode_instance[64];
+    double   arrival_ms;          /* when it was due (before waiting for a concurrency slot) */
+    char    *text;                /* generated text with p->keep_text (owned), else NULL */
+    size_t   text_len;
 } kvf_bs_result_t;
 
 typedef struct kvf_bs_stat {
@@ -110,6 +132,7 @@ typedef struct kvf_bs_summary {
     int           num_kinds;
     char          kinds[8][24];       /* failure kinds, with counts */
     int           kind_counts[8];
+    char          kind_first_error[8][160];   /* the first error text of each kind */
     long long     input_tokens, output_tokens;
     double        request_throughput, output_throughput, total_throughput, goodput;
     kvf_bs_stat_t ttft, tpot, itl, e2e;
@@ -162,6 +185,15 @@ int kvf_bs_plot(const char *png, const kvf_bs_params_t *p, const kvf_bs_summary_
 /** Path of an executable gnuplot into @a buf; false when none is installed. */
 bool kvf_bs_find_gnuplot(char *buf, size_t cap);
 
+/**
+ * vLLM's ready check before a run: the model p->model must be one the server
+ * lists (GET /v1/models), then with @a timeout_s > 0 one request (the first
+ * prompt, max_tokens 1... as p sends it) is retried until it is answered
+ * 200 or @a timeout_s passes; a 4xx answer ends it at once. On failure a
+ * line with the server's own error text is logged. 0 ready, -1 not.
+ */
+int kvf_bs_ready_check(const kvf_bs_params_t *p, double timeout_s);
+
 /** The human table (stdout style) and the JSON document (malloc'd string). */
 void kvf_bs_print_table(const kvf_bs_params_t *p, const kvf_bs_summary_t *s, FILE *out);
 
@@ -173,8 +205,12 @@ void kvf_bs_print_table(const kvf_bs_params_t *p, const kvf_bs_summary_t *s, FIL
  * SLO), output_throughput, total_token_throughput, max_output_tokens_per_s,
  * max_concurrent_requests, then mean_/median_/std_/pNN_{ttft,tpot,itl,e2el}_ms
  * for p->pct_metrics and p->pct; with p->detailed input_lens, output_lens,
- * ttfts (s), itls (s), errors. kvferry's own: sent, good, failures (by kind),
- * transfer_share, url. Returns a cJSON object (owned by the caller).
+ * ttfts (s), itls (s), start_times (s since the run began), generated_texts,
+ * errors; always endpoint_type, label, latencies (s), queue_times (s waiting for
+ * a concurrency slot), rtfx (0: not a speech benchmark), ramp_up_* when used.
+ * kvferry's own: sent, good, failures (by kind), failure_examples (the first
+ * error text of each kind), transfer_share, url. Returns a cJSON object (owned by
+ * the caller).
  */
 cJSON *kvf_bs_json_obj(const kvf_bs_params_t *p, const kvf_bs_summary_t *s, const char *date,
                        const char *backend);

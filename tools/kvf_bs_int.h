@@ -36,6 +36,10 @@ typedef struct {
 void kvf_bs_fail(kvf_bs_result_t *res, const char *kind, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* The ready check's first half: GET /v1/models lists p->model. 0, or -1 with the server's
+ * error text (or the names it serves) logged. */
+int kvf_bs_check_model(const kvf_bs_params_t *p);
+
 /* Thread body of one kvf_bs_job_t: the request, then its counts and its concurrency slot. */
 void *kvf_bs_thread(void *arg);
 

@@ -17,13 +17,13 @@ static void kvf_bs_slo_text(const kvf_bs_params_t *p, char *buf, size_t cap)
     int n = 0;
 
     buf[0] = '\0';
-    if (p->slo_ttft_ms > 0) {
+    if (p->slo_ttft_ms >= 0) {
         n += snprintf(buf + n, cap - (size_t)n, " ttft<=%gms", p->slo_ttft_ms);
     }
-    if (p->slo_tpot_ms > 0) {
+    if (p->slo_tpot_ms >= 0) {
         n += snprintf(buf + n, cap - (size_t)n, " tpot<=%gms", p->slo_tpot_ms);
     }
-    if (p->slo_e2e_ms > 0) {
+    if (p->slo_e2e_ms >= 0) {
         snprintf(buf + n, cap - (size_t)n, " e2e<=%gms", p->slo_e2e_ms);
     }
 }
@@ -85,7 +85,8 @@ void kvf_bs_print_table(const kvf_bs_params_t *p, const kvf_bs_summary_t *s, FIL
     KVF_BS_ROW("Failed requests:", "%-10d", s->failed);
     for (int k = 0; k < s->num_kinds; ++k) {
         snprintf(line, sizeof(line), "  failed %s:", s->kinds[k]);
-        KVF_BS_ROW(line, "%-10d", s->kind_counts[k]);
+        fprintf(out, "%-40s %-10d first: %s\n", line, s->kind_counts[k],
+                s->kind_first_error[k]);
     }
     if (p->max_concurrency > 0) {
         KVF_BS_ROW("Maximum request concurrency:", "%-10d", p->max_concurrency);
@@ -153,6 +154,8 @@ static void kvf_bs_json_detail(cJSON *root, const kvf_bs_summary_t *s)
     cJSON *ttfts = cJSON_AddArrayToObject(root, "ttfts");
     cJSON *itls = cJSON_AddArrayToObject(root, "itls");
     cJSON *errs = cJSON_AddArrayToObject(root, "errors");
+    cJSON *starts = cJSON_AddArrayToObject(root, "start_times");
+    cJSON *texts = cJSON_AddArrayToObject(root, "generated_texts");
 
     for (int i = 0; i < s->sent; ++i) {
         const kvf_bs_result_t *r = &s->results[i];
@@ -170,6 +173,23 @@ static void kvf_bs_json_detail(cJSON *root, const kvf_bs_summary_t *s)
             snprintf(err, sizeof(err), "%s: %s", r->error_kind, r->error);
         }
         cJSON_AddItemToArray(errs, cJSON_CreateString(err));
+        cJSON_AddItemToArray(starts, cJSON_CreateNumber(r->start_ms / 1000.0));
+        cJSON_AddItemToArray(texts, cJSON_CreateString((r->text != NULL) ? r->text : ""));
+    }
+}
+
+/* What vLLM writes without --save-detailed too: per-request latencies and queue times. */
+static void kvf_bs_json_always(cJSON *root, const kvf_bs_summary_t *s)
+{
+    cJSON *lat = cJSON_AddArrayToObject(root, "latencies");
+    cJSON *queue = cJSON_AddArrayToObject(root, "queue_times");
+
+    for (int i = 0; i < s->sent; ++i) {
+        const kvf_bs_result_t *r = &s->results[i];
+        double q = r->start_ms - r->arrival_ms;
+
+        cJSON_AddItemToArray(lat, cJSON_CreateNumber(r->ok ? r->e2e_ms / 1000.0 : 0));
+        cJSON_AddItemToArray(queue, cJSON_CreateNumber((q > 0) ? q / 1000.0 : 0));
     }
 }
 
@@ -186,7 +206,7 @@ cJSON *kvf_bs_json_obj(const kvf_bs_params_t *p, const kvf_bs_summary_t *s, cons
         {KVF_BS_M_ITL, "itl", offsetof(kvf_bs_summary_t, itl)},
         {KVF_BS_M_E2EL, "e2el", offsetof(kvf_bs_summary_t, e2e)},
     };
-    bool slo = (p->slo_ttft_ms > 0) || (p->slo_tpot_ms > 0) || (p->slo_e2e_ms > 0);
+    bool slo = (p->slo_ttft_ms >= 0) || (p->slo_tpot_ms >= 0) || (p->slo_e2e_ms >= 0);
     cJSON *root = cJSON_CreateObject();
     cJSON *fails, *g;
     char url[KVF_CONFIG_STR_MAX + 32];
@@ -194,9 +214,16 @@ cJSON *kvf_bs_json_obj(const kvf_bs_params_t *p, const kvf_bs_summary_t *s, cons
     if (date != NULL) {
         cJSON_AddStringToObject(root, "date", date);
     }
+    cJSON_AddStringToObject(root, "endpoint_type", (backend != NULL) ? backend : "openai");
     cJSON_AddStringToObject(root, "backend", (backend != NULL) ? backend : "openai");
+    if (p->label[0] != '\0') {
+        cJSON_AddStringToObject(root, "label", p->label);
+    } else {
+        cJSON_AddNullToObject(root, "label");
+    }
     cJSON_AddStringToObject(root, "model_id", p->model);
-    cJSON_AddStringToObject(root, "tokenizer_id", p->model);
+    cJSON_AddStringToObject(root, "tokenizer_id",
+                            (p->tokenizer_id[0] != '\0') ? p->tokenizer_id : p->model);
     cJSON_AddNumberToObject(root, "num_prompts", p->num_requests);
     if (p->request_rate > 0) {
         cJSON_AddNumberToObject(root, "request_rate", p->request_rate);
@@ -204,6 +231,12 @@ cJSON *kvf_bs_json_obj(const kvf_bs_params_t *p, const kvf_bs_summary_t *s, cons
         cJSON_AddStringToObject(root, "request_rate", "inf");
     }
     cJSON_AddNumberToObject(root, "burstiness", p->burstiness);
+    if (p->ramp_up != 0) {
+        cJSON_AddStringToObject(root, "ramp_up_strategy", (p->ramp_up == 1) ? "linear" :
+                                "exponential");
+        cJSON_AddNumberToObject(root, "ramp_up_start_rps", p->ramp_start_rps);
+        cJSON_AddNumberToObject(root, "ramp_up_end_rps", p->ramp_end_rps);
+    }
     if (p->max_concurrency > 0) {
         cJSON_AddNumberToObject(root, "max_concurrency", p->max_concurrency);
     } else {
@@ -221,6 +254,8 @@ cJSON *kvf_bs_json_obj(const kvf_bs_params_t *p, const kvf_bs_summary_t *s, cons
     cJSON_AddNumberToObject(root, "total_token_throughput", s->total_throughput);
     cJSON_AddNumberToObject(root, "max_output_tokens_per_s", s->max_output_tps);
     cJSON_AddNumberToObject(root, "max_concurrent_requests", s->max_concurrent);
+    cJSON_AddNumberToObject(root, "rtfx", 0.0);
+    kvf_bs_json_always(root, s);
     for (size_t i = 0; i < sizeof(metrics) / sizeof(metrics[0]); ++i) {
         if (p->pct_metrics & metrics[i].bit) {
             kvf_bs_json_stat(root, p, metrics[i].name,
@@ -240,6 +275,10 @@ cJSON *kvf_bs_json_obj(const kvf_bs_params_t *p, const kvf_bs_summary_t *s, cons
     fails = cJSON_AddObjectToObject(root, "failures");
     for (int k = 0; k < s->num_kinds; ++k) {
         cJSON_AddNumberToObject(fails, s->kinds[k], s->kind_counts[k]);
+    }
+    fails = cJSON_AddObjectToObject(root, "failure_examples");
+    for (int k = 0; k < s->num_kinds; ++k) {
+        cJSON_AddStringToObject(fails, s->kinds[k], s->kind_first_error[k]);
     }
     if (s->transfer_share_mean >= 0) {
         cJSON_AddNumberToObject(root, "transfer_share", s->transfer_share_mean);

@@ -24,6 +24,7 @@ typedef struct {
     int      itl_cap;
     bool     final;
     bool     done_mark;
+    bool     keep_text;   /* append each chunk's text to res->text */
 } kvf_bs_stream_t;
 
 void kvf_bs_fail(kvf_bs_result_t *res, const char *kind, const char *fmt, ...)
@@ -137,6 +138,17 @@ static void kvf_bs_event(kvf_bs_stream_t *st, const char *data, size_t len)
     }
     choice = cJSON_GetArrayItem(choices, 0);
     ids = cJSON_GetObjectItemCaseSensitive(choice, "token_ids");
+    if (st->keep_text) {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(choice, "text");
+        size_t tl = cJSON_IsString(t) ? strlen(t->valuestring) : 0;
+        char *grown = (tl > 0) ? realloc(res->text, res->text_len + tl + 1) : NULL;
+
+        if (grown != NULL) {
+            memcpy(grown + res->text_len, t->valuestring, tl + 1);
+            res->text = grown;
+            res->text_len += tl;
+        }
+    }
     if (cJSON_IsArray(ids)) {
         k = cJSON_GetArraySize(ids);
     } else {
@@ -357,12 +369,12 @@ static void kvf_bs_request(kvf_bs_job_t *job)
 {
     const kvf_bs_params_t *p = job->p;
     kvf_bs_result_t *res = job->res;
-    kvf_bs_stream_t st = {.res = res};
+    kvf_bs_stream_t st = {.res = res, .keep_text = p->keep_text};
     kvf_bs_buf_t raw = {0}, body = {0};
     kvf_bs_dechunk_t dc = {0};
     bool headers = false;
     uint64_t deadline;
-    char head[1024 + 2 * KVF_CONFIG_STR_MAX];
+    char head[4096 + 2 * KVF_CONFIG_STR_MAX], rid[128] = "";
     int fd, hl;
 
     st.start_ns = kvf_time_now_ns();
@@ -372,11 +384,20 @@ static void kvf_bs_request(kvf_bs_job_t *job)
     if (fd < 0) {
         goto out;
     }
+    if (p->request_id_prefix[0] != '\0') {
+        snprintf(rid, sizeof(rid), "x-request-id: %s%d\r\n", p->request_id_prefix,
+                 res->index);
+    }
     hl = snprintf(head, sizeof(head), "POST %s HTTP/1.1\r\nHost: %s:%d\r\n"
                   "Content-Type: application/json\r\nAccept: text/event-stream\r\n"
-                  "%s%s%sContent-Length: %zu\r\nConnection: close\r\n\r\n", p->endpoint,
+                  "%s%s%s%s%sContent-Length: %zu\r\nConnection: close\r\n\r\n", p->endpoint,
                   p->host, p->port, (p->api_key[0] != '\0') ? "Authorization: Bearer " : "",
-                  p->api_key, (p->api_key[0] != '\0') ? "\r\n" : "", strlen(job->body));
+                  p->api_key, (p->api_key[0] != '\0') ? "\r\n" : "", p->headers, rid,
+                  strlen(job->body));
+    if (hl >= (int)sizeof(head)) {
+        kvf_bs_fail(res, "protocol", "request headers longer than %zu bytes", sizeof(head));
+        goto out_close;
+    }
     if ((kvf_bs_send_all(fd, head, (size_t)hl, deadline, res) != 0) ||
         (kvf_bs_send_all(fd, job->body, strlen(job->body), deadline, res) != 0)) {
         goto out_close;
@@ -591,5 +612,60 @@ int kvf_bs_fetch_model(kvf_bs_params_t *p)
     }
     snprintf(p->model, sizeof(p->model), "%s", id->valuestring);
     cJSON_Delete(root);
+    return 0;
+}
+
+int kvf_bs_check_model(const kvf_bs_params_t *p)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
+    kvf_bs_result_t res = {0};
+    const cJSON *item;
+    cJSON *root;
+    char port[16], served[512] = "", *body = NULL;
+    size_t used = 0;
+    int code, rc;
+    bool found = false;
+
+    snprintf(port, sizeof(port), "%d", p->port);
+    rc = getaddrinfo(p->host, port, &hints, &ai);
+    if (rc != 0) {
+        kvf_error("cannot resolve %s: %s", p->host, gai_strerror(rc));
+        return -1;
+    }
+    code = kvf_bs_get(p, ai, "/v1/models", &body, &res);
+    freeaddrinfo(ai);
+    root = (body != NULL) ? cJSON_Parse(body) : NULL;
+    if (code != 200) {
+        const cJSON *m = cJSON_GetObjectItemCaseSensitive(
+            cJSON_GetObjectItemCaseSensitive(root, "error"), "message");
+        if (code > 0) {
+            kvf_error("ready check: GET http://%s:%d/v1/models answered HTTP %d: %s", p->host,
+                      p->port, code, cJSON_IsString(m) ? m->valuestring : "(no error message)");
+        } else {
+            kvf_error("ready check: GET http://%s:%d/v1/models failed (%s): %s", p->host,
+                      p->port, res.error_kind, res.error);
+        }
+        cJSON_Delete(root);
+        free(body);
+        return -1;
+    }
+    cJSON_ArrayForEach(item, cJSON_GetObjectItemCaseSensitive(root, "data")) {
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(item, "id");
+        if (cJSON_IsString(id)) {
+            found |= (strcmp(id->valuestring, p->model) == 0);
+            if (used < sizeof(served)) {
+                used += (size_t)snprintf(served + used, sizeof(served) - used, "%s'%s'",
+                                         used ? ", " : "", id->valuestring);
+            }
+        }
+    }
+    cJSON_Delete(root);
+    free(body);
+    if (!found) {
+        kvf_error("ready check: model '%s' is not served at http://%s:%d (GET /v1/models "
+                  "lists %s): give --served-model-name (or --model) one of those", p->model,
+                  p->host, p->port, served[0] ? served : "none");
+        return -1;
+    }
     return 0;
 }

@@ -29,6 +29,11 @@ const kvf_config_field_t kvf_proxy_config_table[] = {
      KVF_PF(prefill), KVF_CONFIG_TYPE_STRING, 0},
     {"DECODE", "", "comma list of decode instance endpoints (tcp://host:port)",
      KVF_PF(decode), KVF_CONFIG_TYPE_STRING, 0},
+    {"PREFILL_FILE", "", "file listing the prefill endpoints (commas, spaces or lines between; "
+     "# comments), instead of --prefill: no 255-character limit (a Kubernetes ConfigMap)",
+     KVF_PF(prefill_file), KVF_CONFIG_TYPE_STRING, 0},
+    {"DECODE_FILE", "", "file listing the decode endpoints, instead of --decode",
+     KVF_PF(decode_file), KVF_CONFIG_TYPE_STRING, 0},
     {"MODEL", "", "model folder or config.json, for the tokenizer's vocabulary, BOS and EOS; "
      "an instance with another tokenizer is refused (empty: the daemons' model folder, when "
      "this machine can read it; completions get 503 until then)", KVF_PF(model),
@@ -46,8 +51,12 @@ const kvf_config_field_t kvf_proxy_config_table[] = {
     {"HEALTH_TIMEOUT", "5s", "a probe unanswered this long marks the instance unhealthy",
      KVF_PF(health_timeout), KVF_CONFIG_TYPE_TIME, 0},
     {"MAX_OUTSTANDING", "128", "requests per instance sent and not yet answered (prefill) or "
-     "finished (decode); when every instance is at it, new requests get a 503 (queue_full)",
+     "finished (decode); when every instance is at it, new requests wait in the proxy's "
+     "queue while their predicted wait fits their deadline (503 otherwise)",
      KVF_PF(max_outstanding), KVF_CONFIG_TYPE_INT, 0},
+    {"ADMISSION_QUEUE_BYTES", "64m", "bound on the prompts waiting in the proxy for a slot (4 "
+     "bytes per token); past it a request gets a 503 (queue_full); 0: no queue, a full pool "
+     "answers 503 at once", KVF_PF(admission_queue_bytes), KVF_CONFIG_TYPE_SIZE, 0},
     {"IDLE_TIMEOUT", "10s", "a keep-alive connection idle this long after an answer is closed",
      KVF_PF(idle_timeout), KVF_CONFIG_TYPE_TIME, 0},
     {"HEADER_TIMEOUT", "10s", "a new connection must send complete request headers within this",
@@ -103,6 +112,7 @@ struct kvf_proxy {
     kvf_tokenizer_t        tok;
     kvf_proxy_pool_h       pool;
     kvf_proxy_metrics_h    metrics;
+    char                  *prefill_list, *decode_list;   /* read from --*-file (owned) */
     kvf_proxy_flow_ctx_t   flow;
     kvf_proxy_openai_ctx_t api;
     kvf_proxy_http_h       http;
@@ -232,6 +242,74 @@ static kvf_status_t kvf_proxy_check(const kvf_proxy_config_t *cfg)
     return KVF_OK;
 }
 
+/* Max bytes of an endpoint file: 64 instances of long DNS names, with room to spare. */
+#define KVF_PROXY_LIST_FILE_MAX (1u << 20)
+
+/*
+ * The endpoint list of one role: --prefill/--decode, or the file --prefill-file/
+ * --decode-file names, read into a comma list (*list_p, malloc'd when read).
+ * Both given is refused by name. KVF_OK, or an error naming the flag and path.
+ */
+static kvf_status_t kvf_proxy_endpoint_list(const char *role, const char *list,
+                                            const char *path, char **owned_p,
+                                            const char **list_p)
+{
+    FILE *f;
+    char *buf, *out;
+    size_t n, o = 0;
+    bool comment = false, sep = true;
+
+    *owned_p = NULL;
+    *list_p = list;
+    if (path[0] == '\0') {
+        return KVF_OK;
+    }
+    if (list[0] != '\0') {
+        kvf_error("--%s and --%s-file %s are both given: use one", role, role, path);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    f = fopen(path, "r");
+    buf = malloc(KVF_PROXY_LIST_FILE_MAX + 1);
+    out = malloc(KVF_PROXY_LIST_FILE_MAX + 1);
+    if ((f == NULL) || (buf == NULL) || (out == NULL)) {
+        kvf_error("cannot read --%s-file %s: %m", role, path);
+        goto err;
+    }
+    n = fread(buf, 1, KVF_PROXY_LIST_FILE_MAX + 1, f);
+    if (n > KVF_PROXY_LIST_FILE_MAX) {
+        kvf_error("--%s-file %s is over %u bytes", role, path, KVF_PROXY_LIST_FILE_MAX);
+        goto err;
+    }
+    for (size_t i = 0; i < n; ++i) {   /* commas, blanks and newlines separate; # comments */
+        char c = buf[i];
+
+        comment = (c == '#') ? true : (c == '\n') ? false : comment;
+        if (comment || (c == ',') || (c == ' ') || (c == '\t') || (c == '\n') ||
+            (c == '\r')) {
+            sep = true;
+            continue;
+        }
+        if (sep && (o > 0)) {
+            out[o++] = ',';
+        }
+        sep = false;
+        out[o++] = c;
+    }
+    out[o] = '\0';
+    fclose(f);
+    free(buf);
+    *owned_p = out;
+    *list_p = out;
+    return KVF_OK;
+err:
+    if (f != NULL) {
+        fclose(f);
+    }
+    free(buf);
+    free(out);
+    return KVF_ERR_INVALID_PARAM;
+}
+
 /* The tokenizer: --model's (its fingerprint checked against every instance's), or a
  * stand-in until the daemons' model folder is adopted (kvf_proxy_tokcheck.c). */
 static kvf_status_t kvf_proxy_tok_setup(const kvf_proxy_config_t *cfg, struct kvf_proxy *proxy,
@@ -319,8 +397,15 @@ kvf_status_t kvf_proxy_create(const kvf_proxy_config_t *cfg, kvf_proxy_h *proxy_
     if (status != KVF_OK) {
         goto err_free;
     }
-    pp.prefill_urls = cfg->prefill;
-    pp.decode_urls = cfg->decode;
+    status = kvf_proxy_endpoint_list("prefill", cfg->prefill, cfg->prefill_file,
+                                     &proxy->prefill_list, &pp.prefill_urls);
+    if (status == KVF_OK) {
+        status = kvf_proxy_endpoint_list("decode", cfg->decode, cfg->decode_file,
+                                         &proxy->decode_list, &pp.decode_urls);
+    }
+    if (status != KVF_OK) {
+        goto err_metrics;
+    }
     pp.health_interval_ms = cfg->health_interval;
     pp.health_timeout_ms = cfg->health_timeout;
     pp.max_outstanding = cfg->max_outstanding;
@@ -351,6 +436,12 @@ kvf_status_t kvf_proxy_create(const kvf_proxy_config_t *cfg, kvf_proxy_h *proxy_
     proxy->flow.warmup_until_us = proxy->flow.started_us +
                                   (cfg->health_interval + cfg->health_timeout) * 1000;
     atomic_init(&proxy->flow.cancel, false);
+    if (cfg->admission_queue_bytes > 0) {
+        status = kvf_proxy_admit_create(cfg->admission_queue_bytes, &proxy->flow.admit);
+        if (status != KVF_OK) {
+            goto err_pool;
+        }
+    }
 
     snprintf(proxy->model_name, sizeof(proxy->model_name), "%s", cfg->model_name);
     proxy->api.model_name = proxy->model_name;
@@ -406,9 +497,12 @@ kvf_status_t kvf_proxy_create(const kvf_proxy_config_t *cfg, kvf_proxy_h *proxy_
     return KVF_OK;
 
 err_pool:
+    kvf_proxy_admit_destroy(proxy->flow.admit);
     kvf_proxy_pool_destroy(proxy->pool);
 err_metrics:
     kvf_proxy_metrics_destroy(proxy->metrics);
+    free(proxy->prefill_list);
+    free(proxy->decode_list);
 err_free:
     kvf_tokenizer_cleanup(&proxy->tok);
     kvf_proxy_tokcfg_cleanup(&proxy->tokcfg);
@@ -432,8 +526,11 @@ void kvf_proxy_destroy(kvf_proxy_h proxy)
         return;
     }
     kvf_proxy_http_stop(proxy->http);
+    kvf_proxy_admit_destroy(proxy->flow.admit);   /* empty: every request has ended */
     kvf_proxy_pool_destroy(proxy->pool);
     kvf_proxy_metrics_destroy(proxy->metrics);
+    free(proxy->prefill_list);
+    free(proxy->decode_list);
     kvf_tokenizer_cleanup(&proxy->tok);
     kvf_proxy_tokcfg_cleanup(&proxy->tokcfg);
     free(proxy);

@@ -49,6 +49,10 @@ typedef struct kvf_proxy_config {
     char    key_id[KVF_CONFIG_STR_MAX];       /* member id in pool.pub, default "proxy" */
     bool    insecure;                         /* plain ZeroMQ (lab only; warns) */
     char    served_model_name[KVF_CONFIG_STR_MAX]; /* comma list; "" = model_name */
+    size_t  admission_queue_bytes;            /* queued prompts' bytes (kvf_proxy_admit.h);
+                                               * 0: no queue, a full pool answers 503 */
+    char    prefill_file[KVF_CONFIG_STR_MAX]; /* file listing the prefill endpoints; "" none */
+    char    decode_file[KVF_CONFIG_STR_MAX];  /* file listing the decode endpoints; "" none */
 } kvf_proxy_config_t;
 
 /** Flags and KVF_* variables of kvf-proxy (NULL-name terminated). */

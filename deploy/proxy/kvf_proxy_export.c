@@ -95,7 +95,7 @@ static void kvf_export_instances(kvf_proxy_pool_h pool, const char *model_name, 
                 }
                 fprintf(out, "%s{model_name=\"", g[m].name);
                 kvf_export_label(out, model_name);
-                fputs("\",instance=\"", out);
+                fputs("\",kvf_instance=\"", out);
                 kvf_export_label(out, info.url);
                 fprintf(out, "\",role=\"%s\",engine_id=\"",
                         kvf_proxy_role_name((kvf_proxy_role_t)role));

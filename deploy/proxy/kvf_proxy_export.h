@@ -4,9 +4,9 @@
  * at the end of /metrics. deploy/README.md ("Metrics") names the vLLM series
  * each one stands for; deploy/grafana/kvferry.json charts them.
  *
- *   kvf_num_requests_running{model_name,instance,role,engine_id}   gauge
- *   kvf_num_requests_waiting{model_name,instance,role,engine_id}   gauge
- *   kvf_kv_cache_usage_perc{model_name,instance,role,engine_id}    gauge, 0..1
+ *   kvf_num_requests_running{model_name,kvf_instance,role,engine_id}   gauge
+ *   kvf_num_requests_waiting{model_name,kvf_instance,role,engine_id}   gauge
+ *   kvf_kv_cache_usage_perc{model_name,kvf_instance,role,engine_id}   gauge, 0..1
  *   kvf_kv_transfers_total{model_name}                             counter
  *   kvf_kv_failed_transfers_total{model_name}                      counter
  *   kvf_kv_transfer_bytes{model_name}                              histogram, bytes

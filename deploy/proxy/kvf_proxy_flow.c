@@ -19,6 +19,7 @@
 #include "kvf_log.h"
 #include "kvf_array.h"
 #include "kvf_proxy_export.h"
+#include "kvf_proxy_vllm.h"
 
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -31,6 +32,7 @@
 
 /* In the first health round, a request without a healthy instance looks again this often. */
 #define KVF_PROXY_WARMUP_POLL_MS 20
+#define KVF_PROXY_QUEUE_POLL_MS 100
 
 int64_t kvf_proxy_now_us(void)
 {
@@ -99,7 +101,7 @@ static int64_t kvf_proxy_flow_wait_end(const kvf_proxy_flow_t *flow, const char 
     int64_t end = flow->wait_start_us + ms * 1000;
 
     if (flow->stage == KVF_PROXY_FLOW_WAIT_POOL) {
-        end = ctx->warmup_until_us;
+        end = flow->admit.queued ? flow->deadline_us : ctx->warmup_until_us;
         ms = 0;
     }
     if (flag_p != NULL) {
@@ -303,6 +305,57 @@ static bool kvf_proxy_flow_pool_settled(const kvf_proxy_flow_ctx_t *ctx)
     return true;
 }
 
+/* Out of the admission queue (admitted, failed, or its client left). */
+static void kvf_proxy_flow_unqueue(kvf_proxy_flow_t *flow)
+{
+    if (flow->admit.queued) {
+        kvf_proxy_admit_remove(flow->ctx->admit, &flow->admit);   /* wakes the next */
+        kvf_proxy_vllm_waiting(-1);
+    }
+}
+
+/*
+ * Every instance is at its bound: queue (KVF_PROXY_FLOW_PENDING) while the
+ * predicted wait behind the queue is inside the budget's headroom and the
+ * queue's bytes bound allows; else turn @a rt into the fast 503 it should be.
+ */
+static kvf_status_t kvf_proxy_flow_queue(kvf_proxy_flow_t *flow,
+                                         const kvf_proxy_route_req_t *rq, kvf_proxy_route_t *rt)
+{
+    const kvf_proxy_flow_ctx_t *ctx = flow->ctx;
+    double budget = (double)rq->budget_ms * KVF_PROXY_ADMIT_HEADROOM, wait;
+
+    if (flow->admit.queued) {
+        return KVF_PROXY_FLOW_PENDING;   /* the head, still full: the next freed slot wakes it */
+    }
+    wait = kvf_proxy_route_queue_wait_ms(ctx->pool, rq->num_tokens,
+                                         kvf_proxy_admit_tokens(ctx->admit));
+    if (wait > budget) {
+        rt->reason = KVF_PROXY_REJECT_PREDICTED_WAIT;
+        rt->retry_after_s = kvf_proxy_route_retry_after_s(wait, budget);
+        snprintf(rt->why, sizeof(rt->why), "overloaded: every instance is at its "
+                 "--max-outstanding bound and %u requests (%llu prompt tokens) wait in the "
+                 "proxy; this request's first token would take about %.1f s, over the %.1f s "
+                 "it may wait; retry after %d s", kvf_proxy_admit_count(ctx->admit),
+                 (unsigned long long)kvf_proxy_admit_tokens(ctx->admit), wait / 1000.0,
+                 budget / 1000.0, rt->retry_after_s);
+        return KVF_ERR_NO_RESOURCE;
+    }
+    if (!kvf_proxy_admit_enqueue(ctx->admit, &flow->admit, (uint64_t)rq->num_tokens,
+                                 flow->notify, flow->notify_arg)) {
+        rt->retry_after_s = 1;
+        snprintf(rt->why, sizeof(rt->why), "overloaded: every instance is at its "
+                 "--max-outstanding bound and the proxy's queue holds %llu prompt tokens, "
+                 "the most --admission-queue-bytes %llu allows; retry later",
+                 (unsigned long long)kvf_proxy_admit_tokens(ctx->admit),
+                 (unsigned long long)kvf_proxy_admit_max_bytes(ctx->admit));
+        return KVF_ERR_NO_RESOURCE;
+    }
+    flow->queued_us = kvf_proxy_now_us();
+    kvf_proxy_vllm_waiting(+1);
+    return KVF_PROXY_FLOW_PENDING;
+}
+
 /*
  * Pick the prefill and decode instances by load and decide admission
  * (kvf_proxy_route.h). KVF_PROXY_FLOW_PENDING: none is healthy yet in the proxy's
@@ -320,11 +373,40 @@ static kvf_status_t kvf_proxy_flow_pick(kvf_proxy_flow_t *flow)
     rq.num_tokens = flow->req->num_prompt;
     rq.prefill_timeout_ms = ctx->prefill_timeout_ms;
     rq.budget_ms = (left_ms < ctx->prefill_timeout_ms) ? left_ms : ctx->prefill_timeout_ms;
+    if (flow->admit.queued && !kvf_proxy_admit_is_head(ctx->admit, &flow->admit)) {
+        return KVF_PROXY_FLOW_PENDING;   /* first come first served: the head tries */
+    }
+    if (!flow->admit.queued && (ctx->admit != NULL) && (kvf_proxy_admit_count(ctx->admit) > 0)) {
+        /* others wait already: behind them, not ahead (first come first served) */
+        memset(&rt, 0, sizeof(rt));
+        rt.prefill_idx = rt.decode_idx = -1;
+        rt.http = 503;
+        rt.type = "server_error";
+        rt.reason = KVF_PROXY_REJECT_QUEUE_FULL;
+        status = kvf_proxy_flow_queue(flow, &rq, &rt);
+        if (status == KVF_PROXY_FLOW_PENDING) {
+            kvf_proxy_admit_kick(ctx->admit);   /* a slot may be free with the head asleep */
+            return status;
+        }
+        flow->retry_after_s = rt.retry_after_s;
+        kvf_proxy_metrics_reject(ctx->metrics, rt.reason);
+        return kvf_proxy_flow_fail(flow, status, rt.http, rt.type, "%s", rt.why);
+    }
     status = kvf_proxy_route_pick(ctx->pool, &rq, &rt);
     flow->prefill_idx = rt.prefill_idx;
     flow->decode_idx = rt.decode_idx;
+    if ((status == KVF_OK) || (rt.reason != KVF_PROXY_REJECT_QUEUE_FULL) ||
+        (rt.http != 503)) {
+        kvf_proxy_flow_unqueue(flow);   /* admitted, or failed another way: the next tries */
+    }
     if (status == KVF_OK) {
         return KVF_OK;
+    }
+    if ((rt.http == 503) && (rt.reason == KVF_PROXY_REJECT_QUEUE_FULL) && (ctx->admit != NULL)) {
+        status = kvf_proxy_flow_queue(flow, &rq, &rt);
+        if (status == KVF_PROXY_FLOW_PENDING) {
+            return status;
+        }
     }
     if ((rt.reason == KVF_PROXY_REJECT_NO_INSTANCE) && (kvf_proxy_now_us() < ctx->warmup_until_us) &&
         !kvf_proxy_flow_pool_settled(ctx)) {
@@ -400,6 +482,11 @@ kvf_status_t kvf_proxy_flow_begin(kvf_proxy_flow_t *flow, const kvf_proxy_flow_c
     kvf_proxy_metrics_in_flight(ctx->metrics, +1);
     flow->stage = KVF_PROXY_FLOW_WAIT_POOL;
     status = kvf_proxy_flow_pick(flow);
+    if ((status == KVF_PROXY_FLOW_PENDING) && flow->admit.queued) {
+        kvf_debug("request %s: every instance at its bound, queued in the proxy (%u waiting)",
+                  flow->out.id, kvf_proxy_admit_count(ctx->admit));
+        return KVF_OK;
+    }
     if (status == KVF_PROXY_FLOW_PENDING) {
         kvf_info("request %s: no healthy instance yet, waiting for the first health round",
                  flow->out.id);
@@ -565,6 +652,8 @@ static kvf_status_t kvf_proxy_flow_on_decode(kvf_proxy_flow_t *flow, const Kvf__
         kvf_proxy_metrics_observe(ctx->metrics, KVF_PROXY_HIST_ITL,
                                   (double)(now - flow->last_token_us) / 1e6 / (double)r->n_tokens,
                                   r->n_tokens);
+        kvf_proxy_vllm_token_gap((double)(now - flow->last_token_us) / 1e6 /
+                                 (double)r->n_tokens, r->n_tokens);
         flow->last_token_us = now;
     }
     if (r->stats != NULL) {
@@ -600,6 +689,17 @@ static kvf_status_t kvf_proxy_flow_step_pool(kvf_proxy_flow_t *flow)
                                    "the proxy is shutting down");
     }
     status = kvf_proxy_flow_pick(flow);
+    if ((status == KVF_PROXY_FLOW_PENDING) && flow->admit.queued &&
+        (kvf_proxy_now_us() >= flow->deadline_us)) {
+        kvf_proxy_flow_unqueue(flow);
+        flow->retry_after_s = 1;
+        kvf_proxy_metrics_reject(flow->ctx->metrics, KVF_PROXY_REJECT_QUEUE_FULL);
+        return kvf_proxy_flow_fail(flow, KVF_ERR_NO_RESOURCE, 503, "server_error",
+                                   "overloaded: queued %lld ms in the proxy and no instance "
+                                   "freed a slot within --request-timeout %lld ms",
+                                   (long long)((kvf_proxy_now_us() - flow->queued_us) / 1000),
+                                   (long long)flow->ctx->request_timeout_ms);
+    }
     if (status == KVF_PROXY_FLOW_PENDING) {
         return (kvf_proxy_now_us() < flow->deadline_us) ? KVF_PROXY_FLOW_PENDING :
                kvf_proxy_flow_fail(flow, KVF_ERR_PEER_TIMEOUT, 504, "timeout_error",
@@ -635,6 +735,7 @@ kvf_status_t kvf_proxy_flow_step(kvf_proxy_flow_t *flow, int *first_new_p)
         flow->prefill_recv_us = kvf_proxy_now_us();
         kvf_proxy_call_end(flow->prefill_call);   /* prefill answers once */
         flow->prefill_call = NULL;
+        kvf_proxy_admit_kick(flow->ctx->admit);    /* a prefill slot freed */
         status = kvf_proxy_flow_on_prefill(flow, r);
     } else {
         flow->wait_start_us = kvf_proxy_now_us();   /* the token timeout is per reply */
@@ -653,7 +754,10 @@ int64_t kvf_proxy_flow_wake_us(const kvf_proxy_flow_t *flow)
     int64_t end = kvf_proxy_flow_wait_end(flow, NULL, NULL);
 
     if (flow->stage == KVF_PROXY_FLOW_WAIT_POOL) {
-        int64_t poll = kvf_proxy_now_us() + KVF_PROXY_WARMUP_POLL_MS * 1000;
+        /* queued: woken by kvf_proxy_admit_kick(); the poll only catches a pool that
+         * changed without a request ending (an instance back, a drain) */
+        int64_t poll = kvf_proxy_now_us() + (flow->admit.queued ? KVF_PROXY_QUEUE_POLL_MS :
+                                             KVF_PROXY_WARMUP_POLL_MS) * 1000;
         end = (poll < end) ? poll : end;
     }
     return end;
@@ -674,6 +778,42 @@ static void kvf_proxy_flow_abort(kvf_proxy_flow_t *flow, kvf_proxy_role_t role, 
     }
 }
 
+/* The finished request as vLLM's series count it (kvf_proxy_vllm.h). */
+static void kvf_proxy_flow_vllm(const kvf_proxy_flow_t *flow)
+{
+    const kvf_proxy_ttft_breakdown_t *bd = &flow->out.ttft_breakdown;
+    const kvf_proxy_kv_stats_t *kv = &flow->out.kv;
+    kvf_proxy_vllm_req_t v = {
+        .admitted = (flow->prefill_sent_us != 0),
+        .first_token = (flow->out.ttft_ms > 0),
+        .finished_reason = flow->done ? flow->out.finish_reason : "abort",
+        .ttft_s = flow->out.ttft_ms / 1000.0,
+        .e2e_s = (double)(kvf_proxy_now_us() - flow->t0_us) / 1e6,
+        .queue_s = -1.0,
+        .prefill_s = flow->has_prefill_timing ? flow->prefill_compute_ms / 1000.0 :
+                     ((flow->out.prefill_ms > 0) ? flow->out.prefill_ms / 1000.0 : -1.0),
+        .prompt_tokens = (uint32_t)flow->req->num_prompt,
+        .generation_tokens = (uint32_t)flow->out.num_tokens,
+        .max_tokens = flow->req->max_tokens,
+        .transfer = kv->valid,
+        .transfer_failed = kv->recomputed,
+        .transfer_s = kv->transfer_ms / 1000.0,
+        .post_s = bd->valid ? bd->phase_ms[KVF_PROXY_TTFT_PHASE_POSTING] / 1000.0 : -1.0,
+        .transfer_bytes = kv->bytes,
+        .transfer_descriptors = kv->descriptors,
+    };
+
+    if (bd->valid) {
+        v.queue_s = (bd->phase_ms[KVF_PROXY_TTFT_PHASE_PROXY_QUEUE] +
+                     bd->phase_ms[KVF_PROXY_TTFT_PHASE_PREFILL_QUEUE] +
+                     bd->phase_ms[KVF_PROXY_TTFT_PHASE_DECODE_QUEUE]) / 1000.0;
+    } else if (v.admitted) {
+        v.queue_s = ((double)(flow->prefill_sent_us - flow->t0_us) / 1000.0 +
+                     (flow->has_prefill_timing ? flow->prefill_queue_ms : 0.0)) / 1000.0;
+    }
+    kvf_proxy_vllm_request(&v);
+}
+
 void kvf_proxy_flow_finish(kvf_proxy_flow_t *flow)
 {
     const kvf_proxy_flow_ctx_t *ctx = flow->ctx;
@@ -684,6 +824,8 @@ void kvf_proxy_flow_finish(kvf_proxy_flow_t *flow)
     flow->prefill_call = NULL;
     kvf_proxy_call_end(flow->decode_call);
     flow->decode_call = NULL;
+    kvf_proxy_flow_unqueue(flow);
+    kvf_proxy_admit_kick(ctx->admit);   /* its slots freed: the queue's head tries */
     if (!flow->done) {
         /* Release the blocks on both sides: the decode may be mid-transfer,
          * and the prefill lease may not have been released yet. */
@@ -713,6 +855,7 @@ void kvf_proxy_flow_finish(kvf_proxy_flow_t *flow)
                                       kv->handshake_ms / 1000.0, 1);
         }
     }
+    kvf_proxy_flow_vllm(flow);
     kvf_proxy_metrics_in_flight(ctx->metrics, -1);
     free(flow->out.tokens);
     flow->out.tokens = NULL;

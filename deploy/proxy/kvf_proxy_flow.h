@@ -23,11 +23,15 @@
  *
  * A proxy that has just started has not heard from its instances yet: a
  * request that finds none healthy then waits (up to ctx->warmup_until_us)
- * for the first health round instead of failing at once.
+ * for the first health round instead of failing at once. A request that
+ * finds every instance at its outstanding bound waits in ctx->admit (first
+ * come first served, kvf_proxy_admit.h) while its predicted wait is inside
+ * its budget, until its deadline at most.
  */
 #ifndef KVF_PROXY_FLOW_H
 #define KVF_PROXY_FLOW_H
 
+#include "kvf_proxy_admit.h"
 #include "kvf_proxy_metrics.h"
 #include "kvf_proxy_openai.h"
 #include "kvf_proxy_pool.h"
@@ -52,6 +56,9 @@ typedef struct kvf_proxy_flow_ctx {
     int64_t             health_interval_ms;  /* the pool's probe period */
     int64_t             warmup_until_us;     /* until then a request that finds no healthy
                                               * instance waits for the first probes */
+    kvf_proxy_admit_h   admit;               /* where requests wait for a slot
+                                              * (kvf_proxy_admit.h); NULL: none, a full
+                                              * pool answers 503 at once */
 } kvf_proxy_flow_ctx_t;
 
 typedef enum {
@@ -91,6 +98,8 @@ typedef struct kvf_proxy_flow {
     void                             *gone_arg;
     kvf_proxy_call_notify_t           notify;
     void                             *notify_arg;
+    kvf_proxy_admit_entry_t           admit;       /* its place in ctx->admit while queued */
+    int64_t                           queued_us;   /* when it queued; 0: never */
 } kvf_proxy_flow_t;
 
 /**

@@ -219,7 +219,7 @@ void kvf_proxy_pool_render_metrics(kvf_proxy_pool_h pool, FILE *out)
                 if (g[m].live && !(f->healthy && f->connected)) {
                     continue;
                 }
-                fprintf(out, "%s{instance=\"", g[m].name);
+                fprintf(out, "%s{kvf_instance=\"", g[m].name);
                 kvf_proxy_label(out, f->url);
                 fprintf(out, "\",role=\"%s\",engine_id=\"",
                         kvf_proxy_role_name((kvf_proxy_role_t)role));

@@ -22,6 +22,7 @@
 #include "kvf_log.h"
 #include "kvf_array.h"
 #include "kvf_proxy_export.h"
+#include "kvf_proxy_vllm.h"
 
 #include <errno.h>
 #include <netdb.h>
@@ -173,8 +174,26 @@ static enum MHD_Result kvf_proxy_metrics_page(struct kvf_proxy_http *http,
             "kvf_proxy_connection_timeouts_total %llu\n", kvf_proxy_conns_count(http->conns),
             kvf_proxy_edge_suspended(http->edge),
             (unsigned long long)kvf_proxy_conns_timeouts(http->conns));
+    if (http->params.flow->admit != NULL) {
+        kvf_proxy_admit_h q = http->params.flow->admit;
+
+        fprintf(f, "# HELP kvf_proxy_admission_queue_requests Requests waiting in the proxy "
+                "for an instance slot (every instance at --max-outstanding).\n"
+                "# TYPE kvf_proxy_admission_queue_requests gauge\n"
+                "kvf_proxy_admission_queue_requests %u\n"
+                "# HELP kvf_proxy_admission_queue_prompt_tokens Their prompt tokens.\n"
+                "# TYPE kvf_proxy_admission_queue_prompt_tokens gauge\n"
+                "kvf_proxy_admission_queue_prompt_tokens %llu\n"
+                "# HELP kvf_proxy_admission_queued_total Requests that waited in that queue.\n"
+                "# TYPE kvf_proxy_admission_queued_total counter\n"
+                "kvf_proxy_admission_queued_total %llu\n", kvf_proxy_admit_count(q),
+                (unsigned long long)kvf_proxy_admit_tokens(q),
+                (unsigned long long)kvf_proxy_admit_total(q));
+    }
     kvf_proxy_pool_render_metrics(http->params.flow->pool, f);
     kvf_proxy_export_render(http->params.flow->pool, http->params.api->model_name, f);
+    kvf_proxy_vllm_render(http->params.flow->pool, http->params.api->model_name,
+                          http->params.api->max_model_len, f);
     fclose(f);
     return kvf_proxy_respond_ex(conn, MHD_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8",
                                 buf, false);

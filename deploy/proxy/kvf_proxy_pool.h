@@ -176,7 +176,7 @@ bool kvf_proxy_pool_ready(kvf_proxy_pool_h pool);
  */
 cJSON *kvf_proxy_pool_health_json(kvf_proxy_pool_h pool);
 
-/** Per-instance gauges in Prometheus text format (label instance="<url>", role). */
+/** Per-instance gauges in Prometheus text format (label kvf_instance="<url>", role). */
 void kvf_proxy_pool_render_metrics(kvf_proxy_pool_h pool, FILE *out);
 
 /**

@@ -465,3 +465,32 @@ kvf_status_t kvf_proxy_route_pick(kvf_proxy_pool_h pool, const kvf_proxy_route_r
                                     " /health)");
     }
 }
+
+double kvf_proxy_route_queue_wait_ms(kvf_proxy_pool_h pool, int num_tokens, uint64_t ahead)
+{
+    kvf_proxy_role_t role = KVF_PROXY_ROLE_PREFILL;
+    double best = -1;
+    uint64_t share;
+    int known = 0;
+
+    pthread_mutex_lock(&pool->lock);
+    for (int i = 0; i < pool->count[role]; ++i) {
+        known += (kvf_proxy_routable(&pool->inst[role][i].info) &&
+                  (kvf_proxy_route_rate(&pool->inst[role][i].info) > 0));
+    }
+    /* the proxy's queue drains over every instance with a rate: each takes its share */
+    share = (known > 0) ? (ahead + (uint64_t)known - 1) / (uint64_t)known : 0;
+    for (int i = 0; i < pool->count[role]; ++i) {
+        const kvf_proxy_instance_info_t *info = &pool->inst[role][i].info;
+        double rate = kvf_proxy_route_rate(info), w;
+
+        if (!kvf_proxy_routable(info) || (rate <= 0)) {
+            continue;
+        }
+        w = kvf_proxy_route_calibrated(info, kvf_proxy_route_wait_ms(
+            kvf_proxy_route_queued(info) + share, num_tokens, rate));
+        best = ((best < 0) || (w < best)) ? w : best;
+    }
+    pthread_mutex_unlock(&pool->lock);
+    return best;
+}

@@ -26,7 +26,10 @@
  * budget (min of --prefill-timeout and the time left before its deadline)
  * is refused at once with a 503 and a Retry-After, instead of waiting into a
  * 504. A prompt that alone would take longer than --prefill-timeout is a 400
- * (it can never be served).
+ * (it can never be served). A request that finds every instance at its
+ * --max-outstanding bound waits in the proxy's admission queue
+ * (kvf_proxy_admit.h) while kvf_proxy_route_queue_wait_ms() is inside the same
+ * headroom of its budget; past it, the same fast 503 with Retry-After.
  */
 #ifndef KVF_PROXY_ROUTE_H
 #define KVF_PROXY_ROUTE_H
@@ -99,6 +102,15 @@ double kvf_proxy_route_rate(const kvf_proxy_instance_info_t *info);
 
 /** @a wait_ms times @a info's wait calibration when that is above 1 (-1 stays -1). */
 double kvf_proxy_route_calibrated(const kvf_proxy_instance_info_t *info, double wait_ms);
+
+/**
+ * Predicted wait in ms before a prompt of @a num_tokens that queues in the
+ * proxy behind @a ahead queued prompt tokens gets its first token: the least
+ * over routable prefill instances of (their queued work + their share of
+ * @a ahead + the prompt) over their rate, calibrated; @a ahead is shared
+ * evenly by the instances with a measured rate. -1 while none has one.
+ */
+double kvf_proxy_route_queue_wait_ms(kvf_proxy_pool_h pool, int num_tokens, uint64_t ahead);
 
 /** Queued prompt work of prefill @a info in tokens: ours outstanding plus foreign. */
 uint64_t kvf_proxy_route_queued(const kvf_proxy_instance_info_t *info);

@@ -11,7 +11,7 @@ Supported:
   pipelines    a | f b  ==  f b a
   functions    include quote default toYaml nindent indent printf add sub mul div int
                until eq ne lt le gt ge not and or required trunc trimSuffix join list
-               dict index ternary fail empty len
+               dict index ternary fail empty len replace
   objects      .Values (values.yaml deep-merged with overrides; null deletes),
                .Release.Name/.Namespace/.Service/.IsInstall/.Revision,
                .Chart.Name/.Version/.AppVersion, .Template.Name
@@ -303,6 +303,7 @@ FUNCS = {
     "list": lambda w, *a: list(a),
     "empty": lambda w, v: not truthy(v),
     "len": lambda w, v: len(v),
+    "replace": lambda w, old, new, s: _gostr(s, w).replace(_gostr(old, w), _gostr(new, w)),
 }
 
 

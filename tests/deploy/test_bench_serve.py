@@ -14,9 +14,12 @@ ignored.
 """
 
 import csv
+import http.server
 import json
 import os
+import re
 import subprocess
+import threading
 
 import proxy_testlib as T
 from kvf_e2e import free_port_range, wait_for
@@ -59,6 +62,143 @@ def bench(kvf, url, args, tmp, name, expect_rc=0, env=None):
     return json.loads(p.stdout), rows
 
 
+# vLLM's result keys (vllm/benchmarks/serve.py: the run's result and main's additions;
+# with --save-detailed the per-request lists too). kvf bench-serve's JSON must hold them all.
+VLLM_KEYS = ["date", "endpoint_type", "backend", "label", "model_id", "tokenizer_id",
+             "num_prompts", "request_rate", "burstiness", "max_concurrency", "duration",
+             "completed", "failed", "total_input_tokens", "total_output_tokens",
+             "request_throughput", "request_goodput", "output_throughput",
+             "total_token_throughput", "latencies", "queue_times", "max_output_tokens_per_s",
+             "max_concurrent_requests", "rtfx", "mean_ttft_ms", "median_ttft_ms", "std_ttft_ms",
+             "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "std_tpot_ms", "p99_tpot_ms",
+             "mean_itl_ms", "median_itl_ms", "std_itl_ms", "p99_itl_ms"]
+VLLM_DETAILED = ["input_lens", "output_lens", "ttfts", "itls", "start_times",
+                 "generated_texts", "errors"]
+
+
+class Recorder(http.server.BaseHTTPRequestHandler):
+    """An OpenAI server stand-in that records what kvf bench-serve sends: GET /v1/models
+    lists "m"; POST /v1/completions streams 3 tokens ("a", "b", "c")."""
+    seen = []
+
+    def log_message(self, *_):
+        pass
+
+    def do_GET(self):
+        body = json.dumps({"object": "list", "data": [{"id": "m", "root": "m"}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):
+        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        Recorder.seen.append((dict(self.headers), req))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        for i, t in enumerate("abc"):
+            chunk = {"choices": [{"index": 0, "text": t, "token_ids": [65 + i],
+                                  "finish_reason": "length" if i == 2 else None}]}
+            if i == 2:
+                chunk["usage"] = {"prompt_tokens": len(req["prompt"]), "completion_tokens": 3}
+            self.wfile.write(("data: %s\n\n" % json.dumps(chunk)).encode())
+            self.wfile.flush()
+        self.wfile.write(b"data: [DONE]\n\n")
+
+
+def vllm_command_line(kvf, tmp):
+    """A `vllm bench serve` command line (its flags, as its docs spell them) run unchanged:
+    what goes on the wire and what the result JSON holds."""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = "http://127.0.0.1:%d" % srv.server_address[1]
+    res = os.path.join(tmp, "vllm-res")
+    try:
+        args = ["--backend", "vllm", "--base-url", url, "--model", "m", "--dataset-name",
+                "random", "--random-input-len", "12", "--random-output-len", "3",
+                "--random-prefix-len", "4", "--num-prompts", "4", "--label", "mylabel",
+                "--header", "x-a=1", "x-b=two", "--request-id-prefix", "t-",
+                "--top-p", "0.9", "--top-k", "5", "--min-p", "0.1", "--frequency-penalty",
+                "0.5", "--presence-penalty", "0.25", "--repetition-penalty", "1.1",
+                "--extra-body", '{"top_k": 7, "user": "u"}', "--ramp-up-strategy", "linear",
+                "--ramp-up-start-rps", "20", "--ramp-up-end-rps", "80", "--goodput", "ttft:0",
+                "--ready-check-timeout-sec", "5", "--save-result", "--save-detailed",
+                "--append-result", "--result-dir", res, "--result-filename", "r.json",
+                "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "99",
+                "--disable-tqdm", "--seed", "3"]
+        for _ in range(2):
+            p = subprocess.run([kvf, "bench-serve"] + args, capture_output=True, text=True,
+                               timeout=60)
+            T.check(p.returncode == 0, "vLLM's command line runs unchanged", p.stderr[-800:])
+        seen = Recorder.seen
+        T.check(len(seen) == 2 * (4 + 1), "4 requests and one ready-check request per run "
+                "(%d)" % len(seen))
+        hdrs, body = seen[-1]
+        T.check(hdrs.get("x-a") == "1" and hdrs.get("x-b") == "two" and
+                sorted(h["x-request-id"] for h, _ in seen[-4:]) == ["t-%d" % i for i in
+                                                                    range(4)],
+                "--header pairs and x-request-id = --request-id-prefix + index on the wire",
+                hdrs)
+        T.check(body["top_p"] == 0.9 and body["top_k"] == 7 and body["min_p"] == 0.1 and
+                body["frequency_penalty"] == 0.5 and body["presence_penalty"] == 0.25 and
+                body["repetition_penalty"] == 1.1 and body["user"] == "u" and
+                "temperature" not in body and body["ignore_eos"] is True and
+                body["model"] == "m" and len(body["prompt"]) == 16 and
+                len({tuple(b["prompt"][:4]) for _, b in seen}) == 1,
+                "sampling flags sent (--extra-body wins), no temperature unless asked, "
+                "ignore_eos for random, 4 shared prefix tokens + 12", body)
+        with open(os.path.join(res, "r.json")) as f:
+            docs = [json.loads(line) for line in f if line.strip()]
+        js = docs[-1]
+        missing = [k for k in VLLM_KEYS + VLLM_DETAILED if k not in js]
+        T.check(len(docs) == 2 and not missing, "--append-result: two documents, each with "
+                "every key vLLM writes", missing)
+        T.check(js["endpoint_type"] == "vllm" and js["label"] == "mylabel" and
+                js["completed"] == 4 and js["request_goodput"] == 0 and
+                js["generated_texts"] == ["abc"] * 4 and js["input_lens"] == [16] * 4 and
+                len(js["latencies"]) == 4 and len(js["start_times"]) == 4 and
+                js["ramp_up_strategy"] == "linear" and js["ramp_up_end_rps"] == 80,
+                "the result: endpoint_type, label, generated texts, latencies, start "
+                "times; --goodput ttft:0 is an SLO of 0 (goodput 0, not null)", js)
+        n0 = len(Recorder.seen)
+        p = subprocess.run([kvf, "bench-serve", "--base-url", url, "--dataset-name",
+                            "prefix_repetition", "--prefix-repetition-prefix-len", "5",
+                            "--prefix-repetition-suffix-len", "3",
+                            "--prefix-repetition-num-prefixes", "2",
+                            "--prefix-repetition-output-len", "3", "--num-prompts", "8",
+                            "--seed", "1", "--disable-tqdm"], capture_output=True, text=True,
+                           timeout=60)
+        bodies = [b for _, b in Recorder.seen[n0:]]
+        T.check(p.returncode == 0 and len(bodies) == 8 and
+                all(len(b["prompt"]) == 8 and b["max_tokens"] == 3 and "ignore_eos" not in b
+                    for b in bodies) and
+                len({tuple(b["prompt"][:5]) for b in bodies}) == 2 and
+                len({tuple(b["prompt"][5:]) for b in bodies}) == 8,
+                "prefix_repetition: 8 prompts of 5 + 3 tokens over 2 shared prefixes, each "
+                "suffix its own, max_tokens 3, no ignore_eos (vLLM forces it for random only)",
+                (p.stderr[-300:], [b["prompt"] for b in bodies]))
+        p = subprocess.run([kvf, "bench-serve", "--base-url", url, "--model", "wrong",
+                            "--num-prompts", "2"], capture_output=True, text=True, timeout=30)
+        T.check(p.returncode == 1 and "model 'wrong' is not served" in p.stderr and
+                "'m'" in p.stderr and len(Recorder.seen) == 18,
+                "a wrong --model: the ready check exits 1 naming the served models; nothing "
+                "sent", p.stderr)
+        for args_, flag in ((["--dataset-name", "sharegpt"], "dataset-name"),
+                            (["--ramp-up-strategy", "cubic"], "ramp-up-strategy"),
+                            (["--header", "nokey"], "header"),
+                            (["--extra-body", "[1]"], "extra-body"),
+                            (["--top-k", "1.5"], "top-k")):
+            p = subprocess.run([kvf, "bench-serve", "--base-url", url] + args_,
+                               capture_output=True, text=True, timeout=30)
+            T.check(p.returncode == 2 and ("--" + flag) in p.stderr,
+                    "%s refused by name" % " ".join(args_), p.stderr)
+    finally:
+        srv.shutdown()
+
+
 def main():
     T.run_with_procs(lambda a, procs, tmp: run(a, procs, tmp))
 
@@ -66,6 +206,7 @@ def main():
 def run(a, procs, tmp):
     kvf = os.path.join(os.path.dirname(os.path.realpath(os.path.join(a.fakebin, "kvf-proxy"))),
                        "kvf")
+    vllm_command_line(kvf, tmp)
     base = free_port_range(6)
     P = lambda i: "tcp://127.0.0.1:%d" % (base + i)  # noqa: E731
     T.start_fake(procs, a.testbin, "prefill", "prefill-fast", base + 0,
@@ -177,6 +318,13 @@ def run(a, procs, tmp):
     T.check(js["completed"] == 4 and js["failed"] == 4 and js["failures"] == {"http_502": 4} and
             all("fake prefill failure" in r["error"] for r in rows if r["ok"] == "0"),
             "a failing prefill: 4 of 8 counted as http_502 with the daemon's message", js)
+    T.check("fake prefill failure" in js["failure_examples"]["http_502"],
+            "the result names the first error text of each kind", js["failure_examples"])
+    p = subprocess.run([kvf, "bench-serve", "--url", px_fail.url, "--num-prompts", "4",
+                        "--max-concurrency", "1", "--input-len", "12", "--output-len", "6",
+                        "--progress", "no"], capture_output=True, text=True, timeout=60)
+    T.check(re.search(r"failed http_502:\s+2\s+first: .*fake prefill failure", p.stdout),
+            "the table prints each failure kind's count and first error text", p.stdout)
     _, px_hang = T.start_proxy(procs, a.fakebin, P(0), P(4), ["--model-name", "m"],
                                name="proxy-hang")
     px_hang.wait_healthy(timeout=10)
@@ -233,10 +381,13 @@ def run(a, procs, tmp):
     wait_for(lambda: all(i["healthy"] for r in ("prefill", "decode")
                          for i in kx.health()[1][r]), 10, "the keyed proxy's instances healthy")
     noise = {"KVF_PORT": "not-a-port", "KVF_MODEL": "/models/elsewhere", "KVF_NUM_PROMPTS": "x"}
-    js, _ = bench(kvf, kx.url, ["--num-requests", "3", "--model", "m"], tmp, "nokey",
-                  expect_rc=1, env=dict(noise, OPENAI_API_KEY=""))
-    T.check(js["completed"] == 0 and js["failures"] == {"http_401": 3},
-            "no key: 3 requests, each a counted 401", js)
+    p = subprocess.run([kvf, "bench-serve", "--url", kx.url, "--num-prompts", "3", "--model",
+                        "m", "--csv", os.path.join(tmp, "nokey.csv")], capture_output=True,
+                       text=True, timeout=60, env=dict(os.environ, **dict(noise,
+                                                                          OPENAI_API_KEY="")))
+    T.check(p.returncode == 1 and "HTTP 401" in p.stderr and "ready check" in p.stderr and
+            not os.path.exists(os.path.join(tmp, "nokey.csv")),
+            "no key: the ready check stops before the run with the server's 401", p.stderr)
     js, _ = bench(kvf, kx.url, ["--num-requests", "3"], tmp, "key",
                   env=dict(noise, OPENAI_API_KEY="s3cret"))
     T.check(js["completed"] == 3 and js["failed"] == 0 and js["sent"] == 3,

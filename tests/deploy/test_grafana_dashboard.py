@@ -6,14 +6,17 @@ sample names it exports (histograms with _bucket, _sum, _count). Then:
 
 1. The dashboard is valid JSON with unique panel ids, every panel's
    datasource the $datasource variable, and at least one query per panel.
-2. Every query (panel targets and template variables) names kvf_ series
-   only, and every kvf_ name in it is one /metrics exports; a planted
-   misspelt name is caught by the same check.
+2. Every query (panel targets and template variables) names kvf_ or vllm:
+   series only, and every name in it is one /metrics exports; a planted
+   misspelt name is caught by the same check. Every panel query, evaluated
+   over a scrape before and one after the completion (promql_mini.py), answers
+   with at least one series.
 3. The vLLM-equivalent series (kvf_num_requests_running/_waiting,
    kvf_kv_cache_usage_perc, kvf_kv_failed_transfers_total,
    kvf_kv_transfer_bytes) are exported with model_name="tiny" and real
    values (one transfer of 5 prompt tokens x 1000 bytes from the fake), and
-   each is charted, filtered by $model_name.
+   the dashboard charts vLLM's names (vllm:time_to_first_token_seconds, ...),
+   each filtered by $model_name.
 
 Rerun:
   python3 tests/deploy/test_grafana_dashboard.py --fakebin build/tests/fakebin \
@@ -28,11 +31,15 @@ import urllib.request
 
 import proxy_testlib as T
 from kvf_e2e import Metrics, free_port_range, repo_root, wait_for
+from promql_mini import Evaluator, parse_exposition
 
 DASH = os.path.join(repo_root(), "deploy", "grafana", "kvferry.json")
-VLLM_EQUIVALENTS = ["kvf_num_requests_running", "kvf_num_requests_waiting",
-                    "kvf_kv_cache_usage_perc", "kvf_kv_failed_transfers_total",
-                    "kvf_kv_transfer_bytes"]
+VLLM_CHARTED = ["vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
+                "vllm:e2e_request_latency_seconds", "vllm:prompt_tokens_total",
+                "vllm:generation_tokens_total", "vllm:request_success_total",
+                "vllm:num_requests_running", "vllm:num_requests_waiting",
+                "vllm:kv_cache_usage_perc", "vllm:nixl_bytes_transferred",
+                "vllm:nixl_xfer_time_seconds", "vllm:nixl_num_failed_transfers_total"]
 
 
 def exported(text):
@@ -57,10 +64,14 @@ def queries(dash):
 
 
 def series_in(expr):
-    """kvf_ metric names a PromQL expression reads (label values in quotes ignored)."""
-    bare = re.sub(r'"[^"]*"', '""', expr)
-    return set(re.findall(r"\b(kvf_[a-zA-Z0-9_]+)\b", bare)), \
-        set(re.findall(r"\b(vllm:[a-zA-Z0-9_:]+|[a-z_]+:[a-z_:]+)\b", bare))
+    """(kvf_ and vllm: metric names, other names with a colon) a PromQL expression reads
+    (label values in quotes and label names in braces ignored)."""
+    bare = re.sub(r'\{[^}]*\}', '', re.sub(r'"[^"]*"', '""', expr))
+    bare = re.sub(r'(label_values\([^,()]*),[^)]*\)', r'\1)', bare)   # its label name
+    ours = set(re.findall(r"(?<![a-zA-Z0-9_:])((?:kvf_|vllm:)[a-zA-Z0-9_:]+)", bare))
+    foreign = set(re.findall(r"(?<![a-zA-Z0-9_:])([a-zA-Z_][a-zA-Z0-9_]*:[a-zA-Z0-9_:]+)",
+                             bare)) - ours
+    return ours, foreign
 
 
 def check_queries(dash, names):
@@ -68,7 +79,7 @@ def check_queries(dash, names):
     for where, expr in queries(dash):
         kvf, foreign = series_in(expr)
         if not kvf:
-            bad.append("%s: %r reads no kvf_ series" % (where, expr))
+            bad.append("%s: %r reads no kvf_ or vllm: series" % (where, expr))
         if foreign:
             bad.append("%s: %r reads series kvferry does not export: %s" % (where, expr,
                                                                             sorted(foreign)))
@@ -97,9 +108,11 @@ def main():
         _, px = T.start_proxy(procs, a.fakebin, "tcp://127.0.0.1:%d" % base,
                               "tcp://127.0.0.1:%d" % (base + 2), extra=["--model-name", "tiny"])
         wait_for(lambda: px.health()[0] == 200, 15, "proxy healthy")
+        text_before = urllib.request.urlopen(px.url + "/metrics", timeout=10).read().decode()
         r = px.complete("hello", max_tokens=3)
         T.check(r["kv_transfer"]["bytes"] == 5000, "one completion, 5000 KV bytes")
         text = urllib.request.urlopen(px.url + "/metrics", timeout=10).read().decode()
+        before_text = text_before
     finally:
         procs.stop_all()
     names = exported(text)
@@ -122,10 +135,15 @@ def main():
             T.check(v is not None and 0 <= v <= (1 if "perc" in s else 1e9),
                     "%s{model_name=\"tiny\",role=\"%s\"} = %s" % (s, role, v))
     charted = {n for _, e in queries(dash) for n in series_in(e)[0]}
-    for s in VLLM_EQUIVALENTS:
-        hits = [e for _, e in queries(dash) if re.search(r"\b%s(_bucket|_sum|_count)?\{" % s, e)]
+    for s in VLLM_CHARTED:
+        hits = [e for _, e in queries(dash) if re.search(r"%s(_bucket|_sum|_count)?\{" % s, e)]
         T.check(hits and all('model_name=~"$model_name"' in e for e in hits),
                 "%s is charted, filtered by $model_name" % s)
+    ev = Evaluator(parse_exposition(before_text), parse_exposition(text), 1.0,
+                   variables={"model_name": ".*", "kvf_instance": ".*"})
+    empty = ["%s: %r" % (w, e) for w, e in queries(dash) if not w.startswith("variable ")
+             and not ev.eval(e)]
+    T.check(not empty, "every panel query answers with at least one series", "\n".join(empty))
 
     # 2. every query reads exported series only; a planted typo is caught
     bad = check_queries(dash, names)
@@ -134,8 +152,10 @@ def main():
     planted = json.loads(json.dumps(dash))
     planted["panels"][1]["targets"][0]["expr"] = "rate(kvf_proxy_request_total[5m])"
     T.check(check_queries(planted, names), "a misspelt series in a query is reported")
-    planted["panels"][1]["targets"][0]["expr"] = "vllm:num_requests_waiting"
-    T.check(check_queries(planted, names), "a vLLM series name in a query is reported")
+    planted["panels"][1]["targets"][0]["expr"] = "vllm:num_request_waiting"
+    T.check(check_queries(planted, names), "a misspelt vLLM series name in a query is reported")
+    planted["panels"][1]["targets"][0]["expr"] = "sglang:num_queue_reqs"
+    T.check(check_queries(planted, names), "another server's series in a query is reported")
     print("grafana: %d panels, %d queries over %d distinct series, all exported by /metrics "
           "(%d sample names)" % (len(ids), len(queries(dash)), len(charted), len(names)))
 

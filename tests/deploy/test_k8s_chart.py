@@ -8,7 +8,7 @@ and Helm's functions the chart uses, strict (anything else is an error). Its
 own behaviour is checked first against outputs written out by hand from Go's
 template rules.
 
-For each of three sets of values (the defaults: CUDA image, GPUs, keys, a
+For each of four sets of values (the defaults: CUDA image, GPUs, keys, a
 PVC made by the chart; a CPU lab pool: no GPUs, --insecure, an existing
 claim, resources; RDMA: the RDMA resource, IPC_LOCK, UCX_NET_DEVICES/TLS,
 another release name and namespace):
@@ -23,10 +23,18 @@ another release name and namespace):
 3. GPUs (one per TP rank), --device gpu.device and the CUDA image exactly when
    gpu.enabled; the RDMA resource, IPC_LOCK and UCX_NET_DEVICES exactly when rdma.enabled;
    keys from the Secret (mounted, --keys) unless keys.insecure;
-4. discovery: the proxy lists every ordinal up to maxReplicas by its stable
-   name pod.service on the daemons' control port, the Services publish not
-   ready pods, and scaling either StatefulSet (replicas within maxReplicas)
-   renders the proxy's Deployment byte for byte the same;
+4. discovery: the proxy reads every ordinal up to maxReplicas by its stable
+   name pod.service on the daemons' control port from a ConfigMap file (no
+   255-character option: 8 prefill and 12 decode pods render), the Services
+   publish not ready pods, and scaling either StatefulSet (replicas within
+   maxReplicas) renders the proxy's Deployment byte for byte the same;
+   every daemon serves --metrics-port, its probes GET /health there (or the
+   probes the values give), the proxy Service's port is service-port;
+   podAnnotations, runtimeClassName, priorityClassName, nodeSelector,
+   tolerations and affinity reach every workload; the API key comes from a
+   Secret (KVF_API_KEY), TLS from a Secret (--tls-cert, HTTPS probes); PDBs,
+   the Ingress and Gateway HTTPRoute, ServiceMonitors (honorLabels) and the
+   HPAs or KEDA ScaledObjects on vllm:num_requests_waiting when enabled;
 5. every flag a pod passes is one the built program lists in --help.
 
 Also: values the chart refuses (a list too long for the proxy's option, no
@@ -74,7 +82,34 @@ VALUE_SETS = {
         "model": {"volume": {"storageClassName": "fast-rwx", "size": "500Gi"}},
         "proxy": {"service": {"type": "LoadBalancer"}, "replicas": 2},
     }, "kv", "serving"),
+    # 8 prefill and 12 decode pods, every operating value on
+    "scale-out": ({
+        "prefill": {"replicas": 8, "maxReplicas": 8,
+                    "probes": {"liveness": {"httpGet": {"path": "/health", "port": "metrics"},
+                                            "periodSeconds": 30, "failureThreshold": 4}}},
+        "decode": {"replicas": 12, "maxReplicas": 12},
+        "proxy": {"apiKey": {"secretName": "llm-api-key"}, "tls": {"secretName": "llm-tls"},
+                  "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                      {"weight": 1, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                                                        "labelSelector": {"matchLabels": {
+                                                            "app.kubernetes.io/component": "proxy"}}}}]}}},
+        "podAnnotations": {"example.com/team": "llm"},
+        "runtimeClassName": "nvidia",
+        "priorityClassName": "serving-high",
+        "ingress": {"enabled": True, "className": "nginx", "host": "llm.example.com",
+                    "tls": [{"hosts": ["llm.example.com"], "secretName": "llm-tls"}]},
+        "gateway": {"enabled": True, "parentRefs": [{"name": "public", "namespace": "gw"}],
+                    "hostnames": ["llm.example.com"]},
+        "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"},
+                                       "scrapeDaemons": True}},
+        "autoscaling": {"hpa": {"enabled": True}},
+    }, "big", "serving"),
 }
+
+# Kinds of custom resources (their CRDs are not in the Kubernetes schema): checked by
+# structure below instead of by kubernetes-validate.
+CRDS = {"ServiceMonitor": "monitoring.coreos.com/v1", "HTTPRoute": "gateway.networking.k8s.io/v1",
+        "ScaledObject": "keda.sh/v1alpha1"}
 
 
 # ---------------------------------------------------------------- the renderer itself
@@ -159,6 +194,9 @@ def check_set(label, overrides, release, ns, schema_versions):
     docs = render_chart(CHART, overrides, release=release, namespace=ns)
     v = merged(overrides)
     for fn, d in docs:
+        if d["kind"] in CRDS:
+            assert d["apiVersion"] == CRDS[d["kind"]], (label, fn, d["apiVersion"])
+            continue
         for ver in schema_versions:
             try:
                 kv.validate(d, ver, strict=True)
@@ -240,17 +278,40 @@ def check_set(label, overrides, release, ns, schema_versions):
             listen = int(f["listen"].rsplit(":", 1)[1])
             assert listen == vr["controlPort"] and listen in [p["port"] for p in svc["spec"]["ports"]]
             assert f["engine-id"] == "$POD_NAME", (label, role, f)
+            assert int(f["metrics-port"]) == v["metrics"]["daemonPort"] and \
+                f["served-model-name"] == v["model"]["name"], (label, role, f)
+            for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                want = (vr["probes"] or {}).get(probe[:-5])
+                got = c[probe]
+                assert got == want if want else got["httpGet"] == {"path": "/health",
+                                                                    "port": "metrics"}, \
+                    (label, role, probe, got)
         else:
             assert c["image"] == "%s:%s" % (v["image"]["cpu"]["repository"],
                                             v["image"]["cpu"]["tag"]), (label, c["image"])
             assert not limits or not any("gpu" in k or "rdma" in k for k in limits)
             assert svcs[names["proxy"]]["spec"]["type"] == v["proxy"]["service"]["type"]
+            cm = by_kind(docs, "ConfigMap")[names["proxy"] + "-endpoints"]
+            assert any(x["name"] == "endpoints" and x["configMap"]["name"] == cm["metadata"]["name"]
+                       for x in spec["volumes"]), (label, spec["volumes"])
             for role2 in ("prefill", "decode"):
                 vr = v[role2]
                 want = ["tcp://%s-%d.%s:%d" % (names[role2], k, names[role2], vr["controlPort"])
                         for k in range(vr["maxReplicas"])]
-                assert f[role2].split(",") == want, (label, role2, f[role2], want)
-                assert len(f[role2]) <= 255, (label, role2, len(f[role2]))
+                got = cm["data"][role2].split()
+                assert got == want, (label, role2, got, want)
+                assert f[role2 + "-file"] == "/etc/kvferry/endpoints/" + role2, (label, f)
+            env_from = {e["name"]: e.get("valueFrom") for e in c.get("env", [])}
+            if v["proxy"]["apiKey"]["secretName"]:
+                assert env_from["KVF_API_KEY"]["secretKeyRef"] == {
+                    "name": v["proxy"]["apiKey"]["secretName"],
+                    "key": v["proxy"]["apiKey"]["secretKey"]}, (label, env_from)
+            if v["proxy"]["tls"]["secretName"]:
+                assert f["tls-cert"] == "/etc/kvferry/tls/tls.crt" and \
+                    vols["tls"]["secret"]["secretName"] == v["proxy"]["tls"]["secretName"] and \
+                    c["readinessProbe"]["httpGet"]["scheme"] == "HTTPS", (label, f)
+            svc_ports = [p["name"] for p in svcs[names["proxy"]]["spec"]["ports"]]
+            assert svc_ports == ["service-port"], (label, svc_ports)
         if v["keys"]["insecure"]:
             assert "insecure" in f and "keys" not in f and "keys" not in vols, (label, role)
         else:
@@ -259,6 +320,18 @@ def check_set(label, overrides, release, ns, schema_versions):
             assert any(m["name"] == "keys" and m["mountPath"] == "/etc/kvferry/keys"
                        for m in c["volumeMounts"])
         n_flags += check_flags(role, c)
+        annotations = w["spec"]["template"]["metadata"].get("annotations", {})
+        for k, val in v["podAnnotations"].items():
+            assert annotations.get(k) == val, (label, role, annotations)
+        assert spec.get("runtimeClassName", "") == v["runtimeClassName"] and \
+            spec.get("priorityClassName", "") == v["priorityClassName"], (label, role)
+        wants = {"nodeSelector": v[role]["nodeSelector"], "tolerations": v[role]["tolerations"],
+                 "affinity": v[role]["affinity"]}
+        for k, want in wants.items():
+            assert spec.get(k, type(want)()) == want, (label, role, k)
+        assert c.get("resources") == (v[role]["resources"] if role == "proxy" else
+                                      c.get("resources")), (label, role)
+    check_extras(label, docs, v, names)
     # scaling within maxReplicas: the proxy's Deployment does not change
     scaled = copy.deepcopy(overrides)
     for role in ("prefill", "decode"):
@@ -277,6 +350,57 @@ def check_set(label, overrides, release, ns, schema_versions):
               "insecure" if v["keys"]["insecure"] else "from Secret " + v["keys"]["secretName"],
               v["prefill"]["maxReplicas"], v["decode"]["maxReplicas"], n_flags))
     return docs
+
+
+def check_extras(label, docs, v, names):
+    """The operating objects: PDBs, the route, the ServiceMonitors, the autoscalers."""
+    pdbs = by_kind(docs, "PodDisruptionBudget")
+    if v["podDisruptionBudget"]["enabled"]:
+        assert sorted(pdbs) == sorted(names.values()), (label, list(pdbs))
+        for role, n in names.items():
+            sel = pdbs[n]["spec"]["selector"]["matchLabels"]
+            assert sel["app.kubernetes.io/component"] == role and \
+                pdbs[n]["spec"]["maxUnavailable"] == v["podDisruptionBudget"]["maxUnavailable"]
+    ing, routes = by_kind(docs, "Ingress"), by_kind(docs, "HTTPRoute")
+    assert bool(ing) == v["ingress"]["enabled"] and bool(routes) == v["gateway"]["enabled"]
+    for d in ing.values():
+        (rule,) = d["spec"]["rules"]
+        back = rule["http"]["paths"][0]["backend"]["service"]
+        assert back == {"name": names["proxy"], "port": {"name": "service-port"}} and \
+            rule.get("host", "") == v["ingress"]["host"], (label, rule)
+    for d in routes.values():
+        assert d["spec"]["parentRefs"] == v["gateway"]["parentRefs"] and \
+            d["spec"]["rules"][0]["backendRefs"] == [{"name": names["proxy"],
+                                                     "port": v["proxy"]["port"]}], (label, d)
+    sm, sm_v = by_kind(docs, "ServiceMonitor"), v["metrics"]["serviceMonitor"]
+    want_sm = ([names["proxy"]] + ([names["prefill"], names["decode"]]
+                                   if sm_v["scrapeDaemons"] else [])) if sm_v["enabled"] else []
+    assert sorted(sm) == sorted(want_sm), (label, list(sm))
+    for n, d in sm.items():
+        (ep,) = d["spec"]["endpoints"]
+        assert ep["honorLabels"] is True and ep["port"] == ("service-port" if n == names["proxy"]
+                                                            else "metrics"), (label, ep)
+        for k, val in sm_v["labels"].items():
+            assert d["metadata"]["labels"][k] == val
+    hpas, keda = by_kind(docs, "HorizontalPodAutoscaler"), by_kind(docs, "ScaledObject")
+    a = v["autoscaling"]
+    assert bool(hpas) == a["hpa"]["enabled"] and bool(keda) == a["keda"]["enabled"]
+    for role in ("prefill", "decode"):
+        for d in list(hpas.values()) + list(keda.values()):
+            if d["metadata"]["name"] != names[role]:
+                continue
+            spec = d["spec"]
+            assert spec["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "StatefulSet",
+                                              "name": names[role]}, (label, spec)
+            lo, hi = (spec["minReplicas"], spec["maxReplicas"]) if d["kind"] != "ScaledObject" \
+                else (spec["minReplicaCount"], spec["maxReplicaCount"])
+            assert (lo, hi) == (v[role]["replicas"], v[role]["maxReplicas"]), (label, lo, hi)
+            if d["kind"] == "HorizontalPodAutoscaler":
+                assert spec["metrics"][0]["pods"]["metric"]["name"] == \
+                    "vllm:num_requests_waiting", (label, spec)
+            else:
+                q = spec["triggers"][0]["metadata"]["query"]
+                assert "vllm:num_requests_waiting" in q and v["model"]["name"] in q, q
 
 
 _HELP = {}
@@ -300,7 +424,10 @@ def check_flags(role, c):
 
 
 def check_refused():
-    for over, why in (({"decode": {"maxReplicas": 9}}, "255 at most"),
+    for over, why in (({"decode": {"maxReplicas": 65}}, "at most 64"),
+                      ({"autoscaling": {"hpa": {"enabled": True}, "keda": {"enabled": True}}},
+                       "not both"),
+                      ({"gateway": {"enabled": True}}, "gateway.parentRefs"),
                       ({"model": {"volume": {"create": False}}}, "existingClaim is needed")):
         try:
             render_chart(CHART, over)
@@ -308,7 +435,8 @@ def check_refused():
             assert why in str(e), (over, str(e))
             continue
         raise AssertionError("the chart rendered %r" % (over,))
-    print("refused: a proxy list over 255 characters, a missing model claim")
+    print("refused: more than 64 instances of a role, HPA and KEDA at once, a Gateway route "
+          "without a parent, a missing model claim")
 
 
 def check_dockerfile_cuda(docs):

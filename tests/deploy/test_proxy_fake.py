@@ -127,7 +127,7 @@ def run(a, procs):
     T.check(m.value("kvf_proxy_time_to_first_token_seconds_count") == 5 and
             m.value("kvf_proxy_inter_token_latency_seconds_count") == 4 + 6 + 8 + 2 + 2,
             "TTFT per request, ITL per decode token")
-    T.check(m.value("kvf_instance_free_pages", instance=P(1), role="decode",
+    T.check(m.value("kvf_instance_free_pages", kvf_instance=P(1), role="decode",
                     engine_id="decode-0") is not None, "free pages gauge per instance")
 
     # Client goes away mid-stream on a slow decode: the proxy aborts on both instances.
@@ -186,13 +186,13 @@ def run(a, procs):
     T.check(isinstance(live["free_pages"], int) and isinstance(live["running"], int),
             "/health: the live instance's gauges are numbers")
     m = px.metrics()
-    T.check(m.value("kvf_instance_healthy", instance=P(2), role="decode",
+    T.check(m.value("kvf_instance_healthy", kvf_instance=P(2), role="decode",
                     engine_id="decode-1") == 0 and
-            m.value("kvf_instance_free_pages", instance=P(2), role="decode",
+            m.value("kvf_instance_free_pages", kvf_instance=P(2), role="decode",
                     engine_id="decode-1") is None and
-            m.value("kvf_instance_running_requests", instance=P(2), role="decode",
+            m.value("kvf_instance_running_requests", kvf_instance=P(2), role="decode",
                     engine_id="decode-1") is None and
-            m.value("kvf_instance_free_pages", instance=P(1), role="decode",
+            m.value("kvf_instance_free_pages", kvf_instance=P(1), role="decode",
                     engine_id="decode-0") is not None,
             "/metrics: a dead instance's live gauges are left out, healthy = 0 stays")
     for _ in range(3):

@@ -104,7 +104,7 @@ def main():
             T.check(m.types.get("kvf_proxy_time_to_first_token_seconds") == "histogram" and
                     m.value("kvf_proxy_time_to_first_token_seconds_count") == 0,
                     "TTFT histogram present and empty")
-            T.check(m.value("kvf_instance_healthy", instance="tcp://127.0.0.1:%d" % base,
+            T.check(m.value("kvf_instance_healthy", kvf_instance="tcp://127.0.0.1:%d" % base,
                             role="prefill", engine_id="") == 0,
                     "per-instance health gauge is 0")
             for name in ("kvf_proxy_kv_transfer_bytes_total",

@@ -14,7 +14,8 @@
    prompts queues at prefill, then decode-0 is SIGKILLed. Every request is
    served by decode-1 (re-routed after prefill), none fails, none is answered
    by the dead instance.
-3. Bounded queues: prefill --max-queue 2 and the proxy's --max-outstanding 3;
+3. Bounded queues: prefill --max-queue 2 and the proxy's --max-outstanding 3 (no
+   admission queue: --admission-queue-bytes 0);
    a burst of 10 long prompts: each is served or refused at once with a 503
    that names the bound, at most 2 wait at prefill at any time (/health).
 """
@@ -98,8 +99,11 @@ def decode_killed_in_prefill(model, refs):
 
 
 def bounded_queues(model, refs):
+    # no admission queue in the proxy: the bounds themselves answer (the queue is
+    # tests/e2e/test_e2e_admission_queue.py)
     with Pool(layout="1p1d", model=model, prefill_args=["--max-queue", "2"],
-              proxy_args=["--max-outstanding", "3"], timeout=120) as pool:
+              proxy_args=["--max-outstanding", "3", "--admission-queue-bytes", "0"],
+              timeout=120) as pool:
         assert ov.post(pool, ov.PROMPTS[0])["status"] == 200
         p0 = pool.health()[1]["prefill"][0]
         assert p0["max_queue"] == 2, p0

@@ -47,25 +47,33 @@ app.kubernetes.io/component: {{ .role }}
 {{- end -}}
 
 {{/*
-The endpoint list the proxy serves from: one stable DNS name per StatefulSet
-ordinal up to maxReplicas (pod.service, resolved in the pod's namespace
-through its DNS search path), so scaling a StatefulSet within maxReplicas
-changes nothing in the proxy. ZeroMQ resolves a name at every connect
-attempt; a pod that does not exist is an instance the proxy reports
-unhealthy and never routes to. The list is one proxy option, at most 255
-characters: rendering fails above that.
+The endpoints the proxy serves from, one per line: one stable DNS name per
+StatefulSet ordinal up to maxReplicas (pod.service, resolved in the pod's
+namespace through its DNS search path), so scaling a StatefulSet within
+maxReplicas changes nothing in the proxy. ZeroMQ resolves a name at every
+connect attempt; a pod that does not exist is an instance the proxy reports
+unhealthy and never routes to. The list is a ConfigMap file the proxy reads
+(--prefill-file, --decode-file): no length limit; at most 64 per role.
 (dict "root" $ "role" "prefill" "v" $.Values.prefill)
 */}}
 {{- define "kvferry.endpoints" -}}
 {{- $name := printf "%s-%s" .root.Release.Name .role -}}
-{{- $list := "" -}}
-{{- range $i := until (int .v.maxReplicas) -}}
-{{- $list = printf "%s%stcp://%s-%d.%s:%d" $list (ternary "," "" (gt $i 0)) $name $i $name (int $.v.controlPort) -}}
+{{- if gt (int .v.maxReplicas) 64 -}}
+{{- fail (printf "%s.maxReplicas %d: the proxy serves at most 64 instances of a role" .role (int .v.maxReplicas)) -}}
 {{- end -}}
-{{- if gt (len $list) 255 -}}
-{{- fail (printf "%s.maxReplicas %d: the proxy's --%s list would be %d characters (255 at most); lower it or shorten the release name" .role (int .v.maxReplicas) .role (len $list)) -}}
+{{- range $i := until (int .v.maxReplicas) }}
+tcp://{{ $name }}-{{ $i }}.{{ $name }}:{{ int $.v.controlPort }}
 {{- end -}}
-{{ $list }}
+{{- end -}}
+
+{{/* Pod-level settings every workload shares: runtime and priority class. */}}
+{{- define "kvferry.podClasses" -}}
+{{- with .Values.runtimeClassName }}
+runtimeClassName: {{ . }}
+{{- end }}
+{{- with .Values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
 {{- end -}}
 
 {{/* Environment of a daemon container. */}}
@@ -149,19 +157,33 @@ capabilities:
 {{- end }}
 {{- end -}}
 
-{{/* startup, readiness and liveness probes of a daemon: its control socket accepts
-connections once the model is loaded and the engine runs (it binds after both). */}}
+{{/* startup, readiness and liveness probes of a daemon: GET /health on its metrics port
+(503 while the model loads, after SIGTERM, once its TP world broke, or when its loop is
+stuck); a probe given in the role's probes replaces the default.
+(dict "v" $.Values.prefill) */}}
 {{- define "kvferry.daemonProbes" -}}
 startupProbe:
-  tcpSocket: {port: control}
+{{- with .v.probes.startup }}
+  {{- toYaml . | nindent 2 }}
+{{- else }}
+  httpGet: {path: /health, port: metrics}
   periodSeconds: 5
-  failureThreshold: {{ div .startupSeconds 5 }}
+  failureThreshold: {{ div .v.startupSeconds 5 }}
+{{- end }}
 readinessProbe:
-  tcpSocket: {port: control}
+{{- with .v.probes.readiness }}
+  {{- toYaml . | nindent 2 }}
+{{- else }}
+  httpGet: {path: /health, port: metrics}
   periodSeconds: 5
   failureThreshold: 2
+{{- end }}
 livenessProbe:
-  tcpSocket: {port: control}
+{{- with .v.probes.liveness }}
+  {{- toYaml . | nindent 2 }}
+{{- else }}
+  httpGet: {path: /health, port: metrics}
   periodSeconds: 10
-  failureThreshold: 3
+  failureThreshold: 6
+{{- end }}
 {{- end -}}

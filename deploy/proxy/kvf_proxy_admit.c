@@ -1,0 +1,156 @@
+/*
+ * kvf-proxy's admission queue (see kvf_proxy_admit.h): a doubly linked list
+ * of the flows' own entries under one mutex, with the queued token count.
+ * Design: head-only tries, each admission waking the next, so the order is
+ * first come first served and an idle queue costs nothing. Rejected: every
+ * waiting request polling the pool (hundreds of wake-ups per freed slot and
+ * no order).
+ */
+#include "kvf_proxy_admit.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+
+struct kvf_proxy_admit {
+    pthread_mutex_t          lock;
+    kvf_proxy_admit_entry_t *head, *tail;
+    uint64_t                 tokens;
+    uint32_t                 count;
+    uint64_t                 total;
+    uint64_t                 max_bytes;
+};
+
+kvf_status_t kvf_proxy_admit_create(uint64_t max_bytes, kvf_proxy_admit_h *queue_p)
+{
+    struct kvf_proxy_admit *q = calloc(1, sizeof(*q));
+
+    if (q == NULL) {
+        return KVF_ERR_NO_MEMORY;
+    }
+    pthread_mutex_init(&q->lock, NULL);
+    q->max_bytes = max_bytes;
+    *queue_p = q;
+    return KVF_OK;
+}
+
+void kvf_proxy_admit_destroy(kvf_proxy_admit_h q)
+{
+    if (q != NULL) {
+        pthread_mutex_destroy(&q->lock);
+        free(q);
+    }
+}
+
+bool kvf_proxy_admit_enqueue(kvf_proxy_admit_h q, kvf_proxy_admit_entry_t *e, uint64_t tokens,
+                             kvf_proxy_call_notify_t notify, void *arg)
+{
+    bool ok;
+
+    pthread_mutex_lock(&q->lock);
+    ok = (q->tokens + tokens) * KVF_PROXY_ADMIT_BYTES_PER_TOKEN <= q->max_bytes;
+    if (ok) {
+        e->prev = q->tail;
+        e->next = NULL;
+        e->notify = notify;
+        e->notify_arg = arg;
+        e->tokens = tokens;
+        e->queued = true;
+        if (q->tail != NULL) {
+            q->tail->next = e;
+        } else {
+            q->head = e;
+        }
+        q->tail = e;
+        q->tokens += tokens;
+        q->count++;
+        q->total++;
+    }
+    pthread_mutex_unlock(&q->lock);
+    return ok;
+}
+
+bool kvf_proxy_admit_is_head(kvf_proxy_admit_h q, const kvf_proxy_admit_entry_t *e)
+{
+    bool head;
+
+    pthread_mutex_lock(&q->lock);
+    head = (q->head == e);
+    pthread_mutex_unlock(&q->lock);
+    return head;
+}
+
+/* Wake the head (q->lock held). */
+static void kvf_proxy_admit_wake_locked(kvf_proxy_admit_h q)
+{
+    if ((q->head != NULL) && (q->head->notify != NULL)) {
+        q->head->notify(q->head->notify_arg);
+    }
+}
+
+void kvf_proxy_admit_remove(kvf_proxy_admit_h q, kvf_proxy_admit_entry_t *e)
+{
+    pthread_mutex_lock(&q->lock);
+    if (e->queued) {
+        if (e->prev != NULL) {
+            e->prev->next = e->next;
+        } else {
+            q->head = e->next;
+        }
+        if (e->next != NULL) {
+            e->next->prev = e->prev;
+        } else {
+            q->tail = e->prev;
+        }
+        e->prev = e->next = NULL;
+        e->queued = false;
+        q->tokens -= e->tokens;
+        q->count--;
+        kvf_proxy_admit_wake_locked(q);
+    }
+    pthread_mutex_unlock(&q->lock);
+}
+
+void kvf_proxy_admit_kick(kvf_proxy_admit_h q)
+{
+    if (q == NULL) {
+        return;
+    }
+    pthread_mutex_lock(&q->lock);
+    kvf_proxy_admit_wake_locked(q);
+    pthread_mutex_unlock(&q->lock);
+}
+
+uint64_t kvf_proxy_admit_tokens(kvf_proxy_admit_h q)
+{
+    uint64_t n;
+
+    pthread_mutex_lock(&q->lock);
+    n = q->tokens;
+    pthread_mutex_unlock(&q->lock);
+    return n;
+}
+
+uint32_t kvf_proxy_admit_count(kvf_proxy_admit_h q)
+{
+    uint32_t n;
+
+    pthread_mutex_lock(&q->lock);
+    n = q->count;
+    pthread_mutex_unlock(&q->lock);
+    return n;
+}
+
+uint64_t kvf_proxy_admit_total(kvf_proxy_admit_h q)
+{
+    uint64_t n;
+
+    pthread_mutex_lock(&q->lock);
+    n = q->total;
+    pthread_mutex_unlock(&q->lock);
+    return n;
+}
+
+uint64_t kvf_proxy_admit_max_bytes(kvf_proxy_admit_h q)
+{
+    return q->max_bytes;
+}
