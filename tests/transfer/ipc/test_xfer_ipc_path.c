@@ -692,6 +692,7 @@ static void fallback_case(int port, const char *expect_why, kvf_connector_path_t
         assert_non_null(strstr(st.path_why, expect_why));
         assert_int_equal(gathers, 0);
         assert_true(kvf_ucx_agent_ops_posted(dec->ranks[0].agent) > 0);
+        assert_int_equal(closes, opens);             /* nothing stays mapped for a "no" */
         check_1p1d(dpool, ppool);
     }
     ops->destroy(dec);
@@ -727,6 +728,7 @@ static void test_ipc_fallbacks(void **state)
     open_short_by = 4096;                              /* the peer claims more than it shares */
     fallback_case(port, "claims", KVF_CONNECTOR_PATH_AUTO, ppool);
     open_short_by = 0;
+    assert_int_equal(opens, 1);
     assert_int_equal(closes, opens);                   /* a refused mapping is closed too */
     ops->destroy(pre);
 
