@@ -60,6 +60,9 @@ int __real_kvf_zero_ranges(const kvf_device_t *dev, void *base, const size_t *of
 int __wrap_kvf_zero_ranges(const kvf_device_t *dev, void *base, const size_t *offsets,
                            const size_t *lens, size_t n);
 int __wrap_kvf_device_sync(const kvf_device_t *dev);
+/* the UCX path's zeroing in one launch (where kernels/ has it); zeroed here on the CPU */
+int __wrap_kvf_zero_ranges_batch(const kvf_device_t *dev, void *base, const size_t *offsets,
+                                 const size_t *lens, size_t n);
 int __wrap_kvf_device_ipc_export(const kvf_device_t *dev, const void *ptr, size_t len,
                                  kvf_ipc_export_t *exp_p);
 int __wrap_kvf_device_ipc_open(const kvf_device_t *dev, const uint8_t *handle, void **base_p,
@@ -154,6 +157,14 @@ int __wrap_kvf_blocks_zero(const kvf_device_t *dev, void *base, size_t page_size
 
 int __wrap_kvf_zero_ranges(const kvf_device_t *dev, void *base, const size_t *offsets,
                            const size_t *lens, size_t n)
+{
+    kvf_device_t cpu = kvf_device_cpu();
+    assert_ptr_equal(dev->stream, FAKE_STREAM);
+    return __real_kvf_zero_ranges(&cpu, base, offsets, lens, n);
+}
+
+int __wrap_kvf_zero_ranges_batch(const kvf_device_t *dev, void *base, const size_t *offsets,
+                                 const size_t *lens, size_t n)
 {
     kvf_device_t cpu = kvf_device_cpu();
     assert_ptr_equal(dev->stream, FAKE_STREAM);
