@@ -62,7 +62,7 @@
  */
 #define KVF_CONNECTOR_SPIN_NS 5000000ull
 
-#define KVF_CONNECTOR_ABI 11  /* 2: req_stats; 3: forget_engine; 4: incarnations; 5: wait_fds;
+#define KVF_CONNECTOR_ABI 12  /* 2: req_stats; 3: forget_engine; 4: incarnations; 5: wait_fds;
                                  6: stats carry posted/landed/done times;
                                  7: batch_descs, plan_flags in the config;
                                  8: leases (set_lease_handler, lease, finish_pull),
@@ -71,7 +71,9 @@
                                  10: asynchronous side channel (handshake_start/poll,
                                      lease_start/poll, cancel, side_wait), the pull's
                                      peer key;
-                                 11: req_digests (KV integrity) */
+                                 11: req_digests (KV integrity);
+                                 12: path in the config, path/path_why/gather_ops in the
+                                     stats (the same-node path) */
 
 typedef struct kvf_connector *kvf_connector_h;
 typedef struct kvf_connector_req *kvf_connector_req_h;

@@ -162,6 +162,17 @@ static void kvf_conn_ipc_sweep(kvf_connector_h conn, kvf_conn_rank_t *rk)
     }
 }
 
+/* A "no" keeps its reason but none of the mappings made on the way to it. */
+static void kvf_conn_ipc_unmap(kvf_conn_rank_t *rk, kvf_conn_ipc_engine_t *ie)
+{
+    for (int p = 0; (ie->maps != NULL) && (p < ie->tp); ++p) {
+        kvf_device_ipc_close(&rk->device, ie->maps[p].base);
+    }
+    free(ie->maps);
+    ie->maps = NULL;
+    ie->tp = 0;
+}
+
 /*
  * Decide whether rank @a rk pulls from engine slot @a engine by CUDA IPC,
  * mapping every source rank @a src[0..nsrc) (ie->ok, or ie->why).
@@ -333,6 +344,9 @@ kvf_status_t kvf_conn_ipc_start(kvf_connector_h conn, kvf_conn_rank_t *rk,
          * flight (the slot was idle when it was refilled), so its mappings can go */
         kvf_conn_ipc_forget(rk, ie);
         kvf_conn_ipc_decide(conn, rk, req->engine, req->src, req->nsrc, ie);
+        if (!ie->ok) {
+            kvf_conn_ipc_unmap(rk, ie);
+        }
         if (!ie->ok && (conn->path != KVF_CONNECTOR_PATH_IPC)) {
             kvf_log(KVF_LOG_INFO, KVF_SUB_XFER, "ucx connector %s rank %d: pulls from %s go "
                     "over UCX: %s", conn->engine_id, req->rank,

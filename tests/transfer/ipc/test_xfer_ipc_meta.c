@@ -171,15 +171,16 @@ static void test_ipc_forged_refused(void **state)
         pack(true, &buf, &len);
         m = kvf__handshake_reply__unpack(NULL, len, buf);
         assert_non_null(m);
-        memcpy(big, m->ranks[0]->regions[0]->ipc->handle.data, 64);
+        uint8_t *own = m->ranks[0]->regions[0]->ipc->handle.data;
+        memcpy(big, own, 64);
         m->ranks[0]->regions[0]->ipc->handle.data = big;
         m->ranks[0]->regions[0]->ipc->handle.len = 65;
         olen = kvf__handshake_reply__get_packed_size(m);
         out = malloc(olen);
         assert_non_null(out);
         kvf__handshake_reply__pack(m, out);
-        m->ranks[0]->regions[0]->ipc->handle.data = NULL;   /* not protobuf-c's to free */
-        m->ranks[0]->regions[0]->ipc->handle.len = 0;
+        m->ranks[0]->regions[0]->ipc->handle.data = own;   /* protobuf-c frees its own */
+        m->ranks[0]->regions[0]->ipc->handle.len = 64;
         expect_refused(out, olen, "ipc.handle is 65 bytes, not 64");
         kvf__handshake_reply__free_unpacked(m, NULL);
         free(out);
