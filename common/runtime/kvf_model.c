@@ -8,15 +8,18 @@
  * parts (attention, conv1d, scan) loop over requests, because each request
  * has its own pages. Prefill and decode are the same code path: a decode
  * step is a chunk of one token with start > 0. This keeps "prefill N then
- * decode" and "prefill N+1 in one chunk" on the same kernels, so the two
- * agree to fp32 rounding (tests/common/runtime/test_model_consistency.c).
+ * decode" and "prefill N+1 in one chunk" on the same kernels, and the
+ * kernels' per-row arithmetic does not depend on the rows beside it, so the
+ * two agree bit for bit (tests/common/runtime/test_model_consistency.c;
+ * common/engine/README.md, "Batch invariance").
  *
  * Weights are loaded per rank as contiguous shards (rows of column-parallel
  * matrices, columns of row-parallel ones), so the forward never strides
  * over another rank's data. Matrices stay in the checkpoint's dtype (a bf16
  * checkpoint is resident at its file size, not twice it); a GEMM over a
- * bf16 matrix widens a tile of rows at a time into the rank's scratch and
- * computes in fp32. Small vectors (norms, biases, A_log, ...) are fp32.
+ * bf16 matrix computes in fp32 (on the CPU the GEMM widens bf16 in its
+ * registers; an fp16 matrix is widened a tile of rows at a time into the
+ * rank's scratch). Small vectors (norms, biases, A_log, ...) are fp32.
  * Replicated tensors (embeddings, norms, lm_head) exist once and are shared
  * read-only by every rank thread. A row-parallel layer's bias is added by
  * rank 0 only, so the all-reduce sums it once.
