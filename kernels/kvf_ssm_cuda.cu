@@ -1,7 +1,8 @@
 /*
  * CUDA causal conv1d (one thread per channel, a rolling window of the last
  * kernel inputs) and Mamba2 scan / step (one thread per (head, head-dim)
- * row, all tokens in order, the fp32 row in stream-ordered global scratch),
+ * row, all tokens in order, the fp32 rows interleaved in stream-ordered global
+ * scratch so a warp's state loads are coalesced),
  * through the shared bodies of kvf_ssm_math.h: the same tap sums, dt clamp
  * and recurrence as the CPU kernels, in the same order per row.
  *
@@ -119,17 +120,18 @@ __global__ void kvf_mamba2_scan_kernel(kvf_cuda_ssm p, int T, const float *x, in
                                        int ldbc, void *state, int dtype, int has_state,
                                        float *y, int ldy, float *scratch)
 {
-    const size_t hd = (size_t)p.head_dim, ns = (size_t)p.ns;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (size_t)p.heads * hd;
+    const size_t hd = (size_t)p.head_dim, ns = (size_t)p.ns, rows = (size_t)p.heads * hd;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < rows;
          i += (size_t)gridDim.x * blockDim.x) {
         size_t h = i / hd, d = i % hd;
         size_t g = h / (size_t)(p.heads / p.groups);
         float A = kvf_mamba2_A_hd(p.A_log[h]);
         float Dh = (p.D != NULL) ? p.D[h] : 0.0f;
         float bias = (p.dt_bias != NULL) ? p.dt_bias[h] : 0.0f;
-        float *S = scratch + i * ns;
+        /* row i's element n at scratch[n * rows + i]: a warp's threads read one line */
+        float *S = scratch + i;
         for (size_t n = 0; n < ns; ++n) {
-            S[n] = has_state ? kvf_hd_load(state, dtype, i * ns + n) : 0.0f;
+            S[n * rows] = has_state ? kvf_hd_load(state, dtype, i * ns + n) : 0.0f;
         }
         for (size_t t = 0; t < (size_t)T; ++t) {
             float dth = kvf_mamba2_dt_hd(dt[t * (size_t)lddt + h], bias, p.dt_min, p.dt_max);
@@ -137,11 +139,11 @@ __global__ void kvf_mamba2_scan_kernel(kvf_cuda_ssm p, int T, const float *x, in
             float xv = x[t * (size_t)ldx + h * hd + d];
             const float *Bg = B + t * (size_t)ldbc + g * ns;
             const float *Cg = C + t * (size_t)ldbc + g * ns;
-            float acc = kvf_mamba2_row_hd(S, ns, dA, dth * xv, Bg, Cg);
+            float acc = kvf_mamba2_row_strided_hd(S, rows, ns, dA, dth * xv, Bg, Cg);
             y[t * (size_t)ldy + h * hd + d] = kvf_mamba2_out_hd(acc, Dh, xv);
         }
         for (size_t n = 0; n < ns; ++n) {
-            kvf_hd_store(state, dtype, i * ns + n, S[n]);
+            kvf_hd_store(state, dtype, i * ns + n, S[n * rows]);
         }
     }
 }

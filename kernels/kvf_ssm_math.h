@@ -83,6 +83,25 @@ static inline KVF_HD float kvf_mamba2_row_hd(float *S, size_t ns, float dA, floa
     return acc;
 }
 
+/**
+ * kvf_mamba2_row_hd() on a state row whose element n is at S[n * stride]
+ * (the same arithmetic in the same order): a GPU keeps the rows of a block's
+ * threads interleaved, so a warp's loads of element n are one coalesced line
+ * instead of 32.
+ */
+static inline KVF_HD float kvf_mamba2_row_strided_hd(float *S, size_t stride, size_t ns,
+                                                     float dA, float dtx, const float *Bg,
+                                                     const float *Cg)
+{
+    float acc = 0.0f;
+    for (size_t n = 0; n < ns; ++n) {
+        float *sn = S + n * stride;
+        *sn = dA * *sn + dtx * Bg[n];
+        acc += *sn * Cg[n];
+    }
+    return acc;
+}
+
 /** y of one row: acc + D * x. */
 static inline KVF_HD float kvf_mamba2_out_hd(float acc, float D, float x)
 {

@@ -245,6 +245,17 @@ def build_geom(kvf, env, pattern, folder, timeout):
         return "kvf mkmodel did not finish within %d s (disk too slow?)" % timeout
     if p.returncode != 0:
         return "kvf mkmodel failed (exit %d): %s" % (p.returncode, p.stderr.strip()[-300:])
+    # kvf mkmodel writes the fields kvferry reads; transformers must also be told not to
+    # ask for mamba_ssm's kernels (absent here), as the trained models' configs say
+    path = os.path.join(folder, "config.json")
+    try:
+        with open(path) as f:
+            written = json.load(f)
+        written["use_mamba_kernels"] = False
+        with open(path, "w") as f:
+            json.dump(written, f, indent=1)
+    except (OSError, ValueError) as e:
+        return "cannot update %s: %s" % (path, e)
     log("9B-geometry model (%d layers '%s', %.2f GB) written in %.1f s" %
         (len(pattern), pattern, os.path.getsize(done) / 1e9, time.monotonic() - t0))
     return None

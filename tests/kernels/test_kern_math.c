@@ -103,6 +103,29 @@ static void test_mamba2_row(void **state)
     assert_true(kvf_mamba2_row_hd(S, 3, 0.0f, 1.0f, B, C) == 3.0f);
     assert_true(S[0] == 1.0f && S[1] == 0.0f && S[2] == 2.0f);
     assert_true(kvf_mamba2_out_hd(3.0f, 0.5f, 4.0f) == 5.0f);
+    /* the strided row (the CUDA scan's interleaved scratch) has the contiguous row's bits,
+     * state and output, over many tokens of awkward values */
+    {
+        enum { NS = 37, STRIDE = 5 };
+        float a[NS], b[NS * STRIDE], Bv[NS], Cv[NS];
+        uint32_t r = 7u;
+        for (int n = 0; n < NS; ++n) {
+            r = r * 1664525u + 1013904223u;
+            a[n] = b[n * STRIDE] = (float)(r >> 8) / 1677721.6f - 5.0f;
+            r = r * 1664525u + 1013904223u;
+            Bv[n] = (float)(r >> 8) / 16777216.0f - 0.3f;
+            Cv[n] = 1.0f / (float)(n + 3);
+        }
+        for (int t = 0; t < 50; ++t) {
+            float dA = 0.9f + 0.001f * (float)t, dtx = 0.37f - 0.01f * (float)t;
+            float ya = kvf_mamba2_row_hd(a, NS, dA, dtx, Bv, Cv);
+            float yb = kvf_mamba2_row_strided_hd(b, STRIDE, NS, dA, dtx, Bv, Cv);
+            assert_int_equal(bits(ya), bits(yb));
+        }
+        for (int n = 0; n < NS; ++n) {
+            assert_int_equal(bits(a[n]), bits(b[n * STRIDE]));
+        }
+    }
 }
 
 static void test_conv_tap_sum(void **state)
