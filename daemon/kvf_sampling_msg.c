@@ -19,9 +19,9 @@ kvf_status_t kvf_sampling_from_msg(const Kvf__SamplingParams *msg, int default_m
     out->seed = msg->seed;
     out->ignore_eos = msg->ignore_eos;
     if (msg->has_max_tokens) {
-        if ((msg->max_tokens < 1) || (msg->max_tokens > (uint32_t)INT32_MAX / 2)) {
-            snprintf(err, cap, "max_tokens %u must be in [1, %d]", msg->max_tokens,
-                     INT32_MAX / 2);
+        /* (decode also checks max_tokens + prompt length against an int) */
+        if ((msg->max_tokens < 1) || (msg->max_tokens > (uint32_t)INT32_MAX)) {
+            snprintf(err, cap, "max_tokens %u must be in [1, %d]", msg->max_tokens, INT32_MAX);
             return KVF_ERR_INVALID_PARAM;
         }
         out->max_tokens = (int)msg->max_tokens;

@@ -342,8 +342,7 @@ static kvf_status_t kvf_dc_recompute(kvf_decode_server_h srv, const Kvf__DecodeR
     p.prompt = prompt;
     p.prompt_len = (int)dr->n_prompt_tokens + 1;
     p.sampling.max_tokens = rp->sampling.max_tokens - 1;
-    /* the first token is in the prompt now: one output fewer to wait for */
-    p.sampling.min_tokens = (rp->sampling.min_tokens > 0) ? rp->sampling.min_tokens - 1 : 0;
+    p.outputs_in_prompt = 1;   /* the first token is an output to penalties and min_tokens */
     status = kvf_engine_add_request(srv->engine, &p, &q->engine_req);
     free(prompt);
     q->stats.recomputed = 1;

@@ -255,6 +255,8 @@ static kvf_status_t kvf_new_request(kvf_engine_h e, const kvf_req_params_t *p, k
     }
     r->prefill_only = p->prefill_only;
     r->record_logits = p->record_logits;
+    r->outputs_in_prompt = ((p->outputs_in_prompt > 0) && (p->outputs_in_prompt < p->prompt_len)) ?
+                           p->outputs_in_prompt : 0;
     e->reqs[e->num_reqs++] = r;
     *r_p = r;
     return KVF_OK;
@@ -469,7 +471,8 @@ kvf_status_t kvf_engine_step(kvf_engine_h e, kvf_engine_event_t *events, int cap
         r->sched_tokens = 0;
         if (e->seqs[i].logits != NULL) {
             kvf_sample_out_t so;
-            status = kvf_sampler_sample(&r->sampling, &r->rng, r->tokens, r->prompt_len,
+            status = kvf_sampler_sample(&r->sampling, &r->rng, r->tokens,
+                                        r->prompt_len - r->outputs_in_prompt,
                                         r->num_tokens, e->seqs[i].logits, vocab,
                                         e->cfg->eos_token_ids, e->cfg->num_eos, &so);
             if (status == KVF_OK) {

@@ -66,6 +66,10 @@ typedef struct kvf_req_params {
     bool            record_logits;  /* keep the logits of every sampled token */
     int             rng_skip;       /* draws already made from this seed elsewhere (decode
                                      * after prefill sampled the first token: 1); >= 0 */
+    int             outputs_in_prompt; /* the prompt's last tokens that were outputs (a
+                                        * recompute after a failed pull: 1): sampling counts
+                                        * them as outputs (penalties, min_tokens);
+                                        * [0, prompt_len) */
 } kvf_req_params_t;
 
 typedef enum {

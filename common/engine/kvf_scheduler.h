@@ -92,6 +92,7 @@ typedef struct kvf_request {
     kvf_req_blocks_t    blocks;
     int                 sched_tokens;  /* tokens in the current step, 0 = not scheduled */
     int                 preemptions;   /* times this request lost its blocks */
+    int                 outputs_in_prompt; /* kvf_req_params_t's: outputs inside the prompt */
 } kvf_request_t;
 
 typedef struct kvf_scheduler_params {

@@ -198,11 +198,14 @@ static kvf_status_t kvf_proxy_check_keys(const cJSON *root, unsigned where, int 
             }
         }
         if (f == NULL) {
+            /* param names the key: a copy that lives until this thread's next parse */
+            static _Thread_local char key[72];
+            snprintf(key, sizeof(key), "%.64s", it->string);
             if (param_p != NULL) {
-                *param_p = NULL;
+                *param_p = key;
             }
             snprintf(err, cap, "unknown field '%.64s': not a field of this endpoint "
-                     "(README's OpenAI API table lists them)", it->string);
+                     "(deploy/README.md lists the fields)", it->string);
             *http_p = 400;
             return KVF_ERR_INVALID_PARAM;
         }

@@ -138,8 +138,9 @@ typedef struct kvf_proxy_completion {
  *                        long, a NUL character \u0000 anywhere in the text),
  *                        404 (unknown model) or 500 (no memory).
  * @param [out] param_p   On error: the offending field's name ("max_tokens",
- *                        "prompt", ...; a static string), NULL when the error is
- *                        not about one field. May be NULL.
+ *                        "prompt", ...; a static string, or for an unknown key a
+ *                        per-thread copy valid until this thread's next parse), NULL
+ *                        when the error is not about one field. May be NULL.
  * @param [out] err       On error: a one-line message naming the field.
  * @return KVF_OK, KVF_ERR_PARSE (bad JSON), KVF_ERR_INVALID_PARAM, KVF_ERR_NOT_FOUND,
  *         KVF_ERR_OUT_OF_RANGE or KVF_ERR_NO_MEMORY.

@@ -120,6 +120,30 @@ static void test_malformed_decode_requests(void **state)
         sp.max_tokens = (uint32_t)INT32_MAX - 1;      /* + 3 prompt tokens overflows an int */
         dr.sampling = &sp;
         expect_error(&req, "max_tokens + prompt length");
+        /* vLLM's sampling fields are checked again here, each named with its value */
+        sp.max_tokens = 8;
+        sp.has_top_p = 1;
+        sp.top_p = 2.0f;
+        expect_error(&req, "top_p 2 must be in (0, 1]");
+        sp.top_p = 0.5f;
+        sp.has_repetition_penalty = 1;
+        sp.repetition_penalty = 0.0f;
+        expect_error(&req, "repetition_penalty 0 must be > 0");
+        sp.repetition_penalty = 1.0f;
+        sp.has_min_tokens = 1;
+        sp.min_tokens = 9;
+        expect_error(&req, "min_tokens 9 must be in [0, max_tokens = 8]");
+        sp.min_tokens = 0;
+        {
+            int32_t stop = 1 << 20;
+            sp.n_stop_token_ids = 1;
+            sp.stop_token_ids = &stop;
+            expect_error(&req, "stop_token_ids[0] = 1048576 is outside the vocabulary");
+            sp.n_stop_token_ids = 0;
+        }
+        sp.has_logprobs = 1;
+        sp.logprobs = 21;
+        expect_error(&req, "logprobs 21 must be in [0, 20]");
         dr.sampling = NULL;
     }
     tp.has_nonce = tp.has_lease_ms_left = tp.has_incarnation = 0;

@@ -190,8 +190,10 @@ static void test_parse_bad(void **state)
         {"{\"prompt\": \"hi\", \"response_format\": {\"type\": \"json_object\"}}", 400,
          "'response_format'", "response_format"},
         {"{\"prompt\": \"hi\", \"use_beam_search\": true}", 400, "beam", "use_beam_search"},
-        {"{\"prompt\": \"hi\", \"messages\": []}", 400, "unknown field 'messages'", NULL},
-        {"{\"prompt\": \"hi\", \"temprature\": 1}", 400, "unknown field 'temprature'", NULL},
+        {"{\"prompt\": \"hi\", \"messages\": []}", 400, "unknown field 'messages'",
+         "messages"},
+        {"{\"prompt\": \"hi\", \"temprature\": 1}", 400, "unknown field 'temprature'",
+         "temprature"},
         {"{\"prompt\": \"hi\", \"truncate_prompt_tokens\": 0}", 400, "-1 or at least 1",
          "truncate_prompt_tokens"},
         {"{\"prompt\": \"hi\", \"model\": \"gpt-4\"}", 404, "'gpt-4' does not exist", "model"},
@@ -295,6 +297,65 @@ static void test_parse_limits(void **state)
     kvf_proxy_openai_req_cleanup(&req);
 }
 
+/* Chat: messages checked and rendered with the template; none: refused by name. */
+static void test_parse_chat(void **state)
+{
+    kvf_proxy_openai_ctx_t ctx = test_ctx();
+    kvf_proxy_completion_req_t req;
+    const char *param = NULL;
+    char err[256];
+    int http = 0;
+    const char *body = "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}],"
+                       " \"max_completion_tokens\": 5, \"logprobs\": true, \"top_logprobs\": 2}";
+
+    (void)state;
+    memset(&req, 0, sizeof(req));
+    assert_int_not_equal(kvf_proxy_openai_parse_chat(&ctx, body, strlen(body), &req, &http,
+                                                     &param, err, sizeof(err)), KVF_OK);
+    assert_int_equal(http, 400);
+    assert_string_equal(param, "messages");
+    assert_non_null(strstr(err, "no chat template"));
+    ctx.chat_template = "{% for m in messages %}{{ m.role[0] }}{{ m.content }}{% endfor %}"
+                        "{% if add_generation_prompt %}>{% endif %}";
+    assert_int_equal(kvf_proxy_openai_parse_chat(&ctx, body, strlen(body), &req, &http, &param,
+                                                 err, sizeof(err)), KVF_OK);
+    assert_int_equal(req.num_prompt, 4);   /* "uhi>": no BOS (the template writes it) */
+    assert_int_equal(req.prompt_ids[0], 'u');
+    assert_int_equal(req.prompt_ids[3], '>');
+    assert_int_equal(req.max_tokens, 5);
+    assert_true(req.chat && req.want_logprobs);
+    assert_int_equal(req.logprobs, 2);
+    kvf_proxy_openai_req_cleanup(&req);
+    {
+        static const struct {
+            const char *body, *needle, *param;
+        } bad[] = {
+            {"{\"messages\": []}", "non-empty list", "messages"},
+            {"{\"messages\": [{\"role\": \"bot\", \"content\": \"x\"}]}", "'bot'", "messages"},
+            {"{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\"}]}]}",
+             "only parts", "messages"},
+            {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\", \"tool_calls\": []}]}",
+             "tool_calls", "messages"},
+            {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"prompt\": \"y\"}",
+             "unknown field 'prompt'", "prompt"},
+            {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{}]}",
+             "'tools' is not supported", "tools"},
+            {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"top_logprobs\": 2}",
+             "needs 'logprobs'", "top_logprobs"},
+        };
+        for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); ++i) {
+            memset(&req, 0, sizeof(req));
+            assert_int_not_equal(kvf_proxy_openai_parse_chat(&ctx, bad[i].body,
+                                                             strlen(bad[i].body), &req, &http,
+                                                             &param, err, sizeof(err)), KVF_OK);
+            if ((strstr(err, bad[i].needle) == NULL) || (param == NULL) ||
+                (strcmp(param, bad[i].param) != 0)) {
+                fail_msg("chat case %zu: '%s' (param %s)", i, err, param ? param : "null");
+            }
+        }
+    }
+}
+
 static void test_error_json(void **state)
 {
     char *j;
@@ -358,6 +419,7 @@ int main(void)
         cmocka_unit_test(test_parse_ok),
         cmocka_unit_test(test_parse_bad),   cmocka_unit_test(test_metrics_text),
         cmocka_unit_test(test_error_json),  cmocka_unit_test(test_parse_limits),
+        cmocka_unit_test(test_parse_chat),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

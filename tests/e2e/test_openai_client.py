@@ -229,7 +229,7 @@ def run(pool):
     except openai.BadRequestError as e:
         flat = e.response.json()
         ok("top_q" in flat["message"] and flat["type"] == "BadRequestError" and
-           flat["code"] == 400,
+           flat["code"] == 400 and flat["param"] == "top_q",
            "an unknown key: 400 naming it")
 
     # -- side endpoints ------------------------------------------------------------------
