@@ -236,9 +236,9 @@ def main():
                 prompt_tokens += r["usage"]["prompt_tokens"]
                 gen_tokens += r["usage"]["completion_tokens"]
             s = pool.complete("A streamed one", max_tokens=6, temperature=0, ignore_eos=True,
-                              stream=True)
+                              stream=True, stream_options={"include_usage": True})
             T.check(s.done, "streamed completion done")
-            usage = (s.final or {}).get("usage") or {}
+            usage = s.usage or {}
             T.check(usage.get("completion_tokens") == 6, "the stream's final usage: %s" % usage)
             prompt_tokens += usage.get("prompt_tokens", 0)
             gen_tokens += usage.get("completion_tokens", 0)
