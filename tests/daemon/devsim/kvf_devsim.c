@@ -27,16 +27,20 @@
  * memory (tests/gpu, on a GPU).
  */
 #include "kvf_act.h"
+#include "kvf_argmax.h"
 #include "kvf_attention.h"
+#include "kvf_attention_seqs.h"
 #include "kvf_collectives.h"
 #include "kvf_conv1d.h"
 #include "kvf_device.h"
 #include "kvf_gemm.h"
+#include "kvf_gemm_narrow.h"
 #include "kvf_mamba2.h"
 #include "kvf_model.h"
 #include "kvf_moe.h"
 #include "kvf_norm.h"
 #include "kvf_ops.h"
+#include "kvf_ssm_seqs.h"
 #include "kvf_log.h"
 
 #include <errno.h>
@@ -677,3 +681,38 @@ DEVSIM_KERNEL(kvf_rope, (const kvf_device_t *dev, const float *inv_freq, int hea
                          const int32_t *positions, int T, float *x, int ldx, int heads),
               (dev, inv_freq, head_dim, positions, T, x, ldx, heads),
               devsim_want_dev(x, "kvf_rope x"))
+/* the batched and fixed-order entry points the forward calls (greedy ids, the attention and
+ * Mamba decode of a whole batch, the invariant GEMM and the 16-bit-weight GEMM) */
+DEVSIM_KERNEL(kvf_gemm_w, (const kvf_device_t *dev, int M, int N, int K, const float *x, int ldx,
+                           const void *w, kvf_dtype_t w_dtype, int ldw, const float *bias,
+                           float *y, int ldy),
+              (dev, M, N, K, x, ldx, w, w_dtype, ldw, bias, y, ldy),
+              (devsim_want_dev(x, "kvf_gemm_w x"), devsim_want_dev(w, "kvf_gemm_w w"),
+               devsim_want_dev(y, "kvf_gemm_w y")))
+DEVSIM_KERNEL(kvf_gemm_narrow, (const kvf_device_t *dev, int M, int N, int K, const float *x,
+                                int ldx, const void *w, kvf_dtype_t wdtype, int ldw,
+                                const float *bias, float *y, int ldy, void *xs),
+              (dev, M, N, K, x, ldx, w, wdtype, ldw, bias, y, ldy, xs),
+              (devsim_want_dev(x, "kvf_gemm_narrow x"), devsim_want_dev(w, "kvf_gemm_narrow w"),
+               devsim_want_dev(y, "kvf_gemm_narrow y")))
+DEVSIM_KERNEL(kvf_argmax_rows, (const kvf_device_t *dev, const float *x, int rows, int cols,
+                                int ldx, int32_t *out),
+              (dev, x, rows, cols, ldx, out), devsim_want_dev(x, "kvf_argmax_rows x"))
+DEVSIM_KERNEL(kvf_attn_write_paged_seqs, (const kvf_device_t *dev, const kvf_paged_kv_t *kv,
+                                          const kvf_attn_seqs_t *seqs, const float *k,
+                                          const float *v, int ld, const float *q, int ldq,
+                                          const int32_t *positions, int q_heads, float scale,
+                                          float *out),
+              (dev, kv, seqs, k, v, ld, q, ldq, positions, q_heads, scale, out),
+              (devsim_want_dev(q, "kvf_attn_write_paged_seqs q"),
+               devsim_want_dev(out, "kvf_attn_write_paged_seqs out")))
+DEVSIM_KERNEL(kvf_ssm_decode_seqs, (const kvf_device_t *dev, const kvf_ssm_seqs_t *seqs,
+                                    const float *x_in, int ld_in, int channels, int kernel,
+                                    const float *conv_w, const float *conv_b,
+                                    kvf_dtype_t conv_dtype, float *xbc, int ld_xbc,
+                                    const kvf_mamba2_params_t *p, const float *dt, int lddt,
+                                    kvf_dtype_t ssm_dtype, float *y, int ldy),
+              (dev, seqs, x_in, ld_in, channels, kernel, conv_w, conv_b, conv_dtype, xbc, ld_xbc,
+               p, dt, lddt, ssm_dtype, y, ldy),
+              (devsim_want_dev(x_in, "kvf_ssm_decode_seqs x"),
+               devsim_want_dev(y, "kvf_ssm_decode_seqs y")))
