@@ -7,6 +7,7 @@
  * loop's thread; a long step would stall the probe, which is what the
  * staleness check must see instead).
  */
+#include "kvf_prom.h"
 #include "kvf_daemon_http.h"
 #include "kvf_log.h"
 #include "kvf_time.h"
@@ -91,27 +92,12 @@ void kvf_daemon_http_publish(const Kvf__HealthReply *h)
     pthread_mutex_unlock(&kvf_dh.lock);
 }
 
-/* A label value in Prometheus text format, or a JSON string body: \ " newline escaped. */
-static void kvf_dh_escape(FILE *out, const char *v)
-{
-    for (; *v != '\0'; ++v) {
-        if ((*v == '\\') || (*v == '"')) {
-            fputc('\\', out);
-            fputc(*v, out);
-        } else if (*v == '\n') {
-            fputs("\\n", out);
-        } else {
-            fputc(*v, out);
-        }
-    }
-}
-
 static void kvf_dh_vllm(FILE *out, const char *name, const char *help, double v)
 {
     fprintf(out, "# HELP %s %s\n# TYPE %s gauge\n%s{model_name=\"", name, help, name, name);
-    kvf_dh_escape(out, kvf_dh.model_name);
+    kvf_prom_label_write(out, kvf_dh.model_name);
     fputs("\",engine=\"", out);
-    kvf_dh_escape(out, kvf_dh.engine_id);
+    kvf_prom_label_write(out, kvf_dh.engine_id);
     fprintf(out, "\"} %.9g\n", v);
 }
 
@@ -119,7 +105,7 @@ static void kvf_dh_kvf(FILE *out, const char *name, const char *type, const char
                        double v)
 {
     fprintf(out, "# HELP %s %s\n# TYPE %s %s\n%s{engine=\"", name, help, name, type, name);
-    kvf_dh_escape(out, kvf_dh.engine_id);
+    kvf_prom_label_write(out, kvf_dh.engine_id);
     fprintf(out, "\",role=\"%s\"} %.17g\n", kvf_dh.role, v);
 }
 
@@ -204,11 +190,11 @@ static int kvf_dh_health(FILE *out, const kvf_daemon_snap_t *s)
     }
     fprintf(out, "{\"status\":\"%s\",\"role\":\"%s\",\"engine_id\":\"",
             (why == NULL) ? "ok" : "unavailable", kvf_dh.role);
-    kvf_dh_escape(out, kvf_dh.engine_id);
+    kvf_prom_label_write(out, kvf_dh.engine_id);
     fprintf(out, "\",\"loop_age_ms\":%" PRIu64, age);
     if (why != NULL) {
         fputs(",\"reason\":\"", out);
-        kvf_dh_escape(out, why);
+        kvf_prom_label_write(out, why);
         fputc('"', out);
     }
     fputs("}\n", out);

@@ -3,6 +3,7 @@
  * kvf_proxy_export.h). Transfer counts live here, process-wide, under one
  * mutex; the per-instance gauges are read from the pool at each scrape.
  */
+#include "kvf_prom.h"
 #include "kvf_proxy_export.h"
 
 #include <pthread.h>
@@ -43,21 +44,6 @@ void kvf_proxy_export_transfer(uint64_t bytes, bool failed)
     pthread_mutex_unlock(&kvf_export.lock);
 }
 
-/* A label value in Prometheus text format: backslash, quote and newline escaped. */
-static void kvf_export_label(FILE *out, const char *v)
-{
-    for (; (v != NULL) && (*v != '\0'); ++v) {
-        if ((*v == '\\') || (*v == '"')) {
-            fputc('\\', out);
-            fputc(*v, out);
-        } else if (*v == '\n') {
-            fputs("\\n", out);
-        } else {
-            fputc(*v, out);
-        }
-    }
-}
-
 /* The per-instance gauges of every healthy instance. */
 static void kvf_export_instances(kvf_proxy_pool_h pool, const char *model_name, FILE *out)
 {
@@ -94,12 +80,12 @@ static void kvf_export_instances(kvf_proxy_pool_h pool, const char *model_name, 
                     continue;
                 }
                 fprintf(out, "%s{model_name=\"", g[m].name);
-                kvf_export_label(out, model_name);
+                kvf_prom_label_write(out, model_name);
                 fputs("\",kvf_instance=\"", out);
-                kvf_export_label(out, info.url);
+                kvf_prom_label_write(out, info.url);
                 fprintf(out, "\",role=\"%s\",engine_id=\"",
                         kvf_proxy_role_name((kvf_proxy_role_t)role));
-                kvf_export_label(out, info.engine_id);
+                kvf_prom_label_write(out, info.engine_id);
                 fprintf(out, "\"} %.6g\n", v);
             }
         }
@@ -125,20 +111,20 @@ void kvf_proxy_export_render(kvf_proxy_pool_h pool, const char *model_name, FILE
     fputs("# HELP kvf_kv_transfers_total KV transfers decode instances reported (one per "
           "request that pulled its prompt's KV).\n# TYPE kvf_kv_transfers_total counter\n"
           "kvf_kv_transfers_total{model_name=\"", out);
-    kvf_export_label(out, model_name);
+    kvf_prom_label_write(out, model_name);
     fprintf(out, "\"} %llu\n", (unsigned long long)transfers);
     fputs("# HELP kvf_kv_failed_transfers_total KV transfers that failed (decode recomputed "
           "the prompt); vllm:nixl_num_failed_transfers.\n"
           "# TYPE kvf_kv_failed_transfers_total counter\n"
           "kvf_kv_failed_transfers_total{model_name=\"", out);
-    kvf_export_label(out, model_name);
+    kvf_prom_label_write(out, model_name);
     fprintf(out, "\"} %llu\n", (unsigned long long)failed);
     fputs("# HELP kvf_kv_transfer_bytes Bytes per successful KV transfer (KV blocks and Mamba "
           "state); vllm:nixl_bytes_transferred.\n# TYPE kvf_kv_transfer_bytes histogram\n", out);
     for (int b = 0; b <= KVF_EXPORT_NB; ++b) {
         cum += buckets[b];
         fputs("kvf_kv_transfer_bytes_bucket{model_name=\"", out);
-        kvf_export_label(out, model_name);
+        kvf_prom_label_write(out, model_name);
         if (b < KVF_EXPORT_NB) {
             fprintf(out, "\",le=\"%.0f\"} %llu\n", kvf_export_bytes_bounds[b],
                     (unsigned long long)cum);
@@ -147,8 +133,8 @@ void kvf_proxy_export_render(kvf_proxy_pool_h pool, const char *model_name, FILE
         }
     }
     fputs("kvf_kv_transfer_bytes_sum{model_name=\"", out);
-    kvf_export_label(out, model_name);
+    kvf_prom_label_write(out, model_name);
     fprintf(out, "\"} %.17g\nkvf_kv_transfer_bytes_count{model_name=\"", sum);
-    kvf_export_label(out, model_name);
+    kvf_prom_label_write(out, model_name);
     fprintf(out, "\"} %llu\n", (unsigned long long)count);
 }

@@ -2,6 +2,7 @@
  * kvf-proxy pool state as JSON (/health) and Prometheus gauges (/metrics),
  * from snapshots of each instance (kvf_proxy_pool_info) and the pair table.
  */
+#include "kvf_prom.h"
 #include "kvf_proxy_pool_int.h"
 #include "kvf_log.h"
 #include "kvf_proxy_route.h"
@@ -130,21 +131,6 @@ cJSON *kvf_proxy_pool_health_json(kvf_proxy_pool_h pool)
     return root;
 }
 
-/* A Prometheus label value: backslash, double quote and newline escaped. */
-static void kvf_proxy_label(FILE *out, const char *v)
-{
-    for (; *v != '\0'; ++v) {
-        if ((*v == '\\') || (*v == '"')) {
-            fputc('\\', out);
-            fputc(*v, out);
-        } else if (*v == '\n') {
-            fputs("\\n", out);
-        } else {
-            fputc(*v, out);
-        }
-    }
-}
-
 void kvf_proxy_pool_render_metrics(kvf_proxy_pool_h pool, FILE *out)
 {
     static const struct {
@@ -220,10 +206,10 @@ void kvf_proxy_pool_render_metrics(kvf_proxy_pool_h pool, FILE *out)
                     continue;
                 }
                 fprintf(out, "%s{kvf_instance=\"", g[m].name);
-                kvf_proxy_label(out, f->url);
+                kvf_prom_label_write(out, f->url);
                 fprintf(out, "\",role=\"%s\",engine_id=\"",
                         kvf_proxy_role_name((kvf_proxy_role_t)role));
-                kvf_proxy_label(out, f->engine_id);
+                kvf_prom_label_write(out, f->engine_id);
                 fprintf(out, "\"} %llu\n", (unsigned long long)v[m]);
             }
         }
@@ -239,12 +225,12 @@ void kvf_proxy_pool_render_metrics(kvf_proxy_pool_h pool, FILE *out)
             }
             /* kvf_instance, not instance (Prometheus sets that on every scraped target) */
             fprintf(out, "kvf_instance_device_info{kvf_instance=\"");
-            kvf_proxy_label(out, infos[k].url);
+            kvf_prom_label_write(out, infos[k].url);
             fprintf(out, "\",role=\"%s\",engine_id=\"",
                     kvf_proxy_role_name((kvf_proxy_role_t)role));
-            kvf_proxy_label(out, infos[k].engine_id);
+            kvf_prom_label_write(out, infos[k].engine_id);
             fprintf(out, "\",device=\"");
-            kvf_proxy_label(out, infos[k].device);
+            kvf_prom_label_write(out, infos[k].device);
             fprintf(out, "\"} 1\n");
         }
     }

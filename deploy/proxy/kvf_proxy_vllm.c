@@ -12,6 +12,7 @@
  * engine index vLLM uses): a pool-wide series answers the same dashboards and
  * keeps the scrape's size independent of the pool's.
  */
+#include "kvf_prom.h"
 #include "kvf_proxy_vllm.h"
 
 #include <inttypes.h>
@@ -255,28 +256,13 @@ void kvf_proxy_vllm_request(const kvf_proxy_vllm_req_t *r)
     pthread_mutex_unlock(&kvf_vllm.lock);
 }
 
-/* A label value in Prometheus text format: backslash, quote and newline escaped. */
-static void kvf_vllm_label(FILE *out, const char *v)
-{
-    for (; (v != NULL) && (*v != '\0'); ++v) {
-        if ((*v == '\\') || (*v == '"')) {
-            fputc('\\', out);
-            fputc(*v, out);
-        } else if (*v == '\n') {
-            fputs("\\n", out);
-        } else {
-            fputc(*v, out);
-        }
-    }
-}
-
 /* {model_name="..",engine="..". The caller closes the brace or adds labels. */
 static void kvf_vllm_labels(FILE *out, const char *model, const char *engine)
 {
     fputs("{model_name=\"", out);
-    kvf_vllm_label(out, model);
+    kvf_prom_label_write(out, model);
     fputs("\",engine=\"", out);
-    kvf_vllm_label(out, engine);
+    kvf_prom_label_write(out, engine);
     fputc('"', out);
 }
 
@@ -366,7 +352,7 @@ static void kvf_vllm_instances(kvf_proxy_pool_h pool, const char *model, int64_t
                 fputs(g[m].name, out);
                 kvf_vllm_labels(out, model, info.engine_id);
                 fputs(",kvf_instance=\"", out);
-                kvf_vllm_label(out, info.url);
+                kvf_prom_label_write(out, info.url);
                 fprintf(out, "\",role=\"%s\"} %.6g\n",
                         kvf_proxy_role_name((kvf_proxy_role_t)role), v);
             }
@@ -379,7 +365,7 @@ static void kvf_vllm_instances(kvf_proxy_pool_h pool, const char *model, int64_t
         for (int i = 0; i < kvf_proxy_pool_count(pool, (kvf_proxy_role_t)role); ++i) {
             kvf_proxy_pool_info(pool, (kvf_proxy_role_t)role, i, &info);
             fputs("vllm:healthy_pods_total{server=\"", out);
-            kvf_vllm_label(out, info.url);
+            kvf_prom_label_write(out, info.url);
             fprintf(out, "\",role=\"%s\"} %d\n", kvf_proxy_role_name((kvf_proxy_role_t)role),
                     (info.healthy && info.connected) ? 1 : 0);
         }
