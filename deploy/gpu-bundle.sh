@@ -77,7 +77,7 @@ if [ "$do_build" = 1 ]; then
     # every program in bin/, and the test programs the GPU table runs
     targets=$(cmake --build "$build" --target help | sed -n 's/^\.\.\. \([^ ]*\).*/\1/p')
     want=("${progs[@]}" "${tests[@]}")
-    for t in test_model_batch_invariance kvf_batch_invariance; do
+    for t in test_batch_invariance; do
         grep -qx "$t" <<<"$targets" && want+=("$t")
     done
     cmake --build "$build" -j"$(nproc)" --target "${want[@]}" >>"$build/bundle-build.log" 2>&1 ||
@@ -118,7 +118,7 @@ for f in "$build"/bin/*; do
         cp "$f" "$b/bin/$n"   # kvf-up, kvf-down, kvf-matrix, kvf-supervise: scripts
     fi
 done
-for t in "${tests[@]}" test_model_batch_invariance kvf_batch_invariance; do
+for t in "${tests[@]}" test_batch_invariance; do
     [ -x "$build/tests/bin/$t" ] || continue
     cp "$build/tests/bin/$t" "$b/libexec/$t"
     wrapper "$t"

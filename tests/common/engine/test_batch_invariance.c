@@ -94,6 +94,7 @@ static int kvf_inv_prompt_of(const char *line, char *out, size_t cap)
 static int kvf_inv_setup(void **state)
 {
     const char *devname = getenv("KVF_INVARIANCE_DEVICE");
+    const char *src_dir = getenv("KVF_TEST_SOURCE_DIR");   /* a GPU bundle's src/ */
     kvf_model_config_t cfg;
     kvf_tokenizer_t tok;
     char path[600], line[4096], text[4096], all[8192];
@@ -102,7 +103,8 @@ static int kvf_inv_setup(void **state)
     size_t alen = 0;
 
     (void)state;
-    snprintf(g_dir, sizeof(g_dir), "%s/models-trained/tiny-hybrid", KVF_SOURCE_DIR);
+    snprintf(g_dir, sizeof(g_dir), "%s/models-trained/tiny-hybrid",
+             ((src_dir != NULL) && (src_dir[0] != '\0')) ? src_dir : KVF_SOURCE_DIR);
     g_dev = kvf_device_cpu();
     if ((devname != NULL) && (devname[0] != '\0')) {
         assert_int_equal(kvf_model_device_open("KVF_INVARIANCE_DEVICE", devname, &g_dev),
