@@ -13,7 +13,11 @@
  * t < 0:
  *     y[t][c] = silu(bias[c] + sum_{i=0}^{kernel-1} w[c][i] * xin(t - (kernel-1) + i))
  * which is HF's nn.Conv1d(groups=channels, padding=kernel-1)[..., :T] followed
- * by SiLU. A fresh request (has_state = 0) starts from an all-zero history
+ * by SiLU, where a history tap (i < kernel - 1) reads xin at the state's
+ * precision (a bf16/fp16 state: the input rounded by kvf_hd_round, inside a
+ * chunk as across chunks and in the step; the token's own tap is exact), on
+ * the CPU and on CUDA alike: the bits do not depend on the chunking (batch
+ * invariance). A fresh request (has_state = 0) starts from an all-zero history
  * and the stored state is NOT read (Mamba pages are never zeroed, so it may
  * hold stale bytes). Afterwards the state holds the last kernel-1 inputs
  * (shifted through the old state when T < kernel - 1).

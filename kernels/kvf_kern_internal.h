@@ -139,17 +139,19 @@ static inline void kvf_kern_store(void *dst, kvf_dtype_t dtype, size_t first, si
 
 /**
  * v[i] = v[i] stored as @a dtype and loaded back (kvf_kern_store's rounding), i < n: what a
- * value kept in a narrow cache reads as. fp32 (or an unknown dtype) leaves v unchanged.
+ * value kept in a narrow cache reads as. fp32 (or a dtype kvf_kern_store does not write)
+ * leaves v unchanged. The rounding is kvf_hd_round (kvf_dtype_math.h), the body the CUDA
+ * conv chunk and scan call; the dtype is picked outside the loop so it vectorises.
  */
 static inline void kvf_kern_round(float *v, size_t n, kvf_dtype_t dtype)
 {
     if (dtype == KVF_DTYPE_BF16) {
         for (size_t i = 0; i < n; ++i) {
-            v[i] = kvf_hd_bf16_to_fp32(kvf_hd_fp32_to_bf16(v[i]));
+            v[i] = kvf_hd_round(v[i], KVF_HD_BF16);
         }
     } else if (dtype == KVF_DTYPE_FP16) {
         for (size_t i = 0; i < n; ++i) {
-            v[i] = kvf_hd_fp16_to_fp32(kvf_hd_fp32_to_fp16(v[i]));
+            v[i] = kvf_hd_round(v[i], KVF_HD_FP16);
         }
     }
 }

@@ -11,9 +11,13 @@
  *
  * SSM state S (one request, one layer): [heads][head_dim][state_size] of the
  * SSM dtype (fp32 or bf16/fp16), updated in place. For a chunk it is loaded
- * to fp32 once, advanced T steps and stored once (one rounding per chunk,
- * as a chunked GPU scan does). A fresh request (has_state = 0) starts from
- * S = 0 and does NOT read the stored bytes (Mamba pages are not zeroed).
+ * to fp32 once, advanced T steps and stored once; a bf16/fp16 state is
+ * rounded to its dtype after every token in between (kvf_hd_round), as the
+ * decode step stores it, on the CPU and on CUDA alike, so a request's bits
+ * do not depend on where its prompt is cut into chunks (batch invariance:
+ * the scheduler cuts by what the other requests leave). A fresh request
+ * (has_state = 0) starts from S = 0 and does NOT read the stored bytes
+ * (Mamba pages are not zeroed).
  *
  * The gated norm (kernels/kvf_norm.h) and out_proj follow outside.
  * CUDA (kvf_ssm_cuda.cu): the same dt clamp and recurrence (kvf_ssm_math.h),

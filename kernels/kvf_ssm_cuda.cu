@@ -6,9 +6,19 @@
  * through the shared bodies of kvf_ssm_math.h: the same tap sums, dt clamp
  * and recurrence as the CPU kernels, in the same order per row.
  *
- * State rounding matches the CPU: a chunk loads the state once and stores
- * it once; the Mamba2 decode step loads and stores it once per token. A
- * fresh request (has_state 0) never reads the stored bytes.
+ * State rounding matches the CPU (batch invariance): a chunk loads the
+ * state once and stores it once, and in between a narrow (bf16/fp16) state
+ * is rounded after every token (kvf_hd_round through the shared bodies
+ * kvf_conv_chunk_channel_hd and kvf_mamba2_row_scan_hd): a token's conv
+ * history taps and the SSM state it reads are what the decode step's store
+ * and load give, so the outputs do not depend on where a prompt is cut into
+ * chunks. A fresh request (has_state 0) never reads the stored bytes.
+ * The scan rounds each element as it writes it back (the output sum has
+ * read the fp32 value), as the CPU's sum-then-round order gives. Rejected: a
+ * second pass rounding the scratch row after each token (one more read and
+ * write of the row a token, same bits). GPU and CPU still differ by FMA
+ * contraction and libm ulps; with a narrow state such an ulp can move a
+ * value across a rounding point (tests/gpu/gpu_vs_cpu.c, row_narrow_state).
  */
 #include "kvf_cuda_util.h"
 #include "kvf_device_cuda.h"
@@ -29,13 +39,9 @@ __global__ void kvf_conv_chunk_kernel(const float *x, int ldx, int T, int channe
         for (size_t i = 0; i < taps; ++i) {
             win[i] = has_state ? kvf_hd_load(state, dtype, c * taps + i) : 0.0f;
         }
-        for (size_t t = 0; t < (size_t)T; ++t) {
-            win[taps] = x[t * (size_t)ldx + c];   /* read before y (which may alias x) */
-            y[t * (size_t)ldy + c] = kvf_conv_tap_sum(filt, win, kernel, b, silu);
-            for (size_t i = 0; i < taps; ++i) {
-                win[i] = win[i + 1];
-            }
-        }
+        /* history taps at the state's precision (each input rounded after its own tap) */
+        kvf_conv_chunk_channel_hd(filt, win, kernel, b, silu, x + c, (size_t)ldx, (size_t)T,
+                                  y + c, (size_t)ldy, dtype);
         for (size_t i = 0; i < taps; ++i) {
             kvf_hd_store(state, dtype, c * taps + i, win[i]);
         }
@@ -112,8 +118,9 @@ static kvf_cuda_ssm kvf_cuda_ssm_of(const kvf_mamba2_params_t *p)
 
 /*
  * One thread per (h, d) row: T tokens through S (fp32 scratch row), loaded
- * from the state first (has_state) and stored back once at the end. The
- * decode step is T = 1 with has_state = 1.
+ * from the state first (has_state), rounded to a narrow state's dtype after
+ * every token and stored back once at the end (the rounded values store
+ * exactly). The decode step is T = 1 with has_state = 1.
  */
 __global__ void kvf_mamba2_scan_kernel(kvf_cuda_ssm p, int T, const float *x, int ldx,
                                        const float *dt, int lddt, const float *B, const float *C,
@@ -133,15 +140,10 @@ __global__ void kvf_mamba2_scan_kernel(kvf_cuda_ssm p, int T, const float *x, in
         for (size_t n = 0; n < ns; ++n) {
             S[n * rows] = has_state ? kvf_hd_load(state, dtype, i * ns + n) : 0.0f;
         }
-        for (size_t t = 0; t < (size_t)T; ++t) {
-            float dth = kvf_mamba2_dt_hd(dt[t * (size_t)lddt + h], bias, p.dt_min, p.dt_max);
-            float dA = kvf_mamba2_dA_hd(dth, A);
-            float xv = x[t * (size_t)ldx + h * hd + d];
-            const float *Bg = B + t * (size_t)ldbc + g * ns;
-            const float *Cg = C + t * (size_t)ldbc + g * ns;
-            float acc = kvf_mamba2_row_strided_hd(S, rows, ns, dA, dth * xv, Bg, Cg);
-            y[t * (size_t)ldy + h * hd + d] = kvf_mamba2_out_hd(acc, Dh, xv);
-        }
+        /* a narrow state rounded after every token, as the decode step stores it */
+        kvf_mamba2_row_scan_hd(S, rows, ns, (size_t)T, dt + h, (size_t)lddt, bias, p.dt_min,
+                               p.dt_max, A, Dh, x + h * hd + d, (size_t)ldx, B + g * ns,
+                               C + g * ns, (size_t)ldbc, y + h * hd + d, (size_t)ldy, dtype);
         for (size_t n = 0; n < ns; ++n) {
             kvf_hd_store(state, dtype, i * ns + n, S[n * rows]);
         }

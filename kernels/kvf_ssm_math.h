@@ -13,10 +13,18 @@
  * The CPU kernels loop these over channels / heads / head dims; a GPU
  * thread runs one channel or one (head, head-dim) row over all tokens, in
  * the same order, so the two differ only by libm ulps and FMA contraction.
+ *
+ * A narrow (bf16/fp16) conv or SSM state is read at its precision by every
+ * token, inside a chunk as in the decode step (batch invariance, issue 33):
+ * the conv history taps and the SSM state are rounded by kvf_hd_round after
+ * each token, as a store and a load would (kvf_conv_chunk_channel_hd,
+ * kvf_mamba2_row_scan_hd: the CUDA chunk kernels' bodies; the CPU kernels
+ * round whole windows and head states with the same rule, kvf_kern_round).
  */
 #ifndef KVF_SSM_MATH_H
 #define KVF_SSM_MATH_H
 
+#include "kvf_dtype_math.h"
 #include "kvf_hd.h"
 
 #include <math.h>
@@ -39,6 +47,32 @@ static inline KVF_HD float kvf_conv_tap_sum(const float *filt, const float *win,
         acc += filt[i] * win[i];
     }
     return silu ? kvf_silu_hd(acc) : acc;
+}
+
+/**
+ * One channel of a conv chunk: T inputs x[t * ldx] through the window
+ * win[kernel] (win[0, kernel - 1): the history, oldest first, already at the
+ * state's precision), y[t * ldy] = kvf_conv_tap_sum(filt, win, ...) with the
+ * token's own tap exact; then the input joins the history rounded to
+ * @a state_dtype (kvf_hd_round: what the decode step's stored state reads
+ * back as) and the window shifts. On return win[0, kernel - 1) is the new
+ * history (every value representable in @a state_dtype). y may alias x
+ * (each x[t * ldx] is read before y[t * ldy] is written).
+ */
+static inline KVF_HD void kvf_conv_chunk_channel_hd(const float *filt, float *win, int kernel,
+                                                    float bias, int silu, const float *x,
+                                                    size_t ldx, size_t T, float *y, size_t ldy,
+                                                    int state_dtype)
+{
+    const int taps = kernel - 1;
+    for (size_t t = 0; t < T; ++t) {
+        win[taps] = x[t * ldx];
+        y[t * ldy] = kvf_conv_tap_sum(filt, win, kernel, bias, silu);
+        win[taps] = kvf_hd_round(win[taps], state_dtype);
+        for (int i = 0; i < taps; ++i) {
+            win[i] = win[i + 1];
+        }
+    }
 }
 
 /** dt of one head and token: clamp(softplus(raw + bias), dt_min, dt_max). */
@@ -102,10 +136,63 @@ static inline KVF_HD float kvf_mamba2_row_strided_hd(float *S, size_t stride, si
     return acc;
 }
 
+/**
+ * kvf_mamba2_row_strided_hd() with the state kept at @a state_dtype: each
+ * element's new value enters the output sum exact and is then kept rounded
+ * (kvf_hd_round), so the next token reads what the decode step's store and
+ * load give; the CPU scan's order (kvf_mamba2.c: the sum over the fp32
+ * values, the head's state rounded after the token). fp32: the same bits as
+ * kvf_mamba2_row_strided_hd().
+ */
+static inline KVF_HD float kvf_mamba2_row_strided_round_hd(float *S, size_t stride, size_t ns,
+                                                           float dA, float dtx, const float *Bg,
+                                                           const float *Cg, int state_dtype)
+{
+    float acc = 0.0f;
+    for (size_t n = 0; n < ns; ++n) {
+        float *sn = S + n * stride;
+        float v = dA * *sn + dtx * Bg[n];
+        acc += v * Cg[n];
+        *sn = kvf_hd_round(v, state_dtype);
+    }
+    return acc;
+}
+
 /** y of one row: acc + D * x. */
 static inline KVF_HD float kvf_mamba2_out_hd(float acc, float D, float x)
 {
     return acc + D * x;
+}
+
+/**
+ * One (head, head-dim) row of a Mamba2 chunk over T tokens: the fp32 state
+ * row S (element n at S[n * stride], loaded by the caller) advanced token by
+ * token, y[t * ldy] = kvf_mamba2_out_hd(...). Per token: dt =
+ * kvf_mamba2_dt_hd(dt_raw[t * lddt], dt_bias, dt_min, dt_max), dA, then the
+ * row update; a narrow @a state_dtype rounds the row after every token
+ * (kvf_mamba2_row_strided_round_hd), fp32 keeps it exact
+ * (kvf_mamba2_row_strided_hd). x, dt_raw, B, C and y point at this row's
+ * column / head / group of token 0. The CUDA scan kernel's body.
+ */
+static inline KVF_HD void kvf_mamba2_row_scan_hd(float *S, size_t stride, size_t ns, size_t T,
+                                                 const float *dt_raw, size_t lddt, float dt_bias,
+                                                 float dt_min, float dt_max, float A, float Dh,
+                                                 const float *x, size_t ldx, const float *B,
+                                                 const float *C, size_t ldbc, float *y,
+                                                 size_t ldy, int state_dtype)
+{
+    for (size_t t = 0; t < T; ++t) {
+        float dth = kvf_mamba2_dt_hd(dt_raw[t * lddt], dt_bias, dt_min, dt_max);
+        float dA = kvf_mamba2_dA_hd(dth, A);
+        float xv = x[t * ldx];
+        const float *Bg = B + t * ldbc;
+        const float *Cg = C + t * ldbc;
+        float acc = (state_dtype == KVF_HD_FP32)
+                        ? kvf_mamba2_row_strided_hd(S, stride, ns, dA, dth * xv, Bg, Cg)
+                        : kvf_mamba2_row_strided_round_hd(S, stride, ns, dA, dth * xv, Bg, Cg,
+                                                          state_dtype);
+        y[t * ldy] = kvf_mamba2_out_hd(acc, Dh, xv);
+    }
 }
 
 #endif

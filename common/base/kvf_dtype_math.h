@@ -180,4 +180,21 @@ static inline KVF_HD void kvf_hd_store(void *base, int dtype, size_t i, float v)
     }
 }
 
+/**
+ * @a v as an array of @a dtype reads it back: kvf_hd_store() then kvf_hd_load() without
+ * the memory (round to nearest even; NaN stays NaN). fp32 and an unknown code return @a v.
+ * The one rounding rule of a narrow conv or SSM state kept in fp32 between tokens (the
+ * CPU kernels' kvf_kern_round and the CUDA conv chunk and scan), so a chunk reads its
+ * history as the decode step reads the stored state (batch invariance).
+ */
+static inline KVF_HD float kvf_hd_round(float v, int dtype)
+{
+    switch (dtype) {
+    case KVF_HD_BF16: return kvf_hd_bf16_to_fp32(kvf_hd_fp32_to_bf16(v));
+    case KVF_HD_FP16: return kvf_hd_fp16_to_fp32(kvf_hd_fp32_to_fp16(v));
+    case KVF_HD_FP8:  return kvf_hd_fp8_to_fp32(kvf_hd_fp32_to_fp8(v));
+    default:          return v;
+    }
+}
+
 #endif

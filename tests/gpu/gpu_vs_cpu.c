@@ -133,6 +133,40 @@ static void rowf(const char *op, const char *dtype, const float *gpu, const floa
     row(op, dtype, gpu, cpu, KVF_DTYPE_FP32, n, tol);
 }
 
+/*
+ * row() for what a scan over a bf16/fp16 state gives (its y, fp32, or the state, @a dt):
+ * both devices round the state after every token, but an fp32 value they compute an ulp
+ * apart (FMA contraction, libm) may round to neighbouring state values, and that element
+ * then differs by a state ulp or so in every later token of its (head, head-dim) row. So
+ * PASS needs every element within @a tol (a few state ulps, relative) and at most 5 % of
+ * them beyond 1e-4 relative; a scan without the per-token rounding differs beyond 1e-4 in
+ * most elements (a CPU emulation of the two devices: 10-97 % a call, against 0-2.4 % with
+ * the rounding mirrored).
+ */
+static void row_narrow_state(const char *op, const char *dtype, const void *gpu,
+                             const void *cpu, kvf_dtype_t dt, size_t n, double tol)
+{
+    double max = 0.0, norm = 0.0;
+    size_t nan_mismatch = 0, beyond = 0;
+    for (size_t i = 0; i < n; ++i) {
+        float g = load_any(gpu, dt, i), c = load_any(cpu, dt, i);
+        if (isnan(g) || isnan(c)) {
+            nan_mismatch += (isnan(g) != isnan(c)) ? 1 : 0;
+            continue;
+        }
+        double d = fabs((double)g - (double)c);
+        max = (d > max) ? d : max;
+        d /= 1.0 + fabs((double)c);
+        norm = (d > norm) ? d : norm;
+        beyond += (d > 1e-4) ? 1 : 0;
+    }
+    int ok = (norm <= tol) && (beyond * 20 <= n) && (nan_mismatch == 0);
+    failures += ok ? 0 : 1;
+    printf("| %-28s | %-5s | %-12.3g | %-12.3g | %-7.1g | %s (%zu of %zu > 1e-4)%s |\n", op,
+           dtype, max, norm, tol, ok ? "PASS" : "FAIL", beyond, n,
+           nan_mismatch ? " (NaN mismatch)" : "");
+}
+
 static void check_norms(void)
 {
     enum { R = 7, D = 384, GS = 128 };
@@ -745,7 +779,8 @@ static void check_conv(kvf_dtype_t dt)
     free(sg);
 }
 
-/* Mamba2: fresh scan, continued scan, decode step; y and state (a state dtype rounds once) */
+/* Mamba2: fresh scan, continued scan, decode step; y and state (a bf16/fp16 state rounds
+ * after every token on both devices: row_narrow_state) */
 /* the batched Mamba2 decode step (kvf_ssm_seqs.h): three requests at rows 2, 0, 1 of a
  * [3][R] projection, each with its own conv and SSM state (fp32: one launch each for the
  * batch; bf16 / fp16: the per-request kernels), their dt clamps 0, 1e-3, 0 */
@@ -863,12 +898,20 @@ static void check_mamba(kvf_dtype_t dt)
         down(sg, ds, sbytes);
         snprintf(name, sizeof(name), "mamba2 %s y", (step == 0) ? "scan fresh"
                                                     : (step == 1) ? "scan cont." : "step");
-        rowf(name, kvf_dtype_name(dt), yg, yc, (size_t)n * HP, 1e-4);
+        if (dt == KVF_DTYPE_FP32) {
+            rowf(name, kvf_dtype_name(dt), yg, yc, (size_t)n * HP, 1e-4);
+        } else {
+            row_narrow_state(name, kvf_dtype_name(dt), yg, yc, KVF_DTYPE_FP32, (size_t)n * HP,
+                             (dt == KVF_DTYPE_BF16) ? 3e-2 : 1e-2);
+        }
         snprintf(name, sizeof(name), "mamba2 %s state", (step == 0) ? "scan fresh"
                                                         : (step == 1) ? "scan cont." : "step");
-        /* one ulp of the state dtype where the fp32 values straddle a rounding point */
-        row(name, kvf_dtype_name(dt), sg, sc, dt, (size_t)HP * N,
-            (dt == KVF_DTYPE_FP32) ? 1e-4 : 1e-2);
+        if (dt == KVF_DTYPE_FP32) {
+            row(name, kvf_dtype_name(dt), sg, sc, dt, (size_t)HP * N, 1e-4);
+        } else {
+            row_narrow_state(name, kvf_dtype_name(dt), sg, sc, dt, (size_t)HP * N,
+                             (dt == KVF_DTYPE_BF16) ? 2e-2 : 1e-2);
+        }
     }
     kvf_device_free(&gdev, dx);
     kvf_device_free(&gdev, ddt);

@@ -11,8 +11,10 @@
 #include "kvf_argmax.h"
 #include "kvf_argmax_math.h"
 #include "kvf_attention_math.h"
+#include "kvf_conv1d.h"
 #include "kvf_dtype_math.h"
 #include "kvf_kern_test.h"
+#include "kvf_mamba2.h"
 #include "kvf_moe.h"
 #include "kvf_moe_math.h"
 #include "kvf_norm_math.h"
@@ -136,6 +138,162 @@ static void test_conv_tap_sum(void **state)
     assert_true(kvf_conv_tap_sum(filt, win, 4, 0.25f, 0) == -0.75f);
     assert_true(kvf_conv_tap_sum(filt, win, 4, 0.25f, 1) == -0.75f / (1.0f + expf(0.75f)));
     assert_true(kvf_conv_tap_sum(filt, win, 1, 0.0f, 0) == 1.0f);   /* only the first tap */
+}
+
+/* kvf_hd_round is a store and a load without the memory, in every dtype */
+static void test_hd_round(void **state)
+{
+    (void)state;
+    for (uint64_t u = 0; u < (1ull << 32); u += 4093u) {
+        float f = from_bits((uint32_t)u);
+        uint16_t h;
+        uint8_t b;
+        kvf_hd_store(&h, KVF_HD_BF16, 0, f);
+        assert_int_equal(bits(kvf_hd_round(f, KVF_HD_BF16)), bits(kvf_hd_load(&h, KVF_HD_BF16, 0)));
+        kvf_hd_store(&h, KVF_HD_FP16, 0, f);
+        assert_int_equal(bits(kvf_hd_round(f, KVF_HD_FP16)), bits(kvf_hd_load(&h, KVF_HD_FP16, 0)));
+        kvf_hd_store(&b, KVF_HD_FP8, 0, f);
+        assert_int_equal(bits(kvf_hd_round(f, KVF_HD_FP8)), bits(kvf_hd_load(&b, KVF_HD_FP8, 0)));
+        assert_int_equal(bits(kvf_hd_round(f, KVF_HD_FP32)), bits(f));
+        assert_int_equal(bits(kvf_hd_round(f, 99)), bits(f));   /* unknown code: unchanged */
+    }
+    assert_true(kvf_hd_round(1.00390625f, KVF_HD_BF16) == 1.0f);   /* tie to even */
+    assert_true(kvf_hd_round(1.0f + 0x1p-10f, KVF_HD_FP16) == 1.0f + 0x1p-10f);
+    assert_true(kvf_hd_round(1.0f + 0x1p-10f, KVF_HD_BF16) == 1.0f);
+    assert_true(isinf(kvf_hd_round(70000.0f, KVF_HD_FP16)));
+}
+
+static const kvf_dtype_t state_dtypes[] = {KVF_DTYPE_FP32, KVF_DTYPE_BF16, KVF_DTYPE_FP16};
+
+/*
+ * The CUDA conv chunk kernel's body (kvf_conv_chunk_channel_hd, one channel a thread), run
+ * here over every channel, against the CPU kernel: y and the stored state bit for bit, a
+ * fresh chunk, a continued chunk shorter than the history and a longer one, in fp32, bf16
+ * and fp16 state. With a narrow state the history taps read the rounded inputs inside the
+ * chunk (batch invariance); the same body without the rounding (fp32 rule on the narrow
+ * state) gives other y, so the comparison sees the rule.
+ */
+static void test_conv_chunk_body(void **state)
+{
+    enum { CH = 37, KW = 4, TAPS = KW - 1, T = 13, LDX = 41 };
+    kvf_test_rng_t r = {0x5eed1234u};
+    float x[T * LDX], w[CH * KW], b[CH], yc[T * CH], yb[T * CH], win[KVF_CONV_KERNEL_MAX];
+    float sc[CH * TAPS], sb[CH * TAPS];   /* states, room for fp32 */
+    (void)state;
+
+    kvf_test_fill(&r, x, T * LDX, -3.0f, 3.0f);
+    kvf_test_fill(&r, w, CH * KW, -1.0f, 1.0f);
+    kvf_test_fill(&r, b, CH, -1.0f, 1.0f);
+    for (size_t k = 0; k < sizeof(state_dtypes) / sizeof(state_dtypes[0]); ++k) {
+        const kvf_dtype_t dt = state_dtypes[k];
+        const size_t sbytes = (size_t)CH * TAPS * kvf_dtype_size(dt);
+        memset(sc, 0x7f, sizeof(sc));   /* stale bytes: a fresh chunk must not read them */
+        memset(sb, 0x7f, sizeof(sb));
+        for (int step = 0; step < 3; ++step) {
+            const int n = (step == 0) ? T : (step == 1) ? 2 : 7, has = (step > 0);
+            const float *xs = x + (size_t)step * LDX;
+            assert_int_equal(kvf_conv1d_chunk(NULL, xs, LDX, n, CH, KW, w, b, 1, sc, dt, has,
+                                              yc, CH),
+                             KVF_KERN_OK);
+            for (size_t c = 0; c < CH; ++c) {
+                for (size_t i = 0; i < TAPS; ++i) {
+                    win[i] = has ? kvf_hd_load(sb, (int)dt, c * TAPS + i) : 0.0f;
+                }
+                kvf_conv_chunk_channel_hd(w + c * KW, win, KW, b[c], 1, xs + c, LDX, (size_t)n,
+                                          yb + c, CH, (int)dt);
+                for (size_t i = 0; i < TAPS; ++i) {
+                    kvf_hd_store(sb, (int)dt, c * TAPS + i, win[i]);
+                }
+            }
+            for (size_t i = 0; i < (size_t)n * CH; ++i) {
+                if (bits(yb[i]) != bits(yc[i])) {
+                    fail_msg("conv %s step %d: y[%zu] %.9g, CPU %.9g", kvf_dtype_name(dt), step,
+                             i, (double)yb[i], (double)yc[i]);
+                }
+            }
+            assert_memory_equal(sb, sc, sbytes);
+        }
+        if (dt != KVF_DTYPE_FP32) {
+            int differ = 0;
+            for (size_t c = 0; c < CH; ++c) {
+                memset(win, 0, sizeof(win));
+                kvf_conv_chunk_channel_hd(w + c * KW, win, KW, b[c], 1, x + c, LDX, T, yb + c, CH,
+                                          KVF_HD_FP32);
+            }
+            assert_int_equal(kvf_conv1d_chunk(NULL, x, LDX, T, CH, KW, w, b, 1, sc, dt, 0, yc,
+                                              CH),
+                             KVF_KERN_OK);
+            for (size_t i = 0; i < (size_t)T * CH; ++i) {
+                differ += (bits(yb[i]) != bits(yc[i]));
+            }
+            assert_true(differ > 0);
+        }
+    }
+}
+
+/*
+ * The CUDA scan kernel's body (kvf_mamba2_row_scan_hd, one (head, head-dim) row a thread,
+ * rows interleaved in the scratch as on the GPU), run here over every row, against the CPU
+ * scan: y and the stored state bit for bit, fresh and continued chunks and a one-token
+ * chunk, in fp32, bf16 and fp16 state. A narrow state rounds after every token (as the
+ * decode step stores it); the body without that rounding gives other y.
+ */
+static void test_mamba2_scan_body(void **state)
+{
+    enum { H = 4, P = 8, G = 2, N = 16, T = 20, HP = H * P, BC = G * N };
+    kvf_test_rng_t r = {0x5eed4321u};
+    float x[T * HP], dtr[T * H], B[T * BC], C[T * BC], dtb[H], al[H], D[H];
+    float yc[T * HP], yb[T * HP], S[HP * N], sc[HP * N], sb[HP * N];
+    const kvf_mamba2_params_t p = {H, P, G, N, dtb, al, D, 1e-3f, 8.0f};
+    (void)state;
+
+    kvf_test_fill(&r, x, T * HP, -2.0f, 2.0f);
+    kvf_test_fill(&r, dtr, T * H, -6.0f, 6.0f);
+    kvf_test_fill(&r, B, T * BC, -1.0f, 1.0f);
+    kvf_test_fill(&r, C, T * BC, -1.0f, 1.0f);
+    kvf_test_fill(&r, dtb, H, -1.0f, 1.0f);
+    kvf_test_fill(&r, al, H, -2.0f, 1.0f);
+    kvf_test_fill(&r, D, H, -1.0f, 1.0f);
+    for (size_t k = 0; k < sizeof(state_dtypes) / sizeof(state_dtypes[0]); ++k) {
+        const kvf_dtype_t dt = state_dtypes[k];
+        const size_t sbytes = (size_t)HP * N * kvf_dtype_size(dt);
+        memset(sc, 0xff, sizeof(sc));   /* NaN bytes: a fresh scan must not read them */
+        memset(sb, 0xff, sizeof(sb));
+        for (int step = 0; step < 4; ++step) {
+            const int n = (step == 0) ? T : (step == 1) ? 3 : (step == 2) ? 1 : 9;
+            const int has = (step > 0);
+            const int rough = (step == 3) && (dt != KVF_DTYPE_FP32);   /* rounding left out */
+            assert_int_equal(kvf_mamba2_scan(NULL, &p, n, x, HP, dtr, H, B, C, BC, sc, dt, has,
+                                             yc, HP),
+                             KVF_KERN_OK);
+            for (size_t i = 0; i < HP; ++i) {
+                const size_t h = i / P, d = i % P, g = h / (H / G);
+                for (size_t e = 0; e < N; ++e) {
+                    S[e * HP + i] = has ? kvf_hd_load(sb, (int)dt, i * N + e) : 0.0f;
+                }
+                kvf_mamba2_row_scan_hd(S + i, HP, N, (size_t)n, dtr + h, H, dtb[h], p.dt_min,
+                                       p.dt_max, kvf_mamba2_A_hd(al[h]), D[h], x + h * P + d,
+                                       HP, B + g * N, C + g * N, BC, yb + h * P + d, HP,
+                                       rough ? KVF_HD_FP32 : (int)dt);
+                for (size_t e = 0; e < N; ++e) {
+                    kvf_hd_store(sb, (int)dt, i * N + e, S[e * HP + i]);
+                }
+            }
+            int differ = 0;
+            for (size_t i = 0; i < (size_t)n * HP; ++i) {
+                differ += (bits(yb[i]) != bits(yc[i]));
+                if (!rough && (bits(yb[i]) != bits(yc[i]))) {
+                    fail_msg("scan %s step %d: y[%zu] %.9g, CPU %.9g", kvf_dtype_name(dt), step,
+                             i, (double)yb[i], (double)yc[i]);
+                }
+            }
+            if (rough) {
+                assert_true(differ > 0);
+            } else {
+                assert_memory_equal(sb, sc, sbytes);
+            }
+        }
+    }
 }
 
 /* gated RMSNorm: the gate, the inverse RMS and their edge cases */
@@ -507,6 +665,9 @@ int main(void)
         cmocka_unit_test(test_mamba2_dt_clamp),
         cmocka_unit_test(test_mamba2_row),
         cmocka_unit_test(test_conv_tap_sum),
+        cmocka_unit_test(test_hd_round),
+        cmocka_unit_test(test_conv_chunk_body),
+        cmocka_unit_test(test_mamba2_scan_body),
         cmocka_unit_test(test_gated_norm_edges),
         cmocka_unit_test(test_attn_fold),
         cmocka_unit_test(test_attn_split_merge),
