@@ -34,12 +34,16 @@ done
 # test_e2e_fault_matrix arms; the main job's build (deploy/build.sh alone) does not.
 build=build-test
 rm -rf "$build"
-BUILD_DIR="$root/$build" bash deploy/build.sh -DKVF_WERROR=ON -DKVF_FAULT_INJECTION=ON
+# Debian's UCX 1.13 even when nvcc makes this a CUDA build: the fault matrix and the soaks
+# pin 1.13's behaviour (a prefill killed mid-read from UCX shared memory, RSS per dead
+# decode incarnation); under the wheel's 1.22 two of them differ, docs/FAILURES.md
+# "UCX 1.22". The transfer tests run on 1.22 below.
+BUILD_DIR="$root/$build" bash deploy/build.sh -DKVF_WERROR=ON -DKVF_FAULT_INJECTION=ON \
+    -DKVF_UCX_PREFIX=system
 ctest --test-dir "$build" --output-on-failure --timeout 600 -j2 --no-tests=error
 
 # The host-memory transfer tests again against the other UCX: the main build above uses
-# Debian's UCX 1.13 (or, as a CUDA build, the libucx-cu13 wheel's 1.22, CMakeLists.txt),
-# this one the wheel's UCX 1.22 on the CPU, so a UCX upgrade cannot break the pull
+# Debian's UCX 1.13, this one the wheel's UCX 1.22 (a CUDA build's default) on the CPU, so a UCX upgrade cannot break the pull
 # silently (test_ucx_version checks the UCX loaded at run time is the one built against).
 ucx_wheel="${KVF_UCX_WHEEL_DIR:-/opt/kvferry/ucx-cu13}/libucx"
 ucx122=build-ucx122
