@@ -60,6 +60,7 @@ int __real_kvf_zero_ranges(const kvf_device_t *dev, void *base, const size_t *of
 int __wrap_kvf_zero_ranges(const kvf_device_t *dev, void *base, const size_t *offsets,
                            const size_t *lens, size_t n);
 int __wrap_kvf_device_sync(const kvf_device_t *dev);
+int __wrap_kvf_device_bind(const kvf_device_t *dev);
 /* the UCX path's zeroing in one launch (where kernels/ has it); zeroed here on the CPU */
 int __wrap_kvf_zero_ranges_batch(const kvf_device_t *dev, void *base, const size_t *offsets,
                                  const size_t *lens, size_t n);
@@ -175,6 +176,13 @@ int __wrap_kvf_device_sync(const kvf_device_t *dev)
 {
     (void)dev;
     syncs++;
+    return KVF_KERN_OK;
+}
+
+/* the connector makes a pool's GPU current before its zeroing: nothing to make current here */
+int __wrap_kvf_device_bind(const kvf_device_t *dev)
+{
+    assert_int_equal(dev->kind, KVF_DEVICE_CUDA);
     return KVF_KERN_OK;
 }
 
