@@ -116,6 +116,38 @@ static void kvf_ucx_config_device(kvf_ucx_agent_h agent, ucp_config_t *config)
     }
 }
 
+#define KVF_UCX_KEEPALIVE_VAR "KEEPALIVE_INTERVAL"
+#define KVF_UCX_KEEPALIVE     "1s"
+
+/*
+ * UCX keepalive every KVF_UCX_KEEPALIVE on @a config unless the operator set
+ * UCX_KEEPALIVE_INTERVAL. Why: a worker that a peer connected to holds an
+ * endpoint UCX made itself for the wire-up (no handle of ours), and with
+ * shared memory that endpoint maps the peer's receive segments. Only an
+ * error on it frees them, and for a peer that died (SIGKILL) only keepalive
+ * finds one: at UCX's default of 20 s a prefill whose decode instances
+ * restart every few seconds held every dead incarnation's segments, 2.1 MB
+ * each with UCX 1.22 (FIFO of 256 receive buffers of 8 KB it wrote into;
+ * 0.5 MB with 1.13's 64). A shorter interval costs one check per endpoint
+ * per second. Rejected: smaller UCX_{POSIX,SYSV}_FIFO_SIZE (hides it, slows
+ * shared memory); there is no UCP call to close another worker's wire-up
+ * endpoints.
+ */
+static void kvf_ucx_config_keepalive(kvf_ucx_agent_h agent, ucp_config_t *config)
+{
+    ucs_status_t s;
+
+    if (getenv("UCX_" KVF_UCX_KEEPALIVE_VAR) != NULL) {
+        return;                 /* the operator's choice wins */
+    }
+    s = ucp_config_modify(config, KVF_UCX_KEEPALIVE_VAR, KVF_UCX_KEEPALIVE);
+    if (s != UCS_OK) {
+        kvf_warn("%s: UCX_%s=%s not set: %s; endpoints of dead peers are freed at UCX's own"
+                 " keepalive", agent->name, KVF_UCX_KEEPALIVE_VAR, KVF_UCX_KEEPALIVE,
+                 ucs_status_string(s));
+    }
+}
+
 static ucs_status_t kvf_ucx_am_cb(void *arg, const void *header, size_t header_length,
                                   void *data, size_t length, const ucp_am_recv_param_t *param)
 {
@@ -191,6 +223,9 @@ kvf_status_t kvf_ucx_agent_create(const kvf_ucx_agent_params_t *params,
     }
 
     KVF_UCX_CHECK_GOTO(ucp_config_read(NULL, NULL, &config), status, err_free_ring);
+    if (agent->peer_err_mode) {
+        kvf_ucx_config_keepalive(agent, config);   /* keepalive runs in peer error mode */
+    }
     if ((params != NULL) && (params->field_mask & KVF_UCX_AGENT_PARAM_FIELD_MEM_TYPE) &&
         (params->mem_type == KVF_XFER_MEM_CUDA)) {
         kvf_ucx_config_device(agent, config);
