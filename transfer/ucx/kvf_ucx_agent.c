@@ -127,9 +127,10 @@ static void kvf_ucx_config_device(kvf_ucx_agent_h agent, ucp_config_t *config)
  * error on it frees them, and for a peer that died (SIGKILL) only keepalive
  * finds one: at UCX's default of 20 s a prefill whose decode instances
  * restart every few seconds held every dead incarnation's segments, 2.1 MB
- * each with UCX 1.22 (FIFO of 256 receive buffers of 8 KB it wrote into;
- * 0.5 MB with 1.13's 64). A shorter interval costs one check per endpoint
- * per second. Rejected: smaller UCX_{POSIX,SYSV}_FIFO_SIZE (hides it, slows
+ * each with UCX 1.22 (its FIFO of 256 receive buffers of 8 KB, written into;
+ * 1.13's FIFO has 64). A shorter interval costs one check per endpoint per
+ * second; a stopped (not dead) peer still passes it (SIGSTOP soak and stall
+ * tests). Rejected: smaller UCX_{POSIX,SYSV}_FIFO_SIZE (hides it, slows
  * shared memory); there is no UCP call to close another worker's wire-up
  * endpoints.
  */
