@@ -397,8 +397,10 @@ class Pool(Proxy):
                     self.model_name = self.models()["data"][0]["id"]
                 return self
             last = p
-            # A port taken between the probe and the bind shows up as a start-up failure.
-            if "Address already in use" not in self.up_output:
+            # A port taken between the probe and the bind shows up as a start-up failure (a
+            # daemon's --metrics-port that the new base overlapped says "port in use?").
+            if ("Address already in use" not in self.up_output and
+                    "port in use?" not in self.up_output):
                 break
         raise RuntimeError("kvf-up failed (rc %d):\n%s" % (last.returncode, self.up_output))
 
