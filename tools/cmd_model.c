@@ -104,6 +104,7 @@ typedef struct {
     double temperature;
     int    seed;
     bool   print_logits;
+    int    logprobs;
     bool   ignore_eos;
     bool   add_bos;
     /* bench */
@@ -153,6 +154,9 @@ static const kvf_config_field_t kvf_generate_table[] = {
      offsetof(kvf_gen_opts_t, seed), KVF_CONFIG_TYPE_INT, 0},
     {"PRINT_LOGITS", "no", "print the logits of every generated token",
      offsetof(kvf_gen_opts_t, print_logits), KVF_CONFIG_TYPE_BOOL, 0},
+    {"LOGPROBS", "-1", "print each generated token's logprob and the top N (0 to 20; the "
+     "sampler's numbers, as a pool returns them for the OpenAI field logprobs; -1: none)",
+     offsetof(kvf_gen_opts_t, logprobs), KVF_CONFIG_TYPE_INT, 0},
     {"IGNORE_EOS", "no", "keep generating after EOS",
      offsetof(kvf_gen_opts_t, ignore_eos), KVF_CONFIG_TYPE_BOOL, 0},
     {"ADD_BOS", "yes", "prefix the prompt with the BOS token",
@@ -305,6 +309,21 @@ static int kvf_generate_ids(const kvf_gen_opts_t *o, kvf_engine_h eng)
     return 0;
 }
 
+/* --logprobs: one line per sampled token, "logprobs I TOKEN LP ID:LP ...", %.9g (a float's
+ * bits survive the text: comparable bit for bit with a pool's JSON numbers) */
+static void kvf_print_logprobs(const kvf_engine_event_t *ev, int *i)
+{
+    if (((ev->kind != KVF_EVENT_TOKEN) && (ev->kind != KVF_EVENT_PREFILLED)) ||
+        (ev->token < 0)) {
+        return;
+    }
+    printf("logprobs %d %d %.9g", (*i)++, ev->token, (double)ev->logprob);
+    for (int k = 0; k < ev->num_top; ++k) {
+        printf(" %d:%.9g", ev->top_ids[k], (double)ev->top_logprobs[k]);
+    }
+    printf("\n");
+}
+
 int kvf_cmd_generate(int argc, char **argv)
 {
     kvf_gen_opts_t o;
@@ -319,7 +338,7 @@ int kvf_cmd_generate(int argc, char **argv)
     size_t plen = 0;
     uint64_t id;
     bool done = false;
-    int rc = 1, n;
+    int rc = 1, n, nlp = 0;
 
     if (kvf_config_parse(kvf_generate_table, "kvf generate", argc, argv, &o, &done) != KVF_OK) {
         return 2;
@@ -329,6 +348,11 @@ int kvf_cmd_generate(int argc, char **argv)
     }
     if (o.max_tokens < 1) {
         kvf_error("bad value %d for --max-tokens (at least 1)", o.max_tokens);
+        return 2;
+    }
+    if ((o.logprobs < -1) || (o.logprobs > KVF_SAMPLING_MAX_LOGPROBS)) {
+        kvf_error("bad value %d for --logprobs (-1: none, or 0 to %d)", o.logprobs,
+                  KVF_SAMPLING_MAX_LOGPROBS);
         return 2;
     }
     rc = kvf_open_engine(&o, &eng);
@@ -364,12 +388,17 @@ int kvf_cmd_generate(int argc, char **argv)
     rp.sampling.seed = (uint64_t)(unsigned)o.seed;
     rp.sampling.ignore_eos = o.ignore_eos;
     rp.record_logits = o.print_logits;
+    rp.sampling.want_logprobs = (o.logprobs >= 0);
+    rp.sampling.logprobs = (o.logprobs >= 0) ? o.logprobs : 0;
     if (kvf_engine_add_request(eng, &rp, &id) != KVF_OK) {
         goto out;
     }
     while (kvf_engine_has_work(eng)) {
         if (kvf_engine_step(eng, ev, 256, &n) != KVF_OK) {
             goto out;
+        }
+        for (int e = 0; (o.logprobs >= 0) && (e < n); ++e) {
+            kvf_print_logprobs(&ev[e], &nlp);
         }
     }
     (void)kvf_engine_request_info(eng, id, &info);
@@ -393,7 +422,7 @@ int kvf_cmd_generate(int argc, char **argv)
         for (int i = 0; i < info.num_logits; ++i) {
             printf("logits %d %d", i, info.tokens[info.prompt_len + i]);
             for (int v = 0; v < vocab; ++v) {
-                printf(" %.7g", (double)info.logits[(size_t)i * (size_t)vocab + (size_t)v]);
+                printf(" %.9g", (double)info.logits[(size_t)i * (size_t)vocab + (size_t)v]);
             }
             printf("\n");
         }

@@ -45,25 +45,38 @@ def model_dir(name, seed=1, shards=1, dtype="fp32"):
 def reference(model, prompt, max_tokens, tp=1, kv_dtype="bf16"):
     """Greedy tokens and per-token logits of a colocated run: (tokens, [logits...]).
     The prompt goes through a file (kvf generate --prompt-file), so any length works."""
+    r = reference_logprobs(model, prompt, max_tokens, None, tp, kv_dtype)
+    return r[0], r[1]
+
+
+def reference_logprobs(model, prompt, max_tokens, logprobs, tp=1, kv_dtype="bf16"):
+    """(tokens, [logits...], [(logprob, [(id, logprob)...]) per token]) of a colocated
+    greedy run with `kvf generate --logprobs N` (None: no logprobs, empty list). Every
+    number is printed with 9 significant digits, so each float's bits survive."""
     bindir = find_bin()
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
         f.write(prompt)
     try:
         p = subprocess.run([os.path.join(bindir, "kvf"), "generate", "--model", model, "--tp",
                             str(tp), "--prompt-file", f.name, "--max-tokens", str(max_tokens),
-                            "--kv-dtype", kv_dtype, "--print-logits"],
+                            "--kv-dtype", kv_dtype, "--print-logits",
+                            "--logprobs", str(-1 if logprobs is None else logprobs)],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=True,
                            timeout=120)
     finally:
         os.unlink(f.name)
-    tokens, logits = None, []
+    tokens, logits, lps = None, [], []
     for line in p.stdout.decode("latin-1").splitlines():
         if line.startswith("tokens:"):
             tokens = [int(t) for t in line.split()[1:]]
         elif line.startswith("logits "):
             logits.append([float(x) for x in line.split()[3:]])
+        elif line.startswith("logprobs "):
+            w = line.split()
+            top = [(int(a), float(b)) for a, b in (t.split(":") for t in w[4:])]
+            lps.append((float(w[3]), top))
     assert tokens is not None, p.stdout
-    return tokens, logits
+    return tokens, logits, lps
 
 
 def top2_margin(logits):

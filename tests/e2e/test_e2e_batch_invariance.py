@@ -3,13 +3,19 @@
 models-trained/tiny-hybrid and a mix of long (300 to 1500 tokens) and short
 prompts, sent concurrently through a 1p1d pool in several compositions, each
 answer's tokens EXACTLY the colocated `kvf generate` run's (no near-tie
-allowance). The questions include the add questions whose colocated top-2
+allowance) and, where the request asks for logprobs (20 per token, the
+OpenAI maximum), every returned logprob BIT FOR BIT the colocated run's
+(`kvf generate --logprobs 20`): the sampled token's and each of the top 20,
+so 21 numbers per token that each depend on the token's logits (and their
+log-sum-exp over the whole vocabulary). The questions include the add questions whose colocated top-2
 margin is smallest (0.001-0.005 at the third or fourth token): any change of
 the arithmetic by the batch around them shows up as another token there.
 
-The daemons return no logits yet (no logprobs), so the pool compares tokens;
-the logits are compared bit for bit at the engine level by
-tests/common/engine/test_batch_invariance.c.
+The raw logits never leave a daemon (the OpenAI surface has no field for
+them), so the pool compares logprobs; the logits themselves are compared bit
+for bit at the engine level by tests/common/engine/test_batch_invariance.c.
+The greedy fast path (no logprobs: only the argmax leaves the forward) is
+the third composition's, where tokens are compared.
 
 Compositions: all at once (half of them streaming), in reverse order, in
 groups of 5; then a pool whose daemons step at most 7 tokens, so every
@@ -22,12 +28,14 @@ on two cores.
 
 import json
 import os
+import struct
 import threading
 
-from e2e_models import reference, top2_margin
+from e2e_models import reference_logprobs, top2_margin
 from kvf_e2e import Pool, repo_root
 
 MAX_TOKENS = 8
+LOGPROBS = 20
 # add questions with near-ties (smallest colocated top-2 margins), then every 15th line
 NEAR_TIES = [93, 6, 58, 57, 17, 0, 1, 37]
 EVERY = 15
@@ -48,22 +56,54 @@ def prompts():
     return model, out
 
 
-def run(pool, items, order, stream_every, group, what):
+def bits(x):
+    """A JSON number (from a float32) or a printed %.9g float as its float32 bits."""
+    return struct.pack("<f", x)
+
+
+def logprobs_of(choice_logprobs):
+    """[(token logprob, [top logprob values in order])] from completions' logprobs."""
+    return [(lp, list(top.values())) for lp, top in
+            zip(choice_logprobs["token_logprobs"], choice_logprobs["top_logprobs"])]
+
+
+def logprob_mismatch(got, ref):
+    """None when every number is bit-identical, else what differs. The pool's top
+    logprobs are keyed by token text (the first, likelier id of a text wins), so its
+    values are the colocated top 20 in order with later same-text ids left out."""
+    if len(got) != len(ref):
+        return "%d tokens with logprobs, colocated %d" % (len(got), len(ref))
+    for k, ((lp, top), (rlp, rtop)) in enumerate(zip(got, ref)):
+        if bits(lp) != bits(rlp):
+            return "token %d: logprob %r, colocated %r" % (k, lp, rlp)
+        want = iter(bits(v) for _, v in rtop)
+        if not top or bits(top[0]) != bits(rtop[0][1]) or \
+                not all(any(bits(v) == w for w in want) for v in top):
+            return "token %d: top logprobs %r, colocated %r" % (k, top, [v for _, v in rtop])
+    return None
+
+
+def run(pool, items, order, stream_every, group, what, logprobs=True):
     """Sends items[i] for i in order, `group` at a time concurrently (0: all);
     returns the number of answers that differ from the reference."""
     results, errors = {}, []
+    extra = {"logprobs": LOGPROBS} if logprobs else {}
 
     def worker(i):
         try:
             prompt, _ = items[i]
             stream = stream_every > 0 and (i % stream_every == 0)
             r = pool.complete(prompt, max_tokens=MAX_TOKENS, temperature=0, stream=stream,
-                              return_token_ids=True, timeout=180)
+                              return_token_ids=True, timeout=180, **extra)
             if stream:
                 assert r.done and not r.errors, r.events[-2:]
-                results[i] = r.token_ids
+                lps = [x for c in r.chunks if c["choices"][0].get("logprobs")
+                       for x in logprobs_of(c["choices"][0]["logprobs"])]
+                results[i] = (r.token_ids, lps)
             else:
-                results[i] = r["choices"][0]["token_ids"]
+                ch = r["choices"][0]
+                results[i] = (ch["token_ids"],
+                              logprobs_of(ch["logprobs"]) if ch.get("logprobs") else [])
         except Exception as e:          # reported below with the request index
             errors.append((i, repr(e)))
 
@@ -79,27 +119,32 @@ def run(pool, items, order, stream_every, group, what):
     for i in order:
         got = results.get(i)
         assert got is not None, "%s: request %d never finished" % (what, i)
-        ref_tokens, ref_logits = items[i][1]
-        if got != ref_tokens:
-            k = next(j for j, (a, b) in enumerate(zip(got, ref_tokens)) if a != b)
+        ref_tokens, ref_logits, ref_lps = items[i][1]
+        if got[0] != ref_tokens:
+            k = next(j for j, (a, b) in enumerate(zip(got[0], ref_tokens)) if a != b)
             print("  %s: request %d: token %d is %d, colocated %d (top-2 margin %.4f)" % (
-                what, i, k, got[k], ref_tokens[k], top2_margin(ref_logits[k])))
+                what, i, k, got[0][k], ref_tokens[k], top2_margin(ref_logits[k])))
             bad += 1
-    print("%-40s %2d requests: %d answers differ from the colocated run" % (
-        what, len(order), bad), flush=True)
+        elif logprobs and logprob_mismatch(got[1], ref_lps) is not None:
+            print("  %s: request %d: %s" % (what, i, logprob_mismatch(got[1], ref_lps)))
+            bad += 1
+    print("%-40s %2d requests: %d answers differ from the colocated run%s" % (
+        what, len(order), bad, " (tokens and logprobs)" if logprobs else " (tokens)"),
+        flush=True)
     return bad
 
 
 def main():
     model, texts = prompts()
-    items = [(p, reference(model, p, MAX_TOKENS)) for p in texts]
+    items = [(p, reference_logprobs(model, p, MAX_TOKENS, LOGPROBS)) for p in texts]
     n = len(items)
     fwd, rev = list(range(n)), list(reversed(range(n)))
     bad = 0
     with Pool(layout="1p1d", model=model, timeout=60) as pool:
         bad += run(pool, items, fwd, 2, 0, "all at once, half streaming")
         bad += run(pool, items, rev, 3, 0, "reversed, a third streaming")
-        bad += run(pool, items, fwd[1::2] + fwd[0::2], 0, 5, "groups of 5, odd first")
+        bad += run(pool, items, fwd[1::2] + fwd[0::2], 0, 5, "groups of 5, odd first",
+                   logprobs=False)
     with Pool(layout="1p1d", model=model, timeout=60,
               prefill_args=["--max-batch-tokens", "7"],
               decode_args=["--max-batch-tokens", "7", "--num-blocks", "64"]) as pool:
