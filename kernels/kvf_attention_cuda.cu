@@ -10,11 +10,16 @@
  * exactly the serial fold's arithmetic (kvf_attn_fold_tile), so the result
  * is the one-thread-per-query kernel's it replaces, bit for bit, while a
  * tile's loads are spread over the block (V rows coalesced).
- * Decode (few queries, long context): when the (token, head) blocks would
- * not fill the GPU, the kernel blocks of each query are split into ranges
+ * Long contexts: the kernel blocks of each query are split into ranges
  * (split-K, as FlashDecoding), each folded by its own thread block into
  * (m, l, acc) partials, then merged by kvf_attn_merge (fp32 rounding of the
- * one-range fold, within the CPU tolerance of gpu_vs_cpu).
+ * one-range fold, within the CPU tolerance of gpu_vs_cpu). A query's ranges
+ * follow from its own length alone (kvf_attn_split_per: 2048 tokens or more
+ * each, at most 64), never from how many queries share the launch, so its
+ * bits do not depend on the batch (issue 33).
+ * Rejected: splitting by how many (token, head) blocks fill the GPU: a
+ * decode query alone got more ranges than the same query beside 15 others,
+ * so its sums, and then its tokens, followed the batch.
  * The HOST block table and positions are copied into stream-ordered scratch.
  *
  * Rejected: a tensor-core FlashAttention tile (QK^T and PV as MMA over a
@@ -107,7 +112,7 @@ kvf_attn_paged_kernel(kvf_cuda_kv g, const float *q, int ldq, const int32_t *pos
     const int t = (int)blockIdx.x / q_heads, qh = (int)blockIdx.x % q_heads;
     const int kh = qh / (q_heads / nkv), splits = (int)gridDim.y, y = (int)blockIdx.y;
     const int limit = positions[t];
-    const int nkb = limit / kbs + 1, per = (nkb + splits - 1) / splits;
+    const int nkb = limit / kbs + 1, per = kvf_attn_split_per(nkb, kbs);
     const int kb0 = y * per, kb1 = (kb0 + per < nkb) ? kb0 + per : nkb;
     const float *qv = q + (size_t)t * (size_t)ldq + (size_t)qh * (size_t)hd;
     const int32_t *table = kvf_cuda_table(g, tok_seq, maxb, (size_t)t);
@@ -215,31 +220,6 @@ __global__ void kvf_attn_merge_kernel(const float *part_m, const float *part_l,
     }
 }
 
-/* Streaming multiprocessors of the current device (0 when unknown). */
-static int kvf_cuda_sm_count(void)
-{
-    int dev = 0, n = 0;
-    if ((cudaGetDevice(&dev) != cudaSuccess) ||
-        (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)) {
-        (void)cudaGetLastError();
-        return 0;
-    }
-    return n;
-}
-
-/* Splits of each query's kernel blocks: enough thread blocks for about two waves of the
- * GPU, each range at least 4 kernel blocks long, at most 64 ranges; 1 when the queries
- * alone fill it (prefill). */
-static int kvf_attn_splits(size_t queries, int max_kblocks)
-{
-    size_t want = 2u * (size_t)kvf_cuda_sm_count();
-    size_t s = (queries >= want) ? 1 : (want + queries - 1) / queries;
-    size_t by_len = ((size_t)max_kblocks + 3) / 4;
-    s = (s < by_len) ? s : by_len;
-    s = (s < 64) ? s : 64;
-    return (s < 1) ? 1 : (int)s;
-}
-
 /* The attention grid (and the merge when split): part holds the partials, m and l
  * [queries][splits] then acc [queries][splits][hd]; NULL when splits == 1. */
 static int kvf_attn_launch(cudaStream_t stream, const kvf_cuda_kv &g, const float *q, int ldq,
@@ -321,7 +301,7 @@ extern "C" int kvf_cuda_attn_paged(const kvf_device_t *dev, const kvf_paged_kv_t
     for (int t = 0; t < num_tokens; ++t) {
         max_pos = (positions[t] > max_pos) ? positions[t] : max_pos;
     }
-    splits = kvf_attn_splits(queries, max_pos / kv->kernel_block_size + 1);
+    splits = kvf_attn_split_count(max_pos / kv->kernel_block_size + 1, kv->kernel_block_size);
     rc = kvf_cuda_attn_tables(stream, kv, positions, num_tokens, &tables);
     if (rc != KVF_KERN_OK) {
         return rc;
@@ -388,7 +368,7 @@ extern "C" int kvf_cuda_attn_write_paged_seqs(const kvf_device_t *dev, const kvf
     kvf_attn_write_kernel<<<kvf_cuda_blocks(n), KVF_CUDA_THREADS, 0, stream>>>(
         g, k, v, ld, d_pos, n, d_seq, maxb);
     rc = kvf_cuda_launched("kvf_attn_write_kernel");
-    splits = kvf_attn_splits(queries, max_pos / kv->kernel_block_size + 1);
+    splits = kvf_attn_split_count(max_pos / kv->kernel_block_size + 1, kv->kernel_block_size);
     if ((rc == KVF_KERN_OK) && (splits > 1)) {
         rc = kvf_cuda_scratch(stream, queries * (size_t)splits * (hd + 2) * sizeof(float), NULL,
                               &part);

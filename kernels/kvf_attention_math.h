@@ -122,6 +122,39 @@ static inline KVF_HD void kvf_attn_fold_tile(const float *qv, const void *kt, co
     }
 }
 
+/* Split-K ranges: at least this many tokens of kernel blocks each, at most this many. */
+#define KVF_ATTN_SPLIT_TOKENS 2048
+#define KVF_ATTN_SPLITS_MAX   64
+
+/**
+ * Kernel blocks per split-K range of a query whose causal range spans @a nkb
+ * kernel blocks of @a kbs tokens: max(ceil(KVF_ATTN_SPLIT_TOKENS / kbs),
+ * ceil(nkb / KVF_ATTN_SPLITS_MAX)); its ranges are [y * per, (y + 1) * per)
+ * clipped to nkb. A function of the query's own length alone, never of how
+ * many queries share the launch: a request's attention sums are then the
+ * same in any batch (issue 33's batch invariance), as they are on the CPU.
+ */
+static inline KVF_HD int kvf_attn_split_per(int nkb, int kbs)
+{
+    int min_per = (KVF_ATTN_SPLIT_TOKENS + kbs - 1) / kbs;
+    int by_max = (nkb + KVF_ATTN_SPLITS_MAX - 1) / KVF_ATTN_SPLITS_MAX;
+    return (by_max > min_per) ? by_max : min_per;
+}
+
+/**
+ * Ranges to launch for queries whose longest causal range spans @a max_nkb
+ * kernel blocks: min(KVF_ATTN_SPLITS_MAX, ceil(max_nkb / min_per)), at least
+ * every query's own count ceil(nkb / kvf_attn_split_per(nkb)); a query's
+ * ranges past its own count are empty (m = -inf, l = 0), and adding them in
+ * kvf_attn_merge changes no bit (weight 0).
+ */
+static inline KVF_HD int kvf_attn_split_count(int max_nkb, int kbs)
+{
+    int min_per = (KVF_ATTN_SPLIT_TOKENS + kbs - 1) / kbs;
+    int n = (max_nkb + min_per - 1) / min_per;
+    return (n < 1) ? 1 : (n > KVF_ATTN_SPLITS_MAX) ? KVF_ATTN_SPLITS_MAX : n;
+}
+
 /**
  * Merge of split-K partials of one (query, head), one output dim @a d: a
  * decode query's kernel blocks split into n ranges, each folded from

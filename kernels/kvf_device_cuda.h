@@ -88,6 +88,9 @@ int  kvf_cuda_moe_route(const kvf_device_t *dev, const kvf_moe_route_params_t *p
                         const float *logits, int T, float *scores, int32_t *idx, float *wt);
 int  kvf_cuda_gemm(const kvf_device_t *dev, int M, int N, int K, const float *x, int ldx,
                    const float *w, int ldw, const float *bias, float beta, float *y, int ldy);
+int  kvf_cuda_gemm_fixed(const kvf_device_t *dev, int M, int N, int K, float alpha,
+                         const float *x, int ldx, const void *w, int wbf, int ldw,
+                         const float *bias, float beta, float *y, int ldy);
 int  kvf_cuda_argmax_rows(const kvf_device_t *dev, const float *x, int rows, int cols,
                           int ldx, int32_t *out);
 int  kvf_cuda_gemm_narrow(const kvf_device_t *dev, int M, int N, int K, const float *x,

@@ -120,11 +120,19 @@ int kvf_gemm_w(const kvf_device_t *dev, int M, int N, int K, const float *x, int
     if (w_dtype == KVF_DTYPE_FP32) {
         return kvf_gemm_ex(dev, M, N, K, x, ldx, (const float *)w, ldw, bias, 0.0f, y, ldy);
     }
-    if ((w_dtype != KVF_DTYPE_BF16) || ((dev != NULL) && (dev->kind != KVF_DEVICE_CPU))) {
+    if (w_dtype != KVF_DTYPE_BF16) {
         return KVF_KERN_EUNSUPPORTED;
     }
     if ((M < 0) || (N <= 0) || (K <= 0) || (ldx < K) || (ldw < K) || (ldy < N)) {
         return KVF_KERN_EINVAL;
+    }
+    if ((dev != NULL) && (dev->kind != KVF_DEVICE_CPU)) {
+#ifdef KVF_HAVE_CUDA
+        /* bf16 W widened in the register, the CPU's order (kvf_gemm_fixed_cuda.cu) */
+        return kvf_cuda_gemm_fixed(dev, M, N, K, 1.0f, x, ldx, w, 1, ldw, bias, 0.0f, y, ldy);
+#else
+        return KVF_KERN_EUNSUPPORTED;
+#endif
     }
     return kvf_gemm_cpu(M, N, K, 1.0f, x, (size_t)ldx, w, KVF_DTYPE_BF16, (size_t)ldw, bias, 0.0f,
                         y, (size_t)ldy, kvf_kern_cpu_threads());

@@ -8,10 +8,15 @@
  * bits never depend on M, on the other rows, on tiling or on the thread
  * count (kvf_gemm_set_threads(): 1 unless an instance of TP 1 asks for more;
  * the columns are split over them). The same on AVX-512, AVX2 and plain C.
- * CUDA: cublasSgemm in fp32 (CUBLAS_DEFAULT_MATH: no TF32) on dev->stream,
- * one cuBLAS handle per thread and device (created on first use, kept for
- * the thread's life); the bias broadcast is a kernel on the same stream.
- * All pointers are then device memory.
+ * CUDA: the same order in a kernel of kvferry's own (kvf_gemm_fixed_cuda.cu;
+ * the per-element arithmetic is kernels/kvf_gemm_math.h, shared with the
+ * CPU), so a GPU row has the CPU's bits and is batch invariant too. With
+ * KVF_GPU_GEMM=cublas in the environment: cublasSgemm in fp32
+ * (CUBLAS_DEFAULT_MATH: no TF32) on dev->stream instead, one cuBLAS handle
+ * per thread and device, bias broadcast by a kernel: within fp32 rounding
+ * of the CPU, not batch invariant (cuBLAS picks kernels by shape); any other
+ * value fails the call with KVF_KERN_EINVAL naming the variable. All pointers
+ * are then device memory.
  */
 #ifndef KVF_GEMM_H
 #define KVF_GEMM_H
@@ -44,7 +49,7 @@ void kvf_gemm_set_threads(int n);
  * @param [in]  bias  fp32 [N], or NULL for none.
  * @param [out] y     fp32 [M][N], contiguous; must not overlap x or w.
  * @return KVF_KERN_OK; KVF_KERN_EINVAL for NULL pointers or negative sizes;
- *         KVF_KERN_ECUDA when cuBLAS fails (CUDA); KVF_KERN_EUNSUPPORTED
+ *         KVF_KERN_ECUDA when a launch or cuBLAS fails (CUDA); KVF_KERN_EUNSUPPORTED
  *         for a CUDA device in a build without CUDA.
  */
 int kvf_gemm(const kvf_device_t *dev, int M, int N, int K, const float *x, const float *w,
@@ -64,9 +69,9 @@ int kvf_gemm_ex(const kvf_device_t *dev, int M, int N, int K, const float *x, in
  * y[M][N] (row stride ldy) = x[M][K] (stride ldx) * W^T + bias with W [N][K]
  * (stride ldw) stored as @a w_dtype: fp32, or bf16 widened exactly in the
  * kernel (no widened copy; the bits are those of kvf_gemm_ex() on the
- * widened matrix). CPU: fp32 and bf16; a CUDA device: fp32 only (device
- * weights are widened at load). Errors as kvf_gemm(); KVF_KERN_EUNSUPPORTED
- * for another dtype (or bf16 on a device).
+ * widened matrix), on the CPU and on a CUDA device alike (the fixed-order
+ * kernel; bf16 device matrices bypass KVF_GPU_GEMM=cublas). Errors as
+ * kvf_gemm(); KVF_KERN_EUNSUPPORTED for another dtype.
  */
 int kvf_gemm_w(const kvf_device_t *dev, int M, int N, int K, const float *x, int ldx,
                const void *w, kvf_dtype_t w_dtype, int ldw, const float *bias, float *y,

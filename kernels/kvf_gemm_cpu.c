@@ -25,6 +25,7 @@
  * product differ from the same rows at M = 1 in up to 90 % of the elements
  * by up to 3.6e-6), and a bf16 cache rounding turns such an ulp into 2^-8.
  */
+#include "kvf_gemm_math.h"
 #include "kvf_kern_internal.h"
 
 #include <math.h>
@@ -36,34 +37,7 @@
 #include <immintrin.h>
 #endif
 
-#define KVF_GEMM_LANES 16
-
 /* ---- the reference definition (any CPU): 16 lanes in a float array -------- */
-
-static inline float kvf_gemm_tree16(const float *p)
-{
-    float s8[8], s4[4], s2[2];
-    for (int l = 0; l < 8; ++l) {
-        s8[l] = p[l] + p[l + 8];
-    }
-    for (int l = 0; l < 4; ++l) {
-        s4[l] = s8[l] + s8[l + 4];
-    }
-    s2[0] = s4[0] + s4[2];
-    s2[1] = s4[1] + s4[3];
-    return s2[0] + s2[1];
-}
-
-static inline float kvf_gemm_w_at(const void *w, int wbf, size_t i)
-{
-    if (wbf) {
-        uint32_t u = (uint32_t)((const uint16_t *)w)[i] << 16;
-        float f;
-        memcpy(&f, &u, sizeof(f));
-        return f;
-    }
-    return ((const float *)w)[i];
-}
 
 static float kvf_gemm_dot_ref(size_t K, const float *x, const void *w, int wbf, size_t w0)
 {
@@ -87,15 +61,12 @@ typedef struct kvf_gemm_job {
     int          nb;     /* columns per block */
 } kvf_gemm_job_t;
 
-/* y[m][n] = alpha * dot + (beta * y + bias), the parenthesis first (kvf_gemm_cpu). */
+/* y[m][n] = alpha * dot + (beta * y + bias), the parenthesis first (kvf_gemm_math.h). */
 static inline void kvf_gemm_put(const kvf_gemm_job_t *j, int m, int n, float dot)
 {
     float *yp = j->y + (size_t)m * j->ldy + (size_t)n;
-    float c = (j->beta != 0.0f) ? j->beta * *yp : 0.0f;
-    if (j->bias != NULL) {
-        c = c + j->bias[n];
-    }
-    *yp = ((j->alpha != 1.0f) ? j->alpha * dot : dot) + c;
+    *yp = kvf_gemm_out(dot, j->alpha, j->beta, (j->beta != 0.0f) ? *yp : 0.0f,
+                       (j->bias != NULL) ? j->bias + n : NULL);
 }
 
 static void kvf_gemm_block_ref(const kvf_gemm_job_t *j, int n0, int n1)

@@ -1,7 +1,9 @@
 /*
- * CUDA GEMM for linear layers: y = beta * y + x W^T + bias through
+ * CUDA GEMM for linear layers: y = beta * y + x W^T + bias. By default the
+ * fixed-order kernel (kvf_gemm_fixed_cuda.cu: the CPU's bits, batch
+ * invariant); with KVF_GPU_GEMM=cublas in the environment through
  * cublasSgemm (fp32, CUBLAS_DEFAULT_MATH: no TF32, so results stay within
- * fp32 rounding of OpenBLAS). Row-major y[M][N] = x[M][K] W[N][K]^T is the
+ * fp32 rounding of the CPU, but a row's bits depend on the call's shape). Row-major y[M][N] = x[M][K] W[N][K]^T is the
  * column-major y^T (N x M) = op_T(W as K x N) * x^T (K x M), so no copy.
  * The bias is broadcast into y by a kernel first (then beta = 1), as the
  * CPU version does.
@@ -20,6 +22,8 @@
 #include "kvf_device_cuda.h"
 
 #include <cublas_v2.h>
+#include <stdlib.h>
+#include <string.h>
 
 #define KVF_CUDA_MAX_ORDINALS 64
 
@@ -64,9 +68,9 @@ __global__ void kvf_bias_rows_kernel(float *y, int ldy, const float *bias, size_
     }
 }
 
-extern "C" int kvf_cuda_gemm(const kvf_device_t *dev, int M, int N, int K, const float *x,
-                             int ldx, const float *w, int ldw, const float *bias, float beta,
-                             float *y, int ldy)
+static int kvf_cuda_gemm_cublas(const kvf_device_t *dev, int M, int N, int K, const float *x,
+                                int ldx, const float *w, int ldw, const float *bias, float beta,
+                                float *y, int ldy)
 {
     const float alpha = 1.0f;
     cublasHandle_t h = NULL;
@@ -92,6 +96,36 @@ extern "C" int kvf_cuda_gemm(const kvf_device_t *dev, int M, int N, int K, const
         return kvf_cublas_error(st, "cublasSgemm(W^T x)");
     }
     return KVF_KERN_OK;
+}
+
+/* KVF_GPU_GEMM, read once: 0 fixed (unset or "fixed"), 1 cublas, -1 anything else (refused
+ * by name at every call, so the first GEMM fails and says why). */
+static int kvf_gpu_gemm_mode(void)
+{
+    static int mode = -2;
+    if (mode == -2) {
+        const char *env = getenv("KVF_GPU_GEMM");
+        mode = ((env == NULL) || (strcmp(env, "fixed") == 0)) ? 0
+               : (strcmp(env, "cublas") == 0)                 ? 1
+                                                               : -1;
+    }
+    return mode;
+}
+
+extern "C" int kvf_cuda_gemm(const kvf_device_t *dev, int M, int N, int K, const float *x,
+                             int ldx, const float *w, int ldw, const float *bias, float beta,
+                             float *y, int ldy)
+{
+    switch (kvf_gpu_gemm_mode()) {
+    case 0:
+        return kvf_cuda_gemm_fixed(dev, M, N, K, 1.0f, x, ldx, w, 0, ldw, bias, beta, y, ldy);
+    case 1:
+        return kvf_cuda_gemm_cublas(dev, M, N, K, x, ldx, w, ldw, bias, beta, y, ldy);
+    default:
+        kvf_kern_report("KVF_GPU_GEMM", "bad value: fixed (the CPU's summation order, batch "
+                        "invariant; the default) or cublas (cublasSgemm)");
+        return KVF_KERN_EINVAL;
+    }
 }
 
 /* xs[m][k] = x[m][k] (ld ldx) rounded to bf16 or fp16, xs contiguous [M][K] */

@@ -201,29 +201,57 @@ static void check_norms(void)
     free(w);
 }
 
+/* The fixed-order GEMM (the default; kvf_gemm_fixed_cuda.cu) gives the CPU's bits: tol 0.
+ * Under KVF_GPU_GEMM=cublas the rows are cuBLAS's, within fp32 rounding (1e-4). K and N not
+ * multiples of the 16 lanes / 32-column tile, so the padded tail and the edge run. */
 static void check_gemm(void)
 {
-    enum { M = 37, N = 96, K = 256, LDX = 300, LDY = 130 };
+    enum { M = 37, N = 97, K = 250, LDX = 300, LDY = 130, ROW = 29 };
+    const char *mode = getenv("KVF_GPU_GEMM");
+    const int cublas = (mode != NULL) && (strcmp(mode, "cublas") == 0);
+    const double tol = cublas ? 1e-4 : 0.0;
     float *x = frand(M * LDX, -1, 1), *w = frand(N * K, -1, 1), *b = frand(N, -1, 1);
-    float *y0 = frand(M * LDY, -1, 1), cpu[M * LDY], gpu[M * LDY];
+    float *y0 = frand(M * LDY, -1, 1), cpu[M * LDY], gpu[M * LDY], one[N];
+    uint16_t *wb = malloc((size_t)N * K * sizeof(uint16_t));
     float *dx = up(x, M * LDX * 4), *dw = up(w, N * K * 4), *db = up(b, N * 4);
     float *dy = up(y0, sizeof(cpu));
+    void *dwb;
 
     memcpy(cpu, y0, sizeof(cpu));
     CK("gemm cpu", kvf_gemm_ex(NULL, M, N, K, x, LDX, w, K, b, 1.0f, cpu, LDY));
     CK("gemm gpu", kvf_gemm_ex(&gdev, M, N, K, dx, LDX, dw, K, db, 1.0f, dy, LDY));
     down(gpu, dy, sizeof(gpu));
-    rowf("gemm (cuBLAS, bias, beta 1)", "fp32", gpu, cpu, M * LDY, 1e-4);
+    rowf(cublas ? "gemm (cuBLAS, bias, beta 1)" : "gemm fixed (bias, beta 1)", "fp32",
+         gpu, cpu, M * LDY, tol);
     CK("gemm cpu", kvf_gemm(NULL, M, N, K, x, w, NULL, cpu));
     CK("gemm gpu", kvf_gemm(&gdev, M, N, K, dx, dw, NULL, dy));
     down(gpu, dy, (size_t)M * N * 4);
-    rowf("gemm (cuBLAS, beta 0)", "fp32", gpu, cpu, (size_t)M * N, 1e-4);
+    rowf(cublas ? "gemm (cuBLAS, beta 0)" : "gemm fixed (beta 0)", "fp32", gpu, cpu,
+         (size_t)M * N, tol);
+    /* batch invariance: row ROW alone equals row ROW of the 37-row product, bit for bit */
+    CK("gemm gpu 1 row", kvf_gemm(&gdev, 1, N, K, dx + (size_t)ROW * K, dw, NULL, dy));
+    down(one, dy, sizeof(one));
+    rowf(cublas ? "gemm 1 row vs 37 (cuBLAS)" : "gemm 1 row vs 37 (fixed)", "fp32", one,
+         gpu + (size_t)ROW * N, N, cublas ? 1e-4 : 0.0);
+    /* bf16 W widened in the register on both devices */
+    for (size_t i = 0; i < (size_t)N * K; ++i) {
+        wb[i] = kvf_fp32_to_bf16(w[i]);
+    }
+    dwb = up(wb, (size_t)N * K * sizeof(uint16_t));
+    memcpy(cpu, y0, sizeof(cpu));
+    CK("copy y0", kvf_device_memcpy(&gdev, dy, y0, sizeof(cpu), KVF_COPY_H2D));
+    CK("gemm_w cpu", kvf_gemm_w(NULL, M, N, K, x, LDX, wb, KVF_DTYPE_BF16, K, b, cpu, LDY));
+    CK("gemm_w gpu", kvf_gemm_w(&gdev, M, N, K, dx, LDX, dwb, KVF_DTYPE_BF16, K, db, dy, LDY));
+    down(gpu, dy, sizeof(gpu));
+    rowf("gemm fixed, bf16 W", "bf16", gpu, cpu, M * LDY, 0.0);
     kvf_device_free(&gdev, dx);
     kvf_device_free(&gdev, dw);
+    kvf_device_free(&gdev, dwb);
     kvf_device_free(&gdev, db);
     kvf_device_free(&gdev, dy);
     free(x);
     free(w);
+    free(wb);
     free(b);
     free(y0);
 }

@@ -2,6 +2,7 @@
  * invariance: every row of an M-row product, on any thread count and with fp32 or bf16
  * weights, has the bits of the same row alone and of the documented summation order. */
 #include "kvf_gemm.h"
+#include "kvf_gemm_math.h"
 #include "kvf_gemm_narrow.h"
 #include "kvf_kern_internal.h"
 #include "kvf_kern_test.h"
@@ -222,6 +223,33 @@ static void test_gemm_isa_paths_agree(void **state)
 #endif
 
 /* kvf_gemm_narrow's CPU reference: x rounded to W's dtype, fp32 products and sums, bias */
+/* The CUDA kernel's tree (kvf_gemm_fixed_cuda.cu: lane l adds __shfl_down_sync(v, o, 16)
+ * for o = 8, 4, 2, 1, i.e. lane l + o's value, or its own past the 16-lane segment) emulated
+ * on 16 lanes: lane 0 ends with kvf_gemm_tree16()'s bits, the CPU's order. */
+static void test_gemm_shuffle_tree_is_cpu_tree(void **state)
+{
+    uint32_t x = 99u;
+
+    (void)state;
+    for (int round = 0; round < 2000; ++round) {
+        float p[KVF_GEMM_LANES], v[KVF_GEMM_LANES], next[KVF_GEMM_LANES];
+        for (int l = 0; l < KVF_GEMM_LANES; ++l) {
+            x = x * 1664525u + 1013904223u;
+            /* mixed magnitudes and signs, so a different order shows in the last bits */
+            p[l] = ldexpf((float)(x >> 8) / 16777216.0f - 0.5f, (int)(x % 40u) - 20);
+            v[l] = p[l];
+        }
+        for (int o = 8; o >= 1; o /= 2) {
+            for (int l = 0; l < KVF_GEMM_LANES; ++l) {
+                next[l] = v[l] + ((l + o < KVF_GEMM_LANES) ? v[l + o] : v[l]);
+            }
+            memcpy(v, next, sizeof(v));
+        }
+        float want = kvf_gemm_tree16(p);
+        assert_memory_equal(&v[0], &want, sizeof(float));
+    }
+}
+
 static void test_gemm_narrow_reference(void **state)
 {
     enum { M = 5, N = 6, K = 11, LDX = 13, LDY = 8 };
@@ -286,6 +314,7 @@ int main(void)
 #ifdef KVF_FAULT_INJECTION
         cmocka_unit_test(test_gemm_isa_paths_agree),
 #endif
+        cmocka_unit_test(test_gemm_shuffle_tree_is_cpu_tree),
         cmocka_unit_test(test_gemm_narrow_reference),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

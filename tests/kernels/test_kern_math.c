@@ -468,6 +468,66 @@ static int32_t serial_argmax(const float *x, int n)
 /* The device argmax's reduction (threads striding over the row, then a tree merge, as
  * kvf_argmax_cuda.cu) and kvf_argmax_rows on the CPU pick the serial scan's index: ties,
  * NaNs anywhere (first element included), -0 and +0, all NaN, infinities. */
+/* Split-K ranges follow the query alone (kvf_attn_split_per), and a launch with more ranges
+ * than a query needs (another query of the batch is longer) merges its empty ones without
+ * changing a bit: the CUDA attention's batch invariance, emulated here with the shared math
+ * (kvf_attention_cuda.cu folds range y = [y * per, (y + 1) * per) clipped to nkb). */
+static void test_attn_split_invariant(void **state)
+{
+    enum { KBS = 512, HD = 4, TILES = 9, GMAX = 7 };
+    const int limit = (TILES - 1) * KBS + 100, nkb = limit / KBS + 1;
+    const int per = kvf_attn_split_per(nkb, KBS), own = (nkb + per - 1) / per;
+    static float k[TILES][KBS * HD], v[TILES][KBS * HD];
+    float q[HD], s[KBS], pm[GMAX], pl[GMAX], pacc[GMAX][HD], first[HD];
+    uint32_t x = 777u;
+
+    (void)state;
+    /* the rules: ranges of at least 2048 tokens, at most 64, every query within the grid */
+    assert_int_equal(per, 4);
+    assert_int_equal(own, 3);
+    for (int kbs = 16; kbs <= 8192; kbs *= 4) {
+        for (int n = 1; n <= 20000; n += 7) {
+            int p = kvf_attn_split_per(n, kbs), c = (n + p - 1) / p;
+            assert_true((p * kbs >= KVF_ATTN_SPLIT_TOKENS) || (p >= n));
+            assert_true((c >= 1) && (c <= KVF_ATTN_SPLITS_MAX));
+            assert_true(c <= kvf_attn_split_count(n, kbs));
+            assert_true(c <= kvf_attn_split_count(n + 5000, kbs));
+        }
+    }
+    for (int d = 0; d < HD; ++d) {
+        x = x * 1664525u + 1013904223u;
+        q[d] = (float)(x >> 8) / 16777216.0f - 0.5f;
+    }
+    for (int t = 0; t < TILES; ++t) {
+        for (int i = 0; i < KBS * HD; ++i) {
+            x = x * 1664525u + 1013904223u;
+            k[t][i] = 4.0f * ((float)(x >> 8) / 16777216.0f - 0.5f);
+            x = x * 1664525u + 1013904223u;
+            v[t][i] = (float)(x >> 8) / 16777216.0f - 0.5f;
+        }
+    }
+    for (int y = 0; y < GMAX; ++y) {
+        int kb0 = y * per, kb1 = (kb0 + per < nkb) ? kb0 + per : nkb;
+        pm[y] = -INFINITY;
+        pl[y] = 0.0f;
+        memset(pacc[y], 0, sizeof(pacc[y]));
+        for (int t = kb0; t < kb1; ++t) {
+            kvf_attn_fold_tile(q, k[t], v[t], KVF_HD_FP32, KBS, HD, t * KBS, limit, 0.25f, &pm[y],
+                               &pl[y], pacc[y], s);
+        }
+    }
+    for (int g = own; g <= GMAX; ++g) {        /* launches of own .. own + 4 ranges */
+        for (int d = 0; d < HD; ++d) {
+            float o = kvf_attn_merge(pm, pl, &pacc[0][0], HD, g, (size_t)d);
+            if (g == own) {
+                first[d] = o;
+                assert_false(isnan(o));
+            }
+            assert_true(bits(o) == bits(first[d]));
+        }
+    }
+}
+
 static void test_argmax(void **state)
 {
     enum { N = 300, THREADS = 256, ROWS = 9 };
@@ -671,6 +731,7 @@ int main(void)
         cmocka_unit_test(test_gated_norm_edges),
         cmocka_unit_test(test_attn_fold),
         cmocka_unit_test(test_attn_split_merge),
+        cmocka_unit_test(test_attn_split_invariant),
         cmocka_unit_test(test_argmax),
         cmocka_unit_test(test_attn_offsets),
         cmocka_unit_test(test_activations),
