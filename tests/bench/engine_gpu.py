@@ -16,11 +16,13 @@ is the 9B's, while the file stays about 3.3 GB and the run within the time budge
 dtypes: bf16 = the bf16 checkpoint with KVF_GPU_WEIGHTS=native (16-bit weights on
 tensor cores) and a bf16 KV cache, against transformers in torch.bfloat16; fp32 = the same
 checkpoint widened (KVF_GPU_WEIGHTS=fp32, the CPU-exact path) and an fp32 KV cache,
-against transformers in torch.float32.
+against transformers in torch.float32; fp32-cublas = the fp32 run with KVF_GPU_GEMM=cublas
+(cublasSgemm instead of the fixed-order GEMM kernel: faster or not, not batch invariant),
+so the table shows what batch invariance costs (its transformers cells are the fp32 run's).
 
 Usage (a GPU machine; the kvf binary of a CUDA build):
   python3 tests/bench/engine_gpu.py --kvf BIN/kvf [--prompt-len 1000] [--decode-tokens 32]
-      [--batches 1,16] [--dtypes bf16,fp32] [--models tiny-hybrid,tiny-dense,geom]
+      [--batches 1,16] [--dtypes bf16,fp32,fp32-cublas] [--models tiny-hybrid,tiny-dense,geom]
       [--geom-pattern M-M*] [--budget 170] [--keep DIR] [--md FILE]
   python3 tests/bench/engine_gpu.py --kvf BIN/kvf --device cpu --prompt-len 32 ...
       (a dry run on the CPU: the same runs, parsing and table, no GPU needed)
@@ -45,7 +47,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GEOM_CONFIG = os.path.join(ROOT, "tests", "data", "models", "nemotron-nano-9b-v2.config.json")
 MODELS = ("tiny-hybrid", "tiny-dense", "geom")
-DTYPES = ("bf16", "fp32")
+DTYPES = ("bf16", "fp32", "fp32-cublas")
 START = time.monotonic()
 
 
@@ -88,7 +90,7 @@ def parse_args(argv):
     ap.add_argument("--decode-tokens", type=int, default=32)
     ap.add_argument("--batches", default="1,16",
                     type=lambda v: int_list(v, "--batches"))
-    ap.add_argument("--dtypes", default="bf16,fp32",
+    ap.add_argument("--dtypes", default="bf16,fp32,fp32-cublas",
                     type=lambda v: csv_list(v, DTYPES, "--dtypes"))
     ap.add_argument("--models", default=",".join(MODELS),
                     type=lambda v: csv_list(v, MODELS, "--models"))
@@ -309,11 +311,13 @@ def run_kvf(args, env, d, dtype, batch, timeout):
     """One `kvf bench-model` run: dict(prefill, decode, held, peak) or dict(err)."""
     cmd = [args.kvf, "bench-model", "--model", d, "--device", args.device, "--prompt-len",
            str(args.prompt_len), "--decode-tokens", str(args.decode_tokens), "--batch",
-           str(batch), "--kv-dtype", dtype, "--warmup", "yes",
+           str(batch), "--kv-dtype", "bf16" if dtype == "bf16" else "fp32", "--warmup", "yes",
            "--max-batch-tokens", str(max_batch_tokens(args, batch)),
            "--num-blocks", str(num_blocks(batch, args.prompt_len, args.decode_tokens,
-                                          block_size(args.kvf, env, d, dtype)))]
-    env = dict(env, KVF_GPU_WEIGHTS="native" if dtype == "bf16" else "fp32")
+                                          block_size(args.kvf, env, d,
+                                                     "bf16" if dtype == "bf16" else "fp32")))]
+    env = dict(env, KVF_GPU_WEIGHTS="native" if dtype == "bf16" else "fp32",
+               KVF_GPU_GEMM="cublas" if dtype == "fp32-cublas" else "fixed")
     base = gpu_used_mib(gpu_index(args.device)) if args.device != "cpu" else None
     try:
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -565,13 +569,17 @@ def main(argv=None):
                         log("kvf %s %s batch %d" % (label, dtype, batch))
                         k = run_kvf(args, env, d, dtype, batch, min(left, 600))
                         kvf_failed += 1 if "err" in k and "time budget" not in k["err"] else 0
-                        if model is None and load_err is None:
+                        if dtype == "fp32-cublas" and (label, "fp32", batch) in results:
+                            h = results[(label, "fp32", batch)][1]   # the same transformers run
+                        elif model is None and load_err is None:
                             log("transformers load %s %s" % (label, dtype))
                             try:
                                 model = hf_load(d, dtype, args.device)
                             except Exception as e:
                                 load_err = hf_short_error(e)
-                        if load_err is not None:
+                        if dtype == "fp32-cublas" and (label, "fp32", batch) in results:
+                            pass
+                        elif load_err is not None:
                             h = {"err": load_err}
                         else:
                             log("transformers %s %s batch %d" % (label, dtype, batch))
