@@ -8,7 +8,8 @@
  * (KVF_GPU_WEIGHTS=native, common/runtime/kvf_model_dev.c): half the
  * memory of widened weights and the tensor cores' speed, at the price of
  * the activations' rounding (not the CPU's arithmetic, which widens the
- * weights and keeps x fp32: kvf_gemm.h).
+ * weights and keeps x fp32: kvf_gemm.h; a GPU's default keeps bf16 weights
+ * too, multiplied by kvf_gemm_w in that arithmetic).
  *
  * The CPU version is the reference the GPU is checked against
  * (tests/gpu/gpu_vs_cpu.c): the same rounding, fp32 products summed in k

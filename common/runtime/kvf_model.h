@@ -68,12 +68,14 @@ kvf_status_t kvf_model_load(const char *dir, int tp_size, kvf_model_h *model_p);
  * kvf_model_load()). A CUDA device cuda:N (from kvf_model_device_open())
  * keeps every weight in GPU memory, rank r on cuda:(N + r) (opened here,
  * before the weights are read): each tensor is loaded on the host as on
- * the CPU, matrices widened to fp32 there (cuBLAS computes fp32 GEMMs from
- * fp32 operands: a bf16 checkpoint takes twice its file size on the GPU;
- * with KVF_GPU_WEIGHTS=native in the environment bf16/fp16 matrices and
+ * the CPU, bf16 matrices and embeddings kept bf16 (the fixed-order GEMM,
+ * kvf_gemm_w, widens them in its registers: the CPU's bits at the
+ * checkpoint's size) and fp16 ones widened to fp32 there (with
+ * KVF_GPU_WEIGHTS=fp32 in the environment bf16 ones are widened too: the
+ * same bits, twice the memory; with native bf16/fp16 matrices and
  * embeddings stay 16-bit and their GEMMs run on tensor cores with the
- * activations rounded to 16 bits, kernels/kvf_gemm_narrow.h; another value
- * than fp32 or native fails the load, naming it), then copied with
+ * activations rounded to 16 bits (kernels/kvf_gemm_narrow.h); another value
+ * than exact, fp32 or native fails the load, naming it), then copied with
  * kvf_device_memcpy() and the host copy freed; the
  * replicated tensors (embeddings, norms, lm_head) get one copy per rank's
  * GPU. The forward then runs the kernels' CUDA launchers on each rank's

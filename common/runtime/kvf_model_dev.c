@@ -6,14 +6,16 @@
  * Design: the loader (kvf_model.c) reads every tensor into host memory as
  * on the CPU; kvf_model_upload() then replaces each host buffer by a device
  * copy, one tensor at a time (peak host memory: the host model plus one
- * widened matrix). Matrices become fp32 on the way (kvf_convert on the
- * host), so every GEMM is one cuBLAS fp32 call with no widening tile on the
- * GPU: the CPU's arithmetic, which the GPU-vs-CPU token checks rely on.
- * KVF_GPU_WEIGHTS=native keeps a checkpoint's bf16/fp16 matrices (and the
- * embeddings) in their dtype instead: half the device memory, and the
- * forward runs their GEMMs on tensor cores (kernels/kvf_gemm_narrow.h:
- * activations rounded to 16 bits, fp32 accumulation, as a bf16 PyTorch
- * model computes). fp32 checkpoints are the same either way.
+ * widened matrix). By default (KVF_GPU_WEIGHTS unset or "exact") bf16
+ * matrices and embeddings stay bf16 on the GPU, as on the CPU, and the
+ * fixed-order GEMM widens them in its registers (kvf_gemm_w: the CPU's
+ * bits, half the memory of a widened copy); fp16 ones are widened to fp32
+ * on the host (kvf_convert). KVF_GPU_WEIGHTS=fp32 widens bf16 too (the
+ * same bits, twice the memory: what this file did before). native keeps
+ * bf16/fp16 matrices 16-bit and the forward runs their GEMMs on tensor
+ * cores (kernels/kvf_gemm_narrow.h: activations rounded to 16 bits, fp32
+ * accumulation, as a bf16 PyTorch model computes; not the CPU's bits, not
+ * batch invariant). fp32 checkpoints are the same in every mode.
  * Rejected: native as the default before it has been measured on a GPU
  * against the CPU's tokens (the exact path stays the default). Each pointer
  * is either host or device memory at any moment, and
@@ -262,35 +264,55 @@ static kvf_status_t kvf_widen_mat(kvf_model_h m, kvf_mat_t *w)
     return KVF_OK;
 }
 
-/* KVF_GPU_WEIGHTS: true for "native" (16-bit matrices stay 16-bit on the GPU), false for
- * unset or "fp32" (widened: the CPU's arithmetic); anything else refused by name. */
-static kvf_status_t kvf_gpu_weights_native(bool *native_p)
+/* KVF_GPU_WEIGHTS: how 16-bit matrices sit on the GPU. */
+typedef enum {
+    KVF_GPU_W_EXACT = 0,   /* unset or "exact": bf16 kept (widened in the GEMM), fp16 widened */
+    KVF_GPU_W_FP32,        /* "fp32": every matrix widened to fp32 at load */
+    KVF_GPU_W_NATIVE       /* "native": bf16/fp16 kept, tensor-core GEMMs */
+} kvf_gpu_w_mode_t;
+
+/* The mode from the environment; anything else refused by name. */
+static kvf_status_t kvf_gpu_weights_mode(kvf_gpu_w_mode_t *mode_p)
 {
     const char *env = getenv("KVF_GPU_WEIGHTS");
 
-    *native_p = false;
-    if ((env == NULL) || (strcmp(env, "fp32") == 0)) {
+    *mode_p = KVF_GPU_W_EXACT;
+    if ((env == NULL) || (env[0] == '\0') || (strcmp(env, "exact") == 0)) {
+        return KVF_OK;
+    }
+    if (strcmp(env, "fp32") == 0) {
+        *mode_p = KVF_GPU_W_FP32;
         return KVF_OK;
     }
     if (strcmp(env, "native") == 0) {
-        *native_p = true;
+        *mode_p = KVF_GPU_W_NATIVE;
         return KVF_OK;
     }
-    kvf_error("bad value '%s' for KVF_GPU_WEIGHTS: fp32 (matrices widened on the GPU, the "
-              "default) or native (bf16/fp16 matrices kept, tensor-core GEMMs)", env);
+    kvf_error("bad value '%s' for KVF_GPU_WEIGHTS: exact (the default: bf16 matrices kept and "
+              "widened in the GEMM, the CPU's arithmetic), fp32 (every matrix widened at load) "
+              "or native (bf16/fp16 matrices kept, tensor-core GEMMs)", env);
     return KVF_ERR_INVALID_PARAM;
 }
 
-/* A matrix: widened to fp32 on the host (if stored narrower and not @a native), then moved
- * to @a dev in its dtype. */
-static kvf_status_t kvf_up_mat(kvf_model_h m, const kvf_device_t *dev, kvf_mat_t *w,
-                               bool native)
+/* Whether a host matrix stays in its 16-bit dtype on the GPU under @a mode (else it is
+ * widened to fp32 first). */
+static bool kvf_gpu_keeps(const kvf_mat_t *w, kvf_gpu_w_mode_t mode)
 {
-    kvf_status_t status = native ? KVF_OK : kvf_widen_mat(m, w);
+    return (mode == KVF_GPU_W_NATIVE) ||
+           ((mode == KVF_GPU_W_EXACT) && (w->dtype == KVF_DTYPE_BF16));
+}
+
+/* A matrix: widened to fp32 on the host unless kvf_gpu_keeps() it, then moved to @a dev in
+ * its dtype; a kept 16-bit one under native is marked for the tensor-core GEMM. */
+static kvf_status_t kvf_up_mat(kvf_model_h m, const kvf_device_t *dev, kvf_mat_t *w,
+                               kvf_gpu_w_mode_t mode)
+{
+    kvf_status_t status = kvf_gpu_keeps(w, mode) ? KVF_OK : kvf_widen_mat(m, w);
 
     if (status != KVF_OK) {
         return status;
     }
+    w->tensor_cores = (mode == KVF_GPU_W_NATIVE) && (w->dtype != KVF_DTYPE_FP32);
     return kvf_up_bytes(dev, &w->data,
                         (size_t)w->rows * (size_t)w->cols * kvf_dtype_size(w->dtype));
 }
@@ -303,7 +325,7 @@ static kvf_status_t kvf_up_mat(kvf_model_h m, const kvf_device_t *dev, kvf_mat_t
     } while (0)
 
 static kvf_status_t kvf_up_layer(kvf_model_h m, const kvf_device_t *dev, const kvf_shard_t *s,
-                                 kvf_layer_w_t *w, bool nat)
+                                 kvf_layer_w_t *w, kvf_gpu_w_mode_t nat)
 {
     const kvf_model_config_t *cfg = &m->cfg;
     const size_t H = (size_t)cfg->hidden_size, hd = (size_t)cfg->head_dim;
@@ -344,7 +366,7 @@ static kvf_status_t kvf_up_layer(kvf_model_h m, const kvf_device_t *dev, const k
 }
 
 /* Rank @a r's own copy of the replicated tensors (host m->rep: fp32, or embeddings and
- * lm_head in the checkpoint's 16-bit dtype with KVF_GPU_WEIGHTS=native) on its device. */
+ * lm_head in the checkpoint's 16-bit dtype where kvf_gpu_keeps() them) on its device. */
 static kvf_status_t kvf_up_rep(kvf_model_h m, int r)
 {
     const kvf_model_config_t *cfg = &m->cfg;
@@ -390,12 +412,12 @@ kvf_status_t kvf_model_upload(kvf_model_h m)
 {
     const bool tied = (m->rep.lm_head.data == m->rep.embed.data);
     kvf_status_t status = KVF_OK;
-    bool native = false;
+    kvf_gpu_w_mode_t native = KVF_GPU_W_EXACT;
 
     if ((m->dev.kind == KVF_DEVICE_CPU) || (m->gpu_devs == NULL)) {
         return KVF_OK;
     }
-    status = kvf_gpu_weights_native(&native);
+    status = kvf_gpu_weights_mode(&native);
     if (status != KVF_OK) {
         return status;
     }
@@ -404,13 +426,19 @@ kvf_status_t kvf_model_upload(kvf_model_h m)
     }
     /* replicated tensors: widened once on the host, then one copy per rank's GPU (counted
      * once in weight_bytes, as the CPU's shared copy) */
-    if (!native) {
+    if (!kvf_gpu_keeps(&m->rep.embed, native)) {
         KVF_UP(kvf_widen_mat(m, &m->rep.embed));
     }
+    m->rep.embed.tensor_cores = (native == KVF_GPU_W_NATIVE) &&
+                                (m->rep.embed.dtype != KVF_DTYPE_FP32);
     if (tied) {
         m->rep.lm_head = m->rep.embed;   /* one copy, as on the host (also after a failure) */
-    } else if (!native) {
-        KVF_UP(kvf_widen_mat(m, &m->rep.lm_head));
+    } else {
+        if (!kvf_gpu_keeps(&m->rep.lm_head, native)) {
+            KVF_UP(kvf_widen_mat(m, &m->rep.lm_head));
+        }
+        m->rep.lm_head.tensor_cores = (native == KVF_GPU_W_NATIVE) &&
+                                      (m->rep.lm_head.dtype != KVF_DTYPE_FP32);
     }
     for (int r = 0; r < m->tp; ++r) {
         KVF_UP(kvf_up_rep(m, r));

@@ -236,10 +236,12 @@ static kvf_status_t kvf_reduce_residual(const kvf_rank_ctx_t *ctx, struct kvf_mo
 
 /*
  * y[M][w->rows] (row stride ldy) = x[M][w->cols] (stride ldx) * W^T + bias.
- * fp32 matrices, and bf16 ones on the CPU (widened in the kernel's
- * registers), go straight to the GEMM; fp16 ones are widened a tile of rows
- * at a time into ws->tile (fp32 compute, narrow storage). The GEMM's
- * per-element order is fixed (kvf_gemm.h), so tiling never changes a bit.
+ * fp32 matrices and bf16 ones (widened in the kernel's registers, CPU and
+ * GPU alike) go straight to the GEMM; 16-bit ones marked tensor_cores
+ * (a GPU with KVF_GPU_WEIGHTS=native) to kvf_gemm_narrow; fp16 ones on the
+ * CPU are widened a tile of rows at a time into ws->tile (fp32 compute,
+ * narrow storage). The GEMM's per-element order is fixed (kvf_gemm.h), so
+ * tiling never changes a bit.
  */
 static int kvf_mat_gemm(const kvf_device_t *dev, struct kvf_model_ws *ws, int M, const float *x,
                         int ldx, const kvf_mat_t *w, const float *bias, float *y, int ldy)
@@ -247,8 +249,7 @@ static int kvf_mat_gemm(const kvf_device_t *dev, struct kvf_model_ws *ws, int M,
     const int K = w->cols;
     int tile, e = KVF_KERN_OK;
 
-    if ((w->dtype == KVF_DTYPE_FP32) ||
-        ((w->dtype == KVF_DTYPE_BF16) && ((dev == NULL) || (dev->kind == KVF_DEVICE_CPU)))) {
+    if ((w->dtype == KVF_DTYPE_FP32) || ((w->dtype == KVF_DTYPE_BF16) && !w->tensor_cores)) {
         return kvf_gemm_w(dev, M, w->rows, K, x, ldx, w->data, w->dtype, K, bias, y, ldy);
     }
     if (M == 0) {

@@ -35,6 +35,8 @@ typedef struct {
     void       *data;
     kvf_dtype_t dtype;
     int         rows, cols;
+    bool        tensor_cores;   /* 16-bit on a GPU with KVF_GPU_WEIGHTS=native: multiplied by
+                                 * kvf_gemm_narrow (activations rounded to 16 bits) */
 } kvf_mat_t;
 
 typedef struct {

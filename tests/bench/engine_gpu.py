@@ -18,11 +18,14 @@ tensor cores) and a bf16 KV cache, against transformers in torch.bfloat16; fp32 
 checkpoint widened (KVF_GPU_WEIGHTS=fp32, the CPU-exact path) and an fp32 KV cache,
 against transformers in torch.float32; fp32-cublas = the fp32 run with KVF_GPU_GEMM=cublas
 (cublasSgemm instead of the fixed-order GEMM kernel: faster or not, not batch invariant),
-so the table shows what batch invariance costs (its transformers cells are the fp32 run's).
+so the table shows what batch invariance costs (its transformers cells are the fp32 run's);
+bf16-exact = the bf16 checkpoint as a pool runs it by default (KVF_GPU_WEIGHTS unset: bf16
+matrices kept, the fixed-order GEMM widening them in registers, the CPU's bits) with a bf16
+KV cache, against the bf16 transformers run.
 
 Usage (a GPU machine; the kvf binary of a CUDA build):
   python3 tests/bench/engine_gpu.py --kvf BIN/kvf [--prompt-len 1000] [--decode-tokens 32]
-      [--batches 1,16] [--dtypes bf16,fp32,fp32-cublas] [--models tiny-hybrid,tiny-dense,geom]
+      [--batches 1,16] [--dtypes bf16,bf16-exact,fp32,fp32-cublas] [--models tiny-hybrid,tiny-dense,geom]
       [--geom-pattern M-M*] [--budget 170] [--keep DIR] [--md FILE]
   python3 tests/bench/engine_gpu.py --kvf BIN/kvf --device cpu --prompt-len 32 ...
       (a dry run on the CPU: the same runs, parsing and table, no GPU needed)
@@ -47,7 +50,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GEOM_CONFIG = os.path.join(ROOT, "tests", "data", "models", "nemotron-nano-9b-v2.config.json")
 MODELS = ("tiny-hybrid", "tiny-dense", "geom")
-DTYPES = ("bf16", "fp32", "fp32-cublas")
+DTYPES = ("bf16", "bf16-exact", "fp32", "fp32-cublas")
+# rows that reuse another row's transformers figures (same checkpoint dtype on its side)
+HF_SHARED = {"bf16-exact": "bf16", "fp32-cublas": "fp32"}
 START = time.monotonic()
 
 
@@ -90,7 +95,7 @@ def parse_args(argv):
     ap.add_argument("--decode-tokens", type=int, default=32)
     ap.add_argument("--batches", default="1,16",
                     type=lambda v: int_list(v, "--batches"))
-    ap.add_argument("--dtypes", default="bf16,fp32,fp32-cublas",
+    ap.add_argument("--dtypes", default="bf16,bf16-exact,fp32,fp32-cublas",
                     type=lambda v: csv_list(v, DTYPES, "--dtypes"))
     ap.add_argument("--models", default=",".join(MODELS),
                     type=lambda v: csv_list(v, MODELS, "--models"))
@@ -311,12 +316,14 @@ def run_kvf(args, env, d, dtype, batch, timeout):
     """One `kvf bench-model` run: dict(prefill, decode, held, peak) or dict(err)."""
     cmd = [args.kvf, "bench-model", "--model", d, "--device", args.device, "--prompt-len",
            str(args.prompt_len), "--decode-tokens", str(args.decode_tokens), "--batch",
-           str(batch), "--kv-dtype", "bf16" if dtype == "bf16" else "fp32", "--warmup", "yes",
+           str(batch), "--kv-dtype", "bf16" if dtype.startswith("bf16") else "fp32",
+           "--warmup", "yes",
            "--max-batch-tokens", str(max_batch_tokens(args, batch)),
            "--num-blocks", str(num_blocks(batch, args.prompt_len, args.decode_tokens,
                                           block_size(args.kvf, env, d,
-                                                     "bf16" if dtype == "bf16" else "fp32")))]
-    env = dict(env, KVF_GPU_WEIGHTS="native" if dtype == "bf16" else "fp32",
+                                                     "bf16" if dtype.startswith("bf16")
+                                                     else "fp32")))]
+    env = dict(env, KVF_GPU_WEIGHTS={"bf16": "native", "bf16-exact": "exact"}.get(dtype, "fp32"),
                KVF_GPU_GEMM="cublas" if dtype == "fp32-cublas" else "fixed")
     base = gpu_used_mib(gpu_index(args.device)) if args.device != "cpu" else None
     try:
@@ -375,7 +382,7 @@ def hf_load(d, dtype, device):
     import torch
     import transformers
 
-    td = torch.bfloat16 if dtype == "bf16" else torch.float32
+    td = torch.bfloat16 if dtype.startswith("bf16") else torch.float32
     model = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=td)
     model.to(device)
     model.eval()
@@ -504,15 +511,15 @@ def targets(results):
     >= 2x, per model and batch (yes / no / - when a side has no figure)."""
     out = []
     for (label, dtype, batch), (k, h) in results.items():
-        if dtype != "bf16":
+        if not dtype.startswith("bf16"):
             continue
         def ok(key, factor):
             a, b = k.get(key), h.get(key)
             if not isinstance(a, float) or not isinstance(b, float) or b <= 0:
                 return "-"
             return "yes" if a >= factor * b else "no"
-        out.append("%s b%d: prefill>=1x %s, decode>=2x %s" %
-                   (label, batch, ok("prefill", 1.0), ok("decode", 2.0)))
+        out.append("%s %s b%d: prefill>=1x %s, decode>=2x %s" %
+                   (label, dtype, batch, ok("prefill", 1.0), ok("decode", 2.0)))
     return out
 
 
@@ -569,15 +576,16 @@ def main(argv=None):
                         log("kvf %s %s batch %d" % (label, dtype, batch))
                         k = run_kvf(args, env, d, dtype, batch, min(left, 600))
                         kvf_failed += 1 if "err" in k and "time budget" not in k["err"] else 0
-                        if dtype == "fp32-cublas" and (label, "fp32", batch) in results:
-                            h = results[(label, "fp32", batch)][1]   # the same transformers run
+                        shared = (label, HF_SHARED.get(dtype), batch)
+                        if shared in results:
+                            h = results[shared][1]   # the same transformers run
                         elif model is None and load_err is None:
                             log("transformers load %s %s" % (label, dtype))
                             try:
                                 model = hf_load(d, dtype, args.device)
                             except Exception as e:
                                 load_err = hf_short_error(e)
-                        if dtype == "fp32-cublas" and (label, "fp32", batch) in results:
+                        if shared in results:
                             pass
                         elif load_err is not None:
                             h = {"err": load_err}
