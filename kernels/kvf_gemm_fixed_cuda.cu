@@ -11,9 +11,13 @@
  * 64-byte segment). The tree is __shfl_down_sync by 8, 4, 2, 1 inside the
  * group: lane l adds lane l + 8's sum (s8[l] = p[l] + p[l+8]), then l + 4's,
  * l + 2's, l + 1's, which is kvf_gemm_tree16() term for term (float addition
- * commutes bit for bit). Block tile: 8 rows (2 row groups) x 32 columns
- * (8 column groups). A row or column past the edge repeats the last real one
- * (reads stay in bounds) and its result is dropped.
+ * commutes bit for bit). Block tile: 16 groups as 4 row groups x 4 column
+ * groups (16 rows x 16 columns: x and W tiles of equal size, each value read
+ * by 4 groups through L1), or for M <= 4 (decode of few requests) one row
+ * group x 16 (4 rows x 64 columns: W read once, no block computing rows
+ * that repeat). The tile shape never changes an element's arithmetic, so
+ * choosing it by M keeps the invariance. A row or column past the edge
+ * repeats the last real one (reads stay in bounds) and its result is dropped.
  * Design: lanes over k rather than one thread per element, so the order is
  * the CPU's without 16 accumulators per element in registers.
  * Rejected: cublasSgemm as the default: it picks its kernel, tiling and
@@ -26,21 +30,20 @@
 
 #define KVF_GF_RM 4                       /* rows per group */
 #define KVF_GF_RN 4                       /* columns per group */
-#define KVF_GF_GM 2                       /* row groups per block */
-#define KVF_GF_GN 8                       /* column groups per block */
-#define KVF_GF_TM (KVF_GF_RM * KVF_GF_GM) /* rows per block */
-#define KVF_GF_TN (KVF_GF_RN * KVF_GF_GN) /* columns per block */
-#define KVF_GF_THREADS (KVF_GF_GM * KVF_GF_GN * KVF_GEMM_LANES)
+#define KVF_GF_GROUPS 16                  /* groups per block */
+#define KVF_GF_THREADS (KVF_GF_GROUPS * KVF_GEMM_LANES)
 
-template <int WBF>
+/* GM row groups x (16 / GM) column groups per block; WBF: W is bf16 */
+template <int GM, int WBF>
 __global__ void __launch_bounds__(KVF_GF_THREADS)
 kvf_gemm_fixed_kernel(int M, int N, int K, float alpha, const float *x, size_t ldx,
                       const void *w, size_t ldw, const float *bias, float beta, float *y,
                       size_t ldy)
 {
+    constexpr int GN = KVF_GF_GROUPS / GM;
     const int lane = (int)(threadIdx.x % KVF_GEMM_LANES), g = (int)(threadIdx.x / KVF_GEMM_LANES);
-    const int m0 = (int)blockIdx.y * KVF_GF_TM + (g / KVF_GF_GN) * KVF_GF_RM;
-    const int n0 = (int)blockIdx.x * KVF_GF_TN + (g % KVF_GF_GN) * KVF_GF_RN;
+    const int m0 = (int)blockIdx.y * (GM * KVF_GF_RM) + (g / GN) * KVF_GF_RM;
+    const int n0 = (int)blockIdx.x * (GN * KVF_GF_RN) + (g % GN) * KVF_GF_RN;
     const float *xr[KVF_GF_RM];
     size_t wc[KVF_GF_RN];
     float acc[KVF_GF_RM][KVF_GF_RN];
@@ -95,27 +98,40 @@ kvf_gemm_fixed_kernel(int M, int N, int K, float alpha, const float *x, size_t l
     }
 }
 
+template <int GM>
+static void kvf_gemm_fixed_launch(cudaStream_t stream, int M, int N, int K, float alpha,
+                                  const float *x, int ldx, const void *w, int wbf, int ldw,
+                                  const float *bias, float beta, float *y, int ldy)
+{
+    constexpr int TM = GM * KVF_GF_RM, TN = (KVF_GF_GROUPS / GM) * KVF_GF_RN;
+    const dim3 grid((unsigned)((N + TN - 1) / TN), (unsigned)((M + TM - 1) / TM));
+
+    if (wbf) {
+        kvf_gemm_fixed_kernel<GM, 1><<<grid, KVF_GF_THREADS, 0, stream>>>(
+            M, N, K, alpha, x, (size_t)ldx, w, (size_t)ldw, bias, beta, y, (size_t)ldy);
+    } else {
+        kvf_gemm_fixed_kernel<GM, 0><<<grid, KVF_GF_THREADS, 0, stream>>>(
+            M, N, K, alpha, x, (size_t)ldx, w, (size_t)ldw, bias, beta, y, (size_t)ldy);
+    }
+}
+
 extern "C" int kvf_cuda_gemm_fixed(const kvf_device_t *dev, int M, int N, int K, float alpha,
                                    const float *x, int ldx, const void *w, int wbf, int ldw,
                                    const float *bias, float beta, float *y, int ldy)
 {
-    const dim3 grid((unsigned)((N + KVF_GF_TN - 1) / KVF_GF_TN),
-                    (unsigned)((M + KVF_GF_TM - 1) / KVF_GF_TM));
     cudaStream_t stream = kvf_cuda_stream_of(dev);
 
     if ((M <= 0) || (N <= 0) || (K <= 0)) {
         return (M == 0) ? KVF_KERN_OK : KVF_KERN_EINVAL;
     }
-    if (grid.y > 65535u) {
-        return KVF_KERN_EINVAL;   /* more than 524,280 rows in one call */
+    if ((M + 4 * KVF_GF_RM - 1) / (4 * KVF_GF_RM) > 65535) {
+        return KVF_KERN_EINVAL;   /* more than 1,048,560 rows in one call: the grid's y */
     }
     KVF_CUDA_CHECK(cudaSetDevice(dev->ordinal));
-    if (wbf) {
-        kvf_gemm_fixed_kernel<1><<<grid, KVF_GF_THREADS, 0, stream>>>(
-            M, N, K, alpha, x, (size_t)ldx, w, (size_t)ldw, bias, beta, y, (size_t)ldy);
+    if (M <= KVF_GF_RM) {
+        kvf_gemm_fixed_launch<1>(stream, M, N, K, alpha, x, ldx, w, wbf, ldw, bias, beta, y, ldy);
     } else {
-        kvf_gemm_fixed_kernel<0><<<grid, KVF_GF_THREADS, 0, stream>>>(
-            M, N, K, alpha, x, (size_t)ldx, w, (size_t)ldw, bias, beta, y, (size_t)ldy);
+        kvf_gemm_fixed_launch<4>(stream, M, N, K, alpha, x, ldx, w, wbf, ldw, bias, beta, y, ldy);
     }
     return kvf_cuda_launched("kvf_gemm_fixed_kernel");
 }
