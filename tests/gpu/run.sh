@@ -58,7 +58,7 @@ left() { # seconds left of the budget, at least 10
 }
 
 command -v nvidia-smi >/dev/null 2>&1 || skip "nvidia-smi absent"
-nvidia-smi -L 2>/dev/null | grep -q '^GPU ' || skip "nvidia-smi lists no GPU"
+nvidia-smi -L 2>/dev/null | grep '^GPU ' >/dev/null || skip "nvidia-smi lists no GPU"
 
 log=$(mktemp -d)
 trap 'rm -rf "$log"' EXIT
@@ -191,7 +191,7 @@ gen_row() { printf '| %-28s | %-5s | %-12s | %-12s | %-7s | %s |\n' "$@"; }
 [ -n "$kvf" ] || kvf="$build/bin/kvf"
 if [ ! -x "$kvf" ]; then
     gen=$(gen_row "kvf generate --device cuda" "-" "-" "-" "-" "not built")
-elif ! "$kvf" generate --help 2>&1 | grep -q -- '--device'; then
+elif ! "$kvf" generate --help 2>&1 | grep -- '--device' >/dev/null; then
     gen=$(gen_row "kvf generate --device cuda" "-" "-" "-" "-" "not yet (kvf has no --device)")
 else
     # the trained hybrid (Mamba2 + attention + MLP) and the trained dense (RoPE, SwiGLU): 16
@@ -284,7 +284,7 @@ nano="$data/tests/data/models/nemotron-nano-9b-v2.config.json"
 if [ ! -x "$kvf" ]; then
     gen_row "xfer GPU->GPU pull, 4p2d" "-" "-" "-" "-" "not built"
     gen_row "kvf bench device-to-device" "-" "-" "-" "-" "not built"
-elif ! "$kvf" xfer-test --help 2>&1 | grep -q -- '--device'; then
+elif ! "$kvf" xfer-test --help 2>&1 | grep -- '--device' >/dev/null; then
     gen_row "xfer GPU->GPU pull, 4p2d" "-" "-" "-" "-" "FAIL: kvf xfer-test has no --device"
     fail=1
 else
@@ -294,7 +294,7 @@ else
     xfer_row "xfer GPU->GPU pull, 4p2d 80->96" "$log/xfer.txt" $? "bf16" || fail=1
     # kvf bench on the 9B geometry, 8k tokens: every layout; for 4p2d every path kvf has
     paths="auto"
-    "$kvf" bench --help 2>&1 | grep -q -- '--path' && paths="auto ucx ipc"
+    "$kvf" bench --help 2>&1 | grep -- '--path' >/dev/null && paths="auto ucx ipc"
     for lay in 4p2d 1p4d 4p1d 2p2d 1p1d; do
         ps="auto"
         [ "$lay" = 4p2d ] && ps=$paths

@@ -12,7 +12,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=$(cd "$1" && pwd)
-if ! ldd "$build/bin/kvf" | grep -q 'libcudart'; then
+if ! ldd "$build/bin/kvf" | grep 'libcudart' >/dev/null; then
     echo "skipped: not a CUDA build"
     exit 77
 fi
@@ -60,7 +60,7 @@ echo "bundle kvf generate: $got (same as the build's)"
 rc=0
 out=$(PATH="$tmp/nopath:/usr/bin:/bin" KVF_GPU_SKIP_EXIT=77 bash "$root/tests/gpu/run.sh" \
       --bundle "$tmp/b.tar.xz" 2>&1) || rc=$?
-if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep '^GPU ' >/dev/null; then
     echo "a GPU is present: run.sh --bundle ran (exit $rc)"
 elif [ "$rc" -ne 77 ] || ! grep -q '^skipped: no GPU' <<<"$out"; then
     echo "$out"

@@ -13,7 +13,7 @@ trap 'rm -rf "$T"' EXIT
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-"$KVF" generate --help 2>&1 | grep -q -- '--device' || fail "generate --help lists no --device"
+"$KVF" generate --help 2>&1 | grep -- '--device' >/dev/null || fail "generate --help lists no --device"
 
 # --device cpu is the default, byte for byte, on a hybrid (Mamba2 + attention + MLP), a MoE
 # and a dense RoPE model
@@ -38,7 +38,7 @@ for v in gpu cuda: cuda:x cuda:-1 CUDA; do
         || fail "--device $v message: $(cat "$T/err")"
 done
 
-if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep '^GPU ' >/dev/null; then
     echo "a GPU is present: the no-GPU refusals are not checked here (tests/gpu/run.sh)"
     exit 0
 fi
