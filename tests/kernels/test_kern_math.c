@@ -391,6 +391,22 @@ static void test_attn_fold(void **state)
     }
 }
 
+/* A query in [-0.5, 0.5) and tiles of keys in [-2, 2) and values in [-0.5, 0.5) (n floats
+ * each, k and v interleaved draws) from the LCG state *x. */
+static void lcg_qkv(uint32_t *x, float *q, int hd, float *k, float *v, size_t n)
+{
+    for (int d = 0; d < hd; ++d) {
+        *x = *x * 1664525u + 1013904223u;
+        q[d] = (float)(*x >> 8) / 16777216.0f - 0.5f;
+    }
+    for (size_t i = 0; i < n; ++i) {
+        *x = *x * 1664525u + 1013904223u;
+        k[i] = 4.0f * ((float)(*x >> 8) / 16777216.0f - 0.5f);
+        *x = *x * 1664525u + 1013904223u;
+        v[i] = (float)(*x >> 8) / 16777216.0f - 0.5f;
+    }
+}
+
 /* Split-K decode: the kernel blocks of one query folded in ranges (one empty) and merged
  * (kvf_attn_merge, the CUDA decode's merge) equal the one-range fold within fp32 rounding;
  * a stale NaN in a masked V slot of the last tile still poisons the merged output. */
@@ -406,18 +422,7 @@ static void test_attn_split_merge(void **state)
 
     (void)state;
     for (int round = 0; round < 2; ++round) {
-        for (int d = 0; d < HD; ++d) {
-            x = x * 1664525u + 1013904223u;
-            q[d] = (float)(x >> 8) / 16777216.0f - 0.5f;
-        }
-        for (int t = 0; t < TILES; ++t) {
-            for (int i = 0; i < KBS * HD; ++i) {
-                x = x * 1664525u + 1013904223u;
-                k[t][i] = 4.0f * ((float)(x >> 8) / 16777216.0f - 0.5f);
-                x = x * 1664525u + 1013904223u;
-                v[t][i] = (float)(x >> 8) / 16777216.0f - 0.5f;
-            }
-        }
+        lcg_qkv(&x, q, HD, &k[0][0], &v[0][0], (size_t)TILES * KBS * HD);
         if (round == 1) {
             v[TILES - 1][(KBS - 1) * HD + 3] = NAN;   /* an unwritten, unzeroed slot */
         }
@@ -494,18 +499,7 @@ static void test_attn_split_invariant(void **state)
             assert_true(c <= kvf_attn_split_count(n + 5000, kbs));
         }
     }
-    for (int d = 0; d < HD; ++d) {
-        x = x * 1664525u + 1013904223u;
-        q[d] = (float)(x >> 8) / 16777216.0f - 0.5f;
-    }
-    for (int t = 0; t < TILES; ++t) {
-        for (int i = 0; i < KBS * HD; ++i) {
-            x = x * 1664525u + 1013904223u;
-            k[t][i] = 4.0f * ((float)(x >> 8) / 16777216.0f - 0.5f);
-            x = x * 1664525u + 1013904223u;
-            v[t][i] = (float)(x >> 8) / 16777216.0f - 0.5f;
-        }
-    }
+    lcg_qkv(&x, q, HD, &k[0][0], &v[0][0], (size_t)TILES * KBS * HD);
     for (int y = 0; y < GMAX; ++y) {
         int kb0 = y * per, kb1 = (kb0 + per < nkb) ? kb0 + per : nkb;
         pm[y] = -INFINITY;
