@@ -164,6 +164,7 @@ typedef struct kvf_comm_nccl_backend {
     void (*comm_abort)(kvf_nccl_comm_h comm);
     int  (*comm_finalize)(kvf_nccl_comm_h comm);
     void (*comm_destroy)(kvf_nccl_comm_h comm);
+    int  (*all_gather)(kvf_nccl_comm_h comm, const float *send, float *recv, size_t n);
 } kvf_comm_nccl_backend_t;
 
 #ifdef KVF_FAULT_INJECTION

@@ -18,6 +18,18 @@
  * returns only when its work completed on the stream, so the staged copy
  * back reads the result.
  *
+ * Sums: an all-reduce is an all-gather of the span's partial sums into a
+ * device buffer [span][n] of the rank, then, on the rank's device, the copy
+ * of the group's first rank's partial and kvf_add() of the others in rank
+ * order: ((p0 + p1) + p2) + ..., the CPU world's order. NCCL's own sum
+ * follows its algorithm (ring or tree) and chunking, which it picks by
+ * message size and topology, so a row's sum would change with the number
+ * of rows in the step (issue 33's batch invariance) and differ from the
+ * CPU's; the gather moves the same bytes as a ring all-reduce at TP 2 and
+ * (n - 1) / 2 times more at TP n (n - 1 partials in, against 2 (n - 1) / n).
+ * Rejected: NCCL_ALGO/NCCL_PROTO pinned by the environment: a ring's
+ * element order still depends on where the element falls in the chunks.
+ *
  * Failure: a kvf_nccl call that fails or passes its deadline has aborted its
  * communicator; the world then breaks for good, as a CPU world does when a
  * barrier times out: the first failing rank writes why (collective, rank,
@@ -32,6 +44,7 @@
 #include "kvf_fault.h"
 #include "kvf_kern_status.h"
 #include "kvf_log.h"
+#include "kvf_ops.h"
 
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -50,6 +63,8 @@ typedef struct {
     kvf_nccl_comm_h span[KVF_NCCL_MAX_SPANS];    /* this rank's group of spans[i] */
     void           *stage;                       /* device buffer for host buffers */
     size_t          stage_cap;
+    void           *gather;                      /* device [span][n]: all-reduce partials */
+    size_t          gather_cap;
 } kvf_nccl_rank_t;
 
 typedef struct kvf_comm_nccl_world {
@@ -75,6 +90,7 @@ static const kvf_comm_nccl_backend_t kvf_nccl_backend_real = {
     .comm_init      = kvf_nccl_comm_init,
     .comm_watch     = kvf_nccl_comm_watch,
     .all_reduce_sum = kvf_nccl_all_reduce_sum,
+    .all_gather     = kvf_nccl_all_gather,
     .broadcast      = kvf_nccl_broadcast,
     .comm_error     = kvf_nccl_comm_error,
     .comm_abort     = kvf_nccl_comm_abort,
@@ -164,28 +180,39 @@ static kvf_status_t kvf_nccl_enter(kvf_comm_nccl_world_t *w, int rank, const cha
 }
 
 /* The rank's device buffer of at least @a bytes, for a host buffer's round trip. */
-static kvf_status_t kvf_nccl_stage(kvf_comm_nccl_world_t *w, int rank, size_t bytes,
-                                   const char *op, void **stage_p)
+/* *buf_p grown to at least @a bytes of the rank's device memory (old contents dropped) */
+static kvf_status_t kvf_nccl_grow(kvf_comm_nccl_world_t *w, int rank, void **buf_p,
+                                  size_t *cap_p, size_t bytes, const char *what, const char *op)
 {
     kvf_nccl_rank_t *rk = &w->ranks[rank];
 
-    if (rk->stage_cap < bytes) {
-        size_t cap = (bytes > 2 * rk->stage_cap) ? bytes : 2 * rk->stage_cap;
+    if (*cap_p < bytes) {
+        size_t cap = (bytes > 2 * *cap_p) ? bytes : 2 * *cap_p;
         void *p = NULL;
         int rc = kvf_device_alloc(&rk->dev, cap, &p);
 
         if (rc != KVF_KERN_OK) {
             char detail[128];
-            snprintf(detail, sizeof(detail), "no device memory for a staging buffer of %zu "
-                     "bytes: %s", cap, kvf_kern_strerror(rc));
+            snprintf(detail, sizeof(detail), "no device memory for a %s of %zu bytes: %s", what,
+                     cap, kvf_kern_strerror(rc));
             return kvf_nccl_world_break(w, rank, op, kvf_status_from_kern(rc), detail);
         }
-        kvf_device_free(&rk->dev, rk->stage);   /* every earlier collective completed */
-        rk->stage = p;
-        rk->stage_cap = cap;
+        kvf_device_free(&rk->dev, *buf_p);   /* every earlier collective completed */
+        *buf_p = p;
+        *cap_p = cap;
     }
-    *stage_p = rk->stage;
     return KVF_OK;
+}
+
+static kvf_status_t kvf_nccl_stage(kvf_comm_nccl_world_t *w, int rank, size_t bytes,
+                                   const char *op, void **stage_p)
+{
+    kvf_nccl_rank_t *rk = &w->ranks[rank];
+    kvf_status_t st = kvf_nccl_grow(w, rank, &rk->stage, &rk->stage_cap, bytes,
+                                    "staging buffer", op);
+
+    *stage_p = rk->stage;
+    return st;
 }
 
 static kvf_status_t kvf_nccl_copy(kvf_comm_nccl_world_t *w, int rank, void *dst,
@@ -224,6 +251,37 @@ static kvf_status_t kvf_nccl_barrier_op(void *ctx, int rank)
                           "barrier (one-float all-reduce)");
 }
 
+/* buf (n floats, the rank's device memory) = the span group's sum in rank order: all-gather
+ * on @a comm, then the first partial copied and the others added (see the top of the file) */
+static kvf_status_t kvf_nccl_sum_in_order(kvf_comm_nccl_world_t *w, int rank,
+                                          kvf_nccl_comm_h comm, float *buf, size_t n, int span,
+                                          const char *op)
+{
+    kvf_nccl_rank_t *rk = &w->ranks[rank];
+    const size_t bytes = n * sizeof(float);
+    kvf_status_t st = kvf_nccl_grow(w, rank, &rk->gather, &rk->gather_cap, (size_t)span * bytes,
+                                    "gather buffer", op);
+    float *g = rk->gather;
+
+    if ((st != KVF_OK) ||
+        ((st = kvf_nccl_check(w, rank, comm, w->be.all_gather(comm, buf, g, n),
+                              "%s of %zu floats over span %d (all-gather)", op, n, span)) !=
+         KVF_OK) ||
+        ((st = kvf_nccl_copy(w, rank, buf, g, bytes, KVF_COPY_D2D, op)) != KVF_OK)) {
+        return st;
+    }
+    for (int r = 1; r < span; ++r) {
+        int rc = kvf_add(&rk->dev, buf, g + (size_t)r * n, n);
+        if (rc != KVF_KERN_OK) {
+            char detail[128];
+            snprintf(detail, sizeof(detail), "adding rank %d's partial sum failed: %s", r,
+                     kvf_kern_strerror(rc));
+            return kvf_nccl_world_break(w, rank, op, kvf_status_from_kern(rc), detail);
+        }
+    }
+    return KVF_OK;
+}
+
 static kvf_status_t kvf_nccl_all_reduce_op(void *ctx, int rank, float *buf, size_t n, int span)
 {
     kvf_comm_nccl_world_t *w = ctx;
@@ -252,15 +310,15 @@ static kvf_status_t kvf_nccl_all_reduce_op(void *ctx, int rank, float *buf, size
     for (int i = 0; (comm == NULL) && (i < w->nspans); ++i) {
         comm = (w->spans[i] == span) ? rk->span[i] : NULL;
     }
-    if (kvf_nccl_on_device(rk, buf)) {
-        return kvf_nccl_check(w, rank, comm, w->be.all_reduce_sum(comm, buf, buf, n),
-                              "%s of %zu floats over span %d", op, n, span);
+    if (n == 0) {
+        return KVF_OK;
     }
-    if ((n == 0) || ((st = kvf_nccl_stage(w, rank, bytes, op, &stage)) != KVF_OK) ||
+    if (kvf_nccl_on_device(rk, buf)) {
+        return kvf_nccl_sum_in_order(w, rank, comm, buf, n, span, op);
+    }
+    if (((st = kvf_nccl_stage(w, rank, bytes, op, &stage)) != KVF_OK) ||
         ((st = kvf_nccl_copy(w, rank, stage, buf, bytes, KVF_COPY_H2D, op)) != KVF_OK) ||
-        ((st = kvf_nccl_check(w, rank, comm, w->be.all_reduce_sum(comm, stage, stage, n),
-                              "%s of %zu floats (staged) over span %d", op, n, span)) !=
-         KVF_OK)) {
+        ((st = kvf_nccl_sum_in_order(w, rank, comm, stage, n, span, op)) != KVF_OK)) {
         return st;
     }
     return kvf_nccl_copy(w, rank, buf, stage, bytes, KVF_COPY_D2H, op);
@@ -419,9 +477,10 @@ static void kvf_nccl_world_destroy(kvf_comm_world_h world)
                     (void)w->be.comm_finalize(*c);   /* a failure aborts; destroy copes */
                 }
             }
-            if ((pass == 1) && (rk->stage != NULL)) {
+            if ((pass == 1) && ((rk->stage != NULL) || (rk->gather != NULL))) {
                 (void)kvf_device_bind(&rk->dev);
                 kvf_device_free(&rk->dev, rk->stage);
+                kvf_device_free(&rk->dev, rk->gather);
             }
         }
     }
@@ -539,7 +598,7 @@ kvf_status_t kvf_comm_world_create_nccl_test(int size, const kvf_device_t *devs,
 {
     if ((size < 1) || (size > KVF_COMM_MAX_RANKS) || (devs == NULL) || (be == NULL) ||
         (be->id_make == NULL) || (be->comm_init == NULL) || (be->comm_watch == NULL) ||
-        (be->all_reduce_sum == NULL) || (be->broadcast == NULL) || (be->comm_error == NULL) ||
+        (be->all_reduce_sum == NULL) || (be->all_gather == NULL) || (be->broadcast == NULL) || (be->comm_error == NULL) ||
         (be->comm_abort == NULL) || (be->comm_finalize == NULL) ||
         (be->comm_destroy == NULL) || (world_p == NULL)) {
         kvf_error("NCCL test world: size %d outside [1, %d], or devices, backend function or "

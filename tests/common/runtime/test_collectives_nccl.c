@@ -272,6 +272,9 @@ static bool fake_injected(struct kvf_nccl_comm *c, const char *call)
     return false;
 }
 
+/* The fake sums in DESCENDING rank order: NCCL's order is its algorithm's (ring, tree,
+ * chunking by size), not rank order, so a world that summed through it would not give the
+ * CPU world's bits; the NCCL world must not depend on it for sums (test_nccl_world_order). */
 static int fake_all_reduce(kvf_nccl_comm_h c, const float *send, float *recv, size_t n)
 {
     fake_clique_t *q = c->q;
@@ -289,7 +292,7 @@ static int fake_all_reduce(kvf_nccl_comm_h c, const float *send, float *recv, si
     assert_non_null(sum);
     q->bufs[c->rank] = send;
     rc = fake_barrier(c, "ncclAllReduce(sum, fp32)");
-    for (int r = 0; (rc == KVF_KERN_OK) && (r < q->nranks); ++r) {
+    for (int r = q->nranks - 1; (rc == KVF_KERN_OK) && (r >= 0); --r) {
         for (size_t i = 0; i < n; ++i) {
             sum[i] += ((const float *)q->bufs[r])[i];
         }
@@ -302,6 +305,26 @@ static int fake_all_reduce(kvf_nccl_comm_h c, const float *send, float *recv, si
     }
     free(sum);
     return rc;
+}
+
+static int fake_all_gather(kvf_nccl_comm_h c, const float *send, float *recv, size_t n)
+{
+    fake_clique_t *q = c->q;
+    int rc;
+
+    atomic_fetch_add(&fake.colls, 1);
+    if (c->broken) {
+        return KVF_KERN_ENCCL;
+    }
+    if (fake_injected(c, "ncclAllGather(fp32)")) {
+        return KVF_KERN_ENCCL;
+    }
+    q->bufs[c->rank] = send;
+    rc = fake_barrier(c, "ncclAllGather(fp32)");
+    for (int r = 0; (rc == KVF_KERN_OK) && (r < q->nranks); ++r) {
+        memcpy(recv + (size_t)r * n, q->bufs[r], n * sizeof(float));
+    }
+    return (rc == KVF_KERN_OK) ? fake_barrier(c, "ncclAllGather(fp32)") : rc;
 }
 
 static int fake_broadcast(kvf_nccl_comm_h c, const void *send, void *recv, size_t bytes,
@@ -353,7 +376,8 @@ static void fake_comm_destroy(kvf_nccl_comm_h c)
 
 static const kvf_comm_nccl_backend_t fake_backend = {
     .id_make = fake_id_make, .comm_init = fake_comm_init, .comm_watch = fake_comm_watch,
-    .all_reduce_sum = fake_all_reduce, .broadcast = fake_broadcast,
+    .all_reduce_sum = fake_all_reduce, .all_gather = fake_all_gather,
+    .broadcast = fake_broadcast,
     .comm_error = fake_comm_error, .comm_abort = fake_comm_abort,
     .comm_finalize = fake_comm_finalize, .comm_destroy = fake_comm_destroy,
 };
@@ -486,6 +510,85 @@ static void test_nccl_world_collectives(void **state)
     fake_reset();
 }
 
+/*
+ * Sums in the CPU world's order: values where the order shows ((1e8 + 1) - 1e8 = 0 in fp32,
+ * 1e8 + (1 - 1e8) = 1e8 - 1e8 ...), summed by the NCCL world over span 4 and span 2 and by the
+ * CPU world, bit for bit equal; the fake NCCL's own all-reduce sums in another order, so a
+ * world that handed sums to it would differ.
+ */
+typedef struct {
+    kvf_comm_t *comm;
+    float       out[2][N];   /* span 4, span 2 */
+    kvf_status_t st;
+} order_arg_t;
+
+static float order_value(int r, int i)
+{
+    static const float v[4] = {1e8f, 1.0f, -1e8f, 3.0f};
+    return v[(r + i) % 4] * (float)(1 + i % 3) + 0.25f * (float)i;
+}
+
+static void *order_main(void *p)
+{
+    order_arg_t *a = p;
+    const int r = a->comm->rank;
+
+    for (int k = 0; k < 2; ++k) {
+        for (int i = 0; i < N; ++i) {
+            a->out[k][i] = order_value(r, i);
+        }
+        kvf_status_t st = (k == 0) ? kvf_comm_all_reduce(a->comm, a->out[k], N)
+                                   : kvf_comm_all_reduce_span(a->comm, a->out[k], N, 2);
+        a->st = (a->st != KVF_OK) ? a->st : st;
+    }
+    return NULL;
+}
+
+static void run_order(kvf_comm_world_h w, order_arg_t *args)
+{
+    pthread_t th[4];
+
+    for (int r = 0; r < 4; ++r) {
+        args[r] = (order_arg_t){.comm = kvf_comm_world_rank(w, r), .st = KVF_OK};
+        assert_int_equal(pthread_create(&th[r], NULL, order_main, &args[r]), 0);
+    }
+    for (int r = 0; r < 4; ++r) {
+        pthread_join(th[r], NULL);
+    }
+}
+
+static void test_nccl_world_order(void **state)
+{
+    order_arg_t nccl[4], cpu[4];
+    kvf_comm_world_h w = fake_world(4, 10000), wc = NULL;
+    int differs = 0;
+
+    (void)state;
+    run_order(w, nccl);
+    kvf_comm_world_destroy(w);
+    fake_reset();
+    assert_int_equal(kvf_comm_world_create(KVF_DEVICE_CPU, 4, NULL, &wc), KVF_OK);
+    run_order(wc, cpu);
+    kvf_comm_world_destroy(wc);
+    for (int r = 0; r < 4; ++r) {
+        assert_int_equal(nccl[r].st, KVF_OK);
+        assert_int_equal(cpu[r].st, KVF_OK);
+        assert_memory_equal(nccl[r].out, cpu[r].out, sizeof(cpu[r].out));
+    }
+    /* the data does show the order: the fake's descending sum of span 4 differs somewhere */
+    for (int i = 0; i < N; ++i) {
+        float desc = 0.0f, asc = order_value(0, i);
+        for (int r = 3; r >= 0; --r) {
+            desc += order_value(r, i);
+        }
+        for (int r = 1; r < 4; ++r) {
+            asc += order_value(r, i);
+        }
+        differs += (desc != asc);
+    }
+    assert_true(differs > 0);
+}
+
 /* after a failure: every rank failed, the world says why, later calls never enter NCCL */
 static void check_broken(kvf_comm_world_h w, const rank_arg_t *args, int size,
                          kvf_status_t world_status, const char *needle)
@@ -577,6 +680,7 @@ int main(void)
         cmocka_unit_test(test_world_select),
 #ifdef KVF_FAULT_INJECTION
         cmocka_unit_test(test_nccl_world_collectives),
+        cmocka_unit_test(test_nccl_world_order),
         cmocka_unit_test(test_nccl_world_nccl_error),
         cmocka_unit_test(test_nccl_world_fault_drop),
         cmocka_unit_test(test_nccl_world_refusals),
