@@ -425,9 +425,10 @@ static void xt_medians(const xt_ctx_t *c, int n, uint64_t *kv_p, uint64_t *raw_p
  * memory a GET is an asynchronous copy, so this is the host cost that bounds
  * the pull; on host memory over shared memory it includes the copies.
  */
-static void xt_post_per_desc(const xt_ctx_t *c, int n, size_t *descs_p, uint64_t *ns_p)
+static void xt_post_per_desc(const xt_ctx_t *c, int n, size_t *descs_p, uint64_t *ns_p,
+                             uint64_t *plan_p)
 {
-    uint64_t ns[XT_MAX_ITERS];
+    uint64_t ns[XT_MAX_ITERS], plan[XT_MAX_ITERS];
     size_t descs[XT_MAX_ITERS];
     double per[XT_MAX_ITERS];
     int order[XT_MAX_ITERS];
@@ -436,6 +437,7 @@ static void xt_post_per_desc(const xt_ctx_t *c, int n, size_t *descs_p, uint64_t
         int k = kvf_xt_timed_pull(c, it);
         per[it] = -1.0;
         ns[it] = 0;
+        plan[it] = 0;
         descs[it] = 0;
         for (int r = 0; r < c->dec.tp; ++r) {
             const xt_rank_t *x = &c->ranks[r];
@@ -444,6 +446,7 @@ static void xt_post_per_desc(const xt_ctx_t *c, int n, size_t *descs_p, uint64_t
             if (p > per[it]) {
                 per[it] = p;
                 ns[it] = t;
+                plan[it] = (x->t_plan[k] < t) ? x->t_plan[k] : t;
                 descs[it] = x->descs;
             }
         }
@@ -458,6 +461,51 @@ static void xt_post_per_desc(const xt_ctx_t *c, int n, size_t *descs_p, uint64_t
     }
     *descs_p = descs[order[n / 2]];
     *ns_p = ns[order[n / 2]];
+    *plan_p = plan[order[n / 2]];
+}
+
+/*
+ * The same start_pull in thread CPU time (plan + post, not the time the thread waited
+ * for a core: on a busy host the wall figures above include that): per pull the rank
+ * slowest per descriptor, the median over the pulls, in ns per descriptor.
+ */
+static double xt_cpu_per_desc(const xt_ctx_t *c, int n)
+{
+    double per[XT_MAX_ITERS];
+
+    for (int it = 0; it < n; ++it) {
+        int k = kvf_xt_timed_pull(c, it);
+        per[it] = 0;
+        for (int r = 0; r < c->dec.tp; ++r) {
+            const xt_rank_t *x = &c->ranks[r];
+            double p = (double)x->t_cpu[k] / (double)(x->descs ? x->descs : 1);
+            per[it] = (p > per[it]) ? p : per[it];
+        }
+    }
+    for (int i = 1; i < n; ++i) {
+        for (int j = i; (j > 0) && (per[j] < per[j - 1]); --j) {
+            double tmp = per[j];
+            per[j] = per[j - 1];
+            per[j - 1] = tmp;
+        }
+    }
+    return per[n / 2];
+}
+
+/* Planning alone: per pull the slowest decode rank's start_pull before its first post. */
+static uint64_t xt_plan_median(const xt_ctx_t *c, int n)
+{
+    uint64_t plan[XT_MAX_ITERS];
+
+    for (int it = 0; it < n; ++it) {
+        int k = kvf_xt_timed_pull(c, it);
+        plan[it] = 0;
+        for (int r = 0; r < c->dec.tp; ++r) {
+            plan[it] = (c->ranks[r].t_plan[k] > plan[it]) ? c->ranks[r].t_plan[k] : plan[it];
+        }
+    }
+    qsort(plan, (size_t)n, sizeof(plan[0]), xt_cmp_u64);
+    return plan[n / 2];
 }
 
 /* bench: --descs-out and the copy limit, from this side's own plans. Returns 1 on failure. */
@@ -549,12 +597,21 @@ static int xt_report(const xt_ctx_t *c, const xt_totals_t *t, double hs_ms, int 
            c->bench ? ", median" : "");
     {
         size_t pd;
-        uint64_t pns;
-        xt_post_per_desc(c, n, &pd, &pns);
+        uint64_t pns, pplan;
+        double cpu = xt_cpu_per_desc(c, n);
+        xt_post_per_desc(c, n, &pd, &pns, &pplan);
         printf("post: %zu descriptors, %.1f us, %.3f us/desc (one decode rank's start_pull:"
                " plan + every GET posted; the rank slowest per descriptor%s)\n", pd,
                (double)pns / 1e3, (double)pns / 1e3 / (double)(pd ? pd : 1),
                c->bench ? ", median" : "");
+        printf("plan: %.1f us per decode rank (start_pull before its first GET or gather: the"
+               " plan, endpoints, zero list; slowest rank%s); in the post line's pull %.1f us"
+               " planning, %.1f us posting (%.3f us/desc)\n", (double)xt_plan_median(c, n) / 1e3,
+               c->bench ? ", median" : "", (double)pplan / 1e3, (double)(pns - pplan) / 1e3,
+               (double)(pns - pplan) / 1e3 / (double)(pd ? pd : 1));
+        printf("post cpu: %.1f us, %.3f us/desc (start_pull in thread CPU time: plan + post,"
+               " not the time the thread waited for a core; the rank slowest per descriptor%s)\n",
+               cpu * (double)pd / 1e3, cpu / 1e3, c->bench ? ", median" : "");
     }
     xt_report_digest(c, n, kv);
     if (c->bench) {

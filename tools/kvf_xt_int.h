@@ -124,6 +124,8 @@ typedef struct xt_rank {
     uint64_t         pages_checked, elements_checked;
     uint64_t         t_start[XT_MAX_ITERS + 2], t_post[XT_MAX_ITERS + 2];   /* per pull */
     uint64_t         t_end[XT_MAX_ITERS + 2];
+    uint64_t         t_plan[XT_MAX_ITERS + 2];     /* ns of start_pull before its first post */
+    uint64_t         t_cpu[XT_MAX_ITERS + 2];      /* thread CPU ns of start_pull */
     uint64_t         t_digest[XT_MAX_ITERS + 2];   /* ns hashing what landed (req_digests) */
     uint64_t         t_raw_start[XT_MAX_ITERS], t_raw_end[XT_MAX_ITERS];
     uint64_t         t_fail;
