@@ -57,7 +57,7 @@ cmake --build "$ucx122" -j"$(nproc)" --target kvf $ucx122_tests
 grep -q '^UCX_VERSION:INTERNAL=1\.22\.' "$ucx122/CMakeCache.txt" ||
     { echo "kvferry: $ucx122 did not build against UCX 1.22 ($ucx_wheel)" >&2; exit 1; }
 ctest --test-dir "$ucx122" --output-on-failure -j2 --no-tests=error \
-    -R "^($(echo $ucx122_tests | tr ' ' '|')|test_xfer_ucx_agent_tcp|xfer_(ucx|heap)_pools(_tcp)?|xfer_batch_windows|xfer_fp8_kv|xfer_bench_smoke|xfer_ipc_path_flag)\$"
+    -R "^($(echo $ucx122_tests | tr ' ' '|')|test_xfer_ucx_agent_tcp|xfer_(ucx|heap)_pools(_tcp)?|xfer_batch_windows|xfer_fp8_kv|xfer_bench_smoke|xfer_ipc_path_flag|xfer_faults_(default|tcp_self))\$"
 
 # Optional reference step: kvferry against transformers on checkpoints transformers
 # itself writes (tests/reference/hf_compare.py); skipped when torch or transformers
