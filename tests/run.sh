@@ -35,8 +35,8 @@ done
 build=build-test
 rm -rf "$build"
 # Debian's UCX 1.13 even when nvcc makes this a CUDA build: the fault matrix and the soaks
-# pin 1.13's behaviour (a prefill killed mid-read from UCX shared memory ends differently
-# under the wheel's 1.22, docs/FAILURES.md §10). The transfer tests run on 1.22 below.
+# were pinned on 1.13 (where 1.22 differed, and what changed since: docs/FAILURES.md §10).
+# The transfer tests run on 1.22 below.
 BUILD_DIR="$root/$build" bash deploy/build.sh -DKVF_WERROR=ON -DKVF_FAULT_INJECTION=ON \
     -DKVF_UCX_PREFIX=system
 ctest --test-dir "$build" --output-on-failure --timeout 600 -j2 --no-tests=error

@@ -9,10 +9,9 @@ program output.
 
 Robustness: the prefill is killed after the first batch; decode must report
 a peer error within 2 s of the kill and exit 1 without hanging (UCX-mapped
-pools over shared memory under UCX 1.13: the pull ends from decode's own
-mapping, and xfer-test fails on the killed prefill, again without hanging;
-under later UCX those GETs are software-emulated, served by prefill's worker
-as for heap pools, so the outcome is the peer error: docs/FAILURES.md §10).
+pools over shared memory: the pull ends from decode's own mapping, and
+xfer-test fails on the killed prefill, again without hanging; the same on
+UCX 1.13 and 1.22: docs/FAILURES.md §10).
 
 usage: xfer_faults.py [--tls TLS] [--ucx-version X.Y.Z]
 """
@@ -36,14 +35,9 @@ def run(kvf, env, args, timeout=30):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tls", default="default")
-    ap.add_argument("--ucx-version", default="1.13.1",
+    ap.add_argument("--ucx-version", default="?",
                     help="the UCX the binary was built against (CMake passes UCX_VERSION)")
     args = ap.parse_args()
-    # UCX 1.13 reads a UCX-mapped (shared-memory) pool one-sided: decode copies from its
-    # own mapping of prefill's segment. UCX 1.22 has no one-sided read over sysv/posix
-    # (UCX_PROTO_INFO=y: "remote memory read by ucp_get* ... software emulation |
-    # sysv/memory"): prefill's worker serves those GETs, as for heap pools.
-    ucx_one_sided_shm = args.ucx_version.startswith("1.13.")
     src = os.environ.get("KVF_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
     kvf = os.path.join(os.environ.get("KVF_BIN", os.path.join(src, "build", "bin")), "kvf")
     env = dict(os.environ)
@@ -99,8 +93,10 @@ def main():
                                             "--pool-alloc", pool_alloc,
                                             "--fault-kill-prefill", "--timeout", "1s"],
                                  timeout=20)
-        # TCP, heap pools, or a UCX without one-sided shared-memory reads: GETs need prefill
-        if (pool_alloc == "heap") or (args.tls != "default") or not ucx_one_sided_shm:
+        # TCP or heap pools: GETs need prefill's worker. UCX-mapped pools over shared memory
+        # are mapped into decode (ucp_rkey_ptr) and read by copy, on every UCX version (1.22
+        # itself would emulate those GETs through prefill's worker: a timeout instead)
+        if (pool_alloc == "heap") or (args.tls != "default"):
             m = re.search(r"peer error on decode rank \d+ ([0-9.]+) ms after the prefill was "
                           r"killed", out)
             peer_line = re.search(r"FAILED: .*transfer failed: peer ", out) or \
