@@ -127,6 +127,8 @@ static const kvf_config_field_t xt_bench_table[] = {
              descs_out, KVF_CONFIG_TYPE_STRING, 0),
     XT_FIELD("COPY_LIMIT", "yes", "also time memcpy of the same descriptor lists, one thread "
              "per decode rank (this machine's copy limit)", copy_limit, KVF_CONFIG_TYPE_BOOL, 0),
+    XT_FIELD("PLAN_REPS", "0", "also time the planner alone: plan decode rank 0's request this "
+             "many times in a row (0: not; at most 1000000)", plan_reps, KVF_CONFIG_TYPE_INT, 0),
     {NULL, NULL, NULL, 0, 0, 0},
 };
 
@@ -508,6 +510,34 @@ static uint64_t xt_plan_median(const xt_ctx_t *c, int n)
     return plan[n / 2];
 }
 
+/*
+ * --plan-reps N: decode rank 0's plan of the request N times in a row (kvf_xfer_plan_create
+ * and destroy, what start_pull runs before its first GET), warm caches: the planner's own
+ * cost without the pull around it. Each plan must equal @a ref. Returns 1 on failure.
+ */
+static int xt_plan_alone(const xt_ctx_t *c, const kvf_xfer_plan_t *ref)
+{
+    uint64_t t0 = kvf_time_now_ns(), t1;
+
+    for (int i = 0; i < c->o.plan_reps; ++i) {
+        kvf_xfer_plan_t *p = NULL;
+        if ((kvf_xt_plan_rank(c, 0, &p) != KVF_OK) || (p->total_descs != ref->total_descs) ||
+            (p->total_bytes != ref->total_bytes)) {
+            printf("bench: plan %d of --plan-reps differs from the first\n", i);
+            kvf_xfer_plan_destroy(p);
+            return 1;
+        }
+        kvf_xfer_plan_destroy(p);
+    }
+    t1 = kvf_time_now_ns();
+    if (c->o.plan_reps > 0) {
+        printf("plan alone: %.2f us per plan (decode rank 0, %zu descriptors, %d plans in a "
+               "row, warm caches)\n", (double)(t1 - t0) / 1e3 / c->o.plan_reps,
+               ref->total_descs, c->o.plan_reps);
+    }
+    return 0;
+}
+
 /* bench: --descs-out and the copy limit, from this side's own plans. Returns 1 on failure. */
 static int xt_bench_exports(const xt_ctx_t *c, const xt_totals_t *t, uint64_t kv_ns)
 {
@@ -526,6 +556,7 @@ static int xt_bench_exports(const xt_ctx_t *c, const xt_totals_t *t, uint64_t kv
         } else if (c->o.descs_out[0] != '\0') {
             printf("descriptor lists: written to %s\n", c->o.descs_out);
         }
+        rc |= xt_plan_alone(c, plans[0]);
         if (c->o.copy_limit && (c->o.dev_kind != KVF_DEVICE_CPU)) {
             uint64_t ns = kvf_xt_device_copy_limit(c, t->bytes);
             double kv_gbs = (double)t->bytes / (double)kv_ns;
@@ -624,7 +655,8 @@ static int xt_report(const xt_ctx_t *c, const xt_totals_t *t, double hs_ms, int 
                t->descs, (double)t->descs / (t->reads ? t->reads : 1),
                (double)t->bytes / (double)(t->descs ? t->descs : 1));
     }
-    if (c->bench && (rc == 0) && ((c->o.descs_out[0] != '\0') || c->o.copy_limit)) {
+    if (c->bench && (rc == 0) &&
+        ((c->o.descs_out[0] != '\0') || c->o.copy_limit || (c->o.plan_reps > 0))) {
         rc |= xt_bench_exports(c, t, kv);
     }
     if (c->o.verify && (rc == 0)) {
@@ -738,6 +770,10 @@ static int xt_main(int argc, char **argv, bool bench)
         (c->o.spare_blocks < 0) || (c->o.timeout_ms < 1) || (c->o.batch_descs < 0)) {
         kvf_error("%s: --tokens, --iters (<= %d), --timeout must be positive", prog,
                   XT_MAX_ITERS);
+        goto out;
+    }
+    if ((c->o.plan_reps < 0) || (c->o.plan_reps > 1000000)) {
+        kvf_error("%s: --plan-reps %d is outside 0..1000000", prog, c->o.plan_reps);
         goto out;
     }
     if ((strcmp(c->o.pool_alloc, "heap") != 0) && (strcmp(c->o.pool_alloc, "ucx") != 0)) {

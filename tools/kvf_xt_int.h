@@ -75,6 +75,7 @@ typedef struct xt_opts {
     kvf_device_kind_t dev_kind;   /* --device: where both sides' pools live */
     int     dev_ordinal;
     bool    copy_limit;
+    int     plan_reps;   /* --plan-reps: time the planner alone this many times */
     char    path[KVF_CONFIG_STR_MAX];   /* --path auto|ucx|ipc */
     kvf_connector_path_t path_kind;
 } xt_opts_t;
