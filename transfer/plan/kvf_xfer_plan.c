@@ -21,8 +21,9 @@
  * a 9B decode rank); the per-rank sort merges the ascending runs the walk
  * already emits instead of calling qsort; the lists start at 256 entries, so a
  * typical pull never regrows them. The output is unchanged, descriptor for
- * descriptor. 4p2d, 8k tokens of the 9B model, one decode rank, warm: 57 -> 7-9
- * us on the 2-core CPU host (tests/bench/results/host_cost_cpu.md).
+ * descriptor. 4p2d, 8k tokens of the 9B model, decode rank 0, warm (kvf bench
+ * --plan-reps): 38.7 -> 7.2 us on the 2-core CPU host; 4p1d 32k: 113 -> 31 us
+ * (tests/bench/results/host_cost_cpu.md).
  *
  * Safety: ids are checked against each side's block count, every geometry is
  * re-derived from the model config and compared field by field (so a
