@@ -35,8 +35,8 @@ done
 build=build-test
 rm -rf "$build"
 # Debian's UCX 1.13 even when nvcc makes this a CUDA build: the fault matrix and the soaks
-# pin 1.13's behaviour (a prefill killed mid-read from UCX shared memory ends differently
-# under the wheel's 1.22, docs/FAILURES.md §10). The transfer tests run on 1.22 below.
+# were pinned on 1.13 (where 1.22 differed, and what changed since: docs/FAILURES.md §10).
+# The transfer tests run on 1.22 below.
 BUILD_DIR="$root/$build" bash deploy/build.sh -DKVF_WERROR=ON -DKVF_FAULT_INJECTION=ON \
     -DKVF_UCX_PREFIX=system
 ctest --test-dir "$build" --output-on-failure --timeout 600 -j2 --no-tests=error
@@ -48,7 +48,7 @@ ucx_wheel="${KVF_UCX_WHEEL_DIR:-/opt/kvferry/ucx-cu13}/libucx"
 ucx122=build-ucx122
 ucx122_tests="test_xfer_ucx_agent test_xfer_connector test_connector_contract
     test_xfer_agent_waits test_xfer_connector_risks test_xfer_mem_type test_xfer_device_pool
-    test_xfer_handshake test_xfer_side_channel"
+    test_xfer_handshake test_xfer_side_channel test_xfer_ipc_path"
 rm -rf "$ucx122"
 cmake -S "$root" -B "$ucx122" -DKVF_CUDA=OFF -DKVF_WERROR=ON -DKVF_FAULT_INJECTION=ON \
     -DKVF_UCX_PREFIX="$ucx_wheel" >/dev/null
@@ -57,7 +57,7 @@ cmake --build "$ucx122" -j"$(nproc)" --target kvf $ucx122_tests
 grep -q '^UCX_VERSION:INTERNAL=1\.22\.' "$ucx122/CMakeCache.txt" ||
     { echo "kvferry: $ucx122 did not build against UCX 1.22 ($ucx_wheel)" >&2; exit 1; }
 ctest --test-dir "$ucx122" --output-on-failure -j2 --no-tests=error \
-    -R "^($(echo $ucx122_tests | tr ' ' '|')|test_xfer_ucx_agent_tcp|xfer_(ucx|heap)_pools(_tcp)?|xfer_batch_windows|xfer_fp8_kv|xfer_bench_smoke)\$"
+    -R "^($(echo $ucx122_tests | tr ' ' '|')|test_xfer_ucx_agent_tcp|xfer_(ucx|heap)_pools(_tcp)?|xfer_batch_windows|xfer_fp8_kv|xfer_bench_smoke|xfer_ipc_path_flag|xfer_faults_(default|tcp_self))\$"
 
 # Optional reference step: kvferry against transformers on checkpoints transformers
 # itself writes (tests/reference/hf_compare.py); skipped when torch or transformers

@@ -127,6 +127,8 @@ static const kvf_config_field_t xt_bench_table[] = {
              descs_out, KVF_CONFIG_TYPE_STRING, 0),
     XT_FIELD("COPY_LIMIT", "yes", "also time memcpy of the same descriptor lists, one thread "
              "per decode rank (this machine's copy limit)", copy_limit, KVF_CONFIG_TYPE_BOOL, 0),
+    XT_FIELD("PLAN_REPS", "0", "also time the planner alone: plan decode rank 0's request this "
+             "many times in a row (0: not; at most 1000000)", plan_reps, KVF_CONFIG_TYPE_INT, 0),
     {NULL, NULL, NULL, 0, 0, 0},
 };
 
@@ -425,9 +427,10 @@ static void xt_medians(const xt_ctx_t *c, int n, uint64_t *kv_p, uint64_t *raw_p
  * memory a GET is an asynchronous copy, so this is the host cost that bounds
  * the pull; on host memory over shared memory it includes the copies.
  */
-static void xt_post_per_desc(const xt_ctx_t *c, int n, size_t *descs_p, uint64_t *ns_p)
+static void xt_post_per_desc(const xt_ctx_t *c, int n, size_t *descs_p, uint64_t *ns_p,
+                             uint64_t *plan_p)
 {
-    uint64_t ns[XT_MAX_ITERS];
+    uint64_t ns[XT_MAX_ITERS], plan[XT_MAX_ITERS];
     size_t descs[XT_MAX_ITERS];
     double per[XT_MAX_ITERS];
     int order[XT_MAX_ITERS];
@@ -436,6 +439,7 @@ static void xt_post_per_desc(const xt_ctx_t *c, int n, size_t *descs_p, uint64_t
         int k = kvf_xt_timed_pull(c, it);
         per[it] = -1.0;
         ns[it] = 0;
+        plan[it] = 0;
         descs[it] = 0;
         for (int r = 0; r < c->dec.tp; ++r) {
             const xt_rank_t *x = &c->ranks[r];
@@ -444,6 +448,7 @@ static void xt_post_per_desc(const xt_ctx_t *c, int n, size_t *descs_p, uint64_t
             if (p > per[it]) {
                 per[it] = p;
                 ns[it] = t;
+                plan[it] = (x->t_plan[k] < t) ? x->t_plan[k] : t;
                 descs[it] = x->descs;
             }
         }
@@ -458,6 +463,79 @@ static void xt_post_per_desc(const xt_ctx_t *c, int n, size_t *descs_p, uint64_t
     }
     *descs_p = descs[order[n / 2]];
     *ns_p = ns[order[n / 2]];
+    *plan_p = plan[order[n / 2]];
+}
+
+/*
+ * The same start_pull in thread CPU time (plan + post, not the time the thread waited
+ * for a core: on a busy host the wall figures above include that): per pull the rank
+ * slowest per descriptor, the median over the pulls, in ns per descriptor.
+ */
+static double xt_cpu_per_desc(const xt_ctx_t *c, int n)
+{
+    double per[XT_MAX_ITERS];
+
+    for (int it = 0; it < n; ++it) {
+        int k = kvf_xt_timed_pull(c, it);
+        per[it] = 0;
+        for (int r = 0; r < c->dec.tp; ++r) {
+            const xt_rank_t *x = &c->ranks[r];
+            double p = (double)x->t_cpu[k] / (double)(x->descs ? x->descs : 1);
+            per[it] = (p > per[it]) ? p : per[it];
+        }
+    }
+    for (int i = 1; i < n; ++i) {
+        for (int j = i; (j > 0) && (per[j] < per[j - 1]); --j) {
+            double tmp = per[j];
+            per[j] = per[j - 1];
+            per[j - 1] = tmp;
+        }
+    }
+    return per[n / 2];
+}
+
+/* Planning alone: per pull the slowest decode rank's start_pull before its first post. */
+static uint64_t xt_plan_median(const xt_ctx_t *c, int n)
+{
+    uint64_t plan[XT_MAX_ITERS];
+
+    for (int it = 0; it < n; ++it) {
+        int k = kvf_xt_timed_pull(c, it);
+        plan[it] = 0;
+        for (int r = 0; r < c->dec.tp; ++r) {
+            plan[it] = (c->ranks[r].t_plan[k] > plan[it]) ? c->ranks[r].t_plan[k] : plan[it];
+        }
+    }
+    qsort(plan, (size_t)n, sizeof(plan[0]), xt_cmp_u64);
+    return plan[n / 2];
+}
+
+/*
+ * --plan-reps N: decode rank 0's plan of the request N times in a row (kvf_xfer_plan_create
+ * and destroy, what start_pull runs before its first GET), warm caches: the planner's own
+ * cost without the pull around it. Each plan must equal @a ref. Returns 1 on failure.
+ */
+static int xt_plan_alone(const xt_ctx_t *c, const kvf_xfer_plan_t *ref)
+{
+    uint64_t t0 = kvf_time_now_ns(), t1;
+
+    for (int i = 0; i < c->o.plan_reps; ++i) {
+        kvf_xfer_plan_t *p = NULL;
+        if ((kvf_xt_plan_rank(c, 0, &p) != KVF_OK) || (p->total_descs != ref->total_descs) ||
+            (p->total_bytes != ref->total_bytes)) {
+            printf("bench: plan %d of --plan-reps differs from the first\n", i);
+            kvf_xfer_plan_destroy(p);
+            return 1;
+        }
+        kvf_xfer_plan_destroy(p);
+    }
+    t1 = kvf_time_now_ns();
+    if (c->o.plan_reps > 0) {
+        printf("plan alone: %.2f us per plan (decode rank 0, %zu descriptors, %d plans in a "
+               "row, warm caches)\n", (double)(t1 - t0) / 1e3 / c->o.plan_reps,
+               ref->total_descs, c->o.plan_reps);
+    }
+    return 0;
 }
 
 /* bench: --descs-out and the copy limit, from this side's own plans. Returns 1 on failure. */
@@ -478,6 +556,7 @@ static int xt_bench_exports(const xt_ctx_t *c, const xt_totals_t *t, uint64_t kv
         } else if (c->o.descs_out[0] != '\0') {
             printf("descriptor lists: written to %s\n", c->o.descs_out);
         }
+        rc |= xt_plan_alone(c, plans[0]);
         if (c->o.copy_limit && (c->o.dev_kind != KVF_DEVICE_CPU)) {
             uint64_t ns = kvf_xt_device_copy_limit(c, t->bytes);
             double kv_gbs = (double)t->bytes / (double)kv_ns;
@@ -549,12 +628,21 @@ static int xt_report(const xt_ctx_t *c, const xt_totals_t *t, double hs_ms, int 
            c->bench ? ", median" : "");
     {
         size_t pd;
-        uint64_t pns;
-        xt_post_per_desc(c, n, &pd, &pns);
+        uint64_t pns, pplan;
+        double cpu = xt_cpu_per_desc(c, n);
+        xt_post_per_desc(c, n, &pd, &pns, &pplan);
         printf("post: %zu descriptors, %.1f us, %.3f us/desc (one decode rank's start_pull:"
                " plan + every GET posted; the rank slowest per descriptor%s)\n", pd,
                (double)pns / 1e3, (double)pns / 1e3 / (double)(pd ? pd : 1),
                c->bench ? ", median" : "");
+        printf("plan: %.1f us per decode rank (start_pull before its first GET or gather: the"
+               " plan, endpoints, zero list; slowest rank%s); in the post line's pull %.1f us"
+               " planning, %.1f us posting (%.3f us/desc)\n", (double)xt_plan_median(c, n) / 1e3,
+               c->bench ? ", median" : "", (double)pplan / 1e3, (double)(pns - pplan) / 1e3,
+               (double)(pns - pplan) / 1e3 / (double)(pd ? pd : 1));
+        printf("post cpu: %.1f us, %.3f us/desc (start_pull in thread CPU time: plan + post,"
+               " not the time the thread waited for a core; the rank slowest per descriptor%s)\n",
+               cpu * (double)pd / 1e3, cpu / 1e3, c->bench ? ", median" : "");
     }
     xt_report_digest(c, n, kv);
     if (c->bench) {
@@ -567,7 +655,8 @@ static int xt_report(const xt_ctx_t *c, const xt_totals_t *t, double hs_ms, int 
                t->descs, (double)t->descs / (t->reads ? t->reads : 1),
                (double)t->bytes / (double)(t->descs ? t->descs : 1));
     }
-    if (c->bench && (rc == 0) && ((c->o.descs_out[0] != '\0') || c->o.copy_limit)) {
+    if (c->bench && (rc == 0) &&
+        ((c->o.descs_out[0] != '\0') || c->o.copy_limit || (c->o.plan_reps > 0))) {
         rc |= xt_bench_exports(c, t, kv);
     }
     if (c->o.verify && (rc == 0)) {
@@ -681,6 +770,10 @@ static int xt_main(int argc, char **argv, bool bench)
         (c->o.spare_blocks < 0) || (c->o.timeout_ms < 1) || (c->o.batch_descs < 0)) {
         kvf_error("%s: --tokens, --iters (<= %d), --timeout must be positive", prog,
                   XT_MAX_ITERS);
+        goto out;
+    }
+    if ((c->o.plan_reps < 0) || (c->o.plan_reps > 1000000)) {
+        kvf_error("%s: --plan-reps %d is outside 0..1000000", prog, c->o.plan_reps);
         goto out;
     }
     if ((strcmp(c->o.pool_alloc, "heap") != 0) && (strcmp(c->o.pool_alloc, "ucx") != 0)) {

@@ -6,6 +6,14 @@
 
 /* ---- decode ----------------------------------------------------------- */
 
+/* This thread's CPU time in ns: what a step took without the time it waited for a core. */
+static uint64_t xt_thread_cpu_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 /* One pull of the request through the connector, timed into slot @a it. Sets r->status. */
 static void xt_decode_pull(xt_rank_t *r, int it, bool *killed)
 {
@@ -27,9 +35,11 @@ static void xt_decode_pull(xt_rank_t *r, int it, bool *killed)
         pull.local_ids[gi] = c->dec.ids[gi];
         pull.num_local_ids[gi] = c->dec.num_ids[gi];
     }
+    r->t_cpu[it] = xt_thread_cpu_ns();
     r->t_start[it] = kvf_time_now_ns();
     status = c->xops->start_pull(c->conn, r->rank, &pull, &req);
     r->t_post[it] = kvf_time_now_ns();
+    r->t_cpu[it] = xt_thread_cpu_ns() - r->t_cpu[it];
     if (status != KVF_OK) {
         r->start_status = status;
         r->t_end[it] = r->t_post[it];
@@ -41,6 +51,7 @@ static void xt_decode_pull(xt_rank_t *r, int it, bool *killed)
     if (c->xops->req_stats(c->conn, r->rank, req, &st) == KVF_OK) {
         r->bytes = st.bytes;
         r->descs = st.descriptors;
+        r->t_plan[it] = (st.planned_ns > st.started_ns) ? st.planned_ns - st.started_ns : 0;
         r->zero_bytes = st.zero_bytes;
         r->reads = st.remote_ranks;
         r->path = st.path;

@@ -75,6 +75,7 @@ typedef struct xt_opts {
     kvf_device_kind_t dev_kind;   /* --device: where both sides' pools live */
     int     dev_ordinal;
     bool    copy_limit;
+    int     plan_reps;   /* --plan-reps: time the planner alone this many times */
     char    path[KVF_CONFIG_STR_MAX];   /* --path auto|ucx|ipc */
     kvf_connector_path_t path_kind;
 } xt_opts_t;
@@ -124,6 +125,8 @@ typedef struct xt_rank {
     uint64_t         pages_checked, elements_checked;
     uint64_t         t_start[XT_MAX_ITERS + 2], t_post[XT_MAX_ITERS + 2];   /* per pull */
     uint64_t         t_end[XT_MAX_ITERS + 2];
+    uint64_t         t_plan[XT_MAX_ITERS + 2];     /* ns of start_pull before its first post */
+    uint64_t         t_cpu[XT_MAX_ITERS + 2];      /* thread CPU ns of start_pull */
     uint64_t         t_digest[XT_MAX_ITERS + 2];   /* ns hashing what landed (req_digests) */
     uint64_t         t_raw_start[XT_MAX_ITERS], t_raw_end[XT_MAX_ITERS];
     uint64_t         t_fail;

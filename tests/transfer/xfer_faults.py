@@ -10,9 +10,10 @@ program output.
 Robustness: the prefill is killed after the first batch; decode must report
 a peer error within 2 s of the kill and exit 1 without hanging (UCX-mapped
 pools over shared memory: the pull ends from decode's own mapping, and
-xfer-test fails on the killed prefill, again without hanging).
+xfer-test fails on the killed prefill, again without hanging; the same on
+UCX 1.13 and 1.22: docs/FAILURES.md §10).
 
-usage: xfer_faults.py [--tls TLS]
+usage: xfer_faults.py [--tls TLS] [--ucx-version X.Y.Z]
 """
 import argparse
 import os
@@ -34,6 +35,8 @@ def run(kvf, env, args, timeout=30):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tls", default="default")
+    ap.add_argument("--ucx-version", default="?",
+                    help="the UCX the binary was built against (CMake passes UCX_VERSION)")
     args = ap.parse_args()
     src = os.environ.get("KVF_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
     kvf = os.path.join(os.environ.get("KVF_BIN", os.path.join(src, "build", "bin")), "kvf")
@@ -90,7 +93,10 @@ def main():
                                             "--pool-alloc", pool_alloc,
                                             "--fault-kill-prefill", "--timeout", "1s"],
                                  timeout=20)
-        if (pool_alloc == "heap") or (args.tls != "default"):   # TCP: GETs need prefill
+        # TCP or heap pools: GETs need prefill's worker. UCX-mapped pools over shared memory
+        # are mapped into decode (ucp_rkey_ptr) and read by copy, on every UCX version (1.22
+        # itself would emulate those GETs through prefill's worker: a timeout instead)
+        if (pool_alloc == "heap") or (args.tls != "default"):
             m = re.search(r"peer error on decode rank \d+ ([0-9.]+) ms after the prefill was "
                           r"killed", out)
             peer_line = re.search(r"FAILED: .*transfer failed: peer ", out) or \
@@ -105,8 +111,9 @@ def main():
                                          r"decode rank \d+: start_pull refused: peer )", out,
                                          re.M) is not None and wall < 10
             what = "failed, not hung"
-        print("%-24s %s (%s, %.2f s in all)" %
-              ("prefill killed (%s)" % pool_alloc, "ok" if ok else "FAIL", what, wall))
+        print("%-24s %s (%s, %.2f s in all; UCX %s)" %
+              ("prefill killed (%s)" % pool_alloc, "ok" if ok else "FAIL", what, wall,
+               args.ucx_version))
         if not ok:
             print("rc=%d\n%s\n%s" % (rc, out, err))
             failed += 1

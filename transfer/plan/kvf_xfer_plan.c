@@ -15,6 +15,18 @@
  * descriptor is a local interval whose remote bytes follow one another, and
  * the sorted sweep takes every maximal such interval.
  *
+ * Host cost (a plan is built per pull, before the first GET or the gather
+ * kernel): a Mamba page's pieces are the same in every layer slot, so they are
+ * derived once per plan and only shifted per slot (3672 derivations -> 136 for
+ * a 9B decode rank), and so are a whole attention block's when both sides'
+ * block and kernel block sizes match (partial blocks and differing sizes take
+ * the general walk); the per-rank sort merges the ascending runs the walk
+ * already emits instead of calling qsort; the lists start at 256 entries, so a
+ * typical pull never regrows them. The output is unchanged, descriptor for
+ * descriptor. 4p2d, 8k tokens of the 9B model, decode rank 0, warm (kvf bench
+ * --plan-reps): 38.7 -> 6-7 us on the 2-core CPU host; 4p1d 32k: 113 -> 18-28
+ * us (tests/bench/results/host_cost_cpu.md).
+ *
  * Safety: ids are checked against each side's block count, every geometry is
  * re-derived from the model config and compared field by field (so a
  * handshake cannot smuggle in a page size or head count that does not follow
@@ -64,7 +76,29 @@ typedef struct kvf_xfer_planner {
     kvf_xfer_range_vec_t          zero;
     uint64_t                      attn_bytes;
     uint64_t                      mamba_bytes;
+    struct kvf_xfer_piece        *mamba;           /* the Mamba page's pieces, built once */
+    size_t                        num_mamba;
+    struct kvf_xfer_piece        *attn;            /* a whole attention block's, built once */
+    size_t                        num_attn;
+    int                           attn_whole;      /* 1: attn holds them; -1: block sizes
+                                                    * differ (no such list); 0: not built */
 } kvf_xfer_planner_t;
+
+/*
+ * One piece of a page to read: bytes from the local page start, from the
+ * remote page start of prefill rank @a rank. Every layer slot of every Mamba
+ * group reads the same pieces (only the two page offsets move), and so does
+ * every whole attention block when both sides' block and kernel block sizes
+ * are equal, so they are derived once per plan and emitted per page: 27
+ * layers x 136 Mamba pieces of the 9B model's decode rank cost 136
+ * derivations, not 3672.
+ */
+typedef struct kvf_xfer_piece {
+    int      rank;
+    uint64_t loff;
+    uint64_t roff;
+    uint64_t len;
+} kvf_xfer_piece_t;
 
 static int64_t kvf_xfer_ceil_div(int64_t a, int64_t b)
 {
@@ -303,7 +337,9 @@ static kvf_status_t kvf_xfer_push_desc(kvf_xfer_planner_t *pl, int rank, uint64_
             return KVF_OK;
         }
     }
-    if (KVF_ARRAY_GROW(vec->v, vec->cap, vec->n + 1, 64) != KVF_OK) {
+    /* 256 (6 KiB): a rank's list of an 8k-token pull of the 9B model (~220 before the
+     * merge) without a regrowth; every realloc copied the list in the pull's host time */
+    if (KVF_ARRAY_GROW(vec->v, vec->cap, vec->n + 1, 256) != KVF_OK) {
         kvf_error("xfer plan: out of memory for %zu descriptors", vec->n + 1);
         return KVF_ERR_NO_MEMORY;
     }
@@ -390,6 +426,80 @@ static kvf_status_t kvf_xfer_plan_attn_zero(kvf_xfer_planner_t *pl, const kvf_kv
     return KVF_OK;
 }
 
+/* Append one piece to @a v[*n_p], merged with the previous one when both sides continue it
+ * (coalescing on); @a v has room. */
+static void kvf_xfer_piece_add(const kvf_xfer_planner_t *pl, kvf_xfer_piece_t *v, size_t *n_p,
+                               int r, uint64_t loff, uint64_t roff, uint64_t len)
+{
+    kvf_xfer_piece_t *last = (*n_p > 0) ? &v[*n_p - 1] : NULL;
+
+    if (pl->coalesce && (last != NULL) && (last->rank == r) && (last->loff + last->len == loff) &&
+        (last->roff + last->len == roff)) {
+        last->len += len;
+        return;
+    }
+    v[(*n_p)++] = (kvf_xfer_piece_t){.rank = r, .loff = loff, .roff = roff, .len = len};
+}
+
+/* Emit @a v[n] for the local page at @a lpage and remote block id @a rid, layer slot @a j. */
+static kvf_status_t kvf_xfer_pieces_emit(kvf_xfer_planner_t *pl, const kvf_xfer_piece_t *v,
+                                         size_t n, uint64_t lpage, int32_t rid, int j,
+                                         uint64_t *bytes_p)
+{
+    for (size_t i = 0; i < n; ++i) {
+        uint64_t rpage = kvf_xfer_page_off(rid, pl->slots, j,
+                                           pl->p->remote_geoms[v[i].rank].page_size);
+        kvf_status_t status = kvf_xfer_push_desc(pl, v[i].rank, lpage + v[i].loff,
+                                                 rpage + v[i].roff, v[i].len);
+        if (status != KVF_OK) {
+            return status;
+        }
+        *bytes_p += v[i].len;
+    }
+    return KVF_OK;
+}
+
+/*
+ * The pieces of one whole attention block (every kernel block, K then V, head by head) when
+ * every source prefill rank has the decode rank's block and kernel block sizes: then local
+ * block b is remote block b, and each (kernel block, K/V, head) is one run of kl tokens on
+ * both sides. Sets pl->attn_whole to 1 (built) or -1 (sizes differ: the general walk).
+ */
+static kvf_status_t kvf_xfer_attn_pieces(kvf_xfer_planner_t *pl, const int *src,
+                                         const int *src_head)
+{
+    const kvf_rank_geometry_t *lg = pl->lg;
+    int kl = lg->kernel_block_size;
+    uint64_t run = (uint64_t)kl * (uint64_t)pl->cfg->head_dim * kvf_dtype_size(lg->kv_dtype);
+
+    pl->attn_whole = 1;
+    for (int h = 0; h < lg->shard.kv_heads; ++h) {
+        const kvf_rank_geometry_t *rg = &pl->p->remote_geoms[src[h]];
+        if ((rg->block_size != lg->block_size) || (rg->kernel_block_size != kl)) {
+            pl->attn_whole = -1;
+            return KVF_OK;
+        }
+    }
+    pl->attn = malloc(((size_t)lg->ppl * 2 * (size_t)lg->shard.kv_heads + 1) *
+                      sizeof(*pl->attn));
+    if (pl->attn == NULL) {
+        return KVF_ERR_NO_MEMORY;
+    }
+    pl->num_attn = 0;
+    for (int kb = 0; kb < lg->ppl; ++kb) {
+        for (int kv = 0; kv < 2; ++kv) {
+            for (int h = 0; h < lg->shard.kv_heads; ++h) {
+                const kvf_rank_geometry_t *rg = &pl->p->remote_geoms[src[h]];
+                kvf_xfer_piece_add(pl, pl->attn, &pl->num_attn, src[h],
+                                   kvf_attn_offset(lg, pl->cfg, kb * kl, kv, h, 0),
+                                   kvf_attn_offset(rg, pl->cfg, kb * kl, kv, src_head[h], 0),
+                                   run);
+            }
+        }
+    }
+    return KVF_OK;
+}
+
 static kvf_status_t kvf_xfer_plan_attn_group(kvf_xfer_planner_t *pl, const kvf_kv_group_t *grp,
                                              const kvf_xfer_group_blocks_t *gb)
 {
@@ -421,10 +531,25 @@ static kvf_status_t kvf_xfer_plan_attn_group(kvf_xfer_planner_t *pl, const kvf_k
         }
     }
 
+    if (pl->attn_whole == 0) {
+        status = kvf_xfer_attn_pieces(pl, src, src_head);
+        if (status != KVF_OK) {
+            return status;
+        }
+    }
     for (int64_t lb = 0; lb < used; ++lb) {
         int32_t lid = gb->local_ids[lb];
+        bool whole = (pl->attn_whole > 0) && ((lb + 1) * lg->block_size <= n);
         for (int j = 0; j < grp->num_layers; ++j) {
             uint64_t lpage = kvf_xfer_page_off(lid, pl->slots, j, lg->page_size);
+            if (whole) {   /* the block's pieces, derived once */
+                status = kvf_xfer_pieces_emit(pl, pl->attn, pl->num_attn, lpage,
+                                              gb->remote_ids[lb], j, &pl->attn_bytes);
+                if (status != KVF_OK) {
+                    return status;
+                }
+                continue;
+            }
             for (int kb = 0; kb < lg->ppl; ++kb) {
                 int64_t t0 = lb * lg->block_size + (int64_t)kb * kl;
                 int64_t t1 = (t0 + kl < n) ? t0 + kl : n;
@@ -463,10 +588,9 @@ static kvf_status_t kvf_xfer_plan_attn_group(kvf_xfer_planner_t *pl, const kvf_k
 
 /* One run of conv channels [global, global + count) of @a part, read from prefill rank @a r. */
 static kvf_status_t kvf_xfer_conv_run(kvf_xfer_planner_t *pl, int r, int part, int global,
-                                      int count, uint64_t lpage, int32_t rid, int slot)
+                                      int count)
 {
     const kvf_rank_geometry_t *rg = &pl->p->remote_geoms[r];
-    uint64_t rpage = kvf_xfer_page_off(rid, pl->slots, slot, rg->page_size);
     int lc = kvf_shard_conv_channel(pl->cfg, &pl->lg->shard, part, global);
     int rc = kvf_shard_conv_channel(pl->cfg, &rg->shard, part, global);
     uint64_t len = (uint64_t)count * (uint64_t)(pl->cfg->conv_kernel - 1) *
@@ -477,62 +601,84 @@ static kvf_status_t kvf_xfer_conv_run(kvf_xfer_planner_t *pl, int r, int part, i
                   " prefill rank %d", part, global, pl->p->local_rank, r);
         return KVF_ERR_INVALID_PARAM;
     }
-    pl->mamba_bytes += len;
-    return kvf_xfer_push_desc(pl, r, lpage + kvf_conv_offset(pl->lg, pl->cfg, lc, 0),
-                              rpage + kvf_conv_offset(rg, pl->cfg, rc, 0), len);
+    kvf_xfer_piece_add(pl, pl->mamba, &pl->num_mamba, r,
+                       kvf_conv_offset(pl->lg, pl->cfg, lc, 0),
+                       kvf_conv_offset(rg, pl->cfg, rc, 0), len);
+    return KVF_OK;
 }
 
-static kvf_status_t kvf_xfer_plan_mamba_group(kvf_xfer_planner_t *pl, const kvf_kv_group_t *grp,
-                                              const kvf_xfer_group_blocks_t *gb)
+/* The pieces of one Mamba page (kvf_xfer_piece_t), in local order within each part. */
+static kvf_status_t kvf_xfer_mamba_pieces(kvf_xfer_planner_t *pl)
 {
     const kvf_xfer_plan_params_t *p = pl->p;
     const kvf_model_config_t *cfg = pl->cfg;
     const kvf_rank_geometry_t *lg = pl->lg;
     const kvf_shard_t *ls = &lg->shard;
-    int32_t lid = gb->local_ids[gb->num_local - 1];
-    int32_t rid = gb->remote_ids[gb->num_remote - 1];
     int hd = cfg->mamba_head_dim, st = cfg->ssm_state_size;
     uint64_t ssm_head = (uint64_t)hd * (uint64_t)st * kvf_dtype_size(lg->ssm_dtype);
     kvf_status_t status;
 
+    /* at most: x per head, B and C per group, SSM per head */
+    pl->mamba = malloc(((size_t)ls->mamba_heads * 2 + (size_t)ls->groups * 2 + 1) *
+                       sizeof(*pl->mamba));
+    if (pl->mamba == NULL) {
+        return KVF_ERR_NO_MEMORY;
+    }
+    pl->num_mamba = 0;
+    /* x channels, head by head (a head's channels are contiguous on both sides) */
+    for (int h = ls->mamba_head_start; h < ls->mamba_head_start + ls->mamba_heads; ++h) {
+        int r = kvf_tp_mamba_head_source(cfg, p->remote_tp, h);
+        status = kvf_xfer_conv_run(pl, r, 0, h * hd, hd);
+        if (status != KVF_OK) {
+            return status;
+        }
+    }
+    /* B then C, group by group; replicated groups are read once, from kvf_tp_group_source */
+    for (int part = 1; part <= 2; ++part) {
+        for (int g = ls->group_start; g < ls->group_start + ls->groups; ++g) {
+            int r = kvf_tp_group_source(cfg, p->remote_tp, p->local_tp, p->local_rank, g);
+            status = kvf_xfer_conv_run(pl, r, part, g * st, st);
+            if (status != KVF_OK) {
+                return status;
+            }
+        }
+    }
+    /* SSM state, head by head */
+    for (int h = ls->mamba_head_start; h < ls->mamba_head_start + ls->mamba_heads; ++h) {
+        int r = kvf_tp_mamba_head_source(cfg, p->remote_tp, h);
+        const kvf_rank_geometry_t *rg = &p->remote_geoms[r];
+        int rh = h - rg->shard.mamba_head_start;
+        if ((rh < 0) || (rh >= rg->shard.mamba_heads)) {
+            kvf_error("xfer plan: prefill rank %d does not hold Mamba head %d", r, h);
+            return KVF_ERR_INVALID_PARAM;
+        }
+        kvf_xfer_piece_add(pl, pl->mamba, &pl->num_mamba, r,
+                           kvf_ssm_offset(lg, cfg, h - ls->mamba_head_start, 0, 0),
+                           kvf_ssm_offset(rg, cfg, rh, 0, 0), ssm_head);
+    }
+    return KVF_OK;
+}
+
+static kvf_status_t kvf_xfer_plan_mamba_group(kvf_xfer_planner_t *pl, const kvf_kv_group_t *grp,
+                                              const kvf_xfer_group_blocks_t *gb)
+{
+    const kvf_rank_geometry_t *lg = pl->lg;
+    int32_t lid = gb->local_ids[gb->num_local - 1];
+    int32_t rid = gb->remote_ids[gb->num_remote - 1];
+    kvf_status_t status;
+
+    if (pl->mamba == NULL) {
+        status = kvf_xfer_mamba_pieces(pl);
+        if (status != KVF_OK) {
+            return status;
+        }
+    }
     for (int j = 0; j < grp->num_layers; ++j) {
-        uint64_t lpage = kvf_xfer_page_off(lid, pl->slots, j, lg->page_size);
-        /* x channels, head by head (a head's channels are contiguous on both sides) */
-        for (int h = ls->mamba_head_start; h < ls->mamba_head_start + ls->mamba_heads; ++h) {
-            int r = kvf_tp_mamba_head_source(cfg, p->remote_tp, h);
-            status = kvf_xfer_conv_run(pl, r, 0, h * hd, hd, lpage, rid, j);
-            if (status != KVF_OK) {
-                return status;
-            }
-        }
-        /* B then C, group by group; replicated groups are read once, from kvf_tp_group_source */
-        for (int part = 1; part <= 2; ++part) {
-            for (int g = ls->group_start; g < ls->group_start + ls->groups; ++g) {
-                int r = kvf_tp_group_source(cfg, p->remote_tp, p->local_tp, p->local_rank, g);
-                status = kvf_xfer_conv_run(pl, r, part, g * st, st, lpage, rid, j);
-                if (status != KVF_OK) {
-                    return status;
-                }
-            }
-        }
-        /* SSM state, head by head */
-        for (int h = ls->mamba_head_start; h < ls->mamba_head_start + ls->mamba_heads; ++h) {
-            int r = kvf_tp_mamba_head_source(cfg, p->remote_tp, h);
-            const kvf_rank_geometry_t *rg = &p->remote_geoms[r];
-            int rh = h - rg->shard.mamba_head_start;
-            uint64_t rpage = kvf_xfer_page_off(rid, pl->slots, j, rg->page_size);
-            if ((rh < 0) || (rh >= rg->shard.mamba_heads)) {
-                kvf_error("xfer plan: prefill rank %d does not hold Mamba head %d", r, h);
-                return KVF_ERR_INVALID_PARAM;
-            }
-            status = kvf_xfer_push_desc(pl, r,
-                                        lpage + kvf_ssm_offset(lg, cfg, h - ls->mamba_head_start,
-                                                               0, 0),
-                                        rpage + kvf_ssm_offset(rg, cfg, rh, 0, 0), ssm_head);
-            if (status != KVF_OK) {
-                return status;
-            }
-            pl->mamba_bytes += ssm_head;
+        status = kvf_xfer_pieces_emit(pl, pl->mamba, pl->num_mamba,
+                                      kvf_xfer_page_off(lid, pl->slots, j, lg->page_size), rid,
+                                      j, &pl->mamba_bytes);
+        if (status != KVF_OK) {
+            return status;
         }
     }
     return KVF_OK;
@@ -552,19 +698,68 @@ static int kvf_xfer_cmp_range(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* First index past the ascending run of @a v that starts at @a i. */
+static size_t kvf_xfer_run_end(const kvf_xfer_desc_t *v, size_t i, size_t n)
+{
+    for (++i; (i < n) && (v[i - 1].local_off < v[i].local_off); ++i) {
+    }
+    return i;
+}
+
+/*
+ * Sort @a v[n] by local_off: bottom-up merges of the ascending runs it already holds. Every
+ * page is emitted in memory order, so a rank's list is a few dozen sorted runs (one per page
+ * at most) whose order only the block ids decide; qsort's callback per comparison and its
+ * own merge buffer took 60 % of a plan. Local offsets are distinct (no two descriptors
+ * overlap), so stability does not matter. Falls back to qsort without scratch memory.
+ */
+static void kvf_xfer_desc_sort(kvf_xfer_desc_t *v, size_t n)
+{
+    kvf_xfer_desc_t *tmp = malloc(n * sizeof(*tmp));
+    kvf_xfer_desc_t *src = v, *dst = tmp, *t;
+    size_t runs;
+
+    if (tmp == NULL) {
+        qsort(v, n, sizeof(*v), kvf_xfer_cmp_desc);
+        return;
+    }
+    do {
+        size_t i = 0, out = 0;
+        runs = 0;
+        while (i < n) {
+            size_t a = i, a_end = kvf_xfer_run_end(src, i, n);
+            size_t b = a_end, b_end = (a_end < n) ? kvf_xfer_run_end(src, a_end, n) : n;
+            while ((a < a_end) && (b < b_end)) {
+                dst[out++] = (src[a].local_off < src[b].local_off) ? src[a++] : src[b++];
+            }
+            while (a < a_end) {
+                dst[out++] = src[a++];
+            }
+            while (b < b_end) {
+                dst[out++] = src[b++];
+            }
+            i = b_end;
+            runs++;
+        }
+        t = src;
+        src = dst;
+        dst = t;
+    } while (runs > 1);
+    if (src != v) {
+        memcpy(v, src, n * sizeof(*v));
+    }
+    free(tmp);
+}
+
 /* Sort by local offset and merge runs contiguous on both sides. */
 static void kvf_xfer_desc_sort_merge(kvf_xfer_desc_vec_t *vec, bool merge)
 {
     size_t out = 0;
-    bool sorted = true;
     if (vec->n < 2) {
         return;
     }
-    for (size_t i = 1; sorted && (i < vec->n); ++i) {   /* ascending ids: already in order */
-        sorted = vec->v[i - 1].local_off < vec->v[i].local_off;
-    }
-    if (!sorted) {
-        qsort(vec->v, vec->n, sizeof(*vec->v), kvf_xfer_cmp_desc);
+    if (kvf_xfer_run_end(vec->v, 0, vec->n) < vec->n) {   /* ascending ids: already in order */
+        kvf_xfer_desc_sort(vec->v, vec->n);
     }
     if (!merge) {
         return;
@@ -785,6 +980,8 @@ out_free_build:
     free(pl.reads);
     free(pl.remote_region);
     free(pl.zero.v);
+    free(pl.mamba);
+    free(pl.attn);
     return status;
 }
 

@@ -201,6 +201,10 @@ typedef struct kvf_connector_stats {
     kvf_connector_path_t path;
     const char          *path_why;
     uint64_t             gather_ops;   /* IPC: ops of the one gather (chunks + zero ranges) */
+    /* CLOCK_MONOTONIC ns: start_pull entered, and planning done (plan built, endpoints
+     * ready; the first GET or the gather is next). posted_ns - planned_ns is posting. */
+    uint64_t             started_ns;
+    uint64_t             planned_ns;
 } kvf_connector_stats_t;
 
 /**

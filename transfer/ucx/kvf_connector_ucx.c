@@ -592,6 +592,7 @@ static kvf_status_t kvf_conn_start_pull(kvf_connector_h conn, int tp_rank,
     kvf_conn_rank_t *rk;
     const kvf_conn_engine_t *e;
     kvf_status_t status;
+    uint64_t started_ns = kvf_time_now_ns();
     int engine;
 
     if ((conn->role != KVF_CONNECTOR_ROLE_DECODE) || (tp_rank < 0) || (tp_rank >= conn->tp) ||
@@ -624,6 +625,7 @@ static kvf_status_t kvf_conn_start_pull(kvf_connector_h conn, int tp_rank,
     }
     e = &conn->engines[engine];
     req->holds_engine = true;
+    req->started_ns = started_ns;
     req->rank = tp_rank;
     req->engine = engine;
     req->status = KVF_INPROGRESS;
@@ -680,7 +682,8 @@ static kvf_status_t kvf_conn_start_pull(kvf_connector_h conn, int tp_rank,
     rk->peers_busy[engine]++;
     rk->peers_used_ns[engine] = kvf_time_now_ns();
     req->holds_peers = true;
-    req->deadline_ns = kvf_time_now_ns() + (uint64_t)conn->timeout_ms * 1000000ull;
+    req->planned_ns = kvf_time_now_ns();
+    req->deadline_ns = req->planned_ns + (uint64_t)conn->timeout_ms * 1000000ull;
     status = kvf_conn_ipc_start(conn, rk, req);   /* same node: one gather, no GETs */
     if (status != KVF_OK) {
         goto err;
@@ -904,6 +907,8 @@ static kvf_status_t kvf_conn_req_stats(kvf_connector_h conn, int tp_rank,
     stats_p->remote_ranks = req->plan->num_ranks;
     stats_p->zero_bytes = req->plan->zero_bytes;
     stats_p->posted_ns = req->posted_ns;
+    stats_p->started_ns = req->started_ns;
+    stats_p->planned_ns = req->planned_ns;
     stats_p->landed_ns = req->landed_ns;
     stats_p->done_ns = req->done_ns;
     kvf_conn_ipc_stats(conn, req, stats_p);

@@ -126,6 +126,7 @@ struct kvf_connector_req {
     kvf_status_t     status;        /* KVF_INPROGRESS until final */
     uint64_t         deadline_ns;
     uint64_t         posted_ns, landed_ns, done_ns;   /* kvf_connector_stats_t */
+    uint64_t         started_ns, planned_ns;          /* likewise */
     size_t          *zero_off, *zero_len;            /* [plan->num_zero], for the device */
     bool             holds_engine;  /* counted in its engine's inflight */
     bool             holds_peers;   /* counted in its rank's peers_busy[engine] */

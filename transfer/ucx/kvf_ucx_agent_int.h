@@ -68,6 +68,8 @@ typedef struct kvf_ucx_remote_region {
     uint64_t  len;
     ucp_rkey_h rkey;
     kvf_xfer_mem_type_t mem_type;   /* as the peer published it */
+    const uint8_t *ptr;             /* the region mapped here (ucp_rkey_ptr: shared memory of
+                                     * a peer on this node), read by memcpy; NULL: GETs */
 } kvf_ucx_remote_region_t;
 
 struct kvf_ucx_peer {

@@ -15,6 +15,14 @@
  *   worker itself is gone (agent destroy). Rejected: freeing at once (a
  *   use-after-free when the peer later resets) and waiting without bound
  *   (a stuck peer would wedge the caller).
+ * - Shared memory of a peer on this node (a pool UCX allocated, --pool-alloc
+ *   ucx): when ucp_rkey_ptr() maps the region here, GETs from it are memcpy
+ *   from that mapping (kvf_ucx_xfer_post()). UCX 1.13 did the same copy
+ *   inside ucp_get_nbx; UCX 1.22 has no one-sided read over sysv/posix and
+ *   emulates each GET through the peer's worker, so a prefill killed
+ *   mid-read became a timeout instead of a completed pull (docs/FAILURES.md
+ *   §10). Host regions only; anything else (heap pools, TCP, CUDA memory)
+ *   keeps ucp_get_nbx.
  */
 #include "kvf_ucx_agent_int.h"
 
@@ -150,6 +158,22 @@ static bool kvf_ucx_ep_close(kvf_ucx_agent_h agent, kvf_ucx_peer_h peer, bool fo
     return false;
 }
 
+/* Region @a i of @a meta mapped into this process (ucp_rkey_ptr), or NULL: read it by GETs. */
+static const uint8_t *kvf_ucx_region_ptr(kvf_ucx_agent_h agent, ucp_rkey_h rkey,
+                                         const kvf_ucx_remote_region_t *rr,
+                                         const kvf_rank_meta_t *meta, int i)
+{
+    void *p = NULL;
+
+    if ((rr->mem_type != KVF_XFER_MEM_HOST) || (rr->len == 0) ||
+        (ucp_rkey_ptr(rkey, rr->addr, &p) != UCS_OK) || (p == NULL)) {
+        return NULL;
+    }
+    kvf_log(KVF_LOG_DEBUG, KVF_SUB_XFER, "%s: region %d of rank %d of %s is mapped here: "
+            "read by copy", agent->name, i, meta->tp_rank, meta->engine_id);
+    return p;
+}
+
 kvf_status_t kvf_ucx_peer_connect(kvf_ucx_agent_h agent, const kvf_rank_meta_t *meta,
                                   kvf_ucx_peer_h *peer_p)
 {
@@ -218,6 +242,8 @@ kvf_status_t kvf_ucx_peer_connect(kvf_ucx_agent_h agent, const kvf_rank_meta_t *
         peer->regions[i].addr = meta->regions[i].addr;
         peer->regions[i].len = meta->regions[i].length;
         peer->regions[i].mem_type = meta->regions[i].mem_type;
+        peer->regions[i].ptr = kvf_ucx_region_ptr(agent, peer->regions[i].rkey,
+                                                  &peer->regions[i], meta, i);
         peer->num_regions = i + 1;
     }
     kvf_ucx_record_lanes(agent, peer->ep);

@@ -17,6 +17,10 @@
  * UCP_OP_ATTR_FLAG_MULTI_SEND (many operations in a row: bandwidth over
  * latency). The post loop allocates, logs and locks nothing; the range check
  * runs over the list first, so nothing is posted for a list with a bad entry.
+ * A GET from a host region of a peer that ucp_rkey_ptr() mapped here (shared
+ * memory on this node) is a memcpy in the post itself and the batch is done at
+ * once: what UCX 1.13 did inside ucp_get_nbx, and what UCX 1.22 no longer does
+ * (it emulates such GETs through the peer's worker: kvf_ucx_peer.c).
  */
 #include "kvf_ucx_agent_int.h"
 
@@ -37,6 +41,27 @@ static void kvf_ucx_flush_cb(void *request, ucs_status_t ucs, void *user_data)
         status = batch->peer->status;   /* report the peer failure, not "canceled" */
     }
     batch->status = status;
+}
+
+/*
+ * GETs from a region of a peer on this node that is mapped here (ucp_rkey_ptr): one memcpy
+ * each, now, as UCX 1.13's shared-memory GET did inside ucp_get_nbx. Ranges checked by the
+ * caller. The fault points pass as for posted GETs.
+ */
+static void kvf_ucx_xfer_copy(kvf_ucx_agent_h agent, const kvf_ucx_region_t *lr,
+                              const kvf_ucx_remote_region_t *rr, const kvf_xfer_desc_t *descs,
+                              size_t num_descs)
+{
+    uint8_t *lbase = lr->addr;
+
+    for (size_t i = 0; i < num_descs; ++i) {
+        memcpy(lbase + descs[i].local_off, rr->ptr + descs[i].remote_off, descs[i].len);
+        agent->ops_posted++;
+        (void)KVF_FAULT(UCX_POST);             /* tests: kill/stop/stall after n posted */
+        if (i + 1 == (num_descs + 1) / 2) {
+            (void)KVF_FAULT(UCX_HALF);         /* tests: half of this batch is in flight */
+        }
+    }
 }
 
 kvf_status_t kvf_ucx_xfer_post(kvf_ucx_agent_h agent, kvf_ucx_peer_h peer, kvf_ucx_op_t op,
@@ -77,6 +102,12 @@ kvf_status_t kvf_ucx_xfer_post(kvf_ucx_agent_h agent, kvf_ucx_peer_h peer, kvf_u
     }
     batch->peer = peer;
     batch->status = KVF_INPROGRESS;
+    if ((op == KVF_UCX_OP_GET) && (rr->ptr != NULL) && (lr->mem_type == KVF_XFER_MEM_HOST)) {
+        kvf_ucx_xfer_copy(agent, lr, rr, descs, num_descs);
+        batch->status = KVF_OK;   /* landed: nothing in flight, nothing to flush */
+        *batch_p = batch;
+        return KVF_OK;
+    }
 
     memset(&param, 0, sizeof(param));
 #if KVF_UCX_HAS_OP_MEMH

@@ -14,8 +14,11 @@
  * request gives (2p1d: two prefill ranks mapped, read by one decode rank);
  * another node, a GPU not visible, a failed open or a mapping shorter than
  * the region claimed fall back to UCX with the reason (and the right bytes),
- * and path ipc refuses such a pull. What it cannot check: cudaIpc* and the
- * CUDA kernel themselves (tests/gpu: kvf bench --device cuda --path ipc).
+ * and path ipc refuses such a pull. Every pool is registered with UCX as cuda
+ * memory and the UCX pull's GETs name it so (ucp_mem_map, ucp_get_nbx wrapped:
+ * counted, then UCX is told the host memory it is, on UCX 1.13 and 1.22 alike).
+ * What it cannot check: cudaIpc* and the CUDA kernel themselves (tests/gpu:
+ * kvf bench --device cuda --path ipc).
  */
 #include "kvf_connector_ucx_int.h"
 #include "kvf_device_ipc.h"
@@ -86,6 +89,16 @@ int __wrap_kvf_device_event_record(const kvf_device_t *dev, void **event_p);
 int __wrap_kvf_device_event_query(const kvf_device_t *dev, void *event, bool *done_p);
 void __wrap_kvf_device_event_destroy(const kvf_device_t *dev, void *event);
 kvf_status_t __wrap_kvf_node_id(char *buf, size_t len);
+ucs_status_t __real_ucp_mem_map(ucp_context_h context, const ucp_mem_map_params_t *mp,
+                                ucp_mem_h *memh_p);
+ucs_status_t __wrap_ucp_mem_map(ucp_context_h context, const ucp_mem_map_params_t *mp,
+                                ucp_mem_h *memh_p);
+ucs_status_ptr_t __real_ucp_get_nbx(ucp_ep_h ep, void *buffer, size_t count,
+                                    uint64_t remote_addr, ucp_rkey_h rkey,
+                                    const ucp_request_param_t *param);
+ucs_status_ptr_t __wrap_ucp_get_nbx(ucp_ep_h ep, void *buffer, size_t count,
+                                    uint64_t remote_addr, ucp_rkey_h rkey,
+                                    const ucp_request_param_t *param);
 
 static const uint8_t *dev_lo[MAX_RANGES], *dev_hi[MAX_RANGES];   /* "device memory" */
 static int num_dev;
@@ -101,6 +114,7 @@ static size_t copy_ops, zero_ops;
 static uint64_t copy_bytes, zero_bytes;
 static int pending;                          /* queries left answering "not done" */
 static int not_done_seen;
+static int maps_cuda, gets_cuda;             /* UCX told "cuda" (then told host) */
 
 static void dev_add(const uint8_t *p, size_t len)
 {
@@ -339,6 +353,45 @@ kvf_status_t __wrap_kvf_node_id(char *buf, size_t len)
     return KVF_OK;
 }
 
+/*
+ * The "device" pools' registrations and the GETs into them: kvferry names CUDA memory
+ * (counted), UCX is told the host memory it really is. UCX 1.22 registers a cuda region as
+ * its whole allocation (UCX_MEMTYPE_REG_WHOLE_ALLOC_TYPES defaults to cuda) and asks its
+ * CUDA memory detection for that allocation's extent; with no CUDA here the answer is
+ * "host, extent unknown" and ucp_mem_map fails ("failed to insert region [0x0..0x0]").
+ * UCX 1.13 took the claim without looking. Same wraps as test_xfer_device_pool and devsim.
+ */
+ucs_status_t __wrap_ucp_mem_map(ucp_context_h context, const ucp_mem_map_params_t *mp,
+                                ucp_mem_h *memh_p)
+{
+    ucp_mem_map_params_t p = *mp;
+
+    if ((mp->field_mask & UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE) &&
+        (mp->memory_type == UCS_MEMORY_TYPE_CUDA)) {
+        int i = dev_find(mp->address);
+        assert_true(i >= 0);                             /* only a "device" pool */
+        assert_true((const uint8_t *)mp->address + mp->length <= dev_hi[i]);
+        p.memory_type = UCS_MEMORY_TYPE_HOST;
+        maps_cuda++;
+    }
+    return __real_ucp_mem_map(context, &p, memh_p);
+}
+
+ucs_status_ptr_t __wrap_ucp_get_nbx(ucp_ep_h ep, void *buffer, size_t count,
+                                    uint64_t remote_addr, ucp_rkey_h rkey,
+                                    const ucp_request_param_t *param)
+{
+    ucp_request_param_t p = *param;
+
+    if ((param->op_attr_mask & UCP_OP_ATTR_FIELD_MEMORY_TYPE) &&
+        (param->memory_type == UCS_MEMORY_TYPE_CUDA)) {
+        assert_true(dev_find(buffer) >= 0);
+        p.memory_type = UCS_MEMORY_TYPE_HOST;
+        gets_cuda++;
+    }
+    return __real_ucp_get_nbx(ep, buffer, count, remote_addr, rkey, &p);
+}
+
 /* ---- helpers ------------------------------------------------------------- */
 
 static void counters_reset(void)
@@ -347,6 +400,7 @@ static void counters_reset(void)
     copy_ops = zero_ops = 0;
     copy_bytes = zero_bytes = 0;
     not_done_seen = 0;
+    gets_cuda = 0;
 }
 
 static kvf_connector_h conn_make(const char *id, kvf_connector_role_t role, int tp,
@@ -407,7 +461,11 @@ static uint8_t *pool_add(kvf_connector_h conn, int tp, int rank, int64_t blocks,
     cp.num_blocks = blocks;
     kvf_cache_params_default(&cfg, &cp.params);
     cp.device.kind = KVF_DEVICE_CUDA;
-    assert_int_equal(ops->register_pool(conn, &cp), KVF_OK);
+    {
+        int maps = maps_cuda;
+        assert_int_equal(ops->register_pool(conn, &cp), KVF_OK);
+        assert_int_equal(maps_cuda, maps + 1);           /* registered as cuda memory */
+    }
     return p;
 }
 
@@ -655,11 +713,13 @@ static void test_ipc_equals_ucx_2p1d(void **state)
     assert_int_equal(st.remote_ranks, 2);
     assert_int_equal(opens, 2);                      /* both prefill ranks mapped */
     assert_int_equal(copy_bytes, st.bytes);
+    assert_int_equal(gets_cuda, 0);
     assert_int_equal(pull(dec_ucx, "prefill-2", &st, &end), KVF_OK);
     assert_int_equal(end, KVF_OK);
     assert_int_equal(st.path, KVF_CONNECTOR_PATH_UCX);
     assert_string_equal(st.path_why, "path ucx chosen by configuration");
     assert_true(kvf_ucx_agent_ops_posted(dec_ucx->ranks[0].agent) > 0);
+    assert_true(gets_cuda > 0);                      /* into the pool named as cuda memory */
     assert_int_equal(opens, 2);
     print_message("2p1d: %llu bytes, %llu zeroed; ipc pool == ucx pool: %s\n",
                   (unsigned long long)st.bytes, (unsigned long long)st.zero_bytes,

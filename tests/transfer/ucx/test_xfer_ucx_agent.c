@@ -184,6 +184,69 @@ static void test_get_put_notify(void **state)
 }
 
 /*
+ * A region UCX allocated (shared memory, a --pool-alloc ucx pool) read by a peer on this
+ * node while the target's worker is never progressed (a prefill that is busy, stopped or
+ * killed): over shared memory the GETs complete anyway (the region is mapped into the
+ * reader: ucp_rkey_ptr, a copy each), with every byte; UCX 1.22 alone would emulate them
+ * through the target's worker and time out. Over TCP (test_xfer_ucx_agent_tcp) they
+ * need the target's worker: its thread serves them and they complete too.
+ */
+static void test_shm_read_one_sided(void **state)
+{
+    const char *tls = getenv("UCX_TLS");
+    bool shm = (tls == NULL) || (strstr(tls, "tcp") == NULL);
+    kvf_ucx_agent_h a = make_agent_access("reader", KVF_UCX_ACCESS_LOCAL);
+    target_t t;
+    kvf_rank_meta_t *mb = calloc(1, sizeof(*mb));
+    uint8_t *la = malloc(REGION), *lb = NULL;
+    const kvf_xfer_desc_t descs[] = {{0, 4096, 65536}, {100000, 3, 5}, {REGION - 64, 0, 64}};
+    kvf_ucx_peer_h peer;
+    kvf_ucx_batch_h batch;
+    pthread_t th;
+    int ra, rb;
+
+    (void)state;
+    memset(&t, 0, sizeof(t));
+    atomic_init(&t.notes, 0);
+    atomic_init(&t.stop, false);
+    t.agent = make_agent("target");
+    assert_non_null(la);
+    assert_non_null(mb);
+    memset(la, 0xee, REGION);
+    assert_int_equal(kvf_ucx_agent_mem_register(a, la, REGION, &ra), KVF_OK);
+    assert_int_equal(kvf_ucx_agent_mem_alloc(t.agent, REGION, (void **)&lb, &rb), KVF_OK);
+    for (size_t i = 0; i < REGION; ++i) {
+        lb[i] = (uint8_t)(1 + ((i * 7) % 251));
+    }
+    meta_of(t.agent, rb, mb);
+    if (!shm) {
+        assert_int_equal(pthread_create(&th, NULL, target_thread, &t), 0);
+    }
+    assert_int_equal(kvf_ucx_peer_connect(a, mb, &peer), KVF_OK);
+    assert_int_equal(kvf_ucx_xfer_post(a, peer, KVF_UCX_OP_GET, ra, 0, descs, 3, &batch),
+                     KVF_OK);
+    print_message("GET from a UCX-allocated region (%s): %s\n", shm ? "shared memory, target "
+                  "never progressed" : "TCP, target progressed",
+                  kvf_status_str(kvf_ucx_batch_wait(batch, 1000)));
+    assert_int_equal(kvf_ucx_batch_test(batch), KVF_OK);
+    kvf_ucx_batch_release(batch);
+    for (size_t d = 0; d < 3; ++d) {
+        assert_memory_equal(la + descs[d].local_off, lb + descs[d].remote_off, descs[d].len);
+    }
+    assert_int_equal(la[65536], 0xee);                       /* nothing else written */
+    assert_int_equal(kvf_ucx_agent_ops_posted(a), 3);
+    if (!shm) {
+        atomic_store(&t.stop, true);
+        pthread_join(th, NULL);
+    }
+    kvf_ucx_peer_destroy(peer);
+    kvf_ucx_agent_destroy(a);
+    kvf_ucx_agent_destroy(t.agent);
+    free(mb);
+    free(la);
+}
+
+/*
  * The UCX this program loads is the one it was built against (pkg-config's
  * version, KVF_UCX_BUILT_VERSION): a CUDA build against the libucx-cu13 wheel
  * (1.22) must not run on Debian's 1.13 through a stray library path, nor the
@@ -564,6 +627,7 @@ int main(void)
         cmocka_unit_test(test_ucx_version),
         cmocka_unit_test(test_status_map),
         cmocka_unit_test(test_get_put_notify),
+        cmocka_unit_test(test_shm_read_one_sided),
         cmocka_unit_test(test_bad_params),
         cmocka_unit_test(test_rkey_check),
         cmocka_unit_test(test_local_regions),
