@@ -51,7 +51,7 @@ CHART = os.path.join(os.environ.get("KVF_SOURCE_DIR") or os.path.dirname(os.path
 NP, NP_MAX, ND = 8, 9, 12
 DNS_ADDR = "127.0.0.53"
 DOMAIN = "default.svc.cluster.local"
-INSIDE = "KVF_TEST_DNS_NAMESPACE"
+INSIDE = "PROXY_DNS_TEST_INSIDE"   # not KVF_*: the programs check those
 
 
 def skip(why):
@@ -286,7 +286,7 @@ def body(a, procs, tmp, dns):
 
 
 def main():
-    if os.environ.get(INSIDE) != "1":
+    if os.environ.pop(INSIDE, None) != "1":
         enter_namespace()
     T.run_with_procs(run)
 

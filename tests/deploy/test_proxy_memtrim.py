@@ -8,7 +8,8 @@ burst did not load the heap and the test proves nothing). Once every stream is
 answered, the RSS must come back within BACK_MB of the warm-up value within 10 s:
 glibc keeps freed chunks in its arenas, so without the trim the RSS stays at the
 peak (measured: 11.7 MB idle, 23.1 MB after 300 streams, unchanged after five more
-bursts; 11.7 MB again after malloc_trim(0)).
+bursts; 11.7 MB again after malloc_trim(0)). A proxy built with a sanitizer (its own
+allocator, whose RSS means something else) makes the test report skipped (77).
 
 Rerun:
   python3 tests/deploy/test_proxy_memtrim.py --fakebin build/tests/fakebin \
@@ -17,6 +18,7 @@ Rerun:
 
 import http.client
 import json
+import sys
 import threading
 import time
 
@@ -70,6 +72,12 @@ def run(a, procs, tmp):
     p, px = T.start_proxy(procs, a.fakebin, "tcp://127.0.0.1:%d" % base,
                           "tcp://127.0.0.1:%d" % (base + 1))
     wait_for(lambda: px.health()[0] == 200, 15, "proxy healthy")
+    with open("/proc/%d/maps" % p.pid) as f:
+        maps = f.read()
+    for san in ("libasan", "libtsan", "libmsan"):
+        if san in maps:
+            print("SKIP: this kvf-proxy runs under %s, whose allocator is not glibc's" % san)
+            sys.exit(77)
     threads, out = burst(px.port, 16)
     for t in threads:
         t.join(60)
