@@ -6,14 +6,15 @@ One idle 1p1d pool of the tiny model behind kvf-proxy with its defaults but
 --prefill-timeout 8s (the budget admission predicts against, as in
 test_e2e_overload).
 
-1. Burst: one client opens 1000 connections, then sends 1000 streams
-   (max_tokens 32, ignore_eos) together. Their predicted wait is inside the
-   budget, so every one must be answered 200 with 32 tokens; the proxy counts
-   no rejection (kvf_proxy_rejected_total 0 for every reason); some of them
-   waited in the proxy's queue (how many depends on how fast the first ones
-   finish while the rest arrive: 532 to 832 seen here), the most outstanding
-   at prefill seen never passed 128 (--max-outstanding); the queue and
-   vllm:num_requests_waiting{engine="proxy"} are back to 0.
+1. Burst: one client opens 1000 connections, then one thread writes 1000 streams
+   (max_tokens 32, ignore_eos) back to back (tests/e2e/kvf_burst.py). Their
+   predicted wait is inside the budget, so every one must be answered 200 with
+   32 tokens; the proxy counts no rejection (kvf_proxy_rejected_total 0 for
+   every reason); some of them waited in the proxy's queue (how many depends
+   on how fast the first ones finish while the rest arrive: 532 to 832 seen
+   here), the most outstanding at prefill seen never passed 128
+   (--max-outstanding); the queue and vllm:num_requests_waiting{engine="proxy"}
+   are back to 0.
 2. Overload: the pool's capacity for longer prompts (40-560 tokens,
    tests/e2e/kvf_overload.py) measured with 12 closed-loop clients, then
    open-loop Poisson arrivals at 3x it for 8 s. Must hold: some served, some
@@ -25,13 +26,11 @@ test_e2e_overload).
 Rerun: python3 tests/e2e/test_e2e_admission_burst.py
 """
 
-import http.client
-import json
-import threading
 import time
 
 from e2e_models import model_dir
 from kvf_e2e import Pool
+import kvf_burst
 import kvf_overload as ov
 
 N = 1000
@@ -42,43 +41,15 @@ FACTOR = 3.0
 REASONS = ("predicted_wait", "queue_full", "no_instance", "instance_busy")
 
 
-def stream(pool, i, out, start):
-    body = {"prompt": "burst %d" % i, "max_tokens": MAX_TOKENS, "stream": True,
-            "ignore_eos": True, "return_token_ids": True, "temperature": 0.0}
-    conn = http.client.HTTPConnection(pool.host, pool.port, timeout=120)
-    try:
-        conn.connect()
-        start.wait(timeout=60)   # every connection open first: the requests go out together
-        conn.request("POST", "/v1/completions", body=json.dumps(body),
-                     headers={"Content-Type": "application/json"})
-        r = conn.getresponse()
-        raw = r.read().decode("utf-8", "replace")
-        ids = []
-        if r.status == 200:
-            for ln in raw.split("\n"):
-                if ln.startswith("data:") and ln[5:].strip() != "[DONE]":
-                    ev = json.loads(ln[5:])
-                    ids += ev.get("choices", [{}])[0].get("token_ids", [])
-        out[i] = {"status": r.status, "tokens": len(ids), "body": raw[:300]}
-    except (OSError, threading.BrokenBarrierError) as e:
-        out[i] = {"status": "exception", "body": repr(e), "tokens": 0}
-    finally:
-        conn.close()
-
-
 def burst(pool):
-    out = [None] * N
-    start = threading.Barrier(N)
-    threads = [threading.Thread(target=stream, args=(pool, i, out, start)) for i in range(N)]
-    peak = 0
-    for t in threads:
-        t.start()
-    while any(t.is_alive() for t in threads):
+    peak = [0]
+
+    def poll():
         st, h = pool.health()
         if st == 200:
-            peak = max(peak, h["prefill"][0]["outstanding"])
-        time.sleep(0.05)
-    return out, peak
+            peak[0] = max(peak[0], h["prefill"][0]["outstanding"])
+
+    return kvf_burst.burst(pool, N, MAX_TOKENS, on_poll=poll), peak[0]
 
 
 def rejected(m):
