@@ -92,6 +92,8 @@ if [ "${KVF_TEST_SANITIZERS:-1}" != "0" ]; then
     tsan_c_tests="test_model_forward test_model_sched test_collectives test_kern_threads
         test_serve_channel test_xfer_side_channel test_zmq test_lease test_lease_channel"
     tsan_tests="$tsan_c_tests test_proxy_fake test_proxy_abuse test_proxy_restart"
+    # kvf-proxy's resolver thread against its I/O thread: names, moved and missing records
+    tsan_tests="$tsan_tests test_k8s_slots test_proxy_dns"
     rm -rf "$tsan"
     cmake -S "$root" -B "$tsan" -DCMAKE_BUILD_TYPE=Debug -DKVF_CUDA=OFF -DKVF_TSAN=ON \
         -DKVF_TEST_TIMEOUT_MULTIPLIER=6 >/dev/null

@@ -95,11 +95,13 @@ static const kvf_config_field_t kvf_bs_table[] = {
      KVF_BS_OFF(p.endpoint), KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
     {"MODEL", "", "model name sent in each request (empty: the first id of the proxy's "
      "GET /v1/models)", KVF_BS_OFF(p.model), KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
-    {"DATASET_NAME", "", "random (synthetic token ids) or custom (JSONL from --dataset-path); "
-     "empty: custom with --dataset-path, random otherwise", KVF_BS_OFF(dataset_name),
+    {"DATASET_NAME", "", "random (synthetic token ids), prefix_repetition, custom (JSONL from "
+     "--dataset-path), or vLLM's sharegpt (JSON), sonnet (text lines), burstgpt (CSV) from "
+     "--dataset-path; empty: custom with --dataset-path, random otherwise",
+     KVF_BS_OFF(dataset_name),
      KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
-    {"DATASET_PATH", "", "JSONL file, one {\"prompt\": text or [ids], \"max_tokens\": n} per "
-     "line (cycled) (alias --dataset)",
+    {"DATASET_PATH", "", "custom: JSONL file, one {\"prompt\": text or [ids], \"max_tokens\": "
+     "n} per line (cycled); sharegpt, sonnet, burstgpt: vLLM's files (alias --dataset)",
      KVF_BS_OFF(p.dataset), KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
     {"NUM_PROMPTS", "1000", "measured requests (0: as many as --duration allows) "
      "(alias --num-requests)",
@@ -191,6 +193,16 @@ static const kvf_config_field_t kvf_bs_table[] = {
      KVF_CONFIG_FLAG_NO_ENV},
     {"PREFIX_REPETITION_OUTPUT_LEN", "128", "prefix_repetition: max_tokens of each request",
      KVF_BS_OFF(rep_output_len), KVF_CONFIG_TYPE_INT, KVF_CONFIG_FLAG_NO_ENV},
+    {"SHAREGPT_OUTPUT_LEN", "-1", "sharegpt: max_tokens of every request (-1: the tokens of "
+     "each conversation's second turn)", KVF_BS_OFF(p.sharegpt_output_len),
+     KVF_CONFIG_TYPE_INT, KVF_CONFIG_FLAG_NO_ENV},
+    {"SONNET_INPUT_LEN", "550", "sonnet: most prompt tokens (in the chat template) of each "
+     "request", KVF_BS_OFF(p.sonnet_input_len), KVF_CONFIG_TYPE_INT, KVF_CONFIG_FLAG_NO_ENV},
+    {"SONNET_OUTPUT_LEN", "150", "sonnet: max_tokens of each request",
+     KVF_BS_OFF(p.sonnet_output_len), KVF_CONFIG_TYPE_INT, KVF_CONFIG_FLAG_NO_ENV},
+    {"SONNET_PREFIX_LEN", "200", "sonnet: tokens of the prefix every prompt shares (the "
+     "file's first lines)", KVF_BS_OFF(p.sonnet_prefix_len), KVF_CONFIG_TYPE_INT,
+     KVF_CONFIG_FLAG_NO_ENV},
     {"APPEND_RESULT", "no", "append the result JSON to the result file (one document per "
      "line) instead of replacing it; implies --save-result", KVF_BS_OFF(append_result),
      KVF_CONFIG_TYPE_BOOL, KVF_CONFIG_FLAG_NO_ENV},
@@ -474,9 +486,9 @@ static int kvf_bs_vllm_flags(kvf_bs_opts_t *o)
         kvf_error("bad value '%s' for --request-id-prefix: at most %zu printable characters",
                   o->request_id_prefix, sizeof(o->p.request_id_prefix) - 13);
         return -1;
-    } else {
-        snprintf(o->p.request_id_prefix, sizeof(o->p.request_id_prefix), "%s",
-                 o->request_id_prefix);
+    } else {   /* its length checked above (memcpy: no truncation warning at -O0) */
+        memcpy(o->p.request_id_prefix, o->request_id_prefix,
+               strlen(o->request_id_prefix) + 1);
     }
     if (o->served_model_name[0] != '\0') {   /* the name requests carry; --model is the id */
         snprintf(o->p.tokenizer_id, sizeof(o->p.tokenizer_id), "%s", o->p.model);
@@ -510,6 +522,14 @@ static int kvf_bs_vllm_flags(kvf_bs_opts_t *o)
     }
     o->p.keep_text = o->p.detailed;
     return kvf_bs_body_flags(o);
+}
+
+/* KVF_BS_DS_* of vLLM's datasets read from --dataset-path; -1 for any other name. */
+static int kvf_bs_file_dataset(const char *name)
+{
+    return (strcmp(name, "sharegpt") == 0) ? KVF_BS_DS_SHAREGPT :
+           (strcmp(name, "sonnet") == 0) ? KVF_BS_DS_SONNET :
+           (strcmp(name, "burstgpt") == 0) ? KVF_BS_DS_BURSTGPT : -1;
 }
 
 /* Everything but the rates into o->p; 0, or -1 (logged). */
@@ -567,12 +587,35 @@ static int kvf_bs_setup(kvf_bs_opts_t *o)
         o->p.rep_prefix_len = o->rep_prefix_len;
         o->p.rep_suffix_len = o->rep_suffix_len;
         o->p.output_len = o->rep_output_len;
+    } else if (kvf_bs_file_dataset(o->dataset_name) >= 0) {
+        static const char *const what[] = {"", "a ShareGPT JSON file", "a text file of lines",
+                                           "the BurstGPT CSV"};
+
+        o->p.dataset_kind = kvf_bs_file_dataset(o->dataset_name);
+        if (o->p.dataset[0] == '\0') {
+            kvf_error("--dataset-name %s needs --dataset-path (%s)", o->dataset_name,
+                      what[o->p.dataset_kind]);
+            return -1;
+        }
+        if ((o->p.sharegpt_output_len == 0) || (o->p.sharegpt_output_len < -1)) {
+            kvf_error("bad value %d for --sharegpt-output-len: must be >= 1",
+                      o->p.sharegpt_output_len);
+            return -1;
+        }
+        if ((o->p.sonnet_input_len < 1) || (o->p.sonnet_output_len < 1) ||
+            (o->p.sonnet_prefix_len < 0)) {
+            kvf_error("--sonnet-input-len %d, --sonnet-output-len %d, --sonnet-prefix-len %d: "
+                      "lengths >= 1 (the prefix >= 0)", o->p.sonnet_input_len,
+                      o->p.sonnet_output_len, o->p.sonnet_prefix_len);
+            return -1;
+        }
     } else if ((strcmp(o->dataset_name, "random") != 0) &&
                (strcmp(o->dataset_name, "custom") != 0)) {
         kvf_error("bad value '%s' for --dataset-name: not implemented in kvf bench-serve "
                   "(random, with --random-prefix-len; prefix_repetition; custom with "
-                  "--dataset-path, JSONL with \"prompt\"; vLLM's sharegpt, sonnet, burstgpt, "
-                  "hf are not)", o->dataset_name);
+                  "--dataset-path, JSONL with \"prompt\"; sharegpt, sonnet, burstgpt with "
+                  "--dataset-path; vLLM's hf and the multimodal ones are not)",
+                  o->dataset_name);
         return -1;
     }
     if (strcmp(o->dataset_name, "random") == 0) {

@@ -120,6 +120,11 @@ void kvf_bs_params_default(kvf_bs_params_t *p)
     p->pct_metrics = KVF_BS_M_TTFT | KVF_BS_M_TPOT | KVF_BS_M_ITL;   /* vLLM's defaults */
     p->pct[0] = 99;
     p->num_pct = 1;
+    p->dataset_kind = KVF_BS_DS_CUSTOM;
+    p->sharegpt_output_len = -1;
+    p->sonnet_input_len = 550;      /* vLLM's sonnet defaults */
+    p->sonnet_output_len = 150;
+    p->sonnet_prefix_len = 200;
 }
 
 int kvf_bs_parse_url(const char *flag, const char *url, kvf_bs_params_t *p)
@@ -208,84 +213,6 @@ int kvf_bs_params_check(const kvf_bs_params_t *p)
 }
 
 /* ---- workload ----------------------------------------------------------------- */
-
-typedef struct {
-    cJSON *line;        /* the parsed line (owned) */
-    cJSON *prompt;      /* its "prompt" item (owned by line) */
-    int    max_tokens;  /* 0: draw from the output distribution */
-} kvf_bs_item_t;
-
-typedef struct {
-    kvf_bs_item_t *items;
-    int            n, cap;
-} kvf_bs_dataset_t;
-
-static void kvf_bs_dataset_free(kvf_bs_dataset_t *d)
-{
-    for (int i = 0; i < d->n; ++i) {
-        cJSON_Delete(d->items[i].line);
-    }
-    free(d->items);
-    memset(d, 0, sizeof(*d));
-}
-
-/* JSONL: {"prompt": "text" | [ids], "max_tokens": n (optional)} per line. */
-static int kvf_bs_dataset_load(const char *path, kvf_bs_dataset_t *d)
-{
-    FILE *f = fopen(path, "r");
-    char *line = NULL;
-    size_t cap = 0;
-    int lineno = 0;
-
-    memset(d, 0, sizeof(*d));
-    if (f == NULL) {
-        kvf_error("cannot open --dataset %s: %m", path);
-        return -1;
-    }
-    while (getline(&line, &cap, f) >= 0) {
-        cJSON *root, *prompt, *mt;
-
-        ++lineno;
-        if (strspn(line, " \t\r\n") == strlen(line)) {
-            continue;
-        }
-        root = cJSON_Parse(line);
-        prompt = cJSON_GetObjectItemCaseSensitive(root, "prompt");
-        if ((prompt == NULL) || (!cJSON_IsString(prompt) && !cJSON_IsArray(prompt))) {
-            kvf_error("--dataset %s line %d: needs a \"prompt\" (string or array of token ids)",
-                      path, lineno);
-            goto err;
-        }
-        mt = cJSON_GetObjectItemCaseSensitive(root, "max_tokens");
-        if ((mt != NULL) && (!cJSON_IsNumber(mt) || (mt->valuedouble < 1))) {
-            kvf_error("--dataset %s line %d: \"max_tokens\" must be an integer >= 1", path,
-                      lineno);
-            goto err;
-        }
-        if (KVF_ARRAY_GROW(d->items, d->cap, d->n + 1, 64) != KVF_OK) {
-            kvf_error("out of memory reading --dataset %s (line %d)", path, lineno);
-            goto err;
-        }
-        d->items[d->n].line = root;
-        d->items[d->n].prompt = prompt;
-        d->items[d->n].max_tokens = (mt != NULL) ? (int)mt->valuedouble : 0;
-        d->n++;
-        continue;
-err:
-        cJSON_Delete(root);
-        free(line);
-        fclose(f);
-        kvf_bs_dataset_free(d);
-        return -1;
-    }
-    free(line);
-    fclose(f);
-    if (d->n == 0) {
-        kvf_error("--dataset %s holds no prompt", path);
-        return -1;
-    }
-    return 0;
-}
 
 /* The JSON body of request @a index (malloc'd), its prompt length (-1: text) and max_tokens. */
 static char *kvf_bs_body(const kvf_bs_params_t *p, const kvf_bs_dataset_t *d, uint64_t index,
@@ -610,7 +537,7 @@ int kvf_bs_ready_check(const kvf_bs_params_t *p, double timeout_s)
     }
     snprintf(port, sizeof(port), "%d", p->port);
     if ((getaddrinfo(p->host, port, &hints, &ai) != 0) ||
-        ((p->dataset[0] != '\0') && (kvf_bs_dataset_load(p->dataset, &ds) != 0))) {
+        ((p->dataset[0] != '\0') && (kvf_bs_dataset_open(p, ai, &ds) != 0))) {
         kvf_error("ready check: cannot resolve %s or read the dataset", p->host);
         goto out;
     }
@@ -763,7 +690,7 @@ int kvf_bs_run(const kvf_bs_params_t *p, kvf_bs_summary_t *summary_p)
         kvf_error("cannot resolve %s: %s", p->host, gai_strerror(rc));
         return -1;
     }
-    if ((p->dataset[0] != '\0') && (kvf_bs_dataset_load(p->dataset, &ds) != 0)) {
+    if ((p->dataset[0] != '\0') && (kvf_bs_dataset_open(p, ai, &ds) != 0)) {
         freeaddrinfo(ai);
         return -1;
     }

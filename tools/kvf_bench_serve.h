@@ -90,7 +90,20 @@ typedef struct kvf_bs_params {
      * rep_num_prefixes fixed prefixes of rep_prefix_len tokens, then rep_suffix_len
      * tokens of its own; output_len as max_tokens */
     int           rep_num_prefixes, rep_prefix_len, rep_suffix_len;
+    /* --dataset-path's format (kvf_bs_dataset.c): KVF_BS_DS_*; sharegpt's fixed output
+     * length (-1: each conversation's second turn, counted) and sonnet's lengths */
+    int           dataset_kind;
+    int           sharegpt_output_len;
+    int           sonnet_input_len, sonnet_output_len, sonnet_prefix_len;
 } kvf_bs_params_t;
+
+/* kvf_bs_params_t.dataset_kind: what --dataset-path holds. */
+enum {
+    KVF_BS_DS_CUSTOM = 0,    /* JSONL: {"prompt": text | [ids], "max_tokens": n} per line */
+    KVF_BS_DS_SHAREGPT,      /* vLLM's sharegpt: JSON list of {"conversations": [...]} */
+    KVF_BS_DS_SONNET,        /* vLLM's sonnet: a text file of lines */
+    KVF_BS_DS_BURSTGPT,      /* vLLM's burstgpt: the BurstGPT trace CSV */
+};
 
 /** One measured request. Times in milliseconds. */
 typedef struct kvf_bs_result {

@@ -30,7 +30,39 @@ typedef struct {
 } kvf_bs_job_t;
 
 
+/* ---- kvf_bs_dataset.c ---- */
+
+/* One prompt of a dataset. */
+typedef struct {
+    cJSON *line;        /* the parsed line, or the object built for it (owned) */
+    cJSON *prompt;      /* its "prompt" item (owned by line): text or token ids */
+    int    max_tokens;  /* 0: draw from the output distribution */
+} kvf_bs_item_t;
+
+typedef struct {
+    kvf_bs_item_t *items;
+    int            n, cap;
+} kvf_bs_dataset_t;
+
+/*
+ * The prompts of p->dataset_kind from p->dataset (JSONL for custom; a ShareGPT JSON file, a
+ * text file of lines for sonnet, a BurstGPT CSV), sampled with p->seed; the server at @a ai
+ * counts tokens (POST /tokenize) where vLLM's benchmark does. Request i uses item
+ * i % n. 0, or -1 with a line naming the flag, file and why (nothing to free then).
+ */
+int kvf_bs_dataset_open(const kvf_bs_params_t *p, const struct addrinfo *ai,
+                        kvf_bs_dataset_t *d);
+
+void kvf_bs_dataset_free(kvf_bs_dataset_t *d);
+
 /* ---- kvf_bs_request.c ---- */
+
+/* @a method @a path with the JSON @a req_body (NULL: none) on a connection of its own, the
+ * answer's body into *@a body_p (malloc'd; NULL on failure). The HTTP status, or -1 with
+ * @a res failed (connect, timeout, protocol). Waits at most 10 s. */
+int kvf_bs_http(const kvf_bs_params_t *p, const struct addrinfo *ai, const char *method,
+                const char *path, const char *req_body, char **body_p, kvf_bs_result_t *res);
+
 
 /* Mark @a res failed with @a kind ("connect", "timeout", ...) and a message; the first failure stays. */
 void kvf_bs_fail(kvf_bs_result_t *res, const char *kind, const char *fmt, ...)

@@ -510,14 +510,14 @@ void *kvf_bs_thread(void *arg)
     return NULL;
 }
 
-/* GET @a path into a malloc'd body (until the server closes); the HTTP status or -1. */
-static int kvf_bs_get(const kvf_bs_params_t *p, const struct addrinfo *ai, const char *path,
-                      char **body_p, kvf_bs_result_t *res)
+int kvf_bs_http(const kvf_bs_params_t *p, const struct addrinfo *ai, const char *method,
+                const char *path, const char *req_body, char **body_p, kvf_bs_result_t *res)
 {
     uint64_t deadline = kvf_time_now_ns() + 10000000000ull;
     kvf_bs_buf_t raw = {0}, body = {0};
     kvf_bs_dechunk_t dc = {0};
-    char head[512 + 2 * KVF_CONFIG_STR_MAX], *eoh;
+    char head[1024 + 2 * KVF_CONFIG_STR_MAX + sizeof(p->headers)], *eoh;
+    size_t blen = (req_body != NULL) ? strlen(req_body) : 0;
     int fd, hl, code = -1;
 
     *body_p = NULL;
@@ -525,11 +525,17 @@ static int kvf_bs_get(const kvf_bs_params_t *p, const struct addrinfo *ai, const
     if (fd < 0) {
         return -1;
     }
-    hl = snprintf(head, sizeof(head), "GET %s HTTP/1.1\r\nHost: %s:%d\r\n%s%s%s"
-                  "Connection: close\r\n\r\n", path, p->host, p->port,
+    hl = snprintf(head, sizeof(head), "%s %s HTTP/1.1\r\nHost: %s:%d\r\n%s%s%s%s",
+                  method, path, p->host, p->port,
                   (p->api_key[0] != '\0') ? "Authorization: Bearer " : "", p->api_key,
-                  (p->api_key[0] != '\0') ? "\r\n" : "");
-    if (kvf_bs_send_all(fd, head, (size_t)hl, deadline, res) != 0) {
+                  (p->api_key[0] != '\0') ? "\r\n" : "", p->headers);
+    if (req_body != NULL) {
+        hl += snprintf(head + hl, sizeof(head) - (size_t)hl, "Content-Type: application/json"
+                       "\r\nContent-Length: %zu\r\n", blen);
+    }
+    hl += snprintf(head + hl, sizeof(head) - (size_t)hl, "Connection: close\r\n\r\n");
+    if ((kvf_bs_send_all(fd, head, (size_t)hl, deadline, res) != 0) ||
+        ((blen > 0) && (kvf_bs_send_all(fd, req_body, blen, deadline, res) != 0))) {
         goto out_close;
     }
     for (;;) {
@@ -538,7 +544,7 @@ static int kvf_bs_get(const kvf_bs_params_t *p, const struct addrinfo *ai, const
 
         if ((n < 0) && ((errno == EAGAIN) || (errno == EINTR))) {
             if (kvf_bs_wait(fd, POLLIN, deadline) <= 0) {
-                kvf_bs_fail(res, "timeout", "no answer to GET %s within 10 s", path);
+                kvf_bs_fail(res, "timeout", "no answer to %s %s within 10 s", method, path);
                 goto out_close;
             }
             continue;
@@ -549,7 +555,7 @@ static int kvf_bs_get(const kvf_bs_params_t *p, const struct addrinfo *ai, const
     }
     eoh = (raw.data != NULL) ? strstr(raw.data, "\r\n\r\n") : NULL;
     if ((eoh == NULL) || (sscanf(raw.data, "HTTP/1.%*d %d", &code) != 1)) {
-        kvf_bs_fail(res, "protocol", "GET %s: not an HTTP response", path);
+        kvf_bs_fail(res, "protocol", "%s %s: not an HTTP response", method, path);
         code = -1;
         goto out_close;
     }
@@ -558,7 +564,7 @@ static int kvf_bs_get(const kvf_bs_params_t *p, const struct addrinfo *ai, const
     memmove(raw.data, eoh + 4, raw.len - (size_t)(eoh + 4 - raw.data) + 1);
     raw.len = strlen(raw.data);
     if ((kvf_bs_dechunk(&dc, &raw, &body) != 0) || (body.data == NULL)) {
-        kvf_bs_fail(res, "protocol", "GET %s: bad body", path);
+        kvf_bs_fail(res, "protocol", "%s %s: bad body", method, path);
         code = -1;
         goto out_close;
     }
@@ -569,6 +575,13 @@ out_close:
     free(raw.data);
     free(body.data);
     return code;
+}
+
+/* GET @a path into a malloc'd body (until the server closes); the HTTP status or -1. */
+static int kvf_bs_get(const kvf_bs_params_t *p, const struct addrinfo *ai, const char *path,
+                      char **body_p, kvf_bs_result_t *res)
+{
+    return kvf_bs_http(p, ai, "GET", path, NULL, body_p, res);
 }
 
 int kvf_bs_fetch_model(kvf_bs_params_t *p)

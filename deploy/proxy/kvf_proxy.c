@@ -25,7 +25,8 @@ const kvf_config_field_t kvf_proxy_config_table[] = {
      KVF_PF(host), KVF_CONFIG_TYPE_STRING, 0},
     {"PORT", "8000", "HTTP port (0: any free port, printed at start)",
      KVF_PF(port), KVF_CONFIG_TYPE_INT, 0},
-    {"PREFILL", "", "comma list of prefill instance endpoints (tcp://host:port)",
+    {"PREFILL", "", "comma list of prefill instance endpoints (tcp://host:port; a host name is "
+     "resolved at every health round, the instance follows its address)",
      KVF_PF(prefill), KVF_CONFIG_TYPE_STRING, 0},
     {"DECODE", "", "comma list of decode instance endpoints (tcp://host:port)",
      KVF_PF(decode), KVF_CONFIG_TYPE_STRING, 0},

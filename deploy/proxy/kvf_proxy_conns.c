@@ -19,6 +19,7 @@
  */
 #define _GNU_SOURCE   /* POLLRDHUP */
 #include "kvf_proxy_conns.h"
+#include "kvf_proxy_memtrim.h"
 #include "kvf_time.h"
 #include "kvf_log.h"
 
@@ -69,6 +70,7 @@ struct kvf_proxy_conns {
     struct pollfd           *pfd;         /* watchdog: hang-up check scratch */
     kvf_proxy_conn_slot_t  **pfd_slot;
     size_t                   pfd_cap;
+    kvf_proxy_memtrim_t      trim;        /* watchdog: the peak since the last heap trim */
 };
 
 /* @a text (length @a len) as a numeric address in canonical form into @a out; false if not one. */
@@ -228,6 +230,15 @@ static void *kvf_proxy_watchdog(void *arg)
             (void)shutdown(s->fd, SHUT_RDWR);
         }
         kvf_proxy_watchdog_hangups(c);
+        if (kvf_proxy_memtrim_due(&c->trim, c->count, now)) {
+            unsigned open = c->count;
+
+            pthread_mutex_unlock(&c->lock);   /* a trim takes the arenas' locks: not under ours */
+            if (kvf_proxy_memtrim_run()) {
+                kvf_debug("heap trimmed: a burst of connections is over (%u open now)", open);
+            }
+            pthread_mutex_lock(&c->lock);
+        }
         ts = kvf_time_deadline_ts(CLOCK_MONOTONIC, KVF_PROXY_WATCHDOG_MS);   /* the cond's clock */
         pthread_cond_timedwait(&c->cond, &c->lock, &ts);
     }

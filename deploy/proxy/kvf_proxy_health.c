@@ -28,6 +28,15 @@ cJSON *kvf_proxy_pool_health_json(kvf_proxy_pool_h pool)
             }
             kvf_proxy_pool_info(pool, (kvf_proxy_role_t)role, i, &info);
             cJSON_AddStringToObject(o, "url", info.url);
+            /* what a name resolved to (kvf_proxy_resolve.c); null until it does */
+            if (info.address[0] != '\0') {
+                cJSON_AddStringToObject(o, "address", info.address);
+            } else {
+                cJSON_AddNullToObject(o, "address");
+            }
+            if (info.resolve_error[0] != '\0') {
+                cJSON_AddStringToObject(o, "resolve_error", info.resolve_error);
+            }
             cJSON_AddBoolToObject(o, "healthy", info.healthy);
             cJSON_AddBoolToObject(o, "connected", info.connected);
             cJSON_AddBoolToObject(o, "draining", info.draining);

@@ -30,7 +30,8 @@
 #include <string.h>
 #include <unistd.h>
 
-kvf_status_t kvf_proxy_inst_open(struct kvf_proxy_pool *pool, kvf_proxy_instance_t *inst)
+kvf_status_t kvf_proxy_inst_open(struct kvf_proxy_pool *pool, kvf_proxy_instance_t *inst,
+                                 const char *endpoint)
 {
     static const kvf_zmq_opt_t sock_opts[] = {
         {ZMQ_LINGER, 0},
@@ -57,8 +58,9 @@ kvf_status_t kvf_proxy_inst_open(struct kvf_proxy_pool *pool, kvf_proxy_instance
         return status;
     }
 
-    snprintf(mon_url, sizeof(mon_url), "inproc://kvf-proxy-mon-%p-%d-%d", (void *)pool,
-             (int)inst->role, inst->idx);
+    /* the generation: a socket reopened on a new address gets a fresh monitor name */
+    snprintf(mon_url, sizeof(mon_url), "inproc://kvf-proxy-mon-%p-%d-%d-%u", (void *)pool,
+             (int)inst->role, inst->idx, inst->sock_gen);
     if (zmq_socket_monitor(inst->sock, mon_url,
                            ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) != 0) {
         kvf_error("zmq_socket_monitor failed: %s", zmq_strerror(zmq_errno()));
@@ -73,8 +75,8 @@ kvf_status_t kvf_proxy_inst_open(struct kvf_proxy_pool *pool, kvf_proxy_instance
         kvf_error("monitor socket for %s failed: %s", inst->url, zmq_strerror(zmq_errno()));
         return KVF_ERR_ZMQ;
     }
-    if (kvf_zmq_connect(inst->sock, inst->url) != KVF_OK) {
-        kvf_error("bad %s endpoint '%s': %s", kvf_proxy_role_name(inst->role), inst->url,
+    if ((endpoint != NULL) && (kvf_zmq_connect(inst->sock, endpoint) != KVF_OK)) {
+        kvf_error("bad %s endpoint '%s': %s", kvf_proxy_role_name(inst->role), endpoint,
                   zmq_strerror(zmq_errno()));
         return KVF_ERR_INVALID_PARAM;
     }
@@ -94,7 +96,7 @@ void kvf_proxy_inst_close(kvf_proxy_instance_t *inst)
     }
 }
 
-static void kvf_proxy_inst_unhealthy_locked(kvf_proxy_instance_t *inst, const char *why)
+void kvf_proxy_inst_unhealthy_locked(kvf_proxy_instance_t *inst, const char *why)
 {
     if (inst->info.healthy) {
         kvf_warn("%s instance %s is unhealthy: %s", kvf_proxy_role_name(inst->role), inst->url,
@@ -352,6 +354,20 @@ static void kvf_proxy_io_probe(struct kvf_proxy_pool *pool, int64_t now)
             bool send;
 
             pthread_mutex_lock(&pool->lock);
+            if (inst->addr[0] == '\0') {   /* a name with no address yet: why, in /health */
+                char why[KVF_PROXY_DNS_ERROR_MAX + 32];
+
+                if (inst->info.resolve_error[0] != '\0') {
+                    snprintf(why, sizeof(why), "%s", inst->info.resolve_error);
+                } else if (inst->want[0] != '\0') {
+                    snprintf(why, sizeof(why), "cannot connect to %s", inst->want);
+                } else {
+                    snprintf(why, sizeof(why), "resolving %s", inst->host);
+                }
+                kvf_proxy_inst_unhealthy_locked(inst, why);
+                pthread_mutex_unlock(&pool->lock);
+                continue;
+            }
             send = (inst->probe_sent_ms == 0);
             if (send) {
                 inst->probe_sent_ms = now;
@@ -414,25 +430,19 @@ static void kvf_proxy_io_fail_lost(struct kvf_proxy_pool *pool, int64_t now)
     }
 }
 
-void *kvf_proxy_io_main(void *arg)
+/* The poll set: the eventfd, then each instance's DEALER and monitor. Its size. */
+static int kvf_proxy_io_items(struct kvf_proxy_pool *pool, zmq_pollitem_t *items,
+                              kvf_proxy_instance_t **owner)
 {
-    struct kvf_proxy_pool *pool = arg;
-    int n = pool->count[0] + pool->count[1];
-    zmq_pollitem_t *items = calloc((size_t)(1 + 2 * n), sizeof(*items));
-    kvf_proxy_instance_t **owner = calloc((size_t)(1 + 2 * n), sizeof(*owner));
-    int64_t next_probe = 0;
     int k = 1;
 
-    if ((items == NULL) || (owner == NULL)) {
-        kvf_error("proxy i/o thread: out of memory");
-        free(items);
-        free(owner);
-        return NULL;
-    }
     items[0].fd = pool->efd;
     items[0].events = ZMQ_POLLIN;
     for (int role = 0; role < KVF_PROXY_ROLE_COUNT; ++role) {
         for (int i = 0; i < pool->count[role]; ++i) {
+            if (pool->inst[role][i].sock == NULL) {
+                continue;        /* its reopen failed: nothing to poll until the next */
+            }
             owner[k] = &pool->inst[role][i];
             items[k].socket = owner[k]->sock;
             items[k++].events = ZMQ_POLLIN;
@@ -441,6 +451,25 @@ void *kvf_proxy_io_main(void *arg)
             items[k++].events = ZMQ_POLLIN;
         }
     }
+    return k;
+}
+
+void *kvf_proxy_io_main(void *arg)
+{
+    struct kvf_proxy_pool *pool = arg;
+    int n = pool->count[0] + pool->count[1];
+    zmq_pollitem_t *items = calloc((size_t)(1 + 2 * n), sizeof(*items));
+    kvf_proxy_instance_t **owner = calloc((size_t)(1 + 2 * n), sizeof(*owner));
+    int64_t next_probe = 0;
+    int k;
+
+    if ((items == NULL) || (owner == NULL)) {
+        kvf_error("proxy i/o thread: out of memory");
+        free(items);
+        free(owner);
+        return NULL;
+    }
+    k = kvf_proxy_io_items(pool, items, owner);
 
     while (!atomic_load(&pool->stop)) {
         int64_t now = (int64_t)kvf_time_now_ms();
@@ -468,6 +497,10 @@ void *kvf_proxy_io_main(void *arg)
             } else {
                 kvf_proxy_io_monitor(pool, owner[j]);
             }
+        }
+        if (kvf_proxy_io_apply_dns(pool)) {
+            memset(items, 0, (size_t)(1 + 2 * n) * sizeof(*items));
+            k = kvf_proxy_io_items(pool, items, owner);
         }
         now = (int64_t)kvf_time_now_ms();
         kvf_proxy_io_fail_lost(pool, now);

@@ -58,6 +58,15 @@ static kvf_status_t kvf_proxy_pool_add_list(struct kvf_proxy_pool *pool, kvf_pro
         memcpy(inst->url, p, n);
         inst->url[n] = '\0';
         memcpy(inst->info.url, inst->url, n + 1);
+        if (kvf_proxy_endpoint_split(inst->url, inst->host, sizeof(inst->host), inst->port,
+                                     sizeof(inst->port)) != KVF_OK) {
+            kvf_error("bad %s endpoint list: item '%s'", kvf_proxy_role_name(role), inst->url);
+            return KVF_ERR_INVALID_PARAM;
+        }
+        if (inst->host[0] == '\0') {   /* an address: connected to as it is */
+            memcpy(inst->addr, inst->url, n + 1);
+            memcpy(inst->info.address, inst->url, n + 1);
+        }
         snprintf(inst->info.last_error, sizeof(inst->info.last_error), "no health reply yet");
         p += n;
         while ((*p == ' ') || (*p == ',')) {
@@ -125,21 +134,31 @@ kvf_status_t kvf_proxy_pool_create(const kvf_proxy_pool_params_t *params,
     }
     for (int role = 0; role < KVF_PROXY_ROLE_COUNT; ++role) {
         for (int i = 0; i < pool->count[role]; ++i) {
-            status = kvf_proxy_inst_open(pool, &pool->inst[role][i]);
+            kvf_proxy_instance_t *inst = &pool->inst[role][i];
+
+            /* a name: connected once the resolver answers (kvf_proxy_resolve.c) */
+            status = kvf_proxy_inst_open(pool, inst, (inst->addr[0] != '\0') ? inst->addr :
+                                                     NULL);
             if (status != KVF_OK) {
                 goto err_close_socks;
             }
         }
     }
+    status = kvf_proxy_resolver_start(pool);
+    if (status != KVF_OK) {
+        goto err_close_socks;
+    }
     if (pthread_create(&pool->thread, NULL, kvf_proxy_io_main, pool) != 0) {
         kvf_error("failed to start the proxy i/o thread");
         status = KVF_ERR_NO_RESOURCE;
-        goto err_close_socks;
+        goto err_stop_resolver;
     }
     pool->thread_started = true;
     *pool_p = pool;
     return KVF_OK;
 
+err_stop_resolver:
+    kvf_proxy_resolver_stop(pool);
 err_close_socks:
     for (int role = 0; role < KVF_PROXY_ROLE_COUNT; ++role) {
         for (int i = 0; i < pool->count[role]; ++i) {
@@ -170,6 +189,7 @@ void kvf_proxy_pool_destroy(kvf_proxy_pool_h pool)
     if (pool->thread_started) {
         pthread_join(pool->thread, NULL);
     }
+    kvf_proxy_resolver_stop(pool);   /* after the I/O thread, its only reader */
     pthread_mutex_lock(&pool->lock);
     for (struct kvf_proxy_call *c = pool->calls; c != NULL; c = c->next) {
         kvf_proxy_call_fail_locked(c, KVF_ERR_CANCELED, "proxy is shutting down");

@@ -38,6 +38,7 @@ typedef enum {
 
 #define KVF_PROXY_MAX_INSTANCES 64
 #define KVF_PROXY_URL_MAX 256
+#define KVF_PROXY_DNS_ERROR_MAX 320
 
 typedef struct kvf_proxy_pool *kvf_proxy_pool_h;
 typedef struct kvf_proxy_call *kvf_proxy_call_h;
@@ -113,6 +114,10 @@ typedef struct kvf_proxy_instance_info {
     uint64_t foreign_tokens;         /* prefill: reported queue beyond ours (other proxies) */
     double   wait_calibration;       /* prefill: EWMA of answered / predicted wait; 0: none yet */
     char     device[64];             /* HealthReply.device: "cpu", "cuda:0", ...; "" unknown */
+    /* url by name (kvf_proxy_resolve.c): the address it resolved to, connected to ("" none
+     * yet; url itself when url is an address) and the last resolution's error ("" none) */
+    char     address[KVF_PROXY_URL_MAX];
+    char     resolve_error[KVF_PROXY_DNS_ERROR_MAX];
 } kvf_proxy_instance_info_t;
 
 /**

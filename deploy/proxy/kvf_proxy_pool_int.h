@@ -96,6 +96,12 @@ typedef struct kvf_proxy_instance {
     int64_t          rate_ms;           /* the proxy's clock then */
     bool             rate_busy;         /* it reported queued prompt work then */
     bool             rate_base;         /* the four above are set */
+    /* DNS (kvf_proxy_resolve.c): url's host name, resolved at every health round */
+    char             host[KVF_PROXY_URL_MAX]; /* "": url is an address, used as is */
+    char             port[8];
+    char             addr[KVF_PROXY_URL_MAX]; /* I/O thread: what sock is connected to; "" none */
+    char             want[KVF_PROXY_URL_MAX]; /* I/O thread: the resolver's latest answer */
+    unsigned         sock_gen;          /* I/O thread: sockets opened (monitor names) */
 } kvf_proxy_instance_t;
 
 /*
@@ -131,6 +137,9 @@ struct kvf_proxy_pool {
     kvf_status_t       (*adopt)(void *ctx, const char *path, const char *digest, char *why,
                                 size_t cap);
     void                *adopt_ctx;
+    /* names (kvf_proxy_resolve.c): NULL when every endpoint is an address */
+    struct kvf_proxy_resolver *resolver;
+    unsigned             dns_gen;           /* I/O thread: the resolver's answers applied */
 };
 
 #define KVF_PROXY_TOK_BYTES "bytes"
@@ -187,9 +196,33 @@ void kvf_proxy_route_on_send_locked(kvf_proxy_instance_t *inst, struct kvf_proxy
 void kvf_proxy_route_on_answer_locked(kvf_proxy_instance_t *inst, const struct kvf_proxy_call *c);
 
 /* ---- kvf_proxy_io.c ---- */
-kvf_status_t kvf_proxy_inst_open(struct kvf_proxy_pool *pool, kvf_proxy_instance_t *inst);
+/* Open @a inst's DEALER and its monitor, connected to @a endpoint (NULL: not yet, a name
+ * not resolved). KVF_OK; KVF_ERR_ZMQ; KVF_ERR_INVALID_PARAM when ZeroMQ refuses it. */
+kvf_status_t kvf_proxy_inst_open(struct kvf_proxy_pool *pool, kvf_proxy_instance_t *inst,
+                                 const char *endpoint);
 void kvf_proxy_inst_close(kvf_proxy_instance_t *inst);
+/* Mark @a inst unhealthy with reason @a why (logged when it was healthy). Pool locked. */
+void kvf_proxy_inst_unhealthy_locked(kvf_proxy_instance_t *inst, const char *why);
 /* The I/O thread's body; @a arg is the pool; returns when pool->stop is set. */
 void *kvf_proxy_io_main(void *arg);
+
+/* ---- kvf_proxy_resolve.c ---- */
+/*
+ * The host and port of endpoint @a url to resolve: "tcp://NAME:PORT" gives NAME and PORT;
+ * an IPv4 address, "tcp://[v6]:PORT", ZeroMQ's "tcp://src;host:port" and non-tcp
+ * endpoints give host "" (used as they are). KVF_OK; KVF_ERR_INVALID_PARAM (logged,
+ * naming @a url) for a tcp endpoint without a port in [1, 65535] or with a character
+ * no host name has.
+ */
+kvf_status_t kvf_proxy_endpoint_split(const char *url, char *host, size_t host_cap,
+                                      char *port, size_t port_cap);
+/* Start the resolver thread when an instance has a host name (pool->resolver set);
+ * KVF_OK with none to resolve. Call before the I/O thread starts. */
+kvf_status_t kvf_proxy_resolver_start(struct kvf_proxy_pool *pool);
+/* Stop it (never waits on a getaddrinfo() in progress). NULL resolver: no-op. */
+void kvf_proxy_resolver_stop(struct kvf_proxy_pool *pool);
+/* I/O thread: take the resolver's new answers; connect the instances whose name has a new
+ * address. True when a socket was replaced (the poll set must be rebuilt). */
+bool kvf_proxy_io_apply_dns(struct kvf_proxy_pool *pool);
 
 #endif

@@ -239,7 +239,9 @@ static bool kvf_proxy_sse_choice_chunk(kvf_proxy_cmpl_t *s)
             return true;
         }
         memcpy(text, (echo > 0) ? ch->echo : "", echo);
-        memcpy(text + echo, ch->text + ch->sent, ready - ch->sent);
+        if (ready > ch->sent) {   /* ch->text is NULL until the first piece of text */
+            memcpy(text + echo, ch->text + ch->sent, ready - ch->sent);
+        }
         text[echo + (ready - ch->sent)] = '\0';
         kvf_proxy_piece(ch, to, text, over, &out);
         out.text_offset -= (int)echo;

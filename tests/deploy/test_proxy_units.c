@@ -5,6 +5,7 @@
  */
 #include "kvf_proxy_metrics.h"
 #include "kvf_proxy_openai.h"
+#include "kvf_proxy_memtrim.h"
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -413,13 +414,38 @@ static void test_metrics_text(void **state)
     kvf_proxy_metrics_destroy(m);
 }
 
+/* The heap is trimmed once a peak of >= 64 connections fell to a quarter, at most once a
+ * second, and a steady load never trims. */
+static void test_memtrim_policy(void **state)
+{
+    kvf_proxy_memtrim_t t = {0};
+
+    (void)state;
+    for (unsigned n = 0; n <= 63; ++n) {
+        assert_false(kvf_proxy_memtrim_due(&t, n, 1000));   /* a peak of 63: too small */
+    }
+    assert_false(kvf_proxy_memtrim_due(&t, 0, 1100));
+    assert_false(kvf_proxy_memtrim_due(&t, 300, 2000));      /* a burst of 300 */
+    assert_false(kvf_proxy_memtrim_due(&t, 76, 2100));       /* 76 > 300 / 4 = 75 */
+    assert_true(kvf_proxy_memtrim_due(&t, 75, 2200));        /* fell to a quarter */
+    assert_int_equal(t.peak, 75);
+    assert_int_equal(t.trims, 1);
+    assert_false(kvf_proxy_memtrim_due(&t, 400, 2300));      /* the next burst */
+    assert_false(kvf_proxy_memtrim_due(&t, 10, 3100));       /* 900 ms after the trim */
+    assert_true(kvf_proxy_memtrim_due(&t, 10, 3200));        /* a second after it */
+    for (int64_t ms = 4000; ms < 20000; ms += 100) {         /* steady at 200: never */
+        assert_false(kvf_proxy_memtrim_due(&t, 200, ms));
+    }
+    assert_int_equal(t.trims, 2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parse_ok),
         cmocka_unit_test(test_parse_bad),   cmocka_unit_test(test_metrics_text),
         cmocka_unit_test(test_error_json),  cmocka_unit_test(test_parse_limits),
-        cmocka_unit_test(test_parse_chat),
+        cmocka_unit_test(test_parse_chat),  cmocka_unit_test(test_memtrim_policy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
