@@ -9,7 +9,8 @@
  * threads, and each rank calling a BLAS that spawns its own pool
  * oversubscribes the cores. An instance of one rank may give its kernels
  * more threads (kvf_gemm_set_threads): the GEMM splits columns over them,
- * the CPU attention and scan split heads and rows (kvf_kern_parallel).
+ * the CPU attention and scan split heads and rows (kvf_kern_parallel,
+ * kvf_kern_pool.c).
  */
 #include "kvf_gemm.h"
 #include "kvf_kern_internal.h"
@@ -39,49 +40,6 @@ void kvf_gemm_set_threads(int n)
 int kvf_kern_cpu_threads(void)
 {
     return __atomic_load_n(&kvf_gemm_threads, __ATOMIC_ACQUIRE);
-}
-
-typedef struct kvf_kern_par_arg {
-    kvf_kern_par_fn_t fn;
-    void             *ctx;
-    int               part, parts, rc;
-} kvf_kern_par_arg_t;
-
-static void *kvf_kern_par_main(void *p)
-{
-    kvf_kern_par_arg_t *a = p;
-    a->rc = a->fn(a->ctx, a->part, a->parts);
-    return NULL;
-}
-
-int kvf_kern_parallel(int parts, kvf_kern_par_fn_t fn, void *ctx)
-{
-    enum { KVF_KERN_PAR_MAX = 64 };
-    kvf_kern_par_arg_t arg[KVF_KERN_PAR_MAX];
-    pthread_t th[KVF_KERN_PAR_MAX];
-    int started = 1, rc = KVF_KERN_OK;
-
-    parts = (parts < 1) ? 1 : (parts > KVF_KERN_PAR_MAX) ? KVF_KERN_PAR_MAX : parts;
-    for (int i = 0; i < parts; ++i) {
-        arg[i] = (kvf_kern_par_arg_t){.fn = fn, .ctx = ctx, .part = i, .parts = parts};
-    }
-    /* a part whose thread cannot start runs on the caller: same result, slower */
-    for (; started < parts; ++started) {
-        if (pthread_create(&th[started], NULL, kvf_kern_par_main, &arg[started]) != 0) {
-            break;
-        }
-    }
-    for (int i = started; i < parts; ++i) {
-        kvf_kern_par_main(&arg[i]);
-    }
-    kvf_kern_par_main(&arg[0]);
-    for (int i = 1; i < started; ++i) {
-        pthread_join(th[i], NULL);
-    }
-    for (int i = 0; i < parts; ++i) {
-        rc = (rc != KVF_KERN_OK) ? rc : arg[i].rc;
-    }
-    return rc;
 }
 
 int kvf_gemm_ex(const kvf_device_t *dev, int M, int N, int K, const float *x, int ldx,

@@ -439,8 +439,9 @@ int kvf_gemm_cpu(int M, int N, int K, float alpha, const float *x, size_t ldx, c
                          .nb = (nb > (size_t)N) ? N : (int)nb};
     par = (kvf_gemm_par_t){.j = &j, .fn = call};
     blocks = (N + j.nb - 1) / j.nb;
-    /* threads only for products worth a thread start (about 2^21 multiply-adds) */
-    parts = ((double)M * (double)N * (double)K >= (double)(1 << 21)) ? threads : 1;
+    /* threads only for products worth waking a worker (2^18 multiply-adds: a one-row
+     * product of a 512 x 512 matrix; kvf_kern_pool.c) */
+    parts = ((double)M * (double)N * (double)K >= (double)(1 << 18)) ? threads : 1;
     parts = (parts > blocks) ? blocks : (parts < 1) ? 1 : parts;
     return (parts > 1) ? kvf_kern_parallel(parts, kvf_gemm_part, &par)
                        : kvf_gemm_part(&par, 0, 1);

@@ -32,9 +32,12 @@ typedef int (*kvf_kern_par_fn_t)(void *ctx, int part, int parts);
 
 /**
  * Run fn(ctx, part, parts) for every part, part 0 on the calling thread and
- * the others on threads started for the call (joined before the return; a
- * part whose thread fails to start runs on the caller). parts is clamped to
- * [1, 64]. @return the first failing part's code, else KVF_KERN_OK.
+ * the others on the process's kernel workers (kvf_kern_pool.c: started on
+ * first use, kept; the call returns when every part is done). A part without
+ * a worker (one failed to start), or every part when another thread's job
+ * has the workers, runs on the caller: the parts must give the same result
+ * whoever runs them. parts is clamped to [1, 64]. @return the first failing
+ * part's code, else KVF_KERN_OK.
  */
 int kvf_kern_parallel(int parts, kvf_kern_par_fn_t fn, void *ctx);
 
