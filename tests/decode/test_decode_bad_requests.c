@@ -6,6 +6,8 @@
  */
 #include "kvf_serve.pb-c.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -295,11 +298,54 @@ static void test_waiting_queue_and_bad_requests(void **state)
     assert_int_equal(waitpid(decode_pid, NULL, WNOHANG), 0);
 }
 
+/* A loopback port free now (bound to 0, read back, closed); 0 when none could be had. */
+static int free_port(void)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(a);
+    int fd = socket(AF_INET, SOCK_STREAM, 0), port = 0;
+
+    if ((fd >= 0) && (bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0) &&
+        (getsockname(fd, (struct sockaddr *)&a, &len) == 0)) {
+        port = ntohs(a.sin_port);
+    }
+    if (fd >= 0) {
+        close(fd);
+    }
+    return port;
+}
+
+/* Polls until kvf-decode (decode_pid) listens on @a port (1) or has exited (0: e.g. another
+ * process took the port between free_port() and its bind), at most about 60 s (-1). */
+static int wait_listening(int port)
+{
+    const struct timespec nap = {0, 20 * 1000 * 1000};
+
+    for (int i = 0; i < 3000; ++i) {
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                                .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        int fd = socket(AF_INET, SOCK_STREAM, 0), ok;
+
+        if (waitpid(decode_pid, NULL, WNOHANG) == decode_pid) {
+            return 0;
+        }
+        ok = (fd >= 0) && (connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0);
+        if (fd >= 0) {
+            close(fd);
+        }
+        if (ok) {
+            return 1;
+        }
+        nanosleep(&nap, NULL);   /* poll interval */
+    }
+    return -1;
+}
+
 static int setup(void **state)
 {
     const char *bin = getenv("KVF_BIN");
     char model[512], cmd[2048], kvf[512], dec[512];
-    int port = 30000 + (getpid() % 20000);
+    int up = 0;
     (void)state;
 
     if (bin == NULL) {
@@ -313,13 +359,24 @@ static int setup(void **state)
     if (system(cmd) != 0) {
         return -1;
     }
-    snprintf(endpoint, sizeof(endpoint), "tcp://127.0.0.1:%d", port);
-    decode_pid = fork();
-    if (decode_pid == 0) {
-        execl(dec, dec, "--model", model, "--listen", endpoint, "--num-blocks", "16",
-              "--block-size", "16", "--load-failure", "recompute", "--xfer-timeout", "300ms",
-              "--insecure", (char *)NULL);
-        _exit(127);
+    /* a free port, and another if a concurrent test took it before kvf-decode bound it */
+    for (int attempt = 0; (attempt < 5) && (up == 0); ++attempt) {
+        int port = free_port();
+        if (port == 0) {
+            return -1;
+        }
+        snprintf(endpoint, sizeof(endpoint), "tcp://127.0.0.1:%d", port);
+        decode_pid = fork();
+        if (decode_pid == 0) {
+            execl(dec, dec, "--model", model, "--listen", endpoint, "--num-blocks", "16",
+                  "--block-size", "16", "--load-failure", "recompute", "--xfer-timeout",
+                  "300ms", "--insecure", (char *)NULL);
+            _exit(127);
+        }
+        up = wait_listening(port);
+    }
+    if (up != 1) {
+        return -1;
     }
     zctx = zmq_ctx_new();
     sock = zmq_socket(zctx, ZMQ_DEALER);
