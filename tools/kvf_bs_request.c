@@ -584,23 +584,36 @@ static int kvf_bs_get(const kvf_bs_params_t *p, const struct addrinfo *ai, const
     return kvf_bs_http(p, ai, "GET", path, NULL, body_p, res);
 }
 
-int kvf_bs_fetch_model(kvf_bs_params_t *p)
+/* GET /v1/models of the server in @a p (its host resolved here): the HTTP status, -1 when
+ * the request failed (res says why), -2 when the host does not resolve (logged). */
+static int kvf_bs_get_models(const kvf_bs_params_t *p, char **body_p, kvf_bs_result_t *res)
 {
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
-    kvf_bs_result_t res = {0};
-    const cJSON *id;
-    cJSON *root;
-    char port[16], *body = NULL;
+    char port[16];
     int code, rc;
 
     snprintf(port, sizeof(port), "%d", p->port);
     rc = getaddrinfo(p->host, port, &hints, &ai);
     if (rc != 0) {
         kvf_error("cannot resolve %s: %s", p->host, gai_strerror(rc));
+        return -2;
+    }
+    code = kvf_bs_get(p, ai, "/v1/models", body_p, res);
+    freeaddrinfo(ai);
+    return code;
+}
+
+int kvf_bs_fetch_model(kvf_bs_params_t *p)
+{
+    kvf_bs_result_t res = {0};
+    const cJSON *id;
+    cJSON *root;
+    char *body = NULL;
+    int code = kvf_bs_get_models(p, &body, &res);
+
+    if (code == -2) {
         return -1;
     }
-    code = kvf_bs_get(p, ai, "/v1/models", &body, &res);
-    freeaddrinfo(ai);
     if (code != 200) {
         if (code > 0) {
             kvf_error("GET http://%s:%d/v1/models answered HTTP %d (give --model NAME)",
@@ -630,23 +643,17 @@ int kvf_bs_fetch_model(kvf_bs_params_t *p)
 
 int kvf_bs_check_model(const kvf_bs_params_t *p)
 {
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
     kvf_bs_result_t res = {0};
     const cJSON *item;
     cJSON *root;
-    char port[16], served[512] = "", *body = NULL;
+    char served[512] = "", *body = NULL;
     size_t used = 0;
-    int code, rc;
+    int code = kvf_bs_get_models(p, &body, &res);
     bool found = false;
 
-    snprintf(port, sizeof(port), "%d", p->port);
-    rc = getaddrinfo(p->host, port, &hints, &ai);
-    if (rc != 0) {
-        kvf_error("cannot resolve %s: %s", p->host, gai_strerror(rc));
+    if (code == -2) {
         return -1;
     }
-    code = kvf_bs_get(p, ai, "/v1/models", &body, &res);
-    freeaddrinfo(ai);
     root = (body != NULL) ? cJSON_Parse(body) : NULL;
     if (code != 200) {
         const cJSON *m = cJSON_GetObjectItemCaseSensitive(
