@@ -100,31 +100,44 @@ static float load_any(const void *p, kvf_dtype_t dt, size_t i)
     return kvf_dtype_load(p, dt, i);
 }
 
+/* The differences of n elements of dtype dt: max |gpu - cpu|, the max of |gpu - cpu| /
+ * (1 + |cpu|) (absolute near 0, relative for large values), how many of those exceed 1e-4,
+ * and the elements where only one side is NaN. */
+typedef struct {
+    double max, norm;
+    size_t beyond, nan_mismatch;
+} diff_t;
+
+static diff_t diff_of(const void *gpu, const void *cpu, kvf_dtype_t dt, size_t n)
+{
+    diff_t r = {0.0, 0.0, 0, 0};
+    for (size_t i = 0; i < n; ++i) {
+        float g = load_any(gpu, dt, i), c = load_any(cpu, dt, i);
+        if (isnan(g) || isnan(c)) {
+            r.nan_mismatch += (isnan(g) != isnan(c)) ? 1 : 0;
+            continue;
+        }
+        double d = fabs((double)g - (double)c);
+        r.max = (d > r.max) ? d : r.max;
+        d /= 1.0 + fabs((double)c);
+        r.norm = (d > r.norm) ? d : r.norm;
+        r.beyond += (d > 1e-4) ? 1 : 0;
+    }
+    return r;
+}
+
 /*
- * One table row over n elements of dtype dt: the max |gpu - cpu|, and the
- * pass test on the max of |gpu - cpu| / (1 + |cpu|) (absolute near 0,
- * relative for large values) against @a tol; NaN must be in the same places.
+ * One table row over n elements of dtype dt: the max |gpu - cpu|, and the pass test on the
+ * max relative difference (diff_of) against @a tol; NaN must be in the same places.
  */
 static void row(const char *op, const char *dtype, const void *gpu, const void *cpu,
                 kvf_dtype_t dt, size_t n, double tol)
 {
-    double max = 0.0, norm = 0.0;
-    size_t nan_mismatch = 0;
-    for (size_t i = 0; i < n; ++i) {
-        float g = load_any(gpu, dt, i), c = load_any(cpu, dt, i);
-        if (isnan(g) || isnan(c)) {
-            nan_mismatch += (isnan(g) != isnan(c)) ? 1 : 0;
-            continue;
-        }
-        double d = fabs((double)g - (double)c);
-        max = (d > max) ? d : max;
-        d /= 1.0 + fabs((double)c);
-        norm = (d > norm) ? d : norm;
-    }
-    int ok = (norm <= tol) && (nan_mismatch == 0);
+    diff_t d = diff_of(gpu, cpu, dt, n);
+    int ok = (d.norm <= tol) && (d.nan_mismatch == 0);
     failures += ok ? 0 : 1;
-    printf("| %-28s | %-5s | %-12.3g | %-12.3g | %-7.1g | %s%s |\n", op, dtype, max, norm, tol,
-           ok ? "PASS" : "FAIL", nan_mismatch ? " (NaN mismatch)" : "");
+    printf("| %-28s | %-5s | %-12.3g | %-12.3g | %-7.1g | %s%s |\n", op, dtype, d.max, d.norm,
+           tol, ok ? "PASS" : "FAIL", d.nan_mismatch ? " (NaN mismatch)" : "");
 }
 
 static void rowf(const char *op, const char *dtype, const float *gpu, const float *cpu, size_t n,
@@ -146,25 +159,12 @@ static void rowf(const char *op, const char *dtype, const float *gpu, const floa
 static void row_narrow_state(const char *op, const char *dtype, const void *gpu,
                              const void *cpu, kvf_dtype_t dt, size_t n, double tol)
 {
-    double max = 0.0, norm = 0.0;
-    size_t nan_mismatch = 0, beyond = 0;
-    for (size_t i = 0; i < n; ++i) {
-        float g = load_any(gpu, dt, i), c = load_any(cpu, dt, i);
-        if (isnan(g) || isnan(c)) {
-            nan_mismatch += (isnan(g) != isnan(c)) ? 1 : 0;
-            continue;
-        }
-        double d = fabs((double)g - (double)c);
-        max = (d > max) ? d : max;
-        d /= 1.0 + fabs((double)c);
-        norm = (d > norm) ? d : norm;
-        beyond += (d > 1e-4) ? 1 : 0;
-    }
-    int ok = (norm <= tol) && (beyond * 20 <= n) && (nan_mismatch == 0);
+    diff_t d = diff_of(gpu, cpu, dt, n);
+    int ok = (d.norm <= tol) && (d.beyond * 20 <= n) && (d.nan_mismatch == 0);
     failures += ok ? 0 : 1;
     printf("| %-28s | %-5s | %-12.3g | %-12.3g | %-7.1g | %s (%zu of %zu > 1e-4)%s |\n", op,
-           dtype, max, norm, tol, ok ? "PASS" : "FAIL", beyond, n,
-           nan_mismatch ? " (NaN mismatch)" : "");
+           dtype, d.max, d.norm, tol, ok ? "PASS" : "FAIL", d.beyond, n,
+           d.nan_mismatch ? " (NaN mismatch)" : "");
 }
 
 static void check_norms(void)
