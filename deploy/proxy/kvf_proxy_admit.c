@@ -120,34 +120,14 @@ void kvf_proxy_admit_kick(kvf_proxy_admit_h q)
     pthread_mutex_unlock(&q->lock);
 }
 
-uint64_t kvf_proxy_admit_tokens(kvf_proxy_admit_h q)
+kvf_proxy_admit_stats_t kvf_proxy_admit_stats(kvf_proxy_admit_h q)
 {
-    uint64_t n;
+    kvf_proxy_admit_stats_t st;
 
     pthread_mutex_lock(&q->lock);
-    n = q->tokens;
+    st = (kvf_proxy_admit_stats_t){.count = q->count, .tokens = q->tokens, .total = q->total};
     pthread_mutex_unlock(&q->lock);
-    return n;
-}
-
-uint32_t kvf_proxy_admit_count(kvf_proxy_admit_h q)
-{
-    uint32_t n;
-
-    pthread_mutex_lock(&q->lock);
-    n = q->count;
-    pthread_mutex_unlock(&q->lock);
-    return n;
-}
-
-uint64_t kvf_proxy_admit_total(kvf_proxy_admit_h q)
-{
-    uint64_t n;
-
-    pthread_mutex_lock(&q->lock);
-    n = q->total;
-    pthread_mutex_unlock(&q->lock);
-    return n;
+    return st;
 }
 
 uint64_t kvf_proxy_admit_max_bytes(kvf_proxy_admit_h q)

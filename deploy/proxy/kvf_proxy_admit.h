@@ -69,14 +69,15 @@ void kvf_proxy_admit_remove(kvf_proxy_admit_h queue, kvf_proxy_admit_entry_t *e)
 /** A slot may have freed: wake the head. NULL queue: no-op. */
 void kvf_proxy_admit_kick(kvf_proxy_admit_h queue);
 
-/** Prompt tokens queued now (the work ahead of a new request). */
-uint64_t kvf_proxy_admit_tokens(kvf_proxy_admit_h queue);
+/** The queue at one instant (read under its lock, so the fields agree). */
+typedef struct kvf_proxy_admit_stats {
+    uint32_t count;    /* requests queued now */
+    uint64_t tokens;   /* their prompt tokens (the work ahead of a new request) */
+    uint64_t total;    /* requests that ever queued (a counter) */
+} kvf_proxy_admit_stats_t;
 
-/** Requests queued now. */
-uint32_t kvf_proxy_admit_count(kvf_proxy_admit_h queue);
-
-/** Requests that ever queued (a counter). */
-uint64_t kvf_proxy_admit_total(kvf_proxy_admit_h queue);
+/** @a queue's kvf_proxy_admit_stats_t now. */
+kvf_proxy_admit_stats_t kvf_proxy_admit_stats(kvf_proxy_admit_h queue);
 
 /** The bytes bound (--admission-queue-bytes). */
 uint64_t kvf_proxy_admit_max_bytes(kvf_proxy_admit_h queue);

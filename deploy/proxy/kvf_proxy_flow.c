@@ -324,20 +324,21 @@ static kvf_status_t kvf_proxy_flow_queue(kvf_proxy_flow_t *flow,
 {
     const kvf_proxy_flow_ctx_t *ctx = flow->ctx;
     double budget = (double)rq->budget_ms * KVF_PROXY_ADMIT_HEADROOM, wait;
+    kvf_proxy_admit_stats_t st;
 
     if (flow->admit.queued) {
         return KVF_PROXY_FLOW_PENDING;   /* the head, still full: the next freed slot wakes it */
     }
-    wait = kvf_proxy_route_queue_wait_ms(ctx->pool, rq->num_tokens,
-                                         kvf_proxy_admit_tokens(ctx->admit));
+    st = kvf_proxy_admit_stats(ctx->admit);
+    wait = kvf_proxy_route_queue_wait_ms(ctx->pool, rq->num_tokens, st.tokens);
     if (wait > budget) {
         rt->reason = KVF_PROXY_REJECT_PREDICTED_WAIT;
         rt->retry_after_s = kvf_proxy_route_retry_after_s(wait, budget);
         snprintf(rt->why, sizeof(rt->why), "overloaded: every instance is at its "
                  "--max-outstanding bound and %u requests (%llu prompt tokens) wait in the "
                  "proxy; this request's first token would take about %.1f s, over the %.1f s "
-                 "it may wait; retry after %d s", kvf_proxy_admit_count(ctx->admit),
-                 (unsigned long long)kvf_proxy_admit_tokens(ctx->admit), wait / 1000.0,
+                 "it may wait; retry after %d s", st.count,
+                 (unsigned long long)st.tokens, wait / 1000.0,
                  budget / 1000.0, rt->retry_after_s);
         return KVF_ERR_NO_RESOURCE;
     }
@@ -347,7 +348,7 @@ static kvf_status_t kvf_proxy_flow_queue(kvf_proxy_flow_t *flow,
         snprintf(rt->why, sizeof(rt->why), "overloaded: every instance is at its "
                  "--max-outstanding bound and the proxy's queue holds %llu prompt tokens, "
                  "the most --admission-queue-bytes %llu allows; retry later",
-                 (unsigned long long)kvf_proxy_admit_tokens(ctx->admit),
+                 (unsigned long long)kvf_proxy_admit_stats(ctx->admit).tokens,
                  (unsigned long long)kvf_proxy_admit_max_bytes(ctx->admit));
         return KVF_ERR_NO_RESOURCE;
     }
@@ -376,7 +377,7 @@ static kvf_status_t kvf_proxy_flow_pick(kvf_proxy_flow_t *flow)
     if (flow->admit.queued && !kvf_proxy_admit_is_head(ctx->admit, &flow->admit)) {
         return KVF_PROXY_FLOW_PENDING;   /* first come first served: the head tries */
     }
-    if (!flow->admit.queued && (ctx->admit != NULL) && (kvf_proxy_admit_count(ctx->admit) > 0)) {
+    if (!flow->admit.queued && (ctx->admit != NULL) && (kvf_proxy_admit_stats(ctx->admit).count > 0)) {
         /* others wait already: behind them, not ahead (first come first served) */
         memset(&rt, 0, sizeof(rt));
         rt.prefill_idx = rt.decode_idx = -1;
@@ -484,7 +485,7 @@ kvf_status_t kvf_proxy_flow_begin(kvf_proxy_flow_t *flow, const kvf_proxy_flow_c
     status = kvf_proxy_flow_pick(flow);
     if ((status == KVF_PROXY_FLOW_PENDING) && flow->admit.queued) {
         kvf_debug("request %s: every instance at its bound, queued in the proxy (%u waiting)",
-                  flow->out.id, kvf_proxy_admit_count(ctx->admit));
+                  flow->out.id, kvf_proxy_admit_stats(ctx->admit).count);
         return KVF_OK;
     }
     if (status == KVF_PROXY_FLOW_PENDING) {

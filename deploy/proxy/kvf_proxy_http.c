@@ -175,7 +175,7 @@ static enum MHD_Result kvf_proxy_metrics_page(struct kvf_proxy_http *http,
             kvf_proxy_edge_suspended(http->edge),
             (unsigned long long)kvf_proxy_conns_timeouts(http->conns));
     if (http->params.flow->admit != NULL) {
-        kvf_proxy_admit_h q = http->params.flow->admit;
+        const kvf_proxy_admit_stats_t st = kvf_proxy_admit_stats(http->params.flow->admit);
 
         fprintf(f, "# HELP kvf_proxy_admission_queue_requests Requests waiting in the proxy "
                 "for an instance slot (every instance at --max-outstanding).\n"
@@ -186,9 +186,8 @@ static enum MHD_Result kvf_proxy_metrics_page(struct kvf_proxy_http *http,
                 "kvf_proxy_admission_queue_prompt_tokens %llu\n"
                 "# HELP kvf_proxy_admission_queued_total Requests that waited in that queue.\n"
                 "# TYPE kvf_proxy_admission_queued_total counter\n"
-                "kvf_proxy_admission_queued_total %llu\n", kvf_proxy_admit_count(q),
-                (unsigned long long)kvf_proxy_admit_tokens(q),
-                (unsigned long long)kvf_proxy_admit_total(q));
+                "kvf_proxy_admission_queued_total %llu\n", st.count,
+                (unsigned long long)st.tokens, (unsigned long long)st.total);
     }
     kvf_proxy_pool_render_metrics(http->params.flow->pool, f);
     kvf_proxy_export_render(http->params.flow->pool, http->params.api->model_name, f);
