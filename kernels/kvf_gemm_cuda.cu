@@ -98,16 +98,20 @@ static int kvf_cuda_gemm_cublas(const kvf_device_t *dev, int M, int N, int K, co
     return KVF_KERN_OK;
 }
 
-/* KVF_GPU_GEMM, read once: 0 fixed (unset or "fixed"), 1 cublas, -1 anything else (refused
+/* KVF_GPU_GEMM, read once: 0 fixed (unset, empty or "fixed"), 1 cublas, -1 anything else (refused
  * by name at every call, so the first GEMM fails and says why). */
+static int kvf_gpu_gemm_mode_v = -2;
+
 static int kvf_gpu_gemm_mode(void)
 {
-    static int mode = -2;
+    /* rank threads may race to the first read: each computes the same value */
+    int mode = __atomic_load_n(&kvf_gpu_gemm_mode_v, __ATOMIC_RELAXED);
     if (mode == -2) {
         const char *env = getenv("KVF_GPU_GEMM");
-        mode = ((env == NULL) || (strcmp(env, "fixed") == 0)) ? 0
+        mode = ((env == NULL) || (env[0] == '\0') || (strcmp(env, "fixed") == 0)) ? 0
                : (strcmp(env, "cublas") == 0)                 ? 1
                                                                : -1;
+        __atomic_store_n(&kvf_gpu_gemm_mode_v, mode, __ATOMIC_RELAXED);
     }
     return mode;
 }
