@@ -9,6 +9,7 @@
 #include "kvf_time.h"
 #include "kvf_config.h"
 #include "kvf_engine.h"
+#include "kvf_fwd_profile.h"
 #include "kvf_log.h"
 #include "kvf_mkmodel.h"
 #include "kvf_model.h"
@@ -112,6 +113,7 @@ typedef struct {
     int    decode_tokens;
     int    batch;
     bool   warmup;
+    bool   profile;
 } kvf_gen_opts_t;
 
 #define KVF_ENGINE_FIELDS                                                                      \
@@ -175,6 +177,10 @@ static const kvf_config_field_t kvf_bench_table[] = {
     {"WARMUP", "no", "first an untimed round of the same requests with 2 decode tokens, so "
      "first-call set-up (CUDA module loading, cuBLAS handles, workspace growth) is not timed",
      offsetof(kvf_gen_opts_t, warmup), KVF_CONFIG_TYPE_BOOL, 0},
+    {"PROFILE", "no", "then one more round of the same requests with every kernel call of "
+     "rank 0 timed between device synchronisations: a table per phase of where a step's time "
+     "goes (call sites by total time); the figures above come from the unprofiled round",
+     offsetof(kvf_gen_opts_t, profile), KVF_CONFIG_TYPE_BOOL, 0},
     {NULL, NULL, NULL, 0, 0, 0},
 };
 
@@ -530,12 +536,17 @@ static int kvf_bench_round(const kvf_gen_opts_t *o, kvf_engine_h eng, int decode
             return -1;
         }
         kvf_engine_get_stats(eng, &after);
-        if (after.prefill_tokens > before.prefill_tokens) {
-            *t_prefill += kvf_time_now_s() - t0;
+        double dt = kvf_time_now_s() - t0;
+        bool prefill = after.prefill_tokens > before.prefill_tokens;
+        if (prefill) {
+            *t_prefill += dt;
             *prefill_tok += after.prefill_tokens - before.prefill_tokens;
         } else {
-            *t_decode += kvf_time_now_s() - t0;
+            *t_decode += dt;
             *decode_tok += after.decode_tokens - before.decode_tokens;
+        }
+        if (kvf_fwd_profile_active()) {
+            kvf_fwd_profile_commit(prefill ? KVF_PROF_PREFILL : KVF_PROF_DECODE, dt);
         }
     }
     return 0;
@@ -594,6 +605,20 @@ int kvf_cmd_bench_model(int argc, char **argv)
            t_decode > 0 ? (double)decode_tok / t_decode : 0.0);
     printf("run: peak RSS %.2f MiB (weights, KV pool and workspaces)\n",
            (double)kvf_proc_bytes("VmHWM") / 1048576.0);
+    if (o.profile) {
+        double p_prefill = 0, p_decode = 0;
+        uint64_t p_ptok = 0, p_dtok = 0;
+        kvf_fwd_profile_enable(true);
+        rc = kvf_bench_round(&o, eng, o.decode_tokens, prompt, ev, &p_prefill, &p_decode,
+                             &p_ptok, &p_dtok);
+        fflush(stdout);
+        kvf_fwd_profile_print(stdout);
+        kvf_fwd_profile_enable(false);
+        if (rc != 0) {
+            rc = 1;
+            goto out;
+        }
+    }
     rc = 0;
 out:
     free(prompt);

@@ -3,6 +3,7 @@
  * runs in (kvf_model.c's opening comment describes the design).
  */
 #include "kvf_model_int.h"
+#include "kvf_fwd_profile.h"
 
 /* ---- workspace ------------------------------------------------------------ */
 
@@ -211,22 +212,35 @@ static kvf_status_t kvf_batch_check(const kvf_model_h m, const kvf_rank_ctx_t *c
     return KVF_OK;
 }
 
-#define KVF_KCALL(_call)                                  \
-    do {                                                  \
-        if (status == KVF_OK) {                           \
-            int _e = (_call);                             \
-            if (_e != KVF_KERN_OK) {                      \
+/* One kernel call of the forward: skipped after a failure, its error logged and mapped;
+ * timed per call site under `kvf bench-model --profile` (kvf_fwd_profile.h). */
+#define KVF_KCALL(_call)                                                   \
+    do {                                                                   \
+        if (status == KVF_OK) {                                            \
+            bool _prof = kvf_fwd_profile_active();                         \
+            double _t0 = _prof ? kvf_fwd_profile_begin() : 0.0;            \
+            int _e = (_call);                                              \
+            if (_prof) {                                                   \
+                kvf_fwd_profile_end(__func__, __LINE__, #_call, _t0);      \
+            }                                                              \
+            if (_e != KVF_KERN_OK) {                                       \
                 kvf_error("%s failed: %s", #_call, kvf_kern_strerror(_e)); \
-                status = kvf_status_from_kern(_e);          \
-            }                                             \
-        }                                                 \
+                status = kvf_status_from_kern(_e);                         \
+            }                                                              \
+        }                                                                  \
     } while (0)
 
 /* out (T x H partial sums) -> all-reduce -> h += out. */
 static kvf_status_t kvf_reduce_residual(const kvf_rank_ctx_t *ctx, struct kvf_model_ws *ws,
                                         size_t T, size_t H, kvf_status_t status)
 {
+    bool prof = kvf_fwd_profile_active();
+    double t0 = prof ? kvf_fwd_profile_begin() : 0.0;
     kvf_status_t s2 = kvf_comm_all_reduce(ctx->comm, ws->out, T * H);
+    if (prof) {
+        kvf_fwd_profile_end(__func__, __LINE__, "kvf_comm_all_reduce(ctx->comm, ws->out, T * H)",
+                            t0);
+    }
     if (status == KVF_OK) {
         status = s2;
     }
@@ -688,6 +702,7 @@ kvf_status_t kvf_model_forward_rank(kvf_model_h m, const kvf_rank_ctx_t *ctx,
     if (dev->kind != KVF_DEVICE_CPU) {
         KVF_KCALL(kvf_device_bind(dev));   /* this rank thread's current device */
     }
+    (void)kvf_fwd_profile_thread(ctx->rank, dev);
     for (int i = 0; i < batch->num_seqs; ++i) {
         const kvf_fwd_seq_t *sq = &batch->seqs[i];
         for (int t = 0; t < sq->num_tokens; ++t, ++o) {

@@ -20,8 +20,8 @@
 #      copy rate and NIXL on the same descriptors (tests/gpu/nixl_vram.py; NIXL only with
 #      --nixl-wheel or an installed nixl package), the 1p1d pool with both daemons on cuda:0
 #      against colocated answers (tests/gpu/pool_gpu.sh), batch invariance of the GPU
-#      engine, and the engine benchmark against transformers (tests/bench/engine_gpu.py)
-#      when time is left,
+#      engine, where a GPU step's time goes (kvf bench-model --profile), and the engine
+#      benchmark against transformers (tests/bench/engine_gpu.py) when time is left,
 # and prints one table. Budget: $KVF_GPU_BUDGET seconds in all (default 540; each step has
 # its own timeout from what is left).
 #
@@ -387,6 +387,21 @@ else
 fi
 grep '^gpu_vs_cpu: ' "$log/kernels.txt"
 [ "$rc" -ne 0 ] && [ "$rc" -ne 1 ] && echo "gpu_vs_cpu exited $rc (crash or timeout)"
+# Where a GPU step's time goes (kvf bench-model --profile: every kernel call of rank 0 timed
+# between device synchronisations), the trained hybrid, prompt 1000, batch 1 and 16; the
+# top rows of each phase, the whole tables in the logs
+if [ -x "$kvf" ] && [ "$(left)" -gt 120 ]; then
+    for b in 1 16; do
+        timeout 60 "$kvf" bench-model --device cuda:0 --model "$data/models-trained/tiny-hybrid" \
+            --prompt-len 1000 --decode-tokens 32 --batch $b --warmup yes --profile yes \
+            >"$log/profile-b$b.txt" 2>&1
+        prc=$?
+        echo
+        echo "step profile, tiny-hybrid on cuda:0, batch $b (exit $prc):"
+        awk '/ tok\/s/ {print} /^profile / {n = 0; print; next} /^  / && n++ < 9 {print}' \
+            "$log/profile-b$b.txt"
+    done
+fi
 # The engine against transformers on this GPU, when torch is here and time is left
 if [ -x "$kvf" ] && [ -f "$root/tests/bench/engine_gpu.py" ] && [ "$(left)" -gt 150 ]; then
     echo

@@ -66,6 +66,37 @@ grep -qE '^warm-up: prefill 128 tokens in [0-9.]+ ms, decode 2 tokens' <<<"$out"
     || fail "bench-model --warmup line: $out"
 grep -qE 'prefill 128 tokens [0-9.]+ tok/s, decode 14 tokens [0-9.]+ tok/s' <<<"$out" \
     || fail "bench-model --warmup timed counts: $out"
+# --profile: the timed figures first, then a profiled round's table per phase, rank 0 only
+# (TP 2): each Mamba layer's in_proj GEMM and each attention layer's cache write + attention
+# once per step; the shares of a phase add up to its step time
+out="$("$KVF" bench-model --model "$T/h" --tp 2 --prompt-len 64 --decode-tokens 8 --batch 2 \
+       --profile yes)"
+grep -qE 'prefill 128 tokens [0-9.]+ tok/s, decode 14 tokens [0-9.]+ tok/s' <<<"$out" \
+    || fail "bench-model --profile timed line: $out"
+printf '%s\n' "$out" >"$T/profile.txt"
+python3 - "$SRC/tests/data/models/tiny-hybrid.config.json" "$T/profile.txt" <<'PY' \
+    || fail "bench-model --profile table: $out"
+import json, re, sys
+pattern = json.load(open(sys.argv[1]))["hybrid_override_pattern"]
+text = open(sys.argv[2]).read()
+phases = re.split(r"^profile (prefill|decode): (\d+) steps", text, flags=re.M)[1:]
+assert [phases[0], phases[3]] == ["prefill", "decode"], phases[::3]
+for name, steps, body in zip(phases[0::3], phases[1::3], phases[2::3]):
+    steps, calls, share = int(steps), {}, 0.0
+    for m in re.finditer(r"^\s+([0-9.-]+)% +[0-9.-]+ +(\d+|-) +\S+ +(\S+) (\w+)\(", body, re.M):
+        share += float(m.group(1))
+        calls[m.group(4)] = calls.get(m.group(4), 0) + int(m.group(2))
+    out = re.search(r"^\s+([0-9.-]+)% .*\(outside the calls above", body, re.M)
+    share += float(out.group(1))
+    assert 99.0 <= share <= 101.0, (name, share)
+    assert steps >= 1 and (name == "prefill" or steps == 7), (name, steps)
+    assert calls["kvf_attn_write_paged_seqs"] == steps * pattern.count("*"), (name, calls)
+    # in_proj and out_proj of each Mamba layer, q/k/v and o of each attention layer, lm_head
+    assert calls["kvf_mat_gemm"] == steps * (2 * pattern.count("M") + 2 * pattern.count("*") + 1), \
+        (name, calls)
+    assert calls["kvf_comm_all_reduce"] == steps * len(pattern), (name, calls)
+print("profile ok")
+PY
 
 # refusals name the tensor (and both shapes)
 if "$KVF" generate --model "$T/h" --tp 3 --max-tokens 1 2>"$T/err"; then fail "tp 3 accepted"; fi
