@@ -306,6 +306,15 @@ static bool kvf_proxy_flow_pool_settled(const kvf_proxy_flow_ctx_t *ctx)
 }
 
 /* Out of the admission queue (admitted, failed, or its client left). */
+/* The decode slot picked with the request, given back when its decode call will not be sent. */
+static void kvf_proxy_flow_unreserve(kvf_proxy_flow_t *flow)
+{
+    if (flow->decode_reserved) {
+        kvf_proxy_pool_unreserve(flow->ctx->pool, flow->decode_idx);
+        flow->decode_reserved = false;
+    }
+}
+
 static void kvf_proxy_flow_unqueue(kvf_proxy_flow_t *flow)
 {
     if (flow->admit.queued) {
@@ -396,6 +405,7 @@ static kvf_status_t kvf_proxy_flow_pick(kvf_proxy_flow_t *flow)
     status = kvf_proxy_route_pick(ctx->pool, &rq, &rt);
     flow->prefill_idx = rt.prefill_idx;
     flow->decode_idx = rt.decode_idx;
+    flow->decode_reserved = (status == KVF_OK) && (rt.decode_idx >= 0);
     if ((status == KVF_OK) || (rt.reason != KVF_PROXY_REJECT_QUEUE_FULL) ||
         (rt.http != 503)) {
         kvf_proxy_flow_unqueue(flow);   /* admitted, or failed another way: the next tries */
@@ -545,6 +555,7 @@ static kvf_status_t kvf_proxy_flow_on_prefill(kvf_proxy_flow_t *flow, const Kvf_
         char why[320] = "";
         int was = flow->decode_idx;
 
+        kvf_proxy_flow_unreserve(flow);
         if (kvf_proxy_pool_pick_decode(ctx->pool, flow->prefill_idx, flow->req->num_prompt,
                                        &flow->decode_idx, why, sizeof(why)) != KVF_OK) {
             flow->retry_after_s = 1;
@@ -554,6 +565,7 @@ static kvf_status_t kvf_proxy_flow_on_prefill(kvf_proxy_flow_t *flow, const Kvf_
                                        " other can take the request%s%s",
                                        flow->out.decode_instance, why[0] ? ": " : "", why);
         }
+        flow->decode_reserved = true;
         flow->out.decode_instance = kvf_proxy_pool_url(ctx->pool, KVF_PROXY_ROLE_DECODE,
                                                        flow->decode_idx);
         kvf_proxy_metrics_add(ctx->metrics, KVF_PROXY_CTR_DECODE_REROUTES, 1);
@@ -572,6 +584,9 @@ static kvf_status_t kvf_proxy_flow_on_prefill(kvf_proxy_flow_t *flow, const Kvf_
     sreq.decode = &dreq;
     status = kvf_proxy_call_start(ctx->pool, KVF_PROXY_ROLE_DECODE, flow->decode_idx,
                                   flow->out.id, &sreq, &flow->decode_call);
+    if (flow->decode_call != NULL) {
+        flow->decode_reserved = false;   /* the call's load took the reservation over */
+    }
     flow->decode_sent_us = kvf_proxy_now_us();
     if (status != KVF_OK) {
         return kvf_proxy_flow_fail(flow, status, 500, "server_error",
@@ -825,6 +840,7 @@ void kvf_proxy_flow_finish(kvf_proxy_flow_t *flow)
     flow->prefill_call = NULL;
     kvf_proxy_call_end(flow->decode_call);
     flow->decode_call = NULL;
+    kvf_proxy_flow_unreserve(flow);
     kvf_proxy_flow_unqueue(flow);
     kvf_proxy_admit_kick(ctx->admit);   /* its slots freed: the queue's head tries */
     if (!flow->done) {
@@ -883,6 +899,7 @@ void kvf_proxy_flow_stop(kvf_proxy_flow_t *flow, const char *reason)
     if (flow->prefill_idx >= 0) {
         kvf_proxy_flow_abort(flow, KVF_PROXY_ROLE_PREFILL, flow->prefill_idx);
     }
+    kvf_proxy_flow_unreserve(flow);
     flow->done = true;
     flow->stage = KVF_PROXY_FLOW_OVER;
     snprintf(flow->out.finish_reason, sizeof(flow->out.finish_reason), "%s", reason);

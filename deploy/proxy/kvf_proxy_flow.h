@@ -76,6 +76,7 @@ typedef struct kvf_proxy_flow {
     int                               cap_tokens;
     int                               prefill_idx;  /* -1: none */
     int                               decode_idx;
+    bool                              decode_reserved;  /* decode_idx's slot held, call not sent */
     kvf_proxy_call_h                  prefill_call;
     kvf_proxy_call_h                  decode_call;
     Kvf__SamplingParams               sampling;     /* prefill's, reused for decode */

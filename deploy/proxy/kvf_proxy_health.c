@@ -83,6 +83,9 @@ cJSON *kvf_proxy_pool_health_json(kvf_proxy_pool_h pool)
             cJSON_AddNumberToObject(o, "probes_failed", (double)info.probes_failed);
             cJSON_AddNumberToObject(o, "restarts", (double)info.restarts);
             cJSON_AddNumberToObject(o, "outstanding", info.outstanding);
+            if (role == KVF_PROXY_ROLE_DECODE) {
+                cJSON_AddNumberToObject(o, "reserved", info.reserved);
+            }
             cJSON_AddNumberToObject(o, "max_queue", info.max_queue);
             if (role == KVF_PROXY_ROLE_PREFILL) {
                 cJSON_AddNumberToObject(o, "queued_prompt_tokens",

@@ -200,6 +200,10 @@ kvf_status_t kvf_proxy_call_start(kvf_proxy_pool_h pool, kvf_proxy_role_t role, 
                          (uint32_t)req->prefill->n_prompt_tokens : 0;
         if (role == KVF_PROXY_ROLE_PREFILL) {
             kvf_proxy_route_on_send_locked(&pool->inst[role][idx], c);
+        } else {
+            /* every decode call is a flow's, which picked this instance with a reservation
+             * (kvf_proxy_pool_pick_decode): the call's load replaces it */
+            info->reserved -= (info->reserved > 0) ? 1 : 0;
         }
         info->outstanding++;
         info->outstanding_tokens += c->load_tokens;

@@ -110,6 +110,8 @@ typedef struct kvf_proxy_instance_info {
     uint32_t max_queue;              /* the daemon's --max-queue; 0: not reported */
     double   prefill_rate_recent;    /* prefill: tokens/s, EWMA over probe intervals; 0: none */
     uint32_t outstanding;            /* proxy's calls on it not answered / finished */
+    uint32_t reserved;               /* decode: picked for requests still in prefill (their
+                                      * decode call not sent): counted against the bound */
     uint64_t outstanding_tokens;     /* prefill: prompt tokens of those calls */
     uint64_t foreign_tokens;         /* prefill: reported queue beyond ours (other proxies) */
     double   wait_calibration;       /* prefill: EWMA of answered / predicted wait; 0: none yet */
@@ -160,9 +162,21 @@ kvf_status_t kvf_proxy_pool_pick(kvf_proxy_pool_h pool, kvf_proxy_role_t role, i
  *         prefill (@a why, capacity @a why_cap, gets one refusal text);
  *         KVF_ERR_OUT_OF_RANGE when none that accepts it can hold the prompt
  *         (@a why says the largest prompt one can hold).
+ * On KVF_OK the pick holds a reservation on the instance, counted against
+ * its bound like an outstanding request (under the same lock as the check,
+ * so concurrent picks cannot all take the last slot, and requests still in
+ * prefill count on the decode instance they will go to): the request's
+ * decode call takes it over (kvf_proxy_call_start with a DecodeRequest), or
+ * kvf_proxy_pool_unreserve() gives it back. Without it, a decode instance
+ * saw only the decode calls already sent and could get one request per
+ * prefill slot of the whole pool beyond --max-outstanding.
  */
 kvf_status_t kvf_proxy_pool_pick_decode(kvf_proxy_pool_h pool, int prefill_idx, int num_tokens,
                                         int *idx_p, char *why, size_t why_cap);
+
+/** Give back a reservation of kvf_proxy_pool_pick_decode() on decode instance @a idx whose
+ *  decode call will not be sent (the request failed or moved to another instance). */
+void kvf_proxy_pool_unreserve(kvf_proxy_pool_h pool, int idx);
 
 /** Endpoint of instance @a idx of @a role (stable for the pool's lifetime). */
 const char *kvf_proxy_pool_url(kvf_proxy_pool_h pool, kvf_proxy_role_t role, int idx);

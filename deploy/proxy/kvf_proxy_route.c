@@ -188,7 +188,7 @@ static bool kvf_proxy_route_full_locked(struct kvf_proxy_pool *pool,
                                         const kvf_proxy_instance_info_t *info,
                                         kvf_proxy_role_t role)
 {
-    if (info->outstanding >= (uint32_t)pool->max_outstanding) {
+    if ((uint64_t)info->outstanding + info->reserved >= (uint64_t)pool->max_outstanding) {
         return true;
     }
     return (role == KVF_PROXY_ROLE_PREFILL) && (info->max_queue != 0) &&
@@ -260,7 +260,11 @@ kvf_status_t kvf_proxy_pool_pick(kvf_proxy_pool_h pool, kvf_proxy_role_t role, i
     int i;
 
     if (role == KVF_PROXY_ROLE_DECODE) {
-        return kvf_proxy_pool_pick_decode(pool, -1, 1, idx_p, NULL, 0);
+        status = kvf_proxy_pool_pick_decode(pool, -1, 1, idx_p, NULL, 0);
+        if (status == KVF_OK) {
+            kvf_proxy_pool_unreserve(pool, *idx_p);   /* a look, not a request */
+        }
+        return status;
     }
     pthread_mutex_lock(&pool->lock);
     i = kvf_proxy_route_prefill_locked(pool, 1, &status, &largest);
@@ -271,10 +275,23 @@ kvf_status_t kvf_proxy_pool_pick(kvf_proxy_pool_h pool, kvf_proxy_role_t role, i
     return (status == KVF_ERR_OUT_OF_RANGE) ? KVF_ERR_NO_RESOURCE : status;
 }
 
-/* Decode's load key: requests outstanding from here plus its reported waiting line. */
+/* Decode's load key: requests outstanding from here (sent, or still in prefill with this
+ * decode picked) plus its reported waiting line. */
 static uint64_t kvf_proxy_route_decode_key(const kvf_proxy_instance_info_t *info)
 {
-    return (uint64_t)info->outstanding + (uint64_t)info->queue_depth;
+    return (uint64_t)info->outstanding + (uint64_t)info->reserved +
+           (uint64_t)info->queue_depth;
+}
+
+void kvf_proxy_pool_unreserve(kvf_proxy_pool_h pool, int idx)
+{
+    if ((idx < 0) || (idx >= pool->count[KVF_PROXY_ROLE_DECODE])) {
+        return;
+    }
+    pthread_mutex_lock(&pool->lock);
+    kvf_proxy_instance_info_t *info = &pool->inst[KVF_PROXY_ROLE_DECODE][idx].info;
+    info->reserved -= (info->reserved > 0) ? 1 : 0;
+    pthread_mutex_unlock(&pool->lock);
 }
 
 kvf_status_t kvf_proxy_pool_pick_decode(kvf_proxy_pool_h pool, int prefill_idx, int num_tokens,
@@ -324,6 +341,7 @@ kvf_status_t kvf_proxy_pool_pick_decode(kvf_proxy_pool_h pool, int prefill_idx, 
     }
     if (pick >= 0) {
         pool->rr[role] = (unsigned)pick + 1;
+        pool->inst[role][pick].info.reserved++;   /* under the lock of the bound check */
         *idx_p = pick;
     }
     pthread_mutex_unlock(&pool->lock);

@@ -248,6 +248,74 @@ static void test_call_load(void **state)
     kvf_proxy_pool_destroy(pool);
 }
 
+/*
+ * A decode pick holds a slot until the request's decode call takes it over: with one
+ * routable decode instance and --max-outstanding 4, four requests still in prefill fill it
+ * and the fifth waits (queue_full), though no decode call was sent yet; a reservation given
+ * back lets the next in; a DecodeRequest call turns a reservation into outstanding load.
+ */
+static void test_decode_reservation(void **state)
+{
+    struct kvf_proxy_pool *pool = test_pool();
+    kvf_proxy_route_req_t rq = {.num_tokens = 100, .budget_ms = 10000,
+                                .prefill_timeout_ms = 10000};
+    Kvf__DecodeRequest dreq = KVF__DECODE_REQUEST__INIT;
+    Kvf__ServeRequest sreq = KVF__SERVE_REQUEST__INIT;
+    int32_t ids[100] = {0};
+    kvf_proxy_call_h call = NULL;
+    Kvf__ServeReply *r = NULL;
+    kvf_proxy_route_t rt;
+    char msg[256];
+    int idx = -1;
+
+    (void)state;
+    pthread_mutex_lock(&pool->lock);
+    info_of(pool, 1, 1)->healthy = false;
+    pthread_mutex_unlock(&pool->lock);
+    for (int i = 0; i < 4; ++i) {
+        assert_int_equal(kvf_proxy_route_pick(pool, &rq, &rt), KVF_OK);
+        assert_int_equal(rt.decode_idx, 0);
+    }
+    pthread_mutex_lock(&pool->lock);
+    assert_int_equal(info_of(pool, 1, 0)->reserved, 4);
+    assert_int_equal(info_of(pool, 1, 0)->outstanding, 0);
+    pthread_mutex_unlock(&pool->lock);
+    assert_int_equal(kvf_proxy_route_pick(pool, &rq, &rt), KVF_ERR_NO_RESOURCE);
+    assert_int_equal(rt.reason, KVF_PROXY_REJECT_QUEUE_FULL);
+    /* a look at the decode role (kvf_proxy_pool_pick) reserves nothing */
+    assert_int_equal(kvf_proxy_pool_pick(pool, KVF_PROXY_ROLE_DECODE, &idx), KVF_ERR_BUSY);
+
+    kvf_proxy_pool_unreserve(pool, 0);   /* one request failed in prefill */
+    assert_int_equal(kvf_proxy_pool_pick(pool, KVF_PROXY_ROLE_DECODE, &idx), KVF_OK);
+    pthread_mutex_lock(&pool->lock);
+    assert_int_equal(info_of(pool, 1, 0)->reserved, 3);
+    pthread_mutex_unlock(&pool->lock);
+    assert_int_equal(kvf_proxy_route_pick(pool, &rq, &rt), KVF_OK);
+    assert_int_equal(kvf_proxy_route_pick(pool, &rq, &rt), KVF_ERR_NO_RESOURCE);
+
+    /* a request's decode call: its reservation becomes outstanding load (4 in all still) */
+    dreq.request_id = (char *)"dec-1";
+    dreq.n_prompt_tokens = 100;
+    dreq.prompt_tokens = ids;
+    sreq.body_case = KVF__SERVE_REQUEST__BODY_DECODE;
+    sreq.decode = &dreq;
+    assert_int_equal(kvf_proxy_call_start(pool, KVF_PROXY_ROLE_DECODE, 0, "dec-1", &sreq, &call),
+                     KVF_OK);
+    pthread_mutex_lock(&pool->lock);
+    assert_int_equal(info_of(pool, 1, 0)->reserved, 3);
+    pthread_mutex_unlock(&pool->lock);
+    /* not connected: the call fails and its load goes; three reservations stay */
+    assert_int_equal(kvf_proxy_call_next(call, 5000, &r, msg, sizeof(msg)),
+                     KVF_ERR_PEER_UNREACHABLE);
+    pthread_mutex_lock(&pool->lock);
+    assert_int_equal(info_of(pool, 1, 0)->outstanding, 0);
+    assert_int_equal(info_of(pool, 1, 0)->reserved, 3);
+    pthread_mutex_unlock(&pool->lock);
+    kvf_proxy_call_end(call);
+    assert_int_equal(kvf_proxy_route_pick(pool, &rq, &rt), KVF_OK);
+    kvf_proxy_pool_destroy(pool);
+}
+
 static void test_reject_metrics(void **state)
 {
     kvf_proxy_metrics_h m = NULL;
@@ -278,6 +346,7 @@ int main(void)
         cmocka_unit_test(test_arithmetic),     cmocka_unit_test(test_rate_from_probes),
         cmocka_unit_test(test_pick_and_admit), cmocka_unit_test(test_call_load),
         cmocka_unit_test(test_reject_metrics), cmocka_unit_test(test_calibration),
+        cmocka_unit_test(test_decode_reservation),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
