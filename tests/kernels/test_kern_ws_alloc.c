@@ -3,8 +3,13 @@
  * pieces, a foreign pointer); the staging area's halves, fences recorded on a switch and
  * waited for only when their copies are still queued, and reuse only after a
  * synchronisation that no take raced with. A fake fence stands for the CUDA events: it
- * records which copies a fence covers and whether they "ran". */
+ * records which copies a fence covers and whether they "ran". Then the device layer's
+ * workspace calls: nothing to reserve on the CPU; with a GPU, a workspace too small for a
+ * zeroing list falls back and counts it, a large one serves it without fallbacks, a host
+ * sync empties the staging area, and uploads beyond a staging half land intact (without a
+ * GPU that case reports skipped). */
 #include "kvf_ws_alloc.h"
+#include "kvf_device.h"
 #include "kvf_kern_test.h"
 #include "kvf_kern.h"
 
@@ -288,6 +293,105 @@ static void test_staging_random(void **state)
     free(mem);
 }
 
+/* Zero @a n ranges of device buffer @a d (@a size bytes) and check them against the CPU. */
+static void zero_and_check(const kvf_device_t *dev, unsigned char *d, size_t size,
+                           const size_t *off, const size_t *len, size_t n)
+{
+    unsigned char *h = malloc(size), *back = malloc(size);
+    kvf_device_t cpu = kvf_device_cpu();
+
+    assert_non_null(h);
+    assert_non_null(back);
+    memset(h, 0x5a, size);
+    assert_int_equal(kvf_device_memcpy(dev, d, h, size, KVF_COPY_H2D), KVF_KERN_OK);
+    assert_int_equal(kvf_zero_ranges(dev, d, off, len, n), KVF_KERN_OK);
+    assert_int_equal(kvf_zero_ranges(&cpu, h, off, len, n), KVF_KERN_OK);
+    assert_int_equal(kvf_device_memcpy(dev, back, d, size, KVF_COPY_D2H), KVF_KERN_OK);
+    assert_memory_equal(back, h, size);
+    free(h);
+    free(back);
+}
+
+static void test_device_workspace(void **state)
+{
+    enum { N = 600, SIZE = 1 << 18, CHUNK = 16384, CHUNKS = 100, DBYTES = 4 << 20 };
+    kvf_device_t cpu = kvf_device_cpu(), dev;
+    kvf_device_ws_stats_t st;
+    size_t off[N], len[N];
+    unsigned char *d = NULL, *h, *back;
+
+    (void)state;
+    assert_int_equal(kvf_device_workspace_reserve(&cpu, 1 << 20, 1 << 20), KVF_KERN_OK);
+    assert_int_equal(kvf_device_workspace_stats(&cpu, &st), KVF_KERN_OK);
+    assert_false(st.reserved);
+    assert_int_equal(st.device_bytes, 0);
+    kvf_device_workspace_release(&cpu);
+    assert_int_equal(kvf_device_workspace_stats(&cpu, NULL), KVF_KERN_EINVAL);
+    if (!kvf_device_cuda_available()) {
+#ifndef KVF_HAVE_CUDA
+        kvf_device_t fake = {KVF_DEVICE_CUDA, 0, NULL};
+        assert_int_equal(kvf_device_workspace_reserve(&fake, 1, 1), KVF_KERN_EUNSUPPORTED);
+#endif
+        skip();
+    }
+    for (size_t i = 0; i < N; ++i) {   /* 600 ranges: 4800-byte offset and length lists */
+        off[i] = i * 400 + (i % 7);
+        len[i] = 1 + (i * 37) % 390;
+    }
+    assert_int_equal(kvf_device_init(KVF_DEVICE_CUDA, 0, &dev), KVF_KERN_OK);
+    assert_int_equal(kvf_device_alloc(&dev, DBYTES, (void **)&d), KVF_KERN_OK);
+    /* too small: 4 KiB of arena, 2 KiB staging halves: both lists fall back, counted */
+    assert_int_equal(kvf_device_workspace_reserve(&dev, 4096, 4096), KVF_KERN_OK);
+    zero_and_check(&dev, d, SIZE, off, len, N);
+    assert_int_equal(kvf_device_workspace_stats(&dev, &st), KVF_KERN_OK);
+    assert_true(st.reserved);
+    assert_int_equal(st.device_bytes, 4096);
+    assert_true(st.device_fallbacks >= 2);
+    assert_int_equal(st.device_fallback_max, N * sizeof(size_t));
+    assert_true(st.staging_fallbacks >= 2);
+    assert_int_equal(st.device_in_use, 0);
+    kvf_device_workspace_release(&dev);
+    assert_int_equal(kvf_device_workspace_stats(&dev, &st), KVF_KERN_OK);
+    assert_false(st.reserved);
+    /* large enough: served from the workspace; the D2H copy's sync empties the staging */
+    assert_int_equal(kvf_device_workspace_reserve(&dev, 1 << 20, 1 << 20), KVF_KERN_OK);
+    zero_and_check(&dev, d, SIZE, off, len, N);
+    assert_int_equal(kvf_device_workspace_stats(&dev, &st), KVF_KERN_OK);
+    assert_int_equal(st.device_fallbacks + st.staging_fallbacks, 0);
+    assert_true(st.device_peak >= 2 * N * sizeof(size_t));
+    assert_int_equal(st.device_in_use, 0);
+    assert_true(st.staging_peak > 0);
+    assert_true(st.staging_resets >= 1);
+    /* 1.6 MB of uploads through 512 KiB halves without a sync (fences, maybe a wait): all
+     * intact, and the host buffer is rewritten right after each copy (reusable on return) */
+    h = malloc(CHUNK);
+    back = malloc((size_t)CHUNK * CHUNKS);
+    assert_non_null(h);
+    assert_non_null(back);
+    for (int c = 0; c < CHUNKS; ++c) {
+        memset(h, c + 1, CHUNK);
+        assert_int_equal(kvf_device_memcpy(&dev, d + (size_t)c * CHUNK, h, CHUNK, KVF_COPY_H2D),
+                         KVF_KERN_OK);
+        memset(h, 0xee, CHUNK);
+    }
+    assert_int_equal(kvf_device_memcpy(&dev, d + DBYTES / 2, d, (size_t)CHUNKS * CHUNK,
+                                       KVF_COPY_D2D), KVF_KERN_OK);
+    assert_int_equal(kvf_device_memcpy(&dev, back, d + DBYTES / 2, (size_t)CHUNKS * CHUNK,
+                                       KVF_COPY_D2H), KVF_KERN_OK);
+    for (int c = 0; c < CHUNKS; ++c) {
+        for (size_t i = 0; i < CHUNK; ++i) {
+            assert_int_equal(back[(size_t)c * CHUNK + i], c + 1);
+        }
+    }
+    assert_int_equal(kvf_device_workspace_stats(&dev, &st), KVF_KERN_OK);
+    assert_int_equal(st.staging_fallbacks, 0);
+    assert_true(st.staging_peak <= (1u << 19));
+    kvf_device_workspace_release(&dev);
+    kvf_device_free(&dev, d);
+    free(h);
+    free(back);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -296,6 +400,7 @@ int main(void)
         cmocka_unit_test(test_staging_halves),
         cmocka_unit_test(test_staging_reuse_after_sync),
         cmocka_unit_test(test_staging_random),
+        cmocka_unit_test(test_device_workspace),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
