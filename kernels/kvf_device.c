@@ -250,6 +250,8 @@ int kvf_device_workspace_reserve(const kvf_device_t *dev, size_t device_bytes,
     if (!kvf_device_is_cuda(dev)) {
         return KVF_KERN_OK;   /* the CPU kernels take no scratch from a workspace */
     }
+    (void)device_bytes;       /* unused without CUDA */
+    (void)staging_bytes;
     KVF_DEVICE_CUDA_CALL(kvf_cuda_ws_reserve(dev, device_bytes, staging_bytes));
 }
 

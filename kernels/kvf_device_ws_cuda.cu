@@ -371,6 +371,11 @@ extern "C" void kvf_cuda_ws_release(const kvf_device_t *dev)
                  (unsigned long long)ws->staging.overflows, ws->staging.overflow_max,
                  (unsigned long long)ws->staging.waits);
     }
+    kvf_info("cuda:%d workspace: used at most %zu of %zu device bytes and %zu of %zu staging "
+             "bytes per half; %llu fallback(s), %llu staging wait(s), %llu reset(s)",
+             ws->ordinal, ws->arena.peak, ws->dbytes, ws->staging.peak, ws->staging.half_cap,
+             (unsigned long long)(ws->arena.overflows + ws->staging.overflows),
+             (unsigned long long)ws->staging.waits, (unsigned long long)ws->staging.resets);
     if (cudaGetDevice(&prev) == cudaSuccess) {
         KVF_CUDA_CHECK_IGNORE(cudaSetDevice(ws->ordinal));
         /* nothing queued may still read the arena or the staging area */
