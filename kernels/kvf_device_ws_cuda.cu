@@ -316,6 +316,16 @@ extern "C" int kvf_cuda_ws_reserve(const kvf_device_t *dev, size_t device_bytes,
     kvf_arena_init(&ws->arena, ws->dmem, device_bytes);
     kvf_staging_init(&ws->staging, ws->hmem, staging_bytes, &kvf_cuda_ws_ops, ws);
     pthread_mutex_lock(&kvf_cuda_ws_reg_lock);
+    for (int i = 0; i < KVF_CUDA_WS_MAX; ++i) {
+        kvf_cuda_ws_t *w = kvf_cuda_ws_reg[i];
+        if ((w != NULL) && (w->stream == stream) &&
+            ((stream != NULL) || (w->ordinal == dev->ordinal))) {
+            w->refs++;   /* another thread reserved the same stream meanwhile: share it */
+            pthread_mutex_unlock(&kvf_cuda_ws_reg_lock);
+            kvf_cuda_ws_free_mem(ws);
+            return KVF_KERN_OK;
+        }
+    }
     if (kvf_cuda_ws_reg[slot] != NULL) {
         for (slot = 0; (slot < KVF_CUDA_WS_MAX) && (kvf_cuda_ws_reg[slot] != NULL); ++slot) {
         }
