@@ -37,6 +37,8 @@ check() {
     [ "$d2h" -eq "$n" ] && [ "$mx" -eq 1 ] ||
         fail "$name: $d2h device->host copies in $n decode steps (at most $mx in one)"
     [ "$sy" -eq 0 ] || fail "$name: $sy stream syncs inside $n decode steps"
+    [ "$(field "$f" host_ptr_errors)" -eq 0 ] && [ "$(field "$f" wrong_device)" -eq 0 ] ||
+        fail "$name: host or wrong-GPU pointers given to the device: $(grep '^devsim' "$f")"
     echo "$name: $n decode steps, 0 allocations, 1 device->host copy each, workspace" \
          "$dev device + $stg staging bytes x $ranks rank(s)"
 }
