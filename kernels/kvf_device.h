@@ -131,7 +131,9 @@ int kvf_device_memset(const kvf_device_t *dev, void *ptr, int value, size_t byte
  * Callers (all rely on stream order only, or sync): the weights' upload
  * (kvf_model_load_device() syncs once at the end), the TP collectives'
  * staging copies (NCCL runs on the same stream), the engine's logits and
- * sampled ids (D2H), the KV digest (D2H), the tools' pool push (syncs).
+ * sampled ids (D2H), the KV digest (D2H), the fault point ucx.data's
+ * one-byte flip (the digest's D2H on the same stream follows), the tools'
+ * pool push and device copy limit (both sync).
  * @return KVF_KERN_OK, KVF_KERN_EINVAL, KVF_KERN_ECUDA.
  */
 int kvf_device_memcpy(const kvf_device_t *dev, void *dst, const void *src, size_t bytes,
