@@ -302,18 +302,19 @@ kvf_status_t kvf_tp_runner_create(const kvf_tp_runner_params_t *params, kvf_tp_r
         }
     }
     if (dev->kind != KVF_DEVICE_CPU) {
-        /* blocks of one request's table: at most the pool's; pages zeroed in one step: at
-         * most every block's pages */
+        /* a request reaches at most the model's positions and the pool's tokens; its table
+         * holds the blocks of that many tokens; a step zeroes at most every block's pages */
         const kvf_rank_geometry_t *g = &r->ranks[0].geom;
         const long pool_tokens = (long)r->num_blocks * (long)g->block_size;
 
-        r->limits.max_blocks = r->num_blocks;
-        r->limits.max_fresh_pages = r->num_blocks * r->layout.slots;
-        r->limits.kernel_block_size = g->kernel_block_size;
         r->limits.max_context = (int)(((cfg->max_position_embeddings > 0) &&
                                        (cfg->max_position_embeddings < pool_tokens)) ?
                                       cfg->max_position_embeddings :
                                       ((pool_tokens < INT_MAX) ? pool_tokens : INT_MAX));
+        r->limits.max_blocks = (int)(((long)r->limits.max_context + g->block_size - 1) /
+                                     g->block_size);
+        r->limits.max_fresh_pages = r->num_blocks * r->layout.slots;
+        r->limits.kernel_block_size = g->kernel_block_size;
         status = kvf_tp_runner_run_on_ranks(r, kvf_rank_ws_prepare, r);
         if (status != KVF_OK) {
             goto err;
