@@ -27,6 +27,9 @@ void kvf_model_ws_destroy(struct kvf_model_ws *ws)
     if (ws == NULL) {
         return;
     }
+    if (ws->dev_ws) {
+        kvf_device_workspace_release(&ws->dev);   /* waits for the stream, then frees */
+    }
     void *dptrs[] = {
         ws->h, ws->xn, ws->out, ws->proj, ws->ybuf, ws->xbc, ws->g, ws->sumsq, ws->xg, ws->yg,
         ws->scores, ws->route_idx, ws->route_w, ws->last, ws->logits, ws->xs, ws->d_tok,
@@ -45,9 +48,6 @@ void kvf_model_ws_destroy(struct kvf_model_ws *ws)
     }
     for (size_t i = 0; i < sizeof(hptrs) / sizeof(hptrs[0]); ++i) {
         free(hptrs[i]);
-    }
-    if (ws->dev_ws) {
-        kvf_device_workspace_release(&ws->dev);
     }
     free(ws);
 }
