@@ -1,6 +1,7 @@
 /*
  * Launch helpers shared by the *_cuda.cu files of kernels/ (C++ only): the
- * device's stream, 1-D grid sizing, stream-ordered scratch, and the
+ * device's stream, 1-D grid sizing, stream-ordered scratch and staged
+ * uploads (from the stream's workspace, kvf_device_ws_cuda.cu), and the
  * block-wide double sum the norms use.
  */
 #ifndef KVF_CUDA_UTIL_H
@@ -29,33 +30,44 @@ static inline unsigned kvf_cuda_blocks(size_t n)
     return (unsigned)((b > 65535u * 16u) ? 65535u * 16u : b);
 }
 
+/* The device workspace of a stream (kvf_device_ws_cuda.cu, kvf_device_workspace_reserve()). */
+extern "C" int  kvf_cuda_ws_scratch(cudaStream_t stream, size_t bytes, const void *host,
+                                    void **ptr_p);
+extern "C" void kvf_cuda_ws_scratch_free(cudaStream_t stream, void *p);
+extern "C" int  kvf_cuda_ws_upload(cudaStream_t stream, void *dst, const void *host,
+                                   size_t bytes);
+extern "C" int  kvf_cuda_ws_sync(cudaStream_t stream, int ordinal);
+
 /**
  * Stream-ordered device scratch of @a bytes, optionally filled from host
- * memory @a host (pageable: the copy is staged, so @a host may be reused on
- * return). Free with kvf_cuda_scratch_free() on the same stream.
+ * memory @a host (which may be reused on return). From the stream's
+ * workspace when it has one (kvf_device_workspace_reserve(): no allocation,
+ * the host bytes copied into pinned staging and from there asynchronously,
+ * so the host does not block); otherwise, or when the workspace is too
+ * small (counted, warned once), cudaMallocAsync and a pageable copy. Free
+ * with kvf_cuda_scratch_free() on the same stream, best in LIFO order (the
+ * arena is a stack: a piece freed out of order comes back when the pieces
+ * above it are freed).
  */
 static inline int kvf_cuda_scratch(cudaStream_t stream, size_t bytes, const void *host,
                                    void **ptr_p)
 {
-    void *p = NULL;
-    KVF_CUDA_CHECK(cudaMallocAsync(&p, bytes, stream));
-    if (host != NULL) {
-        cudaError_t err = cudaMemcpyAsync(p, host, bytes, cudaMemcpyHostToDevice, stream);
-        if (err != cudaSuccess) {
-            int rc = kvf_cuda_error(err, "cudaMemcpyAsync(scratch, host, bytes, H2D, stream)");
-            (void)cudaFreeAsync(p, stream);
-            return rc;
-        }
-    }
-    *ptr_p = p;
-    return KVF_KERN_OK;
+    return kvf_cuda_ws_scratch(stream, bytes, host, ptr_p);
 }
 
 static inline void kvf_cuda_scratch_free(cudaStream_t stream, void *p)
 {
-    if (p != NULL) {
-        KVF_CUDA_CHECK_IGNORE(cudaFreeAsync(p, stream));
-    }
+    kvf_cuda_ws_scratch_free(stream, p);
+}
+
+/**
+ * Copy @a bytes of host memory @a host (reusable on return) to device memory
+ * @a dst, ordered on @a stream: through the stream's pinned staging area
+ * when it has one (no host block), else a pageable cudaMemcpyAsync.
+ */
+static inline int kvf_cuda_upload(cudaStream_t stream, void *dst, const void *host, size_t bytes)
+{
+    return kvf_cuda_ws_upload(stream, dst, host, bytes);
 }
 
 /** After a launch: the launch error, reported and mapped. */

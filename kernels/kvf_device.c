@@ -243,3 +243,36 @@ int kvf_zero_ranges(const kvf_device_t *dev, void *base, const size_t *offsets,
     }
     return KVF_KERN_OK;
 }
+
+int kvf_device_workspace_reserve(const kvf_device_t *dev, size_t device_bytes,
+                                 size_t staging_bytes)
+{
+    if (!kvf_device_is_cuda(dev)) {
+        return KVF_KERN_OK;   /* the CPU kernels take no scratch from a workspace */
+    }
+    (void)device_bytes;       /* unused without CUDA */
+    (void)staging_bytes;
+    KVF_DEVICE_CUDA_CALL(kvf_cuda_ws_reserve(dev, device_bytes, staging_bytes));
+}
+
+void kvf_device_workspace_release(const kvf_device_t *dev)
+{
+    if (!kvf_device_is_cuda(dev)) {
+        return;
+    }
+#ifdef KVF_HAVE_CUDA
+    kvf_cuda_ws_release(dev);
+#endif
+}
+
+int kvf_device_workspace_stats(const kvf_device_t *dev, kvf_device_ws_stats_t *stats_p)
+{
+    if (stats_p == NULL) {
+        return KVF_KERN_EINVAL;
+    }
+    memset(stats_p, 0, sizeof(*stats_p));
+    if (!kvf_device_is_cuda(dev)) {
+        return KVF_KERN_OK;
+    }
+    KVF_DEVICE_CUDA_CALL(kvf_cuda_ws_stats(dev, stats_p));
+}

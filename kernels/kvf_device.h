@@ -8,11 +8,20 @@
  * dev->kind == KVF_DEVICE_CUDA, so CPU-only runs never call into CUDA, even
  * in a build that has CUDA compiled in.
  *
- * CUDA ordering: memset, zero and kernel calls on a CUDA device are enqueued
- * on dev->stream (NULL = the legacy default stream) and return before they
- * complete; kvf_device_memcpy() is synchronous. Work enqueued on one stream
- * runs in order, so zeroing fresh blocks and then launching a kernel on the
- * same stream is safe without a sync. CPU operations complete before return.
+ * CUDA ordering: memset, zero, kernel calls and host->device or
+ * device->device copies on a CUDA device are enqueued on dev->stream (NULL
+ * = the legacy default stream) and return before they complete;
+ * device->host copies wait for the stream (kvf_device_memcpy()). Work
+ * enqueued on one stream runs in order, so zeroing fresh blocks and then
+ * launching a kernel on the same stream is safe without a sync; anything
+ * that reads device memory outside that stream (UCX, another stream,
+ * another process) needs kvf_device_sync() first. CPU operations complete
+ * before return.
+ *
+ * Workspaces: a stream that runs a step's kernels gets one at start
+ * (kvf_device_workspace_reserve()): the launchers' scratch and the host
+ * inputs they upload come from it, so a step allocates nothing and the
+ * host never blocks on a copy except for the results it reads back.
  *
  * Every kernel of kernels/ has a CUDA version (kvf_device_cuda.h lists the
  * launchers); its arithmetic is the CPU's, shared in kvf_*_math.h. A build
@@ -106,8 +115,25 @@ int kvf_device_memset(const kvf_device_t *dev, void *ptr, int value, size_t byte
 
 /**
  * Copy @a bytes bytes. @a kind says which side is device memory of @a dev;
- * on the CPU device every kind is a plain memcpy. Synchronous: when it
- * returns the destination holds the data. Ranges must not overlap.
+ * on the CPU device every kind is a plain memcpy, done on return. Ranges
+ * must not overlap.
+ *
+ * CUDA: KVF_COPY_D2H and KVF_COPY_H2H are synchronous: they wait for
+ * dev->stream, so on return @a dst holds the data (and every earlier piece
+ * of work on the stream is done). KVF_COPY_H2D and KVF_COPY_D2D are only
+ * enqueued on dev->stream: later work on that stream sees @a dst; a reader
+ * outside the stream (UCX, another stream, the host through another
+ * pointer) calls kvf_device_sync() first. An H2D @a src may be reused on
+ * return (copied into the stream's pinned staging area, or staged by the
+ * driver from pageable memory) unless it is itself pinned memory
+ * (kvf_device_host_alloc()) larger than half the staging area: then the
+ * copy reads it later and the caller syncs before touching it.
+ * Callers (all rely on stream order only, or sync): the weights' upload
+ * (kvf_model_load_device() syncs once at the end), the TP collectives'
+ * staging copies (NCCL runs on the same stream), the engine's logits and
+ * sampled ids (D2H), the KV digest (D2H), the fault point ucx.data's
+ * one-byte flip (the digest's D2H on the same stream follows), the tools'
+ * pool push and device copy limit (both sync).
  * @return KVF_KERN_OK, KVF_KERN_EINVAL, KVF_KERN_ECUDA.
  */
 int kvf_device_memcpy(const kvf_device_t *dev, void *dst, const void *src, size_t bytes,
@@ -150,7 +176,8 @@ bool kvf_device_ptr_is_cuda(const void *ptr);
  * @param [in] page_size  Bytes per page, > 0.
  * @param [in] page_ids   HOST array of n page indices (block * slots + slot),
  *                        each >= 0; duplicates allowed. Not retained (CUDA
- *                        copies it to a stream-ordered scratch buffer).
+ *                        uploads it into the stream's scratch, one kernel
+ *                        launch zeroes every page).
  * @param [in] n          Number of ids; 0 is a no-op returning KVF_KERN_OK.
  * @return KVF_KERN_OK (CUDA: enqueued on dev->stream); KVF_KERN_EINVAL for
  *         NULL base/page_ids with n > 0, page_size 0 or a negative id;
@@ -163,12 +190,69 @@ int kvf_blocks_zero(const kvf_device_t *dev, void *base, size_t page_size,
 /**
  * Zero @a n byte ranges [base + offsets[i], base + offsets[i] + lens[i]):
  * used to clear the untransferred tail of a received block. Host arrays,
- * not retained; zero-length ranges are skipped. CUDA: one cudaMemsetAsync
- * per range on dev->stream.
- * @return KVF_KERN_OK, KVF_KERN_EINVAL (NULL arrays with n > 0), KVF_KERN_ECUDA.
+ * not retained; zero-length ranges are skipped; ranges may have any
+ * alignment. CUDA: the two arrays uploaded through the stream's staging
+ * area and ONE kernel launch on dev->stream for all ranges (16-byte stores
+ * where aligned, bytes otherwise: kvf_zero_math.h), asynchronous.
+ * @return KVF_KERN_OK, KVF_KERN_EINVAL (NULL arrays with n > 0),
+ *         KVF_KERN_ENOMEM, KVF_KERN_ECUDA.
  */
 int kvf_zero_ranges(const kvf_device_t *dev, void *base, const size_t *offsets,
                     const size_t *lens, size_t n);
+
+/** What a stream's workspace did (kvf_device_workspace_stats()). */
+typedef struct kvf_device_ws_stats {
+    bool     reserved;             /* the stream has a workspace */
+    size_t   device_bytes;         /* the scratch arena, reserved */
+    size_t   staging_bytes;        /* the pinned staging area, reserved (two halves) */
+    size_t   device_in_use;        /* arena bytes held now */
+    size_t   device_peak;          /* most arena bytes held at once */
+    size_t   staging_peak;         /* most bytes of one staging half used between resets */
+    uint64_t device_fallbacks;     /* scratch requests that did not fit: cudaMallocAsync */
+    size_t   device_fallback_max;  /* the largest of them, bytes */
+    uint64_t staging_fallbacks;    /* uploads larger than a half: copied from pageable memory */
+    size_t   staging_fallback_max; /* the largest of them, bytes */
+    uint64_t staging_waits;        /* host waits for a staging half's copies to run */
+    uint64_t staging_resets;       /* synchronisations that emptied the staging area */
+    uint64_t unreserved;           /* process-wide: scratch taken on streams without one */
+} kvf_device_ws_stats_t;
+
+/**
+ * Reserve the workspace of @a dev's stream: @a device_bytes of device
+ * memory the kernel launchers take their scratch from (a stack, freed in
+ * stream order: nothing is allocated per kernel call) and @a staging_bytes
+ * of pinned host memory their host inputs are copied through (two halves,
+ * reused after the stream's next host synchronisation or once a fence shows
+ * their copies ran: see kernels/kvf_ws_alloc.h). Sizes come from the
+ * caller's step limits (common/runtime: kvf_model_ws_device_bytes()). A
+ * request beyond the reservation still works (cudaMallocAsync, a pageable
+ * copy) and is counted and warned about once. A second reservation of the
+ * same stream (same ordinal for the default stream) shares the first one
+ * (reference counted). Call on any thread; slow (milliseconds): at start.
+ * CPU: nothing to reserve, KVF_KERN_OK.
+ * @return KVF_KERN_OK; KVF_KERN_ENOMEM (device or pinned memory, or 64
+ *         streams with workspaces already); KVF_KERN_ECUDA;
+ *         KVF_KERN_EUNSUPPORTED (CUDA in a build without CUDA).
+ */
+int kvf_device_workspace_reserve(const kvf_device_t *dev, size_t device_bytes,
+                                 size_t staging_bytes);
+
+/**
+ * Drop one reservation of @a dev's stream; the last one waits for the
+ * stream and frees the memory (and logs the fallbacks, if any). No kernel
+ * may be running on the stream from another thread. CPU, or nothing
+ * reserved: no-op.
+ */
+void kvf_device_workspace_release(const kvf_device_t *dev);
+
+/**
+ * What the workspace of @a dev's stream did so far (all zero with
+ * reserved false when it has none; CPU: all zero).
+ * @param [out] stats_p  Always written on KVF_KERN_OK.
+ * @return KVF_KERN_OK; KVF_KERN_EINVAL (NULL stats_p);
+ *         KVF_KERN_EUNSUPPORTED (CUDA in a build without CUDA).
+ */
+int kvf_device_workspace_stats(const kvf_device_t *dev, kvf_device_ws_stats_t *stats_p);
 
 #ifdef __cplusplus
 }

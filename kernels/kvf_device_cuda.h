@@ -6,7 +6,8 @@
  * public function has already checked the arguments (and HOST arrays such
  * as positions and block tables), so these only launch.
  *
- * Files: kvf_device_cuda.cu (device ops, block zeroing), kvf_norm_cuda.cu,
+ * Files: kvf_device_cuda.cu (device ops, block zeroing), kvf_device_ws_cuda.cu
+ * (per-stream workspaces: scratch arena, pinned staging), kvf_norm_cuda.cu,
  * kvf_attention_cuda.cu, kvf_ssm_cuda.cu (conv1d, Mamba2),
  * kvf_elem_cuda.cu (activations, dtype conversion, MoE routing),
  * kvf_gemm_cuda.cu (cuBLAS: kvf_gemm.h, kvf_gemm_narrow.h), kvf_argmax_cuda.cu.
@@ -41,6 +42,9 @@ int  kvf_cuda_blocks_zero(const kvf_device_t *dev, void *base, size_t page_size,
                           const int64_t *page_ids, size_t n);
 int  kvf_cuda_zero_ranges(const kvf_device_t *dev, void *base, const size_t *offsets,
                           const size_t *lens, size_t n);
+int  kvf_cuda_ws_reserve(const kvf_device_t *dev, size_t device_bytes, size_t staging_bytes);
+void kvf_cuda_ws_release(const kvf_device_t *dev);
+int  kvf_cuda_ws_stats(const kvf_device_t *dev, kvf_device_ws_stats_t *st);
 int  kvf_cuda_rmsnorm(const kvf_device_t *dev, const float *x, const float *w, float *y,
                       int rows, int dim, float eps);
 int  kvf_cuda_gated_rmsnorm_sumsq(const kvf_device_t *dev, const float *x, const float *z,

@@ -1,9 +1,10 @@
 /*
  * CUDA side of kvf_gather(): one kernel over an op list (kvf_gather.h).
  *
- * Design: the host op array goes to a stream-ordered scratch buffer
- * (cudaMallocAsync, one cudaMemcpyAsync, cudaFreeAsync after the launch, as
- * kvf_cuda_blocks_zero() does with page ids), then one launch whose blocks
+ * Design: the host op array goes to stream-ordered scratch (kvf_cuda_scratch():
+ * the stream's workspace when it has one, else cudaMallocAsync and one
+ * cudaMemcpyAsync, freed after the launch, as kvf_cuda_blocks_zero() does
+ * with page ids), then one launch whose blocks
  * walk the ops (grid-stride). An op is at most KVF_GATHER_CHUNK bytes; its
  * block copies the bytes up to the destination's 16-byte boundary, then
  * 16-byte words four at a time per thread (four loads in flight before the
@@ -18,6 +19,7 @@
  */
 #include "kvf_ipc_cuda.h"
 #include "kvf_cuda_check.h"
+#include "kvf_cuda_util.h"
 
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -102,16 +104,16 @@ extern "C" int kvf_cuda_gather_staged(const kvf_device_t *dev, const kvf_gather_
 extern "C" int kvf_cuda_gather(const kvf_device_t *dev, const kvf_gather_op_t *ops, size_t n)
 {
     cudaStream_t stream = (cudaStream_t)dev->stream;
-    kvf_gather_op_t *d_ops = NULL;
-    int rc = KVF_KERN_OK;
+    void *d_ops = NULL;
+    int rc = kvf_cuda_scratch(stream, n * sizeof(kvf_gather_op_t), ops, &d_ops);
 
-    KVF_CUDA_CHECK(cudaMallocAsync((void **)&d_ops, n * sizeof(*d_ops), stream));
-    KVF_CUDA_CHECK_GOTO(cudaMemcpyAsync(d_ops, ops, n * sizeof(*d_ops), cudaMemcpyHostToDevice,
-                                        stream), rc, out_free);
-    kvf_gather_kernel<<<kvf_gather_blocks(n), KVF_GATHER_THREADS, 0, stream>>>(d_ops, n);
-    KVF_CUDA_CHECK_GOTO(cudaGetLastError(), rc, out_free);
-out_free:
-    /* the copy above is from pageable memory: @a ops may be reused on return */
-    KVF_CUDA_CHECK_IGNORE(cudaFreeAsync(d_ops, stream));
+    if (rc != KVF_KERN_OK) {
+        return rc;
+    }
+    kvf_gather_kernel<<<kvf_gather_blocks(n), KVF_GATHER_THREADS, 0, stream>>>(
+        (const kvf_gather_op_t *)d_ops, n);
+    rc = kvf_cuda_launched("kvf_gather_kernel");
+    /* the ops were copied (staged or pageable): @a ops may be reused on return */
+    kvf_cuda_scratch_free(stream, d_ops);
     return rc;
 }

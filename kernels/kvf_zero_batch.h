@@ -9,10 +9,12 @@
  * no scratch allocation, no host-to-device copy of the list, no launch per
  * range. Each range is split (kvf_zero_batch_split()) into a byte head up to
  * 16-byte alignment, 16-byte words, and a byte tail; the CPU path uses the
- * same split. Rejected: one cudaMemsetAsync per range (kvf_zero_ranges():
- * 16-64 calls per pull at 8k tokens, each a few microseconds of host time),
- * and a page kernel plus per-tail memsets (kvf_blocks_zero() copies its id
- * list through a stream-ordered allocation: four calls before the launch).
+ * same split. Rejected: one cudaMemsetAsync per range (what kvf_zero_ranges()
+ * did: 16-64 calls per pull at 8k tokens, each a few microseconds of host
+ * time), and a page kernel plus per-tail memsets. kvf_zero_ranges() is one
+ * launch too now, but uploads its list through the stream's staging area
+ * (kvf_device.h): this one needs neither a workspace nor an upload, which
+ * suits a transfer pool's own stream.
  */
 #ifndef KVF_ZERO_BATCH_H
 #define KVF_ZERO_BATCH_H

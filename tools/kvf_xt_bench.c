@@ -115,7 +115,7 @@ static void *xt_copy_thread(void *arg)
 }
 
 /*
- * Device pools: one device-to-device copy (kvf_device_memcpy, synchronous) of
+ * Device pools: one device-to-device copy (kvf_device_memcpy, then kvf_device_sync) of
  * @a bytes between two fresh buffers on --device, timed like the pulls (a
  * warm-up, then --iters). The rate a same-node pull is measured against.
  * Returns the median ns, 0 on failure (logged).
@@ -140,6 +140,9 @@ uint64_t kvf_xt_device_copy_limit(const xt_ctx_t *c, uint64_t bytes)
     for (int it = -1; (err == KVF_KERN_OK) && (it < c->o.iters); ++it) {
         uint64_t t0 = kvf_time_now_ns();
         err = kvf_device_memcpy(&dev, dst, src, (size_t)bytes, KVF_COPY_D2D);
+        if (err == KVF_KERN_OK) {
+            err = kvf_device_sync(&dev);   /* a device copy is only enqueued: time it done */
+        }
         if (it >= 0) {
             t[it] = kvf_time_now_ns() - t0;
         }

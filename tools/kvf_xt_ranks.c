@@ -189,6 +189,9 @@ kvf_status_t kvf_xt_pool_push(xt_rank_t *r)
 
     if (r->dev.kind != KVF_DEVICE_CPU) {
         err = kvf_device_memcpy(&r->dev, r->pool, r->host, r->pool_len, KVF_COPY_H2D);
+        if (err == KVF_KERN_OK) {
+            err = kvf_device_sync(&r->dev);   /* UCX reads the pool next, outside the stream */
+        }
     }
     return kvf_status_from_kern(err);
 }

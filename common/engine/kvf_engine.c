@@ -140,6 +140,9 @@ kvf_status_t kvf_engine_create(const kvf_engine_params_t *params, kvf_engine_h *
         rp.pool_alloc = params->pool_alloc;
         rp.pool_alloc_ctx = params->pool_alloc_ctx;
     }
+    rp.field_mask |= KVF_TP_RUNNER_PARAM_FIELD_STEP_LIMITS;   /* workspaces sized at start */
+    rp.max_batch_tokens = e->sched.max_batch_tokens;
+    rp.max_seqs = e->sched.max_seqs;
     status = kvf_tp_runner_create(&rp, &e->runner);
     if (status != KVF_OK) {
         goto err;

@@ -34,6 +34,7 @@
  * waiting at a barrier; the first error is returned.
  */
 #include "kvf_model_int.h"
+#include "kvf_attention_math.h"   /* KVF_ATTN_SPLITS_MAX: the workspace formula */
 
 /* Parts: kvf_model_fwd.c (workspace and forward); this file: loading the weights. */
 
@@ -715,4 +716,93 @@ size_t kvf_model_file_bytes(kvf_model_h model)
 int kvf_model_num_files(kvf_model_h model)
 {
     return model->num_files;
+}
+
+/* ---- the device workspace's size ------------------------------------------ */
+
+static size_t kvf_ws_a(size_t bytes)   /* an arena piece: 256-byte aligned */
+{
+    return (bytes + 255u) / 256u * 256u;
+}
+
+static size_t kvf_ws_s(size_t bytes)   /* a staging piece: 64-byte aligned */
+{
+    return (bytes + 63u) / 64u * 64u;
+}
+
+static size_t kvf_ws_max(size_t a, size_t b)
+{
+    return (a > b) ? a : b;
+}
+
+/*
+ * The formula (docs: kernels/README.md, "Workspaces"). Arena: the largest
+ * scratch ONE launcher holds at once (they free in LIFO order before
+ * returning, so calls never add up), each piece rounded to 256 bytes:
+ *   attention (kvf_attn_write_paged_seqs): (2T + S*B) int32 of rows,
+ *     positions and block tables + T*q_heads*splits*(hd+2) fp32 split-K
+ *     partials when splits > 1, splits = kvf_attn_split_count() of the
+ *     longest context C (a request cannot outgrow the model's positions or
+ *     the pool: min of the two);
+ *   MoE routing: T*2E floats + T*2E bools;
+ *   Mamba2 scan: mamba_heads*head_dim*state floats;
+ *   batched Mamba decode: S*(two pointers, an int, a float);
+ *   gated norm: T*n_groups floats; gathers, RoPE: T int32; scatter: T*8;
+ *   block zeroing: F int64 page ids;
+ * plus one piece of slack. Staging: every host input ONE step uploads
+ * (each rounded to 64 bytes), held twice (two halves, see kvf_ws_alloc.h):
+ *   embedding ids T*4; per attention layer (2T + S*B)*4 + 2 RoPE position
+ *   copies T*4; per Mamba layer S*24; per MoE layer 3*T*top_k*4 + 3*E*64
+ *   (each expert's rows and weights); the head's rows S*4; the zeroed page
+ *   ids F*8; 4 KiB for the TP collectives' one-float flags.
+ * T = max tokens, S = max seqs, B = blocks of one request's table, F = pages
+ * zeroed in one step, E = routed experts, hd = head_dim; heads are the
+ * rank's shard. The attention term follows kvf_attention_cuda.cu's launcher
+ * and changes with it (a request beyond the arena still runs: counted).
+ */
+void kvf_model_ws_device_bytes(kvf_model_h m, int rank, const kvf_step_limits_t *lim,
+                               size_t *device_p, size_t *staging_p)
+{
+    const kvf_model_config_t *cfg = &m->cfg;
+    const kvf_shard_t *s = &m->ranks[rank].shard;
+    const size_t T = (size_t)((lim->max_tokens > 0) ? lim->max_tokens : 1);
+    const size_t S = (size_t)((lim->max_seqs > 0) ? lim->max_seqs : 1);
+    const size_t B = (size_t)((lim->max_blocks > 0) ? lim->max_blocks : 1);
+    const size_t F = (size_t)((lim->max_fresh_pages > 0) ? lim->max_fresh_pages : 1);
+    const size_t E = (size_t)cfg->moe_num_experts, k = (size_t)cfg->moe_top_k;
+    const size_t hd = (size_t)cfg->head_dim;
+    size_t n_attn = 0, n_mamba = 0, n_moe = 0, arena = 0, step;
+
+    for (int l = 0; l < cfg->num_layers; ++l) {
+        n_attn += (cfg->layer_kinds[l] == KVF_LAYER_ATTENTION) ? 1u : 0u;
+        n_mamba += (cfg->layer_kinds[l] == KVF_LAYER_MAMBA) ? 1u : 0u;
+        n_moe += (cfg->layer_kinds[l] == KVF_LAYER_MOE) ? 1u : 0u;
+    }
+    if (n_attn > 0) {
+        const int kbs = (lim->kernel_block_size > 0) ? lim->kernel_block_size : 1;
+        const int ctx = (lim->max_context > 0) ? lim->max_context : KVF_ATTN_SPLITS_MAX *
+                                                                    KVF_ATTN_SPLIT_TOKENS;
+        const size_t splits = (size_t)kvf_attn_split_count(ctx / kbs + 1, kbs);
+        arena = kvf_ws_a((2 * T + S * B) * 4) +
+                ((splits > 1) ? kvf_ws_a(T * (size_t)s->attn_heads * splits * (hd + 2) * 4) : 0);
+    }
+    if (n_moe > 0) {
+        arena = kvf_ws_max(arena, kvf_ws_a(T * 2 * E * (sizeof(float) + 1)));
+    }
+    if (n_mamba > 0) {
+        arena = kvf_ws_max(arena, kvf_ws_a((size_t)s->mamba_heads *
+                                           (size_t)cfg->mamba_head_dim *
+                                           (size_t)cfg->ssm_state_size * 4));
+        arena = kvf_ws_max(arena, kvf_ws_a(S * (2 * sizeof(void *) + 8)));
+        arena = kvf_ws_max(arena, kvf_ws_a(T * (size_t)cfg->n_groups * 4));
+    }
+    arena = kvf_ws_max(arena, 2 * kvf_ws_a(T * 4));
+    arena = kvf_ws_max(arena, kvf_ws_a(F * 8));
+    *device_p = arena + 256;
+
+    step = kvf_ws_s(T * 4) + kvf_ws_s(S * 4) + kvf_ws_s(F * 8) + 4096;
+    step += n_attn * (kvf_ws_s((2 * T + S * B) * 4) + 2 * kvf_ws_s(T * 4));
+    step += n_mamba * kvf_ws_s(S * (2 * sizeof(void *) + 8));
+    step += n_moe * (3 * T * k * 4 + 3 * E * 64);
+    *staging_p = 2 * step;
 }

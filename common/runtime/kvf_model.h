@@ -178,6 +178,38 @@ typedef struct kvf_rank_ctx {
 kvf_status_t kvf_model_ws_create(struct kvf_model_ws **ws_p);
 void         kvf_model_ws_destroy(struct kvf_model_ws *ws);
 
+/** The largest step a rank's workspace is sized for at start (kvf_model_ws_prepare()). */
+typedef struct kvf_step_limits {
+    int max_tokens;       /* tokens of one step (the engine's max_batch_tokens), >= 1 */
+    int max_seqs;         /* requests of one step, >= 1 */
+    int max_blocks;       /* attention blocks in one request's table (<= the pool's) */
+    int max_fresh_pages;  /* pages one step zeroes (fresh blocks x layout slots) */
+    int max_context;      /* tokens one request may reach (bounds attention's split-K) */
+    int kernel_block_size; /* tokens per kernel block of the rank's pool */
+} kvf_step_limits_t;
+
+/**
+ * Size rank ctx->rank's workspace for steps within @a lim, at start, on the
+ * rank's own thread: the forward's buffers (on a device, one
+ * kvf_device_alloc() each, never again for such steps) and, on a device,
+ * the stream's kernel workspace (kvf_device_workspace_reserve() of
+ * kvf_model_ws_device_bytes()), released by kvf_model_ws_destroy(). A
+ * later step larger than @a lim still runs (the buffers grow then). CPU
+ * models: nothing happens (the buffers grow with the steps, as before).
+ * @return KVF_OK; KVF_ERR_NO_MEMORY / KVF_ERR_CUDA (logged with the sizes).
+ */
+kvf_status_t kvf_model_ws_prepare(kvf_model_h model, const kvf_rank_ctx_t *ctx,
+                                  const kvf_step_limits_t *lim);
+
+/**
+ * The device workspace of rank @a rank for steps within @a lim: the scratch
+ * arena (*device_p: the largest scratch one kernel launcher holds) and the
+ * pinned staging area (*staging_p: twice the host inputs of one step), in
+ * bytes. The formula is written out in kvf_model.c and kernels/README.md.
+ */
+void kvf_model_ws_device_bytes(kvf_model_h model, int rank, const kvf_step_limits_t *lim,
+                               size_t *device_p, size_t *staging_p);
+
 /**
  * Run one forward step of @a batch on rank ctx->rank. Every rank of the
  * instance must call it with the same batch (collectives inside). Rank 0

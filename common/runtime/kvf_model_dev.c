@@ -447,6 +447,17 @@ kvf_status_t kvf_model_upload(kvf_model_h m)
                                 &m->ranks[r].layers[l], native));
         }
     }
+    /* host->device copies are only enqueued (kvf_device_memcpy()): wait for each rank's
+     * stream once, so a copy that failed fails the load, and leave the thread on rank 0's */
+    for (int r = m->tp - 1; (status == KVF_OK) && (r >= 0); --r) {
+        int e = kvf_device_bind(&m->ranks[r].dev);
+        e = (e == KVF_KERN_OK) ? kvf_device_sync(&m->ranks[r].dev) : e;
+        if (e != KVF_KERN_OK) {
+            kvf_error("model: the weights' copy to cuda:%d failed: %s", m->ranks[r].dev.ordinal,
+                      kvf_kern_strerror(e));
+            status = kvf_status_from_kern(e);
+        }
+    }
     if (status == KVF_OK) {
         kvf_model_rep_free(m, &m->rep);   /* the host copy: every rank has its own now */
     }

@@ -28,6 +28,9 @@ void kvf_model_ws_destroy(struct kvf_model_ws *ws)
     if (ws == NULL) {
         return;
     }
+    if (ws->dev_ws) {
+        kvf_device_workspace_release(&ws->dev);   /* waits for the stream, then frees */
+    }
     void *dptrs[] = {
         ws->h, ws->xn, ws->out, ws->proj, ws->ybuf, ws->xbc, ws->g, ws->sumsq, ws->xg, ws->yg,
         ws->scores, ws->route_idx, ws->route_w, ws->last, ws->logits, ws->xs, ws->d_tok,
@@ -166,6 +169,40 @@ static kvf_status_t kvf_ws_reserve(struct kvf_model_ws *ws, const kvf_model_h m,
         }
         ws->cap_seqs = S;
     }
+    return KVF_OK;
+}
+
+kvf_status_t kvf_model_ws_prepare(kvf_model_h m, const kvf_rank_ctx_t *ctx,
+                                  const kvf_step_limits_t *lim)
+{
+    const kvf_device_t *dev = kvf_page_pool_device(ctx->pool);
+    struct kvf_model_ws *ws = ctx->ws;
+    size_t dbytes = 0, sbytes = 0;
+    kvf_status_t status;
+    int e;
+
+    if (dev->kind == KVF_DEVICE_CPU) {
+        return KVF_OK;
+    }
+    e = kvf_device_bind(dev);
+    status = (e == KVF_KERN_OK) ?
+             kvf_ws_reserve(ws, m, &m->ranks[ctx->rank], dev, (size_t)lim->max_tokens,
+                            (size_t)lim->max_seqs) : kvf_status_from_kern(e);
+    if (status != KVF_OK) {
+        kvf_error("rank %d: the workspace for %d tokens and %d requests per step cannot be "
+                  "allocated on %s:%d: %s", ctx->rank, lim->max_tokens, lim->max_seqs,
+                  kvf_device_kind_name(dev->kind), dev->ordinal, kvf_status_str(status));
+        return status;
+    }
+    kvf_model_ws_device_bytes(m, ctx->rank, lim, &dbytes, &sbytes);
+    e = ws->dev_ws ? KVF_KERN_OK : kvf_device_workspace_reserve(&ws->dev, dbytes, sbytes);
+    if (e != KVF_KERN_OK) {
+        kvf_error("rank %d: the kernel workspace (%zu bytes of device scratch, %zu of pinned "
+                  "staging) cannot be reserved on %s:%d: %s", ctx->rank, dbytes, sbytes,
+                  kvf_device_kind_name(dev->kind), dev->ordinal, kvf_kern_strerror(e));
+        return kvf_status_from_kern(e);
+    }
+    ws->dev_ws = true;
     return KVF_OK;
 }
 

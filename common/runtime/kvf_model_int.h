@@ -114,6 +114,7 @@ struct kvf_model_ws {
     size_t cap_tokens, cap_seqs, cap_tile;
     kvf_device_t dev;           /* the device of the (dev) buffers, fixed at the first reserve */
     bool   dev_set;
+    bool   dev_ws;              /* dev's kernel workspace reserved (kvf_model_ws_prepare) */
     float *h, *xn, *out;        /* [T][H] (dev) */
     float *proj, *ybuf;         /* [T][max_rows] (dev) */
     float *xbc;                 /* [T][conv_dim] (dev) */

@@ -13,6 +13,7 @@
 #include "kvf_tp_runner.h"
 #include "kvf_log.h"
 
+#include <limits.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +35,7 @@ struct kvf_tp_runner {
     int                 tp;
     int                 num_blocks;
     kvf_cache_params_t  cache;
+    kvf_step_limits_t   limits;    /* what each rank's workspace is sized for at start */
     kvf_cache_layout_t  layout;
     kvf_comm_world_h    world;
     kvf_rank_slot_t    *ranks;
@@ -148,6 +150,16 @@ static kvf_status_t kvf_rank_comm_start(void *arg, int rank, kvf_page_pool_h poo
     return kvf_comm_rank_start(kvf_comm_world_rank(r->world, rank));
 }
 
+/* Rank job: size this rank's workspace for the step limits (on a GPU: its buffers and its
+ * stream's kernel workspace; see kvf_model_ws_prepare). */
+static kvf_status_t kvf_rank_ws_prepare(void *arg, int rank, kvf_page_pool_h pool)
+{
+    kvf_tp_runner_h r = arg;
+
+    (void)pool;
+    return kvf_model_ws_prepare(r->model, &r->ranks[rank].ctx, &r->limits);
+}
+
 /* The ranks' collectives: the CPU world, or an NCCL world over the ranks' GPUs. */
 static kvf_status_t kvf_tp_runner_world(kvf_tp_runner_h r, const kvf_device_t *dev)
 {
@@ -200,6 +212,18 @@ kvf_status_t kvf_tp_runner_create(const kvf_tp_runner_params_t *params, kvf_tp_r
         kvf_error("tp runner: num_blocks %d must be positive", r->num_blocks);
         status = KVF_ERR_INVALID_PARAM;
         goto err;
+    }
+    r->limits.max_tokens = 512;   /* the engine's defaults */
+    r->limits.max_seqs = 64;
+    if (params->field_mask & KVF_TP_RUNNER_PARAM_FIELD_STEP_LIMITS) {
+        r->limits.max_tokens = params->max_batch_tokens;
+        r->limits.max_seqs = params->max_seqs;
+        if ((params->max_batch_tokens < 1) || (params->max_seqs < 1)) {
+            kvf_error("tp runner: step limits of %d tokens and %d requests must be positive",
+                      params->max_batch_tokens, params->max_seqs);
+            status = KVF_ERR_INVALID_PARAM;
+            goto err;
+        }
     }
     status = kvf_cache_layout_build(cfg, &r->layout);
     if (status != KVF_OK) {
@@ -273,6 +297,25 @@ kvf_status_t kvf_tp_runner_create(const kvf_tp_runner_params_t *params, kvf_tp_r
         /* NCCL: every rank makes its communicators now, in its own thread, so an init
          * failure fails the start-up rather than the first step */
         status = kvf_tp_runner_run_on_ranks(r, kvf_rank_comm_start, r);
+        if (status != KVF_OK) {
+            goto err;
+        }
+    }
+    if (dev->kind != KVF_DEVICE_CPU) {
+        /* a request reaches at most the model's positions and the pool's tokens; its table
+         * holds the blocks of that many tokens; a step zeroes at most every block's pages */
+        const kvf_rank_geometry_t *g = &r->ranks[0].geom;
+        const long pool_tokens = (long)r->num_blocks * (long)g->block_size;
+
+        r->limits.max_context = (int)(((cfg->max_position_embeddings > 0) &&
+                                       (cfg->max_position_embeddings < pool_tokens)) ?
+                                      cfg->max_position_embeddings :
+                                      ((pool_tokens < INT_MAX) ? pool_tokens : INT_MAX));
+        r->limits.max_blocks = (int)(((long)r->limits.max_context + g->block_size - 1) /
+                                     g->block_size);
+        r->limits.max_fresh_pages = r->num_blocks * r->layout.slots;
+        r->limits.kernel_block_size = g->kernel_block_size;
+        status = kvf_tp_runner_run_on_ranks(r, kvf_rank_ws_prepare, r);
         if (status != KVF_OK) {
             goto err;
         }

@@ -20,8 +20,9 @@ enum kvf_tp_runner_params_field {          /* append only, never renumber */
     KVF_TP_RUNNER_PARAM_FIELD_CACHE        = KVF_BIT(1),  /* default kvf_cache_params_default() */
     KVF_TP_RUNNER_PARAM_FIELD_NO_ZERO      = KVF_BIT(2),  /* TEST ONLY; default zeroing on */
     KVF_TP_RUNNER_PARAM_FIELD_POOL_ALLOC   = KVF_BIT(3),  /* default: pools allocate on the CPU */
+    KVF_TP_RUNNER_PARAM_FIELD_STEP_LIMITS  = KVF_BIT(4),  /* default 512 tokens, 64 requests */
 };
-#define KVF_TP_RUNNER_PARAM_FIELDS_KNOWN (KVF_BIT(4) - 1)
+#define KVF_TP_RUNNER_PARAM_FIELDS_KNOWN (KVF_BIT(5) - 1)
 
 /**
  * Allocator of one rank's page-pool memory (called once per rank, in rank
@@ -44,6 +45,8 @@ typedef struct kvf_tp_runner_params {
     bool                disable_zeroing;  /* TEST ONLY: fresh blocks are not zeroed */
     kvf_pool_alloc_fn_t pool_alloc;       /* POOL_ALLOC: where each rank's pool lives */
     void               *pool_alloc_ctx;   /* passed to pool_alloc */
+    int                 max_batch_tokens; /* STEP_LIMITS: tokens of one step, >= 1 */
+    int                 max_seqs;         /* STEP_LIMITS: requests of one step, >= 1 */
 } kvf_tp_runner_params_t;
 
 /**
@@ -52,13 +55,18 @@ typedef struct kvf_tp_runner_params {
  * host memory for a CPU model, the rank's GPU for a CUDA one), and the ranks'
  * world is the CPU's or, for a CUDA model with tp > 1, NCCL's over the ranks'
  * GPUs, every rank's communicators made here (kvf_comm_rank_start on each
- * rank thread).
+ * rank thread). On a GPU each rank's workspace is sized here, on its own
+ * thread, for the step limits (kvf_model_ws_prepare(): the forward's
+ * buffers and the stream's kernel workspace), so steps within them neither
+ * allocate device memory nor block the host on an upload.
  * @return KVF_OK; geometry errors (e.g. explicit block size too small for
  *         the Mamba state); KVF_ERR_NO_MEMORY; KVF_ERR_INVALID_PARAM;
  *         KVF_ERR_UNSUPPORTED for POOL_ALLOC with a model on a GPU (the
  *         allocator gives host memory); KVF_ERR_CUDA when a device pool
  *         cannot be allocated; the NCCL world's errors (kvf_comm_world_create,
- *         kvf_comm_rank_start: KVF_ERR_UNSUPPORTED without NCCL, KVF_ERR_NCCL).
+ *         kvf_comm_rank_start: KVF_ERR_UNSUPPORTED without NCCL, KVF_ERR_NCCL);
+ *         KVF_ERR_INVALID_PARAM for STEP_LIMITS below 1; the workspace's
+ *         errors (kvf_model_ws_prepare()).
  */
 kvf_status_t kvf_tp_runner_create(const kvf_tp_runner_params_t *params, kvf_tp_runner_h *runner_p);
 

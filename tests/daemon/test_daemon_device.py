@@ -137,6 +137,11 @@ def check_pool(devbin, questions=6):
     assert d["blocks_zero"] >= questions and d["syncs"] - d["zero_ranges"] >= questions, d
     assert d["zero_ranges"] >= 1 and d["zero_range_bytes"] > 0, d
     assert d["d2h_bytes"] > 0 and p["d2h_bytes"] > 0, (p, d)
+    # each daemon's rank sized its workspace at start; decode's greedy decode steps allocated
+    # nothing and copied back one thing each (the sampled ids)
+    assert p["ws_reserves"] == 1 and d["ws_reserves"] == 1, (p, d)
+    assert d["decode_steps"] > 0 and d["decode_allocs"] == 0, d
+    assert d["decode_d2h"] == d["decode_steps"] and d["decode_syncs"] == 0, d
     os.system("rm -rf '%s'" % run_dir)
     return ("1p1d on one simulated GPU: %d/%d answers equal colocated; decode %d blocks_zero, "
             "%d tail zeroings, %d bytes device->host, prefill %d bytes device->host" % (

@@ -7,8 +7,8 @@ lib=$1
 flags=$2
 want=(kvf_attn_write_kernel kvf_attn_paged_kernel kvf_conv_chunk_kernel kvf_conv_step_kernel
       kvf_mamba2_scan_kernel kvf_rmsnorm_kernel kvf_gated_sumsq_kernel kvf_gated_apply_kernel
-      kvf_act_kernel kvf_convert_kernel kvf_moe_route_kernel kvf_blocks_zero_vec_kernel
-      kvf_blocks_zero_byte_kernel kvf_bias_rows_kernel kvf_add_kernel kvf_gather_rows_kernel
+      kvf_act_kernel kvf_convert_kernel kvf_moe_route_kernel kvf_zero_list_kernel
+      kvf_bias_rows_kernel kvf_add_kernel kvf_gather_rows_kernel
       kvf_scatter_add_rows_kernel kvf_act_mul_kernel kvf_rope_kernel kvf_attn_merge_kernel
       kvf_round_rows_kernel kvf_argmax_rows_kernel kvf_conv_step_seqs_kernel
       kvf_mamba2_step_seqs_kernel)

@@ -22,7 +22,13 @@
  * kernel or the wrong side of a device copy is counted (a real GPU would
  * fault there); at exit the process prints one line to stderr,
  *   devsim: gpus N opened O allocs A (B bytes) ... host_ptr_errors E
- * which tests/daemon/daemon_device.py asserts on. What it cannot check:
+ * which tests/daemon/test_daemon_device.py and tests/daemon/test_devsim_step.py assert
+ * on. Steps (kvf_tp_runner_step) are watched too: for every decode step (each request one
+ * token on a cache), what the calling thread (rank 0) did inside it is counted:
+ *   decode_steps N decode_allocs A decode_d2h D decode_syncs S decode_d2h_max M
+ * (device allocations, device-to-host copies, stream syncs), so a test can assert that a
+ * step allocates nothing and reads back only the sampled ids. Workspaces reserved at start
+ * (kvf_device_workspace_reserve) are recorded, not allocated. What it cannot check:
  * CUDA kernels themselves, stream concurrency, UCX moving real device
  * memory (tests/gpu, on a GPU).
  */
@@ -41,6 +47,7 @@
 #include "kvf_norm.h"
 #include "kvf_ops.h"
 #include "kvf_ssm_seqs.h"
+#include "kvf_tp_runner.h"
 #include "kvf_log.h"
 
 #include <errno.h>
@@ -66,9 +73,12 @@ static int devsim_gpus = -1;
 static atomic_ullong st_opened, st_allocs, st_alloc_bytes, st_kernels, st_blocks_zero_calls,
     st_blocks_zero_pages, st_zero_range_calls, st_zero_range_bytes, st_d2h_calls, st_d2h_bytes,
     st_h2d_bytes, st_syncs, st_streams, st_binds, st_host_ptr_errors, st_ucx_maps,
-    st_wrong_device;
+    st_wrong_device, st_ws_reserves, st_ws_device_bytes, st_ws_staging_bytes,
+    st_decode_steps, st_decode_allocs, st_decode_d2h, st_decode_syncs, st_decode_d2h_max;
 /* the calling thread's current GPU, as CUDA keeps it: 0 until a call sets it */
 static _Thread_local int devsim_current;
+/* what this thread did: a step's share is the difference across kvf_tp_runner_step */
+static _Thread_local unsigned long long tl_allocs, tl_d2h, tl_syncs;
 
 static int devsim_count(void)
 {
@@ -154,7 +164,9 @@ static void devsim_report(void)
     fprintf(stderr, "devsim: gpus %d opened %llu allocs %llu (%llu bytes) kernels %llu "
             "blocks_zero %llu calls %llu pages zero_ranges %llu calls %llu bytes d2h %llu "
             "calls %llu bytes h2d %llu bytes syncs %llu streams %llu binds %llu ucx_maps %llu "
-            "host_ptr_errors %llu wrong_device %llu\n", devsim_count(),
+            "host_ptr_errors %llu wrong_device %llu ws_reserves %llu ws_device_bytes %llu "
+            "ws_staging_bytes %llu decode_steps %llu decode_allocs %llu decode_d2h %llu "
+            "decode_syncs %llu decode_d2h_max %llu\n", devsim_count(),
             (unsigned long long)st_opened,
             (unsigned long long)st_allocs, (unsigned long long)st_alloc_bytes,
             (unsigned long long)st_kernels, (unsigned long long)st_blocks_zero_calls,
@@ -163,7 +175,11 @@ static void devsim_report(void)
             (unsigned long long)st_d2h_bytes, (unsigned long long)st_h2d_bytes,
             (unsigned long long)st_syncs, (unsigned long long)st_streams,
             (unsigned long long)st_binds, (unsigned long long)st_ucx_maps,
-            (unsigned long long)st_host_ptr_errors, (unsigned long long)st_wrong_device);
+            (unsigned long long)st_host_ptr_errors, (unsigned long long)st_wrong_device,
+            (unsigned long long)st_ws_reserves, (unsigned long long)st_ws_device_bytes,
+            (unsigned long long)st_ws_staging_bytes, (unsigned long long)st_decode_steps,
+            (unsigned long long)st_decode_allocs, (unsigned long long)st_decode_d2h,
+            (unsigned long long)st_decode_syncs, (unsigned long long)st_decode_d2h_max);
 }
 
 __attribute__((constructor)) static void devsim_init(void)
@@ -271,6 +287,7 @@ int __wrap_kvf_device_alloc(const kvf_device_t *dev, size_t bytes, void **ptr_p)
     devsim_ranges[devsim_n++] = (devsim_range_t){(uintptr_t)p, (uintptr_t)p + len, dev->ordinal};
     pthread_mutex_unlock(&devsim_lock);
     st_allocs++;
+    tl_allocs++;
     st_alloc_bytes += bytes;
     *ptr_p = p;
     return KVF_KERN_OK;
@@ -343,6 +360,7 @@ int __wrap_kvf_device_memcpy(const kvf_device_t *dev, void *dst, const void *src
             devsim_want_host(dst, "kvf_device_memcpy D2H dst");
             devsim_want_dev_fn(src, "kvf_device_memcpy D2H src");
             st_d2h_calls++;
+            tl_d2h++;
             st_d2h_bytes += bytes;
             break;
         case KVF_COPY_D2D:
@@ -365,7 +383,64 @@ int __wrap_kvf_device_sync(const kvf_device_t *dev)
         return __real_kvf_device_sync(dev);
     }
     st_syncs++;
+    tl_syncs++;
     return KVF_KERN_OK;
+}
+
+int __real_kvf_device_workspace_reserve(const kvf_device_t *dev, size_t device_bytes,
+                                        size_t staging_bytes);
+int __wrap_kvf_device_workspace_reserve(const kvf_device_t *dev, size_t device_bytes,
+                                        size_t staging_bytes);
+int __wrap_kvf_device_workspace_reserve(const kvf_device_t *dev, size_t device_bytes,
+                                        size_t staging_bytes)
+{
+    if (!devsim_is_cuda(dev)) {
+        return __real_kvf_device_workspace_reserve(dev, device_bytes, staging_bytes);
+    }
+    /* the simulated kernels take no scratch: the reservation is recorded, not made */
+    st_ws_reserves++;
+    st_ws_device_bytes += device_bytes;
+    st_ws_staging_bytes += staging_bytes;
+    return KVF_KERN_OK;
+}
+
+void __real_kvf_device_workspace_release(const kvf_device_t *dev);
+void __wrap_kvf_device_workspace_release(const kvf_device_t *dev);
+void __wrap_kvf_device_workspace_release(const kvf_device_t *dev)
+{
+    if (!devsim_is_cuda(dev)) {
+        __real_kvf_device_workspace_release(dev);
+    }
+}
+
+/* ---- steps: what rank 0 (the calling thread) does inside a decode step ---------- */
+
+kvf_status_t __real_kvf_tp_runner_step(kvf_tp_runner_h runner, const kvf_fwd_batch_t *batch,
+                                       const int32_t *fresh, int n_fresh);
+kvf_status_t __wrap_kvf_tp_runner_step(kvf_tp_runner_h runner, const kvf_fwd_batch_t *batch,
+                                       const int32_t *fresh, int n_fresh);
+kvf_status_t __wrap_kvf_tp_runner_step(kvf_tp_runner_h runner, const kvf_fwd_batch_t *batch,
+                                       const int32_t *fresh, int n_fresh)
+{
+    unsigned long long a0 = tl_allocs, d0 = tl_d2h, s0 = tl_syncs, d;
+    bool decode = (batch->num_seqs > 0);
+    kvf_status_t status;
+
+    for (int i = 0; i < batch->num_seqs; ++i) {
+        decode &= (batch->seqs[i].num_tokens == 1) && (batch->seqs[i].start > 0);
+    }
+    status = __real_kvf_tp_runner_step(runner, batch, fresh, n_fresh);
+    if (decode && (status == KVF_OK)) {
+        d = tl_d2h - d0;
+        st_decode_steps++;
+        st_decode_allocs += tl_allocs - a0;
+        st_decode_d2h += d;
+        st_decode_syncs += tl_syncs - s0;
+        if (d > st_decode_d2h_max) {
+            st_decode_d2h_max = d;   /* steps are sequential: no race on the maximum */
+        }
+    }
+    return status;
 }
 
 int __real_kvf_device_stream_create(const kvf_device_t *dev, kvf_device_t *dev_p);
