@@ -48,7 +48,7 @@ __global__ void kvf_attn_write_kernel(kvf_cuda_kv g, const float *k, const float
          i += (size_t)gridDim.x * blockDim.x) {
         size_t d = i % hd, h = (i / hd) % nkv, t = i / (hd * nkv);
         int pos = positions[t];
-        char *kblock = kvf_cuda_kblock(g, kvf_cuda_table(g, tok_seq, maxb, t), pos);
+        char *kblock = kvf_cuda_kblock(&g, kvf_cuda_table(&g, tok_seq, maxb, t), pos);
         size_t row = (size_t)(pos % g.kbs);
         size_t src = t * (size_t)ld + h * hd + d;
         kvf_hd_store(kblock, g.dtype, kvf_attn_row_first(nkv, (size_t)g.kbs, hd, h, row, 0) + d,
@@ -81,7 +81,7 @@ kvf_attn_paged_kernel(kvf_cuda_kv g, const float *q, int ldq, const int32_t *pos
     int kb0, kb1;
     kvf_attn_split_range(limit, kbs, y, &kb0, &kb1);
     const float *qv = q + (size_t)t * (size_t)ldq + (size_t)qh * (size_t)hd;
-    const int32_t *table = kvf_cuda_table(g, tok_seq, maxb, (size_t)t);
+    const int32_t *table = kvf_cuda_table(&g, tok_seq, maxb, (size_t)t);
     float m = -INFINITY, l = 0.0f, acc0 = 0.0f, acc1 = 0.0f;   /* dims tid, tid + 128 */
 
     for (int d = tid; d < hd; d += KVF_ATTN_THREADS) {
@@ -90,7 +90,7 @@ kvf_attn_paged_kernel(kvf_cuda_kv g, const float *q, int ldq, const int32_t *pos
     __syncthreads();
     for (int kb = kb0; kb < kb1; ++kb) {
         const int token0 = kb * kbs;
-        const char *kblock = kvf_cuda_kblock(g, table, token0);
+        const char *kblock = kvf_cuda_kblock(&g, table, token0);
         const char *kt = kblock + (size_t)kh * kbs * hd * g.elt;
         const char *vt = kblock + (size_t)(nkv + kh) * kbs * hd * g.elt;
         float mt = m;

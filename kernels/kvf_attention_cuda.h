@@ -11,15 +11,19 @@
  *   anything else: every call fails with KVF_KERN_EINVAL, reported with the
  *     variable's name and value.
  * The *_as functions below take the kernel explicitly (tests/gpu compares
- * the two bit for bit); the C++ part is the geometry both kernels share.
+ * the two bit for bit); then the geometry both kernels read (plain C too) and
+ * the tiled launcher (C++).
  */
 #ifndef KVF_ATTENTION_CUDA_H
 #define KVF_ATTENTION_CUDA_H
 
 #include "kvf_attention.h"
+#include "kvf_attention_math.h"
 #include "kvf_attention_seqs.h"
 #include "kvf_device.h"
+#include "kvf_hd.h"
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -58,18 +62,14 @@ int kvf_cuda_attn_write_paged_seqs_as(kvf_attn_gpu_impl_t impl, const kvf_device
 }
 #endif
 
-#ifdef __CUDACC__
-#include "kvf_attention_math.h"
-
-#include <cuda_runtime.h>
-
-/* the geometry a thread needs (kvf_paged_kv_t with the device block table) */
-struct kvf_cuda_kv {
+/* The geometry a thread needs (kvf_paged_kv_t with the device block table); C as well as
+ * CUDA, for the tiled kernel's body (kvf_attention_tiled_kernel.h). */
+typedef struct kvf_cuda_kv {
     char          *base;
     size_t         page_size, kbb, elt;
     int            slots, slot, dtype, kv_heads, head_dim, block_size, kbs;
     const int32_t *block_table;   /* device */
-};
+} kvf_cuda_kv;
 
 static inline kvf_cuda_kv kvf_cuda_kv_of(const kvf_paged_kv_t *kv, const int32_t *d_table)
 {
@@ -89,21 +89,23 @@ static inline kvf_cuda_kv kvf_cuda_kv_of(const kvf_paged_kv_t *kv, const int32_t
     return g;
 }
 
-static __device__ inline char *kvf_cuda_kblock(const kvf_cuda_kv &g, const int32_t *table,
-                                               int pos)
+/* the kernel block holding token pos of a request with block table @a table */
+static inline KVF_HD char *kvf_cuda_kblock(const kvf_cuda_kv *g, const int32_t *table, int pos)
 {
-    return g.base + kvf_attn_kblock_offset(table, g.block_size, g.kbs, g.slots, g.slot,
-                                           g.page_size, g.kbb, pos);
+    return g->base + kvf_attn_kblock_offset(table, g->block_size, g->kbs, g->slots, g->slot,
+                                            g->page_size, g->kbb, pos);
 }
 
 /* Row t's block table: the one table, or its request's row of the packed tables
  * [num_seqs][maxb] (tok_seq[t]: row t's request; kvf_attention_seqs.h). */
-static __device__ inline const int32_t *kvf_cuda_table(const kvf_cuda_kv &g,
-                                                       const int32_t *tok_seq, int maxb,
-                                                       size_t t)
+static inline KVF_HD const int32_t *kvf_cuda_table(const kvf_cuda_kv *g, const int32_t *tok_seq,
+                                                   int maxb, size_t t)
 {
-    return (tok_seq == NULL) ? g.block_table : g.block_table + (size_t)tok_seq[t] * maxb;
+    return (tok_seq == NULL) ? g->block_table : g->block_table + (size_t)tok_seq[t] * maxb;
 }
+
+#ifdef __CUDACC__
+#include <cuda_runtime.h>
 
 /*
  * Launch the tiled kernel (kvf_attention_tiled_cuda.cu) over num_tokens rows

@@ -43,6 +43,12 @@
  * dynamic shared memory at most (head_dim 256, kbs 2048: 8 queries). Falls back to the
  * per-token kernel when fewer than two queries fit or the device allows a
  * block less shared memory than the tile needs.
+ * The kernel's body is kvf_attention_tiled_kernel.h, plain C but for a few
+ * CUDA names, so that test_kern_attention_tiled_emu runs this very code on
+ * the CPU (a host thread per CUDA thread, barriers for __syncthreads) and
+ * checks it bit for bit against the per-token kernel's arithmetic written
+ * serially; test_kern_attention_tile checks the tile partition on random
+ * shapes.
  * Status: compiled with -Werror for sm_80 and sm_90, never run on a GPU when
  * written (no GPU in that session): the default stays the per-token kernel
  * until tests/gpu/attn_tiled_vs_pertoken has shown the two equal bit for bit
@@ -58,183 +64,11 @@
  * meet a stale NaN there, as in the per-token kernel.
  */
 #include "kvf_attention_cuda.h"
-#include "kvf_attention_math.h"
 #include "kvf_attention_tile.h"
+#include "kvf_attention_tiled_kernel.h"
 #include "kvf_cuda_util.h"
 
 #include <stdlib.h>
-
-#define KVF_TW (KVF_ATTN_TILE_THREADS / 32)   /* warps per tile block */
-
-/*
- * Tile blockIdx.x (tiles[2 * x]: first query u, tiles[2 * x + 1]: count) of KV
- * head blockIdx.z, split blockIdx.y of gridDim.y. Dynamic shared memory:
- * kvf_attn_tile_smem(qt, head_dim, kbs).
- */
-__global__ void __launch_bounds__(KVF_ATTN_TILE_THREADS)
-kvf_attn_tiled_kernel(kvf_cuda_kv g, const float *q, int ldq, const int32_t *positions,
-                      int q_heads, float scale, float *out, float *part_m, float *part_l,
-                      float *part_acc, const int32_t *tok_seq, int maxb, const int32_t *tiles,
-                      int qt)
-{
-    extern __shared__ float sh[];
-    __shared__ int lim[KVF_ATTN_TILE_Q_MAX], kb0[KVF_ATTN_TILE_Q_MAX], kb1[KVF_ATTN_TILE_Q_MAX];
-    __shared__ float m_sh[KVF_ATTN_TILE_Q_MAX], l_sh[KVF_ATTN_TILE_Q_MAX];
-    __shared__ float mnew_sh[KVF_ATTN_TILE_Q_MAX], alpha_sh[KVF_ATTN_TILE_Q_MAX];
-    const int hd = g.head_dim, kbs = g.kbs, nkv = g.kv_heads, group = q_heads / nkv;
-    const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, ldr = hd + 1;
-    const int y = (int)blockIdx.y, splits = (int)gridDim.y, kh = (int)blockIdx.z;
-    const int u0 = tiles[2 * blockIdx.x], nq = tiles[2 * blockIdx.x + 1];
-    float *qs = sh, *sc = sh + (size_t)qt * hd, *rows = sc + (size_t)qt * kbs;
-    float acc[KVF_ATTN_TILE_ACC];
-    int t0, qh0, lo, hi;
-
-    kvf_attn_tile_query(u0, group, kh, &t0, &qh0);
-    const int32_t *table = kvf_cuda_table(g, tok_seq, maxb, (size_t)t0);   /* one request */
-    if (tid < nq) {
-        int t, qh;
-        kvf_attn_tile_query(u0 + tid, group, kh, &t, &qh);
-        lim[tid] = positions[t];
-        kvf_attn_split_range(lim[tid], kbs, y, &kb0[tid], &kb1[tid]);
-        m_sh[tid] = -INFINITY;
-        l_sh[tid] = 0.0f;
-    }
-    for (int i = tid; i < nq * hd; i += KVF_ATTN_TILE_THREADS) {
-        int t, qh;
-        kvf_attn_tile_query(u0 + i / hd, group, kh, &t, &qh);
-        qs[i] = q[(size_t)t * (size_t)ldq + (size_t)qh * hd + (size_t)(i % hd)];
-    }
-#pragma unroll
-    for (int k = 0; k < KVF_ATTN_TILE_ACC; ++k) {
-        acc[k] = 0.0f;
-    }
-    __syncthreads();
-    kvf_attn_tile_span(kb0, kb1, nq, &lo, &hi);
-    for (int kb = lo; kb < hi; ++kb) {
-        const int krows = kvf_attn_tile_k_rows(lim, kb0, kb1, nq, kb, kbs);
-        if (krows == 0) {
-            continue;   /* no query folds kb (a gap between ranges): uniform over the block */
-        }
-        const int token0 = kb * kbs;
-        const char *kblock = kvf_cuda_kblock(g, table, token0);
-        const char *kt = kblock + (size_t)kh * kbs * hd * g.elt;
-        const char *vt = kblock + (size_t)(nkv + kh) * kbs * hd * g.elt;
-
-        /* scores: K rows staged 32 at a time; thread (qi, row) dots in dim order */
-        for (int r0 = 0; r0 < krows; r0 += KVF_ATTN_TILE_ROWS) {
-            const int nr = (krows - r0 < KVF_ATTN_TILE_ROWS) ? krows - r0 : KVF_ATTN_TILE_ROWS;
-            for (int i = tid; i < nr * hd; i += KVF_ATTN_TILE_THREADS) {
-                rows[(i / hd) * ldr + i % hd] =
-                    kvf_hd_load(kt, g.dtype, (size_t)r0 * hd + (size_t)i);
-            }
-            __syncthreads();
-            for (int p = tid; p < nq * KVF_ATTN_TILE_ROWS; p += KVF_ATTN_TILE_THREADS) {
-                const int qi = p / KVF_ATTN_TILE_ROWS, jr = p % KVF_ATTN_TILE_ROWS;
-                if ((jr < nr) && kvf_attn_tile_folds(kb, kb0[qi], kb1[qi]) &&
-                    (token0 + r0 + jr <= lim[qi])) {
-                    const float *qv = qs + (size_t)qi * hd, *kr = rows + jr * ldr;
-                    float dot = 0.0f;
-                    for (int d = 0; d < hd; ++d) {
-                        dot = __fmaf_rn(qv[d], kr[d], dot);
-                    }
-                    sc[(size_t)qi * kbs + r0 + jr] = __fmul_rn(dot, scale);
-                }
-            }
-            __syncthreads();   /* rows is restaged; the last pass's scores are complete */
-        }
-        /* running max over the unmasked scores, and alpha: one warp per query */
-        for (int qi = warp; qi < nq; qi += KVF_TW) {
-            if (!kvf_attn_tile_folds(kb, kb0[qi], kb1[qi])) {
-                continue;   /* uniform over the warp */
-            }
-            const int n = (lim[qi] - token0 + 1 < kbs) ? lim[qi] - token0 + 1 : kbs;
-            float mt = m_sh[qi];
-            for (int j = lane; j < n; j += 32) {
-                const float s = sc[(size_t)qi * kbs + j];
-                mt = (s > mt) ? s : mt;
-            }
-            for (int o = 16; o > 0; o /= 2) {
-                const float other = __shfl_down_sync(0xffffffffu, mt, o);
-                mt = (other > mt) ? other : mt;
-            }
-            if (lane == 0) {
-                mnew_sh[qi] = mt;
-                alpha_sh[qi] = expf(m_sh[qi] - mt);   /* 0 on the first kernel block */
-            }
-        }
-        __syncthreads();
-        for (int p = tid; p < nq * kbs; p += KVF_ATTN_TILE_THREADS) {
-            const int qi = p / kbs, j = p % kbs;
-            if (kvf_attn_tile_folds(kb, kb0[qi], kb1[qi])) {
-                sc[p] = kvf_attn_prob(sc[p], token0, (size_t)j, lim[qi], mnew_sh[qi]);
-            }
-        }
-#pragma unroll
-        for (int k = 0; k < KVF_ATTN_TILE_ACC; ++k) {
-            const int i = tid + k * KVF_ATTN_TILE_THREADS, qi = i / hd;
-            if ((i < nq * hd) && kvf_attn_tile_folds(kb, kb0[qi], kb1[qi])) {
-                acc[k] = __fmul_rn(acc[k], alpha_sh[qi]);
-            }
-        }
-        __syncthreads();
-        /* p * V over every slot in order, V rows staged 32 at a time; thread qi < nq adds
-         * its query's denominator in slot order alongside */
-        float lsum = 0.0f;
-        for (int r0 = 0; r0 < kbs; r0 += KVF_ATTN_TILE_ROWS) {
-            const int nr = (kbs - r0 < KVF_ATTN_TILE_ROWS) ? kbs - r0 : KVF_ATTN_TILE_ROWS;
-            for (int i = tid; i < nr * hd; i += KVF_ATTN_TILE_THREADS) {
-                rows[(i / hd) * ldr + i % hd] =
-                    kvf_hd_load(vt, g.dtype, (size_t)r0 * hd + (size_t)i);
-            }
-            __syncthreads();
-            if (tid < nq) {
-                const float *p = sc + (size_t)tid * kbs + r0;
-                for (int jr = 0; jr < nr; ++jr) {
-                    lsum = __fadd_rn(lsum, p[jr]);
-                }
-            }
-#pragma unroll
-            for (int k = 0; k < KVF_ATTN_TILE_ACC; ++k) {
-                const int i = tid + k * KVF_ATTN_TILE_THREADS, qi = i / hd, d = i % hd;
-                if ((i < nq * hd) && kvf_attn_tile_folds(kb, kb0[qi], kb1[qi])) {
-                    const float *p = sc + (size_t)qi * kbs + r0;
-                    float a = acc[k];
-                    for (int jr = 0; jr < nr; ++jr) {
-                        a = __fmaf_rn(p[jr], rows[jr * ldr + d], a);
-                    }
-                    acc[k] = a;
-                }
-            }
-            __syncthreads();   /* rows is restaged */
-        }
-        if ((tid < nq) && kvf_attn_tile_folds(kb, kb0[tid], kb1[tid])) {
-            l_sh[tid] = __fmaf_rn(l_sh[tid], alpha_sh[tid], lsum);
-            m_sh[tid] = mnew_sh[tid];
-        }
-        __syncthreads();   /* m_sh, l_sh read by the next kernel block's max */
-    }
-#pragma unroll
-    for (int k = 0; k < KVF_ATTN_TILE_ACC; ++k) {
-        const int i = tid + k * KVF_ATTN_TILE_THREADS, qi = i / hd, d = i % hd;
-        if (i < nq * hd) {
-            int t, qh;
-            kvf_attn_tile_query(u0 + qi, group, kh, &t, &qh);
-            const size_t row = (size_t)t * (size_t)q_heads + (size_t)qh;
-            if (splits == 1) {
-                out[row * hd + d] = __fdiv_rn(acc[k], l_sh[qi]);   /* kvf_attn_finish */
-            } else {
-                part_acc[(row * splits + y) * hd + d] = acc[k];
-            }
-        }
-    }
-    if ((splits > 1) && (tid < nq)) {
-        int t, qh;
-        kvf_attn_tile_query(u0 + tid, group, kh, &t, &qh);
-        const size_t pi = ((size_t)t * (size_t)q_heads + (size_t)qh) * splits + y;
-        part_m[pi] = m_sh[tid];
-        part_l[pi] = l_sh[tid];
-    }
-}
 
 int kvf_attn_tiled_launch(cudaStream_t stream, const kvf_cuda_kv &g, const float *q, int ldq,
                           const int32_t *d_pos, const int *seq_tokens, int num_seqs,
