@@ -26,7 +26,9 @@
 #include <stdint.h>
 
 #ifdef __CUDACC__
-#define KVF_TILE_KERNEL             __global__ void __launch_bounds__(KVF_ATTN_TILE_THREADS)
+/* at least 2 blocks per SM: ptxas then takes the registers it needs (95, no spill)
+ * instead of spilling at 48-64 */
+#define KVF_TILE_KERNEL             __global__ void __launch_bounds__(KVF_ATTN_TILE_THREADS, 2)
 #define KVF_TILE_SHARED             __shared__
 #define KVF_TILE_DYN_SHARED(_name)  extern __shared__ float _name[]
 #define KVF_TILE_UNROLL             _Pragma("unroll")
@@ -87,7 +89,8 @@ KVF_TILE_KERNEL kvf_attn_tiled_kernel(kvf_cuda_kv g, const float *q, int ldq,
         const char *kt = kblock + (size_t)kh * kbs * hd * g.elt;
         const char *vt = kblock + (size_t)(nkv + kh) * kbs * hd * g.elt;
 
-        /* scores: K rows staged 32 at a time; thread (qi, row) dots in dim order */
+        /* scores: K rows staged 32 at a time; thread (qi, row) dots in dim order (a pass
+         * of nr rows: nq * nr dots over the block) */
         for (int r0 = 0; r0 < krows; r0 += KVF_ATTN_TILE_ROWS) {
             const int nr = (krows - r0 < KVF_ATTN_TILE_ROWS) ? krows - r0 : KVF_ATTN_TILE_ROWS;
             for (int i = tid; i < nr * hd; i += KVF_ATTN_TILE_THREADS) {
@@ -95,10 +98,9 @@ KVF_TILE_KERNEL kvf_attn_tiled_kernel(kvf_cuda_kv g, const float *q, int ldq,
                     kvf_hd_load(kt, g.dtype, (size_t)r0 * hd + (size_t)i);
             }
             __syncthreads();
-            for (int p = tid; p < nq * KVF_ATTN_TILE_ROWS; p += KVF_ATTN_TILE_THREADS) {
-                const int qi = p / KVF_ATTN_TILE_ROWS, jr = p % KVF_ATTN_TILE_ROWS;
-                if ((jr < nr) && kvf_attn_tile_folds(kb, kb0[qi], kb1[qi]) &&
-                    (token0 + r0 + jr <= lim[qi])) {
+            for (int p = tid; p < nq * nr; p += KVF_ATTN_TILE_THREADS) {
+                const int qi = p / nr, jr = p % nr;
+                if (kvf_attn_tile_folds(kb, kb0[qi], kb1[qi]) && (token0 + r0 + jr <= lim[qi])) {
                     const float *qv = qs + (size_t)qi * hd, *kr = rows + jr * ldr;
                     float dot = 0.0f;
                     for (int d = 0; d < hd; ++d) {
@@ -145,7 +147,16 @@ KVF_TILE_KERNEL kvf_attn_tiled_kernel(kvf_cuda_kv g, const float *q, int ldq,
         }
         __syncthreads();
         /* p * V over every slot in order, V rows staged 32 at a time; thread qi < nq adds
-         * its query's denominator in slot order alongside */
+         * its query's denominator in slot order alongside. fold: which of this thread's
+         * accumulators (query i / hd, dim i % hd) take this kernel block. */
+        unsigned fold = 0;
+        KVF_TILE_UNROLL
+        for (int k = 0; k < KVF_ATTN_TILE_ACC; ++k) {
+            const int i = tid + k * KVF_ATTN_TILE_THREADS, qi = i / hd;
+            if ((i < nq * hd) && kvf_attn_tile_folds(kb, kb0[qi], kb1[qi])) {
+                fold |= 1u << k;
+            }
+        }
         float lsum = 0.0f;
         for (int r0 = 0; r0 < kbs; r0 += KVF_ATTN_TILE_ROWS) {
             const int nr = (kbs - r0 < KVF_ATTN_TILE_ROWS) ? kbs - r0 : KVF_ATTN_TILE_ROWS;
@@ -160,16 +171,33 @@ KVF_TILE_KERNEL kvf_attn_tiled_kernel(kvf_cuda_kv g, const float *q, int ldq,
                     lsum = __fadd_rn(lsum, p[jr]);
                 }
             }
-            KVF_TILE_UNROLL
-            for (int k = 0; k < KVF_ATTN_TILE_ACC; ++k) {
-                const int i = tid + k * KVF_ATTN_TILE_THREADS, qi = i / hd, d = i % hd;
-                if ((i < nq * hd) && kvf_attn_tile_folds(kb, kb0[qi], kb1[qi])) {
-                    const float *p = sc + (size_t)qi * kbs + r0;
-                    float a = acc[k];
-                    for (int jr = 0; jr < nr; ++jr) {
-                        a = __fmaf_rn(p[jr], rows[jr * ldr + d], a);
+            if (KVF_ATTN_TILE_THREADS % hd == 0) {
+                /* head_dim divides the block: all of a thread's accumulators are dim
+                 * tid % hd, so each V value is loaded once for all of them (each
+                 * accumulator still takes the slots in order) */
+                const float *vd = rows + tid % hd;
+                for (int jr = 0; jr < nr; ++jr) {
+                    const float v = vd[jr * ldr];
+                    KVF_TILE_UNROLL
+                    for (int k = 0; k < KVF_ATTN_TILE_ACC; ++k) {
+                        if (fold & (1u << k)) {
+                            const int qi = (tid + k * KVF_ATTN_TILE_THREADS) / hd;
+                            acc[k] = __fmaf_rn(sc[(size_t)qi * kbs + r0 + jr], v, acc[k]);
+                        }
                     }
-                    acc[k] = a;
+                }
+            } else {
+                KVF_TILE_UNROLL
+                for (int k = 0; k < KVF_ATTN_TILE_ACC; ++k) {
+                    const int i = tid + k * KVF_ATTN_TILE_THREADS, qi = i / hd, d = i % hd;
+                    if (fold & (1u << k)) {
+                        const float *p = sc + (size_t)qi * kbs + r0;
+                        float a = acc[k];
+                        for (int jr = 0; jr < nr; ++jr) {
+                            a = __fmaf_rn(p[jr], rows[jr * ldr + d], a);
+                        }
+                        acc[k] = a;
+                    }
                 }
             }
             __syncthreads();   /* rows is restaged */
