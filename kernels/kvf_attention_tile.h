@@ -28,7 +28,10 @@
 #define KVF_ATTN_TILE_Q_MAX   16     /* queries per tile */
 #define KVF_ATTN_TILE_ACC     8      /* acc[d] per thread: qt * head_dim <= ACC * THREADS */
 #define KVF_ATTN_TILE_SCORES  16384  /* qt * kbs scores in shared memory (64 KiB) */
-#define KVF_ATTN_TILE_ROWS    32     /* K or V rows staged in shared memory at once */
+#define KVF_ATTN_TILE_ROWS    32     /* K or V rows staged in shared memory at once, at most */
+/* staged values a thread fetches ahead (PF * THREADS a pass): at 16, CUDA 13.0's ptxas for
+ * sm_90 fails register allocation of the tiled kernel (C7600); at 8 it takes 123 registers */
+#define KVF_ATTN_TILE_PF      8
 
 /**
  * Queries per tile for @a head_dim and kernel block size @a kbs (both > 0):
@@ -129,6 +132,37 @@ static inline KVF_HD void kvf_attn_tile_span(const int *kb0, const int *kb1, int
     }
     *lo = (a < b) ? a : 0;
     *hi = (a < b) ? b : 0;
+}
+
+/**
+ * The next kernel block after @a kb and below @a hi that some of the @a n
+ * queries folds: the tile's walk (from kb = lo - 1) skips gaps between the
+ * queries' ranges. @return hi when there is none.
+ */
+static inline KVF_HD int kvf_attn_tile_next(const int *kb0, const int *kb1, int n, int kb,
+                                            int hi)
+{
+    for (int b = kb + 1; b < hi; ++b) {
+        for (int i = 0; i < n; ++i) {
+            if (kvf_attn_tile_folds(b, kb0[i], kb1[i])) {
+                return b;
+            }
+        }
+    }
+    return hi;
+}
+
+/**
+ * Rows of a staging pass for @a head_dim (> 0): min(KVF_ATTN_TILE_ROWS,
+ * KVF_ATTN_TILE_PF * KVF_ATTN_TILE_THREADS / head_dim), so that each thread
+ * fetches at most KVF_ATTN_TILE_PF values of the next pass into registers
+ * while the block computes on this one: 32 rows up to head_dim 64, 16 at
+ * 128, 8 at 256.
+ */
+static inline KVF_HD int kvf_attn_tile_pass_rows(int head_dim)
+{
+    const int r = KVF_ATTN_TILE_PF * KVF_ATTN_TILE_THREADS / head_dim;
+    return (r < KVF_ATTN_TILE_ROWS) ? ((r > 0) ? r : 1) : KVF_ATTN_TILE_ROWS;
 }
 
 /**

@@ -9,8 +9,14 @@
  * block re-reads the K/V tiles of its causal range from global memory, and
  * the q_heads / kv_heads query heads of one KV head read the same rows again.
  * Here each kernel block's K rows, then its V rows, are staged in shared
- * memory (32 rows at a time, as fp32) ONCE per tile and every query of the
- * tile reads them there. Per query the arithmetic is the per-token kernel's,
+ * memory (as fp32, in passes of kvf_attn_tile_pass_rows: 32 rows up to
+ * head_dim 64, 16 at 128, 8 at 256) ONCE per tile and every query of the
+ * tile reads them there. Each thread fetches its share of the next pass
+ * (the next K or V rows, or the next kernel block's first K rows) into 8
+ * registers while the block computes on the current one, so the global
+ * loads' latency overlaps the dots and the p * V sums; when head_dim
+ * divides 256 a thread's accumulators share one dim and load each V value
+ * once. Per query the arithmetic is the per-token kernel's,
  * operation for operation, so the outputs are the same bits by
  * construction (issue 33's batch invariance: a query's bits do not depend on
  * which queries share its launch or its tile):
@@ -40,7 +46,8 @@
  * Sizes (kvf_attn_tile_queries): up to 16 queries per tile, fewer when
  * qt * head_dim > 2048 (the accumulators: 8 registers per thread of 256) or
  * qt * kbs > 16384 (the scores, 64 KiB of shared memory); about 104 KiB of
- * dynamic shared memory at most (head_dim 256, kbs 2048: 8 queries). Falls back to the
+ * dynamic shared memory at most (head_dim 256, kbs 2048: 8 queries); 123
+ * registers on sm_90 (at least 2 blocks per SM, no spill). Falls back to the
  * per-token kernel when fewer than two queries fit or the device allows a
  * block less shared memory than the tile needs.
  * The kernel's body is kvf_attention_tiled_kernel.h, plain C but for a few
@@ -58,8 +65,8 @@
  * shared fold's, so neither the CPU twin's nor the per-token kernel's bits.
  * Rejected: whole kernel blocks of K and V in shared memory: a hybrid
  * model's kernel block is 1312 tokens and more (Nemotron-Nano-9B-v2 at
- * TP 1: 1312 x 128 fp32 is 656 KiB per K tile); rows are staged 32 at a
- * time, and only the scores ([qt][kbs]) stay for the whole kernel block.
+ * TP 1: 1312 x 128 fp32 is 656 KiB per K tile); rows are staged a pass at
+ * a time, and only the scores ([qt][kbs]) stay for the whole kernel block.
  * Rejected: skipping the V rows past every query's limit: 0 * v must still
  * meet a stale NaN there, as in the per-token kernel.
  */

@@ -9,7 +9,8 @@
  * Outside nvcc the includer defines: KVF_TILE_KERNEL (the return type and
  * qualifiers), KVF_TILE_SHARED (storage of the block's shared arrays: one
  * block runs at a time there), KVF_TILE_DYN_SHARED(name) (declares float
- * *name, the dynamic shared memory), KVF_TILE_UNROLL, threadIdx, blockIdx,
+ * *name, the dynamic shared memory), KVF_TILE_UNROLL, KVF_TILE_FN (a device
+ * helper's qualifiers), threadIdx, blockIdx,
  * gridDim, __syncthreads(), __shfl_down_sync(), __fmaf_rn, __fmul_rn,
  * __fadd_rn and __fdiv_rn (correctly rounded, never contracted).
  */
@@ -32,7 +33,35 @@
 #define KVF_TILE_SHARED             __shared__
 #define KVF_TILE_DYN_SHARED(_name)  extern __shared__ float _name[]
 #define KVF_TILE_UNROLL             _Pragma("unroll")
+#define KVF_TILE_FN                 static __device__ __forceinline__
 #endif
+
+/* this thread's share of rows [r0, r0 + nr) of a K or V tile (elements typed @a dtype) into
+ * pf: element tid + k * THREADS of the pass in pf[k] (nr * hd <= PF * THREADS) */
+KVF_TILE_FN void kvf_attn_tile_fetch(float *pf, const char *tile, int dtype, int r0, int nr,
+                                     int hd, int tid)
+{
+    KVF_TILE_UNROLL
+    for (int k = 0; k < KVF_ATTN_TILE_PF; ++k) {
+        const int i = tid + k * KVF_ATTN_TILE_THREADS;
+        if (i < nr * hd) {
+            pf[k] = kvf_hd_load(tile, dtype, (size_t)r0 * hd + (size_t)i);
+        }
+    }
+}
+
+/* the fetched pass into the staged rows [nr][ldr] */
+KVF_TILE_FN void kvf_attn_tile_put(const float *pf, float *rows, int nr, int hd, int ldr,
+                                   int tid)
+{
+    KVF_TILE_UNROLL
+    for (int k = 0; k < KVF_ATTN_TILE_PF; ++k) {
+        const int i = tid + k * KVF_ATTN_TILE_THREADS;
+        if (i < nr * hd) {
+            rows[(i / hd) * ldr + i % hd] = pf[k];
+        }
+    }
+}
 
 /*
  * Tile blockIdx.x (tiles[2 * x]: first query u, tiles[2 * x + 1]: count) of KV
@@ -78,26 +107,38 @@ KVF_TILE_KERNEL kvf_attn_tiled_kernel(kvf_cuda_kv g, const float *q, int ldq,
         acc[k] = 0.0f;
     }
     __syncthreads();
+    /* The walk: the folded kernel blocks of the span, ascending. Each pass of staged rows
+     * (K rows of a kernel block, then its V rows, then the next one's K rows) is fetched
+     * into registers (pf) while the block computes on the previous pass, so the global
+     * loads' latency overlaps the dots and the p * V sums. */
+    const int pr = kvf_attn_tile_pass_rows(hd);
+    float pf[KVF_ATTN_TILE_PF];
     kvf_attn_tile_span(kb0, kb1, nq, &lo, &hi);
-    for (int kb = lo; kb < hi; ++kb) {
-        const int krows = kvf_attn_tile_k_rows(lim, kb0, kb1, nq, kb, kbs);
-        if (krows == 0) {
-            continue;   /* no query folds kb (a gap between ranges): uniform over the block */
-        }
+    int kb = kvf_attn_tile_next(kb0, kb1, nq, lo - 1, hi);
+    if (kb < hi) {
+        const int kr = kvf_attn_tile_k_rows(lim, kb0, kb1, nq, kb, kbs);
+        const char *kt = kvf_cuda_kblock(&g, table, kb * kbs) + (size_t)kh * kbs * hd * g.elt;
+        kvf_attn_tile_fetch(pf, kt, g.dtype, 0, (kr < pr) ? kr : pr, hd, tid);
+    }
+    while (kb < hi) {
+        const int krows = kvf_attn_tile_k_rows(lim, kb0, kb1, nq, kb, kbs);   /* > 0 */
+        const int kbn = kvf_attn_tile_next(kb0, kb1, nq, kb, hi);
         const int token0 = kb * kbs;
         const char *kblock = kvf_cuda_kblock(&g, table, token0);
         const char *kt = kblock + (size_t)kh * kbs * hd * g.elt;
         const char *vt = kblock + (size_t)(nkv + kh) * kbs * hd * g.elt;
 
-        /* scores: K rows staged 32 at a time; thread (qi, row) dots in dim order (a pass
-         * of nr rows: nq * nr dots over the block) */
-        for (int r0 = 0; r0 < krows; r0 += KVF_ATTN_TILE_ROWS) {
-            const int nr = (krows - r0 < KVF_ATTN_TILE_ROWS) ? krows - r0 : KVF_ATTN_TILE_ROWS;
-            for (int i = tid; i < nr * hd; i += KVF_ATTN_TILE_THREADS) {
-                rows[(i / hd) * ldr + i % hd] =
-                    kvf_hd_load(kt, g.dtype, (size_t)r0 * hd + (size_t)i);
-            }
+        /* scores: thread (qi, row) dots in dim order over a pass of nr staged K rows */
+        for (int r0 = 0; r0 < krows; r0 += pr) {
+            const int nr = (krows - r0 < pr) ? krows - r0 : pr;
+            kvf_attn_tile_put(pf, rows, nr, hd, ldr, tid);
             __syncthreads();
+            if (r0 + pr < krows) {
+                const int nn = (krows - r0 - pr < pr) ? krows - r0 - pr : pr;
+                kvf_attn_tile_fetch(pf, kt, g.dtype, r0 + pr, nn, hd, tid);
+            } else {
+                kvf_attn_tile_fetch(pf, vt, g.dtype, 0, (kbs < pr) ? kbs : pr, hd, tid);
+            }
             for (int p = tid; p < nq * nr; p += KVF_ATTN_TILE_THREADS) {
                 const int qi = p / nr, jr = p % nr;
                 if (kvf_attn_tile_folds(kb, kb0[qi], kb1[qi]) && (token0 + r0 + jr <= lim[qi])) {
@@ -158,13 +199,19 @@ KVF_TILE_KERNEL kvf_attn_tiled_kernel(kvf_cuda_kv g, const float *q, int ldq,
             }
         }
         float lsum = 0.0f;
-        for (int r0 = 0; r0 < kbs; r0 += KVF_ATTN_TILE_ROWS) {
-            const int nr = (kbs - r0 < KVF_ATTN_TILE_ROWS) ? kbs - r0 : KVF_ATTN_TILE_ROWS;
-            for (int i = tid; i < nr * hd; i += KVF_ATTN_TILE_THREADS) {
-                rows[(i / hd) * ldr + i % hd] =
-                    kvf_hd_load(vt, g.dtype, (size_t)r0 * hd + (size_t)i);
-            }
+        for (int r0 = 0; r0 < kbs; r0 += pr) {
+            const int nr = (kbs - r0 < pr) ? kbs - r0 : pr;
+            kvf_attn_tile_put(pf, rows, nr, hd, ldr, tid);
             __syncthreads();
+            if (r0 + pr < kbs) {
+                const int nn = (kbs - r0 - pr < pr) ? kbs - r0 - pr : pr;
+                kvf_attn_tile_fetch(pf, vt, g.dtype, r0 + pr, nn, hd, tid);
+            } else if (kbn < hi) {   /* the next kernel block's first K pass */
+                const int kr = kvf_attn_tile_k_rows(lim, kb0, kb1, nq, kbn, kbs);
+                const char *ktn = kvf_cuda_kblock(&g, table, kbn * kbs) +
+                                  (size_t)kh * kbs * hd * g.elt;
+                kvf_attn_tile_fetch(pf, ktn, g.dtype, 0, (kr < pr) ? kr : pr, hd, tid);
+            }
             if (tid < nq) {
                 const float *p = sc + (size_t)tid * kbs + r0;
                 for (int jr = 0; jr < nr; ++jr) {
@@ -207,6 +254,7 @@ KVF_TILE_KERNEL kvf_attn_tiled_kernel(kvf_cuda_kv g, const float *q, int ldq,
             m_sh[tid] = mnew_sh[tid];
         }
         __syncthreads();   /* m_sh, l_sh read by the next kernel block's max */
+        kb = kbn;
     }
     KVF_TILE_UNROLL
     for (int k = 0; k < KVF_ATTN_TILE_ACC; ++k) {

@@ -103,7 +103,9 @@ static size_t check_shape(const shape_t *s)
                     next[pair[i]] = a;
                 }
                 kvf_attn_tile_span(kb0, kb1, nq, &lo, &hi);
-                for (int kb = lo; kb < hi; ++kb) {
+                /* the kernel's walk: the folded blocks of the span, ascending */
+                for (int kb = kvf_attn_tile_next(kb0, kb1, nq, lo - 1, hi); kb < hi;
+                     kb = kvf_attn_tile_next(kb0, kb1, nq, kb, hi)) {
                     int want_rows = 0;
                     for (int i = 0; i < nq; ++i) {
                         if (kvf_attn_tile_folds(kb, kb0[i], kb1[i])) {
@@ -115,6 +117,7 @@ static size_t check_shape(const shape_t *s)
                             want_rows = (r > want_rows) ? r : want_rows;
                         }
                     }
+                    assert_true(want_rows > 0);   /* next() stops only where a query folds */
                     assert_int_equal(kvf_attn_tile_k_rows(lim, kb0, kb1, nq, kb, kbs),
                                      want_rows);
                 }
@@ -150,6 +153,17 @@ static void test_tile_sizes(void **state)
     assert_int_equal(kvf_attn_tile_queries(2048, 16), 0);     /* one query: per-token */
     assert_int_equal(kvf_attn_tile_queries(64, 16384), 0);
     assert_int_equal(kvf_attn_tile_smem(8, 256, 2048), 4u * (2048 + 16384 + 32 * 257));
+    /* staging passes: PF values a thread, at most KVF_ATTN_TILE_ROWS rows */
+    assert_int_equal(kvf_attn_tile_pass_rows(32), 32);
+    assert_int_equal(kvf_attn_tile_pass_rows(64), 32);
+    assert_int_equal(kvf_attn_tile_pass_rows(128), 16);
+    assert_int_equal(kvf_attn_tile_pass_rows(80), 25);
+    assert_int_equal(kvf_attn_tile_pass_rows(256), 8);
+    for (int hd = 1; hd <= KVF_ATTN_HD_MAX; ++hd) {
+        const int pr = kvf_attn_tile_pass_rows(hd);
+        assert_true((pr >= 1) && (pr <= KVF_ATTN_TILE_ROWS));
+        assert_true(pr * hd <= KVF_ATTN_TILE_PF * KVF_ATTN_TILE_THREADS);
+    }
     /* the largest tile of the GPU limits (head_dim 256, 8 queries x kbs 2048) */
     size_t most = 0;
     for (int hd = 16; hd <= KVF_ATTN_HD_MAX; hd += 16) {
@@ -184,6 +198,9 @@ static void test_tile_plan(void **state)
     assert_int_equal(hi, 12);
     assert_false(kvf_attn_tile_folds(7, kb0[0], kb1[0]));
     assert_false(kvf_attn_tile_folds(7, kb0[2], kb1[2]));   /* a gap: no query folds 7 */
+    assert_int_equal(kvf_attn_tile_next(kb0, kb1, 3, lo - 1, hi), 4);
+    assert_int_equal(kvf_attn_tile_next(kb0, kb1, 3, 5, hi), 9);   /* over the gap 6..8 */
+    assert_int_equal(kvf_attn_tile_next(kb0, kb1, 3, 11, hi), hi);
     const int lim[3] = {5 * 16 + 3, 0, 11 * 16 + 15};
     assert_int_equal(kvf_attn_tile_k_rows(lim, kb0, kb1, 3, 5, 16), 4);
     assert_int_equal(kvf_attn_tile_k_rows(lim, kb0, kb1, 3, 4, 16), 16);

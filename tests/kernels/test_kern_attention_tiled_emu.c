@@ -75,6 +75,7 @@ static float emu_shfl_down(float v, int o)
 #define KVF_TILE_SHARED            static
 #define KVF_TILE_DYN_SHARED(_name) float *_name = emu_dyn
 #define KVF_TILE_UNROLL
+#define KVF_TILE_FN                static inline
 #define threadIdx                  emu_tid
 #define blockIdx                   emu_bid
 #define gridDim                    emu_grid
@@ -374,13 +375,16 @@ static size_t run_case(const ecase_t *c, uint64_t seed)
 }
 
 /* prefill chunks, one table: fp32 kbs 16 from 0; bf16 kbs 48 (rows staged in two passes)
- * mid-context with 5 query heads per KV head; fp16 head_dim 80, scattered positions */
+ * mid-context with 5 query heads per KV head; fp16 head_dim 80, scattered positions;
+ * head_dim 128 and 256 */
 static void test_tiled_emu_prefill(void **state)
 {
     static const ecase_t cases[] = {
         {KVF_DTYPE_FP32, 8, 2, 32, 16, 32, 0, {40}, {0}, 0, 0},
         {KVF_DTYPE_BF16, 10, 2, 32, 48, 96, 0, {21}, {100}, 0, 0},
         {KVF_DTYPE_FP16, 3, 1, 80, 16, 16, 0, {9}, {60}, 1, 0},
+        {KVF_DTYPE_BF16, 10, 2, 128, 16, 64, 0, {7}, {40}, 0, 0},   /* 9B's head_dim, GQA 5 */
+        {KVF_DTYPE_FP32, 4, 2, 256, 64, 64, 0, {5}, {70}, 0, 0},    /* passes of 8 rows */
     };
     (void)state;
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); ++i) {
