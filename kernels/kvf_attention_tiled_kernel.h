@@ -187,7 +187,7 @@ KVF_TILE_KERNEL kvf_attn_tiled_kernel(kvf_cuda_kv g, const float *q, int ldq,
             }
         }
         __syncthreads();
-        /* p * V over every slot in order, V rows staged 32 at a time; thread qi < nq adds
+        /* p * V over every slot in order, V rows staged a pass at a time; thread qi < nq adds
          * its query's denominator in slot order alongside. fold: which of this thread's
          * accumulators (query i / hd, dim i % hd) take this kernel block. */
         unsigned fold = 0;
