@@ -1,6 +1,6 @@
 /*
  * Internal: the two CUDA paged attention kernels and the choice between them
- * (built only with KVF_HAVE_CUDA). kvf_cuda_attn_paged() and
+ * (the functions exist only with KVF_HAVE_CUDA). kvf_cuda_attn_paged() and
  * kvf_cuda_attn_write_paged_seqs() (kvf_device_cuda.h) run the one that
  * KVF_GPU_ATTN names, read once per process:
  *   unset, empty or "pertoken": one thread block per (query token, query
