@@ -249,7 +249,7 @@ static void test_tile_random_shapes(void **state)
     kvf_test_rng_t r = {0x2545f4914f6cdd1dull};
     size_t pairs = 0;
     (void)state;
-    for (int n = 0; n < 600; ++n) {
+    for (int n = 0; n < 400; ++n) {
         shape_t s = {.kbs = kbss[rnd_u(&r, sizeof(kbss) / sizeof(kbss[0]))],
                      .hd = hds[rnd_u(&r, sizeof(hds) / sizeof(hds[0]))],
                      .kv_heads = 1 + (int)rnd_u(&r, 8), .group = 1 + (int)rnd_u(&r, 8),
@@ -274,7 +274,8 @@ static void test_tile_random_shapes(void **state)
         pairs += check_shape(&s);
     }
     /* the shapes were real work: many (query, split) pairs walked */
-    assert_true(pairs > 1000000u);
+    printf("walked %zu (query, split) pairs\n", pairs);
+    assert_true(pairs > 5000000u);
 }
 
 int main(void)
