@@ -36,7 +36,10 @@
  * merged by kvf_attn_merge; q, k, v, out and the pool are device
  * memory, block_table and positions stay HOST arrays (copied to scratch on
  * dev->stream); head_dim <= 256 and kernel_block_size <= 8192 (else
- * KVF_KERN_EINVAL).
+ * KVF_KERN_EINVAL). KVF_GPU_ATTN=tiled in the environment runs instead one
+ * thread block per tile of queries sharing a KV head (kvf_attention_cuda.h),
+ * with each query's arithmetic unchanged; an unknown value fails every call
+ * with KVF_KERN_EINVAL, reported by name.
  */
 #ifndef KVF_ATTENTION_H
 #define KVF_ATTENTION_H

@@ -21,57 +21,23 @@
  * decode query alone got more ranges than the same query beside 15 others,
  * so its sums, and then its tokens, followed the batch.
  * The HOST block table and positions are copied into stream-ordered scratch.
+ * KVF_GPU_ATTN=tiled (kvf_attention_cuda.h) launches kvf_attention_tiled_cuda.cu's
+ * kernel instead, one thread block per tile of queries sharing K/V, with this
+ * kernel's arithmetic per query; both write the same partials for the same merge.
  *
  * Rejected: a tensor-core FlashAttention tile (QK^T and PV as MMA over a
  * query tile): its sums would not be the shared fold's, which is the
  * definition the CPU twin and the tests check.
  */
+#include "kvf_attention_cuda.h"
 #include "kvf_attention_math.h"
 #include "kvf_cuda_util.h"
 #include "kvf_device_cuda.h"
 
+#include <stdio.h>
+
 #include <stdlib.h>
 #include <string.h>
-
-/* the geometry a thread needs (kvf_paged_kv_t with the device block table) */
-struct kvf_cuda_kv {
-    char          *base;
-    size_t         page_size, kbb, elt;
-    int            slots, slot, dtype, kv_heads, head_dim, block_size, kbs;
-    const int32_t *block_table;   /* device */
-};
-
-static kvf_cuda_kv kvf_cuda_kv_of(const kvf_paged_kv_t *kv, const int32_t *d_table)
-{
-    kvf_cuda_kv g;
-    g.base = (char *)kv->base;
-    g.page_size = kv->page_size;
-    g.kbb = kvf_paged_kv_kernel_block_bytes(kv);
-    g.elt = kvf_dtype_size(kv->dtype);
-    g.slots = kv->slots;
-    g.slot = kv->slot;
-    g.dtype = (int)kv->dtype;
-    g.kv_heads = kv->kv_heads;
-    g.head_dim = kv->head_dim;
-    g.block_size = kv->block_size;
-    g.kbs = kv->kernel_block_size;
-    g.block_table = d_table;
-    return g;
-}
-
-static __device__ char *kvf_cuda_kblock(const kvf_cuda_kv &g, const int32_t *table, int pos)
-{
-    return g.base + kvf_attn_kblock_offset(table, g.block_size, g.kbs, g.slots, g.slot,
-                                           g.page_size, g.kbb, pos);
-}
-
-/* Row t's block table: the one table, or its request's row of the packed tables
- * [num_seqs][maxb] (tok_seq[t]: row t's request; kvf_attention_seqs.h). */
-static __device__ const int32_t *kvf_cuda_table(const kvf_cuda_kv &g, const int32_t *tok_seq,
-                                                int maxb, size_t t)
-{
-    return (tok_seq == NULL) ? g.block_table : g.block_table + (size_t)tok_seq[t] * maxb;
-}
 
 __global__ void kvf_attn_write_kernel(kvf_cuda_kv g, const float *k, const float *v, int ld,
                                       const int32_t *positions, size_t n,
@@ -82,7 +48,7 @@ __global__ void kvf_attn_write_kernel(kvf_cuda_kv g, const float *k, const float
          i += (size_t)gridDim.x * blockDim.x) {
         size_t d = i % hd, h = (i / hd) % nkv, t = i / (hd * nkv);
         int pos = positions[t];
-        char *kblock = kvf_cuda_kblock(g, kvf_cuda_table(g, tok_seq, maxb, t), pos);
+        char *kblock = kvf_cuda_kblock(&g, kvf_cuda_table(&g, tok_seq, maxb, t), pos);
         size_t row = (size_t)(pos % g.kbs);
         size_t src = t * (size_t)ld + h * hd + d;
         kvf_hd_store(kblock, g.dtype, kvf_attn_row_first(nkv, (size_t)g.kbs, hd, h, row, 0) + d,
@@ -112,10 +78,10 @@ kvf_attn_paged_kernel(kvf_cuda_kv g, const float *q, int ldq, const int32_t *pos
     const int t = (int)blockIdx.x / q_heads, qh = (int)blockIdx.x % q_heads;
     const int kh = qh / (q_heads / nkv), splits = (int)gridDim.y, y = (int)blockIdx.y;
     const int limit = positions[t];
-    const int nkb = limit / kbs + 1, per = kvf_attn_split_per(nkb, kbs);
-    const int kb0 = y * per, kb1 = (kb0 + per < nkb) ? kb0 + per : nkb;
+    int kb0, kb1;
+    kvf_attn_split_range(limit, kbs, y, &kb0, &kb1);
     const float *qv = q + (size_t)t * (size_t)ldq + (size_t)qh * (size_t)hd;
-    const int32_t *table = kvf_cuda_table(g, tok_seq, maxb, (size_t)t);
+    const int32_t *table = kvf_cuda_table(&g, tok_seq, maxb, (size_t)t);
     float m = -INFINITY, l = 0.0f, acc0 = 0.0f, acc1 = 0.0f;   /* dims tid, tid + 128 */
 
     for (int d = tid; d < hd; d += KVF_ATTN_THREADS) {
@@ -124,7 +90,7 @@ kvf_attn_paged_kernel(kvf_cuda_kv g, const float *q, int ldq, const int32_t *pos
     __syncthreads();
     for (int kb = kb0; kb < kb1; ++kb) {
         const int token0 = kb * kbs;
-        const char *kblock = kvf_cuda_kblock(g, table, token0);
+        const char *kblock = kvf_cuda_kblock(&g, table, token0);
         const char *kt = kblock + (size_t)kh * kbs * hd * g.elt;
         const char *vt = kblock + (size_t)(nkv + kh) * kbs * hd * g.elt;
         float mt = m;
@@ -220,28 +186,68 @@ __global__ void kvf_attn_merge_kernel(const float *part_m, const float *part_l,
     }
 }
 
-/* The attention grid (and the merge when split): part holds the partials, m and l
- * [queries][splits] then acc [queries][splits][hd]; NULL when splits == 1. */
-static int kvf_attn_launch(cudaStream_t stream, const kvf_cuda_kv &g, const float *q, int ldq,
-                           const int32_t *d_pos, size_t queries, int q_heads, int splits,
+/*
+ * The attention (and the merge when split) with kernel @a impl over num_tokens rows of
+ * num_seqs requests (seq_tokens: HOST, the rows of each): part holds the partials, m and
+ * l [queries][splits] then acc [queries][splits][hd]; NULL when splits == 1.
+ */
+static int kvf_attn_launch(cudaStream_t stream, kvf_attn_gpu_impl_t impl, const kvf_cuda_kv &g,
+                           const float *q, int ldq, const int32_t *d_pos, int num_tokens,
+                           const int *seq_tokens, int num_seqs, int q_heads, int splits,
                            float scale, float *out, void *part, const int32_t *tok_seq,
-                           int maxb)
+                           int maxb, kvf_attn_gpu_impl_t *ran_p)
 {
-    const size_t hd = (size_t)g.head_dim;
+    const size_t hd = (size_t)g.head_dim, queries = (size_t)num_tokens * (size_t)q_heads;
     float *pm = (float *)part, *pl = (pm != NULL) ? pm + queries * (size_t)splits : NULL;
     float *pacc = (pl != NULL) ? pl + queries * (size_t)splits : NULL;
-    dim3 grid((unsigned)queries, (unsigned)splits);
-    int rc;
+    bool tiled = false;
+    int rc = KVF_KERN_OK;
 
-    kvf_attn_paged_kernel<<<grid, KVF_ATTN_THREADS, (size_t)g.kbs * sizeof(float), stream>>>(
-        g, q, ldq, d_pos, q_heads, scale, out, pm, pl, pacc, tok_seq, maxb);
-    rc = kvf_cuda_launched("kvf_attn_paged_kernel");
+    if (impl == KVF_ATTN_GPU_TILED) {
+        rc = kvf_attn_tiled_launch(stream, g, q, ldq, d_pos, seq_tokens, num_seqs, q_heads,
+                                   splits, scale, out, pm, pl, pacc, tok_seq, maxb, &tiled);
+    }
+    if ((rc == KVF_KERN_OK) && !tiled) {
+        dim3 grid((unsigned)queries, (unsigned)splits);
+        kvf_attn_paged_kernel<<<grid, KVF_ATTN_THREADS, (size_t)g.kbs * sizeof(float),
+                                stream>>>(g, q, ldq, d_pos, q_heads, scale, out, pm, pl, pacc,
+                                          tok_seq, maxb);
+        rc = kvf_cuda_launched("kvf_attn_paged_kernel");
+    }
     if ((rc == KVF_KERN_OK) && (splits > 1)) {
         kvf_attn_merge_kernel<<<kvf_cuda_blocks(queries * hd), KVF_CUDA_THREADS, 0, stream>>>(
             pm, pl, pacc, queries, splits, (int)hd, out);
         rc = kvf_cuda_launched("kvf_attn_merge_kernel");
     }
+    if ((rc == KVF_KERN_OK) && (ran_p != NULL)) {
+        *ran_p = tiled ? KVF_ATTN_GPU_TILED : KVF_ATTN_GPU_PERTOKEN;
+    }
     return rc;
+}
+
+/* KVF_GPU_ATTN, read once: 0 pertoken (unset, empty or "pertoken"), 1 tiled, -1 anything
+ * else (refused by name at every call, so the first attention fails and says why) */
+static int kvf_gpu_attn_mode_v = -2;
+
+static int kvf_gpu_attn_mode(void)
+{
+    /* rank threads may race to the first read: each computes the same value */
+    int mode = __atomic_load_n(&kvf_gpu_attn_mode_v, __ATOMIC_RELAXED);
+    if (mode == -2) {
+        const char *env = getenv("KVF_GPU_ATTN");
+        mode = ((env == NULL) || (env[0] == '\0') || (strcmp(env, "pertoken") == 0)) ? 0
+               : (strcmp(env, "tiled") == 0)                                      ? 1
+                                                                                  : -1;
+        __atomic_store_n(&kvf_gpu_attn_mode_v, mode, __ATOMIC_RELAXED);
+    }
+    if (mode < 0) {
+        const char *env = getenv("KVF_GPU_ATTN");
+        char msg[160];
+        snprintf(msg, sizeof(msg), "bad value '%.40s': pertoken (the default) or tiled",
+                 (env != NULL) ? env : "");
+        kvf_kern_report("KVF_GPU_ATTN", msg);
+    }
+    return mode;
 }
 
 /* device copies of the block table and positions, one scratch buffer */
@@ -284,9 +290,10 @@ extern "C" int kvf_cuda_attn_cache_write(const kvf_device_t *dev, const kvf_page
     return rc;
 }
 
-extern "C" int kvf_cuda_attn_paged(const kvf_device_t *dev, const kvf_paged_kv_t *kv,
-                                   const float *q, int ldq, const int32_t *positions,
-                                   int num_tokens, int q_heads, float scale, float *out)
+extern "C" int kvf_cuda_attn_paged_as(kvf_attn_gpu_impl_t impl, const kvf_device_t *dev,
+                                      const kvf_paged_kv_t *kv, const float *q, int ldq,
+                                      const int32_t *positions, int num_tokens, int q_heads,
+                                      float scale, float *out, kvf_attn_gpu_impl_t *ran_p)
 {
     cudaStream_t stream = kvf_cuda_stream_of(dev);
     int32_t *tables = NULL;
@@ -295,7 +302,8 @@ extern "C" int kvf_cuda_attn_paged(const kvf_device_t *dev, const kvf_paged_kv_t
     void *part = NULL;
 
     if ((kv->head_dim > KVF_ATTN_HD_MAX) || (kv->kernel_block_size > KVF_ATTN_KBS_MAX) ||
-        (queries > 0x7fffffffu)) {
+        (queries > 0x7fffffffu) ||
+        ((impl != KVF_ATTN_GPU_PERTOKEN) && (impl != KVF_ATTN_GPU_TILED))) {
         return KVF_KERN_EINVAL;   /* the shared q and score tile; the grid's x */
     }
     for (int t = 0; t < num_tokens; ++t) {
@@ -314,18 +322,34 @@ extern "C" int kvf_cuda_attn_paged(const kvf_device_t *dev, const kvf_paged_kv_t
             return rc;
         }
     }
-    rc = kvf_attn_launch(stream, kvf_cuda_kv_of(kv, tables), q, ldq, tables + kv->num_blocks,
-                         queries, q_heads, splits, scale, out, part, NULL, 0);
+    rc = kvf_attn_launch(stream, impl, kvf_cuda_kv_of(kv, tables), q, ldq,
+                         tables + kv->num_blocks, num_tokens, &num_tokens, 1, q_heads, splits,
+                         scale, out, part, NULL, 0, ran_p);
     kvf_cuda_scratch_free(stream, part);
     kvf_cuda_scratch_free(stream, tables);
     return rc;
 }
 
-extern "C" int kvf_cuda_attn_write_paged_seqs(const kvf_device_t *dev, const kvf_paged_kv_t *kv,
-                                              const kvf_attn_seqs_t *seqs, const float *k,
-                                              const float *v, int ld, const float *q, int ldq,
-                                              const int32_t *positions, int num_tokens,
-                                              int q_heads, float scale, float *out)
+extern "C" int kvf_cuda_attn_paged(const kvf_device_t *dev, const kvf_paged_kv_t *kv,
+                                   const float *q, int ldq, const int32_t *positions,
+                                   int num_tokens, int q_heads, float scale, float *out)
+{
+    int mode = kvf_gpu_attn_mode();
+    if (mode < 0) {
+        return KVF_KERN_EINVAL;
+    }
+    return kvf_cuda_attn_paged_as((kvf_attn_gpu_impl_t)mode, dev, kv, q, ldq, positions,
+                                  num_tokens, q_heads, scale, out, NULL);
+}
+
+extern "C" int kvf_cuda_attn_write_paged_seqs_as(kvf_attn_gpu_impl_t impl,
+                                                 const kvf_device_t *dev,
+                                                 const kvf_paged_kv_t *kv,
+                                                 const kvf_attn_seqs_t *seqs, const float *k,
+                                                 const float *v, int ld, const float *q,
+                                                 int ldq, const int32_t *positions,
+                                                 int num_tokens, int q_heads, float scale,
+                                                 float *out, kvf_attn_gpu_impl_t *ran_p)
 {
     cudaStream_t stream = kvf_cuda_stream_of(dev);
     const size_t T = (size_t)num_tokens, hd = (size_t)kv->head_dim;
@@ -334,7 +358,8 @@ extern "C" int kvf_cuda_attn_write_paged_seqs(const kvf_device_t *dev, const kvf
     void *dbuf = NULL, *part = NULL;
 
     if ((kv->head_dim > KVF_ATTN_HD_MAX) || (kv->kernel_block_size > KVF_ATTN_KBS_MAX) ||
-        (queries > 0x7fffffffu)) {
+        (queries > 0x7fffffffu) ||
+        ((impl != KVF_ATTN_GPU_PERTOKEN) && (impl != KVF_ATTN_GPU_TILED))) {
         return KVF_KERN_EINVAL;
     }
     for (int i = 0; i < seqs->num_seqs; ++i) {
@@ -374,10 +399,26 @@ extern "C" int kvf_cuda_attn_write_paged_seqs(const kvf_device_t *dev, const kvf
                               &part);
     }
     if (rc == KVF_KERN_OK) {
-        rc = kvf_attn_launch(stream, g, q, ldq, d_pos, queries, q_heads, splits, scale, out,
-                             part, d_seq, maxb);
+        rc = kvf_attn_launch(stream, impl, g, q, ldq, d_pos, num_tokens, seqs->num_tokens,
+                             seqs->num_seqs, q_heads, splits, scale, out, part, d_seq, maxb,
+                             ran_p);
     }
     kvf_cuda_scratch_free(stream, part);
     kvf_cuda_scratch_free(stream, dbuf);
     return rc;
+}
+
+extern "C" int kvf_cuda_attn_write_paged_seqs(const kvf_device_t *dev, const kvf_paged_kv_t *kv,
+                                              const kvf_attn_seqs_t *seqs, const float *k,
+                                              const float *v, int ld, const float *q, int ldq,
+                                              const int32_t *positions, int num_tokens,
+                                              int q_heads, float scale, float *out)
+{
+    int mode = kvf_gpu_attn_mode();
+    if (mode < 0) {
+        return KVF_KERN_EINVAL;
+    }
+    return kvf_cuda_attn_write_paged_seqs_as((kvf_attn_gpu_impl_t)mode, dev, kv, seqs, k, v,
+                                             ld, q, ldq, positions, num_tokens, q_heads, scale,
+                                             out, NULL);
 }

@@ -188,4 +188,20 @@ static inline KVF_HD void kvf_attn_finish(const float *acc, float l, size_t hd, 
     }
 }
 
+/**
+ * The split-K range @a y of a query with causal limit @a limit (its own
+ * position) over kernel blocks of @a kbs tokens: kernel blocks
+ * [*kb0, *kb1) with *kb0 = y * per, *kb1 = min(*kb0 + per, nkb), nkb =
+ * limit / kbs + 1, per = kvf_attn_split_per(nkb, kbs); empty (*kb0 >= *kb1)
+ * past the query's own count. The one rule both CUDA attention kernels
+ * (per token and tiled) fold by, so a query gets the same ranges in either.
+ */
+static inline KVF_HD void kvf_attn_split_range(int limit, int kbs, int y, int *kb0, int *kb1)
+{
+    const int nkb = limit / kbs + 1, per = kvf_attn_split_per(nkb, kbs);
+    const int b0 = y * per;
+    *kb0 = b0;
+    *kb1 = (b0 + per < nkb) ? b0 + per : nkb;
+}
+
 #endif

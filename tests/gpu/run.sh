@@ -11,7 +11,9 @@
 #      taken from $KVF_CUDA_LIBS, the Python's nvidia-cublas / nvidia-nccl wheels, or the CUDA
 #      toolkit, and the table's first lines say from where;
 #   2. runs every CUDA kernel against its CPU twin (gpu_vs_cpu: max abs diff per op and
-#      dtype, and the stale-fp32 Mamba NaN case with block zeroing off and on),
+#      dtype, and the stale-fp32 Mamba NaN case with block zeroing off and on), and the
+#      tiled attention kernel against the per-token one (attn_tiled_vs_pertoken: outputs
+#      bit for bit, the time of each),
 #   3. runs `kvf generate --device cuda` against the CPU's tokens and logits (TP 1, and
 #      TP 2 over two GPUs when there are two), a 4p2d GPU->GPU pull (kvf xfer-test
 #      --device cuda:0, bytes verified), `kvf bench --device cuda:0` on the
@@ -39,7 +41,7 @@ while [ $# -gt 0 ]; do
     case $1 in
     --bundle) bundle=${2:-}; shift 2 || { echo "run.sh: --bundle needs a file"; exit 2; } ;;
     --nixl-wheel) nixl_wheel=${2:-}; shift 2 || { echo "run.sh: --nixl-wheel needs a file"; exit 2; } ;;
-    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument '$1' (see --help)"; exit 2 ;;
     esac
 done
@@ -101,6 +103,15 @@ standalone() {
     mkdir -p "$out/tests/bin"
     "$nvcc" -o "$out/tests/bin/gpu_vs_cpu" "${objs[@]}" -L"$cuda/lib64" -L"$cuda/lib" "${libs[@]}" \
         -lm -lpthread || return 1
+    # the tiled attention against the per-token one: the same objects but its own main
+    local aobjs=() o
+    for o in "${objs[@]}"; do
+        [ "${o##*/}" = gpu_vs_cpu.c.o ] || aobjs+=("$o")
+    done
+    "$cc" -O2 -std=gnu11 "${defs[@]}" "${inc[@]}" -c "$root/tests/gpu/attn_tiled_vs_pertoken.c" \
+        -o "$out/obj/attn_main.o" || return 1
+    "$nvcc" -o "$out/tests/bin/attn_tiled_vs_pertoken" "$out/obj/attn_main.o" \
+        "${aobjs[@]}" -L"$cuda/lib64" -L"$cuda/lib" "${libs[@]}" -lm -lpthread || return 1
 }
 
 build=${KVF_GPU_BUILD_DIR:-}
@@ -168,6 +179,7 @@ if [ -z "$build" ]; then
             exit 1
         fi
     elif ! timeout "$(left)" cmake --build "$build" -j"$(nproc)" --target gpu_vs_cpu kvf \
+             attn_tiled_vs_pertoken \
              >>"$build/gpu-build.log" 2>&1; then
         tail -30 "$build/gpu-build.log"
         echo "FAIL: the CUDA build did not finish"
@@ -185,6 +197,15 @@ if [ "$rc" -eq 77 ]; then
 fi
 fail=0
 [ "$rc" -ne 0 ] && fail=1
+# The tiled CUDA attention against the per-token one (KVF_GPU_ATTN=tiled; the default stays
+# pertoken until its table is all PASS): every output bit equal, and each kernel's time
+attn="$build/tests/bin/attn_tiled_vs_pertoken"
+[ -n "$bundle" ] && attn="$B/bin/attn_tiled_vs_pertoken"
+arc=0
+if [ -x "$attn" ]; then
+    timeout "$(left)" "$attn" >"$log/attn.txt" 2>&1
+    arc=$?
+fi
 
 # kvf generate on the GPU against the CPU, greedy, on the committed trained hybrid
 gen_row() { printf '| %-28s | %-5s | %-12s | %-12s | %-7s | %s |\n' "$@"; }
@@ -384,6 +405,14 @@ if [ -x "$inv" ]; then
     fi
 else
     gen_row "batch invariance, cuda:0" "-" "-" "-" "-" "not built (needs the cmake build)"
+fi
+# the tiled attention's table (run after gpu_vs_cpu above)
+if [ -x "$attn" ]; then
+    echo
+    grep -v '^attn_tiled_vs_pertoken: ' "$log/attn.txt"
+    [ "$arc" -ne 0 ] && { fail=1; echo "attn_tiled_vs_pertoken exited $arc"; }
+else
+    echo "attention tiled vs per-token: not built ($attn)"
 fi
 grep '^gpu_vs_cpu: ' "$log/kernels.txt"
 [ "$rc" -ne 0 ] && [ "$rc" -ne 1 ] && echo "gpu_vs_cpu exited $rc (crash or timeout)"
