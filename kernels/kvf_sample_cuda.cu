@@ -1,0 +1,241 @@
+/*
+ * CUDA sampler (kvf_sample.h): one block of KVF_SAMPLE_LANES threads per row, thread t
+ * being lane t of kvf_sample_math.h's order. Sums: each thread its lane's ids in ascending
+ * order, then the tree level by level in shared memory (each node one addition of the same
+ * two values as the CPU twin's serial loop). Counts, maxima and minima are exact in any
+ * order, so those passes stride over the row (coalesced). The pick: thread 0 descends the
+ * tree and scans the chosen lane. Enqueued on dev->stream; nothing is synchronised here.
+ */
+#include "kvf_argmax_math.h"
+#include "kvf_cuda_util.h"
+#include "kvf_sample_cuda.h"
+
+#define L KVF_SAMPLE_LANES
+
+struct kvf_sample_smem {
+    double   node[2 * L];
+    float    cv[L];
+    int32_t  ci[L];
+    unsigned long long key[L];
+    int      cnt[L];
+};
+
+/* The block's argmax of x over the tokens ranked after (prev_v, prev_id) (prev_id < 0: all). */
+static __device__ int32_t kvf_blk_argmax(kvf_sample_smem *s, const float *x, int vocab,
+                                         float prev_v, int32_t prev_id)
+{
+    const int t = (int)threadIdx.x;
+    kvf_argmax_cand_t c = {0.0f, -1};
+
+    for (int i = t; i < vocab; i += L) {
+        float v = x[i];
+        if ((prev_id < 0) || (v < prev_v) || ((v == prev_v) && (i > prev_id))) {
+            c = kvf_argmax_take(c, v, i);
+        }
+    }
+    s->cv[t] = c.v;
+    s->ci[t] = c.idx;
+    __syncthreads();
+    for (int w = L / 2; w > 0; w /= 2) {
+        if (t < w) {
+            kvf_argmax_cand_t a = {s->cv[t], s->ci[t]}, b = {s->cv[t + w], s->ci[t + w]};
+            a = kvf_argmax_merge(a, b);
+            s->cv[t] = a.v;
+            s->ci[t] = a.idx;
+        }
+        __syncthreads();
+    }
+    int32_t r = s->ci[0];
+    __syncthreads();
+    return r;
+}
+
+/* The fixed-order sum (kvf_sample_math.h): leaves by lane, then the tree; node[] stays. */
+static __device__ double kvf_blk_sum(kvf_sample_smem *s, const float *l, int vocab,
+                                     const kvf_sample_keep_t *k, int use_before,
+                                     uint64_t before)
+{
+    const int t = (int)threadIdx.x;
+
+    s->node[L + t] = kvf_sample_lane_sum_hd(l, vocab, t, k, use_before, before);
+    __syncthreads();
+    for (int w = L / 2; w > 0; w /= 2) {
+        if (t < w) {
+            kvf_sample_tree_node_hd(s->node, w + t);
+        }
+        __syncthreads();
+    }
+    double r = s->node[1];
+    __syncthreads();
+    return r;
+}
+
+/* Kept tokens (w > 0 under @a k) whose order key is >= @a v (v 0: all kept). */
+static __device__ int kvf_blk_count(kvf_sample_smem *s, const float *l, int vocab,
+                                    const kvf_sample_keep_t *k, uint32_t v)
+{
+    const int t = (int)threadIdx.x;
+    int n = 0;
+
+    for (int i = t; i < vocab; i += L) {
+        n += (kvf_sample_kept_hd(k, l[i], i) > 0.0) && (kvf_sample_okey_hd(l[i]) >= v);
+    }
+    s->cnt[t] = n;
+    __syncthreads();
+    for (int w = L / 2; w > 0; w /= 2) {
+        if (t < w) {
+            s->cnt[t] += s->cnt[t + w];
+        }
+        __syncthreads();
+    }
+    int r = s->cnt[0];
+    __syncthreads();
+    return r;
+}
+
+/* The smallest rank key among kept tokens, at most @a hi. */
+static __device__ uint64_t kvf_blk_min_key(kvf_sample_smem *s, const float *l, int vocab,
+                                           const kvf_sample_keep_t *k, uint64_t hi)
+{
+    const int t = (int)threadIdx.x;
+    unsigned long long m = hi;
+
+    for (int i = t; i < vocab; i += L) {
+        unsigned long long key = kvf_sample_rkey_hd(l[i], i);
+        if ((kvf_sample_kept_hd(k, l[i], i) > 0.0) && (key < m)) {
+            m = key;
+        }
+    }
+    s->key[t] = m;
+    __syncthreads();
+    for (int w = L / 2; w > 0; w /= 2) {
+        if ((t < w) && (s->key[t + w] < s->key[t])) {
+            s->key[t] = s->key[t + w];
+        }
+        __syncthreads();
+    }
+    uint64_t r = s->key[0];
+    __syncthreads();
+    return r;
+}
+
+__global__ void __launch_bounds__(L)
+kvf_sample_rows_kernel(const float *logits, int vocab, size_t ldl, const kvf_sample_row_t *params,
+                       const kvf_sample_pen_t *pen, float *scratch, kvf_sample_res_t *out)
+{
+    __shared__ kvf_sample_smem s;
+    __shared__ int32_t pick_s;
+    const int t = (int)threadIdx.x;
+    const kvf_sample_row_t p = params[blockIdx.x];
+    const float *raw = logits + (size_t)blockIdx.x * ldl;
+    float *l = scratch + (size_t)blockIdx.x * (size_t)vocab;
+    kvf_sample_res_t *o = &out[blockIdx.x];
+    int32_t best, token;
+
+    for (int i = t; i < vocab; i += L) {
+        l[i] = raw[i];
+    }
+    __syncthreads();
+    for (int e = t; e < p.pen_count; e += L) {   /* distinct ids: no two threads collide */
+        const kvf_sample_pen_t x = pen[p.pen_start + e];
+        l[x.id] = kvf_sample_pen_apply_hd(raw[x.id], x.count, x.flags, p.rep, p.freq, p.pres);
+    }
+    __syncthreads();
+    best = kvf_blk_argmax(&s, l, vocab, 0.0f, -1);
+    best = kvf_argmax_result(kvf_argmax_cand_t{0.0f, best}, l[0]);
+    token = best;
+    if (p.temperature >= KVF_SAMPLE_GREEDY_EPS) {
+        kvf_sample_keep_t k = {l[best], 1.0 / (double)p.temperature, p.min_p, 0, 0};
+        double sum;
+
+        if (p.top_k > 0) {
+            int kept = kvf_blk_count(&s, l, vocab, &k, 0);
+            if (p.top_k < kept) {
+                uint64_t lo = 0, hi = 0xffffffffu;
+                while (lo < hi) {   /* uniform across the block: every thread iterates alike */
+                    uint64_t mid = lo + (hi - lo + 1) / 2;
+                    if (kvf_blk_count(&s, l, vocab, &k, (uint32_t)mid) >= p.top_k) {
+                        lo = mid;
+                    } else {
+                        hi = mid - 1;
+                    }
+                }
+                k.kth = (uint32_t)lo;
+            }
+        }
+        if ((p.top_p > 0.0f) && (p.top_p < 1.0f)) {
+            double total = kvf_blk_sum(&s, l, vocab, &k, 0, 0);
+            uint64_t hi = kvf_sample_rkey_hd(l[best], best);
+            uint64_t lo = kvf_blk_min_key(&s, l, vocab, &k, hi);
+            while (lo < hi) {
+                uint64_t mid = lo + (hi - lo) / 2;
+                if (kvf_sample_top_p_keep_hd(kvf_blk_sum(&s, l, vocab, &k, 1, mid), total,
+                                             p.top_p)) {
+                    hi = mid;
+                } else {
+                    lo = mid + 1;
+                }
+            }
+            k.cut = lo;
+        }
+        sum = kvf_blk_sum(&s, l, vocab, &k, 0, 0);
+        if (t == 0) {
+            /* node[] still holds the kept mass's tree (kvf_blk_sum leaves it) */
+            double u = kvf_sample_target_hd(p.draw, sum), acc = 0.0;
+            int lane = kvf_sample_descend_hd(s.node, &u), len = kvf_sample_lane_len(vocab);
+            int32_t pick = -1, last = -1;
+            for (int i = lane * len; (i < (lane + 1) * len) && (i < vocab); ++i) {
+                double w = kvf_sample_kept_hd(&k, l[i], i);
+                last = (w > 0.0) ? i : last;
+                if (kvf_sample_cdf_step_hd(&acc, w, u)) {
+                    pick = i;
+                    break;
+                }
+            }
+            pick_s = (pick >= 0) ? pick : (last >= 0) ? last : best;
+        }
+        __syncthreads();
+        token = pick_s;
+    }
+    if (t == 0) {
+        o->token = token;
+        o->num_top = 0;
+        o->token_logit = 0.0f;
+        o->max = 0.0f;
+        o->sum = 0.0;
+    }
+    if (p.want_logprobs) {
+        int32_t top = kvf_blk_argmax(&s, raw, vocab, 0.0f, -1);
+        top = kvf_argmax_result(kvf_argmax_cand_t{0.0f, top}, raw[0]);
+        kvf_sample_keep_t k1 = {raw[top], 1.0, 0.0f, 0, 0};
+        double rsum = kvf_blk_sum(&s, raw, vocab, &k1, 0, 0);
+        int32_t prev = -1;
+        if (t == 0) {
+            o->max = raw[top];
+            o->sum = rsum;
+            o->token_logit = raw[token];
+        }
+        for (int n = 0; n < p.num_top; ++n) {
+            int32_t id = kvf_blk_argmax(&s, raw, vocab, (prev >= 0) ? raw[prev] : 0.0f, prev);
+            if (id < 0) {
+                break;
+            }
+            if (t == 0) {
+                o->top_ids[n] = id;
+                o->top_logits[n] = raw[id];
+                o->num_top = n + 1;
+            }
+            prev = id;
+        }
+    }
+}
+
+extern "C" int kvf_cuda_sample_rows(const kvf_device_t *dev, const float *logits, int rows,
+                                    int vocab, int ldl, const kvf_sample_row_t *params,
+                                    const kvf_sample_pen_t *pen, float *scratch,
+                                    kvf_sample_res_t *out)
+{
+    kvf_sample_rows_kernel<<<(unsigned)rows, L, 0, kvf_cuda_stream_of(dev)>>>(
+        logits, vocab, (size_t)ldl, params, pen, scratch, out);
+    return kvf_cuda_launched("kvf_sample_rows_kernel");
+}
