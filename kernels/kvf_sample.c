@@ -16,13 +16,15 @@
 #include "kvf_sample_cuda.h"
 #endif
 
-int kvf_sample_row_check(const kvf_sample_row_t *p, const kvf_sample_pen_t *pen, int vocab)
+int kvf_sample_row_check(const kvf_sample_row_t *p, const kvf_sample_pen_t *pen, int num_pen,
+                         int vocab)
 {
     if (!(p->temperature >= 0.0f) || !(p->top_p >= 0.0f) || !(p->top_p <= 1.0f) ||
         !(p->min_p >= 0.0f) || !(p->min_p <= 1.0f) || !(p->rep > 0.0f) || !isfinite(p->rep) ||
         !isfinite(p->freq) || !isfinite(p->pres) || !isfinite(p->temperature) ||
         (p->num_top < 0) || (p->num_top > KVF_SAMPLE_MAX_TOP) || (p->pen_start < 0) ||
-        (p->pen_count < 0) || ((p->pen_count > 0) && (pen == NULL))) {
+        (p->pen_count < 0) || (p->pen_start > num_pen) ||
+        (p->pen_count > num_pen - p->pen_start) || ((p->pen_count > 0) && (pen == NULL))) {
         return KVF_KERN_EINVAL;
     }
     for (int e = 0; e < p->pen_count; ++e) {
@@ -175,10 +177,10 @@ static void kvf_twin_row(const float *raw, int vocab, const kvf_sample_row_t *p,
 }
 
 int kvf_sample_rows(const kvf_device_t *dev, const float *logits, int rows, int vocab, int ldl,
-                    const kvf_sample_row_t *params, const kvf_sample_pen_t *pen, float *scratch,
-                    kvf_sample_res_t *out)
+                    const kvf_sample_row_t *params, const kvf_sample_pen_t *pen, int num_pen,
+                    float *scratch, kvf_sample_res_t *out)
 {
-    if ((rows < 0) || (vocab < 1) || (ldl < vocab)) {
+    if ((rows < 0) || (vocab < 1) || (ldl < vocab) || (num_pen < 0)) {
         return KVF_KERN_EINVAL;
     }
     if (rows == 0) {
@@ -195,7 +197,7 @@ int kvf_sample_rows(const kvf_device_t *dev, const float *logits, int rows, int 
 #endif
     }
     for (int r = 0; r < rows; ++r) {
-        if (kvf_sample_row_check(&params[r], pen, vocab) != KVF_KERN_OK) {
+        if (kvf_sample_row_check(&params[r], pen, num_pen, vocab) != KVF_KERN_OK) {
             return KVF_KERN_EINVAL;
         }
     }

@@ -86,8 +86,8 @@ typedef struct kvf_sample_res {
  * @param [in]  dev      NULL, the CPU or a CUDA device (enqueued on dev->stream).
  * @param [in]  logits   fp32 [rows][ldl], the raw logits (not modified).
  * @param [in]  rows     >= 0 (0: no-op). @param vocab >= 1, ldl >= vocab.
- * @param [in]  params   [rows]; @param pen the entries the rows point into (NULL when
- *                       every pen_count is 0).
+ * @param [in]  params   [rows]; @param pen the @a num_pen entries the rows point into
+ *                       (NULL when num_pen is 0).
  * @param [out] scratch  fp32 [rows][vocab]: the penalised logits (contents undefined after).
  * @param [out] out      [rows].
  * @return KVF_KERN_OK; KVF_KERN_EINVAL (bad sizes, NULL, a parameter out of range, a
@@ -97,14 +97,15 @@ typedef struct kvf_sample_res {
  *         on the host before the upload (kvf_sample_batch()).
  */
 int kvf_sample_rows(const kvf_device_t *dev, const float *logits, int rows, int vocab, int ldl,
-                    const kvf_sample_row_t *params, const kvf_sample_pen_t *pen, float *scratch,
-                    kvf_sample_res_t *out);
+                    const kvf_sample_row_t *params, const kvf_sample_pen_t *pen, int num_pen,
+                    float *scratch, kvf_sample_res_t *out);
 
 /**
- * Check one row's parameters and entries on the host (the ranges of kvf_sample_row_t).
- * @return KVF_KERN_OK or KVF_KERN_EINVAL.
+ * Check one row's parameters and its entries, within pen[0, num_pen), on the host (the
+ * ranges of kvf_sample_row_t). @return KVF_KERN_OK or KVF_KERN_EINVAL.
  */
-int kvf_sample_row_check(const kvf_sample_row_t *p, const kvf_sample_pen_t *pen, int vocab);
+int kvf_sample_row_check(const kvf_sample_row_t *p, const kvf_sample_pen_t *pen, int num_pen,
+                         int vocab);
 
 /** The natural logprob of a raw logit of a row: (l - max) - log(sum), on the host. */
 float kvf_sample_res_logprob(const kvf_sample_res_t *res, float logit);

@@ -99,8 +99,7 @@ int kvf_sample_batch(const kvf_device_t *dev, kvf_sample_ws_t **ws_p, const floa
         return KVF_KERN_OK;
     }
     for (int r = 0; r < rows; ++r) {
-        if ((kvf_sample_row_check(&params[r], pen, vocab) != KVF_KERN_OK) ||
-            (params[r].pen_start + params[r].pen_count > num_pen)) {
+        if (kvf_sample_row_check(&params[r], pen, num_pen, vocab) != KVF_KERN_OK) {
             return KVF_KERN_EINVAL;
         }
     }
@@ -117,7 +116,8 @@ int kvf_sample_batch(const kvf_device_t *dev, kvf_sample_ws_t **ws_p, const floa
         return rc;
     }
     if (kvf_kern_on_cpu(dev)) {
-        return kvf_sample_rows(dev, logits, rows, vocab, ldl, params, pen, ws->scratch, out);
+        return kvf_sample_rows(dev, logits, rows, vocab, ldl, params, pen, num_pen, ws->scratch,
+                               out);
     }
     pb = (size_t)rows * sizeof(kvf_sample_row_t);
     memcpy(ws->host, params, pb);
@@ -128,7 +128,7 @@ int kvf_sample_batch(const kvf_device_t *dev, kvf_sample_ws_t **ws_p, const floa
                            KVF_COPY_H2D);
     if (rc == KVF_KERN_OK) {
         rc = kvf_sample_rows(dev, logits, rows, vocab, ldl, (const kvf_sample_row_t *)ws->up,
-                             (const kvf_sample_pen_t *)((unsigned char *)ws->up + pb),
+                             (const kvf_sample_pen_t *)((unsigned char *)ws->up + pb), num_pen,
                              ws->scratch, ws->res);
     }
     if (rc == KVF_KERN_OK) {

@@ -371,8 +371,8 @@ static void check_sample_v(int V, int ROWS, int ties)
     void *dpen = up(pen, (size_t)(np ? np : 1) * sizeof(*pen));
     float *dscr = up(NULL, (size_t)ROWS * V * sizeof(float));
     void *dout = up(NULL, (size_t)ROWS * sizeof(*gpu));
-    CK("sample cpu", kvf_sample_rows(NULL, x, ROWS, V, V, rows, pen, scratch, cpu));
-    CK("sample gpu", kvf_sample_rows(&gdev, dx, ROWS, V, V, drows, dpen, dscr, dout));
+    CK("sample cpu", kvf_sample_rows(NULL, x, ROWS, V, V, rows, pen, np, scratch, cpu));
+    CK("sample gpu", kvf_sample_rows(&gdev, dx, ROWS, V, V, drows, dpen, np, dscr, dout));
     down(gpu, dout, (size_t)ROWS * sizeof(*gpu));
     int bad = 0;
     for (int r = 0; r < ROWS; ++r) {

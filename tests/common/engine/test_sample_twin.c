@@ -8,7 +8,8 @@
  * top_k -1/0/1/k/>vocab, top_p off/on, min_p, the three penalties, min_tokens with EOS and
  * stop ids, ignore_eos, logprobs 0..20). Prints how many cases exercised each filter, so
  * a generator that stopped reaching a branch shows. Also: kvf_sample_exp_hd() within 2 ulp
- * of libm's exp, and the staged call (kvf_sample_batch) equal to the direct one.
+ * of libm's exp, and the staged call (kvf_sample_batch) equal to the direct one and to each
+ * row sampled alone.
  */
 #include "kvf_sampler.h"
 #include "kvf_sample_batch.h"
@@ -150,7 +151,7 @@ static void test_twin_equals_sampler(void **state)
                                             &a), KVF_OK);
         assert_int_equal(kvf_sampler_device_row(&s, &rb, toks, prompt_len, n, v, eos, num_eos,
                                                 &row, pen, &npen), KVF_OK);
-        assert_int_equal(kvf_sample_rows(NULL, l, 1, v, v, &row, pen, scratch, &res),
+        assert_int_equal(kvf_sample_rows(NULL, l, 1, v, v, &row, pen, npen, scratch, &res),
                          KVF_KERN_OK);
         kvf_sampler_device_out(&s, &res, &b);
         if ((a.token != b.token) || (ra != rb)) {
@@ -243,17 +244,25 @@ static void test_batch(void **state)
                                      .num_top = 5, .pen_start = 0, .pen_count = 3,
                                      .draw = rnd64()};
     }
-    assert_int_equal(kvf_sample_rows(NULL, l, R, V, V, rows, pen, scratch, a), KVF_KERN_OK);
+    assert_int_equal(kvf_sample_rows(NULL, l, R, V, V, rows, pen, 3, scratch, a), KVF_KERN_OK);
     assert_int_equal(kvf_sample_batch(NULL, &ws, l, R, V, V, rows, pen, 3, b), KVF_KERN_OK);
     assert_memory_equal(a, b, sizeof(a));
     for (int r = 0; r < R; ++r) {
+        kvf_sample_res_t alone;
         assert_true((a[r].token != 9) && (a[r].token != 11));   /* masked */
+        /* a row's result does not depend on its neighbours (batch invariance) */
+        assert_int_equal(kvf_sample_rows(NULL, l + (size_t)r * V, 1, V, V, &rows[r], pen, 3,
+                                         scratch, &alone), KVF_KERN_OK);
+        assert_memory_equal(&alone, &a[r], sizeof(alone));
     }
     rows[1].pen_count = 4;   /* past the entries given: refused */
     assert_int_equal(kvf_sample_batch(NULL, &ws, l, R, V, V, rows, pen, 3, b), KVF_KERN_EINVAL);
     rows[1].pen_count = 3;
     rows[2].num_top = KVF_SAMPLE_MAX_TOP + 1;
-    assert_int_equal(kvf_sample_rows(NULL, l, R, V, V, rows, pen, scratch, a), KVF_KERN_EINVAL);
+    assert_int_equal(kvf_sample_rows(NULL, l, R, V, V, rows, pen, 3, scratch, a), KVF_KERN_EINVAL);
+    rows[2].num_top = 3;
+    rows[3].pen_start = 2;   /* 2 + 3 entries of 3 */
+    assert_int_equal(kvf_sample_rows(NULL, l, R, V, V, rows, pen, 3, scratch, a), KVF_KERN_EINVAL);
     kvf_sample_ws_destroy(ws);
     free(l);
     free(scratch);

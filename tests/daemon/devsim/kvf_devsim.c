@@ -721,9 +721,9 @@ DEVSIM_KERNEL(kvf_ssm_decode_seqs, (const kvf_device_t *dev, const kvf_ssm_seqs_
  * device memory (kvf_sample_batch() uploads and downloads around it, counted as copies) */
 DEVSIM_KERNEL(kvf_sample_rows, (const kvf_device_t *dev, const float *logits, int rows, int vocab,
                                 int ldl, const kvf_sample_row_t *params,
-                                const kvf_sample_pen_t *pen, float *scratch,
+                                const kvf_sample_pen_t *pen, int num_pen, float *scratch,
                                 kvf_sample_res_t *out),
-              (dev, logits, rows, vocab, ldl, params, pen, scratch, out),
+              (dev, logits, rows, vocab, ldl, params, pen, num_pen, scratch, out),
               (devsim_want_dev(logits, "kvf_sample_rows logits"),
                devsim_want_dev(params, "kvf_sample_rows params"),
                devsim_want_dev(scratch, "kvf_sample_rows scratch"),
