@@ -31,16 +31,26 @@
 #define KVF_SAMPLE_GREEDY_EPS 1e-5f
 
 /* The penalised logit of one token: @a seen in the prompt or the output, @a count in
- * the output. rep 1, freq 0, pres 0 leave it as it is. */
+ * the output. rep 1, freq 0, pres 0 leave it as it is. Each operation rounds once, as
+ * written (no FMA contraction of freq * count + pres on the device). */
 static inline KVF_HD float kvf_sample_penalize_hd(float logit, int seen, int count, float rep,
                                                   float freq, float pres)
 {
+#ifdef __CUDA_ARCH__
+    if (seen && (rep != 1.0f)) {
+        logit = (logit > 0.0f) ? __fdiv_rn(logit, rep) : __fmul_rn(logit, rep);
+    }
+    if (count > 0) {
+        logit = __fsub_rn(logit, __fadd_rn(__fmul_rn(freq, (float)count), pres));
+    }
+#else
     if (seen && (rep != 1.0f)) {
         logit = (logit > 0.0f) ? logit / rep : logit * rep;
     }
     if (count > 0) {
         logit -= freq * (float)count + pres;
     }
+#endif
     return logit;
 }
 
@@ -125,7 +135,7 @@ static inline KVF_HD double kvf_sample_exp_hd(double x)
  * (kvf_sample_exp_hd). -inf: 0. */
 static inline KVF_HD double kvf_sample_weight_hd(float logit, float max, double inv_t)
 {
-    return kvf_sample_exp_hd(kvf_sample_dmul((double)logit - (double)max, inv_t));
+    return kvf_sample_exp_hd(kvf_sample_dmul(kvf_sample_dadd((double)logit, -(double)max), inv_t));
 }
 
 /* Whether min-p keeps a token: its weight (relative to the largest, which is 1) >= m. */
