@@ -16,6 +16,11 @@
 #include "kvf_sample_cuda.h"
 #endif
 
+/* The result rows are compared and copied as bytes: no padding in them. */
+_Static_assert(sizeof(kvf_sample_res_t) ==
+               4 * sizeof(int32_t) + sizeof(double) + KVF_SAMPLE_MAX_TOP * 8,
+               "kvf_sample_res_t has padding");
+
 int kvf_sample_row_check(const kvf_sample_row_t *p, const kvf_sample_pen_t *pen, int num_pen,
                          int vocab)
 {

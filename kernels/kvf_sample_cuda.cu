@@ -132,6 +132,17 @@ kvf_sample_rows_kernel(const float *logits, int vocab, size_t ldl, const kvf_sam
     kvf_sample_res_t *o = &out[blockIdx.x];
     int32_t best, token;
 
+    if (t == 0) {   /* every byte of the result defined, as the CPU twin's memset */
+        o->token = 0;
+        o->num_top = 0;
+        o->token_logit = 0.0f;
+        o->max = 0.0f;
+        o->sum = 0.0;
+        for (int n = 0; n < KVF_SAMPLE_MAX_TOP; ++n) {
+            o->top_ids[n] = 0;
+            o->top_logits[n] = 0.0f;
+        }
+    }
     for (int i = t; i < vocab; i += L) {
         l[i] = raw[i];
     }
@@ -199,10 +210,6 @@ kvf_sample_rows_kernel(const float *logits, int vocab, size_t ldl, const kvf_sam
     }
     if (t == 0) {
         o->token = token;
-        o->num_top = 0;
-        o->token_logit = 0.0f;
-        o->max = 0.0f;
-        o->sum = 0.0;
     }
     if (p.want_logprobs) {
         int32_t top = kvf_blk_argmax(&s, raw, vocab, 0.0f, -1);
