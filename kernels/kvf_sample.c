@@ -93,7 +93,7 @@ static void kvf_twin_row(const float *raw, int vocab, const kvf_sample_row_t *p,
         kvf_sample_keep_t k = {l[best], 1.0 / (double)p->temperature, p->min_p, 0, 0};
         double sum, u, acc = 0.0;
         int32_t pick = -1, last = -1;
-        int lane, len = kvf_sample_lane_len(vocab);
+        int lane;
 
         if (p->top_k > 0) {
             int kept = 0;
@@ -145,7 +145,7 @@ static void kvf_twin_row(const float *raw, int vocab, const kvf_sample_row_t *p,
         sum = kvf_twin_sum(l, vocab, &k, 0, 0, node);
         u = kvf_sample_target_hd(p->draw, sum);
         lane = kvf_sample_descend_hd(node, &u);
-        for (int i = lane * len; (i < (lane + 1) * len) && (i < vocab); ++i) {
+        for (int i = lane; i < vocab; i += KVF_SAMPLE_LANES) {
             double w = kvf_sample_kept_hd(&k, l[i], i);
             last = (w > 0.0) ? i : last;
             if (kvf_sample_cdf_step_hd(&acc, w, u)) {

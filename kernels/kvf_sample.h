@@ -7,7 +7,7 @@
  *
  * Same tokens as common/engine's kvf_sampler_sample() for the same logits and draw, bit for
  * bit, by construction: every reduction over the vocabulary follows the one order of
- * kvf_sample_math.h (lanes of consecutive ids + a fixed tree; maxima and counts are exact in
+ * kvf_sample_math.h (strided lanes + a fixed tree; maxima and counts are exact in
  * any order), the exponential is kvf_sample_exp_hd() (+ - * only), and the inverse CDF is
  * the descent of that tree. The log of the logprobs is taken on the host
  * (kvf_sample_res_logprob()), from the max and the sum the row returns, so no device libm

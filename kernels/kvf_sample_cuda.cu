@@ -1,10 +1,10 @@
 /*
  * CUDA sampler (kvf_sample.h): one block of KVF_SAMPLE_LANES threads per row, thread t
- * being lane t of kvf_sample_math.h's order. Sums: each thread its lane's ids in ascending
- * order, then the tree level by level in shared memory (each node one addition of the same
- * two values as the CPU twin's serial loop). Counts, maxima and minima are exact in any
- * order, so those passes stride over the row (coalesced). The pick: thread 0 descends the
- * tree and scans the chosen lane. Enqueued on dev->stream; nothing is synchronised here.
+ * being lane t of kvf_sample_math.h's order. Sums: each thread its lane's ids (t, t + L,
+ * ...: the warp's reads coalesce) in ascending order, then the tree level by level in shared
+ * memory (each node one addition of the same two values as the CPU twin's serial loop).
+ * Counts, maxima and minima are exact in any order and use the same striding. The pick:
+ * thread 0 descends the tree and scans the chosen lane. Enqueued on dev->stream; nothing is synchronised here.
  */
 #include "kvf_argmax_math.h"
 #include "kvf_cuda_util.h"
@@ -193,9 +193,9 @@ kvf_sample_rows_kernel(const float *logits, int vocab, size_t ldl, const kvf_sam
         if (t == 0) {
             /* node[] still holds the kept mass's tree (kvf_blk_sum leaves it) */
             double u = kvf_sample_target_hd(p.draw, sum), acc = 0.0;
-            int lane = kvf_sample_descend_hd(s.node, &u), len = kvf_sample_lane_len(vocab);
+            int lane = kvf_sample_descend_hd(s.node, &u);
             int32_t pick = -1, last = -1;
-            for (int i = lane * len; (i < (lane + 1) * len) && (i < vocab); ++i) {
+            for (int i = lane; i < vocab; i += L) {
                 double w = kvf_sample_kept_hd(&k, l[i], i);
                 last = (w > 0.0) ? i : last;
                 if (kvf_sample_cdf_step_hd(&acc, w, u)) {

@@ -2,7 +2,7 @@
  * Shared (CPU and CUDA) arithmetic of token sampling (common/engine/kvf_sampler.h):
  * the per-token bodies of the penalties, the temperature, the min-p test and
  * the request's random numbers, the exponential (+ - * only, so no libm enters), the
- * one order every sum over the vocabulary follows (lanes of consecutive ids + a fixed
+ * one order every sum over the vocabulary follows (strided lanes + a fixed
  * tree), the inverse CDF as a descent of that tree, and the rank keys of the
  * "larger logit, then lower id" order. The CPU sampler (a sort) and the device
  * sampler (kernels/kvf_sample.h: threshold searches; its CPU twin and its CUDA
@@ -169,25 +169,21 @@ static inline KVF_HD float kvf_sample_logprob_hd(float logit, float max, double 
 
 /* ---- the one summation order of a row (both samplers, every sum over the vocabulary) ----
  *
- * A row of V doubles is summed as KVF_SAMPLE_LANES lanes: lane t holds the consecutive ids
- * [t C, min(V, (t + 1) C)) with C = ceil(V / LANES), summed in ascending id from +0 (a
- * token outside the set being summed adds nothing); then a binary tree over the lanes in
- * heap layout: node[LANES + t] = lane t, node[n] = node[2n] + node[2n + 1] for n = LANES - 1
- * down to 1, node[1] the sum. Left children hold the lower ids, so descending the tree is
- * an inverse CDF in id order (kvf_sample_descend_hd). The CUDA sampler runs one thread per
- * lane and the tree level by level in shared memory: each node is one addition of the same
- * two values, so the bits are the CPU's whatever the schedule.
+ * A row of V doubles is summed as KVF_SAMPLE_LANES lanes: lane t holds the ids t, t + LANES,
+ * t + 2 LANES, ... < V, summed in ascending id from +0 (a token outside the set being summed
+ * adds nothing); then a binary tree over the lanes in heap layout: node[LANES + t] = lane t,
+ * node[n] = node[2n] + node[2n + 1] for n = LANES - 1 down to 1, node[1] the sum. The
+ * inverse CDF follows the same order: the tree descended to a lane (left = lower lanes),
+ * then that lane's ids in ascending order (kvf_sample_descend_hd, kvf_sample_cdf_step_hd):
+ * an exact inverse CDF over a fixed permutation of the ids. The CUDA sampler runs one thread
+ * per lane (a warp reads 32 consecutive logits: coalesced) and the tree level by level in
+ * shared memory: each node is one addition of the same two values, so the bits are the
+ * CPU's whatever the schedule.
  *
  * Sums of nonnegative terms in this order are monotone in the set summed (rounding is
  * monotone), which is what lets a sampler find top-p's cut by bisection.
  */
 #define KVF_SAMPLE_LANES 512
-
-/** Ids per lane for a row of @a vocab. */
-static inline KVF_HD int kvf_sample_lane_len(int vocab)
-{
-    return (vocab + KVF_SAMPLE_LANES - 1) / KVF_SAMPLE_LANES;
-}
 
 /** Tree node @a n (1 <= n < LANES) from its children; node: [2 * LANES]. */
 static inline KVF_HD void kvf_sample_tree_node_hd(double *node, int n)
@@ -319,11 +315,9 @@ static inline KVF_HD double kvf_sample_lane_sum_hd(const float *l, int vocab, in
                                                    const kvf_sample_keep_t *k, int use_before,
                                                    uint64_t before)
 {
-    int c = kvf_sample_lane_len(vocab), lo = t * c, hi = lo + c;
     double acc = 0.0;
 
-    hi = (hi < vocab) ? hi : vocab;
-    for (int i = lo; i < hi; ++i) {
+    for (int i = t; i < vocab; i += KVF_SAMPLE_LANES) {
         double w = kvf_sample_kept_hd(k, l[i], i);
         if ((w > 0.0) && (!use_before || (kvf_sample_rkey_hd(l[i], i) > before))) {
             acc = kvf_sample_dadd(acc, w);

@@ -177,8 +177,8 @@ static int kvf_cmp_desc(const void *a, const void *b)
 }
 
 /*
- * Sums over the vocabulary in the one order of kernels/kvf_sample_math.h (lanes of
- * consecutive ids, then the fixed tree), so the device sampler (kernels/kvf_sample.h) gets
+ * Sums over the vocabulary in the one order of kernels/kvf_sample_math.h (lanes of ids t,
+ * t + LANES, ..., then the fixed tree), so the device sampler (kernels/kvf_sample.h) gets
  * the same bits: the weights w (0 for tokens not kept), counting only candidates ranked
  * before position @a before of the sorted order when @a rank is not NULL. @a node: [2 LANES],
  * the tree, left for the descent.
@@ -186,11 +186,9 @@ static int kvf_cmp_desc(const void *a, const void *b)
 static double kvf_fixed_sum(const double *w, const int32_t *rank, int before, int vocab,
                             double *node)
 {
-    int len = kvf_sample_lane_len(vocab);
-
     for (int t = 0; t < KVF_SAMPLE_LANES; ++t) {
         double acc = 0.0;
-        for (int i = t * len; (i < (t + 1) * len) && (i < vocab); ++i) {
+        for (int i = t; i < vocab; i += KVF_SAMPLE_LANES) {
             if ((w[i] > 0.0) && ((rank == NULL) || (rank[i] < before))) {
                 acc = kvf_sample_dadd(acc, w[i]);
             }
@@ -360,11 +358,11 @@ kvf_status_t kvf_sampler_sample(const kvf_sampling_t *s, uint64_t *rng, const in
     u = kvf_sample_target_hd(kvf_sample_rng_next_hd(rng), sum);
     out->token = best;
     {
-        /* inverse CDF in id order: the tree's descent to a lane, then the lane's scan; a
-         * lane that picks nothing (rounding) gives its last kept token */
-        int lane = kvf_sample_descend_hd(node, &u), len = kvf_sample_lane_len(vocab);
+        /* inverse CDF in the fixed order: the tree's descent to a lane, then the lane's
+         * scan; a lane that picks nothing (rounding) gives its last kept token */
+        int lane = kvf_sample_descend_hd(node, &u);
         int32_t last = -1;
-        for (int i = lane * len; (i < (lane + 1) * len) && (i < vocab); ++i) {
+        for (int i = lane; i < vocab; i += KVF_SAMPLE_LANES) {
             last = (ws->w[i] > 0.0) ? i : last;
             if (kvf_sample_cdf_step_hd(&acc, ws->w[i], u)) {
                 last = -1;

@@ -21,12 +21,13 @@
  *      mass top-k kept is below top_p (both masses summed in the fixed order)
  *   5. one draw u in [0, 1) from the request's generator (one per token, so a
  *      seed gives the same tokens wherever the first token was sampled),
- *      inverse CDF over the kept tokens in id order, in the fixed order's terms:
- *      u times the kept mass descends the tree of lane sums to a lane of
- *      consecutive ids, which is scanned (kvf_sample_math.h).
- * Every sum over the vocabulary is in kvf_sample_math.h's order (lanes of
- * consecutive ids, then a fixed tree), never a serial running sum, so a GPU
- * block computes the same bits.
+ *      inverse CDF over the kept tokens in the fixed order: u times the kept
+ *      mass descends the tree of lane sums to a lane (ids t, t + 512, ...),
+ *      whose ids are scanned in ascending order (kvf_sample_math.h); an exact
+ *      inverse CDF over a fixed permutation of the ids.
+ * Every sum over the vocabulary is in kvf_sample_math.h's order (strided
+ * lanes, then a fixed tree), never a serial running sum, so a GPU block
+ * computes the same bits.
  * Logprobs are of the raw logits (before penalties and temperature), as vLLM
  * reports them by default.
  *
