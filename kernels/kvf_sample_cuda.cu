@@ -4,7 +4,8 @@
  * ...: the warp's reads coalesce) in ascending order, then the tree level by level in shared
  * memory (each node one addition of the same two values as the CPU twin's serial loop).
  * Counts, maxima and minima are exact in any order and use the same striding. The pick:
- * thread 0 descends the tree and scans the chosen lane. Enqueued on dev->stream; nothing is synchronised here.
+ * thread 0 descends the tree and scans the chosen lane. Enqueued on dev->stream; nothing is
+ * synchronised here.
  */
 #include "kvf_argmax_math.h"
 #include "kvf_cuda_util.h"
