@@ -91,56 +91,85 @@ static void kvf_twin_row(const float *raw, int vocab, const kvf_sample_row_t *p,
     out->token = best;
     if (p->temperature >= KVF_SAMPLE_GREEDY_EPS) {
         kvf_sample_keep_t k = {l[best], 1.0 / (double)p->temperature, p->min_p, 0, 0};
+        const uint32_t vhi = kvf_sample_okey_hd(k.max);
+        const uint64_t hi_key = kvf_sample_rkey_hd(k.max, best);
+        uint32_t vlo = vhi;
         double sum, u, acc = 0.0;
         int32_t pick = -1, last = -1;
-        int lane;
+        int lane, kept = 0;
 
-        if (p->top_k > 0) {
-            int kept = 0;
-            for (int i = 0; i < vocab; ++i) {
-                kept += kvf_sample_kept_hd(&k, l[i], i) > 0.0;
-            }
-            if (p->top_k < kept) {
-                /* the largest order key v with at least top_k kept tokens at or above it:
-                 * the k-th largest kept logit */
-                uint64_t lo = 0, hi = 0xffffffffu;
-                while (lo < hi) {
-                    uint64_t mid = lo + (hi - lo + 1) / 2;
-                    int n = 0;
-                    for (int i = 0; i < vocab; ++i) {
-                        n += (kvf_sample_kept_hd(&k, l[i], i) > 0.0) &&
-                             (kvf_sample_okey_hd(l[i]) >= (uint32_t)mid);
-                    }
-                    if (n >= p->top_k) {
-                        lo = mid;
-                    } else {
-                        hi = mid - 1;
-                    }
-                }
-                k.kth = (uint32_t)lo;
+        /* pass 1: the tokens temperature and min-p keep; the rest pruned to -inf */
+        for (int i = 0; i < vocab; ++i) {
+            if (kvf_sample_kept_hd(&k, l[i], i) > 0.0) {
+                uint32_t v = kvf_sample_okey_hd(l[i]);
+                kept++;
+                vlo = (v < vlo) ? v : vlo;
+            } else {
+                l[i] = -INFINITY;
             }
         }
-        if ((p->top_p > 0.0f) && (p->top_p < 1.0f)) {
-            /* the smallest rank key whose mass ahead, over the total, is below top_p; the
-             * argmax (mass ahead 0) bounds it from above */
-            double total = kvf_twin_sum(l, vocab, &k, 0, 0, node);
-            uint64_t hi = kvf_sample_rkey_hd(l[best], best), lo = hi;
-            for (int i = 0; i < vocab; ++i) {
-                uint64_t key = kvf_sample_rkey_hd(l[i], i);
-                if ((kvf_sample_kept_hd(&k, l[i], i) > 0.0) && (key < lo)) {
-                    lo = key;
+        if ((p->top_k > 0) && (p->top_k < kept)) {
+            /* the largest order key v with at least top_k kept tokens at or above it (the
+             * k-th largest kept logit), bisected over [vlo, vhi]; below it pruned */
+            uint32_t lo = vlo, hi = vhi;
+            while (lo < hi) {
+                uint32_t mid = lo + (uint32_t)(((uint64_t)hi - lo + 1) / 2);
+                int n = 0;
+                for (int i = 0; i < vocab; ++i) {
+                    n += kvf_sample_alive_hd(l[i]) && (kvf_sample_okey_hd(l[i]) >= mid);
+                }
+                if (n >= p->top_k) {
+                    lo = mid;
+                } else {
+                    hi = mid - 1;
                 }
             }
+            for (int i = 0; i < vocab; ++i) {
+                l[i] = (kvf_sample_okey_hd(l[i]) < lo) ? -INFINITY : l[i];
+            }
+            vlo = lo;
+        }
+        if ((kept > 0) && (p->top_p > 0.0f) && (p->top_p < 1.0f)) {
+            /* the smallest rank key K whose mass ahead (kept tokens ranked before K), over
+             * the total, is below top_p: first its order key v (the mass ahead of
+             * (v, any id) is that of the logits above v), then, when several kept tokens
+             * tie at v, the id part; tokens ranked after K pruned */
+            double total = kvf_twin_sum(l, vocab, &k, 0, 0, node);
+            uint32_t lo = vlo, hi = vhi;
+            uint64_t klo, khi, cut;
+            int ties = 0;
             while (lo < hi) {
-                uint64_t mid = lo + (hi - lo) / 2;
-                if (kvf_sample_top_p_keep_hd(kvf_twin_sum(l, vocab, &k, 1, mid, node), total,
-                                             p->top_p)) {
+                uint32_t mid = lo + (hi - lo) / 2;
+                if (kvf_sample_top_p_keep_hd(kvf_twin_sum(l, vocab, &k, 1,
+                                                          kvf_sample_vkey_hd(mid), node),
+                                             total, p->top_p)) {
                     hi = mid;
                 } else {
                     lo = mid + 1;
                 }
             }
-            k.cut = lo;
+            for (int i = 0; i < vocab; ++i) {
+                ties += kvf_sample_alive_hd(l[i]) && (kvf_sample_okey_hd(l[i]) == lo);
+            }
+            cut = (uint64_t)lo << 32;
+            if (ties > 1) {
+                klo = cut | (0xffffffffu - (uint32_t)(vocab - 1));
+                khi = (lo == vhi) ? hi_key : kvf_sample_vkey_hd(lo);
+                while (klo < khi) {
+                    uint64_t mid = klo + (khi - klo) / 2;
+                    if (kvf_sample_top_p_keep_hd(kvf_twin_sum(l, vocab, &k, 1, mid, node),
+                                                 total, p->top_p)) {
+                        khi = mid;
+                    } else {
+                        klo = mid + 1;
+                    }
+                }
+                cut = klo;
+            }
+            for (int i = 0; i < vocab; ++i) {
+                l[i] = (kvf_sample_alive_hd(l[i]) && (kvf_sample_rkey_hd(l[i], i) < cut)) ?
+                       -INFINITY : l[i];
+            }
         }
         sum = kvf_twin_sum(l, vocab, &k, 0, 0, node);
         u = kvf_sample_target_hd(p->draw, sum);

@@ -15,12 +15,18 @@
  *
  * Algorithm of one row (one CUDA block of KVF_SAMPLE_LANES threads; the CPU twin runs the
  * same steps with loops): penalised logits into a scratch row (a copy plus the row's
- * penalty entries); argmax; greedy ends there. Else weights exp((l - max) / T) with min-p,
- * recomputed per pass (no [vocab] doubles stored). top-k: the k-th largest kept logit by
- * bisection on its 32-bit order key (counts are exact), ties at it kept. top-p: the cut is
- * the smallest rank key K such that the mass ranked strictly before K, over the top-k set's
- * mass, is below top_p: bisection over 64-bit keys (the mass is monotone in K). Then the
- * kept mass, the draw scaled to it, the tree descent to a lane and that lane's scan.
+ * penalty entries); argmax; greedy ends there. Else a pass keeps the tokens temperature and
+ * min-p keep (weights exp((l - max) / T), recomputed where needed: no [vocab] doubles
+ * stored) and prunes the rest to -inf in the scratch row, so later passes compute no
+ * exponential for them. top-k: the k-th largest kept logit by bisection on its 32-bit order
+ * key between the smallest kept and the largest (counts are exact), ties at it kept, the
+ * rest pruned. top-p: the cut is the smallest rank key K such that the mass ranked strictly
+ * before K, over the top-k set's mass, is below top_p (that mass is monotone in K): first
+ * the order key by bisection, then, only when several kept tokens tie at it, the id part;
+ * the rest pruned. Then the kept mass, the draw scaled to it, the tree descent to a lane
+ * and that lane's scan. Passes over the row, at most: 1 + 32 (top-k) + 1 + 32 + 1 + 32
+ * (top-p with a tie at the cut) + 1; typically far fewer (the bisections run over the
+ * kept logits' range). Not measured on a GPU yet.
  *
  * Design: the sort that a serial sampler uses (kvf_sampler.c) becomes threshold searches:
  * a block cannot sort 131072 keys cheaply, but it can count and sum under a threshold, and

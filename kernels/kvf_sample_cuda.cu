@@ -17,7 +17,7 @@ struct kvf_sample_smem {
     double   node[2 * L];
     float    cv[L];
     int32_t  ci[L];
-    unsigned long long key[L];
+    uint32_t key[L];
     int      cnt[L];
 };
 
@@ -71,16 +71,11 @@ static __device__ double kvf_blk_sum(kvf_sample_smem *s, const float *l, int voc
     return r;
 }
 
-/* Kept tokens (w > 0 under @a k) whose order key is >= @a v (v 0: all kept). */
-static __device__ int kvf_blk_count(kvf_sample_smem *s, const float *l, int vocab,
-                                    const kvf_sample_keep_t *k, uint32_t v)
+/* The block's sum of the threads' @a n. */
+static __device__ int kvf_blk_add(kvf_sample_smem *s, int n)
 {
     const int t = (int)threadIdx.x;
-    int n = 0;
 
-    for (int i = t; i < vocab; i += L) {
-        n += (kvf_sample_kept_hd(k, l[i], i) > 0.0) && (kvf_sample_okey_hd(l[i]) >= v);
-    }
     s->cnt[t] = n;
     __syncthreads();
     for (int w = L / 2; w > 0; w /= 2) {
@@ -94,19 +89,11 @@ static __device__ int kvf_blk_count(kvf_sample_smem *s, const float *l, int voca
     return r;
 }
 
-/* The smallest rank key among kept tokens, at most @a hi. */
-static __device__ uint64_t kvf_blk_min_key(kvf_sample_smem *s, const float *l, int vocab,
-                                           const kvf_sample_keep_t *k, uint64_t hi)
+/* The block's minimum of the threads' @a m. */
+static __device__ uint32_t kvf_blk_min(kvf_sample_smem *s, uint32_t m)
 {
     const int t = (int)threadIdx.x;
-    unsigned long long m = hi;
 
-    for (int i = t; i < vocab; i += L) {
-        unsigned long long key = kvf_sample_rkey_hd(l[i], i);
-        if ((kvf_sample_kept_hd(k, l[i], i) > 0.0) && (key < m)) {
-            m = key;
-        }
-    }
     s->key[t] = m;
     __syncthreads();
     for (int w = L / 2; w > 0; w /= 2) {
@@ -115,9 +102,22 @@ static __device__ uint64_t kvf_blk_min_key(kvf_sample_smem *s, const float *l, i
         }
         __syncthreads();
     }
-    uint64_t r = s->key[0];
+    uint32_t r = (uint32_t)s->key[0];
     __syncthreads();
     return r;
+}
+
+/* Kept tokens (alive after pruning) whose order key is >= @a v (@a eq: == v). */
+static __device__ int kvf_blk_count(kvf_sample_smem *s, const float *l, int vocab, uint32_t v,
+                                    int eq)
+{
+    int n = 0;
+
+    for (int i = (int)threadIdx.x; i < vocab; i += L) {
+        uint32_t o = kvf_sample_okey_hd(l[i]);
+        n += kvf_sample_alive_hd(l[i]) && (eq ? (o == v) : (o >= v));
+    }
+    return kvf_blk_add(s, n);
 }
 
 __global__ void __launch_bounds__(L)
@@ -157,38 +157,77 @@ kvf_sample_rows_kernel(const float *logits, int vocab, size_t ldl, const kvf_sam
     best = kvf_argmax_result(kvf_argmax_cand_t{0.0f, best}, l[0]);
     token = best;
     if (p.temperature >= KVF_SAMPLE_GREEDY_EPS) {
+        /* the CPU twin's steps (kvf_sample.c), each pass strided over the row: a thread
+         * only ever prunes its own ids, and every pass ends in a barrier */
         kvf_sample_keep_t k = {l[best], 1.0 / (double)p.temperature, p.min_p, 0, 0};
+        const uint32_t vhi = kvf_sample_okey_hd(k.max);
+        const uint64_t hi_key = kvf_sample_rkey_hd(k.max, best);
+        uint32_t vlo = vhi;
+        int kept = 0;
         double sum;
 
-        if (p.top_k > 0) {
-            int kept = kvf_blk_count(&s, l, vocab, &k, 0);
-            if (p.top_k < kept) {
-                uint64_t lo = 0, hi = 0xffffffffu;
-                while (lo < hi) {   /* uniform across the block: every thread iterates alike */
-                    uint64_t mid = lo + (hi - lo + 1) / 2;
-                    if (kvf_blk_count(&s, l, vocab, &k, (uint32_t)mid) >= p.top_k) {
-                        lo = mid;
-                    } else {
-                        hi = mid - 1;
-                    }
-                }
-                k.kth = (uint32_t)lo;
+        __syncthreads();   /* every thread has read l[best] and l[0] before any is pruned */
+        for (int i = t; i < vocab; i += L) {
+            if (kvf_sample_kept_hd(&k, l[i], i) > 0.0) {
+                uint32_t v = kvf_sample_okey_hd(l[i]);
+                kept++;
+                vlo = (v < vlo) ? v : vlo;
+            } else {
+                l[i] = -INFINITY;
             }
         }
-        if ((p.top_p > 0.0f) && (p.top_p < 1.0f)) {
+        kept = kvf_blk_add(&s, kept);
+        vlo = kvf_blk_min(&s, vlo);
+        if ((p.top_k > 0) && (p.top_k < kept)) {
+            uint32_t lo = vlo, hi = vhi;
+            while (lo < hi) {   /* uniform across the block: every thread iterates alike */
+                uint32_t mid = lo + (uint32_t)(((uint64_t)hi - lo + 1) / 2);
+                if (kvf_blk_count(&s, l, vocab, mid, 0) >= p.top_k) {
+                    lo = mid;
+                } else {
+                    hi = mid - 1;
+                }
+            }
+            for (int i = t; i < vocab; i += L) {
+                l[i] = (kvf_sample_okey_hd(l[i]) < lo) ? -INFINITY : l[i];
+            }
+            __syncthreads();
+            vlo = lo;
+        }
+        if ((kept > 0) && (p.top_p > 0.0f) && (p.top_p < 1.0f)) {
             double total = kvf_blk_sum(&s, l, vocab, &k, 0, 0);
-            uint64_t hi = kvf_sample_rkey_hd(l[best], best);
-            uint64_t lo = kvf_blk_min_key(&s, l, vocab, &k, hi);
+            uint32_t lo = vlo, hi = vhi;
+            uint64_t cut;
             while (lo < hi) {
-                uint64_t mid = lo + (hi - lo) / 2;
-                if (kvf_sample_top_p_keep_hd(kvf_blk_sum(&s, l, vocab, &k, 1, mid), total,
-                                             p.top_p)) {
+                uint32_t mid = lo + (hi - lo) / 2;
+                if (kvf_sample_top_p_keep_hd(kvf_blk_sum(&s, l, vocab, &k, 1,
+                                                         kvf_sample_vkey_hd(mid)),
+                                             total, p.top_p)) {
                     hi = mid;
                 } else {
                     lo = mid + 1;
                 }
             }
-            k.cut = lo;
+            cut = (uint64_t)lo << 32;
+            if (kvf_blk_count(&s, l, vocab, lo, 1) > 1) {
+                uint64_t klo = cut | (0xffffffffu - (uint32_t)(vocab - 1));
+                uint64_t khi = (lo == vhi) ? hi_key : kvf_sample_vkey_hd(lo);
+                while (klo < khi) {
+                    uint64_t mid = klo + (khi - klo) / 2;
+                    if (kvf_sample_top_p_keep_hd(kvf_blk_sum(&s, l, vocab, &k, 1, mid), total,
+                                                 p.top_p)) {
+                        khi = mid;
+                    } else {
+                        klo = mid + 1;
+                    }
+                }
+                cut = klo;
+            }
+            for (int i = t; i < vocab; i += L) {
+                l[i] = (kvf_sample_alive_hd(l[i]) && (kvf_sample_rkey_hd(l[i], i) < cut)) ?
+                       -INFINITY : l[i];
+            }
+            __syncthreads();
         }
         sum = kvf_blk_sum(&s, l, vocab, &k, 0, 0);
         if (t == 0) {

@@ -268,6 +268,18 @@ static inline KVF_HD uint64_t kvf_sample_rkey_hd(float l, int32_t id)
 }
 
 
+/** The largest rank key of order key @a v: "ranked before it" = "logit above v". */
+static inline KVF_HD uint64_t kvf_sample_vkey_hd(uint32_t v)
+{
+    return ((uint64_t)v << 32) | 0xffffffffu;
+}
+
+/** A token still kept after the device sampler's pruning passes (those set the rest -inf). */
+static inline KVF_HD int kvf_sample_alive_hd(float l)
+{
+    return l > -INFINITY;
+}
+
 /* ---- what a pass keeps: the shared predicate of both samplers ------------------------- */
 
 /* kvf_sample_pen_t.flags (kvf_sample.h) */
