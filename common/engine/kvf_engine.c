@@ -473,7 +473,12 @@ kvf_status_t kvf_engine_step(kvf_engine_h e, kvf_engine_event_t *events, int cap
         return kvf_engine_unstall(e, events, cap, n_events);
     }
     status = kvf_engine_sample_rows(e, np, &npen);
-    if (status != KVF_OK) {
+    if (status != KVF_OK) {   /* no memory for the entries: the step's requests fail */
+        for (int i = 0; i < np; ++i) {
+            kvf_finish(e, e->plan[i].req, KVF_FINISH_ERROR);
+            kvf_emit(events, cap, n_events, e->plan[i].req->id, KVF_EVENT_FINISHED, -1,
+                     KVF_FINISH_ERROR);
+        }
         return status;
     }
     for (int i = 0; i < np; ++i) {
