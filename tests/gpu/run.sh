@@ -13,7 +13,8 @@
 #   2. runs every CUDA kernel against its CPU twin (gpu_vs_cpu: max abs diff per op and
 #      dtype, and the stale-fp32 Mamba NaN case with block zeroing off and on),
 #   3. runs `kvf generate --device cuda` against the CPU's tokens and logits (TP 1, and
-#      TP 2 over two GPUs when there are two), a 4p2d GPU->GPU pull (kvf xfer-test
+#      TP 2 over two GPUs when there are two; one run sampled on the device with top-p,
+#      top-k, a seed and logprobs), a 4p2d GPU->GPU pull (kvf xfer-test
 #      --device cuda:0, bytes verified), `kvf bench --device cuda:0` on the
 #      Nemotron-Nano-9B-v2 geometry (8k tokens; layouts 4p2d, 1p4d, 4p1d, 2p2d, 1p1d; each
 #      path kvf offers: GB/s, host post time per descriptor, the path that ran), the GPU's own
@@ -39,7 +40,7 @@ while [ $# -gt 0 ]; do
     case $1 in
     --bundle) bundle=${2:-}; shift 2 || { echo "run.sh: --bundle needs a file"; exit 2; } ;;
     --nixl-wheel) nixl_wheel=${2:-}; shift 2 || { echo "run.sh: --nixl-wheel needs a file"; exit 2; } ;;
-    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument '$1' (see --help)"; exit 2 ;;
     esac
 done
