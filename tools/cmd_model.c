@@ -13,6 +13,7 @@
 #include "kvf_log.h"
 #include "kvf_mkmodel.h"
 #include "kvf_model.h"
+#include "kvf_sampler.h"
 #include "kvf_tokenizer.h"
 
 #include <stddef.h>
@@ -108,6 +109,9 @@ typedef struct {
     int    logprobs;
     bool   ignore_eos;
     bool   add_bos;
+    double top_p;
+    int    top_k;
+    double min_p;
     /* bench */
     int    prompt_len;
     int    decode_tokens;
@@ -163,6 +167,12 @@ static const kvf_config_field_t kvf_generate_table[] = {
      offsetof(kvf_gen_opts_t, ignore_eos), KVF_CONFIG_TYPE_BOOL, 0},
     {"ADD_BOS", "yes", "prefix the prompt with the BOS token",
      offsetof(kvf_gen_opts_t, add_bos), KVF_CONFIG_TYPE_BOOL, 0},
+    {"TOP_P", "1", "nucleus sampling: keep the most likely tokens up to this mass, (0, 1]",
+     offsetof(kvf_gen_opts_t, top_p), KVF_CONFIG_TYPE_DOUBLE, 0},
+    {"TOP_K", "-1", "keep the k most likely tokens (-1: all)",
+     offsetof(kvf_gen_opts_t, top_k), KVF_CONFIG_TYPE_INT, 0},
+    {"MIN_P", "0", "drop tokens less likely than this fraction of the most likely, [0, 1]",
+     offsetof(kvf_gen_opts_t, min_p), KVF_CONFIG_TYPE_DOUBLE, 0},
     {NULL, NULL, NULL, 0, 0, 0},
 };
 
@@ -260,6 +270,22 @@ static char *kvf_read_text(const char *path, size_t *len_p)
     return buf;
 }
 
+/* --top-p, --top-k, --min-p onto @a s, checked as a server checks a request's fields. */
+static int kvf_gen_filters(const kvf_gen_opts_t *o, kvf_engine_h eng, kvf_sampling_t *s)
+{
+    char err[160];
+
+    s->top_p = (float)o->top_p;
+    s->top_k = o->top_k;
+    s->min_p = (float)o->min_p;
+    if (kvf_sampling_check(s, kvf_engine_model_config(eng)->vocab_size, err, sizeof(err)) !=
+        KVF_OK) {
+        kvf_error("kvf generate: bad sampling flag: %s (--top-p, --top-k, --min-p)", err);
+        return 2;
+    }
+    return 0;
+}
+
 /* --prompt-ids: run the ids, print the tokens line (no tokenizer, no text). 0, or 1 (logged). */
 static int kvf_generate_ids(const kvf_gen_opts_t *o, kvf_engine_h eng)
 {
@@ -298,6 +324,9 @@ static int kvf_generate_ids(const kvf_gen_opts_t *o, kvf_engine_h eng)
     rp.sampling.temperature = (float)o->temperature;
     rp.sampling.seed = (uint64_t)(unsigned)o->seed;
     rp.sampling.ignore_eos = o->ignore_eos;
+    if (kvf_gen_filters(o, eng, &rp.sampling) != 0) {
+        return 1;
+    }
     if (kvf_engine_add_request(eng, &rp, &id) != KVF_OK) {
         return 1;
     }
@@ -396,6 +425,10 @@ int kvf_cmd_generate(int argc, char **argv)
     rp.record_logits = o.print_logits;
     rp.sampling.want_logprobs = (o.logprobs >= 0);
     rp.sampling.logprobs = (o.logprobs >= 0) ? o.logprobs : 0;
+    if (kvf_gen_filters(&o, eng, &rp.sampling) != 0) {
+        rc = 2;
+        goto out;
+    }
     if (kvf_engine_add_request(eng, &rp, &id) != KVF_OK) {
         goto out;
     }

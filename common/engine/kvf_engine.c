@@ -45,6 +45,11 @@ struct kvf_engine {
     kvf_fwd_seq_t         *seqs;
     float                 *logits;     /* [max_seqs][vocab] */
     int32_t               *greedy;     /* [max_seqs] greedy ids from the forward's argmax */
+    bool                   dev_sample; /* the model is on a GPU: sample there (kvf_sample.h) */
+    kvf_sample_row_t      *srow;       /* [max_seqs] device sampling rows */
+    kvf_sample_res_t      *sres;       /* [max_seqs] their results */
+    kvf_sample_pen_t      *pen;        /* the step's penalty entries */
+    int                    cap_pen;
     int32_t               *fresh;
     int                    cap_fresh;
     kvf_engine_stats_t     stats;
@@ -160,10 +165,14 @@ kvf_status_t kvf_engine_create(const kvf_engine_params_t *params, kvf_engine_h *
     e->seqs = calloc((size_t)e->sched.max_seqs, sizeof(*e->seqs));
     e->logits = malloc((size_t)e->sched.max_seqs * (size_t)e->cfg->vocab_size * sizeof(float));
     e->greedy = malloc((size_t)e->sched.max_seqs * sizeof(int32_t));
+    e->srow = calloc((size_t)e->sched.max_seqs, sizeof(*e->srow));
+    e->sres = calloc((size_t)e->sched.max_seqs, sizeof(*e->sres));
+    e->dev_sample = (params->field_mask & KVF_ENGINE_PARAM_FIELD_DEVICE) &&
+                    (params->device.kind == KVF_DEVICE_CUDA);
     e->cap_fresh = bp.num_blocks;
     e->fresh = malloc((size_t)e->cap_fresh * sizeof(int32_t));
     if ((e->plan == NULL) || (e->seqs == NULL) || (e->logits == NULL) || (e->fresh == NULL) ||
-        (e->greedy == NULL)) {
+        (e->greedy == NULL) || (e->srow == NULL) || (e->sres == NULL)) {
         status = KVF_ERR_NO_MEMORY;
         goto err;
     }
@@ -198,6 +207,9 @@ void kvf_engine_destroy(kvf_engine_h e)
     free(e->seqs);
     free(e->logits);
     free(e->greedy);
+    free(e->srow);
+    free(e->sres);
+    free(e->pen);
     free(e->fresh);
     free(e);
 }
@@ -320,6 +332,48 @@ static bool kvf_greedy_only(const kvf_request_t *r)
            ((s->repetition_penalty == 0.0f) || (s->repetition_penalty == 1.0f));
 }
 
+/* Whether plan entry @a pe samples on the model's device (a GPU; not greedy-only). */
+static bool kvf_samples_on_device(const kvf_engine_h e, const kvf_sched_entry_t *pe)
+{
+    return e->dev_sample && pe->samples && !kvf_greedy_only(pe->req);
+}
+
+/*
+ * The device sampling rows of the step's plan (e->srow[i] for plan entry i), their draws
+ * taken from each request's generator, their penalty entries packed into e->pen.
+ * *npen_p: entries used.
+ */
+static kvf_status_t kvf_engine_sample_rows(kvf_engine_h e, int np, int *npen_p)
+{
+    int need = 0, n = 0;
+
+    for (int i = 0; i < np; ++i) {
+        const kvf_request_t *r = e->plan[i].req;
+        if (kvf_samples_on_device(e, &e->plan[i])) {
+            need += kvf_sampler_device_pen_max(&r->sampling, r->num_tokens, e->cfg->num_eos);
+        }
+    }
+    if ((need > e->cap_pen) && (KVF_ARRAY_GROW(e->pen, e->cap_pen, need, 256) != KVF_OK)) {
+        return KVF_ERR_NO_MEMORY;
+    }
+    for (int i = 0; i < np; ++i) {
+        kvf_request_t *r = e->plan[i].req;
+        kvf_status_t status;
+        if (!kvf_samples_on_device(e, &e->plan[i])) {
+            continue;
+        }
+        status = kvf_sampler_device_row(&r->sampling, &r->rng, r->tokens,
+                                        r->prompt_len - r->outputs_in_prompt, r->num_tokens,
+                                        e->cfg->vocab_size, e->cfg->eos_token_ids,
+                                        e->cfg->num_eos, &e->srow[i], e->pen, &n);
+        if (status != KVF_OK) {
+            return status;
+        }
+    }
+    *npen_p = n;
+    return KVF_OK;
+}
+
 /* Append a sampled token and decide what happens next; emits events. */
 static kvf_status_t kvf_accept_token(kvf_engine_h e, kvf_request_t *r, int32_t tok,
                                      const float *logits, const kvf_sample_out_t *so,
@@ -403,7 +457,7 @@ kvf_status_t kvf_engine_step(kvf_engine_h e, kvf_engine_event_t *events, int cap
     const int vocab = e->cfg->vocab_size;
     kvf_fwd_batch_t batch;
     kvf_status_t status;
-    int np = 0, ns = 0, n_fresh, prefill_tok = 0, decode_tok = 0, preempted = 0;
+    int np = 0, ns = 0, n_fresh, prefill_tok = 0, decode_tok = 0, preempted = 0, npen = 0;
     double t0, dt;
 
     *n_events = 0;
@@ -421,9 +475,19 @@ kvf_status_t kvf_engine_step(kvf_engine_h e, kvf_engine_event_t *events, int cap
     if (np == 0) {
         return kvf_engine_unstall(e, events, cap, n_events);
     }
+    status = kvf_engine_sample_rows(e, np, &npen);
+    if (status != KVF_OK) {   /* no memory for the entries: the step's requests fail */
+        for (int i = 0; i < np; ++i) {
+            kvf_finish(e, e->plan[i].req, KVF_FINISH_ERROR);
+            kvf_emit(events, cap, n_events, e->plan[i].req->id, KVF_EVENT_FINISHED, -1,
+                     KVF_FINISH_ERROR);
+        }
+        return status;
+    }
     for (int i = 0; i < np; ++i) {
         kvf_sched_entry_t *pe = &e->plan[i];
         kvf_request_t *r = pe->req;
+        bool dev = kvf_samples_on_device(e, pe);
         e->seqs[i] = (kvf_fwd_seq_t){
             .num_tokens = pe->num_tokens,
             .start = pe->start,
@@ -431,7 +495,8 @@ kvf_status_t kvf_engine_step(kvf_engine_h e, kvf_engine_event_t *events, int cap
             .group_blocks = (const int32_t *const *)r->blocks.blocks,
             .group_num_blocks = r->blocks.num_blocks,
             /* greedy without recorded logits: the forward's argmax id alone comes back */
-            .logits = (pe->samples && !kvf_greedy_only(r)) ?
+            /* host sampling, or recorded logits (--print-logits) */
+            .logits = (pe->samples && !kvf_greedy_only(r) && (!dev || r->record_logits)) ?
                       e->logits + (size_t)ns++ * (size_t)vocab : NULL,
             .token = (pe->samples && kvf_greedy_only(r)) ? &e->greedy[i] : NULL,
             /* decode steps feed the one token sampled last; anything else (the prompt,
@@ -439,6 +504,9 @@ kvf_status_t kvf_engine_step(kvf_engine_h e, kvf_engine_event_t *events, int cap
             .prompt = (pe->start < r->prompt_len) || (pe->num_tokens > 1),
             /* per token: a recompute's outputs stay outputs (batch invariance) */
             .prompt_len = r->prompt_len,
+            /* sampled where the logits are: only the small result comes back */
+            .sample = dev ? &e->srow[i] : NULL,
+            .sampled = dev ? &e->sres[i] : NULL,
         };
         if ((pe->num_tokens == 1) && (pe->start > 0)) {
             ++decode_tok;
@@ -448,6 +516,8 @@ kvf_status_t kvf_engine_step(kvf_engine_h e, kvf_engine_event_t *events, int cap
     }
     batch.num_seqs = np;
     batch.seqs = e->seqs;
+    batch.sample_pen = e->pen;
+    batch.sample_num_pen = npen;
     n_fresh = kvf_block_manager_take_fresh(e->bm, e->fresh, e->cap_fresh);
 
     t0 = kvf_time_now_s();
@@ -472,7 +542,13 @@ kvf_status_t kvf_engine_step(kvf_engine_h e, kvf_engine_event_t *events, int cap
         kvf_request_t *r = pe->req;
         r->num_computed = pe->start + pe->num_tokens;
         r->sched_tokens = 0;
-        if (e->seqs[i].logits != NULL) {
+        if (e->seqs[i].sample != NULL) {   /* sampled on the model's device */
+            kvf_sample_out_t so;
+            kvf_sampler_device_out(&r->sampling, &e->sres[i], &so);
+            status = kvf_accept_token(e, r, so.token, e->seqs[i].logits,
+                                      r->sampling.want_logprobs ? &so : NULL, events, cap,
+                                      n_events);
+        } else if (e->seqs[i].logits != NULL) {
             kvf_sample_out_t so;
             status = kvf_sampler_sample(&r->sampling, &r->rng, r->tokens,
                                         r->prompt_len - r->outputs_in_prompt,

@@ -1,6 +1,7 @@
 /* Token sampling with vLLM's parameters (kvf_sampler.h); the arithmetic is kvf_sample_math.h. */
 #include "kvf_sampler.h"
 #include "kvf_sample_math.h"
+#include "kvf_argmax_math.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -17,6 +18,7 @@ typedef struct kvf_sampler_ws {
     int    *count;     /* output occurrences */
     char   *seen;      /* in the prompt or the output */
     int32_t *order;    /* candidate ids */
+    int32_t *rank;     /* a candidate's position in order */
 } kvf_sampler_ws_t;
 
 static _Thread_local kvf_sampler_ws_t kvf_ws;
@@ -36,6 +38,7 @@ static void kvf_sampler_ws_free(void *arg)
     free(ws->count);
     free(ws->seen);
     free(ws->order);
+    free(ws->rank);
     memset(ws, 0, sizeof(*ws));
 }
 
@@ -60,13 +63,15 @@ static kvf_status_t kvf_sampler_ws_grow(int vocab)
     free(ws->count);
     free(ws->seen);
     free(ws->order);
+    free(ws->rank);
     ws->logits = malloc((size_t)vocab * sizeof(float));
     ws->w = malloc((size_t)vocab * sizeof(double));
     ws->count = calloc((size_t)vocab, sizeof(int));
     ws->seen = calloc((size_t)vocab, 1);
     ws->order = malloc((size_t)vocab * sizeof(int32_t));
+    ws->rank = malloc((size_t)vocab * sizeof(int32_t));
     if ((ws->logits == NULL) || (ws->w == NULL) || (ws->count == NULL) || (ws->seen == NULL) ||
-        (ws->order == NULL)) {
+        (ws->order == NULL) || (ws->rank == NULL)) {
         ws->cap = 0;
         return KVF_ERR_NO_MEMORY;
     }
@@ -171,38 +176,68 @@ static int kvf_cmp_desc(const void *a, const void *b)
     return (x < y) ? -1 : (x > y);
 }
 
-/* Logprobs of the raw logits: the sampled token's and the top n. */
+/*
+ * Sums over the vocabulary in the one order of kernels/kvf_sample_math.h (lanes of ids t,
+ * t + LANES, ..., then the fixed tree), so the device sampler (kernels/kvf_sample.h) gets
+ * the same bits: the weights w (0 for tokens not kept), counting only candidates ranked
+ * before position @a before of the sorted order when @a rank is not NULL. @a node: [2 LANES],
+ * the tree, left for the descent.
+ */
+static double kvf_fixed_sum(const double *w, const int32_t *rank, int before, int vocab,
+                            double *node)
+{
+    for (int t = 0; t < KVF_SAMPLE_LANES; ++t) {
+        double acc = 0.0;
+        for (int i = t; i < vocab; i += KVF_SAMPLE_LANES) {
+            if ((w[i] > 0.0) && ((rank == NULL) || (rank[i] < before))) {
+                acc = kvf_sample_dadd(acc, w[i]);
+            }
+        }
+        node[KVF_SAMPLE_LANES + t] = acc;
+    }
+    return kvf_sample_tree_hd(node);
+}
+
+/* Logprobs of the raw logits: the sampled token's and the top n (largest non-NaN first,
+ * lowest id on ties: kernels/kvf_argmax_math.h's order). */
 static void kvf_sampler_logprobs(const kvf_sampling_t *s, const float *raw, int vocab,
                                  kvf_sample_out_t *out)
 {
-    float max = raw[0];
-    double sum = 0.0;
+    double node[2 * KVF_SAMPLE_LANES];
+    kvf_argmax_cand_t c = {0.0f, -1};
+    kvf_sample_keep_t k = {0.0f, 1.0, 0.0f, 0, 0};
+    float max;
+    double sum;
     int n = s->logprobs;
 
-    for (int i = 1; i < vocab; ++i) {
-        max = (raw[i] > max) ? raw[i] : max;
-    }
     for (int i = 0; i < vocab; ++i) {
-        sum += kvf_sample_weight_hd(raw[i], max, 1.0);
+        c = kvf_argmax_take(c, raw[i], i);
     }
+    max = raw[kvf_argmax_result(c, raw[0])];
+    k.max = max;
+    for (int t = 0; t < KVF_SAMPLE_LANES; ++t) {
+        node[KVF_SAMPLE_LANES + t] = kvf_sample_lane_sum_hd(raw, vocab, t, &k, 0, 0);
+    }
+    sum = kvf_sample_tree_hd(node);
     out->logprob = kvf_sample_logprob_hd(raw[out->token], max, sum);
     n = (n > vocab) ? vocab : n;
     out->num_top = 0;
-    /* selection of the n largest (n <= 20): a pass per entry */
-    for (int k = 0; k < n; ++k) {
-        int32_t best = -1;
+    /* selection of the n largest (n <= 20): a pass per entry, each after the last pick */
+    for (int j = 0; j < n; ++j) {
+        kvf_argmax_cand_t b = {0.0f, -1};
+        float pv = (j > 0) ? raw[out->top_ids[j - 1]] : 0.0f;
+        int32_t pid = (j > 0) ? out->top_ids[j - 1] : -1;
         for (int i = 0; i < vocab; ++i) {
-            bool taken = false;
-            for (int j = 0; j < k; ++j) {
-                taken = taken || (out->top_ids[j] == i);
-            }
-            if (!taken && ((best < 0) || (raw[i] > raw[best]))) {
-                best = i;
+            if ((pid < 0) || (raw[i] < pv) || ((raw[i] == pv) && (i > pid))) {
+                b = kvf_argmax_take(b, raw[i], i);
             }
         }
-        out->top_ids[k] = best;
-        out->top_logprobs[k] = kvf_sample_logprob_hd(raw[best], max, sum);
-        out->num_top = k + 1;
+        if (b.idx < 0) {
+            break;
+        }
+        out->top_ids[j] = b.idx;
+        out->top_logprobs[j] = kvf_sample_logprob_hd(raw[b.idx], max, sum);
+        out->num_top = j + 1;
     }
 }
 
@@ -218,7 +253,8 @@ kvf_status_t kvf_sampler_sample(const kvf_sampling_t *s, uint64_t *rng, const in
     const float *l = logits;
     int32_t best = 0;
     int kept = 0;
-    double inv_t, sum = 0.0, u, acc = 0.0;
+    double inv_t, sum, u, acc = 0.0;
+    double node[2 * KVF_SAMPLE_LANES];
 
     out->num_top = 0;
     out->logprob = 0.0f;
@@ -268,13 +304,13 @@ kvf_status_t kvf_sampler_sample(const kvf_sampling_t *s, uint64_t *rng, const in
     inv_t = 1.0 / (double)s->temperature;
     for (int i = 0; i < vocab; ++i) {
         ws->w[i] = kvf_sample_weight_hd(l[i], l[best], inv_t);
-        if ((s->min_p > 0.0f) && !kvf_sample_min_p_keep_hd(ws->w[i], s->min_p)) {
-            ws->w[i] = 0.0;
+        if (!(ws->w[i] > 0.0) ||
+            ((s->min_p > 0.0f) && !kvf_sample_min_p_keep_hd(ws->w[i], s->min_p))) {
+            ws->w[i] = 0.0;   /* NaN included: no mass */
         }
     }
     if ((s->top_k > 0) || ((s->top_p > 0.0f) && (s->top_p < 1.0f))) {
-        double total = 0.0, before = 0.0;
-        int k_end;
+        int k_end, lo, hi;
 
         for (int i = 0; i < vocab; ++i) {
             if (ws->w[i] > 0.0) {
@@ -291,31 +327,51 @@ kvf_status_t kvf_sampler_sample(const kvf_sampling_t *s, uint64_t *rng, const in
                 ++k_end;   /* ties with the k-th are kept */
             }
         }
-        for (int j = 0; j < k_end; ++j) {
-            total += ws->w[ws->order[j]];
+        for (int j = k_end; j < kept; ++j) {
+            ws->w[ws->order[j]] = 0.0;
         }
-        for (int j = 0; j < kept; ++j) {
-            int32_t t = ws->order[j];
-            bool keep = (j < k_end);
-            if (keep && (s->top_p > 0.0f) && (s->top_p < 1.0f) && (j > 0)) {
-                keep = (before / total) < (double)s->top_p;
+        if ((s->top_p > 0.0f) && (s->top_p < 1.0f)) {
+            /* keep position j when the mass of positions before it (summed in the fixed
+             * order) over the top-k set's mass is below top_p; that mass grows with j, so
+             * the kept positions are a prefix [0, lo]: bisection */
+            double total = kvf_fixed_sum(ws->w, NULL, 0, vocab, node);
+            for (int j = 0; j < k_end; ++j) {
+                ws->rank[ws->order[j]] = j;
             }
-            before += ws->w[t];
-            if (!keep) {
-                ws->w[t] = 0.0;
+            lo = 0;
+            hi = k_end - 1;
+            while (lo < hi) {
+                int mid = lo + (hi - lo + 1) / 2;
+                if (kvf_sample_top_p_keep_hd(kvf_fixed_sum(ws->w, ws->rank, mid, vocab, node),
+                                             total, s->top_p)) {
+                    lo = mid;
+                } else {
+                    hi = mid - 1;
+                }
+            }
+            for (int j = lo + 1; j < k_end; ++j) {
+                ws->w[ws->order[j]] = 0.0;
             }
         }
     }
-    for (int i = 0; i < vocab; ++i) {
-        sum += ws->w[i];
-    }
-    u = kvf_sample_uniform_hd(kvf_sample_rng_next_hd(rng)) * sum;
+    sum = kvf_fixed_sum(ws->w, NULL, 0, vocab, node);
+    u = kvf_sample_target_hd(kvf_sample_rng_next_hd(rng), sum);
     out->token = best;
-    for (int i = 0; i < vocab; ++i) {
-        acc += ws->w[i];
-        if ((ws->w[i] > 0.0) && (u < acc)) {
-            out->token = i;
-            break;
+    {
+        /* inverse CDF in the fixed order: the tree's descent to a lane, then the lane's
+         * scan; a lane that picks nothing (rounding) gives its last kept token */
+        int lane = kvf_sample_descend_hd(node, &u);
+        int32_t last = -1;
+        for (int i = lane; i < vocab; i += KVF_SAMPLE_LANES) {
+            last = (ws->w[i] > 0.0) ? i : last;
+            if (kvf_sample_cdf_step_hd(&acc, ws->w[i], u)) {
+                last = -1;
+                out->token = i;
+                break;
+            }
+        }
+        if (last >= 0) {
+            out->token = last;
         }
     }
 done:
@@ -323,4 +379,100 @@ done:
         kvf_sampler_logprobs(s, logits, vocab, out);
     }
     return KVF_OK;
+}
+
+int kvf_sampler_device_pen_max(const kvf_sampling_t *s, int num_tokens, int num_eos)
+{
+    return num_tokens + num_eos + s->num_stop_token_ids;
+}
+
+/* One masked id: a new entry, or the mask flag on the id's entry (ws->seen[id] == 2 marks an
+ * id with an entry, ws->rank[id] its index). */
+static void kvf_pen_mask(kvf_sampler_ws_t *ws, int32_t id, kvf_sample_pen_t *pen, int *n)
+{
+    if (ws->seen[id] == 2) {
+        pen[ws->rank[id]].flags |= KVF_SAMPLE_PEN_MASK;
+        return;
+    }
+    ws->seen[id] = 2;
+    ws->rank[id] = *n;
+    pen[(*n)++] = (kvf_sample_pen_t){.id = id, .count = 0, .flags = KVF_SAMPLE_PEN_MASK};
+}
+
+kvf_status_t kvf_sampler_device_row(const kvf_sampling_t *s, uint64_t *rng,
+                                    const int32_t *tokens, int prompt_len, int num_tokens,
+                                    int vocab, const int *eos, int num_eos,
+                                    kvf_sample_row_t *row, kvf_sample_pen_t *pen, int *num_pen)
+{
+    kvf_sampler_ws_t *ws = &kvf_ws;
+    bool penalties = ((s->repetition_penalty != 0.0f) && (s->repetition_penalty != 1.0f)) ||
+                     (s->frequency_penalty != 0.0f) || (s->presence_penalty != 0.0f);
+    bool mask = (num_tokens - prompt_len) < s->min_tokens;
+    int start = *num_pen, n = *num_pen;
+
+    if (kvf_sampler_ws_grow(vocab) != KVF_OK) {
+        return KVF_ERR_NO_MEMORY;
+    }
+    *row = (kvf_sample_row_t){
+        .temperature = s->temperature,
+        .top_p = s->top_p,
+        .top_k = (s->top_k > 0) ? s->top_k : 0,
+        .min_p = s->min_p,
+        .rep = (s->repetition_penalty != 0.0f) ? s->repetition_penalty : 1.0f,
+        .freq = s->frequency_penalty,
+        .pres = s->presence_penalty,
+        .want_logprobs = s->want_logprobs,
+        .num_top = s->want_logprobs ? s->logprobs : 0,
+        .pen_start = start,
+        .draw = kvf_sampler_greedy(s) ? 0 : kvf_sample_rng_next_hd(rng),
+    };
+    if (penalties) {   /* as kvf_sampler_sample(): every history token seen, outputs counted */
+        for (int i = 0; i < num_tokens; ++i) {
+            ws->seen[tokens[i]] = 1;
+            ws->count[tokens[i]] += (i >= prompt_len);
+        }
+        for (int i = 0; i < num_tokens; ++i) {
+            int32_t t = tokens[i];
+            if (ws->seen[t] == 1) {
+                ws->seen[t] = 2;
+                ws->rank[t] = n;
+                pen[n++] = (kvf_sample_pen_t){.id = t, .count = ws->count[t],
+                                              .flags = KVF_SAMPLE_PEN_SEEN};
+                ws->count[t] = 0;
+            }
+        }
+    }
+    if (mask) {
+        for (int i = 0; !s->ignore_eos && (i < num_eos); ++i) {
+            if ((eos[i] >= 0) && (eos[i] < vocab)) {
+                kvf_pen_mask(ws, eos[i], pen, &n);
+            }
+        }
+        for (int i = 0; i < s->num_stop_token_ids; ++i) {
+            kvf_pen_mask(ws, s->stop_token_ids[i], pen, &n);
+        }
+    }
+    for (int e = start; e < n; ++e) {
+        ws->seen[pen[e].id] = 0;   /* the scratch back to all-zero */
+    }
+    row->pen_count = n - start;
+    *num_pen = n;
+    return KVF_OK;
+}
+
+void kvf_sampler_device_out(const kvf_sampling_t *s, const kvf_sample_res_t *res,
+                            kvf_sample_out_t *out)
+{
+    out->token = res->token;
+    out->logprob = 0.0f;
+    out->num_top = 0;
+    if (!s->want_logprobs) {
+        return;
+    }
+    out->logprob = kvf_sample_res_logprob(res, res->token_logit);
+    out->num_top = res->num_top;
+    for (int j = 0; j < res->num_top; ++j) {
+        out->top_ids[j] = res->top_ids[j];
+        out->top_logprobs[j] = kvf_sample_res_logprob(res, res->top_logits[j]);
+    }
 }

@@ -45,6 +45,7 @@
 #include "kvf_geometry.h"
 #include "kvf_model_config.h"
 #include "kvf_page_pool.h"
+#include "kvf_sample.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -157,11 +158,19 @@ typedef struct kvf_fwd_seq {
                                       the engine's greedy scan), computed on the model's
                                       device so only this id comes back (rank 0); or NULL.
                                       Independent of logits (either, both or neither). */
+    const kvf_sample_row_t *sample; /* sample the last token's logits on the model's device
+                                      with these parameters (kernels/kvf_sample.h; pen_start
+                                      indexes the batch's sample_pen), or NULL; with it,
+                                      sampled receives the result (rank 0). Independent of
+                                      logits and token. */
+    kvf_sample_res_t *sampled;
 } kvf_fwd_seq_t;
 
 typedef struct kvf_fwd_batch {
     int                  num_seqs;
     const kvf_fwd_seq_t *seqs;
+    const kvf_sample_pen_t *sample_pen;  /* [sample_num_pen] the seqs' penalty entries */
+    int                  sample_num_pen;
 } kvf_fwd_batch_t;
 
 /** What one rank's forward needs besides the weights. */

@@ -50,6 +50,9 @@ void kvf_model_ws_destroy(struct kvf_model_ws *ws)
     for (size_t i = 0; i < sizeof(hptrs) / sizeof(hptrs[0]); ++i) {
         free(hptrs[i]);
     }
+    kvf_sample_ws_destroy(ws->sample_ws);
+    free(ws->srow);
+    free(ws->sres);
     free(ws);
 }
 
@@ -633,10 +636,58 @@ static kvf_status_t kvf_fwd_moe(kvf_model_h m, const kvf_rank_ctx_t *ctx, int l,
 }
 
 /*
+ * Device sampling of the head's rows (kernels/kvf_sample_batch.h): one upload of the rows'
+ * parameters and penalty entries, one launch, one download of the small results; the rows
+ * that only want their greedy id ride along as temperature-0 rows, so the step still has
+ * one copy back. Rows are the head's @a ns rows of ws->logits, in seq order.
+ */
+static kvf_status_t kvf_fwd_head_sample(const kvf_device_t *dev, struct kvf_model_ws *ws,
+                                        const kvf_fwd_batch_t *batch, int ns, int V)
+{
+    int r = 0, rc;
+
+    if ((size_t)ns > ws->cap_srow) {
+        kvf_sample_row_t *rows = realloc(ws->srow, (size_t)ns * sizeof(*rows));
+        kvf_sample_res_t *res;
+        if (rows == NULL) {
+            return KVF_ERR_NO_MEMORY;
+        }
+        ws->srow = rows;
+        res = realloc(ws->sres, (size_t)ns * sizeof(*res));
+        if (res == NULL) {
+            return KVF_ERR_NO_MEMORY;
+        }
+        ws->sres = res;
+        ws->cap_srow = (size_t)ns;
+    }
+    for (int i = 0; i < batch->num_seqs; ++i) {
+        const kvf_fwd_seq_t *sq = &batch->seqs[i];
+        if ((sq->logits == NULL) && (sq->token == NULL) && (sq->sample == NULL)) {
+            continue;
+        }
+        if (sq->sample != NULL) {
+            ws->srow[r] = *sq->sample;
+        } else {   /* greedy id alone: argmax, no draw, no entries */
+            ws->srow[r] = (kvf_sample_row_t){.temperature = 0.0f, .rep = 1.0f};
+        }
+        ++r;
+    }
+    rc = kvf_sample_batch(dev, &ws->sample_ws, ws->logits, ns, V, V, ws->srow,
+                          batch->sample_pen, batch->sample_num_pen, ws->sres);
+    if (rc != KVF_KERN_OK) {
+        kvf_error("device sampling of %d rows failed: %s", ns, kvf_kern_strerror(rc));
+        return kvf_status_from_kern(rc);
+    }
+    return KVF_OK;
+}
+
+/*
  * Rank 0's head: norm_f and lm_head on the last token of every sequence that wants its
- * logits or its greedy token; the greedy ids by an argmax on the device, copied back in one
- * call (the step's one synchronisation when nobody wants logits); logits copied per
- * sequence only for those that asked (non-greedy sampling, --print-logits).
+ * logits, its greedy token or a device sample; the greedy ids by an argmax on the device,
+ * copied back in one call (the step's one synchronisation when nobody wants logits), or,
+ * when some sequence samples on the device, every row through the device sampler (one
+ * upload, one download); logits copied per sequence only for those that asked (host
+ * sampling, --print-logits).
  */
 static kvf_status_t kvf_fwd_head(kvf_model_h m, const kvf_rank_ctx_t *ctx,
                                  const kvf_fwd_batch_t *batch, kvf_status_t status)
@@ -647,20 +698,23 @@ static kvf_status_t kvf_fwd_head(kvf_model_h m, const kvf_rank_ctx_t *ctx,
     struct kvf_model_ws *ws = ctx->ws;
     const int H = cfg->hidden_size, V = cfg->vocab_size;
     int ns = 0, o = 0;
-    bool tokens = false;
+    bool tokens = false, sample = false;
 
     for (int i = 0; i < batch->num_seqs; ++i) {
         const kvf_fwd_seq_t *sq = &batch->seqs[i];
         o += sq->num_tokens;
-        if ((sq->logits != NULL) || (sq->token != NULL)) {
+        if ((sq->logits != NULL) || (sq->token != NULL) || (sq->sample != NULL)) {
             ws->last_rows[ns++] = o - 1;   /* the last token of each seq wanting logits */
             tokens |= (sq->token != NULL);
+            sample |= (sq->sample != NULL);
         }
     }
     KVF_KCALL(kvf_gather_rows(dev, ws->h, KVF_DTYPE_FP32, H, ws->last_rows, ns, ws->last));
     KVF_KCALL(kvf_rmsnorm(dev, ws->last, rep->norm_f, ws->last, ns, H, (float)cfg->norm_eps));
     KVF_KCALL(kvf_mat_gemm(dev, ws, ns, ws->last, H, &rep->lm_head, NULL, ws->logits, V));
-    if (tokens) {
+    if (sample && (status == KVF_OK)) {
+        status = kvf_fwd_head_sample(dev, ws, batch, ns, V);
+    } else if (tokens) {
         KVF_KCALL(kvf_argmax_rows(dev, ws->logits, ns, V, V, ws->d_tok));
         KVF_KCALL(kvf_device_memcpy(dev, ws->h_tok, ws->d_tok, (size_t)ns * sizeof(int32_t),
                                     KVF_COPY_D2H));
@@ -668,14 +722,17 @@ static kvf_status_t kvf_fwd_head(kvf_model_h m, const kvf_rank_ctx_t *ctx,
     ns = 0;
     for (int i = 0; (status == KVF_OK) && (i < batch->num_seqs); ++i) {
         const kvf_fwd_seq_t *sq = &batch->seqs[i];
-        if ((sq->logits == NULL) && (sq->token == NULL)) {
+        if ((sq->logits == NULL) && (sq->token == NULL) && (sq->sample == NULL)) {
             continue;
         }
         if (sq->token != NULL) {
-            *sq->token = ws->h_tok[ns];
+            *sq->token = sample ? ws->sres[ns].token : ws->h_tok[ns];
+        }
+        if ((sq->sample != NULL) && (sq->sampled != NULL)) {
+            *sq->sampled = ws->sres[ns];
         }
         if (sq->logits != NULL) {
-            /* to the host for sampling (synchronous: the step's work is done after) */
+            /* to the host (synchronous: the step's work is done after) */
             KVF_KCALL(kvf_device_memcpy(dev, sq->logits, ws->logits + (size_t)ns * (size_t)V,
                                         (size_t)V * sizeof(float), KVF_COPY_D2H));
         }

@@ -23,6 +23,7 @@
 #include "kvf_moe.h"
 #include "kvf_norm.h"
 #include "kvf_ops.h"
+#include "kvf_sample_batch.h"
 #include "kvf_ssm_seqs.h"
 
 #include <math.h>
@@ -143,6 +144,10 @@ struct kvf_model_ws {
     int32_t *h_tok;             /* [S] their host copy */
     void    *xs;                /* [T][max K] 16-bit activations of the tensor-core GEMMs
                                  * (kvf_gemm_narrow; device only, KVF_GPU_WEIGHTS=native) */
+    struct kvf_sample_ws *sample_ws;   /* device sampling's buffers (kvf_sample_batch.h) */
+    kvf_sample_row_t *srow;     /* [S] the head's sampling rows (host) */
+    kvf_sample_res_t *sres;     /* [S] their results (host) */
+    size_t  cap_srow;
 };
 
 /* Weights to the ranks' devices (kvf_model_dev.c): after the host load, CUDA only. */

@@ -33,6 +33,7 @@
 #include "kvf_nccl.h"
 #include "kvf_norm.h"
 #include "kvf_ops.h"
+#include "kvf_sample.h"
 #include "kvf_ssm_seqs.h"
 
 #include <math.h>
@@ -319,6 +320,91 @@ static void check_argmax(void)
     kvf_device_free(&gdev, dx);
     kvf_device_free(&gdev, dout);
     free(x);
+}
+
+/*
+ * Device sampling (kvf_sample.h): the CUDA sampler against its CPU twin on the same logits,
+ * parameters, penalty entries and draws: token, logprob parts and top ids bit for bit
+ * (memcmp of the result rows). A vocabulary of 131072 (several lanes' worth per thread) with
+ * every filter, and a small one with ties, -inf and -0.
+ */
+static void check_sample_v(int V, int ROWS, int ties)
+{
+    float *x = frand((size_t)ROWS * V, -6, 6);
+    kvf_sample_row_t *rows = calloc((size_t)ROWS, sizeof(*rows));
+    kvf_sample_pen_t *pen = calloc((size_t)ROWS * 8, sizeof(*pen));
+    kvf_sample_res_t *cpu = calloc((size_t)ROWS, sizeof(*cpu));
+    kvf_sample_res_t *gpu = calloc((size_t)ROWS, sizeof(*gpu));
+    float *scratch = malloc((size_t)ROWS * V * sizeof(float));
+    char name[40];
+    int np = 0;
+
+    for (size_t i = 0; ties && (i < (size_t)ROWS * V); ++i) {
+        x[i] = (rnd(0, 1) < 0.2f) ? -INFINITY : roundf(x[i] * 2.0f) / 2.0f;
+        x[i] = (x[i] == 0.0f) && (rnd(0, 1) < 0.5f) ? -0.0f : x[i];
+    }
+    for (int r = 0; r < ROWS; ++r) {
+        static const float temps[] = {0.0f, 0.3f, 0.7f, 1.0f, 1.6f};
+        kvf_sample_row_t *p = &rows[r];
+        p->temperature = temps[r % 5];
+        p->top_p = (r % 3 == 0) ? 1.0f : rnd(0.05f, 0.98f);
+        p->top_k = (r % 4 == 0) ? 0 : (r % 4 == 1) ? 1 : (int)rnd(2, 200);
+        p->min_p = (r % 2) ? 0.0f : rnd(0.0f, 0.2f);
+        p->rep = (r % 3 == 1) ? rnd(0.5f, 2.0f) : 1.0f;
+        p->freq = rnd(-2, 2);
+        p->pres = rnd(-2, 2);
+        p->want_logprobs = (r % 5 != 4);
+        p->num_top = p->want_logprobs ? (r * 7) % 21 : 0;
+        p->pen_start = np;
+        p->pen_count = r % 8;
+        for (int e = 0; e < p->pen_count; ++e) {   /* distinct ids (< 8 of them, <= V) */
+            size_t step = (V >= 8) ? (size_t)V / 8 : 1;
+            pen[np++] = (kvf_sample_pen_t){.id = (int32_t)(((size_t)e * step + (size_t)r) %
+                                                           (size_t)V),
+                                           .count = e % 3, .flags = 1 + (e % 3 == 2)};
+        }
+        p->draw = ((uint64_t)(rnd(0, 1) * 4294967296.0) << 32) ^
+                  (uint64_t)(rnd(0, 1) * 4294967296.0);
+    }
+    float *dx = up(x, (size_t)ROWS * V * 4);
+    void *drows = up(rows, (size_t)ROWS * sizeof(*rows));
+    void *dpen = up(pen, (size_t)(np ? np : 1) * sizeof(*pen));
+    float *dscr = up(NULL, (size_t)ROWS * V * sizeof(float));
+    void *dout = up(NULL, (size_t)ROWS * sizeof(*gpu));
+    CK("sample cpu", kvf_sample_rows(NULL, x, ROWS, V, V, rows, pen, np, scratch, cpu));
+    CK("sample gpu", kvf_sample_rows(&gdev, dx, ROWS, V, V, drows, dpen, np, dscr, dout));
+    down(gpu, dout, (size_t)ROWS * sizeof(*gpu));
+    int bad = 0;
+    for (int r = 0; r < ROWS; ++r) {
+        /* every field (unused top entries are 0 on both) */
+        bad += memcmp(&cpu[r], &gpu[r], sizeof(cpu[r])) != 0;
+        if ((cpu[r].token != gpu[r].token) && (bad < 4)) {
+            printf("  sample row %d: token %d (gpu) vs %d (cpu)\n", r, gpu[r].token,
+                   cpu[r].token);
+        }
+    }
+    snprintf(name, sizeof(name), "sample (vocab %d%s)", V, ties ? ", ties" : "");
+    printf("| %-28s | %-5s | %-12s | %-12s | %-7s | %s |\n", name, "rows",
+           bad ? "differ" : "0", "-", "0", bad ? "FAIL" : "PASS");
+    failures += bad ? 1 : 0;
+    kvf_device_free(&gdev, dx);
+    kvf_device_free(&gdev, drows);
+    kvf_device_free(&gdev, dpen);
+    kvf_device_free(&gdev, dscr);
+    kvf_device_free(&gdev, dout);
+    free(x);
+    free(rows);
+    free(pen);
+    free(cpu);
+    free(gpu);
+    free(scratch);
+}
+
+static void check_sample(void)
+{
+    check_sample_v(131072, 10, 0);
+    check_sample_v(1000, 20, 1);
+    check_sample_v(7, 6, 1);
 }
 
 static void check_elementwise(void)
@@ -1157,6 +1243,7 @@ int main(int argc, char **argv)
     check_gemm_narrow(KVF_DTYPE_BF16);
     check_gemm_narrow(KVF_DTYPE_FP16);
     check_argmax();
+    check_sample();
     check_elementwise();
     check_ops();
     check_moe();

@@ -15,7 +15,8 @@
 #      tiled attention kernel against the per-token one (attn_tiled_vs_pertoken: outputs
 #      bit for bit, the time of each),
 #   3. runs `kvf generate --device cuda` against the CPU's tokens and logits (TP 1, and
-#      TP 2 over two GPUs when there are two), a 4p2d GPU->GPU pull (kvf xfer-test
+#      TP 2 over two GPUs when there are two; one run sampled on the device with top-p,
+#      top-k, a seed and logprobs), a 4p2d GPU->GPU pull (kvf xfer-test
 #      --device cuda:0, bytes verified), `kvf bench --device cuda:0` on the
 #      Nemotron-Nano-9B-v2 geometry (8k tokens; layouts 4p2d, 1p4d, 4p1d, 2p2d, 1p1d; each
 #      path kvf offers: GB/s, host post time per descriptor, the path that ran), the GPU's own
@@ -41,7 +42,7 @@ while [ $# -gt 0 ]; do
     case $1 in
     --bundle) bundle=${2:-}; shift 2 || { echo "run.sh: --bundle needs a file"; exit 2; } ;;
     --nixl-wheel) nixl_wheel=${2:-}; shift 2 || { echo "run.sh: --nixl-wheel needs a file"; exit 2; } ;;
-    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument '$1' (see --help)"; exit 2 ;;
     esac
 done
@@ -267,6 +268,39 @@ else
         gen="${gen:+$gen
 }$row"
     done
+    # sampled on the GPU (kvf_sample.h: the device sampler, only ids and logprob parts come
+    # back) against the CPU's sampler: same tokens, logprobs within tol (the logits
+    # themselves may differ in the last bits between the devices)
+    args=(generate --model "$data/models-trained/tiny-hybrid" --prompt "12+34=" --max-tokens 16
+          --ignore-eos yes --kv-dtype fp32 --temperature 0.9 --top-p 0.9 --top-k 40 --seed 7
+          --logprobs 3)
+    timeout "$(left)" "$kvf" "${args[@]}" --device cpu >"$log/gen-s-cpu.txt" 2>&1
+    rc_c=$?
+    timeout "$(left)" "$kvf" "${args[@]}" --device cuda:0 >"$log/gen-s-gpu.txt" 2>&1
+    rc_g=$?
+    name="generate cuda sampled: hybrid"
+    if [ "$rc_c" -ne 0 ] || [ "$rc_g" -ne 0 ]; then
+        row=$(gen_row "$name" "fp32" "-" "-" "-" "FAIL (exit cpu $rc_c, gpu $rc_g)")
+        fail=1
+    elif [ "$(grep '^tokens:' "$log/gen-s-cpu.txt")" != "$(grep '^tokens:' "$log/gen-s-gpu.txt")" ]; then
+        row=$(gen_row "$name" "fp32" "-" "-" "-" "FAIL: tokens differ")
+        fail=1
+        grep -h '^tokens:' "$log/gen-s-cpu.txt" "$log/gen-s-gpu.txt"
+    else
+        ma=$(paste -d' ' <(grep '^logprobs ' "$log/gen-s-cpu.txt" | sed 's/[0-9]*://g') \
+                         <(grep '^logprobs ' "$log/gen-s-gpu.txt" | sed 's/[0-9]*://g') | awk '
+            { h = NF / 2; for (i = 4; i <= h; i++) { d = $i - $(i + h); if (d < 0) d = -d
+                  if (d > m) m = d } n++ }
+            END { if (n == 0) print "bad"; else printf "%.3g\n", m }')
+        if [ "$ma" != "bad" ] && awk -v m="$ma" 'BEGIN { exit !(m <= 1e-3) }'; then
+            row=$(gen_row "$name" "fp32" "$ma" "-" "1e-3" "PASS (same tokens)")
+        else
+            row=$(gen_row "$name" "fp32" "$ma" "-" "1e-3" "FAIL: logprobs differ")
+            fail=1
+        fi
+    fi
+    gen="$gen
+$row"
 fi
 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1 |

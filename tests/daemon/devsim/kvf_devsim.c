@@ -46,6 +46,7 @@
 #include "kvf_moe.h"
 #include "kvf_norm.h"
 #include "kvf_ops.h"
+#include "kvf_sample.h"
 #include "kvf_ssm_seqs.h"
 #include "kvf_tp_runner.h"
 #include "kvf_log.h"
@@ -791,3 +792,14 @@ DEVSIM_KERNEL(kvf_ssm_decode_seqs, (const kvf_device_t *dev, const kvf_ssm_seqs_
                p, dt, lddt, ssm_dtype, y, ldy),
               (devsim_want_dev(x_in, "kvf_ssm_decode_seqs x"),
                devsim_want_dev(y, "kvf_ssm_decode_seqs y")))
+/* device sampling (kvf_sample.h): the rows' logits, parameters, entries and results are all
+ * device memory (kvf_sample_batch() uploads and downloads around it, counted as copies) */
+DEVSIM_KERNEL(kvf_sample_rows, (const kvf_device_t *dev, const float *logits, int rows, int vocab,
+                                int ldl, const kvf_sample_row_t *params,
+                                const kvf_sample_pen_t *pen, int num_pen, float *scratch,
+                                kvf_sample_res_t *out),
+              (dev, logits, rows, vocab, ldl, params, pen, num_pen, scratch, out),
+              (devsim_want_dev(logits, "kvf_sample_rows logits"),
+               devsim_want_dev(params, "kvf_sample_rows params"),
+               devsim_want_dev(scratch, "kvf_sample_rows scratch"),
+               devsim_want_dev(out, "kvf_sample_rows out")))
