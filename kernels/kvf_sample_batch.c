@@ -6,6 +6,7 @@
 #include "kvf_sample_batch.h"
 #include "kvf_kern_internal.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -43,8 +44,16 @@ size_t kvf_sample_batch_d2h_bytes(int rows)
     return (size_t)rows * sizeof(kvf_sample_res_t);
 }
 
+size_t kvf_sample_ws_device_bytes(int rows, int vocab, int num_pen)
+{
+    num_pen = (num_pen < 64) ? 64 : num_pen;
+    return (size_t)rows * sizeof(kvf_sample_row_t) + (size_t)num_pen * sizeof(kvf_sample_pen_t) +
+           (size_t)rows * (size_t)vocab * sizeof(float) + (size_t)rows * sizeof(kvf_sample_res_t);
+}
+
 /* Grow to rows x vocab and num_pen entries (all or nothing: a failure frees everything,
- * the next call allocates afresh). */
+ * the next call allocates afresh). Entries grow to twice the need (histories grow a token
+ * a step: a doubling, not an allocation per step). */
 static int kvf_ws_reserve(kvf_sample_ws_t *ws, int rows, int vocab, int num_pen)
 {
     size_t up;
@@ -52,6 +61,9 @@ static int kvf_ws_reserve(kvf_sample_ws_t *ws, int rows, int vocab, int num_pen)
 
     if ((rows <= ws->cap_rows) && (vocab <= ws->cap_vocab) && (num_pen <= ws->cap_pen)) {
         return KVF_KERN_OK;
+    }
+    if ((num_pen > ws->cap_pen) && (ws->cap_pen > 0)) {
+        num_pen = (num_pen > INT32_MAX / 2) ? num_pen : 2 * num_pen;
     }
     rows = (rows > ws->cap_rows) ? rows : ws->cap_rows;
     vocab = (vocab > ws->cap_vocab) ? vocab : ws->cap_vocab;
@@ -82,6 +94,30 @@ static int kvf_ws_reserve(kvf_sample_ws_t *ws, int rows, int vocab, int num_pen)
     return KVF_KERN_OK;
 }
 
+static int kvf_ws_get(const kvf_device_t *dev, kvf_sample_ws_t **ws_p)
+{
+    if (*ws_p == NULL) {
+        *ws_p = calloc(1, sizeof(**ws_p));
+        if (*ws_p == NULL) {
+            return KVF_KERN_ENOMEM;
+        }
+        (*ws_p)->dev = (dev != NULL) ? *dev : kvf_device_cpu();
+    }
+    return KVF_KERN_OK;
+}
+
+int kvf_sample_ws_reserve(const kvf_device_t *dev, kvf_sample_ws_t **ws_p, int rows,
+                          int vocab, int num_pen)
+{
+    int rc;
+
+    if ((ws_p == NULL) || (rows < 1) || (vocab < 1) || (num_pen < 0)) {
+        return KVF_KERN_EINVAL;
+    }
+    rc = kvf_ws_get(dev, ws_p);
+    return (rc == KVF_KERN_OK) ? kvf_ws_reserve(*ws_p, rows, vocab, num_pen) : rc;
+}
+
 int kvf_sample_batch(const kvf_device_t *dev, kvf_sample_ws_t **ws_p, const float *logits,
                      int rows, int vocab, int ldl, const kvf_sample_row_t *params,
                      const kvf_sample_pen_t *pen, int num_pen, kvf_sample_res_t *out)
@@ -103,12 +139,9 @@ int kvf_sample_batch(const kvf_device_t *dev, kvf_sample_ws_t **ws_p, const floa
             return KVF_KERN_EINVAL;
         }
     }
-    if (*ws_p == NULL) {
-        *ws_p = calloc(1, sizeof(**ws_p));
-        if (*ws_p == NULL) {
-            return KVF_KERN_ENOMEM;
-        }
-        (*ws_p)->dev = (dev != NULL) ? *dev : kvf_device_cpu();
+    rc = kvf_ws_get(dev, ws_p);
+    if (rc != KVF_KERN_OK) {
+        return rc;
     }
     ws = *ws_p;
     rc = kvf_ws_reserve(ws, rows, vocab, num_pen);

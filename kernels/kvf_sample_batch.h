@@ -38,6 +38,21 @@ int kvf_sample_batch(const kvf_device_t *dev, kvf_sample_ws_t **ws_p, const floa
                      int rows, int vocab, int ldl, const kvf_sample_row_t *params,
                      const kvf_sample_pen_t *pen, int num_pen, kvf_sample_res_t *out);
 
+/**
+ * Size the workspace for steps of up to @a rows rows of @a vocab logits and @a num_pen
+ * penalty entries, at start (the engine's step limits), so a step within them allocates
+ * nothing (issue: no device allocation inside a step). A later larger step still runs:
+ * the workspace grows then, penalty entries to twice what the step needs.
+ *
+ * @param [in,out] ws_p  as kvf_sample_batch()'s (*ws_p NULL: created on @a dev)
+ * @return KVF_KERN_OK; KVF_KERN_EINVAL (rows or vocab < 1, num_pen < 0); KVF_KERN_ENOMEM.
+ */
+int kvf_sample_ws_reserve(const kvf_device_t *dev, kvf_sample_ws_t **ws_p, int rows,
+                          int vocab, int num_pen);
+
+/** Device bytes a workspace of kvf_sample_ws_reserve(@a rows, @a vocab, @a num_pen) holds. */
+size_t kvf_sample_ws_device_bytes(int rows, int vocab, int num_pen);
+
 /** Bytes copied to the host per row by kvf_sample_batch() (its one download). */
 size_t kvf_sample_batch_d2h_bytes(int rows);
 

@@ -197,6 +197,20 @@ kvf_status_t kvf_model_ws_prepare(kvf_model_h m, const kvf_rank_ctx_t *ctx,
                   kvf_device_kind_name(dev->kind), dev->ordinal, kvf_status_str(status));
         return status;
     }
+    if (ctx->rank == 0) {
+        /* the head's device sampler: a row per request, penalty entries for 64 tokens of
+         * history each to start with (they double when a step needs more) */
+        e = kvf_sample_ws_reserve(dev, &ws->sample_ws, lim->max_seqs, m->cfg.vocab_size,
+                                  lim->max_seqs * 64);
+        if (e != KVF_KERN_OK) {
+            kvf_error("rank 0: the device sampler's buffers for %d requests of %d logits "
+                      "(%zu bytes) cannot be allocated on %s:%d: %s", lim->max_seqs,
+                      m->cfg.vocab_size, kvf_sample_ws_device_bytes(lim->max_seqs,
+                      m->cfg.vocab_size, lim->max_seqs * 64), kvf_device_kind_name(dev->kind),
+                      dev->ordinal, kvf_kern_strerror(e));
+            return kvf_status_from_kern(e);
+        }
+    }
     kvf_model_ws_device_bytes(m, ctx->rank, lim, &dbytes, &sbytes);
     e = ws->dev_ws ? KVF_KERN_OK : kvf_device_workspace_reserve(&ws->dev, dbytes, sbytes);
     if (e != KVF_KERN_OK) {

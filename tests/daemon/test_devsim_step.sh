@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What a decode step does on a (simulated) GPU: kvf-devsim (the device layer and every kernel
 # entry point wrapped, tests/daemon/devsim/kvf_devsim.c) counts, inside each decode step
-# (every request one token on its cache), what rank 0's thread did. For greedy requests:
+# (every request one token on its cache), what rank 0's thread did. For greedy requests,
+# and for one sampled on the device (temperature, top-p, logprobs):
 # - no device allocation (each rank's workspace was sized at start for the step limits:
 #   one kvf_device_workspace_reserve per rank, non-zero arena and staging);
 # - exactly one device->host copy per step (the sampled ids), and no other stream sync;
@@ -49,6 +50,13 @@ for m in tiny-hybrid tiny-dense; do
     grep -q '^tokens:' "$T/out" || fail "$m: no tokens line"
     check "$m generate" 1 7 "$T/err"
 done
+# sampled on the device (temperature, top-p, logprobs): the sampler's buffers were sized
+# at start too, and its one download is the step's one device->host copy
+"$DEVSIM" generate --model "$MODELS/tiny-hybrid" --device cuda:0 --prompt "add 12 30" \
+    --max-tokens 8 --ignore-eos yes --temperature 0.8 --top-p 0.9 --seed 7 --logprobs 2 \
+    >"$T/out" 2>"$T/err" || fail "sampled: $(tail -5 "$T/err")"
+grep -q '^tokens:' "$T/out" || fail "sampled: no tokens line"
+check "tiny-hybrid sampled" 1 7 "$T/err"
 # four requests at once: 4 prompts' prefill, then 5 steps of four decode tokens each
 "$DEVSIM" bench-model --model "$MODELS/tiny-hybrid" --device cuda:0 --prompt-len 16 \
     --decode-tokens 6 --batch 4 >"$T/out" 2>"$T/err" || fail "batch 4: $(tail -5 "$T/err")"
