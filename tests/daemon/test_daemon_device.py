@@ -22,7 +22,9 @@
 4. kvf-up --device cuda:auto places instances on GPUs of their own;
    --prefill-device / --decode-device split the roles (a GPU prefill pool
    feeding a CPU decode pool answers like colocated).
-5. CUDA builds: TP 2 decode over two simulated GPUs (rank r on cuda:r,
+5. Sampling on the simulated GPU through the pool (temperature, top-p, min-p, a seed,
+   logprobs): the tokens equal the colocated run's.
+6. CUDA builds: TP 2 decode over two simulated GPUs (rank r on cuda:r,
    /health "cuda:0,cuda:1"), answers equal colocated; TP 2 with one GPU
    refused naming rank 1's device.
 
@@ -162,6 +164,36 @@ def heldout(n):
         return [json.loads(l)["prompt"] for l in f if l.strip()][:n]
 
 
+def check_sampled(devbin):
+    """Sampling on the (simulated) GPU through a pool: prefill samples the first token,
+    decode the rest, each on its device (kernels/kvf_sample.h); with a seed the tokens equal
+    the colocated `kvf generate --device cuda:0` run's, top-p and min-p included, and the
+    logprobs the pool returns are those of the tokens it chose."""
+    prompt, n, seed = heldout(1)[0], 12, 11
+    rc, out, _ = run([os.path.join(devbin, "kvf"), "generate", "--model", MODEL, "--device",
+                      "cuda:0", "--prompt", prompt, "--max-tokens", str(n), "--temperature",
+                      "0.8", "--top-p", "0.9", "--min-p", "0.05", "--seed", str(seed),
+                      "--ignore-eos", "yes"], timeout=120)
+    assert rc == 0, out
+    want = [int(t) for t in re.search(r"^tokens:(.*)$", out, re.M).group(1).split()]
+    with Pool(layout="1p1d", model=MODEL, bin_dir=devbin, keep_run_dir=True,
+              extra_args=["--device", "cuda:0"]) as pool:
+        got = [pool.complete(prompt, max_tokens=n, temperature=0.8, top_p=0.9, min_p=0.05,
+                             seed=seed, ignore_eos=True, return_token_ids=True, logprobs=2,
+                             timeout=60) for _ in range(2)]
+    dlog = pool.log("decode-0")   # the devsim line is printed at exit
+    os.system("rm -rf '%s'" % pool.run_dir)
+    ids = [g["choices"][0]["token_ids"] for g in got]
+    assert ids[0] == want and ids[1] == want, (ids, want)
+    lp = got[0]["choices"][0]["logprobs"]
+    assert len(lp["token_logprobs"]) == n and all(v <= 0.0 for v in lp["token_logprobs"]), lp
+    assert all(len(t) >= 1 for t in lp["top_logprobs"]), lp
+    d = devsim_counts(dlog)
+    assert d["host_ptr_errors"] == 0, d
+    return "1p1d on one simulated GPU, sampled (T 0.8, top-p 0.9, min-p 0.05, seed %d): " \
+           "tokens equal colocated twice, %d logprobs" % (seed, n)
+
+
 def check_corrupt(devbin):
     prompt = heldout(1)[0]
     want = colocated_tokens(devbin, prompt, 8)
@@ -255,6 +287,7 @@ def main():
         print(check_refusals(devbin), flush=True)
         print(check_pool(devbin), flush=True)
         print(check_auto(devbin), flush=True)
+        print(check_sampled(devbin), flush=True)
         if FAULTS:
             print(check_corrupt(devbin), flush=True)
         else:
