@@ -20,14 +20,23 @@ static inline cudaStream_t kvf_cuda_stream_of(const kvf_device_t *dev)
     return (cudaStream_t)dev->stream;
 }
 
-/** Blocks for @a n threads of KVF_CUDA_THREADS, capped (kernels stride over the rest). */
-static inline unsigned kvf_cuda_blocks(size_t n)
+/** Blocks of @a threads threads for @a n threads in all, capped (kernels stride over the
+ *  rest). A launch of fewer threads per block than KVF_CUDA_THREADS (register-heavy kernels)
+ *  sizes its grid with this, not kvf_cuda_blocks(): that grid would hold only
+ *  threads / KVF_CUDA_THREADS of the threads, each thread striding over several items. */
+static inline unsigned kvf_cuda_blocks_for(size_t n, unsigned threads)
 {
-    size_t b = (n + KVF_CUDA_THREADS - 1) / KVF_CUDA_THREADS;
+    size_t b = (n + threads - 1) / threads;
     if (b == 0) {
         b = 1;
     }
     return (unsigned)((b > 65535u * 16u) ? 65535u * 16u : b);
+}
+
+/** Blocks for @a n threads of KVF_CUDA_THREADS, capped (kernels stride over the rest). */
+static inline unsigned kvf_cuda_blocks(size_t n)
+{
+    return kvf_cuda_blocks_for(n, KVF_CUDA_THREADS);
 }
 
 /* The device workspace of a stream (kvf_device_ws_cuda.cu, kvf_device_workspace_reserve()). */

@@ -79,7 +79,8 @@ extern "C" int kvf_cuda_moe_route(const kvf_device_t *dev, const kvf_moe_route_p
     if (rc != KVF_KERN_OK) {
         return rc;
     }
-    kvf_moe_route_kernel<<<kvf_cuda_blocks((size_t)T), KVF_CUDA_THREADS / 4, 0, stream>>>(
+    kvf_moe_route_kernel<<<kvf_cuda_blocks_for((size_t)T, KVF_CUDA_THREADS / 4),
+                           KVF_CUDA_THREADS / 4, 0, stream>>>(
         p->experts, p->top_k, p->n_group, p->topk_group, p->norm_topk_prob, p->routed_scaling,
         p->bias, logits, T, scores, idx, wt, (float *)scratch,
         (bool *)((char *)scratch + fbytes));

@@ -163,7 +163,8 @@ static int kvf_cuda_mamba2_run(const kvf_device_t *dev, const kvf_mamba2_params_
     if (rc != KVF_KERN_OK) {
         return rc;
     }
-    kvf_mamba2_scan_kernel<<<kvf_cuda_blocks(rows), KVF_CUDA_THREADS / 4, 0, stream>>>(
+    kvf_mamba2_scan_kernel<<<kvf_cuda_blocks_for(rows, KVF_CUDA_THREADS / 4),
+                             KVF_CUDA_THREADS / 4, 0, stream>>>(
         kvf_cuda_ssm_of(p), T, x, ldx, dt, lddt, B, C, ldbc, state, (int)state_dtype,
         has_state, y, ldy, (float *)scratch);
     rc = kvf_cuda_launched("kvf_mamba2_scan_kernel");

@@ -131,7 +131,8 @@ extern "C" int kvf_cuda_ssm_decode_seqs(const kvf_device_t *dev, const kvf_ssm_s
         l.D = p->D;
         l.dt_max = p->dt_max;
         n = S * (size_t)p->heads * (size_t)p->head_dim;
-        kvf_mamba2_step_seqs_kernel<<<kvf_cuda_blocks(n), KVF_CUDA_THREADS / 4, 0, stream>>>(
+        kvf_mamba2_step_seqs_kernel<<<kvf_cuda_blocks_for(n, KVF_CUDA_THREADS / 4),
+                                      KVF_CUDA_THREADS / 4, 0, stream>>>(
             s, l, xbc, ld_xbc, dt, lddt, y, ldy);
         rc = kvf_cuda_launched("kvf_mamba2_step_seqs_kernel");
     }
