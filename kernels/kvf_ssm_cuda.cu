@@ -1,6 +1,8 @@
 /*
- * CUDA causal conv1d (one thread per channel, a rolling window of the last
- * kernel inputs) and Mamba2 scan / step (one thread per (head, head-dim)
+ * CUDA causal conv1d (a chunk: one thread per (token, channel), each building the
+ * window the serial loop would hold at its token, then one per channel storing the new
+ * history; the serial kernel, one thread per channel with a rolling window, when y
+ * overlaps x; a decode step: one thread per channel) and Mamba2 scan / step (one thread per (head, head-dim)
  * row, all tokens in order, the fp32 rows interleaved in stream-ordered global
  * scratch so a warp's state loads are coalesced),
  * through the shared bodies of kvf_ssm_math.h: the same tap sums, dt clamp
@@ -48,6 +50,34 @@ __global__ void kvf_conv_chunk_kernel(const float *x, int ldx, int T, int channe
     }
 }
 
+/* one thread per (token, channel): every output of the chunk at once (kvf_conv_chunk_token_hd) */
+__global__ void kvf_conv_chunk_tok_kernel(const float *x, int ldx, int T, int channels,
+                                          int kernel, const float *w, const float *bias,
+                                          int silu, const void *state, int dtype, int has_state,
+                                          float *y, int ldy)
+{
+    const size_t n = (size_t)T * (size_t)channels;
+
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const size_t t = i / (size_t)channels, c = i % (size_t)channels;
+        y[t * (size_t)ldy + c] = kvf_conv_chunk_token_hd(
+            w + c * (size_t)kernel, kernel, (bias != NULL) ? bias[c] : 0.0f, silu, x + c,
+            (size_t)ldx, t, state, c, has_state, dtype);
+    }
+}
+
+/* after it, one thread per channel: the new history into the state (kvf_conv_chunk_tail_hd) */
+__global__ void kvf_conv_chunk_tail_kernel(const float *x, int ldx, int T, int channels,
+                                           int kernel, void *state, int dtype, int has_state)
+{
+    for (size_t c = (size_t)blockIdx.x * blockDim.x + threadIdx.x; c < (size_t)channels;
+         c += (size_t)gridDim.x * blockDim.x) {
+        kvf_conv_chunk_tail_hd(x + c, (size_t)ldx, (size_t)T, state, c, kernel - 1, has_state,
+                               dtype);
+    }
+}
+
 __global__ void kvf_conv_step_kernel(const float *x, int channels, int kernel, const float *w,
                                      const float *bias, int silu, void *state, int dtype,
                                      float *y)
@@ -74,13 +104,33 @@ extern "C" int kvf_cuda_conv1d_chunk(const kvf_device_t *dev, const float *x, in
                                      const float *bias, int silu, void *state,
                                      kvf_dtype_t state_dtype, int has_state, float *y, int ldy)
 {
+    cudaStream_t stream = kvf_cuda_stream_of(dev);
+    const size_t n = (size_t)T * (size_t)channels;
+    /* the bytes x and y span: when they overlap (y may alias x) an output written could be
+     * an input another thread has yet to read, so the serial kernel runs instead */
+    const uintptr_t x0 = (uintptr_t)x, x1 = x0 + ((size_t)(T - 1) * ldx + channels) * 4u;
+    const uintptr_t y0 = (uintptr_t)y, y1 = y0 + ((size_t)(T - 1) * ldy + channels) * 4u;
+    int rc;
+
     if (kernel > KVF_CONV_KERNEL_MAX) {
         return KVF_KERN_EINVAL;   /* the thread's window: kernel - 1 taps + 1 input */
     }
-    kvf_conv_chunk_kernel<<<kvf_cuda_blocks((size_t)channels), KVF_CUDA_THREADS, 0,
-                            kvf_cuda_stream_of(dev)>>>(x, ldx, T, channels, kernel, w, bias,
-                                                       silu, state, (int)state_dtype,
-                                                       has_state, y, ldy);
+    if ((x1 <= y0) || (y1 <= x0)) {
+        /* a prompt's tokens in parallel, then the history: same bits as the serial loop */
+        kvf_conv_chunk_tok_kernel<<<kvf_cuda_blocks(n), KVF_CUDA_THREADS, 0, stream>>>(
+            x, ldx, T, channels, kernel, w, bias, silu, state, (int)state_dtype, has_state, y,
+            ldy);
+        rc = kvf_cuda_launched("kvf_conv_chunk_tok_kernel");
+        if (rc == KVF_KERN_OK) {
+            kvf_conv_chunk_tail_kernel<<<kvf_cuda_blocks((size_t)channels), KVF_CUDA_THREADS, 0,
+                                         stream>>>(x, ldx, T, channels, kernel, state,
+                                                   (int)state_dtype, has_state);
+            rc = kvf_cuda_launched("kvf_conv_chunk_tail_kernel");
+        }
+        return rc;
+    }
+    kvf_conv_chunk_kernel<<<kvf_cuda_blocks((size_t)channels), KVF_CUDA_THREADS, 0, stream>>>(
+        x, ldx, T, channels, kernel, w, bias, silu, state, (int)state_dtype, has_state, y, ldy);
     return kvf_cuda_launched("kvf_conv_chunk_kernel");
 }
 

@@ -75,6 +75,68 @@ static inline KVF_HD void kvf_conv_chunk_channel_hd(const float *filt, float *wi
     }
 }
 
+/**
+ * Position @a s of a chunk's sequence "history, then inputs" for one channel: s >= 0 is
+ * input s (x[s * ldx]) rounded to @a state_dtype, as it joins the history in
+ * kvf_conv_chunk_channel_hd; s in [-taps, 0) is the stored history's entry taps + s (the
+ * state [channels][taps], channel @a c) when @a has_state, else 0.
+ */
+static inline KVF_HD float kvf_conv_hist_hd(const float *x, size_t ldx, long s,
+                                            const void *state, size_t c, int taps,
+                                            int has_state, int state_dtype)
+{
+    if (s >= 0) {
+        return kvf_hd_round(x[(size_t)s * ldx], state_dtype);
+    }
+    return has_state ? kvf_hd_load(state, state_dtype, c * (size_t)taps + (size_t)(taps + s))
+                     : 0.0f;
+}
+
+/**
+ * Output @a t of one channel of a conv chunk computed alone (the CUDA chunk kernel's body:
+ * one thread per (token, channel), so a prompt's tokens run in parallel): the window the
+ * serial loop kvf_conv_chunk_channel_hd holds at token t (history taps by
+ * kvf_conv_hist_hd, the token's own tap exact) through kvf_conv_tap_sum, so the same bits
+ * as that loop's y[t]. @a x is the channel's first input (x[t * ldx]); the state is read,
+ * never written (kvf_conv_chunk_tail_hd stores the new history once every output is done).
+ */
+static inline KVF_HD float kvf_conv_chunk_token_hd(const float *filt, int kernel, float bias,
+                                                   int silu, const float *x, size_t ldx,
+                                                   size_t t, const void *state, size_t c,
+                                                   int has_state, int state_dtype)
+{
+    float win[KVF_CONV_KERNEL_MAX];
+    const int taps = kernel - 1;
+
+    for (int i = 0; i < taps; ++i) {
+        win[i] = kvf_conv_hist_hd(x, ldx, (long)t - taps + i, state, c, taps, has_state,
+                                  state_dtype);
+    }
+    win[taps] = x[t * ldx];
+    return kvf_conv_tap_sum(filt, win, kernel, bias, silu);
+}
+
+/**
+ * The history one channel keeps after a chunk of @a T inputs (what
+ * kvf_conv_chunk_channel_hd leaves in win[0, taps)), stored into the state: entry j is
+ * position T - taps + j of the history-then-inputs sequence. Reads the old history first,
+ * so it may run in place; every output of the chunk must be computed before (they read it).
+ */
+static inline KVF_HD void kvf_conv_chunk_tail_hd(const float *x, size_t ldx, size_t T,
+                                                 void *state, size_t c, int taps, int has_state,
+                                                 int state_dtype)
+{
+    float h[KVF_CONV_KERNEL_MAX];
+
+    for (int j = 0; j < taps; ++j) {
+        h[j] = kvf_conv_hist_hd(x, ldx, (long)T - taps + j, state, c, taps, has_state,
+                                state_dtype);
+    }
+    for (int j = 0; j < taps; ++j) {
+        kvf_hd_store(state, state_dtype, c * (size_t)taps + (size_t)j, h[j]);
+    }
+}
+
 /** dt of one head and token: clamp(softplus(raw + bias), dt_min, dt_max). */
 static inline KVF_HD float kvf_mamba2_dt_hd(float raw, float bias, float dt_min, float dt_max)
 {

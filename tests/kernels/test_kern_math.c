@@ -232,6 +232,59 @@ static void test_conv_chunk_body(void **state)
 }
 
 /*
+ * The CUDA conv chunk kernel's token-parallel body (kvf_conv_chunk_token_hd, one (token,
+ * channel) a thread, every output from the state as it was before the chunk; then
+ * kvf_conv_chunk_tail_hd, one channel a thread, the new history), run here over every
+ * (token, channel) in reverse order (any order must do), against the CPU kernel: y and
+ * the stored state bit for bit over fresh and continued chunks, chunks shorter than the
+ * history, kernel widths 2 to 6, fp32, bf16 and fp16 state.
+ */
+static void test_conv_chunk_token_body(void **state)
+{
+    enum { CH = 29, T = 11, LDX = 33, KMAX = 6 };
+    kvf_test_rng_t r = {0x70c3a11u};
+    float x[3 * T * LDX], w[CH * KMAX], b[CH], yc[T * CH], yb[T * CH];
+    float sc[CH * (KMAX - 1)], sb[CH * (KMAX - 1)];
+    (void)state;
+
+    kvf_test_fill(&r, x, 3 * T * LDX, -3.0f, 3.0f);
+    kvf_test_fill(&r, w, CH * KMAX, -1.0f, 1.0f);
+    kvf_test_fill(&r, b, CH, -1.0f, 1.0f);
+    for (int kw = 2; kw <= KMAX; ++kw) {
+        const int taps = kw - 1;
+        for (size_t k = 0; k < sizeof(state_dtypes) / sizeof(state_dtypes[0]); ++k) {
+            const kvf_dtype_t dt = state_dtypes[k];
+            const size_t sbytes = (size_t)CH * (size_t)taps * kvf_dtype_size(dt);
+            memset(sc, 0x7f, sizeof(sc));   /* stale bytes: a fresh chunk must not read them */
+            memset(sb, 0x7f, sizeof(sb));
+            for (int step = 0; step < 4; ++step) {
+                const int n = (step == 0) ? T : (step == 1) ? 1 : (step == 2) ? taps + 1 : 2;
+                const int has = (step > 0);
+                const float *xs = x + (size_t)step * T * LDX;
+                assert_int_equal(kvf_conv1d_chunk(NULL, xs, LDX, n, CH, kw, w, b, 1, sc, dt, has,
+                                                  yc, CH),
+                                 KVF_KERN_OK);
+                for (size_t i = (size_t)n * CH; i-- > 0;) {
+                    const size_t t = i / CH, c = i % CH;
+                    yb[t * CH + c] = kvf_conv_chunk_token_hd(w + c * (size_t)kw, kw, b[c], 1,
+                                                             xs + c, LDX, t, sb, c, has, (int)dt);
+                }
+                for (size_t c = 0; c < CH; ++c) {
+                    kvf_conv_chunk_tail_hd(xs + c, LDX, (size_t)n, sb, c, taps, has, (int)dt);
+                }
+                for (size_t i = 0; i < (size_t)n * CH; ++i) {
+                    if (bits(yb[i]) != bits(yc[i])) {
+                        fail_msg("conv kernel %d %s step %d: y[%zu] %.9g, CPU %.9g", kw,
+                                 kvf_dtype_name(dt), step, i, (double)yb[i], (double)yc[i]);
+                    }
+                }
+                assert_memory_equal(sb, sc, sbytes);
+            }
+        }
+    }
+}
+
+/*
  * The CUDA scan kernel's body (kvf_mamba2_row_scan_hd, one (head, head-dim) row a thread,
  * rows interleaved in the scratch as on the GPU), run here over every row, against the CPU
  * scan: y and the stored state bit for bit, fresh and continued chunks and a one-token
@@ -721,6 +774,7 @@ int main(void)
         cmocka_unit_test(test_conv_tap_sum),
         cmocka_unit_test(test_hd_round),
         cmocka_unit_test(test_conv_chunk_body),
+        cmocka_unit_test(test_conv_chunk_token_body),
         cmocka_unit_test(test_mamba2_scan_body),
         cmocka_unit_test(test_gated_norm_edges),
         cmocka_unit_test(test_attn_fold),
