@@ -76,8 +76,9 @@ int kvf_gated_rmsnorm_apply(const kvf_device_t *dev, const float *g, const float
 /**
  * One-shot gated norm for whole groups on this rank: phase 1 + phase 2 with
  * norm_elems = group_size. x, z: [rows][ld]; y: [rows][dim] contiguous (may
- * equal x when ld == dim). Uses a temporary of rows * dim / group_size
- * floats (KVF_KERN_ENOMEM if it cannot be allocated).
+ * equal x when ld == dim). The same bits as the two phases. On a CUDA device
+ * one kernel launch and no temporary; on the CPU a temporary of
+ * rows * dim / group_size floats (KVF_KERN_ENOMEM if it cannot be allocated).
  */
 int kvf_gated_rmsnorm(const kvf_device_t *dev, const float *x, const float *z, int ld,
                       const float *w, int rows, int dim, int group_size, float eps, float *y);

@@ -1,7 +1,9 @@
 /*
  * CUDA RMSNorm and gated grouped RMSNorm: one block per row (or per row and
  * group) sums squares in double as a tree (kvf_cuda_block_sum), then every
- * thread scales its elements with the shared bodies of kvf_norm_math.h.
+ * thread scales its elements with the shared bodies of kvf_norm_math.h. The
+ * gated norm of whole groups is one launch (kvf_gated_fused_kernel); two
+ * phases (sums, then scaling) when the sums are all-reduced across ranks first.
  */
 #include "kvf_cuda_util.h"
 #include "kvf_device_cuda.h"
@@ -23,25 +25,56 @@ __global__ void kvf_rmsnorm_kernel(const float *x, const float *w, float *y, int
     }
 }
 
-/* grid (rows, groups): g = gate(x, z) of the group, sumsq[row][group] */
-__global__ void kvf_gated_sumsq_kernel(const float *x, const float *z, int ld, int dim,
-                                       int group_size, float *g, float *sumsq)
+/* The block's sum of squares of group k of row r's gated values (each thread its strided
+ * elements, then the tree), written to gr when not NULL; every thread gets the sum. One
+ * body for the two-phase and the fused kernel, so both sum the same values the same way. */
+static __device__ double kvf_gated_group_sumsq(const float *xr, const float *zr, size_t k,
+                                               int group_size, float *gr)
 {
-    const size_t r = blockIdx.x, k = blockIdx.y;
-    const float *xr = x + r * (size_t)ld;
-    const float *zr = z + r * (size_t)ld;
-    float *gr = g + r * (size_t)dim;
     double s = 0.0;
 
     for (int i = (int)threadIdx.x; i < group_size; i += (int)blockDim.x) {
         size_t c = k * (size_t)group_size + (size_t)i;
         float v = kvf_norm_gate_hd(xr[c], zr[c]);
-        gr[c] = v;
+        if (gr != NULL) {
+            gr[c] = v;
+        }
         s += kvf_norm_sq_hd(v);
     }
-    s = kvf_cuda_block_sum(s);
+    return kvf_cuda_block_sum(s);
+}
+
+/* grid (rows, groups): g = gate(x, z) of the group, sumsq[row][group] */
+__global__ void kvf_gated_sumsq_kernel(const float *x, const float *z, int ld, int dim,
+                                       int group_size, float *g, float *sumsq)
+{
+    const size_t r = blockIdx.x, k = blockIdx.y;
+    double s = kvf_gated_group_sumsq(x + r * (size_t)ld, z + r * (size_t)ld, k, group_size,
+                                     g + r * (size_t)dim);
     if (threadIdx.x == 0) {
         sumsq[r * gridDim.y + k] = (float)s;
+    }
+}
+
+/*
+ * grid (rows, groups): both phases for whole groups in one launch (kvf_gated_rmsnorm): the
+ * group's sum of squares as phase 1 computes it, rounded to fp32 as phase 1 stores it, then
+ * each thread scales its own elements as phase 2 does, their gated values computed again
+ * (the same function of the same inputs: the same bits; an element is read and written by
+ * one thread, so y may equal x when ld == dim). No scratch, one launch instead of two.
+ */
+__global__ void kvf_gated_fused_kernel(const float *x, const float *z, int ld, const float *w,
+                                       int dim, int group_size, float eps, float *y)
+{
+    const size_t r = blockIdx.x, k = blockIdx.y;
+    const float *xr = x + r * (size_t)ld, *zr = z + r * (size_t)ld;
+    float *yr = y + r * (size_t)dim;
+    const float sumsq = (float)kvf_gated_group_sumsq(xr, zr, k, group_size, NULL);
+    const float inv = kvf_norm_inv_hd((double)sumsq, (double)group_size, eps);
+
+    for (int i = (int)threadIdx.x; i < group_size; i += (int)blockDim.x) {
+        size_t c = k * (size_t)group_size + (size_t)i;
+        yr[c] = kvf_norm_scale_hd(kvf_norm_gate_hd(xr[c], zr[c]), inv, w[c]);
     }
 }
 
@@ -93,18 +126,8 @@ extern "C" int kvf_cuda_gated_rmsnorm(const kvf_device_t *dev, const float *x, c
                                       int ld, const float *w, int rows, int dim,
                                       int group_size, float eps, float *y)
 {
-    cudaStream_t stream = kvf_cuda_stream_of(dev);
-    void *sumsq = NULL;
-    int rc = kvf_cuda_scratch(stream, (size_t)rows * (size_t)(dim / group_size) * sizeof(float),
-                              NULL, &sumsq);
-    if (rc != KVF_KERN_OK) {
-        return rc;
-    }
-    rc = kvf_cuda_gated_rmsnorm_sumsq(dev, x, z, ld, rows, dim, group_size, y, (float *)sumsq);
-    if (rc == KVF_KERN_OK) {
-        rc = kvf_cuda_gated_rmsnorm_apply(dev, y, (const float *)sumsq, w, rows, dim, group_size,
-                                          group_size, eps, y);
-    }
-    kvf_cuda_scratch_free(stream, sumsq);
-    return rc;
+    dim3 grid((unsigned)rows, (unsigned)(dim / group_size));
+    kvf_gated_fused_kernel<<<grid, KVF_CUDA_THREADS, 0, kvf_cuda_stream_of(dev)>>>(
+        x, z, ld, w, dim, group_size, eps, y);
+    return kvf_cuda_launched("kvf_gated_fused_kernel");
 }

@@ -458,16 +458,24 @@ static kvf_status_t kvf_fwd_mamba(kvf_model_h m, const kvf_rank_ctx_t *ctx,
         gsz = full_group;          /* whole groups */
     }
     ngl = dim / gsz;
-    KVF_KCALL(kvf_gated_rmsnorm_sumsq(dev, ws->ybuf, ws->proj, R, T, dim, gsz, ws->g, ws->sumsq));
-    if (s->group_replication > 1) {
-        kvf_status_t s2 = kvf_comm_all_reduce_span(ctx->comm, ws->sumsq, (size_t)T * (size_t)ngl,
-                                                   s->group_replication);
-        if (status == KVF_OK) {
-            status = s2;
+    if ((s->group_replication == 1) && (dev->kind != KVF_DEVICE_CPU)) {
+        /* whole groups on this rank: both phases in one launch on a device (same bits) */
+        KVF_KCALL(kvf_gated_rmsnorm(dev, ws->ybuf, ws->proj, R, w->gnorm_w, T, dim, gsz,
+                                    (float)cfg->norm_eps, ws->g));
+    } else {
+        KVF_KCALL(kvf_gated_rmsnorm_sumsq(dev, ws->ybuf, ws->proj, R, T, dim, gsz, ws->g,
+                                          ws->sumsq));
+        if (s->group_replication > 1) {
+            kvf_status_t s2 = kvf_comm_all_reduce_span(ctx->comm, ws->sumsq,
+                                                       (size_t)T * (size_t)ngl,
+                                                       s->group_replication);
+            if (status == KVF_OK) {
+                status = s2;
+            }
         }
+        KVF_KCALL(kvf_gated_rmsnorm_apply(dev, ws->g, ws->sumsq, w->gnorm_w, T, dim, gsz,
+                                          full_group, (float)cfg->norm_eps, ws->g));
     }
-    KVF_KCALL(kvf_gated_rmsnorm_apply(dev, ws->g, ws->sumsq, w->gnorm_w, T, dim, gsz, full_group,
-                                      (float)cfg->norm_eps, ws->g));
     KVF_KCALL(kvf_mat_gemm(dev, ws, T, ws->g, dim, &w->out_proj, w->out_bias, ws->out, H));
     return kvf_reduce_residual(ctx, ws, (size_t)T, (size_t)H, status);
 }
