@@ -47,6 +47,8 @@ void kvf_cuda_ws_release(const kvf_device_t *dev);
 int  kvf_cuda_ws_stats(const kvf_device_t *dev, kvf_device_ws_stats_t *st);
 int  kvf_cuda_rmsnorm(const kvf_device_t *dev, const float *x, const float *w, float *y,
                       int rows, int dim, float eps);
+int  kvf_cuda_add_rmsnorm(const kvf_device_t *dev, float *h, const float *delta,
+                          const float *w, float *y, int rows, int dim, float eps);
 int  kvf_cuda_gated_rmsnorm_sumsq(const kvf_device_t *dev, const float *x, const float *z,
                                   int ld, int rows, int dim, int group_size, float *g,
                                   float *sumsq);

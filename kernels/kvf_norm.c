@@ -55,6 +55,32 @@ int kvf_rmsnorm(const kvf_device_t *dev, const float *x, const float *w, float *
     return KVF_KERN_OK;
 }
 
+int kvf_add_rmsnorm(const kvf_device_t *dev, float *h, const float *delta, const float *w,
+                    float *y, int rows, int dim, float eps)
+{
+    if ((rows < 0) || (dim <= 0) || !(eps >= 0.0f)) {
+        return KVF_KERN_EINVAL;
+    }
+    if (rows == 0) {
+        return KVF_KERN_OK;
+    }
+    if ((h == NULL) || (delta == NULL) || (w == NULL) || (y == NULL) || (delta == h) ||
+        (y == h) || (y == delta)) {
+        return KVF_KERN_EINVAL;
+    }
+    if (!kvf_norm_on_cpu(dev)) {
+#ifdef KVF_HAVE_CUDA
+        return kvf_cuda_add_rmsnorm(dev, h, delta, w, y, rows, dim, eps);
+#else
+        return KVF_KERN_EUNSUPPORTED;
+#endif
+    }
+    for (size_t i = 0; i < (size_t)rows * (size_t)dim; ++i) {
+        h[i] += delta[i];   /* kvf_add */
+    }
+    return kvf_rmsnorm(dev, h, w, y, rows, dim, eps);
+}
+
 static int kvf_gated_check(int rows, int dim, int group_size)
 {
     if ((rows < 0) || (dim <= 0) || (group_size <= 0) || ((dim % group_size) != 0)) {

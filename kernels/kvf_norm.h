@@ -39,6 +39,23 @@ int kvf_rmsnorm(const kvf_device_t *dev, const float *x, const float *w, float *
                 int dim, float eps);
 
 /**
+ * The residual add and the next norm in one pass: h[r][:] += delta[r][:], then
+ * y[r][:] = kvf_rmsnorm of the new h[r] (the same bits as kvf_add() then
+ * kvf_rmsnorm() on the same device: on a CUDA device one launch instead of two,
+ * each row's sum of squares in kvf_rmsnorm's order; on the CPU those two calls).
+ *
+ * @param [in,out] h      fp32 [rows][dim] contiguous: the residual stream.
+ * @param [in]     delta  fp32 [rows][dim] contiguous (a layer's output); not h.
+ * @param [in]     w      fp32 [dim].
+ * @param [out]    y      fp32 [rows][dim]; neither h nor delta.
+ * @param [in]     rows   >= 0 (0 is a no-op); dim > 0; eps >= 0.
+ * @return KVF_KERN_OK, KVF_KERN_EINVAL; CUDA: KVF_KERN_ECUDA (enqueued on
+ *         dev->stream, all pointers device memory).
+ */
+int kvf_add_rmsnorm(const kvf_device_t *dev, float *h, const float *delta, const float *w,
+                    float *y, int rows, int dim, float eps);
+
+/**
  * Phase 1 of the gated norm. For r < rows, c < dim:
  *   g[r][c] = x[r][c] * silu(z[r][c]),  silu(v) = v / (1 + exp(-v))
  *   sumsq[r][k] = sum over c in group k of g[r][c]^2, k < dim / group_size

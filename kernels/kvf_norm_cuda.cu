@@ -25,6 +25,28 @@ __global__ void kvf_rmsnorm_kernel(const float *x, const float *w, float *y, int
     }
 }
 
+/* kvf_add_rmsnorm: row blockIdx.x of h gets its delta (kvf_add_kernel's y += x), and y its
+ * norm, with kvf_rmsnorm_kernel's loop and tree over the new values: the same bits as the
+ * two launches; each element is added and read back by one thread */
+__global__ void kvf_add_rmsnorm_kernel(float *h, const float *delta, const float *w, float *y,
+                                       int dim, float eps)
+{
+    float *hr = h + (size_t)blockIdx.x * (size_t)dim;
+    const float *dr = delta + (size_t)blockIdx.x * (size_t)dim;
+    float *yr = y + (size_t)blockIdx.x * (size_t)dim;
+    double s = 0.0;
+
+    for (int c = (int)threadIdx.x; c < dim; c += (int)blockDim.x) {
+        hr[c] += dr[c];
+        s += kvf_norm_sq_hd(hr[c]);
+    }
+    s = kvf_cuda_block_sum(s);
+    float inv = kvf_norm_inv_hd(s, (double)dim, eps);
+    for (int c = (int)threadIdx.x; c < dim; c += (int)blockDim.x) {
+        yr[c] = kvf_norm_scale_hd(hr[c], inv, w[c]);
+    }
+}
+
 /* The block's sum of squares of group k of row r's gated values (each thread its strided
  * elements, then the tree), written to gr when not NULL; every thread gets the sum. One
  * body for the two-phase and the fused kernel, so both sum the same values the same way. */
@@ -98,6 +120,14 @@ extern "C" int kvf_cuda_rmsnorm(const kvf_device_t *dev, const float *x, const f
     kvf_rmsnorm_kernel<<<(unsigned)rows, KVF_CUDA_THREADS, 0, kvf_cuda_stream_of(dev)>>>(
         x, w, y, dim, eps);
     return kvf_cuda_launched("kvf_rmsnorm_kernel");
+}
+
+extern "C" int kvf_cuda_add_rmsnorm(const kvf_device_t *dev, float *h, const float *delta,
+                                    const float *w, float *y, int rows, int dim, float eps)
+{
+    kvf_add_rmsnorm_kernel<<<(unsigned)rows, KVF_CUDA_THREADS, 0, kvf_cuda_stream_of(dev)>>>(
+        h, delta, w, y, dim, eps);
+    return kvf_cuda_launched("kvf_add_rmsnorm_kernel");
 }
 
 extern "C" int kvf_cuda_gated_rmsnorm_sumsq(const kvf_device_t *dev, const float *x,

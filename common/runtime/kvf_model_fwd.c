@@ -284,7 +284,8 @@ static kvf_status_t kvf_batch_check(const kvf_model_h m, const kvf_rank_ctx_t *c
         }                                                                  \
     } while (0)
 
-/* out (T x H partial sums) -> all-reduce -> h += out. */
+/* out (T x H partial sums) -> all-reduce. The residual add h += out is the caller's, fused
+ * with the next layer's norm (kvf_fwd_norm: one launch on a device instead of two). */
 static kvf_status_t kvf_reduce_residual(const kvf_rank_ctx_t *ctx, struct kvf_model_ws *ws,
                                         size_t T, size_t H, kvf_status_t status)
 {
@@ -295,10 +296,20 @@ static kvf_status_t kvf_reduce_residual(const kvf_rank_ctx_t *ctx, struct kvf_mo
         kvf_fwd_profile_end(__func__, __LINE__, "kvf_comm_all_reduce(ctx->comm, ws->out, T * H)",
                             t0);
     }
-    if (status == KVF_OK) {
-        status = s2;
+    return (status == KVF_OK) ? s2 : status;
+}
+
+/* The norm in front of a layer: with @a pending, first the residual add of the previous
+ * layer's output ws->out into ws->h, fused (kvf_add_rmsnorm: the same bits as the add and
+ * the norm apart); xn = rmsnorm(h) * w. */
+static kvf_status_t kvf_fwd_norm(const kvf_device_t *dev, struct kvf_model_ws *ws, bool pending,
+                                 const float *w, int T, int H, float eps, kvf_status_t status)
+{
+    if (pending) {
+        KVF_KCALL(kvf_add_rmsnorm(dev, ws->h, ws->out, w, ws->xn, T, H, eps));
+    } else {
+        KVF_KCALL(kvf_rmsnorm(dev, ws->h, w, ws->xn, T, H, eps));
     }
-    KVF_KCALL(kvf_add(kvf_page_pool_device(ctx->pool), ws->h, ws->out, T * H));
     return status;
 }
 
@@ -828,7 +839,9 @@ kvf_status_t kvf_model_forward_rank(kvf_model_h m, const kvf_rank_ctx_t *ctx,
     /* embedding lookup (ids checked against the vocabulary by kvf_batch_check) */
     KVF_KCALL(kvf_gather_rows(dev, rep->embed.data, rep->embed.dtype, H, ws->ids, T, ws->h));
     for (int l = 0; l < cfg->num_layers; ++l) {
-        KVF_KCALL(kvf_rmsnorm(dev, ws->h, rep->norm_w[l], ws->xn, T, H, (float)cfg->norm_eps));
+        /* h += the previous layer's output (none before layer 0), then this layer's norm */
+        status = kvf_fwd_norm(dev, ws, l > 0, rep->norm_w[l], T, H, (float)cfg->norm_eps,
+                              status);
         switch (cfg->layer_kinds[l]) {
         case KVF_LAYER_MAMBA:
             status = kvf_fwd_mamba(m, ctx, batch, l, T, status);
@@ -836,8 +849,8 @@ kvf_status_t kvf_model_forward_rank(kvf_model_h m, const kvf_rank_ctx_t *ctx,
         case KVF_LAYER_ATTENTION:
             status = kvf_fwd_attention(m, ctx, batch, l, T, status);
             if (cfg->dense_mlp_in_layer) {
-                KVF_KCALL(kvf_rmsnorm(dev, ws->h, rep->norm2_w[l], ws->xn, T, H,
-                                      (float)cfg->norm_eps));
+                status = kvf_fwd_norm(dev, ws, true, rep->norm2_w[l], T, H,
+                                      (float)cfg->norm_eps, status);
                 status = kvf_fwd_mlp(m, ctx, l, T, status);
             }
             break;
@@ -848,6 +861,9 @@ kvf_status_t kvf_model_forward_rank(kvf_model_h m, const kvf_rank_ctx_t *ctx,
             status = kvf_fwd_mlp(m, ctx, l, T, status);
             break;
         }
+    }
+    if (cfg->num_layers > 0) {
+        KVF_KCALL(kvf_add(dev, ws->h, ws->out, (size_t)T * (size_t)H));   /* the last layer's */
     }
 
     if (ctx->rank == 0) {

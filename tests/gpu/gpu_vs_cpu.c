@@ -168,6 +168,61 @@ static void row_narrow_state(const char *op, const char *dtype, const void *gpu,
            d.nan_mismatch ? " (NaN mismatch)" : "");
 }
 
+/* A bits row: the device's fused kernel against the same device's unfused launches. */
+static void row_same(const char *op, const void *a, const void *b, size_t bytes)
+{
+    int same = (memcmp(a, b, bytes) == 0);
+    printf("| %-28s | %-5s | %-12s | %-12s | %-7s | %s |\n", op, "fp32", same ? "0" : "differ",
+           "-", "0", same ? "PASS (bits = unfused)" : "FAIL: bits differ from unfused");
+    failures += same ? 0 : 1;
+}
+
+/*
+ * The fused norms of the forward against their unfused launches on the same device, bit
+ * for bit: kvf_add_rmsnorm (the residual add and the next norm) against kvf_add then
+ * kvf_rmsnorm, both h and y; the one-launch gated norm against its two phases; and the
+ * fused add + norm against the CPU within rmsnorm's tolerance.
+ */
+static void check_fused_norms(const float *x, const float *z, const float *w, const float *dx,
+                              const float *dz, const float *dw, int R, int D, int GS)
+{
+    const size_t n = (size_t)R * (size_t)D, bytes = n * sizeof(float);
+    float *h_c = malloc(bytes), *y_c = malloc(bytes), *a = malloc(bytes), *b = malloc(bytes);
+    float *h1 = up(x, bytes), *h2 = up(x, bytes), *y1 = up(NULL, bytes), *y2 = up(NULL, bytes);
+    float *ss = up(NULL, (size_t)R * (size_t)(D / GS) * sizeof(float));
+
+    if ((h_c == NULL) || (y_c == NULL) || (a == NULL) || (b == NULL)) {
+        die("malloc", KVF_KERN_ENOMEM);
+    }
+    memcpy(h_c, x, bytes);
+    CK("add_rmsnorm cpu", kvf_add_rmsnorm(NULL, h_c, z, w, y_c, R, D, 1e-5f));
+    CK("add_rmsnorm gpu", kvf_add_rmsnorm(&gdev, h1, dz, dw, y1, R, D, 1e-5f));
+    CK("add gpu", kvf_add(&gdev, h2, dz, n));
+    CK("rmsnorm gpu", kvf_rmsnorm(&gdev, h2, dw, y2, R, D, 1e-5f));
+    down(a, y1, bytes);
+    rowf("add_rmsnorm", "fp32", a, y_c, n, 1e-5);
+    down(b, y2, bytes);
+    row_same("add_rmsnorm = add, rmsnorm", a, b, bytes);
+    down(a, h1, bytes);
+    down(b, h2, bytes);
+    row_same("add_rmsnorm's h = add", a, b, bytes);
+    CK("gated gpu", kvf_gated_rmsnorm(&gdev, dx, dz, D, dw, R, D, GS, 1e-5f, y1));
+    CK("sumsq gpu", kvf_gated_rmsnorm_sumsq(&gdev, dx, dz, D, R, D, GS, y2, ss));
+    CK("apply gpu", kvf_gated_rmsnorm_apply(&gdev, y2, ss, dw, R, D, GS, GS, 1e-5f, y2));
+    down(a, y1, bytes);
+    down(b, y2, bytes);
+    row_same("gated (one launch) = phases", a, b, bytes);
+    kvf_device_free(&gdev, h1);
+    kvf_device_free(&gdev, h2);
+    kvf_device_free(&gdev, y1);
+    kvf_device_free(&gdev, y2);
+    kvf_device_free(&gdev, ss);
+    free(h_c);
+    free(y_c);
+    free(a);
+    free(b);
+}
+
 static void check_norms(void)
 {
     enum { R = 7, D = 384, GS = 128 };
@@ -192,6 +247,7 @@ static void check_norms(void)
     CK("apply gpu", kvf_gated_rmsnorm_apply(&gdev, dy, dss, dw, R, D, GS, 2 * GS, 1e-6f, dy));
     down(gpu, dy, sizeof(gpu));
     rowf("gated_rmsnorm_apply (TP 2)", "fp32", gpu, cpu, R * D, 1e-5);
+    check_fused_norms(x, z, w, dx, dz, dw, R, D, GS);
     kvf_device_free(&gdev, dx);
     kvf_device_free(&gdev, dz);
     kvf_device_free(&gdev, dw);

@@ -1,6 +1,7 @@
 /* RMSNorm and gated grouped RMSNorm against references, including the
  * two-phase TP form where a norm group spans two ranks. */
 #include "kvf_norm.h"
+#include "kvf_ops.h"
 #include "kvf_kern_test.h"
 
 #include <stdlib.h>
@@ -60,6 +61,31 @@ static void ref_gated(const float *x, const float *z, int ld, const float *w, in
             }
         }
     }
+}
+
+/* The residual add fused with the next norm: h and y bit for bit those of kvf_add then
+ * kvf_rmsnorm; aliased outputs refused (a fused pass would read what it wrote). */
+static void test_add_rmsnorm(void **state)
+{
+    enum { R = 5, D = 96 };
+    kvf_test_rng_t rng = {7};
+    float h1[R * D], h2[R * D], d[R * D], w[D], y1[R * D], y2[R * D];
+    (void)state;
+
+    kvf_test_fill(&rng, h1, R * D, -3, 3);
+    kvf_test_fill(&rng, d, R * D, -1, 1);
+    kvf_test_fill(&rng, w, D, 0.5f, 1.5f);
+    memcpy(h2, h1, sizeof(h1));
+    assert_int_equal(kvf_add_rmsnorm(NULL, h1, d, w, y1, R, D, 1e-5f), KVF_KERN_OK);
+    assert_int_equal(kvf_add(NULL, h2, d, R * D), KVF_KERN_OK);
+    assert_int_equal(kvf_rmsnorm(NULL, h2, w, y2, R, D, 1e-5f), KVF_KERN_OK);
+    assert_memory_equal(h1, h2, sizeof(h1));
+    assert_memory_equal(y1, y2, sizeof(y1));
+    assert_true(h1[0] != d[0]);   /* the add happened */
+    assert_int_equal(kvf_add_rmsnorm(NULL, h1, d, w, h1, R, D, 1e-5f), KVF_KERN_EINVAL);
+    assert_int_equal(kvf_add_rmsnorm(NULL, h1, h1, w, y1, R, D, 1e-5f), KVF_KERN_EINVAL);
+    assert_int_equal(kvf_add_rmsnorm(NULL, h1, d, w, y1, -1, D, 1e-5f), KVF_KERN_EINVAL);
+    assert_int_equal(kvf_add_rmsnorm(NULL, NULL, d, w, y1, 0, D, 1e-5f), KVF_KERN_OK);
 }
 
 static void test_gated_whole_groups(void **state)
@@ -127,6 +153,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_add_rmsnorm),
         cmocka_unit_test(test_gated_whole_groups),
         cmocka_unit_test(test_gated_two_phase_tp),
     };

@@ -720,6 +720,12 @@ DEVSIM_KERNEL(kvf_rmsnorm, (const kvf_device_t *dev, const float *x, const float
                             int rows, int dim, float eps),
               (dev, x, w, y, rows, dim, eps),
               (devsim_want_dev(x, "kvf_rmsnorm x"), devsim_want_dev(y, "kvf_rmsnorm y")))
+DEVSIM_KERNEL(kvf_add_rmsnorm, (const kvf_device_t *dev, float *h, const float *delta,
+                                const float *w, float *y, int rows, int dim, float eps),
+              (dev, h, delta, w, y, rows, dim, eps),
+              (devsim_want_dev(h, "kvf_add_rmsnorm h"),
+               devsim_want_dev(delta, "kvf_add_rmsnorm delta"),
+               devsim_want_dev(y, "kvf_add_rmsnorm y")))
 DEVSIM_KERNEL(kvf_gated_rmsnorm_sumsq, (const kvf_device_t *dev, const float *x, const float *z,
                                         int ld, int rows, int dim, int group_size, float *g,
                                         float *sumsq),
