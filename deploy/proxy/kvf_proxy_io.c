@@ -103,7 +103,9 @@ void kvf_proxy_inst_unhealthy_locked(kvf_proxy_instance_t *inst, const char *why
                  why);
     }
     inst->info.healthy = false;
-    snprintf(inst->info.last_error, sizeof(inst->info.last_error), "%s", why);
+    /* cut to the field (a resolver error plus its prefix can be longer) */
+    snprintf(inst->info.last_error, sizeof(inst->info.last_error), "%.*s",
+             (int)sizeof(inst->info.last_error) - 1, why);
 }
 
 /* ---- I/O thread ----------------------------------------------------------- */
