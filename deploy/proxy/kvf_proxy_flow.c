@@ -305,7 +305,6 @@ static bool kvf_proxy_flow_pool_settled(const kvf_proxy_flow_ctx_t *ctx)
     return true;
 }
 
-/* Out of the admission queue (admitted, failed, or its client left). */
 /* The decode slot picked with the request, given back when its decode call will not be sent. */
 static void kvf_proxy_flow_unreserve(kvf_proxy_flow_t *flow)
 {
@@ -315,6 +314,7 @@ static void kvf_proxy_flow_unreserve(kvf_proxy_flow_t *flow)
     }
 }
 
+/* Out of the admission queue (admitted, failed, or its client left). */
 static void kvf_proxy_flow_unqueue(kvf_proxy_flow_t *flow)
 {
     if (flow->admit.queued) {
