@@ -187,6 +187,11 @@ static const kvf_config_field_t kvf_bench_table[] = {
     {"WARMUP", "no", "first an untimed round of the same requests with 2 decode tokens, so "
      "first-call set-up (CUDA module loading, cuBLAS handles, workspace growth) is not timed",
      offsetof(kvf_gen_opts_t, warmup), KVF_CONFIG_TYPE_BOOL, 0},
+    {"TEMPERATURE", "0", "sampling temperature of every request (0: greedy; above: each token "
+     "sampled, on the device when the model is on one, with a fixed seed per request)",
+     offsetof(kvf_gen_opts_t, temperature), KVF_CONFIG_TYPE_DOUBLE, 0},
+    {"TOP_P", "1", "nucleus sampling of every request, (0, 1]",
+     offsetof(kvf_gen_opts_t, top_p), KVF_CONFIG_TYPE_DOUBLE, 0},
     {"PROFILE", "no", "then one more round of the same requests with every kernel call of "
      "rank 0 timed between device synchronisations: a table per phase of where a step's time "
      "goes (call sites by total time); the figures above come from the unprofiled round",
@@ -555,6 +560,10 @@ static int kvf_bench_round(const kvf_gen_opts_t *o, kvf_engine_h eng, int decode
         rp.prompt_len = o->prompt_len;
         rp.sampling.max_tokens = decode;
         rp.sampling.ignore_eos = true;
+        rp.sampling.temperature = (float)o->temperature;
+        rp.sampling.top_p = (float)o->top_p;
+        rp.sampling.top_k = -1;
+        rp.sampling.seed = (uint64_t)(b + 1);
         if (kvf_engine_add_request(eng, &rp, &id) != KVF_OK) {
             return -1;
         }
@@ -612,6 +621,17 @@ int kvf_cmd_bench_model(int argc, char **argv)
     rc = kvf_open_engine(&o, &eng);
     if (rc != 0) {
         return rc;
+    }
+    {
+        kvf_sampling_t s = {.temperature = (float)o.temperature, .top_p = (float)o.top_p,
+                            .max_tokens = o.decode_tokens};
+        char err[160];
+        if (kvf_sampling_check(&s, kvf_engine_model_config(eng)->vocab_size, err,
+                               sizeof(err)) != KVF_OK) {
+            kvf_error("kvf bench-model: bad sampling flag: %s (--temperature, --top-p)", err);
+            rc = 2;
+            goto out;
+        }
     }
     rc = 1;
     prompt = malloc((size_t)o.prompt_len * sizeof(int32_t));

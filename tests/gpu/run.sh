@@ -451,16 +451,18 @@ fi
 grep '^gpu_vs_cpu: ' "$log/kernels.txt"
 [ "$rc" -ne 0 ] && [ "$rc" -ne 1 ] && echo "gpu_vs_cpu exited $rc (crash or timeout)"
 # Where a GPU step's time goes (kvf bench-model --profile: every kernel call of rank 0 timed
-# between device synchronisations), the trained hybrid, prompt 1000, batch 1 and 16; the
-# top rows of each phase, the whole tables in the logs
+# between device synchronisations), the trained hybrid, prompt 1000, batch 1 and 16, and
+# batch 16 sampled on the device; the top rows of each phase, the whole tables in the logs
 if [ -x "$kvf" ] && [ "$(left)" -gt 120 ]; then
-    for b in 1 16; do
+    for b in 1 16 16s; do
+        samp=""
+        [ "$b" = 16s ] && samp="--temperature 0.8 --top-p 0.9"   # sampled on the device
         timeout 60 "$kvf" bench-model --device cuda:0 --model "$data/models-trained/tiny-hybrid" \
-            --prompt-len 1000 --decode-tokens 32 --batch $b --warmup yes --profile yes \
-            >"$log/profile-b$b.txt" 2>&1
+            --prompt-len 1000 --decode-tokens 32 --batch "${b%s}" --warmup yes --profile yes \
+            $samp >"$log/profile-b$b.txt" 2>&1
         prc=$?
         echo
-        echo "step profile, tiny-hybrid on cuda:0, batch $b (exit $prc):"
+        echo "step profile, tiny-hybrid on cuda:0, batch ${b%s}${samp:+, $samp} (exit $prc):"
         awk '/ tok\/s/ {print} /^profile / {n = 0; print; next} /^  / && n++ < 9 {print}' \
             "$log/profile-b$b.txt"
     done

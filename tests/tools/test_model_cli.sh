@@ -98,6 +98,15 @@ for name, steps, body in zip(phases[0::3], phases[1::3], phases[2::3]):
 print("profile ok")
 PY
 
+# sampled requests: the same counts; a bad sampling flag refused by name (exit 2)
+out="$("$KVF" bench-model --model "$T/h" --prompt-len 64 --decode-tokens 8 --batch 2 \
+       --temperature 0.8 --top-p 0.9)"
+grep -qE 'prefill 128 tokens [0-9.]+ tok/s, decode 14 tokens [0-9.]+ tok/s' <<<"$out" \
+    || fail "bench-model --temperature: $out"
+rc=0; "$KVF" bench-model --model "$T/h" --prompt-len 8 --decode-tokens 2 --top-p 1.5 \
+    >/dev/null 2>"$T/err" || rc=$?
+[ "$rc" -eq 2 ] && grep -q "top_p 1.5" "$T/err" || fail "bench-model --top-p 1.5: rc $rc $(cat "$T/err")"
+
 # refusals name the tensor (and both shapes)
 if "$KVF" generate --model "$T/h" --tp 3 --max-tokens 1 2>"$T/err"; then fail "tp 3 accepted"; fi
 grep -q "tp_size 3 does not divide" "$T/err" || fail "tp 3 message: $(cat "$T/err")"
