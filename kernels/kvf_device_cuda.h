@@ -96,7 +96,10 @@ int  kvf_cuda_gemm(const kvf_device_t *dev, int M, int N, int K, const float *x,
                    const float *w, int ldw, const float *bias, float beta, float *y, int ldy);
 int  kvf_cuda_gemm_fixed(const kvf_device_t *dev, int M, int N, int K, float alpha,
                          const float *x, int ldx, const void *w, int wbf, int ldw,
-                         const float *bias, float beta, float *y, int ldy);
+                         const float *bias, float beta, int act, float *y, int ldy);
+int  kvf_cuda_gemm_act(const kvf_device_t *dev, int M, int N, int K, const float *x, int ldx,
+                       const void *w, int wbf, int ldw, const float *bias, int act, float *y,
+                       int ldy);
 int  kvf_cuda_argmax_rows(const kvf_device_t *dev, const float *x, int rows, int cols,
                           int ldx, int32_t *out);
 int  kvf_cuda_gemm_narrow(const kvf_device_t *dev, int M, int N, int K, const float *x,

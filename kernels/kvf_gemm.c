@@ -13,6 +13,7 @@
  * kvf_kern_pool.c).
  */
 #include "kvf_gemm.h"
+#include "kvf_act_math.h"
 #include "kvf_kern_internal.h"
 #ifdef KVF_HAVE_CUDA
 #include "kvf_device_cuda.h"
@@ -87,11 +88,49 @@ int kvf_gemm_w(const kvf_device_t *dev, int M, int N, int K, const float *x, int
     if ((dev != NULL) && (dev->kind != KVF_DEVICE_CPU)) {
 #ifdef KVF_HAVE_CUDA
         /* bf16 W widened in the register, the CPU's order (kvf_gemm_fixed_cuda.cu) */
-        return kvf_cuda_gemm_fixed(dev, M, N, K, 1.0f, x, ldx, w, 1, ldw, bias, 0.0f, y, ldy);
+        return kvf_cuda_gemm_fixed(dev, M, N, K, 1.0f, x, ldx, w, 1, ldw, bias, 0.0f, -1, y,
+                                   ldy);
 #else
         return KVF_KERN_EUNSUPPORTED;
 #endif
     }
     return kvf_gemm_cpu(M, N, K, 1.0f, x, (size_t)ldx, w, KVF_DTYPE_BF16, (size_t)ldw, bias, 0.0f,
                         y, (size_t)ldy, kvf_kern_cpu_threads());
+}
+
+int kvf_gemm_w_act(const kvf_device_t *dev, int M, int N, int K, const float *x, int ldx,
+                   const void *w, kvf_dtype_t w_dtype, int ldw, const float *bias, int act,
+                   float *y, int ldy)
+{
+    int e;
+
+    if ((act < 0) || (act >= KVF_KACT_COUNT)) {
+        return KVF_KERN_EINVAL;
+    }
+    if ((dev != NULL) && (dev->kind != KVF_DEVICE_CPU) &&
+        ((w_dtype == KVF_DTYPE_FP32) || (w_dtype == KVF_DTYPE_BF16))) {
+        if ((M < 0) || (N <= 0) || (K <= 0) || (ldx < K) || (ldw < K) || (ldy < N)) {
+            return KVF_KERN_EINVAL;
+        }
+        if (M == 0) {
+            return KVF_KERN_OK;
+        }
+        if ((x == NULL) || (w == NULL) || (y == NULL)) {
+            return KVF_KERN_EINVAL;
+        }
+#ifdef KVF_HAVE_CUDA
+        return kvf_cuda_gemm_act(dev, M, N, K, x, ldx, w, (w_dtype == KVF_DTYPE_BF16) ? 1 : 0,
+                                 ldw, bias, act, y, ldy);
+#else
+        return KVF_KERN_EUNSUPPORTED;
+#endif
+    }
+    e = kvf_gemm_w(dev, M, N, K, x, ldx, w, w_dtype, ldw, bias, y, ldy);
+    for (int m = 0; (e == KVF_KERN_OK) && (m < M); ++m) {
+        float *yr = y + (size_t)m * (size_t)ldy;
+        for (int n = 0; n < N; ++n) {
+            yr[n] = kvf_act_hd(act, yr[n]);   /* kvf_act's element */
+        }
+    }
+    return e;
 }

@@ -77,6 +77,20 @@ int kvf_gemm_w(const kvf_device_t *dev, int M, int N, int K, const float *x, int
                const void *w, kvf_dtype_t w_dtype, int ldw, const float *bias, float *y,
                int ldy);
 
+/**
+ * kvf_gemm_w() then an activation on every element of y: y = act(x * W^T + bias), the
+ * same bits as kvf_gemm_w() followed by kvf_act() (kernels/kvf_act.h) on y's rows. On a
+ * CUDA device the fixed-order kernel applies it to each value as it stores it (one launch
+ * fewer: an MLP's up projection and its ReLU^2); with KVF_GPU_GEMM=cublas and fp32 W, the
+ * GEMM then the activation kernel.
+ *
+ * @param act  an activation as kvf_act() takes it (KVF_KACT_* of kvf_act_math.h)
+ * @return as kvf_gemm_w(); KVF_KERN_EINVAL for an unknown @a act.
+ */
+int kvf_gemm_w_act(const kvf_device_t *dev, int M, int N, int K, const float *x, int ldx,
+                   const void *w, kvf_dtype_t w_dtype, int ldw, const float *bias, int act,
+                   float *y, int ldy);
+
 #ifdef __cplusplus
 }
 #endif

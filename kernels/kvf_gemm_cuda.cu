@@ -122,7 +122,8 @@ extern "C" int kvf_cuda_gemm(const kvf_device_t *dev, int M, int N, int K, const
 {
     switch (kvf_gpu_gemm_mode()) {
     case 0:
-        return kvf_cuda_gemm_fixed(dev, M, N, K, 1.0f, x, ldx, w, 0, ldw, bias, beta, y, ldy);
+        return kvf_cuda_gemm_fixed(dev, M, N, K, 1.0f, x, ldx, w, 0, ldw, bias, beta, -1, y,
+                                   ldy);
     case 1:
         return kvf_cuda_gemm_cublas(dev, M, N, K, x, ldx, w, ldw, bias, beta, y, ldy);
     default:
@@ -130,6 +131,30 @@ extern "C" int kvf_cuda_gemm(const kvf_device_t *dev, int M, int N, int K, const
                         "invariant; the default) or cublas (cublasSgemm)");
         return KVF_KERN_EINVAL;
     }
+}
+
+/*
+ * y = act(x * W^T + bias) (kvf_gemm_w_act): the fixed-order kernel applies the activation to
+ * each value as it stores it (bf16 W always; fp32 W unless KVF_GPU_GEMM=cublas), else the
+ * GEMM, then kvf_act_kernel over each row: the same bits either way as the two calls.
+ */
+extern "C" int kvf_cuda_gemm_act(const kvf_device_t *dev, int M, int N, int K, const float *x,
+                                 int ldx, const void *w, int wbf, int ldw, const float *bias,
+                                 int act, float *y, int ldy)
+{
+    int rc;
+
+    if (wbf || (kvf_gpu_gemm_mode() == 0)) {
+        return kvf_cuda_gemm_fixed(dev, M, N, K, 1.0f, x, ldx, w, wbf, ldw, bias, 0.0f, act, y,
+                                   ldy);
+    }
+    rc = kvf_cuda_gemm(dev, M, N, K, x, ldx, (const float *)w, ldw, bias, 0.0f, y, ldy);
+    for (int m = 0; (rc == KVF_KERN_OK) && (m < M); m += (ldy == N) ? M : 1) {
+        /* contiguous rows: one launch; strided: a launch per row */
+        rc = kvf_cuda_act(dev, act, y + (size_t)m * (size_t)ldy,
+                          (size_t)N * (size_t)((ldy == N) ? M : 1));
+    }
+    return rc;
 }
 
 /* xs[m][k] = x[m][k] (ld ldx) rounded to bf16 or fp16, xs contiguous [M][K] */

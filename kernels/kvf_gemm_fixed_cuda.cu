@@ -24,6 +24,7 @@
  * split-K by shape, so the same row summed in a step of 1 row and of 16 rows
  * can differ in the last bits (kept behind KVF_GPU_GEMM=cublas).
  */
+#include "kvf_act_math.h"
 #include "kvf_cuda_util.h"
 #include "kvf_device_cuda.h"
 #include "kvf_gemm_math.h"
@@ -37,8 +38,8 @@
 template <int GM, int WBF>
 __global__ void __launch_bounds__(KVF_GF_THREADS)
 kvf_gemm_fixed_kernel(int M, int N, int K, float alpha, const float *x, size_t ldx,
-                      const void *w, size_t ldw, const float *bias, float beta, float *y,
-                      size_t ldy)
+                      const void *w, size_t ldw, const float *bias, float beta, int act,
+                      float *y, size_t ldy)
 {
     constexpr int GN = KVF_GF_GROUPS / GM;
     const int lane = (int)(threadIdx.x % KVF_GEMM_LANES), g = (int)(threadIdx.x / KVF_GEMM_LANES);
@@ -91,8 +92,11 @@ kvf_gemm_fixed_kernel(int M, int N, int K, float alpha, const float *x, size_t l
             const int m = m0 + a, n = n0 + b;
             if ((lane == 0) && (m < M) && (n < N)) {
                 float *yp = y + (size_t)m * ldy + (size_t)n;
-                *yp = kvf_gemm_out(v, alpha, beta, (beta != 0.0f) ? *yp : 0.0f,
-                                   (bias != NULL) ? bias + n : NULL);
+                float out = kvf_gemm_out(v, alpha, beta, (beta != 0.0f) ? *yp : 0.0f,
+                                         (bias != NULL) ? bias + n : NULL);
+                /* an activation after the GEMM applied to the value it would have stored:
+                 * kvf_act_kernel's bits, one launch fewer (kvf_gemm_w_act) */
+                *yp = (act >= 0) ? kvf_act_hd(act, out) : out;
             }
         }
     }
@@ -101,23 +105,23 @@ kvf_gemm_fixed_kernel(int M, int N, int K, float alpha, const float *x, size_t l
 template <int GM>
 static void kvf_gemm_fixed_launch(cudaStream_t stream, int M, int N, int K, float alpha,
                                   const float *x, int ldx, const void *w, int wbf, int ldw,
-                                  const float *bias, float beta, float *y, int ldy)
+                                  const float *bias, float beta, int act, float *y, int ldy)
 {
     constexpr int TM = GM * KVF_GF_RM, TN = (KVF_GF_GROUPS / GM) * KVF_GF_RN;
     const dim3 grid((unsigned)((N + TN - 1) / TN), (unsigned)((M + TM - 1) / TM));
 
     if (wbf) {
         kvf_gemm_fixed_kernel<GM, 1><<<grid, KVF_GF_THREADS, 0, stream>>>(
-            M, N, K, alpha, x, (size_t)ldx, w, (size_t)ldw, bias, beta, y, (size_t)ldy);
+            M, N, K, alpha, x, (size_t)ldx, w, (size_t)ldw, bias, beta, act, y, (size_t)ldy);
     } else {
         kvf_gemm_fixed_kernel<GM, 0><<<grid, KVF_GF_THREADS, 0, stream>>>(
-            M, N, K, alpha, x, (size_t)ldx, w, (size_t)ldw, bias, beta, y, (size_t)ldy);
+            M, N, K, alpha, x, (size_t)ldx, w, (size_t)ldw, bias, beta, act, y, (size_t)ldy);
     }
 }
 
 extern "C" int kvf_cuda_gemm_fixed(const kvf_device_t *dev, int M, int N, int K, float alpha,
                                    const float *x, int ldx, const void *w, int wbf, int ldw,
-                                   const float *bias, float beta, float *y, int ldy)
+                                   const float *bias, float beta, int act, float *y, int ldy)
 {
     cudaStream_t stream = kvf_cuda_stream_of(dev);
 
@@ -129,9 +133,11 @@ extern "C" int kvf_cuda_gemm_fixed(const kvf_device_t *dev, int M, int N, int K,
     }
     KVF_CUDA_CHECK(cudaSetDevice(dev->ordinal));
     if (M <= KVF_GF_RM) {
-        kvf_gemm_fixed_launch<1>(stream, M, N, K, alpha, x, ldx, w, wbf, ldw, bias, beta, y, ldy);
+        kvf_gemm_fixed_launch<1>(stream, M, N, K, alpha, x, ldx, w, wbf, ldw, bias, beta, act, y,
+                                 ldy);
     } else {
-        kvf_gemm_fixed_launch<4>(stream, M, N, K, alpha, x, ldx, w, wbf, ldw, bias, beta, y, ldy);
+        kvf_gemm_fixed_launch<4>(stream, M, N, K, alpha, x, ldx, w, wbf, ldw, bias, beta, act, y,
+                                 ldy);
     }
     return kvf_cuda_launched("kvf_gemm_fixed_kernel");
 }

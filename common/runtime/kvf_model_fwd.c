@@ -559,8 +559,17 @@ static int kvf_mlp_rows(const kvf_device_t *dev, struct kvf_model_ws *ws, kvf_ac
                         const float *up_b, const kvf_mat_t *down, const float *down_b, float *out)
 {
     const int C = down->cols;
-    int e = kvf_mat_gemm(dev, ws, M, x, H, up, up_b, ws->proj, up->rows);
+    int e;
 
+    if (!gated && ((up->dtype == KVF_DTYPE_FP32) ||
+                   ((up->dtype == KVF_DTYPE_BF16) && !up->tensor_cores))) {
+        /* up and its activation in one call (on a device one launch; the same bits) */
+        e = kvf_gemm_w_act(dev, M, up->rows, up->cols, x, H, up->data, up->dtype, up->cols, up_b,
+                           (int)act, ws->proj, up->rows);
+        return (e != KVF_KERN_OK) ? e :
+               kvf_mat_gemm(dev, ws, M, ws->proj, C, down, down_b, out, H);
+    }
+    e = kvf_mat_gemm(dev, ws, M, x, H, up, up_b, ws->proj, up->rows);
     if (e != KVF_KERN_OK) {
         return e;
     }

@@ -301,6 +301,18 @@ static void check_gemm(void)
     CK("gemm_w gpu", kvf_gemm_w(&gdev, M, N, K, dx, LDX, dwb, KVF_DTYPE_BF16, K, db, dy, LDY));
     down(gpu, dy, sizeof(gpu));
     rowf("gemm fixed, bf16 W", "bf16", gpu, cpu, M * LDY, 0.0);
+    /* the MLP's up projection with its ReLU^2 in the GEMM's store: the unfused pair's bits
+     * on the device, and the CPU's (fixed order) */
+    CK("gemm_w_act gpu", kvf_gemm_w_act(&gdev, M, N, K, dx, LDX, dwb, KVF_DTYPE_BF16, K, db,
+                                        KVF_KACT_RELU2, dy, N));
+    down(gpu, dy, (size_t)M * N * 4);
+    CK("gemm_w gpu", kvf_gemm_w(&gdev, M, N, K, dx, LDX, dwb, KVF_DTYPE_BF16, K, db, dy, N));
+    CK("act gpu", kvf_act(&gdev, KVF_KACT_RELU2, dy, (size_t)M * N));
+    down(cpu, dy, (size_t)M * N * 4);
+    row_same("gemm_w_act = gemm_w, act", gpu, cpu, (size_t)M * N * 4);
+    CK("gemm_w_act cpu", kvf_gemm_w_act(NULL, M, N, K, x, LDX, wb, KVF_DTYPE_BF16, K, b,
+                                        KVF_KACT_RELU2, cpu, N));
+    rowf("gemm_w_act (ReLU^2), bf16 W", "bf16", gpu, cpu, (size_t)M * N, 0.0);
     kvf_device_free(&gdev, dx);
     kvf_device_free(&gdev, dw);
     kvf_device_free(&gdev, dwb);

@@ -1,6 +1,9 @@
 /* GEMM against a triple loop: bias, strides, beta accumulate, NaN in y with beta 0; batch
  * invariance: every row of an M-row product, on any thread count and with fp32 or bf16
  * weights, has the bits of the same row alone and of the documented summation order. */
+#include "kvf_act.h"
+#include "kvf_act_math.h"
+#include "kvf_dtype_math.h"
 #include "kvf_gemm.h"
 #include "kvf_gemm_math.h"
 #include "kvf_gemm_narrow.h"
@@ -305,6 +308,50 @@ static void test_gemm_narrow_reference(void **state)
 #endif
 }
 
+/*
+ * kvf_gemm_w_act: y = act(x * W^T + bias) with y's bits those of kvf_gemm_w then kvf_act on
+ * its rows, for fp32 and bf16 W, strided y (the columns past N untouched), every activation;
+ * an unknown activation refused before anything is written.
+ */
+static void test_gemm_w_act(void **state)
+{
+    enum { M = 5, N = 33, K = 70, LDY = 40 };
+    kvf_test_rng_t r = {0xac7u};
+    float x[M * K], w[N * K], b[N], y1[M * LDY], y2[M * LDY];
+    uint16_t wb[N * K];
+    (void)state;
+
+    kvf_test_fill(&r, x, M * K, -2.0f, 2.0f);
+    kvf_test_fill(&r, w, N * K, -1.0f, 1.0f);
+    kvf_test_fill(&r, b, N, -1.0f, 1.0f);
+    for (size_t i = 0; i < N * K; ++i) {
+        wb[i] = kvf_hd_fp32_to_bf16(w[i]);
+    }
+    for (int bf = 0; bf < 2; ++bf) {
+        const void *wp = bf ? (const void *)wb : (const void *)w;
+        const kvf_dtype_t dt = bf ? KVF_DTYPE_BF16 : KVF_DTYPE_FP32;
+        for (int act = 0; act < KVF_KACT_COUNT; ++act) {
+            for (size_t i = 0; i < M * LDY; ++i) {
+                y1[i] = y2[i] = -7.0f;   /* the gap past N must stay */
+            }
+            assert_int_equal(kvf_gemm_w_act(NULL, M, N, K, x, K, wp, dt, K, b, act, y1, LDY),
+                             KVF_KERN_OK);
+            assert_int_equal(kvf_gemm_w(NULL, M, N, K, x, K, wp, dt, K, b, y2, LDY),
+                             KVF_KERN_OK);
+            for (int m = 0; m < M; ++m) {
+                assert_int_equal(kvf_act(NULL, act, y2 + m * LDY, N), KVF_KERN_OK);
+            }
+            assert_memory_equal(y1, y2, sizeof(y1));
+        }
+    }
+    y1[0] = 3.0f;
+    assert_int_equal(kvf_gemm_w_act(NULL, M, N, K, x, K, w, KVF_DTYPE_FP32, K, b, KVF_KACT_COUNT,
+                                    y1, LDY), KVF_KERN_EINVAL);
+    assert_int_equal(kvf_gemm_w_act(NULL, M, N, K, x, K, w, KVF_DTYPE_FP32, K, b, -1, y1, LDY),
+                     KVF_KERN_EINVAL);
+    assert_true(y1[0] == 3.0f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -316,6 +363,7 @@ int main(void)
 #endif
         cmocka_unit_test(test_gemm_shuffle_tree_is_cpu_tree),
         cmocka_unit_test(test_gemm_narrow_reference),
+        cmocka_unit_test(test_gemm_w_act),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -771,6 +771,12 @@ DEVSIM_KERNEL(kvf_gemm_w, (const kvf_device_t *dev, int M, int N, int K, const f
               (dev, M, N, K, x, ldx, w, w_dtype, ldw, bias, y, ldy),
               (devsim_want_dev(x, "kvf_gemm_w x"), devsim_want_dev(w, "kvf_gemm_w w"),
                devsim_want_dev(y, "kvf_gemm_w y")))
+DEVSIM_KERNEL(kvf_gemm_w_act, (const kvf_device_t *dev, int M, int N, int K, const float *x,
+                               int ldx, const void *w, kvf_dtype_t w_dtype, int ldw,
+                               const float *bias, int act, float *y, int ldy),
+              (dev, M, N, K, x, ldx, w, w_dtype, ldw, bias, act, y, ldy),
+              (devsim_want_dev(x, "kvf_gemm_w_act x"), devsim_want_dev(w, "kvf_gemm_w_act w"),
+               devsim_want_dev(y, "kvf_gemm_w_act y")))
 DEVSIM_KERNEL(kvf_gemm_narrow, (const kvf_device_t *dev, int M, int N, int K, const float *x,
                                 int ldx, const void *w, kvf_dtype_t wdtype, int ldw,
                                 const float *bias, float *y, int ldy, void *xs),
