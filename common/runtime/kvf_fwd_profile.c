@@ -137,8 +137,8 @@ void kvf_fwd_profile_print(FILE *f)
                     s->calls[ph], s->secs[ph] * 1e6 / (double)s->calls[ph], s->func, s->line,
                     s->call);
         }
-        fprintf(f, "  %5.1f%% %10.3f %8s %10s  (outside the calls above: runner, block zeroing,"
-                " scheduling, sampling)\n",
+        fprintf(f, "  %5.1f%% %10.3f %8s %10s  (outside the calls above: the runner, scheduling,"
+                " host sampling)\n",
                 (wall > 0) ? 100.0 * (wall - in_calls) / wall : 0.0, (wall - in_calls) * 1e3,
                 "-", "-");
     }

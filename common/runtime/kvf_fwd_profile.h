@@ -1,6 +1,7 @@
 /*
  * Where a forward step's time goes: per call site of the forward (each kernel
- * entry point and collective that kvf_model_fwd.c calls), on rank 0, split by
+ * entry point and collective that kvf_model_fwd.c calls, and the TP runner's
+ * zeroing of the step's fresh blocks), on rank 0, split by
  * phase (steps that computed prompt tokens, and decode steps). For finding the
  * hot spot of a device on one run (`kvf bench-model --profile`), not for
  * throughput figures: every profiled call is bracketed by a device

@@ -11,6 +11,7 @@
  * steps are strictly sequential).
  */
 #include "kvf_tp_runner.h"
+#include "kvf_fwd_profile.h"
 #include "kvf_log.h"
 
 #include <limits.h>
@@ -58,7 +59,15 @@ static kvf_status_t kvf_rank_run(kvf_tp_runner_h r, kvf_rank_slot_t *s)
     if (r->func != NULL) {
         return r->func(r->func_arg, s->rank, s->pool);
     }
+    /* under kvf bench-model --profile, the step's block zeroing is a row of its own */
+    const bool prof = kvf_fwd_profile_thread(s->rank, kvf_page_pool_device(s->pool)) &&
+                      (r->n_fresh > 0);
+    const double t0 = prof ? kvf_fwd_profile_begin() : 0.0;
     kvf_status_t status = kvf_page_pool_zero_blocks(s->pool, r->fresh, r->n_fresh);
+    if (prof) {
+        kvf_fwd_profile_end(__func__, __LINE__,
+                            "kvf_page_pool_zero_blocks(s->pool, r->fresh, r->n_fresh)", t0);
+    }
     kvf_status_t fs = kvf_model_forward_rank(r->model, &s->ctx, r->batch);
     return (status != KVF_OK) ? status : fs;
 }
