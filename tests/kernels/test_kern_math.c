@@ -243,11 +243,11 @@ static void test_conv_chunk_token_body(void **state)
 {
     enum { CH = 29, T = 11, LDX = 33, KMAX = 6 };
     kvf_test_rng_t r = {0x70c3a11u};
-    float x[3 * T * LDX], w[CH * KMAX], b[CH], yc[T * CH], yb[T * CH];
+    float x[4 * T * LDX], w[CH * KMAX], b[CH], yc[T * CH], yb[T * CH];
     float sc[CH * (KMAX - 1)], sb[CH * (KMAX - 1)];
     (void)state;
 
-    kvf_test_fill(&r, x, 3 * T * LDX, -3.0f, 3.0f);
+    kvf_test_fill(&r, x, 4 * T * LDX, -3.0f, 3.0f);
     kvf_test_fill(&r, w, CH * KMAX, -1.0f, 1.0f);
     kvf_test_fill(&r, b, CH, -1.0f, 1.0f);
     for (int kw = 2; kw <= KMAX; ++kw) {
