@@ -43,17 +43,27 @@ int kvf_kern_cpu_threads(void)
     return __atomic_load_n(&kvf_gemm_threads, __ATOMIC_ACQUIRE);
 }
 
-int kvf_gemm_ex(const kvf_device_t *dev, int M, int N, int K, const float *x, int ldx,
-                const float *w, int ldw, const float *bias, float beta, float *y, int ldy)
+/* The shape and pointer checks of a GEMM call: KVF_KERN_EINVAL, 1 when there are no rows
+ * (nothing to do), else 0. */
+static int kvf_gemm_check(int M, int N, int K, const void *x, int ldx, const void *w, int ldw,
+                          const void *y, int ldy)
 {
     if ((M < 0) || (N <= 0) || (K <= 0) || (ldx < K) || (ldw < K) || (ldy < N)) {
         return KVF_KERN_EINVAL;
     }
     if (M == 0) {
-        return KVF_KERN_OK;
+        return 1;
     }
-    if ((x == NULL) || (w == NULL) || (y == NULL)) {
-        return KVF_KERN_EINVAL;
+    return ((x == NULL) || (w == NULL) || (y == NULL)) ? KVF_KERN_EINVAL : 0;
+}
+
+int kvf_gemm_ex(const kvf_device_t *dev, int M, int N, int K, const float *x, int ldx,
+                const float *w, int ldw, const float *bias, float beta, float *y, int ldy)
+{
+    int c = kvf_gemm_check(M, N, K, x, ldx, w, ldw, y, ldy);
+
+    if (c != 0) {
+        return (c > 0) ? KVF_KERN_OK : c;
     }
     if ((dev != NULL) && (dev->kind != KVF_DEVICE_CPU)) {
 #ifdef KVF_HAVE_CUDA
@@ -109,14 +119,9 @@ int kvf_gemm_w_act(const kvf_device_t *dev, int M, int N, int K, const float *x,
     }
     if ((dev != NULL) && (dev->kind != KVF_DEVICE_CPU) &&
         ((w_dtype == KVF_DTYPE_FP32) || (w_dtype == KVF_DTYPE_BF16))) {
-        if ((M < 0) || (N <= 0) || (K <= 0) || (ldx < K) || (ldw < K) || (ldy < N)) {
-            return KVF_KERN_EINVAL;
-        }
-        if (M == 0) {
-            return KVF_KERN_OK;
-        }
-        if ((x == NULL) || (w == NULL) || (y == NULL)) {
-            return KVF_KERN_EINVAL;
+        e = kvf_gemm_check(M, N, K, x, ldx, w, ldw, y, ldy);
+        if (e != 0) {
+            return (e > 0) ? KVF_KERN_OK : e;
         }
 #ifdef KVF_HAVE_CUDA
         return kvf_cuda_gemm_act(dev, M, N, K, x, ldx, w, (w_dtype == KVF_DTYPE_BF16) ? 1 : 0,
