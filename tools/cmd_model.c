@@ -138,8 +138,8 @@ typedef struct {
     {"MAX_BATCH_TOKENS", "512", "tokens per engine step (prefill chunk budget)",               \
      offsetof(kvf_gen_opts_t, max_batch_tokens), KVF_CONFIG_TYPE_INT, 0},                       \
     {"DEVICE", "cpu", "where weights, KV pages and Mamba state live and the forward runs: "    \
-     "cpu, cuda or cuda:N (rank r on cuda:N+r, NCCL between ranks; compiled, not yet run "   \
-     "on a GPU)",                                                                             \
+     "cpu, cuda or cuda:N (rank r on cuda:N+r, NCCL between ranks; what has run on a GPU: "    \
+     "README's GPU section)",                                                                  \
      offsetof(kvf_gen_opts_t, device), KVF_CONFIG_TYPE_STRING, 0}
 
 static const kvf_config_field_t kvf_generate_table[] = {

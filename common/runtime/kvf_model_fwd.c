@@ -200,14 +200,13 @@ kvf_status_t kvf_model_ws_prepare(kvf_model_h m, const kvf_rank_ctx_t *ctx,
     if (ctx->rank == 0) {
         /* the head's device sampler: a row per request, penalty entries for 64 tokens of
          * history each to start with (they double when a step needs more) */
-        e = kvf_sample_ws_reserve(dev, &ws->sample_ws, lim->max_seqs, m->cfg.vocab_size,
-                                  lim->max_seqs * 64);
+        const int pen = lim->max_seqs * 64, V = m->cfg.vocab_size;
+        e = kvf_sample_ws_reserve(dev, &ws->sample_ws, lim->max_seqs, V, pen);
         if (e != KVF_KERN_OK) {
             kvf_error("rank 0: the device sampler's buffers for %d requests of %d logits "
-                      "(%zu bytes) cannot be allocated on %s:%d: %s", lim->max_seqs,
-                      m->cfg.vocab_size, kvf_sample_ws_device_bytes(lim->max_seqs,
-                      m->cfg.vocab_size, lim->max_seqs * 64), kvf_device_kind_name(dev->kind),
-                      dev->ordinal, kvf_kern_strerror(e));
+                      "(%zu bytes) cannot be allocated on %s:%d: %s", lim->max_seqs, V,
+                      kvf_sample_ws_device_bytes(lim->max_seqs, V, pen),
+                      kvf_device_kind_name(dev->kind), dev->ordinal, kvf_kern_strerror(e));
             return kvf_status_from_kern(e);
         }
     }
@@ -322,13 +321,19 @@ static kvf_status_t kvf_fwd_norm(const kvf_device_t *dev, struct kvf_model_ws *w
  * narrow storage). The GEMM's per-element order is fixed (kvf_gemm.h), so
  * tiling never changes a bit.
  */
+/* Whether @a w goes straight to kvf_gemm_w() (fp32, or bf16 widened in the registers). */
+static bool kvf_mat_direct(const kvf_mat_t *w)
+{
+    return (w->dtype == KVF_DTYPE_FP32) || ((w->dtype == KVF_DTYPE_BF16) && !w->tensor_cores);
+}
+
 static int kvf_mat_gemm(const kvf_device_t *dev, struct kvf_model_ws *ws, int M, const float *x,
                         int ldx, const kvf_mat_t *w, const float *bias, float *y, int ldy)
 {
     const int K = w->cols;
     int tile, e = KVF_KERN_OK;
 
-    if ((w->dtype == KVF_DTYPE_FP32) || ((w->dtype == KVF_DTYPE_BF16) && !w->tensor_cores)) {
+    if (kvf_mat_direct(w)) {
         return kvf_gemm_w(dev, M, w->rows, K, x, ldx, w->data, w->dtype, K, bias, y, ldy);
     }
     if (M == 0) {
@@ -561,8 +566,7 @@ static int kvf_mlp_rows(const kvf_device_t *dev, struct kvf_model_ws *ws, kvf_ac
     const int C = down->cols;
     int e;
 
-    if (!gated && ((up->dtype == KVF_DTYPE_FP32) ||
-                   ((up->dtype == KVF_DTYPE_BF16) && !up->tensor_cores))) {
+    if (!gated && kvf_mat_direct(up)) {
         /* up and its activation in one call (on a device one launch; the same bits) */
         e = kvf_gemm_w_act(dev, M, up->rows, up->cols, x, H, up->data, up->dtype, up->cols, up_b,
                            (int)act, ws->proj, up->rows);
