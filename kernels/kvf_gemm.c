@@ -13,7 +13,7 @@
  * kvf_kern_pool.c).
  */
 #include "kvf_gemm.h"
-#include "kvf_act_math.h"
+#include "kvf_act.h"
 #include "kvf_kern_internal.h"
 #ifdef KVF_HAVE_CUDA
 #include "kvf_device_cuda.h"
@@ -131,11 +131,9 @@ int kvf_gemm_w_act(const kvf_device_t *dev, int M, int N, int K, const float *x,
 #endif
     }
     e = kvf_gemm_w(dev, M, N, K, x, ldx, w, w_dtype, ldw, bias, y, ldy);
-    for (int m = 0; (e == KVF_KERN_OK) && (m < M); ++m) {
-        float *yr = y + (size_t)m * (size_t)ldy;
-        for (int n = 0; n < N; ++n) {
-            yr[n] = kvf_act_hd(act, yr[n]);   /* kvf_act's element */
-        }
+    for (int m = 0; (e == KVF_KERN_OK) && (m < M); m += (ldy == N) ? M : 1) {
+        /* contiguous rows: one call; strided: one a row */
+        e = kvf_act(dev, act, y + (size_t)m * (size_t)ldy, (size_t)N * ((ldy == N) ? M : 1));
     }
     return e;
 }

@@ -9,6 +9,7 @@
  */
 #include "kvf_norm.h"
 #include "kvf_norm_math.h"
+#include "kvf_ops.h"
 #ifdef KVF_HAVE_CUDA
 #include "kvf_device_cuda.h"
 #endif
@@ -75,10 +76,8 @@ int kvf_add_rmsnorm(const kvf_device_t *dev, float *h, const float *delta, const
         return KVF_KERN_EUNSUPPORTED;
 #endif
     }
-    for (size_t i = 0; i < (size_t)rows * (size_t)dim; ++i) {
-        h[i] += delta[i];   /* kvf_add */
-    }
-    return kvf_rmsnorm(dev, h, w, y, rows, dim, eps);
+    int e = kvf_add(dev, h, delta, (size_t)rows * (size_t)dim);
+    return (e != KVF_KERN_OK) ? e : kvf_rmsnorm(dev, h, w, y, rows, dim, eps);
 }
 
 static int kvf_gated_check(int rows, int dim, int group_size)
