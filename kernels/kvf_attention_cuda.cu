@@ -362,28 +362,38 @@ extern "C" int kvf_cuda_attn_write_paged_seqs_as(kvf_attn_gpu_impl_t impl,
         ((impl != KVF_ATTN_GPU_PERTOKEN) && (impl != KVF_ATTN_GPU_TILED))) {
         return KVF_KERN_EINVAL;
     }
-    for (int i = 0; i < seqs->num_seqs; ++i) {
-        maxb = (seqs->num_blocks[i] > maxb) ? seqs->num_blocks[i] : maxb;
+    if (seqs->packed != NULL) {
+        maxb = seqs->packed_maxb;   /* laid out by the caller (a graphed decode step) */
+    } else {
+        for (int i = 0; i < seqs->num_seqs; ++i) {
+            maxb = (seqs->num_blocks[i] > maxb) ? seqs->num_blocks[i] : maxb;
+        }
     }
-    for (size_t t = 0; t < T; ++t) {
-        max_pos = (positions[t] > max_pos) ? positions[t] : max_pos;
+    if (seqs->split_blocks <= 0) {
+        for (size_t t = 0; t < T; ++t) {
+            max_pos = (positions[t] > max_pos) ? positions[t] : max_pos;
+        }
     }
     /* one upload: [T] request of each row, [T] positions, [num_seqs][maxb] block tables */
     size_t words = 2 * T + (size_t)seqs->num_seqs * (size_t)maxb;
-    int32_t *h = (int32_t *)calloc(words, sizeof(int32_t));
-    if (h == NULL) {
-        return KVF_KERN_ENOMEM;
-    }
-    for (int i = 0, o = 0; i < seqs->num_seqs; ++i) {
-        for (int j = 0; j < seqs->num_tokens[i]; ++j) {
-            h[o++] = i;
+    if (seqs->packed != NULL) {
+        rc = kvf_cuda_scratch(stream, words * sizeof(int32_t), seqs->packed, &dbuf);
+    } else {
+        int32_t *h = (int32_t *)calloc(words, sizeof(int32_t));
+        if (h == NULL) {
+            return KVF_KERN_ENOMEM;
         }
-        memcpy(h + 2 * T + (size_t)i * (size_t)maxb, seqs->block_tables[i],
-               (size_t)seqs->num_blocks[i] * sizeof(int32_t));
+        for (int i = 0, o = 0; i < seqs->num_seqs; ++i) {
+            for (int j = 0; j < seqs->num_tokens[i]; ++j) {
+                h[o++] = i;
+            }
+            memcpy(h + 2 * T + (size_t)i * (size_t)maxb, seqs->block_tables[i],
+                   (size_t)seqs->num_blocks[i] * sizeof(int32_t));
+        }
+        memcpy(h + T, positions, T * sizeof(int32_t));
+        rc = kvf_cuda_scratch(stream, words * sizeof(int32_t), h, &dbuf);
+        free(h);   /* staged by the copy */
     }
-    memcpy(h + T, positions, T * sizeof(int32_t));
-    rc = kvf_cuda_scratch(stream, words * sizeof(int32_t), h, &dbuf);
-    free(h);   /* staged by the copy */
     if (rc != KVF_KERN_OK) {
         return rc;
     }
@@ -393,7 +403,8 @@ extern "C" int kvf_cuda_attn_write_paged_seqs_as(kvf_attn_gpu_impl_t impl,
     kvf_attn_write_kernel<<<kvf_cuda_blocks(n), KVF_CUDA_THREADS, 0, stream>>>(
         g, k, v, ld, d_pos, n, d_seq, maxb);
     rc = kvf_cuda_launched("kvf_attn_write_kernel");
-    splits = kvf_attn_split_count(max_pos / kv->kernel_block_size + 1, kv->kernel_block_size);
+    splits = kvf_attn_split_count((seqs->split_blocks > 0) ? seqs->split_blocks :
+                                  max_pos / kv->kernel_block_size + 1, kv->kernel_block_size);
     if ((rc == KVF_KERN_OK) && (splits > 1)) {
         rc = kvf_cuda_scratch(stream, queries * (size_t)splits * (hd + 2) * sizeof(float), NULL,
                               &part);

@@ -30,6 +30,18 @@ typedef struct kvf_attn_seqs {
     const int            *num_tokens;    /* [num_seqs] query rows of each, >= 1 */
     const int32_t *const *block_tables;  /* [num_seqs] -> int32[num_blocks[i]] */
     const int            *num_blocks;    /* [num_seqs] */
+    /* Optional (0/NULL: unused), read by the CUDA path only; a decode step run as a CUDA
+     * graph sets them (kernels/kvf_device_graph.h) so the launch reads no other host array:
+     * packed: HOST int32 [2T + num_seqs * packed_maxb] = each row's request, each row's
+     * position (= @a positions), then request i's table at i * packed_maxb (its num_blocks[i]
+     * entries, the rest unread); uploaded as is (no copy at all when it lies in the stream's
+     * published step inputs) instead of being packed per call. split_blocks: split-K sized
+     * for queries spanning this many kernel blocks (kvf_attn_split_count()), >= the batch's
+     * longest, instead of from the positions: a launch shape fixed for any batch of the same
+     * size (the extra ranges are empty and change no bit: kvf_attention_math.h). */
+    const int32_t        *packed;
+    int                   packed_maxb;   /* >= every num_blocks[i] when packed is set */
+    int                   split_blocks;  /* 0, or >= max over rows of position / kbs + 1 */
 } kvf_attn_seqs_t;
 
 /**

@@ -43,6 +43,11 @@ static inline unsigned kvf_cuda_blocks(size_t n)
 extern "C" int  kvf_cuda_ws_scratch(cudaStream_t stream, size_t bytes, const void *host,
                                     void **ptr_p);
 extern "C" void kvf_cuda_ws_scratch_free(cudaStream_t stream, void *p);
+/* While a graph is captured on @a stream (kvf_device_graph.h): host inputs of its scratch
+ * and uploads come from the published block [host, host + bytes) whose device copy is
+ * @a dev, any other is refused by name; on = false ends it. KVF_KERN_EINVAL: no workspace. */
+extern "C" int  kvf_cuda_ws_capture_inputs(cudaStream_t stream, const void *host,
+                                           const void *dev, size_t bytes, bool on);
 extern "C" int  kvf_cuda_ws_upload(cudaStream_t stream, void *dst, const void *host,
                                    size_t bytes);
 extern "C" int  kvf_cuda_ws_sync(cudaStream_t stream, int ordinal);

@@ -18,6 +18,7 @@
 #include "kvf_attention.h"
 #include "kvf_attention_seqs.h"
 #include "kvf_device.h"
+#include "kvf_device_graph.h"
 #include "kvf_mamba2.h"
 #include "kvf_ssm_seqs.h"
 #include "kvf_moe.h"
@@ -45,6 +46,16 @@ int  kvf_cuda_zero_ranges(const kvf_device_t *dev, void *base, const size_t *off
 int  kvf_cuda_ws_reserve(const kvf_device_t *dev, size_t device_bytes, size_t staging_bytes);
 void kvf_cuda_ws_release(const kvf_device_t *dev);
 int  kvf_cuda_ws_stats(const kvf_device_t *dev, kvf_device_ws_stats_t *st);
+int  kvf_cuda_graphs_create(const kvf_device_t *dev, size_t arena_bytes, int max_graphs,
+                            struct kvf_device_graphs **graphs_p);
+void kvf_cuda_graphs_clear(struct kvf_device_graphs *g);
+void kvf_cuda_graphs_destroy(struct kvf_device_graphs *g);
+int  kvf_cuda_graph_run(struct kvf_device_graphs *g, uint64_t key,
+                        int (*body)(const kvf_device_t *dev, void *arg), void *arg,
+                        const void *in_host, const void *in_dev, size_t in_bytes,
+                        kvf_graph_how_t *how_p);
+void kvf_cuda_graphs_stats(const struct kvf_device_graphs *g,
+                           struct kvf_graphs_stats *st);
 int  kvf_cuda_rmsnorm(const kvf_device_t *dev, const float *x, const float *w, float *y,
                       int rows, int dim, float eps);
 int  kvf_cuda_add_rmsnorm(const kvf_device_t *dev, float *h, const float *delta,

@@ -33,6 +33,7 @@ extern "C" {
 }
 
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 
 #define KVF_CUDA_WS_MAX 64   /* workspaces per process: one per rank stream */
@@ -48,6 +49,12 @@ typedef struct kvf_cuda_ws {
     kvf_arena_t     arena;
     kvf_staging_t   staging;
     bool            warned_arena, warned_staging;
+    /* while a graph is captured on this stream (kvf_device_graph.h): the published step
+     * inputs, host block and its device copy; host inputs come from there or are refused */
+    bool            capturing;
+    const char     *in_host;
+    char           *in_dev;
+    size_t          in_bytes;
 } kvf_cuda_ws_t;
 
 static pthread_mutex_t kvf_cuda_ws_reg_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -136,6 +143,47 @@ static int kvf_cuda_ws_copy_in_locked(kvf_cuda_ws_t *ws, cudaStream_t stream, vo
     return KVF_KERN_OK;
 }
 
+/* During a capture: the device copy of host input [host, host + bytes) when it lies in the
+ * published step inputs, else NULL (reported: a recording would replay it stale). */
+static char *kvf_cuda_ws_captured_input(kvf_cuda_ws_t *ws, const void *host, size_t bytes)
+{
+    const char *h = (const char *)host;
+
+    if ((ws->in_host != NULL) && (h >= ws->in_host) && (bytes <= ws->in_bytes) &&
+        ((size_t)(h - ws->in_host) <= ws->in_bytes - bytes)) {
+        return ws->in_dev + (h - ws->in_host);
+    }
+    char msg[160];
+    snprintf(msg, sizeof(msg), "a host input of %zu bytes outside the step's published inputs "
+             "(a graph would replay it stale): the step runs eagerly", bytes);
+    kvf_kern_report("CUDA graph capture", msg);
+    return NULL;
+}
+
+/* Whether @a p is in the published inputs' device copy (handed out, never freed). */
+static bool kvf_cuda_ws_is_input(const kvf_cuda_ws_t *ws, const void *p)
+{
+    const char *c = (const char *)p;
+    return (ws->in_dev != NULL) && (c >= ws->in_dev) && (c < ws->in_dev + ws->in_bytes);
+}
+
+extern "C" int kvf_cuda_ws_capture_inputs(cudaStream_t stream, const void *host,
+                                          const void *dev, size_t bytes, bool on)
+{
+    kvf_cuda_ws_t *ws = kvf_cuda_ws_find(stream, -1);
+
+    if (ws == NULL) {
+        return KVF_KERN_EINVAL;   /* a capture stream always has its workspace */
+    }
+    pthread_mutex_lock(&ws->lock);
+    ws->capturing = on;
+    ws->in_host = on ? (const char *)host : NULL;
+    ws->in_dev = on ? (char *)dev : NULL;
+    ws->in_bytes = on ? bytes : 0;
+    pthread_mutex_unlock(&ws->lock);
+    return KVF_KERN_OK;
+}
+
 extern "C" int kvf_cuda_ws_scratch(cudaStream_t stream, size_t bytes, const void *host,
                                    void **ptr_p)
 {
@@ -143,6 +191,15 @@ extern "C" int kvf_cuda_ws_scratch(cudaStream_t stream, size_t bytes, const void
     void *p = NULL;
     int rc = KVF_KERN_OK;
 
+    if ((ws != NULL) && ws->capturing && (host != NULL)) {
+        /* a recorded step reads its inputs where each replay's upload puts them */
+        p = kvf_cuda_ws_captured_input(ws, host, bytes);
+        if (p == NULL) {
+            return KVF_KERN_EUNSUPPORTED;
+        }
+        *ptr_p = p;
+        return KVF_KERN_OK;
+    }
     bytes = (bytes > 0) ? bytes : 1;
     if (ws == NULL) {
         __atomic_fetch_add(&kvf_cuda_ws_unreserved, 1ull, __ATOMIC_RELAXED);
@@ -200,6 +257,10 @@ extern "C" void kvf_cuda_ws_scratch_free(cudaStream_t stream, void *p)
     ws = kvf_cuda_ws_find(stream, -1);
     if (ws != NULL) {
         pthread_mutex_lock(&ws->lock);
+        if (kvf_cuda_ws_is_input(ws, p)) {
+            pthread_mutex_unlock(&ws->lock);
+            return;   /* the inputs' device copy, handed out during a capture */
+        }
         mine = kvf_arena_free(&ws->arena, p);
         pthread_mutex_unlock(&ws->lock);
     }
@@ -220,6 +281,16 @@ extern "C" int kvf_cuda_ws_upload(cudaStream_t stream, void *dst, const void *ho
         return kvf_cuda_ws_copy_in_locked(NULL, stream, dst, host, bytes);
     }
     pthread_mutex_lock(&ws->lock);
+    if (ws->capturing) {
+        /* recorded as a device->device copy from the inputs' device copy */
+        const char *src = kvf_cuda_ws_captured_input(ws, host, bytes);
+        pthread_mutex_unlock(&ws->lock);
+        if (src == NULL) {
+            return KVF_KERN_EUNSUPPORTED;
+        }
+        KVF_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
+        return KVF_KERN_OK;
+    }
     rc = kvf_cuda_ws_copy_in_locked(ws, stream, dst, host, bytes);
     pthread_mutex_unlock(&ws->lock);
     return rc;

@@ -28,6 +28,12 @@ typedef struct kvf_ssm_seqs {
     void *const *conv_states;  /* [num_seqs] [channels][kernel - 1] of conv_dtype (device) */
     void *const *ssm_states;   /* [num_seqs] [heads][head_dim][state_size] of ssm_dtype */
     const float *dt_min;       /* [num_seqs] each request's dt clamp (kvf_mamba2_params_t) */
+    /* Optional (NULL: unused), read by the CUDA path only: the same four arrays already laid
+     * out as one HOST block, [num_seqs] conv_states, [num_seqs] ssm_states, [num_seqs] rows
+     * (int), [num_seqs] dt_min (float), uploaded as is (no copy when it lies in the stream's
+     * published step inputs, kernels/kvf_device_graph.h) instead of being packed per call.
+     * Must hold the same values as the four arrays. */
+    const void  *packed;
 } kvf_ssm_seqs_t;
 
 /**

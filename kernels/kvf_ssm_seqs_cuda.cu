@@ -94,19 +94,23 @@ extern "C" int kvf_cuda_ssm_decode_seqs(const kvf_device_t *dev, const kvf_ssm_s
     const size_t S = (size_t)seqs->num_seqs;
     /* one upload: pointers first (8-byte aligned), then rows and dt clamps */
     const size_t bytes = 2 * S * sizeof(void *) + S * sizeof(int) + S * sizeof(float);
-    char *h = (char *)malloc(bytes);
     void *d = NULL;
     int rc;
 
-    if (h == NULL) {
-        return KVF_KERN_ENOMEM;
+    if (seqs->packed != NULL) {
+        rc = kvf_cuda_scratch(stream, bytes, seqs->packed, &d);   /* laid out by the caller */
+    } else {
+        char *h = (char *)malloc(bytes);
+        if (h == NULL) {
+            return KVF_KERN_ENOMEM;
+        }
+        memcpy(h, seqs->conv_states, S * sizeof(void *));
+        memcpy(h + S * sizeof(void *), seqs->ssm_states, S * sizeof(void *));
+        memcpy(h + 2 * S * sizeof(void *), seqs->rows, S * sizeof(int));
+        memcpy(h + 2 * S * sizeof(void *) + S * sizeof(int), seqs->dt_min, S * sizeof(float));
+        rc = kvf_cuda_scratch(stream, bytes, h, &d);
+        free(h);   /* staged by the copy */
     }
-    memcpy(h, seqs->conv_states, S * sizeof(void *));
-    memcpy(h + S * sizeof(void *), seqs->ssm_states, S * sizeof(void *));
-    memcpy(h + 2 * S * sizeof(void *), seqs->rows, S * sizeof(int));
-    memcpy(h + 2 * S * sizeof(void *) + S * sizeof(int), seqs->dt_min, S * sizeof(float));
-    rc = kvf_cuda_scratch(stream, bytes, h, &d);
-    free(h);   /* staged by the copy */
     if (rc != KVF_KERN_OK) {
         return rc;
     }

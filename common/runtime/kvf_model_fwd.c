@@ -28,6 +28,7 @@ void kvf_model_ws_destroy(struct kvf_model_ws *ws)
     if (ws == NULL) {
         return;
     }
+    kvf_fwd_graphs_destroy(ws);   /* before the buffers its recordings point into */
     if (ws->dev_ws) {
         kvf_device_workspace_release(&ws->dev);   /* waits for the stream, then frees */
     }
@@ -152,6 +153,7 @@ static kvf_status_t kvf_ws_reserve(struct kvf_model_ws *ws, const kvf_model_h m,
             return KVF_ERR_NO_MEMORY;
         }
         ws->cap_tokens = T;
+        ws->gen++;   /* (dev) buffers moved: recorded graphs point at the old ones */
     }
     if (S > ws->cap_seqs) {
         bad |= kvf_grow_dev(ws, (void **)&ws->last, S * H * sizeof(float));
@@ -171,6 +173,7 @@ static kvf_status_t kvf_ws_reserve(struct kvf_model_ws *ws, const kvf_model_h m,
             return KVF_ERR_NO_MEMORY;
         }
         ws->cap_seqs = S;
+        ws->gen++;
     }
     return KVF_OK;
 }
@@ -219,10 +222,16 @@ kvf_status_t kvf_model_ws_prepare(kvf_model_h m, const kvf_rank_ctx_t *ctx,
         return kvf_status_from_kern(e);
     }
     ws->dev_ws = true;
-    return KVF_OK;
+    return kvf_fwd_graphs_prepare(m, ctx, lim);
 }
 
 /* ---- forward -------------------------------------------------------------- */
+
+/* Where the forward launches: the rank's pool device, or a graph's capture stream. */
+static const kvf_device_t *kvf_fwd_dev(const kvf_rank_ctx_t *ctx)
+{
+    return (ctx->ws->run_dev != NULL) ? ctx->ws->run_dev : kvf_page_pool_device(ctx->pool);
+}
 
 /* Same checks on every rank (same batch), so either all ranks run or none. */
 static kvf_status_t kvf_batch_check(const kvf_model_h m, const kvf_rank_ctx_t *ctx,
@@ -373,6 +382,14 @@ static const kvf_mamba2_params_t *kvf_step_params(const kvf_fwd_seq_t *sq,
     return prompt_token ? scan : step;
 }
 
+float kvf_fwd_step_dt_min(const kvf_model_config_t *cfg, const kvf_fwd_seq_t *sq)
+{
+    const kvf_mamba2_params_t scan = {.dt_min = (float)cfg->time_step_min};
+    const kvf_mamba2_params_t step = {.dt_min = 0.0f};
+
+    return kvf_step_params(sq, &scan, &step)->dt_min;
+}
+
 static kvf_status_t kvf_fwd_mamba(kvf_model_h m, const kvf_rank_ctx_t *ctx,
                                   const kvf_fwd_batch_t *batch, int l, int T,
                                   kvf_status_t status)
@@ -381,7 +398,7 @@ static kvf_status_t kvf_fwd_mamba(kvf_model_h m, const kvf_rank_ctx_t *ctx,
     const kvf_rank_w_t *rw = &m->ranks[ctx->rank];
     const kvf_shard_t *s = &rw->shard;
     const kvf_layer_w_t *w = &rw->layers[l];
-    const kvf_device_t *dev = kvf_page_pool_device(ctx->pool);
+    const kvf_device_t *dev = kvf_fwd_dev(ctx);
     struct kvf_model_ws *ws = ctx->ws;
     const int H = cfg->hidden_size, R = w->in_rows;
     const int dim = s->mamba_heads * cfg->mamba_head_dim, cd = s->conv_dim;
@@ -461,6 +478,7 @@ static kvf_status_t kvf_fwd_mamba(kvf_model_h m, const kvf_rank_ctx_t *ctx,
         const kvf_ssm_seqs_t dec = {
             .num_seqs = nd, .rows = ws->dec_rows, .conv_states = ws->dec_conv,
             .ssm_states = ws->dec_ssm, .dt_min = ws->dec_dtmin,
+            .packed = (ws->in != NULL) ? ws->in->mamba[l] : NULL,   /* a graphed step's */
         };
         KVF_KCALL(kvf_ssm_decode_seqs(dev, &dec, ws->proj + dim, R, cd, K, w->conv_w, w->conv_b,
                                       ctx->geom->conv_dtype, ws->xbc, cd, &mp_step,
@@ -504,7 +522,7 @@ static kvf_status_t kvf_fwd_attention(kvf_model_h m, const kvf_rank_ctx_t *ctx,
     const kvf_rank_w_t *rw = &m->ranks[ctx->rank];
     const kvf_shard_t *s = &rw->shard;
     const kvf_layer_w_t *w = &rw->layers[l];
-    const kvf_device_t *dev = kvf_page_pool_device(ctx->pool);
+    const kvf_device_t *dev = kvf_fwd_dev(ctx);
     const kvf_rep_w_t *rep = kvf_model_rep(m, ctx->rank);
     const kvf_rank_geometry_t *geo = ctx->geom;
     struct kvf_model_ws *ws = ctx->ws;
@@ -518,6 +536,14 @@ static kvf_status_t kvf_fwd_attention(kvf_model_h m, const kvf_rank_ctx_t *ctx,
         .num_seqs = batch->num_seqs, .num_tokens = ws->seq_n, .block_tables = ws->seq_tab,
         .num_blocks = ws->seq_nb,
     };
+    /* a graphed step reads its positions and tables from the published inputs */
+    const int32_t *pos = (ws->in != NULL) ? ws->in->pos : ws->pos;
+
+    if (ws->in != NULL) {
+        seqs.packed = ws->in->attn[g];
+        seqs.packed_maxb = ws->in->maxb;
+        seqs.split_blocks = ws->in->split_blocks;
+    }
 
     KVF_KCALL(kvf_mat_gemm(dev, ws, T, ws->xn, H, &w->qkv, w->qkv_bias, ws->proj, R));
     for (int i = 0; i < batch->num_seqs; ++i) {
@@ -541,15 +567,15 @@ static kvf_status_t kvf_fwd_attention(kvf_model_h m, const kvf_rank_ctx_t *ctx,
     if (rep->inv_freq != NULL) {
         /* transformers' rotate_half RoPE of q and k (kernels/kvf_ops_math.h), every row at
          * its own position: one call for the batch */
-        KVF_KCALL(kvf_rope(dev, rep->inv_freq, hd, ws->pos, T, ws->proj, R, s->attn_heads));
-        KVF_KCALL(kvf_rope(dev, rep->inv_freq, hd, ws->pos, T, ws->proj + qd, R, s->kv_heads));
+        KVF_KCALL(kvf_rope(dev, rep->inv_freq, hd, pos, T, ws->proj, R, s->attn_heads));
+        KVF_KCALL(kvf_rope(dev, rep->inv_freq, hd, pos, T, ws->proj + qd, R, s->kv_heads));
     }
     /* every seq's K/V written, then every seq attends: one call for the batch (on a GPU two
      * launches, whatever the batch size; on the CPU the per-seq calls) */
     kvf_page_pool_attn_view(ctx->pool, geo, hd, slot, batch->seqs[0].group_blocks[g],
                             batch->seqs[0].group_num_blocks[g], &kv);
     KVF_KCALL(kvf_attn_write_paged_seqs(dev, &kv, &seqs, ws->proj + qd, ws->proj + qd + kd, R,
-                                        ws->proj, R, ws->pos, s->attn_heads, 0.0f, ws->g));
+                                        ws->proj, R, pos, s->attn_heads, 0.0f, ws->g));
     KVF_KCALL(kvf_mat_gemm(dev, ws, T, ws->g, qd, &w->o_proj, w->o_bias, ws->out, H));
     return kvf_reduce_residual(ctx, ws, (size_t)T, (size_t)H, status);
 }
@@ -590,7 +616,7 @@ static kvf_status_t kvf_fwd_mlp(kvf_model_h m, const kvf_rank_ctx_t *ctx, int l,
 {
     const kvf_model_config_t *cfg = &m->cfg;
     const kvf_layer_w_t *w = &m->ranks[ctx->rank].layers[l];
-    const kvf_device_t *dev = kvf_page_pool_device(ctx->pool);
+    const kvf_device_t *dev = kvf_fwd_dev(ctx);
     struct kvf_model_ws *ws = ctx->ws;
     const int H = cfg->hidden_size;
 
@@ -644,7 +670,7 @@ static kvf_status_t kvf_fwd_moe(kvf_model_h m, const kvf_rank_ctx_t *ctx, int l,
     const kvf_rank_w_t *rw = &m->ranks[ctx->rank];
     const kvf_shard_t *s = &rw->shard;
     const kvf_layer_w_t *w = &rw->layers[l];
-    const kvf_device_t *dev = kvf_page_pool_device(ctx->pool);
+    const kvf_device_t *dev = kvf_fwd_dev(ctx);
     struct kvf_model_ws *ws = ctx->ws;
     const int H = cfg->hidden_size, E = cfg->moe_num_experts, k = cfg->moe_top_k;
     const int32_t *route_idx = NULL;
@@ -726,36 +752,59 @@ static kvf_status_t kvf_fwd_head_sample(const kvf_device_t *dev, struct kvf_mode
 }
 
 /*
- * Rank 0's head: norm_f and lm_head on the last token of every sequence that wants its
- * logits, its greedy token or a device sample; the greedy ids by an argmax on the device,
- * copied back in one call (the step's one synchronisation when nobody wants logits), or,
- * when some sequence samples on the device, every row through the device sampler (one
- * upload, one download); logits copied per sequence only for those that asked (host
- * sampling, --print-logits).
+ * Rank 0's head, first half: norm_f and lm_head on the last token of every sequence that
+ * wants its logits, its greedy token or a device sample, into ws->logits (the rows in seq
+ * order). Device work only: a graphed step records it.
  */
-static kvf_status_t kvf_fwd_head(kvf_model_h m, const kvf_rank_ctx_t *ctx,
-                                 const kvf_fwd_batch_t *batch, kvf_status_t status)
+static kvf_status_t kvf_fwd_head_logits(kvf_model_h m, const kvf_rank_ctx_t *ctx,
+                                        const kvf_fwd_batch_t *batch, kvf_status_t status)
 {
     const kvf_model_config_t *cfg = &m->cfg;
-    const kvf_device_t *dev = kvf_page_pool_device(ctx->pool);
+    const kvf_device_t *dev = kvf_fwd_dev(ctx);
     const kvf_rep_w_t *rep = kvf_model_rep(m, ctx->rank);
     struct kvf_model_ws *ws = ctx->ws;
     const int H = cfg->hidden_size, V = cfg->vocab_size;
     int ns = 0, o = 0;
-    bool tokens = false, sample = false;
 
     for (int i = 0; i < batch->num_seqs; ++i) {
         const kvf_fwd_seq_t *sq = &batch->seqs[i];
         o += sq->num_tokens;
         if ((sq->logits != NULL) || (sq->token != NULL) || (sq->sample != NULL)) {
             ws->last_rows[ns++] = o - 1;   /* the last token of each seq wanting logits */
+        }
+    }
+    KVF_KCALL(kvf_gather_rows(dev, ws->h, KVF_DTYPE_FP32, H,
+                              (ws->in != NULL) ? ws->in->last_rows : ws->last_rows, ns,
+                              ws->last));
+    KVF_KCALL(kvf_rmsnorm(dev, ws->last, rep->norm_f, ws->last, ns, H, (float)cfg->norm_eps));
+    KVF_KCALL(kvf_mat_gemm(dev, ws, ns, ws->last, H, &rep->lm_head, NULL, ws->logits, V));
+    return status;
+}
+
+/*
+ * Rank 0's head, second half, on the rank's own stream: the greedy ids by an argmax on the
+ * device, copied back in one call (the step's one synchronisation when nobody wants
+ * logits), or, when some sequence samples on the device, every row through the device
+ * sampler (one upload, one download); logits copied per sequence only for those that asked
+ * (host sampling, --print-logits).
+ */
+kvf_status_t kvf_fwd_head_pick(kvf_model_h m, const kvf_rank_ctx_t *ctx,
+                               const kvf_fwd_batch_t *batch, kvf_status_t status)
+{
+    const kvf_device_t *dev = kvf_page_pool_device(ctx->pool);
+    struct kvf_model_ws *ws = ctx->ws;
+    const int V = m->cfg.vocab_size;
+    int ns = 0;
+    bool tokens = false, sample = false;
+
+    for (int i = 0; i < batch->num_seqs; ++i) {
+        const kvf_fwd_seq_t *sq = &batch->seqs[i];
+        if ((sq->logits != NULL) || (sq->token != NULL) || (sq->sample != NULL)) {
+            ++ns;
             tokens |= (sq->token != NULL);
             sample |= (sq->sample != NULL);
         }
     }
-    KVF_KCALL(kvf_gather_rows(dev, ws->h, KVF_DTYPE_FP32, H, ws->last_rows, ns, ws->last));
-    KVF_KCALL(kvf_rmsnorm(dev, ws->last, rep->norm_f, ws->last, ns, H, (float)cfg->norm_eps));
-    KVF_KCALL(kvf_mat_gemm(dev, ws, ns, ws->last, H, &rep->lm_head, NULL, ws->logits, V));
     if (sample && (status == KVF_OK)) {
         status = kvf_fwd_head_sample(dev, ws, batch, ns, V);
     } else if (tokens) {
@@ -785,17 +834,67 @@ static kvf_status_t kvf_fwd_head(kvf_model_h m, const kvf_rank_ctx_t *ctx,
     return status;
 }
 
-kvf_status_t kvf_model_forward_rank(kvf_model_h m, const kvf_rank_ctx_t *ctx,
-                                    const kvf_fwd_batch_t *batch)
+kvf_status_t kvf_fwd_body(kvf_model_h m, const kvf_rank_ctx_t *ctx,
+                          const kvf_fwd_batch_t *batch, int T)
 {
     const kvf_model_config_t *cfg = &m->cfg;
-    const kvf_device_t *dev = kvf_page_pool_device(ctx->pool);
-    const kvf_device_t *wdev = &m->ranks[ctx->rank].dev;
+    const kvf_device_t *dev = kvf_fwd_dev(ctx);
     const kvf_rep_w_t *rep = kvf_model_rep(m, ctx->rank);
     struct kvf_model_ws *ws = ctx->ws;
     const int H = cfg->hidden_size;
+    kvf_status_t status = KVF_OK;
+    int o = 0;
+
+    for (int i = 0; i < batch->num_seqs; ++i) {
+        const kvf_fwd_seq_t *sq = &batch->seqs[i];
+        for (int t = 0; t < sq->num_tokens; ++t, ++o) {
+            ws->ids[o] = sq->tokens[t];
+        }
+    }
+    /* embedding lookup (ids checked against the vocabulary by kvf_batch_check) */
+    KVF_KCALL(kvf_gather_rows(dev, rep->embed.data, rep->embed.dtype, H,
+                              (ws->in != NULL) ? ws->in->ids : ws->ids, T, ws->h));
+    for (int l = 0; l < cfg->num_layers; ++l) {
+        /* h += the previous layer's output (none before layer 0), then this layer's norm */
+        status = kvf_fwd_norm(dev, ws, l > 0, rep->norm_w[l], T, H, (float)cfg->norm_eps,
+                              status);
+        switch (cfg->layer_kinds[l]) {
+        case KVF_LAYER_MAMBA:
+            status = kvf_fwd_mamba(m, ctx, batch, l, T, status);
+            break;
+        case KVF_LAYER_ATTENTION:
+            status = kvf_fwd_attention(m, ctx, batch, l, T, status);
+            if (cfg->dense_mlp_in_layer) {
+                status = kvf_fwd_norm(dev, ws, true, rep->norm2_w[l], T, H,
+                                      (float)cfg->norm_eps, status);
+                status = kvf_fwd_mlp(m, ctx, l, T, status);
+            }
+            break;
+        case KVF_LAYER_MOE:
+            status = kvf_fwd_moe(m, ctx, l, T, status);
+            break;
+        default:
+            status = kvf_fwd_mlp(m, ctx, l, T, status);
+            break;
+        }
+    }
+    if (cfg->num_layers > 0) {
+        KVF_KCALL(kvf_add(dev, ws->h, ws->out, (size_t)T * (size_t)H));   /* the last layer's */
+    }
+    if (ctx->rank == 0) {
+        status = kvf_fwd_head_logits(m, ctx, batch, status);
+    }
+    return status;
+}
+
+kvf_status_t kvf_model_forward_rank(kvf_model_h m, const kvf_rank_ctx_t *ctx,
+                                    const kvf_fwd_batch_t *batch)
+{
+    const kvf_device_t *dev = kvf_page_pool_device(ctx->pool);
+    const kvf_device_t *wdev = &m->ranks[ctx->rank].dev;
+    struct kvf_model_ws *ws = ctx->ws;
     kvf_status_t status;
-    int T = 0, o = 0;
+    int T = 0;
     bool grow;
 
     for (int i = 0; i < batch->num_seqs; ++i) {
@@ -841,44 +940,14 @@ kvf_status_t kvf_model_forward_rank(kvf_model_h m, const kvf_rank_ctx_t *ctx,
         KVF_KCALL(kvf_device_bind(dev));   /* this rank thread's current device */
     }
     (void)kvf_fwd_profile_thread(ctx->rank, dev);
-    for (int i = 0; i < batch->num_seqs; ++i) {
-        const kvf_fwd_seq_t *sq = &batch->seqs[i];
-        for (int t = 0; t < sq->num_tokens; ++t, ++o) {
-            ws->ids[o] = sq->tokens[t];
-        }
+    if ((status == KVF_OK) && kvf_fwd_graph_try(m, ctx, batch, T, &status)) {
+        return status;   /* a decode step replayed (or recorded) as a CUDA graph */
     }
-    /* embedding lookup (ids checked against the vocabulary by kvf_batch_check) */
-    KVF_KCALL(kvf_gather_rows(dev, rep->embed.data, rep->embed.dtype, H, ws->ids, T, ws->h));
-    for (int l = 0; l < cfg->num_layers; ++l) {
-        /* h += the previous layer's output (none before layer 0), then this layer's norm */
-        status = kvf_fwd_norm(dev, ws, l > 0, rep->norm_w[l], T, H, (float)cfg->norm_eps,
-                              status);
-        switch (cfg->layer_kinds[l]) {
-        case KVF_LAYER_MAMBA:
-            status = kvf_fwd_mamba(m, ctx, batch, l, T, status);
-            break;
-        case KVF_LAYER_ATTENTION:
-            status = kvf_fwd_attention(m, ctx, batch, l, T, status);
-            if (cfg->dense_mlp_in_layer) {
-                status = kvf_fwd_norm(dev, ws, true, rep->norm2_w[l], T, H,
-                                      (float)cfg->norm_eps, status);
-                status = kvf_fwd_mlp(m, ctx, l, T, status);
-            }
-            break;
-        case KVF_LAYER_MOE:
-            status = kvf_fwd_moe(m, ctx, l, T, status);
-            break;
-        default:
-            status = kvf_fwd_mlp(m, ctx, l, T, status);
-            break;
-        }
+    if (status == KVF_OK) {
+        status = kvf_fwd_body(m, ctx, batch, T);
     }
-    if (cfg->num_layers > 0) {
-        KVF_KCALL(kvf_add(dev, ws->h, ws->out, (size_t)T * (size_t)H));   /* the last layer's */
-    }
-
     if (ctx->rank == 0) {
-        status = kvf_fwd_head(m, ctx, batch, status);
+        status = kvf_fwd_head_pick(m, ctx, batch, status);
     }
     return status;
 }

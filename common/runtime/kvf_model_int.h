@@ -148,7 +148,49 @@ struct kvf_model_ws {
     kvf_sample_row_t *srow;     /* [S] the head's sampling rows (host) */
     kvf_sample_res_t *sres;     /* [S] their results (host) */
     size_t  cap_srow;
+    /* decode steps as CUDA graphs (kvf_model_graph.c; KVF_GPU_GRAPHS=decode) */
+    uint64_t gen;               /* bumped whenever a (dev) buffer above moves */
+    const kvf_device_t *run_dev;   /* set: the forward launches here (a capture stream) */
+    struct kvf_step_in *in;     /* set: the step's inputs come from the published block */
+    struct kvf_fwd_graphs *graphs; /* NULL: every step eager */
 };
+
+/* ---- the forward's parts, for kvf_model_graph.c --------------------------------- */
+
+/* The published inputs of a graphed decode step (kvf_model_graph.c): host arrays inside one
+ * block whose device copy each replay reads. */
+struct kvf_step_in {
+    int32_t  *ids;          /* [S] the token of each request */
+    int32_t  *pos;          /* [S] its position */
+    int32_t  *last_rows;    /* [S] 0, 1, ... S - 1 */
+    int32_t **attn;         /* [num_groups] per attention cache group: the packed table of
+                             * kvf_attn_seqs_t (packed_maxb = maxb); NULL otherwise */
+    void    **mamba;        /* [num_layers] per Mamba layer: kvf_ssm_seqs_t.packed */
+    int       maxb;         /* table width: the step limits' max_blocks */
+    int       split_blocks; /* kernel blocks of the longest context the limits allow */
+};
+
+/* Embedding, every layer and the head's logits (ws->logits) of @a batch (T tokens) on
+ * @a dev (ws->run_dev when set): the work a graphed step records. */
+kvf_status_t kvf_fwd_body(kvf_model_h m, const kvf_rank_ctx_t *ctx,
+                          const kvf_fwd_batch_t *batch, int T);
+/* Rank 0's tokens from ws->logits: device sampling or argmax, the step's one copy back,
+ * logits copied for the seqs that asked. */
+kvf_status_t kvf_fwd_head_pick(kvf_model_h m, const kvf_rank_ctx_t *ctx,
+                               const kvf_fwd_batch_t *batch, kvf_status_t status);
+/* The dt clamp of a seq's one-token Mamba2 step (the scan's for a prompt's last token). */
+float kvf_fwd_step_dt_min(const kvf_model_config_t *cfg, const kvf_fwd_seq_t *sq);
+
+/* kvf_model_graph.c: set up at kvf_model_ws_prepare() when KVF_GPU_GRAPHS asks (refused by
+ * name when its value is unknown), freed by kvf_model_ws_destroy(). */
+kvf_status_t kvf_fwd_graphs_prepare(kvf_model_h m, const kvf_rank_ctx_t *ctx,
+                                    const kvf_step_limits_t *lim);
+void kvf_fwd_graphs_destroy(struct kvf_model_ws *ws);
+/* Run @a batch's step through its graph when it qualifies: true with *status_p set when it
+ * did (tokens picked too), false when the caller must run it eagerly (nothing launched
+ * that matters: at most the inputs' upload). */
+bool kvf_fwd_graph_try(kvf_model_h m, const kvf_rank_ctx_t *ctx, const kvf_fwd_batch_t *batch,
+                       int T, kvf_status_t *status_p);
 
 /* Weights to the ranks' devices (kvf_model_dev.c): after the host load, CUDA only. */
 kvf_status_t kvf_model_upload(kvf_model_h m);

@@ -237,7 +237,8 @@ static void run_case(const acase_t *c, kvf_dtype_t dt)
     float *da = up(NULL, (size_t)T * ldq * 4), *db = up(NULL, (size_t)T * ldq * 4);
     float *ha = malloc((size_t)T * ldq * 4), *hb = malloc((size_t)T * ldq * 4);
     const int32_t *const *ctab = (const int32_t *const *)tab;
-    kvf_attn_seqs_t seqs = {nseq, rows, ctab, nb};
+    kvf_attn_seqs_t seqs = {.num_seqs = nseq, .num_tokens = rows, .block_tables = ctab,
+                            .num_blocks = nb};
     arun_t r = {&kv, (c->num_seqs == 0) ? NULL : &seqs, dk, dv, dq, pos, T, c->q_heads,
                 1.0f / sqrtf((float)hd), da};
     kvf_attn_gpu_impl_t ran_a = KVF_ATTN_GPU_TILED, ran_b = KVF_ATTN_GPU_PERTOKEN;

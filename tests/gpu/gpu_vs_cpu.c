@@ -741,7 +741,8 @@ static void check_attention_seqs(kvf_dtype_t dt)
     float *dq = up(q, qn * 4), *dk = up(k, kn * 4), *dv = up(v, kn * 4), *dout = up(NULL, qn * 4);
     void *dpool = up(pc, pool_bytes);
     kvf_paged_kv_t kc = kv, kg = kv;
-    kvf_attn_seqs_t seqs = {3, pre, tables, nb};
+    kvf_attn_seqs_t seqs = {.num_seqs = 3, .num_tokens = pre, .block_tables = tables,
+                            .num_blocks = nb};
     static const int one[3] = {1, 1, 1};
     const int ld = A_KVH * A_HD, ldq = A_QH * A_HD;
     char name[64];
@@ -770,6 +771,29 @@ static void check_attention_seqs(kvf_dtype_t dt)
                                              ldq, pos + T, A_QH, 0.0f, dout));
     down(og, dout, (size_t)3 * A_QH * A_HD * 4);
     rowf("attn 3 seqs decode", kvf_dtype_name(dt), og, oc, (size_t)3 * A_QH * A_HD, 1e-5);
+    {
+        /* a graphed decode step's call (kvf_model_graph.c): the tables packed by the caller
+         * (width 4), split-K sized for a far longer context: the unpacked call's bits */
+        enum { W = 4 };
+        int32_t packed[2 * 3 + 3 * W] = {0, 1, 2};
+        float *o2 = malloc((size_t)3 * A_QH * A_HD * 4);
+        kvf_attn_seqs_t ps = seqs;
+        for (int i = 0; i < 3; ++i) {
+            packed[3 + i] = pos[T + i];
+            memcpy(packed + 6 + i * W, tables[i], (size_t)nb[i] * sizeof(int32_t));
+        }
+        ps.packed = packed;
+        ps.packed_maxb = W;
+        ps.split_blocks = 4000;
+        CK("seqs gpu packed", kvf_attn_write_paged_seqs(&gdev, &kg, &ps, dk + (size_t)T * ld,
+                                                        dv + (size_t)T * ld, ld,
+                                                        dq + (size_t)T * ldq, ldq, pos + T,
+                                                        A_QH, 0.0f, dout));
+        down(o2, dout, (size_t)3 * A_QH * A_HD * 4);
+        rowf("attn decode packed, 64 splits (bits)", kvf_dtype_name(dt), o2, og,
+             (size_t)3 * A_QH * A_HD, 0.0);
+        free(o2);
+    }
     down(pg, dpool, pool_bytes);
     row("attn 3 seqs (pool)", kvf_dtype_name(dt), pg, pc, dt, pool_bytes / kvf_dtype_size(dt),
         0.0);
@@ -1000,7 +1024,10 @@ static void check_ssm_seqs(kvf_dtype_t dt)
         dconvp[i] = dconv + (size_t)(S - 1 - i) * cbytes;
         dssmp[i] = dssm + (size_t)(S - 1 - i) * sbytes;
     }
-    kvf_ssm_seqs_t qc = {S, rows, hconv, hssm, dtmin}, qg = {S, rows, dconvp, dssmp, dtmin};
+    kvf_ssm_seqs_t qc = {.num_seqs = S, .rows = rows, .conv_states = hconv,
+                         .ssm_states = hssm, .dt_min = dtmin};
+    kvf_ssm_seqs_t qg = {.num_seqs = S, .rows = rows, .conv_states = dconvp,
+                         .ssm_states = dssmp, .dt_min = dtmin};
     kvf_mamba2_params_t pc = {H, P, G, N, dtb, al, D, 0.0f, INFINITY};
     kvf_mamba2_params_t pg = {H, P, G, N, ddtb, dal, dD, 0.0f, INFINITY};
     CK("ssm seqs cpu", kvf_ssm_decode_seqs(NULL, &qc, xin + HP, R, CD, K, cw, cb, dt, xc, CD,
