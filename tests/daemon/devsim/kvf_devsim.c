@@ -28,7 +28,16 @@
  *   decode_steps N decode_allocs A decode_d2h D decode_syncs S decode_d2h_max M
  * (device allocations, device-to-host copies, stream syncs), so a test can assert that a
  * step allocates nothing and reads back only the sampled ids. Workspaces reserved at start
- * (kvf_device_workspace_reserve) are recorded, not allocated. What it cannot check:
+ * (kvf_device_workspace_reserve) are recorded, not allocated. CUDA graphs
+ * (kvf_device_graph.h) are emulated as what makes a replay right: the first run of a shape
+ * runs its body and records every kernel call (name and arguments: scalars, pointers, the
+ * fields of the parameter structs a launcher reads); a replay runs the body again and
+ * counts any call that differs from the recording (a real replay would have launched the
+ * recorded one); inside a body, a host array a launcher uploads must lie in the published
+ * step inputs, whose device copy must hold the same bytes, and host copies, syncs,
+ * allocations and per-request attention are counted as errors:
+ *   graph_captures C graph_replays R graph_mismatches M graph_host_inputs H
+ * What it cannot check:
  * CUDA kernels themselves, stream concurrency, UCX moving real device
  * memory (tests/gpu, on a GPU).
  */
@@ -39,6 +48,7 @@
 #include "kvf_collectives.h"
 #include "kvf_conv1d.h"
 #include "kvf_device.h"
+#include "kvf_device_graph.h"
 #include "kvf_gemm.h"
 #include "kvf_gemm_narrow.h"
 #include "kvf_mamba2.h"
@@ -75,7 +85,8 @@ static atomic_ullong st_opened, st_allocs, st_alloc_bytes, st_kernels, st_blocks
     st_blocks_zero_pages, st_zero_range_calls, st_zero_range_bytes, st_d2h_calls, st_d2h_bytes,
     st_h2d_bytes, st_syncs, st_streams, st_binds, st_host_ptr_errors, st_ucx_maps,
     st_wrong_device, st_ws_reserves, st_ws_device_bytes, st_ws_staging_bytes,
-    st_decode_steps, st_decode_allocs, st_decode_d2h, st_decode_syncs, st_decode_d2h_max;
+    st_decode_steps, st_decode_allocs, st_decode_d2h, st_decode_syncs, st_decode_d2h_max,
+    st_graph_captures, st_graph_replays, st_graph_mismatches, st_graph_host_inputs;
 /* the calling thread's current GPU, as CUDA keeps it: 0 until a call sets it */
 static _Thread_local int devsim_current;
 /* what this thread did: a step's share is the difference across kvf_tp_runner_step */
@@ -160,6 +171,175 @@ static bool devsim_is_cuda(const kvf_device_t *dev)
     return (dev != NULL) && (dev->kind == KVF_DEVICE_CUDA);
 }
 
+/* ---- CUDA graphs: recordings of kernel calls, replays compared with them ------------- */
+
+/* the calling thread's graph body, if any: 1 recording, 2 replaying */
+static _Thread_local int tl_graph;
+static _Thread_local const char *tl_in_lo, *tl_in_hi;   /* the published step inputs */
+static _Thread_local struct devsim_rec *tl_rec;
+static _Thread_local size_t tl_rec_pos;
+
+typedef struct devsim_rec {
+    uint64_t  key;
+    uint64_t *calls;   /* a hash per kernel call, in order */
+    size_t    n, cap;
+} devsim_rec_t;
+
+typedef struct {
+    kvf_device_t              dev;
+    devsim_rec_t             *recs;
+    int                       n, max;
+    kvf_device_graphs_stats_t st;
+} devsim_graphs_t;
+
+static void devsim_graph_error(atomic_ullong *counter, const char *what)
+{
+    if (atomic_fetch_add(counter, 1) < 8) {
+        fprintf(stderr, "devsim: in a CUDA graph body: %s\n", what);
+    }
+}
+
+/* A host array of @a bytes a launcher uploads: inside a graph body it must be published. */
+static void devsim_want_input(const void *p, size_t bytes, const char *what)
+{
+    const char *c = p;
+
+    if ((tl_graph != 0) && (bytes > 0) &&
+        ((c == NULL) || (c < tl_in_lo) || (c > tl_in_hi) || ((size_t)(tl_in_hi - c) < bytes))) {
+        char msg[160];
+        snprintf(msg, sizeof(msg), "%s: %zu bytes at %p outside the published inputs", what,
+                 bytes, p);
+        devsim_graph_error(&st_graph_host_inputs, msg);
+    }
+}
+
+/* Work a graph cannot hold (a host copy, a sync, an allocation, per-call host tables). */
+static void devsim_not_in_graph(const char *what)
+{
+    if (tl_graph != 0) {
+        devsim_graph_error(&st_graph_host_inputs, what);
+    }
+}
+
+static uint64_t devsim_mix(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; ++i) {
+        h = (h ^ b[i]) * 1099511628211ull;   /* FNV-1a */
+    }
+    return h;
+}
+
+/* A kernel call inside a graph body: recorded, or compared with the recording. */
+static void devsim_graph_call(const char *name, uint64_t h)
+{
+    h = devsim_mix(h, name, strlen(name));
+    if (tl_graph == 1) {
+        devsim_rec_t *r = tl_rec;
+        if (r->n == r->cap) {
+            size_t cap = r->cap ? 2 * r->cap : 256;
+            uint64_t *c = realloc(r->calls, cap * sizeof(*c));
+            if (c == NULL) {
+                abort();   /* test binary: out of memory */
+            }
+            r->calls = c;
+            r->cap = cap;
+        }
+        r->calls[r->n++] = h;
+    } else if (tl_graph == 2) {
+        if ((tl_rec_pos >= tl_rec->n) || (tl_rec->calls[tl_rec_pos] != h)) {
+            char msg[160];
+            snprintf(msg, sizeof(msg), "call %zu (%s) is not the recorded one: a replay would "
+                     "have launched something else", tl_rec_pos, name);
+            devsim_graph_error(&st_graph_mismatches, msg);
+        }
+        tl_rec_pos++;
+    }
+}
+
+/* argument hashes: raw bytes, or the fields of a parameter struct a launcher reads (its
+ * padding and per-request host views left out) */
+static uint64_t devsim_h_raw(uint64_t h, const void *a, size_t n)
+{
+    return devsim_mix(h, a, n);
+}
+
+static uint64_t devsim_h_kv(uint64_t h, const void *a, size_t n)
+{
+    const kvf_paged_kv_t *kv = *(const kvf_paged_kv_t *const *)a;
+    const long long f[] = {(long long)(uintptr_t)kv->base, (long long)kv->page_size, kv->slots,
+                           kv->slot, kv->dtype, kv->kv_heads, kv->head_dim, kv->block_size,
+                           kv->kernel_block_size};
+    (void)n;
+    return devsim_mix(h, f, sizeof(f));
+}
+
+static uint64_t devsim_h_aseqs(uint64_t h, const void *a, size_t n)
+{
+    const kvf_attn_seqs_t *q = *(const kvf_attn_seqs_t *const *)a;
+    const long long f[] = {q->num_seqs, (long long)(uintptr_t)q->packed, q->packed_maxb,
+                           q->split_blocks};
+    (void)n;
+    h = devsim_mix(h, f, sizeof(f));
+    return devsim_mix(h, q->num_tokens, (size_t)q->num_seqs * sizeof(int));
+}
+
+static uint64_t devsim_h_sseqs(uint64_t h, const void *a, size_t n)
+{
+    const kvf_ssm_seqs_t *q = *(const kvf_ssm_seqs_t *const *)a;
+    const long long f[] = {q->num_seqs, (long long)(uintptr_t)q->packed};
+    (void)n;
+    return devsim_mix(h, f, sizeof(f));
+}
+
+static uint64_t devsim_h_mp(uint64_t h, const void *a, size_t n)
+{
+    const kvf_mamba2_params_t *p = *(const kvf_mamba2_params_t *const *)a;
+    const long long f[] = {p->heads, p->head_dim, p->groups, p->state_size,
+                           (long long)(uintptr_t)p->dt_bias, (long long)(uintptr_t)p->A_log,
+                           (long long)(uintptr_t)p->D};
+    (void)n;
+    h = devsim_mix(h, f, sizeof(f));
+    h = devsim_mix(h, &p->dt_min, sizeof(p->dt_min));
+    return devsim_mix(h, &p->dt_max, sizeof(p->dt_max));
+}
+
+#define DEVSIM_HASH_ARG(a)                                                             \
+    devsim_h_ = _Generic((a),                                                          \
+                         const kvf_paged_kv_t *: devsim_h_kv,                          \
+                         const kvf_attn_seqs_t *: devsim_h_aseqs,                      \
+                         const kvf_ssm_seqs_t *: devsim_h_sseqs,                       \
+                         const kvf_mamba2_params_t *: devsim_h_mp,                     \
+                         default: devsim_h_raw)(devsim_h_, &(a), sizeof(a));
+#define DEVSIM_NARGS_(_1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15, \
+                      _16, _17, _18, N, ...) N
+#define DEVSIM_NARGS(...) \
+    DEVSIM_NARGS_(__VA_ARGS__, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1)
+#define DEVSIM_FE_1(m, a) m(a)
+#define DEVSIM_FE_2(m, a, ...) m(a) DEVSIM_FE_1(m, __VA_ARGS__)
+#define DEVSIM_FE_3(m, a, ...) m(a) DEVSIM_FE_2(m, __VA_ARGS__)
+#define DEVSIM_FE_4(m, a, ...) m(a) DEVSIM_FE_3(m, __VA_ARGS__)
+#define DEVSIM_FE_5(m, a, ...) m(a) DEVSIM_FE_4(m, __VA_ARGS__)
+#define DEVSIM_FE_6(m, a, ...) m(a) DEVSIM_FE_5(m, __VA_ARGS__)
+#define DEVSIM_FE_7(m, a, ...) m(a) DEVSIM_FE_6(m, __VA_ARGS__)
+#define DEVSIM_FE_8(m, a, ...) m(a) DEVSIM_FE_7(m, __VA_ARGS__)
+#define DEVSIM_FE_9(m, a, ...) m(a) DEVSIM_FE_8(m, __VA_ARGS__)
+#define DEVSIM_FE_10(m, a, ...) m(a) DEVSIM_FE_9(m, __VA_ARGS__)
+#define DEVSIM_FE_11(m, a, ...) m(a) DEVSIM_FE_10(m, __VA_ARGS__)
+#define DEVSIM_FE_12(m, a, ...) m(a) DEVSIM_FE_11(m, __VA_ARGS__)
+#define DEVSIM_FE_13(m, a, ...) m(a) DEVSIM_FE_12(m, __VA_ARGS__)
+#define DEVSIM_FE_14(m, a, ...) m(a) DEVSIM_FE_13(m, __VA_ARGS__)
+#define DEVSIM_FE_15(m, a, ...) m(a) DEVSIM_FE_14(m, __VA_ARGS__)
+#define DEVSIM_FE_16(m, a, ...) m(a) DEVSIM_FE_15(m, __VA_ARGS__)
+#define DEVSIM_FE_17(m, a, ...) m(a) DEVSIM_FE_16(m, __VA_ARGS__)
+#define DEVSIM_CAT_(a, b) a##b
+#define DEVSIM_CAT(a, b) DEVSIM_CAT_(a, b)
+#define DEVSIM_FE(m, ...) DEVSIM_CAT(DEVSIM_FE_, DEVSIM_NARGS(__VA_ARGS__))(m, __VA_ARGS__)
+/* the hash of a call's arguments after the device (the first) */
+#define DEVSIM_ARGS_HASH_(dev_, ...) DEVSIM_FE(DEVSIM_HASH_ARG, __VA_ARGS__)
+#define DEVSIM_ARGS_HASH(...) DEVSIM_ARGS_HASH_(__VA_ARGS__)
+#define DEVSIM_UNPAREN(...) __VA_ARGS__
+
 static void devsim_report(void)
 {
     fprintf(stderr, "devsim: gpus %d opened %llu allocs %llu (%llu bytes) kernels %llu "
@@ -167,7 +347,8 @@ static void devsim_report(void)
             "calls %llu bytes h2d %llu bytes syncs %llu streams %llu binds %llu ucx_maps %llu "
             "host_ptr_errors %llu wrong_device %llu ws_reserves %llu ws_device_bytes %llu "
             "ws_staging_bytes %llu decode_steps %llu decode_allocs %llu decode_d2h %llu "
-            "decode_syncs %llu decode_d2h_max %llu\n", devsim_count(),
+            "decode_syncs %llu decode_d2h_max %llu graph_captures %llu graph_replays %llu "
+            "graph_mismatches %llu graph_host_inputs %llu\n", devsim_count(),
             (unsigned long long)st_opened,
             (unsigned long long)st_allocs, (unsigned long long)st_alloc_bytes,
             (unsigned long long)st_kernels, (unsigned long long)st_blocks_zero_calls,
@@ -180,7 +361,9 @@ static void devsim_report(void)
             (unsigned long long)st_ws_reserves, (unsigned long long)st_ws_device_bytes,
             (unsigned long long)st_ws_staging_bytes, (unsigned long long)st_decode_steps,
             (unsigned long long)st_decode_allocs, (unsigned long long)st_decode_d2h,
-            (unsigned long long)st_decode_syncs, (unsigned long long)st_decode_d2h_max);
+            (unsigned long long)st_decode_syncs, (unsigned long long)st_decode_d2h_max,
+            (unsigned long long)st_graph_captures, (unsigned long long)st_graph_replays,
+            (unsigned long long)st_graph_mismatches, (unsigned long long)st_graph_host_inputs);
 }
 
 __attribute__((constructor)) static void devsim_init(void)
@@ -264,6 +447,7 @@ int __wrap_kvf_device_alloc(const kvf_device_t *dev, size_t bytes, void **ptr_p)
     if (!devsim_is_cuda(dev)) {
         return __real_kvf_device_alloc(dev, bytes, ptr_p);
     }
+    devsim_not_in_graph("kvf_device_alloc (cudaMalloc cannot be recorded)");
     if (bytes == 0) {
         return KVF_KERN_EINVAL;
     }
@@ -355,11 +539,13 @@ int __wrap_kvf_device_memcpy(const kvf_device_t *dev, void *dst, const void *src
         case KVF_COPY_H2D:
             devsim_want_dev_fn(dst, "kvf_device_memcpy H2D dst");
             devsim_want_host(src, "kvf_device_memcpy H2D src");
+            devsim_want_input(src, bytes, "kvf_device_memcpy H2D src");
             st_h2d_bytes += bytes;
             break;
         case KVF_COPY_D2H:
             devsim_want_host(dst, "kvf_device_memcpy D2H dst");
             devsim_want_dev_fn(src, "kvf_device_memcpy D2H src");
+            devsim_not_in_graph("kvf_device_memcpy D2H (the host waits for it)");
             st_d2h_calls++;
             tl_d2h++;
             st_d2h_bytes += bytes;
@@ -370,6 +556,12 @@ int __wrap_kvf_device_memcpy(const kvf_device_t *dev, void *dst, const void *src
             break;
         default:
             break;
+        }
+        if (tl_graph != 0) {
+            uint64_t h = devsim_mix(1469598103934665603ull, &dst, sizeof(dst));
+            h = devsim_mix(h, &src, sizeof(src));
+            h = devsim_mix(h, &bytes, sizeof(bytes));
+            devsim_graph_call("kvf_device_memcpy", devsim_mix(h, &kind, sizeof(kind)));
         }
         dev = &cpu;
     }
@@ -383,6 +575,7 @@ int __wrap_kvf_device_sync(const kvf_device_t *dev)
     if (!devsim_is_cuda(dev)) {
         return __real_kvf_device_sync(dev);
     }
+    devsim_not_in_graph("kvf_device_sync");
     st_syncs++;
     tl_syncs++;
     return KVF_KERN_OK;
@@ -631,6 +824,27 @@ int __wrap_kvf_zero_ranges_batch(const kvf_device_t *dev, void *base, const size
     return KVF_KERN_OK;
 }
 
+/* A graphed step's batched attention: its tables packed in the published inputs (the
+ * launcher reads no other host array then) and split-K of a fixed shape. */
+static void devsim_want_seqs_packed(const kvf_attn_seqs_t *q)
+{
+    size_t T = 0;
+
+    if (tl_graph == 0) {
+        return;
+    }
+    if ((q->packed == NULL) || (q->split_blocks <= 0)) {
+        devsim_not_in_graph("kvf_attn_write_paged_seqs without packed tables and fixed "
+                            "split-K (packs and uploads them per call)");
+        return;
+    }
+    for (int i = 0; i < q->num_seqs; ++i) {
+        T += (size_t)q->num_tokens[i];
+    }
+    devsim_want_input(q->packed, (2 * T + (size_t)q->num_seqs * (size_t)q->packed_maxb) * 4,
+                      "kvf_attn_write_paged_seqs packed");
+}
+
 /* ---- kernels: a CUDA device runs the CPU version ------------------------------ */
 
 /* @a dev (a parameter) becomes the CPU when it is a simulated GPU; counts the launch. */
@@ -655,6 +869,11 @@ int __wrap_kvf_zero_ranges_batch(const kvf_device_t *dev, void *base, const size
         DEVSIM_ON_CPU(dev);                                                            \
         if (devsim_gpu_) {                                                             \
             _checks;                                                                   \
+            if (tl_graph != 0) {                                                       \
+                uint64_t devsim_h_ = 1469598103934665603ull;                           \
+                DEVSIM_ARGS_HASH(DEVSIM_UNPAREN _args)                                 \
+                devsim_graph_call(#_name, devsim_h_);                                  \
+            }                                                                          \
         }                                                                              \
         return __real_##_name _args;                                                   \
     }
@@ -669,12 +888,14 @@ DEVSIM_KERNEL(kvf_attn_cache_write, (const kvf_device_t *dev, const kvf_paged_kv
                                      const int32_t *positions, int num_tokens),
               (dev, kv, k, v, ld, positions, num_tokens),
               (devsim_want_dev(k, "kvf_attn_cache_write k"),
-               devsim_want_dev(v, "kvf_attn_cache_write v")))
+               devsim_want_dev(v, "kvf_attn_cache_write v"),
+               devsim_not_in_graph("kvf_attn_cache_write (uploads its block table per call)")))
 DEVSIM_KERNEL(kvf_attn_paged, (const kvf_device_t *dev, const kvf_paged_kv_t *kv, const float *q,
                                int ldq, const int32_t *positions, int num_tokens, int q_heads,
                                float scale, float *out),
               (dev, kv, q, ldq, positions, num_tokens, q_heads, scale, out),
-              (devsim_want_dev(q, "kvf_attn_paged q"), devsim_want_dev(out, "kvf_attn_paged out")))
+              (devsim_want_dev(q, "kvf_attn_paged q"), devsim_want_dev(out, "kvf_attn_paged out"),
+               devsim_not_in_graph("kvf_attn_paged (uploads its block table per call)")))
 DEVSIM_KERNEL(kvf_conv1d_chunk, (const kvf_device_t *dev, const float *x, int ldx, int T,
                                  int channels, int kernel, const float *w, const float *bias,
                                  int silu, void *state, kvf_dtype_t state_dtype, int has_state,
@@ -748,13 +969,16 @@ DEVSIM_KERNEL(kvf_gather_rows, (const kvf_device_t *dev, const void *src, kvf_dt
                                 int cols, const int32_t *ids, int n, float *dst),
               (dev, src, src_dtype, cols, ids, n, dst),
               (devsim_want_dev(src, "kvf_gather_rows src"),
-               devsim_want_dev(dst, "kvf_gather_rows dst")))
+               devsim_want_dev(dst, "kvf_gather_rows dst"),
+               devsim_want_input(ids, (size_t)n * 4, "kvf_gather_rows ids")))
 DEVSIM_KERNEL(kvf_scatter_add_rows, (const kvf_device_t *dev, float *y, int ldy,
                                      const int32_t *rows, const float *wt, int n, const float *x,
                                      int cols),
               (dev, y, ldy, rows, wt, n, x, cols),
               (devsim_want_dev(x, "kvf_scatter_add_rows x"),
-               devsim_want_dev(y, "kvf_scatter_add_rows y")))
+               devsim_want_dev(y, "kvf_scatter_add_rows y"),
+               devsim_want_input(rows, (size_t)n * 4, "kvf_scatter_add_rows rows"),
+               devsim_want_input(wt, (size_t)n * 4, "kvf_scatter_add_rows wt")))
 DEVSIM_KERNEL(kvf_act_mul, (const kvf_device_t *dev, int act, const float *x, int M, int C,
                             float *y),
               (dev, act, x, M, C, y),
@@ -762,7 +986,8 @@ DEVSIM_KERNEL(kvf_act_mul, (const kvf_device_t *dev, int act, const float *x, in
 DEVSIM_KERNEL(kvf_rope, (const kvf_device_t *dev, const float *inv_freq, int head_dim,
                          const int32_t *positions, int T, float *x, int ldx, int heads),
               (dev, inv_freq, head_dim, positions, T, x, ldx, heads),
-              devsim_want_dev(x, "kvf_rope x"))
+              (devsim_want_dev(x, "kvf_rope x"),
+               devsim_want_input(positions, (size_t)T * 4, "kvf_rope positions")))
 /* the batched and fixed-order entry points the forward calls (greedy ids, the attention and
  * Mamba decode of a whole batch, the invariant GEMM and the 16-bit-weight GEMM) */
 DEVSIM_KERNEL(kvf_gemm_w, (const kvf_device_t *dev, int M, int N, int K, const float *x, int ldx,
@@ -793,7 +1018,8 @@ DEVSIM_KERNEL(kvf_attn_write_paged_seqs, (const kvf_device_t *dev, const kvf_pag
                                           float *out),
               (dev, kv, seqs, k, v, ld, q, ldq, positions, q_heads, scale, out),
               (devsim_want_dev(q, "kvf_attn_write_paged_seqs q"),
-               devsim_want_dev(out, "kvf_attn_write_paged_seqs out")))
+               devsim_want_dev(out, "kvf_attn_write_paged_seqs out"),
+               devsim_want_seqs_packed(seqs)))
 DEVSIM_KERNEL(kvf_ssm_decode_seqs, (const kvf_device_t *dev, const kvf_ssm_seqs_t *seqs,
                                     const float *x_in, int ld_in, int channels, int kernel,
                                     const float *conv_w, const float *conv_b,
@@ -803,7 +1029,10 @@ DEVSIM_KERNEL(kvf_ssm_decode_seqs, (const kvf_device_t *dev, const kvf_ssm_seqs_
               (dev, seqs, x_in, ld_in, channels, kernel, conv_w, conv_b, conv_dtype, xbc, ld_xbc,
                p, dt, lddt, ssm_dtype, y, ldy),
               (devsim_want_dev(x_in, "kvf_ssm_decode_seqs x"),
-               devsim_want_dev(y, "kvf_ssm_decode_seqs y")))
+               devsim_want_dev(y, "kvf_ssm_decode_seqs y"),
+               devsim_want_input(seqs->packed, (size_t)seqs->num_seqs *
+                                 (2 * sizeof(void *) + sizeof(int) + sizeof(float)),
+                                 "kvf_ssm_decode_seqs packed")))
 /* device sampling (kvf_sample.h): the rows' logits, parameters, entries and results are all
  * device memory (kvf_sample_batch() uploads and downloads around it, counted as copies) */
 DEVSIM_KERNEL(kvf_sample_rows, (const kvf_device_t *dev, const float *logits, int rows, int vocab,
@@ -815,3 +1044,140 @@ DEVSIM_KERNEL(kvf_sample_rows, (const kvf_device_t *dev, const float *logits, in
                devsim_want_dev(params, "kvf_sample_rows params"),
                devsim_want_dev(scratch, "kvf_sample_rows scratch"),
                devsim_want_dev(out, "kvf_sample_rows out")))
+
+/* ---- CUDA graphs (kvf_device_graph.h), emulated: see the opening comment ------------- */
+
+kvf_device_graphs_t *devsim_graphs_of(devsim_graphs_t *g);
+kvf_device_graphs_t *devsim_graphs_of(devsim_graphs_t *g)
+{
+    return (kvf_device_graphs_t *)(void *)g;
+}
+
+int __wrap_kvf_device_graphs_create(const kvf_device_t *dev, size_t arena_bytes, int max_graphs,
+                                    kvf_device_graphs_t **graphs_p);
+int __wrap_kvf_device_graphs_create(const kvf_device_t *dev, size_t arena_bytes, int max_graphs,
+                                    kvf_device_graphs_t **graphs_p)
+{
+    devsim_graphs_t *g;
+
+    (void)arena_bytes;   /* the simulated kernels take no scratch */
+    if ((dev == NULL) || (graphs_p == NULL) || (max_graphs < 1)) {
+        return KVF_KERN_EINVAL;
+    }
+    if (!devsim_is_cuda(dev)) {
+        return KVF_KERN_EUNSUPPORTED;
+    }
+    g = calloc(1, sizeof(*g));
+    if ((g == NULL) || ((g->recs = calloc((size_t)max_graphs, sizeof(*g->recs))) == NULL)) {
+        free(g);
+        return KVF_KERN_ENOMEM;
+    }
+    g->dev = *dev;
+    g->max = max_graphs;
+    *graphs_p = devsim_graphs_of(g);
+    return KVF_KERN_OK;
+}
+
+void __wrap_kvf_device_graphs_clear(kvf_device_graphs_t *graphs);
+void __wrap_kvf_device_graphs_clear(kvf_device_graphs_t *graphs)
+{
+    devsim_graphs_t *g = (devsim_graphs_t *)(void *)graphs;
+
+    if (g == NULL) {
+        return;
+    }
+    for (int i = 0; i < g->n; ++i) {
+        free(g->recs[i].calls);
+        memset(&g->recs[i], 0, sizeof(g->recs[i]));
+    }
+    g->n = 0;
+    g->st.graphs = 0;
+}
+
+void __wrap_kvf_device_graphs_destroy(kvf_device_graphs_t *graphs);
+void __wrap_kvf_device_graphs_destroy(kvf_device_graphs_t *graphs)
+{
+    devsim_graphs_t *g = (devsim_graphs_t *)(void *)graphs;
+
+    if (g == NULL) {
+        return;
+    }
+    __wrap_kvf_device_graphs_clear(graphs);
+    free(g->recs);
+    free(g);
+}
+
+void __wrap_kvf_device_graphs_stats(const kvf_device_graphs_t *graphs,
+                                    kvf_device_graphs_stats_t *stats_p);
+void __wrap_kvf_device_graphs_stats(const kvf_device_graphs_t *graphs,
+                                    kvf_device_graphs_stats_t *stats_p)
+{
+    const devsim_graphs_t *g = (const devsim_graphs_t *)(const void *)graphs;
+
+    if (stats_p != NULL) {
+        memset(stats_p, 0, sizeof(*stats_p));
+        if (g != NULL) {
+            *stats_p = g->st;
+        }
+    }
+}
+
+int __wrap_kvf_device_graph_run(kvf_device_graphs_t *graphs, uint64_t key,
+                                kvf_graph_body_fn body, void *arg, const void *in_host,
+                                const void *in_dev, size_t in_bytes, kvf_graph_how_t *how_p);
+int __wrap_kvf_device_graph_run(kvf_device_graphs_t *graphs, uint64_t key,
+                                kvf_graph_body_fn body, void *arg, const void *in_host,
+                                const void *in_dev, size_t in_bytes, kvf_graph_how_t *how_p)
+{
+    devsim_graphs_t *g = (devsim_graphs_t *)(void *)graphs;
+    devsim_rec_t *rec = NULL;
+    int rc;
+
+    if ((g == NULL) || (body == NULL) || (how_p == NULL) ||
+        ((in_bytes > 0) && ((in_host == NULL) || (in_dev == NULL)))) {
+        return KVF_KERN_EINVAL;
+    }
+    *how_p = KVF_GRAPH_EAGER;
+    devsim_want_dev_fn(in_dev, "the published inputs' device copy");
+    if ((in_bytes > 0) && (memcmp(in_host, in_dev, in_bytes) != 0)) {
+        devsim_graph_error(&st_graph_host_inputs, "the published inputs' device copy is not "
+                           "the host block (not uploaded before the launch)");
+    }
+    for (int i = 0; i < g->n; ++i) {
+        if (g->recs[i].key == key) {
+            rec = &g->recs[i];
+        }
+    }
+    if ((rec == NULL) && (g->st.disabled || (g->n == g->max))) {
+        return KVF_KERN_OK;
+    }
+    tl_graph = (rec != NULL) ? 2 : 1;
+    if (rec == NULL) {
+        rec = &g->recs[g->n];
+        rec->key = key;
+        rec->n = 0;
+    }
+    tl_rec = rec;
+    tl_rec_pos = 0;
+    tl_in_lo = in_host;
+    tl_in_hi = (const char *)in_host + in_bytes;
+    rc = body(&g->dev, arg);   /* runs here: the capture and its launch in one */
+    if ((tl_graph == 2) && (tl_rec_pos != rec->n)) {
+        devsim_graph_error(&st_graph_mismatches, "a replay made fewer calls than recorded");
+    }
+    if (tl_graph == 1) {
+        g->n++;
+        g->st.graphs = g->n;
+        g->st.captures++;
+        st_graph_captures++;
+        *how_p = KVF_GRAPH_CAPTURED;
+    } else {
+        g->st.replays++;
+        st_graph_replays++;
+        *how_p = KVF_GRAPH_REPLAYED;
+    }
+    tl_graph = 0;
+    tl_rec = NULL;
+    tl_in_lo = tl_in_hi = NULL;
+    return (rc == KVF_KERN_OK) ? KVF_KERN_OK : KVF_KERN_ECUDA;   /* it ran: no eager rerun */
+}

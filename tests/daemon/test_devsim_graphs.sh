@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Decode steps as CUDA graphs (KVF_GPU_GRAPHS=decode, kernels/kvf_device_graph.h) on the
+# simulated GPU, whose emulation checks what makes a replay right (tests/daemon/devsim):
+# every kernel call of a replayed step is the recorded one (arguments, pointers, the
+# fields of the parameter structs a launcher reads), every host array a launcher uploads
+# lies in the step's published inputs and their device copy holds the same bytes, nothing
+# copies to the host or syncs inside. For the hybrid and the dense trained models: greedy,
+# with --print-logits, sampled on the device, and a batch of four, the tokens (and logits)
+# are those of the eager run, one recording per batch size, every later decode step a
+# replay. A bad value is refused by name; TP 2 (CUDA builds) stays eager.
+# Usage: test_devsim_graphs.sh TESTBIN CUDA_BUILD(ON/OFF)
+set -euo pipefail
+DEVSIM="${1:?usage: test_devsim_graphs.sh TESTBIN CUDA_BUILD}/kvf-devsim"
+CUDA="${2:-OFF}"
+MODELS="${KVF_SOURCE_DIR:?}/models-trained"
+T="$(mktemp -d /tmp/kvf-devsim-graphs-XXXXXX)"
+trap 'rm -rf "$T"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+field() {
+    sed -n 's/^devsim: .* '"$2"' \([0-9][0-9]*\).*/\1/p' "$1" | tail -1
+}
+
+# graphs NAME CAPTURES REPLAYS FILE [COPIES]: the graph counters of a run's devsim line, and
+# COPIES (default 1: the ids) device->host copies per decode step
+graphs() {
+    local name="$1" c="$2" r="$3" f="$4" k="${5:-1}"
+    grep -q '^devsim: ' "$f" || fail "$name: no devsim line: $(tail -5 "$f")"
+    [ "$(field "$f" graph_captures)" -eq "$c" ] && [ "$(field "$f" graph_replays)" -eq "$r" ] ||
+        fail "$name: $(field "$f" graph_captures) recordings and $(field "$f" graph_replays)" \
+             "replays, expected $c and $r"
+    [ "$(field "$f" graph_mismatches)" -eq 0 ] && [ "$(field "$f" graph_host_inputs)" -eq 0 ] ||
+        fail "$name: a replay would not give the eager step: $(grep '^devsim: in' "$f" | head -3)"
+    [ "$(field "$f" decode_allocs)" -eq 0 ] && [ "$(field "$f" host_ptr_errors)" -eq 0 ] ||
+        fail "$name: allocations or host pointers in decode steps: $(grep '^devsim' "$f")"
+    [ "$(field "$f" decode_d2h)" -eq "$((k * $(field "$f" decode_steps)))" ] ||
+        fail "$name: not $k device->host copies per decode step"
+}
+
+# run NAME COPIES ARGS...: generate eagerly and with graphs; same output, graph counters
+run() {
+    local name="$1" k="$2"
+    shift 2
+    "$DEVSIM" generate --device cuda:0 --prompt "add 12 30" --ignore-eos yes "$@" \
+        >"$T/eager" 2>"$T/eager.err" || fail "$name eager: $(tail -5 "$T/eager.err")"
+    KVF_GPU_GRAPHS=decode "$DEVSIM" generate --device cuda:0 --prompt "add 12 30" \
+        --ignore-eos yes "$@" >"$T/graph" 2>"$T/graph.err" ||
+        fail "$name graphs: $(tail -5 "$T/graph.err")"
+    grep -q '^tokens:' "$T/eager" || fail "$name: no tokens line"
+    [ "$(grep -v 'tok/s' "$T/eager")" = "$(grep -v 'tok/s' "$T/graph")" ] ||
+        fail "$name: graphs changed the output: $(diff <(grep -v 'tok/s' "$T/eager") \
+              <(grep -v 'tok/s' "$T/graph") | head -5)"
+    [ "$(field "$T/eager.err" graph_captures)" -eq 0 ] || fail "$name: graphs while off"
+    graphs "$name" 1 6 "$T/graph.err" "$k"
+    echo "$name: $(grep '^tokens:' "$T/graph"); 1 recording, 6 replays, the eager output"
+}
+
+for m in tiny-hybrid tiny-dense; do
+    run "$m greedy" 1 --model "$MODELS/$m" --max-tokens 8
+done
+run "tiny-hybrid logits" 2 --model "$MODELS/tiny-hybrid" --max-tokens 8 --print-logits yes
+[ "$(grep -c . "$T/graph")" -gt 8 ] || fail "tiny-hybrid logits: no logits printed"
+run "tiny-hybrid sampled" 1 --model "$MODELS/tiny-hybrid" --max-tokens 8 --temperature 0.8 \
+    --top-p 0.9 --seed 7 --logprobs 2
+
+# four requests at once: one recording for batch 4, the other four steps replays
+KVF_GPU_GRAPHS=decode "$DEVSIM" bench-model --model "$MODELS/tiny-hybrid" --device cuda:0 \
+    --prompt-len 16 --decode-tokens 6 --batch 4 >"$T/out" 2>"$T/err" ||
+    fail "batch 4: $(tail -5 "$T/err")"
+graphs "tiny-hybrid batch 4" 1 4 "$T/err"
+echo "tiny-hybrid batch 4: 1 recording, 4 replays"
+
+if KVF_GPU_GRAPHS=all "$DEVSIM" generate --model "$MODELS/tiny-hybrid" --device cuda:0 \
+    --prompt "add 12 30" --max-tokens 3 >"$T/out" 2>"$T/err"; then
+    fail "KVF_GPU_GRAPHS=all accepted"
+fi
+grep -q "bad value 'all' for KVF_GPU_GRAPHS" "$T/err" || fail "bad value: $(tail -3 "$T/err")"
+echo "KVF_GPU_GRAPHS=all refused by name"
+
+if [ "$CUDA" = ON ]; then
+    DEVSIM_GPUS=2 KVF_GPU_GRAPHS=decode "$DEVSIM" generate --model "$MODELS/tiny-hybrid" \
+        --device cuda:0 --tp 2 --prompt "add 12 30" --max-tokens 8 --ignore-eos yes \
+        >"$T/out" 2>"$T/err" || fail "tp 2: $(tail -5 "$T/err")"
+    [ "$(field "$T/err" graph_captures)" -eq 0 ] || fail "tp 2: a step recorded (NCCL)"
+    echo "TP 2: eager (no recording)"
+else
+    echo "TP 2 over simulated GPUs: not run (CUDA not built in)"
+fi
+echo PASS
