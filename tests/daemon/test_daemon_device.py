@@ -176,11 +176,17 @@ def check_sampled(devbin):
                       "--ignore-eos", "yes"], timeout=120)
     assert rc == 0, out
     want = [int(t) for t in re.search(r"^tokens:(.*)$", out, re.M).group(1).split()]
-    with Pool(layout="1p1d", model=MODEL, bin_dir=devbin, keep_run_dir=True,
-              extra_args=["--device", "cuda:0"]) as pool:
-        got = [pool.complete(prompt, max_tokens=n, temperature=0.8, top_p=0.9, min_p=0.05,
-                             seed=seed, ignore_eos=True, return_token_ids=True, logprobs=2,
-                             timeout=60) for _ in range(2)]
+    # the pool's decode steps as CUDA graphs (KVF_GPU_GRAPHS=decode), the colocated run eager
+    os.environ["KVF_GPU_GRAPHS"] = "decode"
+    try:
+        with Pool(layout="1p1d", model=MODEL, bin_dir=devbin, keep_run_dir=True,
+                  extra_args=["--device", "cuda:0"]) as pool:
+            got = [pool.complete(prompt, max_tokens=n, temperature=0.8, top_p=0.9,
+                                 min_p=0.05, seed=seed, ignore_eos=True,
+                                 return_token_ids=True, logprobs=2, timeout=60)
+                   for _ in range(2)]
+    finally:
+        del os.environ["KVF_GPU_GRAPHS"]
     dlog = pool.log("decode-0")   # the devsim line is printed at exit
     os.system("rm -rf '%s'" % pool.run_dir)
     ids = [g["choices"][0]["token_ids"] for g in got]
@@ -190,8 +196,12 @@ def check_sampled(devbin):
     assert all(len(t) >= 1 for t in lp["top_logprobs"]), lp
     d = devsim_counts(dlog)
     assert d["host_ptr_errors"] == 0, d
-    return "1p1d on one simulated GPU, sampled (T 0.8, top-p 0.9, min-p 0.05, seed %d): " \
-           "tokens equal colocated twice, %d logprobs" % (seed, n)
+    # decode's steps were replayed recordings, each call the recorded one, inputs published
+    assert d["graph_captures"] >= 1 and d["graph_replays"] >= n - 3, d
+    assert d["graph_mismatches"] == 0 and d["graph_host_inputs"] == 0, d
+    return "1p1d on one simulated GPU, sampled (T 0.8, top-p 0.9, min-p 0.05, seed %d), " \
+           "decode steps as CUDA graphs (%d recorded, %d replays): tokens equal colocated " \
+           "twice, %d logprobs" % (seed, d["graph_captures"], d["graph_replays"], n)
 
 
 def check_corrupt(devbin):

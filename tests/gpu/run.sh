@@ -23,7 +23,9 @@
 #      copy rate and NIXL on the same descriptors (tests/gpu/nixl_vram.py; NIXL only with
 #      --nixl-wheel or an installed nixl package), the 1p1d pool with both daemons on cuda:0
 #      against colocated answers (tests/gpu/pool_gpu.sh), batch invariance of the GPU
-#      engine, where a GPU step's time goes (kvf bench-model --profile), and the engine
+#      engine, decode steps as CUDA graphs (KVF_GPU_GRAPHS=decode: the eager tokens and
+#      logits, then decode tok/s with and without), where a GPU step's time goes
+#      (kvf bench-model --profile), and the engine
 #      benchmark against transformers (tests/bench/engine_gpu.py) when time is left,
 # and prints one table. Budget: $KVF_GPU_BUDGET seconds in all (default 540; each step has
 # its own timeout from what is left).
@@ -301,6 +303,37 @@ else
     fi
     gen="$gen
 $row"
+    # decode steps as CUDA graphs (KVF_GPU_GRAPHS=decode: recorded per batch size, then
+    # replayed) against the eager GPU run above: the same tokens and logits lines, and the
+    # log's count of recordings and replays (a failed capture turns graphs off: FAIL)
+    for m in tiny-hybrid tiny-dense; do
+        args=(generate --model "$data/models-trained/$m" --prompt "12+34=" --max-tokens 16
+              --ignore-eos yes --print-logits yes --kv-dtype fp32 --tp 1 --device cuda:0)
+        KVF_GPU_GRAPHS=decode KVF_LOG_LEVEL=info timeout "$(left)" "$kvf" "${args[@]}" \
+            >"$log/gen-graphs-$m.txt" 2>"$log/gen-graphs-$m.err"
+        rc_g=$?
+        name="generate cuda graphs: $m"
+        counts=$(sed -n 's/.*CUDA graphs of decode steps: \([0-9]*\) recorded, \([0-9]*\) replays, \([0-9]*\) failed.*/\1 rec \2 replays \3 failed/p' \
+                 "$log/gen-graphs-$m.err" | tail -1)
+        if [ "$rc_g" -ne 0 ]; then
+            row=$(gen_row "$name" "fp32" "-" "-" "-" "FAIL (exit $rc_g)")
+            fail=1
+            tail -5 "$log/gen-graphs-$m.err"
+        elif ! cmp -s <(grep -E '^(tokens:|logits )' "$log/gen-$m:1-gpu.txt") \
+                      <(grep -E '^(tokens:|logits )' "$log/gen-graphs-$m.txt"); then
+            row=$(gen_row "$name" "fp32" "-" "${counts:--}" "-" "FAIL: not the eager output")
+            fail=1
+        elif [ -z "$counts" ] || [ "${counts#* rec }" = "$counts" ] ||
+             ! echo "$counts" | grep -q '^1 rec 14 replays 0 failed$'; then
+            row=$(gen_row "$name" "fp32" "-" "${counts:-no count}" "-" "FAIL: not replayed")
+            fail=1
+            grep -h 'graph' "$log/gen-graphs-$m.err" | head -3
+        else
+            row=$(gen_row "$name" "fp32" "-" "$counts" "-" "PASS (= eager, text)")
+        fi
+        gen="$gen
+$row"
+    done
 fi
 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1 |
@@ -465,6 +498,26 @@ if [ -x "$kvf" ] && [ "$(left)" -gt 120 ]; then
         echo "step profile, tiny-hybrid on cuda:0, batch ${b%s}${samp:+, $samp} (exit $prc):"
         awk '/ tok\/s/ {print} /^profile / {n = 0; print; next} /^  / && n++ < 9 {print}' \
             "$log/profile-b$b.txt"
+    done
+fi
+# Decode with and without CUDA graphs (KVF_GPU_GRAPHS=decode), the trained hybrid and dense,
+# batch 1 and 16: decode tok/s of each, side by side
+if [ -x "$kvf" ] && [ "$(left)" -gt 100 ]; then
+    echo
+    echo "decode steps as CUDA graphs (kvf bench-model, prompt 128, 64 tokens; tok/s):"
+    for m in tiny-hybrid tiny-dense; do
+        for b in 1 16; do
+            line="  $m batch $b:"
+            for g in off decode; do
+                KVF_GPU_GRAPHS=$g timeout 60 "$kvf" bench-model --device cuda:0 \
+                    --model "$data/models-trained/$m" --prompt-len 128 --decode-tokens 64 \
+                    --batch "$b" --warmup yes >"$log/graphs-$m-b$b-$g.txt" 2>&1
+                t=$(sed -n 's/.*decode [0-9]* tokens \([0-9.]*\) tok\/s.*/\1/p' \
+                    "$log/graphs-$m-b$b-$g.txt" | tail -1)
+                line="$line graphs $g ${t:-FAIL}"
+            done
+            echo "$line"
+        done
     done
 fi
 # The engine against transformers on this GPU, when torch is here and time is left
