@@ -91,12 +91,26 @@ kvf_status_t kvf_fwd_graphs_prepare(kvf_model_h m, const kvf_rank_ctx_t *ctx,
     };
     struct kvf_fwd_graphs *gr;
     size_t arena = 0, staging = 0;
+    bool moe = false, other = false;
     int e;
 
     if (mode < 0) {
         return KVF_ERR_INVALID_PARAM;
     }
     if ((mode == 0) || (ws->graphs != NULL) || (dev->kind == KVF_DEVICE_CPU)) {
+        return KVF_OK;
+    }
+    for (int l = 0; l < cfg->num_layers; ++l) {
+        moe |= (cfg->layer_kinds[l] == KVF_LAYER_MOE);
+        other |= (cfg->layer_kinds[l] == KVF_LAYER_MAMBA) && (cfg->mamba_act != KVF_ACT_SILU);
+    }
+    if ((ctx->comm->size > 1) || moe || other) {
+        if (ctx->rank == 0) {
+            kvf_warn("KVF_GPU_GRAPHS=decode: %s, so every step runs eagerly (graphs cover TP 1 "
+                     "models without MoE layers, Mamba layers with SiLU)",
+                     moe ? "the model has MoE layers" : other ?
+                     "the model's Mamba activation is not SiLU" : "the instance runs TP > 1");
+        }
         return KVF_OK;
     }
     gr = calloc(1, sizeof(*gr));
@@ -160,23 +174,16 @@ void kvf_fwd_graphs_destroy(struct kvf_model_ws *ws)
 }
 
 /* Whether @a batch is a decode step a recording can run (see the opening comment). */
-static bool kvf_graph_step_ok(const kvf_model_h m, const kvf_rank_ctx_t *ctx,
-                              const struct kvf_fwd_graphs *gr, const kvf_fwd_batch_t *batch)
+static bool kvf_graph_step_ok(const kvf_rank_ctx_t *ctx, const struct kvf_fwd_graphs *gr,
+                              const kvf_fwd_batch_t *batch)
 {
-    const kvf_model_config_t *cfg = &m->cfg;
     const kvf_cache_layout_t *lay = ctx->layout;
     const int max_ctx = (gr->in.split_blocks - 1) * ((ctx->geom->kernel_block_size > 0) ?
                                                      ctx->geom->kernel_block_size : 1);
 
-    if ((ctx->comm->size != 1) || kvf_fwd_profile_active() || (batch->num_seqs < 1) ||
-        (batch->num_seqs > gr->max_seqs)) {
+    /* TP, MoE and the Mamba activation were checked at start (kvf_fwd_graphs_prepare) */
+    if (kvf_fwd_profile_active() || (batch->num_seqs < 1) || (batch->num_seqs > gr->max_seqs)) {
         return false;
-    }
-    for (int l = 0; l < cfg->num_layers; ++l) {
-        if ((cfg->layer_kinds[l] == KVF_LAYER_MOE) ||
-            ((cfg->layer_kinds[l] == KVF_LAYER_MAMBA) && (cfg->mamba_act != KVF_ACT_SILU))) {
-            return false;
-        }
     }
     for (int i = 0; i < batch->num_seqs; ++i) {
         const kvf_fwd_seq_t *sq = &batch->seqs[i];
@@ -285,7 +292,7 @@ bool kvf_fwd_graph_try(kvf_model_h m, const kvf_rank_ctx_t *ctx, const kvf_fwd_b
     size_t bytes;
     int e;
 
-    if ((gr == NULL) || (gr->cache == NULL) || !kvf_graph_step_ok(m, ctx, gr, batch)) {
+    if ((gr == NULL) || (gr->cache == NULL) || !kvf_graph_step_ok(ctx, gr, batch)) {
         return false;
     }
     if (gr->gen != ws->gen) {

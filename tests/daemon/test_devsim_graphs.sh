@@ -82,6 +82,8 @@ if [ "$CUDA" = ON ]; then
         --device cuda:0 --tp 2 --prompt "add 12 30" --max-tokens 8 --ignore-eos yes \
         >"$T/out" 2>"$T/err" || fail "tp 2: $(tail -5 "$T/err")"
     [ "$(field "$T/err" graph_captures)" -eq 0 ] || fail "tp 2: a step recorded (NCCL)"
+    grep -q "KVF_GPU_GRAPHS=decode: the instance runs TP > 1" "$T/err" ||
+        fail "tp 2: no warning that the steps run eagerly"
     echo "TP 2: eager (no recording)"
 else
     echo "TP 2 over simulated GPUs: not run (CUDA not built in)"
