@@ -52,9 +52,7 @@ typedef struct kvf_cuda_ws {
     /* while a graph is captured on this stream (kvf_device_graph.h): the published step
      * inputs, host block and its device copy; host inputs come from there or are refused */
     bool            capturing;
-    const char     *in_host;
-    char           *in_dev;
-    size_t          in_bytes;
+    kvf_ws_inputs_t in;
 } kvf_cuda_ws_t;
 
 static pthread_mutex_t kvf_cuda_ws_reg_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -147,24 +145,15 @@ static int kvf_cuda_ws_copy_in_locked(kvf_cuda_ws_t *ws, cudaStream_t stream, vo
  * published step inputs, else NULL (reported: a recording would replay it stale). */
 static char *kvf_cuda_ws_captured_input(kvf_cuda_ws_t *ws, const void *host, size_t bytes)
 {
-    const char *h = (const char *)host;
+    char *d = (char *)kvf_ws_inputs_find(&ws->in, host, bytes);
 
-    if ((ws->in_host != NULL) && (h >= ws->in_host) && (bytes <= ws->in_bytes) &&
-        ((size_t)(h - ws->in_host) <= ws->in_bytes - bytes)) {
-        return ws->in_dev + (h - ws->in_host);
+    if (d == NULL) {
+        char msg[160];
+        snprintf(msg, sizeof(msg), "a host input of %zu bytes outside the step's published "
+                 "inputs (a graph would replay it stale): the step runs eagerly", bytes);
+        kvf_kern_report("CUDA graph capture", msg);
     }
-    char msg[160];
-    snprintf(msg, sizeof(msg), "a host input of %zu bytes outside the step's published inputs "
-             "(a graph would replay it stale): the step runs eagerly", bytes);
-    kvf_kern_report("CUDA graph capture", msg);
-    return NULL;
-}
-
-/* Whether @a p is in the published inputs' device copy (handed out, never freed). */
-static bool kvf_cuda_ws_is_input(const kvf_cuda_ws_t *ws, const void *p)
-{
-    const char *c = (const char *)p;
-    return (ws->in_dev != NULL) && (c >= ws->in_dev) && (c < ws->in_dev + ws->in_bytes);
+    return d;
 }
 
 extern "C" int kvf_cuda_ws_capture_inputs(cudaStream_t stream, const void *host,
@@ -177,9 +166,9 @@ extern "C" int kvf_cuda_ws_capture_inputs(cudaStream_t stream, const void *host,
     }
     pthread_mutex_lock(&ws->lock);
     ws->capturing = on;
-    ws->in_host = on ? (const char *)host : NULL;
-    ws->in_dev = on ? (char *)dev : NULL;
-    ws->in_bytes = on ? bytes : 0;
+    ws->in.host = on ? (const unsigned char *)host : NULL;
+    ws->in.dev = on ? (unsigned char *)dev : NULL;
+    ws->in.bytes = on ? bytes : 0;
     pthread_mutex_unlock(&ws->lock);
     return KVF_KERN_OK;
 }
@@ -257,7 +246,7 @@ extern "C" void kvf_cuda_ws_scratch_free(cudaStream_t stream, void *p)
     ws = kvf_cuda_ws_find(stream, -1);
     if (ws != NULL) {
         pthread_mutex_lock(&ws->lock);
-        if (kvf_cuda_ws_is_input(ws, p)) {
+        if (kvf_ws_inputs_owns(&ws->in, p)) {
             pthread_mutex_unlock(&ws->lock);
             return;   /* the inputs' device copy, handed out during a capture */
         }

@@ -129,3 +129,21 @@ bool kvf_staging_synced(kvf_staging_t *s, uint64_t mark)
     s->cur = 0;
     return true;
 }
+
+void *kvf_ws_inputs_find(const kvf_ws_inputs_t *in, const void *host, size_t bytes)
+{
+    const uintptr_t lo = (uintptr_t)in->host, h = (uintptr_t)host;
+
+    if ((in->host == NULL) || (host == NULL) || (h < lo) || (h - lo > in->bytes) ||
+        (bytes > in->bytes - (h - lo))) {
+        return NULL;
+    }
+    return in->dev + (h - lo);
+}
+
+bool kvf_ws_inputs_owns(const kvf_ws_inputs_t *in, const void *p)
+{
+    const uintptr_t lo = (uintptr_t)in->dev, a = (uintptr_t)p;
+
+    return (in->dev != NULL) && (p != NULL) && (a >= lo) && (a - lo < in->bytes);
+}

@@ -136,6 +136,27 @@ uint64_t kvf_staging_mark(const kvf_staging_t *s);
  */
 bool kvf_staging_synced(kvf_staging_t *s, uint64_t mark);
 
+/**
+ * The published inputs of a step captured as a CUDA graph (kvf_device_graph.h): a host
+ * block and its device copy of @a bytes each. While a graph is captured the stream's
+ * scratch hands out the device copy of a host input inside the block and refuses any other.
+ */
+typedef struct kvf_ws_inputs {
+    const unsigned char *host;   /* NULL: none published */
+    unsigned char       *dev;
+    size_t               bytes;
+} kvf_ws_inputs_t;
+
+/**
+ * The device copy of host input [@a host, @a host + @a bytes), or NULL when that range is
+ * not wholly inside the published block (or nothing is published). Never overflows on
+ * pointers or sizes near the address space's end.
+ */
+void *kvf_ws_inputs_find(const kvf_ws_inputs_t *in, const void *host, size_t bytes);
+
+/** Whether @a p points into the device copy (handed out by kvf_ws_inputs_find: never freed). */
+bool kvf_ws_inputs_owns(const kvf_ws_inputs_t *in, const void *p);
+
 #ifdef __cplusplus
 }
 #endif

@@ -10,9 +10,11 @@
  * GPU that case reports skipped). */
 #include "kvf_ws_alloc.h"
 #include "kvf_device.h"
+#include "kvf_device_graph.h"
 #include "kvf_kern_test.h"
 #include "kvf_kern.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -392,6 +394,61 @@ static void test_device_workspace(void **state)
     free(back);
 }
 
+/* The published inputs of a captured step (kvf_device_graph.h): an input wholly inside the
+ * host block maps to the same offset of the device copy; one that starts before it, ends
+ * past it, is empty-published or near the address space's end is refused; only pointers
+ * into the device copy are owned (never freed to the arena). */
+static void test_inputs_lookup(void **state)
+{
+    (void)state;
+    static unsigned char hbuf[200], dev[100];
+    unsigned char *host = hbuf + 50;   /* the block: 100 bytes inside a larger buffer */
+    const kvf_ws_inputs_t in = {host, dev, 100}, none = {NULL, NULL, 0};
+
+    assert_ptr_equal(kvf_ws_inputs_find(&in, host, 100), dev);
+    assert_ptr_equal(kvf_ws_inputs_find(&in, host + 40, 60), dev + 40);
+    assert_ptr_equal(kvf_ws_inputs_find(&in, host + 100, 0), dev + 100);
+    assert_null(kvf_ws_inputs_find(&in, host + 40, 61));      /* one byte past the end */
+    assert_null(kvf_ws_inputs_find(&in, host + 101, 0));
+    assert_null(kvf_ws_inputs_find(&in, host - 1, 2));        /* starts before the block */
+    assert_null(kvf_ws_inputs_find(&in, host + 1, SIZE_MAX)); /* no wrap-around */
+    assert_null(kvf_ws_inputs_find(&in, (const void *)UINTPTR_MAX, 1));
+    assert_null(kvf_ws_inputs_find(&in, NULL, 0));
+    assert_null(kvf_ws_inputs_find(&none, host, 1));
+    assert_true(kvf_ws_inputs_owns(&in, dev));
+    assert_true(kvf_ws_inputs_owns(&in, dev + 99));
+    assert_false(kvf_ws_inputs_owns(&in, dev + 100));
+    assert_false(kvf_ws_inputs_owns(&in, host));
+    assert_false(kvf_ws_inputs_owns(&none, dev));
+    assert_false(kvf_ws_inputs_owns(&in, NULL));
+}
+
+/* kvf_device_graph.h on the CPU: no graphs (callers keep their eager path), bad arguments
+ * refused, and the calls that take a cache accept NULL. */
+static void test_graphs_cpu(void **state)
+{
+    (void)state;
+    kvf_device_t cpu = kvf_device_cpu();
+    kvf_device_graphs_t *g = (kvf_device_graphs_t *)1;
+    kvf_device_graphs_stats_t st;
+    kvf_graph_how_t how = KVF_GRAPH_REPLAYED;
+
+    assert_int_equal(kvf_device_graphs_create(&cpu, 4096, 4, &g), KVF_KERN_EUNSUPPORTED);
+    assert_ptr_equal(g, (kvf_device_graphs_t *)1);   /* untouched */
+    assert_int_equal(kvf_device_graphs_create(&cpu, 4096, 0, &g), KVF_KERN_EINVAL);
+    assert_int_equal(kvf_device_graphs_create(NULL, 4096, 4, &g), KVF_KERN_EINVAL);
+    assert_int_equal(kvf_device_graphs_create(&cpu, 4096, 4, NULL), KVF_KERN_EINVAL);
+    assert_int_equal(kvf_device_graph_run(NULL, 1, NULL, NULL, NULL, NULL, 0, &how),
+                     KVF_KERN_EINVAL);
+    memset(&st, 0xab, sizeof(st));
+    kvf_device_graphs_stats(NULL, &st);
+    assert_int_equal(st.graphs, 0);
+    assert_int_equal(st.captures, 0);
+    assert_false(st.disabled);
+    kvf_device_graphs_clear(NULL);
+    kvf_device_graphs_destroy(NULL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -401,6 +458,8 @@ int main(void)
         cmocka_unit_test(test_staging_reuse_after_sync),
         cmocka_unit_test(test_staging_random),
         cmocka_unit_test(test_device_workspace),
+        cmocka_unit_test(test_inputs_lookup),
+        cmocka_unit_test(test_graphs_cpu),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
