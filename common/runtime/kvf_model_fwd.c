@@ -34,11 +34,11 @@ void kvf_model_ws_destroy(struct kvf_model_ws *ws)
     }
     void *dptrs[] = {
         ws->h, ws->xn, ws->out, ws->proj, ws->ybuf, ws->xbc, ws->g, ws->sumsq, ws->xg, ws->yg,
-        ws->scores, ws->route_idx, ws->route_w, ws->last, ws->logits, ws->xs, ws->d_tok,
+        ws->scores, ws->route_idx, ws->last, ws->logits, ws->xs, ws->d_tok,
     };
     void *hptrs[] = {
         ws->pos, ws->rows, ws->rw, ws->tile, ws->ids, ws->last_rows, ws->h_route_idx,
-        ws->h_route_w, ws->h_tok, ws->seq_n, ws->seq_nb, (void *)ws->seq_tab, ws->dec_rows,
+        ws->h_tok, ws->seq_n, ws->seq_nb, (void *)ws->seq_tab, ws->dec_rows,
         ws->dec_conv, ws->dec_ssm, ws->dec_dtmin,
     };
     for (size_t i = 0; i < sizeof(dptrs) / sizeof(dptrs[0]); ++i) {
@@ -133,13 +133,12 @@ static kvf_status_t kvf_ws_reserve(struct kvf_model_ws *ws, const kvf_model_h m,
         bad |= kvf_grow_dev(ws, (void **)&ws->xg, T * H * sizeof(float));
         bad |= kvf_grow_dev(ws, (void **)&ws->yg, T * H * sizeof(float));
         bad |= kvf_grow_dev(ws, (void **)&ws->scores, T * E * sizeof(float));
-        bad |= kvf_grow_dev(ws, (void **)&ws->route_idx, T * k * sizeof(int32_t));
-        bad |= kvf_grow_dev(ws, (void **)&ws->route_w, T * k * sizeof(float));
+        /* the router's choice: ids then weights in one buffer (one copy to the host) */
+        bad |= kvf_grow_dev(ws, (void **)&ws->route_idx, 2 * T * k * sizeof(int32_t));
         bad |= kvf_grow((void **)&ws->rows, T * sizeof(int32_t));
         bad |= kvf_grow((void **)&ws->rw, T * sizeof(float));
         bad |= kvf_grow((void **)&ws->ids, T * sizeof(int32_t));
-        bad |= kvf_grow((void **)&ws->h_route_idx, T * k * sizeof(int32_t));
-        bad |= kvf_grow((void **)&ws->h_route_w, T * k * sizeof(float));
+        bad |= kvf_grow((void **)&ws->h_route_idx, 2 * T * k * sizeof(int32_t));
         if (kvf_ws_on_device(ws)) {
             /* the widest K of any GEMM: H, an inner width (g) or a column-parallel output
              * (a non-gated MLP's down reads proj) */
@@ -646,20 +645,19 @@ static int kvf_fwd_route(const kvf_device_t *dev, const kvf_model_config_t *cfg,
         .topk_group = cfg->moe_topk_group, .norm_topk_prob = cfg->moe_norm_topk_prob,
         .routed_scaling = (float)cfg->moe_routed_scaling, .bias = w->router_b,
     };
-    int e = kvf_moe_route(dev, &p, ws->scores, T, ws->scores, ws->route_idx, ws->route_w);
+    /* ids [n] then weights [n], adjacent: one device->host copy brings both */
+    float *wt = (float *)(void *)(ws->route_idx + n);
+    int e = kvf_moe_route(dev, &p, ws->scores, T, ws->scores, ws->route_idx, wt);
 
     *idx_p = ws->route_idx;
-    *wt_p = ws->route_w;
+    *wt_p = wt;
     if ((e != KVF_KERN_OK) || !kvf_ws_on_device(ws)) {
         return e;
     }
-    e = kvf_device_memcpy(dev, ws->h_route_idx, ws->route_idx, n * sizeof(int32_t),
+    e = kvf_device_memcpy(dev, ws->h_route_idx, ws->route_idx, 2 * n * sizeof(int32_t),
                           KVF_COPY_D2H);
-    if (e == KVF_KERN_OK) {
-        e = kvf_device_memcpy(dev, ws->h_route_w, ws->route_w, n * sizeof(float), KVF_COPY_D2H);
-    }
     *idx_p = ws->h_route_idx;
-    *wt_p = ws->h_route_w;
+    *wt_p = (const float *)(const void *)(ws->h_route_idx + n);
     return e;
 }
 

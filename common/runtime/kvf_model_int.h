@@ -124,8 +124,7 @@ struct kvf_model_ws {
     int32_t *pos;               /* [T] positions (host) */
     float *xg, *yg;             /* [T][H] MoE gather / expert output (dev) */
     float *scores;              /* [T][E] router (dev) */
-    int32_t *route_idx;         /* [T][top_k] (dev) */
-    float *route_w;             /* [T][top_k] (dev) */
+    int32_t *route_idx;         /* [T][top_k] ids, then [T][top_k] fp32 weights (dev) */
     int32_t *rows;              /* [T] tokens of one expert (host) */
     float *rw;                  /* [T] their weights (host) */
     float *tile;                /* widened weight rows (host, CPU bf16/fp16 GEMMs) */
@@ -133,8 +132,7 @@ struct kvf_model_ws {
     float *logits;              /* [S][V] (dev) */
     int32_t *ids;               /* [T] token ids of the step (host) */
     int32_t *last_rows;         /* [S] rows of h whose logits are wanted (host) */
-    int32_t *h_route_idx;       /* [T][top_k] host copy of route_idx (CUDA) */
-    float   *h_route_w;         /* [T][top_k] host copy of route_w (CUDA) */
+    int32_t *h_route_idx;       /* host copy of route_idx, ids and weights (CUDA) */
     int     *seq_n, *seq_nb;    /* [S] tokens and attention blocks of each seq (host) */
     const int32_t **seq_tab;    /* [S] their attention block tables (host) */
     int     *dec_rows;          /* [S] rows of the seqs taking a Mamba decode step (host) */

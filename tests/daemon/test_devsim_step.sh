@@ -61,6 +61,24 @@ check "tiny-hybrid sampled" 1 7 "$T/err"
 "$DEVSIM" bench-model --model "$MODELS/tiny-hybrid" --device cuda:0 --prompt-len 16 \
     --decode-tokens 6 --batch 4 >"$T/out" 2>"$T/err" || fail "batch 4: $(tail -5 "$T/err")"
 check "tiny-hybrid batch 4" 1 5 "$T/err"
+# a MoE model (4 MoE layers): the router's choice comes to the host for the expert loop,
+# ids and weights in one copy per MoE layer, so 1 + 4 device->host copies a step; the
+# tokens and logits are the CPU's
+"$DEVSIM" mkmodel --config "$KVF_SOURCE_DIR/tests/data/models/tiny-moe.config.json" \
+    --out "$T/moe" --seed 3 >/dev/null
+moe=(generate --model "$T/moe" --prompt "hello kvferry" --max-tokens 6 --ignore-eos yes)
+"$DEVSIM" "${moe[@]}" --device cpu --print-logits yes >"$T/moe-cpu" 2>/dev/null ||
+    fail "moe on the CPU"
+"$DEVSIM" "${moe[@]}" --device cuda:0 --print-logits yes >"$T/moe-gpu" 2>/dev/null ||
+    fail "moe on the simulated GPU"
+[ "$(grep -v 'tok/s' "$T/moe-cpu")" = "$(grep -v 'tok/s' "$T/moe-gpu")" ] ||
+    fail "moe: the simulated GPU's tokens or logits differ from the CPU's"
+"$DEVSIM" "${moe[@]}" --device cuda:0 >"$T/out" 2>"$T/err" || fail "moe: $(tail -5 "$T/err")"
+n=$(field "$T/err" decode_steps)
+[ "$n" -eq 5 ] && [ "$(field "$T/err" decode_allocs)" -eq 0 ] &&
+    [ "$(field "$T/err" decode_d2h)" -eq $((5 * n)) ] ||
+    fail "moe: $(field "$T/err" decode_d2h) device->host copies in $n decode steps, expected 5 each"
+echo "tiny-moe: $n decode steps, 5 device->host copies each (ids, one per MoE layer)"
 if [ "$CUDA" = ON ]; then
     DEVSIM_GPUS=2 "$DEVSIM" generate --model "$MODELS/tiny-hybrid" --device cuda:0 --tp 2 \
         --prompt "add 12 30" --max-tokens 8 --ignore-eos yes >"$T/out" 2>"$T/err" ||
