@@ -58,6 +58,8 @@ void kvf_cuda_graphs_stats(const struct kvf_device_graphs *g,
                            struct kvf_graphs_stats *st);
 int  kvf_cuda_rmsnorm(const kvf_device_t *dev, const float *x, const float *w, float *y,
                       int rows, int dim, float eps);
+int  kvf_cuda_rmsnorm_heads(const kvf_device_t *dev, float *x, int ld, int tokens, int heads,
+                            int head_dim, const float *w, float eps);
 int  kvf_cuda_add_rmsnorm(const kvf_device_t *dev, float *h, const float *delta,
                           const float *w, float *y, int rows, int dim, float eps);
 int  kvf_cuda_gated_rmsnorm_sumsq(const kvf_device_t *dev, const float *x, const float *z,

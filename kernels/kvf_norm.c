@@ -80,6 +80,35 @@ int kvf_add_rmsnorm(const kvf_device_t *dev, float *h, const float *delta, const
     return (e != KVF_KERN_OK) ? e : kvf_rmsnorm(dev, h, w, y, rows, dim, eps);
 }
 
+int kvf_rmsnorm_heads(const kvf_device_t *dev, float *x, int ld, int tokens, int heads,
+                      int head_dim, const float *w, float eps)
+{
+    int e = KVF_KERN_OK;
+
+    if ((tokens < 0) || (heads <= 0) || (head_dim <= 0) || !(eps >= 0.0f) ||
+        ((long)ld < (long)heads * (long)head_dim)) {
+        return KVF_KERN_EINVAL;
+    }
+    if (tokens == 0) {
+        return KVF_KERN_OK;
+    }
+    if ((x == NULL) || (w == NULL)) {
+        return KVF_KERN_EINVAL;
+    }
+    if (!kvf_norm_on_cpu(dev)) {
+#ifdef KVF_HAVE_CUDA
+        return kvf_cuda_rmsnorm_heads(dev, x, ld, tokens, heads, head_dim, w, eps);
+#else
+        return KVF_KERN_EUNSUPPORTED;
+#endif
+    }
+    for (int t = 0; (e == KVF_KERN_OK) && (t < tokens); ++t) {
+        float *row = x + (size_t)t * (size_t)ld;
+        e = kvf_rmsnorm(dev, row, w, row, heads, head_dim, eps);
+    }
+    return e;
+}
+
 static int kvf_gated_check(int rows, int dim, int group_size)
 {
     if ((rows < 0) || (dim <= 0) || (group_size <= 0) || ((dim % group_size) != 0)) {

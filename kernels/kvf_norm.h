@@ -39,6 +39,23 @@ int kvf_rmsnorm(const kvf_device_t *dev, const float *x, const float *w, float *
                 int dim, float eps);
 
 /**
+ * Per-head RMSNorm in place over the heads of many tokens (Qwen3's q_norm / k_norm): for
+ * t < tokens, h < heads, the head_dim values at x + t * ld + h * head_dim are normed with
+ * @a w, as kvf_rmsnorm(x + t * ld, w, x + t * ld, heads, head_dim, eps) per token does (the
+ * same bits: on the CPU those calls; on a CUDA device one launch of tokens x heads blocks,
+ * each row kvf_rmsnorm's loop and tree, instead of a launch per token).
+ *
+ * @param [in,out] x         fp32; row t of @a ld floats holds heads * head_dim values.
+ * @param [in]     ld        Floats between tokens, >= heads * head_dim.
+ * @param [in]     tokens    >= 0 (0 is a no-op); heads, head_dim > 0; eps >= 0.
+ * @param [in]     w         fp32 [head_dim].
+ * @return KVF_KERN_OK, KVF_KERN_EINVAL; CUDA: KVF_KERN_ECUDA (enqueued on dev->stream,
+ *         device pointers).
+ */
+int kvf_rmsnorm_heads(const kvf_device_t *dev, float *x, int ld, int tokens, int heads,
+                      int head_dim, const float *w, float eps);
+
+/**
  * The residual add and the next norm in one pass: h[r][:] += delta[r][:], then
  * y[r][:] = kvf_rmsnorm of the new h[r] (the same bits as kvf_add() then
  * kvf_rmsnorm() on the same device: on a CUDA device one launch instead of two,

@@ -9,10 +9,11 @@
 #include "kvf_device_cuda.h"
 #include "kvf_norm_math.h"
 
-__global__ void kvf_rmsnorm_kernel(const float *x, const float *w, float *y, int dim, float eps)
+/* One row's norm by the block: the body of kvf_rmsnorm_kernel and kvf_rmsnorm_heads_kernel,
+ * so both give a row the same bits. */
+static __device__ void kvf_rmsnorm_row(const float *xr, const float *w, float *yr, int dim,
+                                       float eps)
 {
-    const float *xr = x + (size_t)blockIdx.x * (size_t)dim;
-    float *yr = y + (size_t)blockIdx.x * (size_t)dim;
     double s = 0.0;
 
     for (int c = (int)threadIdx.x; c < dim; c += (int)blockDim.x) {
@@ -23,6 +24,21 @@ __global__ void kvf_rmsnorm_kernel(const float *x, const float *w, float *y, int
     for (int c = (int)threadIdx.x; c < dim; c += (int)blockDim.x) {
         yr[c] = kvf_norm_scale_hd(xr[c], inv, w[c]);
     }
+}
+
+__global__ void kvf_rmsnorm_kernel(const float *x, const float *w, float *y, int dim, float eps)
+{
+    kvf_rmsnorm_row(x + (size_t)blockIdx.x * (size_t)dim, w,
+                    y + (size_t)blockIdx.x * (size_t)dim, dim, eps);
+}
+
+/* block b: head b % heads of token b / heads, in place */
+__global__ void kvf_rmsnorm_heads_kernel(float *x, int ld, int heads, int hd, const float *w,
+                                         float eps)
+{
+    float *r = x + (size_t)(blockIdx.x / (unsigned)heads) * (size_t)ld +
+               (size_t)(blockIdx.x % (unsigned)heads) * (size_t)hd;
+    kvf_rmsnorm_row(r, w, r, hd, eps);
 }
 
 /* kvf_add_rmsnorm: row blockIdx.x of h gets its delta (kvf_add_kernel's y += x), and y its
@@ -120,6 +136,18 @@ extern "C" int kvf_cuda_rmsnorm(const kvf_device_t *dev, const float *x, const f
     kvf_rmsnorm_kernel<<<(unsigned)rows, KVF_CUDA_THREADS, 0, kvf_cuda_stream_of(dev)>>>(
         x, w, y, dim, eps);
     return kvf_cuda_launched("kvf_rmsnorm_kernel");
+}
+
+extern "C" int kvf_cuda_rmsnorm_heads(const kvf_device_t *dev, float *x, int ld, int tokens,
+                                      int heads, int head_dim, const float *w, float eps)
+{
+    const size_t rows = (size_t)tokens * (size_t)heads;
+    if (rows > 0x7fffffffu) {
+        return KVF_KERN_EINVAL;   /* the grid's x */
+    }
+    kvf_rmsnorm_heads_kernel<<<(unsigned)rows, KVF_CUDA_THREADS, 0, kvf_cuda_stream_of(dev)>>>(
+        x, ld, heads, head_dim, w, eps);
+    return kvf_cuda_launched("kvf_rmsnorm_heads_kernel");
 }
 
 extern "C" int kvf_cuda_add_rmsnorm(const kvf_device_t *dev, float *h, const float *delta,

@@ -548,20 +548,21 @@ static kvf_status_t kvf_fwd_attention(kvf_model_h m, const kvf_rank_ctx_t *ctx,
     for (int i = 0; i < batch->num_seqs; ++i) {
         const kvf_fwd_seq_t *sq = &batch->seqs[i];
         const int n = sq->num_tokens;
-        float *row = ws->proj + (size_t)o * R;
 
         for (int t = 0; t < n; ++t) {
-            float *q = row + (size_t)t * R, *k = q + qd;
             ws->pos[o + t] = sq->start + t;
-            if (cfg->qk_norm) {
-                KVF_KCALL(kvf_rmsnorm(dev, q, w->q_norm, q, s->attn_heads, hd, (float)cfg->norm_eps));
-                KVF_KCALL(kvf_rmsnorm(dev, k, w->k_norm, k, s->kv_heads, hd, (float)cfg->norm_eps));
-            }
         }
         ws->seq_n[i] = n;
         ws->seq_tab[i] = sq->group_blocks[g];
         ws->seq_nb[i] = sq->group_num_blocks[g];
         o += n;
+    }
+    if (cfg->qk_norm) {
+        /* Qwen3's per-head norms of q and k, every token's heads in one call each */
+        KVF_KCALL(kvf_rmsnorm_heads(dev, ws->proj, R, T, s->attn_heads, hd, w->q_norm,
+                                    (float)cfg->norm_eps));
+        KVF_KCALL(kvf_rmsnorm_heads(dev, ws->proj + qd, R, T, s->kv_heads, hd, w->k_norm,
+                                    (float)cfg->norm_eps));
     }
     if (rep->inv_freq != NULL) {
         /* transformers' rotate_half RoPE of q and k (kernels/kvf_ops_math.h), every row at

@@ -289,11 +289,16 @@ bool kvf_fwd_graph_try(kvf_model_h m, const kvf_rank_ctx_t *ctx, const kvf_fwd_b
     const kvf_device_t *dev = kvf_page_pool_device(ctx->pool);
     kvf_graph_arg_t arg = {m, ctx, batch, T};
     kvf_graph_how_t how = KVF_GRAPH_EAGER;
+    kvf_device_graphs_stats_t st;
     size_t bytes;
     int e;
 
     if ((gr == NULL) || (gr->cache == NULL) || !kvf_graph_step_ok(ctx, gr, batch)) {
         return false;
+    }
+    kvf_device_graphs_stats(gr->cache, &st);
+    if (st.disabled) {
+        return false;   /* a capture failed (warned once): no inputs to lay out any more */
     }
     if (gr->gen != ws->gen) {
         kvf_device_graphs_clear(gr->cache);   /* the buffers they point into moved */

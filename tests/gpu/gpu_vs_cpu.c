@@ -212,6 +212,21 @@ static void check_fused_norms(const float *x, const float *z, const float *w, co
     down(a, y1, bytes);
     down(b, y2, bytes);
     row_same("gated (one launch) = phases", a, b, bytes);
+    /* Qwen3's per-head norms (kvf_rmsnorm_heads): rows of D as tokens of D / GS heads of
+     * GS, one launch against a kvf_rmsnorm launch per token (bits) and the CPU */
+    memcpy(h_c, x, bytes);
+    CK("rmsnorm_heads cpu", kvf_rmsnorm_heads(NULL, h_c, D, R, D / GS, GS, w, 1e-6f));
+    CK("copy", kvf_device_memcpy(&gdev, h1, dx, bytes, KVF_COPY_D2D));
+    CK("copy", kvf_device_memcpy(&gdev, h2, dx, bytes, KVF_COPY_D2D));
+    CK("rmsnorm_heads gpu", kvf_rmsnorm_heads(&gdev, h1, D, R, D / GS, GS, dw, 1e-6f));
+    for (int t = 0; t < R; ++t) {
+        float *r = h2 + (size_t)t * (size_t)D;
+        CK("rmsnorm gpu (a token)", kvf_rmsnorm(&gdev, r, dw, r, D / GS, GS, 1e-6f));
+    }
+    down(a, h1, bytes);
+    down(b, h2, bytes);
+    rowf("rmsnorm_heads", "fp32", a, h_c, n, 1e-5);
+    row_same("rmsnorm_heads = per token", a, b, bytes);
     kvf_device_free(&gdev, h1);
     kvf_device_free(&gdev, h2);
     kvf_device_free(&gdev, y1);

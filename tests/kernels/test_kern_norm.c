@@ -88,6 +88,51 @@ static void test_add_rmsnorm(void **state)
     assert_int_equal(kvf_add_rmsnorm(NULL, NULL, d, w, y1, 0, D, 1e-5f), KVF_KERN_OK);
 }
 
+/* Qwen3's per-head norms of many tokens in one call: each head's values are those of a
+ * kvf_rmsnorm of the token's heads (bit for bit), against a double reference too; the gap
+ * of each row past its heads is not touched; bad shapes refused. */
+static void test_rmsnorm_heads(void **state)
+{
+    enum { T = 5, H = 3, HD = 8, LD = 40 };   /* heads at columns [0, 24), 16 floats past */
+    kvf_test_rng_t rng = {9};
+    float x[T * LD], y[T * LD], w[HD];
+    double ref[T * H * HD];
+    float got[T * H * HD];
+    (void)state;
+
+    kvf_test_fill(&rng, x, T * LD, -3, 3);
+    kvf_test_fill(&rng, w, HD, 0.5f, 1.5f);
+    memcpy(y, x, sizeof(x));
+    for (int t = 0; t < T; ++t) {
+        for (int h = 0; h < H; ++h) {
+            const float *r = x + t * LD + h * HD;
+            double s = 0;
+            for (int c = 0; c < HD; ++c) {
+                s += (double)r[c] * r[c];
+            }
+            for (int c = 0; c < HD; ++c) {
+                ref[(t * H + h) * HD + c] = r[c] / sqrt(s / HD + 1e-6) * w[c];
+            }
+        }
+    }
+    assert_int_equal(kvf_rmsnorm_heads(NULL, y, LD, T, H, HD, w, 1e-6f), KVF_KERN_OK);
+    for (int t = 0; t < T; ++t) {
+        float one[H * HD];
+        assert_int_equal(kvf_rmsnorm(NULL, x + t * LD, w, one, H, HD, 1e-6f), KVF_KERN_OK);
+        assert_memory_equal(y + t * LD, one, sizeof(one));
+        assert_memory_equal(y + t * LD + H * HD, x + t * LD + H * HD,
+                            (LD - H * HD) * sizeof(float));   /* the gap */
+        memcpy(got + t * H * HD, one, sizeof(one));
+    }
+    kvf_test_assert_close(got, ref, T * H * HD, 1e-6, 1e-5, "rmsnorm_heads");
+    assert_int_equal(kvf_rmsnorm_heads(NULL, y, H * HD - 1, T, H, HD, w, 1e-6f),
+                     KVF_KERN_EINVAL);   /* ld shorter than a token's heads */
+    assert_int_equal(kvf_rmsnorm_heads(NULL, y, LD, -1, H, HD, w, 1e-6f), KVF_KERN_EINVAL);
+    assert_int_equal(kvf_rmsnorm_heads(NULL, y, LD, T, 0, HD, w, 1e-6f), KVF_KERN_EINVAL);
+    assert_int_equal(kvf_rmsnorm_heads(NULL, y, LD, T, H, HD, NULL, 1e-6f), KVF_KERN_EINVAL);
+    assert_int_equal(kvf_rmsnorm_heads(NULL, NULL, LD, 0, H, HD, w, 1e-6f), KVF_KERN_OK);
+}
+
 static void test_gated_whole_groups(void **state)
 {
     enum { R = 4, D = 16, G = 8, LD = 40 };
@@ -154,6 +199,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_add_rmsnorm),
+        cmocka_unit_test(test_rmsnorm_heads),
         cmocka_unit_test(test_gated_whole_groups),
         cmocka_unit_test(test_gated_two_phase_tp),
     };

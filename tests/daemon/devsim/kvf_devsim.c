@@ -941,6 +941,11 @@ DEVSIM_KERNEL(kvf_rmsnorm, (const kvf_device_t *dev, const float *x, const float
                             int rows, int dim, float eps),
               (dev, x, w, y, rows, dim, eps),
               (devsim_want_dev(x, "kvf_rmsnorm x"), devsim_want_dev(y, "kvf_rmsnorm y")))
+DEVSIM_KERNEL(kvf_rmsnorm_heads, (const kvf_device_t *dev, float *x, int ld, int tokens,
+                                  int heads, int head_dim, const float *w, float eps),
+              (dev, x, ld, tokens, heads, head_dim, w, eps),
+              (devsim_want_dev(x, "kvf_rmsnorm_heads x"),
+               devsim_want_dev(w, "kvf_rmsnorm_heads w")))
 DEVSIM_KERNEL(kvf_add_rmsnorm, (const kvf_device_t *dev, float *h, const float *delta,
                                 const float *w, float *y, int rows, int dim, float eps),
               (dev, h, delta, w, y, rows, dim, eps),
