@@ -21,11 +21,14 @@ against transformers in torch.float32; fp32-cublas = the fp32 run with KVF_GPU_G
 so the table shows what batch invariance costs (its transformers cells are the fp32 run's);
 bf16-exact = the bf16 checkpoint as a pool runs it by default (KVF_GPU_WEIGHTS unset: bf16
 matrices kept, the fixed-order GEMM widening them in registers, the CPU's bits) with a bf16
-KV cache, against the bf16 transformers run.
+KV cache, against the bf16 transformers run; bf16-graphs = the bf16 run with
+KVF_GPU_GRAPHS=decode (decode steps recorded as CUDA graphs per batch size, then replayed;
+its transformers cells are the bf16 run's).
 
 Usage (a GPU machine; the kvf binary of a CUDA build):
   python3 tests/bench/engine_gpu.py --kvf BIN/kvf [--prompt-len 1000] [--decode-tokens 32]
-      [--batches 1,16] [--dtypes bf16,bf16-exact,fp32,fp32-cublas] [--models tiny-hybrid,tiny-dense,geom]
+      [--batches 1,16] [--dtypes bf16,bf16-graphs,bf16-exact,fp32,fp32-cublas]
+      [--models tiny-hybrid,tiny-dense,geom]
       [--geom-pattern M-M*] [--budget 170] [--keep DIR] [--md FILE]
   python3 tests/bench/engine_gpu.py --kvf BIN/kvf --device cpu --prompt-len 32 ...
       (a dry run on the CPU: the same runs, parsing and table, no GPU needed)
@@ -50,9 +53,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GEOM_CONFIG = os.path.join(ROOT, "tests", "data", "models", "nemotron-nano-9b-v2.config.json")
 MODELS = ("tiny-hybrid", "tiny-dense", "geom")
-DTYPES = ("bf16", "bf16-exact", "fp32", "fp32-cublas")
+DTYPES = ("bf16", "bf16-graphs", "bf16-exact", "fp32", "fp32-cublas")
 # rows that reuse another row's transformers figures (same checkpoint dtype on its side)
-HF_SHARED = {"bf16-exact": "bf16", "fp32-cublas": "fp32"}
+HF_SHARED = {"bf16-exact": "bf16", "bf16-graphs": "bf16", "fp32-cublas": "fp32"}
 START = time.monotonic()
 
 
@@ -95,7 +98,7 @@ def parse_args(argv):
     ap.add_argument("--decode-tokens", type=int, default=32)
     ap.add_argument("--batches", default="1,16",
                     type=lambda v: int_list(v, "--batches"))
-    ap.add_argument("--dtypes", default="bf16,bf16-exact,fp32,fp32-cublas",
+    ap.add_argument("--dtypes", default="bf16,bf16-graphs,bf16-exact,fp32,fp32-cublas",
                     type=lambda v: csv_list(v, DTYPES, "--dtypes"))
     ap.add_argument("--models", default=",".join(MODELS),
                     type=lambda v: csv_list(v, MODELS, "--models"))
@@ -323,8 +326,10 @@ def run_kvf(args, env, d, dtype, batch, timeout):
                                           block_size(args.kvf, env, d,
                                                      "bf16" if dtype.startswith("bf16")
                                                      else "fp32")))]
-    env = dict(env, KVF_GPU_WEIGHTS={"bf16": "native", "bf16-exact": "exact"}.get(dtype, "fp32"),
-               KVF_GPU_GEMM="cublas" if dtype == "fp32-cublas" else "fixed")
+    env = dict(env, KVF_GPU_WEIGHTS={"bf16": "native", "bf16-graphs": "native",
+                                     "bf16-exact": "exact"}.get(dtype, "fp32"),
+               KVF_GPU_GEMM="cublas" if dtype == "fp32-cublas" else "fixed",
+               KVF_GPU_GRAPHS="decode" if dtype == "bf16-graphs" else "off")
     base = gpu_used_mib(gpu_index(args.device)) if args.device != "cpu" else None
     try:
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
