@@ -62,12 +62,21 @@ extern "C" int kvf_cuda_graphs_create(const kvf_device_t *dev, size_t arena_byte
 
 extern "C" void kvf_cuda_graphs_clear(kvf_device_graphs_t *g)
 {
-    if (g->n > 0) {
-        /* a launched recording may still run */
-        KVF_CUDA_CHECK_IGNORE(cudaStreamSynchronize(kvf_cuda_stream_of(&g->dev)));
+    int prev = -1;
+
+    if (g->n == 0) {
+        return;
     }
+    /* a launched recording may still run: wait on the cache's GPU (the legacy stream is
+     * the calling thread's current device's, which may be another one at teardown) */
+    KVF_CUDA_CHECK_IGNORE(cudaGetDevice(&prev));
+    KVF_CUDA_CHECK_IGNORE(cudaSetDevice(g->dev.ordinal));
+    KVF_CUDA_CHECK_IGNORE(cudaStreamSynchronize(kvf_cuda_stream_of(&g->dev)));
     for (int i = 0; i < g->n; ++i) {
         KVF_CUDA_CHECK_IGNORE(cudaGraphExecDestroy(g->execs[i]));
+    }
+    if (prev >= 0) {
+        KVF_CUDA_CHECK_IGNORE(cudaSetDevice(prev));
     }
     g->n = 0;
     g->st.graphs = 0;

@@ -509,13 +509,17 @@ if [ -x "$kvf" ] && [ "$(left)" -gt 100 ]; then
         for b in 1 16; do
             line="  $m batch $b:"
             for g in off decode; do
-                KVF_GPU_GRAPHS=$g timeout 60 "$kvf" bench-model --device cuda:0 \
-                    --model "$data/models-trained/$m" --prompt-len 128 --decode-tokens 64 \
-                    --batch "$b" --warmup yes >"$log/graphs-$m-b$b-$g.txt" 2>&1
+                KVF_LOG_LEVEL=info KVF_GPU_GRAPHS=$g timeout 60 "$kvf" bench-model \
+                    --device cuda:0 --model "$data/models-trained/$m" --prompt-len 128 \
+                    --decode-tokens 64 --batch "$b" --warmup yes \
+                    >"$log/graphs-$m-b$b-$g.txt" 2>&1
                 t=$(sed -n 's/.*decode [0-9]* tokens \([0-9.]*\) tok\/s.*/\1/p' \
                     "$log/graphs-$m-b$b-$g.txt" | tail -1)
                 line="$line graphs $g ${t:-FAIL}"
             done
+            # the recordings and replays the graphed run counted (0 replays: it ran eagerly)
+            line="$line ($(sed -n 's/.*CUDA graphs of decode steps: \([0-9]*\) recorded, \([0-9]*\) replays, \([0-9]*\) failed.*/\1 recorded, \2 replays, \3 failed captures/p' \
+                "$log/graphs-$m-b$b-decode.txt" | tail -1))"
             echo "$line"
         done
     done
