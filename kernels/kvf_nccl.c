@@ -35,6 +35,18 @@ int kvf_nccl_all_gather(kvf_nccl_comm_h comm, const float *send, float *recv, si
     return KVF_KERN_EUNSUPPORTED;
 }
 
+int kvf_nccl_all_gather_async(kvf_nccl_comm_h comm, const float *send, float *recv, size_t n)
+{
+    (void)comm, (void)send, (void)recv, (void)n;
+    return KVF_KERN_EUNSUPPORTED;
+}
+
+int kvf_nccl_comm_settle(kvf_nccl_comm_h comm, const char *what)
+{
+    (void)comm, (void)what;
+    return KVF_KERN_EUNSUPPORTED;
+}
+
 int kvf_nccl_broadcast(kvf_nccl_comm_h comm, const void *send, void *recv, size_t bytes,
                        int root)
 {

@@ -2,7 +2,8 @@
  * NCCL collectives for TP ranks that are GPUs (one process, one thread per
  * rank, one device per rank): one communicator per instance, made at start
  * and destroyed at exit; fp32 sum all-reduce and all-gather on the rank's
- * stream, each waited for with a deadline. A collective that misses its
+ * stream, each waited for with a deadline (or, kvf_nccl_all_gather_async(), enqueued
+ * and waited for later by kvf_nccl_comm_settle(), with the same deadline). A collective that misses its
  * deadline, or that NCCL reports failed asynchronously, ABORTS the
  * communicator (ncclCommAbort) and marks it broken: every later call on it
  * fails at once with KVF_KERN_ENCCL, and the owner marks the instance
@@ -79,6 +80,28 @@ int kvf_nccl_all_reduce_sum(kvf_nccl_comm_h comm, const float *send, float *recv
  * nranks * n, must not overlap send). Errors as kvf_nccl_all_reduce_sum().
  */
 int kvf_nccl_all_gather(kvf_nccl_comm_h comm, const float *send, float *recv, size_t n);
+
+/**
+ * kvf_nccl_all_gather() without the wait: enqueued on the rank's stream (NCCL's own
+ * enqueue completed: a non-blocking communicator's "in progress" is waited out, with the
+ * deadline) and the communicator marked pending; kvf_nccl_comm_settle() waits for it.
+ * For collectives whose result only later kernels on the same stream read (a forward's
+ * all-reduces), so a step does not drain the GPU once per collective. Before the host
+ * reads anything those kernels wrote (a device->host copy), settle first: a copy would
+ * wait on a hung collective without a deadline. Errors as kvf_nccl_all_gather().
+ */
+int kvf_nccl_all_gather_async(kvf_nccl_comm_h comm, const float *send, float *recv, size_t n);
+
+/**
+ * Wait, with the communicator's deadline and cancel flag, until the stream has run
+ * every collective enqueued on it (a pending kvf_nccl_all_gather_async() included, and any
+ * work before it); a communicator with nothing pending returns at once.
+ * @param [in] what  The collective's name for the error.
+ * @return KVF_KERN_OK; KVF_KERN_EINVAL (NULL); KVF_KERN_ENCCL (failed, cancelled or
+ *         broken); KVF_KERN_ETIMEDOUT (deadline: aborted); KVF_KERN_ECUDA (the stream
+ *         failed: aborted).
+ */
+int kvf_nccl_comm_settle(kvf_nccl_comm_h comm, const char *what);
 
 /**
  * recv[i] = send of rank @a root [i], i < @a bytes (device memory; send is

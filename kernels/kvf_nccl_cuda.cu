@@ -41,6 +41,7 @@ struct kvf_nccl_comm {
     int64_t      timeout_ms;
     bool         broken;
     bool         finalizing;   /* ncclCommFinalize issued, destroy waits for it */
+    bool         pending;      /* an async collective not yet settled */
     const int   *cancel;       /* kvf_nccl_comm_watch(); NULL: none */
     char         why[320];     /* kvf_nccl_comm_error() once broken */
 };
@@ -175,7 +176,11 @@ static int kvf_nccl_enqueued(kvf_nccl_comm *c, ncclResult_t r, const char *what)
     if ((r != ncclSuccess) && (r != ncclInProgress)) {
         return kvf_nccl_fail_nccl(c, r, what);
     }
-    return kvf_nccl_wait(c, true, what);
+    int rc = kvf_nccl_wait(c, true, what);
+    if (rc == KVF_KERN_OK) {
+        c->pending = false;   /* the stream ran everything before it too */
+    }
+    return rc;
 }
 
 extern "C" int kvf_nccl_all_reduce_sum(kvf_nccl_comm_h c, const float *send, float *recv,
@@ -209,6 +214,47 @@ extern "C" int kvf_nccl_all_gather(kvf_nccl_comm_h c, const float *send, float *
     return kvf_nccl_enqueued(c, ncclAllGather(send, recv, n, ncclFloat32, c->comm,
                                               kvf_cuda_stream_of(&c->dev)),
                              "ncclAllGather(fp32)");
+}
+
+extern "C" int kvf_nccl_all_gather_async(kvf_nccl_comm_h c, const float *send, float *recv,
+                                         size_t n)
+{
+    if ((c == NULL) || (send == NULL) || (recv == NULL)) {
+        return KVF_KERN_EINVAL;
+    }
+    if (c->broken) {
+        return KVF_KERN_ENCCL;
+    }
+    if (n == 0) {
+        return KVF_KERN_OK;
+    }
+    ncclResult_t r = ncclAllGather(send, recv, n, ncclFloat32, c->comm,
+                                   kvf_cuda_stream_of(&c->dev));
+    if ((r != ncclSuccess) && (r != ncclInProgress)) {
+        return kvf_nccl_fail_nccl(c, r, "ncclAllGather(fp32)");
+    }
+    /* NCCL's enqueue done (async errors checked), the stream not waited for */
+    int rc = kvf_nccl_wait(c, false, "ncclAllGather(fp32)");
+    c->pending = c->pending || (rc == KVF_KERN_OK);
+    return rc;
+}
+
+extern "C" int kvf_nccl_comm_settle(kvf_nccl_comm_h c, const char *what)
+{
+    if (c == NULL) {
+        return KVF_KERN_EINVAL;
+    }
+    if (c->broken) {
+        return KVF_KERN_ENCCL;
+    }
+    if (!c->pending) {
+        return KVF_KERN_OK;
+    }
+    int rc = kvf_nccl_wait(c, true, (what != NULL) ? what : "collectives (settle)");
+    if (rc == KVF_KERN_OK) {
+        c->pending = false;
+    }
+    return rc;
 }
 
 extern "C" int kvf_nccl_broadcast(kvf_nccl_comm_h c, const void *send, void *recv,

@@ -70,6 +70,12 @@ typedef struct kvf_comm_ops {
     /* Return once every rank has entered. KVF_ERR_TIMED_OUT when the world
      * broke (a barrier timed out), from then on for every collective. */
     kvf_status_t (*barrier)(void *ctx, int rank);
+
+    /* Return once every collective this rank began has completed (NULL: every call
+     * completes before it returns, as the CPU world's). The NCCL world's all-reduces of
+     * device buffers only enqueue (the kernels after them on the rank's stream read the
+     * sums); this waits for them with the world's deadline. */
+    kvf_status_t (*settle)(void *ctx, int rank);
 } kvf_comm_ops_t;
 
 /** One rank's view of a world; a value, owned by the world. */
@@ -165,6 +171,10 @@ typedef struct kvf_comm_nccl_backend {
     int  (*comm_finalize)(kvf_nccl_comm_h comm);
     void (*comm_destroy)(kvf_nccl_comm_h comm);
     int  (*all_gather)(kvf_nccl_comm_h comm, const float *send, float *recv, size_t n);
+    /* kvf_nccl_all_gather_async() and kvf_nccl_comm_settle(); a backend without them
+     * (NULL) runs every all-gather to completion */
+    int  (*all_gather_async)(kvf_nccl_comm_h comm, const float *send, float *recv, size_t n);
+    int  (*comm_settle)(kvf_nccl_comm_h comm, const char *what);
 } kvf_comm_nccl_backend_t;
 
 #ifdef KVF_FAULT_INJECTION
@@ -196,6 +206,19 @@ static inline kvf_status_t kvf_comm_all_reduce_span(kvf_comm_t *comm, float *buf
 {
     return (comm->size == 1) ? KVF_OK :
            comm->ops->all_reduce_sum_f32(comm->ctx, comm->rank, buf, n, span);
+}
+
+/**
+ * Wait until every collective this rank began has completed: a no-op for a world of one
+ * rank or the CPU world (their collectives complete before they return); the NCCL world
+ * waits for its enqueued all-reduces of device buffers, with the world's deadline (a
+ * hung one breaks the world, naming it). Call before the host reads what kernels after
+ * such an all-reduce wrote (a forward's end, before the sampled ids come back).
+ */
+static inline kvf_status_t kvf_comm_settle(kvf_comm_t *comm)
+{
+    return ((comm->size == 1) || (comm->ops->settle == NULL)) ? KVF_OK :
+           comm->ops->settle(comm->ctx, comm->rank);
 }
 
 static inline kvf_status_t kvf_comm_broadcast(kvf_comm_t *comm, void *buf, size_t n, int root)

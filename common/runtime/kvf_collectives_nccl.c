@@ -91,6 +91,8 @@ static const kvf_comm_nccl_backend_t kvf_nccl_backend_real = {
     .comm_watch     = kvf_nccl_comm_watch,
     .all_reduce_sum = kvf_nccl_all_reduce_sum,
     .all_gather     = kvf_nccl_all_gather,
+    .all_gather_async = kvf_nccl_all_gather_async,
+    .comm_settle    = kvf_nccl_comm_settle,
     .broadcast      = kvf_nccl_broadcast,
     .comm_error     = kvf_nccl_comm_error,
     .comm_abort     = kvf_nccl_comm_abort,
@@ -262,9 +264,14 @@ static kvf_status_t kvf_nccl_sum_in_order(kvf_comm_nccl_world_t *w, int rank,
     kvf_status_t st = kvf_nccl_grow(w, rank, &rk->gather, &rk->gather_cap, (size_t)span * bytes,
                                     "gather buffer", op);
     float *g = rk->gather;
+    /* enqueued only, when the backend can: the adds below and every later kernel run in
+     * the rank's stream order; kvf_nccl_settle_op() waits (with the deadline) */
+    const bool async = (w->be.all_gather_async != NULL) && (w->be.comm_settle != NULL);
 
     if ((st != KVF_OK) ||
-        ((st = kvf_nccl_check(w, rank, comm, w->be.all_gather(comm, buf, g, n),
+        ((st = kvf_nccl_check(w, rank, comm,
+                              async ? w->be.all_gather_async(comm, buf, g, n) :
+                                      w->be.all_gather(comm, buf, g, n),
                               "%s of %zu floats over span %d (all-gather)", op, n, span)) !=
          KVF_OK) ||
         ((st = kvf_nccl_copy(w, rank, buf, g, bytes, KVF_COPY_D2D, op)) != KVF_OK)) {
@@ -280,6 +287,16 @@ static kvf_status_t kvf_nccl_sum_in_order(kvf_comm_nccl_world_t *w, int rank,
         }
     }
     return KVF_OK;
+}
+
+/* @a comm's enqueued collectives waited for (a no-op without a settling backend) */
+static kvf_status_t kvf_nccl_settle_comm(kvf_comm_nccl_world_t *w, int rank,
+                                         kvf_nccl_comm_h comm, const char *op)
+{
+    if ((comm == NULL) || (w->be.comm_settle == NULL)) {
+        return KVF_OK;
+    }
+    return kvf_nccl_check(w, rank, comm, w->be.comm_settle(comm, op), "%s", op);
 }
 
 static kvf_status_t kvf_nccl_all_reduce_op(void *ctx, int rank, float *buf, size_t n, int span)
@@ -318,10 +335,32 @@ static kvf_status_t kvf_nccl_all_reduce_op(void *ctx, int rank, float *buf, size
     }
     if (((st = kvf_nccl_stage(w, rank, bytes, op, &stage)) != KVF_OK) ||
         ((st = kvf_nccl_copy(w, rank, stage, buf, bytes, KVF_COPY_H2D, op)) != KVF_OK) ||
-        ((st = kvf_nccl_sum_in_order(w, rank, comm, stage, n, span, op)) != KVF_OK)) {
-        return st;
+        ((st = kvf_nccl_sum_in_order(w, rank, comm, stage, n, span, op)) != KVF_OK) ||
+        ((st = kvf_nccl_settle_comm(w, rank, comm, op)) != KVF_OK)) {
+        return st;   /* settled first: the copy back must not wait on a hung collective */
     }
     return kvf_nccl_copy(w, rank, buf, stage, bytes, KVF_COPY_D2H, op);
+}
+
+/* kvf_comm_settle(): every communicator of the rank with an enqueued collective waited for
+ * (with the deadline), or the world breaks naming it */
+static kvf_status_t kvf_nccl_settle_op(void *ctx, int rank)
+{
+    kvf_comm_nccl_world_t *w = ctx;
+    kvf_nccl_rank_t *rk = &w->ranks[rank];
+    kvf_status_t st = (kvf_status_t)atomic_load(&w->broken);
+
+    if (st != KVF_OK) {
+        return st;
+    }
+    if (!rk->started) {
+        return KVF_OK;   /* nothing begun */
+    }
+    st = kvf_nccl_settle_comm(w, rank, rk->all, "the step's all-reduces (settle)");
+    for (int i = 0; (st == KVF_OK) && (i < w->nspans); ++i) {
+        st = kvf_nccl_settle_comm(w, rank, rk->span[i], "the step's all-reduces (settle)");
+    }
+    return st;
 }
 
 static kvf_status_t kvf_nccl_broadcast_op(void *ctx, int rank, void *buf, size_t n, int root)
@@ -362,6 +401,7 @@ static const kvf_comm_ops_t kvf_comm_nccl_ops = {
     .all_reduce_sum_f32 = kvf_nccl_all_reduce_op,
     .broadcast          = kvf_nccl_broadcast_op,
     .barrier            = kvf_nccl_barrier_op,
+    .settle             = kvf_nccl_settle_op,
 };
 
 /* one communicator of the rank: made, watched, or the world breaks naming it */

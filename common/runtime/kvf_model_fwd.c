@@ -945,6 +945,12 @@ kvf_status_t kvf_model_forward_rank(kvf_model_h m, const kvf_rank_ctx_t *ctx,
     if (status == KVF_OK) {
         status = kvf_fwd_body(m, ctx, batch, T);
     }
+    if (ctx->comm->size > 1) {
+        /* the NCCL world's all-reduces were only enqueued: wait for them here, once per
+         * step and with the world's deadline, before any host read (the ids' copy back) */
+        kvf_status_t s2 = kvf_comm_settle(ctx->comm);
+        status = (status == KVF_OK) ? s2 : status;
+    }
     if (ctx->rank == 0) {
         status = kvf_fwd_head_pick(m, ctx, batch, status);
     }

@@ -10,7 +10,8 @@
  *   one the fault point tp.barrier drops, break the world with a message
  *   naming the collective, the rank and NCCL's error; the peer waiting in
  *   "NCCL" is cancelled instead of waiting out its deadline; every later
- *   collective fails without entering NCCL again.
+ *   collective fails without entering NCCL again; all-gathers are only enqueued and
+ *   settled before the host reads sums (a settle past the deadline breaks the world).
  * What it cannot show: kernels/kvf_nccl_cuda.cu itself (needs a GPU; see
  * tests/gpu).
  */
@@ -116,11 +117,14 @@ struct kvf_nccl_comm {
     const int     *cancel;
     bool           broken;
     bool           finalized;
+    bool           pending;    /* an async all-gather not settled yet */
     char           why[320];
 };
 
 static struct {
     atomic_int     ids, inits, watched, colls, finalizes, aborts, destroys, timeouts;
+    atomic_int     asyncs, settles, settled;   /* async all-gathers; settle calls; pending ones */
+    atomic_int     fail_settle_rank;  /* this rank's first settle of a pending one times out */
     atomic_int     fail_rank;      /* this rank's fail_call-th collective fails (-1: none) */
     atomic_int     fail_call;
     atomic_int     rank_calls[64];
@@ -147,6 +151,10 @@ static void fake_reset(void)
     atomic_store(&fake.aborts, 0);
     atomic_store(&fake.destroys, 0);
     atomic_store(&fake.timeouts, 0);
+    atomic_store(&fake.asyncs, 0);
+    atomic_store(&fake.settles, 0);
+    atomic_store(&fake.settled, 0);
+    atomic_store(&fake.fail_settle_rank, -1);
     atomic_store(&fake.fail_rank, -1);
     atomic_store(&fake.fail_call, 0);
     for (int i = 0; i < 64; ++i) {
@@ -327,6 +335,39 @@ static int fake_all_gather(kvf_nccl_comm_h c, const float *send, float *recv, si
     return (rc == KVF_KERN_OK) ? fake_barrier(c, "ncclAllGather(fp32)") : rc;
 }
 
+/* enqueued "without the wait": the fake moves the data at once and marks the communicator
+ * pending, as the real one leaves it until kvf_nccl_comm_settle() */
+static int fake_all_gather_async(kvf_nccl_comm_h c, const float *send, float *recv, size_t n)
+{
+    int rc = fake_all_gather(c, send, recv, n);
+
+    atomic_fetch_add(&fake.asyncs, 1);
+    c->pending = c->pending || (rc == KVF_KERN_OK);
+    return rc;
+}
+
+static int fake_comm_settle(kvf_nccl_comm_h c, const char *what)
+{
+    char why[200];
+
+    atomic_fetch_add(&fake.settles, 1);
+    if (c->broken) {
+        return KVF_KERN_ENCCL;
+    }
+    if (!c->pending) {
+        return KVF_KERN_OK;
+    }
+    if (atomic_load(&fake.fail_settle_rank) == c->rank) {
+        atomic_store(&fake.fail_settle_rank, -1);
+        snprintf(why, sizeof(why), "%s: not complete after %lld ms (fake: settle)", what,
+                 (long long)c->timeout_ms);
+        return fake_fail(c, KVF_KERN_ETIMEDOUT, why);
+    }
+    c->pending = false;
+    atomic_fetch_add(&fake.settled, 1);
+    return KVF_KERN_OK;
+}
+
 static int fake_broadcast(kvf_nccl_comm_h c, const void *send, void *recv, size_t bytes,
                           int root)
 {
@@ -377,7 +418,8 @@ static void fake_comm_destroy(kvf_nccl_comm_h c)
 static const kvf_comm_nccl_backend_t fake_backend = {
     .id_make = fake_id_make, .comm_init = fake_comm_init, .comm_watch = fake_comm_watch,
     .all_reduce_sum = fake_all_reduce, .all_gather = fake_all_gather,
-    .broadcast = fake_broadcast,
+    .broadcast = fake_broadcast, .all_gather_async = fake_all_gather_async,
+    .comm_settle = fake_comm_settle,
     .comm_error = fake_comm_error, .comm_abort = fake_comm_abort,
     .comm_finalize = fake_comm_finalize, .comm_destroy = fake_comm_destroy,
 };
@@ -497,6 +539,15 @@ static void test_nccl_world_collectives(void **state)
             assert_int_equal(args[r].errors, 0);
         }
         assert_null(kvf_comm_world_error(w));
+        /* every all-reduce's gather was only enqueued, and each (host buffers here) was
+         * settled before its sums were copied back: 2 per iteration and rank */
+        assert_int_equal(atomic_load(&fake.asyncs), 4 * 50 * 2);
+        assert_int_equal(atomic_load(&fake.settled), 4 * 50 * 2);
+        for (int r = 0; r < 4; ++r) {   /* nothing left pending: a settle is a no-op */
+            int before = atomic_load(&fake.settled);
+            assert_int_equal(kvf_comm_settle(kvf_comm_world_rank(w, r)), KVF_OK);
+            assert_int_equal(atomic_load(&fake.settled), before);
+        }
         /* each rank: one world communicator and its span-2 group's, all watched */
         assert_int_equal(atomic_load(&fake.inits), 8);
         assert_int_equal(atomic_load(&fake.watched), 8);
@@ -657,6 +708,23 @@ static void test_nccl_world_fault_drop(void **state)
     check_broken(w, args, 2, KVF_ERR_TIMED_OUT, "the fault point tp.barrier dropped it");
 }
 
+/* An enqueued all-gather that never completes: rank 1's settle (before its sums come back)
+ * runs into the deadline, the world breaks naming it, the peer waiting in "NCCL" is
+ * cancelled and later collectives fail fast */
+static void test_nccl_world_settle_timeout(void **state)
+{
+    kvf_comm_world_h w = fake_world(2, 20000);
+    rank_arg_t args[2];
+
+    (void)state;
+    atomic_store(&fake.fail_settle_rank, 1);
+    run_ranks(w, 2, true, 10, args);
+    assert_int_equal(args[1].first_error, KVF_ERR_TIMED_OUT);
+    assert_non_null(strstr(kvf_comm_world_error(w), "all-reduce (sum, fp32) on rank 1 (cpu:0) "
+                                                    "failed"));
+    check_broken(w, args, 2, KVF_ERR_TIMED_OUT, "not complete after 20000 ms (fake: settle)");
+}
+
 static void test_nccl_world_refusals(void **state)
 {
     kvf_device_t devs[2] = {kvf_device_cpu(), kvf_device_cpu()};
@@ -683,6 +751,7 @@ int main(void)
         cmocka_unit_test(test_nccl_world_order),
         cmocka_unit_test(test_nccl_world_nccl_error),
         cmocka_unit_test(test_nccl_world_fault_drop),
+        cmocka_unit_test(test_nccl_world_settle_timeout),
         cmocka_unit_test(test_nccl_world_refusals),
 #endif
     };
