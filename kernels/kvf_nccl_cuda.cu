@@ -200,24 +200,10 @@ extern "C" int kvf_nccl_all_reduce_sum(kvf_nccl_comm_h c, const float *send, flo
                              "ncclAllReduce(sum, fp32)");
 }
 
-extern "C" int kvf_nccl_all_gather(kvf_nccl_comm_h c, const float *send, float *recv, size_t n)
-{
-    if ((c == NULL) || (send == NULL) || (recv == NULL)) {
-        return KVF_KERN_EINVAL;
-    }
-    if (c->broken) {
-        return KVF_KERN_ENCCL;
-    }
-    if (n == 0) {
-        return KVF_KERN_OK;
-    }
-    return kvf_nccl_enqueued(c, ncclAllGather(send, recv, n, ncclFloat32, c->comm,
-                                              kvf_cuda_stream_of(&c->dev)),
-                             "ncclAllGather(fp32)");
-}
-
-extern "C" int kvf_nccl_all_gather_async(kvf_nccl_comm_h c, const float *send, float *recv,
-                                         size_t n)
+/* ncclAllGather enqueued; with @a wait the stream waited for (deadline), else only NCCL's
+ * enqueue (async errors checked) and the communicator marked pending */
+static int kvf_nccl_gather(kvf_nccl_comm_h c, const float *send, float *recv, size_t n,
+                           bool wait)
 {
     if ((c == NULL) || (send == NULL) || (recv == NULL)) {
         return KVF_KERN_EINVAL;
@@ -230,13 +216,26 @@ extern "C" int kvf_nccl_all_gather_async(kvf_nccl_comm_h c, const float *send, f
     }
     ncclResult_t r = ncclAllGather(send, recv, n, ncclFloat32, c->comm,
                                    kvf_cuda_stream_of(&c->dev));
+    if (wait) {
+        return kvf_nccl_enqueued(c, r, "ncclAllGather(fp32)");
+    }
     if ((r != ncclSuccess) && (r != ncclInProgress)) {
         return kvf_nccl_fail_nccl(c, r, "ncclAllGather(fp32)");
     }
-    /* NCCL's enqueue done (async errors checked), the stream not waited for */
     int rc = kvf_nccl_wait(c, false, "ncclAllGather(fp32)");
     c->pending = c->pending || (rc == KVF_KERN_OK);
     return rc;
+}
+
+extern "C" int kvf_nccl_all_gather(kvf_nccl_comm_h c, const float *send, float *recv, size_t n)
+{
+    return kvf_nccl_gather(c, send, recv, n, true);
+}
+
+extern "C" int kvf_nccl_all_gather_async(kvf_nccl_comm_h c, const float *send, float *recv,
+                                         size_t n)
+{
+    return kvf_nccl_gather(c, send, recv, n, false);
 }
 
 extern "C" int kvf_nccl_comm_settle(kvf_nccl_comm_h c, const char *what)
