@@ -364,6 +364,9 @@ extern "C" int kvf_cuda_attn_write_paged_seqs_as(kvf_attn_gpu_impl_t impl,
     }
     if (seqs->packed != NULL) {
         maxb = seqs->packed_maxb;   /* laid out by the caller (a graphed decode step) */
+        /* the tiled kernel packs a tile plan per call, which a recording would replay
+         * stale: the per-token kernel, whose bits the tiled one gives anyway */
+        impl = KVF_ATTN_GPU_PERTOKEN;
     } else {
         for (int i = 0; i < seqs->num_seqs; ++i) {
             maxb = (seqs->num_blocks[i] > maxb) ? seqs->num_blocks[i] : maxb;

@@ -38,7 +38,9 @@ typedef struct kvf_attn_seqs {
      * published step inputs) instead of being packed per call. split_blocks: split-K sized
      * for queries spanning this many kernel blocks (kvf_attn_split_count()), >= the batch's
      * longest, instead of from the positions: a launch shape fixed for any batch of the same
-     * size (the extra ranges are empty and change no bit: kvf_attention_math.h). */
+     * size (the extra ranges are empty and change no bit: kvf_attention_math.h). With packed
+ * set the CUDA path runs the per-token kernel even under KVF_GPU_ATTN=tiled (the tiled
+ * kernel's tile plan is packed per call; it gives the per-token kernel's bits anyway). */
     const int32_t        *packed;
     int                   packed_maxb;   /* >= every num_blocks[i] when packed is set */
     int                   split_blocks;  /* 0, or >= max over rows of position / kbs + 1 */

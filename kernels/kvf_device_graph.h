@@ -86,8 +86,10 @@ void kvf_device_graphs_clear(kvf_device_graphs_t *graphs);
 
 /**
  * Run the work of shape @a key: launch its recording on the cache's device
- * stream, or, the first time, record @a body (which runs nothing: it only
- * records launches) and launch that. @a in_host [@a in_bytes] is the step's
+ * stream; the first time a shape is seen, answer KVF_GRAPH_EAGER (the caller
+ * runs it eagerly: one-time setup such as a cuBLAS handle or lazily loaded
+ * kernels then happens outside a capture); the second time, record @a body
+ * (which runs nothing: it only records launches) and launch that. @a in_host [@a in_bytes] is the step's
  * published inputs and @a in_dev its device copy (uploaded on the stream
  * before this call, at an address that never moves while recordings use it).
  * A capture that fails (the body's error, a host input outside the block, an

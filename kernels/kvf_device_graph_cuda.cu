@@ -13,11 +13,16 @@ extern "C" {
 #include <stdlib.h>
 #include <string.h>
 
+#if CUDART_VERSION < 12000
+#error "kvferry's CUDA graphs need CUDA 12 or later (cudaGraphInstantiate with flags)"
+#endif
+
 struct kvf_device_graphs {
     kvf_device_t               dev;   /* launches go to dev.stream */
     kvf_device_t               cap;   /* capture stream (and its workspace) */
-    int                        max, n;
+    int                        max, n, nseen;
     uint64_t                  *keys;
+    uint64_t                  *seen;   /* shapes run eagerly once (warm-up), not recorded yet */
     cudaGraphExec_t           *execs;
     kvf_device_graphs_stats_t  st;
 };
@@ -32,9 +37,11 @@ extern "C" int kvf_cuda_graphs_create(const kvf_device_t *dev, size_t arena_byte
         return KVF_KERN_ENOMEM;
     }
     g->keys = (uint64_t *)calloc((size_t)max_graphs, sizeof(uint64_t));
+    g->seen = (uint64_t *)calloc((size_t)max_graphs, sizeof(uint64_t));
     g->execs = (cudaGraphExec_t *)calloc((size_t)max_graphs, sizeof(cudaGraphExec_t));
-    if ((g->keys == NULL) || (g->execs == NULL)) {
+    if ((g->keys == NULL) || (g->seen == NULL) || (g->execs == NULL)) {
         free(g->keys);
+        free(g->seen);
         free(g->execs);
         free(g);
         return KVF_KERN_ENOMEM;
@@ -52,6 +59,7 @@ extern "C" int kvf_cuda_graphs_create(const kvf_device_t *dev, size_t arena_byte
     }
     if (rc != KVF_KERN_OK) {
         free(g->keys);
+        free(g->seen);
         free(g->execs);
         free(g);
         return rc;
@@ -64,6 +72,7 @@ extern "C" void kvf_cuda_graphs_clear(kvf_device_graphs_t *g)
 {
     int prev = -1;
 
+    g->nseen = 0;   /* the warm-ups were of the buffers that moved too */
     if (g->n == 0) {
         return;
     }
@@ -88,6 +97,7 @@ extern "C" void kvf_cuda_graphs_destroy(kvf_device_graphs_t *g)
     kvf_cuda_ws_release(&g->cap);   /* waits for the capture stream, frees the arena */
     kvf_cuda_stream_destroy(&g->cap);
     free(g->keys);
+    free(g->seen);
     free(g->execs);
     free(g);
 }
@@ -123,6 +133,18 @@ extern "C" int kvf_cuda_graph_run(kvf_device_graphs_t *g, uint64_t key, kvf_grap
     }
     *how_p = KVF_GRAPH_EAGER;
     if (g->st.disabled || (g->n == g->max)) {
+        return KVF_KERN_OK;
+    }
+    /* a shape's first step runs eagerly: one-time work on this thread (a cuBLAS handle,
+     * kernels loaded lazily on first launch) then happens outside any capture */
+    bool seen = false;
+    for (int i = 0; (i < g->nseen) && !seen; ++i) {
+        seen = (g->seen[i] == key);
+    }
+    if (!seen) {
+        if (g->nseen < g->max) {
+            g->seen[g->nseen++] = key;
+        }
         return KVF_KERN_OK;
     }
     rc = kvf_cuda_ws_capture_inputs(cs, in_host, in_dev, in_bytes, true);

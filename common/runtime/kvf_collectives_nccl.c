@@ -181,7 +181,8 @@ static kvf_status_t kvf_nccl_enter(kvf_comm_nccl_world_t *w, int rank, const cha
     return KVF_OK;
 }
 
-/* The rank's device buffer of at least @a bytes, for a host buffer's round trip. */
+static kvf_status_t kvf_nccl_settle_op(void *ctx, int rank);
+
 /* *buf_p grown to at least @a bytes of the rank's device memory (old contents dropped) */
 static kvf_status_t kvf_nccl_grow(kvf_comm_nccl_world_t *w, int rank, void **buf_p,
                                   size_t *cap_p, size_t bytes, const char *what, const char *op)
@@ -199,7 +200,16 @@ static kvf_status_t kvf_nccl_grow(kvf_comm_nccl_world_t *w, int rank, void **buf
                      cap, kvf_kern_strerror(rc));
             return kvf_nccl_world_break(w, rank, op, kvf_status_from_kern(rc), detail);
         }
-        kvf_device_free(&rk->dev, *buf_p);   /* every earlier collective completed */
+        if (*buf_p != NULL) {
+            /* an enqueued all-gather may still read or write the old buffer: wait for it
+             * (with the deadline) before freeing, not inside cudaFree without one */
+            kvf_status_t st = kvf_nccl_settle_op(w, rank);
+            if (st != KVF_OK) {
+                kvf_device_free(&rk->dev, p);
+                return st;
+            }
+        }
+        kvf_device_free(&rk->dev, *buf_p);
         *buf_p = p;
         *cap_p = cap;
     }

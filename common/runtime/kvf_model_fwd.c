@@ -677,6 +677,11 @@ static kvf_status_t kvf_fwd_moe(kvf_model_h m, const kvf_rank_ctx_t *ctx, int l,
 
     /* router (fp32, replicated: every rank routes alike) */
     KVF_KCALL(kvf_gemm(dev, T, E, H, ws->xn, w->router_w, NULL, ws->scores));
+    if ((ctx->comm->size > 1) && (status == KVF_OK)) {
+        /* the routing comes to the host next: the all-reduces enqueued before it are waited
+         * for first, with the world's deadline (a copy would wait on a hung one forever) */
+        status = kvf_comm_settle(ctx->comm);
+    }
     KVF_KCALL(kvf_fwd_route(dev, cfg, w, ws, T, &route_idx, &route_w));
     /* shared expert slice first: it writes ws->out */
     KVF_KCALL(kvf_mlp_rows(dev, ws, cfg->mlp_act, false, T, ws->xn, H, &w->sh_up, w->sh_up_b,

@@ -6,8 +6,8 @@
 # lies in the step's published inputs and their device copy holds the same bytes, nothing
 # copies to the host or syncs inside. For the hybrid and the dense trained models: greedy,
 # with --print-logits, sampled on the device, and a batch of four, the tokens (and logits)
-# are those of the eager run, one recording per batch size, every later decode step a
-# replay. A bad value is refused by name; TP 2 (CUDA builds) stays eager.
+# are those of the eager run; a batch size's first decode step runs eagerly (the warm-up),
+# its second is recorded, every later one a replay. A bad value is refused by name; TP 2 (CUDA builds) stays eager.
 # Usage: test_devsim_graphs.sh TESTBIN CUDA_BUILD(ON/OFF)
 set -euo pipefail
 DEVSIM="${1:?usage: test_devsim_graphs.sh TESTBIN CUDA_BUILD}/kvf-devsim"
@@ -51,8 +51,9 @@ run() {
         fail "$name: graphs changed the output: $(diff <(grep -v 'tok/s' "$T/eager") \
               <(grep -v 'tok/s' "$T/graph") | head -5)"
     [ "$(field "$T/eager.err" graph_captures)" -eq 0 ] || fail "$name: graphs while off"
-    graphs "$name" 1 6 "$T/graph.err" "$k"
-    echo "$name: $(grep '^tokens:' "$T/graph"); 1 recording, 6 replays, the eager output"
+    graphs "$name" 1 5 "$T/graph.err" "$k"
+    echo "$name: $(grep '^tokens:' "$T/graph"); 1 eager warm-up, 1 recording, 5 replays," \
+         "the eager output"
 }
 
 for m in tiny-hybrid tiny-dense; do
@@ -63,12 +64,12 @@ run "tiny-hybrid logits" 2 --model "$MODELS/tiny-hybrid" --max-tokens 8 --print-
 run "tiny-hybrid sampled" 1 --model "$MODELS/tiny-hybrid" --max-tokens 8 --temperature 0.8 \
     --top-p 0.9 --seed 7 --logprobs 2
 
-# four requests at once: one recording for batch 4, the other four steps replays
+# four requests at once: batch 4's first step eager (the warm-up), one recording, then replays
 KVF_GPU_GRAPHS=decode "$DEVSIM" bench-model --model "$MODELS/tiny-hybrid" --device cuda:0 \
     --prompt-len 16 --decode-tokens 6 --batch 4 >"$T/out" 2>"$T/err" ||
     fail "batch 4: $(tail -5 "$T/err")"
-graphs "tiny-hybrid batch 4" 1 4 "$T/err"
-echo "tiny-hybrid batch 4: 1 recording, 4 replays"
+graphs "tiny-hybrid batch 4" 1 3 "$T/err"
+echo "tiny-hybrid batch 4: 1 eager warm-up, 1 recording, 3 replays"
 
 if KVF_GPU_GRAPHS=all "$DEVSIM" generate --model "$MODELS/tiny-hybrid" --device cuda:0 \
     --prompt "add 12 30" --max-tokens 3 >"$T/out" 2>"$T/err"; then

@@ -324,7 +324,7 @@ $row"
             row=$(gen_row "$name" "fp32" "-" "${counts:--}" "-" "FAIL: not the eager output")
             fail=1
         elif [ -z "$counts" ] || [ "${counts#* rec }" = "$counts" ] ||
-             ! echo "$counts" | grep -q '^1 rec 14 replays 0 failed$'; then
+             ! echo "$counts" | grep -q '^1 rec 13 replays 0 failed$'; then
             row=$(gen_row "$name" "fp32" "-" "${counts:-no count}" "-" "FAIL: not replayed")
             fail=1
             grep -h 'graph' "$log/gen-graphs-$m.err" | head -3

@@ -29,13 +29,15 @@
  * (device allocations, device-to-host copies, stream syncs), so a test can assert that a
  * step allocates nothing and reads back only the sampled ids. Workspaces reserved at start
  * (kvf_device_workspace_reserve) are recorded, not allocated. CUDA graphs
- * (kvf_device_graph.h) are emulated as what makes a replay right: the first run of a shape
- * runs its body and records every kernel call (name and arguments: scalars, pointers, the
- * fields of the parameter structs a launcher reads); a replay runs the body again and
+ * (kvf_device_graph.h) are emulated as what makes a replay right: a shape's first step runs
+ * eagerly (as the CUDA cache does), its second runs the body and records every kernel call
+ * (name and arguments: scalars, pointers, the fields of the parameter structs a launcher
+ * reads); a replay runs the body again and
  * counts any call that differs from the recording (a real replay would have launched the
  * recorded one); inside a body, a host array a launcher uploads must lie in the published
- * step inputs, whose device copy must hold the same bytes, and host copies, syncs,
- * allocations and per-request attention are counted as errors:
+ * step inputs, whose device copy must hold the same bytes, the packed tables and state
+ * pointers must say what the requests' arrays say, every launch must go to the capture
+ * stream, and host copies, syncs, allocations and per-request attention are errors:
  *   graph_captures C graph_replays R graph_mismatches M graph_host_inputs H
  * What it cannot check:
  * CUDA kernels themselves, stream concurrency, UCX moving real device
@@ -188,9 +190,13 @@ typedef struct devsim_rec {
 typedef struct {
     kvf_device_t              dev;
     devsim_rec_t             *recs;
-    int                       n, max;
+    uint64_t                 *seen;   /* shapes run eagerly once (the warm-up) */
+    int                       n, max, nseen;
     kvf_device_graphs_stats_t st;
 } devsim_graphs_t;
+
+/* the stream a graph body's work must go to (a real capture records only that stream) */
+static char devsim_capture_stream;
 
 static void devsim_graph_error(atomic_ullong *counter, const char *what)
 {
@@ -558,6 +564,10 @@ int __wrap_kvf_device_memcpy(const kvf_device_t *dev, void *dst, const void *src
             break;
         }
         if (tl_graph != 0) {
+            if (dev->stream != (void *)&devsim_capture_stream) {
+                devsim_graph_error(&st_graph_host_inputs, "kvf_device_memcpy on another stream "
+                                   "than the capture's");
+            }
             uint64_t h = devsim_mix(1469598103934665603ull, &dst, sizeof(dst));
             h = devsim_mix(h, &src, sizeof(src));
             h = devsim_mix(h, &bytes, sizeof(bytes));
@@ -826,9 +836,10 @@ int __wrap_kvf_zero_ranges_batch(const kvf_device_t *dev, void *base, const size
 
 /* A graphed step's batched attention: its tables packed in the published inputs (the
  * launcher reads no other host array then) and split-K of a fixed shape. */
-static void devsim_want_seqs_packed(const kvf_attn_seqs_t *q)
+static void devsim_want_seqs_packed(const kvf_attn_seqs_t *q, const int32_t *positions)
 {
-    size_t T = 0;
+    size_t T = 0, o = 0;
+    bool bad = false;
 
     if (tl_graph == 0) {
         return;
@@ -843,6 +854,41 @@ static void devsim_want_seqs_packed(const kvf_attn_seqs_t *q)
     }
     devsim_want_input(q->packed, (2 * T + (size_t)q->num_seqs * (size_t)q->packed_maxb) * 4,
                       "kvf_attn_write_paged_seqs packed");
+    /* the CUDA launcher reads only the packed block: it must say what the arrays say (each
+     * row's request, its position, each request's table) */
+    for (int i = 0; i < q->num_seqs; ++i) {
+        bad |= (q->num_blocks[i] > q->packed_maxb) ||
+               (memcmp(q->packed + 2 * T + (size_t)i * (size_t)q->packed_maxb,
+                       q->block_tables[i], (size_t)q->num_blocks[i] * 4) != 0);
+        for (int t = 0; t < q->num_tokens[i]; ++t, ++o) {
+            bad |= (q->packed[o] != i) || (q->packed[T + o] != positions[o]);
+        }
+    }
+    if (bad) {
+        devsim_graph_error(&st_graph_host_inputs, "kvf_attn_write_paged_seqs: the packed "
+                           "block differs from the requests' arrays");
+    }
+}
+
+/* The batched Mamba decode's packed block: the four arrays as the CUDA launcher reads them. */
+static void devsim_want_ssm_packed(const kvf_ssm_seqs_t *q)
+{
+    const size_t S = (size_t)q->num_seqs;
+    const unsigned char *p = q->packed;
+
+    if (tl_graph == 0) {
+        return;
+    }
+    devsim_want_input(p, S * (2 * sizeof(void *) + sizeof(int) + sizeof(float)),
+                      "kvf_ssm_decode_seqs packed");
+    if ((p == NULL) || (memcmp(p, q->conv_states, S * sizeof(void *)) != 0) ||
+        (memcmp(p + S * sizeof(void *), q->ssm_states, S * sizeof(void *)) != 0) ||
+        (memcmp(p + 2 * S * sizeof(void *), q->rows, S * sizeof(int)) != 0) ||
+        (memcmp(p + 2 * S * sizeof(void *) + S * sizeof(int), q->dt_min,
+                S * sizeof(float)) != 0)) {
+        devsim_graph_error(&st_graph_host_inputs, "kvf_ssm_decode_seqs: the packed block "
+                           "differs from the requests' arrays");
+    }
 }
 
 /* ---- kernels: a CUDA device runs the CPU version ------------------------------ */
@@ -870,6 +916,10 @@ static void devsim_want_seqs_packed(const kvf_attn_seqs_t *q)
         if (devsim_gpu_) {                                                             \
             _checks;                                                                   \
             if (tl_graph != 0) {                                                       \
+                if (devsim_kdev_->stream != (void *)&devsim_capture_stream) {          \
+                    devsim_graph_error(&st_graph_host_inputs, #_name " launched on "   \
+                                       "another stream than the capture's");          \
+                }                                                                      \
                 uint64_t devsim_h_ = 1469598103934665603ull;                           \
                 DEVSIM_ARGS_HASH(DEVSIM_UNPAREN _args)                                 \
                 devsim_graph_call(#_name, devsim_h_);                                  \
@@ -1024,7 +1074,7 @@ DEVSIM_KERNEL(kvf_attn_write_paged_seqs, (const kvf_device_t *dev, const kvf_pag
               (dev, kv, seqs, k, v, ld, q, ldq, positions, q_heads, scale, out),
               (devsim_want_dev(q, "kvf_attn_write_paged_seqs q"),
                devsim_want_dev(out, "kvf_attn_write_paged_seqs out"),
-               devsim_want_seqs_packed(seqs)))
+               devsim_want_seqs_packed(seqs, positions)))
 DEVSIM_KERNEL(kvf_ssm_decode_seqs, (const kvf_device_t *dev, const kvf_ssm_seqs_t *seqs,
                                     const float *x_in, int ld_in, int channels, int kernel,
                                     const float *conv_w, const float *conv_b,
@@ -1035,9 +1085,7 @@ DEVSIM_KERNEL(kvf_ssm_decode_seqs, (const kvf_device_t *dev, const kvf_ssm_seqs_
                p, dt, lddt, ssm_dtype, y, ldy),
               (devsim_want_dev(x_in, "kvf_ssm_decode_seqs x"),
                devsim_want_dev(y, "kvf_ssm_decode_seqs y"),
-               devsim_want_input(seqs->packed, (size_t)seqs->num_seqs *
-                                 (2 * sizeof(void *) + sizeof(int) + sizeof(float)),
-                                 "kvf_ssm_decode_seqs packed")))
+               devsim_want_ssm_packed(seqs)))
 /* device sampling (kvf_sample.h): the rows' logits, parameters, entries and results are all
  * device memory (kvf_sample_batch() uploads and downloads around it, counted as copies) */
 DEVSIM_KERNEL(kvf_sample_rows, (const kvf_device_t *dev, const float *logits, int rows, int vocab,
@@ -1073,7 +1121,11 @@ int __wrap_kvf_device_graphs_create(const kvf_device_t *dev, size_t arena_bytes,
         return KVF_KERN_EUNSUPPORTED;
     }
     g = calloc(1, sizeof(*g));
-    if ((g == NULL) || ((g->recs = calloc((size_t)max_graphs, sizeof(*g->recs))) == NULL)) {
+    if ((g == NULL) || ((g->recs = calloc((size_t)max_graphs, sizeof(*g->recs))) == NULL) ||
+        ((g->seen = calloc((size_t)max_graphs, sizeof(*g->seen))) == NULL)) {
+        if (g != NULL) {
+            free(g->recs);
+        }
         free(g);
         return KVF_KERN_ENOMEM;
     }
@@ -1096,6 +1148,7 @@ void __wrap_kvf_device_graphs_clear(kvf_device_graphs_t *graphs)
         memset(&g->recs[i], 0, sizeof(g->recs[i]));
     }
     g->n = 0;
+    g->nseen = 0;
     g->st.graphs = 0;
 }
 
@@ -1109,6 +1162,7 @@ void __wrap_kvf_device_graphs_destroy(kvf_device_graphs_t *graphs)
     }
     __wrap_kvf_device_graphs_clear(graphs);
     free(g->recs);
+    free(g->seen);
     free(g);
 }
 
@@ -1156,6 +1210,19 @@ int __wrap_kvf_device_graph_run(kvf_device_graphs_t *graphs, uint64_t key,
     if ((rec == NULL) && (g->st.disabled || (g->n == g->max))) {
         return KVF_KERN_OK;
     }
+    if (rec == NULL) {
+        /* as the CUDA cache: a shape's first step runs eagerly, the second is recorded */
+        bool seen = false;
+        for (int i = 0; (i < g->nseen) && !seen; ++i) {
+            seen = (g->seen[i] == key);
+        }
+        if (!seen) {
+            if (g->nseen < g->max) {
+                g->seen[g->nseen++] = key;
+            }
+            return KVF_KERN_OK;
+        }
+    }
     tl_graph = (rec != NULL) ? 2 : 1;
     if (rec == NULL) {
         rec = &g->recs[g->n];
@@ -1166,7 +1233,11 @@ int __wrap_kvf_device_graph_run(kvf_device_graphs_t *graphs, uint64_t key,
     tl_rec_pos = 0;
     tl_in_lo = in_host;
     tl_in_hi = (const char *)in_host + in_bytes;
-    rc = body(&g->dev, arg);   /* runs here: the capture and its launch in one */
+    {
+        kvf_device_t cap = g->dev;   /* the body's work must go to the capture stream */
+        cap.stream = &devsim_capture_stream;
+        rc = body(&cap, arg);   /* runs here: the capture and its launch in one */
+    }
     if ((tl_graph == 2) && (tl_rec_pos != rec->n)) {
         devsim_graph_error(&st_graph_mismatches, "a replay made fewer calls than recorded");
     }
