@@ -378,22 +378,15 @@ extern "C" int kvf_cuda_attn_write_paged_seqs_as(kvf_attn_gpu_impl_t impl,
         }
     }
     /* one upload: [T] request of each row, [T] positions, [num_seqs][maxb] block tables */
-    size_t words = 2 * T + (size_t)seqs->num_seqs * (size_t)maxb;
+    size_t words = kvf_attn_seqs_packed_words(num_tokens, seqs->num_seqs, maxb);
     if (seqs->packed != NULL) {
         rc = kvf_cuda_scratch(stream, words * sizeof(int32_t), seqs->packed, &dbuf);
     } else {
-        int32_t *h = (int32_t *)calloc(words, sizeof(int32_t));
+        int32_t *h = (int32_t *)malloc(words * sizeof(int32_t));
         if (h == NULL) {
             return KVF_KERN_ENOMEM;
         }
-        for (int i = 0, o = 0; i < seqs->num_seqs; ++i) {
-            for (int j = 0; j < seqs->num_tokens[i]; ++j) {
-                h[o++] = i;
-            }
-            memcpy(h + 2 * T + (size_t)i * (size_t)maxb, seqs->block_tables[i],
-                   (size_t)seqs->num_blocks[i] * sizeof(int32_t));
-        }
-        memcpy(h + T, positions, T * sizeof(int32_t));
+        kvf_attn_seqs_pack(seqs, positions, num_tokens, maxb, h);
         rc = kvf_cuda_scratch(stream, words * sizeof(int32_t), h, &dbuf);
         free(h);   /* staged by the copy */
     }

@@ -7,10 +7,32 @@
 #include "kvf_kern_internal.h"
 
 #include <math.h>
+#include <string.h>
 
 #ifdef KVF_HAVE_CUDA
 #include "kvf_device_cuda.h"
 #endif
+
+size_t kvf_attn_seqs_packed_words(int num_tokens, int num_seqs, int maxb)
+{
+    return 2 * (size_t)num_tokens + (size_t)num_seqs * (size_t)maxb;
+}
+
+void kvf_attn_seqs_pack(const kvf_attn_seqs_t *seqs, const int32_t *positions, int num_tokens,
+                        int maxb, int32_t *out)
+{
+    const size_t T = (size_t)num_tokens;
+
+    memset(out, 0, kvf_attn_seqs_packed_words(num_tokens, seqs->num_seqs, maxb) * 4);
+    for (int i = 0, o = 0; i < seqs->num_seqs; ++i) {
+        for (int j = 0; j < seqs->num_tokens[i]; ++j) {
+            out[o++] = i;
+        }
+        memcpy(out + 2 * T + (size_t)i * (size_t)maxb, seqs->block_tables[i],
+               (size_t)seqs->num_blocks[i] * sizeof(int32_t));
+    }
+    memcpy(out + T, positions, T * sizeof(int32_t));
+}
 
 /* request i's view of the layer */
 static kvf_paged_kv_t kvf_seq_kv(const kvf_paged_kv_t *kv, const kvf_attn_seqs_t *s, int i)

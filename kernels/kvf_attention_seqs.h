@@ -47,6 +47,23 @@ typedef struct kvf_attn_seqs {
 } kvf_attn_seqs_t;
 
 /**
+ * The words of a packed block (kvf_attn_seqs_t.packed) of @a num_tokens rows, @a num_seqs
+ * requests and tables @a maxb wide: 2 * num_tokens + num_seqs * maxb.
+ */
+size_t kvf_attn_seqs_packed_words(int num_tokens, int num_seqs, int maxb);
+
+/**
+ * Lay out @a seqs as the CUDA path reads it (the one definition of kvf_attn_seqs_t.packed):
+ * [num_tokens] the request of each row, [num_tokens] @a positions, then request i's table
+ * at 2 * num_tokens + i * maxb (its num_blocks[i] entries, the rest 0).
+ * @param [in]  seqs        HOST arrays; every num_blocks[i] <= @a maxb.
+ * @param [in]  positions   HOST int32 [num_tokens] (the sum of seqs->num_tokens).
+ * @param [out] out         kvf_attn_seqs_packed_words() int32, all written.
+ */
+void kvf_attn_seqs_pack(const kvf_attn_seqs_t *seqs, const int32_t *positions, int num_tokens,
+                        int maxb, int32_t *out);
+
+/**
  * Store K and V of every request's new tokens, then attend: for request i
  * with rows [o_i, o_i + n_i), kvf_attn_cache_write() and kvf_attn_paged()
  * of @a kv with block_table = block_tables[i], num_blocks = num_blocks[i]

@@ -8,9 +8,27 @@
 #include "kvf_kern_internal.h"
 #include "kvf_ssm_math.h"
 
+#include <string.h>
+
 #ifdef KVF_HAVE_CUDA
 #include "kvf_device_cuda.h"
 #endif
+
+size_t kvf_ssm_seqs_packed_bytes(int num_seqs)
+{
+    return (size_t)num_seqs * (2 * sizeof(void *) + sizeof(int) + sizeof(float));
+}
+
+void kvf_ssm_seqs_pack(const kvf_ssm_seqs_t *seqs, void *out)
+{
+    const size_t S = (size_t)seqs->num_seqs;
+    char *h = out;
+
+    memcpy(h, seqs->conv_states, S * sizeof(void *));
+    memcpy(h + S * sizeof(void *), seqs->ssm_states, S * sizeof(void *));
+    memcpy(h + 2 * S * sizeof(void *), seqs->rows, S * sizeof(int));
+    memcpy(h + 2 * S * sizeof(void *) + S * sizeof(int), seqs->dt_min, S * sizeof(float));
+}
 
 int kvf_ssm_decode_seqs(const kvf_device_t *dev, const kvf_ssm_seqs_t *seqs, const float *x_in,
                         int ld_in, int channels, int kernel, const float *conv_w,

@@ -36,6 +36,16 @@ typedef struct kvf_ssm_seqs {
     const void  *packed;
 } kvf_ssm_seqs_t;
 
+/** Bytes of a packed block (kvf_ssm_seqs_t.packed) of @a num_seqs requests. */
+size_t kvf_ssm_seqs_packed_bytes(int num_seqs);
+
+/**
+ * Lay out @a seqs's four arrays as the CUDA path reads them (the one definition of
+ * kvf_ssm_seqs_t.packed): [num_seqs] conv_states, [num_seqs] ssm_states, [num_seqs] rows
+ * (int), [num_seqs] dt_min (float). @a out: kvf_ssm_seqs_packed_bytes(), 8-byte aligned.
+ */
+void kvf_ssm_seqs_pack(const kvf_ssm_seqs_t *seqs, void *out);
+
 /**
  * For request i with row r = rows[i]: kvf_conv1d_step(x_in + r * ld_in ->
  * xbc + r * ld_xbc, SiLU, conv_states[i]), then kvf_mamba2_step() of @a p

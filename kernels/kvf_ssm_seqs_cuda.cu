@@ -93,21 +93,18 @@ extern "C" int kvf_cuda_ssm_decode_seqs(const kvf_device_t *dev, const kvf_ssm_s
     cudaStream_t stream = kvf_cuda_stream_of(dev);
     const size_t S = (size_t)seqs->num_seqs;
     /* one upload: pointers first (8-byte aligned), then rows and dt clamps */
-    const size_t bytes = 2 * S * sizeof(void *) + S * sizeof(int) + S * sizeof(float);
+    const size_t bytes = kvf_ssm_seqs_packed_bytes((int)S);
     void *d = NULL;
     int rc;
 
     if (seqs->packed != NULL) {
         rc = kvf_cuda_scratch(stream, bytes, seqs->packed, &d);   /* laid out by the caller */
     } else {
-        char *h = (char *)malloc(bytes);
+        void *h = malloc(bytes);
         if (h == NULL) {
             return KVF_KERN_ENOMEM;
         }
-        memcpy(h, seqs->conv_states, S * sizeof(void *));
-        memcpy(h + S * sizeof(void *), seqs->ssm_states, S * sizeof(void *));
-        memcpy(h + 2 * S * sizeof(void *), seqs->rows, S * sizeof(int));
-        memcpy(h + 2 * S * sizeof(void *) + S * sizeof(int), seqs->dt_min, S * sizeof(float));
+        kvf_ssm_seqs_pack(seqs, h);
         rc = kvf_cuda_scratch(stream, bytes, h, &d);
         free(h);   /* staged by the copy */
     }

@@ -368,25 +368,26 @@ static int kvf_mat_gemm(const kvf_device_t *dev, struct kvf_model_ws *ws, int M,
     return e;
 }
 
-/* The parameters of a seq's one-token Mamba2 step: the scan's (dt clamped) for a prompt
- * token, the step's (not clamped) for an output; with prompt_len set, the token's position
- * decides (kvf_fwd_seq_t.prompt_len). The one place that decides it for both the batched
- * decode call and the per-seq step. */
+/* Whether a seq's one-token Mamba2 step is a prompt token's (the scan's dt clamp) or an
+ * output's (not clamped); with prompt_len set, the token's position decides
+ * (kvf_fwd_seq_t.prompt_len). The one place that decides it for the batched decode call, the
+ * per-seq step and a graphed step's inputs. */
+static bool kvf_step_is_prompt(const kvf_fwd_seq_t *sq)
+{
+    return (sq->prompt_len > 0) ? (sq->start < sq->prompt_len) : sq->prompt;
+}
+
+/* The parameters of that step: the scan's for a prompt token, the step's for an output. */
 static const kvf_mamba2_params_t *kvf_step_params(const kvf_fwd_seq_t *sq,
                                                   const kvf_mamba2_params_t *scan,
                                                   const kvf_mamba2_params_t *step)
 {
-    const bool prompt_token = (sq->prompt_len > 0) ? (sq->start < sq->prompt_len) : sq->prompt;
-
-    return prompt_token ? scan : step;
+    return kvf_step_is_prompt(sq) ? scan : step;
 }
 
 float kvf_fwd_step_dt_min(const kvf_model_config_t *cfg, const kvf_fwd_seq_t *sq)
 {
-    const kvf_mamba2_params_t scan = {.dt_min = (float)cfg->time_step_min};
-    const kvf_mamba2_params_t step = {.dt_min = 0.0f};
-
-    return kvf_step_params(sq, &scan, &step)->dt_min;
+    return kvf_step_is_prompt(sq) ? (float)cfg->time_step_min : 0.0f;
 }
 
 static kvf_status_t kvf_fwd_mamba(kvf_model_h m, const kvf_rank_ctx_t *ctx,

@@ -66,12 +66,12 @@ static size_t kvf_step_in_bytes(const kvf_model_config_t *cfg, const kvf_cache_l
 
     for (int g = 0; g < lay->num_groups; ++g) {
         if (lay->groups[g].kind != KVF_GROUP_MAMBA) {
-            b += kvf_al8(((size_t)2 * (size_t)S + (size_t)S * (size_t)maxb) * 4);
+            b += kvf_al8(kvf_attn_seqs_packed_words(S, S, maxb) * 4);
         }
     }
     for (int l = 0; l < cfg->num_layers; ++l) {
         if (cfg->layer_kinds[l] == KVF_LAYER_MAMBA) {
-            b += kvf_al8((size_t)S * (2 * sizeof(void *) + sizeof(int) + sizeof(float)));
+            b += kvf_al8(kvf_ssm_seqs_packed_bytes(S));
         }
     }
     return b;
@@ -201,12 +201,15 @@ static bool kvf_graph_step_ok(const kvf_rank_ctx_t *ctx, const struct kvf_fwd_gr
     return true;
 }
 
-/* The step's inputs into the block, at offsets that depend on S alone. Bytes used. */
+/* The step's inputs into the block, at offsets that depend on S alone, the packed parts
+ * laid out by the kernels' own packers (kvf_attn_seqs_pack, kvf_ssm_seqs_pack) from the
+ * workspace's per-request arrays, as an eager step hands them over. Bytes used. */
 static size_t kvf_step_in_fill(const kvf_model_h m, const kvf_rank_ctx_t *ctx,
                                struct kvf_fwd_graphs *gr, const kvf_fwd_batch_t *batch)
 {
     const kvf_model_config_t *cfg = &m->cfg;
     const kvf_cache_layout_t *lay = ctx->layout;
+    struct kvf_model_ws *ws = ctx->ws;
     const int S = batch->num_seqs, B = gr->in.maxb;
     char *p = gr->host;
 
@@ -220,43 +223,46 @@ static size_t kvf_step_in_fill(const kvf_model_h m, const kvf_rank_ctx_t *ctx,
         gr->in.ids[i] = batch->seqs[i].tokens[0];
         gr->in.pos[i] = batch->seqs[i].start;
         gr->in.last_rows[i] = i;
+        ws->seq_n[i] = 1;        /* one row per request */
+        ws->dec_rows[i] = i;
     }
     for (int g = 0; g < lay->num_groups; ++g) {
-        int32_t *t = (int32_t *)p;
+        const kvf_attn_seqs_t seqs = {
+            .num_seqs = S, .num_tokens = ws->seq_n, .block_tables = ws->seq_tab,
+            .num_blocks = ws->seq_nb,
+        };
+        gr->in.attn[g] = NULL;
         if (lay->groups[g].kind == KVF_GROUP_MAMBA) {
-            gr->in.attn[g] = NULL;
             continue;
         }
-        gr->in.attn[g] = t;
-        p += kvf_al8(((size_t)2 * (size_t)S + (size_t)S * (size_t)B) * 4);
-        memset(t, 0, ((size_t)2 * (size_t)S + (size_t)S * (size_t)B) * 4);
         for (int i = 0; i < S; ++i) {
-            const kvf_fwd_seq_t *sq = &batch->seqs[i];
-            t[i] = i;                      /* each row's request (one row each) */
-            t[S + i] = sq->start;          /* its position */
-            memcpy(t + 2 * S + (size_t)i * (size_t)B, sq->group_blocks[g],
-                   (size_t)sq->group_num_blocks[g] * sizeof(int32_t));
+            ws->seq_tab[i] = batch->seqs[i].group_blocks[g];
+            ws->seq_nb[i] = batch->seqs[i].group_num_blocks[g];
         }
+        gr->in.attn[g] = (int32_t *)p;
+        kvf_attn_seqs_pack(&seqs, gr->in.pos, S, B, gr->in.attn[g]);
+        p += kvf_al8(kvf_attn_seqs_packed_words(S, S, B) * 4);
     }
     for (int l = 0; l < cfg->num_layers; ++l) {
         const int g = lay->layer_group[l], slot = lay->layer_slot[l];
-        void **conv = (void **)p, **ssm = conv + S;
-        int *rows = (int *)(ssm + S);
-        float *dtmin = (float *)(rows + S);
+        const kvf_ssm_seqs_t dec = {
+            .num_seqs = S, .rows = ws->dec_rows, .conv_states = ws->dec_conv,
+            .ssm_states = ws->dec_ssm, .dt_min = ws->dec_dtmin,
+        };
+        gr->in.mamba[l] = NULL;
         if (cfg->layer_kinds[l] != KVF_LAYER_MAMBA) {
-            gr->in.mamba[l] = NULL;
             continue;
         }
-        gr->in.mamba[l] = p;
-        p += kvf_al8((size_t)S * (2 * sizeof(void *) + sizeof(int) + sizeof(float)));
         for (int i = 0; i < S; ++i) {
             const kvf_fwd_seq_t *sq = &batch->seqs[i];
-            conv[i] = kvf_page_pool_conv_state(ctx->pool, sq->group_blocks[g][0], slot);
-            ssm[i] = kvf_page_pool_ssm_state(ctx->pool, ctx->geom, sq->group_blocks[g][0],
-                                             slot);
-            rows[i] = i;
-            dtmin[i] = kvf_fwd_step_dt_min(cfg, sq);
+            ws->dec_conv[i] = kvf_page_pool_conv_state(ctx->pool, sq->group_blocks[g][0], slot);
+            ws->dec_ssm[i] = kvf_page_pool_ssm_state(ctx->pool, ctx->geom,
+                                                     sq->group_blocks[g][0], slot);
+            ws->dec_dtmin[i] = kvf_fwd_step_dt_min(cfg, sq);
         }
+        gr->in.mamba[l] = p;
+        kvf_ssm_seqs_pack(&dec, p);
+        p += kvf_al8(kvf_ssm_seqs_packed_bytes(S));
     }
     return (size_t)(p - (char *)gr->host);
 }
