@@ -21,8 +21,10 @@ if ! python3 -c "import kubernetes_validate" >/dev/null 2>&1; then
         echo "kvferry: could not install kubernetes-validate; test_k8s_manifests will be skipped"
 fi
 # The official OpenAI client (test_openai_client) and jinja2, the reference of the chat
-# template renderer (test_chat_template); each test reports skipped without its package.
-for pkg in openai:openai jinja2:jinja2; do
+# template renderer (test_chat_template); transformers without torch (its configuration
+# writer for test_published_config, and HF tokenizers for test_tokenizer_hf: ~30 s of
+# pip); each test reports skipped without its package.
+for pkg in openai:openai jinja2:jinja2 transformers:transformers; do
     if ! python3 -c "import ${pkg%%:*}" >/dev/null 2>&1; then
         python3 -m pip install -q "${pkg#*:}" >/dev/null 2>&1 ||
             python3 -m pip install -q --break-system-packages "${pkg#*:}" >/dev/null 2>&1 ||

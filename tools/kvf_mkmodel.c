@@ -11,6 +11,7 @@
  * NVIDIA's published checkpoints).
  */
 #include "kvf_mkmodel.h"
+#include "kvf_json.h"
 #include "kvf_log.h"
 #include "kvf_safetensors.h"
 
@@ -133,30 +134,16 @@ static kvf_status_t kvf_mk_tensor(kvf_mk_ctx_t *ctx, const char *name, int ndim,
 static kvf_status_t kvf_mk_config(const char *config_path, const char *out_dir,
                                   kvf_dtype_t dtype)
 {
-    FILE *f = fopen(config_path, "rb");
+    FILE *f = NULL;
     char path[4096];
-    char *text = NULL, *out = NULL;
+    char *out = NULL;
     cJSON *root = NULL;
-    long len;
-    kvf_status_t status = KVF_ERR_IO;
+    kvf_status_t status = kvf_json_load(config_path, 0, &root);
 
-    if (f == NULL) {
-        kvf_error("cannot open %s: %m", config_path);
-        return KVF_ERR_IO;
+    if (status != KVF_OK) {
+        return status;
     }
-    if ((fseek(f, 0, SEEK_END) != 0) || ((len = ftell(f)) < 0) || (fseek(f, 0, SEEK_SET) != 0)) {
-        goto out;
-    }
-    text = calloc(1, (size_t)len + 1);
-    if ((text == NULL) || (fread(text, 1, (size_t)len, f) != (size_t)len)) {
-        goto out;
-    }
-    root = cJSON_Parse(text);
-    if (root == NULL) {
-        kvf_error("%s: not valid JSON", config_path);
-        status = KVF_ERR_PARSE;
-        goto out;
-    }
+    status = KVF_ERR_IO;
     /* keep the file's spelling: transformers 5 writes dtype, older files torch_dtype */
     {
         const char *key = (cJSON_GetObjectItemCaseSensitive(root, "dtype") != NULL) ? "dtype" :
@@ -164,8 +151,7 @@ static kvf_status_t kvf_mk_config(const char *config_path, const char *out_dir,
         cJSON_DeleteItemFromObjectCaseSensitive(root, key);
         cJSON_AddStringToObject(root, key, (dtype == KVF_DTYPE_BF16) ? "bfloat16" : "float32");
     }
-    out = cJSON_Print(root);
-    fclose(f);
+    out = kvf_json_print(root);   /* Infinity stays Infinity, not null */
     snprintf(path, sizeof(path), "%s/config.json", out_dir);
     f = fopen(path, "wb");
     if ((f == NULL) || (out == NULL) || (fputs(out, f) == EOF) || (fputc('\n', f) == EOF)) {
@@ -178,7 +164,6 @@ out:
         status = KVF_ERR_IO;
     }
     free(out);
-    free(text);
     cJSON_Delete(root);
     return status;
 }

@@ -8,6 +8,7 @@
  * use_conv_bias = true, mamba_ssm_cache_dtype = float32).
  */
 #include "kvf_model_config.h"
+#include "kvf_json.h"
 #include "kvf_log.h"
 #include "kvf_act_math.h"
 
@@ -33,7 +34,8 @@ static kvf_status_t kvf_cfg_int(const kvf_cfg_reader_t *rd, const char *name, in
         kvf_error("%s: missing field '%s'", rd->origin, name);
         return KVF_ERR_INVALID_PARAM;
     }
-    if (!cJSON_IsNumber(item) || (item->valuedouble != (double)(long long)item->valuedouble)) {
+    if (!cJSON_IsNumber(item) || !isfinite(item->valuedouble) ||
+        (item->valuedouble != floor(item->valuedouble))) {
         kvf_error("%s: field '%s' must be an integer", rd->origin, name);
         return KVF_ERR_INVALID_PARAM;
     }
@@ -59,12 +61,12 @@ static kvf_status_t kvf_cfg_int_opt(const kvf_cfg_reader_t *rd, const char *name
     if (cJSON_IsArray(item) && (cJSON_GetArraySize(item) > 0)) {
         item = cJSON_GetArrayItem(item, 0);   /* eos_token_id may be a list */
     }
-    if (!cJSON_IsNumber(item)) {
+    if (!cJSON_IsNumber(item) || !isfinite(item->valuedouble)) {
         kvf_error("%s: field '%s' must be an integer", rd->origin, name);
         return KVF_ERR_INVALID_PARAM;
     }
-    if (item->valuedouble < 0) {
-        kvf_error("%s: field '%s' = %g must not be negative", rd->origin, name,
+    if ((item->valuedouble < 0) || (item->valuedouble > 1e9)) {
+        kvf_error("%s: field '%s' = %g must be an integer from 0 to 1e9", rd->origin, name,
                   item->valuedouble);
         return KVF_ERR_INVALID_PARAM;
     }
@@ -102,6 +104,12 @@ static kvf_status_t kvf_cfg_num(const kvf_cfg_reader_t *rd, const cJSON *obj, co
     }
     if (!cJSON_IsNumber(item)) {
         kvf_error("%s: field '%s' must be a number", rd->origin, name);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    /* Python's json writes Infinity and NaN (kvf_json.h); no field read here means them */
+    if (!isfinite(item->valuedouble)) {
+        kvf_error("%s: field '%s' = %g must be a finite number", rd->origin, name,
+                  item->valuedouble);
         return KVF_ERR_INVALID_PARAM;
     }
     *out = item->valuedouble;
@@ -732,6 +740,35 @@ static kvf_status_t kvf_cfg_common(const kvf_cfg_reader_t *rd, kvf_model_config_
     return KVF_OK;
 }
 
+/* time_step_limit = [low, high]: transformers' mixer (the reference) ignores it and
+ * clamps with time_step_min alone; mamba_ssm's kernels clamp to it unless it is
+ * (0, inf). NVIDIA's configs write [0.0, Infinity] (Python's literal, kvf_json.h):
+ * no upper clamp. Checked so a broken pair is refused rather than ignored. */
+static kvf_status_t kvf_cfg_dt_limit(const kvf_cfg_reader_t *rd)
+{
+    const char *name = kvf_cfg_alias(rd, "time_step_limit", "mamba_dt_limit");
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(rd->root, name);
+    const cJSON *lo, *hi;
+
+    if ((item == NULL) || cJSON_IsNull(item)) {
+        return KVF_OK;
+    }
+    lo = cJSON_GetArrayItem(item, 0);
+    hi = cJSON_GetArrayItem(item, 1);
+    if (!cJSON_IsArray(item) || (cJSON_GetArraySize(item) != 2) || !cJSON_IsNumber(lo) ||
+        !cJSON_IsNumber(hi)) {
+        kvf_error("%s: field '%s' must be a pair of numbers [low, high]", rd->origin, name);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    if (!isfinite(lo->valuedouble) || !(lo->valuedouble >= 0.0) ||
+        !(hi->valuedouble >= lo->valuedouble)) {
+        kvf_error("%s: field '%s' = [%g, %g] must have 0 <= low <= high (high may be"
+                  " Infinity)", rd->origin, name, lo->valuedouble, hi->valuedouble);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    return KVF_OK;
+}
+
 /* nemotron_h: the Mamba2 mixer's fields (its layers exist in the pattern). */
 static kvf_status_t kvf_cfg_mamba(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
 {
@@ -765,6 +802,7 @@ static kvf_status_t kvf_cfg_mamba(const kvf_cfg_reader_t *rd, kvf_model_config_t
                      tmin);
     }
     cfg->time_step_min = tmin;
+    KVF_CFG_TRY(kvf_cfg_dt_limit(rd));
     KVF_CFG_TRY(kvf_cfg_dtype_opt(rd, "mamba_ssm_cache_dtype", KVF_DTYPE_FP32,
                                   &cfg->ssm_cache_dtype));
     return KVF_OK;
@@ -911,8 +949,8 @@ static const struct {
     {"mistral",    KVF_ARCH_MISTRAL,    kvf_cfg_parse_mistral},
 };
 
-kvf_status_t kvf_model_config_parse(const char *json, const char *origin,
-                                    kvf_model_config_t *cfg_p)
+kvf_status_t kvf_model_config_from_json(const cJSON *root, const char *origin,
+                                        kvf_model_config_t *cfg_p)
 {
     kvf_model_config_t cfg;
     kvf_cfg_reader_t rd;
@@ -923,10 +961,9 @@ kvf_status_t kvf_model_config_parse(const char *json, const char *origin,
 
     memset(&cfg, 0, sizeof(cfg));
     rd.origin = (origin != NULL) ? origin : "config.json";
-    rd.root = cJSON_Parse(json);
-    if ((rd.root == NULL) || !cJSON_IsObject(rd.root)) {
-        kvf_error("%s: not a JSON object", rd.origin);
-        cJSON_Delete((cJSON *)rd.root);
+    rd.root = root;
+    if (!cJSON_IsObject(rd.root)) {
+        kvf_error("%s: the document is not a JSON object", rd.origin);
         return KVF_ERR_PARSE;
     }
 
@@ -953,6 +990,5 @@ kvf_status_t kvf_model_config_parse(const char *json, const char *origin,
     *cfg_p = cfg;
 
 out:
-    cJSON_Delete((cJSON *)rd.root);
     return status;
 }

@@ -196,10 +196,22 @@ static inline bool kvf_model_is_hybrid(const kvf_model_config_t *cfg)
 kvf_status_t kvf_model_config_parse(const char *json, const char *origin,
                                     kvf_model_config_t *cfg_p);
 
+struct cJSON;
+
+/**
+ * kvf_model_config_parse() on a tree already parsed (by kvf_json_parse() or
+ * kvf_json_load(), which read Python's Infinity/NaN literals); @a root stays
+ * the caller's. Errors as kvf_model_config_parse(); KVF_ERR_PARSE when
+ * @a root is not an object.
+ */
+kvf_status_t kvf_model_config_from_json(const struct cJSON *root, const char *origin,
+                                        kvf_model_config_t *cfg_p);
+
 /**
  * Read and parse a config.json. @a path may be the file or a model folder
  * holding config.json. Errors as kvf_model_config_parse(), plus KVF_ERR_IO
- * when the file cannot be read (logged with %m).
+ * when the file cannot be read (logged with the path and %m); a file that does
+ * not parse is logged with its line and column (kvf_json_parse()).
  */
 kvf_status_t kvf_model_config_load(const char *path, kvf_model_config_t *cfg_p);
 

@@ -1,22 +1,42 @@
 /*
- * config.json from a file or model folder, and the config fingerprint (the
- * parser is kvf_model_config.c).
+ * config.json from text, a file or a model folder (through kvf_json, which reads
+ * Python's Infinity/NaN), and the config fingerprint (the field parser is
+ * kvf_model_config.c).
  */
 #include "kvf_model_config.h"
+#include "kvf_json.h"
 #include "kvf_log.h"
+
+#include <cjson/cJSON.h>
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
+/* a config.json is kilobytes; a larger file is not one */
+#define KVF_MODEL_CONFIG_MAX_BYTES ((size_t)16 << 20)
+
+kvf_status_t kvf_model_config_parse(const char *json, const char *origin,
+                                    kvf_model_config_t *cfg_p)
+{
+    cJSON *root;
+    kvf_status_t status;
+
+    origin = (origin != NULL) ? origin : "config.json";
+    status = kvf_json_parse(json, strlen(json), origin, &root);
+    if (status == KVF_OK) {
+        status = kvf_model_config_from_json(root, origin, cfg_p);
+        cJSON_Delete(root);
+    }
+    return status;
+}
+
 kvf_status_t kvf_model_config_load(const char *path, kvf_model_config_t *cfg_p)
 {
     char file[4096];
     struct stat st;
-    FILE *f;
-    char *text;
-    long len;
+    cJSON *root;
     kvf_status_t status;
 
     if ((stat(path, &st) == 0) && S_ISDIR(st.st_mode)) {
@@ -24,31 +44,14 @@ kvf_status_t kvf_model_config_load(const char *path, kvf_model_config_t *cfg_p)
     } else {
         snprintf(file, sizeof(file), "%s", path);
     }
-    f = fopen(file, "rb");
-    if (f == NULL) {
-        kvf_error("cannot open model config %s: %m", file);
-        return KVF_ERR_IO;
+    status = kvf_json_load(file, KVF_MODEL_CONFIG_MAX_BYTES, &root);
+    if (status != KVF_OK) {
+        /* callers tell "no config" from "bad config" by IO against the parse errors */
+        return ((status == KVF_ERR_NOT_FOUND) || (status == KVF_ERR_OUT_OF_RANGE)) ? KVF_ERR_IO :
+               status;
     }
-    if ((fseek(f, 0, SEEK_END) != 0) || ((len = ftell(f)) < 0) || (fseek(f, 0, SEEK_SET) != 0)) {
-        kvf_error("cannot size model config %s: %m", file);
-        fclose(f);
-        return KVF_ERR_IO;
-    }
-    text = malloc((size_t)len + 1);
-    if (text == NULL) {
-        fclose(f);
-        return KVF_ERR_NO_MEMORY;
-    }
-    if (fread(text, 1, (size_t)len, f) != (size_t)len) {
-        kvf_error("cannot read model config %s: %m", file);
-        free(text);
-        fclose(f);
-        return KVF_ERR_IO;
-    }
-    text[len] = '\0';
-    fclose(f);
-    status = kvf_model_config_parse(text, file, cfg_p);
-    free(text);
+    status = kvf_model_config_from_json(root, file, cfg_p);
+    cJSON_Delete(root);
     return status;
 }
 

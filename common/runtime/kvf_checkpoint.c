@@ -7,6 +7,7 @@
  * at open, naming the tensor, instead of loading from the wrong file.
  */
 #include "kvf_checkpoint.h"
+#include "kvf_json.h"
 #include "kvf_log.h"
 
 #include <cjson/cJSON.h>
@@ -23,30 +24,6 @@ struct kvf_ckpt {
     kvf_st_file_h files[KVF_CKPT_MAX_FILES];
     char         *names[KVF_CKPT_MAX_FILES];
 };
-
-static char *kvf_ckpt_read(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    char *text = NULL;
-    long len;
-
-    if (f == NULL) {
-        kvf_error("cannot open %s: %m", path);
-        return NULL;
-    }
-    if ((fseek(f, 0, SEEK_END) == 0) && ((len = ftell(f)) >= 0) && (fseek(f, 0, SEEK_SET) == 0)) {
-        text = malloc((size_t)len + 1);
-        if ((text != NULL) && (fread(text, 1, (size_t)len, f) != (size_t)len)) {
-            kvf_error("cannot read %s: %m", path);
-            free(text);
-            text = NULL;
-        } else if (text != NULL) {
-            text[len] = '\0';
-        }
-    }
-    fclose(f);
-    return text;
-}
 
 static int kvf_ckpt_file_index(kvf_ckpt_h ck, const char *name)
 {
@@ -87,16 +64,13 @@ static kvf_status_t kvf_ckpt_add(kvf_ckpt_h ck, const char *name)
 
 static kvf_status_t kvf_ckpt_open_index(kvf_ckpt_h ck, const char *index_path)
 {
-    char *text = kvf_ckpt_read(index_path);
     cJSON *root;
     const cJSON *map, *it;
-    kvf_status_t status = KVF_OK;
+    kvf_status_t status = kvf_json_load(index_path, 0, &root);
 
-    if (text == NULL) {
-        return KVF_ERR_IO;
+    if (status != KVF_OK) {
+        return (status == KVF_ERR_PARSE) ? status : KVF_ERR_IO;
     }
-    root = cJSON_Parse(text);
-    free(text);
     map = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
     if (!cJSON_IsObject(map)) {
         kvf_error("%s: missing object 'weight_map'", index_path);

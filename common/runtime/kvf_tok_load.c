@@ -3,6 +3,7 @@
  * refused by name: kvf_tokenizer.h).
  */
 #include "kvf_tok_int.h"
+#include "kvf_json.h"
 
 /* GPT-2's pre-tokenizer split (ByteLevel with use_regex). */
 static const char kvf_gpt2_regex[] =
@@ -431,9 +432,6 @@ kvf_status_t kvf_tokenizer_load_file(const char *path, const kvf_model_config_t 
                                      kvf_tokenizer_t *tok_p)
 {
     static int tables_ready;
-    FILE *f;
-    long size;
-    char *text;
     cJSON *root;
     kvf_bpe_t *b;
     kvf_status_t status;
@@ -442,34 +440,9 @@ kvf_status_t kvf_tokenizer_load_file(const char *path, const kvf_model_config_t 
         kvf_bytelevel_tables();     /* idempotent, so a race is harmless */
         tables_ready = 1;
     }
-    f = fopen(path, "rb");
-    if (f == NULL) {
-        kvf_error("%s: cannot open: %m", path);
-        return (errno == ENOENT) ? KVF_ERR_NOT_FOUND : KVF_ERR_IO;
-    }
-    if ((fseek(f, 0, SEEK_END) != 0) || ((size = ftell(f)) < 0) || (fseek(f, 0, SEEK_SET) != 0)) {
-        fclose(f);
-        kvf_error("%s: cannot read: %m", path);
-        return KVF_ERR_IO;
-    }
-    text = malloc((size_t)size + 1);
-    if (text == NULL) {
-        fclose(f);
-        return KVF_ERR_NO_MEMORY;
-    }
-    if (fread(text, 1, (size_t)size, f) != (size_t)size) {
-        free(text);
-        fclose(f);
-        kvf_error("%s: short read", path);
-        return KVF_ERR_IO;
-    }
-    fclose(f);
-    text[size] = '\0';
-    root = cJSON_Parse(text);
-    free(text);
-    if (root == NULL) {
-        kvf_error("%s: not valid JSON", path);
-        return KVF_ERR_PARSE;
+    status = kvf_json_load(path, 0, &root);
+    if (status != KVF_OK) {
+        return status;
     }
     b = calloc(1, sizeof(*b));
     if (b == NULL) {

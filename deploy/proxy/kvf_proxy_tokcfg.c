@@ -1,13 +1,18 @@
 /* tokenizer_config.json: chat template, BOS/EOS text, the model's folder (kvf_proxy_tokcfg.h). */
 #include "kvf_proxy_tokcfg.h"
+#include "kvf_json.h"
 #include "kvf_log.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+
+/* templates are kilobytes; a file past this is not a tokenizer_config.json */
+#define KVF_TOKCFG_MAX_BYTES ((size_t)64 << 20)
 
 /* The folder of @a model_path (itself, or the folder of a config.json). */
 static void kvf_tokcfg_folder(const char *model_path, char *dir, size_t cap)
@@ -23,31 +28,6 @@ static void kvf_tokcfg_folder(const char *model_path, char *dir, size_t cap)
             snprintf(dir, cap, ".");
         }
     }
-}
-
-static char *kvf_tokcfg_slurp(const char *path, size_t *len_p)
-{
-    FILE *f = fopen(path, "rb");
-    char *buf = NULL;
-    long n;
-
-    if (f == NULL) {
-        return NULL;
-    }
-    if ((fseek(f, 0, SEEK_END) == 0) && ((n = ftell(f)) >= 0) && (n < (64L << 20)) &&
-        (fseek(f, 0, SEEK_SET) == 0)) {
-        buf = malloc((size_t)n + 1);
-        if ((buf != NULL) && (fread(buf, 1, (size_t)n, f) != (size_t)n)) {
-            free(buf);
-            buf = NULL;
-        }
-        if (buf != NULL) {
-            buf[n] = '\0';
-            *len_p = (size_t)n;
-        }
-    }
-    fclose(f);
-    return buf;
 }
 
 /* A token's text: "..." or {"content": "..."}. */
@@ -66,8 +46,8 @@ kvf_status_t kvf_proxy_tokcfg_load(const char *model_path, kvf_proxy_tokcfg_t *o
     char dir[PATH_MAX], path[PATH_MAX + 32], real[PATH_MAX];
     const cJSON *t;
     cJSON *root;
-    size_t len = 0;
-    char *text;
+    kvf_status_t status;
+    struct stat st;
 
     memset(out, 0, sizeof(*out));
     kvf_tokcfg_folder(model_path, dir, sizeof(dir));
@@ -75,15 +55,17 @@ kvf_status_t kvf_proxy_tokcfg_load(const char *model_path, kvf_proxy_tokcfg_t *o
         out->root = strdup(real);
     }
     snprintf(path, sizeof(path), "%s/tokenizer_config.json", dir);
-    text = kvf_tokcfg_slurp(path, &len);
-    if (text == NULL) {
+    /* no tokenizer_config.json: no template, no special tokens (a bare checkpoint) */
+    if ((stat(path, &st) != 0) && (errno == ENOENT)) {
         return KVF_OK;
     }
-    root = cJSON_ParseWithLength(text, len);
-    free(text);
+    status = kvf_json_load(path, KVF_TOKCFG_MAX_BYTES, &root);
+    if (status != KVF_OK) {
+        return status;
+    }
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
-        kvf_error("%s: not a JSON object", path);
+        kvf_error("%s: the document is not a JSON object", path);
         return KVF_ERR_PARSE;
     }
     t = cJSON_GetObjectItemCaseSensitive(root, "chat_template");

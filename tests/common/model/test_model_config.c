@@ -380,6 +380,62 @@ static void test_bad_input(void **state)
     assert_int_equal(cfg.max_position_embeddings, 2048);
 }
 
+/* Published configs in Python's JSON dialect (NVIDIA's Nemotron-H: time_step_limit
+ * [0.0, Infinity]) and transformers 5's {"__float__": ...}: what each value means. */
+static void test_python_json(void **state)
+{
+    static const struct {
+        const char  *extra;      /* added to the good hybrid after its pattern */
+        kvf_status_t status;
+        const char  *log;        /* a text the one log line holds, or NULL: no log */
+    } cases[] = {
+        {"\"time_step_limit\":[0.0, Infinity]", KVF_OK, NULL},
+        {"\"time_step_limit\":[0.0,{\"__float__\":\"Infinity\"}]", KVF_OK, NULL},
+        {"\"time_step_limit\":[0.0, 1e+30]", KVF_OK, NULL},
+        {"\"mamba_dt_limit\":[0.001, Infinity]", KVF_OK, NULL},
+        /* a field kvferry does not read may hold any number Python writes */
+        {"\"router_aux_loss_coef\":NaN,\"time_step_max\":Infinity", KVF_OK, NULL},
+        {"\"time_step_limit\":[0.0, NaN]", KVF_ERR_INVALID_PARAM, "'time_step_limit' = [0, nan]"},
+        {"\"time_step_limit\":[0.1, 0.01]", KVF_ERR_INVALID_PARAM, "'time_step_limit'"},
+        {"\"time_step_limit\":[Infinity, Infinity]", KVF_ERR_INVALID_PARAM, "'time_step_limit'"},
+        {"\"time_step_limit\":[0.0]", KVF_ERR_INVALID_PARAM, "'time_step_limit' must be a pair"},
+        {"\"time_step_min\":NaN", KVF_ERR_INVALID_PARAM, "'time_step_min' = nan must be a finite"},
+        {"\"layer_norm_epsilon\":Infinity", KVF_ERR_INVALID_PARAM,
+         "'layer_norm_epsilon' = inf must be a finite"},
+        {"\"layer_norm_epsilon\":-Infinity", KVF_ERR_INVALID_PARAM,
+         "'layer_norm_epsilon' = -inf must be a finite"},
+        {"\"chunk_size\":Infinity", KVF_ERR_INVALID_PARAM, "'chunk_size' must be an integer"},
+        {"\"eos_token_id\":NaN", KVF_ERR_INVALID_PARAM, "'eos_token_id' must be an integer"},
+        {"\"time_step_limit\":[0.0, Infinit]", KVF_ERR_PARSE, "cfg.json:1:"},
+    };
+    char json[2048], extra[512], line[1024];
+    kvf_model_config_t a, b;
+    (void)state;
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); ++i) {
+        kvf_status_t st;
+        snprintf(extra, sizeof(extra), "\"hybrid_override_pattern\":\"M*-\",%s", cases[i].extra);
+        snprintf(json, sizeof(json), kvf_good_hybrid, extra);
+        st = parse_captured(json, line, sizeof(line));
+        if ((st != cases[i].status) ||
+            ((cases[i].log == NULL) ? (line[0] != '\0') : (strstr(line, cases[i].log) == NULL))) {
+            fail_msg("case %zu (%s): status %d, log '%s'", i, cases[i].extra, (int)st, line);
+        }
+    }
+    /* the infinite bound is the same model as the 1e+30 form: same fingerprint */
+    assert_int_equal(parse_with("\"hybrid_override_pattern\":\"M*-\","
+                                "\"time_step_limit\":[0.0, Infinity]", &a), KVF_OK);
+    assert_int_equal(parse_with("\"hybrid_override_pattern\":\"M*-\","
+                                "\"time_step_limit\":[0.0, 1e+30]", &b), KVF_OK);
+    assert_true(kvf_model_config_fingerprint(&a) == kvf_model_config_fingerprint(&b));
+    /* a truncated file: its line and column, not "not a JSON object" */
+    assert_int_equal(parse_captured("{\n  \"model_type\": \"nemotron_h\",\n  \"time_step_limit\""
+                                    ": [0.0, Infinity", line, sizeof(line)), KVF_ERR_PARSE);
+    if (strstr(line, "cfg.json:3:") == NULL || strstr(line, "end of file") == NULL) {
+        fail_msg("truncated: log '%s'", line);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -389,6 +445,7 @@ int main(void)
         cmocka_unit_test(test_honoured_fields),
         cmocka_unit_test(test_transformers_semantics),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_python_json),
     };
     kvf_log_init("test");
     return cmocka_run_group_tests(tests, NULL, NULL);
