@@ -6,7 +6,8 @@
 #            (slurmctld, slurmd, munge), and pip for the PyPI package
 #            kubernetes-validate (tests/deploy/test_k8s_manifests.py), and clang
 #            with its libFuzzer/sanitizer runtime and llvm-symbolizer for the
-#            fuzz targets (tests/fuzz).
+#            fuzz targets (tests/fuzz), and Prometheus (its server and promtool evaluate
+#            the Grafana dashboard and the alert rules, tests/deploy/prom_server.py).
 #            tests/run.sh passes it.
 # UCX with CUDA: Debian's UCX 1.13 cannot reach CUDA memory, so CUDA builds use the UCX
 # of the PyPI wheel libucx-cu13 (headers, pkg-config files, libraries, lib/ucx/ modules
@@ -30,7 +31,8 @@ pkgs=(build-essential cmake pkg-config git python3
 if [ "${1:-}" = "--tests" ]; then
     pkgs+=(iproute2 nftables iptables openssh-server openssh-client slurm-wlm slurmctld slurmd
            slurm-client munge python3-pip python3-yaml clang libclang-rt-dev llvm
-           openssl)   # openssl: test_proxy_edge's self-signed certificate
+           openssl    # openssl: test_proxy_edge's self-signed certificate
+           prometheus)   # prometheus, promtool: dashboards and alert rules (tests/deploy)
 fi
 if [ $want_ucx_wheel = 1 ]; then
     pkgs+=(python3-pip)

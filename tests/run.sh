@@ -23,8 +23,9 @@ fi
 # The official OpenAI client (test_openai_client) and jinja2, the reference of the chat
 # template renderer (test_chat_template); transformers without torch (its configuration
 # writer for test_published_config, and HF tokenizers for test_tokenizer_hf: ~30 s of
-# pip); each test reports skipped without its package.
-for pkg in openai:openai jinja2:jinja2 transformers:transformers; do
+# pip), Helm's own engine for the chart (helm-python-sdk: test_k8s_chart renders and lints
+# deploy/helm/kvferry with it); each test reports skipped without its package.
+for pkg in openai:openai jinja2:jinja2 transformers:transformers helm_python:helm-python-sdk; do
     if ! python3 -c "import ${pkg%%:*}" >/dev/null 2>&1; then
         python3 -m pip install -q "${pkg#*:}" >/dev/null 2>&1 ||
             python3 -m pip install -q --break-system-packages "${pkg#*:}" >/dev/null 2>&1 ||

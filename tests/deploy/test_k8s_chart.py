@@ -2,11 +2,9 @@
 """deploy/helm/kvferry rendered for several sets of values and every manifest
 checked, without Helm or a cluster.
 
-Helm is not in this machine's package registries, so the chart's templates
-are rendered by tests/deploy/helm_render.py: the subset of Go's text/template
-and Helm's functions the chart uses, strict (anything else is an error). Its
-own behaviour is checked first against outputs written out by hand from Go's
-template rules.
+The chart is rendered and linted by Helm's own engine (PyPI helm-python-sdk,
+tests/deploy/helm_chart.py): `helm lint --strict` finds no error or warning
+for any set of values, and every manifest is what `helm template` renders.
 
 For each of four sets of values (the defaults: CUDA image, GPUs, keys, a
 PVC made by the chart; a CPU lab pool: no GPUs, --insecure, an existing
@@ -51,7 +49,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_k8s_manifests as M  # noqa: E402  (exits 77 without kubernetes-validate)
-from helm_render import TemplateError, render_chart, render_string  # noqa: E402
+from helm_chart import TemplateError, lint_chart, merged_values, render_chart  # noqa: E402
 
 CHART = os.path.join(M.ROOT, "deploy", "helm", "kvferry")
 DOCKERFILE_CUDA = os.path.join(M.ROOT, "deploy", "Dockerfile.cuda")
@@ -101,66 +99,20 @@ VALUE_SETS = {
         "gateway": {"enabled": True, "parentRefs": [{"name": "public", "namespace": "gw"}],
                     "hostnames": ["llm.example.com"]},
         "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"},
-                                       "scrapeDaemons": True}},
+                                       "scrapeDaemons": True},
+                    "prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}}},
         "autoscaling": {"hpa": {"enabled": True}},
     }, "big", "serving"),
 }
 
 # Kinds of custom resources (their CRDs are not in the Kubernetes schema): checked by
 # structure below instead of by kubernetes-validate.
-CRDS = {"ServiceMonitor": "monitoring.coreos.com/v1", "HTTPRoute": "gateway.networking.k8s.io/v1",
+CRDS = {"ServiceMonitor": "monitoring.coreos.com/v1", "PrometheusRule": "monitoring.coreos.com/v1",
+        "HTTPRoute": "gateway.networking.k8s.io/v1",
         "ScaledObject": "keda.sh/v1alpha1"}
 
 
 # ---------------------------------------------------------------- the renderer itself
-
-def check_renderer():
-    cases = [
-        ("x\n  {{- .Values.a }}\ny", {"a": 1}, "x1\ny"),
-        ("a {{ .Values.a -}}\n  b", {"a": 1}, "a 1b"),
-        ("{{ if .Values.on }}y{{ else if .Values.b }}b{{ else }}n{{ end }}", {"b": 1}, "b"),
-        ("{{ if .Values.on }}y{{ else }}n{{ end }}", {"on": 0}, "n"),
-        ("{{ range $i, $v := .Values.l }}{{ if $i }},{{ end }}{{ $v }}{{ end }}",
-         {"l": ["a", "b", "c"]}, "a,b,c"),
-        ("{{ range $k, $v := .Values.m }}{{ $k }}={{ $v }};{{ end }}", {"m": {"b": 2, "a": 1}},
-         "a=1;b=2;"),
-        ("{{ range .Values.l }}{{ . }}{{ else }}none{{ end }}", {"l": []}, "none"),
-        ('{{ define "t" }}[{{ . }}]{{ end }}{{ include "t" "x" | quote }}', {}, '"[x]"'),
-        ('{{ define "t" }}{{ $.k }}{{ end }}{{ include "t" (dict "k" 5) }}', {}, "5"),
-        ("m:{{ .Values.m | toYaml | nindent 2 }}", {"m": {"b": 1, "a": [2]}},
-         "m:\n  a:\n  - 2\n  b: 1"),
-        ("{{ default 5 .Values.nope }} {{ .Values.z | default 7 }}", {"z": 0}, "5 7"),
-        ('{{ printf "%s-%d" "a" 3 }} {{ add 1 2 }} {{ div 600 5 }}', {}, "a-3 3 120"),
-        ("{{ $x := 1 }}{{ range until 3 }}{{ $x = add $x . }}{{ end }}{{ $x }}", {}, "4"),
-        ("{{ range .Values.l }}{{ $.Values.p }}{{ . }}{{ end }}", {"l": [1, 2], "p": "p"},
-         "p1p2"),
-        ('{{ and 1 0 }} {{ or 0 "z" }} {{ not .Values.f }} {{ ternary "y" "n" true }}',
-         {"f": False}, "0 z true y"),
-        ('{{ with .Values.w }}{{ .a }}{{ else }}-{{ end }}', {"w": {"a": "A"}}, "A"),
-        ("{{/* a comment */}}k: {{ .Values.s | quote }}", {"s": 'say "hi"'},
-         'k: "say \\"hi\\""'),
-    ]
-    for src, values, want in cases:
-        got = render_string(src, values)
-        assert got == want, "renderer: %r with %r gave %r, Go gives %r" % (src, values, got, want)
-    bad = [("{{ .Values.nope }}", "prints a missing value"),
-           ("{{ nosuch 1 }}", "not in the supported subset"),
-           ("{{ .Values.a.b }}", "reads .b of a missing value"),
-           ("{{ if 1 }}x", "no {{ end }}"),
-           ("{{ .Values.l }}", "prints a list or map"),
-           ("{{ end }}", "without a block"),
-           ('{{ fail "no" }}', "fail: no"),
-           ('{{ required "need x" .Values.nope }}', "required: need x")]
-    for src, why in bad:
-        try:
-            render_string(src, {"l": [1]})
-        except TemplateError as e:
-            assert why in str(e), (src, str(e))
-            continue
-        raise AssertionError("renderer accepted %r" % src)
-    print("renderer: %d cases render as Go's text/template does; %d outside the subset or "
-          "invalid are refused" % (len(cases), len(bad)))
-
 
 # ---------------------------------------------------------------- the chart
 
@@ -173,10 +125,7 @@ def pod_containers(w):
 
 
 def merged(overrides):
-    import yaml
-    from helm_render import merge
-    with open(os.path.join(CHART, "values.yaml")) as f:
-        return merge(yaml.safe_load(f), overrides)
+    return merged_values(CHART, overrides)
 
 
 def arg_flags(c):
@@ -191,6 +140,8 @@ def seconds(v):
 
 def check_set(label, overrides, release, ns, schema_versions):
     import kubernetes_validate as kv
+    findings = lint_chart(CHART, overrides)
+    assert not findings, "%s: helm lint --strict: %s" % (label, findings)
     docs = render_chart(CHART, overrides, release=release, namespace=ns)
     v = merged(overrides)
     for fn, d in docs:
@@ -382,6 +333,15 @@ def check_extras(label, docs, v, names):
                                                             else "metrics"), (label, ep)
         for k, val in sm_v["labels"].items():
             assert d["metadata"]["labels"][k] == val
+    # the PrometheusRule carries files/kvferry-alerts.yaml's groups as they are
+    rules, pr_v = by_kind(docs, "PrometheusRule"), v["metrics"]["prometheusRule"]
+    assert bool(rules) == pr_v["enabled"], (label, list(rules))
+    for d in rules.values():
+        import yaml
+        with open(os.path.join(CHART, "files", "kvferry-alerts.yaml")) as f:
+            assert d["spec"] == yaml.safe_load(f), (label, d["spec"])
+        for k, val in pr_v["labels"].items():
+            assert d["metadata"]["labels"][k] == val
     hpas, keda = by_kind(docs, "HorizontalPodAutoscaler"), by_kind(docs, "ScaledObject")
     a = v["autoscaling"]
     assert bool(hpas) == a["hpa"]["enabled"] and bool(keda) == a["keda"]["enabled"]
@@ -462,7 +422,6 @@ def check_dockerfile_cuda(docs):
 
 def main():
     from kubernetes_validate import utils as kvu
-    check_renderer()
     versions = sorted(kvu.all_versions(), key=lambda x: tuple(int(p) for p in x.split(".")))
     picked = [versions[0], versions[-1]]
     docs = None

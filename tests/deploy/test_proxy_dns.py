@@ -42,7 +42,7 @@ import threading
 from collections import Counter
 
 import proxy_testlib as T
-from helm_render import render_chart
+from helm_chart import render_chart
 from kvf_e2e import wait_for
 
 SKIP = 77

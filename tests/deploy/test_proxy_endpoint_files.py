@@ -2,7 +2,7 @@
 (issue 32 item 4; the Helm chart's endpoints ConfigMap).
 
 1. deploy/helm/kvferry rendered with 8 prefill and 12 decode replicas
-   (tests/deploy/helm_render.py): its endpoints ConfigMap lists 8 + 12 stable
+   (Helm's engine, tests/deploy/helm_chart.py): its endpoints ConfigMap lists 8 + 12 stable
    names, one per line, which as one --prefill/--decode option would pass 255
    characters.
 2. 8 prefill and 12 decode fake daemons on this machine; the ConfigMap's files
@@ -23,7 +23,7 @@ import re
 import subprocess
 
 import proxy_testlib as T
-from helm_render import render_chart
+from helm_chart import render_chart
 from kvf_e2e import free_port_range, wait_for
 
 CHART = os.path.join(os.environ.get("KVF_SOURCE_DIR") or os.path.dirname(os.path.dirname(
