@@ -40,6 +40,7 @@
  * sizes differ).
  */
 #include "kvf_xfer_plan.h"
+#include "kvf_xfer_sort.h"
 
 #include "kvf_log.h"
 #include "kvf_array.h"
@@ -76,6 +77,7 @@ typedef struct kvf_xfer_planner {
     kvf_xfer_range_vec_t          zero;
     uint64_t                      attn_bytes;
     uint64_t                      mamba_bytes;
+    uint64_t                      pad_bytes;       /* Mamba page padding read (see below) */
     struct kvf_xfer_piece        *mamba;           /* the Mamba page's pieces, built once */
     size_t                        num_mamba;
     struct kvf_xfer_piece        *attn;            /* a whole attention block's, built once */
@@ -98,6 +100,7 @@ typedef struct kvf_xfer_piece {
     uint64_t loff;
     uint64_t roff;
     uint64_t len;
+    uint64_t pad;    /* of len, the page padding read after the data (kvf_xfer_mamba_pad) */
 } kvf_xfer_piece_t;
 
 static int64_t kvf_xfer_ceil_div(int64_t a, int64_t b)
@@ -441,20 +444,25 @@ static void kvf_xfer_piece_add(const kvf_xfer_planner_t *pl, kvf_xfer_piece_t *v
     v[(*n_p)++] = (kvf_xfer_piece_t){.rank = r, .loff = loff, .roff = roff, .len = len};
 }
 
-/* Emit @a v[n] for the local page at @a lpage and remote block id @a rid, layer slot @a j. */
+/*
+ * Emit @a v[n] for the local page at @a lpage and remote block id @a rid, layer slot @a j;
+ * @a with_pad: a piece's page padding too (a page the next layer slot's page follows).
+ */
 static kvf_status_t kvf_xfer_pieces_emit(kvf_xfer_planner_t *pl, const kvf_xfer_piece_t *v,
                                          size_t n, uint64_t lpage, int32_t rid, int j,
-                                         uint64_t *bytes_p)
+                                         bool with_pad, uint64_t *bytes_p)
 {
     for (size_t i = 0; i < n; ++i) {
         uint64_t rpage = kvf_xfer_page_off(rid, pl->slots, j,
                                            pl->p->remote_geoms[v[i].rank].page_size);
+        uint64_t pad = with_pad ? v[i].pad : 0;
         kvf_status_t status = kvf_xfer_push_desc(pl, v[i].rank, lpage + v[i].loff,
-                                                 rpage + v[i].roff, v[i].len);
+                                                 rpage + v[i].roff, v[i].len - v[i].pad + pad);
         if (status != KVF_OK) {
             return status;
         }
-        *bytes_p += v[i].len;
+        *bytes_p += v[i].len - v[i].pad;
+        pl->pad_bytes += pad;
     }
     return KVF_OK;
 }
@@ -544,7 +552,7 @@ static kvf_status_t kvf_xfer_plan_attn_group(kvf_xfer_planner_t *pl, const kvf_k
             uint64_t lpage = kvf_xfer_page_off(lid, pl->slots, j, lg->page_size);
             if (whole) {   /* the block's pieces, derived once */
                 status = kvf_xfer_pieces_emit(pl, pl->attn, pl->num_attn, lpage,
-                                              gb->remote_ids[lb], j, &pl->attn_bytes);
+                                              gb->remote_ids[lb], j, false, &pl->attn_bytes);
                 if (status != KVF_OK) {
                     return status;
                 }
@@ -607,6 +615,39 @@ static kvf_status_t kvf_xfer_conv_run(kvf_xfer_planner_t *pl, int r, int part, i
     return KVF_OK;
 }
 
+/*
+ * Mamba page padding: a Mamba page is [conv | SSM | pad] on both sides, and a group's layer
+ * slots are adjacent pages of one block. When the page's last piece ends at both sides' data
+ * ends, its first piece starts both pages from the same prefill rank, and both pads are
+ * equally long, the last piece takes the pad too: the next slot's page then continues it on
+ * both sides and the coalescing joins the slots, so at TP ratio 1 a Mamba block is one
+ * descriptor instead of one per layer (27 -> 7 for the 9B model; each GET of UCX's cuda_ipc
+ * costs a copy launch and an event). The pad is dead on both sides (no kernel reads it, no
+ * zero range covers it); the cost is its bytes (1.07 % of the 9B's page), never read after
+ * a group's last slot. Rejected: bridging the token tails of a partial attention block the
+ * same way (they are zero ranges, which the IPC gather kernel runs beside the copies).
+ */
+static void kvf_xfer_mamba_pad(kvf_xfer_planner_t *pl)
+{
+    const kvf_rank_geometry_t *lg = pl->lg, *rg;
+    kvf_xfer_piece_t *first, *last;
+    uint64_t pad = lg->page_size - lg->mamba_bytes;
+
+    if (!pl->coalesce || (pl->num_mamba == 0) || (pad == 0)) {
+        return;
+    }
+    first = &pl->mamba[0];
+    last = &pl->mamba[pl->num_mamba - 1];
+    rg = &pl->p->remote_geoms[last->rank];
+    if ((first->rank != last->rank) || (first->loff != 0) || (first->roff != 0) ||
+        (last->loff + last->len != lg->mamba_bytes) ||
+        (last->roff + last->len != rg->mamba_bytes) || (rg->page_size - rg->mamba_bytes != pad)) {
+        return;
+    }
+    last->len += pad;
+    last->pad = pad;
+}
+
 /* The pieces of one Mamba page (kvf_xfer_piece_t), in local order within each part. */
 static kvf_status_t kvf_xfer_mamba_pieces(kvf_xfer_planner_t *pl)
 {
@@ -656,6 +697,7 @@ static kvf_status_t kvf_xfer_mamba_pieces(kvf_xfer_planner_t *pl)
                            kvf_ssm_offset(lg, cfg, h - ls->mamba_head_start, 0, 0),
                            kvf_ssm_offset(rg, cfg, rh, 0, 0), ssm_head);
     }
+    kvf_xfer_mamba_pad(pl);
     return KVF_OK;
 }
 
@@ -676,126 +718,12 @@ static kvf_status_t kvf_xfer_plan_mamba_group(kvf_xfer_planner_t *pl, const kvf_
     for (int j = 0; j < grp->num_layers; ++j) {
         status = kvf_xfer_pieces_emit(pl, pl->mamba, pl->num_mamba,
                                       kvf_xfer_page_off(lid, pl->slots, j, lg->page_size), rid,
-                                      j, &pl->mamba_bytes);
+                                      j, j + 1 < grp->num_layers, &pl->mamba_bytes);
         if (status != KVF_OK) {
             return status;
         }
     }
     return KVF_OK;
-}
-
-static int kvf_xfer_cmp_desc(const void *a, const void *b)
-{
-    uint64_t x = ((const kvf_xfer_desc_t *)a)->local_off;
-    uint64_t y = ((const kvf_xfer_desc_t *)b)->local_off;
-    return (x > y) - (x < y);
-}
-
-static int kvf_xfer_cmp_range(const void *a, const void *b)
-{
-    uint64_t x = ((const kvf_xfer_range_t *)a)->off;
-    uint64_t y = ((const kvf_xfer_range_t *)b)->off;
-    return (x > y) - (x < y);
-}
-
-/* First index past the ascending run of @a v that starts at @a i. */
-static size_t kvf_xfer_run_end(const kvf_xfer_desc_t *v, size_t i, size_t n)
-{
-    for (++i; (i < n) && (v[i - 1].local_off < v[i].local_off); ++i) {
-    }
-    return i;
-}
-
-/*
- * Sort @a v[n] by local_off: bottom-up merges of the ascending runs it already holds. Every
- * page is emitted in memory order, so a rank's list is a few dozen sorted runs (one per page
- * at most) whose order only the block ids decide; qsort's callback per comparison and its
- * own merge buffer took 60 % of a plan. Local offsets are distinct (no two descriptors
- * overlap), so stability does not matter. Falls back to qsort without scratch memory.
- */
-static void kvf_xfer_desc_sort(kvf_xfer_desc_t *v, size_t n)
-{
-    kvf_xfer_desc_t *tmp = malloc(n * sizeof(*tmp));
-    kvf_xfer_desc_t *src = v, *dst = tmp, *t;
-    size_t runs;
-
-    if (tmp == NULL) {
-        qsort(v, n, sizeof(*v), kvf_xfer_cmp_desc);
-        return;
-    }
-    do {
-        size_t i = 0, out = 0;
-        runs = 0;
-        while (i < n) {
-            size_t a = i, a_end = kvf_xfer_run_end(src, i, n);
-            size_t b = a_end, b_end = (a_end < n) ? kvf_xfer_run_end(src, a_end, n) : n;
-            while ((a < a_end) && (b < b_end)) {
-                dst[out++] = (src[a].local_off < src[b].local_off) ? src[a++] : src[b++];
-            }
-            while (a < a_end) {
-                dst[out++] = src[a++];
-            }
-            while (b < b_end) {
-                dst[out++] = src[b++];
-            }
-            i = b_end;
-            runs++;
-        }
-        t = src;
-        src = dst;
-        dst = t;
-    } while (runs > 1);
-    if (src != v) {
-        memcpy(v, src, n * sizeof(*v));
-    }
-    free(tmp);
-}
-
-/* Sort by local offset and merge runs contiguous on both sides. */
-static void kvf_xfer_desc_sort_merge(kvf_xfer_desc_vec_t *vec, bool merge)
-{
-    size_t out = 0;
-    if (vec->n < 2) {
-        return;
-    }
-    if (kvf_xfer_run_end(vec->v, 0, vec->n) < vec->n) {   /* ascending ids: already in order */
-        kvf_xfer_desc_sort(vec->v, vec->n);
-    }
-    if (!merge) {
-        return;
-    }
-    for (size_t i = 0; i < vec->n; ++i) {
-        kvf_xfer_desc_t *last = (out > 0) ? &vec->v[out - 1] : NULL;
-        if ((last != NULL) && (last->local_off + last->len == vec->v[i].local_off) &&
-            (last->remote_off + last->len == vec->v[i].remote_off)) {
-            last->len += vec->v[i].len;
-        } else {
-            vec->v[out++] = vec->v[i];
-        }
-    }
-    vec->n = out;
-}
-
-/* Sort and merge touching or overlapping zero ranges (always: the result must be disjoint). */
-static void kvf_xfer_range_sort_merge(kvf_xfer_range_vec_t *vec)
-{
-    size_t out = 0;
-    if (vec->n < 2) {
-        return;
-    }
-    qsort(vec->v, vec->n, sizeof(*vec->v), kvf_xfer_cmp_range);
-    for (size_t i = 0; i < vec->n; ++i) {
-        kvf_xfer_range_t *last = (out > 0) ? &vec->v[out - 1] : NULL;
-        if ((last != NULL) && (last->off + last->len >= vec->v[i].off)) {
-            uint64_t end = vec->v[i].off + vec->v[i].len;
-            if (end > last->off + last->len) {
-                last->len = end - last->off;
-            }
-        } else {
-            vec->v[out++] = vec->v[i];
-        }
-    }
-    vec->n = out;
 }
 
 /* ------------------------------------------------------------ public API -- */
@@ -945,7 +873,7 @@ kvf_status_t kvf_xfer_plan_create(const kvf_xfer_plan_params_t *params, kvf_xfer
         if (vec->n == 0) {
             continue;
         }
-        kvf_xfer_desc_sort_merge(vec, pl.coalesce);
+        vec->n = kvf_xfer_desc_sort_merge(vec->v, vec->n, pl.coalesce);
         rp = &plan->ranks[plan->num_ranks++];
         rp->remote_rank = r;
         rp->num_descs = vec->n;
@@ -957,7 +885,7 @@ kvf_status_t kvf_xfer_plan_create(const kvf_xfer_plan_params_t *params, kvf_xfer
         plan->total_bytes += rp->bytes;
         plan->total_descs += rp->num_descs;
     }
-    kvf_xfer_range_sort_merge(&pl.zero);
+    pl.zero.n = kvf_xfer_range_sort_merge(pl.zero.v, pl.zero.n);
     plan->num_zero = pl.zero.n;
     plan->zero = pl.zero.v;
     pl.zero.v = NULL;
@@ -966,6 +894,7 @@ kvf_status_t kvf_xfer_plan_create(const kvf_xfer_plan_params_t *params, kvf_xfer
     }
     plan->attn_bytes = pl.attn_bytes;
     plan->mamba_bytes = pl.mamba_bytes;
+    plan->pad_bytes = pl.pad_bytes;
     *plan_p = plan;
     status = KVF_OK;
     plan = NULL;

@@ -4,7 +4,9 @@
  * and remote block ids per KV cache group, token count) to
  *   - one descriptor list per prefill rank to read: {local_off, remote_off,
  *     len}, bytes relative to the start of each side's registered pool
- *     region (the agent adds the base addresses), adjacent runs coalesced;
+ *     region (the agent adds the base addresses), adjacent runs coalesced
+ *     (and a Mamba page's padding read with it when that joins the next
+ *     layer slot's page on both sides: pad_bytes);
  *   - post-ops: local byte ranges to zero after the last GET completes
  *     (the untransferred tail of the last partially filled attention block,
  *     and every local attention block past the transferred coverage);
@@ -121,6 +123,10 @@ typedef struct kvf_xfer_plan {
     uint64_t              total_bytes;   /* sum over ranks of bytes */
     uint64_t              attn_bytes;    /* of which attention K/V */
     uint64_t              mamba_bytes;   /* of which Mamba conv + SSM state */
+    uint64_t              pad_bytes;     /* of which Mamba page padding, read so that a
+                                            Mamba block's layer slots join into one
+                                            descriptor (both sides' pads equal; 0 without
+                                            coalescing) */
     size_t                total_descs;   /* sum over ranks of num_descs */
     uint64_t              zero_bytes;    /* sum of zero[].len */
 

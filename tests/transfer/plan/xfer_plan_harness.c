@@ -257,8 +257,38 @@ static void xp_expect(xp_check_t *ck, uint64_t off, const uint8_t *want, size_t 
     ck->elements++;
 }
 
-static void xp_verify_decode(xp_world_t *w, int dr, const uint8_t *pool, size_t len,
-                             xp_pairs_t *pairs, unsigned long long *elements_p,
+/*
+ * With coalescing, a Mamba page's padding is read too exactly when that joins the page's last row and the next
+ * layer slot's first row (pairs[first]) into one run on both sides: the last row ends both
+ * pages' data, the next row starts both next pages, both come from one prefill rank, and both
+ * pads are equally long. Then the decode pad holds the prefill pad's bytes, and it is one more
+ * pair of the minimal list.
+ */
+static void xp_bridge_pad(const xp_world_t *w, int dr, xp_check_t *ck, xp_pairs_t *pairs,
+                          size_t first, uint64_t prev_page)
+{
+    const kvf_rank_geometry_t *g = &w->dg[dr];
+    const xp_pair_t a = pairs->v[first - 1], b = pairs->v[first];
+    const kvf_rank_geometry_t *rg = &w->pg[a.rank];
+    uint64_t pad = g->page_size - g->mamba_bytes, lend = a.loff + a.len, rend = a.roff + a.len;
+
+    assert_int_equal(lend, prev_page + g->mamba_bytes);
+    assert_int_equal(b.loff, prev_page + g->page_size);
+    if ((pad == 0) || (a.rank != b.rank) || (rg->page_size - rg->mamba_bytes != pad) ||
+        (rend % rg->page_size != rg->mamba_bytes) || (b.roff != rend + pad)) {
+        return;
+    }
+    if (memcmp(ck->pool + lend, w->ppool[a.rank] + rend, pad) != 0) {
+        fail_msg("P%d D%d decode rank %d: the Mamba pad at byte %" PRIu64 " is not prefill"
+                 " rank %d's (%02x, want %02x; pad %" PRIu64 ", N %" PRId64 ")", w->P, w->D, dr,
+                 lend, a.rank, ck->pool[lend], w->ppool[a.rank][rend], pad, w->N);
+    }
+    memset(ck->mask + lend, 1, pad);
+    xp_pairs_push(pairs, lend, a.rank, rend, pad);
+}
+
+static void xp_verify_decode(xp_world_t *w, int dr, bool pad_reads, const uint8_t *pool,
+                             size_t len, xp_pairs_t *pairs, unsigned long long *elements_p,
                              unsigned long long *zero_bytes_p)
 {
     const kvf_model_config_t *cfg = &w->cfg;
@@ -324,6 +354,7 @@ static void xp_verify_decode(xp_world_t *w, int dr, const uint8_t *pool, size_t 
             for (int j = 0; j < grp->num_layers; ++j) {
                 int layer = grp->layers[j];
                 uint64_t page = xp_page(id, slots, j, g->page_size);
+                size_t first = pairs->n;   /* this page's first row */
                 for (int c = 0; c < s->conv_dim; ++c) {
                     int part, global, r;
                     xp_conv_global(cfg, s, c, &part, &global);
@@ -362,6 +393,9 @@ static void xp_verify_decode(xp_world_t *w, int dr, const uint8_t *pool, size_t 
                                       kvf_ssm_offset(&w->pg[r], cfg, rh, p, 0),
                                       (uint64_t)cfg->ssm_state_size * ssm_elt);
                     }
+                }
+                if ((j > 0) && pad_reads) {   /* coalescing on */
+                    xp_bridge_pad(w, dr, &ck, pairs, first, page - g->page_size);
                 }
             }
         }
@@ -591,7 +625,7 @@ void xp_run_case(const xp_case_t *c, xp_totals_t *totals)
         assert_int_equal(kvf_xfer_plan_apply_local(plan, b, dlen, bases, lens), KVF_OK);
         assert_memory_equal(a, b, dlen);
 
-        xp_verify_decode(w, dr, a, dlen, &pairs, &elements, &zero_bytes);
+        xp_verify_decode(w, dr, !c->no_coalesce, a, dlen, &pairs, &elements, &zero_bytes);
 
         /* byte totals: exactly what the rank needs, each piece read once */
         for (size_t i = 0; i < pairs.n; ++i) {
@@ -599,7 +633,7 @@ void xp_run_case(const xp_case_t *c, xp_totals_t *totals)
             rank_bytes[pairs.v[i].rank] += pairs.v[i].len;
         }
         assert_int_equal(plan->total_bytes, want_bytes);
-        assert_int_equal(plan->attn_bytes + plan->mamba_bytes, want_bytes);
+        assert_int_equal(plan->attn_bytes + plan->mamba_bytes + plan->pad_bytes, want_bytes);
         assert_int_equal(plan->zero_bytes, zero_bytes);
         {
             int i = 0;
