@@ -104,7 +104,12 @@ size_t kvf_xfer_range_sort_merge(kvf_xfer_range_t *v, size_t n)
     if (n < 2) {
         return n;
     }
-    qsort(v, n, sizeof(*v), kvf_xfer_cmp_range);
+    for (size_t i = 1; i < n; ++i) {
+        if (v[i - 1].off > v[i].off) {   /* the planner emits them in order: a check */
+            qsort(v, n, sizeof(*v), kvf_xfer_cmp_range);
+            break;
+        }
+    }
     for (size_t i = 0; i < n; ++i) {
         kvf_xfer_range_t *last = (out > 0) ? &v[out - 1] : NULL;
         if ((last != NULL) && (last->off + last->len >= v[i].off)) {

@@ -511,7 +511,8 @@ static void test_coalesce_counts(void **state)
     assert_int_equal(plan->mamba_bytes, 4 * (320 * 3 * 4 + 8 * 32 * 16 * 4));
     assert_int_equal(plan->attn_bytes, 2 * 160 * (2 * 2 * 32 * 2));
     /* one pad per group (not after a group's last slot): page - M, page = 80 x A1 */
-    assert_int_equal(plan->pad_bytes, 2 * (80 * (2 * 2 * 32 * 2) - (320 * 3 * 4 + 8 * 32 * 16 * 4)));
+    assert_int_equal(plan->pad_bytes,
+                     2 * (80 * (2 * 2 * 32 * 2) - (320 * 3 * 4 + 8 * 32 * 16 * 4)));
     assert_int_equal(plan->total_bytes, plan->attn_bytes + plan->mamba_bytes + plan->pad_bytes);
     kvf_xfer_plan_destroy(plan);
     /* the same without coalescing: no pad read */

@@ -258,10 +258,10 @@ static void xp_expect(xp_check_t *ck, uint64_t off, const uint8_t *want, size_t 
 }
 
 /*
- * With coalescing, a Mamba page's padding is read too exactly when that joins the page's last row and the next
- * layer slot's first row (pairs[first]) into one run on both sides: the last row ends both
- * pages' data, the next row starts both next pages, both come from one prefill rank, and both
- * pads are equally long. Then the decode pad holds the prefill pad's bytes, and it is one more
+ * With coalescing, a Mamba page's padding is read too exactly when that joins the page's last
+ * row and the next layer slot's first row (pairs[first]) into one run on both sides: the last
+ * row ends both pages' data, the next row starts both next pages, both come from one prefill
+ * rank, and both pads are equally long. Then the decode pad holds the prefill pad's bytes, and it is one more
  * pair of the minimal list.
  */
 static void xp_bridge_pad(const xp_world_t *w, int dr, xp_check_t *ck, xp_pairs_t *pairs,
