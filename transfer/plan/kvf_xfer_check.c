@@ -221,8 +221,56 @@ static kvf_status_t kvf_xfer_dtype_match(const char *field, kvf_dtype_t local, k
     return KVF_OK;
 }
 
+/* Prefill rank @a r's geometry re-derived from the model, and its dtypes against ours. */
+static kvf_status_t kvf_xfer_remote_geom_check(const kvf_xfer_plan_params_t *p, int r)
+{
+    const kvf_model_config_t *cfg = p->cfg;
+    const kvf_rank_geometry_t *rg = &p->remote_geoms[r];
+    kvf_status_t status;
+
+    status = kvf_xfer_geom_check(cfg, rg, "prefill", p->remote_tp, r);
+    if (status != KVF_OK) {
+        return status;
+    }
+    if ((status = kvf_xfer_dtype_match("kv_dtype", p->local_geom->kv_dtype, rg->kv_dtype,
+                                       r)) != KVF_OK) {
+        return status;
+    }
+    if (kvf_model_is_hybrid(cfg) &&
+        (((status = kvf_xfer_dtype_match("conv_dtype", p->local_geom->conv_dtype,
+                                         rg->conv_dtype, r)) != KVF_OK) ||
+         ((status = kvf_xfer_dtype_match("ssm_dtype", p->local_geom->ssm_dtype,
+                                         rg->ssm_dtype, r)) != KVF_OK))) {
+        return status;
+    }
+    return KVF_OK;
+}
+
+kvf_status_t kvf_xfer_geoms_check(const kvf_xfer_plan_params_t *p)
+{
+    int ranks[1024];
+    int num_ranks = 0;
+    kvf_status_t status;
+
+    status = kvf_xfer_geom_check(p->cfg, p->local_geom, "decode", p->local_tp, p->local_rank);
+    if (status != KVF_OK) {
+        return status;
+    }
+    if (p->remote_tp > (int)(sizeof(ranks) / sizeof(ranks[0]))) {
+        kvf_error("xfer plan: prefill tp_size %d exceeds %zu", p->remote_tp,
+                  sizeof(ranks) / sizeof(ranks[0]));
+        return KVF_ERR_INVALID_PARAM;
+    }
+    status = kvf_tp_source_ranks(p->cfg, p->remote_tp, p->local_tp, p->local_rank, ranks,
+                                 &num_ranks);
+    for (int i = 0; (i < num_ranks) && (status == KVF_OK); ++i) {
+        status = kvf_xfer_remote_geom_check(p, ranks[i]);
+    }
+    return status;
+}
+
 kvf_status_t kvf_xfer_plan_check(const kvf_xfer_plan_params_t *p, uint64_t *local_region_p,
-                                 uint64_t *remote_region, bool *reads)
+                                 uint64_t *remote_region, bool *reads, bool geoms_checked)
 {
     int slots = p->layout->slots;
     const kvf_model_config_t *cfg = p->cfg;
@@ -231,9 +279,11 @@ kvf_status_t kvf_xfer_plan_check(const kvf_xfer_plan_params_t *p, uint64_t *loca
     int64_t rmin_blocks = INT64_MAX;
     kvf_status_t status;
 
-    status = kvf_xfer_geom_check(cfg, p->local_geom, "decode", p->local_tp, p->local_rank);
-    if (status != KVF_OK) {
-        return status;
+    if (!geoms_checked) {
+        status = kvf_xfer_geom_check(cfg, p->local_geom, "decode", p->local_tp, p->local_rank);
+        if (status != KVF_OK) {
+            return status;
+        }
     }
     status = kvf_xfer_region_bytes(p->local_num_blocks, slots, p->local_geom->page_size,
                                    "decode", p->local_rank, local_region_p);
@@ -254,19 +304,7 @@ kvf_status_t kvf_xfer_plan_check(const kvf_xfer_plan_params_t *p, uint64_t *loca
         int r = ranks[i];
         const kvf_rank_geometry_t *rg = &p->remote_geoms[r];
         reads[r] = true;
-        status = kvf_xfer_geom_check(cfg, rg, "prefill", p->remote_tp, r);
-        if (status != KVF_OK) {
-            return status;
-        }
-        if ((status = kvf_xfer_dtype_match("kv_dtype", p->local_geom->kv_dtype, rg->kv_dtype,
-                                           r)) != KVF_OK) {
-            return status;
-        }
-        if (kvf_model_is_hybrid(cfg) &&
-            (((status = kvf_xfer_dtype_match("conv_dtype", p->local_geom->conv_dtype,
-                                             rg->conv_dtype, r)) != KVF_OK) ||
-             ((status = kvf_xfer_dtype_match("ssm_dtype", p->local_geom->ssm_dtype,
-                                             rg->ssm_dtype, r)) != KVF_OK))) {
+        if (!geoms_checked && ((status = kvf_xfer_remote_geom_check(p, r)) != KVF_OK)) {
             return status;
         }
         if ((i > 0) && (rg->block_size != rblock)) {

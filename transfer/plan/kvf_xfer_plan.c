@@ -613,12 +613,144 @@ static kvf_status_t kvf_xfer_plan_blocks(kvf_xfer_planner_t *pl)
     return status;
 }
 
+/* ------------------------------------------- pieces of an (engine, rank) pair -- */
+
+struct kvf_xfer_pieces {
+    const kvf_model_config_t *cfg;
+    const kvf_cache_layout_t *layout;
+    int                       local_tp, local_rank, remote_tp;
+    bool                      coalesce;
+    kvf_rank_geometry_t       local_geom;
+    kvf_rank_geometry_t      *remote_geoms;                    /* [remote_tp], copies */
+    int                       attn_src[KVF_MAX_KV_HEADS];
+    int                       attn_src_head[KVF_MAX_KV_HEADS];
+    bool                      attn_mapped;
+    int                       attn_whole;
+    kvf_xfer_piece_t         *attn, *mamba;
+    size_t                    num_attn, num_mamba;
+};
+
+static bool kvf_xfer_coalescing(const kvf_xfer_plan_params_t *p)
+{
+    return !((p->field_mask & KVF_XFER_PLAN_PARAM_FIELD_FLAGS) &&
+             (p->flags & KVF_XFER_PLAN_FLAG_NO_COALESCE));
+}
+
+static void kvf_xfer_planner_init(kvf_xfer_planner_t *pl, const kvf_xfer_plan_params_t *params)
+{
+    memset(pl, 0, sizeof(*pl));
+    pl->p = params;
+    pl->cfg = params->cfg;
+    pl->lg = params->local_geom;
+    pl->slots = params->layout->slots;
+    pl->coalesce = kvf_xfer_coalescing(params);
+}
+
+kvf_status_t kvf_xfer_pieces_create(const kvf_xfer_plan_params_t *params,
+                                    kvf_xfer_pieces_t **pieces_p)
+{
+    kvf_xfer_planner_t pl;
+    kvf_xfer_pieces_t *pc;
+    kvf_status_t status = KVF_OK;
+
+    if ((params == NULL) || (pieces_p == NULL) ||
+        (params->field_mask & ~KVF_XFER_PLAN_PARAM_FIELDS_KNOWN) || (params->cfg == NULL) ||
+        (params->layout == NULL) || (params->local_geom == NULL) ||
+        (params->remote_geoms == NULL) ||
+        (kvf_tp_ratio(params->remote_tp, params->local_tp) == 0) || (params->local_rank < 0) ||
+        (params->local_rank >= params->local_tp)) {
+        kvf_error("xfer pieces: params, pieces_p, cfg, layout and both geometries must be set,"
+                  " with known field_mask bits and TPs that divide each other");
+        return KVF_ERR_INVALID_PARAM;
+    }
+    status = kvf_xfer_geoms_check(params);
+    if (status != KVF_OK) {
+        return status;
+    }
+    pc = calloc(1, sizeof(*pc));
+    if ((pc == NULL) ||
+        ((pc->remote_geoms = malloc((size_t)params->remote_tp * sizeof(*pc->remote_geoms))) ==
+         NULL)) {
+        free(pc);
+        return KVF_ERR_NO_MEMORY;
+    }
+    kvf_xfer_planner_init(&pl, params);
+    for (int g = 0; (g < params->layout->num_groups) && (status == KVF_OK); ++g) {
+        if ((params->layout->groups[g].kind == KVF_GROUP_ATTENTION) && !pl.attn_mapped) {
+            status = kvf_xfer_attn_map(&pl);
+        } else if ((params->layout->groups[g].kind != KVF_GROUP_ATTENTION) && (pl.mamba == NULL)) {
+            status = kvf_xfer_mamba_pieces(&pl);
+        }
+    }
+    if (status != KVF_OK) {
+        free(pl.attn);
+        free(pl.mamba);
+        kvf_xfer_pieces_destroy(pc);
+        return status;
+    }
+    pc->cfg = params->cfg;
+    pc->layout = params->layout;
+    pc->local_tp = params->local_tp;
+    pc->local_rank = params->local_rank;
+    pc->remote_tp = params->remote_tp;
+    pc->coalesce = pl.coalesce;
+    pc->local_geom = *params->local_geom;
+    memcpy(pc->remote_geoms, params->remote_geoms,
+           (size_t)params->remote_tp * sizeof(*pc->remote_geoms));
+    memcpy(pc->attn_src, pl.attn_src, sizeof(pc->attn_src));
+    memcpy(pc->attn_src_head, pl.attn_src_head, sizeof(pc->attn_src_head));
+    pc->attn_mapped = pl.attn_mapped;
+    pc->attn_whole = pl.attn_whole;
+    pc->attn = pl.attn;
+    pc->num_attn = pl.num_attn;
+    pc->mamba = pl.mamba;
+    pc->num_mamba = pl.num_mamba;
+    *pieces_p = pc;
+    return KVF_OK;
+}
+
+bool kvf_xfer_pieces_match(const kvf_xfer_pieces_t *pc, const kvf_xfer_plan_params_t *p)
+{
+    return (pc != NULL) && (p != NULL) && (p->local_geom != NULL) && (p->remote_geoms != NULL) &&
+           (pc->cfg == p->cfg) && (pc->layout == p->layout) && (pc->local_tp == p->local_tp) &&
+           (pc->local_rank == p->local_rank) && (pc->remote_tp == p->remote_tp) &&
+           (pc->coalesce == kvf_xfer_coalescing(p)) &&
+           (memcmp(&pc->local_geom, p->local_geom, sizeof(pc->local_geom)) == 0) &&
+           (memcmp(pc->remote_geoms, p->remote_geoms,
+                   (size_t)pc->remote_tp * sizeof(*pc->remote_geoms)) == 0);
+}
+
+void kvf_xfer_pieces_destroy(kvf_xfer_pieces_t *pc)
+{
+    if (pc == NULL) {
+        return;
+    }
+    free(pc->remote_geoms);
+    free(pc->attn);
+    free(pc->mamba);
+    free(pc);
+}
+
+/* Plan with @a pc's pieces instead of deriving them (they match the params: checked). */
+static void kvf_xfer_planner_borrow(kvf_xfer_planner_t *pl, const kvf_xfer_pieces_t *pc)
+{
+    memcpy(pl->attn_src, pc->attn_src, sizeof(pl->attn_src));
+    memcpy(pl->attn_src_head, pc->attn_src_head, sizeof(pl->attn_src_head));
+    pl->attn_mapped = pc->attn_mapped;
+    pl->attn_whole = pc->attn_whole;
+    pl->attn = pc->attn;
+    pl->num_attn = pc->num_attn;
+    pl->mamba = pc->mamba;
+    pl->num_mamba = pc->num_mamba;
+}
+
 /* ------------------------------------------------------------ public API -- */
 
 kvf_status_t kvf_xfer_plan_create(const kvf_xfer_plan_params_t *params, kvf_xfer_plan_t **plan_p)
 {
-    kvf_xfer_planner_t pl = {0};
+    kvf_xfer_planner_t pl;
     kvf_xfer_plan_t *plan = NULL;
+    const kvf_xfer_pieces_t *pc = NULL;
     kvf_status_t status;
     int P;
 
@@ -630,13 +762,19 @@ kvf_status_t kvf_xfer_plan_create(const kvf_xfer_plan_params_t *params, kvf_xfer
     if (status != KVF_OK) {
         return status;
     }
+    if (params->field_mask & KVF_XFER_PLAN_PARAM_FIELD_PIECES) {
+        if (!kvf_xfer_pieces_match(params->pieces, params)) {
+            kvf_error("xfer plan: the pieces given were built for another engine, rank or"
+                      " geometry");
+            return KVF_ERR_INVALID_PARAM;
+        }
+        pc = params->pieces;
+    }
     P = params->remote_tp;
-    pl.p = params;
-    pl.cfg = params->cfg;
-    pl.lg = params->local_geom;
-    pl.slots = params->layout->slots;
-    pl.coalesce = !((params->field_mask & KVF_XFER_PLAN_PARAM_FIELD_FLAGS) &&
-                    (params->flags & KVF_XFER_PLAN_FLAG_NO_COALESCE));
+    kvf_xfer_planner_init(&pl, params);
+    if (pc != NULL) {
+        kvf_xfer_planner_borrow(&pl, pc);
+    }
     pl.remote_region = calloc((size_t)P, sizeof(*pl.remote_region));
     pl.reads = calloc((size_t)P, sizeof(*pl.reads));
     pl.descs = calloc((size_t)P, sizeof(*pl.descs));
@@ -645,7 +783,8 @@ kvf_status_t kvf_xfer_plan_create(const kvf_xfer_plan_params_t *params, kvf_xfer
         goto out_free_build;
     }
 
-    status = kvf_xfer_plan_check(params, &pl.local_region, pl.remote_region, pl.reads);
+    status = kvf_xfer_plan_check(params, &pl.local_region, pl.remote_region, pl.reads,
+                                 pc != NULL);
     if (status != KVF_OK) {
         goto out_free_build;
     }
@@ -710,8 +849,12 @@ out_free_build:
     free(pl.reads);
     free(pl.remote_region);
     free(pl.zero.v);
-    free(pl.mamba);
-    free(pl.attn);
+    if ((pc == NULL) || (pl.mamba != pc->mamba)) {
+        free(pl.mamba);
+    }
+    if ((pc == NULL) || (pl.attn != pc->attn)) {
+        free(pl.attn);
+    }
     return status;
 }
 

@@ -413,6 +413,46 @@ static void xp_verify_decode(xp_world_t *w, int dr, bool pad_reads, const uint8_
     *zero_bytes_p = ck.zero_bytes;
 }
 
+/*
+ * The same plan from the pair's pieces (kvf_xfer_pieces_create, as a connector reuses them
+ * per pull): every descriptor, zero range and counter equal; and pieces of another decode
+ * rank are refused.
+ */
+static void xp_check_pieces(const kvf_xfer_plan_params_t *params, const kvf_xfer_plan_t *want)
+{
+    kvf_xfer_plan_params_t pp = *params;
+    kvf_xfer_pieces_t *pc = NULL;
+    kvf_xfer_plan_t *got = NULL;
+
+    assert_int_equal(kvf_xfer_pieces_create(params, &pc), KVF_OK);
+    pp.field_mask |= KVF_XFER_PLAN_PARAM_FIELD_PIECES;
+    pp.pieces = pc;
+    assert_true(kvf_xfer_pieces_match(pc, &pp));
+    assert_int_equal(kvf_xfer_plan_create(&pp, &got), KVF_OK);
+    assert_int_equal(got->num_ranks, want->num_ranks);
+    assert_int_equal(got->total_descs, want->total_descs);
+    assert_int_equal(got->total_bytes, want->total_bytes);
+    assert_int_equal(got->pad_bytes, want->pad_bytes);
+    for (int i = 0; i < want->num_ranks; ++i) {
+        assert_int_equal(got->ranks[i].remote_rank, want->ranks[i].remote_rank);
+        assert_int_equal(got->ranks[i].num_descs, want->ranks[i].num_descs);
+        assert_memory_equal(got->ranks[i].descs, want->ranks[i].descs,
+                            want->ranks[i].num_descs * sizeof(*want->ranks[i].descs));
+    }
+    assert_int_equal(got->num_zero, want->num_zero);
+    if (want->num_zero > 0) {
+        assert_memory_equal(got->zero, want->zero, want->num_zero * sizeof(*want->zero));
+    }
+    kvf_xfer_plan_destroy(got);
+    if (params->local_tp > 1) {   /* another rank's pieces */
+        pp.local_rank = (params->local_rank + 1) % params->local_tp;
+        pp.local_geom = params->local_geom - params->local_rank + pp.local_rank;   /* dg[] */
+        assert_false(kvf_xfer_pieces_match(pc, &pp));
+        assert_int_equal(kvf_xfer_plan_create(&pp, &got), KVF_ERR_INVALID_PARAM);
+    }
+    kvf_xfer_pieces_destroy(pc);
+}
+
 /* ---- block ids ---- */
 
 static uint64_t xp_rand(uint64_t *state)
@@ -611,6 +651,7 @@ void xp_run_case(const xp_case_t *c, xp_totals_t *totals)
         assert_int_equal(kvf_xfer_plan_create(&params, &plan), KVF_OK);
         assert_non_null(plan);
         assert_int_equal(plan->local_region_bytes, dlen);
+        xp_check_pieces(&params, plan);
         a = malloc(dlen);
         b = malloc(dlen);
         assert_non_null(a);
