@@ -6,42 +6,69 @@
 
 /* ---- copy limit and descriptor export (bench) --------------------------- */
 
-/*
- * The plan of decode rank @a d, from the geometry both sides were given (the
- * connector plans the same from the handshake; this copy only feeds the
- * descriptor file and the memcpy reference, never a transfer).
- */
-kvf_status_t kvf_xt_plan_rank(const xt_ctx_t *c, int d, kvf_xfer_plan_t **plan_p)
+/* The planner's params for decode rank @a d, from the geometry both sides were given. */
+static void xt_plan_params(const xt_ctx_t *c, int d, kvf_xfer_group_blocks_t *groups,
+                           int64_t *nb, kvf_xfer_plan_params_t *pp)
 {
-    kvf_xfer_group_blocks_t groups[KVF_MAX_KV_GROUPS];
-    int64_t nb[KVF_XFER_MAX_TP];
-    kvf_xfer_plan_params_t pp;
-
     for (int r = 0; r < c->pre.tp; ++r) {
         nb[r] = c->pre.num_blocks;
     }
-    memset(&pp, 0, sizeof(pp));
-    pp.field_mask = c->o.no_coalesce ? KVF_XFER_PLAN_PARAM_FIELD_FLAGS : 0;
-    pp.flags = c->o.no_coalesce ? KVF_XFER_PLAN_FLAG_NO_COALESCE : 0;
-    pp.cfg = &c->cfg;
-    pp.layout = c->layout;
-    pp.local_tp = c->dec.tp;
-    pp.local_rank = d;
-    pp.local_geom = &c->dec.geom[d];
-    pp.local_num_blocks = c->dec.num_blocks;
-    pp.remote_tp = c->pre.tp;
-    pp.remote_geoms = c->pre.geom;
-    pp.remote_num_blocks = nb;
-    pp.num_groups = c->pm.num_groups;
-    for (int gi = 0; gi < pp.num_groups; ++gi) {
+    memset(pp, 0, sizeof(*pp));
+    pp->field_mask = c->o.no_coalesce ? KVF_XFER_PLAN_PARAM_FIELD_FLAGS : 0;
+    pp->flags = c->o.no_coalesce ? KVF_XFER_PLAN_FLAG_NO_COALESCE : 0;
+    pp->cfg = &c->cfg;
+    pp->layout = c->layout;
+    pp->local_tp = c->dec.tp;
+    pp->local_rank = d;
+    pp->local_geom = &c->dec.geom[d];
+    pp->local_num_blocks = c->dec.num_blocks;
+    pp->remote_tp = c->pre.tp;
+    pp->remote_geoms = c->pre.geom;
+    pp->remote_num_blocks = nb;
+    pp->num_groups = c->pm.num_groups;
+    for (int gi = 0; gi < pp->num_groups; ++gi) {
         groups[gi].local_ids = c->dec.ids[gi];
         groups[gi].num_local = c->dec.num_ids[gi];
         groups[gi].remote_ids = c->pm.ids[gi];
         groups[gi].num_remote = c->pm.num_ids[gi];
     }
-    pp.groups = groups;
-    pp.num_tokens = c->o.tokens;
+    pp->groups = groups;
+    pp->num_tokens = c->o.tokens;
+}
+
+/*
+ * The plan of decode rank @a d (the connector plans the same from the handshake; this copy
+ * only feeds the descriptor file, the memcpy reference and --plan-reps, never a transfer);
+ * with @a pieces (kvf_xt_pieces_rank) when not NULL, as a connector's later pulls plan.
+ */
+kvf_status_t kvf_xt_plan_rank_with(const xt_ctx_t *c, int d, const kvf_xfer_pieces_t *pieces,
+                                   kvf_xfer_plan_t **plan_p)
+{
+    kvf_xfer_group_blocks_t groups[KVF_MAX_KV_GROUPS];
+    int64_t nb[KVF_XFER_MAX_TP];
+    kvf_xfer_plan_params_t pp;
+
+    xt_plan_params(c, d, groups, nb, &pp);
+    if (pieces != NULL) {
+        pp.field_mask |= KVF_XFER_PLAN_PARAM_FIELD_PIECES;
+        pp.pieces = pieces;
+    }
     return kvf_xfer_plan_create(&pp, plan_p);
+}
+
+kvf_status_t kvf_xt_plan_rank(const xt_ctx_t *c, int d, kvf_xfer_plan_t **plan_p)
+{
+    return kvf_xt_plan_rank_with(c, d, NULL, plan_p);
+}
+
+kvf_status_t kvf_xt_pieces_rank(const xt_ctx_t *c, int d, kvf_xfer_pieces_t **pieces_p)
+{
+    kvf_xfer_group_blocks_t groups[KVF_MAX_KV_GROUPS];
+    int64_t nb[KVF_XFER_MAX_TP];
+    kvf_xfer_plan_params_t pp;
+
+    xt_plan_params(c, d, groups, nb, &pp);
+    return kvf_xfer_pieces_create(&pp, pieces_p);
 }
 
 static size_t xt_pool_bytes(const xt_ctx_t *c, const xt_side_t *side, int r)

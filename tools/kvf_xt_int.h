@@ -239,6 +239,10 @@ uint8_t *kvf_xt_read_msg(int fd, int timeout_ms, uint32_t *len_p);
  * descriptor file and the memcpy reference, never a transfer).
  */
 kvf_status_t kvf_xt_plan_rank(const xt_ctx_t *c, int d, kvf_xfer_plan_t **plan_p);
+/* The same with the pair's pieces (kvf_xt_pieces_rank), as a connector's later pulls plan. */
+kvf_status_t kvf_xt_plan_rank_with(const xt_ctx_t *c, int d, const kvf_xfer_pieces_t *pieces,
+                                   kvf_xfer_plan_t **plan_p);
+kvf_status_t kvf_xt_pieces_rank(const xt_ctx_t *c, int d, kvf_xfer_pieces_t **pieces_p);
 
 /* Write the request's descriptor lists as JSON to --descs-out. 0 on success. */
 int kvf_xt_write_descs(const xt_ctx_t *c, kvf_xfer_plan_t **plans);

@@ -136,6 +136,28 @@ uint64_t kvf_xt_prefill_fill(const xt_ctx_t *c, const xt_side_t *side,
     return n;
 }
 
+/*
+ * A Mamba page's padding is dead: it keeps decode's poison, or holds prefill's when the
+ * planner read it to join a block's layer slots into one descriptor (kvf_xfer_plan.h,
+ * pad_bytes); either whole, nothing else. Sets @a expect's pad to the one @a page holds.
+ */
+static void xt_mamba_pad_expect(const kvf_rank_geometry_t *g, const uint8_t *page,
+                                uint8_t *expect)
+{
+    size_t m = g->mamba_bytes, pad = g->page_size - m;
+    uint8_t *prefill = malloc(g->page_size);
+
+    if ((pad == 0) || (prefill == NULL) || (memcmp(page + m, expect + m, pad) == 0)) {
+        free(prefill);
+        return;
+    }
+    kvf_xt_poison(prefill, g->page_size, XT_POISON_PREFILL);
+    if (memcmp(page + m, prefill + m, pad) == 0) {
+        memcpy(expect + m, prefill + m, pad);
+    }
+    free(prefill);
+}
+
 /* Decode: compare every page of the pool with what it must hold. */
 kvf_status_t kvf_xt_decode_verify(const xt_ctx_t *c, xt_rank_t *r)
 {
@@ -183,6 +205,7 @@ kvf_status_t kvf_xt_decode_verify(const xt_ctx_t *c, xt_rank_t *r)
         } else {
             kvf_xt_poison(expect, g->page_size, XT_POISON_DECODE);
             r->elements_checked += xt_fill_mamba(c, g, l->groups[gi].layers[slot], expect);
+            xt_mamba_pad_expect(g, page, expect);
         }
         r->pages_checked++;
         if (memcmp(page, expect, g->page_size) != 0) {

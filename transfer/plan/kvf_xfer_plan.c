@@ -20,9 +20,11 @@
  * derived once per plan and only shifted per slot (3672 derivations -> 136 for
  * a 9B decode rank), and so are a whole attention block's when both sides'
  * block and kernel block sizes match (partial blocks and differing sizes take
- * the general walk); the per-rank sort merges the ascending runs the walk
- * already emits instead of calling qsort; the lists start at 256 entries, so a
- * typical pull never regrows them. The output is unchanged, descriptor for
+ * the general walk); blocks are walked in ascending local id (a few ids
+ * sorted, kvf_xfer_plan_blocks), so every rank's list comes out in local order
+ * and the final sort is a check; the lists start at 256 entries, so a
+ * typical pull never regrows them. The checks live in kvf_xfer_check.c, the
+ * list sorts in kvf_xfer_sort.c. The output is unchanged, descriptor for
  * descriptor. 4p2d, 8k tokens of the 9B model, decode rank 0, warm (kvf bench
  * --plan-reps): 38.7 -> 6-7 us on the 2-core CPU host; 4p1d 32k: 113 -> 18-28
  * us (tests/bench/results/host_cost_cpu.md).
@@ -40,6 +42,8 @@
  * sizes differ).
  */
 #include "kvf_xfer_plan.h"
+#include "kvf_xfer_check.h"
+#include "kvf_xfer_sort.h"
 
 #include "kvf_log.h"
 #include "kvf_array.h"
@@ -76,10 +80,14 @@ typedef struct kvf_xfer_planner {
     kvf_xfer_range_vec_t          zero;
     uint64_t                      attn_bytes;
     uint64_t                      mamba_bytes;
+    uint64_t                      pad_bytes;       /* Mamba page padding read (see below) */
     struct kvf_xfer_piece        *mamba;           /* the Mamba page's pieces, built once */
     size_t                        num_mamba;
     struct kvf_xfer_piece        *attn;            /* a whole attention block's, built once */
     size_t                        num_attn;
+    int                           attn_src[KVF_MAX_KV_HEADS];      /* source prefill rank and */
+    int                           attn_src_head[KVF_MAX_KV_HEADS]; /* its head, per local KV head */
+    bool                          attn_mapped;     /* attn_src* filled */
     int                           attn_whole;      /* 1: attn holds them; -1: block sizes
                                                     * differ (no such list); 0: not built */
 } kvf_xfer_planner_t;
@@ -98,217 +106,12 @@ typedef struct kvf_xfer_piece {
     uint64_t loff;
     uint64_t roff;
     uint64_t len;
+    uint64_t pad;    /* of len, the page padding read after the data (kvf_xfer_mamba_pad) */
 } kvf_xfer_piece_t;
 
 static int64_t kvf_xfer_ceil_div(int64_t a, int64_t b)
 {
     return (a + b - 1) / b;
-}
-
-/* ---------------------------------------------------------------- checks -- */
-
-static kvf_status_t kvf_xfer_geom_check(const kvf_model_config_t *cfg,
-                                        const kvf_rank_geometry_t *g, const char *side, int tp,
-                                        int rank)
-{
-    kvf_shard_t s;
-    size_t kv_elt = kvf_dtype_size(g->kv_dtype);
-    size_t a1;
-    kvf_status_t status;
-
-    status = kvf_shard_compute(cfg, tp, rank, &s);
-    if (status != KVF_OK) {
-        return status;
-    }
-    if (memcmp(&s, &g->shard, sizeof(s)) != 0) {
-        kvf_error("xfer plan: %s rank %d geometry shard (tp_size %d tp_rank %d kv_heads %d"
-                  " kv_head_start %d mamba_heads %d groups %d) does not follow from the model"
-                  " at tp_size %d (kv_heads %d kv_head_start %d mamba_heads %d groups %d)",
-                  side, rank, g->shard.tp_size, g->shard.tp_rank, g->shard.kv_heads,
-                  g->shard.kv_head_start, g->shard.mamba_heads, g->shard.groups, tp,
-                  s.kv_heads, s.kv_head_start, s.mamba_heads, s.groups);
-        return KVF_ERR_INVALID_PARAM;
-    }
-    if (kv_elt == 0) {
-        kvf_error("xfer plan: %s rank %d kv_dtype %d is invalid", side, rank, (int)g->kv_dtype);
-        return KVF_ERR_INVALID_PARAM;
-    }
-    if ((g->block_size <= 0) || (g->kernel_block_size <= 0) || (g->ppl <= 0) ||
-        ((int64_t)g->ppl * g->kernel_block_size != g->block_size)) {
-        kvf_error("xfer plan: %s rank %d block_size %d kernel_block_size %d ppl %d are"
-                  " inconsistent (need block_size = ppl * kernel_block_size > 0)",
-                  side, rank, g->block_size, g->kernel_block_size, g->ppl);
-        return KVF_ERR_INVALID_PARAM;
-    }
-    a1 = kvf_attn_bytes_per_token(cfg, s.kv_heads, g->kv_dtype);
-    if (g->head_run_bytes != (size_t)g->kernel_block_size * (size_t)cfg->head_dim * kv_elt) {
-        kvf_error("xfer plan: %s rank %d head_run_bytes %zu does not match head_dim %d x"
-                  " kernel_block_size %d x %s (%zu)",
-                  side, rank, g->head_run_bytes, cfg->head_dim, g->kernel_block_size,
-                  kvf_dtype_name(g->kv_dtype),
-                  (size_t)g->kernel_block_size * (size_t)cfg->head_dim * kv_elt);
-        return KVF_ERR_INVALID_PARAM;
-    }
-    if (g->attn_bytes_per_token != a1) {
-        kvf_error("xfer plan: %s rank %d attn_bytes_per_token %zu does not match the model"
-                  " (%zu: 2 x %d kv heads x head_dim %d x %s)",
-                  side, rank, g->attn_bytes_per_token, a1, s.kv_heads, cfg->head_dim,
-                  kvf_dtype_name(g->kv_dtype));
-        return KVF_ERR_INVALID_PARAM;
-    }
-    if ((g->page_size != (size_t)g->block_size * a1) ||
-        (g->kernel_block_bytes * (size_t)g->ppl != g->page_size)) {
-        kvf_error("xfer plan: %s rank %d page_size %zu kernel_block_bytes %zu do not match"
-                  " block_size %d x %zu bytes per token",
-                  side, rank, g->page_size, g->kernel_block_bytes, g->block_size, a1);
-        return KVF_ERR_INVALID_PARAM;
-    }
-    if (kvf_model_is_hybrid(cfg)) {
-        size_t conv_elt = kvf_dtype_size(g->conv_dtype);
-        size_t ssm_elt = kvf_dtype_size(g->ssm_dtype);
-        size_t conv = (size_t)s.conv_dim * (size_t)(cfg->conv_kernel - 1) * conv_elt;
-        size_t ssm = (size_t)s.mamba_heads * (size_t)cfg->mamba_head_dim *
-                     (size_t)cfg->ssm_state_size * ssm_elt;
-        if ((conv_elt == 0) || (ssm_elt == 0) || (g->conv_bytes != conv) ||
-            (g->ssm_bytes != ssm) || (g->mamba_bytes != conv + ssm) ||
-            (g->mamba_bytes > g->page_size)) {
-            kvf_error("xfer plan: %s rank %d Mamba sizes conv %zu ssm %zu total %zu page %zu"
-                      " do not match the model (conv %zu ssm %zu)",
-                      side, rank, g->conv_bytes, g->ssm_bytes, g->mamba_bytes, g->page_size,
-                      conv, ssm);
-            return KVF_ERR_INVALID_PARAM;
-        }
-    }
-    return KVF_OK;
-}
-
-static kvf_status_t kvf_xfer_region_bytes(int64_t num_blocks, int slots, size_t page_size,
-                                          const char *side, int rank, uint64_t *bytes_p)
-{
-    uint64_t pages;
-    if ((num_blocks <= 0) || (slots <= 0) ||
-        __builtin_mul_overflow((uint64_t)num_blocks, (uint64_t)slots, &pages) ||
-        __builtin_mul_overflow(pages, (uint64_t)page_size, bytes_p)) {
-        kvf_error("xfer plan: %s rank %d num_blocks %" PRId64 " x slots %d x page_size %zu"
-                  " is not a valid region size", side, rank, num_blocks, slots, page_size);
-        return KVF_ERR_INVALID_PARAM;
-    }
-    return KVF_OK;
-}
-
-static kvf_status_t kvf_xfer_ids_check(const int32_t *ids, int num, int64_t need,
-                                       int64_t num_blocks, const char *side, int group)
-{
-    if (num < need) {
-        kvf_error("xfer plan: group %d has %d %s block ids, %" PRId64 " needed for the tokens",
-                  group, num, side, need);
-        return KVF_ERR_OUT_OF_RANGE;
-    }
-    if ((num > 0) && (ids == NULL)) {
-        kvf_error("xfer plan: group %d %s block ids is NULL with %d ids", group, side, num);
-        return KVF_ERR_INVALID_PARAM;
-    }
-    for (int i = 0; i < num; ++i) {
-        if ((ids[i] < 0) || ((int64_t)ids[i] >= num_blocks)) {
-            kvf_error("xfer plan: group %d %s block id %" PRId32 " (index %d) is outside"
-                      " [0, %" PRId64 ")", group, side, ids[i], i, num_blocks);
-            return KVF_ERR_OUT_OF_RANGE;
-        }
-    }
-    return KVF_OK;
-}
-
-static int kvf_xfer_cmp_i32(const void *a, const void *b)
-{
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
-}
-
-/* Two groups (or one group twice) writing one local block would overwrite each other. */
-static kvf_status_t kvf_xfer_local_dups_check(const kvf_xfer_plan_params_t *p)
-{
-    size_t total = 0, n = 0;
-    int32_t *all;
-    kvf_status_t status = KVF_OK;
-
-    for (int g = 0; g < p->num_groups; ++g) {
-        total += (size_t)p->groups[g].num_local;
-    }
-    if (total < 2) {
-        return KVF_OK;
-    }
-    all = malloc(total * sizeof(*all));
-    if (all == NULL) {
-        return KVF_ERR_NO_MEMORY;
-    }
-    for (int g = 0; g < p->num_groups; ++g) {
-        if (p->groups[g].num_local <= 0) {
-            continue;
-        }
-        memcpy(all + n, p->groups[g].local_ids, (size_t)p->groups[g].num_local * sizeof(*all));
-        n += (size_t)p->groups[g].num_local;
-    }
-    qsort(all, n, sizeof(*all), kvf_xfer_cmp_i32);
-    for (size_t i = 1; i < n; ++i) {
-        if (all[i] == all[i - 1]) {
-            kvf_error("xfer plan: local block id %" PRId32 " appears twice in the request",
-                      all[i]);
-            status = KVF_ERR_INVALID_PARAM;
-            break;
-        }
-    }
-    free(all);
-    return status;
-}
-
-static kvf_status_t kvf_xfer_params_check(const kvf_xfer_plan_params_t *p)
-{
-    if (p == NULL) {
-        kvf_error("xfer plan: params is NULL");
-        return KVF_ERR_INVALID_PARAM;
-    }
-    if (p->field_mask & ~KVF_XFER_PLAN_PARAM_FIELDS_KNOWN) {
-        kvf_error("xfer plan: unknown params field_mask bits 0x%" PRIx64,
-                  p->field_mask & ~(uint64_t)KVF_XFER_PLAN_PARAM_FIELDS_KNOWN);
-        return KVF_ERR_INVALID_PARAM;
-    }
-    if ((p->cfg == NULL) || (p->layout == NULL) || (p->local_geom == NULL) ||
-        (p->remote_geoms == NULL) || (p->remote_num_blocks == NULL) ||
-        ((p->groups == NULL) && (p->num_groups > 0))) {
-        kvf_error("xfer plan: cfg, layout, local_geom, remote_geoms, remote_num_blocks and"
-                  " groups must be set");
-        return KVF_ERR_INVALID_PARAM;
-    }
-    if (kvf_tp_ratio(p->remote_tp, p->local_tp) == 0) {
-        kvf_error("xfer plan: tp_size prefill %d decode %d: neither divides the other",
-                  p->remote_tp, p->local_tp);
-        return KVF_ERR_INVALID_PARAM;
-    }
-    if ((p->local_rank < 0) || (p->local_rank >= p->local_tp)) {
-        kvf_error("xfer plan: local_rank %d is outside [0, %d)", p->local_rank, p->local_tp);
-        return KVF_ERR_INVALID_PARAM;
-    }
-    if (p->num_groups != p->layout->num_groups) {
-        kvf_error("xfer plan: num_groups %d does not match the cache layout's %d groups",
-                  p->num_groups, p->layout->num_groups);
-        return KVF_ERR_INVALID_PARAM;
-    }
-    if (p->num_tokens < 1) {
-        kvf_error("xfer plan: num_tokens %" PRId64 " must be at least 1", p->num_tokens);
-        return KVF_ERR_INVALID_PARAM;
-    }
-    return KVF_OK;
-}
-
-static kvf_status_t kvf_xfer_dtype_match(const char *field, kvf_dtype_t local, kvf_dtype_t remote,
-                                         int rank)
-{
-    if (local != remote) {
-        kvf_error("xfer plan: %s local=%s remote=%s (prefill rank %d): no conversion on"
-                  " transfer", field, kvf_dtype_name(local), kvf_dtype_name(remote), rank);
-        return KVF_ERR_INVALID_PARAM;
-    }
-    return KVF_OK;
 }
 
 /* -------------------------------------------------------------- emitting -- */
@@ -373,54 +176,54 @@ static uint64_t kvf_xfer_page_off(int32_t block, int slots, int slot, size_t pag
     return ((uint64_t)block * (uint64_t)slots + (uint64_t)slot) * (uint64_t)page_size;
 }
 
-/* Zero what the transfer leaves untouched in the local attention blocks of one group. */
-static kvf_status_t kvf_xfer_plan_attn_zero(kvf_xfer_planner_t *pl, const kvf_kv_group_t *grp,
-                                            const kvf_xfer_group_blocks_t *gb, int64_t used)
+/* Zero the token tails the transfer leaves in the request's last, partial attention block. */
+static kvf_status_t kvf_xfer_attn_zero_tail(kvf_xfer_planner_t *pl, const kvf_kv_group_t *grp,
+                                            int32_t id, int tail)
 {
     const kvf_rank_geometry_t *lg = pl->lg;
-    int64_t n = pl->p->num_tokens;
     int kl = lg->kernel_block_size;
-    int tail = (int)(n - (used - 1) * lg->block_size);   /* tokens in the last block, 1..B */
     size_t row = (size_t)pl->cfg->head_dim * kvf_dtype_size(lg->kv_dtype);
     kvf_status_t status;
 
-    if (tail < lg->block_size) {
-        int32_t id = gb->local_ids[used - 1];
-        for (int j = 0; j < grp->num_layers; ++j) {
-            uint64_t page = kvf_xfer_page_off(id, pl->slots, j, lg->page_size);
-            for (int kb = 0; kb < lg->ppl; ++kb) {
-                int k0 = kb * kl;
-                if (k0 + kl <= tail) {
-                    continue;                       /* fully transferred */
+    for (int j = 0; j < grp->num_layers; ++j) {
+        uint64_t page = kvf_xfer_page_off(id, pl->slots, j, lg->page_size);
+        for (int kb = 0; kb < lg->ppl; ++kb) {
+            int k0 = kb * kl;
+            if (k0 + kl <= tail) {
+                continue;                       /* fully transferred */
+            }
+            if (k0 >= tail) {                   /* nothing transferred: whole kernel block */
+                status = kvf_xfer_push_zero(pl, page + (uint64_t)kb * lg->kernel_block_bytes,
+                                            lg->kernel_block_bytes);
+                if (status != KVF_OK) {
+                    return status;
                 }
-                if (k0 >= tail) {                   /* nothing transferred: whole kernel block */
-                    status = kvf_xfer_push_zero(pl, page + (uint64_t)kb * lg->kernel_block_bytes,
-                                                lg->kernel_block_bytes);
+                continue;
+            }
+            for (int kv = 0; kv < 2; ++kv) {    /* partial: each head's token tail */
+                for (int h = 0; h < lg->shard.kv_heads; ++h) {
+                    uint64_t off = page + kvf_attn_offset(lg, pl->cfg, tail, kv, h, 0);
+                    status = kvf_xfer_push_zero(pl, off, (size_t)(k0 + kl - tail) * row);
                     if (status != KVF_OK) {
                         return status;
-                    }
-                    continue;
-                }
-                for (int kv = 0; kv < 2; ++kv) {    /* partial: each head's token tail */
-                    for (int h = 0; h < lg->shard.kv_heads; ++h) {
-                        uint64_t off = page + kvf_attn_offset(lg, pl->cfg, tail, kv, h, 0);
-                        status = kvf_xfer_push_zero(pl, off, (size_t)(k0 + kl - tail) * row);
-                        if (status != KVF_OK) {
-                            return status;
-                        }
                     }
                 }
             }
         }
     }
-    for (int64_t b = used; b < gb->num_local; ++b) {     /* blocks past the coverage */
-        for (int j = 0; j < grp->num_layers; ++j) {
-            status = kvf_xfer_push_zero(pl, kvf_xfer_page_off(gb->local_ids[b], pl->slots, j,
-                                                              lg->page_size),
-                                        lg->page_size);
-            if (status != KVF_OK) {
-                return status;
-            }
+    return KVF_OK;
+}
+
+/* Zero every page of a local attention block past the transferred coverage. */
+static kvf_status_t kvf_xfer_attn_zero_block(kvf_xfer_planner_t *pl, const kvf_kv_group_t *grp,
+                                             int32_t id)
+{
+    for (int j = 0; j < grp->num_layers; ++j) {
+        kvf_status_t status = kvf_xfer_push_zero(pl, kvf_xfer_page_off(id, pl->slots, j,
+                                                                       pl->lg->page_size),
+                                                 pl->lg->page_size);
+        if (status != KVF_OK) {
+            return status;
         }
     }
     return KVF_OK;
@@ -441,20 +244,25 @@ static void kvf_xfer_piece_add(const kvf_xfer_planner_t *pl, kvf_xfer_piece_t *v
     v[(*n_p)++] = (kvf_xfer_piece_t){.rank = r, .loff = loff, .roff = roff, .len = len};
 }
 
-/* Emit @a v[n] for the local page at @a lpage and remote block id @a rid, layer slot @a j. */
+/*
+ * Emit @a v[n] for the local page at @a lpage and remote block id @a rid, layer slot @a j;
+ * @a with_pad: a piece's page padding too (a page the next layer slot's page follows).
+ */
 static kvf_status_t kvf_xfer_pieces_emit(kvf_xfer_planner_t *pl, const kvf_xfer_piece_t *v,
                                          size_t n, uint64_t lpage, int32_t rid, int j,
-                                         uint64_t *bytes_p)
+                                         bool with_pad, uint64_t *bytes_p)
 {
     for (size_t i = 0; i < n; ++i) {
         uint64_t rpage = kvf_xfer_page_off(rid, pl->slots, j,
                                            pl->p->remote_geoms[v[i].rank].page_size);
+        uint64_t pad = with_pad ? v[i].pad : 0;
         kvf_status_t status = kvf_xfer_push_desc(pl, v[i].rank, lpage + v[i].loff,
-                                                 rpage + v[i].roff, v[i].len);
+                                                 rpage + v[i].roff, v[i].len - v[i].pad + pad);
         if (status != KVF_OK) {
             return status;
         }
-        *bytes_p += v[i].len;
+        *bytes_p += v[i].len - v[i].pad;
+        pl->pad_bytes += pad;
     }
     return KVF_OK;
 }
@@ -500,19 +308,11 @@ static kvf_status_t kvf_xfer_attn_pieces(kvf_xfer_planner_t *pl, const int *src,
     return KVF_OK;
 }
 
-static kvf_status_t kvf_xfer_plan_attn_group(kvf_xfer_planner_t *pl, const kvf_kv_group_t *grp,
-                                             const kvf_xfer_group_blocks_t *gb)
+/* Which prefill rank (and which of its heads) each local KV head is read from; once per plan. */
+static kvf_status_t kvf_xfer_attn_map(kvf_xfer_planner_t *pl)
 {
     const kvf_xfer_plan_params_t *p = pl->p;
-    const kvf_model_config_t *cfg = pl->cfg;
     const kvf_rank_geometry_t *lg = pl->lg;
-    int64_t n = p->num_tokens;
-    int64_t used = kvf_xfer_ceil_div(n, lg->block_size);
-    int kl = lg->kernel_block_size;
-    size_t row = (size_t)cfg->head_dim * kvf_dtype_size(lg->kv_dtype);
-    int src[KVF_MAX_KV_HEADS];   /* source prefill rank per local KV head */
-    int src_head[KVF_MAX_KV_HEADS];
-    kvf_status_t status;
 
     if (lg->shard.kv_heads > KVF_MAX_KV_HEADS) {
         kvf_error("xfer plan: %d kv heads per rank exceed %d", lg->shard.kv_heads,
@@ -521,69 +321,97 @@ static kvf_status_t kvf_xfer_plan_attn_group(kvf_xfer_planner_t *pl, const kvf_k
     }
     for (int h = 0; h < lg->shard.kv_heads; ++h) {
         int global = lg->shard.kv_head_start + h;
-        int r = kvf_tp_kv_head_source(cfg, p->remote_tp, p->local_tp, p->local_rank, global);
+        int r = kvf_tp_kv_head_source(pl->cfg, p->remote_tp, p->local_tp, p->local_rank, global);
         const kvf_shard_t *rs = &p->remote_geoms[r].shard;
-        src[h] = r;
-        src_head[h] = global - rs->kv_head_start;
-        if ((src_head[h] < 0) || (src_head[h] >= rs->kv_heads)) {
+        pl->attn_src[h] = r;
+        pl->attn_src_head[h] = global - rs->kv_head_start;
+        if ((pl->attn_src_head[h] < 0) || (pl->attn_src_head[h] >= rs->kv_heads)) {
             kvf_error("xfer plan: prefill rank %d does not hold kv head %d", r, global);
             return KVF_ERR_INVALID_PARAM;
         }
     }
+    pl->attn_mapped = true;
+    return (pl->attn_whole == 0) ? kvf_xfer_attn_pieces(pl, pl->attn_src, pl->attn_src_head) :
+                                   KVF_OK;
+}
 
-    if (pl->attn_whole == 0) {
-        status = kvf_xfer_attn_pieces(pl, src, src_head);
+/* The runs of one page of a block whose sizes differ from the source's (or a partial block):
+ * each local kernel block's token interval cut at every remote kernel block boundary. */
+static kvf_status_t kvf_xfer_attn_walk(kvf_xfer_planner_t *pl, const kvf_xfer_group_blocks_t *gb,
+                                       int64_t lb, int j, uint64_t lpage)
+{
+    const kvf_xfer_plan_params_t *p = pl->p;
+    const kvf_model_config_t *cfg = pl->cfg;
+    const kvf_rank_geometry_t *lg = pl->lg;
+    int64_t n = p->num_tokens;
+    int kl = lg->kernel_block_size;
+    size_t row = (size_t)cfg->head_dim * kvf_dtype_size(lg->kv_dtype);
+    kvf_status_t status;
+
+    for (int kb = 0; kb < lg->ppl; ++kb) {
+        int64_t t0 = lb * lg->block_size + (int64_t)kb * kl;
+        int64_t t1 = (t0 + kl < n) ? t0 + kl : n;
+        if (t0 >= n) {
+            break;
+        }
+        for (int kv = 0; kv < 2; ++kv) {
+            for (int h = 0; h < lg->shard.kv_heads; ++h) {
+                const kvf_rank_geometry_t *rg = &p->remote_geoms[pl->attn_src[h]];
+                int64_t kr = rg->kernel_block_size, br = rg->block_size;
+                for (int64_t t = t0, e; t < t1; t = e) {
+                    int64_t rb = t / br;
+                    e = (t / kr + 1) * kr;
+                    e = (e < t1) ? e : t1;
+                    uint64_t roff = kvf_xfer_page_off(gb->remote_ids[rb], pl->slots, j,
+                                                      rg->page_size) +
+                                    kvf_attn_offset(rg, cfg, (int)(t - rb * br), kv,
+                                                    pl->attn_src_head[h], 0);
+                    uint64_t loff = lpage + kvf_attn_offset(lg, cfg,
+                                                            (int)(t - lb * lg->block_size),
+                                                            kv, h, 0);
+                    status = kvf_xfer_push_desc(pl, pl->attn_src[h], loff, roff,
+                                                (uint64_t)(e - t) * row);
+                    if (status != KVF_OK) {
+                        return status;
+                    }
+                    pl->attn_bytes += (uint64_t)(e - t) * row;
+                }
+            }
+        }
+    }
+    return KVF_OK;
+}
+
+/*
+ * Logical block @a lb of an attention group: its pages' runs when it holds request tokens
+ * (and the zeroed tails when it is the last, partial one), else zero ranges for its pages.
+ */
+static kvf_status_t kvf_xfer_attn_block(kvf_xfer_planner_t *pl, const kvf_kv_group_t *grp,
+                                        const kvf_xfer_group_blocks_t *gb, int64_t lb)
+{
+    const kvf_rank_geometry_t *lg = pl->lg;
+    int64_t n = pl->p->num_tokens;
+    int64_t used = kvf_xfer_ceil_div(n, lg->block_size);
+    int32_t lid = gb->local_ids[lb];
+    bool whole = (pl->attn_whole > 0) && ((lb + 1) * lg->block_size <= n);
+    kvf_status_t status;
+
+    if (lb >= used) {   /* past the coverage */
+        return kvf_xfer_attn_zero_block(pl, grp, lid);
+    }
+    for (int j = 0; j < grp->num_layers; ++j) {
+        uint64_t lpage = kvf_xfer_page_off(lid, pl->slots, j, lg->page_size);
+        status = whole ? kvf_xfer_pieces_emit(pl, pl->attn, pl->num_attn, lpage,
+                                              gb->remote_ids[lb], j, false, &pl->attn_bytes) :
+                         kvf_xfer_attn_walk(pl, gb, lb, j, lpage);
         if (status != KVF_OK) {
             return status;
         }
     }
-    for (int64_t lb = 0; lb < used; ++lb) {
-        int32_t lid = gb->local_ids[lb];
-        bool whole = (pl->attn_whole > 0) && ((lb + 1) * lg->block_size <= n);
-        for (int j = 0; j < grp->num_layers; ++j) {
-            uint64_t lpage = kvf_xfer_page_off(lid, pl->slots, j, lg->page_size);
-            if (whole) {   /* the block's pieces, derived once */
-                status = kvf_xfer_pieces_emit(pl, pl->attn, pl->num_attn, lpage,
-                                              gb->remote_ids[lb], j, &pl->attn_bytes);
-                if (status != KVF_OK) {
-                    return status;
-                }
-                continue;
-            }
-            for (int kb = 0; kb < lg->ppl; ++kb) {
-                int64_t t0 = lb * lg->block_size + (int64_t)kb * kl;
-                int64_t t1 = (t0 + kl < n) ? t0 + kl : n;
-                if (t0 >= n) {
-                    break;
-                }
-                for (int kv = 0; kv < 2; ++kv) {
-                    for (int h = 0; h < lg->shard.kv_heads; ++h) {
-                        const kvf_rank_geometry_t *rg = &p->remote_geoms[src[h]];
-                        int64_t kr = rg->kernel_block_size, br = rg->block_size;
-                        for (int64_t t = t0, e; t < t1; t = e) {
-                            int64_t rb = t / br;
-                            e = (t / kr + 1) * kr;
-                            e = (e < t1) ? e : t1;
-                            uint64_t roff = kvf_xfer_page_off(gb->remote_ids[rb], pl->slots, j,
-                                                              rg->page_size) +
-                                            kvf_attn_offset(rg, cfg, (int)(t - rb * br), kv,
-                                                            src_head[h], 0);
-                            uint64_t loff = lpage + kvf_attn_offset(lg, cfg,
-                                                                    (int)(t - lb * lg->block_size),
-                                                                    kv, h, 0);
-                            status = kvf_xfer_push_desc(pl, src[h], loff, roff,
-                                                        (uint64_t)(e - t) * row);
-                            if (status != KVF_OK) {
-                                return status;
-                            }
-                            pl->attn_bytes += (uint64_t)(e - t) * row;
-                        }
-                    }
-                }
-            }
-        }
+    if ((lb == used - 1) && (n - lb * lg->block_size < lg->block_size)) {
+        return kvf_xfer_attn_zero_tail(pl, grp, lid, (int)(n - lb * lg->block_size));
     }
-    return kvf_xfer_plan_attn_zero(pl, grp, gb, used);
+    return KVF_OK;
 }
 
 /* One run of conv channels [global, global + count) of @a part, read from prefill rank @a r. */
@@ -605,6 +433,39 @@ static kvf_status_t kvf_xfer_conv_run(kvf_xfer_planner_t *pl, int r, int part, i
                        kvf_conv_offset(pl->lg, pl->cfg, lc, 0),
                        kvf_conv_offset(rg, pl->cfg, rc, 0), len);
     return KVF_OK;
+}
+
+/*
+ * Mamba page padding: a Mamba page is [conv | SSM | pad] on both sides, and a group's layer
+ * slots are adjacent pages of one block. When the page's last piece ends at both sides' data
+ * ends, its first piece starts both pages from the same prefill rank, and both pads are
+ * equally long, the last piece takes the pad too: the next slot's page then continues it on
+ * both sides and the coalescing joins the slots, so at TP ratio 1 a Mamba block is one
+ * descriptor instead of one per layer (27 -> 7 for the 9B model; each GET of UCX's cuda_ipc
+ * costs a copy launch and an event). The pad is dead on both sides (no kernel reads it, no
+ * zero range covers it); the cost is its bytes (1.07 % of the 9B's page), never read after
+ * a group's last slot. Rejected: bridging the token tails of a partial attention block the
+ * same way (they are zero ranges, which the IPC gather kernel runs beside the copies).
+ */
+static void kvf_xfer_mamba_pad(kvf_xfer_planner_t *pl)
+{
+    const kvf_rank_geometry_t *lg = pl->lg, *rg;
+    kvf_xfer_piece_t *first, *last;
+    uint64_t pad = lg->page_size - lg->mamba_bytes;
+
+    if (!pl->coalesce || (pl->num_mamba == 0) || (pad == 0)) {
+        return;
+    }
+    first = &pl->mamba[0];
+    last = &pl->mamba[pl->num_mamba - 1];
+    rg = &pl->p->remote_geoms[last->rank];
+    if ((first->rank != last->rank) || (first->loff != 0) || (first->roff != 0) ||
+        (last->loff + last->len != lg->mamba_bytes) ||
+        (last->roff + last->len != rg->mamba_bytes) || (rg->page_size - rg->mamba_bytes != pad)) {
+        return;
+    }
+    last->len += pad;
+    last->pad = pad;
 }
 
 /* The pieces of one Mamba page (kvf_xfer_piece_t), in local order within each part. */
@@ -656,9 +517,11 @@ static kvf_status_t kvf_xfer_mamba_pieces(kvf_xfer_planner_t *pl)
                            kvf_ssm_offset(lg, cfg, h - ls->mamba_head_start, 0, 0),
                            kvf_ssm_offset(rg, cfg, rh, 0, 0), ssm_head);
     }
+    kvf_xfer_mamba_pad(pl);
     return KVF_OK;
 }
 
+/* A Mamba group's state: the pages of the last id of its block list. */
 static kvf_status_t kvf_xfer_plan_mamba_group(kvf_xfer_planner_t *pl, const kvf_kv_group_t *grp,
                                               const kvf_xfer_group_blocks_t *gb)
 {
@@ -676,7 +539,7 @@ static kvf_status_t kvf_xfer_plan_mamba_group(kvf_xfer_planner_t *pl, const kvf_
     for (int j = 0; j < grp->num_layers; ++j) {
         status = kvf_xfer_pieces_emit(pl, pl->mamba, pl->num_mamba,
                                       kvf_xfer_page_off(lid, pl->slots, j, lg->page_size), rid,
-                                      j, &pl->mamba_bytes);
+                                      j, j + 1 < grp->num_layers, &pl->mamba_bytes);
         if (status != KVF_OK) {
             return status;
         }
@@ -684,207 +547,210 @@ static kvf_status_t kvf_xfer_plan_mamba_group(kvf_xfer_planner_t *pl, const kvf_
     return KVF_OK;
 }
 
-static int kvf_xfer_cmp_desc(const void *a, const void *b)
-{
-    uint64_t x = ((const kvf_xfer_desc_t *)a)->local_off;
-    uint64_t y = ((const kvf_xfer_desc_t *)b)->local_off;
-    return (x > y) - (x < y);
-}
+/* One block of the request: group @a group's logical block @a lb (a Mamba group: its last). */
+typedef struct kvf_xfer_block_ref {
+    int32_t lid;
+    int32_t group;
+    int64_t lb;
+} kvf_xfer_block_ref_t;
 
-static int kvf_xfer_cmp_range(const void *a, const void *b)
+static int kvf_xfer_cmp_ref(const void *a, const void *b)
 {
-    uint64_t x = ((const kvf_xfer_range_t *)a)->off;
-    uint64_t y = ((const kvf_xfer_range_t *)b)->off;
+    int32_t x = ((const kvf_xfer_block_ref_t *)a)->lid;
+    int32_t y = ((const kvf_xfer_block_ref_t *)b)->lid;
     return (x > y) - (x < y);
-}
-
-/* First index past the ascending run of @a v that starts at @a i. */
-static size_t kvf_xfer_run_end(const kvf_xfer_desc_t *v, size_t i, size_t n)
-{
-    for (++i; (i < n) && (v[i - 1].local_off < v[i].local_off); ++i) {
-    }
-    return i;
 }
 
 /*
- * Sort @a v[n] by local_off: bottom-up merges of the ascending runs it already holds. Every
- * page is emitted in memory order, so a rank's list is a few dozen sorted runs (one per page
- * at most) whose order only the block ids decide; qsort's callback per comparison and its
- * own merge buffer took 60 % of a plan. Local offsets are distinct (no two descriptors
- * overlap), so stability does not matter. Falls back to qsort without scratch memory.
+ * Every block of the request, in ascending local id: pages are then emitted in local order,
+ * so each rank's descriptors and the zero ranges come out sorted, the coalescing on the fly
+ * takes every merge, and the final sort is only a check. Sorting the descriptors instead
+ * (merges of the runs each page emitted) took a quarter of a 9B 4p2d plan; this sorts a few
+ * block ids (14 there), or none when the ids already ascend.
  */
-static void kvf_xfer_desc_sort(kvf_xfer_desc_t *v, size_t n)
-{
-    kvf_xfer_desc_t *tmp = malloc(n * sizeof(*tmp));
-    kvf_xfer_desc_t *src = v, *dst = tmp, *t;
-    size_t runs;
-
-    if (tmp == NULL) {
-        qsort(v, n, sizeof(*v), kvf_xfer_cmp_desc);
-        return;
-    }
-    do {
-        size_t i = 0, out = 0;
-        runs = 0;
-        while (i < n) {
-            size_t a = i, a_end = kvf_xfer_run_end(src, i, n);
-            size_t b = a_end, b_end = (a_end < n) ? kvf_xfer_run_end(src, a_end, n) : n;
-            while ((a < a_end) && (b < b_end)) {
-                dst[out++] = (src[a].local_off < src[b].local_off) ? src[a++] : src[b++];
-            }
-            while (a < a_end) {
-                dst[out++] = src[a++];
-            }
-            while (b < b_end) {
-                dst[out++] = src[b++];
-            }
-            i = b_end;
-            runs++;
-        }
-        t = src;
-        src = dst;
-        dst = t;
-    } while (runs > 1);
-    if (src != v) {
-        memcpy(v, src, n * sizeof(*v));
-    }
-    free(tmp);
-}
-
-/* Sort by local offset and merge runs contiguous on both sides. */
-static void kvf_xfer_desc_sort_merge(kvf_xfer_desc_vec_t *vec, bool merge)
-{
-    size_t out = 0;
-    if (vec->n < 2) {
-        return;
-    }
-    if (kvf_xfer_run_end(vec->v, 0, vec->n) < vec->n) {   /* ascending ids: already in order */
-        kvf_xfer_desc_sort(vec->v, vec->n);
-    }
-    if (!merge) {
-        return;
-    }
-    for (size_t i = 0; i < vec->n; ++i) {
-        kvf_xfer_desc_t *last = (out > 0) ? &vec->v[out - 1] : NULL;
-        if ((last != NULL) && (last->local_off + last->len == vec->v[i].local_off) &&
-            (last->remote_off + last->len == vec->v[i].remote_off)) {
-            last->len += vec->v[i].len;
-        } else {
-            vec->v[out++] = vec->v[i];
-        }
-    }
-    vec->n = out;
-}
-
-/* Sort and merge touching or overlapping zero ranges (always: the result must be disjoint). */
-static void kvf_xfer_range_sort_merge(kvf_xfer_range_vec_t *vec)
-{
-    size_t out = 0;
-    if (vec->n < 2) {
-        return;
-    }
-    qsort(vec->v, vec->n, sizeof(*vec->v), kvf_xfer_cmp_range);
-    for (size_t i = 0; i < vec->n; ++i) {
-        kvf_xfer_range_t *last = (out > 0) ? &vec->v[out - 1] : NULL;
-        if ((last != NULL) && (last->off + last->len >= vec->v[i].off)) {
-            uint64_t end = vec->v[i].off + vec->v[i].len;
-            if (end > last->off + last->len) {
-                last->len = end - last->off;
-            }
-        } else {
-            vec->v[out++] = vec->v[i];
-        }
-    }
-    vec->n = out;
-}
-
-/* ------------------------------------------------------------ public API -- */
-
-static kvf_status_t kvf_xfer_plan_validate(kvf_xfer_planner_t *pl)
+static kvf_status_t kvf_xfer_plan_blocks(kvf_xfer_planner_t *pl)
 {
     const kvf_xfer_plan_params_t *p = pl->p;
-    const kvf_model_config_t *cfg = p->cfg;
-    int ranks[1024];
-    int num_ranks = 0, rblock = 0;
-    int64_t rmin_blocks = INT64_MAX;
-    kvf_status_t status;
+    kvf_xfer_block_ref_t *refs;
+    size_t n = 0, k = 0;
+    bool sorted = true;
+    kvf_status_t status = KVF_OK;
 
-    status = kvf_xfer_geom_check(cfg, p->local_geom, "decode", p->local_tp, p->local_rank);
-    if (status != KVF_OK) {
-        return status;
+    for (int g = 0; g < p->num_groups; ++g) {
+        bool attn = (p->layout->groups[g].kind == KVF_GROUP_ATTENTION);
+        n += attn ? (size_t)p->groups[g].num_local : 1;
     }
-    status = kvf_xfer_region_bytes(p->local_num_blocks, pl->slots, p->local_geom->page_size,
-                                   "decode", p->local_rank, &pl->local_region);
-    if (status != KVF_OK) {
-        return status;
-    }
-    if (p->remote_tp > (int)(sizeof(ranks) / sizeof(ranks[0]))) {
-        kvf_error("xfer plan: prefill tp_size %d exceeds %zu", p->remote_tp,
-                  sizeof(ranks) / sizeof(ranks[0]));
-        return KVF_ERR_INVALID_PARAM;
-    }
-    status = kvf_tp_source_ranks(cfg, p->remote_tp, p->local_tp, p->local_rank, ranks,
-                                 &num_ranks);
-    if (status != KVF_OK) {
-        return status;
-    }
-    for (int i = 0; i < num_ranks; ++i) {
-        int r = ranks[i];
-        const kvf_rank_geometry_t *rg = &p->remote_geoms[r];
-        pl->reads[r] = true;
-        status = kvf_xfer_geom_check(cfg, rg, "prefill", p->remote_tp, r);
-        if (status != KVF_OK) {
-            return status;
-        }
-        if ((status = kvf_xfer_dtype_match("kv_dtype", p->local_geom->kv_dtype, rg->kv_dtype,
-                                           r)) != KVF_OK) {
-            return status;
-        }
-        if (kvf_model_is_hybrid(cfg) &&
-            (((status = kvf_xfer_dtype_match("conv_dtype", p->local_geom->conv_dtype,
-                                             rg->conv_dtype, r)) != KVF_OK) ||
-             ((status = kvf_xfer_dtype_match("ssm_dtype", p->local_geom->ssm_dtype,
-                                             rg->ssm_dtype, r)) != KVF_OK))) {
-            return status;
-        }
-        if ((i > 0) && (rg->block_size != rblock)) {
-            kvf_error("xfer plan: prefill ranks disagree on block_size (%d and %d)", rblock,
-                      rg->block_size);
-            return KVF_ERR_INVALID_PARAM;
-        }
-        rblock = rg->block_size;
-        status = kvf_xfer_region_bytes(p->remote_num_blocks[r], pl->slots, rg->page_size,
-                                       "prefill", r, &pl->remote_region[r]);
-        if (status != KVF_OK) {
-            return status;
-        }
-        if (p->remote_num_blocks[r] < rmin_blocks) {
-            rmin_blocks = p->remote_num_blocks[r];
-        }
+    refs = malloc(n * sizeof(*refs) + 1);
+    if (refs == NULL) {
+        return KVF_ERR_NO_MEMORY;
     }
     for (int g = 0; g < p->num_groups; ++g) {
         const kvf_xfer_group_blocks_t *gb = &p->groups[g];
         bool attn = (p->layout->groups[g].kind == KVF_GROUP_ATTENTION);
-        int64_t lneed = attn ? kvf_xfer_ceil_div(p->num_tokens, p->local_geom->block_size) : 1;
-        int64_t rneed = attn ? kvf_xfer_ceil_div(p->num_tokens, rblock) : 1;
-        status = kvf_xfer_ids_check(gb->local_ids, gb->num_local, lneed, p->local_num_blocks,
-                                    "local", g);
-        if (status != KVF_OK) {
-            return status;
-        }
-        status = kvf_xfer_ids_check(gb->remote_ids, gb->num_remote, rneed, rmin_blocks,
-                                    "remote", g);
-        if (status != KVF_OK) {
-            return status;
+        for (int64_t lb = attn ? 0 : gb->num_local - 1; lb < gb->num_local; ++lb) {
+            refs[k++] = (kvf_xfer_block_ref_t){.lid = gb->local_ids[lb], .group = g, .lb = lb};
+            sorted = sorted && ((k < 2) || (refs[k - 2].lid < refs[k - 1].lid));
         }
     }
-    return kvf_xfer_local_dups_check(p);
+    if (!sorted) {
+        qsort(refs, n, sizeof(*refs), kvf_xfer_cmp_ref);
+    }
+    for (size_t i = 0; (i < n) && (status == KVF_OK); ++i) {
+        const kvf_kv_group_t *grp = &p->layout->groups[refs[i].group];
+        const kvf_xfer_group_blocks_t *gb = &p->groups[refs[i].group];
+        if (grp->kind != KVF_GROUP_ATTENTION) {
+            status = kvf_xfer_plan_mamba_group(pl, grp, gb);
+            continue;
+        }
+        if (!pl->attn_mapped) {
+            status = kvf_xfer_attn_map(pl);
+        }
+        if (status == KVF_OK) {
+            status = kvf_xfer_attn_block(pl, grp, gb, refs[i].lb);
+        }
+    }
+    free(refs);
+    return status;
 }
+
+/* ------------------------------------------- pieces of an (engine, rank) pair -- */
+
+struct kvf_xfer_pieces {
+    const kvf_model_config_t *cfg;
+    const kvf_cache_layout_t *layout;
+    int                       local_tp, local_rank, remote_tp;
+    bool                      coalesce;
+    kvf_rank_geometry_t       local_geom;
+    kvf_rank_geometry_t      *remote_geoms;                    /* [remote_tp], copies */
+    int                       attn_src[KVF_MAX_KV_HEADS];
+    int                       attn_src_head[KVF_MAX_KV_HEADS];
+    bool                      attn_mapped;
+    int                       attn_whole;
+    kvf_xfer_piece_t         *attn, *mamba;
+    size_t                    num_attn, num_mamba;
+};
+
+static bool kvf_xfer_coalescing(const kvf_xfer_plan_params_t *p)
+{
+    return !((p->field_mask & KVF_XFER_PLAN_PARAM_FIELD_FLAGS) &&
+             (p->flags & KVF_XFER_PLAN_FLAG_NO_COALESCE));
+}
+
+static void kvf_xfer_planner_init(kvf_xfer_planner_t *pl, const kvf_xfer_plan_params_t *params)
+{
+    memset(pl, 0, sizeof(*pl));
+    pl->p = params;
+    pl->cfg = params->cfg;
+    pl->lg = params->local_geom;
+    pl->slots = params->layout->slots;
+    pl->coalesce = kvf_xfer_coalescing(params);
+}
+
+kvf_status_t kvf_xfer_pieces_create(const kvf_xfer_plan_params_t *params,
+                                    kvf_xfer_pieces_t **pieces_p)
+{
+    kvf_xfer_planner_t pl;
+    kvf_xfer_pieces_t *pc;
+    kvf_status_t status = KVF_OK;
+
+    if ((params == NULL) || (pieces_p == NULL) ||
+        (params->field_mask & ~KVF_XFER_PLAN_PARAM_FIELDS_KNOWN) || (params->cfg == NULL) ||
+        (params->layout == NULL) || (params->local_geom == NULL) ||
+        (params->remote_geoms == NULL) ||
+        (kvf_tp_ratio(params->remote_tp, params->local_tp) == 0) || (params->local_rank < 0) ||
+        (params->local_rank >= params->local_tp)) {
+        kvf_error("xfer pieces: params, pieces_p, cfg, layout and both geometries must be set,"
+                  " with known field_mask bits and TPs that divide each other");
+        return KVF_ERR_INVALID_PARAM;
+    }
+    status = kvf_xfer_geoms_check(params);
+    if (status != KVF_OK) {
+        return status;
+    }
+    pc = calloc(1, sizeof(*pc));
+    if ((pc == NULL) ||
+        ((pc->remote_geoms = malloc((size_t)params->remote_tp * sizeof(*pc->remote_geoms))) ==
+         NULL)) {
+        free(pc);
+        return KVF_ERR_NO_MEMORY;
+    }
+    kvf_xfer_planner_init(&pl, params);
+    for (int g = 0; (g < params->layout->num_groups) && (status == KVF_OK); ++g) {
+        if ((params->layout->groups[g].kind == KVF_GROUP_ATTENTION) && !pl.attn_mapped) {
+            status = kvf_xfer_attn_map(&pl);
+        } else if ((params->layout->groups[g].kind != KVF_GROUP_ATTENTION) && (pl.mamba == NULL)) {
+            status = kvf_xfer_mamba_pieces(&pl);
+        }
+    }
+    if (status != KVF_OK) {
+        free(pl.attn);
+        free(pl.mamba);
+        kvf_xfer_pieces_destroy(pc);
+        return status;
+    }
+    pc->cfg = params->cfg;
+    pc->layout = params->layout;
+    pc->local_tp = params->local_tp;
+    pc->local_rank = params->local_rank;
+    pc->remote_tp = params->remote_tp;
+    pc->coalesce = pl.coalesce;
+    pc->local_geom = *params->local_geom;
+    memcpy(pc->remote_geoms, params->remote_geoms,
+           (size_t)params->remote_tp * sizeof(*pc->remote_geoms));
+    memcpy(pc->attn_src, pl.attn_src, sizeof(pc->attn_src));
+    memcpy(pc->attn_src_head, pl.attn_src_head, sizeof(pc->attn_src_head));
+    pc->attn_mapped = pl.attn_mapped;
+    pc->attn_whole = pl.attn_whole;
+    pc->attn = pl.attn;
+    pc->num_attn = pl.num_attn;
+    pc->mamba = pl.mamba;
+    pc->num_mamba = pl.num_mamba;
+    *pieces_p = pc;
+    return KVF_OK;
+}
+
+bool kvf_xfer_pieces_match(const kvf_xfer_pieces_t *pc, const kvf_xfer_plan_params_t *p)
+{
+    return (pc != NULL) && (p != NULL) && (p->local_geom != NULL) && (p->remote_geoms != NULL) &&
+           (pc->cfg == p->cfg) && (pc->layout == p->layout) && (pc->local_tp == p->local_tp) &&
+           (pc->local_rank == p->local_rank) && (pc->remote_tp == p->remote_tp) &&
+           (pc->coalesce == kvf_xfer_coalescing(p)) &&
+           (memcmp(&pc->local_geom, p->local_geom, sizeof(pc->local_geom)) == 0) &&
+           (memcmp(pc->remote_geoms, p->remote_geoms,
+                   (size_t)pc->remote_tp * sizeof(*pc->remote_geoms)) == 0);
+}
+
+void kvf_xfer_pieces_destroy(kvf_xfer_pieces_t *pc)
+{
+    if (pc == NULL) {
+        return;
+    }
+    free(pc->remote_geoms);
+    free(pc->attn);
+    free(pc->mamba);
+    free(pc);
+}
+
+/* Plan with @a pc's pieces instead of deriving them (they match the params: checked). */
+static void kvf_xfer_planner_borrow(kvf_xfer_planner_t *pl, const kvf_xfer_pieces_t *pc)
+{
+    memcpy(pl->attn_src, pc->attn_src, sizeof(pl->attn_src));
+    memcpy(pl->attn_src_head, pc->attn_src_head, sizeof(pl->attn_src_head));
+    pl->attn_mapped = pc->attn_mapped;
+    pl->attn_whole = pc->attn_whole;
+    pl->attn = pc->attn;
+    pl->num_attn = pc->num_attn;
+    pl->mamba = pc->mamba;
+    pl->num_mamba = pc->num_mamba;
+}
+
+/* ------------------------------------------------------------ public API -- */
 
 kvf_status_t kvf_xfer_plan_create(const kvf_xfer_plan_params_t *params, kvf_xfer_plan_t **plan_p)
 {
-    kvf_xfer_planner_t pl = {0};
+    kvf_xfer_planner_t pl;
     kvf_xfer_plan_t *plan = NULL;
+    const kvf_xfer_pieces_t *pc = NULL;
     kvf_status_t status;
     int P;
 
@@ -896,13 +762,19 @@ kvf_status_t kvf_xfer_plan_create(const kvf_xfer_plan_params_t *params, kvf_xfer
     if (status != KVF_OK) {
         return status;
     }
+    if (params->field_mask & KVF_XFER_PLAN_PARAM_FIELD_PIECES) {
+        if (!kvf_xfer_pieces_match(params->pieces, params)) {
+            kvf_error("xfer plan: the pieces given were built for another engine, rank or"
+                      " geometry");
+            return KVF_ERR_INVALID_PARAM;
+        }
+        pc = params->pieces;
+    }
     P = params->remote_tp;
-    pl.p = params;
-    pl.cfg = params->cfg;
-    pl.lg = params->local_geom;
-    pl.slots = params->layout->slots;
-    pl.coalesce = !((params->field_mask & KVF_XFER_PLAN_PARAM_FIELD_FLAGS) &&
-                    (params->flags & KVF_XFER_PLAN_FLAG_NO_COALESCE));
+    kvf_xfer_planner_init(&pl, params);
+    if (pc != NULL) {
+        kvf_xfer_planner_borrow(&pl, pc);
+    }
     pl.remote_region = calloc((size_t)P, sizeof(*pl.remote_region));
     pl.reads = calloc((size_t)P, sizeof(*pl.reads));
     pl.descs = calloc((size_t)P, sizeof(*pl.descs));
@@ -911,18 +783,14 @@ kvf_status_t kvf_xfer_plan_create(const kvf_xfer_plan_params_t *params, kvf_xfer
         goto out_free_build;
     }
 
-    status = kvf_xfer_plan_validate(&pl);
+    status = kvf_xfer_plan_check(params, &pl.local_region, pl.remote_region, pl.reads,
+                                 pc != NULL);
     if (status != KVF_OK) {
         goto out_free_build;
     }
-    for (int g = 0; g < params->num_groups; ++g) {
-        const kvf_kv_group_t *grp = &params->layout->groups[g];
-        status = (grp->kind == KVF_GROUP_ATTENTION) ?
-                 kvf_xfer_plan_attn_group(&pl, grp, &params->groups[g]) :
-                 kvf_xfer_plan_mamba_group(&pl, grp, &params->groups[g]);
-        if (status != KVF_OK) {
-            goto out_free_build;
-        }
+    status = kvf_xfer_plan_blocks(&pl);
+    if (status != KVF_OK) {
+        goto out_free_build;
     }
 
     plan = calloc(1, sizeof(*plan));
@@ -945,7 +813,7 @@ kvf_status_t kvf_xfer_plan_create(const kvf_xfer_plan_params_t *params, kvf_xfer
         if (vec->n == 0) {
             continue;
         }
-        kvf_xfer_desc_sort_merge(vec, pl.coalesce);
+        vec->n = kvf_xfer_desc_sort_merge(vec->v, vec->n, pl.coalesce);
         rp = &plan->ranks[plan->num_ranks++];
         rp->remote_rank = r;
         rp->num_descs = vec->n;
@@ -957,7 +825,7 @@ kvf_status_t kvf_xfer_plan_create(const kvf_xfer_plan_params_t *params, kvf_xfer
         plan->total_bytes += rp->bytes;
         plan->total_descs += rp->num_descs;
     }
-    kvf_xfer_range_sort_merge(&pl.zero);
+    pl.zero.n = kvf_xfer_range_sort_merge(pl.zero.v, pl.zero.n);
     plan->num_zero = pl.zero.n;
     plan->zero = pl.zero.v;
     pl.zero.v = NULL;
@@ -966,6 +834,7 @@ kvf_status_t kvf_xfer_plan_create(const kvf_xfer_plan_params_t *params, kvf_xfer
     }
     plan->attn_bytes = pl.attn_bytes;
     plan->mamba_bytes = pl.mamba_bytes;
+    plan->pad_bytes = pl.pad_bytes;
     *plan_p = plan;
     status = KVF_OK;
     plan = NULL;
@@ -980,8 +849,12 @@ out_free_build:
     free(pl.reads);
     free(pl.remote_region);
     free(pl.zero.v);
-    free(pl.mamba);
-    free(pl.attn);
+    if ((pc == NULL) || (pl.mamba != pc->mamba)) {
+        free(pl.mamba);
+    }
+    if ((pc == NULL) || (pl.attn != pc->attn)) {
+        free(pl.attn);
+    }
     return status;
 }
 

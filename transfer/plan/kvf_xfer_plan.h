@@ -4,7 +4,9 @@
  * and remote block ids per KV cache group, token count) to
  *   - one descriptor list per prefill rank to read: {local_off, remote_off,
  *     len}, bytes relative to the start of each side's registered pool
- *     region (the agent adds the base addresses), adjacent runs coalesced;
+ *     region (the agent adds the base addresses), adjacent runs coalesced
+ *     (and a Mamba page's padding read with it when that joins the next
+ *     layer slot's page on both sides: pad_bytes);
  *   - post-ops: local byte ranges to zero after the last GET completes
  *     (the untransferred tail of the last partially filled attention block,
  *     and every local attention block past the transferred coverage);
@@ -29,6 +31,7 @@
 #include "kvf_geometry.h"
 #include "kvf_status.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -54,9 +57,13 @@ typedef struct kvf_xfer_group_blocks {
 } kvf_xfer_group_blocks_t;
 
 enum kvf_xfer_plan_params_field {           /* append only, never renumber */
-    KVF_XFER_PLAN_PARAM_FIELD_FLAGS = KVF_BIT(0),
+    KVF_XFER_PLAN_PARAM_FIELD_FLAGS  = KVF_BIT(0),
+    KVF_XFER_PLAN_PARAM_FIELD_PIECES = KVF_BIT(1),
 };
-#define KVF_XFER_PLAN_PARAM_FIELDS_KNOWN (KVF_BIT(1) - 1)
+#define KVF_XFER_PLAN_PARAM_FIELDS_KNOWN (KVF_BIT(2) - 1)
+
+/** One decode rank's page pieces from one prefill engine (kvf_xfer_pieces_create()). */
+typedef struct kvf_xfer_pieces kvf_xfer_pieces_t;
 
 enum kvf_xfer_plan_flags {
     KVF_XFER_PLAN_FLAG_NO_COALESCE = KVF_BIT(0),  /* one descriptor per run (debugging, tests) */
@@ -95,6 +102,7 @@ typedef struct kvf_xfer_plan_params {
     int64_t                         num_tokens;   /* N: prompt tokens whose state was computed, >= 1 */
 
     uint32_t                        flags;        /* kvf_xfer_plan_flags; needs FIELD_FLAGS; default 0 */
+    const kvf_xfer_pieces_t        *pieces;       /* needs FIELD_PIECES; default: derived per plan */
 } kvf_xfer_plan_params_t;
 
 /**
@@ -121,6 +129,10 @@ typedef struct kvf_xfer_plan {
     uint64_t              total_bytes;   /* sum over ranks of bytes */
     uint64_t              attn_bytes;    /* of which attention K/V */
     uint64_t              mamba_bytes;   /* of which Mamba conv + SSM state */
+    uint64_t              pad_bytes;     /* of which Mamba page padding, read so that a
+                                            Mamba block's layer slots join into one
+                                            descriptor (both sides' pads equal; 0 without
+                                            coalescing) */
     size_t                total_descs;   /* sum over ranks of num_descs */
     uint64_t              zero_bytes;    /* sum of zero[].len */
 
@@ -154,6 +166,36 @@ kvf_status_t kvf_xfer_plan_create(const kvf_xfer_plan_params_t *params, kvf_xfer
 
 /** Free @a plan and everything it owns; NULL is a no-op. */
 void kvf_xfer_plan_destroy(kvf_xfer_plan_t *plan);
+
+/**
+ * What every plan of one (prefill engine, decode rank) pair derives the same way from the
+ * geometries alone: which prefill rank and head each local KV head is read from, a whole
+ * attention block's runs and a Mamba page's runs. Built once (a connector: at the pair's
+ * first pull) and given to each later plan (params->pieces, FIELD_PIECES), which then skips
+ * deriving them and re-deriving the geometries from the model (both were checked here; the
+ * plan compares the geometries it is given with the ones kept here, byte for byte). Per
+ * request work (regions, ids, the walk over the request's blocks) is unchanged.
+ *
+ * @param [in]  params    cfg, layout, local_tp, local_rank, local_geom, remote_tp,
+ *                        remote_geoms (every rank: copied) and flags as for a plan; the
+ *                        request fields (num_blocks, groups, num_tokens) are not read.
+ * @param [out] pieces_p  New pieces, owned by the caller (kvf_xfer_pieces_destroy()). They
+ *                        borrow cfg and layout, which must outlive them.
+ * @return KVF_OK; KVF_ERR_INVALID_PARAM (logged) as kvf_xfer_plan_create() for the
+ *         geometries and TPs; KVF_ERR_UNSUPPORTED; KVF_ERR_NO_MEMORY.
+ */
+kvf_status_t kvf_xfer_pieces_create(const kvf_xfer_plan_params_t *params,
+                                    kvf_xfer_pieces_t **pieces_p);
+
+/**
+ * True when @a pieces were built for exactly @a params's pair: the same cfg and layout, TPs,
+ * local rank, coalescing, and byte-equal local and remote geometries. A plan given pieces
+ * that do not match refuses with KVF_ERR_INVALID_PARAM.
+ */
+bool kvf_xfer_pieces_match(const kvf_xfer_pieces_t *pieces, const kvf_xfer_plan_params_t *params);
+
+/** Free @a pieces; NULL is a no-op. */
+void kvf_xfer_pieces_destroy(kvf_xfer_pieces_t *pieces);
 
 /**
  * Execute @a plan between host memory pools with memcpy: every descriptor of

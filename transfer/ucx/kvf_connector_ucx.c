@@ -169,6 +169,7 @@ static void kvf_conn_destroy(kvf_connector_h conn)
         free(rk->meta);
     }
     for (int e = 0; e < conn->num_engines; ++e) {
+        kvf_conn_engine_pieces_free(conn, &conn->engines[e]);
         free(conn->engines[e].ranks);
         free(conn->engines[e].geoms);
         free(conn->engines[e].num_blocks);
@@ -653,6 +654,7 @@ static kvf_status_t kvf_conn_start_pull(kvf_connector_h conn, int tp_rank,
     }
     pp.groups = groups;
     pp.num_tokens = pull->num_tokens;
+    kvf_conn_use_pieces(e, tp_rank, &pp);
     status = kvf_xfer_plan_create(&pp, &req->plan);   /* checks every id and range */
     if (status != KVF_OK) {
         goto err;

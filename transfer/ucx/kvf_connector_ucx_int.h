@@ -36,6 +36,9 @@ typedef struct kvf_conn_engine {
     int                          tp;
     kvf_rank_geometry_t         *geoms;        /* [tp], recomputed by the compat check */
     int64_t                     *num_blocks;   /* [tp] */
+    /* [conn->tp]: each decode rank's page pieces from this engine (kvf_xfer_pieces_t),
+     * built by the rank's thread at its first pull and reused by every later plan */
+    kvf_xfer_pieces_t          **pieces;
     bool                         forgotten;    /* slot free for the next handshake */
     uint64_t                     gen;          /* which engine holds the slot (per fill) */
     int                          inflight;     /* pulls started, not yet finished */
@@ -179,6 +182,13 @@ kvf_status_t kvf_conn_lease_poll(kvf_connector_h conn, uint64_t ticket,
 void         kvf_conn_cancel(kvf_connector_h conn, uint64_t ticket);
 bool         kvf_conn_side_wait(kvf_connector_h conn, int timeout_ms);
 kvf_status_t kvf_conn_forget_engine(kvf_connector_h conn, const char *engine_id);
+/* Free engine @a eng's pieces (every rank's); its pulls are over (or never started). */
+void         kvf_conn_engine_pieces_free(kvf_connector_h conn, kvf_conn_engine_t *eng);
+/* On rank @a tp_rank's thread, its pull from engine @a e held: give @a pp the pair's pieces,
+ * built at the rank's first pull from it (rebuilt when its geometry changed; without them
+ * when they cannot be built: the plan derives them and says why it cannot). */
+void         kvf_conn_use_pieces(const kvf_conn_engine_t *e, int tp_rank,
+                                 kvf_xfer_plan_params_t *pp);
 kvf_status_t kvf_conn_remote_incarnation(kvf_connector_h conn, const char *engine_id,
                                          uint64_t *incarnation_p);
 

@@ -79,12 +79,49 @@ static int kvf_conn_find_engine(kvf_connector_h conn, const char *engine_id)
     return found;
 }
 
+void kvf_conn_engine_pieces_free(kvf_connector_h conn, kvf_conn_engine_t *eng)
+{
+    for (int r = 0; (eng->pieces != NULL) && (r < conn->tp); ++r) {
+        kvf_xfer_pieces_destroy(eng->pieces[r]);
+    }
+    free(eng->pieces);
+    eng->pieces = NULL;
+}
+
+/*
+ * Design: a plan's pieces (which prefill rank and head each local head is read from, a whole
+ * attention block's and a Mamba page's runs) depend on the pair's geometries alone, so they
+ * are derived once per (engine, decode rank) and every later pull only walks its blocks
+ * (kvf_xfer_plan.h, kvf_xfer_pieces_create). Built lazily by the rank's own thread: no lock,
+ * and a rank that never pulls from an engine builds nothing. The entry is held (inflight)
+ * while this runs, so the leader cannot free it meanwhile.
+ */
+void kvf_conn_use_pieces(const kvf_conn_engine_t *e, int tp_rank, kvf_xfer_plan_params_t *pp)
+{
+    kvf_xfer_pieces_t **pc = (e->pieces != NULL) ? &e->pieces[tp_rank] : NULL;
+
+    if (pc == NULL) {
+        return;
+    }
+    if ((*pc != NULL) && !kvf_xfer_pieces_match(*pc, pp)) {   /* the rank re-registered */
+        kvf_xfer_pieces_destroy(*pc);
+        *pc = NULL;
+    }
+    if ((*pc == NULL) && (kvf_xfer_pieces_create(pp, pc) != KVF_OK)) {
+        *pc = NULL;
+        return;
+    }
+    pp->field_mask |= KVF_XFER_PLAN_PARAM_FIELD_PIECES;
+    pp->pieces = *pc;
+}
+
 /* Drop slot @a e's cached data (lock held; the leader's). Endpoints stay with the ranks. */
 static void kvf_conn_engine_clear_locked(kvf_connector_h conn, int e)
 {
     kvf_conn_engine_t *eng = &conn->engines[e];
     uint64_t gen = eng->gen;
 
+    kvf_conn_engine_pieces_free(conn, eng);
     free(eng->ranks);
     free(eng->geoms);
     free(eng->num_blocks);
@@ -219,7 +256,9 @@ static kvf_status_t kvf_conn_install(kvf_connector_h conn, const char *engine_id
     fresh.geoms = calloc((size_t)reply->num_ranks, sizeof(*fresh.geoms));
     fresh.num_blocks = calloc((size_t)reply->num_ranks, sizeof(*fresh.num_blocks));
     fresh.ranks = malloc((size_t)reply->num_ranks * sizeof(*fresh.ranks));
-    if ((fresh.geoms == NULL) || (fresh.num_blocks == NULL) || (fresh.ranks == NULL)) {
+    fresh.pieces = calloc((size_t)conn->tp, sizeof(*fresh.pieces));
+    if ((fresh.geoms == NULL) || (fresh.num_blocks == NULL) || (fresh.ranks == NULL) ||
+        (fresh.pieces == NULL)) {
         status = KVF_ERR_NO_MEMORY;
         goto err_free;
     }
@@ -279,6 +318,7 @@ static kvf_status_t kvf_conn_install(kvf_connector_h conn, const char *engine_id
     return KVF_OK;
 
 err_free:
+    free(fresh.pieces);   /* none built yet */
     free(fresh.ranks);
     free(fresh.geoms);
     free(fresh.num_blocks);

@@ -501,14 +501,26 @@ static void test_coalesce_counts(void **state)
 
     /*
      * Tiny hybrid 1p1d at the default 80 tokens, 160 tokens, consecutive ids:
-     * the attention group (2 layers = 2 slots) is one run; each Mamba layer's
-     * conv + SSM state is one run, cut by the page padding: 2 groups x 2 = 4.
+     * the attention group (2 layers = 2 slots) is one run; each Mamba group's two
+     * layers are one run too, the first page's padding read with it (equal pads on
+     * both sides): 1 + 2 groups x 1 = 3 (5 without reading the pad).
      */
     w = world_make(xp_tiny_hybrid_json, 1, 1, 0, 0, 0, 160, 0, 0);
-    assert_int_equal(count_descs(&w->params, &plan), 5);
+    assert_int_equal(count_descs(&w->params, &plan), 3);
     /* conv 320 channels x 3 taps x 4 B + SSM 8 x 32 x 16 x 4 B, per Mamba layer */
     assert_int_equal(plan->mamba_bytes, 4 * (320 * 3 * 4 + 8 * 32 * 16 * 4));
     assert_int_equal(plan->attn_bytes, 2 * 160 * (2 * 2 * 32 * 2));
+    /* one pad per group (not after a group's last slot): page - M, page = 80 x A1 */
+    assert_int_equal(plan->pad_bytes,
+                     2 * (80 * (2 * 2 * 32 * 2) - (320 * 3 * 4 + 8 * 32 * 16 * 4)));
+    assert_int_equal(plan->total_bytes, plan->attn_bytes + plan->mamba_bytes + plan->pad_bytes);
+    kvf_xfer_plan_destroy(plan);
+    /* the same without coalescing: no pad read */
+    w->params.field_mask = KVF_XFER_PLAN_PARAM_FIELD_FLAGS;
+    w->params.flags = KVF_XFER_PLAN_FLAG_NO_COALESCE;
+    assert_int_equal(kvf_xfer_plan_create(&w->params, &plan), KVF_OK);
+    assert_int_equal(plan->pad_bytes, 0);
+    assert_int_equal(plan->total_bytes, plan->attn_bytes + plan->mamba_bytes);
     kvf_xfer_plan_destroy(plan);
     free(w);
 }

@@ -257,8 +257,38 @@ static void xp_expect(xp_check_t *ck, uint64_t off, const uint8_t *want, size_t 
     ck->elements++;
 }
 
-static void xp_verify_decode(xp_world_t *w, int dr, const uint8_t *pool, size_t len,
-                             xp_pairs_t *pairs, unsigned long long *elements_p,
+/*
+ * With coalescing, a Mamba page's padding is read too exactly when that joins the page's last
+ * row and the next layer slot's first row (pairs[first]) into one run on both sides: the last
+ * row ends both pages' data, the next row starts both next pages, both come from one prefill
+ * rank, and both pads are equally long. Then the decode pad holds the prefill pad's bytes, and it is one more
+ * pair of the minimal list.
+ */
+static void xp_bridge_pad(const xp_world_t *w, int dr, xp_check_t *ck, xp_pairs_t *pairs,
+                          size_t first, uint64_t prev_page)
+{
+    const kvf_rank_geometry_t *g = &w->dg[dr];
+    const xp_pair_t a = pairs->v[first - 1], b = pairs->v[first];
+    const kvf_rank_geometry_t *rg = &w->pg[a.rank];
+    uint64_t pad = g->page_size - g->mamba_bytes, lend = a.loff + a.len, rend = a.roff + a.len;
+
+    assert_int_equal(lend, prev_page + g->mamba_bytes);
+    assert_int_equal(b.loff, prev_page + g->page_size);
+    if ((pad == 0) || (a.rank != b.rank) || (rg->page_size - rg->mamba_bytes != pad) ||
+        (rend % rg->page_size != rg->mamba_bytes) || (b.roff != rend + pad)) {
+        return;
+    }
+    if (memcmp(ck->pool + lend, w->ppool[a.rank] + rend, pad) != 0) {
+        fail_msg("P%d D%d decode rank %d: the Mamba pad at byte %" PRIu64 " is not prefill"
+                 " rank %d's (%02x, want %02x; pad %" PRIu64 ", N %" PRId64 ")", w->P, w->D, dr,
+                 lend, a.rank, ck->pool[lend], w->ppool[a.rank][rend], pad, w->N);
+    }
+    memset(ck->mask + lend, 1, pad);
+    xp_pairs_push(pairs, lend, a.rank, rend, pad);
+}
+
+static void xp_verify_decode(xp_world_t *w, int dr, bool pad_reads, const uint8_t *pool,
+                             size_t len, xp_pairs_t *pairs, unsigned long long *elements_p,
                              unsigned long long *zero_bytes_p)
 {
     const kvf_model_config_t *cfg = &w->cfg;
@@ -324,6 +354,7 @@ static void xp_verify_decode(xp_world_t *w, int dr, const uint8_t *pool, size_t 
             for (int j = 0; j < grp->num_layers; ++j) {
                 int layer = grp->layers[j];
                 uint64_t page = xp_page(id, slots, j, g->page_size);
+                size_t first = pairs->n;   /* this page's first row */
                 for (int c = 0; c < s->conv_dim; ++c) {
                     int part, global, r;
                     xp_conv_global(cfg, s, c, &part, &global);
@@ -363,6 +394,9 @@ static void xp_verify_decode(xp_world_t *w, int dr, const uint8_t *pool, size_t 
                                       (uint64_t)cfg->ssm_state_size * ssm_elt);
                     }
                 }
+                if ((j > 0) && pad_reads) {   /* coalescing on */
+                    xp_bridge_pad(w, dr, &ck, pairs, first, page - g->page_size);
+                }
             }
         }
     }
@@ -377,6 +411,46 @@ static void xp_verify_decode(xp_world_t *w, int dr, const uint8_t *pool, size_t 
     assert_true(ck.elements > 0);
     *elements_p = ck.elements;
     *zero_bytes_p = ck.zero_bytes;
+}
+
+/*
+ * The same plan from the pair's pieces (kvf_xfer_pieces_create, as a connector reuses them
+ * per pull): every descriptor, zero range and counter equal; and pieces of another decode
+ * rank are refused.
+ */
+static void xp_check_pieces(const kvf_xfer_plan_params_t *params, const kvf_xfer_plan_t *want)
+{
+    kvf_xfer_plan_params_t pp = *params;
+    kvf_xfer_pieces_t *pc = NULL;
+    kvf_xfer_plan_t *got = NULL;
+
+    assert_int_equal(kvf_xfer_pieces_create(params, &pc), KVF_OK);
+    pp.field_mask |= KVF_XFER_PLAN_PARAM_FIELD_PIECES;
+    pp.pieces = pc;
+    assert_true(kvf_xfer_pieces_match(pc, &pp));
+    assert_int_equal(kvf_xfer_plan_create(&pp, &got), KVF_OK);
+    assert_int_equal(got->num_ranks, want->num_ranks);
+    assert_int_equal(got->total_descs, want->total_descs);
+    assert_int_equal(got->total_bytes, want->total_bytes);
+    assert_int_equal(got->pad_bytes, want->pad_bytes);
+    for (int i = 0; i < want->num_ranks; ++i) {
+        assert_int_equal(got->ranks[i].remote_rank, want->ranks[i].remote_rank);
+        assert_int_equal(got->ranks[i].num_descs, want->ranks[i].num_descs);
+        assert_memory_equal(got->ranks[i].descs, want->ranks[i].descs,
+                            want->ranks[i].num_descs * sizeof(*want->ranks[i].descs));
+    }
+    assert_int_equal(got->num_zero, want->num_zero);
+    if (want->num_zero > 0) {
+        assert_memory_equal(got->zero, want->zero, want->num_zero * sizeof(*want->zero));
+    }
+    kvf_xfer_plan_destroy(got);
+    if (params->local_tp > 1) {   /* another rank's pieces */
+        pp.local_rank = (params->local_rank + 1) % params->local_tp;
+        pp.local_geom = params->local_geom - params->local_rank + pp.local_rank;   /* dg[] */
+        assert_false(kvf_xfer_pieces_match(pc, &pp));
+        assert_int_equal(kvf_xfer_plan_create(&pp, &got), KVF_ERR_INVALID_PARAM);
+    }
+    kvf_xfer_pieces_destroy(pc);
 }
 
 /* ---- block ids ---- */
@@ -577,6 +651,7 @@ void xp_run_case(const xp_case_t *c, xp_totals_t *totals)
         assert_int_equal(kvf_xfer_plan_create(&params, &plan), KVF_OK);
         assert_non_null(plan);
         assert_int_equal(plan->local_region_bytes, dlen);
+        xp_check_pieces(&params, plan);
         a = malloc(dlen);
         b = malloc(dlen);
         assert_non_null(a);
@@ -591,7 +666,7 @@ void xp_run_case(const xp_case_t *c, xp_totals_t *totals)
         assert_int_equal(kvf_xfer_plan_apply_local(plan, b, dlen, bases, lens), KVF_OK);
         assert_memory_equal(a, b, dlen);
 
-        xp_verify_decode(w, dr, a, dlen, &pairs, &elements, &zero_bytes);
+        xp_verify_decode(w, dr, !c->no_coalesce, a, dlen, &pairs, &elements, &zero_bytes);
 
         /* byte totals: exactly what the rank needs, each piece read once */
         for (size_t i = 0; i < pairs.n; ++i) {
@@ -599,7 +674,7 @@ void xp_run_case(const xp_case_t *c, xp_totals_t *totals)
             rank_bytes[pairs.v[i].rank] += pairs.v[i].len;
         }
         assert_int_equal(plan->total_bytes, want_bytes);
-        assert_int_equal(plan->attn_bytes + plan->mamba_bytes, want_bytes);
+        assert_int_equal(plan->attn_bytes + plan->mamba_bytes + plan->pad_bytes, want_bytes);
         assert_int_equal(plan->zero_bytes, zero_bytes);
         {
             int i = 0;
