@@ -769,6 +769,9 @@ kvf_status_t kvf_engine_import_begin(kvf_engine_h e, const kvf_req_params_t *par
         return status;
     }
     r->state = KVF_REQ_IMPORTING;
+    r->prefix_counted = true;   /* pulled KV: never indexed (computed elsewhere, maybe at
+                                 * another TP, whose rounding a local recompute differs from) */
+    r->prefix_off = true;
     *id_p = r->id;
     *blocks_p = &r->blocks;
     return KVF_OK;

@@ -388,7 +388,8 @@ kvf_status_t kvf_engine_prefix_after_step(kvf_engine_prefix_h ep, const kvf_sche
         const int lim = kvf_pfx_cacheable(ep, r, end), B = ep->block_size;
         kvf_prefix_key_t key;
 
-        if ((lim <= start) || (kvf_pfx_key(ep, r, lim / ep->unit, &key) != KVF_OK)) {
+        if (r->prefix_off || (lim <= start) ||
+            (kvf_pfx_key(ep, r, lim / ep->unit, &key) != KVF_OK)) {
             continue;
         }
         for (int j = start / B; (j + 1) * B <= lim; ++j) {

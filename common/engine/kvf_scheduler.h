@@ -102,6 +102,7 @@ typedef struct kvf_request {
     void               *prefix;        /* the cache's per-request chain (kvf_engine_prefix.c) */
     int                 prefix_hit;    /* tokens the last lookup served from the cache */
     bool                prefix_counted;/* its query is in the totals */
+    bool                prefix_off;    /* imported: neither looked up nor indexed */
 } kvf_request_t;
 
 typedef struct kvf_scheduler_params {
