@@ -187,8 +187,8 @@ static const kvf_config_field_t kvf_generate_table[] = {
      "this grid (models with Mamba layers)",
      offsetof(kvf_gen_opts_t, prefix_state_grid), KVF_CONFIG_TYPE_INT, 0},
     {"TURNS", "1", "a conversation of this many turns: each next prompt is the last prompt, "
-     "its answer and the prompt text again; prints each turn's prompt tokens, prefix-cache hit "
-     "and time to first token",
+     "its answer and a follow-up (the prompt text's first 32 tokens); prints each turn's "
+     "prompt tokens, prefix-cache hit and time to first token",
      offsetof(kvf_gen_opts_t, turns), KVF_CONFIG_TYPE_INT, 0},
     {NULL, NULL, NULL, 0, 0, 0},
 };
@@ -392,9 +392,11 @@ static void kvf_print_logprobs(const kvf_engine_event_t *ev, int *i)
     printf("\n");
 }
 
+#define KVF_GEN_FOLLOW_UP 32   /* tokens of a --turns follow-up question */
+
 /*
  * --turns N: a conversation on one engine; turn k + 1's prompt is turn k's prompt, its
- * answer and @a text's ids again (without BOS). One line per turn: its prompt tokens, the
+ * answer and a follow-up: the prompt text's first KVF_GEN_FOLLOW_UP ids (without BOS). One line per turn: its prompt tokens, the
  * tokens the prefix cache served, the time to its first token (add to first token event)
  * and its tokens. The figure to compare is a later turn's TTFT with --prefix-caching on/off.
  */
@@ -402,6 +404,7 @@ static int kvf_gen_turns(const kvf_gen_opts_t *o, kvf_engine_h eng, kvf_req_para
                          int bos, int *nlp)
 {
     const int text_len = rp.prompt_len - bos;
+    const int follow = (text_len < KVF_GEN_FOLLOW_UP) ? text_len : KVF_GEN_FOLLOW_UP;
     const int cap = (o->turns + 1) * (rp.prompt_len + o->max_tokens);
     int32_t *conv = malloc((size_t)cap * sizeof(int32_t));
     kvf_engine_event_t ev[256];
@@ -445,8 +448,8 @@ static int kvf_gen_turns(const kvf_gen_opts_t *o, kvf_engine_h eng, kvf_req_para
             conv[len++] = info.tokens[i];
         }
         printf("\n");
-        memcpy(conv + len, conv + bos, (size_t)text_len * sizeof(int32_t));   /* ask again */
-        len += text_len;
+        memcpy(conv + len, conv + bos, (size_t)follow * sizeof(int32_t));   /* a follow-up */
+        len += follow;
         (void)kvf_engine_release(eng, id);
     }
     rc = 0;
