@@ -335,7 +335,7 @@ kvf_status_t kvf_engine_prefix_admit(kvf_engine_prefix_h ep, kvf_request_t *r)
     }
     kvf_prefix_cache_lookup(ep->pc, &key, max_hit, &hit);
     if ((hit.tokens > 0) && !kvf_pfx_take(ep, r, &hit)) {
-        hit.tokens = 0;   /* the pool is full now: asked again next step */
+        return KVF_OK;   /* the pool is full now: asked (and counted) again next step */
     }
     if (hit.tokens > 0) {
         if (hit.state_slot >= 0) {

@@ -15,9 +15,14 @@ the state grid (64 tokens) and the second request of a salt, never the other sal
 
 import os
 import random
+import re
+import subprocess
 import sys
 
-from kvf_e2e import Pool, repo_root
+import json
+import urllib.request
+
+from kvf_e2e import Metrics, Pool, find_bin, free_port_range, repo_root, wait_for
 
 MAX_TOKENS = 8
 
@@ -47,7 +52,8 @@ def run(layout, model, caching, vocab):
     """Every answer of the script, and the hit counter after each step."""
     q, short, salted = script(vocab)
     out, trace = [], []
-    with Pool(layout=layout, model=model, timeout=60,
+    mp = free_port_range(1)
+    with Pool(layout=layout, model=model, timeout=60, prefill_args=["--metrics-port=%d" % mp],
               extra_args=["--prefix-caching", caching, "--prefix-state-grid", "64"]) as pool:
         conv = list(q[0])
         for turn in range(3):
@@ -61,7 +67,39 @@ def run(layout, model, caching, vocab):
         for salt in ("tenant-a", "tenant-b", "tenant-a"):
             out.append(ask(pool, salted, cache_salt=salt))
             trace.append(("salt %s" % salt, hits(pool)))
+        daemon_series(mp, caching, hits(pool))
     return out, trace
+
+
+def daemon_series(port, caching, proxy_counts):
+    """The prefill daemon's own /metrics and /health say what the proxy counted."""
+    url = "http://127.0.0.1:%d" % port
+    scrape = {}
+
+    def current():   # the daemon publishes its numbers every 100 ms while its loop turns
+        scrape["m"] = Metrics(urllib.request.urlopen(url + "/metrics", timeout=10).read()
+                              .decode())
+        scrape["h"] = json.loads(urllib.request.urlopen(url + "/health", timeout=10).read()
+                                 .decode())
+        m = scrape["m"]
+        # with the cache off the engine looks nothing up: its queries stay 0 (the proxy's
+        # count every prompt token)
+        return (m.sum("vllm:prefix_cache_hits_total"),
+                m.sum("vllm:prefix_cache_queries_total")) == \
+            ((proxy_counts[0], proxy_counts[1]) if caching == "on" else (0, 0))
+    wait_for(current, 10, "prefill's /metrics to count what the proxy counted %s" %
+             (proxy_counts,))
+    m, h = scrape["m"], scrape["h"]
+    q, hit = m.sum("vllm:prefix_cache_queries_total"), m.sum("vllm:prefix_cache_hits_total")
+    attn = m.sum("kvf_daemon_prefix_hit_tokens_total", kind="attention", source="local")
+    state = m.sum("kvf_daemon_prefix_hit_tokens_total", kind="state", source="local")
+    assert h["prefix_caching"] == (caching == "on"), h
+    assert abs(h["prefix_cache_hit_rate"] - (hit / q if q else 0.0)) < 1e-5, (h, hit, q)
+    assert m.sum("kvf_daemon_prefix_caching") == (1 if caching == "on" else 0)
+    if caching == "on":
+        assert hit > 0 and attn > 0 and attn <= hit and state <= hit, (hit, attn, state)
+    print("prefill /metrics: queries %d hits %d (attention %d, state %d), /health hit rate %s"
+          % (q, hit, attn, state, h["prefix_cache_hit_rate"]))
 
 
 def check(layout, model, vocab, hybrid):
@@ -84,11 +122,28 @@ def check(layout, model, vocab, hybrid):
     assert gain[5] == 0 and gain[6] == 0 and gain[7] > 0, gain   # salts never share
 
 
+def refused_budget(hybrid):
+    """A state budget that holds no checkpoint: kvf generate and kvf-prefill refuse to
+    start, naming the budget and the size of one checkpoint."""
+    bins = find_bin()
+    for cmd in ([os.path.join(bins, "kvf"), "generate", "--model", hybrid, "--prompt", "hi",
+                 "--prefix-state-bytes", "1k"],
+                [os.path.join(bins, "kvf-prefill"), "--model", hybrid, "--insecure", "yes",
+                 "--listen", "tcp://127.0.0.1:1", "--prefix-state-bytes", "1k"]):
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        m = re.search(r"--prefix-state-bytes 1024 holds no Mamba state checkpoint of (\d+) "
+                      r"bytes per rank \(state grid 64 tokens\)", p.stderr)
+        assert p.returncode != 0 and m and int(m.group(1)) > 1024, (cmd, p.returncode,
+                                                                    p.stderr[-2000:])
+    print("a state budget under one checkpoint is refused at start, naming both sizes")
+
+
 def main():
     layouts = sys.argv[1:] or ["1p1d", "2p4d"]
     root = repo_root()
     hybrid = os.path.join(root, "models-trained", "tiny-hybrid")
     dense = os.path.join(root, "models-trained", "tiny-dense")
+    refused_budget(hybrid)
     for layout in layouts:
         check(layout, hybrid, 300, True)
     if not sys.argv[1:]:

@@ -35,6 +35,8 @@ typedef struct {
 
 static char g_hybrid[512], g_dense[512];
 
+static int g_tp = 1;
+
 static kvf_engine_h kvf_pc_engine(const char *dir, bool on, int grid, size_t state_bytes,
                                   int num_blocks, int max_batch_tokens, kvf_status_t want)
 {
@@ -49,7 +51,7 @@ static kvf_engine_h kvf_pc_engine(const char *dir, bool on, int grid, size_t sta
     ep.field_mask = KVF_ENGINE_PARAM_FIELD_CACHE | KVF_ENGINE_PARAM_FIELD_NUM_BLOCKS |
                     KVF_ENGINE_PARAM_FIELD_MAX_BATCH_TOKENS | KVF_ENGINE_PARAM_FIELD_PREFIX;
     ep.model_dir = dir;
-    ep.tp_size = 1;
+    ep.tp_size = g_tp;
     ep.num_blocks = num_blocks;
     ep.max_batch_tokens = max_batch_tokens;
     ep.prefix.enabled = on;
@@ -173,6 +175,60 @@ static void test_conversation_hybrid(void **state)
     assert_int_equal(hits[0], 0);
     assert_int_equal(hits[1], 144);
     assert_int_equal(hits[2], 192);
+}
+
+/* TP 2: checkpoints copied and restored by each rank on its own pool */
+static void test_conversation_hybrid_tp2(void **state)
+{
+    int hits[3];
+    (void)state;
+
+    g_tp = 2;
+    kvf_pc_conversation(g_hybrid, 16, 150, hits);
+    g_tp = 1;
+    assert_int_equal(hits[1], 144);
+    assert_int_equal(hits[2], 192);
+}
+
+/* Six requests sharing a 100-token prefix at once on a pool too small for them: they are
+ * preempted and recomputed (a recompute asks the cache again); each gives the tokens and
+ * logprobs it gives alone on a cache-off engine. */
+static void test_preemption_shared_prefix(void **state)
+{
+    enum { N = 6, PLEN = 156 };
+    kvf_engine_h on = kvf_pc_engine(g_hybrid, true, 16, 0, 14, 64, KVF_OK);
+    kvf_engine_h off = kvf_pc_engine(g_hybrid, false, 16, 0, 64, 64, KVF_OK);
+    const int vocab = kvf_engine_model_config(on)->vocab_size;
+    static int32_t p[N][PLEN];
+    const int32_t *pp[N];
+    int lens[N];
+    kvf_pc_out_t a[N], b;
+    kvf_engine_stats_t st;
+    kvf_engine_prefix_stats_t ps;
+    uint64_t seed = 21;
+    (void)state;
+
+    for (int i = 0; i < N; ++i) {
+        kvf_pc_fill(p[i], PLEN, &seed, vocab);
+        if (i > 0) {
+            memcpy(p[i], p[0], 100 * sizeof(int32_t));
+        }
+        pp[i] = p[i];
+        lens[i] = PLEN - i;   /* decode crosses the 160-token block boundary */
+    }
+    b = kvf_pc_run(on, p[0], 100, 1, NULL);   /* the shared prefix, checkpointed at 96 */
+    kvf_pc_run_many(on, pp, lens, N, 16, NULL, a);
+    for (int i = 0; i < N; ++i) {
+        b = kvf_pc_run(off, p[i], lens[i], 16, NULL);
+        kvf_pc_same(&a[i], &b);
+    }
+    kvf_engine_get_stats(on, &st);
+    kvf_engine_get_prefix_stats(on, &ps);
+    assert_true(st.preemptions > 0);
+    assert_true(ps.hits >= (uint64_t)N * 96);
+    assert_int_equal(kvf_block_manager_num_free(kvf_engine_block_manager(on)), 14);
+    kvf_engine_destroy(on);
+    kvf_engine_destroy(off);
 }
 
 static void test_conversation_dense(void **state)
@@ -338,6 +394,8 @@ int main(void)
     const char *src = KVF_SOURCE_DIR;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conversation_hybrid),
+        cmocka_unit_test(test_conversation_hybrid_tp2),
+        cmocka_unit_test(test_preemption_shared_prefix),
         cmocka_unit_test(test_conversation_dense),
         cmocka_unit_test(test_short_prompt_hits_on_grid),
         cmocka_unit_test(test_salts_never_share),
