@@ -32,6 +32,10 @@ typedef struct {
     double   step_ms, step_running_ms, prefill_seconds_total, prefill_tokens_per_s;
     bool     draining;
     char     cannot_serve[256];
+    bool     prefix_caching;
+    uint64_t prefix_queries, prefix_hits, prefix_hit_attn, prefix_hit_state;
+    uint64_t prefix_blocks_evicted, prefix_states_evicted;
+    uint32_t prefix_cached_blocks, prefix_states;
 } kvf_daemon_snap_t;
 
 static struct {
@@ -84,6 +88,15 @@ void kvf_daemon_http_publish(const Kvf__HealthReply *h)
     s.prefill_seconds_total = h->prefill_seconds_total;
     s.prefill_tokens_per_s = h->prefill_tokens_per_s;
     s.draining = h->has_draining && h->draining;
+    s.prefix_caching = h->prefix_caching;
+    s.prefix_queries = h->prefix_queries_total;
+    s.prefix_hits = h->prefix_hits_total;
+    s.prefix_hit_attn = h->prefix_hit_attention_tokens_total;
+    s.prefix_hit_state = h->prefix_hit_state_tokens_total;
+    s.prefix_blocks_evicted = h->prefix_blocks_evicted_total;
+    s.prefix_states_evicted = h->prefix_states_evicted_total;
+    s.prefix_cached_blocks = h->prefix_cached_blocks;
+    s.prefix_states = h->prefix_states;
     if ((h->cannot_serve != NULL) && (h->cannot_serve[0] != '\0')) {
         snprintf(s.cannot_serve, sizeof(s.cannot_serve), "%s", h->cannot_serve);
     }
@@ -107,6 +120,48 @@ static void kvf_dh_kvf(FILE *out, const char *name, const char *type, const char
     fprintf(out, "# HELP %s %s\n# TYPE %s %s\n%s{engine=\"", name, help, name, type, name);
     kvf_prom_label_write(out, kvf_dh.engine_id);
     fprintf(out, "\",role=\"%s\"} %.17g\n", kvf_dh.role, v);
+}
+
+static void kvf_dh_counter(FILE *out, const char *name, const char *help, uint64_t v)
+{
+    fprintf(out, "# HELP %s %s\n# TYPE %s counter\n%s{model_name=\"", name, help, name, name);
+    kvf_prom_label_write(out, kvf_dh.model_name);
+    fputs("\",engine=\"", out);
+    kvf_prom_label_write(out, kvf_dh.engine_id);
+    fprintf(out, "\"} %" PRIu64 "\n", v);
+}
+
+/* The prefix cache's series: vLLM's two counters per engine (tokens), and kvferry's split
+ * by what served the hit (attention blocks, Mamba state checkpoints) and where it was
+ * computed (local: this instance; decode keeps no cache yet, so nothing is "pulled"). */
+static void kvf_dh_prefix(FILE *out, const kvf_daemon_snap_t *s)
+{
+    kvf_dh_counter(out, "vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of "
+                   "number of queried tokens.", s->prefix_queries);
+    kvf_dh_counter(out, "vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number "
+                   "of cached tokens.", s->prefix_hits);
+    kvf_dh_kvf(out, "kvf_daemon_prefix_caching", "gauge", "1 when --prefix-caching is on.",
+               s->prefix_caching ? 1 : 0);
+    fputs("# HELP kvf_daemon_prefix_hit_tokens_total Prompt tokens the prefix cache served, by "
+          "kind (attention: shared KV blocks; state: restored Mamba checkpoints, which also "
+          "cover the tokens of their partial block) and source (local: computed here).\n"
+          "# TYPE kvf_daemon_prefix_hit_tokens_total counter\n", out);
+    for (int k = 0; k < 2; ++k) {
+        fputs("kvf_daemon_prefix_hit_tokens_total{engine=\"", out);
+        kvf_prom_label_write(out, kvf_dh.engine_id);
+        fprintf(out, "\",role=\"%s\",kind=\"%s\",source=\"local\"} %" PRIu64 "\n",
+                kvf_dh.role, k ? "state" : "attention",
+                k ? s->prefix_hit_state : s->prefix_hit_attn);
+    }
+    kvf_dh_kvf(out, "kvf_daemon_prefix_cached_blocks", "gauge", "Prefixes with a cached "
+               "attention block (each a block per attention group).",
+               (double)s->prefix_cached_blocks);
+    kvf_dh_kvf(out, "kvf_daemon_prefix_states", "gauge", "Mamba state checkpoints held.",
+               (double)s->prefix_states);
+    kvf_dh_kvf(out, "kvf_daemon_prefix_blocks_evicted_total", "counter", "Cached blocks "
+               "reused for other work.", (double)s->prefix_blocks_evicted);
+    kvf_dh_kvf(out, "kvf_daemon_prefix_states_evicted_total", "counter", "Checkpoints "
+               "replaced (least recently used first).", (double)s->prefix_states_evicted);
 }
 
 static void kvf_dh_metrics(FILE *out, const kvf_daemon_snap_t *s)
@@ -154,6 +209,7 @@ static void kvf_dh_metrics(FILE *out, const kvf_daemon_snap_t *s)
                "digest differed.", (double)s->kv_digest_mismatches);
     kvf_dh_kvf(out, "kvf_daemon_auth_refusals_serve_total", "counter", "Peers the control "
                "channel's key check refused.", (double)s->auth_refusals_serve);
+    kvf_dh_prefix(out, s);
     if (prefill) {
         kvf_dh_kvf(out, "kvf_daemon_leases", "gauge", "Requests held for decode.",
                    (double)s->leases);
@@ -192,6 +248,12 @@ static int kvf_dh_health(FILE *out, const kvf_daemon_snap_t *s)
             (why == NULL) ? "ok" : "unavailable", kvf_dh.role);
     kvf_prom_label_write(out, kvf_dh.engine_id);
     fprintf(out, "\",\"loop_age_ms\":%" PRIu64, age);
+    if (s->valid) {   /* vLLM's hit rate: cached tokens / queried tokens */
+        fprintf(out, ",\"prefix_caching\":%s,\"prefix_cache_hit_rate\":%.6g",
+                s->prefix_caching ? "true" : "false",
+                (s->prefix_queries > 0) ? (double)s->prefix_hits / (double)s->prefix_queries :
+                0.0);
+    }
     if (why != NULL) {
         fputs(",\"reason\":\"", out);
         kvf_prom_label_write(out, why);

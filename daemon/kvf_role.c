@@ -70,6 +70,9 @@ kvf_status_t kvf_role_check_flags(const kvf_role_config_t *params)
     } else if ((strcmp(params->pool_alloc, "ucx") != 0) &&
                (strcmp(params->pool_alloc, "heap") != 0)) {
         kvf_error("--pool-alloc must be ucx or heap, not '%s'", params->pool_alloc);
+    } else if ((params->prefix_state_grid < 1) || (params->prefix_state_grid > 1 << 20)) {
+        kvf_error("--prefix-state-grid %d must be in 1..%d tokens", params->prefix_state_grid,
+                  1 << 20);
     } else if (!kvf_role_device_parse(params->device)) {
         kvf_error("bad value '%s' for --device: cpu, cuda or cuda:N (N in 0..1023)",
                   params->device);
@@ -129,12 +132,16 @@ static kvf_status_t kvf_role_pool_alloc(void *ctx, int rank, int num_blocks, siz
     return status;
 }
 
+/* The model digest served (set at start, before the engine: it keys the prefix cache). */
+static kvf_model_digest_t kvf_role_digest;
+
 static kvf_status_t kvf_role_engine_create(const kvf_role_config_t *params,
                                            const kvf_cache_params_t *cache,
                                            const kvf_device_t *dev,
                                            kvf_role_pool_alloc_t *alloc, kvf_engine_h *engine_p)
 {
     kvf_engine_params_t ep;
+    uint8_t digest[16];
 
     memset(&ep, 0, sizeof(ep));
     ep.field_mask = KVF_ENGINE_PARAM_FIELD_NUM_BLOCKS | KVF_ENGINE_PARAM_FIELD_CACHE |
@@ -149,6 +156,17 @@ static kvf_status_t kvf_role_engine_create(const kvf_role_config_t *params,
         ep.field_mask |= KVF_ENGINE_PARAM_FIELD_POOL_ALLOC;
         ep.pool_alloc = kvf_role_pool_alloc;
         ep.pool_alloc_ctx = alloc;
+    }
+    ep.field_mask |= KVF_ENGINE_PARAM_FIELD_PREFIX;
+    ep.prefix.enabled = params->prefix_caching;
+    ep.prefix.state_grid = params->prefix_state_grid;
+    ep.prefix.state_bytes = params->prefix_state_bytes;
+    if (params->prefix_state_bytes == 0) {
+        kvf_error("--prefix-state-bytes 0 holds no Mamba state checkpoint");
+        return KVF_ERR_INVALID_PARAM;
+    }
+    if (kvf_block_hash_digest_from_hex(kvf_role_digest.hex, digest) == KVF_OK) {
+        ep.prefix.digest = digest;   /* the handshake's digest keys the cache too */
     }
     if (params->test_no_block_zero) {
         ep.field_mask |= KVF_ENGINE_PARAM_FIELD_NO_ZERO;   /* the pool warns at create */
@@ -184,7 +202,6 @@ static kvf_status_t kvf_role_register_pools(kvf_engine_h engine, const kvf_cache
 }
 
 /* What this process serves, for its health replies (one model per process, set at start). */
-static kvf_model_digest_t kvf_role_digest;
 static char kvf_role_tok_hex[KVF_TOK_DIGEST_HEX + 1];
 static char kvf_role_device_names[KVF_ROLE_DEVICE_NAMES_MAX];
 
@@ -407,6 +424,23 @@ void kvf_role_health_fill(kvf_engine_h engine, const char *role,
     h->auth_refusals_serve = kvf_zmq_auth_refusals("serve");
     h->auth_refusals_side = kvf_zmq_auth_refusals("side");
     h->device = (char *)kvf_role_device_names_get();
+    {
+        kvf_engine_prefix_stats_t ps;
+        kvf_engine_get_prefix_stats(engine, &ps);
+        h->has_prefix_caching = h->has_prefix_queries_total = h->has_prefix_hits_total = 1;
+        h->has_prefix_hit_attention_tokens_total = h->has_prefix_hit_state_tokens_total = 1;
+        h->has_prefix_blocks_evicted_total = h->has_prefix_states_evicted_total = 1;
+        h->has_prefix_cached_blocks = h->has_prefix_states = 1;
+        h->prefix_caching = config->prefix_caching;
+        h->prefix_queries_total = ps.queries;
+        h->prefix_hits_total = ps.hits;
+        h->prefix_hit_attention_tokens_total = ps.hit_attn_tokens;
+        h->prefix_hit_state_tokens_total = ps.hit_state_tokens;
+        h->prefix_blocks_evicted_total = ps.blocks_evicted;
+        h->prefix_states_evicted_total = ps.states_evicted;
+        h->prefix_cached_blocks = (uint32_t)ps.cached_blocks;
+        h->prefix_states = (uint32_t)ps.states;
+    }
 }
 
 const char *kvf_role_cannot_serve(kvf_engine_h engine)

@@ -37,6 +37,9 @@ typedef struct kvf_role_config {
     char    device[KVF_CONFIG_STR_MAX];      /* cpu, cuda or cuda:N (rank r on cuda:N+r) */
     int     metrics_port;                    /* HTTP /metrics and /health; 0: none */
     char    served_model_name[KVF_CONFIG_STR_MAX]; /* model_name label; "": --model */
+    bool    prefix_caching;                  /* docs/PREFIX_CACHE.md */
+    size_t  prefix_state_bytes;              /* Mamba state checkpoints per rank */
+    int     prefix_state_grid;               /* tokens; also the prompt chunk grid */
 } kvf_role_config_t;
 
 #define KVF_ROLE_MAX_TP 64
@@ -104,6 +107,15 @@ typedef struct kvf_role_config {
     {"SERVED_MODEL_NAME", "", "the model_name label of /metrics (empty: --model as given, "   \
      "as vLLM does; give the proxy's --model-name)",                                         \
      offsetof(_type, role.served_model_name), KVF_CONFIG_TYPE_STRING, 0},                    \
+    {"PREFIX_CACHING", "on", "prefix cache (docs/PREFIX_CACHE.md): a prompt whose start "    \
+     "this instance computed before reuses its KV blocks and Mamba state (on, as vLLM; off)", \
+     offsetof(_type, role.prefix_caching), KVF_CONFIG_TYPE_BOOL, 0},                         \
+    {"PREFIX_STATE_BYTES", "256m", "memory per rank for the prefix cache's Mamba state "     \
+     "checkpoints, apart from the page pool (must hold one checkpoint)",                     \
+     offsetof(_type, role.prefix_state_bytes), KVF_CONFIG_TYPE_SIZE, 0},                     \
+    {"PREFIX_STATE_GRID", "64", "tokens between Mamba state checkpoints; prompt chunks end "  \
+     "on this grid (models with Mamba layers)",                                              \
+     offsetof(_type, role.prefix_state_grid), KVF_CONFIG_TYPE_INT, 0},                       \
     {"TEST_NO_BLOCK_ZERO", "no",                                                              \
      "test only: fresh attention blocks are not zeroed (reproduces the stale-bytes NaN)",     \
      offsetof(_type, role.test_no_block_zero), KVF_CONFIG_TYPE_BOOL, KVF_CONFIG_FLAG_HIDDEN}

@@ -1,5 +1,6 @@
 /* Control-message checks of kvf-prefill (kvf_prefill_check.h). */
 #include "kvf_prefill_check.h"
+#include "kvf_block_hash.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -14,6 +15,12 @@ kvf_status_t kvf_prefill_request_check(const Kvf__PrefillRequest *req, char *err
     }
     if (req->n_prompt_tokens == 0) {
         snprintf(err, len, "empty prompt");
+        return KVF_ERR_INVALID_PARAM;
+    }
+    if (req->has_cache_salt && ((req->cache_salt.len == 0) ||
+                                (req->cache_salt.len > KVF_CACHE_SALT_MAX))) {
+        snprintf(err, len, "cache_salt of %zu bytes: 1..%d", req->cache_salt.len,
+                 KVF_CACHE_SALT_MAX);
         return KVF_ERR_INVALID_PARAM;
     }
     return KVF_OK;

@@ -380,6 +380,10 @@ static void kvf_pf_prefill(kvf_prefill_server_h srv, const kvf_serve_peer_t *pee
     rp.prompt = req->prompt_tokens;
     rp.prompt_len = (int)req->n_prompt_tokens;
     rp.prefill_only = true;
+    if (req->has_cache_salt) {   /* length checked with the request (kvf_prefill_check.c) */
+        rp.cache_salt = req->cache_salt.data;
+        rp.cache_salt_len = req->cache_salt.len;
+    }
     {
         char msg[256];
         /* the whole request's max_tokens for the checks (min_tokens), then this one token */
@@ -496,6 +500,9 @@ static void kvf_pf_prefilled(kvf_prefill_server_h srv, kvf_pf_pending_t *p,
         timing.total_ms = (double)(now - p->start_ns) / 1e6;
         timing.queue_ms = (double)(c - p->start_ns) / 1e6;
         timing.compute_ms = (double)(now - c) / 1e6;
+        timing.has_cached_tokens = 1;
+        timing.cached_tokens = (uint32_t)kvf_engine_request_prefix_hit(srv->engine,
+                                                                       p->engine_req);
         reply.timing = &timing;
     }
     if (p->want_logprobs && (kvf_logprob_buf_push(&lp, p->logprobs, ev) == KVF_OK)) {

@@ -112,6 +112,10 @@ typedef struct {
     double top_p;
     int    top_k;
     double min_p;
+    bool   prefix_caching;
+    size_t prefix_state_bytes;
+    int    prefix_state_grid;   /* 0: bench-model, which has no prefix cache */
+    int    turns;
     /* bench */
     int    prompt_len;
     int    decode_tokens;
@@ -173,6 +177,19 @@ static const kvf_config_field_t kvf_generate_table[] = {
      offsetof(kvf_gen_opts_t, top_k), KVF_CONFIG_TYPE_INT, 0},
     {"MIN_P", "0", "drop tokens less likely than this fraction of the most likely, [0, 1]",
      offsetof(kvf_gen_opts_t, min_p), KVF_CONFIG_TYPE_DOUBLE, 0},
+    {"PREFIX_CACHING", "on", "prefix cache (docs/PREFIX_CACHE.md): a prompt whose start was "
+     "computed before reuses its KV blocks and Mamba state (on, as vLLM; off)",
+     offsetof(kvf_gen_opts_t, prefix_caching), KVF_CONFIG_TYPE_BOOL, 0},
+    {"PREFIX_STATE_BYTES", "256m", "memory per rank for the prefix cache's Mamba state "
+     "checkpoints (must hold one)",
+     offsetof(kvf_gen_opts_t, prefix_state_bytes), KVF_CONFIG_TYPE_SIZE, 0},
+    {"PREFIX_STATE_GRID", "64", "tokens between Mamba state checkpoints; prompt chunks end on "
+     "this grid (models with Mamba layers)",
+     offsetof(kvf_gen_opts_t, prefix_state_grid), KVF_CONFIG_TYPE_INT, 0},
+    {"TURNS", "1", "a conversation of this many turns: each next prompt is the last prompt, "
+     "its answer and a follow-up (the prompt text's first 32 tokens); prints each turn's "
+     "prompt tokens, prefix-cache hit and time to first token",
+     offsetof(kvf_gen_opts_t, turns), KVF_CONFIG_TYPE_INT, 0},
     {NULL, NULL, NULL, 0, 0, 0},
 };
 
@@ -244,6 +261,17 @@ static int kvf_open_engine(const kvf_gen_opts_t *o, kvf_engine_h *engine_p)
     ep.tp_size = o->tp;
     ep.num_blocks = o->num_blocks;
     ep.max_batch_tokens = o->max_batch_tokens;
+    if (o->prefix_state_grid != 0) {   /* kvf generate's rows */
+        if ((o->prefix_state_grid < 1) || (o->prefix_state_bytes == 0)) {
+            kvf_error("bad value %d for --prefix-state-grid or 0 for --prefix-state-bytes",
+                      o->prefix_state_grid);
+            return 2;
+        }
+        ep.field_mask |= KVF_ENGINE_PARAM_FIELD_PREFIX;
+        ep.prefix.enabled = o->prefix_caching;
+        ep.prefix.state_grid = o->prefix_state_grid;
+        ep.prefix.state_bytes = o->prefix_state_bytes;
+    }
     return (kvf_engine_create(&ep, engine_p) == KVF_OK) ? 0 : 1;
 }
 
@@ -364,9 +392,75 @@ static void kvf_print_logprobs(const kvf_engine_event_t *ev, int *i)
     printf("\n");
 }
 
+#define KVF_GEN_FOLLOW_UP 32   /* tokens of a --turns follow-up question */
+
+/*
+ * --turns N: a conversation on one engine; turn k + 1's prompt is turn k's prompt, its
+ * answer and a follow-up: the prompt text's first KVF_GEN_FOLLOW_UP ids (without BOS). One line per turn: its prompt tokens, the
+ * tokens the prefix cache served, the time to its first token (add to first token event)
+ * and its tokens. The figure to compare is a later turn's TTFT with --prefix-caching on/off.
+ */
+static int kvf_gen_turns(const kvf_gen_opts_t *o, kvf_engine_h eng, kvf_req_params_t rp,
+                         int bos, int *nlp)
+{
+    const int text_len = rp.prompt_len - bos;
+    const int follow = (text_len < KVF_GEN_FOLLOW_UP) ? text_len : KVF_GEN_FOLLOW_UP;
+    const int cap = (o->turns + 1) * (rp.prompt_len + o->max_tokens);
+    int32_t *conv = malloc((size_t)cap * sizeof(int32_t));
+    kvf_engine_event_t ev[256];
+    kvf_req_info_t info;
+    int len = rp.prompt_len, n, rc = 1;
+
+    if (conv == NULL) {
+        return 1;
+    }
+    memcpy(conv, rp.prompt, (size_t)len * sizeof(int32_t));
+    for (int turn = 1; turn <= o->turns; ++turn) {
+        double t0 = kvf_time_now_s(), ttft = -1.0;
+        uint64_t id;
+        int hit = 0;
+        rp.prompt = conv;
+        rp.prompt_len = len;
+        if (kvf_engine_add_request(eng, &rp, &id) != KVF_OK) {
+            goto out;
+        }
+        while (kvf_engine_has_work(eng)) {
+            if (kvf_engine_step(eng, ev, 256, &n) != KVF_OK) {
+                goto out;
+            }
+            if (hit == 0) {
+                hit = kvf_engine_request_prefix_hit(eng, id);
+            }
+            for (int e = 0; e < n; ++e) {
+                if ((ev[e].id == id) && (ev[e].kind == KVF_EVENT_TOKEN) && (ttft < 0)) {
+                    ttft = kvf_time_now_s() - t0;
+                }
+                if (o->logprobs >= 0) {
+                    kvf_print_logprobs(&ev[e], nlp);
+                }
+            }
+        }
+        (void)kvf_engine_request_info(eng, id, &info);
+        printf("turn %d: %d prompt tokens, %d from the prefix cache, ttft %.3f ms, tokens:",
+               turn, info.prompt_len, hit, ttft * 1e3);
+        for (int i = info.prompt_len; i < info.num_tokens; ++i) {
+            printf(" %d", info.tokens[i]);
+            conv[len++] = info.tokens[i];
+        }
+        printf("\n");
+        memcpy(conv + len, conv + bos, (size_t)follow * sizeof(int32_t));   /* a follow-up */
+        len += follow;
+        (void)kvf_engine_release(eng, id);
+    }
+    rc = 0;
+out:
+    free(conv);
+    return rc;
+}
+
 int kvf_cmd_generate(int argc, char **argv)
 {
-    kvf_gen_opts_t o;
+    kvf_gen_opts_t o = {0};
     kvf_engine_h eng = NULL;
     kvf_tokenizer_t tok = {0};
     kvf_req_params_t rp = {0};
@@ -388,6 +482,10 @@ int kvf_cmd_generate(int argc, char **argv)
     }
     if (o.max_tokens < 1) {
         kvf_error("bad value %d for --max-tokens (at least 1)", o.max_tokens);
+        return 2;
+    }
+    if ((o.turns < 1) || (o.turns > 64)) {
+        kvf_error("bad value %d for --turns (1 to 64)", o.turns);
         return 2;
     }
     if ((o.logprobs < -1) || (o.logprobs > KVF_SAMPLING_MAX_LOGPROBS)) {
@@ -432,6 +530,11 @@ int kvf_cmd_generate(int argc, char **argv)
     rp.sampling.logprobs = (o.logprobs >= 0) ? o.logprobs : 0;
     if (kvf_gen_filters(&o, eng, &rp.sampling) != 0) {
         rc = 2;
+        goto out;
+    }
+    if (o.turns > 1) {
+        rc = kvf_gen_turns(&o, eng, rp, (o.add_bos && (kvf_engine_model_config(eng)->bos_token_id
+                                                        >= 0)) ? 1 : 0, &nlp);
         goto out;
     }
     if (kvf_engine_add_request(eng, &rp, &id) != KVF_OK) {
@@ -596,7 +699,7 @@ static int kvf_bench_round(const kvf_gen_opts_t *o, kvf_engine_h eng, int decode
 
 int kvf_cmd_bench_model(int argc, char **argv)
 {
-    kvf_gen_opts_t o;
+    kvf_gen_opts_t o = {0};
     kvf_engine_h eng = NULL;
     kvf_engine_event_t *ev = NULL;
     int32_t *prompt = NULL;

@@ -34,6 +34,8 @@ enum {
     KVF_BLOCK_FREE      = 0,
     KVF_BLOCK_ALLOCATED = 1,
     KVF_BLOCK_FRESH     = 2,   /* bit: allocated to attention, not yet zeroed */
+    KVF_BLOCK_CACHED    = 4,   /* bit: the prefix cache keys it; at ref 0 it waits in the LRU */
+    KVF_BLOCK_TO_LRU    = 8,   /* bit, inside kvf_block_manager_free only */
 };
 
 struct kvf_block_manager {
@@ -47,6 +49,14 @@ struct kvf_block_manager {
     uint8_t          *state;        /* [num_blocks] */
     int32_t          *fresh;        /* [num_blocks] */
     int               num_fresh;
+    /* prefix cache (kvf_block_manager_set_cached): references per block and the free
+     * cached blocks, least recently freed first, as a doubly linked list */
+    int32_t          *ref;          /* [num_blocks] holders (requests) of each block */
+    int32_t          *lru_prev, *lru_next;   /* [num_blocks]; -1 ends */
+    int32_t           lru_head, lru_tail;
+    int               num_lru;
+    kvf_block_evict_fn_t evict;
+    void             *evict_ctx;
 };
 
 #define KVF_BLOCK_MANAGER_REQUIRED (KVF_BLOCK_MANAGER_PARAM_FIELD_NUM_BLOCKS |     \
@@ -94,6 +104,17 @@ kvf_status_t kvf_block_manager_create(const kvf_block_manager_params_t *params,
     if (bm->fresh == NULL) {
         goto err_free_state;
     }
+    bm->ref = calloc((size_t)params->num_blocks, sizeof(*bm->ref));
+    bm->lru_prev = malloc((size_t)params->num_blocks * sizeof(*bm->lru_prev));
+    bm->lru_next = malloc((size_t)params->num_blocks * sizeof(*bm->lru_next));
+    if ((bm->ref == NULL) || (bm->lru_prev == NULL) || (bm->lru_next == NULL)) {
+        free(bm->ref);
+        free(bm->lru_prev);
+        free(bm->lru_next);
+        free(bm->fresh);
+        goto err_free_state;
+    }
+    bm->lru_head = bm->lru_tail = -1;
     bm->num_blocks = params->num_blocks;
     bm->block_size = params->block_size;
     bm->num_groups = params->layout->num_groups;
@@ -125,10 +146,13 @@ void kvf_block_manager_destroy(kvf_block_manager_h bm)
     if (bm == NULL) {
         return;
     }
-    if (bm->num_free != bm->num_blocks) {
+    if (bm->num_free + bm->num_lru != bm->num_blocks) {
         kvf_warn("block manager destroyed with %d of %d blocks still allocated",
-                 bm->num_blocks - bm->num_free, bm->num_blocks);
+                 bm->num_blocks - bm->num_free - bm->num_lru, bm->num_blocks);
     }
+    free(bm->ref);
+    free(bm->lru_prev);
+    free(bm->lru_next);
     free(bm->fresh);
     free(bm->state);
     free(bm->free_stack);
@@ -137,12 +161,47 @@ void kvf_block_manager_destroy(kvf_block_manager_h bm)
 
 int kvf_block_manager_num_free(kvf_block_manager_h bm)
 {
-    return bm->num_free;
+    return bm->num_free + bm->num_lru;
 }
 
 int kvf_block_manager_num_free_pages(kvf_block_manager_h bm)
 {
-    return bm->num_free * bm->slots;
+    return (bm->num_free + bm->num_lru) * bm->slots;
+}
+
+int kvf_block_manager_num_cached_free(kvf_block_manager_h bm)
+{
+    return bm->num_lru;
+}
+
+static void kvf_lru_unlink(struct kvf_block_manager *bm, int32_t b)
+{
+    int32_t p = bm->lru_prev[b], n = bm->lru_next[b];
+
+    if (p >= 0) {
+        bm->lru_next[p] = n;
+    } else {
+        bm->lru_head = n;
+    }
+    if (n >= 0) {
+        bm->lru_prev[n] = p;
+    } else {
+        bm->lru_tail = p;
+    }
+    --bm->num_lru;
+}
+
+static void kvf_lru_append(struct kvf_block_manager *bm, int32_t b)
+{
+    bm->lru_prev[b] = bm->lru_tail;
+    bm->lru_next[b] = -1;
+    if (bm->lru_tail >= 0) {
+        bm->lru_next[bm->lru_tail] = b;
+    } else {
+        bm->lru_head = b;
+    }
+    bm->lru_tail = b;
+    ++bm->num_lru;
 }
 
 int kvf_block_manager_num_blocks(kvf_block_manager_h bm)
@@ -164,7 +223,7 @@ static int kvf_bm_attn_blocks(const struct kvf_block_manager *bm, int num_tokens
 static int kvf_bm_plan(const struct kvf_block_manager *bm, const kvf_req_blocks_t *req,
                        int num_tokens, int add[KVF_MAX_KV_GROUPS])
 {
-    bool first = (req->num_groups == 0);
+    bool first = (req->num_groups <= 0);   /* -1: shared prefix blocks only (share()) */
     int need = kvf_bm_attn_blocks(bm, num_tokens);
     int total = 0;
 
@@ -172,7 +231,7 @@ static int kvf_bm_plan(const struct kvf_block_manager *bm, const kvf_req_blocks_
         return -1;
     }
     for (int g = 0; g < bm->num_groups; ++g) {
-        int held = first ? 0 : req->num_blocks[g];
+        int held = req->num_blocks[g];
         if (bm->kinds[g] == KVF_GROUP_MAMBA) {
             add[g] = first ? 1 : 0;
         } else {
@@ -196,12 +255,27 @@ bool kvf_block_manager_can_allocate(kvf_block_manager_h bm, const kvf_req_blocks
 {
     int add[KVF_MAX_KV_GROUPS];
     int total = kvf_bm_plan(bm, req, num_tokens, add);
-    return (total >= 0) && (total <= bm->num_free);
+    return (total >= 0) && (total <= bm->num_free + bm->num_lru);
 }
 
+/* A free block: the free stack first; when it is empty, the least recently freed cached
+ * block, whose cache entry is dropped first (the eviction callback). Callers checked that
+ * num_free + num_lru covers what they take. */
 static int32_t kvf_bm_pop(struct kvf_block_manager *bm, kvf_group_kind_t kind)
 {
-    int32_t b = bm->free_stack[--bm->num_free];
+    int32_t b;
+
+    if (bm->num_free == 0) {
+        b = bm->lru_head;
+        kvf_lru_unlink(bm, b);
+        bm->state[b] = KVF_BLOCK_ALLOCATED;   /* not cached: set_cached(false) is a no-op */
+        if (bm->evict != NULL) {
+            bm->evict(bm->evict_ctx, b);
+        }
+    } else {
+        b = bm->free_stack[--bm->num_free];
+    }
+    bm->ref[b] = 1;
     bm->state[b] = KVF_BLOCK_ALLOCATED;
     if (kind == KVF_GROUP_ATTENTION) {
         bm->state[b] |= KVF_BLOCK_FRESH;
@@ -221,6 +295,9 @@ static bool kvf_bm_push(struct kvf_block_manager *bm, int32_t b)
         kvf_error("block manager: double free of block %" PRId32, b);
         return false;
     }
+    if (--bm->ref[b] > 0) {
+        return true;   /* a shared cached block another request still holds */
+    }
     if (bm->state[b] & KVF_BLOCK_FRESH) {
         for (int i = 0; i < bm->num_fresh; ++i) {
             if (bm->fresh[i] == b) {
@@ -229,9 +306,21 @@ static bool kvf_bm_push(struct kvf_block_manager *bm, int32_t b)
             }
         }
     }
+    if (bm->state[b] & KVF_BLOCK_CACHED) {
+        bm->state[b] = KVF_BLOCK_CACHED;   /* free cached: waits in the LRU, most recent last */
+        kvf_lru_append(bm, b);
+        return true;
+    }
     bm->state[b] = KVF_BLOCK_FREE;
     bm->free_stack[bm->num_free++] = b;
     return true;
+}
+
+/* A valid allocated cached block of which the caller holds the last reference. */
+static bool kvf_bm_last_cached_ref(const struct kvf_block_manager *bm, int32_t b)
+{
+    return (b >= 0) && (b < bm->num_blocks) && (bm->state[b] & KVF_BLOCK_ALLOCATED) &&
+           (bm->state[b] & KVF_BLOCK_CACHED) && (bm->ref[b] == 1);
 }
 
 static void kvf_bm_req_release_tables(kvf_req_blocks_t *req)
@@ -258,16 +347,16 @@ kvf_status_t kvf_block_manager_allocate(kvf_block_manager_h bm, kvf_req_blocks_t
                   num_tokens, req->num_groups, bm->num_groups);
         return KVF_ERR_INVALID_PARAM;
     }
-    if (total > bm->num_free) {
+    if (total > bm->num_free + bm->num_lru) {
         kvf_log(KVF_LOG_DEBUG, KVF_SUB_POOL, "block manager: need %d blocks, %d free", total,
-                bm->num_free);
+                bm->num_free + bm->num_lru);
         return KVF_ERR_NO_RESOURCE;
     }
     first = (req->num_groups == 0);
 
     /* reserve table memory first, so popping blocks cannot fail half way */
     for (int g = 0; g < bm->num_groups; ++g) {
-        int want = (first ? 0 : req->num_blocks[g]) + add[g];
+        int want = req->num_blocks[g] + add[g];
         if (KVF_ARRAY_GROW(req->blocks[g], req->capacity[g], want, 4) != KVF_OK) {
             kvf_error("block manager: failed to grow a block table to %d entries", want);
             if (first) {
@@ -307,11 +396,27 @@ kvf_status_t kvf_block_manager_free(kvf_block_manager_h bm, kvf_req_blocks_t *re
         kvf_bm_req_release_tables(req);   /* idempotent; also drops spare capacity */
         return KVF_OK;
     }
-    /* groups in order: attention first, Mamba last, so Mamba pages are reused first */
+    if (req->num_groups < 0) {
+        req->num_groups = bm->num_groups;   /* shared prefix blocks only */
+    }
+    /* groups in order: attention first, Mamba last, so Mamba pages are reused first; a
+     * cached block whose last holder this is joins the LRU from the request's tail back,
+     * so a prefix's later blocks are evicted before its first (a hit needs them all) */
     for (int g = 0; g < req->num_groups; ++g) {
         for (int i = 0; i < req->num_blocks[g]; ++i) {
+            if (kvf_bm_last_cached_ref(bm, req->blocks[g][i])) {
+                bm->state[req->blocks[g][i]] |= KVF_BLOCK_TO_LRU;   /* second pass */
+                continue;
+            }
             if (!kvf_bm_push(bm, req->blocks[g][i])) {
                 status = KVF_ERR_INVALID_PARAM;
+            }
+        }
+        for (int i = req->num_blocks[g] - 1; i >= 0; --i) {
+            int32_t b = req->blocks[g][i];
+            if ((b >= 0) && (b < bm->num_blocks) && (bm->state[b] & KVF_BLOCK_TO_LRU)) {
+                bm->state[b] &= (uint8_t)~KVF_BLOCK_TO_LRU;
+                (void)kvf_bm_push(bm, b);
             }
         }
     }
@@ -326,7 +431,7 @@ kvf_status_t kvf_block_manager_alloc_blocks(kvf_block_manager_h bm, kvf_group_ki
         ((kind != KVF_GROUP_ATTENTION) && (kind != KVF_GROUP_MAMBA))) {
         return KVF_ERR_INVALID_PARAM;
     }
-    if (n > bm->num_free) {
+    if (n > bm->num_free + bm->num_lru) {
         return KVF_ERR_NO_RESOURCE;
     }
     for (int i = 0; i < n; ++i) {
@@ -391,4 +496,75 @@ kvf_status_t kvf_block_manager_zero_fresh(kvf_block_manager_h bm, kvf_page_pool_
     }
     bm->num_fresh = 0;
     return status;
+}
+
+void kvf_block_manager_set_evict(kvf_block_manager_h bm, kvf_block_evict_fn_t fn, void *ctx)
+{
+    bm->evict = fn;
+    bm->evict_ctx = ctx;
+}
+
+kvf_status_t kvf_block_manager_set_cached(kvf_block_manager_h bm, int32_t b, bool cached)
+{
+    if ((bm == NULL) || (b < 0) || (b >= bm->num_blocks) ||
+        (bm->state[b] == KVF_BLOCK_FREE)) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    if (cached) {
+        bm->state[b] |= KVF_BLOCK_CACHED;
+    } else if (!(bm->state[b] & KVF_BLOCK_ALLOCATED)) {   /* free cached: now plain free */
+        kvf_lru_unlink(bm, b);
+        bm->state[b] = KVF_BLOCK_FREE;
+        bm->free_stack[bm->num_free++] = b;
+    } else {
+        bm->state[b] &= (uint8_t)~KVF_BLOCK_CACHED;
+    }
+    return KVF_OK;
+}
+
+kvf_status_t kvf_block_manager_share(kvf_block_manager_h bm, kvf_req_blocks_t *req,
+                                     const int32_t *ids, int n)
+{
+    int n_attn = 0;
+
+    if ((bm == NULL) || (req == NULL) || (n < 0) || ((n > 0) && (ids == NULL)) ||
+        (req->num_groups != 0)) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    for (int g = 0; g < bm->num_groups; ++g) {
+        n_attn += (bm->kinds[g] == KVF_GROUP_ATTENTION);
+    }
+    for (int i = 0; i < n * n_attn; ++i) {
+        if ((ids[i] < 0) || (ids[i] >= bm->num_blocks) || !(bm->state[ids[i]] & KVF_BLOCK_CACHED)) {
+            kvf_error("block manager: share of block %" PRId32 ", not a cached block", ids[i]);
+            return KVF_ERR_INVALID_PARAM;
+        }
+    }
+    for (int g = 0; g < bm->num_groups; ++g) {
+        if ((bm->kinds[g] == KVF_GROUP_ATTENTION) &&
+            (KVF_ARRAY_GROW(req->blocks[g], req->capacity[g], n, 4) != KVF_OK)) {
+            kvf_bm_req_release_tables(req);
+            return KVF_ERR_NO_MEMORY;
+        }
+    }
+    for (int g = 0, a = 0; g < bm->num_groups; ++g) {
+        if (bm->kinds[g] != KVF_GROUP_ATTENTION) {
+            continue;
+        }
+        for (int j = 0; j < n; ++j) {
+            int32_t b = ids[(size_t)j * (size_t)n_attn + (size_t)a];
+            if (!(bm->state[b] & KVF_BLOCK_ALLOCATED)) {   /* free cached: leaves the LRU */
+                kvf_lru_unlink(bm, b);
+                bm->state[b] = KVF_BLOCK_ALLOCATED | KVF_BLOCK_CACHED;
+                bm->ref[b] = 0;
+            }
+            ++bm->ref[b];
+            req->blocks[g][req->num_blocks[g]++] = b;
+        }
+        ++a;
+    }
+    req->num_tokens = n * bm->block_size;
+    /* the Mamba groups' blocks come with the first kvf_block_manager_allocate() */
+    req->num_groups = (n > 0) ? -1 : 0;
+    return KVF_OK;
 }

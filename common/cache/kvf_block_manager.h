@@ -16,6 +16,12 @@
  *   conv/scan kernels of a fresh request write the whole state without
  *   reading it (has_state = 0).
  * - Allocation is all-or-nothing: on KVF_ERR_NO_RESOURCE nothing changed.
+ * - Prefix cache (docs/PREFIX_CACHE.md): a block marked cached
+ *   (kvf_block_manager_set_cached) is refcounted, may be held by several
+ *   requests (kvf_block_manager_share), and when its last holder frees it it
+ *   waits in an LRU list instead of the free list: it counts as free and is
+ *   taken, least recently freed first, only when the free list is empty; the
+ *   eviction callback tells the cache before it is reused.
  *
  * A block id names the same pages on every rank of an instance, so one block
  * manager serves all ranks (it sits with the scheduler), while each rank has
@@ -81,6 +87,9 @@ void kvf_block_manager_destroy(kvf_block_manager_h bm);
 
 /** Free blocks now (the free-page count is this times the pool's slots). */
 int kvf_block_manager_num_free(kvf_block_manager_h bm);
+
+/** Of those, free cached blocks (kept for the prefix cache, reused last). */
+int kvf_block_manager_num_cached_free(kvf_block_manager_h bm);
 
 /** Free pages: kvf_block_manager_num_free() * layout slots. */
 int kvf_block_manager_num_free_pages(kvf_block_manager_h bm);
@@ -172,5 +181,35 @@ int kvf_block_manager_take_fresh(kvf_block_manager_h bm, int32_t *ids, int cap);
  */
 kvf_status_t kvf_block_manager_zero_fresh(kvf_block_manager_h bm, kvf_page_pool_h *pools,
                                           int n_pools);
+
+/**
+ * Called when free cached block @a block is taken for reuse, before its new
+ * owner gets it: the prefix cache drops its entry (and may un-cache other
+ * blocks with kvf_block_manager_set_cached(.., false); never allocate here).
+ */
+typedef void (*kvf_block_evict_fn_t)(void *ctx, int32_t block);
+
+/** Set (or clear, NULL) the eviction callback. */
+void kvf_block_manager_set_evict(kvf_block_manager_h bm, kvf_block_evict_fn_t fn, void *ctx);
+
+/**
+ * Mark allocated block @a b cached (the prefix cache keys it) or not. Un-
+ * caching a free cached block moves it to the free list.
+ * @return KVF_OK; KVF_ERR_INVALID_PARAM for a bad id or a free block.
+ */
+kvf_status_t kvf_block_manager_set_cached(kvf_block_manager_h bm, int32_t b, bool cached);
+
+/**
+ * A prefix hit: put @a n cached blocks at the start of every attention
+ * group of the empty @a req, one more reference each (a free cached block
+ * leaves the LRU). @a ids is [n][attention groups] (block j of the k-th
+ * attention group at ids[j * groups + k]). The request then holds only
+ * those: call kvf_block_manager_allocate() next (it adds the Mamba groups'
+ * blocks and any attention block past them) or kvf_block_manager_free().
+ * @return KVF_OK; KVF_ERR_INVALID_PARAM (request not empty, a block not
+ *         cached); KVF_ERR_NO_MEMORY (nothing held).
+ */
+kvf_status_t kvf_block_manager_share(kvf_block_manager_h bm, kvf_req_blocks_t *req,
+                                     const int32_t *ids, int n);
 
 #endif

@@ -11,6 +11,8 @@
  * whose chunk reaches their last known token, since only those sample.
  */
 #include "kvf_engine.h"
+#include "kvf_engine_prefix.h"
+#include "kvf_fingerprint.h"
 #include "kvf_sampler.h"
 #include "kvf_array.h"
 #include "kvf_contract.h"
@@ -32,6 +34,7 @@ struct kvf_engine {
     kvf_model_h            model;
     kvf_tp_runner_h        runner;
     kvf_block_manager_h    bm;
+    kvf_engine_prefix_h    prefix;     /* NULL: no prefix cache */
     kvf_scheduler_params_t sched;
     const kvf_model_config_t *cfg;
 
@@ -70,9 +73,50 @@ static kvf_request_t *kvf_find(kvf_engine_h e, uint64_t id, int *idx_p)
 
 static void kvf_req_free(kvf_request_t *r)
 {
+    kvf_engine_prefix_forget(r);
+    free(r->salt);
     free(r->tokens);
     free(r->logits);
     free(r);
+}
+
+/* The scheduler's state grid (a model with Mamba layers: whether the cache is on or off,
+ * so the two chunk a prompt alike but for the cache's one extra cut) and the cache. */
+static kvf_status_t kvf_engine_prefix_setup(kvf_engine_h e, const kvf_engine_params_t *params)
+{
+    const kvf_cache_layout_t *lay = kvf_tp_runner_layout(e->runner);
+    const kvf_engine_prefix_params_t *pp = &params->prefix;
+    uint8_t digest[16];
+    kvf_status_t status;
+
+    if (pp->state_grid < 0) {
+        kvf_error("engine: prefix state grid %d tokens must be positive", pp->state_grid);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    for (int g = 0; g < lay->num_groups; ++g) {
+        if (lay->groups[g].kind == KVF_GROUP_MAMBA) {
+            e->sched.state_grid = (pp->state_grid > 0) ? pp->state_grid :
+                                  KVF_PREFIX_STATE_GRID_DEFAULT;
+        }
+    }
+    if (!pp->enabled) {
+        return KVF_OK;
+    }
+    if (pp->digest != NULL) {
+        memcpy(digest, pp->digest, sizeof(digest));
+    } else {
+        kvf_model_digest_t md;
+        status = kvf_model_digest(params->model_dir, 0, &md);
+        if (status == KVF_OK) {
+            status = kvf_block_hash_digest_from_hex(md.hex, digest);
+        }
+        if (status != KVF_OK) {
+            kvf_error("engine: no weights digest of %s for the prefix cache's keys",
+                      params->model_dir);
+            return status;
+        }
+    }
+    return kvf_engine_prefix_create(pp, digest, e->runner, e->bm, &e->prefix);
 }
 
 kvf_status_t kvf_engine_create(const kvf_engine_params_t *params, kvf_engine_h *engine_p)
@@ -161,6 +205,12 @@ kvf_status_t kvf_engine_create(const kvf_engine_params_t *params, kvf_engine_h *
     if (status != KVF_OK) {
         goto err;
     }
+    if (params->field_mask & KVF_ENGINE_PARAM_FIELD_PREFIX) {
+        status = kvf_engine_prefix_setup(e, params);
+        if (status != KVF_OK) {
+            goto err;
+        }
+    }
     e->plan = calloc((size_t)e->sched.max_seqs, sizeof(*e->plan));
     e->seqs = calloc((size_t)e->sched.max_seqs, sizeof(*e->seqs));
     e->logits = malloc((size_t)e->sched.max_seqs * (size_t)e->cfg->vocab_size * sizeof(float));
@@ -200,6 +250,7 @@ void kvf_engine_destroy(kvf_engine_h e)
         kvf_req_free(e->reqs[i]);
     }
     free(e->reqs);
+    kvf_engine_prefix_destroy(e->prefix);   /* un-caches its blocks; frees its memory */
     kvf_block_manager_destroy(e->bm);
     kvf_tp_runner_destroy(e->runner);
     kvf_model_destroy(e->model);
@@ -239,6 +290,12 @@ static kvf_status_t kvf_new_request(kvf_engine_h e, const kvf_req_params_t *p, k
             return KVF_ERR_INVALID_PARAM;
         }
     }
+    if ((p->cache_salt_len > KVF_CACHE_SALT_MAX) ||
+        ((p->cache_salt == NULL) && (p->cache_salt_len > 0))) {
+        kvf_error("request: cache_salt of %zu bytes (at most %d)", p->cache_salt_len,
+                  KVF_CACHE_SALT_MAX);
+        return KVF_ERR_INVALID_PARAM;
+    }
     if ((e->cfg->sliding_window > 0) && (p->prompt_len > e->cfg->sliding_window)) {
         /* kvferry computes full attention: exact only within the window */
         kvf_error("request: prompt of %d tokens is longer than the model's sliding_window (%d)",
@@ -257,6 +314,16 @@ static kvf_status_t kvf_new_request(kvf_engine_h e, const kvf_req_params_t *p, k
     if (r->tokens == NULL) {
         free(r);
         return KVF_ERR_NO_MEMORY;
+    }
+    if (p->cache_salt_len > 0) {
+        r->salt = malloc(p->cache_salt_len);
+        if (r->salt == NULL) {
+            free(r->tokens);
+            free(r);
+            return KVF_ERR_NO_MEMORY;
+        }
+        memcpy(r->salt, p->cache_salt, p->cache_salt_len);
+        r->salt_len = p->cache_salt_len;
     }
     memcpy(r->tokens, p->prompt, (size_t)p->prompt_len * sizeof(int32_t));
     r->num_tokens = r->prompt_len = p->prompt_len;
@@ -461,6 +528,12 @@ kvf_status_t kvf_engine_step(kvf_engine_h e, kvf_engine_event_t *events, int cap
     double t0, dt;
 
     *n_events = 0;
+    for (int i = 0; (e->prefix != NULL) && (i < e->num_reqs); ++i) {
+        status = kvf_engine_prefix_admit(e->prefix, e->reqs[i]);   /* waiting ones only */
+        if (status != KVF_OK) {
+            return status;
+        }
+    }
     for (int i = 0; i < e->num_reqs; ++i) {
         preempted -= e->reqs[i]->preemptions;
     }
@@ -529,6 +602,10 @@ kvf_status_t kvf_engine_step(kvf_engine_h e, kvf_engine_event_t *events, int cap
     e->stats.prefill_seconds += dt * prefill_tok / (double)(prefill_tok + decode_tok);
     e->stats.decode_seconds += dt * decode_tok / (double)(prefill_tok + decode_tok);
 
+    if ((status == KVF_OK) && (e->prefix != NULL)) {
+        status = kvf_engine_prefix_after_step(e->prefix, e->plan, np);   /* before sampling
+                                                                          * frees blocks */
+    }
     if (status != KVF_OK) {
         for (int i = 0; i < np; ++i) {
             kvf_finish(e, e->plan[i].req, KVF_FINISH_ERROR);
@@ -692,6 +769,9 @@ kvf_status_t kvf_engine_import_begin(kvf_engine_h e, const kvf_req_params_t *par
         return status;
     }
     r->state = KVF_REQ_IMPORTING;
+    r->prefix_counted = true;   /* pulled KV: never indexed (computed elsewhere, maybe at
+                                 * another TP, whose rounding a local recompute differs from) */
+    r->prefix_off = true;
     *id_p = r->id;
     *blocks_p = &r->blocks;
     return KVF_OK;
@@ -744,4 +824,20 @@ void kvf_engine_get_stats(kvf_engine_h e, kvf_engine_stats_t *stats_p)
 {
     KVF_ENGINE_CHECK(e, "kvf_engine_get_stats");
     *stats_p = e->stats;
+}
+
+void kvf_engine_get_prefix_stats(kvf_engine_h e, kvf_engine_prefix_stats_t *stats_p)
+{
+    KVF_ENGINE_CHECK(e, "kvf_engine_get_prefix_stats");
+    memset(stats_p, 0, sizeof(*stats_p));
+    if (e->prefix != NULL) {
+        kvf_engine_prefix_get_stats(e->prefix, stats_p);
+    }
+}
+
+int kvf_engine_request_prefix_hit(kvf_engine_h e, uint64_t id)
+{
+    KVF_ENGINE_CHECK(e, "kvf_engine_request_prefix_hit");
+    const kvf_request_t *r = kvf_find(e, id, NULL);
+    return (r != NULL) ? r->prefix_hit : -1;
 }

@@ -24,6 +24,7 @@
 #ifndef KVF_ENGINE_H
 #define KVF_ENGINE_H
 
+#include "kvf_block_hash.h"
 #include "kvf_scheduler.h"
 #include "kvf_tp_runner.h"
 
@@ -37,8 +38,39 @@ enum kvf_engine_params_field {              /* append only, never renumber */
     KVF_ENGINE_PARAM_FIELD_NO_ZERO          = KVF_BIT(4),  /* TEST ONLY */
     KVF_ENGINE_PARAM_FIELD_POOL_ALLOC       = KVF_BIT(5),  /* default: pools allocate on the CPU */
     KVF_ENGINE_PARAM_FIELD_DEVICE           = KVF_BIT(6),  /* default: the CPU */
+    KVF_ENGINE_PARAM_FIELD_PREFIX           = KVF_BIT(7),  /* default: no prefix cache */
 };
-#define KVF_ENGINE_PARAM_FIELDS_KNOWN (KVF_BIT(7) - 1)
+#define KVF_ENGINE_PARAM_FIELDS_KNOWN (KVF_BIT(8) - 1)
+
+#define KVF_PREFIX_STATE_GRID_DEFAULT   64                  /* tokens */
+#define KVF_PREFIX_STATE_BYTES_DEFAULT  ((size_t)256 << 20) /* per rank */
+
+/** The prefix cache (docs/PREFIX_CACHE.md). */
+typedef struct kvf_engine_prefix_params {
+    bool           enabled;
+    int            state_grid;     /* tokens between Mamba state checkpoints (and the
+                                    * scheduler's chunk grid), >= 1; 0: the default */
+    size_t         state_bytes;    /* checkpoint memory per rank, on the pool's device;
+                                    * 0: the default; must hold one checkpoint */
+    const uint8_t *digest;         /* 16 bytes of the weights digest (kvf_block_hash.h);
+                                    * NULL: kvf_model_digest() of model_dir */
+} kvf_engine_prefix_params_t;
+
+/** Prefix cache counters, tokens unless said (vLLM counts queries and hits in tokens). */
+typedef struct kvf_engine_prefix_stats {
+    uint64_t queries;           /* tokens of the requests looked up (each once) */
+    uint64_t hits;              /* of those, tokens served from the cache */
+    uint64_t hit_attn_tokens;   /* tokens whose KV came from shared cached blocks */
+    uint64_t hit_state_tokens;  /* tokens covered by restored Mamba checkpoints */
+    uint64_t states_restored;   /* checkpoints copied into a request */
+    uint64_t states_saved;      /* checkpoints taken */
+    uint64_t states_evicted;
+    uint64_t blocks_evicted;    /* cached blocks reused for other work */
+    int      cached_blocks;     /* prefixes with a cached block now */
+    int      states;            /* checkpoints held now */
+    int      state_slots;       /* checkpoints the budget holds */
+    size_t   state_bytes;       /* one checkpoint, bytes per rank */
+} kvf_engine_prefix_stats_t;
 
 typedef struct kvf_engine_params {
     uint64_t           field_mask;        /* first */
@@ -55,6 +87,7 @@ typedef struct kvf_engine_params {
     kvf_device_t        device;           /* DEVICE: weights, pools and kernels there
                                            * (kvf_model_load_device(); CUDA: rank r on
                                            * cuda:ordinal+r) */
+    kvf_engine_prefix_params_t prefix;    /* PREFIX */
 } kvf_engine_params_t;
 
 /** A new request. The prompt is copied. */
@@ -70,6 +103,9 @@ typedef struct kvf_req_params {
                                         * recompute after a failed pull: 1): sampling counts
                                         * them as outputs (penalties, min_tokens);
                                         * [0, prompt_len) */
+    const uint8_t  *cache_salt;     /* only requests with the same salt share a prefix
+                                     * (docs/PREFIX_CACHE.md §2); copied; NULL: none */
+    size_t          cache_salt_len; /* <= KVF_CACHE_SALT_MAX */
 } kvf_req_params_t;
 
 typedef enum {
@@ -207,5 +243,11 @@ typedef struct kvf_engine_stats {
 } kvf_engine_stats_t;
 
 void kvf_engine_get_stats(kvf_engine_h engine, kvf_engine_stats_t *stats_p);
+
+/** Prefix cache counters; all zero when the cache is off. */
+void kvf_engine_get_prefix_stats(kvf_engine_h engine, kvf_engine_prefix_stats_t *stats_p);
+
+/** Tokens of @a id served from the prefix cache by its last lookup; -1 if unknown. */
+int kvf_engine_request_prefix_hit(kvf_engine_h engine, uint64_t id);
 
 #endif

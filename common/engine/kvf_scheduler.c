@@ -40,6 +40,7 @@ static void kvf_preempt(kvf_block_manager_h bm, kvf_request_t *r)
     r->num_computed = 0;
     r->state = KVF_REQ_WAITING;
     r->preemptions++;
+    r->prefix_hit = 0;   /* recomputed: the cache is asked again */
 }
 
 /* 1. decode tokens of running requests: one token each, preempting the
@@ -139,6 +140,27 @@ static void kvf_sched_share(const kvf_scheduler_params_t *params, kvf_request_t 
     }
 }
 
+/* Where a chunk of @a chunk tokens from r->num_computed ends: at the cache's cut when it
+ * falls inside, else, short of the last known token, on the state grid when that keeps a
+ * token (a chunk shorter than the grid stays as it is, and the next one realigns). */
+static int kvf_sched_cut(const kvf_scheduler_params_t *params, const kvf_request_t *r,
+                         int chunk)
+{
+    const int start = r->num_computed;
+    int end = start + chunk;
+
+    if (chunk <= 0) {
+        return chunk;
+    }
+    if ((r->chunk_cut > start) && (r->chunk_cut < end)) {
+        end = r->chunk_cut;
+    } else if ((params->state_grid > 0) && (end < r->num_tokens) &&
+               (end / params->state_grid * params->state_grid > start)) {
+        end = end / params->state_grid * params->state_grid;
+    }
+    return end - start;
+}
+
 /* 2. prefill chunks. Each request waiting for prefill gets up to a quarter
  * of the step budget (so one long prompt cannot take a whole step while
  * others wait); what is left goes to the requests closest to done first (a
@@ -160,7 +182,7 @@ static kvf_status_t kvf_sched_prefill(const kvf_scheduler_params_t *params, kvf_
     kvf_sched_share(params, v, nv, np, budget, want);
     for (int i = 0; i < nv; ++i) {
         kvf_request_t *r = v[i];
-        int chunk = want[i];
+        int chunk = kvf_sched_cut(params, r, want[i]);
         if (chunk <= 0) {
             continue;
         }

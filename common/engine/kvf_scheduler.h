@@ -93,11 +93,26 @@ typedef struct kvf_request {
     int                 sched_tokens;  /* tokens in the current step, 0 = not scheduled */
     int                 preemptions;   /* times this request lost its blocks */
     int                 outputs_in_prompt; /* kvf_req_params_t's: outputs inside the prompt */
+
+    /* prefix cache (docs/PREFIX_CACHE.md; common/engine/kvf_engine_prefix.h) */
+    int                 chunk_cut;     /* a prompt chunk must end here (a state checkpoint
+                                        * the cache wants); 0: none */
+    uint8_t            *salt;          /* cache_salt, salt_len bytes (owned) */
+    size_t              salt_len;
+    void               *prefix;        /* the cache's per-request chain (kvf_engine_prefix.c) */
+    int                 prefix_hit;    /* tokens the last lookup served from the cache */
+    bool                prefix_counted;/* its query is in the totals */
+    bool                prefix_off;    /* imported: neither looked up nor indexed */
 } kvf_request_t;
 
 typedef struct kvf_scheduler_params {
     int max_batch_tokens;  /* token budget per step, >= 1 */
     int max_seqs;          /* requests per step, >= 1 */
+    int state_grid;        /* tokens; > 0: a prompt chunk that does not reach the last known
+                            * token ends on a multiple of it (when that leaves the chunk any
+                            * token): the Mamba state grid, one value for the state checkpoints
+                            * of the prefix cache and the scan's fixed chunk boundaries
+                            * (docs/PREFIX_CACHE.md §1); 0: chunks end where the budget does */
 } kvf_scheduler_params_t;
 
 /** One scheduled entry: feed tokens [start, start + num_tokens) of req. */

@@ -446,6 +446,11 @@ static kvf_status_t kvf_proxy_flow_send_prefill(kvf_proxy_flow_t *flow)
     preq.n_prompt_tokens = (size_t)flow->req->num_prompt;
     preq.prompt_tokens = flow->req->prompt_ids;
     preq.sampling = &flow->sampling;
+    if (flow->req->cache_salt_len > 0) {
+        preq.has_cache_salt = 1;
+        preq.cache_salt.data = (uint8_t *)flow->req->cache_salt;
+        preq.cache_salt.len = (size_t)flow->req->cache_salt_len;
+    }
     sreq.body_case = KVF__SERVE_REQUEST__BODY_PREFILL;
     sreq.prefill = &preq;
     status = kvf_proxy_call_start(ctx->pool, KVF_PROXY_ROLE_PREFILL, flow->prefill_idx,
@@ -545,6 +550,7 @@ static kvf_status_t kvf_proxy_flow_on_prefill(kvf_proxy_flow_t *flow, const Kvf_
         flow->prefill_total_ms = r->timing->total_ms;
         flow->prefill_queue_ms = r->timing->queue_ms;
         flow->prefill_compute_ms = r->timing->compute_ms;
+        flow->cached_tokens = r->timing->has_cached_tokens ? r->timing->cached_tokens : 0;
     }
     kvf_proxy_metrics_observe(ctx->metrics, KVF_PROXY_HIST_TTFT, flow->out.ttft_ms / 1000.0, 1);
     if (r->has_prefill_ms) {
@@ -809,6 +815,7 @@ static void kvf_proxy_flow_vllm(const kvf_proxy_flow_t *flow)
         .prefill_s = flow->has_prefill_timing ? flow->prefill_compute_ms / 1000.0 :
                      ((flow->out.prefill_ms > 0) ? flow->out.prefill_ms / 1000.0 : -1.0),
         .prompt_tokens = (uint32_t)flow->req->num_prompt,
+        .cached_tokens = flow->has_prefill_timing ? flow->cached_tokens : 0,
         .generation_tokens = (uint32_t)flow->out.num_tokens,
         .max_tokens = flow->req->max_tokens,
         .transfer = kv->valid,

@@ -89,6 +89,7 @@ typedef struct kvf_proxy_flow {
     int64_t                           decode_sent_us;
     bool                              has_prefill_timing;
     double                            prefill_total_ms, prefill_queue_ms, prefill_compute_ms;
+    uint32_t                          cached_tokens;   /* prefill's prefix cache hit */
     bool                              done;        /* finished normally */
     bool                              client_gone;
     int                               http_code;   /* on failure */

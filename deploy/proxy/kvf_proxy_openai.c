@@ -137,7 +137,7 @@ static const kvf_field_t kvf_proxy_fields[] = {
     {"guided_decoding_backend", 3, KVF_F_NULL, "guided decoding is not supported"},
     {"guided_whitespace_pattern", 3, KVF_F_NULL, "guided decoding is not supported"},
     {"logits_processors", 3, KVF_F_NULL, "custom logits processors are not supported"},
-    {"cache_salt", 3, KVF_F_NULL, "kvferry has no prefix cache to salt"},
+    {"cache_salt", 3, KVF_F_HONOURED, NULL},
     {"kv_transfer_params", 3, KVF_F_NULL, "kvferry moves the KV itself"},
     {"vllm_xargs", 3, KVF_F_NULL, "extra engine arguments are not supported"},
     {"tools", 2, KVF_F_NULL_EMPTY, "tool calling is not supported"},
@@ -597,6 +597,18 @@ static kvf_status_t kvf_proxy_parse_common(const kvf_proxy_openai_ctx_t *ctx, co
         }
         req->has_seed = true;
         req->seed = (v < 0) ? (uint64_t)(int64_t)v : (uint64_t)v;
+    }
+    it = kvf_proxy_get(root, "cache_salt");
+    if ((it != NULL) && !cJSON_IsNull(it)) {
+        /* vLLM: a non-empty string; kvferry also bounds it (the hash chain's root) */
+        if (!cJSON_IsString(it) || (it->valuestring[0] == '\0') ||
+            (strlen(it->valuestring) > 256)) {
+            return kvf_proxy_bad(http_p, param_p, "cache_salt", 400, err, cap,
+                                 KVF_ERR_INVALID_PARAM,
+                                 "'cache_salt' must be a non-empty string of at most 256 bytes");
+        }
+        req->cache_salt_len = (int)strlen(it->valuestring);
+        memcpy(req->cache_salt, it->valuestring, (size_t)req->cache_salt_len + 1);
     }
     KVF_TRY(kvf_proxy_boolf(root, "stream", &req->stream, http_p, param_p, err, cap));
     KVF_TRY(kvf_proxy_boolf(root, "ignore_eos", &req->ignore_eos, http_p, param_p, err, cap));

@@ -55,6 +55,8 @@ typedef struct kvf_proxy_completion_req {
     float    temperature;
     bool     has_seed;
     uint64_t seed;
+    int      cache_salt_len;       /* 0: none; else 1..256 bytes of cache_salt */
+    char     cache_salt[257];      /* only same-salt requests share a cached prefix */
     bool     stream;
     bool     ignore_eos;
     bool     return_token_ids;

@@ -141,6 +141,7 @@ static struct {
     pthread_mutex_t lock;
     kvf_vllm_hist_t hists[KVF_VLLM_H_COUNT];
     uint64_t        prompt_tokens;
+    uint64_t        cached_tokens;
     uint64_t        generation_tokens;
     uint64_t        success[KVF_VLLM_NREASONS];
     uint64_t        failed_transfers;
@@ -218,6 +219,7 @@ void kvf_proxy_vllm_request(const kvf_proxy_vllm_req_t *r)
     }
     kvf_vllm.success[reason]++;
     kvf_vllm.prompt_tokens += r->prompt_tokens;
+    kvf_vllm.cached_tokens += r->cached_tokens;
     kvf_vllm.generation_tokens += r->generation_tokens;
     kvf_vllm_observe(KVF_VLLM_H_E2E, r->e2e_s, 1);
     kvf_vllm_observe(KVF_VLLM_H_PROMPT_TOKENS, (double)r->prompt_tokens, 1);
@@ -436,13 +438,14 @@ void kvf_proxy_vllm_render(kvf_proxy_pool_h pool, const char *model_name, int ma
                            FILE *out)
 {
     kvf_vllm_hist_t hists[KVF_VLLM_H_COUNT];
-    uint64_t success[KVF_VLLM_NREASONS], prompt, gen, failed, recent = 0;
+    uint64_t success[KVF_VLLM_NREASONS], prompt, cached, gen, failed, recent = 0;
     int64_t waiting, now = kvf_vllm_now_s();
 
     pthread_mutex_lock(&kvf_vllm.lock);
     memcpy(hists, kvf_vllm.hists, sizeof(hists));
     memcpy(success, kvf_vllm.success, sizeof(success));
     prompt = kvf_vllm.prompt_tokens;
+    cached = kvf_vllm.cached_tokens;
     gen = kvf_vllm.generation_tokens;
     failed = kvf_vllm.failed_transfers;
     waiting = kvf_vllm.waiting;
@@ -464,14 +467,13 @@ void kvf_proxy_vllm_render(kvf_proxy_pool_h pool, const char *model_name, int ma
     kvf_vllm_counter(out, "vllm:generation_tokens_total",
                      "Number of generation tokens processed.", model_name, gen);
     kvf_vllm_counter(out, "vllm:prefix_cache_queries_total", "Prefix cache queries, in terms "
-                     "of number of queried tokens (no prefix cache: every prompt token).",
-                     model_name, prompt);
+                     "of number of queried tokens.", model_name, prompt);
     kvf_vllm_counter(out, "vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of "
-                     "number of cached tokens (no prefix cache: 0).", model_name, 0);
+                     "number of cached tokens.", model_name, cached);
     kvf_vllm_counter(out, "vllm:gpu_prefix_cache_queries_total", "GPU prefix cache queries "
                      "(the older name of vllm:prefix_cache_queries).", model_name, prompt);
     kvf_vllm_counter(out, "vllm:gpu_prefix_cache_hits_total", "GPU prefix cache hits (the "
-                     "older name of vllm:prefix_cache_hits).", model_name, 0);
+                     "older name of vllm:prefix_cache_hits).", model_name, cached);
     kvf_vllm_counter(out, "vllm:nixl_num_failed_transfers_total",
                      "Number of failed KV cache transfers (decode recomputed the prompt).",
                      model_name, failed);

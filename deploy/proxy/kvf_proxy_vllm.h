@@ -35,8 +35,9 @@
  *                          timeouts, failures after admission)
  *   nixl_*                 the KV pull decode instances reported (UCX, not
  *                          NIXL: same meaning, one transfer per request)
- *   gpu_prefix_cache_* / prefix_cache_*   kvferry keeps no prefix cache:
- *                          every prefilled prompt token is a query, none a hit
+ *   gpu_prefix_cache_* / prefix_cache_*   every prefilled prompt token is a
+ *                          query, each one prefill's prefix cache served a
+ *                          hit (its reply's timing.cached_tokens)
  *   num_requests_swapped   0: kvferry never swaps a request out
  */
 #ifndef KVF_PROXY_VLLM_H
@@ -58,6 +59,7 @@ typedef struct kvf_proxy_vllm_req {
     double      queue_s;           /* proxy + prefill + decode queue; < 0: not known */
     double      prefill_s;         /* prefill compute; < 0: not reported */
     uint32_t    prompt_tokens;
+    uint32_t    cached_tokens;     /* of those, served by prefill's prefix cache */
     uint32_t    generation_tokens;
     uint32_t    max_tokens;        /* the request's max_tokens */
     bool        transfer;          /* decode reported a KV pull (the fields below) */

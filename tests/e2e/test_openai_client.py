@@ -211,7 +211,8 @@ def run(pool):
            ("use_beam_search", True), ("logit_bias", {"5": 1}), ("suffix", "x"),
            ("response_format", {"type": "json_object"}), ("guided_json", {}),
            ("prompt_logprobs", 1), ("allowed_token_ids", [1]), ("skip_special_tokens", False),
-           ("priority", 1), ("cache_salt", "s"), ("kv_transfer_params", {}),
+           ("priority", 1), ("cache_salt", ""), ("cache_salt", "s" * 257), ("cache_salt", 5),
+           ("kv_transfer_params", {}),
            ("stop_token_ids", [10 ** 7]), ("temperature", -1), ("max_tokens", 0)]
     for field, value in bad:
         try:

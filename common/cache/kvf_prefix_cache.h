@@ -1,0 +1,112 @@
+/*
+ * Prefix cache index of one instance (docs/PREFIX_CACHE.md): which attention
+ * blocks and which Mamba state checkpoints hold which token prefix. It moves
+ * no bytes: the engine copies checkpoint pages (common/engine), the block
+ * manager keeps the cached blocks (refcounts, LRU of free cached blocks,
+ * eviction callback into this index).
+ *
+ * Entries form a tree: one entry per hash unit of `unit` tokens, holding the
+ * unit's token ids, its parent entry (a root entry its request's cache_salt)
+ * and what is cached at its end: the ids of one block of every attention
+ * group (when the unit ends a block) and/or a state checkpoint slot (when it
+ * ends on the state grid). Lookup by the 128-bit hash of kvf_block_hash.h,
+ * then comparison of tokens and parent, so a hash collision is a miss.
+ * An entry lives while it caches something or has children.
+ *
+ * State checkpoints have their own slots (the engine's memory budget), kept
+ * least recently used first; blocks are evicted by the block manager when
+ * the pool needs them.
+ *
+ * Thread safety: none; the engine's leader thread only.
+ */
+#ifndef KVF_PREFIX_CACHE_H
+#define KVF_PREFIX_CACHE_H
+
+#include "kvf_block_hash.h"
+#include "kvf_block_manager.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct kvf_prefix_cache *kvf_prefix_cache_h;
+
+typedef struct kvf_prefix_cache_params {
+    int                 unit;           /* tokens per hash unit, > 0, divides block_size and
+                                         * state_grid */
+    int                 block_size;     /* logical block, tokens */
+    int                 n_attn_groups;  /* attention groups: ids per cached block, >= 1 */
+    int                 state_grid;     /* tokens between checkpoints; 0: no states (a model
+                                         * without Mamba layers) */
+    int                 state_slots;    /* checkpoints held, >= 1 when state_grid > 0 */
+    kvf_block_manager_h bm;             /* keeps the cached blocks; not owned; its eviction
+                                         * callback is set to this index */
+} kvf_prefix_cache_params_t;
+
+/** One request's chain: its tokens and the hashes of their complete units. */
+typedef struct kvf_prefix_key {
+    kvf_block_hash_t        root;       /* h_0 (kvf_block_hash_root) */
+    const uint8_t          *salt;       /* cache_salt, salt_len bytes */
+    size_t                  salt_len;
+    const int32_t          *tokens;     /* at least n_units * unit */
+    const kvf_block_hash_t *unit_hash;  /* [n_units]: h_1 .. h_n */
+    int                     n_units;
+} kvf_prefix_key_t;
+
+typedef struct kvf_prefix_hit {
+    int            tokens;      /* t, the prefix served; 0 = miss */
+    int            n_blocks;    /* full attention blocks below t: floor(t / block_size) */
+    const int32_t *ids;         /* [n_blocks][n_attn_groups]; valid until the next call */
+    int            state_slot;  /* the checkpoint at t; -1 without states */
+} kvf_prefix_hit_t;
+
+typedef struct kvf_prefix_cache_stats {
+    int entries;        /* tree entries */
+    int cached_blocks;  /* entries holding a block (each n_attn_groups pool blocks) */
+    int states;         /* slots holding a checkpoint */
+    uint64_t states_evicted, blocks_evicted;
+} kvf_prefix_cache_stats_t;
+
+/**
+ * @return KVF_OK and *pc_p; KVF_ERR_INVALID_PARAM (sizes, unit not dividing
+ *         block_size or state_grid, no slots for a grid); KVF_ERR_NO_MEMORY.
+ */
+kvf_status_t kvf_prefix_cache_create(const kvf_prefix_cache_params_t *params,
+                                     kvf_prefix_cache_h *pc_p);
+
+/** Un-cache every block (free cached ones go to the free list) and free the index. NULL: no-op. */
+void kvf_prefix_cache_destroy(kvf_prefix_cache_h pc);
+
+/**
+ * The longest prefix of @a key every group can serve, at most @a max_tokens
+ * tokens (docs/PREFIX_CACHE.md §1): without states, whole cached blocks from
+ * the start; with states, the longest checkpoint t whose blocks below
+ * floor(t / block_size) are all cached. A used checkpoint becomes the most
+ * recently used. Never fails: a miss is hit->tokens == 0.
+ */
+void kvf_prefix_cache_lookup(kvf_prefix_cache_h pc, const kvf_prefix_key_t *key, int max_tokens,
+                             kvf_prefix_hit_t *hit);
+
+/**
+ * Block @a j of @a key (tokens [j B, (j+1) B), all computed) is in pool
+ * blocks @a ids (one per attention group): index it and mark the blocks
+ * cached, unless that prefix already has a block (then nothing changes).
+ * key->n_units must cover (j+1) B tokens.
+ * @return KVF_OK; KVF_ERR_INVALID_PARAM; KVF_ERR_NO_MEMORY (nothing indexed).
+ */
+kvf_status_t kvf_prefix_cache_add_block(kvf_prefix_cache_h pc, const kvf_prefix_key_t *key,
+                                        int j, const int32_t *ids);
+
+/**
+ * The state after @a t tokens of @a key (t > 0 on the grid) is computed:
+ * the slot to copy it into (least recently used slot evicted if none is
+ * free), or -1 when that checkpoint exists already, states are off, or
+ * memory ran out. The caller copies before the next lookup.
+ */
+int kvf_prefix_cache_add_state(kvf_prefix_cache_h pc, const kvf_prefix_key_t *key, int t);
+
+/** Whether the checkpoint at @a t of @a key exists. */
+bool kvf_prefix_cache_has_state(kvf_prefix_cache_h pc, const kvf_prefix_key_t *key, int t);
+
+void kvf_prefix_cache_get_stats(kvf_prefix_cache_h pc, kvf_prefix_cache_stats_t *stats_p);
+
+#endif

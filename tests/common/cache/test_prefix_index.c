@@ -1,0 +1,155 @@
+/* The prefix cache's index (kvf_prefix_cache.h) over the block manager's
+ * refcounts and LRU (tiny-hybrid layout: one attention group, block 80):
+ * - hits are whole cached blocks from the start, or the longest state
+ *   checkpoint whose blocks below it are cached, never past max_tokens;
+ * - a forged key with the same 128-bit unit hashes but other tokens (a
+ *   collision) misses, and so does another salt;
+ * - shared blocks are refcounted; a free cached block counts as free, waits
+ *   in the LRU (a prefix's tail first) and its entry goes when it is reused;
+ * - state slots are reused least recently used first. */
+#include "kvf_pool_test.h"
+#include "kvf_prefix_cache.h"
+
+#include <stdlib.h>
+
+typedef struct {
+    int32_t          toks[400];
+    kvf_block_hash_t uh[400];
+    kvf_prefix_key_t key;
+} kvf_key_buf_t;
+
+static void kvf_mkkey(kvf_key_buf_t *k, const char *salt, int n, int unit, int32_t base)
+{
+    uint8_t digest[16] = {1};
+    for (int i = 0; i < n; ++i) {
+        k->toks[i] = base + i;
+    }
+    assert_int_equal(kvf_block_hash_root(digest, (const uint8_t *)salt, salt ? strlen(salt) : 0,
+                                         &k->key.root), KVF_OK);
+    kvf_block_hash_chain(k->key.root, k->toks, unit, n / unit, k->uh);
+    k->key.salt = (const uint8_t *)salt;
+    k->key.salt_len = salt ? strlen(salt) : 0;
+    k->key.tokens = k->toks;
+    k->key.unit_hash = k->uh;
+    k->key.n_units = n / unit;
+}
+
+static void test_blocks_refcount_lru(void **state)
+{
+    kvf_pool_test_env_t e;
+    kvf_block_manager_h bm;
+    kvf_prefix_cache_h pc;
+    kvf_prefix_cache_params_t pp = {.unit = 16, .block_size = 80, .n_attn_groups = 1,
+                                    .state_grid = 16, .state_slots = 2};
+    kvf_req_blocks_t r = {0}, r2 = {0};
+    kvf_prefix_hit_t hit;
+    static kvf_key_buf_t k, forged, salted;
+    (void)state;
+
+    kvf_pool_test_env(&e, KVF_DTYPE_BF16, 0);
+    bm = kvf_pool_test_bm(&e, 8);
+    pp.bm = bm;
+    assert_int_equal(kvf_prefix_cache_create(&pp, &pc), KVF_OK);
+    kvf_mkkey(&k, NULL, 400, 16, 1000);
+    kvf_mkkey(&salted, "s", 400, 16, 1000);
+    forged = k;                      /* the same hashes, other tokens: a collision */
+    forged.toks[3] = 7;
+    forged.key.tokens = forged.toks;
+    forged.key.unit_hash = k.uh;
+
+    /* a request of 200 tokens: 3 attention blocks + 2 Mamba blocks */
+    assert_int_equal(kvf_block_manager_allocate(bm, &r, 200), KVF_OK);
+    assert_int_equal(kvf_block_manager_num_free(bm), 3);
+    assert_int_equal(kvf_prefix_cache_add_block(pc, &k.key, 0, &r.blocks[0][0]), KVF_OK);
+    assert_int_equal(kvf_prefix_cache_add_block(pc, &k.key, 1, &r.blocks[0][1]), KVF_OK);
+    assert_int_equal(kvf_prefix_cache_add_state(pc, &k.key, 176), 0);
+    assert_int_equal(kvf_prefix_cache_add_state(pc, &k.key, 176), -1);   /* held already */
+
+    kvf_prefix_cache_lookup(pc, &k.key, 400, &hit);
+    assert_int_equal(hit.tokens, 176);           /* the checkpoint, blocks 0-1 below it */
+    assert_int_equal(hit.n_blocks, 2);
+    assert_int_equal(hit.ids[0], r.blocks[0][0]);
+    assert_int_equal(hit.ids[1], r.blocks[0][1]);
+    assert_int_equal(hit.state_slot, 0);
+    kvf_prefix_cache_lookup(pc, &k.key, 175, &hit);
+    assert_int_equal(hit.tokens, 0);             /* no checkpoint at or below 175 */
+    kvf_prefix_cache_lookup(pc, &forged.key, 400, &hit);
+    assert_int_equal(hit.tokens, 0);
+    kvf_prefix_cache_lookup(pc, &salted.key, 400, &hit);
+    assert_int_equal(hit.tokens, 0);
+
+    /* share blocks 0-1 into a second request; freeing the first keeps them held */
+    kvf_prefix_cache_lookup(pc, &k.key, 400, &hit);
+    assert_int_equal(kvf_block_manager_share(bm, &r2, hit.ids, 2), KVF_OK);
+    assert_int_equal(kvf_block_manager_allocate(bm, &r2, 176), KVF_OK);   /* + tail + Mamba */
+    assert_int_equal(kvf_block_manager_num_free(bm), 0);
+    assert_int_equal(kvf_block_manager_free(bm, &r), KVF_OK);
+    assert_int_equal(kvf_block_manager_num_free(bm), 3);         /* block 2 and the Mamba */
+    assert_int_equal(kvf_block_manager_num_cached_free(bm), 0);  /* 0-1 still held by r2 */
+    assert_int_equal(kvf_block_manager_free(bm, &r2), KVF_OK);
+    assert_int_equal(kvf_block_manager_num_free(bm), 8);
+    assert_int_equal(kvf_block_manager_num_cached_free(bm), 2);
+
+    /* reuse: the plain free blocks first, then the cached ones, the prefix's tail first */
+    assert_int_equal(kvf_block_manager_allocate(bm, &r, 6 * 80), KVF_OK);  /* 6 + 2 Mamba */
+    kvf_prefix_cache_lookup(pc, &k.key, 400, &hit);
+    assert_int_equal(hit.tokens, 0);             /* both cached blocks went */
+    {
+        kvf_prefix_cache_stats_t st;
+        kvf_prefix_cache_get_stats(pc, &st);
+        assert_int_equal(st.cached_blocks, 0);
+        assert_int_equal((int)st.blocks_evicted, 2);
+        assert_int_equal(st.states, 1);          /* the state stays: its own budget */
+    }
+    assert_int_equal(kvf_block_manager_free(bm, &r), KVF_OK);
+    kvf_prefix_cache_destroy(pc);
+    kvf_block_manager_destroy(bm);
+}
+
+static void test_state_slots_lru(void **state)
+{
+    kvf_pool_test_env_t e;
+    kvf_block_manager_h bm;
+    kvf_prefix_cache_h pc;
+    kvf_prefix_cache_params_t pp = {.unit = 16, .block_size = 80, .n_attn_groups = 1,
+                                    .state_grid = 16, .state_slots = 2};
+    kvf_prefix_hit_t hit;
+    static kvf_key_buf_t a, b, c;
+    (void)state;
+
+    kvf_pool_test_env(&e, KVF_DTYPE_BF16, 0);
+    bm = kvf_pool_test_bm(&e, 8);
+    pp.bm = bm;
+    assert_int_equal(kvf_prefix_cache_create(&pp, &pc), KVF_OK);
+    kvf_mkkey(&a, NULL, 64, 16, 10);
+    kvf_mkkey(&b, NULL, 64, 16, 20);
+    kvf_mkkey(&c, NULL, 64, 16, 30);
+    assert_int_equal(kvf_prefix_cache_add_state(pc, &a.key, 48), 0);
+    assert_int_equal(kvf_prefix_cache_add_state(pc, &b.key, 32), 1);
+    kvf_prefix_cache_lookup(pc, &a.key, 63, &hit);     /* a used: b is the LRU one */
+    assert_int_equal(hit.tokens, 48);
+    assert_int_equal(kvf_prefix_cache_add_state(pc, &c.key, 16), 1);
+    kvf_prefix_cache_lookup(pc, &b.key, 63, &hit);
+    assert_int_equal(hit.tokens, 0);
+    assert_true(kvf_prefix_cache_has_state(pc, &c.key, 16));
+    assert_false(kvf_prefix_cache_has_state(pc, &c.key, 32));
+    /* a checkpoint under another one's entry: the LRU one (a at 48) goes, the new one at 16
+     * of the same chain keeps the entries it needs */
+    kvf_prefix_cache_lookup(pc, &c.key, 63, &hit);
+    assert_int_equal(kvf_prefix_cache_add_state(pc, &a.key, 16), 0);
+    assert_true(kvf_prefix_cache_has_state(pc, &a.key, 16));
+    assert_false(kvf_prefix_cache_has_state(pc, &a.key, 48));
+    pp.state_slots = 0;
+    assert_int_equal(kvf_prefix_cache_create(&pp, &pc), KVF_ERR_INVALID_PARAM);
+    kvf_prefix_cache_destroy(pc);
+    kvf_block_manager_destroy(bm);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_blocks_refcount_lru),
+        cmocka_unit_test(test_state_slots_lru),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
