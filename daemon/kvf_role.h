@@ -115,6 +115,15 @@ typedef struct kvf_role_config {
 kvf_status_t kvf_role_check_flags(const kvf_role_config_t *config);
 
 /**
+ * The attention KV dtype of --kv-dtype @a text as the daemons accept it:
+ * fp32, bf16, fp16 (and their aliases), not fp8 (the planner and
+ * kvf xfer-test accept fp8; the engine's attention does not). Logs one line
+ * naming the flag, the value and the accepted ones when refused.
+ * @return KVF_OK (@a dtype_p set) or KVF_ERR_INVALID_PARAM.
+ */
+kvf_status_t kvf_role_kv_dtype(const char *text, kvf_dtype_t *dtype_p);
+
+/**
  * Refuse two durations that contradict each other: @a a_ms (flag @a a_flag,
  * e.g. "--lease-timeout") must not be shorter than @a b_ms (@a b_flag, e.g.
  * "--xfer-timeout"). Logs one line naming both values and @a consequence:
