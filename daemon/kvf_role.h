@@ -17,6 +17,9 @@
 #include <signal.h>
 #include <stddef.h>
 
+/** --num-blocks' default: blocks in each rank's page pool (kvf tune sizes pools by it). */
+#define KVF_ROLE_NUM_BLOCKS_DEFAULT "256"
+
 /** The flags both roles share; each role's config struct embeds it as `role`. */
 typedef struct kvf_role_config {
     char    model[KVF_CONFIG_STR_MAX];       /* folder: config.json + model.safetensors */
@@ -69,7 +72,7 @@ typedef struct kvf_role_config {
      offsetof(_type, role.listen), KVF_CONFIG_TYPE_STRING, 0},                                \
     {"ENGINE_ID", _engine_id, "engine id, unique in the pool",                                \
      offsetof(_type, role.engine_id), KVF_CONFIG_TYPE_STRING, 0},                             \
-    {"NUM_BLOCKS", "256", "blocks in each rank's page pool",                                  \
+    {"NUM_BLOCKS", KVF_ROLE_NUM_BLOCKS_DEFAULT, "blocks in each rank's page pool",                                  \
      offsetof(_type, role.num_blocks), KVF_CONFIG_TYPE_INT, 0},                               \
     {"KV_DTYPE", "bf16", "attention KV cache dtype: fp32, bf16, fp16 (same on both sides)",   \
      offsetof(_type, role.kv_dtype), KVF_CONFIG_TYPE_STRING, 0},                              \

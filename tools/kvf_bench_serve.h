@@ -195,8 +195,17 @@ int kvf_bs_fetch_model(kvf_bs_params_t *p);
 int kvf_bs_plot(const char *png, const kvf_bs_params_t *p, const kvf_bs_summary_t *runs,
                 const double *rates, int n);
 
-/** Path of an executable gnuplot into @a buf; false when none is installed. */
+/** Path of an executable gnuplot ($PATH, then /usr/bin, /usr/local/bin, /bin) into @a buf;
+ * false when none is installed. */
 bool kvf_bs_find_gnuplot(char *buf, size_t cap);
+
+/**
+ * Run @a gnuplot on @a script with its stdout discarded and its stderr
+ * (warnings, errors) put in @a err (@a cap bytes, one line, NUL-terminated)
+ * instead of this process's output: callers show it only when the plot
+ * failed. @return gnuplot's exit code, or -1 when it could not be started.
+ */
+int kvf_bs_run_gnuplot(const char *gnuplot, const char *script, char *err, size_t cap);
 
 /**
  * vLLM's ready check before a run: the model p->model must be one the server
