@@ -46,6 +46,9 @@ typedef struct kvf_bs_params {
     int           port;
     char          model[KVF_CONFIG_STR_MAX];  /* "" : no "model" field in requests */
     char          endpoint[KVF_CONFIG_STR_MAX];/* request path, "/v1/completions" */
+    bool          chat;                       /* openai-chat: messages, /v1/chat/completions */
+    const struct kvf_tokenizer *chat_tok;     /* chat: decodes token-id prompts into the
+                                               * user message (not owned); NULL: text only */
     char          api_key[KVF_CONFIG_STR_MAX];/* "" : no Authorization header */
     char          dataset[KVF_CONFIG_STR_MAX];/* JSONL file of prompts, "" : synthetic */
     int           input_len;
