@@ -72,11 +72,13 @@ typedef struct kvf_role_config {
      offsetof(_type, role.listen), KVF_CONFIG_TYPE_STRING, 0},                                \
     {"ENGINE_ID", _engine_id, "engine id, unique in the pool",                                \
      offsetof(_type, role.engine_id), KVF_CONFIG_TYPE_STRING, 0},                             \
-    {"NUM_BLOCKS", KVF_ROLE_NUM_BLOCKS_DEFAULT, "blocks in each rank's page pool",                                  \
+    {"NUM_BLOCKS", KVF_ROLE_NUM_BLOCKS_DEFAULT, "blocks in each rank's page pool",             \
      offsetof(_type, role.num_blocks), KVF_CONFIG_TYPE_INT, 0},                               \
     {"KV_DTYPE", "bf16", "attention KV cache dtype: fp32, bf16, fp16 (same on both sides)",   \
      offsetof(_type, role.kv_dtype), KVF_CONFIG_TYPE_STRING, 0},                              \
-    {"BLOCK_SIZE", "16", "user block size (alignment unit of the TP-stable block size)",     \
+    {"BLOCK_SIZE", "16", "alignment unit, tokens: the logical block size is derived, the "      \
+     "smallest multiple of max(16, N) that holds a rank's Mamba state (not the size itself: "  \
+     "kvf generate --block-size and kvf xfer-test take an exact size)",                       \
      offsetof(_type, role.block_size), KVF_CONFIG_TYPE_INT, 0},                               \
     {"MAX_BATCH_TOKENS", "512", "tokens per engine step",                                     \
      offsetof(_type, role.max_batch_tokens), KVF_CONFIG_TYPE_INT, 0},                         \

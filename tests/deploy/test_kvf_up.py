@@ -196,7 +196,7 @@ def main():
         dt = time.monotonic() - t0
         T.check(p.returncode == 1 and
                 "incompatible pairing prefill-0 -> decode-0: handshake refused: kv_dtype "
-                "local=bf16 remote=fp32" in p.stderr and dt < 15,
+                "prefill=fp32 decode=bf16" in p.stderr and dt < 15,
                 "refused pairing: kvf-up exits 1 with the refusal (%.1fs)" % dt, p.stderr)
         T.check(not [f for f in os.listdir(rd) if f.endswith(".pid")],
                 "kvf-up stopped the refused pool")

@@ -112,8 +112,9 @@ def main():
               c["colocated_correct"] and c["same"] == c["questions"],
               "the pool on --base-port %d answers as colocated" % base, c)
         c = cell(cells, "1p1d", (0, 0), ("bf16", "fp32"))
-        check(c["verdict"] == "refused" and c["why"].startswith("handshake refused: kv_dtype"),
-              "bf16:fp32 refused with the handshake's reason", c)
+        check(c["verdict"] == "refused" and c["why"].startswith(
+            "handshake refused: kv_dtype prefill=bf16 decode=fp32: KV cache dtypes differ"),
+              "bf16:fp32 refused naming prefill's and decode's dtype (not local/remote)", c)
     print("PASS test_matrix_cells")
 
 
