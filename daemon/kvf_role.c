@@ -93,14 +93,18 @@ kvf_status_t kvf_role_check_not_shorter(const char *a_flag, int64_t a_ms, const 
     return KVF_ERR_INVALID_PARAM;
 }
 
+kvf_status_t kvf_role_kv_dtype(const char *text, kvf_dtype_t *dtype_p)
+{
+    return kvf_config_dtype("kv-dtype", text, KVF_DTYPE_BF16, 0, dtype_p);
+}
+
 /* The cache parameters both the engine and the connector derive the geometry from. */
 static kvf_status_t kvf_role_cache_params(const kvf_role_config_t *params,
                                           const kvf_model_config_t *mc,
                                           kvf_cache_params_t *cache_p)
 {
     kvf_cache_params_default(mc, cache_p);
-    if (kvf_config_dtype("kv-dtype", params->kv_dtype, KVF_DTYPE_BF16, 0,
-                         &cache_p->kv_dtype) != KVF_OK) {
+    if (kvf_role_kv_dtype(params->kv_dtype, &cache_p->kv_dtype) != KVF_OK) {
         return KVF_ERR_INVALID_PARAM;
     }
     cache_p->user_block_size = params->block_size;

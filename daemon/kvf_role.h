@@ -17,6 +17,9 @@
 #include <signal.h>
 #include <stddef.h>
 
+/** --num-blocks' default: blocks in each rank's page pool (kvf tune sizes pools by it). */
+#define KVF_ROLE_NUM_BLOCKS_DEFAULT "256"
+
 /** The flags both roles share; each role's config struct embeds it as `role`. */
 typedef struct kvf_role_config {
     char    model[KVF_CONFIG_STR_MAX];       /* folder: config.json + model.safetensors */
@@ -72,11 +75,13 @@ typedef struct kvf_role_config {
      offsetof(_type, role.listen), KVF_CONFIG_TYPE_STRING, 0},                                \
     {"ENGINE_ID", _engine_id, "engine id, unique in the pool",                                \
      offsetof(_type, role.engine_id), KVF_CONFIG_TYPE_STRING, 0},                             \
-    {"NUM_BLOCKS", "256", "blocks in each rank's page pool",                                  \
+    {"NUM_BLOCKS", KVF_ROLE_NUM_BLOCKS_DEFAULT, "blocks in each rank's page pool",             \
      offsetof(_type, role.num_blocks), KVF_CONFIG_TYPE_INT, 0},                               \
     {"KV_DTYPE", "bf16", "attention KV cache dtype: fp32, bf16, fp16 (same on both sides)",   \
      offsetof(_type, role.kv_dtype), KVF_CONFIG_TYPE_STRING, 0},                              \
-    {"BLOCK_SIZE", "16", "user block size (alignment unit of the TP-stable block size)",     \
+    {"BLOCK_SIZE", "16", "alignment unit, tokens: the logical block size is derived, the "      \
+     "smallest multiple of max(16, N) that holds a rank's Mamba state (not the size itself: "  \
+     "kvf generate --block-size and kvf xfer-test take an exact size)",                       \
      offsetof(_type, role.block_size), KVF_CONFIG_TYPE_INT, 0},                               \
     {"MAX_BATCH_TOKENS", "512", "tokens per engine step",                                     \
      offsetof(_type, role.max_batch_tokens), KVF_CONFIG_TYPE_INT, 0},                         \
@@ -125,6 +130,15 @@ typedef struct kvf_role_config {
  * value. @return KVF_OK or KVF_ERR_INVALID_PARAM.
  */
 kvf_status_t kvf_role_check_flags(const kvf_role_config_t *config);
+
+/**
+ * The attention KV dtype of --kv-dtype @a text as the daemons accept it:
+ * fp32, bf16, fp16 (and their aliases), not fp8 (the planner and
+ * kvf xfer-test accept fp8; the engine's attention does not). Logs one line
+ * naming the flag, the value and the accepted ones when refused.
+ * @return KVF_OK (@a dtype_p set) or KVF_ERR_INVALID_PARAM.
+ */
+kvf_status_t kvf_role_kv_dtype(const char *text, kvf_dtype_t *dtype_p);
 
 /**
  * Refuse two durations that contradict each other: @a a_ms (flag @a a_flag,

@@ -17,6 +17,8 @@
 #include "kvf_bench_serve.h"
 #include "kvf_cmds.h"
 #include "kvf_log.h"
+#include "kvf_model_config.h"
+#include "kvf_tokenizer.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -83,7 +85,8 @@ static const struct {
  * runs a benchmark often exports the daemons' KVF_MODEL, KVF_PORT, ... which mean
  * something else here. */
 static const kvf_config_field_t kvf_bs_table[] = {
-    {"BACKEND", "openai", "openai or vllm (both: the OpenAI completions API kvf-proxy serves)",
+    {"BACKEND", "openai", "openai or vllm (the completions API), openai-chat (the chat "
+     "completions API: one user message per prompt, token ids decoded with --tokenizer)",
      KVF_BS_OFF(backend), KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
     {"BASE_URL", "", "the proxy's base URL, e.g. http://127.0.0.1:8000 (alias --url; empty: "
      "http://HOST:PORT)", KVF_BS_OFF(base_url), KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
@@ -91,7 +94,8 @@ static const kvf_config_field_t kvf_bs_table[] = {
      KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
     {"PORT", "8000", "the proxy's port when no --base-url", KVF_BS_OFF(port),
      KVF_CONFIG_TYPE_INT, KVF_CONFIG_FLAG_NO_ENV},
-    {"ENDPOINT", "/v1/completions", "API path (only /v1/completions: streaming completions)",
+    {"ENDPOINT", "/v1/completions", "API path: /v1/completions, or /v1/chat/completions with "
+     "--backend openai-chat",
      KVF_BS_OFF(p.endpoint), KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
     {"MODEL", "", "model name sent in each request (empty: the first id of the proxy's "
      "GET /v1/models)", KVF_BS_OFF(p.model), KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
@@ -537,14 +541,16 @@ static int kvf_bs_setup(kvf_bs_opts_t *o)
 {
     char url[KVF_CONFIG_STR_MAX + 32];
 
-    if ((strcmp(o->backend, "openai") != 0) && (strcmp(o->backend, "vllm") != 0)) {
-        kvf_error("bad value '%s' for --backend: kvf bench-serve speaks openai (or vllm, the "
-                  "same API)", o->backend);
+    o->p.chat = (strcmp(o->backend, "openai-chat") == 0);
+    if (!o->p.chat && (strcmp(o->backend, "openai") != 0) && (strcmp(o->backend, "vllm") != 0)) {
+        kvf_error("bad value '%s' for --backend: openai or vllm (completions), openai-chat "
+                  "(chat completions)", o->backend);
         return -1;
     }
-    if (strcmp(o->p.endpoint, "/v1/completions") != 0) {
-        kvf_error("bad value '%s' for --endpoint: kvf-proxy benchmarks through "
-                  "/v1/completions only", o->p.endpoint);
+    if (strcmp(o->p.endpoint, o->p.chat ? "/v1/chat/completions" : "/v1/completions") != 0) {
+        kvf_error("bad value '%s' for --endpoint with --backend %s: give %s (as vLLM's "
+                  "benchmark: the chat backend needs the chat endpoint)", o->p.endpoint,
+                  o->backend, o->p.chat ? "/v1/chat/completions" : "/v1/completions");
         return -1;
     }
     if (o->base_url[0] != '\0') {
@@ -791,6 +797,44 @@ static void kvf_bs_report(kvf_bs_opts_t *o, kvf_bs_summary_t *runs, const double
     }
 }
 
+/*
+ * openai-chat sends text: a token-id prompt (random, prefix_repetition, custom ids) is decoded
+ * with --tokenizer (a model folder or its tokenizer.json), as vLLM's benchmark decodes with
+ * its tokenizer. 0 (loaded into @a tok, or not needed), -1 logged.
+ */
+static int kvf_bs_chat_tokenizer(kvf_bs_opts_t *o, kvf_tokenizer_t *tok)
+{
+    kvf_model_config_t cfg;
+    struct stat st;
+    bool text_only = (strcmp(o->dataset_name, "sharegpt") == 0) ||
+                     (strcmp(o->dataset_name, "sonnet") == 0);
+    kvf_status_t status;
+
+    if (!o->p.chat || ((o->tokenizer[0] == '\0') && text_only)) {
+        return 0;
+    }
+    if ((o->tokenizer[0] == '\0') || (stat(o->tokenizer, &st) != 0)) {
+        kvf_error("--backend openai-chat sends each prompt as a text message: give --tokenizer "
+                  "DIR (the served model's folder; its tokenizer.json decodes the %s prompts' "
+                  "token ids)%s", o->dataset_name,
+                  (o->tokenizer[0] != '\0') ? ": --tokenizer is not a readable path" : "");
+        return -1;
+    }
+    if (S_ISDIR(st.st_mode)) {
+        status = kvf_tokenizer_load(o->tokenizer, (kvf_model_config_load(o->tokenizer, &cfg) ==
+                                                   KVF_OK) ? &cfg : NULL, tok);
+    } else {
+        status = kvf_tokenizer_load_file(o->tokenizer, NULL, tok);
+    }
+    if (status != KVF_OK) {
+        kvf_error("--tokenizer %s: no tokenizer loaded (%s)", o->tokenizer,
+                  kvf_status_str(status));
+        return -1;
+    }
+    o->p.chat_tok = tok;
+    return 0;
+}
+
 int kvf_cmd_bench_serve(int argc, char **argv)
 {
     static char store[8192];
@@ -798,6 +842,7 @@ int kvf_cmd_bench_serve(int argc, char **argv)
     kvf_bs_summary_t runs[KVF_BS_MAX_RATES];
     double rates[KVF_BS_MAX_RATES];
     kvf_bs_opts_t o;
+    static kvf_tokenizer_t chat_tok;
     char dt[32];
     time_t now = time(NULL);
     int nargs, nrates, nrun = 0, rc = 0;
@@ -820,7 +865,8 @@ int kvf_cmd_bench_serve(int argc, char **argv)
     }
     nrates = kvf_config_number_list("request-rate", o.rates, 0, INFINITY, true, rates,
                                     KVF_BS_MAX_RATES);
-    if ((nrates < 0) || (kvf_bs_setup(&o) != 0)) {
+    if ((nrates < 0) || (kvf_bs_setup(&o) != 0) || (kvf_bs_chat_tokenizer(&o, &chat_tok) != 0)) {
+        kvf_tokenizer_cleanup(&chat_tok);
         return 2;
     }
     for (int r = 0; r < nrates; ++r) {
@@ -875,5 +921,6 @@ int kvf_cmd_bench_serve(int argc, char **argv)
     for (int r = 0; r < nrun; ++r) {
         kvf_bs_summary_cleanup(&runs[r]);
     }
+    kvf_tokenizer_cleanup(&chat_tok);
     return rc;
 }

@@ -135,7 +135,9 @@ typedef struct {
      offsetof(kvf_gen_opts_t, ssm_dtype), KVF_CONFIG_TYPE_STRING, 0},                           \
     {"CONV_DTYPE", "auto", "Mamba conv state dtype (auto: the model's dtype)",                 \
      offsetof(kvf_gen_opts_t, conv_dtype), KVF_CONFIG_TYPE_STRING, 0},                          \
-    {"BLOCK_SIZE", "0", "explicit logical block size (0: TP-stable rule)",                     \
+    {"BLOCK_SIZE", "0", "exact logical block size, tokens, refused when too small (0: "       \
+     "derived by the TP-stable rule, as the daemons do; their --block-size is an alignment "  \
+     "unit, not the size)",                                                                   \
      offsetof(kvf_gen_opts_t, block_size), KVF_CONFIG_TYPE_INT, 0},                             \
     {"NUM_BLOCKS", "256", "blocks in each rank's page pool",                                   \
      offsetof(kvf_gen_opts_t, num_blocks), KVF_CONFIG_TYPE_INT, 0},                             \

@@ -35,7 +35,7 @@ typedef struct {
     double hbm_gb, hbm_gbs, tflops, link_gbs;
     bool   link_shared;
     double mem_util, reserve_gb, mfu, mbu, weight_bytes;
-    int    batch, context_tokens;
+    int    batch, context_tokens, output_tokens;
 } kvf_plan_opts_t;
 
 static const kvf_config_field_t kvf_plan_table[] = {
@@ -91,6 +91,8 @@ static const kvf_config_field_t kvf_plan_table[] = {
      offsetof(kvf_plan_opts_t, batch), KVF_CONFIG_TYPE_INT, 0},
     {"CONTEXT_TOKENS", "0", "tokens each decode sequence attends to (0: --prompt-tokens)",
      offsetof(kvf_plan_opts_t, context_tokens), KVF_CONFIG_TYPE_INT, 0},
+    {"OUTPUT_TOKENS", "256", "tokens generated per request, for the summary's throughput",
+     offsetof(kvf_plan_opts_t, output_tokens), KVF_CONFIG_TYPE_INT, 0},
     {NULL, NULL, NULL, 0, 0, 0},
 };
 
@@ -392,6 +394,136 @@ static cJSON *kvf_plan_estimate_json(const kvf_estimate_params_t *ep, const kvf_
     return o;
 }
 
+/* One layout's line of the closing summary. */
+typedef struct {
+    char                  name[16];
+    kvf_verdict_t         verdict;
+    char                  why[320];       /* a refusal's field and reason */
+    bool                  est_ok;
+    kvf_layout_estimate_t est;
+} kvf_plan_row_t;
+
+#define KVF_PLAN_MAX_ROWS 64
+
+/* Bytes one rank of a side holds: weights, and KV + Mamba state for @a seqs sequences of
+ * @a tokens each. */
+static double kvf_plan_rank_bytes(const kvf_side_estimate_t *s, int seqs, int tokens)
+{
+    return s->weights_per_rank + (double)seqs * (s->attn_bytes_per_token * (double)tokens +
+                                                 s->mamba_bytes_per_seq);
+}
+
+/* Requests/s per GPU of one prefill and one decode instance: the slowest of the prefill rate,
+ * the decode rate (batch sequences of @a out tokens) and the link; @a bound names it. */
+static double kvf_plan_rate(const kvf_estimate_params_t *ep, int out,
+                            const kvf_layout_estimate_t *e, const char **bound)
+{
+    double pre = 1000.0 / e->prefill_ms;
+    double dec = (double)ep->batch * 1000.0 / (e->decode_step_ms * (double)out);
+    double link = (e->transfer_ms > 0) ? 1000.0 / e->transfer_ms : pre;
+    double r = pre;
+
+    *bound = "prefill-bound";
+    if (dec < r) {
+        r = dec;
+        *bound = "decode-bound";
+    }
+    if (link < r) {
+        r = link;
+        *bound = "link-bound";
+    }
+    return r / (double)(e->prefill.tp + e->decode.tp);
+}
+
+static void kvf_plan_print_terms(void)
+{
+    static const char *const terms[] = {
+        "XpYd: a prefill instance of TP X ranks (GPUs) and a decode instance of TP Y",
+        "tp_ratio: Y/X when decode has more ranks, -X/Y when prefill has (-2: two prefill "
+        "ranks feed each decode rank)",
+        "A1: attention KV bytes per token per layer on one rank",
+        "M: Mamba conv + SSM state bytes per layer per sequence on one rank",
+        "logical block: the tokens one block-table entry covers; kernel block: the tokens the "
+        "attention kernel reads as one page; ppl: kernel blocks per logical block",
+        "page_size: one logical block's bytes on one rank (a Mamba layer's state fills one)",
+        "reads: prefill->decode rank pairs of one request's pull",
+        "translated: the two sides' block sizes differ; the pull copies runs into place",
+    };
+
+    printf("terms:\n");
+    for (size_t i = 0; i < sizeof(terms) / sizeof(terms[0]); ++i) {
+        printf("  %s\n", terms[i]);
+    }
+}
+
+/* The closing table: every layout side by side, estimates on @a ep, and a recommendation. */
+static void kvf_plan_print_summary(const kvf_plan_opts_t *o, const kvf_estimate_params_t *ep,
+                                   bool have_est, const kvf_plan_row_t *rows, int n)
+{
+    int best = -1, second = -1;
+    double rate[KVF_PLAN_MAX_ROWS];
+
+    printf("summary: one prefill and one decode instance per layout; %d-token prompts, %d-token"
+           " outputs, decode batch %d", ep->prompt_tokens, o->output_tokens, ep->batch);
+    if (have_est) {
+        printf("; estimates on %s%s (roofline: mfu %.2f, mbu %.2f)\n", ep->hw.name,
+               (o->hardware[0] == '\0') ? " (the default; --hardware to choose)" : "",
+               ep->mfu, ep->mbu);
+    } else {
+        printf("; no estimates (the model's parameters could not be counted)\n");
+    }
+    printf("%-8s %-23s %10s %15s %11s %13s  %s\n", "layout", "memory/rank GB (P | D)",
+           "prefill ms", "decode step ms", "transfer ms", "req/s per GPU", "verdict");
+    for (int i = 0; i < n; ++i) {
+        const kvf_plan_row_t *r = &rows[i];
+        const kvf_layout_estimate_t *e = &r->est;
+        const char *bound = "";
+        char mem[64];
+        bool fits;
+
+        rate[i] = -1;
+        if (!r->est_ok) {
+            printf("%-8s %-23s %10s %15s %11s %13s  %s%s%s\n", r->name, "-", "-", "-", "-", "-",
+                   kvf_verdict_str(r->verdict), r->why[0] ? ": " : "", r->why);
+            continue;
+        }
+        fits = (e->prefill.cache_per_rank >= kvf_plan_rank_bytes(&e->prefill, 1,
+                                                                 ep->prompt_tokens) -
+                e->prefill.weights_per_rank) &&
+               (e->decode.cache_per_rank >= kvf_plan_rank_bytes(&e->decode, ep->batch,
+                                                                ep->context_tokens) -
+                e->decode.weights_per_rank) &&
+               (e->prefill.cache_per_rank > 0) && (e->decode.cache_per_rank > 0);
+        snprintf(mem, sizeof(mem), "%.1f | %.1f",
+                 kvf_plan_rank_bytes(&e->prefill, 1, ep->prompt_tokens) / 1e9,
+                 kvf_plan_rank_bytes(&e->decode, ep->batch, ep->context_tokens) / 1e9);
+        if (fits) {
+            rate[i] = kvf_plan_rate(ep, o->output_tokens, e, &bound);
+            if ((best < 0) || (rate[i] > rate[best])) {
+                second = best;
+                best = i;
+            } else if ((second < 0) || (rate[i] > rate[second])) {
+                second = i;
+            }
+        }
+        printf("%-8s %-23s %10.2f %15.2f %11.3f %13.3f  %s, %s\n", r->name, mem, e->prefill_ms,
+               e->decode_step_ms, e->transfer_ms, fits ? rate[i] : 0.0,
+               kvf_verdict_str(r->verdict), fits ? bound : "does not fit in memory");
+    }
+    if (best >= 0) {
+        printf("recommended: %s, %.3f req/s per GPU", rows[best].name, rate[best]);
+        if (second >= 0) {
+            printf(", %.0f %% ahead of %s (%.3f)", 100.0 * (rate[best] / rate[second] - 1.0),
+                   rows[second].name, rate[second]);
+        }
+        printf("\n");
+    }
+    printf("memory/rank: weights + KV and Mamba state (prefill: one prompt; decode: the batch at "
+           "its context); req/s per GPU: the pair's rate (the slowest of prefill, decode and "
+           "the link) over its GPUs; estimates, not measurements\n");
+    kvf_plan_print_terms();
+}
+
 int kvf_cmd_plan(int argc, char **argv)
 {
     kvf_estimate_params_t ep;
@@ -405,6 +537,10 @@ int kvf_cmd_plan(int argc, char **argv)
     bool done;
     int refused = 0;
     int nlayouts = 0;
+    kvf_estimate_params_t ep_tab;
+    bool have_tab;
+    static kvf_plan_row_t rows[KVF_PLAN_MAX_ROWS];
+    int nrows = 0;
 
     memset(&o, 0, sizeof(o));
     if (kvf_config_parse(kvf_plan_table, "kvf plan", argc, argv, &o, &done) != KVF_OK) {
@@ -429,6 +565,18 @@ int kvf_cmd_plan(int argc, char **argv)
     }
     if ((want_est == 0) && (kvf_model_cost(&cfg, &cost) != KVF_OK)) {
         return 1;
+    }
+    if (o.output_tokens < 1) {
+        kvf_error("bad value %d for --output-tokens: must be >= 1", o.output_tokens);
+        return 2;
+    }
+    ep_tab = ep;   /* the summary's estimates: --hardware's, else h100's */
+    have_tab = (want_est == 0);
+    if ((want_est == 1) && !o.json) {
+        kvf_plan_opts_t o2 = o;
+        snprintf(o2.hardware, sizeof(o2.hardware), "h100");
+        have_tab = (kvf_plan_estimate_params(&o2, &cfg, &ep_tab) == 0) &&
+                   (kvf_model_cost(&cfg, &cost) == KVF_OK);
     }
     if (o.json) {
         arr = cJSON_CreateArray();
@@ -469,6 +617,17 @@ int kvf_cmd_plan(int argc, char **argv)
             }
         }
         refused += (pl.verdict == KVF_VERDICT_REFUSED);
+        if (nrows < KVF_PLAN_MAX_ROWS) {
+            kvf_plan_row_t *r = &rows[nrows++];
+            memset(r, 0, sizeof(*r));
+            snprintf(r->name, sizeof(r->name), "%dp%dd", layout.prefill_tp, layout.decode_tp);
+            r->verdict = pl.verdict;
+            if (pl.verdict == KVF_VERDICT_REFUSED) {
+                snprintf(r->why, sizeof(r->why), "%s", pl.why);
+            }
+            r->est_ok = have_tab && (pl.verdict != KVF_VERDICT_REFUSED) &&
+                        (kvf_layout_estimate(&cfg, &cost, &pl, &ep_tab, &r->est) == KVF_OK);
+        }
         if ((want_est == 0) && (pl.verdict != KVF_VERDICT_REFUSED)) {
             kvf_layout_estimate_t est;
             if (kvf_layout_estimate(&cfg, &cost, &pl, &ep, &est) != KVF_OK) {
@@ -494,6 +653,9 @@ int kvf_cmd_plan(int argc, char **argv)
         kvf_error("kvf plan: --layouts '%s' names no layout (e.g. 1p1d,4p2d)", o.layouts);
         cJSON_Delete(arr);
         return 2;
+    }
+    if (!o.json) {
+        kvf_plan_print_summary(&o, &ep_tab, have_tab, rows, nrows);
     }
     if (o.json) {
         char *text = cJSON_Print(arr);

@@ -7,8 +7,14 @@
  * --slo-ttft-ms and --slo-tpot-ms): the rate doubles from --rate-start
  * while the SLO holds (up to --rate-max), then --search-steps bisections
  * between the last rate that held and the first that did not; --rates
- * instead runs a fixed list. Stop the pool, rank the candidates by that
- * rate (then goodput, then TTFT p50). Writes a ranked table on stdout,
+ * instead runs a fixed list. Each rate offers max(--num-requests, rate x
+ * --duration) requests, so a rate above capacity lasts long enough for its
+ * queue to break the SLO (40 requests at 512 req/s were a 78 ms burst that
+ * every layout "met"). Stop the pool, rank the candidates by that rate per
+ * rank (then the rate, goodput, TTFT p50) and recommend the first with its
+ * margin to the next. A candidate that cannot run is refused before any pool
+ * starts: kvf pool-check (weights, sharding, dtypes) and the memory its
+ * daemons allocate against MemAvailable. Writes a ranked table on stdout,
  * tune.json and tune.csv (one row per candidate and rate), and tune.png
  * (goodput against request rate per layout with the SLO line goodput =
  * slo-percent x rate, and TTFT p99 against rate with the TTFT SLO) when
@@ -20,13 +26,13 @@
  * share the cores and measure each other).
  */
 #define _GNU_SOURCE
-#include "kvf_bench_serve.h"
 #include "kvf_cmds.h"
-#include "kvf_config.h"
-#include "kvf_layout.h"
+#include "kvf_geometry.h"
 #include "kvf_log.h"
+#include "kvf_role.h"
+#include "kvf_tune_int.h"
 
-#include <cjson/cJSON.h>
+#include <dirent.h>
 #include <errno.h>
 #include <libgen.h>
 #include <limits.h>
@@ -38,30 +44,6 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#define KVF_TUNE_MAX_CAND  32
-#define KVF_TUNE_MAX_RATES 16
-
-typedef struct {
-    char   model[KVF_CONFIG_STR_MAX];
-    char   layouts[KVF_CONFIG_STR_MAX];
-    char   instances[KVF_CONFIG_STR_MAX];
-    int    budget;
-    char   rates[KVF_CONFIG_STR_MAX];
-    double rate_start, rate_max;
-    int    search_steps;
-    double slo_percent;
-    int    max_concurrency;
-    int    num_requests;
-    int    input_len, output_len;
-    int    warmup;
-    double slo_ttft_ms, slo_tpot_ms;
-    char   out_dir[KVF_CONFIG_STR_MAX];
-    char   bin[KVF_CONFIG_STR_MAX];
-    int    up_timeout_s;
-    int    token_hi;
-    bool   json;
-} kvf_tune_opts_t;
 
 #define KVF_TUNE_OFF(_f) offsetof(kvf_tune_opts_t, _f)
 
@@ -86,8 +68,12 @@ static const kvf_config_field_t kvf_tune_table[] = {
      "succeed within every SLO", KVF_TUNE_OFF(slo_percent), KVF_CONFIG_TYPE_DOUBLE, 0},
     {"MAX_CONCURRENCY", "0", "requests in flight at most (0: unlimited, so a rate above "
      "capacity queues)", KVF_TUNE_OFF(max_concurrency), KVF_CONFIG_TYPE_INT, 0},
-    {"NUM_REQUESTS", "40", "measured requests per rate",
+    {"NUM_REQUESTS", "40", "measured requests per rate at least",
      KVF_TUNE_OFF(num_requests), KVF_CONFIG_TYPE_INT, 0},
+    {"DURATION", "2", "seconds of arrivals per rate: a rate runs max(--num-requests, rate x "
+     "this) requests, so a rate above capacity queues past the TTFT SLO (a quarter over "
+     "capacity needs 4 x the SLO) instead of ending as a short burst",
+     KVF_TUNE_OFF(duration_s), KVF_CONFIG_TYPE_DOUBLE, 0},
     {"INPUT_LEN", "64", "prompt tokens per request", KVF_TUNE_OFF(input_len),
      KVF_CONFIG_TYPE_INT, 0},
     {"OUTPUT_LEN", "16", "output tokens per request", KVF_TUNE_OFF(output_len),
@@ -102,6 +88,8 @@ static const kvf_config_field_t kvf_tune_table[] = {
      KVF_TUNE_OFF(out_dir), KVF_CONFIG_TYPE_STRING, 0},
     {"BIN", "", "folder with kvf-up, kvf-down and the daemons (default: next to kvf)",
      KVF_TUNE_OFF(bin), KVF_CONFIG_TYPE_STRING, 0},
+    {"BASE_PORT", "auto", "kvf-up --base-port of every pool (auto: a free, reserved range "
+     "from 20000 up)", KVF_TUNE_OFF(base_port), KVF_CONFIG_TYPE_STRING, 0},
     {"UP_TIMEOUT", "120", "seconds kvf-up may take to bring a pool up",
      KVF_TUNE_OFF(up_timeout_s), KVF_CONFIG_TYPE_INT, 0},
     {"TOKEN_HI", "127", "synthetic prompt ids are drawn from [32, token-hi)",
@@ -110,28 +98,6 @@ static const kvf_config_field_t kvf_tune_table[] = {
      KVF_TUNE_OFF(json), KVF_CONFIG_TYPE_BOOL, 0},
     {NULL, NULL, NULL, 0, 0, 0},
 };
-
-typedef struct {
-    double rate;
-    kvf_bs_summary_t s;
-    bool   ran;
-    bool   meets;                       /* --slo-percent of the requests within the SLO */
-} kvf_tune_point_t;
-
-typedef struct {
-    char              name[32];         /* "4p2d" or "4p2d x1x2" */
-    kvf_layout_t      layout;
-    int               n_prefill, n_decode;
-    int               ranks;
-    kvf_verdict_t     verdict;
-    char              why[PATH_MAX + 256]; /* refused / over budget / failed to start */
-    bool              runnable;
-    bool              ran;
-    int               num_points;
-    kvf_tune_point_t  pts[KVF_TUNE_MAX_RATES];
-    int               best;             /* index into pts: highest rate meeting the SLO */
-    double            max_rate;         /* highest rate that met the SLO (0: none) */
-} kvf_tune_cand_t;
 
 /* Run argv, wait, capture stdout (up to cap - 1 bytes); the exit code or -1. */
 static int kvf_tune_exec(const char *const argv[], char *out, size_t cap)
@@ -267,6 +233,101 @@ static int kvf_tune_candidates(const kvf_tune_opts_t *o, const kvf_model_config_
     return 0;
 }
 
+/* Bytes of the *.safetensors files in the model folder of @a model. */
+static double kvf_tune_weight_bytes(const char *model)
+{
+    char dir[PATH_MAX], path[PATH_MAX * 2];
+    struct stat st;
+    double sum = 0;
+    DIR *d;
+    struct dirent *e;
+
+    snprintf(dir, sizeof(dir), "%s", model);
+    if ((stat(model, &st) == 0) && !S_ISDIR(st.st_mode)) {
+        snprintf(dir, sizeof(dir), "%s", dirname(strcpy(path, model)));
+    }
+    d = opendir(dir);
+    while ((d != NULL) && ((e = readdir(d)) != NULL)) {
+        size_t n = strlen(e->d_name);
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        if ((n > 12) && (strcmp(e->d_name + n - 12, ".safetensors") == 0) &&
+            (stat(path, &st) == 0)) {
+            sum += (double)st.st_size;
+        }
+    }
+    if (d != NULL) {
+        closedir(d);
+    }
+    return sum;
+}
+
+/* MemAvailable of /proc/meminfo in bytes (< 0: unknown). */
+static double kvf_tune_mem_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    double kb = -1;
+
+    while ((f != NULL) && (fgets(line, sizeof(line), f) != NULL)) {
+        if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) {
+            break;
+        }
+    }
+    if (f != NULL) {
+        fclose(f);
+    }
+    return (kb < 0) ? -1 : kb * 1024.0;
+}
+
+/*
+ * Refuse @a k before any pool starts when it cannot run: kvf pool-check (weights, sharding,
+ * the daemons' dtypes) or memory: every instance loads the weights, every rank allocates
+ * --num-blocks blocks x slots pages; more than MemAvailable is refused naming both.
+ */
+static void kvf_tune_precheck(const kvf_tune_opts_t *o, const kvf_model_config_t *cfg,
+                              kvf_tune_cand_t *k)
+{
+    char self[PATH_MAX], lay[16], out[4096];
+    kvf_cache_params_t params;
+    kvf_cache_layout_t cl;
+    kvf_layout_plan_t pl;
+    double weights, pools, need, avail;
+    int rc;
+
+    snprintf(self, sizeof(self), "%s/kvf", o->bin);
+    snprintf(lay, sizeof(lay), "%dp%dd", k->layout.prefill_tp, k->layout.decode_tp);
+    {
+        const char *argv[] = {self, "pool-check", "--layout", lay, "--prefill-model", o->model,
+                              "--decode-model", o->model, NULL};
+        rc = kvf_tune_exec(argv, out, sizeof(out));
+    }
+    if (rc != 0) {
+        out[strcspn(out, "\n")] = '\0';
+        snprintf(k->why, sizeof(k->why), "cannot run: %s", out[0] ? out : "kvf pool-check failed");
+        k->runnable = false;
+        return;
+    }
+    kvf_cache_params_default(cfg, &params);
+    if ((kvf_layout_plan(cfg, &params, k->layout, 1, true, &pl) != KVF_OK) ||
+        (kvf_cache_layout_build(cfg, &cl) != KVF_OK)) {
+        return;   /* the pools will say */
+    }
+    weights = kvf_tune_weight_bytes(o->model);
+    pools = atof(KVF_ROLE_NUM_BLOCKS_DEFAULT) * cl.slots *
+            ((double)k->n_prefill * k->layout.prefill_tp * (double)pl.prefill.page_size +
+             (double)k->n_decode * k->layout.decode_tp * (double)pl.decode.page_size);
+    need = weights * (k->n_prefill + k->n_decode) + pools;
+    avail = kvf_tune_mem_available();
+    if ((avail > 0) && (need > avail)) {
+        snprintf(k->why, sizeof(k->why), "not enough memory: needs %.1f GiB (weights %.1f GiB x "
+                 "%d instances + KV/Mamba pools %.1f GiB: %s blocks x %d slots per rank), "
+                 "MemAvailable %.1f GiB", need / 1073741824.0, weights / 1073741824.0,
+                 k->n_prefill + k->n_decode, pools / 1073741824.0, KVF_ROLE_NUM_BLOCKS_DEFAULT,
+                 cl.slots, avail / 1073741824.0);
+        k->runnable = false;
+    }
+}
+
 /* Run one rate on the pool into the next point: 1 met the SLO, 0 did not, -1 could not run. */
 static int kvf_tune_point(const kvf_tune_opts_t *o, kvf_tune_cand_t *k, kvf_bs_params_t *p,
                           double rate)
@@ -275,6 +336,7 @@ static int kvf_tune_point(const kvf_tune_opts_t *o, kvf_tune_cand_t *k, kvf_bs_p
     const kvf_bs_summary_t *s = &pt->s;
 
     p->request_rate = rate;
+    p->num_requests = kvf_tune_requests(o, rate);
     p->warmup = (k->num_points == 0) ? o->warmup : 0;
     p->seed = (uint64_t)k->num_points;
     pt->rate = rate;
@@ -316,7 +378,8 @@ static void kvf_tune_search(const kvf_tune_opts_t *o, kvf_tune_cand_t *k, kvf_bs
         }
         lo = rate;
         if (rate >= o->rate_max) {
-            return;       /* held up to the highest rate asked for */
+            k->at_ceiling = true;   /* held up to the highest rate asked for: a lower bound */
+            return;
         }
         rate = (2 * rate < o->rate_max) ? 2 * rate : o->rate_max;
     }
@@ -362,7 +425,7 @@ static void kvf_tune_run_cand(const kvf_tune_opts_t *o, kvf_tune_cand_t *k, cons
     {
         const char *argv[] = {up, "--layout", lay, "--prefill-instances", np, "--decode-instances", nd,
                         "--model", o->model, "--run-dir", run_dir, "--port", "0",
-                        "--bin", o->bin, "--timeout", tmo, NULL};
+                        "--bin", o->bin, "--timeout", tmo, "--base-port", o->base_port, NULL};
         fprintf(stderr, "kvf tune: %s: starting the pool (%d ranks)\n", k->name, k->ranks);
         rc = kvf_tune_exec(argv, out, sizeof(out));
     }
@@ -399,8 +462,8 @@ out_down:
     }
 }
 
-/* Rank order: ran first, then the highest rate meeting the SLO, then goodput at the best rate,
- * then lower TTFT p50 there. */
+/* Rank order: ran first, then the highest rate meeting the SLO per rank (what a fleet of
+ * such pools serves per GPU), then that rate, goodput at the best rate, lower TTFT p50. */
 static int kvf_tune_cmp(const void *a, const void *b)
 {
     const kvf_tune_cand_t *x = a, *y = b;
@@ -411,6 +474,9 @@ static int kvf_tune_cmp(const void *a, const void *b)
     }
     if (!x->ran) {
         return 0;
+    }
+    if (kvf_tune_per_rank(x) != kvf_tune_per_rank(y)) {
+        return (kvf_tune_per_rank(x) > kvf_tune_per_rank(y)) ? -1 : 1;
     }
     if (x->max_rate != y->max_rate) {
         return (x->max_rate > y->max_rate) ? -1 : 1;
@@ -437,211 +503,6 @@ static void kvf_tune_pick_best(kvf_tune_cand_t *k)
             k->best = r;
         }
     }
-}
-
-static void kvf_tune_print_table(const kvf_tune_opts_t *o, kvf_tune_cand_t *c, int n, FILE *out)
-{
-    fprintf(out, "kvf tune: %s, %d-token prompts, %d-token outputs, %d requests per rate, "
-            "SLO: %g %% of requests within ttft<=%gms tpot<=%gms, budget %d ranks\n", o->model,
-            o->input_len, o->output_len, o->num_requests, o->slo_percent, o->slo_ttft_ms,
-            o->slo_tpot_ms, o->budget);
-    fprintf(out, "%-4s %-12s %5s %-10s %8s %8s %9s %9s %9s %9s %9s %9s %8s  %s\n", "rank",
-            "layout", "ranks", "verdict", "max_rate", "rate", "goodput", "tok/s", "ttft_p50",
-            "ttft_p99", "tpot_p50", "tpot_p99", "xfer%", "recommendation");
-    for (int i = 0; i < n; ++i) {
-        const kvf_tune_cand_t *k = &c[i];
-        const kvf_bs_summary_t *s;
-        char share[16];
-
-        if (!k->ran) {
-            fprintf(out, "%-4s %-12s %5d %-10s %8s %8s %9s %9s %9s %9s %9s %9s %8s  %s\n",
-                    "-", k->name, k->ranks, kvf_verdict_str(k->verdict), "-", "-", "-", "-", "-",
-                    "-", "-", "-", "-", k->why[0] ? k->why : "not run");
-            continue;
-        }
-        s = &k->pts[k->best].s;
-        if (s->transfer_share_mean >= 0) {
-            snprintf(share, sizeof(share), "%.1f", 100.0 * s->transfer_share_mean);
-        } else {
-            snprintf(share, sizeof(share), "-");
-        }
-        fprintf(out, "%-4d %-12s %5d %-10s %8g %8g %9.3f %9.1f %9.1f %9.1f %9.2f %9.2f %8s  "
-                "%s\n", i + 1, k->name, k->ranks, kvf_verdict_str(k->verdict), k->max_rate,
-                k->pts[k->best].rate, s->goodput, s->output_throughput, s->ttft.p50, s->ttft.p99,
-                s->tpot.p50, s->tpot.p99, share,
-                (k->max_rate == 0) ? "no tried rate met the SLO" :
-                (i == 0) ? "recommended: highest rate meeting the SLO" :
-                (s->failed > 0) ? "requests failed" : "");
-    }
-    fprintf(out, "max_rate: the highest tried rate (req/s) meeting the SLO; rate: the point "
-            "shown (max_rate, else the highest goodput); xfer%%: handshake + posting + wire + "
-            "post-ops share of the time to the first decoded token\n");
-}
-
-static cJSON *kvf_tune_json(const kvf_tune_opts_t *o, const kvf_tune_cand_t *c, int n)
-{
-    cJSON *root = cJSON_CreateObject();
-    cJSON *arr = cJSON_AddArrayToObject(root, "candidates");
-
-    cJSON_AddStringToObject(root, "model", o->model);
-    cJSON_AddNumberToObject(root, "budget", o->budget);
-    cJSON_AddNumberToObject(root, "slo_ttft_ms", o->slo_ttft_ms);
-    cJSON_AddNumberToObject(root, "slo_tpot_ms", o->slo_tpot_ms);
-    cJSON_AddNumberToObject(root, "slo_percent", o->slo_percent);
-    cJSON_AddBoolToObject(root, "searched", o->rates[0] == '\0');
-    for (int i = 0; i < n; ++i) {
-        const kvf_tune_cand_t *k = &c[i];
-        cJSON *j = cJSON_CreateObject();
-        cJSON *pts = cJSON_AddArrayToObject(j, "points");
-
-        cJSON_AddStringToObject(j, "name", k->name);
-        cJSON_AddNumberToObject(j, "prefill_tp", k->layout.prefill_tp);
-        cJSON_AddNumberToObject(j, "decode_tp", k->layout.decode_tp);
-        cJSON_AddNumberToObject(j, "prefill_instances", k->n_prefill);
-        cJSON_AddNumberToObject(j, "decode_instances", k->n_decode);
-        cJSON_AddNumberToObject(j, "ranks", k->ranks);
-        cJSON_AddStringToObject(j, "verdict", kvf_verdict_str(k->verdict));
-        cJSON_AddBoolToObject(j, "ran", k->ran);
-        if (k->ran) {
-            cJSON_AddNumberToObject(j, "rank", i + 1);
-            cJSON_AddNumberToObject(j, "best_rate", k->pts[k->best].rate);
-            cJSON_AddNumberToObject(j, "max_rate_meeting_slo", k->max_rate);
-        } else {
-            cJSON_AddStringToObject(j, "why", k->why);
-        }
-        for (int r = 0; r < k->num_points; ++r) {
-            const kvf_bs_summary_t *s = &k->pts[r].s;
-            cJSON *pj = cJSON_CreateObject();
-            cJSON_AddNumberToObject(pj, "rate", k->pts[r].rate);
-            cJSON_AddBoolToObject(pj, "meets_slo", k->pts[r].meets);
-            cJSON_AddNumberToObject(pj, "good", s->good);
-            cJSON_AddNumberToObject(pj, "completed", s->completed);
-            cJSON_AddNumberToObject(pj, "failed", s->failed);
-            cJSON_AddNumberToObject(pj, "goodput", s->goodput);
-            cJSON_AddNumberToObject(pj, "request_throughput", s->request_throughput);
-            cJSON_AddNumberToObject(pj, "output_throughput", s->output_throughput);
-            cJSON_AddNumberToObject(pj, "ttft_p50_ms", s->ttft.p50);
-            cJSON_AddNumberToObject(pj, "ttft_p99_ms", s->ttft.p99);
-            cJSON_AddNumberToObject(pj, "tpot_p50_ms", s->tpot.p50);
-            cJSON_AddNumberToObject(pj, "tpot_p99_ms", s->tpot.p99);
-            cJSON_AddNumberToObject(pj, "e2e_p50_ms", s->e2e.p50);
-            cJSON_AddNumberToObject(pj, "transfer_share", s->transfer_share_mean);
-            cJSON_AddItemToArray(pts, pj);
-        }
-        cJSON_AddItemToArray(arr, j);
-    }
-    return root;
-}
-
-static int kvf_tune_write_csv(const char *path, const kvf_tune_cand_t *c, int n)
-{
-    FILE *f = fopen(path, "w");
-
-    if (f == NULL) {
-        kvf_error("cannot write %s: %m", path);
-        return -1;
-    }
-    fprintf(f, "candidate,ranks,verdict,rate,completed,failed,goodput,output_throughput,"
-               "ttft_p50_ms,ttft_p99_ms,tpot_p50_ms,tpot_p99_ms,e2e_p50_ms,transfer_share,"
-               "meets_slo\n");
-    for (int i = 0; i < n; ++i) {
-        for (int r = 0; r < c[i].num_points; ++r) {
-            const kvf_bs_summary_t *s = &c[i].pts[r].s;
-            fprintf(f, "%s,%d,%s,%g,%d,%d,%.4f,%.2f,%.3f,%.3f,%.3f,%.3f,%.3f,%.4f,%d\n",
-                    c[i].name, c[i].ranks, kvf_verdict_str(c[i].verdict), c[i].pts[r].rate,
-                    s->completed, s->failed, s->goodput, s->output_throughput, s->ttft.p50,
-                    s->ttft.p99, s->tpot.p50, s->tpot.p99, s->e2e.p50, s->transfer_share_mean,
-                    c[i].pts[r].meets);
-        }
-    }
-    return (fclose(f) == 0) ? 0 : -1;
-}
-
-/* tune.png through gnuplot: 1 written, 0 skipped (no gnuplot), -1 failed. */
-static int kvf_tune_plot(const kvf_tune_opts_t *o, const kvf_tune_cand_t *c, int n)
-{
-    char dat[PATH_MAX], gp[PATH_MAX], png[PATH_MAX], gnuplot[PATH_MAX], out[4096];
-    double top = 0;
-    FILE *f;
-    int series = 0, rc;
-
-    if (!kvf_bs_find_gnuplot(gnuplot, sizeof(gnuplot))) {
-        fprintf(stderr, "kvf tune: plot skipped: gnuplot not found (apt-get install "
-                "gnuplot-nox)\n");
-        return 0;
-    }
-    snprintf(dat, sizeof(dat), "%s/tune.dat", o->out_dir);
-    snprintf(gp, sizeof(gp), "%s/tune.gp", o->out_dir);
-    snprintf(png, sizeof(png), "%s/tune.png", o->out_dir);
-    f = fopen(dat, "w");
-    if (f == NULL) {
-        kvf_error("cannot write %s: %m", dat);
-        return -1;
-    }
-    for (int i = 0; i < n; ++i) {
-        if (!c[i].ran) {
-            continue;
-        }
-        fprintf(f, "# %s\n", c[i].name);
-        for (int r = 0; r < c[i].num_points; ++r) {
-            const kvf_bs_summary_t *s = &c[i].pts[r].s;
-            fprintf(f, "%g %.4f %.3f %d\n", c[i].pts[r].rate, s->goodput,
-                    (s->sent > 0) ? 100.0 * s->good / s->sent : 0.0, c[i].pts[r].meets ? 7 : 6);
-            top = (c[i].pts[r].rate > top) ? c[i].pts[r].rate : top;
-        }
-        fprintf(f, "\n\n");
-        series++;
-    }
-    fclose(f);
-    if (series == 0) {
-        return 0;
-    }
-    f = fopen(gp, "w");
-    if (f == NULL) {
-        kvf_error("cannot write %s: %m", gp);
-        return -1;
-    }
-    fprintf(f, "set terminal png size 1100,480\nset output '%s'\nset multiplot layout 1,2 title "
-               "'kvf tune: %d-token prompts, %d-token outputs, %d requests per rate; SLO: %g %% "
-               "within ttft<=%gms tpot<=%gms (filled: met)'\nset grid\nset xlabel 'request rate (req/s)'\n"
-               "set key top left\nset xrange [0:%g]\nset yrange [0:*]\n", png, o->input_len,
-            o->output_len, o->num_requests, o->slo_percent, o->slo_ttft_ms, o->slo_tpot_ms,
-            top * 1.05);
-    for (int panel = 0; panel < 2; ++panel) {
-        int idx = 0;
-        fprintf(f, "set key %s\n", panel ? "bottom left" : "top left");
-        fprintf(f, "set ylabel '%s'\nset title '%s'\nset yrange [0:%s]\nplot ",
-                panel ? "requests within the SLO (%)" : "goodput (req/s)",
-                panel ? "SLO attainment" : "goodput: requests within the SLO per second",
-                panel ? "105" : "*");
-        if (panel == 0) {
-            fprintf(f, "%g * x with lines lw 2 dt 2 lc rgb 'red' title '%g %% of the offered "
-                       "rate', ", o->slo_percent / 100.0, o->slo_percent);
-        } else {
-            fprintf(f, "%g with lines lw 2 dt 2 lc rgb 'red' title 'SLO: %g %% of requests', ",
-                    o->slo_percent, o->slo_percent);
-        }
-        for (int i = 0; i < n; ++i) {
-            if (!c[i].ran) {
-                continue;
-            }
-            fprintf(f, "%s'%s' index %d using 1:%d:4 with linespoints lw 2 pt variable ps 1.5 "
-                    "title '%s'", idx ? ", " : "", dat, idx, panel ? 3 : 2, c[i].name);
-            idx++;
-        }
-        fprintf(f, "\n");
-    }
-    fprintf(f, "unset multiplot\n");
-    fclose(f);
-    {
-        const char *argv[] = {gnuplot, gp, NULL};
-        rc = kvf_tune_exec(argv, out, sizeof(out));
-    }
-    if ((rc != 0) || (access(png, R_OK) != 0)) {
-        kvf_error("gnuplot %s failed (exit %d)", gp, rc);
-        return -1;
-    }
-    return 1;
 }
 
 int kvf_cmd_tune(int argc, char **argv)
@@ -682,6 +543,13 @@ int kvf_cmd_tune(int argc, char **argv)
                   o.up_timeout_s, o.warmup, o.token_hi);
         return 2;
     }
+    if (!(o.duration_s >= 0) || ((strcmp(o.base_port, "auto") != 0) &&
+                                 (strspn(o.base_port, "0123456789") != strlen(o.base_port) ||
+                                  (o.base_port[0] == '\0')))) {
+        kvf_error("kvf tune: bad value: --duration %g must be >= 0; --base-port '%s' must be "
+                  "auto or a port", o.duration_s, o.base_port);
+        return 2;
+    }
     nrates = (o.rates[0] != '\0') ?
              kvf_config_number_list("rates", o.rates, 0, INFINITY, false, rates,
                                     KVF_TUNE_MAX_RATES) : 0;
@@ -705,6 +573,14 @@ int kvf_cmd_tune(int argc, char **argv)
     if (kvf_tune_candidates(&o, &cfg, c, &n) != 0) {
         free(c);
         return 2;
+    }
+    for (int i = 0; i < n; ++i) {   /* every refusal before the first pool starts */
+        if (c[i].runnable) {
+            kvf_tune_precheck(&o, &cfg, &c[i]);
+        }
+        if (!c[i].runnable) {
+            fprintf(stderr, "kvf tune: %s: %s\n", c[i].name, c[i].why);
+        }
     }
     for (int i = 0; i < n; ++i) {
         if (c[i].runnable) {
@@ -738,8 +614,9 @@ int kvf_cmd_tune(int argc, char **argv)
     } else {
         kvf_tune_print_table(&o, c, n, stdout);
         printf("wrote %s/tune.json, %s/tune.csv%s%s%s\n", o.out_dir, o.out_dir,
-               (plotted > 0) ? ", " : "", (plotted > 0) ? o.out_dir : "",
-               (plotted > 0) ? "/tune.png" : " (no plot: gnuplot not found)");
+               (plotted == 1) ? ", " : "", (plotted == 1) ? o.out_dir : "",
+               (plotted == 1) ? "/tune.png" : (plotted == 2) ? " (no plot: no candidate ran)" :
+               (plotted == 0) ? " (no plot: gnuplot not found)" : " (the plot failed)");
     }
     free(text);
     if ((n > 0) && !c[0].ran) {

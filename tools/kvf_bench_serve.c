@@ -20,6 +20,7 @@
 #include "kvf_bs_int.h"
 
 #include "kvf_array.h"
+#include "kvf_tokenizer.h"
 
 #include <errno.h>
 #include <math.h>
@@ -214,6 +215,49 @@ int kvf_bs_params_check(const kvf_bs_params_t *p)
 
 /* ---- workload ----------------------------------------------------------------- */
 
+/*
+ * openai-chat, as vLLM's benchmark sends it: the prompt becomes one user message (token ids
+ * decoded with p->chat_tok) and max_tokens max_completion_tokens. 0, or -1 for ids without a
+ * tokenizer (kvf_cmd_bench_serve refuses that before it sends anything).
+ */
+static int kvf_bs_chatify(const kvf_bs_params_t *p, cJSON *root)
+{
+    cJSON *prompt = cJSON_DetachItemFromObjectCaseSensitive(root, "prompt");
+    cJSON *mt = cJSON_DetachItemFromObjectCaseSensitive(root, "max_tokens");
+    cJSON *msgs = cJSON_AddArrayToObject(root, "messages");
+    cJSON *m = cJSON_CreateObject();
+    char *text = NULL;
+    int rc = 0;
+
+    if (cJSON_IsString(prompt)) {
+        text = strdup(prompt->valuestring);
+    } else if (cJSON_IsArray(prompt) && (p->chat_tok != NULL)) {
+        int n = cJSON_GetArraySize(prompt), i = 0;
+        int32_t *ids = calloc((size_t)n + 1, sizeof(int32_t));
+        size_t cap = (size_t)n * 16 + 1;
+        const cJSON *it;
+
+        text = malloc(cap);
+        cJSON_ArrayForEach(it, prompt) {
+            ids[i++] = (int32_t)it->valuedouble;
+        }
+        if ((ids != NULL) && (text != NULL)) {
+            kvf_tokenizer_decode(p->chat_tok, ids, n, text, cap);
+        }
+        free(ids);
+    }
+    rc = (text != NULL) ? 0 : -1;
+    cJSON_AddStringToObject(m, "role", "user");
+    cJSON_AddStringToObject(m, "content", (text != NULL) ? text : "");
+    cJSON_AddItemToArray(msgs, m);
+    if (mt != NULL) {
+        cJSON_AddItemToObject(root, "max_completion_tokens", mt);
+    }
+    free(text);
+    cJSON_Delete(prompt);
+    return rc;
+}
+
 /* The JSON body of request @a index (malloc'd), its prompt length (-1: text) and max_tokens. */
 static char *kvf_bs_body(const kvf_bs_params_t *p, const kvf_bs_dataset_t *d, uint64_t index,
                          int *prompt_len_p, int *max_tokens_p)
@@ -284,6 +328,9 @@ static char *kvf_bs_body(const kvf_bs_params_t *p, const kvf_bs_dataset_t *d, ui
             cJSON_AddItemToObject(root, it->string, cJSON_Duplicate(it, 1));
         }
         cJSON_Delete(extra);
+    }
+    if (p->chat) {
+        (void)kvf_bs_chatify(p, root);   /* ids without a tokenizer were refused at start */
     }
     s = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);

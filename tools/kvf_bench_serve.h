@@ -46,6 +46,9 @@ typedef struct kvf_bs_params {
     int           port;
     char          model[KVF_CONFIG_STR_MAX];  /* "" : no "model" field in requests */
     char          endpoint[KVF_CONFIG_STR_MAX];/* request path, "/v1/completions" */
+    bool          chat;                       /* openai-chat: messages, /v1/chat/completions */
+    const struct kvf_tokenizer *chat_tok;     /* chat: decodes token-id prompts into the
+                                               * user message (not owned); NULL: text only */
     char          api_key[KVF_CONFIG_STR_MAX];/* "" : no Authorization header */
     char          dataset[KVF_CONFIG_STR_MAX];/* JSONL file of prompts, "" : synthetic */
     int           input_len;
@@ -195,8 +198,17 @@ int kvf_bs_fetch_model(kvf_bs_params_t *p);
 int kvf_bs_plot(const char *png, const kvf_bs_params_t *p, const kvf_bs_summary_t *runs,
                 const double *rates, int n);
 
-/** Path of an executable gnuplot into @a buf; false when none is installed. */
+/** Path of an executable gnuplot ($PATH, then /usr/bin, /usr/local/bin, /bin) into @a buf;
+ * false when none is installed. */
 bool kvf_bs_find_gnuplot(char *buf, size_t cap);
+
+/**
+ * Run @a gnuplot on @a script with its stdout discarded and its stderr
+ * (warnings, errors) put in @a err (@a cap bytes, one line, NUL-terminated)
+ * instead of this process's output: callers show it only when the plot
+ * failed. @return gnuplot's exit code, or -1 when it could not be started.
+ */
+int kvf_bs_run_gnuplot(const char *gnuplot, const char *script, char *err, size_t cap);
 
 /**
  * vLLM's ready check before a run: the model p->model must be one the server

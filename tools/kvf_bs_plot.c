@@ -20,7 +20,18 @@
 bool kvf_bs_find_gnuplot(char *buf, size_t cap)
 {
     static const char *const dirs[] = {"/usr/bin", "/usr/local/bin", "/bin"};
+    const char *path = getenv("PATH");
+    char copy[4096];
 
+    /* $PATH first (a gnuplot in /opt or ~/.local counts), then the usual folders */
+    snprintf(copy, sizeof(copy), "%s", (path != NULL) ? path : "");
+    for (char *save = NULL, *d = strtok_r(copy, ":", &save); d != NULL;
+         d = strtok_r(NULL, ":", &save)) {
+        snprintf(buf, cap, "%s/gnuplot", (d[0] != '\0') ? d : ".");
+        if (access(buf, X_OK) == 0) {
+            return true;
+        }
+    }
     for (size_t i = 0; i < sizeof(dirs) / sizeof(dirs[0]); ++i) {
         snprintf(buf, cap, "%s/gnuplot", dirs[i]);
         if (access(buf, X_OK) == 0) {
@@ -31,25 +42,49 @@ bool kvf_bs_find_gnuplot(char *buf, size_t cap)
     return false;
 }
 
-/* gnuplot @a script with its output to /dev/null; its exit code or -1. */
-static int kvf_bs_gnuplot(const char *gnuplot, const char *script)
+int kvf_bs_run_gnuplot(const char *gnuplot, const char *script, char *err, size_t cap)
 {
-    int status;
+    int status, fds[2];
+    size_t len = 0;
     pid_t pid;
 
+    err[0] = '\0';
+    if (pipe(fds) != 0) {
+        return -1;
+    }
     fflush(stdout);   /* else the child's copy of the buffer is written a second time */
     fflush(stderr);
     pid = fork();
-
     if (pid < 0) {
+        close(fds[0]);
+        close(fds[1]);
         return -1;
     }
     if (pid == 0) {
         FILE *n = freopen("/dev/null", "w", stdout);
         (void)n;
+        dup2(fds[1], STDERR_FILENO);   /* its warnings come back to the caller, not the user */
+        close(fds[0]);
+        close(fds[1]);
         execl(gnuplot, gnuplot, script, (char *)NULL);
         _exit(127);
     }
+    close(fds[1]);
+    for (;;) {
+        char tmp[1024];
+        ssize_t n = read(fds[0], tmp, sizeof(tmp));
+        if ((n < 0) && (errno == EINTR)) {
+            continue;
+        }
+        if (n <= 0) {
+            break;
+        }
+        for (ssize_t i = 0; (i < n) && (len + 1 < cap); ++i) {   /* one line of text */
+            err[len++] = ((tmp[i] == '\n') || (tmp[i] == '\r')) ? ' ' : tmp[i];
+        }
+    }
+    err[len] = '\0';
+    close(fds[0]);
     while (waitpid(pid, &status, 0) < 0) {
         if (errno != EINTR) {
             return -1;
@@ -107,7 +142,7 @@ static int kvf_bs_plot_data(const char *dat, const double *q, int nq,
 int kvf_bs_plot(const char *png, const kvf_bs_params_t *p, const kvf_bs_summary_t *runs,
                 const double *rates, int n)
 {
-    char gnuplot[PATH_MAX], dat[PATH_MAX + 8], gp[PATH_MAX + 8];
+    char gnuplot[PATH_MAX], dat[PATH_MAX + 8], gp[PATH_MAX + 8], err[512];
     char model[KVF_CONFIG_STR_MAX], conc[32] = "unlimited";
     double q[KVF_BS_MAX_PCT + 1];
     int cols = kvf_bs_plot_pcts(p, q), rc;
@@ -161,11 +196,11 @@ int kvf_bs_plot(const char *png, const kvf_bs_params_t *p, const kvf_bs_summary_
         kvf_error("cannot write %s: %m", gp);
         return -1;
     }
-    rc = kvf_bs_gnuplot(gnuplot, gp);
+    rc = kvf_bs_run_gnuplot(gnuplot, gp, err, sizeof(err));
     unlink(dat);
     unlink(gp);
-    if ((rc != 0) || (access(png, R_OK) != 0)) {
-        kvf_error("gnuplot %s failed (exit %d)", gp, rc);
+    if ((rc != 0) || (access(png, R_OK) != 0)) {   /* its warnings are shown only then */
+        kvf_error("gnuplot %s failed (exit %d): %s", gp, rc, err);
         return -1;
     }
     return 1;

@@ -105,7 +105,7 @@ static void kvf_bs_event(kvf_bs_stream_t *st, const char *data, size_t len)
 {
     kvf_bs_result_t *res = st->res;
     uint64_t now = kvf_time_now_ns();
-    const cJSON *choices, *choice, *ids, *err, *fr;
+    const cJSON *choices, *choice, *ids, *err, *fr, *text;
     cJSON *root;
     int k = 0;
 
@@ -138,8 +138,13 @@ static void kvf_bs_event(kvf_bs_stream_t *st, const char *data, size_t len)
     }
     choice = cJSON_GetArrayItem(choices, 0);
     ids = cJSON_GetObjectItemCaseSensitive(choice, "token_ids");
+    text = cJSON_GetObjectItemCaseSensitive(choice, "text");
+    if (text == NULL) {   /* a chat chunk: the text is the delta's content */
+        text = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(choice, "delta"),
+                                                "content");
+    }
     if (st->keep_text) {
-        const cJSON *t = cJSON_GetObjectItemCaseSensitive(choice, "text");
+        const cJSON *t = text;
         size_t tl = cJSON_IsString(t) ? strlen(t->valuestring) : 0;
         char *grown = (tl > 0) ? realloc(res->text, res->text_len + tl + 1) : NULL;
 
@@ -152,8 +157,7 @@ static void kvf_bs_event(kvf_bs_stream_t *st, const char *data, size_t len)
     if (cJSON_IsArray(ids)) {
         k = cJSON_GetArraySize(ids);
     } else {
-        const cJSON *t = cJSON_GetObjectItemCaseSensitive(choice, "text");
-        k = (cJSON_IsString(t) && (t->valuestring[0] != '\0')) ? 1 : 0;
+        k = (cJSON_IsString(text) && (text->valuestring[0] != '\0')) ? 1 : 0;
     }
     if (k > 0) {
         if (res->output_tokens == 0) {

@@ -30,6 +30,9 @@ int kvf_cmd_tune(int argc, char **argv);
 /* tools/cmd_matrix.c: runs kvf-matrix beside this binary */
 int kvf_cmd_matrix(int argc, char **argv);
 
+/* tools/cmd_pool_check.c */
+int kvf_cmd_pool_check(int argc, char **argv);
+
 /* tools/cmd_keygen.c */
 int kvf_cmd_keygen(int argc, char **argv);
 

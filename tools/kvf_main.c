@@ -19,6 +19,7 @@ static const kvf_cmd_t kvf_cmds[] = {
     {"bench", kvf_cmd_bench, "GB/s of a KV-shaped pull vs a raw contiguous UCX GET"},
     {"bench-serve", kvf_cmd_bench_serve, "load generator against kvf-proxy: TTFT/TPOT/ITL percentiles, goodput"},
     {"keygen", kvf_cmd_keygen, "write a pool's CURVE key set: server.key, <id>.key, pool.pub"},
+    {"pool-check", kvf_cmd_pool_check, "what kvf-up checks before it starts a pool: dtypes, sharding, digests, ports"},
     {"tune", kvf_cmd_tune, "start each fitting layout with kvf-up, bench it at a few rates, rank them"},
     {NULL, NULL, NULL},
 };

@@ -36,6 +36,8 @@
 
 #include "kvf_xt_int.h"
 
+#include <limits.h>
+
 /*
  * Parts: kvf_xt_pattern.c (the content pattern and the verify),
  * kvf_xt_ranks.c (setup of both sides), kvf_xt_prefill.c (the child),
@@ -653,10 +655,12 @@ static int xt_report(const xt_ctx_t *c, const xt_totals_t *t, double hs_ms, int 
                (double)pns / 1e3, (double)pns / 1e3 / (double)(pd ? pd : 1),
                c->bench ? ", median" : "");
         printf("plan: %.1f us per decode rank (start_pull before its first GET or gather: the"
-               " plan, endpoints, zero list; slowest rank%s); in the post line's pull %.1f us"
-               " planning, %.1f us posting (%.3f us/desc)\n", (double)xt_plan_median(c, n) / 1e3,
-               c->bench ? ", median" : "", (double)pplan / 1e3, (double)(pns - pplan) / 1e3,
-               (double)(pns - pplan) / 1e3 / (double)(pd ? pd : 1));
+               " plan, endpoints, zero list; slowest rank%s)\n",
+               (double)xt_plan_median(c, n) / 1e3, c->bench ? ", median" : "");
+        printf("post split: the post line's %.1f us = %.1f us planning + %.1f us posting "
+               "(%.3f us/desc; that one rank's pull, so its planning may differ from the plan "
+               "line's slowest rank)\n", (double)pns / 1e3, (double)pplan / 1e3,
+               (double)(pns - pplan) / 1e3, (double)(pns - pplan) / 1e3 / (double)(pd ? pd : 1));
         printf("post cpu: %.1f us, %.3f us/desc (start_pull in thread CPU time: plan + post,"
                " not the time the thread waited for a core; the rank slowest per descriptor%s)\n",
                cpu * (double)pd / 1e3, cpu / 1e3, c->bench ? ", median" : "");
@@ -724,7 +728,9 @@ static int xt_run(xt_ctx_t *c)
     if (c->go && !t.refused) {
         rc = xt_report(c, &t, hs_ms, rc);
     }
-    printf("rdma operations posted: %" PRIu64 "\n", t.ops);
+    printf("rdma operations posted: %" PRIu64 " (every GET of this run: each pull's "
+           "descriptors, warm-up and timed pulls%s; the transfer line counts one pull)\n", t.ops,
+           c->bench ? ", and the raw contiguous GETs" : "");
 
 out_reap:
     if (!c->go || (rc != 0)) {
@@ -754,6 +760,46 @@ out_reap:
     return rc;
 }
 
+/*
+ * kvf bench's default model: nemotron-nano-9b-v2.config.json in $KVF_SHARED_MODELS, else in
+ * tests/data/models under this directory, else under the source tree this binary was built
+ * in (build/bin/kvf -> ../../tests/data/models), so it runs from any directory.
+ */
+static void xt_default_model(char *out, size_t cap)
+{
+    static const char name[] = "nemotron-nano-9b-v2.config.json";
+    const char *dir = getenv("KVF_SHARED_MODELS");
+    char self[PATH_MAX];
+    ssize_t n;
+
+    if (dir != NULL) {
+        snprintf(out, cap, "%s/%s", dir, name);
+        return;
+    }
+    snprintf(out, cap, "tests/data/models/%s", name);
+    if (access(out, R_OK) == 0) {
+        return;
+    }
+    n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n > 0) {
+        char *slash;
+        self[n] = '\0';
+        for (int up = 0; up < 3; ++up) {   /* kvf, bin/, build/ */
+            slash = strrchr(self, '/');
+            if (slash != NULL) {
+                *slash = '\0';
+            }
+        }
+        char path[PATH_MAX + sizeof(name) + 32];
+        int len = snprintf(path, sizeof(path), "%s/tests/data/models/%s", self, name);
+        if ((len > 0) && ((size_t)len < cap) && (access(path, R_OK) == 0)) {
+            memcpy(out, path, (size_t)len + 1);
+            return;
+        }
+    }
+    snprintf(out, cap, "tests/data/models/%s", name);   /* the error names this one */
+}
+
 static int xt_main(int argc, char **argv, bool bench)
 {
     xt_ctx_t *c = calloc(1, sizeof(*c));
@@ -775,9 +821,7 @@ static int xt_main(int argc, char **argv, bool bench)
         goto out;
     }
     if ((c->o.model[0] == '\0') && bench) {
-        const char *dir = getenv("KVF_SHARED_MODELS");
-        snprintf(c->o.model, sizeof(c->o.model), "%s/nemotron-nano-9b-v2.config.json",
-                 (dir != NULL) ? dir : "tests/data/models");
+        xt_default_model(c->o.model, sizeof(c->o.model));
     }
     if (c->o.model[0] == '\0') {
         kvf_error("%s: --model is required", prog);

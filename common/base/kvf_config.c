@@ -150,13 +150,35 @@ static const char *kvf_config_expected(kvf_config_type_t type)
     return "a valid value";
 }
 
+/* A too long string for NAME when @a table has NAME_FILE: " (--name-file takes any length)". */
+static void kvf_config_file_hint(const kvf_config_field_t *table, const kvf_config_field_t *f,
+                                 char *buf, size_t len)
+{
+    char want[96], flag[96];
+
+    buf[0] = '\0';
+    snprintf(want, sizeof(want), "%s_FILE", f->name);
+    for (const kvf_config_field_t *g = table; g->name != NULL; ++g) {
+        if (strcmp(g->name, want) == 0) {
+            kvf_config_flag_name(g->name, flag, sizeof(flag));
+            snprintf(buf, len, "; --%s takes a longer value from a file", flag);
+            return;
+        }
+    }
+}
+
 /* @a source names where the text came from: "--tp", "KVF_TP" or "default". */
-static kvf_status_t kvf_config_set(const kvf_config_field_t *f, const char *text,
-                                   const char *source, void *obj)
+static kvf_status_t kvf_config_set(const kvf_config_field_t *table, const kvf_config_field_t *f,
+                                   const char *text, const char *source, void *obj)
 {
     if (kvf_config_parse_value(f->type, text, (char *)obj + f->offset) != KVF_OK) {
-        kvf_error("bad value '%.64s%s' for %s: expected %s", text,
-                  (strlen(text) > 64) ? "..." : "", source, kvf_config_expected(f->type));
+        char hint[160] = "";
+
+        if (f->type == KVF_CONFIG_TYPE_STRING) {
+            kvf_config_file_hint(table, f, hint, sizeof(hint));   /* 160 > 96 + 40 */
+        }
+        kvf_error("bad value '%.64s%s' for %s: expected %s%s", text,
+                  (strlen(text) > 64) ? "..." : "", source, kvf_config_expected(f->type), hint);
         return KVF_ERR_INVALID_PARAM;
     }
     return KVF_OK;
@@ -227,7 +249,7 @@ kvf_status_t kvf_config_parse(const kvf_config_field_t *table, const char *prog,
     for (const kvf_config_field_t *f = table; f->name != NULL; ++f) {
         char env[128];
         const char *v;
-        status = kvf_config_set(f, f->dflt, f->name, obj);
+        status = kvf_config_set(table, f, f->dflt, f->name, obj);
         if (status != KVF_OK) {
             return status;
         }
@@ -235,7 +257,7 @@ kvf_status_t kvf_config_parse(const kvf_config_field_t *table, const char *prog,
         kvf_config_mark_seen(f->name);
         v = (f->flags & KVF_CONFIG_FLAG_NO_ENV) ? NULL : getenv(env);
         if (v != NULL) {
-            status = kvf_config_set(f, v, env, obj);
+            status = kvf_config_set(table, f, v, env, obj);
             if (status != KVF_OK) {
                 return status;
             }
@@ -289,7 +311,7 @@ kvf_status_t kvf_config_parse(const kvf_config_field_t *table, const char *prog,
             kvf_error("%s: flag '%s' needs a value", prog, argv[i]);
             return KVF_ERR_INVALID_PARAM;
         }
-        status = kvf_config_set(f, val, flag_name, obj);
+        status = kvf_config_set(table, f, val, flag_name, obj);
         if (status != KVF_OK) {
             return status;
         }

@@ -209,7 +209,7 @@ static void fake_check_peer(void *sock, zmq_msg_t *identity, const Kvf__CheckPee
     r.has_status = r.has_done = r.done = true;
     if (strcmp(fake_mode, "refuse-check") == 0) {
         r.status = -30;
-        r.error = (char *)"handshake refused: kv_dtype local=bf16 remote=fp32: fake refusal";
+        r.error = (char *)"handshake refused: kv_dtype prefill=fp32 decode=bf16: fake refusal";
     }
     fake_send(sock, identity, &r);
 }
@@ -261,7 +261,7 @@ static void fake_decode(void *sock, zmq_msg_t *identity, const Kvf__DecodeReques
     r.has_status = true;
     if (strcmp(fake_mode, "fail-decode") == 0) {
         r.status = -30;
-        r.error = (char *)"handshake refused: block_size local=16 remote=32: fake";
+        r.error = (char *)"handshake refused: block_size prefill=32 decode=16: fake";
         fake_send(sock, identity, &r);
         return;
     }

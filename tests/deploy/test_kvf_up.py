@@ -91,10 +91,13 @@ def main():
             m = re.search(r"started proxy on \S+ \(pid (\d+)\)", p.stderr)
             if m and pid_alive(int(m.group(1))):
                 os.kill(int(m.group(1)), signal.SIGKILL)
-            T.check(p.returncode == 1 and p.stdout == "" and "is not this pool's" in p.stderr and
-                    "cannot listen" in p.stderr,
-                    "kvf-up fails with its proxy's log when another pool's proxy answers "
-                    "on its port", p.stderr)
+            # kvf pool-check finds the port taken before anything starts (the health
+            # check's "is not this pool's" still guards a port taken after the check)
+            T.check(p.returncode == 1 and p.stdout == "" and
+                    ("port %d on 127.0.0.1 (proxy.port) is not free" % port) in p.stderr and
+                    "started " not in p.stderr.replace("nothing started", ""),
+                    "kvf-up fails before start-up when another pool's proxy holds its port",
+                    p.stderr)
             T.check(not [f for f in os.listdir(rb) if f.endswith(".pid")],
                     "the failed kvf-up stopped what it started")
         T.check(pool.health()[0] == 200 and all(pid_alive(pid) for pid in pids.values()),
@@ -193,7 +196,7 @@ def main():
         dt = time.monotonic() - t0
         T.check(p.returncode == 1 and
                 "incompatible pairing prefill-0 -> decode-0: handshake refused: kv_dtype "
-                "local=bf16 remote=fp32" in p.stderr and dt < 15,
+                "prefill=fp32 decode=bf16" in p.stderr and dt < 15,
                 "refused pairing: kvf-up exits 1 with the refusal (%.1fs)" % dt, p.stderr)
         T.check(not [f for f in os.listdir(rd) if f.endswith(".pid")],
                 "kvf-up stopped the refused pool")

@@ -149,9 +149,10 @@ def main():
             T.check(False, "a dtype mismatch must not come up")
         except RuntimeError as e:
             msg = str(e)
-            T.check("incompatible pairing prefill-0 -> decode-0: handshake refused: "
-                    "kv_dtype local=bf16 remote=fp32" in msg,
-                    "kvf-up fails on a kv dtype mismatch, with the refusal text")
+            # refused by kvf-up's pool-check before start-up (the handshake's own refusal of
+            # the pair: tests/e2e/test_e2e_serving.py)
+            T.check("kv_dtype prefill=fp32 decode=bf16: KV cache dtypes differ" in msg,
+                    "kvf-up fails on a kv dtype mismatch, naming both values")
             T.check(not any(f.endswith(".pid") for f in os.listdir(bad.run_dir)),
                     "kvf-up stopped what it started")
         finally:

@@ -238,11 +238,11 @@ def handshake_refused():
         pool.start(attempts=1)
         raise AssertionError("mismatched KV dtypes came up")
     except RuntimeError as e:
-        assert "incompatible pairing prefill-0 -> decode-0: handshake refused: " \
-               "kv_dtype local=bf16 remote=fp32" in str(e), str(e)
+        # kvf-up's pool-check refuses it before start-up, naming both values
+        assert "kv_dtype prefill=fp32 decode=bf16: KV cache dtypes differ" in str(e), str(e)
     finally:
         pool.stop()
-    print("handshake refused at start with the field and both values")
+    print("refused at start with the field and both values")
 
 
 def client_abort():

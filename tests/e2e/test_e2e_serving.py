@@ -154,7 +154,7 @@ def compat_check(model):
             v = verdicts()
             assert v[good]["state"] == "compatible", v
             assert v[bad]["state"] == "refused", v
-            assert "handshake refused: kv_dtype local=bf16 remote=fp32" in v[bad]["error"], v
+            assert "handshake refused: kv_dtype prefill=fp32 decode=bf16" in v[bad]["error"], v
             st, h = proxy.health()
             assert st == 200, h
             for _ in range(4):

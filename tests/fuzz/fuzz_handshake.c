@@ -137,7 +137,7 @@ static void check_reply(const uint8_t *data, size_t size)
     }
     for (int i = 0; i < reply.num_refusals; ++i) {
         char line[1024];
-        kvf_refusal_format(&reply.refusals[i], line, sizeof(line));
+        kvf_refusal_format(&reply.refusals[i], true, line, sizeof(line));
         FUZZ_CHECK(strncmp(line, "handshake refused: ", 19) == 0);
     }
     FUZZ_CHECK(kvf_handshake_reply_pack(&reply, &buf, &len) == KVF_OK);

@@ -37,9 +37,9 @@ echo "ok: kvf tokenize --decode round-trips 'Hi!' and refuses a bad id by value"
 "$KVF" generate --help | grep 'byte tokenizer' >/dev/null && fail "kvf generate --help still says byte tokenizer"
 echo "ok: kvf generate --help names the tokenizer.json"
 help="$("$KVF" matrix --help)"
-grep -q 'any fail, 2 on bad usage' <<<"$help" || fail "kvf matrix --help stops mid-description"
+grep -q 'any fail or error, 2 on bad usage' <<<"$help" || fail "kvf matrix --help stops mid-description"
 grep -q -- '--layouts 1p1d,4p2d \\$' <<<"$help" || fail "kvf matrix --help has no example"
-for f in layouts block-sizes dtypes limit max-tokens tokens no-accuracy json bin; do
+for f in layouts block-sizes dtypes limit max-tokens tokens hardware base-port no-accuracy json bin; do
     grep -qE -- "^  --$f( [A-Z_]+)? +[a-zA-Z(]|^  --$f [A-Z_]+$" <<<"$help" || fail "--$f has no help"
 done
 echo "ok: kvf matrix --help: the whole description, the example, every flag explained"

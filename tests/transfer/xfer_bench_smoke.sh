@@ -11,7 +11,7 @@ echo "$out" | grep -q '^verify: ok' || exit 1
 echo "$out" | grep -q '^transports: UCX_TLS=' || exit 1
 # the host cost split: planning (a part of the post line's start_pull) and the CPU time of it
 post=$(echo "$out" | sed -n 's/^post: [0-9]* descriptors, \([0-9.]*\) us, [0-9.]* us\/desc.*/\1/p')
-plan=$(echo "$out" | sed -n 's/^plan: [0-9.]* us per decode rank.* pull \([0-9.]*\) us planning, \([0-9.]*\) us posting.*/\1 \2/p')
+plan=$(echo "$out" | sed -n "s/^post split: the post line's [0-9.]* us = \([0-9.]*\) us planning + \([0-9.]*\) us posting.*/\1 \2/p")
 [ -n "$post" ] && [ -n "$plan" ] || { echo "FAIL: no post or plan line"; exit 1; }
 echo "$out" | grep -q '^post cpu: [0-9.]* us, [0-9.]* us/desc' || { echo "FAIL: no post cpu line"; exit 1; }
 # planning + posting of the post line's pull add up to its start_pull (0.1 us of rounding),

@@ -2,7 +2,7 @@
 """Refusal and robustness cases of kvf xfer-test over loopback UCX.
 
 Refusals: the decode side must print exactly
-  handshake refused: <field> local=<v> remote=<v>: <why>
+  handshake refused: <field> prefill=<v> decode=<v>: <why>
 exit 1, and post no RDMA operation. Expected values are derived here by
 hand from tiny-hybrid's config (see region_length below), not taken from
 program output.
@@ -56,17 +56,17 @@ def main():
     region = 8 * 2 * page
     cases = [
         ("kv dtype", ["--prefill-kv-dtype", "fp16"],
-         r"handshake refused: kv_dtype local=bf16 remote=fp16: \S"),
+         r"handshake refused: kv_dtype prefill=fp16 decode=bf16: \S"),
         ("ssm dtype", ["--prefill-ssm-dtype", "bf16"],
-         r"handshake refused: ssm_dtype local=fp32 remote=bf16: \S"),
+         r"handshake refused: ssm_dtype prefill=bf16 decode=fp32: \S"),
         ("conv dtype", ["--conv-dtype", "fp32", "--prefill-conv-dtype", "bf16"],
-         r"handshake refused: conv_dtype local=fp32 remote=bf16: \S"),
+         r"handshake refused: conv_dtype prefill=bf16 decode=fp32: \S"),
         ("protocol version", ["--fault-version", "7"],
-         r"handshake refused: protocol_version local=2 remote=7: protocol versions differ"),
+         r"handshake refused: protocol_version prefill=7 decode=2: protocol versions differ"),
         ("region length", ["--fault-region-len"],
-         r"handshake refused: region_length local=%d remote=%d: \S" % (region, region + page)),
+         r"handshake refused: region_length prefill=%d decode=%d: \S" % (region + page, region)),
         ("fingerprint", ["--fault-fingerprint"],
-         r"handshake refused: model_fingerprint local=([0-9a-f]{16}) remote=([0-9a-f]{16}): \S"),
+         r"handshake refused: model_fingerprint prefill=([0-9a-f]{16}) decode=([0-9a-f]{16}): \S"),
         ("block id out of range", ["--fault-block-id"],
          r"xfer-test: transfer refused: block id 8 of group 0 is out of range \[0, 8\)"),
     ]

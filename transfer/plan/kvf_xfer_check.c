@@ -214,8 +214,8 @@ static kvf_status_t kvf_xfer_dtype_match(const char *field, kvf_dtype_t local, k
                                          int rank)
 {
     if (local != remote) {
-        kvf_error("xfer plan: %s local=%s remote=%s (prefill rank %d): no conversion on"
-                  " transfer", field, kvf_dtype_name(local), kvf_dtype_name(remote), rank);
+        kvf_error("xfer plan: %s prefill=%s decode=%s (prefill rank %d): no conversion on"
+                  " transfer", field, kvf_dtype_name(remote), kvf_dtype_name(local), rank);
         return KVF_ERR_INVALID_PARAM;
     }
     return KVF_OK;

@@ -244,10 +244,10 @@ typedef struct kvf_connector_ops {
      * (started, not yet finished or released); a later pull from the evicted
      * engine gets KVF_ERR_NOT_FOUND until it is handshaken again.
      * @return KVF_OK; KVF_ERR_REFUSED with @a why = "handshake refused:
-     *         <field> local=<v> remote=<v>: <why>" (the compatibility check,
-     *         or a region memory type this side's UCX cannot reach:
-     *         "regions[0].memory_type local=host pool (UCX ...) remote=cuda
-     *         (rank 0): ..."); KVF_ERR_NO_RESOURCE when
+     *         <field> prefill=<v> decode=<v>: <why>" (the compatibility
+     *         check, or a region memory type decode's UCX cannot reach:
+     *         "regions[0].memory_type prefill=cuda (rank 0) decode=host pool
+     *         (UCX ...): ..."); KVF_ERR_NO_RESOURCE when
      *         all 16 cached engines have pulls in flight (@a why says so);
      *         KVF_ERR_BUSY before every rank registered; peer errors
      *         (KVF_ERR_PEER_TIMEOUT for a side channel that never answers)

@@ -226,10 +226,10 @@ static kvf_status_t kvf_conn_check_mem_types(kvf_connector_h conn,
                      kvf_xfer_mem_type_name(rk->meta->regions[0].mem_type), what);
             snprintf(ref.remote, sizeof(ref.remote), "%s (rank %d)",
                      kvf_xfer_mem_type_name(t), r);
-            snprintf(ref.why, sizeof(ref.why), "this side's UCX cannot reach %s memory: pools"
+            snprintf(ref.why, sizeof(ref.why), "decode's UCX cannot reach %s memory: pools"
                      " in device memory need a UCX built with CUDA on both sides",
                      kvf_xfer_mem_type_name(t));
-            kvf_refusal_format(&ref, why, why_len);
+            kvf_refusal_format(&ref, false, why, why_len);   /* decode found it */
             kvf_error("%s", why);
             return KVF_ERR_REFUSED;
         }
@@ -266,7 +266,7 @@ static kvf_status_t kvf_conn_install(kvf_connector_h conn, const char *engine_id
                               fresh.geoms, refusals, KVF_MAX_REFUSALS, &nref);
     if (status != KVF_OK) {
         if (nref > 0) {
-            kvf_refusal_format(&refusals[0], why, why_len);
+            kvf_refusal_format(&refusals[0], false, why, why_len);
         }
         goto err_free;
     }
@@ -362,7 +362,7 @@ kvf_status_t kvf_conn_handshake(kvf_connector_h conn, const char *engine_id, con
     status = kvf_side_channel_fetch(conn->client, engine_id, host, port, &reply);
     if (status == KVF_ERR_REFUSED) {
         if (reply->num_refusals > 0) {
-            kvf_refusal_format(&reply->refusals[0], why, why_len);
+            kvf_refusal_format(&reply->refusals[0], true, why, why_len);   /* prefill's */
         } else {
             snprintf(why, why_len, "handshake refused: %s", reply->error);
         }
@@ -459,7 +459,7 @@ kvf_status_t kvf_conn_handshake_poll(kvf_connector_h conn, uint64_t ticket, char
     conn->hs[i] = conn->hs[--conn->num_hs];
     if (status == KVF_ERR_REFUSED) {
         if (reply.num_refusals > 0) {
-            kvf_refusal_format(&reply.refusals[0], why, why_len);
+            kvf_refusal_format(&reply.refusals[0], true, why, why_len);   /* prefill's */
         } else {
             snprintf(why, why_len, "handshake refused: %s", reply.error);
         }

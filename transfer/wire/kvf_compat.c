@@ -218,8 +218,8 @@ kvf_status_t kvf_compat_check(const kvf_model_config_t *cfg, const kvf_rank_meta
     }
     for (int i = 1; i < num_remote; ++i) {
         if (!kvf_compat_same_instance(r0, &remote[i])) {
-            snprintf(v, sizeof(v), "rank %d", i);
-            kvf_compat_refuse(&c, "rank_metadata", "rank 0", v,
+            snprintf(v, sizeof(v), "rank 0 vs rank %d", i);   /* both prefill's */
+            kvf_compat_refuse(&c, "rank_metadata", "-", v,
                               "ranks of one instance advertise different instance-wide fields");
             goto out;
         }
@@ -274,7 +274,7 @@ out:
     *num_refusals_p = c.num;
     if (c.num > 0) {
         char line[512];
-        kvf_refusal_format(&refusals[0], line, sizeof(line));
+        kvf_refusal_format(&refusals[0], false, line, sizeof(line));   /* decode checks */
         kvf_log(KVF_LOG_INFO, KVF_SUB_XFER, "%s", line);
         return KVF_ERR_REFUSED;
     }

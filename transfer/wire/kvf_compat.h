@@ -6,7 +6,7 @@
  * TP degrees that divide each other, alignment mode. Refused, with the field
  * and both values: protocol version, model fingerprint (geometry config),
  * model digest (weights and tokenizer: "handshake refused: model_digest
- * local=<d> (<folder>) remote=<d> (<folder>): weights or tokenizer differ";
+ * prefill=<d> (<folder>) decode=<d> (<folder>): weights or tokenizer differ";
  * also when only one side advertises one), KV/conv/SSM dtypes
  * (conv/SSM for hybrid models only), layout tag, TP sizes that do not divide
  * each other or cannot shard the model, and any advertised geometry that is
@@ -35,8 +35,9 @@
  * @param [out] num_refusals_p Number written (0 on KVF_OK).
  *
  * @return KVF_OK (compatible); KVF_ERR_REFUSED (>= 1 refusal written; the
- *         first is logged as "handshake refused: <field> local=<v>
- *         remote=<v>: <why>"); KVF_ERR_INVALID_PARAM for bad arguments.
+ *         first is logged as "handshake refused: <field> prefill=<v>
+ *         decode=<v>: <why>", @a local being decode's); KVF_ERR_INVALID_PARAM for bad
+ *         arguments.
  */
 kvf_status_t kvf_compat_check(const kvf_model_config_t *cfg, const kvf_rank_meta_t *local,
                               const kvf_rank_meta_t *remote, int num_remote,

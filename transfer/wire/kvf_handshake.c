@@ -33,10 +33,11 @@ const char *kvf_xfer_mem_type_name(kvf_xfer_mem_type_t type)
     return "unknown";
 }
 
-void kvf_refusal_format(const kvf_refusal_t *r, char *buf, size_t len)
+void kvf_refusal_format(const kvf_refusal_t *r, bool local_is_prefill, char *buf, size_t len)
 {
-    snprintf(buf, len, "handshake refused: %s local=%s remote=%s: %s", r->field, r->local,
-             r->remote, r->why);
+    snprintf(buf, len, "handshake refused: %s prefill=%s decode=%s: %s", r->field,
+             local_is_prefill ? r->local : r->remote, local_is_prefill ? r->remote : r->local,
+             r->why);
 }
 
 /* Copy a peer string into a fixed field; false when missing or too long. */

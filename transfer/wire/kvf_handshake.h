@@ -100,7 +100,8 @@ typedef struct kvf_rank_meta {
     char              model_path[KVF_MODEL_PATH_MAX];   /* that folder; no control chars */
 } kvf_rank_meta_t;
 
-/** One reason a handshake was refused; see kvf_refusal_format(). */
+/** One reason a handshake was refused; see kvf_refusal_format(). local is the value of the
+ * side that found it (the wire's Refusal.local), remote the other side's. */
 typedef struct kvf_refusal {
     char field[48];
     char local[288];                  /* e.g. "<digest> (<model folder>)" */
@@ -111,10 +112,13 @@ typedef struct kvf_refusal {
 #define KVF_MAX_REFUSALS 16
 
 /**
- * "handshake refused: <field> local=<v> remote=<v>: <why>" into @a buf
- * (always NUL-terminated, truncated to @a len).
+ * "handshake refused: <field> prefill=<v> decode=<v>: <why>" into @a buf
+ * (always NUL-terminated, truncated to @a len): each value named by its role,
+ * @a local_is_prefill saying which side found the refusal (prefill's side
+ * channel: true; decode's compatibility check: false).
  */
-void kvf_refusal_format(const kvf_refusal_t *refusal, char *buf, size_t len);
+void kvf_refusal_format(const kvf_refusal_t *refusal, bool local_is_prefill, char *buf,
+                        size_t len);
 
 /** What a lease operation asks (decode -> prefill, docs/ARCHITECTURE.md §9). */
 typedef enum {

@@ -233,13 +233,13 @@ static void test_refuse_geometry(void **state)
     for (int r = 0; r < 4; ++r) {   /* a consistent fp32 prefill is still refused */
         assert_int_equal(kvf_rank_geometry_compute(&w->cfg, &p, 4, r, &w->pg[r]), KVF_OK);
     }
-    expect_refused(&w->params, KVF_ERR_INVALID_PARAM, "kv_dtype local=bf16 remote=fp32");
+    expect_refused(&w->params, KVF_ERR_INVALID_PARAM, "kv_dtype prefill=fp32 decode=bf16");
     geom_params(&w->cfg, KVF_DTYPE_BF16, 0, 0, &p);
     p.ssm_dtype = KVF_DTYPE_BF16;
     for (int r = 0; r < 4; ++r) {
         assert_int_equal(kvf_rank_geometry_compute(&w->cfg, &p, 4, r, &w->pg[r]), KVF_OK);
     }
-    expect_refused(&w->params, KVF_ERR_INVALID_PARAM, "ssm_dtype local=fp32 remote=bf16");
+    expect_refused(&w->params, KVF_ERR_INVALID_PARAM, "ssm_dtype prefill=bf16 decode=fp32");
     geom_params(&w->cfg, KVF_DTYPE_BF16, 0, 0, &p);
     for (int r = 0; r < 4; ++r) {
         assert_int_equal(kvf_rank_geometry_compute(&w->cfg, &p, 4, r, &w->pg[r]), KVF_OK);

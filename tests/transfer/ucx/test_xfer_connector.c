@@ -271,8 +271,8 @@ static void test_ucx_connector(void **state)
         assert_int_equal(ops->register_pool(bad, &pool), KVF_OK);
         assert_int_equal(ops->handshake(bad, "prefill-c", "127.0.0.1", port, why, sizeof(why)),
                          KVF_ERR_REFUSED);
-        assert_memory_equal(why, "handshake refused: kv_dtype local=fp16 remote=bf16: ",
-                            strlen("handshake refused: kv_dtype local=fp16 remote=bf16: "));
+        assert_memory_equal(why, "handshake refused: kv_dtype prefill=bf16 decode=fp16: ",
+                            strlen("handshake refused: kv_dtype prefill=bf16 decode=fp16: "));
         ops->destroy(bad);
         free(pool16);
     }

@@ -174,7 +174,7 @@ static void test_handshake_refuses_unreachable_type(void **state)
     if (!cuda) {
         assert_int_equal(st, KVF_ERR_REFUSED);
         snprintf(expect, sizeof(expect), "handshake refused: regions[0].memory_type "
-                 "local=host pool (%s) remote=cuda (rank 0): this side's UCX cannot reach "
+                 "prefill=cuda (rank 0) decode=host pool (%s): decode's UCX cannot reach "
                  "cuda memory", what);
         assert_non_null(strstr(why, expect));
     } else {

@@ -414,7 +414,7 @@ static kvf_status_t check(const kvf_rank_meta_t *local, kvf_rank_meta_t *remote,
     s = kvf_compat_check(&tiny, local, remote, n, geoms, refusals, KVF_MAX_REFUSALS, &nref);
     line[0] = '\0';
     if (nref > 0) {
-        kvf_refusal_format(&refusals[0], line, len);
+        kvf_refusal_format(&refusals[0], false, line, len);   /* decode's check */
     }
     assert_true((s == KVF_OK) == (nref == 0));
     return s;
@@ -451,7 +451,7 @@ static void test_compat(void **state)
         remote[r].kv_dtype = KVF_DTYPE_FP16;
     }
     assert_int_equal(check(&local, remote, 4, line, sizeof(line)), KVF_ERR_REFUSED);
-    assert_string_equal(line, "handshake refused: kv_dtype local=bf16 remote=fp16: KV cache "
+    assert_string_equal(line, "handshake refused: kv_dtype prefill=fp16 decode=bf16: KV cache "
                         "dtypes differ; blocks cannot be copied without conversion");
 
     /* SSM dtype */
@@ -460,7 +460,7 @@ static void test_compat(void **state)
         remote[r].ssm_dtype = KVF_DTYPE_BF16;
     }
     assert_int_equal(check(&local, remote, 4, line, sizeof(line)), KVF_ERR_REFUSED);
-    assert_non_null(strstr(line, "handshake refused: ssm_dtype local=fp32 remote=bf16: "));
+    assert_non_null(strstr(line, "handshake refused: ssm_dtype prefill=bf16 decode=fp32: "));
 
     /* protocol version */
     for (int r = 0; r < 4; ++r) {
@@ -468,9 +468,9 @@ static void test_compat(void **state)
         remote[r].protocol_version = KVF_XFER_PROTOCOL_VERSION + 1;
     }
     assert_int_equal(check(&local, remote, 4, line, sizeof(line)), KVF_ERR_REFUSED);
-    snprintf(expect, sizeof(expect), "handshake refused: protocol_version local=%d remote=%d: "
-             "protocol versions differ", KVF_XFER_PROTOCOL_VERSION,
-             KVF_XFER_PROTOCOL_VERSION + 1);
+    snprintf(expect, sizeof(expect), "handshake refused: protocol_version prefill=%d decode=%d: "
+             "protocol versions differ", KVF_XFER_PROTOCOL_VERSION + 1,
+             KVF_XFER_PROTOCOL_VERSION);
     assert_string_equal(line, expect);
 
     /* fingerprint */
@@ -479,8 +479,8 @@ static void test_compat(void **state)
         remote[r].model_fingerprint ^= 1;
     }
     assert_int_equal(check(&local, remote, 4, line, sizeof(line)), KVF_ERR_REFUSED);
-    snprintf(expect, sizeof(expect), "handshake refused: model_fingerprint local=%016" PRIx64
-             " remote=%016" PRIx64 ": ", local.model_fingerprint, local.model_fingerprint ^ 1);
+    snprintf(expect, sizeof(expect), "handshake refused: model_fingerprint prefill=%016" PRIx64
+             " decode=%016" PRIx64 ": ", local.model_fingerprint ^ 1, local.model_fingerprint);
     assert_memory_equal(line, expect, strlen(expect));
 
     /* region length: rank 2 claims one page more than 8 blocks * 2 slots * 10240 */
@@ -489,8 +489,8 @@ static void test_compat(void **state)
     }
     remote[2].regions[0].length += 10240;
     assert_int_equal(check(&local, remote, 4, line, sizeof(line)), KVF_ERR_REFUSED);
-    assert_memory_equal(line, "handshake refused: region_length local=163840 remote=174080: ",
-                        strlen("handshake refused: region_length local=163840 remote=174080: "));
+    assert_memory_equal(line, "handshake refused: region_length prefill=174080 decode=163840: ",
+                        strlen("handshake refused: region_length prefill=174080 decode=163840: "));
 
     /* page size that does not follow from the advertised block size */
     for (int r = 0; r < 4; ++r) {
@@ -499,8 +499,8 @@ static void test_compat(void **state)
     remote[0].page_size = 8192;
     remote[0].regions[0].length = 8 * 2 * 8192;
     assert_int_equal(check(&local, remote, 4, line, sizeof(line)), KVF_ERR_REFUSED);
-    assert_memory_equal(line, "handshake refused: page_size local=10240 remote=8192: ",
-                        strlen("handshake refused: page_size local=10240 remote=8192: "));
+    assert_memory_equal(line, "handshake refused: page_size prefill=8192 decode=10240: ",
+                        strlen("handshake refused: page_size prefill=8192 decode=10240: "));
 
     /* layout tag */
     for (int r = 0; r < 4; ++r) {
@@ -508,7 +508,7 @@ static void test_compat(void **state)
         snprintf(remote[r].layout_tag, sizeof(remote[r].layout_tag), "DS");
     }
     assert_int_equal(check(&local, remote, 4, line, sizeof(line)), KVF_ERR_REFUSED);
-    assert_string_equal(line, "handshake refused: layout_tag local=HND remote=DS: KV cache "
+    assert_string_equal(line, "handshake refused: layout_tag prefill=DS decode=HND: KV cache "
                         "memory layouts differ");
 
     /* 3 prefill ranks cannot shard 8 heads, nor divide decode TP 2 */
@@ -516,8 +516,8 @@ static void test_compat(void **state)
         meta_fill(&remote[r], 3, r, 8);
     }
     assert_int_equal(check(&local, remote, 3, line, sizeof(line)), KVF_ERR_REFUSED);
-    assert_memory_equal(line, "handshake refused: tp_size local=2 remote=3: ",
-                        strlen("handshake refused: tp_size local=2 remote=3: "));
+    assert_memory_equal(line, "handshake refused: tp_size prefill=3 decode=2: ",
+                        strlen("handshake refused: tp_size prefill=3 decode=2: "));
 }
 
 /* Weights and tokenizer: the model digest travels, is range-checked, and a pair differs by it. */
@@ -587,23 +587,23 @@ static void test_model_digest(void **state)
         snprintf(remote[r].model_digest, sizeof(remote[r].model_digest), "%s", db);
     }
     assert_int_equal(check(&local, remote, 4, line, sizeof(line)), KVF_ERR_REFUSED);
-    snprintf(expect, sizeof(expect), "handshake refused: model_digest local=%s (/models/seed2) "
-             "remote=%s (/models/seed1): weights or tokenizer differ", da, db);
+    snprintf(expect, sizeof(expect), "handshake refused: model_digest prefill=%s (/models/seed1) "
+             "decode=%s (/models/seed2): weights or tokenizer differ", db, da);
     assert_string_equal(line, expect);
     /* only one side advertises a digest: refused too */
     for (int r = 0; r < 4; ++r) {
         remote[r].model_digest[0] = '\0';
     }
     assert_int_equal(check(&local, remote, 4, line, sizeof(line)), KVF_ERR_REFUSED);
-    snprintf(expect, sizeof(expect), "handshake refused: model_digest local=%s (/models/seed2) "
-             "remote=none: one side advertises no model digest", da);
+    snprintf(expect, sizeof(expect), "handshake refused: model_digest prefill=none "
+             "decode=%s (/models/seed2): one side advertises no model digest", da);
     assert_memory_equal(line, expect, strlen(expect));
     /* ranks of one instance that disagree on it */
     for (int r = 0; r < 4; ++r) {
         snprintf(remote[r].model_digest, sizeof(remote[r].model_digest), "%s", (r == 3) ? db : da);
     }
     assert_int_equal(check(&local, remote, 4, line, sizeof(line)), KVF_ERR_REFUSED);
-    assert_non_null(strstr(line, "handshake refused: rank_metadata local=rank 0 remote=rank 3"));
+    assert_non_null(strstr(line, "handshake refused: rank_metadata prefill=rank 0 vs rank 3 decode=-"));
 }
 
 int main(void)
