@@ -320,15 +320,16 @@ static void kvf_emit_logprobs(kvf_engine_event_t *events, int n, const kvf_sampl
 /* Whether a request's next token is its logits' argmax and nothing else reads the logits:
  * then the forward computes the argmax where the logits are (kvf_fwd_seq_t.token) and
  * only the id comes back. Sampling that reads the logits at temperature 0 (penalties,
- * min_tokens' masks, logprobs: kvf_sampler.h's steps 1-2) must return false here; the
- * temperature bound is the sampler's greedy bound (step 3). */
+ * min_tokens' masks, logit_bias, allowed_token_ids, bad_words, logprobs: kvf_sampler.h's
+ * steps 0-2) must return false here; the temperature bound is the sampler's greedy bound (step 3). */
 static bool kvf_greedy_only(const kvf_request_t *r)
 {
     const kvf_sampling_t *s = &r->sampling;
 
     return (s->temperature < 1e-5f) && !r->record_logits && !s->want_logprobs &&
            (s->min_tokens == 0) && (s->presence_penalty == 0.0f) &&
-           (s->frequency_penalty == 0.0f) &&
+           (s->frequency_penalty == 0.0f) && (s->num_logit_bias == 0) && (s->num_allowed == 0) &&
+           (s->num_bad_words == 0) &&
            ((s->repetition_penalty == 0.0f) || (s->repetition_penalty == 1.0f));
 }
 

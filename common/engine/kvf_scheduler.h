@@ -45,6 +45,10 @@ typedef enum {
 
 #define KVF_SAMPLING_MAX_STOP_IDS 64   /* stop_token_ids per request */
 #define KVF_SAMPLING_MAX_LOGPROBS 20   /* top logprobs per sampled token */
+#define KVF_SAMPLING_MAX_BIAS     300  /* logit_bias entries per request */
+#define KVF_SAMPLING_MAX_ALLOWED  1024 /* allowed_token_ids per request */
+#define KVF_SAMPLING_MAX_BAD_WORDS 64  /* bad_words token sequences per request */
+#define KVF_SAMPLING_MAX_BAD_TOKENS 512 /* their tokens, all sequences together */
 
 /**
  * Sampling of one request. temperature <= 0 is greedy (lowest id on ties).
@@ -68,6 +72,16 @@ typedef struct kvf_sampling {
     int      logprobs;            /* with want_logprobs: top logprobs per token,
                                    * [0, KVF_SAMPLING_MAX_LOGPROBS] */
     bool     want_logprobs;       /* report each sampled token's logprob */
+    /* vLLM's logit_bias, allowed_token_ids and bad_words (kvf_sampler.h: the order) */
+    int      num_logit_bias;      /* [0, KVF_SAMPLING_MAX_BIAS], distinct ids */
+    int32_t  bias_ids[KVF_SAMPLING_MAX_BIAS];
+    float    bias_values[KVF_SAMPLING_MAX_BIAS];     /* added to the logit, [-100, 100] */
+    int      num_allowed;         /* > 0: only these ids may be sampled */
+    int32_t  allowed_ids[KVF_SAMPLING_MAX_ALLOWED];
+    int      num_bad_words;       /* sequences; word w is bad_tokens[bad_ends[w - 1],
+                                   * bad_ends[w]) (bad_ends[-1] read as 0), >= 1 token */
+    int      bad_ends[KVF_SAMPLING_MAX_BAD_WORDS];
+    int32_t  bad_tokens[KVF_SAMPLING_MAX_BAD_TOKENS];
 } kvf_sampling_t;
 
 typedef struct kvf_request {

@@ -14,6 +14,7 @@
  * pages for nothing).
  */
 #include "kvf_proxy_flow.h"
+#include "kvf_proxy_sampling.h"
 #include "kvf_proxy_route.h"
 #include "kvf_time.h"
 #include "kvf_log.h"
@@ -241,6 +242,7 @@ static void kvf_proxy_flow_sampling(const kvf_proxy_completion_req_t *req, Kvf__
     sp->stop_token_ids = (int32_t *)req->stop_token_ids;
     sp->has_logprobs = req->want_logprobs;
     sp->logprobs = (uint32_t)req->logprobs;
+    kvf_proxy_lists_to_msg(req, sp);
 }
 
 /* A reply's logprobs (SamplingParams.logprobs) appended to the completion's. */

@@ -11,6 +11,7 @@
  */
 #include "kvf_proxy_openai.h"
 #include "kvf_proxy_chat.h"
+#include "kvf_proxy_sampling.h"
 #include "kvf_scheduler.h"
 
 #include <cjson/cJSON.h>
@@ -123,9 +124,9 @@ static const kvf_field_t kvf_proxy_fields[] = {
     {"priority", 3, KVF_F_NULL_ZERO, "request priorities are not supported"},
     {"return_tokens_as_token_ids", 3, KVF_F_NULL_FALSE, "not supported"},
     {"suffix", 1, KVF_F_NULL, "insertion (suffix) is not supported"},
-    {"logit_bias", 3, KVF_F_NULL_EMPTY, "logit_bias is not supported"},
-    {"allowed_token_ids", 3, KVF_F_NULL, "allowed_token_ids is not supported"},
-    {"bad_words", 3, KVF_F_NULL_EMPTY, "bad_words is not supported"},
+    {"logit_bias", 3, KVF_F_HONOURED, NULL},
+    {"allowed_token_ids", 3, KVF_F_HONOURED, NULL},
+    {"bad_words", 3, KVF_F_HONOURED, NULL},
     {"prompt_logprobs", 3, KVF_F_NULL, "prompt logprobs are not supported"},
     {"prompt_embeds", 1, KVF_F_NULL, "prompt embeddings are not supported"},
     {"response_format", 3, KVF_F_NULL, "structured output is not supported"},
@@ -611,6 +612,7 @@ static kvf_status_t kvf_proxy_parse_common(const kvf_proxy_openai_ctx_t *ctx, co
     KVF_TRY(kvf_proxy_parse_stream_options(root, req, http_p, param_p, err, cap));
     KVF_TRY(kvf_proxy_parse_stop(root, req, http_p, param_p, err, cap));
     KVF_TRY(kvf_proxy_parse_stop_ids(ctx, root, req, http_p, param_p, err, cap));
+    KVF_TRY(kvf_proxy_parse_lists(ctx, root, req, http_p, param_p, err, cap));
     it = kvf_proxy_get(root, "user");
     if ((it != NULL) && !cJSON_IsString(it)) {   /* an end-user id: kept by no one */
         return kvf_proxy_bad(http_p, param_p, "user", 400, err, cap, KVF_ERR_INVALID_PARAM,
@@ -903,6 +905,7 @@ void kvf_proxy_openai_req_cleanup(kvf_proxy_completion_req_t *req)
         req->stop[i] = NULL;
     }
     req->num_stop = 0;
+    kvf_proxy_lists_cleanup(req);
     req->num_prompts = 0;
     req->prompt_ids = NULL;
     req->num_prompt = 0;

@@ -70,6 +70,16 @@ typedef struct kvf_proxy_completion_req {
     int32_t  stop_token_ids[64];
     bool     want_logprobs;        /* "logprobs" given */
     int      logprobs;             /* top entries per token, [0, 20] */
+    /* logit_bias, allowed_token_ids, bad_words (kvf_proxy_sampling.h); owned */
+    int      num_bias;
+    int32_t *bias_ids;
+    float   *bias_values;
+    int      num_allowed;
+    int32_t *allowed_ids;
+    int      num_bad_words;        /* token sequences */
+    uint32_t *bad_ends;            /* word w: bad_tokens[bad_ends[w - 1], bad_ends[w]) */
+    int      num_bad_tokens;
+    int32_t *bad_tokens;
     /* text handled by the proxy */
     int      num_stop;
     char    *stop[KVF_PROXY_MAX_STOP];        /* owned */

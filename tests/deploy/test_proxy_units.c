@@ -95,6 +95,7 @@ static void test_parse_ok(void **state)
                            " \"skip_special_tokens\": true, \"logit_bias\": {},"
                            " \"request_id\": \"r1\", \"add_special_tokens\": false}",
                            &req, err), 200);
+    assert_int_equal(req.num_bias + req.num_allowed + req.num_bad_words, 0);
     assert_int_equal(req.num_prompts, 2);
     assert_int_equal(req.prompt_lens[0], 2);        /* add_special_tokens false: no BOS */
     assert_int_equal(req.prompts[0][0], 'h');
@@ -119,6 +120,24 @@ static void test_parse_ok(void **state)
     assert_true(req.include_usage);
     assert_true(req.continuous_usage);
     assert_string_equal(req.response_id, "cmpl-r1");
+    kvf_proxy_openai_req_cleanup(&req);
+    /* logit_bias (clamped; a repeated key keeps its last value), allowed_token_ids,
+     * bad_words (as written; with a leading space only when as many tokens) */
+    assert_int_equal(parse("{\"prompt\": \"hi\", \"logit_bias\": {\"5\": 150, \"7\": -1.5,"
+                           " \"5\": -300}, \"allowed_token_ids\": [3, 4],"
+                           " \"bad_words\": [\" ab\", \"c\"]}", &req, err), 200);
+    assert_int_equal(req.num_bias, 2);
+    assert_int_equal(req.bias_ids[0], 5);
+    assert_true(req.bias_values[0] == -100.0f);
+    assert_int_equal(req.bias_ids[1], 7);
+    assert_true(req.bias_values[1] == -1.5f);
+    assert_int_equal(req.num_allowed, 2);
+    assert_int_equal(req.allowed_ids[1], 4);
+    assert_int_equal(req.num_bad_words, 2);          /* "ab"; "c"; " ab", " c": longer */
+    assert_int_equal(req.num_bad_tokens, 3);
+    assert_int_equal(req.bad_ends[0], 2);
+    assert_int_equal(req.bad_tokens[0], 'a');
+    assert_int_equal(req.bad_tokens[2], 'c');
     kvf_proxy_openai_req_cleanup(&req);
 
     /* truncate_prompt_tokens keeps the last k */
@@ -186,8 +205,17 @@ static void test_parse_bad(void **state)
         {"{\"prompt\": \"hi\", \"best_of\": 2}", 400, "'best_of' is not supported", "best_of"},
         {"{\"prompt\": \"hi\", \"suffix\": \"x\"}", 400, "'suffix' is not supported",
          "suffix"},
-        {"{\"prompt\": \"hi\", \"logit_bias\": {\"5\": 1}}", 400, "'logit_bias'",
+        {"{\"prompt\": \"hi\", \"logit_bias\": {\"300\": 1}}", 400,
+         "'logit_bias' key '300' must be a token id", "logit_bias"},
+        {"{\"prompt\": \"hi\", \"logit_bias\": {\"5\": true}}", 400, "must be a number",
          "logit_bias"},
+        {"{\"prompt\": \"hi\", \"allowed_token_ids\": []}", 400, "non-empty",
+         "allowed_token_ids"},
+        {"{\"prompt\": \"hi\", \"allowed_token_ids\": [3, 260]}", 400,
+         "'allowed_token_ids'[1]", "allowed_token_ids"},
+        {"{\"prompt\": \"hi\", \"bad_words\": [\"ok\", 3]}", 400, "must be strings",
+         "bad_words"},
+        {"{\"prompt\": \"hi\", \"bad_words\": [\" \"]}", 400, "non-empty", "bad_words"},
         {"{\"prompt\": \"hi\", \"response_format\": {\"type\": \"json_object\"}}", 400,
          "'response_format'", "response_format"},
         {"{\"prompt\": \"hi\", \"use_beam_search\": true}", 400, "beam", "use_beam_search"},

@@ -1,0 +1,33 @@
+/*
+ * The request fields that edit the logits in the engine (common/engine/kvf_sampler.h step
+ * 0): logit_bias, allowed_token_ids, bad_words, parsed and checked as vLLM does (a bias is
+ * clamped to [-100, 100]; ids must be in the vocabulary; allowed_token_ids must not be
+ * empty; each bad word is tokenized as written and with a leading space), into the
+ * request's owned arrays and from there into a SamplingParams message.
+ */
+#ifndef KVF_PROXY_SAMPLING_H
+#define KVF_PROXY_SAMPLING_H
+
+#include "kvf_proxy_openai.h"
+#include "kvf_serve.pb-c.h"
+
+#include <cjson/cJSON.h>
+
+/**
+ * Parse "logit_bias", "allowed_token_ids" and "bad_words" of @a root into @a req (its
+ * lists; absent or null: none).
+ *
+ * @param [out] http_p, param_p, err  on error: 400 and the field's name, or 500 (memory)
+ * @return KVF_OK; KVF_ERR_INVALID_PARAM; KVF_ERR_NO_MEMORY.
+ */
+kvf_status_t kvf_proxy_parse_lists(const kvf_proxy_openai_ctx_t *ctx, const cJSON *root,
+                                   kvf_proxy_completion_req_t *req, int *http_p,
+                                   const char **param_p, char *err, size_t cap);
+
+/** The request's lists into @a sp (pointers into @a req, which must outlive @a sp). */
+void kvf_proxy_lists_to_msg(const kvf_proxy_completion_req_t *req, Kvf__SamplingParams *sp);
+
+/** Free the request's lists; safe on a zeroed request. */
+void kvf_proxy_lists_cleanup(kvf_proxy_completion_req_t *req);
+
+#endif

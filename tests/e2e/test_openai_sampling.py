@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""The logit-editing sampling fields through the official `openai` client against a 2p2d pool
+on the trained tiny model (common/engine/kvf_sampler.h step 0; the proxy's parsing is
+deploy/proxy/kvf_proxy_sampling.c):
+
+- logit_bias of +100 on a token the model would not pick forces it at every step, sampled
+  and greedy, completions and chat; -100 on the greedy token removes it;
+- allowed_token_ids restricts every draw at temperature 1.5 over several seeds;
+- bad_words: the greedy output's first word never appears (its token, with and without a
+  leading space), and the output changes;
+- each invalid value is a 400 (openai.BadRequestError) naming the field.
+Skipped (exit 77) without the openai package.
+"""
+
+import json
+import os
+import sys
+import urllib.request
+
+from kvf_e2e import Pool, repo_root
+
+try:
+    import openai
+except ImportError:
+    print("SKIP: the openai package is not installed (pip install openai)")
+    sys.exit(77)
+
+MODEL = os.path.join(repo_root(), "models-trained", "tiny-dense")
+PROMPT = "The ferry crosses"
+N = 10
+
+
+def ok(cond, what, detail=None):
+    if not cond:
+        raise AssertionError(what if detail is None else "%s\n%s" % (what, detail))
+    print("ok: " + what)
+
+
+def post(url, body):
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read())
+
+
+def run(pool):
+    c = openai.OpenAI(base_url=pool.url + "/v1", api_key="none", max_retries=0)
+    name = c.models.list().data[0].id
+
+    def ids(**kw):
+        kw.setdefault("model", name)
+        kw.setdefault("prompt", PROMPT)
+        kw.setdefault("max_tokens", N)
+        extra = kw.pop("extra", {})
+        extra.setdefault("return_token_ids", True)
+        extra.setdefault("ignore_eos", True)
+        r = c.completions.create(extra_body=extra, **kw)
+        return r.choices[0].model_extra["token_ids"], r.choices[0].text
+
+    greedy, gtext = ids(temperature=0)
+    # -- logit_bias -----------------------------------------------------------------------
+    forced = next(t for t in range(100, 200) if t not in greedy)
+    for temp, seed in ((0, None), (1.0, 7), (1.5, 8)):
+        got, _ = ids(temperature=temp, seed=seed, extra={"logit_bias": {str(forced): 100}})
+        ok(got == [forced] * N, "logit_bias +100 on %d forces it (temperature %g)" % (forced, temp),
+           got)
+    ch = c.chat.completions.create(model=name, messages=[{"role": "user", "content": PROMPT}],
+                                   max_tokens=4, temperature=0, logit_bias={str(forced): 100},
+                                   extra_body={"ignore_eos": True, "return_token_ids": True})
+    ok(ch.choices[0].model_extra["token_ids"] == [forced] * 4, "chat: logit_bias forces it too")
+    got, _ = ids(temperature=0, max_tokens=1, extra={"logit_bias": {str(greedy[0]): -100}})
+    ok(got[0] != greedy[0], "logit_bias -100 on the greedy token removes it", (got, greedy))
+    # -- allowed_token_ids ----------------------------------------------------------------
+    allowed = [11, 42, 77, 300]
+    seen = set()
+    for seed in range(5):
+        got, _ = ids(temperature=1.5, seed=seed, extra={"allowed_token_ids": allowed})
+        ok(set(got) <= set(allowed), "allowed_token_ids: seed %d draws only %s" % (seed, allowed),
+           got)
+        seen |= set(got)
+    ok(len(seen) > 1, "allowed_token_ids: the draws vary over the allowed set", seen)
+    got, _ = ids(temperature=0, extra={"allowed_token_ids": allowed})
+    ok(set(got) <= set(allowed), "allowed_token_ids at temperature 0", got)
+    # -- bad_words ------------------------------------------------------------------------
+    word = gtext.split()[0]
+    banned = set()
+    for text in (word, " " + word):
+        t = post(pool.url + "/tokenize", {"model": name, "prompt": text,
+                                          "add_special_tokens": False})["tokens"]
+        if len(t) == 1:
+            banned.add(t[0])
+    ok(banned, "the greedy output's first word %r is one token" % word, banned)
+    for temp, seed in ((0, None), (1.0, 3)):
+        got, text = ids(temperature=temp, seed=seed, extra={"bad_words": [word]})
+        ok(not (set(got) & banned), "bad_words [%r]: never sampled (temperature %g)" %
+           (word, temp), (got, banned))
+    got, _ = ids(temperature=0, extra={"bad_words": [word]})
+    ok(got != greedy, "bad_words changed the greedy output", (got, greedy))
+    # -- invalid values: 400 naming the field ---------------------------------------------
+    bad = [("logit_bias", {"x": 1}), ("logit_bias", {"10000000": 1}), ("logit_bias", [1]),
+           ("logit_bias", {"5": "big"}), ("allowed_token_ids", []),
+           ("allowed_token_ids", [-1]), ("allowed_token_ids", "5"),
+           ("allowed_token_ids", [1.5]), ("bad_words", "word"), ("bad_words", [5]),
+           ("bad_words", [""])]
+    for field, value in bad:
+        try:
+            ids(temperature=0, extra={field: value})
+            ok(False, "%s=%r is refused" % (field, value))
+        except openai.BadRequestError as e:
+            flat = e.response.json()
+            if flat["param"] != field or flat["code"] != 400:
+                raise AssertionError("%s=%r: %s" % (field, value, flat))
+    ok(True, "%d invalid values: 400 naming the field" % len(bad))
+
+
+def main():
+    with Pool(layout="2p2d", model=MODEL, timeout=90) as pool:
+        run(pool)
+    print("test_openai_sampling passed")
+
+
+if __name__ == "__main__":
+    main()
