@@ -104,6 +104,10 @@ const kvf_config_field_t kvf_proxy_config_table[] = {
     {"SERVED_MODEL_NAME", "", "comma list of model ids served (vLLM's --served-model-name): "
      "requests may name any; /v1/models lists each; the first is the one answers carry; "
      "empty: --model-name", KVF_PF(served_model_name), KVF_CONFIG_TYPE_STRING, 0},
+    {"SCHEDULING_POLICY", "fcfs", "order of the requests waiting in the proxy's queue: fcfs "
+     "(arrival; a request's non-zero \"priority\" is refused, as vLLM's) or priority (lower "
+     "\"priority\" first, then arrival: vLLM's --scheduling-policy priority)",
+     KVF_PF(scheduling_policy), KVF_CONFIG_TYPE_STRING, 0},
     {NULL, NULL, NULL, 0, 0, 0},
 };
 
@@ -238,6 +242,11 @@ static kvf_status_t kvf_proxy_check(const kvf_proxy_config_t *cfg)
     }
     if (cfg->model_name[0] == '\0') {
         kvf_error("--model-name must not be empty");
+        return KVF_ERR_INVALID_PARAM;
+    }
+    if ((strcmp(cfg->scheduling_policy, "fcfs") != 0) &&
+        (strcmp(cfg->scheduling_policy, "priority") != 0)) {
+        kvf_error("--scheduling-policy '%s' must be fcfs or priority", cfg->scheduling_policy);
         return KVF_ERR_INVALID_PARAM;
     }
     return KVF_OK;
@@ -470,6 +479,7 @@ kvf_status_t kvf_proxy_create(const kvf_proxy_config_t *cfg, kvf_proxy_h *proxy_
     proxy->api.max_prompt_tokens = cfg->max_prompt_tokens;
     proxy->api.max_tokens_limit = (uint32_t)cfg->max_tokens_limit;
     proxy->api.default_max_tokens = (uint32_t)cfg->default_max_tokens;
+    proxy->api.priority_scheduling = (strcmp(cfg->scheduling_policy, "priority") == 0);
 
     status = kvf_proxy_api_key(cfg, proxy->api_key, sizeof(proxy->api_key));
     if (status != KVF_OK) {

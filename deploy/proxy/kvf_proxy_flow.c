@@ -354,7 +354,7 @@ static kvf_status_t kvf_proxy_flow_queue(kvf_proxy_flow_t *flow,
         return KVF_ERR_NO_RESOURCE;
     }
     if (!kvf_proxy_admit_enqueue(ctx->admit, &flow->admit, (uint64_t)rq->num_tokens,
-                                 flow->notify, flow->notify_arg)) {
+                                 flow->req->priority, flow->notify, flow->notify_arg)) {
         rt->retry_after_s = 1;
         snprintf(rt->why, sizeof(rt->why), "overloaded: every instance is at its "
                  "--max-outstanding bound and the proxy's queue holds %llu prompt tokens, "
@@ -386,7 +386,7 @@ static kvf_status_t kvf_proxy_flow_pick(kvf_proxy_flow_t *flow)
     rq.prefill_timeout_ms = ctx->prefill_timeout_ms;
     rq.budget_ms = (left_ms < ctx->prefill_timeout_ms) ? left_ms : ctx->prefill_timeout_ms;
     if (flow->admit.queued && !kvf_proxy_admit_is_head(ctx->admit, &flow->admit)) {
-        return KVF_PROXY_FLOW_PENDING;   /* first come first served: the head tries */
+        return KVF_PROXY_FLOW_PENDING;   /* first come first served (by priority): the head */
     }
     if (!flow->admit.queued && (ctx->admit != NULL) && (kvf_proxy_admit_stats(ctx->admit).count > 0)) {
         /* others wait already: behind them, not ahead (first come first served) */

@@ -121,7 +121,7 @@ static const kvf_field_t kvf_proxy_fields[] = {
     {"best_of", 3, KVF_F_NULL_ONE, "best_of > 1 is not supported (use n)"},
     {"use_beam_search", 3, KVF_F_NULL_FALSE, "beam search is not supported"},
     {"length_penalty", 3, KVF_F_NULL_ONE, "beam search is not supported"},
-    {"priority", 3, KVF_F_NULL_ZERO, "request priorities are not supported"},
+    {"priority", 3, KVF_F_HONOURED, NULL},
     {"return_tokens_as_token_ids", 3, KVF_F_NULL_FALSE, "not supported"},
     {"suffix", 1, KVF_F_NULL, "insertion (suffix) is not supported"},
     {"logit_bias", 3, KVF_F_HONOURED, NULL},
@@ -613,6 +613,7 @@ static kvf_status_t kvf_proxy_parse_common(const kvf_proxy_openai_ctx_t *ctx, co
     KVF_TRY(kvf_proxy_parse_stop(root, req, http_p, param_p, err, cap));
     KVF_TRY(kvf_proxy_parse_stop_ids(ctx, root, req, http_p, param_p, err, cap));
     KVF_TRY(kvf_proxy_parse_lists(ctx, root, req, http_p, param_p, err, cap));
+    KVF_TRY(kvf_proxy_parse_priority(ctx, root, req, http_p, param_p, err, cap));
     it = kvf_proxy_get(root, "user");
     if ((it != NULL) && !cJSON_IsString(it)) {   /* an end-user id: kept by no one */
         return kvf_proxy_bad(http_p, param_p, "user", 400, err, cap, KVF_ERR_INVALID_PARAM,

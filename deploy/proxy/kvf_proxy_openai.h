@@ -43,6 +43,7 @@ typedef struct kvf_proxy_openai_ctx {
     const char *chat_template;       /* tokenizer_config.json's; NULL: chat is refused */
     const char *bos_token;           /* its text, for the template ("" when none) */
     const char *eos_token;
+    bool        priority_scheduling; /* --scheduling-policy priority: "priority" honoured */
 } kvf_proxy_openai_ctx_t;
 
 #define KVF_PROXY_MAX_CHOICES 16     /* prompts x n per request */
@@ -80,6 +81,7 @@ typedef struct kvf_proxy_completion_req {
     uint32_t *bad_ends;            /* word w: bad_tokens[bad_ends[w - 1], bad_ends[w]) */
     int      num_bad_tokens;
     int32_t *bad_tokens;
+    int64_t  priority;             /* admission queue order, lower first (kvf_proxy_admit.h) */
     /* text handled by the proxy */
     int      num_stop;
     char    *stop[KVF_PROXY_MAX_STOP];        /* owned */

@@ -205,6 +205,30 @@ kvf_status_t kvf_proxy_parse_lists(const kvf_proxy_openai_ctx_t *ctx, const cJSO
     return st;
 }
 
+kvf_status_t kvf_proxy_parse_priority(const kvf_proxy_openai_ctx_t *ctx, const cJSON *root,
+                                      kvf_proxy_completion_req_t *req, int *http_p,
+                                      const char **param_p, char *err, size_t cap)
+{
+    const cJSON *it = kvf_lists_get(root, "priority");
+    double v;
+
+    if (it == NULL) {
+        return KVF_OK;
+    }
+    v = cJSON_IsNumber(it) ? it->valuedouble : NAN;
+    if (!isfinite(v) || (floor(v) != v) || (fabs(v) > 9007199254740992.0)) {
+        return kvf_lists_bad(http_p, param_p, "priority", err, cap, "'priority' must be an "
+                             "integer (lower is served first)");
+    }
+    if ((v != 0.0) && !ctx->priority_scheduling) {
+        return kvf_lists_bad(http_p, param_p, "priority", err, cap, "'priority' %.0f needs "
+                             "priority scheduling: start kvf-proxy with --scheduling-policy "
+                             "priority", v);
+    }
+    req->priority = (int64_t)v;
+    return KVF_OK;
+}
+
 void kvf_proxy_lists_to_msg(const kvf_proxy_completion_req_t *req, Kvf__SamplingParams *sp)
 {
     sp->n_bias_ids = sp->n_bias_values = (size_t)req->num_bias;

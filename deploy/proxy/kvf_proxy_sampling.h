@@ -3,7 +3,9 @@
  * 0): logit_bias, allowed_token_ids, bad_words, parsed and checked as vLLM does (a bias is
  * clamped to [-100, 100]; ids must be in the vocabulary; allowed_token_ids must not be
  * empty; each bad word is tokenized as written and with a leading space), into the
- * request's owned arrays and from there into a SamplingParams message.
+ * request's owned arrays and from there into a SamplingParams message. Also "priority",
+ * the other per-request scheduling knob of vLLM's SamplingParams neighbours: the order of
+ * the proxy's admission queue (kvf_proxy_admit.h).
  */
 #ifndef KVF_PROXY_SAMPLING_H
 #define KVF_PROXY_SAMPLING_H
@@ -23,6 +25,15 @@
 kvf_status_t kvf_proxy_parse_lists(const kvf_proxy_openai_ctx_t *ctx, const cJSON *root,
                                    kvf_proxy_completion_req_t *req, int *http_p,
                                    const char **param_p, char *err, size_t cap);
+
+/**
+ * Parse "priority": an integer (lower is served first); non-zero only with
+ * --scheduling-policy priority (ctx->priority_scheduling), as vLLM refuses it under fcfs.
+ * @return KVF_OK; KVF_ERR_INVALID_PARAM (400 naming "priority").
+ */
+kvf_status_t kvf_proxy_parse_priority(const kvf_proxy_openai_ctx_t *ctx, const cJSON *root,
+                                      kvf_proxy_completion_req_t *req, int *http_p,
+                                      const char **param_p, char *err, size_t cap);
 
 /** The request's lists into @a sp (pointers into @a req, which must outlive @a sp). */
 void kvf_proxy_lists_to_msg(const kvf_proxy_completion_req_t *req, Kvf__SamplingParams *sp);

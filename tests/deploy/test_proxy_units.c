@@ -6,6 +6,7 @@
 #include "kvf_proxy_metrics.h"
 #include "kvf_proxy_openai.h"
 #include "kvf_proxy_memtrim.h"
+#include "kvf_proxy_admit.h"
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -202,6 +203,8 @@ static void test_parse_bad(void **state)
          "needs 'stream': true", "stream_options"},
         {"{\"prompt\": \"hi\", \"stream\": true, \"stream_options\": {\"x\": true}}", 400,
          "unknown key 'x'", "stream_options"},
+        {"{\"prompt\": \"hi\", \"priority\": -1}", 400, "--scheduling-policy priority",
+         "priority"},
         {"{\"prompt\": \"hi\", \"best_of\": 2}", 400, "'best_of' is not supported", "best_of"},
         {"{\"prompt\": \"hi\", \"suffix\": \"x\"}", 400, "'suffix' is not supported",
          "suffix"},
@@ -444,6 +447,59 @@ static void test_metrics_text(void **state)
 
 /* The heap is trimmed once a peak of >= 64 connections fell to a quarter, at most once a
  * second, and a steady load never trims. */
+static int woken[8];
+
+static void admit_notify(void *arg)
+{
+    woken[(int)(intptr_t)arg]++;
+}
+
+/* "priority" with --scheduling-policy priority; the queue serves lower priorities first,
+ * arrival order within one, and wakes an entry put ahead of the head. */
+static void test_priority(void **state)
+{
+    kvf_proxy_openai_ctx_t ctx = test_ctx();
+    kvf_proxy_completion_req_t req;
+    kvf_proxy_admit_entry_t e[6];
+    static const int64_t prio[6] = {0, 5, 1, 5, -1, 1};
+    static const int order[6] = {4, 0, 2, 5, 1, 3};
+    kvf_proxy_admit_h q;
+    int http = 0;
+    char err[256];
+
+    (void)state;
+    ctx.priority_scheduling = true;
+    memset(&req, 0, sizeof(req));
+    const char *ok_body = "{\"prompt\": \"hi\", \"priority\": -3}";
+    const char *bad_body = "{\"prompt\": \"hi\", \"priority\": 1.5}";
+
+    assert_int_equal(kvf_proxy_openai_parse(&ctx, ok_body, strlen(ok_body), &req, &http, NULL,
+                                            err, sizeof(err)), KVF_OK);
+    assert_true(req.priority == -3);
+    kvf_proxy_openai_req_cleanup(&req);
+    memset(&req, 0, sizeof(req));
+    assert_int_equal(kvf_proxy_openai_parse(&ctx, bad_body, strlen(bad_body), &req, &http,
+                                            NULL, err, sizeof(err)), KVF_ERR_INVALID_PARAM);
+    assert_non_null(strstr(err, "'priority' must be an integer"));
+    kvf_proxy_openai_req_cleanup(&req);
+
+    memset(e, 0, sizeof(e));
+    memset(woken, 0, sizeof(woken));
+    assert_int_equal(kvf_proxy_admit_create(1 << 20, &q), KVF_OK);
+    for (int i = 0; i < 6; ++i) {
+        assert_true(kvf_proxy_admit_enqueue(q, &e[i], 10, prio[i], admit_notify,
+                                            (void *)(intptr_t)i));
+    }
+    assert_int_equal(woken[4], 1);   /* -1 passed the head (0): woken to try */
+    assert_int_equal(woken[0] + woken[1] + woken[2] + woken[3] + woken[5], 0);
+    for (int k = 0; k < 6; ++k) {
+        assert_true(kvf_proxy_admit_is_head(q, &e[order[k]]));
+        kvf_proxy_admit_remove(q, &e[order[k]]);
+    }
+    assert_int_equal(kvf_proxy_admit_stats(q).count, 0);
+    kvf_proxy_admit_destroy(q);
+}
+
 static void test_memtrim_policy(void **state)
 {
     kvf_proxy_memtrim_t t = {0};
@@ -474,6 +530,7 @@ int main(void)
         cmocka_unit_test(test_parse_bad),   cmocka_unit_test(test_metrics_text),
         cmocka_unit_test(test_error_json),  cmocka_unit_test(test_parse_limits),
         cmocka_unit_test(test_parse_chat),  cmocka_unit_test(test_memtrim_policy),
+        cmocka_unit_test(test_priority),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
