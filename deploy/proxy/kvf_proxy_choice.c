@@ -2,20 +2,23 @@
 #include "kvf_proxy_choice.h"
 #include "kvf_array.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 kvf_status_t kvf_proxy_choice_init(kvf_proxy_choice_t *ch, const kvf_proxy_openai_ctx_t *ctx,
                                    const kvf_proxy_completion_req_t *req, int index)
 {
-    int j;
+    int per = kvf_proxy_req_per_prompt(req), j;
 
     memset(ch, 0, sizeof(*ch));
     ch->index = index;
-    ch->prompt_idx = index / req->n;
-    j = index % req->n;
+    ch->prompt_idx = index / per;
+    j = index % per;
     ch->stop_token = -1;
     ch->sub = *req;
+    ch->show_logprobs = req->want_logprobs;
+    ch->sub.want_logprobs = req->want_logprobs || (per > req->n);   /* best_of ranks by them */
     ch->sub.prompt_ids = req->prompts[ch->prompt_idx];
     ch->sub.num_prompt = req->prompt_lens[ch->prompt_idx];
     if (req->has_seed) {
@@ -206,4 +209,40 @@ void kvf_proxy_choice_cleanup(kvf_proxy_choice_t *ch)
     ch->text = NULL;
     free(ch->echo);
     ch->echo = NULL;
+}
+
+/* A candidate's cumulative logprob over its tokens; -inf without them all. */
+static double kvf_proxy_choice_cum(const kvf_proxy_choice_t *ch)
+{
+    const kvf_proxy_completion_t *o = &ch->flow.out;
+    int n = kvf_proxy_choice_tokens(ch);
+    double sum = 0.0;
+
+    if ((o->token_logprobs == NULL) || (o->num_logprobs < n)) {
+        return -INFINITY;
+    }
+    for (int i = 0; i < n; ++i) {
+        sum += (double)o->token_logprobs[i];
+    }
+    return sum;
+}
+
+void kvf_proxy_choice_best(const kvf_proxy_choice_t *cands, int per, int n, int *pick)
+{
+    double cum[KVF_PROXY_MAX_CHOICES];
+    bool taken[KVF_PROXY_MAX_CHOICES] = {false};
+
+    for (int i = 0; i < per; ++i) {
+        cum[i] = kvf_proxy_choice_cum(&cands[i]);
+    }
+    for (int r = 0; r < n; ++r) {   /* selection: per <= 16 */
+        int best = -1;
+        for (int i = 0; i < per; ++i) {
+            if (!taken[i] && ((best < 0) || (cum[i] > cum[best]))) {
+                best = i;
+            }
+        }
+        taken[best] = true;
+        pick[r] = best;
+    }
 }

@@ -17,7 +17,8 @@
 #include "kvf_proxy_openai.h"
 
 typedef struct kvf_proxy_choice {
-    int                        index;       /* prompt x n + j */
+    int                        index;       /* prompt x per prompt + j (per prompt: n, or
+                                             * best_of candidates) */
     int                        prompt_idx;
     kvf_proxy_completion_req_t sub;         /* the request's copy: this prompt, this seed */
     kvf_proxy_flow_t           flow;
@@ -37,6 +38,8 @@ typedef struct kvf_proxy_choice {
     bool                       first_sent;
     bool                       final_sent;
     char                      *echo;        /* the prompt's text (echo), owned; NULL: none */
+    bool                       show_logprobs; /* the client asked (a best_of candidate's are
+                                               * asked for its ranking only) */
 } kvf_proxy_choice_t;
 
 /**
@@ -68,5 +71,12 @@ int kvf_proxy_choice_tokens(const kvf_proxy_choice_t *ch);
 
 /** Finish the flow (if begun) and free the text. */
 void kvf_proxy_choice_cleanup(kvf_proxy_choice_t *ch);
+
+/**
+ * best_of: the @a n of @a per candidates @a cands (one prompt's, finished, their logprobs
+ * collected) with the highest cumulative logprob, best first (the lower index on ties, a
+ * candidate without logprobs last), as candidate positions into @a pick [n].
+ */
+void kvf_proxy_choice_best(const kvf_proxy_choice_t *cands, int per, int n, int *pick);
 
 #endif

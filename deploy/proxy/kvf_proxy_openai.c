@@ -118,7 +118,7 @@ static const kvf_field_t kvf_proxy_fields[] = {
     {"add_generation_prompt", 2, KVF_F_HONOURED, NULL},
     {"skip_special_tokens", 3, KVF_F_NULL_TRUE, "special tokens are always skipped in text"},
     {"spaces_between_special_tokens", 3, KVF_F_NULL_TRUE, "special tokens are never shown"},
-    {"best_of", 3, KVF_F_NULL_ONE, "best_of > 1 is not supported (use n)"},
+    {"best_of", 3, KVF_F_HONOURED, NULL},
     {"use_beam_search", 3, KVF_F_NULL_FALSE, "beam search is not supported"},
     {"length_penalty", 3, KVF_F_NULL_ONE, "beam search is not supported"},
     {"priority", 3, KVF_F_HONOURED, NULL},
@@ -609,6 +609,7 @@ static kvf_status_t kvf_proxy_parse_common(const kvf_proxy_openai_ctx_t *ctx, co
     v = 1;
     KVF_TRY(kvf_proxy_intf(root, "n", 1, KVF_PROXY_MAX_CHOICES, &v, http_p, param_p, err, cap));
     req->n = (int)v;
+    KVF_TRY(kvf_proxy_parse_best_of(root, req, http_p, param_p, err, cap));
     KVF_TRY(kvf_proxy_parse_stream_options(root, req, http_p, param_p, err, cap));
     KVF_TRY(kvf_proxy_parse_stop(root, req, http_p, param_p, err, cap));
     KVF_TRY(kvf_proxy_parse_stop_ids(ctx, root, req, http_p, param_p, err, cap));
@@ -766,10 +767,12 @@ static kvf_status_t kvf_proxy_parse_fields(const kvf_proxy_openai_ctx_t *ctx, co
                             cap));
     KVF_TRY(kvf_proxy_parse_prompt(ctx, kvf_proxy_get(root, "prompt"), ctx->add_bos &&
                                    add_special, req, http_p, param_p, err, cap));
-    if (req->num_prompts * req->n > KVF_PROXY_MAX_CHOICES) {
-        return kvf_proxy_bad(http_p, param_p, "n", 400, err, cap, KVF_ERR_INVALID_PARAM,
-                             "%d prompts x 'n' = %d is %d choices, more than %d",
-                             req->num_prompts, req->n, req->num_prompts * req->n,
+    if (req->num_prompts * kvf_proxy_req_per_prompt(req) > KVF_PROXY_MAX_CHOICES) {
+        const char *f = (req->best_of > req->n) ? "best_of" : "n";
+        return kvf_proxy_bad(http_p, param_p, f, 400, err, cap, KVF_ERR_INVALID_PARAM,
+                             "%d prompts x '%s' = %d is %d choices, more than %d",
+                             req->num_prompts, f, kvf_proxy_req_per_prompt(req),
+                             req->num_prompts * kvf_proxy_req_per_prompt(req),
                              KVF_PROXY_MAX_CHOICES);
     }
     return kvf_proxy_truncate(ctx, root, req, http_p, param_p, err, cap);

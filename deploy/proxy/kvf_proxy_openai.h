@@ -88,6 +88,8 @@ typedef struct kvf_proxy_completion_req {
     bool     include_stop_str_in_output;
     bool     echo;
     int      n;                    /* choices per prompt, >= 1 */
+    int      best_of;              /* candidates per prompt, >= n (0: n); more than n: the n
+                                    * of the highest cumulative logprob are returned */
     int      num_prompts;          /* >= 1; prompt i is prompts[i] (prompts[0] == prompt_ids) */
     int32_t *prompts[KVF_PROXY_MAX_CHOICES];  /* owned */
     int      prompt_lens[KVF_PROXY_MAX_CHOICES];
@@ -96,6 +98,12 @@ typedef struct kvf_proxy_completion_req {
     char     response_id[96];      /* "cmpl-<x-request-id>" when given; "" : the flow's id */
     bool     chat;                 /* chat.completion objects (kvf_proxy_chat.h) */
 } kvf_proxy_completion_req_t;
+
+/** Flows per prompt: best_of candidates when more than n, else n. */
+static inline int kvf_proxy_req_per_prompt(const kvf_proxy_completion_req_t *req)
+{
+    return (req->best_of > req->n) ? req->best_of : req->n;
+}
 
 /** Transfer statistics of one request (TransferStats, as decode reported them). */
 typedef struct kvf_proxy_kv_stats {

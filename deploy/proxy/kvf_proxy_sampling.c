@@ -229,6 +229,28 @@ kvf_status_t kvf_proxy_parse_priority(const kvf_proxy_openai_ctx_t *ctx, const c
     return KVF_OK;
 }
 
+kvf_status_t kvf_proxy_parse_best_of(const cJSON *root, kvf_proxy_completion_req_t *req,
+                                     int *http_p, const char **param_p, char *err, size_t cap)
+{
+    const cJSON *it = kvf_lists_get(root, "best_of");
+    double v;
+
+    if (it == NULL) {
+        return KVF_OK;
+    }
+    v = cJSON_IsNumber(it) ? it->valuedouble : NAN;
+    if (!isfinite(v) || (floor(v) != v) || (v < req->n) || (v > KVF_PROXY_MAX_CHOICES)) {
+        return kvf_lists_bad(http_p, param_p, "best_of", err, cap, "'best_of' must be an "
+                             "integer from 'n' (%d) to %d", req->n, KVF_PROXY_MAX_CHOICES);
+    }
+    if ((v > req->n) && req->stream) {
+        return kvf_lists_bad(http_p, param_p, "best_of", err, cap, "'best_of' > 'n' cannot "
+                             "be streamed: the best are known when all are done");
+    }
+    req->best_of = (int)v;
+    return KVF_OK;
+}
+
 void kvf_proxy_lists_to_msg(const kvf_proxy_completion_req_t *req, Kvf__SamplingParams *sp)
 {
     sp->n_bias_ids = sp->n_bias_values = (size_t)req->num_bias;

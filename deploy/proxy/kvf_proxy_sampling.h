@@ -35,6 +35,14 @@ kvf_status_t kvf_proxy_parse_priority(const kvf_proxy_openai_ctx_t *ctx, const c
                                       kvf_proxy_completion_req_t *req, int *http_p,
                                       const char **param_p, char *err, size_t cap);
 
+/**
+ * Parse "best_of" (after "n" and "stream"): an integer in [n, KVF_PROXY_MAX_CHOICES]; more
+ * than n is not streamed (the best are known only at the end), as vLLM refuses it.
+ * @return KVF_OK; KVF_ERR_INVALID_PARAM (400 naming "best_of").
+ */
+kvf_status_t kvf_proxy_parse_best_of(const cJSON *root, kvf_proxy_completion_req_t *req,
+                                     int *http_p, const char **param_p, char *err, size_t cap);
+
 /** The request's lists into @a sp (pointers into @a req, which must outlive @a sp). */
 void kvf_proxy_lists_to_msg(const kvf_proxy_completion_req_t *req, Kvf__SamplingParams *sp);
 

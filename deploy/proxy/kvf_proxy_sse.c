@@ -161,7 +161,7 @@ static void kvf_proxy_piece(const kvf_proxy_choice_t *ch, int to, const char *te
     out->text = text;
     out->ids = o->tokens + from;
     out->num_ids = to - from;
-    if (ch->sub.want_logprobs && (o->num_logprobs >= to)) {
+    if (ch->show_logprobs && (o->num_logprobs >= to)) {
         out->token_logprobs = o->token_logprobs + from;
         out->top_ids = o->top_ids + (size_t)from * (size_t)ch->sub.logprobs;
         out->top_logprobs = o->top_logprobs + (size_t)from * (size_t)ch->sub.logprobs;
@@ -463,6 +463,32 @@ static enum MHD_Result kvf_proxy_cmpl_fail(struct MHD_Connection *conn, kvf_prox
     return ret;
 }
 
+/* best_of > n: each prompt's n best candidates moved to the front of @a outs, renumbered
+ * prompt x n + rank, and the usage counting only them (vLLM's). @return the outputs kept. */
+static int kvf_proxy_best_of(const kvf_proxy_cmpl_t *c, kvf_proxy_choice_out_t *outs,
+                             kvf_proxy_usage_t *u)
+{
+    int per = kvf_proxy_req_per_prompt(&c->req), n = c->req.n, k = 0;
+    kvf_proxy_choice_out_t kept[KVF_PROXY_MAX_CHOICES];
+
+    if (per == n) {
+        return c->num_choices;
+    }
+    u->completion_tokens = 0;
+    for (int p = 0; p < c->req.num_prompts; ++p) {
+        int pick[KVF_PROXY_MAX_CHOICES];
+        kvf_proxy_choice_best(&c->choices[p * per], per, n, pick);
+        for (int r = 0; r < n; ++r) {
+            kept[k] = outs[p * per + pick[r]];
+            kept[k].index = k;
+            u->completion_tokens += kvf_proxy_choice_tokens(&c->choices[p * per + pick[r]]);
+            ++k;
+        }
+    }
+    memcpy(outs, kept, (size_t)k * sizeof(*outs));
+    return k;
+}
+
 /* Done without streaming: one JSON answer. Frees the completion. */
 static enum MHD_Result kvf_proxy_cmpl_answer(struct MHD_Connection *conn, kvf_proxy_conn_t *cc)
 {
@@ -489,8 +515,8 @@ static enum MHD_Result kvf_proxy_cmpl_answer(struct MHD_Connection *conn, kvf_pr
         }
     }
     if (ok) {
-        json = kvf_proxy_openai_response(api, &c->req, &c->choices[0].flow.out, outs,
-                                         c->num_choices, &u);
+        int num = kvf_proxy_best_of(c, outs, &u);
+        json = kvf_proxy_openai_response(api, &c->req, &c->choices[0].flow.out, outs, num, &u);
     }
     for (int i = 0; (texts != NULL) && (i < c->num_choices); ++i) {
         free(texts[i]);
@@ -602,7 +628,7 @@ static kvf_proxy_cmpl_t *kvf_proxy_cmpl_new(struct kvf_proxy_http *http,
         snprintf(c->req.response_id, sizeof(c->req.response_id), "%s-%s",
                  chat ? "chatcmpl" : "cmpl", c->xrid);
     }
-    c->num_choices = c->req.num_prompts * c->req.n;
+    c->num_choices = c->req.num_prompts * kvf_proxy_req_per_prompt(&c->req);
     c->choices = calloc((size_t)c->num_choices, sizeof(*c->choices));
     cc->cmpl = c;
     if (c->choices == NULL) {

@@ -92,7 +92,7 @@ static void test_parse_ok(void **state)
                            " \"stop_token_ids\": [9, 10], \"logprobs\": 3, \"seed\": -1,"
                            " \"include_stop_str_in_output\": true, \"stream\": true,"
                            " \"stream_options\": {\"include_usage\": true,"
-                           " \"continuous_usage_stats\": true}, \"best_of\": 1,"
+                           " \"continuous_usage_stats\": true}, \"best_of\": 3,"
                            " \"skip_special_tokens\": true, \"logit_bias\": {},"
                            " \"request_id\": \"r1\", \"add_special_tokens\": false}",
                            &req, err), 200);
@@ -205,7 +205,11 @@ static void test_parse_bad(void **state)
          "unknown key 'x'", "stream_options"},
         {"{\"prompt\": \"hi\", \"priority\": -1}", 400, "--scheduling-policy priority",
          "priority"},
-        {"{\"prompt\": \"hi\", \"best_of\": 2}", 400, "'best_of' is not supported", "best_of"},
+        {"{\"prompt\": \"hi\", \"n\": 2, \"best_of\": 1}", 400, "from 'n' (2)", "best_of"},
+        {"{\"prompt\": \"hi\", \"best_of\": 2, \"stream\": true}", 400, "cannot be streamed",
+         "best_of"},
+        {"{\"prompt\": [\"a\", \"b\"], \"best_of\": 9}", 400, "'best_of' = 9 is 18 choices",
+         "best_of"},
         {"{\"prompt\": \"hi\", \"suffix\": \"x\"}", 400, "'suffix' is not supported",
          "suffix"},
         {"{\"prompt\": \"hi\", \"logit_bias\": {\"300\": 1}}", 400,

@@ -8,6 +8,8 @@ deploy/proxy/kvf_proxy_sampling.c):
 - allowed_token_ids restricts every draw at temperature 1.5 over several seeds;
 - bad_words: the greedy output's first word never appears (its token, with and without a
   leading space), and the output changes;
+- best_of 4 with n 2 returns the two of the four candidates (the same seeds as n 4) with
+  the highest cumulative logprob, best first;
 - each invalid value is a 400 (openai.BadRequestError) naming the field.
 Skipped (exit 77) without the openai package.
 """
@@ -96,12 +98,28 @@ def run(pool):
            (word, temp), (got, banned))
     got, _ = ids(temperature=0, extra={"bad_words": [word]})
     ok(got != greedy, "bad_words changed the greedy output", (got, greedy))
+    # -- best_of: the n of best_of candidates with the highest cumulative logprob ----------
+    cands = c.completions.create(model=name, prompt=PROMPT, max_tokens=N, temperature=1.0,
+                                 seed=11, n=4, logprobs=0,
+                                 extra_body={"ignore_eos": True, "return_token_ids": True})
+    cum = sorted(((sum(ch.logprobs.token_logprobs), ch.index,
+                   ch.model_extra["token_ids"]) for ch in cands.choices),
+                 key=lambda t: (-t[0], t[1]))
+    best = c.completions.create(model=name, prompt=PROMPT, max_tokens=N, temperature=1.0,
+                                seed=11, n=2, best_of=4,
+                                extra_body={"ignore_eos": True, "return_token_ids": True})
+    got = [ch.model_extra["token_ids"] for ch in best.choices]
+    ok(len({tuple(t[2]) for t in cum}) > 1, "best_of: the 4 candidates differ", cum)
+    ok(got == [cum[0][2], cum[1][2]] and [ch.index for ch in best.choices] == [0, 1] and
+       best.choices[0].logprobs is None and best.usage.completion_tokens == 2 * N,
+       "best_of 4, n 2: the two of the highest cumulative logprob, best first, no logprobs "
+       "shown, usage of the two", (got, cum))
     # -- invalid values: 400 naming the field ---------------------------------------------
     bad = [("logit_bias", {"x": 1}), ("logit_bias", {"10000000": 1}), ("logit_bias", [1]),
            ("logit_bias", {"5": "big"}), ("allowed_token_ids", []),
            ("allowed_token_ids", [-1]), ("allowed_token_ids", "5"),
            ("allowed_token_ids", [1.5]), ("bad_words", "word"), ("bad_words", [5]),
-           ("bad_words", [""])]
+           ("bad_words", [""]), ("best_of", 0), ("best_of", 17), ("best_of", 1.5)]
     for field, value in bad:
         try:
             ids(temperature=0, extra={field: value})
