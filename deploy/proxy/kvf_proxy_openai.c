@@ -148,11 +148,10 @@ static const kvf_field_t kvf_proxy_fields[] = {
     {"function_call", 2, KVF_F_NULL, "function calling is not supported"},
     {"reasoning_effort", 2, KVF_F_NULL, "reasoning effort is not supported"},
     {"include_reasoning", 2, KVF_F_NULL_FALSE, "reasoning parsing is not supported"},
-    {"continue_final_message", 2, KVF_F_NULL_FALSE, "continuing the final message is not "
-                                                    "supported"},
-    {"documents", 2, KVF_F_NULL, "documents (RAG templates) are not supported"},
+    {"continue_final_message", 2, KVF_F_HONOURED, NULL},
+    {"documents", 2, KVF_F_HONOURED, NULL},
     {"chat_template", 2, KVF_F_NULL, "only the checkpoint's chat template is used"},
-    {"chat_template_kwargs", 2, KVF_F_NULL_EMPTY, "template arguments are not supported"},
+    {"chat_template_kwargs", 2, KVF_F_HONOURED, NULL},
     {"mm_processor_kwargs", 2, KVF_F_NULL, "multimodal input is not supported"},
     {"media_io_kwargs", 2, KVF_F_NULL, "multimodal input is not supported"},
     {"modalities", 2, KVF_F_NULL, "multimodal output is not supported"},
@@ -701,7 +700,8 @@ static kvf_status_t kvf_proxy_chat_fields(const kvf_proxy_openai_ctx_t *ctx, con
                                           kvf_proxy_completion_req_t *req, int *http_p,
                                           const char **param_p, char *err, size_t cap)
 {
-    bool add_gen = true, add_special = false;
+    bool add_special = false;
+    kvf_proxy_chat_args_t args = {0};
     char *text = NULL;
     cJSON *s;
     kvf_status_t st;
@@ -714,8 +714,6 @@ static kvf_status_t kvf_proxy_chat_fields(const kvf_proxy_openai_ctx_t *ctx, con
                              "'echo' is not supported for chat (the prompt is a template's "
                              "rendering)");
     }
-    KVF_TRY(kvf_proxy_boolf(root, "add_generation_prompt", &add_gen, http_p, param_p, err,
-                            cap));
     /* chat: the template writes BOS itself; vLLM adds no special tokens by default */
     KVF_TRY(kvf_proxy_boolf(root, "add_special_tokens", &add_special, http_p, param_p, err,
                             cap));
@@ -723,10 +721,14 @@ static kvf_status_t kvf_proxy_chat_fields(const kvf_proxy_openai_ctx_t *ctx, con
         return kvf_proxy_bad(http_p, param_p, "messages", 400, err, cap, KVF_ERR_INVALID_PARAM,
                              "'messages' is required");
     }
-    st = kvf_proxy_chat_render(ctx, kvf_proxy_get(root, "messages"), add_gen, &text, param_p,
-                               err, cap);
-    if (st != KVF_OK) {
+    st = kvf_proxy_chat_args_parse(root, &args, http_p, param_p, err, cap);
+    if (st == KVF_OK) {
+        st = kvf_proxy_chat_render(ctx, kvf_proxy_get(root, "messages"), &args, &text, param_p,
+                                   err, cap);
         *http_p = (st == KVF_ERR_NO_MEMORY) ? 500 : 400;
+    }
+    kvf_proxy_chat_args_cleanup(&args);
+    if (st != KVF_OK) {
         return st;
     }
     s = cJSON_CreateString(text);

@@ -374,10 +374,19 @@ static void test_parse_chat(void **state)
              "tool_calls", "messages"},
             {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"prompt\": \"y\"}",
              "unknown field 'prompt'", "prompt"},
-            {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{}]}",
-             "'tools' is not supported", "tools"},
             {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"top_logprobs\": 2}",
              "needs 'logprobs'", "top_logprobs"},
+            {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
+             " \"continue_final_message\": true}", "cannot both", "continue_final_message"},
+            {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
+             " \"continue_final_message\": 1}", "must be a boolean", "continue_final_message"},
+            {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
+             " \"documents\": [{\"title\": 3}]}", "values are strings", "documents"},
+            {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
+             " \"chat_template_kwargs\": [1]}", "must be an object", "chat_template_kwargs"},
+            {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
+             " \"chat_template_kwargs\": {\"messages\": []}}", "cannot set 'messages'",
+             "chat_template_kwargs"},
         };
         for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); ++i) {
             memset(&req, 0, sizeof(req));
@@ -389,6 +398,53 @@ static void test_parse_chat(void **state)
                 fail_msg("chat case %zu: '%s' (param %s)", i, err, param ? param : "null");
             }
         }
+    }
+}
+
+/* Template arguments: chat_template_kwargs (overriding), documents,
+ * continue_final_message (the rendering cut after the last message). */
+static void test_chat_args(void **state)
+{
+    kvf_proxy_openai_ctx_t ctx = test_ctx();
+    kvf_proxy_completion_req_t req;
+    const char *param = NULL;
+    char err[256];
+    int http = 0;
+    static const struct {
+        const char *body, *want;
+    } cases[] = {
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}],"
+         " \"chat_template_kwargs\": {\"enable_thinking\": false}}", "uhi.>/nt"},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}],"
+         " \"chat_template_kwargs\": {\"add_generation_prompt\": false}}", "uhi."},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}],"
+         " \"documents\": [{\"title\": \"T\", \"text\": \"D\"}]}", "[T:D]uhi.>"},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"},"
+         " {\"role\": \"assistant\", \"content\": \"The \"}], \"add_generation_prompt\": false,"
+         " \"continue_final_message\": true}", "uhi.aThe "},   /* the "." after it cut */
+    };
+
+    (void)state;
+    ctx.chat_template = "{% for d in documents %}[{{ d.title }}:{{ d.text }}]{% endfor %}"
+                        "{% for m in messages %}{{ m.role[0] }}{{ m.content }}.{% endfor %}"
+                        "{% if add_generation_prompt %}>{% endif %}"
+                        "{% if enable_thinking is defined and not enable_thinking %}/nt"
+                        "{% endif %}";
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); ++i) {
+        char got[64];
+        memset(&req, 0, sizeof(req));
+        if (kvf_proxy_openai_parse_chat(&ctx, cases[i].body, strlen(cases[i].body), &req, &http,
+                                        &param, err, sizeof(err)) != KVF_OK) {
+            fail_msg("args case %zu: %s", i, err);
+        }
+        for (int k = 0; k < req.num_prompt; ++k) {
+            got[k] = (char)req.prompt_ids[k];
+        }
+        got[req.num_prompt] = '\0';
+        if (strcmp(got, cases[i].want) != 0) {
+            fail_msg("args case %zu: rendered '%s', want '%s'", i, got, cases[i].want);
+        }
+        kvf_proxy_openai_req_cleanup(&req);
     }
 }
 
@@ -534,7 +590,7 @@ int main(void)
         cmocka_unit_test(test_parse_bad),   cmocka_unit_test(test_metrics_text),
         cmocka_unit_test(test_error_json),  cmocka_unit_test(test_parse_limits),
         cmocka_unit_test(test_parse_chat),  cmocka_unit_test(test_memtrim_policy),
-        cmocka_unit_test(test_priority),
+        cmocka_unit_test(test_priority),    cmocka_unit_test(test_chat_args),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -114,6 +114,22 @@ def run(pool):
        best.choices[0].logprobs is None and best.usage.completion_tokens == 2 * N,
        "best_of 4, n 2: the two of the highest cumulative logprob, best first, no logprobs "
        "shown, usage of the two", (got, cum))
+    # -- template arguments: continue_final_message continues the assistant's text ---------
+    msgs = [{"role": "user", "content": PROMPT}, {"role": "assistant", "content": "The ferry"}]
+    cont = c.chat.completions.create(model=name, messages=msgs, max_tokens=4, temperature=0,
+                                     extra_body={"ignore_eos": True, "return_token_ids": True,
+                                                 "add_generation_prompt": False,
+                                                 "continue_final_message": True,
+                                                 "chat_template_kwargs": {"unused": 1},
+                                                 "documents": [{"title": "t", "text": "d"}]})
+    text = "<bos>user: %s\nassistant: The ferry" % PROMPT
+    tok = post(pool.url + "/tokenize", {"model": name, "prompt": text,
+                                        "add_special_tokens": False})
+    same, _ = ids(prompt=tok["tokens"], temperature=0, max_tokens=4)
+    ok(cont.usage.prompt_tokens == tok["count"] and
+       cont.choices[0].model_extra["token_ids"] == same,
+       "continue_final_message: the rendering cut after the assistant's text, continued",
+       (cont.usage.prompt_tokens, tok["count"]))
     # -- invalid values: 400 naming the field ---------------------------------------------
     bad = [("logit_bias", {"x": 1}), ("logit_bias", {"10000000": 1}), ("logit_bias", [1]),
            ("logit_bias", {"5": "big"}), ("allowed_token_ids", []),
