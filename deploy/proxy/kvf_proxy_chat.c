@@ -1,6 +1,7 @@
 /* Chat messages: checked, then rendered with the checkpoint's template (kvf_proxy_chat.h). */
 #include "kvf_proxy_chat.h"
 #include "kvf_proxy_jinja.h"
+#include "kvf_proxy_tools.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -107,9 +108,11 @@ static kvf_status_t kvf_chat_messages(const cJSON *messages, cJSON *list, const 
         }
         cJSON_ArrayForEach(k, m) {
             if ((strcmp(k->string, "role") != 0) && (strcmp(k->string, "content") != 0) &&
-                (strcmp(k->string, "name") != 0)) {
+                (strcmp(k->string, "name") != 0) && (strcmp(k->string, "tool_calls") != 0) &&
+                (strcmp(k->string, "tool_call_id") != 0)) {
                 return kvf_chat_bad(param_p, err, cap, "'messages'[%d].%.32s is not supported"
-                                    " (role, content and name are)", i, k->string);
+                                    " (role, content, name, tool_calls and tool_call_id are)",
+                                    i, k->string);
             }
         }
         out = cJSON_CreateObject();
@@ -127,6 +130,12 @@ static kvf_status_t kvf_chat_messages(const cJSON *messages, cJSON *list, const 
             cJSON_AddStringToObject(out, "name", k->valuestring);
         }
         st = kvf_chat_content(m, i, out, param_p, err, cap);
+        if (st == KVF_OK) {
+            st = kvf_proxy_tools_message(m, role->valuestring, i, out, err, cap);
+            if ((st != KVF_OK) && (param_p != NULL)) {
+                *param_p = "messages";
+            }
+        }
         if (st != KVF_OK) {
             return st;
         }

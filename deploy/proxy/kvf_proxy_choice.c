@@ -1,6 +1,7 @@
 /* One choice's flow and text: decoding, stop strings, hold-back (kvf_proxy_choice.h). */
 #include "kvf_proxy_choice.h"
 #include "kvf_array.h"
+#include "kvf_proxy_tools.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -158,6 +159,15 @@ kvf_status_t kvf_proxy_choice_update(kvf_proxy_choice_t *ch, const kvf_proxy_ope
         }
         ch->end = ch->len;
     }
+    if ((ch->sub.tool_parser != 0) && !ch->tools_parsed && kvf_proxy_choice_over(ch)) {
+        size_t content_end = ch->end;
+        ch->tools_parsed = true;   /* calls found: the text before them is the content */
+        st = kvf_proxy_tools_parse_output((kvf_proxy_tool_parser_t)ch->sub.tool_parser,
+                                          ch->sub.parallel_tool_calls, ch->text, ch->end,
+                                          &ch->tool_calls, &content_end);
+        ch->end = (ch->tool_calls != NULL) ? content_end : ch->end;
+        return st;
+    }
     return KVF_OK;
 }
 
@@ -183,11 +193,15 @@ size_t kvf_proxy_choice_ready(const kvf_proxy_choice_t *ch)
             }
         }
     }
-    return ch->len - hold;
+    return kvf_proxy_tools_ready((kvf_proxy_tool_parser_t)ch->sub.tool_parser, ch->text,
+                                 ch->len - hold);   /* and not what may be a tool call */
 }
 
 const char *kvf_proxy_choice_finish(const kvf_proxy_choice_t *ch)
 {
+    if (ch->tool_calls != NULL) {
+        return "tool_calls";
+    }
     if (ch->stopped) {
         return "stop";
     }
@@ -209,6 +223,8 @@ void kvf_proxy_choice_cleanup(kvf_proxy_choice_t *ch)
     ch->text = NULL;
     free(ch->echo);
     ch->echo = NULL;
+    cJSON_Delete(ch->tool_calls);
+    ch->tool_calls = NULL;
 }
 
 /* A candidate's cumulative logprob over its tokens; -inf without them all. */

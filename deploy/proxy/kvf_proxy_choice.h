@@ -40,6 +40,8 @@ typedef struct kvf_proxy_choice {
     char                      *echo;        /* the prompt's text (echo), owned; NULL: none */
     bool                       show_logprobs; /* the client asked (a best_of candidate's are
                                                * asked for its ranking only) */
+    bool                       tools_parsed;  /* the output went through its tool parser */
+    struct cJSON              *tool_calls;    /* the calls it held (owned), or NULL */
 } kvf_proxy_choice_t;
 
 /**

@@ -12,6 +12,7 @@
 #include "kvf_proxy_openai.h"
 #include "kvf_proxy_chat.h"
 #include "kvf_proxy_sampling.h"
+#include "kvf_proxy_tools.h"
 #include "kvf_scheduler.h"
 
 #include <cjson/cJSON.h>
@@ -141,9 +142,9 @@ static const kvf_field_t kvf_proxy_fields[] = {
     {"cache_salt", 3, KVF_F_NULL, "kvferry has no prefix cache to salt"},
     {"kv_transfer_params", 3, KVF_F_NULL, "kvferry moves the KV itself"},
     {"vllm_xargs", 3, KVF_F_NULL, "extra engine arguments are not supported"},
-    {"tools", 2, KVF_F_NULL_EMPTY, "tool calling is not supported"},
-    {"tool_choice", 2, KVF_F_NULL, "tool calling is not supported"},
-    {"parallel_tool_calls", 2, KVF_F_NULL, "tool calling is not supported"},
+    {"tools", 2, KVF_F_HONOURED, NULL},
+    {"tool_choice", 2, KVF_F_HONOURED, NULL},
+    {"parallel_tool_calls", 2, KVF_F_HONOURED, NULL},
     {"functions", 2, KVF_F_NULL, "function calling is not supported"},
     {"function_call", 2, KVF_F_NULL, "function calling is not supported"},
     {"reasoning_effort", 2, KVF_F_NULL, "reasoning effort is not supported"},
@@ -723,6 +724,14 @@ static kvf_status_t kvf_proxy_chat_fields(const kvf_proxy_openai_ctx_t *ctx, con
     }
     st = kvf_proxy_chat_args_parse(root, &args, http_p, param_p, err, cap);
     if (st == KVF_OK) {
+        kvf_proxy_tool_parser_t parser = KVF_TOOL_PARSER_NONE;
+        st = kvf_proxy_tools_parse_request(root, (kvf_proxy_tool_parser_t)ctx->tool_parser,
+                                           ctx->auto_tool_choice, &args, &parser,
+                                           &req->parallel_tool_calls, http_p, param_p, err,
+                                           cap);
+        req->tool_parser = (int)parser;
+    }
+    if (st == KVF_OK) {
         st = kvf_proxy_chat_render(ctx, kvf_proxy_get(root, "messages"), &args, &text, param_p,
                                    err, cap);
         *http_p = (st == KVF_ERR_NO_MEMORY) ? 500 : 400;
@@ -1192,7 +1201,9 @@ static cJSON *kvf_proxy_choice(const kvf_proxy_openai_ctx_t *ctx,
             if (!chunk || ch->first) {
                 cJSON_AddStringToObject(m, "role", "assistant");
             }
-            if (!chunk || (ch->text[0] != '\0') || (ch->finish_reason == NULL)) {
+            if (ch->tool_calls != NULL) {
+                kvf_proxy_tools_to_message(m, ch->text, ch->tool_calls, chunk);
+            } else if (!chunk || (ch->text[0] != '\0') || (ch->finish_reason == NULL)) {
                 cJSON_AddStringToObject(m, "content", ch->text);
             }
         }

@@ -44,6 +44,8 @@ typedef struct kvf_proxy_openai_ctx {
     const char *bos_token;           /* its text, for the template ("" when none) */
     const char *eos_token;
     bool        priority_scheduling; /* --scheduling-policy priority: "priority" honoured */
+    int         tool_parser;         /* --tool-call-parser (kvf_proxy_tool_parser_t; 0 none) */
+    bool        auto_tool_choice;    /* --enable-auto-tool-choice */
 } kvf_proxy_openai_ctx_t;
 
 #define KVF_PROXY_MAX_CHOICES 16     /* prompts x n per request */
@@ -82,6 +84,9 @@ typedef struct kvf_proxy_completion_req {
     int      num_bad_tokens;
     int32_t *bad_tokens;
     int64_t  priority;             /* admission queue order, lower first (kvf_proxy_admit.h) */
+    int      tool_parser;          /* chat with tools, tool_choice auto: the output's parser
+                                    * (kvf_proxy_tool_parser_t; 0: none) */
+    bool     parallel_tool_calls;  /* false: the first call only */
     /* text handled by the proxy */
     int      num_stop;
     char    *stop[KVF_PROXY_MAX_STOP];        /* owned */
@@ -215,6 +220,7 @@ typedef struct kvf_proxy_choice_out {
     const char    *stop_reason;     /* the stop string matched, or NULL */
     int            stop_token;      /* the stop token id that ended it, or -1 */
     bool           first;           /* chat chunks: the first delta carries the role */
+    const struct cJSON *tool_calls; /* chat: the parsed calls (kvf_proxy_tools.h), or NULL */
 } kvf_proxy_choice_out_t;
 
 /**

@@ -171,6 +171,7 @@ static void kvf_proxy_piece(const kvf_proxy_choice_t *ch, int to, const char *te
     out->stop_token = -1;
     if (final) {
         out->finish_reason = kvf_proxy_choice_finish(ch);
+        out->tool_calls = ch->tool_calls;
         out->stop_reason = ch->stop_reason;
         out->stop_token = (ch->stop_reason == NULL) ? ch->stop_token : -1;
     }
