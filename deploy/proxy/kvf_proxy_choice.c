@@ -126,7 +126,10 @@ kvf_status_t kvf_proxy_choice_update(kvf_proxy_choice_t *ch, const kvf_proxy_ope
         if (st != KVF_OK) {
             return st;
         }
-        ch->decoded++;
+        if (KVF_ARRAY_GROW(ch->tok_end, ch->cap_tok_end, ch->decoded + 1, 64) != KVF_OK) {
+            return KVF_ERR_NO_MEMORY;
+        }
+        ch->tok_end[ch->decoded++] = ch->len;
         if (kvf_proxy_choice_stop_id(ch, id)) {
             ch->stop_token = id;
         }
@@ -208,6 +211,15 @@ const char *kvf_proxy_choice_finish(const kvf_proxy_choice_t *ch)
     return (ch->flow.out.finish_reason[0] != '\0') ? ch->flow.out.finish_reason : "length";
 }
 
+bool kvf_proxy_choice_ends_at(const kvf_proxy_choice_t *ch, const kvf_proxy_openai_ctx_t *ctx,
+                              int n)
+{
+    int32_t id = ch->flow.out.tokens[n - 1];
+
+    return ((uint32_t)n >= ch->sub.max_tokens) || kvf_proxy_choice_stop_id(ch, id) ||
+           (!ch->sub.ignore_eos && (id == ctx->tok->eos_token_id));
+}
+
 int kvf_proxy_choice_tokens(const kvf_proxy_choice_t *ch)
 {
     return ch->flow.out.num_tokens;
@@ -225,6 +237,8 @@ void kvf_proxy_choice_cleanup(kvf_proxy_choice_t *ch)
     ch->echo = NULL;
     cJSON_Delete(ch->tool_calls);
     ch->tool_calls = NULL;
+    free(ch->tok_end);
+    ch->tok_end = NULL;
 }
 
 /* A candidate's cumulative logprob over its tokens; -inf without them all. */

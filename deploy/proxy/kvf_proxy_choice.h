@@ -27,6 +27,8 @@ typedef struct kvf_proxy_choice {
     char                      *text;        /* everything decoded so far (NUL-terminated) */
     size_t                     len, cap;
     int                        decoded;     /* tokens fed to the decoder */
+    size_t                    *tok_end;     /* [decoded]: the text's length after each */
+    int                        cap_tok_end;
     size_t                     end;         /* text kept once stopped: the cut */
     bool                       stopped;     /* a stop string ended it */
     const char                *stop_reason; /* the stop string (req's), or NULL */
@@ -70,6 +72,11 @@ const char *kvf_proxy_choice_finish(const kvf_proxy_choice_t *ch);
 
 /** Tokens of the choice (the flow's, cut after a stop string's token). */
 int kvf_proxy_choice_tokens(const kvf_proxy_choice_t *ch);
+
+/** Whether token @a n (1-based) of the output is known to be its last (max_tokens, EOS
+ *  unless ignore_eos, a stop token id) before the flow says so. */
+bool kvf_proxy_choice_ends_at(const kvf_proxy_choice_t *ch, const kvf_proxy_openai_ctx_t *ctx,
+                              int n);
 
 /** Finish the flow (if begun) and free the text. */
 void kvf_proxy_choice_cleanup(kvf_proxy_choice_t *ch);

@@ -210,6 +210,9 @@ typedef enum {
 /*
  * The next chunk of some choice (round robin from s->rr): its ready text, or its
  * final chunk once over. false: no choice has anything to send now.
+ * With logprobs or token ids asked, every token has its own chunk (vLLM's), its text what
+ * was ready up to it ("" while held back: a special token, a possible stop string), so a
+ * client timing tokens sees each when it is decoded.
  */
 static bool kvf_proxy_sse_choice_chunk(kvf_proxy_cmpl_t *s)
 {
@@ -222,13 +225,25 @@ static bool kvf_proxy_sse_choice_chunk(kvf_proxy_cmpl_t *s)
         size_t ready = kvf_proxy_choice_ready(ch);
         size_t echo = (!ch->first_sent && (ch->echo != NULL)) ? strlen(ch->echo) : 0;
         int to = over ? kvf_proxy_choice_tokens(ch) : ch->decoded;
+        bool per_token = s->req.want_logprobs || s->req.return_token_ids;
+        bool last = over;
         kvf_proxy_choice_out_t out;
         kvf_proxy_usage_t u;
         char *text;
 
+        if (per_token && (ch->ids_sent + 1 < to)) {   /* one token: its own chunk */
+            to = ch->ids_sent + 1;
+            last = false;
+            ready = (ch->tok_end[to - 1] < ready) ? ch->tok_end[to - 1] : ready;
+        } else if (per_token && !over && (to > ch->ids_sent) &&
+                   kvf_proxy_choice_ends_at(ch, api, to)) {
+            continue;   /* the last token: it goes with the finish_reason, as vLLM's */
+        }
         /* the first chunk of each choice goes out at once, text or not (its first token;
          * chat's role) */
-        if (ch->final_sent || (!over && (ready <= ch->sent) && ch->first_sent)) {
+        if (ch->final_sent ||
+            (!last && (ready <= ch->sent) && ch->first_sent &&
+             (!per_token || (to <= ch->ids_sent)))) {
             continue;
         }
         if (ready < ch->sent) {
@@ -244,7 +259,7 @@ static bool kvf_proxy_sse_choice_chunk(kvf_proxy_cmpl_t *s)
             memcpy(text + echo, ch->text + ch->sent, ready - ch->sent);
         }
         text[echo + (ready - ch->sent)] = '\0';
-        kvf_proxy_piece(ch, to, text, over, &out);
+        kvf_proxy_piece(ch, to, text, last, &out);
         out.text_offset -= (int)echo;
         u.prompt_tokens = ch->sub.num_prompt;
         u.completion_tokens = to;
@@ -254,7 +269,7 @@ static bool kvf_proxy_sse_choice_chunk(kvf_proxy_cmpl_t *s)
         ch->sent = ready;
         ch->ids_sent = to;
         ch->first_sent = true;
-        ch->final_sent = over;
+        ch->final_sent = last;
         s->rr = (i + 1) % s->num_choices;
         return true;
     }

@@ -10,6 +10,8 @@ deploy/proxy/kvf_proxy_sampling.c):
   leading space), and the output changes;
 - best_of 4 with n 2 returns the two of the four candidates (the same seeds as n 4) with
   the highest cumulative logprob, best first;
+- a 300-token ignore_eos stream with logprobs 1 arrives as 300 chunks (one token each); with
+  return_token_ids too, tokens whose text is held back (a possible stop string) included;
 - each invalid value is a 400 (openai.BadRequestError) naming the field.
 Skipped (exit 77) without the openai package.
 """
@@ -130,6 +132,24 @@ def run(pool):
        cont.choices[0].model_extra["token_ids"] == same,
        "continue_final_message: the rendering cut after the assistant's text, continued",
        (cont.usage.prompt_tokens, tok["count"]))
+    # -- streaming per token: with logprobs (or token ids) every token its own chunk -------
+    chunks = [ch for ch in c.completions.create(model=name, prompt=PROMPT, max_tokens=300,
+                                                temperature=0, logprobs=1, stream=True,
+                                                extra_body={"ignore_eos": True})
+              if ch.choices]
+    ok(len(chunks) == 300 and all(len(ch.choices[0].logprobs.tokens) == 1 for ch in chunks)
+       and chunks[-1].choices[0].finish_reason == "length" and
+       all(ch.choices[0].finish_reason is None for ch in chunks[:-1]),
+       "a 300-token ignore_eos stream with logprobs 1: 300 chunks of one token each",
+       len(chunks))
+    empty = [ch for ch in c.completions.create(
+        model=name, prompt=PROMPT, max_tokens=N, temperature=0, stream=True,
+        stop=[gtext[2:6]], extra_body={"ignore_eos": True, "return_token_ids": True})
+        if ch.choices]
+    ok(all(len(ch.choices[0].model_extra["token_ids"]) == 1 for ch in empty) and
+       any(ch.choices[0].text == "" for ch in empty[:-1]),
+       "return_token_ids: a chunk per token, held-back text as empty chunks",
+       [(ch.choices[0].text, ch.choices[0].model_extra["token_ids"]) for ch in empty])
     # -- invalid values: 400 naming the field ---------------------------------------------
     bad = [("logit_bias", {"x": 1}), ("logit_bias", {"10000000": 1}), ("logit_bias", [1]),
            ("logit_bias", {"5": "big"}), ("allowed_token_ids", []),
