@@ -8,6 +8,7 @@
 #include "kvf_proxy_flow.h"
 #include "kvf_proxy_http.h"
 #include "kvf_proxy_tools.h"
+#include "kvf_proxy_reasoning.h"
 #include "kvf_log.h"
 #include "kvf_model_config.h"
 #include "kvf_tokenizer.h"
@@ -115,6 +116,9 @@ const kvf_config_field_t kvf_proxy_config_table[] = {
     {"TOOL_CALL_PARSER", "", "the model's tool-call format: hermes (<tool_call> JSON: Qwen, "
      "Hermes), llama3_json (Llama 3.x JSON), mistral ([TOOL_CALLS])",
      KVF_PF(tool_call_parser), KVF_CONFIG_TYPE_STRING, 0},
+    {"REASONING_PARSER", "", "return a chat output's <think> ... </think> text apart, as "
+     "reasoning_content: deepseek_r1 (reasoning up to </think>) or qwen3 (between <think> "
+     "and </think>)", KVF_PF(reasoning_parser), KVF_CONFIG_TYPE_STRING, 0},
     {NULL, NULL, NULL, 0, 0, 0},
 };
 
@@ -231,6 +235,7 @@ static kvf_status_t kvf_proxy_api_key(const kvf_proxy_config_t *cfg, char *key, 
 static kvf_status_t kvf_proxy_check(const kvf_proxy_config_t *cfg)
 {
     kvf_proxy_tool_parser_t parser;
+    kvf_proxy_reasoning_t reasoning;
 
     if ((cfg->port < 0) || (cfg->port > 65535)) {
         kvf_error("bad value %d for --port: must be in [0, 65535]", cfg->port);
@@ -262,6 +267,12 @@ static kvf_status_t kvf_proxy_check(const kvf_proxy_config_t *cfg)
         !kvf_proxy_tool_parser_from_name(cfg->tool_call_parser, &parser)) {
         kvf_error("--tool-call-parser '%s' is not one of hermes, llama3_json, mistral",
                   cfg->tool_call_parser);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    if ((cfg->reasoning_parser[0] != '\0') &&
+        !kvf_proxy_reasoning_from_name(cfg->reasoning_parser, &reasoning)) {
+        kvf_error("--reasoning-parser '%s' is not one of deepseek_r1, qwen3",
+                  cfg->reasoning_parser);
         return KVF_ERR_INVALID_PARAM;
     }
     if (cfg->enable_auto_tool_choice && (cfg->tool_call_parser[0] == '\0')) {
@@ -504,6 +515,11 @@ kvf_status_t kvf_proxy_create(const kvf_proxy_config_t *cfg, kvf_proxy_h *proxy_
         (void)kvf_proxy_tool_parser_from_name(cfg->tool_call_parser, &parser);
         proxy->api.tool_parser = (int)parser;
         proxy->api.auto_tool_choice = cfg->enable_auto_tool_choice;
+    }
+    {
+        kvf_proxy_reasoning_t reasoning = KVF_REASONING_NONE;
+        (void)kvf_proxy_reasoning_from_name(cfg->reasoning_parser, &reasoning);
+        proxy->api.reasoning_parser = (int)reasoning;
     }
 
     status = kvf_proxy_api_key(cfg, proxy->api_key, sizeof(proxy->api_key));

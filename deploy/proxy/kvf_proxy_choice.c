@@ -163,12 +163,17 @@ kvf_status_t kvf_proxy_choice_update(kvf_proxy_choice_t *ch, const kvf_proxy_ope
         ch->end = ch->len;
     }
     if ((ch->sub.tool_parser != 0) && !ch->tools_parsed && kvf_proxy_choice_over(ch)) {
-        size_t content_end = ch->end;
+        kvf_proxy_reasoning_span_t sp;
+        size_t content_end = 0;
+        kvf_proxy_choice_span(ch, &sp);   /* the tools are read from the content only */
         ch->tools_parsed = true;   /* calls found: the text before them is the content */
-        st = kvf_proxy_tools_parse_output((kvf_proxy_tool_parser_t)ch->sub.tool_parser,
-                                          ch->sub.parallel_tool_calls, ch->text, ch->end,
-                                          &ch->tool_calls, &content_end);
-        ch->end = (ch->tool_calls != NULL) ? content_end : ch->end;
+        if (sp.c_start < ch->end) {
+            st = kvf_proxy_tools_parse_output((kvf_proxy_tool_parser_t)ch->sub.tool_parser,
+                                              ch->sub.parallel_tool_calls,
+                                              ch->text + sp.c_start, ch->end - sp.c_start,
+                                              &ch->tool_calls, &content_end);
+            ch->end = (ch->tool_calls != NULL) ? sp.c_start + content_end : ch->end;
+        }
         return st;
     }
     return KVF_OK;
@@ -196,8 +201,30 @@ size_t kvf_proxy_choice_ready(const kvf_proxy_choice_t *ch)
             }
         }
     }
-    return kvf_proxy_tools_ready((kvf_proxy_tool_parser_t)ch->sub.tool_parser, ch->text,
-                                 ch->len - hold);   /* and not what may be a tool call */
+    {   /* nor a possible reasoning marker, nor what may be a tool call in the content */
+        kvf_proxy_reasoning_span_t sp;
+        size_t ready = ch->len - hold;
+        kvf_proxy_choice_span(ch, &sp);
+        ready = (sp.hold < ready) ? sp.hold : ready;
+        if (ready > sp.c_start) {
+            ready = sp.c_start +
+                    kvf_proxy_tools_ready((kvf_proxy_tool_parser_t)ch->sub.tool_parser,
+                                          ch->text + sp.c_start, ready - sp.c_start);
+        }
+        return ready;
+    }
+}
+
+void kvf_proxy_choice_span(const kvf_proxy_choice_t *ch, kvf_proxy_reasoning_span_t *sp)
+{
+    size_t len = kvf_proxy_choice_over(ch) ? ch->end : ch->len;
+
+    if ((ch->text == NULL) || (len == 0)) {
+        *sp = (kvf_proxy_reasoning_span_t){0, 0, 0, 0};
+        return;
+    }
+    kvf_proxy_reasoning_split((kvf_proxy_reasoning_t)ch->sub.reasoning, ch->text, len,
+                              kvf_proxy_choice_over(ch), sp);
 }
 
 const char *kvf_proxy_choice_finish(const kvf_proxy_choice_t *ch)

@@ -15,6 +15,7 @@
 
 #include "kvf_proxy_flow.h"
 #include "kvf_proxy_openai.h"
+#include "kvf_proxy_reasoning.h"
 
 typedef struct kvf_proxy_choice {
     int                        index;       /* prompt x per prompt + j (per prompt: n, or
@@ -63,6 +64,10 @@ kvf_status_t kvf_proxy_choice_update(kvf_proxy_choice_t *ch, const kvf_proxy_ope
 
 /** Whether the choice is over: its flow finished (normally or by a stop string). */
 bool kvf_proxy_choice_over(const kvf_proxy_choice_t *ch);
+
+/** Where the choice's reasoning and content are in its text so far (kvf_proxy_reasoning.h;
+ *  final once over). */
+void kvf_proxy_choice_span(const kvf_proxy_choice_t *ch, kvf_proxy_reasoning_span_t *sp);
 
 /** Bytes of the text that may be shown now: all when over, else less what is held back. */
 size_t kvf_proxy_choice_ready(const kvf_proxy_choice_t *ch);

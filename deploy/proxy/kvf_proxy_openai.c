@@ -148,7 +148,7 @@ static const kvf_field_t kvf_proxy_fields[] = {
     {"functions", 2, KVF_F_NULL, "function calling is not supported"},
     {"function_call", 2, KVF_F_NULL, "function calling is not supported"},
     {"reasoning_effort", 2, KVF_F_NULL, "reasoning effort is not supported"},
-    {"include_reasoning", 2, KVF_F_NULL_FALSE, "reasoning parsing is not supported"},
+    {"include_reasoning", 2, KVF_F_HONOURED, NULL},
     {"continue_final_message", 2, KVF_F_HONOURED, NULL},
     {"documents", 2, KVF_F_HONOURED, NULL},
     {"chat_template", 2, KVF_F_NULL, "only the checkpoint's chat template is used"},
@@ -730,6 +730,12 @@ static kvf_status_t kvf_proxy_chat_fields(const kvf_proxy_openai_ctx_t *ctx, con
                                            &req->parallel_tool_calls, http_p, param_p, err,
                                            cap);
         req->tool_parser = (int)parser;
+        req->reasoning = ctx->reasoning_parser;
+        req->include_reasoning = true;
+    }
+    if (st == KVF_OK) {
+        st = kvf_proxy_boolf(root, "include_reasoning", &req->include_reasoning, http_p,
+                             param_p, err, cap);
     }
     if (st == KVF_OK) {
         st = kvf_proxy_chat_render(ctx, kvf_proxy_get(root, "messages"), &args, &text, param_p,
@@ -1201,9 +1207,17 @@ static cJSON *kvf_proxy_choice(const kvf_proxy_openai_ctx_t *ctx,
             if (!chunk || ch->first) {
                 cJSON_AddStringToObject(m, "role", "assistant");
             }
+            bool thought = (ch->reasoning != NULL) && (ch->reasoning[0] != '\0');
+            if ((req->reasoning != 0) && req->include_reasoning && (!chunk || thought)) {
+                cJSON_AddItemToObject(m, "reasoning_content", thought ?
+                                      cJSON_CreateString(ch->reasoning) : cJSON_CreateNull());
+            }
             if (ch->tool_calls != NULL) {
                 kvf_proxy_tools_to_message(m, ch->text, ch->tool_calls, chunk);
-            } else if (!chunk || (ch->text[0] != '\0') || (ch->finish_reason == NULL)) {
+            } else if (!chunk && (req->reasoning != 0) && (ch->text[0] == '\0')) {
+                cJSON_AddNullToObject(m, "content");   /* all reasoning: null, as vLLM's */
+            } else if (!chunk || (ch->text[0] != '\0') ||
+                       ((ch->finish_reason == NULL) && !thought)) {
                 cJSON_AddStringToObject(m, "content", ch->text);
             }
         }

@@ -46,6 +46,7 @@ typedef struct kvf_proxy_openai_ctx {
     bool        priority_scheduling; /* --scheduling-policy priority: "priority" honoured */
     int         tool_parser;         /* --tool-call-parser (kvf_proxy_tool_parser_t; 0 none) */
     bool        auto_tool_choice;    /* --enable-auto-tool-choice */
+    int         reasoning_parser;    /* --reasoning-parser (kvf_proxy_reasoning_t; 0 none) */
 } kvf_proxy_openai_ctx_t;
 
 #define KVF_PROXY_MAX_CHOICES 16     /* prompts x n per request */
@@ -87,6 +88,8 @@ typedef struct kvf_proxy_completion_req {
     int      tool_parser;          /* chat with tools, tool_choice auto: the output's parser
                                     * (kvf_proxy_tool_parser_t; 0: none) */
     bool     parallel_tool_calls;  /* false: the first call only */
+    int      reasoning;            /* chat: the reasoning parser (kvf_proxy_reasoning_t) */
+    bool     include_reasoning;    /* reasoning_content returned (default true) */
     /* text handled by the proxy */
     int      num_stop;
     char    *stop[KVF_PROXY_MAX_STOP];        /* owned */
@@ -221,6 +224,7 @@ typedef struct kvf_proxy_choice_out {
     int            stop_token;      /* the stop token id that ended it, or -1 */
     bool           first;           /* chat chunks: the first delta carries the role */
     const struct cJSON *tool_calls; /* chat: the parsed calls (kvf_proxy_tools.h), or NULL */
+    const char    *reasoning;       /* chat: the reasoning text of this piece, or NULL */
 } kvf_proxy_choice_out_t;
 
 /**

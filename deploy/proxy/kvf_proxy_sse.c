@@ -228,8 +228,10 @@ static bool kvf_proxy_sse_choice_chunk(kvf_proxy_cmpl_t *s)
         bool per_token = s->req.want_logprobs || s->req.return_token_ids;
         bool last = over;
         kvf_proxy_choice_out_t out;
+        kvf_proxy_reasoning_span_t sp;
         kvf_proxy_usage_t u;
-        char *text;
+        size_t c0, r0, r1;
+        char *text, *reasoning;
 
         if (per_token && (ch->ids_sent + 1 < to)) {   /* one token: its own chunk */
             to = ch->ids_sent + 1;
@@ -249,23 +251,32 @@ static bool kvf_proxy_sse_choice_chunk(kvf_proxy_cmpl_t *s)
         if (ready < ch->sent) {
             ready = ch->sent;
         }
-        text = malloc(echo + (ready - ch->sent) + 1);
-        if (text == NULL) {
+        kvf_proxy_choice_span(ch, &sp);
+        c0 = (ch->sent > sp.c_start) ? ch->sent : sp.c_start;   /* content [c0, ready) */
+        r0 = (ch->sent > sp.r_start) ? ch->sent : sp.r_start;   /* reasoning [r0, r1) */
+        r1 = (ready < sp.r_end) ? ready : sp.r_end;
+        c0 = (c0 < ready) ? c0 : ready;
+        text = malloc(echo + (ready - c0) + 1);
+        reasoning = (r1 > r0) ? strndup(ch->text + r0, r1 - r0) : NULL;
+        if ((text == NULL) || ((r1 > r0) && (reasoning == NULL))) {
+            free(text);
             kvf_proxy_sse_set(s, NULL);
             return true;
         }
         memcpy(text, (echo > 0) ? ch->echo : "", echo);
-        if (ready > ch->sent) {   /* ch->text is NULL until the first piece of text */
-            memcpy(text + echo, ch->text + ch->sent, ready - ch->sent);
+        if (ready > c0) {   /* ch->text is NULL until the first piece of text */
+            memcpy(text + echo, ch->text + c0, ready - c0);
         }
-        text[echo + (ready - ch->sent)] = '\0';
+        text[echo + (ready - c0)] = '\0';
         kvf_proxy_piece(ch, to, text, last, &out);
+        out.reasoning = reasoning;
         out.text_offset -= (int)echo;
         u.prompt_tokens = ch->sub.num_prompt;
         u.completion_tokens = to;
         kvf_proxy_sse_set(s, kvf_proxy_openai_chunk(api, &s->req, &ch->flow.out, &out,
                                                     s->req.continuous_usage ? &u : NULL));
         free(text);
+        free(reasoning);
         ch->sent = ready;
         ch->ids_sent = to;
         ch->first_sent = true;
@@ -512,21 +523,29 @@ static enum MHD_Result kvf_proxy_cmpl_answer(struct MHD_Connection *conn, kvf_pr
     const kvf_proxy_openai_ctx_t *api = c->http->params.api;
     kvf_proxy_choice_out_t *outs = calloc((size_t)c->num_choices, sizeof(*outs));
     char **texts = calloc((size_t)c->num_choices, sizeof(*texts));
+    char **thoughts = calloc((size_t)c->num_choices, sizeof(*thoughts));
     kvf_proxy_usage_t u = kvf_proxy_usage(c);
     char *json = NULL;
-    bool ok = (outs != NULL) && (texts != NULL);
+    bool ok = (outs != NULL) && (texts != NULL) && (thoughts != NULL);
 
     for (int i = 0; ok && (i < c->num_choices); ++i) {
         kvf_proxy_choice_t *ch = &c->choices[i];
         size_t echo = (ch->echo != NULL) ? strlen(ch->echo) : 0;
+        kvf_proxy_reasoning_span_t sp;
+        size_t c0;
 
-        texts[i] = malloc(echo + ch->end + 1);
-        ok = (texts[i] != NULL);
+        kvf_proxy_choice_span(ch, &sp);   /* content from c0; reasoning apart */
+        c0 = (sp.c_start < ch->end) ? sp.c_start : ch->end;
+        texts[i] = malloc(echo + (ch->end - c0) + 1);
+        thoughts[i] = (sp.r_end > sp.r_start) ? strndup(ch->text + sp.r_start,
+                                                        sp.r_end - sp.r_start) : NULL;
+        ok = (texts[i] != NULL) && ((sp.r_end <= sp.r_start) || (thoughts[i] != NULL));
         if (ok) {
             memcpy(texts[i], (echo > 0) ? ch->echo : "", echo);
-            memcpy(texts[i] + echo, ch->text != NULL ? ch->text : "", ch->end);
-            texts[i][echo + ch->end] = '\0';
+            memcpy(texts[i] + echo, ch->text != NULL ? ch->text + c0 : "", ch->end - c0);
+            texts[i][echo + (ch->end - c0)] = '\0';
             kvf_proxy_piece(ch, kvf_proxy_choice_tokens(ch), texts[i], true, &outs[i]);
+            outs[i].reasoning = thoughts[i];
             outs[i].text_offset = (int)echo;
         }
     }
@@ -536,8 +555,10 @@ static enum MHD_Result kvf_proxy_cmpl_answer(struct MHD_Connection *conn, kvf_pr
     }
     for (int i = 0; (texts != NULL) && (i < c->num_choices); ++i) {
         free(texts[i]);
+        free((thoughts != NULL) ? thoughts[i] : NULL);
     }
     free(texts);
+    free(thoughts);
     free(outs);
     cc->cmpl = NULL;
     c->code = (json != NULL) ? 200 : 500;

@@ -18,6 +18,9 @@ output is known token for token, so each parsed call is asserted exactly:
   false keeps the first call.
 The llama3_json and mistral outputs are picked with allowed_token_ids (the checkpoint's
 assistant token has a successor per format); the final answer with allowed_token_ids too.
+- --reasoning-parser qwen3 and deepseek_r1: <think> text as reasoning_content, apart from
+  the content, streamed too; an unclosed block read as each parser reads it; reasoning then
+  a tool call; include_reasoning false.
 Skipped (exit 77) without the openai package.
 """
 
@@ -40,13 +43,17 @@ CALL = '{"name":"get_weather","arguments":{"city":"Oslo"}}'
 TOKENS = [("<|assistant|>", True), ("<|end|>", True), ("Checking...", False),
           ("<tool_call>", False), (CALL, False), ("</tool_call>", False),
           ('{"name":"get_weather","parameters":{"city":"Oslo"}}', False),
-          ("[TOOL_CALLS]", False), ("[" + CALL + "]", False), ("Sunny_in_Oslo.", False)]
+          ("[TOOL_CALLS]", False), ("[" + CALL + "]", False), ("Sunny_in_Oslo.", False),
+          ("<think>", False), ("Plan.", False), ("</think>", False)]
 RULES = [("<|assistant|>", "Checking...", 1.0), ("Checking...", "<tool_call>", 1.0),
          ("<tool_call>", CALL, 1.0), ("<tool_call>", "<eos>", 0.5), (CALL, "</tool_call>", 1.0), ("</tool_call>", "<eos>", 1.0),
          ("<|assistant|>", TOKENS[6][0], 0.9), (TOKENS[6][0], "<eos>", 1.0),
          ("<|assistant|>", "[TOOL_CALLS]", 0.8), ("[TOOL_CALLS]", TOKENS[8][0], 1.0),
          (TOKENS[8][0], "<eos>", 1.0),
-         ("<|assistant|>", "Sunny_in_Oslo.", 0.6), ("Sunny_in_Oslo.", "<eos>", 1.0)]
+         ("<|assistant|>", "Sunny_in_Oslo.", 0.6), ("Sunny_in_Oslo.", "<eos>", 1.0),
+         ("<|assistant|>", "<think>", 0.7), ("<think>", "Plan.", 1.0),
+         ("Plan.", "</think>", 1.0), ("Plan.", "<eos>", 0.5),
+         ("</think>", "Sunny_in_Oslo.", 1.0), ("</think>", "<tool_call>", 0.8)]
 # the test's own template: tools as JSON lines, calls and results as tagged text
 TEMPLATE = (
     "{% if tools %}<|system|>tools:{% for t in tools %};{{ t | tojson }}{% endfor %}<|end|>"
@@ -199,16 +206,69 @@ def extras(c, name, ids):
             ok(e.response.json()["param"] == field, "%s=%r: 400 naming it" % (field, value))
 
 
+def reasoning(pool, parser, ids):
+    """--reasoning-parser: <think> text apart as reasoning_content, streamed too."""
+    c = openai.OpenAI(base_url=pool.url + "/v1", api_key="none", max_retries=0)
+    name = c.models.list().data[0].id
+    base = [ids[t] for t in ("<think>", "Plan.", "</think>", "<eos>")]
+    kw = dict(model=name, messages=[USER], max_tokens=8, temperature=0)
+    answer = dict(kw, extra_body={"allowed_token_ids": base + [ids["Sunny_in_Oslo."]]})
+    r = c.chat.completions.create(**answer)
+    m = r.choices[0].message
+    ok(m.model_extra["reasoning_content"] == "Plan." and m.content == "Sunny_in_Oslo.",
+       "%s: <think>Plan.</think>Sunny_in_Oslo.: reasoning_content and content apart" % parser,
+       r.model_dump())
+    parts = list(c.chat.completions.create(stream=True, **answer))
+    thought = "".join((p.choices[0].delta.model_extra or {}).get("reasoning_content") or ""
+                      for p in parts if p.choices)
+    said = "".join(p.choices[0].delta.content or "" for p in parts if p.choices)
+    ok(thought == "Plan." and said == "Sunny_in_Oslo.", "%s: streamed apart too" % parser,
+       (thought, said))
+    r = c.chat.completions.create(model=name, messages=[USER], max_tokens=8, temperature=0,
+                                  extra_body={"allowed_token_ids": base[:2] + [base[3]]})
+    m = r.choices[0].message
+    want = ("Plan.", None) if parser == "deepseek_r1" else (None, "<think>Plan.")
+    ok((m.model_extra["reasoning_content"], m.content) == want,
+       "%s: an unclosed <think>: %r" % (parser, want), r.model_dump())
+    r = c.chat.completions.create(extra_body={"allowed_token_ids": base + [ids["Sunny_in_Oslo."]],
+                                              "include_reasoning": False}, **kw)
+    ok("reasoning_content" not in (r.choices[0].message.model_extra or {}) and
+       r.choices[0].message.content == "Sunny_in_Oslo.", "include_reasoning false drops it")
+    return c, name
+
+
+def think_call(c, name, ids):
+    """Reasoning, then a call: the call is read from the content only."""
+    allowed = [ids[t] for t in ("<think>", "Plan.", "</think>", "<tool_call>", CALL,
+                                "</tool_call>", "<eos>")]
+    kw = dict(model=name, messages=[USER], tools=[TOOL], max_tokens=8, temperature=0,
+              extra_body={"allowed_token_ids": allowed})
+    r = c.chat.completions.create(**kw)
+    m = r.choices[0].message
+    ok(m.model_extra["reasoning_content"] == "Plan." and m.content is None and
+       m.tool_calls[0].function.arguments == '{"city": "Oslo"}' and
+       r.choices[0].finish_reason == "tool_calls", "reasoning then a tool call", r.model_dump())
+    content, calls, finish = stream(c, **kw)
+    ok(content == "" and calls[0]["name"] == "get_weather" and finish == "tool_calls",
+       "reasoning then a tool call, streamed")
+
+
 def main():
     d = tempfile.mkdtemp(prefix="kvf-tools-model-")
     try:
         ids = scripted_model.write(d, TOKENS, RULES, TEMPLATE)
         for parser in ("hermes", "llama3_json", "mistral"):
+            more = ["--reasoning-parser", "qwen3"] if parser == "hermes" else []
             with Pool(layout="2p2d", model=d, timeout=90, proxy_args=[
-                    "--enable-auto-tool-choice", "--tool-call-parser", parser]) as pool:
+                    "--enable-auto-tool-choice", "--tool-call-parser", parser] + more) as pool:
                 c, name = run(pool, parser, ids)
                 if parser == "hermes":
                     extras(c, name, ids)
+                    reasoning(pool, "qwen3", ids)
+                    think_call(c, name, ids)
+        with Pool(layout="1p1d", model=d, timeout=90,
+                  proxy_args=["--reasoning-parser", "deepseek_r1"]) as pool:
+            reasoning(pool, "deepseek_r1", ids)
         with Pool(layout="1p1d", model=d, timeout=90) as pool:
             c = openai.OpenAI(base_url=pool.url + "/v1", api_key="none", max_retries=0)
             name = c.models.list().data[0].id
