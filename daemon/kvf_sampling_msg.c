@@ -103,6 +103,15 @@ kvf_status_t kvf_sampling_from_msg(const Kvf__SamplingParams *msg, int default_m
         out->want_logprobs = true;
         out->logprobs = (int)msg->logprobs;
     }
+    if (msg->has_prompt_logprobs) {
+        if (msg->prompt_logprobs > KVF_SAMPLING_MAX_LOGPROBS) {
+            snprintf(err, cap, "prompt_logprobs %u must be in [0, %d]", msg->prompt_logprobs,
+                     KVF_SAMPLING_MAX_LOGPROBS);
+            return KVF_ERR_INVALID_PARAM;
+        }
+        out->want_prompt_logprobs = true;
+        out->prompt_logprobs = (int)msg->prompt_logprobs;
+    }
     if (kvf_sampling_lists_from_msg(msg, out, err, cap) != KVF_OK) {
         return KVF_ERR_INVALID_PARAM;
     }

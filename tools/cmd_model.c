@@ -107,6 +107,7 @@ typedef struct {
     int    seed;
     bool   print_logits;
     int    logprobs;
+    int    prompt_logprobs;
     bool   ignore_eos;
     bool   add_bos;
     double top_p;
@@ -163,6 +164,9 @@ static const kvf_config_field_t kvf_generate_table[] = {
     {"LOGPROBS", "-1", "print each generated token's logprob and the top N (0 to 20; the "
      "sampler's numbers, as a pool returns them for the OpenAI field logprobs; -1: none)",
      offsetof(kvf_gen_opts_t, logprobs), KVF_CONFIG_TYPE_INT, 0},
+    {"PROMPT_LOGPROBS", "-1", "print each prompt token's logprob (from the second), its rank "
+     "and the top N (0 to 20; as a pool returns them for the OpenAI field prompt_logprobs; "
+     "-1: none)", offsetof(kvf_gen_opts_t, prompt_logprobs), KVF_CONFIG_TYPE_INT, 0},
     {"IGNORE_EOS", "no", "keep generating after EOS",
      offsetof(kvf_gen_opts_t, ignore_eos), KVF_CONFIG_TYPE_BOOL, 0},
     {"ADD_BOS", "yes", "prefix the prompt with the BOS token",
@@ -364,6 +368,23 @@ static void kvf_print_logprobs(const kvf_engine_event_t *ev, int *i)
     printf("\n");
 }
 
+/* --prompt-logprobs: one line per prompt token from the second, "prompt_logprobs I TOKEN LP
+ * RANK ID:LP ...", %.9g as --logprobs */
+static void kvf_print_prompt_logprobs(const kvf_req_info_t *info)
+{
+    const kvf_prompt_logprobs_t *p = info->prompt_logprobs;
+
+    for (int i = 0; (p != NULL) && (i < p->n); ++i) {
+        printf("prompt_logprobs %d %d %.9g %d", i + 1, info->tokens[i + 1],
+               (double)p->logprob[i], p->rank[i]);
+        for (int k = 0; k < p->per; ++k) {
+            printf(" %d:%.9g", p->top_ids[(size_t)i * (size_t)p->per + (size_t)k],
+                   (double)p->top_logprobs[(size_t)i * (size_t)p->per + (size_t)k]);
+        }
+        printf("\n");
+    }
+}
+
 int kvf_cmd_generate(int argc, char **argv)
 {
     kvf_gen_opts_t o;
@@ -390,9 +411,10 @@ int kvf_cmd_generate(int argc, char **argv)
         kvf_error("bad value %d for --max-tokens (at least 1)", o.max_tokens);
         return 2;
     }
-    if ((o.logprobs < -1) || (o.logprobs > KVF_SAMPLING_MAX_LOGPROBS)) {
-        kvf_error("bad value %d for --logprobs (-1: none, or 0 to %d)", o.logprobs,
-                  KVF_SAMPLING_MAX_LOGPROBS);
+    if ((o.logprobs < -1) || (o.logprobs > KVF_SAMPLING_MAX_LOGPROBS) ||
+        (o.prompt_logprobs < -1) || (o.prompt_logprobs > KVF_SAMPLING_MAX_LOGPROBS)) {
+        kvf_error("bad value %d / %d for --logprobs / --prompt-logprobs (-1: none, or 0 to "
+                  "%d)", o.logprobs, o.prompt_logprobs, KVF_SAMPLING_MAX_LOGPROBS);
         return 2;
     }
     rc = kvf_open_engine(&o, &eng);
@@ -430,6 +452,8 @@ int kvf_cmd_generate(int argc, char **argv)
     rp.record_logits = o.print_logits;
     rp.sampling.want_logprobs = (o.logprobs >= 0);
     rp.sampling.logprobs = (o.logprobs >= 0) ? o.logprobs : 0;
+    rp.sampling.want_prompt_logprobs = (o.prompt_logprobs >= 0);
+    rp.sampling.prompt_logprobs = (o.prompt_logprobs >= 0) ? o.prompt_logprobs : 0;
     if (kvf_gen_filters(&o, eng, &rp.sampling) != 0) {
         rc = 2;
         goto out;
@@ -446,6 +470,7 @@ int kvf_cmd_generate(int argc, char **argv)
         }
     }
     (void)kvf_engine_request_info(eng, id, &info);
+    kvf_print_prompt_logprobs(&info);
     {
         size_t tcap = kvf_tokenizer_stream_cap(&tok, info.num_tokens - info.prompt_len) + 16;
         text = malloc(tcap);

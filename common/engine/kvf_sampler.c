@@ -193,6 +193,10 @@ kvf_status_t kvf_sampling_check(const kvf_sampling_t *s, int vocab, char *err, s
                            i, s->stop_token_ids[i], vocab);
         }
     }
+    if ((s->prompt_logprobs < 0) || (s->prompt_logprobs > KVF_SAMPLING_MAX_LOGPROBS)) {
+        return kvf_bad(err, cap, "prompt_logprobs %d must be in [0, %d]", s->prompt_logprobs,
+                       KVF_SAMPLING_MAX_LOGPROBS);
+    }
     if ((s->logprobs < 0) || (s->logprobs > KVF_SAMPLING_MAX_LOGPROBS)) {
         return kvf_bad(err, cap, "logprobs %d must be in [0, %d]", s->logprobs,
                        KVF_SAMPLING_MAX_LOGPROBS);
@@ -444,6 +448,22 @@ done:
         kvf_sampler_logprobs(s, logits, vocab, out);
     }
     return KVF_OK;
+}
+
+void kvf_sampler_score(const float *logits, int vocab, int32_t token, int n,
+                       kvf_sample_out_t *out, int32_t *rank_p)
+{
+    kvf_sampling_t s;
+    int32_t rank = 1;
+
+    memset(&s, 0, sizeof(s));
+    s.logprobs = n;
+    out->token = token;
+    kvf_sampler_logprobs(&s, logits, vocab, out);
+    for (int i = 0; i < vocab; ++i) {
+        rank += (logits[i] > logits[token]);
+    }
+    *rank_p = rank;
 }
 
 int kvf_sampler_device_pen_max(const kvf_sampling_t *s, int num_tokens, int num_eos)

@@ -90,6 +90,14 @@ kvf_status_t kvf_sampler_sample(const kvf_sampling_t *s, uint64_t *rng, const in
                                 int prompt_len, int num_tokens, const float *logits, int vocab,
                                 const int *eos, int num_eos, kvf_sample_out_t *out);
 
+/**
+ * The logprob of @a token and the top @a n (<= KVF_SAMPLING_MAX_LOGPROBS) of raw @a logits
+ * [vocab], as kvf_sampler_sample() reports a sampled token's; *rank_p: 1 + the tokens of a
+ * larger logit (vLLM's rank). For prompt logprobs.
+ */
+void kvf_sampler_score(const float *logits, int vocab, int32_t token, int n,
+                       kvf_sample_out_t *out, int32_t *rank_p);
+
 /** Advance @a rng past the one draw kvf_sampler_sample() makes for @a s (none when greedy). */
 void kvf_sampler_skip(const kvf_sampling_t *s, uint64_t *rng);
 

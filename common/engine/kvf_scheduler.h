@@ -82,7 +82,22 @@ typedef struct kvf_sampling {
                                    * bad_ends[w]) (bad_ends[-1] read as 0), >= 1 token */
     int      bad_ends[KVF_SAMPLING_MAX_BAD_WORDS];
     int32_t  bad_tokens[KVF_SAMPLING_MAX_BAD_TOKENS];
+    /* vLLM's prompt_logprobs: each prompt token's logprob given those before it, with the
+     * top prompt_logprobs; the prompt is then computed one token per step, so each
+     * position's logits come back exactly as a whole-prompt forward computes them */
+    bool     want_prompt_logprobs;
+    int      prompt_logprobs;     /* [0, KVF_SAMPLING_MAX_LOGPROBS] */
 } kvf_sampling_t;
+
+/** A request's prompt logprobs (want_prompt_logprobs): entry i is of prompt token i + 1. */
+typedef struct kvf_prompt_logprobs {
+    int      n;             /* entries filled, <= prompt_len - 1 */
+    int      per;           /* top entries per position (sampling.prompt_logprobs) */
+    float   *logprob;       /* [prompt_len - 1], of the raw logits */
+    int32_t *rank;          /* the token's rank: 1 + the tokens of a larger logit */
+    int32_t *top_ids;       /* [prompt_len - 1][per], most likely first, lowest id on ties */
+    float   *top_logprobs;
+} kvf_prompt_logprobs_t;
 
 typedef struct kvf_request {
     uint64_t            id;
@@ -107,6 +122,7 @@ typedef struct kvf_request {
     int                 sched_tokens;  /* tokens in the current step, 0 = not scheduled */
     int                 preemptions;   /* times this request lost its blocks */
     int                 outputs_in_prompt; /* kvf_req_params_t's: outputs inside the prompt */
+    kvf_prompt_logprobs_t plp;         /* sampling.want_prompt_logprobs: filled in prefill */
 } kvf_request_t;
 
 typedef struct kvf_scheduler_params {

@@ -536,6 +536,15 @@ static kvf_status_t kvf_proxy_flow_on_prefill(kvf_proxy_flow_t *flow, const Kvf_
     if (status == KVF_OK) {
         status = kvf_proxy_flow_logprobs(flow, r);
     }
+    if ((status == KVF_OK) && flow->req->want_prompt_logprobs) {
+        status = kvf_proxy_prompt_lp_take(&flow->out, flow->req->num_prompt,
+                                          flow->req->prompt_logprobs, r);
+        if (status == KVF_ERR_PARSE) {
+            return kvf_proxy_flow_fail(flow, status, 502, "upstream_error", "prefill instance "
+                                       "%s sent malformed prompt logprobs",
+                                       flow->out.prefill_instance);
+        }
+    }
     if (status != KVF_OK) {
         return kvf_proxy_flow_fail(flow, status, 500, "server_error", "out of memory");
     }
@@ -879,6 +888,7 @@ void kvf_proxy_flow_finish(kvf_proxy_flow_t *flow)
     free(flow->out.tokens);
     flow->out.tokens = NULL;
     flow->out.num_tokens = 0;
+    kvf_proxy_prompt_lp_free(&flow->out);
     free(flow->out.token_logprobs);
     free(flow->out.top_ids);
     free(flow->out.top_logprobs);

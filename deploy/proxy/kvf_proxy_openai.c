@@ -128,7 +128,7 @@ static const kvf_field_t kvf_proxy_fields[] = {
     {"logit_bias", 3, KVF_F_HONOURED, NULL},
     {"allowed_token_ids", 3, KVF_F_HONOURED, NULL},
     {"bad_words", 3, KVF_F_HONOURED, NULL},
-    {"prompt_logprobs", 3, KVF_F_NULL, "prompt logprobs are not supported"},
+    {"prompt_logprobs", 3, KVF_F_HONOURED, NULL},
     {"prompt_embeds", 1, KVF_F_NULL, "prompt embeddings are not supported"},
     {"response_format", 3, KVF_F_NULL, "structured output is not supported"},
     {"structured_outputs", 3, KVF_F_NULL, "structured output is not supported"},
@@ -610,6 +610,7 @@ static kvf_status_t kvf_proxy_parse_common(const kvf_proxy_openai_ctx_t *ctx, co
     KVF_TRY(kvf_proxy_intf(root, "n", 1, KVF_PROXY_MAX_CHOICES, &v, http_p, param_p, err, cap));
     req->n = (int)v;
     KVF_TRY(kvf_proxy_parse_best_of(root, req, http_p, param_p, err, cap));
+    KVF_TRY(kvf_proxy_parse_prompt_logprobs(root, req, http_p, param_p, err, cap));
     KVF_TRY(kvf_proxy_parse_stream_options(root, req, http_p, param_p, err, cap));
     KVF_TRY(kvf_proxy_parse_stop(root, req, http_p, param_p, err, cap));
     KVF_TRY(kvf_proxy_parse_stop_ids(ctx, root, req, http_p, param_p, err, cap));
@@ -648,8 +649,8 @@ static kvf_status_t kvf_proxy_parse_logprobs(const cJSON *root, kvf_proxy_comple
         req->logprobs = (v >= 0) ? (int)v : 0;
         if (req->want_logprobs && req->echo) {
             return kvf_proxy_bad(http_p, param_p, "echo", 400, err, cap, KVF_ERR_INVALID_PARAM,
-                                 "'echo' with 'logprobs' needs prompt logprobs, which are "
-                                 "not supported");
+                                 "'echo' with 'logprobs' (the echoed prompt's logprobs in "
+                                 "'logprobs') is not supported; ask 'prompt_logprobs'");
         }
         return KVF_OK;
     }
@@ -1246,6 +1247,10 @@ static cJSON *kvf_proxy_choice(const kvf_proxy_openai_ctx_t *ctx,
     if (req->return_token_ids) {
         kvf_proxy_add_ids(o, "token_ids", ch->ids, ch->num_ids);
     }
+    if (req->want_prompt_logprobs && !req->chat && !chunk) {   /* chat: on the response */
+        cJSON *pl = kvf_proxy_prompt_lp_json(ctx, ch);
+        cJSON_AddItemToObject(o, "prompt_logprobs", (pl != NULL) ? pl : cJSON_CreateNull());
+    }
     return o;
 }
 
@@ -1304,6 +1309,10 @@ char *kvf_proxy_openai_response(const kvf_proxy_openai_ctx_t *ctx,
             return NULL;
         }
         cJSON_AddItemToArray(choices, choice);
+    }
+    if (req->want_prompt_logprobs && req->chat) {   /* vLLM's chat: one, on the response */
+        cJSON *pl = (n > 0) ? kvf_proxy_prompt_lp_json(ctx, &chs[0]) : NULL;
+        cJSON_AddItemToObject(root, "prompt_logprobs", (pl != NULL) ? pl : cJSON_CreateNull());
     }
     kvf_proxy_add_usage(root, usage);
     kvf_proxy_add_summary(root, req, c, 0);

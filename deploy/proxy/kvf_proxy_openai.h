@@ -85,6 +85,8 @@ typedef struct kvf_proxy_completion_req {
     int      num_bad_tokens;
     int32_t *bad_tokens;
     int64_t  priority;             /* admission queue order, lower first (kvf_proxy_admit.h) */
+    bool     want_prompt_logprobs; /* "prompt_logprobs" given: the prompt's, from prefill */
+    int      prompt_logprobs;      /* top entries per prompt token, [0, 20] */
     int      tool_parser;          /* chat with tools, tool_choice auto: the output's parser
                                     * (kvf_proxy_tool_parser_t; 0: none) */
     bool     parallel_tool_calls;  /* false: the first call only */
@@ -156,6 +158,13 @@ typedef struct kvf_proxy_completion {
     float               *top_logprobs;
     int                  num_logprobs;
     int                  cap_logprobs;
+    /* with want_prompt_logprobs: prefill's, per prompt token from the second (owned) */
+    float               *prompt_lp;
+    int32_t             *prompt_rank;
+    int32_t             *prompt_top_ids;      /* [num_prompt_lp][prompt_per] */
+    float               *prompt_top_lp;
+    int                  num_prompt_lp;
+    int                  prompt_per;
 } kvf_proxy_completion_t;
 
 /**
@@ -225,6 +234,9 @@ typedef struct kvf_proxy_choice_out {
     bool           first;           /* chat chunks: the first delta carries the role */
     const struct cJSON *tool_calls; /* chat: the parsed calls (kvf_proxy_tools.h), or NULL */
     const char    *reasoning;       /* chat: the reasoning text of this piece, or NULL */
+    const kvf_proxy_completion_t *flow_out; /* its flow's (prompt logprobs), or NULL */
+    const int32_t *prompt_ids;      /* its prompt (prompt logprobs) */
+    int            num_prompt;
 } kvf_proxy_choice_out_t;
 
 /**

@@ -251,6 +251,120 @@ kvf_status_t kvf_proxy_parse_best_of(const cJSON *root, kvf_proxy_completion_req
     return KVF_OK;
 }
 
+kvf_status_t kvf_proxy_parse_prompt_logprobs(const cJSON *root, kvf_proxy_completion_req_t *req,
+                                             int *http_p, const char **param_p, char *err,
+                                             size_t cap)
+{
+    const cJSON *it = kvf_lists_get(root, "prompt_logprobs");
+    double v;
+
+    if (it == NULL) {
+        return KVF_OK;
+    }
+    v = cJSON_IsNumber(it) ? it->valuedouble : NAN;
+    if (!isfinite(v) || (floor(v) != v) || (v < 0) || (v > KVF_SAMPLING_MAX_LOGPROBS)) {
+        return kvf_lists_bad(http_p, param_p, "prompt_logprobs", err, cap, "'prompt_logprobs'"
+                             " must be an integer in [0, %d]", KVF_SAMPLING_MAX_LOGPROBS);
+    }
+    if (req->stream) {
+        return kvf_lists_bad(http_p, param_p, "prompt_logprobs", err, cap, "'prompt_logprobs'"
+                             " is not supported with 'stream'");
+    }
+    req->want_prompt_logprobs = true;
+    req->prompt_logprobs = (int)v;
+    return KVF_OK;
+}
+
+kvf_status_t kvf_proxy_prompt_lp_take(kvf_proxy_completion_t *out, int num_prompt, int per,
+                                      const Kvf__ServeReply *r)
+{
+    size_t n = r->n_prompt_token_logprobs;
+
+    if ((n == 0) || (out->prompt_lp != NULL)) {
+        return KVF_OK;
+    }
+    if ((r->n_prompt_ranks != n) || (n > (size_t)num_prompt) || (num_prompt < 1) ||
+        (n + 1 > (size_t)num_prompt) || (r->prompt_top_per_token != (uint32_t)per) ||
+        (r->n_prompt_top_ids != n * (size_t)per) || (r->n_prompt_top_logprobs != n * (size_t)per)) {
+        return KVF_ERR_PARSE;
+    }
+    out->prompt_lp = malloc(n * sizeof(float));
+    out->prompt_rank = malloc(n * sizeof(int32_t));
+    out->prompt_top_ids = malloc((n * (size_t)per + 1) * sizeof(int32_t));
+    out->prompt_top_lp = malloc((n * (size_t)per + 1) * sizeof(float));
+    if ((out->prompt_lp == NULL) || (out->prompt_rank == NULL) || (out->prompt_top_ids == NULL) ||
+        (out->prompt_top_lp == NULL)) {
+        kvf_proxy_prompt_lp_free(out);
+        return KVF_ERR_NO_MEMORY;
+    }
+    memcpy(out->prompt_lp, r->prompt_token_logprobs, n * sizeof(float));
+    memcpy(out->prompt_rank, r->prompt_ranks, n * sizeof(int32_t));
+    memcpy(out->prompt_top_ids, r->prompt_top_ids, n * (size_t)per * sizeof(int32_t));
+    memcpy(out->prompt_top_lp, r->prompt_top_logprobs, n * (size_t)per * sizeof(float));
+    out->num_prompt_lp = (int)n;
+    out->prompt_per = per;
+    return KVF_OK;
+}
+
+void kvf_proxy_prompt_lp_free(kvf_proxy_completion_t *out)
+{
+    free(out->prompt_lp);
+    free(out->prompt_rank);
+    free(out->prompt_top_ids);
+    free(out->prompt_top_lp);
+    out->prompt_lp = out->prompt_top_lp = NULL;
+    out->prompt_rank = out->prompt_top_ids = NULL;
+    out->num_prompt_lp = 0;
+}
+
+/* One {"logprob", "rank", "decoded_token"} entry under key @a id (not when already there). */
+static void kvf_prompt_lp_entry(const kvf_proxy_openai_ctx_t *ctx, cJSON *pos, int32_t id,
+                                float lp, int rank)
+{
+    char key[16], text[256];
+    cJSON *e;
+
+    snprintf(key, sizeof(key), "%d", id);
+    if ((id < 0) || (cJSON_GetObjectItemCaseSensitive(pos, key) != NULL)) {
+        return;
+    }
+    e = cJSON_AddObjectToObject(pos, key);
+    if (e == NULL) {
+        return;
+    }
+    (void)kvf_tokenizer_decode(ctx->tok, &id, 1, text, sizeof(text));
+    cJSON_AddNumberToObject(e, "logprob", (double)lp);
+    cJSON_AddNumberToObject(e, "rank", rank);
+    cJSON_AddStringToObject(e, "decoded_token", text);
+}
+
+cJSON *kvf_proxy_prompt_lp_json(const kvf_proxy_openai_ctx_t *ctx,
+                                const kvf_proxy_choice_out_t *ch)
+{
+    const kvf_proxy_completion_t *o = ch->flow_out;
+    cJSON *list;
+
+    if ((o == NULL) || (o->prompt_lp == NULL)) {
+        return NULL;
+    }
+    list = cJSON_CreateArray();
+    cJSON_AddItemToArray(list, cJSON_CreateNull());   /* the first token has none */
+    for (int i = 0; (list != NULL) && (i < o->num_prompt_lp); ++i) {
+        cJSON *pos = cJSON_CreateObject();
+        size_t at = (size_t)i * (size_t)o->prompt_per;
+        if (pos == NULL) {
+            break;
+        }
+        kvf_prompt_lp_entry(ctx, pos, ch->prompt_ids[i + 1], o->prompt_lp[i], o->prompt_rank[i]);
+        for (int k = 0; k < o->prompt_per; ++k) {
+            kvf_prompt_lp_entry(ctx, pos, o->prompt_top_ids[at + (size_t)k],
+                                o->prompt_top_lp[at + (size_t)k], k + 1);
+        }
+        cJSON_AddItemToArray(list, pos);
+    }
+    return list;
+}
+
 void kvf_proxy_lists_to_msg(const kvf_proxy_completion_req_t *req, Kvf__SamplingParams *sp)
 {
     sp->n_bias_ids = sp->n_bias_values = (size_t)req->num_bias;
@@ -262,6 +376,8 @@ void kvf_proxy_lists_to_msg(const kvf_proxy_completion_req_t *req, Kvf__Sampling
     sp->bad_ends = req->bad_ends;
     sp->n_bad_tokens = (size_t)req->num_bad_tokens;
     sp->bad_tokens = req->bad_tokens;
+    sp->has_prompt_logprobs = req->want_prompt_logprobs;
+    sp->prompt_logprobs = (uint32_t)req->prompt_logprobs;
 }
 
 void kvf_proxy_lists_cleanup(kvf_proxy_completion_req_t *req)

@@ -43,6 +43,33 @@ kvf_status_t kvf_proxy_parse_priority(const kvf_proxy_openai_ctx_t *ctx, const c
 kvf_status_t kvf_proxy_parse_best_of(const cJSON *root, kvf_proxy_completion_req_t *req,
                                      int *http_p, const char **param_p, char *err, size_t cap);
 
+/**
+ * Parse "prompt_logprobs" (after "stream"): an integer in [0, 20], not with streaming.
+ * @return KVF_OK; KVF_ERR_INVALID_PARAM (400 naming "prompt_logprobs").
+ */
+kvf_status_t kvf_proxy_parse_prompt_logprobs(const cJSON *root, kvf_proxy_completion_req_t *req,
+                                             int *http_p, const char **param_p, char *err,
+                                             size_t cap);
+
+/**
+ * A prefill reply's prompt logprobs into @a out (checked: as many ranks as logprobs, at
+ * most the prompt's length - 1, top entries as the request asked).
+ * @return KVF_OK (none in the reply: nothing); KVF_ERR_PARSE; KVF_ERR_NO_MEMORY.
+ */
+kvf_status_t kvf_proxy_prompt_lp_take(kvf_proxy_completion_t *out, int num_prompt, int per,
+                                      const Kvf__ServeReply *r);
+
+/** Free the prompt logprobs of @a out. */
+void kvf_proxy_prompt_lp_free(kvf_proxy_completion_t *out);
+
+/**
+ * vLLM's "prompt_logprobs" of a choice: [null, {"<id>": {"logprob", "rank",
+ * "decoded_token"}, ...}, ...], the prompt token first, then the top ones (rank 1..k) not
+ * already listed. NULL: no memory (or none taken: JSON null is the caller's).
+ */
+cJSON *kvf_proxy_prompt_lp_json(const kvf_proxy_openai_ctx_t *ctx,
+                                const kvf_proxy_choice_out_t *ch);
+
 /** The request's lists into @a sp (pointers into @a req, which must outlive @a sp). */
 void kvf_proxy_lists_to_msg(const kvf_proxy_completion_req_t *req, Kvf__SamplingParams *sp);
 

@@ -158,6 +158,9 @@ static void kvf_proxy_piece(const kvf_proxy_choice_t *ch, int to, const char *te
 
     memset(out, 0, sizeof(*out));
     out->index = ch->index;
+    out->flow_out = o;
+    out->prompt_ids = ch->sub.prompt_ids;
+    out->num_prompt = ch->sub.num_prompt;
     out->text = text;
     out->ids = o->tokens + from;
     out->num_ids = to - from;

@@ -210,7 +210,7 @@ def run(pool):
            ("min_tokens", N + 1), ("n", 0), ("n", 17), ("logprobs", 21), ("best_of", 0),
            ("use_beam_search", True), ("logit_bias", {"5": 101, "x": 1}), ("suffix", "x"),
            ("response_format", {"type": "json_object"}), ("guided_json", {}),
-           ("prompt_logprobs", 1), ("allowed_token_ids", []), ("skip_special_tokens", False),
+           ("prompt_logprobs", 21), ("allowed_token_ids", []), ("skip_special_tokens", False),
            ("priority", 1), ("cache_salt", "s"), ("kv_transfer_params", {}),
            ("stop_token_ids", [10 ** 7]), ("temperature", -1), ("max_tokens", 0)]
     for field, value in bad:

@@ -12,16 +12,21 @@ deploy/proxy/kvf_proxy_sampling.c):
   the highest cumulative logprob, best first;
 - a 300-token ignore_eos stream with logprobs 1 arrives as 300 chunks (one token each); with
   return_token_ids too, tokens whose text is held back (a possible stop string) included;
+- prompt_logprobs equal the colocated `kvf generate --prompt-logprobs` numbers bit for bit
+  (each prompt token's logprob, rank and top 3); chat carries them on the response;
 - each invalid value is a 400 (openai.BadRequestError) naming the field.
 Skipped (exit 77) without the openai package.
 """
 
 import json
 import os
+import struct
+import subprocess
 import sys
+import tempfile
 import urllib.request
 
-from kvf_e2e import Pool, repo_root
+from kvf_e2e import Pool, find_bin, repo_root
 
 try:
     import openai
@@ -45,6 +50,27 @@ def post(url, body):
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=60) as r:
         return json.loads(r.read())
+
+
+def colocated_prompt_logprobs(prompt, n):
+    """kvf generate --prompt-logprobs n at TP 2, as the pool's prefill instances run:
+    [(token, logprob, rank, [(id, logprob)...])]."""
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+        f.write(prompt)
+    try:
+        p = subprocess.run([os.path.join(find_bin(), "kvf"), "generate", "--model", MODEL,
+                            "--prompt-file", f.name, "--max-tokens", "1",
+                            "--prompt-logprobs", str(n), "--tp", "2"], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, check=True, timeout=120)
+    finally:
+        os.unlink(f.name)
+    out = []
+    for line in p.stdout.decode("latin-1").splitlines():
+        if line.startswith("prompt_logprobs "):
+            w = line.split()
+            out.append((int(w[2]), float(w[3]), int(w[4]),
+                        [(int(x.split(":")[0]), float(x.split(":")[1])) for x in w[5:]]))
+    return out
 
 
 def run(pool):
@@ -150,12 +176,34 @@ def run(pool):
        any(ch.choices[0].text == "" for ch in empty[:-1]),
        "return_token_ids: a chunk per token, held-back text as empty chunks",
        [(ch.choices[0].text, ch.choices[0].model_extra["token_ids"]) for ch in empty])
+    # -- prompt_logprobs: equal to the colocated run's, bit for bit -----------------------
+    r = c.completions.create(model=name, prompt=PROMPT, max_tokens=1, temperature=0,
+                             extra_body={"prompt_logprobs": 3, "return_token_ids": True})
+    got = r.choices[0].model_extra["prompt_logprobs"]
+    pids = r.model_extra["prompt_token_ids"]
+    ref = colocated_prompt_logprobs(PROMPT, 3)
+    f32 = lambda x: struct.unpack("<f", struct.pack("<f", float(x)))[0]
+    same = (got[0] is None and len(got) == len(pids) == len(ref) + 1)
+    for i, (tok, lp, rank, top) in enumerate(ref):
+        pos = got[i + 1]
+        same = same and tok == pids[i + 1] and f32(pos[str(tok)]["logprob"]) == f32(lp) and \
+            pos[str(tok)]["rank"] == rank and \
+            all(f32(pos[str(t)]["logprob"]) == f32(v) for t, v in top) and \
+            [int(k) for k in pos if int(k) != tok] == [t for t, _ in top if t != tok]
+    ok(same, "prompt_logprobs 3 equal the colocated kvf generate --prompt-logprobs 3 --tp 2 "
+       "bit for bit (%d positions: logprob, rank, top 3)" % len(ref), (got[:3], ref[:2]))
+    ch = c.chat.completions.create(model=name, messages=[{"role": "user", "content": PROMPT}],
+                                   max_tokens=1, extra_body={"prompt_logprobs": 0})
+    ok(len(ch.model_extra["prompt_logprobs"]) == ch.usage.prompt_tokens and
+       all(len(p) == 1 for p in ch.model_extra["prompt_logprobs"][1:]),
+       "chat: prompt_logprobs 0 on the response, the prompt token's alone")
     # -- invalid values: 400 naming the field ---------------------------------------------
     bad = [("logit_bias", {"x": 1}), ("logit_bias", {"10000000": 1}), ("logit_bias", [1]),
            ("logit_bias", {"5": "big"}), ("allowed_token_ids", []),
            ("allowed_token_ids", [-1]), ("allowed_token_ids", "5"),
            ("allowed_token_ids", [1.5]), ("bad_words", "word"), ("bad_words", [5]),
-           ("bad_words", [""]), ("best_of", 0), ("best_of", 17), ("best_of", 1.5)]
+           ("bad_words", [""]), ("best_of", 0), ("best_of", 17), ("best_of", 1.5),
+           ("prompt_logprobs", -1), ("prompt_logprobs", 21), ("prompt_logprobs", "2")]
     for field, value in bad:
         try:
             ids(temperature=0, extra={field: value})
