@@ -12,7 +12,7 @@
 #include "kvf_proxy_openai.h"
 #include "kvf_proxy_chat.h"
 #include "kvf_proxy_sampling.h"
-#include "kvf_proxy_tools.h"
+#include "kvf_proxy_message.h"
 #include "kvf_scheduler.h"
 
 #include <cjson/cJSON.h>
@@ -724,19 +724,8 @@ static kvf_status_t kvf_proxy_chat_fields(const kvf_proxy_openai_ctx_t *ctx, con
                              "'messages' is required");
     }
     st = kvf_proxy_chat_args_parse(root, &args, http_p, param_p, err, cap);
-    if (st == KVF_OK) {
-        kvf_proxy_tool_parser_t parser = KVF_TOOL_PARSER_NONE;
-        st = kvf_proxy_tools_parse_request(root, (kvf_proxy_tool_parser_t)ctx->tool_parser,
-                                           ctx->auto_tool_choice, &args, &parser,
-                                           &req->parallel_tool_calls, http_p, param_p, err,
-                                           cap);
-        req->tool_parser = (int)parser;
-        req->reasoning = ctx->reasoning_parser;
-        req->include_reasoning = true;
-    }
-    if (st == KVF_OK) {
-        st = kvf_proxy_boolf(root, "include_reasoning", &req->include_reasoning, http_p,
-                             param_p, err, cap);
+    if (st == KVF_OK) {   /* tools, tool_choice, include_reasoning */
+        st = kvf_proxy_message_parse(ctx, root, req, &args, http_p, param_p, err, cap);
     }
     if (st == KVF_OK) {
         st = kvf_proxy_chat_render(ctx, kvf_proxy_get(root, "messages"), &args, &text, param_p,
@@ -1208,19 +1197,7 @@ static cJSON *kvf_proxy_choice(const kvf_proxy_openai_ctx_t *ctx,
             if (!chunk || ch->first) {
                 cJSON_AddStringToObject(m, "role", "assistant");
             }
-            bool thought = (ch->reasoning != NULL) && (ch->reasoning[0] != '\0');
-            if ((req->reasoning != 0) && req->include_reasoning && (!chunk || thought)) {
-                cJSON_AddItemToObject(m, "reasoning_content", thought ?
-                                      cJSON_CreateString(ch->reasoning) : cJSON_CreateNull());
-            }
-            if (ch->tool_calls != NULL) {
-                kvf_proxy_tools_to_message(m, ch->text, ch->tool_calls, chunk);
-            } else if (!chunk && (req->reasoning != 0) && (ch->text[0] == '\0')) {
-                cJSON_AddNullToObject(m, "content");   /* all reasoning: null, as vLLM's */
-            } else if (!chunk || (ch->text[0] != '\0') ||
-                       ((ch->finish_reason == NULL) && !thought)) {
-                cJSON_AddStringToObject(m, "content", ch->text);
-            }
+            kvf_proxy_message_fill(m, req, ch, chunk);
         }
     }
     if (ch->token_logprobs != NULL) {
