@@ -113,6 +113,8 @@ typedef struct {
     double top_p;
     int    top_k;
     double min_p;
+    char   logit_bias[KVF_CONFIG_STR_MAX];  /* "ID:BIAS,..." */
+    char   allowed[KVF_CONFIG_STR_MAX];     /* "ID,..." */
     /* bench */
     int    prompt_len;
     int    decode_tokens;
@@ -177,6 +179,11 @@ static const kvf_config_field_t kvf_generate_table[] = {
      offsetof(kvf_gen_opts_t, top_k), KVF_CONFIG_TYPE_INT, 0},
     {"MIN_P", "0", "drop tokens less likely than this fraction of the most likely, [0, 1]",
      offsetof(kvf_gen_opts_t, min_p), KVF_CONFIG_TYPE_DOUBLE, 0},
+    {"LOGIT_BIAS", "", "ID:BIAS,... added to those tokens' logits (the OpenAI field "
+     "logit_bias; biases in [-100, 100])", offsetof(kvf_gen_opts_t, logit_bias),
+     KVF_CONFIG_TYPE_STRING, 0},
+    {"ALLOWED_TOKEN_IDS", "", "ID,...: only these may be generated (vLLM's allowed_token_ids)",
+     offsetof(kvf_gen_opts_t, allowed), KVF_CONFIG_TYPE_STRING, 0},
     {NULL, NULL, NULL, 0, 0, 0},
 };
 
@@ -280,6 +287,33 @@ static char *kvf_read_text(const char *path, size_t *len_p)
 }
 
 /* --top-p, --top-k, --min-p onto @a s, checked as a server checks a request's fields. */
+/* --logit-bias "ID:BIAS,..." and --allowed-token-ids "ID,..." into @a s. 0, or 2 (logged). */
+static int kvf_gen_lists(const kvf_gen_opts_t *o, kvf_sampling_t *s)
+{
+    const char *p = o->logit_bias;
+    char *end;
+
+    while (*p != '\0') {
+        long id = strtol(p, &end, 10);
+        if ((end == p) || (*end != ':') || (s->num_logit_bias >= KVF_SAMPLING_MAX_BIAS)) {
+            kvf_error("kvf generate: bad --logit-bias '%s' (ID:BIAS,...)", o->logit_bias);
+            return 2;
+        }
+        s->bias_ids[s->num_logit_bias] = (int32_t)id;
+        s->bias_values[s->num_logit_bias++] = strtof(end + 1, &end);
+        p = (*end == ',') ? end + 1 : end;
+    }
+    for (p = o->allowed; *p != '\0'; p = (*end == ',') ? end + 1 : end) {
+        long id = strtol(p, &end, 10);
+        if ((end == p) || (s->num_allowed >= KVF_SAMPLING_MAX_ALLOWED)) {
+            kvf_error("kvf generate: bad --allowed-token-ids '%s' (ID,...)", o->allowed);
+            return 2;
+        }
+        s->allowed_ids[s->num_allowed++] = (int32_t)id;
+    }
+    return 0;
+}
+
 static int kvf_gen_filters(const kvf_gen_opts_t *o, kvf_engine_h eng, kvf_sampling_t *s)
 {
     char err[160];
@@ -287,9 +321,13 @@ static int kvf_gen_filters(const kvf_gen_opts_t *o, kvf_engine_h eng, kvf_sampli
     s->top_p = (float)o->top_p;
     s->top_k = o->top_k;
     s->min_p = (float)o->min_p;
+    if (kvf_gen_lists(o, s) != 0) {
+        return 2;
+    }
     if (kvf_sampling_check(s, kvf_engine_model_config(eng)->vocab_size, err, sizeof(err)) !=
         KVF_OK) {
-        kvf_error("kvf generate: bad sampling flag: %s (--top-p, --top-k, --min-p)", err);
+        kvf_error("kvf generate: bad sampling flag: %s (--top-p, --top-k, --min-p, "
+                  "--logit-bias, --allowed-token-ids)", err);
         return 2;
     }
     return 0;
