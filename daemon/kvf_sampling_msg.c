@@ -7,6 +7,47 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* logit_bias, allowed_token_ids, bad_words: the counts (what fits the engine's arrays);
+ * kvf_sampling_check() then checks the values. */
+static kvf_status_t kvf_sampling_lists_from_msg(const Kvf__SamplingParams *msg,
+                                                kvf_sampling_t *out, char *err, size_t cap)
+{
+    if ((msg->n_bias_ids != msg->n_bias_values) || (msg->n_bias_ids > KVF_SAMPLING_MAX_BIAS)) {
+        snprintf(err, cap, "logit_bias has %zu ids and %zu values: at most %d of each, as "
+                 "many", msg->n_bias_ids, msg->n_bias_values, KVF_SAMPLING_MAX_BIAS);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    out->num_logit_bias = (int)msg->n_bias_ids;
+    memcpy(out->bias_ids, msg->bias_ids, msg->n_bias_ids * sizeof(int32_t));
+    memcpy(out->bias_values, msg->bias_values, msg->n_bias_values * sizeof(float));
+    if (msg->n_allowed_token_ids > KVF_SAMPLING_MAX_ALLOWED) {
+        snprintf(err, cap, "allowed_token_ids has %zu entries, more than %d",
+                 msg->n_allowed_token_ids, KVF_SAMPLING_MAX_ALLOWED);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    out->num_allowed = (int)msg->n_allowed_token_ids;
+    memcpy(out->allowed_ids, msg->allowed_token_ids, msg->n_allowed_token_ids * sizeof(int32_t));
+    if ((msg->n_bad_ends > KVF_SAMPLING_MAX_BAD_WORDS) ||
+        (msg->n_bad_tokens > KVF_SAMPLING_MAX_BAD_TOKENS) ||
+        ((msg->n_bad_ends > 0) && (msg->bad_ends[msg->n_bad_ends - 1] != msg->n_bad_tokens))) {
+        snprintf(err, cap, "bad_words: %zu sequences of %zu tokens in all (at most %d and %d; "
+                 "the last must end at the last token)", msg->n_bad_ends, msg->n_bad_tokens,
+                 KVF_SAMPLING_MAX_BAD_WORDS, KVF_SAMPLING_MAX_BAD_TOKENS);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    out->num_bad_words = (int)msg->n_bad_ends;
+    for (size_t w = 0; w < msg->n_bad_ends; ++w) {
+        out->bad_ends[w] = (int)msg->bad_ends[w];   /* <= n_bad_tokens checked below */
+        if (msg->bad_ends[w] > msg->n_bad_tokens) {
+            snprintf(err, cap, "bad_words sequence %zu ends at %u, past its %zu tokens", w,
+                     msg->bad_ends[w], msg->n_bad_tokens);
+            return KVF_ERR_INVALID_PARAM;
+        }
+    }
+    memcpy(out->bad_tokens, msg->bad_tokens, msg->n_bad_tokens * sizeof(int32_t));
+    return KVF_OK;
+}
+
 kvf_status_t kvf_sampling_from_msg(const Kvf__SamplingParams *msg, int default_max, int vocab,
                                    kvf_sampling_t *out, char *err, size_t cap)
 {
@@ -61,6 +102,18 @@ kvf_status_t kvf_sampling_from_msg(const Kvf__SamplingParams *msg, int default_m
         }
         out->want_logprobs = true;
         out->logprobs = (int)msg->logprobs;
+    }
+    if (msg->has_prompt_logprobs) {
+        if (msg->prompt_logprobs > KVF_SAMPLING_MAX_LOGPROBS) {
+            snprintf(err, cap, "prompt_logprobs %u must be in [0, %d]", msg->prompt_logprobs,
+                     KVF_SAMPLING_MAX_LOGPROBS);
+            return KVF_ERR_INVALID_PARAM;
+        }
+        out->want_prompt_logprobs = true;
+        out->prompt_logprobs = (int)msg->prompt_logprobs;
+    }
+    if (kvf_sampling_lists_from_msg(msg, out, err, cap) != KVF_OK) {
+        return KVF_ERR_INVALID_PARAM;
     }
     return kvf_sampling_check(out, vocab, err, cap);
 }

@@ -465,6 +465,8 @@ static void kvf_dc_req_params(kvf_decode_server_h srv, const Kvf__DecodeRequest 
     /* checked on arrival (kvf_dc_sampling_check) */
     (void)kvf_sampling_from_msg(dr->sampling, 16, kvf_engine_model_config(srv->engine)->vocab_size,
                                 &rp->sampling, err, sizeof(err));
+    rp->sampling.want_prompt_logprobs = false;   /* prefill reports them; a recompute here
+                                                  * need not go one token per step */
 }
 
 /* The sampling parameters of a DecodeRequest, checked on arrival; KVF_OK or the refusal. */

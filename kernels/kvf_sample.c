@@ -34,7 +34,8 @@ int kvf_sample_row_check(const kvf_sample_row_t *p, const kvf_sample_pen_t *pen,
     }
     for (int e = 0; e < p->pen_count; ++e) {
         const kvf_sample_pen_t *x = &pen[p->pen_start + e];
-        if ((x->id < 0) || (x->id >= vocab) || (x->count < 0)) {
+        if ((x->id < 0) || (x->id >= vocab) || (x->count < 0) ||
+            ((x->flags & KVF_SAMPLE_PEN_BIAS) && !isfinite(x->bias))) {
             return KVF_KERN_EINVAL;
         }
     }
@@ -77,11 +78,15 @@ static void kvf_twin_row(const float *raw, int vocab, const kvf_sample_row_t *p,
     kvf_argmax_cand_t c = {0.0f, -1};
     int32_t best;
 
-    memcpy(l, raw, (size_t)vocab * sizeof(float));
+    for (int i = 0; i < vocab; ++i) {
+        l[i] = p->allow_only ? -INFINITY : raw[i];
+    }
     for (int e = 0; e < p->pen_count; ++e) {
         const kvf_sample_pen_t *x = &pen[p->pen_start + e];
-        l[x->id] = kvf_sample_pen_apply_hd(raw[x->id], x->count, x->flags, p->rep, p->freq,
-                                           p->pres);
+        if (!p->allow_only || (x->flags & KVF_SAMPLE_PEN_ALLOW)) {
+            l[x->id] = kvf_sample_pen_apply_hd(raw[x->id], x->count, x->flags, x->bias, p->rep,
+                                               p->freq, p->pres);
+        }
     }
     for (int i = 0; i < vocab; ++i) {
         c = kvf_argmax_take(c, l[i], i);

@@ -1,8 +1,8 @@
 /*
  * Token sampling where the logits are: for each of @a rows rows of logits already on the
  * device, the sampled token id and, when asked, what its logprobs are made of, with vLLM's
- * sampling parameters (penalties, temperature, min-p, top-k, top-p, min_tokens' masks,
- * logprobs: common/engine/kvf_sampler.h gives the semantics). Only the small per-row
+ * sampling parameters (logit_bias, allowed_token_ids, bad_words' and min_tokens' masks,
+ * penalties, temperature, min-p, top-k, top-p, logprobs: common/engine/kvf_sampler.h gives the semantics). Only the small per-row
  * results come back to the host; the [vocab] rows never do.
  *
  * Same tokens as common/engine's kvf_sampler_sample() for the same logits and draw, bit for
@@ -14,8 +14,8 @@
  * enters the numbers.
  *
  * Algorithm of one row (one CUDA block of KVF_SAMPLE_LANES threads; the CPU twin runs the
- * same steps with loops): penalised logits into a scratch row (a copy plus the row's
- * penalty entries); argmax; greedy ends there. Else a pass keeps the tokens temperature and
+ * same steps with loops): penalised logits into a scratch row (a copy, or -inf everywhere
+ * when the row allows only its listed tokens, plus the row's entries); argmax; greedy ends there. Else a pass keeps the tokens temperature and
  * min-p keep (weights exp((l - max) / T), recomputed where needed: no [vocab] doubles
  * stored) and prunes the rest to -inf in the scratch row, so later passes compute no
  * exponential for them. top-k: the k-th largest kept logit by bisection on its 32-bit order
@@ -65,6 +65,7 @@ typedef struct kvf_sample_row {
     int32_t  num_top;       /* top logprobs wanted, [0, KVF_SAMPLE_MAX_TOP] */
     int32_t  pen_start;     /* this row's entries: pen[pen_start .. pen_start + pen_count) */
     int32_t  pen_count;
+    int32_t  allow_only;    /* nonzero: tokens without a KVF_SAMPLE_PEN_ALLOW entry get -inf */
     uint64_t draw;          /* the row's one 64-bit draw (kvf_sample_rng_next_hd) */
 } kvf_sample_row_t;
 
@@ -73,6 +74,7 @@ typedef struct kvf_sample_pen {
     int32_t id;             /* [0, vocab) */
     int32_t count;          /* occurrences among the outputs (frequency, presence) */
     int32_t flags;          /* KVF_SAMPLE_PEN_* (kvf_sample_math.h) */
+    float   bias;           /* with KVF_SAMPLE_PEN_BIAS: added to the logit, finite */
 } kvf_sample_pen_t;
 
 /** One row's result. */

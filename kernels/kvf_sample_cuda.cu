@@ -145,12 +145,15 @@ kvf_sample_rows_kernel(const float *logits, int vocab, size_t ldl, const kvf_sam
         }
     }
     for (int i = t; i < vocab; i += L) {
-        l[i] = raw[i];
+        l[i] = p.allow_only ? -INFINITY : raw[i];
     }
     __syncthreads();
     for (int e = t; e < p.pen_count; e += L) {   /* distinct ids: no two threads collide */
         const kvf_sample_pen_t x = pen[p.pen_start + e];
-        l[x.id] = kvf_sample_pen_apply_hd(raw[x.id], x.count, x.flags, p.rep, p.freq, p.pres);
+        if (!p.allow_only || (x.flags & KVF_SAMPLE_PEN_ALLOW)) {
+            l[x.id] = kvf_sample_pen_apply_hd(raw[x.id], x.count, x.flags, x.bias, p.rep,
+                                              p.freq, p.pres);
+        }
     }
     __syncthreads();
     best = kvf_blk_argmax(&s, l, vocab, 0.0f, -1);

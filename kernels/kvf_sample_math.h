@@ -283,13 +283,27 @@ static inline KVF_HD int kvf_sample_alive_hd(float l)
 /* ---- what a pass keeps: the shared predicate of both samplers ------------------------- */
 
 /* kvf_sample_pen_t.flags (kvf_sample.h) */
-#define KVF_SAMPLE_PEN_SEEN 1   /* in the prompt or the output: penalised */
-#define KVF_SAMPLE_PEN_MASK 2   /* -inf (EOS or a stop id while below min_tokens) */
+#define KVF_SAMPLE_PEN_SEEN  1   /* in the prompt or the output: penalised */
+#define KVF_SAMPLE_PEN_MASK  2   /* -inf (EOS or a stop id below min_tokens, a bad word's end) */
+#define KVF_SAMPLE_PEN_BIAS  4   /* logit_bias: the entry's bias added first */
+#define KVF_SAMPLE_PEN_ALLOW 8   /* allowed_token_ids: kept when the row allows only these */
 
-/** A listed token's logit: penalised when seen, then -inf when masked. */
+/**
+ * A listed token's logit, in vLLM's order: logit_bias added, then the penalties when seen,
+ * then -inf when masked. (A row that allows only its ALLOW entries starts every other
+ * token at -inf: kvf_sample_row_t.allow_only.)
+ */
 static inline KVF_HD float kvf_sample_pen_apply_hd(float logit, int32_t count, int32_t flags,
-                                                   float rep, float freq, float pres)
+                                                   float bias, float rep, float freq,
+                                                   float pres)
 {
+    if (flags & KVF_SAMPLE_PEN_BIAS) {
+#ifdef __CUDA_ARCH__
+        logit = __fadd_rn(logit, bias);
+#else
+        logit += bias;
+#endif
+    }
     if (flags & KVF_SAMPLE_PEN_SEEN) {
         logit = kvf_sample_penalize_hd(logit, 1, count, rep, freq, pres);
     }

@@ -505,6 +505,17 @@ static void kvf_pf_prefilled(kvf_prefill_server_h srv, kvf_pf_pending_t *p,
                                                                        p->engine_req);
         reply.timing = &timing;
     }
+    if (info.prompt_logprobs->n > 0) {   /* sampling.want_prompt_logprobs */
+        const kvf_prompt_logprobs_t *pl = info.prompt_logprobs;
+        reply.n_prompt_token_logprobs = reply.n_prompt_ranks = (size_t)pl->n;
+        reply.prompt_token_logprobs = pl->logprob;
+        reply.prompt_ranks = (int32_t *)pl->rank;
+        reply.has_prompt_top_per_token = 1;
+        reply.prompt_top_per_token = (uint32_t)pl->per;
+        reply.n_prompt_top_ids = reply.n_prompt_top_logprobs = (size_t)pl->n * (size_t)pl->per;
+        reply.prompt_top_ids = (int32_t *)pl->top_ids;
+        reply.prompt_top_logprobs = pl->top_logprobs;
+    }
     if (p->want_logprobs && (kvf_logprob_buf_push(&lp, p->logprobs, ev) == KVF_OK)) {
         kvf_logprob_buf_attach(&lp, &reply);
     }

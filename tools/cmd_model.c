@@ -107,6 +107,7 @@ typedef struct {
     int    seed;
     bool   print_logits;
     int    logprobs;
+    int    prompt_logprobs;
     bool   ignore_eos;
     bool   add_bos;
     double top_p;
@@ -116,6 +117,8 @@ typedef struct {
     size_t prefix_state_bytes;
     int    prefix_state_grid;   /* 0: bench-model, which has no prefix cache */
     int    turns;
+    char   logit_bias[KVF_CONFIG_STR_MAX];  /* "ID:BIAS,..." */
+    char   allowed[KVF_CONFIG_STR_MAX];     /* "ID,..." */
     /* bench */
     int    prompt_len;
     int    decode_tokens;
@@ -169,6 +172,9 @@ static const kvf_config_field_t kvf_generate_table[] = {
     {"LOGPROBS", "-1", "print each generated token's logprob and the top N (0 to 20; the "
      "sampler's numbers, as a pool returns them for the OpenAI field logprobs; -1: none)",
      offsetof(kvf_gen_opts_t, logprobs), KVF_CONFIG_TYPE_INT, 0},
+    {"PROMPT_LOGPROBS", "-1", "print each prompt token's logprob (from the second), its rank "
+     "and the top N (0 to 20; as a pool returns them for the OpenAI field prompt_logprobs; "
+     "-1: none)", offsetof(kvf_gen_opts_t, prompt_logprobs), KVF_CONFIG_TYPE_INT, 0},
     {"IGNORE_EOS", "no", "keep generating after EOS",
      offsetof(kvf_gen_opts_t, ignore_eos), KVF_CONFIG_TYPE_BOOL, 0},
     {"ADD_BOS", "yes", "prefix the prompt with the BOS token",
@@ -192,6 +198,11 @@ static const kvf_config_field_t kvf_generate_table[] = {
      "its answer and a follow-up (the prompt text's first 32 tokens); prints each turn's "
      "prompt tokens, prefix-cache hit and time to first token",
      offsetof(kvf_gen_opts_t, turns), KVF_CONFIG_TYPE_INT, 0},
+    {"LOGIT_BIAS", "", "ID:BIAS,... added to those tokens' logits (the OpenAI field "
+     "logit_bias; biases in [-100, 100])", offsetof(kvf_gen_opts_t, logit_bias),
+     KVF_CONFIG_TYPE_STRING, 0},
+    {"ALLOWED_TOKEN_IDS", "", "ID,...: only these may be generated (vLLM's allowed_token_ids)",
+     offsetof(kvf_gen_opts_t, allowed), KVF_CONFIG_TYPE_STRING, 0},
     {NULL, NULL, NULL, 0, 0, 0},
 };
 
@@ -306,6 +317,33 @@ static char *kvf_read_text(const char *path, size_t *len_p)
 }
 
 /* --top-p, --top-k, --min-p onto @a s, checked as a server checks a request's fields. */
+/* --logit-bias "ID:BIAS,..." and --allowed-token-ids "ID,..." into @a s. 0, or 2 (logged). */
+static int kvf_gen_lists(const kvf_gen_opts_t *o, kvf_sampling_t *s)
+{
+    const char *p = o->logit_bias;
+    char *end;
+
+    while (*p != '\0') {
+        long id = strtol(p, &end, 10);
+        if ((end == p) || (*end != ':') || (s->num_logit_bias >= KVF_SAMPLING_MAX_BIAS)) {
+            kvf_error("kvf generate: bad --logit-bias '%s' (ID:BIAS,...)", o->logit_bias);
+            return 2;
+        }
+        s->bias_ids[s->num_logit_bias] = (int32_t)id;
+        s->bias_values[s->num_logit_bias++] = strtof(end + 1, &end);
+        p = (*end == ',') ? end + 1 : end;
+    }
+    for (p = o->allowed; *p != '\0'; p = (*end == ',') ? end + 1 : end) {
+        long id = strtol(p, &end, 10);
+        if ((end == p) || (s->num_allowed >= KVF_SAMPLING_MAX_ALLOWED)) {
+            kvf_error("kvf generate: bad --allowed-token-ids '%s' (ID,...)", o->allowed);
+            return 2;
+        }
+        s->allowed_ids[s->num_allowed++] = (int32_t)id;
+    }
+    return 0;
+}
+
 static int kvf_gen_filters(const kvf_gen_opts_t *o, kvf_engine_h eng, kvf_sampling_t *s)
 {
     char err[160];
@@ -313,9 +351,13 @@ static int kvf_gen_filters(const kvf_gen_opts_t *o, kvf_engine_h eng, kvf_sampli
     s->top_p = (float)o->top_p;
     s->top_k = o->top_k;
     s->min_p = (float)o->min_p;
+    if (kvf_gen_lists(o, s) != 0) {
+        return 2;
+    }
     if (kvf_sampling_check(s, kvf_engine_model_config(eng)->vocab_size, err, sizeof(err)) !=
         KVF_OK) {
-        kvf_error("kvf generate: bad sampling flag: %s (--top-p, --top-k, --min-p)", err);
+        kvf_error("kvf generate: bad sampling flag: %s (--top-p, --top-k, --min-p, "
+                  "--logit-bias, --allowed-token-ids)", err);
         return 2;
     }
     return 0;
@@ -460,6 +502,23 @@ out:
     return rc;
 }
 
+/* --prompt-logprobs: one line per prompt token from the second, "prompt_logprobs I TOKEN LP
+ * RANK ID:LP ...", %.9g as --logprobs */
+static void kvf_print_prompt_logprobs(const kvf_req_info_t *info)
+{
+    const kvf_prompt_logprobs_t *p = info->prompt_logprobs;
+
+    for (int i = 0; (p != NULL) && (i < p->n); ++i) {
+        printf("prompt_logprobs %d %d %.9g %d", i + 1, info->tokens[i + 1],
+               (double)p->logprob[i], p->rank[i]);
+        for (int k = 0; k < p->per; ++k) {
+            printf(" %d:%.9g", p->top_ids[(size_t)i * (size_t)p->per + (size_t)k],
+                   (double)p->top_logprobs[(size_t)i * (size_t)p->per + (size_t)k]);
+        }
+        printf("\n");
+    }
+}
+
 int kvf_cmd_generate(int argc, char **argv)
 {
     kvf_gen_opts_t o = {0};
@@ -493,6 +552,10 @@ int kvf_cmd_generate(int argc, char **argv)
     if ((o.logprobs < -1) || (o.logprobs > KVF_SAMPLING_MAX_LOGPROBS)) {
         kvf_error("bad value %d for --logprobs (-1: none, or 0 to %d)", o.logprobs,
                   KVF_SAMPLING_MAX_LOGPROBS);
+    if ((o.logprobs < -1) || (o.logprobs > KVF_SAMPLING_MAX_LOGPROBS) ||
+        (o.prompt_logprobs < -1) || (o.prompt_logprobs > KVF_SAMPLING_MAX_LOGPROBS)) {
+        kvf_error("bad value %d / %d for --logprobs / --prompt-logprobs (-1: none, or 0 to "
+                  "%d)", o.logprobs, o.prompt_logprobs, KVF_SAMPLING_MAX_LOGPROBS);
         return 2;
     }
     rc = kvf_open_engine(&o, &eng);
@@ -530,6 +593,8 @@ int kvf_cmd_generate(int argc, char **argv)
     rp.record_logits = o.print_logits;
     rp.sampling.want_logprobs = (o.logprobs >= 0);
     rp.sampling.logprobs = (o.logprobs >= 0) ? o.logprobs : 0;
+    rp.sampling.want_prompt_logprobs = (o.prompt_logprobs >= 0);
+    rp.sampling.prompt_logprobs = (o.prompt_logprobs >= 0) ? o.prompt_logprobs : 0;
     if (kvf_gen_filters(&o, eng, &rp.sampling) != 0) {
         rc = 2;
         goto out;
@@ -551,6 +616,7 @@ int kvf_cmd_generate(int argc, char **argv)
         }
     }
     (void)kvf_engine_request_info(eng, id, &info);
+    kvf_print_prompt_logprobs(&info);
     {
         size_t tcap = kvf_tokenizer_stream_cap(&tok, info.num_tokens - info.prompt_len) + 16;
         text = malloc(tcap);

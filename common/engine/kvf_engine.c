@@ -77,6 +77,10 @@ static void kvf_req_free(kvf_request_t *r)
     free(r->salt);
     free(r->tokens);
     free(r->logits);
+    free(r->plp.logprob);
+    free(r->plp.rank);
+    free(r->plp.top_ids);
+    free(r->plp.top_logprobs);
     free(r);
 }
 
@@ -117,6 +121,49 @@ static kvf_status_t kvf_engine_prefix_setup(kvf_engine_h e, const kvf_engine_par
         }
     }
     return kvf_engine_prefix_create(pp, digest, e->runner, e->bm, &e->prefix);
+}
+
+/* Whether plan entry @a pe computes a prompt position whose logits score the next prompt
+ * token (sampling.want_prompt_logprobs). */
+static bool kvf_scores_prompt(const kvf_sched_entry_t *pe)
+{
+    const kvf_request_t *r = pe->req;
+
+    return r->sampling.want_prompt_logprobs && !pe->samples &&
+           (pe->start + pe->num_tokens < r->prompt_len);
+}
+
+/* The prompt token after @a pe's last position, scored from that position's logits. */
+static kvf_status_t kvf_engine_prompt_lp(kvf_engine_h e, const kvf_sched_entry_t *pe,
+                                         const float *logits)
+{
+    kvf_request_t *r = pe->req;
+    kvf_prompt_logprobs_t *p = &r->plp;
+    int pos = pe->start + pe->num_tokens, per = r->sampling.prompt_logprobs, i;
+    kvf_sample_out_t so;
+
+    if (p->logprob == NULL) {
+        size_t n = (size_t)r->prompt_len;
+        p->per = per;
+        p->logprob = malloc(n * sizeof(float));
+        p->rank = malloc(n * sizeof(int32_t));
+        p->top_ids = malloc(n * (size_t)(per ? per : 1) * sizeof(int32_t));
+        p->top_logprobs = malloc(n * (size_t)(per ? per : 1) * sizeof(float));
+        if ((p->logprob == NULL) || (p->rank == NULL) || (p->top_ids == NULL) ||
+            (p->top_logprobs == NULL)) {
+            return KVF_ERR_NO_MEMORY;
+        }
+    }
+    i = pos - 1;   /* entry of prompt token pos */
+    kvf_sampler_score(logits, e->cfg->vocab_size, r->tokens[pos], per, &so, &p->rank[i]);
+    p->logprob[i] = so.logprob;
+    for (int k = 0; k < per; ++k) {   /* fewer only when the vocabulary is smaller: id -1 */
+        p->top_ids[(size_t)i * (size_t)per + (size_t)k] = (k < so.num_top) ? so.top_ids[k] : -1;
+        p->top_logprobs[(size_t)i * (size_t)per + (size_t)k] =
+            (k < so.num_top) ? so.top_logprobs[k] : 0.0f;
+    }
+    p->n = (i + 1 > p->n) ? i + 1 : p->n;
+    return KVF_OK;
 }
 
 kvf_status_t kvf_engine_create(const kvf_engine_params_t *params, kvf_engine_h *engine_p)
@@ -387,15 +434,16 @@ static void kvf_emit_logprobs(kvf_engine_event_t *events, int n, const kvf_sampl
 /* Whether a request's next token is its logits' argmax and nothing else reads the logits:
  * then the forward computes the argmax where the logits are (kvf_fwd_seq_t.token) and
  * only the id comes back. Sampling that reads the logits at temperature 0 (penalties,
- * min_tokens' masks, logprobs: kvf_sampler.h's steps 1-2) must return false here; the
- * temperature bound is the sampler's greedy bound (step 3). */
+ * min_tokens' masks, logit_bias, allowed_token_ids, bad_words, logprobs: kvf_sampler.h's
+ * steps 0-2) must return false here; the temperature bound is the sampler's greedy bound (step 3). */
 static bool kvf_greedy_only(const kvf_request_t *r)
 {
     const kvf_sampling_t *s = &r->sampling;
 
     return (s->temperature < 1e-5f) && !r->record_logits && !s->want_logprobs &&
            (s->min_tokens == 0) && (s->presence_penalty == 0.0f) &&
-           (s->frequency_penalty == 0.0f) &&
+           (s->frequency_penalty == 0.0f) && (s->num_logit_bias == 0) && (s->num_allowed == 0) &&
+           (s->num_bad_words == 0) &&
            ((s->repetition_penalty == 0.0f) || (s->repetition_penalty == 1.0f));
 }
 
@@ -569,7 +617,8 @@ kvf_status_t kvf_engine_step(kvf_engine_h e, kvf_engine_event_t *events, int cap
             .group_num_blocks = r->blocks.num_blocks,
             /* greedy without recorded logits: the forward's argmax id alone comes back */
             /* host sampling, or recorded logits (--print-logits) */
-            .logits = (pe->samples && !kvf_greedy_only(r) && (!dev || r->record_logits)) ?
+            .logits = ((pe->samples && !kvf_greedy_only(r) && (!dev || r->record_logits)) ||
+                       kvf_scores_prompt(pe)) ?
                       e->logits + (size_t)ns++ * (size_t)vocab : NULL,
             .token = (pe->samples && kvf_greedy_only(r)) ? &e->greedy[i] : NULL,
             /* decode steps feed the one token sampled last; anything else (the prompt,
@@ -619,7 +668,9 @@ kvf_status_t kvf_engine_step(kvf_engine_h e, kvf_engine_event_t *events, int cap
         kvf_request_t *r = pe->req;
         r->num_computed = pe->start + pe->num_tokens;
         r->sched_tokens = 0;
-        if (e->seqs[i].sample != NULL) {   /* sampled on the model's device */
+        if (kvf_scores_prompt(pe)) {   /* a prompt position: its logits score the next */
+            status = kvf_engine_prompt_lp(e, pe, e->seqs[i].logits);
+        } else if (e->seqs[i].sample != NULL) {   /* sampled on the model's device */
             kvf_sample_out_t so;
             kvf_sampler_device_out(&r->sampling, &e->sres[i], &so);
             status = kvf_accept_token(e, r, so.token, e->seqs[i].logits,
@@ -698,7 +749,7 @@ kvf_status_t kvf_engine_request_info(kvf_engine_h e, uint64_t id, kvf_req_info_t
         .state = r->state, .finish = r->finish, .tokens = r->tokens,
         .prompt_len = r->prompt_len, .num_tokens = r->num_tokens,
         .num_computed = r->num_computed, .logits = r->logits, .num_logits = r->num_logits,
-        .blocks = &r->blocks, .preemptions = r->preemptions,
+        .blocks = &r->blocks, .preemptions = r->preemptions, .prompt_logprobs = &r->plp,
     };
     return KVF_OK;
 }

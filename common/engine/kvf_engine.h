@@ -139,6 +139,8 @@ typedef struct kvf_req_info {
     int                     num_logits;
     const kvf_req_blocks_t *blocks;
     int                     preemptions;  /* times recomputed after losing its blocks */
+    const kvf_prompt_logprobs_t *prompt_logprobs; /* sampling.want_prompt_logprobs: the
+                                                   * prompt's, n of them so far */
 } kvf_req_info_t;
 
 /**

@@ -2,6 +2,7 @@
 #include "kvf_sampler.h"
 #include "kvf_sample_math.h"
 #include "kvf_argmax_math.h"
+#include "kvf_array.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -19,6 +20,8 @@ typedef struct kvf_sampler_ws {
     char   *seen;      /* in the prompt or the output */
     int32_t *order;    /* candidate ids */
     int32_t *rank;     /* a candidate's position in order */
+    kvf_sample_pen_t *pen;   /* the CPU path's entries (kvf_sampler_entries) */
+    int     cap_pen;
 } kvf_sampler_ws_t;
 
 static _Thread_local kvf_sampler_ws_t kvf_ws;
@@ -39,6 +42,7 @@ static void kvf_sampler_ws_free(void *arg)
     free(ws->seen);
     free(ws->order);
     free(ws->rank);
+    free(ws->pen);
     memset(ws, 0, sizeof(*ws));
 }
 
@@ -92,6 +96,62 @@ static kvf_status_t kvf_bad(char *err, size_t cap, const char *fmt, ...)
     return KVF_ERR_INVALID_PARAM;
 }
 
+/* logit_bias, allowed_token_ids, bad_words: counts within the caps, ids in the vocabulary. */
+static kvf_status_t kvf_sampling_check_lists(const kvf_sampling_t *s, int vocab, char *err,
+                                             size_t cap)
+{
+    int prev = 0;
+
+    if ((s->num_logit_bias < 0) || (s->num_logit_bias > KVF_SAMPLING_MAX_BIAS)) {
+        return kvf_bad(err, cap, "logit_bias has %d entries, more than %d", s->num_logit_bias,
+                       KVF_SAMPLING_MAX_BIAS);
+    }
+    for (int i = 0; i < s->num_logit_bias; ++i) {
+        if ((s->bias_ids[i] < 0) || (s->bias_ids[i] >= vocab)) {
+            return kvf_bad(err, cap, "logit_bias token %d is outside the vocabulary [0, %d)",
+                           s->bias_ids[i], vocab);
+        }
+        if (!isfinite(s->bias_values[i]) || (fabsf(s->bias_values[i]) > 100.0f)) {
+            return kvf_bad(err, cap, "logit_bias of token %d = %g must be in [-100, 100]",
+                           s->bias_ids[i], (double)s->bias_values[i]);
+        }
+        for (int j = 0; j < i; ++j) {
+            if (s->bias_ids[j] == s->bias_ids[i]) {
+                return kvf_bad(err, cap, "logit_bias lists token %d twice", s->bias_ids[i]);
+            }
+        }
+    }
+    if ((s->num_allowed < 0) || (s->num_allowed > KVF_SAMPLING_MAX_ALLOWED)) {
+        return kvf_bad(err, cap, "allowed_token_ids has %d entries, more than %d",
+                       s->num_allowed, KVF_SAMPLING_MAX_ALLOWED);
+    }
+    for (int i = 0; i < s->num_allowed; ++i) {
+        if ((s->allowed_ids[i] < 0) || (s->allowed_ids[i] >= vocab)) {
+            return kvf_bad(err, cap, "allowed_token_ids[%d] = %d is outside the vocabulary "
+                           "[0, %d)", i, s->allowed_ids[i], vocab);
+        }
+    }
+    if ((s->num_bad_words < 0) || (s->num_bad_words > KVF_SAMPLING_MAX_BAD_WORDS)) {
+        return kvf_bad(err, cap, "bad_words has %d token sequences, more than %d",
+                       s->num_bad_words, KVF_SAMPLING_MAX_BAD_WORDS);
+    }
+    for (int w = 0; w < s->num_bad_words; ++w) {
+        if ((s->bad_ends[w] <= prev) || (s->bad_ends[w] > KVF_SAMPLING_MAX_BAD_TOKENS)) {
+            return kvf_bad(err, cap, "bad_words sequence %d ends at %d: sequences must be "
+                           "non-empty, %d tokens at most in all", w, s->bad_ends[w],
+                           KVF_SAMPLING_MAX_BAD_TOKENS);
+        }
+        for (int i = prev; i < s->bad_ends[w]; ++i) {
+            if ((s->bad_tokens[i] < 0) || (s->bad_tokens[i] >= vocab)) {
+                return kvf_bad(err, cap, "bad_words token %d is outside the vocabulary [0, %d)",
+                               s->bad_tokens[i], vocab);
+            }
+        }
+        prev = s->bad_ends[w];
+    }
+    return KVF_OK;
+}
+
 kvf_status_t kvf_sampling_check(const kvf_sampling_t *s, int vocab, char *err, size_t cap)
 {
     if (!isfinite(s->temperature) || (s->temperature < 0.0f)) {
@@ -133,11 +193,15 @@ kvf_status_t kvf_sampling_check(const kvf_sampling_t *s, int vocab, char *err, s
                            i, s->stop_token_ids[i], vocab);
         }
     }
+    if ((s->prompt_logprobs < 0) || (s->prompt_logprobs > KVF_SAMPLING_MAX_LOGPROBS)) {
+        return kvf_bad(err, cap, "prompt_logprobs %d must be in [0, %d]", s->prompt_logprobs,
+                       KVF_SAMPLING_MAX_LOGPROBS);
+    }
     if ((s->logprobs < 0) || (s->logprobs > KVF_SAMPLING_MAX_LOGPROBS)) {
         return kvf_bad(err, cap, "logprobs %d must be in [0, %d]", s->logprobs,
                        KVF_SAMPLING_MAX_LOGPROBS);
     }
-    return KVF_OK;
+    return kvf_sampling_check_lists(s, vocab, err, cap);
 }
 
 bool kvf_sampling_is_stop_id(const kvf_sampling_t *s, int32_t tok)
@@ -241,15 +305,26 @@ static void kvf_sampler_logprobs(const kvf_sampling_t *s, const float *raw, int 
     }
 }
 
+static void kvf_sampler_entries(kvf_sampler_ws_t *ws, const kvf_sampling_t *s,
+                                const int32_t *tokens, int prompt_len, int num_tokens,
+                                int vocab, const int *eos, int num_eos, kvf_sample_row_t *row,
+                                kvf_sample_pen_t *pen, int *num_pen);
+
+/* Whether @a s changes any logit before the temperature (kvf_sampler.h's steps 1-2). */
+static bool kvf_sampler_edits(const kvf_sampling_t *s, int prompt_len, int num_tokens)
+{
+    bool penalties = ((s->repetition_penalty != 0.0f) && (s->repetition_penalty != 1.0f)) ||
+                     (s->frequency_penalty != 0.0f) || (s->presence_penalty != 0.0f);
+
+    return penalties || ((num_tokens - prompt_len) < s->min_tokens) ||
+           (s->num_logit_bias > 0) || (s->num_allowed > 0) || (s->num_bad_words > 0);
+}
+
 kvf_status_t kvf_sampler_sample(const kvf_sampling_t *s, uint64_t *rng, const int32_t *tokens,
                                 int prompt_len, int num_tokens, const float *logits, int vocab,
                                 const int *eos, int num_eos, kvf_sample_out_t *out)
 {
     kvf_sampler_ws_t *ws = &kvf_ws;
-    bool penalties = ((s->repetition_penalty != 0.0f) && (s->repetition_penalty != 1.0f)) ||
-                     (s->frequency_penalty != 0.0f) || (s->presence_penalty != 0.0f);
-    bool mask = (num_tokens - prompt_len) < s->min_tokens;
-    float rep = (s->repetition_penalty != 0.0f) ? s->repetition_penalty : 1.0f;
     const float *l = logits;
     int32_t best = 0;
     int kept = 0;
@@ -261,36 +336,30 @@ kvf_status_t kvf_sampler_sample(const kvf_sampling_t *s, uint64_t *rng, const in
     if (kvf_sampler_ws_grow(vocab) != KVF_OK) {
         return KVF_ERR_NO_MEMORY;
     }
-    if (penalties || mask) {
-        float *pl = ws->logits;
+    if (kvf_sampler_edits(s, prompt_len, num_tokens)) {
+        /* the device row's entries (one definition of what each token gets), applied as
+         * kernels/kvf_sample.c's twin applies them */
+        kvf_sample_row_t row;
+        int n = 0, need = kvf_sampler_device_pen_max(s, num_tokens, num_eos);
 
-        memcpy(pl, logits, (size_t)vocab * sizeof(float));
-        if (penalties) {
-            for (int i = 0; i < num_tokens; ++i) {
-                ws->seen[tokens[i]] = 1;
-                ws->count[tokens[i]] += (i >= prompt_len);
-            }
-            for (int i = 0; i < num_tokens; ++i) {
-                int32_t t = tokens[i];
-                if (ws->seen[t]) {   /* once per distinct token */
-                    pl[t] = kvf_sample_penalize_hd(logits[t], 1, ws->count[t], rep,
-                                                   s->frequency_penalty, s->presence_penalty);
-                    ws->seen[t] = 0;
-                    ws->count[t] = 0;
-                }
+        if ((need > ws->cap_pen) &&
+            (KVF_ARRAY_GROW(ws->pen, ws->cap_pen, need, 256) != KVF_OK)) {
+            return KVF_ERR_NO_MEMORY;
+        }
+        kvf_sampler_entries(ws, s, tokens, prompt_len, num_tokens, vocab, eos, num_eos, &row,
+                            ws->pen, &n);
+        for (int i = 0; i < vocab; ++i) {
+            ws->logits[i] = row.allow_only ? -INFINITY : logits[i];
+        }
+        for (int e = 0; e < n; ++e) {
+            const kvf_sample_pen_t *x = &ws->pen[e];
+            if (!row.allow_only || (x->flags & KVF_SAMPLE_PEN_ALLOW)) {
+                ws->logits[x->id] = kvf_sample_pen_apply_hd(logits[x->id], x->count, x->flags,
+                                                            x->bias, row.rep, row.freq,
+                                                            row.pres);
             }
         }
-        if (mask) {
-            for (int i = 0; !s->ignore_eos && (i < num_eos); ++i) {
-                if ((eos[i] >= 0) && (eos[i] < vocab)) {
-                    pl[eos[i]] = -INFINITY;
-                }
-            }
-            for (int i = 0; i < s->num_stop_token_ids; ++i) {
-                pl[s->stop_token_ids[i]] = -INFINITY;
-            }
-        }
-        l = pl;
+        l = ws->logits;
     }
     for (int i = 1; i < vocab; ++i) {
         if (l[i] > l[best]) {
@@ -381,38 +450,77 @@ done:
     return KVF_OK;
 }
 
-int kvf_sampler_device_pen_max(const kvf_sampling_t *s, int num_tokens, int num_eos)
+void kvf_sampler_score(const float *logits, int vocab, int32_t token, int n,
+                       kvf_sample_out_t *out, int32_t *rank_p)
 {
-    return num_tokens + num_eos + s->num_stop_token_ids;
+    kvf_sampling_t s;
+    int32_t rank = 1;
+
+    memset(&s, 0, sizeof(s));
+    s.logprobs = n;
+    out->token = token;
+    kvf_sampler_logprobs(&s, logits, vocab, out);
+    for (int i = 0; i < vocab; ++i) {
+        rank += (logits[i] > logits[token]);
+    }
+    *rank_p = rank;
 }
 
-/* One masked id: a new entry, or the mask flag on the id's entry (ws->seen[id] == 2 marks an
+int kvf_sampler_device_pen_max(const kvf_sampling_t *s, int num_tokens, int num_eos)
+{
+    return num_tokens + num_eos + s->num_stop_token_ids + s->num_logit_bias + s->num_allowed +
+           s->num_bad_words;
+}
+
+/* Token @a id's entry: a new one (no flags) or the one it has (ws->seen[id] == 2 marks an
  * id with an entry, ws->rank[id] its index). */
-static void kvf_pen_mask(kvf_sampler_ws_t *ws, int32_t id, kvf_sample_pen_t *pen, int *n)
+static kvf_sample_pen_t *kvf_pen_at(kvf_sampler_ws_t *ws, int32_t id, kvf_sample_pen_t *pen,
+                                    int *n)
 {
     if (ws->seen[id] == 2) {
-        pen[ws->rank[id]].flags |= KVF_SAMPLE_PEN_MASK;
-        return;
+        return &pen[ws->rank[id]];
     }
     ws->seen[id] = 2;
     ws->rank[id] = *n;
-    pen[(*n)++] = (kvf_sample_pen_t){.id = id, .count = 0, .flags = KVF_SAMPLE_PEN_MASK};
+    pen[*n] = (kvf_sample_pen_t){.id = id, .count = 0, .flags = 0, .bias = 0.0f};
+    return &pen[(*n)++];
 }
 
-kvf_status_t kvf_sampler_device_row(const kvf_sampling_t *s, uint64_t *rng,
-                                    const int32_t *tokens, int prompt_len, int num_tokens,
-                                    int vocab, const int *eos, int num_eos,
-                                    kvf_sample_row_t *row, kvf_sample_pen_t *pen, int *num_pen)
+/* Bad word @a w's last token when the outputs end with the rest of it (vLLM's bad_words:
+ * only the token that would complete the sequence is masked), else -1. */
+static int32_t kvf_bad_word_next(const kvf_sampling_t *s, int w, const int32_t *tokens,
+                                 int prompt_len, int num_tokens)
 {
-    kvf_sampler_ws_t *ws = &kvf_ws;
+    int start = (w > 0) ? s->bad_ends[w - 1] : 0, len = s->bad_ends[w] - start;
+    int outputs = num_tokens - prompt_len;
+
+    if (len - 1 > outputs) {
+        return -1;
+    }
+    for (int i = 0; i < len - 1; ++i) {
+        if (tokens[num_tokens - (len - 1) + i] != s->bad_tokens[start + i]) {
+            return -1;
+        }
+    }
+    return s->bad_tokens[start + len - 1];
+}
+
+/*
+ * The row's parameters but the draw, and its entries appended at pen[*num_pen]: the
+ * history's tokens while penalties are on, EOS and stop ids masked while below min_tokens,
+ * logit_bias, allowed_token_ids, and the bad words the outputs are one token from
+ * completing. Distinct ids; ws->seen is all-zero before and after.
+ */
+static void kvf_sampler_entries(kvf_sampler_ws_t *ws, const kvf_sampling_t *s,
+                                const int32_t *tokens, int prompt_len, int num_tokens,
+                                int vocab, const int *eos, int num_eos, kvf_sample_row_t *row,
+                                kvf_sample_pen_t *pen, int *num_pen)
+{
     bool penalties = ((s->repetition_penalty != 0.0f) && (s->repetition_penalty != 1.0f)) ||
                      (s->frequency_penalty != 0.0f) || (s->presence_penalty != 0.0f);
     bool mask = (num_tokens - prompt_len) < s->min_tokens;
     int start = *num_pen, n = *num_pen;
 
-    if (kvf_sampler_ws_grow(vocab) != KVF_OK) {
-        return KVF_ERR_NO_MEMORY;
-    }
     *row = (kvf_sample_row_t){
         .temperature = s->temperature,
         .top_p = s->top_p,
@@ -424,9 +532,9 @@ kvf_status_t kvf_sampler_device_row(const kvf_sampling_t *s, uint64_t *rng,
         .want_logprobs = s->want_logprobs,
         .num_top = s->want_logprobs ? s->logprobs : 0,
         .pen_start = start,
-        .draw = kvf_sampler_greedy(s) ? 0 : kvf_sample_rng_next_hd(rng),
+        .allow_only = (s->num_allowed > 0),
     };
-    if (penalties) {   /* as kvf_sampler_sample(): every history token seen, outputs counted */
+    if (penalties) {   /* every history token seen, outputs counted */
         for (int i = 0; i < num_tokens; ++i) {
             ws->seen[tokens[i]] = 1;
             ws->count[tokens[i]] += (i >= prompt_len);
@@ -437,7 +545,7 @@ kvf_status_t kvf_sampler_device_row(const kvf_sampling_t *s, uint64_t *rng,
                 ws->seen[t] = 2;
                 ws->rank[t] = n;
                 pen[n++] = (kvf_sample_pen_t){.id = t, .count = ws->count[t],
-                                              .flags = KVF_SAMPLE_PEN_SEEN};
+                                              .flags = KVF_SAMPLE_PEN_SEEN, .bias = 0.0f};
                 ws->count[t] = 0;
             }
         }
@@ -445,11 +553,25 @@ kvf_status_t kvf_sampler_device_row(const kvf_sampling_t *s, uint64_t *rng,
     if (mask) {
         for (int i = 0; !s->ignore_eos && (i < num_eos); ++i) {
             if ((eos[i] >= 0) && (eos[i] < vocab)) {
-                kvf_pen_mask(ws, eos[i], pen, &n);
+                kvf_pen_at(ws, eos[i], pen, &n)->flags |= KVF_SAMPLE_PEN_MASK;
             }
         }
         for (int i = 0; i < s->num_stop_token_ids; ++i) {
-            kvf_pen_mask(ws, s->stop_token_ids[i], pen, &n);
+            kvf_pen_at(ws, s->stop_token_ids[i], pen, &n)->flags |= KVF_SAMPLE_PEN_MASK;
+        }
+    }
+    for (int i = 0; i < s->num_logit_bias; ++i) {
+        kvf_sample_pen_t *x = kvf_pen_at(ws, s->bias_ids[i], pen, &n);
+        x->flags |= KVF_SAMPLE_PEN_BIAS;
+        x->bias = s->bias_values[i];
+    }
+    for (int i = 0; i < s->num_allowed; ++i) {
+        kvf_pen_at(ws, s->allowed_ids[i], pen, &n)->flags |= KVF_SAMPLE_PEN_ALLOW;
+    }
+    for (int w = 0; w < s->num_bad_words; ++w) {
+        int32_t id = kvf_bad_word_next(s, w, tokens, prompt_len, num_tokens);
+        if (id >= 0) {
+            kvf_pen_at(ws, id, pen, &n)->flags |= KVF_SAMPLE_PEN_MASK;
         }
     }
     for (int e = start; e < n; ++e) {
@@ -457,6 +579,19 @@ kvf_status_t kvf_sampler_device_row(const kvf_sampling_t *s, uint64_t *rng,
     }
     row->pen_count = n - start;
     *num_pen = n;
+}
+
+kvf_status_t kvf_sampler_device_row(const kvf_sampling_t *s, uint64_t *rng,
+                                    const int32_t *tokens, int prompt_len, int num_tokens,
+                                    int vocab, const int *eos, int num_eos,
+                                    kvf_sample_row_t *row, kvf_sample_pen_t *pen, int *num_pen)
+{
+    if (kvf_sampler_ws_grow(vocab) != KVF_OK) {
+        return KVF_ERR_NO_MEMORY;
+    }
+    kvf_sampler_entries(&kvf_ws, s, tokens, prompt_len, num_tokens, vocab, eos, num_eos, row,
+                        pen, num_pen);
+    row->draw = kvf_sampler_greedy(s) ? 0 : kvf_sample_rng_next_hd(rng);
     return KVF_OK;
 }
 

@@ -1,7 +1,7 @@
 /*
- * Token sampling of one request with vLLM's sampling parameters: penalties,
- * temperature, min-p, top-k, top-p (nucleus), min_tokens, stop token ids and
- * logprobs. The per-token arithmetic and the one summation order are
+ * Token sampling of one request with vLLM's sampling parameters: logit_bias,
+ * allowed_token_ids, bad_words, penalties, temperature, min-p, top-k, top-p (nucleus),
+ * min_tokens, stop token ids and logprobs. The per-token arithmetic and the one summation order are
  * kernels/kvf_sample_math.h, shared with the device sampler (kernels/kvf_sample.h),
  * which gives the same tokens and logprobs bit for bit from the same logits and draw
  * (tests/common/engine/test_sample_twin.c); this file runs it on the CPU (the engine
@@ -9,9 +9,12 @@
  * kvf_sampler_device_row() / kvf_sampler_device_out()).
  *
  * Order, as vLLM's sampler (source: vLLM sampling parameters documentation):
+ *   0. allowed_token_ids: every other token gets -inf; bad_words: a sequence's last
+ *      token gets -inf when the outputs end with the rest of it (a one-token word:
+ *      always); logit_bias is added to the listed tokens' logits
  *   1. min_tokens: while fewer outputs than min_tokens, EOS (unless ignore_eos)
  *      and stop_token_ids get -inf
- *   2. penalties on the logits: repetition over prompt and output tokens,
+ *   2. penalties on the (biased) logits: repetition over prompt and output tokens,
  *      frequency and presence over output tokens
  *   3. greedy (temperature < 1e-5): argmax, lowest id on ties
  *   4. weights exp((l - max) / T) (kvf_sample_exp_hd: + - * only; NaN: no mass);
@@ -28,8 +31,10 @@
  * Every sum over the vocabulary is in kvf_sample_math.h's order (strided
  * lanes, then a fixed tree), never a serial running sum, so a GPU block
  * computes the same bits.
- * Logprobs are of the raw logits (before penalties and temperature), as vLLM
- * reports them by default.
+ * Logprobs are of the raw logits (before bias, masks, penalties and temperature), as
+ * vLLM reports them by default.
+ * Steps 0-2 are one list of per-token entries (kvf_sampler_device_row()'s), which the
+ * CPU path applies the way the device sampler does, so both edit the same logits.
  *
  * Design: one draw per token whatever the parameters (rng_skip stays one draw).
  * Rejected: vLLM's exponential-race draw; its numbers cannot be matched anyway
@@ -85,6 +90,14 @@ kvf_status_t kvf_sampler_sample(const kvf_sampling_t *s, uint64_t *rng, const in
                                 int prompt_len, int num_tokens, const float *logits, int vocab,
                                 const int *eos, int num_eos, kvf_sample_out_t *out);
 
+/**
+ * The logprob of @a token and the top @a n (<= KVF_SAMPLING_MAX_LOGPROBS) of raw @a logits
+ * [vocab], as kvf_sampler_sample() reports a sampled token's; *rank_p: 1 + the tokens of a
+ * larger logit (vLLM's rank). For prompt logprobs.
+ */
+void kvf_sampler_score(const float *logits, int vocab, int32_t token, int n,
+                       kvf_sample_out_t *out, int32_t *rank_p);
+
 /** Advance @a rng past the one draw kvf_sampler_sample() makes for @a s (none when greedy). */
 void kvf_sampler_skip(const kvf_sampling_t *s, uint64_t *rng);
 
@@ -96,7 +109,7 @@ int kvf_sampler_device_pen_max(const kvf_sampling_t *s, int num_tokens, int num_
  * arguments (kernels/kvf_sample.h): its parameters, its one draw from @a rng (advanced
  * unless greedy, as kvf_sampler_sample() advances it), and its penalty and mask entries
  * (distinct ids: the history's tokens while penalties are on, EOS and stop ids while below
- * min_tokens) appended at pen[*num_pen], row->pen_start = *num_pen on entry.
+ * min_tokens, logit_bias and allowed_token_ids, the bad word ends due now) appended at pen[*num_pen], row->pen_start = *num_pen on entry.
  *
  * @param [in,out] num_pen  entries used in @a pen; room for
  *                          kvf_sampler_device_pen_max() more is the caller's.

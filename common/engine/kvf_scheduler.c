@@ -186,6 +186,9 @@ static kvf_status_t kvf_sched_prefill(const kvf_scheduler_params_t *params, kvf_
         if (chunk <= 0) {
             continue;
         }
+        if (r->sampling.want_prompt_logprobs && (r->num_computed < r->prompt_len)) {
+            chunk = 1;   /* each prompt position's logits: the last of its own chunk */
+        }
         status = kvf_block_manager_allocate(bm, &r->blocks, r->num_computed + chunk);
         if (status == KVF_ERR_NO_RESOURCE) {
             status = KVF_OK;

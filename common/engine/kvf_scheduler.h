@@ -45,6 +45,10 @@ typedef enum {
 
 #define KVF_SAMPLING_MAX_STOP_IDS 64   /* stop_token_ids per request */
 #define KVF_SAMPLING_MAX_LOGPROBS 20   /* top logprobs per sampled token */
+#define KVF_SAMPLING_MAX_BIAS     300  /* logit_bias entries per request */
+#define KVF_SAMPLING_MAX_ALLOWED  1024 /* allowed_token_ids per request */
+#define KVF_SAMPLING_MAX_BAD_WORDS 64  /* bad_words token sequences per request */
+#define KVF_SAMPLING_MAX_BAD_TOKENS 512 /* their tokens, all sequences together */
 
 /**
  * Sampling of one request. temperature <= 0 is greedy (lowest id on ties).
@@ -68,7 +72,32 @@ typedef struct kvf_sampling {
     int      logprobs;            /* with want_logprobs: top logprobs per token,
                                    * [0, KVF_SAMPLING_MAX_LOGPROBS] */
     bool     want_logprobs;       /* report each sampled token's logprob */
+    /* vLLM's logit_bias, allowed_token_ids and bad_words (kvf_sampler.h: the order) */
+    int      num_logit_bias;      /* [0, KVF_SAMPLING_MAX_BIAS], distinct ids */
+    int32_t  bias_ids[KVF_SAMPLING_MAX_BIAS];
+    float    bias_values[KVF_SAMPLING_MAX_BIAS];     /* added to the logit, [-100, 100] */
+    int      num_allowed;         /* > 0: only these ids may be sampled */
+    int32_t  allowed_ids[KVF_SAMPLING_MAX_ALLOWED];
+    int      num_bad_words;       /* sequences; word w is bad_tokens[bad_ends[w - 1],
+                                   * bad_ends[w]) (bad_ends[-1] read as 0), >= 1 token */
+    int      bad_ends[KVF_SAMPLING_MAX_BAD_WORDS];
+    int32_t  bad_tokens[KVF_SAMPLING_MAX_BAD_TOKENS];
+    /* vLLM's prompt_logprobs: each prompt token's logprob given those before it, with the
+     * top prompt_logprobs; the prompt is then computed one token per step, so each
+     * position's logits come back exactly as a whole-prompt forward computes them */
+    bool     want_prompt_logprobs;
+    int      prompt_logprobs;     /* [0, KVF_SAMPLING_MAX_LOGPROBS] */
 } kvf_sampling_t;
+
+/** A request's prompt logprobs (want_prompt_logprobs): entry i is of prompt token i + 1. */
+typedef struct kvf_prompt_logprobs {
+    int      n;             /* entries filled, <= prompt_len - 1 */
+    int      per;           /* top entries per position (sampling.prompt_logprobs) */
+    float   *logprob;       /* [prompt_len - 1], of the raw logits */
+    int32_t *rank;          /* the token's rank: 1 + the tokens of a larger logit */
+    int32_t *top_ids;       /* [prompt_len - 1][per], most likely first, lowest id on ties */
+    float   *top_logprobs;
+} kvf_prompt_logprobs_t;
 
 typedef struct kvf_request {
     uint64_t            id;
@@ -103,6 +132,7 @@ typedef struct kvf_request {
     int                 prefix_hit;    /* tokens the last lookup served from the cache */
     bool                prefix_counted;/* its query is in the totals */
     bool                prefix_off;    /* imported: neither looked up nor indexed */
+    kvf_prompt_logprobs_t plp;         /* sampling.want_prompt_logprobs: filled in prefill */
 } kvf_request_t;
 
 typedef struct kvf_scheduler_params {

@@ -7,6 +7,8 @@
 #include "kvf_proxy_tokcfg.h"
 #include "kvf_proxy_flow.h"
 #include "kvf_proxy_http.h"
+#include "kvf_proxy_tools.h"
+#include "kvf_proxy_reasoning.h"
 #include "kvf_log.h"
 #include "kvf_model_config.h"
 #include "kvf_tokenizer.h"
@@ -104,6 +106,19 @@ const kvf_config_field_t kvf_proxy_config_table[] = {
     {"SERVED_MODEL_NAME", "", "comma list of model ids served (vLLM's --served-model-name): "
      "requests may name any; /v1/models lists each; the first is the one answers carry; "
      "empty: --model-name", KVF_PF(served_model_name), KVF_CONFIG_TYPE_STRING, 0},
+    {"SCHEDULING_POLICY", "fcfs", "order of the requests waiting in the proxy's queue: fcfs "
+     "(arrival; a request's non-zero \"priority\" is refused, as vLLM's) or priority (lower "
+     "\"priority\" first, then arrival: vLLM's --scheduling-policy priority)",
+     KVF_PF(scheduling_policy), KVF_CONFIG_TYPE_STRING, 0},
+    {"ENABLE_AUTO_TOOL_CHOICE", "no", "parse tool calls out of chat outputs when a request "
+     "has tools and tool_choice \"auto\" (vLLM's flag; needs --tool-call-parser)",
+     KVF_PF(enable_auto_tool_choice), KVF_CONFIG_TYPE_BOOL, 0},
+    {"TOOL_CALL_PARSER", "", "the model's tool-call format: hermes (<tool_call> JSON: Qwen, "
+     "Hermes), llama3_json (Llama 3.x JSON), mistral ([TOOL_CALLS])",
+     KVF_PF(tool_call_parser), KVF_CONFIG_TYPE_STRING, 0},
+    {"REASONING_PARSER", "", "return a chat output's <think> ... </think> text apart, as "
+     "reasoning_content: deepseek_r1 (reasoning up to </think>) or qwen3 (between <think> "
+     "and </think>)", KVF_PF(reasoning_parser), KVF_CONFIG_TYPE_STRING, 0},
     {NULL, NULL, NULL, 0, 0, 0},
 };
 
@@ -219,6 +234,9 @@ static kvf_status_t kvf_proxy_api_key(const kvf_proxy_config_t *cfg, char *key, 
 
 static kvf_status_t kvf_proxy_check(const kvf_proxy_config_t *cfg)
 {
+    kvf_proxy_tool_parser_t parser;
+    kvf_proxy_reasoning_t reasoning;
+
     if ((cfg->port < 0) || (cfg->port > 65535)) {
         kvf_error("bad value %d for --port: must be in [0, 65535]", cfg->port);
         return KVF_ERR_INVALID_PARAM;
@@ -238,6 +256,27 @@ static kvf_status_t kvf_proxy_check(const kvf_proxy_config_t *cfg)
     }
     if (cfg->model_name[0] == '\0') {
         kvf_error("--model-name must not be empty");
+        return KVF_ERR_INVALID_PARAM;
+    }
+    if ((strcmp(cfg->scheduling_policy, "fcfs") != 0) &&
+        (strcmp(cfg->scheduling_policy, "priority") != 0)) {
+        kvf_error("--scheduling-policy '%s' must be fcfs or priority", cfg->scheduling_policy);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    if ((cfg->tool_call_parser[0] != '\0') &&
+        !kvf_proxy_tool_parser_from_name(cfg->tool_call_parser, &parser)) {
+        kvf_error("--tool-call-parser '%s' is not one of hermes, llama3_json, mistral",
+                  cfg->tool_call_parser);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    if ((cfg->reasoning_parser[0] != '\0') &&
+        !kvf_proxy_reasoning_from_name(cfg->reasoning_parser, &reasoning)) {
+        kvf_error("--reasoning-parser '%s' is not one of deepseek_r1, qwen3",
+                  cfg->reasoning_parser);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    if (cfg->enable_auto_tool_choice && (cfg->tool_call_parser[0] == '\0')) {
+        kvf_error("--enable-auto-tool-choice needs --tool-call-parser");
         return KVF_ERR_INVALID_PARAM;
     }
     return KVF_OK;
@@ -470,6 +509,18 @@ kvf_status_t kvf_proxy_create(const kvf_proxy_config_t *cfg, kvf_proxy_h *proxy_
     proxy->api.max_prompt_tokens = cfg->max_prompt_tokens;
     proxy->api.max_tokens_limit = (uint32_t)cfg->max_tokens_limit;
     proxy->api.default_max_tokens = (uint32_t)cfg->default_max_tokens;
+    proxy->api.priority_scheduling = (strcmp(cfg->scheduling_policy, "priority") == 0);
+    {
+        kvf_proxy_tool_parser_t parser = KVF_TOOL_PARSER_NONE;
+        (void)kvf_proxy_tool_parser_from_name(cfg->tool_call_parser, &parser);
+        proxy->api.tool_parser = (int)parser;
+        proxy->api.auto_tool_choice = cfg->enable_auto_tool_choice;
+    }
+    {
+        kvf_proxy_reasoning_t reasoning = KVF_REASONING_NONE;
+        (void)kvf_proxy_reasoning_from_name(cfg->reasoning_parser, &reasoning);
+        proxy->api.reasoning_parser = (int)reasoning;
+    }
 
     status = kvf_proxy_api_key(cfg, proxy->api_key, sizeof(proxy->api_key));
     if (status != KVF_OK) {

@@ -2,7 +2,9 @@
  * kvf-proxy's admission queue (see kvf_proxy_admit.h): a doubly linked list
  * of the flows' own entries under one mutex, with the queued token count.
  * Design: head-only tries, each admission waking the next, so the order is
- * first come first served and an idle queue costs nothing. Rejected: every
+ * first come first served (within a priority) and an idle queue costs nothing.
+ * An entry is inserted by a walk back from the tail past the higher priorities:
+ * O(1) when every request has the same priority (the default). Rejected: every
  * waiting request polling the pool (hundreds of wake-ups per freed slot and
  * no order).
  */
@@ -41,29 +43,57 @@ void kvf_proxy_admit_destroy(kvf_proxy_admit_h q)
     }
 }
 
-bool kvf_proxy_admit_enqueue(kvf_proxy_admit_h q, kvf_proxy_admit_entry_t *e, uint64_t tokens,
-                             kvf_proxy_call_notify_t notify, void *arg)
+/* Wake the head (q->lock held). */
+static void kvf_proxy_admit_wake_locked(kvf_proxy_admit_h q)
 {
+    if ((q->head != NULL) && (q->head->notify != NULL)) {
+        q->head->notify(q->head->notify_arg);
+    }
+}
+
+/* Link @a e after @a prev (NULL: at the head); q->lock held. */
+static void kvf_proxy_admit_link(kvf_proxy_admit_h q, kvf_proxy_admit_entry_t *prev,
+                                 kvf_proxy_admit_entry_t *e)
+{
+    e->prev = prev;
+    e->next = (prev != NULL) ? prev->next : q->head;
+    if (e->next != NULL) {
+        e->next->prev = e;
+    } else {
+        q->tail = e;
+    }
+    if (prev != NULL) {
+        prev->next = e;
+    } else {
+        q->head = e;
+    }
+}
+
+bool kvf_proxy_admit_enqueue(kvf_proxy_admit_h q, kvf_proxy_admit_entry_t *e, uint64_t tokens,
+                             int64_t priority, kvf_proxy_call_notify_t notify, void *arg)
+{
+    kvf_proxy_admit_entry_t *prev;
     bool ok;
 
     pthread_mutex_lock(&q->lock);
     ok = (q->tokens + tokens) * KVF_PROXY_ADMIT_BYTES_PER_TOKEN <= q->max_bytes;
     if (ok) {
-        e->prev = q->tail;
-        e->next = NULL;
         e->notify = notify;
         e->notify_arg = arg;
         e->tokens = tokens;
+        e->priority = priority;
         e->queued = true;
-        if (q->tail != NULL) {
-            q->tail->next = e;
-        } else {
-            q->head = e;
+        prev = q->tail;   /* a burst of one priority appends: the walk stops at once */
+        while ((prev != NULL) && (prev->priority > priority)) {
+            prev = prev->prev;
         }
-        q->tail = e;
+        kvf_proxy_admit_link(q, prev, e);
         q->tokens += tokens;
         q->count++;
         q->total++;
+        if ((prev == NULL) && (e->next != NULL)) {
+            kvf_proxy_admit_wake_locked(q);   /* the new head tries; the old one waits */
+        }
     }
     pthread_mutex_unlock(&q->lock);
     return ok;
@@ -77,14 +107,6 @@ bool kvf_proxy_admit_is_head(kvf_proxy_admit_h q, const kvf_proxy_admit_entry_t 
     head = (q->head == e);
     pthread_mutex_unlock(&q->lock);
     return head;
-}
-
-/* Wake the head (q->lock held). */
-static void kvf_proxy_admit_wake_locked(kvf_proxy_admit_h q)
-{
-    if ((q->head != NULL) && (q->head->notify != NULL)) {
-        q->head->notify(q->head->notify_arg);
-    }
 }
 
 void kvf_proxy_admit_remove(kvf_proxy_admit_h q, kvf_proxy_admit_entry_t *e)

@@ -1,7 +1,9 @@
 /*
  * kvf-proxy's admission queue: requests that found every prefill (or
  * decode) instance at its --max-outstanding bound wait here, first come
- * first served, instead of getting a 503, while their predicted wait is
+ * first served within a priority (lower first: vLLM's priority scheduling,
+ * the request's "priority" with --scheduling-policy priority; 0 otherwise),
+ * instead of getting a 503, while their predicted wait is
  * inside their deadline (kvf_proxy_route.h); vLLM queues what it cannot run
  * yet, and a burst behind an ingress should not see refusals the pool could
  * have served in time.
@@ -36,6 +38,7 @@ typedef struct kvf_proxy_admit_entry {
     kvf_proxy_call_notify_t       notify;
     void                         *notify_arg;
     uint64_t                      tokens;
+    int64_t                       priority;      /* lower is served first */
     bool                          queued;
     int64_t                       since_us;      /* kvf_proxy_now_us() when it queued */
 } kvf_proxy_admit_entry_t;
@@ -53,11 +56,14 @@ kvf_status_t kvf_proxy_admit_create(uint64_t max_bytes, kvf_proxy_admit_h *queue
 void kvf_proxy_admit_destroy(kvf_proxy_admit_h queue);
 
 /**
- * Append @a e for a prompt of @a tokens; @a notify(@a arg) wakes it.
+ * Queue @a e for a prompt of @a tokens behind every entry of a priority <= @a priority
+ * (ahead of the higher ones); @a notify(@a arg) wakes it. An entry put at the head wakes
+ * at once (the one it passed goes back to waiting).
  * @return false (nothing queued) when the bytes bound would be passed.
  */
 bool kvf_proxy_admit_enqueue(kvf_proxy_admit_h queue, kvf_proxy_admit_entry_t *e,
-                             uint64_t tokens, kvf_proxy_call_notify_t notify, void *arg);
+                             uint64_t tokens, int64_t priority, kvf_proxy_call_notify_t notify,
+                             void *arg);
 
 /** True when @a e is first in the queue. */
 bool kvf_proxy_admit_is_head(kvf_proxy_admit_h queue, const kvf_proxy_admit_entry_t *e);

@@ -1,6 +1,7 @@
 /* Chat messages: checked, then rendered with the checkpoint's template (kvf_proxy_chat.h). */
 #include "kvf_proxy_chat.h"
 #include "kvf_proxy_jinja.h"
+#include "kvf_proxy_tools.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -107,9 +108,11 @@ static kvf_status_t kvf_chat_messages(const cJSON *messages, cJSON *list, const 
         }
         cJSON_ArrayForEach(k, m) {
             if ((strcmp(k->string, "role") != 0) && (strcmp(k->string, "content") != 0) &&
-                (strcmp(k->string, "name") != 0)) {
+                (strcmp(k->string, "name") != 0) && (strcmp(k->string, "tool_calls") != 0) &&
+                (strcmp(k->string, "tool_call_id") != 0)) {
                 return kvf_chat_bad(param_p, err, cap, "'messages'[%d].%.32s is not supported"
-                                    " (role, content and name are)", i, k->string);
+                                    " (role, content, name, tool_calls and tool_call_id are)",
+                                    i, k->string);
             }
         }
         out = cJSON_CreateObject();
@@ -127,6 +130,12 @@ static kvf_status_t kvf_chat_messages(const cJSON *messages, cJSON *list, const 
             cJSON_AddStringToObject(out, "name", k->valuestring);
         }
         st = kvf_chat_content(m, i, out, param_p, err, cap);
+        if (st == KVF_OK) {
+            st = kvf_proxy_tools_message(m, role->valuestring, i, out, err, cap);
+            if ((st != KVF_OK) && (param_p != NULL)) {
+                *param_p = "messages";
+            }
+        }
         if (st != KVF_OK) {
             return st;
         }
@@ -135,11 +144,29 @@ static kvf_status_t kvf_chat_messages(const cJSON *messages, cJSON *list, const 
     return KVF_OK;
 }
 
+/* continue_final_message: the rendering cut after the last message's content. */
+static kvf_status_t kvf_chat_continue(const cJSON *list, char *text, const char **param_p,
+                                      char *err, size_t cap)
+{
+    const cJSON *last = cJSON_GetArrayItem(list, cJSON_GetArraySize(list) - 1);
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(last, "content");
+
+    if (!kvf_proxy_chat_continue_cut(text, cJSON_IsString(c) ? c->valuestring : "")) {
+        (void)kvf_chat_bad(param_p, err, cap, "continue_final_message: the last message's "
+                           "content does not appear in the template's rendering");
+        if (param_p != NULL) {
+            *param_p = "continue_final_message";
+        }
+        return KVF_ERR_INVALID_PARAM;
+    }
+    return KVF_OK;
+}
+
 kvf_status_t kvf_proxy_chat_render(const kvf_proxy_openai_ctx_t *ctx, const cJSON *messages,
-                                   bool add_generation_prompt, char **text_p,
+                                   const kvf_proxy_chat_args_t *args, char **text_p,
                                    const char **param_p, char *err, size_t cap)
 {
-    cJSON *vars, *list;
+    cJSON *vars, *list, *it;
     kvf_status_t st;
     char jerr[256];
 
@@ -156,13 +183,29 @@ kvf_status_t kvf_proxy_chat_render(const kvf_proxy_openai_ctx_t *ctx, const cJSO
     }
     st = kvf_chat_messages(messages, list, param_p, err, cap);
     if (st == KVF_OK) {
-        cJSON_AddBoolToObject(vars, "add_generation_prompt", add_generation_prompt);
+        cJSON_AddBoolToObject(vars, "add_generation_prompt", args->add_generation_prompt);
         cJSON_AddStringToObject(vars, "bos_token", (ctx->bos_token != NULL) ? ctx->bos_token : "");
         cJSON_AddStringToObject(vars, "eos_token", (ctx->eos_token != NULL) ? ctx->eos_token : "");
+        cJSON_ArrayForEach(it, args->vars) {   /* last: chat_template_kwargs override */
+            cJSON *copy = cJSON_Duplicate(it, true);
+            if (copy == NULL) {
+                cJSON_Delete(vars);
+                return KVF_ERR_NO_MEMORY;
+            }
+            cJSON_DeleteItemFromObjectCaseSensitive(vars, it->string);
+            cJSON_AddItemToObject(vars, it->string, copy);
+        }
         st = kvf_proxy_jinja_render(ctx->chat_template, vars, text_p, jerr, sizeof(jerr));
         if (st != KVF_OK) {
             (void)kvf_chat_bad(param_p, err, cap, "the chat template failed on these messages: "
                                "%s", jerr);
+        }
+    }
+    if ((st == KVF_OK) && args->continue_final_message) {
+        st = kvf_chat_continue(list, *text_p, param_p, err, cap);
+        if (st != KVF_OK) {
+            free(*text_p);
+            *text_p = NULL;
         }
     }
     cJSON_Delete(vars);

@@ -1,21 +1,25 @@
 /* One choice's flow and text: decoding, stop strings, hold-back (kvf_proxy_choice.h). */
 #include "kvf_proxy_choice.h"
 #include "kvf_array.h"
+#include "kvf_proxy_tools.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 kvf_status_t kvf_proxy_choice_init(kvf_proxy_choice_t *ch, const kvf_proxy_openai_ctx_t *ctx,
                                    const kvf_proxy_completion_req_t *req, int index)
 {
-    int j;
+    int per = kvf_proxy_req_per_prompt(req), j;
 
     memset(ch, 0, sizeof(*ch));
     ch->index = index;
-    ch->prompt_idx = index / req->n;
-    j = index % req->n;
+    ch->prompt_idx = index / per;
+    j = index % per;
     ch->stop_token = -1;
     ch->sub = *req;
+    ch->show_logprobs = req->want_logprobs;
+    ch->sub.want_logprobs = req->want_logprobs || (per > req->n);   /* best_of ranks by them */
     ch->sub.prompt_ids = req->prompts[ch->prompt_idx];
     ch->sub.num_prompt = req->prompt_lens[ch->prompt_idx];
     if (req->has_seed) {
@@ -122,7 +126,10 @@ kvf_status_t kvf_proxy_choice_update(kvf_proxy_choice_t *ch, const kvf_proxy_ope
         if (st != KVF_OK) {
             return st;
         }
-        ch->decoded++;
+        if (KVF_ARRAY_GROW(ch->tok_end, ch->cap_tok_end, ch->decoded + 1, 64) != KVF_OK) {
+            return KVF_ERR_NO_MEMORY;
+        }
+        ch->tok_end[ch->decoded++] = ch->len;
         if (kvf_proxy_choice_stop_id(ch, id)) {
             ch->stop_token = id;
         }
@@ -155,6 +162,20 @@ kvf_status_t kvf_proxy_choice_update(kvf_proxy_choice_t *ch, const kvf_proxy_ope
         }
         ch->end = ch->len;
     }
+    if ((ch->sub.tool_parser != 0) && !ch->tools_parsed && kvf_proxy_choice_over(ch)) {
+        kvf_proxy_reasoning_span_t sp;
+        size_t content_end = 0;
+        kvf_proxy_choice_span(ch, &sp);   /* the tools are read from the content only */
+        ch->tools_parsed = true;   /* calls found: the text before them is the content */
+        if (sp.c_start < ch->end) {
+            st = kvf_proxy_tools_parse_output((kvf_proxy_tool_parser_t)ch->sub.tool_parser,
+                                              ch->sub.parallel_tool_calls,
+                                              ch->text + sp.c_start, ch->end - sp.c_start,
+                                              &ch->tool_calls, &content_end);
+            ch->end = (ch->tool_calls != NULL) ? sp.c_start + content_end : ch->end;
+        }
+        return st;
+    }
     return KVF_OK;
 }
 
@@ -180,15 +201,50 @@ size_t kvf_proxy_choice_ready(const kvf_proxy_choice_t *ch)
             }
         }
     }
-    return ch->len - hold;
+    {   /* nor a possible reasoning marker, nor what may be a tool call in the content */
+        kvf_proxy_reasoning_span_t sp;
+        size_t ready = ch->len - hold;
+        kvf_proxy_choice_span(ch, &sp);
+        ready = (sp.hold < ready) ? sp.hold : ready;
+        if (ready > sp.c_start) {
+            ready = sp.c_start +
+                    kvf_proxy_tools_ready((kvf_proxy_tool_parser_t)ch->sub.tool_parser,
+                                          ch->text + sp.c_start, ready - sp.c_start);
+        }
+        return ready;
+    }
+}
+
+void kvf_proxy_choice_span(const kvf_proxy_choice_t *ch, kvf_proxy_reasoning_span_t *sp)
+{
+    size_t len = kvf_proxy_choice_over(ch) ? ch->end : ch->len;
+
+    if ((ch->text == NULL) || (len == 0)) {
+        *sp = (kvf_proxy_reasoning_span_t){0, 0, 0, 0};
+        return;
+    }
+    kvf_proxy_reasoning_split((kvf_proxy_reasoning_t)ch->sub.reasoning, ch->text, len,
+                              kvf_proxy_choice_over(ch), sp);
 }
 
 const char *kvf_proxy_choice_finish(const kvf_proxy_choice_t *ch)
 {
+    if (ch->tool_calls != NULL) {
+        return "tool_calls";
+    }
     if (ch->stopped) {
         return "stop";
     }
     return (ch->flow.out.finish_reason[0] != '\0') ? ch->flow.out.finish_reason : "length";
+}
+
+bool kvf_proxy_choice_ends_at(const kvf_proxy_choice_t *ch, const kvf_proxy_openai_ctx_t *ctx,
+                              int n)
+{
+    int32_t id = ch->flow.out.tokens[n - 1];
+
+    return ((uint32_t)n >= ch->sub.max_tokens) || kvf_proxy_choice_stop_id(ch, id) ||
+           (!ch->sub.ignore_eos && (id == ctx->tok->eos_token_id));
 }
 
 int kvf_proxy_choice_tokens(const kvf_proxy_choice_t *ch)
@@ -206,4 +262,44 @@ void kvf_proxy_choice_cleanup(kvf_proxy_choice_t *ch)
     ch->text = NULL;
     free(ch->echo);
     ch->echo = NULL;
+    cJSON_Delete(ch->tool_calls);
+    ch->tool_calls = NULL;
+    free(ch->tok_end);
+    ch->tok_end = NULL;
+}
+
+/* A candidate's cumulative logprob over its tokens; -inf without them all. */
+static double kvf_proxy_choice_cum(const kvf_proxy_choice_t *ch)
+{
+    const kvf_proxy_completion_t *o = &ch->flow.out;
+    int n = kvf_proxy_choice_tokens(ch);
+    double sum = 0.0;
+
+    if ((o->token_logprobs == NULL) || (o->num_logprobs < n)) {
+        return -INFINITY;
+    }
+    for (int i = 0; i < n; ++i) {
+        sum += (double)o->token_logprobs[i];
+    }
+    return sum;
+}
+
+void kvf_proxy_choice_best(const kvf_proxy_choice_t *cands, int per, int n, int *pick)
+{
+    double cum[KVF_PROXY_MAX_CHOICES];
+    bool taken[KVF_PROXY_MAX_CHOICES] = {false};
+
+    for (int i = 0; i < per; ++i) {
+        cum[i] = kvf_proxy_choice_cum(&cands[i]);
+    }
+    for (int r = 0; r < n; ++r) {   /* selection: per <= 16 */
+        int best = -1;
+        for (int i = 0; i < per; ++i) {
+            if (!taken[i] && ((best < 0) || (cum[i] > cum[best]))) {
+                best = i;
+            }
+        }
+        taken[best] = true;
+        pick[r] = best;
+    }
 }

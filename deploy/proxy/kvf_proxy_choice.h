@@ -15,9 +15,11 @@
 
 #include "kvf_proxy_flow.h"
 #include "kvf_proxy_openai.h"
+#include "kvf_proxy_reasoning.h"
 
 typedef struct kvf_proxy_choice {
-    int                        index;       /* prompt x n + j */
+    int                        index;       /* prompt x per prompt + j (per prompt: n, or
+                                             * best_of candidates) */
     int                        prompt_idx;
     kvf_proxy_completion_req_t sub;         /* the request's copy: this prompt, this seed */
     kvf_proxy_flow_t           flow;
@@ -26,6 +28,8 @@ typedef struct kvf_proxy_choice {
     char                      *text;        /* everything decoded so far (NUL-terminated) */
     size_t                     len, cap;
     int                        decoded;     /* tokens fed to the decoder */
+    size_t                    *tok_end;     /* [decoded]: the text's length after each */
+    int                        cap_tok_end;
     size_t                     end;         /* text kept once stopped: the cut */
     bool                       stopped;     /* a stop string ended it */
     const char                *stop_reason; /* the stop string (req's), or NULL */
@@ -37,6 +41,10 @@ typedef struct kvf_proxy_choice {
     bool                       first_sent;
     bool                       final_sent;
     char                      *echo;        /* the prompt's text (echo), owned; NULL: none */
+    bool                       show_logprobs; /* the client asked (a best_of candidate's are
+                                               * asked for its ranking only) */
+    bool                       tools_parsed;  /* the output went through its tool parser */
+    struct cJSON              *tool_calls;    /* the calls it held (owned), or NULL */
 } kvf_proxy_choice_t;
 
 /**
@@ -57,6 +65,10 @@ kvf_status_t kvf_proxy_choice_update(kvf_proxy_choice_t *ch, const kvf_proxy_ope
 /** Whether the choice is over: its flow finished (normally or by a stop string). */
 bool kvf_proxy_choice_over(const kvf_proxy_choice_t *ch);
 
+/** Where the choice's reasoning and content are in its text so far (kvf_proxy_reasoning.h;
+ *  final once over). */
+void kvf_proxy_choice_span(const kvf_proxy_choice_t *ch, kvf_proxy_reasoning_span_t *sp);
+
 /** Bytes of the text that may be shown now: all when over, else less what is held back. */
 size_t kvf_proxy_choice_ready(const kvf_proxy_choice_t *ch);
 
@@ -66,7 +78,19 @@ const char *kvf_proxy_choice_finish(const kvf_proxy_choice_t *ch);
 /** Tokens of the choice (the flow's, cut after a stop string's token). */
 int kvf_proxy_choice_tokens(const kvf_proxy_choice_t *ch);
 
+/** Whether token @a n (1-based) of the output is known to be its last (max_tokens, EOS
+ *  unless ignore_eos, a stop token id) before the flow says so. */
+bool kvf_proxy_choice_ends_at(const kvf_proxy_choice_t *ch, const kvf_proxy_openai_ctx_t *ctx,
+                              int n);
+
 /** Finish the flow (if begun) and free the text. */
 void kvf_proxy_choice_cleanup(kvf_proxy_choice_t *ch);
+
+/**
+ * best_of: the @a n of @a per candidates @a cands (one prompt's, finished, their logprobs
+ * collected) with the highest cumulative logprob, best first (the lower index on ties, a
+ * candidate without logprobs last), as candidate positions into @a pick [n].
+ */
+void kvf_proxy_choice_best(const kvf_proxy_choice_t *cands, int per, int n, int *pick);
 
 #endif

@@ -14,6 +14,7 @@
  * pages for nothing).
  */
 #include "kvf_proxy_flow.h"
+#include "kvf_proxy_sampling.h"
 #include "kvf_proxy_route.h"
 #include "kvf_time.h"
 #include "kvf_log.h"
@@ -241,6 +242,7 @@ static void kvf_proxy_flow_sampling(const kvf_proxy_completion_req_t *req, Kvf__
     sp->stop_token_ids = (int32_t *)req->stop_token_ids;
     sp->has_logprobs = req->want_logprobs;
     sp->logprobs = (uint32_t)req->logprobs;
+    kvf_proxy_lists_to_msg(req, sp);
 }
 
 /* A reply's logprobs (SamplingParams.logprobs) appended to the completion's. */
@@ -352,7 +354,7 @@ static kvf_status_t kvf_proxy_flow_queue(kvf_proxy_flow_t *flow,
         return KVF_ERR_NO_RESOURCE;
     }
     if (!kvf_proxy_admit_enqueue(ctx->admit, &flow->admit, (uint64_t)rq->num_tokens,
-                                 flow->notify, flow->notify_arg)) {
+                                 flow->req->priority, flow->notify, flow->notify_arg)) {
         rt->retry_after_s = 1;
         snprintf(rt->why, sizeof(rt->why), "overloaded: every instance is at its "
                  "--max-outstanding bound and the proxy's queue holds %llu prompt tokens, "
@@ -384,7 +386,7 @@ static kvf_status_t kvf_proxy_flow_pick(kvf_proxy_flow_t *flow)
     rq.prefill_timeout_ms = ctx->prefill_timeout_ms;
     rq.budget_ms = (left_ms < ctx->prefill_timeout_ms) ? left_ms : ctx->prefill_timeout_ms;
     if (flow->admit.queued && !kvf_proxy_admit_is_head(ctx->admit, &flow->admit)) {
-        return KVF_PROXY_FLOW_PENDING;   /* first come first served: the head tries */
+        return KVF_PROXY_FLOW_PENDING;   /* first come first served (by priority): the head */
     }
     if (!flow->admit.queued && (ctx->admit != NULL) && (kvf_proxy_admit_stats(ctx->admit).count > 0)) {
         /* others wait already: behind them, not ahead (first come first served) */
@@ -538,6 +540,15 @@ static kvf_status_t kvf_proxy_flow_on_prefill(kvf_proxy_flow_t *flow, const Kvf_
     status = kvf_proxy_flow_append(flow, &r->params->first_token, 1);
     if (status == KVF_OK) {
         status = kvf_proxy_flow_logprobs(flow, r);
+    }
+    if ((status == KVF_OK) && flow->req->want_prompt_logprobs) {
+        status = kvf_proxy_prompt_lp_take(&flow->out, flow->req->num_prompt,
+                                          flow->req->prompt_logprobs, r);
+        if (status == KVF_ERR_PARSE) {
+            return kvf_proxy_flow_fail(flow, status, 502, "upstream_error", "prefill instance "
+                                       "%s sent malformed prompt logprobs",
+                                       flow->out.prefill_instance);
+        }
     }
     if (status != KVF_OK) {
         return kvf_proxy_flow_fail(flow, status, 500, "server_error", "out of memory");
@@ -884,6 +895,7 @@ void kvf_proxy_flow_finish(kvf_proxy_flow_t *flow)
     free(flow->out.tokens);
     flow->out.tokens = NULL;
     flow->out.num_tokens = 0;
+    kvf_proxy_prompt_lp_free(&flow->out);
     free(flow->out.token_logprobs);
     free(flow->out.top_ids);
     free(flow->out.top_logprobs);

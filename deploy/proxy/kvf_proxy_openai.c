@@ -11,6 +11,8 @@
  */
 #include "kvf_proxy_openai.h"
 #include "kvf_proxy_chat.h"
+#include "kvf_proxy_sampling.h"
+#include "kvf_proxy_message.h"
 #include "kvf_scheduler.h"
 
 #include <cjson/cJSON.h>
@@ -117,16 +119,16 @@ static const kvf_field_t kvf_proxy_fields[] = {
     {"add_generation_prompt", 2, KVF_F_HONOURED, NULL},
     {"skip_special_tokens", 3, KVF_F_NULL_TRUE, "special tokens are always skipped in text"},
     {"spaces_between_special_tokens", 3, KVF_F_NULL_TRUE, "special tokens are never shown"},
-    {"best_of", 3, KVF_F_NULL_ONE, "best_of > 1 is not supported (use n)"},
+    {"best_of", 3, KVF_F_HONOURED, NULL},
     {"use_beam_search", 3, KVF_F_NULL_FALSE, "beam search is not supported"},
     {"length_penalty", 3, KVF_F_NULL_ONE, "beam search is not supported"},
-    {"priority", 3, KVF_F_NULL_ZERO, "request priorities are not supported"},
+    {"priority", 3, KVF_F_HONOURED, NULL},
     {"return_tokens_as_token_ids", 3, KVF_F_NULL_FALSE, "not supported"},
     {"suffix", 1, KVF_F_NULL, "insertion (suffix) is not supported"},
-    {"logit_bias", 3, KVF_F_NULL_EMPTY, "logit_bias is not supported"},
-    {"allowed_token_ids", 3, KVF_F_NULL, "allowed_token_ids is not supported"},
-    {"bad_words", 3, KVF_F_NULL_EMPTY, "bad_words is not supported"},
-    {"prompt_logprobs", 3, KVF_F_NULL, "prompt logprobs are not supported"},
+    {"logit_bias", 3, KVF_F_HONOURED, NULL},
+    {"allowed_token_ids", 3, KVF_F_HONOURED, NULL},
+    {"bad_words", 3, KVF_F_HONOURED, NULL},
+    {"prompt_logprobs", 3, KVF_F_HONOURED, NULL},
     {"prompt_embeds", 1, KVF_F_NULL, "prompt embeddings are not supported"},
     {"response_format", 3, KVF_F_NULL, "structured output is not supported"},
     {"structured_outputs", 3, KVF_F_NULL, "structured output is not supported"},
@@ -140,18 +142,17 @@ static const kvf_field_t kvf_proxy_fields[] = {
     {"cache_salt", 3, KVF_F_HONOURED, NULL},
     {"kv_transfer_params", 3, KVF_F_NULL, "kvferry moves the KV itself"},
     {"vllm_xargs", 3, KVF_F_NULL, "extra engine arguments are not supported"},
-    {"tools", 2, KVF_F_NULL_EMPTY, "tool calling is not supported"},
-    {"tool_choice", 2, KVF_F_NULL, "tool calling is not supported"},
-    {"parallel_tool_calls", 2, KVF_F_NULL, "tool calling is not supported"},
+    {"tools", 2, KVF_F_HONOURED, NULL},
+    {"tool_choice", 2, KVF_F_HONOURED, NULL},
+    {"parallel_tool_calls", 2, KVF_F_HONOURED, NULL},
     {"functions", 2, KVF_F_NULL, "function calling is not supported"},
     {"function_call", 2, KVF_F_NULL, "function calling is not supported"},
     {"reasoning_effort", 2, KVF_F_NULL, "reasoning effort is not supported"},
-    {"include_reasoning", 2, KVF_F_NULL_FALSE, "reasoning parsing is not supported"},
-    {"continue_final_message", 2, KVF_F_NULL_FALSE, "continuing the final message is not "
-                                                    "supported"},
-    {"documents", 2, KVF_F_NULL, "documents (RAG templates) are not supported"},
+    {"include_reasoning", 2, KVF_F_HONOURED, NULL},
+    {"continue_final_message", 2, KVF_F_HONOURED, NULL},
+    {"documents", 2, KVF_F_HONOURED, NULL},
     {"chat_template", 2, KVF_F_NULL, "only the checkpoint's chat template is used"},
-    {"chat_template_kwargs", 2, KVF_F_NULL_EMPTY, "template arguments are not supported"},
+    {"chat_template_kwargs", 2, KVF_F_HONOURED, NULL},
     {"mm_processor_kwargs", 2, KVF_F_NULL, "multimodal input is not supported"},
     {"media_io_kwargs", 2, KVF_F_NULL, "multimodal input is not supported"},
     {"modalities", 2, KVF_F_NULL, "multimodal output is not supported"},
@@ -620,9 +621,13 @@ static kvf_status_t kvf_proxy_parse_common(const kvf_proxy_openai_ctx_t *ctx, co
     v = 1;
     KVF_TRY(kvf_proxy_intf(root, "n", 1, KVF_PROXY_MAX_CHOICES, &v, http_p, param_p, err, cap));
     req->n = (int)v;
+    KVF_TRY(kvf_proxy_parse_best_of(root, req, http_p, param_p, err, cap));
+    KVF_TRY(kvf_proxy_parse_prompt_logprobs(root, req, http_p, param_p, err, cap));
     KVF_TRY(kvf_proxy_parse_stream_options(root, req, http_p, param_p, err, cap));
     KVF_TRY(kvf_proxy_parse_stop(root, req, http_p, param_p, err, cap));
     KVF_TRY(kvf_proxy_parse_stop_ids(ctx, root, req, http_p, param_p, err, cap));
+    KVF_TRY(kvf_proxy_parse_lists(ctx, root, req, http_p, param_p, err, cap));
+    KVF_TRY(kvf_proxy_parse_priority(ctx, root, req, http_p, param_p, err, cap));
     it = kvf_proxy_get(root, "user");
     if ((it != NULL) && !cJSON_IsString(it)) {   /* an end-user id: kept by no one */
         return kvf_proxy_bad(http_p, param_p, "user", 400, err, cap, KVF_ERR_INVALID_PARAM,
@@ -656,8 +661,8 @@ static kvf_status_t kvf_proxy_parse_logprobs(const cJSON *root, kvf_proxy_comple
         req->logprobs = (v >= 0) ? (int)v : 0;
         if (req->want_logprobs && req->echo) {
             return kvf_proxy_bad(http_p, param_p, "echo", 400, err, cap, KVF_ERR_INVALID_PARAM,
-                                 "'echo' with 'logprobs' needs prompt logprobs, which are "
-                                 "not supported");
+                                 "'echo' with 'logprobs' (the echoed prompt's logprobs in "
+                                 "'logprobs') is not supported; ask 'prompt_logprobs'");
         }
         return KVF_OK;
     }
@@ -709,7 +714,8 @@ static kvf_status_t kvf_proxy_chat_fields(const kvf_proxy_openai_ctx_t *ctx, con
                                           kvf_proxy_completion_req_t *req, int *http_p,
                                           const char **param_p, char *err, size_t cap)
 {
-    bool add_gen = true, add_special = false;
+    bool add_special = false;
+    kvf_proxy_chat_args_t args = {0};
     char *text = NULL;
     cJSON *s;
     kvf_status_t st;
@@ -722,8 +728,6 @@ static kvf_status_t kvf_proxy_chat_fields(const kvf_proxy_openai_ctx_t *ctx, con
                              "'echo' is not supported for chat (the prompt is a template's "
                              "rendering)");
     }
-    KVF_TRY(kvf_proxy_boolf(root, "add_generation_prompt", &add_gen, http_p, param_p, err,
-                            cap));
     /* chat: the template writes BOS itself; vLLM adds no special tokens by default */
     KVF_TRY(kvf_proxy_boolf(root, "add_special_tokens", &add_special, http_p, param_p, err,
                             cap));
@@ -731,10 +735,17 @@ static kvf_status_t kvf_proxy_chat_fields(const kvf_proxy_openai_ctx_t *ctx, con
         return kvf_proxy_bad(http_p, param_p, "messages", 400, err, cap, KVF_ERR_INVALID_PARAM,
                              "'messages' is required");
     }
-    st = kvf_proxy_chat_render(ctx, kvf_proxy_get(root, "messages"), add_gen, &text, param_p,
-                               err, cap);
-    if (st != KVF_OK) {
+    st = kvf_proxy_chat_args_parse(root, &args, http_p, param_p, err, cap);
+    if (st == KVF_OK) {   /* tools, tool_choice, include_reasoning */
+        st = kvf_proxy_message_parse(ctx, root, req, &args, http_p, param_p, err, cap);
+    }
+    if (st == KVF_OK) {
+        st = kvf_proxy_chat_render(ctx, kvf_proxy_get(root, "messages"), &args, &text, param_p,
+                                   err, cap);
         *http_p = (st == KVF_ERR_NO_MEMORY) ? 500 : 400;
+    }
+    kvf_proxy_chat_args_cleanup(&args);
+    if (st != KVF_OK) {
         return st;
     }
     s = cJSON_CreateString(text);
@@ -775,10 +786,12 @@ static kvf_status_t kvf_proxy_parse_fields(const kvf_proxy_openai_ctx_t *ctx, co
                             cap));
     KVF_TRY(kvf_proxy_parse_prompt(ctx, kvf_proxy_get(root, "prompt"), ctx->add_bos &&
                                    add_special, req, http_p, param_p, err, cap));
-    if (req->num_prompts * req->n > KVF_PROXY_MAX_CHOICES) {
-        return kvf_proxy_bad(http_p, param_p, "n", 400, err, cap, KVF_ERR_INVALID_PARAM,
-                             "%d prompts x 'n' = %d is %d choices, more than %d",
-                             req->num_prompts, req->n, req->num_prompts * req->n,
+    if (req->num_prompts * kvf_proxy_req_per_prompt(req) > KVF_PROXY_MAX_CHOICES) {
+        const char *f = (req->best_of > req->n) ? "best_of" : "n";
+        return kvf_proxy_bad(http_p, param_p, f, 400, err, cap, KVF_ERR_INVALID_PARAM,
+                             "%d prompts x '%s' = %d is %d choices, more than %d",
+                             req->num_prompts, f, kvf_proxy_req_per_prompt(req),
+                             req->num_prompts * kvf_proxy_req_per_prompt(req),
                              KVF_PROXY_MAX_CHOICES);
     }
     return kvf_proxy_truncate(ctx, root, req, http_p, param_p, err, cap);
@@ -915,6 +928,7 @@ void kvf_proxy_openai_req_cleanup(kvf_proxy_completion_req_t *req)
         req->stop[i] = NULL;
     }
     req->num_stop = 0;
+    kvf_proxy_lists_cleanup(req);
     req->num_prompts = 0;
     req->prompt_ids = NULL;
     req->num_prompt = 0;
@@ -1195,9 +1209,7 @@ static cJSON *kvf_proxy_choice(const kvf_proxy_openai_ctx_t *ctx,
             if (!chunk || ch->first) {
                 cJSON_AddStringToObject(m, "role", "assistant");
             }
-            if (!chunk || (ch->text[0] != '\0') || (ch->finish_reason == NULL)) {
-                cJSON_AddStringToObject(m, "content", ch->text);
-            }
+            kvf_proxy_message_fill(m, req, ch, chunk);
         }
     }
     if (ch->token_logprobs != NULL) {
@@ -1223,6 +1235,10 @@ static cJSON *kvf_proxy_choice(const kvf_proxy_openai_ctx_t *ctx,
     }
     if (req->return_token_ids) {
         kvf_proxy_add_ids(o, "token_ids", ch->ids, ch->num_ids);
+    }
+    if (req->want_prompt_logprobs && !req->chat && !chunk) {   /* chat: on the response */
+        cJSON *pl = kvf_proxy_prompt_lp_json(ctx, ch);
+        cJSON_AddItemToObject(o, "prompt_logprobs", (pl != NULL) ? pl : cJSON_CreateNull());
     }
     return o;
 }
@@ -1282,6 +1298,10 @@ char *kvf_proxy_openai_response(const kvf_proxy_openai_ctx_t *ctx,
             return NULL;
         }
         cJSON_AddItemToArray(choices, choice);
+    }
+    if (req->want_prompt_logprobs && req->chat) {   /* vLLM's chat: one, on the response */
+        cJSON *pl = (n > 0) ? kvf_proxy_prompt_lp_json(ctx, &chs[0]) : NULL;
+        cJSON_AddItemToObject(root, "prompt_logprobs", (pl != NULL) ? pl : cJSON_CreateNull());
     }
     kvf_proxy_add_usage(root, usage);
     kvf_proxy_add_summary(root, req, c, 0);

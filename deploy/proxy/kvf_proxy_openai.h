@@ -43,6 +43,10 @@ typedef struct kvf_proxy_openai_ctx {
     const char *chat_template;       /* tokenizer_config.json's; NULL: chat is refused */
     const char *bos_token;           /* its text, for the template ("" when none) */
     const char *eos_token;
+    bool        priority_scheduling; /* --scheduling-policy priority: "priority" honoured */
+    int         tool_parser;         /* --tool-call-parser (kvf_proxy_tool_parser_t; 0 none) */
+    bool        auto_tool_choice;    /* --enable-auto-tool-choice */
+    int         reasoning_parser;    /* --reasoning-parser (kvf_proxy_reasoning_t; 0 none) */
 } kvf_proxy_openai_ctx_t;
 
 #define KVF_PROXY_MAX_CHOICES 16     /* prompts x n per request */
@@ -72,12 +76,32 @@ typedef struct kvf_proxy_completion_req {
     int32_t  stop_token_ids[64];
     bool     want_logprobs;        /* "logprobs" given */
     int      logprobs;             /* top entries per token, [0, 20] */
+    /* logit_bias, allowed_token_ids, bad_words (kvf_proxy_sampling.h); owned */
+    int      num_bias;
+    int32_t *bias_ids;
+    float   *bias_values;
+    int      num_allowed;
+    int32_t *allowed_ids;
+    int      num_bad_words;        /* token sequences */
+    uint32_t *bad_ends;            /* word w: bad_tokens[bad_ends[w - 1], bad_ends[w]) */
+    int      num_bad_tokens;
+    int32_t *bad_tokens;
+    int64_t  priority;             /* admission queue order, lower first (kvf_proxy_admit.h) */
+    bool     want_prompt_logprobs; /* "prompt_logprobs" given: the prompt's, from prefill */
+    int      prompt_logprobs;      /* top entries per prompt token, [0, 20] */
+    int      tool_parser;          /* chat with tools, tool_choice auto: the output's parser
+                                    * (kvf_proxy_tool_parser_t; 0: none) */
+    bool     parallel_tool_calls;  /* false: the first call only */
+    int      reasoning;            /* chat: the reasoning parser (kvf_proxy_reasoning_t) */
+    bool     include_reasoning;    /* reasoning_content returned (default true) */
     /* text handled by the proxy */
     int      num_stop;
     char    *stop[KVF_PROXY_MAX_STOP];        /* owned */
     bool     include_stop_str_in_output;
     bool     echo;
     int      n;                    /* choices per prompt, >= 1 */
+    int      best_of;              /* candidates per prompt, >= n (0: n); more than n: the n
+                                    * of the highest cumulative logprob are returned */
     int      num_prompts;          /* >= 1; prompt i is prompts[i] (prompts[0] == prompt_ids) */
     int32_t *prompts[KVF_PROXY_MAX_CHOICES];  /* owned */
     int      prompt_lens[KVF_PROXY_MAX_CHOICES];
@@ -86,6 +110,12 @@ typedef struct kvf_proxy_completion_req {
     char     response_id[96];      /* "cmpl-<x-request-id>" when given; "" : the flow's id */
     bool     chat;                 /* chat.completion objects (kvf_proxy_chat.h) */
 } kvf_proxy_completion_req_t;
+
+/** Flows per prompt: best_of candidates when more than n, else n. */
+static inline int kvf_proxy_req_per_prompt(const kvf_proxy_completion_req_t *req)
+{
+    return (req->best_of > req->n) ? req->best_of : req->n;
+}
 
 /** Transfer statistics of one request (TransferStats, as decode reported them). */
 typedef struct kvf_proxy_kv_stats {
@@ -130,6 +160,13 @@ typedef struct kvf_proxy_completion {
     float               *top_logprobs;
     int                  num_logprobs;
     int                  cap_logprobs;
+    /* with want_prompt_logprobs: prefill's, per prompt token from the second (owned) */
+    float               *prompt_lp;
+    int32_t             *prompt_rank;
+    int32_t             *prompt_top_ids;      /* [num_prompt_lp][prompt_per] */
+    float               *prompt_top_lp;
+    int                  num_prompt_lp;
+    int                  prompt_per;
 } kvf_proxy_completion_t;
 
 /**
@@ -197,6 +234,11 @@ typedef struct kvf_proxy_choice_out {
     const char    *stop_reason;     /* the stop string matched, or NULL */
     int            stop_token;      /* the stop token id that ended it, or -1 */
     bool           first;           /* chat chunks: the first delta carries the role */
+    const struct cJSON *tool_calls; /* chat: the parsed calls (kvf_proxy_tools.h), or NULL */
+    const char    *reasoning;       /* chat: the reasoning text of this piece, or NULL */
+    const kvf_proxy_completion_t *flow_out; /* its flow's (prompt logprobs), or NULL */
+    const int32_t *prompt_ids;      /* its prompt (prompt logprobs) */
+    int            num_prompt;
 } kvf_proxy_choice_out_t;
 
 /**

@@ -158,10 +158,13 @@ static void kvf_proxy_piece(const kvf_proxy_choice_t *ch, int to, const char *te
 
     memset(out, 0, sizeof(*out));
     out->index = ch->index;
+    out->flow_out = o;
+    out->prompt_ids = ch->sub.prompt_ids;
+    out->num_prompt = ch->sub.num_prompt;
     out->text = text;
     out->ids = o->tokens + from;
     out->num_ids = to - from;
-    if (ch->sub.want_logprobs && (o->num_logprobs >= to)) {
+    if (ch->show_logprobs && (o->num_logprobs >= to)) {
         out->token_logprobs = o->token_logprobs + from;
         out->top_ids = o->top_ids + (size_t)from * (size_t)ch->sub.logprobs;
         out->top_logprobs = o->top_logprobs + (size_t)from * (size_t)ch->sub.logprobs;
@@ -171,6 +174,7 @@ static void kvf_proxy_piece(const kvf_proxy_choice_t *ch, int to, const char *te
     out->stop_token = -1;
     if (final) {
         out->finish_reason = kvf_proxy_choice_finish(ch);
+        out->tool_calls = ch->tool_calls;
         out->stop_reason = ch->stop_reason;
         out->stop_token = (ch->stop_reason == NULL) ? ch->stop_token : -1;
     }
@@ -209,6 +213,9 @@ typedef enum {
 /*
  * The next chunk of some choice (round robin from s->rr): its ready text, or its
  * final chunk once over. false: no choice has anything to send now.
+ * With logprobs or token ids asked, every token has its own chunk (vLLM's), its text what
+ * was ready up to it ("" while held back: a special token, a possible stop string), so a
+ * client timing tokens sees each when it is decoded.
  */
 static bool kvf_proxy_sse_choice_chunk(kvf_proxy_cmpl_t *s)
 {
@@ -221,39 +228,62 @@ static bool kvf_proxy_sse_choice_chunk(kvf_proxy_cmpl_t *s)
         size_t ready = kvf_proxy_choice_ready(ch);
         size_t echo = (!ch->first_sent && (ch->echo != NULL)) ? strlen(ch->echo) : 0;
         int to = over ? kvf_proxy_choice_tokens(ch) : ch->decoded;
+        bool per_token = s->req.want_logprobs || s->req.return_token_ids;
+        bool last = over;
         kvf_proxy_choice_out_t out;
+        kvf_proxy_reasoning_span_t sp;
         kvf_proxy_usage_t u;
-        char *text;
+        size_t c0, r0, r1;
+        char *text, *reasoning;
 
+        if (per_token && (ch->ids_sent + 1 < to)) {   /* one token: its own chunk */
+            to = ch->ids_sent + 1;
+            last = false;
+            ready = (ch->tok_end[to - 1] < ready) ? ch->tok_end[to - 1] : ready;
+        } else if (per_token && !over && (to > ch->ids_sent) &&
+                   kvf_proxy_choice_ends_at(ch, api, to)) {
+            continue;   /* the last token: it goes with the finish_reason, as vLLM's */
+        }
         /* the first chunk of each choice goes out at once, text or not (its first token;
          * chat's role) */
-        if (ch->final_sent || (!over && (ready <= ch->sent) && ch->first_sent)) {
+        if (ch->final_sent ||
+            (!last && (ready <= ch->sent) && ch->first_sent &&
+             (!per_token || (to <= ch->ids_sent)))) {
             continue;
         }
         if (ready < ch->sent) {
             ready = ch->sent;
         }
-        text = malloc(echo + (ready - ch->sent) + 1);
-        if (text == NULL) {
+        kvf_proxy_choice_span(ch, &sp);
+        c0 = (ch->sent > sp.c_start) ? ch->sent : sp.c_start;   /* content [c0, ready) */
+        r0 = (ch->sent > sp.r_start) ? ch->sent : sp.r_start;   /* reasoning [r0, r1) */
+        r1 = (ready < sp.r_end) ? ready : sp.r_end;
+        c0 = (c0 < ready) ? c0 : ready;
+        text = malloc(echo + (ready - c0) + 1);
+        reasoning = (r1 > r0) ? strndup(ch->text + r0, r1 - r0) : NULL;
+        if ((text == NULL) || ((r1 > r0) && (reasoning == NULL))) {
+            free(text);
             kvf_proxy_sse_set(s, NULL);
             return true;
         }
         memcpy(text, (echo > 0) ? ch->echo : "", echo);
-        if (ready > ch->sent) {   /* ch->text is NULL until the first piece of text */
-            memcpy(text + echo, ch->text + ch->sent, ready - ch->sent);
+        if (ready > c0) {   /* ch->text is NULL until the first piece of text */
+            memcpy(text + echo, ch->text + c0, ready - c0);
         }
-        text[echo + (ready - ch->sent)] = '\0';
-        kvf_proxy_piece(ch, to, text, over, &out);
+        text[echo + (ready - c0)] = '\0';
+        kvf_proxy_piece(ch, to, text, last, &out);
+        out.reasoning = reasoning;
         out.text_offset -= (int)echo;
         u.prompt_tokens = ch->sub.num_prompt;
         u.completion_tokens = to;
         kvf_proxy_sse_set(s, kvf_proxy_openai_chunk(api, &s->req, &ch->flow.out, &out,
                                                     s->req.continuous_usage ? &u : NULL));
         free(text);
+        free(reasoning);
         ch->sent = ready;
         ch->ids_sent = to;
         ch->first_sent = true;
-        ch->final_sent = over;
+        ch->final_sent = last;
         s->rr = (i + 1) % s->num_choices;
         return true;
     }
@@ -463,6 +493,32 @@ static enum MHD_Result kvf_proxy_cmpl_fail(struct MHD_Connection *conn, kvf_prox
     return ret;
 }
 
+/* best_of > n: each prompt's n best candidates moved to the front of @a outs, renumbered
+ * prompt x n + rank, and the usage counting only them (vLLM's). @return the outputs kept. */
+static int kvf_proxy_best_of(const kvf_proxy_cmpl_t *c, kvf_proxy_choice_out_t *outs,
+                             kvf_proxy_usage_t *u)
+{
+    int per = kvf_proxy_req_per_prompt(&c->req), n = c->req.n, k = 0;
+    kvf_proxy_choice_out_t kept[KVF_PROXY_MAX_CHOICES];
+
+    if (per == n) {
+        return c->num_choices;
+    }
+    u->completion_tokens = 0;
+    for (int p = 0; p < c->req.num_prompts; ++p) {
+        int pick[KVF_PROXY_MAX_CHOICES];
+        kvf_proxy_choice_best(&c->choices[p * per], per, n, pick);
+        for (int r = 0; r < n; ++r) {
+            kept[k] = outs[p * per + pick[r]];
+            kept[k].index = k;
+            u->completion_tokens += kvf_proxy_choice_tokens(&c->choices[p * per + pick[r]]);
+            ++k;
+        }
+    }
+    memcpy(outs, kept, (size_t)k * sizeof(*outs));
+    return k;
+}
+
 /* Done without streaming: one JSON answer. Frees the completion. */
 static enum MHD_Result kvf_proxy_cmpl_answer(struct MHD_Connection *conn, kvf_proxy_conn_t *cc)
 {
@@ -470,32 +526,42 @@ static enum MHD_Result kvf_proxy_cmpl_answer(struct MHD_Connection *conn, kvf_pr
     const kvf_proxy_openai_ctx_t *api = c->http->params.api;
     kvf_proxy_choice_out_t *outs = calloc((size_t)c->num_choices, sizeof(*outs));
     char **texts = calloc((size_t)c->num_choices, sizeof(*texts));
+    char **thoughts = calloc((size_t)c->num_choices, sizeof(*thoughts));
     kvf_proxy_usage_t u = kvf_proxy_usage(c);
     char *json = NULL;
-    bool ok = (outs != NULL) && (texts != NULL);
+    bool ok = (outs != NULL) && (texts != NULL) && (thoughts != NULL);
 
     for (int i = 0; ok && (i < c->num_choices); ++i) {
         kvf_proxy_choice_t *ch = &c->choices[i];
         size_t echo = (ch->echo != NULL) ? strlen(ch->echo) : 0;
+        kvf_proxy_reasoning_span_t sp;
+        size_t c0;
 
-        texts[i] = malloc(echo + ch->end + 1);
-        ok = (texts[i] != NULL);
+        kvf_proxy_choice_span(ch, &sp);   /* content from c0; reasoning apart */
+        c0 = (sp.c_start < ch->end) ? sp.c_start : ch->end;
+        texts[i] = malloc(echo + (ch->end - c0) + 1);
+        thoughts[i] = (sp.r_end > sp.r_start) ? strndup(ch->text + sp.r_start,
+                                                        sp.r_end - sp.r_start) : NULL;
+        ok = (texts[i] != NULL) && ((sp.r_end <= sp.r_start) || (thoughts[i] != NULL));
         if (ok) {
             memcpy(texts[i], (echo > 0) ? ch->echo : "", echo);
-            memcpy(texts[i] + echo, ch->text != NULL ? ch->text : "", ch->end);
-            texts[i][echo + ch->end] = '\0';
+            memcpy(texts[i] + echo, ch->text != NULL ? ch->text + c0 : "", ch->end - c0);
+            texts[i][echo + (ch->end - c0)] = '\0';
             kvf_proxy_piece(ch, kvf_proxy_choice_tokens(ch), texts[i], true, &outs[i]);
+            outs[i].reasoning = thoughts[i];
             outs[i].text_offset = (int)echo;
         }
     }
     if (ok) {
-        json = kvf_proxy_openai_response(api, &c->req, &c->choices[0].flow.out, outs,
-                                         c->num_choices, &u);
+        int num = kvf_proxy_best_of(c, outs, &u);
+        json = kvf_proxy_openai_response(api, &c->req, &c->choices[0].flow.out, outs, num, &u);
     }
     for (int i = 0; (texts != NULL) && (i < c->num_choices); ++i) {
         free(texts[i]);
+        free((thoughts != NULL) ? thoughts[i] : NULL);
     }
     free(texts);
+    free(thoughts);
     free(outs);
     cc->cmpl = NULL;
     c->code = (json != NULL) ? 200 : 500;
@@ -602,7 +668,7 @@ static kvf_proxy_cmpl_t *kvf_proxy_cmpl_new(struct kvf_proxy_http *http,
         snprintf(c->req.response_id, sizeof(c->req.response_id), "%s-%s",
                  chat ? "chatcmpl" : "cmpl", c->xrid);
     }
-    c->num_choices = c->req.num_prompts * c->req.n;
+    c->num_choices = c->req.num_prompts * kvf_proxy_req_per_prompt(&c->req);
     c->choices = calloc((size_t)c->num_choices, sizeof(*c->choices));
     cc->cmpl = c;
     if (c->choices == NULL) {

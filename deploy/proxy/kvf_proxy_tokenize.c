@@ -110,8 +110,11 @@ char *kvf_proxy_tokenize_json(const kvf_proxy_openai_ctx_t *ctx, const char *bod
                            "add_generation_prompt and return_token_strs must be booleans");
     }
     if (chat) {
-        bool gen = kvf_tok_bool(root, "add_generation_prompt", true, &ok);
-        if (kvf_proxy_chat_render(ctx, messages, gen, &text, param_p, err, cap) != KVF_OK) {
+        kvf_proxy_chat_args_t args = {.add_generation_prompt = true};
+        kvf_status_t st;
+        args.add_generation_prompt = kvf_tok_bool(root, "add_generation_prompt", true, &ok);
+        st = kvf_proxy_chat_render(ctx, messages, &args, &text, param_p, err, cap);
+        if (st != KVF_OK) {
             *http_p = 400;
             cJSON_Delete(root);
             return NULL;

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Sampling on a simulated GPU (kvf-devsim: the device layer and every kernel entry point
 # wrapped; kvf_sample_rows runs its CPU twin on "device" memory and the copies are counted):
-# - `kvf generate --device cuda:0` with temperature, top-p, top-k, min-p, a seed and logprobs
-#   gives the CPU run's tokens and logprobs lines exactly (the device sampler's twin equals
+# - `kvf generate --device cuda:0` with temperature, top-p, top-k, min-p, logit_bias,
+#   allowed_token_ids, a seed and logprobs gives the CPU run's tokens and logprobs lines exactly (the device sampler's twin equals
 #   the host sampler bit for bit: test_sample_twin);
 # - no [vocab]-sized copy to the host per step: one download per step, under a quarter of a
 #   logits row per generated token; with --print-logits the rows do come back (the control,
@@ -33,7 +33,10 @@ for args in "--temperature 0.9 --top-p 0.9 --top-k 40 --seed 7 --logprobs 3" \
             "--temperature 1.5 --seed 11 --logprobs 20" \
             "--temperature 0.7 --top-k 5 --min-p 0.05 --seed 3 --logprobs 0" \
             "--temperature 1.2 --top-p 0.5 --seed 5" \
-            "--temperature 0 --logprobs 2"; do
+            "--temperature 0 --logprobs 2" \
+            "--temperature 0.8 --seed 9 --logit-bias 7:5,12:-100,30:2.5 --logprobs 2" \
+            "--temperature 1.1 --seed 4 --allowed-token-ids 3,7,12,40,41 --logit-bias 40:1" \
+            "--temperature 0 --logit-bias 33:100"; do
     i=$((i + 1))
     # shellcheck disable=SC2086  # $args is a flag list
     gen "$KVF" "$T/cpu$i" $args
@@ -52,6 +55,13 @@ for args in "--temperature 0.9 --top-p 0.9 --top-k 40 --seed 7 --logprobs 3" \
     echo "case $i ($args): same tokens and logprobs as the CPU; $calls copies, $bytes bytes" \
          "to the host (a logits row is $((VOCAB * 4)) bytes)"
 done
+# the lists did act on the device path: +100 forces its token, the allowed set holds
+[ "$(sed -n 's/^tokens: //p' "$T/dev8")" = "$(printf '33 %.0s' $(seq "$N") | sed 's/ $//')" ] ||
+    fail "--logit-bias 33:100 did not force token 33: $(cat "$T/dev8")"
+for t in $(sed -n 's/^tokens: //p' "$T/dev7"); do
+    case " 3 7 12 40 41 " in *" $t "*) ;; *) fail "--allowed-token-ids: token $t drawn";; esac
+done
+echo "logit_bias +100 forced its token and allowed_token_ids held on the simulated GPU"
 # the control: recorded logits come back, a row per token, with the same sample
 gen "$KVF" "$T/cpul" --temperature 0.9 --top-p 0.9 --seed 7 --print-logits yes
 gen "$DEVSIM" "$T/devl" --temperature 0.9 --top-p 0.9 --seed 7 --print-logits yes --device cuda:0

@@ -6,6 +6,7 @@
 #include "kvf_proxy_metrics.h"
 #include "kvf_proxy_openai.h"
 #include "kvf_proxy_memtrim.h"
+#include "kvf_proxy_admit.h"
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -91,10 +92,11 @@ static void test_parse_ok(void **state)
                            " \"stop_token_ids\": [9, 10], \"logprobs\": 3, \"seed\": -1,"
                            " \"include_stop_str_in_output\": true, \"stream\": true,"
                            " \"stream_options\": {\"include_usage\": true,"
-                           " \"continuous_usage_stats\": true}, \"best_of\": 1,"
+                           " \"continuous_usage_stats\": true}, \"best_of\": 3,"
                            " \"skip_special_tokens\": true, \"logit_bias\": {},"
                            " \"request_id\": \"r1\", \"add_special_tokens\": false}",
                            &req, err), 200);
+    assert_int_equal(req.num_bias + req.num_allowed + req.num_bad_words, 0);
     assert_int_equal(req.num_prompts, 2);
     assert_int_equal(req.prompt_lens[0], 2);        /* add_special_tokens false: no BOS */
     assert_int_equal(req.prompts[0][0], 'h');
@@ -119,6 +121,24 @@ static void test_parse_ok(void **state)
     assert_true(req.include_usage);
     assert_true(req.continuous_usage);
     assert_string_equal(req.response_id, "cmpl-r1");
+    kvf_proxy_openai_req_cleanup(&req);
+    /* logit_bias (clamped; a repeated key keeps its last value), allowed_token_ids,
+     * bad_words (as written; with a leading space only when as many tokens) */
+    assert_int_equal(parse("{\"prompt\": \"hi\", \"logit_bias\": {\"5\": 150, \"7\": -1.5,"
+                           " \"5\": -300}, \"allowed_token_ids\": [3, 4],"
+                           " \"bad_words\": [\" ab\", \"c\"]}", &req, err), 200);
+    assert_int_equal(req.num_bias, 2);
+    assert_int_equal(req.bias_ids[0], 5);
+    assert_true(req.bias_values[0] == -100.0f);
+    assert_int_equal(req.bias_ids[1], 7);
+    assert_true(req.bias_values[1] == -1.5f);
+    assert_int_equal(req.num_allowed, 2);
+    assert_int_equal(req.allowed_ids[1], 4);
+    assert_int_equal(req.num_bad_words, 2);          /* "ab"; "c"; " ab", " c": longer */
+    assert_int_equal(req.num_bad_tokens, 3);
+    assert_int_equal(req.bad_ends[0], 2);
+    assert_int_equal(req.bad_tokens[0], 'a');
+    assert_int_equal(req.bad_tokens[2], 'c');
     kvf_proxy_openai_req_cleanup(&req);
 
     /* truncate_prompt_tokens keeps the last k */
@@ -175,7 +195,7 @@ static void test_parse_bad(void **state)
          "repetition_penalty"},
         {"{\"prompt\": \"hi\", \"min_tokens\": 17}", 400, "'min_tokens' = 17", "min_tokens"},
         {"{\"prompt\": \"hi\", \"logprobs\": 21}", 400, "'logprobs' = 21", "logprobs"},
-        {"{\"prompt\": \"hi\", \"logprobs\": 1, \"echo\": true}", 400, "prompt logprobs",
+        {"{\"prompt\": \"hi\", \"logprobs\": 1, \"echo\": true}", 400, "ask 'prompt_logprobs'",
          "echo"},
         {"{\"prompt\": \"hi\", \"stop_token_ids\": [260]}", 400, "'stop_token_ids'[0]",
          "stop_token_ids"},
@@ -183,11 +203,30 @@ static void test_parse_bad(void **state)
          "needs 'stream': true", "stream_options"},
         {"{\"prompt\": \"hi\", \"stream\": true, \"stream_options\": {\"x\": true}}", 400,
          "unknown key 'x'", "stream_options"},
-        {"{\"prompt\": \"hi\", \"best_of\": 2}", 400, "'best_of' is not supported", "best_of"},
+        {"{\"prompt\": \"hi\", \"priority\": -1}", 400, "--scheduling-policy priority",
+         "priority"},
+        {"{\"prompt\": \"hi\", \"n\": 2, \"best_of\": 1}", 400, "from 'n' (2)", "best_of"},
+        {"{\"prompt\": \"hi\", \"best_of\": 2, \"stream\": true}", 400, "cannot be streamed",
+         "best_of"},
+        {"{\"prompt\": \"hi\", \"prompt_logprobs\": 1, \"stream\": true}", 400,
+         "not supported with 'stream'", "prompt_logprobs"},
+        {"{\"prompt\": \"hi\", \"prompt_logprobs\": -1}", 400, "in [0, 20]",
+         "prompt_logprobs"},
+        {"{\"prompt\": [\"a\", \"b\"], \"best_of\": 9}", 400, "'best_of' = 9 is 18 choices",
+         "best_of"},
         {"{\"prompt\": \"hi\", \"suffix\": \"x\"}", 400, "'suffix' is not supported",
          "suffix"},
-        {"{\"prompt\": \"hi\", \"logit_bias\": {\"5\": 1}}", 400, "'logit_bias'",
+        {"{\"prompt\": \"hi\", \"logit_bias\": {\"300\": 1}}", 400,
+         "'logit_bias' key '300' must be a token id", "logit_bias"},
+        {"{\"prompt\": \"hi\", \"logit_bias\": {\"5\": true}}", 400, "must be a number",
          "logit_bias"},
+        {"{\"prompt\": \"hi\", \"allowed_token_ids\": []}", 400, "non-empty",
+         "allowed_token_ids"},
+        {"{\"prompt\": \"hi\", \"allowed_token_ids\": [3, 260]}", 400,
+         "'allowed_token_ids'[1]", "allowed_token_ids"},
+        {"{\"prompt\": \"hi\", \"bad_words\": [\"ok\", 3]}", 400, "must be strings",
+         "bad_words"},
+        {"{\"prompt\": \"hi\", \"bad_words\": [\" \"]}", 400, "non-empty", "bad_words"},
         {"{\"prompt\": \"hi\", \"response_format\": {\"type\": \"json_object\"}}", 400,
          "'response_format'", "response_format"},
         {"{\"prompt\": \"hi\", \"use_beam_search\": true}", 400, "beam", "use_beam_search"},
@@ -339,10 +378,19 @@ static void test_parse_chat(void **state)
              "tool_calls", "messages"},
             {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"prompt\": \"y\"}",
              "unknown field 'prompt'", "prompt"},
-            {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{}]}",
-             "'tools' is not supported", "tools"},
             {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"top_logprobs\": 2}",
              "needs 'logprobs'", "top_logprobs"},
+            {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
+             " \"continue_final_message\": true}", "cannot both", "continue_final_message"},
+            {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
+             " \"continue_final_message\": 1}", "must be a boolean", "continue_final_message"},
+            {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
+             " \"documents\": [{\"title\": 3}]}", "values are strings", "documents"},
+            {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
+             " \"chat_template_kwargs\": [1]}", "must be an object", "chat_template_kwargs"},
+            {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
+             " \"chat_template_kwargs\": {\"messages\": []}}", "cannot set 'messages'",
+             "chat_template_kwargs"},
         };
         for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); ++i) {
             memset(&req, 0, sizeof(req));
@@ -354,6 +402,53 @@ static void test_parse_chat(void **state)
                 fail_msg("chat case %zu: '%s' (param %s)", i, err, param ? param : "null");
             }
         }
+    }
+}
+
+/* Template arguments: chat_template_kwargs (overriding), documents,
+ * continue_final_message (the rendering cut after the last message). */
+static void test_chat_args(void **state)
+{
+    kvf_proxy_openai_ctx_t ctx = test_ctx();
+    kvf_proxy_completion_req_t req;
+    const char *param = NULL;
+    char err[256];
+    int http = 0;
+    static const struct {
+        const char *body, *want;
+    } cases[] = {
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}],"
+         " \"chat_template_kwargs\": {\"enable_thinking\": false}}", "uhi.>/nt"},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}],"
+         " \"chat_template_kwargs\": {\"add_generation_prompt\": false}}", "uhi."},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}],"
+         " \"documents\": [{\"title\": \"T\", \"text\": \"D\"}]}", "[T:D]uhi.>"},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"},"
+         " {\"role\": \"assistant\", \"content\": \"The \"}], \"add_generation_prompt\": false,"
+         " \"continue_final_message\": true}", "uhi.aThe "},   /* the "." after it cut */
+    };
+
+    (void)state;
+    ctx.chat_template = "{% for d in documents %}[{{ d.title }}:{{ d.text }}]{% endfor %}"
+                        "{% for m in messages %}{{ m.role[0] }}{{ m.content }}.{% endfor %}"
+                        "{% if add_generation_prompt %}>{% endif %}"
+                        "{% if enable_thinking is defined and not enable_thinking %}/nt"
+                        "{% endif %}";
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); ++i) {
+        char got[64];
+        memset(&req, 0, sizeof(req));
+        if (kvf_proxy_openai_parse_chat(&ctx, cases[i].body, strlen(cases[i].body), &req, &http,
+                                        &param, err, sizeof(err)) != KVF_OK) {
+            fail_msg("args case %zu: %s", i, err);
+        }
+        for (int k = 0; k < req.num_prompt; ++k) {
+            got[k] = (char)req.prompt_ids[k];
+        }
+        got[req.num_prompt] = '\0';
+        if (strcmp(got, cases[i].want) != 0) {
+            fail_msg("args case %zu: rendered '%s', want '%s'", i, got, cases[i].want);
+        }
+        kvf_proxy_openai_req_cleanup(&req);
     }
 }
 
@@ -416,6 +511,59 @@ static void test_metrics_text(void **state)
 
 /* The heap is trimmed once a peak of >= 64 connections fell to a quarter, at most once a
  * second, and a steady load never trims. */
+static int woken[8];
+
+static void admit_notify(void *arg)
+{
+    woken[(int)(intptr_t)arg]++;
+}
+
+/* "priority" with --scheduling-policy priority; the queue serves lower priorities first,
+ * arrival order within one, and wakes an entry put ahead of the head. */
+static void test_priority(void **state)
+{
+    kvf_proxy_openai_ctx_t ctx = test_ctx();
+    kvf_proxy_completion_req_t req;
+    kvf_proxy_admit_entry_t e[6];
+    static const int64_t prio[6] = {0, 5, 1, 5, -1, 1};
+    static const int order[6] = {4, 0, 2, 5, 1, 3};
+    kvf_proxy_admit_h q;
+    int http = 0;
+    char err[256];
+
+    (void)state;
+    ctx.priority_scheduling = true;
+    memset(&req, 0, sizeof(req));
+    const char *ok_body = "{\"prompt\": \"hi\", \"priority\": -3}";
+    const char *bad_body = "{\"prompt\": \"hi\", \"priority\": 1.5}";
+
+    assert_int_equal(kvf_proxy_openai_parse(&ctx, ok_body, strlen(ok_body), &req, &http, NULL,
+                                            err, sizeof(err)), KVF_OK);
+    assert_true(req.priority == -3);
+    kvf_proxy_openai_req_cleanup(&req);
+    memset(&req, 0, sizeof(req));
+    assert_int_equal(kvf_proxy_openai_parse(&ctx, bad_body, strlen(bad_body), &req, &http,
+                                            NULL, err, sizeof(err)), KVF_ERR_INVALID_PARAM);
+    assert_non_null(strstr(err, "'priority' must be an integer"));
+    kvf_proxy_openai_req_cleanup(&req);
+
+    memset(e, 0, sizeof(e));
+    memset(woken, 0, sizeof(woken));
+    assert_int_equal(kvf_proxy_admit_create(1 << 20, &q), KVF_OK);
+    for (int i = 0; i < 6; ++i) {
+        assert_true(kvf_proxy_admit_enqueue(q, &e[i], 10, prio[i], admit_notify,
+                                            (void *)(intptr_t)i));
+    }
+    assert_int_equal(woken[4], 1);   /* -1 passed the head (0): woken to try */
+    assert_int_equal(woken[0] + woken[1] + woken[2] + woken[3] + woken[5], 0);
+    for (int k = 0; k < 6; ++k) {
+        assert_true(kvf_proxy_admit_is_head(q, &e[order[k]]));
+        kvf_proxy_admit_remove(q, &e[order[k]]);
+    }
+    assert_int_equal(kvf_proxy_admit_stats(q).count, 0);
+    kvf_proxy_admit_destroy(q);
+}
+
 static void test_memtrim_policy(void **state)
 {
     kvf_proxy_memtrim_t t = {0};
@@ -446,6 +594,7 @@ int main(void)
         cmocka_unit_test(test_parse_bad),   cmocka_unit_test(test_metrics_text),
         cmocka_unit_test(test_error_json),  cmocka_unit_test(test_parse_limits),
         cmocka_unit_test(test_parse_chat),  cmocka_unit_test(test_memtrim_policy),
+        cmocka_unit_test(test_priority),    cmocka_unit_test(test_chat_args),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -207,10 +207,10 @@ def run(pool):
     # -- refusals name the field -----------------------------------------------------------
     bad = [("top_p", 2), ("top_p", 0), ("top_k", -2), ("min_p", 1.5),
            ("repetition_penalty", 0), ("presence_penalty", 3), ("frequency_penalty", -3),
-           ("min_tokens", N + 1), ("n", 0), ("n", 17), ("logprobs", 21), ("best_of", 2),
-           ("use_beam_search", True), ("logit_bias", {"5": 1}), ("suffix", "x"),
+           ("min_tokens", N + 1), ("n", 0), ("n", 17), ("logprobs", 21), ("best_of", 0),
+           ("use_beam_search", True), ("logit_bias", {"5": 101, "x": 1}), ("suffix", "x"),
            ("response_format", {"type": "json_object"}), ("guided_json", {}),
-           ("prompt_logprobs", 1), ("allowed_token_ids", [1]), ("skip_special_tokens", False),
+           ("prompt_logprobs", 21), ("allowed_token_ids", []), ("skip_special_tokens", False),
            ("priority", 1), ("cache_salt", ""), ("cache_salt", "s" * 257), ("cache_salt", 5),
            ("kv_transfer_params", {}),
            ("stop_token_ids", [10 ** 7]), ("temperature", -1), ("max_tokens", 0)]

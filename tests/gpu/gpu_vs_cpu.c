@@ -440,11 +440,16 @@ static void check_sample_v(int V, int ROWS, int ties)
         p->num_top = p->want_logprobs ? (r * 7) % 21 : 0;
         p->pen_start = np;
         p->pen_count = r % 8;
+        p->allow_only = (r % 7 == 3) && (p->pen_count > 0);   /* allowed_token_ids */
         for (int e = 0; e < p->pen_count; ++e) {   /* distinct ids (< 8 of them, <= V) */
             size_t step = (V >= 8) ? (size_t)V / 8 : 1;
+            int32_t flags = 1 + (e % 3 == 2);
+            flags |= (e % 2) ? KVF_SAMPLE_PEN_BIAS : 0;              /* logit_bias */
+            flags |= ((e % 3) != 1) ? KVF_SAMPLE_PEN_ALLOW : 0;
             pen[np++] = (kvf_sample_pen_t){.id = (int32_t)(((size_t)e * step + (size_t)r) %
                                                            (size_t)V),
-                                           .count = e % 3, .flags = 1 + (e % 3 == 2)};
+                                           .count = e % 3, .flags = flags,
+                                           .bias = rnd(-100, 100)};
         }
         p->draw = ((uint64_t)(rnd(0, 1) * 4294967296.0) << 32) ^
                   (uint64_t)(rnd(0, 1) * 4294967296.0);

@@ -72,6 +72,40 @@ static void fill_logits(float *l, int v)
     }
 }
 
+/* logit_bias (distinct ids), allowed_token_ids, bad_words over a few small ids, so the
+ * random histories complete them often. */
+static void rnd_lists(kvf_sampling_t *s, int v)
+{
+    int hi = (v < 4) ? v - 1 : 3;
+
+    if (rndu() < 0.3) {
+        int n = rndi(1, (v < 5) ? v : 5);
+        for (int i = 0; i < n; ++i) {   /* distinct ids: i * 7 + [0, 6] modulo a vocab >= n */
+            float big = (rndu() < 0.5) ? -100.0f : 100.0f;
+            s->bias_ids[i] = (int32_t)((i * 7 + ((v >= 7 * n) ? rndi(0, 6) : 0)) % v);
+            s->bias_values[i] = (rndu() < 0.3) ? big : (float)(20.0 * rndu() - 10.0);
+        }
+        s->num_logit_bias = n;
+    }
+    if (rndu() < 0.2) {
+        s->num_allowed = rndi(1, 10);
+        for (int i = 0; i < s->num_allowed; ++i) {
+            s->allowed_ids[i] = rndi(0, v - 1);
+        }
+    }
+    if (rndu() < 0.3) {
+        int end = 0;
+        s->num_bad_words = rndi(1, 4);
+        for (int w = 0; w < s->num_bad_words; ++w) {
+            int len = rndi(1, 3);
+            for (int i = 0; i < len; ++i) {
+                s->bad_tokens[end++] = rndi(0, hi);
+            }
+            s->bad_ends[w] = end;
+        }
+    }
+}
+
 static kvf_sampling_t rnd_params(int v)
 {
     static const float temps[] = {0.0f, 1e-6f, 0.05f, 0.3f, 0.7f, 1.0f, 1.0f, 1.5f, 2.0f};
@@ -108,6 +142,7 @@ static kvf_sampling_t rnd_params(int v)
     }
     s.want_logprobs = rndu() < 0.7;
     s.logprobs = s.want_logprobs ? rndi(0, KVF_SAMPLING_MAX_LOGPROBS) : 0;
+    rnd_lists(&s, v);
     return s;
 }
 
@@ -119,9 +154,9 @@ static int same_f(float a, float b)
 static void test_twin_equals_sampler(void **state)
 {
     float *l = malloc(MAXV * sizeof(float)), *scratch = malloc(MAXV * sizeof(float));
-    kvf_sample_pen_t *pen = malloc((MAXTOK + 4 + KVF_SAMPLING_MAX_STOP_IDS) * sizeof(*pen));
+    kvf_sample_pen_t *pen = malloc((MAXTOK + 4 + KVF_SAMPLING_MAX_STOP_IDS + 32) * sizeof(*pen));
     int n_sampled = 0, n_topk = 0, n_topp = 0, n_minp = 0, n_pen = 0, n_mask = 0, n_lp = 0;
-    int n_big = 0, n_notmax = 0;
+    int n_big = 0, n_notmax = 0, n_lists = 0;
     char err[160];
 
     (void)state;
@@ -132,6 +167,7 @@ static void test_twin_equals_sampler(void **state)
         static const int vs[] = {1, 2, 3, 12, 100, 511, 512, 513, 1025, 2500};
         int v = vs[rndi(0, 9)], prompt_len = rndi(0, 16), n = prompt_len + rndi(0, 32);
         int32_t toks[MAXTOK];
+        int hi = (v < 4) ? v - 1 : 3;
         int eos[2] = {rndi(0, v - 1), rndi(0, v - 1)}, num_eos = rndi(0, 2), npen = 0;
         kvf_sampling_t s = rnd_params(v);
         uint64_t seed = rnd64(), ra = seed, rb = seed;
@@ -140,9 +176,10 @@ static void test_twin_equals_sampler(void **state)
         kvf_sample_res_t res;
 
         fill_logits(l, v);
-        for (int i = 0; i < n; ++i) {
-            toks[i] = rndi(0, v - 1);
+        for (int i = 0; i < n; ++i) {   /* outputs often of bad_words' small ids */
+            toks[i] = ((i >= prompt_len) && (rndu() < 0.5)) ? rndi(0, hi) : rndi(0, v - 1);
         }
+        n_lists += (s.num_logit_bias > 0) || (s.num_allowed > 0) || (s.num_bad_words > 0);
         s.min_tokens = (s.min_tokens > s.max_tokens) ? s.max_tokens : s.min_tokens;
         if (kvf_sampling_check(&s, v, err, sizeof(err)) != KVF_OK) {
             fail_msg("case %d: the generator made bad parameters: %s", c, err);
@@ -194,8 +231,10 @@ static void test_twin_equals_sampler(void **state)
     }
     printf("%d cases equal bit for bit: %d sampled (%d with top_k cutting, %d top_p, %d min_p, "
            "%d vocab > %d lanes), %d with penalty/mask entries, %d below min_tokens, %d with "
-           "top logprobs, %d draws other than the argmax\n", CASES, n_sampled, n_topk, n_topp,
-           n_minp, n_big, KVF_SAMPLE_LANES, n_pen, n_mask, n_lp, n_notmax);
+           "top logprobs, %d draws other than the argmax, %d with logit_bias / allowed_token_ids / "
+           "bad_words\n", CASES, n_sampled, n_topk, n_topp, n_minp, n_big, KVF_SAMPLE_LANES,
+           n_pen, n_mask, n_lp, n_notmax, n_lists);
+    assert_true(n_lists > CASES / 3);
     assert_true(n_sampled > CASES / 2);
     assert_true((n_topk > 500) && (n_topp > 500) && (n_minp > 500) && (n_big > 300));
     assert_true((n_pen > 1000) && (n_lp > 1000) && (n_notmax > 100));
@@ -231,8 +270,9 @@ static void test_batch(void **state)
     enum { R = 5, V = 700 };
     float *l = malloc((size_t)R * V * sizeof(float)), *scratch = malloc((size_t)R * V * 4);
     kvf_sample_row_t rows[R];
-    kvf_sample_pen_t pen[3] = {{3, 2, KVF_SAMPLE_PEN_SEEN}, {9, 0, KVF_SAMPLE_PEN_MASK},
-                               {11, 1, KVF_SAMPLE_PEN_SEEN | KVF_SAMPLE_PEN_MASK}};
+    kvf_sample_pen_t pen[3] = {{3, 2, KVF_SAMPLE_PEN_SEEN, 0.0f},
+                               {9, 0, KVF_SAMPLE_PEN_MASK, 0.0f},
+                               {11, 1, KVF_SAMPLE_PEN_SEEN | KVF_SAMPLE_PEN_MASK, 0.0f}};
     kvf_sample_res_t a[R], b[R];
     kvf_sample_ws_t *ws = NULL;
 

@@ -32,6 +32,31 @@ static kvf_sampling_t params(float t)
     return s;
 }
 
+/* allowed_token_ids leaves @a i out, or a bad word ends with i and the outputs end with the
+ * rest of it. */
+static bool list_masked(const kvf_sampling_t *s, const int32_t *toks, int prompt_len, int n,
+                        int i)
+{
+    bool allowed = (s->num_allowed == 0);
+
+    for (int e = 0; e < s->num_allowed; ++e) {
+        allowed |= (s->allowed_ids[e] == i);
+    }
+    for (int w = 0, start = 0; w < s->num_bad_words; start = s->bad_ends[w++]) {
+        int len = s->bad_ends[w] - start, k = 0;
+        if ((s->bad_tokens[s->bad_ends[w] - 1] != i) || (len - 1 > n - prompt_len)) {
+            continue;
+        }
+        while ((k < len - 1) && (toks[n - (len - 1) + k] == s->bad_tokens[start + k])) {
+            ++k;
+        }
+        if (k == len - 1) {
+            return true;
+        }
+    }
+    return !allowed;
+}
+
 /* Reference: the distribution over V after penalties, temperature and the filters. */
 static void reference(const kvf_sampling_t *s, const int32_t *toks, int prompt_len, int n,
                       const int *eos, int num_eos, double *p)
@@ -47,6 +72,9 @@ static void reference(const kvf_sampling_t *s, const int32_t *toks, int prompt_l
             count += (k >= prompt_len) && (toks[k] == i);
         }
         l[i] = base[i];
+        for (int e = 0; e < s->num_logit_bias; ++e) {   /* vLLM: bias before penalties */
+            l[i] += (s->bias_ids[e] == i) ? s->bias_values[e] : 0.0f;
+        }
         if (seen) {   /* vLLM: divide a positive logit, multiply a negative one */
             l[i] = (l[i] > 0) ? l[i] / rep : l[i] * rep;
         }
@@ -63,6 +91,7 @@ static void reference(const kvf_sampling_t *s, const int32_t *toks, int prompt_l
                 }
             }
         }
+        l[i] = list_masked(s, toks, prompt_len, n, i) ? -INFINITY : l[i];
         mx = (l[i] > mx) ? l[i] : mx;
     }
     for (int i = 0; i < V; ++i) {
@@ -189,6 +218,36 @@ static void test_distributions(void **state)
     s.num_stop_token_ids = 1;
     s.stop_token_ids[0] = 9;
     check_dist("min_tokens 6 masks EOS 5 and stop id 9", &s, toks, 3, 7, eos, 1);
+    s = params(1.0f);
+    s.num_logit_bias = 2;   /* +1.5 lifts 3 (0.5) to 2.0; -3 drops 5 (3.0) to 0.0 */
+    s.bias_ids[0] = 3;
+    s.bias_values[0] = 1.5f;
+    s.bias_ids[1] = 5;
+    s.bias_values[1] = -3.0f;
+    s.repetition_penalty = 1.8f;   /* on the biased logits */
+    check_dist("logit_bias 3:+1.5 5:-3 + repetition 1.8", &s, toks, 3, 7, NULL, 0);
+    s = params(1.0f);
+    s.num_allowed = 3;
+    s.allowed_ids[0] = 4;
+    s.allowed_ids[1] = 7;
+    s.allowed_ids[2] = 11;
+    check_dist("allowed_token_ids 4 7 11", &s, toks, 3, 7, NULL, 0);
+    s = params(1.0f);
+    s.num_bad_words = 3;   /* [9 1 5]: outputs end 9 1, so 5 masked; [8] always; [0 2]: not */
+    s.bad_tokens[0] = 9;
+    s.bad_tokens[1] = 1;
+    s.bad_tokens[2] = 5;
+    s.bad_ends[0] = 3;
+    s.bad_tokens[3] = 8;
+    s.bad_ends[1] = 4;
+    s.bad_tokens[4] = 0;
+    s.bad_tokens[5] = 2;
+    s.bad_ends[2] = 6;
+    check_dist("bad_words [9 1 5] [8] [0 2]", &s, toks, 3, 7, NULL, 0);
+    s = params(1.0f);
+    s.min_tokens = 6;
+    s.num_stop_token_ids = 1;
+    s.stop_token_ids[0] = 9;
     s.ignore_eos = true;
     {   /* with ignore_eos, EOS is not masked (the reference masks it: compare by hand) */
         kvf_sample_out_t o;
@@ -303,6 +362,59 @@ static void test_checks(void **state)
         s.top_k = 3;
         assert_int_equal(kvf_sampling_check(&s, V, err, sizeof(err)), KVF_OK);
     }
+    for (int i = 0; i < 7; ++i) {   /* the lists: each bad value names its field */
+        static const char *const list[] = {"logit_bias", "logit_bias", "logit_bias",
+                                           "allowed_token_ids", "allowed_token_ids",
+                                           "bad_words", "bad_words"};
+        kvf_sampling_t s = params(1.0f);
+        s.num_logit_bias = 2;
+        s.bias_ids[0] = 1;
+        s.bias_ids[1] = 2;
+        switch (i) {
+        case 0: s.bias_values[1] = 100.5f; break;
+        case 1: s.bias_ids[1] = V; break;
+        case 2: s.bias_ids[1] = 1; break;   /* twice */
+        case 3: s.num_allowed = 1; s.allowed_ids[0] = -1; break;
+        case 4: s.num_allowed = KVF_SAMPLING_MAX_ALLOWED + 1; break;
+        case 5: s.num_bad_words = 2; s.bad_ends[0] = 1; s.bad_ends[1] = 1; break;   /* empty */
+        default: s.num_bad_words = 1; s.bad_ends[0] = 1; s.bad_tokens[0] = V; break;
+        }
+        assert_int_equal(kvf_sampling_check(&s, V, err, sizeof(err)), KVF_ERR_INVALID_PARAM);
+        if (strstr(err, list[i]) == NULL) {
+            fail_msg("list case %d: '%s' does not name %s", i, err, list[i]);
+        }
+    }
+}
+
+/* Greedy: logit_bias +100 forces its token; allowed_token_ids and bad_words hold at
+ * temperature 0 too (the engine then may not take the forward's argmax). */
+static void test_lists_greedy(void **state)
+{
+    const int32_t toks[] = {5, 9, 0, 5, 5, 9, 1};
+    kvf_sampling_t s = params(0.0f);
+    kvf_sample_out_t o;
+    uint64_t rng = 3;
+
+    (void)state;
+    s.num_logit_bias = 1;
+    s.bias_ids[0] = 10;   /* the smallest logit, -2 */
+    s.bias_values[0] = 100.0f;
+    assert_int_equal(kvf_sampler_sample(&s, &rng, toks, 3, 7, base, V, NULL, 0, &o), KVF_OK);
+    assert_int_equal(o.token, 10);
+    s.num_bad_words = 1;   /* [1 10]: the outputs end with 1, so 10 is masked after all */
+    s.bad_tokens[0] = 1;
+    s.bad_tokens[1] = 10;
+    s.bad_ends[0] = 2;
+    assert_int_equal(kvf_sampler_sample(&s, &rng, toks, 3, 7, base, V, NULL, 0, &o), KVF_OK);
+    assert_int_equal(o.token, 5);   /* the argmax of the rest */
+    assert_int_equal(kvf_sampler_sample(&s, &rng, toks, 3, 6, base, V, NULL, 0, &o), KVF_OK);
+    assert_int_equal(o.token, 10);  /* outputs end with 9: the word is not due */
+    s = params(0.0f);
+    s.num_allowed = 2;
+    s.allowed_ids[0] = 6;
+    s.allowed_ids[1] = 3;
+    assert_int_equal(kvf_sampler_sample(&s, &rng, toks, 3, 7, base, V, NULL, 0, &o), KVF_OK);
+    assert_int_equal(o.token, 3);   /* 0.5 > -1 */
 }
 
 int main(void)
@@ -311,6 +423,7 @@ int main(void)
         cmocka_unit_test(test_distributions),
         cmocka_unit_test(test_exact),
         cmocka_unit_test(test_checks),
+        cmocka_unit_test(test_lists_greedy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
