@@ -57,6 +57,7 @@
 #include "kvf_gemm.h"
 #include "kvf_gemm_narrow.h"
 #include "kvf_mamba2.h"
+#include "kvf_ssd.h"
 #include "kvf_model.h"
 #include "kvf_moe.h"
 #include "kvf_norm.h"
@@ -996,6 +997,17 @@ DEVSIM_KERNEL(kvf_mamba2_scan, (const kvf_device_t *dev, const kvf_mamba2_params
               (dev, p, T, x, ldx, dt, lddt, B, C, ldbc, state, state_dtype, has_state, y, ldy),
               (devsim_want_dev(x, "kvf_mamba2_scan x"), devsim_want_dev(y, "kvf_mamba2_scan y"),
                devsim_want_dev(state, "kvf_mamba2_scan state")))
+DEVSIM_KERNEL(kvf_mamba2_scan_chunked, (const kvf_device_t *dev, const kvf_mamba2_params_t *p,
+                                        int T, long long pos0, int grid, const float *x,
+                                        int ldx, const float *dt, int lddt, const float *B,
+                                        const float *C, int ldbc, void *state,
+                                        kvf_dtype_t state_dtype, int has_state, float *y,
+                                        int ldy),
+              (dev, p, T, pos0, grid, x, ldx, dt, lddt, B, C, ldbc, state, state_dtype,
+               has_state, y, ldy),
+              (devsim_want_dev(x, "kvf_mamba2_scan_chunked x"),
+               devsim_want_dev(y, "kvf_mamba2_scan_chunked y"),
+               devsim_want_dev(state, "kvf_mamba2_scan_chunked state")))
 DEVSIM_KERNEL(kvf_mamba2_step, (const kvf_device_t *dev, const kvf_mamba2_params_t *p,
                                 const float *x, const float *dt, const float *B, const float *C,
                                 void *state, kvf_dtype_t state_dtype, float *y),
