@@ -118,6 +118,15 @@ int  kvf_cuda_argmax_rows(const kvf_device_t *dev, const float *x, int rows, int
 int  kvf_cuda_gemm_narrow(const kvf_device_t *dev, int M, int N, int K, const float *x,
                           int ldx, const void *w, int wdtype, int ldw, const float *bias,
                           float *y, int ldy, void *xs);
+/* kvf_gemm_lt_cuda.cu: y = beta * y + xs W^T on tensor cores, xs and W 16-bit (@a wdtype),
+ * xs contiguous [M][K]; one pinned cuBLASLt algorithm per key (kvf_gemm_plan.h) */
+/* kvf_ssd_cuda.cu: the chunked (SSD) Mamba2 prompt scan on the state grid (kvf_ssd.h) */
+int  kvf_cuda_ssd_scan(const kvf_device_t *dev, const kvf_mamba2_params_t *p, int T,
+                       long long pos0, int grid, const float *x, int ldx, const float *dt,
+                       int lddt, const float *B, const float *C, int ldbc, void *state,
+                       int state_dtype, int has_state, float *y, int ldy);
+int  kvf_cuda_gemm_lt(const kvf_device_t *dev, int M, int N, int K, const void *xs,
+                      const void *w, int wdtype, int ldw, float beta, float *y, int ldy);
 
 #ifdef __cplusplus
 }

@@ -9,8 +9,9 @@
  * CPU version does.
  *
  * 16-bit weights (kvf_gemm_narrow.h): x rounded to W's dtype by a kernel into
- * the caller's scratch, then cublasGemmEx with 16-bit A and B, fp32 C and
- * CUBLAS_COMPUTE_32F (tensor cores, fp32 accumulation), same transposes.
+ * the caller's scratch, then cuBLASLt with 16-bit A and B, fp32 C and
+ * CUBLAS_COMPUTE_32F (tensor cores, fp32 accumulation), same transposes, one pinned
+ * algorithm per weight shape (kvf_gemm_lt_cuda.cu, kvf_gemm_plan.h: batch invariant).
  *
  * Handles: one cuBLAS handle per thread and device ordinal (TP ranks are
  * threads and a handle must not be shared by threads on different
@@ -173,18 +174,12 @@ extern "C" int kvf_cuda_gemm_narrow(const kvf_device_t *dev, int M, int N, int K
                                     const float *x, int ldx, const void *w, int wdtype, int ldw,
                                     const float *bias, float *y, int ldy, void *xs)
 {
-    const float alpha = 1.0f;
     float beta = 0.0f;
-    const cudaDataType_t ab = (wdtype == (int)KVF_DTYPE_BF16) ? CUDA_R_16BF : CUDA_R_16F;
     cudaStream_t stream = kvf_cuda_stream_of(dev);
     size_t n = (size_t)M * (size_t)K;
-    cublasHandle_t h = NULL;
-    cublasStatus_t st;
-    int rc = kvf_cublas_handle(dev, &h);
+    int rc;
 
-    if (rc != KVF_KERN_OK) {
-        return rc;
-    }
+    KVF_CUDA_CHECK(cudaSetDevice(dev->ordinal));
     kvf_round_rows_kernel<<<kvf_cuda_blocks(n), KVF_CUDA_THREADS, 0, stream>>>(
         x, ldx, (size_t)M, K, wdtype, (uint16_t *)xs);
     rc = kvf_cuda_launched("kvf_round_rows_kernel");
@@ -201,10 +196,6 @@ extern "C" int kvf_cuda_gemm_narrow(const kvf_device_t *dev, int M, int N, int K
         }
         beta = 1.0f;
     }
-    st = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, w, ab, ldw, xs, ab, K, &beta,
-                      y, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    if (st != CUBLAS_STATUS_SUCCESS) {
-        return kvf_cublas_error(st, "cublasGemmEx(W^T x, 16-bit, fp32 compute)");
-    }
-    return KVF_KERN_OK;
+    /* one pinned cuBLASLt algorithm per weight shape: a row's bits do not depend on M */
+    return kvf_cuda_gemm_lt(dev, M, N, K, xs, w, wdtype, ldw, beta, y, ldy);
 }

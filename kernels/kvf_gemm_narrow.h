@@ -2,24 +2,30 @@
  * Linear layers with 16-bit weights on tensor cores: y = x * W^T + bias with
  * W stored bf16 or fp16 (nn.Linear layout [out][in]) and x fp32, computed
  * as a GPU does it with 16-bit operands: x rounded to W's dtype (nearest
- * even), every product and sum in fp32 (cuBLAS cublasGemmEx, 16-bit A and B,
- * fp32 C, CUBLAS_COMPUTE_32F: tensor cores, fp32 accumulation). The model
- * uses it for a checkpoint's bf16/fp16 matrices kept narrow on a GPU
- * (KVF_GPU_WEIGHTS=native, common/runtime/kvf_model_dev.c): half the
- * memory of widened weights and the tensor cores' speed, at the price of
- * the activations' rounding (not the CPU's arithmetic, which widens the
- * weights and keeps x fp32: kvf_gemm.h; a GPU's default keeps bf16 weights
- * too, multiplied by kvf_gemm_w in that arithmetic).
+ * even), every product and sum in fp32 (cuBLASLt, 16-bit A and B, fp32 C,
+ * CUBLAS_COMPUTE_32F: tensor cores, fp32 accumulation). On a GPU this is
+ * the default GEMM of a checkpoint's bf16/fp16 matrices (KVF_GPU_WEIGHTS
+ * unset or native, common/runtime/kvf_model_dev.c): half the memory of
+ * widened weights and the tensor cores' speed, at the price of the
+ * activations' rounding (not the CPU's arithmetic, which widens the weights
+ * and keeps x fp32: kvf_gemm.h; KVF_GPU_WEIGHTS=exact reproduces it on a
+ * GPU). Batch invariant on a GPU: one cuBLASLt algorithm per weight shape,
+ * chosen once and pinned (no split-K, no stream-K, no workspace), passed to
+ * every call whatever M (kvf_gemm_plan.h, kvf_gemm_lt_cuda.cu).
  *
  * The CPU version is the reference the GPU is checked against
  * (tests/gpu/gpu_vs_cpu.c): the same rounding, fp32 products summed in k
- * order (cuBLAS's order differs: equal within fp32 rounding of the sums).
+ * order (cuBLASLt's order differs: equal within fp32 rounding of the sums).
  * It is a plain loop, for tests, not for serving.
  *
+ * Activations between layers stay fp32 (the forward's norms, residual adds,
+ * attention and Mamba kernels all take fp32); only a GEMM's input is rounded
+ * to 16 bits, where transformers' bf16 model has it bf16 too.
  * Rejected: widening a tile of W to fp32 on the GPU before cublasSgemm
  * (the CPU's arithmetic, but three times the weight traffic of a 16-bit
- * read at decode and no tensor cores); cuBLASLt (same kernels for these
- * shapes through a larger API).
+ * read at decode and no tensor cores); cublasGemmEx (what this was: cuBLAS
+ * picks a kernel per call's shape, M included, so a row's bits changed with
+ * the batch).
  */
 #ifndef KVF_GEMM_NARROW_H
 #define KVF_GEMM_NARROW_H

@@ -69,14 +69,15 @@ kvf_status_t kvf_model_load(const char *dir, int tp_size, kvf_model_h *model_p);
  * kvf_model_load()). A CUDA device cuda:N (from kvf_model_device_open())
  * keeps every weight in GPU memory, rank r on cuda:(N + r) (opened here,
  * before the weights are read): each tensor is loaded on the host as on
- * the CPU, bf16 matrices and embeddings kept bf16 (the fixed-order GEMM,
- * kvf_gemm_w, widens them in its registers: the CPU's bits at the
- * checkpoint's size) and fp16 ones widened to fp32 there (with
- * KVF_GPU_WEIGHTS=fp32 in the environment bf16 ones are widened too: the
- * same bits, twice the memory; with native bf16/fp16 matrices and
- * embeddings stay 16-bit and their GEMMs run on tensor cores with the
- * activations rounded to 16 bits (kernels/kvf_gemm_narrow.h); another value
- * than exact, fp32 or native fails the load, naming it), then copied with
+ * the CPU; by default (KVF_GPU_WEIGHTS unset or native) bf16/fp16 matrices
+ * and embeddings stay 16-bit and their GEMMs run on tensor cores through
+ * cuBLASLt with the activations rounded to 16 bits, one pinned algorithm
+ * per weight shape (kernels/kvf_gemm_narrow.h, kvf_gemm_plan.h: batch
+ * invariant, not the CPU's bits); with exact (debugging: the CPU's bits)
+ * bf16 ones are kept bf16 and widened in the fixed-order GEMM's registers
+ * (kvf_gemm_w) and fp16 ones widened to fp32 on the host; with fp32 bf16
+ * ones are widened too (the same bits, twice the memory); another value
+ * fails the load, naming it; then copied with
  * kvf_device_memcpy() and the host copy freed; the
  * replicated tensors (embeddings, norms, lm_head) get one copy per rank's
  * GPU. The forward then runs the kernels' CUDA launchers on each rank's

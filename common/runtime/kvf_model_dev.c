@@ -6,18 +6,16 @@
  * Design: the loader (kvf_model.c) reads every tensor into host memory as
  * on the CPU; kvf_model_upload() then replaces each host buffer by a device
  * copy, one tensor at a time (peak host memory: the host model plus one
- * widened matrix). By default (KVF_GPU_WEIGHTS unset or "exact") bf16
- * matrices and embeddings stay bf16 on the GPU, as on the CPU, and the
- * fixed-order GEMM widens them in its registers (kvf_gemm_w: the CPU's
- * bits, half the memory of a widened copy); fp16 ones are widened to fp32
- * on the host (kvf_convert). KVF_GPU_WEIGHTS=fp32 widens bf16 too (the
- * same bits, twice the memory: what this file did before). native keeps
- * bf16/fp16 matrices 16-bit and the forward runs their GEMMs on tensor
- * cores (kernels/kvf_gemm_narrow.h: activations rounded to 16 bits, fp32
- * accumulation, as a bf16 PyTorch model computes; not the CPU's bits, not
- * batch invariant). fp32 checkpoints are the same in every mode.
- * Rejected: native as the default before it has been measured on a GPU
- * against the CPU's tokens (the exact path stays the default). Each pointer
+ * widened matrix). By default (KVF_GPU_WEIGHTS unset, empty or "native")
+ * bf16/fp16 matrices stay 16-bit and the forward runs their GEMMs on tensor
+ * cores through cuBLASLt (kernels/kvf_gemm_narrow.h: activations rounded
+ * to 16 bits, fp32 accumulation, as a bf16 PyTorch model computes; one
+ * pinned algorithm per weight shape, so batch invariant: kvf_gemm_plan.h;
+ * not the CPU's bits). "exact" is the debugging mode with the CPU's bits:
+ * bf16 matrices kept bf16 and widened in the registers of the fixed-order
+ * GEMM (kvf_gemm_w), fp16 ones widened to fp32 on the host (kvf_convert).
+ * "fp32" widens bf16 too (the same bits as exact, twice the memory). fp32
+ * checkpoints are the same in every mode. Each pointer
  * is either host or device memory at any moment, and
  * kvf_model_wfree() asks which (kvf_device_ptr_is_cuda), so a model whose
  * upload failed half way is freed correctly. A CPU model never reaches
@@ -264,42 +262,32 @@ static kvf_status_t kvf_widen_mat(kvf_model_h m, kvf_mat_t *w)
     return KVF_OK;
 }
 
-/* KVF_GPU_WEIGHTS: how 16-bit matrices sit on the GPU. */
-typedef enum {
-    KVF_GPU_W_EXACT = 0,   /* unset or "exact": bf16 kept (widened in the GEMM), fp16 widened */
-    KVF_GPU_W_FP32,        /* "fp32": every matrix widened to fp32 at load */
-    KVF_GPU_W_NATIVE       /* "native": bf16/fp16 kept, tensor-core GEMMs */
-} kvf_gpu_w_mode_t;
+/* KVF_GPU_WEIGHTS (kernels/kvf_gemm_plan.h: the values and the path each matrix takes);
+ * anything else refused by name. */
+typedef kvf_gpu_weights_t kvf_gpu_w_mode_t;
 
-/* The mode from the environment; anything else refused by name. */
 static kvf_status_t kvf_gpu_weights_mode(kvf_gpu_w_mode_t *mode_p)
 {
     const char *env = getenv("KVF_GPU_WEIGHTS");
 
-    *mode_p = KVF_GPU_W_EXACT;
-    if ((env == NULL) || (env[0] == '\0') || (strcmp(env, "exact") == 0)) {
+    if (kvf_gpu_weights_parse(env, mode_p) == 0) {
         return KVF_OK;
     }
-    if (strcmp(env, "fp32") == 0) {
-        *mode_p = KVF_GPU_W_FP32;
-        return KVF_OK;
-    }
-    if (strcmp(env, "native") == 0) {
-        *mode_p = KVF_GPU_W_NATIVE;
-        return KVF_OK;
-    }
-    kvf_error("bad value '%s' for KVF_GPU_WEIGHTS: exact (the default: bf16 matrices kept and "
-              "widened in the GEMM, the CPU's arithmetic), fp32 (every matrix widened at load) "
-              "or native (bf16/fp16 matrices kept, tensor-core GEMMs)", env);
+    kvf_error("bad value '%s' for KVF_GPU_WEIGHTS: %s", env, kvf_gpu_weights_help());
     return KVF_ERR_INVALID_PARAM;
 }
 
-/* Whether a host matrix stays in its 16-bit dtype on the GPU under @a mode (else it is
- * widened to fp32 first). */
+/* Whether a host matrix stays in its dtype on the GPU under @a mode (else it is widened to
+ * fp32 first). */
 static bool kvf_gpu_keeps(const kvf_mat_t *w, kvf_gpu_w_mode_t mode)
 {
-    return (mode == KVF_GPU_W_NATIVE) ||
-           ((mode == KVF_GPU_W_EXACT) && (w->dtype == KVF_DTYPE_BF16));
+    return kvf_gpu_weights_keeps(mode, w->dtype) != 0;
+}
+
+/* Whether a kept matrix runs its GEMMs on tensor cores (cuBLASLt: kvf_gemm_narrow). */
+static bool kvf_gpu_tc(const kvf_mat_t *w, kvf_gpu_w_mode_t mode)
+{
+    return kvf_gpu_gemm_path(mode, w->dtype) == KVF_GEMM_PATH_LT;
 }
 
 /* A matrix: widened to fp32 on the host unless kvf_gpu_keeps() it, then moved to @a dev in
@@ -312,7 +300,7 @@ static kvf_status_t kvf_up_mat(kvf_model_h m, const kvf_device_t *dev, kvf_mat_t
     if (status != KVF_OK) {
         return status;
     }
-    w->tensor_cores = (mode == KVF_GPU_W_NATIVE) && (w->dtype != KVF_DTYPE_FP32);
+    w->tensor_cores = kvf_gpu_tc(w, mode);
     return kvf_up_bytes(dev, &w->data,
                         (size_t)w->rows * (size_t)w->cols * kvf_dtype_size(w->dtype));
 }
@@ -412,7 +400,7 @@ kvf_status_t kvf_model_upload(kvf_model_h m)
 {
     const bool tied = (m->rep.lm_head.data == m->rep.embed.data);
     kvf_status_t status = KVF_OK;
-    kvf_gpu_w_mode_t native = KVF_GPU_W_EXACT;
+    kvf_gpu_w_mode_t native = KVF_GPU_W_NATIVE;
 
     if ((m->dev.kind == KVF_DEVICE_CPU) || (m->gpu_devs == NULL)) {
         return KVF_OK;
@@ -429,16 +417,14 @@ kvf_status_t kvf_model_upload(kvf_model_h m)
     if (!kvf_gpu_keeps(&m->rep.embed, native)) {
         KVF_UP(kvf_widen_mat(m, &m->rep.embed));
     }
-    m->rep.embed.tensor_cores = (native == KVF_GPU_W_NATIVE) &&
-                                (m->rep.embed.dtype != KVF_DTYPE_FP32);
+    m->rep.embed.tensor_cores = kvf_gpu_tc(&m->rep.embed, native);
     if (tied) {
         m->rep.lm_head = m->rep.embed;   /* one copy, as on the host (also after a failure) */
     } else {
         if (!kvf_gpu_keeps(&m->rep.lm_head, native)) {
             KVF_UP(kvf_widen_mat(m, &m->rep.lm_head));
         }
-        m->rep.lm_head.tensor_cores = (native == KVF_GPU_W_NATIVE) &&
-                                      (m->rep.lm_head.dtype != KVF_DTYPE_FP32);
+        m->rep.lm_head.tensor_cores = kvf_gpu_tc(&m->rep.lm_head, native);
     }
     for (int r = 0; r < m->tp; ++r) {
         KVF_UP(kvf_up_rep(m, r));

@@ -19,6 +19,7 @@
 #include "kvf_conv1d.h"
 #include "kvf_gemm.h"
 #include "kvf_gemm_narrow.h"
+#include "kvf_gemm_plan.h"
 #include "kvf_mamba2.h"
 #include "kvf_moe.h"
 #include "kvf_norm.h"
@@ -36,8 +37,9 @@ typedef struct {
     void       *data;
     kvf_dtype_t dtype;
     int         rows, cols;
-    bool        tensor_cores;   /* 16-bit on a GPU with KVF_GPU_WEIGHTS=native: multiplied by
-                                 * kvf_gemm_narrow (activations rounded to 16 bits) */
+    bool        tensor_cores;   /* 16-bit on a GPU under KVF_GPU_WEIGHTS=native (the default):
+                                 * multiplied by kvf_gemm_narrow (activations rounded to 16
+                                 * bits, cuBLASLt) */
 } kvf_mat_t;
 
 typedef struct {
@@ -141,7 +143,7 @@ struct kvf_model_ws {
     int32_t *d_tok;             /* [S] greedy ids (dev) */
     int32_t *h_tok;             /* [S] their host copy */
     void    *xs;                /* [T][max K] 16-bit activations of the tensor-core GEMMs
-                                 * (kvf_gemm_narrow; device only, KVF_GPU_WEIGHTS=native) */
+                                 * (kvf_gemm_narrow; device only, KVF_GPU_WEIGHTS=native, the default) */
     struct kvf_sample_ws *sample_ws;   /* device sampling's buffers (kvf_sample_batch.h) */
     kvf_sample_row_t *srow;     /* [S] the head's sampling rows (host) */
     kvf_sample_res_t *sres;     /* [S] their results (host) */

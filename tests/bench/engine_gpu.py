@@ -13,13 +13,13 @@ temporary folder, with --geom-pattern's layers instead of all 56 (default "M-M*"
 Mamba2, one MLP, one attention layer; every layer has the 9B's shapes, so per-layer speed
 is the 9B's, while the file stays about 3.3 GB and the run within the time budget).
 
-dtypes: bf16 = the bf16 checkpoint with KVF_GPU_WEIGHTS=native (16-bit weights on
-tensor cores) and a bf16 KV cache, against transformers in torch.bfloat16; fp32 = the same
+dtypes: bf16 = the bf16 checkpoint with KVF_GPU_WEIGHTS=native (the default: 16-bit
+weights on tensor cores through cuBLASLt, one pinned algorithm per weight shape) and a bf16 KV cache, against transformers in torch.bfloat16; fp32 = the same
 checkpoint widened (KVF_GPU_WEIGHTS=fp32, the CPU-exact path) and an fp32 KV cache,
 against transformers in torch.float32; fp32-cublas = the fp32 run with KVF_GPU_GEMM=cublas
 (cublasSgemm instead of the fixed-order GEMM kernel: faster or not, not batch invariant),
 so the table shows what batch invariance costs (its transformers cells are the fp32 run's);
-bf16-exact = the bf16 checkpoint as a pool runs it by default (KVF_GPU_WEIGHTS unset: bf16
+bf16-exact = the bf16 checkpoint in the debugging mode KVF_GPU_WEIGHTS=exact (bf16
 matrices kept, the fixed-order GEMM widening them in registers, the CPU's bits) with a bf16
 KV cache, against the bf16 transformers run; bf16-graphs = the bf16 run with
 KVF_GPU_GRAPHS=decode (decode steps recorded as CUDA graphs per batch size, then replayed;

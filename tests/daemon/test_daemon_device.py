@@ -248,6 +248,9 @@ def check_auto(devbin):
             status, _, raw = pool.request("GET", "/metrics", timeout=10)
             info = dict(re.findall(r'^kvf_instance_device_info\{[^}]*engine_id="([^"]+)",'
                                    r'device="([^"]+)"\} 1$', raw.decode(), re.M))
+        # the CPU's bits on the GPU prefill (KVF_GPU_WEIGHTS=exact): the default tensor-core
+        # GEMM rounds activations to 16 bits, so its tokens need not be a CPU run's
+        os.environ["KVF_GPU_WEIGHTS"] = "exact"
         with DevicePool(["--prefill-device", "cuda:2", "--decode-device", "cpu"], layout="1p1d",
                         model=MODEL, bin_dir=devbin) as pool:
             split = {i["engine_id"]: i.get("device") for r in ("prefill", "decode")
@@ -256,6 +259,7 @@ def check_auto(devbin):
                               timeout=60)
     finally:
         del os.environ["DEVSIM_GPUS"]
+        os.environ.pop("KVF_GPU_WEIGHTS", None)
     assert devs == {"prefill-0": "cuda:0", "prefill-1": "cuda:1", "decode-0": "cuda:2"}, devs
     assert status == 200 and info == devs, (status, info)   # the metrics label, the same
     assert split == {"prefill-0": "cuda:2", "decode-0": "cpu"}, split

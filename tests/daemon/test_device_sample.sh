@@ -7,10 +7,13 @@
 # - no [vocab]-sized copy to the host per step: one download per step, under a quarter of a
 #   logits row per generated token; with --print-logits the rows do come back (the control,
 #   so the counter is seen to count them).
+# The GEMMs run in their exact mode (KVF_GPU_WEIGHTS=exact: the CPU's bits), so the tokens
+# can be compared bit for bit; the default's tensor cores round activations to 16 bits.
 # Usage: test_device_sample.sh TESTBIN (the folder holding kvf-devsim)
 set -euo pipefail
 DEVSIM="${1:?usage: test_device_sample.sh TESTBIN}/kvf-devsim"
 KVF="${KVF_BIN:?}/kvf"
+export KVF_GPU_WEIGHTS=exact
 MODEL="${KVF_SOURCE_DIR:?}/models-trained/tiny-hybrid"
 T="$(mktemp -d /tmp/kvf-dsample-XXXXXX)"
 trap 'rm -rf "$T"' EXIT

@@ -61,15 +61,23 @@ check "tiny-hybrid sampled" 1 7 "$T/err"
 "$DEVSIM" bench-model --model "$MODELS/tiny-hybrid" --device cuda:0 --prompt-len 16 \
     --decode-tokens 6 --batch 4 >"$T/out" 2>"$T/err" || fail "batch 4: $(tail -5 "$T/err")"
 check "tiny-hybrid batch 4" 1 5 "$T/err"
+# the default GEMM of its bf16 matrices is the tensor-core one (kvf_gemm_narrow, cuBLASLt on a
+# GPU): each weight matrix kept one algorithm key through the prompts' prefill (M = 64) and
+# the decode steps (M = 4), so its rows' bits do not change with the batch
+[ "$(field "$T/err" gemm_lt_calls)" -gt 0 ] && [ "$(field "$T/err" gemm_lt_weights)" -gt 0 ] &&
+    [ "$(field "$T/err" gemm_lt_key_errors)" -eq 0 ] ||
+    fail "batch 4: tensor-core GEMM keys: $(grep -o 'gemm_lt_.*' "$T/err" | tail -1)"
 # a MoE model (4 MoE layers): the router's choice comes to the host for the expert loop,
 # ids and weights in one copy per MoE layer, so 1 + 4 device->host copies a step; the
-# tokens and logits are the CPU's
+# tokens and logits are the CPU's in the GEMM's exact mode (KVF_GPU_WEIGHTS=exact; the
+# default's tensor cores round activations to 16 bits)
 "$DEVSIM" mkmodel --config "$KVF_SOURCE_DIR/tests/data/models/tiny-moe.config.json" \
     --out "$T/moe" --seed 3 >/dev/null
 moe=(generate --model "$T/moe" --prompt "hello kvferry" --max-tokens 6 --ignore-eos yes)
 "$DEVSIM" "${moe[@]}" --device cpu --print-logits yes >"$T/moe-cpu" 2>/dev/null ||
     fail "moe on the CPU"
-"$DEVSIM" "${moe[@]}" --device cuda:0 --print-logits yes >"$T/moe-gpu" 2>/dev/null ||
+KVF_GPU_WEIGHTS=exact "$DEVSIM" "${moe[@]}" --device cuda:0 --print-logits yes \
+    >"$T/moe-gpu" 2>/dev/null ||
     fail "moe on the simulated GPU"
 [ "$(grep -v 'tok/s' "$T/moe-cpu")" = "$(grep -v 'tok/s' "$T/moe-gpu")" ] ||
     fail "moe: the simulated GPU's tokens or logits differ from the CPU's"

@@ -39,6 +39,9 @@
  * pointers must say what the requests' arrays say, every launch must go to the capture
  * stream, and host copies, syncs, allocations and per-request attention are errors:
  *   graph_captures C graph_replays R graph_mismatches M graph_host_inputs H
+ * The tensor-core GEMM's algorithm keys (kvf_devsim_gemm.c: a weight matrix always gets
+ * the same key, whatever the batch):
+ *   gemm_lt_calls C gemm_lt_weights W gemm_lt_key_errors E
  * What it cannot check:
  * CUDA kernels themselves, stream concurrency, UCX moving real device
  * memory (tests/gpu, on a GPU).
@@ -54,6 +57,7 @@
 #include "kvf_gemm.h"
 #include "kvf_gemm_narrow.h"
 #include "kvf_mamba2.h"
+#include "kvf_ssd.h"
 #include "kvf_model.h"
 #include "kvf_moe.h"
 #include "kvf_norm.h"
@@ -62,6 +66,7 @@
 #include "kvf_ssm_seqs.h"
 #include "kvf_tp_runner.h"
 #include "kvf_log.h"
+#include "kvf_devsim_gemm.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -354,7 +359,7 @@ static void devsim_report(void)
             "host_ptr_errors %llu wrong_device %llu ws_reserves %llu ws_device_bytes %llu "
             "ws_staging_bytes %llu decode_steps %llu decode_allocs %llu decode_d2h %llu "
             "decode_syncs %llu decode_d2h_max %llu graph_captures %llu graph_replays %llu "
-            "graph_mismatches %llu graph_host_inputs %llu\n", devsim_count(),
+            "graph_mismatches %llu graph_host_inputs %llu", devsim_count(),
             (unsigned long long)st_opened,
             (unsigned long long)st_allocs, (unsigned long long)st_alloc_bytes,
             (unsigned long long)st_kernels, (unsigned long long)st_blocks_zero_calls,
@@ -370,6 +375,8 @@ static void devsim_report(void)
             (unsigned long long)st_decode_syncs, (unsigned long long)st_decode_d2h_max,
             (unsigned long long)st_graph_captures, (unsigned long long)st_graph_replays,
             (unsigned long long)st_graph_mismatches, (unsigned long long)st_graph_host_inputs);
+    devsim_gemm_lt_report(stderr);
+    fputc('\n', stderr);
 }
 
 __attribute__((constructor)) static void devsim_init(void)
@@ -990,6 +997,17 @@ DEVSIM_KERNEL(kvf_mamba2_scan, (const kvf_device_t *dev, const kvf_mamba2_params
               (dev, p, T, x, ldx, dt, lddt, B, C, ldbc, state, state_dtype, has_state, y, ldy),
               (devsim_want_dev(x, "kvf_mamba2_scan x"), devsim_want_dev(y, "kvf_mamba2_scan y"),
                devsim_want_dev(state, "kvf_mamba2_scan state")))
+DEVSIM_KERNEL(kvf_mamba2_scan_chunked, (const kvf_device_t *dev, const kvf_mamba2_params_t *p,
+                                        int T, long long pos0, int grid, const float *x,
+                                        int ldx, const float *dt, int lddt, const float *B,
+                                        const float *C, int ldbc, void *state,
+                                        kvf_dtype_t state_dtype, int has_state, float *y,
+                                        int ldy),
+              (dev, p, T, pos0, grid, x, ldx, dt, lddt, B, C, ldbc, state, state_dtype,
+               has_state, y, ldy),
+              (devsim_want_dev(x, "kvf_mamba2_scan_chunked x"),
+               devsim_want_dev(y, "kvf_mamba2_scan_chunked y"),
+               devsim_want_dev(state, "kvf_mamba2_scan_chunked state")))
 DEVSIM_KERNEL(kvf_mamba2_step, (const kvf_device_t *dev, const kvf_mamba2_params_t *p,
                                 const float *x, const float *dt, const float *B, const float *C,
                                 void *state, kvf_dtype_t state_dtype, float *y),
@@ -1074,7 +1092,8 @@ DEVSIM_KERNEL(kvf_gemm_narrow, (const kvf_device_t *dev, int M, int N, int K, co
                                 const float *bias, float *y, int ldy, void *xs),
               (dev, M, N, K, x, ldx, w, wdtype, ldw, bias, y, ldy, xs),
               (devsim_want_dev(x, "kvf_gemm_narrow x"), devsim_want_dev(w, "kvf_gemm_narrow w"),
-               devsim_want_dev(y, "kvf_gemm_narrow y")))
+               devsim_want_dev(y, "kvf_gemm_narrow y"), devsim_want_dev(xs, "kvf_gemm_narrow xs"),
+               devsim_gemm_lt_check(dev->ordinal, N, K, w, (int)wdtype, ldw, xs, y, ldy)))
 DEVSIM_KERNEL(kvf_argmax_rows, (const kvf_device_t *dev, const float *x, int rows, int cols,
                                 int ldx, int32_t *out),
               (dev, x, rows, cols, ldx, out), devsim_want_dev(x, "kvf_argmax_rows x"))

@@ -1,0 +1,104 @@
+/*
+ * FlashInfer's paged decode attention on kvferry's own KV pages: which caches it can take,
+ * how kvferry's kernel blocks map to its pages, and a batch-invariant work plan. Plain C,
+ * unit-tested on the CPU (tests/kernels/test_kern_fi_plan.c); the CUDA launcher
+ * (kvf_fi_decode_cuda.cu, built with -DKVF_FLASHINFER=ON) only carries it out.
+ *
+ * Pages. FlashInfer reads a page p of one KV head h at k_data + p * stride_page + h *
+ * stride_h + row * stride_n (HND). One FlashInfer page is one kvferry kernel block
+ * ([K|V][kv_heads][kbs][head_dim], docs/ARCHITECTURE.md): k_data is the pool's base, v_data
+ * base + kv_heads * kbs * head_dim elements, stride_h = kbs * head_dim, stride_n = head_dim.
+ * A kernel block's byte offset, (block * slots + slot) * page_size + kb * kernel_block_bytes,
+ * is a multiple of u = gcd(page_size, kernel_block_bytes), so stride_page = u / elt and the
+ * page index is offset / u (refused by name if an index could pass INT32_MAX).
+ *
+ * Batch invariance. FlashInfer's own planner sizes split-KV from the batch (its work
+ * estimate), so a request's sums would change with the batch around it. kvferry fills the
+ * plan arrays itself instead (the layout of DecodeSplitKVIndptr): every request is cut into
+ * chunks of a FIXED number of pages, KVF_FI_SPLIT_TOKENS / kbs (at least 1), always in the
+ * partitioned mode (partial states merged in chunk order), whatever the batch.
+ *
+ * Refused (served by kvferry's own attention kernel, said once at start): fp32 KV caches
+ * (FlashInfer takes 16-bit ones), a dtype or head_dim not instantiated (kvf_fi_built()), a
+ * GQA group size its decode does not dispatch (1, 2, 3, 4, 6, 8, 16 only: Nemotron-Nano-9B-v2's
+ * 40 / 8 = 5 is refused), strides past uint32.
+ */
+#ifndef KVF_FI_PLAN_H
+#define KVF_FI_PLAN_H
+
+#include "kvf_dtype.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Tokens of one split-KV chunk (rounded down to whole kernel blocks, at least one). */
+#define KVF_FI_SPLIT_TOKENS 2048
+
+/** The geometry FlashInfer reads kvferry's pool with (elements of the cache dtype). */
+typedef struct {
+    uint32_t stride_page; /**< elements between consecutive page indices */
+    uint32_t stride_h;    /**< elements between KV heads in a kernel block */
+    uint32_t stride_n;    /**< elements between tokens: head_dim */
+    uint64_t v_offset;    /**< elements from a kernel block's K to its V */
+    uint64_t unit;        /**< bytes per page index (gcd of page size and kernel block) */
+    int      page_tokens; /**< FlashInfer's page size: the kernel block size */
+    int      chunk_pages; /**< pages per split-KV chunk (fixed) */
+} kvf_fi_geom_t;
+
+/** Whether this build instantiated FlashInfer's decode for a @a dtype cache of @a head_dim
+ * (bf16, head_dim 32 and 128 with -DKVF_FLASHINFER=ON; never without it). */
+int kvf_fi_built(kvf_dtype_t dtype, int head_dim);
+
+/**
+ * Whether FlashInfer's decode can serve a cache, and how it reads it.
+ *
+ * @param dtype       the KV cache dtype
+ * @param head_dim    > 0
+ * @param q_heads     query heads on this rank; @a kv_heads KV heads (> 0, divides q_heads)
+ * @param kbs         kernel block size, tokens
+ * @param page_size   bytes of one kvferry page (a block's slot)
+ * @param pool_bytes  bytes of the whole pool (bounds the page indices)
+ * @param built       whether dtype and head_dim count as instantiated (a test passes 1;
+ *                    the runtime passes kvf_fi_built(dtype, head_dim))
+ * @param [out] g     the geometry, when served
+ * @return NULL when served; else why not, a static string naming the field and value
+ *         class (the caller says it once and uses its own kernel).
+ */
+const char *kvf_fi_geometry(kvf_dtype_t dtype, int head_dim, int q_heads, int kv_heads, int kbs,
+                            size_t page_size, size_t pool_bytes, int built, kvf_fi_geom_t *g);
+
+/**
+ * A request's FlashInfer page indices from its kvferry block table: for each logical block
+ * b of its first @a tokens tokens, the kernel blocks it holds, in token order.
+ *
+ * @param block_table logical block ids; @a block_size tokens each (a multiple of kbs)
+ * @param slots, slot the layer's page in each block
+ * @param [out] pages ceil(tokens / kbs) indices
+ * @return the number written; -1 on bad arguments or fewer than @a cap entries.
+ */
+int kvf_fi_pages(const kvf_fi_geom_t *g, const int32_t *block_table, int block_size, int slots,
+                 int slot, size_t page_size, int tokens, int32_t *pages, int cap);
+
+/**
+ * The decode work plan: request r (kv_len[r] tokens, >= 1) is cut into
+ * ceil(pages_r / chunk_pages) chunks; entry i of request_indices / kv_tile_indices names
+ * (request, chunk), o_indptr[r] .. o_indptr[r + 1] are request r's entries. Depends on
+ * each request's own length only.
+ *
+ * @param [out] request_indices, kv_tile_indices  @a cap entries each
+ * @param [out] o_indptr  batch + 1 entries
+ * @return entries (FlashInfer's padded batch size); -1 on bad arguments or too small @a cap.
+ */
+int kvf_fi_decode_plan(const kvf_fi_geom_t *g, const int32_t *kv_len, int batch,
+                       int32_t *request_indices, int32_t *kv_tile_indices, int32_t *o_indptr,
+                       int cap);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
