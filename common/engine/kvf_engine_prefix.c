@@ -329,6 +329,9 @@ kvf_status_t kvf_engine_prefix_admit(kvf_engine_prefix_h ep, kvf_request_t *r)
     if ((ep->grid > 0) && (max_hit > r->prompt_len)) {
         max_hit = r->prompt_len;
     }
+    if (r->sampling.want_prompt_logprobs) {
+        max_hit = 0;   /* every prompt position's logits are asked for (vLLM skips it too) */
+    }
     status = kvf_pfx_key(ep, r, r->num_tokens / ep->unit, &key);
     if (status != KVF_OK) {
         return KVF_OK;   /* no memory for the chain: computed without the cache */
