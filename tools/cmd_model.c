@@ -549,9 +549,6 @@ int kvf_cmd_generate(int argc, char **argv)
         kvf_error("bad value %d for --turns (1 to 64)", o.turns);
         return 2;
     }
-    if ((o.logprobs < -1) || (o.logprobs > KVF_SAMPLING_MAX_LOGPROBS)) {
-        kvf_error("bad value %d for --logprobs (-1: none, or 0 to %d)", o.logprobs,
-                  KVF_SAMPLING_MAX_LOGPROBS);
     if ((o.logprobs < -1) || (o.logprobs > KVF_SAMPLING_MAX_LOGPROBS) ||
         (o.prompt_logprobs < -1) || (o.prompt_logprobs > KVF_SAMPLING_MAX_LOGPROBS)) {
         kvf_error("bad value %d / %d for --logprobs / --prompt-logprobs (-1: none, or 0 to "
