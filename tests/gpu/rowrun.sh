@@ -74,11 +74,18 @@ rr_verdict() { # text: the row's verdict (called inside a row)
 }
 export -f rr_verdict
 
-rr_cap_override() { # id default: KVF_GPU_CAPS's figure for id, else default
-    local kv
+rr_cap_override() { # id default: KVF_GPU_CAPS's figure for id (seconds > 0), else default
+    local kv v
     local IFS=,
     for kv in ${KVF_GPU_CAPS:-}; do
-        [ "${kv%%=*}" = "$1" ] && { echo "${kv#*=}"; return; }
+        [ "${kv%%=*}" = "$1" ] || continue
+        v=${kv#*=}
+        # `timeout 0` would mean no cap at all: a figure that is not > 0 keeps the default
+        if [[ $v =~ ^[0-9]+([.][0-9]+)?$ ]] && awk -v c="$v" 'BEGIN { exit !(c > 0) }'; then
+            echo "$v"
+            return
+        fi
+        echo "run.sh: KVF_GPU_CAPS $kv: not seconds > 0, row $1 keeps its cap $2 s" >&2
     done
     echo "$2"
 }

@@ -19,11 +19,12 @@
 #     step profiles and graphs on/off decode speed.
 # The whole script ends by itself within $KVF_GPU_BUDGET seconds (default 480) with a
 # summary line per row: PASS, FAIL: why, skipped: why, or not reached (budget).
-# KVF_GPU_CAPS="ROW=S,..." overrides rows' caps; KVF_GPU_PYTHON is the Python of the
-# engine, NIXL and torch rows (default python3). With --bundle FILE (deploy/gpu-bundle.sh's
-# tarball) it unpacks into $KVF_GPU_WORK (default /tmp/kvferry-gpu-run) and runs its
-# programs; cuBLAS and NCCL, not in the bundle, come from $KVF_CUDA_LIBS, the Python's
-# nvidia-* wheels, the CUDA toolkit or the library cache (the preflight says which).
+# KVF_GPU_CAPS="ROW=S,..." overrides rows' caps; KVF_GPU_PYTHON is the Python of the engine,
+# NIXL and torch rows (default python3); KVF_GPU_GEMM_BENCH a command for the gemm row. With
+# --bundle FILE (deploy/gpu-bundle.sh's tarball) it unpacks into $KVF_GPU_WORK (default
+# /tmp/kvferry-gpu-run) and runs its programs; cuBLAS and NCCL, not in the bundle, come from
+# $KVF_CUDA_LIBS, the Python's nvidia-* wheels, the CUDA toolkit or the library cache (the
+# preflight says which).
 #
 # Without a GPU (no nvidia-smi, nvidia-smi lists no GPU, or cudaGetDeviceCount fails) it
 # prints "skipped: no GPU" and exits $KVF_GPU_SKIP_EXIT: 0 by hand, 77 under ctest
@@ -41,7 +42,7 @@ while [ $# -gt 0 ]; do
     case $1 in
     --bundle) bundle=${2:-}; shift 2 || { echo "run.sh: --bundle needs a file"; exit 2; } ;;
     --nixl-wheel) nixl_wheel=${2:-}; shift 2 || { echo "run.sh: --nixl-wheel needs a file"; exit 2; } ;;
-    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set -uo/{/^set -uo/d;p}' "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument '$1' (see --help)"; exit 2 ;;
     esac
 done

@@ -147,7 +147,7 @@ order=$(echo $order)
 a="$tmp/a"
 mkdir -p "$a"
 t0=$(now_ms)
-(cd "$a" && FAKE_HANG="--path ipc" KVF_GPU_CAPS="pull-4p2d-ipc=1" \
+(cd "$a" && FAKE_HANG="--path ipc" KVF_GPU_CAPS="kernels=0,pull-4p2d-ipc=1" \
     timeout 60 bash "$root/tests/gpu/run.sh" >"$a/stdout" 2>&1; echo $? >"$a/rc") &
 pid=$!
 res="$a/gpu-results.txt"
@@ -172,6 +172,9 @@ got=$(sed -n 's/^row \([^:]*\): .*/\1/p' "$res" | tr '\n' ' ' | sed 's/ $//')
 check "rows ran in the issue's order" test "$got" = "$order"
 [ "$got" = "$order" ] || { echo "  want: $order"; echo "  got:  $got"; }
 check "the hanging row reports its cap" grep -q '^row pull-4p2d-ipc: FAIL: cap 1 s reached' "$res"
+check "a cap of 0 (no timeout to timeout(1)) is refused, the row keeps its own" \
+    bash -c "grep -q 'KVF_GPU_CAPS kernels=0: not seconds > 0, row kernels keeps its cap 90 s' '$a/stdout' &&
+             grep -q '^\[ *[0-9.]*s\] kernels: running (cap 90 s' '$a/stdout'"
 check "the row after the hang runs and passes" grep -q '^row pull-4p2d-ucx: PASS (bytes verified' "$res"
 check "the nixl row reads the descriptors the UCX row wrote" \
     bash -c "test -s '$a/gpu-logs/descs-4p2d.json' && grep -q '^row nixl-4p2d: PASS (bytes verified; 925.9 GB/s, post 1.10 us/desc; copy 2500.0 GB/s)' '$res'"
