@@ -536,11 +536,9 @@ static int kvf_bs_file_dataset(const char *name)
            (strcmp(name, "burstgpt") == 0) ? KVF_BS_DS_BURSTGPT : -1;
 }
 
-/* Everything but the rates into o->p; 0, or -1 (logged). */
-static int kvf_bs_setup(kvf_bs_opts_t *o)
+/* --backend and --endpoint, which must match as in vLLM's benchmark; 0, or -1 (logged). */
+static int kvf_bs_check_api(kvf_bs_opts_t *o)
 {
-    char url[KVF_CONFIG_STR_MAX + 32];
-
     o->p.chat = (strcmp(o->backend, "openai-chat") == 0);
     if (!o->p.chat && (strcmp(o->backend, "openai") != 0) && (strcmp(o->backend, "vllm") != 0)) {
         kvf_error("bad value '%s' for --backend: openai or vllm (completions), openai-chat "
@@ -551,6 +549,17 @@ static int kvf_bs_setup(kvf_bs_opts_t *o)
         kvf_error("bad value '%s' for --endpoint with --backend %s: give %s (as vLLM's "
                   "benchmark: the chat backend needs the chat endpoint)", o->p.endpoint,
                   o->backend, o->p.chat ? "/v1/chat/completions" : "/v1/completions");
+        return -1;
+    }
+    return 0;
+}
+
+/* Everything but the rates into o->p; 0, or -1 (logged). */
+static int kvf_bs_setup(kvf_bs_opts_t *o)
+{
+    char url[KVF_CONFIG_STR_MAX + 32];
+
+    if (kvf_bs_check_api(o) != 0) {
         return -1;
     }
     if (o->base_url[0] != '\0') {

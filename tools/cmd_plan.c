@@ -113,6 +113,10 @@ static int kvf_plan_params(const kvf_plan_opts_t *o, const kvf_model_config_t *c
         kvf_error("bad value %d for --prompt-tokens: must be positive", o->prompt_tokens);
         return -1;
     }
+    if (o->output_tokens < 1) {
+        kvf_error("bad value %d for --output-tokens: must be >= 1", o->output_tokens);
+        return -1;
+    }
     p->user_block_size = o->block_size;
     p->block_size = o->exact_block_size;
     const unsigned f = KVF_CONFIG_DTYPE_AUTO | KVF_CONFIG_DTYPE_FP8;
@@ -524,6 +528,41 @@ static void kvf_plan_print_summary(const kvf_plan_opts_t *o, const kvf_estimate_
     kvf_plan_print_terms();
 }
 
+/* The summary's estimate figures: --hardware's, else h100's (@a cost counted if not yet).
+ * true when the table can carry estimates. */
+static bool kvf_plan_table_params(const kvf_plan_opts_t *o, const kvf_model_config_t *cfg,
+                                  int want_est, const kvf_estimate_params_t *ep,
+                                  kvf_estimate_params_t *ep_tab, kvf_model_cost_t *cost)
+{
+    kvf_plan_opts_t o2 = *o;
+
+    *ep_tab = *ep;
+    if (want_est == 0) {
+        return true;
+    }
+    if (o->json) {
+        return false;
+    }
+    snprintf(o2.hardware, sizeof(o2.hardware), "h100");
+    return (kvf_plan_estimate_params(&o2, cfg, ep_tab) == 0) &&
+           (kvf_model_cost(cfg, cost) == KVF_OK);
+}
+
+/* One layout's summary row; @a cost NULL: no estimates. */
+static void kvf_plan_row(const kvf_model_config_t *cfg, const kvf_model_cost_t *cost,
+                         const kvf_estimate_params_t *ep, const kvf_layout_plan_t *pl,
+                         kvf_plan_row_t *r)
+{
+    memset(r, 0, sizeof(*r));
+    snprintf(r->name, sizeof(r->name), "%dp%dd", pl->layout.prefill_tp, pl->layout.decode_tp);
+    r->verdict = pl->verdict;
+    if (pl->verdict == KVF_VERDICT_REFUSED) {
+        snprintf(r->why, sizeof(r->why), "%s", pl->why);
+    }
+    r->est_ok = (cost != NULL) && (pl->verdict != KVF_VERDICT_REFUSED) &&
+                (kvf_layout_estimate(cfg, cost, pl, ep, &r->est) == KVF_OK);
+}
+
 int kvf_cmd_plan(int argc, char **argv)
 {
     kvf_estimate_params_t ep;
@@ -566,18 +605,7 @@ int kvf_cmd_plan(int argc, char **argv)
     if ((want_est == 0) && (kvf_model_cost(&cfg, &cost) != KVF_OK)) {
         return 1;
     }
-    if (o.output_tokens < 1) {
-        kvf_error("bad value %d for --output-tokens: must be >= 1", o.output_tokens);
-        return 2;
-    }
-    ep_tab = ep;   /* the summary's estimates: --hardware's, else h100's */
-    have_tab = (want_est == 0);
-    if ((want_est == 1) && !o.json) {
-        kvf_plan_opts_t o2 = o;
-        snprintf(o2.hardware, sizeof(o2.hardware), "h100");
-        have_tab = (kvf_plan_estimate_params(&o2, &cfg, &ep_tab) == 0) &&
-                   (kvf_model_cost(&cfg, &cost) == KVF_OK);
-    }
+    have_tab = kvf_plan_table_params(&o, &cfg, want_est, &ep, &ep_tab, &cost);
     if (o.json) {
         arr = cJSON_CreateArray();
     } else {
@@ -618,15 +646,7 @@ int kvf_cmd_plan(int argc, char **argv)
         }
         refused += (pl.verdict == KVF_VERDICT_REFUSED);
         if (nrows < KVF_PLAN_MAX_ROWS) {
-            kvf_plan_row_t *r = &rows[nrows++];
-            memset(r, 0, sizeof(*r));
-            snprintf(r->name, sizeof(r->name), "%dp%dd", layout.prefill_tp, layout.decode_tp);
-            r->verdict = pl.verdict;
-            if (pl.verdict == KVF_VERDICT_REFUSED) {
-                snprintf(r->why, sizeof(r->why), "%s", pl.why);
-            }
-            r->est_ok = have_tab && (pl.verdict != KVF_VERDICT_REFUSED) &&
-                        (kvf_layout_estimate(&cfg, &cost, &pl, &ep_tab, &r->est) == KVF_OK);
+            kvf_plan_row(&cfg, have_tab ? &cost : NULL, &ep_tab, &pl, &rows[nrows++]);
         }
         if ((want_est == 0) && (pl.verdict != KVF_VERDICT_REFUSED)) {
             kvf_layout_estimate_t est;
@@ -654,14 +674,13 @@ int kvf_cmd_plan(int argc, char **argv)
         cJSON_Delete(arr);
         return 2;
     }
-    if (!o.json) {
-        kvf_plan_print_summary(&o, &ep_tab, have_tab, rows, nrows);
-    }
     if (o.json) {
         char *text = cJSON_Print(arr);
         printf("%s\n", text);
         free(text);
         cJSON_Delete(arr);
+    } else {
+        kvf_plan_print_summary(&o, &ep_tab, have_tab, rows, nrows);
     }
     return (refused > 0) ? 1 : 0;
 }

@@ -162,13 +162,26 @@ static int kvf_pc_tokenizers(const kvf_pc_opts_t *o)
     kvf_status_t st[3];
     int bad = 0;
 
+    char real[3][PATH_MAX];
+    bool same[3] = {false, false, false};
+
     for (int i = 0; i < 3; ++i) {
-        st[i] = (path[i][0] != '\0') ? kvf_tokenizer_digest_of_model(path[i], hex[i]) :
-                KVF_ERR_NOT_FOUND;
+        char dir[PATH_MAX];
+        kvf_pc_folder(path[i], dir, sizeof(dir));
+        if ((path[i][0] == '\0') || (realpath(dir, real[i]) == NULL)) {
+            snprintf(real[i], PATH_MAX, "%s", dir);
+        }
+        same[i] = (i > 0) && (strcmp(real[i], real[0]) == 0);   /* one file: nothing to load */
+    }
+    for (int i = 0; i < 3; ++i) {
+        bool other = (i > 0) && (path[i][0] != '\0') && !same[i];
+        bool needed = other || ((i == 0) && ((path[1][0] != '\0' && !same[1]) ||
+                                             (path[2][0] != '\0' && !same[2])));
+        st[i] = needed ? kvf_tokenizer_digest_of_model(path[i], hex[i]) : KVF_ERR_NOT_FOUND;
     }
     for (int i = 1; i < 3; ++i) {
-        if ((path[i][0] == '\0') || (st[0] != KVF_OK) || (st[i] != KVF_OK)) {
-            continue;   /* a folder without tokenizer.json: token ids only, nothing to compare */
+        if ((path[i][0] == '\0') || same[i] || (st[0] != KVF_OK) || (st[i] != KVF_OK)) {
+            continue;   /* the same folder, or one without tokenizer.json: nothing to compare */
         }
         if (strcmp(hex[0], hex[i]) != 0) {
             printf("tokenizer: %s=%s (%s) prefill=%s (%s): the tokenizers differ, so token ids "

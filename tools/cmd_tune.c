@@ -423,9 +423,10 @@ static void kvf_tune_run_cand(const kvf_tune_opts_t *o, kvf_tune_cand_t *k, cons
     snprintf(lay, sizeof(lay), "%dp%dd", k->layout.prefill_tp, k->layout.decode_tp);
     snprintf(tmo, sizeof(tmo), "%d", o->up_timeout_s);
     {
-        const char *argv[] = {up, "--layout", lay, "--prefill-instances", np, "--decode-instances", nd,
-                        "--model", o->model, "--run-dir", run_dir, "--port", "0",
-                        "--bin", o->bin, "--timeout", tmo, "--base-port", o->base_port, NULL};
+        const char *argv[] = {up, "--layout", lay, "--prefill-instances", np,
+                              "--decode-instances", nd, "--model", o->model, "--run-dir",
+                              run_dir, "--port", "0", "--bin", o->bin, "--timeout", tmo,
+                              "--base-port", o->base_port, NULL};
         fprintf(stderr, "kvf tune: %s: starting the pool (%d ranks)\n", k->name, k->ranks);
         rc = kvf_tune_exec(argv, out, sizeof(out));
     }
@@ -505,6 +506,35 @@ static void kvf_tune_pick_best(kvf_tune_cand_t *k)
     }
 }
 
+/* The flags' ranges; 0, or -1 with one line naming the values. */
+static int kvf_tune_check_opts(const kvf_tune_opts_t *o)
+{
+    if (!(o->rate_start > 0) || !(o->rate_max >= o->rate_start) || (o->search_steps < 0) ||
+        !(o->slo_percent > 0) || (o->slo_percent > 100) || (o->max_concurrency < 0)) {
+        kvf_error("kvf tune: bad value: --rate-start %g must be > 0 and <= --rate-max %g; "
+                  "--search-steps %d and --max-concurrency %d >= 0; --slo-percent %g in (0, 100]",
+                  o->rate_start, o->rate_max, o->search_steps, o->max_concurrency,
+                  o->slo_percent);
+        return -1;
+    }
+    if ((o->budget < 2) || (o->num_requests < 1) || (o->input_len < 1) || (o->output_len < 1) ||
+        (o->warmup < 0) || (o->up_timeout_s < 1) || (o->token_hi <= 32)) {
+        kvf_error("kvf tune: bad value: --budget %d must be >= 2; --num-requests %d, "
+                  "--input-len %d, --output-len %d, --up-timeout %d >= 1; --warmup %d >= 0; "
+                  "--token-hi %d > 32", o->budget, o->num_requests, o->input_len, o->output_len,
+                  o->up_timeout_s, o->warmup, o->token_hi);
+        return -1;
+    }
+    if (!(o->duration_s >= 0) || ((strcmp(o->base_port, "auto") != 0) &&
+                                 (strspn(o->base_port, "0123456789") != strlen(o->base_port) ||
+                                  (o->base_port[0] == '\0')))) {
+        kvf_error("kvf tune: bad value: --duration %g must be >= 0; --base-port '%s' must be "
+                  "auto or a port", o->duration_s, o->base_port);
+        return -1;
+    }
+    return 0;
+}
+
 int kvf_cmd_tune(int argc, char **argv)
 {
     kvf_tune_opts_t o;
@@ -528,26 +558,7 @@ int kvf_cmd_tune(int argc, char **argv)
         kvf_error("kvf tune: --model is required (a model folder the daemons can load)");
         return 2;
     }
-    if (!(o.rate_start > 0) || !(o.rate_max >= o.rate_start) || (o.search_steps < 0) ||
-        !(o.slo_percent > 0) || (o.slo_percent > 100) || (o.max_concurrency < 0)) {
-        kvf_error("kvf tune: bad value: --rate-start %g must be > 0 and <= --rate-max %g; "
-                  "--search-steps %d and --max-concurrency %d >= 0; --slo-percent %g in (0, 100]",
-                  o.rate_start, o.rate_max, o.search_steps, o.max_concurrency, o.slo_percent);
-        return 2;
-    }
-    if ((o.budget < 2) || (o.num_requests < 1) || (o.input_len < 1) || (o.output_len < 1) ||
-        (o.warmup < 0) || (o.up_timeout_s < 1) || (o.token_hi <= 32)) {
-        kvf_error("kvf tune: bad value: --budget %d must be >= 2; --num-requests %d, "
-                  "--input-len %d, --output-len %d, --up-timeout %d >= 1; --warmup %d >= 0; "
-                  "--token-hi %d > 32", o.budget, o.num_requests, o.input_len, o.output_len,
-                  o.up_timeout_s, o.warmup, o.token_hi);
-        return 2;
-    }
-    if (!(o.duration_s >= 0) || ((strcmp(o.base_port, "auto") != 0) &&
-                                 (strspn(o.base_port, "0123456789") != strlen(o.base_port) ||
-                                  (o.base_port[0] == '\0')))) {
-        kvf_error("kvf tune: bad value: --duration %g must be >= 0; --base-port '%s' must be "
-                  "auto or a port", o.duration_s, o.base_port);
+    if (kvf_tune_check_opts(&o) != 0) {
         return 2;
     }
     nrates = (o.rates[0] != '\0') ?

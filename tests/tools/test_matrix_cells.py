@@ -7,9 +7,9 @@
    the cause (the smallest block size that fits), 3p1d is refused naming the head count it
    does not divide; no cell is a fail; every passing cell has bytes, descriptors, reads, the
    measured and the estimated transfer time, and a refused 4p2d cell kvf plan's bytes.
-2. The trained tiny hybrid through a real 1p1d pool (derived block sizes, --base-port given)
-   and a dtype pair the handshake refuses: pass with the pool's accuracy, refused naming
-   prefill's and decode's dtypes.
+2. The trained tiny hybrid through a real 1p1d pool (derived block sizes, --base-port given),
+   a dtype pair the handshake refuses and fp8 (moved byte-exact, refused by the engine): pass
+   with the pool's accuracy, refused naming prefill's and decode's dtypes, refused naming fp8.
 Both runs get a private TMPDIR, which must be empty afterwards (run dirs, keys, prompts).
 
 Rerun: KVF_BIN=build/bin KVF_SOURCE_DIR=. python3 tests/tools/test_matrix_cells.py
@@ -103,8 +103,8 @@ def main():
         model = os.path.join(src, "models-trained", "tiny-hybrid")
         base = free_base()
         p = matrix(kvf, tmp, ["--model", model, "--layouts", "1p1d", "--dtypes",
-                              "bf16:bf16,bf16:fp32", "--limit", "4", "--base-port", str(base),
-                              "--json"])
+                              "bf16:bf16,bf16:fp32,fp8:fp8", "--limit", "4", "--base-port",
+                              str(base), "--json"])
         check(p.returncode == 0, "tiny-hybrid matrix exit 0", p.stderr[-3000:])
         cells = json.loads(p.stdout)["cells"]
         c = cell(cells, "1p1d", (0, 0))
@@ -115,6 +115,9 @@ def main():
         check(c["verdict"] == "refused" and c["why"].startswith(
             "handshake refused: kv_dtype prefill=bf16 decode=fp32: KV cache dtypes differ"),
               "bf16:fp32 refused naming prefill's and decode's dtype (not local/remote)", c)
+        c = cell(cells, "1p1d", (0, 0), ("fp8", "fp8"))
+        check(c["verdict"] == "refused" and "bad value 'fp8' for --kv-dtype" in c["why"] and
+              c["bytes"] > 0, "fp8:fp8 moves byte-exact but is refused for serving, by name", c)
     print("PASS test_matrix_cells")
 
 

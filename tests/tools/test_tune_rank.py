@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """kvf tune finds where each layout saturates and recommends one (issue 46 item 1).
 
-1. The trained tiny hybrid, layouts 1p1d and 2p2d (budget 4), the default SLO and search
-   (doubling from 8 req/s, ceiling 512): each rate runs max(40, rate x 2 s) requests, so a
+1. The trained tiny hybrid, layouts 1p1d and 2p2d (budget 4), TTFT <= 1 s and TPOT <= 100 ms
+   (loose enough for a loaded host) and the default search (doubling from 8 req/s, ceiling
+   512): each rate runs max(40, rate x 2 s) requests, so a
    rate above capacity queues past the TTFT SLO; both layouts ran, both stopped below the
    ceiling (at_rate_max false, a missed rate above the best), with different rates; the table
    is ranked by rate per rank, and the recommendation names the first with its margin to the
@@ -72,7 +73,9 @@ def main():
 
         # 1. the search on the trained model
         out = os.path.join(tmp, "tune")
-        p, dt = tune(kvf, out, ["--model", model, "--layouts", "1p1d,2p2d", "--budget", "4"])
+        # an SLO loose enough that a shared, loaded 2-core host still meets it at 8 req/s
+        p, dt = tune(kvf, out, ["--model", model, "--layouts", "1p1d,2p2d", "--budget", "4",
+                                "--slo-ttft-ms", "1000", "--slo-tpot-ms", "100"])
         print(p.stdout)
         check(p.returncode == 0, "kvf tune on the trained model: exit 0 in %.0f s" % dt,
               p.stderr[-3000:])
