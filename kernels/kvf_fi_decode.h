@@ -1,6 +1,6 @@
 /*
  * FlashInfer's paged decode attention over kvferry's KV pages (bf16 caches, head_dim 32 and
- * 128), built only with -DKVF_FLASHINFER=ON (the GPU bundle, deploy/gpu-bundle.sh);
+ * 128; its prefill twin is kvf_fi_prefill.h), built only with -DKVF_FLASHINFER=ON (the GPU bundle, deploy/gpu-bundle.sh);
  * kvf_fi_plan.h has the geometry, the refusals and the fixed split-KV plan it runs. Every
  * pointer is device memory of @a dev; nothing is allocated or copied to the host. Compiled,
  * not yet run on a GPU, not yet called by the forward (kvferry's own attention kernels stay
