@@ -64,7 +64,8 @@ command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ] ||
     { echo "gpu-bundle.sh: nvcc not found: the bundle needs the CUDA build" >&2; exit 1; }
 
 progs=(kvf kvf-prefill kvf-decode kvf-proxy)
-tests=(gpu_vs_cpu attn_tiled_vs_pertoken gemm_lt_invariance gemm_lt_bench ssd_vs_cpu)
+tests=(gpu_vs_cpu attn_tiled_vs_pertoken gemm_lt_invariance gemm_lt_bench ssd_vs_cpu
+       fi_attention_check)
 if [ "$do_build" = 1 ]; then
     echo "building into $build (log: $build/bundle-build.log) ..."
     mkdir -p "$build"
