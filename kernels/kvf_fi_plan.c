@@ -129,3 +129,32 @@ int kvf_fi_decode_plan(const kvf_fi_geom_t *g, const int32_t *kv_len, int batch,
     }
     return n;
 }
+
+int kvf_fi_prefill_plan(const int32_t *qo_len, int batch, int group, int32_t *request_indices,
+                        int32_t *qo_tile_indices, int32_t *kv_tile_indices, int32_t *q_indptr,
+                        int cap)
+{
+    int n = 0;
+
+    if ((qo_len == NULL) || (batch < 0) || (group < 1) || (q_indptr == NULL)) {
+        return -1;
+    }
+    q_indptr[0] = 0;
+    for (int r = 0; r < batch; ++r) {
+        long long rows;
+        if (qo_len[r] < 1) {
+            return -1;
+        }
+        rows = (long long)qo_len[r] * group;
+        for (long long t = 0; t * KVF_FI_PREFILL_TILE_Q < rows; ++t, ++n) {
+            if (n >= cap) {
+                return -1;
+            }
+            request_indices[n] = r;
+            qo_tile_indices[n] = (int32_t)t;
+            kv_tile_indices[n] = 0;
+        }
+        q_indptr[r + 1] = q_indptr[r] + qo_len[r];
+    }
+    return n;
+}

@@ -97,6 +97,25 @@ int kvf_fi_decode_plan(const kvf_fi_geom_t *g, const int32_t *kv_len, int batch,
                        int32_t *request_indices, int32_t *kv_tile_indices, int32_t *o_indptr,
                        int cap);
 
+/** Packed query rows (query tokens x GQA group) of one FlashInfer prefill work tile. */
+#define KVF_FI_PREFILL_TILE_Q 64
+
+/**
+ * The prefill work plan: request r (qo_len[r] >= 1 query tokens, the last ones of its KV) is
+ * cut into ceil(qo_len[r] * group / KVF_FI_PREFILL_TILE_Q) query tiles, each over the
+ * request's whole KV (no split-KV, so no merge: a row's sums run over its KV in one order
+ * whatever the batch; masked tiles past its causal limit add exact zeros). Entry i names
+ * (request, query tile, kv tile 0); q_indptr[r] .. q_indptr[r + 1] are request r's query
+ * tokens (also FlashInfer's o_indptr in this mode).
+ *
+ * @param [out] request_indices, qo_tile_indices, kv_tile_indices  @a cap entries each
+ * @param [out] q_indptr  batch + 1 entries
+ * @return entries; -1 on bad arguments or too small @a cap.
+ */
+int kvf_fi_prefill_plan(const int32_t *qo_len, int batch, int group, int32_t *request_indices,
+                        int32_t *qo_tile_indices, int32_t *kv_tile_indices, int32_t *q_indptr,
+                        int cap);
+
 #ifdef __cplusplus
 }
 #endif

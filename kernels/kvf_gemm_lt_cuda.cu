@@ -78,6 +78,24 @@ static int kvf_lt_describe(const kvf_gemm_lt_key_t *key, int M, kvf_lt_desc_t *s
     return KVF_KERN_OK;
 }
 
+/* @a from with split-K 1 and no reduction scheme, into @a algo, if cuBLASLt accepts it for
+ * the descriptors without a workspace. */
+static bool kvf_lt_pin(cublasLtHandle_t h, kvf_lt_desc_t *s, const cublasLtMatmulAlgo_t *from,
+                       cublasLtMatmulAlgo_t *algo)
+{
+    const uint32_t one = 1, none = CUBLASLT_REDUCTION_SCHEME_NONE;
+    cublasLtMatmulHeuristicResult_t chk;
+
+    *algo = *from;
+    return (cublasLtMatmulAlgoConfigSetAttribute(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one,
+                                                 sizeof(one)) == CUBLAS_STATUS_SUCCESS) &&
+           (cublasLtMatmulAlgoConfigSetAttribute(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
+                                                 &none, sizeof(none)) == CUBLAS_STATUS_SUCCESS) &&
+           (cublasLtMatmulAlgoCheck(h, &s->op, &s->a, &s->b, &s->d, &s->d, algo, &chk) ==
+            CUBLAS_STATUS_SUCCESS) &&
+           (chk.workspaceSize == 0);
+}
+
 /* Asks the heuristic once for @a key at the nominal M and pins its answer (no split-K, no
  * reduction, no workspace); the first choice of a key is the one every caller then uses. */
 static int kvf_lt_choose(cublasLtHandle_t h, const kvf_gemm_lt_key_t *key,
@@ -86,7 +104,7 @@ static int kvf_lt_choose(cublasLtHandle_t h, const kvf_gemm_lt_key_t *key,
     cublasLtMatmulPreferenceOpaque_t pref;
     cublasLtMatmulHeuristicResult_t res[8];
     const uint64_t ws = 0;
-    const uint32_t align = (uint32_t)key->align, one = 1, none = CUBLASLT_REDUCTION_SCHEME_NONE;
+    const uint32_t align = (uint32_t)key->align;
     kvf_lt_desc_t s;
     int found = 0, rc = kvf_lt_describe(key, KVF_GEMM_LT_NOMINAL_M, &s);
 
@@ -96,8 +114,9 @@ static int kvf_lt_choose(cublasLtHandle_t h, const kvf_gemm_lt_key_t *key,
     KVF_LT_CHECK(cublasLtMatmulPreferenceInit(&pref));
     KVF_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
         &pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-    KVF_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        &pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &none, sizeof(none)));
+    /* no CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK: NONE is 0, not a bit of the mask, so a
+     * mask of it could filter every result; the zero workspace and the pinned config below
+     * exclude split-K and stream-K instead */
     const cublasLtMatmulPreferenceAttributes_t aligns[4] = {
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
@@ -107,24 +126,24 @@ static int kvf_lt_choose(cublasLtHandle_t h, const kvf_gemm_lt_key_t *key,
     }
     KVF_LT_CHECK(cublasLtMatmulAlgoGetHeuristic(h, &s.op, &s.a, &s.b, &s.d, &s.d, &pref, 8, res,
                                                 &found));
-    for (int i = 0; i < found; ++i) {
-        cublasLtMatmulHeuristicResult_t chk;
-        if ((res[i].state != CUBLAS_STATUS_SUCCESS) || (res[i].workspaceSize != 0)) {
-            continue;
+    /* the heuristic's order, first among the answers that need no split-K, then any */
+    for (int pass = 0; pass < 2; ++pass) {
+        for (int i = 0; i < found; ++i) {
+            uint32_t splits = 0;
+            size_t written = 0;
+            if ((res[i].state != CUBLAS_STATUS_SUCCESS) || (res[i].workspaceSize != 0)) {
+                continue;
+            }
+            (void)cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo,
+                                                       CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
+                                                       sizeof(splits), &written);
+            if (((pass == 0) && (splits > 1)) || !kvf_lt_pin(h, &s, &res[i].algo, algo)) {
+                continue;
+            }
+            return (kvf_gemm_lt_cache_put(kvf_gemm_lt_cache_process(), key, algo) == 0)
+                       ? KVF_KERN_OK
+                       : KVF_KERN_ENOMEM;
         }
-        *algo = res[i].algo;
-        if ((cublasLtMatmulAlgoConfigSetAttribute(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one,
-                                                  sizeof(one)) != CUBLAS_STATUS_SUCCESS) ||
-            (cublasLtMatmulAlgoConfigSetAttribute(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
-                                                  &none, sizeof(none)) !=
-             CUBLAS_STATUS_SUCCESS) ||
-            (cublasLtMatmulAlgoCheck(h, &s.op, &s.a, &s.b, &s.d, &s.d, algo, &chk) !=
-             CUBLAS_STATUS_SUCCESS) ||
-            (chk.workspaceSize != 0)) {
-            continue;
-        }
-        return (kvf_gemm_lt_cache_put(kvf_gemm_lt_cache_process(), key, algo) == 0) ? KVF_KERN_OK
-                                                                      : KVF_KERN_ENOMEM;
     }
     char what[160];
     snprintf(what, sizeof(what), "no split-K-free algorithm without workspace for N %d K %d "

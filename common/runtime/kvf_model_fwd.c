@@ -324,7 +324,8 @@ static kvf_status_t kvf_fwd_norm(const kvf_device_t *dev, struct kvf_model_ws *w
  * y[M][w->rows] (row stride ldy) = x[M][w->cols] (stride ldx) * W^T + bias.
  * fp32 matrices and bf16 ones (widened in the kernel's registers, CPU and
  * GPU alike) go straight to the GEMM; 16-bit ones marked tensor_cores
- * (a GPU with KVF_GPU_WEIGHTS=native) to kvf_gemm_narrow; fp16 ones on the
+ * (a GPU by default, KVF_GPU_WEIGHTS=native) to kvf_gemm_narrow (cuBLASLt,
+ * one pinned algorithm per weight shape: kernels/kvf_gemm_plan.h); fp16 ones on the
  * CPU are widened a tile of rows at a time into ws->tile (fp32 compute,
  * narrow storage). The GEMM's per-element order is fixed (kvf_gemm.h), so
  * tiling never changes a bit.
@@ -348,7 +349,7 @@ static int kvf_mat_gemm(const kvf_device_t *dev, struct kvf_model_ws *ws, int M,
         return KVF_KERN_OK;
     }
     if ((dev != NULL) && (dev->kind != KVF_DEVICE_CPU)) {
-        /* 16-bit weights kept on the GPU (KVF_GPU_WEIGHTS=native): tensor cores */
+        /* 16-bit weights kept on the GPU (KVF_GPU_WEIGHTS=native, the default): tensor cores */
         return kvf_gemm_narrow(dev, M, w->rows, K, x, ldx, w->data, w->dtype, K, bias, y, ldy,
                                ws->xs);
     }

@@ -119,12 +119,44 @@ static void test_plan(void **state)
     assert_int_equal(kvf_fi_decode_plan(&g, lens, 6, ri, ti, oi, 3), -1);
 }
 
+static void test_prefill_plan(void **state)
+{
+    const int32_t qo[] = {1, 16, 17, 100};
+    int32_t ri[64], qi[64], ki[64], qp[5], ri1[16], qi1[16], ki1[16], qp1[2];
+
+    (void)state;
+    /* GQA group 4: 4, 64, 68 and 400 packed rows: 1, 1, 2 and 7 tiles of 64 */
+    int n = kvf_fi_prefill_plan(qo, 4, 4, ri, qi, ki, qp, 64);
+    assert_int_equal(n, 11);
+    const int32_t want_q[] = {0, 1, 17, 34, 134};
+    assert_memory_equal(qp, want_q, sizeof(want_q));
+    assert_true((ri[2] == 2) && (qi[2] == 0) && (ri[3] == 2) && (qi[3] == 1) && (ri[10] == 3) &&
+                (qi[10] == 6));
+    for (int i = 0; i < n; ++i) {
+        assert_int_equal(ki[i], 0); /* never split over the KV */
+    }
+    /* each request alone: its tiles as in the batch */
+    for (int r = 0, at = 0; r < 4; ++r) {
+        int m = kvf_fi_prefill_plan(&qo[r], 1, 4, ri1, qi1, ki1, qp1, 16);
+        for (int i = 0; i < m; ++i) {
+            assert_int_equal(qi1[i], qi[at + i]);
+            assert_int_equal(ri[at + i], r);
+        }
+        at += m;
+    }
+    const int32_t zero[] = {0};
+    assert_int_equal(kvf_fi_prefill_plan(zero, 1, 4, ri, qi, ki, qp, 64), -1);
+    assert_int_equal(kvf_fi_prefill_plan(qo, 4, 0, ri, qi, ki, qp, 64), -1);
+    assert_int_equal(kvf_fi_prefill_plan(qo, 4, 4, ri, qi, ki, qp, 10), -1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_elements),
         cmocka_unit_test(test_plan),
+        cmocka_unit_test(test_prefill_plan),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

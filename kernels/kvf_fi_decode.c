@@ -1,0 +1,33 @@
+/*
+ * kvf_fi_decode(): argument checks and the dispatch to FlashInfer's decode
+ * (flashinfer/kvf_fi_decode_cuda.cu, only in -DKVF_FLASHINFER=ON builds).
+ */
+#include "kvf_fi_decode.h"
+#include "kvf_kern_internal.h"
+
+#ifdef KVF_HAVE_FLASHINFER
+int kvf_cuda_fi_decode(const kvf_device_t *dev, const kvf_fi_decode_args_t *a);
+#endif
+
+int kvf_fi_decode(const kvf_device_t *dev, const kvf_fi_decode_args_t *a)
+{
+    if ((a == NULL) || kvf_kern_on_cpu(dev)) {
+        return (a == NULL) ? KVF_KERN_EINVAL : KVF_KERN_EUNSUPPORTED;
+    }
+    if (!kvf_fi_built(KVF_DTYPE_BF16, a->head_dim)) {
+        return KVF_KERN_EUNSUPPORTED;
+    }
+    if ((a->batch < 1) || (a->work < a->batch) || (a->kv_heads < 1) ||
+        (a->q_heads % a->kv_heads != 0) || (a->q == NULL) || (a->pool == NULL) ||
+        (a->indices == NULL) || (a->indptr == NULL) || (a->last_page_len == NULL) ||
+        (a->request_indices == NULL) || (a->kv_tile_indices == NULL) || (a->o_indptr == NULL) ||
+        (a->chunk_tokens == NULL) || (a->valid == NULL) || (a->tmp_v == NULL) ||
+        (a->tmp_s == NULL) || (a->o == NULL) || (a->lse == NULL)) {
+        return KVF_KERN_EINVAL;
+    }
+#ifdef KVF_HAVE_FLASHINFER
+    return kvf_cuda_fi_decode(dev, a);
+#else
+    return KVF_KERN_EUNSUPPORTED;
+#endif
+}
