@@ -576,8 +576,16 @@ kvf_status_t kvf_engine_step(kvf_engine_h e, kvf_engine_event_t *events, int cap
     double t0, dt;
 
     *n_events = 0;
-    for (int i = 0; (e->prefix != NULL) && (i < e->num_reqs); ++i) {
-        status = kvf_engine_prefix_admit(e->prefix, e->reqs[i]);   /* waiting ones only */
+    /* the first max_seqs waiting requests without blocks (those a step can take) are given
+     * their cached prefix: a hit holds blocks, and a waiting request is never preempted */
+    for (int i = 0, asked = 0; (e->prefix != NULL) && (i < e->num_reqs) &&
+                               (asked < e->sched.max_seqs); ++i) {
+        kvf_request_t *r = e->reqs[i];
+        if ((r->state != KVF_REQ_WAITING) || (r->num_computed != 0)) {
+            continue;
+        }
+        ++asked;
+        status = kvf_engine_prefix_admit(e->prefix, r);
         if (status != KVF_OK) {
             return status;
         }

@@ -68,6 +68,11 @@ cJSON *kvf_proxy_pool_health_json(kvf_proxy_pool_h pool)
             cJSON_AddNumberToObject(o, "xfer_timeout_ms", (double)info.xfer_timeout_ms);
             cJSON_AddNumberToObject(o, "max_prompt_tokens", info.max_prompt_tokens);
             cJSON_AddNumberToObject(o, "prefill_tokens_per_s", info.prefill_tokens_per_s);
+            /* vLLM's hit rate: cached tokens / queried tokens, since the instance started */
+            cJSON_AddBoolToObject(o, "prefix_caching", info.prefix_caching);
+            cJSON_AddNumberToObject(o, "prefix_cache_hit_rate", (info.prefix_queries > 0) ?
+                                    (double)info.prefix_hits / (double)info.prefix_queries :
+                                    0.0);
             if (role == KVF_PROXY_ROLE_PREFILL) {
                 cJSON_AddNumberToObject(o, "lease_timeout_ms", (double)info.lease_timeout_ms);
             }

@@ -213,6 +213,9 @@ static void kvf_proxy_io_health_reply(struct kvf_proxy_pool *pool, kvf_proxy_ins
     kvf_proxy_route_on_health_locked(inst, h);
     info->max_prompt_tokens = h->max_prompt_tokens;
     info->prefill_tokens_per_s = h->prefill_tokens_per_s;
+    info->prefix_caching = h->prefix_caching;
+    info->prefix_queries = h->prefix_queries_total;
+    info->prefix_hits = h->prefix_hits_total;
     info->releases_refused = h->releases_refused;
     info->expired_reads_prevented = h->expired_reads_prevented;
     info->quarantined_blocks = h->quarantined_blocks;

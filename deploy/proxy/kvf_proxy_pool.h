@@ -96,6 +96,8 @@ typedef struct kvf_proxy_instance_info {
     uint64_t restarts;               /* incarnation changes seen (the process restarted) */
     uint32_t max_prompt_tokens;      /* longest prompt its pool holds; 0: not reported */
     double   prefill_tokens_per_s;   /* measured prefill rate; 0: not measured yet */
+    bool     prefix_caching;         /* the instance's --prefix-caching */
+    uint64_t prefix_queries, prefix_hits;   /* its prefix cache counters, tokens */
     uint64_t releases_refused;       /* prefill: lease operations refused */
     uint64_t expired_reads_prevented;/* reads not trusted because the lease expired */
     uint64_t quarantined_blocks;     /* prefill: blocks quarantined before reuse */

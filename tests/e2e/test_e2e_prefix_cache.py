@@ -67,11 +67,11 @@ def run(layout, model, caching, vocab):
         for salt in ("tenant-a", "tenant-b", "tenant-a"):
             out.append(ask(pool, salted, cache_salt=salt))
             trace.append(("salt %s" % salt, hits(pool)))
-        daemon_series(mp, caching, hits(pool))
+        daemon_series(mp, caching, hits(pool), pool)
     return out, trace
 
 
-def daemon_series(port, caching, proxy_counts):
+def daemon_series(port, caching, proxy_counts, proxy=None):
     """The prefill daemon's own /metrics and /health say what the proxy counted."""
     url = "http://127.0.0.1:%d" % port
     scrape = {}
@@ -96,6 +96,12 @@ def daemon_series(port, caching, proxy_counts):
     assert h["prefix_caching"] == (caching == "on"), h
     assert abs(h["prefix_cache_hit_rate"] - (hit / q if q else 0.0)) < 1e-5, (h, hit, q)
     assert m.sum("kvf_daemon_prefix_caching") == (1 if caching == "on" else 0)
+    if proxy is not None:   # the proxy's /health shows each prefill instance's hit rate
+        def proxy_rate():
+            inst = proxy.health()[1]["prefill"][0]
+            return (inst["prefix_caching"] == (caching == "on") and
+                    abs(inst["prefix_cache_hit_rate"] - h["prefix_cache_hit_rate"]) < 1e-5)
+        wait_for(proxy_rate, 10, "the proxy's /health to show prefill's hit rate")
     if caching == "on":
         assert hit > 0 and attn > 0 and attn <= hit and state <= hit, (hit, attn, state)
     print("prefill /metrics: queries %d hits %d (attention %d, state %d), /health hit rate %s"

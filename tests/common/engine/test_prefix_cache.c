@@ -319,16 +319,20 @@ static void test_salts_never_share(void **state)
     kvf_engine_destroy(off);
 }
 
-/* Prompts worth 3x the pool and 3x the state budget, pairs sharing a prefix run at once,
- * then revisited: no failure, every result the cache-off one, evictions seen. */
+/* Prompts worth 3x the pool and 3x the state budget, each run alone then with one sharing
+ * its first 150 tokens (at once), then all revisited: no failure, every result the cache-off
+ * one (computed once per prompt: a request's result does not depend on its batch), blocks
+ * and states evicted. */
 static void kvf_pc_eviction(const char *dir, int grid)
 {
-    enum { NPROMPT = 24, PLEN = 230 };
+    enum { MAXP = 32, PLEN = 230, OUT = 6 };
     size_t ckpt;
     kvf_engine_h on, off;
     kvf_engine_prefix_stats_t st;
-    static int32_t prompts[NPROMPT][PLEN + 40];
-    int vocab, B, blocks;
+    static int32_t prompts[MAXP][PLEN];
+    static kvf_pc_out_t ref[MAXP];
+    const int32_t *pp[MAXP];
+    int vocab, B, blocks, np, lens[MAXP];
     uint64_t seed = 11;
 
     on = kvf_pc_engine(dir, true, grid, 1, 64, 64, (grid > 0) ? KVF_ERR_INVALID_PARAM : KVF_OK);
@@ -338,30 +342,35 @@ static void kvf_pc_eviction(const char *dir, int grid)
     ckpt = st.state_bytes;
     B = kvf_block_manager_block_size(kvf_engine_block_manager(on));
     kvf_engine_destroy(on);
-    /* a pool that holds the two requests of a step and little more; 4 checkpoints */
-    blocks = 2 * ((PLEN + 13 + 6 + B - 1) / B + 2) + 2;
+    /* a pool that holds the two requests of a step and little more; 4 checkpoints; enough
+     * distinct prompts that their full blocks are 3x the pool */
+    blocks = 2 * ((PLEN + OUT + B - 1) / B + 2) + 2;
+    np = (3 * blocks + PLEN / B - 1) / (PLEN / B);
+    np += np % 2;
+    assert_true(np <= MAXP);
+    assert_true(np * (PLEN / B) >= 3 * blocks);
     on = kvf_pc_engine(dir, true, grid, (grid > 0) ? 4 * ckpt : 0, blocks, 64, KVF_OK);
     off = kvf_pc_engine(dir, false, grid, 0, blocks, 64, KVF_OK);
     vocab = kvf_engine_model_config(on)->vocab_size;
-    assert_true(NPROMPT * (PLEN / B) >= 3 * blocks);   /* 3x the pool in distinct blocks */
-    for (int i = 0; i < NPROMPT; ++i) {
-        kvf_pc_fill(prompts[i], PLEN + 40, &seed, vocab);
+    for (int i = 0; i < np; ++i) {
+        kvf_pc_fill(prompts[i], PLEN, &seed, vocab);
         if (i % 2 == 1) {
             memcpy(prompts[i], prompts[i - 1], 150 * sizeof(int32_t));   /* shared prefix */
         }
+        pp[i] = prompts[i];
+        lens[i] = PLEN - 9 * (i % 3);
+    }
+    for (int i = 0; i < np; i += 2) {
+        kvf_pc_run_many(off, pp + i, lens + i, 2, OUT, NULL, ref + i);
     }
     for (int round = 0; round < 2; ++round) {
-        for (int i = 0; i < NPROMPT; i += 2) {
-            const int32_t *pp[2] = {prompts[i], prompts[i + 1]};
-            int lens[2] = {PLEN - round * 7, PLEN + round * 13};
-            kvf_pc_out_t a[2], b[2];
-            kvf_pc_run_many(on, pp, lens, 1, 6, NULL, a);   /* alone, then with a sharer */
-            kvf_pc_run_many(off, pp, lens, 1, 6, NULL, b);
-            kvf_pc_same(&a[0], &b[0]);
-            kvf_pc_run_many(on, pp, lens, 2, 6, NULL, a);
-            kvf_pc_run_many(off, pp, lens, 2, 6, NULL, b);
-            kvf_pc_same(&a[0], &b[0]);
-            kvf_pc_same(&a[1], &b[1]);
+        for (int i = 0; i < np; i += 2) {
+            kvf_pc_out_t a[2];
+            kvf_pc_run_many(on, pp + i, lens + i, 1, OUT, NULL, a);   /* alone, then a pair */
+            kvf_pc_same(&a[0], &ref[i]);
+            kvf_pc_run_many(on, pp + i, lens + i, 2, OUT, NULL, a);
+            kvf_pc_same(&a[0], &ref[i]);
+            kvf_pc_same(&a[1], &ref[i + 1]);
         }
     }
     kvf_engine_get_prefix_stats(on, &st);
