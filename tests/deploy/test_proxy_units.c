@@ -385,6 +385,15 @@ static void test_parse_chat(void **state)
             {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
              " \"continue_final_message\": 1}", "must be a boolean", "continue_final_message"},
             {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
+             " \"include_reasoning\": 1}", "must be a boolean", "include_reasoning"},
+            {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
+             " \"tool_choice\": \"auto\"}", "needs 'tools'", "tool_choice"},
+            {"{\"messages\": [{\"role\": \"tool\", \"content\": \"x\","
+             " \"tool_call_id\": 3}]}", "tool_call_id", "messages"},
+            {"{\"messages\": [{\"role\": \"assistant\", \"content\": null, \"tool_calls\":"
+             " [{\"id\": \"a\", \"function\": {\"name\": \"f\", \"arguments\": \"{\"}}]}]}",
+             "tool_calls[0]", "messages"},
+            {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
              " \"documents\": [{\"title\": 3}]}", "values are strings", "documents"},
             {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
              " \"chat_template_kwargs\": [1]}", "must be an object", "chat_template_kwargs"},
