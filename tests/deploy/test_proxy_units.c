@@ -220,6 +220,7 @@ static void test_parse_bad(void **state)
          "'logit_bias' key '300' must be a token id", "logit_bias"},
         {"{\"prompt\": \"hi\", \"logit_bias\": {\"5\": true}}", 400, "must be a number",
          "logit_bias"},
+        {"{\"prompt\": \"hi\", \"logit_bias\": {\"5.0\": 1}}", 400, "key '5.0'", "logit_bias"},
         {"{\"prompt\": \"hi\", \"allowed_token_ids\": []}", 400, "non-empty",
          "allowed_token_ids"},
         {"{\"prompt\": \"hi\", \"allowed_token_ids\": [3, 260]}", 400,
