@@ -7,6 +7,8 @@
 #include "kvf_proxy_openai.h"
 #include "kvf_proxy_memtrim.h"
 #include "kvf_proxy_admit.h"
+#include "kvf_proxy_tools.h"
+#include "kvf_proxy_reasoning.h"
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -462,6 +464,64 @@ static void test_chat_args(void **state)
     }
 }
 
+/* The tool-call parsers on fixed outputs: calls, content, malformed text as content. */
+static void test_tool_parsers(void **state)
+{
+    static const struct {
+        kvf_proxy_tool_parser_t parser;
+        const char *text, *want;   /* want: "content|name(args);name(args)", NULL: none */
+    } cases[] = {
+        {KVF_TOOL_PARSER_HERMES, "Hi<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1}}"
+         "</tool_call>", "Hi|f({\"a\": 1})"},
+        {KVF_TOOL_PARSER_HERMES, "<tool_call>{\"name\":\"f\",\"arguments\":{}}</tool_call>"
+         "<tool_call>{\"name\":\"g\",\"arguments\":{\"t\":true,\"x\":[1.5,null]}}"
+         "</tool_call>", "|f({});g({\"t\": true, \"x\": [1.5, null]})"},
+        {KVF_TOOL_PARSER_HERMES, "<tool_call>{\"name\": \"f\", \"arguments\": {}}", "|f({})"},
+        {KVF_TOOL_PARSER_HERMES, "<tool_call>", NULL},
+        {KVF_TOOL_PARSER_HERMES, "<tool_call>{\"name\": 3}</tool_call>", NULL},
+        {KVF_TOOL_PARSER_HERMES, "no call", NULL},
+        {KVF_TOOL_PARSER_LLAMA3_JSON, " {\"name\": \"f\", \"parameters\": {\"b\": \"\u00e9\"}};"
+         "{\"name\": \"g\", \"arguments\": {}}", "|f({\"b\": \"\xc3\xa9\"});g({})"},
+        {KVF_TOOL_PARSER_LLAMA3_JSON, "<|python_tag|>{\"name\": \"f\", \"parameters\": {}}",
+         "|f({})"},
+        {KVF_TOOL_PARSER_LLAMA3_JSON, "Sure: {\"name\": \"f\"}", NULL},
+        {KVF_TOOL_PARSER_MISTRAL, "ok[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {\"n\": -2}}]",
+         "ok|f({\"n\": -2})"},
+        {KVF_TOOL_PARSER_MISTRAL, "[TOOL_CALLS] nope", NULL},
+    };
+
+    (void)state;
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); ++i) {
+        cJSON *calls = NULL, *c;
+        size_t end = 12345;
+        char got[512];
+        int n;
+        assert_int_equal(kvf_proxy_tools_parse_output(cases[i].parser, true, cases[i].text,
+                                                      strlen(cases[i].text), &calls, &end),
+                         KVF_OK);
+        if (cases[i].want == NULL) {
+            if (calls != NULL) {
+                fail_msg("tool case %zu: calls from malformed text", i);
+            }
+            continue;
+        }
+        if (calls == NULL) {
+            fail_msg("tool case %zu: no calls", i);
+        }
+        n = snprintf(got, sizeof(got), "%.*s|", (int)end, cases[i].text);
+        cJSON_ArrayForEach(c, calls) {
+            const cJSON *f = cJSON_GetObjectItem(c, "function");
+            n += snprintf(got + n, sizeof(got) - (size_t)n, "%s%s(%s)", (c == calls->child) ? "" : ";",
+                          cJSON_GetObjectItem(f, "name")->valuestring,
+                          cJSON_GetObjectItem(f, "arguments")->valuestring);
+        }
+        if (strcmp(got, cases[i].want) != 0) {
+            fail_msg("tool case %zu: got '%s', want '%s'", i, got, cases[i].want);
+        }
+        cJSON_Delete(calls);
+    }
+}
+
 static void test_error_json(void **state)
 {
     char *j;
@@ -605,6 +665,7 @@ int main(void)
         cmocka_unit_test(test_error_json),  cmocka_unit_test(test_parse_limits),
         cmocka_unit_test(test_parse_chat),  cmocka_unit_test(test_memtrim_policy),
         cmocka_unit_test(test_priority),    cmocka_unit_test(test_chat_args),
+        cmocka_unit_test(test_tool_parsers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
