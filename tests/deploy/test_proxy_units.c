@@ -522,6 +522,44 @@ static void test_tool_parsers(void **state)
     }
 }
 
+/* The reasoning split, finished and streaming (held tails), for both parsers. */
+static void test_reasoning_split(void **state)
+{
+    static const struct {
+        kvf_proxy_reasoning_t parser;
+        const char *text;
+        bool final;
+        const char *reasoning, *content;   /* content NULL: none yet */
+        size_t hold;
+    } cases[] = {
+        {KVF_REASONING_QWEN3, "<think>a b</think>ans", true, "a b", "ans", 21},
+        {KVF_REASONING_QWEN3, "<think>a b", true, "", "<think>a b", 10},   /* unclosed */
+        {KVF_REASONING_QWEN3, "<think>a b", false, "a b", NULL, 10},
+        {KVF_REASONING_QWEN3, "<think>a</th", false, "a", NULL, 8},        /* tail held */
+        {KVF_REASONING_QWEN3, "<thi", false, "", "<thi", 0},   /* may open: all held */
+        {KVF_REASONING_QWEN3, "plain", true, "", "plain", 5},
+        {KVF_REASONING_DEEPSEEK_R1, "a b</think>ans", true, "a b", "ans", 14},
+        {KVF_REASONING_DEEPSEEK_R1, "<think>a</think>", true, "a", "", 16},
+        {KVF_REASONING_DEEPSEEK_R1, "all thought", true, "all thought", NULL, 11},
+        {KVF_REASONING_NONE, "<think>x</think>y", true, "", "<think>x</think>y", 17},
+    };
+
+    (void)state;
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); ++i) {
+        kvf_proxy_reasoning_span_t sp;
+        size_t len = strlen(cases[i].text);
+        kvf_proxy_reasoning_split(cases[i].parser, cases[i].text, len, cases[i].final, &sp);
+        if ((sp.r_end - sp.r_start != strlen(cases[i].reasoning)) ||
+            (strncmp(cases[i].text + sp.r_start, cases[i].reasoning,
+                     sp.r_end - sp.r_start) != 0) || (sp.hold != cases[i].hold) ||
+            ((cases[i].content == NULL) ? (sp.c_start != len) :
+             (strcmp(cases[i].text + sp.c_start, cases[i].content) != 0))) {
+            fail_msg("reasoning case %zu: reasoning [%zu, %zu), content from %zu, hold %zu", i,
+                     sp.r_start, sp.r_end, sp.c_start, sp.hold);
+        }
+    }
+}
+
 static void test_error_json(void **state)
 {
     char *j;
@@ -665,7 +703,7 @@ int main(void)
         cmocka_unit_test(test_error_json),  cmocka_unit_test(test_parse_limits),
         cmocka_unit_test(test_parse_chat),  cmocka_unit_test(test_memtrim_policy),
         cmocka_unit_test(test_priority),    cmocka_unit_test(test_chat_args),
-        cmocka_unit_test(test_tool_parsers),
+        cmocka_unit_test(test_tool_parsers), cmocka_unit_test(test_reasoning_split),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
