@@ -566,6 +566,50 @@ static kvf_status_t kvf_engine_unstall(kvf_engine_h e, kvf_engine_event_t *event
     return KVF_OK;
 }
 
+/* After a step: each plan entry's outcome (a prompt position scored, a token sampled where
+ * its logits are, on the host or greedily), events emitted; a failure ends its request. */
+static void kvf_engine_take(kvf_engine_h e, int np, kvf_engine_event_t *events, int cap,
+                            int *n_events)
+{
+    const int vocab = e->cfg->vocab_size;
+    kvf_status_t status;
+
+    for (int i = 0; i < np; ++i) {
+        kvf_sched_entry_t *pe = &e->plan[i];
+        kvf_request_t *r = pe->req;
+        r->num_computed = pe->start + pe->num_tokens;
+        r->sched_tokens = 0;
+        if (kvf_scores_prompt(pe)) {   /* a prompt position: its logits score the next */
+            status = kvf_engine_prompt_lp(e, pe, e->seqs[i].logits);
+        } else if (e->seqs[i].sample != NULL) {   /* sampled on the model's device */
+            kvf_sample_out_t so;
+            kvf_sampler_device_out(&r->sampling, &e->sres[i], &so);
+            status = kvf_accept_token(e, r, so.token, e->seqs[i].logits,
+                                      r->sampling.want_logprobs ? &so : NULL, events, cap,
+                                      n_events);
+        } else if (e->seqs[i].logits != NULL) {
+            kvf_sample_out_t so;
+            status = kvf_sampler_sample(&r->sampling, &r->rng, r->tokens,
+                                        r->prompt_len - r->outputs_in_prompt,
+                                        r->num_tokens, e->seqs[i].logits, vocab,
+                                        e->cfg->eos_token_ids, e->cfg->num_eos, &so);
+            if (status == KVF_OK) {
+                status = kvf_accept_token(e, r, so.token, e->seqs[i].logits,
+                                          r->sampling.want_logprobs ? &so : NULL, events, cap,
+                                          n_events);
+            }
+        } else if (e->seqs[i].token != NULL) {   /* greedy on the model's device */
+            status = kvf_accept_token(e, r, e->greedy[i], NULL, NULL, events, cap, n_events);
+        } else {
+            continue;
+        }
+        if (status != KVF_OK) {
+            kvf_finish(e, r, KVF_FINISH_ERROR);
+            kvf_emit(events, cap, n_events, r->id, KVF_EVENT_FINISHED, -1, KVF_FINISH_ERROR);
+        }
+    }
+}
+
 kvf_status_t kvf_engine_step(kvf_engine_h e, kvf_engine_event_t *events, int cap, int *n_events)
 {
     KVF_ENGINE_CHECK(e, "kvf_engine_step");
@@ -671,40 +715,7 @@ kvf_status_t kvf_engine_step(kvf_engine_h e, kvf_engine_event_t *events, int cap
         }
         return status;
     }
-    for (int i = 0; i < np; ++i) {
-        kvf_sched_entry_t *pe = &e->plan[i];
-        kvf_request_t *r = pe->req;
-        r->num_computed = pe->start + pe->num_tokens;
-        r->sched_tokens = 0;
-        if (kvf_scores_prompt(pe)) {   /* a prompt position: its logits score the next */
-            status = kvf_engine_prompt_lp(e, pe, e->seqs[i].logits);
-        } else if (e->seqs[i].sample != NULL) {   /* sampled on the model's device */
-            kvf_sample_out_t so;
-            kvf_sampler_device_out(&r->sampling, &e->sres[i], &so);
-            status = kvf_accept_token(e, r, so.token, e->seqs[i].logits,
-                                      r->sampling.want_logprobs ? &so : NULL, events, cap,
-                                      n_events);
-        } else if (e->seqs[i].logits != NULL) {
-            kvf_sample_out_t so;
-            status = kvf_sampler_sample(&r->sampling, &r->rng, r->tokens,
-                                        r->prompt_len - r->outputs_in_prompt,
-                                        r->num_tokens, e->seqs[i].logits, vocab,
-                                        e->cfg->eos_token_ids, e->cfg->num_eos, &so);
-            if (status == KVF_OK) {
-                status = kvf_accept_token(e, r, so.token, e->seqs[i].logits,
-                                          r->sampling.want_logprobs ? &so : NULL, events, cap,
-                                          n_events);
-            }
-        } else if (e->seqs[i].token != NULL) {   /* greedy on the model's device */
-            status = kvf_accept_token(e, r, e->greedy[i], NULL, NULL, events, cap, n_events);
-        } else {
-            continue;
-        }
-        if (status != KVF_OK) {
-            kvf_finish(e, r, KVF_FINISH_ERROR);
-            kvf_emit(events, cap, n_events, r->id, KVF_EVENT_FINISHED, -1, KVF_FINISH_ERROR);
-        }
-    }
+    kvf_engine_take(e, np, events, cap, n_events);
     return KVF_OK;
 }
 

@@ -232,6 +232,21 @@ static kvf_status_t kvf_proxy_api_key(const kvf_proxy_config_t *cfg, char *key, 
     return KVF_OK;
 }
 
+/* The request policies of the flags (checked by kvf_proxy_check): priority scheduling, the
+ * tool-call and reasoning parsers. */
+static void kvf_proxy_api_policies(const kvf_proxy_config_t *cfg, kvf_proxy_openai_ctx_t *api)
+{
+    kvf_proxy_tool_parser_t parser = KVF_TOOL_PARSER_NONE;
+    kvf_proxy_reasoning_t reasoning = KVF_REASONING_NONE;
+
+    api->priority_scheduling = (strcmp(cfg->scheduling_policy, "priority") == 0);
+    (void)kvf_proxy_tool_parser_from_name(cfg->tool_call_parser, &parser);
+    api->tool_parser = (int)parser;
+    api->auto_tool_choice = cfg->enable_auto_tool_choice;
+    (void)kvf_proxy_reasoning_from_name(cfg->reasoning_parser, &reasoning);
+    api->reasoning_parser = (int)reasoning;
+}
+
 static kvf_status_t kvf_proxy_check(const kvf_proxy_config_t *cfg)
 {
     kvf_proxy_tool_parser_t parser;
@@ -509,18 +524,7 @@ kvf_status_t kvf_proxy_create(const kvf_proxy_config_t *cfg, kvf_proxy_h *proxy_
     proxy->api.max_prompt_tokens = cfg->max_prompt_tokens;
     proxy->api.max_tokens_limit = (uint32_t)cfg->max_tokens_limit;
     proxy->api.default_max_tokens = (uint32_t)cfg->default_max_tokens;
-    proxy->api.priority_scheduling = (strcmp(cfg->scheduling_policy, "priority") == 0);
-    {
-        kvf_proxy_tool_parser_t parser = KVF_TOOL_PARSER_NONE;
-        (void)kvf_proxy_tool_parser_from_name(cfg->tool_call_parser, &parser);
-        proxy->api.tool_parser = (int)parser;
-        proxy->api.auto_tool_choice = cfg->enable_auto_tool_choice;
-    }
-    {
-        kvf_proxy_reasoning_t reasoning = KVF_REASONING_NONE;
-        (void)kvf_proxy_reasoning_from_name(cfg->reasoning_parser, &reasoning);
-        proxy->api.reasoning_parser = (int)reasoning;
-    }
+    kvf_proxy_api_policies(cfg, &proxy->api);
 
     status = kvf_proxy_api_key(cfg, proxy->api_key, sizeof(proxy->api_key));
     if (status != KVF_OK) {

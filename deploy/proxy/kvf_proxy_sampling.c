@@ -75,7 +75,8 @@ static kvf_status_t kvf_parse_bias(const kvf_proxy_openai_ctx_t *ctx, const cJSO
         char *end = NULL;
         double id = strtod(e->string, &end);
         int at = req->num_bias;
-        if ((e->string[0] == '\0') || (*end != '\0') || !kvf_lists_id(id, ctx->tok->vocab_size)) {
+        if ((strspn(e->string, "0123456789") != strlen(e->string)) || (*end != '\0') ||
+            (e->string[0] == '\0') || !kvf_lists_id(id, ctx->tok->vocab_size)) {
             return kvf_lists_bad(http_p, param_p, "logit_bias", err, cap, "'logit_bias' key "
                                  "'%.32s' must be a token id in [0, %d)", e->string,
                                  ctx->tok->vocab_size);

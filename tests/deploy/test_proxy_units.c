@@ -7,6 +7,8 @@
 #include "kvf_proxy_openai.h"
 #include "kvf_proxy_memtrim.h"
 #include "kvf_proxy_admit.h"
+#include "kvf_proxy_tools.h"
+#include "kvf_proxy_reasoning.h"
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -220,6 +222,7 @@ static void test_parse_bad(void **state)
          "'logit_bias' key '300' must be a token id", "logit_bias"},
         {"{\"prompt\": \"hi\", \"logit_bias\": {\"5\": true}}", 400, "must be a number",
          "logit_bias"},
+        {"{\"prompt\": \"hi\", \"logit_bias\": {\"5.0\": 1}}", 400, "key '5.0'", "logit_bias"},
         {"{\"prompt\": \"hi\", \"allowed_token_ids\": []}", 400, "non-empty",
          "allowed_token_ids"},
         {"{\"prompt\": \"hi\", \"allowed_token_ids\": [3, 260]}", 400,
@@ -385,6 +388,15 @@ static void test_parse_chat(void **state)
             {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
              " \"continue_final_message\": 1}", "must be a boolean", "continue_final_message"},
             {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
+             " \"include_reasoning\": 1}", "must be a boolean", "include_reasoning"},
+            {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
+             " \"tool_choice\": \"auto\"}", "needs 'tools'", "tool_choice"},
+            {"{\"messages\": [{\"role\": \"tool\", \"content\": \"x\","
+             " \"tool_call_id\": 3}]}", "tool_call_id", "messages"},
+            {"{\"messages\": [{\"role\": \"assistant\", \"content\": null, \"tool_calls\":"
+             " [{\"id\": \"a\", \"function\": {\"name\": \"f\", \"arguments\": \"{\"}}]}]}",
+             "tool_calls[0]", "messages"},
+            {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
              " \"documents\": [{\"title\": 3}]}", "values are strings", "documents"},
             {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}],"
              " \"chat_template_kwargs\": [1]}", "must be an object", "chat_template_kwargs"},
@@ -449,6 +461,102 @@ static void test_chat_args(void **state)
             fail_msg("args case %zu: rendered '%s', want '%s'", i, got, cases[i].want);
         }
         kvf_proxy_openai_req_cleanup(&req);
+    }
+}
+
+/* The tool-call parsers on fixed outputs: calls, content, malformed text as content. */
+static void test_tool_parsers(void **state)
+{
+    static const struct {
+        kvf_proxy_tool_parser_t parser;
+        const char *text, *want;   /* want: "content|name(args);name(args)", NULL: none */
+    } cases[] = {
+        {KVF_TOOL_PARSER_HERMES, "Hi<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1}}"
+         "</tool_call>", "Hi|f({\"a\": 1})"},
+        {KVF_TOOL_PARSER_HERMES, "<tool_call>{\"name\":\"f\",\"arguments\":{}}</tool_call>"
+         "<tool_call>{\"name\":\"g\",\"arguments\":{\"t\":true,\"x\":[1.5,null]}}"
+         "</tool_call>", "|f({});g({\"t\": true, \"x\": [1.5, null]})"},
+        {KVF_TOOL_PARSER_HERMES, "<tool_call>{\"name\": \"f\", \"arguments\": {}}", "|f({})"},
+        {KVF_TOOL_PARSER_HERMES, "<tool_call>", NULL},
+        {KVF_TOOL_PARSER_HERMES, "<tool_call>{\"name\": 3}</tool_call>", NULL},
+        {KVF_TOOL_PARSER_HERMES, "no call", NULL},
+        {KVF_TOOL_PARSER_LLAMA3_JSON, " {\"name\": \"f\", \"parameters\": {\"b\": \"\u00e9\"}};"
+         "{\"name\": \"g\", \"arguments\": {}}", "|f({\"b\": \"\xc3\xa9\"});g({})"},
+        {KVF_TOOL_PARSER_LLAMA3_JSON, "<|python_tag|>{\"name\": \"f\", \"parameters\": {}}",
+         "|f({})"},
+        {KVF_TOOL_PARSER_LLAMA3_JSON, "Sure: {\"name\": \"f\"}", NULL},
+        {KVF_TOOL_PARSER_MISTRAL, "ok[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {\"n\": -2}}]",
+         "ok|f({\"n\": -2})"},
+        {KVF_TOOL_PARSER_MISTRAL, "[TOOL_CALLS] nope", NULL},
+    };
+
+    (void)state;
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); ++i) {
+        cJSON *calls = NULL, *c;
+        size_t end = 12345;
+        char got[512];
+        int n;
+        assert_int_equal(kvf_proxy_tools_parse_output(cases[i].parser, true, cases[i].text,
+                                                      strlen(cases[i].text), &calls, &end),
+                         KVF_OK);
+        if (cases[i].want == NULL) {
+            if (calls != NULL) {
+                fail_msg("tool case %zu: calls from malformed text", i);
+            }
+            continue;
+        }
+        if (calls == NULL) {
+            fail_msg("tool case %zu: no calls", i);
+        }
+        n = snprintf(got, sizeof(got), "%.*s|", (int)end, cases[i].text);
+        cJSON_ArrayForEach(c, calls) {
+            const cJSON *f = cJSON_GetObjectItem(c, "function");
+            n += snprintf(got + n, sizeof(got) - (size_t)n, "%s%s(%s)", (c == calls->child) ? "" : ";",
+                          cJSON_GetObjectItem(f, "name")->valuestring,
+                          cJSON_GetObjectItem(f, "arguments")->valuestring);
+        }
+        if (strcmp(got, cases[i].want) != 0) {
+            fail_msg("tool case %zu: got '%s', want '%s'", i, got, cases[i].want);
+        }
+        cJSON_Delete(calls);
+    }
+}
+
+/* The reasoning split, finished and streaming (held tails), for both parsers. */
+static void test_reasoning_split(void **state)
+{
+    static const struct {
+        kvf_proxy_reasoning_t parser;
+        const char *text;
+        bool final;
+        const char *reasoning, *content;   /* content NULL: none yet */
+        size_t hold;
+    } cases[] = {
+        {KVF_REASONING_QWEN3, "<think>a b</think>ans", true, "a b", "ans", 21},
+        {KVF_REASONING_QWEN3, "<think>a b", true, "", "<think>a b", 10},   /* unclosed */
+        {KVF_REASONING_QWEN3, "<think>a b", false, "a b", NULL, 10},
+        {KVF_REASONING_QWEN3, "<think>a</th", false, "a", NULL, 8},        /* tail held */
+        {KVF_REASONING_QWEN3, "<thi", false, "", "<thi", 0},   /* may open: all held */
+        {KVF_REASONING_QWEN3, "plain", true, "", "plain", 5},
+        {KVF_REASONING_DEEPSEEK_R1, "a b</think>ans", true, "a b", "ans", 14},
+        {KVF_REASONING_DEEPSEEK_R1, "<think>a</think>", true, "a", "", 16},
+        {KVF_REASONING_DEEPSEEK_R1, "all thought", true, "all thought", NULL, 11},
+        {KVF_REASONING_NONE, "<think>x</think>y", true, "", "<think>x</think>y", 17},
+    };
+
+    (void)state;
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); ++i) {
+        kvf_proxy_reasoning_span_t sp;
+        size_t len = strlen(cases[i].text);
+        kvf_proxy_reasoning_split(cases[i].parser, cases[i].text, len, cases[i].final, &sp);
+        if ((sp.r_end - sp.r_start != strlen(cases[i].reasoning)) ||
+            (strncmp(cases[i].text + sp.r_start, cases[i].reasoning,
+                     sp.r_end - sp.r_start) != 0) || (sp.hold != cases[i].hold) ||
+            ((cases[i].content == NULL) ? (sp.c_start != len) :
+             (strcmp(cases[i].text + sp.c_start, cases[i].content) != 0))) {
+            fail_msg("reasoning case %zu: reasoning [%zu, %zu), content from %zu, hold %zu", i,
+                     sp.r_start, sp.r_end, sp.c_start, sp.hold);
+        }
     }
 }
 
@@ -595,6 +703,7 @@ int main(void)
         cmocka_unit_test(test_error_json),  cmocka_unit_test(test_parse_limits),
         cmocka_unit_test(test_parse_chat),  cmocka_unit_test(test_memtrim_policy),
         cmocka_unit_test(test_priority),    cmocka_unit_test(test_chat_args),
+        cmocka_unit_test(test_tool_parsers), cmocka_unit_test(test_reasoning_split),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

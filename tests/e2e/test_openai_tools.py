@@ -40,11 +40,13 @@ except ImportError:
     sys.exit(77)
 
 CALL = '{"name":"get_weather","arguments":{"city":"Oslo"}}'
+CALL2 = '{"name":"get_time","arguments":{"tz":"CET","exact":true}}'
 TOKENS = [("<|assistant|>", True), ("<|end|>", True), ("Checking...", False),
           ("<tool_call>", False), (CALL, False), ("</tool_call>", False),
           ('{"name":"get_weather","parameters":{"city":"Oslo"}}', False),
           ("[TOOL_CALLS]", False), ("[" + CALL + "]", False), ("Sunny_in_Oslo.", False),
-          ("<think>", False), ("Plan.", False), ("</think>", False)]
+          ("<think>", False), ("Plan.", False), ("</think>", False),
+          ("</tool_call><tool_call>", False), (CALL2, False)]
 RULES = [("<|assistant|>", "Checking...", 1.0), ("Checking...", "<tool_call>", 1.0),
          ("<tool_call>", CALL, 1.0), ("<tool_call>", "<eos>", 0.5), (CALL, "</tool_call>", 1.0), ("</tool_call>", "<eos>", 1.0),
          ("<|assistant|>", TOKENS[6][0], 0.9), (TOKENS[6][0], "<eos>", 1.0),
@@ -53,7 +55,9 @@ RULES = [("<|assistant|>", "Checking...", 1.0), ("Checking...", "<tool_call>", 1
          ("<|assistant|>", "Sunny_in_Oslo.", 0.6), ("Sunny_in_Oslo.", "<eos>", 1.0),
          ("<|assistant|>", "<think>", 0.7), ("<think>", "Plan.", 1.0),
          ("Plan.", "</think>", 1.0), ("Plan.", "<eos>", 0.5),
-         ("</think>", "Sunny_in_Oslo.", 1.0), ("</think>", "<tool_call>", 0.8)]
+         ("</think>", "Sunny_in_Oslo.", 1.0), ("</think>", "<tool_call>", 0.8),
+         (CALL, "</tool_call><tool_call>", 0.8), ("</tool_call><tool_call>", CALL2, 1.0),
+         (CALL2, "</tool_call>", 1.0)]
 # the test's own template: tools as JSON lines, calls and results as tagged text
 TEMPLATE = (
     "{% if tools %}<|system|>tools:{% for t in tools %};{{ t | tojson }}{% endfor %}<|end|>"
@@ -186,8 +190,21 @@ def extras(c, name, ids):
     r = c.chat.completions.create(tool_choice="none", **kw)
     ok(r.choices[0].message.content == "Checking..." + "<tool_call>" + CALL + "</tool_call>"
        and not r.choices[0].message.tool_calls, "tool_choice none: nothing parsed")
-    r = c.chat.completions.create(parallel_tool_calls=False, **kw)
-    ok(len(r.choices[0].message.tool_calls) == 1, "parallel_tool_calls false")
+    two = {"logit_bias": {str(ids["</tool_call><tool_call>"]): 10}}   # a second call
+    kw["max_tokens"] = 8
+    r = c.chat.completions.create(extra_body=two, **kw)
+    calls = r.choices[0].message.tool_calls
+    ok([(t.function.name, t.function.arguments) for t in calls] ==
+       [("get_weather", '{"city": "Oslo"}'), ("get_time", '{"tz": "CET", "exact": true}')] and
+       calls[0].id != calls[1].id and r.choices[0].message.content == "Checking...",
+       "two calls in one output: both parsed, in order", r.model_dump())
+    content, scalls, finish = stream(c, extra_body=two, **kw)
+    ok([(t["name"], t["arguments"]) for t in scalls] ==
+       [(t.function.name, t.function.arguments) for t in calls] and finish == "tool_calls",
+       "two calls streamed as deltas of index 0 and 1")
+    r = c.chat.completions.create(parallel_tool_calls=False, extra_body=two, **kw)
+    ok([t.function.name for t in r.choices[0].message.tool_calls] == ["get_weather"],
+       "parallel_tool_calls false: the first call only")
     for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
         try:
             c.chat.completions.create(tool_choice=choice, **kw)

@@ -270,8 +270,9 @@ static void test_batch(void **state)
     enum { R = 5, V = 700 };
     float *l = malloc((size_t)R * V * sizeof(float)), *scratch = malloc((size_t)R * V * 4);
     kvf_sample_row_t rows[R];
-    kvf_sample_pen_t pen[3] = {{3, 2, KVF_SAMPLE_PEN_SEEN, 0.0f},
-                               {9, 0, KVF_SAMPLE_PEN_MASK, 0.0f},
+    kvf_sample_pen_t pen[3] = {{3, 2, KVF_SAMPLE_PEN_SEEN | KVF_SAMPLE_PEN_BIAS |
+                                       KVF_SAMPLE_PEN_ALLOW, 3.5f},
+                               {9, 0, KVF_SAMPLE_PEN_MASK | KVF_SAMPLE_PEN_ALLOW, 0.0f},
                                {11, 1, KVF_SAMPLE_PEN_SEEN | KVF_SAMPLE_PEN_MASK, 0.0f}};
     kvf_sample_res_t a[R], b[R];
     kvf_sample_ws_t *ws = NULL;
@@ -282,7 +283,7 @@ static void test_batch(void **state)
         rows[r] = (kvf_sample_row_t){.temperature = 0.8f, .top_p = 0.9f, .top_k = 50,
                                      .rep = 1.3f, .freq = 0.5f, .want_logprobs = 1,
                                      .num_top = 5, .pen_start = 0, .pen_count = 3,
-                                     .draw = rnd64()};
+                                     .allow_only = (r == 2), .draw = rnd64()};
     }
     assert_int_equal(kvf_sample_rows(NULL, l, R, V, V, rows, pen, 3, scratch, a), KVF_KERN_OK);
     assert_int_equal(kvf_sample_batch(NULL, &ws, l, R, V, V, rows, pen, 3, b), KVF_KERN_OK);
@@ -290,6 +291,7 @@ static void test_batch(void **state)
     for (int r = 0; r < R; ++r) {
         kvf_sample_res_t alone;
         assert_true((a[r].token != 9) && (a[r].token != 11));   /* masked */
+        assert_true((r != 2) || (a[r].token == 3));   /* allow-only: 3 (9 is masked) */
         /* a row's result does not depend on its neighbours (batch invariance) */
         assert_int_equal(kvf_sample_rows(NULL, l + (size_t)r * V, 1, V, V, &rows[r], pen, 3,
                                          scratch, &alone), KVF_KERN_OK);
