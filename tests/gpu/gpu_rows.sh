@@ -60,6 +60,8 @@ logit_diffs() {
 
 # kvf generate on the GPU against the CPU, greedy, 16 tokens past EOS: tokens equal and every
 # logit within 1e-3 (relative to 1 + |cpu|); TP 2 puts ranks on cuda:0 and cuda:1 (NCCL).
+# KVF_GPU_WEIGHTS=exact: the fixed-order GEMM that gives the CPU's bits (the default's
+# tensor-core GEMM is checked by row_greedy_default, by tokens).
 # The GPU output stays in $RR_DIR/gen-MODEL-tpN-gpu.txt for the graphs rows.
 row_generate() { # model tp
     local m=$1 tp=$2 name="generate cuda: $1" c g rc_c rc_g diffs ma mr
@@ -76,7 +78,7 @@ row_generate() { # model tp
     c="$RR_DIR/gen-$m-tp$tp-cpu.txt" g="$RR_DIR/gen-$m-tp$tp-gpu.txt"
     "$kvf" "${args[@]}" --device cpu >"$c" 2>"$c.err"
     rc_c=$?
-    "$kvf" "${args[@]}" --device cuda:0 >"$g" 2>"$g.err"
+    KVF_GPU_WEIGHTS=exact "$kvf" "${args[@]}" --device cuda:0 >"$g" 2>"$g.err"
     rc_g=$?
     if [ "$rc_c" -ne 0 ] || [ "$rc_g" -ne 0 ]; then
         gen_row "$name" "fp32" "-" "-" "-" "FAIL (exit cpu $rc_c, gpu $rc_g)"
@@ -144,11 +146,30 @@ row_generate_sampled() {
     return 1
 }
 
-# The GEMM micro-benchmark of the GPU engine's work, when this build has one (a program
-# named gemm_bench among the test programs, or the command in $KVF_GPU_GEMM_BENCH): its own
-# lines, its exit status (77: skipped)
+# Greedy tokens of the default GPU forward (cuBLASLt) = the CPU's on both trained models
+row_greedy_default() {
+    need_kvf
+    bash "$root/tests/gpu/greedy_gpu_cpu.sh" "$kvf"
+    local rc=$?
+    [ "$rc" -eq 0 ] || [ "$rc" -eq 77 ] || rr_verdict "FAIL: exit $rc"
+    return "$rc"
+}
+
+# A test program of the GPU engine that prints its own table row and exits 0 / 1 / 77
+row_prog() { # program
+    local p="$tbin/$1" rc
+    [ -x "$p" ] || { rr_verdict "skipped: $1 is not in this build ($p)"; return 77; }
+    "$p"
+    rc=$?
+    [ "$rc" -eq 0 ] || [ "$rc" -eq 77 ] || rr_verdict "FAIL: $1 exited $rc"
+    return "$rc"
+}
+
+# The GEMM micro-benchmark of the GPU engine's work (gemm_lt_bench: cuBLASLt against the
+# scalar kernel, or the command in $KVF_GPU_GEMM_BENCH): its own lines, its exit status
+# (77: skipped)
 row_gemm() {
-    local p="$tbin/gemm_bench" rc
+    local p="$tbin/gemm_lt_bench" rc
     if [ -n "${KVF_GPU_GEMM_BENCH:-}" ]; then
         bash -c "$KVF_GPU_GEMM_BENCH" >"$RR_DIR/gemm.txt" 2>&1
         rc=$?

@@ -73,7 +73,7 @@ rr_say "tests/gpu/run.sh: $(date -u +%Y-%m-%dT%H:%M:%SZ), budget $budget s, resu
 # the C compiler directly, OpenBLAS if present (else tests/gpu/shim's naive cblas_sgemm),
 # NCCL if present. Prints the binary's path.
 standalone() {
-    local out=$1 nvcc cuda cc=${CC:-cc} objs=() defs=(-DKVF_HAVE_CUDA=1) libs=(-lcublas) f
+    local out=$1 nvcc cuda cc=${CC:-cc} objs=() defs=(-DKVF_HAVE_CUDA=1) libs=(-lcublas -lcublasLt) f
     nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
     cuda=$(dirname "$(dirname "$nvcc")")
     local inc=(-I"$root/kernels" -I"$root/common/base" -I"$cuda/include")
@@ -131,9 +131,10 @@ row_build() {
         rr_verdict "FAIL: the standalone CUDA build did not finish ($build/gpu-build.log)"
         return 1
     fi
-    local targets=(gpu_vs_cpu kvf attn_tiled_vs_pertoken test_batch_invariance)
-    cmake --build "$build" --target help 2>/dev/null | grep -q '\.\.\. gemm_bench$' &&
-        targets+=(gemm_bench)
+    local targets=(gpu_vs_cpu kvf attn_tiled_vs_pertoken test_batch_invariance) t
+    for t in gemm_lt_bench gemm_lt_invariance ssd_vs_cpu fi_attention_check; do
+        cmake --build "$build" --target help 2>/dev/null | grep -q "\.\.\. $t\$" && targets+=("$t")
+    done
     cmake --build "$build" -j"$(nproc)" --target "${targets[@]}" >>"$build/gpu-build.log" 2>&1 &&
         return 0
     tail -30 "$build/gpu-build.log" >&2
@@ -177,7 +178,12 @@ rr_add gen-hybrid 60 row_generate tiny-hybrid 1
 rr_add gen-dense 60 row_generate tiny-dense 1
 rr_add gen-hybrid-tp2 60 row_generate tiny-hybrid 2
 rr_add gen-sampled 45 row_generate_sampled
+# the tensor-core engine (issue 40): its checks, then the engine against transformers
+rr_add greedy-default 60 row_greedy_default
+rr_add gemm-invariance 45 row_prog gemm_lt_invariance
 rr_add gemm 45 row_gemm
+rr_add ssd 45 row_prog ssd_vs_cpu
+rr_add fi-attention 45 row_prog fi_attention_check
 rr_add engine 150 row_engine
 rr_add pull-4p2d-ipc 60 row_bench 4p2d ipc
 rr_add pull-4p2d-ucx 60 row_bench 4p2d ucx
