@@ -10,6 +10,7 @@
  * those of Hugging Face's modeling_nemotron_h.py (backbone.* prefix, as in
  * NVIDIA's published checkpoints).
  */
+#include "kvf_hash.h"
 #include "kvf_mkmodel.h"
 #include "kvf_json.h"
 #include "kvf_log.h"
@@ -45,10 +46,8 @@ static double kvf_rng_unit(kvf_rng_t *r)
 static kvf_rng_t kvf_rng_for(uint64_t seed, const char *name)
 {
     kvf_rng_t r;
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (const char *p = name; *p != '\0'; ++p) {
-        h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
-    }
+    const uint64_t h = kvf_hash64(name, strlen(name), 0);
+
     r.s = seed * 0x9e3779b97f4a7c15ull ^ h;
     (void)kvf_rng_next(&r);
     return r;

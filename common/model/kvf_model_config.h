@@ -216,9 +216,10 @@ kvf_status_t kvf_model_config_from_json(const struct cJSON *root, const char *or
 kvf_status_t kvf_model_config_load(const char *path, kvf_model_config_t *cfg_p);
 
 /**
- * 64-bit FNV-1a fingerprint of the fields that define cache geometry and the
- * forward pass (not of dtypes chosen at deploy time). Two instances may only
- * exchange KV when their fingerprints are equal.
+ * 64-bit fingerprint (XXH3: kvf_hash64() chained field by field, fixed-width
+ * little-endian fields) of the fields that define cache geometry and the forward
+ * pass (not of dtypes chosen at deploy time). Two instances may only exchange KV
+ * when their fingerprints are equal (protocol version 3 on: FNV-1a before).
  */
 uint64_t kvf_model_config_fingerprint(const kvf_model_config_t *cfg);
 

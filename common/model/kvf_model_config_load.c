@@ -4,6 +4,7 @@
  * kvf_model_config.c).
  */
 #include "kvf_model_config.h"
+#include "kvf_hash.h"
 #include "kvf_json.h"
 #include "kvf_log.h"
 
@@ -55,16 +56,6 @@ kvf_status_t kvf_model_config_load(const char *path, kvf_model_config_t *cfg_p)
     return status;
 }
 
-static uint64_t kvf_fnv1a(uint64_t h, const void *data, size_t len)
-{
-    const unsigned char *p = data;
-    for (size_t i = 0; i < len; ++i) {
-        h ^= p[i];
-        h *= 0x100000001b3ull;
-    }
-    return h;
-}
-
 uint64_t kvf_model_config_fingerprint(const kvf_model_config_t *cfg)
 {
     const int fields[] = {
@@ -84,16 +75,16 @@ uint64_t kvf_model_config_fingerprint(const kvf_model_config_t *cfg)
         cfg->rope.factor, cfg->rope.low_freq_factor, cfg->rope.high_freq_factor,
         cfg->rope.original_max_pos,
     };
-    uint64_t h = 0xcbf29ce484222325ull;
+    uint64_t h = 0;
 
     for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); ++i) {
         int32_t v = fields[i];   /* fixed width: the fingerprint crosses hosts */
-        h = kvf_fnv1a(h, &v, sizeof(v));
+        h = kvf_hash64(&v, sizeof(v), h);
     }
     for (size_t i = 0; i < sizeof(reals) / sizeof(reals[0]); ++i) {
         uint64_t bits;           /* IEEE-754 bits, little-endian hosts */
         memcpy(&bits, &reals[i], sizeof(bits));
-        h = kvf_fnv1a(h, &bits, sizeof(bits));
+        h = kvf_hash64(&bits, sizeof(bits), h);
     }
-    return kvf_fnv1a(h, cfg->layer_kinds, (size_t)cfg->num_layers);
+    return kvf_hash64(cfg->layer_kinds, (size_t)cfg->num_layers, h);
 }

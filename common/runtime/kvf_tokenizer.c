@@ -26,6 +26,7 @@
  * refusal list in kvf_tokenizer.h and gain a case in
  * tests/common/runtime/tokenizer_compare.py.
  */
+#include "kvf_hash.h"
 #include "kvf_tok_int.h"
 
 /*
@@ -147,11 +148,7 @@ size_t kvf_utf8_encode(uint32_t cp, char *out)
 
 static uint64_t kvf_hash_bytes(const char *s, size_t n)
 {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; ++i) {
-        h = (h ^ (unsigned char)s[i]) * 0x100000001b3ull;
-    }
-    return h ^ (h >> 29);
+    return kvf_hash64(s, n, 0);
 }
 
 kvf_status_t kvf_str_map_init(kvf_str_map_t *m, size_t n)

@@ -6,6 +6,7 @@
  * condition variable (see kvf_proxy_pool.h for the calls).
  */
 #define _GNU_SOURCE
+#include "kvf_hash.h"
 #include "kvf_proxy_pool_int.h"
 #include "kvf_log.h"
 
@@ -17,17 +18,13 @@
 
 /* ---- mailboxes (pool->lock held) ---------------------------------------- */
 
-/* FNV-1a over the request id, the role and the instance index. */
+/* The bucket of (role, instance index, request id). */
 static unsigned kvf_proxy_call_hash(kvf_proxy_role_t role, int idx, const char *request_id)
 {
-    uint32_t h = 2166136261u;
+    const uint64_t seed = ((uint64_t)(uint32_t)role << 32) | (uint32_t)idx;
 
-    for (const unsigned char *p = (const unsigned char *)request_id; *p != '\0'; ++p) {
-        h = (h ^ *p) * 16777619u;
-    }
-    h = (h ^ (uint32_t)role) * 16777619u;
-    h = (h ^ (uint32_t)idx) * 16777619u;
-    return h & (KVF_PROXY_CALL_BUCKETS - 1u);
+    return (unsigned)kvf_hash64(request_id, strlen(request_id), seed) &
+           (KVF_PROXY_CALL_BUCKETS - 1u);
 }
 
 struct kvf_proxy_call *kvf_proxy_call_find(struct kvf_proxy_pool *pool, kvf_proxy_role_t role,

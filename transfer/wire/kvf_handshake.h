@@ -20,7 +20,8 @@
 #include <stdint.h>
 
 /* NOTE: bump when a message's meaning changes; update kvf_compat.c. */
-#define KVF_XFER_PROTOCOL_VERSION 2   /* 2: leases claimed/released over the side channel */
+#define KVF_XFER_PROTOCOL_VERSION 3   /* 2: leases claimed/released over the side channel;
+                                       * 3: the model fingerprint is XXH3 (was FNV-1a) */
 
 #define KVF_ENGINE_ID_MAX     64     /* bytes incl. NUL */
 #define KVF_XFER_MAX_REGIONS  4
