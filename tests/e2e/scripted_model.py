@@ -15,11 +15,11 @@ passes them unchanged).
 """
 
 import json
+import math
 import os
+import random
 import shutil
 import struct
-
-import numpy as np
 
 from kvf_e2e import repo_root
 
@@ -29,10 +29,11 @@ ALPHA = 40.0
 
 
 def _safetensors(path, tensors):
+    """tensors: name -> (shape, flat list of floats), written as F32."""
     header, blobs, off = {}, [], 0
-    for name, arr in tensors.items():
-        data = np.ascontiguousarray(arr, dtype=np.float32).tobytes()
-        header[name] = {"dtype": "F32", "shape": list(arr.shape),
+    for name, (shape, flat) in tensors.items():
+        data = struct.pack("<%df" % len(flat), *flat)
+        header[name] = {"dtype": "F32", "shape": list(shape),
                         "data_offsets": [off, off + len(data)]}
         blobs.append(data)
         off += len(data)
@@ -43,6 +44,10 @@ def _safetensors(path, tensors):
         f.write(head)
         for b in blobs:
             f.write(b)
+
+
+def _gauss(rng, rows, cols, scale):
+    return [rng.gauss(0.0, 1.0) * scale for _ in range(rows * cols)]
 
 
 def write(out_dir, tokens, rules, chat_template, seed=5):
@@ -70,24 +75,31 @@ def write(out_dir, tokens, rules, chat_template, seed=5):
                    "eos_token_id": ids["<eos>"], "pad_token_id": ids["<pad>"]})
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(config, f, indent=1)
-    rng = np.random.default_rng(seed)
-    emb = rng.standard_normal((vocab, H)).astype(np.float32)
-    emb /= np.sqrt((emb ** 2).mean(axis=1, keepdims=True))   # rms 1: the final norm keeps it
-    head = np.zeros((vocab, H), np.float32)
+    rng = random.Random(seed)
+    emb = []
+    for _ in range(vocab):   # rms 1: the final norm keeps it
+        row = [rng.gauss(0.0, 1.0) for _ in range(H)]
+        rms = math.sqrt(sum(x * x for x in row) / H)
+        emb.append([x / rms for x in row])
+    head = [[0.0] * H for _ in range(vocab)]
     for frm, to, w in rules:
-        head[ids[to]] += (ALPHA * w / H) * emb[ids[frm]]
-    t = {"model.embed_tokens.weight": emb, "model.norm.weight": np.ones(H),
-         "lm_head.weight": head}
+        e = emb[ids[frm]]
+        for j in range(H):
+            head[ids[to]][j] += (ALPHA * w / H) * e[j]
+    flat = lambda m: [x for row in m for x in row]
     p = "model.layers.0."
-    t[p + "input_layernorm.weight"] = np.ones(H)
-    t[p + "post_attention_layernorm.weight"] = np.ones(H)
-    t[p + "self_attn.q_proj.weight"] = rng.standard_normal((HEADS * HD, H)) * 0.02
-    t[p + "self_attn.k_proj.weight"] = rng.standard_normal((KV * HD, H)) * 0.02
-    t[p + "self_attn.v_proj.weight"] = rng.standard_normal((KV * HD, H)) * 0.02
-    t[p + "self_attn.o_proj.weight"] = np.zeros((H, HEADS * HD))
-    t[p + "mlp.gate_proj.weight"] = rng.standard_normal((INTER, H)) * 0.02
-    t[p + "mlp.up_proj.weight"] = rng.standard_normal((INTER, H)) * 0.02
-    t[p + "mlp.down_proj.weight"] = np.zeros((H, INTER))
+    t = {"model.embed_tokens.weight": ((vocab, H), flat(emb)),
+         "model.norm.weight": ((H,), [1.0] * H),
+         "lm_head.weight": ((vocab, H), flat(head)),
+         p + "input_layernorm.weight": ((H,), [1.0] * H),
+         p + "post_attention_layernorm.weight": ((H,), [1.0] * H),
+         p + "self_attn.q_proj.weight": ((HEADS * HD, H), _gauss(rng, HEADS * HD, H, 0.02)),
+         p + "self_attn.k_proj.weight": ((KV * HD, H), _gauss(rng, KV * HD, H, 0.02)),
+         p + "self_attn.v_proj.weight": ((KV * HD, H), _gauss(rng, KV * HD, H, 0.02)),
+         p + "self_attn.o_proj.weight": ((H, HEADS * HD), [0.0] * (H * HEADS * HD)),
+         p + "mlp.gate_proj.weight": ((INTER, H), _gauss(rng, INTER, H, 0.02)),
+         p + "mlp.up_proj.weight": ((INTER, H), _gauss(rng, INTER, H, 0.02)),
+         p + "mlp.down_proj.weight": ((H, INTER), [0.0] * (H * INTER))}
     _safetensors(os.path.join(out_dir, "model.safetensors"), t)
     return ids
 

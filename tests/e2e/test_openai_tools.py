@@ -48,7 +48,8 @@ TOKENS = [("<|assistant|>", True), ("<|end|>", True), ("Checking...", False),
           ("<think>", False), ("Plan.", False), ("</think>", False),
           ("</tool_call><tool_call>", False), (CALL2, False)]
 RULES = [("<|assistant|>", "Checking...", 1.0), ("Checking...", "<tool_call>", 1.0),
-         ("<tool_call>", CALL, 1.0), ("<tool_call>", "<eos>", 0.5), (CALL, "</tool_call>", 1.0), ("</tool_call>", "<eos>", 1.0),
+         ("<tool_call>", CALL, 1.0), ("<tool_call>", "<eos>", 0.5),
+         ("<|assistant|>", "<tool_call>", 0.3), (CALL, "</tool_call>", 1.0), ("</tool_call>", "<eos>", 1.0),
          ("<|assistant|>", TOKENS[6][0], 0.9), (TOKENS[6][0], "<eos>", 1.0),
          ("<|assistant|>", "[TOOL_CALLS]", 0.8), ("[TOOL_CALLS]", TOKENS[8][0], 1.0),
          (TOKENS[8][0], "<eos>", 1.0),
@@ -190,7 +191,7 @@ def extras(c, name, ids):
     r = c.chat.completions.create(tool_choice="none", **kw)
     ok(r.choices[0].message.content == "Checking..." + "<tool_call>" + CALL + "</tool_call>"
        and not r.choices[0].message.tool_calls, "tool_choice none: nothing parsed")
-    two = {"logit_bias": {str(ids["</tool_call><tool_call>"]): 10}}   # a second call
+    two = {"logit_bias": {str(ids["</tool_call><tool_call>"]): 20}}   # a second call
     kw["max_tokens"] = 8
     r = c.chat.completions.create(extra_body=two, **kw)
     calls = r.choices[0].message.tool_calls
