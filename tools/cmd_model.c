@@ -396,9 +396,10 @@ static void kvf_print_logprobs(const kvf_engine_event_t *ev, int *i)
 
 /*
  * --turns N: a conversation on one engine; turn k + 1's prompt is turn k's prompt, its
- * answer and a follow-up: the prompt text's first KVF_GEN_FOLLOW_UP ids (without BOS). One line per turn: its prompt tokens, the
- * tokens the prefix cache served, the time to its first token (add to first token event)
- * and its tokens. The figure to compare is a later turn's TTFT with --prefix-caching on/off.
+ * answer and a follow-up: the prompt text's first KVF_GEN_FOLLOW_UP ids (without BOS). One
+ * line per turn: its prompt tokens, the tokens the prefix cache served, the time to its
+ * first token (add to first token event) and its tokens. The figure to compare is a later
+ * turn's TTFT with --prefix-caching on/off.
  */
 static int kvf_gen_turns(const kvf_gen_opts_t *o, kvf_engine_h eng, kvf_req_params_t rp,
                          int bos, int *nlp)

@@ -142,8 +142,9 @@ static int32_t kvf_pc_find(const struct kvf_prefix_cache *pc, const kvf_prefix_k
             (memcmp(x->tokens, toks, (size_t)pc->p.unit * sizeof(int32_t)) != 0)) {
             continue;
         }
-        if ((parent < 0) && ((x->salt_len != key->salt_len) ||
-                             ((x->salt_len > 0) && (memcmp(x->salt, key->salt, x->salt_len) != 0)))) {
+        if ((parent < 0) &&
+            ((x->salt_len != key->salt_len) ||
+             ((x->salt_len > 0) && (memcmp(x->salt, key->salt, x->salt_len) != 0)))) {
             continue;   /* the same tokens under another salt: another tenant's chain */
         }
         return i;
