@@ -546,6 +546,30 @@ static int kvf_bs_file_dataset(const char *name)
            (strcmp(name, "burstgpt") == 0) ? KVF_BS_DS_BURSTGPT : -1;
 }
 
+/* --dataset-name multi_turn's flags into o->p; -1 (logged) when one is bad. */
+static int kvf_bs_setup_multi_turn(kvf_bs_opts_t *o)
+{
+    if (o->p.dataset[0] != '\0') {
+        kvf_error("--dataset-name multi_turn takes no --dataset-path (%s)", o->p.dataset);
+        return -1;
+    }
+    if ((o->mt_conversations < 1) || (o->mt_turns < 1) || (o->mt_first_len < 1) ||
+        (o->mt_question_len < 1) || (o->mt_answer_len < 1)) {
+        kvf_error("--multi-turn-conversations %d, -turns %d, -first-len %d, "
+                  "-question-len %d, -answer-len %d: each at least 1",
+                  o->mt_conversations, o->mt_turns, o->mt_first_len, o->mt_question_len,
+                  o->mt_answer_len);
+        return -1;
+    }
+    o->p.mt_conversations = o->mt_conversations;
+    o->p.mt_turns = o->mt_turns;
+    o->p.mt_first_len = o->mt_first_len;
+    o->p.mt_question_len = o->mt_question_len;
+    o->p.mt_answer_len = o->mt_answer_len;
+    o->p.output_len = o->mt_answer_len;
+    return 0;
+}
+
 /* Everything but the rates into o->p; 0, or -1 (logged). */
 static int kvf_bs_setup(kvf_bs_opts_t *o)
 {
@@ -602,24 +626,9 @@ static int kvf_bs_setup(kvf_bs_opts_t *o)
         o->p.rep_suffix_len = o->rep_suffix_len;
         o->p.output_len = o->rep_output_len;
     } else if (strcmp(o->dataset_name, "multi_turn") == 0) {
-        if (o->p.dataset[0] != '\0') {
-            kvf_error("--dataset-name multi_turn takes no --dataset-path (%s)", o->p.dataset);
+        if (kvf_bs_setup_multi_turn(o) != 0) {
             return -1;
         }
-        if ((o->mt_conversations < 1) || (o->mt_turns < 1) || (o->mt_first_len < 1) ||
-            (o->mt_question_len < 1) || (o->mt_answer_len < 1)) {
-            kvf_error("--multi-turn-conversations %d, -turns %d, -first-len %d, "
-                      "-question-len %d, -answer-len %d: each at least 1",
-                      o->mt_conversations, o->mt_turns, o->mt_first_len, o->mt_question_len,
-                      o->mt_answer_len);
-            return -1;
-        }
-        o->p.mt_conversations = o->mt_conversations;
-        o->p.mt_turns = o->mt_turns;
-        o->p.mt_first_len = o->mt_first_len;
-        o->p.mt_question_len = o->mt_question_len;
-        o->p.mt_answer_len = o->mt_answer_len;
-        o->p.output_len = o->mt_answer_len;
     } else if (kvf_bs_file_dataset(o->dataset_name) >= 0) {
         static const char *const what[] = {"", "a ShareGPT JSON file", "a text file of lines",
                                            "the BurstGPT CSV"};

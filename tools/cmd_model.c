@@ -392,6 +392,22 @@ static void kvf_print_logprobs(const kvf_engine_event_t *ev, int *i)
     printf("\n");
 }
 
+/* kvf generate's own flags; -1 (logged) when one is bad. */
+static int kvf_gen_check(const kvf_gen_opts_t *o)
+{
+    if (o->max_tokens < 1) {
+        kvf_error("bad value %d for --max-tokens (at least 1)", o->max_tokens);
+    } else if ((o->turns < 1) || (o->turns > 64)) {
+        kvf_error("bad value %d for --turns (1 to 64)", o->turns);
+    } else if ((o->logprobs < -1) || (o->logprobs > KVF_SAMPLING_MAX_LOGPROBS)) {
+        kvf_error("bad value %d for --logprobs (-1: none, or 0 to %d)", o->logprobs,
+                  KVF_SAMPLING_MAX_LOGPROBS);
+    } else {
+        return 0;
+    }
+    return -1;
+}
+
 #define KVF_GEN_FOLLOW_UP 32   /* tokens of a --turns follow-up question */
 
 /*
@@ -481,17 +497,7 @@ int kvf_cmd_generate(int argc, char **argv)
     if (done) {
         return 0;
     }
-    if (o.max_tokens < 1) {
-        kvf_error("bad value %d for --max-tokens (at least 1)", o.max_tokens);
-        return 2;
-    }
-    if ((o.turns < 1) || (o.turns > 64)) {
-        kvf_error("bad value %d for --turns (1 to 64)", o.turns);
-        return 2;
-    }
-    if ((o.logprobs < -1) || (o.logprobs > KVF_SAMPLING_MAX_LOGPROBS)) {
-        kvf_error("bad value %d for --logprobs (-1: none, or 0 to %d)", o.logprobs,
-                  KVF_SAMPLING_MAX_LOGPROBS);
+    if (kvf_gen_check(&o) != 0) {
         return 2;
     }
     rc = kvf_open_engine(&o, &eng);

@@ -375,10 +375,13 @@ bool kvf_prefix_cache_has_state(kvf_prefix_cache_h pc, const kvf_prefix_key_t *k
         (t / pc->p.unit > key->n_units)) {
         return false;
     }
-    for (int k = 1; (k <= t / pc->p.unit) && ((k == 1) || (idx >= 0)); ++k) {
+    for (int k = 1; k <= t / pc->p.unit; ++k) {
         idx = kvf_pc_find(pc, key, k, idx);
+        if (idx < 0) {
+            return false;   /* the chain stops before t */
+        }
     }
-    return (idx >= 0) && (pc->e[idx].state >= 0);
+    return pc->e[idx].state >= 0;
 }
 
 int kvf_prefix_cache_add_state(kvf_prefix_cache_h pc, const kvf_prefix_key_t *key, int t)
