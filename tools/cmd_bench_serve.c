@@ -66,6 +66,7 @@ typedef struct {
     double ready_timeout;
     bool append_result;
     int  rep_prefix_len, rep_suffix_len, rep_num_prefixes, rep_output_len;
+    int  mt_conversations, mt_turns, mt_first_len, mt_question_len, mt_answer_len;
 } kvf_bs_opts_t;
 
 /* The sampling flags vLLM sends only when given, as the request fields of the same name. */
@@ -99,9 +100,9 @@ static const kvf_config_field_t kvf_bs_table[] = {
      KVF_BS_OFF(p.endpoint), KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
     {"MODEL", "", "model name sent in each request (empty: the first id of the proxy's "
      "GET /v1/models)", KVF_BS_OFF(p.model), KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
-    {"DATASET_NAME", "", "random (synthetic token ids), prefix_repetition, custom (JSONL from "
-     "--dataset-path), or vLLM's sharegpt (JSON), sonnet (text lines), burstgpt (CSV) from "
-     "--dataset-path; empty: custom with --dataset-path, random otherwise",
+    {"DATASET_NAME", "", "random (synthetic token ids), prefix_repetition, multi_turn, custom "
+     "(JSONL from --dataset-path), or vLLM's sharegpt (JSON), sonnet (text lines), burstgpt "
+     "(CSV) from --dataset-path; empty: custom with --dataset-path, random otherwise",
      KVF_BS_OFF(dataset_name),
      KVF_CONFIG_TYPE_STRING, KVF_CONFIG_FLAG_NO_ENV},
     {"DATASET_PATH", "", "custom: JSONL file, one {\"prompt\": text or [ids], \"max_tokens\": "
@@ -197,6 +198,19 @@ static const kvf_config_field_t kvf_bs_table[] = {
      KVF_CONFIG_FLAG_NO_ENV},
     {"PREFIX_REPETITION_OUTPUT_LEN", "128", "prefix_repetition: max_tokens of each request",
      KVF_BS_OFF(rep_output_len), KVF_CONFIG_TYPE_INT, KVF_CONFIG_FLAG_NO_ENV},
+    {"MULTI_TURN_CONVERSATIONS", "10", "multi_turn: conversations; request i is turn "
+     "(i / conversations) % turns of conversation i % conversations, its prompt the "
+     "conversation so far (drawn answers, not the server's)",
+     KVF_BS_OFF(mt_conversations), KVF_CONFIG_TYPE_INT, KVF_CONFIG_FLAG_NO_ENV},
+    {"MULTI_TURN_TURNS", "10", "multi_turn: turns per conversation",
+     KVF_BS_OFF(mt_turns), KVF_CONFIG_TYPE_INT, KVF_CONFIG_FLAG_NO_ENV},
+    {"MULTI_TURN_FIRST_LEN", "256", "multi_turn: tokens of a conversation's first question",
+     KVF_BS_OFF(mt_first_len), KVF_CONFIG_TYPE_INT, KVF_CONFIG_FLAG_NO_ENV},
+    {"MULTI_TURN_QUESTION_LEN", "64", "multi_turn: tokens of each later question",
+     KVF_BS_OFF(mt_question_len), KVF_CONFIG_TYPE_INT, KVF_CONFIG_FLAG_NO_ENV},
+    {"MULTI_TURN_ANSWER_LEN", "32", "multi_turn: max_tokens of each request, and the tokens "
+     "of each earlier answer in the prompt", KVF_BS_OFF(mt_answer_len), KVF_CONFIG_TYPE_INT,
+     KVF_CONFIG_FLAG_NO_ENV},
     {"SHAREGPT_OUTPUT_LEN", "-1", "sharegpt: max_tokens of every request (-1: the tokens of "
      "each conversation's second turn)", KVF_BS_OFF(p.sharegpt_output_len),
      KVF_CONFIG_TYPE_INT, KVF_CONFIG_FLAG_NO_ENV},
@@ -554,6 +568,30 @@ static int kvf_bs_check_api(kvf_bs_opts_t *o)
     return 0;
 }
 
+/* --dataset-name multi_turn's flags into o->p; -1 (logged) when one is bad. */
+static int kvf_bs_setup_multi_turn(kvf_bs_opts_t *o)
+{
+    if (o->p.dataset[0] != '\0') {
+        kvf_error("--dataset-name multi_turn takes no --dataset-path (%s)", o->p.dataset);
+        return -1;
+    }
+    if ((o->mt_conversations < 1) || (o->mt_turns < 1) || (o->mt_first_len < 1) ||
+        (o->mt_question_len < 1) || (o->mt_answer_len < 1)) {
+        kvf_error("--multi-turn-conversations %d, -turns %d, -first-len %d, "
+                  "-question-len %d, -answer-len %d: each at least 1",
+                  o->mt_conversations, o->mt_turns, o->mt_first_len, o->mt_question_len,
+                  o->mt_answer_len);
+        return -1;
+    }
+    o->p.mt_conversations = o->mt_conversations;
+    o->p.mt_turns = o->mt_turns;
+    o->p.mt_first_len = o->mt_first_len;
+    o->p.mt_question_len = o->mt_question_len;
+    o->p.mt_answer_len = o->mt_answer_len;
+    o->p.output_len = o->mt_answer_len;
+    return 0;
+}
+
 /* Everything but the rates into o->p; 0, or -1 (logged). */
 static int kvf_bs_setup(kvf_bs_opts_t *o)
 {
@@ -602,6 +640,10 @@ static int kvf_bs_setup(kvf_bs_opts_t *o)
         o->p.rep_prefix_len = o->rep_prefix_len;
         o->p.rep_suffix_len = o->rep_suffix_len;
         o->p.output_len = o->rep_output_len;
+    } else if (strcmp(o->dataset_name, "multi_turn") == 0) {
+        if (kvf_bs_setup_multi_turn(o) != 0) {
+            return -1;
+        }
     } else if (kvf_bs_file_dataset(o->dataset_name) >= 0) {
         static const char *const what[] = {"", "a ShareGPT JSON file", "a text file of lines",
                                            "the BurstGPT CSV"};
@@ -627,7 +669,7 @@ static int kvf_bs_setup(kvf_bs_opts_t *o)
     } else if ((strcmp(o->dataset_name, "random") != 0) &&
                (strcmp(o->dataset_name, "custom") != 0)) {
         kvf_error("bad value '%s' for --dataset-name: not implemented in kvf bench-serve "
-                  "(random, with --random-prefix-len; prefix_repetition; custom with "
+                  "(random, with --random-prefix-len; prefix_repetition; multi_turn; custom with "
                   "--dataset-path, JSONL with \"prompt\"; sharegpt, sonnet, burstgpt with "
                   "--dataset-path; vLLM's hf and the multimodal ones are not)",
                   o->dataset_name);

@@ -436,13 +436,31 @@ static void kvf_print_logprobs(const kvf_engine_event_t *ev, int *i)
     printf("\n");
 }
 
+/* kvf generate's own flags; -1 (logged) when one is bad. */
+static int kvf_gen_check(const kvf_gen_opts_t *o)
+{
+    if (o->max_tokens < 1) {
+        kvf_error("bad value %d for --max-tokens (at least 1)", o->max_tokens);
+    } else if ((o->turns < 1) || (o->turns > 64)) {
+        kvf_error("bad value %d for --turns (1 to 64)", o->turns);
+    } else if ((o->logprobs < -1) || (o->logprobs > KVF_SAMPLING_MAX_LOGPROBS) ||
+               (o->prompt_logprobs < -1) || (o->prompt_logprobs > KVF_SAMPLING_MAX_LOGPROBS)) {
+        kvf_error("bad value %d / %d for --logprobs / --prompt-logprobs (-1: none, or 0 to "
+                  "%d)", o->logprobs, o->prompt_logprobs, KVF_SAMPLING_MAX_LOGPROBS);
+    } else {
+        return 0;
+    }
+    return -1;
+}
+
 #define KVF_GEN_FOLLOW_UP 32   /* tokens of a --turns follow-up question */
 
 /*
  * --turns N: a conversation on one engine; turn k + 1's prompt is turn k's prompt, its
- * answer and a follow-up: the prompt text's first KVF_GEN_FOLLOW_UP ids (without BOS). One line per turn: its prompt tokens, the
- * tokens the prefix cache served, the time to its first token (add to first token event)
- * and its tokens. The figure to compare is a later turn's TTFT with --prefix-caching on/off.
+ * answer and a follow-up: the prompt text's first KVF_GEN_FOLLOW_UP ids (without BOS). One
+ * line per turn: its prompt tokens, the tokens the prefix cache served, the time to its
+ * first token (add to first token event) and its tokens. The figure to compare is a later
+ * turn's TTFT with --prefix-caching on/off.
  */
 static int kvf_gen_turns(const kvf_gen_opts_t *o, kvf_engine_h eng, kvf_req_params_t rp,
                          int bos, int *nlp)
@@ -541,18 +559,7 @@ int kvf_cmd_generate(int argc, char **argv)
     if (done) {
         return 0;
     }
-    if (o.max_tokens < 1) {
-        kvf_error("bad value %d for --max-tokens (at least 1)", o.max_tokens);
-        return 2;
-    }
-    if ((o.turns < 1) || (o.turns > 64)) {
-        kvf_error("bad value %d for --turns (1 to 64)", o.turns);
-        return 2;
-    }
-    if ((o.logprobs < -1) || (o.logprobs > KVF_SAMPLING_MAX_LOGPROBS) ||
-        (o.prompt_logprobs < -1) || (o.prompt_logprobs > KVF_SAMPLING_MAX_LOGPROBS)) {
-        kvf_error("bad value %d / %d for --logprobs / --prompt-logprobs (-1: none, or 0 to "
-                  "%d)", o.logprobs, o.prompt_logprobs, KVF_SAMPLING_MAX_LOGPROBS);
+    if (kvf_gen_check(&o) != 0) {
         return 2;
     }
     rc = kvf_open_engine(&o, &eng);

@@ -258,6 +258,29 @@ static int kvf_bs_chatify(const kvf_bs_params_t *p, cJSON *root)
     return rc;
 }
 
+/* multi_turn's prompt of request @a index into @a arr (kvf_bench_serve.h); its length. */
+static int kvf_bs_multi_turn(const kvf_bs_params_t *p, uint64_t index, cJSON *arr)
+{
+    const uint64_t conv = index % (uint64_t)p->mt_conversations;
+    const int turn = (int)((index / (uint64_t)p->mt_conversations) % (uint64_t)p->mt_turns);
+    const uint64_t span = (uint64_t)(p->token_hi - p->token_lo);
+    int n = 0;
+
+    for (int k = 0; k <= turn; ++k) {
+        for (int part = 0; part < ((k < turn) ? 2 : 1); ++part) {   /* question, answer */
+            kvf_bs_rng_t r = {kvf_bs_mix(p->seed * 0x9e3779b97f4a7c15ull + 0x7a11 +
+                                         conv * 0x100000001b3ull + (uint64_t)k * 2 +
+                                         (uint64_t)part)};
+            int len = part ? p->mt_answer_len : (k == 0) ? p->mt_first_len : p->mt_question_len;
+            for (int i = 0; (arr != NULL) && (i < len); ++i, ++n) {
+                cJSON_AddItemToArray(arr, cJSON_CreateNumber(p->token_lo +
+                                                             (int)(kvf_bs_next(&r) % span)));
+            }
+        }
+    }
+    return n;
+}
+
 /* The JSON body of request @a index (malloc'd), its prompt length (-1: text) and max_tokens. */
 static char *kvf_bs_body(const kvf_bs_params_t *p, const kvf_bs_dataset_t *d, uint64_t index,
                          int *prompt_len_p, int *max_tokens_p)
@@ -274,6 +297,9 @@ static char *kvf_bs_body(const kvf_bs_params_t *p, const kvf_bs_dataset_t *d, ui
         *prompt_len_p = cJSON_IsArray(it->prompt) ? cJSON_GetArraySize(it->prompt) : -1;
         max_tokens = (it->max_tokens > 0) ? it->max_tokens :
                      kvf_bs_draw_len(&rng, p->output_len, p->output_dist, p->output_spread);
+    } else if (p->mt_conversations > 0) {   /* multi_turn */
+        *prompt_len_p = kvf_bs_multi_turn(p, index, cJSON_AddArrayToObject(root, "prompt"));
+        max_tokens = p->mt_answer_len;
     } else if (p->rep_num_prefixes > 0) {   /* prefix_repetition */
         uint64_t which = kvf_bs_next(&rng) % (uint64_t)p->rep_num_prefixes;
         kvf_bs_rng_t prng = {kvf_bs_mix(p->seed * 0x9e3779b97f4a7c15ull + 0x5eed + which)};

@@ -93,6 +93,13 @@ typedef struct kvf_bs_params {
      * rep_num_prefixes fixed prefixes of rep_prefix_len tokens, then rep_suffix_len
      * tokens of its own; output_len as max_tokens */
     int           rep_num_prefixes, rep_prefix_len, rep_suffix_len;
+    /* multi_turn (mt_conversations > 0): request i is turn (i / C) % T of conversation
+     * i % C; its prompt is the conversation so far: a first question of mt_first_len tokens,
+     * then per earlier turn an answer of mt_answer_len tokens and a question of
+     * mt_question_len, each drawn from a seed of (conversation, turn); max_tokens is
+     * mt_answer_len. The earlier answers are drawn, not the server's (the prompts do not wait
+     * for replies), so the workload is fixed; a prefix cache sees the same sharing. */
+    int           mt_conversations, mt_turns, mt_first_len, mt_question_len, mt_answer_len;
     /* --dataset-path's format (kvf_bs_dataset.c): KVF_BS_DS_*; sharegpt's fixed output
      * length (-1: each conversation's second turn, counted) and sonnet's lengths */
     int           dataset_kind;

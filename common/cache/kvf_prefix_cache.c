@@ -142,8 +142,9 @@ static int32_t kvf_pc_find(const struct kvf_prefix_cache *pc, const kvf_prefix_k
             (memcmp(x->tokens, toks, (size_t)pc->p.unit * sizeof(int32_t)) != 0)) {
             continue;
         }
-        if ((parent < 0) && ((x->salt_len != key->salt_len) ||
-                             ((x->salt_len > 0) && (memcmp(x->salt, key->salt, x->salt_len) != 0)))) {
+        if ((parent < 0) &&
+            ((x->salt_len != key->salt_len) ||
+             ((x->salt_len > 0) && (memcmp(x->salt, key->salt, x->salt_len) != 0)))) {
             continue;   /* the same tokens under another salt: another tenant's chain */
         }
         return i;
@@ -374,10 +375,13 @@ bool kvf_prefix_cache_has_state(kvf_prefix_cache_h pc, const kvf_prefix_key_t *k
         (t / pc->p.unit > key->n_units)) {
         return false;
     }
-    for (int k = 1; (k <= t / pc->p.unit) && ((k == 1) || (idx >= 0)); ++k) {
+    for (int k = 1; k <= t / pc->p.unit; ++k) {
         idx = kvf_pc_find(pc, key, k, idx);
+        if (idx < 0) {
+            return false;   /* the chain stops before t */
+        }
     }
-    return (idx >= 0) && (pc->e[idx].state >= 0);
+    return pc->e[idx].state >= 0;
 }
 
 int kvf_prefix_cache_add_state(kvf_prefix_cache_h pc, const kvf_prefix_key_t *key, int t)

@@ -610,6 +610,35 @@ static void kvf_engine_take(kvf_engine_h e, int np, kvf_engine_event_t *events, 
     }
 }
 
+static void kvf_engine_count_step(kvf_engine_h e, double dt, int prefill_tok, int decode_tok)
+{
+    e->stats.steps++;
+    e->stats.prefill_tokens += (uint64_t)prefill_tok;
+    e->stats.decode_tokens += (uint64_t)decode_tok;
+    e->stats.prefill_seconds += dt * prefill_tok / (double)(prefill_tok + decode_tok);
+    e->stats.decode_seconds += dt * decode_tok / (double)(prefill_tok + decode_tok);
+}
+
+/* The first max_seqs waiting requests without blocks (those a step can take) are given
+ * their cached prefix: a hit holds blocks, and a waiting request is never preempted. */
+static kvf_status_t kvf_engine_prefix_pass(kvf_engine_h e)
+{
+    for (int i = 0, asked = 0; (e->prefix != NULL) && (i < e->num_reqs) &&
+                               (asked < e->sched.max_seqs); ++i) {
+        kvf_request_t *r = e->reqs[i];
+        kvf_status_t status;
+        if ((r->state != KVF_REQ_WAITING) || (r->num_computed != 0)) {
+            continue;
+        }
+        ++asked;
+        status = kvf_engine_prefix_admit(e->prefix, r);
+        if (status != KVF_OK) {
+            return status;
+        }
+    }
+    return KVF_OK;
+}
+
 kvf_status_t kvf_engine_step(kvf_engine_h e, kvf_engine_event_t *events, int cap, int *n_events)
 {
     KVF_ENGINE_CHECK(e, "kvf_engine_step");
@@ -620,19 +649,9 @@ kvf_status_t kvf_engine_step(kvf_engine_h e, kvf_engine_event_t *events, int cap
     double t0, dt;
 
     *n_events = 0;
-    /* the first max_seqs waiting requests without blocks (those a step can take) are given
-     * their cached prefix: a hit holds blocks, and a waiting request is never preempted */
-    for (int i = 0, asked = 0; (e->prefix != NULL) && (i < e->num_reqs) &&
-                               (asked < e->sched.max_seqs); ++i) {
-        kvf_request_t *r = e->reqs[i];
-        if ((r->state != KVF_REQ_WAITING) || (r->num_computed != 0)) {
-            continue;
-        }
-        ++asked;
-        status = kvf_engine_prefix_admit(e->prefix, r);
-        if (status != KVF_OK) {
-            return status;
-        }
+    status = kvf_engine_prefix_pass(e);
+    if (status != KVF_OK) {
+        return status;
     }
     for (int i = 0; i < e->num_reqs; ++i) {
         preempted -= e->reqs[i]->preemptions;
@@ -697,15 +716,9 @@ kvf_status_t kvf_engine_step(kvf_engine_h e, kvf_engine_event_t *events, int cap
     t0 = kvf_time_now_s();
     status = kvf_tp_runner_step(e->runner, &batch, e->fresh, n_fresh);
     dt = kvf_time_now_s() - t0;
-    e->stats.steps++;
-    e->stats.prefill_tokens += (uint64_t)prefill_tok;
-    e->stats.decode_tokens += (uint64_t)decode_tok;
-    e->stats.prefill_seconds += dt * prefill_tok / (double)(prefill_tok + decode_tok);
-    e->stats.decode_seconds += dt * decode_tok / (double)(prefill_tok + decode_tok);
-
-    if ((status == KVF_OK) && (e->prefix != NULL)) {
-        status = kvf_engine_prefix_after_step(e->prefix, e->plan, np);   /* before sampling
-                                                                          * frees blocks */
+    kvf_engine_count_step(e, dt, prefill_tok, decode_tok);
+    if ((status == KVF_OK) && (e->prefix != NULL)) {   /* before sampling frees blocks */
+        status = kvf_engine_prefix_after_step(e->prefix, e->plan, np);
     }
     if (status != KVF_OK) {
         for (int i = 0; i < np; ++i) {

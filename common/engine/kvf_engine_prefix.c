@@ -37,8 +37,8 @@ typedef struct kvf_pfx_chain {   /* r->prefix */
 typedef struct kvf_pfx_copy {
     int     slot;
     bool    save;                /* pages -> checkpoint; else checkpoint -> pages */
-    int     first_attn_page;     /* pages before it are Mamba pages */
-    int32_t blocks[2 * KVF_MAX_KV_GROUPS];   /* per page group: the block */
+    int32_t blocks[2 * KVF_MAX_KV_GROUPS];   /* Mamba groups' blocks, then attention groups'
+                                              * (-1: no partial block) */
 } kvf_pfx_copy_t;
 
 struct kvf_engine_prefix {
@@ -279,7 +279,6 @@ static kvf_status_t kvf_pfx_queue(kvf_engine_prefix_h ep, const kvf_request_t *r
     cp = &ep->copies[ep->n_copies++];
     cp->slot = slot;
     cp->save = save;
-    cp->first_attn_page = ep->n_mamba;
     for (int i = 0; i < ep->n_mamba; ++i) {
         cp->blocks[i] = r->blocks.blocks[ep->mamba_g[i]][0];
     }

@@ -186,6 +186,28 @@ def vllm_command_line(kvf, tmp):
                 "'m'" in p.stderr and len(Recorder.seen) == 18,
                 "a wrong --model: the ready check exits 1 naming the served models; nothing "
                 "sent", p.stderr)
+        n0 = len(Recorder.seen)
+        p = subprocess.run([kvf, "bench-serve", "--base-url", url, "--dataset-name",
+                            "multi_turn", "--multi-turn-conversations", "2",
+                            "--multi-turn-turns", "3", "--multi-turn-first-len", "6",
+                            "--multi-turn-question-len", "2", "--multi-turn-answer-len", "3",
+                            "--num-prompts", "6", "--max-concurrency", "1", "--seed", "1",
+                            "--disable-tqdm"], capture_output=True, text=True, timeout=60)
+        bodies = [b for _, b in Recorder.seen[n0:]]
+        conv = [[b["prompt"] for b in bodies[c::2]] for c in range(2)]
+        T.check(p.returncode == 0 and len(bodies) == 6 and
+                all(b["max_tokens"] == 3 for b in bodies) and
+                all([len(x) for x in turns] == [6, 11, 16] and
+                    turns[1][:6] == turns[0] and turns[2][:11] == turns[1] for turns in conv) and
+                conv[0][0] != conv[1][0],
+                "multi_turn: 2 conversations of 3 turns, each turn's prompt the previous one, a "
+                "3-token answer and a 2-token question (6, 11, 16 tokens), max_tokens 3",
+                (p.stderr[-300:], conv))
+        p = subprocess.run([kvf, "bench-serve", "--base-url", url, "--dataset-name",
+                            "multi_turn", "--multi-turn-turns", "0"], capture_output=True,
+                           text=True, timeout=30)
+        T.check(p.returncode == 2 and "--multi-turn-conversations" in p.stderr,
+                "multi_turn with 0 turns refused naming the flags", p.stderr[-300:])
         for args_, flag in ((["--dataset-name", "sharegpt"], "dataset-name"),
                             (["--ramp-up-strategy", "cubic"], "ramp-up-strategy"),
                             (["--header", "nokey"], "header"),

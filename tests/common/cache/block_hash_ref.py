@@ -22,7 +22,8 @@ def root(digest, salt):
 
 def nxt(parent, tokens):
     lo, hi = parent
-    return h128(struct.pack("<QQI", lo, hi, len(tokens)) + struct.pack("<%di" % len(tokens), *tokens))
+    head = struct.pack("<QQI", lo, hi, len(tokens))
+    return h128(head + struct.pack("<%di" % len(tokens), *tokens))
 
 
 def show(name, h):

@@ -271,12 +271,18 @@ static void test_short_prompt_hits_on_grid(void **state)
     b = kvf_pc_run(off, p, 50, 6, NULL);
     assert_int_equal(a.hit, 32);
     kvf_pc_same(&a, &b);
+    /* one token past the checkpoint: the last prompt token alone, a one-token recurrent step
+     * with the prompt's dt clamp, where the cache-off run scans it inside its chunk */
+    a = kvf_pc_run(on, p, 33, 6, NULL);
+    b = kvf_pc_run(off, p, 33, 6, NULL);
+    assert_int_equal(a.hit, 32);
+    kvf_pc_same(&a, &b);
     kvf_engine_get_prefix_stats(on, &st);
-    assert_true(st.states_restored == 1);
-    assert_true(st.hit_state_tokens == 32);
+    assert_true(st.states_restored == 2);
+    assert_true(st.hit_state_tokens == 64);
     assert_true(st.hit_attn_tokens == 0);
-    assert_true(st.queries == 90);
-    assert_true(st.hits == 32);
+    assert_true(st.queries == 123);
+    assert_true(st.hits == 64);
     kvf_engine_destroy(on);
     kvf_engine_destroy(off);
 }
