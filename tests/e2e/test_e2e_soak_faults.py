@@ -24,6 +24,14 @@ value. Requests on the killed instance fail (counted, expected); the pool
 must serve again after each restart, and every page comes back at the end.
 Short timeouts (--xfer-timeout 1s, --lease-timeout 3s) only make the
 expiries and quarantines of the failed requests end within the test.
+
+The prefix cache is on (the default): prefill keeps freed blocks cached and
+Mamba state checkpoints in a budget of their own, so its memory grows until the
+page pool has been gone through once and the state budget is full, by design
+(bounded by --num-blocks and --prefix-state-bytes). The load runs until
+prefill has evicted both a cached block and a checkpoint (its /metrics) before
+phase A (and again before phase C: phase B restarted it), with a 4 MiB state budget so that takes seconds; growth after that is
+what the bound is about.
 """
 
 import http.client
@@ -36,7 +44,9 @@ import threading
 import time
 
 from e2e_models import model_dir
-from kvf_e2e import Pool, wait_for
+import urllib.request
+
+from kvf_e2e import Pool, free_port_range, parse_metrics, wait_for
 
 CLIENTS = 8
 KILL_CYCLES = int(os.environ.get("SOAK_KILL_CYCLES", "6"))
@@ -157,20 +167,41 @@ def phase(pool, load, victims, survivors, what, fault=None):
     return rss_warm, rss_end
 
 
+def evicted(metrics_port):
+    """prefill's prefix cache evictions so far: (blocks, state checkpoints)."""
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % metrics_port,
+                                    timeout=5) as r:
+            m = parse_metrics(r.read().decode())
+    except OSError:
+        return 0, 0
+    count = lambda name: sum(v for (n, _), v in m.items() if n == name)   # noqa: E731
+    return (count("kvf_daemon_prefix_blocks_evicted_total"),
+            count("kvf_daemon_prefix_states_evicted_total"))
+
+
 def main():
     t0 = time.monotonic()
     model = model_dir("tiny-hybrid")
+    mport = free_port_range(1, lo=31000)
     with Pool(layout="1p1d", model=model, prefill_instances=1, decode_instances=2, timeout=90,
-              prefill_args=["--lease-timeout", "3s", "--xfer-timeout", "1s"],
+              prefill_args=["--lease-timeout", "3s", "--xfer-timeout", "1s",
+                            "--prefix-state-bytes", "4m", "--metrics-port", str(mport)],
               decode_args=["--xfer-timeout", "1s"]) as pool:
         st, h = pool.health()
         start_pages = {i["url"]: i["total_pages"] for i in h["prefill"] + h["decode"]}
         load = Load(pool).start()
         try:
+            # the prefix cache full (pool pages and state budget gone through once)
+            wait_for(lambda: all(v > 0 for v in evicted(mport)), 120,
+                     "prefill's prefix cache evicting blocks and checkpoints", interval=0.5)
             a = phase(pool, load, ["decode-0", "decode-1"], ["prefill-0", "proxy"],
                       "A, decode instances killed")
             b = phase(pool, load, ["prefill-0"], ["decode-0", "decode-1", "proxy"],
                       "B, the prefill instance killed")
+            # phase B's restarts left a prefill with an empty cache: full again first
+            wait_for(lambda: all(v > 0 for v in evicted(mport)), 120,
+                     "the restarted prefill's prefix cache evicting", interval=0.5)
             c = phase(pool, load, ["prefill-0"], ["prefill-0", "decode-0", "decode-1", "proxy"],
                       "C, the prefill instance stopped past the transfer timeout",
                       stop_and_continue)
