@@ -24,6 +24,14 @@ admission the proxy queued everything and prompts that waited past
 to the machine's prefill rate; now the queue is held to the deadline by
 the proxy and the test offers more than the pool can do on purpose.
 
+The prefix cache is on (the default): prefill keeps freed blocks cached and
+Mamba state checkpoints in a budget of their own, so its memory grows by design
+until the page pool has been gone through once and the state budget is full.
+Prefill runs with a 4 MiB state budget (--prefix-state-bytes) and its metrics
+port; after the capacity round, closed-loop clients run until prefill has
+evicted both a cached block and a checkpoint, and only then is the RSS
+baseline taken.
+
 Bounded: at most SOAK_REQUESTS requests or SOAK_SECONDS of load, whichever
 comes first (environment variables of the same names override); the whole
 test takes about 60-90 s and runs alone (RUN_SERIAL).
@@ -35,9 +43,10 @@ import os
 import random
 import threading
 import time
+import urllib.request
 
 from e2e_models import model_dir
-from kvf_e2e import Pool, wait_for
+from kvf_e2e import Pool, free_port_range, parse_metrics, wait_for
 
 CLIENTS = 24
 REQUESTS = int(os.environ.get("SOAK_REQUESTS", "1500"))
@@ -169,11 +178,26 @@ def open_loop(pool, rate, max_requests, seconds, max_bytes, stats, seed):
     return len(threads), time.monotonic() - t0
 
 
+def prefix_evictions(metrics_port):
+    """prefill's prefix cache evictions so far: (blocks, state checkpoints)."""
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % metrics_port,
+                                    timeout=5) as r:
+            m = parse_metrics(r.read().decode())
+    except OSError:
+        return 0, 0
+    return tuple(sum(v for (n, _), v in m.items() if n == name)
+                 for name in ("kvf_daemon_prefix_blocks_evicted_total",
+                              "kvf_daemon_prefix_states_evicted_total"))
+
+
 def main():
     model = model_dir("tiny-hybrid")
     t_start = time.monotonic()
+    mport = free_port_range(1, lo=31000)
     with Pool(layout="4p2d", model=model, prefill_instances=1, decode_instances=2,
-              timeout=120, proxy_args=["--admission-queue-bytes", "1m"]) as pool:
+              timeout=120, proxy_args=["--admission-queue-bytes", "1m"],
+              prefill_args=["--prefix-state-bytes", "4m", "--metrics-port", str(mport)]) as pool:
         pids = pool.pids()
         st, start = pages(pool)
         assert st == 200 and all(f == t for f, t in start.values()), start
@@ -190,6 +214,14 @@ def main():
         capacity = cap["ok"] / cap_wall
         rate = pool.health()[1]["prefill"][0]["prefill_tokens_per_s_recent"]
         max_bytes = MAX_PROMPT_BYTES
+        for fill_round in range(8):   # the prefix cache full: its memory is then steady
+            if all(v > 0 for v in prefix_evictions(mport)):
+                break
+            run_clients(pool, CLIENTS, 4 * CLIENTS, 30, MAX_PROMPT_BYTES, new_stats(),
+                        500 + fill_round, abort_share=0.0)
+        assert all(v > 0 for v in prefix_evictions(mport)), (
+            "prefill's prefix cache never evicted (blocks, checkpoints): %s" %
+            (prefix_evictions(mport),))
         rss_warm = {n: rss_kb(p) for n, p in pids.items()}
 
         stats = new_stats()
