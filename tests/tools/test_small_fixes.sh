@@ -29,9 +29,13 @@ grep -q -- "expected at most 255 bytes; --prompt-file takes a longer value from 
     fail "no --prompt-file hint: $err"
 echo "ok: a long --prompt points at --prompt-file"
 
-"$KVF_BIN/kvf-prefill" --help | grep -q -- "--block-size .*alignment unit, tokens: the logical block size is derived" ||
+# (the help captured first: grep -q stops reading at its match, and under pipefail the
+# writer's SIGPIPE would fail the pipeline when the help is long)
+help=$("$KVF_BIN/kvf-prefill" --help)
+grep -q -- "--block-size .*alignment unit, tokens: the logical block size is derived" <<<"$help" ||
     fail "the daemon's --block-size help"
-"$KVF" generate --help | grep -q -- "--block-size .*exact logical block size, tokens" ||
+help=$("$KVF" generate --help)
+grep -q -- "--block-size .*exact logical block size, tokens" <<<"$help" ||
     fail "kvf generate's --block-size help"
 echo "ok: --block-size says alignment unit (daemons) and exact size (kvf generate)"
 echo "PASS test_small_fixes"
