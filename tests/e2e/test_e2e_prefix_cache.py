@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Prefix caching through a pool (docs/PREFIX_CACHE.md): bit for bit the same answers.
 
-The trained tiny hybrid (1p1d, 4p2d, 1p4d, 2p4d; the dense checkpoint at 1p1d) serve a three-turn conversation
-(each turn's prompt: the last prompt, its answer, a new question, as token ids), a prompt
+The trained tiny hybrid (1p1d, 4p2d, 1p4d, 2p4d; the dense checkpoint at 1p1d) serve a
+three-turn conversation (each turn's prompt: the last prompt, its answer, a new question, as
+token ids), a prompt
 shorter than one 80-token attention block asked twice, and one prompt under two salts. A
 pool with the prefix cache on (the default) and one with --prefix-caching off must return
 the same token ids and logprobs (the sampled tokens' and the top 5, as JSON numbers printed
