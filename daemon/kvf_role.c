@@ -165,10 +165,6 @@ static kvf_status_t kvf_role_engine_create(const kvf_role_config_t *params,
     ep.prefix.enabled = params->prefix_caching;
     ep.prefix.state_grid = params->prefix_state_grid;
     ep.prefix.state_bytes = params->prefix_state_bytes;
-    if (params->prefix_state_bytes == 0) {
-        kvf_error("--prefix-state-bytes 0 holds no Mamba state checkpoint");
-        return KVF_ERR_INVALID_PARAM;
-    }
     if (kvf_block_hash_digest_from_hex(kvf_role_digest.hex, digest) == KVF_OK) {
         ep.prefix.digest = digest;   /* the handshake's digest keys the cache too */
     }

@@ -115,8 +115,9 @@ typedef struct kvf_role_config {
     {"PREFIX_CACHING", "on", "prefix cache (docs/PREFIX_CACHE.md): a prompt whose start "    \
      "this instance computed before reuses its KV blocks and Mamba state (on, as vLLM; off)", \
      offsetof(_type, role.prefix_caching), KVF_CONFIG_TYPE_BOOL, 0},                         \
-    {"PREFIX_STATE_BYTES", "256m", "memory per rank for the prefix cache's Mamba state "     \
-     "checkpoints, apart from the page pool (must hold one checkpoint)",                     \
+    {"PREFIX_STATE_BYTES", "0", "memory per rank for the prefix cache's Mamba state "        \
+     "checkpoints, apart from the page pool, committed at start (must hold one; 0: 64 "       \
+     "checkpoints within 256 MiB, at least one)",                                            \
      offsetof(_type, role.prefix_state_bytes), KVF_CONFIG_TYPE_SIZE, 0},                     \
     {"PREFIX_STATE_GRID", "64", "tokens between Mamba state checkpoints; prompt chunks end "  \
      "on this grid (models with Mamba layers)",                                              \

@@ -188,8 +188,8 @@ static const kvf_config_field_t kvf_generate_table[] = {
     {"PREFIX_CACHING", "on", "prefix cache (docs/PREFIX_CACHE.md): a prompt whose start was "
      "computed before reuses its KV blocks and Mamba state (on, as vLLM; off)",
      offsetof(kvf_gen_opts_t, prefix_caching), KVF_CONFIG_TYPE_BOOL, 0},
-    {"PREFIX_STATE_BYTES", "256m", "memory per rank for the prefix cache's Mamba state "
-     "checkpoints (must hold one)",
+    {"PREFIX_STATE_BYTES", "0", "memory per rank for the prefix cache's Mamba state "
+     "checkpoints, committed at start (must hold one; 0: 64 checkpoints within 256 MiB)",
      offsetof(kvf_gen_opts_t, prefix_state_bytes), KVF_CONFIG_TYPE_SIZE, 0},
     {"PREFIX_STATE_GRID", "64", "tokens between Mamba state checkpoints; prompt chunks end on "
      "this grid (models with Mamba layers)",
@@ -275,8 +275,8 @@ static int kvf_open_engine(const kvf_gen_opts_t *o, kvf_engine_h *engine_p)
     ep.num_blocks = o->num_blocks;
     ep.max_batch_tokens = o->max_batch_tokens;
     if (o->prefix_state_grid != 0) {   /* kvf generate's rows */
-        if ((o->prefix_state_grid < 1) || (o->prefix_state_bytes == 0)) {
-            kvf_error("bad value %d for --prefix-state-grid or 0 for --prefix-state-bytes",
+        if (o->prefix_state_grid < 1) {
+            kvf_error("bad value %d for --prefix-state-grid (tokens, at least 1)",
                       o->prefix_state_grid);
             return 2;
         }

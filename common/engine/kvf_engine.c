@@ -649,14 +649,13 @@ kvf_status_t kvf_engine_step(kvf_engine_h e, kvf_engine_event_t *events, int cap
     double t0, dt;
 
     *n_events = 0;
-    status = kvf_engine_prefix_pass(e);
-    if (status != KVF_OK) {
-        return status;
-    }
     for (int i = 0; i < e->num_reqs; ++i) {
         preempted -= e->reqs[i]->preemptions;
     }
-    status = kvf_scheduler_schedule(&e->sched, e->bm, e->reqs, e->num_reqs, e->plan, &np);
+    status = kvf_engine_prefix_pass(e);
+    if (status == KVF_OK) {
+        status = kvf_scheduler_schedule(&e->sched, e->bm, e->reqs, e->num_reqs, e->plan, &np);
+    }
     for (int i = 0; i < e->num_reqs; ++i) {
         preempted += e->reqs[i]->preemptions;
     }

@@ -43,6 +43,8 @@ enum kvf_engine_params_field {              /* append only, never renumber */
 #define KVF_ENGINE_PARAM_FIELDS_KNOWN (KVF_BIT(8) - 1)
 
 #define KVF_PREFIX_STATE_GRID_DEFAULT   64                  /* tokens */
+/* state_bytes 0: this many checkpoints, but no more than the bytes below (at least one) */
+#define KVF_PREFIX_STATE_CKPTS_DEFAULT  64
 #define KVF_PREFIX_STATE_BYTES_DEFAULT  ((size_t)256 << 20) /* per rank */
 
 /** The prefix cache (docs/PREFIX_CACHE.md). */
@@ -50,8 +52,10 @@ typedef struct kvf_engine_prefix_params {
     bool           enabled;
     int            state_grid;     /* tokens between Mamba state checkpoints (and the
                                     * scheduler's chunk grid), >= 1; 0: the default */
-    size_t         state_bytes;    /* checkpoint memory per rank, on the pool's device;
-                                    * 0: the default; must hold one checkpoint */
+    size_t         state_bytes;    /* checkpoint memory per rank, on the pool's device,
+                                    * committed (zeroed) at create; must hold one
+                                    * checkpoint; 0: KVF_PREFIX_STATE_CKPTS_DEFAULT of them
+                                    * within KVF_PREFIX_STATE_BYTES_DEFAULT, at least one */
     const uint8_t *digest;         /* 16 bytes of the weights digest (kvf_block_hash.h);
                                     * NULL: kvf_model_digest() of model_dir */
 } kvf_engine_prefix_params_t;

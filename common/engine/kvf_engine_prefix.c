@@ -88,8 +88,12 @@ static kvf_status_t kvf_pfx_store_rank(void *arg, int rank, kvf_page_pool_h pool
         }
         return KVF_OK;
     }
-    if (kvf_device_alloc(dev, (size_t)ep->n_ckpt * ep->ckpt_bytes, &ep->store[rank]) !=
-        KVF_KERN_OK) {
+    /* zeroed once: the budget is committed at start (resident memory does not grow as
+     * checkpoints fill the slots) */
+    if ((kvf_device_alloc(dev, (size_t)ep->n_ckpt * ep->ckpt_bytes, &ep->store[rank]) !=
+         KVF_KERN_OK) ||
+        (kvf_device_memset(dev, ep->store[rank], 0, (size_t)ep->n_ckpt * ep->ckpt_bytes) !=
+         KVF_KERN_OK)) {
         kvf_error("prefix cache: rank %d: cannot allocate %zu bytes of state checkpoints", rank,
                   (size_t)ep->n_ckpt * ep->ckpt_bytes);
         return KVF_ERR_NO_MEMORY;
@@ -103,8 +107,7 @@ kvf_status_t kvf_engine_prefix_create(const kvf_engine_prefix_params_t *params,
 {
     const kvf_cache_layout_t *lay = kvf_tp_runner_layout(runner);
     kvf_prefix_cache_params_t pp = {0};
-    size_t budget = (params->state_bytes > 0) ? params->state_bytes :
-                    KVF_PREFIX_STATE_BYTES_DEFAULT;
+    size_t budget = params->state_bytes;
     kvf_pfx_store_job_t job;
     kvf_engine_prefix_h ep;
     kvf_status_t status;
@@ -140,7 +143,11 @@ kvf_status_t kvf_engine_prefix_create(const kvf_engine_prefix_params_t *params,
         free(ep);
         return status;
     }
-    if (ep->grid > 0) {
+    if ((ep->grid > 0) && (budget == 0)) {   /* the default: a few, committed at start */
+        size_t fit = KVF_PREFIX_STATE_BYTES_DEFAULT / ep->ckpt_bytes;
+        ep->n_ckpt = (fit < 1) ? 1 : (fit > KVF_PREFIX_STATE_CKPTS_DEFAULT) ?
+                     KVF_PREFIX_STATE_CKPTS_DEFAULT : (int)fit;
+    } else if (ep->grid > 0) {
         ep->n_ckpt = (int)((budget / ep->ckpt_bytes > 1u << 20) ? 1u << 20 :
                            budget / ep->ckpt_bytes);
         if (ep->n_ckpt < 1) {

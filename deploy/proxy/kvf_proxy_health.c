@@ -9,6 +9,15 @@
 
 #include <stdlib.h>
 
+/* vLLM's hit rate of an instance's prefix cache: cached tokens / queried tokens, since it
+ * started. */
+static void kvf_proxy_health_prefix(cJSON *o, const kvf_proxy_instance_info_t *info)
+{
+    cJSON_AddBoolToObject(o, "prefix_caching", info->prefix_caching);
+    cJSON_AddNumberToObject(o, "prefix_cache_hit_rate", (info->prefix_queries > 0) ?
+                            (double)info->prefix_hits / (double)info->prefix_queries : 0.0);
+}
+
 cJSON *kvf_proxy_pool_health_json(kvf_proxy_pool_h pool)
 {
     cJSON *root = cJSON_CreateObject();
@@ -68,11 +77,7 @@ cJSON *kvf_proxy_pool_health_json(kvf_proxy_pool_h pool)
             cJSON_AddNumberToObject(o, "xfer_timeout_ms", (double)info.xfer_timeout_ms);
             cJSON_AddNumberToObject(o, "max_prompt_tokens", info.max_prompt_tokens);
             cJSON_AddNumberToObject(o, "prefill_tokens_per_s", info.prefill_tokens_per_s);
-            /* vLLM's hit rate: cached tokens / queried tokens, since the instance started */
-            cJSON_AddBoolToObject(o, "prefix_caching", info.prefix_caching);
-            cJSON_AddNumberToObject(o, "prefix_cache_hit_rate", (info.prefix_queries > 0) ?
-                                    (double)info.prefix_hits / (double)info.prefix_queries :
-                                    0.0);
+            kvf_proxy_health_prefix(o, &info);
             if (role == KVF_PROXY_ROLE_PREFILL) {
                 cJSON_AddNumberToObject(o, "lease_timeout_ms", (double)info.lease_timeout_ms);
             }

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Prefix caching through a pool (docs/PREFIX_CACHE.md): bit for bit the same answers.
 
-The trained tiny hybrid (and the dense checkpoint at 1p1d) serve a three-turn conversation
-(each turn's prompt: the last prompt, its answer, a new question, as token ids), a prompt
+The trained tiny hybrid (1p1d, 4p2d, 1p4d, 2p4d; the dense checkpoint at 1p1d) serve a
+three-turn conversation (each turn's prompt: the last prompt, its answer, a new question, as
+token ids), a prompt
 shorter than one 80-token attention block asked twice, and one prompt under two salts. A
 pool with the prefix cache on (the default) and one with --prefix-caching off must return
 the same token ids and logprobs (the sampled tokens' and the top 5, as JSON numbers printed
@@ -10,7 +11,7 @@ with 9 significant digits, i.e. a float's bits) for every request, while the pro
 vllm:prefix_cache_hits_total shows the cache served the later turns, the short prompt on
 the state grid (64 tokens) and the second request of a salt, never the other salt's.
 
-    python3 tests/e2e/test_e2e_prefix_cache.py [LAYOUT...]   (default 1p1d 2p4d)
+    python3 tests/e2e/test_e2e_prefix_cache.py [LAYOUT...]   (default 1p1d 4p2d 1p4d 2p4d)
 """
 
 import os
@@ -145,7 +146,7 @@ def refused_budget(hybrid):
 
 
 def main():
-    layouts = sys.argv[1:] or ["1p1d", "2p4d"]
+    layouts = sys.argv[1:] or ["1p1d", "4p2d", "1p4d", "2p4d"]
     root = repo_root()
     hybrid = os.path.join(root, "models-trained", "tiny-hybrid")
     dense = os.path.join(root, "models-trained", "tiny-dense")

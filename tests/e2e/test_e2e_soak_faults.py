@@ -18,8 +18,8 @@ C. the prefill instance stopped (SIGSTOP) for longer than the transfer
    answer in time": the failure an overloaded pool showed), and prefill's
    leases expire into quarantine.
 
-After the first cycle of each phase (warm-up) the RSS of every surviving
-process is recorded; after the last it must be within RSS_SLACK_MB of that
+After the first cycle of each phase (warm-up) the RSS (less shared memory: the page
+pools) of every surviving process is recorded; after the last it must be within RSS_SLACK_MB of that
 value. Requests on the killed instance fail (counted, expected); the pool
 must serve again after each restart, and every page comes back at the end.
 Short timeouts (--xfer-timeout 1s, --lease-timeout 3s) only make the
@@ -54,14 +54,18 @@ RSS_SLACK_MB = 8.0
 
 
 def rss_kb(pid):
+    """Resident memory but shared memory (RssShmem): the page pools are UCX-mapped shared
+    memory, whose pages are touched as the prefix cache keeps blocks across requests, up to
+    the pool's fixed size; a leak is private memory."""
+    fields = {}
     try:
         with open("/proc/%d/status" % pid) as f:
             for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
+                if line.startswith(("VmRSS:", "RssShmem:")):
+                    fields[line.split(":")[0]] = int(line.split()[1])
     except FileNotFoundError:
         pass
-    return 0
+    return fields.get("VmRSS", 0) - fields.get("RssShmem", 0)
 
 
 class Load:
