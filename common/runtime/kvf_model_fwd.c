@@ -29,6 +29,7 @@ void kvf_model_ws_destroy(struct kvf_model_ws *ws)
         return;
     }
     kvf_fwd_graphs_destroy(ws);   /* before the buffers its recordings point into */
+    kvf_fwd_fi_destroy(ws);
     if (ws->dev_ws) {
         kvf_device_workspace_release(&ws->dev);   /* waits for the stream, then frees */
     }
@@ -221,7 +222,8 @@ kvf_status_t kvf_model_ws_prepare(kvf_model_h m, const kvf_rank_ctx_t *ctx,
         return kvf_status_from_kern(e);
     }
     ws->dev_ws = true;
-    return kvf_fwd_graphs_prepare(m, ctx, lim);
+    status = kvf_fwd_fi_prepare(m, ctx, lim);
+    return (status == KVF_OK) ? kvf_fwd_graphs_prepare(m, ctx, lim) : status;
 }
 
 /* ---- forward -------------------------------------------------------------- */
@@ -537,10 +539,13 @@ static kvf_status_t kvf_fwd_attention(kvf_model_h m, const kvf_rank_ctx_t *ctx,
     }
     /* every seq's K/V written, then every seq attends: one call for the batch (on a GPU two
      * launches, whatever the batch size; on the CPU the per-seq calls) */
-    kvf_page_pool_attn_view(ctx->pool, geo, hd, slot, batch->seqs[0].group_blocks[g],
-                            batch->seqs[0].group_num_blocks[g], &kv);
-    KVF_KCALL(kvf_attn_write_paged_seqs(dev, &kv, &seqs, ws->proj + qd, ws->proj + qd + kd, R,
-                                        ws->proj, R, pos, s->attn_heads, 0.0f, ws->g));
+    if (!kvf_fwd_fi_try(m, ctx, dev, batch, l, pos, &status)) {   /* KVF_GPU_ATTN */
+        kvf_page_pool_attn_view(ctx->pool, geo, hd, slot, batch->seqs[0].group_blocks[g],
+                                batch->seqs[0].group_num_blocks[g], &kv);
+        KVF_KCALL(kvf_attn_write_paged_seqs(dev, &kv, &seqs, ws->proj + qd,
+                                            ws->proj + qd + kd, R, ws->proj, R, pos,
+                                            s->attn_heads, 0.0f, ws->g));
+    }
     KVF_KCALL(kvf_mat_gemm(dev, ws, T, ws->g, qd, &w->o_proj, w->o_bias, ws->out, H));
     return kvf_reduce_residual(ctx, ws, (size_t)T, (size_t)H, status);
 }

@@ -156,6 +156,7 @@ struct kvf_model_ws {
     const kvf_device_t *run_dev;   /* set: the forward launches here (a capture stream) */
     struct kvf_step_in *in;     /* set: the step's inputs come from the published block */
     struct kvf_fwd_graphs *graphs; /* NULL: every step eager */
+    struct kvf_fwd_fi *fi;      /* KVF_GPU_ATTN=flashinfer: its plan and buffers (kvf_model_fi.c) */
 };
 
 /* ---- the forward's parts, for kvf_model_graph.c --------------------------------- */
@@ -217,6 +218,17 @@ int kvf_model_scan_chunked(kvf_model_h m);
             }                                                              \
         }                                                                  \
     } while (0)
+
+/* kvf_model_fi.c: FlashInfer's decode attention under KVF_GPU_ATTN=flashinfer, set up at
+ * kvf_model_ws_prepare() (refused by name when the build or the cache cannot have it),
+ * freed by kvf_model_ws_destroy(); _try runs layer @a l's K/V write and attention of a
+ * decode step into ws->g (true, *status_p set) or leaves it to the caller (false). */
+kvf_status_t kvf_fwd_fi_prepare(kvf_model_h m, const kvf_rank_ctx_t *ctx,
+                                const kvf_step_limits_t *lim);
+void kvf_fwd_fi_destroy(struct kvf_model_ws *ws);
+bool kvf_fwd_fi_try(kvf_model_h m, const kvf_rank_ctx_t *ctx, const kvf_device_t *dev,
+                    const kvf_fwd_batch_t *batch, int l, const int32_t *pos,
+                    kvf_status_t *status_p);
 
 /* kvf_model_scan.c: whether seq @a sq's one-token Mamba2 step is a prompt token's (the
  * scan's dt clamp) or an output's; with prompt_len set, the token's position decides. */

@@ -144,6 +144,11 @@ static void devsim_want_dev_fn(const void *p, const char *what)
     }
 }
 
+bool devsim_is_device_ptr(const void *p)
+{
+    return devsim_owner(p) >= 0;
+}
+
 static void devsim_want_host(const void *p, const char *what)
 {
     if ((p != NULL) && (devsim_owner(p) >= 0)) {
@@ -381,6 +386,7 @@ static void devsim_report(void)
             (unsigned long long)st_graph_mismatches, (unsigned long long)st_graph_host_inputs);
     devsim_gemm_lt_report(stderr);
     devsim_ssd_report(stderr);
+    devsim_fi_report(stderr);
     fputc('\n', stderr);
 }
 

@@ -1,9 +1,11 @@
-/* TEST ONLY: kvf-devsim's account of the Mamba2 prompt scans (kvf_devsim_ssd.c). */
+/* TEST ONLY: kvf-devsim's account of the Mamba2 prompt scans (kvf_devsim_ssd.c) and of
+ * FlashInfer's decode (kvf_devsim_fi.c). */
 #ifndef KVF_DEVSIM_SSD_H
 #define KVF_DEVSIM_SSD_H
 
 #include "kvf_mamba2.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 
@@ -21,5 +23,11 @@ void devsim_ssd_token(void);
 /* Appends " ssd_calls C ssd_grid G ssd_ws_errors E token_scan_calls S" to the devsim line
  * (G: the grid of the last chunked call, 0 when none). */
 void devsim_ssd_report(FILE *f);
+
+/* kvf_devsim.c: whether @a p lies in the simulated GPUs' memory. */
+bool devsim_is_device_ptr(const void *p);
+
+/* kvf_devsim_fi.c: appends " fi_decode_calls C fi_plan_errors E" to the devsim line. */
+void devsim_fi_report(FILE *f);
 
 #endif
