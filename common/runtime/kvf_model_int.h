@@ -156,7 +156,7 @@ struct kvf_model_ws {
     const kvf_device_t *run_dev;   /* set: the forward launches here (a capture stream) */
     struct kvf_step_in *in;     /* set: the step's inputs come from the published block */
     struct kvf_fwd_graphs *graphs; /* NULL: every step eager */
-    struct kvf_fwd_fi *fi;      /* KVF_GPU_ATTN=flashinfer: its plan and buffers (kvf_model_fi.c) */
+    struct kvf_fwd_fi *fi;      /* KVF_GPU_ATTN=flashinfer: plan and buffers (kvf_model_fi.c) */
 };
 
 /* ---- the forward's parts, for kvf_model_graph.c --------------------------------- */

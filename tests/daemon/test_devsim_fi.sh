@@ -49,7 +49,8 @@ awk -v d="$diff" -v t="$top" 'BEGIN { exit !(d > 0 && d < 0.01 * t) }' ||
 KVF_GPU_ATTN=flashinfer "$DEVSIM" bench-model --model "$MODEL" --device cuda:0 \
     --prompt-len 40 --decode-tokens 6 --batch 3 >/dev/null 2>"$T/b3.err" ||
     fail "bench-model --batch 3 under flashinfer failed: $(tail -2 "$T/b3.err")"
-[ "$(field "$T/b3.err" fi_decode_calls)" -gt 0 ] && [ "$(field "$T/b3.err" fi_plan_errors)" -eq 0 ] ||
+[ "$(field "$T/b3.err" fi_decode_calls)" -gt 0 ] &&
+    [ "$(field "$T/b3.err" fi_plan_errors)" -eq 0 ] ||
     fail "batch 3: $(grep -o 'fi_decode_calls.*' "$T/b3.err")"
 
 # refusals at start, by name
