@@ -39,9 +39,10 @@ int kvf_ssd_chunks(long long pos0, int T, int grid, long long *starts, int *lens
 
 size_t kvf_ssd_scratch_bytes(const kvf_mamba2_params_t *p, int T, long long pos0, int grid)
 {
-    /* the worst pos0 cuts T tokens into one chunk more than an aligned one */
+    /* the worst pos0 (one before a grid multiple) leaves one token in the first chunk and
+     * T - 1 for the rest */
     const long long nch = (pos0 >= 0) ? kvf_ssd_chunks(pos0, T, grid, NULL, NULL, 0) :
-                          ((grid >= 1) ? ((long long)T + grid - 1) / grid + 1 : -1);
+                          ((grid >= 1) && (T >= 1)) ? ((long long)T + grid - 2) / grid + 1 : -1;
     const size_t W = (size_t)((nch < KVF_SSD_WINDOW_CHUNKS) ? nch : KVF_SSD_WINDOW_CHUNKS);
     size_t n_state;
 
