@@ -139,6 +139,24 @@ static kvf_status_t kvf_role_pool_alloc(void *ctx, int rank, int num_blocks, siz
 /* The model digest served (set at start, before the engine: it keys the prefix cache). */
 static kvf_model_digest_t kvf_role_digest;
 
+/* The engine, then its Mamba2 prompt scan on the engine's state grid: one value for the
+ * scheduler's chunks, the prefix cache's checkpoints and the scan's rounding points
+ * (kvf_model_set_state_grid: a cached state is the recompute's bits). */
+static kvf_status_t kvf_role_engine_grid(const kvf_engine_params_t *ep, kvf_engine_h *engine_p)
+{
+    kvf_status_t status = kvf_engine_create(ep, engine_p);
+
+    if (status == KVF_OK) {
+        status = kvf_model_set_state_grid(kvf_tp_runner_model(kvf_engine_runner(*engine_p)),
+                                          ep->prefix.state_grid);
+        if (status != KVF_OK) {
+            kvf_engine_destroy(*engine_p);
+            *engine_p = NULL;
+        }
+    }
+    return status;
+}
+
 static kvf_status_t kvf_role_engine_create(const kvf_role_config_t *params,
                                            const kvf_cache_params_t *cache,
                                            const kvf_device_t *dev,
@@ -172,7 +190,7 @@ static kvf_status_t kvf_role_engine_create(const kvf_role_config_t *params,
         ep.field_mask |= KVF_ENGINE_PARAM_FIELD_NO_ZERO;   /* the pool warns at create */
         ep.disable_zeroing = true;
     }
-    return kvf_engine_create(&ep, engine_p);
+    return kvf_role_engine_grid(&ep, engine_p);
 }
 
 /* POOL_ALLOC heap, or a device: give the connector each rank's pool, once, at start-up (a

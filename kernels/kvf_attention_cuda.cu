@@ -225,8 +225,10 @@ static int kvf_attn_launch(cudaStream_t stream, kvf_attn_gpu_impl_t impl, const 
     return rc;
 }
 
-/* KVF_GPU_ATTN, read once: 0 pertoken (unset, empty or "pertoken"), 1 tiled, -1 anything
- * else (refused by name at every call, so the first attention fails and says why) */
+/* KVF_GPU_ATTN, read once: 0 pertoken (unset, empty, "pertoken", or "flashinfer", whose
+ * decode steps the forward hands to FlashInfer: common/runtime/kvf_model_fi.c; its prompt
+ * steps come here), 1 tiled, -1 anything else (refused by name at every call, so the first
+ * attention fails and says why) */
 static int kvf_gpu_attn_mode_v = -2;
 
 static int kvf_gpu_attn_mode(void)
@@ -235,7 +237,8 @@ static int kvf_gpu_attn_mode(void)
     int mode = __atomic_load_n(&kvf_gpu_attn_mode_v, __ATOMIC_RELAXED);
     if (mode == -2) {
         const char *env = getenv("KVF_GPU_ATTN");
-        mode = ((env == NULL) || (env[0] == '\0') || (strcmp(env, "pertoken") == 0)) ? 0
+        mode = ((env == NULL) || (env[0] == '\0') || (strcmp(env, "pertoken") == 0) ||
+                (strcmp(env, "flashinfer") == 0)) ? 0
                : (strcmp(env, "tiled") == 0)                                      ? 1
                                                                                   : -1;
         __atomic_store_n(&kvf_gpu_attn_mode_v, mode, __ATOMIC_RELAXED);
@@ -243,7 +246,8 @@ static int kvf_gpu_attn_mode(void)
     if (mode < 0) {
         const char *env = getenv("KVF_GPU_ATTN");
         char msg[160];
-        snprintf(msg, sizeof(msg), "bad value '%.40s': pertoken (the default) or tiled",
+        snprintf(msg, sizeof(msg), "bad value '%.40s': pertoken (the default), tiled or "
+                 "flashinfer",
                  (env != NULL) ? env : "");
         kvf_kern_report("KVF_GPU_ATTN", msg);
     }

@@ -3,8 +3,8 @@
  * 128; its prefill twin is kvf_fi_prefill.h), built only with -DKVF_FLASHINFER=ON (the GPU bundle, deploy/gpu-bundle.sh);
  * kvf_fi_plan.h has the geometry, the refusals and the fixed split-KV plan it runs. Every
  * pointer is device memory of @a dev; nothing is allocated or copied to the host. Compiled,
- * not yet run on a GPU, not yet called by the forward (kvferry's own attention kernels stay
- * the path).
+ * not yet run on a GPU; the forward's decode steps call it under KVF_GPU_ATTN=flashinfer
+ * (common/runtime/kvf_model_fi.c; kvferry's own attention kernels stay the default).
  */
 #ifndef KVF_FI_DECODE_H
 #define KVF_FI_DECODE_H

@@ -4,7 +4,8 @@
  * geometry and the work plan are kvf_fi_plan.h's: query tiles of KVF_FI_PREFILL_TILE_Q packed
  * rows, each over its request's whole KV, no split-KV). The query tokens of a request are
  * the last qo_len of its KV (written before). Every pointer is device memory. Compiled, not
- * yet run on a GPU, not yet called by the forward.
+ * yet run on a GPU, not yet called by the forward (its decode twin is, under
+ * KVF_GPU_ATTN=flashinfer).
  */
 #ifndef KVF_FI_PREFILL_H
 #define KVF_FI_PREFILL_H

@@ -37,6 +37,23 @@ int kvf_ssd_chunks(long long pos0, int T, int grid, long long *starts, int *lens
     return n;
 }
 
+size_t kvf_ssd_scratch_bytes(const kvf_mamba2_params_t *p, int T, long long pos0, int grid)
+{
+    /* the worst pos0 (one before a grid multiple) leaves one token in the first chunk and
+     * T - 1 for the rest */
+    const long long nch = (pos0 >= 0) ? kvf_ssd_chunks(pos0, T, grid, NULL, NULL, 0) :
+                          ((grid >= 1) && (T >= 1)) ? ((long long)T + grid - 2) / grid + 1 : -1;
+    const size_t W = (size_t)((nch < KVF_SSD_WINDOW_CHUNKS) ? nch : KVF_SSD_WINDOW_CHUNKS);
+    size_t n_state;
+
+    if ((p == NULL) || (T <= 0) || (nch <= 0)) {
+        return 0;
+    }
+    n_state = (size_t)p->heads * (size_t)p->head_dim * (size_t)p->state_size;
+    return 4 * (2 * (size_t)p->heads * (size_t)T +
+                (size_t)p->groups * W * (size_t)grid * (size_t)grid + (W + 1) * n_state);
+}
+
 typedef struct {
     const kvf_mamba2_params_t *p;
     size_t ldx, lddt, ldbc, ldy;

@@ -57,6 +57,16 @@ extern "C" {
 int kvf_ssd_chunks(long long pos0, int T, int grid, long long *starts, int *lens, int cap);
 
 /**
+ * Device scratch, in bytes, that kvf_mamba2_scan_chunked() takes on a GPU (from the stream's
+ * arena, kvf_cuda_scratch()) for a call of @a T tokens from position @a pos0 on @a grid:
+ * 4 * (2 * heads * T + groups * W * grid^2 + (W + 1) * heads * head_dim * state_size) with
+ * W = min(chunks, KVF_SSD_WINDOW_CHUNKS). @a pos0 < 0: the most any pos0 needs (a workspace
+ * sized for steps of at most @a T tokens: common/runtime kvf_model_ws_device_bytes()).
+ * @return the bytes; 0 for T <= 0, grid < 1 or a NULL @a p.
+ */
+size_t kvf_ssd_scratch_bytes(const kvf_mamba2_params_t *p, int T, long long pos0, int grid);
+
+/**
  * kvf_mamba2_scan() in the chunked form on the state grid: arguments as there, plus
  *
  * @param [in] pos0  Absolute position (within the request) of the call's first token, >= 0.

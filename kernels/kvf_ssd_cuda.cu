@@ -200,7 +200,8 @@ extern "C" int kvf_cuda_ssd_scan(const kvf_device_t *dev, const kvf_mamba2_param
     const size_t n_state = (size_t)p->heads * per_head;
     const size_t f_dts = (size_t)p->heads * (size_t)T, f_cb = (size_t)p->groups * (size_t)W *
                                                               (size_t)grid * (size_t)grid;
-    const size_t floats = 2 * f_dts + f_cb + (size_t)W * n_state + n_state;
+    /* the layout below; its size is kvf_ssd_scratch_bytes() (the workspace sizes by it) */
+    const size_t bytes = kvf_ssd_scratch_bytes(p, T, pos0, grid);
     void *scratch = NULL;
     int rc;
 
@@ -208,7 +209,7 @@ extern "C" int kvf_cuda_ssd_scan(const kvf_device_t *dev, const kvf_mamba2_param
         return (nchunks == 0) ? KVF_KERN_OK : KVF_KERN_EINVAL;
     }
     KVF_CUDA_CHECK(cudaSetDevice(dev->ordinal));
-    rc = kvf_cuda_scratch(st, floats * sizeof(float), NULL, &scratch);
+    rc = kvf_cuda_scratch(st, bytes, NULL, &scratch);
     if (rc != KVF_KERN_OK) {
         return rc;
     }

@@ -285,7 +285,19 @@ static int kvf_open_engine(const kvf_gen_opts_t *o, kvf_engine_h *engine_p)
         ep.prefix.state_grid = o->prefix_state_grid;
         ep.prefix.state_bytes = o->prefix_state_bytes;
     }
-    return (kvf_engine_create(&ep, engine_p) == KVF_OK) ? 0 : 1;
+    if (kvf_engine_create(&ep, engine_p) != KVF_OK) {
+        return 1;
+    }
+    /* the scan's state grid is the engine's (the default when no prefix rows were given):
+     * one value for the chunks, the checkpoints and the scan's rounding points */
+    if (kvf_model_set_state_grid(kvf_tp_runner_model(kvf_engine_runner(*engine_p)),
+                                 (o->prefix_state_grid != 0) ? o->prefix_state_grid :
+                                 KVF_PREFIX_STATE_GRID_DEFAULT) != KVF_OK) {
+        kvf_engine_destroy(*engine_p);
+        *engine_p = NULL;
+        return 2;
+    }
+    return 0;
 }
 
 /* ---- generate ------------------------------------------------------------------- */
@@ -363,6 +375,21 @@ static int kvf_gen_filters(const kvf_gen_opts_t *o, kvf_engine_h eng, kvf_sampli
     return 0;
 }
 
+/* --print-logits: one line per generated token, "logits I TOKEN L0 L1 ...", %.9g (a
+ * float's bits round-trip). */
+static void kvf_print_logits(kvf_engine_h eng, const kvf_req_info_t *info)
+{
+    const int vocab = kvf_engine_model_config(eng)->vocab_size;
+
+    for (int i = 0; i < info->num_logits; ++i) {
+        printf("logits %d %d", i, info->tokens[info->prompt_len + i]);
+        for (int v = 0; v < vocab; ++v) {
+            printf(" %.9g", (double)info->logits[(size_t)i * (size_t)vocab + (size_t)v]);
+        }
+        printf("\n");
+    }
+}
+
 /* --prompt-ids: run the ids, print the tokens line (no tokenizer, no text). 0, or 1 (logged). */
 static int kvf_generate_ids(const kvf_gen_opts_t *o, kvf_engine_h eng)
 {
@@ -401,6 +428,7 @@ static int kvf_generate_ids(const kvf_gen_opts_t *o, kvf_engine_h eng)
     rp.sampling.temperature = (float)o->temperature;
     rp.sampling.seed = (uint64_t)(unsigned)o->seed;
     rp.sampling.ignore_eos = o->ignore_eos;
+    rp.record_logits = o->print_logits;
     if (kvf_gen_filters(o, eng, &rp.sampling) != 0) {
         return 1;
     }
@@ -418,6 +446,9 @@ static int kvf_generate_ids(const kvf_gen_opts_t *o, kvf_engine_h eng)
         printf(" %d", info.tokens[i]);
     }
     printf("\n");
+    if (o->print_logits) {
+        kvf_print_logits(eng, &info);
+    }
     return 0;
 }
 
@@ -637,14 +668,7 @@ int kvf_cmd_generate(int argc, char **argv)
     }
     printf("\n");
     if (o.print_logits) {
-        const int vocab = kvf_engine_model_config(eng)->vocab_size;
-        for (int i = 0; i < info.num_logits; ++i) {
-            printf("logits %d %d", i, info.tokens[info.prompt_len + i]);
-            for (int v = 0; v < vocab; ++v) {
-                printf(" %.9g", (double)info.logits[(size_t)i * (size_t)vocab + (size_t)v]);
-            }
-            printf("\n");
-        }
+        kvf_print_logits(eng, &info);
     }
     kvf_engine_get_stats(eng, &st);
     printf("prefill: %llu tokens in %.2f ms (%.1f tok/s)\n", (unsigned long long)st.prefill_tokens,

@@ -35,6 +35,7 @@
  */
 #include "kvf_model_int.h"
 #include "kvf_attention_math.h"   /* KVF_ATTN_SPLITS_MAX: the workspace formula */
+#include "kvf_ssd.h"                /* the chunked scan's scratch: the workspace formula */
 
 /* Parts: kvf_model_fwd.c (workspace and forward); this file: loading the weights. */
 
@@ -745,7 +746,9 @@ static size_t kvf_ws_max(size_t a, size_t b)
  *     longest context C (a request cannot outgrow the model's positions or
  *     the pool: min of the two);
  *   MoE routing: T*2E floats + T*2E bools;
- *   Mamba2 scan: mamba_heads*head_dim*state floats;
+ *   Mamba2 scan: mamba_heads*head_dim*state floats; the chunked (SSD) prompt scan
+ *     when it is on (kvf_model_set_state_grid): kvf_ssd_scratch_bytes() of T tokens at
+ *     any position on the model's grid (KVF_SSD_MAX_GRID before it is set);
  *   batched Mamba decode: S*(two pointers, an int, a float);
  *   gated norm: T*n_groups floats; gathers, RoPE: T int32; scatter: T*8;
  *   block zeroing: F int64 page ids;
@@ -795,6 +798,13 @@ void kvf_model_ws_device_bytes(kvf_model_h m, int rank, const kvf_step_limits_t 
                                            (size_t)cfg->ssm_state_size * 4));
         arena = kvf_ws_max(arena, kvf_ws_a(S * (2 * sizeof(void *) + 8)));
         arena = kvf_ws_max(arena, kvf_ws_a(T * (size_t)cfg->n_groups * 4));
+        if (kvf_model_scan_chunked(m) == 1) {   /* before the grid is set: the largest */
+            const kvf_mamba2_params_t mp = {.heads = s->mamba_heads, .groups = s->groups,
+                                            .head_dim = cfg->mamba_head_dim,
+                                            .state_size = cfg->ssm_state_size};
+            const int grid = (m->scan_grid > 0) ? m->scan_grid : KVF_SSD_MAX_GRID;
+            arena = kvf_ws_max(arena, kvf_ws_a(kvf_ssd_scratch_bytes(&mp, (int)T, -1, grid)));
+        }
     }
     arena = kvf_ws_max(arena, 2 * kvf_ws_a(T * 4));
     arena = kvf_ws_max(arena, kvf_ws_a(F * 8));

@@ -29,6 +29,7 @@ void kvf_model_ws_destroy(struct kvf_model_ws *ws)
         return;
     }
     kvf_fwd_graphs_destroy(ws);   /* before the buffers its recordings point into */
+    kvf_fwd_fi_destroy(ws);
     if (ws->dev_ws) {
         kvf_device_workspace_release(&ws->dev);   /* waits for the stream, then frees */
     }
@@ -221,7 +222,8 @@ kvf_status_t kvf_model_ws_prepare(kvf_model_h m, const kvf_rank_ctx_t *ctx,
         return kvf_status_from_kern(e);
     }
     ws->dev_ws = true;
-    return kvf_fwd_graphs_prepare(m, ctx, lim);
+    status = kvf_fwd_fi_prepare(m, ctx, lim);
+    return (status == KVF_OK) ? kvf_fwd_graphs_prepare(m, ctx, lim) : status;
 }
 
 /* ---- forward -------------------------------------------------------------- */
@@ -272,24 +274,6 @@ static kvf_status_t kvf_batch_check(const kvf_model_h m, const kvf_rank_ctx_t *c
     }
     return KVF_OK;
 }
-
-/* One kernel call of the forward: skipped after a failure, its error logged and mapped;
- * timed per call site under `kvf bench-model --profile` (kvf_fwd_profile.h). */
-#define KVF_KCALL(_call)                                                   \
-    do {                                                                   \
-        if (status == KVF_OK) {                                            \
-            bool _prof = kvf_fwd_profile_active();                         \
-            double _t0 = _prof ? kvf_fwd_profile_begin() : 0.0;            \
-            int _e = (_call);                                              \
-            if (_prof) {                                                   \
-                kvf_fwd_profile_end(__func__, __LINE__, #_call, _t0);      \
-            }                                                              \
-            if (_e != KVF_KERN_OK) {                                       \
-                kvf_error("%s failed: %s", #_call, kvf_kern_strerror(_e)); \
-                status = kvf_status_from_kern(_e);                         \
-            }                                                              \
-        }                                                                  \
-    } while (0)
 
 /* out (T x H partial sums) -> all-reduce. The residual add h += out is the caller's, fused
  * with the next layer's norm (kvf_fwd_norm: one launch on a device instead of two). */
@@ -369,26 +353,17 @@ static int kvf_mat_gemm(const kvf_device_t *dev, struct kvf_model_ws *ws, int M,
     return e;
 }
 
-/* Whether a seq's one-token Mamba2 step is a prompt token's (the scan's dt clamp) or an
- * output's (not clamped); with prompt_len set, the token's position decides
- * (kvf_fwd_seq_t.prompt_len). The one place that decides it for the batched decode call, the
- * per-seq step and a graphed step's inputs. */
-static bool kvf_step_is_prompt(const kvf_fwd_seq_t *sq)
-{
-    return (sq->prompt_len > 0) ? (sq->start < sq->prompt_len) : sq->prompt;
-}
-
 /* The parameters of that step: the scan's for a prompt token, the step's for an output. */
 static const kvf_mamba2_params_t *kvf_step_params(const kvf_fwd_seq_t *sq,
                                                   const kvf_mamba2_params_t *scan,
                                                   const kvf_mamba2_params_t *step)
 {
-    return kvf_step_is_prompt(sq) ? scan : step;
+    return kvf_fwd_step_is_prompt(sq) ? scan : step;
 }
 
 float kvf_fwd_step_dt_min(const kvf_model_config_t *cfg, const kvf_fwd_seq_t *sq)
 {
-    return kvf_step_is_prompt(sq) ? (float)cfg->time_step_min : 0.0f;
+    return kvf_fwd_step_is_prompt(sq) ? (float)cfg->time_step_min : 0.0f;
 }
 
 static kvf_status_t kvf_fwd_mamba(kvf_model_h m, const kvf_rank_ctx_t *ctx,
@@ -432,7 +407,10 @@ static kvf_status_t kvf_fwd_mamba(kvf_model_h m, const kvf_rank_ctx_t *ctx,
         const int np = (sq->prompt_len > 0) ? ((pl < 0) ? 0 : (pl > n) ? n : pl) :
                        (sq->prompt ? n : 0);
 
-        if ((n == 1) && has && silu) {
+        /* chunked: a lone prompt token on a state is a chunk too (the recompute's bits) */
+        const bool lone = (n == 1) && has && ((m->scan_grid == 0) || (np == 0));
+
+        if (lone && silu) {
             /* one token on a state: the recurrent update, with the scan's dt clamp when
              * it is the last token of a prompt (k * chunk + 1 tokens), as transformers'
              * prompt forward computes it; every such seq in one call after the loop */
@@ -441,7 +419,7 @@ static kvf_status_t kvf_fwd_mamba(kvf_model_h m, const kvf_rank_ctx_t *ctx,
             ws->dec_ssm[nd] = ssm_state;
             ws->dec_dtmin[nd] = kvf_step_params(sq, &mp_scan, &mp_step)->dt_min;
             ++nd;
-        } else if ((n == 1) && has) {
+        } else if (lone) {
             KVF_KCALL(kvf_conv1d_step(dev, xbc_in, cd, K, w->conv_w, w->conv_b, silu, conv_state,
                                       ctx->geom->conv_dtype, xbc));
             if (!silu) {
@@ -457,21 +435,8 @@ static kvf_status_t kvf_fwd_mamba(kvf_model_h m, const kvf_rank_ctx_t *ctx,
             if (!silu) {
                 KVF_KCALL(kvf_act(dev, (int)cfg->mamba_act, xbc, (size_t)n * (size_t)cd));
             }
-            /* the prompt part, then the outputs (a recompute): the scan is a token-by-token
-             * recurrence, so two calls give the bits of one */
-            for (int part = 0; part < 2; ++part) {
-                const int t0 = (part == 0) ? 0 : np, tn = (part == 0) ? np : n - np;
-                const size_t r0 = (size_t)(o + t0) * (size_t)R;
-                if (tn == 0) {
-                    continue;
-                }
-                KVF_KCALL(kvf_mamba2_scan(dev, (part == 0) ? &mp_scan : &mp_step, tn,
-                                          xbc + (size_t)t0 * cd, cd, ws->proj + r0 + dim + cd, R,
-                                          xbc + (size_t)t0 * cd + dim,
-                                          xbc + (size_t)t0 * cd + dim + s->groups * N, cd,
-                                          ssm_state, ctx->geom->ssm_dtype, has || (t0 > 0),
-                                          ws->ybuf + r0, R));
-            }
+            status = kvf_fwd_scan_seq(m, ctx, dev, &mp_scan, &mp_step, sq, np, o, R,
+                                      ssm_state, status);
         }
         o += n;
     }
@@ -574,10 +539,13 @@ static kvf_status_t kvf_fwd_attention(kvf_model_h m, const kvf_rank_ctx_t *ctx,
     }
     /* every seq's K/V written, then every seq attends: one call for the batch (on a GPU two
      * launches, whatever the batch size; on the CPU the per-seq calls) */
-    kvf_page_pool_attn_view(ctx->pool, geo, hd, slot, batch->seqs[0].group_blocks[g],
-                            batch->seqs[0].group_num_blocks[g], &kv);
-    KVF_KCALL(kvf_attn_write_paged_seqs(dev, &kv, &seqs, ws->proj + qd, ws->proj + qd + kd, R,
-                                        ws->proj, R, pos, s->attn_heads, 0.0f, ws->g));
+    if (!kvf_fwd_fi_try(m, ctx, dev, batch, l, pos, &status)) {   /* KVF_GPU_ATTN */
+        kvf_page_pool_attn_view(ctx->pool, geo, hd, slot, batch->seqs[0].group_blocks[g],
+                                batch->seqs[0].group_num_blocks[g], &kv);
+        KVF_KCALL(kvf_attn_write_paged_seqs(dev, &kv, &seqs, ws->proj + qd,
+                                            ws->proj + qd + kd, R, ws->proj, R, pos,
+                                            s->attn_heads, 0.0f, ws->g));
+    }
     KVF_KCALL(kvf_mat_gemm(dev, ws, T, ws->g, qd, &w->o_proj, w->o_bias, ws->out, H));
     return kvf_reduce_residual(ctx, ws, (size_t)T, (size_t)H, status);
 }

@@ -302,6 +302,11 @@ bool kvf_fwd_graph_try(kvf_model_h m, const kvf_rank_ctx_t *ctx, const kvf_fwd_b
     if ((gr == NULL) || (gr->cache == NULL) || !kvf_graph_step_ok(ctx, gr, batch)) {
         return false;
     }
+    for (int i = 0; (m->scan_grid > 0) && (i < batch->num_seqs); ++i) {
+        if (kvf_fwd_step_is_prompt(&batch->seqs[i])) {
+            return false;   /* a lone prompt token runs the chunked scan (eager) */
+        }
+    }
     kvf_device_graphs_stats(gr->cache, &st);
     if (st.disabled) {
         return false;   /* a capture failed (warned once): no inputs to lay out any more */

@@ -9,6 +9,7 @@
 
 #include "kvf_model.h"
 #include "kvf_checkpoint.h"
+#include "kvf_fwd_profile.h"
 #include "kvf_kern_status.h"
 #include "kvf_log.h"
 #include "kvf_safetensors.h"
@@ -106,6 +107,8 @@ struct kvf_model {
     size_t             weight_bytes;
     size_t             file_bytes;
     int                num_files;
+    int                scan_grid; /* > 0: Mamba2 prompt tokens scanned in SSD chunks on this
+                                   * state grid (kvf_model_set_state_grid); 0: token by token */
 };
 
 /*
@@ -153,6 +156,7 @@ struct kvf_model_ws {
     const kvf_device_t *run_dev;   /* set: the forward launches here (a capture stream) */
     struct kvf_step_in *in;     /* set: the step's inputs come from the published block */
     struct kvf_fwd_graphs *graphs; /* NULL: every step eager */
+    struct kvf_fwd_fi *fi;      /* KVF_GPU_ATTN=flashinfer: plan and buffers (kvf_model_fi.c) */
 };
 
 /* ---- the forward's parts, for kvf_model_graph.c --------------------------------- */
@@ -191,6 +195,50 @@ void kvf_fwd_graphs_destroy(struct kvf_model_ws *ws);
  * that matters: at most the inputs' upload). */
 bool kvf_fwd_graph_try(kvf_model_h m, const kvf_rank_ctx_t *ctx, const kvf_fwd_batch_t *batch,
                        int T, kvf_status_t *status_p);
+
+/* kvf_model_scan.c: whether the Mamba2 prompt scan is chunked (KVF_MAMBA_SCAN, else the
+ * device and KVF_GPU_WEIGHTS decide): 1 chunked, 0 token by token, -1 a bad value. */
+int kvf_model_scan_chunked(kvf_model_h m);
+
+/* One kernel call of the forward: skipped after a failure, its error logged and mapped;
+ * timed per call site under `kvf bench-model --profile` (kvf_fwd_profile.h;
+ * kvf_model_fwd.c, kvf_model_scan.c). */
+#define KVF_KCALL(_call)                                                   \
+    do {                                                                   \
+        if (status == KVF_OK) {                                            \
+            bool _prof = kvf_fwd_profile_active();                         \
+            double _t0 = _prof ? kvf_fwd_profile_begin() : 0.0;            \
+            int _e = (_call);                                              \
+            if (_prof) {                                                   \
+                kvf_fwd_profile_end(__func__, __LINE__, #_call, _t0);      \
+            }                                                              \
+            if (_e != KVF_KERN_OK) {                                       \
+                kvf_error("%s failed: %s", #_call, kvf_kern_strerror(_e)); \
+                status = kvf_status_from_kern(_e);                         \
+            }                                                              \
+        }                                                                  \
+    } while (0)
+
+/* kvf_model_fi.c: FlashInfer's decode attention under KVF_GPU_ATTN=flashinfer, set up at
+ * kvf_model_ws_prepare() (refused by name when the build or the cache cannot have it),
+ * freed by kvf_model_ws_destroy(); _try runs layer @a l's K/V write and attention of a
+ * decode step into ws->g (true, *status_p set) or leaves it to the caller (false). */
+kvf_status_t kvf_fwd_fi_prepare(kvf_model_h m, const kvf_rank_ctx_t *ctx,
+                                const kvf_step_limits_t *lim);
+void kvf_fwd_fi_destroy(struct kvf_model_ws *ws);
+bool kvf_fwd_fi_try(kvf_model_h m, const kvf_rank_ctx_t *ctx, const kvf_device_t *dev,
+                    const kvf_fwd_batch_t *batch, int l, const int32_t *pos,
+                    kvf_status_t *status_p);
+
+/* kvf_model_scan.c: whether seq @a sq's one-token Mamba2 step is a prompt token's (the
+ * scan's dt clamp) or an output's; with prompt_len set, the token's position decides. */
+bool kvf_fwd_step_is_prompt(const kvf_fwd_seq_t *sq);
+/* kvf_model_scan.c: seq @a sq's Mamba2 scan on @a dev, its prompt tokens [0, np) chunked on
+ * the model's state grid when set, its outputs token by token (rows from @a o, ld @a R). */
+kvf_status_t kvf_fwd_scan_seq(kvf_model_h m, const kvf_rank_ctx_t *ctx, const kvf_device_t *dev,
+                              const kvf_mamba2_params_t *mp_scan,
+                              const kvf_mamba2_params_t *mp_step, const kvf_fwd_seq_t *sq, int np,
+                              int o, int R, void *ssm_state, kvf_status_t status);
 
 /* Weights to the ranks' devices (kvf_model_dev.c): after the host load, CUDA only. */
 kvf_status_t kvf_model_upload(kvf_model_h m);

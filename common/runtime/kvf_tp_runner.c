@@ -411,6 +411,11 @@ int kvf_tp_runner_num_blocks(kvf_tp_runner_h r)
     return r->num_blocks;
 }
 
+kvf_model_h kvf_tp_runner_model(kvf_tp_runner_h r)
+{
+    return r->model;
+}
+
 const kvf_cache_params_t *kvf_tp_runner_cache_params(kvf_tp_runner_h r)
 {
     return &r->cache;

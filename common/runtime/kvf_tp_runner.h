@@ -99,6 +99,8 @@ kvf_page_pool_h            kvf_tp_runner_pool(kvf_tp_runner_h runner, int rank);
 const kvf_rank_geometry_t *kvf_tp_runner_geometry(kvf_tp_runner_h runner, int rank);
 const kvf_cache_layout_t  *kvf_tp_runner_layout(kvf_tp_runner_h runner);
 int                        kvf_tp_runner_num_blocks(kvf_tp_runner_h runner);
+/** The model the runner steps (kvf_tp_runner_params_t.model; not owned). */
+kvf_model_h                kvf_tp_runner_model(kvf_tp_runner_h runner);
 /** The cache params the geometry was derived from (dtypes, block size rule, kernel sizes). */
 const kvf_cache_params_t  *kvf_tp_runner_cache_params(kvf_tp_runner_h runner);
 /**

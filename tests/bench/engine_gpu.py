@@ -25,6 +25,18 @@ KV cache, against the bf16 transformers run; bf16-graphs = the bf16 run with
 KVF_GPU_GRAPHS=decode (decode steps recorded as CUDA graphs per batch size, then replayed;
 its transformers cells are the bf16 run's).
 
+--rows issue40: the GPU engine issue's rows instead: per model, prefill of --prefill-len
+(8192) tokens at batch 1 and decode at --batches (1, 16, 64) with --context-len (2048)
+tokens of context, bf16 weights on tensor cores (KVF_GPU_WEIGHTS=native) and a bf16 KV
+cache against transformers bf16 with attn_implementation="sdpa", on the 9B-geometry model
+and a Llama-3-8B-geometry dense model (tests/data/models/llama-3.1-8b.config.json with
+--llama-layers of its 32 layers, random bf16 weights by `kvf mkmodel`, written next to the
+9B one: --keep DIR puts it in DIR-llama); kvferry's and transformers' peak device memory;
+each row printed on stdout as soon as it is measured, then the table and the targets
+(prefill >= 1x transformers, decode at batch 16 >= 2x).
+  python3 tests/bench/engine_gpu.py --kvf BIN/kvf --rows issue40 [--llama-layers 4]
+      [--prefill-len 8192] [--context-len 2048] [--batches 1,16,64] [--keep DIR]
+
 Usage (a GPU machine; the kvf binary of a CUDA build):
   python3 tests/bench/engine_gpu.py --kvf BIN/kvf [--prompt-len 1000] [--decode-tokens 32]
       [--batches 1,16] [--dtypes bf16,bf16-graphs,bf16-exact,fp32,fp32-cublas]
@@ -52,7 +64,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GEOM_CONFIG = os.path.join(ROOT, "tests", "data", "models", "nemotron-nano-9b-v2.config.json")
-MODELS = ("tiny-hybrid", "tiny-dense", "geom")
+LLAMA_CONFIG = os.path.join(ROOT, "tests", "data", "models", "llama-3.1-8b.config.json")
+MODELS = ("tiny-hybrid", "tiny-dense", "geom", "llama-geom")
 DTYPES = ("bf16", "bf16-graphs", "bf16-exact", "fp32", "fp32-cublas")
 # rows that reuse another row's transformers figures (same checkpoint dtype on its side)
 HF_SHARED = {"bf16-exact": "bf16", "bf16-graphs": "bf16", "fp32-cublas": "fp32"}
@@ -100,16 +113,36 @@ def parse_args(argv):
                     type=lambda v: int_list(v, "--batches"))
     ap.add_argument("--dtypes", default="bf16,bf16-graphs,bf16-exact,fp32,fp32-cublas",
                     type=lambda v: csv_list(v, DTYPES, "--dtypes"))
-    ap.add_argument("--models", default=",".join(MODELS),
+    ap.add_argument("--models", default="tiny-hybrid,tiny-dense,geom",
                     type=lambda v: csv_list(v, MODELS, "--models"))
     ap.add_argument("--geom-pattern", default="M-M*",
                     help="layer pattern of the 9B-geometry model (M Mamba2, * attention, "
                          "- MLP; the 9B has 56 layers)")
+    ap.add_argument("--llama-layers", type=int, default=4,
+                    help="layers of the Llama-3-8B-geometry model (random bf16 weights; the "
+                         "8B has 32)")
+    ap.add_argument("--rows", choices=("grid", "issue40"), default="grid",
+                    help="grid: every model x dtype x batch at one prompt length (above); "
+                         "issue40: the GPU engine issue's rows (bf16, HF sdpa): prefill of "
+                         "--prefill-len tokens at batch 1, decode at each batch with "
+                         "--context-len tokens of context (default models geom,llama-geom, "
+                         "batches 1,16,64)")
+    ap.add_argument("--prefill-len", type=int, default=8192)
+    ap.add_argument("--context-len", type=int, default=2048)
     ap.add_argument("--budget", type=float, default=170.0,
                     help="seconds; runs not started by then are left out (cells say so)")
     ap.add_argument("--keep", help="folder for the 9B-geometry checkpoint, kept and reused")
     ap.add_argument("--md", help="also write the table to this file")
     args = ap.parse_args(argv)
+    if args.rows == "issue40":
+        given = set(a.split("=")[0] for a in argv)
+        if "--models" not in given:
+            args.models = ["geom", "llama-geom"]
+        if "--batches" not in given:
+            args.batches = [1, 16, 64]
+        args.dtypes = ["bf16"]
+    if min(args.prefill_len, args.context_len, args.llama_layers) < 1:
+        ap.error("--prefill-len, --context-len and --llama-layers must be >= 1")
     if args.prompt_len < 1 or args.decode_tokens < 2:
         ap.error("--prompt-len must be >= 1 and --decode-tokens >= 2 (got %d, %d)" %
                  (args.prompt_len, args.decode_tokens))
@@ -229,17 +262,28 @@ def geom_config(pattern):
     return cfg
 
 
+def llama_config(layers):
+    with open(LLAMA_CONFIG) as f:
+        cfg = json.load(f)
+    cfg["num_hidden_layers"] = layers
+    return cfg
+
+
 def build_geom(kvf, env, pattern, folder, timeout):
-    """The 9B-geometry checkpoint (bf16) in folder, reused when its config matches; None,
-    or why it could not be written."""
-    cfg = geom_config(pattern)
+    """The 9B-geometry checkpoint (bf16) in folder (build_random)."""
+    return build_random(kvf, env, geom_config(pattern), folder, timeout,
+                        "9B-geometry model (%d layers '%s')" % (len(pattern), pattern))
+
+
+def build_random(kvf, env, cfg, folder, timeout, what):
+    """A random-weight bf16 checkpoint of config cfg in folder (kvf mkmodel), reused when
+    the config it was written from matches; None, or why it could not be written."""
     done = os.path.join(folder, "model.safetensors")
     try:
-        with open(os.path.join(folder, "config.json")) as f:
+        with open(os.path.join(folder, "source.config.json")) as f:
             have = json.load(f)
-        if (os.path.exists(done) and have.get("hybrid_override_pattern") == pattern and
-                have.get("hidden_size") == cfg["hidden_size"]):
-            log("9B-geometry model reused from %s" % folder)
+        if os.path.exists(done) and have == cfg:
+            log("%s reused from %s" % (what, folder))
             return None
     except (OSError, ValueError):
         pass
@@ -261,24 +305,41 @@ def build_geom(kvf, env, pattern, folder, timeout):
     try:
         with open(path) as f:
             written = json.load(f)
-        written["use_mamba_kernels"] = False
+        if "use_mamba_kernels" in cfg:
+            written["use_mamba_kernels"] = False
         with open(path, "w") as f:
             json.dump(written, f, indent=1)
     except (OSError, ValueError) as e:
         return "cannot update %s: %s" % (path, e)
-    log("9B-geometry model (%d layers '%s', %.2f GB) written in %.1f s" %
-        (len(pattern), pattern, os.path.getsize(done) / 1e9, time.monotonic() - t0))
+    log("%s (%.2f GB) written in %.1f s" %
+        (what, os.path.getsize(done) / 1e9, time.monotonic() - t0))
     return None
 
 
 def model_dir(name, geom_dir):
+    """geom_dir: the 9B-geometry folder; the Llama-geometry one is geom_dir + '-llama'."""
+    if name == "llama-geom":
+        return geom_dir.rstrip("/") + "-llama"
     return geom_dir if name == "geom" else os.path.join(ROOT, "models-trained", name)
 
 
-def model_label(name, pattern):
+def model_label(name, pattern, llama_layers=32):
     if name == "geom":
         return "9B geometry, %d of 56 layers" % len(pattern)
+    if name == "llama-geom":
+        return "Llama-3-8B geometry, %d of 32 layers" % llama_layers
     return name
+
+
+def build_model(args, env, name, d):
+    """Writes a random-geometry model when its turn comes; None or why not."""
+    left = max(60, int(args.budget - elapsed()) + 60)
+    if name == "geom":
+        return build_geom(args.kvf, env, args.geom_pattern, d, left)
+    if name == "llama-geom":
+        return build_random(args.kvf, env, llama_config(args.llama_layers), d, left,
+                            "Llama-3-8B-geometry model (%d layers)" % args.llama_layers)
+    return None
 
 
 # ---- kvferry --------------------------------------------------------------------------
@@ -308,21 +369,24 @@ def gpu_index(device):
     return int(device.split(":")[1]) if ":" in device else 0
 
 
-def max_batch_tokens(args, batch):
+def max_batch_tokens(prompt, batch):
     """Tokens per engine step: the whole prompt at batch 1, at most 4096 (four 1000-token
     prompts) at larger batches: GEMMs of 4096 rows already fill the GPU, and the workspace,
     which the peak device memory includes, stays under 2 GB at the 9B geometry."""
-    return max(args.prompt_len, min(args.prompt_len * batch, 4096))
+    return max(prompt, min(prompt * batch, 4096))
 
 
-def run_kvf(args, env, d, dtype, batch, timeout):
-    """One `kvf bench-model` run: dict(prefill, decode, held, peak) or dict(err)."""
+def run_kvf(args, env, d, dtype, batch, timeout, prompt=None, decode=None):
+    """One `kvf bench-model` run (prompt / decode tokens: args' unless given):
+    dict(prefill, decode, held, peak) or dict(err)."""
+    prompt = args.prompt_len if prompt is None else prompt
+    decode = args.decode_tokens if decode is None else decode
     cmd = [args.kvf, "bench-model", "--model", d, "--device", args.device, "--prompt-len",
-           str(args.prompt_len), "--decode-tokens", str(args.decode_tokens), "--batch",
+           str(prompt), "--decode-tokens", str(decode), "--batch",
            str(batch), "--kv-dtype", "bf16" if dtype.startswith("bf16") else "fp32",
            "--warmup", "yes",
-           "--max-batch-tokens", str(max_batch_tokens(args, batch)),
-           "--num-blocks", str(num_blocks(batch, args.prompt_len, args.decode_tokens,
+           "--max-batch-tokens", str(max_batch_tokens(prompt, batch)),
+           "--num-blocks", str(num_blocks(batch, prompt, decode,
                                           block_size(args.kvf, env, d,
                                                      "bf16" if dtype.startswith("bf16")
                                                      else "fp32")))]
@@ -383,12 +447,15 @@ def hf_short_error(e):
     return "%s: %s" % (name, str(e).splitlines()[0][:120] if str(e) else "")
 
 
-def hf_load(d, dtype, device):
+def hf_load(d, dtype, device, attn=None):
+    """The model in transformers (attn: attn_implementation, e.g. "sdpa"; None: its
+    default)."""
     import torch
     import transformers
 
     td = torch.bfloat16 if dtype.startswith("bf16") else torch.float32
-    model = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=td)
+    kw = {"attn_implementation": attn} if attn else {}
+    model = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=td, **kw)
     model.to(device)
     model.eval()
     return model
@@ -454,16 +521,19 @@ def hf_run(model, batch, prompt, decode, device):
     return batch * prompt / (t1 - t0), batch * (decode - 1) / max(t2 - t1, 1e-9)
 
 
-def hf_bench(model, batch, args):
-    """dict(prefill, decode, peak) or dict(err); a short warm-up run first."""
+def hf_bench(model, batch, args, prompt=None, decode=None):
+    """dict(prefill, decode, peak) or dict(err); a short warm-up run first (prompt / decode
+    tokens: args' unless given)."""
     import torch
 
     cuda = args.device != "cpu"
+    prompt = args.prompt_len if prompt is None else prompt
+    decode = args.decode_tokens if decode is None else decode
     try:
-        hf_run(model, min(batch, 2), min(args.prompt_len, 16), 2, args.device)   # warm-up
+        hf_run(model, min(batch, 2), min(prompt, 16), 2, args.device)   # warm-up
         if cuda:
             torch.cuda.reset_peak_memory_stats()
-        p, d = hf_run(model, batch, args.prompt_len, args.decode_tokens, args.device)
+        p, d = hf_run(model, batch, prompt, decode, args.device)
         peak = torch.cuda.max_memory_allocated() / 1048576.0 if cuda else None
         if cuda:
             torch.cuda.empty_cache()   # the next kvf run sees this process's weights only
@@ -528,6 +598,83 @@ def targets(results):
     return out
 
 
+# ---- the GPU engine issue's rows (--rows issue40) ----------------------------------------
+
+ISSUE_HEAD = ("| model | row | batch | tokens each | kvf tok/s | HF sdpa tok/s | kvf / HF "
+              "| kvf weights MiB | kvf peak dev MiB | HF peak dev MiB |")
+
+
+def issue_row(label, what, batch, tokens, key, k, h):
+    """One row of the issue's table: @a key ("prefill" or "decode") of kvf result k and
+    transformers result h (dicts)."""
+    kv = k.get(key) if "err" not in k else "kvf: " + k["err"]
+    hv = h.get(key) if "err" not in h else "HF: " + h["err"]
+    cells = [label, what, str(batch), str(tokens), fmt(kv), fmt(hv), ratio(kv, hv),
+             fmt(k.get("held")), fmt(k.get("peak"), 0), fmt(h.get("peak"), 0)]
+    return "| " + " | ".join(c.replace("|", "/") for c in cells) + " |"
+
+
+def issue40(args, env, hf_missing, geom_dir):
+    """Per model: prefill of --prefill-len tokens at batch 1, then decode at each batch
+    with --context-len tokens of context (--decode-tokens generated), bf16 weights on tensor
+    cores and a bf16 KV cache against transformers bf16 with sdpa attention; each row
+    printed (stdout) as soon as it is measured, then the table and the targets."""
+    rows, kvf_failed, verdicts = [], 0, []
+    runs = [("prefill", 1, args.prefill_len, 2)] + [("decode", b, args.context_len,
+                                                     args.decode_tokens) for b in args.batches]
+    for name in args.models:
+        label = model_label(name, args.geom_pattern, args.llama_layers)
+        d = model_dir(name, geom_dir)
+        err = build_model(args, env, name, d) if elapsed() <= args.budget else None
+        model, load_err = None, hf_missing if not err else "no model"
+        for key, batch, prompt, decode in runs:
+            what = ("prefill %d" % prompt) if key == "prefill" else ("decode @%d" % prompt)
+            if err:
+                k, h = {"err": "no model (%s)" % err[:80]}, {"err": "no model"}
+            elif elapsed() > args.budget:
+                k, h = {"err": "not run (time budget)"}, {"err": "not run"}
+            else:
+                log("kvf %s %s batch %d" % (label, what, batch))
+                k = run_kvf(args, env, d, "bf16", batch,
+                            min(max(30, int(args.budget - elapsed()) + 60), 600), prompt, decode)
+                kvf_failed += 1 if "err" in k else 0
+                if model is None and load_err is None:
+                    log("transformers load %s (bf16, sdpa)" % label)
+                    try:
+                        model = hf_load(d, "bf16", args.device, attn="sdpa")
+                    except Exception as e:
+                        load_err = hf_short_error(e)
+                h = {"err": load_err} if load_err else hf_bench(model, batch, args, prompt,
+                                                                 decode)
+            rows.append(issue_row(label, what, batch, prompt if key == "prefill" else decode,
+                                  key, k, h))
+            print(rows[-1], flush=True)   # as measured
+            a, b = k.get(key), h.get(key)
+            if isinstance(a, float) and isinstance(b, float) and b > 0 and \
+                    (key == "prefill" or batch == 16):
+                factor = 1.0 if key == "prefill" else 2.0
+                verdicts.append("%s %s b%d >= %gx: %s" % (label, key, batch, factor,
+                                                         "yes" if a >= factor * b else "no"))
+        if model is not None:
+            del model
+            if args.device != "cpu":
+                import torch
+                torch.cuda.empty_cache()
+    title = ("kvferry (`kvf bench-model --device %s --warmup yes`, bf16 weights on tensor "
+             "cores, bf16 KV) vs transformers bf16 (sdpa) on the same device; tok/s: prompt "
+             "tokens per second for prefill rows, generated tokens per second (all requests) "
+             "for decode rows" % args.device)
+    text = "\n".join(["", title, "", ISSUE_HEAD, "|" + "---|" * 10] + rows + [""] +
+                     ["targets (prefill >= 1x, decode at batch 16 >= 2x): " +
+                      ("; ".join(verdicts) or "no pair of figures")])
+    print(text)
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write(text + "\n")
+    print("engine_gpu: %d kvf run(s) failed, %.0f s" % (kvf_failed, elapsed()))
+    return 1 if kvf_failed else 0
+
+
 # ---- main -----------------------------------------------------------------------------
 
 def main(argv=None):
@@ -554,25 +701,30 @@ def main(argv=None):
             hf_missing = "torch sees no CUDA device"
     tmp = None
     geom_dir = args.keep
-    if "geom" in args.models and not geom_dir:
+    if set(args.models) & {"geom", "llama-geom"} and not geom_dir:
         tmp = tempfile.mkdtemp(prefix="kvf-engine-gpu-")
         geom_dir = os.path.join(tmp, "geom")
+    if args.rows == "issue40":
+        try:
+            return issue40(args, env, hf_missing, geom_dir)
+        finally:
+            if tmp:
+                shutil.rmtree(tmp, ignore_errors=True)
     rows, results, kvf_failed = [], {}, 0
     try:
-        geom_err = None
         for name in args.models:
-            label = model_label(name, args.geom_pattern)
+            geom_err = None
+            label = model_label(name, args.geom_pattern, args.llama_layers)
             d = model_dir(name, geom_dir)
-            if name == "geom" and elapsed() <= args.budget:
+            if name in ("geom", "llama-geom") and elapsed() <= args.budget:
                 # written when its turn comes: a slow disk costs the geometry rows only
-                geom_err = build_geom(args.kvf, env, args.geom_pattern, geom_dir,
-                                      max(60, int(args.budget - elapsed()) + 60))
+                geom_err = build_model(args, env, name, d)
                 if geom_err:
                     log(geom_err)
             for dtype in args.dtypes:
                 model, load_err = None, hf_missing
                 for batch in args.batches:
-                    if name == "geom" and geom_err:
+                    if name in ("geom", "llama-geom") and geom_err:
                         k, h = {"err": "no model (mkmodel failed)"}, {"err": "no model"}
                     elif elapsed() > args.budget:
                         k, h = {"err": "not run (time budget)"}, {"err": "not run"}

@@ -202,6 +202,27 @@ row_engine() {
     return "$rc"
 }
 
+# The issue's engine rows (engine_gpu.py --rows issue40): the 9B geometry (its checkpoint
+# shared with the engine row) and a Llama-3-8B geometry of 4 layers (gpu-logs/
+# engine-geom-llama), prefill of 8192 tokens, decode at batch 1, 16, 64 on 2048 tokens of
+# context, against transformers bf16 sdpa, peak memory; its budget is this row's cap less 20 s
+row_engine_issue() {
+    local rc b=$(( ${RR_CAP_S:-240} - 20 ))
+    need_kvf
+    [ -f "$root/tests/bench/engine_gpu.py" ] ||
+        { rr_verdict "skipped: tests/bench/engine_gpu.py absent"; return 77; }
+    [ "$b" -lt 10 ] && b=10
+    "$py" "$root/tests/bench/engine_gpu.py" --kvf "$kvf" --rows issue40 --llama-layers 4 \
+        --budget "$b" --keep "$RR_DIR/engine-geom" --md "$RR_DIR/engine-issue.md" \
+        2>"$RR_DIR/engine-issue.err"
+    rc=$?
+    tail -3 "$RR_DIR/engine-issue.err" >&2
+    [ "$rc" -eq 77 ] && { rr_verdict "skipped: $(tail -1 "$RR_DIR/engine-issue.err")"; return 77; }
+    [ "$rc" -eq 0 ] || rr_verdict "FAIL: engine_gpu.py --rows issue40 exited $rc" \
+                                  "(gpu-logs/engine-issue.err)"
+    return "$rc"
+}
+
 # one transfer row from kvf xfer-test's or kvf bench's output: bytes, GB/s, host post time
 # per descriptor and the path that ran; returns 1 when it is not a PASS
 xfer_row() { # name, output file, exit code, dtype

@@ -185,6 +185,7 @@ rr_add gemm 45 row_gemm
 rr_add ssd 45 row_prog ssd_vs_cpu
 rr_add fi-attention 45 row_prog fi_attention_check
 rr_add engine 150 row_engine
+rr_add engine-issue 240 row_engine_issue
 rr_add pull-4p2d-ipc 60 row_bench 4p2d ipc
 rr_add pull-4p2d-ucx 60 row_bench 4p2d ucx
 rr_add nixl-4p2d 90 row_nixl

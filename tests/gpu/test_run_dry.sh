@@ -137,7 +137,7 @@ wait_for() { # deadline_ms, command: polls every 50 ms until it succeeds or the 
 
 # the rows, in the order the issue asks for (the table in run.sh)
 order="kernels attn-tiled gen-hybrid gen-dense gen-hybrid-tp2 gen-sampled greedy-default
-gemm-invariance gemm ssd fi-attention engine
+gemm-invariance gemm ssd fi-attention engine engine-issue
 pull-4p2d-ipc pull-4p2d-ucx nixl-4p2d pool-1p1d batch-invariance xfer-4p2d-80-96
 pull-4p2d-auto pull-1p4d-auto pull-4p1d-auto pull-2p2d-auto pull-1p1d-auto graphs-hybrid
 graphs-dense profile-b1 profile-b16 profile-b16s graphs-speed-tiny-hybrid-b1

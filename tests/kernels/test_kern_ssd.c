@@ -242,6 +242,37 @@ static void test_grid_cuts_fp16(void **state)
     grid_cuts(KVF_DTYPE_FP16);
 }
 
+/* The scratch a call takes (what the CUDA launcher allocates from the arena) against the
+ * worst case the workspace is sized by (pos0 < 0): never above it, reached by some pos0,
+ * and the formula's value for one case worked by hand. */
+static void test_scratch_bytes(void **state)
+{
+    const kvf_mamba2_params_t p = {.heads = 4, .head_dim = 8, .groups = 2, .state_size = 16};
+    const int Ts[] = {1, 7, 64, 100, 1000, 5000}, grids[] = {1, 16, 64, 256};
+
+    (void)state;
+    for (size_t i = 0; i < sizeof(Ts) / sizeof(Ts[0]); ++i) {
+        for (size_t j = 0; j < sizeof(grids) / sizeof(grids[0]); ++j) {
+            const int nt = Ts[i], grid = grids[j];
+            const size_t worst = kvf_ssd_scratch_bytes(&p, nt, -1, grid);
+            size_t most = 0;
+            for (long long pos0 = 0; pos0 <= grid; ++pos0) {
+                const size_t b = kvf_ssd_scratch_bytes(&p, nt, pos0, grid);
+                assert_true(b > 0);
+                assert_true(b <= worst);
+                most = (b > most) ? b : most;
+            }
+            assert_int_equal(most, worst);
+        }
+    }
+    /* T 100 from position 10 on grid 64: chunks [10,64) [64,110) -> W 2;
+     * 4 * (2*4*100 + 2*2*64*64 + 3*4*8*16) = 4 * (800 + 16384 + 1536) */
+    assert_int_equal(kvf_ssd_scratch_bytes(&p, 100, 10, 64), 4u * (800 + 16384 + 1536));
+    assert_int_equal(kvf_ssd_scratch_bytes(&p, 0, 0, 64), 0);
+    assert_int_equal(kvf_ssd_scratch_bytes(&p, 10, 0, 0), 0);
+    assert_int_equal(kvf_ssd_scratch_bytes(NULL, 10, 0, 16), 0);
+}
+
 static void test_refused(void **state)
 {
     static inputs_t in;
@@ -270,7 +301,7 @@ int main(void)
         cmocka_unit_test(test_chunks),         cmocka_unit_test(test_vs_serial_fp32),
         cmocka_unit_test(test_vs_serial_bf16), cmocka_unit_test(test_grid_cuts_fp32),
         cmocka_unit_test(test_grid_cuts_bf16), cmocka_unit_test(test_grid_cuts_fp16),
-        cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_refused),        cmocka_unit_test(test_scratch_bytes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -42,6 +42,9 @@
  * The tensor-core GEMM's algorithm keys (kvf_devsim_gemm.c: a weight matrix always gets
  * the same key, whatever the batch):
  *   gemm_lt_calls C gemm_lt_weights W gemm_lt_key_errors E
+ * The Mamba2 prompt scans (kvf_devsim_ssd.c: chunked calls, their grid, scratch beyond the
+ * arena reserved at start; token-by-token calls):
+ *   ssd_calls C ssd_grid G ssd_ws_errors E token_scan_calls S
  * What it cannot check:
  * CUDA kernels themselves, stream concurrency, UCX moving real device
  * memory (tests/gpu, on a GPU).
@@ -67,6 +70,7 @@
 #include "kvf_tp_runner.h"
 #include "kvf_log.h"
 #include "kvf_devsim_gemm.h"
+#include "kvf_devsim_ssd.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -138,6 +142,11 @@ static void devsim_want_dev_fn(const void *p, const char *what)
                     what, p);
         }
     }
+}
+
+bool devsim_is_device_ptr(const void *p)
+{
+    return devsim_owner(p) >= 0;
 }
 
 static void devsim_want_host(const void *p, const char *what)
@@ -376,6 +385,8 @@ static void devsim_report(void)
             (unsigned long long)st_graph_captures, (unsigned long long)st_graph_replays,
             (unsigned long long)st_graph_mismatches, (unsigned long long)st_graph_host_inputs);
     devsim_gemm_lt_report(stderr);
+    devsim_ssd_report(stderr);
+    devsim_fi_report(stderr);
     fputc('\n', stderr);
 }
 
@@ -611,6 +622,7 @@ int __wrap_kvf_device_workspace_reserve(const kvf_device_t *dev, size_t device_b
     /* the simulated kernels take no scratch: the reservation is recorded, not made */
     st_ws_reserves++;
     st_ws_device_bytes += device_bytes;
+    devsim_ssd_reserved(device_bytes);
     st_ws_staging_bytes += staging_bytes;
     return KVF_KERN_OK;
 }
@@ -996,7 +1008,7 @@ DEVSIM_KERNEL(kvf_mamba2_scan, (const kvf_device_t *dev, const kvf_mamba2_params
                                 kvf_dtype_t state_dtype, int has_state, float *y, int ldy),
               (dev, p, T, x, ldx, dt, lddt, B, C, ldbc, state, state_dtype, has_state, y, ldy),
               (devsim_want_dev(x, "kvf_mamba2_scan x"), devsim_want_dev(y, "kvf_mamba2_scan y"),
-               devsim_want_dev(state, "kvf_mamba2_scan state")))
+               devsim_want_dev(state, "kvf_mamba2_scan state"), devsim_ssd_token()))
 DEVSIM_KERNEL(kvf_mamba2_scan_chunked, (const kvf_device_t *dev, const kvf_mamba2_params_t *p,
                                         int T, long long pos0, int grid, const float *x,
                                         int ldx, const float *dt, int lddt, const float *B,
@@ -1007,7 +1019,8 @@ DEVSIM_KERNEL(kvf_mamba2_scan_chunked, (const kvf_device_t *dev, const kvf_mamba
                has_state, y, ldy),
               (devsim_want_dev(x, "kvf_mamba2_scan_chunked x"),
                devsim_want_dev(y, "kvf_mamba2_scan_chunked y"),
-               devsim_want_dev(state, "kvf_mamba2_scan_chunked state")))
+               devsim_want_dev(state, "kvf_mamba2_scan_chunked state"),
+               devsim_ssd_chunked(p, T, pos0, grid)))
 DEVSIM_KERNEL(kvf_mamba2_step, (const kvf_device_t *dev, const kvf_mamba2_params_t *p,
                                 const float *x, const float *dt, const float *B, const float *C,
                                 void *state, kvf_dtype_t state_dtype, float *y),

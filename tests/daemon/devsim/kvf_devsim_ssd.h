@@ -1,0 +1,33 @@
+/* TEST ONLY: kvf-devsim's account of the Mamba2 prompt scans (kvf_devsim_ssd.c) and of
+ * FlashInfer's decode (kvf_devsim_fi.c). */
+#ifndef KVF_DEVSIM_SSD_H
+#define KVF_DEVSIM_SSD_H
+
+#include "kvf_mamba2.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+
+/* A workspace reserved on a simulated GPU: its arena bytes (the smallest is kept). */
+void devsim_ssd_reserved(size_t device_bytes);
+
+/* One kvf_mamba2_scan_chunked call on a simulated GPU: counted, its grid kept, and its
+ * scratch (kvf_ssd_scratch_bytes, what the CUDA launcher takes from the arena) compared with
+ * the smallest arena reserved (an error when it does not fit). */
+void devsim_ssd_chunked(const kvf_mamba2_params_t *p, int T, long long pos0, int grid);
+
+/* One token-by-token kvf_mamba2_scan call on a simulated GPU (counted). */
+void devsim_ssd_token(void);
+
+/* Appends " ssd_calls C ssd_grid G ssd_ws_errors E token_scan_calls S" to the devsim line
+ * (G: the grid of the last chunked call, 0 when none). */
+void devsim_ssd_report(FILE *f);
+
+/* kvf_devsim.c: whether @a p lies in the simulated GPUs' memory. */
+bool devsim_is_device_ptr(const void *p);
+
+/* kvf_devsim_fi.c: appends " fi_decode_calls C fi_plan_errors E" to the devsim line. */
+void devsim_fi_report(FILE *f);
+
+#endif

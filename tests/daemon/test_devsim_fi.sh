@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# KVF_GPU_ATTN=flashinfer on a simulated GPU (kvf-devsim; its kvf_fi_built says what a
+# -DKVF_FLASHINFER=ON build says, its kvf_fi_decode checks the plan arguments and computes
+# the attention on the CPU the way they say, devsim/kvf_devsim_fi.c):
+# - decode steps of the trained dense model, alone and in a batch of 3, over a prompt of more
+#   than one split-KV chunk (about 2400 tokens, chunks of 2048), go to FlashInfer with every
+#   plan argument right (page counts and fill, the fixed split-KV plan of each request's
+#   own length, the chunk size, page indices inside the pool): fi_decode_calls > 0,
+#   fi_plan_errors 0;
+# - its logits are the default attention's within bf16 rounding (q and the output are
+#   16-bit on FlashInfer's path), and not bit-equal (the path is in use);
+# - refused at start by name: an fp32 KV cache (FlashInfer reads 16-bit ones) and a build
+#   without FlashInfer (DEVSIM_FI=0: this build's own answer), naming the value and the fix.
+# Usage: test_devsim_fi.sh TESTBIN (the folder holding kvf-devsim)
+set -euo pipefail
+DEVSIM="${1:?usage: test_devsim_fi.sh TESTBIN}/kvf-devsim"
+MODEL="${KVF_SOURCE_DIR:?}/models-trained/tiny-dense"
+T="$(mktemp -d /tmp/kvf-fi-XXXXXX)"
+trap 'rm -rf "$T"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+field() {   # the value after NAME on the devsim line of file $1
+    sed -n 's/^devsim: .* '"$2"' \([0-9][0-9]*\).*/\1/p' "$1" | tail -1
+}
+awk 'BEGIN { for (i = 0; i < 260; ++i) printf "add %d %d ", i, i + 7; print "" }' >"$T/long.txt"
+logits() {   # logits lines of 4 generated tokens: logits ATTN ERRFILE
+    env KVF_GPU_ATTN="$1" "$DEVSIM" generate --model "$MODEL" --prompt-file "$T/long.txt" \
+        --max-tokens 4 --ignore-eos yes --device cuda:0 --max-batch-tokens 4096 \
+        --num-blocks 512 --print-logits yes 2>"$2" | grep '^logits '
+}
+logits "" "$T/def.err" >"$T/def.txt"
+logits flashinfer "$T/fi.err" >"$T/fi.txt"
+[ "$(wc -l <"$T/fi.txt")" -eq 4 ] && [ "$(wc -l <"$T/def.txt")" -eq 4 ] ||
+    fail "no logits from one of the runs"
+grep -q "FlashInfer decode" "$T/fi.err" || fail "KVF_GPU_ATTN=flashinfer was not said at start"
+[ "$(field "$T/fi.err" fi_decode_calls)" -gt 0 ] || fail "FlashInfer's decode did not run"
+[ "$(field "$T/fi.err" fi_plan_errors)" -eq 0 ] || fail "bad FlashInfer plan arguments"
+[ "$(field "$T/def.err" fi_decode_calls)" -eq 0 ] || fail "the default took FlashInfer's path"
+[ "$(field "$T/fi.err" host_ptr_errors)" -eq 0 ] || fail "a host pointer on the device path"
+read -r diff top <<<"$(paste -d' ' "$T/def.txt" "$T/fi.txt" | awk '{
+    n = NF / 2
+    for (i = 3; i <= n; i++) { d = $i - $(i + n); if (d < 0) d = -d; if (d > m) m = d
+                               a = ($i < 0) ? -$i : $i; if (a > t) t = a } }
+    END { printf "%.9g %.9g\n", m, t }')"
+echo "logits: FlashInfer against the default attention, max |diff| $diff (max |logit| $top)"
+awk -v d="$diff" -v t="$top" 'BEGIN { exit !(d > 0 && d < 0.01 * t) }' ||
+    fail "FlashInfer's logits differ by $diff from the default's (max $top): want (0, 1%)"
+
+# a batch of 3 decoding together (bench-model): every step's plan checked
+KVF_GPU_ATTN=flashinfer "$DEVSIM" bench-model --model "$MODEL" --device cuda:0 \
+    --prompt-len 40 --decode-tokens 6 --batch 3 >/dev/null 2>"$T/b3.err" ||
+    fail "bench-model --batch 3 under flashinfer failed: $(tail -2 "$T/b3.err")"
+[ "$(field "$T/b3.err" fi_decode_calls)" -gt 0 ] &&
+    [ "$(field "$T/b3.err" fi_plan_errors)" -eq 0 ] ||
+    fail "batch 3: $(grep -o 'fi_decode_calls.*' "$T/b3.err")"
+
+# refusals at start, by name
+rc=0
+KVF_GPU_ATTN=flashinfer "$DEVSIM" generate --model "$MODEL" --device cuda:0 --kv-dtype fp32 \
+    --max-tokens 1 >/dev/null 2>"$T/err" || rc=$?
+[ "$rc" -ne 0 ] && grep -q "KVF_GPU_ATTN=flashinfer" "$T/err" && grep -q "fp32" "$T/err" ||
+    fail "an fp32 KV cache under flashinfer was not refused by name (rc $rc)"
+rc=0
+DEVSIM_FI=0 KVF_GPU_ATTN=flashinfer "$DEVSIM" generate --model "$MODEL" --device cuda:0 \
+    --max-tokens 1 >/dev/null 2>"$T/err" || rc=$?
+[ "$rc" -ne 0 ] && grep -q "KVF_FLASHINFER=ON" "$T/err" ||
+    fail "a build without FlashInfer did not refuse KVF_GPU_ATTN=flashinfer by name (rc $rc)"
+echo "PASS"
