@@ -43,12 +43,6 @@ EXEMPT = {
         "kvf_sampler_sample 129 lines: common/engine is under edit by another engineer",
     "tools/cmd_plan.c":
         "kvf_cmd_plan 121 lines: engine-option table moving out of it (issue 42 item 5)",
-    "common/runtime/kvf_tp_runner.c":
-        "not yet split (issue 42 size limits, in progress)",
-    "deploy/proxy/kvf_proxy.c":
-        "not yet split (issue 42 size limits, in progress)",
-    "deploy/proxy/kvf_proxy_health.c":
-        "not yet split (issue 42 size limits, in progress)",
     "kernels/kvf_attention_tiled_kernel.h":
         "not yet split (issue 42 size limits, in progress)",
     "kernels/kvf_sample.c":
