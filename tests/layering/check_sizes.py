@@ -45,8 +45,6 @@ EXEMPT = {
         "kvf_cmd_plan 121 lines: engine-option table moving out of it (issue 42 item 5)",
     "kernels/kvf_attention_tiled_kernel.h":
         "not yet split (issue 42 size limits, in progress)",
-    "kernels/kvf_sample.c":
-        "not yet split (issue 42 size limits, in progress)",
     "kernels/kvf_sample_cuda.cu":
         "not yet split (issue 42 size limits, in progress)",
     "tests/daemon/devsim/kvf_devsim.c":
