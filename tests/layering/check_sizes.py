@@ -69,12 +69,6 @@ EXEMPT = {
         "not yet split (issue 42 size limits, in progress)",
     "tests/transfer/ucx/test_xfer_device_pool.c":
         "not yet split (issue 42 size limits, in progress)",
-    "tools/cmd_model.c":
-        "not yet split (issue 42 size limits, in progress)",
-    "tools/kvf_bs_request.c":
-        "not yet split (issue 42 size limits, in progress)",
-    "transfer/ucx/kvf_connector_ucx.c":
-        "not yet split (issue 42 size limits, in progress)",
 }
 
 
