@@ -43,10 +43,6 @@ EXEMPT = {
         "kvf_sampler_sample 129 lines: common/engine is under edit by another engineer",
     "tools/cmd_plan.c":
         "kvf_cmd_plan 121 lines: engine-option table moving out of it (issue 42 item 5)",
-    "kernels/kvf_attention_tiled_kernel.h":
-        "not yet split (issue 42 size limits, in progress)",
-    "kernels/kvf_sample_cuda.cu":
-        "not yet split (issue 42 size limits, in progress)",
     "tests/daemon/devsim/kvf_devsim.c":
         "not yet split (issue 42 size limits, in progress)",
     "tests/deploy/fake_daemon.c":
@@ -64,8 +60,6 @@ EXEMPT = {
     "tests/transfer/ipc/test_xfer_ipc_path.c":
         "not yet split (issue 42 size limits, in progress)",
     "tests/transfer/plan/xfer_plan_harness.c":
-        "not yet split (issue 42 size limits, in progress)",
-    "tests/transfer/ucx/test_xfer_connector.c":
         "not yet split (issue 42 size limits, in progress)",
     "tests/transfer/ucx/test_xfer_device_pool.c":
         "not yet split (issue 42 size limits, in progress)",
