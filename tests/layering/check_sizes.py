@@ -51,8 +51,6 @@ EXEMPT = {
         "not yet split (issue 42 size limits, in progress)",
     "tests/gpu/attn_tiled_vs_pertoken.c":
         "not yet split (issue 42 size limits, in progress)",
-    "tests/gpu/gpu_vs_cpu.c":
-        "not yet split (issue 42 size limits, in progress)",
     "tests/kernels/test_kern_attention_tiled_emu.c":
         "not yet split (issue 42 size limits, in progress)",
     "tests/transfer/ipc/test_xfer_ipc_path.c":
