@@ -43,12 +43,6 @@ EXEMPT = {
         "kvf_sampler_sample 129 lines: common/engine is under edit by another engineer",
     "tools/cmd_plan.c":
         "kvf_cmd_plan 121 lines: engine-option table moving out of it (issue 42 item 5)",
-    "tests/deploy/fake_daemon.c":
-        "not yet split (issue 42 size limits, in progress)",
-    "tests/deploy/test_proxy_units.c":
-        "not yet split (issue 42 size limits, in progress)",
-    "tests/fuzz/make_seeds.c":
-        "not yet split (issue 42 size limits, in progress)",
     "tests/gpu/attn_tiled_vs_pertoken.c":
         "not yet split (issue 42 size limits, in progress)",
     "tests/kernels/test_kern_attention_tiled_emu.c":
