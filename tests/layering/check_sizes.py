@@ -49,8 +49,6 @@ EXEMPT = {
         "not yet split (issue 42 size limits, in progress)",
     "tests/transfer/ipc/test_xfer_ipc_path.c":
         "not yet split (issue 42 size limits, in progress)",
-    "tests/transfer/plan/xfer_plan_harness.c":
-        "not yet split (issue 42 size limits, in progress)",
     "tests/transfer/ucx/test_xfer_device_pool.c":
         "not yet split (issue 42 size limits, in progress)",
 }
