@@ -47,10 +47,6 @@ EXEMPT = {
         "not yet split (issue 42 size limits, in progress)",
     "tests/kernels/test_kern_attention_tiled_emu.c":
         "not yet split (issue 42 size limits, in progress)",
-    "tests/transfer/ipc/test_xfer_ipc_path.c":
-        "not yet split (issue 42 size limits, in progress)",
-    "tests/transfer/ucx/test_xfer_device_pool.c":
-        "not yet split (issue 42 size limits, in progress)",
 }
 
 
