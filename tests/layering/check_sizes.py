@@ -45,8 +45,6 @@ EXEMPT = {
         "kvf_cmd_plan 121 lines: engine-option table moving out of it (issue 42 item 5)",
     "tests/gpu/attn_tiled_vs_pertoken.c":
         "not yet split (issue 42 size limits, in progress)",
-    "tests/kernels/test_kern_attention_tiled_emu.c":
-        "not yet split (issue 42 size limits, in progress)",
 }
 
 
