@@ -43,8 +43,6 @@ EXEMPT = {
         "kvf_sampler_sample 129 lines: common/engine is under edit by another engineer",
     "tools/cmd_plan.c":
         "kvf_cmd_plan 121 lines: engine-option table moving out of it (issue 42 item 5)",
-    "tests/gpu/attn_tiled_vs_pertoken.c":
-        "not yet split (issue 42 size limits, in progress)",
 }
 
 
