@@ -63,6 +63,154 @@ KVF_TILE_FN void kvf_attn_tile_put(const float *pf, float *rows, int nr, int hd,
     }
 }
 
+/* the scores of kernel block @kb (first token token0): thread (qi, row) dots in dim order over
+ * a pass of nr staged K rows, krows in all; meanwhile pf fetches the next pass (after the last
+ * K pass, the first V pass of @vt) */
+KVF_TILE_FN void kvf_attn_tile_scores(float *pf, float *rows, float *sc, const float *qs,
+                                      const char *kt, const char *vt, int dtype,
+                                      const int *lim, const int *kb0, const int *kb1, int nq,
+                                      int kb, int token0, int krows, int kbs, int hd, int pr,
+                                      float scale, int tid)
+{
+    const int ldr = hd + 1;
+
+    for (int r0 = 0; r0 < krows; r0 += pr) {
+        const int nr = (krows - r0 < pr) ? krows - r0 : pr;
+        kvf_attn_tile_put(pf, rows, nr, hd, ldr, tid);
+        __syncthreads();
+        if (r0 + pr < krows) {
+            const int nn = (krows - r0 - pr < pr) ? krows - r0 - pr : pr;
+            kvf_attn_tile_fetch(pf, kt, dtype, r0 + pr, nn, hd, tid);
+        } else {
+            kvf_attn_tile_fetch(pf, vt, dtype, 0, (kbs < pr) ? kbs : pr, hd, tid);
+        }
+        for (int p = tid; p < nq * nr; p += KVF_ATTN_TILE_THREADS) {
+            const int qi = p / nr, jr = p % nr;
+            if (kvf_attn_tile_folds(kb, kb0[qi], kb1[qi]) && (token0 + r0 + jr <= lim[qi])) {
+                const float *qv = qs + (size_t)qi * hd, *kr = rows + jr * ldr;
+                float dot = 0.0f;
+                for (int d = 0; d < hd; ++d) {
+                    dot = __fmaf_rn(qv[d], kr[d], dot);
+                }
+                sc[(size_t)qi * kbs + r0 + jr] = __fmul_rn(dot, scale);
+            }
+        }
+        __syncthreads();   /* rows is restaged; the last pass's scores are complete */
+    }
+}
+
+/* kernel block @kb's running max over the unmasked scores and alpha (one warp per query),
+ * its scores made probabilities and this thread's accumulators rescaled by alpha */
+KVF_TILE_FN void kvf_attn_tile_rescale(float *acc, float *sc, const float *m_sh, float *mnew_sh,
+                                       float *alpha_sh, const int *lim, const int *kb0,
+                                       const int *kb1, int nq, int kb, int token0, int kbs,
+                                       int hd, int tid)
+{
+    const int lane = tid % 32, warp = tid / 32;
+
+    /* running max over the unmasked scores, and alpha: one warp per query */
+    for (int qi = warp; qi < nq; qi += KVF_ATTN_TILE_THREADS / 32) {
+        if (!kvf_attn_tile_folds(kb, kb0[qi], kb1[qi])) {
+            continue;   /* uniform over the warp */
+        }
+        const int n = (lim[qi] - token0 + 1 < kbs) ? lim[qi] - token0 + 1 : kbs;
+        float mt = m_sh[qi];
+        for (int j = lane; j < n; j += 32) {
+            const float s = sc[(size_t)qi * kbs + j];
+            mt = (s > mt) ? s : mt;
+        }
+        for (int o = 16; o > 0; o /= 2) {
+            const float other = __shfl_down_sync(0xffffffffu, mt, o);
+            mt = (other > mt) ? other : mt;
+        }
+        if (lane == 0) {
+            mnew_sh[qi] = mt;
+            alpha_sh[qi] = expf(m_sh[qi] - mt);   /* 0 on the first kernel block */
+        }
+    }
+    __syncthreads();
+    for (int p = tid; p < nq * kbs; p += KVF_ATTN_TILE_THREADS) {
+        const int qi = p / kbs, j = p % kbs;
+        if (kvf_attn_tile_folds(kb, kb0[qi], kb1[qi])) {
+            sc[p] = kvf_attn_prob(sc[p], token0, (size_t)j, lim[qi], mnew_sh[qi]);
+        }
+    }
+    KVF_TILE_UNROLL
+    for (int k = 0; k < KVF_ATTN_TILE_ACC; ++k) {
+        const int i = tid + k * KVF_ATTN_TILE_THREADS, qi = i / hd;
+        if ((i < nq * hd) && kvf_attn_tile_folds(kb, kb0[qi], kb1[qi])) {
+            acc[k] = __fmul_rn(acc[k], alpha_sh[qi]);
+        }
+    }
+    __syncthreads();
+}
+
+/* one pass of @nr staged V rows (slots r0 ...) into this thread's accumulators that @fold
+ * (bit k: accumulator k takes this kernel block), each taking the slots in order */
+KVF_TILE_FN void kvf_attn_tile_pv(float *acc, unsigned fold, const float *sc, const float *rows,
+                                  int r0, int nr, int kbs, int hd, int ldr, int tid)
+{
+    if (KVF_ATTN_TILE_THREADS % hd == 0) {
+        /* head_dim divides the block: all of a thread's accumulators are dim
+         * tid % hd, so each V value is loaded once for all of them (each
+         * accumulator still takes the slots in order) */
+        const float *vd = rows + tid % hd;
+        for (int jr = 0; jr < nr; ++jr) {
+            const float v = vd[jr * ldr];
+            KVF_TILE_UNROLL
+            for (int k = 0; k < KVF_ATTN_TILE_ACC; ++k) {
+                if (fold & (1u << k)) {
+                    const int qi = (tid + k * KVF_ATTN_TILE_THREADS) / hd;
+                    acc[k] = __fmaf_rn(sc[(size_t)qi * kbs + r0 + jr], v, acc[k]);
+                }
+            }
+        }
+    } else {
+        KVF_TILE_UNROLL
+        for (int k = 0; k < KVF_ATTN_TILE_ACC; ++k) {
+            const int i = tid + k * KVF_ATTN_TILE_THREADS, qi = i / hd, d = i % hd;
+            if (fold & (1u << k)) {
+                const float *p = sc + (size_t)qi * kbs + r0;
+                float a = acc[k];
+                for (int jr = 0; jr < nr; ++jr) {
+                    a = __fmaf_rn(p[jr], rows[jr * ldr + d], a);
+                }
+                acc[k] = a;
+            }
+        }
+    }
+}
+
+/* the tile's results: out[t][qh] (one split), or the split's partial accumulators and its
+ * running max and denominator for kvf_attn_merge */
+KVF_TILE_FN void kvf_attn_tile_store(const float *acc, const float *m_sh, const float *l_sh,
+                                     int u0, int nq, int group, int kh, int q_heads, int hd,
+                                     int y, int splits, float *out, float *part_m, float *part_l,
+                                     float *part_acc, int tid)
+{
+    KVF_TILE_UNROLL
+    for (int k = 0; k < KVF_ATTN_TILE_ACC; ++k) {
+        const int i = tid + k * KVF_ATTN_TILE_THREADS, qi = i / hd, d = i % hd;
+        if (i < nq * hd) {
+            int t, qh;
+            kvf_attn_tile_query(u0 + qi, group, kh, &t, &qh);
+            const size_t row = (size_t)t * (size_t)q_heads + (size_t)qh;
+            if (splits == 1) {
+                out[row * hd + d] = __fdiv_rn(acc[k], l_sh[qi]);   /* kvf_attn_finish */
+            } else {
+                part_acc[(row * splits + y) * hd + d] = acc[k];
+            }
+        }
+    }
+    if ((splits > 1) && (tid < nq)) {
+        int t, qh;
+        kvf_attn_tile_query(u0 + tid, group, kh, &t, &qh);
+        const size_t pi = ((size_t)t * (size_t)q_heads + (size_t)qh) * splits + y;
+        part_m[pi] = m_sh[tid];
+        part_l[pi] = l_sh[tid];
+    }
+}
+
 /*
  * Tile blockIdx.x (tiles[2 * x]: first query u, tiles[2 * x + 1]: count) of KV
  * head blockIdx.z, split blockIdx.y of gridDim.y. Dynamic shared memory:
@@ -80,7 +228,7 @@ KVF_TILE_KERNEL kvf_attn_tiled_kernel(kvf_cuda_kv g, const float *q, int ldq,
     KVF_TILE_SHARED float m_sh[KVF_ATTN_TILE_Q_MAX], l_sh[KVF_ATTN_TILE_Q_MAX];
     KVF_TILE_SHARED float mnew_sh[KVF_ATTN_TILE_Q_MAX], alpha_sh[KVF_ATTN_TILE_Q_MAX];
     const int hd = g.head_dim, kbs = g.kbs, nkv = g.kv_heads, group = q_heads / nkv;
-    const int tid = (int)threadIdx.x, lane = tid % 32, warp = tid / 32, ldr = hd + 1;
+    const int tid = (int)threadIdx.x, ldr = hd + 1;
     const int y = (int)blockIdx.y, splits = (int)gridDim.y, kh = (int)blockIdx.z;
     const int u0 = tiles[2 * blockIdx.x], nq = tiles[2 * blockIdx.x + 1];
     float *qs = sh, *sc = sh + (size_t)qt * hd, *rows = sc + (size_t)qt * kbs;
@@ -128,65 +276,10 @@ KVF_TILE_KERNEL kvf_attn_tiled_kernel(kvf_cuda_kv g, const float *q, int ldq,
         const char *kt = kblock + (size_t)kh * kbs * hd * g.elt;
         const char *vt = kblock + (size_t)(nkv + kh) * kbs * hd * g.elt;
 
-        /* scores: thread (qi, row) dots in dim order over a pass of nr staged K rows */
-        for (int r0 = 0; r0 < krows; r0 += pr) {
-            const int nr = (krows - r0 < pr) ? krows - r0 : pr;
-            kvf_attn_tile_put(pf, rows, nr, hd, ldr, tid);
-            __syncthreads();
-            if (r0 + pr < krows) {
-                const int nn = (krows - r0 - pr < pr) ? krows - r0 - pr : pr;
-                kvf_attn_tile_fetch(pf, kt, g.dtype, r0 + pr, nn, hd, tid);
-            } else {
-                kvf_attn_tile_fetch(pf, vt, g.dtype, 0, (kbs < pr) ? kbs : pr, hd, tid);
-            }
-            for (int p = tid; p < nq * nr; p += KVF_ATTN_TILE_THREADS) {
-                const int qi = p / nr, jr = p % nr;
-                if (kvf_attn_tile_folds(kb, kb0[qi], kb1[qi]) && (token0 + r0 + jr <= lim[qi])) {
-                    const float *qv = qs + (size_t)qi * hd, *kr = rows + jr * ldr;
-                    float dot = 0.0f;
-                    for (int d = 0; d < hd; ++d) {
-                        dot = __fmaf_rn(qv[d], kr[d], dot);
-                    }
-                    sc[(size_t)qi * kbs + r0 + jr] = __fmul_rn(dot, scale);
-                }
-            }
-            __syncthreads();   /* rows is restaged; the last pass's scores are complete */
-        }
-        /* running max over the unmasked scores, and alpha: one warp per query */
-        for (int qi = warp; qi < nq; qi += KVF_ATTN_TILE_THREADS / 32) {
-            if (!kvf_attn_tile_folds(kb, kb0[qi], kb1[qi])) {
-                continue;   /* uniform over the warp */
-            }
-            const int n = (lim[qi] - token0 + 1 < kbs) ? lim[qi] - token0 + 1 : kbs;
-            float mt = m_sh[qi];
-            for (int j = lane; j < n; j += 32) {
-                const float s = sc[(size_t)qi * kbs + j];
-                mt = (s > mt) ? s : mt;
-            }
-            for (int o = 16; o > 0; o /= 2) {
-                const float other = __shfl_down_sync(0xffffffffu, mt, o);
-                mt = (other > mt) ? other : mt;
-            }
-            if (lane == 0) {
-                mnew_sh[qi] = mt;
-                alpha_sh[qi] = expf(m_sh[qi] - mt);   /* 0 on the first kernel block */
-            }
-        }
-        __syncthreads();
-        for (int p = tid; p < nq * kbs; p += KVF_ATTN_TILE_THREADS) {
-            const int qi = p / kbs, j = p % kbs;
-            if (kvf_attn_tile_folds(kb, kb0[qi], kb1[qi])) {
-                sc[p] = kvf_attn_prob(sc[p], token0, (size_t)j, lim[qi], mnew_sh[qi]);
-            }
-        }
-        KVF_TILE_UNROLL
-        for (int k = 0; k < KVF_ATTN_TILE_ACC; ++k) {
-            const int i = tid + k * KVF_ATTN_TILE_THREADS, qi = i / hd;
-            if ((i < nq * hd) && kvf_attn_tile_folds(kb, kb0[qi], kb1[qi])) {
-                acc[k] = __fmul_rn(acc[k], alpha_sh[qi]);
-            }
-        }
-        __syncthreads();
+        kvf_attn_tile_scores(pf, rows, sc, qs, kt, vt, g.dtype, lim, kb0, kb1, nq, kb, token0,
+                             krows, kbs, hd, pr, scale, tid);
+        kvf_attn_tile_rescale(acc, sc, m_sh, mnew_sh, alpha_sh, lim, kb0, kb1, nq, kb, token0,
+                              kbs, hd, tid);
         /* p * V over every slot in order, V rows staged a pass at a time; thread qi < nq adds
          * its query's denominator in slot order alongside. fold: which of this thread's
          * accumulators (query i / hd, dim i % hd) take this kernel block. */
@@ -218,35 +311,7 @@ KVF_TILE_KERNEL kvf_attn_tiled_kernel(kvf_cuda_kv g, const float *q, int ldq,
                     lsum = __fadd_rn(lsum, p[jr]);
                 }
             }
-            if (KVF_ATTN_TILE_THREADS % hd == 0) {
-                /* head_dim divides the block: all of a thread's accumulators are dim
-                 * tid % hd, so each V value is loaded once for all of them (each
-                 * accumulator still takes the slots in order) */
-                const float *vd = rows + tid % hd;
-                for (int jr = 0; jr < nr; ++jr) {
-                    const float v = vd[jr * ldr];
-                    KVF_TILE_UNROLL
-                    for (int k = 0; k < KVF_ATTN_TILE_ACC; ++k) {
-                        if (fold & (1u << k)) {
-                            const int qi = (tid + k * KVF_ATTN_TILE_THREADS) / hd;
-                            acc[k] = __fmaf_rn(sc[(size_t)qi * kbs + r0 + jr], v, acc[k]);
-                        }
-                    }
-                }
-            } else {
-                KVF_TILE_UNROLL
-                for (int k = 0; k < KVF_ATTN_TILE_ACC; ++k) {
-                    const int i = tid + k * KVF_ATTN_TILE_THREADS, qi = i / hd, d = i % hd;
-                    if (fold & (1u << k)) {
-                        const float *p = sc + (size_t)qi * kbs + r0;
-                        float a = acc[k];
-                        for (int jr = 0; jr < nr; ++jr) {
-                            a = __fmaf_rn(p[jr], rows[jr * ldr + d], a);
-                        }
-                        acc[k] = a;
-                    }
-                }
-            }
+            kvf_attn_tile_pv(acc, fold, sc, rows, r0, nr, kbs, hd, ldr, tid);
             __syncthreads();   /* rows is restaged */
         }
         if ((tid < nq) && kvf_attn_tile_folds(kb, kb0[tid], kb1[tid])) {
@@ -256,27 +321,8 @@ KVF_TILE_KERNEL kvf_attn_tiled_kernel(kvf_cuda_kv g, const float *q, int ldq,
         __syncthreads();   /* m_sh, l_sh read by the next kernel block's max */
         kb = kbn;
     }
-    KVF_TILE_UNROLL
-    for (int k = 0; k < KVF_ATTN_TILE_ACC; ++k) {
-        const int i = tid + k * KVF_ATTN_TILE_THREADS, qi = i / hd, d = i % hd;
-        if (i < nq * hd) {
-            int t, qh;
-            kvf_attn_tile_query(u0 + qi, group, kh, &t, &qh);
-            const size_t row = (size_t)t * (size_t)q_heads + (size_t)qh;
-            if (splits == 1) {
-                out[row * hd + d] = __fdiv_rn(acc[k], l_sh[qi]);   /* kvf_attn_finish */
-            } else {
-                part_acc[(row * splits + y) * hd + d] = acc[k];
-            }
-        }
-    }
-    if ((splits > 1) && (tid < nq)) {
-        int t, qh;
-        kvf_attn_tile_query(u0 + tid, group, kh, &t, &qh);
-        const size_t pi = ((size_t)t * (size_t)q_heads + (size_t)qh) * splits + y;
-        part_m[pi] = m_sh[tid];
-        part_l[pi] = l_sh[tid];
-    }
+    kvf_attn_tile_store(acc, m_sh, l_sh, u0, nq, group, kh, q_heads, hd, y, splits, out, part_m,
+                        part_l, part_acc, tid);
 }
 
 #endif

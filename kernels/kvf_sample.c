@@ -71,6 +71,83 @@ static int32_t kvf_twin_next(const float *x, int vocab, float prev_v, int32_t pr
     return c.idx;
 }
 
+/* top-p over the kept logits @l (in place): the tokens ranked after the cut pruned to -inf.
+ * @vlo, @vhi: the order keys of the smallest and largest kept logit; @hi_key: the rank key of
+ * the largest. */
+static void kvf_twin_top_p(float *l, int vocab, const kvf_sample_keep_t *k, float top_p,
+                           uint32_t vlo, uint32_t vhi, uint64_t hi_key, double *node)
+{
+    /* the smallest rank key K whose mass ahead (kept tokens ranked before K), over
+     * the total, is below top_p: first its order key v (the mass ahead of
+     * (v, any id) is that of the logits above v), then, when several kept tokens
+     * tie at v, the id part; tokens ranked after K pruned */
+    double total = kvf_twin_sum(l, vocab, k, 0, 0, node);
+    uint32_t lo = vlo, hi = vhi;
+    uint64_t klo, khi, cut;
+    int ties = 0;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (kvf_sample_top_p_keep_hd(kvf_twin_sum(l, vocab, k, 1,
+                                                  kvf_sample_vkey_hd(mid), node),
+                                     total, top_p)) {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    for (int i = 0; i < vocab; ++i) {
+        ties += kvf_sample_alive_hd(l[i]) && (kvf_sample_okey_hd(l[i]) == lo);
+    }
+    cut = (uint64_t)lo << 32;
+    if (ties > 1) {
+        klo = cut | (0xffffffffu - (uint32_t)(vocab - 1));
+        khi = (lo == vhi) ? hi_key : kvf_sample_vkey_hd(lo);
+        while (klo < khi) {
+            uint64_t mid = klo + (khi - klo) / 2;
+            if (kvf_sample_top_p_keep_hd(kvf_twin_sum(l, vocab, k, 1, mid, node),
+                                         total, top_p)) {
+                khi = mid;
+            } else {
+                klo = mid + 1;
+            }
+        }
+        cut = klo;
+    }
+    for (int i = 0; i < vocab; ++i) {
+        l[i] = (kvf_sample_alive_hd(l[i]) && (kvf_sample_rkey_hd(l[i], i) < cut)) ?
+               -INFINITY : l[i];
+    }
+}
+
+/* The row's log-probability inputs: the raw logits' max and exp-sum, the chosen token's logit
+ * and the num_top largest, in the order (value desc, id asc). */
+static void kvf_twin_logprobs(const float *raw, int vocab, const kvf_sample_row_t *p,
+                              double *node, kvf_sample_res_t *out)
+{
+    kvf_argmax_cand_t r = {0.0f, -1};
+    int32_t top;
+    for (int i = 0; i < vocab; ++i) {
+        r = kvf_argmax_take(r, raw[i], i);
+    }
+    top = kvf_argmax_result(r, raw[0]);
+    {
+        kvf_sample_keep_t k1 = {raw[top], 1.0, 0.0f, 0, 0};
+        out->max = raw[top];
+        out->sum = kvf_twin_sum(raw, vocab, &k1, 0, 0, node);
+    }
+    out->token_logit = raw[out->token];
+    for (int n = 0; n < p->num_top; ++n) {
+        int32_t id = kvf_twin_next(raw, vocab, (n > 0) ? raw[out->top_ids[n - 1]] : 0.0f,
+                                   (n > 0) ? out->top_ids[n - 1] : -1);
+        if (id < 0) {
+            break;
+        }
+        out->top_ids[n] = id;
+        out->top_logits[n] = raw[id];
+        out->num_top = n + 1;
+    }
+}
+
 static void kvf_twin_row(const float *raw, int vocab, const kvf_sample_row_t *p,
                          const kvf_sample_pen_t *pen, float *l, kvf_sample_res_t *out)
 {
@@ -135,46 +212,7 @@ static void kvf_twin_row(const float *raw, int vocab, const kvf_sample_row_t *p,
             vlo = lo;
         }
         if ((kept > 0) && (p->top_p > 0.0f) && (p->top_p < 1.0f)) {
-            /* the smallest rank key K whose mass ahead (kept tokens ranked before K), over
-             * the total, is below top_p: first its order key v (the mass ahead of
-             * (v, any id) is that of the logits above v), then, when several kept tokens
-             * tie at v, the id part; tokens ranked after K pruned */
-            double total = kvf_twin_sum(l, vocab, &k, 0, 0, node);
-            uint32_t lo = vlo, hi = vhi;
-            uint64_t klo, khi, cut;
-            int ties = 0;
-            while (lo < hi) {
-                uint32_t mid = lo + (hi - lo) / 2;
-                if (kvf_sample_top_p_keep_hd(kvf_twin_sum(l, vocab, &k, 1,
-                                                          kvf_sample_vkey_hd(mid), node),
-                                             total, p->top_p)) {
-                    hi = mid;
-                } else {
-                    lo = mid + 1;
-                }
-            }
-            for (int i = 0; i < vocab; ++i) {
-                ties += kvf_sample_alive_hd(l[i]) && (kvf_sample_okey_hd(l[i]) == lo);
-            }
-            cut = (uint64_t)lo << 32;
-            if (ties > 1) {
-                klo = cut | (0xffffffffu - (uint32_t)(vocab - 1));
-                khi = (lo == vhi) ? hi_key : kvf_sample_vkey_hd(lo);
-                while (klo < khi) {
-                    uint64_t mid = klo + (khi - klo) / 2;
-                    if (kvf_sample_top_p_keep_hd(kvf_twin_sum(l, vocab, &k, 1, mid, node),
-                                                 total, p->top_p)) {
-                        khi = mid;
-                    } else {
-                        klo = mid + 1;
-                    }
-                }
-                cut = klo;
-            }
-            for (int i = 0; i < vocab; ++i) {
-                l[i] = (kvf_sample_alive_hd(l[i]) && (kvf_sample_rkey_hd(l[i], i) < cut)) ?
-                       -INFINITY : l[i];
-            }
+            kvf_twin_top_p(l, vocab, &k, p->top_p, vlo, vhi, hi_key, node);
         }
         sum = kvf_twin_sum(l, vocab, &k, 0, 0, node);
         u = kvf_sample_target_hd(p->draw, sum);
@@ -190,28 +228,7 @@ static void kvf_twin_row(const float *raw, int vocab, const kvf_sample_row_t *p,
         out->token = (pick >= 0) ? pick : (last >= 0) ? last : best;
     }
     if (p->want_logprobs) {
-        kvf_argmax_cand_t r = {0.0f, -1};
-        int32_t top;
-        for (int i = 0; i < vocab; ++i) {
-            r = kvf_argmax_take(r, raw[i], i);
-        }
-        top = kvf_argmax_result(r, raw[0]);
-        {
-            kvf_sample_keep_t k1 = {raw[top], 1.0, 0.0f, 0, 0};
-            out->max = raw[top];
-            out->sum = kvf_twin_sum(raw, vocab, &k1, 0, 0, node);
-        }
-        out->token_logit = raw[out->token];
-        for (int n = 0; n < p->num_top; ++n) {
-            int32_t id = kvf_twin_next(raw, vocab, (n > 0) ? raw[out->top_ids[n - 1]] : 0.0f,
-                                       (n > 0) ? out->top_ids[n - 1] : -1);
-            if (id < 0) {
-                break;
-            }
-            out->top_ids[n] = id;
-            out->top_logits[n] = raw[id];
-            out->num_top = n + 1;
-        }
+        kvf_twin_logprobs(raw, vocab, p, node, out);
     }
 }
 

@@ -120,6 +120,78 @@ static __device__ int kvf_blk_count(kvf_sample_smem *s, const float *l, int voca
     return kvf_blk_add(s, n);
 }
 
+/* top-p over the kept logits @l (kvf_sample.c's kvf_twin_top_p, strided over the row; every
+ * thread calls it alike): the tokens ranked after the cut pruned to -inf. */
+static __device__ void kvf_blk_top_p(kvf_sample_smem *s, float *l, int vocab,
+                                     const kvf_sample_keep_t *k, float top_p, uint32_t vlo,
+                                     uint32_t vhi, uint64_t hi_key)
+{
+    const int t = (int)threadIdx.x;
+    double total = kvf_blk_sum(s, l, vocab, k, 0, 0);
+    uint32_t lo = vlo, hi = vhi;
+    uint64_t cut;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (kvf_sample_top_p_keep_hd(kvf_blk_sum(s, l, vocab, k, 1,
+                                                 kvf_sample_vkey_hd(mid)),
+                                     total, top_p)) {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    cut = (uint64_t)lo << 32;
+    if (kvf_blk_count(s, l, vocab, lo, 1) > 1) {
+        uint64_t klo = cut | (0xffffffffu - (uint32_t)(vocab - 1));
+        uint64_t khi = (lo == vhi) ? hi_key : kvf_sample_vkey_hd(lo);
+        while (klo < khi) {
+            uint64_t mid = klo + (khi - klo) / 2;
+            if (kvf_sample_top_p_keep_hd(kvf_blk_sum(s, l, vocab, k, 1, mid), total,
+                                         top_p)) {
+                khi = mid;
+            } else {
+                klo = mid + 1;
+            }
+        }
+        cut = klo;
+    }
+    for (int i = t; i < vocab; i += L) {
+        l[i] = (kvf_sample_alive_hd(l[i]) && (kvf_sample_rkey_hd(l[i], i) < cut)) ?
+               -INFINITY : l[i];
+    }
+    __syncthreads();
+}
+
+/* The row's log-probability inputs into @o (thread 0 writes): the raw logits' max and
+ * exp-sum, the chosen @token's logit and the @num_top largest; every thread calls it alike. */
+static __device__ void kvf_blk_logprobs(kvf_sample_smem *s, const float *raw, int vocab,
+                                        int num_top, int32_t token, kvf_sample_res_t *o)
+{
+    const int t = (int)threadIdx.x;
+    int32_t top = kvf_blk_argmax(s, raw, vocab, 0.0f, -1);
+    top = kvf_argmax_result(kvf_argmax_cand_t{0.0f, top}, raw[0]);
+    kvf_sample_keep_t k1 = {raw[top], 1.0, 0.0f, 0, 0};
+    double rsum = kvf_blk_sum(s, raw, vocab, &k1, 0, 0);
+    int32_t prev = -1;
+    if (t == 0) {
+        o->max = raw[top];
+        o->sum = rsum;
+        o->token_logit = raw[token];
+    }
+    for (int n = 0; n < num_top; ++n) {
+        int32_t id = kvf_blk_argmax(s, raw, vocab, (prev >= 0) ? raw[prev] : 0.0f, prev);
+        if (id < 0) {
+            break;
+        }
+        if (t == 0) {
+            o->top_ids[n] = id;
+            o->top_logits[n] = raw[id];
+            o->num_top = n + 1;
+        }
+        prev = id;
+    }
+}
+
 __global__ void __launch_bounds__(L)
 kvf_sample_rows_kernel(const float *logits, int vocab, size_t ldl, const kvf_sample_row_t *params,
                        const kvf_sample_pen_t *pen, float *scratch, kvf_sample_res_t *out)
@@ -198,39 +270,7 @@ kvf_sample_rows_kernel(const float *logits, int vocab, size_t ldl, const kvf_sam
             vlo = lo;
         }
         if ((kept > 0) && (p.top_p > 0.0f) && (p.top_p < 1.0f)) {
-            double total = kvf_blk_sum(&s, l, vocab, &k, 0, 0);
-            uint32_t lo = vlo, hi = vhi;
-            uint64_t cut;
-            while (lo < hi) {
-                uint32_t mid = lo + (hi - lo) / 2;
-                if (kvf_sample_top_p_keep_hd(kvf_blk_sum(&s, l, vocab, &k, 1,
-                                                         kvf_sample_vkey_hd(mid)),
-                                             total, p.top_p)) {
-                    hi = mid;
-                } else {
-                    lo = mid + 1;
-                }
-            }
-            cut = (uint64_t)lo << 32;
-            if (kvf_blk_count(&s, l, vocab, lo, 1) > 1) {
-                uint64_t klo = cut | (0xffffffffu - (uint32_t)(vocab - 1));
-                uint64_t khi = (lo == vhi) ? hi_key : kvf_sample_vkey_hd(lo);
-                while (klo < khi) {
-                    uint64_t mid = klo + (khi - klo) / 2;
-                    if (kvf_sample_top_p_keep_hd(kvf_blk_sum(&s, l, vocab, &k, 1, mid), total,
-                                                 p.top_p)) {
-                        khi = mid;
-                    } else {
-                        klo = mid + 1;
-                    }
-                }
-                cut = klo;
-            }
-            for (int i = t; i < vocab; i += L) {
-                l[i] = (kvf_sample_alive_hd(l[i]) && (kvf_sample_rkey_hd(l[i], i) < cut)) ?
-                       -INFINITY : l[i];
-            }
-            __syncthreads();
+            kvf_blk_top_p(&s, l, vocab, &k, p.top_p, vlo, vhi, hi_key);
         }
         sum = kvf_blk_sum(&s, l, vocab, &k, 0, 0);
         if (t == 0) {
@@ -255,28 +295,7 @@ kvf_sample_rows_kernel(const float *logits, int vocab, size_t ldl, const kvf_sam
         o->token = token;
     }
     if (p.want_logprobs) {
-        int32_t top = kvf_blk_argmax(&s, raw, vocab, 0.0f, -1);
-        top = kvf_argmax_result(kvf_argmax_cand_t{0.0f, top}, raw[0]);
-        kvf_sample_keep_t k1 = {raw[top], 1.0, 0.0f, 0, 0};
-        double rsum = kvf_blk_sum(&s, raw, vocab, &k1, 0, 0);
-        int32_t prev = -1;
-        if (t == 0) {
-            o->max = raw[top];
-            o->sum = rsum;
-            o->token_logit = raw[token];
-        }
-        for (int n = 0; n < p.num_top; ++n) {
-            int32_t id = kvf_blk_argmax(&s, raw, vocab, (prev >= 0) ? raw[prev] : 0.0f, prev);
-            if (id < 0) {
-                break;
-            }
-            if (t == 0) {
-                o->top_ids[n] = id;
-                o->top_logits[n] = raw[id];
-                o->num_top = n + 1;
-            }
-            prev = id;
-        }
+        kvf_blk_logprobs(&s, raw, vocab, p.num_top, token, o);
     }
 }
 

@@ -568,6 +568,39 @@ static void kvf_print_prompt_logprobs(const kvf_req_info_t *info)
     }
 }
 
+/* The request's sampling and logprob settings from the options. */
+static void kvf_gen_sampling(const kvf_gen_opts_t *o, kvf_req_params_t *rp)
+{
+    rp->sampling.max_tokens = o->max_tokens;
+    rp->sampling.temperature = (float)o->temperature;
+    rp->sampling.seed = (uint64_t)(unsigned)o->seed;
+    rp->sampling.ignore_eos = o->ignore_eos;
+    rp->record_logits = o->print_logits;
+    rp->sampling.want_logprobs = (o->logprobs >= 0);
+    rp->sampling.logprobs = (o->logprobs >= 0) ? o->logprobs : 0;
+    rp->sampling.want_prompt_logprobs = (o->prompt_logprobs >= 0);
+    rp->sampling.prompt_logprobs = (o->prompt_logprobs >= 0) ? o->prompt_logprobs : 0;
+}
+
+/* --print-logits rows, then the engine's prefill and decode figures and the finish reason. */
+static void kvf_gen_report(const kvf_gen_opts_t *o, kvf_engine_h eng, const kvf_req_info_t *info)
+{
+    kvf_engine_stats_t st;
+
+    if (o->print_logits) {
+        kvf_print_logits(eng, info);
+    }
+    kvf_engine_get_stats(eng, &st);
+    printf("prefill: %llu tokens in %.2f ms (%.1f tok/s)\n", (unsigned long long)st.prefill_tokens,
+           st.prefill_seconds * 1e3,
+           st.prefill_seconds > 0 ? (double)st.prefill_tokens / st.prefill_seconds : 0.0);
+    printf("decode: %llu tokens in %.2f ms (%.1f tok/s), finish %s\n",
+           (unsigned long long)st.decode_tokens, st.decode_seconds * 1e3,
+           st.decode_seconds > 0 ? (double)st.decode_tokens / st.decode_seconds : 0.0,
+           (info->finish == KVF_FINISH_EOS) ? "eos" :
+           (info->finish == KVF_FINISH_LENGTH) ? "length" : "other");
+}
+
 int kvf_cmd_generate(int argc, char **argv)
 {
     kvf_gen_opts_t o = {0};
@@ -575,7 +608,6 @@ int kvf_cmd_generate(int argc, char **argv)
     kvf_tokenizer_t tok = {0};
     kvf_req_params_t rp = {0};
     kvf_engine_event_t ev[256];
-    kvf_engine_stats_t st;
     kvf_req_info_t info;
     int32_t *ids = NULL;
     char *text = NULL, *prompt = NULL;
@@ -621,15 +653,7 @@ int kvf_cmd_generate(int argc, char **argv)
     rp.prompt = ids;
     rp.prompt_len = kvf_tokenizer_encode(&tok, (prompt != NULL) ? prompt : o.prompt, plen,
                                          o.add_bos, ids, (int)(3 * plen + 2));
-    rp.sampling.max_tokens = o.max_tokens;
-    rp.sampling.temperature = (float)o.temperature;
-    rp.sampling.seed = (uint64_t)(unsigned)o.seed;
-    rp.sampling.ignore_eos = o.ignore_eos;
-    rp.record_logits = o.print_logits;
-    rp.sampling.want_logprobs = (o.logprobs >= 0);
-    rp.sampling.logprobs = (o.logprobs >= 0) ? o.logprobs : 0;
-    rp.sampling.want_prompt_logprobs = (o.prompt_logprobs >= 0);
-    rp.sampling.prompt_logprobs = (o.prompt_logprobs >= 0) ? o.prompt_logprobs : 0;
+    kvf_gen_sampling(&o, &rp);
     if (kvf_gen_filters(&o, eng, &rp.sampling) != 0) {
         rc = 2;
         goto out;
@@ -667,18 +691,7 @@ int kvf_cmd_generate(int argc, char **argv)
         printf(" %d", info.tokens[i]);
     }
     printf("\n");
-    if (o.print_logits) {
-        kvf_print_logits(eng, &info);
-    }
-    kvf_engine_get_stats(eng, &st);
-    printf("prefill: %llu tokens in %.2f ms (%.1f tok/s)\n", (unsigned long long)st.prefill_tokens,
-           st.prefill_seconds * 1e3,
-           st.prefill_seconds > 0 ? (double)st.prefill_tokens / st.prefill_seconds : 0.0);
-    printf("decode: %llu tokens in %.2f ms (%.1f tok/s), finish %s\n",
-           (unsigned long long)st.decode_tokens, st.decode_seconds * 1e3,
-           st.decode_seconds > 0 ? (double)st.decode_tokens / st.decode_seconds : 0.0,
-           (info.finish == KVF_FINISH_EOS) ? "eos" : (info.finish == KVF_FINISH_LENGTH) ? "length" :
-           "other");
+    kvf_gen_report(&o, eng, &info);
     rc = 0;
 out:
     kvf_tokenizer_cleanup(&tok);

@@ -369,25 +369,14 @@ static int kvf_bs_dechunk(kvf_bs_dechunk_t *dc, kvf_bs_buf_t *in, kvf_bs_buf_t *
     return 0;
 }
 
-static void kvf_bs_request(kvf_bs_job_t *job)
+/* The request's headers and body on @fd; -1 (res failed) when they could not be sent. */
+static int kvf_bs_send_request(const kvf_bs_job_t *job, int fd, uint64_t deadline)
 {
     const kvf_bs_params_t *p = job->p;
     kvf_bs_result_t *res = job->res;
-    kvf_bs_stream_t st = {.res = res, .keep_text = p->keep_text};
-    kvf_bs_buf_t raw = {0}, body = {0};
-    kvf_bs_dechunk_t dc = {0};
-    bool headers = false;
-    uint64_t deadline;
     char head[4096 + 2 * KVF_CONFIG_STR_MAX], rid[128] = "";
-    int fd, hl;
+    int hl;
 
-    st.start_ns = kvf_time_now_ns();
-    res->start_ms = kvf_bs_ms(job->t0_ns, st.start_ns);
-    deadline = st.start_ns + (uint64_t)(p->timeout_s * 1e9);
-    fd = kvf_bs_connect(job->addr, deadline, res);
-    if (fd < 0) {
-        goto out;
-    }
     if (p->request_id_prefix[0] != '\0') {
         snprintf(rid, sizeof(rid), "x-request-id: %s%d\r\n", p->request_id_prefix,
                  res->index);
@@ -400,10 +389,57 @@ static void kvf_bs_request(kvf_bs_job_t *job)
                   strlen(job->body));
     if (hl >= (int)sizeof(head)) {
         kvf_bs_fail(res, "protocol", "request headers longer than %zu bytes", sizeof(head));
-        goto out_close;
+        return -1;
     }
     if ((kvf_bs_send_all(fd, head, (size_t)hl, deadline, res) != 0) ||
         (kvf_bs_send_all(fd, job->body, strlen(job->body), deadline, res) != 0)) {
+        return -1;
+    }
+    return 0;
+}
+
+/* The request's outcome once the stream ended: a non-200 status with the server's error
+ * message, or a stream cut before its final chunk. */
+static void kvf_bs_finish(kvf_bs_result_t *res, bool headers, bool final,
+                          const kvf_bs_buf_t *body)
+{
+    if (headers && (res->http_code != 200)) {
+        cJSON *root = cJSON_ParseWithLength(body->data ? body->data : "", body->len);
+        const cJSON *m = cJSON_GetObjectItemCaseSensitive(
+            cJSON_GetObjectItemCaseSensitive(root, "error"), "message");
+        char kind[24];
+
+        snprintf(kind, sizeof(kind), "http_%d", res->http_code);
+        res->error_kind[0] = '\0';     /* the status says more than a read error after it */
+        kvf_bs_fail(res, kind, "%s", cJSON_IsString(m) ? m->valuestring : "(no error message)");
+        cJSON_Delete(root);
+    } else if (!final) {
+        kvf_bs_fail(res, headers ? "protocol" : "connect",
+                    headers ? "stream ended before the final chunk (%d tokens)" :
+                              "connection closed before an answer (%d tokens)",
+                    res->output_tokens);
+    }
+}
+
+static void kvf_bs_request(kvf_bs_job_t *job)
+{
+    const kvf_bs_params_t *p = job->p;
+    kvf_bs_result_t *res = job->res;
+    kvf_bs_stream_t st = {.res = res, .keep_text = p->keep_text};
+    kvf_bs_buf_t raw = {0}, body = {0};
+    kvf_bs_dechunk_t dc = {0};
+    bool headers = false;
+    uint64_t deadline;
+    int fd;
+
+    st.start_ns = kvf_time_now_ns();
+    res->start_ms = kvf_bs_ms(job->t0_ns, st.start_ns);
+    deadline = st.start_ns + (uint64_t)(p->timeout_s * 1e9);
+    fd = kvf_bs_connect(job->addr, deadline, res);
+    if (fd < 0) {
+        goto out;
+    }
+    if (kvf_bs_send_request(job, fd, deadline) != 0) {
         goto out_close;
     }
     for (;;) {
@@ -468,22 +504,7 @@ static void kvf_bs_request(kvf_bs_job_t *job)
             break;
         }
     }
-    if (headers && (res->http_code != 200)) {
-        cJSON *root = cJSON_ParseWithLength(body.data ? body.data : "", body.len);
-        const cJSON *m = cJSON_GetObjectItemCaseSensitive(
-            cJSON_GetObjectItemCaseSensitive(root, "error"), "message");
-        char kind[24];
-
-        snprintf(kind, sizeof(kind), "http_%d", res->http_code);
-        res->error_kind[0] = '\0';     /* the status says more than a read error after it */
-        kvf_bs_fail(res, kind, "%s", cJSON_IsString(m) ? m->valuestring : "(no error message)");
-        cJSON_Delete(root);
-    } else if (!st.final) {
-        kvf_bs_fail(res, headers ? "protocol" : "connect",
-                    headers ? "stream ended before the final chunk (%d tokens)" :
-                              "connection closed before an answer (%d tokens)",
-                    res->output_tokens);
-    }
+    kvf_bs_finish(res, headers, st.final, &body);
 out_close:
     close(fd);
 out:

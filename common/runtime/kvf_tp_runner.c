@@ -187,6 +187,77 @@ static kvf_status_t kvf_tp_runner_world(kvf_tp_runner_h r, const kvf_device_t *d
     return kvf_comm_world_create(dev->kind, r->tp, devs, &r->world);
 }
 
+/* Rank @i's geometry, page pool (on the rank's GPU, or in the caller's memory) and workspace. */
+static kvf_status_t kvf_tp_runner_rank_setup(kvf_tp_runner_h r,
+                                             const kvf_tp_runner_params_t *params,
+                                             const kvf_cache_params_t *cache, int i)
+{
+    const kvf_model_config_t *cfg = kvf_model_get_config(params->model);
+    const kvf_device_t *dev = kvf_model_device(params->model);
+    kvf_status_t status;
+    kvf_rank_slot_t *s = &r->ranks[i];
+    kvf_page_pool_params_t pp;
+
+    s->runner = r;
+    s->rank = i;
+    status = kvf_rank_geometry_compute(cfg, cache, r->tp, i, &s->geom);
+    if (status != KVF_OK) {
+        return status;
+    }
+    kvf_page_pool_params_init(&s->geom, &r->layout, r->num_blocks, &pp);
+    if (dev->kind != KVF_DEVICE_CPU) {
+        pp.field_mask |= KVF_PAGE_POOL_PARAM_FIELD_DEVICE;   /* where the rank's weights are */
+        pp.device = *kvf_model_rank_device(params->model, i);
+    }
+    if ((params->field_mask & KVF_TP_RUNNER_PARAM_FIELD_NO_ZERO) && params->disable_zeroing) {
+        pp.field_mask |= KVF_PAGE_POOL_PARAM_FIELD_NO_ZERO;
+        pp.disable_zeroing = true;
+    }
+    if (params->field_mask & KVF_TP_RUNNER_PARAM_FIELD_POOL_ALLOC) {
+        size_t bytes = (size_t)r->num_blocks * (size_t)r->layout.slots * s->geom.page_size;
+
+        status = params->pool_alloc(params->pool_alloc_ctx, i, r->num_blocks, bytes,
+                                    &pp.memory);
+        if (status != KVF_OK) {
+            kvf_error("tp runner: rank %d: page pool memory (%zu bytes) could not be "
+                      "allocated: %s", i, bytes, kvf_status_str(status));
+            return status;
+        }
+        pp.field_mask |= KVF_PAGE_POOL_PARAM_FIELD_MEMORY;
+    }
+    status = kvf_page_pool_create(&pp, &s->pool);
+    if (status != KVF_OK) {
+        return status;
+    }
+    status = kvf_model_ws_create(&s->ws);
+    if (status != KVF_OK) {
+        return status;
+    }
+    s->ctx = (kvf_rank_ctx_t){
+        .rank = i, .comm = kvf_comm_world_rank(r->world, i), .pool = s->pool,
+        .geom = &s->geom, .layout = &r->layout, .ws = s->ws,
+    };
+    return KVF_OK;
+}
+
+/* The step limits a GPU rank's workspace is sized for: a request reaches at most the model's
+ * positions and the pool's tokens; its table holds the blocks of that many tokens; a step zeroes
+ * at most every block's pages. */
+static void kvf_tp_runner_gpu_limits(kvf_tp_runner_h r, const kvf_model_config_t *cfg)
+{
+    const kvf_rank_geometry_t *g = &r->ranks[0].geom;
+    const long pool_tokens = (long)r->num_blocks * (long)g->block_size;
+
+    r->limits.max_context = (int)(((cfg->max_position_embeddings > 0) &&
+                                   (cfg->max_position_embeddings < pool_tokens)) ?
+                                  cfg->max_position_embeddings :
+                                  ((pool_tokens < INT_MAX) ? pool_tokens : INT_MAX));
+    r->limits.max_blocks = (int)(((long)r->limits.max_context + g->block_size - 1) /
+                                 g->block_size);
+    r->limits.max_fresh_pages = r->num_blocks * r->layout.slots;
+    r->limits.kernel_block_size = g->kernel_block_size;
+}
+
 kvf_status_t kvf_tp_runner_create(const kvf_tp_runner_params_t *params, kvf_tp_runner_h *runner_p)
 {
     const kvf_model_config_t *cfg;
@@ -251,48 +322,10 @@ kvf_status_t kvf_tp_runner_create(const kvf_tp_runner_params_t *params, kvf_tp_r
         goto err;
     }
     for (int i = 0; i < r->tp; ++i) {
-        kvf_rank_slot_t *s = &r->ranks[i];
-        kvf_page_pool_params_t pp;
-
-        s->runner = r;
-        s->rank = i;
-        status = kvf_rank_geometry_compute(cfg, &cache, r->tp, i, &s->geom);
+        status = kvf_tp_runner_rank_setup(r, params, &cache, i);
         if (status != KVF_OK) {
             goto err;
         }
-        kvf_page_pool_params_init(&s->geom, &r->layout, r->num_blocks, &pp);
-        if (dev->kind != KVF_DEVICE_CPU) {
-            pp.field_mask |= KVF_PAGE_POOL_PARAM_FIELD_DEVICE;   /* where the rank's weights are */
-            pp.device = *kvf_model_rank_device(params->model, i);
-        }
-        if ((params->field_mask & KVF_TP_RUNNER_PARAM_FIELD_NO_ZERO) && params->disable_zeroing) {
-            pp.field_mask |= KVF_PAGE_POOL_PARAM_FIELD_NO_ZERO;
-            pp.disable_zeroing = true;
-        }
-        if (params->field_mask & KVF_TP_RUNNER_PARAM_FIELD_POOL_ALLOC) {
-            size_t bytes = (size_t)r->num_blocks * (size_t)r->layout.slots * s->geom.page_size;
-
-            status = params->pool_alloc(params->pool_alloc_ctx, i, r->num_blocks, bytes,
-                                        &pp.memory);
-            if (status != KVF_OK) {
-                kvf_error("tp runner: rank %d: page pool memory (%zu bytes) could not be "
-                          "allocated: %s", i, bytes, kvf_status_str(status));
-                goto err;
-            }
-            pp.field_mask |= KVF_PAGE_POOL_PARAM_FIELD_MEMORY;
-        }
-        status = kvf_page_pool_create(&pp, &s->pool);
-        if (status != KVF_OK) {
-            goto err;
-        }
-        status = kvf_model_ws_create(&s->ws);
-        if (status != KVF_OK) {
-            goto err;
-        }
-        s->ctx = (kvf_rank_ctx_t){
-            .rank = i, .comm = kvf_comm_world_rank(r->world, i), .pool = s->pool,
-            .geom = &s->geom, .layout = &r->layout, .ws = s->ws,
-        };
     }
     for (int i = 1; i < r->tp; ++i) {
         if (pthread_create(&r->ranks[i].thread, NULL, kvf_rank_thread, &r->ranks[i]) != 0) {
@@ -311,19 +344,7 @@ kvf_status_t kvf_tp_runner_create(const kvf_tp_runner_params_t *params, kvf_tp_r
         }
     }
     if (dev->kind != KVF_DEVICE_CPU) {
-        /* a request reaches at most the model's positions and the pool's tokens; its table
-         * holds the blocks of that many tokens; a step zeroes at most every block's pages */
-        const kvf_rank_geometry_t *g = &r->ranks[0].geom;
-        const long pool_tokens = (long)r->num_blocks * (long)g->block_size;
-
-        r->limits.max_context = (int)(((cfg->max_position_embeddings > 0) &&
-                                       (cfg->max_position_embeddings < pool_tokens)) ?
-                                      cfg->max_position_embeddings :
-                                      ((pool_tokens < INT_MAX) ? pool_tokens : INT_MAX));
-        r->limits.max_blocks = (int)(((long)r->limits.max_context + g->block_size - 1) /
-                                     g->block_size);
-        r->limits.max_fresh_pages = r->num_blocks * r->layout.slots;
-        r->limits.kernel_block_size = g->kernel_block_size;
+        kvf_tp_runner_gpu_limits(r, cfg);
         status = kvf_tp_runner_run_on_ranks(r, kvf_rank_ws_prepare, r);
         if (status != KVF_OK) {
             goto err;

@@ -429,6 +429,68 @@ static void kvf_proxy_tok_wait(const kvf_proxy_config_t *cfg, struct kvf_proxy *
     }
 }
 
+/* --served-model-name: the comma-separated names the API answers to, the first one reported. */
+static kvf_status_t kvf_proxy_served_names(const kvf_proxy_config_t *cfg, struct kvf_proxy *proxy)
+{
+    char *save = NULL;
+
+    if (cfg->served_model_name[0] == '\0') {
+        return KVF_OK;
+    }
+    snprintf(proxy->names_buf, sizeof(proxy->names_buf), "%s", cfg->served_model_name);
+    for (char *t = strtok_r(proxy->names_buf, ",", &save); t != NULL;
+         t = strtok_r(NULL, ",", &save)) {
+        if (proxy->api.num_names == KVF_PROXY_MAX_NAMES) {
+            kvf_error("--served-model-name: more than %d names", KVF_PROXY_MAX_NAMES);
+            return KVF_ERR_INVALID_PARAM;
+        }
+        proxy->names[proxy->api.num_names++] = t;
+    }
+    if (proxy->api.num_names == 0) {
+        kvf_error("--served-model-name '%s': no name in it", cfg->served_model_name);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    proxy->api.names = proxy->names;
+    proxy->api.model_name = proxy->names[0];
+    return KVF_OK;
+}
+
+/* The request flow's pool, metrics and timeouts. */
+static void kvf_proxy_flow_init(const kvf_proxy_config_t *cfg, struct kvf_proxy *proxy)
+{
+    proxy->flow.pool = proxy->pool;
+    proxy->flow.metrics = proxy->metrics;
+    proxy->flow.request_timeout_ms = cfg->request_timeout;
+    proxy->flow.prefill_timeout_ms = cfg->prefill_timeout;
+    proxy->flow.token_timeout_ms = cfg->token_timeout;
+    proxy->flow.drain_timeout_ms = cfg->drain_timeout;
+    /* a restarted proxy waits for its first probes before it refuses work */
+    proxy->flow.started_us = kvf_proxy_now_us();
+    proxy->flow.health_interval_ms = cfg->health_interval;
+    proxy->flow.warmup_until_us = proxy->flow.started_us +
+                                  (cfg->health_interval + cfg->health_timeout) * 1000;
+}
+
+static void kvf_proxy_http_params(const kvf_proxy_config_t *cfg, struct kvf_proxy *proxy,
+                                  kvf_proxy_http_params_t *hp)
+{
+    hp->host = cfg->host;
+    hp->port = cfg->port;
+    hp->max_connections = (unsigned)cfg->max_connections;
+    hp->max_per_client = (unsigned)cfg->max_per_client;
+    hp->trusted_proxies = cfg->trusted_proxy;
+    hp->api_key = proxy->api_key;
+    hp->protect_metrics = cfg->protect_metrics;
+    hp->tls_cert = cfg->tls_cert;
+    hp->tls_key = cfg->tls_key;
+    hp->max_body = cfg->max_body;
+    hp->header_timeout_ms = cfg->header_timeout;
+    hp->body_timeout_ms = cfg->body_timeout;
+    hp->idle_timeout_ms = cfg->idle_timeout;
+    hp->flow = &proxy->flow;
+    hp->api = &proxy->api;
+}
+
 kvf_status_t kvf_proxy_create(const kvf_proxy_config_t *cfg, kvf_proxy_h *proxy_p)
 {
     kvf_proxy_pool_params_t pp = {0};
@@ -479,17 +541,7 @@ kvf_status_t kvf_proxy_create(const kvf_proxy_config_t *cfg, kvf_proxy_h *proxy_
                  "and completions get 503");
     }
 
-    proxy->flow.pool = proxy->pool;
-    proxy->flow.metrics = proxy->metrics;
-    proxy->flow.request_timeout_ms = cfg->request_timeout;
-    proxy->flow.prefill_timeout_ms = cfg->prefill_timeout;
-    proxy->flow.token_timeout_ms = cfg->token_timeout;
-    proxy->flow.drain_timeout_ms = cfg->drain_timeout;
-    /* a restarted proxy waits for its first probes before it refuses work */
-    proxy->flow.started_us = kvf_proxy_now_us();
-    proxy->flow.health_interval_ms = cfg->health_interval;
-    proxy->flow.warmup_until_us = proxy->flow.started_us +
-                                  (cfg->health_interval + cfg->health_timeout) * 1000;
+    kvf_proxy_flow_init(cfg, proxy);
     atomic_init(&proxy->flow.cancel, false);
     if (cfg->admission_queue_bytes > 0) {
         status = kvf_proxy_admit_create(cfg->admission_queue_bytes, &proxy->flow.admit);
@@ -500,25 +552,9 @@ kvf_status_t kvf_proxy_create(const kvf_proxy_config_t *cfg, kvf_proxy_h *proxy_
 
     snprintf(proxy->model_name, sizeof(proxy->model_name), "%s", cfg->model_name);
     proxy->api.model_name = proxy->model_name;
-    if (cfg->served_model_name[0] != '\0') {
-        char *save = NULL;
-        snprintf(proxy->names_buf, sizeof(proxy->names_buf), "%s", cfg->served_model_name);
-        for (char *t = strtok_r(proxy->names_buf, ",", &save); t != NULL;
-             t = strtok_r(NULL, ",", &save)) {
-            if (proxy->api.num_names == KVF_PROXY_MAX_NAMES) {
-                kvf_error("--served-model-name: more than %d names", KVF_PROXY_MAX_NAMES);
-                status = KVF_ERR_INVALID_PARAM;
-                goto err_pool;
-            }
-            proxy->names[proxy->api.num_names++] = t;
-        }
-        if (proxy->api.num_names == 0) {
-            kvf_error("--served-model-name '%s': no name in it", cfg->served_model_name);
-            status = KVF_ERR_INVALID_PARAM;
-            goto err_pool;
-        }
-        proxy->api.names = proxy->names;
-        proxy->api.model_name = proxy->names[0];
+    status = kvf_proxy_served_names(cfg, proxy);
+    if (status != KVF_OK) {
+        goto err_pool;
     }
     proxy->api.add_bos = cfg->add_bos;
     proxy->api.max_prompt_tokens = cfg->max_prompt_tokens;
@@ -530,21 +566,7 @@ kvf_status_t kvf_proxy_create(const kvf_proxy_config_t *cfg, kvf_proxy_h *proxy_
     if (status != KVF_OK) {
         goto err_pool;
     }
-    hp.host = cfg->host;
-    hp.port = cfg->port;
-    hp.max_connections = (unsigned)cfg->max_connections;
-    hp.max_per_client = (unsigned)cfg->max_per_client;
-    hp.trusted_proxies = cfg->trusted_proxy;
-    hp.api_key = proxy->api_key;
-    hp.protect_metrics = cfg->protect_metrics;
-    hp.tls_cert = cfg->tls_cert;
-    hp.tls_key = cfg->tls_key;
-    hp.max_body = cfg->max_body;
-    hp.header_timeout_ms = cfg->header_timeout;
-    hp.body_timeout_ms = cfg->body_timeout;
-    hp.idle_timeout_ms = cfg->idle_timeout;
-    hp.flow = &proxy->flow;
-    hp.api = &proxy->api;
+    kvf_proxy_http_params(cfg, proxy, &hp);
     status = kvf_proxy_http_start(&hp, &proxy->http);
     if (status != KVF_OK) {
         goto err_pool;

@@ -9,13 +9,129 @@
 
 #include <stdlib.h>
 
-/* vLLM's hit rate of an instance's prefix cache: cached tokens / queried tokens, since it
- * started. */
-static void kvf_proxy_health_prefix(cJSON *o, const kvf_proxy_instance_info_t *info)
+/* One instance's entry of /health from its snapshot @info. */
+static void kvf_proxy_instance_json(cJSON *o, int role, const kvf_proxy_instance_info_t *info)
 {
+    cJSON_AddStringToObject(o, "url", info->url);
+    /* what a name resolved to (kvf_proxy_resolve.c); null until it does */
+    if (info->address[0] != '\0') {
+        cJSON_AddStringToObject(o, "address", info->address);
+    } else {
+        cJSON_AddNullToObject(o, "address");
+    }
+    if (info->resolve_error[0] != '\0') {
+        cJSON_AddStringToObject(o, "resolve_error", info->resolve_error);
+    }
+    cJSON_AddBoolToObject(o, "healthy", info->healthy);
+    cJSON_AddBoolToObject(o, "connected", info->connected);
+    cJSON_AddBoolToObject(o, "draining", info->draining);
+    cJSON_AddStringToObject(o, "engine_id", info->engine_id);
+    cJSON_AddNumberToObject(o, "tp_size", info->tp_size);
+    if (info->device[0] != '\0') {   /* --device: "cpu", "cuda:0", "cuda:2,cuda:3" */
+        cJSON_AddStringToObject(o, "device", info->device);
+    }
+    /* The live gauges are only current while the instance answers:
+     * after a crash or disconnect the last values would read as
+     * current (a "free == total" leak check would misfire), so they
+     * are null until it is healthy again. */
+    if (info->healthy && info->connected) {
+        cJSON_AddNumberToObject(o, "free_pages", (double)info->free_pages);
+        cJSON_AddNumberToObject(o, "running", info->running);
+        cJSON_AddNumberToObject(o, "leases", (double)info->leases);
+    } else {
+        cJSON_AddNullToObject(o, "free_pages");
+        cJSON_AddNullToObject(o, "running");
+        cJSON_AddNullToObject(o, "leases");
+    }
+    cJSON_AddNumberToObject(o, "total_pages", (double)info->total_pages);
+    cJSON_AddNumberToObject(o, "block_size", info->block_size);
+    cJSON_AddNumberToObject(o, "handshake_refusals", (double)info->handshake_refusals);
+    cJSON_AddNumberToObject(o, "peer_errors", (double)info->peer_errors);
+    cJSON_AddNumberToObject(o, "queue_depth", info->queue_depth);
+    cJSON_AddNumberToObject(o, "step_ms", info->step_ms);
+    cJSON_AddNumberToObject(o, "step_running_ms", info->step_running_ms);
+    cJSON_AddNumberToObject(o, "xfer_timeout_ms", (double)info->xfer_timeout_ms);
+    cJSON_AddNumberToObject(o, "max_prompt_tokens", info->max_prompt_tokens);
+    cJSON_AddNumberToObject(o, "prefill_tokens_per_s", info->prefill_tokens_per_s);
+    /* vLLM's hit rate: cached tokens / queried tokens, since the instance started */
     cJSON_AddBoolToObject(o, "prefix_caching", info->prefix_caching);
     cJSON_AddNumberToObject(o, "prefix_cache_hit_rate", (info->prefix_queries > 0) ?
-                            (double)info->prefix_hits / (double)info->prefix_queries : 0.0);
+                            (double)info->prefix_hits / (double)info->prefix_queries :
+                            0.0);
+    if (role == KVF_PROXY_ROLE_PREFILL) {
+        cJSON_AddNumberToObject(o, "lease_timeout_ms", (double)info->lease_timeout_ms);
+    }
+    cJSON_AddNumberToObject(o, "releases_refused", (double)info->releases_refused);
+    cJSON_AddNumberToObject(o, "expired_lease_reads_prevented",
+                            (double)info->expired_reads_prevented);
+    cJSON_AddNumberToObject(o, "quarantined_blocks", (double)info->quarantined_blocks);
+    cJSON_AddNumberToObject(o, "quarantine_cut_blocks",
+                            (double)info->quarantine_cut_blocks);
+    cJSON_AddNumberToObject(o, "auth_refusals_serve", (double)info->auth_refusals_serve);
+    cJSON_AddNumberToObject(o, "auth_refusals_side", (double)info->auth_refusals_side);
+    cJSON_AddNumberToObject(o, "last_ok_age_ms", (double)info->last_ok_age_ms);
+    cJSON_AddNumberToObject(o, "probes_failed", (double)info->probes_failed);
+    cJSON_AddNumberToObject(o, "restarts", (double)info->restarts);
+    cJSON_AddNumberToObject(o, "outstanding", info->outstanding);
+    if (role == KVF_PROXY_ROLE_DECODE) {
+        cJSON_AddNumberToObject(o, "reserved", info->reserved);
+    }
+    cJSON_AddNumberToObject(o, "max_queue", info->max_queue);
+    if (role == KVF_PROXY_ROLE_PREFILL) {
+        cJSON_AddNumberToObject(o, "queued_prompt_tokens",
+                                (double)kvf_proxy_route_queued(info));
+        cJSON_AddNumberToObject(o, "reported_queued_prompt_tokens",
+                                (double)info->queued_prompt_tokens);
+        cJSON_AddNumberToObject(o, "prefill_tokens_per_s_recent",
+                                info->prefill_rate_recent);
+        cJSON_AddNumberToObject(o, "wait_calibration", info->wait_calibration);
+    }
+    if (info->last_error[0] != '\0') {
+        cJSON_AddStringToObject(o, "error", info->last_error);
+    }
+}
+
+/* The pair table: each prefill-decode pair's handshake state. */
+static void kvf_proxy_pairs_json(kvf_proxy_pool_h pool, cJSON *root)
+{
+    cJSON *arr = cJSON_AddArrayToObject(root, "pairs");
+
+    pthread_mutex_lock(&pool->lock);
+    for (int p = 0; (arr != NULL) && (p < pool->count[KVF_PROXY_ROLE_PREFILL]); ++p) {
+        for (int d = 0; d < pool->count[KVF_PROXY_ROLE_DECODE]; ++d) {
+            const kvf_proxy_pair_t *pair = kvf_proxy_pair(pool, p, d);
+            cJSON *o = cJSON_CreateObject();
+
+            if (o == NULL) {
+                break;
+            }
+            cJSON_AddStringToObject(o, "prefill", pool->inst[KVF_PROXY_ROLE_PREFILL][p].url);
+            cJSON_AddStringToObject(o, "decode", pool->inst[KVF_PROXY_ROLE_DECODE][d].url);
+            cJSON_AddStringToObject(o, "state", kvf_proxy_pair_state_str(pair->state));
+            if (pair->error[0] != '\0') {
+                cJSON_AddStringToObject(o, "error", pair->error);
+            }
+            cJSON_AddItemToArray(arr, o);
+        }
+    }
+    pthread_mutex_unlock(&pool->lock);
+}
+
+/* The proxy's tokenizer: its fingerprint and where it came from (kvf_proxy_tokcheck.c). */
+static void kvf_proxy_tok_json(kvf_proxy_pool_h pool, cJSON *root)
+{
+    cJSON *o = cJSON_AddObjectToObject(root, "tokenizer");
+
+    pthread_mutex_lock(&pool->lock);
+    if (o != NULL) {
+        if (pool->tok_digest[0] != '\0') {
+            cJSON_AddStringToObject(o, "digest", pool->tok_digest);
+        } else {
+            cJSON_AddNullToObject(o, "digest");
+        }
+        cJSON_AddStringToObject(o, "source", pool->tok_source);
+    }
+    pthread_mutex_unlock(&pool->lock);
 }
 
 cJSON *kvf_proxy_pool_health_json(kvf_proxy_pool_h pool)
@@ -36,120 +152,12 @@ cJSON *kvf_proxy_pool_health_json(kvf_proxy_pool_h pool)
                 break;
             }
             kvf_proxy_pool_info(pool, (kvf_proxy_role_t)role, i, &info);
-            cJSON_AddStringToObject(o, "url", info.url);
-            /* what a name resolved to (kvf_proxy_resolve.c); null until it does */
-            if (info.address[0] != '\0') {
-                cJSON_AddStringToObject(o, "address", info.address);
-            } else {
-                cJSON_AddNullToObject(o, "address");
-            }
-            if (info.resolve_error[0] != '\0') {
-                cJSON_AddStringToObject(o, "resolve_error", info.resolve_error);
-            }
-            cJSON_AddBoolToObject(o, "healthy", info.healthy);
-            cJSON_AddBoolToObject(o, "connected", info.connected);
-            cJSON_AddBoolToObject(o, "draining", info.draining);
-            cJSON_AddStringToObject(o, "engine_id", info.engine_id);
-            cJSON_AddNumberToObject(o, "tp_size", info.tp_size);
-            if (info.device[0] != '\0') {   /* --device: "cpu", "cuda:0", "cuda:2,cuda:3" */
-                cJSON_AddStringToObject(o, "device", info.device);
-            }
-            /* The live gauges are only current while the instance answers:
-             * after a crash or disconnect the last values would read as
-             * current (a "free == total" leak check would misfire), so they
-             * are null until it is healthy again. */
-            if (info.healthy && info.connected) {
-                cJSON_AddNumberToObject(o, "free_pages", (double)info.free_pages);
-                cJSON_AddNumberToObject(o, "running", info.running);
-                cJSON_AddNumberToObject(o, "leases", (double)info.leases);
-            } else {
-                cJSON_AddNullToObject(o, "free_pages");
-                cJSON_AddNullToObject(o, "running");
-                cJSON_AddNullToObject(o, "leases");
-            }
-            cJSON_AddNumberToObject(o, "total_pages", (double)info.total_pages);
-            cJSON_AddNumberToObject(o, "block_size", info.block_size);
-            cJSON_AddNumberToObject(o, "handshake_refusals", (double)info.handshake_refusals);
-            cJSON_AddNumberToObject(o, "peer_errors", (double)info.peer_errors);
-            cJSON_AddNumberToObject(o, "queue_depth", info.queue_depth);
-            cJSON_AddNumberToObject(o, "step_ms", info.step_ms);
-            cJSON_AddNumberToObject(o, "step_running_ms", info.step_running_ms);
-            cJSON_AddNumberToObject(o, "xfer_timeout_ms", (double)info.xfer_timeout_ms);
-            cJSON_AddNumberToObject(o, "max_prompt_tokens", info.max_prompt_tokens);
-            cJSON_AddNumberToObject(o, "prefill_tokens_per_s", info.prefill_tokens_per_s);
-            kvf_proxy_health_prefix(o, &info);
-            if (role == KVF_PROXY_ROLE_PREFILL) {
-                cJSON_AddNumberToObject(o, "lease_timeout_ms", (double)info.lease_timeout_ms);
-            }
-            cJSON_AddNumberToObject(o, "releases_refused", (double)info.releases_refused);
-            cJSON_AddNumberToObject(o, "expired_lease_reads_prevented",
-                                    (double)info.expired_reads_prevented);
-            cJSON_AddNumberToObject(o, "quarantined_blocks", (double)info.quarantined_blocks);
-            cJSON_AddNumberToObject(o, "quarantine_cut_blocks",
-                                    (double)info.quarantine_cut_blocks);
-            cJSON_AddNumberToObject(o, "auth_refusals_serve", (double)info.auth_refusals_serve);
-            cJSON_AddNumberToObject(o, "auth_refusals_side", (double)info.auth_refusals_side);
-            cJSON_AddNumberToObject(o, "last_ok_age_ms", (double)info.last_ok_age_ms);
-            cJSON_AddNumberToObject(o, "probes_failed", (double)info.probes_failed);
-            cJSON_AddNumberToObject(o, "restarts", (double)info.restarts);
-            cJSON_AddNumberToObject(o, "outstanding", info.outstanding);
-            if (role == KVF_PROXY_ROLE_DECODE) {
-                cJSON_AddNumberToObject(o, "reserved", info.reserved);
-            }
-            cJSON_AddNumberToObject(o, "max_queue", info.max_queue);
-            if (role == KVF_PROXY_ROLE_PREFILL) {
-                cJSON_AddNumberToObject(o, "queued_prompt_tokens",
-                                        (double)kvf_proxy_route_queued(&info));
-                cJSON_AddNumberToObject(o, "reported_queued_prompt_tokens",
-                                        (double)info.queued_prompt_tokens);
-                cJSON_AddNumberToObject(o, "prefill_tokens_per_s_recent",
-                                        info.prefill_rate_recent);
-                cJSON_AddNumberToObject(o, "wait_calibration", info.wait_calibration);
-            }
-            if (info.last_error[0] != '\0') {
-                cJSON_AddStringToObject(o, "error", info.last_error);
-            }
+            kvf_proxy_instance_json(o, role, &info);
             cJSON_AddItemToArray(arr, o);
         }
     }
-    {
-        cJSON *arr = cJSON_AddArrayToObject(root, "pairs");
-
-        pthread_mutex_lock(&pool->lock);
-        for (int p = 0; (arr != NULL) && (p < pool->count[KVF_PROXY_ROLE_PREFILL]); ++p) {
-            for (int d = 0; d < pool->count[KVF_PROXY_ROLE_DECODE]; ++d) {
-                const kvf_proxy_pair_t *pair = kvf_proxy_pair(pool, p, d);
-                cJSON *o = cJSON_CreateObject();
-
-                if (o == NULL) {
-                    break;
-                }
-                cJSON_AddStringToObject(o, "prefill", pool->inst[KVF_PROXY_ROLE_PREFILL][p].url);
-                cJSON_AddStringToObject(o, "decode", pool->inst[KVF_PROXY_ROLE_DECODE][d].url);
-                cJSON_AddStringToObject(o, "state", kvf_proxy_pair_state_str(pair->state));
-                if (pair->error[0] != '\0') {
-                    cJSON_AddStringToObject(o, "error", pair->error);
-                }
-                cJSON_AddItemToArray(arr, o);
-            }
-        }
-        pthread_mutex_unlock(&pool->lock);
-    }
-    {
-        /* the proxy's tokenizer: its fingerprint and where it came from (kvf_proxy_tokcheck.c) */
-        cJSON *o = cJSON_AddObjectToObject(root, "tokenizer");
-
-        pthread_mutex_lock(&pool->lock);
-        if (o != NULL) {
-            if (pool->tok_digest[0] != '\0') {
-                cJSON_AddStringToObject(o, "digest", pool->tok_digest);
-            } else {
-                cJSON_AddNullToObject(o, "digest");
-            }
-            cJSON_AddStringToObject(o, "source", pool->tok_source);
-        }
-        pthread_mutex_unlock(&pool->lock);
-    }
+    kvf_proxy_pairs_json(pool, root);
+    kvf_proxy_tok_json(pool, root);
     return root;
 }
 

@@ -372,6 +372,53 @@ static void fake_abort(const Kvf__AbortRequest *a)
     }
 }
 
+/* Every serve request waiting on @sock, answered by its kind; the last frame is the body. */
+static void fake_serve_waiting(void *sock)
+{
+    while (!fake_stop) {
+        zmq_msg_t identity, body;
+        Kvf__ServeRequest *req;
+
+        zmq_msg_init(&identity);
+        if (zmq_msg_recv(&identity, sock, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&identity);
+            break;
+        }
+        zmq_msg_init(&body);
+        zmq_msg_recv(&body, sock, 0);
+        while (zmq_msg_more(&body)) {   /* keep the last frame */
+            zmq_msg_close(&body);
+            zmq_msg_init(&body);
+            zmq_msg_recv(&body, sock, 0);
+        }
+        req = kvf__serve_request__unpack(NULL, zmq_msg_size(&body), zmq_msg_data(&body));
+        if (req != NULL) {
+            switch (req->body_case) {
+            case KVF__SERVE_REQUEST__BODY_HEALTH:
+                fake_health(sock, &identity);
+                break;
+            case KVF__SERVE_REQUEST__BODY_PREFILL:
+                fake_prefill(sock, &identity, req->prefill);
+                break;
+            case KVF__SERVE_REQUEST__BODY_DECODE:
+                fake_decode(sock, &identity, req->decode);
+                break;
+            case KVF__SERVE_REQUEST__BODY_ABORT:
+                fake_abort(req->abort);
+                break;
+            case KVF__SERVE_REQUEST__BODY_CHECK_PEER:
+                fake_check_peer(sock, &identity, req->check_peer);
+                break;
+            default:
+                break;
+            }
+            kvf__serve_request__free_unpacked(req, NULL);
+        }
+        zmq_msg_close(&body);
+        zmq_msg_close(&identity);
+    }
+}
+
 int main(int argc, char **argv)
 {
     const char *listen = NULL;
@@ -443,48 +490,7 @@ int main(int argc, char **argv)
         if (zmq_poll(&item, 1, 1) < 0) {
             continue;
         }
-        while (!fake_stop) {
-            zmq_msg_t identity, body;
-            Kvf__ServeRequest *req;
-
-            zmq_msg_init(&identity);
-            if (zmq_msg_recv(&identity, sock, ZMQ_DONTWAIT) < 0) {
-                zmq_msg_close(&identity);
-                break;
-            }
-            zmq_msg_init(&body);
-            zmq_msg_recv(&body, sock, 0);
-            while (zmq_msg_more(&body)) {   /* keep the last frame */
-                zmq_msg_close(&body);
-                zmq_msg_init(&body);
-                zmq_msg_recv(&body, sock, 0);
-            }
-            req = kvf__serve_request__unpack(NULL, zmq_msg_size(&body), zmq_msg_data(&body));
-            if (req != NULL) {
-                switch (req->body_case) {
-                case KVF__SERVE_REQUEST__BODY_HEALTH:
-                    fake_health(sock, &identity);
-                    break;
-                case KVF__SERVE_REQUEST__BODY_PREFILL:
-                    fake_prefill(sock, &identity, req->prefill);
-                    break;
-                case KVF__SERVE_REQUEST__BODY_DECODE:
-                    fake_decode(sock, &identity, req->decode);
-                    break;
-                case KVF__SERVE_REQUEST__BODY_ABORT:
-                    fake_abort(req->abort);
-                    break;
-                case KVF__SERVE_REQUEST__BODY_CHECK_PEER:
-                    fake_check_peer(sock, &identity, req->check_peer);
-                    break;
-                default:
-                    break;
-                }
-                kvf__serve_request__free_unpacked(req, NULL);
-            }
-            zmq_msg_close(&body);
-            zmq_msg_close(&identity);
-        }
+        fake_serve_waiting(sock);
         fake_step(sock);
         fake_flush_pending(sock);
     }

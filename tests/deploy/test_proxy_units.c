@@ -151,6 +151,44 @@ static void test_parse_ok(void **state)
     kvf_proxy_openai_req_cleanup(&req);
 }
 
+/* NUL characters raw or escaped, other escapes, the 64-token prompt limit and invalid UTF-8. */
+static void parse_escapes_and_sizes(void)
+{
+    kvf_proxy_completion_req_t req;
+    char err[256], big[200];
+
+    /* A raw NUL byte in the body is refused too, not cut short. */
+    {
+        static const char raw[] = "{\"prompt\": \"a\0b\"}";
+        assert_int_equal(parse_len(raw, sizeof(raw) - 1, &req, err), 400);
+    }
+    assert_non_null(strstr(err, "NUL character"));
+    /* An escaped backslash before "u0000" is the text \u0000, not a NUL. */
+    assert_int_equal(parse("{\"prompt\": \"\\\\u0000\"}", &req, err), 200);
+    assert_int_equal(req.num_prompt, 7);            /* BOS + the 6 bytes \u0000 */
+    assert_int_equal(req.prompt_ids[1], '\\');
+    assert_int_equal(req.prompt_ids[2], 'u');
+    kvf_proxy_openai_req_cleanup(&req);
+    /* Other escapes still decode: \u0041 is 'A'. */
+    assert_int_equal(parse("{\"prompt\": \"\\u0041\"}", &req, err), 200);
+    assert_int_equal(req.num_prompt, 2);
+    assert_int_equal(req.prompt_ids[1], 'A');
+    kvf_proxy_openai_req_cleanup(&req);
+    /* 64 tokens max: BOS + 63 bytes fits, BOS + 64 does not. */
+    snprintf(big, sizeof(big), "{\"prompt\": \"%063d\"}", 0);
+    assert_int_equal(parse(big, &req, err), 200);
+    assert_int_equal(req.num_prompt, 64);
+    kvf_proxy_openai_req_cleanup(&req);
+    snprintf(big, sizeof(big), "{\"prompt\": \"%064d\"}", 0);
+    assert_int_equal(parse(big, &req, err), 400);
+    /* invalid UTF-8 is not refused (a BPE tokenizer reads it as U+FFFD, three bytes:
+     * tests/common/runtime/test_tokenizer.c; the byte tokenizer here keeps the byte) */
+    assert_int_equal(parse("{\"prompt\": \"a\xff" "b\"}", &req, err), 200);
+    assert_int_equal(req.num_prompt, 4);
+    assert_int_equal(req.prompt_ids[2], 0xFF);
+    kvf_proxy_openai_req_cleanup(&req);
+}
+
 static void test_parse_bad(void **state)
 {
     static const struct {
@@ -250,7 +288,7 @@ static void test_parse_bad(void **state)
         {"{\"prompt\": \"x\\\\\\u0000\"}", 400, "NUL character", NULL},  /* \\ then \u0000 */
     };
     kvf_proxy_completion_req_t req;
-    char err[256], big[200];
+    char err[256];
 
     (void)state;
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); ++i) {
@@ -269,36 +307,7 @@ static void test_parse_bad(void **state)
         }
         assert_null(req.prompt_ids);
     }
-    /* A raw NUL byte in the body is refused too, not cut short. */
-    {
-        static const char raw[] = "{\"prompt\": \"a\0b\"}";
-        assert_int_equal(parse_len(raw, sizeof(raw) - 1, &req, err), 400);
-    }
-    assert_non_null(strstr(err, "NUL character"));
-    /* An escaped backslash before "u0000" is the text \u0000, not a NUL. */
-    assert_int_equal(parse("{\"prompt\": \"\\\\u0000\"}", &req, err), 200);
-    assert_int_equal(req.num_prompt, 7);            /* BOS + the 6 bytes \u0000 */
-    assert_int_equal(req.prompt_ids[1], '\\');
-    assert_int_equal(req.prompt_ids[2], 'u');
-    kvf_proxy_openai_req_cleanup(&req);
-    /* Other escapes still decode: \u0041 is 'A'. */
-    assert_int_equal(parse("{\"prompt\": \"\\u0041\"}", &req, err), 200);
-    assert_int_equal(req.num_prompt, 2);
-    assert_int_equal(req.prompt_ids[1], 'A');
-    kvf_proxy_openai_req_cleanup(&req);
-    /* 64 tokens max: BOS + 63 bytes fits, BOS + 64 does not. */
-    snprintf(big, sizeof(big), "{\"prompt\": \"%063d\"}", 0);
-    assert_int_equal(parse(big, &req, err), 200);
-    assert_int_equal(req.num_prompt, 64);
-    kvf_proxy_openai_req_cleanup(&req);
-    snprintf(big, sizeof(big), "{\"prompt\": \"%064d\"}", 0);
-    assert_int_equal(parse(big, &req, err), 400);
-    /* invalid UTF-8 is not refused (a BPE tokenizer reads it as U+FFFD, three bytes:
-     * tests/common/runtime/test_tokenizer.c; the byte tokenizer here keeps the byte) */
-    assert_int_equal(parse("{\"prompt\": \"a\xff" "b\"}", &req, err), 200);
-    assert_int_equal(req.num_prompt, 4);
-    assert_int_equal(req.prompt_ids[2], 0xFF);
-    kvf_proxy_openai_req_cleanup(&req);
+    parse_escapes_and_sizes();
 }
 
 /* Limits of the model and trailing bytes: refused at once, naming the limit. */

@@ -432,6 +432,19 @@ static void sv_send(fuzz_writer_t *w, const Kvf__ServeRequest *req)
     free(buf);
 }
 
+/* fuzz_serve_control's malformed frames: garbage, empty, no body, two frames; and no input. */
+static void seeds_serve_malformed(const char *t, fuzz_writer_t *w)
+{
+    memset(w, 0, sizeof(*w));
+    fuzz_w8(w, 0);
+    fuzz_wsend(w, FUZZ_OP_SEND, "\x12\xff\xff\xff\x0f", 5);
+    fuzz_wsend(w, FUZZ_OP_SEND, "", 0);
+    fuzz_wsend(w, FUZZ_OP_SEND, "\x22\x00", 2);
+    fuzz_wsend(w, FUZZ_OP_SEND2, "\x22\x00\x22\x00", 4);
+    write_seed(t, "malformed", w->buf, w->len);
+    write_seed(t, "empty", "", 0);
+}
+
 static void seeds_serve_control(void)
 {
     const char *t = "fuzz_serve_control";
@@ -545,15 +558,7 @@ static void seeds_serve_control(void)
     sv_send(&w, &req);
     write_seed(t, "prefill_requests", w.buf, w.len);
 
-    /* malformed frames: garbage, empty, no body, two frames */
-    memset(&w, 0, sizeof(w));
-    fuzz_w8(&w, 0);
-    fuzz_wsend(&w, FUZZ_OP_SEND, "\x12\xff\xff\xff\x0f", 5);
-    fuzz_wsend(&w, FUZZ_OP_SEND, "", 0);
-    fuzz_wsend(&w, FUZZ_OP_SEND, "\x22\x00", 2);
-    fuzz_wsend(&w, FUZZ_OP_SEND2, "\x22\x00\x22\x00", 4);
-    write_seed(t, "malformed", w.buf, w.len);
-    write_seed(t, "empty", "", 0);
+    seeds_serve_malformed(t, &w);
     kvf__transfer_params__free_unpacked(tp, NULL);
 }
 

@@ -165,6 +165,42 @@ static void row(const char *name, kvf_dtype_t dt, float ms_a, float ms_b, const 
            result);
 }
 
+/* Case @c's table row: the tiled kernel's @n outputs @hb bit for bit against the per-token
+ * kernel's @ha, NaN where the pool is stale and nowhere else, and each kernel really run
+ * (@ran_a per-token, @ran_b tiled); a FAIL is counted. */
+static void report_case(const acase_t *c, kvf_dtype_t dt, const float *ha, const float *hb,
+                        size_t n, kvf_attn_gpu_impl_t ran_a, kvf_attn_gpu_impl_t ran_b,
+                        float ms_a, float ms_b)
+{
+    size_t ndiff = 0, first = 0, nnan = 0;
+    for (size_t i = 0; i < n; ++i) {
+        if (memcmp(&ha[i], &hb[i], sizeof(float)) != 0) {
+            first = (ndiff == 0) ? i : first;
+            ++ndiff;
+        }
+        nnan += isnan(ha[i]) ? 1 : 0;
+    }
+    char res[160], name[64];
+    snprintf(name, sizeof(name), "%s", c->name);
+    if (ran_a != KVF_ATTN_GPU_PERTOKEN || ran_b != KVF_ATTN_GPU_TILED) {
+        snprintf(res, sizeof(res), "FAIL: the tiled kernel did not run (fell back)");
+        ++failures;
+    } else if (ndiff != 0) {
+        snprintf(res, sizeof(res), "FAIL: %zu of %zu differ (first [%zu]: %.9g vs %.9g)", ndiff,
+                 n, first, (double)ha[first], (double)hb[first]);
+        ++failures;
+    } else if (c->stale_nan && (nnan == 0)) {
+        snprintf(res, sizeof(res), "FAIL: no NaN from the stale slots (expected some)");
+        ++failures;
+    } else if (!c->stale_nan && (nnan != 0)) {
+        snprintf(res, sizeof(res), "FAIL: %zu NaN from a finite pool", nnan);
+        ++failures;
+    } else {
+        snprintf(res, sizeof(res), "PASS (bits equal%s)", c->stale_nan ? ", NaN alike" : "");
+    }
+    row(name, dt, ms_a, ms_b, res);
+}
+
 static void run_case(const acase_t *c, kvf_dtype_t dt)
 {
     const int nseq = (c->num_seqs == 0) ? 1 : c->num_seqs, hd = c->hd;
@@ -252,33 +288,7 @@ static void run_case(const acase_t *c, kvf_dtype_t dt)
     down(ha, da, (size_t)T * ldq * 4);
     down(hb, db, (size_t)T * ldq * 4);
 
-    size_t ndiff = 0, first = 0, nnan = 0;
-    for (size_t i = 0; i < (size_t)T * ldq; ++i) {
-        if (memcmp(&ha[i], &hb[i], sizeof(float)) != 0) {
-            first = (ndiff == 0) ? i : first;
-            ++ndiff;
-        }
-        nnan += isnan(ha[i]) ? 1 : 0;
-    }
-    char res[160], name[64];
-    snprintf(name, sizeof(name), "%s", c->name);
-    if (ran_a != KVF_ATTN_GPU_PERTOKEN || ran_b != KVF_ATTN_GPU_TILED) {
-        snprintf(res, sizeof(res), "FAIL: the tiled kernel did not run (fell back)");
-        ++failures;
-    } else if (ndiff != 0) {
-        snprintf(res, sizeof(res), "FAIL: %zu of %zu differ (first [%zu]: %.9g vs %.9g)", ndiff,
-                 (size_t)T * ldq, first, (double)ha[first], (double)hb[first]);
-        ++failures;
-    } else if (c->stale_nan && (nnan == 0)) {
-        snprintf(res, sizeof(res), "FAIL: no NaN from the stale slots (expected some)");
-        ++failures;
-    } else if (!c->stale_nan && (nnan != 0)) {
-        snprintf(res, sizeof(res), "FAIL: %zu NaN from a finite pool", nnan);
-        ++failures;
-    } else {
-        snprintf(res, sizeof(res), "PASS (bits equal%s)", c->stale_nan ? ", NaN alike" : "");
-    }
-    row(name, dt, ms_a, ms_b, res);
+    report_case(c, dt, ha, hb, (size_t)T * ldq, ran_a, ran_b, ms_a, ms_b);
 
     kvf_device_free(&gdev, kv.base);
     kvf_device_free(&gdev, dk);

@@ -35,6 +35,7 @@
 #include "kvf_ops.h"
 #include "kvf_sample.h"
 #include "kvf_ssm_seqs.h"
+#include "gpu_vs_cpu.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -43,11 +44,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-static kvf_device_t gdev;
-static int failures;
-static uint64_t rng = 0x9e3779b97f4a7c15ull;
+kvf_device_t gdev;
+int failures;
+uint64_t rng = 0x9e3779b97f4a7c15ull;
 
-static float rnd(float lo, float hi)
+float rnd(float lo, float hi)
 {
     rng ^= rng >> 12;
     rng ^= rng << 25;
@@ -56,7 +57,7 @@ static float rnd(float lo, float hi)
                                     9007199254740992.0);
 }
 
-static float *frand(size_t n, float lo, float hi)
+float *frand(size_t n, float lo, float hi)
 {
     float *a = malloc(n * sizeof(float));
     for (size_t i = 0; i < n && a != NULL; ++i) {
@@ -65,22 +66,15 @@ static float *frand(size_t n, float lo, float hi)
     return a;
 }
 
-static void die(const char *what, int err)
+void die(const char *what, int err)
 {
     fprintf(stderr, "gpu_vs_cpu: %s failed: %s\n", what, kvf_kern_strerror(err));
     exit(1);
 }
 
-#define CK(_what, _call)                                                                    \
-    do {                                                                                    \
-        int _e = (_call);                                                                   \
-        if (_e != KVF_KERN_OK) {                                                            \
-            die(_what, _e);                                                                 \
-        }                                                                                   \
-    } while (0)
 
 /* a device copy of @a bytes of host memory */
-static void *up(const void *host, size_t bytes)
+void *up(const void *host, size_t bytes)
 {
     void *d = NULL;
     CK("alloc", kvf_device_alloc(&gdev, bytes, &d));
@@ -90,26 +84,19 @@ static void *up(const void *host, size_t bytes)
     return d;
 }
 
-static void down(void *host, const void *d, size_t bytes)
+void down(void *host, const void *d, size_t bytes)
 {
     CK("sync", kvf_device_sync(&gdev));
     CK("copy to host", kvf_device_memcpy(&gdev, host, d, bytes, KVF_COPY_D2H));
 }
 
-static float load_any(const void *p, kvf_dtype_t dt, size_t i)
+float load_any(const void *p, kvf_dtype_t dt, size_t i)
 {
     return kvf_dtype_load(p, dt, i);
 }
 
-/* The differences of n elements of dtype dt: max |gpu - cpu|, the max of |gpu - cpu| /
- * (1 + |cpu|) (absolute near 0, relative for large values), how many of those exceed 1e-4,
- * and the elements where only one side is NaN. */
-typedef struct {
-    double max, norm;
-    size_t beyond, nan_mismatch;
-} diff_t;
 
-static diff_t diff_of(const void *gpu, const void *cpu, kvf_dtype_t dt, size_t n)
+diff_t diff_of(const void *gpu, const void *cpu, kvf_dtype_t dt, size_t n)
 {
     diff_t r = {0.0, 0.0, 0, 0};
     for (size_t i = 0; i < n; ++i) {
@@ -131,8 +118,8 @@ static diff_t diff_of(const void *gpu, const void *cpu, kvf_dtype_t dt, size_t n
  * One table row over n elements of dtype dt: the max |gpu - cpu|, and the pass test on the
  * max relative difference (diff_of) against @a tol; NaN must be in the same places.
  */
-static void row(const char *op, const char *dtype, const void *gpu, const void *cpu,
-                kvf_dtype_t dt, size_t n, double tol)
+void row(const char *op, const char *dtype, const void *gpu, const void *cpu,
+         kvf_dtype_t dt, size_t n, double tol)
 {
     diff_t d = diff_of(gpu, cpu, dt, n);
     int ok = (d.norm <= tol) && (d.nan_mismatch == 0);
@@ -141,8 +128,8 @@ static void row(const char *op, const char *dtype, const void *gpu, const void *
            tol, ok ? "PASS" : "FAIL", d.nan_mismatch ? " (NaN mismatch)" : "");
 }
 
-static void rowf(const char *op, const char *dtype, const float *gpu, const float *cpu, size_t n,
-                 double tol)
+void rowf(const char *op, const char *dtype, const float *gpu, const float *cpu, size_t n,
+          double tol)
 {
     row(op, dtype, gpu, cpu, KVF_DTYPE_FP32, n, tol);
 }
@@ -157,8 +144,8 @@ static void rowf(const char *op, const char *dtype, const float *gpu, const floa
  * most elements (a CPU emulation of the two devices: 10-97 % a call, against 0-2.4 % with
  * the rounding mirrored).
  */
-static void row_narrow_state(const char *op, const char *dtype, const void *gpu,
-                             const void *cpu, kvf_dtype_t dt, size_t n, double tol)
+void row_narrow_state(const char *op, const char *dtype, const void *gpu,
+                      const void *cpu, kvf_dtype_t dt, size_t n, double tol)
 {
     diff_t d = diff_of(gpu, cpu, dt, n);
     int ok = (d.norm <= tol) && (d.beyond * 20 <= n) && (d.nan_mismatch == 0);
@@ -169,7 +156,7 @@ static void row_narrow_state(const char *op, const char *dtype, const void *gpu,
 }
 
 /* A bits row: the device's fused kernel against the same device's unfused launches. */
-static void row_same(const char *op, const void *a, const void *b, size_t bytes)
+void row_same(const char *op, const void *a, const void *b, size_t bytes)
 {
     int same = (memcmp(a, b, bytes) == 0);
     printf("| %-28s | %-5s | %-12s | %-12s | %-7s | %s |\n", op, "fp32", same ? "0" : "differ",
@@ -664,498 +651,6 @@ static void check_moe(void)
     free(bias);
 }
 
-enum { A_KVH = 2, A_QH = 8, A_HD = 64, A_BS = 32, A_KBS = 16, A_NB = 5, A_SLOTS = 2,
-       A_POOL_BLOCKS = 12, A_T = 150 };
-
-static kvf_paged_kv_t attn_kv(void *base, kvf_dtype_t dt, const int32_t *table)
-{
-    kvf_paged_kv_t kv;
-    memset(&kv, 0, sizeof(kv));
-    kv.base = base;
-    kv.slots = A_SLOTS;
-    kv.slot = 1;
-    kv.dtype = dt;
-    kv.kv_heads = A_KVH;
-    kv.head_dim = A_HD;
-    kv.block_size = A_BS;
-    kv.kernel_block_size = A_KBS;
-    kv.block_table = table;
-    kv.num_blocks = A_NB;
-    kv.page_size = (size_t)(A_BS / A_KBS) * kvf_paged_kv_kernel_block_bytes(&kv);
-    return kv;
-}
-
-/* prefill of A_T tokens then one decode token, per cache dtype */
-static void check_attention(kvf_dtype_t dt)
-{
-    static const int32_t table[A_NB] = {9, 2, 7, 0, 11};
-    kvf_paged_kv_t kv = attn_kv(NULL, dt, table);
-    size_t pool_bytes = (size_t)A_POOL_BLOCKS * A_SLOTS * kv.page_size;
-    size_t qn = (size_t)(A_T + 1) * A_QH * A_HD, kn = (size_t)(A_T + 1) * A_KVH * A_HD;
-    float *q = frand(qn, -1, 1), *k = frand(kn, -1, 1), *v = frand(kn, -1, 1);
-    float *oc = malloc(qn * 4), *og = malloc(qn * 4);
-    unsigned char *pc = calloc(1, pool_bytes), *pg = malloc(pool_bytes);
-    int32_t pos[A_T + 1];
-    float *dq = up(q, qn * 4), *dk = up(k, kn * 4), *dv = up(v, kn * 4), *dout = up(NULL, qn * 4);
-    void *dpool = up(pc, pool_bytes);
-    kvf_paged_kv_t kc = kv, kg = kv;
-    char name[64];
-
-    kc.base = pc;
-    kg.base = dpool;
-    for (int t = 0; t <= A_T; ++t) {
-        pos[t] = t;
-    }
-    CK("write cpu", kvf_attn_cache_write(NULL, &kc, k, v, A_KVH * A_HD, pos, A_T));
-    CK("write gpu", kvf_attn_cache_write(&gdev, &kg, dk, dv, A_KVH * A_HD, pos, A_T));
-    down(pg, dpool, pool_bytes);
-    row("attn_cache_write (pool)", kvf_dtype_name(dt), pg, pc, dt,
-        pool_bytes / kvf_dtype_size(dt), 0.0);
-    CK("attn cpu", kvf_attn_paged(NULL, &kc, q, A_QH * A_HD, pos, A_T, A_QH, 0.0f, oc));
-    CK("attn gpu", kvf_attn_paged(&gdev, &kg, dq, A_QH * A_HD, pos, A_T, A_QH, 0.0f, dout));
-    down(og, dout, (size_t)A_T * A_QH * A_HD * 4);
-    snprintf(name, sizeof(name), "attn_paged prefill %d", A_T);
-    rowf(name, kvf_dtype_name(dt), og, oc, (size_t)A_T * A_QH * A_HD, 1e-5);
-    /* decode: token A_T */
-    {
-        size_t qo = (size_t)A_T * A_QH * A_HD, ko = (size_t)A_T * A_KVH * A_HD;
-        CK("write cpu", kvf_attn_cache_write(NULL, &kc, k + ko, v + ko, A_KVH * A_HD, &pos[A_T], 1));
-        CK("write gpu", kvf_attn_cache_write(&gdev, &kg, dk + ko, dv + ko, A_KVH * A_HD,
-                                             &pos[A_T], 1));
-        CK("attn cpu", kvf_attn_paged(NULL, &kc, q + qo, A_QH * A_HD, &pos[A_T], 1, A_QH, 0.0f,
-                                      oc));
-        CK("attn gpu", kvf_attn_paged(&gdev, &kg, dq + qo, A_QH * A_HD, &pos[A_T], 1, A_QH, 0.0f,
-                                      dout));
-        down(og, dout, (size_t)A_QH * A_HD * 4);
-        rowf("attn_paged decode", kvf_dtype_name(dt), og, oc, (size_t)A_QH * A_HD, 1e-5);
-    }
-    kvf_device_free(&gdev, dq);
-    kvf_device_free(&gdev, dk);
-    kvf_device_free(&gdev, dv);
-    kvf_device_free(&gdev, dout);
-    kvf_device_free(&gdev, dpool);
-    free(q);
-    free(k);
-    free(v);
-    free(oc);
-    free(og);
-    free(pc);
-    free(pg);
-}
-
-/* three requests in one call (kvf_attention_seqs.h): prefill chunks of 40, 70 and 3 tokens,
- * then one decode token each, against the CPU's per-request calls; pool and outputs */
-static void check_attention_seqs(kvf_dtype_t dt)
-{
-    static const int32_t t0[] = {9, 2}, t1[] = {7, 0, 11}, t2[] = {1};
-    static const int32_t *const tables[3] = {t0, t1, t2};
-    static const int nb[3] = {2, 3, 1}, pre[3] = {40, 70, 3};
-    const int T = 40 + 70 + 3;
-    kvf_paged_kv_t kv = attn_kv(NULL, dt, t0);
-    size_t pool_bytes = (size_t)A_POOL_BLOCKS * A_SLOTS * kv.page_size;
-    size_t qn = (size_t)(T + 3) * A_QH * A_HD, kn = (size_t)(T + 3) * A_KVH * A_HD;
-    float *q = frand(qn, -1, 1), *k = frand(kn, -1, 1), *v = frand(kn, -1, 1);
-    float *oc = malloc(qn * 4), *og = malloc(qn * 4);
-    unsigned char *pc = calloc(1, pool_bytes), *pg = malloc(pool_bytes);
-    int32_t pos[40 + 70 + 3 + 3];
-    float *dq = up(q, qn * 4), *dk = up(k, kn * 4), *dv = up(v, kn * 4), *dout = up(NULL, qn * 4);
-    void *dpool = up(pc, pool_bytes);
-    kvf_paged_kv_t kc = kv, kg = kv;
-    kvf_attn_seqs_t seqs = {.num_seqs = 3, .num_tokens = pre, .block_tables = tables,
-                            .num_blocks = nb};
-    static const int one[3] = {1, 1, 1};
-    const int ld = A_KVH * A_HD, ldq = A_QH * A_HD;
-    char name[64];
-
-    kc.base = pc;
-    kg.base = dpool;
-    for (int i = 0, o = 0; i < 3; ++i) {
-        for (int t = 0; t < pre[i]; ++t) {
-            pos[o++] = t;
-        }
-        pos[T + i] = pre[i];
-    }
-    CK("seqs cpu", kvf_attn_write_paged_seqs(NULL, &kc, &seqs, k, v, ld, q, ldq, pos, A_QH,
-                                             0.0f, oc));
-    CK("seqs gpu", kvf_attn_write_paged_seqs(&gdev, &kg, &seqs, dk, dv, ld, dq, ldq, pos, A_QH,
-                                             0.0f, dout));
-    down(og, dout, (size_t)T * A_QH * A_HD * 4);
-    snprintf(name, sizeof(name), "attn 3 seqs prefill %d", T);
-    rowf(name, kvf_dtype_name(dt), og, oc, (size_t)T * A_QH * A_HD, 1e-5);
-    seqs.num_tokens = one;   /* decode: one token each, split-K */
-    CK("seqs cpu", kvf_attn_write_paged_seqs(NULL, &kc, &seqs, k + (size_t)T * ld,
-                                             v + (size_t)T * ld, ld, q + (size_t)T * ldq, ldq,
-                                             pos + T, A_QH, 0.0f, oc));
-    CK("seqs gpu", kvf_attn_write_paged_seqs(&gdev, &kg, &seqs, dk + (size_t)T * ld,
-                                             dv + (size_t)T * ld, ld, dq + (size_t)T * ldq,
-                                             ldq, pos + T, A_QH, 0.0f, dout));
-    down(og, dout, (size_t)3 * A_QH * A_HD * 4);
-    rowf("attn 3 seqs decode", kvf_dtype_name(dt), og, oc, (size_t)3 * A_QH * A_HD, 1e-5);
-    {
-        /* a graphed decode step's call (kvf_model_graph.c): the tables packed by the caller
-         * (width 4), split-K sized for a far longer context: the unpacked call's bits */
-        enum { W = 4 };
-        int32_t packed[2 * 3 + 3 * W] = {0, 1, 2};
-        float *o2 = malloc((size_t)3 * A_QH * A_HD * 4);
-        kvf_attn_seqs_t ps = seqs;
-        for (int i = 0; i < 3; ++i) {
-            packed[3 + i] = pos[T + i];
-            memcpy(packed + 6 + i * W, tables[i], (size_t)nb[i] * sizeof(int32_t));
-        }
-        ps.packed = packed;
-        ps.packed_maxb = W;
-        ps.split_blocks = 4000;
-        CK("seqs gpu packed", kvf_attn_write_paged_seqs(&gdev, &kg, &ps, dk + (size_t)T * ld,
-                                                        dv + (size_t)T * ld, ld,
-                                                        dq + (size_t)T * ldq, ldq, pos + T,
-                                                        A_QH, 0.0f, dout));
-        down(o2, dout, (size_t)3 * A_QH * A_HD * 4);
-        rowf("attn decode packed, 64 splits (bits)", kvf_dtype_name(dt), o2, og,
-             (size_t)3 * A_QH * A_HD, 0.0);
-        free(o2);
-    }
-    down(pg, dpool, pool_bytes);
-    row("attn 3 seqs (pool)", kvf_dtype_name(dt), pg, pc, dt, pool_bytes / kvf_dtype_size(dt),
-        0.0);
-    kvf_device_free(&gdev, dq);
-    kvf_device_free(&gdev, dk);
-    kvf_device_free(&gdev, dv);
-    kvf_device_free(&gdev, dout);
-    kvf_device_free(&gdev, dpool);
-    free(q);
-    free(k);
-    free(v);
-    free(oc);
-    free(og);
-    free(pc);
-    free(pg);
-}
-
-/* a hybrid model's kernel block: one 1312-token block (Nemotron-Nano-9B-v2's at TP 1),
- * 700 prompt tokens then one decode token, against the CPU */
-static void check_attention_big_block(kvf_dtype_t dt)
-{
-    enum { BS = 1312, T = 700, KVH = 2, QH = 8, HD = 128 };
-    static const int32_t table[1] = {1};
-    kvf_paged_kv_t kv;
-    memset(&kv, 0, sizeof(kv));
-    kv.slots = 1;
-    kv.dtype = dt;
-    kv.kv_heads = KVH;
-    kv.head_dim = HD;
-    kv.block_size = BS;
-    kv.kernel_block_size = BS;
-    kv.block_table = table;
-    kv.num_blocks = 1;
-    kv.page_size = kvf_paged_kv_kernel_block_bytes(&kv);
-    size_t pool_bytes = 2 * kv.page_size;
-    size_t qn = (size_t)(T + 1) * QH * HD, kn = (size_t)(T + 1) * KVH * HD;
-    float *q = frand(qn, -1, 1), *k = frand(kn, -1, 1), *v = frand(kn, -1, 1);
-    float *oc = malloc(qn * 4), *og = malloc(qn * 4);
-    unsigned char *pc = calloc(1, pool_bytes);
-    int32_t pos[T + 1];
-    float *dq = up(q, qn * 4), *dk = up(k, kn * 4), *dv = up(v, kn * 4), *dout = up(NULL, qn * 4);
-    void *dpool = up(pc, pool_bytes);
-    kvf_paged_kv_t kc = kv, kg = kv;
-
-    kc.base = pc;
-    kg.base = dpool;
-    for (int t = 0; t <= T; ++t) {
-        pos[t] = t;
-    }
-    CK("write cpu", kvf_attn_cache_write(NULL, &kc, k, v, KVH * HD, pos, T + 1));
-    CK("write gpu", kvf_attn_cache_write(&gdev, &kg, dk, dv, KVH * HD, pos, T + 1));
-    CK("attn cpu", kvf_attn_paged(NULL, &kc, q, QH * HD, pos, T + 1, QH, 0.0f, oc));
-    CK("attn gpu", kvf_attn_paged(&gdev, &kg, dq, QH * HD, pos, T + 1, QH, 0.0f, dout));
-    down(og, dout, qn * 4);
-    rowf("attn kernel block 1312", kvf_dtype_name(dt), og, oc, qn, 1e-5);
-    CK("attn cpu", kvf_attn_paged(NULL, &kc, q + (size_t)T * QH * HD, QH * HD, &pos[T], 1, QH,
-                                  0.0f, oc));
-    CK("attn gpu", kvf_attn_paged(&gdev, &kg, dq + (size_t)T * QH * HD, QH * HD, &pos[T], 1,
-                                  QH, 0.0f, dout));
-    down(og, dout, (size_t)QH * HD * 4);
-    rowf("attn kernel block 1312 dec", kvf_dtype_name(dt), og, oc, (size_t)QH * HD, 1e-5);
-    kvf_device_free(&gdev, dq);
-    kvf_device_free(&gdev, dk);
-    kvf_device_free(&gdev, dv);
-    kvf_device_free(&gdev, dout);
-    kvf_device_free(&gdev, dpool);
-    free(q);
-    free(k);
-    free(v);
-    free(oc);
-    free(og);
-    free(pc);
-}
-
-/*
- * The stale-fp32 Mamba NaN case on the device: the pool's pages last held
- * fp32 Mamba state whose bytes decode as NaN in the KV dtype (0xff bytes:
- * NaN in fp32, bf16 and fp16); 5 tokens are written, so 11 slots of the
- * first kernel block are never written. Without zeroing the masked slots
- * still enter the value sum as 0 * NaN (expected NaN: the hazard is real on
- * the GPU too); with kvf_blocks_zero of the request's pages first there is
- * none and the output equals the CPU's.
- */
-static void check_stale_nan(kvf_dtype_t dt)
-{
-    static const int32_t table[A_NB] = {3, 4, 5, 6, 8};
-    enum { T = 5 };
-    kvf_paged_kv_t kv = attn_kv(NULL, dt, table);
-    size_t pool_bytes = (size_t)A_POOL_BLOCKS * A_SLOTS * kv.page_size;
-    size_t qn = (size_t)T * A_QH * A_HD, kn = (size_t)T * A_KVH * A_HD;
-    float *q = frand(qn, -1, 1), *k = frand(kn, -1, 1), *v = frand(kn, -1, 1);
-    float *oc = malloc(qn * 4), *og = malloc(qn * 4);
-    unsigned char *pc = calloc(1, pool_bytes);
-    float *dq = up(q, qn * 4), *dk = up(k, kn * 4), *dv = up(v, kn * 4), *dout = up(NULL, qn * 4);
-    void *dpool = up(NULL, pool_bytes);
-    int32_t pos[T] = {0, 1, 2, 3, 4};
-    int64_t pages[A_NB * A_SLOTS];
-    kvf_paged_kv_t kc = kv, kg = kv;
-    char name[64];
-
-    kc.base = pc;
-    kg.base = dpool;
-    for (int b = 0; b < A_NB; ++b) {
-        for (int s = 0; s < A_SLOTS; ++s) {
-            pages[b * A_SLOTS + s] = (int64_t)table[b] * A_SLOTS + s;
-        }
-    }
-    CK("write cpu", kvf_attn_cache_write(NULL, &kc, k, v, A_KVH * A_HD, pos, T));
-    CK("attn cpu", kvf_attn_paged(NULL, &kc, q, A_QH * A_HD, pos, T, A_QH, 0.0f, oc));
-    for (int zero = 0; zero <= 1; ++zero) {
-        size_t nan = 0;
-        CK("stale fill", kvf_device_memset(&gdev, dpool, 0xff, pool_bytes));
-        if (zero) {
-            CK("blocks_zero", kvf_blocks_zero(&gdev, dpool, kv.page_size, pages, A_NB * A_SLOTS));
-        }
-        CK("write gpu", kvf_attn_cache_write(&gdev, &kg, dk, dv, A_KVH * A_HD, pos, T));
-        CK("attn gpu", kvf_attn_paged(&gdev, &kg, dq, A_QH * A_HD, pos, T, A_QH, 0.0f, dout));
-        down(og, dout, qn * 4);
-        for (size_t i = 0; i < qn; ++i) {
-            nan += isnan(og[i]) ? 1 : 0;
-        }
-        if (!zero) {
-            int ok = nan > 0;
-            snprintf(name, sizeof(name), "stale fp32 NaN, zeroing off");
-            printf("| %-28s | %-5s | %-12s | %-12s | %-7s | %s (%zu/%zu NaN, expected) |\n",
-                   name, kvf_dtype_name(dt), "NaN", "NaN", ">0 NaN", ok ? "PASS" : "FAIL", nan,
-                   qn);
-            failures += ok ? 0 : 1;
-        } else {
-            rowf("stale fp32 NaN, zeroing on", kvf_dtype_name(dt), og, oc, qn, 1e-5);
-        }
-    }
-    kvf_device_free(&gdev, dq);
-    kvf_device_free(&gdev, dk);
-    kvf_device_free(&gdev, dv);
-    kvf_device_free(&gdev, dout);
-    kvf_device_free(&gdev, dpool);
-    free(q);
-    free(k);
-    free(v);
-    free(oc);
-    free(og);
-    free(pc);
-}
-
-/* conv1d: fresh chunk, continued chunk (T < kernel - 1), decode step; y and state */
-static void check_conv(kvf_dtype_t dt)
-{
-    enum { C = 200, KW = 4, T = 13, LD = 230 };
-    float *x = frand((size_t)T * LD, -3, 3), *w = frand(C * KW, -1, 1), *b = frand(C, -1, 1);
-    size_t sbytes = (size_t)C * (KW - 1) * kvf_dtype_size(dt);
-    unsigned char *sc = malloc(sbytes), *sg = malloc(sbytes);
-    float yc[T * C], yg[T * C];
-    float *dx = up(x, (size_t)T * LD * 4), *dw = up(w, C * KW * 4), *db = up(b, C * 4);
-    float *dy = up(NULL, sizeof(yc));
-    void *ds = up(NULL, sbytes);
-    char name[64];
-
-    memset(sc, 0x7f, sbytes);   /* stale bytes: a fresh request must not read them */
-    CK("state fill", kvf_device_memset(&gdev, ds, 0x7f, sbytes));
-    for (int step = 0; step < 3; ++step) {
-        int n = (step == 0) ? T : (step == 1) ? 2 : 1;
-        if (step < 2) {
-            CK("conv cpu", kvf_conv1d_chunk(NULL, x, LD, n, C, KW, w, b, 1, sc, dt, step, yc, C));
-            CK("conv gpu", kvf_conv1d_chunk(&gdev, dx, LD, n, C, KW, dw, db, 1, ds, dt, step, dy,
-                                            C));
-        } else {
-            CK("conv cpu", kvf_conv1d_step(NULL, x, C, KW, w, b, 1, sc, dt, yc));
-            CK("conv gpu", kvf_conv1d_step(&gdev, dx, C, KW, dw, db, 1, ds, dt, dy));
-        }
-        down(yg, dy, (size_t)n * C * 4);
-        down(sg, ds, sbytes);
-        snprintf(name, sizeof(name), "conv1d %s y", (step == 0) ? "chunk fresh"
-                                                    : (step == 1) ? "chunk cont." : "step");
-        rowf(name, kvf_dtype_name(dt), yg, yc, (size_t)n * C, 1e-5);
-        snprintf(name, sizeof(name), "conv1d %s state", (step == 0) ? "chunk fresh"
-                                                        : (step == 1) ? "chunk cont." : "step");
-        row(name, kvf_dtype_name(dt), sg, sc, dt, (size_t)C * (KW - 1), 0.0);
-    }
-    kvf_device_free(&gdev, dx);
-    kvf_device_free(&gdev, dw);
-    kvf_device_free(&gdev, db);
-    kvf_device_free(&gdev, dy);
-    kvf_device_free(&gdev, ds);
-    free(x);
-    free(w);
-    free(b);
-    free(sc);
-    free(sg);
-}
-
-/* Mamba2: fresh scan, continued scan, decode step; y and state (a bf16/fp16 state rounds
- * after every token on both devices: row_narrow_state) */
-/* the batched Mamba2 decode step (kvf_ssm_seqs.h): three requests at rows 2, 0, 1 of a
- * [3][R] projection, each with its own conv and SSM state (fp32: one launch each for the
- * batch; bf16 / fp16: the per-request kernels), their dt clamps 0, 1e-3, 0 */
-static void check_ssm_seqs(kvf_dtype_t dt)
-{
-    enum { H = 8, P = 16, G = 2, N = 32, K = 4, S = 3 };
-    const int HP = H * P, CD = HP + 2 * G * N, R = HP + CD + H + 5;   /* z | xBC | dt | pad */
-    static const int rows[S] = {2, 0, 1};
-    static const float dtmin[S] = {0.0f, 1e-3f, 0.0f};
-    float *xin = frand((size_t)S * R, -2, 2), *cw = frand((size_t)CD * K, -1, 1);
-    float *cb = frand(CD, -1, 1), *dtb = frand(H, -1, 1), *al = frand(H, -2, 1);
-    float *D = frand(H, -1, 1);
-    size_t cbytes = (size_t)CD * (K - 1) * kvf_dtype_size(dt);
-    size_t sbytes = (size_t)HP * N * kvf_dtype_size(dt);
-    unsigned char *cc = malloc(S * cbytes), *scs = malloc(S * sbytes);
-    unsigned char *cg = malloc(S * cbytes), *sg = malloc(S * sbytes);
-    float *xc = calloc((size_t)S * CD, 4), *xgv = malloc((size_t)S * CD * 4);
-    float *yc = calloc((size_t)S * R, 4), *yg = malloc((size_t)S * R * 4);
-    float *fill = frand((S * (cbytes + sbytes)) / 2 + 1, -1, 1);
-
-    for (size_t i = 0; i < S * cbytes / kvf_dtype_size(dt); ++i) {
-        kvf_dtype_store(cc, dt, i, fill[i]);
-    }
-    for (size_t i = 0; i < S * sbytes / kvf_dtype_size(dt); ++i) {
-        kvf_dtype_store(scs, dt, i, fill[i % ((S * (cbytes + sbytes)) / 2)] * 0.5f);
-    }
-    float *dxin = up(xin, (size_t)S * R * 4), *dcw = up(cw, (size_t)CD * K * 4);
-    float *dcb = up(cb, CD * 4), *ddtb = up(dtb, H * 4), *dal = up(al, H * 4);
-    float *dD = up(D, H * 4), *dxbc = up(xc, (size_t)S * CD * 4), *dy = up(yc, (size_t)S * R * 4);
-    unsigned char *dconv = up(cc, S * cbytes), *dssm = up(scs, S * sbytes);
-    void *hconv[S], *hssm[S], *dconvp[S], *dssmp[S];
-    for (int i = 0; i < S; ++i) {
-        hconv[i] = cc + (size_t)(S - 1 - i) * cbytes;   /* states in reverse order */
-        hssm[i] = scs + (size_t)(S - 1 - i) * sbytes;
-        dconvp[i] = dconv + (size_t)(S - 1 - i) * cbytes;
-        dssmp[i] = dssm + (size_t)(S - 1 - i) * sbytes;
-    }
-    kvf_ssm_seqs_t qc = {.num_seqs = S, .rows = rows, .conv_states = hconv,
-                         .ssm_states = hssm, .dt_min = dtmin};
-    kvf_ssm_seqs_t qg = {.num_seqs = S, .rows = rows, .conv_states = dconvp,
-                         .ssm_states = dssmp, .dt_min = dtmin};
-    kvf_mamba2_params_t pc = {H, P, G, N, dtb, al, D, 0.0f, INFINITY};
-    kvf_mamba2_params_t pg = {H, P, G, N, ddtb, dal, dD, 0.0f, INFINITY};
-    CK("ssm seqs cpu", kvf_ssm_decode_seqs(NULL, &qc, xin + HP, R, CD, K, cw, cb, dt, xc, CD,
-                                           &pc, xin + HP + CD, R, dt, yc, R));
-    CK("ssm seqs gpu", kvf_ssm_decode_seqs(&gdev, &qg, dxin + HP, R, CD, K, dcw, dcb, dt, dxbc,
-                                           CD, &pg, dxin + HP + CD, R, dt, dy, R));
-    down(xgv, dxbc, (size_t)S * CD * 4);
-    down(yg, dy, (size_t)S * R * 4);
-    down(cg, dconv, S * cbytes);
-    down(sg, dssm, S * sbytes);
-    rowf("ssm 3 seqs conv out", kvf_dtype_name(dt), xgv, xc, (size_t)S * CD, 1e-5);
-    rowf("ssm 3 seqs y", kvf_dtype_name(dt), yg, yc, (size_t)S * R, 1e-4);
-    row("ssm 3 seqs conv state", kvf_dtype_name(dt), cg, cc, dt,
-        S * cbytes / kvf_dtype_size(dt), 0.0);
-    row("ssm 3 seqs state", kvf_dtype_name(dt), sg, scs, dt, S * sbytes / kvf_dtype_size(dt),
-        (dt == KVF_DTYPE_FP32) ? 1e-4 : 1e-2);
-    kvf_device_free(&gdev, dxin);
-    kvf_device_free(&gdev, dcw);
-    kvf_device_free(&gdev, dcb);
-    kvf_device_free(&gdev, ddtb);
-    kvf_device_free(&gdev, dal);
-    kvf_device_free(&gdev, dD);
-    kvf_device_free(&gdev, dxbc);
-    kvf_device_free(&gdev, dy);
-    kvf_device_free(&gdev, dconv);
-    kvf_device_free(&gdev, dssm);
-    free(xin);
-    free(cw);
-    free(cb);
-    free(dtb);
-    free(al);
-    free(D);
-    free(cc);
-    free(scs);
-    free(cg);
-    free(sg);
-    free(xc);
-    free(xgv);
-    free(yc);
-    free(yg);
-    free(fill);
-}
-
-static void check_mamba(kvf_dtype_t dt)
-{
-    enum { H = 8, P = 16, G = 2, N = 32, T = 20 };
-    const int HP = H * P, BC = G * N;
-    float *x = frand((size_t)T * HP, -2, 2), *dtr = frand((size_t)T * H, -6, 6);
-    float *B = frand((size_t)T * BC, -1, 1), *C = frand((size_t)T * BC, -1, 1);
-    float *dtb = frand(H, -1, 1), *al = frand(H, -2, 1), *D = frand(H, -1, 1);
-    size_t sbytes = (size_t)HP * N * kvf_dtype_size(dt);
-    unsigned char *sc = malloc(sbytes), *sg = malloc(sbytes);
-    float *yc = malloc((size_t)T * HP * 4), *yg = malloc((size_t)T * HP * 4);
-    float *dx = up(x, (size_t)T * HP * 4), *ddt = up(dtr, (size_t)T * H * 4);
-    float *dB = up(B, (size_t)T * BC * 4), *dC = up(C, (size_t)T * BC * 4);
-    float *ddtb = up(dtb, H * 4), *dal = up(al, H * 4), *dD = up(D, H * 4);
-    float *dy = up(NULL, (size_t)T * HP * 4);
-    void *ds = up(NULL, sbytes);
-    kvf_mamba2_params_t pc = {H, P, G, N, dtb, al, D, 1e-3f, 8.0f};
-    kvf_mamba2_params_t pg = {H, P, G, N, ddtb, dal, dD, 1e-3f, 8.0f};
-    char name[64];
-
-    memset(sc, 0xff, sbytes);
-    CK("state fill", kvf_device_memset(&gdev, ds, 0xff, sbytes));
-    for (int step = 0; step < 3; ++step) {
-        int n = (step == 0) ? T : (step == 1) ? 3 : 1;
-        if (step < 2) {
-            CK("scan cpu", kvf_mamba2_scan(NULL, &pc, n, x, HP, dtr, H, B, C, BC, sc, dt, step,
-                                           yc, HP));
-            CK("scan gpu", kvf_mamba2_scan(&gdev, &pg, n, dx, HP, ddt, H, dB, dC, BC, ds, dt,
-                                           step, dy, HP));
-        } else {
-            CK("step cpu", kvf_mamba2_step(NULL, &pc, x, dtr, B, C, sc, dt, yc));
-            CK("step gpu", kvf_mamba2_step(&gdev, &pg, dx, ddt, dB, dC, ds, dt, dy));
-        }
-        down(yg, dy, (size_t)n * HP * 4);
-        down(sg, ds, sbytes);
-        snprintf(name, sizeof(name), "mamba2 %s y", (step == 0) ? "scan fresh"
-                                                    : (step == 1) ? "scan cont." : "step");
-        if (dt == KVF_DTYPE_FP32) {
-            rowf(name, kvf_dtype_name(dt), yg, yc, (size_t)n * HP, 1e-4);
-        } else {
-            row_narrow_state(name, kvf_dtype_name(dt), yg, yc, KVF_DTYPE_FP32, (size_t)n * HP,
-                             (dt == KVF_DTYPE_BF16) ? 3e-2 : 1e-2);
-        }
-        snprintf(name, sizeof(name), "mamba2 %s state", (step == 0) ? "scan fresh"
-                                                        : (step == 1) ? "scan cont." : "step");
-        if (dt == KVF_DTYPE_FP32) {
-            row(name, kvf_dtype_name(dt), sg, sc, dt, (size_t)HP * N, 1e-4);
-        } else {
-            row_narrow_state(name, kvf_dtype_name(dt), sg, sc, dt, (size_t)HP * N,
-                             (dt == KVF_DTYPE_BF16) ? 2e-2 : 1e-2);
-        }
-    }
-    kvf_device_free(&gdev, dx);
-    kvf_device_free(&gdev, ddt);
-    kvf_device_free(&gdev, dB);
-    kvf_device_free(&gdev, dC);
-    kvf_device_free(&gdev, ddtb);
-    kvf_device_free(&gdev, dal);
-    kvf_device_free(&gdev, dD);
-    kvf_device_free(&gdev, dy);
-    kvf_device_free(&gdev, ds);
-    free(x), free(dtr), free(B), free(C), free(dtb), free(al), free(D);
-    free(sc), free(sg), free(yc), free(yg);
-}
-
-/* batched block zeroing (16-byte and byte paths) and range zeroing: bytes equal */
 static void check_zeroing(void)
 {
     static const size_t page_sizes[2] = {4096, 1000};
@@ -1187,148 +682,6 @@ static void check_zeroing(void)
     kvf_device_free(&gdev, dp);
     free(hc);
     free(hg);
-}
-
-/* ---- NCCL over 2 GPUs (cuda:0, cuda:1), one thread per rank as the TP runner's ---- */
-enum { NCCL2_N = 4096 };
-
-typedef struct {
-    kvf_device_t         dev;
-    const kvf_nccl_id_t *id;
-    int                  rank;
-    int                  rc;
-    const char          *what;   /* the step that failed */
-    float                sum[NCCL2_N];
-    float                bcast[NCCL2_N];
-} nccl2_arg_t;
-
-/* rank r: all-reduce of (i + 1000 r), then a broadcast of 0.5 i from rank 1; each checked */
-static void *nccl2_rank(void *p)
-{
-    nccl2_arg_t *a = p;
-    kvf_nccl_comm_h comm = NULL;
-    static float h[2][NCCL2_N];
-    float *mine = h[a->rank];
-    void *d = NULL;
-
-    for (int i = 0; i < NCCL2_N; ++i) {
-        mine[i] = (float)(i + 1000 * a->rank);
-    }
-#define NCCL2_STEP(_what, _call) \
-    if (a->rc == KVF_KERN_OK) {  \
-        a->what = (_what);       \
-        a->rc = (_call);         \
-    }
-    NCCL2_STEP("bind", kvf_device_bind(&a->dev));
-    NCCL2_STEP("alloc", kvf_device_alloc(&a->dev, sizeof(a->sum), &d));
-    NCCL2_STEP("comm init", kvf_nccl_comm_init(&a->dev, a->id, 2, a->rank, 30000, &comm));
-    NCCL2_STEP("up", kvf_device_memcpy(&a->dev, d, mine, sizeof(a->sum), KVF_COPY_H2D));
-    NCCL2_STEP("all-reduce", kvf_nccl_all_reduce_sum(comm, d, d, NCCL2_N));
-    NCCL2_STEP("down", kvf_device_memcpy(&a->dev, a->sum, d, sizeof(a->sum), KVF_COPY_D2H));
-    for (int i = 0; i < NCCL2_N; ++i) {
-        mine[i] = (a->rank == 1) ? 0.5f * (float)i : -1.0f;
-    }
-    NCCL2_STEP("up", kvf_device_memcpy(&a->dev, d, mine, sizeof(a->sum), KVF_COPY_H2D));
-    NCCL2_STEP("broadcast", kvf_nccl_broadcast(comm, d, d, sizeof(a->bcast), 1));
-    NCCL2_STEP("down", kvf_device_memcpy(&a->dev, a->bcast, d, sizeof(a->bcast), KVF_COPY_D2H));
-#undef NCCL2_STEP
-    kvf_nccl_comm_destroy(comm);   /* both ranks at once: each finalize waits for the other */
-    kvf_device_free(&a->dev, d);
-    return NULL;
-}
-
-static void check_nccl_two(void)
-{
-    static nccl2_arg_t a[2];
-    static float want_sum[2 * NCCL2_N], want_bc[2 * NCCL2_N], got_sum[2 * NCCL2_N],
-                 got_bc[2 * NCCL2_N];
-    kvf_device_t d1;
-    kvf_nccl_id_t id;
-    pthread_t th[2];
-
-    if (kvf_device_init(KVF_DEVICE_CUDA, 1, &d1) != KVF_KERN_OK) {
-        printf("| %-28s | %-5s | %-12s | %-12s | %-7s | %s |\n", "nccl 2 GPUs", "-", "-", "-",
-               "-", "not run (one GPU)");
-        (void)kvf_device_bind(&gdev);
-        return;
-    }
-    (void)kvf_device_bind(&gdev);
-    CK("nccl id (2 GPUs)", kvf_nccl_id_make(&id));
-    for (int r = 0; r < 2; ++r) {
-        a[r] = (nccl2_arg_t){.dev = (r == 0) ? gdev : d1, .id = &id, .rank = r};
-        a[r].dev.stream = NULL;
-        if (pthread_create(&th[r], NULL, nccl2_rank, &a[r]) != 0) {
-            die("pthread_create (nccl 2 GPUs)", KVF_KERN_ENOMEM);
-        }
-    }
-    for (int r = 0; r < 2; ++r) {
-        pthread_join(th[r], NULL);
-    }
-    (void)kvf_device_bind(&gdev);
-    for (int r = 0; r < 2; ++r) {
-        if (a[r].rc != KVF_KERN_OK) {
-            printf("| %-28s | %-5s | %-12s | %-12s | %-7s | FAIL (rank %d: %s: %s) |\n",
-                   "nccl 2 GPUs", "fp32", "-", "-", "0", r, a[r].what,
-                   kvf_kern_strerror(a[r].rc));
-            failures++;
-            return;
-        }
-        for (int i = 0; i < NCCL2_N; ++i) {
-            want_sum[r * NCCL2_N + i] = (float)(2 * i + 1000);
-            want_bc[r * NCCL2_N + i] = 0.5f * (float)i;
-            got_sum[r * NCCL2_N + i] = a[r].sum[i];
-            got_bc[r * NCCL2_N + i] = a[r].bcast[i];
-        }
-    }
-    rowf("nccl all_reduce (2 GPUs)", "fp32", got_sum, want_sum, 2 * NCCL2_N, 0.0);
-    rowf("nccl broadcast (2 GPUs)", "fp32", got_bc, want_bc, 2 * NCCL2_N, 0.0);
-}
-
-/* a pool on its own stream (zeroing ordered there), and one-rank NCCL collectives */
-static void check_stream_nccl(void)
-{
-    enum { N = 4096 };
-    static const int64_t ids[2] = {1, 3};
-    float h[N], back[4 * N];
-    kvf_device_t own;
-    void *dp;
-    int ok;
-
-    for (int i = 0; i < N; ++i) {
-        h[i] = (float)i;
-    }
-    CK("stream create", kvf_device_stream_create(&gdev, &own));
-    CK("alloc", kvf_device_alloc(&own, 4 * N * 4, &dp));
-    ok = (gdev.kind != KVF_DEVICE_CUDA) || kvf_device_ptr_is_cuda(dp);
-    CK("fill", kvf_device_memset(&own, dp, 0x55, 4 * N * 4));
-    CK("zero", kvf_blocks_zero(&own, dp, N * 4, ids, 2));
-    CK("sync", kvf_device_sync(&own));
-    CK("back", kvf_device_memcpy(&own, back, dp, sizeof(back), KVF_COPY_D2H));
-    ok = ok && (back[N] == 0.0f) && (back[3 * N + 17] == 0.0f) && (back[0] != 0.0f);
-    printf("| %-28s | %-5s | %-12s | %-12s | %-7s | %s |\n", "blocks_zero on own stream", "u8",
-           ok ? "0" : "wrong", "-", "0", ok ? "PASS" : "FAIL");
-    failures += ok ? 0 : 1;
-    if (kvf_nccl_available() && (gdev.kind == KVF_DEVICE_CUDA)) {
-        kvf_nccl_id_t id;
-        kvf_nccl_comm_h comm = NULL;
-        CK("nccl id", kvf_nccl_id_make(&id));
-        CK("nccl init", kvf_nccl_comm_init(&own, &id, 1, 0, 30000, &comm));
-        CK("up", kvf_device_memcpy(&own, dp, h, sizeof(h), KVF_COPY_H2D));
-        CK("all-reduce", kvf_nccl_all_reduce_sum(comm, dp, (float *)dp + N, N));
-        CK("all-gather", kvf_nccl_all_gather(comm, (float *)dp + N, (float *)dp + 2 * N, N));
-        CK("broadcast", kvf_nccl_broadcast(comm, dp, (float *)dp + 3 * N, N * 4, 0));
-        down(back, dp, sizeof(back));
-        rowf("nccl all_reduce (1 rank)", "fp32", back + N, h, N, 0.0);
-        rowf("nccl all_gather (1 rank)", "fp32", back + 2 * N, h, N, 0.0);
-        rowf("nccl broadcast (1 rank)", "fp32", back + 3 * N, h, N, 0.0);
-        kvf_nccl_comm_destroy(comm);
-        check_nccl_two();
-    } else {
-        printf("| %-28s | %-5s | %-12s | %-12s | %-7s | %s |\n", "nccl collectives", "-", "-",
-               "-", "-", kvf_nccl_available() ? "not run (CPU device)" : "not built (no NCCL)");
-    }
-    kvf_device_free(&own, dp);
-    kvf_device_stream_destroy(&own);
 }
 
 int main(int argc, char **argv)

@@ -220,6 +220,72 @@ typedef struct ecase {
     int stale_nan;   /* the pool is NaN bytes but for the rows' own K/V */
 } ecase_t;
 
+/* Each request's blocks: distinct pool blocks, in reverse (tables are not identity); each
+ * row's position (drawn when the case scatters them) and request. Returns the largest
+ * position. */
+static int fill_tables(const ecase_t *c, kvf_test_rng_t *r, int nseq, const int *nb, int maxb,
+                       int nblocks, int32_t *tables, int32_t *pos, int32_t *tok_seq)
+{
+    int max_pos = 0;
+
+    for (int i = 0, o = 0, b = nblocks + 1; i < nseq; ++i) {
+        for (int j = 0; j < nb[i]; ++j) {
+            tables[(size_t)i * maxb + j] = b--;
+        }
+        for (int t = 0; t < c->rows[i]; ++t, ++o) {
+            pos[o] = c->scattered ? (int)kvf_test_rand(r, 0.0f, (float)(c->pos0[i] + t + 1))
+                                  : c->pos0[i] + t;
+            tok_seq[o] = i;
+            max_pos = (pos[o] > max_pos) ? pos[o] : max_pos;
+        }
+    }
+    return max_pos;
+}
+
+/* Every output of launch @L (@T tokens of case @c) against the per-token kernel's arithmetic
+ * written serially, bit for bit (@racc, @ro: head_dim floats of scratch); adds the NaN values
+ * seen to @nan_p. Returns the number of values compared. */
+static size_t compare_pertoken(const ecase_t *c, const emu_launch_t *L, const int32_t *tables,
+                               const int32_t *tok_seq, int T, float *racc, float *ro,
+                               size_t *nan_p)
+{
+    const int hd = c->hd, group = c->q_heads / c->kv_heads, splits = L->splits;
+    const int maxb = L->maxb;
+    const size_t ldq = (size_t)L->ldq;
+    const int32_t *pos = L->positions;
+    const float *q = L->q, *out = L->out, *pm = L->pm, *pl = L->pl, *pacc = L->pacc;
+    size_t compared = 0;
+
+    for (int t = 0; t < T; ++t) {
+        const int32_t *table = tables + (size_t)((c->num_seqs == 0) ? 0 : tok_seq[t]) * maxb;
+        for (int qh = 0; qh < c->q_heads; ++qh) {
+            const size_t row = (size_t)t * c->q_heads + qh;
+            for (int y = 0; y < splits; ++y) {
+                float m, l;
+                pertoken_ref(&L->g, q + (size_t)t * ldq + (size_t)qh * hd, table, pos[t],
+                             qh / group, y, splits, L->scale, &m, &l, racc, ro);
+                const size_t pi = row * splits + y;
+                if (splits == 1) {
+                    if (memcmp(ro, out + row * hd, (size_t)hd * 4) != 0) {
+                        fail_msg("out of row %d head %d differs (first %.9g vs %.9g)", t, qh,
+                                 (double)ro[0], (double)out[row * hd]);
+                    }
+                    *nan_p += kvf_test_count_nan(ro, (size_t)hd);
+                } else if ((memcmp(&m, pm + pi, 4) != 0) || (memcmp(&l, pl + pi, 4) != 0) ||
+                           (memcmp(racc, pacc + pi * hd, (size_t)hd * 4) != 0)) {
+                    fail_msg("partials of row %d head %d split %d differ (m %.9g vs %.9g, "
+                             "l %.9g vs %.9g)", t, qh, y, (double)m, (double)pm[pi], (double)l,
+                             (double)pl[pi]);
+                } else {
+                    *nan_p += kvf_test_count_nan(racc, (size_t)hd);
+                }
+                compared += (size_t)hd + 2;
+            }
+        }
+    }
+    return compared;
+}
+
 /* both sides on one case; returns the number of values compared */
 static size_t run_case(const ecase_t *c, uint64_t seed)
 {
@@ -264,18 +330,7 @@ static size_t run_case(const ecase_t *c, uint64_t seed)
             kvf_dtype_store(pool, c->dt, i, kvf_test_rand(&r, -1.0f, 1.0f));
         }
     }
-    /* each request's blocks: distinct pool blocks, in reverse (tables are not identity) */
-    for (int i = 0, o = 0, b = nblocks + 1; i < nseq; ++i) {
-        for (int j = 0; j < nb[i]; ++j) {
-            tables[(size_t)i * maxb + j] = b--;
-        }
-        for (int t = 0; t < c->rows[i]; ++t, ++o) {
-            pos[o] = c->scattered ? (int)kvf_test_rand(&r, 0.0f, (float)(c->pos0[i] + t + 1))
-                                  : c->pos0[i] + t;
-            tok_seq[o] = i;
-            max_pos = (pos[o] > max_pos) ? pos[o] : max_pos;
-        }
-    }
+    max_pos = fill_tables(c, &r, nseq, nb, maxb, nblocks, tables, pos, tok_seq);
     kvf_test_fill(&r, q, (size_t)T * ldq, -2.0f, 2.0f);
     kvf_test_fill(&r, kv_rows, (size_t)T * ld, -1.0f, 1.0f);
     if (c->stale_nan) {   /* the rows' own K and V written: the rest stays NaN */
@@ -324,34 +379,8 @@ static size_t run_case(const ecase_t *c, uint64_t seed)
                       out, pm, pl, pacc};
     emu_run(&L);
 
-    size_t compared = 0, nan_out = 0;
-    for (int t = 0; t < T; ++t) {
-        const int32_t *table = tables + (size_t)((c->num_seqs == 0) ? 0 : tok_seq[t]) * maxb;
-        for (int qh = 0; qh < c->q_heads; ++qh) {
-            const size_t row = (size_t)t * c->q_heads + qh;
-            for (int y = 0; y < splits; ++y) {
-                float m, l;
-                pertoken_ref(&g, q + (size_t)t * ldq + (size_t)qh * hd, table, pos[t],
-                             qh / group, y, splits, L.scale, &m, &l, racc, ro);
-                const size_t pi = row * splits + y;
-                if (splits == 1) {
-                    if (memcmp(ro, out + row * hd, (size_t)hd * 4) != 0) {
-                        fail_msg("out of row %d head %d differs (first %.9g vs %.9g)", t, qh,
-                                 (double)ro[0], (double)out[row * hd]);
-                    }
-                    nan_out += kvf_test_count_nan(ro, (size_t)hd);
-                } else if ((memcmp(&m, pm + pi, 4) != 0) || (memcmp(&l, pl + pi, 4) != 0) ||
-                           (memcmp(racc, pacc + pi * hd, (size_t)hd * 4) != 0)) {
-                    fail_msg("partials of row %d head %d split %d differ (m %.9g vs %.9g, "
-                             "l %.9g vs %.9g)", t, qh, y, (double)m, (double)pm[pi], (double)l,
-                             (double)pl[pi]);
-                } else {
-                    nan_out += kvf_test_count_nan(racc, (size_t)hd);
-                }
-                compared += (size_t)hd + 2;
-            }
-        }
-    }
+    size_t nan_out = 0;
+    const size_t compared = compare_pertoken(c, &L, tables, tok_seq, T, racc, ro, &nan_out);
     /* a stale pool must poison the rows whose last kernel block holds unwritten slots */
     if (c->stale_nan) {
         assert_true(nan_out > 0);

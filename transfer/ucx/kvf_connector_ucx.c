@@ -583,12 +583,45 @@ static kvf_status_t kvf_conn_post_next(kvf_connector_h conn, kvf_conn_rank_t *rk
     return status;
 }
 
+/* Rank @tp_rank's plan of @pull from engine @e: its blocks' pieces, the padding to zero. */
+static kvf_status_t kvf_conn_plan_pull(kvf_connector_h conn, int tp_rank,
+                                       const kvf_conn_engine_t *e,
+                                       const kvf_connector_pull_t *pull,
+                                       kvf_xfer_plan_t **plan_p)
+{
+    kvf_xfer_group_blocks_t groups[KVF_MAX_KV_GROUPS];
+    const kvf_conn_rank_t *rk = &conn->ranks[tp_rank];
+    kvf_xfer_plan_params_t pp;
+
+    memset(&pp, 0, sizeof(pp));
+    pp.field_mask = (conn->plan_flags != 0) ? KVF_XFER_PLAN_PARAM_FIELD_FLAGS : 0;
+    pp.flags = conn->plan_flags;
+    pp.cfg = &conn->cfg;
+    pp.layout = conn->layout;
+    pp.local_tp = conn->tp;
+    pp.local_rank = tp_rank;
+    pp.local_geom = &rk->geom;
+    pp.local_num_blocks = rk->num_blocks;
+    pp.remote_tp = e->tp;
+    pp.remote_geoms = e->geoms;
+    pp.remote_num_blocks = e->num_blocks;
+    pp.num_groups = pull->num_groups;
+    for (int g = 0; g < pull->num_groups; ++g) {
+        groups[g].local_ids = pull->local_ids[g];
+        groups[g].num_local = pull->num_local_ids[g];
+        groups[g].remote_ids = pull->remote_ids[g];
+        groups[g].num_remote = pull->num_remote_ids[g];
+    }
+    pp.groups = groups;
+    pp.num_tokens = pull->num_tokens;
+    kvf_conn_use_pieces(e, tp_rank, &pp);
+    return kvf_xfer_plan_create(&pp, plan_p);   /* checks every id and range */
+}
+
 static kvf_status_t kvf_conn_start_pull(kvf_connector_h conn, int tp_rank,
                                         const kvf_connector_pull_t *pull,
                                         kvf_connector_req_h *req_p)
 {
-    kvf_xfer_group_blocks_t groups[KVF_MAX_KV_GROUPS];
-    kvf_xfer_plan_params_t pp;
     kvf_connector_req_h req;
     kvf_conn_rank_t *rk;
     const kvf_conn_engine_t *e;
@@ -633,29 +666,7 @@ static kvf_status_t kvf_conn_start_pull(kvf_connector_h conn, int tp_rank,
     snprintf(req->request_id, sizeof(req->request_id), "%s",
              (pull->request_id != NULL) ? pull->request_id : "");
 
-    memset(&pp, 0, sizeof(pp));
-    pp.field_mask = (conn->plan_flags != 0) ? KVF_XFER_PLAN_PARAM_FIELD_FLAGS : 0;
-    pp.flags = conn->plan_flags;
-    pp.cfg = &conn->cfg;
-    pp.layout = conn->layout;
-    pp.local_tp = conn->tp;
-    pp.local_rank = tp_rank;
-    pp.local_geom = &rk->geom;
-    pp.local_num_blocks = rk->num_blocks;
-    pp.remote_tp = e->tp;
-    pp.remote_geoms = e->geoms;
-    pp.remote_num_blocks = e->num_blocks;
-    pp.num_groups = pull->num_groups;
-    for (int g = 0; g < pull->num_groups; ++g) {
-        groups[g].local_ids = pull->local_ids[g];
-        groups[g].num_local = pull->num_local_ids[g];
-        groups[g].remote_ids = pull->remote_ids[g];
-        groups[g].num_remote = pull->num_remote_ids[g];
-    }
-    pp.groups = groups;
-    pp.num_tokens = pull->num_tokens;
-    kvf_conn_use_pieces(e, tp_rank, &pp);
-    status = kvf_xfer_plan_create(&pp, &req->plan);   /* checks every id and range */
+    status = kvf_conn_plan_pull(conn, tp_rank, e, pull, &req->plan);
     if (status != KVF_OK) {
         goto err;
     }

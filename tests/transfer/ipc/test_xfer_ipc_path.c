@@ -538,6 +538,53 @@ static int serve_prefill(kvf_connector_h pre)
 
 /* ---- tests --------------------------------------------------------------- */
 
+/* Two pulls in flight take a second staging slot; with staging refused, pageable ops; a
+ * slot freed is taken again. */
+static void pulls_in_flight(kvf_connector_h dec, const uint8_t *dpool, const uint8_t *ppool)
+{
+    kvf_connector_pull_t pl;
+    kvf_connector_req_h r1, r2, r3;
+    kvf_status_t s1, s2, s3;
+    memset(&pl, 0, sizeof(pl));
+    pl.engine_id = "prefill-i";
+    pl.request_id = "r2";
+    pl.num_tokens = TOKENS;
+    pl.num_groups = 1;
+    pl.remote_ids[0] = rids;
+    pl.num_remote_ids[0] = 3;
+    pl.local_ids[0] = lids;
+    pl.num_local_ids[0] = 3;
+    counters_reset();
+    assert_int_equal(ops->start_pull(dec, 0, &pl, &r1), KVF_OK);
+    assert_int_equal(ops->start_pull(dec, 0, &pl, &r2), KVF_OK);
+    assert_int_equal(host_allocs, 2);
+    staging_fails = true;
+    for (int i = 0; i < 3; ++i) {                /* the third waits for neither */
+        assert_int_equal(ops->start_pull(dec, 0, &pl, &r3), KVF_OK);
+        assert_int_equal(ops->finish_pull(dec, 0, r3), KVF_OK);
+    }
+    staging_fails = false;
+    assert_int_equal(host_allocs, 2);
+    assert_int_equal(staged, 2);                 /* r1, r2 staged; r3 three times not */
+    assert_int_equal(gathers, 5);
+    while ((s1 = ops->poll(dec, 0, r1)) == KVF_INPROGRESS) {
+    }
+    while ((s2 = ops->poll(dec, 0, r2)) == KVF_INPROGRESS) {
+    }
+    assert_int_equal(s1, KVF_OK);
+    assert_int_equal(s2, KVF_OK);
+    assert_int_equal(ops->finish_pull(dec, 0, r1), KVF_OK);
+    assert_int_equal(ops->finish_pull(dec, 0, r2), KVF_OK);
+    assert_int_equal(ops->start_pull(dec, 0, &pl, &r3), KVF_OK);   /* a free slot again */
+    while ((s3 = ops->poll(dec, 0, r3)) == KVF_INPROGRESS) {
+    }
+    assert_int_equal(s3, KVF_OK);
+    assert_int_equal(ops->finish_pull(dec, 0, r3), KVF_OK);
+    assert_int_equal(host_allocs, 2);
+    assert_int_equal(staged, 3);
+    check_1p1d(dpool, ppool);
+}
+
 static void test_ipc_pull_1p1d(void **state)
 {
     kvf_connector_h pre, dec;
@@ -609,50 +656,7 @@ static void test_ipc_pull_1p1d(void **state)
     check_1p1d(dpool, ppool);
     assert_int_equal(events_destroyed, events);      /* every event dropped with its request */
 
-    /* two pulls in flight: a second staging slot; with staging refused, pageable ops */
-    {
-        kvf_connector_pull_t pl;
-        kvf_connector_req_h r1, r2, r3;
-        kvf_status_t s1, s2, s3;
-        memset(&pl, 0, sizeof(pl));
-        pl.engine_id = "prefill-i";
-        pl.request_id = "r2";
-        pl.num_tokens = TOKENS;
-        pl.num_groups = 1;
-        pl.remote_ids[0] = rids;
-        pl.num_remote_ids[0] = 3;
-        pl.local_ids[0] = lids;
-        pl.num_local_ids[0] = 3;
-        counters_reset();
-        assert_int_equal(ops->start_pull(dec, 0, &pl, &r1), KVF_OK);
-        assert_int_equal(ops->start_pull(dec, 0, &pl, &r2), KVF_OK);
-        assert_int_equal(host_allocs, 2);
-        staging_fails = true;
-        for (int i = 0; i < 3; ++i) {                /* the third waits for neither */
-            assert_int_equal(ops->start_pull(dec, 0, &pl, &r3), KVF_OK);
-            assert_int_equal(ops->finish_pull(dec, 0, r3), KVF_OK);
-        }
-        staging_fails = false;
-        assert_int_equal(host_allocs, 2);
-        assert_int_equal(staged, 2);                 /* r1, r2 staged; r3 three times not */
-        assert_int_equal(gathers, 5);
-        while ((s1 = ops->poll(dec, 0, r1)) == KVF_INPROGRESS) {
-        }
-        while ((s2 = ops->poll(dec, 0, r2)) == KVF_INPROGRESS) {
-        }
-        assert_int_equal(s1, KVF_OK);
-        assert_int_equal(s2, KVF_OK);
-        assert_int_equal(ops->finish_pull(dec, 0, r1), KVF_OK);
-        assert_int_equal(ops->finish_pull(dec, 0, r2), KVF_OK);
-        assert_int_equal(ops->start_pull(dec, 0, &pl, &r3), KVF_OK);   /* a free slot again */
-        while ((s3 = ops->poll(dec, 0, r3)) == KVF_INPROGRESS) {
-        }
-        assert_int_equal(s3, KVF_OK);
-        assert_int_equal(ops->finish_pull(dec, 0, r3), KVF_OK);
-        assert_int_equal(host_allocs, 2);
-        assert_int_equal(staged, 3);
-        check_1p1d(dpool, ppool);
-    }
+    pulls_in_flight(dec, dpool, ppool);
 
     /* the engine forgotten (a restart, an eviction): its mapping is closed at the next pull,
      * a fresh handshake maps it again */

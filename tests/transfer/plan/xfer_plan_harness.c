@@ -287,6 +287,70 @@ static void xp_bridge_pad(const xp_world_t *w, int dr, xp_check_t *ck, xp_pairs_
     xp_pairs_push(pairs, lend, a.rank, rend, pad);
 }
 
+/* xp_verify_decode for Mamba group @gi: every conv and SSM state row of the request's last
+ * block on decode rank @dr, and where each row comes from; with @pad_reads, the padding
+ * bridged between consecutive layers' pages. */
+static void xp_verify_mamba_group(xp_world_t *w, int dr, int gi, bool pad_reads, xp_check_t *ck,
+                                  xp_pairs_t *pairs)
+{
+    const kvf_model_config_t *cfg = &w->cfg;
+    const kvf_rank_geometry_t *g = &w->dg[dr];
+    const kvf_shard_t *s = &g->shard;
+    const kvf_kv_group_t *grp = &w->layout.groups[gi];
+    size_t conv_elt = kvf_dtype_size(g->conv_dtype), ssm_elt = kvf_dtype_size(g->ssm_dtype);
+    int slots = w->layout.slots;
+    uint8_t want[8];
+    int32_t id = w->lids[gi][w->nl[gi] - 1];
+    int32_t rid = w->rids[gi][w->nr[gi] - 1];
+    for (int j = 0; j < grp->num_layers; ++j) {
+        int layer = grp->layers[j];
+        uint64_t page = xp_page(id, slots, j, g->page_size);
+        size_t first = pairs->n;   /* this page's first row */
+        for (int c = 0; c < s->conv_dim; ++c) {
+            int part, global, r;
+            xp_conv_global(cfg, s, c, &part, &global);
+            uint64_t row = xp_row(XP_KIND_CONV, (uint64_t)layer, (uint64_t)part,
+                                  (uint64_t)global, 0);
+            for (int k = 0; k < cfg->conv_kernel - 1; ++k) {
+                xp_elem(row, k, conv_elt, want);
+                xp_expect(ck, page + kvf_conv_offset(g, cfg, c, k), want, conv_elt,
+                          "conv", layer, part, global, k, dr);
+            }
+            r = (part == 0) ?
+                kvf_tp_mamba_head_source(cfg, w->P, global / cfg->mamba_head_dim) :
+                kvf_tp_group_source(cfg, w->P, w->D, dr, global / cfg->ssm_state_size);
+            int rc = xp_conv_local(cfg, &w->pg[r].shard, part, global);
+            assert_true(rc >= 0);
+            xp_pairs_push(pairs, page + kvf_conv_offset(g, cfg, c, 0), r,
+                          xp_page(rid, slots, j, w->pg[r].page_size) +
+                          kvf_conv_offset(&w->pg[r], cfg, rc, 0),
+                          (uint64_t)(cfg->conv_kernel - 1) * conv_elt);
+        }
+        for (int h = 0; h < s->mamba_heads; ++h) {
+            int gh = s->mamba_head_start + h;
+            int r = kvf_tp_mamba_head_source(cfg, w->P, gh);
+            int rh = gh - w->pg[r].shard.mamba_head_start;
+            assert_true((rh >= 0) && (rh < w->pg[r].shard.mamba_heads));
+            for (int p = 0; p < cfg->mamba_head_dim; ++p) {
+                uint64_t row = xp_row(XP_KIND_SSM, (uint64_t)layer, (uint64_t)gh,
+                                      (uint64_t)p, 0);
+                for (int n = 0; n < cfg->ssm_state_size; ++n) {
+                    xp_elem(row, n, ssm_elt, want);
+                    xp_expect(ck, page + kvf_ssm_offset(g, cfg, h, p, n), want, ssm_elt,
+                              "ssm", layer, gh, p, n, dr);
+                }
+                xp_pairs_push(pairs, page + kvf_ssm_offset(g, cfg, h, p, 0), r,
+                              xp_page(rid, slots, j, w->pg[r].page_size) +
+                              kvf_ssm_offset(&w->pg[r], cfg, rh, p, 0),
+                              (uint64_t)cfg->ssm_state_size * ssm_elt);
+            }
+        }
+        if ((j > 0) && pad_reads) {   /* coalescing on */
+            xp_bridge_pad(w, dr, ck, pairs, first, page - g->page_size);
+        }
+    }
+}
+
 static void xp_verify_decode(xp_world_t *w, int dr, bool pad_reads, const uint8_t *pool,
                              size_t len, xp_pairs_t *pairs, unsigned long long *elements_p,
                              unsigned long long *zero_bytes_p)
@@ -295,7 +359,6 @@ static void xp_verify_decode(xp_world_t *w, int dr, bool pad_reads, const uint8_
     const kvf_rank_geometry_t *g = &w->dg[dr];
     const kvf_shard_t *s = &g->shard;
     size_t kv_elt = kvf_dtype_size(g->kv_dtype);
-    size_t conv_elt = kvf_dtype_size(g->conv_dtype), ssm_elt = kvf_dtype_size(g->ssm_dtype);
     size_t row_bytes = (size_t)cfg->head_dim * kv_elt;
     int slots = w->layout.slots;
     int bp = w->pg[0].block_size;
@@ -349,55 +412,7 @@ static void xp_verify_decode(xp_world_t *w, int dr, bool pad_reads, const uint8_
                 }
             }
         } else {
-            int32_t id = w->lids[gi][w->nl[gi] - 1];
-            int32_t rid = w->rids[gi][w->nr[gi] - 1];
-            for (int j = 0; j < grp->num_layers; ++j) {
-                int layer = grp->layers[j];
-                uint64_t page = xp_page(id, slots, j, g->page_size);
-                size_t first = pairs->n;   /* this page's first row */
-                for (int c = 0; c < s->conv_dim; ++c) {
-                    int part, global, r;
-                    xp_conv_global(cfg, s, c, &part, &global);
-                    uint64_t row = xp_row(XP_KIND_CONV, (uint64_t)layer, (uint64_t)part,
-                                          (uint64_t)global, 0);
-                    for (int k = 0; k < cfg->conv_kernel - 1; ++k) {
-                        xp_elem(row, k, conv_elt, want);
-                        xp_expect(&ck, page + kvf_conv_offset(g, cfg, c, k), want, conv_elt,
-                                  "conv", layer, part, global, k, dr);
-                    }
-                    r = (part == 0) ?
-                        kvf_tp_mamba_head_source(cfg, w->P, global / cfg->mamba_head_dim) :
-                        kvf_tp_group_source(cfg, w->P, w->D, dr, global / cfg->ssm_state_size);
-                    int rc = xp_conv_local(cfg, &w->pg[r].shard, part, global);
-                    assert_true(rc >= 0);
-                    xp_pairs_push(pairs, page + kvf_conv_offset(g, cfg, c, 0), r,
-                                  xp_page(rid, slots, j, w->pg[r].page_size) +
-                                  kvf_conv_offset(&w->pg[r], cfg, rc, 0),
-                                  (uint64_t)(cfg->conv_kernel - 1) * conv_elt);
-                }
-                for (int h = 0; h < s->mamba_heads; ++h) {
-                    int gh = s->mamba_head_start + h;
-                    int r = kvf_tp_mamba_head_source(cfg, w->P, gh);
-                    int rh = gh - w->pg[r].shard.mamba_head_start;
-                    assert_true((rh >= 0) && (rh < w->pg[r].shard.mamba_heads));
-                    for (int p = 0; p < cfg->mamba_head_dim; ++p) {
-                        uint64_t row = xp_row(XP_KIND_SSM, (uint64_t)layer, (uint64_t)gh,
-                                              (uint64_t)p, 0);
-                        for (int n = 0; n < cfg->ssm_state_size; ++n) {
-                            xp_elem(row, n, ssm_elt, want);
-                            xp_expect(&ck, page + kvf_ssm_offset(g, cfg, h, p, n), want, ssm_elt,
-                                      "ssm", layer, gh, p, n, dr);
-                        }
-                        xp_pairs_push(pairs, page + kvf_ssm_offset(g, cfg, h, p, 0), r,
-                                      xp_page(rid, slots, j, w->pg[r].page_size) +
-                                      kvf_ssm_offset(&w->pg[r], cfg, rh, p, 0),
-                                      (uint64_t)cfg->ssm_state_size * ssm_elt);
-                    }
-                }
-                if ((j > 0) && pad_reads) {   /* coalescing on */
-                    xp_bridge_pad(w, dr, &ck, pairs, first, page - g->page_size);
-                }
-            }
+            xp_verify_mamba_group(w, dr, gi, pad_reads, &ck, pairs);
         }
     }
     for (size_t i = 0; i < len; ++i) {   /* nothing else changed: padding, other blocks, slots */
@@ -591,6 +606,57 @@ void xp_case_block_sizes(const xp_case_t *c, int *p_block_p, int *d_block_p)
     free(w);
 }
 
+/* Decode rank @dr's plan against its expected (local, remote) pairs: the byte totals (exactly
+ * what the rank needs, each piece read once, per prefill rank in order) and, coalescing on,
+ * the minimal descriptor count. @pairs is sorted here. */
+static void xp_check_totals(const xp_world_t *w, const xp_case_t *c, int dr,
+                            const kvf_xfer_plan_t *plan, xp_pairs_t *pairs,
+                            unsigned long long zero_bytes)
+{
+    unsigned long long want_bytes = 0, rank_bytes[XP_MAX_TP] = {0};
+    size_t runs = 0;
+
+    /* byte totals: exactly what the rank needs, each piece read once */
+    for (size_t i = 0; i < pairs->n; ++i) {
+        want_bytes += pairs->v[i].len;
+        rank_bytes[pairs->v[i].rank] += pairs->v[i].len;
+    }
+    assert_int_equal(plan->total_bytes, want_bytes);
+    assert_int_equal(plan->attn_bytes + plan->mamba_bytes + plan->pad_bytes, want_bytes);
+    assert_int_equal(plan->zero_bytes, zero_bytes);
+    {
+        int i = 0;
+        for (int r = 0; r < w->P; ++r) {
+            if (rank_bytes[r] == 0) {
+                continue;
+            }
+            assert_true(i < plan->num_ranks);
+            assert_int_equal(plan->ranks[i].remote_rank, r);
+            assert_int_equal(plan->ranks[i].bytes, rank_bytes[r]);
+            ++i;
+        }
+        assert_int_equal(i, plan->num_ranks);
+    }
+
+    /* minimal descriptor count: maximal runs contiguous on both sides */
+    qsort(pairs->v, pairs->n, sizeof(*pairs->v), xp_pair_cmp);
+    for (size_t i = 0; i < pairs->n; ++i) {
+        const xp_pair_t *q = &pairs->v[i], *prev = (i > 0) ? &pairs->v[i - 1] : NULL;
+        if ((prev == NULL) || (prev->rank != q->rank) ||
+            (prev->loff + prev->len != q->loff) || (prev->roff + prev->len != q->roff)) {
+            ++runs;
+        }
+    }
+    if (c->no_coalesce) {
+        assert_true(plan->total_descs >= runs);
+    } else {
+        if (plan->total_descs != runs) {
+            fail_msg("P%d D%d rank %d N %" PRId64 ": %zu descriptors, minimal is %zu",
+                     w->P, w->D, dr, w->N, plan->total_descs, runs);
+        }
+    }
+}
+
 void xp_run_case(const xp_case_t *c, xp_totals_t *totals)
 {
     xp_world_t *w = calloc(1, sizeof(*w));
@@ -643,8 +709,7 @@ void xp_run_case(const xp_case_t *c, xp_totals_t *totals)
         const void *bases[XP_MAX_TP];
         size_t lens[XP_MAX_TP];
         xp_pairs_t pairs = {0};
-        unsigned long long elements, zero_bytes, want_bytes = 0, rank_bytes[XP_MAX_TP] = {0};
-        size_t runs = 0;
+        unsigned long long elements, zero_bytes;
         kvf_xfer_plan_t *plan = NULL;
         uint8_t *a, *b;
 
@@ -668,45 +733,7 @@ void xp_run_case(const xp_case_t *c, xp_totals_t *totals)
 
         xp_verify_decode(w, dr, !c->no_coalesce, a, dlen, &pairs, &elements, &zero_bytes);
 
-        /* byte totals: exactly what the rank needs, each piece read once */
-        for (size_t i = 0; i < pairs.n; ++i) {
-            want_bytes += pairs.v[i].len;
-            rank_bytes[pairs.v[i].rank] += pairs.v[i].len;
-        }
-        assert_int_equal(plan->total_bytes, want_bytes);
-        assert_int_equal(plan->attn_bytes + plan->mamba_bytes + plan->pad_bytes, want_bytes);
-        assert_int_equal(plan->zero_bytes, zero_bytes);
-        {
-            int i = 0;
-            for (int r = 0; r < w->P; ++r) {
-                if (rank_bytes[r] == 0) {
-                    continue;
-                }
-                assert_true(i < plan->num_ranks);
-                assert_int_equal(plan->ranks[i].remote_rank, r);
-                assert_int_equal(plan->ranks[i].bytes, rank_bytes[r]);
-                ++i;
-            }
-            assert_int_equal(i, plan->num_ranks);
-        }
-
-        /* minimal descriptor count: maximal runs contiguous on both sides */
-        qsort(pairs.v, pairs.n, sizeof(*pairs.v), xp_pair_cmp);
-        for (size_t i = 0; i < pairs.n; ++i) {
-            const xp_pair_t *q = &pairs.v[i], *prev = (i > 0) ? &pairs.v[i - 1] : NULL;
-            if ((prev == NULL) || (prev->rank != q->rank) ||
-                (prev->loff + prev->len != q->loff) || (prev->roff + prev->len != q->roff)) {
-                ++runs;
-            }
-        }
-        if (c->no_coalesce) {
-            assert_true(plan->total_descs >= runs);
-        } else {
-            if (plan->total_descs != runs) {
-                fail_msg("P%d D%d rank %d N %" PRId64 ": %zu descriptors, minimal is %zu",
-                         w->P, w->D, dr, w->N, plan->total_descs, runs);
-            }
-        }
+        xp_check_totals(w, c, dr, plan, &pairs, zero_bytes);
 
         totals->rank_plans++;
         totals->descs += plan->total_descs;

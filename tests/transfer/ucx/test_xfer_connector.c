@@ -99,10 +99,95 @@ static void *prefill_rank(void *arg)
     return NULL;
 }
 
+/* The decode pool registered; its metadata holds one region and, not being remotely
+ * accessible, no key. */
+static void register_decode_pool(kvf_connector_h dconn, uint8_t *dpool, size_t dlen,
+                                 kvf_cache_params_t params)
+{
+    kvf_connector_pool_t pool = {0, dpool, dlen, D_BLOCKS, params, kvf_device_cpu()};
+    uint8_t meta[32768];
+    size_t mlen = 0;
+    assert_int_equal(ops->register_pool(dconn, &pool), KVF_OK);
+    assert_int_equal(ops->get_metadata(dconn, 0, meta, sizeof(meta), &mlen), KVF_OK);
+    assert_true(mlen > 0);
+    {   /* decode's pool is not remotely accessible: its metadata holds no key */
+        Kvf__HandshakeReply *r = kvf__handshake_reply__unpack(NULL, mlen, meta);
+        assert_non_null(r);
+        assert_int_equal(r->n_ranks, 1);
+        assert_int_equal(r->ranks[0]->n_regions, 1);
+        assert_int_equal(r->ranks[0]->regions[0]->rkey.len, 0);
+        assert_true(r->ranks[0]->regions[0]->length > 0);
+        kvf__handshake_reply__free_unpacked(r, NULL);
+    }
+}
+
+/* What the pull must have written: the same plan applied to @ref with memcpy from the two
+ * prefill ranks' pools. */
+static void pull_reference(const kvf_cache_params_t *params, const prank_t *pr, uint8_t *ref,
+                           size_t dlen)
+{
+    kvf_rank_geometry_t lg, rg[2];
+    int64_t rnb[2] = {P_BLOCKS, P_BLOCKS};
+    kvf_xfer_group_blocks_t groups[3] = {
+        {d_ids0, 2, p_ids0, 2}, {d_ids1, 1, p_ids1, 1}, {d_ids2, 1, p_ids2, 1}};
+    kvf_xfer_plan_params_t pp;
+    kvf_xfer_plan_t *plan;
+    const void *bases[2] = {pr[0].pool, pr[1].pool};
+    size_t lens[2] = {pr[0].len, pr[1].len};
+
+    assert_int_equal(kvf_rank_geometry_compute(&cfg, params, 1, 0, &lg), KVF_OK);
+    for (int r = 0; r < 2; ++r) {
+        assert_int_equal(kvf_rank_geometry_compute(&cfg, params, 2, r, &rg[r]), KVF_OK);
+    }
+    memset(&pp, 0, sizeof(pp));
+    pp.cfg = &cfg;
+    pp.layout = &layout;
+    pp.local_tp = 1;
+    pp.local_rank = 0;
+    pp.local_geom = &lg;
+    pp.local_num_blocks = D_BLOCKS;
+    pp.remote_tp = 2;
+    pp.remote_geoms = rg;
+    pp.remote_num_blocks = rnb;
+    pp.num_groups = 3;
+    pp.groups = groups;
+    pp.num_tokens = TOKENS;
+    assert_int_equal(kvf_xfer_plan_create(&pp, &plan), KVF_OK);
+    assert_int_equal(kvf_xfer_plan_apply_local(plan, ref, dlen, bases, lens), KVF_OK);
+    assert_true(plan->total_bytes > 0);
+    kvf_xfer_plan_destroy(plan);
+}
+
+/* A decode instance with fp16 KV is refused by the bf16 prefill at @port, naming the field
+ * and both values. */
+static void check_fp16_refused(kvf_connector_config_t dc, kvf_cache_params_t params, int port)
+{
+    kvf_connector_h bad;
+    char why[512];
+    kvf_cache_params_t p16 = params;
+    uint8_t *pool16;
+    size_t len16;
+
+    dc.engine_id = "decode-fp16";
+    p16.kv_dtype = KVF_DTYPE_FP16;
+    len16 = pool_bytes(&p16, 1, 0, D_BLOCKS);
+    pool16 = malloc(len16);
+    assert_non_null(pool16);
+    assert_int_equal(ops->create(&dc, &bad), KVF_OK);
+    kvf_connector_pool_t pool = {0, pool16, len16, D_BLOCKS, p16, kvf_device_cpu()};
+    assert_int_equal(ops->register_pool(bad, &pool), KVF_OK);
+    assert_int_equal(ops->handshake(bad, "prefill-c", "127.0.0.1", port, why, sizeof(why)),
+                     KVF_ERR_REFUSED);
+    assert_memory_equal(why, "handshake refused: kv_dtype prefill=bf16 decode=fp16: ",
+                        strlen("handshake refused: kv_dtype prefill=bf16 decode=fp16: "));
+    ops->destroy(bad);
+    free(pool16);
+}
+
 static void test_ucx_connector(void **state)
 {
     kvf_connector_config_t pc = {0}, dc = {0};
-    kvf_connector_h pconn, dconn, bad;
+    kvf_connector_h pconn, dconn;
     kvf_cache_params_t params;
     prank_t pr[2];
     pthread_t th[2];
@@ -157,23 +242,7 @@ static void test_ucx_connector(void **state)
     assert_non_null(ref);
     memset(dpool, 0xab, dlen);
     memset(ref, 0xab, dlen);
-    {
-        kvf_connector_pool_t pool = {0, dpool, dlen, D_BLOCKS, params, kvf_device_cpu()};
-        uint8_t meta[32768];
-        size_t mlen = 0;
-        assert_int_equal(ops->register_pool(dconn, &pool), KVF_OK);
-        assert_int_equal(ops->get_metadata(dconn, 0, meta, sizeof(meta), &mlen), KVF_OK);
-        assert_true(mlen > 0);
-        {   /* decode's pool is not remotely accessible: its metadata holds no key */
-            Kvf__HandshakeReply *r = kvf__handshake_reply__unpack(NULL, mlen, meta);
-            assert_non_null(r);
-            assert_int_equal(r->n_ranks, 1);
-            assert_int_equal(r->ranks[0]->n_regions, 1);
-            assert_int_equal(r->ranks[0]->regions[0]->rkey.len, 0);
-            assert_true(r->ranks[0]->regions[0]->length > 0);
-            kvf__handshake_reply__free_unpacked(r, NULL);
-        }
-    }
+    register_decode_pool(dconn, dpool, dlen, params);
 
     /* pull before the handshake: unknown engine */
     memset(&pull, 0, sizeof(pull));
@@ -214,38 +283,7 @@ static void test_ucx_connector(void **state)
     assert_int_equal(st, KVF_OK);
 
     /* reference: the same plan applied with memcpy */
-    {
-        kvf_rank_geometry_t lg, rg[2];
-        int64_t rnb[2] = {P_BLOCKS, P_BLOCKS};
-        kvf_xfer_group_blocks_t groups[3] = {
-            {d_ids0, 2, p_ids0, 2}, {d_ids1, 1, p_ids1, 1}, {d_ids2, 1, p_ids2, 1}};
-        kvf_xfer_plan_params_t pp;
-        kvf_xfer_plan_t *plan;
-        const void *bases[2] = {pr[0].pool, pr[1].pool};
-        size_t lens[2] = {pr[0].len, pr[1].len};
-
-        assert_int_equal(kvf_rank_geometry_compute(&cfg, &params, 1, 0, &lg), KVF_OK);
-        for (int r = 0; r < 2; ++r) {
-            assert_int_equal(kvf_rank_geometry_compute(&cfg, &params, 2, r, &rg[r]), KVF_OK);
-        }
-        memset(&pp, 0, sizeof(pp));
-        pp.cfg = &cfg;
-        pp.layout = &layout;
-        pp.local_tp = 1;
-        pp.local_rank = 0;
-        pp.local_geom = &lg;
-        pp.local_num_blocks = D_BLOCKS;
-        pp.remote_tp = 2;
-        pp.remote_geoms = rg;
-        pp.remote_num_blocks = rnb;
-        pp.num_groups = 3;
-        pp.groups = groups;
-        pp.num_tokens = TOKENS;
-        assert_int_equal(kvf_xfer_plan_create(&pp, &plan), KVF_OK);
-        assert_int_equal(kvf_xfer_plan_apply_local(plan, ref, dlen, bases, lens), KVF_OK);
-        assert_true(plan->total_bytes > 0);
-        kvf_xfer_plan_destroy(plan);
-    }
+    pull_reference(&params, pr, ref, dlen);
     assert_memory_equal(dpool, ref, dlen);
 
     assert_int_equal(ops->notify_release(dconn, 0, req), KVF_OK);
@@ -257,25 +295,7 @@ static void test_ucx_connector(void **state)
     }
 
     /* a decode instance with fp16 KV is refused, naming the field and both values */
-    {
-        kvf_cache_params_t p16 = params;
-        uint8_t *pool16;
-        size_t len16;
-        dc.engine_id = "decode-fp16";
-        p16.kv_dtype = KVF_DTYPE_FP16;
-        len16 = pool_bytes(&p16, 1, 0, D_BLOCKS);
-        pool16 = malloc(len16);
-        assert_non_null(pool16);
-        assert_int_equal(ops->create(&dc, &bad), KVF_OK);
-        kvf_connector_pool_t pool = {0, pool16, len16, D_BLOCKS, p16, kvf_device_cpu()};
-        assert_int_equal(ops->register_pool(bad, &pool), KVF_OK);
-        assert_int_equal(ops->handshake(bad, "prefill-c", "127.0.0.1", port, why, sizeof(why)),
-                         KVF_ERR_REFUSED);
-        assert_memory_equal(why, "handshake refused: kv_dtype prefill=bf16 decode=fp16: ",
-                            strlen("handshake refused: kv_dtype prefill=bf16 decode=fp16: "));
-        ops->destroy(bad);
-        free(pool16);
-    }
+    check_fp16_refused(dc, params, port);
 
     ops->destroy(dconn);
     ops->destroy(pconn);

@@ -226,6 +226,63 @@ int __wrap_kvf_device_memcpy(const kvf_device_t *dev, void *dst, const void *src
 
 /* ---- the test ------------------------------------------------------------- */
 
+/* 48 tokens: three whole blocks, and a fourth local block for the first generated token,
+ * never pulled: its pages are zeroed whole, by the same single launch. */
+static void pull_48_tokens(kvf_connector_h dec, kvf_connector_pull_t *pull, const uint8_t *ppool,
+                           const uint8_t *dpool, size_t page, const int32_t *rids,
+                           uint64_t deadline)
+{
+    kvf_connector_req_h req;
+    kvf_connector_stats_t st;
+    kvf_status_t s;
+    static const int32_t lids2[4] = {0, 2, 5, 3};
+
+    batch_calls = ranges_zeroed = ranges_zero_bytes = 0;
+    sync_after_zero = 0;
+    pull->num_tokens = 48;
+    pull->local_ids[0] = lids2;
+    pull->num_local_ids[0] = 4;
+    assert_int_equal(ops->start_pull(dec, 0, pull, &req), KVF_OK);
+    while (((s = ops->poll(dec, 0, req)) == KVF_INPROGRESS) &&
+           (kvf_time_now_ns() < deadline)) {
+    }
+    print_message("pull of 48: %s; zero_ranges_batch %zu call(s), %zu bytes\n",
+                  kvf_status_str(s), batch_calls, ranges_zero_bytes);
+    assert_int_equal(s, KVF_OK);
+    assert_int_equal(ops->req_stats(dec, 0, req, &st), KVF_OK);
+    assert_int_equal(ops->finish_pull(dec, 0, req), KVF_OK);
+    assert_int_equal(batch_calls, 1);
+    assert_int_equal(ranges_zero_bytes, page);          /* block 3, whole */
+    assert_int_equal(old_zero_calls, 0);
+    assert_int_equal(st.zero_bytes, page);
+    assert_int_equal(sync_after_zero, 1);
+    for (int i = 0; i < 3; ++i) {
+        assert_memory_equal(dpool + (size_t)lids2[i] * page, ppool + (size_t)rids[i] * page,
+                            page);
+    }
+    for (size_t k = 0; k < page; ++k) {
+        assert_int_equal(dpool[3 * page + k], 0);
+    }
+}
+
+/* The KV digest of a device pool: the landed bytes copied to the host (device-to-host
+ * copies, here the CPU's), equal to the digest of the same ranges of prefill's pool. */
+static void check_device_digest(kvf_connector_h dec, kvf_connector_req_h req,
+                                const uint8_t *ppool, size_t pulled_bytes)
+{
+    const kvf_kv_digest_t *dg;
+    size_t bytes = 0;
+    int ndg;
+    assert_int_equal(ops->req_digests(dec, 0, req, &dg, &ndg), KVF_OK);
+    assert_int_equal(ndg, 1);
+    for (size_t k = 0; k < dg[0].num_ranges; ++k) {
+        bytes += dg[0].ranges[2 * k + 1];
+    }
+    assert_int_equal(bytes, pulled_bytes);
+    assert_int_equal(d2h_bytes, pulled_bytes);        /* each pulled byte copied once */
+    assert_true(dg[0].digest == kvf_kv_digest_ranges(ppool, dg[0].ranges, dg[0].num_ranges));
+}
+
 static void test_device_pool_zeroing(void **state)
 {
     size_t psz, page = xt_pool_bytes(1, &psz);   /* "page" below: one block, slots pages */
@@ -301,21 +358,7 @@ static void test_device_pool_zeroing(void **state)
     assert_int_equal(sync_after_zero, 1);             /* synced once, after the zeroing */
     assert_false(zero_since_sync);
     assert_true(binds >= 1);                          /* the pool's device made current */
-    /* KV digest of a device pool: the landed bytes copied to the host (device-to-host
-     * copies, here the CPU's), equal to the digest of the same ranges of prefill's pool */
-    {
-        const kvf_kv_digest_t *dg;
-        size_t bytes = 0;
-        int ndg;
-        assert_int_equal(ops->req_digests(dec, 0, req, &dg, &ndg), KVF_OK);
-        assert_int_equal(ndg, 1);
-        for (size_t k = 0; k < dg[0].num_ranges; ++k) {
-            bytes += dg[0].ranges[2 * k + 1];
-        }
-        assert_int_equal(bytes, st.bytes);
-        assert_int_equal(d2h_bytes, st.bytes);        /* each pulled byte copied once */
-        assert_true(dg[0].digest == kvf_kv_digest_ranges(ppool, dg[0].ranges, dg[0].num_ranges));
-    }
+    check_device_digest(dec, req, ppool, st.bytes);
     assert_int_equal(ops->finish_pull(dec, 0, req), KVF_OK);
 
     /* bytes: local blocks 4, 1, 3 hold remote 0, 1, 2 up to the tokens; the tail of the
@@ -340,37 +383,7 @@ static void test_device_pool_zeroing(void **state)
         }
     }
 
-    /* 48 tokens: three whole blocks, and a fourth local block for the first generated
-     * token, never pulled: its pages are zeroed whole, by the same single launch */
-    {
-        static const int32_t lids2[4] = {0, 2, 5, 3};
-        batch_calls = ranges_zeroed = ranges_zero_bytes = 0;
-        sync_after_zero = 0;
-        pull.num_tokens = 48;
-        pull.local_ids[0] = lids2;
-        pull.num_local_ids[0] = 4;
-        assert_int_equal(ops->start_pull(dec, 0, &pull, &req), KVF_OK);
-        while (((s = ops->poll(dec, 0, req)) == KVF_INPROGRESS) &&
-               (kvf_time_now_ns() < deadline)) {
-        }
-        print_message("pull of 48: %s; zero_ranges_batch %zu call(s), %zu bytes\n",
-                      kvf_status_str(s), batch_calls, ranges_zero_bytes);
-        assert_int_equal(s, KVF_OK);
-        assert_int_equal(ops->req_stats(dec, 0, req, &st), KVF_OK);
-        assert_int_equal(ops->finish_pull(dec, 0, req), KVF_OK);
-        assert_int_equal(batch_calls, 1);
-        assert_int_equal(ranges_zero_bytes, page);          /* block 3, whole */
-        assert_int_equal(old_zero_calls, 0);
-        assert_int_equal(st.zero_bytes, page);
-        assert_int_equal(sync_after_zero, 1);
-        for (int i = 0; i < 3; ++i) {
-            assert_memory_equal(dpool + (size_t)lids2[i] * page, ppool + (size_t)rids[i] * page,
-                                page);
-        }
-        for (size_t k = 0; k < page; ++k) {
-            assert_int_equal(dpool[3 * page + k], 0);
-        }
-    }
+    pull_48_tokens(dec, &pull, ppool, dpool, page, rids, deadline);
     ops->destroy(dec);
     ops->destroy(pre);
     assert_int_equal(streams_destroyed, 1);
