@@ -385,6 +385,7 @@ static kvf_status_t kvf_proxy_flow_pick(kvf_proxy_flow_t *flow)
     rq.num_tokens = flow->req->num_prompt;
     rq.prefill_timeout_ms = ctx->prefill_timeout_ms;
     rq.budget_ms = (left_ms < ctx->prefill_timeout_ms) ? left_ms : ctx->prefill_timeout_ms;
+    rq.queued_ms = flow->admit.queued ? (kvf_proxy_now_us() - flow->queued_us) / 1000 + 1 : 0;
     if (flow->admit.queued && !kvf_proxy_admit_is_head(ctx->admit, &flow->admit)) {
         return KVF_PROXY_FLOW_PENDING;   /* first come first served (by priority): the head */
     }

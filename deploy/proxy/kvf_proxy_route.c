@@ -393,7 +393,8 @@ static kvf_status_t kvf_proxy_route_admit(kvf_proxy_pool_h pool, const kvf_proxy
                                           kvf_proxy_route_t *rt)
 {
     kvf_proxy_instance_info_t pi;
-    double rate, alone_ms, budget = (double)rq->budget_ms * KVF_PROXY_ADMIT_HEADROOM;
+    double rate, alone_ms;
+    double budget = (double)rq->budget_ms * ((rq->queued_ms > 0) ? 1.0 : KVF_PROXY_ADMIT_HEADROOM);
 
     kvf_proxy_pool_info(pool, KVF_PROXY_ROLE_PREFILL, rt->prefill_idx, &pi);
     rate = kvf_proxy_route_rate(&pi);
@@ -417,9 +418,11 @@ static kvf_status_t kvf_proxy_route_admit(kvf_proxy_pool_h pool, const kvf_proxy
                                     "overloaded: the least busy prefill instance (%s) has %llu"
                                     " prompt tokens queued; at its recent %.0f tokens/s this"
                                     " request's first token would take about %.1f s, over the"
-                                    " %.1f s it may wait; retry after %d s", pi.url,
+                                    " %.1f s it may wait%s; retry after %d s", pi.url,
                                     (unsigned long long)kvf_proxy_route_queued(&pi), rate,
                                     rt->predicted_wait_ms / 1000.0, budget / 1000.0,
+                                    (rq->queued_ms > 0) ? " after its wait in the proxy's queue"
+                                                        : "",
                                     rt->retry_after_s);
     }
     return KVF_OK;

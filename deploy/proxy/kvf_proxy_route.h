@@ -60,6 +60,10 @@ typedef struct kvf_proxy_route_req {
     int     num_tokens;           /* prompt length, >= 1 */
     int64_t budget_ms;            /* how long it may wait for its first token */
     int64_t prefill_timeout_ms;   /* --prefill-timeout: a prompt alone longer is a 400 */
+    int64_t queued_ms;            /* > 0: it waited this long in the proxy's admission queue
+                                     and is its head; admitted while the predicted wait fits
+                                     the whole budget (no headroom: the margin it was queued
+                                     with is what it spent waiting) */
 } kvf_proxy_route_req_t;
 
 typedef struct kvf_proxy_route {

@@ -187,6 +187,21 @@ static void test_pick_and_admit(void **state)
     assert_int_equal(rt.prefill_idx, -1);
     assert_non_null(strstr(rt.why, "tcp://127.0.0.1:9"));
 
+    /* the head of the proxy's queue: the whole 5.5 s budget, no headroom (admitted at
+     * 5.1 s); at 5 s still refused, and the refusal says it waited */
+    rq.budget_ms = 5500;
+    rq.queued_ms = 2000;
+    pthread_mutex_lock(&pool->lock);
+    info_of(pool, 1, 0)->reserved = 0;   /* the picks above reserved decode 0 */
+    pthread_mutex_unlock(&pool->lock);
+    assert_int_equal(kvf_proxy_route_pick(pool, &rq, &rt), KVF_OK);
+    assert_int_equal(rt.prefill_idx, 0);
+    rq.budget_ms = 5000;
+    assert_int_equal(kvf_proxy_route_pick(pool, &rq, &rt), KVF_ERR_NO_RESOURCE);
+    assert_int_equal(rt.reason, KVF_PROXY_REJECT_PREDICTED_WAIT);
+    assert_non_null(strstr(rt.why, "after its wait in the proxy's queue"));
+    rq.queued_ms = 0;
+
     /* a prompt that alone takes 20 s at 1000 tokens/s > --prefill-timeout 10 s: a 400 */
     rq.budget_ms = 10000;
     rq.num_tokens = 20000;
