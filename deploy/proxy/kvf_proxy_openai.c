@@ -10,6 +10,7 @@
  * served the request and ttft_ms, which OpenAI clients ignore.
  */
 #include "kvf_proxy_openai.h"
+#include "kvf_proxy_refuse.h"
 #include "kvf_proxy_chat.h"
 #include "kvf_proxy_sampling.h"
 #include "kvf_proxy_message.h"
@@ -17,32 +18,9 @@
 
 #include <cjson/cJSON.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static kvf_status_t kvf_proxy_bad(int *http_p, const char **param_p, const char *param,
-                                  int http, char *err, size_t cap, kvf_status_t status,
-                                  const char *fmt, ...)
-    __attribute__((format(printf, 8, 9)));
-
-/* Record an error: its HTTP status, the offending field (NULL: none) and the message. */
-static kvf_status_t kvf_proxy_bad(int *http_p, const char **param_p, const char *param,
-                                  int http, char *err, size_t cap, kvf_status_t status,
-                                  const char *fmt, ...)
-{
-    va_list ap;
-
-    va_start(ap, fmt);
-    vsnprintf(err, cap, fmt, ap);
-    va_end(ap);
-    *http_p = http;
-    if (param_p != NULL) {
-        *param_p = param;
-    }
-    return status;
-}
 
 /* An integral JSON number in [lo, hi]. */
 static bool kvf_proxy_json_int(const cJSON *item, double lo, double hi, double *out)
@@ -211,8 +189,8 @@ static kvf_status_t kvf_proxy_check_keys(const cJSON *root, unsigned where, int 
             return KVF_ERR_INVALID_PARAM;
         }
         if ((f->kind != KVF_F_HONOURED) && !kvf_field_is_off(it, f->kind)) {
-            return kvf_proxy_bad(http_p, param_p, f->name, 400, err, cap, KVF_ERR_INVALID_PARAM,
-                                 "'%s' is not supported: %s", f->name, f->why);
+            return kvf_proxy_refuse(http_p, param_p, f->name, 400, err, cap, KVF_ERR_INVALID_PARAM,
+                                    "'%s' is not supported: %s", f->name, f->why);
         }
     }
     return KVF_OK;
@@ -237,12 +215,12 @@ static kvf_status_t kvf_proxy_num(const cJSON *root, const char *name, double lo
         return KVF_OK;
     }
     if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble)) {
-        return kvf_proxy_bad(http_p, param_p, name, 400, err, cap, KVF_ERR_INVALID_PARAM,
-                             "'%s' must be a number", name);
+        return kvf_proxy_refuse(http_p, param_p, name, 400, err, cap, KVF_ERR_INVALID_PARAM,
+                                "'%s' must be a number", name);
     }
     if ((it->valuedouble < lo) || (it->valuedouble > hi)) {
-        return kvf_proxy_bad(http_p, param_p, name, 400, err, cap, KVF_ERR_INVALID_PARAM,
-                             "'%s' = %g must be in %s", name, it->valuedouble, range);
+        return kvf_proxy_refuse(http_p, param_p, name, 400, err, cap, KVF_ERR_INVALID_PARAM,
+                                "'%s' = %g must be in %s", name, it->valuedouble, range);
     }
     *out = (float)it->valuedouble;
     return KVF_OK;
@@ -260,12 +238,12 @@ static kvf_status_t kvf_proxy_intf(const cJSON *root, const char *name, double l
         return KVF_OK;
     }
     if (!kvf_proxy_json_int(it, -1e18, 1e18, &v)) {
-        return kvf_proxy_bad(http_p, param_p, name, 400, err, cap, KVF_ERR_INVALID_PARAM,
-                             "'%s' must be an integer", name);
+        return kvf_proxy_refuse(http_p, param_p, name, 400, err, cap, KVF_ERR_INVALID_PARAM,
+                                "'%s' must be an integer", name);
     }
     if ((v < lo) || (v > hi)) {
-        return kvf_proxy_bad(http_p, param_p, name, 400, err, cap, KVF_ERR_INVALID_PARAM,
-                             "'%s' = %.0f must be in [%.0f, %.0f]", name, v, lo, hi);
+        return kvf_proxy_refuse(http_p, param_p, name, 400, err, cap, KVF_ERR_INVALID_PARAM,
+                                "'%s' = %.0f must be in [%.0f, %.0f]", name, v, lo, hi);
     }
     *out = v;
     return KVF_OK;
@@ -281,8 +259,8 @@ static kvf_status_t kvf_proxy_boolf(const cJSON *root, const char *name, bool *o
         return KVF_OK;
     }
     if (!cJSON_IsBool(it)) {
-        return kvf_proxy_bad(http_p, param_p, name, 400, err, cap, KVF_ERR_INVALID_PARAM,
-                             "'%s' must be a boolean", name);
+        return kvf_proxy_refuse(http_p, param_p, name, 400, err, cap, KVF_ERR_INVALID_PARAM,
+                                "'%s' must be a boolean", name);
     }
     *out = cJSON_IsTrue(it);
     return KVF_OK;
@@ -309,14 +287,14 @@ static kvf_status_t kvf_proxy_parse_one_prompt(const kvf_proxy_openai_ctx_t *ctx
 
         ids = malloc(sizeof(int32_t) * (size_t)(capacity > 0 ? capacity : 1));
         if (ids == NULL) {
-            return kvf_proxy_bad(http_p, param_p, NULL,
-                                 500, err, cap, KVF_ERR_NO_MEMORY, "out of memory");
+            return kvf_proxy_refuse(http_p, param_p, NULL,
+                                    500, err, cap, KVF_ERR_NO_MEMORY, "out of memory");
         }
         req->prompts[idx] = ids;
         n = kvf_tokenizer_encode(ctx->tok, prompt->valuestring, len, add_bos, ids, capacity);
         if (n < 0) {
-            return kvf_proxy_bad(http_p, param_p, "prompt", 400, err, cap, KVF_ERR_OUT_OF_RANGE,
-                                 "'prompt' is longer than %d tokens", ctx->max_prompt_tokens);
+            return kvf_proxy_refuse(http_p, param_p, "prompt", 400, err, cap, KVF_ERR_OUT_OF_RANGE,
+                                    "'prompt' is longer than %d tokens", ctx->max_prompt_tokens);
         }
     } else if (cJSON_IsArray(prompt)) {
         int size = cJSON_GetArraySize(prompt);
@@ -324,33 +302,33 @@ static kvf_status_t kvf_proxy_parse_one_prompt(const kvf_proxy_openai_ctx_t *ctx
 
         ids = malloc(sizeof(int32_t) * (size_t)(size > 0 ? size : 1));
         if (ids == NULL) {
-            return kvf_proxy_bad(http_p, param_p, NULL,
-                                 500, err, cap, KVF_ERR_NO_MEMORY, "out of memory");
+            return kvf_proxy_refuse(http_p, param_p, NULL,
+                                    500, err, cap, KVF_ERR_NO_MEMORY, "out of memory");
         }
         req->prompts[idx] = ids;
         cJSON_ArrayForEach(item, prompt) {
             double v;
             if (!kvf_proxy_json_int(item, 0, (double)ctx->tok->vocab_size - 1, &v)) {
-                return kvf_proxy_bad(http_p, param_p, "prompt",
-                                     400, err, cap, KVF_ERR_INVALID_PARAM,
-                                     "'prompt'[%d] must be a token id in [0, %d)", n,
-                                     ctx->tok->vocab_size);
+                return kvf_proxy_refuse(http_p, param_p, "prompt",
+                                        400, err, cap, KVF_ERR_INVALID_PARAM,
+                                        "'prompt'[%d] must be a token id in [0, %d)", n,
+                                        ctx->tok->vocab_size);
             }
             ids[n++] = (int32_t)v;
         }
     } else {
-        return kvf_proxy_bad(http_p, param_p, "prompt", 400, err, cap, KVF_ERR_INVALID_PARAM,
-                             "'prompt' must be a string, an array of token ids, or an array "
-                             "of those");
+        return kvf_proxy_refuse(http_p, param_p, "prompt", 400, err, cap, KVF_ERR_INVALID_PARAM,
+                                "'prompt' must be a string, an array of token ids, or an array "
+                                "of those");
     }
     if (n == 0) {
-        return kvf_proxy_bad(http_p, param_p, "prompt",
-                             400, err, cap, KVF_ERR_INVALID_PARAM, "'prompt' is empty");
+        return kvf_proxy_refuse(http_p, param_p, "prompt",
+                                400, err, cap, KVF_ERR_INVALID_PARAM, "'prompt' is empty");
     }
     if (n > ctx->max_prompt_tokens) {
-        return kvf_proxy_bad(http_p, param_p, "prompt", 400, err, cap, KVF_ERR_OUT_OF_RANGE,
-                             "'prompt' has %d tokens, more than the limit %d", n,
-                             ctx->max_prompt_tokens);
+        return kvf_proxy_refuse(http_p, param_p, "prompt", 400, err, cap, KVF_ERR_OUT_OF_RANGE,
+                                "'prompt' has %d tokens, more than the limit %d", n,
+                                ctx->max_prompt_tokens);
     }
     req->prompt_lens[idx] = n;
     return KVF_OK;
@@ -365,8 +343,8 @@ static kvf_status_t kvf_proxy_parse_prompt(const kvf_proxy_openai_ctx_t *ctx, co
     const cJSON *first;
 
     if (prompt == NULL) {
-        return kvf_proxy_bad(http_p, param_p, "prompt", 400, err, cap, KVF_ERR_INVALID_PARAM,
-                             "'prompt' is required");
+        return kvf_proxy_refuse(http_p, param_p, "prompt", 400, err, cap, KVF_ERR_INVALID_PARAM,
+                                "'prompt' is required");
     }
     first = cJSON_IsArray(prompt) ? cJSON_GetArrayItem(prompt, 0) : NULL;
     if ((first != NULL) && (cJSON_IsString(first) || cJSON_IsArray(first))) {
@@ -374,15 +352,15 @@ static kvf_status_t kvf_proxy_parse_prompt(const kvf_proxy_openai_ctx_t *ctx, co
         const cJSON *item;
 
         if (size > KVF_PROXY_MAX_CHOICES) {
-            return kvf_proxy_bad(http_p, param_p, "prompt", 400, err, cap,
-                                 KVF_ERR_INVALID_PARAM, "'prompt' has %d prompts, more than "
-                                 "%d", size, KVF_PROXY_MAX_CHOICES);
+            return kvf_proxy_refuse(http_p, param_p, "prompt", 400, err, cap,
+                                    KVF_ERR_INVALID_PARAM, "'prompt' has %d prompts, more than "
+                                    "%d", size, KVF_PROXY_MAX_CHOICES);
         }
         cJSON_ArrayForEach(item, prompt) {
             if (!cJSON_IsString(item) && !cJSON_IsArray(item)) {
-                return kvf_proxy_bad(http_p, param_p, "prompt", 400, err, cap,
-                                     KVF_ERR_INVALID_PARAM, "'prompt'[%d] must be a string or "
-                                     "an array of token ids", req->num_prompts);
+                return kvf_proxy_refuse(http_p, param_p, "prompt", 400, err, cap,
+                                        KVF_ERR_INVALID_PARAM, "'prompt'[%d] must be a string or "
+                                        "an array of token ids", req->num_prompts);
             }
             KVF_TRY(kvf_proxy_parse_one_prompt(ctx, item, req->num_prompts, add_bos, req,
                                                http_p, param_p, err, cap));
@@ -412,26 +390,26 @@ static kvf_status_t kvf_proxy_parse_stop(const cJSON *root, kvf_proxy_completion
     }
     n = cJSON_IsString(it) ? 1 : cJSON_IsArray(it) ? cJSON_GetArraySize(it) : -1;
     if (n < 0) {
-        return kvf_proxy_bad(http_p, param_p, "stop", 400, err, cap, KVF_ERR_INVALID_PARAM,
-                             "'stop' must be a string or an array of strings");
+        return kvf_proxy_refuse(http_p, param_p, "stop", 400, err, cap, KVF_ERR_INVALID_PARAM,
+                                "'stop' must be a string or an array of strings");
     }
     if (n > KVF_PROXY_MAX_STOP) {
-        return kvf_proxy_bad(http_p, param_p, "stop", 400, err, cap, KVF_ERR_INVALID_PARAM,
-                             "'stop' has %d strings, more than %d", n, KVF_PROXY_MAX_STOP);
+        return kvf_proxy_refuse(http_p, param_p, "stop", 400, err, cap, KVF_ERR_INVALID_PARAM,
+                                "'stop' has %d strings, more than %d", n, KVF_PROXY_MAX_STOP);
     }
     one[0] = it;
     for (int i = 0; i < n; ++i) {
         s = cJSON_IsString(it) ? one[0] : cJSON_GetArrayItem(it, i);
         if (!cJSON_IsString(s) || (s->valuestring[0] == '\0') ||
             (strlen(s->valuestring) > 256)) {
-            return kvf_proxy_bad(http_p, param_p, "stop", 400, err, cap,
-                                 KVF_ERR_INVALID_PARAM, "'stop'[%d] must be a string of 1 to "
-                                 "256 bytes", i);
+            return kvf_proxy_refuse(http_p, param_p, "stop", 400, err, cap,
+                                    KVF_ERR_INVALID_PARAM, "'stop'[%d] must be a string of 1 to "
+                                    "256 bytes", i);
         }
         req->stop[req->num_stop] = strdup(s->valuestring);
         if (req->stop[req->num_stop] == NULL) {
-            return kvf_proxy_bad(http_p, param_p, NULL, 500, err, cap, KVF_ERR_NO_MEMORY,
-                                 "out of memory");
+            return kvf_proxy_refuse(http_p, param_p, NULL, 500, err, cap, KVF_ERR_NO_MEMORY,
+                                    "out of memory");
         }
         req->num_stop++;
     }
@@ -450,30 +428,30 @@ static kvf_status_t kvf_proxy_parse_stream_options(const cJSON *root,
         return KVF_OK;
     }
     if (!cJSON_IsObject(o)) {
-        return kvf_proxy_bad(http_p, param_p, "stream_options", 400, err, cap,
-                             KVF_ERR_INVALID_PARAM, "'stream_options' must be an object");
+        return kvf_proxy_refuse(http_p, param_p, "stream_options", 400, err, cap,
+                                KVF_ERR_INVALID_PARAM, "'stream_options' must be an object");
     }
     if (!req->stream) {
-        return kvf_proxy_bad(http_p, param_p, "stream_options", 400, err, cap,
-                             KVF_ERR_INVALID_PARAM, "'stream_options' needs 'stream': true");
+        return kvf_proxy_refuse(http_p, param_p, "stream_options", 400, err, cap,
+                                KVF_ERR_INVALID_PARAM, "'stream_options' needs 'stream': true");
     }
     cJSON_ArrayForEach(it, o) {
         bool *dst = (strcmp(it->string, "include_usage") == 0) ? &req->include_usage :
                     (strcmp(it->string, "continuous_usage_stats") == 0) ?
                     &req->continuous_usage : NULL;
         if (dst == NULL) {
-            return kvf_proxy_bad(http_p, param_p, "stream_options", 400, err, cap,
-                                 KVF_ERR_INVALID_PARAM, "'stream_options' has an unknown key "
-                                 "'%.64s' (include_usage, continuous_usage_stats)",
-                                 it->string);
+            return kvf_proxy_refuse(http_p, param_p, "stream_options", 400, err, cap,
+                                    KVF_ERR_INVALID_PARAM, "'stream_options' has an unknown key "
+                                    "'%.64s' (include_usage, continuous_usage_stats)",
+                                    it->string);
         }
         if (cJSON_IsNull(it)) {
             continue;
         }
         if (!cJSON_IsBool(it)) {
-            return kvf_proxy_bad(http_p, param_p, "stream_options", 400, err, cap,
-                                 KVF_ERR_INVALID_PARAM, "'stream_options.%s' must be a boolean",
-                                 it->string);
+            return kvf_proxy_refuse(http_p, param_p, "stream_options", 400, err, cap,
+                                    KVF_ERR_INVALID_PARAM, "'stream_options.%s' must be a boolean",
+                                    it->string);
         }
         *dst = cJSON_IsTrue(it);
     }
@@ -493,16 +471,16 @@ static kvf_status_t kvf_proxy_parse_stop_ids(const kvf_proxy_openai_ctx_t *ctx,
         return KVF_OK;
     }
     if (!cJSON_IsArray(it) || (cJSON_GetArraySize(it) > max)) {
-        return kvf_proxy_bad(http_p, param_p, "stop_token_ids", 400, err, cap,
-                             KVF_ERR_INVALID_PARAM, "'stop_token_ids' must be an array of at "
-                             "most %d token ids", max);
+        return kvf_proxy_refuse(http_p, param_p, "stop_token_ids", 400, err, cap,
+                                KVF_ERR_INVALID_PARAM, "'stop_token_ids' must be an array of at "
+                                "most %d token ids", max);
     }
     cJSON_ArrayForEach(item, it) {
         double v;
         if (!kvf_proxy_json_int(item, 0, (double)ctx->tok->vocab_size - 1, &v)) {
-            return kvf_proxy_bad(http_p, param_p, "stop_token_ids", 400, err, cap,
-                                 KVF_ERR_INVALID_PARAM, "'stop_token_ids'[%d] must be a token "
-                                 "id in [0, %d)", req->num_stop_ids, ctx->tok->vocab_size);
+            return kvf_proxy_refuse(http_p, param_p, "stop_token_ids", 400, err, cap,
+                                    KVF_ERR_INVALID_PARAM, "'stop_token_ids'[%d] must be a token "
+                                    "id in [0, %d)", req->num_stop_ids, ctx->tok->vocab_size);
         }
         req->stop_token_ids[req->num_stop_ids++] = (int32_t)v;
     }
@@ -534,13 +512,13 @@ static kvf_status_t kvf_proxy_parse_common(const kvf_proxy_openai_ctx_t *ctx, co
     it = kvf_proxy_get(root, "model");
     if (it != NULL) {
         if (!cJSON_IsString(it)) {
-            return kvf_proxy_bad(http_p, param_p, "model", 400, err, cap, KVF_ERR_INVALID_PARAM,
-                                 "'model' must be a string");
+            return kvf_proxy_refuse(http_p, param_p, "model", 400, err, cap, KVF_ERR_INVALID_PARAM,
+                                    "'model' must be a string");
         }
         if (!kvf_proxy_serves(ctx, it->valuestring)) {
-            return kvf_proxy_bad(http_p, param_p, "model", 404, err, cap, KVF_ERR_NOT_FOUND,
-                                 "the model '%s' does not exist; this server serves '%s'",
-                                 it->valuestring, ctx->model_name);
+            return kvf_proxy_refuse(http_p, param_p, "model", 404, err, cap, KVF_ERR_NOT_FOUND,
+                                    "the model '%s' does not exist; this server serves '%s'",
+                                    it->valuestring, ctx->model_name);
         }
     }
     req->max_tokens = ctx->default_max_tokens;
@@ -550,9 +528,9 @@ static kvf_status_t kvf_proxy_parse_common(const kvf_proxy_openai_ctx_t *ctx, co
         v = -1;
         KVF_TRY(kvf_proxy_intf(root, mt, -1e18, 1e18, &v, http_p, param_p, err, cap));
         if ((kvf_proxy_get(root, mt) != NULL) && ((v < 1) || (v > ctx->max_tokens_limit))) {
-            return kvf_proxy_bad(http_p, param_p, mt, 400, err, cap, KVF_ERR_INVALID_PARAM,
-                                 "'%s' = %.0f must be in [1, %u]", mt, v,
-                                 ctx->max_tokens_limit);
+            return kvf_proxy_refuse(http_p, param_p, mt, 400, err, cap, KVF_ERR_INVALID_PARAM,
+                                    "'%s' = %.0f must be in [1, %u]", mt, v,
+                                    ctx->max_tokens_limit);
         }
         if (kvf_proxy_get(root, mt) != NULL) {
             req->max_tokens = (uint32_t)v;
@@ -565,8 +543,8 @@ static kvf_status_t kvf_proxy_parse_common(const kvf_proxy_openai_ctx_t *ctx, co
     KVF_TRY(kvf_proxy_num(root, "top_p", 0, 1, "(0, 1]", &req->top_p, http_p, param_p, err,
                           cap));
     if (req->top_p <= 0.0f) {
-        return kvf_proxy_bad(http_p, param_p, "top_p", 400, err, cap, KVF_ERR_INVALID_PARAM,
-                             "'top_p' = %g must be in (0, 1]", (double)req->top_p);
+        return kvf_proxy_refuse(http_p, param_p, "top_p", 400, err, cap, KVF_ERR_INVALID_PARAM,
+                                "'top_p' = %g must be in (0, 1]", (double)req->top_p);
     }
     v = 0;
     KVF_TRY(kvf_proxy_intf(root, "top_k", -1, 1e9, &v, http_p, param_p, err, cap));
@@ -581,9 +559,9 @@ static kvf_status_t kvf_proxy_parse_common(const kvf_proxy_openai_ctx_t *ctx, co
     KVF_TRY(kvf_proxy_num(root, "repetition_penalty", 0, 1e9, "(0, inf)",
                           &req->repetition_penalty, http_p, param_p, err, cap));
     if (req->repetition_penalty <= 0.0f) {
-        return kvf_proxy_bad(http_p, param_p, "repetition_penalty", 400, err, cap,
-                             KVF_ERR_INVALID_PARAM, "'repetition_penalty' = %g must be > 0",
-                             (double)req->repetition_penalty);
+        return kvf_proxy_refuse(http_p, param_p, "repetition_penalty", 400, err, cap,
+                                KVF_ERR_INVALID_PARAM, "'repetition_penalty' = %g must be > 0",
+                                (double)req->repetition_penalty);
     }
     v = 0;
     KVF_TRY(kvf_proxy_intf(root, "min_tokens", 0, req->max_tokens, &v, http_p, param_p, err,
@@ -593,8 +571,8 @@ static kvf_status_t kvf_proxy_parse_common(const kvf_proxy_openai_ctx_t *ctx, co
     if (it != NULL) {
         /* vLLM takes any integer; the engine's generator takes its 64 bits */
         if (!kvf_proxy_json_int(it, -9223372036854775807.0, 18446744073709551615.0, &v)) {
-            return kvf_proxy_bad(http_p, param_p, "seed", 400, err, cap, KVF_ERR_INVALID_PARAM,
-                                 "'seed' must be an integer");
+            return kvf_proxy_refuse(http_p, param_p, "seed", 400, err, cap, KVF_ERR_INVALID_PARAM,
+                                    "'seed' must be an integer");
         }
         req->has_seed = true;
         req->seed = (v < 0) ? (uint64_t)(int64_t)v : (uint64_t)v;
@@ -604,9 +582,9 @@ static kvf_status_t kvf_proxy_parse_common(const kvf_proxy_openai_ctx_t *ctx, co
         /* vLLM: a non-empty string; kvferry also bounds it (the hash chain's root) */
         if (!cJSON_IsString(it) || (it->valuestring[0] == '\0') ||
             (strlen(it->valuestring) > 256)) {
-            return kvf_proxy_bad(http_p, param_p, "cache_salt", 400, err, cap,
-                                 KVF_ERR_INVALID_PARAM,
-                                 "'cache_salt' must be a non-empty string of at most 256 bytes");
+            return kvf_proxy_refuse(http_p, param_p, "cache_salt", 400, err, cap,
+                                    KVF_ERR_INVALID_PARAM,
+                                    "'cache_salt' must be a non-empty string of at most 256 bytes");
         }
         req->cache_salt_len = (int)strlen(it->valuestring);
         memcpy(req->cache_salt, it->valuestring, (size_t)req->cache_salt_len + 1);
@@ -630,16 +608,16 @@ static kvf_status_t kvf_proxy_parse_common(const kvf_proxy_openai_ctx_t *ctx, co
     KVF_TRY(kvf_proxy_parse_priority(ctx, root, req, http_p, param_p, err, cap));
     it = kvf_proxy_get(root, "user");
     if ((it != NULL) && !cJSON_IsString(it)) {   /* an end-user id: kept by no one */
-        return kvf_proxy_bad(http_p, param_p, "user", 400, err, cap, KVF_ERR_INVALID_PARAM,
-                             "'user' must be a string");
+        return kvf_proxy_refuse(http_p, param_p, "user", 400, err, cap, KVF_ERR_INVALID_PARAM,
+                                "'user' must be a string");
     }
     it = kvf_proxy_get(root, "request_id");
     if (it != NULL) {
         if (!cJSON_IsString(it) || (it->valuestring[0] == '\0') ||
             (strlen(it->valuestring) > 64)) {
-            return kvf_proxy_bad(http_p, param_p, "request_id", 400, err, cap,
-                                 KVF_ERR_INVALID_PARAM, "'request_id' must be a string of 1 to"
-                                 " 64 bytes");
+            return kvf_proxy_refuse(http_p, param_p, "request_id", 400, err, cap,
+                                    KVF_ERR_INVALID_PARAM, "'request_id' must be a string of 1 to"
+                                    " 64 bytes");
         }
         snprintf(req->response_id, sizeof(req->response_id), "%s-%s",
                  req->chat ? "chatcmpl" : "cmpl", it->valuestring);
@@ -660,9 +638,9 @@ static kvf_status_t kvf_proxy_parse_logprobs(const cJSON *root, kvf_proxy_comple
         req->want_logprobs = (v >= 0);
         req->logprobs = (v >= 0) ? (int)v : 0;
         if (req->want_logprobs && req->echo) {
-            return kvf_proxy_bad(http_p, param_p, "echo", 400, err, cap, KVF_ERR_INVALID_PARAM,
-                                 "'echo' with 'logprobs' (the echoed prompt's logprobs in "
-                                 "'logprobs') is not supported; ask 'prompt_logprobs'");
+            return kvf_proxy_refuse(http_p, param_p, "echo", 400, err, cap, KVF_ERR_INVALID_PARAM,
+                                    "'echo' with 'logprobs' (the echoed prompt's logprobs in "
+                                    "'logprobs') is not supported; ask 'prompt_logprobs'");
         }
         return KVF_OK;
     }
@@ -671,8 +649,8 @@ static kvf_status_t kvf_proxy_parse_logprobs(const cJSON *root, kvf_proxy_comple
     KVF_TRY(kvf_proxy_intf(root, "top_logprobs", 0, KVF_SAMPLING_MAX_LOGPROBS, &v, http_p,
                            param_p, err, cap));
     if ((v > 0) && !req->want_logprobs) {
-        return kvf_proxy_bad(http_p, param_p, "top_logprobs", 400, err, cap,
-                             KVF_ERR_INVALID_PARAM, "'top_logprobs' needs 'logprobs': true");
+        return kvf_proxy_refuse(http_p, param_p, "top_logprobs", 400, err, cap,
+                                KVF_ERR_INVALID_PARAM, "'top_logprobs' needs 'logprobs': true");
     }
     req->logprobs = (int)v;
     return KVF_OK;
@@ -689,9 +667,9 @@ static kvf_status_t kvf_proxy_truncate(const kvf_proxy_openai_ctx_t *ctx, const 
                            cap));
     if (v == 0) {
         if (kvf_proxy_get(root, "truncate_prompt_tokens") != NULL) {
-            return kvf_proxy_bad(http_p, param_p, "truncate_prompt_tokens", 400, err, cap,
-                                 KVF_ERR_INVALID_PARAM, "'truncate_prompt_tokens' must be -1"
-                                 " or at least 1");
+            return kvf_proxy_refuse(http_p, param_p, "truncate_prompt_tokens", 400, err, cap,
+                                    KVF_ERR_INVALID_PARAM, "'truncate_prompt_tokens' must be -1"
+                                    " or at least 1");
         }
         return KVF_OK;
     }
@@ -724,16 +702,16 @@ static kvf_status_t kvf_proxy_chat_fields(const kvf_proxy_openai_ctx_t *ctx, con
     KVF_TRY(kvf_proxy_parse_common(ctx, root, req, http_p, param_p, err, cap));
     KVF_TRY(kvf_proxy_parse_logprobs(root, req, http_p, param_p, err, cap));
     if (req->echo) {
-        return kvf_proxy_bad(http_p, param_p, "echo", 400, err, cap, KVF_ERR_INVALID_PARAM,
-                             "'echo' is not supported for chat (the prompt is a template's "
-                             "rendering)");
+        return kvf_proxy_refuse(http_p, param_p, "echo", 400, err, cap, KVF_ERR_INVALID_PARAM,
+                                "'echo' is not supported for chat (the prompt is a template's "
+                                "rendering)");
     }
     /* chat: the template writes BOS itself; vLLM adds no special tokens by default */
     KVF_TRY(kvf_proxy_boolf(root, "add_special_tokens", &add_special, http_p, param_p, err,
                             cap));
     if (kvf_proxy_get(root, "messages") == NULL) {
-        return kvf_proxy_bad(http_p, param_p, "messages", 400, err, cap, KVF_ERR_INVALID_PARAM,
-                             "'messages' is required");
+        return kvf_proxy_refuse(http_p, param_p, "messages", 400, err, cap, KVF_ERR_INVALID_PARAM,
+                                "'messages' is required");
     }
     st = kvf_proxy_chat_args_parse(root, &args, http_p, param_p, err, cap);
     if (st == KVF_OK) {   /* tools, tool_choice, include_reasoning */
@@ -751,8 +729,8 @@ static kvf_status_t kvf_proxy_chat_fields(const kvf_proxy_openai_ctx_t *ctx, con
     s = cJSON_CreateString(text);
     free(text);
     if (s == NULL) {
-        return kvf_proxy_bad(http_p, param_p, NULL, 500, err, cap, KVF_ERR_NO_MEMORY,
-                             "out of memory");
+        return kvf_proxy_refuse(http_p, param_p, NULL, 500, err, cap, KVF_ERR_NO_MEMORY,
+                                "out of memory");
     }
     st = kvf_proxy_parse_one_prompt(ctx, s, 0, ctx->add_bos && add_special, req, http_p,
                                     param_p, err, cap);
@@ -767,8 +745,8 @@ static kvf_status_t kvf_proxy_chat_fields(const kvf_proxy_openai_ctx_t *ctx, con
     req->prompt_ids = req->prompts[0];
     req->num_prompt = req->prompt_lens[0];
     if (req->n > KVF_PROXY_MAX_CHOICES) {
-        return kvf_proxy_bad(http_p, param_p, "n", 400, err, cap, KVF_ERR_INVALID_PARAM,
-                             "'n' = %d is more than %d choices", req->n, KVF_PROXY_MAX_CHOICES);
+        return kvf_proxy_refuse(http_p, param_p, "n", 400, err, cap, KVF_ERR_INVALID_PARAM,
+                                "'n' = %d is more than %d choices", req->n, KVF_PROXY_MAX_CHOICES);
     }
     return kvf_proxy_truncate(ctx, root, req, http_p, param_p, err, cap);
 }
@@ -788,11 +766,11 @@ static kvf_status_t kvf_proxy_parse_fields(const kvf_proxy_openai_ctx_t *ctx, co
                                    add_special, req, http_p, param_p, err, cap));
     if (req->num_prompts * kvf_proxy_req_per_prompt(req) > KVF_PROXY_MAX_CHOICES) {
         const char *f = (req->best_of > req->n) ? "best_of" : "n";
-        return kvf_proxy_bad(http_p, param_p, f, 400, err, cap, KVF_ERR_INVALID_PARAM,
-                             "%d prompts x '%s' = %d is %d choices, more than %d",
-                             req->num_prompts, f, kvf_proxy_req_per_prompt(req),
-                             req->num_prompts * kvf_proxy_req_per_prompt(req),
-                             KVF_PROXY_MAX_CHOICES);
+        return kvf_proxy_refuse(http_p, param_p, f, 400, err, cap, KVF_ERR_INVALID_PARAM,
+                                "%d prompts x '%s' = %d is %d choices, more than %d",
+                                req->num_prompts, f, kvf_proxy_req_per_prompt(req),
+                                req->num_prompts * kvf_proxy_req_per_prompt(req),
+                                KVF_PROXY_MAX_CHOICES);
     }
     return kvf_proxy_truncate(ctx, root, req, http_p, param_p, err, cap);
 }
@@ -837,17 +815,17 @@ static kvf_status_t kvf_proxy_parse_body(const kvf_proxy_openai_ctx_t *ctx, cons
         *param_p = NULL;
     }
     if (kvf_proxy_json_has_nul(body, len)) {
-        return kvf_proxy_bad(http_p, param_p, NULL, 400, err, err_cap, KVF_ERR_INVALID_PARAM,
-                             "the request contains a NUL character (\\u0000), which kvferry "
-                             "cannot pass on; remove it, or send the prompt as token ids");
+        return kvf_proxy_refuse(http_p, param_p, NULL, 400, err, err_cap, KVF_ERR_INVALID_PARAM,
+                                "the request contains a NUL character (\\u0000), which kvferry "
+                                "cannot pass on; remove it, or send the prompt as token ids");
     }
     {
         const char *end = NULL;
 
         root = cJSON_ParseWithLengthOpts(body, len, &end, false);
         if (root == NULL) {
-            return kvf_proxy_bad(http_p, param_p, NULL, 400, err, err_cap, KVF_ERR_PARSE,
-                                 "request body is not valid JSON");
+            return kvf_proxy_refuse(http_p, param_p, NULL, 400, err, err_cap, KVF_ERR_PARSE,
+                                    "request body is not valid JSON");
         }
         /* one JSON value and nothing after it but white space: a second object
          * or stray bytes would be silently ignored otherwise */
@@ -858,15 +836,15 @@ static kvf_status_t kvf_proxy_parse_body(const kvf_proxy_openai_ctx_t *ctx, cons
         if ((end == NULL) || (end < body + len)) {
             size_t at = (end != NULL) ? (size_t)(end - body) : 0;
             cJSON_Delete(root);
-            return kvf_proxy_bad(http_p, param_p, NULL, 400, err, err_cap, KVF_ERR_PARSE,
-                                 "request body has %zu bytes after its JSON value (at byte %zu):"
-                                 " send exactly one JSON object", len - at, at);
+            return kvf_proxy_refuse(http_p, param_p, NULL, 400, err, err_cap, KVF_ERR_PARSE,
+                                    "request body has %zu bytes after its JSON value (at byte %zu):"
+                                    " send exactly one JSON object", len - at, at);
         }
     }
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
-        return kvf_proxy_bad(http_p, param_p, NULL, 400, err, err_cap, KVF_ERR_INVALID_PARAM,
-                             "request body must be a JSON object");
+        return kvf_proxy_refuse(http_p, param_p, NULL, 400, err, err_cap, KVF_ERR_INVALID_PARAM,
+                                "request body must be a JSON object");
     }
     req.chat = chat;
     status = chat ? kvf_proxy_chat_fields(ctx, root, &req, http_p, param_p, err, err_cap) :
@@ -876,23 +854,23 @@ static kvf_status_t kvf_proxy_parse_body(const kvf_proxy_openai_ctx_t *ctx, cons
          ++i) {
         const char *what = chat ? "'messages'" : "'prompt'";
         if (req.prompt_lens[i] > ctx->max_model_len) {
-            status = kvf_proxy_bad(http_p, param_p, chat ? "messages" : "prompt", 400, err,
-                                   err_cap, KVF_ERR_OUT_OF_RANGE, "%s is %d tokens, longer "
-                                   "than the model's max_position_embeddings (%d)", what,
-                                   req.prompt_lens[i], ctx->max_model_len);
+            status = kvf_proxy_refuse(http_p, param_p, chat ? "messages" : "prompt", 400, err,
+                                      err_cap, KVF_ERR_OUT_OF_RANGE, "%s is %d tokens, longer "
+                                      "than the model's max_position_embeddings (%d)", what,
+                                      req.prompt_lens[i], ctx->max_model_len);
         } else if ((int64_t)req.prompt_lens[i] + req.max_tokens > ctx->max_model_len) {
-            status = kvf_proxy_bad(http_p, param_p, "max_tokens", 400, err, err_cap,
-                                   KVF_ERR_OUT_OF_RANGE, "%s (%d tokens) plus 'max_tokens' (%u)"
-                                   " is longer than the model's max_position_embeddings (%d)",
-                                   what, req.prompt_lens[i], req.max_tokens, ctx->max_model_len);
+            status = kvf_proxy_refuse(http_p, param_p, "max_tokens", 400, err, err_cap,
+                                      KVF_ERR_OUT_OF_RANGE, "%s (%d tokens) plus 'max_tokens' (%u)"
+                                      " is longer than the model's max_position_embeddings (%d)",
+                                      what, req.prompt_lens[i], req.max_tokens, ctx->max_model_len);
         }
     }
     if ((status == KVF_OK) && !tok_ready) {
         /* checked with a stand-in, never sent: byte ids would give a wrong answer */
-        status = kvf_proxy_bad(http_p, param_p, NULL, 503, err, err_cap, KVF_ERR_BUSY,
-                               "no healthy instance has given this proxy a tokenizer (started "
-                               "without --model, it takes the daemons' model folder when it "
-                               "can read it; its log and /health say why not); give it --model");
+        status = kvf_proxy_refuse(http_p, param_p, NULL, 503, err, err_cap, KVF_ERR_BUSY,
+                                  "no healthy instance has given this proxy a tokenizer (started "
+                                  "without --model, it takes the daemons' model folder when it "
+                                  "can read it; its log and /health say why not); give it --model");
     }
     if (status != KVF_OK) {
         kvf_proxy_openai_req_cleanup(&req);
