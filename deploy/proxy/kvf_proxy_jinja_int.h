@@ -1,5 +1,5 @@
 /*
- * The chat-template renderer's inside (kvf_proxy_jinja.h), shared by its four files:
+ * The chat-template renderer's inside (kvf_proxy_jinja.h), shared by its five files:
  *   kvf_proxy_jinja_lex.c    the template into text / {{ expr }} / {% stmt %} pieces, and an
  *                            expression into tokens;
  *   kvf_proxy_jinja_parse.c  tokens into expression trees, pieces into a statement tree;
