@@ -86,7 +86,7 @@ for c in "$B/kvf-prefill --insecure" "$B/kvf-decode --insecure" "$B/kvf generate
 done
 echo "ok: --kv-dtype fp8 planned by kvf plan, refused by name by the daemons and the engine tools"
 
-# --block-size 0 refused by every command, naming the flag, before any model is read
+# --block-size 0 refused by every command, naming the flag (before the engine is built)
 for c in "$B/kvf-prefill --insecure" "$B/kvf generate" "$B/kvf plan"; do
   if out=$($c --model "$tiny" --block-size 0 2>&1); then fail "$c took --block-size 0"; fi
   grep -qF -- "bad value 0 for --block-size" <<<"$out" || fail "$c --block-size 0: $out"
