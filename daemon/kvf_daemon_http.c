@@ -105,30 +105,32 @@ void kvf_daemon_http_publish(const Kvf__HealthReply *h)
     pthread_mutex_unlock(&kvf_dh.lock);
 }
 
+/* A vllm: gauge of this engine: {model_name, engine}. */
 static void kvf_dh_vllm(FILE *out, const char *name, const char *help, double v)
 {
-    fprintf(out, "# HELP %s %s\n# TYPE %s gauge\n%s{model_name=\"", name, help, name, name);
-    kvf_prom_label_write(out, kvf_dh.model_name);
-    fputs("\",engine=\"", out);
-    kvf_prom_label_write(out, kvf_dh.engine_id);
-    fprintf(out, "\"} %.9g\n", v);
+    kvf_prom_label_t l[] = {{"model_name", kvf_dh.model_name}, {"engine", kvf_dh.engine_id}};
+
+    kvf_prom_head(out, name, "gauge", help);
+    kvf_prom_sample(out, name, l, 2, v);
 }
 
+/* A kvf_daemon_ series: {engine, role}. */
 static void kvf_dh_kvf(FILE *out, const char *name, const char *type, const char *help,
                        double v)
 {
-    fprintf(out, "# HELP %s %s\n# TYPE %s %s\n%s{engine=\"", name, help, name, type, name);
-    kvf_prom_label_write(out, kvf_dh.engine_id);
-    fprintf(out, "\",role=\"%s\"} %.17g\n", kvf_dh.role, v);
+    kvf_prom_label_t l[] = {{"engine", kvf_dh.engine_id}, {"role", kvf_dh.role}};
+
+    kvf_prom_head(out, name, type, help);
+    kvf_prom_sample(out, name, l, 2, v);
 }
 
+/* A vllm: counter of this engine: {model_name, engine}. */
 static void kvf_dh_counter(FILE *out, const char *name, const char *help, uint64_t v)
 {
-    fprintf(out, "# HELP %s %s\n# TYPE %s counter\n%s{model_name=\"", name, help, name, name);
-    kvf_prom_label_write(out, kvf_dh.model_name);
-    fputs("\",engine=\"", out);
-    kvf_prom_label_write(out, kvf_dh.engine_id);
-    fprintf(out, "\"} %" PRIu64 "\n", v);
+    kvf_prom_label_t l[] = {{"model_name", kvf_dh.model_name}, {"engine", kvf_dh.engine_id}};
+
+    kvf_prom_head(out, name, "counter", help);
+    kvf_prom_sample_u64(out, name, l, 2, v);
 }
 
 /* The prefix cache's series: vLLM's two counters per engine (tokens), and kvferry's split
@@ -142,16 +144,15 @@ static void kvf_dh_prefix(FILE *out, const kvf_daemon_snap_t *s)
                    "of cached tokens.", s->prefix_hits);
     kvf_dh_kvf(out, "kvf_daemon_prefix_caching", "gauge", "1 when --prefix-caching is on.",
                s->prefix_caching ? 1 : 0);
-    fputs("# HELP kvf_daemon_prefix_hit_tokens_total Prompt tokens the prefix cache served, by "
-          "kind (attention: shared KV blocks; state: restored Mamba checkpoints, which also "
-          "cover the tokens of their partial block) and source (local: computed here).\n"
-          "# TYPE kvf_daemon_prefix_hit_tokens_total counter\n", out);
+    kvf_prom_head(out, "kvf_daemon_prefix_hit_tokens_total", "counter", "Prompt tokens the "
+                  "prefix cache served, by kind (attention: shared KV blocks; state: restored "
+                  "Mamba checkpoints, which also cover the tokens of their partial block) and "
+                  "source (local: computed here).");
     for (int k = 0; k < 2; ++k) {
-        fputs("kvf_daemon_prefix_hit_tokens_total{engine=\"", out);
-        kvf_prom_label_write(out, kvf_dh.engine_id);
-        fprintf(out, "\",role=\"%s\",kind=\"%s\",source=\"local\"} %" PRIu64 "\n",
-                kvf_dh.role, k ? "state" : "attention",
-                k ? s->prefix_hit_state : s->prefix_hit_attn);
+        kvf_prom_label_t l[] = {{"engine", kvf_dh.engine_id}, {"role", kvf_dh.role},
+                                {"kind", k ? "state" : "attention"}, {"source", "local"}};
+        kvf_prom_sample_u64(out, "kvf_daemon_prefix_hit_tokens_total", l, 4,
+                            k ? s->prefix_hit_state : s->prefix_hit_attn);
     }
     kvf_dh_kvf(out, "kvf_daemon_prefix_cached_blocks", "gauge", "Prefixes with a cached "
                "attention block (each a block per attention group).",

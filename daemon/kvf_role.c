@@ -59,6 +59,8 @@ kvf_status_t kvf_role_check_flags(const kvf_role_config_t *params)
         kvf_error("--tp %d must be in 1..%d", params->tp, KVF_ROLE_MAX_TP);
     } else if (params->num_blocks < 1) {
         kvf_error("--num-blocks %d must be at least 1", params->num_blocks);
+    } else if (kvf_engine_opts_block_sizes(params->block_size, 0) != KVF_OK) {
+        return KVF_ERR_INVALID_PARAM;   /* logged */
     } else if (params->max_batch_tokens < 1) {
         kvf_error("--max-batch-tokens %d must be at least 1", params->max_batch_tokens);
     } else if ((params->engine_id[0] == '\0') || (strlen(params->engine_id) >= 64)) {
@@ -95,7 +97,7 @@ kvf_status_t kvf_role_check_not_shorter(const char *a_flag, int64_t a_ms, const 
 
 kvf_status_t kvf_role_kv_dtype(const char *text, kvf_dtype_t *dtype_p)
 {
-    return kvf_config_dtype("kv-dtype", text, KVF_DTYPE_BF16, 0, dtype_p);
+    return kvf_engine_opts_dtype("kv-dtype", text, KVF_DTYPE_BF16, true, dtype_p);
 }
 
 /* The cache parameters both the engine and the connector derive the geometry from. */

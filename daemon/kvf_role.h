@@ -12,13 +12,11 @@
 #include "kvf_config.h"
 #include "kvf_connector.h"
 #include "kvf_engine.h"
+#include "kvf_engine_opts.h"
 #include "kvf_serve_channel.h"
 
 #include <signal.h>
 #include <stddef.h>
-
-/** --num-blocks' default: blocks in each rank's page pool (kvf tune sizes pools by it). */
-#define KVF_ROLE_NUM_BLOCKS_DEFAULT "256"
 
 /** The flags both roles share; each role's config struct embeds it as `role`. */
 typedef struct kvf_role_config {
@@ -28,7 +26,7 @@ typedef struct kvf_role_config {
     char    engine_id[KVF_CONFIG_STR_MAX];   /* unique in the pool, < 64 bytes */
     int     num_blocks;                      /* per rank pool */
     char    kv_dtype[KVF_CONFIG_STR_MAX];    /* fp32, bf16, fp16 */
-    int     block_size;                      /* user block size (alignment unit) */
+    int     block_size;                      /* user block size (alignment unit), >= 1 */
     int     max_batch_tokens;                /* per engine step */
     int64_t xfer_timeout_ms;                 /* bound on every transfer wait */
     int64_t drain_timeout_ms;                /* after SIGTERM: longest drain before exit */
@@ -67,28 +65,17 @@ typedef struct kvf_role_config {
  * or KVF_TEST_NO_BLOCK_ZERO=yes, a bad value refused naming the flag.
  */
 #define KVF_ROLE_CONFIG_FIELDS(_type, _listen, _engine_id)                                    \
-    {"MODEL", "", "model folder (config.json + model.safetensors)",                           \
-     offsetof(_type, role.model), KVF_CONFIG_TYPE_STRING, 0},                                 \
-    {"TP", "1", "tensor-parallel ranks of this instance",                                     \
-     offsetof(_type, role.tp), KVF_CONFIG_TYPE_INT, 0},                                       \
+    KVF_ENGINE_OPT(MODEL, _type, role.),                                                      \
+    KVF_ENGINE_OPT(TP, _type, role.),                                                         \
     {"LISTEN", _listen, "ZeroMQ endpoint the proxy connects to",                              \
      offsetof(_type, role.listen), KVF_CONFIG_TYPE_STRING, 0},                                \
     {"ENGINE_ID", _engine_id, "engine id, unique in the pool",                                \
      offsetof(_type, role.engine_id), KVF_CONFIG_TYPE_STRING, 0},                             \
-    {"NUM_BLOCKS", KVF_ROLE_NUM_BLOCKS_DEFAULT, "blocks in each rank's page pool",             \
-     offsetof(_type, role.num_blocks), KVF_CONFIG_TYPE_INT, 0},                               \
-    {"KV_DTYPE", "bf16", "attention KV cache dtype: fp32, bf16, fp16 (same on both sides)",   \
-     offsetof(_type, role.kv_dtype), KVF_CONFIG_TYPE_STRING, 0},                              \
-    {"BLOCK_SIZE", "16", "alignment unit, tokens: the logical block size is derived, the "      \
-     "smallest multiple of max(16, N) that holds a rank's Mamba state (not the size itself: "  \
-     "kvf generate --block-size and kvf xfer-test take an exact size)",                       \
-     offsetof(_type, role.block_size), KVF_CONFIG_TYPE_INT, 0},                               \
-    {"MAX_BATCH_TOKENS", "512", "tokens per engine step",                                     \
-     offsetof(_type, role.max_batch_tokens), KVF_CONFIG_TYPE_INT, 0},                         \
-    {"DEVICE", "cpu", "where weights, KV pages and Mamba state live and the forward runs: "  \
-     "cpu, cuda or cuda:N (rank r on cuda:N+r, NCCL between ranks; the pools are registered " \
-     "with UCX as CUDA memory, --pool-alloc does not apply; two instances may share a GPU)", \
-     offsetof(_type, role.device), KVF_CONFIG_TYPE_STRING, 0},                                \
+    KVF_ENGINE_OPT(NUM_BLOCKS, _type, role.),                                                 \
+    KVF_ENGINE_OPT(KV_DTYPE, _type, role.),                                                   \
+    KVF_ENGINE_OPT(BLOCK_SIZE, _type, role.),                                                 \
+    KVF_ENGINE_OPT(MAX_BATCH_TOKENS, _type, role.),                                           \
+    KVF_ENGINE_OPT(DEVICE, _type, role.),                                                     \
     {"XFER_TIMEOUT", KVF_ROLE_XFER_TIMEOUT_DEFAULT,                                           \
      "bound on every transfer wait (handshake, pull, release); the unit of the timeout model", \
      offsetof(_type, role.xfer_timeout_ms), KVF_CONFIG_TYPE_TIME, 0},                         \
@@ -112,16 +99,9 @@ typedef struct kvf_role_config {
     {"SERVED_MODEL_NAME", "", "the model_name label of /metrics (empty: --model as given, "   \
      "as vLLM does; give the proxy's --model-name)",                                         \
      offsetof(_type, role.served_model_name), KVF_CONFIG_TYPE_STRING, 0},                    \
-    {"PREFIX_CACHING", "on", "prefix cache (docs/PREFIX_CACHE.md): a prompt whose start "    \
-     "this instance computed before reuses its KV blocks and Mamba state (on, as vLLM; off)", \
-     offsetof(_type, role.prefix_caching), KVF_CONFIG_TYPE_BOOL, 0},                         \
-    {"PREFIX_STATE_BYTES", "0", "memory per rank for the prefix cache's Mamba state "        \
-     "checkpoints, apart from the page pool, committed at start (must hold one; 0: 64 "       \
-     "checkpoints within 256 MiB, at least one)",                                            \
-     offsetof(_type, role.prefix_state_bytes), KVF_CONFIG_TYPE_SIZE, 0},                     \
-    {"PREFIX_STATE_GRID", "64", "tokens between Mamba state checkpoints; prompt chunks end "  \
-     "on this grid (models with Mamba layers)",                                              \
-     offsetof(_type, role.prefix_state_grid), KVF_CONFIG_TYPE_INT, 0},                       \
+    KVF_ENGINE_OPT(PREFIX_CACHING, _type, role.),                                             \
+    KVF_ENGINE_OPT(PREFIX_STATE_BYTES, _type, role.),                                         \
+    KVF_ENGINE_OPT(PREFIX_STATE_GRID, _type, role.),                                          \
     {"TEST_NO_BLOCK_ZERO", "no",                                                              \
      "test only: fresh attention blocks are not zeroed (reproduces the stale-bytes NaN)",     \
      offsetof(_type, role.test_no_block_zero), KVF_CONFIG_TYPE_BOOL, KVF_CONFIG_FLAG_HIDDEN}
@@ -134,9 +114,8 @@ kvf_status_t kvf_role_check_flags(const kvf_role_config_t *config);
 
 /**
  * The attention KV dtype of --kv-dtype @a text as the daemons accept it:
- * fp32, bf16, fp16 (and their aliases), not fp8 (the planner and
- * kvf xfer-test accept fp8; the engine's attention does not). Logs one line
- * naming the flag, the value and the accepted ones when refused.
+ * kvf_engine_opts_dtype() for an engine that computes in it (fp32, bf16, fp16 and their
+ * aliases, auto = bf16; fp8 refused naming why). Logs one line when refused.
  * @return KVF_OK (@a dtype_p set) or KVF_ERR_INVALID_PARAM.
  */
 kvf_status_t kvf_role_kv_dtype(const char *text, kvf_dtype_t *dtype_p);

@@ -9,6 +9,7 @@
 #include "kvf_time.h"
 #include "kvf_config.h"
 #include "kvf_engine.h"
+#include "kvf_engine_opts.h"
 #include "kvf_fwd_profile.h"
 #include "kvf_log.h"
 #include "kvf_mkmodel.h"
@@ -94,7 +95,8 @@ typedef struct {
     char   kv_dtype[KVF_CONFIG_STR_MAX];
     char   ssm_dtype[KVF_CONFIG_STR_MAX];
     char   conv_dtype[KVF_CONFIG_STR_MAX];
-    int    block_size;
+    int    block_size;         /* user block size: the alignment unit */
+    int    exact_block_size;   /* 0: derive */
     int    num_blocks;
     int    max_batch_tokens;
     char   device[KVF_CONFIG_STR_MAX];
@@ -127,29 +129,18 @@ typedef struct {
     bool   profile;
 } kvf_gen_opts_t;
 
-#define KVF_ENGINE_FIELDS                                                                      \
-    {"MODEL", "", "model folder (config.json + model.safetensors)",                            \
-     offsetof(kvf_gen_opts_t, model), KVF_CONFIG_TYPE_STRING, 0},                               \
-    {"TP", "1", "tensor-parallel ranks (threads)",                                             \
-     offsetof(kvf_gen_opts_t, tp), KVF_CONFIG_TYPE_INT, 0},                                     \
-    {"KV_DTYPE", "bf16", "attention KV cache dtype: fp32, bf16, fp16",                         \
-     offsetof(kvf_gen_opts_t, kv_dtype), KVF_CONFIG_TYPE_STRING, 0},                            \
-    {"SSM_DTYPE", "auto", "Mamba SSM state dtype (auto: mamba_ssm_cache_dtype)",               \
-     offsetof(kvf_gen_opts_t, ssm_dtype), KVF_CONFIG_TYPE_STRING, 0},                           \
-    {"CONV_DTYPE", "auto", "Mamba conv state dtype (auto: the model's dtype)",                 \
-     offsetof(kvf_gen_opts_t, conv_dtype), KVF_CONFIG_TYPE_STRING, 0},                          \
-    {"BLOCK_SIZE", "0", "exact logical block size, tokens, refused when too small (0: "       \
-     "derived by the TP-stable rule, as the daemons do; their --block-size is an alignment "  \
-     "unit, not the size)",                                                                   \
-     offsetof(kvf_gen_opts_t, block_size), KVF_CONFIG_TYPE_INT, 0},                             \
-    {"NUM_BLOCKS", "256", "blocks in each rank's page pool",                                   \
-     offsetof(kvf_gen_opts_t, num_blocks), KVF_CONFIG_TYPE_INT, 0},                             \
-    {"MAX_BATCH_TOKENS", "512", "tokens per engine step (prefill chunk budget)",               \
-     offsetof(kvf_gen_opts_t, max_batch_tokens), KVF_CONFIG_TYPE_INT, 0},                       \
-    {"DEVICE", "cpu", "where weights, KV pages and Mamba state live and the forward runs: "    \
-     "cpu, cuda or cuda:N (rank r on cuda:N+r, NCCL between ranks; what has run on a GPU: "    \
-     "README's GPU section)",                                                                  \
-     offsetof(kvf_gen_opts_t, device), KVF_CONFIG_TYPE_STRING, 0}
+/* The engine options of kvf generate and kvf bench-model (common/engine/kvf_engine_opts.h). */
+#define KVF_ENGINE_FIELDS                                                                     \
+    KVF_ENGINE_OPT(MODEL, kvf_gen_opts_t, ),                                                  \
+    KVF_ENGINE_OPT(TP, kvf_gen_opts_t, ),                                                     \
+    KVF_ENGINE_OPT(KV_DTYPE, kvf_gen_opts_t, ),                                               \
+    KVF_ENGINE_OPT(SSM_DTYPE, kvf_gen_opts_t, ),                                              \
+    KVF_ENGINE_OPT(CONV_DTYPE, kvf_gen_opts_t, ),                                             \
+    KVF_ENGINE_OPT(BLOCK_SIZE, kvf_gen_opts_t, ),                                             \
+    KVF_ENGINE_OPT(EXACT_BLOCK_SIZE, kvf_gen_opts_t, ),                                       \
+    KVF_ENGINE_OPT(NUM_BLOCKS, kvf_gen_opts_t, ),                                             \
+    KVF_ENGINE_OPT(MAX_BATCH_TOKENS, kvf_gen_opts_t, ),                                       \
+    KVF_ENGINE_OPT(DEVICE, kvf_gen_opts_t, )
 
 static const kvf_config_field_t kvf_generate_table[] = {
     KVF_ENGINE_FIELDS,
@@ -185,15 +176,9 @@ static const kvf_config_field_t kvf_generate_table[] = {
      offsetof(kvf_gen_opts_t, top_k), KVF_CONFIG_TYPE_INT, 0},
     {"MIN_P", "0", "drop tokens less likely than this fraction of the most likely, [0, 1]",
      offsetof(kvf_gen_opts_t, min_p), KVF_CONFIG_TYPE_DOUBLE, 0},
-    {"PREFIX_CACHING", "on", "prefix cache (docs/PREFIX_CACHE.md): a prompt whose start was "
-     "computed before reuses its KV blocks and Mamba state (on, as vLLM; off)",
-     offsetof(kvf_gen_opts_t, prefix_caching), KVF_CONFIG_TYPE_BOOL, 0},
-    {"PREFIX_STATE_BYTES", "0", "memory per rank for the prefix cache's Mamba state "
-     "checkpoints, committed at start (must hold one; 0: 64 checkpoints within 256 MiB)",
-     offsetof(kvf_gen_opts_t, prefix_state_bytes), KVF_CONFIG_TYPE_SIZE, 0},
-    {"PREFIX_STATE_GRID", "64", "tokens between Mamba state checkpoints; prompt chunks end on "
-     "this grid (models with Mamba layers)",
-     offsetof(kvf_gen_opts_t, prefix_state_grid), KVF_CONFIG_TYPE_INT, 0},
+    KVF_ENGINE_OPT(PREFIX_CACHING, kvf_gen_opts_t, ),
+    KVF_ENGINE_OPT(PREFIX_STATE_BYTES, kvf_gen_opts_t, ),
+    KVF_ENGINE_OPT(PREFIX_STATE_GRID, kvf_gen_opts_t, ),
     {"TURNS", "1", "a conversation of this many turns: each next prompt is the last prompt, "
      "its answer and a follow-up (the prompt text's first 32 tokens); prints each turn's "
      "prompt tokens, prefix-cache hit and time to first token",
@@ -259,15 +244,17 @@ static int kvf_open_engine(const kvf_gen_opts_t *o, kvf_engine_h *engine_p)
         return 1;
     }
     kvf_cache_params_default(&cfg, &ep.cache);
-    if ((kvf_config_dtype("kv-dtype", o->kv_dtype, KVF_DTYPE_BF16, KVF_CONFIG_DTYPE_AUTO,
-                          &ep.cache.kv_dtype) != KVF_OK) ||
-        (kvf_config_dtype("ssm-dtype", o->ssm_dtype, cfg.ssm_cache_dtype, KVF_CONFIG_DTYPE_AUTO,
-                          &ep.cache.ssm_dtype) != KVF_OK) ||
-        (kvf_config_dtype("conv-dtype", o->conv_dtype, ep.cache.conv_dtype,
-                          KVF_CONFIG_DTYPE_AUTO, &ep.cache.conv_dtype) != KVF_OK)) {
+    if ((kvf_engine_opts_block_sizes(o->block_size, o->exact_block_size) != KVF_OK) ||
+        (kvf_engine_opts_dtype("kv-dtype", o->kv_dtype, KVF_DTYPE_BF16, true,
+                               &ep.cache.kv_dtype) != KVF_OK) ||
+        (kvf_engine_opts_dtype("ssm-dtype", o->ssm_dtype, cfg.ssm_cache_dtype, true,
+                               &ep.cache.ssm_dtype) != KVF_OK) ||
+        (kvf_engine_opts_dtype("conv-dtype", o->conv_dtype, ep.cache.conv_dtype, true,
+                               &ep.cache.conv_dtype) != KVF_OK)) {
         return 2;
     }
-    ep.cache.block_size = o->block_size;
+    ep.cache.user_block_size = o->block_size;
+    ep.cache.block_size = o->exact_block_size;
     ep.field_mask = KVF_ENGINE_PARAM_FIELD_CACHE | KVF_ENGINE_PARAM_FIELD_NUM_BLOCKS |
                     KVF_ENGINE_PARAM_FIELD_MAX_BATCH_TOKENS | KVF_ENGINE_PARAM_FIELD_DEVICE;
     ep.model_dir = o->model;

@@ -7,6 +7,7 @@
  */
 #include "kvf_cmds.h"
 #include "kvf_config.h"
+#include "kvf_engine_opts.h"
 #include "kvf_estimate.h"
 #include "kvf_layout.h"
 #include "kvf_log.h"
@@ -43,16 +44,11 @@ static const kvf_config_field_t kvf_plan_table[] = {
      offsetof(kvf_plan_opts_t, model), KVF_CONFIG_TYPE_STRING, 0},
     {"LAYOUTS", "1p1d,1p2d,2p1d,2p2d,4p2d,2p4d,1p4d,4p1d,4p4d", "comma list of XpYd layouts",
      offsetof(kvf_plan_opts_t, layouts), KVF_CONFIG_TYPE_STRING, 0},
-    {"BLOCK_SIZE", "16", "user block size: the alignment unit max(16, N); dense models use it as is",
-     offsetof(kvf_plan_opts_t, block_size), KVF_CONFIG_TYPE_INT, 0},
-    {"EXACT_BLOCK_SIZE", "0", "force this logical block size (0: derive); refused if too small",
-     offsetof(kvf_plan_opts_t, exact_block_size), KVF_CONFIG_TYPE_INT, 0},
-    {"KV_DTYPE", "bf16", "attention KV cache dtype: fp32, bf16, fp16, fp8",
-     offsetof(kvf_plan_opts_t, kv_dtype), KVF_CONFIG_TYPE_STRING, 0},
-    {"SSM_DTYPE", "auto", "Mamba SSM state dtype (auto: the model's mamba_ssm_cache_dtype)",
-     offsetof(kvf_plan_opts_t, ssm_dtype), KVF_CONFIG_TYPE_STRING, 0},
-    {"CONV_DTYPE", "auto", "Mamba conv state dtype (auto: the model's dtype)",
-     offsetof(kvf_plan_opts_t, conv_dtype), KVF_CONFIG_TYPE_STRING, 0},
+    KVF_ENGINE_OPT(BLOCK_SIZE, kvf_plan_opts_t, ),
+    KVF_ENGINE_OPT(EXACT_BLOCK_SIZE, kvf_plan_opts_t, ),
+    KVF_ENGINE_OPT(KV_DTYPE, kvf_plan_opts_t, ),
+    KVF_ENGINE_OPT(SSM_DTYPE, kvf_plan_opts_t, ),
+    KVF_ENGINE_OPT(CONV_DTYPE, kvf_plan_opts_t, ),
     {"ALIGN", "tp-stable", "block size alignment: tp-stable (kvferry) or per-rank (upstream)",
      offsetof(kvf_plan_opts_t, align), KVF_CONFIG_TYPE_STRING, 0},
     {"KERNEL_BLOCK_SIZES", "MultipleOf(16)", "block sizes the attention kernel accepts",
@@ -100,13 +96,7 @@ static int kvf_plan_params(const kvf_plan_opts_t *o, const kvf_model_config_t *c
                            kvf_cache_params_t *p)
 {
     kvf_cache_params_default(cfg, p);
-    if (o->block_size <= 0) {
-        kvf_error("bad value %d for --block-size: must be positive", o->block_size);
-        return -1;
-    }
-    if (o->exact_block_size < 0) {
-        kvf_error("bad value %d for --exact-block-size: must be positive (0: derive)",
-                  o->exact_block_size);
+    if (kvf_engine_opts_block_sizes(o->block_size, o->exact_block_size) != KVF_OK) {
         return -1;
     }
     if (o->prompt_tokens <= 0) {
@@ -119,12 +109,13 @@ static int kvf_plan_params(const kvf_plan_opts_t *o, const kvf_model_config_t *c
     }
     p->user_block_size = o->block_size;
     p->block_size = o->exact_block_size;
-    const unsigned f = KVF_CONFIG_DTYPE_AUTO | KVF_CONFIG_DTYPE_FP8;
-
-    if ((kvf_config_dtype("kv-dtype", o->kv_dtype, KVF_DTYPE_BF16, f, &p->kv_dtype) != KVF_OK) ||
-        (kvf_config_dtype("ssm-dtype", o->ssm_dtype, p->ssm_dtype, f, &p->ssm_dtype) != KVF_OK) ||
-        (kvf_config_dtype("conv-dtype", o->conv_dtype, p->conv_dtype, f,
-                          &p->conv_dtype) != KVF_OK)) {
+    /* planning only: fp8 is taken (nothing computes here) */
+    if ((kvf_engine_opts_dtype("kv-dtype", o->kv_dtype, KVF_DTYPE_BF16, false,
+                               &p->kv_dtype) != KVF_OK) ||
+        (kvf_engine_opts_dtype("ssm-dtype", o->ssm_dtype, p->ssm_dtype, false,
+                               &p->ssm_dtype) != KVF_OK) ||
+        (kvf_engine_opts_dtype("conv-dtype", o->conv_dtype, p->conv_dtype, false,
+                               &p->conv_dtype) != KVF_OK)) {
         return -1;
     }
     if (strcmp(o->align, "tp-stable") == 0) {
@@ -563,6 +554,20 @@ static void kvf_plan_row(const kvf_model_config_t *cfg, const kvf_model_cost_t *
                 (kvf_layout_estimate(cfg, cost, pl, ep, &r->est) == KVF_OK);
 }
 
+/* The text output's first line: the model and the options every layout is planned with. */
+static void kvf_plan_print_header(const kvf_plan_opts_t *o, const kvf_model_config_t *cfg,
+                                  const kvf_cache_params_t *params)
+{
+    char ks[64];
+
+    kvf_kernel_sizes_format(&params->kernel_sizes, ks, sizeof(ks));
+    printf("model %s (%s): %d layers, %d attention, %d mamba; kv %s, conv %s, ssm %s;"
+           " align %s, user block %d, kernel accepts %s\n\n", o->model, cfg->model_type,
+           cfg->num_layers, cfg->num_attention_layers, cfg->num_mamba_layers,
+           kvf_dtype_name(params->kv_dtype), kvf_dtype_name(params->conv_dtype),
+           kvf_dtype_name(params->ssm_dtype), o->align, o->block_size, ks);
+}
+
 int kvf_cmd_plan(int argc, char **argv)
 {
     kvf_estimate_params_t ep;
@@ -609,13 +614,7 @@ int kvf_cmd_plan(int argc, char **argv)
     if (o.json) {
         arr = cJSON_CreateArray();
     } else {
-        char ks[64];
-        kvf_kernel_sizes_format(&params.kernel_sizes, ks, sizeof(ks));
-        printf("model %s (%s): %d layers, %d attention, %d mamba; kv %s, conv %s, ssm %s;"
-               " align %s, user block %d, kernel accepts %s\n\n", o.model, cfg.model_type,
-               cfg.num_layers, cfg.num_attention_layers, cfg.num_mamba_layers,
-               kvf_dtype_name(params.kv_dtype), kvf_dtype_name(params.conv_dtype),
-               kvf_dtype_name(params.ssm_dtype), o.align, o.block_size, ks);
+        kvf_plan_print_header(&o, &cfg, &params);
     }
 
     snprintf(layouts, sizeof(layouts), "%s", o.layouts);

@@ -61,10 +61,10 @@ static const kvf_config_field_t kvf_pc_table[] = {
      KVF_CONFIG_TYPE_STRING, 0},
     {"PROXY_MODEL", "", "the proxy's model folder (its tokenizer); empty: not checked",
      KVF_PC_OFF(proxy_model), KVF_CONFIG_TYPE_STRING, 0},
-    {"PREFILL_KV_DTYPE", "bf16", "the prefill daemons' --kv-dtype",
+    {"PREFILL_KV_DTYPE", KVF_ENGINE_KV_DTYPE_DEFAULT, "the prefill daemons' --kv-dtype",
      KVF_PC_OFF(prefill_kv_dtype), KVF_CONFIG_TYPE_STRING, 0},
-    {"DECODE_KV_DTYPE", "bf16", "the decode daemons' --kv-dtype", KVF_PC_OFF(decode_kv_dtype),
-     KVF_CONFIG_TYPE_STRING, 0},
+    {"DECODE_KV_DTYPE", KVF_ENGINE_KV_DTYPE_DEFAULT, "the decode daemons' --kv-dtype",
+     KVF_PC_OFF(decode_kv_dtype), KVF_CONFIG_TYPE_STRING, 0},
     {"PORTS", "", "NAME=ADDR:PORT,... that must bind on this machine (NAME says whose); -: "
      "read the entries from stdin, one a line",
      KVF_PC_OFF(ports), KVF_CONFIG_TYPE_STRING, 0},
@@ -112,7 +112,7 @@ static int kvf_pc_dtypes(const kvf_pc_opts_t *o, kvf_dtype_t *dt)
     for (int i = 0; i < 2; ++i) {
         if (kvf_role_kv_dtype(text[i], &dt[i]) != KVF_OK) {
             printf("kv_dtype: the %s daemons refuse --kv-dtype %s (they accept fp32, bf16, "
-                   "fp16)\n", role[i], text[i]);
+                   "fp16, auto)\n", role[i], text[i]);
             ++bad;
         }
     }

@@ -313,7 +313,7 @@ static void kvf_tune_precheck(const kvf_tune_opts_t *o, const kvf_model_config_t
         return;   /* the pools will say */
     }
     weights = kvf_tune_weight_bytes(o->model);
-    pools = atof(KVF_ROLE_NUM_BLOCKS_DEFAULT) * cl.slots *
+    pools = atof(KVF_ENGINE_NUM_BLOCKS_DEFAULT) * cl.slots *
             ((double)k->n_prefill * k->layout.prefill_tp * (double)pl.prefill.page_size +
              (double)k->n_decode * k->layout.decode_tp * (double)pl.decode.page_size);
     need = weights * (k->n_prefill + k->n_decode) + pools;
@@ -322,7 +322,7 @@ static void kvf_tune_precheck(const kvf_tune_opts_t *o, const kvf_model_config_t
         snprintf(k->why, sizeof(k->why), "not enough memory: needs %.1f GiB (weights %.1f GiB x "
                  "%d instances + KV/Mamba pools %.1f GiB: %s blocks x %d slots per rank), "
                  "MemAvailable %.1f GiB", need / 1073741824.0, weights / 1073741824.0,
-                 k->n_prefill + k->n_decode, pools / 1073741824.0, KVF_ROLE_NUM_BLOCKS_DEFAULT,
+                 k->n_prefill + k->n_decode, pools / 1073741824.0, KVF_ENGINE_NUM_BLOCKS_DEFAULT,
                  cl.slots, avail / 1073741824.0);
         k->runnable = false;
     }

@@ -35,6 +35,7 @@
 #include "kvf_xfer_tools.h"
 
 #include "kvf_xt_int.h"
+#include "kvf_engine_opts.h"
 
 #include <limits.h>
 
@@ -57,8 +58,7 @@
     XT_FIELD("DECODE_KERNEL_SIZES", "MultipleOf(16)",                                         \
              "kernel block sizes the decode attention kernel accepts", decode_kernel_sizes,   \
              KVF_CONFIG_TYPE_STRING, 0),                                                      \
-    XT_FIELD("USER_BLOCK_SIZE", "16", "alignment unit hint (both sides)", user_block_size,   \
-             KVF_CONFIG_TYPE_INT, 0),                                                         \
+    KVF_ENGINE_OPT(BLOCK_SIZE, xt_opts_t, ),                                                  \
     XT_FIELD("KV_DTYPE", "bf16", "decode KV cache dtype", kv_dtype, KVF_CONFIG_TYPE_STRING, 0), \
     XT_FIELD("PREFILL_KV_DTYPE", "same", "prefill KV cache dtype (same: as decode)",         \
              prefill_kv_dtype, KVF_CONFIG_TYPE_STRING, 0),                                    \
@@ -142,8 +142,7 @@ static int xt_dtype(const char *flag, const char *text, kvf_dtype_t same, kvf_dt
     if (strcmp(text, "same") == 0) {
         text = "auto";
     }
-    return (kvf_config_dtype(flag, text, same, KVF_CONFIG_DTYPE_AUTO | KVF_CONFIG_DTYPE_FP8,
-                             out) == KVF_OK) ? 0 : -1;
+    return (kvf_engine_opts_dtype(flag, text, same, false, out) == KVF_OK) ? 0 : -1;
 }
 
 /* --device: "cpu", "cuda" (GPU 0) or "cuda:N". Returns 0, or -1 after naming the value. */
@@ -863,7 +862,7 @@ static int xt_main(int argc, char **argv, bool bench)
     rc = 2;
     /* decode params first; prefill defaults to the same */
     kvf_cache_params_default(&c->cfg, &c->dec.params);
-    c->dec.params.user_block_size = c->o.user_block_size;
+    c->dec.params.user_block_size = c->o.block_size;
     c->dec.params.block_size = c->o.decode_block_size;
     if ((xt_dtype("kv-dtype", c->o.kv_dtype, c->dec.params.kv_dtype, &c->dec.params.kv_dtype) != 0) ||
         (xt_dtype("ssm-dtype", c->o.ssm_dtype, c->dec.params.ssm_dtype, &c->dec.params.ssm_dtype) != 0) ||

@@ -48,7 +48,7 @@ typedef struct xt_opts {
     int     decode_block_size;
     char    prefill_kernel_sizes[KVF_CONFIG_STR_MAX];
     char    decode_kernel_sizes[KVF_CONFIG_STR_MAX];
-    int     user_block_size;
+    int     block_size;   /* BLOCK_SIZE: the user block size (alignment unit), both sides */
     char    kv_dtype[KVF_CONFIG_STR_MAX];
     char    prefill_kv_dtype[KVF_CONFIG_STR_MAX];
     char    ssm_dtype[KVF_CONFIG_STR_MAX];

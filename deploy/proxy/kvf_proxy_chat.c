@@ -1,29 +1,12 @@
 /* Chat messages: checked, then rendered with the checkpoint's template (kvf_proxy_chat.h). */
 #include "kvf_proxy_chat.h"
+#include "kvf_proxy_refuse.h"
 #include "kvf_proxy_jinja.h"
 #include "kvf_proxy_tools.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static kvf_status_t kvf_chat_bad(const char **param_p, char *err, size_t cap, const char *fmt,
-                                 ...) __attribute__((format(printf, 4, 5)));
-
-static kvf_status_t kvf_chat_bad(const char **param_p, char *err, size_t cap, const char *fmt,
-                                 ...)
-{
-    va_list ap;
-
-    va_start(ap, fmt);
-    vsnprintf(err, cap, fmt, ap);
-    va_end(ap);
-    if (param_p != NULL) {
-        *param_p = "messages";
-    }
-    return KVF_ERR_INVALID_PARAM;
-}
 
 /* content: a string, null (assistant), or text parts joined with "\n" (as vLLM joins them). */
 static kvf_status_t kvf_chat_content(const cJSON *m, int i, cJSON *out, const char **param_p,
@@ -42,8 +25,9 @@ static kvf_status_t kvf_chat_content(const cJSON *m, int i, cJSON *out, const ch
         return KVF_OK;
     }
     if (!cJSON_IsArray(c)) {
-        return kvf_chat_bad(param_p, err, cap, "'messages'[%d].content must be a string or a "
-                            "list of text parts", i);
+        return kvf_proxy_invalid(NULL, param_p, "messages", err, cap,
+                                 "'messages'[%d].content must be a string or a "
+                                 "list of text parts", i);
     }
     cJSON_ArrayForEach(part, c) {
         const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
@@ -54,9 +38,10 @@ static kvf_status_t kvf_chat_content(const cJSON *m, int i, cJSON *out, const ch
         if (!cJSON_IsObject(part) || !cJSON_IsString(type) ||
             (strcmp(type->valuestring, "text") != 0) || !cJSON_IsString(text)) {
             free(joined);
-            return kvf_chat_bad(param_p, err, cap, "'messages'[%d].content: only parts "
-                                "{\"type\": \"text\", \"text\": ...} are supported (no images,"
-                                " audio or files)", i);
+            return kvf_proxy_invalid(NULL, param_p, "messages", err, cap,
+                                     "'messages'[%d].content: only parts "
+                                     "{\"type\": \"text\", \"text\": ...} are supported (no images,"
+                                     " audio or files)", i);
         }
         n = strlen(text->valuestring);
         grown = realloc(joined, len + n + 2);
@@ -85,8 +70,9 @@ static kvf_status_t kvf_chat_messages(const cJSON *messages, cJSON *list, const 
     int i = 0;
 
     if (!cJSON_IsArray(messages) || (cJSON_GetArraySize(messages) == 0)) {
-        return kvf_chat_bad(param_p, err, cap, "'messages' must be a non-empty list of "
-                            "messages");
+        return kvf_proxy_invalid(NULL, param_p, "messages", err, cap,
+                                 "'messages' must be a non-empty list of "
+                                 "messages");
     }
     cJSON_ArrayForEach(m, messages) {
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role"), *k;
@@ -95,24 +81,27 @@ static kvf_status_t kvf_chat_messages(const cJSON *messages, cJSON *list, const 
         kvf_status_t st;
 
         if (!cJSON_IsObject(m) || !cJSON_IsString(role)) {
-            return kvf_chat_bad(param_p, err, cap, "'messages'[%d] must be an object with a "
-                                "string 'role'", i);
+            return kvf_proxy_invalid(NULL, param_p, "messages", err, cap,
+                                     "'messages'[%d] must be an object with a "
+                                     "string 'role'", i);
         }
         for (size_t r = 0; r < sizeof(roles) / sizeof(roles[0]); ++r) {
             known = known || (strcmp(role->valuestring, roles[r]) == 0);
         }
         if (!known) {
-            return kvf_chat_bad(param_p, err, cap, "'messages'[%d].role '%.32s' is not one of "
-                                "system, developer, user, assistant, tool", i,
-                                role->valuestring);
+            return kvf_proxy_invalid(NULL, param_p, "messages", err, cap,
+                                     "'messages'[%d].role '%.32s' is not one of "
+                                     "system, developer, user, assistant, tool", i,
+                                     role->valuestring);
         }
         cJSON_ArrayForEach(k, m) {
             if ((strcmp(k->string, "role") != 0) && (strcmp(k->string, "content") != 0) &&
                 (strcmp(k->string, "name") != 0) && (strcmp(k->string, "tool_calls") != 0) &&
                 (strcmp(k->string, "tool_call_id") != 0)) {
-                return kvf_chat_bad(param_p, err, cap, "'messages'[%d].%.32s is not supported"
-                                    " (role, content, name, tool_calls and tool_call_id are)",
-                                    i, k->string);
+                return kvf_proxy_invalid(NULL, param_p, "messages", err, cap,
+                                         "'messages'[%d].%.32s is not supported"
+                                         " (role, content, name, tool_calls and tool_call_id are)",
+                                         i, k->string);
             }
         }
         out = cJSON_CreateObject();
@@ -124,8 +113,9 @@ static kvf_status_t kvf_chat_messages(const cJSON *messages, cJSON *list, const 
         k = cJSON_GetObjectItemCaseSensitive(m, "name");
         if (k != NULL) {
             if (!cJSON_IsString(k)) {
-                return kvf_chat_bad(param_p, err, cap, "'messages'[%d].name must be a string",
-                                    i);
+                return kvf_proxy_invalid(NULL, param_p, "messages", err, cap,
+                                         "'messages'[%d].name must be a string",
+                                         i);
             }
             cJSON_AddStringToObject(out, "name", k->valuestring);
         }
@@ -152,8 +142,9 @@ static kvf_status_t kvf_chat_continue(const cJSON *list, char *text, const char 
     const cJSON *c = cJSON_GetObjectItemCaseSensitive(last, "content");
 
     if (!kvf_proxy_chat_continue_cut(text, cJSON_IsString(c) ? c->valuestring : "")) {
-        (void)kvf_chat_bad(param_p, err, cap, "continue_final_message: the last message's "
-                           "content does not appear in the template's rendering");
+        (void)kvf_proxy_invalid(NULL, param_p, "messages", err, cap,
+                                "continue_final_message: the last message's "
+                                "content does not appear in the template's rendering");
         if (param_p != NULL) {
             *param_p = "continue_final_message";
         }
@@ -171,9 +162,10 @@ kvf_status_t kvf_proxy_chat_render(const kvf_proxy_openai_ctx_t *ctx, const cJSO
     char jerr[256];
 
     if (ctx->chat_template == NULL) {
-        return kvf_chat_bad(param_p, err, cap, "this model has no chat template (no "
-                            "'chat_template' in its tokenizer_config.json): use "
-                            "/v1/completions");
+        return kvf_proxy_invalid(NULL, param_p, "messages", err, cap,
+                                 "this model has no chat template (no "
+                                 "'chat_template' in its tokenizer_config.json): use "
+                                 "/v1/completions");
     }
     vars = cJSON_CreateObject();
     list = cJSON_AddArrayToObject(vars, "messages");
@@ -197,8 +189,9 @@ kvf_status_t kvf_proxy_chat_render(const kvf_proxy_openai_ctx_t *ctx, const cJSO
         }
         st = kvf_proxy_jinja_render(ctx->chat_template, vars, text_p, jerr, sizeof(jerr));
         if (st != KVF_OK) {
-            (void)kvf_chat_bad(param_p, err, cap, "the chat template failed on these messages: "
-                               "%s", jerr);
+            (void)kvf_proxy_invalid(NULL, param_p, "messages", err, cap,
+                                    "the chat template failed on these messages: "
+                                    "%s", jerr);
         }
     }
     if ((st == KVF_OK) && args->continue_final_message) {

@@ -1,29 +1,10 @@
 /* The chat template's arguments beyond the messages (kvf_proxy_chat_args.h). */
 #include "kvf_proxy_chat_args.h"
+#include "kvf_proxy_refuse.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static kvf_status_t kvf_args_bad(int *http_p, const char **param_p, const char *param,
-                                 char *err, size_t cap, const char *fmt, ...)
-    __attribute__((format(printf, 6, 7)));
-
-static kvf_status_t kvf_args_bad(int *http_p, const char **param_p, const char *param,
-                                 char *err, size_t cap, const char *fmt, ...)
-{
-    va_list ap;
-
-    va_start(ap, fmt);
-    vsnprintf(err, cap, fmt, ap);
-    va_end(ap);
-    *http_p = 400;
-    if (param_p != NULL) {
-        *param_p = param;
-    }
-    return KVF_ERR_INVALID_PARAM;
-}
 
 static const cJSON *kvf_args_get(const cJSON *root, const char *name)
 {
@@ -79,7 +60,7 @@ static kvf_status_t kvf_args_bool(const cJSON *root, const char *name, bool *out
         return KVF_OK;
     }
     if (!cJSON_IsBool(it)) {
-        return kvf_args_bad(http_p, param_p, name, err, cap, "'%s' must be a boolean", name);
+        return kvf_proxy_invalid(http_p, param_p, name, err, cap, "'%s' must be a boolean", name);
     }
     *out = cJSON_IsTrue(it);
     return KVF_OK;
@@ -104,25 +85,25 @@ kvf_status_t kvf_proxy_chat_args_parse(const cJSON *root, kvf_proxy_chat_args_t 
         return st;
     }
     if (args->continue_final_message && args->add_generation_prompt) {
-        return kvf_args_bad(http_p, param_p, "continue_final_message", err, cap,
-                            "'continue_final_message' and 'add_generation_prompt' cannot both "
-                            "be true (set add_generation_prompt to false)");
+        return kvf_proxy_invalid(http_p, param_p, "continue_final_message", err, cap,
+                                 "'continue_final_message' and 'add_generation_prompt' cannot both "
+                                 "be true (set add_generation_prompt to false)");
     }
     if ((docs != NULL) && !kvf_args_documents_ok(docs)) {
-        return kvf_args_bad(http_p, param_p, "documents", err, cap, "'documents' must be a "
-                            "list of objects whose values are strings");
+        return kvf_proxy_invalid(http_p, param_p, "documents", err, cap, "'documents' must be a "
+                                 "list of objects whose values are strings");
     }
     if ((docs != NULL) && (kvf_proxy_chat_args_set(args, "documents", docs) != KVF_OK)) {
         goto nomem;
     }
     if ((kw != NULL) && !cJSON_IsObject(kw)) {
-        return kvf_args_bad(http_p, param_p, "chat_template_kwargs", err, cap,
-                            "'chat_template_kwargs' must be an object of template variables");
+        return kvf_proxy_invalid(http_p, param_p, "chat_template_kwargs", err, cap,
+                                 "'chat_template_kwargs' must be an object of template variables");
     }
     cJSON_ArrayForEach(it, kw) {
         if (strcmp(it->string, "messages") == 0) {
-            return kvf_args_bad(http_p, param_p, "chat_template_kwargs", err, cap,
-                                "'chat_template_kwargs' cannot set 'messages'");
+            return kvf_proxy_invalid(http_p, param_p, "chat_template_kwargs", err, cap,
+                                     "'chat_template_kwargs' cannot set 'messages'");
         }
         if (kvf_proxy_chat_args_set(args, it->string, it) != KVF_OK) {
             goto nomem;

@@ -59,9 +59,11 @@ static void kvf_export_instances(kvf_proxy_pool_h pool, const char *model_name, 
          "vllm:kv_cache_usage_perc."},
     };
     kvf_proxy_instance_info_t info;
+    kvf_prom_label_t l[4] = {{"model_name", NULL}, {"kvf_instance", NULL}, {"role", NULL},
+                             {"engine_id", NULL}};
 
     for (size_t m = 0; m < sizeof(g) / sizeof(g[0]); ++m) {
-        fprintf(out, "# HELP %s %s\n# TYPE %s gauge\n", g[m].name, g[m].help, g[m].name);
+        kvf_prom_head(out, g[m].name, "gauge", g[m].help);
         for (int role = 0; (pool != NULL) && (role < KVF_PROXY_ROLE_COUNT); ++role) {
             for (int i = 0; i < kvf_proxy_pool_count(pool, (kvf_proxy_role_t)role); ++i) {
                 double v;
@@ -79,14 +81,11 @@ static void kvf_export_instances(kvf_proxy_pool_h pool, const char *model_name, 
                 } else {
                     continue;
                 }
-                fprintf(out, "%s{model_name=\"", g[m].name);
-                kvf_prom_label_write(out, model_name);
-                fputs("\",kvf_instance=\"", out);
-                kvf_prom_label_write(out, info.url);
-                fprintf(out, "\",role=\"%s\",engine_id=\"",
-                        kvf_proxy_role_name((kvf_proxy_role_t)role));
-                kvf_prom_label_write(out, info.engine_id);
-                fprintf(out, "\"} %.6g\n", v);
+                l[0].value = model_name;
+                l[1].value = info.url;
+                l[2].value = kvf_proxy_role_name((kvf_proxy_role_t)role);
+                l[3].value = info.engine_id;
+                kvf_prom_sample(out, g[m].name, l, 4, v);
             }
         }
     }
@@ -94,8 +93,10 @@ static void kvf_export_instances(kvf_proxy_pool_h pool, const char *model_name, 
 
 void kvf_proxy_export_render(kvf_proxy_pool_h pool, const char *model_name, FILE *out)
 {
-    uint64_t buckets[KVF_EXPORT_NB + 1], count, transfers, failed, cum = 0;
+    uint64_t buckets[KVF_EXPORT_NB + 1], count, transfers, failed;
     double sum;
+    kvf_prom_label_t lm = {"model_name", model_name};
+    kvf_prom_hist_t h;
 
     pthread_mutex_lock(&kvf_export.lock);
     for (int b = 0; b <= KVF_EXPORT_NB; ++b) {
@@ -106,35 +107,16 @@ void kvf_proxy_export_render(kvf_proxy_pool_h pool, const char *model_name, FILE
     transfers = kvf_export.transfers;
     failed = kvf_export.failed;
     pthread_mutex_unlock(&kvf_export.lock);
+    h = (kvf_prom_hist_t){kvf_export_bytes_bounds, KVF_EXPORT_NB, buckets, sum, count, 0};
 
     kvf_export_instances(pool, model_name, out);
-    fputs("# HELP kvf_kv_transfers_total KV transfers decode instances reported (one per "
-          "request that pulled its prompt's KV).\n# TYPE kvf_kv_transfers_total counter\n"
-          "kvf_kv_transfers_total{model_name=\"", out);
-    kvf_prom_label_write(out, model_name);
-    fprintf(out, "\"} %llu\n", (unsigned long long)transfers);
-    fputs("# HELP kvf_kv_failed_transfers_total KV transfers that failed (decode recomputed "
-          "the prompt); vllm:nixl_num_failed_transfers.\n"
-          "# TYPE kvf_kv_failed_transfers_total counter\n"
-          "kvf_kv_failed_transfers_total{model_name=\"", out);
-    kvf_prom_label_write(out, model_name);
-    fprintf(out, "\"} %llu\n", (unsigned long long)failed);
-    fputs("# HELP kvf_kv_transfer_bytes Bytes per successful KV transfer (KV blocks and Mamba "
-          "state); vllm:nixl_bytes_transferred.\n# TYPE kvf_kv_transfer_bytes histogram\n", out);
-    for (int b = 0; b <= KVF_EXPORT_NB; ++b) {
-        cum += buckets[b];
-        fputs("kvf_kv_transfer_bytes_bucket{model_name=\"", out);
-        kvf_prom_label_write(out, model_name);
-        if (b < KVF_EXPORT_NB) {
-            fprintf(out, "\",le=\"%.0f\"} %llu\n", kvf_export_bytes_bounds[b],
-                    (unsigned long long)cum);
-        } else {
-            fprintf(out, "\",le=\"+Inf\"} %llu\n", (unsigned long long)cum);
-        }
-    }
-    fputs("kvf_kv_transfer_bytes_sum{model_name=\"", out);
-    kvf_prom_label_write(out, model_name);
-    fprintf(out, "\"} %.17g\nkvf_kv_transfer_bytes_count{model_name=\"", sum);
-    kvf_prom_label_write(out, model_name);
-    fprintf(out, "\"} %llu\n", (unsigned long long)count);
+    kvf_prom_head(out, "kvf_kv_transfers_total", "counter", "KV transfers decode instances "
+                  "reported (one per request that pulled its prompt's KV).");
+    kvf_prom_sample_u64(out, "kvf_kv_transfers_total", &lm, 1, transfers);
+    kvf_prom_head(out, "kvf_kv_failed_transfers_total", "counter", "KV transfers that failed "
+                  "(decode recomputed the prompt); vllm:nixl_num_failed_transfers.");
+    kvf_prom_sample_u64(out, "kvf_kv_failed_transfers_total", &lm, 1, failed);
+    kvf_prom_head(out, "kvf_kv_transfer_bytes", "histogram", "Bytes per successful KV "
+                  "transfer (KV blocks and Mamba state); vllm:nixl_bytes_transferred.");
+    kvf_prom_histogram(out, "kvf_kv_transfer_bytes", &lm, 1, &h);
 }

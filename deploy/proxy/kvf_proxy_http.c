@@ -23,6 +23,7 @@
 #include "kvf_array.h"
 #include "kvf_proxy_export.h"
 #include "kvf_proxy_vllm.h"
+#include "kvf_prom.h"
 
 #include <errno.h>
 #include <netdb.h>
@@ -163,31 +164,25 @@ static enum MHD_Result kvf_proxy_metrics_page(struct kvf_proxy_http *http,
         return kvf_proxy_respond_error(conn, 500, "server_error", NULL, "out of memory");
     }
     kvf_proxy_metrics_render(http->params.flow->metrics, f);
-    fprintf(f, "# HELP kvf_proxy_connections Open HTTP connections (this one included).\n"
-            "# TYPE kvf_proxy_connections gauge\nkvf_proxy_connections %u\n"
-            "# HELP kvf_proxy_connections_waiting Connections suspended while their request "
-            "waits for an instance.\n"
-            "# TYPE kvf_proxy_connections_waiting gauge\nkvf_proxy_connections_waiting %u\n"
-            "# HELP kvf_proxy_connection_timeouts_total Connections closed for missing their "
-            "header, body or idle deadline.\n"
-            "# TYPE kvf_proxy_connection_timeouts_total counter\n"
-            "kvf_proxy_connection_timeouts_total %llu\n", kvf_proxy_conns_count(http->conns),
-            kvf_proxy_edge_suspended(http->edge),
-            (unsigned long long)kvf_proxy_conns_timeouts(http->conns));
+    kvf_prom_scalar(f, "kvf_proxy_connections", "gauge",
+                    "Open HTTP connections (this one included).",
+                    kvf_proxy_conns_count(http->conns));
+    kvf_prom_scalar(f, "kvf_proxy_connections_waiting", "gauge",
+                    "Connections suspended while their request waits for an instance.",
+                    kvf_proxy_edge_suspended(http->edge));
+    kvf_prom_scalar(f, "kvf_proxy_connection_timeouts_total", "counter",
+                    "Connections closed for missing their header, body or idle deadline.",
+                    kvf_proxy_conns_timeouts(http->conns));
     if (http->params.flow->admit != NULL) {
         const kvf_proxy_admit_stats_t st = kvf_proxy_admit_stats(http->params.flow->admit);
 
-        fprintf(f, "# HELP kvf_proxy_admission_queue_requests Requests waiting in the proxy "
-                "for an instance slot (every instance at --max-outstanding).\n"
-                "# TYPE kvf_proxy_admission_queue_requests gauge\n"
-                "kvf_proxy_admission_queue_requests %u\n"
-                "# HELP kvf_proxy_admission_queue_prompt_tokens Their prompt tokens.\n"
-                "# TYPE kvf_proxy_admission_queue_prompt_tokens gauge\n"
-                "kvf_proxy_admission_queue_prompt_tokens %llu\n"
-                "# HELP kvf_proxy_admission_queued_total Requests that waited in that queue.\n"
-                "# TYPE kvf_proxy_admission_queued_total counter\n"
-                "kvf_proxy_admission_queued_total %llu\n", st.count,
-                (unsigned long long)st.tokens, (unsigned long long)st.total);
+        kvf_prom_scalar(f, "kvf_proxy_admission_queue_requests", "gauge",
+                        "Requests waiting in the proxy for an instance slot (every instance "
+                        "at --max-outstanding).", st.count);
+        kvf_prom_scalar(f, "kvf_proxy_admission_queue_prompt_tokens", "gauge",
+                        "Their prompt tokens.", st.tokens);
+        kvf_prom_scalar(f, "kvf_proxy_admission_queued_total", "counter",
+                        "Requests that waited in that queue.", st.total);
     }
     kvf_proxy_pool_render_metrics(http->params.flow->pool, f);
     kvf_proxy_export_render(http->params.flow->pool, http->params.api->model_name, f);

@@ -6,9 +6,11 @@
  * the instance pool, which renders them next to these.
  */
 #include "kvf_proxy_metrics.h"
+#include "kvf_prom.h"
 
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #define KVF_PROXY_MAX_CODES 16
@@ -231,69 +233,58 @@ uint64_t kvf_proxy_metrics_rejected(kvf_proxy_metrics_h metrics, kvf_proxy_rejec
     return n;
 }
 
+/* One histogram series of @a d's family from @a h (the family's head written before). */
+static void kvf_proxy_hist_render(FILE *out, const kvf_proxy_hist_desc_t *d,
+                                  const kvf_proxy_hist_data_t *h, const kvf_prom_label_t *labels,
+                                  int nlabels)
+{
+    kvf_prom_hist_t ph = {d->bounds, d->num_bounds, h->buckets, h->sum, h->count, 0};
+
+    kvf_prom_histogram(out, d->name, labels, nlabels, &ph);
+}
+
 void kvf_proxy_metrics_render(kvf_proxy_metrics_h metrics, FILE *out)
 {
     struct kvf_proxy_metrics snap;
+    char name[128];
 
     /* Copy under the lock, format without it. */
     pthread_mutex_lock(&metrics->lock);
     snap = *metrics;
     pthread_mutex_unlock(&metrics->lock);
 
-    fprintf(out, "# HELP kvf_proxy_requests_total Completion requests by HTTP status code.\n"
-                 "# TYPE kvf_proxy_requests_total counter\n");
+    kvf_prom_head(out, "kvf_proxy_requests_total", "counter",
+                  "Completion requests by HTTP status code.");
     for (int i = 0; i < snap.num_codes; ++i) {
-        fprintf(out, "kvf_proxy_requests_total{code=\"%d\"} %llu\n", snap.codes[i],
-                (unsigned long long)snap.code_counts[i]);
+        char code[16];
+        kvf_prom_label_t l = {"code", code};
+        snprintf(code, sizeof(code), "%d", snap.codes[i]);
+        kvf_prom_sample_u64(out, "kvf_proxy_requests_total", &l, 1, snap.code_counts[i]);
     }
-    fprintf(out, "# HELP kvf_proxy_requests_in_flight Completion requests being served.\n"
-                 "# TYPE kvf_proxy_requests_in_flight gauge\n"
-                 "kvf_proxy_requests_in_flight %lld\n", (long long)snap.in_flight);
-    fprintf(out, "# HELP kvf_proxy_rejected_total Requests refused with a 503 before being"
-                 " served, by reason.\n# TYPE kvf_proxy_rejected_total counter\n");
+    kvf_prom_head(out, "kvf_proxy_requests_in_flight", "gauge",
+                  "Completion requests being served.");
+    kvf_prom_sample(out, "kvf_proxy_requests_in_flight", NULL, 0, (double)snap.in_flight);
+    kvf_prom_head(out, "kvf_proxy_rejected_total", "counter",
+                  "Requests refused with a 503 before being served, by reason.");
     for (int r = 0; r < KVF_PROXY_REJECT_COUNT; ++r) {
-        fprintf(out, "kvf_proxy_rejected_total{reason=\"%s\"} %llu\n", kvf_proxy_reject_names[r],
-                (unsigned long long)snap.rejected[r]);
+        kvf_prom_label_t l = {"reason", kvf_proxy_reject_names[r]};
+        kvf_prom_sample_u64(out, "kvf_proxy_rejected_total", &l, 1, snap.rejected[r]);
     }
     for (int c = 0; c < KVF_PROXY_CTR_COUNT; ++c) {
         const kvf_proxy_metric_desc_t *d = &kvf_proxy_counter_desc[c];
-        fprintf(out, "# HELP %s_total %s\n# TYPE %s_total counter\n%s_total %llu\n", d->name,
-                d->help, d->name, d->name, (unsigned long long)snap.counters[c]);
+        snprintf(name, sizeof(name), "%s_total", d->name);
+        kvf_prom_head(out, name, "counter", d->help);
+        kvf_prom_sample_u64(out, name, NULL, 0, snap.counters[c]);
     }
     for (int hi = 0; hi < KVF_PROXY_HIST_COUNT; ++hi) {
         const kvf_proxy_hist_desc_t *d = &kvf_proxy_hist_desc[hi];
-        const kvf_proxy_hist_data_t *h = &snap.hists[hi];
-        uint64_t cum = 0;
-
-        fprintf(out, "# HELP %s %s\n# TYPE %s histogram\n", d->name, d->help, d->name);
-        for (int b = 0; b < d->num_bounds; ++b) {
-            cum += h->buckets[b];
-            fprintf(out, "%s_bucket{le=\"%g\"} %llu\n", d->name, d->bounds[b],
-                    (unsigned long long)cum);
-        }
-        cum += h->buckets[d->num_bounds];
-        fprintf(out, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.9g\n%s_count %llu\n", d->name,
-                (unsigned long long)cum, d->name, h->sum, d->name, (unsigned long long)h->count);
+        kvf_prom_head(out, d->name, "histogram", d->help);
+        kvf_proxy_hist_render(out, d, &snap.hists[hi], NULL, 0);
     }
-    {
-        const kvf_proxy_hist_desc_t *d = &kvf_proxy_ttft_phase_desc;
-
-        fprintf(out, "# HELP %s %s\n# TYPE %s histogram\n", d->name, d->help, d->name);
-        for (int ph = 0; ph < KVF_PROXY_TTFT_PHASE_COUNT; ++ph) {
-            const kvf_proxy_hist_data_t *h = &snap.phases[ph];
-            const char *pn = kvf_proxy_ttft_phase_names[ph];
-            uint64_t cum = 0;
-
-            for (int b = 0; b < d->num_bounds; ++b) {
-                cum += h->buckets[b];
-                fprintf(out, "%s_bucket{phase=\"%s\",le=\"%g\"} %llu\n", d->name, pn,
-                        d->bounds[b], (unsigned long long)cum);
-            }
-            cum += h->buckets[d->num_bounds];
-            fprintf(out, "%s_bucket{phase=\"%s\",le=\"+Inf\"} %llu\n"
-                         "%s_sum{phase=\"%s\"} %.9g\n%s_count{phase=\"%s\"} %llu\n",
-                    d->name, pn, (unsigned long long)cum, d->name, pn, h->sum, d->name, pn,
-                    (unsigned long long)h->count);
-        }
+    kvf_prom_head(out, kvf_proxy_ttft_phase_desc.name, "histogram",
+                  kvf_proxy_ttft_phase_desc.help);
+    for (int ph = 0; ph < KVF_PROXY_TTFT_PHASE_COUNT; ++ph) {
+        kvf_prom_label_t l = {"phase", kvf_proxy_ttft_phase_names[ph]};
+        kvf_proxy_hist_render(out, &kvf_proxy_ttft_phase_desc, &snap.phases[ph], &l, 1);
     }
 }

@@ -1,15 +1,15 @@
 /*
- * OpenAI /v1/completions request validation and response JSON.
+ * OpenAI /v1/completions and /v1/chat/completions request validation (the response JSON
+ * is kvf_proxy_openai_reply.c, the field table and typed getters kvf_proxy_fields.c).
  *
  * Validation is strict about types (a string max_tokens is an error, not
  * a number) because silently coercing is how clients end up with requests
  * that do something else than they asked. Parameters kvferry cannot honour
  * are refused with 400 instead of being ignored for the same reason.
- * Response objects follow OpenAI's text_completion shape; kvferry adds
- * kv_transfer (what moved between the instances), the two instances that
- * served the request and ttft_ms, which OpenAI clients ignore.
  */
 #include "kvf_proxy_openai.h"
+#include "kvf_proxy_fields.h"
+#include "kvf_proxy_refuse.h"
 #include "kvf_proxy_chat.h"
 #include "kvf_proxy_sampling.h"
 #include "kvf_proxy_message.h"
@@ -17,276 +17,9 @@
 
 #include <cjson/cJSON.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static kvf_status_t kvf_proxy_bad(int *http_p, const char **param_p, const char *param,
-                                  int http, char *err, size_t cap, kvf_status_t status,
-                                  const char *fmt, ...)
-    __attribute__((format(printf, 8, 9)));
-
-/* Record an error: its HTTP status, the offending field (NULL: none) and the message. */
-static kvf_status_t kvf_proxy_bad(int *http_p, const char **param_p, const char *param,
-                                  int http, char *err, size_t cap, kvf_status_t status,
-                                  const char *fmt, ...)
-{
-    va_list ap;
-
-    va_start(ap, fmt);
-    vsnprintf(err, cap, fmt, ap);
-    va_end(ap);
-    *http_p = http;
-    if (param_p != NULL) {
-        *param_p = param;
-    }
-    return status;
-}
-
-/* An integral JSON number in [lo, hi]. */
-static bool kvf_proxy_json_int(const cJSON *item, double lo, double hi, double *out)
-{
-    double v;
-
-    if (!cJSON_IsNumber(item)) {
-        return false;
-    }
-    v = item->valuedouble;
-    if (!isfinite(v) || (floor(v) != v) || (v < lo) || (v > hi)) {
-        return false;
-    }
-    *out = v;
-    return true;
-}
-
-/* ---- the fields of vLLM's requests --------------------------------------------- */
-
-typedef enum {
-    KVF_F_HONOURED = 0,    /* parsed below */
-    KVF_F_NULL_FALSE,      /* refused unless null or false (off) */
-    KVF_F_NULL_TRUE,       /* refused unless null or true (vLLM's default) */
-    KVF_F_NULL_ONE,        /* refused unless null or 1 */
-    KVF_F_NULL_ZERO,       /* refused unless null or 0 */
-    KVF_F_NULL_EMPTY,      /* refused unless null or an empty object / array */
-    KVF_F_NULL,            /* refused unless null */
-} kvf_field_kind_t;
-
-#define KVF_F_CMPL 1u
-#define KVF_F_CHAT 2u
-
-typedef struct {
-    const char      *name;
-    unsigned         where;   /* KVF_F_CMPL | KVF_F_CHAT */
-    kvf_field_kind_t kind;
-    const char      *why;     /* for a refusal */
-} kvf_field_t;
-
-/*
- * Every field of vLLM's CompletionRequest and ChatCompletionRequest: honoured,
- * or refused by name unless it holds its "off" value. README's table follows it.
- */
-static const kvf_field_t kvf_proxy_fields[] = {
-    {"model", 3, KVF_F_HONOURED, NULL},
-    {"prompt", 1, KVF_F_HONOURED, NULL},
-    {"messages", 2, KVF_F_HONOURED, NULL},
-    {"max_tokens", 3, KVF_F_HONOURED, NULL},
-    {"max_completion_tokens", 2, KVF_F_HONOURED, NULL},
-    {"temperature", 3, KVF_F_HONOURED, NULL},
-    {"top_p", 3, KVF_F_HONOURED, NULL},
-    {"top_k", 3, KVF_F_HONOURED, NULL},
-    {"min_p", 3, KVF_F_HONOURED, NULL},
-    {"seed", 3, KVF_F_HONOURED, NULL},
-    {"presence_penalty", 3, KVF_F_HONOURED, NULL},
-    {"frequency_penalty", 3, KVF_F_HONOURED, NULL},
-    {"repetition_penalty", 3, KVF_F_HONOURED, NULL},
-    {"min_tokens", 3, KVF_F_HONOURED, NULL},
-    {"stop", 3, KVF_F_HONOURED, NULL},
-    {"stop_token_ids", 3, KVF_F_HONOURED, NULL},
-    {"include_stop_str_in_output", 3, KVF_F_HONOURED, NULL},
-    {"ignore_eos", 3, KVF_F_HONOURED, NULL},
-    {"logprobs", 3, KVF_F_HONOURED, NULL},
-    {"top_logprobs", 2, KVF_F_HONOURED, NULL},
-    {"echo", 3, KVF_F_HONOURED, NULL},
-    {"n", 3, KVF_F_HONOURED, NULL},
-    {"stream", 3, KVF_F_HONOURED, NULL},
-    {"stream_options", 3, KVF_F_HONOURED, NULL},
-    {"user", 3, KVF_F_HONOURED, NULL},
-    {"request_id", 3, KVF_F_HONOURED, NULL},
-    {"return_token_ids", 3, KVF_F_HONOURED, NULL},
-    {"add_special_tokens", 3, KVF_F_HONOURED, NULL},
-    {"truncate_prompt_tokens", 3, KVF_F_HONOURED, NULL},
-    {"add_generation_prompt", 2, KVF_F_HONOURED, NULL},
-    {"skip_special_tokens", 3, KVF_F_NULL_TRUE, "special tokens are always skipped in text"},
-    {"spaces_between_special_tokens", 3, KVF_F_NULL_TRUE, "special tokens are never shown"},
-    {"best_of", 3, KVF_F_HONOURED, NULL},
-    {"use_beam_search", 3, KVF_F_NULL_FALSE, "beam search is not supported"},
-    {"length_penalty", 3, KVF_F_NULL_ONE, "beam search is not supported"},
-    {"priority", 3, KVF_F_HONOURED, NULL},
-    {"return_tokens_as_token_ids", 3, KVF_F_NULL_FALSE, "not supported"},
-    {"suffix", 1, KVF_F_NULL, "insertion (suffix) is not supported"},
-    {"logit_bias", 3, KVF_F_HONOURED, NULL},
-    {"allowed_token_ids", 3, KVF_F_HONOURED, NULL},
-    {"bad_words", 3, KVF_F_HONOURED, NULL},
-    {"prompt_logprobs", 3, KVF_F_HONOURED, NULL},
-    {"prompt_embeds", 1, KVF_F_NULL, "prompt embeddings are not supported"},
-    {"response_format", 3, KVF_F_NULL, "structured output is not supported"},
-    {"structured_outputs", 3, KVF_F_NULL, "structured output is not supported"},
-    {"guided_json", 3, KVF_F_NULL, "guided decoding is not supported"},
-    {"guided_regex", 3, KVF_F_NULL, "guided decoding is not supported"},
-    {"guided_choice", 3, KVF_F_NULL, "guided decoding is not supported"},
-    {"guided_grammar", 3, KVF_F_NULL, "guided decoding is not supported"},
-    {"guided_decoding_backend", 3, KVF_F_NULL, "guided decoding is not supported"},
-    {"guided_whitespace_pattern", 3, KVF_F_NULL, "guided decoding is not supported"},
-    {"logits_processors", 3, KVF_F_NULL, "custom logits processors are not supported"},
-    {"cache_salt", 3, KVF_F_HONOURED, NULL},
-    {"kv_transfer_params", 3, KVF_F_NULL, "kvferry moves the KV itself"},
-    {"vllm_xargs", 3, KVF_F_NULL, "extra engine arguments are not supported"},
-    {"tools", 2, KVF_F_HONOURED, NULL},
-    {"tool_choice", 2, KVF_F_HONOURED, NULL},
-    {"parallel_tool_calls", 2, KVF_F_HONOURED, NULL},
-    {"functions", 2, KVF_F_NULL, "function calling is not supported"},
-    {"function_call", 2, KVF_F_NULL, "function calling is not supported"},
-    {"reasoning_effort", 2, KVF_F_NULL, "reasoning effort is not supported"},
-    {"include_reasoning", 2, KVF_F_HONOURED, NULL},
-    {"continue_final_message", 2, KVF_F_HONOURED, NULL},
-    {"documents", 2, KVF_F_HONOURED, NULL},
-    {"chat_template", 2, KVF_F_NULL, "only the checkpoint's chat template is used"},
-    {"chat_template_kwargs", 2, KVF_F_HONOURED, NULL},
-    {"mm_processor_kwargs", 2, KVF_F_NULL, "multimodal input is not supported"},
-    {"media_io_kwargs", 2, KVF_F_NULL, "multimodal input is not supported"},
-    {"modalities", 2, KVF_F_NULL, "multimodal output is not supported"},
-    {"audio", 2, KVF_F_NULL, "audio output is not supported"},
-    {"prediction", 2, KVF_F_NULL, "predicted outputs are not supported"},
-    {"store", 2, KVF_F_NULL_FALSE, "stored completions are not supported"},
-    {"metadata", 2, KVF_F_NULL, "stored completions are not supported"},
-    {"service_tier", 2, KVF_F_NULL, "service tiers are not supported"},
-    {"web_search_options", 2, KVF_F_NULL, "web search is not supported"},
-    {"thinking_token_budget", 3, KVF_F_NULL, "thinking budgets are not supported"},
-};
-
-/* A default-only field holds its "off" value. */
-static bool kvf_field_is_off(const cJSON *it, kvf_field_kind_t kind)
-{
-    if (cJSON_IsNull(it)) {
-        return true;
-    }
-    switch (kind) {
-    case KVF_F_NULL_FALSE: return cJSON_IsFalse(it);
-    case KVF_F_NULL_TRUE:  return cJSON_IsTrue(it);
-    case KVF_F_NULL_ONE:   return cJSON_IsNumber(it) && (it->valuedouble == 1.0);
-    case KVF_F_NULL_ZERO:  return cJSON_IsNumber(it) && (it->valuedouble == 0.0);
-    case KVF_F_NULL_EMPTY: return (cJSON_IsObject(it) || cJSON_IsArray(it)) &&
-                                  (it->child == NULL);
-    default:               return false;
-    }
-}
-
-/* Unknown keys and refused fields, by name. */
-static kvf_status_t kvf_proxy_check_keys(const cJSON *root, unsigned where, int *http_p,
-                                         const char **param_p, char *err, size_t cap)
-{
-    const cJSON *it;
-
-    cJSON_ArrayForEach(it, root) {
-        const kvf_field_t *f = NULL;
-
-        for (size_t i = 0; i < sizeof(kvf_proxy_fields) / sizeof(kvf_proxy_fields[0]); ++i) {
-            if ((kvf_proxy_fields[i].where & where) &&
-                (strcmp(kvf_proxy_fields[i].name, it->string) == 0)) {
-                f = &kvf_proxy_fields[i];
-                break;
-            }
-        }
-        if (f == NULL) {
-            /* param names the key: a copy that lives until this thread's next parse */
-            static _Thread_local char key[72];
-            snprintf(key, sizeof(key), "%.64s", it->string);
-            if (param_p != NULL) {
-                *param_p = key;
-            }
-            snprintf(err, cap, "unknown field '%.64s': not a field of this endpoint "
-                     "(deploy/README.md lists the fields)", it->string);
-            *http_p = 400;
-            return KVF_ERR_INVALID_PARAM;
-        }
-        if ((f->kind != KVF_F_HONOURED) && !kvf_field_is_off(it, f->kind)) {
-            return kvf_proxy_bad(http_p, param_p, f->name, 400, err, cap, KVF_ERR_INVALID_PARAM,
-                                 "'%s' is not supported: %s", f->name, f->why);
-        }
-    }
-    return KVF_OK;
-}
-
-/* The field, or NULL when absent or null. */
-static const cJSON *kvf_proxy_get(const cJSON *root, const char *name)
-{
-    const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, name);
-
-    return ((it == NULL) || cJSON_IsNull(it)) ? NULL : it;
-}
-
-/* A number field in [lo, hi] (finite); absent leaves *out. */
-static kvf_status_t kvf_proxy_num(const cJSON *root, const char *name, double lo, double hi,
-                                  const char *range, float *out, int *http_p,
-                                  const char **param_p, char *err, size_t cap)
-{
-    const cJSON *it = kvf_proxy_get(root, name);
-
-    if (it == NULL) {
-        return KVF_OK;
-    }
-    if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble)) {
-        return kvf_proxy_bad(http_p, param_p, name, 400, err, cap, KVF_ERR_INVALID_PARAM,
-                             "'%s' must be a number", name);
-    }
-    if ((it->valuedouble < lo) || (it->valuedouble > hi)) {
-        return kvf_proxy_bad(http_p, param_p, name, 400, err, cap, KVF_ERR_INVALID_PARAM,
-                             "'%s' = %g must be in %s", name, it->valuedouble, range);
-    }
-    *out = (float)it->valuedouble;
-    return KVF_OK;
-}
-
-/* An integer field in [lo, hi]; absent leaves *out. */
-static kvf_status_t kvf_proxy_intf(const cJSON *root, const char *name, double lo, double hi,
-                                   double *out, int *http_p, const char **param_p, char *err,
-                                   size_t cap)
-{
-    const cJSON *it = kvf_proxy_get(root, name);
-    double v;
-
-    if (it == NULL) {
-        return KVF_OK;
-    }
-    if (!kvf_proxy_json_int(it, -1e18, 1e18, &v)) {
-        return kvf_proxy_bad(http_p, param_p, name, 400, err, cap, KVF_ERR_INVALID_PARAM,
-                             "'%s' must be an integer", name);
-    }
-    if ((v < lo) || (v > hi)) {
-        return kvf_proxy_bad(http_p, param_p, name, 400, err, cap, KVF_ERR_INVALID_PARAM,
-                             "'%s' = %.0f must be in [%.0f, %.0f]", name, v, lo, hi);
-    }
-    *out = v;
-    return KVF_OK;
-}
-
-/* A boolean field; absent leaves *out. */
-static kvf_status_t kvf_proxy_boolf(const cJSON *root, const char *name, bool *out, int *http_p,
-                                    const char **param_p, char *err, size_t cap)
-{
-    const cJSON *it = kvf_proxy_get(root, name);
-
-    if (it == NULL) {
-        return KVF_OK;
-    }
-    if (!cJSON_IsBool(it)) {
-        return kvf_proxy_bad(http_p, param_p, name, 400, err, cap, KVF_ERR_INVALID_PARAM,
-                             "'%s' must be a boolean", name);
-    }
-    *out = cJSON_IsTrue(it);
-    return KVF_OK;
-}
 
 #define KVF_TRY(x) do { kvf_status_t st_ = (x); if (st_ != KVF_OK) { return st_; } } while (0)
 
@@ -309,14 +42,14 @@ static kvf_status_t kvf_proxy_parse_one_prompt(const kvf_proxy_openai_ctx_t *ctx
 
         ids = malloc(sizeof(int32_t) * (size_t)(capacity > 0 ? capacity : 1));
         if (ids == NULL) {
-            return kvf_proxy_bad(http_p, param_p, NULL,
-                                 500, err, cap, KVF_ERR_NO_MEMORY, "out of memory");
+            return kvf_proxy_refuse(http_p, param_p, NULL,
+                                    500, err, cap, KVF_ERR_NO_MEMORY, "out of memory");
         }
         req->prompts[idx] = ids;
         n = kvf_tokenizer_encode(ctx->tok, prompt->valuestring, len, add_bos, ids, capacity);
         if (n < 0) {
-            return kvf_proxy_bad(http_p, param_p, "prompt", 400, err, cap, KVF_ERR_OUT_OF_RANGE,
-                                 "'prompt' is longer than %d tokens", ctx->max_prompt_tokens);
+            return kvf_proxy_refuse(http_p, param_p, "prompt", 400, err, cap, KVF_ERR_OUT_OF_RANGE,
+                                    "'prompt' is longer than %d tokens", ctx->max_prompt_tokens);
         }
     } else if (cJSON_IsArray(prompt)) {
         int size = cJSON_GetArraySize(prompt);
@@ -324,33 +57,33 @@ static kvf_status_t kvf_proxy_parse_one_prompt(const kvf_proxy_openai_ctx_t *ctx
 
         ids = malloc(sizeof(int32_t) * (size_t)(size > 0 ? size : 1));
         if (ids == NULL) {
-            return kvf_proxy_bad(http_p, param_p, NULL,
-                                 500, err, cap, KVF_ERR_NO_MEMORY, "out of memory");
+            return kvf_proxy_refuse(http_p, param_p, NULL,
+                                    500, err, cap, KVF_ERR_NO_MEMORY, "out of memory");
         }
         req->prompts[idx] = ids;
         cJSON_ArrayForEach(item, prompt) {
             double v;
             if (!kvf_proxy_json_int(item, 0, (double)ctx->tok->vocab_size - 1, &v)) {
-                return kvf_proxy_bad(http_p, param_p, "prompt",
-                                     400, err, cap, KVF_ERR_INVALID_PARAM,
-                                     "'prompt'[%d] must be a token id in [0, %d)", n,
-                                     ctx->tok->vocab_size);
+                return kvf_proxy_refuse(http_p, param_p, "prompt",
+                                        400, err, cap, KVF_ERR_INVALID_PARAM,
+                                        "'prompt'[%d] must be a token id in [0, %d)", n,
+                                        ctx->tok->vocab_size);
             }
             ids[n++] = (int32_t)v;
         }
     } else {
-        return kvf_proxy_bad(http_p, param_p, "prompt", 400, err, cap, KVF_ERR_INVALID_PARAM,
-                             "'prompt' must be a string, an array of token ids, or an array "
-                             "of those");
+        return kvf_proxy_refuse(http_p, param_p, "prompt", 400, err, cap, KVF_ERR_INVALID_PARAM,
+                                "'prompt' must be a string, an array of token ids, or an array "
+                                "of those");
     }
     if (n == 0) {
-        return kvf_proxy_bad(http_p, param_p, "prompt",
-                             400, err, cap, KVF_ERR_INVALID_PARAM, "'prompt' is empty");
+        return kvf_proxy_refuse(http_p, param_p, "prompt",
+                                400, err, cap, KVF_ERR_INVALID_PARAM, "'prompt' is empty");
     }
     if (n > ctx->max_prompt_tokens) {
-        return kvf_proxy_bad(http_p, param_p, "prompt", 400, err, cap, KVF_ERR_OUT_OF_RANGE,
-                             "'prompt' has %d tokens, more than the limit %d", n,
-                             ctx->max_prompt_tokens);
+        return kvf_proxy_refuse(http_p, param_p, "prompt", 400, err, cap, KVF_ERR_OUT_OF_RANGE,
+                                "'prompt' has %d tokens, more than the limit %d", n,
+                                ctx->max_prompt_tokens);
     }
     req->prompt_lens[idx] = n;
     return KVF_OK;
@@ -365,8 +98,8 @@ static kvf_status_t kvf_proxy_parse_prompt(const kvf_proxy_openai_ctx_t *ctx, co
     const cJSON *first;
 
     if (prompt == NULL) {
-        return kvf_proxy_bad(http_p, param_p, "prompt", 400, err, cap, KVF_ERR_INVALID_PARAM,
-                             "'prompt' is required");
+        return kvf_proxy_refuse(http_p, param_p, "prompt", 400, err, cap, KVF_ERR_INVALID_PARAM,
+                                "'prompt' is required");
     }
     first = cJSON_IsArray(prompt) ? cJSON_GetArrayItem(prompt, 0) : NULL;
     if ((first != NULL) && (cJSON_IsString(first) || cJSON_IsArray(first))) {
@@ -374,15 +107,15 @@ static kvf_status_t kvf_proxy_parse_prompt(const kvf_proxy_openai_ctx_t *ctx, co
         const cJSON *item;
 
         if (size > KVF_PROXY_MAX_CHOICES) {
-            return kvf_proxy_bad(http_p, param_p, "prompt", 400, err, cap,
-                                 KVF_ERR_INVALID_PARAM, "'prompt' has %d prompts, more than "
-                                 "%d", size, KVF_PROXY_MAX_CHOICES);
+            return kvf_proxy_refuse(http_p, param_p, "prompt", 400, err, cap,
+                                    KVF_ERR_INVALID_PARAM, "'prompt' has %d prompts, more than "
+                                    "%d", size, KVF_PROXY_MAX_CHOICES);
         }
         cJSON_ArrayForEach(item, prompt) {
             if (!cJSON_IsString(item) && !cJSON_IsArray(item)) {
-                return kvf_proxy_bad(http_p, param_p, "prompt", 400, err, cap,
-                                     KVF_ERR_INVALID_PARAM, "'prompt'[%d] must be a string or "
-                                     "an array of token ids", req->num_prompts);
+                return kvf_proxy_refuse(http_p, param_p, "prompt", 400, err, cap,
+                                        KVF_ERR_INVALID_PARAM, "'prompt'[%d] must be a string or "
+                                        "an array of token ids", req->num_prompts);
             }
             KVF_TRY(kvf_proxy_parse_one_prompt(ctx, item, req->num_prompts, add_bos, req,
                                                http_p, param_p, err, cap));
@@ -412,26 +145,26 @@ static kvf_status_t kvf_proxy_parse_stop(const cJSON *root, kvf_proxy_completion
     }
     n = cJSON_IsString(it) ? 1 : cJSON_IsArray(it) ? cJSON_GetArraySize(it) : -1;
     if (n < 0) {
-        return kvf_proxy_bad(http_p, param_p, "stop", 400, err, cap, KVF_ERR_INVALID_PARAM,
-                             "'stop' must be a string or an array of strings");
+        return kvf_proxy_refuse(http_p, param_p, "stop", 400, err, cap, KVF_ERR_INVALID_PARAM,
+                                "'stop' must be a string or an array of strings");
     }
     if (n > KVF_PROXY_MAX_STOP) {
-        return kvf_proxy_bad(http_p, param_p, "stop", 400, err, cap, KVF_ERR_INVALID_PARAM,
-                             "'stop' has %d strings, more than %d", n, KVF_PROXY_MAX_STOP);
+        return kvf_proxy_refuse(http_p, param_p, "stop", 400, err, cap, KVF_ERR_INVALID_PARAM,
+                                "'stop' has %d strings, more than %d", n, KVF_PROXY_MAX_STOP);
     }
     one[0] = it;
     for (int i = 0; i < n; ++i) {
         s = cJSON_IsString(it) ? one[0] : cJSON_GetArrayItem(it, i);
         if (!cJSON_IsString(s) || (s->valuestring[0] == '\0') ||
             (strlen(s->valuestring) > 256)) {
-            return kvf_proxy_bad(http_p, param_p, "stop", 400, err, cap,
-                                 KVF_ERR_INVALID_PARAM, "'stop'[%d] must be a string of 1 to "
-                                 "256 bytes", i);
+            return kvf_proxy_refuse(http_p, param_p, "stop", 400, err, cap,
+                                    KVF_ERR_INVALID_PARAM, "'stop'[%d] must be a string of 1 to "
+                                    "256 bytes", i);
         }
         req->stop[req->num_stop] = strdup(s->valuestring);
         if (req->stop[req->num_stop] == NULL) {
-            return kvf_proxy_bad(http_p, param_p, NULL, 500, err, cap, KVF_ERR_NO_MEMORY,
-                                 "out of memory");
+            return kvf_proxy_refuse(http_p, param_p, NULL, 500, err, cap, KVF_ERR_NO_MEMORY,
+                                    "out of memory");
         }
         req->num_stop++;
     }
@@ -450,30 +183,30 @@ static kvf_status_t kvf_proxy_parse_stream_options(const cJSON *root,
         return KVF_OK;
     }
     if (!cJSON_IsObject(o)) {
-        return kvf_proxy_bad(http_p, param_p, "stream_options", 400, err, cap,
-                             KVF_ERR_INVALID_PARAM, "'stream_options' must be an object");
+        return kvf_proxy_refuse(http_p, param_p, "stream_options", 400, err, cap,
+                                KVF_ERR_INVALID_PARAM, "'stream_options' must be an object");
     }
     if (!req->stream) {
-        return kvf_proxy_bad(http_p, param_p, "stream_options", 400, err, cap,
-                             KVF_ERR_INVALID_PARAM, "'stream_options' needs 'stream': true");
+        return kvf_proxy_refuse(http_p, param_p, "stream_options", 400, err, cap,
+                                KVF_ERR_INVALID_PARAM, "'stream_options' needs 'stream': true");
     }
     cJSON_ArrayForEach(it, o) {
         bool *dst = (strcmp(it->string, "include_usage") == 0) ? &req->include_usage :
                     (strcmp(it->string, "continuous_usage_stats") == 0) ?
                     &req->continuous_usage : NULL;
         if (dst == NULL) {
-            return kvf_proxy_bad(http_p, param_p, "stream_options", 400, err, cap,
-                                 KVF_ERR_INVALID_PARAM, "'stream_options' has an unknown key "
-                                 "'%.64s' (include_usage, continuous_usage_stats)",
-                                 it->string);
+            return kvf_proxy_refuse(http_p, param_p, "stream_options", 400, err, cap,
+                                    KVF_ERR_INVALID_PARAM, "'stream_options' has an unknown key "
+                                    "'%.64s' (include_usage, continuous_usage_stats)",
+                                    it->string);
         }
         if (cJSON_IsNull(it)) {
             continue;
         }
         if (!cJSON_IsBool(it)) {
-            return kvf_proxy_bad(http_p, param_p, "stream_options", 400, err, cap,
-                                 KVF_ERR_INVALID_PARAM, "'stream_options.%s' must be a boolean",
-                                 it->string);
+            return kvf_proxy_refuse(http_p, param_p, "stream_options", 400, err, cap,
+                                    KVF_ERR_INVALID_PARAM, "'stream_options.%s' must be a boolean",
+                                    it->string);
         }
         *dst = cJSON_IsTrue(it);
     }
@@ -493,16 +226,16 @@ static kvf_status_t kvf_proxy_parse_stop_ids(const kvf_proxy_openai_ctx_t *ctx,
         return KVF_OK;
     }
     if (!cJSON_IsArray(it) || (cJSON_GetArraySize(it) > max)) {
-        return kvf_proxy_bad(http_p, param_p, "stop_token_ids", 400, err, cap,
-                             KVF_ERR_INVALID_PARAM, "'stop_token_ids' must be an array of at "
-                             "most %d token ids", max);
+        return kvf_proxy_refuse(http_p, param_p, "stop_token_ids", 400, err, cap,
+                                KVF_ERR_INVALID_PARAM, "'stop_token_ids' must be an array of at "
+                                "most %d token ids", max);
     }
     cJSON_ArrayForEach(item, it) {
         double v;
         if (!kvf_proxy_json_int(item, 0, (double)ctx->tok->vocab_size - 1, &v)) {
-            return kvf_proxy_bad(http_p, param_p, "stop_token_ids", 400, err, cap,
-                                 KVF_ERR_INVALID_PARAM, "'stop_token_ids'[%d] must be a token "
-                                 "id in [0, %d)", req->num_stop_ids, ctx->tok->vocab_size);
+            return kvf_proxy_refuse(http_p, param_p, "stop_token_ids", 400, err, cap,
+                                    KVF_ERR_INVALID_PARAM, "'stop_token_ids'[%d] must be a token "
+                                    "id in [0, %d)", req->num_stop_ids, ctx->tok->vocab_size);
         }
         req->stop_token_ids[req->num_stop_ids++] = (int32_t)v;
     }
@@ -523,10 +256,12 @@ static bool kvf_proxy_serves(const kvf_proxy_openai_ctx_t *ctx, const char *name
     return false;
 }
 
-/* The sampling and output fields both endpoints share. */
-static kvf_status_t kvf_proxy_parse_common(const kvf_proxy_openai_ctx_t *ctx, const cJSON *root,
-                                           kvf_proxy_completion_req_t *req, int *http_p,
-                                           const char **param_p, char *err, size_t cap)
+/* "model" (one of the served names: 404 otherwise) and "max_tokens" (chat: or
+ * "max_completion_tokens", which wins) in [1, MAX_TOKENS_LIMIT]. */
+static kvf_status_t kvf_proxy_parse_model_max(const kvf_proxy_openai_ctx_t *ctx,
+                                              const cJSON *root,
+                                              kvf_proxy_completion_req_t *req, int *http_p,
+                                              const char **param_p, char *err, size_t cap)
 {
     const cJSON *it;
     double v;
@@ -534,13 +269,13 @@ static kvf_status_t kvf_proxy_parse_common(const kvf_proxy_openai_ctx_t *ctx, co
     it = kvf_proxy_get(root, "model");
     if (it != NULL) {
         if (!cJSON_IsString(it)) {
-            return kvf_proxy_bad(http_p, param_p, "model", 400, err, cap, KVF_ERR_INVALID_PARAM,
-                                 "'model' must be a string");
+            return kvf_proxy_refuse(http_p, param_p, "model", 400, err, cap, KVF_ERR_INVALID_PARAM,
+                                    "'model' must be a string");
         }
         if (!kvf_proxy_serves(ctx, it->valuestring)) {
-            return kvf_proxy_bad(http_p, param_p, "model", 404, err, cap, KVF_ERR_NOT_FOUND,
-                                 "the model '%s' does not exist; this server serves '%s'",
-                                 it->valuestring, ctx->model_name);
+            return kvf_proxy_refuse(http_p, param_p, "model", 404, err, cap, KVF_ERR_NOT_FOUND,
+                                    "the model '%s' does not exist; this server serves '%s'",
+                                    it->valuestring, ctx->model_name);
         }
     }
     req->max_tokens = ctx->default_max_tokens;
@@ -550,14 +285,26 @@ static kvf_status_t kvf_proxy_parse_common(const kvf_proxy_openai_ctx_t *ctx, co
         v = -1;
         KVF_TRY(kvf_proxy_intf(root, mt, -1e18, 1e18, &v, http_p, param_p, err, cap));
         if ((kvf_proxy_get(root, mt) != NULL) && ((v < 1) || (v > ctx->max_tokens_limit))) {
-            return kvf_proxy_bad(http_p, param_p, mt, 400, err, cap, KVF_ERR_INVALID_PARAM,
-                                 "'%s' = %.0f must be in [1, %u]", mt, v,
-                                 ctx->max_tokens_limit);
+            return kvf_proxy_refuse(http_p, param_p, mt, 400, err, cap, KVF_ERR_INVALID_PARAM,
+                                    "'%s' = %.0f must be in [1, %u]", mt, v,
+                                    ctx->max_tokens_limit);
         }
         if (kvf_proxy_get(root, mt) != NULL) {
             req->max_tokens = (uint32_t)v;
         }
     }
+    return KVF_OK;
+}
+
+/* The sampling and output fields both endpoints share. */
+static kvf_status_t kvf_proxy_parse_common(const kvf_proxy_openai_ctx_t *ctx, const cJSON *root,
+                                           kvf_proxy_completion_req_t *req, int *http_p,
+                                           const char **param_p, char *err, size_t cap)
+{
+    const cJSON *it;
+    double v;
+
+    KVF_TRY(kvf_proxy_parse_model_max(ctx, root, req, http_p, param_p, err, cap));
     req->temperature = 1.0f;
     KVF_TRY(kvf_proxy_num(root, "temperature", 0, 100, "[0, 100]", &req->temperature, http_p,
                           param_p, err, cap));
@@ -565,8 +312,8 @@ static kvf_status_t kvf_proxy_parse_common(const kvf_proxy_openai_ctx_t *ctx, co
     KVF_TRY(kvf_proxy_num(root, "top_p", 0, 1, "(0, 1]", &req->top_p, http_p, param_p, err,
                           cap));
     if (req->top_p <= 0.0f) {
-        return kvf_proxy_bad(http_p, param_p, "top_p", 400, err, cap, KVF_ERR_INVALID_PARAM,
-                             "'top_p' = %g must be in (0, 1]", (double)req->top_p);
+        return kvf_proxy_refuse(http_p, param_p, "top_p", 400, err, cap, KVF_ERR_INVALID_PARAM,
+                                "'top_p' = %g must be in (0, 1]", (double)req->top_p);
     }
     v = 0;
     KVF_TRY(kvf_proxy_intf(root, "top_k", -1, 1e9, &v, http_p, param_p, err, cap));
@@ -581,9 +328,9 @@ static kvf_status_t kvf_proxy_parse_common(const kvf_proxy_openai_ctx_t *ctx, co
     KVF_TRY(kvf_proxy_num(root, "repetition_penalty", 0, 1e9, "(0, inf)",
                           &req->repetition_penalty, http_p, param_p, err, cap));
     if (req->repetition_penalty <= 0.0f) {
-        return kvf_proxy_bad(http_p, param_p, "repetition_penalty", 400, err, cap,
-                             KVF_ERR_INVALID_PARAM, "'repetition_penalty' = %g must be > 0",
-                             (double)req->repetition_penalty);
+        return kvf_proxy_refuse(http_p, param_p, "repetition_penalty", 400, err, cap,
+                                KVF_ERR_INVALID_PARAM, "'repetition_penalty' = %g must be > 0",
+                                (double)req->repetition_penalty);
     }
     v = 0;
     KVF_TRY(kvf_proxy_intf(root, "min_tokens", 0, req->max_tokens, &v, http_p, param_p, err,
@@ -593,8 +340,8 @@ static kvf_status_t kvf_proxy_parse_common(const kvf_proxy_openai_ctx_t *ctx, co
     if (it != NULL) {
         /* vLLM takes any integer; the engine's generator takes its 64 bits */
         if (!kvf_proxy_json_int(it, -9223372036854775807.0, 18446744073709551615.0, &v)) {
-            return kvf_proxy_bad(http_p, param_p, "seed", 400, err, cap, KVF_ERR_INVALID_PARAM,
-                                 "'seed' must be an integer");
+            return kvf_proxy_refuse(http_p, param_p, "seed", 400, err, cap, KVF_ERR_INVALID_PARAM,
+                                    "'seed' must be an integer");
         }
         req->has_seed = true;
         req->seed = (v < 0) ? (uint64_t)(int64_t)v : (uint64_t)v;
@@ -604,9 +351,9 @@ static kvf_status_t kvf_proxy_parse_common(const kvf_proxy_openai_ctx_t *ctx, co
         /* vLLM: a non-empty string; kvferry also bounds it (the hash chain's root) */
         if (!cJSON_IsString(it) || (it->valuestring[0] == '\0') ||
             (strlen(it->valuestring) > 256)) {
-            return kvf_proxy_bad(http_p, param_p, "cache_salt", 400, err, cap,
-                                 KVF_ERR_INVALID_PARAM,
-                                 "'cache_salt' must be a non-empty string of at most 256 bytes");
+            return kvf_proxy_refuse(http_p, param_p, "cache_salt", 400, err, cap,
+                                    KVF_ERR_INVALID_PARAM,
+                                    "'cache_salt' must be a non-empty string of at most 256 bytes");
         }
         req->cache_salt_len = (int)strlen(it->valuestring);
         memcpy(req->cache_salt, it->valuestring, (size_t)req->cache_salt_len + 1);
@@ -630,16 +377,16 @@ static kvf_status_t kvf_proxy_parse_common(const kvf_proxy_openai_ctx_t *ctx, co
     KVF_TRY(kvf_proxy_parse_priority(ctx, root, req, http_p, param_p, err, cap));
     it = kvf_proxy_get(root, "user");
     if ((it != NULL) && !cJSON_IsString(it)) {   /* an end-user id: kept by no one */
-        return kvf_proxy_bad(http_p, param_p, "user", 400, err, cap, KVF_ERR_INVALID_PARAM,
-                             "'user' must be a string");
+        return kvf_proxy_refuse(http_p, param_p, "user", 400, err, cap, KVF_ERR_INVALID_PARAM,
+                                "'user' must be a string");
     }
     it = kvf_proxy_get(root, "request_id");
     if (it != NULL) {
         if (!cJSON_IsString(it) || (it->valuestring[0] == '\0') ||
             (strlen(it->valuestring) > 64)) {
-            return kvf_proxy_bad(http_p, param_p, "request_id", 400, err, cap,
-                                 KVF_ERR_INVALID_PARAM, "'request_id' must be a string of 1 to"
-                                 " 64 bytes");
+            return kvf_proxy_refuse(http_p, param_p, "request_id", 400, err, cap,
+                                    KVF_ERR_INVALID_PARAM, "'request_id' must be a string of 1 to"
+                                    " 64 bytes");
         }
         snprintf(req->response_id, sizeof(req->response_id), "%s-%s",
                  req->chat ? "chatcmpl" : "cmpl", it->valuestring);
@@ -660,9 +407,9 @@ static kvf_status_t kvf_proxy_parse_logprobs(const cJSON *root, kvf_proxy_comple
         req->want_logprobs = (v >= 0);
         req->logprobs = (v >= 0) ? (int)v : 0;
         if (req->want_logprobs && req->echo) {
-            return kvf_proxy_bad(http_p, param_p, "echo", 400, err, cap, KVF_ERR_INVALID_PARAM,
-                                 "'echo' with 'logprobs' (the echoed prompt's logprobs in "
-                                 "'logprobs') is not supported; ask 'prompt_logprobs'");
+            return kvf_proxy_refuse(http_p, param_p, "echo", 400, err, cap, KVF_ERR_INVALID_PARAM,
+                                    "'echo' with 'logprobs' (the echoed prompt's logprobs in "
+                                    "'logprobs') is not supported; ask 'prompt_logprobs'");
         }
         return KVF_OK;
     }
@@ -671,8 +418,8 @@ static kvf_status_t kvf_proxy_parse_logprobs(const cJSON *root, kvf_proxy_comple
     KVF_TRY(kvf_proxy_intf(root, "top_logprobs", 0, KVF_SAMPLING_MAX_LOGPROBS, &v, http_p,
                            param_p, err, cap));
     if ((v > 0) && !req->want_logprobs) {
-        return kvf_proxy_bad(http_p, param_p, "top_logprobs", 400, err, cap,
-                             KVF_ERR_INVALID_PARAM, "'top_logprobs' needs 'logprobs': true");
+        return kvf_proxy_refuse(http_p, param_p, "top_logprobs", 400, err, cap,
+                                KVF_ERR_INVALID_PARAM, "'top_logprobs' needs 'logprobs': true");
     }
     req->logprobs = (int)v;
     return KVF_OK;
@@ -689,9 +436,9 @@ static kvf_status_t kvf_proxy_truncate(const kvf_proxy_openai_ctx_t *ctx, const 
                            cap));
     if (v == 0) {
         if (kvf_proxy_get(root, "truncate_prompt_tokens") != NULL) {
-            return kvf_proxy_bad(http_p, param_p, "truncate_prompt_tokens", 400, err, cap,
-                                 KVF_ERR_INVALID_PARAM, "'truncate_prompt_tokens' must be -1"
-                                 " or at least 1");
+            return kvf_proxy_refuse(http_p, param_p, "truncate_prompt_tokens", 400, err, cap,
+                                    KVF_ERR_INVALID_PARAM, "'truncate_prompt_tokens' must be -1"
+                                    " or at least 1");
         }
         return KVF_OK;
     }
@@ -724,16 +471,16 @@ static kvf_status_t kvf_proxy_chat_fields(const kvf_proxy_openai_ctx_t *ctx, con
     KVF_TRY(kvf_proxy_parse_common(ctx, root, req, http_p, param_p, err, cap));
     KVF_TRY(kvf_proxy_parse_logprobs(root, req, http_p, param_p, err, cap));
     if (req->echo) {
-        return kvf_proxy_bad(http_p, param_p, "echo", 400, err, cap, KVF_ERR_INVALID_PARAM,
-                             "'echo' is not supported for chat (the prompt is a template's "
-                             "rendering)");
+        return kvf_proxy_refuse(http_p, param_p, "echo", 400, err, cap, KVF_ERR_INVALID_PARAM,
+                                "'echo' is not supported for chat (the prompt is a template's "
+                                "rendering)");
     }
     /* chat: the template writes BOS itself; vLLM adds no special tokens by default */
     KVF_TRY(kvf_proxy_boolf(root, "add_special_tokens", &add_special, http_p, param_p, err,
                             cap));
     if (kvf_proxy_get(root, "messages") == NULL) {
-        return kvf_proxy_bad(http_p, param_p, "messages", 400, err, cap, KVF_ERR_INVALID_PARAM,
-                             "'messages' is required");
+        return kvf_proxy_refuse(http_p, param_p, "messages", 400, err, cap, KVF_ERR_INVALID_PARAM,
+                                "'messages' is required");
     }
     st = kvf_proxy_chat_args_parse(root, &args, http_p, param_p, err, cap);
     if (st == KVF_OK) {   /* tools, tool_choice, include_reasoning */
@@ -751,8 +498,8 @@ static kvf_status_t kvf_proxy_chat_fields(const kvf_proxy_openai_ctx_t *ctx, con
     s = cJSON_CreateString(text);
     free(text);
     if (s == NULL) {
-        return kvf_proxy_bad(http_p, param_p, NULL, 500, err, cap, KVF_ERR_NO_MEMORY,
-                             "out of memory");
+        return kvf_proxy_refuse(http_p, param_p, NULL, 500, err, cap, KVF_ERR_NO_MEMORY,
+                                "out of memory");
     }
     st = kvf_proxy_parse_one_prompt(ctx, s, 0, ctx->add_bos && add_special, req, http_p,
                                     param_p, err, cap);
@@ -767,8 +514,8 @@ static kvf_status_t kvf_proxy_chat_fields(const kvf_proxy_openai_ctx_t *ctx, con
     req->prompt_ids = req->prompts[0];
     req->num_prompt = req->prompt_lens[0];
     if (req->n > KVF_PROXY_MAX_CHOICES) {
-        return kvf_proxy_bad(http_p, param_p, "n", 400, err, cap, KVF_ERR_INVALID_PARAM,
-                             "'n' = %d is more than %d choices", req->n, KVF_PROXY_MAX_CHOICES);
+        return kvf_proxy_refuse(http_p, param_p, "n", 400, err, cap, KVF_ERR_INVALID_PARAM,
+                                "'n' = %d is more than %d choices", req->n, KVF_PROXY_MAX_CHOICES);
     }
     return kvf_proxy_truncate(ctx, root, req, http_p, param_p, err, cap);
 }
@@ -788,11 +535,11 @@ static kvf_status_t kvf_proxy_parse_fields(const kvf_proxy_openai_ctx_t *ctx, co
                                    add_special, req, http_p, param_p, err, cap));
     if (req->num_prompts * kvf_proxy_req_per_prompt(req) > KVF_PROXY_MAX_CHOICES) {
         const char *f = (req->best_of > req->n) ? "best_of" : "n";
-        return kvf_proxy_bad(http_p, param_p, f, 400, err, cap, KVF_ERR_INVALID_PARAM,
-                             "%d prompts x '%s' = %d is %d choices, more than %d",
-                             req->num_prompts, f, kvf_proxy_req_per_prompt(req),
-                             req->num_prompts * kvf_proxy_req_per_prompt(req),
-                             KVF_PROXY_MAX_CHOICES);
+        return kvf_proxy_refuse(http_p, param_p, f, 400, err, cap, KVF_ERR_INVALID_PARAM,
+                                "%d prompts x '%s' = %d is %d choices, more than %d",
+                                req->num_prompts, f, kvf_proxy_req_per_prompt(req),
+                                req->num_prompts * kvf_proxy_req_per_prompt(req),
+                                KVF_PROXY_MAX_CHOICES);
     }
     return kvf_proxy_truncate(ctx, root, req, http_p, param_p, err, cap);
 }
@@ -837,17 +584,17 @@ static kvf_status_t kvf_proxy_parse_body(const kvf_proxy_openai_ctx_t *ctx, cons
         *param_p = NULL;
     }
     if (kvf_proxy_json_has_nul(body, len)) {
-        return kvf_proxy_bad(http_p, param_p, NULL, 400, err, err_cap, KVF_ERR_INVALID_PARAM,
-                             "the request contains a NUL character (\\u0000), which kvferry "
-                             "cannot pass on; remove it, or send the prompt as token ids");
+        return kvf_proxy_refuse(http_p, param_p, NULL, 400, err, err_cap, KVF_ERR_INVALID_PARAM,
+                                "the request contains a NUL character (\\u0000), which kvferry "
+                                "cannot pass on; remove it, or send the prompt as token ids");
     }
     {
         const char *end = NULL;
 
         root = cJSON_ParseWithLengthOpts(body, len, &end, false);
         if (root == NULL) {
-            return kvf_proxy_bad(http_p, param_p, NULL, 400, err, err_cap, KVF_ERR_PARSE,
-                                 "request body is not valid JSON");
+            return kvf_proxy_refuse(http_p, param_p, NULL, 400, err, err_cap, KVF_ERR_PARSE,
+                                    "request body is not valid JSON");
         }
         /* one JSON value and nothing after it but white space: a second object
          * or stray bytes would be silently ignored otherwise */
@@ -858,15 +605,15 @@ static kvf_status_t kvf_proxy_parse_body(const kvf_proxy_openai_ctx_t *ctx, cons
         if ((end == NULL) || (end < body + len)) {
             size_t at = (end != NULL) ? (size_t)(end - body) : 0;
             cJSON_Delete(root);
-            return kvf_proxy_bad(http_p, param_p, NULL, 400, err, err_cap, KVF_ERR_PARSE,
-                                 "request body has %zu bytes after its JSON value (at byte %zu):"
-                                 " send exactly one JSON object", len - at, at);
+            return kvf_proxy_refuse(http_p, param_p, NULL, 400, err, err_cap, KVF_ERR_PARSE,
+                                    "request body has %zu bytes after its JSON value (at byte %zu):"
+                                    " send exactly one JSON object", len - at, at);
         }
     }
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
-        return kvf_proxy_bad(http_p, param_p, NULL, 400, err, err_cap, KVF_ERR_INVALID_PARAM,
-                             "request body must be a JSON object");
+        return kvf_proxy_refuse(http_p, param_p, NULL, 400, err, err_cap, KVF_ERR_INVALID_PARAM,
+                                "request body must be a JSON object");
     }
     req.chat = chat;
     status = chat ? kvf_proxy_chat_fields(ctx, root, &req, http_p, param_p, err, err_cap) :
@@ -876,23 +623,23 @@ static kvf_status_t kvf_proxy_parse_body(const kvf_proxy_openai_ctx_t *ctx, cons
          ++i) {
         const char *what = chat ? "'messages'" : "'prompt'";
         if (req.prompt_lens[i] > ctx->max_model_len) {
-            status = kvf_proxy_bad(http_p, param_p, chat ? "messages" : "prompt", 400, err,
-                                   err_cap, KVF_ERR_OUT_OF_RANGE, "%s is %d tokens, longer "
-                                   "than the model's max_position_embeddings (%d)", what,
-                                   req.prompt_lens[i], ctx->max_model_len);
+            status = kvf_proxy_refuse(http_p, param_p, chat ? "messages" : "prompt", 400, err,
+                                      err_cap, KVF_ERR_OUT_OF_RANGE, "%s is %d tokens, longer "
+                                      "than the model's max_position_embeddings (%d)", what,
+                                      req.prompt_lens[i], ctx->max_model_len);
         } else if ((int64_t)req.prompt_lens[i] + req.max_tokens > ctx->max_model_len) {
-            status = kvf_proxy_bad(http_p, param_p, "max_tokens", 400, err, err_cap,
-                                   KVF_ERR_OUT_OF_RANGE, "%s (%d tokens) plus 'max_tokens' (%u)"
-                                   " is longer than the model's max_position_embeddings (%d)",
-                                   what, req.prompt_lens[i], req.max_tokens, ctx->max_model_len);
+            status = kvf_proxy_refuse(http_p, param_p, "max_tokens", 400, err, err_cap,
+                                      KVF_ERR_OUT_OF_RANGE, "%s (%d tokens) plus 'max_tokens' (%u)"
+                                      " is longer than the model's max_position_embeddings (%d)",
+                                      what, req.prompt_lens[i], req.max_tokens, ctx->max_model_len);
         }
     }
     if ((status == KVF_OK) && !tok_ready) {
         /* checked with a stand-in, never sent: byte ids would give a wrong answer */
-        status = kvf_proxy_bad(http_p, param_p, NULL, 503, err, err_cap, KVF_ERR_BUSY,
-                               "no healthy instance has given this proxy a tokenizer (started "
-                               "without --model, it takes the daemons' model folder when it "
-                               "can read it; its log and /health say why not); give it --model");
+        status = kvf_proxy_refuse(http_p, param_p, NULL, 503, err, err_cap, KVF_ERR_BUSY,
+                                  "no healthy instance has given this proxy a tokenizer (started "
+                                  "without --model, it takes the daemons' model folder when it "
+                                  "can read it; its log and /health say why not); give it --model");
     }
     if (status != KVF_OK) {
         kvf_proxy_openai_req_cleanup(&req);
@@ -932,415 +679,4 @@ void kvf_proxy_openai_req_cleanup(kvf_proxy_completion_req_t *req)
     req->num_prompts = 0;
     req->prompt_ids = NULL;
     req->num_prompt = 0;
-}
-
-static char *kvf_proxy_print(cJSON *root)
-{
-    char *s = (root != NULL) ? cJSON_PrintUnformatted(root) : NULL;
-
-    cJSON_Delete(root);
-    return s;
-}
-
-/* vLLM's error type names by HTTP status. */
-static const char *kvf_proxy_error_class(int code)
-{
-    switch (code) {
-    case 400: return "BadRequestError";
-    case 401: return "AuthenticationError";
-    case 404: return "NotFoundError";
-    case 405: return "MethodNotAllowed";
-    case 413: return "RequestTooLarge";
-    case 499: return "ClientDisconnected";
-    case 502: return "BadGateway";
-    case 503: return "ServiceUnavailableError";
-    case 504: return "TimeoutError";
-    default:  return (code >= 500) ? "InternalServerError" : "BadRequestError";
-    }
-}
-
-static void kvf_proxy_error_fields(cJSON *o, const char *message, const char *type,
-                                   const char *param, int code)
-{
-    cJSON_AddStringToObject(o, "message", message);
-    cJSON_AddStringToObject(o, "type", type);
-    if (param != NULL) {
-        cJSON_AddStringToObject(o, "param", param);
-    } else {
-        cJSON_AddNullToObject(o, "param");
-    }
-    cJSON_AddNumberToObject(o, "code", code);
-}
-
-char *kvf_proxy_openai_error_json(const char *message, const char *type, const char *param,
-                                  int code)
-{
-    cJSON *root = cJSON_CreateObject();
-    cJSON *e = cJSON_CreateObject();
-
-    if ((root == NULL) || (e == NULL)) {
-        cJSON_Delete(e);
-        cJSON_Delete(root);
-        return NULL;
-    }
-    /* vLLM's flat ErrorResponse, and OpenAI's nested "error" for clients that read it */
-    cJSON_AddStringToObject(root, "object", "error");
-    kvf_proxy_error_fields(root, message, kvf_proxy_error_class(code), param, code);
-    kvf_proxy_error_fields(e, message, type, param, code);
-    cJSON_AddItemToObject(root, "error", e);
-    return kvf_proxy_print(root);
-}
-
-static void kvf_proxy_add_ids(cJSON *o, const char *name, const int32_t *ids, int n)
-{
-    cJSON *arr = cJSON_AddArrayToObject(o, name);
-
-    for (int i = 0; (arr != NULL) && (i < n); ++i) {
-        cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));
-    }
-}
-
-static void kvf_proxy_add_usage(cJSON *root, const kvf_proxy_usage_t *u)
-{
-    cJSON *o = cJSON_AddObjectToObject(root, "usage");
-
-    if (o != NULL) {
-        cJSON_AddNumberToObject(o, "prompt_tokens", u->prompt_tokens);
-        cJSON_AddNumberToObject(o, "completion_tokens", u->completion_tokens);
-        cJSON_AddNumberToObject(o, "total_tokens", u->prompt_tokens + u->completion_tokens);
-    }
-}
-
-/* kv_transfer, instances, ttft: kvferry's tail of a choice's final object. */
-static void kvf_proxy_add_summary(cJSON *root, const kvf_proxy_completion_req_t *req,
-                                  const kvf_proxy_completion_t *c, int prompt_idx)
-{
-    if (c->kv.valid) {
-        cJSON *kv = cJSON_AddObjectToObject(root, "kv_transfer");
-        if (kv != NULL) {
-            cJSON_AddNumberToObject(kv, "bytes", (double)c->kv.bytes);
-            cJSON_AddNumberToObject(kv, "descriptors", (double)c->kv.descriptors);
-            cJSON_AddNumberToObject(kv, "reads", c->kv.reads);
-            cJSON_AddNumberToObject(kv, "handshake_ms", c->kv.handshake_ms);
-            cJSON_AddNumberToObject(kv, "transfer_ms", c->kv.transfer_ms);
-            cJSON_AddBoolToObject(kv, "recomputed", c->kv.recomputed);
-        }
-    } else {
-        cJSON_AddNullToObject(root, "kv_transfer");
-    }
-    if (c->prefill_instance != NULL) {
-        cJSON_AddStringToObject(root, "prefill_instance", c->prefill_instance);
-    }
-    if (c->decode_instance != NULL) {
-        cJSON_AddStringToObject(root, "decode_instance", c->decode_instance);
-    }
-    cJSON_AddNumberToObject(root, "ttft_ms", c->ttft_ms);
-    cJSON_AddNumberToObject(root, "prefill_ms", c->prefill_ms);
-    if (c->ttft_breakdown.valid) {
-        const kvf_proxy_ttft_breakdown_t *bd = &c->ttft_breakdown;
-        cJSON *o = cJSON_AddObjectToObject(root, "ttft_breakdown");
-        char key[48];
-
-        if (o != NULL) {
-            cJSON_AddNumberToObject(o, "ttft_ms", bd->ttft_ms);
-            cJSON_AddNumberToObject(o, "time_to_first_decode_token_ms", bd->first_decode_ms);
-            for (int ph = 0; ph < KVF_PROXY_TTFT_PHASE_COUNT; ++ph) {
-                snprintf(key, sizeof(key), "%s_ms", kvf_proxy_ttft_phase_name((kvf_proxy_ttft_phase_t)ph));
-                cJSON_AddNumberToObject(o, key, bd->phase_ms[ph]);
-            }
-            cJSON_AddStringToObject(o, "tp_ranks", "max");
-        }
-    }
-    if (req->return_token_ids && !req->chat) {
-        kvf_proxy_add_ids(root, "prompt_token_ids", req->prompts[prompt_idx],
-                          req->prompt_lens[prompt_idx]);
-    }
-}
-
-/* The response's id: the client's (request_id, x-request-id) or the flow's. */
-static void kvf_proxy_id(const kvf_proxy_completion_req_t *req, const kvf_proxy_completion_t *c,
-                         char *id, size_t cap)
-{
-    if (req->response_id[0] != '\0') {
-        snprintf(id, cap, "%s", req->response_id);
-    } else if (req->chat) {
-        snprintf(id, cap, "chat%s", c->id);   /* "chatcmpl-..." */
-    } else {
-        snprintf(id, cap, "%s", c->id);
-    }
-}
-
-static cJSON *kvf_proxy_object(const kvf_proxy_openai_ctx_t *ctx,
-                               const kvf_proxy_completion_req_t *req,
-                               const kvf_proxy_completion_t *c, bool chunk, cJSON **choices_p)
-{
-    cJSON *root = cJSON_CreateObject();
-    char id[128];
-
-    if (root == NULL) {
-        return NULL;
-    }
-    kvf_proxy_id(req, c, id, sizeof(id));
-    cJSON_AddStringToObject(root, "id", id);
-    cJSON_AddStringToObject(root, "object", !req->chat ? "text_completion" :
-                            chunk ? "chat.completion.chunk" : "chat.completion");
-    cJSON_AddNumberToObject(root, "created", (double)c->created);
-    cJSON_AddStringToObject(root, "model", ctx->model_name);
-    *choices_p = cJSON_AddArrayToObject(root, "choices");
-    if (*choices_p == NULL) {
-        cJSON_Delete(root);
-        return NULL;
-    }
-    return root;
-}
-
-/* One token as text (special tokens: their text is skipped, so "" ). */
-static void kvf_proxy_token_text(const kvf_proxy_openai_ctx_t *ctx, int32_t id, char *out,
-                                 size_t cap)
-{
-    (void)kvf_tokenizer_decode(ctx->tok, &id, 1, out, cap);
-}
-
-/* Completions' logprobs: {text_offset, token_logprobs, tokens, top_logprobs}. */
-static cJSON *kvf_proxy_logprobs_cmpl(const kvf_proxy_openai_ctx_t *ctx,
-                                      const kvf_proxy_choice_out_t *ch)
-{
-    cJSON *o = cJSON_CreateObject();
-    cJSON *off = cJSON_AddArrayToObject(o, "text_offset");
-    cJSON *lp = cJSON_AddArrayToObject(o, "token_logprobs");
-    cJSON *toks = cJSON_AddArrayToObject(o, "tokens");
-    cJSON *top = cJSON_AddArrayToObject(o, "top_logprobs");
-    int at = ch->text_offset;
-    char t[256];
-
-    if ((off == NULL) || (lp == NULL) || (toks == NULL) || (top == NULL)) {
-        cJSON_Delete(o);
-        return NULL;
-    }
-    for (int i = 0; i < ch->num_ids; ++i) {
-        cJSON *d = cJSON_CreateObject();
-
-        kvf_proxy_token_text(ctx, ch->ids[i], t, sizeof(t));
-        cJSON_AddItemToArray(off, cJSON_CreateNumber(at));
-        at += (int)strlen(t);
-        cJSON_AddItemToArray(lp, cJSON_CreateNumber(ch->token_logprobs[i]));
-        cJSON_AddItemToArray(toks, cJSON_CreateString(t));
-        for (int j = 0; (d != NULL) && (j < ch->per); ++j) {
-            int32_t id = ch->top_ids[(size_t)i * (size_t)ch->per + (size_t)j];
-            if (id < 0) {
-                continue;
-            }
-            kvf_proxy_token_text(ctx, id, t, sizeof(t));
-            if (cJSON_GetObjectItemCaseSensitive(d, t) == NULL) {   /* first (likelier) wins */
-                cJSON_AddNumberToObject(d, t,
-                                        ch->top_logprobs[(size_t)i * (size_t)ch->per + (size_t)j]);
-            }
-        }
-        cJSON_AddItemToArray(top, d);
-    }
-    return o;
-}
-
-static cJSON *kvf_proxy_bytes(const char *t)
-{
-    cJSON *b = cJSON_CreateArray();
-
-    for (const unsigned char *p = (const unsigned char *)t; (b != NULL) && (*p != 0); ++p) {
-        cJSON_AddItemToArray(b, cJSON_CreateNumber(*p));
-    }
-    return b;
-}
-
-/* Chat's logprobs: {content: [{token, logprob, bytes, top_logprobs: [...]}]}. */
-static cJSON *kvf_proxy_logprobs_chat(const kvf_proxy_openai_ctx_t *ctx,
-                                      const kvf_proxy_choice_out_t *ch)
-{
-    cJSON *o = cJSON_CreateObject();
-    cJSON *content = cJSON_AddArrayToObject(o, "content");
-    char t[256];
-
-    if (content == NULL) {
-        cJSON_Delete(o);
-        return NULL;
-    }
-    for (int i = 0; i < ch->num_ids; ++i) {
-        cJSON *e = cJSON_CreateObject(), *top;
-
-        kvf_proxy_token_text(ctx, ch->ids[i], t, sizeof(t));
-        cJSON_AddStringToObject(e, "token", t);
-        cJSON_AddNumberToObject(e, "logprob", ch->token_logprobs[i]);
-        cJSON_AddItemToObject(e, "bytes", kvf_proxy_bytes(t));
-        top = cJSON_AddArrayToObject(e, "top_logprobs");
-        for (int j = 0; (top != NULL) && (j < ch->per); ++j) {
-            int32_t id = ch->top_ids[(size_t)i * (size_t)ch->per + (size_t)j];
-            cJSON *x;
-            if (id < 0) {
-                continue;
-            }
-            x = cJSON_CreateObject();
-            kvf_proxy_token_text(ctx, id, t, sizeof(t));
-            cJSON_AddStringToObject(x, "token", t);
-            cJSON_AddNumberToObject(x, "logprob",
-                                    ch->top_logprobs[(size_t)i * (size_t)ch->per + (size_t)j]);
-            cJSON_AddItemToObject(x, "bytes", kvf_proxy_bytes(t));
-            cJSON_AddItemToArray(top, x);
-        }
-        cJSON_AddItemToArray(content, e);
-    }
-    return o;
-}
-
-/* One choice object: a completion's text, a chat message, or a chat delta. */
-static cJSON *kvf_proxy_choice(const kvf_proxy_openai_ctx_t *ctx,
-                               const kvf_proxy_completion_req_t *req,
-                               const kvf_proxy_choice_out_t *ch, bool chunk)
-{
-    cJSON *o = cJSON_CreateObject();
-
-    if (o == NULL) {
-        return NULL;
-    }
-    cJSON_AddNumberToObject(o, "index", ch->index);
-    if (!req->chat) {
-        cJSON_AddStringToObject(o, "text", ch->text);
-    } else {
-        cJSON *m = cJSON_AddObjectToObject(o, chunk ? "delta" : "message");
-        if (m != NULL) {
-            if (!chunk || ch->first) {
-                cJSON_AddStringToObject(m, "role", "assistant");
-            }
-            kvf_proxy_message_fill(m, req, ch, chunk);
-        }
-    }
-    if (ch->token_logprobs != NULL) {
-        cJSON *lp = req->chat ? kvf_proxy_logprobs_chat(ctx, ch) :
-                                kvf_proxy_logprobs_cmpl(ctx, ch);
-        if (lp != NULL) {
-            cJSON_AddItemToObject(o, "logprobs", lp);
-        }
-    } else {
-        cJSON_AddNullToObject(o, "logprobs");
-    }
-    if (ch->finish_reason != NULL) {
-        cJSON_AddStringToObject(o, "finish_reason", ch->finish_reason);
-    } else {
-        cJSON_AddNullToObject(o, "finish_reason");
-    }
-    if (ch->stop_reason != NULL) {
-        cJSON_AddStringToObject(o, "stop_reason", ch->stop_reason);
-    } else if (ch->stop_token >= 0) {
-        cJSON_AddNumberToObject(o, "stop_reason", ch->stop_token);
-    } else {
-        cJSON_AddNullToObject(o, "stop_reason");
-    }
-    if (req->return_token_ids) {
-        kvf_proxy_add_ids(o, "token_ids", ch->ids, ch->num_ids);
-    }
-    if (req->want_prompt_logprobs && !req->chat && !chunk) {   /* chat: on the response */
-        cJSON *pl = kvf_proxy_prompt_lp_json(ctx, ch);
-        cJSON_AddItemToObject(o, "prompt_logprobs", (pl != NULL) ? pl : cJSON_CreateNull());
-    }
-    return o;
-}
-
-char *kvf_proxy_openai_chunk(const kvf_proxy_openai_ctx_t *ctx,
-                             const kvf_proxy_completion_req_t *req,
-                             const kvf_proxy_completion_t *c, const kvf_proxy_choice_out_t *ch,
-                             const kvf_proxy_usage_t *usage)
-{
-    cJSON *choices, *choice;
-    cJSON *root = kvf_proxy_object(ctx, req, c, true, &choices);
-
-    if (root == NULL) {
-        return NULL;
-    }
-    if (ch != NULL) {
-        choice = kvf_proxy_choice(ctx, req, ch, true);
-        if (choice == NULL) {
-            cJSON_Delete(root);
-            return NULL;
-        }
-        cJSON_AddItemToArray(choices, choice);
-        if (ch->finish_reason != NULL) {
-            kvf_proxy_add_summary(root, req, c, ch->index / req->n);
-        } else {
-            /* Which instances serve the stream, known from the first chunk on. */
-            if (c->prefill_instance != NULL) {
-                cJSON_AddStringToObject(root, "prefill_instance", c->prefill_instance);
-            }
-            if (c->decode_instance != NULL) {
-                cJSON_AddStringToObject(root, "decode_instance", c->decode_instance);
-            }
-        }
-    }
-    if (usage != NULL) {
-        kvf_proxy_add_usage(root, usage);
-    }
-    return kvf_proxy_print(root);
-}
-
-char *kvf_proxy_openai_response(const kvf_proxy_openai_ctx_t *ctx,
-                                const kvf_proxy_completion_req_t *req,
-                                const kvf_proxy_completion_t *c,
-                                const kvf_proxy_choice_out_t *chs, int n,
-                                const kvf_proxy_usage_t *usage)
-{
-    cJSON *choices;
-    cJSON *root = kvf_proxy_object(ctx, req, c, false, &choices);
-
-    if (root == NULL) {
-        return NULL;
-    }
-    for (int i = 0; i < n; ++i) {
-        cJSON *choice = kvf_proxy_choice(ctx, req, &chs[i], false);
-        if (choice == NULL) {
-            cJSON_Delete(root);
-            return NULL;
-        }
-        cJSON_AddItemToArray(choices, choice);
-    }
-    if (req->want_prompt_logprobs && req->chat) {   /* vLLM's chat: one, on the response */
-        cJSON *pl = (n > 0) ? kvf_proxy_prompt_lp_json(ctx, &chs[0]) : NULL;
-        cJSON_AddItemToObject(root, "prompt_logprobs", (pl != NULL) ? pl : cJSON_CreateNull());
-    }
-    kvf_proxy_add_usage(root, usage);
-    kvf_proxy_add_summary(root, req, c, 0);
-    return kvf_proxy_print(root);
-}
-
-char *kvf_proxy_openai_models_json(const kvf_proxy_openai_ctx_t *ctx, int64_t created)
-{
-    cJSON *root = cJSON_CreateObject();
-    cJSON *data = cJSON_AddArrayToObject(root, "data");
-    int n = (ctx->num_names > 0) ? ctx->num_names : 1;
-
-    if (data == NULL) {
-        cJSON_Delete(root);
-        return NULL;
-    }
-    cJSON_AddStringToObject(root, "object", "list");
-    /* one card per served name, all of the one model (vLLM lists them so) */
-    for (int i = 0; i < n; ++i) {
-        const char *name = (ctx->num_names > 0) ? ctx->names[i] : ctx->model_name;
-        cJSON *m = cJSON_CreateObject();
-
-        if (m == NULL) {
-            cJSON_Delete(root);
-            return NULL;
-        }
-        cJSON_AddStringToObject(m, "id", name);
-        cJSON_AddStringToObject(m, "object", "model");
-        cJSON_AddNumberToObject(m, "created", (double)created);
-        cJSON_AddStringToObject(m, "owned_by", "kvferry");
-        cJSON_AddStringToObject(m, "root", (ctx->root != NULL) ? ctx->root : name);
-        cJSON_AddNullToObject(m, "parent");
-        if (ctx->max_model_len > 0) {
-            cJSON_AddNumberToObject(m, "max_model_len", ctx->max_model_len);
-        } else {
-            cJSON_AddNullToObject(m, "max_model_len");
-        }
-        cJSON_AddItemToObject(m, "permission", cJSON_CreateArray());
-        cJSON_AddItemToArray(data, m);
-    }
-    return kvf_proxy_print(root);
 }

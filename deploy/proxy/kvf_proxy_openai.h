@@ -6,7 +6,7 @@
  *
  * Request fields: every field of vLLM's /v1/completions is either honoured
  * with vLLM's semantics and ranges or refused by name with 400 (the table is
- * kvf_proxy_openai.c's kvf_proxy_fields[] and README's "OpenAI API" section);
+ * kvf_proxy_fields.c's kvf_proxy_fields[] and README's "OpenAI API" section);
  * a key that is no field of vLLM's is refused by name too. Sampling runs in
  * the engine (common/engine/kvf_sampler.h); the proxy handles what is text:
  * stop strings (held back until they cannot start a stop string), echo,

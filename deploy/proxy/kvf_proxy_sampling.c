@@ -1,31 +1,12 @@
 /* logit_bias, allowed_token_ids, bad_words of a request (kvf_proxy_sampling.h). */
 #include "kvf_proxy_sampling.h"
+#include "kvf_proxy_refuse.h"
 #include "kvf_scheduler.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static kvf_status_t kvf_lists_bad(int *http_p, const char **param_p, const char *param,
-                                  char *err, size_t cap, const char *fmt, ...)
-    __attribute__((format(printf, 6, 7)));
-
-static kvf_status_t kvf_lists_bad(int *http_p, const char **param_p, const char *param,
-                                  char *err, size_t cap, const char *fmt, ...)
-{
-    va_list ap;
-
-    va_start(ap, fmt);
-    vsnprintf(err, cap, fmt, ap);
-    va_end(ap);
-    *http_p = 400;
-    if (param_p != NULL) {
-        *param_p = param;
-    }
-    return KVF_ERR_INVALID_PARAM;
-}
 
 static kvf_status_t kvf_lists_nomem(int *http_p, char *err, size_t cap)
 {
@@ -62,9 +43,9 @@ static kvf_status_t kvf_parse_bias(const kvf_proxy_openai_ctx_t *ctx, const cJSO
     }
     n = cJSON_GetArraySize(it);
     if (!cJSON_IsObject(it) || (n > KVF_SAMPLING_MAX_BIAS)) {
-        return kvf_lists_bad(http_p, param_p, "logit_bias", err, cap, "'logit_bias' must be "
-                             "an object of at most %d token ids to biases",
-                             KVF_SAMPLING_MAX_BIAS);
+        return kvf_proxy_invalid(http_p, param_p, "logit_bias", err, cap, "'logit_bias' must be "
+                                 "an object of at most %d token ids to biases",
+                                 KVF_SAMPLING_MAX_BIAS);
     }
     req->bias_ids = malloc((size_t)(n + 1) * sizeof(int32_t));
     req->bias_values = malloc((size_t)(n + 1) * sizeof(float));
@@ -77,13 +58,13 @@ static kvf_status_t kvf_parse_bias(const kvf_proxy_openai_ctx_t *ctx, const cJSO
         int at = req->num_bias;
         if ((strspn(e->string, "0123456789") != strlen(e->string)) || (*end != '\0') ||
             (e->string[0] == '\0') || !kvf_lists_id(id, ctx->tok->vocab_size)) {
-            return kvf_lists_bad(http_p, param_p, "logit_bias", err, cap, "'logit_bias' key "
-                                 "'%.32s' must be a token id in [0, %d)", e->string,
-                                 ctx->tok->vocab_size);
+            return kvf_proxy_invalid(http_p, param_p, "logit_bias", err, cap, "'logit_bias' key "
+                                     "'%.32s' must be a token id in [0, %d)", e->string,
+                                     ctx->tok->vocab_size);
         }
         if (!cJSON_IsNumber(e) || !isfinite(e->valuedouble)) {
-            return kvf_lists_bad(http_p, param_p, "logit_bias", err, cap, "'logit_bias' of "
-                                 "token %s must be a number", e->string);
+            return kvf_proxy_invalid(http_p, param_p, "logit_bias", err, cap, "'logit_bias' of "
+                                     "token %s must be a number", e->string);
         }
         for (int j = 0; j < req->num_bias; ++j) {
             at = (req->bias_ids[j] == (int32_t)id) ? j : at;
@@ -108,9 +89,9 @@ static kvf_status_t kvf_parse_allowed(const kvf_proxy_openai_ctx_t *ctx, const c
     }
     n = cJSON_GetArraySize(it);
     if (!cJSON_IsArray(it) || (n < 1) || (n > KVF_SAMPLING_MAX_ALLOWED)) {
-        return kvf_lists_bad(http_p, param_p, "allowed_token_ids", err, cap,
-                             "'allowed_token_ids' must be a non-empty array of at most %d "
-                             "token ids", KVF_SAMPLING_MAX_ALLOWED);
+        return kvf_proxy_invalid(http_p, param_p, "allowed_token_ids", err, cap,
+                                 "'allowed_token_ids' must be a non-empty array of at most %d "
+                                 "token ids", KVF_SAMPLING_MAX_ALLOWED);
     }
     req->allowed_ids = malloc((size_t)n * sizeof(int32_t));
     if (req->allowed_ids == NULL) {
@@ -118,9 +99,9 @@ static kvf_status_t kvf_parse_allowed(const kvf_proxy_openai_ctx_t *ctx, const c
     }
     cJSON_ArrayForEach(e, it) {
         if (!cJSON_IsNumber(e) || !kvf_lists_id(e->valuedouble, ctx->tok->vocab_size)) {
-            return kvf_lists_bad(http_p, param_p, "allowed_token_ids", err, cap,
-                                 "'allowed_token_ids'[%d] must be a token id in [0, %d)",
-                                 req->num_allowed, ctx->tok->vocab_size);
+            return kvf_proxy_invalid(http_p, param_p, "allowed_token_ids", err, cap,
+                                     "'allowed_token_ids'[%d] must be a token id in [0, %d)",
+                                     req->num_allowed, ctx->tok->vocab_size);
         }
         req->allowed_ids[req->num_allowed++] = (int32_t)e->valuedouble;
     }
@@ -157,8 +138,8 @@ static kvf_status_t kvf_parse_bad_words(const kvf_proxy_openai_ctx_t *ctx, const
         return KVF_OK;
     }
     if (!cJSON_IsArray(it)) {
-        return kvf_lists_bad(http_p, param_p, "bad_words", err, cap, "'bad_words' must be an "
-                             "array of strings");
+        return kvf_proxy_invalid(http_p, param_p, "bad_words", err, cap, "'bad_words' must be an "
+                                 "array of strings");
     }
     req->bad_ends = malloc(KVF_SAMPLING_MAX_BAD_WORDS * sizeof(uint32_t));
     req->bad_tokens = malloc(KVF_SAMPLING_MAX_BAD_TOKENS * sizeof(int32_t));
@@ -169,8 +150,8 @@ static kvf_status_t kvf_parse_bad_words(const kvf_proxy_openai_ctx_t *ctx, const
         const char *w = cJSON_IsString(e) ? e->valuestring : NULL;
         int n0, n1;
         if ((w == NULL) || (strlen(w) + 2 > sizeof(text))) {
-            return kvf_lists_bad(http_p, param_p, "bad_words", err, cap, "'bad_words' entries "
-                                 "must be strings of at most %zu bytes", sizeof(text) - 2);
+            return kvf_proxy_invalid(http_p, param_p, "bad_words", err, cap, "'bad_words' entries "
+                                     "must be strings of at most %zu bytes", sizeof(text) - 2);
         }
         while ((*w == ' ') || (*w == '\t') || (*w == '\n') || (*w == '\r')) {
             ++w;
@@ -182,10 +163,10 @@ static kvf_status_t kvf_parse_bad_words(const kvf_proxy_openai_ctx_t *ctx, const
                                   KVF_SAMPLING_MAX_BAD_TOKENS);
         if ((n0 < 1) || !kvf_bad_push(req, ids[0], n0) ||
             ((n1 == n0) && (ids[1][0] != ids[0][0]) && !kvf_bad_push(req, ids[1], n1))) {
-            return kvf_lists_bad(http_p, param_p, "bad_words", err, cap, "'bad_words': a word "
-                                 "must be non-empty; at most %d token sequences of %d tokens "
-                                 "in all (each word counts once, or twice with a leading space)",
-                                 KVF_SAMPLING_MAX_BAD_WORDS, KVF_SAMPLING_MAX_BAD_TOKENS);
+            return kvf_proxy_invalid(http_p, param_p, "bad_words", err, cap, "'bad_words': a word "
+                                     "must be non-empty; at most %d token sequences of %d tokens "
+                                     "in all (each word counts once, or twice with a leading space)",
+                                     KVF_SAMPLING_MAX_BAD_WORDS, KVF_SAMPLING_MAX_BAD_TOKENS);
         }
     }
     return KVF_OK;
@@ -218,13 +199,13 @@ kvf_status_t kvf_proxy_parse_priority(const kvf_proxy_openai_ctx_t *ctx, const c
     }
     v = cJSON_IsNumber(it) ? it->valuedouble : NAN;
     if (!isfinite(v) || (floor(v) != v) || (fabs(v) > 9007199254740992.0)) {
-        return kvf_lists_bad(http_p, param_p, "priority", err, cap, "'priority' must be an "
-                             "integer (lower is served first)");
+        return kvf_proxy_invalid(http_p, param_p, "priority", err, cap, "'priority' must be an "
+                                 "integer (lower is served first)");
     }
     if ((v != 0.0) && !ctx->priority_scheduling) {
-        return kvf_lists_bad(http_p, param_p, "priority", err, cap, "'priority' %.0f needs "
-                             "priority scheduling: start kvf-proxy with --scheduling-policy "
-                             "priority", v);
+        return kvf_proxy_invalid(http_p, param_p, "priority", err, cap, "'priority' %.0f needs "
+                                 "priority scheduling: start kvf-proxy with --scheduling-policy "
+                                 "priority", v);
     }
     req->priority = (int64_t)v;
     return KVF_OK;
@@ -241,12 +222,12 @@ kvf_status_t kvf_proxy_parse_best_of(const cJSON *root, kvf_proxy_completion_req
     }
     v = cJSON_IsNumber(it) ? it->valuedouble : NAN;
     if (!isfinite(v) || (floor(v) != v) || (v < req->n) || (v > KVF_PROXY_MAX_CHOICES)) {
-        return kvf_lists_bad(http_p, param_p, "best_of", err, cap, "'best_of' must be an "
-                             "integer from 'n' (%d) to %d", req->n, KVF_PROXY_MAX_CHOICES);
+        return kvf_proxy_invalid(http_p, param_p, "best_of", err, cap, "'best_of' must be an "
+                                 "integer from 'n' (%d) to %d", req->n, KVF_PROXY_MAX_CHOICES);
     }
     if ((v > req->n) && req->stream) {
-        return kvf_lists_bad(http_p, param_p, "best_of", err, cap, "'best_of' > 'n' cannot "
-                             "be streamed: the best are known when all are done");
+        return kvf_proxy_invalid(http_p, param_p, "best_of", err, cap, "'best_of' > 'n' cannot "
+                                 "be streamed: the best are known when all are done");
     }
     req->best_of = (int)v;
     return KVF_OK;
@@ -264,12 +245,12 @@ kvf_status_t kvf_proxy_parse_prompt_logprobs(const cJSON *root, kvf_proxy_comple
     }
     v = cJSON_IsNumber(it) ? it->valuedouble : NAN;
     if (!isfinite(v) || (floor(v) != v) || (v < 0) || (v > KVF_SAMPLING_MAX_LOGPROBS)) {
-        return kvf_lists_bad(http_p, param_p, "prompt_logprobs", err, cap, "'prompt_logprobs'"
-                             " must be an integer in [0, %d]", KVF_SAMPLING_MAX_LOGPROBS);
+        return kvf_proxy_invalid(http_p, param_p, "prompt_logprobs", err, cap, "'prompt_logprobs'"
+                                 " must be an integer in [0, %d]", KVF_SAMPLING_MAX_LOGPROBS);
     }
     if (req->stream) {
-        return kvf_lists_bad(http_p, param_p, "prompt_logprobs", err, cap, "'prompt_logprobs'"
-                             " is not supported with 'stream'");
+        return kvf_proxy_invalid(http_p, param_p, "prompt_logprobs", err, cap, "'prompt_logprobs'"
+                                 " is not supported with 'stream'");
     }
     req->want_prompt_logprobs = true;
     req->prompt_logprobs = (int)v;

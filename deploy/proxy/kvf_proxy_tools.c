@@ -1,9 +1,9 @@
 /* Tool calling in chat: the request's tools, the messages' calls, the output's parsers
  * (kvf_proxy_tools.h). */
 #include "kvf_proxy_tools.h"
+#include "kvf_proxy_refuse.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,27 +28,6 @@ bool kvf_proxy_tool_parser_from_name(const char *name, kvf_proxy_tool_parser_t *
         }
     }
     return false;
-}
-
-static kvf_status_t kvf_tools_bad(int *http_p, const char **param_p, const char *param,
-                                  char *err, size_t cap, const char *fmt, ...)
-    __attribute__((format(printf, 6, 7)));
-
-static kvf_status_t kvf_tools_bad(int *http_p, const char **param_p, const char *param,
-                                  char *err, size_t cap, const char *fmt, ...)
-{
-    va_list ap;
-
-    va_start(ap, fmt);
-    vsnprintf(err, cap, fmt, ap);
-    va_end(ap);
-    if (http_p != NULL) {
-        *http_p = 400;
-    }
-    if (param_p != NULL) {
-        *param_p = param;
-    }
-    return KVF_ERR_INVALID_PARAM;
 }
 
 /* ---- Python's json.dumps ----------------------------------------------------------- */
@@ -229,34 +208,34 @@ static kvf_status_t kvf_tools_choice(const cJSON *choice, bool have_tools,
 
     *parser_p = KVF_TOOL_PARSER_NONE;
     if ((choice != NULL) && !have_tools) {
-        return kvf_tools_bad(http_p, param_p, "tool_choice", err, cap, "'tool_choice' needs "
-                             "'tools'");
+        return kvf_proxy_invalid(http_p, param_p, "tool_choice", err, cap, "'tool_choice' needs "
+                                 "'tools'");
     }
     if (!have_tools || ((c != NULL) && (strcmp(c, "none") == 0))) {
         return KVF_OK;
     }
     if ((choice == NULL) || ((c != NULL) && (strcmp(c, "auto") == 0))) {
         if (!auto_ok || (server_parser == KVF_TOOL_PARSER_NONE)) {
-            return kvf_tools_bad(http_p, param_p, "tool_choice", err, cap, "\"auto\" tool "
-                                 "choice (the default with 'tools') needs kvf-proxy started "
-                                 "with --enable-auto-tool-choice and --tool-call-parser; or "
-                                 "send \"tool_choice\": \"none\"");
+            return kvf_proxy_invalid(http_p, param_p, "tool_choice", err, cap, "\"auto\" tool "
+                                     "choice (the default with 'tools') needs kvf-proxy started "
+                                     "with --enable-auto-tool-choice and --tool-call-parser; or "
+                                     "send \"tool_choice\": \"none\"");
         }
         *parser_p = server_parser;
         return KVF_OK;
     }
     if ((c != NULL) && (strcmp(c, "required") == 0)) {
-        return kvf_tools_bad(http_p, param_p, "tool_choice", err, cap, "'tool_choice' "
-                             "\"required\" needs constrained decoding, which kvferry does not "
-                             "have; use \"auto\"");
+        return kvf_proxy_invalid(http_p, param_p, "tool_choice", err, cap, "'tool_choice' "
+                                 "\"required\" needs constrained decoding, which kvferry does not "
+                                 "have; use \"auto\"");
     }
     if (cJSON_IsObject(choice)) {
-        return kvf_tools_bad(http_p, param_p, "tool_choice", err, cap, "a named 'tool_choice' "
-                             "needs constrained decoding, which kvferry does not have; use "
-                             "\"auto\"");
+        return kvf_proxy_invalid(http_p, param_p, "tool_choice", err, cap, "a named 'tool_choice' "
+                                 "needs constrained decoding, which kvferry does not have; use "
+                                 "\"auto\"");
     }
-    return kvf_tools_bad(http_p, param_p, "tool_choice", err, cap, "'tool_choice' must be "
-                         "\"none\", \"auto\", \"required\" or a named function");
+    return kvf_proxy_invalid(http_p, param_p, "tool_choice", err, cap, "'tool_choice' must be "
+                             "\"none\", \"auto\", \"required\" or a named function");
 }
 
 kvf_status_t kvf_proxy_tools_parse_request(const cJSON *root, kvf_proxy_tool_parser_t server_parser,
@@ -277,13 +256,13 @@ kvf_status_t kvf_proxy_tools_parse_request(const cJSON *root, kvf_proxy_tool_par
     *parallel_p = true;
     if ((par != NULL) && !cJSON_IsNull(par)) {
         if (!cJSON_IsBool(par)) {
-            return kvf_tools_bad(http_p, param_p, "parallel_tool_calls", err, cap,
-                                 "'parallel_tool_calls' must be a boolean");
+            return kvf_proxy_invalid(http_p, param_p, "parallel_tool_calls", err, cap,
+                                     "'parallel_tool_calls' must be a boolean");
         }
         *parallel_p = cJSON_IsTrue(par);
     }
     if ((tools != NULL) && !cJSON_IsArray(tools)) {
-        return kvf_tools_bad(http_p, param_p, "tools", err, cap, "'tools' must be a list");
+        return kvf_proxy_invalid(http_p, param_p, "tools", err, cap, "'tools' must be a list");
     }
     tools = ((tools != NULL) && (tools->child != NULL)) ? tools : NULL;
     st = kvf_tools_choice(choice, tools != NULL, server_parser, auto_ok, parser_p, http_p,
@@ -298,7 +277,7 @@ kvf_status_t kvf_proxy_tools_parse_request(const cJSON *root, kvf_proxy_tool_par
         if (n == NULL) {
             cJSON_Delete(list);
             if (bad) {
-                return kvf_tools_bad(http_p, param_p, "tools", NULL, 0, "%s", "");
+                return kvf_proxy_invalid(http_p, param_p, "tools", NULL, 0, "%s", "");
             }
             return KVF_ERR_NO_MEMORY;
         }
@@ -321,8 +300,8 @@ kvf_status_t kvf_proxy_tools_message(const cJSON *m, const char *role, int i, cJ
 
     if ((id != NULL) && !cJSON_IsNull(id)) {
         if ((strcmp(role, "tool") != 0) || !cJSON_IsString(id)) {
-            return kvf_tools_bad(NULL, NULL, NULL, err, cap, "'messages'[%d].tool_call_id must "
-                                 "be a string, in a tool message", i);
+            return kvf_proxy_invalid(NULL, NULL, NULL, err, cap, "'messages'[%d].tool_call_id must "
+                                     "be a string, in a tool message", i);
         }
         cJSON_AddStringToObject(out, "tool_call_id", id->valuestring);
     }
@@ -330,8 +309,8 @@ kvf_status_t kvf_proxy_tools_message(const cJSON *m, const char *role, int i, cJ
         return KVF_OK;
     }
     if ((strcmp(role, "assistant") != 0) || !cJSON_IsArray(calls)) {
-        return kvf_tools_bad(NULL, NULL, NULL, err, cap, "'messages'[%d].tool_calls must be a "
-                             "list, in an assistant message", i);
+        return kvf_proxy_invalid(NULL, NULL, NULL, err, cap, "'messages'[%d].tool_calls must be a "
+                                 "list, in an assistant message", i);
     }
     list = cJSON_AddArrayToObject(out, "tool_calls");
     cJSON_ArrayForEach(c, calls) {
@@ -345,9 +324,9 @@ kvf_status_t kvf_proxy_tools_message(const cJSON *m, const char *role, int i, cJ
         if (!cJSON_IsString(name) || (parsed == NULL) ||
             ((cid != NULL) && !cJSON_IsNull(cid) && !cJSON_IsString(cid))) {
             cJSON_Delete(parsed);
-            return kvf_tools_bad(NULL, NULL, NULL, err, cap, "'messages'[%d].tool_calls[%d] "
-                                 "must be {\"id\", \"type\": \"function\", \"function\": "
-                                 "{\"name\", \"arguments\": a JSON string}}", i, k);
+            return kvf_proxy_invalid(NULL, NULL, NULL, err, cap, "'messages'[%d].tool_calls[%d] "
+                                     "must be {\"id\", \"type\": \"function\", \"function\": "
+                                     "{\"name\", \"arguments\": a JSON string}}", i, k);
         }
         o = cJSON_CreateObject();
         cJSON_AddItemToArray(list, o);

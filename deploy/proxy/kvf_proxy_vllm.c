@@ -16,6 +16,7 @@
 #include "kvf_proxy_vllm.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -258,54 +259,29 @@ void kvf_proxy_vllm_request(const kvf_proxy_vllm_req_t *r)
     pthread_mutex_unlock(&kvf_vllm.lock);
 }
 
-/* {model_name="..",engine="..". The caller closes the brace or adds labels. */
-static void kvf_vllm_labels(FILE *out, const char *model, const char *engine)
-{
-    fputs("{model_name=\"", out);
-    kvf_prom_label_write(out, model);
-    fputs("\",engine=\"", out);
-    kvf_prom_label_write(out, engine);
-    fputc('"', out);
-}
-
-static void kvf_vllm_head(FILE *out, const char *name, const char *type, const char *help)
-{
-    fprintf(out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
-}
+/* {model_name, engine}: the first two labels of every vllm: series. */
+#define KVF_VLLM_LABELS(_model, _engine) {"model_name", (_model)}, {"engine", (_engine)}
 
 static void kvf_vllm_render_hist(FILE *out, int h, const kvf_vllm_hist_t *hist,
                                  const char *model, int max_model_len)
 {
     const kvf_vllm_hist_desc_t *d = &kvf_vllm_hist_desc[h];
-    uint64_t cum = 0;
+    kvf_prom_label_t l[] = {KVF_VLLM_LABELS(model, "pool")};
+    kvf_prom_hist_t ph = {d->bounds, d->num_bounds, hist->buckets, hist->sum, hist->count,
+                          /* vLLM's token buckets stop at max_model_len: the rest in +Inf */
+                          (d->token_counts && (max_model_len > 0)) ? max_model_len : 0};
 
-    kvf_vllm_head(out, d->name, "histogram", d->help);
-    for (int b = 0; b < d->num_bounds; ++b) {
-        cum += hist->buckets[b];
-        if (d->token_counts && (max_model_len > 0) && (d->bounds[b] > max_model_len)) {
-            continue;   /* folded into +Inf: vLLM's buckets stop at max_model_len */
-        }
-        fprintf(out, "%s_bucket", d->name);
-        kvf_vllm_labels(out, model, "pool");
-        fprintf(out, ",le=\"%.17g\"} %" PRIu64 "\n", d->bounds[b], cum);
-    }
-    cum += hist->buckets[d->num_bounds];
-    fprintf(out, "%s_bucket", d->name);
-    kvf_vllm_labels(out, model, "pool");
-    fprintf(out, ",le=\"+Inf\"} %" PRIu64 "\n%s_sum", cum, d->name);
-    kvf_vllm_labels(out, model, "pool");
-    fprintf(out, "} %.17g\n%s_count", hist->sum, d->name);
-    kvf_vllm_labels(out, model, "pool");
-    fprintf(out, "} %" PRIu64 "\n", hist->count);
+    kvf_prom_head(out, d->name, "histogram", d->help);
+    kvf_prom_histogram(out, d->name, l, 2, &ph);
 }
 
 static void kvf_vllm_counter(FILE *out, const char *name, const char *help, const char *model,
                              uint64_t v)
 {
-    kvf_vllm_head(out, name, "counter", help);
-    fputs(name, out);
-    kvf_vllm_labels(out, model, "pool");
-    fprintf(out, "} %" PRIu64 "\n", v);
+    kvf_prom_label_t l[] = {KVF_VLLM_LABELS(model, "pool")};
+
+    kvf_prom_head(out, name, "counter", help);
+    kvf_prom_sample_u64(out, name, l, 2, v);
 }
 
 /* The per-instance gauges: vLLM's scheduler and cache gauges, one series per engine. */
@@ -327,11 +303,10 @@ static void kvf_vllm_instances(kvf_proxy_pool_h pool, const char *model, int64_t
     kvf_proxy_instance_info_t info;
 
     for (size_t m = 0; m < sizeof(g) / sizeof(g[0]); ++m) {
-        kvf_vllm_head(out, g[m].name, "gauge", g[m].help);
+        kvf_prom_head(out, g[m].name, "gauge", g[m].help);
         if (m == 1) {   /* requests waiting in the proxy's admission queue */
-            fputs(g[m].name, out);
-            kvf_vllm_labels(out, model, "proxy");
-            fprintf(out, "} %" PRId64 "\n", (waiting > 0) ? waiting : 0);
+            kvf_prom_label_t l[] = {KVF_VLLM_LABELS(model, "proxy")};
+            kvf_prom_sample(out, g[m].name, l, 2, (double)((waiting > 0) ? waiting : 0));
         }
         for (int role = 0; (pool != NULL) && (role < KVF_PROXY_ROLE_COUNT); ++role) {
             for (int i = 0; i < kvf_proxy_pool_count(pool, (kvf_proxy_role_t)role); ++i) {
@@ -351,27 +326,35 @@ static void kvf_vllm_instances(kvf_proxy_pool_h pool, const char *model, int64_t
                     }
                     v = 1.0 - ((double)info.free_pages / (double)info.total_pages);
                 }
-                fputs(g[m].name, out);
-                kvf_vllm_labels(out, model, info.engine_id);
-                fputs(",kvf_instance=\"", out);
-                kvf_prom_label_write(out, info.url);
-                fprintf(out, "\",role=\"%s\"} %.6g\n",
-                        kvf_proxy_role_name((kvf_proxy_role_t)role), v);
+                {
+                    kvf_prom_label_t l[] = {KVF_VLLM_LABELS(model, info.engine_id),
+                                            {"kvf_instance", info.url},
+                                            {"role", kvf_proxy_role_name((kvf_proxy_role_t)role)}};
+                    kvf_prom_sample(out, g[m].name, l, 4, v);
+                }
             }
         }
     }
     /* production-stack's router: one series per serving engine, 1 while healthy */
-    kvf_vllm_head(out, "vllm:healthy_pods_total", "gauge",
+    kvf_prom_head(out, "vllm:healthy_pods_total", "gauge",
                   "Instances of the pool, 1 while healthy (the router's series).");
     for (int role = 0; (pool != NULL) && (role < KVF_PROXY_ROLE_COUNT); ++role) {
         for (int i = 0; i < kvf_proxy_pool_count(pool, (kvf_proxy_role_t)role); ++i) {
+            kvf_prom_label_t l[2] = {{"server", NULL}, {"role", NULL}};
+
             kvf_proxy_pool_info(pool, (kvf_proxy_role_t)role, i, &info);
-            fputs("vllm:healthy_pods_total{server=\"", out);
-            kvf_prom_label_write(out, info.url);
-            fprintf(out, "\",role=\"%s\"} %d\n", kvf_proxy_role_name((kvf_proxy_role_t)role),
-                    (info.healthy && info.connected) ? 1 : 0);
+            l[0].value = info.url;
+            l[1].value = kvf_proxy_role_name((kvf_proxy_role_t)role);
+            kvf_prom_sample(out, "vllm:healthy_pods_total", l, 2,
+                            (info.healthy && info.connected) ? 1 : 0);
         }
     }
+}
+
+/* A fraction as a percentage with 3 decimals (as the router prints them). */
+static double kvf_vllm_pct(double fraction)
+{
+    return round(fraction * 100000.0) / 1000.0;
 }
 
 /* Host usage as production-stack's router reports it: CPU (since the last scrape), memory,
@@ -399,10 +382,10 @@ static void kvf_vllm_host(FILE *out)
         kvf_vllm.cpu_total = total;
         kvf_vllm.cpu_busy = busy;
         pthread_mutex_unlock(&kvf_vllm.lock);
-        kvf_vllm_head(out, "router_cpu_usage_percent", "gauge",
+        kvf_prom_head(out, "router_cpu_usage_percent", "gauge",
                       "Host CPU in use since the previous scrape, percent.");
-        fprintf(out, "router_cpu_usage_percent %.3f\n",
-                (dt > 0) ? 100.0 * (double)db / (double)dt : 0.0);
+        kvf_prom_sample(out, "router_cpu_usage_percent", NULL, 0,
+                        kvf_vllm_pct((dt > 0) ? (double)db / (double)dt : 0.0));
     }
     if (fp != NULL) {
         fclose(fp);
@@ -421,16 +404,17 @@ static void kvf_vllm_host(FILE *out)
         fclose(fp);
     }
     if ((mem_total > 0) && (mem_avail <= mem_total)) {
-        kvf_vllm_head(out, "router_memory_usage_percent", "gauge",
+        kvf_prom_head(out, "router_memory_usage_percent", "gauge",
                       "Host memory in use (total less available), percent.");
-        fprintf(out, "router_memory_usage_percent %.3f\n",
-                100.0 * (double)(mem_total - mem_avail) / (double)mem_total);
+        kvf_prom_sample(out, "router_memory_usage_percent", NULL, 0,
+                        kvf_vllm_pct((double)(mem_total - mem_avail) / (double)mem_total));
     }
     if ((statvfs("/", &vfs) == 0) && (vfs.f_blocks > 0)) {
-        kvf_vllm_head(out, "router_disk_usage_percent", "gauge",
+        kvf_prom_head(out, "router_disk_usage_percent", "gauge",
                       "Root file system in use, percent.");
-        fprintf(out, "router_disk_usage_percent %.3f\n",
-                100.0 * (double)(vfs.f_blocks - vfs.f_bfree) / (double)vfs.f_blocks);
+        kvf_prom_sample(out, "router_disk_usage_percent", NULL, 0,
+                        kvf_vllm_pct((double)(vfs.f_blocks - vfs.f_bfree) /
+                                     (double)vfs.f_blocks));
     }
 }
 
@@ -440,6 +424,7 @@ void kvf_proxy_vllm_render(kvf_proxy_pool_h pool, const char *model_name, int ma
     kvf_vllm_hist_t hists[KVF_VLLM_H_COUNT];
     uint64_t success[KVF_VLLM_NREASONS], prompt, cached, gen, failed, recent = 0;
     int64_t waiting, now = kvf_vllm_now_s();
+    const kvf_prom_label_t server = {"server", "pool"};
 
     pthread_mutex_lock(&kvf_vllm.lock);
     memcpy(hists, kvf_vllm.hists, sizeof(hists));
@@ -458,10 +443,10 @@ void kvf_proxy_vllm_render(kvf_proxy_pool_h pool, const char *model_name, int ma
     pthread_mutex_unlock(&kvf_vllm.lock);
 
     kvf_vllm_instances(pool, model_name, waiting, out);
-    kvf_vllm_head(out, "vllm:current_qps", "gauge",
+    kvf_prom_head(out, "vllm:current_qps", "gauge",
                   "Requests finished per second over the last 10 s (the router's series).");
-    fprintf(out, "vllm:current_qps{server=\"pool\"} %.6g\n",
-            (double)recent / (double)KVF_VLLM_QPS_WINDOW);
+    kvf_prom_sample(out, "vllm:current_qps", &server, 1,
+                    (double)recent / (double)KVF_VLLM_QPS_WINDOW);
     kvf_vllm_counter(out, "vllm:prompt_tokens_total", "Number of prefill tokens processed.",
                      model_name, prompt);
     kvf_vllm_counter(out, "vllm:generation_tokens_total",
@@ -477,12 +462,12 @@ void kvf_proxy_vllm_render(kvf_proxy_pool_h pool, const char *model_name, int ma
     kvf_vllm_counter(out, "vllm:nixl_num_failed_transfers_total",
                      "Number of failed KV cache transfers (decode recomputed the prompt).",
                      model_name, failed);
-    kvf_vllm_head(out, "vllm:request_success_total", "counter",
+    kvf_prom_head(out, "vllm:request_success_total", "counter",
                   "Count of successfully processed requests.");
     for (int i = 0; i < KVF_VLLM_NREASONS; ++i) {
-        fputs("vllm:request_success_total", out);
-        kvf_vllm_labels(out, model_name, "pool");
-        fprintf(out, ",finished_reason=\"%s\"} %" PRIu64 "\n", kvf_vllm_reasons[i], success[i]);
+        kvf_prom_label_t l[] = {KVF_VLLM_LABELS(model_name, "pool"),
+                                {"finished_reason", kvf_vllm_reasons[i]}};
+        kvf_prom_sample_u64(out, "vllm:request_success_total", l, 3, success[i]);
     }
     for (int h = 0; h < KVF_VLLM_H_COUNT; ++h) {
         kvf_vllm_render_hist(out, h, &hists[h], model_name, max_model_len);

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""kvf-proxy's chat template renderer (deploy/proxy/kvf_proxy_jinja.c) against
+"""kvf-proxy's chat template renderer (deploy/proxy/kvf_proxy_jinja*.c) against
 Python's jinja2 set up as transformers' apply_chat_template sets it up
 (trim_blocks, lstrip_blocks, raise_exception, tojson without ASCII escapes):
 every template in tests/data/chat_templates (written in the styles of the Llama 3,

@@ -2,9 +2,10 @@
 # The operator-facing wording of issue 46 item 6: kvf bench runs from any directory (its
 # default model found beside the build), its "rdma operations posted" line says what it
 # counts and its post line's split is a line of its own; a --prompt over 255 bytes points at
-# --prompt-file; --block-size says what it means in the daemons (an alignment unit) and in
-# kvf generate (an exact size). Handshake refusals naming prefill= and decode=:
-# tests/tools/test_matrix_cells.py and tests/transfer/wire/test_xfer_handshake.c.
+# --prompt-file; --block-size says what it means: the alignment unit, in the daemons and in
+# kvf generate alike (--exact-block-size gives the size; tests/tools/test_engine_opts.sh).
+# Handshake refusals naming prefill= and decode=: tests/tools/test_matrix_cells.py and
+# tests/transfer/wire/test_xfer_handshake.c.
 set -euo pipefail
 KVF="${KVF_BIN:?}/kvf"
 SRC="${KVF_SOURCE_DIR:?}"
@@ -32,10 +33,12 @@ echo "ok: a long --prompt points at --prompt-file"
 # (the help captured first: grep -q stops reading at its match, and under pipefail the
 # writer's SIGPIPE would fail the pipeline when the help is long)
 help=$("$KVF_BIN/kvf-prefill" --help)
-grep -q -- "--block-size .*alignment unit, tokens: the logical block size is derived" <<<"$help" ||
+grep -q -- "--block-size .*user block size N, tokens: the alignment unit" <<<"$help" ||
     fail "the daemon's --block-size help"
 help=$("$KVF" generate --help)
-grep -q -- "--block-size .*exact logical block size, tokens" <<<"$help" ||
+grep -q -- "--block-size .*user block size N, tokens: the alignment unit" <<<"$help" ||
     fail "kvf generate's --block-size help"
-echo "ok: --block-size says alignment unit (daemons) and exact size (kvf generate)"
+grep -q -- "--exact-block-size .*this logical block size, tokens" <<<"$help" ||
+    fail "kvf generate's --exact-block-size help"
+echo "ok: --block-size is the alignment unit (daemons and kvf generate), --exact-block-size the size"
 echo "PASS test_small_fixes"

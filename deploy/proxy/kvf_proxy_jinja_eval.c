@@ -1,0 +1,694 @@
+/*
+ * Chat-template expressions evaluated (kvf_proxy_jinja_int.h): names (the template's
+ * variables over the caller's), item and attribute access, slices, operators with Python's
+ * semantics, the calls namespace(), range() and raise_exception(), is-tests, filters and
+ * string/dict methods. What is outside the subset fails the render by name.
+ */
+#include "kvf_proxy_jinja_int.h"
+
+#include <ctype.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void kvf_jinja_fail(kvf_jx_t *x, kvf_status_t st, const char *fmt, ...)
+{
+    va_list ap;
+
+    if (x->status != KVF_OK) {
+        return;
+    }
+    x->status = st;
+    va_start(ap, fmt);
+    vsnprintf(x->err, x->cap, fmt, ap);
+    va_end(ap);
+}
+
+static const cJSON *kvf_lookup(kvf_jx_t *x, const char *name)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(x->scope, name);
+
+    return (v != NULL) ? v : cJSON_GetObjectItemCaseSensitive(x->globals, name);
+}
+
+cJSON *kvf_jinja_dup(const cJSON *v)
+{
+    return (v == NULL) ? kvf_jinja_undef() : cJSON_Duplicate(v, true);
+}
+
+static double kvf_num(const cJSON *v)
+{
+    return cJSON_IsNumber(v) ? v->valuedouble : cJSON_IsTrue(v) ? 1 : 0;
+}
+
+/* Python-style index into a list or string of length n; -1: out of range. */
+static long kvf_index(double d, long n)
+{
+    long i = (long)d;
+
+    if (i < 0) {
+        i += n;
+    }
+    return ((i < 0) || (i >= n)) ? -1 : i;
+}
+
+static cJSON *kvf_item(kvf_jx_t *x, const cJSON *obj, const cJSON *key)
+{
+    if (cJSON_IsObject(obj) && cJSON_IsString(key)) {
+        return kvf_jinja_dup(cJSON_GetObjectItemCaseSensitive(obj, key->valuestring));
+    }
+    if (cJSON_IsArray(obj) && cJSON_IsNumber(key)) {
+        long i = kvf_index(key->valuedouble, cJSON_GetArraySize(obj));
+        return (i < 0) ? kvf_jinja_undef() : kvf_jinja_dup(cJSON_GetArrayItem(obj, (int)i));
+    }
+    if (cJSON_IsString(obj) && cJSON_IsNumber(key)) {
+        long i = kvf_index(key->valuedouble, (long)strlen(obj->valuestring));
+        char c[2] = {(i >= 0) ? obj->valuestring[i] : 0, 0};
+        return (i < 0) ? kvf_jinja_undef() : cJSON_CreateString(c);
+    }
+    (void)x;
+    return kvf_jinja_undef();
+}
+
+static cJSON *kvf_slice(const cJSON *v, const cJSON *lo, const cJSON *hi, const cJSON *st)
+{
+    long n = cJSON_IsString(v) ? (long)strlen(v->valuestring) : cJSON_GetArraySize(v);
+    long step = (cJSON_IsNumber(st)) ? (long)st->valuedouble : 1;
+    long a, b;
+    cJSON *out;
+    kvf_sb_t sb = {0};
+
+    if (step == 0) {
+        return kvf_jinja_undef();
+    }
+    if (step > 0) {
+        a = cJSON_IsNumber(lo) ? (long)lo->valuedouble : 0;
+        b = cJSON_IsNumber(hi) ? (long)hi->valuedouble : n;
+        a = (a < 0) ? ((a + n < 0) ? 0 : a + n) : ((a > n) ? n : a);
+        b = (b < 0) ? ((b + n < 0) ? 0 : b + n) : ((b > n) ? n : b);
+    } else {
+        a = cJSON_IsNumber(lo) ? (long)lo->valuedouble : n - 1;
+        b = cJSON_IsNumber(hi) ? (long)hi->valuedouble : -n - 1;
+        a = (a < 0) ? ((a + n < 0) ? -1 : a + n) : ((a >= n) ? n - 1 : a);
+        b = (b < 0) ? ((b + n < 0) ? -1 : b + n) : ((b >= n) ? n - 1 : b);
+    }
+    out = cJSON_IsString(v) ? NULL : cJSON_CreateArray();
+    kvf_jinja_sb_add(&sb, "", 0);
+    for (long i = a; (step > 0) ? (i < b) : (i > b); i += step) {
+        if (cJSON_IsString(v)) {
+            kvf_jinja_sb_add(&sb, v->valuestring + i, 1);
+        } else if (out != NULL) {
+            cJSON_AddItemToArray(out, cJSON_Duplicate(cJSON_GetArrayItem(v, (int)i), true));
+        }
+    }
+    if (cJSON_IsString(v)) {
+        return kvf_jinja_take_str(sb.s);
+    }
+    free(sb.s);
+    return out;
+}
+
+static bool kvf_in(const cJSON *a, const cJSON *b)
+{
+    const cJSON *c;
+
+    if (cJSON_IsString(b)) {
+        return cJSON_IsString(a) && (strstr(b->valuestring, a->valuestring) != NULL);
+    }
+    if (cJSON_IsObject(b)) {
+        return cJSON_IsString(a) && (cJSON_GetObjectItemCaseSensitive(b, a->valuestring) != NULL);
+    }
+    cJSON_ArrayForEach(c, b) {
+        if (cJSON_Compare(a, c, true)) {
+            return true;
+        }
+    }
+    return false;
+}
+
+static cJSON *kvf_binop(kvf_jx_t *x, const char *op, const cJSON *a, const cJSON *b)
+{
+    if (!strcmp(op, "~")) {
+        char *s1 = kvf_jinja_tostr(a), *s2 = kvf_jinja_tostr(b);
+        kvf_sb_t sb = {0};
+        kvf_jinja_sb_str(&sb, s1 ? s1 : "");
+        kvf_jinja_sb_str(&sb, s2 ? s2 : "");
+        free(s1);
+        free(s2);
+        return kvf_jinja_take_str(sb.s);
+    }
+    if (!strcmp(op, "==")) {
+        return cJSON_CreateBool(cJSON_Compare(a, b, true) ||
+                                (kvf_jinja_is_undef(a) && kvf_jinja_is_undef(b)));
+    }
+    if (!strcmp(op, "!=")) {
+        return cJSON_CreateBool(!(cJSON_Compare(a, b, true) ||
+                                  (kvf_jinja_is_undef(a) && kvf_jinja_is_undef(b))));
+    }
+    if (!strcmp(op, "+") && cJSON_IsString(a) && cJSON_IsString(b)) {
+        kvf_sb_t sb = {0};
+        kvf_jinja_sb_str(&sb, a->valuestring);
+        kvf_jinja_sb_str(&sb, b->valuestring);
+        return kvf_jinja_take_str(sb.s);
+    }
+    if (!strcmp(op, "+") && cJSON_IsArray(a) && cJSON_IsArray(b)) {
+        cJSON *out = cJSON_Duplicate(a, true), *c;
+        cJSON_ArrayForEach(c, b) {
+            cJSON_AddItemToArray(out, cJSON_Duplicate(c, true));
+        }
+        return out;
+    }
+    if ((op[0] == '<') || (op[0] == '>')) {
+        int c;
+        if (cJSON_IsString(a) && cJSON_IsString(b)) {
+            c = strcmp(a->valuestring, b->valuestring);
+        } else if ((cJSON_IsNumber(a) || cJSON_IsBool(a)) &&
+                   (cJSON_IsNumber(b) || cJSON_IsBool(b))) {
+            double d = kvf_num(a) - kvf_num(b);
+            c = (d < 0) ? -1 : (d > 0);
+        } else {
+            kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "'%s' between these types is not supported",
+                        op);
+            return kvf_jinja_undef();
+        }
+        return cJSON_CreateBool(!strcmp(op, "<") ? c < 0 : !strcmp(op, ">") ? c > 0 :
+                                !strcmp(op, "<=") ? c <= 0 : c >= 0);
+    }
+    if ((cJSON_IsNumber(a) || cJSON_IsBool(a)) && (cJSON_IsNumber(b) || cJSON_IsBool(b))) {
+        double p = kvf_num(a), q = kvf_num(b);
+        if (((op[0] == '/') || (op[0] == '%')) && (q == 0)) {
+            kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "division by zero");
+            return kvf_jinja_undef();
+        }
+        return cJSON_CreateNumber(!strcmp(op, "+") ? p + q : !strcmp(op, "-") ? p - q :
+                                  !strcmp(op, "*") ? p * q : !strcmp(op, "/") ? p / q :
+                                  !strcmp(op, "//") ? floor(p / q) :
+                                  !strcmp(op, "%") ? p - q * floor(p / q) : pow(p, q));
+    }
+    if (!strcmp(op, "*") && cJSON_IsString(a) && cJSON_IsNumber(b)) {
+        kvf_sb_t sb = {0};
+        kvf_jinja_sb_add(&sb, "", 0);
+        for (int i = 0; i < (int)b->valuedouble; ++i) {
+            kvf_jinja_sb_str(&sb, a->valuestring);
+        }
+        return kvf_jinja_take_str(sb.s);
+    }
+    kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "'%s' between these types is not supported", op);
+    return kvf_jinja_undef();
+}
+
+/* An argument: positional @a pos or keyword @a kw; NULL when absent (evaluated, owned). */
+static cJSON *kvf_arg(kvf_jx_t *x, const kvf_expr_t *e, int pos, const char *kw)
+{
+    int p = 0;
+
+    for (int i = 0; i < e->nargs; ++i) {
+        if ((e->kwnames[i] != NULL) ? ((kw != NULL) && !strcmp(e->kwnames[i], kw)) :
+                                      (p++ == pos)) {
+            return kvf_jinja_eval(x, e->args[i]);
+        }
+    }
+    return NULL;
+}
+
+static const char *kvf_strip_set(const cJSON *chars)
+{
+    return cJSON_IsString(chars) ? chars->valuestring : " \t\n\r\f\v";
+}
+
+static cJSON *kvf_strip(const char *s, const char *set, bool left, bool right)
+{
+    size_t a = 0, b = strlen(s);
+
+    while (left && (a < b) && strchr(set, s[a])) {
+        ++a;
+    }
+    while (right && (b > a) && strchr(set, s[b - 1])) {
+        --b;
+    }
+    {
+        char *t = strndup(s + a, b - a);
+        return kvf_jinja_take_str(t);
+    }
+}
+
+static cJSON *kvf_replace(const char *s, const char *from, const char *to)
+{
+    kvf_sb_t sb = {0};
+    size_t fl = strlen(from);
+
+    kvf_jinja_sb_add(&sb, "", 0);
+    if (fl == 0) {
+        kvf_jinja_sb_str(&sb, s);
+        return kvf_jinja_take_str(sb.s);
+    }
+    for (const char *p = s;;) {
+        const char *h = strstr(p, from);
+        if (h == NULL) {
+            kvf_jinja_sb_str(&sb, p);
+            break;
+        }
+        kvf_jinja_sb_add(&sb, p, (size_t)(h - p));
+        kvf_jinja_sb_str(&sb, to);
+        p = h + fl;
+    }
+    return kvf_jinja_take_str(sb.s);
+}
+
+static cJSON *kvf_split(const char *s, const cJSON *sep)
+{
+    cJSON *out = cJSON_CreateArray();
+
+    if (cJSON_IsString(sep) && (sep->valuestring[0] != '\0')) {
+        size_t l = strlen(sep->valuestring);
+        for (const char *p = s;;) {
+            const char *h = strstr(p, sep->valuestring);
+            char *t = strndup(p, (h != NULL) ? (size_t)(h - p) : strlen(p));
+            cJSON_AddItemToArray(out, kvf_jinja_take_str(t));
+            if (h == NULL) {
+                break;
+            }
+            p = h + l;
+        }
+    } else {
+        const char *p = s;
+        for (;;) {
+            const char *a;
+            while (*p && isspace((unsigned char)*p)) {
+                ++p;
+            }
+            if (!*p) {
+                break;
+            }
+            a = p;
+            while (*p && !isspace((unsigned char)*p)) {
+                ++p;
+            }
+            cJSON_AddItemToArray(out, kvf_jinja_take_str(strndup(a, (size_t)(p - a))));
+        }
+    }
+    return out;
+}
+
+static cJSON *kvf_case(const char *s, int mode)   /* 0 lower, 1 upper, 2 capitalize, 3 title */
+{
+    char *t = strdup(s);
+    bool start = true;
+
+    for (size_t i = 0; t && t[i]; ++i) {
+        unsigned char c = (unsigned char)t[i];
+        if (mode == 0) {
+            t[i] = (char)tolower(c);
+        } else if (mode == 1) {
+            t[i] = (char)toupper(c);
+        } else if (mode == 2) {
+            t[i] = (char)((i == 0) ? toupper(c) : tolower(c));
+        } else {
+            t[i] = (char)(start ? toupper(c) : tolower(c));
+            start = !isalnum(c);
+        }
+    }
+    return kvf_jinja_take_str(t);
+}
+
+/* obj.method(args) for strings and dicts. */
+static cJSON *kvf_method(kvf_jx_t *x, const cJSON *obj, const char *m, const kvf_expr_t *call)
+{
+    cJSON *a0 = kvf_arg(x, call, 0, NULL), *a1 = kvf_arg(x, call, 1, NULL), *r = NULL;
+
+    if (cJSON_IsString(obj)) {
+        const char *s = obj->valuestring;
+        if (!strcmp(m, "strip") || !strcmp(m, "lstrip") || !strcmp(m, "rstrip")) {
+            r = kvf_strip(s, kvf_strip_set(a0), m[0] != 'r', m[0] != 'l');
+        } else if (!strcmp(m, "startswith") || !strcmp(m, "endswith")) {
+            size_t n = strlen(s), k = cJSON_IsString(a0) ? strlen(a0->valuestring) : 0;
+            bool ok = cJSON_IsString(a0) && (k <= n) &&
+                      !strncmp((m[0] == 's') ? s : s + n - k, a0->valuestring, k);
+            r = cJSON_CreateBool(ok);
+        } else if (!strcmp(m, "split")) {
+            r = kvf_split(s, a0);
+        } else if (!strcmp(m, "replace") && cJSON_IsString(a0) && cJSON_IsString(a1)) {
+            r = kvf_replace(s, a0->valuestring, a1->valuestring);
+        } else if (!strcmp(m, "lower") || !strcmp(m, "upper") || !strcmp(m, "capitalize") ||
+                   !strcmp(m, "title")) {
+            r = kvf_case(s, !strcmp(m, "lower") ? 0 : !strcmp(m, "upper") ? 1 :
+                         !strcmp(m, "capitalize") ? 2 : 3);
+        }
+    } else if (cJSON_IsObject(obj)) {
+        if (!strcmp(m, "get")) {
+            const cJSON *v = cJSON_IsString(a0) ?
+                             cJSON_GetObjectItemCaseSensitive(obj, a0->valuestring) : NULL;
+            r = (v != NULL) ? cJSON_Duplicate(v, true) :
+                (a1 != NULL) ? cJSON_Duplicate(a1, true) : cJSON_CreateNull();
+        } else if (!strcmp(m, "items") || !strcmp(m, "keys") || !strcmp(m, "values")) {
+            const cJSON *c;
+            r = cJSON_CreateArray();
+            cJSON_ArrayForEach(c, obj) {
+                if (m[0] == 'i') {
+                    cJSON *pair = cJSON_CreateArray();
+                    cJSON_AddItemToArray(pair, cJSON_CreateString(c->string));
+                    cJSON_AddItemToArray(pair, cJSON_Duplicate(c, true));
+                    cJSON_AddItemToArray(r, pair);
+                } else {
+                    cJSON_AddItemToArray(r, (m[0] == 'k') ? cJSON_CreateString(c->string) :
+                                                            cJSON_Duplicate(c, true));
+                }
+            }
+        }
+    }
+    cJSON_Delete(a0);
+    cJSON_Delete(a1);
+    if (r == NULL) {
+        kvf_jinja_fail(x, KVF_ERR_UNSUPPORTED, "method '%s' is not supported on this value", m);
+        return kvf_jinja_undef();
+    }
+    return r;
+}
+
+static cJSON *kvf_call(kvf_jx_t *x, const kvf_expr_t *e)
+{
+    const kvf_expr_t *f = e->a;
+
+    if (f->kind == KVF_E_ATTR) {
+        cJSON *obj = kvf_jinja_eval(x, f->a), *r = kvf_method(x, obj, f->name, e);
+        cJSON_Delete(obj);
+        return r;
+    }
+    if ((f->kind == KVF_E_NAME) && !strcmp(f->name, "raise_exception")) {
+        cJSON *m = kvf_arg(x, e, 0, NULL);
+        kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "%s",
+                    cJSON_IsString(m) ? m->valuestring : "raise_exception()");
+        cJSON_Delete(m);
+        return kvf_jinja_undef();
+    }
+    if ((f->kind == KVF_E_NAME) && !strcmp(f->name, "namespace")) {
+        cJSON *ns = cJSON_CreateObject();
+        for (int i = 0; i < e->nargs; ++i) {
+            if (e->kwnames[i] != NULL) {
+                cJSON_AddItemToObject(ns, e->kwnames[i], kvf_jinja_eval(x, e->args[i]));
+            }
+        }
+        return ns;
+    }
+    if ((f->kind == KVF_E_NAME) && !strcmp(f->name, "range")) {
+        cJSON *a = kvf_arg(x, e, 0, NULL), *b = kvf_arg(x, e, 1, NULL), *r = cJSON_CreateArray();
+        double lo = (b != NULL) ? kvf_num(a) : 0, hi = (b != NULL) ? kvf_num(b) : kvf_num(a);
+        for (double i = lo; (i < hi) && (i - lo < 100000); ++i) {
+            cJSON_AddItemToArray(r, cJSON_CreateNumber(i));
+        }
+        cJSON_Delete(a);
+        cJSON_Delete(b);
+        return r;
+    }
+    kvf_jinja_fail(x, KVF_ERR_UNSUPPORTED, "calling '%s' is not supported",
+                (f->kind == KVF_E_NAME) ? f->name : "this value");
+    return kvf_jinja_undef();
+}
+
+static bool kvf_test(kvf_jx_t *x, const kvf_expr_t *e, const cJSON *v)
+{
+    const char *t = e->name;
+    bool r;
+
+    if (!strcmp(t, "defined")) {
+        r = !kvf_jinja_is_undef(v);
+    } else if (!strcmp(t, "undefined")) {
+        r = kvf_jinja_is_undef(v);
+    } else if (!strcmp(t, "none")) {
+        r = cJSON_IsNull(v);
+    } else if (!strcmp(t, "string")) {
+        r = cJSON_IsString(v);
+    } else if (!strcmp(t, "number")) {
+        r = cJSON_IsNumber(v);
+    } else if (!strcmp(t, "integer")) {
+        r = cJSON_IsNumber(v) && (floor(v->valuedouble) == v->valuedouble);
+    } else if (!strcmp(t, "float")) {
+        r = cJSON_IsNumber(v) && (floor(v->valuedouble) != v->valuedouble);
+    } else if (!strcmp(t, "boolean")) {
+        r = cJSON_IsBool(v);
+    } else if (!strcmp(t, "true") || !strcmp(t, "false")) {
+        r = (t[0] == 't') ? cJSON_IsTrue(v) : cJSON_IsFalse(v);
+    } else if (!strcmp(t, "mapping")) {
+        r = cJSON_IsObject(v);
+    } else if (!strcmp(t, "sequence") || !strcmp(t, "iterable")) {
+        r = cJSON_IsArray(v) || cJSON_IsString(v) || cJSON_IsObject(v);
+    } else if (!strcmp(t, "equalto") || !strcmp(t, "eq") || !strcmp(t, "sameas")) {
+        cJSON *o = kvf_arg(x, e, 0, NULL);
+        r = cJSON_Compare(v, o, true);
+        cJSON_Delete(o);
+    } else if (!strcmp(t, "odd") || !strcmp(t, "even")) {
+        long n = (long)kvf_num(v);
+        r = ((n % 2) != 0) == (t[0] == 'o');
+    } else {
+        kvf_jinja_fail(x, KVF_ERR_UNSUPPORTED, "test '%s' is not supported", t);
+        return false;
+    }
+    return r != e->negate;
+}
+
+/* select, reject, selectattr, rejectattr and map over the items of @a v (owned result). */
+static cJSON *kvf_filter_select(kvf_jx_t *x, const kvf_expr_t *e, const char *f,
+                                const cJSON *v)
+{
+    bool attr = (strstr(f, "attr") != NULL) || !strcmp(f, "map");
+    bool keep_true = (f[0] == 's') || (f[0] == 'm');
+    cJSON *a0 = kvf_arg(x, e, 0, NULL), *test = attr ? kvf_arg(x, e, 1, NULL) : a0;
+    cJSON *aname = !strcmp(f, "map") ? kvf_arg(x, e, 0, "attribute") : a0;
+    const cJSON *c;
+    cJSON *r = cJSON_CreateArray();
+
+    cJSON_ArrayForEach(c, v) {
+        const cJSON *item = c;
+        if (attr && cJSON_IsString(aname)) {
+            item = cJSON_GetObjectItemCaseSensitive(c, aname->valuestring);
+        }
+        if (!strcmp(f, "map")) {
+            cJSON_AddItemToArray(r, kvf_jinja_dup(item));
+            continue;
+        }
+        {
+            kvf_expr_t t = {0};
+            kvf_expr_t *args[1];
+            char *kws[1] = {NULL};
+            t.kind = KVF_E_TEST;
+            t.name = cJSON_IsString(test) ? test->valuestring : (char *)"defined";
+            if (!attr && (e->nargs > 1)) {
+                args[0] = e->args[1];
+                t.args = args;
+                t.kwnames = kws;
+                t.nargs = 1;
+            } else if (attr && (e->nargs > 2)) {
+                args[0] = e->args[2];
+                t.args = args;
+                t.kwnames = kws;
+                t.nargs = 1;
+            }
+            if (!cJSON_IsString(test) && !attr) {
+                t.name = (char *)"truthy";
+            }
+            if (!strcmp(t.name, "truthy") ? kvf_jinja_truthy(item) == keep_true :
+                kvf_test(x, &t, item) == keep_true) {
+                cJSON_AddItemToArray(r, cJSON_Duplicate(c, true));
+            }
+        }
+    }
+    if (aname != a0) {
+        cJSON_Delete(aname);
+    }
+    if (test != a0) {
+        cJSON_Delete(test);
+    }
+    cJSON_Delete(a0);
+    return r;
+}
+
+static cJSON *kvf_filter(kvf_jx_t *x, const kvf_expr_t *e)
+{
+    const char *f = e->name;
+    cJSON *v = kvf_jinja_eval(x, e->a), *r = NULL;
+
+    if (!strcmp(f, "trim")) {
+        char *s = kvf_jinja_tostr(v);
+        r = kvf_strip(s ? s : "", " \t\n\r\f\v", true, true);
+        free(s);
+    } else if (!strcmp(f, "length") || !strcmp(f, "count")) {
+        r = cJSON_CreateNumber(cJSON_IsString(v) ? (double)strlen(v->valuestring) :
+                               (double)cJSON_GetArraySize(v));
+    } else if (!strcmp(f, "string")) {
+        r = kvf_jinja_take_str(kvf_jinja_tostr(v));
+    } else if (!strcmp(f, "safe") || !strcmp(f, "list")) {
+        r = cJSON_Duplicate(v, true);
+    } else if (!strcmp(f, "int")) {
+        r = cJSON_CreateNumber(cJSON_IsString(v) ? trunc(atof(v->valuestring)) :
+                               trunc(kvf_num(v)));
+    } else if (!strcmp(f, "lower") || !strcmp(f, "upper") || !strcmp(f, "capitalize") ||
+               !strcmp(f, "title")) {
+        char *s = kvf_jinja_tostr(v);
+        r = kvf_case(s ? s : "", !strcmp(f, "lower") ? 0 : !strcmp(f, "upper") ? 1 :
+                     !strcmp(f, "capitalize") ? 2 : 3);
+        free(s);
+    } else if (!strcmp(f, "default") || !strcmp(f, "d")) {
+        cJSON *d = kvf_arg(x, e, 0, NULL), *b = kvf_arg(x, e, 1, "boolean");
+        bool use = kvf_jinja_is_undef(v) ||
+                   ((b != NULL) && kvf_jinja_truthy(b) && !kvf_jinja_truthy(v));
+        r = use ? ((d != NULL) ? cJSON_Duplicate(d, true) : cJSON_CreateString("")) :
+                  cJSON_Duplicate(v, true);
+        cJSON_Delete(d);
+        cJSON_Delete(b);
+    } else if (!strcmp(f, "first") || !strcmp(f, "last")) {
+        int n = cJSON_GetArraySize(v);
+        r = (n == 0) ? kvf_jinja_undef() :
+            cJSON_Duplicate(cJSON_GetArrayItem(v, (f[0] == 'f') ? 0 : n - 1), true);
+    } else if (!strcmp(f, "reverse")) {
+        cJSON *step = cJSON_CreateNumber(-1);
+        r = kvf_slice(v, NULL, NULL, step);
+        cJSON_Delete(step);
+    } else if (!strcmp(f, "join")) {
+        cJSON *sep = kvf_arg(x, e, 0, NULL), *c;
+        kvf_sb_t sb = {0};
+        bool first = true;
+        kvf_jinja_sb_add(&sb, "", 0);
+        cJSON_ArrayForEach(c, v) {
+            char *s = kvf_jinja_tostr(c);
+            if (!first && cJSON_IsString(sep)) {
+                kvf_jinja_sb_str(&sb, sep->valuestring);
+            }
+            first = false;
+            kvf_jinja_sb_str(&sb, s ? s : "");
+            free(s);
+        }
+        cJSON_Delete(sep);
+        r = kvf_jinja_take_str(sb.s);
+    } else if (!strcmp(f, "tojson")) {
+        cJSON *ind = kvf_arg(x, e, 0, "indent");
+        kvf_sb_t sb = {0};
+        kvf_jinja_sb_add(&sb, "", 0);
+        kvf_jinja_json_dump(&sb, v, cJSON_IsNumber(ind) ? (int)ind->valuedouble : -1, 0);
+        cJSON_Delete(ind);
+        r = kvf_jinja_take_str(sb.s);
+    } else if (!strcmp(f, "replace")) {
+        cJSON *a = kvf_arg(x, e, 0, NULL), *b = kvf_arg(x, e, 1, NULL);
+        char *s = kvf_jinja_tostr(v);
+        r = (cJSON_IsString(a) && cJSON_IsString(b)) ?
+            kvf_replace(s ? s : "", a->valuestring, b->valuestring) : NULL;
+        free(s);
+        cJSON_Delete(a);
+        cJSON_Delete(b);
+    } else if (!strcmp(f, "items")) {
+        kvf_expr_t call = {0};
+        r = kvf_method(x, v, "items", &call);
+    } else if (!strcmp(f, "select") || !strcmp(f, "reject") || !strcmp(f, "selectattr") ||
+               !strcmp(f, "rejectattr") || !strcmp(f, "map")) {
+        r = kvf_filter_select(x, e, f, v);
+    }
+    cJSON_Delete(v);
+    if (r == NULL) {
+        kvf_jinja_fail(x, KVF_ERR_UNSUPPORTED, "filter '%s' is not supported", f);
+        return kvf_jinja_undef();
+    }
+    return r;
+}
+
+cJSON *kvf_jinja_eval(kvf_jx_t *x, const kvf_expr_t *e)
+{
+    cJSON *a, *b, *r;
+
+    if ((e == NULL) || (x->status != KVF_OK)) {
+        return kvf_jinja_undef();
+    }
+    switch (e->kind) {
+    case KVF_E_LIT:
+        return cJSON_Duplicate(e->lit, true);
+    case KVF_E_NONE_SLOT:
+        return cJSON_CreateNull();
+    case KVF_E_NAME:
+        return kvf_jinja_dup(kvf_lookup(x, e->name));
+    case KVF_E_LIST:
+    case KVF_E_DICT:
+        r = (e->kind == KVF_E_LIST) ? cJSON_CreateArray() : cJSON_CreateObject();
+        for (int i = 0; i < e->nargs; ++i) {
+            if (e->kind == KVF_E_LIST) {
+                cJSON_AddItemToArray(r, kvf_jinja_eval(x, e->args[i]));
+            } else {
+                cJSON *k = kvf_jinja_eval(x, e->args[i++]);
+                cJSON *v = (i < e->nargs) ? kvf_jinja_eval(x, e->args[i]) : kvf_jinja_undef();
+                char *ks = kvf_jinja_tostr(k);
+                cJSON_AddItemToObject(r, ks ? ks : "", v);
+                free(ks);
+                cJSON_Delete(k);
+            }
+        }
+        return r;
+    case KVF_E_ATTR:
+        a = kvf_jinja_eval(x, e->a);
+        r = cJSON_IsObject(a) ? kvf_jinja_dup(cJSON_GetObjectItemCaseSensitive(a, e->name)) :
+                                kvf_jinja_undef();
+        cJSON_Delete(a);
+        return r;
+    case KVF_E_ITEM:
+        a = kvf_jinja_eval(x, e->a);
+        b = kvf_jinja_eval(x, e->b);
+        r = kvf_item(x, a, b);
+        cJSON_Delete(a);
+        cJSON_Delete(b);
+        return r;
+    case KVF_E_SLICE: {
+        cJSON *lo = kvf_jinja_eval(x, e->b), *hi = kvf_jinja_eval(x, e->c);
+        cJSON *st = kvf_jinja_eval(x, e->args[0]);
+        a = kvf_jinja_eval(x, e->a);
+        r = kvf_slice(a, lo, hi, st);
+        cJSON_Delete(a);
+        cJSON_Delete(lo);
+        cJSON_Delete(hi);
+        cJSON_Delete(st);
+        return r;
+    }
+    case KVF_E_CALL:
+        return kvf_call(x, e);
+    case KVF_E_FILTER:
+        return kvf_filter(x, e);
+    case KVF_E_TEST:
+        a = kvf_jinja_eval(x, e->a);
+        r = cJSON_CreateBool(kvf_test(x, e, a));
+        cJSON_Delete(a);
+        return r;
+    case KVF_E_BIN:
+        a = kvf_jinja_eval(x, e->a);
+        b = kvf_jinja_eval(x, e->b);
+        if (!strcmp(e->name, "in")) {
+            r = cJSON_CreateBool(kvf_in(a, b) != e->negate);
+        } else {
+            r = kvf_binop(x, e->name, a, b);
+        }
+        cJSON_Delete(a);
+        cJSON_Delete(b);
+        return r;
+    case KVF_E_NOT:
+        a = kvf_jinja_eval(x, e->a);
+        r = cJSON_CreateBool(!kvf_jinja_truthy(a));
+        cJSON_Delete(a);
+        return r;
+    case KVF_E_NEG:
+        a = kvf_jinja_eval(x, e->a);
+        r = cJSON_CreateNumber(-kvf_num(a));
+        cJSON_Delete(a);
+        return r;
+    case KVF_E_AND:
+    case KVF_E_OR:
+        a = kvf_jinja_eval(x, e->a);
+        if (kvf_jinja_truthy(a) == (e->kind == KVF_E_OR)) {
+            return a;   /* Python's and/or return an operand */
+        }
+        cJSON_Delete(a);
+        return kvf_jinja_eval(x, e->b);
+    case KVF_E_COND:
+        a = kvf_jinja_eval(x, e->b);
+        r = kvf_jinja_truthy(a) ? kvf_jinja_eval(x, e->a) :
+            (e->c != NULL) ? kvf_jinja_eval(x, e->c) : kvf_jinja_undef();
+        cJSON_Delete(a);
+        return r;
+    }
+    return kvf_jinja_undef();
+}

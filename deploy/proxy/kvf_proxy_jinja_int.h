@@ -1,0 +1,171 @@
+/*
+ * The chat-template renderer's inside (kvf_proxy_jinja.h), shared by its five files:
+ *   kvf_proxy_jinja_lex.c    the template into text / {{ expr }} / {% stmt %} pieces, and an
+ *                            expression into tokens;
+ *   kvf_proxy_jinja_parse.c  tokens into expression trees, pieces into a statement tree;
+ *   kvf_proxy_jinja_value.c  values (cJSON nodes; undefined is a node of type cJSON_Invalid):
+ *                            truthiness, Python's str() and json.dumps();
+ *   kvf_proxy_jinja_eval.c   expressions evaluated: operators, calls, tests, filters, methods;
+ *   kvf_proxy_jinja.c        statements run, and the entry point.
+ * Nothing here is used outside those files.
+ */
+#ifndef KVF_PROXY_JINJA_INT_H
+#define KVF_PROXY_JINJA_INT_H
+
+#include "kvf_status.h"
+
+#include <cjson/cJSON.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+/* ---- pieces and tokens (kvf_proxy_jinja_lex.c) ------------------------------------------ */
+
+typedef enum { KVF_P_TEXT, KVF_P_EXPR, KVF_P_STMT } kvf_piece_kind_t;
+
+typedef struct {
+    kvf_piece_kind_t kind;
+    const char      *s;     /* text, or the tag's inside */
+    size_t           n;
+    size_t           at;    /* offset in the template */
+} kvf_piece_t;
+
+typedef struct {
+    kvf_piece_t *v;   /* malloc'd; the pieces point into the template */
+    int          n, cap;
+} kvf_pieces_t;
+
+typedef enum { KVF_T_END, KVF_T_NAME, KVF_T_NUM, KVF_T_STR, KVF_T_OP } kvf_tok_kind_t;
+
+typedef struct {
+    kvf_tok_kind_t kind;
+    char          *text;   /* name, op, or the decoded string (owned) */
+    double         num;
+} kvf_tok_t;
+
+typedef struct {
+    kvf_tok_t *v;      /* ends with a KVF_T_END token */
+    int        n, pos;
+} kvf_toks_t;
+
+/**
+ * Split template @a t into pieces (appended to @a out, zeroed by the caller; free out->v).
+ * Jinja's whitespace rules: '-' markers, trim_blocks, lstrip_blocks ('+' keeps the blanks).
+ * @return KVF_OK; KVF_ERR_PARSE (an unclosed tag, its offset in @a err); KVF_ERR_NO_MEMORY.
+ */
+kvf_status_t kvf_jinja_lex(const char *t, kvf_pieces_t *out, char *err, size_t cap);
+
+/**
+ * The tokens of the @a n bytes at @a s (an expression or a statement's inside) into @a out
+ * (free with kvf_jinja_toks_free(), also on error).
+ * @return KVF_OK; KVF_ERR_PARSE (an unterminated string, an unexpected character);
+ *         KVF_ERR_NO_MEMORY.
+ */
+kvf_status_t kvf_jinja_tokenize(const char *s, size_t n, kvf_toks_t *out, char *err,
+                                size_t cap);
+
+/** Free the tokens of kvf_jinja_tokenize() (NULL-safe inside). */
+void kvf_jinja_toks_free(kvf_toks_t *t);
+
+/* ---- trees (kvf_proxy_jinja_parse.c) ------------------------------------------------------ */
+
+typedef enum {
+    KVF_E_LIT, KVF_E_NAME, KVF_E_LIST, KVF_E_DICT, KVF_E_ATTR, KVF_E_ITEM, KVF_E_SLICE,
+    KVF_E_CALL, KVF_E_FILTER, KVF_E_TEST, KVF_E_BIN, KVF_E_NOT, KVF_E_NEG, KVF_E_AND,
+    KVF_E_OR, KVF_E_COND, KVF_E_NONE_SLOT,
+} kvf_ekind_t;
+
+typedef struct kvf_expr kvf_expr_t;
+struct kvf_expr {
+    kvf_ekind_t  kind;
+    char        *name;       /* NAME, ATTR, CALL (method or function), FILTER, TEST, BIN op */
+    cJSON       *lit;        /* LIT */
+    kvf_expr_t  *a, *b, *c;  /* operands; SLICE: a[b:c:d] with d in args[0] */
+    kvf_expr_t **args;       /* LIST items, DICT k,v pairs, CALL/FILTER/TEST arguments */
+    char       **kwnames;    /* per argument: keyword name or NULL */
+    int          nargs;
+    bool         negate;     /* TEST: is not; BIN "in": not in */
+};
+
+typedef enum { KVF_S_TEXT, KVF_S_OUT, KVF_S_IF, KVF_S_FOR, KVF_S_SET, KVF_S_BLOCK } kvf_skind_t;
+
+typedef struct kvf_node kvf_node_t;
+typedef struct {
+    kvf_node_t **v;
+    int          n;
+} kvf_body_t;
+
+struct kvf_node {
+    kvf_skind_t kind;
+    const char *text;        /* TEXT */
+    size_t      len;
+    kvf_expr_t *expr;        /* OUT, SET value, FOR iterable, IF: conds[i] */
+    kvf_expr_t **conds;      /* IF: one per branch (NULL: else) */
+    kvf_body_t *branches;    /* IF: per branch; FOR: [0] body, [1] else */
+    int         nbranch;
+    char       *target[2];   /* FOR: loop names; SET: name[.attr] in target[0], target[1] */
+    kvf_expr_t *filter;      /* FOR ... if cond */
+};
+
+/**
+ * Lex and parse template @a tmpl into @a body (zeroed by the caller; free with
+ * kvf_jinja_body_free(), also on error). The text nodes point into @a tmpl, which must
+ * outlive @a body.
+ * @return KVF_OK; KVF_ERR_PARSE (syntax, with its offset); KVF_ERR_UNSUPPORTED (a statement
+ *         or form outside the subset, by name); KVF_ERR_NO_MEMORY.
+ */
+kvf_status_t kvf_jinja_parse(const char *tmpl, kvf_body_t *body, char *err, size_t cap);
+
+/** Free the nodes of @a b (not @a b itself); @a b is left empty. */
+void kvf_jinja_body_free(kvf_body_t *b);
+
+/* ---- values (kvf_proxy_jinja_value.c) ------------------------------------------------------ */
+
+/* A growable string: s is NUL-terminated once anything was added; a failed growth drops
+ * the addition (the caller sees a shorter string, never a crash). */
+typedef struct {
+    char  *s;
+    size_t n, cap;
+} kvf_sb_t;
+
+void kvf_jinja_sb_add(kvf_sb_t *b, const char *s, size_t n);
+void kvf_jinja_sb_str(kvf_sb_t *b, const char *s);
+
+/** A new undefined value (owned; NULL on no memory, which reads as undefined too). */
+cJSON *kvf_jinja_undef(void);
+bool kvf_jinja_is_undef(const cJSON *v);
+/** Python's truthiness; undefined and None are false. */
+bool kvf_jinja_truthy(const cJSON *v);
+/** Python's str() of @a v (malloc'd; undefined: ""). */
+char *kvf_jinja_tostr(const cJSON *v);
+/** A string value that takes over @a s (freed; NULL: ""). */
+cJSON *kvf_jinja_take_str(char *s);
+/** Python's json.dumps(v, ensure_ascii=False, indent=indent) appended to @a b
+ *  (indent < 0: none; @a level: the nesting so far, 0 at the top). */
+void kvf_jinja_json_dump(kvf_sb_t *b, const cJSON *v, int indent, int level);
+
+/* ---- evaluation (kvf_proxy_jinja_eval.c, kvf_proxy_jinja.c) ------------------------------- */
+
+typedef struct {
+    char        *err;
+    size_t       cap;
+    kvf_status_t status;   /* first failure */
+    char        *out;
+    size_t       len, outcap;
+    cJSON       *scope;    /* variables: an object; set writes here */
+    const cJSON *globals;  /* the caller's variables */
+    int          depth;
+    cJSON       *loop_sets;  /* names set with 'set name' in the innermost for (Jinja scoping:
+                              * they end with the loop); NULL outside loops */
+} kvf_jx_t;
+
+/** Record the first failure of a render (later ones are dropped: the first is the cause). */
+void kvf_jinja_fail(kvf_jx_t *x, kvf_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/** The value of @a e (owned; undefined once the render has failed or @a e is NULL). */
+cJSON *kvf_jinja_eval(kvf_jx_t *x, const kvf_expr_t *e);
+
+/** A copy of @a v (owned); NULL: undefined. */
+cJSON *kvf_jinja_dup(const cJSON *v);
+
+#endif /* KVF_PROXY_JINJA_INT_H */
