@@ -510,30 +510,18 @@ kvf_status_t kvf_cfg_rope(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
             r->factor = 1.0;
         }
     }
-    if (cfg->arch == KVF_ARCH_BAMBA) {
-        /* transformers' BambaConfig: 0.5 unless the rope object says otherwise (its
-         * top-level field is overridden: refused by kvf_cfg_parse_bamba) */
-        const cJSON *pf = ((rp != NULL) && cJSON_IsObject(rp)) ?
-                          cJSON_GetObjectItemCaseSensitive(rp, "partial_rotary_factor") : NULL;
-        partial = (pf != NULL) ? partial : 0.5;
-        if (!(partial > 0.0) || !(partial <= 1.0)) {
-            kvf_error("%s: field '%s.partial_rotary_factor' = %g must be in (0, 1]", rd->origin,
-                      field, partial);
-            return KVF_ERR_INVALID_PARAM;
-        }
-    } else if (partial != 1.0) {
+    if ((partial != 1.0) && (cfg->arch != KVF_ARCH_BAMBA)) {   /* bamba: its parser's */
         kvf_error("%s: field 'partial_rotary_factor' = %g is not implemented (only 1): refused",
                   rd->origin, partial);
         return KVF_ERR_UNSUPPORTED;
     }
-    r->rotary_dim = (int)(cfg->head_dim * partial);   /* int(), as transformers */
+    r->rotary_dim = cfg->head_dim;
     if (!(r->theta > 0.0)) {
         kvf_error("%s: field 'rope_theta' = %g must be positive", rd->origin, r->theta);
         return KVF_ERR_INVALID_PARAM;
     }
-    if ((cfg->head_dim % 2 != 0) || (r->rotary_dim % 2 != 0) || (r->rotary_dim < 2)) {
-        kvf_error("%s: field 'head_dim' = %d (rotary part %d) must be even for RoPE", rd->origin,
-                  cfg->head_dim, r->rotary_dim);
+    if (cfg->head_dim % 2 != 0) {
+        kvf_error("%s: field 'head_dim' = %d must be even for RoPE", rd->origin, cfg->head_dim);
         return KVF_ERR_INVALID_PARAM;
     }
     return KVF_OK;

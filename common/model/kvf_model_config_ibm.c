@@ -177,6 +177,34 @@ static void kvf_ibm_count(kvf_model_config_t *cfg)
 }
 
 /*
+ * bamba's rotary width: the rope object's (rope_scaling when set, else rope_parameters)
+ * partial_rotary_factor, else 0.5 (BambaConfig overrides a top-level field: refused).
+ */
+static kvf_status_t kvf_bamba_rotary(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
+{
+    const char *field = kvf_cfg_present(rd, "rope_scaling") ? "rope_scaling" : "rope_parameters";
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(rd->root, field);
+    double partial = 0.5;
+
+    if (cJSON_GetObjectItemCaseSensitive(rd->root, "partial_rotary_factor") != NULL) {
+        KVF_CFG_FAIL(KVF_ERR_UNSUPPORTED, "field 'partial_rotary_factor' at the top level is"
+                     " overridden by transformers' BambaConfig (0.5): refused (write it in"
+                     " rope_parameters)");
+    }
+    if (cJSON_IsObject(rp)) {
+        KVF_CFG_TRY(kvf_cfg_num(rd, rp, "partial_rotary_factor", 0.5, &partial));
+    }
+    cfg->rope.rotary_dim = (int)(cfg->head_dim * partial);   /* int(), as transformers */
+    if (!(partial > 0.0) || !(partial <= 1.0) || (cfg->rope.rotary_dim % 2 != 0) ||
+        (cfg->rope.rotary_dim < 2)) {
+        KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "field '%s.partial_rotary_factor' = %g must be in"
+                     " (0, 1] and leave an even rotary width of at least 2 (head_dim %d: %d)",
+                     field, partial, cfg->head_dim, cfg->rope.rotary_dim);
+    }
+    return KVF_OK;
+}
+
+/*
  * bamba: attn_layer_indices are attention layers, the rest Mamba2; every layer then a
  * gated MLP (feed_forward); RoPE on the leading partial_rotary_factor of each head.
  */
@@ -202,12 +230,8 @@ kvf_status_t kvf_cfg_parse_bamba(const kvf_cfg_reader_t *rd, kvf_model_config_t 
         cfg->layer_kinds[(int)it->valuedouble] = KVF_LAYER_ATTENTION;
     }
     kvf_ibm_count(cfg);
-    if (cJSON_GetObjectItemCaseSensitive(rd->root, "partial_rotary_factor") != NULL) {
-        KVF_CFG_FAIL(KVF_ERR_UNSUPPORTED, "field 'partial_rotary_factor' at the top level is"
-                     " overridden by transformers' BambaConfig (0.5): refused (write it in"
-                     " rope_parameters)");
-    }
     KVF_CFG_TRY(kvf_cfg_rope(rd, cfg));
+    KVF_CFG_TRY(kvf_bamba_rotary(rd, cfg));
     return kvf_ibm_mamba(rd, cfg);
 }
 

@@ -719,7 +719,7 @@ static void test_moe_route(void **state)
     float bias[E] = {0};
     float scores[T * E], wt[T * K];
     int32_t idx[T * K];
-    kvf_moe_route_params_t p = {E, K, 2, 1, 1, 2.5f, bias};
+    kvf_moe_route_params_t p = {E, K, 2, 1, 1, 2.5f, bias, 0};
     (void)state;
 
     assert_int_equal(kvf_moe_route(NULL, &p, logits, T, scores, idx, wt), KVF_KERN_OK);
