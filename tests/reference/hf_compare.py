@@ -198,9 +198,21 @@ def build_model(model_type, kwargs, out_dir, max_shard, seed):
 def add_byte_tokenizer(kvf, model_dir):
     """The prompts here are byte ids (BOS + bytes), so give the saved folder the
     byte-level tokenizer.json that `kvf mkmodel` writes for the same config."""
+    with open(os.path.join(model_dir, "config.json")) as f:
+        cfg = json.load(f)
+    # a llama of the same vocabulary and special ids: kvf mkmodel writes every family's
+    # tokenizer alike but not every family's weights
+    tiny = dict(model_type="llama", hidden_size=8, num_attention_heads=2, num_hidden_layers=1,
+                intermediate_size=8, **{k: cfg[k] for k in ("vocab_size", "bos_token_id",
+                                                            "eos_token_id", "pad_token_id")
+                                        if cfg.get(k) is not None})
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([kvf, "mkmodel", "--config", os.path.join(model_dir, "config.json"),
-                        "--out", tmp], check=True, capture_output=True, timeout=300)
+        with open(os.path.join(tmp, "tiny.json"), "w") as f:
+            json.dump(tiny, f)
+        subprocess.run([kvf, "mkmodel", "--config", os.path.join(tmp, "tiny.json"),
+                        "--out", os.path.join(tmp, "out")], check=True, capture_output=True,
+                       timeout=300)
+        tmp = os.path.join(tmp, "out")
         shutil.copy(os.path.join(tmp, "tokenizer.json"), os.path.join(model_dir, "tokenizer.json"))
 
 
