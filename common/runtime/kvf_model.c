@@ -1,6 +1,9 @@
 /*
  * Forward pass of one TP rank: NemotronH hybrids (Mamba2, attention, MLP and
- * MoE layers) and dense Llama / Qwen3 / Mistral.
+ * MoE layers), dense Llama / Qwen3 / Mistral, and Bamba / Granite 4.0-H
+ * (each Mamba2 or attention mixer followed by its FFN: a gated MLP, or
+ * softmax-routed gated experts plus a shared MLP, with Granite's multipliers
+ * applied by kvf_scale after each all-reduce).
  *
  * Design: a step is one flat batch of T tokens (the concatenated chunks of
  * every scheduled request, prefill chunks and single decode tokens alike),
