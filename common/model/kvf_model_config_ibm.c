@@ -12,6 +12,11 @@
  * transformers classes' (mamba_n_heads 128, mamba_d_state 256, ...; bamba's
  * partial_rotary_factor 0.5). Every field is honoured or refused by name
  * (common/model/README.md has the table).
+ * Rejected: new layer letters for "mixer + FFN" layers (the planner, the
+ * handshake and the fingerprint read the letters: every consumer would learn
+ * them for no change in cache state); folding Granite's multipliers into the
+ * weights at load (a bf16 checkpoint would round differently from
+ * transformers: the forward scales activations instead, kvf_scale).
  */
 #include "kvf_model_config_int.h"
 

@@ -19,7 +19,10 @@ prefill chunk, and k chunks + 1 tokens (a last prefill chunk of one token;
 513 and 1025 tokens with 512-token chunks for hybrid-dt-clamp). kvferry's
 block size is read from `kvf plan`. The cases after "moe-hybrid" are the
 departures of issue 25: their config.json is edited after saving (PATCHES)
-and transformers' reference is from_pretrained of the edited folder.
+and transformers' reference is from_pretrained of the edited folder. The
+last three are issue 44's families (bamba, granitemoehybrid). Each decode
+step gets its position as generate() passes it (BambaModel's forward alone
+numbers a one-token step 0).
 
 Usage:
   python3 tests/reference/hf_compare.py --kvf build/bin/kvf [--tp 1,2,4]
