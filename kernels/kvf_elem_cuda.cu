@@ -49,7 +49,8 @@ extern "C" int kvf_cuda_convert(const kvf_device_t *dev, void *dst, int dst_dtyp
 
 /* scratch per token: choice[E], gsum[E] floats, then gkeep[E], taken[E] bools */
 __global__ void kvf_moe_route_kernel(int E, int top_k, int ng, int topk_group, int norm,
-                                     float scaling, const float *bias, const float *logits,
+                                     float scaling, int soft, const float *bias,
+                                     const float *logits,
                                      int T, float *scores, int32_t *idx, float *wt,
                                      float *fscratch, bool *bscratch)
 {
@@ -59,11 +60,14 @@ __global__ void kvf_moe_route_kernel(int E, int top_k, int ng, int topk_group, i
         float *choice = fscratch + t * 2u * (size_t)E;
         bool *gkeep = bscratch + t * 2u * (size_t)E;
         for (int e = 0; e < E; ++e) {
-            sc[e] = kvf_moe_score_hd(logits[t * (size_t)E + (size_t)e]);
+            sc[e] = kvf_moe_score_of_hd(logits[t * (size_t)E + (size_t)e], soft);
         }
-        kvf_moe_route_token_hd(sc, bias, E, ng, topk_group, top_k, norm, scaling, choice,
-                               choice + E, gkeep, gkeep + E, idx + t * (size_t)top_k,
-                               wt + t * (size_t)top_k);
+        kvf_moe_route_token_hd(sc, bias, E, ng, topk_group, top_k, soft ? 0 : norm,
+                               soft ? 1.0f : scaling, choice, choice + E, gkeep, gkeep + E,
+                               idx + t * (size_t)top_k, wt + t * (size_t)top_k);
+        if (soft) {
+            kvf_moe_softmax_topk_hd(wt + t * (size_t)top_k, top_k, scaling);
+        }
     }
 }
 
@@ -82,7 +86,7 @@ extern "C" int kvf_cuda_moe_route(const kvf_device_t *dev, const kvf_moe_route_p
     kvf_moe_route_kernel<<<kvf_cuda_blocks_for((size_t)T, KVF_CUDA_THREADS / 4),
                            KVF_CUDA_THREADS / 4, 0, stream>>>(
         p->experts, p->top_k, p->n_group, p->topk_group, p->norm_topk_prob, p->routed_scaling,
-        p->bias, logits, T, scores, idx, wt, (float *)scratch,
+        p->softmax_topk, p->bias, logits, T, scores, idx, wt, (float *)scratch,
         (bool *)((char *)scratch + fbytes));
     rc = kvf_cuda_launched("kvf_moe_route_kernel");
     kvf_cuda_scratch_free(stream, scratch);

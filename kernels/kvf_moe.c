@@ -47,11 +47,15 @@ int kvf_moe_route(const kvf_device_t *dev, const kvf_moe_route_params_t *p, cons
     for (size_t t = 0; t < (size_t)T; ++t) {
         float *sc = scores + t * E;
         for (size_t e = 0; e < E; ++e) {
-            sc[e] = kvf_moe_score_hd(logits[t * E + e]);
+            sc[e] = kvf_moe_score_of_hd(logits[t * E + e], p->softmax_topk);
         }
         kvf_moe_route_token_hd(sc, p->bias, p->experts, p->n_group, p->topk_group, p->top_k,
-                               p->norm_topk_prob, p->routed_scaling, choice, gsum, gkeep, taken,
-                               idx + t * (size_t)p->top_k, wt + t * (size_t)p->top_k);
+                               p->softmax_topk ? 0 : p->norm_topk_prob,
+                               p->softmax_topk ? 1.0f : p->routed_scaling, choice, gsum, gkeep,
+                               taken, idx + t * (size_t)p->top_k, wt + t * (size_t)p->top_k);
+        if (p->softmax_topk) {
+            kvf_moe_softmax_topk_hd(wt + t * (size_t)p->top_k, p->top_k, p->routed_scaling);
+        }
     }
     return KVF_KERN_OK;
 }

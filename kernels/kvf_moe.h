@@ -23,10 +23,13 @@ typedef struct kvf_moe_route_params {
     int          norm_topk_prob; /* non-zero: weights divided by their sum */
     float        routed_scaling; /* routed_scaling_factor */
     const float *bias;           /* fp32 [E] e_score_correction_bias (device memory on CUDA) */
+    int          softmax_topk;   /* non-zero (Granite, Mixtral): scores are the logits
+                                  * themselves and the top_k weights their softmax (then
+                                  * norm_topk_prob is not applied; routed_scaling is) */
 } kvf_moe_route_params_t;
 
 /**
- * scores[t][e] = sigmoid(logits[t][e]); then route each token.
+ * scores[t][e] = sigmoid(logits[t][e]) (softmax_topk: the logits); then route each token.
  *
  * @param [in]  logits  fp32 [T][E] router outputs.
  * @param [in]  T       Tokens, >= 0 (0 is a no-op).

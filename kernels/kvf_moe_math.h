@@ -26,6 +26,30 @@ static inline KVF_HD float kvf_moe_score_hd(float logit)
     return 1.0f / (1.0f + expf(-logit));
 }
 
+/** The router's score of one logit: sigmoid, or the logit itself under softmax_topk. */
+static inline KVF_HD float kvf_moe_score_of_hd(float logit, int softmax_topk)
+{
+    return softmax_topk ? logit : kvf_moe_score_hd(logit);
+}
+
+/**
+ * softmax_topk routing's weights: the k chosen logits (wt, the best first) ->
+ * exp(wt[r] - wt[0]) / their sum, as torch.softmax in fp32, times scaling.
+ */
+static inline KVF_HD void kvf_moe_softmax_topk_hd(float *wt, int k, float scaling)
+{
+    const float mx = wt[0];
+    float sum = 0.0f;
+
+    for (int r = 0; r < k; ++r) {
+        wt[r] = expf(wt[r] - mx);
+        sum += wt[r];
+    }
+    for (int r = 0; r < k; ++r) {
+        wt[r] = wt[r] / sum * scaling;
+    }
+}
+
 /**
  * Route one token. @a sc: its E scores (after sigmoid); @a bias: E floats;
  * scratch: choice[E], gsum[n_group], gkeep[n_group], taken[E]. Writes

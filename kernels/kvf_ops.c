@@ -28,6 +28,23 @@ static bool kvf_ids_ok(const int32_t *ids, int n)
     return true;
 }
 
+int kvf_scale(const kvf_device_t *dev, float *x, size_t n, float alpha)
+{
+    if (n == 0) {
+        return KVF_KERN_OK;
+    }
+    if (x == NULL) {
+        return KVF_KERN_EINVAL;
+    }
+    if (!kvf_kern_on_cpu(dev)) {
+        KVF_OPS_CUDA(kvf_cuda_scale(dev, x, n, alpha));
+    }
+    for (size_t i = 0; i < n; ++i) {
+        x[i] *= alpha;
+    }
+    return KVF_KERN_OK;
+}
+
 int kvf_add(const kvf_device_t *dev, float *y, const float *x, size_t n)
 {
     if (n == 0) {

@@ -32,6 +32,13 @@ extern "C" {
 int kvf_add(const kvf_device_t *dev, float *y, const float *x, size_t n);
 
 /**
+ * x[i] *= alpha for i < n (Granite's embedding, residual and logits multipliers).
+ * @return KVF_KERN_OK; KVF_KERN_EINVAL (NULL with n > 0); KVF_KERN_ECUDA;
+ *         KVF_KERN_EUNSUPPORTED (CUDA device, build without CUDA).
+ */
+int kvf_scale(const kvf_device_t *dev, float *x, size_t n, float alpha);
+
+/**
  * dst[i][c] = fp32(src[ids[i]][c]) for i < n, c < cols: rows of a typed
  * matrix [rows][cols] (fp32, bf16, fp16 or fp8) gathered into fp32 [n][cols]
  * (embedding lookup; fp32 rows are copied bit for bit).

@@ -19,6 +19,14 @@ __global__ void kvf_add_kernel(float *y, const float *x, size_t n)
     }
 }
 
+__global__ void kvf_scale_kernel(float *x, size_t n, float alpha)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        x[i] *= alpha;
+    }
+}
+
 __global__ void kvf_gather_rows_kernel(const void *src, int src_dtype, size_t cols,
                                        const int32_t *ids, size_t n, float *dst)
 {
@@ -70,6 +78,13 @@ extern "C" int kvf_cuda_add(const kvf_device_t *dev, float *y, const float *x, s
 {
     kvf_add_kernel<<<kvf_cuda_blocks(n), KVF_CUDA_THREADS, 0, kvf_cuda_stream_of(dev)>>>(y, x, n);
     return kvf_cuda_launched("kvf_add_kernel");
+}
+
+extern "C" int kvf_cuda_scale(const kvf_device_t *dev, float *x, size_t n, float alpha)
+{
+    kvf_scale_kernel<<<kvf_cuda_blocks(n), KVF_CUDA_THREADS, 0, kvf_cuda_stream_of(dev)>>>(x, n,
+                                                                                           alpha);
+    return kvf_cuda_launched("kvf_scale_kernel");
 }
 
 extern "C" int kvf_cuda_gather_rows(const kvf_device_t *dev, const void *src, int src_dtype,

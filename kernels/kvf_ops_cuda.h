@@ -18,6 +18,7 @@ extern "C" {
 #endif
 
 int kvf_cuda_add(const kvf_device_t *dev, float *y, const float *x, size_t n);
+int kvf_cuda_scale(const kvf_device_t *dev, float *x, size_t n, float alpha);
 int kvf_cuda_gather_rows(const kvf_device_t *dev, const void *src, int src_dtype, int cols,
                          const int32_t *ids, int n, float *dst);
 int kvf_cuda_scatter_add_rows(const kvf_device_t *dev, float *y, int ldy, const int32_t *rows,

@@ -535,6 +535,13 @@ kvf_status_t kvf_mkmodel_write_sharded(const char *config_path, const char *out_
     if (status != KVF_OK) {
         return status;
     }
+    if ((cfg.arch == KVF_ARCH_BAMBA) || (cfg.arch == KVF_ARCH_GRANITE_MOE_HYBRID)) {
+        /* their tensor names are not written here: transformers makes them
+         * (tests/reference/make_family_data.py) */
+        kvf_error("%s: model_type '%s' is not implemented by kvf mkmodel (nemotron_h, llama,"
+                  " qwen3, mistral): refused", config_path, cfg.model_type);
+        return KVF_ERR_UNSUPPORTED;
+    }
     if ((stat(out_dir, &st) != 0) && (kvf_mk_mkdirs(out_dir) != 0)) {
         kvf_error("cannot create %s: %m", out_dir);
         return KVF_ERR_IO;

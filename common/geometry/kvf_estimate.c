@@ -58,7 +58,7 @@ kvf_status_t kvf_model_cost(const kvf_model_config_t *cfg, kvf_model_cost_t *cos
             body += mamba;
             break;
         case KVF_LAYER_ATTENTION:
-            body += attn + (cfg->dense_mlp_in_layer ? mlp : 0);
+            body += attn;
             break;
         case KVF_LAYER_MLP:
             body += mlp;
@@ -69,6 +69,11 @@ kvf_status_t kvf_model_cost(const kvf_model_config_t *cfg, kvf_model_cost_t *cos
         default:
             break;
         }
+        if (cfg->dense_mlp_in_layer && cfg->moe_in_layer) {   /* granitemoehybrid's FFN */
+            c.moe_layers++;
+        } else if (cfg->dense_mlp_in_layer) {   /* dense archs, bamba: the layer's MLP */
+            body += mlp;
+        }
     }
     if (c.moe_layers > 0) {
         if ((cfg->moe_num_experts <= 0) || (cfg->moe_top_k <= 0) ||
@@ -78,10 +83,11 @@ kvf_status_t kvf_model_cost(const kvf_model_config_t *cfg, kvf_model_cost_t *cos
                       cfg->moe_num_experts, cfg->moe_top_k, cfg->moe_intermediate_size);
             return KVF_ERR_INVALID_PARAM;
         }
-        c.expert_params = 2.0 * h * cfg->moe_intermediate_size;
+        const double mats = cfg->moe_gated ? 3.0 : 2.0;   /* gated: gate, up, down */
+        c.expert_params = mats * h * cfg->moe_intermediate_size;
         body += c.moe_layers * (h * cfg->moe_num_experts +                  /* router */
                                 cfg->moe_num_experts * c.expert_params +
-                                2.0 * h * cfg->moe_shared_intermediate_size + h);
+                                mats * h * cfg->moe_shared_intermediate_size + h);
         routed_unused = (double)c.moe_layers * (cfg->moe_num_experts - cfg->moe_top_k) *
                         c.expert_params;
     }

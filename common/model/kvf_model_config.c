@@ -8,6 +8,7 @@
  * use_conv_bias = true, mamba_ssm_cache_dtype = float32).
  */
 #include "kvf_model_config.h"
+#include "kvf_model_config_int.h"
 #include "kvf_json.h"
 #include "kvf_log.h"
 #include "kvf_act_math.h"
@@ -20,13 +21,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-typedef struct {
-    const cJSON *root;
-    const char  *origin;
-} kvf_cfg_reader_t;
-
 /* Required positive integer field. */
-static kvf_status_t kvf_cfg_int(const kvf_cfg_reader_t *rd, const char *name, int *out)
+kvf_status_t kvf_cfg_int(const kvf_cfg_reader_t *rd, const char *name, int *out)
 {
     const cJSON *item = cJSON_GetObjectItemCaseSensitive(rd->root, name);
 
@@ -49,7 +45,7 @@ static kvf_status_t kvf_cfg_int(const kvf_cfg_reader_t *rd, const char *name, in
 }
 
 /* Optional integer: *out = dflt when absent or null; error when mistyped. */
-static kvf_status_t kvf_cfg_int_opt(const kvf_cfg_reader_t *rd, const char *name, int dflt,
+kvf_status_t kvf_cfg_int_opt(const kvf_cfg_reader_t *rd, const char *name, int dflt,
                                     int *out)
 {
     const cJSON *item = cJSON_GetObjectItemCaseSensitive(rd->root, name);
@@ -75,7 +71,7 @@ static kvf_status_t kvf_cfg_int_opt(const kvf_cfg_reader_t *rd, const char *name
 }
 
 /* Optional boolean: dflt when absent or null; error when mistyped. */
-static kvf_status_t kvf_cfg_bool(const kvf_cfg_reader_t *rd, const char *name, bool dflt,
+kvf_status_t kvf_cfg_bool(const kvf_cfg_reader_t *rd, const char *name, bool dflt,
                                  bool *out)
 {
     const cJSON *item = cJSON_GetObjectItemCaseSensitive(rd->root, name);
@@ -93,7 +89,7 @@ static kvf_status_t kvf_cfg_bool(const kvf_cfg_reader_t *rd, const char *name, b
 }
 
 /* Optional number: dflt when absent or null. */
-static kvf_status_t kvf_cfg_num(const kvf_cfg_reader_t *rd, const cJSON *obj, const char *name,
+kvf_status_t kvf_cfg_num(const kvf_cfg_reader_t *rd, const cJSON *obj, const char *name,
                                 double dflt, double *out)
 {
     const cJSON *item = cJSON_GetObjectItemCaseSensitive(obj, name);
@@ -117,7 +113,7 @@ static kvf_status_t kvf_cfg_num(const kvf_cfg_reader_t *rd, const cJSON *obj, co
 }
 
 /* Optional activation name. */
-static kvf_status_t kvf_cfg_act(const kvf_cfg_reader_t *rd, const char *name, kvf_act_t dflt,
+kvf_status_t kvf_cfg_act(const kvf_cfg_reader_t *rd, const char *name, kvf_act_t dflt,
                                 kvf_act_t *out)
 {
     const cJSON *item = cJSON_GetObjectItemCaseSensitive(rd->root, name);
@@ -139,7 +135,7 @@ static kvf_status_t kvf_cfg_act(const kvf_cfg_reader_t *rd, const char *name, kv
     return KVF_OK;
 }
 
-static kvf_status_t kvf_cfg_dtype_opt(const kvf_cfg_reader_t *rd, const char *name,
+kvf_status_t kvf_cfg_dtype_opt(const kvf_cfg_reader_t *rd, const char *name,
                                       kvf_dtype_t dflt, kvf_dtype_t *out)
 {
     const cJSON *item = cJSON_GetObjectItemCaseSensitive(rd->root, name);
@@ -156,7 +152,7 @@ static kvf_status_t kvf_cfg_dtype_opt(const kvf_cfg_reader_t *rd, const char *na
     return KVF_OK;
 }
 
-static kvf_status_t kvf_cfg_divides(const char *origin, const char *a_name, int a,
+kvf_status_t kvf_cfg_divides(const char *origin, const char *a_name, int a,
                                     const char *b_name, int b)
 {
     if ((a <= 0) || (b % a) != 0) {
@@ -371,7 +367,12 @@ static kvf_status_t kvf_cfg_known(const kvf_cfg_reader_t *rd, kvf_arch_t arch,
 
     cJSON_ArrayForEach(it, rd->root) {
         bool known = false;
-        for (size_t i = 0; i < sizeof(kvf_known_fields) / sizeof(kvf_known_fields[0]); ++i) {
+        bool ibm = (arch == KVF_ARCH_BAMBA) || (arch == KVF_ARCH_GRANITE_MOE_HYBRID);
+        if (ibm) {   /* their own table (kvf_model_config_ibm.c) */
+            known = kvf_cfg_ibm_known(it->string, arch);
+        }
+        for (size_t i = 0; !ibm && (i < sizeof(kvf_known_fields) / sizeof(kvf_known_fields[0]));
+             ++i) {
             if ((strcmp(it->string, kvf_known_fields[i].name) == 0) &&
                 (kvf_known_fields[i].archs & (1u << arch))) {
                 known = true;
@@ -389,20 +390,20 @@ static kvf_status_t kvf_cfg_known(const kvf_cfg_reader_t *rd, kvf_arch_t arch,
 }
 
 /* First present name of @a names (aliases, newest first), or NULL. */
-static const char *kvf_cfg_alias(const kvf_cfg_reader_t *rd, const char *a, const char *b)
+const char *kvf_cfg_alias(const kvf_cfg_reader_t *rd, const char *a, const char *b)
 {
     return (cJSON_GetObjectItemCaseSensitive(rd->root, a) != NULL) ? a :
            (cJSON_GetObjectItemCaseSensitive(rd->root, b) != NULL) ? b : a;
 }
 
-static bool kvf_cfg_present(const kvf_cfg_reader_t *rd, const char *name)
+bool kvf_cfg_present(const kvf_cfg_reader_t *rd, const char *name)
 {
     const cJSON *item = cJSON_GetObjectItemCaseSensitive(rd->root, name);
     return (item != NULL) && !cJSON_IsNull(item);
 }
 
 /* Short text of a JSON value for a refusal message. */
-static void kvf_cfg_value_str(const cJSON *item, char *buf, size_t len)
+void kvf_cfg_value_str(const cJSON *item, char *buf, size_t len)
 {
     char *p = cJSON_PrintUnformatted(item);
     snprintf(buf, len, "%s", (p != NULL) ? p : "?");
@@ -413,7 +414,7 @@ static void kvf_cfg_value_str(const cJSON *item, char *buf, size_t len)
 }
 
 /* RoPE: rope_parameters (transformers 5) or rope_scaling + rope_theta (older files). */
-static kvf_status_t kvf_cfg_rope(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
+kvf_status_t kvf_cfg_rope(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
 {
     static const char *const allowed[] = {
         "rope_type", "type", "rope_theta", "factor", "low_freq_factor", "high_freq_factor",
@@ -509,11 +510,12 @@ static kvf_status_t kvf_cfg_rope(const kvf_cfg_reader_t *rd, kvf_model_config_t 
             r->factor = 1.0;
         }
     }
-    if (partial != 1.0) {
+    if ((partial != 1.0) && (cfg->arch != KVF_ARCH_BAMBA)) {   /* bamba: its parser's */
         kvf_error("%s: field 'partial_rotary_factor' = %g is not implemented (only 1): refused",
                   rd->origin, partial);
         return KVF_ERR_UNSUPPORTED;
     }
+    r->rotary_dim = cfg->head_dim;
     if (!(r->theta > 0.0)) {
         kvf_error("%s: field 'rope_theta' = %g must be positive", rd->origin, r->theta);
         return KVF_ERR_INVALID_PARAM;
@@ -575,21 +577,6 @@ static kvf_status_t kvf_cfg_moe(const kvf_cfg_reader_t *rd, kvf_model_config_t *
     }
     return KVF_OK;
 }
-
-/* In the per-architecture parsers below: return the first error, naming the origin. */
-#define KVF_CFG_TRY(_expr)                                  \
-    do {                                                    \
-        kvf_status_t kvf_cfg_st_ = (_expr);                 \
-        if (kvf_cfg_st_ != KVF_OK) {                        \
-            return kvf_cfg_st_;                             \
-        }                                                   \
-    } while (0)
-
-#define KVF_CFG_FAIL(_status, _fmt, ...)                    \
-    do {                                                    \
-        kvf_error("%s: " _fmt, rd->origin, ##__VA_ARGS__);  \
-        return (_status);                                   \
-    } while (0)
 
 /* Fields refused whatever the model: kvferry computes neither. */
 static kvf_status_t kvf_cfg_refusals(const kvf_cfg_reader_t *rd, const kvf_model_config_t *cfg)
@@ -744,7 +731,7 @@ static kvf_status_t kvf_cfg_common(const kvf_cfg_reader_t *rd, kvf_model_config_
  * clamps with time_step_min alone; mamba_ssm's kernels clamp to it unless it is
  * (0, inf). NVIDIA's configs write [0.0, Infinity] (Python's literal, kvf_json.h):
  * no upper clamp. Checked so a broken pair is refused rather than ignored. */
-static kvf_status_t kvf_cfg_dt_limit(const kvf_cfg_reader_t *rd)
+kvf_status_t kvf_cfg_dt_limit(const kvf_cfg_reader_t *rd)
 {
     const char *name = kvf_cfg_alias(rd, "time_step_limit", "mamba_dt_limit");
     const cJSON *item = cJSON_GetObjectItemCaseSensitive(rd->root, name);
@@ -947,6 +934,8 @@ static const struct {
     {"llama",      KVF_ARCH_LLAMA,      kvf_cfg_parse_llama},
     {"qwen3",      KVF_ARCH_QWEN3,      kvf_cfg_parse_qwen3},
     {"mistral",    KVF_ARCH_MISTRAL,    kvf_cfg_parse_mistral},
+    {"bamba",      KVF_ARCH_BAMBA,      kvf_cfg_parse_bamba},
+    {"granitemoehybrid", KVF_ARCH_GRANITE_MOE_HYBRID, kvf_cfg_parse_granite},
 };
 
 kvf_status_t kvf_model_config_from_json(const cJSON *root, const char *origin,
@@ -960,6 +949,7 @@ kvf_status_t kvf_model_config_from_json(const cJSON *root, const char *origin,
     const int narch = (int)(sizeof(kvf_cfg_archs) / sizeof(kvf_cfg_archs[0]));
 
     memset(&cfg, 0, sizeof(cfg));
+    cfg.embedding_multiplier = cfg.residual_multiplier = cfg.logits_scaling = 1.0;
     rd.origin = (origin != NULL) ? origin : "config.json";
     rd.root = root;
     if (!cJSON_IsObject(rd.root)) {
@@ -977,7 +967,7 @@ kvf_status_t kvf_model_config_from_json(const cJSON *root, const char *origin,
     }
     if (a == narch) {
         KVF_FAIL(KVF_ERR_UNSUPPORTED, "field 'model_type' = '%s' is not supported (nemotron_h,"
-                 " llama, qwen3, mistral)", mt->valuestring);
+                 " llama, qwen3, mistral, bamba, granitemoehybrid)", mt->valuestring);
     }
     cfg.arch = kvf_cfg_archs[a].arch;
     KVF_TRY(kvf_cfg_known(&rd, cfg.arch, cfg.model_type));

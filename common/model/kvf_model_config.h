@@ -2,8 +2,11 @@
  * Model configuration: the fields of a Hugging Face config.json that define
  * cache geometry and the forward pass. Supported model_type values:
  * "nemotron_h" (hybrid: Mamba2 'M', attention '*', MLP '-', MoE 'E', from
- * hybrid_override_pattern or the newer layers_block_type list) and the dense
- * "llama", "qwen3", "mistral" (every layer attention + MLP).
+ * hybrid_override_pattern or the newer layers_block_type list), the dense
+ * "llama", "qwen3", "mistral" (every layer attention + MLP), and the Mamba2 +
+ * attention hybrids whose every layer is a mixer ('M' or '*') followed by its
+ * FFN: "bamba" (gated MLP) and "granitemoehybrid" (IBM Granite 4.0-H: shared
+ * gated MLP plus routed experts, and the Granite multipliers).
  */
 #ifndef KVF_MODEL_CONFIG_H
 #define KVF_MODEL_CONFIG_H
@@ -30,6 +33,8 @@ typedef enum {
     KVF_ARCH_LLAMA,
     KVF_ARCH_QWEN3,
     KVF_ARCH_MISTRAL,
+    KVF_ARCH_BAMBA,              /* Mamba2 / attention layers, each with a gated MLP */
+    KVF_ARCH_GRANITE_MOE_HYBRID, /* Mamba2 / attention layers, each with shared MLP + MoE */
 } kvf_arch_t;
 
 /** Activation functions (transformers' ACT2FN names in kvf_act_parse()). */
@@ -60,6 +65,9 @@ typedef struct kvf_rope {
     double          low_freq_factor;  /* llama3 */
     double          high_freq_factor; /* llama3 */
     double          original_max_pos; /* llama3: original_max_position_embeddings */
+    int             rotary_dim;       /* leading dims of each head rotated (inv_freq over
+                                         this width): head_dim * partial_rotary_factor,
+                                         truncated as transformers; head_dim unless bamba */
 } kvf_rope_t;
 
 typedef struct kvf_model_config {
@@ -68,7 +76,11 @@ typedef struct kvf_model_config {
     int         hidden_size;
     int         num_layers;           /* entries in layer_kinds */
     char        layer_kinds[KVF_MAX_LAYERS + 1]; /* one kvf_layer_kind_t letter each; dense: "*" per layer */
-    bool        dense_mlp_in_layer;   /* dense archs: each '*' layer also has an MLP */
+    bool        dense_mlp_in_layer;   /* dense archs: each '*' layer also has an MLP;
+                                         bamba / granitemoehybrid: each layer ('M' or '*')
+                                         is followed by its FFN (norm2 then the MLP) */
+    bool        moe_in_layer;         /* granitemoehybrid with experts: that FFN is routed
+                                         experts plus the shared MLP (sh_up / sh_down) */
     int         vocab_size;
 
     /* attention */
@@ -113,6 +125,10 @@ typedef struct kvf_model_config {
     int         moe_topk_group;                /* topk_group */
     bool        moe_norm_topk_prob;            /* norm_topk_prob, default true */
     double      moe_routed_scaling;            /* routed_scaling_factor, default 1 */
+    bool        moe_softmax_topk;              /* granitemoehybrid: top-k of the router
+                                                  logits, weights softmax(top-k logits) */
+    bool        moe_gated;                     /* experts and shared MLP gated: fused
+                                                  gate|up rows, down(act(gate) * up) */
     int         num_moe_layers;
 
     /* attention extras (dense archs) */
@@ -121,6 +137,11 @@ typedef struct kvf_model_config {
     kvf_rope_t  rope;
 
     double      norm_eps;             /* layer_norm_epsilon / rms_norm_eps */
+    /* granitemoehybrid's multipliers (1, 1, 1 and 0 elsewhere) */
+    double      embedding_multiplier; /* embeddings * this */
+    double      residual_multiplier;  /* h += mixer / FFN output * this */
+    double      logits_scaling;       /* logits / this */
+    double      attention_multiplier; /* attention score scale; 0: 1/sqrt(head_dim) */
     kvf_dtype_t torch_dtype;          /* dtype (or legacy torch_dtype); default bf16 */
     int         bos_token_id;         /* -1 when absent */
     int         eos_token_id;         /* -1 when absent; the first of a list */
@@ -165,6 +186,13 @@ void kvf_act_apply(kvf_act_t act, float *x, size_t n);
 static inline int kvf_model_mamba_inner(const kvf_model_config_t *cfg)
 {
     return cfg->mamba_num_heads * cfg->mamba_head_dim;
+}
+
+/** True when layer @a l runs routed experts (an 'E' layer, or any layer of a
+ * granitemoehybrid model with experts). */
+static inline bool kvf_model_layer_has_moe(const kvf_model_config_t *cfg, int l)
+{
+    return (cfg->layer_kinds[l] == KVF_LAYER_MOE) || cfg->moe_in_layer;
 }
 
 /** True when the model has at least one Mamba layer. */

@@ -86,5 +86,18 @@ uint64_t kvf_model_config_fingerprint(const kvf_model_config_t *cfg)
         memcpy(&bits, &reals[i], sizeof(bits));
         h = kvf_hash64(&bits, sizeof(bits), h);
     }
+    if ((cfg->arch == KVF_ARCH_BAMBA) || (cfg->arch == KVF_ARCH_GRANITE_MOE_HYBRID)) {
+        /* only these families': the fingerprints of the others stay what they were */
+        const int32_t more[] = {cfg->rope.rotary_dim, cfg->moe_in_layer, cfg->moe_softmax_topk,
+                                cfg->moe_gated, cfg->dense_mlp_in_layer};
+        const double mreals[] = {cfg->embedding_multiplier, cfg->residual_multiplier,
+                                 cfg->logits_scaling, cfg->attention_multiplier};
+        h = kvf_hash64(more, sizeof(more), h);
+        for (size_t i = 0; i < sizeof(mreals) / sizeof(mreals[0]); ++i) {
+            uint64_t bits;
+            memcpy(&bits, &mreals[i], sizeof(bits));
+            h = kvf_hash64(&bits, sizeof(bits), h);
+        }
+    }
     return kvf_hash64(cfg->layer_kinds, (size_t)cfg->num_layers, h);
 }

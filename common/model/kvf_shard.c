@@ -94,8 +94,11 @@ static kvf_status_t kvf_shard_compute_ex(const kvf_model_config_t *cfg, int tp_s
         s.conv_dim = s.conv_x_channels + 2 * s.conv_bc_channels;
     }
 
+    /* granitemoehybrid spells them shared_intermediate_size and num_local_experts */
+    const bool granite = (cfg->arch == KVF_ARCH_GRANITE_MOE_HYBRID);
     if (cfg->intermediate_size > 0) {
-        status = kvf_shard_even(quiet, "intermediate_size", cfg->intermediate_size, tp_size);
+        status = kvf_shard_even(quiet, granite ? "shared_intermediate_size" : "intermediate_size",
+                                cfg->intermediate_size, tp_size);
         if (status != KVF_OK) {
             return status;
         }
@@ -103,9 +106,11 @@ static kvf_status_t kvf_shard_compute_ex(const kvf_model_config_t *cfg, int tp_s
         s.mlp_col_start = tp_rank * s.mlp_cols;
     }
     if (cfg->num_moe_layers > 0) {
-        status = kvf_shard_even(quiet, "n_routed_experts", cfg->moe_num_experts, tp_size);
+        status = kvf_shard_even(quiet, granite ? "num_local_experts" : "n_routed_experts",
+                                cfg->moe_num_experts, tp_size);
         if (status == KVF_OK) {
-            status = kvf_shard_even(quiet, "moe_shared_expert_intermediate_size",
+            status = kvf_shard_even(quiet, granite ? "shared_intermediate_size" :
+                                    "moe_shared_expert_intermediate_size",
                                     cfg->moe_shared_intermediate_size, tp_size);
         }
         if (status != KVF_OK) {

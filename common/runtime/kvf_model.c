@@ -1,6 +1,9 @@
 /*
  * Forward pass of one TP rank: NemotronH hybrids (Mamba2, attention, MLP and
- * MoE layers) and dense Llama / Qwen3 / Mistral.
+ * MoE layers), dense Llama / Qwen3 / Mistral, and Bamba / Granite 4.0-H
+ * (each Mamba2 or attention mixer followed by its FFN: a gated MLP, or
+ * softmax-routed gated experts plus a shared MLP, with Granite's multipliers
+ * applied by kvf_scale after each all-reduce).
  *
  * Design: a step is one flat batch of T tokens (the concatenated chunks of
  * every scheduled request, prefill chunks and single decode tokens alike),
@@ -44,6 +47,7 @@
 typedef struct {
     kvf_ckpt_h  ck;
     bool        dense;
+    const char *mamba;   /* the Mamba2 mixer's module: "mixer" (nemotron_h), "mamba" */
     char        name[256];
     size_t      bytes;   /* weights loaded so far */
 } kvf_loader_t;
@@ -58,6 +62,14 @@ static const char *kvf_lname(kvf_loader_t *ld, int layer, const char *suffix)
                  layer, suffix);
     }
     return ld->name;
+}
+
+/* The Mamba2 mixer's tensor @a what of layer @a layer (ld->mamba's module). */
+static const char *kvf_mname(kvf_loader_t *ld, int layer, const char *what)
+{
+    char suffix[96];
+    snprintf(suffix, sizeof(suffix), "%s.%s", ld->mamba, what);
+    return kvf_lname(ld, layer, suffix);
 }
 
 static void *kvf_alloc(size_t bytes)
@@ -193,10 +205,10 @@ static kvf_status_t kvf_load_mamba(kvf_loader_t *ld, const kvf_model_config_t *c
             {2 * inner + G * N + b0, bn},               /* C */
             {2 * inner + 2 * G * N + s->mamba_head_start, s->mamba_heads},   /* dt */
         };
-        KVF_LOAD(kvf_load_mat_rows(ld, kvf_lname(ld, l, "mixer.in_proj.weight"),
+        KVF_LOAD(kvf_load_mat_rows(ld, kvf_mname(ld, l, "in_proj.weight"),
                                    inner + conv_dim + nh, H, r, 5, &w->in_proj));
         if (cfg->mamba_proj_bias) {
-            KVF_LOAD(kvf_load_vec_rows(ld, kvf_lname(ld, l, "mixer.in_proj.bias"),
+            KVF_LOAD(kvf_load_vec_rows(ld, kvf_mname(ld, l, "in_proj.bias"),
                                        inner + conv_dim + nh, r, 5, &w->in_bias));
         }
         w->in_rows = (int)(2 * xn + 2 * bn + s->mamba_heads);
@@ -204,27 +216,27 @@ static kvf_status_t kvf_load_mamba(kvf_loader_t *ld, const kvf_model_config_t *c
     {
         const int64_t r[3][2] = {{x0, xn}, {inner + b0, bn}, {inner + G * N + b0, bn}};
         const int64_t wshape[3] = {conv_dim, 1, K};
-        KVF_LOAD(kvf_load_part(ld, kvf_lname(ld, l, "mixer.conv1d.weight"), 3, wshape, r, 3, 0,
+        KVF_LOAD(kvf_load_part(ld, kvf_mname(ld, l, "conv1d.weight"), 3, wshape, r, 3, 0,
                                -1, false, (void **)&w->conv_w, NULL));
         if (cfg->use_conv_bias) {
-            KVF_LOAD(kvf_load_vec_rows(ld, kvf_lname(ld, l, "mixer.conv1d.bias"), conv_dim, r, 3,
+            KVF_LOAD(kvf_load_vec_rows(ld, kvf_mname(ld, l, "conv1d.bias"), conv_dim, r, 3,
                                        &w->conv_b));
         }
     }
     {
         const int64_t hr[1][2] = {{s->mamba_head_start, s->mamba_heads}};
         const int64_t ir[1][2] = {{x0, xn}};
-        KVF_LOAD(kvf_load_vec_rows(ld, kvf_lname(ld, l, "mixer.dt_bias"), nh, hr, 1, &w->dt_bias));
-        KVF_LOAD(kvf_load_vec_rows(ld, kvf_lname(ld, l, "mixer.A_log"), nh, hr, 1, &w->A_log));
-        KVF_LOAD(kvf_load_vec_rows(ld, kvf_lname(ld, l, "mixer.D"), nh, hr, 1, &w->D));
-        KVF_LOAD(kvf_load_vec_rows(ld, kvf_lname(ld, l, "mixer.norm.weight"), inner, ir, 1,
+        KVF_LOAD(kvf_load_vec_rows(ld, kvf_mname(ld, l, "dt_bias"), nh, hr, 1, &w->dt_bias));
+        KVF_LOAD(kvf_load_vec_rows(ld, kvf_mname(ld, l, "A_log"), nh, hr, 1, &w->A_log));
+        KVF_LOAD(kvf_load_vec_rows(ld, kvf_mname(ld, l, "D"), nh, hr, 1, &w->D));
+        KVF_LOAD(kvf_load_vec_rows(ld, kvf_mname(ld, l, "norm.weight"), inner, ir, 1,
                                    &w->gnorm_w));
     }
-    KVF_LOAD(kvf_load_mat_cols(ld, kvf_lname(ld, l, "mixer.out_proj.weight"), H, inner, x0, xn,
+    KVF_LOAD(kvf_load_mat_cols(ld, kvf_mname(ld, l, "out_proj.weight"), H, inner, x0, xn,
                                &w->out_proj));
     if (cfg->mamba_proj_bias && (s->tp_rank == 0)) {
         const int64_t hshape[1] = {H};
-        KVF_LOAD(kvf_load_vec(ld, kvf_lname(ld, l, "mixer.out_proj.bias"), 1, hshape,
+        KVF_LOAD(kvf_load_vec(ld, kvf_mname(ld, l, "out_proj.bias"), 1, hshape,
                               &w->out_bias));
     }
     return KVF_OK;
@@ -399,6 +411,14 @@ static kvf_status_t kvf_load_mlp_part(kvf_loader_t *ld, const kvf_model_config_t
     return KVF_OK;
 }
 
+/* The arrays of this rank's experts' matrices. */
+static kvf_status_t kvf_alloc_experts(const kvf_shard_t *s, kvf_layer_w_t *w)
+{
+    w->exp_up = calloc((size_t)(s->moe_experts ? s->moe_experts : 1), sizeof(kvf_mat_t));
+    w->exp_down = calloc((size_t)(s->moe_experts ? s->moe_experts : 1), sizeof(kvf_mat_t));
+    return ((w->exp_up == NULL) || (w->exp_down == NULL)) ? KVF_ERR_NO_MEMORY : KVF_OK;
+}
+
 static kvf_status_t kvf_load_moe(kvf_loader_t *ld, const kvf_model_config_t *cfg,
                                  const kvf_shard_t *s, int l, kvf_layer_w_t *w)
 {
@@ -416,11 +436,7 @@ static kvf_status_t kvf_load_moe(kvf_loader_t *ld, const kvf_model_config_t *cfg
             return KVF_ERR_NO_MEMORY;
         }
     }
-    w->exp_up = calloc((size_t)(s->moe_experts ? s->moe_experts : 1), sizeof(kvf_mat_t));
-    w->exp_down = calloc((size_t)(s->moe_experts ? s->moe_experts : 1), sizeof(kvf_mat_t));
-    if ((w->exp_up == NULL) || (w->exp_down == NULL)) {
-        return KVF_ERR_NO_MEMORY;
-    }
+    KVF_LOAD(kvf_alloc_experts(s, w));
     for (int e = 0; e < s->moe_experts; ++e) {
         const int64_t all[1][2] = {{0, I}};
         int ge = s->moe_expert_start + e;
@@ -433,6 +449,78 @@ static kvf_status_t kvf_load_moe(kvf_loader_t *ld, const kvf_model_config_t *cfg
                              cfg->moe_shared_intermediate_size, s->moe_shared_col_start,
                              s->moe_shared_cols, &w->sh_up, &w->sh_up_b, &w->sh_down,
                              &w->sh_down_b);
+}
+
+/* granitemoehybrid's fused MLP: input_linear [2I][H] (gate rows, then up rows) as the
+ * gated layout's rows {c0, C} and {I + c0, C}; output_linear [H][I] columns [c0, c0 + C). */
+static kvf_status_t kvf_load_fused_mlp(kvf_loader_t *ld, const kvf_model_config_t *cfg, int l,
+                                       int64_t I, int64_t c0, int64_t C, kvf_mat_t *up,
+                                       kvf_mat_t *down)
+{
+    const int64_t H = cfg->hidden_size;
+    const int64_t r[2][2] = {{c0, C}, {I + c0, C}};
+    kvf_status_t status;
+
+    KVF_LOAD(kvf_load_mat_rows(ld, kvf_lname(ld, l, "shared_mlp.input_linear.weight"), 2 * I, H,
+                               r, 2, up));
+    return kvf_load_mat_cols(ld, kvf_lname(ld, l, "shared_mlp.output_linear.weight"), H, I, c0,
+                             C, down);
+}
+
+/*
+ * granitemoehybrid's FFN: the shared MLP's column slice; with experts, also the router
+ * (replicated) and this rank's whole experts, rows of the 3-D tensors [E][2I][H] (gate|up)
+ * and [E][H][I].
+ */
+static kvf_status_t kvf_load_granite_ffn(kvf_loader_t *ld, const kvf_model_config_t *cfg,
+                                         const kvf_shard_t *s, int l, kvf_layer_w_t *w)
+{
+    const int64_t H = cfg->hidden_size, E = cfg->moe_num_experts, I = cfg->moe_intermediate_size;
+    const int64_t rshape[2] = {E, H}, ushape[3] = {E, 2 * I, H}, dshape[3] = {E, H, I};
+    kvf_status_t status;
+
+    if (!cfg->moe_in_layer) {
+        return kvf_load_fused_mlp(ld, cfg, l, cfg->intermediate_size, s->mlp_col_start,
+                                  s->mlp_cols, &w->up, &w->down);
+    }
+    KVF_LOAD(kvf_load_fused_mlp(ld, cfg, l, cfg->moe_shared_intermediate_size,
+                                s->moe_shared_col_start, s->moe_shared_cols, &w->sh_up,
+                                &w->sh_down));
+    KVF_LOAD(kvf_load_vec(ld, kvf_lname(ld, l, "block_sparse_moe.router.layer.weight"), 2,
+                          rshape, &w->router_w));
+    w->router_b = calloc((size_t)E, sizeof(float));   /* no score correction: zero */
+    if (w->router_b == NULL) {
+        return KVF_ERR_NO_MEMORY;
+    }
+    KVF_LOAD(kvf_alloc_experts(s, w));
+    for (int e = 0; e < s->moe_experts; ++e) {
+        const int64_t r[1][2] = {{s->moe_expert_start + e, 1}};
+        KVF_LOAD(kvf_load_part(ld, kvf_lname(ld, l, "block_sparse_moe.input_linear.weight"), 3,
+                               ushape, r, 1, 0, -1, true, &w->exp_up[e].data,
+                               &w->exp_up[e].dtype));
+        w->exp_up[e].rows = (int)(2 * I);
+        w->exp_up[e].cols = (int)H;
+        KVF_LOAD(kvf_load_part(ld, kvf_lname(ld, l, "block_sparse_moe.output_linear.weight"), 3,
+                               dshape, r, 1, 0, -1, true, &w->exp_down[e].data,
+                               &w->exp_down[e].dtype));
+        w->exp_down[e].rows = (int)H;
+        w->exp_down[e].cols = (int)I;
+    }
+    return KVF_OK;
+}
+
+/* The FFN after a layer's mixer (cfg->dense_mlp_in_layer): dense archs' "mlp", bamba's
+ * "feed_forward" (gated MLPs, column slices), granitemoehybrid's shared MLP and experts. */
+static kvf_status_t kvf_load_ffn(kvf_loader_t *ld, const kvf_model_config_t *cfg,
+                                 const kvf_shard_t *s, int l, kvf_layer_w_t *w)
+{
+    if (cfg->arch == KVF_ARCH_GRANITE_MOE_HYBRID) {
+        return kvf_load_granite_ffn(ld, cfg, s, l, w);
+    }
+    return kvf_load_mlp_part(ld, cfg, s->tp_rank, l,
+                             (cfg->arch == KVF_ARCH_BAMBA) ? "feed_forward" : "mlp",
+                             cfg->mlp_gated, cfg->intermediate_size, s->mlp_col_start,
+                             s->mlp_cols, &w->up, &w->up_bias, &w->down, &w->down_bias);
 }
 
 static void kvf_layer_w_free(kvf_model_h m, kvf_layer_w_t *w, int experts)
@@ -480,14 +568,14 @@ void kvf_model_destroy(kvf_model_h model)
 static float *kvf_rope_inv_freq(const kvf_model_config_t *cfg)
 {
     const kvf_rope_t *r = &cfg->rope;
-    const int half = cfg->head_dim / 2;
+    const int half = r->rotary_dim / 2;
     float *inv = kvf_alloc((size_t)half * sizeof(float));
 
     if (inv == NULL) {
         return NULL;
     }
     for (int i = 0; i < half; ++i) {
-        float f = 1.0f / powf((float)r->theta, (float)(2 * i) / (float)cfg->head_dim);
+        float f = 1.0f / powf((float)r->theta, (float)(2 * i) / (float)r->rotary_dim);
         if (r->type == KVF_ROPE_LINEAR) {
             f = (float)(f / r->factor);
         } else if (r->type == KVF_ROPE_LLAMA3) {
@@ -521,10 +609,6 @@ static int kvf_layer_rows(const kvf_model_config_t *cfg, const kvf_rank_w_t *rw,
     case KVF_LAYER_ATTENTION:
         rows = w->qkv_rows;
         inner = s->attn_heads * cfg->head_dim;
-        if (cfg->dense_mlp_in_layer) {
-            rows = (2 * s->mlp_cols > rows) ? 2 * s->mlp_cols : rows;
-            inner = (s->mlp_cols > inner) ? s->mlp_cols : inner;
-        }
         break;
     case KVF_LAYER_MLP:
         rows = inner = s->mlp_cols;
@@ -536,6 +620,12 @@ static int kvf_layer_rows(const kvf_model_config_t *cfg, const kvf_rank_w_t *rw,
         break;
     default:
         break;
+    }
+    if (cfg->dense_mlp_in_layer) {   /* the layer's FFN: gated (2C rows of proj, C of g) */
+        int c = cfg->moe_in_layer ? s->moe_shared_cols : s->mlp_cols;
+        c = (cfg->moe_in_layer && (cfg->moe_intermediate_size > c)) ? cfg->moe_intermediate_size : c;
+        rows = (2 * c > rows) ? 2 * c : rows;
+        inner = (c > inner) ? c : inner;
     }
     *inner_p = inner;
     return rows;
@@ -551,8 +641,9 @@ static kvf_status_t kvf_load_embeddings(kvf_loader_t *ld, kvf_model_h m)
 
     KVF_LOAD(kvf_load_mat_rows(ld, ld->dense ? "model.embed_tokens.weight" :
                                "backbone.embeddings.weight", V, H, all, 1, &m->rep.embed));
-    KVF_LOAD(kvf_load_vec(ld, ld->dense ? "model.norm.weight" : "backbone.norm_f.weight", 1,
-                          hshape, &m->rep.norm_f));
+    KVF_LOAD(kvf_load_vec(ld, !ld->dense ? "backbone.norm_f.weight" :
+                          (cfg->arch == KVF_ARCH_BAMBA) ? "model.final_layernorm.weight" :
+                          "model.norm.weight", 1, hshape, &m->rep.norm_f));
     /* tied: lm_head = embeddings, unless the file stores an lm_head.weight
      * (transformers 5 then keeps the stored head) */
     if (cfg->lm_head_tied && (kvf_ckpt_find(ld->ck, "lm_head.weight") != NULL)) {
@@ -600,6 +691,7 @@ kvf_status_t kvf_model_load_device(const char *dir, int tp_size, const kvf_devic
         }
     }
     ld.dense = (cfg->arch != KVF_ARCH_NEMOTRON_H);
+    ld.mamba = ld.dense ? "mamba" : "mixer";
     status = kvf_ckpt_open(dir, &ld.ck);
     if (status != KVF_OK) {
         goto err;
@@ -623,7 +715,9 @@ kvf_status_t kvf_model_load_device(const char *dir, int tp_size, const kvf_devic
         status = kvf_load_vec(&ld, kvf_lname(&ld, l, ld.dense ? "input_layernorm.weight" :
                                              "norm.weight"), 1, hshape, &m->rep.norm_w[l]);
         if ((status == KVF_OK) && ld.dense) {
-            status = kvf_load_vec(&ld, kvf_lname(&ld, l, "post_attention_layernorm.weight"), 1,
+            status = kvf_load_vec(&ld, kvf_lname(&ld, l, (cfg->arch == KVF_ARCH_BAMBA) ?
+                                                 "pre_ff_layernorm.weight" :
+                                                 "post_attention_layernorm.weight"), 1,
                                   hshape, &m->rep.norm2_w[l]);
         }
     }
@@ -644,12 +738,6 @@ kvf_status_t kvf_model_load_device(const char *dir, int tp_size, const kvf_devic
                 break;
             case KVF_LAYER_ATTENTION:
                 status = kvf_load_attention(&ld, cfg, s, l, w);
-                if ((status == KVF_OK) && cfg->dense_mlp_in_layer) {
-                    status = kvf_load_mlp_part(&ld, cfg, r, l, "mlp", cfg->mlp_gated,
-                                               cfg->intermediate_size, s->mlp_col_start,
-                                               s->mlp_cols, &w->up, &w->up_bias, &w->down,
-                                               &w->down_bias);
-                }
                 break;
             case KVF_LAYER_MLP:
                 status = kvf_load_mlp_part(&ld, cfg, r, l, "mixer", false, cfg->intermediate_size,
@@ -662,6 +750,9 @@ kvf_status_t kvf_model_load_device(const char *dir, int tp_size, const kvf_devic
             default:
                 status = KVF_ERR_UNSUPPORTED;
                 break;
+            }
+            if ((status == KVF_OK) && cfg->dense_mlp_in_layer) {
+                status = kvf_load_ffn(&ld, cfg, s, l, w);
             }
             rows = kvf_layer_rows(cfg, rw, w, l, &inner);
             rw->max_rows = (rows > rw->max_rows) ? rows : rw->max_rows;
@@ -779,7 +870,7 @@ void kvf_model_ws_device_bytes(kvf_model_h m, int rank, const kvf_step_limits_t 
     for (int l = 0; l < cfg->num_layers; ++l) {
         n_attn += (cfg->layer_kinds[l] == KVF_LAYER_ATTENTION) ? 1u : 0u;
         n_mamba += (cfg->layer_kinds[l] == KVF_LAYER_MAMBA) ? 1u : 0u;
-        n_moe += (cfg->layer_kinds[l] == KVF_LAYER_MOE) ? 1u : 0u;
+        n_moe += kvf_model_layer_has_moe(cfg, l) ? 1u : 0u;
     }
     if (n_attn > 0) {
         const int kbs = (lim->kernel_block_size > 0) ? lim->kernel_block_size : 1;

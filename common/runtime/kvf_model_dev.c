@@ -386,7 +386,7 @@ static kvf_status_t kvf_up_rep(kvf_model_h m, int r)
                            V * H * kvf_dtype_size(m->rep.lm_head.dtype), &rep->lm_head.data));
     }
     KVF_UP(kvf_up_copy(dev, m->rep.norm_f, H * sizeof(float), (void **)&rep->norm_f));
-    KVF_UP(kvf_up_copy(dev, m->rep.inv_freq, (size_t)(cfg->head_dim / 2) * sizeof(float),
+    KVF_UP(kvf_up_copy(dev, m->rep.inv_freq, (size_t)(cfg->rope.rotary_dim / 2) * sizeof(float),
                        (void **)&rep->inv_freq));
     for (int l = 0; l < cfg->num_layers; ++l) {
         KVF_UP(kvf_up_copy(dev, m->rep.norm_w[l], H * sizeof(float), (void **)&rep->norm_w[l]));

@@ -204,7 +204,9 @@ bool kvf_fwd_fi_try(kvf_model_h m, const kvf_rank_ctx_t *ctx, const kvf_device_t
     KVF_KCALL(kvf_device_memcpy(dev, fi->dev, fi->host, fi->int_bytes, KVF_COPY_H2D));
     const kvf_fi_decode_args_t a = {
         .geom = fi->geom, .head_dim = hd, .q_heads = s->attn_heads, .kv_heads = s->kv_heads,
-        .batch = S, .work = work, .sm_scale = 1.0f / sqrtf((float)hd),
+        .batch = S, .work = work, .sm_scale = (m->cfg.attention_multiplier > 0.0) ?
+                                            (float)m->cfg.attention_multiplier :
+                                            1.0f / sqrtf((float)hd),
         .q = FI_D(fi, FI_Q), .pool = kvf_page_pool_base(ctx->pool),
         .indices = FI_D(fi, FI_IDX), .indptr = FI_D(fi, FI_INDPTR),
         .last_page_len = FI_D(fi, FI_LAST), .request_indices = FI_D(fi, FI_REQ),

@@ -275,10 +275,11 @@ static kvf_status_t kvf_batch_check(const kvf_model_h m, const kvf_rank_ctx_t *c
     return KVF_OK;
 }
 
-/* out (T x H partial sums) -> all-reduce. The residual add h += out is the caller's, fused
+/* out (T x H partial sums) -> all-reduce, then times the residual multiplier @a rm
+ * (granitemoehybrid; 1 elsewhere: nothing). The residual add h += out is the caller's, fused
  * with the next layer's norm (kvf_fwd_norm: one launch on a device instead of two). */
 static kvf_status_t kvf_reduce_residual(const kvf_rank_ctx_t *ctx, struct kvf_model_ws *ws,
-                                        size_t T, size_t H, kvf_status_t status)
+                                        size_t T, size_t H, float rm, kvf_status_t status)
 {
     bool prof = kvf_fwd_profile_active();
     double t0 = prof ? kvf_fwd_profile_begin() : 0.0;
@@ -287,7 +288,11 @@ static kvf_status_t kvf_reduce_residual(const kvf_rank_ctx_t *ctx, struct kvf_mo
         kvf_fwd_profile_end(__func__, __LINE__, "kvf_comm_all_reduce(ctx->comm, ws->out, T * H)",
                             t0);
     }
-    return (status == KVF_OK) ? s2 : status;
+    status = (status == KVF_OK) ? s2 : status;
+    if (rm != 1.0f) {   /* after the sum, as transformers scales the layer's output */
+        KVF_KCALL(kvf_scale(kvf_fwd_dev(ctx), ws->out, T * H, rm));
+    }
+    return status;
 }
 
 /* The norm in front of a layer: with @a pending, first the residual add of the previous
@@ -477,7 +482,8 @@ static kvf_status_t kvf_fwd_mamba(kvf_model_h m, const kvf_rank_ctx_t *ctx,
                                           full_group, (float)cfg->norm_eps, ws->g));
     }
     KVF_KCALL(kvf_mat_gemm(dev, ws, T, ws->g, dim, &w->out_proj, w->out_bias, ws->out, H));
-    return kvf_reduce_residual(ctx, ws, (size_t)T, (size_t)H, status);
+    return kvf_reduce_residual(ctx, ws, (size_t)T, (size_t)H,
+                               (float)cfg->residual_multiplier, status);
 }
 
 static kvf_status_t kvf_fwd_attention(kvf_model_h m, const kvf_rank_ctx_t *ctx,
@@ -531,11 +537,17 @@ static kvf_status_t kvf_fwd_attention(kvf_model_h m, const kvf_rank_ctx_t *ctx,
         KVF_KCALL(kvf_rmsnorm_heads(dev, ws->proj + qd, R, T, s->kv_heads, hd, w->k_norm,
                                     (float)cfg->norm_eps));
     }
-    if (rep->inv_freq != NULL) {
+    if ((rep->inv_freq != NULL) && (cfg->rope.rotary_dim == hd)) {
         /* transformers' rotate_half RoPE of q and k (kernels/kvf_ops_math.h), every row at
          * its own position: one call for the batch */
         KVF_KCALL(kvf_rope(dev, rep->inv_freq, hd, pos, T, ws->proj, R, s->attn_heads));
         KVF_KCALL(kvf_rope(dev, rep->inv_freq, hd, pos, T, ws->proj + qd, R, s->kv_heads));
+    } else if (rep->inv_freq != NULL) {
+        /* partial rotary (bamba): the leading rotary_dim of each head, a call per head */
+        for (int h = 0; h < s->attn_heads + s->kv_heads; ++h) {
+            KVF_KCALL(kvf_rope(dev, rep->inv_freq, cfg->rope.rotary_dim, pos, T,
+                               ws->proj + (size_t)h * (size_t)hd, R, 1));
+        }
     }
     /* every seq's K/V written, then every seq attends: one call for the batch (on a GPU two
      * launches, whatever the batch size; on the CPU the per-seq calls) */
@@ -544,10 +556,12 @@ static kvf_status_t kvf_fwd_attention(kvf_model_h m, const kvf_rank_ctx_t *ctx,
                                 batch->seqs[0].group_num_blocks[g], &kv);
         KVF_KCALL(kvf_attn_write_paged_seqs(dev, &kv, &seqs, ws->proj + qd,
                                             ws->proj + qd + kd, R, ws->proj, R, pos,
-                                            s->attn_heads, 0.0f, ws->g));
+                                            s->attn_heads, (float)cfg->attention_multiplier,
+                                            ws->g));
     }
     KVF_KCALL(kvf_mat_gemm(dev, ws, T, ws->g, qd, &w->o_proj, w->o_bias, ws->out, H));
-    return kvf_reduce_residual(ctx, ws, (size_t)T, (size_t)H, status);
+    return kvf_reduce_residual(ctx, ws, (size_t)T, (size_t)H,
+                               (float)cfg->residual_multiplier, status);
 }
 
 /*
@@ -592,7 +606,8 @@ static kvf_status_t kvf_fwd_mlp(kvf_model_h m, const kvf_rank_ctx_t *ctx, int l,
 
     KVF_KCALL(kvf_mlp_rows(dev, ws, cfg->mlp_act, cfg->mlp_gated, T, ws->xn, H, &w->up,
                            w->up_bias, &w->down, w->down_bias, ws->out));
-    return kvf_reduce_residual(ctx, ws, (size_t)T, (size_t)H, status);
+    return kvf_reduce_residual(ctx, ws, (size_t)T, (size_t)H,
+                               (float)cfg->residual_multiplier, status);
 }
 
 /*
@@ -615,6 +630,7 @@ static int kvf_fwd_route(const kvf_device_t *dev, const kvf_model_config_t *cfg,
         .experts = cfg->moe_num_experts, .top_k = cfg->moe_top_k, .n_group = cfg->moe_n_group,
         .topk_group = cfg->moe_topk_group, .norm_topk_prob = cfg->moe_norm_topk_prob,
         .routed_scaling = (float)cfg->moe_routed_scaling, .bias = w->router_b,
+        .softmax_topk = cfg->moe_softmax_topk,
     };
     /* ids [n] then weights [n], adjacent: one device->host copy brings both */
     float *wt = (float *)(void *)(ws->route_idx + n);
@@ -654,7 +670,8 @@ static kvf_status_t kvf_fwd_moe(kvf_model_h m, const kvf_rank_ctx_t *ctx, int l,
     }
     KVF_KCALL(kvf_fwd_route(dev, cfg, w, ws, T, &route_idx, &route_w));
     /* shared expert slice first: it writes ws->out */
-    KVF_KCALL(kvf_mlp_rows(dev, ws, cfg->mlp_act, false, T, ws->xn, H, &w->sh_up, w->sh_up_b,
+    KVF_KCALL(kvf_mlp_rows(dev, ws, cfg->mlp_act, cfg->moe_gated, T, ws->xn, H, &w->sh_up,
+                           w->sh_up_b,
                            &w->sh_down, w->sh_down_b, ws->out));
     for (int e = 0; (status == KVF_OK) && (e < s->moe_experts); ++e) {
         const int ge = s->moe_expert_start + e;
@@ -674,11 +691,13 @@ static kvf_status_t kvf_fwd_moe(kvf_model_h m, const kvf_rank_ctx_t *ctx, int l,
         /* gather the expert's tokens, run it, add its weighted outputs to their rows
          * (a token picks an expert at most once: the rows are distinct) */
         KVF_KCALL(kvf_gather_rows(dev, ws->xn, KVF_DTYPE_FP32, H, ws->rows, n, ws->xg));
-        KVF_KCALL(kvf_mlp_rows(dev, ws, cfg->mlp_act, false, n, ws->xg, H, &w->exp_up[e], NULL,
+        KVF_KCALL(kvf_mlp_rows(dev, ws, cfg->mlp_act, cfg->moe_gated, n, ws->xg, H,
+                               &w->exp_up[e], NULL,
                                &w->exp_down[e], NULL, ws->yg));
         KVF_KCALL(kvf_scatter_add_rows(dev, ws->out, H, ws->rows, ws->rw, n, ws->yg, H));
     }
-    return kvf_reduce_residual(ctx, ws, (size_t)T, (size_t)H, status);
+    return kvf_reduce_residual(ctx, ws, (size_t)T, (size_t)H,
+                               (float)cfg->residual_multiplier, status);
 }
 
 /*
@@ -752,6 +771,10 @@ static kvf_status_t kvf_fwd_head_logits(kvf_model_h m, const kvf_rank_ctx_t *ctx
                               ws->last));
     KVF_KCALL(kvf_rmsnorm(dev, ws->last, rep->norm_f, ws->last, ns, H, (float)cfg->norm_eps));
     KVF_KCALL(kvf_mat_gemm(dev, ws, ns, ws->last, H, &rep->lm_head, NULL, ws->logits, V));
+    if (cfg->logits_scaling != 1.0) {   /* granitemoehybrid: logits / logits_scaling */
+        KVF_KCALL(kvf_scale(dev, ws->logits, (size_t)ns * (size_t)V,
+                            (float)(1.0 / cfg->logits_scaling)));
+    }
     return status;
 }
 
@@ -828,6 +851,9 @@ kvf_status_t kvf_fwd_body(kvf_model_h m, const kvf_rank_ctx_t *ctx,
     /* embedding lookup (ids checked against the vocabulary by kvf_batch_check) */
     KVF_KCALL(kvf_gather_rows(dev, rep->embed.data, rep->embed.dtype, H,
                               (ws->in != NULL) ? ws->in->ids : ws->ids, T, ws->h));
+    if (cfg->embedding_multiplier != 1.0) {
+        KVF_KCALL(kvf_scale(dev, ws->h, (size_t)T * (size_t)H, (float)cfg->embedding_multiplier));
+    }
     for (int l = 0; l < cfg->num_layers; ++l) {
         /* h += the previous layer's output (none before layer 0), then this layer's norm */
         status = kvf_fwd_norm(dev, ws, l > 0, rep->norm_w[l], T, H, (float)cfg->norm_eps,
@@ -838,11 +864,6 @@ kvf_status_t kvf_fwd_body(kvf_model_h m, const kvf_rank_ctx_t *ctx,
             break;
         case KVF_LAYER_ATTENTION:
             status = kvf_fwd_attention(m, ctx, batch, l, T, status);
-            if (cfg->dense_mlp_in_layer) {
-                status = kvf_fwd_norm(dev, ws, true, rep->norm2_w[l], T, H,
-                                      (float)cfg->norm_eps, status);
-                status = kvf_fwd_mlp(m, ctx, l, T, status);
-            }
             break;
         case KVF_LAYER_MOE:
             status = kvf_fwd_moe(m, ctx, l, T, status);
@@ -850,6 +871,12 @@ kvf_status_t kvf_fwd_body(kvf_model_h m, const kvf_rank_ctx_t *ctx,
         default:
             status = kvf_fwd_mlp(m, ctx, l, T, status);
             break;
+        }
+        if (cfg->dense_mlp_in_layer) {   /* the mixer's FFN: its norm, then MLP or experts */
+            status = kvf_fwd_norm(dev, ws, true, rep->norm2_w[l], T, H, (float)cfg->norm_eps,
+                                  status);
+            status = cfg->moe_in_layer ? kvf_fwd_moe(m, ctx, l, T, status) :
+                     kvf_fwd_mlp(m, ctx, l, T, status);
         }
     }
     if (cfg->num_layers > 0) {

@@ -101,7 +101,7 @@ kvf_status_t kvf_fwd_graphs_prepare(kvf_model_h m, const kvf_rank_ctx_t *ctx,
         return KVF_OK;
     }
     for (int l = 0; l < cfg->num_layers; ++l) {
-        moe |= (cfg->layer_kinds[l] == KVF_LAYER_MOE);
+        moe |= kvf_model_layer_has_moe(cfg, l);
         other |= (cfg->layer_kinds[l] == KVF_LAYER_MAMBA) && (cfg->mamba_act != KVF_ACT_SILU);
     }
     if ((ctx->comm->size > 1) || moe || other) {

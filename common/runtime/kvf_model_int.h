@@ -83,7 +83,7 @@ typedef struct kvf_rep_w {
     kvf_mat_t          lm_head;   /* [V][H]; aliases embed when tied */
     float            **norm_w;    /* [L][H] pre-norm of each layer (dense: input_layernorm) */
     float            **norm2_w;   /* [L][H] dense: post_attention_layernorm */
-    float             *inv_freq;  /* [head_dim / 2] RoPE, or NULL */
+    float             *inv_freq;  /* [rope.rotary_dim / 2] RoPE, or NULL */
 } kvf_rep_w_t;
 
 typedef struct {

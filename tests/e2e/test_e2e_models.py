@@ -3,13 +3,15 @@
 colocated run's tokens: a transformers-5 spelled hybrid with Mamba/MLP biases
 and a gelu conv activation (three safetensors shards), a Nemotron-H MoE hybrid,
 a dense Llama with Llama-3 rope scaling and a dense Qwen3 (q/k norm, biases;
-bf16 weights), each at 4p2d and 1p4d (TP4 replicates their 2 KV heads; the
-MoE's 8 experts split 2 per rank at TP4).
+bf16 weights), and the Bamba and Granite 4.0-H checkpoints transformers saved
+under tests/data/families, each at 4p2d and 1p4d (TP4 replicates their 2 KV
+heads; the MoE's 8 experts split 2 per rank at TP4, Granite's 4 one per rank).
 """
 
+import os
 import sys
 
-from e2e_models import check_tokens, model_dir, reference
+from e2e_models import check_tokens, model_dir, reference, repo_root
 from kvf_e2e import Pool
 
 MODELS = [
@@ -17,6 +19,8 @@ MODELS = [
     ("tiny-moe", {}),
     ("tiny-llama", {}),
     ("tiny-qwen3", dict(dtype="bf16")),
+    ("families/bamba", None),         # stored folders (not kvf mkmodel's)
+    ("families/granite-moe", None),
 ]
 PROMPTS = [
     "The ferry left at dawn",                   # mid-block
@@ -28,7 +32,8 @@ MAX_TOKENS = 8
 def main():
     layouts = sys.argv[1:] or ["4p2d", "1p4d"]
     for name, kw in MODELS:
-        model = model_dir(name, **kw)
+        model = model_dir(name, **kw) if kw is not None else \
+            os.path.join(repo_root(), "tests", "data", name)
         refs = {p: reference(model, p, MAX_TOKENS) for p in PROMPTS}
         for layout in layouts:
             matched = []

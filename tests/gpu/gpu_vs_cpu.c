@@ -625,7 +625,7 @@ static void check_moe(void)
     float *dl = up(logits, sizeof(sc_c)), *db = up(bias, E * 4), *ds = up(NULL, sizeof(sc_c));
     float *dwt = up(NULL, sizeof(wt_c));
     int32_t *didx = up(NULL, sizeof(idx_c));
-    kvf_moe_route_params_t p = {E, K, 8, 4, 1, 2.5f, bias};
+    kvf_moe_route_params_t p = {E, K, 8, 4, 1, 2.5f, bias, 0};
     size_t same = 0;
 
     CK("route cpu", kvf_moe_route(NULL, &p, logits, T, sc_c, idx_c, wt_c));

@@ -719,7 +719,7 @@ static void test_moe_route(void **state)
     float bias[E] = {0};
     float scores[T * E], wt[T * K];
     int32_t idx[T * K];
-    kvf_moe_route_params_t p = {E, K, 2, 1, 1, 2.5f, bias};
+    kvf_moe_route_params_t p = {E, K, 2, 1, 1, 2.5f, bias, 0};
     (void)state;
 
     assert_int_equal(kvf_moe_route(NULL, &p, logits, T, scores, idx, wt), KVF_KERN_OK);
@@ -765,9 +765,34 @@ static void test_moe_route(void **state)
     assert_int_equal(kvf_moe_route(NULL, &p, logits, 1, scores, idx, wt), KVF_KERN_EINVAL);
 }
 
+/* Granite's router (softmax_topk): the top-k logits, weighted by their softmax. */
+static void test_moe_route_softmax(void **state)
+{
+    enum { E = 4, K = 2 };
+    const float logits[E] = {0.3f, 2.0f, -1.0f, 1.25f};
+    float bias[E] = {0}, scores[E], wt[K];
+    int32_t idx[K];
+    kvf_moe_route_params_t p = {E, K, 1, 1, 1, 1.0f, bias, 1};
+    const double e0 = 1.0, e1 = exp(1.25 - 2.0);
+    (void)state;
+
+    assert_int_equal(kvf_moe_route(NULL, &p, logits, 1, scores, idx, wt), KVF_KERN_OK);
+    for (int e = 0; e < E; ++e) {
+        assert_true(scores[e] == logits[e]);   /* no sigmoid */
+    }
+    assert_int_equal(idx[0], 1);
+    assert_int_equal(idx[1], 3);
+    assert_float_equal(wt[0], e0 / (e0 + e1), 1e-6);   /* norm_topk_prob not applied */
+    assert_float_equal(wt[1], e1 / (e0 + e1), 1e-6);
+    p.routed_scaling = 2.0f;
+    assert_int_equal(kvf_moe_route(NULL, &p, logits, 1, scores, idx, wt), KVF_KERN_OK);
+    assert_float_equal(wt[0] + wt[1], 2.0, 1e-6);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_moe_route_softmax),
         cmocka_unit_test(test_dtype_bits_equal_base),
         cmocka_unit_test(test_mamba2_dt_clamp),
         cmocka_unit_test(test_mamba2_row),

@@ -188,9 +188,25 @@ static void test_cuda_value(void **state)
     assert_int_equal(kvf_add(&cuda, y, y, 0), KVF_KERN_OK);   /* nothing to do: no launch */
 }
 
+/* kvf_scale: x *= alpha, the same product as the scalar loop; bad input refused. */
+static void test_scale(void **state)
+{
+    float x[5] = {1.0f, -2.5f, 0.1f, 3.0e30f, 0.0f};
+    const float ref[5] = {1.0f, -2.5f, 0.1f, 3.0e30f, 0.0f};
+    (void)state;
+
+    assert_int_equal(kvf_scale(NULL, x, 5, 0.22f), KVF_KERN_OK);
+    for (int i = 0; i < 5; ++i) {
+        assert_true(x[i] == ref[i] * 0.22f);
+    }
+    assert_int_equal(kvf_scale(NULL, NULL, 0, 2.0f), KVF_KERN_OK);
+    assert_int_equal(kvf_scale(NULL, NULL, 3, 2.0f), KVF_KERN_EINVAL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_scale),
         cmocka_unit_test(test_add),
         cmocka_unit_test(test_gather_rows),
         cmocka_unit_test(test_scatter_add_rows),

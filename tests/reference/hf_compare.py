@@ -19,7 +19,10 @@ prefill chunk, and k chunks + 1 tokens (a last prefill chunk of one token;
 513 and 1025 tokens with 512-token chunks for hybrid-dt-clamp). kvferry's
 block size is read from `kvf plan`. The cases after "moe-hybrid" are the
 departures of issue 25: their config.json is edited after saving (PATCHES)
-and transformers' reference is from_pretrained of the edited folder.
+and transformers' reference is from_pretrained of the edited folder. The
+last three are issue 44's families (bamba, granitemoehybrid). Each decode
+step gets its position as generate() passes it (BambaModel's forward alone
+numbers a one-token step 0).
 
 Usage:
   python3 tests/reference/hf_compare.py --kvf build/bin/kvf [--tp 1,2,4]
@@ -46,6 +49,11 @@ COMMON = dict(vocab_size=VOCAB, hidden_size=64, bos_token_id=BOS, eos_token_id=2
 NEMOTRON = dict(COMMON, num_attention_heads=8, num_key_value_heads=2, head_dim=16,
                 mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=2,
                 conv_kernel=4, chunk_size=32, intermediate_size=128, layer_norm_epsilon=1e-5)
+
+# bamba / granitemoehybrid: the Mamba2 fields' own spelling (head_dim = 64 / 8 = 8)
+IBM_MAMBA = dict(COMMON, num_attention_heads=8, num_key_value_heads=2, mamba_n_heads=8,
+                 mamba_d_state=16, mamba_n_groups=2, mamba_d_conv=4, mamba_chunk_size=32,
+                 mamba_expand=2)
 
 
 def cases():
@@ -106,6 +114,29 @@ def cases():
         "mistral-default-window": ("mistral", dict(
             COMMON, intermediate_size=128, num_hidden_layers=2, num_attention_heads=8,
             num_key_value_heads=2, head_dim=16, max_position_embeddings=32768), None),
+        # --- issue 44: the Mamba2 + attention hybrids whose every layer has its FFN ---
+        # Bamba: partial RoPE (0.5 of each 8-wide head), biases everywhere it has them,
+        # n_groups 2 (TP 4 replicates the B/C groups and splits a gated-norm group)
+        "bamba": ("bamba", dict(
+            IBM_MAMBA, num_hidden_layers=4, attn_layer_indices=[1, 3], intermediate_size=96,
+            rms_norm_eps=1e-5, attention_bias=True, mlp_bias=True, mamba_proj_bias=True,
+            tie_word_embeddings=True), None),
+        # Granite 4.0-H: routed experts (softmax of the top-k logits) + shared MLP, the four
+        # multipliers, RoPE, sharded
+        "granite-moe": ("granitemoehybrid", dict(
+            IBM_MAMBA, num_hidden_layers=4,
+            layer_types=["mamba", "attention", "mamba", "attention"], intermediate_size=32,
+            num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=48,
+            embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.0625,
+            logits_scaling=8.0, position_embedding_type="rope", rms_norm_eps=1e-6,
+            attention_bias=True), "150KB"),
+        # Granite 4.0-H without experts (the 1B / 350M shape): shared MLP only, no
+        # positional encoding, a GELU-tanh mixer/MLP activation
+        "granite-dense-nope": ("granitemoehybrid", dict(
+            IBM_MAMBA, num_hidden_layers=3, layer_types=["mamba", "attention", "mamba"],
+            num_local_experts=0, shared_intermediate_size=64, hidden_act="gelu_pytorch_tanh",
+            embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.25,
+            logits_scaling=2.0, position_embedding_type=None), None),
     }
 
 
@@ -170,9 +201,21 @@ def build_model(model_type, kwargs, out_dir, max_shard, seed):
 def add_byte_tokenizer(kvf, model_dir):
     """The prompts here are byte ids (BOS + bytes), so give the saved folder the
     byte-level tokenizer.json that `kvf mkmodel` writes for the same config."""
+    with open(os.path.join(model_dir, "config.json")) as f:
+        cfg = json.load(f)
+    # a llama of the same vocabulary and special ids: kvf mkmodel writes every family's
+    # tokenizer alike but not every family's weights
+    tiny = dict(model_type="llama", hidden_size=8, num_attention_heads=2, num_hidden_layers=1,
+                intermediate_size=8, **{k: cfg[k] for k in ("vocab_size", "bos_token_id",
+                                                            "eos_token_id", "pad_token_id")
+                                        if cfg.get(k) is not None})
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([kvf, "mkmodel", "--config", os.path.join(model_dir, "config.json"),
-                        "--out", tmp], check=True, capture_output=True, timeout=300)
+        with open(os.path.join(tmp, "tiny.json"), "w") as f:
+            json.dump(tiny, f)
+        subprocess.run([kvf, "mkmodel", "--config", os.path.join(tmp, "tiny.json"),
+                        "--out", os.path.join(tmp, "out")], check=True, capture_output=True,
+                       timeout=300)
+        tmp = os.path.join(tmp, "out")
         shutil.copy(os.path.join(tmp, "tokenizer.json"), os.path.join(model_dir, "tokenizer.json"))
 
 
@@ -213,8 +256,12 @@ def hf_logits(model, ids, k_tokens):
         out = model(input_ids=torch.tensor([ids]), use_cache=True)
         steps.append(out.logits[0, -1].double())
         past = out.past_key_values
-        for t in k_tokens[:-1]:
-            out = model(input_ids=torch.tensor([[t]]), past_key_values=past, use_cache=True)
+        for i, t in enumerate(k_tokens[:-1]):
+            # the position as generate() passes it (BambaModel's forward alone would
+            # number a one-token step 0)
+            pos = torch.tensor([[len(ids) + i]])
+            out = model(input_ids=torch.tensor([[t]]), past_key_values=past, use_cache=True,
+                        position_ids=pos)
             past = out.past_key_values
             steps.append(out.logits[0, -1].double())
     return steps

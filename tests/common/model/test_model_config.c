@@ -322,6 +322,87 @@ static void test_refusals(void **state)
     }
 }
 
+/* bamba and granitemoehybrid: the minimal files below (class defaults elsewhere) */
+#define KVF_BAMBA_JSON                                                                      \
+    "{\"model_type\":\"bamba\",\"hidden_size\":64,\"vocab_size\":260,"                   \
+    "\"num_attention_heads\":8,\"num_key_value_heads\":2,\"num_hidden_layers\":3,"         \
+    "\"intermediate_size\":96,\"attn_layer_indices\":[1],\"mamba_n_heads\":8,"             \
+    "\"mamba_d_state\":16,\"mamba_n_groups\":2%s}"
+#define KVF_GRANITE_JSON                                                                    \
+    "{\"model_type\":\"granitemoehybrid\",\"hidden_size\":64,\"vocab_size\":260,"        \
+    "\"num_attention_heads\":8,\"num_hidden_layers\":2,\"intermediate_size\":32,"          \
+    "\"layer_types\":[\"mamba\",\"attention\"],\"num_local_experts\":4,"                 \
+    "\"shared_intermediate_size\":48,\"mamba_n_heads\":8,\"mamba_d_state\":16%s}"
+
+static void test_ibm_families(void **state)
+{
+    static const struct {
+        bool        granite;
+        const char *extra, *field, *value;
+    } refused[] = {
+        {false, ",\"partial_rotary_factor\":1.0", "partial_rotary_factor", "top level"},
+        {false, ",\"time_step_limit\":[0.0,100.0]", "time_step_limit", "100"},
+        {false, ",\"time_step_limit\":null", "time_step_limit", "null"},
+        {false, ",\"layer_types\":[\"mamba\"]", "layer_types", "bamba"},
+        {false, ",\"mamba_d_head\":24", "mamba_d_head", "24"},
+        {false, ",\"rope_parameters\":{\"partial_rotary_factor\":0.1}", "partial_rotary_factor",
+         "0.1"},
+        {true, ",\"position_embedding_type\":\"alibi\"", "position_embedding_type", "alibi"},
+        {true, ",\"normalization_function\":\"layernorm\"", "normalization_function",
+         "layernorm"},
+        {true, ",\"num_experts_per_tok\":5", "num_experts_per_tok", "5"},
+        {true, ",\"attention_multiplier\":0", "attention_multiplier", "0"},
+        {true, ",\"attn_layer_indices\":[1]", "attn_layer_indices", "granitemoehybrid"},
+        {true, ",\"position_embedding_type\":\"rope\",\"partial_rotary_factor\":0.5",
+         "partial_rotary_factor", "0.5"},
+    };
+    kvf_model_config_t cfg;
+    char json[2048], line[1024];
+    (void)state;
+
+    /* bamba: pattern, partial RoPE (0.5 of head_dim 8), the Mamba2 defaults and spelling */
+    snprintf(json, sizeof(json), KVF_BAMBA_JSON, "");
+    assert_int_equal(kvf_model_config_parse(json, "t", &cfg), KVF_OK);
+    assert_int_equal(cfg.arch, KVF_ARCH_BAMBA);
+    assert_string_equal(cfg.layer_kinds, "M*M");
+    assert_int_equal(cfg.rope.rotary_dim, 4);
+    assert_int_equal(cfg.mamba_head_dim, 16);   /* "auto": 2 * 64 / 8 */
+    assert_int_equal(cfg.conv_kernel, 4);
+    assert_int_equal(cfg.chunk_size, 256);
+    assert_true(cfg.dense_mlp_in_layer && cfg.mlp_gated && cfg.use_conv_bias);
+    assert_true(cfg.norm_eps == 1e-5 && cfg.time_step_min == 0.0);
+    /* granitemoehybrid: experts + shared MLP, multipliers' defaults, no RoPE by default */
+    snprintf(json, sizeof(json), KVF_GRANITE_JSON, ",\"logits_scaling\":8");
+    assert_int_equal(kvf_model_config_parse(json, "t", &cfg), KVF_OK);
+    assert_int_equal(cfg.arch, KVF_ARCH_GRANITE_MOE_HYBRID);
+    assert_string_equal(cfg.layer_kinds, "M*");
+    assert_true(cfg.moe_in_layer && cfg.moe_softmax_topk && cfg.moe_gated);
+    assert_int_equal(cfg.moe_num_experts, 4);
+    assert_int_equal(cfg.moe_top_k, 2);
+    assert_int_equal(cfg.moe_intermediate_size, 32);
+    assert_int_equal(cfg.moe_shared_intermediate_size, 48);
+    assert_int_equal(cfg.intermediate_size, 0);
+    assert_int_equal(cfg.rope.type, KVF_ROPE_NONE);
+    assert_true(cfg.logits_scaling == 8.0 && cfg.embedding_multiplier == 1.0);
+    assert_true(cfg.norm_eps == 1e-6);
+    /* without experts: the shared MLP is the layer's dense MLP */
+    snprintf(json, sizeof(json), KVF_GRANITE_JSON, "");
+    memcpy(strstr(json, "\"num_local_experts\":4"), "\"num_local_experts\":0", 21);
+    assert_int_equal(kvf_model_config_parse(json, "t", &cfg), KVF_OK);
+    assert_false(cfg.moe_in_layer);
+    assert_int_equal(cfg.intermediate_size, 48);
+    for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); ++i) {
+        kvf_status_t st;
+        snprintf(json, sizeof(json), refused[i].granite ? KVF_GRANITE_JSON : KVF_BAMBA_JSON,
+                 refused[i].extra);
+        st = parse_captured(json, line, sizeof(line));
+        if ((st == KVF_OK) || (strstr(line, refused[i].field) == NULL) ||
+            (strstr(line, refused[i].value) == NULL)) {
+            fail_msg("case %zu (%s): status %d, log '%s'", i, refused[i].extra, (int)st, line);
+        }
+    }
+}
+
 static void test_bad_input(void **state)
 {
     kvf_model_config_t cfg;
@@ -445,6 +526,7 @@ int main(void)
         cmocka_unit_test(test_honoured_fields),
         cmocka_unit_test(test_transformers_semantics),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_ibm_families),
         cmocka_unit_test(test_python_json),
     };
     kvf_log_init("test");

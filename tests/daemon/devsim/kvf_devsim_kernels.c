@@ -322,6 +322,8 @@ DEVSIM_KERNEL(kvf_gated_rmsnorm, (const kvf_device_t *dev, const float *x, const
                devsim_want_dev(y, "kvf_gated_rmsnorm y")))
 DEVSIM_KERNEL(kvf_add, (const kvf_device_t *dev, float *y, const float *x, size_t n),
               (dev, y, x, n), (devsim_want_dev(x, "kvf_add x"), devsim_want_dev(y, "kvf_add y")))
+DEVSIM_KERNEL(kvf_scale, (const kvf_device_t *dev, float *x, size_t n, float alpha),
+              (dev, x, n, alpha), devsim_want_dev(x, "kvf_scale x"))
 DEVSIM_KERNEL(kvf_gather_rows, (const kvf_device_t *dev, const void *src, kvf_dtype_t src_dtype,
                                 int cols, const int32_t *ids, int n, float *dst),
               (dev, src, src_dtype, cols, ids, n, dst),

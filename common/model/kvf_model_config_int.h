@@ -1,0 +1,69 @@
+/*
+ * Internal to common/model's config parser: the field readers of
+ * kvf_model_config.c shared with the per-family parsers of other files
+ * (kvf_model_config_ibm.c: bamba, granitemoehybrid). Every reader logs one
+ * line naming the field (and its value) when it fails; "absent or null"
+ * gives the default.
+ */
+#ifndef KVF_MODEL_CONFIG_INT_H
+#define KVF_MODEL_CONFIG_INT_H
+
+#include "kvf_model_config.h"
+#include "kvf_log.h"
+
+#include <cjson/cJSON.h>
+
+typedef struct {
+    const cJSON *root;
+    const char  *origin;
+} kvf_cfg_reader_t;
+
+/* Required positive integer. */
+kvf_status_t kvf_cfg_int(const kvf_cfg_reader_t *rd, const char *name, int *out);
+/* Optional integer in [0, 1e9] (the first entry of a list). */
+kvf_status_t kvf_cfg_int_opt(const kvf_cfg_reader_t *rd, const char *name, int dflt, int *out);
+kvf_status_t kvf_cfg_bool(const kvf_cfg_reader_t *rd, const char *name, bool dflt, bool *out);
+/* Optional finite number of object @a obj (rd->root or a nested object). */
+kvf_status_t kvf_cfg_num(const kvf_cfg_reader_t *rd, const cJSON *obj, const char *name,
+                         double dflt, double *out);
+kvf_status_t kvf_cfg_act(const kvf_cfg_reader_t *rd, const char *name, kvf_act_t dflt,
+                         kvf_act_t *out);
+kvf_status_t kvf_cfg_dtype_opt(const kvf_cfg_reader_t *rd, const char *name, kvf_dtype_t dflt,
+                               kvf_dtype_t *out);
+/* @a a divides @a b (and is positive), else the error names both. */
+kvf_status_t kvf_cfg_divides(const char *origin, const char *a_name, int a, const char *b_name,
+                             int b);
+/* @a a when the file has it, else @a b when the file has that, else @a a. */
+const char *kvf_cfg_alias(const kvf_cfg_reader_t *rd, const char *a, const char *b);
+/* Present and not null. */
+bool kvf_cfg_present(const kvf_cfg_reader_t *rd, const char *name);
+/* Short text of a JSON value for a refusal message. */
+void kvf_cfg_value_str(const cJSON *item, char *buf, size_t len);
+/* RoPE: rope_parameters / rope_scaling + rope_theta into cfg->rope (rotary_dim too;
+ * partial_rotary_factor other than 1 refused except for bamba). */
+kvf_status_t kvf_cfg_rope(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg);
+/* time_step_limit / mamba_dt_limit: a pair [low, high], 0 <= low <= high. */
+kvf_status_t kvf_cfg_dt_limit(const kvf_cfg_reader_t *rd);
+
+/* kvf_model_config_ibm.c: whether @a name is a field of @a arch's files there (bamba,
+ * granitemoehybrid), and the two parsers (after kvf_cfg_common()). */
+bool kvf_cfg_ibm_known(const char *name, kvf_arch_t arch);
+kvf_status_t kvf_cfg_parse_bamba(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg);
+kvf_status_t kvf_cfg_parse_granite(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg);
+
+/* In the per-architecture parsers: return the first error, naming the origin. */
+#define KVF_CFG_TRY(_expr)                                  \
+    do {                                                    \
+        kvf_status_t kvf_cfg_st_ = (_expr);                 \
+        if (kvf_cfg_st_ != KVF_OK) {                        \
+            return kvf_cfg_st_;                             \
+        }                                                   \
+    } while (0)
+
+#define KVF_CFG_FAIL(_status, _fmt, ...)                    \
+    do {                                                    \
+        kvf_error("%s: " _fmt, rd->origin, ##__VA_ARGS__);  \
+        return (_status);                                   \
+    } while (0)
+
+#endif

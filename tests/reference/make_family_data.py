@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Write the stored transformers reference of the bamba and granitemoehybrid families.
+
+Command (run from the repository root; needs torch and transformers, the ctest
+that reads the result does not):
+  python3 tests/reference/make_family_data.py --kvf build-dev/bin/kvf
+
+For each family, transformers builds a small random checkpoint: the
+hf_compare.py case of that name cut to two layers (same seed, same random
+biases and norms), saves it with save_pretrained into tests/data/families/<case>/
+(config.json, model.safetensors; kvf mkmodel adds the byte tokenizer.json),
+and writes ref.json: for prompts spanning one block, several prefill chunks
+and several blocks, transformers' greedy tokens and the logits of every step
+(the prompt in one forward, then one token at a time from its cache with
+generate()'s positions). check_family_data.py runs kvf on the folder at TP
+1, 2 and 4 and compares (greedy tokens equal, max |logit diff| <= 1e-4).
+"""
+import argparse
+import json
+import os
+import shutil
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hf_compare as H  # noqa: E402
+
+CASES = ["bamba", "granite-moe"]
+# two layers (one Mamba2, one attention) keep the files a few hundred KB
+SMALLER = {
+    "bamba": dict(num_hidden_layers=2, attn_layer_indices=[1]),
+    "granite-moe": dict(num_hidden_layers=2, layer_types=["mamba", "attention"],
+                        tie_word_embeddings=True),
+}
+LENGTHS = [5, 107, 295]    # BOS + bytes: 5 tokens; > 2 chunks of 48; > 3 blocks of 96
+MAX_TOKENS = 6
+
+
+def prompt_bytes(n):
+    return bytes((7 * i + 33) % 95 + 32 for i in range(n - 1))
+
+
+def reference(model, ids, k):
+    """transformers' greedy tokens and each step's logits (hf_compare.hf_logits' steps)."""
+    import torch
+    tokens = []
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ids]), use_cache=True)
+        steps = [out.logits[0, -1].double()]
+        for i in range(k):
+            tokens.append(int(torch.argmax(steps[-1])))
+            if i == k - 1:
+                break
+            out = model(input_ids=torch.tensor([[tokens[-1]]]), past_key_values=out.past_key_values,
+                        use_cache=True, position_ids=torch.tensor([[len(ids) + i]]))
+            steps.append(out.logits[0, -1].double())
+    return tokens, [[float("%.9g" % v) for v in s.tolist()] for s in steps]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kvf", required=True, help="path to the kvf binary (tokenizer.json)")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                  "..", "data", "families"))
+    ap.add_argument("--seed", type=int, default=3)
+    args = ap.parse_args()
+    import torch
+    import transformers
+    torch.set_num_threads(1)
+    for name in CASES:
+        model_type, kwargs, _ = H.cases()[name]
+        kwargs = dict(kwargs, **SMALLER[name])
+        d = os.path.join(args.out, name)
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d)
+        model = H.build_model(model_type, kwargs, d, None, args.seed)
+        H.add_byte_tokenizer(args.kvf, d)
+        prompts = []
+        for n in LENGTHS:
+            ids = [H.BOS] + list(prompt_bytes(n))
+            tokens, logits = reference(model, ids, MAX_TOKENS)
+            prompts.append({"tokens_in": n, "tokens": tokens, "logits": logits})
+        ref = {"case": name, "model_type": model_type, "chunk": H.CHUNK,
+               "transformers": transformers.__version__, "torch": torch.__version__,
+               "seed": args.seed, "prompts": prompts}
+        with open(os.path.join(d, "ref.json"), "w") as f:
+            json.dump(ref, f, separators=(",", ":"))
+        print("wrote %s (%d prompts)" % (d, len(prompts)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
