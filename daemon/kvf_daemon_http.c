@@ -36,6 +36,7 @@ typedef struct {
     uint64_t prefix_queries, prefix_hits, prefix_hit_attn, prefix_hit_state;
     uint64_t prefix_blocks_evicted, prefix_states_evicted;
     uint32_t prefix_cached_blocks, prefix_states;
+    uint64_t prefix_pulled_tokens, prefix_unknown_source, kv_pulls, kv_pulled_bytes;
 } kvf_daemon_snap_t;
 
 static struct {
@@ -97,6 +98,10 @@ void kvf_daemon_http_publish(const Kvf__HealthReply *h)
     s.prefix_states_evicted = h->prefix_states_evicted_total;
     s.prefix_cached_blocks = h->prefix_cached_blocks;
     s.prefix_states = h->prefix_states;
+    s.prefix_pulled_tokens = h->prefix_pulled_tokens_total;
+    s.prefix_unknown_source = h->prefix_unknown_source_total;
+    s.kv_pulls = h->kv_pulls_total;
+    s.kv_pulled_bytes = h->kv_pulled_bytes_total;
     if ((h->cannot_serve != NULL) && (h->cannot_serve[0] != '\0')) {
         snprintf(s.cannot_serve, sizeof(s.cannot_serve), "%s", h->cannot_serve);
     }
@@ -133,7 +138,7 @@ static void kvf_dh_counter(FILE *out, const char *name, const char *help, uint64
 
 /* The prefix cache's series: vLLM's two counters per engine (tokens), and kvferry's split
  * by what served the hit (attention blocks, Mamba state checkpoints) and where it was
- * computed (local: this instance; decode keeps no cache yet, so nothing is "pulled"). */
+ * computed (local: this instance); decode's prompt tokens pulled from prefill instead. */
 static void kvf_dh_prefix(FILE *out, const kvf_daemon_snap_t *s)
 {
     kvf_dh_counter(out, "vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of "
@@ -162,6 +167,18 @@ static void kvf_dh_prefix(FILE *out, const kvf_daemon_snap_t *s)
                "reused for other work.", (double)s->prefix_blocks_evicted);
     kvf_dh_kvf(out, "kvf_daemon_prefix_states_evicted_total", "counter", "Checkpoints "
                "replaced (least recently used first).", (double)s->prefix_states_evicted);
+    if (strcmp(kvf_dh.role, "decode") != 0) {
+        return;
+    }
+    kvf_dh_kvf(out, "kvf_daemon_prefix_pulled_tokens_total", "counter", "Prompt tokens whose "
+               "KV was pulled from prefill (not held here).", (double)s->prefix_pulled_tokens);
+    kvf_dh_kvf(out, "kvf_daemon_prefix_unknown_source_total", "counter", "Imports whose "
+               "prefill sent no numerics class: pulled whole, nothing kept.",
+               (double)s->prefix_unknown_source);
+    kvf_dh_kvf(out, "kvf_daemon_kv_pulls_total", "counter", "Pulls whose KV prefill answered "
+               "valid.", (double)s->kv_pulls);
+    kvf_dh_kvf(out, "kvf_daemon_kv_pulled_bytes_total", "counter", "KV bytes those pulls read, "
+               "every rank (Mamba state included).", (double)s->kv_pulled_bytes);
 }
 
 static void kvf_dh_metrics(FILE *out, const kvf_daemon_snap_t *s)
