@@ -37,6 +37,7 @@ typedef struct {
     uint64_t prefix_blocks_evicted, prefix_states_evicted;
     uint32_t prefix_cached_blocks, prefix_states;
     uint64_t prefix_pulled_tokens, prefix_unknown_source, kv_pulls, kv_pulled_bytes;
+    uint32_t block_size;
 } kvf_daemon_snap_t;
 
 static struct {
@@ -102,6 +103,7 @@ void kvf_daemon_http_publish(const Kvf__HealthReply *h)
     s.prefix_unknown_source = h->prefix_unknown_source_total;
     s.kv_pulls = h->kv_pulls_total;
     s.kv_pulled_bytes = h->kv_pulled_bytes_total;
+    s.block_size = h->block_size;
     if ((h->cannot_serve != NULL) && (h->cannot_serve[0] != '\0')) {
         snprintf(s.cannot_serve, sizeof(s.cannot_serve), "%s", h->cannot_serve);
     }
@@ -266,10 +268,10 @@ static int kvf_dh_health(FILE *out, const kvf_daemon_snap_t *s)
     kvf_prom_label_write(out, kvf_dh.engine_id);
     fprintf(out, "\",\"loop_age_ms\":%" PRIu64, age);
     if (s->valid) {   /* vLLM's hit rate: cached tokens / queried tokens */
-        fprintf(out, ",\"prefix_caching\":%s,\"prefix_cache_hit_rate\":%.6g",
+        fprintf(out, ",\"prefix_caching\":%s,\"prefix_cache_hit_rate\":%.6g,\"block_size\":%u",
                 s->prefix_caching ? "true" : "false",
                 (s->prefix_queries > 0) ? (double)s->prefix_hits / (double)s->prefix_queries :
-                0.0);
+                0.0, s->block_size);
     }
     if (why != NULL) {
         fputs(",\"reason\":\"", out);

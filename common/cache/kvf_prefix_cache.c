@@ -289,7 +289,7 @@ void kvf_prefix_cache_lookup(kvf_prefix_cache_h pc, const kvf_prefix_key_t *key,
             (pc->e[idx].source == key->source)) {
             ++blocks_ok;
         }
-        if (t > (blocks_ok + 1) * B - (G > 0 ? 0 : B)) {
+        if (t > (blocks_ok + 1) * B) {
             break;   /* past the cached blocks: no later unit can be served */
         }
         if ((G == 0) && (t % B == 0) && (t / B == blocks_ok)) {
