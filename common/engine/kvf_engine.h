@@ -218,7 +218,7 @@ kvf_status_t kvf_engine_prefill(kvf_engine_h engine, const kvf_req_params_t *par
  * first kvf_engine_request_prefix_hit() tokens are already there (shared
  * cached blocks, a multiple of the block size): the caller fills only the
  * KV of the tokens after them (and the Mamba state); commit indexes the
- * prompt's full blocks under that source (docs/PREFIX_CACHE.md §5).
+ * prompt's full blocks under that source (docs/PREFIX_CACHE.md §6).
  *
  * @param [out] blocks_p  Block tables (valid until commit/abort/release).
  * @return KVF_OK; KVF_ERR_NO_RESOURCE when blocks are short (nothing held);

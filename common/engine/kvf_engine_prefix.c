@@ -441,7 +441,7 @@ void kvf_engine_prefix_get_stats(kvf_engine_prefix_h ep, kvf_engine_prefix_stats
     stats_p->states = cs.states;
 }
 
-/* ---- decode: imported requests (docs/PREFIX_CACHE.md §5) ------------------------------ */
+/* ---- decode: imported requests (docs/PREFIX_CACHE.md §6) ------------------------------ */
 
 uint64_t kvf_engine_prefix_numerics(kvf_tp_runner_h runner)
 {

@@ -88,7 +88,7 @@ def run(layout, model, caching, vocab, decode_args=()):
 
 
 class DecodeSeries:
-    """Decode's /metrics (docs/PREFIX_CACHE.md §5): per request, the prompt tokens its own
+    """Decode's /metrics (docs/PREFIX_CACHE.md §6): per request, the prompt tokens its own
     cache served (vLLM's hits counter), those it pulled, and the KV bytes pulled."""
 
     def __init__(self, port):
@@ -217,7 +217,7 @@ def check(layout, model, vocab, hybrid, decode_args=()):
     for i, (a, b) in enumerate(zip(on, off)):
         assert a == b, "%s: step %d differs with the cache on:\n%s\n%s" % (layout, i, a, b)
     # decode keeps its outputs' blocks only where its numerics are prefill's (one TP) and the
-    # model has no Mamba layers (docs/PREFIX_CACHE.md §3, §5)
+    # model has no Mamba layers (docs/PREFIX_CACHE.md §3, §6)
     check_decode("%s %s%s" % (layout, os.path.basename(model), " ".join([""] + list(decode_args))),
                  d_on, d_off, not hybrid and layout == "1p1d")
     assert all(h == 0 for _, (h, _) in t_off), t_off

@@ -107,7 +107,7 @@ typedef struct kvf_xfer_plan_params {
     int64_t                         skip_tokens;  /* needs FIELD_SKIP; default 0. Tokens
                                                      [0, skip_tokens) are in the local blocks
                                                      already (decode's prefix cache hit,
-                                                     docs/PREFIX_CACHE.md §5): no attention
+                                                     docs/PREFIX_CACHE.md §6): no attention
                                                      block below skip_tokens / local
                                                      block_size is read or zeroed (they may be
                                                      shared). A multiple of the local

@@ -186,7 +186,7 @@ typedef struct kvf_connector_pull {
      * NULL: the engine id alone picks it (handshake()). */
     const kvf_connector_peer_t *peer;
     /* ABI 13: tokens [0, skip_tokens) are in the local blocks already (decode's prefix
-     * cache, docs/PREFIX_CACHE.md §5): neither read nor zeroed; a multiple of the local
+     * cache, docs/PREFIX_CACHE.md §6): neither read nor zeroed; a multiple of the local
      * block size, <= num_tokens (kvf_xfer_plan_params_t.skip_tokens); 0: read them all */
     int64_t         skip_tokens;
 } kvf_connector_pull_t;

@@ -8,7 +8,7 @@
  *   in the LRU (a prefix's tail first) and its entry goes when it is reused;
  * - state slots are reused least recently used first;
  * - a block is served only to a key of the source that computed it, and a
- *   blocks-only lookup (decode's, docs/PREFIX_CACHE.md §5) takes the longest
+ *   blocks-only lookup (decode's, docs/PREFIX_CACHE.md §6) takes the longest
  *   run of cached blocks, walking the hash units inside each block. */
 #include "kvf_pool_test.h"
 #include "kvf_prefix_cache.h"

@@ -1,6 +1,6 @@
 /*
  * The planning of a partial pull (kvf_xfer_plan_params_t.skip_tokens, docs/PREFIX_CACHE.md
- * §5): decode's prefix cache holds the request's first blocks, so the plan reads only the
+ * §6): decode's prefix cache holds the request's first blocks, so the plan reads only the
  * tokens after them (and the Mamba state), never writes or zeroes a held block, and any
  * prefill block size works because the runs are cut per token. Checked byte for byte by
  * xfer_plan_harness.c (held blocks stay poisoned, every other byte as a full pull leaves it)
