@@ -924,7 +924,7 @@ void kvf_engine_get_prefix_stats(kvf_engine_h e, kvf_engine_prefix_stats_t *stat
 
 uint64_t kvf_engine_numerics_class(kvf_engine_h e)
 {
-    return kvf_engine_prefix_numerics(e->runner);
+    return kvf_engine_prefix_numerics(e->runner, e->sched.state_grid);
 }
 
 int kvf_engine_request_prefix_hit(kvf_engine_h e, uint64_t id)

@@ -124,7 +124,6 @@ kvf_status_t kvf_engine_prefix_create(const kvf_engine_prefix_params_t *params,
     ep->bm = bm;
     ep->layout = lay;
     memcpy(ep->digest, digest, 16);
-    ep->numerics = kvf_engine_prefix_numerics(runner);
     ep->block_size = kvf_block_manager_block_size(bm);
     ep->slots = lay->slots;
     ep->page_size = kvf_tp_runner_geometry(runner, 0)->page_size;
@@ -138,6 +137,7 @@ kvf_status_t kvf_engine_prefix_create(const kvf_engine_prefix_params_t *params,
     ep->grid = (ep->n_mamba > 0) ?
                ((params->state_grid > 0) ? params->state_grid : KVF_PREFIX_STATE_GRID_DEFAULT) : 0;
     ep->unit = (ep->grid > 0) ? kvf_gcd(ep->block_size, ep->grid) : ep->block_size;
+    ep->numerics = kvf_engine_prefix_numerics(runner, ep->grid);
     ep->ckpt_bytes = (size_t)(ep->n_mamba + ep->n_attn) * (size_t)ep->slots * ep->page_size;
     ep->ids = malloc((size_t)(ep->n_attn > 0 ? ep->n_attn : 1) * sizeof(int32_t));
     if ((ep->ids == NULL) || (ep->n_attn == 0)) {
@@ -443,14 +443,15 @@ void kvf_engine_prefix_get_stats(kvf_engine_prefix_h ep, kvf_engine_prefix_stats
 
 /* ---- decode: imported requests (docs/PREFIX_CACHE.md §6) ------------------------------ */
 
-uint64_t kvf_engine_prefix_numerics(kvf_tp_runner_h runner)
+uint64_t kvf_engine_prefix_numerics(kvf_tp_runner_h runner, int state_grid)
 {
     static const char *const knobs[] = {"KVF_GPU_WEIGHTS", "KVF_GPU_GEMM", "KVF_GPU_ATTN",
                                         "KVF_MAMBA_SCAN"};
     const kvf_device_t *dev = kvf_page_pool_device(kvf_tp_runner_pool(runner, 0));
     char desc[512];
-    int n = snprintf(desc, sizeof(desc), "tp=%d device=%s", kvf_tp_runner_tp_size(runner),
-                     kvf_device_kind_name(dev->kind));
+    /* the grid: a GPU's chunked Mamba2 scan rounds a narrow state on it */
+    int n = snprintf(desc, sizeof(desc), "tp=%d device=%s grid=%d", kvf_tp_runner_tp_size(runner),
+                     kvf_device_kind_name(dev->kind), state_grid);
     uint64_t h;
 
     /* the environment switches that change a GPU forward's bits (README: kernels) */

@@ -53,10 +53,11 @@ void kvf_engine_prefix_forget(kvf_request_t *r);
 
 /**
  * The numerics class of an engine on @a runner (kvf_engine_numerics_class()):
- * XXH3-64 of its TP size, device kind and the environment switches that
- * change a GPU forward's bits; never 0.
+ * XXH3-64 of its TP size, device kind, Mamba state grid (@a state_grid
+ * tokens, 0 without Mamba layers) and the environment switches that change a
+ * GPU forward's bits; never 0.
  */
-uint64_t kvf_engine_prefix_numerics(kvf_tp_runner_h runner);
+uint64_t kvf_engine_prefix_numerics(kvf_tp_runner_h runner, int state_grid);
 
 /**
  * Decode: @a r (just created, holding no blocks) is an import of KV that an
