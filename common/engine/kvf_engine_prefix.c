@@ -18,6 +18,13 @@
  *   scheduler ends chunks on the grid, and r->chunk_cut asks for one more cut
  *   at the last grid point of the prompt, the checkpoint the next turn of a
  *   conversation hits.
+ * - Decode (imports, docs/PREFIX_CACHE.md §6): the same index, keyed by decode's own chain
+ *   (its block size and grid give the unit), each block tagged with the numerics class of
+ *   whoever computed it, so a hit is always the bits prefill would send. Rejected: agreeing
+ *   on a hash unit with prefill in the handshake and looking up prefill's hashes (decode
+ *   hashes the prompt it receives anyway, and the planner cuts runs per token, so no pair of
+ *   block sizes needs a common unit); indexing pulled blocks under decode's own class (a
+ *   4p2d decode's recompute or outputs differ from a TP-4 prefill's bits).
  */
 #include "kvf_engine_prefix.h"
 #include "kvf_prefix_cache.h"
