@@ -82,6 +82,16 @@ static void test_malformed_decode_requests(void **state)
     dr.prompt_tokens = prompt;
     expect_error(&req, "request_id");                 /* no request id at all */
     dr.request_id = (char *)"r1";
+    {   /* decode's prefix cache takes the salt prefill got: 1..256 bytes, named */
+        static uint8_t salt[257];
+        dr.has_cache_salt = 1;
+        dr.cache_salt.data = salt;
+        dr.cache_salt.len = sizeof(salt);
+        expect_error(&req, "cache_salt of 257 bytes: 1..256");
+        dr.cache_salt.len = 0;
+        expect_error(&req, "cache_salt of 0 bytes: 1..256");
+        dr.has_cache_salt = 0;
+    }
     expect_error(&req, "transfer params");            /* no params */
     dr.params = &tp;
     tp.engine_id = (char *)"prefill-x";
