@@ -151,7 +151,8 @@ static void kvf_dh_prefix(FILE *out, const kvf_daemon_snap_t *s)
                s->prefix_caching ? 1 : 0);
     fputs("# HELP kvf_daemon_prefix_hit_tokens_total Prompt tokens the prefix cache served, by "
           "kind (attention: shared KV blocks; state: restored Mamba checkpoints, which also "
-          "cover the tokens of their partial block) and source (local: computed here).\n"
+          "cover the tokens of their partial block) and source (local: this instance's own "
+          "cache; on decode, blocks it pulled or decoded before).\n"
           "# TYPE kvf_daemon_prefix_hit_tokens_total counter\n", out);
     for (int k = 0; k < 2; ++k) {
         fputs("kvf_daemon_prefix_hit_tokens_total{engine=\"", out);
