@@ -553,6 +553,7 @@ void kvf_dc_pull_prefix(kvf_dc_pull_ctx_t *ctx, kvf_dc_pull_t *pull, kvf_engine_
 {
     const kvf_cache_layout_t *lay = kvf_tp_runner_layout(kvf_engine_runner(engine));
     int hit = kvf_engine_request_prefix_hit(engine, id);
+    kvf_engine_prefix_stats_t ps;
     bool mamba = false;
 
     for (int g = 0; g < lay->num_groups; ++g) {
@@ -560,7 +561,8 @@ void kvf_dc_pull_prefix(kvf_dc_pull_ctx_t *ctx, kvf_dc_pull_t *pull, kvf_engine_
     }
     pull->skip_tokens = (hit > 0) ? hit : 0;
     pull->no_reads = !mamba && (pull->skip_tokens == pull->xp->num_tokens);
-    if ((pull->xp->prefix_source == 0) && !ctx->warned_no_source) {
+    kvf_engine_get_prefix_stats(engine, &ps);   /* all 0 with decode's cache off */
+    if ((pull->xp->prefix_source == 0) && (ps.imports > 0) && !ctx->warned_no_source) {
         ctx->warned_no_source = true;   /* the metric counts each one */
         kvf_warn("request %s: prefill %s sends no numerics class (TransferParams.prefix_source,"
                  " an older prefill): its KV is pulled whole and not kept in decode's prefix"
