@@ -36,6 +36,8 @@ typedef struct {
     uint64_t prefix_queries, prefix_hits, prefix_hit_attn, prefix_hit_state;
     uint64_t prefix_blocks_evicted, prefix_states_evicted;
     uint32_t prefix_cached_blocks, prefix_states;
+    uint64_t prefix_pulled_tokens, prefix_unknown_source, kv_pulls, kv_pulled_bytes;
+    uint32_t block_size;
 } kvf_daemon_snap_t;
 
 static struct {
@@ -97,6 +99,11 @@ void kvf_daemon_http_publish(const Kvf__HealthReply *h)
     s.prefix_states_evicted = h->prefix_states_evicted_total;
     s.prefix_cached_blocks = h->prefix_cached_blocks;
     s.prefix_states = h->prefix_states;
+    s.prefix_pulled_tokens = h->prefix_pulled_tokens_total;
+    s.prefix_unknown_source = h->prefix_unknown_source_total;
+    s.kv_pulls = h->kv_pulls_total;
+    s.kv_pulled_bytes = h->kv_pulled_bytes_total;
+    s.block_size = h->block_size;
     if ((h->cannot_serve != NULL) && (h->cannot_serve[0] != '\0')) {
         snprintf(s.cannot_serve, sizeof(s.cannot_serve), "%s", h->cannot_serve);
     }
@@ -135,7 +142,7 @@ static void kvf_dh_counter(FILE *out, const char *name, const char *help, uint64
 
 /* The prefix cache's series: vLLM's two counters per engine (tokens), and kvferry's split
  * by what served the hit (attention blocks, Mamba state checkpoints) and where it was
- * computed (local: this instance; decode keeps no cache yet, so nothing is "pulled"). */
+ * computed (local: this instance); decode's prompt tokens pulled from prefill instead. */
 static void kvf_dh_prefix(FILE *out, const kvf_daemon_snap_t *s)
 {
     kvf_dh_counter(out, "vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of "
@@ -147,7 +154,8 @@ static void kvf_dh_prefix(FILE *out, const kvf_daemon_snap_t *s)
     kvf_prom_head(out, "kvf_daemon_prefix_hit_tokens_total", "counter", "Prompt tokens the "
                   "prefix cache served, by kind (attention: shared KV blocks; state: restored "
                   "Mamba checkpoints, which also cover the tokens of their partial block) and "
-                  "source (local: computed here).");
+                  "source (local: this instance's own cache; on decode, blocks it pulled or "
+                  "decoded before).");
     for (int k = 0; k < 2; ++k) {
         kvf_prom_label_t l[] = {{"engine", kvf_dh.engine_id}, {"role", kvf_dh.role},
                                 {"kind", k ? "state" : "attention"}, {"source", "local"}};
@@ -163,6 +171,18 @@ static void kvf_dh_prefix(FILE *out, const kvf_daemon_snap_t *s)
                "reused for other work.", (double)s->prefix_blocks_evicted);
     kvf_dh_kvf(out, "kvf_daemon_prefix_states_evicted_total", "counter", "Checkpoints "
                "replaced (least recently used first).", (double)s->prefix_states_evicted);
+    if (strcmp(kvf_dh.role, "decode") != 0) {
+        return;
+    }
+    kvf_dh_kvf(out, "kvf_daemon_prefix_pulled_tokens_total", "counter", "Prompt tokens whose "
+               "KV was pulled from prefill (not held here).", (double)s->prefix_pulled_tokens);
+    kvf_dh_kvf(out, "kvf_daemon_prefix_unknown_source_total", "counter", "Imports whose "
+               "prefill sent no numerics class: pulled whole, nothing kept.",
+               (double)s->prefix_unknown_source);
+    kvf_dh_kvf(out, "kvf_daemon_kv_pulls_total", "counter", "Pulls whose KV prefill answered "
+               "valid.", (double)s->kv_pulls);
+    kvf_dh_kvf(out, "kvf_daemon_kv_pulled_bytes_total", "counter", "KV bytes those pulls read, "
+               "every rank (Mamba state included).", (double)s->kv_pulled_bytes);
 }
 
 static void kvf_dh_metrics(FILE *out, const kvf_daemon_snap_t *s)
@@ -250,10 +270,10 @@ static int kvf_dh_health(FILE *out, const kvf_daemon_snap_t *s)
     kvf_prom_label_write(out, kvf_dh.engine_id);
     fprintf(out, "\",\"loop_age_ms\":%" PRIu64, age);
     if (s->valid) {   /* vLLM's hit rate: cached tokens / queried tokens */
-        fprintf(out, ",\"prefix_caching\":%s,\"prefix_cache_hit_rate\":%.6g",
+        fprintf(out, ",\"prefix_caching\":%s,\"prefix_cache_hit_rate\":%.6g,\"block_size\":%u",
                 s->prefix_caching ? "true" : "false",
                 (s->prefix_queries > 0) ? (double)s->prefix_hits / (double)s->prefix_queries :
-                0.0);
+                0.0, s->block_size);
     }
     if (why != NULL) {
         fputs(",\"reason\":\"", out);

@@ -460,6 +460,9 @@ void kvf_role_health_fill(kvf_engine_h engine, const char *role,
         h->prefix_states_evicted_total = ps.states_evicted;
         h->prefix_cached_blocks = (uint32_t)ps.cached_blocks;
         h->prefix_states = (uint32_t)ps.states;
+        h->has_prefix_pulled_tokens_total = h->has_prefix_unknown_source_total = 1;
+        h->prefix_pulled_tokens_total = ps.pulled_tokens;
+        h->prefix_unknown_source_total = ps.import_unknown_source;
     }
 }
 

@@ -4,6 +4,7 @@
  * request may wait in line, so nothing malformed is ever kept.
  */
 #include "kvf_decode_check.h"
+#include "kvf_block_hash.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -33,6 +34,12 @@ kvf_status_t kvf_decode_request_check(const Kvf__DecodeRequest *dr, kvf_xfer_par
         snprintf(err, len, "max_tokens must be at least 1 and max_tokens + prompt length must"
                  " fit an int: max_tokens %u, prompt %zu tokens", dr->sampling->max_tokens,
                  dr->n_prompt_tokens);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    if (dr->has_cache_salt && ((dr->cache_salt.len == 0) ||
+                               (dr->cache_salt.len > KVF_CACHE_SALT_MAX))) {
+        snprintf(err, len, "decode request cache_salt of %zu bytes: 1..%d", dr->cache_salt.len,
+                 KVF_CACHE_SALT_MAX);
         return KVF_ERR_INVALID_PARAM;
     }
     if (kvf_xfer_params_decode(dr->params, (int64_t)dr->n_prompt_tokens, xp, err, len) !=

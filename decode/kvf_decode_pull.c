@@ -88,8 +88,12 @@ static kvf_status_t kvf_dc_pull_digest_rank(kvf_dc_pull_ctx_t *ctx, kvf_dc_pull_
     uint64_t t0 = kvf_time_now_ns();
     const kvf_kv_digest_t *d;
     int n;
-    kvf_status_t status = ctx->xops->req_digests(ctx->conn, r, pull->reqs[r], &d, &n);
+    kvf_status_t status;
 
+    if (pull->reqs[r] == NULL) {
+        return KVF_OK;   /* no_reads: nothing landed, nothing to digest */
+    }
+    status = ctx->xops->req_digests(ctx->conn, r, pull->reqs[r], &d, &n);
     if (status != KVF_OK) {
         return status;
     }
@@ -281,6 +285,7 @@ static kvf_status_t kvf_dc_pull_start_gets(kvf_dc_pull_ctx_t *ctx, kvf_dc_pull_t
     p.num_tokens = xp->num_tokens;
     p.num_groups = pull->blocks->num_groups;
     p.peer = &pull->peer;
+    p.skip_tokens = pull->skip_tokens;
     for (int g = 0; g < pull->blocks->num_groups; ++g) {
         p.remote_ids[g] = xp->ids[g];
         p.num_remote_ids[g] = xp->num_ids[g];
@@ -289,6 +294,11 @@ static kvf_status_t kvf_dc_pull_start_gets(kvf_dc_pull_ctx_t *ctx, kvf_dc_pull_t
     }
     pull->gets_ns = kvf_time_now_ns();
     for (int r = 0; r < ctx->tp; ++r) {
+        if (pull->no_reads) {
+            pull->final[r] = KVF_OK;   /* the lease is still claimed and released */
+            pull->reqs[r] = NULL;
+            continue;
+        }
         pull->final[r] = ctx->xops->start_pull(ctx->conn, r, &p, &pull->reqs[r]);
         if (pull->final[r] == KVF_OK) {
             pull->final[r] = KVF_INPROGRESS;
@@ -497,6 +507,8 @@ static kvf_status_t kvf_dc_pull_released(kvf_dc_pull_ctx_t *ctx, kvf_dc_pull_t *
     snprintf(ctx->fault_last_rid, sizeof(ctx->fault_last_rid), "%s", pull->request_id);
     ctx->fault_last_nonce = pull->xp->nonce;
 #endif
+    ctx->pulls_valid++;
+    ctx->bytes_valid += pull->stats.bytes;
     pull->state = KVF_DC_PULL_DONE;
     return KVF_OK;
 }
@@ -533,5 +545,32 @@ kvf_status_t kvf_dc_pull_advance(kvf_dc_pull_ctx_t *ctx, kvf_dc_pull_t *pull)
         if ((status != KVF_INPROGRESS) || (pull->state == before)) {
             return status;   /* ended, or waiting in this state */
         }
+    }
+}
+
+void kvf_dc_pull_prefix(kvf_dc_pull_ctx_t *ctx, kvf_dc_pull_t *pull, kvf_engine_h engine,
+                        uint64_t id)
+{
+    const kvf_cache_layout_t *lay = kvf_tp_runner_layout(kvf_engine_runner(engine));
+    int hit = kvf_engine_request_prefix_hit(engine, id);
+    kvf_engine_prefix_stats_t ps;
+    bool mamba = false;
+
+    for (int g = 0; g < lay->num_groups; ++g) {
+        mamba = mamba || (lay->groups[g].kind == KVF_GROUP_MAMBA);
+    }
+    pull->skip_tokens = (hit > 0) ? hit : 0;
+    pull->no_reads = !mamba && (pull->skip_tokens == pull->xp->num_tokens);
+    kvf_engine_get_prefix_stats(engine, &ps);   /* all 0 with decode's cache off */
+    if ((pull->xp->prefix_source == 0) && (ps.imports > 0) && !ctx->warned_no_source) {
+        ctx->warned_no_source = true;   /* the metric counts each one */
+        kvf_warn("request %s: prefill %s sends no numerics class (TransferParams.prefix_source,"
+                 " an older prefill): its KV is pulled whole and not kept in decode's prefix"
+                 " cache", pull->request_id, pull->xp->engine_id);
+    }
+    if (hit > 0) {
+        kvf_log(KVF_LOG_DEBUG, KVF_SUB_XFER, "request %s: %d of %lld prompt tokens from decode's"
+                " prefix cache, the rest%s pulled", pull->request_id, hit,
+                (long long)pull->xp->num_tokens, mamba ? " and the Mamba state" : "");
     }
 }

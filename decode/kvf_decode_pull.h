@@ -49,6 +49,10 @@ typedef struct kvf_dc_pull_ctx {
     uint64_t                   reads_prevented;     /* lease not valid: KV not read / not used */
     uint64_t                   abandoned;           /* abandoning releases sent */
     uint64_t                   digest_mismatches;   /* releases answered corrupt */
+    uint64_t                   pulls_valid;         /* pulls whose release was answered valid */
+    uint64_t                   bytes_valid;         /* their KV bytes read (every rank) */
+    bool                       warned_no_source;    /* logged once: a prefill without a
+                                                     * numerics class (TransferParams) */
 #if KVF_FAULT_ENABLED
     char                       fault_last_rid[KVF_ENGINE_ID_MAX];   /* lease.claim=replay */
     uint64_t                   fault_last_nonce;
@@ -82,6 +86,12 @@ typedef struct kvf_dc_pull {
     kvf_dc_pull_state_t          state;
     const kvf_xfer_params_msg_t *xp;        /* borrowed */
     const kvf_req_blocks_t      *blocks;    /* borrowed: the import's block tables */
+    int64_t                      skip_tokens;   /* decode's prefix cache hit: tokens already
+                                                 * in the local blocks (neither read nor
+                                                 * zeroed); set before the first advance */
+    bool                         no_reads;  /* nothing to read (a full hit of a model
+                                             * without Mamba layers): claim and release
+                                             * only, which settles prefill's lease */
     kvf_connector_peer_t         peer;      /* points into xp */
     char                         request_id[KVF_ENGINE_ID_MAX];
     uint64_t                     ticket;    /* side-channel operation in flight; 0: none */
@@ -119,6 +129,15 @@ void kvf_dc_pull_begin(kvf_dc_pull_ctx_t *ctx, kvf_dc_pull_t *pull,
  *         After a final status nothing is in flight.
  */
 kvf_status_t kvf_dc_pull_advance(kvf_dc_pull_ctx_t *ctx, kvf_dc_pull_t *pull);
+
+/**
+ * After kvf_dc_pull_begin(): the tokens of engine request @a id that decode's prefix cache
+ * served (kvf_engine_request_prefix_hit()) are not read; nothing is read at all when that is
+ * the whole prompt of a model without Mamba layers (the lease is claimed and released). Says
+ * in the log when prefill gave no numerics class (a whole pull, nothing kept).
+ */
+void kvf_dc_pull_prefix(kvf_dc_pull_ctx_t *ctx, kvf_dc_pull_t *pull, kvf_engine_h engine,
+                        uint64_t id);
 
 /** The pull's reads are on the wire, or its hashing is due (the leader should spin, not sleep). */
 bool kvf_dc_pull_on_wire(const kvf_dc_pull_t *pull);

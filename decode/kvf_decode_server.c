@@ -467,6 +467,10 @@ static void kvf_dc_req_params(kvf_decode_server_h srv, const Kvf__DecodeRequest 
                                 &rp->sampling, err, sizeof(err));
     rp->sampling.want_prompt_logprobs = false;   /* prefill reports them; a recompute here
                                                   * need not go one token per step */
+    if (dr->has_cache_salt) {   /* length checked on arrival (kvf_decode_check.c) */
+        rp->cache_salt = dr->cache_salt.data;
+        rp->cache_salt_len = dr->cache_salt.len;
+    }
 }
 
 /* The sampling parameters of a DecodeRequest, checked on arrival; KVF_OK or the refusal. */
@@ -506,6 +510,7 @@ static kvf_dc_outcome_t kvf_dc_decode(kvf_decode_server_h srv, const kvf_serve_p
     kvf_status_t status;
 
     kvf_dc_req_params(srv, dr, &rp);
+    rp.import_source = xp->prefix_source;   /* keys decode's own prefix cache */
     memset(&none, 0, sizeof(none));
     if (kvf_block_manager_blocks_needed(bm, &none, rp.prompt_len) >
         kvf_block_manager_num_blocks(bm)) {
@@ -563,6 +568,7 @@ static kvf_dc_outcome_t kvf_dc_decode(kvf_decode_server_h srv, const kvf_serve_p
     memset(xp, 0, sizeof(*xp));   /* moved */
     imp->rp = rp;
     kvf_dc_pull_begin(&srv->px, &imp->pull, &imp->xp, blocks, rid);
+    kvf_dc_pull_prefix(&srv->px, &imp->pull, srv->engine, id);
     q->imp = imp;
     srv->num_pulling++;
     return KVF_DC_STARTED;
@@ -745,6 +751,9 @@ static void kvf_dc_health_fill(kvf_decode_server_h srv, Kvf__HealthReply *h)
     h->kv_digest_mismatches = srv->px.digest_mismatches;
     h->has_max_queue = 1;
     h->max_queue = (uint32_t)srv->cfg.max_queue;
+    h->has_kv_pulls_total = h->has_kv_pulled_bytes_total = 1;
+    h->kv_pulls_total = srv->px.pulls_valid;
+    h->kv_pulled_bytes_total = srv->px.bytes_valid;
 }
 
 /* Health probes are answered by the control channel's thread from this. */

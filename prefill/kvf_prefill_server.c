@@ -483,6 +483,8 @@ static void kvf_pf_prefilled(kvf_prefill_server_h srv, kvf_pf_pending_t *p,
     tp.request_id = p->request_id;
     tp.has_incarnation = 1;
     tp.incarnation = srv->xops->incarnation(srv->conn);
+    tp.has_prefix_source = 1;   /* decode's prefix cache keeps this KV under it */
+    tp.prefix_source = kvf_engine_numerics_class(srv->engine);
     reply.request_id = p->request_id;
     reply.has_status = 1;
     reply.status = KVF_OK;

@@ -29,6 +29,7 @@ typedef struct kvf_pc_entry {
     uint8_t         *salt;       /* root-level entries: the salt (salt_len bytes) */
     size_t           salt_len;
     int32_t         *ids;        /* [n_attn_groups] when has_block */
+    uint64_t         source;     /* who computed the block (kvf_prefix_key_t.source) */
 } kvf_pc_entry_t;
 
 struct kvf_prefix_cache {
@@ -268,7 +269,7 @@ static kvf_status_t kvf_pc_grow_scratch(struct kvf_prefix_cache *pc, int n_units
 void kvf_prefix_cache_lookup(kvf_prefix_cache_h pc, const kvf_prefix_key_t *key, int max_tokens,
                              kvf_prefix_hit_t *hit)
 {
-    const int u = pc->p.unit, B = pc->p.block_size, G = pc->p.state_grid;
+    const int u = pc->p.unit, B = pc->p.block_size, G = key->blocks_only ? 0 : pc->p.state_grid;
     int kmax = max_tokens / u, blocks_ok = 0, best = 0, best_slot = -1;
     int32_t idx = -1;
 
@@ -284,10 +285,11 @@ void kvf_prefix_cache_lookup(kvf_prefix_cache_h pc, const kvf_prefix_key_t *key,
             break;
         }
         pc->path[k] = idx;
-        if ((t % B == 0) && (t / B == blocks_ok + 1) && pc->e[idx].has_block) {
+        if ((t % B == 0) && (t / B == blocks_ok + 1) && pc->e[idx].has_block &&
+            (pc->e[idx].source == key->source)) {
             ++blocks_ok;
         }
-        if (t > (blocks_ok + 1) * B - (G > 0 ? 0 : B)) {
+        if (t > (blocks_ok + 1) * B) {
             break;   /* past the cached blocks: no later unit can be served */
         }
         if ((G == 0) && (t % B == 0) && (t / B == blocks_ok)) {
@@ -341,6 +343,7 @@ kvf_status_t kvf_prefix_cache_add_block(kvf_prefix_cache_h pc, const kvf_prefix_
     }
     memcpy(pc->e[idx].ids, ids, (size_t)pc->p.n_attn_groups * sizeof(int32_t));
     pc->e[idx].has_block = true;
+    pc->e[idx].source = key->source;
     ++pc->st.cached_blocks;
     return KVF_OK;
 }

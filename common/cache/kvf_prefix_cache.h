@@ -50,6 +50,12 @@ typedef struct kvf_prefix_key {
     const int32_t          *tokens;     /* at least n_units * unit */
     const kvf_block_hash_t *unit_hash;  /* [n_units]: h_1 .. h_n */
     int                     n_units;
+    uint64_t                source;     /* who computed the KV (the numerics class of the
+                                         * engine, kvf_engine_numerics_class()): a block is
+                                         * served only to a key of the same source, and
+                                         * add_block records it; 0 is a source too */
+    bool                    blocks_only;/* lookup: ignore the checkpoints, the longest run
+                                         * of cached blocks (decode pulls the state) */
 } kvf_prefix_key_t;
 
 typedef struct kvf_prefix_hit {
@@ -78,9 +84,10 @@ void kvf_prefix_cache_destroy(kvf_prefix_cache_h pc);
 
 /**
  * The longest prefix of @a key every group can serve, at most @a max_tokens
- * tokens (docs/PREFIX_CACHE.md §1): without states, whole cached blocks from
- * the start; with states, the longest checkpoint t whose blocks below
- * floor(t / block_size) are all cached. A used checkpoint becomes the most
+ * tokens (docs/PREFIX_CACHE.md §1): without states (or key->blocks_only),
+ * whole cached blocks of key->source from the start; with states, the
+ * longest checkpoint t whose blocks below floor(t / block_size) are all
+ * cached, of key->source. A used checkpoint becomes the most
  * recently used. Never fails: a miss is hit->tokens == 0.
  */
 void kvf_prefix_cache_lookup(kvf_prefix_cache_h pc, const kvf_prefix_key_t *key, int max_tokens,
@@ -89,7 +96,8 @@ void kvf_prefix_cache_lookup(kvf_prefix_cache_h pc, const kvf_prefix_key_t *key,
 /**
  * Block @a j of @a key (tokens [j B, (j+1) B), all computed) is in pool
  * blocks @a ids (one per attention group): index it and mark the blocks
- * cached, unless that prefix already has a block (then nothing changes).
+ * cached as computed by key->source, unless that prefix already has a block
+ * (then nothing changes: the first copy stays, whatever its source).
  * key->n_units must cover (j+1) B tokens.
  * @return KVF_OK; KVF_ERR_INVALID_PARAM; KVF_ERR_NO_MEMORY (nothing indexed).
  */

@@ -837,6 +837,11 @@ kvf_status_t kvf_engine_import_begin(kvf_engine_h e, const kvf_req_params_t *par
     if (status != KVF_OK) {
         return status;
     }
+    /* pulled KV is indexed only under its source's numerics (kvf_engine_prefix_import) */
+    r->prefix_counted = r->prefix_off = true;
+    if (e->prefix != NULL) {
+        (void)kvf_engine_prefix_import(e->prefix, r, params->import_source);
+    }
     status = kvf_block_manager_allocate(e->bm, &r->blocks, r->prompt_len);
     if (status != KVF_OK) {
         (void)kvf_engine_release(e, r->id);
@@ -851,9 +856,6 @@ kvf_status_t kvf_engine_import_begin(kvf_engine_h e, const kvf_req_params_t *par
         return status;
     }
     r->state = KVF_REQ_IMPORTING;
-    r->prefix_counted = true;   /* pulled KV: never indexed (computed elsewhere, maybe at
-                                 * another TP, whose rounding a local recompute differs from) */
-    r->prefix_off = true;
     *id_p = r->id;
     *blocks_p = &r->blocks;
     return KVF_OK;
@@ -878,6 +880,9 @@ kvf_status_t kvf_engine_import_commit(kvf_engine_h e, uint64_t id, int32_t first
     r->num_computed = r->prompt_len;
     r->state = KVF_REQ_RUNNING;
     r->prefill_only = false;
+    if (e->prefix != NULL) {
+        kvf_engine_prefix_imported(e->prefix, r);   /* landed and verified: kept */
+    }
     return kvf_accept_token(e, r, first_token, NULL, NULL, ev, 4, &n);
 }
 
@@ -915,6 +920,11 @@ void kvf_engine_get_prefix_stats(kvf_engine_h e, kvf_engine_prefix_stats_t *stat
     if (e->prefix != NULL) {
         kvf_engine_prefix_get_stats(e->prefix, stats_p);
     }
+}
+
+uint64_t kvf_engine_numerics_class(kvf_engine_h e)
+{
+    return kvf_engine_prefix_numerics(e->runner, e->sched.state_grid);
 }
 
 int kvf_engine_request_prefix_hit(kvf_engine_h e, uint64_t id)

@@ -74,6 +74,11 @@ typedef struct kvf_engine_prefix_stats {
     int      states;            /* checkpoints held now */
     int      state_slots;       /* checkpoints the budget holds */
     size_t   state_bytes;       /* one checkpoint, bytes per rank */
+    /* decode (imports, kvf_engine_import_begin()): hits above are its local blocks */
+    uint64_t imports;           /* requests imported with the cache on */
+    uint64_t pulled_tokens;     /* of their prompt tokens, those whose KV is pulled */
+    uint64_t import_unknown_source; /* imports whose source did not say its numerics: the
+                                     * whole prompt pulled, nothing kept */
 } kvf_engine_prefix_stats_t;
 
 typedef struct kvf_engine_params {
@@ -110,6 +115,9 @@ typedef struct kvf_req_params {
     const uint8_t  *cache_salt;     /* only requests with the same salt share a prefix
                                      * (docs/PREFIX_CACHE.md §2); copied; NULL: none */
     size_t          cache_salt_len; /* <= KVF_CACHE_SALT_MAX */
+    uint64_t        import_source;  /* import_begin() with the prefix cache on: the numerics
+                                     * class (kvf_engine_numerics_class()) of the engine
+                                     * whose KV is imported; 0: unknown (nothing reused) */
 } kvf_req_params_t;
 
 typedef enum {
@@ -206,6 +214,11 @@ kvf_status_t kvf_engine_prefill(kvf_engine_h engine, const kvf_req_params_t *par
  * prompt_len tokens in every cache group and zero the fresh attention
  * blocks on every rank. The caller then fills the pages (KV of the prompt,
  * Mamba state after all prompt tokens) and calls import_commit().
+ * With the prefix cache on and params->import_source set, the prompt's
+ * first kvf_engine_request_prefix_hit() tokens are already there (shared
+ * cached blocks, a multiple of the block size): the caller fills only the
+ * KV of the tokens after them (and the Mamba state); commit indexes the
+ * prompt's full blocks under that source (docs/PREFIX_CACHE.md §6).
  *
  * @param [out] blocks_p  Block tables (valid until commit/abort/release).
  * @return KVF_OK; KVF_ERR_NO_RESOURCE when blocks are short (nothing held);
@@ -253,7 +266,15 @@ void kvf_engine_get_stats(kvf_engine_h engine, kvf_engine_stats_t *stats_p);
 /** Prefix cache counters; all zero when the cache is off. */
 void kvf_engine_get_prefix_stats(kvf_engine_h engine, kvf_engine_prefix_stats_t *stats_p);
 
-/** Tokens of @a id served from the prefix cache by its last lookup; -1 if unknown. */
+/**
+ * The numerics class of this engine: equal for two engines whose forwards give the same bits
+ * (same TP size, device kind, numerics switches; the weights are in the cache's keys). A
+ * prefill sends it with its transfer params (TransferParams.prefix_source); never 0.
+ */
+uint64_t kvf_engine_numerics_class(kvf_engine_h engine);
+
+/** Tokens of @a id served from the prefix cache by its last lookup (or its import); -1 if
+ * unknown. */
 int kvf_engine_request_prefix_hit(kvf_engine_h engine, uint64_t id);
 
 #endif

@@ -18,6 +18,13 @@
  *   scheduler ends chunks on the grid, and r->chunk_cut asks for one more cut
  *   at the last grid point of the prompt, the checkpoint the next turn of a
  *   conversation hits.
+ * - Decode (imports, docs/PREFIX_CACHE.md §6): the same index, keyed by decode's own chain
+ *   (its block size and grid give the unit), each block tagged with the numerics class of
+ *   whoever computed it, so a hit is always the bits prefill would send. Rejected: agreeing
+ *   on a hash unit with prefill in the handshake and looking up prefill's hashes (decode
+ *   hashes the prompt it receives anyway, and the planner cuts runs per token, so no pair of
+ *   block sizes needs a common unit); indexing pulled blocks under decode's own class (a
+ *   4p2d decode's recompute or outputs differ from a TP-4 prefill's bits).
  */
 #include "kvf_engine_prefix.h"
 #include "kvf_prefix_cache.h"
@@ -25,10 +32,13 @@
 #include "kvf_device.h"
 #include "kvf_log.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 typedef struct kvf_pfx_chain {   /* r->prefix */
+    uint64_t          source;    /* who computed its KV (kvf_prefix_key_t.source) */
     kvf_block_hash_t  root;
     kvf_block_hash_t *uh;        /* h_1 .. h_n */
     int               n, cap;
@@ -57,6 +67,7 @@ struct kvf_engine_prefix {
     kvf_pfx_copy_t     *copies;
     int                 n_copies, cap_copies;
     int32_t            *ids;                        /* one block of each attention group */
+    uint64_t            numerics;                   /* kvf_engine_numerics_class() */
     kvf_engine_prefix_stats_t st;
 };
 
@@ -133,6 +144,7 @@ kvf_status_t kvf_engine_prefix_create(const kvf_engine_prefix_params_t *params,
     ep->grid = (ep->n_mamba > 0) ?
                ((params->state_grid > 0) ? params->state_grid : KVF_PREFIX_STATE_GRID_DEFAULT) : 0;
     ep->unit = (ep->grid > 0) ? kvf_gcd(ep->block_size, ep->grid) : ep->block_size;
+    ep->numerics = kvf_engine_prefix_numerics(runner, ep->grid);
     ep->ckpt_bytes = (size_t)(ep->n_mamba + ep->n_attn) * (size_t)ep->slots * ep->page_size;
     ep->ids = malloc((size_t)(ep->n_attn > 0 ? ep->n_attn : 1) * sizeof(int32_t));
     if ((ep->ids == NULL) || (ep->n_attn == 0)) {
@@ -221,6 +233,7 @@ static kvf_status_t kvf_pfx_key(kvf_engine_prefix_h ep, kvf_request_t *r, int n_
             free(c);
             return KVF_ERR_NO_MEMORY;
         }
+        c->source = ep->numerics;   /* computed here; an import says otherwise */
         r->prefix = c;
     }
     n_units = (n_units < r->num_tokens / ep->unit) ? n_units : r->num_tokens / ep->unit;
@@ -235,7 +248,8 @@ static kvf_status_t kvf_pfx_key(kvf_engine_prefix_h ep, kvf_request_t *r, int n_
         c->n = n_units;
     }
     *key = (kvf_prefix_key_t){.root = c->root, .salt = r->salt, .salt_len = r->salt_len,
-                              .tokens = r->tokens, .unit_hash = c->uh, .n_units = n_units};
+                              .tokens = r->tokens, .unit_hash = c->uh, .n_units = n_units,
+                              .source = c->source};
     return KVF_OK;
 }
 
@@ -326,8 +340,9 @@ kvf_status_t kvf_engine_prefix_admit(kvf_engine_prefix_h ep, kvf_request_t *r)
     kvf_status_t status;
     int max_hit;
 
-    if ((r->state != KVF_REQ_WAITING) || (r->num_computed != 0) || (r->blocks.num_groups != 0)) {
-        return KVF_OK;
+    if ((r->state != KVF_REQ_WAITING) || (r->num_computed != 0) || (r->blocks.num_groups != 0) ||
+        r->prefix_off) {
+        return KVF_OK;   /* prefix_off: an import computed elsewhere, recomputed here now */
     }
     /* the last token is always computed (its logits sample); a hybrid model's cache holds
      * prompt tokens only */
@@ -431,4 +446,81 @@ void kvf_engine_prefix_get_stats(kvf_engine_prefix_h ep, kvf_engine_prefix_stats
     stats_p->blocks_evicted = cs.blocks_evicted;
     stats_p->cached_blocks = cs.cached_blocks;
     stats_p->states = cs.states;
+}
+
+/* ---- decode: imported requests (docs/PREFIX_CACHE.md §6) ------------------------------ */
+
+uint64_t kvf_engine_prefix_numerics(kvf_tp_runner_h runner, int state_grid)
+{
+    static const char *const knobs[] = {"KVF_GPU_WEIGHTS", "KVF_GPU_GEMM", "KVF_GPU_ATTN",
+                                        "KVF_MAMBA_SCAN"};
+    const kvf_device_t *dev = kvf_page_pool_device(kvf_tp_runner_pool(runner, 0));
+    char desc[512];
+    /* the grid: a GPU's chunked Mamba2 scan rounds a narrow state on it */
+    int n = snprintf(desc, sizeof(desc), "tp=%d device=%s grid=%d", kvf_tp_runner_tp_size(runner),
+                     kvf_device_kind_name(dev->kind), state_grid);
+    uint64_t h;
+
+    /* the environment switches that change a GPU forward's bits (README: kernels) */
+    for (size_t i = 0; (i < sizeof(knobs) / sizeof(knobs[0])) && (n < (int)sizeof(desc)); ++i) {
+        const char *v = getenv(knobs[i]);
+        n += snprintf(desc + n, sizeof(desc) - (size_t)n, " %s=%s", knobs[i], v ? v : "");
+    }
+    h = XXH3_64bits(desc, strlen(desc));
+    return (h != 0) ? h : 1;   /* 0 stays "unknown" on the wire */
+}
+
+kvf_status_t kvf_engine_prefix_import(kvf_engine_prefix_h ep, kvf_request_t *r,
+                                      uint64_t source)
+{
+    kvf_prefix_key_t key;
+    kvf_prefix_hit_t hit = {0};
+
+    r->prefix_counted = true;   /* counted here, once */
+    r->prefix_off = true;
+    r->prefix_hit = 0;
+    ep->st.imports++;
+    ep->st.queries += (uint64_t)r->prompt_len;
+    if (source == 0) {
+        ep->st.import_unknown_source++;   /* a prefill that does not say: a full pull */
+        ep->st.pulled_tokens += (uint64_t)r->prompt_len;
+        return KVF_OK;
+    }
+    if (kvf_pfx_key(ep, r, r->prompt_len / ep->unit, &key) != KVF_OK) {
+        ep->st.pulled_tokens += (uint64_t)r->prompt_len;
+        return KVF_OK;   /* no memory for the chain: a full pull, nothing kept */
+    }
+    ((kvf_pfx_chain_t *)r->prefix)->source = source;
+    key.source = source;
+    key.blocks_only = true;   /* the Mamba state always comes from prefill */
+    kvf_prefix_cache_lookup(ep->pc, &key, r->prompt_len, &hit);
+    if ((hit.n_blocks > 0) &&
+        (kvf_block_manager_share(ep->bm, &r->blocks, hit.ids, hit.n_blocks) != KVF_OK)) {
+        (void)kvf_block_manager_free(ep->bm, &r->blocks);
+        hit.n_blocks = 0;
+    }
+    r->prefix_hit = hit.n_blocks * ep->block_size;
+    /* its outputs' blocks are this engine's to index only when prefill's numerics are
+     * this engine's: a decode step attends to the pulled KV */
+    r->prefix_off = (source != ep->numerics);
+    ep->st.hits += (uint64_t)r->prefix_hit;
+    ep->st.hit_attn_tokens += (uint64_t)r->prefix_hit;
+    ep->st.pulled_tokens += (uint64_t)(r->prompt_len - r->prefix_hit);
+    return KVF_OK;
+}
+
+void kvf_engine_prefix_imported(kvf_engine_prefix_h ep, kvf_request_t *r)
+{
+    kvf_prefix_key_t key;
+    const int B = ep->block_size;
+
+    if ((r->prefix == NULL) || (kvf_pfx_key(ep, r, r->prompt_len / ep->unit, &key) != KVF_OK)) {
+        return;   /* unknown source: nothing of it is kept */
+    }
+    for (int j = r->prefix_hit / B; (j + 1) * B <= r->prompt_len; ++j) {
+        for (int a = 0; a < ep->n_attn; ++a) {
+            ep->ids[a] = r->blocks.blocks[ep->attn_g[a]][j];
+        }
+        (void)kvf_prefix_cache_add_block(ep->pc, &key, j, ep->ids);   /* best effort */
+    }
 }

@@ -51,6 +51,32 @@ kvf_status_t kvf_engine_prefix_after_step(kvf_engine_prefix_h ep, const kvf_sche
 /** A request leaves the engine: free its chain. */
 void kvf_engine_prefix_forget(kvf_request_t *r);
 
+/**
+ * The numerics class of an engine on @a runner (kvf_engine_numerics_class()):
+ * XXH3-64 of its TP size, device kind, Mamba state grid (@a state_grid
+ * tokens, 0 without Mamba layers) and the environment switches that change a
+ * GPU forward's bits; never 0.
+ */
+uint64_t kvf_engine_prefix_numerics(kvf_tp_runner_h runner, int state_grid);
+
+/**
+ * Decode: @a r (just created, holding no blocks) is an import of KV that an
+ * engine of numerics class @a source computed (0: unknown). Share the
+ * longest run of full attention blocks this cache holds for r's prompt from
+ * that source (r->prefix_hit tokens, a multiple of the block size, at most
+ * the prompt); the caller allocates the rest and pulls tokens from
+ * r->prefix_hit on. Counts the query, the hit and the tokens to pull. Marks r
+ * not to be looked up again, and not indexed unless @a source is this
+ * engine's class. @return KVF_OK (a failure to share is a miss).
+ */
+kvf_status_t kvf_engine_prefix_import(kvf_engine_prefix_h ep, kvf_request_t *r, uint64_t source);
+
+/**
+ * Decode: the pull of @a r landed and was verified: index its full prompt
+ * blocks (those past its hit) under their source, for the next request.
+ */
+void kvf_engine_prefix_imported(kvf_engine_prefix_h ep, kvf_request_t *r);
+
 /** Counters (kvf_engine_prefix_stats_t). */
 void kvf_engine_prefix_get_stats(kvf_engine_prefix_h ep, kvf_engine_prefix_stats_t *stats_p);
 

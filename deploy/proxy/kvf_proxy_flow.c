@@ -598,6 +598,11 @@ static kvf_status_t kvf_proxy_flow_on_prefill(kvf_proxy_flow_t *flow, const Kvf_
     dreq.params = r->params;
     dreq.has_stream = true;
     dreq.stream = true;     /* the proxy relays per step; it also times tokens */
+    if (flow->req->cache_salt_len > 0) {   /* decode keeps its own prefix cache */
+        dreq.has_cache_salt = 1;
+        dreq.cache_salt.data = (uint8_t *)flow->req->cache_salt;
+        dreq.cache_salt.len = (size_t)flow->req->cache_salt_len;
+    }
     sreq.body_case = KVF__SERVE_REQUEST__BODY_DECODE;
     sreq.decode = &dreq;
     status = kvf_proxy_call_start(ctx->pool, KVF_PROXY_ROLE_DECODE, flow->decode_idx,

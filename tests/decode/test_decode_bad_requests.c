@@ -64,6 +64,20 @@ static void expect_error(const Kvf__ServeRequest *req, const char *needle)
     kvf__serve_reply__free_unpacked(r, NULL);
 }
 
+/* Decode's prefix cache takes the salt prefill got: 1..256 bytes, else refused by name. */
+static void expect_salt_refused(const Kvf__ServeRequest *req, Kvf__DecodeRequest *dr)
+{
+    static uint8_t salt[257];
+
+    dr->has_cache_salt = 1;
+    dr->cache_salt.data = salt;
+    dr->cache_salt.len = sizeof(salt);
+    expect_error(req, "cache_salt of 257 bytes: 1..256");
+    dr->cache_salt.len = 0;
+    expect_error(req, "cache_salt of 0 bytes: 1..256");
+    dr->has_cache_salt = 0;
+}
+
 static void test_malformed_decode_requests(void **state)
 {
     Kvf__ServeRequest req = KVF__SERVE_REQUEST__INIT;
@@ -82,6 +96,7 @@ static void test_malformed_decode_requests(void **state)
     dr.prompt_tokens = prompt;
     expect_error(&req, "request_id");                 /* no request id at all */
     dr.request_id = (char *)"r1";
+    expect_salt_refused(&req, &dr);
     expect_error(&req, "transfer params");            /* no params */
     dr.params = &tp;
     tp.engine_id = (char *)"prefill-x";

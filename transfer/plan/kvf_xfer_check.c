@@ -207,6 +207,14 @@ kvf_status_t kvf_xfer_params_check(const kvf_xfer_plan_params_t *p)
         kvf_error("xfer plan: num_tokens %" PRId64 " must be at least 1", p->num_tokens);
         return KVF_ERR_INVALID_PARAM;
     }
+    if ((p->field_mask & KVF_XFER_PLAN_PARAM_FIELD_SKIP) &&
+        ((p->skip_tokens < 0) || (p->skip_tokens > p->num_tokens) ||
+         (p->skip_tokens % p->local_geom->block_size != 0))) {
+        kvf_error("xfer plan: skip_tokens %" PRId64 " must be a multiple of the local"
+                  " block_size %d within num_tokens %" PRId64, p->skip_tokens,
+                  p->local_geom->block_size, p->num_tokens);
+        return KVF_ERR_INVALID_PARAM;
+    }
     return KVF_OK;
 }
 

@@ -571,6 +571,9 @@ static int kvf_xfer_cmp_ref(const void *a, const void *b)
 static kvf_status_t kvf_xfer_plan_blocks(kvf_xfer_planner_t *pl)
 {
     const kvf_xfer_plan_params_t *p = pl->p;
+    /* a decode prefix hit: its blocks are there already (and may be shared) */
+    const int64_t skip = (p->field_mask & KVF_XFER_PLAN_PARAM_FIELD_SKIP) ?
+                         p->skip_tokens / pl->lg->block_size : 0;
     kvf_xfer_block_ref_t *refs;
     size_t n = 0, k = 0;
     bool sorted = true;
@@ -578,7 +581,8 @@ static kvf_status_t kvf_xfer_plan_blocks(kvf_xfer_planner_t *pl)
 
     for (int g = 0; g < p->num_groups; ++g) {
         bool attn = (p->layout->groups[g].kind == KVF_GROUP_ATTENTION);
-        n += attn ? (size_t)p->groups[g].num_local : 1;
+        n += !attn ? 1 : (p->groups[g].num_local > skip) ?
+                         (size_t)(p->groups[g].num_local - skip) : 0;
     }
     refs = malloc(n * sizeof(*refs) + 1);
     if (refs == NULL) {
@@ -587,7 +591,7 @@ static kvf_status_t kvf_xfer_plan_blocks(kvf_xfer_planner_t *pl)
     for (int g = 0; g < p->num_groups; ++g) {
         const kvf_xfer_group_blocks_t *gb = &p->groups[g];
         bool attn = (p->layout->groups[g].kind == KVF_GROUP_ATTENTION);
-        for (int64_t lb = attn ? 0 : gb->num_local - 1; lb < gb->num_local; ++lb) {
+        for (int64_t lb = attn ? skip : gb->num_local - 1; lb < gb->num_local; ++lb) {
             refs[k++] = (kvf_xfer_block_ref_t){.lid = gb->local_ids[lb], .group = g, .lb = lb};
             sorted = sorted && ((k < 2) || (refs[k - 2].lid < refs[k - 1].lid));
         }

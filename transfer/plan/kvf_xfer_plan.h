@@ -59,8 +59,9 @@ typedef struct kvf_xfer_group_blocks {
 enum kvf_xfer_plan_params_field {           /* append only, never renumber */
     KVF_XFER_PLAN_PARAM_FIELD_FLAGS  = KVF_BIT(0),
     KVF_XFER_PLAN_PARAM_FIELD_PIECES = KVF_BIT(1),
+    KVF_XFER_PLAN_PARAM_FIELD_SKIP   = KVF_BIT(2),
 };
-#define KVF_XFER_PLAN_PARAM_FIELDS_KNOWN (KVF_BIT(2) - 1)
+#define KVF_XFER_PLAN_PARAM_FIELDS_KNOWN (KVF_BIT(3) - 1)
 
 /** One decode rank's page pieces from one prefill engine (kvf_xfer_pieces_create()). */
 typedef struct kvf_xfer_pieces kvf_xfer_pieces_t;
@@ -103,6 +104,16 @@ typedef struct kvf_xfer_plan_params {
 
     uint32_t                        flags;        /* kvf_xfer_plan_flags; needs FIELD_FLAGS; default 0 */
     const kvf_xfer_pieces_t        *pieces;       /* needs FIELD_PIECES; default: derived per plan */
+    int64_t                         skip_tokens;  /* needs FIELD_SKIP; default 0. Tokens
+                                                     [0, skip_tokens) are in the local blocks
+                                                     already (decode's prefix cache hit,
+                                                     docs/PREFIX_CACHE.md §6): no attention
+                                                     block below skip_tokens / local
+                                                     block_size is read or zeroed (they may be
+                                                     shared). A multiple of the local
+                                                     block_size in [0, num_tokens]; any remote
+                                                     block size (the runs are cut per token).
+                                                     The Mamba state is read as always */
 } kvf_xfer_plan_params_t;
 
 /**
@@ -158,6 +169,8 @@ typedef struct kvf_xfer_plan {
  *         KVF_ERR_OUT_OF_RANGE (logged) for a block id outside [0, num_blocks)
  *         on either side, too few local or remote block ids for N tokens, or
  *         a descriptor or zero range that would leave a region;
+ *         KVF_ERR_INVALID_PARAM for skip_tokens outside [0, N] or not a multiple of the
+ *         local block_size (both values named);
  *         KVF_ERR_INVALID_PARAM also for a local block id listed twice in the
  *         request (two writes would land on one page);
  *         KVF_ERR_NO_MEMORY.

@@ -62,7 +62,7 @@
  */
 #define KVF_CONNECTOR_SPIN_NS 5000000ull
 
-#define KVF_CONNECTOR_ABI 12  /* 2: req_stats; 3: forget_engine; 4: incarnations; 5: wait_fds;
+#define KVF_CONNECTOR_ABI 13  /* 2: req_stats; 3: forget_engine; 4: incarnations; 5: wait_fds;
                                  6: stats carry posted/landed/done times;
                                  7: batch_descs, plan_flags in the config;
                                  8: leases (set_lease_handler, lease, finish_pull),
@@ -73,7 +73,8 @@
                                      peer key;
                                  11: req_digests (KV integrity);
                                  12: path in the config, path/path_why/gather_ops in the
-                                     stats (the same-node path) */
+                                     stats (the same-node path);
+                                 13: the pull's skip_tokens (decode's prefix cache) */
 
 typedef struct kvf_connector *kvf_connector_h;
 typedef struct kvf_connector_req *kvf_connector_req_h;
@@ -184,6 +185,10 @@ typedef struct kvf_connector_pull {
     /* ABI 10: the handshake this pull reads through (handshake_start's key);
      * NULL: the engine id alone picks it (handshake()). */
     const kvf_connector_peer_t *peer;
+    /* ABI 13: tokens [0, skip_tokens) are in the local blocks already (decode's prefix
+     * cache, docs/PREFIX_CACHE.md §6): neither read nor zeroed; a multiple of the local
+     * block size, <= num_tokens (kvf_xfer_plan_params_t.skip_tokens); 0: read them all */
+    int64_t         skip_tokens;
 } kvf_connector_pull_t;
 
 /** What one rank's pull of one request moved (decode side). */

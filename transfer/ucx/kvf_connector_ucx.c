@@ -614,6 +614,10 @@ static kvf_status_t kvf_conn_plan_pull(kvf_connector_h conn, int tp_rank,
     }
     pp.groups = groups;
     pp.num_tokens = pull->num_tokens;
+    if (pull->skip_tokens != 0) {
+        pp.field_mask |= KVF_XFER_PLAN_PARAM_FIELD_SKIP;
+        pp.skip_tokens = pull->skip_tokens;
+    }
     kvf_conn_use_pieces(e, tp_rank, &pp);
     return kvf_xfer_plan_create(&pp, plan_p);   /* checks every id and range */
 }

@@ -756,6 +756,8 @@ kvf_status_t kvf_xfer_params_msg_pack(const kvf_xfer_params_msg_t *p, uint8_t **
     m.has_lease_ms_left = m.has_nonce = p->has_lease;
     m.lease_ms_left = p->lease_ms_left;
     m.nonce = p->nonce;
+    m.has_prefix_source = (p->prefix_source != 0);
+    m.prefix_source = p->prefix_source;
     for (int g = 0; g < p->num_groups; ++g) {
         kvf__block_id_list__init(&lists[g]);
         lists[g].n_ids = (size_t)p->num_ids[g];
@@ -852,6 +854,7 @@ kvf_status_t kvf_xfer_params_decode(const Kvf__TransferParams *m, int64_t expect
     p.has_lease = m->has_lease_ms_left && m->has_nonce;
     p.lease_ms_left = p.has_lease ? m->lease_ms_left : 0;
     p.nonce = p.has_lease ? m->nonce : 0;
+    p.prefix_source = m->has_prefix_source ? m->prefix_source : 0;
     *p_p = p;
     return KVF_OK;
 

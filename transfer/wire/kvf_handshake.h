@@ -282,6 +282,7 @@ typedef struct kvf_xfer_params_msg {
     bool      has_lease;                         /* lease_ms_left and nonce both present */
     uint64_t  lease_ms_left;                     /* lease time left when sent, ms (a duration) */
     uint64_t  nonce;                             /* per lease: claims/releases must echo it */
+    uint64_t  prefix_source;                     /* prefill's numerics class; 0: unknown */
 } kvf_xfer_params_msg_t;
 
 #define KVF_XFER_MAX_IDS_PER_GROUP (1 << 20)

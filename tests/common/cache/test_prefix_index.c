@@ -6,7 +6,10 @@
  *   collision) misses, and so does another salt;
  * - shared blocks are refcounted; a free cached block counts as free, waits
  *   in the LRU (a prefix's tail first) and its entry goes when it is reused;
- * - state slots are reused least recently used first. */
+ * - state slots are reused least recently used first;
+ * - a block is served only to a key of the source that computed it, and a
+ *   blocks-only lookup (decode's, docs/PREFIX_CACHE.md §6) takes the longest
+ *   run of cached blocks, walking the hash units inside each block. */
 #include "kvf_pool_test.h"
 #include "kvf_prefix_cache.h"
 
@@ -145,11 +148,62 @@ static void test_state_slots_lru(void **state)
     kvf_block_manager_destroy(bm);
 }
 
+static void test_sources_blocks_only(void **state)
+{
+    kvf_pool_test_env_t e;
+    kvf_block_manager_h bm;
+    kvf_prefix_cache_h pc;
+    kvf_prefix_cache_params_t pp = {.unit = 16, .block_size = 80, .n_attn_groups = 1,
+                                    .state_grid = 16, .state_slots = 2};
+    kvf_req_blocks_t r = {0};
+    kvf_prefix_hit_t hit;
+    static kvf_key_buf_t a, b;
+    (void)state;
+
+    kvf_pool_test_env(&e, KVF_DTYPE_BF16, 0);
+    bm = kvf_pool_test_bm(&e, 8);
+    pp.bm = bm;
+    assert_int_equal(kvf_prefix_cache_create(&pp, &pc), KVF_OK);
+    kvf_mkkey(&a, NULL, 400, 16, 1000);
+    kvf_mkkey(&b, NULL, 400, 16, 1000);   /* the same tokens, KV of another numerics class */
+    a.key.source = 0xA;
+    b.key.source = 0xB;
+    assert_int_equal(kvf_block_manager_allocate(bm, &r, 200), KVF_OK);
+    assert_int_equal(kvf_prefix_cache_add_block(pc, &a.key, 0, &r.blocks[0][0]), KVF_OK);
+    assert_int_equal(kvf_prefix_cache_add_block(pc, &a.key, 1, &r.blocks[0][1]), KVF_OK);
+    /* the same prefix from the other source: the first copy stays */
+    assert_int_equal(kvf_prefix_cache_add_block(pc, &b.key, 0, &r.blocks[0][2]), KVF_OK);
+
+    a.key.blocks_only = b.key.blocks_only = true;
+    kvf_prefix_cache_lookup(pc, &a.key, 400, &hit);
+    assert_int_equal(hit.tokens, 160);            /* no checkpoint needed: two blocks */
+    assert_int_equal(hit.n_blocks, 2);
+    assert_int_equal(hit.ids[1], r.blocks[0][1]);
+    assert_int_equal(hit.state_slot, -1);
+    kvf_prefix_cache_lookup(pc, &a.key, 159, &hit);
+    assert_int_equal(hit.tokens, 80);             /* never past max_tokens */
+    kvf_prefix_cache_lookup(pc, &b.key, 400, &hit);
+    assert_int_equal(hit.tokens, 0);              /* another source's blocks: a miss */
+
+    a.key.blocks_only = b.key.blocks_only = false;
+    kvf_prefix_cache_lookup(pc, &a.key, 400, &hit);
+    assert_int_equal(hit.tokens, 0);              /* with states: a checkpoint is needed */
+    assert_int_equal(kvf_prefix_cache_add_state(pc, &a.key, 176), 0);
+    kvf_prefix_cache_lookup(pc, &a.key, 400, &hit);
+    assert_int_equal(hit.tokens, 176);
+    kvf_prefix_cache_lookup(pc, &b.key, 400, &hit);
+    assert_int_equal(hit.tokens, 0);              /* its blocks below 176 are not b's */
+    assert_int_equal(kvf_block_manager_free(bm, &r), KVF_OK);
+    kvf_prefix_cache_destroy(pc);
+    kvf_block_manager_destroy(bm);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_blocks_refcount_lru),
         cmocka_unit_test(test_state_slots_lru),
+        cmocka_unit_test(test_sources_blocks_only),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

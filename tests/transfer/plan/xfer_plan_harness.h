@@ -35,6 +35,9 @@ typedef struct xp_case {
                                        Mamba id on both sides when > 0) */
     bool         no_coalesce;
     uint64_t     seed;
+    int64_t      skip_tokens;       /* decode's prefix hit: tokens [0, skip) already in its
+                                       blocks, which must stay as they were (a multiple of
+                                       the decode block; 0: none) */
 } xp_case_t;
 
 typedef struct xp_totals {
