@@ -2,6 +2,12 @@
  * vLLM KV event batch decoder (kvf_proxy_kvev.h), with msgpack-c's unpacker.
  * Two passes over the unpacked tree: the first checks every event and counts
  * the hashes, the second calls back; so a malformed batch applies nothing.
+ *
+ * msgpack-c allocates a container's elements as soon as it reads the count
+ * (32 bytes each): 6 bytes declaring 2^32 elements asked it for 128 GiB
+ * (found by fuzz_kv_events). So the bytes are walked first: every declared
+ * element must still have a byte of its own, every length its bytes, before
+ * msgpack-c sees them; its allocations are then bounded by the payload.
  */
 #include "kvf_proxy_kvev.h"
 
@@ -12,6 +18,85 @@
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
+
+/* Big-endian unsigned of @a n bytes at @a p. */
+static uint64_t kvf_kvev_be(const uint8_t *p, int n)
+{
+    uint64_t v = 0;
+
+    for (int i = 0; i < n; ++i) {
+        v = (v << 8) | p[i];
+    }
+    return v;
+}
+
+/*
+ * Whether @a buf[@a len] is exactly one msgpack object whose every declared length fits
+ * the bytes left: a count of elements never exceeds the bytes after it (each element
+ * takes at least one), a string, bin or ext its length.
+ */
+static bool kvf_kvev_prescan(const uint8_t *buf, size_t len)
+{
+    static const int fixed[32] = {  /* 0xc0..0xdf: bytes after the type byte; -1 special */
+        0, -2, 0, 0, -1, -1, -1, -1, -1, -1, 4, 8, 1, 2, 4, 8,
+        1, 2, 4, 8, 2, 3, 5, 9, 17, -1, -1, -1, -1, -1, -1, -1};
+    size_t pos = 0;
+    uint64_t pending = 1;   /* objects still to read */
+
+    while (pending > 0) {
+        uint64_t count = 0, skip = 0;
+        uint8_t b;
+        int lb = 0;
+
+        if (pos >= len) {
+            return false;
+        }
+        b = buf[pos++];
+        pending--;
+        if ((b <= 0x7f) || (b >= 0xe0)) {
+            continue;                                   /* fixints */
+        } else if (b <= 0x8f) {
+            count = 2u * (b & 0x0fu);                   /* fixmap */
+        } else if (b <= 0x9f) {
+            count = b & 0x0fu;                          /* fixarray */
+        } else if (b <= 0xbf) {
+            skip = b & 0x1fu;                           /* fixstr */
+        } else if (fixed[b - 0xc0] >= 0) {
+            skip = (uint64_t)fixed[b - 0xc0];           /* nil, bool, numbers, fixext */
+        } else if (fixed[b - 0xc0] == -2) {
+            return false;                               /* 0xc1: never used */
+        } else {
+            /* bin8/16/32 c4-c6, ext8/16/32 c7-c9, str8/16/32 d9-db, array16/32 dc-dd,
+             * map16/32 de-df: a length of 1, 2 or 4 bytes */
+            static const uint8_t lens[] = {0xc4, 1, 0xc5, 2, 0xc6, 4, 0xc7, 1, 0xc8, 2,
+                                           0xc9, 4, 0xd9, 1, 0xda, 2, 0xdb, 4, 0xdc, 2,
+                                           0xdd, 4, 0xde, 2, 0xdf, 4};
+            uint64_t n;
+            for (size_t i = 0; i < sizeof(lens); i += 2) {
+                lb = (lens[i] == b) ? lens[i + 1] : lb;
+            }
+            if ((lb == 0) || (len - pos < (size_t)lb)) {
+                return false;
+            }
+            n = kvf_kvev_be(buf + pos, lb);
+            pos += (size_t)lb;
+            if (b >= 0xdc) {
+                count = (b >= 0xde) ? 2 * n : n;
+            } else {
+                skip = n + ((b >= 0xc7) && (b <= 0xc9) ? 1 : 0);   /* ext: its type byte */
+            }
+        }
+        if (skip > len - pos) {
+            return false;
+        }
+        pos += (size_t)skip;
+        if ((count > len - pos) || (pending + count > len - pos)) {
+            return false;   /* more elements declared than bytes left for them */
+        }
+        pending += count;
+    }
+    return pos == len;
+}
 
 static bool kvf_kvev_is(const msgpack_object *o, const char *s)
 {
@@ -131,6 +216,9 @@ kvf_status_t kvf_proxy_kvev_decode(const uint8_t *buf, size_t len, kvf_proxy_kve
     if (len > KVF_PROXY_KVEV_MAX_BYTES) {
         return kvf_kvev_bad(why, why_cap, "batch of %zu bytes is over the %zu bytes taken",
                             len, KVF_PROXY_KVEV_MAX_BYTES);
+    }
+    if (!kvf_kvev_prescan(buf, len)) {
+        return kvf_kvev_bad(why, why_cap, "not one well-formed msgpack object");
     }
     msgpack_unpacked_init(&up);
     if (msgpack_unpack_next(&up, (const char *)buf, len, &off) != MSGPACK_UNPACK_SUCCESS) {

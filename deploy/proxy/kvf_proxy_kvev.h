@@ -29,7 +29,9 @@ typedef enum {
 typedef void (*kvf_proxy_kvev_fn)(void *ctx, kvf_proxy_kvev_kind_t kind,
                                   const kvf_block_hash_t *hashes, size_t n);
 
-#define KVF_PROXY_KVEV_MAX_BYTES ((size_t)64 << 20)   /* a larger payload is refused */
+/* A larger payload is refused (a step's batch is KiBs: 100 blocks of 80 tokens ~ 30 KiB);
+ * msgpack-c takes up to 32 bytes per element, so this also bounds its allocations. */
+#define KVF_PROXY_KVEV_MAX_BYTES ((size_t)8 << 20)
 
 /**
  * Decode the batch in @a buf[@a len] and call @a fn for each of its events,

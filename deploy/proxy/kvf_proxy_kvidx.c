@@ -25,6 +25,9 @@
 #define KVF_KX_POLL_MS 50
 #define KVF_KX_REPLAY_TIMEOUT_MS 2000
 #define KVF_KX_EP_MAX 256
+/* Blocks kept per instance (24 MB of set at most): a pool holds far fewer; past it, a
+ * publisher is wrong or hostile and its further blocks are not indexed (counted). */
+#define KVF_KX_MAX_BLOCKS (1u << 20)
 
 typedef struct kvf_kx_set {
     kvf_block_hash_t *key;
@@ -44,7 +47,7 @@ typedef struct kvf_kx_inst {
     kvf_kx_set_t  set;
     bool          subscribed;
     int64_t       last_seq;         /* -1: none applied since (re)subscribing */
-    uint64_t      batches, replays, gaps, lost, bad;
+    uint64_t      batches, replays, gaps, lost, bad, over;
     /* the thread's */
     unsigned      open_gen;
     void         *sub, *rep;
@@ -306,6 +309,7 @@ cJSON *kvf_proxy_kvidx_json(kvf_proxy_kvidx_h kx, int idx)
     cJSON_AddNumberToObject(o, "gaps", (double)in->gaps);
     cJSON_AddNumberToObject(o, "lost", (double)in->lost);
     cJSON_AddNumberToObject(o, "bad_batches", (double)in->bad);
+    cJSON_AddNumberToObject(o, "blocks_not_indexed", (double)in->over);
     /* the chain the proxy computes a request's blocks with (docs/PREFIX_CACHE.md §2) */
     cJSON_AddStringToObject(o, "model_digest", in->digest_hex);
     cJSON_AddNumberToObject(o, "hash_unit", in->unit);
@@ -325,7 +329,9 @@ static void kvf_kx_apply(void *ctx, kvf_proxy_kvev_kind_t kind, const kvf_block_
         kvf_kx_clear(&in->set);
     }
     for (size_t i = 0; i < n; ++i) {
-        if (kind == KVF_PROXY_KVEV_STORED) {
+        if ((kind == KVF_PROXY_KVEV_STORED) && (in->set.used >= KVF_KX_MAX_BLOCKS)) {
+            in->over++;
+        } else if (kind == KVF_PROXY_KVEV_STORED) {
             (void)kvf_kx_add(&in->set, h[i]);   /* no memory: a block unknown, a miss */
         } else {
             kvf_kx_del(&in->set, h[i]);

@@ -83,7 +83,8 @@ void kvf_proxy_kvidx_query_done(kvf_proxy_kvidx_query_t *q);
 int kvf_proxy_kvidx_cached_tokens(kvf_proxy_kvidx_h kx, int idx, kvf_proxy_kvidx_query_t *q);
 
 /** {"endpoint", "replay_endpoint", "subscribed", "blocks", "last_seq", "batches",
- *  "replays", "gaps", "lost", "bad_batches", "model_digest", "hash_unit", "block_size"}
+ *  "replays", "gaps", "lost", "bad_batches", "blocks_not_indexed" (past 2^20 blocks),
+ *  "model_digest", "hash_unit", "block_size"}
  *  of instance @a idx; NULL without events. */
 cJSON *kvf_proxy_kvidx_json(kvf_proxy_kvidx_h kx, int idx);
 
