@@ -393,19 +393,20 @@ static void *kvf_kve_main(void *arg)
     return NULL;
 }
 
-/* Bind an endpoint as vLLM does: a wildcard, "::", ipc:// or inproc:// binds, else connect. */
-static int kvf_kve_attach(void *sock, const char *ep, bool always_bind)
+/* vLLM's rule: a wildcard, "::", ipc:// or inproc:// endpoint is bound, another one
+ * connected to (a broker's). */
+static bool kvf_kve_binds(const char *ep)
 {
-    bool bind = always_bind || (strchr(ep, '*') != NULL) || (strstr(ep, "::") != NULL) ||
-                (strncmp(ep, "ipc://", 6) == 0) || (strncmp(ep, "inproc://", 9) == 0);
-
-    return bind ? zmq_bind(sock, ep) : zmq_connect(sock, ep);
+    return (strchr(ep, '*') != NULL) || (strstr(ep, "::") != NULL) ||
+           (strncmp(ep, "ipc://", 6) == 0) || (strncmp(ep, "inproc://", 9) == 0);
 }
 
 static kvf_status_t kvf_kve_socket(struct kvf_kv_events *p, int type, const char *ep,
                                    bool always_bind, void **sock_p, char *bound, size_t cap)
 {
-    int linger = 0, hwm = (int)p->cfg.hwm;
+    /* PUB: its last batch (AllBlocksCleared at shutdown) gets 200 ms to leave */
+    int linger = (type == ZMQ_PUB) ? 200 : 0, hwm = (int)p->cfg.hwm;
+    bool bind = always_bind || kvf_kve_binds(ep);
     size_t len = cap;
 
     *sock_p = zmq_socket(p->zctx, type);
@@ -416,14 +417,16 @@ static kvf_status_t kvf_kve_socket(struct kvf_kv_events *p, int type, const char
     if (type == ZMQ_PUB) {
         (void)zmq_setsockopt(*sock_p, ZMQ_SNDHWM, &hwm, sizeof(hwm));
     }
-    if (kvf_kve_attach(*sock_p, ep, always_bind) != 0) {
+    if ((bind ? zmq_bind(*sock_p, ep) : zmq_connect(*sock_p, ep)) != 0) {
         kvf_error("KV events: cannot use %s endpoint '%s': %s",
                   (type == ZMQ_PUB) ? "--kv-events-endpoint" : "--kv-events-replay-endpoint",
                   ep, zmq_strerror(errno));
         return KVF_ERR_INVALID_PARAM;
     }
-    if ((zmq_getsockopt(*sock_p, ZMQ_LAST_ENDPOINT, bound, &len) != 0) || (bound[0] == '\0')) {
-        snprintf(bound, cap, "%s", ep);   /* connected, not bound: as given */
+    bound[0] = '\0';   /* connected to a broker: nothing a subscriber can connect to here */
+    if (bind && ((zmq_getsockopt(*sock_p, ZMQ_LAST_ENDPOINT, bound, &len) != 0) ||
+                 (bound[0] == '\0'))) {
+        snprintf(bound, cap, "%s", ep);
     }
     return KVF_OK;
 }
@@ -464,7 +467,8 @@ kvf_status_t kvf_kv_events_create(const kvf_kv_events_config_t *cfg, const char 
         return s;
     }
     kvf_info("KV events: publishing on %s%s%s (%s encoding, topic '%s', %lld batches kept "
-             "for replay)", p->pub_ep, p->replay_ep[0] ? ", replay on " : "", p->replay_ep,
+             "for replay)", p->pub_ep[0] ? p->pub_ep : cfg->endpoint,
+             p->replay_ep[0] ? ", replay on " : "", p->replay_ep,
              (cfg->format == KVF_KV_EVENTS_FORMAT_MAP) ? "map" : "array", cfg->topic,
              (long long)cfg->buffer_steps);
     *pub_p = p;

@@ -82,7 +82,8 @@ void kvf_kv_events_destroy(kvf_kv_events_h pub);
  */
 void kvf_kv_events_push(void *ctx, const kvf_prefix_event_t *ev);
 
-/** The PUB and replay endpoints as bound (a port 0 resolved; "" for no replay). */
+/** The PUB and replay endpoints as bound (a wildcard port resolved; "" for no replay, and
+ *  for a PUB connected to a broker: subscribers go to the broker). */
 const char *kvf_kv_events_endpoint(kvf_kv_events_h pub);
 const char *kvf_kv_events_replay_endpoint(kvf_kv_events_h pub);
 

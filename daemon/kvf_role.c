@@ -508,8 +508,10 @@ void kvf_role_health_fill(kvf_engine_h engine, const char *role,
         h->prefix_cached_blocks = (uint32_t)ps.cached_blocks;
         h->prefix_states = (uint32_t)ps.states;
         if (kvf_role_events != NULL) {
-            h->kv_events_endpoint = (char *)kvf_kv_events_endpoint(kvf_role_events);
-            h->kv_events_replay_endpoint = (char *)kvf_kv_events_replay_endpoint(kvf_role_events);
+            const char *pub = kvf_kv_events_endpoint(kvf_role_events);
+            const char *rep = kvf_kv_events_replay_endpoint(kvf_role_events);
+            h->kv_events_endpoint = pub[0] ? (char *)pub : NULL;   /* NULL: not sent */
+            h->kv_events_replay_endpoint = rep[0] ? (char *)rep : NULL;
             h->has_prefix_hash_unit = 1;
             h->prefix_hash_unit = (uint32_t)ps.hash_unit;
         }
