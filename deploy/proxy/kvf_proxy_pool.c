@@ -103,6 +103,7 @@ kvf_status_t kvf_proxy_pool_create(const kvf_proxy_pool_params_t *params,
              params->tokenizer_source ? params->tokenizer_source : "");
     pool->adopt = params->adopt;
     pool->adopt_ctx = params->adopt_ctx;
+    pool->prefix_weight = params->prefix_weight;
     atomic_init(&pool->stop, false);
 
     status = kvf_proxy_pool_add_list(pool, KVF_PROXY_ROLE_PREFILL, params->prefill_urls);

@@ -68,6 +68,7 @@ typedef struct kvf_proxy_pool_params {
      * caching the longest prefix of a request, weighed against load (kvf_proxy_route.h);
      * false (--routing load): by load alone */
     bool        prefix_routing;
+    double      prefix_weight;       /* work a cached prompt token saves, in tokens; >= 0 */
 } kvf_proxy_pool_params_t;
 
 #define KVF_PROXY_MAX_OUTSTANDING_DEFAULT 128

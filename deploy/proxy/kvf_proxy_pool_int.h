@@ -144,6 +144,7 @@ struct kvf_proxy_pool {
     /* --routing prefix: the prefill instances' cached blocks (kvf_proxy_kvidx.h); NULL:
      * routing by load alone */
     kvf_proxy_kvidx_h    kvidx;
+    double               prefix_weight;     /* --prefix-routing-weight */
 };
 
 #define KVF_PROXY_TOK_BYTES "bytes"

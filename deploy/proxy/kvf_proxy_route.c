@@ -196,17 +196,17 @@ static bool kvf_proxy_route_full_locked(struct kvf_proxy_pool *pool,
 }
 
 /* Ordering key of prefill @a info for a prompt of @a n tokens, @a cached of them cached
- * there: lower is better. */
+ * there, each cached token worth @a weight tokens of work (--prefix-routing-weight): lower
+ * is better; below 0 when the cache outweighs the queue. */
 static double kvf_proxy_route_prefill_key(const kvf_proxy_instance_info_t *info, int n,
-                                          int cached)
+                                          int cached, double weight)
 {
-    double w = kvf_proxy_route_calibrated(info, kvf_proxy_route_wait_ms(
-                                                    kvf_proxy_route_queued(info), n - cached,
-                                                    kvf_proxy_route_rate(info)));
+    double work = (double)kvf_proxy_route_queued(info) + (double)n - weight * (double)cached;
+    double rate = kvf_proxy_route_rate(info);
 
-    /* no rate yet: queued and uncached tokens as if one per millisecond (an idle one, or
-     * the one with the longer cached prefix, wins) */
-    return (w >= 0) ? w : (double)(kvf_proxy_route_queued(info) + (uint64_t)(n - cached));
+    /* no rate yet: tokens as if one per millisecond (an idle one, or the one with the
+     * longer cached prefix, wins) */
+    return (rate > 0) ? kvf_proxy_route_calibrated(info, work / rate * 1000.0) : work;
 }
 
 /*
@@ -248,7 +248,7 @@ static int kvf_proxy_route_prefill_locked(struct kvf_proxy_pool *pool, int n,
         }
         cached = ((q != NULL) && (pool->kvidx != NULL)) ?
                  kvf_proxy_kvidx_cached_tokens(pool->kvidx, i, q) : 0;
-        key = kvf_proxy_route_prefill_key(info, n, cached);
+        key = kvf_proxy_route_prefill_key(info, n, cached, pool->prefix_weight);
         if ((best < 0) || (key < best_key)) {
             best = i;
             best_key = key;
