@@ -199,14 +199,34 @@ static bool kvf_proxy_route_full_locked(struct kvf_proxy_pool *pool,
  * there, each cached token worth @a weight tokens of work (--prefix-routing-weight): lower
  * is better; below 0 when the cache outweighs the queue. */
 static double kvf_proxy_route_prefill_key(const kvf_proxy_instance_info_t *info, int n,
-                                          int cached, double weight)
+                                          int cached, double weight, double pool_rate)
 {
     double work = (double)kvf_proxy_route_queued(info) + (double)n - weight * (double)cached;
     double rate = kvf_proxy_route_rate(info);
 
-    /* no rate yet: tokens as if one per millisecond (an idle one, or the one with the
+    /* no rate yet: as fast as the measured ones on average (so a slow pool's idle new
+     * instance does not look faster than a measured one holding the prompt's prefix);
+     * none measured: tokens as if one per millisecond (an idle one, or the one with the
      * longer cached prefix, wins) */
+    rate = (rate > 0) ? rate : pool_rate;
     return (rate > 0) ? kvf_proxy_route_calibrated(info, work / rate * 1000.0) : work;
+}
+
+/* The mean rate of the routable prefill instances that have one; 0: none has. */
+static double kvf_proxy_route_pool_rate_locked(struct kvf_proxy_pool *pool)
+{
+    double sum = 0;
+    int known = 0;
+
+    for (int i = 0; i < pool->count[KVF_PROXY_ROLE_PREFILL]; ++i) {
+        const kvf_proxy_instance_info_t *info = &pool->inst[KVF_PROXY_ROLE_PREFILL][i].info;
+        double r = kvf_proxy_route_rate(info);
+        if (kvf_proxy_routable(info) && (r > 0)) {
+            sum += r;
+            known++;
+        }
+    }
+    return (known > 0) ? sum / known : 0;
 }
 
 /*
@@ -224,7 +244,7 @@ static int kvf_proxy_route_prefill_locked(struct kvf_proxy_pool *pool, int n,
     kvf_proxy_role_t role = KVF_PROXY_ROLE_PREFILL;
     int count = pool->count[role], best = -1, best_cached = 0;
     bool routable = false, fits = false;
-    double best_key = 0;
+    double best_key = 0, pool_rate = kvf_proxy_route_pool_rate_locked(pool);
 
     *largest_p = 0;
     for (int k = 0; k < count; ++k) {
@@ -248,7 +268,7 @@ static int kvf_proxy_route_prefill_locked(struct kvf_proxy_pool *pool, int n,
         }
         cached = ((q != NULL) && (pool->kvidx != NULL)) ?
                  kvf_proxy_kvidx_cached_tokens(pool->kvidx, i, q) : 0;
-        key = kvf_proxy_route_prefill_key(info, n, cached, pool->prefix_weight);
+        key = kvf_proxy_route_prefill_key(info, n, cached, pool->prefix_weight, pool_rate);
         if ((best < 0) || (key < best_key)) {
             best = i;
             best_key = key;

@@ -14,7 +14,8 @@
  *                       first sample, the daemon's lifetime average.
  *
  * Routing: the prefill instance with the least predicted wait (queued work
- * over its rate; queued tokens while no rate is known), the decode instance
+ * over its rate; an instance without one yet at the mean rate of those with
+ * one; queued tokens while none has one), the decode instance
  * with the fewest outstanding requests (plus its reported waiting queue) in
  * a pair checked compatible, else one not checked yet; ties round robin.
  * Neither draining, unhealthy nor at its bound (--max-outstanding, and the
