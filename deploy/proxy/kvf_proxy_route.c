@@ -432,17 +432,17 @@ static kvf_status_t kvf_proxy_route_admit(kvf_proxy_pool_h pool, const kvf_proxy
     kvf_proxy_instance_info_t pi;
     double rate, alone_ms;
     double budget = (double)rq->budget_ms * ((rq->queued_ms > 0) ? 1.0 : KVF_PROXY_ADMIT_HEADROOM);
+    int work = rq->num_tokens - rt->cached_tokens;   /* what it computes there */
 
     kvf_proxy_pool_info(pool, KVF_PROXY_ROLE_PREFILL, rt->prefill_idx, &pi);
     rate = kvf_proxy_route_rate(&pi);
-    int work = rq->num_tokens - rt->cached_tokens;   /* what it computes there */
-
     rt->predicted_wait_ms = kvf_proxy_route_calibrated(
         &pi, kvf_proxy_route_wait_ms(kvf_proxy_route_queued(&pi), work, rate));
     if (rt->predicted_wait_ms < 0) {
         return KVF_OK;                       /* nothing measured yet: admit */
     }
-    alone_ms = kvf_proxy_route_wait_ms(0, work, rate);
+    /* "can never be served" is about the whole prompt, not what a cache holds now */
+    alone_ms = kvf_proxy_route_wait_ms(0, rq->num_tokens, rate);
     if (alone_ms > (double)rq->prefill_timeout_ms) {
         return kvf_proxy_route_fail(rt, KVF_ERR_OUT_OF_RANGE, 400, KVF_PROXY_REJECT_COUNT,
                                     "prompt of %d tokens would take about %.1f s to prefill at"
@@ -474,7 +474,6 @@ kvf_status_t kvf_proxy_route_pick(kvf_proxy_pool_h pool, const kvf_proxy_route_r
     uint32_t largest = 0;
     const char *purl;
     char why[320] = "";
-
     kvf_proxy_kvidx_query_t q;
 
     memset(rt, 0, sizeof(*rt));
