@@ -36,6 +36,8 @@ typedef struct {
     uint64_t prefix_queries, prefix_hits, prefix_hit_attn, prefix_hit_state;
     uint64_t prefix_blocks_evicted, prefix_states_evicted;
     uint32_t prefix_cached_blocks, prefix_states;
+    bool     kv_events;                 /* publishing (daemon/kvf_kv_events.h) */
+    uint64_t kve_batches, kve_dropped, kve_replays;
 } kvf_daemon_snap_t;
 
 static struct {
@@ -97,6 +99,10 @@ void kvf_daemon_http_publish(const Kvf__HealthReply *h)
     s.prefix_states_evicted = h->prefix_states_evicted_total;
     s.prefix_cached_blocks = h->prefix_cached_blocks;
     s.prefix_states = h->prefix_states;
+    s.kv_events = h->has_kv_events_batches_total;
+    s.kve_batches = h->kv_events_batches_total;
+    s.kve_dropped = h->kv_events_dropped_total;
+    s.kve_replays = h->kv_events_replays_total;
     if ((h->cannot_serve != NULL) && (h->cannot_serve[0] != '\0')) {
         snprintf(s.cannot_serve, sizeof(s.cannot_serve), "%s", h->cannot_serve);
     }
@@ -210,6 +216,15 @@ static void kvf_dh_metrics(FILE *out, const kvf_daemon_snap_t *s)
     kvf_dh_kvf(out, "kvf_daemon_auth_refusals_serve_total", "counter", "Peers the control "
                "channel's key check refused.", (double)s->auth_refusals_serve);
     kvf_dh_prefix(out, s);
+    if (s->kv_events) {   /* vLLM's KV events (--kv-events-*), while published */
+        kvf_dh_kvf(out, "kvf_daemon_kv_events_batches_total", "counter",
+                   "KV event batches published on the PUB socket.", (double)s->kve_batches);
+        kvf_dh_kvf(out, "kvf_daemon_kv_events_dropped_total", "counter",
+                   "KV events dropped at a full queue (max_queue_size): subscribers' view of "
+                   "the cache is incomplete.", (double)s->kve_dropped);
+        kvf_dh_kvf(out, "kvf_daemon_kv_events_replays_total", "counter",
+                   "KV event replay requests answered.", (double)s->kve_replays);
+    }
     if (prefill) {
         kvf_dh_kvf(out, "kvf_daemon_leases", "gauge", "Requests held for decode.",
                    (double)s->leases);

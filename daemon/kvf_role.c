@@ -512,8 +512,15 @@ void kvf_role_health_fill(kvf_engine_h engine, const char *role,
             const char *rep = kvf_kv_events_replay_endpoint(kvf_role_events);
             h->kv_events_endpoint = pub[0] ? (char *)pub : NULL;   /* NULL: not sent */
             h->kv_events_replay_endpoint = rep[0] ? (char *)rep : NULL;
+            kvf_kv_events_stats_t es;
+            kvf_kv_events_get_stats(kvf_role_events, &es);
             h->has_prefix_hash_unit = 1;
             h->prefix_hash_unit = (uint32_t)ps.hash_unit;
+            h->has_kv_events_batches_total = h->has_kv_events_dropped_total = 1;
+            h->has_kv_events_replays_total = 1;
+            h->kv_events_batches_total = es.batches;
+            h->kv_events_dropped_total = es.dropped;
+            h->kv_events_replays_total = es.replays;
         }
     }
 }
