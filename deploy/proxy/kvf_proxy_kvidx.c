@@ -320,21 +320,74 @@ cJSON *kvf_proxy_kvidx_json(kvf_proxy_kvidx_h kx, int idx)
 
 /* ---- the subscriber thread ---- */
 
-static void kvf_kx_apply(void *ctx, kvf_proxy_kvev_kind_t kind, const kvf_block_hash_t *h,
-                         size_t n)
-{
-    kvf_kx_inst_t *in = ctx;
+/* A batch's events, decoded outside the lock (routing reads the sets under it), applied
+ * under it in one go. */
+typedef struct kvf_kx_op {
+    kvf_proxy_kvev_kind_t kind;
+    size_t                start, n;   /* in the hashes below */
+} kvf_kx_op_t;
 
-    if (kind == KVF_PROXY_KVEV_CLEARED) {
-        kvf_kx_clear(&in->set);
+typedef struct kvf_kx_ops {
+    kvf_kx_op_t      *op;
+    size_t            n_op, cap_op;
+    kvf_block_hash_t *h;
+    size_t            n_h, cap_h;
+    bool              nomem;
+} kvf_kx_ops_t;
+
+static bool kvf_kx_grow(void **p, size_t *cap, size_t need, size_t elem)
+{
+    size_t c = (*cap > 0) ? *cap : 64;
+    void *q;
+
+    while (c < need) {
+        c *= 2;
     }
-    for (size_t i = 0; i < n; ++i) {
-        if ((kind == KVF_PROXY_KVEV_STORED) && (in->set.used >= KVF_KX_MAX_BLOCKS)) {
-            in->over++;
-        } else if (kind == KVF_PROXY_KVEV_STORED) {
-            (void)kvf_kx_add(&in->set, h[i]);   /* no memory: a block unknown, a miss */
-        } else {
-            kvf_kx_del(&in->set, h[i]);
+    if (c == *cap) {
+        return true;
+    }
+    q = realloc(*p, c * elem);
+    if (q == NULL) {
+        return false;
+    }
+    *p = q;
+    *cap = c;
+    return true;
+}
+
+static void kvf_kx_collect(void *ctx, kvf_proxy_kvev_kind_t kind, const kvf_block_hash_t *h,
+                           size_t n)
+{
+    kvf_kx_ops_t *o = ctx;
+
+    if (o->nomem || !kvf_kx_grow((void **)&o->op, &o->cap_op, o->n_op + 1, sizeof(*o->op)) ||
+        !kvf_kx_grow((void **)&o->h, &o->cap_h, o->n_h + n, sizeof(*o->h))) {
+        o->nomem = true;
+        return;
+    }
+    o->op[o->n_op++] = (kvf_kx_op_t){kind, o->n_h, n};
+    if (n > 0) {
+        memcpy(o->h + o->n_h, h, n * sizeof(*h));
+    }
+    o->n_h += n;
+}
+
+/* Apply @a o to @a in's set (kx->lock held). */
+static void kvf_kx_apply(kvf_kx_inst_t *in, const kvf_kx_ops_t *o)
+{
+    for (size_t k = 0; k < o->n_op; ++k) {
+        const kvf_kx_op_t *op = &o->op[k];
+        if (op->kind == KVF_PROXY_KVEV_CLEARED) {
+            kvf_kx_clear(&in->set);
+        }
+        for (size_t i = op->start; i < op->start + op->n; ++i) {
+            if ((op->kind == KVF_PROXY_KVEV_STORED) && (in->set.used >= KVF_KX_MAX_BLOCKS)) {
+                in->over++;
+            } else if (op->kind == KVF_PROXY_KVEV_STORED) {
+                (void)kvf_kx_add(&in->set, o->h[i]);   /* no memory: a block unknown, a miss */
+            } else {
+                kvf_kx_del(&in->set, o->h[i]);
+            }
         }
     }
 }
@@ -358,7 +411,9 @@ static void kvf_kx_ask_replay(kvf_kx_inst_t *in, int64_t from)
 static void kvf_kx_batch(struct kvf_proxy_kvidx *kx, kvf_kx_inst_t *in, int64_t seq,
                          const uint8_t *buf, size_t len, bool replayed)
 {
-    char why[160];
+    kvf_kx_ops_t ops = {0};
+    kvf_status_t st;
+    char why[160] = "";
 
     pthread_mutex_lock(&kx->lock);
     if (((in->last_seq >= 0) && (seq <= in->last_seq)) || (!replayed && in->replaying)) {
@@ -375,14 +430,24 @@ static void kvf_kx_batch(struct kvf_proxy_kvidx *kx, kvf_kx_inst_t *in, int64_t 
         }
         in->lost += (uint64_t)(seq - in->last_seq - 1);   /* gone from the replay buffer */
     }
-    if (kvf_proxy_kvev_decode(buf, len, kvf_kx_apply, in, why, sizeof(why)) != KVF_OK) {
-        if (in->bad++ == 0) {
-            kvf_warn("KV events from %s: batch %lld not used: %s", in->pub, (long long)seq, why);
-        }
+    pthread_mutex_unlock(&kx->lock);
+    /* this thread alone changes the set and last_seq: decoding unlocked is safe */
+    st = kvf_proxy_kvev_decode(buf, len, kvf_kx_collect, &ops, why, sizeof(why));
+    if ((st == KVF_OK) && ops.nomem) {
+        st = KVF_ERR_NO_MEMORY;
+        snprintf(why, sizeof(why), "no memory");
+    }
+    pthread_mutex_lock(&kx->lock);
+    if (st == KVF_OK) {
+        kvf_kx_apply(in, &ops);
+    } else if (in->bad++ == 0) {
+        kvf_warn("KV events from %s: batch %lld not used: %s", in->pub, (long long)seq, why);
     }
     in->batches++;
     in->last_seq = seq;
     pthread_mutex_unlock(&kx->lock);
+    free(ops.op);
+    free(ops.h);
 }
 
 /* Up to @a max frames of one message into @a f (the rest read and dropped); the count. */
