@@ -291,6 +291,9 @@ static void kvf_kve_serve_replay(struct kvf_kv_events *p)
     for (int i = 0; i < 8; ++i) {
         start = (start << 8) | seqb[i];
     }
+    pthread_mutex_lock(&p->lock);   /* counted before the answer: a reader sees it after */
+    p->st.replays++;
+    pthread_mutex_unlock(&p->lock);
     for (size_t k = 0; k < p->ring_n; ++k) {
         const kvf_kve_kept_t *b = &p->ring[(p->ring_head + k) % (size_t)p->cfg.buffer_steps];
         uint8_t sb[8];
@@ -312,9 +315,6 @@ static void kvf_kve_serve_replay(struct kvf_kv_events *p)
         (zmq_send(p->replay, end, 8, ZMQ_SNDMORE) >= 0)) {
         (void)zmq_send(p->replay, "", 0, 0);
     }
-    pthread_mutex_lock(&p->lock);
-    p->st.replays++;
-    pthread_mutex_unlock(&p->lock);
 }
 
 static void kvf_kve_free_events(kvf_kv_event_t *ev, size_t n)
