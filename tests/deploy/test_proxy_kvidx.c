@@ -294,7 +294,11 @@ static void test_index(void **state)
     b[5] = batch(&f, 0, 0, true, &bl[5]);     /* seq 5: block 0 removed */
 
     assert_int_equal(kvf_proxy_kvidx_create(1, &kx), KVF_OK);
-    kvf_proxy_kvidx_src_t src = {.instance_addr = "tcp://127.0.0.1:1", .pub = f.pub_ep,
+    /* advertised as a daemon bound to every interface would: 0.0.0.0, which the index
+     * replaces with the host it reaches the instance at */
+    char wild[160];
+    snprintf(wild, sizeof(wild), "tcp://0.0.0.0%s", strrchr(f.pub_ep, ':'));
+    kvf_proxy_kvidx_src_t src = {.instance_addr = "tcp://127.0.0.1:1", .pub = wild,
                                  .replay = f.rep_ep, .incarnation = 7,
                                  .model_digest = digest_hex, .hash_unit = 4, .block_size = 4};
     kvf_proxy_kvidx_update(kx, 0, &src);
@@ -322,6 +326,7 @@ static void test_index(void **state)
     wait_cached(kx, prompt, 13, 0);          /* block 0 gone: no prefix at all */
     cJSON *j = kvf_proxy_kvidx_json(kx, 0);
     assert_non_null(j);
+    assert_string_equal(cJSON_GetObjectItem(j, "endpoint")->valuestring, f.pub_ep);
     assert_int_equal(cJSON_GetObjectItem(j, "gaps")->valuedouble, 1);
     assert_int_equal(cJSON_GetObjectItem(j, "last_seq")->valuedouble, 5);
     assert_int_equal(cJSON_GetObjectItem(j, "blocks")->valuedouble, 2);
