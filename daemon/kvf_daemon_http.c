@@ -38,6 +38,8 @@ typedef struct {
     uint32_t prefix_cached_blocks, prefix_states;
     uint64_t prefix_pulled_tokens, prefix_unknown_source, kv_pulls, kv_pulled_bytes;
     uint32_t block_size;
+    bool     kv_events;                 /* publishing (daemon/kvf_kv_events.h) */
+    uint64_t kve_batches, kve_dropped, kve_replays;
 } kvf_daemon_snap_t;
 
 static struct {
@@ -104,6 +106,10 @@ void kvf_daemon_http_publish(const Kvf__HealthReply *h)
     s.kv_pulls = h->kv_pulls_total;
     s.kv_pulled_bytes = h->kv_pulled_bytes_total;
     s.block_size = h->block_size;
+    s.kv_events = h->has_kv_events_batches_total;
+    s.kve_batches = h->kv_events_batches_total;
+    s.kve_dropped = h->kv_events_dropped_total;
+    s.kve_replays = h->kv_events_replays_total;
     if ((h->cannot_serve != NULL) && (h->cannot_serve[0] != '\0')) {
         snprintf(s.cannot_serve, sizeof(s.cannot_serve), "%s", h->cannot_serve);
     }
@@ -231,6 +237,15 @@ static void kvf_dh_metrics(FILE *out, const kvf_daemon_snap_t *s)
     kvf_dh_kvf(out, "kvf_daemon_auth_refusals_serve_total", "counter", "Peers the control "
                "channel's key check refused.", (double)s->auth_refusals_serve);
     kvf_dh_prefix(out, s);
+    if (s->kv_events) {   /* vLLM's KV events (--kv-events-*), while published */
+        kvf_dh_kvf(out, "kvf_daemon_kv_events_batches_total", "counter",
+                   "KV event batches published on the PUB socket.", (double)s->kve_batches);
+        kvf_dh_kvf(out, "kvf_daemon_kv_events_dropped_total", "counter",
+                   "KV events dropped at a full queue (max_queue_size): subscribers' view of "
+                   "the cache is incomplete.", (double)s->kve_dropped);
+        kvf_dh_kvf(out, "kvf_daemon_kv_events_replays_total", "counter",
+                   "KV event replay requests answered.", (double)s->kve_replays);
+    }
     if (prefill) {
         kvf_dh_kvf(out, "kvf_daemon_leases", "gauge", "Requests held for decode.",
                    (double)s->leases);

@@ -23,6 +23,7 @@
 #include "kvf_zmq_auth.h"
 #include "kvf_model.h"
 #include "kvf_kern_status.h"
+#include "kvf_kv_events.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -51,6 +52,16 @@ static bool kvf_role_device_parse(const char *value)
     return true;
 }
 
+/* The KV event flags parse (each error logged, naming the flag and key). */
+static bool kvf_role_events_flags_ok(const kvf_role_config_t *params)
+{
+    kvf_kv_events_config_t kc;
+
+    return kvf_kv_events_config_parse(params->kv_events_config, params->kv_events_endpoint,
+                                      params->kv_events_replay, params->kv_events_format,
+                                      &kc) == KVF_OK;
+}
+
 kvf_status_t kvf_role_check_flags(const kvf_role_config_t *params)
 {
     if (params->model[0] == '\0') {
@@ -75,6 +86,8 @@ kvf_status_t kvf_role_check_flags(const kvf_role_config_t *params)
     } else if ((params->prefix_state_grid < 1) || (params->prefix_state_grid > 1 << 20)) {
         kvf_error("--prefix-state-grid %d must be in 1..%d tokens", params->prefix_state_grid,
                   1 << 20);
+    } else if (!kvf_role_events_flags_ok(params)) {
+        /* logged naming the flag and key */
     } else if (!kvf_role_device_parse(params->device)) {
         kvf_error("bad value '%s' for --device: cpu, cuda or cuda:N (N in 0..1023)",
                   params->device);
@@ -138,6 +151,39 @@ static kvf_status_t kvf_role_pool_alloc(void *ctx, int rank, int num_blocks, siz
     return status;
 }
 
+/* vLLM's KV events (kvf_kv_events.h): started with the engine, stopped after it. */
+static kvf_kv_events_h kvf_role_events;
+
+/* Start the publisher of @a params' KV event flags into @a ep (nothing when off). */
+static kvf_status_t kvf_role_events_start(const kvf_role_config_t *params,
+                                          const kvf_device_t *dev, kvf_engine_params_t *ep)
+{
+    kvf_kv_events_config_t kc;
+    kvf_status_t status;
+
+    status = kvf_kv_events_config_parse(params->kv_events_config, params->kv_events_endpoint,
+                                        params->kv_events_replay, params->kv_events_format,
+                                        &kc);
+    if ((status != KVF_OK) || !kc.enabled) {
+        return status;
+    }
+    if (!params->prefix_caching) {
+        kvf_warn("KV events with --prefix-caching off: no block is ever cached, so only "
+                 "AllBlocksCleared is published");
+    }
+    status = kvf_kv_events_create(&kc, (dev->kind == KVF_DEVICE_CPU) ? "CPU" : "GPU",
+                                  &kvf_role_events);
+    ep->prefix.event_fn = kvf_kv_events_push;
+    ep->prefix.event_ctx = kvf_role_events;
+    return status;
+}
+
+void kvf_role_events_stop(void)
+{
+    kvf_kv_events_destroy(kvf_role_events);
+    kvf_role_events = NULL;
+}
+
 /* The model digest served (set at start, before the engine: it keys the prefix cache). */
 static kvf_model_digest_t kvf_role_digest;
 
@@ -187,6 +233,9 @@ static kvf_status_t kvf_role_engine_create(const kvf_role_config_t *params,
     ep.prefix.state_bytes = params->prefix_state_bytes;
     if (kvf_block_hash_digest_from_hex(kvf_role_digest.hex, digest) == KVF_OK) {
         ep.prefix.digest = digest;   /* the handshake's digest keys the cache too */
+    }
+    if (kvf_role_events_start(params, dev, &ep) != KVF_OK) {
+        return KVF_ERR_INVALID_PARAM;
     }
     if (params->test_no_block_zero) {
         ep.field_mask |= KVF_ENGINE_PARAM_FIELD_NO_ZERO;   /* the pool warns at create */
@@ -463,6 +512,21 @@ void kvf_role_health_fill(kvf_engine_h engine, const char *role,
         h->has_prefix_pulled_tokens_total = h->has_prefix_unknown_source_total = 1;
         h->prefix_pulled_tokens_total = ps.pulled_tokens;
         h->prefix_unknown_source_total = ps.import_unknown_source;
+        if (kvf_role_events != NULL) {
+            const char *pub = kvf_kv_events_endpoint(kvf_role_events);
+            const char *rep = kvf_kv_events_replay_endpoint(kvf_role_events);
+            h->kv_events_endpoint = pub[0] ? (char *)pub : NULL;   /* NULL: not sent */
+            h->kv_events_replay_endpoint = rep[0] ? (char *)rep : NULL;
+            kvf_kv_events_stats_t es;
+            kvf_kv_events_get_stats(kvf_role_events, &es);
+            h->has_prefix_hash_unit = 1;
+            h->prefix_hash_unit = (uint32_t)ps.hash_unit;
+            h->has_kv_events_batches_total = h->has_kv_events_dropped_total = 1;
+            h->has_kv_events_replays_total = 1;
+            h->kv_events_batches_total = es.batches;
+            h->kv_events_dropped_total = es.dropped;
+            h->kv_events_replays_total = es.replays;
+        }
     }
 }
 

@@ -41,6 +41,10 @@ typedef struct kvf_role_config {
     bool    prefix_caching;                  /* docs/PREFIX_CACHE.md */
     size_t  prefix_state_bytes;              /* Mamba state checkpoints per rank */
     int     prefix_state_grid;               /* tokens; also the prompt chunk grid */
+    char    kv_events_config[KVF_CONFIG_STR_MAX];   /* vLLM's KVEventsConfig JSON; "" none */
+    char    kv_events_endpoint[KVF_CONFIG_STR_MAX]; /* PUB; "" none (daemon/kvf_kv_events.h) */
+    char    kv_events_replay[KVF_CONFIG_STR_MAX];   /* ROUTER for replay; "" none */
+    char    kv_events_format[KVF_CONFIG_STR_MAX];   /* map or array */
 } kvf_role_config_t;
 
 #define KVF_ROLE_MAX_TP 64
@@ -102,6 +106,19 @@ typedef struct kvf_role_config {
     KVF_ENGINE_OPT(PREFIX_CACHING, _type, role.),                                             \
     KVF_ENGINE_OPT(PREFIX_STATE_BYTES, _type, role.),                                         \
     KVF_ENGINE_OPT(PREFIX_STATE_GRID, _type, role.),                                          \
+    {"KV_EVENTS_CONFIG", "", "vLLM's KV events (docs/PREFIX_CACHE.md section 7), as vLLM's "  \
+     "--kv-events-config JSON: enable_kv_cache_events, publisher (zmq or null), endpoint "     \
+     "(PUB, default tcp://*:5557), replay_endpoint, buffer_steps, hwm, max_queue_size, topic; " \
+     "off by default", offsetof(_type, role.kv_events_config), KVF_CONFIG_TYPE_STRING, 0},    \
+    {"KV_EVENTS_ENDPOINT", "", "publish KV events on this ZeroMQ PUB endpoint (as "           \
+     "--kv-events-config's endpoint; tcp://*:0 binds a free port, shown in /health)",          \
+     offsetof(_type, role.kv_events_endpoint), KVF_CONFIG_TYPE_STRING, 0},                    \
+    {"KV_EVENTS_REPLAY_ENDPOINT", "", "ZeroMQ ROUTER endpoint answering replay requests (as " \
+     "--kv-events-config's replay_endpoint)",                                                  \
+     offsetof(_type, role.kv_events_replay), KVF_CONFIG_TYPE_STRING, 0},                      \
+    {"KV_EVENTS_FORMAT", "map", "KV event encoding: map (vLLM's named fields, current vLLM) " \
+     "or array (the positional form of earlier vLLM)",                                        \
+     offsetof(_type, role.kv_events_format), KVF_CONFIG_TYPE_STRING, 0},                      \
     {"TEST_NO_BLOCK_ZERO", "no",                                                              \
      "test only: fresh attention blocks are not zeroed (reproduces the stale-bytes NaN)",     \
      offsetof(_type, role.test_no_block_zero), KVF_CONFIG_TYPE_BOOL, KVF_CONFIG_FLAG_HIDDEN}
@@ -191,6 +208,12 @@ const char *kvf_role_cannot_serve(kvf_engine_h engine);
  * (the process then exits 1).
  */
 bool kvf_role_broken_exit(kvf_engine_h engine, uint64_t *broken_ms_p);
+
+/**
+ * Stop the KV event publisher kvf_role_start() started (after the engine is
+ * destroyed, so its AllBlocksCleared goes out). No-op when none runs.
+ */
+void kvf_role_events_stop(void);
 
 /** Longest --device description kept: "cuda:0,cuda:1,..." for every rank. */
 #define KVF_ROLE_DEVICE_NAMES_MAX 256

@@ -7,6 +7,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* memcpy of @a n bytes; none when @a n is 0 (protobuf-c leaves an empty list NULL, and a
+ * NULL source is undefined behaviour even for 0 bytes: UBSan stops the daemon there). */
+static void kvf_sampling_copy(void *dst, const void *src, size_t n)
+{
+    if (n > 0) {
+        memcpy(dst, src, n);
+    }
+}
+
 /* logit_bias, allowed_token_ids, bad_words: the counts (what fits the engine's arrays);
  * kvf_sampling_check() then checks the values. */
 static kvf_status_t kvf_sampling_lists_from_msg(const Kvf__SamplingParams *msg,
@@ -18,15 +27,16 @@ static kvf_status_t kvf_sampling_lists_from_msg(const Kvf__SamplingParams *msg,
         return KVF_ERR_INVALID_PARAM;
     }
     out->num_logit_bias = (int)msg->n_bias_ids;
-    memcpy(out->bias_ids, msg->bias_ids, msg->n_bias_ids * sizeof(int32_t));
-    memcpy(out->bias_values, msg->bias_values, msg->n_bias_values * sizeof(float));
+    kvf_sampling_copy(out->bias_ids, msg->bias_ids, msg->n_bias_ids * sizeof(int32_t));
+    kvf_sampling_copy(out->bias_values, msg->bias_values, msg->n_bias_values * sizeof(float));
     if (msg->n_allowed_token_ids > KVF_SAMPLING_MAX_ALLOWED) {
         snprintf(err, cap, "allowed_token_ids has %zu entries, more than %d",
                  msg->n_allowed_token_ids, KVF_SAMPLING_MAX_ALLOWED);
         return KVF_ERR_INVALID_PARAM;
     }
     out->num_allowed = (int)msg->n_allowed_token_ids;
-    memcpy(out->allowed_ids, msg->allowed_token_ids, msg->n_allowed_token_ids * sizeof(int32_t));
+    kvf_sampling_copy(out->allowed_ids, msg->allowed_token_ids,
+                      msg->n_allowed_token_ids * sizeof(int32_t));
     if ((msg->n_bad_ends > KVF_SAMPLING_MAX_BAD_WORDS) ||
         (msg->n_bad_tokens > KVF_SAMPLING_MAX_BAD_TOKENS) ||
         ((msg->n_bad_ends > 0) && (msg->bad_ends[msg->n_bad_ends - 1] != msg->n_bad_tokens))) {
@@ -44,7 +54,7 @@ static kvf_status_t kvf_sampling_lists_from_msg(const Kvf__SamplingParams *msg,
             return KVF_ERR_INVALID_PARAM;
         }
     }
-    memcpy(out->bad_tokens, msg->bad_tokens, msg->n_bad_tokens * sizeof(int32_t));
+    kvf_sampling_copy(out->bad_tokens, msg->bad_tokens, msg->n_bad_tokens * sizeof(int32_t));
     return KVF_OK;
 }
 
@@ -93,7 +103,8 @@ kvf_status_t kvf_sampling_from_msg(const Kvf__SamplingParams *msg, int default_m
         return KVF_ERR_INVALID_PARAM;
     }
     out->num_stop_token_ids = (int)msg->n_stop_token_ids;
-    memcpy(out->stop_token_ids, msg->stop_token_ids, msg->n_stop_token_ids * sizeof(int32_t));
+    kvf_sampling_copy(out->stop_token_ids, msg->stop_token_ids,
+                      msg->n_stop_token_ids * sizeof(int32_t));
     if (msg->has_logprobs) {
         if (msg->logprobs > KVF_SAMPLING_MAX_LOGPROBS) {
             snprintf(err, cap, "logprobs %u must be in [0, %d]", msg->logprobs,

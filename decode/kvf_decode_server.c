@@ -238,6 +238,7 @@ void kvf_decode_server_destroy(kvf_decode_server_h srv)
         srv->xops->destroy(srv->conn);
     }
     kvf_engine_destroy(srv->engine);
+    kvf_role_events_stop();   /* after the engine: its AllBlocksCleared goes out */
     for (int i = 0; i < srv->num_waiting; ++i) {
         kvf__serve_request__free_unpacked(srv->waiting[i].req, NULL);
         kvf_xfer_params_msg_cleanup(&srv->waiting[i].params);

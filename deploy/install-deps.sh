@@ -26,13 +26,14 @@ if [ "${1:-}" = "--tests" ] || [ "${1:-}" = "--ucx-cuda" ] || command -v nvcc >/
 fi
 pkgs=(build-essential cmake pkg-config git python3
       libucx-dev ucx-utils libprotobuf-c-dev protobuf-c-compiler libzmq3-dev libxxhash-dev libcjson-dev libpcre2-dev
-      libopenblas-dev libmicrohttpd-dev libcmocka-dev curl procps
+      libopenblas-dev libmicrohttpd-dev libmsgpack-dev libcmocka-dev curl procps
       gnuplot-nox)   # gnuplot: kvf tune's plot
 if [ "${1:-}" = "--tests" ]; then
     pkgs+=(iproute2 nftables iptables openssh-server openssh-client slurm-wlm slurmctld slurmd
            slurm-client munge python3-pip python3-yaml clang libclang-rt-dev llvm
            openssl    # openssl: test_proxy_edge's self-signed certificate
-           prometheus)   # prometheus, promtool: dashboards and alert rules (tests/deploy)
+           prometheus    # prometheus, promtool: dashboards and alert rules (tests/deploy)
+           python3-zmq python3-msgpack)   # test_e2e_kv_events: a vLLM-style KV event subscriber
 fi
 if [ $want_ucx_wheel = 1 ]; then
     pkgs+=(python3-pip)

@@ -254,6 +254,7 @@ void kvf_prefill_server_destroy(kvf_prefill_server_h srv)
         srv->xops->destroy(srv->conn);
     }
     kvf_engine_destroy(srv->engine);   /* frees every block, leased or not */
+    kvf_role_events_stop();            /* after the engine: its AllBlocksCleared goes out */
     kvf_lease_table_destroy(srv->leases);
     free(srv->pending);
     free(srv);

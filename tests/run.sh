@@ -24,8 +24,12 @@ fi
 # template renderer (test_chat_template); transformers without torch (its configuration
 # writer for test_published_config, and HF tokenizers for test_tokenizer_hf: ~30 s of
 # pip), Helm's own engine for the chart (helm-python-sdk: test_k8s_chart renders and lints
-# deploy/helm/kvferry with it); each test reports skipped without its package.
-for pkg in openai:openai jinja2:jinja2 transformers:transformers helm_python:helm-python-sdk; do
+# deploy/helm/kvferry with it), pyzmq and msgpack (test_e2e_kv_events' vLLM-style
+# subscriber, when python3 is not Debian's, whose python3-zmq / python3-msgpack
+# install-deps.sh installs) and xxhash (its check of the block hashes against
+# tests/common/cache/block_hash_ref.py); each test reports skipped without its package.
+for pkg in openai:openai jinja2:jinja2 transformers:transformers helm_python:helm-python-sdk \
+           zmq:pyzmq msgpack:msgpack xxhash:xxhash; do
     if ! python3 -c "import ${pkg%%:*}" >/dev/null 2>&1; then
         python3 -m pip install -q "${pkg#*:}" >/dev/null 2>&1 ||
             python3 -m pip install -q --break-system-packages "${pkg#*:}" >/dev/null 2>&1 ||

@@ -48,6 +48,8 @@ struct kvf_prefix_cache {
     int32_t        *path;          /* [cap_path] entries walked by a lookup */
     int             cap_path;
     kvf_prefix_cache_stats_t st;
+    kvf_prefix_event_fn ev_fn;     /* kvf_prefix_cache_set_event_fn(); NULL: none */
+    void           *ev_ctx;
 };
 
 static void kvf_pc_evict_block(void *ctx, int32_t block);
@@ -104,6 +106,10 @@ void kvf_prefix_cache_destroy(kvf_prefix_cache_h pc)
         return;
     }
     kvf_block_manager_set_evict(pc->p.bm, NULL, NULL);
+    if (pc->ev_fn != NULL) {
+        kvf_prefix_event_t ev = {.kind = KVF_PREFIX_EV_CLEARED};
+        pc->ev_fn(pc->ev_ctx, &ev);
+    }
     for (int i = 0; i < pc->num_e; ++i) {
         kvf_pc_entry_t *x = &pc->e[i];
         if (x->used && x->has_block) {
@@ -345,6 +351,15 @@ kvf_status_t kvf_prefix_cache_add_block(kvf_prefix_cache_h pc, const kvf_prefix_
     pc->e[idx].has_block = true;
     pc->e[idx].source = key->source;
     ++pc->st.cached_blocks;
+    if (pc->ev_fn != NULL) {
+        const int per = pc->p.block_size / pc->p.unit;
+        kvf_prefix_event_t ev = {
+            .kind = KVF_PREFIX_EV_STORED, .hash = key->unit_hash[k - 1], .has_parent = (j > 0),
+            .parent = (j > 0) ? key->unit_hash[k - per - 1] : (kvf_block_hash_t){0, 0},
+            .tokens = key->tokens + (size_t)j * (size_t)pc->p.block_size,
+            .block_size = pc->p.block_size};
+        pc->ev_fn(pc->ev_ctx, &ev);
+    }
     return KVF_OK;
 }
 
@@ -367,6 +382,10 @@ static void kvf_pc_evict_block(void *ctx, int32_t block)
     x->has_block = false;
     --pc->st.cached_blocks;
     ++pc->st.blocks_evicted;
+    if (pc->ev_fn != NULL) {
+        kvf_prefix_event_t ev = {.kind = KVF_PREFIX_EV_REMOVED, .hash = x->hash};
+        pc->ev_fn(pc->ev_ctx, &ev);
+    }
     kvf_pc_prune(pc, idx);
 }
 
@@ -431,4 +450,10 @@ int kvf_prefix_cache_add_state(kvf_prefix_cache_h pc, const kvf_prefix_key_t *ke
 void kvf_prefix_cache_get_stats(kvf_prefix_cache_h pc, kvf_prefix_cache_stats_t *stats_p)
 {
     *stats_p = pc->st;
+}
+
+void kvf_prefix_cache_set_event_fn(kvf_prefix_cache_h pc, kvf_prefix_event_fn fn, void *ctx)
+{
+    pc->ev_fn = fn;
+    pc->ev_ctx = ctx;
 }

@@ -117,4 +117,30 @@ bool kvf_prefix_cache_has_state(kvf_prefix_cache_h pc, const kvf_prefix_key_t *k
 
 void kvf_prefix_cache_get_stats(kvf_prefix_cache_h pc, kvf_prefix_cache_stats_t *stats_p);
 
+/* ---- events (vLLM's KV events: daemon/kvf_kv_events.h publishes them) ---- */
+
+typedef enum {
+    KVF_PREFIX_EV_STORED = 0,   /* a full block was indexed under a prefix */
+    KVF_PREFIX_EV_REMOVED,      /* a cached block was evicted */
+    KVF_PREFIX_EV_CLEARED,      /* every block was dropped (the index is destroyed) */
+} kvf_prefix_event_kind_t;
+
+/** One event; pointers are valid during the callback only. */
+typedef struct kvf_prefix_event {
+    kvf_prefix_event_kind_t kind;
+    kvf_block_hash_t        hash;        /* STORED, REMOVED: the block's key h_{(j+1)B/u} */
+    bool                    has_parent;  /* STORED: false for a prompt's first block */
+    kvf_block_hash_t        parent;      /* STORED: the previous block's key */
+    const int32_t          *tokens;      /* STORED: the block's block_size token ids */
+    int                     block_size;  /* STORED */
+} kvf_prefix_event_t;
+
+typedef void (*kvf_prefix_event_fn)(void *ctx, const kvf_prefix_event_t *ev);
+
+/**
+ * Have @a fn(@a ctx, event) called, on the caller's thread, whenever a block
+ * is indexed (add_block), evicted, or all are dropped (destroy). @a fn NULL: none.
+ */
+void kvf_prefix_cache_set_event_fn(kvf_prefix_cache_h pc, kvf_prefix_event_fn fn, void *ctx);
+
 #endif

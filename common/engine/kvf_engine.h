@@ -25,6 +25,7 @@
 #define KVF_ENGINE_H
 
 #include "kvf_block_hash.h"
+#include "kvf_prefix_cache.h"
 #include "kvf_scheduler.h"
 #include "kvf_tp_runner.h"
 
@@ -58,6 +59,9 @@ typedef struct kvf_engine_prefix_params {
                                     * within KVF_PREFIX_STATE_BYTES_DEFAULT, at least one */
     const uint8_t *digest;         /* 16 bytes of the weights digest (kvf_block_hash.h);
                                     * NULL: kvf_model_digest() of model_dir */
+    kvf_prefix_event_fn event_fn;  /* blocks stored / removed / cleared (vLLM's KV events),
+                                    * called on the engine's leader thread; NULL: none */
+    void          *event_ctx;
 } kvf_engine_prefix_params_t;
 
 /** Prefix cache counters, tokens unless said (vLLM counts queries and hits in tokens). */
@@ -79,6 +83,7 @@ typedef struct kvf_engine_prefix_stats {
     uint64_t pulled_tokens;     /* of their prompt tokens, those whose KV is pulled */
     uint64_t import_unknown_source; /* imports whose source did not say its numerics: the
                                      * whole prompt pulled, nothing kept */
+    int      hash_unit;         /* tokens per hash unit (docs/PREFIX_CACHE.md §2); 0: off */
 } kvf_engine_prefix_stats_t;
 
 typedef struct kvf_engine_params {

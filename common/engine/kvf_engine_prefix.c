@@ -178,6 +178,9 @@ kvf_status_t kvf_engine_prefix_create(const kvf_engine_prefix_params_t *params,
     pp.state_slots = ep->n_ckpt;
     pp.bm = bm;
     status = kvf_prefix_cache_create(&pp, &ep->pc);
+    if (status == KVF_OK) {
+        kvf_prefix_cache_set_event_fn(ep->pc, params->event_fn, params->event_ctx);
+    }
     if ((status == KVF_OK) && (ep->n_ckpt > 0)) {
         job = (kvf_pfx_store_job_t){ep, true};
         status = kvf_tp_runner_run_on_ranks(runner, kvf_pfx_store_rank, &job);
@@ -187,6 +190,7 @@ kvf_status_t kvf_engine_prefix_create(const kvf_engine_prefix_params_t *params,
         return status;
     }
     ep->st.state_slots = ep->n_ckpt;
+    ep->st.hash_unit = ep->unit;
     ep->st.state_bytes = (ep->grid > 0) ? ep->ckpt_bytes : 0;
     kvf_log(KVF_LOG_INFO, KVF_SUB_MODEL, "prefix cache: on, hash unit %d tokens, block %d, "
             "state grid %d, %d checkpoints of %zu bytes per rank", ep->unit, ep->block_size,

@@ -106,6 +106,14 @@ const kvf_config_field_t kvf_proxy_config_table[] = {
     {"SERVED_MODEL_NAME", "", "comma list of model ids served (vLLM's --served-model-name): "
      "requests may name any; /v1/models lists each; the first is the one answers carry; "
      "empty: --model-name", KVF_PF(served_model_name), KVF_CONFIG_TYPE_STRING, 0},
+    {"ROUTING", "prefix", "how a request's prefill instance is picked: prefix (the least "
+     "predicted wait, a prefix an instance caches, per its KV events, counted as work not to "
+     "do; instances without --kv-events-* are routed by load) or load (load alone)",
+     KVF_PF(routing), KVF_CONFIG_TYPE_STRING, 0},
+    {"PREFIX_ROUTING_WEIGHT", "1", "--routing prefix: a cached prompt token counts as this "
+     "many tokens of work saved (1: the request's own time alone; more: keep a prefix where it "
+     "is cached even behind a longer queue, as llm-d weighs its prefix scorer above load)",
+     KVF_PF(prefix_routing_weight), KVF_CONFIG_TYPE_DOUBLE, 0},
     {"SCHEDULING_POLICY", "fcfs", "order of the requests waiting in the proxy's queue: fcfs "
      "(arrival; a request's non-zero \"priority\" is refused, as vLLM's) or priority (lower "
      "\"priority\" first, then arrival: vLLM's --scheduling-policy priority)",
@@ -271,6 +279,14 @@ static kvf_status_t kvf_proxy_check(const kvf_proxy_config_t *cfg)
     }
     if (cfg->model_name[0] == '\0') {
         kvf_error("--model-name must not be empty");
+        return KVF_ERR_INVALID_PARAM;
+    }
+    if ((strcmp(cfg->routing, "prefix") != 0) && (strcmp(cfg->routing, "load") != 0)) {
+        kvf_error("--routing '%s' must be prefix or load", cfg->routing);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    if (!(cfg->prefix_routing_weight >= 0) || (cfg->prefix_routing_weight > 100)) {
+        kvf_error("--prefix-routing-weight %g must be in 0..100", cfg->prefix_routing_weight);
         return KVF_ERR_INVALID_PARAM;
     }
     if ((strcmp(cfg->scheduling_policy, "fcfs") != 0) &&
@@ -526,6 +542,8 @@ kvf_status_t kvf_proxy_create(const kvf_proxy_config_t *cfg, kvf_proxy_h *proxy_
     pp.health_interval_ms = cfg->health_interval;
     pp.health_timeout_ms = cfg->health_timeout;
     pp.max_outstanding = cfg->max_outstanding;
+    pp.prefix_routing = (strcmp(cfg->routing, "prefix") == 0);
+    pp.prefix_weight = cfg->prefix_routing_weight;
     status = kvf_proxy_pool_create(&pp, &proxy->pool);
     if (status != KVF_OK) {
         goto err_metrics;

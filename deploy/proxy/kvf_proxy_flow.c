@@ -383,6 +383,9 @@ static kvf_status_t kvf_proxy_flow_pick(kvf_proxy_flow_t *flow)
     kvf_status_t status;
 
     rq.num_tokens = flow->req->num_prompt;
+    rq.tokens = flow->req->prompt_ids;   /* --routing prefix: its block chain */
+    rq.salt = (flow->req->cache_salt_len > 0) ? (const uint8_t *)flow->req->cache_salt : NULL;
+    rq.salt_len = (size_t)flow->req->cache_salt_len;
     rq.prefill_timeout_ms = ctx->prefill_timeout_ms;
     rq.budget_ms = (left_ms < ctx->prefill_timeout_ms) ? left_ms : ctx->prefill_timeout_ms;
     rq.queued_ms = flow->admit.queued ? (kvf_proxy_now_us() - flow->queued_us) / 1000 + 1 : 0;

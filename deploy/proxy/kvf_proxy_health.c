@@ -58,6 +58,12 @@ static void kvf_proxy_instance_json(cJSON *o, int role, const kvf_proxy_instance
     cJSON_AddNumberToObject(o, "prefix_cache_hit_rate", (info->prefix_queries > 0) ?
                             (double)info->prefix_hits / (double)info->prefix_queries :
                             0.0);
+    cJSON_AddNumberToObject(o, "prefix_cache_hits", (double)info->prefix_hits);
+    cJSON_AddNumberToObject(o, "prefix_cache_queries", (double)info->prefix_queries);
+    if (role == KVF_PROXY_ROLE_PREFILL) {   /* --routing prefix's picks (kvf_proxy_route.h) */
+        cJSON_AddNumberToObject(o, "prefix_routed", (double)info->prefix_routed);
+        cJSON_AddNumberToObject(o, "prefix_routed_tokens", (double)info->prefix_routed_tokens);
+    }
     if (role == KVF_PROXY_ROLE_PREFILL) {
         cJSON_AddNumberToObject(o, "lease_timeout_ms", (double)info->lease_timeout_ms);
     }
@@ -142,6 +148,7 @@ cJSON *kvf_proxy_pool_health_json(kvf_proxy_pool_h pool)
         return NULL;
     }
     cJSON_AddStringToObject(root, "status", kvf_proxy_pool_ready(pool) ? "ok" : "unavailable");
+    cJSON_AddStringToObject(root, "routing", (pool->kvidx != NULL) ? "prefix" : "load");
     for (int role = 0; role < KVF_PROXY_ROLE_COUNT; ++role) {
         cJSON *arr = cJSON_AddArrayToObject(root, kvf_proxy_role_name((kvf_proxy_role_t)role));
         for (int i = 0; (arr != NULL) && (i < pool->count[role]); ++i) {
@@ -153,6 +160,12 @@ cJSON *kvf_proxy_pool_health_json(kvf_proxy_pool_h pool)
             }
             kvf_proxy_pool_info(pool, (kvf_proxy_role_t)role, i, &info);
             kvf_proxy_instance_json(o, role, &info);
+            if (role == KVF_PROXY_ROLE_PREFILL) {   /* --routing prefix: what its events said */
+                cJSON *ev = kvf_proxy_kvidx_json(pool->kvidx, i);
+                if (ev != NULL) {
+                    cJSON_AddItemToObject(o, "kv_events", ev);
+                }
+            }
             cJSON_AddItemToArray(arr, o);
         }
     }
@@ -205,6 +218,11 @@ void kvf_proxy_pool_render_metrics(kvf_proxy_pool_h pool, FILE *out)
          false},
         {"kvf_instance_auth_refusals_side_total", "counter",
          "Prefill: peers the key check of its side channel refused (docs/SECURITY.md).", false},
+        {"kvf_instance_prefix_routed_total", "counter",
+         "Prefill: requests routed to it for a prefix its KV events say it caches "
+         "(--routing prefix).", false},
+        {"kvf_instance_prefix_routed_tokens_total", "counter",
+         "Prefill: prompt tokens of those requests it was expected to have cached.", false},
     };
     int n = pool->count[0] + pool->count[1];
     kvf_proxy_instance_info_t *infos = calloc((size_t)(n > 0 ? n : 1), sizeof(*infos));
@@ -229,7 +247,8 @@ void kvf_proxy_pool_render_metrics(kvf_proxy_pool_h pool, FILE *out)
                                 f->restarts, f->releases_refused, f->expired_reads_prevented,
                                 f->quarantined_blocks, f->outstanding,
                                 kvf_proxy_route_queued(f), (uint64_t)f->prefill_rate_recent,
-                                f->auth_refusals_serve, f->auth_refusals_side};
+                                f->auth_refusals_serve, f->auth_refusals_side,
+                                f->prefix_routed, f->prefix_routed_tokens};
                 /* Live gauges of an instance that does not answer would be
                  * stale: left out until it is healthy again. */
                 if (g[m].live && !(f->healthy && f->connected)) {

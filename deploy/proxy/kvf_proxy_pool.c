@@ -103,6 +103,7 @@ kvf_status_t kvf_proxy_pool_create(const kvf_proxy_pool_params_t *params,
              params->tokenizer_source ? params->tokenizer_source : "");
     pool->adopt = params->adopt;
     pool->adopt_ctx = params->adopt_ctx;
+    pool->prefix_weight = params->prefix_weight;
     atomic_init(&pool->stop, false);
 
     status = kvf_proxy_pool_add_list(pool, KVF_PROXY_ROLE_PREFILL, params->prefill_urls);
@@ -154,6 +155,10 @@ kvf_status_t kvf_proxy_pool_create(const kvf_proxy_pool_params_t *params,
         goto err_stop_resolver;
     }
     pool->thread_started = true;
+    if (params->prefix_routing && (pool->count[KVF_PROXY_ROLE_PREFILL] > 0) &&
+        (kvf_proxy_kvidx_create(pool->count[KVF_PROXY_ROLE_PREFILL], &pool->kvidx) != KVF_OK)) {
+        kvf_warn("KV events: no index thread (no memory): routing by load alone");
+    }
     *pool_p = pool;
     return KVF_OK;
 
@@ -190,6 +195,8 @@ void kvf_proxy_pool_destroy(kvf_proxy_pool_h pool)
         pthread_join(pool->thread, NULL);
     }
     kvf_proxy_resolver_stop(pool);   /* after the I/O thread, its only reader */
+    kvf_proxy_kvidx_destroy(pool->kvidx);   /* after the I/O thread, which updates it */
+    pool->kvidx = NULL;
     pthread_mutex_lock(&pool->lock);
     for (struct kvf_proxy_call *c = pool->calls; c != NULL; c = c->next) {
         kvf_proxy_call_fail_locked(c, KVF_ERR_CANCELED, "proxy is shutting down");

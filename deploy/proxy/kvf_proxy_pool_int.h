@@ -10,6 +10,7 @@
 #ifndef KVF_PROXY_POOL_INT_H
 #define KVF_PROXY_POOL_INT_H
 
+#include "kvf_proxy_kvidx.h"
 #include "kvf_proxy_pool.h"
 #include "kvf_time.h"
 
@@ -140,6 +141,10 @@ struct kvf_proxy_pool {
     /* names (kvf_proxy_resolve.c): NULL when every endpoint is an address */
     struct kvf_proxy_resolver *resolver;
     unsigned             dns_gen;           /* I/O thread: the resolver's answers applied */
+    /* --routing prefix: the prefill instances' cached blocks (kvf_proxy_kvidx.h); NULL:
+     * routing by load alone */
+    kvf_proxy_kvidx_h    kvidx;
+    double               prefix_weight;     /* --prefix-routing-weight */
 };
 
 #define KVF_PROXY_TOK_BYTES "bytes"

@@ -195,36 +195,63 @@ static bool kvf_proxy_route_full_locked(struct kvf_proxy_pool *pool,
            (info->outstanding >= info->max_queue);
 }
 
-/* Ordering key of prefill @a info for a prompt of @a n tokens: lower is better. */
-static double kvf_proxy_route_prefill_key(const kvf_proxy_instance_info_t *info, int n)
+/* Ordering key of prefill @a info for a prompt of @a n tokens, @a cached of them cached
+ * there, each cached token worth @a weight tokens of work (--prefix-routing-weight): lower
+ * is better; below 0 when the cache outweighs the queue. */
+static double kvf_proxy_route_prefill_key(const kvf_proxy_instance_info_t *info, int n,
+                                          int cached, double weight, double pool_rate)
 {
-    double w = kvf_proxy_route_calibrated(info, kvf_proxy_route_wait_ms(
-                                                    kvf_proxy_route_queued(info), n,
-                                                    kvf_proxy_route_rate(info)));
+    double work = (double)kvf_proxy_route_queued(info) + (double)n - weight * (double)cached;
+    double rate = kvf_proxy_route_rate(info);
 
-    /* no rate yet: queued tokens as if one per millisecond (an idle one wins) */
-    return (w >= 0) ? w : (double)kvf_proxy_route_queued(info);
+    /* no rate yet: as fast as the measured ones on average (so a slow pool's idle new
+     * instance does not look faster than a measured one holding the prompt's prefix);
+     * none measured: tokens as if one per millisecond (an idle one, or the one with the
+     * longer cached prefix, wins) */
+    rate = (rate > 0) ? rate : pool_rate;
+    return (rate > 0) ? kvf_proxy_route_calibrated(info, work / rate * 1000.0) : work;
+}
+
+/* The mean rate of the routable prefill instances that have one; 0: none has. */
+static double kvf_proxy_route_pool_rate_locked(struct kvf_proxy_pool *pool)
+{
+    double sum = 0;
+    int known = 0;
+
+    for (int i = 0; i < pool->count[KVF_PROXY_ROLE_PREFILL]; ++i) {
+        const kvf_proxy_instance_info_t *info = &pool->inst[KVF_PROXY_ROLE_PREFILL][i].info;
+        double r = kvf_proxy_route_rate(info);
+        if (kvf_proxy_routable(info) && (r > 0)) {
+            sum += r;
+            known++;
+        }
+    }
+    return (known > 0) ? sum / known : 0;
 }
 
 /*
- * Least-loaded routable prefill instance for @a n tokens (pool->lock held).
+ * Least-loaded routable prefill instance for @a n tokens (pool->lock held),
+ * the load less what each caches of @a q's prompt (NULL: load alone; *cached_p
+ * the pick's cached tokens).
  * @return its index, or -1 with *status_p: KVF_ERR_NO_RESOURCE (none
  * routable), KVF_ERR_BUSY (all at their bound), KVF_ERR_OUT_OF_RANGE (none
  * holds the prompt; *largest_p the largest that one holds).
  */
 static int kvf_proxy_route_prefill_locked(struct kvf_proxy_pool *pool, int n,
+                                          kvf_proxy_kvidx_query_t *q, int *cached_p,
                                           kvf_status_t *status_p, uint32_t *largest_p)
 {
     kvf_proxy_role_t role = KVF_PROXY_ROLE_PREFILL;
-    int count = pool->count[role], best = -1;
+    int count = pool->count[role], best = -1, best_cached = 0;
     bool routable = false, fits = false;
-    double best_key = 0;
+    double best_key = 0, pool_rate = kvf_proxy_route_pool_rate_locked(pool);
 
     *largest_p = 0;
     for (int k = 0; k < count; ++k) {
         int i = (int)((pool->rr[role] + (unsigned)k) % (unsigned)count);
         const kvf_proxy_instance_info_t *info = &pool->inst[role][i].info;
         double key;
+        int cached;
 
         if (!kvf_proxy_routable(info) || kvf_proxy_prefill_refused_locked(pool, i)) {
             continue;
@@ -239,14 +266,24 @@ static int kvf_proxy_route_prefill_locked(struct kvf_proxy_pool *pool, int n,
         if (kvf_proxy_route_full_locked(pool, info, role)) {
             continue;
         }
-        key = kvf_proxy_route_prefill_key(info, n);
+        cached = ((q != NULL) && (pool->kvidx != NULL)) ?
+                 kvf_proxy_kvidx_cached_tokens(pool->kvidx, i, q) : 0;
+        key = kvf_proxy_route_prefill_key(info, n, cached, pool->prefix_weight, pool_rate);
         if ((best < 0) || (key < best_key)) {
             best = i;
             best_key = key;
+            best_cached = cached;
         }
     }
     if (best >= 0) {
         pool->rr[role] = (unsigned)best + 1;
+        if (best_cached > 0) {
+            pool->inst[role][best].info.prefix_routed++;
+            pool->inst[role][best].info.prefix_routed_tokens += (uint64_t)best_cached;
+        }
+    }
+    if (cached_p != NULL) {
+        *cached_p = best_cached;
     }
     *status_p = (best >= 0) ? KVF_OK : !routable ? KVF_ERR_NO_RESOURCE :
                 !fits ? KVF_ERR_OUT_OF_RANGE : KVF_ERR_BUSY;
@@ -267,7 +304,7 @@ kvf_status_t kvf_proxy_pool_pick(kvf_proxy_pool_h pool, kvf_proxy_role_t role, i
         return status;
     }
     pthread_mutex_lock(&pool->lock);
-    i = kvf_proxy_route_prefill_locked(pool, 1, &status, &largest);
+    i = kvf_proxy_route_prefill_locked(pool, 1, NULL, NULL, &status, &largest);
     pthread_mutex_unlock(&pool->lock);
     if (i >= 0) {
         *idx_p = i;
@@ -395,14 +432,16 @@ static kvf_status_t kvf_proxy_route_admit(kvf_proxy_pool_h pool, const kvf_proxy
     kvf_proxy_instance_info_t pi;
     double rate, alone_ms;
     double budget = (double)rq->budget_ms * ((rq->queued_ms > 0) ? 1.0 : KVF_PROXY_ADMIT_HEADROOM);
+    int work = rq->num_tokens - rt->cached_tokens;   /* what it computes there */
 
     kvf_proxy_pool_info(pool, KVF_PROXY_ROLE_PREFILL, rt->prefill_idx, &pi);
     rate = kvf_proxy_route_rate(&pi);
     rt->predicted_wait_ms = kvf_proxy_route_calibrated(
-        &pi, kvf_proxy_route_wait_ms(kvf_proxy_route_queued(&pi), rq->num_tokens, rate));
+        &pi, kvf_proxy_route_wait_ms(kvf_proxy_route_queued(&pi), work, rate));
     if (rt->predicted_wait_ms < 0) {
         return KVF_OK;                       /* nothing measured yet: admit */
     }
+    /* "can never be served" is about the whole prompt, not what a cache holds now */
     alone_ms = kvf_proxy_route_wait_ms(0, rq->num_tokens, rate);
     if (alone_ms > (double)rq->prefill_timeout_ms) {
         return kvf_proxy_route_fail(rt, KVF_ERR_OUT_OF_RANGE, 400, KVF_PROXY_REJECT_COUNT,
@@ -435,13 +474,22 @@ kvf_status_t kvf_proxy_route_pick(kvf_proxy_pool_h pool, const kvf_proxy_route_r
     uint32_t largest = 0;
     const char *purl;
     char why[320] = "";
+    kvf_proxy_kvidx_query_t q;
 
     memset(rt, 0, sizeof(*rt));
+    memset(&q, 0, sizeof(q));
+    q.tokens = rq->tokens;
+    q.n_tokens = rq->num_tokens;
+    q.salt = rq->salt;
+    q.salt_len = rq->salt_len;
     rt->decode_idx = -1;
     rt->predicted_wait_ms = -1;
     pthread_mutex_lock(&pool->lock);
-    rt->prefill_idx = kvf_proxy_route_prefill_locked(pool, rq->num_tokens, &status, &largest);
+    rt->prefill_idx = kvf_proxy_route_prefill_locked(pool, rq->num_tokens,
+                                                     (rq->tokens != NULL) ? &q : NULL,
+                                                     &rt->cached_tokens, &status, &largest);
     pthread_mutex_unlock(&pool->lock);
+    kvf_proxy_kvidx_query_done(&q);
     if (status == KVF_ERR_NO_RESOURCE) {
         return kvf_proxy_route_fail(rt, status, 503, KVF_PROXY_REJECT_NO_INSTANCE,
                                     "no healthy prefill instance (or every one is draining,"

@@ -14,12 +14,22 @@
  *                       first sample, the daemon's lifetime average.
  *
  * Routing: the prefill instance with the least predicted wait (queued work
- * over its rate; queued tokens while no rate is known), the decode instance
+ * over its rate; an instance without one yet at the mean rate of those with
+ * one; queued tokens while none has one), the decode instance
  * with the fewest outstanding requests (plus its reported waiting queue) in
  * a pair checked compatible, else one not checked yet; ties round robin.
  * Neither draining, unhealthy nor at its bound (--max-outstanding, and the
  * daemon's reported --max-queue for prefill) instances get new work.
  *
+ * Routing by cached prefix (--routing prefix, the default): the prompt work
+ * of a request on a prefill instance is its tokens less the prefix that
+ * instance's KV events say it caches (kvf_proxy_kvidx.h), so the predicted
+ * wait above weighs the longest cached prefix against the queue in one unit,
+ * time: a cached prefix wins while its instance's queue costs less than the
+ * tokens it saves. Design: llm-d scores a prefix and a load scorer apart and
+ * adds them with weights; one predicted time needs no weights to tune.
+ * Rejected: routing to the longest prefix and breaking ties by load (one
+ * popular system prompt would pile every request on one instance).
  * Admission: predicted wait = (queued prompt work + this prompt) / rate,
  * times the instance's calibration (below) when that is above 1. A
  * request whose predicted wait exceeds KVF_PROXY_ADMIT_HEADROOM of its
@@ -60,6 +70,10 @@ typedef struct kvf_proxy_route_req {
     int     num_tokens;           /* prompt length, >= 1 */
     int64_t budget_ms;            /* how long it may wait for its first token */
     int64_t prefill_timeout_ms;   /* --prefill-timeout: a prompt alone longer is a 400 */
+    const int32_t *tokens;        /* the prompt's ids, num_tokens of them; NULL: no prefix
+                                     routing for this request */
+    const uint8_t *salt;          /* cache_salt (its chain is its own); NULL when 0 bytes */
+    size_t  salt_len;
     int64_t queued_ms;            /* > 0: it waited this long in the proxy's admission queue
                                      and is its head; admitted while the predicted wait fits
                                      the whole budget (no headroom: the margin it was queued
@@ -70,6 +84,8 @@ typedef struct kvf_proxy_route {
     int                prefill_idx;        /* -1: none */
     int                decode_idx;         /* -1: none */
     double             predicted_wait_ms;  /* -1: no rate known (admitted unmeasured) */
+    int                cached_tokens;      /* of the prompt, the picked prefill instance's
+                                            * KV events say it caches (--routing prefix) */
     /* on failure */
     int                http;               /* 503 or 400 */
     const char        *type;               /* OpenAI error type */
