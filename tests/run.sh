@@ -33,7 +33,7 @@ for pkg in openai:openai jinja2:jinja2 transformers:transformers helm_python:hel
     fi
 done
 
-# The test tree has the fault points (common/base/kvf_fault.h) that
+# The test tree has the fault points (base/kvf_fault.h) that
 # test_e2e_fault_matrix arms; the main job's build (deploy/build.sh alone) does not.
 build=build-test
 rm -rf "$build"
