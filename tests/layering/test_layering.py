@@ -67,6 +67,14 @@ def main():
         # the tools are not deploy, and deploy/proxy does not use them
         ("tools/kvf_main.c", '#include "kvf_proxy.h"', "from deploy/proxy"),
         ("deploy/proxy/kvf_proxy.c", '#include "kvf_cmds.h"', "from tools"),
+        # kvf-proxy stands on the tokenizer and the ZeroMQ layer, never on the engine side
+        ("deploy/proxy/kvf_proxy_openai.c", '#include "kvf_scheduler.h"',
+         "from common/engine; deploy/proxy may use base, common/tokenizer, proto, transfer/zmq"),
+        ("deploy/proxy/kvf_proxy_pool.c", '#include "kvf_side_channel.h"', "from transfer/channel"),
+        # the tokenizer stands on base/ alone: not on the model config, not on the cache
+        ("common/tokenizer/kvf_tok_load.c", '#include "kvf_model_config.h"',
+         "from common/model; common/tokenizer may use base"),
+        ("transfer/zmq/kvf_zmq.c", '#include "kvf_handshake.h"', "from transfer/wire"),
         ("transfer/plan/kvf_xfer_plan.c", '#include "kvf_side_channel.h"', "from transfer/channel"),
         ("common/model/kvf_shard.c", '#include "common/kvf_log.h"', "by path"),
     ]
