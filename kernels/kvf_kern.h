@@ -17,7 +17,7 @@
  *   HOST. The arithmetic is written once for both (kvf_hd.h).
  * - Compute is fp32. Activations and weights are fp32 arrays; caches (KV,
  *   conv state, SSM state) may be stored fp32, bf16 or fp16 and are converted
- *   on load/store (common/base/kvf_dtype.h).
+ *   on load/store (base/kvf_dtype.h).
  * - Shapes are given in elements, row-major, with the last index fastest.
  *   "ld" parameters are row strides in elements (>= the row length).
  * - Kernels never allocate memory the caller must free, never print, and
@@ -54,7 +54,7 @@ typedef void (*kvf_kern_report_func_t)(const char *call, const char *error);
 
 /**
  * Install @a func as the reporter (NULL: the default, which logs the call
- * with kvf_error() of common/base/kvf_log.h). Process-wide; may be called from
+ * with kvf_error() of base/kvf_log.h). Process-wide; may be called from
  * any thread; a report racing with the change goes to the old or new one.
  */
 void kvf_kern_set_report_func(kvf_kern_report_func_t func);

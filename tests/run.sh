@@ -27,7 +27,7 @@ fi
 # deploy/helm/kvferry with it), pyzmq and msgpack (test_e2e_kv_events' vLLM-style
 # subscriber, when python3 is not Debian's, whose python3-zmq / python3-msgpack
 # install-deps.sh installs) and xxhash (its check of the block hashes against
-# tests/common/cache/block_hash_ref.py); each test reports skipped without its package.
+# tests/common/tokenizer/block_hash_ref.py); each test reports skipped without its package.
 for pkg in openai:openai jinja2:jinja2 transformers:transformers helm_python:helm-python-sdk \
            zmq:pyzmq msgpack:msgpack xxhash:xxhash; do
     if ! python3 -c "import ${pkg%%:*}" >/dev/null 2>&1; then
@@ -37,7 +37,7 @@ for pkg in openai:openai jinja2:jinja2 transformers:transformers helm_python:hel
     fi
 done
 
-# The test tree has the fault points (common/base/kvf_fault.h) that
+# The test tree has the fault points (base/kvf_fault.h) that
 # test_e2e_fault_matrix arms; the main job's build (deploy/build.sh alone) does not.
 build=build-test
 rm -rf "$build"

@@ -17,7 +17,7 @@
 #include "kvf_bench_serve.h"
 #include "kvf_cmds.h"
 #include "kvf_log.h"
-#include "kvf_model_config.h"
+#include "kvf_tok_config.h"
 #include "kvf_tokenizer.h"
 
 #include <errno.h>
@@ -855,7 +855,7 @@ static void kvf_bs_report(kvf_bs_opts_t *o, kvf_bs_summary_t *runs, const double
  */
 static int kvf_bs_chat_tokenizer(kvf_bs_opts_t *o, kvf_tokenizer_t *tok)
 {
-    kvf_model_config_t cfg;
+    kvf_tok_config_t cfg;
     struct stat st;
     bool text_only = (strcmp(o->dataset_name, "sharegpt") == 0) ||
                      (strcmp(o->dataset_name, "sonnet") == 0);
@@ -872,7 +872,7 @@ static int kvf_bs_chat_tokenizer(kvf_bs_opts_t *o, kvf_tokenizer_t *tok)
         return -1;
     }
     if (S_ISDIR(st.st_mode)) {
-        status = kvf_tokenizer_load(o->tokenizer, (kvf_model_config_load(o->tokenizer, &cfg) ==
+        status = kvf_tokenizer_load(o->tokenizer, (kvf_tok_config_load(o->tokenizer, &cfg) ==
                                                    KVF_OK) ? &cfg : NULL, tok);
     } else {
         status = kvf_tokenizer_load_file(o->tokenizer, NULL, tok);

@@ -15,6 +15,7 @@
 #include "kvf_mkmodel.h"
 #include "kvf_model.h"
 #include "kvf_sampler.h"
+#include "kvf_tok_model.h"
 #include "kvf_tokenizer.h"
 
 #include <stddef.h>
@@ -593,6 +594,7 @@ int kvf_cmd_generate(int argc, char **argv)
     kvf_gen_opts_t o = {0};
     kvf_engine_h eng = NULL;
     kvf_tokenizer_t tok = {0};
+    kvf_tok_config_t tc;
     kvf_req_params_t rp = {0};
     kvf_engine_event_t ev[256];
     kvf_req_info_t info;
@@ -621,7 +623,8 @@ int kvf_cmd_generate(int argc, char **argv)
         rc = kvf_generate_ids(&o, eng);
         goto out;
     }
-    if (kvf_tokenizer_load(o.model, kvf_engine_model_config(eng), &tok) != KVF_OK) {
+    tc = kvf_tok_config_of_model(kvf_engine_model_config(eng));
+    if (kvf_tokenizer_load(o.model, &tc, &tok) != KVF_OK) {
         kvf_error("kvf generate: without a tokenizer, give the prompt as --prompt-ids");
         goto out;
     }

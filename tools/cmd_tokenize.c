@@ -14,7 +14,7 @@
 #include "kvf_cmds.h"
 #include "kvf_config.h"
 #include "kvf_log.h"
-#include "kvf_model_config.h"
+#include "kvf_tok_config.h"
 #include "kvf_tokenizer.h"
 
 #include <stddef.h>
@@ -134,7 +134,7 @@ out:
 int kvf_cmd_tokenize(int argc, char **argv)
 {
     kvf_tokenize_opts_t o;
-    kvf_model_config_t cfg, *cfgp = NULL;
+    kvf_tok_config_t cfg, *cfgp = NULL;
     kvf_tokenizer_t tok;
     bool done = false;
     int rc = 1;
@@ -149,7 +149,7 @@ int kvf_cmd_tokenize(int argc, char **argv)
         kvf_error("kvf tokenize: --model is required");
         return 2;
     }
-    if (kvf_model_config_load(o.model, &cfg) == KVF_OK) {
+    if (kvf_tok_config_load(o.model, &cfg) == KVF_OK) {
         cfgp = &cfg;
     }
     if (kvf_tokenizer_load(o.model, cfgp, &tok) != KVF_OK) {

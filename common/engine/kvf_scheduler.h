@@ -23,6 +23,7 @@
 #define KVF_SCHEDULER_H
 
 #include "kvf_block_manager.h"
+#include "kvf_sampling_limits.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -43,12 +44,7 @@ typedef enum {
     KVF_FINISH_ERROR,      /* a step failed */
 } kvf_finish_reason_t;
 
-#define KVF_SAMPLING_MAX_STOP_IDS 64   /* stop_token_ids per request */
-#define KVF_SAMPLING_MAX_LOGPROBS 20   /* top logprobs per sampled token */
-#define KVF_SAMPLING_MAX_BIAS     300  /* logit_bias entries per request */
-#define KVF_SAMPLING_MAX_ALLOWED  1024 /* allowed_token_ids per request */
-#define KVF_SAMPLING_MAX_BAD_WORDS 64  /* bad_words token sequences per request */
-#define KVF_SAMPLING_MAX_BAD_TOKENS 512 /* their tokens, all sequences together */
+/* KVF_SAMPLING_MAX_*: base/kvf_sampling_limits.h (the proxy checks the same limits) */
 
 /**
  * Sampling of one request. temperature <= 0 is greedy (lowest id on ties).

@@ -10,7 +10,7 @@
 #include "kvf_proxy_tools.h"
 #include "kvf_proxy_reasoning.h"
 #include "kvf_log.h"
-#include "kvf_model_config.h"
+#include "kvf_tok_config.h"
 #include "kvf_tokenizer.h"
 #include "kvf_tok_digest.h"
 
@@ -167,7 +167,7 @@ static kvf_status_t kvf_proxy_adopt_tok(void *ctx, const char *path, const char 
                                         char *why, size_t cap)
 {
     struct kvf_proxy *proxy = ctx;
-    kvf_model_config_t mc;
+    kvf_tok_config_t tc;
     kvf_tokenizer_t tok;
     char hex[KVF_TOK_DIGEST_HEX + 1];
     kvf_status_t status;
@@ -177,9 +177,9 @@ static kvf_status_t kvf_proxy_adopt_tok(void *ctx, const char *path, const char 
         proxy->api.tok_ready = true;     /* the stand-in: byte ids, said in log and /health */
         return KVF_OK;
     }
-    status = kvf_model_config_load(path, &mc);
+    status = kvf_tok_config_load(path, &tc);
     if (status == KVF_OK) {
-        status = kvf_tokenizer_load(path, &mc, &tok);
+        status = kvf_tokenizer_load(path, &tc, &tok);
     }
     if (status != KVF_OK) {
         snprintf(why, cap, "its config.json or tokenizer does not load here (%s)",
@@ -197,7 +197,7 @@ static kvf_status_t kvf_proxy_adopt_tok(void *ctx, const char *path, const char 
         return status;
     }
     proxy->tok = tok;
-    proxy->api.max_model_len = mc.max_position_embeddings;
+    proxy->api.max_model_len = tc.max_position_embeddings;
     kvf_proxy_take_tokcfg(proxy, path);
     proxy->api.tok = &proxy->tok;   /* published (atomic stores), then text is served */
     proxy->api.tok_ready = true;
@@ -389,12 +389,12 @@ static kvf_status_t kvf_proxy_tok_setup(const kvf_proxy_config_t *cfg, struct kv
     kvf_status_t status;
 
     if (cfg->model[0] != '\0') {
-        kvf_model_config_t mc;
+        kvf_tok_config_t tc;
 
-        status = kvf_model_config_load(cfg->model, &mc);
+        status = kvf_tok_config_load(cfg->model, &tc);
         if (status == KVF_OK) {
-            status = kvf_tokenizer_load(cfg->model, &mc, &proxy->tok);
-            proxy->api.max_model_len = mc.max_position_embeddings;
+            status = kvf_tokenizer_load(cfg->model, &tc, &proxy->tok);
+            proxy->api.max_model_len = tc.max_position_embeddings;
         }
         if (status == KVF_OK) {
             status = kvf_tokenizer_digest(&proxy->tok, proxy->tok_hex);

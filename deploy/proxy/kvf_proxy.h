@@ -68,7 +68,7 @@ typedef struct kvf_proxy *kvf_proxy_h;
 
 /**
  * Load the tokenizer, connect to the instances and start serving HTTP.
- * @return KVF_OK; errors of kvf_model_config_load(), kvf_proxy_pool_create()
+ * @return KVF_OK; errors of kvf_tok_config_load(), kvf_proxy_pool_create()
  *         and kvf_proxy_http_start() (all logged). Nothing runs on error.
  */
 kvf_status_t kvf_proxy_create(const kvf_proxy_config_t *cfg, kvf_proxy_h *proxy_p);

@@ -13,7 +13,7 @@
 #include "kvf_proxy_chat.h"
 #include "kvf_proxy_sampling.h"
 #include "kvf_proxy_message.h"
-#include "kvf_scheduler.h"
+#include "kvf_sampling_limits.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>

@@ -51,7 +51,7 @@ typedef struct kvf_proxy_pool_params {
     int         max_outstanding;     /* requests per instance the proxy has sent and not seen
                                       * answered (prefill) or finished (decode); 0: default
                                       * KVF_PROXY_MAX_OUTSTANDING_DEFAULT */
-    /* This proxy's tokenizer fingerprint (common/runtime/kvf_tok_digest.h): an instance
+    /* This proxy's tokenizer fingerprint (common/tokenizer/kvf_tok_digest.h): an instance
      * reporting another is marked unhealthy ("incompatible: tokenizer ..."). NULL or "":
      * none yet (no --model): the first instance's model folder that @a adopt can read
      * gives it (kvf_proxy_tokcheck.c). */

@@ -1,7 +1,7 @@
 /* logit_bias, allowed_token_ids, bad_words of a request (kvf_proxy_sampling.h). */
 #include "kvf_proxy_sampling.h"
 #include "kvf_proxy_refuse.h"
-#include "kvf_scheduler.h"
+#include "kvf_sampling_limits.h"
 
 #include <math.h>
 #include <stdio.h>

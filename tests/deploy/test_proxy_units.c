@@ -183,7 +183,7 @@ static void parse_escapes_and_sizes(void)
     snprintf(big, sizeof(big), "{\"prompt\": \"%064d\"}", 0);
     assert_int_equal(parse(big, &req, err), 400);
     /* invalid UTF-8 is not refused (a BPE tokenizer reads it as U+FFFD, three bytes:
-     * tests/common/runtime/test_tokenizer.c; the byte tokenizer here keeps the byte) */
+     * tests/common/tokenizer/test_tokenizer.c; the byte tokenizer here keeps the byte) */
     assert_int_equal(parse("{\"prompt\": \"a\xff" "b\"}", &req, err), 200);
     assert_int_equal(req.num_prompt, 4);
     assert_int_equal(req.prompt_ids[2], 0xFF);

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The fault matrix (issue 9): faults injected INSIDE the transfer by named
-fault points (common/base/kvf_fault.h, armed through KVF_FAULT, built only
+fault points (base/kvf_fault.h, armed through KVF_FAULT, built only
 with -DKVF_FAULT_INJECTION=ON, which tests/run.sh's test build enables), on
 real kvf-prefill / kvf-decode / kvf-proxy processes over loopback, for the
 dense and the hybrid test model. Every row prints its verdict (passed,

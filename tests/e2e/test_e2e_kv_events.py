@@ -8,7 +8,7 @@ free ports):
 1. A subscriber written as vLLM's consumers are (pyzmq SUB, a replay request, msgpack)
    reads one instance's stream: batches [ts, events, 0] numbered from 0 (the first
    AllBlocksCleared), BlockStored events by field name with vLLM's types, their block
-   hashes the chain of tests/common/cache/block_hash_ref.py over the prompt's tokens (when
+   hashes the chain of tests/common/tokenizer/block_hash_ref.py over the prompt's tokens (when
    the xxhash package is there), and a replay from 0 that gives the same batches as live.
 2. --routing prefix (the default): requests that share a 200-token prefix after the first
    all go to the instance that cached it (kvf_instance_prefix_routed_total counts them,
@@ -35,7 +35,7 @@ except ImportError:
     sys.exit(77)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common",
-                                "cache"))
+                                "tokenizer"))
 try:
     import contextlib
     import io

@@ -3,7 +3,7 @@
 back under kvf-up --supervise (issue 23 item 5).
 
 Pool: 2 prefill instances of TP 2 and 1 decode, started with --supervise. The
-fault point tp.barrier@1=drop (common/base/kvf_fault.h) is armed in prefill-1
+fault point tp.barrier@1=drop (base/kvf_fault.h) is armed in prefill-1
 only: the test writes it into prefill-1.cmd (the command kvf-supervise starts
 it with) and restarts that instance with kvf-up --restart, wrapping the
 daemon so that its exit status lands in a file. The first request prefill-1

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""KVF_FAULT at daemon start-up (common/base/kvf_fault.h), in every build:
+"""KVF_FAULT at daemon start-up (base/kvf_fault.h), in every build:
 a malformed spec is refused by name (exit 2, one line naming the entry and
 what is wrong) by both kvf-prefill and kvf-decode; a well-formed one is
 armed in a -DKVF_FAULT_INJECTION=ON build and refused, saying so, in a

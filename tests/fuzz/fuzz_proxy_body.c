@@ -18,7 +18,7 @@
  *
  * Seeds: tests/fuzz/corpus/fuzz_proxy_body (tests/fuzz/make_seeds.c).
  */
-#include "kvf_model_config.h"
+#include "kvf_tok_config.h"
 #include "kvf_proxy_openai.h"
 #include "kvf_tokenizer.h"
 
@@ -48,13 +48,13 @@ static kvf_proxy_openai_ctx_t g_ctx;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
-    kvf_model_config_t mc;
+    kvf_tok_config_t tc;
     const char *model = KVF_SOURCE_DIR "/models-trained/tiny-hybrid";
 
     (void)argc;
     (void)argv;
-    FUZZ_CHECK(kvf_model_config_load(model, &mc) == KVF_OK);
-    FUZZ_CHECK(kvf_tokenizer_load(model, &mc, &g_tok) == KVF_OK);
+    FUZZ_CHECK(kvf_tok_config_load(model, &tc) == KVF_OK);   /* as kvf-proxy reads it */
+    FUZZ_CHECK(kvf_tokenizer_load(model, &tc, &g_tok) == KVF_OK);
     g_ctx.tok = &g_tok;
     g_ctx.tok_ready = true;
     g_ctx.model_name = "tiny";
@@ -62,7 +62,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     g_ctx.max_prompt_tokens = 512;
     g_ctx.max_tokens_limit = 256;
     g_ctx.default_max_tokens = 16;
-    g_ctx.max_model_len = mc.max_position_embeddings;
+    g_ctx.max_model_len = tc.max_position_embeddings;
     return 0;
 }
 

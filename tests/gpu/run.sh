@@ -68,7 +68,7 @@ mkdir -p "$out_dir" && out_dir=$(cd "$out_dir" && pwd) && rr_init "$out_dir" "$b
     { echo "FAIL: cannot write results under $out_dir (KVF_GPU_OUT)"; exit 1; }
 rr_say "tests/gpu/run.sh: $(date -u +%Y-%m-%dT%H:%M:%SZ), budget $budget s, results $RR_RESULTS"
 
-# Standalone build of gpu_vs_cpu alone (kernels/ + common/base's dtype and log + the test),
+# Standalone build of gpu_vs_cpu alone (kernels/ + base's dtype and log + the test),
 # for a GPU machine without kvferry's other build dependencies (UCX, ZeroMQ, ...): nvcc and
 # the C compiler directly, OpenBLAS if present (else tests/gpu/shim's naive cblas_sgemm),
 # NCCL if present. Prints the binary's path.
@@ -76,7 +76,7 @@ standalone() {
     local out=$1 nvcc cuda cc=${CC:-cc} objs=() defs=(-DKVF_HAVE_CUDA=1) libs=(-lcublas -lcublasLt) f
     nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
     cuda=$(dirname "$(dirname "$nvcc")")
-    local inc=(-I"$root/kernels" -I"$root/common/base" -I"$cuda/include")
+    local inc=(-I"$root/kernels" -I"$root/base" -I"$cuda/include")
     local cus=("$root"/kernels/*.cu)
     mkdir -p "$out/obj"
     if [ -f "$cuda/include/nccl.h" ] || [ -f /usr/include/nccl.h ]; then
@@ -93,7 +93,7 @@ standalone() {
         "$cc" -O2 -std=gnu11 -c "$root/tests/gpu/shim/cblas_shim.c" -o "$out/obj/cblas_shim.o" || return 1
         objs+=("$out/obj/cblas_shim.o")
     fi
-    for f in "$root"/kernels/*.c "$root/common/base/kvf_dtype.c" "$root/common/base/kvf_log.c" \
+    for f in "$root"/kernels/*.c "$root/base/kvf_dtype.c" "$root/base/kvf_log.c" \
              "$root/tests/gpu/gpu_vs_cpu.c"; do
         "$cc" -O2 -std=gnu11 "${defs[@]}" "${inc[@]}" -c "$f" -o "$out/obj/$(basename "$f").o" || return 1
         objs+=("$out/obj/$(basename "$f").o")

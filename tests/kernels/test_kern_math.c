@@ -1,7 +1,7 @@
 /*
  * The shared CPU/CUDA kernel bodies (kernels/kvf_*_math.h) checked directly:
  * the arithmetic a GPU thread runs is the arithmetic tested here.
- * dtype conversions bit for bit against common/base, the dt clamp, the
+ * dtype conversions bit for bit against base, the dt clamp, the
  * gated-norm edge cases, the attention fold's masking, the conv tap sum,
  * the activations, MoE routing; and the CPU entry points built on them
  * (kvf_act, kvf_convert, kvf_moe_route).
@@ -36,7 +36,7 @@ static float from_bits(uint32_t u)
     return f;
 }
 
-/* every 16-bit and 8-bit code, and a sweep of fp32 patterns, equal to common/base */
+/* every 16-bit and 8-bit code, and a sweep of fp32 patterns, equal to base */
 static void test_dtype_bits_equal_base(void **state)
 {
     (void)state;

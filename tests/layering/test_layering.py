@@ -10,7 +10,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 CHECK = [sys.executable, os.path.join(HERE, "check_includes.py")]
-LAYER_DIRS = ["kernels", "common", "proto", "transfer", "daemon", "prefill", "decode", "tools",
+LAYER_DIRS = ["base", "kernels", "common", "proto", "transfer", "daemon", "prefill", "decode", "tools",
               "deploy"]
 
 
@@ -31,16 +31,34 @@ def plant(root, rel, line):
     return at + 1
 
 
+def check_floor():
+    """base/ is the ground floor at the top level: it links nothing of the tree, every other
+    layer with C sources stands on it, and no folder named base/ hides inside another."""
+    sys.path.insert(0, HERE)
+    import check_includes as ci
+    assert ci.LAYERS.get("base") == [], f"base/ must use nothing of the tree: {ci.LAYERS.get('base')}"
+    assert os.path.isdir(os.path.join(ROOT, "base")), "no top-level base/ folder"
+    for layer in ci.LAYERS:
+        if layer in ("base", "proto"):
+            continue
+        assert "base" in ci.closure(layer), f"{layer} does not stand on base/"
+    nested = [l for l in ci.LAYERS if l.endswith("/base")]
+    assert not nested, f"a base layer inside another folder: {nested}"
+    print(f"ok: base/ is the top-level floor under {len(ci.LAYERS) - 2} layers")
+
+
 def main():
+    check_floor()
     rc, out = run(ROOT)
     assert rc == 0, f"layering check fails on the tree:\n{out}"
 
     cases = [  # (file, planted include, text the report must carry)
         # the bottom floor stands on nothing: not on the kernels, not on the engine
-        ("common/base/kvf_status.c", '#include "kvf_kern.h"', "from kernels; common/base may use nothing"),
-        ("common/base/kvf_log.c", '#include "kvf_engine.h"', "from common/engine"),
-        # kernels stand on common/base alone
-        ("kernels/kvf_gemm.c", '#include "kvf_model_config.h"', "from common/model; kernels may use common/base"),
+        ("base/kvf_status.c", '#include "kvf_kern.h"', "from kernels; base may use nothing"),
+        ("base/kvf_log.c", '#include "kvf_engine.h"', "from common/engine"),
+        ("base/kvf_json.c", '#include "kvf_side_channel.h"', "from transfer/channel; base may use nothing"),
+        # kernels stand on base alone
+        ("kernels/kvf_gemm.c", '#include "kvf_model_config.h"', "from common/model; kernels may use base"),
         ("prefill/kvf_lease.c", '#include "kvf_decode_server.h"', "from decode"),
         # daemon scaffolding is above transfer, below the roles and the tools
         ("transfer/ucx/kvf_ucx_agent.c", '#include "kvf_role.h"', "from daemon"),
@@ -49,6 +67,14 @@ def main():
         # the tools are not deploy, and deploy/proxy does not use them
         ("tools/kvf_main.c", '#include "kvf_proxy.h"', "from deploy/proxy"),
         ("deploy/proxy/kvf_proxy.c", '#include "kvf_cmds.h"', "from tools"),
+        # kvf-proxy stands on the tokenizer and the ZeroMQ layer, never on the engine side
+        ("deploy/proxy/kvf_proxy_openai.c", '#include "kvf_scheduler.h"',
+         "from common/engine; deploy/proxy may use base, common/tokenizer, proto, transfer/zmq"),
+        ("deploy/proxy/kvf_proxy_pool.c", '#include "kvf_side_channel.h"', "from transfer/channel"),
+        # the tokenizer stands on base/ alone: not on the model config, not on the cache
+        ("common/tokenizer/kvf_tok_load.c", '#include "kvf_model_config.h"',
+         "from common/model; common/tokenizer may use base"),
+        ("transfer/zmq/kvf_zmq.c", '#include "kvf_handshake.h"', "from transfer/wire"),
         ("transfer/plan/kvf_xfer_plan.c", '#include "kvf_side_channel.h"', "from transfer/channel"),
         ("common/model/kvf_shard.c", '#include "common/kvf_log.h"', "by path"),
     ]

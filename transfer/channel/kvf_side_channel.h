@@ -22,7 +22,7 @@
  * error reply (a plain REQ client is answered too: raw tests), and never
  * exits on bad input.
  *
- * Identity: with authenticated sockets (transfer/channel/kvf_zmq_auth.h)
+ * Identity: with authenticated sockets (transfer/zmq/kvf_zmq_auth.h)
  * the server compares the engine id a request claims with the peer's
  * authenticated id and refuses a mismatch; the lease handler gets the
  * authenticated id as the requester (the lease owner), never the claimed one.

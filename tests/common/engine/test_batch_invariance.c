@@ -19,6 +19,7 @@
 #include "kvf_model_test_util.h"
 #include "kvf_geometry.h"
 #include "kvf_model.h"
+#include "kvf_tok_model.h"
 #include "kvf_tokenizer.h"
 
 #include <math.h>
@@ -97,6 +98,7 @@ static int kvf_inv_setup(void **state)
     const char *src_dir = getenv("KVF_TEST_SOURCE_DIR");   /* a GPU bundle's src/ */
     kvf_model_config_t cfg;
     kvf_tokenizer_t tok;
+    kvf_tok_config_t tc;
     char path[600], line[4096], text[4096], all[8192];
     FILE *f;
     int li = 0, nh = 0;
@@ -112,7 +114,8 @@ static int kvf_inv_setup(void **state)
     }
     assert_int_equal(kvf_model_config_load(g_dir, &cfg), KVF_OK);
     g_vocab = cfg.vocab_size;
-    assert_int_equal(kvf_tokenizer_load(g_dir, &cfg, &tok), KVF_OK);
+    tc = kvf_tok_config_of_model(&cfg);
+    assert_int_equal(kvf_tokenizer_load(g_dir, &tc, &tok), KVF_OK);
     snprintf(path, sizeof(path), "%s/heldout.jsonl", g_dir);
     f = fopen(path, "r");
     assert_non_null(f);

@@ -81,7 +81,7 @@ static void test_corrupt_header(void **state)
 
 static void test_tokenizer(void **state)
 {
-    kvf_model_config_t cfg = {0};
+    kvf_tok_config_t cfg = {0};
     kvf_tokenizer_t tok;
     int32_t ids[16];
     char out[16];

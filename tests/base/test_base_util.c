@@ -1,5 +1,5 @@
 /*
- * common/base helpers: growable arrays (kvf_array.h), random bytes
+ * base helpers: growable arrays (kvf_array.h), random bytes
  * (kvf_random.h) and the clock header (kvf_time.h).
  */
 #include "kvf_array.h"

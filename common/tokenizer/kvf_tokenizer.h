@@ -26,7 +26,7 @@
 #ifndef KVF_TOKENIZER_H
 #define KVF_TOKENIZER_H
 
-#include "kvf_model_config.h"
+#include "kvf_tok_config.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -42,10 +42,11 @@ typedef struct kvf_tokenizer {
 } kvf_tokenizer_t;
 
 /**
- * Byte tokenizer for @a cfg. KVF_ERR_UNSUPPORTED when vocab_size < 256 (the
+ * Byte tokenizer for @a cfg (from kvf_tok_config_load(), or the engine's
+ * kvf_tok_config_of_model()). KVF_ERR_UNSUPPORTED when vocab_size < 256 (the
  * model cannot represent every byte).
  */
-kvf_status_t kvf_tokenizer_init(const kvf_model_config_t *cfg, kvf_tokenizer_t *tok_p);
+kvf_status_t kvf_tokenizer_init(const kvf_tok_config_t *cfg, kvf_tokenizer_t *tok_p);
 
 /**
  * The tokenizer a model declares: `tokenizer.json` in @a model_path (a model
@@ -59,11 +60,11 @@ kvf_status_t kvf_tokenizer_init(const kvf_model_config_t *cfg, kvf_tokenizer_t *
  *         malformed file. On error *tok_p is untouched.
  *         Release with kvf_tokenizer_cleanup().
  */
-kvf_status_t kvf_tokenizer_load(const char *model_path, const kvf_model_config_t *cfg,
+kvf_status_t kvf_tokenizer_load(const char *model_path, const kvf_tok_config_t *cfg,
                                 kvf_tokenizer_t *tok_p);
 
 /** Same as kvf_tokenizer_load() for the tokenizer.json at @a path; @a cfg may be NULL. */
-kvf_status_t kvf_tokenizer_load_file(const char *path, const kvf_model_config_t *cfg,
+kvf_status_t kvf_tokenizer_load_file(const char *path, const kvf_tok_config_t *cfg,
                                      kvf_tokenizer_t *tok_p);
 
 /** Frees what kvf_tokenizer_load() allocated; safe on a byte tokenizer and twice. */

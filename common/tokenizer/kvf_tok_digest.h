@@ -26,7 +26,7 @@ kvf_status_t kvf_tokenizer_digest(const kvf_tokenizer_t *tok, char *hex);
 
 /**
  * Load the tokenizer of model folder (or config.json) @a model_path as
- * kvf-proxy does (kvf_model_config_load + kvf_tokenizer_load) and put its
+ * kvf-proxy does (kvf_tok_config_load + kvf_tokenizer_load) and put its
  * fingerprint in @a hex. @return KVF_OK; KVF_ERR_NOT_FOUND, not logged, for
  * a model folder without tokenizer.json; config and tokenizer load errors
  * (logged by the loaders).

@@ -62,7 +62,7 @@ out_free:
 
 kvf_status_t kvf_tokenizer_digest_of_model(const char *model_path, char *hex)
 {
-    kvf_model_config_t mc;
+    kvf_tok_config_t tc;
     kvf_tokenizer_t tok;
     char file[4096];
     struct stat st;
@@ -74,12 +74,12 @@ kvf_status_t kvf_tokenizer_digest_of_model(const char *model_path, char *hex)
     if ((stat(model_path, &st) == 0) && S_ISDIR(st.st_mode) && (stat(file, &st) != 0)) {
         return KVF_ERR_NOT_FOUND;
     }
-    status = kvf_model_config_load(model_path, &mc);
+    status = kvf_tok_config_load(model_path, &tc);
     if (status != KVF_OK) {
         return status;
     }
     memset(&tok, 0, sizeof(tok));
-    status = kvf_tokenizer_load(model_path, &mc, &tok);
+    status = kvf_tokenizer_load(model_path, &tc, &tok);
     if (status != KVF_OK) {
         return status;
     }

@@ -428,7 +428,7 @@ static kvf_status_t kvf_tok_parse(const char *path, const cJSON *root, kvf_bpe_t
     return KVF_OK;
 }
 
-kvf_status_t kvf_tokenizer_load_file(const char *path, const kvf_model_config_t *cfg,
+kvf_status_t kvf_tokenizer_load_file(const char *path, const kvf_tok_config_t *cfg,
                                      kvf_tokenizer_t *tok_p)
 {
     static int tables_ready;
@@ -469,7 +469,7 @@ kvf_status_t kvf_tokenizer_load_file(const char *path, const kvf_model_config_t 
     return KVF_OK;
 }
 
-kvf_status_t kvf_tokenizer_load(const char *model_path, const kvf_model_config_t *cfg,
+kvf_status_t kvf_tokenizer_load(const char *model_path, const kvf_tok_config_t *cfg,
                                 kvf_tokenizer_t *tok_p)
 {
     char file[4096];

@@ -106,7 +106,7 @@
 
 /* Actions; bit i of a point's mask allows action i. Checklist: when adding
  * one, update the grammar above, kvf_fault_action_names[] in kvf_fault.c and
- * tests/common/base/test_fault.c. */
+ * tests/base/test_fault.c. */
 typedef enum {
     KVF_FAULT_NONE    = 0,   /* returned: nothing to do at the call site */
     KVF_FAULT_DROP    = 1,

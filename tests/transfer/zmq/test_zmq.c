@@ -1,4 +1,4 @@
-/* ZeroMQ socket set-up (transfer/channel/kvf_zmq.h): every option is set and
+/* ZeroMQ socket set-up (transfer/zmq/kvf_zmq.h): every option is set and
  * checked; a refused option fails the open with KVF_ERR_ZMQ and leaves no
  * socket behind; the check macros map -1 to KVF_ERR_ZMQ. */
 #include "kvf_zmq.h"

@@ -1,12 +1,12 @@
 /*
  * Shared (CPU and CUDA) dtype conversion: fp32 <-> bf16, fp16 and fp8 e4m3fn,
  * and element load/store of a typed cache array: the one copy of these
- * algorithms (common/base/kvf_dtype.c calls them; round to nearest even; NaN
+ * algorithms (base/kvf_dtype.c calls them; round to nearest even; NaN
  * stays NaN; fp16 overflows to inf; fp8 saturates at +-448);
  * tests/kernels/test_kern_math.c checks them over every 16-bit pattern and a
  * sweep of floats.
  *
- * Dtype codes are kvf_dtype_t values (common/base/kvf_dtype.h): 0 fp32,
+ * Dtype codes are kvf_dtype_t values (base/kvf_dtype.h): 0 fp32,
  * 1 bf16, 2 fp16, 3 fp8. An unknown code loads 0 and stores nothing.
  */
 #ifndef KVF_DTYPE_MATH_H

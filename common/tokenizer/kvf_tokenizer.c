@@ -24,7 +24,7 @@
  *
  * NOTE: a tokenizer.json field this file starts to honour must leave the
  * refusal list in kvf_tokenizer.h and gain a case in
- * tests/common/runtime/tokenizer_compare.py.
+ * tests/common/tokenizer/tokenizer_compare.py.
  */
 #include "kvf_hash.h"
 #include "kvf_tok_int.h"
@@ -36,7 +36,7 @@
 
 /* ---- byte tokenizer ------------------------------------------------------------- */
 
-kvf_status_t kvf_tokenizer_init(const kvf_model_config_t *cfg, kvf_tokenizer_t *tok_p)
+kvf_status_t kvf_tokenizer_init(const kvf_tok_config_t *cfg, kvf_tokenizer_t *tok_p)
 {
     if (cfg->vocab_size < 256) {
         kvf_error("vocab_size %d is too small for the byte tokenizer (needs >= 256)",

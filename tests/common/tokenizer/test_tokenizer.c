@@ -25,7 +25,7 @@ static const char *trained_tokenizer(void)
 
 static kvf_tokenizer_t byte_tok(void)
 {
-    kvf_model_config_t cfg;
+    kvf_tok_config_t cfg;
     kvf_tokenizer_t tok;
 
     memset(&cfg, 0, sizeof(cfg));

@@ -3,7 +3,7 @@
 from the spec alone, with the `xxhash` package (pip install xxhash). It printed the vectors
 that test_block_hash.c asserts; rerun it to check them:
 
-    python3 tests/common/cache/block_hash_ref.py
+    python3 tests/common/tokenizer/block_hash_ref.py
 """
 import struct
 import xxhash

@@ -1,5 +1,5 @@
 /* The prefix cache's hash chain (kvf_block_hash.h): the vectors below were
- * printed by tests/common/cache/block_hash_ref.py, an implementation of
+ * printed by tests/common/tokenizer/block_hash_ref.py, an implementation of
  * docs/PREFIX_CACHE.md §2 in Python on the xxhash package, so the C code
  * and the spec agree byte for byte (and a key does not depend on the
  * process, the host's byte order or the build). Salt and digest separate
