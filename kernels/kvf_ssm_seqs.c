@@ -16,7 +16,7 @@
 
 size_t kvf_ssm_seqs_packed_bytes(int num_seqs)
 {
-    return (size_t)num_seqs * (2 * sizeof(void *) + sizeof(int) + sizeof(float));
+    return (size_t)num_seqs * (2 * sizeof(void *) + sizeof(int) + 2 * sizeof(float));
 }
 
 void kvf_ssm_seqs_pack(const kvf_ssm_seqs_t *seqs, void *out)
@@ -28,6 +28,8 @@ void kvf_ssm_seqs_pack(const kvf_ssm_seqs_t *seqs, void *out)
     memcpy(h + S * sizeof(void *), seqs->ssm_states, S * sizeof(void *));
     memcpy(h + 2 * S * sizeof(void *), seqs->rows, S * sizeof(int));
     memcpy(h + 2 * S * sizeof(void *) + S * sizeof(int), seqs->dt_min, S * sizeof(float));
+    memcpy(h + 2 * S * sizeof(void *) + S * sizeof(int) + S * sizeof(float), seqs->dt_max,
+           S * sizeof(float));
 }
 
 int kvf_ssm_decode_seqs(const kvf_device_t *dev, const kvf_ssm_seqs_t *seqs, const float *x_in,
@@ -45,8 +47,8 @@ int kvf_ssm_decode_seqs(const kvf_device_t *dev, const kvf_ssm_seqs_t *seqs, con
         return KVF_KERN_OK;
     }
     if ((seqs->rows == NULL) || (seqs->conv_states == NULL) || (seqs->ssm_states == NULL) ||
-        (seqs->dt_min == NULL) || (x_in == NULL) || (xbc == NULL) || (dt == NULL) ||
-        (y == NULL) || (channels < 1) || (ld_in < channels) || (ld_xbc < channels) ||
+        (seqs->dt_min == NULL) || (seqs->dt_max == NULL) || (x_in == NULL) || (xbc == NULL) ||
+        (dt == NULL) || (y == NULL) || (channels < 1) || (ld_in < channels) || (ld_xbc < channels) ||
         (p->heads < 1) || (p->groups < 1) || (p->head_dim < 1) || (p->state_size < 1) ||
         (lddt < p->heads) || (ldy < p->heads * p->head_dim) ||
         (p->heads * p->head_dim + 2 * p->groups * p->state_size > channels)) {
@@ -61,6 +63,7 @@ int kvf_ssm_decode_seqs(const kvf_device_t *dev, const kvf_ssm_seqs_t *seqs, con
             kvf_mamba2_params_t pi = *p;
             float *xr = xbc + r * (size_t)ld_xbc;
             pi.dt_min = seqs->dt_min[i];
+            pi.dt_max = seqs->dt_max[i];
             e = kvf_conv1d_step(dev, x_in + r * (size_t)ld_in, channels, kernel, conv_w, conv_b,
                                 1, seqs->conv_states[i], conv_dtype, xr);
             if (e == KVF_KERN_OK) {
@@ -77,7 +80,7 @@ int kvf_ssm_decode_seqs(const kvf_device_t *dev, const kvf_ssm_seqs_t *seqs, con
     }
     for (int i = 0; i < seqs->num_seqs; ++i) {
         if ((seqs->rows[i] < 0) || (seqs->conv_states[i] == NULL) ||
-            (seqs->ssm_states[i] == NULL) || !(p->dt_max >= seqs->dt_min[i])) {
+            (seqs->ssm_states[i] == NULL) || !(seqs->dt_max[i] >= seqs->dt_min[i])) {
             return KVF_KERN_EINVAL;
         }
     }

@@ -27,12 +27,13 @@ typedef struct kvf_ssm_seqs {
     const int   *rows;         /* [num_seqs] each request's row in the row arrays, distinct */
     void *const *conv_states;  /* [num_seqs] [channels][kernel - 1] of conv_dtype (device) */
     void *const *ssm_states;   /* [num_seqs] [heads][head_dim][state_size] of ssm_dtype */
-    const float *dt_min;       /* [num_seqs] each request's dt clamp (kvf_mamba2_params_t) */
-    /* Optional (NULL: unused), read by the CUDA path only: the same four arrays already laid
+    const float *dt_min;       /* [num_seqs] each request's dt clamp (kvf_mamba2_params_t): */
+    const float *dt_max;       /* [num_seqs] low and high; a prompt token's is the scan's */
+    /* Optional (NULL: unused), read by the CUDA path only: the same five arrays already laid
      * out as one HOST block, [num_seqs] conv_states, [num_seqs] ssm_states, [num_seqs] rows
-     * (int), [num_seqs] dt_min (float), uploaded as is (no copy when it lies in the stream's
-     * published step inputs, kernels/kvf_device_graph.h) instead of being packed per call.
-     * Must hold the same values as the four arrays. */
+     * (int), [num_seqs] dt_min, [num_seqs] dt_max (float), uploaded as is (no copy when it
+     * lies in the stream's published step inputs, kernels/kvf_device_graph.h) instead of
+     * being packed per call. Must hold the same values as the five arrays. */
     const void  *packed;
 } kvf_ssm_seqs_t;
 
@@ -40,23 +41,24 @@ typedef struct kvf_ssm_seqs {
 size_t kvf_ssm_seqs_packed_bytes(int num_seqs);
 
 /**
- * Lay out @a seqs's four arrays as the CUDA path reads them (the one definition of
+ * Lay out @a seqs's five arrays as the CUDA path reads them (the one definition of
  * kvf_ssm_seqs_t.packed): [num_seqs] conv_states, [num_seqs] ssm_states, [num_seqs] rows
- * (int), [num_seqs] dt_min (float). @a out: kvf_ssm_seqs_packed_bytes(), 8-byte aligned.
+ * (int), [num_seqs] dt_min, [num_seqs] dt_max (float). @a out:
+ * kvf_ssm_seqs_packed_bytes(), 8-byte aligned.
  */
 void kvf_ssm_seqs_pack(const kvf_ssm_seqs_t *seqs, void *out);
 
 /**
  * For request i with row r = rows[i]: kvf_conv1d_step(x_in + r * ld_in ->
  * xbc + r * ld_xbc, SiLU, conv_states[i]), then kvf_mamba2_step() of @a p
- * with dt_min = dt_min[i] on x = that xbc row, B = x + heads * head_dim,
+ * with dt_min = dt_min[i], dt_max = dt_max[i] on x = that xbc row, B = x + heads * head_dim,
  * C = B + groups * state_size, dt = dt + r * lddt, ssm_states[i], into
  * y + r * ldy.
  *
  * @param [in]  x_in, ld_in     fp32 conv inputs, @a channels per row.
  * @param [in]  kernel, conv_w, conv_b, conv_dtype  As kvf_conv1d_step().
  * @param [out] xbc, ld_xbc     fp32 conv outputs (x | B | C); must not overlap x_in.
- * @param [in]  p               Mamba2 parameters (its dt_min is not read).
+ * @param [in]  p               Mamba2 parameters (its dt_min and dt_max are not read).
  * @param [in]  dt, lddt        fp32 raw dt, heads per row.
  * @param [out] y, ldy          fp32, heads * head_dim per row.
  * @return KVF_KERN_OK; KVF_KERN_EINVAL as the per-request calls (all

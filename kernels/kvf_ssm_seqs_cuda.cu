@@ -18,11 +18,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* the per-request arrays on the device: [S] conv states, [S] SSM states, [S] rows, [S] dt_min */
+/* the per-request arrays on the device: [S] conv states, [S] SSM states, [S] rows, [S] dt_min,
+ * [S] dt_max */
 struct kvf_cuda_ssm_seqs {
     void *const *conv, *const *ssm;
     const int   *rows;
-    const float *dt_min;
+    const float *dt_min, *dt_max;
     int          n;
 };
 
@@ -54,7 +55,6 @@ __global__ void kvf_conv_step_seqs_kernel(kvf_cuda_ssm_seqs s, const float *x_in
 struct kvf_cuda_ssm_layer {
     int          heads, head_dim, groups, ns;
     const float *dt_bias, *A_log, *D;
-    float        dt_max;
 };
 
 __global__ void kvf_mamba2_step_seqs_kernel(kvf_cuda_ssm_seqs s, kvf_cuda_ssm_layer p,
@@ -73,7 +73,7 @@ __global__ void kvf_mamba2_step_seqs_kernel(kvf_cuda_ssm_seqs s, kvf_cuda_ssm_la
         float A = kvf_mamba2_A_hd(p.A_log[h]);
         float Dh = (p.D != NULL) ? p.D[h] : 0.0f;
         float bias = (p.dt_bias != NULL) ? p.dt_bias[h] : 0.0f;
-        float dth = kvf_mamba2_dt_hd(dt[r * (size_t)lddt + h], bias, s.dt_min[q], p.dt_max);
+        float dth = kvf_mamba2_dt_hd(dt[r * (size_t)lddt + h], bias, s.dt_min[q], s.dt_max[q]);
         float dA = kvf_mamba2_dA_hd(dth, A);
         float xv = xr[j];
         float *S = (float *)s.ssm[q] + j * ns;   /* fp32 state: in place */
@@ -116,6 +116,7 @@ extern "C" int kvf_cuda_ssm_decode_seqs(const kvf_device_t *dev, const kvf_ssm_s
     s.ssm = (void *const *)((char *)d + S * sizeof(void *));
     s.rows = (const int *)((char *)d + 2 * S * sizeof(void *));
     s.dt_min = (const float *)((char *)d + 2 * S * sizeof(void *) + S * sizeof(int));
+    s.dt_max = s.dt_min + S;
     s.n = (int)S;
     size_t n = S * (size_t)channels;
     kvf_conv_step_seqs_kernel<<<kvf_cuda_blocks(n), KVF_CUDA_THREADS, 0, stream>>>(
@@ -130,7 +131,6 @@ extern "C" int kvf_cuda_ssm_decode_seqs(const kvf_device_t *dev, const kvf_ssm_s
         l.dt_bias = p->dt_bias;
         l.A_log = p->A_log;
         l.D = p->D;
-        l.dt_max = p->dt_max;
         n = S * (size_t)p->heads * (size_t)p->head_dim;
         kvf_mamba2_step_seqs_kernel<<<kvf_cuda_blocks_for(n, KVF_CUDA_THREADS / 4),
                                       KVF_CUDA_THREADS / 4, 0, stream>>>(

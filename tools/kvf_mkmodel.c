@@ -267,7 +267,7 @@ static kvf_status_t kvf_mk_mamba(kvf_mk_ctx_t *c, const kvf_model_config_t *cfg,
 
 #define PNAME(_s) (snprintf(name, sizeof(name), "%s.%s", pfx, (_s)), name)
     /* in_proj rows: z (inner) | xBC (conv_dim) | dt (nh); the dt rows are drawn
-     * small so dt stays near its bias and above time_step_min */
+     * small so dt stays near its bias (log-uniform in [0.01, 0.2]) */
     {
         const int64_t rows = inner + conv_dim + nh;
         const int64_t shape[2] = {rows, H};

@@ -727,18 +727,27 @@ static kvf_status_t kvf_cfg_common(const kvf_cfg_reader_t *rd, kvf_model_config_
     return KVF_OK;
 }
 
-/* time_step_limit = [low, high]: transformers' mixer (the reference) ignores it and
- * clamps with time_step_min alone; mamba_ssm's kernels clamp to it unless it is
- * (0, inf). NVIDIA's configs write [0.0, Infinity] (Python's literal, kvf_json.h):
- * no upper clamp. Checked so a broken pair is refused rather than ignored. */
-kvf_status_t kvf_cfg_dt_limit(const kvf_cfg_reader_t *rd)
+/* time_step_limit = [low, high] (nemotron_h also mamba_dt_limit): transformers 5.25's
+ * Mamba2 mixers (NemotronH, Bamba, GraniteMoeHybrid alike) clamp dt to it in the chunked
+ * scan of a prompt and not in the one-token recurrent update; absent: the class default
+ * (0, inf). NVIDIA's configs write [0.0, Infinity] (Python's literal, kvf_json.h).
+ * Design: 5.24's NemotronH clamped at time_step_min instead and ignored this field;
+ * kvferry follows the version tests/run.sh installs (5.25). */
+kvf_status_t kvf_cfg_dt_limit(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
 {
     const char *name = kvf_cfg_alias(rd, "time_step_limit", "mamba_dt_limit");
     const cJSON *item = cJSON_GetObjectItemCaseSensitive(rd->root, name);
     const cJSON *lo, *hi;
 
-    if ((item == NULL) || cJSON_IsNull(item)) {
+    cfg->dt_limit_low = 0.0;
+    cfg->dt_limit_high = INFINITY;
+    if (item == NULL) {
         return KVF_OK;
+    }
+    if (cJSON_IsNull(item)) {
+        kvf_error("%s: field '%s' = null is not implemented (transformers' scan needs a pair"
+                  " [low, high]): refused", rd->origin, name);
+        return KVF_ERR_UNSUPPORTED;
     }
     lo = cJSON_GetArrayItem(item, 0);
     hi = cJSON_GetArrayItem(item, 1);
@@ -753,14 +762,14 @@ kvf_status_t kvf_cfg_dt_limit(const kvf_cfg_reader_t *rd)
                   " Infinity)", rd->origin, name, lo->valuedouble, hi->valuedouble);
         return KVF_ERR_INVALID_PARAM;
     }
+    cfg->dt_limit_low = lo->valuedouble;
+    cfg->dt_limit_high = hi->valuedouble;
     return KVF_OK;
 }
 
 /* nemotron_h: the Mamba2 mixer's fields (its layers exist in the pattern). */
 static kvf_status_t kvf_cfg_mamba(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
 {
-    double tmin;
-
     KVF_CFG_TRY(kvf_cfg_int(rd, "mamba_num_heads", &cfg->mamba_num_heads));
     KVF_CFG_TRY(kvf_cfg_int(rd, "mamba_head_dim", &cfg->mamba_head_dim));
     KVF_CFG_TRY(kvf_cfg_int(rd, "ssm_state_size", &cfg->ssm_state_size));
@@ -782,14 +791,9 @@ static kvf_status_t kvf_cfg_mamba(const kvf_cfg_reader_t *rd, kvf_model_config_t
      * mamba_proj_bias is a config field its modeling code never reads */
     KVF_CFG_TRY(kvf_cfg_bool(rd, "use_bias", false, &cfg->mamba_proj_bias));
     KVF_CFG_TRY(kvf_cfg_act(rd, "mamba_hidden_act", KVF_ACT_SILU, &cfg->mamba_act));
-    KVF_CFG_TRY(kvf_cfg_num(rd, rd->root, kvf_cfg_alias(rd, "time_step_min", "mamba_dt_min"),
-                            0.001, &tmin));
-    if (!(tmin >= 0.0)) {
-        KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "field 'time_step_min' = %g must not be negative",
-                     tmin);
-    }
-    cfg->time_step_min = tmin;
-    KVF_CFG_TRY(kvf_cfg_dt_limit(rd));
+    /* time_step_min / mamba_dt_min: dt_bias's initialisation only since transformers 5.25
+     * (accepted without effect, as time_step_max) */
+    KVF_CFG_TRY(kvf_cfg_dt_limit(rd, cfg));
     KVF_CFG_TRY(kvf_cfg_dtype_opt(rd, "mamba_ssm_cache_dtype", KVF_DTYPE_FP32,
                                   &cfg->ssm_cache_dtype));
     return KVF_OK;

@@ -111,7 +111,9 @@ typedef struct kvf_model_config {
     bool        use_conv_bias;        /* default true */
     bool        mamba_proj_bias;      /* in_proj/out_proj bias: use_bias (default false) */
     kvf_act_t   mamba_act;            /* mamba_hidden_act after the conv; default silu */
-    double      time_step_min;        /* multi-token scan clamps dt >= this (transformers) */
+    double      dt_limit_low;         /* time_step_limit [low, high]: prompt tokens' dt is */
+    double      dt_limit_high;        /* clamped to it, decode steps' is not (transformers
+                                         5.25); default [0, inf] */
     kvf_dtype_t ssm_cache_dtype;      /* mamba_ssm_cache_dtype; default fp32 */
 
     /* MLP / experts */

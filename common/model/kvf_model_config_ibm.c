@@ -82,32 +82,6 @@ static kvf_status_t kvf_ibm_pos(const kvf_cfg_reader_t *rd, const char *name, in
     return KVF_OK;
 }
 
-/* time_step_limit [low, high]: the chunked scan clamps dt to it, the one-token update does not
- * (transformers' mamba2 scan); kvferry clamps prompt tokens at low (time_step_min) and
- * implements no upper clamp. */
-static kvf_status_t kvf_ibm_dt_limit(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
-{
-    const cJSON *item = cJSON_GetObjectItemCaseSensitive(rd->root, "time_step_limit");
-
-    cfg->time_step_min = 0.0;   /* the class default (0, inf) */
-    if (item == NULL) {
-        return KVF_OK;
-    }
-    if (cJSON_IsNull(item)) {
-        KVF_CFG_FAIL(KVF_ERR_UNSUPPORTED, "field 'time_step_limit' = null is not implemented"
-                     " (transformers' scan needs a pair [low, high]): refused");
-    }
-    KVF_CFG_TRY(kvf_cfg_dt_limit(rd));
-    if (isfinite(cJSON_GetArrayItem(item, 1)->valuedouble)) {
-        KVF_CFG_FAIL(KVF_ERR_UNSUPPORTED, "field 'time_step_limit' = [%g, %g] is not implemented"
-                     " (an upper dt clamp; only Infinity): refused",
-                     cJSON_GetArrayItem(item, 0)->valuedouble,
-                     cJSON_GetArrayItem(item, 1)->valuedouble);
-    }
-    cfg->time_step_min = cJSON_GetArrayItem(item, 0)->valuedouble;
-    return KVF_OK;
-}
-
 /* The Mamba2 mixer: mamba_* fields (transformers' class defaults), activation hidden_act. */
 static kvf_status_t kvf_ibm_mamba(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
 {
@@ -146,7 +120,7 @@ static kvf_status_t kvf_ibm_mamba(const kvf_cfg_reader_t *rd, kvf_model_config_t
     KVF_CFG_TRY(kvf_cfg_bool(rd, "mamba_proj_bias", false, &cfg->mamba_proj_bias));
     cfg->mamba_act = cfg->mlp_act;   /* the mixer's conv activation is hidden_act */
     cfg->ssm_cache_dtype = KVF_DTYPE_FP32;
-    return kvf_ibm_dt_limit(rd, cfg);
+    return kvf_cfg_dt_limit(rd, cfg);   /* time_step_limit */
 }
 
 /* The fields both families read the same way, before their layer pattern. */

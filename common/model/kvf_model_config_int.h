@@ -42,8 +42,9 @@ void kvf_cfg_value_str(const cJSON *item, char *buf, size_t len);
 /* RoPE: rope_parameters / rope_scaling + rope_theta into cfg->rope (rotary_dim too;
  * partial_rotary_factor other than 1 refused except for bamba). */
 kvf_status_t kvf_cfg_rope(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg);
-/* time_step_limit / mamba_dt_limit: a pair [low, high], 0 <= low <= high. */
-kvf_status_t kvf_cfg_dt_limit(const kvf_cfg_reader_t *rd);
+/* time_step_limit / mamba_dt_limit: a pair [low, high], 0 <= low <= high, into
+ * cfg->dt_limit_low / dt_limit_high (default [0, inf]); null refused. */
+kvf_status_t kvf_cfg_dt_limit(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg);
 
 /* kvf_model_config_ibm.c: whether @a name is a field of @a arch's files there (bamba,
  * granitemoehybrid), and the two parsers (after kvf_cfg_common()). */

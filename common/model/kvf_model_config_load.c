@@ -71,9 +71,9 @@ uint64_t kvf_model_config_fingerprint(const kvf_model_config_t *cfg)
         cfg->moe_topk_group, cfg->moe_norm_topk_prob,
     };
     const double reals[] = {
-        cfg->norm_eps, cfg->time_step_min, cfg->moe_routed_scaling, cfg->rope.theta,
+        cfg->norm_eps, cfg->dt_limit_low, cfg->moe_routed_scaling, cfg->rope.theta,
         cfg->rope.factor, cfg->rope.low_freq_factor, cfg->rope.high_freq_factor,
-        cfg->rope.original_max_pos,
+        cfg->rope.original_max_pos, cfg->dt_limit_high,
     };
     uint64_t h = 0;
 

@@ -9,9 +9,10 @@
  *   nemotron_h: every layer is residual + mixer(rmsnorm(h)); mixers are
  *   Mamba2 ('M'): in_proj (+bias with use_bias) -> z | xBC | dt; causal
  *                 depthwise conv1d + bias + mamba_hidden_act over xBC;
- *                 dt = softplus(dt + dt_bias), clamped to >= time_step_min in
- *                 prompt chunks, even of one token (not in the decode step, as
- *                 transformers); A = -exp(A_log); selective scan with D
+ *                 dt = softplus(dt + dt_bias), clamped to time_step_limit
+ *                 [low, high] in prompt chunks, even of one token (not in the
+ *                 decode step, as transformers 5.25); A = -exp(A_log);
+ *                 selective scan with D
  *                 skip; y = gated_rmsnorm(y, z) with groups of inner /
  *                 n_groups; out_proj (+bias)
  *   attention ('*'): q/k/v projections, GQA, no positional encoding, softmax

@@ -40,7 +40,7 @@ void kvf_model_ws_destroy(struct kvf_model_ws *ws)
     void *hptrs[] = {
         ws->pos, ws->rows, ws->rw, ws->tile, ws->ids, ws->last_rows, ws->h_route_idx,
         ws->h_tok, ws->seq_n, ws->seq_nb, (void *)ws->seq_tab, ws->dec_rows,
-        ws->dec_conv, ws->dec_ssm, ws->dec_dtmin,
+        ws->dec_conv, ws->dec_ssm, ws->dec_dtmin, ws->dec_dtmax,
     };
     for (size_t i = 0; i < sizeof(dptrs) / sizeof(dptrs[0]); ++i) {
         if (kvf_ws_on_device(ws)) {
@@ -169,6 +169,7 @@ static kvf_status_t kvf_ws_reserve(struct kvf_model_ws *ws, const kvf_model_h m,
         bad |= kvf_grow((void **)&ws->dec_conv, S * sizeof(void *));
         bad |= kvf_grow((void **)&ws->dec_ssm, S * sizeof(void *));
         bad |= kvf_grow((void **)&ws->dec_dtmin, S * sizeof(float));
+        bad |= kvf_grow((void **)&ws->dec_dtmax, S * sizeof(float));
         if (bad) {
             return KVF_ERR_NO_MEMORY;
         }
@@ -368,7 +369,12 @@ static const kvf_mamba2_params_t *kvf_step_params(const kvf_fwd_seq_t *sq,
 
 float kvf_fwd_step_dt_min(const kvf_model_config_t *cfg, const kvf_fwd_seq_t *sq)
 {
-    return kvf_fwd_step_is_prompt(sq) ? (float)cfg->time_step_min : 0.0f;
+    return kvf_fwd_step_is_prompt(sq) ? (float)cfg->dt_limit_low : 0.0f;
+}
+
+float kvf_fwd_step_dt_max(const kvf_model_config_t *cfg, const kvf_fwd_seq_t *sq)
+{
+    return kvf_fwd_step_is_prompt(sq) ? (float)cfg->dt_limit_high : INFINITY;
 }
 
 static kvf_status_t kvf_fwd_mamba(kvf_model_h m, const kvf_rank_ctx_t *ctx,
@@ -387,17 +393,18 @@ static kvf_status_t kvf_fwd_mamba(kvf_model_h m, const kvf_rank_ctx_t *ctx,
     const int g = ctx->layout->layer_group[l], slot = ctx->layout->layer_slot[l];
     const int full_group = kvf_model_mamba_inner(cfg) / cfg->n_groups;
     const int silu = (cfg->mamba_act == KVF_ACT_SILU);
-    /* transformers: the multi-token (chunked) scan clamps dt to [time_step_min, inf);
-     * the one-token recurrent update does not clamp */
+    /* transformers 5.25: the multi-token (chunked) scan clamps dt to time_step_limit
+     * [low, high]; the one-token recurrent update does not clamp */
     const kvf_mamba2_params_t mp_scan = {
         .heads = s->mamba_heads, .head_dim = cfg->mamba_head_dim, .groups = s->groups,
         .state_size = N, .dt_bias = w->dt_bias, .A_log = w->A_log, .D = w->D,
-        .dt_min = (float)cfg->time_step_min, .dt_max = INFINITY,
+        .dt_min = (float)cfg->dt_limit_low, .dt_max = (float)cfg->dt_limit_high,
     };
     kvf_mamba2_params_t mp_step = mp_scan;
     int gsz, ngl, o = 0, nd = 0;
 
     mp_step.dt_min = 0.0f;
+    mp_step.dt_max = INFINITY;
     KVF_KCALL(kvf_mat_gemm(dev, ws, T, ws->xn, H, &w->in_proj, w->in_bias, ws->proj, R));
     for (int i = 0; i < batch->num_seqs; ++i) {
         const kvf_fwd_seq_t *sq = &batch->seqs[i];
@@ -423,6 +430,7 @@ static kvf_status_t kvf_fwd_mamba(kvf_model_h m, const kvf_rank_ctx_t *ctx,
             ws->dec_conv[nd] = conv_state;
             ws->dec_ssm[nd] = ssm_state;
             ws->dec_dtmin[nd] = kvf_step_params(sq, &mp_scan, &mp_step)->dt_min;
+            ws->dec_dtmax[nd] = kvf_step_params(sq, &mp_scan, &mp_step)->dt_max;
             ++nd;
         } else if (lone) {
             KVF_KCALL(kvf_conv1d_step(dev, xbc_in, cd, K, w->conv_w, w->conv_b, silu, conv_state,
@@ -448,7 +456,7 @@ static kvf_status_t kvf_fwd_mamba(kvf_model_h m, const kvf_rank_ctx_t *ctx,
     if (nd > 0) {
         const kvf_ssm_seqs_t dec = {
             .num_seqs = nd, .rows = ws->dec_rows, .conv_states = ws->dec_conv,
-            .ssm_states = ws->dec_ssm, .dt_min = ws->dec_dtmin,
+            .ssm_states = ws->dec_ssm, .dt_min = ws->dec_dtmin, .dt_max = ws->dec_dtmax,
             .packed = (ws->in != NULL) ? ws->in->mamba[l] : NULL,   /* a graphed step's */
         };
         KVF_KCALL(kvf_ssm_decode_seqs(dev, &dec, ws->proj + dim, R, cd, K, w->conv_w, w->conv_b,

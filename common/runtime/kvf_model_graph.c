@@ -247,7 +247,7 @@ static size_t kvf_step_in_fill(const kvf_model_h m, const kvf_rank_ctx_t *ctx,
         const int g = lay->layer_group[l], slot = lay->layer_slot[l];
         const kvf_ssm_seqs_t dec = {
             .num_seqs = S, .rows = ws->dec_rows, .conv_states = ws->dec_conv,
-            .ssm_states = ws->dec_ssm, .dt_min = ws->dec_dtmin,
+            .ssm_states = ws->dec_ssm, .dt_min = ws->dec_dtmin, .dt_max = ws->dec_dtmax,
         };
         gr->in.mamba[l] = NULL;
         if (cfg->layer_kinds[l] != KVF_LAYER_MAMBA) {
@@ -259,6 +259,7 @@ static size_t kvf_step_in_fill(const kvf_model_h m, const kvf_rank_ctx_t *ctx,
             ws->dec_ssm[i] = kvf_page_pool_ssm_state(ctx->pool, ctx->geom,
                                                      sq->group_blocks[g][0], slot);
             ws->dec_dtmin[i] = kvf_fwd_step_dt_min(cfg, sq);
+            ws->dec_dtmax[i] = kvf_fwd_step_dt_max(cfg, sq);
         }
         gr->in.mamba[l] = p;
         kvf_ssm_seqs_pack(&dec, p);

@@ -142,7 +142,8 @@ struct kvf_model_ws {
     const int32_t **seq_tab;    /* [S] their attention block tables (host) */
     int     *dec_rows;          /* [S] rows of the seqs taking a Mamba decode step (host) */
     void   **dec_conv, **dec_ssm;  /* [S] their conv and SSM state pages (host arrays) */
-    float   *dec_dtmin;         /* [S] their dt clamps (host) */
+    float   *dec_dtmin;         /* [S] their dt clamps (host): low */
+    float   *dec_dtmax;         /* [S] and high */
     int32_t *d_tok;             /* [S] greedy ids (dev) */
     int32_t *h_tok;             /* [S] their host copy */
     void    *xs;                /* [T][max K] 16-bit activations of the tensor-core GEMMs
@@ -184,6 +185,7 @@ kvf_status_t kvf_fwd_head_pick(kvf_model_h m, const kvf_rank_ctx_t *ctx,
                                const kvf_fwd_batch_t *batch, kvf_status_t status);
 /* The dt clamp of a seq's one-token Mamba2 step (the scan's for a prompt's last token). */
 float kvf_fwd_step_dt_min(const kvf_model_config_t *cfg, const kvf_fwd_seq_t *sq);
+float kvf_fwd_step_dt_max(const kvf_model_config_t *cfg, const kvf_fwd_seq_t *sq);
 
 /* kvf_model_graph.c: set up at kvf_model_ws_prepare() when KVF_GPU_GRAPHS asks (refused by
  * name when its value is unknown), freed by kvf_model_ws_destroy(). */

@@ -82,6 +82,8 @@ void check_ssm_seqs(kvf_dtype_t dt)
     const int HP = H * P, CD = HP + 2 * G * N, R = HP + CD + H + 5;   /* z | xBC | dt | pad */
     static const int rows[S] = {2, 0, 1};
     static const float dtmin[S] = {0.0f, 1e-3f, 0.0f};
+    /* a prompt token's upper clamp (time_step_limit high) on the second request */
+    static const float dtmax[S] = {INFINITY, 0.05f, INFINITY};
     float *xin = frand((size_t)S * R, -2, 2), *cw = frand((size_t)CD * K, -1, 1);
     float *cb = frand(CD, -1, 1), *dtb = frand(H, -1, 1), *al = frand(H, -2, 1);
     float *D = frand(H, -1, 1);
@@ -111,9 +113,9 @@ void check_ssm_seqs(kvf_dtype_t dt)
         dssmp[i] = dssm + (size_t)(S - 1 - i) * sbytes;
     }
     kvf_ssm_seqs_t qc = {.num_seqs = S, .rows = rows, .conv_states = hconv,
-                         .ssm_states = hssm, .dt_min = dtmin};
+                         .ssm_states = hssm, .dt_min = dtmin, .dt_max = dtmax};
     kvf_ssm_seqs_t qg = {.num_seqs = S, .rows = rows, .conv_states = dconvp,
-                         .ssm_states = dssmp, .dt_min = dtmin};
+                         .ssm_states = dssmp, .dt_min = dtmin, .dt_max = dtmax};
     kvf_mamba2_params_t pc = {H, P, G, N, dtb, al, D, 0.0f, INFINITY};
     kvf_mamba2_params_t pg = {H, P, G, N, ddtb, dal, dD, 0.0f, INFINITY};
     CK("ssm seqs cpu", kvf_ssm_decode_seqs(NULL, &qc, xin + HP, R, CD, K, cw, cb, dt, xc, CD,

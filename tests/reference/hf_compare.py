@@ -90,12 +90,14 @@ def cases():
             moe_shared_expert_intermediate_size=64, n_group=2, topk_group=1,
             norm_topk_prob=True, routed_scaling_factor=2.5, mlp_bias=True), "200KB"),
         # --- issue 25's departures, each as transformers reads the saved folder ---
-        # dt clamp that binds (time_step_min above most dt): prompts of k * chunk + 1
-        # tokens end with a one-token prompt chunk, a prompt forward in transformers
+        # dt clamps that bind: transformers 5.25 clamps a prompt's dt to time_step_limit
+        # (low above most dt, high below some; time_step_min/max only set dt_bias's
+        # initial range), a decode step's not at all. Prompts of k * chunk + 1 tokens end
+        # with a one-token prompt chunk, a prompt forward in transformers
         "hybrid-dt-clamp": ("nemotron_h", dict(
             NEMOTRON, layers_block_type=["linear_attention", "full_attention", "mlp",
                                          "linear_attention"],
-            time_step_min=0.05, time_step_max=0.1), None),
+            time_step_min=0.05, time_step_max=0.1, time_step_limit=[0.05, 0.1]), None),
         # an rms_norm_eps in a NemotronH file: transformers ignores it
         "hybrid-rms-eps": ("nemotron_h", dict(
             NEMOTRON, layers_block_type=["linear_attention", "full_attention", "mlp"],

@@ -3,6 +3,7 @@
 #include "kvf_log.h"
 #include "kvf_test_util.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -104,12 +105,15 @@ static void test_honoured_fields(void **state)
     assert_int_equal(parse_with("\"hybrid_override_pattern\":\"M*-\",\"use_bias\":true,"
                                 "\"mlp_bias\":true,\"mlp_hidden_act\":\"silu\","
                                 "\"mamba_hidden_act\":\"gelu\",\"time_step_min\":0.01,"
-                                "\"tie_word_embeddings\":true", &c), KVF_OK);
+                                "\"time_step_limit\":[0.02,50.0],\"tie_word_embeddings\":true",
+                                &c), KVF_OK);
     assert_true(c.mamba_proj_bias);
     assert_true(c.mlp_bias);
     assert_int_equal(c.mlp_act, KVF_ACT_SILU);
     assert_int_equal(c.mamba_act, KVF_ACT_GELU);
-    assert_true(c.time_step_min == 0.01);
+    /* transformers 5.25 clamps a prompt's dt to time_step_limit; time_step_min only
+     * initialises dt_bias (5.24 clamped at it: kvferry did until 5.25) */
+    assert_true(c.dt_limit_low == 0.02 && c.dt_limit_high == 50.0);
     assert_true(c.tie_word_embeddings);
     assert_false(c.lm_head_tied);            /* transformers' NemotronH never ties */
     /* defaults */
@@ -117,7 +121,10 @@ static void test_honoured_fields(void **state)
     assert_false(c.mamba_proj_bias);
     assert_int_equal(c.mlp_act, KVF_ACT_RELU2);
     assert_int_equal(c.mamba_act, KVF_ACT_SILU);
-    assert_true(c.time_step_min == 0.001);
+    assert_true(c.dt_limit_low == 0.0 && isinf(c.dt_limit_high));   /* class default (0, inf) */
+    assert_int_equal(parse_with("\"hybrid_override_pattern\":\"M*-\",\"mamba_dt_limit\":[0.001,"
+                                "Infinity]", &c), KVF_OK);
+    assert_true(c.dt_limit_low == 0.001 && isinf(c.dt_limit_high));
     /* mamba_proj_bias is not read by transformers' mixer (use_bias is) */
     assert_int_equal(parse_with("\"hybrid_override_pattern\":\"M*-\",\"mamba_proj_bias\":true",
                                 &c), KVF_OK);
@@ -341,7 +348,6 @@ static void test_ibm_families(void **state)
         const char *extra, *field, *value;
     } refused[] = {
         {false, ",\"partial_rotary_factor\":1.0", "partial_rotary_factor", "top level"},
-        {false, ",\"time_step_limit\":[0.0,100.0]", "time_step_limit", "100"},
         {false, ",\"time_step_limit\":null", "time_step_limit", "null"},
         {false, ",\"layer_types\":[\"mamba\"]", "layer_types", "bamba"},
         {false, ",\"mamba_d_head\":24", "mamba_d_head", "24"},
@@ -370,7 +376,11 @@ static void test_ibm_families(void **state)
     assert_int_equal(cfg.conv_kernel, 4);
     assert_int_equal(cfg.chunk_size, 256);
     assert_true(cfg.dense_mlp_in_layer && cfg.mlp_gated && cfg.use_conv_bias);
-    assert_true(cfg.norm_eps == 1e-5 && cfg.time_step_min == 0.0);
+    assert_true(cfg.norm_eps == 1e-5 && cfg.dt_limit_low == 0.0 && isinf(cfg.dt_limit_high));
+    /* a finite upper dt clamp: the prompt scan applies it (transformers 5.25) */
+    snprintf(json, sizeof(json), KVF_BAMBA_JSON, ",\"time_step_limit\":[0.01,100.0]");
+    assert_int_equal(kvf_model_config_parse(json, "t", &cfg), KVF_OK);
+    assert_true(cfg.dt_limit_low == 0.01 && cfg.dt_limit_high == 100.0);
     /* granitemoehybrid: experts + shared MLP, multipliers' defaults, no RoPE by default */
     snprintf(json, sizeof(json), KVF_GRANITE_JSON, ",\"logits_scaling\":8");
     assert_int_equal(kvf_model_config_parse(json, "t", &cfg), KVF_OK);
@@ -480,7 +490,9 @@ static void test_python_json(void **state)
         {"\"time_step_limit\":[0.1, 0.01]", KVF_ERR_INVALID_PARAM, "'time_step_limit'"},
         {"\"time_step_limit\":[Infinity, Infinity]", KVF_ERR_INVALID_PARAM, "'time_step_limit'"},
         {"\"time_step_limit\":[0.0]", KVF_ERR_INVALID_PARAM, "'time_step_limit' must be a pair"},
-        {"\"time_step_min\":NaN", KVF_ERR_INVALID_PARAM, "'time_step_min' = nan must be a finite"},
+        /* time_step_min only initialises dt_bias (transformers 5.25): not read */
+        {"\"time_step_min\":NaN", KVF_OK, NULL},
+        {"\"time_step_limit\":null", KVF_ERR_UNSUPPORTED, "'time_step_limit' = null"},
         {"\"layer_norm_epsilon\":Infinity", KVF_ERR_INVALID_PARAM,
          "'layer_norm_epsilon' = inf must be a finite"},
         {"\"layer_norm_epsilon\":-Infinity", KVF_ERR_INVALID_PARAM,
@@ -503,12 +515,20 @@ static void test_python_json(void **state)
             fail_msg("case %zu (%s): status %d, log '%s'", i, cases[i].extra, (int)st, line);
         }
     }
-    /* the infinite bound is the same model as the 1e+30 form: same fingerprint */
+    /* the three spellings of Infinity are one model; 1e+30 is an upper clamp since
+     * transformers 5.25 (a prompt's dt never reaches it in practice, but it is another
+     * model): another fingerprint */
     assert_int_equal(parse_with("\"hybrid_override_pattern\":\"M*-\","
                                 "\"time_step_limit\":[0.0, Infinity]", &a), KVF_OK);
     assert_int_equal(parse_with("\"hybrid_override_pattern\":\"M*-\","
-                                "\"time_step_limit\":[0.0, 1e+30]", &b), KVF_OK);
+                                "\"time_step_limit\":[0.0,{\"__float__\":\"Infinity\"}]", &b),
+                     KVF_OK);
     assert_true(kvf_model_config_fingerprint(&a) == kvf_model_config_fingerprint(&b));
+    assert_true(isinf(b.dt_limit_high));
+    assert_int_equal(parse_with("\"hybrid_override_pattern\":\"M*-\","
+                                "\"time_step_limit\":[0.0, 1e+30]", &b), KVF_OK);
+    assert_true(b.dt_limit_high == 1e30);
+    assert_true(kvf_model_config_fingerprint(&a) != kvf_model_config_fingerprint(&b));
     /* a truncated file: its line and column, not "not a JSON object" */
     assert_int_equal(parse_captured("{\n  \"model_type\": \"nemotron_h\",\n  \"time_step_limit\""
                                     ": [0.0, Infinity", line, sizeof(line)), KVF_ERR_PARSE);

@@ -151,10 +151,12 @@ static void test_boundary_matches_reference(void **state)
 
 /*
  * A prompt of k * max_batch_tokens + 1 tokens: its last chunk is one token on
- * a state, and must still be a prompt forward (dt clamped to time_step_min as
- * transformers' chunked scan does), so the logits equal those of the prompt
- * in one chunk. time_step_min = 0.08 clamps most heads' dt in this model, so
- * a decode-style step (no clamp) would differ by far more than the tolerance.
+ * a state, and must still be a prompt forward (dt clamped to time_step_limit as
+ * transformers 5.25's chunked scan does), so the logits equal those of the
+ * prompt in one chunk. time_step_limit [0.08, inf] clamps most heads' dt in this
+ * model (time_step_min did until transformers 5.25; it only initialises dt_bias
+ * now), so a decode-style step (no clamp) would differ by far more than the
+ * tolerance.
  */
 static void test_one_token_last_chunk_is_prompt(void **state)
 {

@@ -157,7 +157,7 @@ static void devsim_want_seqs_packed(const kvf_attn_seqs_t *q, const int32_t *pos
     }
 }
 
-/* The batched Mamba decode's packed block: the four arrays as the CUDA launcher reads them. */
+/* The batched Mamba decode's packed block: the five arrays as the CUDA launcher reads them. */
 static void devsim_want_ssm_packed(const kvf_ssm_seqs_t *q)
 {
     const size_t bytes = kvf_ssm_seqs_packed_bytes(q->num_seqs);
