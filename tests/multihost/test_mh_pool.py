@@ -150,8 +150,12 @@ def rx_bytes(net, i):
 
 
 def ask(proxy, prompt, stream=False, timeout=60):
+    # a salt of its own per request: the cases measure whole pulls, so neither prefill's nor
+    # decode's prefix cache (docs/PREFIX_CACHE.md) may serve a prompt asked before
+    ask.n = getattr(ask, "n", 0) + 1
     r = proxy.complete(prompt, max_tokens=MAX_TOKENS, temperature=0, stream=stream,
-                       return_token_ids=True, timeout=timeout)
+                       return_token_ids=True, timeout=timeout,
+                       cache_salt="mh-pool-%d-%d" % (os.getpid(), ask.n))
     if stream:
         assert r.done and not r.errors, r.events[-3:]
         return r.token_ids, r.final["kv_transfer"]
