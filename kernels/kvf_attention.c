@@ -42,6 +42,7 @@
 #include "kvf_device_cuda.h"
 #endif
 
+#include <limits.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -59,7 +60,8 @@ int kvf_paged_kv_check(const kvf_paged_kv_t *kv)
         (kv->slot < 0) || (kv->slot >= kv->slots) || !kvf_kern_cache_dtype_ok(kv->dtype) ||
         (kv->kv_heads <= 0) || (kv->head_dim <= 0) || (kv->block_size <= 0) ||
         (kv->kernel_block_size <= 0) || ((kv->block_size % kv->kernel_block_size) != 0) ||
-        (kv->num_blocks < 0) || ((kv->num_blocks > 0) && (kv->block_table == NULL))) {
+        (kv->num_blocks < 0) || ((kv->num_blocks > 0) && (kv->block_table == NULL)) ||
+        (kv->window < 0)) {
         return KVF_KERN_EINVAL;
     }
     size_t ppl = (size_t)(kv->block_size / kv->kernel_block_size);
@@ -159,6 +161,9 @@ typedef struct kvf_attn_cpu {
                                    blocks (a score is one FMA chain over head dims) */
     const float   *vf;          /* fp32 [ntok][hd]: its V */
     size_t         ntok;
+    size_t         t0;          /* token of kt/vf column 0: a multiple of tw (0 without a
+                                   window; under one, the first row's first tile) */
+    int            window;      /* kvf_paged_kv_t.window */
     const float   *Q;           /* fp32 [nq][hd]: the GQA group's query rows, packed */
     const int32_t *positions;   /* of query row i: positions[i / group] */
     size_t         hd, group, kbs, tw, qr;   /* qr: rows of a query block */
@@ -185,29 +190,45 @@ static inline size_t kvf_attn_row_width(const kvf_attn_cpu_t *c, size_t i, size_
  * a stale NaN/Inf there poisons it (0 * v), one in a later kernel block
  * does not, as in the per-query fold.
  */
+static inline int kvf_attn_row_lo(const kvf_attn_cpu_t *c, size_t i)
+{
+    return kvf_attn_window_lo(c->positions[i / c->group], c->window);
+}
+
 static void kvf_attn_cpu_qblock(const kvf_attn_cpu_t *c, size_t r0, size_t r1)
 {
     const size_t hd = c->hd, tw = c->tw;
     const int last = c->positions[(r1 - 1) / c->group];
     size_t a = r0;
+    /* tiles at multiples of tw from token 0 whatever the window, so a row's folds (and
+     * bits) do not depend on the chunk it runs in */
+    const size_t first = ((size_t)kvf_attn_row_lo(c, r0) / tw) * tw;
 
     for (size_t i = 0; i < r1 - r0; ++i) {
         c->m[i] = -INFINITY;
         c->l[i] = 0.0f;
     }
     memset(c->acc, 0, (r1 - r0) * hd * sizeof(float));
-    for (size_t j0 = 0; (int)j0 <= last; j0 += tw) {
-        const size_t wmax = kvf_attn_row_width(c, r1 - 1, j0);
+    for (size_t j0 = first; (int)j0 <= last; j0 += tw) {
+        size_t b = r1;
         while (c->positions[a / c->group] < (int)j0) {
             ++a;   /* tile entirely in this row's future: not read */
         }
-        (void)kvf_gemm_cpu_nn((int)(r1 - a), (int)wmax, (int)hd, c->scale, c->Q + a * hd, hd,
-                              c->kt + j0, c->ntok, 0.0f, c->S + (a - r0) * tw, tw);
-        for (size_t s0 = a, s1; s0 < r1; s0 = s1) {
+        while ((b > a) && ((size_t)kvf_attn_row_lo(c, b - 1) >= j0 + tw)) {
+            --b;   /* tile entirely before this row's window: not read */
+        }
+        if (b == a) {
+            continue;
+        }
+        const size_t wmax = kvf_attn_row_width(c, b - 1, j0);
+        (void)kvf_gemm_cpu_nn((int)(b - a), (int)wmax, (int)hd, c->scale, c->Q + a * hd, hd,
+                              c->kt + (j0 - c->t0), c->ntok, 0.0f, c->S + (a - r0) * tw, tw);
+        for (size_t s0 = a, s1; s0 < b; s0 = s1) {
             const size_t w = kvf_attn_row_width(c, s0, j0);
-            for (s1 = s0; (s1 < r1) && (kvf_attn_row_width(c, s1, j0) == w); ++s1) {
+            for (s1 = s0; (s1 < b) && (kvf_attn_row_width(c, s1, j0) == w); ++s1) {
                 float *arow = c->acc + (s1 - r0) * hd;
                 const float alpha = kvf_attn_tile_probs(c->S + (s1 - r0) * tw, w, (int)j0,
+                                                        kvf_attn_row_lo(c, s1),
                                                         c->positions[s1 / c->group],
                                                         &c->m[s1 - r0], &c->l[s1 - r0]);
                 for (size_t d = 0; d < hd; ++d) {
@@ -215,7 +236,8 @@ static void kvf_attn_cpu_qblock(const kvf_attn_cpu_t *c, size_t r0, size_t r1)
                 }
             }
             (void)kvf_gemm_cpu_nn((int)(s1 - s0), (int)hd, (int)w, 1.0f, c->S + (s0 - r0) * tw,
-                                  tw, c->vf + j0 * hd, hd, 1.0f, c->acc + (s0 - r0) * hd, hd);
+                                  tw, c->vf + (j0 - c->t0) * hd, hd, 1.0f,
+                                  c->acc + (s0 - r0) * hd, hd);
         }
     }
 }
@@ -276,13 +298,17 @@ static int kvf_attn_paged_blocked(const kvf_paged_kv_t *kv, const float *q, int 
     const bool small = (fit >= KVF_ATTN_CPU_QROWS_MIN);
     const size_t qr = !small ? 64 : (fit < KVF_ATTN_CPU_QROWS_MAX) ? fit : KVF_ATTN_CPU_QROWS_MAX;
     const size_t kbb = kvf_paged_kv_kernel_block_bytes(kv);
-    const size_t nkb = (size_t)positions[num_tokens - 1] / kbs + 1, ntok = nkb * kbs;
+    /* under a sliding window only the tiles from the first row's window on are read */
+    const size_t t0 = ((size_t)kvf_attn_window_lo(positions[0], kv->window) / tw) * tw;
+    const size_t kb0 = t0 / kbs, nkb = (size_t)positions[num_tokens - 1] / kbs + 1;
+    const size_t ntok = (nkb - kb0) * kbs;
     const size_t nblk = (nq + qr - 1) / qr, per = qr * (tw + hd + 2);
     const int th = kvf_kern_cpu_threads();
     const int parts = (th < 2) ? 1 : ((size_t)th < nblk) ? th : (int)nblk;
     float *scratch, *kt, *vf, *kb, *Q;
     kvf_attn_cpu_job_t j = {.c = {.positions = positions, .hd = hd, .group = group,
-                                  .kbs = kbs, .tw = tw, .qr = qr, .scale = scale},
+                                  .kbs = kbs, .tw = tw, .qr = qr, .scale = scale, .t0 = t0,
+                                  .window = kv->window},
                             .nq = nq, .q_heads = (size_t)q_heads, .scratch_part = per,
                             .out = out};
     int rc = KVF_KERN_OK;
@@ -304,13 +330,14 @@ static int kvf_attn_paged_blocked(const kvf_paged_kv_t *kv, const float *q, int 
     j.c.m = j.c.acc + qr * hd;
     j.c.l = j.c.m + qr;
     for (size_t kh = 0; (kh < nkv) && (rc == KVF_KERN_OK); ++kh) {
-        for (size_t b = 0; b < nkb; ++b) {
+        for (size_t b = kb0; b < nkb; ++b) {
+            const size_t c0 = (b - kb0) * kbs;   /* this kernel block's first column */
             const char *kblock = kvf_attn_kblock(kv, kbb, (int)(b * kbs));
             kvf_kern_load(kblock, kv->dtype, kh * kbs * hd, kbs * hd, kb);
-            kvf_kern_load(kblock, kv->dtype, (nkv + kh) * kbs * hd, kbs * hd, vf + b * kbs * hd);
+            kvf_kern_load(kblock, kv->dtype, (nkv + kh) * kbs * hd, kbs * hd, vf + c0 * hd);
             for (size_t t = 0; t < kbs; ++t) {
                 for (size_t d = 0; d < hd; ++d) {
-                    kt[d * ntok + b * kbs + t] = kb[t * hd + d];
+                    kt[d * ntok + c0 + t] = kb[t * hd + d];
                 }
             }
         }
@@ -333,7 +360,7 @@ int kvf_attn_paged(const kvf_device_t *dev, const kvf_paged_kv_t *kv, const floa
     int err = kvf_paged_kv_check(kv);
     size_t kbb, hd, kbs, nkv, group, nq, nstate;
     float *scratch, *ktile, *vtile, *s, *acc, *m, *l;
-    int max_pos = 0;
+    int max_pos = 0, min_lo = INT_MAX;
 
     if ((err != KVF_KERN_OK) || (num_tokens < 0) || (q_heads <= 0) ||
         ((q_heads % kv->kv_heads) != 0) || (ldq < q_heads * kv->head_dim)) {
@@ -369,7 +396,9 @@ int kvf_attn_paged(const kvf_device_t *dev, const kvf_paged_kv_t *kv, const floa
         }
     }
     for (int t = 0; t < num_tokens; ++t) {
+        const int lo = kvf_attn_window_lo(positions[t], kv->window);
         max_pos = (positions[t] > max_pos) ? positions[t] : max_pos;
+        min_lo = (lo < min_lo) ? lo : min_lo;
     }
     kbb = kvf_paged_kv_kernel_block_bytes(kv);
     hd = (size_t)kv->head_dim;
@@ -400,21 +429,23 @@ int kvf_attn_paged(const kvf_device_t *dev, const kvf_paged_kv_t *kv, const floa
             l[i] = 0.0f;
         }
         memset(acc, 0, nq * hd * sizeof(float));
-        for (int kb = 0; kb <= max_pos / kv->kernel_block_size; ++kb) {
+        for (int kb = min_lo / kv->kernel_block_size; kb <= max_pos / kv->kernel_block_size;
+             ++kb) {
             int token0 = kb * kv->kernel_block_size;
             const char *kblock = kvf_attn_kblock(kv, kbb, token0);
             /* the whole tile, written slots or not, as a GPU kernel loads it */
             kvf_kern_load(kblock, kv->dtype, kh * kbs * hd, kbs * hd, ktile);
             kvf_kern_load(kblock, kv->dtype, (nkv + kh) * kbs * hd, kbs * hd, vtile);
             for (int t = 0; t < num_tokens; ++t) {
-                int limit = positions[t];
-                if (limit < token0) {
-                    continue;   /* tile entirely in this query's future: not read */
+                int limit = positions[t], lo = kvf_attn_window_lo(limit, kv->window);
+                if ((limit < token0) || (lo >= token0 + (int)kbs)) {
+                    continue;   /* tile entirely in this query's future or before its
+                                   window: not read */
                 }
                 for (size_t g = 0; g < group; ++g) {
                     const float *qv = q + (size_t)t * (size_t)ldq + (kh * group + g) * hd;
                     size_t qi = (size_t)t * group + g;
-                    kvf_attn_fold_tile(qv, ktile, vtile, KVF_HD_FP32, kbs, hd, token0, limit,
+                    kvf_attn_fold_tile(qv, ktile, vtile, KVF_HD_FP32, kbs, hd, token0, lo, limit,
                                        scale, &m[qi], &l[qi], acc + qi * hd, s);
                 }
             }

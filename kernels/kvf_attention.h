@@ -67,6 +67,11 @@ typedef struct kvf_paged_kv {
     const int32_t *block_table;       /* HOST int32[num_blocks]: logical block ids */
     int            num_blocks;        /* entries in block_table; covers
                                          num_blocks * block_size token positions */
+    int            window;            /* sliding window, tokens: a query at position p
+                                         attends to [max(0, p - window + 1), p]
+                                         (transformers' sliding_window); 0: full causal.
+                                         Kernel blocks wholly before the window are never
+                                         read, so their table entries may be stale */
 } kvf_paged_kv_t;
 
 /**
@@ -101,6 +106,7 @@ int kvf_attn_cache_write(const kvf_device_t *dev, const kvf_paged_kv_t *kv, cons
 /**
  * Causal attention of query tokens against the paged cache: query row t at
  * absolute position positions[t] attends to cache positions [0, positions[t]]
+ * (with kv->window > 0: [kvf_attn_window_lo(positions[t], window), positions[t]])
  * (which the caller has written, typically by kvf_attn_cache_write() of the
  * same chunk first). Query head h uses KV head h / (q_heads / kv_heads).
  *

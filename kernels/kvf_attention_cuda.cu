@@ -77,9 +77,9 @@ kvf_attn_paged_kernel(kvf_cuda_kv g, const float *q, int ldq, const int32_t *pos
     const int hd = g.head_dim, kbs = g.kbs, nkv = g.kv_heads, tid = (int)threadIdx.x;
     const int t = (int)blockIdx.x / q_heads, qh = (int)blockIdx.x % q_heads;
     const int kh = qh / (q_heads / nkv), splits = (int)gridDim.y, y = (int)blockIdx.y;
-    const int limit = positions[t];
+    const int limit = positions[t], lo = kvf_attn_window_lo(limit, g.window);
     int kb0, kb1;
-    kvf_attn_split_range(limit, kbs, y, &kb0, &kb1);
+    kvf_attn_split_range(limit, lo, kbs, y, &kb0, &kb1);
     const float *qv = q + (size_t)t * (size_t)ldq + (size_t)qh * (size_t)hd;
     const int32_t *table = kvf_cuda_table(&g, tok_seq, maxb, (size_t)t);
     float m = -INFINITY, l = 0.0f, acc0 = 0.0f, acc1 = 0.0f;   /* dims tid, tid + 128 */
@@ -99,13 +99,13 @@ kvf_attn_paged_kernel(kvf_cuda_kv g, const float *q, int ldq, const int32_t *pos
              * selected 0), so its dot is not computed: the same bits, and a prefill query
              * early in a long kernel block skips most of the tile's K reads */
             float dot = 0.0f;
-            if (token0 + j <= limit) {
+            if (kvf_attn_unmasked(token0 + j, lo, limit)) {
                 for (int d = 0; d < hd; ++d) {
                     dot += qs[d] * kvf_hd_load(kt, g.dtype, (size_t)j * hd + d);
                 }
             }
             sc[j] = dot * scale;
-            if ((token0 + j <= limit) && (sc[j] > mt)) {
+            if (kvf_attn_unmasked(token0 + j, lo, limit) && (sc[j] > mt)) {
                 mt = sc[j];
             }
         }
@@ -120,7 +120,7 @@ kvf_attn_paged_kernel(kvf_cuda_kv g, const float *q, int ldq, const int32_t *pos
         const float m_new = red[0];
         const float alpha = expf(m - m_new);   /* 0 on the first tile */
         for (int j = tid; j < kbs; j += KVF_ATTN_THREADS) {
-            sc[j] = kvf_attn_prob(sc[j], token0, (size_t)j, limit, m_new);
+            sc[j] = kvf_attn_prob(sc[j], token0, (size_t)j, lo, limit, m_new);
         }
         __syncthreads();
         if (tid == 0) {

@@ -68,6 +68,7 @@ typedef struct kvf_cuda_kv {
     char          *base;
     size_t         page_size, kbb, elt;
     int            slots, slot, dtype, kv_heads, head_dim, block_size, kbs;
+    int            window;        /* kvf_paged_kv_t.window (0: full causal) */
     const int32_t *block_table;   /* device */
 } kvf_cuda_kv;
 
@@ -85,6 +86,7 @@ static inline kvf_cuda_kv kvf_cuda_kv_of(const kvf_paged_kv_t *kv, const int32_t
     g.head_dim = kv->head_dim;
     g.block_size = kv->block_size;
     g.kbs = kv->kernel_block_size;
+    g.window = kv->window;
     g.block_table = d_table;
     return g;
 }

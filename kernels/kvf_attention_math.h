@@ -64,7 +64,8 @@ static inline KVF_HD size_t kvf_attn_row_first(size_t kv_heads, size_t kbs, size
  * tile tokens token0 + j, causal limit @a limit): the running max *m moves
  * to the max over unmasked scores, s[j] becomes the probability
  * exp(s[j] - m) (SELECTED as 0 for a masked slot), *l = *l * alpha + sum(s).
- * The tile must hold at least one unmasked token (token0 <= limit).
+ * The tile must hold at least one unmasked token (lo <= token0 + n - 1,
+ * token0 <= limit; lo > 0 only under a sliding window).
  * @return alpha = exp(m_old - m_new), the factor the accumulator is scaled
  *         by before the tile's p * V is added (0 on the first tile).
  */
@@ -74,24 +75,44 @@ static inline KVF_HD size_t kvf_attn_row_first(size_t kv_heads, size_t kbs, size
  * past the causal limit. Each slot is independent of the others (a GPU
  * block computes them in parallel; only the sum *l below has an order).
  */
-static inline KVF_HD float kvf_attn_prob(float s, int token0, size_t j, int limit, float m_new)
+static inline KVF_HD float kvf_attn_prob(float s, int token0, size_t j, int lo, int limit,
+                                         float m_new)
 {
-    return (token0 + (int)j <= limit) ? expf(s - m_new) : 0.0f;   /* masked: 0, whatever s */
+    const int tok = token0 + (int)j;
+    return ((tok >= lo) && (tok <= limit)) ? expf(s - m_new) : 0.0f;   /* masked: 0 */
 }
 
-static inline KVF_HD float kvf_attn_tile_probs(float *s, size_t n, int token0, int limit,
-                                               float *m, float *l)
+/**
+ * First token a query at position @a limit attends to under a sliding
+ * window of @a window tokens (transformers: key k is kept when k > q -
+ * window, so the window counts the query itself): max(0, limit - window +
+ * 1); 0 for no window (@a window <= 0).
+ */
+static inline KVF_HD int kvf_attn_window_lo(int limit, int window)
+{
+    const int lo = limit - window + 1;
+    return ((window > 0) && (lo > 0)) ? lo : 0;
+}
+
+/** True when tile token @a tok is attended by a query with range [lo, limit]. */
+static inline KVF_HD int kvf_attn_unmasked(int tok, int lo, int limit)
+{
+    return (tok >= lo) && (tok <= limit);
+}
+
+static inline KVF_HD float kvf_attn_tile_probs(float *s, size_t n, int token0, int lo,
+                                               int limit, float *m, float *l)
 {
     float m_new = *m;
     for (size_t j = 0; j < n; ++j) {
-        if ((token0 + (int)j <= limit) && (s[j] > m_new)) {
+        if (kvf_attn_unmasked(token0 + (int)j, lo, limit) && (s[j] > m_new)) {
             m_new = s[j];
         }
     }
     float alpha = expf(*m - m_new);   /* 0 on the first tile */
     float lsum = 0.0f;
     for (size_t j = 0; j < n; ++j) {
-        s[j] = kvf_attn_prob(s[j], token0, j, limit, m_new);
+        s[j] = kvf_attn_prob(s[j], token0, j, lo, limit, m_new);
         lsum += s[j];
     }
     *l = *l * alpha + lsum;
@@ -101,7 +122,7 @@ static inline KVF_HD float kvf_attn_tile_probs(float *s, size_t n, int token0, i
 
 static inline KVF_HD void kvf_attn_fold_tile(const float *qv, const void *kt, const void *vt,
                                              int dtype, size_t kbs, size_t hd, int token0,
-                                             int limit, float scale, float *m, float *l,
+                                             int lo, int limit, float scale, float *m, float *l,
                                              float *acc, float *s)
 {
     for (size_t j = 0; j < kbs; ++j) {
@@ -111,7 +132,7 @@ static inline KVF_HD void kvf_attn_fold_tile(const float *qv, const void *kt, co
         }
         s[j] = dot * scale;
     }
-    float alpha = kvf_attn_tile_probs(s, kbs, token0, limit, m, l);
+    float alpha = kvf_attn_tile_probs(s, kbs, token0, lo, limit, m, l);
     for (size_t d = 0; d < hd; ++d) {
         acc[d] *= alpha;
     }
@@ -190,16 +211,20 @@ static inline KVF_HD void kvf_attn_finish(const float *acc, float l, size_t hd, 
 
 /**
  * The split-K range @a y of a query with causal limit @a limit (its own
- * position) over kernel blocks of @a kbs tokens: kernel blocks
- * [*kb0, *kb1) with *kb0 = y * per, *kb1 = min(*kb0 + per, nkb), nkb =
- * limit / kbs + 1, per = kvf_attn_split_per(nkb, kbs); empty (*kb0 >= *kb1)
- * past the query's own count. The one rule both CUDA attention kernels
+ * position) and first attended token @a lo (kvf_attn_window_lo; 0 without a
+ * window) over kernel blocks of @a kbs tokens: kernel blocks [*kb0, *kb1)
+ * with *kb0 = lo / kbs + y * per, *kb1 = min(*kb0 + per, nkb), nkb =
+ * limit / kbs + 1, per = kvf_attn_split_per(nkb - lo / kbs, kbs); empty
+ * (*kb0 >= *kb1) past the query's own count. Kernel blocks wholly before
+ * the window are never read. The one rule both CUDA attention kernels
  * (per token and tiled) fold by, so a query gets the same ranges in either.
  */
-static inline KVF_HD void kvf_attn_split_range(int limit, int kbs, int y, int *kb0, int *kb1)
+static inline KVF_HD void kvf_attn_split_range(int limit, int lo, int kbs, int y, int *kb0,
+                                              int *kb1)
 {
-    const int nkb = limit / kbs + 1, per = kvf_attn_split_per(nkb, kbs);
-    const int b0 = y * per;
+    const int first = lo / kbs, nkb = limit / kbs + 1;
+    const int per = kvf_attn_split_per(nkb - first, kbs);
+    const int b0 = first + y * per;
     *kb0 = b0;
     *kb1 = (b0 + per < nkb) ? b0 + per : nkb;
 }

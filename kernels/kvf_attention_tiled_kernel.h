@@ -68,9 +68,9 @@ KVF_TILE_FN void kvf_attn_tile_put(const float *pf, float *rows, int nr, int hd,
  * K pass, the first V pass of @vt) */
 KVF_TILE_FN void kvf_attn_tile_scores(float *pf, float *rows, float *sc, const float *qs,
                                       const char *kt, const char *vt, int dtype,
-                                      const int *lim, const int *kb0, const int *kb1, int nq,
-                                      int kb, int token0, int krows, int kbs, int hd, int pr,
-                                      float scale, int tid)
+                                      const int *lim, const int *wlo, const int *kb0,
+                                      const int *kb1, int nq, int kb, int token0, int krows,
+                                      int kbs, int hd, int pr, float scale, int tid)
 {
     const int ldr = hd + 1;
 
@@ -86,7 +86,8 @@ KVF_TILE_FN void kvf_attn_tile_scores(float *pf, float *rows, float *sc, const f
         }
         for (int p = tid; p < nq * nr; p += KVF_ATTN_TILE_THREADS) {
             const int qi = p / nr, jr = p % nr;
-            if (kvf_attn_tile_folds(kb, kb0[qi], kb1[qi]) && (token0 + r0 + jr <= lim[qi])) {
+            if (kvf_attn_tile_folds(kb, kb0[qi], kb1[qi]) &&
+                kvf_attn_unmasked(token0 + r0 + jr, wlo[qi], lim[qi])) {
                 const float *qv = qs + (size_t)qi * hd, *kr = rows + jr * ldr;
                 float dot = 0.0f;
                 for (int d = 0; d < hd; ++d) {
@@ -102,9 +103,9 @@ KVF_TILE_FN void kvf_attn_tile_scores(float *pf, float *rows, float *sc, const f
 /* kernel block @kb's running max over the unmasked scores and alpha (one warp per query),
  * its scores made probabilities and this thread's accumulators rescaled by alpha */
 KVF_TILE_FN void kvf_attn_tile_rescale(float *acc, float *sc, const float *m_sh, float *mnew_sh,
-                                       float *alpha_sh, const int *lim, const int *kb0,
-                                       const int *kb1, int nq, int kb, int token0, int kbs,
-                                       int hd, int tid)
+                                       float *alpha_sh, const int *lim, const int *wlo,
+                                       const int *kb0, const int *kb1, int nq, int kb,
+                                       int token0, int kbs, int hd, int tid)
 {
     const int lane = tid % 32, warp = tid / 32;
 
@@ -114,8 +115,9 @@ KVF_TILE_FN void kvf_attn_tile_rescale(float *acc, float *sc, const float *m_sh,
             continue;   /* uniform over the warp */
         }
         const int n = (lim[qi] - token0 + 1 < kbs) ? lim[qi] - token0 + 1 : kbs;
+        const int j0 = (wlo[qi] > token0) ? wlo[qi] - token0 : 0;   /* window's first slot */
         float mt = m_sh[qi];
-        for (int j = lane; j < n; j += 32) {
+        for (int j = j0 + lane; j < n; j += 32) {
             const float s = sc[(size_t)qi * kbs + j];
             mt = (s > mt) ? s : mt;
         }
@@ -132,7 +134,7 @@ KVF_TILE_FN void kvf_attn_tile_rescale(float *acc, float *sc, const float *m_sh,
     for (int p = tid; p < nq * kbs; p += KVF_ATTN_TILE_THREADS) {
         const int qi = p / kbs, j = p % kbs;
         if (kvf_attn_tile_folds(kb, kb0[qi], kb1[qi])) {
-            sc[p] = kvf_attn_prob(sc[p], token0, (size_t)j, lim[qi], mnew_sh[qi]);
+            sc[p] = kvf_attn_prob(sc[p], token0, (size_t)j, wlo[qi], lim[qi], mnew_sh[qi]);
         }
     }
     KVF_TILE_UNROLL
@@ -224,7 +226,7 @@ KVF_TILE_KERNEL kvf_attn_tiled_kernel(kvf_cuda_kv g, const float *q, int ldq,
 {
     KVF_TILE_DYN_SHARED(sh);
     KVF_TILE_SHARED int lim[KVF_ATTN_TILE_Q_MAX], kb0[KVF_ATTN_TILE_Q_MAX];
-    KVF_TILE_SHARED int kb1[KVF_ATTN_TILE_Q_MAX];
+    KVF_TILE_SHARED int kb1[KVF_ATTN_TILE_Q_MAX], wlo[KVF_ATTN_TILE_Q_MAX];
     KVF_TILE_SHARED float m_sh[KVF_ATTN_TILE_Q_MAX], l_sh[KVF_ATTN_TILE_Q_MAX];
     KVF_TILE_SHARED float mnew_sh[KVF_ATTN_TILE_Q_MAX], alpha_sh[KVF_ATTN_TILE_Q_MAX];
     const int hd = g.head_dim, kbs = g.kbs, nkv = g.kv_heads, group = q_heads / nkv;
@@ -241,7 +243,8 @@ KVF_TILE_KERNEL kvf_attn_tiled_kernel(kvf_cuda_kv g, const float *q, int ldq,
         int t, qh;
         kvf_attn_tile_query(u0 + tid, group, kh, &t, &qh);
         lim[tid] = positions[t];
-        kvf_attn_split_range(lim[tid], kbs, y, &kb0[tid], &kb1[tid]);
+        wlo[tid] = kvf_attn_window_lo(lim[tid], g.window);
+        kvf_attn_split_range(lim[tid], wlo[tid], kbs, y, &kb0[tid], &kb1[tid]);
         m_sh[tid] = -INFINITY;
         l_sh[tid] = 0.0f;
     }
@@ -276,10 +279,10 @@ KVF_TILE_KERNEL kvf_attn_tiled_kernel(kvf_cuda_kv g, const float *q, int ldq,
         const char *kt = kblock + (size_t)kh * kbs * hd * g.elt;
         const char *vt = kblock + (size_t)(nkv + kh) * kbs * hd * g.elt;
 
-        kvf_attn_tile_scores(pf, rows, sc, qs, kt, vt, g.dtype, lim, kb0, kb1, nq, kb, token0,
-                             krows, kbs, hd, pr, scale, tid);
-        kvf_attn_tile_rescale(acc, sc, m_sh, mnew_sh, alpha_sh, lim, kb0, kb1, nq, kb, token0,
-                              kbs, hd, tid);
+        kvf_attn_tile_scores(pf, rows, sc, qs, kt, vt, g.dtype, lim, wlo, kb0, kb1, nq, kb,
+                             token0, krows, kbs, hd, pr, scale, tid);
+        kvf_attn_tile_rescale(acc, sc, m_sh, mnew_sh, alpha_sh, lim, wlo, kb0, kb1, nq, kb,
+                              token0, kbs, hd, tid);
         /* p * V over every slot in order, V rows staged a pass at a time; thread qi < nq adds
          * its query's denominator in slot order alongside. fold: which of this thread's
          * accumulators (query i / hd, dim i % hd) take this kernel block. */

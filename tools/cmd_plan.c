@@ -152,6 +152,35 @@ static const char *kvf_plan_groups(const kvf_shard_t *s, char *buf, size_t len)
     return buf;
 }
 
+/*
+ * A sliding-window model: the bytes a window-bounded pull (KVF_XFER_PLAN_FLAG_WINDOW) reads
+ * per decode rank whatever the prompt, ceil(W / B) + 1 blocks of every layer, when every
+ * attention layer slides (one group); else why the pull stays whole.
+ */
+static void kvf_plan_window_line(const kvf_model_config_t *cfg, const kvf_rank_geometry_t *dg)
+{
+    int sliding = 0;
+
+    if (cfg->sliding_window <= 0) {
+        return;
+    }
+    for (int l = 0; l < cfg->num_layers; ++l) {
+        sliding += (cfg->layer_window[l] > 0);
+    }
+    if (sliding < cfg->num_attention_layers) {
+        printf("  sliding window %d on %d of %d attention layers: the pull stays whole (the"
+               " group has full-attention layers)\n", cfg->sliding_window, sliding,
+               cfg->num_attention_layers);
+        return;
+    }
+    const size_t blocks = (size_t)((cfg->sliding_window + dg->block_size - 1) /
+                                   dg->block_size) + 1;
+    const size_t bytes = blocks * (size_t)dg->block_size * dg->attn_bytes_per_token *
+                         (size_t)sliding;
+    printf("  sliding window %d: a window-bounded pull reads at most %zu blocks = %zu bytes"
+           " per decode rank, any prompt length\n", cfg->sliding_window, blocks, bytes);
+}
+
 static void kvf_plan_print_text(const kvf_model_config_t *cfg, const kvf_cache_params_t *p,
                                 const kvf_layout_plan_t *pl, int prompt_tokens)
 {
@@ -196,6 +225,7 @@ static void kvf_plan_print_text(const kvf_model_config_t *cfg, const kvf_cache_p
            pl->pull_bytes_per_decode_rank, (double)pl->pull_bytes_per_decode_rank / 1048576.0);
     printf("  reads (prefill rank -> decode rank): %d in all, at most %d per decode rank\n",
            pl->reads, pl->max_reads_per_decode_rank);
+    kvf_plan_window_line(cfg, g[1]);
     if (pl->verdict != KVF_VERDICT_COMPATIBLE) {
         printf("  %s: %s prefill=%s decode=%s: %s\n", kvf_verdict_str(pl->verdict), pl->field,
                pl->prefill_value, pl->decode_value, pl->why);

@@ -343,12 +343,6 @@ static kvf_status_t kvf_new_request(kvf_engine_h e, const kvf_req_params_t *p, k
                   KVF_CACHE_SALT_MAX);
         return KVF_ERR_INVALID_PARAM;
     }
-    if ((e->cfg->sliding_window > 0) && (p->prompt_len > e->cfg->sliding_window)) {
-        /* kvferry computes full attention: exact only within the window */
-        kvf_error("request: prompt of %d tokens is longer than the model's sliding_window (%d)",
-                  p->prompt_len, e->cfg->sliding_window);
-        return KVF_ERR_INVALID_PARAM;
-    }
     if (KVF_ARRAY_GROW(e->reqs, e->cap_reqs, e->num_reqs + 1, 16) != KVF_OK) {
         return KVF_ERR_NO_MEMORY;
     }
@@ -524,9 +518,7 @@ static kvf_status_t kvf_accept_token(kvf_engine_h e, kvf_request_t *r, int32_t t
     if ((!r->sampling.ignore_eos && kvf_model_is_eos(e->cfg, tok)) ||
         kvf_sampling_is_stop_id(&r->sampling, tok)) {
         kvf_finish(e, r, KVF_FINISH_EOS);
-    } else if ((outputs >= r->sampling.max_tokens) ||
-               ((e->cfg->sliding_window > 0) && (r->num_tokens >= e->cfg->sliding_window))) {
-        /* the next token would attend past the sliding window */
+    } else if (outputs >= r->sampling.max_tokens) {
         kvf_finish(e, r, KVF_FINISH_LENGTH);
     }
     if (r->state == KVF_REQ_FINISHED) {

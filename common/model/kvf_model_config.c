@@ -599,8 +599,7 @@ static kvf_status_t kvf_cfg_refusals(const kvf_cfg_reader_t *rd, const kvf_model
  * (transformers' class default), 0 when null or when it does not @a apply
  * (qwen3 without use_sliding_window or without a sliding layer), and 0 too
  * when it cannot bind: at least max_position_embeddings. A window that binds
- * is kept: kvferry computes full attention, exact for sequences of at most
- * the window, and the engine refuses longer ones.
+ * is kept; the caller marks the layers it applies to (cfg->layer_window).
  */
 static kvf_status_t kvf_cfg_window(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg,
                                    int absent, bool apply)
@@ -616,12 +615,11 @@ static kvf_status_t kvf_cfg_window(const kvf_cfg_reader_t *rd, kvf_model_config_
     if (!apply || ((cfg->max_position_embeddings > 0) && (w >= cfg->max_position_embeddings))) {
         w = 0;
     }
-    if ((w > 0) && (cfg->arch != KVF_ARCH_NEMOTRON_H)) {
-        kvf_warn("%s: field 'sliding_window' = %d%s binds below max_position_embeddings = %d:"
-                 " sequences are limited to %d tokens (full attention is exact there)",
-                 rd->origin, w, (item == NULL) ? " (transformers' default)" : "",
-                 cfg->max_position_embeddings, w);
+    if (w < 0) {
+        KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "field 'sliding_window' = %d must be positive or"
+                     " null", w);
     }
+    (void)rd;
     cfg->sliding_window = w;
     return KVF_OK;
 }
@@ -882,6 +880,9 @@ static kvf_status_t kvf_cfg_parse_mistral(const kvf_cfg_reader_t *rd, kvf_model_
 {
     KVF_CFG_TRY(kvf_cfg_dense_layers(rd, cfg));
     KVF_CFG_TRY(kvf_cfg_window(rd, cfg, 4096, true));
+    for (int l = 0; l < cfg->num_layers; ++l) {
+        cfg->layer_window[l] = cfg->sliding_window;   /* MistralModel: every layer */
+    }
     return kvf_cfg_dense_finish(rd, cfg);
 }
 
@@ -894,6 +895,7 @@ static kvf_status_t kvf_cfg_parse_qwen3(const kvf_cfg_reader_t *rd, kvf_model_co
 {
     const cJSON *item;
     bool use_sliding, any_sliding = false;
+    bool sliding[KVF_MAX_LAYERS] = {false};
     int max_window_layers;
 
     KVF_CFG_TRY(kvf_cfg_dense_layers(rd, cfg));
@@ -915,6 +917,9 @@ static kvf_status_t kvf_cfg_parse_qwen3(const kvf_cfg_reader_t *rd, kvf_model_co
                              cJSON_IsString(lt) ? lt->valuestring : "?");
             }
             any_sliding = any_sliding || slid;
+            if (n < KVF_MAX_LAYERS) {
+                sliding[n] = slid;
+            }
             ++n;
         }
         if (n != cfg->num_layers) {
@@ -923,8 +928,14 @@ static kvf_status_t kvf_cfg_parse_qwen3(const kvf_cfg_reader_t *rd, kvf_model_co
         }
     } else {
         any_sliding = (max_window_layers < cfg->num_layers);
+        for (int l = 0; l < cfg->num_layers; ++l) {
+            sliding[l] = (l >= max_window_layers);   /* Qwen3Config's default layer_types */
+        }
     }
     KVF_CFG_TRY(kvf_cfg_window(rd, cfg, 4096, use_sliding && any_sliding));
+    for (int l = 0; l < cfg->num_layers; ++l) {
+        cfg->layer_window[l] = sliding[l] ? cfg->sliding_window : 0;
+    }
     return kvf_cfg_dense_finish(rd, cfg);
 }
 

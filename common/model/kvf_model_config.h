@@ -150,10 +150,13 @@ typedef struct kvf_model_config {
     int         num_eos;              /* entries in eos_token_ids (0 when absent) */
     int         eos_token_ids[KVF_MAX_EOS]; /* every stop token (eos_token_id may be a list:
                                          transformers stops on any of them) */
-    int         sliding_window;       /* tokens a query attends back (mistral: 4096 when the
-                                         field is absent, as transformers); 0: none. kvferry
-                                         computes full attention, exact for sequences of at
-                                         most this many tokens: the engine refuses longer */
+    int         sliding_window;       /* tokens a query attends back, itself included
+                                         (mistral: 4096 when the field is absent, as
+                                         transformers); 0: none (or cannot bind) */
+    int         layer_window[KVF_MAX_LAYERS]; /* per layer: sliding_window on a sliding
+                                         layer (mistral: every layer; qwen3: the layers
+                                         layer_types marks sliding_attention, or from
+                                         max_window_layers on), 0 on a full-attention one */
     int         max_position_embeddings; /* longest sequence (prompt + output); 0: absent */
     bool        tie_word_embeddings;  /* as written in the file */
     bool        lm_head_tied;         /* lm_head = embeddings: dense archs with
@@ -212,7 +215,7 @@ static inline bool kvf_model_is_hybrid(const kvf_model_config_t *cfg)
  *
  * Every field is honoured or refused (common/model/README.md has the table):
  * a field kvferry does not implement with a value that changes the math
- * (sliding_window, a rope_type other than default/linear/llama3, an
+ * (sliding_window of nemotron_h, a rope_type other than default/linear/llama3, an
  * activation it lacks, quantization_config, moe_latent_size, ...) and any
  * field it does not know at all are refused, naming field and value.
  *

@@ -182,6 +182,11 @@ bool kvf_fwd_fi_try(kvf_model_h m, const kvf_rank_ctx_t *ctx, const kvf_device_t
     if ((fi == NULL) || (ws->in != NULL) || (S > fi->S) || (status != KVF_OK)) {
         return false;
     }
+    if (m->cfg.layer_window[l] > 0) {
+        /* a sliding-window layer: kvferry's kernel (kvf_paged_kv_t.window). Rejected for now:
+         * FlashInfer's window_left, whose plan would also need the window's first page */
+        return false;
+    }
     for (int i = 0; i < S; ++i) {
         if ((batch->seqs[i].num_tokens != 1) || (batch->seqs[i].start < 1)) {
             return false;   /* a prompt step: kvferry's kernel */

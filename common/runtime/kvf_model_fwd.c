@@ -562,6 +562,7 @@ static kvf_status_t kvf_fwd_attention(kvf_model_h m, const kvf_rank_ctx_t *ctx,
     if (!kvf_fwd_fi_try(m, ctx, dev, batch, l, pos, &status)) {   /* KVF_GPU_ATTN */
         kvf_page_pool_attn_view(ctx->pool, geo, hd, slot, batch->seqs[0].group_blocks[g],
                                 batch->seqs[0].group_num_blocks[g], &kv);
+        kv.window = cfg->layer_window[l];   /* 0: full attention */
         KVF_KCALL(kvf_attn_write_paged_seqs(dev, &kv, &seqs, ws->proj + qd,
                                             ws->proj + qd + kd, R, ws->proj, R, pos,
                                             s->attn_heads, (float)cfg->attention_multiplier,

@@ -21,6 +21,7 @@ MODELS = [
     ("tiny-qwen3", dict(dtype="bf16")),
     ("families/bamba", None),         # stored folders (not kvf mkmodel's)
     ("families/granite-moe", None),
+    ("families/mistral-swa", None),   # a sliding window (40) shorter than the long prompt
 ]
 PROMPTS = [
     "The ferry left at dawn",                   # mid-block

@@ -92,6 +92,15 @@ void check_attention(kvf_dtype_t dt)
         down(og, dout, (size_t)A_QH * A_HD * 4);
         rowf("attn_paged decode", kvf_dtype_name(dt), og, oc, (size_t)A_QH * A_HD, 1e-5);
     }
+    /* a sliding window of 37 tokens (kvf_paged_kv_t.window): every row of the prompt and the
+     * decode token attend to their last 37 keys only, on both */
+    kc.window = 37;
+    kg.window = 37;
+    CK("attn cpu", kvf_attn_paged(NULL, &kc, q, A_QH * A_HD, pos, A_T + 1, A_QH, 0.0f, oc));
+    CK("attn gpu", kvf_attn_paged(&gdev, &kg, dq, A_QH * A_HD, pos, A_T + 1, A_QH, 0.0f, dout));
+    down(og, dout, (size_t)(A_T + 1) * A_QH * A_HD * 4);
+    rowf("attn_paged window 37", kvf_dtype_name(dt), og, oc, (size_t)(A_T + 1) * A_QH * A_HD,
+         1e-5);
     kvf_device_free(&gdev, dq);
     kvf_device_free(&gdev, dk);
     kvf_device_free(&gdev, dv);

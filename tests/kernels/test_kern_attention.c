@@ -39,9 +39,14 @@ static void fixture_init(fixture_t *f, kvf_dtype_t dtype, int bs, int kbs, const
     assert_int_equal(kvf_paged_kv_check(&f->kv), KVF_KERN_OK);
 }
 
-/* dense causal GQA over the dtype-rounded K/V of tokens [0, pos] */
+/* the sliding window ref_attention() applies (0: none), as kvf_paged_kv_t.window */
+static int ref_window;
+
+/* dense causal GQA over the dtype-rounded K/V of tokens [0, pos] (the last ref_window of
+ * them under a window: transformers keeps key j when j > pos - window) */
 static void ref_attention(const float *qkv, kvf_dtype_t dtype, int pos, int t_row, double *out)
 {
+    const int j0 = ((ref_window > 0) && (pos - ref_window + 1 > 0)) ? pos - ref_window + 1 : 0;
     const float *q = qkv + (size_t)t_row * LDQKV;
     double scale = 1.0 / sqrt((double)HD);
     double *s = malloc((size_t)(pos + 1) * sizeof(double));
@@ -49,7 +54,7 @@ static void ref_attention(const float *qkv, kvf_dtype_t dtype, int pos, int t_ro
     for (int h = 0; h < QH; ++h) {
         int kh = h / (QH / KVH);
         double m = -INFINITY, l = 0;
-        for (int j = 0; j <= pos; ++j) {
+        for (int j = j0; j <= pos; ++j) {
             const float *k = qkv + (size_t)j * LDQKV + QH * HD + kh * HD;
             double dot = 0;
             for (int d = 0; d < HD; ++d) {
@@ -61,7 +66,7 @@ static void ref_attention(const float *qkv, kvf_dtype_t dtype, int pos, int t_ro
         for (int d = 0; d < HD; ++d) {
             out[h * HD + d] = 0;
         }
-        for (int j = 0; j <= pos; ++j) {
+        for (int j = j0; j <= pos; ++j) {
             const float *v = qkv + (size_t)j * LDQKV + (QH + KVH) * HD + kh * HD;
             double p = exp(s[j] - m);
             l += p;
@@ -367,6 +372,81 @@ static void test_errors(void **state)
     free(f.pool);
 }
 
+/* A sliding window of 37 tokens (not a multiple of any block size): prefill chunk, chunked
+ * continuation and decode rows match the dense windowed reference; a chunk's rows equal the
+ * same rows one by one bit for bit (tile boundaries do not move with the window); the
+ * per-query path (positions not ascending) gives the same reference values; and a window
+ * wider than the sequence changes no bit of full causal attention. */
+static void test_sliding_window(void **state)
+{
+    static const int32_t table[] = {4, 1, 3, 0, 5};
+    enum { N = 200, W = 37 };
+    static const int sizes[][2] = {{80, 16}, {64, 32}, {48, 16}};
+    float *qkv = malloc((size_t)N * LDQKV * sizeof(float));
+    float *whole = malloc((size_t)N * QH * HD * sizeof(float));
+    float *full = malloc((size_t)N * QH * HD * sizeof(float));
+    float one[QH * HD], two[2 * QH * HD];
+    double ref[QH * HD];
+    int32_t pos[N];
+    (void)state;
+
+    assert_non_null(qkv);
+    assert_non_null(whole);
+    assert_non_null(full);
+    for (int i = 0; i < N; ++i) {
+        pos[i] = i;
+    }
+    for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); ++si) {
+        const int bs = sizes[si][0], kbs = sizes[si][1], nb = (N + bs - 1) / bs;
+        kvf_test_rng_t rng = {777 + si};
+        fixture_t f;
+
+        kvf_test_fill(&rng, qkv, (size_t)N * LDQKV, -1.5f, 1.5f);
+        fixture_init(&f, KVF_DTYPE_BF16, bs, kbs, table, nb, 0x3f);
+        f.kv.window = W;
+        ref_window = W;
+        run_chunk(&f, qkv, 0, 90, 2e-5);          /* prefill longer than the window */
+        run_chunk(&f, qkv, 90, 150, 2e-5);        /* chunked continuation */
+        for (int t = 150; t < N; ++t) {
+            run_chunk(&f, qkv, t, t + 1, 2e-5);   /* decode */
+        }
+        assert_int_equal(kvf_attn_paged(NULL, &f.kv, qkv, LDQKV, pos, N, QH, 0, whole),
+                         KVF_KERN_OK);
+        for (int t = 0; t < N; t += 7) {
+            assert_int_equal(kvf_attn_paged(NULL, &f.kv, qkv + (size_t)t * LDQKV, LDQKV,
+                                            &pos[t], 1, QH, 0, one), KVF_KERN_OK);
+            assert_memory_equal(one, whole + (size_t)t * QH * HD, sizeof(one));
+        }
+        {
+            /* two rows in descending order: the per-query fold */
+            const int32_t p2[2] = {160, 41};
+            float q2[2 * LDQKV];
+            memcpy(q2, qkv + (size_t)160 * LDQKV, LDQKV * sizeof(float));
+            memcpy(q2 + LDQKV, qkv + (size_t)41 * LDQKV, LDQKV * sizeof(float));
+            assert_int_equal(kvf_attn_paged(NULL, &f.kv, q2, LDQKV, p2, 2, QH, 0, two),
+                             KVF_KERN_OK);
+            for (int i = 0; i < 2; ++i) {
+                ref_attention(qkv, f.kv.dtype, p2[i], p2[i], ref);
+                kvf_test_assert_close(two + (size_t)i * QH * HD, ref, QH * HD, 2e-5, 2e-5,
+                                      "window, per-query fold");
+            }
+        }
+        /* a window of at least the sequence is full causal attention, bit for bit */
+        f.kv.window = N;
+        assert_int_equal(kvf_attn_paged(NULL, &f.kv, qkv, LDQKV, pos, N, QH, 0, whole),
+                         KVF_KERN_OK);
+        f.kv.window = 0;
+        assert_int_equal(kvf_attn_paged(NULL, &f.kv, qkv, LDQKV, pos, N, QH, 0, full),
+                         KVF_KERN_OK);
+        assert_memory_equal(whole, full, (size_t)N * QH * HD * sizeof(float));
+        ref_window = 0;
+        free(f.pool);
+    }
+    free(full);
+    free(whole);
+    free(qkv);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -376,6 +456,7 @@ int main(void)
         cmocka_unit_test(test_chunking_matches_steps),
         cmocka_unit_test(test_long_chunk_threads),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_sliding_window),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

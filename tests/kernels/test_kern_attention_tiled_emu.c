@@ -163,9 +163,10 @@ static void pertoken_ref(const kvf_cuda_kv *g, const float *qv, const int32_t *t
 {
     const int hd = g->head_dim, kbs = g->kbs, nkv = g->kv_heads;
     float m = -INFINITY, l = 0.0f, *sc = malloc((size_t)kbs * sizeof(float));
+    const int lo = kvf_attn_window_lo(limit, g->window);
     int kb0, kb1;
     assert_non_null(sc);
-    kvf_attn_split_range(limit, kbs, y, &kb0, &kb1);
+    kvf_attn_split_range(limit, lo, kbs, y, &kb0, &kb1);
     for (int d = 0; d < hd; ++d) {
         acc[d] = 0.0f;
     }
@@ -177,20 +178,20 @@ static void pertoken_ref(const kvf_cuda_kv *g, const float *qv, const int32_t *t
         float m_new = m;
         for (int j = 0; j < kbs; ++j) {
             float dot = 0.0f;
-            if (token0 + j <= limit) {
+            if (kvf_attn_unmasked(token0 + j, lo, limit)) {
                 for (int d = 0; d < hd; ++d) {
                     dot = fmaf(qv[d], kvf_hd_load(kt, g->dtype, (size_t)j * hd + d), dot);
                 }
             }
             sc[j] = emu_mul(dot, scale);
-            if ((token0 + j <= limit) && (sc[j] > m_new)) {
+            if (kvf_attn_unmasked(token0 + j, lo, limit) && (sc[j] > m_new)) {
                 m_new = sc[j];
             }
         }
         const float alpha = expf(m - m_new);
         float lsum = 0.0f;
         for (int j = 0; j < kbs; ++j) {
-            sc[j] = kvf_attn_prob(sc[j], token0, (size_t)j, limit, m_new);
+            sc[j] = kvf_attn_prob(sc[j], token0, (size_t)j, lo, limit, m_new);
             lsum = emu_add(lsum, sc[j]);
         }
         l = fmaf(l, alpha, lsum);
@@ -218,6 +219,7 @@ typedef struct ecase {
     int rows[4], pos0[4];
     int scattered;   /* positions drawn at random below pos0 + rows instead of consecutive */
     int stale_nan;   /* the pool is NaN bytes but for the rows' own K/V */
+    int window;      /* kvf_paged_kv_t.window (0: full causal) */
 } ecase_t;
 
 /* Each request's blocks: distinct pool blocks, in reverse (tables are not identity); each
@@ -348,6 +350,7 @@ static size_t run_case(const ecase_t *c, uint64_t seed)
     kv.base = pool;
     kv.block_table = tables;
     kv.num_blocks = maxb;
+    kv.window = c->window;
     const kvf_cuda_kv g = kvf_cuda_kv_of(&kv, tables);
     const int splits = kvf_attn_split_count(max_pos / c->kbs + 1, c->kbs);
     const int qt = kvf_attn_tile_queries(hd, c->kbs);
@@ -409,11 +412,11 @@ static size_t run_case(const ecase_t *c, uint64_t seed)
 static void test_tiled_emu_prefill(void **state)
 {
     static const ecase_t cases[] = {
-        {KVF_DTYPE_FP32, 8, 2, 32, 16, 32, 0, {40}, {0}, 0, 0},
-        {KVF_DTYPE_BF16, 10, 2, 32, 48, 96, 0, {21}, {100}, 0, 0},
-        {KVF_DTYPE_FP16, 3, 1, 80, 16, 16, 0, {9}, {60}, 1, 0},
-        {KVF_DTYPE_BF16, 10, 2, 128, 16, 64, 0, {7}, {40}, 0, 0},   /* 9B's head_dim, GQA 5 */
-        {KVF_DTYPE_FP32, 4, 2, 256, 64, 64, 0, {5}, {70}, 0, 0},    /* passes of 8 rows */
+        {KVF_DTYPE_FP32, 8, 2, 32, 16, 32, 0, {40}, {0}, 0, 0, 0},
+        {KVF_DTYPE_BF16, 10, 2, 32, 48, 96, 0, {21}, {100}, 0, 0, 0},
+        {KVF_DTYPE_FP16, 3, 1, 80, 16, 16, 0, {9}, {60}, 1, 0, 0},
+        {KVF_DTYPE_BF16, 10, 2, 128, 16, 64, 0, {7}, {40}, 0, 0, 0},   /* 9B's head_dim, GQA 5 */
+        {KVF_DTYPE_FP32, 4, 2, 256, 64, 64, 0, {5}, {70}, 0, 0, 0},    /* passes of 8 rows */
     };
     (void)state;
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); ++i) {
@@ -426,7 +429,7 @@ static void test_tiled_emu_prefill(void **state)
 static void test_tiled_emu_split(void **state)
 {
     static const ecase_t c = {KVF_DTYPE_FP16, 4, 2, 32, 256, 256, 3, {1, 1, 3}, {5000, 100,
-                              2300}, 0, 0};
+                              2300}, 0, 0, 0};
     (void)state;
     assert_true(run_case(&c, 0x777) > 0);
 }
@@ -435,9 +438,21 @@ static void test_tiled_emu_split(void **state)
  * both sides (masked slots meet V as 0 * v) */
 static void test_tiled_emu_stale_nan(void **state)
 {
-    static const ecase_t c = {KVF_DTYPE_FP32, 4, 1, 32, 16, 32, 0, {21}, {0}, 0, 1};
+    static const ecase_t c = {KVF_DTYPE_FP32, 4, 1, 32, 16, 32, 0, {21}, {0}, 0, 1, 0};
     (void)state;
     assert_true(run_case(&c, 0x99) > 0);
+}
+
+/* a sliding window (kvf_paged_kv_t.window): a prefill chunk whose rows' windows start in
+ * different kernel blocks, and a batch with split-K decode rows far past the window */
+static void test_tiled_emu_window(void **state)
+{
+    static const ecase_t p = {KVF_DTYPE_BF16, 8, 2, 32, 16, 32, 0, {40}, {70}, 0, 0, 37};
+    static const ecase_t d = {KVF_DTYPE_FP16, 4, 2, 32, 256, 256, 3, {1, 1, 3}, {5000, 100,
+                              2300}, 0, 0, 700};
+    (void)state;
+    assert_true(run_case(&p, 0x3131) > 0);
+    assert_true(run_case(&d, 0x3232) > 0);
 }
 
 int main(void)
@@ -446,6 +461,7 @@ int main(void)
         cmocka_unit_test(test_tiled_emu_prefill),
         cmocka_unit_test(test_tiled_emu_split),
         cmocka_unit_test(test_tiled_emu_stale_nan),
+        cmocka_unit_test(test_tiled_emu_window),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

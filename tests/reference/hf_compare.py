@@ -111,11 +111,26 @@ def cases():
             COMMON, intermediate_size=128, num_hidden_layers=2, num_attention_heads=8,
             num_key_value_heads=2, head_dim=16,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0}), None),
-        # mistral without a sliding_window field: transformers' default 4096 (cannot bind
-        # on these prompts; kvferry accepts it and limits sequences to 4096 tokens)
+        # mistral without a sliding_window field: transformers' default 4096 (does not bind
+        # on these prompts)
         "mistral-default-window": ("mistral", dict(
             COMMON, intermediate_size=128, num_hidden_layers=2, num_attention_heads=8,
             num_key_value_heads=2, head_dim=16, max_position_embeddings=32768), None),
+        # --- issue 44: sliding-window attention, a window shorter than the prompts (several
+        # prefill chunks of 48 tokens, decode past the window) ---
+        # mistral: every layer slides (40 tokens: not a multiple of a block or a chunk)
+        "mistral-swa": ("mistral", dict(
+            COMMON, intermediate_size=128, num_hidden_layers=2, num_attention_heads=8,
+            num_key_value_heads=2, head_dim=16, max_position_embeddings=32768,
+            sliding_window=40), None),
+        # qwen3 with use_sliding_window: layers from max_window_layers = 1 on slide, layer 0
+        # attends fully (transformers' default layer_types)
+        "qwen3-swa": ("qwen3", dict(
+            COMMON, intermediate_size=128, num_hidden_layers=3, num_attention_heads=8,
+            num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, attention_bias=True,
+            use_sliding_window=True, sliding_window=33, max_window_layers=1,
+            max_position_embeddings=32768,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0}), None),
         # --- issue 44: the Mamba2 + attention hybrids whose every layer has its FFN ---
         # Bamba: partial RoPE (0.5 of each 8-wide head), biases everywhere it has them,
         # n_groups 2 (TP 4 replicates the B/C groups and splits a gated-norm group)

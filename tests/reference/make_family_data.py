@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Write the stored transformers reference of the bamba and granitemoehybrid families.
+"""Write the stored transformers reference of the bamba, granitemoehybrid and sliding-window families.
 
 Command (run from the repository root; needs torch and transformers, the ctest
 that reads the result does not):
-  python3 tests/reference/make_family_data.py --kvf build-dev/bin/kvf
+  python3 tests/reference/make_family_data.py --kvf build-dev/bin/kvf [--case NAME ...]
 
 For each family, transformers builds a small random checkpoint: the
 hf_compare.py case of that name cut to two layers (same seed, same random
@@ -24,12 +24,15 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hf_compare as H  # noqa: E402
 
-CASES = ["bamba", "granite-moe"]
+CASES = ["bamba", "granite-moe", "mistral-swa", "qwen3-swa"]
 # two layers (one Mamba2, one attention) keep the files a few hundred KB
 SMALLER = {
     "bamba": dict(num_hidden_layers=2, attn_layer_indices=[1]),
     "granite-moe": dict(num_hidden_layers=2, layer_types=["mamba", "attention"],
                         tie_word_embeddings=True),
+    # sliding windows of 40 and 33 tokens: the 107- and 295-token prompts outrun them
+    "mistral-swa": dict(),
+    "qwen3-swa": dict(),
 }
 LENGTHS = [5, 107, 295]    # BOS + bytes: 5 tokens; > 2 chunks of 48; > 3 blocks of 96
 MAX_TOKENS = 6
@@ -62,11 +65,13 @@ def main():
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                   "..", "data", "families"))
     ap.add_argument("--seed", type=int, default=3)
+    ap.add_argument("--case", action="append", choices=CASES,
+                    help="write only this case (repeatable; default: all)")
     args = ap.parse_args()
     import torch
     import transformers
     torch.set_num_threads(1)
-    for name in CASES:
+    for name in args.case or CASES:
         model_type, kwargs, _ = H.cases()[name]
         kwargs = dict(kwargs, **SMALLER[name])
         d = os.path.join(args.out, name)

@@ -568,9 +568,36 @@ static int kvf_xfer_cmp_ref(const void *a, const void *b)
  * (merges of the runs each page emitted) took a quarter of a 9B 4p2d plan; this sorts a few
  * block ids (14 there), or none when the ids already ascend.
  */
+/*
+ * The first logical block of attention group @a grp the plan reads under
+ * KVF_XFER_PLAN_FLAG_WINDOW (kvf_xfer_plan.h): floor(max(0, N - W) / block_size) when every
+ * layer of the group slides, else 0. Design: per group, not per layer slot, because a block's
+ * layer slots are one run on both sides; a group mixing full and sliding layers (qwen3 with
+ * max_window_layers > 0) is read whole until the layout gives sliding layers their own group.
+ */
+static int64_t kvf_xfer_window_first(const kvf_xfer_plan_params_t *p, const kvf_kv_group_t *grp,
+                                     int block_size)
+{
+    int w = 0;
+
+    if (!(p->field_mask & KVF_XFER_PLAN_PARAM_FIELD_FLAGS) ||
+        !(p->flags & KVF_XFER_PLAN_FLAG_WINDOW) || (grp->kind != KVF_GROUP_ATTENTION)) {
+        return 0;
+    }
+    for (int j = 0; j < grp->num_layers; ++j) {
+        const int lw = p->cfg->layer_window[grp->layers[j]];
+        if (lw <= 0) {
+            return 0;   /* a full-attention layer reads every block */
+        }
+        w = (lw > w) ? lw : w;
+    }
+    return (p->num_tokens > w) ? (p->num_tokens - w) / block_size : 0;
+}
+
 static kvf_status_t kvf_xfer_plan_blocks(kvf_xfer_planner_t *pl)
 {
     const kvf_xfer_plan_params_t *p = pl->p;
+    int64_t first[KVF_MAX_KV_GROUPS];
     /* a decode prefix hit: its blocks are there already (and may be shared) */
     const int64_t skip = (p->field_mask & KVF_XFER_PLAN_PARAM_FIELD_SKIP) ?
                          p->skip_tokens / pl->lg->block_size : 0;
@@ -581,6 +608,7 @@ static kvf_status_t kvf_xfer_plan_blocks(kvf_xfer_planner_t *pl)
 
     for (int g = 0; g < p->num_groups; ++g) {
         bool attn = (p->layout->groups[g].kind == KVF_GROUP_ATTENTION);
+        first[g] = kvf_xfer_window_first(p, &p->layout->groups[g], pl->lg->block_size);
         n += !attn ? 1 : (p->groups[g].num_local > skip) ?
                          (size_t)(p->groups[g].num_local - skip) : 0;
     }
@@ -609,7 +637,9 @@ static kvf_status_t kvf_xfer_plan_blocks(kvf_xfer_planner_t *pl)
         if (!pl->attn_mapped) {
             status = kvf_xfer_attn_map(pl);
         }
-        if (status == KVF_OK) {
+        if ((status == KVF_OK) && (refs[i].lb < first[refs[i].group])) {
+            status = kvf_xfer_attn_zero_block(pl, grp, refs[i].lid);   /* before the window */
+        } else if (status == KVF_OK) {
             status = kvf_xfer_attn_block(pl, grp, gb, refs[i].lb);
         }
     }

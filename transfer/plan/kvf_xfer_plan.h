@@ -68,6 +68,15 @@ typedef struct kvf_xfer_pieces kvf_xfer_pieces_t;
 
 enum kvf_xfer_plan_flags {
     KVF_XFER_PLAN_FLAG_NO_COALESCE = KVF_BIT(0),  /* one descriptor per run (debugging, tests) */
+    /* Pull a sliding-window group only within its window: in an attention group whose every
+     * layer slides (cfg->layer_window > 0; W the largest), the logical blocks below
+     * floor(max(0, N - W) / local block_size) are not read but zeroed (post-ops), so the bytes
+     * read stay at most ceil(W / block_size) + 1 blocks whatever N. Decode's queries (position
+     * N - 1 on) attend to keys from N - W on only, and its kernel reads zeros, never stale
+     * bytes, in a kernel block it touches before the window. A group with a full-attention
+     * layer is read whole. The caller must not publish the zeroed blocks as cached prefix
+     * content (they do not hold it). */
+    KVF_XFER_PLAN_FLAG_WINDOW = KVF_BIT(1),
 };
 
 /**

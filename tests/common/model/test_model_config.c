@@ -228,12 +228,22 @@ static void test_transformers_semantics(void **state)
     assert_int_equal(parse_dense("mistral", "\"sliding_window\":1024,"
                                  "\"max_position_embeddings\":8192", &c), KVF_OK);
     assert_int_equal(c.sliding_window, 1024);
+    for (int l = 0; l < c.num_layers; ++l) {
+        assert_int_equal(c.layer_window[l], 1024);   /* mistral: every layer slides */
+    }
     /* qwen3: the window only with use_sliding_window and a sliding layer */
     assert_int_equal(parse_dense("qwen3", "\"head_dim\":16,\"use_sliding_window\":true,"
                                  "\"sliding_window\":512,\"max_position_embeddings\":40960,"
                                  "\"layer_types\":[\"full_attention\",\"sliding_attention\"]",
                                  &c), KVF_OK);
     assert_int_equal(c.sliding_window, 512);
+    assert_int_equal(c.num_layers, 2);
+    assert_int_equal(c.layer_window[0], 0);     /* full_attention */
+    assert_int_equal(c.layer_window[1], 512);   /* sliding_attention */
+    assert_int_equal(parse_dense("qwen3", "\"head_dim\":16,\"use_sliding_window\":true,"
+                                 "\"sliding_window\":512,\"max_window_layers\":1", &c), KVF_OK);
+    assert_int_equal(c.layer_window[0], 0);     /* below max_window_layers: full */
+    assert_int_equal(c.layer_window[1], 512);
     assert_int_equal(parse_dense("qwen3", "\"head_dim\":16,\"use_sliding_window\":true,"
                                  "\"sliding_window\":512,\"max_window_layers\":2", &c), KVF_OK);
     assert_int_equal(c.sliding_window, 0);   /* no layer from max_window_layers = 2 on */
@@ -245,6 +255,7 @@ static void test_transformers_semantics(void **state)
                                  "\"layer_types\":[\"sliding_attention\",\"sliding_attention\"]",
                                  &c), KVF_OK);
     assert_int_equal(c.sliding_window, 0);   /* use_sliding_window false */
+    assert_int_equal(c.layer_window[0] + c.layer_window[1], 0);
     /* nemotron_h: a window is refused unless it cannot bind */
     assert_int_equal(parse_with("\"hybrid_override_pattern\":\"M*\",\"sliding_window\":4096,"
                                 "\"max_position_embeddings\":4096", &c), KVF_OK);

@@ -1,0 +1,259 @@
+/*
+ * The KV pull bounded by a sliding window (KVF_XFER_PLAN_FLAG_WINDOW): for a mistral model
+ * whose every layer slides (window 40, decode blocks of 16), the bytes a plan reads stay at
+ * most ceil(W / block) + 1 blocks whatever the prompt (50 to 5000 tokens), while a full pull
+ * grows with it; and decode's attention over the windowed pull is bit for bit the attention
+ * over the full pull (the kernel with the window, several decode steps, layouts 1p1d, 2p1d
+ * and 1p2d). The blocks before the window are zeroed, not read: the decode region starts as
+ * NaN bytes, so a byte the kernel read there and the plan left stale would poison its
+ * output. A qwen3 model with a full-attention layer in the group is read whole.
+ */
+#include "kvf_attention.h"
+#include "kvf_xfer_plan.h"
+#include "kvf_layout.h"
+#include "kvf_model_config.h"
+
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#define DENSE "\"vocab_size\":260,\"hidden_size\":64,\"num_hidden_layers\":2," \
+              "\"num_attention_heads\":8,\"num_key_value_heads\":2,\"head_dim\":16," \
+              "\"intermediate_size\":128,\"max_position_embeddings\":32768"
+static const char *const mistral_json = "{\"model_type\":\"mistral\"," DENSE
+                                        ",\"sliding_window\":40}";
+static const char *const qwen3_json = "{\"model_type\":\"qwen3\"," DENSE
+                                      ",\"use_sliding_window\":true,\"sliding_window\":40,"
+                                      "\"max_window_layers\":1}";
+enum { W = 40, BS = 16, STEPS = 4, MAX_TP = 2 };
+
+static uint64_t rng_next(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+static float rng_float(uint64_t *s)
+{
+    return (float)(rng_next(s) >> 40) / (float)(1u << 24) * 2.0f - 1.0f;
+}
+
+typedef struct world {
+    kvf_model_config_t  cfg;
+    kvf_cache_layout_t  layout;
+    kvf_rank_geometry_t pg[MAX_TP], dg[MAX_TP];
+    int                 P, D;
+} world_t;
+
+static void world_init(world_t *w, const char *json, int P, int D)
+{
+    kvf_cache_params_t cp;
+    memset(w, 0, sizeof(*w));
+    assert_int_equal(kvf_model_config_parse(json, "test", &w->cfg), KVF_OK);
+    assert_int_equal(kvf_cache_layout_build(&w->cfg, &w->layout), KVF_OK);
+    kvf_cache_params_default(&w->cfg, &cp);
+    cp.kv_dtype = KVF_DTYPE_FP32;
+    cp.block_size = BS;
+    w->P = P;
+    w->D = D;
+    for (int r = 0; r < P; ++r) {
+        assert_int_equal(kvf_rank_geometry_compute(&w->cfg, &cp, P, r, &w->pg[r]), KVF_OK);
+    }
+    for (int r = 0; r < D; ++r) {
+        assert_int_equal(kvf_rank_geometry_compute(&w->cfg, &cp, D, r, &w->dg[r]), KVF_OK);
+    }
+    assert_int_equal(w->dg[0].block_size, BS);
+}
+
+/* Plan decode rank @a dr's pull of @a n tokens (ids: block b on both sides, region of
+ * @a nb blocks), windowed or not. */
+static kvf_xfer_plan_t *plan(const world_t *w, int dr, int64_t n, int32_t *ids, int nb,
+                             bool window)
+{
+    int64_t remote_nb[MAX_TP] = {nb, nb};
+    kvf_xfer_group_blocks_t g = {.local_ids = ids, .num_local = nb, .remote_ids = ids,
+                                 .num_remote = nb};
+    kvf_xfer_plan_params_t p = {
+        .field_mask = KVF_XFER_PLAN_PARAM_FIELD_FLAGS, .cfg = &w->cfg, .layout = &w->layout,
+        .local_tp = w->D, .local_rank = dr, .local_geom = &w->dg[dr], .local_num_blocks = nb,
+        .remote_tp = w->P, .remote_geoms = w->pg, .remote_num_blocks = remote_nb,
+        .num_groups = w->layout.num_groups, .groups = &g, .num_tokens = n,
+        .flags = window ? KVF_XFER_PLAN_FLAG_WINDOW : 0,
+    };
+    kvf_xfer_plan_t *pl = NULL;
+    assert_int_equal(w->layout.num_groups, 1);
+    assert_int_equal(kvf_xfer_plan_create(&p, &pl), KVF_OK);
+    return pl;
+}
+
+/* Decode steps at positions n .. n + STEPS - 1 on one decode rank's region @a base: the
+ * same random q / k / v rows (seeded) written and attended in every layer slot. */
+static void decode(const world_t *w, int dr, void *base, int32_t *ids, int nb, int64_t n,
+                   float *out)
+{
+    const kvf_rank_geometry_t *g = &w->dg[dr];
+    const int hd = w->cfg.head_dim, kvh = g->shard.kv_heads, qh = g->shard.attn_heads;
+    const int ld = (qh + 2 * kvh) * hd;
+    float *row = malloc((size_t)ld * sizeof(float));
+    uint64_t s = 0x5eed + (uint64_t)n;
+
+    assert_non_null(row);
+    for (int j = 0; j < w->layout.slots; ++j) {
+        kvf_paged_kv_t kv = {
+            .base = base, .page_size = g->page_size, .slots = w->layout.slots, .slot = j,
+            .dtype = KVF_DTYPE_FP32, .kv_heads = kvh, .head_dim = hd,
+            .block_size = g->block_size, .kernel_block_size = g->kernel_block_size,
+            .block_table = ids, .num_blocks = nb,
+            .window = w->cfg.layer_window[w->layout.groups[0].layers[j]],
+        };
+        for (int t = 0; t < STEPS; ++t) {
+            const int32_t pos = (int32_t)(n + t);
+            for (int i = 0; i < ld; ++i) {
+                row[i] = rng_float(&s);
+            }
+            assert_int_equal(kvf_attn_cache_write(NULL, &kv, row + qh * hd,
+                                                  row + (qh + kvh) * hd, ld, &pos, 1),
+                             KVF_KERN_OK);
+            assert_int_equal(kvf_attn_paged(NULL, &kv, row, ld, &pos, 1, qh, 0.0f,
+                                            out + ((size_t)j * STEPS + t) * qh * hd),
+                             KVF_KERN_OK);
+        }
+    }
+    free(row);
+}
+
+/* One prompt length: both pulls of every decode rank, bytes and attention compared. Returns
+ * the windowed plan's attention bytes of decode rank 0. */
+static uint64_t run_len(const world_t *w, int64_t n, uint64_t *full_p)
+{
+    const int nb = (int)((n + STEPS + BS - 1) / BS);
+    const int slots = w->layout.slots;
+    int32_t *ids = malloc((size_t)nb * sizeof(int32_t));
+    void *pre[MAX_TP];
+    size_t plen[MAX_TP];
+    uint64_t s = 0xabc + (uint64_t)n, wbytes = 0;
+
+    assert_non_null(ids);
+    for (int b = 0; b < nb; ++b) {
+        ids[b] = nb - 1 - b;   /* not the identity */
+    }
+    for (int r = 0; r < w->P; ++r) {   /* prefill regions: finite random K/V everywhere */
+        plen[r] = (size_t)nb * (size_t)slots * w->pg[r].page_size;
+        pre[r] = malloc(plen[r]);
+        assert_non_null(pre[r]);
+        for (size_t i = 0; i < plen[r] / sizeof(float); ++i) {
+            ((float *)pre[r])[i] = rng_float(&s);
+        }
+    }
+    for (int dr = 0; dr < w->D; ++dr) {
+        const kvf_rank_geometry_t *g = &w->dg[dr];
+        const size_t dlen = (size_t)nb * (size_t)slots * g->page_size;
+        const size_t nout = (size_t)slots * STEPS * (size_t)g->shard.attn_heads *
+                            (size_t)w->cfg.head_dim;
+        kvf_xfer_plan_t *pf = plan(w, dr, n, ids, nb, false);
+        kvf_xfer_plan_t *pw = plan(w, dr, n, ids, nb, true);
+        uint8_t *a = malloc(dlen), *b = malloc(dlen);
+        float *oa = malloc(nout * sizeof(float)), *ob = malloc(nout * sizeof(float));
+        const void *bases[MAX_TP] = {pre[0], (w->P > 1) ? pre[1] : NULL};
+
+        assert_non_null(a);
+        assert_non_null(b);
+        assert_non_null(oa);
+        assert_non_null(ob);
+        memset(a, 0xff, dlen);   /* NaN in every float */
+        memset(b, 0xff, dlen);
+        assert_int_equal(kvf_xfer_plan_apply_local(pf, a, dlen, bases, plen), KVF_OK);
+        assert_int_equal(kvf_xfer_plan_apply_local(pw, b, dlen, bases, plen), KVF_OK);
+        decode(w, dr, a, ids, nb, n, oa);
+        decode(w, dr, b, ids, nb, n, ob);
+        for (size_t i = 0; i < nout; ++i) {
+            assert_false(isnan(oa[i]));
+        }
+        assert_memory_equal(oa, ob, nout * sizeof(float));
+        assert_true(pw->attn_bytes <= pf->attn_bytes);
+        if (dr == 0) {
+            wbytes = pw->attn_bytes;
+            *full_p = pf->attn_bytes;
+        }
+        free(ob);
+        free(oa);
+        free(b);
+        free(a);
+        kvf_xfer_plan_destroy(pw);
+        kvf_xfer_plan_destroy(pf);
+    }
+    for (int r = 0; r < w->P; ++r) {
+        free(pre[r]);
+    }
+    free(ids);
+    return wbytes;
+}
+
+static void test_window_bounded(void **state)
+{
+    static const int layouts[][2] = {{1, 1}, {2, 1}, {1, 2}};
+    static const int64_t lens[] = {50, 200, 1001, 5000};
+    (void)state;
+
+    for (size_t li = 0; li < sizeof(layouts) / sizeof(layouts[0]); ++li) {
+        world_t w;
+        world_init(&w, mistral_json, layouts[li][0], layouts[li][1]);
+        /* a whole block of one decode rank: every layer slot's K and V */
+        const uint64_t block = (uint64_t)w.layout.slots * (uint64_t)BS * 2u *
+                               (uint64_t)w.dg[0].shard.kv_heads * (uint64_t)w.cfg.head_dim * 4u;
+        const uint64_t bound = (uint64_t)((W + BS - 1) / BS + 1) * block;
+        uint64_t last_full = 0;
+        for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); ++i) {
+            uint64_t full = 0;
+            const uint64_t win = run_len(&w, lens[i], &full);
+            print_message("%dp%dd N %5lld: window pull %7llu bytes, full pull %8llu bytes"
+                          " (bound %llu)\n", layouts[li][0], layouts[li][1],
+                          (long long)lens[i], (unsigned long long)win,
+                          (unsigned long long)full, (unsigned long long)bound);
+            assert_true(win <= bound);
+            assert_true(full > last_full);   /* the full pull grows with the prompt */
+            if (lens[i] > 1000) {
+                assert_true(full > 10 * bound);
+            }
+            last_full = full;
+        }
+    }
+}
+
+/* qwen3 with max_window_layers 1: layer 0 attends fully, so its group is read whole. */
+static void test_mixed_group_whole(void **state)
+{
+    world_t w;
+    int32_t ids[40];
+    (void)state;
+
+    world_init(&w, qwen3_json, 1, 1);
+    assert_int_equal(w.cfg.layer_window[0], 0);
+    assert_int_equal(w.cfg.layer_window[1], W);
+    for (int b = 0; b < 40; ++b) {
+        ids[b] = b;
+    }
+    kvf_xfer_plan_t *pf = plan(&w, 0, 600, ids, 40, false);
+    kvf_xfer_plan_t *pw = plan(&w, 0, 600, ids, 40, true);
+    assert_int_equal(pw->attn_bytes, pf->attn_bytes);
+    assert_int_equal(pw->zero_bytes, pf->zero_bytes);
+    kvf_xfer_plan_destroy(pw);
+    kvf_xfer_plan_destroy(pf);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_window_bounded),
+        cmocka_unit_test(test_mixed_group_whole),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
