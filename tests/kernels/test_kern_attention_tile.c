@@ -94,7 +94,7 @@ static size_t check_shape(const shape_t *s)
                     assert_int_equal(qh / (q_heads / s->kv_heads), kh);
                     assert_int_equal(seq_of[t], seq_of[t0]);
                     lim[i] = s->positions[t];
-                    kvf_attn_split_range(lim[i], kbs, y, &kb0[i], &kb1[i]);
+                    kvf_attn_split_range(lim[i], 0, kbs, y, &kb0[i], &kb1[i]);
                     ref_range(lim[i], kbs, y, &a, &b);
                     assert_int_equal(kb0[i], a);
                     assert_int_equal(kb1[i], b);
