@@ -32,7 +32,7 @@
  * waiting ones are served to their end. Whatever is left at --drain-timeout
  * gets an error reply (a stream's error event), then the loop returns.
  */
-#include "kvf_daemon_http.h"
+#include "kvf_health_pub.h"
 #include "kvf_decode_server.h"
 
 #include "kvf_decode_check.h"
@@ -734,24 +734,27 @@ static void kvf_dc_abort(kvf_decode_server_h srv, const Kvf__AbortRequest *ar)
     }
 }
 
-static void kvf_dc_health_fill(kvf_decode_server_h srv, Kvf__HealthReply *h)
+/* kvf_health_fill_fn of the decode server */
+static void kvf_dc_health_fill(void *arg, Kvf__HealthReply *h)
 {
+    kvf_decode_server_h srv = arg;
+    kvf_health_loop_t loop = {
+        .running = (uint32_t)(srv->num_reqs + srv->num_waiting),
+        .queue_depth = (uint32_t)srv->num_waiting,
+        .max_queue = (uint32_t)srv->cfg.max_queue,
+        .incarnation = srv->xops->incarnation(srv->conn),
+        .draining = kvf_drain_active(&srv->drain),
+    };
+
     kvf_role_health_fill(srv->engine, "decode", &srv->cfg.role, h);
-    h->has_running = h->has_handshake_refusals = h->has_peer_errors = h->has_queue_depth = 1;
-    h->running = (uint32_t)(srv->num_reqs + srv->num_waiting);
-    h->queue_depth = (uint32_t)srv->num_waiting;
+    kvf_health_fill_loop(h, &loop);
+    h->has_handshake_refusals = h->has_peer_errors = 1;
     h->handshake_refusals = srv->px.refusals;
     h->peer_errors = srv->px.peer_errors;
     h->has_expired_reads_prevented = 1;
     h->expired_reads_prevented = srv->px.reads_prevented;
-    h->has_incarnation = 1;
-    h->incarnation = srv->xops->incarnation(srv->conn);
-    h->has_draining = 1;
-    h->draining = kvf_drain_active(&srv->drain);
     h->has_kv_digest_mismatches = 1;
     h->kv_digest_mismatches = srv->px.digest_mismatches;
-    h->has_max_queue = 1;
-    h->max_queue = (uint32_t)srv->cfg.max_queue;
     h->has_kv_pulls_total = h->has_kv_pulled_bytes_total = 1;
     h->kv_pulls_total = srv->px.pulls_valid;
     h->kv_pulled_bytes_total = srv->px.bytes_valid;
@@ -760,19 +763,7 @@ static void kvf_dc_health_fill(kvf_decode_server_h srv, Kvf__HealthReply *h)
 /* Health probes are answered by the control channel's thread from this. */
 static void kvf_dc_publish_health(kvf_decode_server_h srv)
 {
-    Kvf__HealthReply h;
-
-    kvf_dc_health_fill(srv, &h);
-    (void)kvf_serve_server_set_health(srv->serve, &h);
-    kvf_daemon_http_publish(&h);   /* --metrics-port's /metrics and /health */
-}
-
-static void kvf_dc_health(kvf_decode_server_h srv, const kvf_serve_peer_t *peer)
-{
-    Kvf__HealthReply h;
-
-    kvf_dc_health_fill(srv, &h);
-    kvf_role_reply_health(srv->serve, peer, &h);
+    kvf_health_publish(srv->serve, kvf_dc_health_fill, srv);
 }
 
 /* ---- control requests ------------------------------------------------------ */
@@ -841,7 +832,7 @@ static bool kvf_dc_handle(kvf_decode_server_h srv, const kvf_serve_peer_t *peer,
         kvf_dc_abort(srv, req->abort);
         return false;
     case KVF__SERVE_REQUEST__BODY_HEALTH:
-        kvf_dc_health(srv, peer);
+        kvf_health_answer(srv->serve, peer, kvf_dc_health_fill, srv);
         return false;
     case KVF__SERVE_REQUEST__BODY_CHECK_PEER:
         kvf_dc_checks_add(&srv->px, &srv->checks, srv->serve, peer, req->check_peer);
