@@ -27,7 +27,7 @@
  * then returns. Leases handed out or extended while draining end by the
  * drain deadline (--drain-timeout after the signal), which bounds the drain.
  */
-#include "kvf_daemon_http.h"
+#include "kvf_health_pub.h"
 #include "kvf_prefill_server.h"
 #include "kvf_lease.h"
 #include "kvf_prefill_check.h"
@@ -272,11 +272,21 @@ static int kvf_pf_find_pending(kvf_prefill_server_h srv, uint64_t engine_req)
     return -1;
 }
 
-static void kvf_pf_health_fill(kvf_prefill_server_h srv, Kvf__HealthReply *h)
+/* kvf_health_fill_fn of the prefill server */
+static void kvf_pf_health_fill(void *arg, Kvf__HealthReply *h)
 {
+    kvf_prefill_server_h srv = arg;
     kvf_lease_stats_t ls;
+    kvf_health_loop_t loop = {
+        .running = (uint32_t)(srv->num_pending + (int)kvf_lease_table_pinned(srv->leases)),
+        .queue_depth = (uint32_t)srv->num_pending,
+        .max_queue = (uint32_t)srv->cfg.max_queue,
+        .incarnation = srv->xops->incarnation(srv->conn),
+        .draining = kvf_drain_active(&srv->drain),
+    };
 
     kvf_role_health_fill(srv->engine, "prefill", &srv->cfg.role, h);
+    kvf_health_fill_loop(h, &loop);
     kvf_lease_table_stats(srv->leases, &ls);
     h->has_releases_refused = h->has_expired_reads_prevented = h->has_quarantined_blocks = 1;
     h->releases_refused = ls.refused;
@@ -284,17 +294,12 @@ static void kvf_pf_health_fill(kvf_prefill_server_h srv, Kvf__HealthReply *h)
     h->quarantined_blocks = ls.quarantined_blocks;
     h->has_quarantine_cut_blocks = 1;
     h->quarantine_cut_blocks = ls.quarantine_cut_blocks;
-    h->has_running = h->has_leases = h->has_queue_depth = h->has_lease_timeout_ms = 1;
-    h->running = (uint32_t)(srv->num_pending + (int)kvf_lease_table_pinned(srv->leases));
+    h->has_leases = h->has_lease_timeout_ms = 1;
     h->leases = kvf_lease_table_count(srv->leases);
-    h->queue_depth = (uint32_t)srv->num_pending;
     h->lease_timeout_ms = (uint64_t)srv->cfg.lease_timeout_ms;
     h->side_host = srv->cfg.host;
-    h->has_side_port = h->has_incarnation = 1;
+    h->has_side_port = 1;
     h->side_port = (uint32_t)srv->side_port;
-    h->incarnation = srv->xops->incarnation(srv->conn);
-    h->has_draining = 1;
-    h->draining = kvf_drain_active(&srv->drain);
     {
         kvf_engine_stats_t st;
         uint64_t queued = 0;
@@ -308,30 +313,17 @@ static void kvf_pf_health_fill(kvf_prefill_server_h srv, Kvf__HealthReply *h)
         }
         kvf_engine_get_stats(srv->engine, &st);
         h->has_queued_prompt_tokens = h->has_prefill_tokens_total = 1;
-        h->has_prefill_seconds_total = h->has_max_queue = 1;
+        h->has_prefill_seconds_total = 1;
         h->queued_prompt_tokens = queued;
         h->prefill_tokens_total = st.prefill_tokens;
         h->prefill_seconds_total = st.prefill_seconds;
-        h->max_queue = (uint32_t)srv->cfg.max_queue;
     }
 }
 
 /* Health probes are answered by the control channel's thread from this. */
 static void kvf_pf_publish_health(kvf_prefill_server_h srv)
 {
-    Kvf__HealthReply h;
-
-    kvf_pf_health_fill(srv, &h);
-    (void)kvf_serve_server_set_health(srv->serve, &h);
-    kvf_daemon_http_publish(&h);   /* --metrics-port's /metrics and /health */
-}
-
-static void kvf_pf_health(kvf_prefill_server_h srv, const kvf_serve_peer_t *peer)
-{
-    Kvf__HealthReply h;
-
-    kvf_pf_health_fill(srv, &h);
-    kvf_role_reply_health(srv->serve, peer, &h);
+    kvf_health_publish(srv->serve, kvf_pf_health_fill, srv);
 }
 
 static void kvf_pf_prefill(kvf_prefill_server_h srv, const kvf_serve_peer_t *peer,
@@ -567,7 +559,7 @@ static void kvf_pf_handle(kvf_prefill_server_h srv, const kvf_serve_peer_t *peer
         kvf_pf_abort(srv, req->abort);
         break;
     case KVF__SERVE_REQUEST__BODY_HEALTH:
-        kvf_pf_health(srv, peer);
+        kvf_health_answer(srv->serve, peer, kvf_pf_health_fill, srv);
         break;
     default:
         kvf_serve_server_reply_error(srv->serve, peer, "", KVF_ERR_UNSUPPORTED,

@@ -320,6 +320,93 @@ static bool kvf_sampler_edits(const kvf_sampling_t *s, int prompt_len, int num_t
            (s->num_logit_bias > 0) || (s->num_allowed > 0) || (s->num_bad_words > 0);
 }
 
+/*
+ * Steps 1-2 of kvf_sampler.h into ws->logits: the device row's entries (one definition of
+ * what each token gets), applied as kernels/kvf_sample.c's twin applies them.
+ * @return KVF_OK or KVF_ERR_NO_MEMORY.
+ */
+static kvf_status_t kvf_sampler_apply_edits(kvf_sampler_ws_t *ws, const kvf_sampling_t *s,
+                                            const int32_t *tokens, int prompt_len,
+                                            int num_tokens, const float *logits, int vocab,
+                                            const int *eos, int num_eos)
+{
+    kvf_sample_row_t row;
+    int n = 0, need = kvf_sampler_device_pen_max(s, num_tokens, num_eos);
+
+    if ((need > ws->cap_pen) &&
+        (KVF_ARRAY_GROW(ws->pen, ws->cap_pen, need, 256) != KVF_OK)) {
+        return KVF_ERR_NO_MEMORY;
+    }
+    kvf_sampler_entries(ws, s, tokens, prompt_len, num_tokens, vocab, eos, num_eos, &row,
+                        ws->pen, &n);
+    for (int i = 0; i < vocab; ++i) {
+        ws->logits[i] = row.allow_only ? -INFINITY : logits[i];
+    }
+    for (int e = 0; e < n; ++e) {
+        const kvf_sample_pen_t *x = &ws->pen[e];
+        if (!row.allow_only || (x->flags & KVF_SAMPLE_PEN_ALLOW)) {
+            ws->logits[x->id] = kvf_sample_pen_apply_hd(logits[x->id], x->count, x->flags,
+                                                        x->bias, row.rep, row.freq,
+                                                        row.pres);
+        }
+    }
+    return KVF_OK;
+}
+
+/*
+ * top-k, then top-p, on the weights ws->w of the logits @a l: the candidates not kept get
+ * weight 0. Sorted by logit (ties by id), the top-k set keeps ties with the k-th.
+ * @a node: [2 LANES] scratch for kvf_fixed_sum().
+ */
+static void kvf_sampler_top_k_p(kvf_sampler_ws_t *ws, const kvf_sampling_t *s, const float *l,
+                                int vocab, double *node)
+{
+    int kept = 0;
+    int k_end, lo, hi;
+
+    for (int i = 0; i < vocab; ++i) {
+        if (ws->w[i] > 0.0) {
+            ws->order[kept++] = i;
+        }
+    }
+    kvf_sort_logits = l;
+    qsort(ws->order, (size_t)kept, sizeof(int32_t), kvf_cmp_desc);
+    k_end = kept;
+    if ((s->top_k > 0) && (s->top_k < kept)) {
+        float kth = l[ws->order[s->top_k - 1]];
+        k_end = s->top_k;
+        while ((k_end < kept) && (l[ws->order[k_end]] == kth)) {
+            ++k_end;   /* ties with the k-th are kept */
+        }
+    }
+    for (int j = k_end; j < kept; ++j) {
+        ws->w[ws->order[j]] = 0.0;
+    }
+    if ((s->top_p > 0.0f) && (s->top_p < 1.0f)) {
+        /* keep position j when the mass of positions before it (summed in the fixed
+         * order) over the top-k set's mass is below top_p; that mass grows with j, so
+         * the kept positions are a prefix [0, lo]: bisection */
+        double total = kvf_fixed_sum(ws->w, NULL, 0, vocab, node);
+        for (int j = 0; j < k_end; ++j) {
+            ws->rank[ws->order[j]] = j;
+        }
+        lo = 0;
+        hi = k_end - 1;
+        while (lo < hi) {
+            int mid = lo + (hi - lo + 1) / 2;
+            if (kvf_sample_top_p_keep_hd(kvf_fixed_sum(ws->w, ws->rank, mid, vocab, node),
+                                         total, s->top_p)) {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        for (int j = lo + 1; j < k_end; ++j) {
+            ws->w[ws->order[j]] = 0.0;
+        }
+    }
+}
+
 kvf_status_t kvf_sampler_sample(const kvf_sampling_t *s, uint64_t *rng, const int32_t *tokens,
                                 int prompt_len, int num_tokens, const float *logits, int vocab,
                                 const int *eos, int num_eos, kvf_sample_out_t *out)
@@ -327,7 +414,6 @@ kvf_status_t kvf_sampler_sample(const kvf_sampling_t *s, uint64_t *rng, const in
     kvf_sampler_ws_t *ws = &kvf_ws;
     const float *l = logits;
     int32_t best = 0;
-    int kept = 0;
     double inv_t, sum, u, acc = 0.0;
     double node[2 * KVF_SAMPLE_LANES];
 
@@ -337,27 +423,10 @@ kvf_status_t kvf_sampler_sample(const kvf_sampling_t *s, uint64_t *rng, const in
         return KVF_ERR_NO_MEMORY;
     }
     if (kvf_sampler_edits(s, prompt_len, num_tokens)) {
-        /* the device row's entries (one definition of what each token gets), applied as
-         * kernels/kvf_sample.c's twin applies them */
-        kvf_sample_row_t row;
-        int n = 0, need = kvf_sampler_device_pen_max(s, num_tokens, num_eos);
-
-        if ((need > ws->cap_pen) &&
-            (KVF_ARRAY_GROW(ws->pen, ws->cap_pen, need, 256) != KVF_OK)) {
-            return KVF_ERR_NO_MEMORY;
-        }
-        kvf_sampler_entries(ws, s, tokens, prompt_len, num_tokens, vocab, eos, num_eos, &row,
-                            ws->pen, &n);
-        for (int i = 0; i < vocab; ++i) {
-            ws->logits[i] = row.allow_only ? -INFINITY : logits[i];
-        }
-        for (int e = 0; e < n; ++e) {
-            const kvf_sample_pen_t *x = &ws->pen[e];
-            if (!row.allow_only || (x->flags & KVF_SAMPLE_PEN_ALLOW)) {
-                ws->logits[x->id] = kvf_sample_pen_apply_hd(logits[x->id], x->count, x->flags,
-                                                            x->bias, row.rep, row.freq,
-                                                            row.pres);
-            }
+        kvf_status_t st = kvf_sampler_apply_edits(ws, s, tokens, prompt_len, num_tokens, logits,
+                                                  vocab, eos, num_eos);
+        if (st != KVF_OK) {
+            return st;
         }
         l = ws->logits;
     }
@@ -379,49 +448,7 @@ kvf_status_t kvf_sampler_sample(const kvf_sampling_t *s, uint64_t *rng, const in
         }
     }
     if ((s->top_k > 0) || ((s->top_p > 0.0f) && (s->top_p < 1.0f))) {
-        int k_end, lo, hi;
-
-        for (int i = 0; i < vocab; ++i) {
-            if (ws->w[i] > 0.0) {
-                ws->order[kept++] = i;
-            }
-        }
-        kvf_sort_logits = l;
-        qsort(ws->order, (size_t)kept, sizeof(int32_t), kvf_cmp_desc);
-        k_end = kept;
-        if ((s->top_k > 0) && (s->top_k < kept)) {
-            float kth = l[ws->order[s->top_k - 1]];
-            k_end = s->top_k;
-            while ((k_end < kept) && (l[ws->order[k_end]] == kth)) {
-                ++k_end;   /* ties with the k-th are kept */
-            }
-        }
-        for (int j = k_end; j < kept; ++j) {
-            ws->w[ws->order[j]] = 0.0;
-        }
-        if ((s->top_p > 0.0f) && (s->top_p < 1.0f)) {
-            /* keep position j when the mass of positions before it (summed in the fixed
-             * order) over the top-k set's mass is below top_p; that mass grows with j, so
-             * the kept positions are a prefix [0, lo]: bisection */
-            double total = kvf_fixed_sum(ws->w, NULL, 0, vocab, node);
-            for (int j = 0; j < k_end; ++j) {
-                ws->rank[ws->order[j]] = j;
-            }
-            lo = 0;
-            hi = k_end - 1;
-            while (lo < hi) {
-                int mid = lo + (hi - lo + 1) / 2;
-                if (kvf_sample_top_p_keep_hd(kvf_fixed_sum(ws->w, ws->rank, mid, vocab, node),
-                                             total, s->top_p)) {
-                    lo = mid;
-                } else {
-                    hi = mid - 1;
-                }
-            }
-            for (int j = lo + 1; j < k_end; ++j) {
-                ws->w[ws->order[j]] = 0.0;
-            }
-        }
+        kvf_sampler_top_k_p(ws, s, l, vocab, node);
     }
     sum = kvf_fixed_sum(ws->w, NULL, 0, vocab, node);
     u = kvf_sample_target_hd(kvf_sample_rng_next_hd(rng), sum);

@@ -237,7 +237,7 @@ void kvf_proxy_pool_render_metrics(kvf_proxy_pool_h pool, FILE *out)
         }
     }
     for (size_t m = 0; m < sizeof(g) / sizeof(g[0]); ++m) {
-        fprintf(out, "# HELP %s %s\n# TYPE %s %s\n", g[m].name, g[m].help, g[m].name, g[m].type);
+        kvf_prom_head(out, g[m].name, g[m].type, g[m].help);
         k = 0;
         for (int role = 0; role < KVF_PROXY_ROLE_COUNT; ++role) {
             for (int i = 0; i < pool->count[role]; ++i, ++k) {
@@ -254,18 +254,18 @@ void kvf_proxy_pool_render_metrics(kvf_proxy_pool_h pool, FILE *out)
                 if (g[m].live && !(f->healthy && f->connected)) {
                     continue;
                 }
-                fprintf(out, "%s{kvf_instance=\"", g[m].name);
-                kvf_prom_label_write(out, f->url);
-                fprintf(out, "\",role=\"%s\",engine_id=\"",
-                        kvf_proxy_role_name((kvf_proxy_role_t)role));
-                kvf_prom_label_write(out, f->engine_id);
-                fprintf(out, "\"} %llu\n", (unsigned long long)v[m]);
+                kvf_prom_label_t lab[] = {
+                    {"kvf_instance", f->url},
+                    {"role", kvf_proxy_role_name((kvf_proxy_role_t)role)},
+                    {"engine_id", f->engine_id},
+                };
+                kvf_prom_sample_u64(out, g[m].name, lab, 3, v[m]);
             }
         }
     }
     /* where each instance runs, as a label of an info gauge (always 1) */
-    fprintf(out, "# HELP kvf_instance_device_info The instance's --device (cpu, or each rank's "
-            "GPU), from its health replies.\n# TYPE kvf_instance_device_info gauge\n");
+    kvf_prom_head(out, "kvf_instance_device_info", "gauge",
+                  "The instance's --device (cpu, or each rank's GPU), from its health replies.");
     k = 0;
     for (int role = 0; role < KVF_PROXY_ROLE_COUNT; ++role) {
         for (int i = 0; i < pool->count[role]; ++i, ++k) {
@@ -273,14 +273,13 @@ void kvf_proxy_pool_render_metrics(kvf_proxy_pool_h pool, FILE *out)
                 continue;   /* not answered yet, or a daemon without the field */
             }
             /* kvf_instance, not instance (Prometheus sets that on every scraped target) */
-            fprintf(out, "kvf_instance_device_info{kvf_instance=\"");
-            kvf_prom_label_write(out, infos[k].url);
-            fprintf(out, "\",role=\"%s\",engine_id=\"",
-                    kvf_proxy_role_name((kvf_proxy_role_t)role));
-            kvf_prom_label_write(out, infos[k].engine_id);
-            fprintf(out, "\",device=\"");
-            kvf_prom_label_write(out, infos[k].device);
-            fprintf(out, "\"} 1\n");
+            kvf_prom_label_t lab[] = {
+                {"kvf_instance", infos[k].url},
+                {"role", kvf_proxy_role_name((kvf_proxy_role_t)role)},
+                {"engine_id", infos[k].engine_id},
+                {"device", infos[k].device},
+            };
+            kvf_prom_sample_u64(out, "kvf_instance_device_info", lab, 4, 1);
         }
     }
     free(infos);

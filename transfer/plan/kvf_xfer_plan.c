@@ -837,9 +837,15 @@ kvf_status_t kvf_xfer_plan_create(const kvf_xfer_plan_params_t *params, kvf_xfer
     pl.remote_region = NULL;
     plan->local_region_bytes = pl.local_region;
     plan->ranks = calloc((size_t)P, sizeof(*plan->ranks));
-    if (plan->ranks == NULL) {
+    plan->sources = calloc((size_t)P, sizeof(*plan->sources));
+    if ((plan->ranks == NULL) || (plan->sources == NULL)) {
         status = KVF_ERR_NO_MEMORY;
         goto out_free_plan;
+    }
+    for (int r = 0; r < P; ++r) {   /* kvf_xfer_plan_check() marked them */
+        if (pl.reads[r]) {
+            plan->sources[plan->num_sources++] = r;
+        }
     }
     for (int r = 0; r < P; ++r) {
         kvf_xfer_desc_vec_t *vec = &pl.descs[r];
@@ -901,6 +907,7 @@ void kvf_xfer_plan_destroy(kvf_xfer_plan_t *plan)
         free(plan->ranks[i].descs);
     }
     free(plan->ranks);
+    free(plan->sources);
     free(plan->zero);
     free(plan->remote_region_bytes);
     free(plan);

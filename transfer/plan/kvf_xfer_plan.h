@@ -142,6 +142,12 @@ typedef struct kvf_xfer_plan {
     int                   num_ranks;     /* prefill ranks read (>= 1 desc each), ascending */
     kvf_xfer_rank_plan_t *ranks;         /* [num_ranks] */
 
+    /* the source ranks, derived once per plan (kvf_tp_source_ranks()) and handed on: every
+     * prefill rank this decode rank reads from by the TP map, ascending; ranks[] is the
+     * subset with descriptors for this request. A connector needs a peer for each. */
+    int                   num_sources;
+    int                  *sources;       /* [num_sources] */
+
     size_t                num_zero;      /* post-ops: zero after the last GET */
     kvf_xfer_range_t     *zero;          /* [num_zero], local ranges, ascending, disjoint */
 

@@ -676,7 +676,7 @@ static kvf_status_t kvf_conn_start_pull(kvf_connector_h conn, int tp_rank,
     }
     req->batches = calloc((size_t)req->plan->num_ranks + 1, sizeof(*req->batches));
     req->posted = calloc((size_t)req->plan->num_ranks + 1, sizeof(*req->posted));
-    req->src = calloc((size_t)e->tp, sizeof(*req->src));
+    req->src = calloc((size_t)req->plan->num_sources + 1, sizeof(*req->src));
     req->zero_off = calloc(req->plan->num_zero + 1, sizeof(*req->zero_off));
     req->zero_len = calloc(req->plan->num_zero + 1, sizeof(*req->zero_len));
     if ((req->batches == NULL) || (req->posted == NULL) || (req->src == NULL) ||
@@ -688,7 +688,9 @@ static kvf_status_t kvf_conn_start_pull(kvf_connector_h conn, int tp_rank,
         req->zero_off[z] = (size_t)req->plan->zero[z].off;
         req->zero_len[z] = (size_t)req->plan->zero[z].len;
     }
-    status = kvf_tp_source_ranks(&conn->cfg, e->tp, conn->tp, tp_rank, req->src, &req->nsrc);
+    /* the plan derived them (kvf_tp_source_ranks()); not derived again here */
+    req->nsrc = req->plan->num_sources;
+    memcpy(req->src, req->plan->sources, (size_t)req->nsrc * sizeof(*req->src));
     for (int i = 0; (i < req->nsrc) && (status == KVF_OK); ++i) {
         kvf_ucx_peer_h peer;
         status = kvf_conn_peer(conn, rk, engine, req->src[i], &peer);

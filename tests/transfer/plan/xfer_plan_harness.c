@@ -431,6 +431,35 @@ static void xp_verify_decode(xp_world_t *w, int dr, bool pad_reads, const uint8_
 }
 
 /*
+ * The plan's source ranks (derived once, handed on to the connector): those of the TP map
+ * (kvf_tp_source_ranks()), ascending; every rank with descriptors is one of them, and with
+ * nothing skipped each of them has descriptors (every source holds a head or group of this
+ * decode rank, and N >= 1 reads at least one block or state of it).
+ */
+static void xp_check_sources(const kvf_xfer_plan_params_t *params, const kvf_xfer_plan_t *plan)
+{
+    int want[1024];
+    int n = 0, k = 0;
+
+    assert_true(params->remote_tp <= 1024);
+    assert_int_equal(kvf_tp_source_ranks(params->cfg, params->remote_tp, params->local_tp,
+                                         params->local_rank, want, &n), KVF_OK);
+    assert_int_equal(plan->num_sources, n);
+    assert_non_null(plan->sources);
+    assert_memory_equal(plan->sources, want, (size_t)n * sizeof(int));
+    for (int i = 0; i < plan->num_ranks; ++i) {
+        while ((k < n) && (want[k] < plan->ranks[i].remote_rank)) {
+            ++k;
+        }
+        assert_true(k < n);
+        assert_int_equal(want[k], plan->ranks[i].remote_rank);
+    }
+    if (!(params->field_mask & KVF_XFER_PLAN_PARAM_FIELD_SKIP) || (params->skip_tokens == 0)) {
+        assert_int_equal(plan->num_ranks, n);
+    }
+}
+
+/*
  * The same plan from the pair's pieces (kvf_xfer_pieces_create, as a connector reuses them
  * per pull): every descriptor, zero range and counter equal; and pieces of another decode
  * rank are refused.
@@ -446,6 +475,9 @@ static void xp_check_pieces(const kvf_xfer_plan_params_t *params, const kvf_xfer
     pp.pieces = pc;
     assert_true(kvf_xfer_pieces_match(pc, &pp));
     assert_int_equal(kvf_xfer_plan_create(&pp, &got), KVF_OK);
+    assert_int_equal(got->num_sources, want->num_sources);
+    assert_memory_equal(got->sources, want->sources,
+                        (size_t)want->num_sources * sizeof(*want->sources));
     assert_int_equal(got->num_ranks, want->num_ranks);
     assert_int_equal(got->total_descs, want->total_descs);
     assert_int_equal(got->total_bytes, want->total_bytes);
@@ -723,6 +755,7 @@ void xp_run_case(const xp_case_t *c, xp_totals_t *totals)
         assert_int_equal(kvf_xfer_plan_create(&params, &plan), KVF_OK);
         assert_non_null(plan);
         assert_int_equal(plan->local_region_bytes, dlen);
+        xp_check_sources(&params, plan);
         xp_check_pieces(&params, plan);
         a = malloc(dlen);
         b = malloc(dlen);
