@@ -40,15 +40,13 @@ cmake -S "$root" -B "$build" -DCMAKE_C_COMPILER=clang -DKVF_FUZZ=ON -DKVF_CUDA=O
 cmake --build "$build" -j"${KVF_BUILD_JOBS:-$(nproc)}" --target "${targets[@]}" >"$build/fuzz-build.log" 2>&1 || {
     tail -30 "$build/fuzz-build.log"; echo "fuzz build failed ($build/fuzz-build.log)"; exit 1; }
 
-failed=()
-for t in "${targets[@]}"; do
-    work="$build/corpus/$t"        # new inputs land here, not in the committed corpus
-    art="$build/artifacts/$t/"
-    log="$build/fuzz-$t.log"
-    mkdir -p "$work" "$art"
+# One target's run; its verdict goes to $build/verdict-$t (first line "ok" or "failed").
+fuzz_one() {
+    local t=$1 work="$build/corpus/$1" art="$build/artifacts/$1/" log="$build/fuzz-$1.log"
+    local tsecs=$secs rc runs rate cov
+    mkdir -p "$work" "$art"     # new inputs land in $work, not in the committed corpus
     # the HTTP front end runs a TCP round trip per input (hundreds a second where the
     # decoders run thousands): three times the time, so its run still finds something
-    tsecs=$secs
     [ "$t" = fuzz_proxy_http ] && tsecs=$((secs * 3))
     set +e
     ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \
@@ -61,14 +59,36 @@ for t in "${targets[@]}"; do
     rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
     cov=$(sed -n 's/.* cov: \([0-9]*\) .*/\1/p' "$log" | tail -1)
     if [ $rc -eq 0 ]; then
-        printf '%-22s passed: %s runs in %s s (%s/s), %s coverage points, corpus %s inputs\n' \
-            "$t" "${runs:-?}" "$secs" "${rate:-?}" "${cov:-?}" "$(ls "$work" | wc -l)"
+        { echo ok; printf '%-22s passed: %s runs in %s s (%s/s), %s coverage points, corpus %s inputs\n' \
+            "$t" "${runs:-?}" "$tsecs" "${rate:-?}" "${cov:-?}" "$(ls "$work" | wc -l)"; } \
+            >"$build/verdict-$t"
     else
-        echo "$t FAILED (exit $rc); its log: $log"
-        grep -E 'ERROR|SUMMARY|invariant failed|runtime error|Test unit written' "$log" | head -8 | sed 's/^/  /'
-        for a in "$art"*; do
-            [ -f "$a" ] && echo "  input: $a  (fix the decoder, then commit it to tests/fuzz/corpus/$t/)"
-        done
+        {
+            echo failed
+            echo "$t FAILED (exit $rc); its log: $log"
+            grep -E 'ERROR|SUMMARY|invariant failed|runtime error|Test unit written' "$log" |
+                head -8 | sed 's/^/  /'
+            for a in "$art"*; do
+                [ -f "$a" ] && echo "  input: $a  (fix the decoder, then commit it to tests/fuzz/corpus/$t/)"
+            done
+        } >"$build/verdict-$t"
+    fi
+}
+
+# libFuzzer runs one thread per target: one target per core at a time (the suite's time)
+jobs_max=${KVF_BUILD_JOBS:-$(nproc)}
+for t in "${targets[@]}"; do
+    rm -f "$build/verdict-$t"
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n || true; done
+    fuzz_one "$t" &
+done
+wait
+failed=()
+for t in "${targets[@]}"; do
+    if [ "$(head -1 "$build/verdict-$t" 2>/dev/null)" = ok ]; then
+        tail -n +2 "$build/verdict-$t"
+    else
+        tail -n +2 "$build/verdict-$t" 2>/dev/null || echo "$t: no verdict"
         failed+=("$t")
     fi
 done
