@@ -106,13 +106,15 @@ const kvf_config_field_t kvf_proxy_config_table[] = {
     {"SERVED_MODEL_NAME", "", "comma list of model ids served (vLLM's --served-model-name): "
      "requests may name any; /v1/models lists each; the first is the one answers carry; "
      "empty: --model-name", KVF_PF(served_model_name), KVF_CONFIG_TYPE_STRING, 0},
-    {"ROUTING", "prefix", "how a request's prefill instance is picked: prefix (the least "
-     "predicted wait, a prefix an instance caches, per its KV events, counted as work not to "
-     "do; instances without --kv-events-* are routed by load) or load (load alone)",
+    {"ROUTING", "prefix", "how a request's prefill and decode instances are picked: prefix "
+     "(prefill: the least predicted wait, a prefix an instance caches, per its KV events, "
+     "counted as work not to do; decode: the least load plus the share of the prompt it "
+     "would pull; instances without --kv-events-* are routed by load) or load (load alone)",
      KVF_PF(routing), KVF_CONFIG_TYPE_STRING, 0},
     {"PREFIX_ROUTING_WEIGHT", "1", "--routing prefix: a cached prompt token counts as this "
      "many tokens of work saved (1: the request's own time alone; more: keep a prefix where it "
-     "is cached even behind a longer queue, as llm-d weighs its prefix scorer above load)",
+     "is cached even behind a longer queue, as llm-d weighs its prefix scorer above load); on "
+     "decode a whole prompt to pull counts as this many outstanding requests",
      KVF_PF(prefix_routing_weight), KVF_CONFIG_TYPE_DOUBLE, 0},
     {"SCHEDULING_POLICY", "fcfs", "order of the requests waiting in the proxy's queue: fcfs "
      "(arrival; a request's non-zero \"priority\" is refused, as vLLM's) or priority (lower "
