@@ -104,6 +104,7 @@ kvf_status_t kvf_proxy_pool_create(const kvf_proxy_pool_params_t *params,
     pool->adopt = params->adopt;
     pool->adopt_ctx = params->adopt_ctx;
     pool->prefix_weight = params->prefix_weight;
+    pool->decode_prefix_weight = params->decode_prefix_weight;
     atomic_init(&pool->stop, false);
 
     status = kvf_proxy_pool_add_list(pool, KVF_PROXY_ROLE_PREFILL, params->prefill_urls);

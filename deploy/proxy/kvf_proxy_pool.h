@@ -69,6 +69,7 @@ typedef struct kvf_proxy_pool_params {
      * false (--routing load): by load alone */
     bool        prefix_routing;
     double      prefix_weight;       /* work a cached prompt token saves, in tokens; >= 0 */
+    double      decode_prefix_weight;   /* decode: a whole prompt to pull, in requests; >= 0 */
 } kvf_proxy_pool_params_t;
 
 #define KVF_PROXY_MAX_OUTSTANDING_DEFAULT 128

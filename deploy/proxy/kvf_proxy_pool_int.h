@@ -146,6 +146,7 @@ struct kvf_proxy_pool {
      * by load alone */
     kvf_proxy_kvidx_h    kvidx[KVF_PROXY_ROLE_COUNT];
     double               prefix_weight;     /* --prefix-routing-weight */
+    double               decode_prefix_weight;   /* --decode-prefix-routing-weight */
 };
 
 #define KVF_PROXY_TOK_BYTES "bytes"

@@ -317,13 +317,15 @@ kvf_status_t kvf_proxy_pool_pick(kvf_proxy_pool_h pool, kvf_proxy_role_t role, i
  * by its KV events (0 under --routing load), in requests (lower is better): requests
  * outstanding from here (sent, or still in prefill with this decode picked) plus its
  * reported waiting line, plus the share of the prompt it would pull, @a weight
- * (--prefix-routing-weight) for a whole prompt, plus one when its reported free pages do
- * not hold the blocks it would allocate (it waits for blocks as behind one request).
- * Design: one unit, a request of load. Every outstanding request slows each decode step of
- * the new one for its whole output, while a cached prefix saves one pull of its blocks
- * (and their pages) once: so a held prefix picks among decode instances within a request
- * of each other's load (at weight 1; its fraction of one at 1 - cached/n), never against
- * a queue. With nothing cached anywhere this is the load order of before.
+ * (--decode-prefix-routing-weight) for a whole prompt, plus one when its reported free
+ * pages do not hold the blocks it would allocate (it waits for blocks as behind one
+ * request). Design: one unit, a request of load, and a bounded prefix term: a held prefix
+ * picks among decode instances within weight x cached/n requests of each other's load,
+ * never against a longer queue (a popular system prompt must not pile every request on
+ * the one decode holding it). Its own weight, not prefill's: the units differ, and a
+ * decode step batches its requests, so a request of load costs less there than the pull
+ * it saves (the default 4 measured: docs/PREFIX_CACHE.md §7). With nothing cached
+ * anywhere this is the load order of before.
  */
 static double kvf_proxy_route_decode_key(const kvf_proxy_instance_info_t *info, int n,
                                          int cached, double weight)
@@ -397,7 +399,7 @@ static kvf_status_t kvf_proxy_route_decode_pick(kvf_proxy_pool_h pool, int prefi
             int cached = ((q != NULL) && (pool->kvidx[role] != NULL)) ?
                          kvf_proxy_kvidx_cached_tokens(pool->kvidx[role], i, q) : 0;
             double key = kvf_proxy_route_decode_key(info, num_tokens, cached,
-                                                    (q != NULL) ? pool->prefix_weight : 0);
+                                                    (q != NULL) ? pool->decode_prefix_weight : 0);
             if ((pick < 0) || (key < best_key)) {
                 pick = i;
                 best_key = key;

@@ -331,8 +331,9 @@ static void test_decode_reservation(void **state)
     kvf_proxy_pool_destroy(pool);
 }
 
-/* Decode's key in requests: load, the share of the prompt it pulls (1 x weight with nothing
- * cached: events off here), plus one when its free pages lack the prompt's blocks. */
+/* Decode's key in requests: load, the share of the prompt it pulls (the same weight x 1 on
+ * each with nothing cached: events off here; the test pool's weight is 0), plus one when its
+ * free pages lack the prompt's blocks. */
 static void test_decode_pages(void **state)
 {
     struct kvf_proxy_pool *pool = test_pool();
@@ -347,18 +348,18 @@ static void test_decode_pages(void **state)
         info_of(pool, 1, i)->tp_size = 2;
         info_of(pool, 1, i)->total_pages = 1000;
     }
-    info_of(pool, 1, 0)->free_pages = 13;   /* one page short: key 0 + 1 + 1 = 2 */
-    info_of(pool, 1, 1)->free_pages = 14;   /* key 0 + 1 = 1 */
+    info_of(pool, 1, 0)->free_pages = 13;   /* one page short: key 0 + 1 = 1 */
+    info_of(pool, 1, 1)->free_pages = 14;   /* key 0 */
     pool->rr[KVF_PROXY_ROLE_DECODE] = 0;    /* round robin would start at 0 */
     pthread_mutex_unlock(&pool->lock);
     assert_int_equal(kvf_proxy_route_pick(pool, &rq, &rt), KVF_OK);
     assert_int_equal(rt.decode_idx, 1);
     assert_int_equal(rt.decode_cached_tokens, 0);
-    /* decode 1 now holds a reservation: 1 + 1 = 2 = decode 0's 2, a tie, round robin from
-     * the instance after the last pick (0) */
+    /* decode 1 now holds a reservation: 1 = decode 0's 1, a tie, round robin from the
+     * instance after the last pick (0) */
     assert_int_equal(kvf_proxy_route_pick(pool, &rq, &rt), KVF_OK);
     assert_int_equal(rt.decode_idx, 0);
-    /* one reservation each: decode 0 1 + 1 + 1 (still short) = 3, decode 1 1 + 1 = 2 */
+    /* one reservation each: decode 0 1 + 1 (still short) = 2, decode 1 1 */
     assert_int_equal(kvf_proxy_route_pick(pool, &rq, &rt), KVF_OK);
     assert_int_equal(rt.decode_idx, 1);
     kvf_proxy_pool_destroy(pool);
