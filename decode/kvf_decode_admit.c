@@ -39,9 +39,14 @@ static kvf_status_t kvf_dc_recompute(kvf_decode_server_h srv, const Kvf__DecodeR
     return status;
 }
 
-/* What the pull of request @a q measured, into its stats and timing. */
-static void kvf_dc_pull_stats(kvf_dc_req_t *q, const kvf_dc_pull_stats_t *ps)
+/* What the pull of request @a q measured, into its stats and timing; @a skip the tokens
+ * decode's prefix cache held of the @a n prompt tokens. */
+static void kvf_dc_pull_stats(kvf_dc_req_t *q, const kvf_dc_pull_stats_t *ps, int64_t skip,
+                              int64_t n)
 {
+    q->stats.has_decode_cached_tokens = q->stats.has_pulled_tokens = 1;
+    q->stats.decode_cached_tokens = (uint32_t)skip;
+    q->stats.pulled_tokens = (uint32_t)(n - skip);
     q->stats.handshake_ms = ps->handshake_ms;
     q->stats.transfer_ms = ps->transfer_ms;
     q->stats.bytes = ps->bytes;
@@ -70,7 +75,7 @@ static void kvf_dc_pull_end(kvf_decode_server_h srv, int i, kvf_status_t status)
     char msg[96];
     kvf_req_info_t info;
 
-    kvf_dc_pull_stats(q, &imp->pull.stats);
+    kvf_dc_pull_stats(q, &imp->pull.stats, imp->pull.skip_tokens, (int64_t)imp->xp.num_tokens);
     if (status == KVF_OK) {
         status = kvf_engine_import_commit(srv->engine, q->engine_req, imp->xp.first_token);
         if (status != KVF_OK) {

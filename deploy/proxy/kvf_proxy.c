@@ -106,14 +106,19 @@ const kvf_config_field_t kvf_proxy_config_table[] = {
     {"SERVED_MODEL_NAME", "", "comma list of model ids served (vLLM's --served-model-name): "
      "requests may name any; /v1/models lists each; the first is the one answers carry; "
      "empty: --model-name", KVF_PF(served_model_name), KVF_CONFIG_TYPE_STRING, 0},
-    {"ROUTING", "prefix", "how a request's prefill instance is picked: prefix (the least "
-     "predicted wait, a prefix an instance caches, per its KV events, counted as work not to "
-     "do; instances without --kv-events-* are routed by load) or load (load alone)",
+    {"ROUTING", "prefix", "how a request's prefill and decode instances are picked: prefix "
+     "(prefill: the least predicted wait, a prefix an instance caches, per its KV events, "
+     "counted as work not to do; decode: the least load plus the share of the prompt it "
+     "would pull; instances without --kv-events-* are routed by load) or load (load alone)",
      KVF_PF(routing), KVF_CONFIG_TYPE_STRING, 0},
     {"PREFIX_ROUTING_WEIGHT", "1", "--routing prefix: a cached prompt token counts as this "
      "many tokens of work saved (1: the request's own time alone; more: keep a prefix where it "
      "is cached even behind a longer queue, as llm-d weighs its prefix scorer above load)",
      KVF_PF(prefix_routing_weight), KVF_CONFIG_TYPE_DOUBLE, 0},
+    {"DECODE_PREFIX_ROUTING_WEIGHT", "4", "--routing prefix on decode: a whole prompt to pull "
+     "counts as this many outstanding requests, a held prefix its share less (0: decode by "
+     "load alone; docs/PREFIX_CACHE.md section 7)",
+     KVF_PF(decode_prefix_routing_weight), KVF_CONFIG_TYPE_DOUBLE, 0},
     {"SCHEDULING_POLICY", "fcfs", "order of the requests waiting in the proxy's queue: fcfs "
      "(arrival; a request's non-zero \"priority\" is refused, as vLLM's) or priority (lower "
      "\"priority\" first, then arrival: vLLM's --scheduling-policy priority)",
@@ -287,6 +292,11 @@ static kvf_status_t kvf_proxy_check(const kvf_proxy_config_t *cfg)
     }
     if (!(cfg->prefix_routing_weight >= 0) || (cfg->prefix_routing_weight > 100)) {
         kvf_error("--prefix-routing-weight %g must be in 0..100", cfg->prefix_routing_weight);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    if (!(cfg->decode_prefix_routing_weight >= 0) || (cfg->decode_prefix_routing_weight > 100)) {
+        kvf_error("--decode-prefix-routing-weight %g must be in 0..100",
+                  cfg->decode_prefix_routing_weight);
         return KVF_ERR_INVALID_PARAM;
     }
     if ((strcmp(cfg->scheduling_policy, "fcfs") != 0) &&
@@ -544,6 +554,7 @@ kvf_status_t kvf_proxy_create(const kvf_proxy_config_t *cfg, kvf_proxy_h *proxy_
     pp.max_outstanding = cfg->max_outstanding;
     pp.prefix_routing = (strcmp(cfg->routing, "prefix") == 0);
     pp.prefix_weight = cfg->prefix_routing_weight;
+    pp.decode_prefix_weight = cfg->decode_prefix_routing_weight;
     status = kvf_proxy_pool_create(&pp, &proxy->pool);
     if (status != KVF_OK) {
         goto err_metrics;

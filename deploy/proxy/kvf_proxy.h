@@ -56,6 +56,7 @@ typedef struct kvf_proxy_config {
     char    scheduling_policy[KVF_CONFIG_STR_MAX]; /* "fcfs" or "priority" (kvf_proxy_admit.h) */
     char    routing[KVF_CONFIG_STR_MAX];   /* "prefix" or "load" (kvf_proxy_route.h) */
     double  prefix_routing_weight;         /* a cached token's worth in tokens of work */
+    double  decode_prefix_routing_weight;  /* decode: a whole prompt to pull, in requests */
     bool    enable_auto_tool_choice;          /* tool_choice "auto" parsed (kvf_proxy_tools.h) */
     char    tool_call_parser[KVF_CONFIG_STR_MAX]; /* hermes, llama3_json, mistral; "" none */
     char    reasoning_parser[KVF_CONFIG_STR_MAX]; /* deepseek_r1, qwen3; "" none */

@@ -707,6 +707,9 @@ static kvf_status_t kvf_proxy_flow_on_decode(kvf_proxy_flow_t *flow, const Kvf__
         kv->handshake_ms = r->stats->handshake_ms;
         kv->transfer_ms = r->stats->transfer_ms;
         kv->recomputed = r->stats->recomputed;
+        kv->has_tokens = r->stats->has_decode_cached_tokens && r->stats->has_pulled_tokens;
+        kv->decode_cached_tokens = r->stats->decode_cached_tokens;
+        kv->pulled_tokens = r->stats->pulled_tokens;
     }
     if (r->has_done && r->done) {
         flow->done = true;

@@ -60,10 +60,9 @@ static void kvf_proxy_instance_json(cJSON *o, int role, const kvf_proxy_instance
                             0.0);
     cJSON_AddNumberToObject(o, "prefix_cache_hits", (double)info->prefix_hits);
     cJSON_AddNumberToObject(o, "prefix_cache_queries", (double)info->prefix_queries);
-    if (role == KVF_PROXY_ROLE_PREFILL) {   /* --routing prefix's picks (kvf_proxy_route.h) */
-        cJSON_AddNumberToObject(o, "prefix_routed", (double)info->prefix_routed);
-        cJSON_AddNumberToObject(o, "prefix_routed_tokens", (double)info->prefix_routed_tokens);
-    }
+    /* --routing prefix's picks (kvf_proxy_route.h), prefill and decode */
+    cJSON_AddNumberToObject(o, "prefix_routed", (double)info->prefix_routed);
+    cJSON_AddNumberToObject(o, "prefix_routed_tokens", (double)info->prefix_routed_tokens);
     if (role == KVF_PROXY_ROLE_PREFILL) {
         cJSON_AddNumberToObject(o, "lease_timeout_ms", (double)info->lease_timeout_ms);
     }
@@ -148,7 +147,9 @@ cJSON *kvf_proxy_pool_health_json(kvf_proxy_pool_h pool)
         return NULL;
     }
     cJSON_AddStringToObject(root, "status", kvf_proxy_pool_ready(pool) ? "ok" : "unavailable");
-    cJSON_AddStringToObject(root, "routing", (pool->kvidx != NULL) ? "prefix" : "load");
+    cJSON_AddStringToObject(root, "routing",
+                            ((pool->kvidx[KVF_PROXY_ROLE_PREFILL] != NULL) ||
+                             (pool->kvidx[KVF_PROXY_ROLE_DECODE] != NULL)) ? "prefix" : "load");
     for (int role = 0; role < KVF_PROXY_ROLE_COUNT; ++role) {
         cJSON *arr = cJSON_AddArrayToObject(root, kvf_proxy_role_name((kvf_proxy_role_t)role));
         for (int i = 0; (arr != NULL) && (i < pool->count[role]); ++i) {
@@ -160,8 +161,8 @@ cJSON *kvf_proxy_pool_health_json(kvf_proxy_pool_h pool)
             }
             kvf_proxy_pool_info(pool, (kvf_proxy_role_t)role, i, &info);
             kvf_proxy_instance_json(o, role, &info);
-            if (role == KVF_PROXY_ROLE_PREFILL) {   /* --routing prefix: what its events said */
-                cJSON *ev = kvf_proxy_kvidx_json(pool->kvidx, i);
+            {   /* --routing prefix: what its events said */
+                cJSON *ev = kvf_proxy_kvidx_json(pool->kvidx[role], i);
                 if (ev != NULL) {
                     cJSON_AddItemToObject(o, "kv_events", ev);
                 }
@@ -219,10 +220,10 @@ void kvf_proxy_pool_render_metrics(kvf_proxy_pool_h pool, FILE *out)
         {"kvf_instance_auth_refusals_side_total", "counter",
          "Prefill: peers the key check of its side channel refused (docs/SECURITY.md).", false},
         {"kvf_instance_prefix_routed_total", "counter",
-         "Prefill: requests routed to it for a prefix its KV events say it caches "
-         "(--routing prefix).", false},
+         "Requests routed to it for a prefix its KV events say it caches "
+         "(--routing prefix; prefill and decode).", false},
         {"kvf_instance_prefix_routed_tokens_total", "counter",
-         "Prefill: prompt tokens of those requests it was expected to have cached.", false},
+         "Prompt tokens of those requests it was expected to have cached.", false},
     };
     int n = pool->count[0] + pool->count[1];
     kvf_proxy_instance_info_t *infos = calloc((size_t)(n > 0 ? n : 1), sizeof(*infos));

@@ -211,14 +211,14 @@ static void kvf_proxy_io_health_reply(struct kvf_proxy_pool *pool, kvf_proxy_ins
     }
     info->incarnation = h->incarnation;
     kvf_proxy_route_on_health_locked(inst, h);
-    if ((pool->kvidx != NULL) && (inst->role == KVF_PROXY_ROLE_PREFILL)) {
+    if (pool->kvidx[inst->role] != NULL) {   /* --routing prefix: prefill and decode alike */
         kvf_proxy_kvidx_src_t src = {
             .instance_addr = (inst->addr[0] != '\0') ? inst->addr : inst->url,
             .pub = h->kv_events_endpoint, .replay = h->kv_events_replay_endpoint,
             .incarnation = h->incarnation, .model_digest = h->model_digest,
             .hash_unit = h->has_prefix_hash_unit ? h->prefix_hash_unit : 0,
             .block_size = h->block_size};
-        kvf_proxy_kvidx_update(pool->kvidx, inst->idx, &src);   /* its own lock, never ours */
+        kvf_proxy_kvidx_update(pool->kvidx[inst->role], inst->idx, &src);   /* its own lock, never ours */
     }
     info->max_prompt_tokens = h->max_prompt_tokens;
     info->prefill_tokens_per_s = h->prefill_tokens_per_s;

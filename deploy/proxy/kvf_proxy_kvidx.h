@@ -1,7 +1,8 @@
 /*
- * kvf-proxy's view of which blocks each prefill instance caches, fed by the
- * instances' KV events (docs/PREFIX_CACHE.md §7), for routing by cached
- * prefix (kvf_proxy_route.h).
+ * kvf-proxy's view of which blocks each instance of one role caches, fed by
+ * the instances' KV events (docs/PREFIX_CACHE.md §7), for routing by cached
+ * prefix (kvf_proxy_route.h); the pool keeps one index per role (prefill's
+ * cache, decode's own cache of §6), indexed by the role's instance index.
  *
  * An instance's health reply advertises its event endpoints (PUB and
  * replay, a wildcard host replaced by the host the proxy reaches the
@@ -36,7 +37,7 @@
 
 typedef struct kvf_proxy_kvidx *kvf_proxy_kvidx_h;
 
-/** Start the index thread for @a n_instances prefill instances (none subscribed yet). */
+/** Start the index thread for @a n_instances instances of one role (none subscribed yet). */
 kvf_status_t kvf_proxy_kvidx_create(int n_instances, kvf_proxy_kvidx_h *kx_p);
 
 /** Stop the thread, close the sockets, free the sets. NULL: no-op. */

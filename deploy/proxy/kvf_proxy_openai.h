@@ -126,6 +126,9 @@ typedef struct kvf_proxy_kv_stats {
     double   handshake_ms;
     double   transfer_ms;
     bool     recomputed;
+    bool     has_tokens;             /* decode reported the two below (TransferStats 7, 8) */
+    uint32_t decode_cached_tokens;   /* prompt tokens decode's prefix cache held */
+    uint32_t pulled_tokens;          /* prompt tokens decode read from prefill */
 } kvf_proxy_kv_stats_t;
 
 /**

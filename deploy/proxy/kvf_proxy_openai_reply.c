@@ -104,6 +104,10 @@ static void kvf_proxy_add_summary(cJSON *root, const kvf_proxy_completion_req_t 
             cJSON_AddNumberToObject(kv, "handshake_ms", c->kv.handshake_ms);
             cJSON_AddNumberToObject(kv, "transfer_ms", c->kv.transfer_ms);
             cJSON_AddBoolToObject(kv, "recomputed", c->kv.recomputed);
+            if (c->kv.has_tokens) {   /* decode's own prefix cache hit, and what it read */
+                cJSON_AddNumberToObject(kv, "decode_cached_tokens", c->kv.decode_cached_tokens);
+                cJSON_AddNumberToObject(kv, "pulled_tokens", c->kv.pulled_tokens);
+            }
         }
     } else {
         cJSON_AddNullToObject(root, "kv_transfer");

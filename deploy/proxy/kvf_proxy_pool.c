@@ -104,6 +104,7 @@ kvf_status_t kvf_proxy_pool_create(const kvf_proxy_pool_params_t *params,
     pool->adopt = params->adopt;
     pool->adopt_ctx = params->adopt_ctx;
     pool->prefix_weight = params->prefix_weight;
+    pool->decode_prefix_weight = params->decode_prefix_weight;
     atomic_init(&pool->stop, false);
 
     status = kvf_proxy_pool_add_list(pool, KVF_PROXY_ROLE_PREFILL, params->prefill_urls);
@@ -155,9 +156,12 @@ kvf_status_t kvf_proxy_pool_create(const kvf_proxy_pool_params_t *params,
         goto err_stop_resolver;
     }
     pool->thread_started = true;
-    if (params->prefix_routing && (pool->count[KVF_PROXY_ROLE_PREFILL] > 0) &&
-        (kvf_proxy_kvidx_create(pool->count[KVF_PROXY_ROLE_PREFILL], &pool->kvidx) != KVF_OK)) {
-        kvf_warn("KV events: no index thread (no memory): routing by load alone");
+    for (int role = 0; params->prefix_routing && (role < KVF_PROXY_ROLE_COUNT); ++role) {
+        if ((pool->count[role] > 0) &&
+            (kvf_proxy_kvidx_create(pool->count[role], &pool->kvidx[role]) != KVF_OK)) {
+            kvf_warn("KV events: no index thread for the %s instances (no memory): routing"
+                     " them by load alone", kvf_proxy_role_name((kvf_proxy_role_t)role));
+        }
     }
     *pool_p = pool;
     return KVF_OK;
@@ -195,8 +199,10 @@ void kvf_proxy_pool_destroy(kvf_proxy_pool_h pool)
         pthread_join(pool->thread, NULL);
     }
     kvf_proxy_resolver_stop(pool);   /* after the I/O thread, its only reader */
-    kvf_proxy_kvidx_destroy(pool->kvidx);   /* after the I/O thread, which updates it */
-    pool->kvidx = NULL;
+    for (int role = 0; role < KVF_PROXY_ROLE_COUNT; ++role) {
+        kvf_proxy_kvidx_destroy(pool->kvidx[role]);   /* after the I/O thread, which updates it */
+        pool->kvidx[role] = NULL;
+    }
     pthread_mutex_lock(&pool->lock);
     for (struct kvf_proxy_call *c = pool->calls; c != NULL; c = c->next) {
         kvf_proxy_call_fail_locked(c, KVF_ERR_CANCELED, "proxy is shutting down");

@@ -69,6 +69,7 @@ typedef struct kvf_proxy_pool_params {
      * false (--routing load): by load alone */
     bool        prefix_routing;
     double      prefix_weight;       /* work a cached prompt token saves, in tokens; >= 0 */
+    double      decode_prefix_weight;   /* decode: a whole prompt to pull, in requests; >= 0 */
 } kvf_proxy_pool_params_t;
 
 #define KVF_PROXY_MAX_OUTSTANDING_DEFAULT 128
@@ -122,8 +123,8 @@ typedef struct kvf_proxy_instance_info {
     uint64_t outstanding_tokens;     /* prefill: prompt tokens of those calls */
     uint64_t foreign_tokens;         /* prefill: reported queue beyond ours (other proxies) */
     double   wait_calibration;       /* prefill: EWMA of answered / predicted wait; 0: none yet */
-    uint64_t prefix_routed;          /* prefill: requests routed here for a cached prefix */
-    uint64_t prefix_routed_tokens;   /* prefill: their tokens expected cached here */
+    uint64_t prefix_routed;          /* requests routed here for a cached prefix */
+    uint64_t prefix_routed_tokens;   /* their tokens expected cached here */
     char     device[64];             /* HealthReply.device: "cpu", "cuda:0", ...; "" unknown */
     /* url by name (kvf_proxy_resolve.c): the address it resolved to, connected to ("" none
      * yet; url itself when url is an address) and the last resolution's error ("" none) */

@@ -141,10 +141,12 @@ struct kvf_proxy_pool {
     /* names (kvf_proxy_resolve.c): NULL when every endpoint is an address */
     struct kvf_proxy_resolver *resolver;
     unsigned             dns_gen;           /* I/O thread: the resolver's answers applied */
-    /* --routing prefix: the prefill instances' cached blocks (kvf_proxy_kvidx.h); NULL:
-     * routing by load alone */
-    kvf_proxy_kvidx_h    kvidx;
+    /* --routing prefix: each role's instances' cached blocks (kvf_proxy_kvidx.h, one index
+     * and thread per role, indexed by the role's instance index); NULL: that role is routed
+     * by load alone */
+    kvf_proxy_kvidx_h    kvidx[KVF_PROXY_ROLE_COUNT];
     double               prefix_weight;     /* --prefix-routing-weight */
+    double               decode_prefix_weight;   /* --decode-prefix-routing-weight */
 };
 
 #define KVF_PROXY_TOK_BYTES "bytes"

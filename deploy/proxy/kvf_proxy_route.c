@@ -266,8 +266,8 @@ static int kvf_proxy_route_prefill_locked(struct kvf_proxy_pool *pool, int n,
         if (kvf_proxy_route_full_locked(pool, info, role)) {
             continue;
         }
-        cached = ((q != NULL) && (pool->kvidx != NULL)) ?
-                 kvf_proxy_kvidx_cached_tokens(pool->kvidx, i, q) : 0;
+        cached = ((q != NULL) && (pool->kvidx[role] != NULL)) ?
+                 kvf_proxy_kvidx_cached_tokens(pool->kvidx[role], i, q) : 0;
         key = kvf_proxy_route_prefill_key(info, n, cached, pool->prefix_weight, pool_rate);
         if ((best < 0) || (key < best_key)) {
             best = i;
@@ -312,12 +312,32 @@ kvf_status_t kvf_proxy_pool_pick(kvf_proxy_pool_h pool, kvf_proxy_role_t role, i
     return (status == KVF_ERR_OUT_OF_RANGE) ? KVF_ERR_NO_RESOURCE : status;
 }
 
-/* Decode's load key: requests outstanding from here (sent, or still in prefill with this
- * decode picked) plus its reported waiting line. */
-static uint64_t kvf_proxy_route_decode_key(const kvf_proxy_instance_info_t *info)
+/*
+ * Decode's ordering key for a prompt of @a n tokens, @a cached of them in its prefix cache
+ * by its KV events (0 under --routing load), in requests (lower is better): requests
+ * outstanding from here (sent, or still in prefill with this decode picked) plus its
+ * reported waiting line, plus the share of the prompt it would pull, @a weight
+ * (--decode-prefix-routing-weight) for a whole prompt, plus one when its reported free
+ * pages do not hold the blocks it would allocate (it waits for blocks as behind one
+ * request). Design: one unit, a request of load, and a bounded prefix term: a held prefix
+ * picks among decode instances within weight x cached/n requests of each other's load,
+ * never against a longer queue (a popular system prompt must not pile every request on
+ * the one decode holding it). Its own weight, not prefill's: the units differ, and a
+ * decode step batches its requests, so a request of load costs less there than the pull
+ * it saves (the default 4 measured: docs/PREFIX_CACHE.md §7). With nothing cached
+ * anywhere this is the load order of before.
+ */
+static double kvf_proxy_route_decode_key(const kvf_proxy_instance_info_t *info, int n,
+                                         int cached, double weight)
 {
-    return (uint64_t)info->outstanding + (uint64_t)info->reserved +
-           (uint64_t)info->queue_depth;
+    double key = (double)info->outstanding + (double)info->reserved +
+                 (double)info->queue_depth;
+    uint64_t bs = (info->block_size > 0) ? info->block_size : 1;
+    uint64_t need = ((uint64_t)(n - cached) + bs - 1) / bs * ((info->tp_size > 0) ?
+                                                               info->tp_size : 1);
+
+    key += (n > 0) ? weight * (double)(n - cached) / (double)n : 0;
+    return key + (((info->total_pages > 0) && (info->free_pages < need)) ? 1.0 : 0.0);
 }
 
 void kvf_proxy_pool_unreserve(kvf_proxy_pool_h pool, int idx)
@@ -331,14 +351,20 @@ void kvf_proxy_pool_unreserve(kvf_proxy_pool_h pool, int idx)
     pthread_mutex_unlock(&pool->lock);
 }
 
-kvf_status_t kvf_proxy_pool_pick_decode(kvf_proxy_pool_h pool, int prefill_idx, int num_tokens,
-                                        int *idx_p, char *why, size_t why_cap)
+/*
+ * kvf_proxy_pool_pick_decode() weighing what each decode instance caches of @a q's prompt
+ * (NULL: load alone); *cached_p the pick's cached tokens (counted in its prefix_routed).
+ */
+static kvf_status_t kvf_proxy_route_decode_pick(kvf_proxy_pool_h pool, int prefill_idx,
+                                                int num_tokens, kvf_proxy_kvidx_query_t *q,
+                                                int *cached_p, int *idx_p, char *why,
+                                                size_t why_cap)
 {
     kvf_proxy_role_t role = KVF_PROXY_ROLE_DECODE;
-    int n = pool->count[role], pick = -1;
+    int n = pool->count[role], pick = -1, pick_cached = 0;
     bool healthy = false, accepted = false, fits = false;
     uint32_t largest = 0;
-    uint64_t best_key = 0;
+    double best_key = 0;
 
     pthread_mutex_lock(&pool->lock);
     /* pass 0: pairs checked compatible; pass 1: pairs without a verdict yet */
@@ -370,16 +396,28 @@ kvf_status_t kvf_proxy_pool_pick_decode(kvf_proxy_pool_h pool, int prefill_idx, 
                 kvf_proxy_route_full_locked(pool, info, role)) {
                 continue;
             }
-            if ((pick < 0) || (kvf_proxy_route_decode_key(info) < best_key)) {
+            int cached = ((q != NULL) && (pool->kvidx[role] != NULL)) ?
+                         kvf_proxy_kvidx_cached_tokens(pool->kvidx[role], i, q) : 0;
+            double key = kvf_proxy_route_decode_key(info, num_tokens, cached,
+                                                    (q != NULL) ? pool->decode_prefix_weight : 0);
+            if ((pick < 0) || (key < best_key)) {
                 pick = i;
-                best_key = kvf_proxy_route_decode_key(info);
+                best_key = key;
+                pick_cached = cached;
             }
         }
     }
     if (pick >= 0) {
+        kvf_proxy_instance_info_t *pi = &pool->inst[role][pick].info;
+
         pool->rr[role] = (unsigned)pick + 1;
-        pool->inst[role][pick].info.reserved++;   /* under the lock of the bound check */
+        pi->reserved++;   /* under the lock of the bound check */
+        pi->prefix_routed += (pick_cached > 0);
+        pi->prefix_routed_tokens += (uint64_t)pick_cached;
         *idx_p = pick;
+    }
+    if (cached_p != NULL) {
+        *cached_p = pick_cached;
     }
     pthread_mutex_unlock(&pool->lock);
     if (pick >= 0) {
@@ -400,6 +438,13 @@ kvf_status_t kvf_proxy_pool_pick_decode(kvf_proxy_pool_h pool, int prefill_idx, 
         return KVF_ERR_OUT_OF_RANGE;
     }
     return healthy ? KVF_ERR_REFUSED : KVF_ERR_NO_RESOURCE;
+}
+
+kvf_status_t kvf_proxy_pool_pick_decode(kvf_proxy_pool_h pool, int prefill_idx, int num_tokens,
+                                        int *idx_p, char *why, size_t why_cap)
+{
+    return kvf_proxy_route_decode_pick(pool, prefill_idx, num_tokens, NULL, NULL, idx_p, why,
+                                       why_cap);
 }
 
 static kvf_status_t kvf_proxy_route_fail(kvf_proxy_route_t *rt, kvf_status_t status, int http,
@@ -467,29 +512,20 @@ static kvf_status_t kvf_proxy_route_admit(kvf_proxy_pool_h pool, const kvf_proxy
     return KVF_OK;
 }
 
-kvf_status_t kvf_proxy_route_pick(kvf_proxy_pool_h pool, const kvf_proxy_route_req_t *rq,
-                                  kvf_proxy_route_t *rt)
+/* kvf_proxy_route_pick() with the request's block chain @a q (NULL: load alone). */
+static kvf_status_t kvf_proxy_route_pick_q(kvf_proxy_pool_h pool,
+                                           const kvf_proxy_route_req_t *rq,
+                                           kvf_proxy_route_t *rt, kvf_proxy_kvidx_query_t *q)
 {
     kvf_status_t status;
     uint32_t largest = 0;
     const char *purl;
     char why[320] = "";
-    kvf_proxy_kvidx_query_t q;
 
-    memset(rt, 0, sizeof(*rt));
-    memset(&q, 0, sizeof(q));
-    q.tokens = rq->tokens;
-    q.n_tokens = rq->num_tokens;
-    q.salt = rq->salt;
-    q.salt_len = rq->salt_len;
-    rt->decode_idx = -1;
-    rt->predicted_wait_ms = -1;
     pthread_mutex_lock(&pool->lock);
-    rt->prefill_idx = kvf_proxy_route_prefill_locked(pool, rq->num_tokens,
-                                                     (rq->tokens != NULL) ? &q : NULL,
+    rt->prefill_idx = kvf_proxy_route_prefill_locked(pool, rq->num_tokens, q,
                                                      &rt->cached_tokens, &status, &largest);
     pthread_mutex_unlock(&pool->lock);
-    kvf_proxy_kvidx_query_done(&q);
     if (status == KVF_ERR_NO_RESOURCE) {
         return kvf_proxy_route_fail(rt, status, 503, KVF_PROXY_REJECT_NO_INSTANCE,
                                     "no healthy prefill instance (or every one is draining,"
@@ -512,8 +548,10 @@ kvf_status_t kvf_proxy_route_pick(kvf_proxy_pool_h pool, const kvf_proxy_route_r
         return status;
     }
     purl = kvf_proxy_pool_url(pool, KVF_PROXY_ROLE_PREFILL, rt->prefill_idx);
-    status = kvf_proxy_pool_pick_decode(pool, rt->prefill_idx, rq->num_tokens, &rt->decode_idx,
-                                        why, sizeof(why));
+    /* among the decode instances that accept this prefill (pairs), by load and cached prefix */
+    status = kvf_proxy_route_decode_pick(pool, rt->prefill_idx, rq->num_tokens, q,
+                                         &rt->decode_cached_tokens, &rt->decode_idx, why,
+                                         sizeof(why));
     switch (status) {
     case KVF_OK:
         return KVF_OK;
@@ -533,6 +571,27 @@ kvf_status_t kvf_proxy_route_pick(kvf_proxy_pool_h pool, const kvf_proxy_route_r
                                     "no healthy decode instance (or every one is draining: see"
                                     " /health)");
     }
+}
+
+kvf_status_t kvf_proxy_route_pick(kvf_proxy_pool_h pool, const kvf_proxy_route_req_t *rq,
+                                  kvf_proxy_route_t *rt)
+{
+    kvf_status_t status;
+    kvf_proxy_kvidx_query_t q;
+
+    memset(rt, 0, sizeof(*rt));
+    memset(&q, 0, sizeof(q));
+    q.tokens = rq->tokens;
+    q.n_tokens = rq->num_tokens;
+    q.salt = rq->salt;
+    q.salt_len = rq->salt_len;
+    rt->decode_idx = -1;
+    rt->predicted_wait_ms = -1;
+    /* one query for both roles: the chain is computed once per distinct (digest, unit,
+     * block size), so a pool whose prefill and decode agree hashes the prompt once */
+    status = kvf_proxy_route_pick_q(pool, rq, rt, (rq->tokens != NULL) ? &q : NULL);
+    kvf_proxy_kvidx_query_done(&q);
+    return status;
 }
 
 double kvf_proxy_route_queue_wait_ms(kvf_proxy_pool_h pool, int num_tokens, uint64_t ahead)

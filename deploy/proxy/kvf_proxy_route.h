@@ -18,6 +18,9 @@
  * one; queued tokens while none has one), the decode instance
  * with the fewest outstanding requests (plus its reported waiting queue) in
  * a pair checked compatible, else one not checked yet; ties round robin.
+ * Under --routing prefix decode's key also counts the share of the prompt
+ * it would pull (its own prefix cache, docs/PREFIX_CACHE.md §6, from its KV
+ * events) and blocks its free pages lack, in requests (kvf_proxy_route.c).
  * Neither draining, unhealthy nor at its bound (--max-outstanding, and the
  * daemon's reported --max-queue for prefill) instances get new work.
  *
@@ -86,6 +89,7 @@ typedef struct kvf_proxy_route {
     double             predicted_wait_ms;  /* -1: no rate known (admitted unmeasured) */
     int                cached_tokens;      /* of the prompt, the picked prefill instance's
                                             * KV events say it caches (--routing prefix) */
+    int                decode_cached_tokens;   /* the same for the picked decode instance */
     /* on failure */
     int                http;               /* 503 or 400 */
     const char        *type;               /* OpenAI error type */

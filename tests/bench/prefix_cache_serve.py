@@ -8,7 +8,11 @@ hybrid, with --prefix-caching on and then off: TTFT and the hit rate the proxy c
 decode pulled per request; for multi_turn also per turn (bench-serve's --csv rows: request i
 is turn i / 10 + 1): prompt tokens, KV bytes pulled and TTFT p50.
 
-    KVF_BIN=build/bin python3 tests/bench/prefix_cache_serve.py [LAYOUT] [NUM_BLOCKS] [DATASET]
+    KVF_BIN=build/bin python3 tests/bench/prefix_cache_serve.py [LAYOUT] [NUM_BLOCKS] [DATASET] \
+        [MODEL]
+
+MODEL is a checkpoint folder (default models-trained/tiny-hybrid), e.g. a random one of a
+larger hybrid geometry made with `kvf mkmodel` (tests/bench/results/prefix_cache_cpu.md).
 
 Defaults 1p1d and 400 blocks per rank (the 10 prefixes' 270 blocks fit; at the daemons'
 default 256 the pool evicts and the hit rate falls below the workload's maximum).
@@ -16,6 +20,7 @@ One request at a time (--max-concurrency 1), so TTFT is compute, not queueing.
 """
 
 import csv
+import json
 import os
 import statistics
 import subprocess
@@ -63,8 +68,14 @@ def main():
         args = ["--dataset-name", "prefix_repetition", "--prefix-repetition-prefix-len", "2048",
                 "--prefix-repetition-suffix-len", "128", "--prefix-repetition-num-prefixes",
                 "10", "--prefix-repetition-output-len", "32", "--num-prompts", "40"]
-    model = os.path.join(repo_root(), "models-trained", "tiny-hybrid")
+    model = (sys.argv[4] if len(sys.argv) > 4 else
+             os.path.join(repo_root(), "models-trained", "tiny-hybrid"))
     kvf = os.path.join(find_bin(), "kvf")
+    # token ids drawn below 400, or below the tokenizer's size when smaller (kvf mkmodel's
+    # byte-level tokenizer has 256: the proxy refuses an id past it)
+    with open(os.path.join(model, "tokenizer.json")) as f:
+        tok = json.load(f)
+    token_hi = min(400, len(tok["model"].get("vocab", {})) + len(tok.get("added_tokens", [])))
     # (prefill's, decode's) --prefix-caching: both, prefill's cache alone, none
     for pc, dc in (("on", "on"), ("on", "off"), ("off", "off")):
         dport = free_port_range(1)
@@ -76,7 +87,7 @@ def main():
             m0, d0 = pool.metrics(), decode_metrics(dport)
             p = subprocess.run([kvf, "bench-serve", "--base-url", pool.url] + args +
                                ["--max-concurrency", "1", "--metric-percentiles", "50,99",
-                                "--token-hi", "400", "--csv", out], capture_output=True,
+                                "--token-hi", str(token_hi), "--csv", out], capture_output=True,
                                text=True, timeout=1200)
             if p.returncode != 0:
                 sys.exit("kvf bench-serve failed:\n" + p.stderr[-2000:])

@@ -64,6 +64,8 @@ def run(a, procs):
     kv = r["kv_transfer"]
     T.check(kv["bytes"] == 11000 and kv["descriptors"] == 11 and kv["recomputed"] is False and
             kv["reads"] == (1 if first_decode == P(1) else 4), "kv_transfer stats relayed")
+    T.check("decode_cached_tokens" not in kv and "pulled_tokens" not in kv,
+            "a decode that reports no cache hit (TransferStats 7, 8): none in kv_transfer")
     T.check(r["prefill_instance"] == P(0) and r["ttft_ms"] > 0, "instances and ttft reported")
 
     r2 = px.complete("abc", max_tokens=7)

@@ -331,6 +331,40 @@ static void test_decode_reservation(void **state)
     kvf_proxy_pool_destroy(pool);
 }
 
+/* Decode's key in requests: load, the share of the prompt it pulls (the same weight x 1 on
+ * each with nothing cached: events off here; the test pool's weight is 0), plus one when its
+ * free pages lack the prompt's blocks. */
+static void test_decode_pages(void **state)
+{
+    struct kvf_proxy_pool *pool = test_pool();
+    kvf_proxy_route_req_t rq = {.num_tokens = 100, .budget_ms = 10000,
+                                .prefill_timeout_ms = 10000};
+    kvf_proxy_route_t rt;
+
+    (void)state;
+    pthread_mutex_lock(&pool->lock);
+    for (int i = 0; i < 2; ++i) {   /* 100 tokens in blocks of 16 at TP 2: 7 x 2 = 14 pages */
+        info_of(pool, 1, i)->block_size = 16;
+        info_of(pool, 1, i)->tp_size = 2;
+        info_of(pool, 1, i)->total_pages = 1000;
+    }
+    info_of(pool, 1, 0)->free_pages = 13;   /* one page short: key 0 + 1 = 1 */
+    info_of(pool, 1, 1)->free_pages = 14;   /* key 0 */
+    pool->rr[KVF_PROXY_ROLE_DECODE] = 0;    /* round robin would start at 0 */
+    pthread_mutex_unlock(&pool->lock);
+    assert_int_equal(kvf_proxy_route_pick(pool, &rq, &rt), KVF_OK);
+    assert_int_equal(rt.decode_idx, 1);
+    assert_int_equal(rt.decode_cached_tokens, 0);
+    /* decode 1 now holds a reservation: 1 = decode 0's 1, a tie, round robin from the
+     * instance after the last pick (0) */
+    assert_int_equal(kvf_proxy_route_pick(pool, &rq, &rt), KVF_OK);
+    assert_int_equal(rt.decode_idx, 0);
+    /* one reservation each: decode 0 1 + 1 (still short) = 2, decode 1 1 */
+    assert_int_equal(kvf_proxy_route_pick(pool, &rq, &rt), KVF_OK);
+    assert_int_equal(rt.decode_idx, 1);
+    kvf_proxy_pool_destroy(pool);
+}
+
 static void test_reject_metrics(void **state)
 {
     kvf_proxy_metrics_h m = NULL;
@@ -361,7 +395,7 @@ int main(void)
         cmocka_unit_test(test_arithmetic),     cmocka_unit_test(test_rate_from_probes),
         cmocka_unit_test(test_pick_and_admit), cmocka_unit_test(test_call_load),
         cmocka_unit_test(test_reject_metrics), cmocka_unit_test(test_calibration),
-        cmocka_unit_test(test_decode_reservation),
+        cmocka_unit_test(test_decode_reservation), cmocka_unit_test(test_decode_pages),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -15,6 +15,14 @@ free ports):
    its prefill's prefix cache hits count the tokens), the other instance gets none.
 3. --routing load: the same requests, two at a time under --max-outstanding 1, go to
    both instances, each computing the prefix itself (the prefix counts for nothing).
+4. Decode routed by its own cache (section 6): one prefill and two decode instances, both
+   decode instances publishing events. Under --routing prefix each conversation's second
+   turn goes to the decode instance that pulled its first (the proxy's kv_events index of
+   decode), which serves the first turn's full prompt blocks from its own cache: the
+   response's kv_transfer.decode_cached_tokens, that decode's own /metrics
+   (vllm:prefix_cache_hits_total, kvf_daemon_prefix_pulled_tokens_total, its KV bytes per
+   pull) say so. Under --routing load the turns spread round robin over both decode
+   instances, the second turns land on the other one and pull the whole prompt again.
 
     python3 tests/e2e/test_e2e_kv_events.py
 """
@@ -25,7 +33,9 @@ import sys
 import threading
 import time
 
-from kvf_e2e import Pool, repo_root, wait_for
+import urllib.request
+
+from kvf_e2e import Metrics, Pool, free_port_range, repo_root, wait_for
 
 try:
     import msgpack
@@ -220,8 +230,110 @@ def run(routing, hybrid, reqs):
         return settled(pool, sent)
 
 
+class MetricsPool(Pool):
+    """A pool whose daemons each serve /metrics (kvf-up --metrics-base-port: prefill i at
+    base + i, decode j at base + P + j)."""
+
+    def __init__(self, metrics_base, **kw):
+        super().__init__(**kw)
+        self.metrics_base = metrics_base
+
+    def _up_cmd(self, base_port):
+        cmd = super()._up_cmd(base_port)
+        cut = cmd.index("--") if "--" in cmd else len(cmd)
+        return cmd[:cut] + ["--metrics-base-port", str(self.metrics_base)] + cmd[cut:]
+
+    def decode_metrics(self, j):
+        url = "http://127.0.0.1:%d/metrics" % (self.metrics_base + self.n_prefill + j)
+        m = Metrics(urllib.request.urlopen(url, timeout=10).read().decode())
+        return (int(m.sum("vllm:prefix_cache_hits_total")),
+                int(m.sum("kvf_daemon_prefix_pulled_tokens_total")),
+                int(m.sum("kvf_daemon_kv_pulls_total")),
+                int(m.sum("kvf_daemon_kv_pulled_bytes_total")))
+
+
+def conversations(vocab=300, n=3):
+    rnd = random.Random(3940)
+    return [([rnd.randrange(3, vocab) for _ in range(200)],
+             [rnd.randrange(3, vocab) for _ in range(30)]) for _ in range(n)]
+
+
+def run_decode(routing, hybrid, convs):
+    """Each conversation's two turns in order: per turn (conversation, turn, decode index,
+    kv_transfer, that decode's /metrics deltas (hits, pulled tokens, pulls, bytes))."""
+    out = []
+    with MetricsPool(metrics_base=free_port_range(3), layout="1p1d", model=hybrid,
+                     prefill_instances=1, decode_instances=2, timeout=60,
+                     decode_args=EVENTS, proxy_args=["--routing=%s" % routing],
+                     extra_args=["--prefix-state-grid", "64"]) as pool:
+        urls = [d["url"] for d in pool.health()[1]["decode"]]
+        if routing == "prefix":
+            wait_for(lambda: all(d.get("kv_events", {}).get("subscribed")
+                                 for d in pool.health()[1]["decode"]), 20,
+                     "the proxy subscribed to both decode instances' streams")
+        else:
+            assert all("kv_events" not in d for d in pool.health()[1]["decode"])
+        for c, (first, more) in enumerate(convs):
+            prompt = list(first)
+            for turn in range(2):
+                before = [pool.decode_metrics(j) for j in range(2)]
+                blocks = [d.get("kv_events", {}).get("blocks", 0)
+                          for d in pool.health()[1]["decode"]]
+                r = pool.complete(prompt, max_tokens=4, temperature=0, ignore_eos=True,
+                                  return_token_ids=True)
+                j = urls.index(r["decode_instance"])
+                after = wait_for(lambda: (lambda m: m if m[2] == before[j][2] + 1 else None)(
+                    pool.decode_metrics(j)), 10, "decode %d's /metrics to count the pull" % j)
+                out.append((c, turn, j, r["kv_transfer"],
+                            tuple(a - b for a, b in zip(after, before[j]))))
+                if routing == "prefix" and turn == 0:   # the index holds what it stored
+                    wait_for(lambda: pool.health()[1]["decode"][j]["kv_events"]["blocks"] >
+                             blocks[j], 10, "decode %d's stored blocks in the proxy's index" % j)
+                prompt += r["choices"][0]["token_ids"] + more
+        health = pool.health()[1]["decode"]
+    return out, [(d["prefix_routed"], d["prefix_routed_tokens"]) for d in health]
+
+
+def check_decode_routing(hybrid):
+    convs = conversations()
+    out, routed = run_decode("prefix", hybrid, convs)
+    for t in out:
+        print("--routing prefix: conversation %d turn %d -> decode %d, kv_transfer %s, "
+              "its /metrics (hits, pulled tokens, pulls, bytes) +%s" % t)
+    full = {}
+    for c, turn, j, kv, d in out:
+        assert kv["decode_cached_tokens"] + kv["pulled_tokens"] == len(convs[c][0]) + \
+            (0 if turn == 0 else 4 + len(convs[c][1])), (c, turn, kv)
+        assert (d[0], d[1], d[3]) == (kv["decode_cached_tokens"], kv["pulled_tokens"],
+                                      kv["bytes"]), (c, turn, kv, d)   # decode's own count
+        if turn == 0:
+            assert kv["decode_cached_tokens"] == 0, (c, kv)   # a new conversation
+            full[c] = (j, kv["bytes"])
+        else:   # the decode that pulled turn 1, serving its full prompt blocks (200 -> 160)
+            assert j == full[c][0], "conversation %d: turn 2 went to decode %d, not %d" % (
+                c, j, full[c][0])
+            assert kv["decode_cached_tokens"] == 160, (c, kv)
+            assert kv["bytes"] < full[c][1], (c, kv, full[c])   # 74 tokens + the state
+    assert sum(n for n, _ in routed) == len(convs), routed   # each second turn, by prefix
+    assert sum(t for _, t in routed) == 160 * len(convs), routed
+    out, routed = run_decode("load", hybrid, convs)
+    for t in out:
+        print("--routing load: conversation %d turn %d -> decode %d, kv_transfer %s, "
+              "its /metrics +%s" % t)
+    assert {j for _, _, j, _, _ in out} == {0, 1}, out              # spread over both
+    moved = [(c, kv) for c, turn, j, kv, _ in out
+             if turn == 1 and j != [jj for cc, tt, jj, _, _ in out if cc == c and tt == 0][0]]
+    assert moved, out                                                # second turns elsewhere
+    assert all(kv["decode_cached_tokens"] == 0 for _, kv in moved), moved
+    assert routed == [(0, 0), (0, 0)], routed
+
+
 def main():
     hybrid = os.path.join(repo_root(), "models-trained", "tiny-hybrid")
+    if len(sys.argv) > 1 and sys.argv[1] == "decode":   # part 4 alone
+        check_decode_routing(hybrid)
+        print("test_e2e_kv_events decode passed")
+        return
     reqs = prompts()
     c = run("prefix", hybrid, reqs)
     print("--routing prefix: per instance (queries, hits, routed, routed tokens) %s" % c)
@@ -236,6 +348,7 @@ def main():
     assert c[0][0] > 0 and c[1][0] > 0, c            # spread over both
     assert c[0][2] == 0 and c[1][2] == 0, c          # nothing routed by prefix
     assert c[0][1] < c[0][0] - 200 and c[1][1] < c[1][0] - 200, c   # each computed it
+    check_decode_routing(hybrid)
     print("test_e2e_kv_events passed")
 
 
