@@ -42,7 +42,18 @@ def link_inputs(build, target):
                    recursive=True)
     if mk:
         with open(mk[0]) as f:
-            return shlex.split(f.read())
+            words = shlex.split(f.read())
+        # CUDA builds pass objects and libraries in response files (@CMakeFiles/T.dir/x.rsp),
+        # relative to the folder the link runs in (the one holding CMakeFiles/)
+        run_dir = os.path.dirname(os.path.dirname(os.path.dirname(mk[0])))
+        out = []
+        for w in words:
+            if w.startswith("@") and os.path.exists(os.path.join(run_dir, w[1:])):
+                with open(os.path.join(run_dir, w[1:])) as f:
+                    out.extend(shlex.split(f.read()))
+            else:
+                out.append(w)
+        return out
     ninja = os.path.join(build, "build.ninja")
     if os.path.exists(ninja):
         with open(ninja) as f:
