@@ -665,6 +665,36 @@ static kvf_status_t kvf_load_embeddings(kvf_loader_t *ld, kvf_model_h m)
     return kvf_load_mat_rows(ld, "lm_head.weight", V, H, all, 1, &m->rep.lm_head);
 }
 
+/* Layer @a l's replicated norms: its pre-norm, a dense layer's FFN pre-norm, and
+ * gemma3_text's attention-output and MLP-output norms. */
+static kvf_status_t kvf_load_layer_norms(kvf_loader_t *ld, kvf_model_h m, int l)
+{
+    const kvf_model_config_t *cfg = &m->cfg;
+    const int H = cfg->hidden_size;
+    kvf_status_t status;
+
+    status = kvf_load_norm(ld, kvf_lname(ld, l, ld->dense ? "input_layernorm.weight" :
+                                         "norm.weight"), H, &m->rep.norm_w[l]);
+    if ((status == KVF_OK) && ld->dense) {
+        /* the FFN's pre-norm: gemma3_text's post_attention_layernorm is the attention
+         * output's norm (kvf_rep_w_t.post_w) */
+        status = kvf_load_norm(ld, kvf_lname(ld, l, (cfg->arch == KVF_ARCH_BAMBA) ?
+                                             "pre_ff_layernorm.weight" : cfg->post_norms ?
+                                             "pre_feedforward_layernorm.weight" :
+                                             "post_attention_layernorm.weight"), H,
+                               &m->rep.norm2_w[l]);
+    }
+    if ((status == KVF_OK) && cfg->post_norms) {
+        status = kvf_load_norm(ld, kvf_lname(ld, l, "post_attention_layernorm.weight"), H,
+                               &m->rep.post_w[2 * l]);
+    }
+    if ((status == KVF_OK) && cfg->post_norms) {
+        status = kvf_load_norm(ld, kvf_lname(ld, l, "post_feedforward_layernorm.weight"), H,
+                               &m->rep.post_w[2 * l + 1]);
+    }
+    return status;
+}
+
 kvf_status_t kvf_model_load(const char *dir, int tp_size, kvf_model_h *model_p)
 {
     return kvf_model_load_device(dir, tp_size, NULL, model_p);
@@ -726,26 +756,7 @@ kvf_status_t kvf_model_load_device(const char *dir, int tp_size, const kvf_devic
         status = (m->rep.inv_freq_local != NULL) ? KVF_OK : KVF_ERR_NO_MEMORY;
     }
     for (int l = 0; (status == KVF_OK) && (l < cfg->num_layers); ++l) {
-        const int H = cfg->hidden_size;
-        status = kvf_load_norm(&ld, kvf_lname(&ld, l, ld.dense ? "input_layernorm.weight" :
-                                              "norm.weight"), H, &m->rep.norm_w[l]);
-        if ((status == KVF_OK) && ld.dense) {
-            /* the FFN's pre-norm: gemma3_text's post_attention_layernorm is the attention
-             * output's norm (kvf_rep_w_t.post_w) */
-            status = kvf_load_norm(&ld, kvf_lname(&ld, l, (cfg->arch == KVF_ARCH_BAMBA) ?
-                                                  "pre_ff_layernorm.weight" : cfg->post_norms ?
-                                                  "pre_feedforward_layernorm.weight" :
-                                                  "post_attention_layernorm.weight"), H,
-                                   &m->rep.norm2_w[l]);
-        }
-        if ((status == KVF_OK) && cfg->post_norms) {
-            status = kvf_load_norm(&ld, kvf_lname(&ld, l, "post_attention_layernorm.weight"),
-                                   H, &m->rep.post_w[2 * l]);
-        }
-        if ((status == KVF_OK) && cfg->post_norms) {
-            status = kvf_load_norm(&ld, kvf_lname(&ld, l, "post_feedforward_layernorm.weight"),
-                                   H, &m->rep.post_w[2 * l + 1]);
-        }
+        status = kvf_load_layer_norms(&ld, m, l);
     }
     for (int r = 0; (status == KVF_OK) && (r < tp_size); ++r) {
         kvf_rank_w_t *rw = &m->ranks[r];
