@@ -368,10 +368,10 @@ static kvf_status_t kvf_cfg_known(const kvf_cfg_reader_t *rd, kvf_arch_t arch,
     cJSON_ArrayForEach(it, rd->root) {
         bool known = false;
         bool ibm = (arch == KVF_ARCH_BAMBA) || (arch == KVF_ARCH_GRANITE_MOE_HYBRID);
-        if (ibm) {   /* their own table (kvf_model_config_ibm.c) */
-            known = kvf_cfg_ibm_known(it->string, arch);
-        }
-        for (size_t i = 0; !ibm && (i < sizeof(kvf_known_fields) / sizeof(kvf_known_fields[0]));
+        bool gem = (arch == KVF_ARCH_GEMMA3_TEXT);   /* own tables: _ibm.c, _gemma.c */
+        known = gem ? kvf_cfg_gemma_known(it->string) :
+                (ibm && kvf_cfg_ibm_known(it->string, arch));
+        for (size_t i = 0; !ibm && !gem && (i < sizeof(kvf_known_fields) / sizeof(kvf_known_fields[0]));
              ++i) {
             if ((strcmp(it->string, kvf_known_fields[i].name) == 0) &&
                 (kvf_known_fields[i].archs & (1u << arch))) {
@@ -601,8 +601,8 @@ static kvf_status_t kvf_cfg_refusals(const kvf_cfg_reader_t *rd, const kvf_model
  * when it cannot bind: at least max_position_embeddings. A window that binds
  * is kept; the caller marks the layers it applies to (cfg->layer_window).
  */
-static kvf_status_t kvf_cfg_window(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg,
-                                   int absent, bool apply)
+kvf_status_t kvf_cfg_window(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg, int absent,
+                            bool apply)
 {
     const cJSON *item = cJSON_GetObjectItemCaseSensitive(rd->root, "sliding_window");
     int w = absent;
@@ -619,7 +619,6 @@ static kvf_status_t kvf_cfg_window(const kvf_cfg_reader_t *rd, kvf_model_config_
         KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "field 'sliding_window' = %d must be positive or"
                      " null", w);
     }
-    (void)rd;
     cfg->sliding_window = w;
     return KVF_OK;
 }
@@ -951,6 +950,7 @@ static const struct {
     {"mistral",    KVF_ARCH_MISTRAL,    kvf_cfg_parse_mistral},
     {"bamba",      KVF_ARCH_BAMBA,      kvf_cfg_parse_bamba},
     {"granitemoehybrid", KVF_ARCH_GRANITE_MOE_HYBRID, kvf_cfg_parse_granite},
+    {"gemma3_text", KVF_ARCH_GEMMA3_TEXT, kvf_cfg_parse_gemma3},
 };
 
 kvf_status_t kvf_model_config_from_json(const cJSON *root, const char *origin,
@@ -982,7 +982,8 @@ kvf_status_t kvf_model_config_from_json(const cJSON *root, const char *origin,
     }
     if (a == narch) {
         KVF_FAIL(KVF_ERR_UNSUPPORTED, "field 'model_type' = '%s' is not supported (nemotron_h,"
-                 " llama, qwen3, mistral, bamba, granitemoehybrid)", mt->valuestring);
+                 " llama, qwen3, mistral, bamba, granitemoehybrid, gemma3_text)",
+                 mt->valuestring);
     }
     cfg.arch = kvf_cfg_archs[a].arch;
     KVF_TRY(kvf_cfg_known(&rd, cfg.arch, cfg.model_type));

@@ -6,7 +6,10 @@
  * "llama", "qwen3", "mistral" (every layer attention + MLP), and the Mamba2 +
  * attention hybrids whose every layer is a mixer ('M' or '*') followed by its
  * FFN: "bamba" (gated MLP) and "granitemoehybrid" (IBM Granite 4.0-H: shared
- * gated MLP plus routed experts, and the Granite multipliers).
+ * gated MLP plus routed experts, and the Granite multipliers), and
+ * "gemma3_text" (Gemma 3's text decoder: sliding and full attention layers with
+ * their own RoPE, RMSNorms scaling by (1 + weight), norms after attention and
+ * after the MLP, embeddings scaled by sqrt(hidden_size)).
  */
 #ifndef KVF_MODEL_CONFIG_H
 #define KVF_MODEL_CONFIG_H
@@ -35,6 +38,7 @@ typedef enum {
     KVF_ARCH_MISTRAL,
     KVF_ARCH_BAMBA,              /* Mamba2 / attention layers, each with a gated MLP */
     KVF_ARCH_GRANITE_MOE_HYBRID, /* Mamba2 / attention layers, each with shared MLP + MoE */
+    KVF_ARCH_GEMMA3_TEXT,        /* dense, sliding / full layers, (1 + w) norms, post norms */
 } kvf_arch_t;
 
 /** Activation functions (transformers' ACT2FN names in kvf_act_parse()). */
@@ -136,7 +140,14 @@ typedef struct kvf_model_config {
     /* attention extras (dense archs) */
     bool        attn_bias;            /* attention_bias: q/k/v/o biases */
     bool        qk_norm;              /* qwen3: per-head RMSNorm of q and k before RoPE */
-    kvf_rope_t  rope;
+    kvf_rope_t  rope;                 /* every attention layer's; gemma3_text: the full ones' */
+    kvf_rope_t  rope_local;           /* gemma3_text: the sliding layers' RoPE
+                                         (rope_parameters.sliding_attention); type NONE
+                                         elsewhere: every layer uses rope */
+    double      norm_offset;          /* gemma3_text 1: each RMSNorm scales by (1 + weight);
+                                         0 elsewhere */
+    bool        post_norms;           /* gemma3_text: a norm on the attention output and on
+                                         the MLP output before each residual add */
 
     double      norm_eps;             /* layer_norm_epsilon / rms_norm_eps */
     /* granitemoehybrid's multipliers (1, 1, 1 and 0 elsewhere) */
@@ -157,6 +168,9 @@ typedef struct kvf_model_config {
                                          layer (mistral: every layer; qwen3: the layers
                                          layer_types marks sliding_attention, or from
                                          max_window_layers on), 0 on a full-attention one */
+    bool        layer_local_rope[KVF_MAX_LAYERS]; /* gemma3_text: the layer is a
+                                         sliding_attention one and uses rope_local (whether
+                                         or not its window binds); false elsewhere */
     int         max_position_embeddings; /* longest sequence (prompt + output); 0: absent */
     bool        tie_word_embeddings;  /* as written in the file */
     bool        lm_head_tied;         /* lm_head = embeddings: dense archs with

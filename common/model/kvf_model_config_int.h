@@ -52,6 +52,16 @@ bool kvf_cfg_ibm_known(const char *name, kvf_arch_t arch);
 kvf_status_t kvf_cfg_parse_bamba(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg);
 kvf_status_t kvf_cfg_parse_granite(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg);
 
+/* sliding_window -> cfg->sliding_window (kvf_model_config.c): @a absent when missing, 0 when
+ * null, when not @a apply, or when it cannot bind (>= max_position_embeddings). */
+kvf_status_t kvf_cfg_window(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg, int absent,
+                            bool apply);
+
+/* kvf_model_config_gemma.c: whether @a name is a field of gemma3_text files, and its parser
+ * (after kvf_cfg_common()). */
+bool kvf_cfg_gemma_known(const char *name);
+kvf_status_t kvf_cfg_parse_gemma3(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg);
+
 /* In the per-architecture parsers: return the first error, naming the origin. */
 #define KVF_CFG_TRY(_expr)                                  \
     do {                                                    \

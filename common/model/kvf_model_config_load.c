@@ -99,5 +99,21 @@ uint64_t kvf_model_config_fingerprint(const kvf_model_config_t *cfg)
             h = kvf_hash64(&bits, sizeof(bits), h);
         }
     }
+    if (cfg->arch == KVF_ARCH_GEMMA3_TEXT) {
+        const double g[] = {cfg->embedding_multiplier, cfg->attention_multiplier,
+                            cfg->norm_offset, cfg->post_norms, (double)cfg->rope_local.type,
+                            cfg->rope_local.theta, cfg->rope_local.factor,
+                            cfg->rope_local.low_freq_factor, cfg->rope_local.high_freq_factor,
+                            cfg->rope_local.original_max_pos};
+        for (size_t i = 0; i < sizeof(g) / sizeof(g[0]); ++i) {
+            uint64_t bits;
+            memcpy(&bits, &g[i], sizeof(bits));
+            h = kvf_hash64(&bits, sizeof(bits), h);
+        }
+        for (int l = 0; l < cfg->num_layers; ++l) {
+            int32_t w = cfg->layer_window[l] * 2 + cfg->layer_local_rope[l];
+            h = kvf_hash64(&w, sizeof(w), h);
+        }
+    }
     return kvf_hash64(cfg->layer_kinds, (size_t)cfg->num_layers, h);
 }

@@ -50,6 +50,7 @@ typedef struct {
     const char *mamba;   /* the Mamba2 mixer's module: "mixer" (nemotron_h), "mamba" */
     char        name[256];
     size_t      bytes;   /* weights loaded so far */
+    float       norm_offset;   /* added to every RMSNorm weight (gemma3_text: 1) */
 } kvf_loader_t;
 
 /* nemotron_h: backbone.layers.N.<suffix>; dense: model.layers.N.<suffix>. */
@@ -144,6 +145,19 @@ static kvf_status_t kvf_load_vec(kvf_loader_t *ld, const char *name, int ndim,
 {
     const int64_t r[1][2] = {{0, shape[0]}};
     return kvf_load_part(ld, name, ndim, shape, r, 1, 0, -1, false, (void **)out_p, NULL);
+}
+
+/* An RMSNorm's weight (fp32) plus the model's norm offset: gemma3_text's (1 + weight), added
+ * in fp32 as transformers does, so the forward keeps one RMSNorm. */
+static kvf_status_t kvf_load_norm(kvf_loader_t *ld, const char *name, int64_t n, float **out_p)
+{
+    const int64_t shape[1] = {n};
+    kvf_status_t status = kvf_load_vec(ld, name, 1, shape, out_p);
+
+    for (int64_t i = 0; (status == KVF_OK) && (ld->norm_offset != 0.0f) && (i < n); ++i) {
+        (*out_p)[i] += ld->norm_offset;
+    }
+    return status;
 }
 
 /* Row ranges of a 1-D fp32 tensor (column-parallel vector slices). */
@@ -324,11 +338,8 @@ static kvf_status_t kvf_load_attention(kvf_loader_t *ld, const kvf_model_config_
         KVF_LOAD(kvf_load_vec(ld, kvf_lname(ld, l, suffix), 1, hshape, &w->o_bias));
     }
     if (cfg->qk_norm) {
-        const int64_t dshape[1] = {hd};
-        KVF_LOAD(kvf_load_vec(ld, kvf_lname(ld, l, "self_attn.q_norm.weight"), 1, dshape,
-                              &w->q_norm));
-        KVF_LOAD(kvf_load_vec(ld, kvf_lname(ld, l, "self_attn.k_norm.weight"), 1, dshape,
-                              &w->k_norm));
+        KVF_LOAD(kvf_load_norm(ld, kvf_lname(ld, l, "self_attn.q_norm.weight"), hd, &w->q_norm));
+        KVF_LOAD(kvf_load_norm(ld, kvf_lname(ld, l, "self_attn.k_norm.weight"), hd, &w->k_norm));
     }
     return KVF_OK;
 }
@@ -565,9 +576,8 @@ void kvf_model_destroy(kvf_model_h model)
 }
 
 /* RoPE inverse frequencies as transformers computes them (fp32). */
-static float *kvf_rope_inv_freq(const kvf_model_config_t *cfg)
+static float *kvf_rope_inv_freq(const kvf_rope_t *r)
 {
-    const kvf_rope_t *r = &cfg->rope;
     const int half = r->rotary_dim / 2;
     float *inv = kvf_alloc((size_t)half * sizeof(float));
 
@@ -636,14 +646,13 @@ static kvf_status_t kvf_load_embeddings(kvf_loader_t *ld, kvf_model_h m)
     const kvf_model_config_t *cfg = &m->cfg;
     const int64_t V = cfg->vocab_size, H = cfg->hidden_size;
     const int64_t all[1][2] = {{0, V}};
-    const int64_t hshape[1] = {H};
     kvf_status_t status;
 
     KVF_LOAD(kvf_load_mat_rows(ld, ld->dense ? "model.embed_tokens.weight" :
                                "backbone.embeddings.weight", V, H, all, 1, &m->rep.embed));
-    KVF_LOAD(kvf_load_vec(ld, !ld->dense ? "backbone.norm_f.weight" :
-                          (cfg->arch == KVF_ARCH_BAMBA) ? "model.final_layernorm.weight" :
-                          "model.norm.weight", 1, hshape, &m->rep.norm_f));
+    KVF_LOAD(kvf_load_norm(ld, !ld->dense ? "backbone.norm_f.weight" :
+                           (cfg->arch == KVF_ARCH_BAMBA) ? "model.final_layernorm.weight" :
+                           "model.norm.weight", H, &m->rep.norm_f));
     /* tied: lm_head = embeddings, unless the file stores an lm_head.weight
      * (transformers 5 then keeps the stored head) */
     if (cfg->lm_head_tied && (kvf_ckpt_find(ld->ck, "lm_head.weight") != NULL)) {
@@ -654,6 +663,36 @@ static kvf_status_t kvf_load_embeddings(kvf_loader_t *ld, kvf_model_h m)
         return KVF_OK;
     }
     return kvf_load_mat_rows(ld, "lm_head.weight", V, H, all, 1, &m->rep.lm_head);
+}
+
+/* Layer @a l's replicated norms: its pre-norm, a dense layer's FFN pre-norm, and
+ * gemma3_text's attention-output and MLP-output norms. */
+static kvf_status_t kvf_load_layer_norms(kvf_loader_t *ld, kvf_model_h m, int l)
+{
+    const kvf_model_config_t *cfg = &m->cfg;
+    const int H = cfg->hidden_size;
+    kvf_status_t status;
+
+    status = kvf_load_norm(ld, kvf_lname(ld, l, ld->dense ? "input_layernorm.weight" :
+                                         "norm.weight"), H, &m->rep.norm_w[l]);
+    if ((status == KVF_OK) && ld->dense) {
+        /* the FFN's pre-norm: gemma3_text's post_attention_layernorm is the attention
+         * output's norm (kvf_rep_w_t.post_w) */
+        status = kvf_load_norm(ld, kvf_lname(ld, l, (cfg->arch == KVF_ARCH_BAMBA) ?
+                                             "pre_ff_layernorm.weight" : cfg->post_norms ?
+                                             "pre_feedforward_layernorm.weight" :
+                                             "post_attention_layernorm.weight"), H,
+                               &m->rep.norm2_w[l]);
+    }
+    if ((status == KVF_OK) && cfg->post_norms) {
+        status = kvf_load_norm(ld, kvf_lname(ld, l, "post_attention_layernorm.weight"), H,
+                               &m->rep.post_w[2 * l]);
+    }
+    if ((status == KVF_OK) && cfg->post_norms) {
+        status = kvf_load_norm(ld, kvf_lname(ld, l, "post_feedforward_layernorm.weight"), H,
+                               &m->rep.post_w[2 * l + 1]);
+    }
+    return status;
 }
 
 kvf_status_t kvf_model_load(const char *dir, int tp_size, kvf_model_h *model_p)
@@ -692,6 +731,7 @@ kvf_status_t kvf_model_load_device(const char *dir, int tp_size, const kvf_devic
     }
     ld.dense = (cfg->arch != KVF_ARCH_NEMOTRON_H);
     ld.mamba = ld.dense ? "mamba" : "mixer";
+    ld.norm_offset = (float)cfg->norm_offset;
     status = kvf_ckpt_open(dir, &ld.ck);
     if (status != KVF_OK) {
         goto err;
@@ -701,25 +741,22 @@ kvf_status_t kvf_model_load_device(const char *dir, int tp_size, const kvf_devic
     status = kvf_load_embeddings(&ld, m);
     m->rep.norm_w = calloc((size_t)cfg->num_layers, sizeof(*m->rep.norm_w));
     m->rep.norm2_w = calloc((size_t)cfg->num_layers, sizeof(*m->rep.norm2_w));
+    m->rep.post_w = calloc((size_t)cfg->num_layers * 2, sizeof(*m->rep.post_w));
     m->ranks = calloc((size_t)tp_size, sizeof(*m->ranks));   /* .dev zero: the CPU */
-    if ((status == KVF_OK) &&
-        ((m->rep.norm_w == NULL) || (m->rep.norm2_w == NULL) || (m->ranks == NULL))) {
+    if ((status == KVF_OK) && ((m->rep.norm_w == NULL) || (m->rep.norm2_w == NULL) ||
+                               (m->rep.post_w == NULL) || (m->ranks == NULL))) {
         status = KVF_ERR_NO_MEMORY;
     }
     if ((status == KVF_OK) && (cfg->rope.type != KVF_ROPE_NONE)) {
-        m->rep.inv_freq = kvf_rope_inv_freq(cfg);
+        m->rep.inv_freq = kvf_rope_inv_freq(&cfg->rope);
         status = (m->rep.inv_freq != NULL) ? KVF_OK : KVF_ERR_NO_MEMORY;
     }
+    if ((status == KVF_OK) && (cfg->rope_local.type != KVF_ROPE_NONE)) {
+        m->rep.inv_freq_local = kvf_rope_inv_freq(&cfg->rope_local);
+        status = (m->rep.inv_freq_local != NULL) ? KVF_OK : KVF_ERR_NO_MEMORY;
+    }
     for (int l = 0; (status == KVF_OK) && (l < cfg->num_layers); ++l) {
-        const int64_t hshape[1] = {cfg->hidden_size};
-        status = kvf_load_vec(&ld, kvf_lname(&ld, l, ld.dense ? "input_layernorm.weight" :
-                                             "norm.weight"), 1, hshape, &m->rep.norm_w[l]);
-        if ((status == KVF_OK) && ld.dense) {
-            status = kvf_load_vec(&ld, kvf_lname(&ld, l, (cfg->arch == KVF_ARCH_BAMBA) ?
-                                                 "pre_ff_layernorm.weight" :
-                                                 "post_attention_layernorm.weight"), 1,
-                                  hshape, &m->rep.norm2_w[l]);
-        }
+        status = kvf_load_layer_norms(&ld, m, l);
     }
     for (int r = 0; (status == KVF_OK) && (r < tp_size); ++r) {
         kvf_rank_w_t *rw = &m->ranks[r];

@@ -148,14 +148,19 @@ void kvf_model_rep_free(kvf_model_h m, kvf_rep_w_t *rep)
     for (int l = 0; (rep->norm2_w != NULL) && (l < m->cfg.num_layers); ++l) {
         kvf_model_wfree(m, rep->norm2_w[l]);
     }
+    for (int l = 0; (rep->post_w != NULL) && (l < 2 * m->cfg.num_layers); ++l) {
+        kvf_model_wfree(m, rep->post_w[l]);
+    }
     free(rep->norm_w);
     free(rep->norm2_w);
+    free(rep->post_w);
     if (rep->lm_head.data != rep->embed.data) {
         kvf_model_wfree(m, rep->lm_head.data);
     }
     kvf_model_wfree(m, rep->embed.data);
     kvf_model_wfree(m, rep->norm_f);
     kvf_model_wfree(m, rep->inv_freq);
+    kvf_model_wfree(m, rep->inv_freq_local);
     memset(rep, 0, sizeof(*rep));
 }
 
@@ -374,7 +379,8 @@ static kvf_status_t kvf_up_rep(kvf_model_h m, int r)
     rep->embed.data = rep->lm_head.data = NULL;
     rep->norm_w = calloc(L, sizeof(*rep->norm_w));
     rep->norm2_w = calloc(L, sizeof(*rep->norm2_w));
-    if ((rep->norm_w == NULL) || (rep->norm2_w == NULL)) {
+    rep->post_w = calloc(2 * L, sizeof(*rep->post_w));
+    if ((rep->norm_w == NULL) || (rep->norm2_w == NULL) || (rep->post_w == NULL)) {
         return KVF_ERR_NO_MEMORY;
     }
     KVF_UP(kvf_up_copy(dev, m->rep.embed.data, V * H * kvf_dtype_size(m->rep.embed.dtype),
@@ -388,10 +394,16 @@ static kvf_status_t kvf_up_rep(kvf_model_h m, int r)
     KVF_UP(kvf_up_copy(dev, m->rep.norm_f, H * sizeof(float), (void **)&rep->norm_f));
     KVF_UP(kvf_up_copy(dev, m->rep.inv_freq, (size_t)(cfg->rope.rotary_dim / 2) * sizeof(float),
                        (void **)&rep->inv_freq));
+    KVF_UP(kvf_up_copy(dev, m->rep.inv_freq_local,
+                       (size_t)(cfg->rope_local.rotary_dim / 2) * sizeof(float),
+                       (void **)&rep->inv_freq_local));
     for (int l = 0; l < cfg->num_layers; ++l) {
         KVF_UP(kvf_up_copy(dev, m->rep.norm_w[l], H * sizeof(float), (void **)&rep->norm_w[l]));
         KVF_UP(kvf_up_copy(dev, m->rep.norm2_w[l], H * sizeof(float),
                            (void **)&rep->norm2_w[l]));
+        for (int k = 2 * l; k < 2 * l + 2; ++k) {
+            KVF_UP(kvf_up_copy(dev, m->rep.post_w[k], H * sizeof(float), (void **)&rep->post_w[k]));
+        }
     }
     return status;
 }

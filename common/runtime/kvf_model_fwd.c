@@ -509,6 +509,7 @@ static kvf_status_t kvf_fwd_attention(kvf_model_h m, const kvf_rank_ctx_t *ctx,
     const int H = cfg->hidden_size, R = w->qkv_rows, hd = cfg->head_dim;
     const int qd = s->attn_heads * hd, kd = s->kv_heads * hd;
     const int g = ctx->layout->layer_group[l], slot = ctx->layout->layer_slot[l];
+    const float *inv = cfg->layer_local_rope[l] ? rep->inv_freq_local : rep->inv_freq;
     int o = 0;
 
     kvf_paged_kv_t kv;
@@ -545,15 +546,15 @@ static kvf_status_t kvf_fwd_attention(kvf_model_h m, const kvf_rank_ctx_t *ctx,
         KVF_KCALL(kvf_rmsnorm_heads(dev, ws->proj + qd, R, T, s->kv_heads, hd, w->k_norm,
                                     (float)cfg->norm_eps));
     }
-    if ((rep->inv_freq != NULL) && (cfg->rope.rotary_dim == hd)) {
+    if ((inv != NULL) && (cfg->rope.rotary_dim == hd)) {   /* gemma3_text: per layer type */
         /* transformers' rotate_half RoPE of q and k (kernels/kvf_ops_math.h), every row at
          * its own position: one call for the batch */
-        KVF_KCALL(kvf_rope(dev, rep->inv_freq, hd, pos, T, ws->proj, R, s->attn_heads));
-        KVF_KCALL(kvf_rope(dev, rep->inv_freq, hd, pos, T, ws->proj + qd, R, s->kv_heads));
-    } else if (rep->inv_freq != NULL) {
+        KVF_KCALL(kvf_rope(dev, inv, hd, pos, T, ws->proj, R, s->attn_heads));
+        KVF_KCALL(kvf_rope(dev, inv, hd, pos, T, ws->proj + qd, R, s->kv_heads));
+    } else if (inv != NULL) {
         /* partial rotary (bamba): the leading rotary_dim of each head, a call per head */
         for (int h = 0; h < s->attn_heads + s->kv_heads; ++h) {
-            KVF_KCALL(kvf_rope(dev, rep->inv_freq, cfg->rope.rotary_dim, pos, T,
+            KVF_KCALL(kvf_rope(dev, inv, cfg->rope.rotary_dim, pos, T,
                                ws->proj + (size_t)h * (size_t)hd, R, 1));
         }
     }
@@ -840,6 +841,18 @@ kvf_status_t kvf_fwd_head_pick(kvf_model_h m, const kvf_rank_ctx_t *ctx,
     return status;
 }
 
+/* gemma3_text: a norm of the layer's reduced output ws->out before the residual add
+ * (post_attention_layernorm, post_feedforward_layernorm); no-op for a NULL weight. */
+static kvf_status_t kvf_fwd_post_norm(kvf_model_h m, const kvf_rank_ctx_t *ctx, const float *w,
+                                      int T, kvf_status_t status)
+{
+    if (w != NULL) {
+        KVF_KCALL(kvf_rmsnorm(kvf_fwd_dev(ctx), ctx->ws->out, w, ctx->ws->out, T,
+                              m->cfg.hidden_size, (float)m->cfg.norm_eps));
+    }
+    return status;
+}
+
 kvf_status_t kvf_fwd_body(kvf_model_h m, const kvf_rank_ctx_t *ctx,
                           const kvf_fwd_batch_t *batch, int T)
 {
@@ -873,6 +886,7 @@ kvf_status_t kvf_fwd_body(kvf_model_h m, const kvf_rank_ctx_t *ctx,
             break;
         case KVF_LAYER_ATTENTION:
             status = kvf_fwd_attention(m, ctx, batch, l, T, status);
+            status = kvf_fwd_post_norm(m, ctx, rep->post_w[2 * l], T, status);
             break;
         case KVF_LAYER_MOE:
             status = kvf_fwd_moe(m, ctx, l, T, status);
@@ -886,6 +900,7 @@ kvf_status_t kvf_fwd_body(kvf_model_h m, const kvf_rank_ctx_t *ctx,
                                   status);
             status = cfg->moe_in_layer ? kvf_fwd_moe(m, ctx, l, T, status) :
                      kvf_fwd_mlp(m, ctx, l, T, status);
+            status = kvf_fwd_post_norm(m, ctx, rep->post_w[2 * l + 1], T, status);
         }
     }
     if (cfg->num_layers > 0) {

@@ -84,6 +84,10 @@ typedef struct kvf_rep_w {
     float            **norm_w;    /* [L][H] pre-norm of each layer (dense: input_layernorm) */
     float            **norm2_w;   /* [L][H] dense: post_attention_layernorm */
     float             *inv_freq;  /* [rope.rotary_dim / 2] RoPE, or NULL */
+    float             *inv_freq_local; /* [rope_local.rotary_dim / 2]: gemma3_text's sliding
+                                          layers' RoPE, or NULL (every layer: inv_freq) */
+    float            **post_w;    /* [2L][H] gemma3_text: layer l's attention-output norm at
+                                     2l, its MLP-output norm at 2l + 1; NULL entries elsewhere */
 } kvf_rep_w_t;
 
 typedef struct {

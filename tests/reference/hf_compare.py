@@ -131,6 +131,18 @@ def cases():
             use_sliding_window=True, sliding_window=33, max_window_layers=1,
             max_position_embeddings=32768,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0}), None),
+        # gemma3_text: sliding (window 40, local RoPE theta 10000) and full layers (linear
+        # rope scaling, theta 1e6), (1 + w) norms, q/k norms, query_pre_attn_scalar 24,
+        # GELU-tanh gated MLP, embeddings scaled by sqrt(hidden)
+        "gemma3-swa": ("gemma3_text", dict(
+            COMMON, intermediate_size=128, num_hidden_layers=3, num_attention_heads=8,
+            num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, query_pre_attn_scalar=24,
+            sliding_window=40, max_position_embeddings=32768,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            hidden_activation="gelu_pytorch_tanh",
+            rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                             "full_attention": {"rope_type": "linear", "factor": 2.0,
+                                                "rope_theta": 1000000.0}}), None),
         # --- issue 44: the Mamba2 + attention hybrids whose every layer has its FFN ---
         # Bamba: partial RoPE (0.5 of each 8-wide head), biases everywhere it has them,
         # n_groups 2 (TP 4 replicates the B/C groups and splits a gated-norm group)

@@ -424,6 +424,73 @@ static void test_ibm_families(void **state)
     }
 }
 
+/* gemma3_text: Gemma3TextConfig's defaults and per-type RoPE, and its refusals by name. */
+static kvf_status_t parse_gemma(const char *extra, kvf_model_config_t *cfg)
+{
+    char buf[2048];
+    snprintf(buf, sizeof(buf), "{\"model_type\":\"gemma3_text\",\"hidden_size\":48,"
+             "\"vocab_size\":10,\"num_attention_heads\":4,\"num_key_value_heads\":1,"
+             "\"num_hidden_layers\":7,\"intermediate_size\":8,"
+             "\"max_position_embeddings\":131072%s}", extra);
+    return kvf_model_config_parse(buf, "t", cfg);
+}
+
+static void test_gemma3(void **state)
+{
+    static const char *const refused[] = {
+        ",\"final_logit_softcapping\":30.0", ",\"attn_logit_softcapping\":50.0",
+        ",\"use_bidirectional_attention\":true", ",\"hidden_act\":\"gelu\"",
+        ",\"layer_types\":[\"chunked_attention\",\"full_attention\",\"full_attention\","
+        "\"full_attention\",\"full_attention\",\"full_attention\",\"full_attention\"]",
+        ",\"rope_parameters\":{\"sliding_attention\":{\"rope_type\":\"yarn\",\"factor\":2.0}}",
+    };
+    kvf_model_config_t c;
+    (void)state;
+
+    /* defaults: every 6th layer full (sliding_window_pattern 6), window 4096, thetas 1e4 local
+     * and 1e6 global, head_dim 256, scores * 256^-0.5, tied, (1 + w) norms, post norms,
+     * sqrt(48) = 6.9282 as bf16 (the default dtype) = 6.9375 */
+    assert_int_equal(parse_gemma("", &c), KVF_OK);
+    assert_int_equal(c.arch, KVF_ARCH_GEMMA3_TEXT);
+    for (int l = 0; l < 7; ++l) {
+        assert_int_equal(c.layer_window[l], (l == 5) ? 0 : 4096);
+        assert_int_equal(c.layer_local_rope[l], l != 5);
+    }
+    assert_int_equal(c.head_dim, 256);
+    assert_true(c.rope_local.theta == 10000.0);
+    assert_true(c.rope.theta == 1000000.0);
+    assert_true(c.attention_multiplier == 1.0 / 16.0);
+    assert_true(c.embedding_multiplier == 6.9375);
+    assert_true(c.lm_head_tied && c.qk_norm && c.post_norms && c.mlp_gated);
+    assert_true(c.norm_offset == 1.0);
+    assert_int_equal(c.mlp_act, KVF_ACT_GELU_TANH);
+    assert_int_equal(parse_gemma(",\"dtype\":\"float32\"", &c), KVF_OK);
+    assert_true(c.embedding_multiplier == (double)sqrtf(48.0f));
+    /* older files: rope_local_base_freq, rope_theta + rope_scaling (the full layers'), the
+     * pattern; a window that cannot bind leaves the local RoPE on the sliding layers */
+    assert_int_equal(parse_gemma(",\"rope_local_base_freq\":5000.0,\"rope_theta\":200000.0,"
+                                 "\"rope_scaling\":{\"rope_type\":\"linear\",\"factor\":4.0},"
+                                 "\"sliding_window_pattern\":2,\"sliding_window\":200000,"
+                                 "\"query_pre_attn_scalar\":64", &c), KVF_OK);
+    assert_true((c.rope_local.theta == 5000.0) && (c.rope_local.type == KVF_ROPE_DEFAULT));
+    assert_true((c.rope.theta == 200000.0) && (c.rope.type == KVF_ROPE_LINEAR) &&
+                (c.rope.factor == 4.0));
+    assert_int_equal(c.layer_window[0], 0);
+    assert_true(c.layer_local_rope[0] && !c.layer_local_rope[1] && c.layer_local_rope[2]);
+    assert_true(c.attention_multiplier == 0.125);
+    /* rope_parameters per layer type (transformers 5) */
+    assert_int_equal(parse_gemma(",\"rope_parameters\":{\"full_attention\":{\"rope_type\":"
+                                 "\"linear\",\"factor\":8.0,\"rope_theta\":1e6},"
+                                 "\"sliding_attention\":{\"rope_type\":\"default\","
+                                 "\"rope_theta\":1e4}}", &c), KVF_OK);
+    assert_true((c.rope.factor == 8.0) && (c.rope_local.theta == 1e4));
+    for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); ++i) {
+        assert_int_equal(parse_gemma(refused[i], &c), KVF_ERR_UNSUPPORTED);
+    }
+    /* the multimodal file is another model_type */
+    assert_int_equal(parse_dense("gemma3", "", &c), KVF_ERR_UNSUPPORTED);
+}
+
 static void test_bad_input(void **state)
 {
     kvf_model_config_t cfg;
@@ -558,6 +625,7 @@ int main(void)
         cmocka_unit_test(test_transformers_semantics),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_ibm_families),
+        cmocka_unit_test(test_gemma3),
         cmocka_unit_test(test_python_json),
     };
     kvf_log_init("test");

@@ -1,0 +1,223 @@
+/*
+ * config.json of "gemma3_text" (transformers' Gemma3TextConfig, the text
+ * decoder of Gemma 3, Gemma3ForCausalLM): a dense decoder whose layers are
+ * sliding-window or full attention (layer_types, else every
+ * sliding_window_pattern-th layer full), each with its own RoPE
+ * (rope_parameters.sliding_attention / .full_attention, or the older
+ * rope_local_base_freq / rope_theta + rope_scaling), q/k RMSNorms, RMSNorms
+ * that scale by (1 + weight), a norm on the attention output and on the MLP
+ * output, a GELU-tanh gated MLP, embeddings * sqrt(hidden_size) and scores *
+ * query_pre_attn_scalar^-0.5. Defaults are the class's (head_dim 256,
+ * sliding_window 4096, tied embeddings, thetas 1e6 / 1e4).
+ *
+ * Design: the (1 + weight) of the norms is added to the weights at load
+ * (transformers computes 1 + weight in fp32 too: the same floats), so the
+ * forward keeps one RMSNorm kernel. The sliding layers' RoPE is a second
+ * kvf_rope_t read by the shared kvf_cfg_rope() from a per-type view of the
+ * file. Rejected: a gemma-specific norm kernel (one definition per idea).
+ * Refused by name: attn_logit_softcapping and final_logit_softcapping when set,
+ * use_bidirectional_attention true (the embedding variants), and a multimodal
+ * "gemma3" file (its model_type is not this one).
+ */
+#include "kvf_model_config_int.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+/* Every top-level field of its files; NOTE: keep common/model/README.md in step. */
+static const char *const kvf_gemma_fields[] = {
+    /* read, with an effect */
+    "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+    "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_activation",
+    "rms_norm_eps", "bos_token_id", "eos_token_id", "tie_word_embeddings", "dtype",
+    "torch_dtype", "quantization_config", "rope_parameters", "rope_scaling", "rope_theta",
+    "rope_local_base_freq", "attention_bias", "query_pre_attn_scalar", "sliding_window",
+    "sliding_window_pattern", "layer_types", "final_logit_softcapping",
+    "attn_logit_softcapping", "use_bidirectional_attention", "max_position_embeddings",
+    /* known to leave inference unchanged */
+    "architectures", "transformers_version", "_name_or_path", "use_cache", "pad_token_id",
+    "initializer_range", "attention_dropout", "output_attentions", "output_hidden_states",
+    "return_dict", "cache_implementation",
+    "_sliding_window_pattern",   /* transformers rewrites it from sliding_window_pattern */
+};
+
+bool kvf_cfg_gemma_known(const char *name)
+{
+    for (size_t i = 0; i < sizeof(kvf_gemma_fields) / sizeof(kvf_gemma_fields[0]); ++i) {
+        if (strcmp(name, kvf_gemma_fields[i]) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* A field that changes the math when set (not null, not false): refused by name. */
+static kvf_status_t kvf_gemma_refuse_set(const kvf_cfg_reader_t *rd, const char *name)
+{
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(rd->root, name);
+    char val[64];
+
+    if ((it != NULL) && !cJSON_IsNull(it) && !cJSON_IsFalse(it)) {
+        kvf_cfg_value_str(it, val, sizeof(val));
+        KVF_CFG_FAIL(KVF_ERR_UNSUPPORTED, "field '%s' = %s is not implemented for gemma3_text"
+                     " (only null): refused", name, val);
+    }
+    return KVF_OK;
+}
+
+/*
+ * One layer type's RoPE into @a out: kvf_cfg_rope() on a view of the file
+ * holding that type's rope_parameters (new files) or rope_theta + rope_scaling /
+ * rope_local_base_freq (older ones).
+ */
+static kvf_status_t kvf_gemma_rope(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg,
+                                   bool local, kvf_rope_t *out)
+{
+    const char *type = local ? "sliding_attention" : "full_attention";
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(rd->root, "rope_parameters");
+    const cJSON *sub = cJSON_IsObject(rp) ? cJSON_GetObjectItemCaseSensitive(rp, type) : NULL;
+    cJSON *view = cJSON_CreateObject();
+    char origin[160];
+    double theta, max_pos;
+    kvf_status_t status;
+    kvf_cfg_reader_t vr;
+
+    if (view == NULL) {
+        return KVF_ERR_NO_MEMORY;
+    }
+    status = kvf_cfg_num(rd, rd->root, local ? "rope_local_base_freq" : "rope_theta",
+                         local ? 10000.0 : 1000000.0, &theta);
+    if (status == KVF_OK) {
+        status = kvf_cfg_num(rd, rd->root, "max_position_embeddings", 0.0, &max_pos);
+    }
+    if ((status == KVF_OK) && cJSON_IsObject(rp) && (sub == NULL) &&
+        ((cJSON_GetObjectItemCaseSensitive(rp, "full_attention") != NULL) ||
+         (cJSON_GetObjectItemCaseSensitive(rp, "sliding_attention") != NULL))) {
+        sub = NULL;   /* the other type only: this one takes the class default */
+    } else if ((status == KVF_OK) && cJSON_IsObject(rp) && (sub == NULL)) {
+        kvf_error("%s: field 'rope_parameters' must map 'full_attention' and"
+                  " 'sliding_attention' to their RoPE for gemma3_text", rd->origin);
+        status = KVF_ERR_INVALID_PARAM;
+    }
+    if (status == KVF_OK) {
+        const cJSON *scaling = cJSON_GetObjectItemCaseSensitive(rd->root, "rope_scaling");
+        const bool ok = (cJSON_AddNumberToObject(view, "rope_theta", theta) != NULL) &&
+            ((max_pos == 0.0) ||
+             (cJSON_AddNumberToObject(view, "max_position_embeddings", max_pos) != NULL)) &&
+            ((sub == NULL) ||
+             cJSON_AddItemReferenceToObject(view, "rope_parameters", (cJSON *)sub)) &&
+            (local || (sub != NULL) || (scaling == NULL) ||   /* old files: the full layers' */
+             cJSON_AddItemReferenceToObject(view, "rope_scaling", (cJSON *)scaling));
+        status = ok ? KVF_OK : KVF_ERR_NO_MEMORY;
+    }
+    if (status == KVF_OK) {
+        snprintf(origin, sizeof(origin), "%s (%s RoPE)", rd->origin, type);
+        vr.root = view;
+        vr.origin = origin;
+        status = kvf_cfg_rope(&vr, cfg);
+        *out = cfg->rope;
+    }
+    cJSON_Delete(view);   /* references: the file's objects stay */
+    return status;
+}
+
+/* layer_types (or every sliding_window_pattern-th layer full) into @a sliding. */
+static kvf_status_t kvf_gemma_layer_types(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg,
+                                          bool *sliding)
+{
+    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(rd->root, "layer_types");
+    int pattern;
+
+    if ((lt != NULL) && !cJSON_IsNull(lt)) {
+        if (!cJSON_IsArray(lt) || (cJSON_GetArraySize(lt) != cfg->num_layers)) {
+            KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "field 'layer_types' must be a list of"
+                         " num_hidden_layers = %d entries", cfg->num_layers);
+        }
+        for (int l = 0; l < cfg->num_layers; ++l) {
+            const cJSON *e = cJSON_GetArrayItem(lt, l);
+            const char *v = cJSON_IsString(e) ? e->valuestring : "";
+            if ((strcmp(v, "sliding_attention") != 0) && (strcmp(v, "full_attention") != 0)) {
+                KVF_CFG_FAIL(KVF_ERR_UNSUPPORTED, "field 'layer_types[%d]' = '%s' is not"
+                             " implemented (sliding_attention, full_attention): refused", l, v);
+            }
+            sliding[l] = (strcmp(v, "sliding_attention") == 0);
+        }
+        return KVF_OK;
+    }
+    KVF_CFG_TRY(kvf_cfg_int_opt(rd, "sliding_window_pattern", 6, &pattern));
+    if (pattern < 1) {
+        KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "field 'sliding_window_pattern' = %d must be"
+                     " positive", pattern);
+    }
+    for (int l = 0; l < cfg->num_layers; ++l) {
+        sliding[l] = ((l + 1) % pattern) != 0;   /* Gemma3TextConfig's default layer_types */
+    }
+    return KVF_OK;
+}
+
+kvf_status_t kvf_cfg_parse_gemma3(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
+{
+    static const char *const refused[] = {
+        "final_logit_softcapping", "attn_logit_softcapping", "use_bidirectional_attention",
+    };
+    bool sliding[KVF_MAX_LAYERS] = {false};
+    bool any_sliding = false;
+    double qpas;
+    float escale;
+
+    for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); ++i) {
+        KVF_CFG_TRY(kvf_gemma_refuse_set(rd, refused[i]));
+    }
+    KVF_CFG_TRY(kvf_cfg_int(rd, "num_hidden_layers", &cfg->num_layers));
+    KVF_CFG_TRY(kvf_cfg_int(rd, "intermediate_size", &cfg->intermediate_size));
+    if (cfg->num_layers > KVF_MAX_LAYERS) {
+        KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "field 'num_hidden_layers' = %d exceeds %d",
+                     cfg->num_layers, KVF_MAX_LAYERS);
+    }
+    if (!kvf_cfg_present(rd, "head_dim")) {
+        cfg->head_dim = 256;   /* the class default, not hidden / heads */
+    }
+    if (!kvf_cfg_present(rd, "tie_word_embeddings")) {
+        cfg->tie_word_embeddings = true;
+    }
+    KVF_CFG_TRY(kvf_cfg_act(rd, "hidden_activation", KVF_ACT_GELU_TANH, &cfg->mlp_act));
+    KVF_CFG_TRY(kvf_cfg_bool(rd, "attention_bias", false, &cfg->attn_bias));
+    KVF_CFG_TRY(kvf_cfg_num(rd, rd->root, "query_pre_attn_scalar", 256.0, &qpas));
+    if (!(qpas > 0.0)) {
+        KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "field 'query_pre_attn_scalar' = %g must be"
+                     " positive", qpas);
+    }
+    cfg->attention_multiplier = 1.0 / sqrt(qpas);
+    /* transformers: embeddings * sqrt(hidden) as a scalar of the embedding dtype (the
+     * product rounds there too; kvferry keeps it in fp32, as every activation) */
+    escale = (float)sqrt((double)cfg->hidden_size);
+    if (cfg->torch_dtype == KVF_DTYPE_BF16) {
+        escale = kvf_bf16_to_fp32(kvf_fp32_to_bf16(escale));
+    } else if (cfg->torch_dtype == KVF_DTYPE_FP16) {
+        escale = kvf_fp16_to_fp32(kvf_fp32_to_fp16(escale));
+    }
+    cfg->embedding_multiplier = escale;
+    cfg->mlp_gated = true;
+    cfg->qk_norm = true;
+    cfg->norm_offset = 1.0;
+    cfg->post_norms = true;
+    KVF_CFG_TRY(kvf_gemma_layer_types(rd, cfg, sliding));
+    for (int l = 0; l < cfg->num_layers; ++l) {
+        any_sliding = any_sliding || sliding[l];
+    }
+    KVF_CFG_TRY(kvf_cfg_window(rd, cfg, 4096, any_sliding));
+    for (int l = 0; l < cfg->num_layers; ++l) {
+        cfg->layer_window[l] = sliding[l] ? cfg->sliding_window : 0;
+        cfg->layer_local_rope[l] = sliding[l];
+    }
+    KVF_CFG_TRY(kvf_gemma_rope(rd, cfg, true, &cfg->rope_local));
+    KVF_CFG_TRY(kvf_gemma_rope(rd, cfg, false, &cfg->rope));
+    memset(cfg->layer_kinds, KVF_LAYER_ATTENTION, (size_t)cfg->num_layers);
+    cfg->layer_kinds[cfg->num_layers] = '\0';
+    cfg->num_attention_layers = cfg->num_layers;
+    cfg->dense_mlp_in_layer = true;
+    cfg->ssm_cache_dtype = KVF_DTYPE_FP32;
+    cfg->lm_head_tied = cfg->tie_word_embeddings;
+    return KVF_OK;
+}
