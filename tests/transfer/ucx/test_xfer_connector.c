@@ -270,6 +270,10 @@ static void test_ucx_connector(void **state)
         kvf_connector_pull_t bad_pull = pull;
         bad_pull.remote_ids[0] = oob;
         assert_int_equal(ops->start_pull(dconn, 0, &bad_pull, &req), KVF_ERR_OUT_OF_RANGE);
+        /* ABI 14: a plan flag other than the window's is refused, not ignored */
+        bad_pull = pull;
+        bad_pull.plan_flags = KVF_XFER_PLAN_FLAG_NO_COALESCE;
+        assert_int_equal(ops->start_pull(dconn, 0, &bad_pull, &req), KVF_ERR_INVALID_PARAM);
     }
 
     /* the real pull */
