@@ -16,6 +16,7 @@
 #include "kvf_decode_pull.h"
 
 #include "kvf_log.h"
+#include "kvf_xfer_plan.h"
 #include "kvf_time.h"
 
 #include <inttypes.h>
@@ -286,6 +287,7 @@ static kvf_status_t kvf_dc_pull_start_gets(kvf_dc_pull_ctx_t *ctx, kvf_dc_pull_t
     p.num_groups = pull->blocks->num_groups;
     p.peer = &pull->peer;
     p.skip_tokens = pull->skip_tokens;
+    p.plan_flags = pull->plan_flags;
     for (int g = 0; g < pull->blocks->num_groups; ++g) {
         p.remote_ids[g] = xp->ids[g];
         p.num_remote_ids[g] = xp->num_ids[g];
@@ -548,6 +550,41 @@ kvf_status_t kvf_dc_pull_advance(kvf_dc_pull_ctx_t *ctx, kvf_dc_pull_t *pull)
     }
 }
 
+/*
+ * The sliding-window pull (docs/ARCHITECTURE.md §7): a model whose every attention layer
+ * slides reads from the window's first block on; the blocks from the hit up to it are zeroed
+ * (the plan's post-ops), and the engine must not index them. Design: decided here, per pull,
+ * from the model and the prompt alone, so prefill needs no change: the KV digests name the
+ * ranges read, which prefill hashes as they are. Rejected: a connector-wide plan flag (the
+ * engine would not learn which blocks hold no content).
+ */
+static void kvf_dc_pull_window(kvf_dc_pull_ctx_t *ctx, kvf_dc_pull_t *pull, kvf_engine_h engine,
+                               uint64_t id)
+{
+    const kvf_cache_layout_t *lay = kvf_tp_runner_layout(kvf_engine_runner(engine));
+    const int B = kvf_block_manager_block_size(kvf_engine_block_manager(engine));
+    int64_t first;
+
+    pull->plan_flags = 0;
+    pull->zeroed_tokens = 0;
+    if (!ctx->window_pull || pull->no_reads) {
+        return;
+    }
+    first = kvf_xfer_window_first_block(kvf_engine_model_config(engine), lay,
+                                        pull->xp->num_tokens, B) * B;
+    if (first <= pull->skip_tokens) {
+        return;   /* the window starts inside the hit (or at 0): a plain partial pull */
+    }
+    if (kvf_engine_import_zeroed(engine, id, first) != KVF_OK) {
+        return;   /* logged; the whole pull stays correct */
+    }
+    pull->plan_flags = KVF_XFER_PLAN_FLAG_WINDOW;
+    pull->zeroed_tokens = first;
+    kvf_log(KVF_LOG_DEBUG, KVF_SUB_XFER, "request %s: the sliding window reads prompt tokens"
+            " %lld..%lld, zeroes %lld..%lld", pull->request_id, (long long)first,
+            (long long)pull->xp->num_tokens, (long long)pull->skip_tokens, (long long)first);
+}
+
 void kvf_dc_pull_prefix(kvf_dc_pull_ctx_t *ctx, kvf_dc_pull_t *pull, kvf_engine_h engine,
                         uint64_t id)
 {
@@ -561,6 +598,7 @@ void kvf_dc_pull_prefix(kvf_dc_pull_ctx_t *ctx, kvf_dc_pull_t *pull, kvf_engine_
     }
     pull->skip_tokens = (hit > 0) ? hit : 0;
     pull->no_reads = !mamba && (pull->skip_tokens == pull->xp->num_tokens);
+    kvf_dc_pull_window(ctx, pull, engine, id);
     kvf_engine_get_prefix_stats(engine, &ps);   /* all 0 with decode's cache off */
     if ((pull->xp->prefix_source == 0) && (ps.imports > 0) && !ctx->warned_no_source) {
         ctx->warned_no_source = true;   /* the metric counts each one */

@@ -44,6 +44,9 @@ typedef struct kvf_dc_pull_ctx {
     int64_t                    xfer_timeout_ms;     /* bounds each phase */
     int64_t                    test_pull_delay_ms;  /* hidden: before the GETs */
     bool                       kv_digest;           /* --kv-digest on: releases carry digests */
+    bool                       window_pull;         /* a model whose every attention layer
+                                                     * slides: read only the window
+                                                     * (KVF_XFER_PLAN_FLAG_WINDOW) */
     uint64_t                   refusals;            /* handshakes refused */
     uint64_t                   peer_errors;
     uint64_t                   reads_prevented;     /* lease not valid: KV not read / not used */
@@ -89,6 +92,10 @@ typedef struct kvf_dc_pull {
     int64_t                      skip_tokens;   /* decode's prefix cache hit: tokens already
                                                  * in the local blocks (neither read nor
                                                  * zeroed); set before the first advance */
+    uint32_t                     plan_flags;    /* kvf_connector_pull_t.plan_flags (the
+                                                 * window); set with skip_tokens */
+    int64_t                      zeroed_tokens; /* the window: prompt tokens [skip_tokens,
+                                                 * this) zeroed, not read; 0: none */
     bool                         no_reads;  /* nothing to read (a full hit of a model
                                              * without Mamba layers): claim and release
                                              * only, which settles prefill's lease */
@@ -134,7 +141,10 @@ kvf_status_t kvf_dc_pull_advance(kvf_dc_pull_ctx_t *ctx, kvf_dc_pull_t *pull);
  * After kvf_dc_pull_begin(): the tokens of engine request @a id that decode's prefix cache
  * served (kvf_engine_request_prefix_hit()) are not read; nothing is read at all when that is
  * the whole prompt of a model without Mamba layers (the lease is claimed and released). Says
- * in the log when prefill gave no numerics class (a whole pull, nothing kept).
+ * in the log when prefill gave no numerics class (a whole pull, nothing kept). With
+ * ctx->window_pull, a model whose every attention layer slides reads only
+ * [max(hit, window start), N) (kvf_xfer_window_first_block()); the engine is told the
+ * blocks zeroed before it (kvf_engine_import_zeroed()), so none of them is indexed.
  */
 void kvf_dc_pull_prefix(kvf_dc_pull_ctx_t *ctx, kvf_dc_pull_t *pull, kvf_engine_h engine,
                         uint64_t id);

@@ -853,6 +853,23 @@ kvf_status_t kvf_engine_import_begin(kvf_engine_h e, const kvf_req_params_t *par
     return KVF_OK;
 }
 
+kvf_status_t kvf_engine_import_zeroed(kvf_engine_h e, uint64_t id, int64_t tokens)
+{
+    KVF_ENGINE_CHECK(e, "kvf_engine_import_zeroed");
+    kvf_request_t *r = kvf_find(e, id, NULL);
+
+    if (r == NULL) {
+        return KVF_ERR_NOT_FOUND;
+    }
+    if ((r->state != KVF_REQ_IMPORTING) || (tokens < 0) || (tokens > r->prompt_len)) {
+        kvf_error("request %llu: zeroed import tokens %lld (state %d, prompt_len %d)",
+                  (unsigned long long)id, (long long)tokens, (int)r->state, r->prompt_len);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    r->import_zeroed = (int)tokens;
+    return KVF_OK;
+}
+
 kvf_status_t kvf_engine_import_commit(kvf_engine_h e, uint64_t id, int32_t first_token)
 {
     KVF_ENGINE_CHECK(e, "kvf_engine_import_commit");

@@ -233,6 +233,17 @@ kvf_status_t kvf_engine_import_begin(kvf_engine_h engine, const kvf_req_params_t
                                      uint64_t *id_p, const kvf_req_blocks_t **blocks_p);
 
 /**
+ * Between import_begin() and import_commit(): the caller zeroed the import's attention
+ * blocks holding prompt tokens [prefix hit, @a tokens) instead of filling them (a
+ * sliding-window pull reads only the window: kvf_xfer_window_first_block() times the block
+ * size). Commit then indexes none of the prompt's blocks for the prefix cache (a later
+ * request must never be served a zeroed block; the blocks after them would be unreachable).
+ * @return KVF_OK; KVF_ERR_NOT_FOUND; KVF_ERR_INVALID_PARAM (not importing, or @a tokens
+ *         outside [0, prompt_len]).
+ */
+kvf_status_t kvf_engine_import_zeroed(kvf_engine_h engine, uint64_t id, int64_t tokens);
+
+/**
  * Seed the first token (sampled by prefill) and start decoding. The token
  * counts as the first output; the request finishes at once on EOS or when
  * max_tokens is 1. @return KVF_OK; KVF_ERR_NOT_FOUND; KVF_ERR_INVALID_PARAM

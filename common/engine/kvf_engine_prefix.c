@@ -521,6 +521,9 @@ void kvf_engine_prefix_imported(kvf_engine_prefix_h ep, kvf_request_t *r)
     if ((r->prefix == NULL) || (kvf_pfx_key(ep, r, r->prompt_len / ep->unit, &key) != KVF_OK)) {
         return;   /* unknown source: nothing of it is kept */
     }
+    if (r->import_zeroed > r->prefix_hit) {
+        return;   /* a sliding-window pull zeroed blocks after the hit: none is content */
+    }
     for (int j = r->prefix_hit / B; (j + 1) * B <= r->prompt_len; ++j) {
         for (int a = 0; a < ep->n_attn; ++a) {
             ep->ids[a] = r->blocks.blocks[ep->attn_g[a]][j];

@@ -128,6 +128,9 @@ typedef struct kvf_request {
     int                 prefix_hit;    /* tokens the last lookup served from the cache */
     bool                prefix_counted;/* its query is in the totals */
     bool                prefix_off;    /* imported: neither looked up nor indexed */
+    int                 import_zeroed; /* imported: prompt tokens [prefix_hit, this) were
+                                        * zeroed, not pulled (a sliding-window pull): the
+                                        * prompt's blocks are not indexed; 0: all pulled */
     kvf_prompt_logprobs_t plp;         /* sampling.want_prompt_logprobs: filled in prefill */
 } kvf_request_t;
 

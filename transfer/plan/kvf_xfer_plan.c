@@ -575,23 +575,46 @@ static int kvf_xfer_cmp_ref(const void *a, const void *b)
  * layer slots are one run on both sides; a group mixing full and sliding layers (qwen3 with
  * max_window_layers > 0) is read whole until the layout gives sliding layers their own group.
  */
-static int64_t kvf_xfer_window_first(const kvf_xfer_plan_params_t *p, const kvf_kv_group_t *grp,
-                                     int block_size)
+static int64_t kvf_xfer_group_window_first(const kvf_model_config_t *cfg,
+                                           const kvf_kv_group_t *grp, int64_t num_tokens,
+                                           int block_size)
 {
     int w = 0;
 
-    if (!(p->field_mask & KVF_XFER_PLAN_PARAM_FIELD_FLAGS) ||
-        !(p->flags & KVF_XFER_PLAN_FLAG_WINDOW) || (grp->kind != KVF_GROUP_ATTENTION)) {
+    if ((grp->kind != KVF_GROUP_ATTENTION) || (block_size <= 0)) {
         return 0;
     }
     for (int j = 0; j < grp->num_layers; ++j) {
-        const int lw = p->cfg->layer_window[grp->layers[j]];
+        const int lw = cfg->layer_window[grp->layers[j]];
         if (lw <= 0) {
             return 0;   /* a full-attention layer reads every block */
         }
         w = (lw > w) ? lw : w;
     }
-    return (p->num_tokens > w) ? (p->num_tokens - w) / block_size : 0;
+    return (num_tokens > w) ? (num_tokens - w) / block_size : 0;
+}
+
+static int64_t kvf_xfer_window_first(const kvf_xfer_plan_params_t *p, const kvf_kv_group_t *grp,
+                                     int block_size)
+{
+    if (!(p->field_mask & KVF_XFER_PLAN_PARAM_FIELD_FLAGS) ||
+        !(p->flags & KVF_XFER_PLAN_FLAG_WINDOW)) {
+        return 0;
+    }
+    return kvf_xfer_group_window_first(p->cfg, grp, p->num_tokens, block_size);
+}
+
+int64_t kvf_xfer_window_first_block(const kvf_model_config_t *cfg,
+                                    const kvf_cache_layout_t *layout, int64_t num_tokens,
+                                    int block_size)
+{
+    int64_t first = 0;
+
+    for (int g = 0; g < layout->num_groups; ++g) {
+        int64_t f = kvf_xfer_group_window_first(cfg, &layout->groups[g], num_tokens, block_size);
+        first = (f > first) ? f : first;
+    }
+    return first;
 }
 
 static kvf_status_t kvf_xfer_plan_blocks(kvf_xfer_planner_t *pl)

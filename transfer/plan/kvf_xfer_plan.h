@@ -196,6 +196,19 @@ kvf_status_t kvf_xfer_plan_create(const kvf_xfer_plan_params_t *params, kvf_xfer
 void kvf_xfer_plan_destroy(kvf_xfer_plan_t *plan);
 
 /**
+ * The first logical block (of @a block_size tokens, decode's) that a pull of @a num_tokens
+ * prompt tokens under KVF_XFER_PLAN_FLAG_WINDOW reads in some attention group: the largest
+ * over @a layout's groups of floor(max(0, N - W) / block_size) for a group whose every layer
+ * slides (W its largest window), 0 for a group with a full-attention layer. The plan zeroes
+ * the blocks of each such group below it (after a prefix hit: from the hit on), so a caller
+ * must not index blocks [skip, first) as prompt content. 0: the window flag reads everything
+ * (no sliding group, or a prompt inside the window).
+ */
+int64_t kvf_xfer_window_first_block(const kvf_model_config_t *cfg,
+                                    const kvf_cache_layout_t *layout, int64_t num_tokens,
+                                    int block_size);
+
+/**
  * What every plan of one (prefill engine, decode rank) pair derives the same way from the
  * geometries alone: which prefill rank and head each local KV head is read from, a whole
  * attention block's runs and a Mamba page's runs. Built once (a connector: at the pair's

@@ -62,7 +62,7 @@
  */
 #define KVF_CONNECTOR_SPIN_NS 5000000ull
 
-#define KVF_CONNECTOR_ABI 13  /* 2: req_stats; 3: forget_engine; 4: incarnations; 5: wait_fds;
+#define KVF_CONNECTOR_ABI 14  /* 2: req_stats; 3: forget_engine; 4: incarnations; 5: wait_fds;
                                  6: stats carry posted/landed/done times;
                                  7: batch_descs, plan_flags in the config;
                                  8: leases (set_lease_handler, lease, finish_pull),
@@ -74,7 +74,8 @@
                                  11: req_digests (KV integrity);
                                  12: path in the config, path/path_why/gather_ops in the
                                      stats (the same-node path);
-                                 13: the pull's skip_tokens (decode's prefix cache) */
+                                 13: the pull's skip_tokens (decode's prefix cache);
+                                 14: the pull's plan_flags (the sliding-window pull) */
 
 typedef struct kvf_connector *kvf_connector_h;
 typedef struct kvf_connector_req *kvf_connector_req_h;
@@ -189,6 +190,11 @@ typedef struct kvf_connector_pull {
      * cache, docs/PREFIX_CACHE.md §6): neither read nor zeroed; a multiple of the local
      * block size, <= num_tokens (kvf_xfer_plan_params_t.skip_tokens); 0: read them all */
     int64_t         skip_tokens;
+    /* ABI 14: kvf_xfer_plan_flags OR'd into the config's for this pull's plan; only
+     * KVF_XFER_PLAN_FLAG_WINDOW (read a group whose every layer slides only within its
+     * window, zero the blocks before: kvf_xfer_window_first_block()); another bit is
+     * refused (KVF_ERR_INVALID_PARAM); 0: none */
+    uint32_t        plan_flags;
 } kvf_connector_pull_t;
 
 /** What one rank's pull of one request moved (decode side). */

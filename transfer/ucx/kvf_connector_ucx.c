@@ -594,8 +594,8 @@ static kvf_status_t kvf_conn_plan_pull(kvf_connector_h conn, int tp_rank,
     kvf_xfer_plan_params_t pp;
 
     memset(&pp, 0, sizeof(pp));
-    pp.field_mask = (conn->plan_flags != 0) ? KVF_XFER_PLAN_PARAM_FIELD_FLAGS : 0;
-    pp.flags = conn->plan_flags;
+    pp.flags = conn->plan_flags | pull->plan_flags;
+    pp.field_mask = (pp.flags != 0) ? KVF_XFER_PLAN_PARAM_FIELD_FLAGS : 0;
     pp.cfg = &conn->cfg;
     pp.layout = conn->layout;
     pp.local_tp = conn->tp;
@@ -639,6 +639,11 @@ static kvf_status_t kvf_conn_start_pull(kvf_connector_h conn, int tp_rank,
         return KVF_ERR_INVALID_PARAM;
     }
     KVF_CONN_CHECK_RANK(conn, tp_rank, "start_pull");
+    if ((pull->plan_flags & ~(uint32_t)KVF_XFER_PLAN_FLAG_WINDOW) != 0) {
+        kvf_error("ucx connector: pull plan_flags 0x%x has bits other than the window's (0x%x)",
+                  (unsigned)pull->plan_flags, (unsigned)KVF_XFER_PLAN_FLAG_WINDOW);
+        return KVF_ERR_INVALID_PARAM;
+    }
     rk = &conn->ranks[tp_rank];
     req = calloc(1, sizeof(*req));
     if (req == NULL) {

@@ -10,6 +10,7 @@
  * - a model without Mamba layers whose source is the engine's own class also keeps the
  *   blocks its decode steps complete; a hybrid keeps prompt blocks only;
  * - an import that is aborted before its commit keeps nothing;
+ * - an import whose pull zeroed blocks after its hit (a sliding window) keeps none;
  * - the counters: queries (prompt tokens), hits (tokens served), pulled (the rest).
  */
 #include "kvf_model_test_util.h"
@@ -161,12 +162,54 @@ static void test_import_dense(void **state)
     kvf_pi_run(g_dense, false);
 }
 
+/*
+ * A sliding-window pull zeroes prompt blocks after the hit (kvf_engine_import_zeroed()): the
+ * commit indexes none of the prompt's blocks, so its repeat is a miss, even once its decode
+ * steps completed a later block; zeroed tokens within the hit change nothing (kept as
+ * always). Bad calls are refused.
+ */
+static void test_import_zeroed(void **state)
+{
+    kvf_engine_h eng = kvf_pi_engine(g_dense);
+    const uint64_t cls = kvf_engine_numerics_class(eng);
+    const int B = kvf_block_manager_block_size(kvf_engine_block_manager(eng));
+    static int32_t a[600], seq[700], seq2[800];
+    int32_t blocks[16];
+    uint64_t id;
+    const int n1 = 3 * B - 4;   /* its outputs complete a third block */
+    (void)state;
+
+    for (int i = 0; i < 600; ++i) {
+        a[i] = 3 + (i * 41) % 250;
+    }
+    assert_int_equal(kvf_pi_begin(eng, a, n1, cls, 8, &id), 0);
+    assert_int_equal(kvf_engine_import_zeroed(eng, id, n1 + 1), KVF_ERR_INVALID_PARAM);
+    assert_int_equal(kvf_engine_import_zeroed(eng, id, -1), KVF_ERR_INVALID_PARAM);
+    assert_int_equal(kvf_engine_import_zeroed(eng, id + 1000, B), KVF_ERR_NOT_FOUND);
+    assert_int_equal(kvf_engine_import_zeroed(eng, id, B), KVF_OK);   /* block 0 zeroed */
+    (void)kvf_pi_finish(eng, id, seq, blocks, 2);
+    assert_int_equal(kvf_pi_begin(eng, a, n1, cls, 2, &id), 0);      /* nothing was kept */
+    assert_int_equal(kvf_engine_import_zeroed(eng, id, 0), KVF_OK);   /* nothing zeroed */
+    (void)kvf_pi_finish(eng, id, seq, blocks, 2);
+    assert_int_equal(kvf_engine_import_commit(eng, id, 7), KVF_ERR_NOT_FOUND);
+    /* now kept: a continuation's window starting inside the hit keeps its blocks too */
+    memcpy(seq2, a, (size_t)n1 * sizeof(int32_t));
+    memcpy(seq2 + n1, a + 300, 100 * sizeof(int32_t));
+    assert_int_equal(kvf_pi_begin(eng, seq2, n1 + 100, cls, 2, &id), 2 * B);
+    assert_int_equal(kvf_engine_import_zeroed(eng, id, B), KVF_OK);   /* within the hit */
+    (void)kvf_pi_finish(eng, id, seq, blocks, 2);
+    assert_int_equal(kvf_pi_begin(eng, seq2, n1 + 100, cls, 2, &id), (n1 + 100) / B * B);
+    assert_int_equal(kvf_engine_release(eng, id), KVF_OK);
+    kvf_engine_destroy(eng);
+}
+
 int main(void)
 {
     const char *src = KVF_SOURCE_DIR;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_import_hybrid),
         cmocka_unit_test(test_import_dense),
+        cmocka_unit_test(test_import_zeroed),
     };
     snprintf(g_hybrid, sizeof(g_hybrid), "%s/models-trained/tiny-hybrid", src);
     snprintf(g_dense, sizeof(g_dense), "%s/models-trained/tiny-dense", src);

@@ -249,11 +249,36 @@ static void test_mixed_group_whole(void **state)
     kvf_xfer_plan_destroy(pf);
 }
 
+/*
+ * kvf_xfer_window_first_block(), what decode tells its engine not to index: the first block
+ * the window reads, floor(max(0, N - W) / block), for mistral; 0 for a group with a full
+ * layer (qwen3, read whole) whatever N.
+ */
+static void test_window_first_block(void **state)
+{
+    static const int64_t ns[] = {1, 40, 55, 56, 57, 200, 601, 5000};
+    world_t m, q;
+    (void)state;
+
+    world_init(&m, mistral_json, 1, 1);
+    world_init(&q, qwen3_json, 1, 1);
+    for (size_t i = 0; i < sizeof(ns) / sizeof(ns[0]); ++i) {
+        const int64_t n = ns[i];
+        const int64_t want = (n > W) ? (n - W) / BS : 0;
+        assert_int_equal(kvf_xfer_window_first_block(&m.cfg, &m.layout, n, BS), want);
+        assert_int_equal(kvf_xfer_window_first_block(&m.cfg, &m.layout, n, 2 * BS),
+                         (n > W) ? (n - W) / (2 * BS) : 0);
+        assert_int_equal(kvf_xfer_window_first_block(&q.cfg, &q.layout, n, BS), 0);
+    }
+    assert_int_equal(kvf_xfer_window_first_block(&m.cfg, &m.layout, 601, BS), 35);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_window_bounded),
         cmocka_unit_test(test_mixed_group_whole),
+        cmocka_unit_test(test_window_first_block),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -184,6 +184,21 @@ static void check_fp16_refused(kvf_connector_config_t dc, kvf_cache_params_t par
     free(pool16);
 }
 
+/* Bad pulls are refused before anything is posted: an out-of-range prefill id, and (ABI 14)
+ * a plan flag other than the window's (refused, not ignored). */
+static void refuses_bad_pulls(kvf_connector_h dconn, const kvf_connector_pull_t *pull)
+{
+    const int32_t oob[2] = {4, P_BLOCKS};
+    kvf_connector_pull_t bad_pull = *pull;
+    kvf_connector_req_h req;
+
+    bad_pull.remote_ids[0] = oob;
+    assert_int_equal(ops->start_pull(dconn, 0, &bad_pull, &req), KVF_ERR_OUT_OF_RANGE);
+    bad_pull = *pull;
+    bad_pull.plan_flags = KVF_XFER_PLAN_FLAG_NO_COALESCE;
+    assert_int_equal(ops->start_pull(dconn, 0, &bad_pull, &req), KVF_ERR_INVALID_PARAM);
+}
+
 static void test_ucx_connector(void **state)
 {
     kvf_connector_config_t pc = {0}, dc = {0};
@@ -264,13 +279,7 @@ static void test_ucx_connector(void **state)
     assert_int_equal(ops->handshake(dconn, "prefill-c", "127.0.0.1", port, why, sizeof(why)),
                      KVF_OK);   /* cached */
 
-    /* an out-of-range prefill id is refused before anything is posted */
-    {
-        const int32_t oob[2] = {4, P_BLOCKS};
-        kvf_connector_pull_t bad_pull = pull;
-        bad_pull.remote_ids[0] = oob;
-        assert_int_equal(ops->start_pull(dconn, 0, &bad_pull, &req), KVF_ERR_OUT_OF_RANGE);
-    }
+    refuses_bad_pulls(dconn, &pull);
 
     /* the real pull */
     assert_int_equal(ops->start_pull(dconn, 0, &pull, &req), KVF_OK);

@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""The sliding-window pull through a pool (docs/ARCHITECTURE.md §7, issue 44 item 2).
+
+The Mistral checkpoint transformers saved (tests/data/families/mistral-swa: both layers slide,
+window W = 40) at 1p1d and 1p2d: prompts of increasing length (about 30, 60, 200 and 600
+tokens) pull only the window's blocks. With per-token KV bytes measured on the prompt inside
+the window (a whole pull), each longer prompt's kv_transfer.bytes must equal exactly the
+tokens from the window's first decode block, (N - floor((N - W) / B) * B) tokens, and stay
+within ceil(W / B) + 1 blocks however long N, while its greedy tokens equal the colocated
+`kvf generate` run's. Decode's prefix cache (on) must never serve a block the window zeroed:
+the same prompt asked again, and the long prompt's first half (its zeroed blocks' prefix)
+asked after it, get no decode hit and the colocated tokens; the short prompt (nothing zeroed)
+asked twice is served its full blocks from decode's cache with the same tokens, and so is
+its 100-token extension, which then reads from the window's first block on (a hit below the
+window start: the two compose) and zeroes the blocks between.
+
+    python3 tests/e2e/test_e2e_window_pull.py [LAYOUT...]   (default 1p1d 1p2d)
+"""
+
+import json
+import os
+import random
+import sys
+import urllib.request
+
+from e2e_models import reference
+from kvf_e2e import Metrics, Pool, free_port_range, repo_root, wait_for
+
+MAX_TOKENS = 8
+WINDOW = 40
+BLOCK = 16   # decode's logical block (--block-size, a dense model: exactly it)
+
+
+def text(n, seed):
+    """n bytes of lower-case words (a byte tokenizer: about one token each)."""
+    rnd = random.Random(seed)
+    out = ""
+    while len(out) < n:
+        out += "".join(rnd.choice("abcdefghijklmnopqrstuvwxyz")
+                       for _ in range(rnd.randint(2, 8))) + " "
+    return out[:n]
+
+
+class DecodeMetrics:
+    def __init__(self, port):
+        self.url = "http://127.0.0.1:%d/metrics" % port
+        self.last_hits = 0
+
+    def hit_after(self, n):
+        """The prompt tokens decode's cache served to pull n (its /metrics every 100 ms)."""
+        got = {}
+
+        def published():
+            got["m"] = Metrics(urllib.request.urlopen(self.url, timeout=10).read().decode())
+            return got["m"].sum("kvf_daemon_kv_pulls_total") == n
+        wait_for(published, 10, "decode's /metrics to count pull %d" % n)
+        now = int(got["m"].sum("vllm:prefix_cache_hits_total"))
+        delta, self.last_hits = now - self.last_hits, now
+        return delta
+
+
+def run(layout, model, prompts, refs):
+    rows = []
+    dp = free_port_range(1)
+    with Pool(layout=layout, model=model, timeout=60,
+              decode_args=["--metrics-port=%d" % dp],
+              extra_args=["--block-size", str(BLOCK), "--prefix-caching", "on"]) as pool:
+        dec = DecodeMetrics(dp)
+        for i, (name, prompt) in enumerate(prompts):
+            r = pool.complete(prompt, max_tokens=MAX_TOKENS, temperature=0,
+                              return_token_ids=True, timeout=120)
+            got = r["choices"][0]["token_ids"]
+            n = r["usage"]["prompt_tokens"]
+            assert got == refs[prompt], "%s %s: tokens %s, colocated %s" % (
+                layout, name, got, refs[prompt])
+            rows.append((name, n, r["kv_transfer"]["bytes"], dec.hit_after(i + 1)))
+    return rows
+
+
+def check(layout, rows):
+    by = {name: (n, b, hit) for name, n, b, hit in rows}
+    n0, b0, hit0 = by["short"]
+    assert n0 <= WINDOW and hit0 == 0 and b0 > 0 and b0 % n0 == 0, by["short"]
+    per_tok = b0 // n0                     # a whole pull: the KV bytes of one token
+    bound = ((WINDOW + BLOCK - 1) // BLOCK + 1) * BLOCK * per_tok
+    for name, n, b, hit in rows:
+        # only the short prompt (nothing zeroed) was kept: its full blocks are served to its
+        # repeat and to its extension; a window pull's blocks never are
+        want = n0 // BLOCK * BLOCK if name.startswith("short ") else 0
+        assert hit == want, "%s %s: decode's cache served %d tokens, expected %d" % (
+            layout, name, hit, want)
+        # the partial pull and the window compose: tokens [max(hit, window start), N) read
+        first = max(hit, max(0, n - WINDOW) // BLOCK * BLOCK)
+        assert b == (n - first) * per_tok, "%s %s (N %d): %d bytes, expected %d" % (
+            layout, name, n, b, (n - first) * per_tok)
+        assert b <= bound, "%s %s: %d bytes over the window's %d" % (layout, name, b, bound)
+    print("%s: KV bytes pulled per prompt (window %d, decode block %d, %d bytes a token; bound"
+          " %d)" % (layout, WINDOW, BLOCK, per_tok, bound))
+    print("| prompt | tokens | bytes pulled | whole pull | decode hit |")
+    print("|---|---:|---:|---:|---:|")
+    for name, n, b, hit in rows:
+        print("| %s | %d | %d | %d | %d |" % (name, n, b, n * per_tok, hit))
+
+
+def main():
+    layouts = sys.argv[1:] or ["1p1d", "1p2d"]
+    model = os.path.join(repo_root(), "tests", "data", "families", "mistral-swa")
+    with open(os.path.join(model, "config.json")) as f:
+        assert json.load(f)["sliding_window"] == WINDOW
+    long = text(600, 44)
+    prompts = [("short", text(30, 41)), ("60", text(60, 42)), ("200", text(200, 43)),
+               ("600", long), ("600 again", long), ("600's first half", long[:300]),
+               ("short again", text(30, 41)), ("short extended", text(30, 41) + text(70, 45))]
+    refs = {p: reference(model, p, MAX_TOKENS)[0] for _, p in prompts}
+    for layout in layouts:
+        check(layout, run(layout, model, prompts, refs))
+    print("test_e2e_window_pull passed")
+
+
+if __name__ == "__main__":
+    main()
