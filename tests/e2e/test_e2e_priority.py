@@ -10,7 +10,10 @@ before the next; then the stream's client leaves (the slot frees). With --max-ou
 they are admitted one at a time; each one's admission is its send time plus the time the
 proxy says it waited in its queue (ttft_breakdown.proxy_queue_ms), and the admissions must
 come in the order -1, 0, 1 (the first sent), 1, 2, 3. (The order the answers reach the
-client threads is not used: on a loaded host two answers a few ms apart can swap.)
+client threads is not used: on a loaded host two answers a few ms apart can swap.) Each
+request decodes 400 tokens, so admissions are a whole request apart (a tenth of a second and
+more): the send time stands in for the proxy's arrival, and under a -j3 suite a send reached
+the proxy some tens of ms late, which swapped two 48-token requests' estimates.
 Rerun: python3 tests/e2e/test_e2e_priority.py
 """
 
@@ -61,7 +64,7 @@ def main():
         def one(i, prio):
             sent = time.monotonic()
             st, _, raw = pool.request("POST", "/v1/completions", {
-                "prompt": "The ferry crosses", "max_tokens": 48, "ignore_eos": True,
+                "prompt": "The ferry crosses", "max_tokens": 400, "ignore_eos": True,
                 "temperature": 0, "priority": prio}, timeout=120)
             body = json.loads(raw) if st == 200 else {}
             with lock:   # admitted: sent + the time it waited in the proxy's queue
