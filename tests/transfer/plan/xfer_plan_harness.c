@@ -673,7 +673,9 @@ static void xp_check_totals(const xp_world_t *w, const xp_case_t *c, int dr,
     }
 
     /* minimal descriptor count: maximal runs contiguous on both sides */
-    qsort(pairs->v, pairs->n, sizeof(*pairs->v), xp_pair_cmp);
+    if (pairs->n > 0) {   /* a whole-prompt hit reads nothing: no array (qsort wants one) */
+        qsort(pairs->v, pairs->n, sizeof(*pairs->v), xp_pair_cmp);
+    }
     for (size_t i = 0; i < pairs->n; ++i) {
         const xp_pair_t *q = &pairs->v[i], *prev = (i > 0) ? &pairs->v[i - 1] : NULL;
         if ((prev == NULL) || (prev->rank != q->rank) ||
