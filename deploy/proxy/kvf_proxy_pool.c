@@ -146,6 +146,14 @@ kvf_status_t kvf_proxy_pool_create(const kvf_proxy_pool_params_t *params,
             }
         }
     }
+    /* the indexes before the I/O thread, which reads pool->kvidx on every health reply */
+    for (int role = 0; params->prefix_routing && (role < KVF_PROXY_ROLE_COUNT); ++role) {
+        if ((pool->count[role] > 0) &&
+            (kvf_proxy_kvidx_create(pool->count[role], &pool->kvidx[role]) != KVF_OK)) {
+            kvf_warn("KV events: no index thread for the %s instances (no memory): routing"
+                     " them by load alone", kvf_proxy_role_name((kvf_proxy_role_t)role));
+        }
+    }
     status = kvf_proxy_resolver_start(pool);
     if (status != KVF_OK) {
         goto err_close_socks;
@@ -156,13 +164,6 @@ kvf_status_t kvf_proxy_pool_create(const kvf_proxy_pool_params_t *params,
         goto err_stop_resolver;
     }
     pool->thread_started = true;
-    for (int role = 0; params->prefix_routing && (role < KVF_PROXY_ROLE_COUNT); ++role) {
-        if ((pool->count[role] > 0) &&
-            (kvf_proxy_kvidx_create(pool->count[role], &pool->kvidx[role]) != KVF_OK)) {
-            kvf_warn("KV events: no index thread for the %s instances (no memory): routing"
-                     " them by load alone", kvf_proxy_role_name((kvf_proxy_role_t)role));
-        }
-    }
     *pool_p = pool;
     return KVF_OK;
 
@@ -170,6 +171,7 @@ err_stop_resolver:
     kvf_proxy_resolver_stop(pool);
 err_close_socks:
     for (int role = 0; role < KVF_PROXY_ROLE_COUNT; ++role) {
+        kvf_proxy_kvidx_destroy(pool->kvidx[role]);   /* NULL: no-op */
         for (int i = 0; i < pool->count[role]; ++i) {
             kvf_proxy_inst_close(&pool->inst[role][i]);
         }

@@ -197,25 +197,31 @@ static bool kvf_proxy_route_full_locked(struct kvf_proxy_pool *pool,
 
 /* Ordering key of prefill @a info for a prompt of @a n tokens, @a cached of them cached
  * there, each cached token worth @a weight tokens of work (--prefix-routing-weight): lower
- * is better; below 0 when the cache outweighs the queue. */
+ * is better; below 0 when the cache outweighs the queue. @a pool the measured instances'
+ * mean rate and wait calibration. */
 static double kvf_proxy_route_prefill_key(const kvf_proxy_instance_info_t *info, int n,
-                                          int cached, double weight, double pool_rate)
+                                          int cached, double weight,
+                                          const double pool[2])
 {
     double work = (double)kvf_proxy_route_queued(info) + (double)n - weight * (double)cached;
     double rate = kvf_proxy_route_rate(info);
 
-    /* no rate yet: as fast as the measured ones on average (so a slow pool's idle new
-     * instance does not look faster than a measured one holding the prompt's prefix);
-     * none measured: tokens as if one per millisecond (an idle one, or the one with the
-     * longer cached prefix, wins) */
-    rate = (rate > 0) ? rate : pool_rate;
-    return (rate > 0) ? kvf_proxy_route_calibrated(info, work / rate * 1000.0) : work;
+    if (rate > 0) {
+        return kvf_proxy_route_calibrated(info, work / rate * 1000.0);
+    }
+    /* no rate yet: as fast as the measured ones on average, and as far off their
+     * predictions (so a slow or loaded pool's idle new instance, never calibrated, does
+     * not look faster than a measured one holding the prompt's prefix); none measured:
+     * tokens as if one per millisecond (an idle one, or the one with the longer cached
+     * prefix, wins) */
+    return (pool[0] > 0) ? work / pool[0] * 1000.0 * pool[1] : work;
 }
 
-/* The mean rate of the routable prefill instances that have one; 0: none has. */
-static double kvf_proxy_route_pool_rate_locked(struct kvf_proxy_pool *pool)
+/* The mean rate (tokens/s; 0: none has one) and wait calibration (>= 1) of the routable
+ * prefill instances that have a rate, into @a out. */
+static void kvf_proxy_route_pool_rate_locked(struct kvf_proxy_pool *pool, double out[2])
 {
-    double sum = 0;
+    double sum = 0, cal = 0;
     int known = 0;
 
     for (int i = 0; i < pool->count[KVF_PROXY_ROLE_PREFILL]; ++i) {
@@ -223,10 +229,12 @@ static double kvf_proxy_route_pool_rate_locked(struct kvf_proxy_pool *pool)
         double r = kvf_proxy_route_rate(info);
         if (kvf_proxy_routable(info) && (r > 0)) {
             sum += r;
+            cal += (info->wait_calibration > 1.0) ? info->wait_calibration : 1.0;
             known++;
         }
     }
-    return (known > 0) ? sum / known : 0;
+    out[0] = (known > 0) ? sum / known : 0;
+    out[1] = (known > 0) ? cal / known : 1.0;
 }
 
 /*
@@ -244,8 +252,9 @@ static int kvf_proxy_route_prefill_locked(struct kvf_proxy_pool *pool, int n,
     kvf_proxy_role_t role = KVF_PROXY_ROLE_PREFILL;
     int count = pool->count[role], best = -1, best_cached = 0;
     bool routable = false, fits = false;
-    double best_key = 0, pool_rate = kvf_proxy_route_pool_rate_locked(pool);
+    double best_key = 0, pool_rate[2];
 
+    kvf_proxy_route_pool_rate_locked(pool, pool_rate);
     *largest_p = 0;
     for (int k = 0; k < count; ++k) {
         int i = (int)((pool->rr[role] + (unsigned)k) % (unsigned)count);
