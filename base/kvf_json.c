@@ -337,3 +337,19 @@ char *kvf_json_print(cJSON *root)
     out = cJSON_Print(holder.child);
     return out;
 }
+
+kvf_status_t kvf_json_load_config(const char *path, size_t max_bytes, char *file, size_t cap,
+                                  cJSON **root_p)
+{
+    struct stat st;
+    kvf_status_t status;
+
+    if ((stat(path, &st) == 0) && S_ISDIR(st.st_mode)) {
+        snprintf(file, cap, "%s/config.json", path);
+    } else {
+        snprintf(file, cap, "%s", path);
+    }
+    status = kvf_json_load(file, max_bytes, root_p);
+    return ((status == KVF_ERR_NOT_FOUND) || (status == KVF_ERR_OUT_OF_RANGE)) ? KVF_ERR_IO :
+           status;
+}

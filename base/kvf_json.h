@@ -54,6 +54,16 @@ kvf_status_t kvf_json_parse(const char *text, size_t len, const char *origin, cJ
 kvf_status_t kvf_json_load(const char *path, size_t max_bytes, cJSON **root_p);
 
 /**
+ * A checkpoint's config.json: @a path names the file or the folder holding it (then
+ * "<path>/config.json"), loaded with kvf_json_load(); the file's name into @a file
+ * (@a cap bytes) for messages. Errors: kvf_json_load()'s, with
+ * KVF_ERR_NOT_FOUND and KVF_ERR_OUT_OF_RANGE as KVF_ERR_IO (callers tell "no config" from
+ * "bad config" by IO against the parse errors).
+ */
+kvf_status_t kvf_json_load_config(const char *path, size_t max_bytes, char *file, size_t cap,
+                                  cJSON **root_p);
+
+/**
  * Print @a root as cJSON_Print() does, but with non-finite numbers written as
  * Python's literals (Infinity, -Infinity, NaN) where cJSON writes null, so a
  * config rewritten by kvferry keeps its meaning for transformers and for

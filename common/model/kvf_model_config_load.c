@@ -13,7 +13,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 /* a config.json is kilobytes; a larger file is not one */
 #define KVF_MODEL_CONFIG_MAX_BYTES ((size_t)16 << 20)
@@ -36,20 +35,12 @@ kvf_status_t kvf_model_config_parse(const char *json, const char *origin,
 kvf_status_t kvf_model_config_load(const char *path, kvf_model_config_t *cfg_p)
 {
     char file[4096];
-    struct stat st;
     cJSON *root;
     kvf_status_t status;
 
-    if ((stat(path, &st) == 0) && S_ISDIR(st.st_mode)) {
-        snprintf(file, sizeof(file), "%s/config.json", path);
-    } else {
-        snprintf(file, sizeof(file), "%s", path);
-    }
-    status = kvf_json_load(file, KVF_MODEL_CONFIG_MAX_BYTES, &root);
+    status = kvf_json_load_config(path, KVF_MODEL_CONFIG_MAX_BYTES, file, sizeof(file), &root);
     if (status != KVF_OK) {
-        /* callers tell "no config" from "bad config" by IO against the parse errors */
-        return ((status == KVF_ERR_NOT_FOUND) || (status == KVF_ERR_OUT_OF_RANGE)) ? KVF_ERR_IO :
-               status;
+        return status;
     }
     status = kvf_model_config_from_json(root, file, cfg_p);
     cJSON_Delete(root);

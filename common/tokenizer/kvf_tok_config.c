@@ -12,7 +12,6 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #define KVF_TOK_CONFIG_MAX_BYTES ((size_t)16 << 20)   /* a config.json is kilobytes */
 
@@ -84,21 +83,13 @@ static kvf_status_t kvf_tok_cfg_fields(const char *file, const cJSON *root, kvf_
 kvf_status_t kvf_tok_config_load(const char *path, kvf_tok_config_t *out)
 {
     char file[4096];
-    struct stat st;
     cJSON *root;
     kvf_tok_config_t c;
     kvf_status_t status;
 
-    if ((stat(path, &st) == 0) && S_ISDIR(st.st_mode)) {
-        snprintf(file, sizeof(file), "%s/config.json", path);
-    } else {
-        snprintf(file, sizeof(file), "%s", path);
-    }
-    status = kvf_json_load(file, KVF_TOK_CONFIG_MAX_BYTES, &root);
+    status = kvf_json_load_config(path, KVF_TOK_CONFIG_MAX_BYTES, file, sizeof(file), &root);
     if (status != KVF_OK) {
-        /* the same codes as kvf_model_config_load(): IO for "no config" */
-        return ((status == KVF_ERR_NOT_FOUND) || (status == KVF_ERR_OUT_OF_RANGE)) ? KVF_ERR_IO :
-               status;
+        return status;
     }
     memset(&c, 0, sizeof(c));
     status = kvf_tok_cfg_fields(file, root, &c);
