@@ -60,7 +60,8 @@ static const kvf_config_field_t kvf_plan_table[] = {
     {"JSON", "no", "print JSON instead of tables",
      offsetof(kvf_plan_opts_t, json), KVF_CONFIG_TYPE_BOOL, 0},
     {"HARDWARE", "", "add estimates for this device: h100, h200, b200, or custom (give "
-     "--hbm-gb, --hbm-gbs, --tflops and --link-gbs); empty: none",
+     "--hbm-gb, --hbm-gbs, --tflops and --link-gbs); empty: the summary estimates on h100, "
+     "the per-layout sections carry none",
      offsetof(kvf_plan_opts_t, hardware), KVF_CONFIG_TYPE_STRING, 0},
     {"HBM_GB", "0", "device memory per GPU, GB (0: the --hardware figure)",
      offsetof(kvf_plan_opts_t, hbm_gb), KVF_CONFIG_TYPE_DOUBLE, 0},
