@@ -233,6 +233,50 @@ static void test_pick_and_admit(void **state)
     kvf_proxy_pool_destroy(pool);
 }
 
+/* A prefill instance with no measured rate is taken as fast as the measured ones on average
+ * and as far off their predictions (kvf_proxy_route_prefill_key): with a measured instance
+ * calibrated up to 3, an idle-looking unmeasured one is not preferred for its raw queue. */
+static void test_unmeasured_takes_pool_calibration(void **state)
+{
+    struct kvf_proxy_pool *pool = test_pool();
+    kvf_proxy_route_req_t rq = {.num_tokens = 100, .budget_ms = 10000,
+                                .prefill_timeout_ms = 10000};
+    kvf_proxy_route_t rt;
+
+    (void)state;
+    /* prefill 0: 1000 tokens/s, calibration 3, 100 queued: (100 + 100) / 1000 x 3 = 0.6 s;
+     * prefill 1: no rate, 150 queued: (150 + 100) / 1000 (the pool's mean) x 3 = 0.75 s
+     * (taken alone, uncalibrated, 250 tokens at 1000/s would be 0.25 s and win) */
+    pthread_mutex_lock(&pool->lock);
+    info_of(pool, 0, 0)->wait_calibration = 3.0;
+    info_of(pool, 0, 0)->outstanding_tokens = 100;
+    info_of(pool, 0, 1)->prefill_rate_recent = 0;
+    info_of(pool, 0, 1)->prefill_tokens_per_s = 0;
+    info_of(pool, 0, 1)->outstanding_tokens = 150;
+    pthread_mutex_unlock(&pool->lock);
+    assert_int_equal(kvf_proxy_route_pick(pool, &rq, &rt), KVF_OK);
+    assert_int_equal(rt.prefill_idx, 0);
+    assert_true((rt.predicted_wait_ms > 599.9) && (rt.predicted_wait_ms < 600.1));
+
+    /* calibration 1.5: prefill 0 at 0.3 s, prefill 1 at 0.375 s: still 0; with 40 queued
+     * on prefill 1 instead, (40 + 100) x 1.5 = 0.21 s < 0.3 s: the unmeasured one */
+    pthread_mutex_lock(&pool->lock);
+    info_of(pool, 1, 0)->reserved = 0;
+    info_of(pool, 1, 1)->reserved = 0;
+    info_of(pool, 0, 0)->wait_calibration = 1.5;
+    pthread_mutex_unlock(&pool->lock);
+    assert_int_equal(kvf_proxy_route_pick(pool, &rq, &rt), KVF_OK);
+    assert_int_equal(rt.prefill_idx, 0);
+    pthread_mutex_lock(&pool->lock);
+    info_of(pool, 1, 0)->reserved = 0;
+    info_of(pool, 1, 1)->reserved = 0;
+    info_of(pool, 0, 1)->outstanding_tokens = 40;
+    pthread_mutex_unlock(&pool->lock);
+    assert_int_equal(kvf_proxy_route_pick(pool, &rq, &rt), KVF_OK);
+    assert_int_equal(rt.prefill_idx, 1);
+    kvf_proxy_pool_destroy(pool);
+}
+
 /* A PrefillRequest counts in its instance's load until its call fails (never sent here). */
 static void test_call_load(void **state)
 {
@@ -395,7 +439,8 @@ int main(void)
         cmocka_unit_test(test_arithmetic),     cmocka_unit_test(test_rate_from_probes),
         cmocka_unit_test(test_pick_and_admit), cmocka_unit_test(test_call_load),
         cmocka_unit_test(test_reject_metrics), cmocka_unit_test(test_calibration),
-        cmocka_unit_test(test_decode_reservation), cmocka_unit_test(test_decode_pages),
+        cmocka_unit_test(test_decode_reservation),
+        cmocka_unit_test(test_unmeasured_takes_pool_calibration), cmocka_unit_test(test_decode_pages),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
