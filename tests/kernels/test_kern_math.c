@@ -497,7 +497,7 @@ static void test_attn_split_merge(void **state)
             }
         }
         for (int d = 0; d < HD; ++d) {
-            float merged = kvf_attn_merge(pm, pl, &pacc[0][0], HD, N, (size_t)d);
+            float merged = kvf_attn_merge(pm, pl, &pacc[0][0], HD, N, (size_t)d, -INFINITY);
             if (round == 0) {
                 assert_false(isnan(one[d]));
                 assert_true(fabsf(merged - one[d]) <= 1e-5f * (1.0f + fabsf(one[d])));
@@ -506,7 +506,7 @@ static void test_attn_split_merge(void **state)
             }
         }
         if (round == 1) {
-            assert_true(isnan(kvf_attn_merge(pm, pl, &pacc[0][0], HD, N, 3)));
+            assert_true(isnan(kvf_attn_merge(pm, pl, &pacc[0][0], HD, N, 3, -INFINITY)));
         }
     }
 }
@@ -565,7 +565,7 @@ static void test_attn_split_invariant(void **state)
     }
     for (int g = own; g <= GMAX; ++g) {        /* launches of own .. own + 4 ranges */
         for (int d = 0; d < HD; ++d) {
-            float o = kvf_attn_merge(pm, pl, &pacc[0][0], HD, g, (size_t)d);
+            float o = kvf_attn_merge(pm, pl, &pacc[0][0], HD, g, (size_t)d, -INFINITY);
             if (g == own) {
                 first[d] = o;
                 assert_false(isnan(o));
