@@ -157,6 +157,13 @@ def cases():
                              "beta_slow": 1.0, "truncate": False,
                              "original_max_position_embeddings": 128,
                              "rope_theta": 150000.0}), None),
+        # gpt_oss as the released files spell it (PATCHES: rope_scaling + rope_theta, truncate
+        # true, an explicit attention_factor), default layer_types (sliding, full, sliding,
+        # full), the default swiglu, window 24
+        "gpt-oss-rope-scaling": ("gpt_oss", dict(
+            COMMON, intermediate_size=24, num_hidden_layers=4, num_attention_heads=8,
+            num_key_value_heads=2, head_dim=16, sliding_window=24, max_position_embeddings=512,
+            num_local_experts=4, num_experts_per_tok=2), None),
         # --- issue 44: the Mamba2 + attention hybrids whose every layer has its FFN ---
         # Bamba: partial RoPE (0.5 of each 8-wide head), biases everywhere it has them,
         # n_groups 2 (TP 4 replicates the B/C groups and splits a gated-norm group)
@@ -190,6 +197,11 @@ PATCHES = {
     "llama-rope-both": {"rope_scaling": {"rope_type": "linear", "factor": 4.0},
                         "rope_theta": 500.0},
     "mistral-default-window": {"sliding_window": None},   # None: remove the field
+    "gpt-oss-rope-scaling": {"rope_parameters": None, "rope_theta": 20000.0,
+                             "rope_scaling": {"rope_type": "yarn", "factor": 8.0,
+                                              "beta_fast": 16.0, "beta_slow": 2.0,
+                                              "original_max_position_embeddings": 64,
+                                              "truncate": True, "attention_factor": 1.25}},
 }
 
 # Extra prompts of exactly k * chunk + 1 tokens with the default 512-token chunk.
@@ -211,7 +223,9 @@ def patch_config(model_dir, edits):
             cfg[k] = v
     with open(path, "w") as f:
         json.dump(cfg, f, indent=2)
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    extra = dict(experts_implementation="eager") if cfg.get("model_type") == "gpt_oss" else {}
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
+                                                              **extra)
     model.eval()
     return model
 
