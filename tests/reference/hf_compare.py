@@ -20,7 +20,9 @@ prefill chunk, and k chunks + 1 tokens (a last prefill chunk of one token;
 block size is read from `kvf plan`. The cases after "moe-hybrid" are the
 departures of issue 25: their config.json is edited after saving (PATCHES)
 and transformers' reference is from_pretrained of the edited folder. The
-last three are issue 44's families (bamba, granitemoehybrid). Each decode
+cases after "mistral-default-window" are issue 44's families (sliding windows
+of mistral, qwen3, gemma3_text; gpt_oss with attention sinks, YaRN and its
+experts, run by transformers' eager experts loop; bamba, granitemoehybrid). Each decode
 step gets its position as generate() passes it (BambaModel's forward alone
 numbers a one-token step 0).
 
