@@ -295,6 +295,15 @@ static size_t compare_pertoken(const ecase_t *c, const emu_launch_t *L, const in
     return compared;
 }
 
+/* 16 attention sinks, every third far above any score */
+static const float *fill_sinks(kvf_test_rng_t *r, float *sinks)
+{
+    for (int h = 0; h < 16; ++h) {
+        sinks[h] = (h % 3 == 1) ? 30.0f : kvf_test_rand(r, -2.0f, 2.0f);
+    }
+    return sinks;
+}
+
 /* both sides on one case; returns the number of values compared */
 static size_t run_case(const ecase_t *c, uint64_t seed)
 {
@@ -359,10 +368,7 @@ static size_t run_case(const ecase_t *c, uint64_t seed)
     kv.num_blocks = maxb;
     kv.window = c->window;
     float sinks[16];
-    for (int h = 0; h < 16; ++h) {
-        sinks[h] = (h % 3 == 1) ? 30.0f : kvf_test_rand(&r, -2.0f, 2.0f);
-    }
-    kv.sinks = c->sinks ? sinks : NULL;
+    kv.sinks = c->sinks ? fill_sinks(&r, sinks) : NULL;
     const kvf_cuda_kv g = kvf_cuda_kv_of(&kv, tables);
     const int splits = kvf_attn_split_count(max_pos / c->kbs + 1, c->kbs);
     const int qt = kvf_attn_tile_queries(hd, c->kbs);
