@@ -138,12 +138,43 @@ static void test_refusals(void **state)
     }
 }
 
+/* gpt-oss-20b's shape (tests/data/models: the released config.json's fields without its MXFP4
+ * quantization_config, as a dequantized bf16 checkpoint ships) */
+static void test_real_shape(void **state)
+{
+    kvf_model_config_t c;
+    const double af = 0.1 * log(32.0) + 1.0;
+    (void)state;
+
+    kvf_test_load_model("gpt-oss-20b", &c);
+    assert_int_equal(c.arch, KVF_ARCH_GPT_OSS);
+    assert_int_equal(c.num_layers, 24);
+    assert_int_equal(c.num_attention_layers, 24);
+    for (int l = 0; l < 24; ++l) {
+        assert_int_equal(c.layer_window[l], (l % 2 == 0) ? 128 : 0);
+    }
+    assert_int_equal(c.num_attention_heads, 64);
+    assert_int_equal(c.num_key_value_heads, 8);
+    assert_int_equal(c.head_dim, 64);
+    assert_int_equal(c.moe_num_experts, 32);
+    assert_int_equal(c.moe_top_k, 4);
+    assert_int_equal(c.moe_intermediate_size, 2880);
+    assert_int_equal(c.torch_dtype, KVF_DTYPE_BF16);
+    assert_int_equal(c.rope.type, KVF_ROPE_YARN);
+    assert_true((c.rope.factor == 32.0) && !c.rope.truncate && (c.rope.theta == 150000.0));
+    assert_true(c.rope.original_max_pos == 4096.0);
+    assert_true(fabs(c.attention_multiplier - af * af / 8.0) < 1e-15);
+    assert_true(!c.lm_head_tied && c.attn_sinks);
+    assert_int_equal(c.eos_token_id, 200002);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_rope_and_layers),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_real_shape),
     };
     kvf_log_init("test");
     return cmocka_run_group_tests(tests, NULL, NULL);
