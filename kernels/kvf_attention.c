@@ -141,6 +141,21 @@ int kvf_attn_cache_write(const kvf_device_t *dev, const kvf_paged_kv_t *kv, cons
     return KVF_KERN_OK;
 }
 
+/* One (query, head)'s output: acc / l, or under head @a qh's attention sink acc * f
+ * (kvf_attn_sink_factor). */
+static void kvf_attn_finish_head(const float *acc, float m, float l, const float *sinks,
+                                 size_t qh, size_t hd, float *o)
+{
+    if (sinks == NULL) {
+        kvf_attn_finish(acc, l, hd, o);
+        return;
+    }
+    const float f = kvf_attn_sink_factor(m, l, sinks[qh]);
+    for (size_t d = 0; d < hd; ++d) {
+        o[d] = acc[d] * f;
+    }
+}
+
 /* Key tokens of one CPU tile: whole kernel blocks, about this many (at
  * least one kernel block). The online softmax rescales once per tile; tile
  * bounds depend on the kernel block size alone, never on the call. */
@@ -248,6 +263,7 @@ static void kvf_attn_cpu_qblock(const kvf_attn_cpu_t *c, size_t r0, size_t r1)
 typedef struct kvf_attn_cpu_job {
     kvf_attn_cpu_t c;           /* shared fields; S/acc/m/l: part 0's scratch */
     size_t         nq, q_heads, kh, scratch_part;   /* floats of scratch a part */
+    const float   *sinks;       /* kvf_paged_kv_t.sinks */
     float         *out;
 } kvf_attn_cpu_job_t;
 
@@ -265,9 +281,9 @@ static int kvf_attn_cpu_part(void *ctx, int part, int parts)
         const size_t r1 = (j->nq - r0 < qr) ? j->nq : r0 + qr;
         kvf_attn_cpu_qblock(&c, r0, r1);
         for (size_t i = r0; i < r1; ++i) {
-            kvf_attn_finish(c.acc + (i - r0) * hd, c.l[i - r0], hd,
-                            j->out + (i / group) * j->q_heads * hd +
-                                (j->kh * group + i % group) * hd);
+            const size_t qh = j->kh * group + i % group;
+            kvf_attn_finish_head(c.acc + (i - r0) * hd, c.m[i - r0], c.l[i - r0], j->sinks, qh,
+                                 hd, j->out + (i / group) * j->q_heads * hd + qh * hd);
         }
     }
     return KVF_KERN_OK;
@@ -310,7 +326,7 @@ static int kvf_attn_paged_blocked(const kvf_paged_kv_t *kv, const float *q, int 
                                   .kbs = kbs, .tw = tw, .qr = qr, .scale = scale, .t0 = t0,
                                   .window = kv->window},
                             .nq = nq, .q_heads = (size_t)q_heads, .scratch_part = per,
-                            .out = out};
+                            .sinks = kv->sinks, .out = out};
     int rc = KVF_KERN_OK;
 
     scratch = malloc((2 * ntok * hd + kbs * hd + nq * hd + (size_t)parts * per) * sizeof(float));
@@ -454,7 +470,8 @@ int kvf_attn_paged(const kvf_device_t *dev, const kvf_paged_kv_t *kv, const floa
             for (size_t g = 0; g < group; ++g) {
                 size_t qi = (size_t)t * group + g;
                 float *o = out + (size_t)t * (size_t)q_heads * hd + (kh * group + g) * hd;
-                kvf_attn_finish(acc + qi * hd, l[qi], hd, o);
+                kvf_attn_finish_head(acc + qi * hd, m[qi], l[qi], kv->sinks, kh * group + g, hd,
+                                     o);
             }
         }
     }

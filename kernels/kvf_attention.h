@@ -72,6 +72,10 @@ typedef struct kvf_paged_kv {
                                          (transformers' sliding_window); 0: full causal.
                                          Kernel blocks wholly before the window are never
                                          read, so their table entries may be stale */
+    const float   *sinks;             /* NULL, or fp32 [q_heads] (memory of the device):
+                                         each query head's attention sink (gpt-oss), a
+                                         logit that joins the softmax's denominator and
+                                         has no value (kvf_attn_sink_factor) */
 } kvf_paged_kv_t;
 
 /**

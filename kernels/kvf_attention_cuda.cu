@@ -152,6 +152,16 @@ kvf_attn_paged_kernel(kvf_cuda_kv g, const float *q, int ldq, const int32_t *pos
     const size_t qi = blockIdx.x;
     if (splits == 1) {
         float *o = out + (size_t)t * (size_t)q_heads * hd + (size_t)qh * hd;
+        if (g.sinks != NULL) {   /* an attention sink (gpt-oss): kvf_attn_sink_factor */
+            const float f = kvf_attn_sink_factor(m, l_sh, g.sinks[qh]);
+            if (tid < hd) {
+                o[tid] = acc0 * f;
+            }
+            if (tid + KVF_ATTN_THREADS < hd) {
+                o[tid + KVF_ATTN_THREADS] = acc1 * f;
+            }
+            return;
+        }
         if (tid < hd) {
             o[tid] = acc0 / l_sh;   /* kvf_attn_finish */
         }
@@ -173,16 +183,18 @@ kvf_attn_paged_kernel(kvf_cuda_kv g, const float *q, int ldq, const int32_t *pos
     }
 }
 
-/* one thread per (query row, head, dim): the split-K partials merged (kvf_attn_merge) */
+/* one thread per (query row, head, dim): the split-K partials merged (kvf_attn_merge), with
+ * head qi % q_heads's attention sink when @a sinks is set */
 __global__ void kvf_attn_merge_kernel(const float *part_m, const float *part_l,
                                       const float *part_acc, size_t rows, int splits, int hd,
-                                      float *out)
+                                      const float *sinks, int q_heads, float *out)
 {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < rows * (size_t)hd;
          i += (size_t)gridDim.x * blockDim.x) {
         size_t qi = i / (size_t)hd, d = i % (size_t)hd;
+        const float sink = (sinks != NULL) ? sinks[qi % (size_t)q_heads] : -INFINITY;
         out[i] = kvf_attn_merge(part_m + qi * splits, part_l + qi * splits,
-                                part_acc + qi * splits * hd, (size_t)hd, splits, d);
+                                part_acc + qi * splits * hd, (size_t)hd, splits, d, sink);
     }
 }
 
@@ -216,7 +228,7 @@ static int kvf_attn_launch(cudaStream_t stream, kvf_attn_gpu_impl_t impl, const 
     }
     if ((rc == KVF_KERN_OK) && (splits > 1)) {
         kvf_attn_merge_kernel<<<kvf_cuda_blocks(queries * hd), KVF_CUDA_THREADS, 0, stream>>>(
-            pm, pl, pacc, queries, splits, (int)hd, out);
+            pm, pl, pacc, queries, splits, (int)hd, g.sinks, q_heads, out);
         rc = kvf_cuda_launched("kvf_attn_merge_kernel");
     }
     if ((rc == KVF_KERN_OK) && (ran_p != NULL)) {

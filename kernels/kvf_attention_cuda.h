@@ -70,6 +70,7 @@ typedef struct kvf_cuda_kv {
     int            slots, slot, dtype, kv_heads, head_dim, block_size, kbs;
     int            window;        /* kvf_paged_kv_t.window (0: full causal) */
     const int32_t *block_table;   /* device */
+    const float   *sinks;         /* kvf_paged_kv_t.sinks (device), or NULL */
 } kvf_cuda_kv;
 
 static inline kvf_cuda_kv kvf_cuda_kv_of(const kvf_paged_kv_t *kv, const int32_t *d_table)
@@ -88,6 +89,7 @@ static inline kvf_cuda_kv kvf_cuda_kv_of(const kvf_paged_kv_t *kv, const int32_t
     g.kbs = kv->kernel_block_size;
     g.window = kv->window;
     g.block_table = d_table;
+    g.sinks = kv->sinks;
     return g;
 }
 

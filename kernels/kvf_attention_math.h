@@ -181,24 +181,43 @@ static inline KVF_HD int kvf_attn_split_count(int max_nkb, int kbs)
  * decode query's kernel blocks split into n ranges, each folded from
  * m = -inf, l = 0 as above into m[i], l[i], acc_i (at acc + i * ld). With
  * M = max m_i and w_i = exp(m_i - M) (0 for an empty range, m_i = -inf):
- * returns (sum w_i acc_i[d]) / (sum w_i l_i), sums in range order. That is
+ * returns (sum w_i acc_i[d]) / (sum w_i l_i), sums in range order (with @a sink, M
+ * takes it too and the denominator starts at exp(sink - M)). That is
  * the one-range fold's result up to fp32 rounding (exp(a - b) factors in
  * place of the running rescales). Used by the CUDA decode attention when it
  * splits a long context over blocks (FlashDecoding's split-K).
  */
 static inline KVF_HD float kvf_attn_merge(const float *m, const float *l, const float *acc,
-                                          size_t ld, int n, size_t d)
+                                          size_t ld, int n, size_t d, float sink)
 {
     float mx = -INFINITY, lsum = 0.0f, a = 0.0f;
     for (int i = 0; i < n; ++i) {
         mx = (m[i] > mx) ? m[i] : mx;
     }
+    /* an attention sink (-INFINITY: none, which changes no bit: exp(-inf) = 0) joins the
+     * max and the denominator (kvf_attn_sink_factor) */
+    mx = (sink > mx) ? sink : mx;
+    lsum = expf(sink - mx);
     for (int i = 0; i < n; ++i) {
         float w = (m[i] == -INFINITY) ? 0.0f : expf(m[i] - mx);
         lsum += w * l[i];
         a += w * acc[(size_t)i * ld + d];
     }
     return a / lsum;
+}
+
+/**
+ * The factor f of one (query, head)'s output o[d] = acc[d] * f under an attention sink
+ * @a sink (gpt-oss; transformers' eager attention: the sink's logit is one more column of
+ * the softmax, dropped after it): with M = max(m, sink) and a = exp(m - M),
+ * f = a / (l * a + exp(sink - M)). Without a sink the output stays acc[d] / l
+ * (kvf_attn_finish).
+ */
+static inline KVF_HD float kvf_attn_sink_factor(float m, float l, float sink)
+{
+    const float mx = (sink > m) ? sink : m;
+    const float a = expf(m - mx);
+    return a / fmaf(l, a, expf(sink - mx));   /* one rounding: the same on CPU and GPU */
 }
 
 /** Output of one (query, head): o[d] = acc[d] / l. */

@@ -187,8 +187,8 @@ KVF_TILE_FN void kvf_attn_tile_pv(float *acc, unsigned fold, const float *sc, co
  * running max and denominator for kvf_attn_merge */
 KVF_TILE_FN void kvf_attn_tile_store(const float *acc, const float *m_sh, const float *l_sh,
                                      int u0, int nq, int group, int kh, int q_heads, int hd,
-                                     int y, int splits, float *out, float *part_m, float *part_l,
-                                     float *part_acc, int tid)
+                                     int y, int splits, const float *sinks, float *out,
+                                     float *part_m, float *part_l, float *part_acc, int tid)
 {
     KVF_TILE_UNROLL
     for (int k = 0; k < KVF_ATTN_TILE_ACC; ++k) {
@@ -197,7 +197,10 @@ KVF_TILE_FN void kvf_attn_tile_store(const float *acc, const float *m_sh, const 
             int t, qh;
             kvf_attn_tile_query(u0 + qi, group, kh, &t, &qh);
             const size_t row = (size_t)t * (size_t)q_heads + (size_t)qh;
-            if (splits == 1) {
+            if ((splits == 1) && (sinks != NULL)) {   /* gpt-oss: kvf_attn_sink_factor */
+                out[row * hd + d] = __fmul_rn(acc[k],
+                                              kvf_attn_sink_factor(m_sh[qi], l_sh[qi], sinks[qh]));
+            } else if (splits == 1) {
                 out[row * hd + d] = __fdiv_rn(acc[k], l_sh[qi]);   /* kvf_attn_finish */
             } else {
                 part_acc[(row * splits + y) * hd + d] = acc[k];
@@ -324,8 +327,8 @@ KVF_TILE_KERNEL kvf_attn_tiled_kernel(kvf_cuda_kv g, const float *q, int ldq,
         __syncthreads();   /* m_sh, l_sh read by the next kernel block's max */
         kb = kbn;
     }
-    kvf_attn_tile_store(acc, m_sh, l_sh, u0, nq, group, kh, q_heads, hd, y, splits, out, part_m,
-                        part_l, part_acc, tid);
+    kvf_attn_tile_store(acc, m_sh, l_sh, u0, nq, group, kh, q_heads, hd, y, splits, g.sinks,
+                        out, part_m, part_l, part_acc, tid);
 }
 
 #endif

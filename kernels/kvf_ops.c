@@ -140,6 +140,31 @@ int kvf_act_mul(const kvf_device_t *dev, int act, const float *x, int M, int C, 
     return KVF_KERN_OK;
 }
 
+int kvf_swiglu_clamp(const kvf_device_t *dev, float alpha, float limit, const float *x, int M,
+                     int C, float *y)
+{
+    if ((C < 1) || (M < 0) || !(limit > 0.0f)) {
+        return KVF_KERN_EINVAL;
+    }
+    if (M == 0) {
+        return KVF_KERN_OK;
+    }
+    if ((x == NULL) || (y == NULL)) {
+        return KVF_KERN_EINVAL;
+    }
+    if (!kvf_kern_on_cpu(dev)) {
+        KVF_OPS_CUDA(kvf_cuda_swiglu_clamp(dev, alpha, limit, x, M, C, y));
+    }
+    for (int t = 0; t < M; ++t) {
+        const float *gate = x + (size_t)t * (size_t)(2 * C);
+        float *out = y + (size_t)t * (size_t)C;
+        for (int i = 0; i < C; ++i) {
+            out[i] = kvf_swiglu_clamp_hd(gate[i], gate[C + i], alpha, limit);
+        }
+    }
+    return KVF_KERN_OK;
+}
+
 int kvf_rope(const kvf_device_t *dev, const float *inv_freq, int head_dim,
              const int32_t *positions, int T, float *x, int ldx, int heads)
 {

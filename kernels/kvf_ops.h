@@ -74,6 +74,16 @@ int kvf_scatter_add_rows(const kvf_device_t *dev, float *y, int ldy, const int32
 int kvf_act_mul(const kvf_device_t *dev, int act, const float *x, int M, int C, float *y);
 
 /**
+ * gpt-oss's experts' activation: y[t][i] = kvf_swiglu_clamp_hd(x[t][i], x[t][C + i], alpha,
+ * limit) (kvf_ops_math.h) for t < M, i < C; x holds the gate outputs then the up outputs
+ * ([M][2C], de-interleaved at load); y is [M][C], not overlapping x.
+ * @return KVF_KERN_OK; KVF_KERN_EINVAL (NULL with M > 0, C < 1, M < 0, limit not positive);
+ *         KVF_KERN_ECUDA; KVF_KERN_EUNSUPPORTED.
+ */
+int kvf_swiglu_clamp(const kvf_device_t *dev, float alpha, float limit, const float *x, int M,
+                     int C, float *y);
+
+/**
  * RoPE in place on @a T tokens: the @a heads head vectors of token t start
  * at x + t * ldx, head h at + h * head_dim; each pair (i, i + head_dim/2)
  * is rotated by angle positions[t] * inv_freq[i] (cosf/sinf in fp32).

@@ -59,6 +59,17 @@ __global__ void kvf_act_mul_kernel(int act, const float *x, size_t M, size_t C, 
     }
 }
 
+__global__ void kvf_swiglu_clamp_kernel(float alpha, float limit, const float *x, size_t M,
+                                        size_t C, float *y)
+{
+    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < M * C;
+         e += (size_t)gridDim.x * blockDim.x) {
+        size_t t = e / C, i = e % C;
+        const float *gate = x + t * 2u * C;
+        y[e] = kvf_swiglu_clamp_hd(gate[i], gate[C + i], alpha, limit);
+    }
+}
+
 /* one thread per (token, head, pair i < half) */
 __global__ void kvf_rope_kernel(const float *inv_freq, int head_dim, const int32_t *positions,
                                 size_t T, float *x, size_t ldx, int heads)
@@ -136,6 +147,16 @@ extern "C" int kvf_cuda_act_mul(const kvf_device_t *dev, int act, const float *x
     kvf_act_mul_kernel<<<kvf_cuda_blocks(total), KVF_CUDA_THREADS, 0, kvf_cuda_stream_of(dev)>>>(
         act, x, (size_t)M, (size_t)C, y);
     return kvf_cuda_launched("kvf_act_mul_kernel");
+}
+
+extern "C" int kvf_cuda_swiglu_clamp(const kvf_device_t *dev, float alpha, float limit,
+                                     const float *x, int M, int C, float *y)
+{
+    size_t total = (size_t)M * (size_t)C;
+    kvf_swiglu_clamp_kernel<<<kvf_cuda_blocks(total), KVF_CUDA_THREADS, 0,
+                              kvf_cuda_stream_of(dev)>>>(alpha, limit, x, (size_t)M, (size_t)C,
+                                                         y);
+    return kvf_cuda_launched("kvf_swiglu_clamp_kernel");
 }
 
 extern "C" int kvf_cuda_rope(const kvf_device_t *dev, const float *inv_freq, int head_dim,

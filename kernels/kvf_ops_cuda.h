@@ -24,6 +24,8 @@ int kvf_cuda_gather_rows(const kvf_device_t *dev, const void *src, int src_dtype
 int kvf_cuda_scatter_add_rows(const kvf_device_t *dev, float *y, int ldy, const int32_t *rows,
                               const float *wt, int n, const float *x, int cols);
 int kvf_cuda_act_mul(const kvf_device_t *dev, int act, const float *x, int M, int C, float *y);
+int kvf_cuda_swiglu_clamp(const kvf_device_t *dev, float alpha, float limit, const float *x,
+                          int M, int C, float *y);
 int kvf_cuda_rope(const kvf_device_t *dev, const float *inv_freq, int head_dim,
                   const int32_t *positions, int T, float *x, int ldx, int heads);
 

@@ -24,6 +24,18 @@ static inline KVF_HD float kvf_act_mul_hd(int act, float gate, float up)
     return kvf_act_hd(act, gate) * up;
 }
 
+/**
+ * gpt-oss's clamped SwiGLU of one element (transformers' GptOssExperts._apply_gate, fp32):
+ * g = min(gate, limit), u = clamp(up, -limit, limit), (u + 1) * (g * sigmoid(g * alpha)).
+ */
+static inline KVF_HD float kvf_swiglu_clamp_hd(float gate, float up, float alpha, float limit)
+{
+    const float g = (gate > limit) ? limit : gate;
+    const float u = (up > limit) ? limit : (up < -limit) ? -limit : up;
+    const float glu = g * (1.0f / (1.0f + expf(-(g * alpha))));
+    return (u + 1.0f) * glu;
+}
+
 /** RoPE angle of frequency @a inv_freq at position @a pos (fp32, as transformers). */
 static inline KVF_HD float kvf_rope_angle_hd(int pos, float inv_freq)
 {

@@ -176,7 +176,10 @@ static kvf_status_t kvf_cfg_known(const kvf_cfg_reader_t *rd, kvf_arch_t arch,
         bool known = false;
         bool ibm = (arch == KVF_ARCH_BAMBA) || (arch == KVF_ARCH_GRANITE_MOE_HYBRID);
         bool gem = (arch == KVF_ARCH_GEMMA3_TEXT);   /* own tables: _ibm.c, _gemma.c */
-        known = gem ? kvf_cfg_gemma_known(it->string) :
+        bool oss = (arch == KVF_ARCH_GPT_OSS);       /* _gpt_oss.c */
+        gem = gem || oss;
+        known = oss ? kvf_cfg_gpt_oss_known(it->string) :
+                gem ? kvf_cfg_gemma_known(it->string) :
                 (ibm && kvf_cfg_ibm_known(it->string, arch));
         for (size_t i = 0; !ibm && !gem && (i < sizeof(kvf_known_fields) / sizeof(kvf_known_fields[0]));
              ++i) {
@@ -734,6 +737,7 @@ static const struct {
     {"bamba",      KVF_ARCH_BAMBA,      kvf_cfg_parse_bamba},
     {"granitemoehybrid", KVF_ARCH_GRANITE_MOE_HYBRID, kvf_cfg_parse_granite},
     {"gemma3_text", KVF_ARCH_GEMMA3_TEXT, kvf_cfg_parse_gemma3},
+    {"gpt_oss",    KVF_ARCH_GPT_OSS,    kvf_cfg_parse_gpt_oss},
 };
 
 kvf_status_t kvf_model_config_from_json(const cJSON *root, const char *origin,
@@ -765,7 +769,7 @@ kvf_status_t kvf_model_config_from_json(const cJSON *root, const char *origin,
     }
     if (a == narch) {
         KVF_FAIL(KVF_ERR_UNSUPPORTED, "field 'model_type' = '%s' is not supported (nemotron_h,"
-                 " llama, qwen3, mistral, bamba, granitemoehybrid, gemma3_text)",
+                 " llama, qwen3, mistral, bamba, granitemoehybrid, gemma3_text, gpt_oss)",
                  mt->valuestring);
     }
     cfg.arch = kvf_cfg_archs[a].arch;

@@ -9,7 +9,9 @@
  * gated MLP plus routed experts, and the Granite multipliers), and
  * "gemma3_text" (Gemma 3's text decoder: sliding and full attention layers with
  * their own RoPE, RMSNorms scaling by (1 + weight), norms after attention and
- * after the MLP, embeddings scaled by sqrt(hidden_size)).
+ * after the MLP, embeddings scaled by sqrt(hidden_size)), and "gpt_oss"
+ * (OpenAI's gpt-oss: sliding / full attention layers with attention sinks and
+ * biases, YaRN RoPE, routed experts with a clamped SwiGLU in every layer).
  */
 #ifndef KVF_MODEL_CONFIG_H
 #define KVF_MODEL_CONFIG_H
@@ -39,6 +41,7 @@ typedef enum {
     KVF_ARCH_BAMBA,              /* Mamba2 / attention layers, each with a gated MLP */
     KVF_ARCH_GRANITE_MOE_HYBRID, /* Mamba2 / attention layers, each with shared MLP + MoE */
     KVF_ARCH_GEMMA3_TEXT,        /* dense, sliding / full layers, (1 + w) norms, post norms */
+    KVF_ARCH_GPT_OSS,            /* sliding / full layers with sinks, experts in every layer */
 } kvf_arch_t;
 
 /** Activation functions (transformers' ACT2FN names in kvf_act_parse()). */
@@ -60,6 +63,8 @@ typedef enum {
     KVF_ROPE_DEFAULT,     /* inv_freq[i] = theta^(-2i/head_dim) */
     KVF_ROPE_LINEAR,      /* default / factor */
     KVF_ROPE_LLAMA3,      /* Llama 3.1 wavelength-banded scaling */
+    KVF_ROPE_YARN,        /* YaRN (gpt_oss): interpolation / extrapolation ramp, cos and sin
+                             scaled by attention_factor */
 } kvf_rope_type_t;
 
 typedef struct kvf_rope {
@@ -69,6 +74,11 @@ typedef struct kvf_rope {
     double          low_freq_factor;  /* llama3 */
     double          high_freq_factor; /* llama3 */
     double          original_max_pos; /* llama3: original_max_position_embeddings */
+    double          beta_fast;        /* yarn: the ramp's bounds (rotations), default 32 */
+    double          beta_slow;        /* yarn: default 1 */
+    bool            truncate;         /* yarn: floor / ceil the ramp's bounds, default true */
+    double          attention_factor; /* yarn: cos and sin scale (0.1 ln(factor) + 1 unless
+                                         given); 1 elsewhere */
     int             rotary_dim;       /* leading dims of each head rotated (inv_freq over
                                          this width): head_dim * partial_rotary_factor,
                                          truncated as transformers; head_dim unless bamba */
@@ -148,6 +158,14 @@ typedef struct kvf_model_config {
                                          0 elsewhere */
     bool        post_norms;           /* gemma3_text: a norm on the attention output and on
                                          the MLP output before each residual add */
+    bool        attn_sinks;           /* gpt_oss: a learned logit per query head joins each
+                                         softmax's denominator (self_attn.sinks) */
+    bool        router_bias;          /* gpt_oss: the router's linear bias (mlp.router.bias) */
+    bool        moe_swiglu_clamp;     /* gpt_oss: experts' interleaved gate_up with biases and
+                                         (clamp(up) + 1) * g * sigmoid(alpha g), g = min(gate,
+                                         limit) */
+    double      swiglu_alpha;         /* gpt_oss: swiglu_alpha, default 1.702 */
+    double      swiglu_limit;         /* gpt_oss: swiglu_limit, default 7 */
 
     double      norm_eps;             /* layer_norm_epsilon / rms_norm_eps */
     /* granitemoehybrid's multipliers (1, 1, 1 and 0 elsewhere) */

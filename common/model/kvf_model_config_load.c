@@ -106,5 +106,20 @@ uint64_t kvf_model_config_fingerprint(const kvf_model_config_t *cfg)
             h = kvf_hash64(&w, sizeof(w), h);
         }
     }
+    if (cfg->arch == KVF_ARCH_GPT_OSS) {
+        const double g[] = {cfg->attention_multiplier, cfg->rope.beta_fast, cfg->rope.beta_slow,
+                            cfg->rope.truncate, cfg->rope.attention_factor, cfg->swiglu_alpha,
+                            cfg->swiglu_limit, cfg->attn_sinks, cfg->router_bias,
+                            cfg->moe_swiglu_clamp, cfg->moe_softmax_topk};
+        for (size_t i = 0; i < sizeof(g) / sizeof(g[0]); ++i) {
+            uint64_t bits;
+            memcpy(&bits, &g[i], sizeof(bits));
+            h = kvf_hash64(&bits, sizeof(bits), h);
+        }
+        for (int l = 0; l < cfg->num_layers; ++l) {
+            int32_t w = cfg->layer_window[l];
+            h = kvf_hash64(&w, sizeof(w), h);
+        }
+    }
     return kvf_hash64(cfg->layer_kinds, (size_t)cfg->num_layers, h);
 }

@@ -106,7 +106,9 @@ static kvf_status_t kvf_shard_compute_ex(const kvf_model_config_t *cfg, int tp_s
         s.mlp_col_start = tp_rank * s.mlp_cols;
     }
     if (cfg->num_moe_layers > 0) {
-        status = kvf_shard_even(quiet, granite ? "num_local_experts" : "n_routed_experts",
+        /* gpt_oss spells them num_local_experts too */
+        status = kvf_shard_even(quiet, (granite || (cfg->arch == KVF_ARCH_GPT_OSS)) ?
+                                "num_local_experts" : "n_routed_experts",
                                 cfg->moe_num_experts, tp_size);
         if (status == KVF_OK) {
             status = kvf_shard_even(quiet, granite ? "shared_intermediate_size" :

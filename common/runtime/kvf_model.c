@@ -528,6 +528,9 @@ static kvf_status_t kvf_load_ffn(kvf_loader_t *ld, const kvf_model_config_t *cfg
     if (cfg->arch == KVF_ARCH_GRANITE_MOE_HYBRID) {
         return kvf_load_granite_ffn(ld, cfg, s, l, w);
     }
+    if (cfg->arch == KVF_ARCH_GPT_OSS) {   /* and its attention sinks */
+        return kvf_model_load_gpt_oss(ld->ck, cfg, s, l, w, &ld->bytes);
+    }
     return kvf_load_mlp_part(ld, cfg, s->tp_rank, l,
                              (cfg->arch == KVF_ARCH_BAMBA) ? "feed_forward" : "mlp",
                              cfg->mlp_gated, cfg->intermediate_size, s->mlp_col_start,
@@ -541,6 +544,7 @@ static void kvf_layer_w_free(kvf_model_h m, kvf_layer_w_t *w, int experts)
         w->gnorm_w, w->out_proj.data, w->out_bias, w->qkv.data, w->qkv_bias, w->o_proj.data,
         w->o_bias, w->q_norm, w->k_norm, w->up.data, w->up_bias, w->down.data, w->down_bias,
         w->router_w, w->router_b, w->sh_up.data, w->sh_down.data, w->sh_up_b, w->sh_down_b,
+        w->sinks, w->router_lin_b, w->exp_up_b, w->exp_down_b,
     };
     for (size_t i = 0; i < sizeof(ptrs) / sizeof(ptrs[0]); ++i) {
         kvf_model_wfree(m, ptrs[i]);
@@ -575,6 +579,32 @@ void kvf_model_destroy(kvf_model_h model)
     free(model);
 }
 
+/* YaRN's frequency @a i of base frequency @a f (transformers' _compute_yarn_parameters, fp32):
+ * a linear ramp over the pair index between the correction dims of beta_fast and beta_slow
+ * blends 1 / (factor p) (interpolation) into 1 / p (extrapolation), p = theta^(2i / dim). */
+static float kvf_rope_yarn_freq(const kvf_rope_t *r, int i)
+{
+    const float p = powf((float)r->theta, (float)(2 * i) / (float)r->rotary_dim);
+    const double dim = r->rotary_dim, lb = 2.0 * log(r->theta);
+    double lo = dim * log(r->original_max_pos / (r->beta_fast * 2.0 * M_PI)) / lb;
+    double hi = dim * log(r->original_max_pos / (r->beta_slow * 2.0 * M_PI)) / lb;
+    float ramp, ext;
+
+    if (r->truncate) {
+        lo = floor(lo);
+        hi = ceil(hi);
+    }
+    lo = (lo > 0.0) ? lo : 0.0;
+    hi = (hi < dim - 1.0) ? hi : dim - 1.0;
+    if (lo == hi) {
+        hi += 0.001;   /* transformers' guard against a zero-width ramp */
+    }
+    ramp = ((float)i - (float)lo) / ((float)hi - (float)lo);
+    ramp = (ramp < 0.0f) ? 0.0f : (ramp > 1.0f) ? 1.0f : ramp;
+    ext = 1.0f - ramp;
+    return (1.0f / ((float)r->factor * p)) * (1.0f - ext) + (1.0f / p) * ext;
+}
+
 /* RoPE inverse frequencies as transformers computes them (fp32). */
 static float *kvf_rope_inv_freq(const kvf_rope_t *r)
 {
@@ -586,7 +616,9 @@ static float *kvf_rope_inv_freq(const kvf_rope_t *r)
     }
     for (int i = 0; i < half; ++i) {
         float f = 1.0f / powf((float)r->theta, (float)(2 * i) / (float)r->rotary_dim);
-        if (r->type == KVF_ROPE_LINEAR) {
+        if (r->type == KVF_ROPE_YARN) {
+            f = kvf_rope_yarn_freq(r, i);
+        } else if (r->type == KVF_ROPE_LINEAR) {
             f = (float)(f / r->factor);
         } else if (r->type == KVF_ROPE_LLAMA3) {
             double low_wl = r->original_max_pos / r->low_freq_factor;

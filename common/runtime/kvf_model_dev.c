@@ -347,6 +347,11 @@ static kvf_status_t kvf_up_layer(kvf_model_h m, const kvf_device_t *dev, const k
     KVF_UP(kvf_up_vec(dev, &w->down_bias, H));
     KVF_UP(kvf_up_vec(dev, &w->router_w, (size_t)cfg->moe_num_experts * H));
     KVF_UP(kvf_up_vec(dev, &w->router_b, (size_t)cfg->moe_num_experts));
+    KVF_UP(kvf_up_vec(dev, &w->router_lin_b, (size_t)cfg->moe_num_experts));
+    KVF_UP(kvf_up_vec(dev, &w->sinks, (size_t)s->attn_heads));
+    KVF_UP(kvf_up_vec(dev, &w->exp_up_b, (size_t)s->moe_experts * 2u *
+                      (size_t)cfg->moe_intermediate_size));
+    KVF_UP(kvf_up_vec(dev, &w->exp_down_b, (size_t)s->moe_experts * H));
     for (int e = 0; (w->exp_up != NULL) && (e < s->moe_experts); ++e) {
         KVF_UP(kvf_up_mat(m, dev, &w->exp_up[e], nat));
         KVF_UP(kvf_up_mat(m, dev, &w->exp_down[e], nat));

@@ -182,9 +182,10 @@ bool kvf_fwd_fi_try(kvf_model_h m, const kvf_rank_ctx_t *ctx, const kvf_device_t
     if ((fi == NULL) || (ws->in != NULL) || (S > fi->S) || (status != KVF_OK)) {
         return false;
     }
-    if (m->cfg.layer_window[l] > 0) {
+    if ((m->cfg.layer_window[l] > 0) || m->cfg.attn_sinks) {
         /* a sliding-window layer: kvferry's kernel (kvf_paged_kv_t.window). Rejected for now:
-         * FlashInfer's window_left, whose plan would also need the window's first page */
+         * FlashInfer's window_left, whose plan would also need the window's first page;
+         * attention sinks (gpt_oss) likewise: kvferry's kernel (kvf_paged_kv_t.sinks) */
         return false;
     }
     for (int i = 0; i < S; ++i) {

@@ -326,8 +326,8 @@ static bool kvf_mat_direct(const kvf_mat_t *w)
     return (w->dtype == KVF_DTYPE_FP32) || ((w->dtype == KVF_DTYPE_BF16) && !w->tensor_cores);
 }
 
-static int kvf_mat_gemm(const kvf_device_t *dev, struct kvf_model_ws *ws, int M, const float *x,
-                        int ldx, const kvf_mat_t *w, const float *bias, float *y, int ldy)
+int kvf_mat_gemm(const kvf_device_t *dev, struct kvf_model_ws *ws, int M, const float *x,
+                 int ldx, const kvf_mat_t *w, const float *bias, float *y, int ldy)
 {
     const int K = w->cols;
     int tile, e = KVF_KERN_OK;
@@ -564,6 +564,7 @@ static kvf_status_t kvf_fwd_attention(kvf_model_h m, const kvf_rank_ctx_t *ctx,
         kvf_page_pool_attn_view(ctx->pool, geo, hd, slot, batch->seqs[0].group_blocks[g],
                                 batch->seqs[0].group_num_blocks[g], &kv);
         kv.window = cfg->layer_window[l];   /* 0: full attention */
+        kv.sinks = w->sinks;                /* gpt_oss; NULL elsewhere */
         KVF_KCALL(kvf_attn_write_paged_seqs(dev, &kv, &seqs, ws->proj + qd,
                                             ws->proj + qd + kd, R, ws->proj, R, pos,
                                             s->attn_heads, (float)cfg->attention_multiplier,
@@ -672,17 +673,18 @@ static kvf_status_t kvf_fwd_moe(kvf_model_h m, const kvf_rank_ctx_t *ctx, int l,
     const float *route_w = NULL;
 
     /* router (fp32, replicated: every rank routes alike) */
-    KVF_KCALL(kvf_gemm(dev, T, E, H, ws->xn, w->router_w, NULL, ws->scores));
+    KVF_KCALL(kvf_gemm(dev, T, E, H, ws->xn, w->router_w, w->router_lin_b, ws->scores));
     if ((ctx->comm->size > 1) && (status == KVF_OK)) {
         /* the routing comes to the host next: the all-reduces enqueued before it are waited
          * for first, with the world's deadline (a copy would wait on a hung one forever) */
         status = kvf_comm_settle(ctx->comm);
     }
     KVF_KCALL(kvf_fwd_route(dev, cfg, w, ws, T, &route_idx, &route_w));
-    /* shared expert slice first: it writes ws->out */
-    KVF_KCALL(kvf_mlp_rows(dev, ws, cfg->mlp_act, cfg->moe_gated, T, ws->xn, H, &w->sh_up,
-                           w->sh_up_b,
-                           &w->sh_down, w->sh_down_b, ws->out));
+    /* shared expert slice first: it writes ws->out (none: gpt_oss, zeros) */
+    KVF_KCALL((w->sh_up.data == NULL) ?
+              kvf_device_memset(dev, ws->out, 0, (size_t)T * (size_t)H * sizeof(float)) :
+              kvf_mlp_rows(dev, ws, cfg->mlp_act, cfg->moe_gated, T, ws->xn, H, &w->sh_up,
+                           w->sh_up_b, &w->sh_down, w->sh_down_b, ws->out));
     for (int e = 0; (status == KVF_OK) && (e < s->moe_experts); ++e) {
         const int ge = s->moe_expert_start + e;
         int n = 0;
@@ -701,9 +703,9 @@ static kvf_status_t kvf_fwd_moe(kvf_model_h m, const kvf_rank_ctx_t *ctx, int l,
         /* gather the expert's tokens, run it, add its weighted outputs to their rows
          * (a token picks an expert at most once: the rows are distinct) */
         KVF_KCALL(kvf_gather_rows(dev, ws->xn, KVF_DTYPE_FP32, H, ws->rows, n, ws->xg));
-        KVF_KCALL(kvf_mlp_rows(dev, ws, cfg->mlp_act, cfg->moe_gated, n, ws->xg, H,
-                               &w->exp_up[e], NULL,
-                               &w->exp_down[e], NULL, ws->yg));
+        KVF_KCALL(cfg->moe_swiglu_clamp ? kvf_fwd_oss_expert(dev, ws, cfg, w, e, n) :
+                  kvf_mlp_rows(dev, ws, cfg->mlp_act, cfg->moe_gated, n, ws->xg, H,
+                               &w->exp_up[e], NULL, &w->exp_down[e], NULL, ws->yg));
         KVF_KCALL(kvf_scatter_add_rows(dev, ws->out, H, ws->rows, ws->rw, n, ws->yg, H));
     }
     return kvf_reduce_residual(ctx, ws, (size_t)T, (size_t)H,

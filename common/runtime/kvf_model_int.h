@@ -73,6 +73,11 @@ typedef struct {
     kvf_mat_t *exp_down; /* [H][moe_I] */
     kvf_mat_t sh_up, sh_down;    /* shared expert slice */
     float    *sh_up_b, *sh_down_b;
+    /* gpt_oss (kvf_model_gpt_oss.c) */
+    float    *sinks;     /* [attn heads of this rank] attention sink logits */
+    float    *router_lin_b;      /* [E] the router's linear bias (added to its logits) */
+    float    *exp_up_b;  /* [experts on this rank][2 moe_I]: gate | up biases */
+    float    *exp_down_b;        /* [experts on this rank][H] */
 } kvf_layer_w_t;
 
 /* The tensors every rank uses whole (replicated): one shared copy on the CPU; on GPUs one
@@ -245,6 +250,25 @@ kvf_status_t kvf_fwd_scan_seq(kvf_model_h m, const kvf_rank_ctx_t *ctx, const kv
                               const kvf_mamba2_params_t *mp_scan,
                               const kvf_mamba2_params_t *mp_step, const kvf_fwd_seq_t *sq, int np,
                               int o, int R, void *ssm_state, kvf_status_t status);
+
+/* kvf_model_gpt_oss.c: layer @a l's gpt_oss tensors of rank shard @a s from @a ck: the
+ * attention sinks of its heads, the router (weight, bias) and its whole experts, their
+ * interleaved gate_up [E][H][2I] and down [E][I][H] (x @ W) turned into the gated layout
+ * ([2I][H]: gate rows, then up rows; [H][I]) in the file's dtype, biases alike; the bytes
+ * read added to *bytes_p. Errors: a missing tensor (logged by name), a bad shape or dtype. */
+kvf_status_t kvf_model_load_gpt_oss(kvf_ckpt_h ck, const kvf_model_config_t *cfg,
+                                    const kvf_shard_t *s, int l, kvf_layer_w_t *w,
+                                    size_t *bytes_p);
+
+/* kvf_model_fwd.c: y[M][w->rows] (ldy) = x[M][w->cols] (ldx) W^T + bias, whatever @a w's
+ * dtype and device (a kernel status). */
+int kvf_mat_gemm(const kvf_device_t *dev, struct kvf_model_ws *ws, int M, const float *x,
+                 int ldx, const kvf_mat_t *w, const float *bias, float *y, int ldy);
+/* kvf_model_gpt_oss.c: rank-local expert @a e of layer weights @a w over the n gathered rows
+ * ws->xg into ws->yg: down(swiglu_clamp(gate_up x + b) ) + b (ws->proj, ws->g scratch);
+ * a kernel status. */
+int kvf_fwd_oss_expert(const kvf_device_t *dev, struct kvf_model_ws *ws,
+                       const kvf_model_config_t *cfg, const kvf_layer_w_t *w, int e, int n);
 
 /* Weights to the ranks' devices (kvf_model_dev.c): after the host load, CUDA only. */
 kvf_status_t kvf_model_upload(kvf_model_h m);

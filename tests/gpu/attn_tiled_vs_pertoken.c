@@ -16,7 +16,8 @@
  * of its hybrid 1312) and a tiny model's (8/2, 32), head_dim 256, no GQA,
  * kbs 8192, a decode batch of 16 requests and a mixed batch (kvf_attention_
  * seqs.h: own block tables, split-K), and a pool of stale NaN bytes past the
- * written slots (masked slots still meet them as 0 * v).
+ * written slots (masked slots still meet them as 0 * v), and gpt-oss's attention sinks
+ * (some above every score) with and without a window, decodes split-K.
  *
  * Exit: 0 all PASS, 1 any FAIL, 77 no usable GPU or no CUDA in this build
  * (prints "skipped: no GPU"; never a pass). Run by tests/gpu/run.sh.
@@ -104,6 +105,8 @@ typedef struct acase {
     int num_seqs;          /* 0: the one-request call (kvf_attn_paged) with seq 0 */
     int rows[16], pos0[16];
     int stale_nan;         /* pool of 0xff bytes; the rows' own K/V written first */
+    int sinks;             /* gpt-oss: an attention sink per query head (kvf_paged_kv_t.sinks),
+                            * some above every score (the sink sets the max), and a window */
 } acase_t;
 
 /* the attention of one case through one kernel: 1 warm-up then 5 timed runs (median ms) */
@@ -251,6 +254,14 @@ static void run_case(const acase_t *c, kvf_dtype_t dt)
         }
     }
     kv.base = up(pool, pool_bytes);
+    float *hsinks = malloc((size_t)c->q_heads * sizeof(float));
+    for (int h = 0; h < c->q_heads; ++h) {
+        hsinks[h] = (h % 3 == 0) ? rnd(20.0f, 30.0f) : rnd(-2.0f, 2.0f);
+    }
+    if (c->sinks) {   /* 1: with a window of 1000 tokens; 2: full (long decodes split) */
+        kv.sinks = up(hsinks, (size_t)c->q_heads * sizeof(float));
+        kv.window = (c->sinks == 1) ? 1000 : 0;
+    }
 
     const size_t ld = (size_t)c->kv_heads * hd, ldq = (size_t)c->q_heads * hd;
     float *k = malloc((size_t)T * ld * 4), *v = malloc((size_t)T * ld * 4);
@@ -291,6 +302,8 @@ static void run_case(const acase_t *c, kvf_dtype_t dt)
     report_case(c, dt, ha, hb, (size_t)T * ldq, ran_a, ran_b, ms_a, ms_b);
 
     kvf_device_free(&gdev, kv.base);
+    kvf_device_free(&gdev, (void *)kv.sinks);
+    free(hsinks);
     kvf_device_free(&gdev, dk);
     kvf_device_free(&gdev, dv);
     kvf_device_free(&gdev, dq);
@@ -309,26 +322,35 @@ static void run_case(const acase_t *c, kvf_dtype_t dt)
 static int run_all(void)
 {
     static acase_t cases[] = {
-        {"9B prefill 512 @0, kbs 16", 40, 8, 128, 16, 64, 0, {512}, {0}, 0},
-        {"9B prefill 512 @7680, kbs 16", 40, 8, 128, 16, 64, 0, {512}, {7680}, 0},
-        {"9B prefill 77 @3001, kbs 16", 40, 8, 128, 16, 64, 0, {77}, {3001}, 0},
-        {"9B prefill 512 @7000, kbs 1312", 40, 8, 128, 1312, 1312, 0, {512}, {7000}, 0},
-        {"tiny prefill 512 @0, kbs 16", 8, 2, 32, 16, 32, 0, {512}, {0}, 0},
-        {"tiny prefill 300 @5000, kbs 96", 8, 2, 32, 96, 96, 0, {300}, {5000}, 0},
-        {"hd 256 prefill 200 @1000, kbs 64", 16, 2, 256, 64, 128, 0, {200}, {1000}, 0},
-        {"no GQA prefill 128 @4000, kbs 32", 8, 8, 64, 32, 64, 0, {128}, {4000}, 0},
-        {"kbs 8192 prefill 64 @8100", 8, 2, 128, 8192, 8192, 0, {64}, {8100}, 0},
+        {"9B prefill 512 @0, kbs 16", 40, 8, 128, 16, 64, 0, {512}, {0}, 0, 0},
+        {"9B prefill 512 @7680, kbs 16", 40, 8, 128, 16, 64, 0, {512}, {7680}, 0, 0},
+        {"9B prefill 77 @3001, kbs 16", 40, 8, 128, 16, 64, 0, {77}, {3001}, 0, 0},
+        {"9B prefill 512 @7000, kbs 1312", 40, 8, 128, 1312, 1312, 0, {512}, {7000}, 0, 0},
+        {"tiny prefill 512 @0, kbs 16", 8, 2, 32, 16, 32, 0, {512}, {0}, 0, 0},
+        {"tiny prefill 300 @5000, kbs 96", 8, 2, 32, 96, 96, 0, {300}, {5000}, 0, 0},
+        {"hd 256 prefill 200 @1000, kbs 64", 16, 2, 256, 64, 128, 0, {200}, {1000}, 0, 0},
+        {"no GQA prefill 128 @4000, kbs 32", 8, 8, 64, 32, 64, 0, {128}, {4000}, 0, 0},
+        {"kbs 8192 prefill 64 @8100", 8, 2, 128, 8192, 8192, 0, {64}, {8100}, 0, 0},
         {"9B decode 16 reqs up to 8k, kbs 16", 40, 8, 128, 16, 64, 16,
          {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1},
          {5, 8191, 2047, 2048, 4095, 700, 3333, 6000, 16, 17, 8000, 1, 4500, 5555, 7777, 123},
-         0},
+         0, 0},
         {"9B decode 16 reqs, kbs 1312", 40, 8, 128, 1312, 1312, 16,
          {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1},
          {5, 8191, 2047, 2048, 4095, 700, 3333, 6000, 16, 17, 8000, 1, 4500, 5555, 7777, 123},
-         0},
+         0, 0},
         {"9B mixed: 3 prefills + 5 decodes", 40, 8, 128, 16, 64, 8,
-         {40, 1, 300, 1, 1, 70, 1, 1}, {0, 7000, 2000, 15, 4096, 6500, 2, 8100}, 0},
-        {"stale NaN pool, prefill 150", 8, 2, 64, 16, 32, 0, {150}, {0}, 1},
+         {40, 1, 300, 1, 1, 70, 1, 1}, {0, 7000, 2000, 15, 4096, 6500, 2, 8100}, 0, 0},
+        {"stale NaN pool, prefill 150", 8, 2, 64, 16, 32, 0, {150}, {0}, 1, 0},
+        {"sinks, window 1000: prefill 300 @5000", 8, 2, 64, 16, 32, 0, {300}, {5000}, 0, 1},
+        {"sinks, window 1000: 16 decodes to 8k", 8, 2, 64, 16, 32, 16,
+         {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1},
+         {5, 8191, 2047, 2048, 4095, 700, 3333, 6000, 16, 17, 8000, 1, 4500, 5555, 7777, 123},
+         0, 1},
+        {"sinks, full: 16 decodes to 8k (split-K)", 8, 2, 64, 16, 32, 16,
+         {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1},
+         {5, 8191, 2047, 2048, 4095, 700, 3333, 6000, 16, 17, 8000, 1, 4500, 5555, 7777, 123},
+         0, 2},
     };
     static const kvf_dtype_t dts[3] = {KVF_DTYPE_FP32, KVF_DTYPE_BF16, KVF_DTYPE_FP16};
 

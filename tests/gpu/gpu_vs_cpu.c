@@ -584,6 +584,15 @@ static void check_ops(void)
         rowf(name, "fp32", mg, mc, (size_t)M * C, 1e-6);
         kvf_device_free(&gdev, dm);
     }
+    {   /* gpt-oss's clamped SwiGLU, a limit inside x's range [-1, 1] so both clamps bind */
+        float mc[M * C], mg[M * C];
+        float *dm = up(NULL, sizeof(mc));
+        CK("swiglu_clamp cpu", kvf_swiglu_clamp(NULL, 1.702f, 0.5f, x, M, C, mc));
+        CK("swiglu_clamp gpu", kvf_swiglu_clamp(&gdev, 1.702f, 0.5f, dx, M, C, dm));
+        down(mg, dm, sizeof(mg));
+        rowf("swiglu_clamp (gpt-oss)", "fp32", mg, mc, (size_t)M * C, 1e-6);
+        kvf_device_free(&gdev, dm);
+    }
 
     {   /* RoPE on T tokens of H heads, rows of H * HD + 16 floats */
         enum { LDX = H * HD + 16 };

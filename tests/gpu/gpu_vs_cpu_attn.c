@@ -101,6 +101,25 @@ void check_attention(kvf_dtype_t dt)
     down(og, dout, (size_t)(A_T + 1) * A_QH * A_HD * 4);
     rowf("attn_paged window 37", kvf_dtype_name(dt), og, oc, (size_t)(A_T + 1) * A_QH * A_HD,
          1e-5);
+    /* gpt-oss's attention sinks (kvf_paged_kv_t.sinks), one above every score, with the
+     * window and without */
+    {
+        float hs[A_QH] = {0.5f, -1.0f, 30.0f, 2.0f, -3.0f, 0.0f, 1.5f, 0.25f};
+        float *ds = up(hs, sizeof(hs));
+        kc.sinks = hs;
+        kg.sinks = ds;
+        for (int w = 0; w < 2; ++w) {
+            kc.window = kg.window = w ? 0 : 37;
+            CK("attn cpu", kvf_attn_paged(NULL, &kc, q, A_QH * A_HD, pos, A_T + 1, A_QH, 0.0f,
+                                          oc));
+            CK("attn gpu", kvf_attn_paged(&gdev, &kg, dq, A_QH * A_HD, pos, A_T + 1, A_QH, 0.0f,
+                                          dout));
+            down(og, dout, (size_t)(A_T + 1) * A_QH * A_HD * 4);
+            rowf(w ? "attn_paged sinks" : "attn_paged sinks window 37", kvf_dtype_name(dt), og,
+                 oc, (size_t)(A_T + 1) * A_QH * A_HD, 1e-5);
+        }
+        kvf_device_free(&gdev, ds);
+    }
     kvf_device_free(&gdev, dq);
     kvf_device_free(&gdev, dk);
     kvf_device_free(&gdev, dv);

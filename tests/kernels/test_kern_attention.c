@@ -1,6 +1,7 @@
 /* Paged attention against dense softmax over contiguous K/V, for fp32, bf16
  * and fp16 caches, several block / kernel block sizes, chunked prefill then
- * decode; and the stale-NaN hazard of whole-tile masking. */
+ * decode, sliding windows and attention sinks; and the stale-NaN hazard of
+ * whole-tile masking. */
 #include "kvf_attention.h"
 #include "kvf_gemm.h"
 #include "kvf_kern_test.h"
@@ -41,6 +42,9 @@ static void fixture_init(fixture_t *f, kvf_dtype_t dtype, int bs, int kbs, const
 
 /* the sliding window ref_attention() applies (0: none), as kvf_paged_kv_t.window */
 static int ref_window;
+/* the attention sinks it applies (NULL: none), as kvf_paged_kv_t.sinks: one more logit per
+ * query head in the softmax, with no value (transformers' gpt-oss eager attention) */
+static const float *ref_sinks;
 
 /* dense causal GQA over the dtype-rounded K/V of tokens [0, pos] (the last ref_window of
  * them under a window: transformers keeps key j when j > pos - window) */
@@ -62,6 +66,10 @@ static void ref_attention(const float *qkv, kvf_dtype_t dtype, int pos, int t_ro
             }
             s[j] = dot * scale;
             m = (s[j] > m) ? s[j] : m;
+        }
+        if (ref_sinks != NULL) {
+            m = ((double)ref_sinks[h] > m) ? (double)ref_sinks[h] : m;
+            l = exp((double)ref_sinks[h] - m);
         }
         for (int d = 0; d < HD; ++d) {
             out[h * HD + d] = 0;
@@ -447,6 +455,70 @@ static void test_sliding_window(void **state)
     free(qkv);
 }
 
+/* gpt-oss's attention sinks, one far above every score (it sets the softmax's max), with a
+ * window and without: prefill chunks, decode steps and the per-query fold against the dense
+ * softmax with the sink's column; no sinks is the plain attention, bit for bit. */
+static void test_sinks(void **state)
+{
+    static const int32_t table[] = {4, 1, 3, 0, 5};
+    static const float sinks[QH] = {0.5f, -2.0f, 25.0f, 1.0f, 0.0f, -0.75f};
+    enum { N = 150 };
+    float *qkv = malloc((size_t)N * LDQKV * sizeof(float));
+    float *a = malloc((size_t)N * QH * HD * sizeof(float));
+    float *b = malloc((size_t)N * QH * HD * sizeof(float));
+    float two[2 * QH * HD], q2[2 * LDQKV];
+    const int32_t p2[2] = {140, 30};
+    double ref[QH * HD];
+    int32_t pos[N];
+    (void)state;
+
+    assert_non_null(qkv);
+    assert_non_null(a);
+    assert_non_null(b);
+    for (int i = 0; i < N; ++i) {
+        pos[i] = i;
+    }
+    for (int w = 0; w < 2; ++w) {
+        kvf_test_rng_t rng = {4242 + (uint64_t)w};
+        fixture_t f;
+
+        kvf_test_fill(&rng, qkv, (size_t)N * LDQKV, -1.5f, 1.5f);
+        fixture_init(&f, (w == 0) ? KVF_DTYPE_FP32 : KVF_DTYPE_BF16, 48, 16, table, 4, 0x3f);
+        f.kv.window = ref_window = (w == 0) ? 0 : 37;
+        f.kv.sinks = ref_sinks = sinks;
+        run_chunk(&f, qkv, 0, 70, 2e-5);           /* prefill (the blocked path) */
+        run_chunk(&f, qkv, 70, 140, 2e-5);
+        for (int t = 140; t < N; ++t) {
+            run_chunk(&f, qkv, t, t + 1, 2e-5);    /* decode */
+        }
+        memcpy(q2, qkv + (size_t)p2[0] * LDQKV, LDQKV * sizeof(float));
+        memcpy(q2 + LDQKV, qkv + (size_t)p2[1] * LDQKV, LDQKV * sizeof(float));
+        assert_int_equal(kvf_attn_paged(NULL, &f.kv, q2, LDQKV, p2, 2, QH, 0, two),
+                         KVF_KERN_OK);   /* descending: the per-query fold */
+        for (int i = 0; i < 2; ++i) {
+            ref_attention(qkv, f.kv.dtype, p2[i], p2[i], ref);
+            kvf_test_assert_close(two + (size_t)i * QH * HD, ref, QH * HD, 2e-5, 2e-5,
+                                  "sinks, per-query fold");
+        }
+        /* the sinks change every head's output; without them the plain bits come back */
+        assert_int_equal(kvf_attn_paged(NULL, &f.kv, qkv, LDQKV, pos, N, QH, 0, a), KVF_KERN_OK);
+        f.kv.sinks = ref_sinks = NULL;
+        assert_int_equal(kvf_attn_paged(NULL, &f.kv, qkv, LDQKV, pos, N, QH, 0, b), KVF_KERN_OK);
+        for (int h = 0; h < QH; ++h) {
+            assert_true(a[(size_t)(N - 1) * QH * HD + (size_t)h * HD] !=
+                        b[(size_t)(N - 1) * QH * HD + (size_t)h * HD]);
+        }
+        ref_attention(qkv, f.kv.dtype, N - 1, N - 1, ref);
+        kvf_test_assert_close(b + (size_t)(N - 1) * QH * HD, ref, QH * HD, 2e-5, 2e-5,
+                              "no sinks");
+        ref_window = 0;
+        free(f.pool);
+    }
+    free(b);
+    free(a);
+    free(qkv);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -457,6 +529,7 @@ int main(void)
         cmocka_unit_test(test_long_chunk_threads),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_sliding_window),
+        cmocka_unit_test(test_sinks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

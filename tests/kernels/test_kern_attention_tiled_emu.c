@@ -158,7 +158,7 @@ static void emu_run(emu_launch_t *L)
  * (splits == 1: out = acc / l) or *m, *l, acc (the partials).
  */
 static void pertoken_ref(const kvf_cuda_kv *g, const float *qv, const int32_t *table,
-                         int limit, int kh, int y, int splits, float scale, float *m_p,
+                         int limit, int qh, int kh, int y, int splits, float scale, float *m_p,
                          float *l_p, float *acc, float *o)
 {
     const int hd = g->head_dim, kbs = g->kbs, nkv = g->kv_heads;
@@ -203,7 +203,12 @@ static void pertoken_ref(const kvf_cuda_kv *g, const float *qv, const int32_t *t
         }
         m = m_new;
     }
-    if (splits == 1) {
+    if ((splits == 1) && (g->sinks != NULL)) {   /* out = acc * kvf_attn_sink_factor */
+        const float f = kvf_attn_sink_factor(m, l, g->sinks[qh]);
+        for (int d = 0; d < hd; ++d) {
+            o[d] = emu_mul(acc[d], f);
+        }
+    } else if (splits == 1) {
         for (int d = 0; d < hd; ++d) {
             o[d] = emu_div(acc[d], l);
         }
@@ -220,6 +225,8 @@ typedef struct ecase {
     int scattered;   /* positions drawn at random below pos0 + rows instead of consecutive */
     int stale_nan;   /* the pool is NaN bytes but for the rows' own K/V */
     int window;      /* kvf_paged_kv_t.window (0: full causal) */
+    int sinks;       /* kvf_paged_kv_t.sinks: gpt-oss's sink per query head (some above
+                      * every score) */
 } ecase_t;
 
 /* Each request's blocks: distinct pool blocks, in reverse (tables are not identity); each
@@ -265,7 +272,7 @@ static size_t compare_pertoken(const ecase_t *c, const emu_launch_t *L, const in
             for (int y = 0; y < splits; ++y) {
                 float m, l;
                 pertoken_ref(&L->g, q + (size_t)t * ldq + (size_t)qh * hd, table, pos[t],
-                             qh / group, y, splits, L->scale, &m, &l, racc, ro);
+                             qh, qh / group, y, splits, L->scale, &m, &l, racc, ro);
                 const size_t pi = row * splits + y;
                 if (splits == 1) {
                     if (memcmp(ro, out + row * hd, (size_t)hd * 4) != 0) {
@@ -286,6 +293,15 @@ static size_t compare_pertoken(const ecase_t *c, const emu_launch_t *L, const in
         }
     }
     return compared;
+}
+
+/* 16 attention sinks, every third far above any score */
+static const float *fill_sinks(kvf_test_rng_t *r, float *sinks)
+{
+    for (int h = 0; h < 16; ++h) {
+        sinks[h] = (h % 3 == 1) ? 30.0f : kvf_test_rand(r, -2.0f, 2.0f);
+    }
+    return sinks;
 }
 
 /* both sides on one case; returns the number of values compared */
@@ -351,6 +367,8 @@ static size_t run_case(const ecase_t *c, uint64_t seed)
     kv.block_table = tables;
     kv.num_blocks = maxb;
     kv.window = c->window;
+    float sinks[16];
+    kv.sinks = c->sinks ? fill_sinks(&r, sinks) : NULL;
     const kvf_cuda_kv g = kvf_cuda_kv_of(&kv, tables);
     const int splits = kvf_attn_split_count(max_pos / c->kbs + 1, c->kbs);
     const int qt = kvf_attn_tile_queries(hd, c->kbs);
@@ -412,11 +430,11 @@ static size_t run_case(const ecase_t *c, uint64_t seed)
 static void test_tiled_emu_prefill(void **state)
 {
     static const ecase_t cases[] = {
-        {KVF_DTYPE_FP32, 8, 2, 32, 16, 32, 0, {40}, {0}, 0, 0, 0},
-        {KVF_DTYPE_BF16, 10, 2, 32, 48, 96, 0, {21}, {100}, 0, 0, 0},
-        {KVF_DTYPE_FP16, 3, 1, 80, 16, 16, 0, {9}, {60}, 1, 0, 0},
-        {KVF_DTYPE_BF16, 10, 2, 128, 16, 64, 0, {7}, {40}, 0, 0, 0},   /* 9B's head_dim, GQA 5 */
-        {KVF_DTYPE_FP32, 4, 2, 256, 64, 64, 0, {5}, {70}, 0, 0, 0},    /* passes of 8 rows */
+        {KVF_DTYPE_FP32, 8, 2, 32, 16, 32, 0, {40}, {0}, 0, 0, 0, 0},
+        {KVF_DTYPE_BF16, 10, 2, 32, 48, 96, 0, {21}, {100}, 0, 0, 0, 0},
+        {KVF_DTYPE_FP16, 3, 1, 80, 16, 16, 0, {9}, {60}, 1, 0, 0, 0},
+        {KVF_DTYPE_BF16, 10, 2, 128, 16, 64, 0, {7}, {40}, 0, 0, 0, 0},   /* 9B's head_dim, GQA 5 */
+        {KVF_DTYPE_FP32, 4, 2, 256, 64, 64, 0, {5}, {70}, 0, 0, 0, 0},    /* passes of 8 rows */
     };
     (void)state;
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); ++i) {
@@ -429,7 +447,7 @@ static void test_tiled_emu_prefill(void **state)
 static void test_tiled_emu_split(void **state)
 {
     static const ecase_t c = {KVF_DTYPE_FP16, 4, 2, 32, 256, 256, 3, {1, 1, 3}, {5000, 100,
-                              2300}, 0, 0, 0};
+                              2300}, 0, 0, 0, 0};
     (void)state;
     assert_true(run_case(&c, 0x777) > 0);
 }
@@ -438,7 +456,7 @@ static void test_tiled_emu_split(void **state)
  * both sides (masked slots meet V as 0 * v) */
 static void test_tiled_emu_stale_nan(void **state)
 {
-    static const ecase_t c = {KVF_DTYPE_FP32, 4, 1, 32, 16, 32, 0, {21}, {0}, 0, 1, 0};
+    static const ecase_t c = {KVF_DTYPE_FP32, 4, 1, 32, 16, 32, 0, {21}, {0}, 0, 1, 0, 0};
     (void)state;
     assert_true(run_case(&c, 0x99) > 0);
 }
@@ -447,12 +465,26 @@ static void test_tiled_emu_stale_nan(void **state)
  * different kernel blocks, and a batch with split-K decode rows far past the window */
 static void test_tiled_emu_window(void **state)
 {
-    static const ecase_t p = {KVF_DTYPE_BF16, 8, 2, 32, 16, 32, 0, {40}, {70}, 0, 0, 37};
+    static const ecase_t p = {KVF_DTYPE_BF16, 8, 2, 32, 16, 32, 0, {40}, {70}, 0, 0, 37, 0};
     static const ecase_t d = {KVF_DTYPE_FP16, 4, 2, 32, 256, 256, 3, {1, 1, 3}, {5000, 100,
-                              2300}, 0, 0, 700};
+                              2300}, 0, 0, 700, 0};
     (void)state;
     assert_true(run_case(&p, 0x3131) > 0);
     assert_true(run_case(&d, 0x3232) > 0);
+}
+
+/* gpt-oss's attention sinks: a prefill chunk under a window and split-K decodes (their
+ * partials: the merge applies the sink) */
+static void test_tiled_emu_sinks(void **state)
+{
+    static const ecase_t p = {KVF_DTYPE_FP32, 8, 2, 32, 16, 32, 0, {40}, {70}, 0, 0, 37, 1};
+    static const ecase_t f = {KVF_DTYPE_BF16, 6, 2, 32, 16, 32, 0, {21}, {100}, 0, 0, 0, 1};
+    static const ecase_t d = {KVF_DTYPE_FP16, 4, 2, 32, 256, 256, 3, {1, 1, 3}, {5000, 100,
+                              2300}, 0, 0, 0, 1};
+    (void)state;
+    assert_true(run_case(&p, 0x5151) > 0);
+    assert_true(run_case(&f, 0x5252) > 0);
+    assert_true(run_case(&d, 0x5353) > 0);
 }
 
 int main(void)
@@ -462,6 +494,7 @@ int main(void)
         cmocka_unit_test(test_tiled_emu_split),
         cmocka_unit_test(test_tiled_emu_stale_nan),
         cmocka_unit_test(test_tiled_emu_window),
+        cmocka_unit_test(test_tiled_emu_sinks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -497,7 +497,7 @@ static void test_attn_split_merge(void **state)
             }
         }
         for (int d = 0; d < HD; ++d) {
-            float merged = kvf_attn_merge(pm, pl, &pacc[0][0], HD, N, (size_t)d);
+            float merged = kvf_attn_merge(pm, pl, &pacc[0][0], HD, N, (size_t)d, -INFINITY);
             if (round == 0) {
                 assert_false(isnan(one[d]));
                 assert_true(fabsf(merged - one[d]) <= 1e-5f * (1.0f + fabsf(one[d])));
@@ -506,7 +506,19 @@ static void test_attn_split_merge(void **state)
             }
         }
         if (round == 1) {
-            assert_true(isnan(kvf_attn_merge(pm, pl, &pacc[0][0], HD, N, 3)));
+            assert_true(isnan(kvf_attn_merge(pm, pl, &pacc[0][0], HD, N, 3, -INFINITY)));
+        }
+        /* gpt-oss's attention sink, below the scores' max and far above it: the merge
+         * with it is the one-range fold's acc * kvf_attn_sink_factor */
+        for (int si = 0; (round == 0) && (si < 2); ++si) {
+            const float sink = si ? m1 + 40.0f : m1 - 1.0f;
+            const float f = kvf_attn_sink_factor(m1, l1, sink);
+            assert_true((f > 0.0f) && (f < 1.0f / l1));
+            for (int d = 0; d < HD; ++d) {
+                const float want = acc1[d] * f;
+                const float merged = kvf_attn_merge(pm, pl, &pacc[0][0], HD, N, (size_t)d, sink);
+                assert_true(fabsf(merged - want) <= 1e-5f * fabsf(want) + 1e-30f);
+            }
         }
     }
 }
@@ -565,7 +577,7 @@ static void test_attn_split_invariant(void **state)
     }
     for (int g = own; g <= GMAX; ++g) {        /* launches of own .. own + 4 ranges */
         for (int d = 0; d < HD; ++d) {
-            float o = kvf_attn_merge(pm, pl, &pacc[0][0], HD, g, (size_t)d);
+            float o = kvf_attn_merge(pm, pl, &pacc[0][0], HD, g, (size_t)d, -INFINITY);
             if (g == own) {
                 first[d] = o;
                 assert_false(isnan(o));

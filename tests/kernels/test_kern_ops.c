@@ -130,6 +130,37 @@ static void test_act_mul(void **state)
     assert_int_equal(kvf_act_mul(NULL, 0, x, M, 0, y), KVF_KERN_EINVAL);
 }
 
+/* gpt-oss's clamped SwiGLU against its definition in double (transformers' _apply_gate):
+ * both clamps bind on inputs in [-5, 5] with limit 2 */
+static void test_swiglu_clamp(void **state)
+{
+    enum { M = 3, C = 17 };
+    const double alpha = 1.702, limit = 2.0;
+    kvf_test_rng_t r = {16};
+    float x[M * 2 * C], y[M * C];
+    int clamped_g = 0, clamped_u = 0;
+    (void)state;
+    kvf_test_fill(&r, x, M * 2 * C, -5.0f, 5.0f);
+    assert_int_equal(kvf_swiglu_clamp(NULL, (float)alpha, (float)limit, x, M, C, y),
+                     KVF_KERN_OK);
+    for (int t = 0; t < M; ++t) {
+        for (int i = 0; i < C; ++i) {
+            double g = x[t * 2 * C + i], u = x[t * 2 * C + C + i];
+            clamped_g += (g > limit);
+            clamped_u += (u > limit) || (u < -limit);
+            g = (g > limit) ? limit : g;
+            u = (u > limit) ? limit : (u < -limit) ? -limit : u;
+            const double want = (u + 1.0) * g / (1.0 + exp(-alpha * g));
+            assert_true(fabs((double)y[t * C + i] - want) <= 1e-6 * (1.0 + fabs(want)));
+        }
+    }
+    assert_true((clamped_g > 0) && (clamped_u > 0));
+    assert_int_equal(kvf_swiglu_clamp(NULL, 1.0f, 0.0f, x, M, C, y), KVF_KERN_EINVAL);
+    assert_int_equal(kvf_swiglu_clamp(NULL, 1.0f, 1.0f, x, M, 0, y), KVF_KERN_EINVAL);
+    assert_int_equal(kvf_swiglu_clamp(NULL, 1.0f, 1.0f, NULL, M, C, y), KVF_KERN_EINVAL);
+    assert_int_equal(kvf_swiglu_clamp(NULL, 1.0f, 1.0f, NULL, 0, C, NULL), KVF_KERN_OK);
+}
+
 /* transformers' rotate_half RoPE of strided token rows, as the forward computed it */
 static void test_rope(void **state)
 {
@@ -211,6 +242,7 @@ int main(void)
         cmocka_unit_test(test_gather_rows),
         cmocka_unit_test(test_scatter_add_rows),
         cmocka_unit_test(test_act_mul),
+        cmocka_unit_test(test_swiglu_clamp),
         cmocka_unit_test(test_rope),
         cmocka_unit_test(test_cuda_value),
     };

@@ -20,7 +20,9 @@ prefill chunk, and k chunks + 1 tokens (a last prefill chunk of one token;
 block size is read from `kvf plan`. The cases after "moe-hybrid" are the
 departures of issue 25: their config.json is edited after saving (PATCHES)
 and transformers' reference is from_pretrained of the edited folder. The
-last three are issue 44's families (bamba, granitemoehybrid). Each decode
+cases after "mistral-default-window" are issue 44's families (sliding windows
+of mistral, qwen3, gemma3_text; gpt_oss with attention sinks, YaRN and its
+experts, run by transformers' eager experts loop; bamba, granitemoehybrid). Each decode
 step gets its position as generate() passes it (BambaModel's forward alone
 numbers a one-token step 0).
 
@@ -143,6 +145,27 @@ def cases():
             rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                              "full_attention": {"rope_type": "linear", "factor": 2.0,
                                                 "rope_theta": 1000000.0}}), None),
+        # gpt_oss: sliding (window 40) and full layers with attention sinks and q/k/v/o
+        # biases, YaRN RoPE (factor 4 over 128 original positions: the ramp spans pairs 0-2),
+        # 4 experts (top 2, biased router) with interleaved gate_up and a clamped SwiGLU
+        # whose limit binds (1.0) and a non-default alpha
+        "gpt-oss": ("gpt_oss", dict(
+            COMMON, intermediate_size=24, num_hidden_layers=3, num_attention_heads=8,
+            num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5, sliding_window=40,
+            max_position_embeddings=512, num_local_experts=4, num_experts_per_tok=2,
+            swiglu_alpha=1.5, swiglu_limit=1.0,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0,
+                             "beta_slow": 1.0, "truncate": False,
+                             "original_max_position_embeddings": 128,
+                             "rope_theta": 150000.0}), None),
+        # gpt_oss as the released files spell it (PATCHES: rope_scaling + rope_theta, truncate
+        # true, an explicit attention_factor), default layer_types (sliding, full, sliding,
+        # full), the default swiglu, window 24
+        "gpt-oss-rope-scaling": ("gpt_oss", dict(
+            COMMON, intermediate_size=24, num_hidden_layers=4, num_attention_heads=8,
+            num_key_value_heads=2, head_dim=16, sliding_window=24, max_position_embeddings=512,
+            num_local_experts=4, num_experts_per_tok=2), None),
         # --- issue 44: the Mamba2 + attention hybrids whose every layer has its FFN ---
         # Bamba: partial RoPE (0.5 of each 8-wide head), biases everywhere it has them,
         # n_groups 2 (TP 4 replicates the B/C groups and splits a gated-norm group)
@@ -176,6 +199,11 @@ PATCHES = {
     "llama-rope-both": {"rope_scaling": {"rope_type": "linear", "factor": 4.0},
                         "rope_theta": 500.0},
     "mistral-default-window": {"sliding_window": None},   # None: remove the field
+    "gpt-oss-rope-scaling": {"rope_parameters": None, "rope_theta": 20000.0,
+                             "rope_scaling": {"rope_type": "yarn", "factor": 8.0,
+                                              "beta_fast": 16.0, "beta_slow": 2.0,
+                                              "original_max_position_embeddings": 64,
+                                              "truncate": True, "attention_factor": 1.25}},
 }
 
 # Extra prompts of exactly k * chunk + 1 tokens with the default 512-token chunk.
@@ -197,7 +225,9 @@ def patch_config(model_dir, edits):
             cfg[k] = v
     with open(path, "w") as f:
         json.dump(cfg, f, indent=2)
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    extra = dict(experts_implementation="eager") if cfg.get("model_type") == "gpt_oss" else {}
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
+                                                              **extra)
     model.eval()
     return model
 
@@ -209,11 +239,15 @@ def build_model(model_type, kwargs, out_dir, max_shard, seed):
     cfg_cls = transformers.AutoConfig.for_model(model_type).__class__
     config = cfg_cls(**kwargs)
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    # gpt_oss: the experts' eager loop (the default grouped_mm sums in another order)
+    extra = dict(experts_implementation="eager") if model_type == "gpt_oss" else {}
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32, **extra)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith(".bias"):
+            if name.endswith(".bias") or (model_type == "gpt_oss" and name.endswith("_bias")):
                 p.normal_(0.0, 0.1)
+            elif name.endswith(".sinks"):
+                p.normal_(0.0, 1.0)   # gpt_oss: sinks that take a visible share
             elif "norm" in name and p.dim() == 1:
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
         for name, b in model.named_buffers():

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write the stored transformers reference of the bamba, granitemoehybrid and sliding-window (mistral, qwen3, gemma3_text) families.
+"""Write the stored transformers reference of the bamba, granitemoehybrid and sliding-window (mistral, qwen3, gemma3_text, gpt_oss) families.
 
 Command (run from the repository root; needs torch and transformers, the ctest
 that reads the result does not):
@@ -24,7 +24,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hf_compare as H  # noqa: E402
 
-CASES = ["bamba", "granite-moe", "mistral-swa", "qwen3-swa", "gemma3-swa"]
+CASES = ["bamba", "granite-moe", "mistral-swa", "qwen3-swa", "gemma3-swa", "gpt-oss"]
 # two layers (one Mamba2, one attention) keep the files a few hundred KB
 SMALLER = {
     "bamba": dict(num_hidden_layers=2, attn_layer_indices=[1]),
@@ -34,6 +34,7 @@ SMALLER = {
     "mistral-swa": dict(),
     "qwen3-swa": dict(),
     "gemma3-swa": dict(),
+    "gpt-oss": dict(),
 }
 LENGTHS = [5, 107, 295]    # BOS + bytes: 5 tokens; > 2 chunks of 48; > 3 blocks of 96
 MAX_TOKENS = 6

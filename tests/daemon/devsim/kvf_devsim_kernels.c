@@ -41,7 +41,7 @@ static uint64_t devsim_h_kv(uint64_t h, const void *a, size_t n)
     const kvf_paged_kv_t *kv = *(const kvf_paged_kv_t *const *)a;
     const long long f[] = {(long long)(uintptr_t)kv->base, (long long)kv->page_size, kv->slots,
                            kv->slot, kv->dtype, kv->kv_heads, kv->head_dim, kv->block_size,
-                           kv->kernel_block_size};
+                           kv->kernel_block_size, kv->window, (long long)(uintptr_t)kv->sinks};
     (void)n;
     return devsim_mix(h, f, sizeof(f));
 }
@@ -342,6 +342,10 @@ DEVSIM_KERNEL(kvf_act_mul, (const kvf_device_t *dev, int act, const float *x, in
                             float *y),
               (dev, act, x, M, C, y),
               (devsim_want_dev(x, "kvf_act_mul x"), devsim_want_dev(y, "kvf_act_mul y")))
+DEVSIM_KERNEL(kvf_swiglu_clamp, (const kvf_device_t *dev, float alpha, float limit,
+                                 const float *x, int M, int C, float *y),
+              (dev, alpha, limit, x, M, C, y),
+              (devsim_want_dev(x, "kvf_swiglu_clamp x"), devsim_want_dev(y, "kvf_swiglu_clamp y")))
 DEVSIM_KERNEL(kvf_rope, (const kvf_device_t *dev, const float *inv_freq, int head_dim,
                          const int32_t *positions, int T, float *x, int ldx, int heads),
               (dev, inv_freq, head_dim, positions, T, x, ldx, heads),
@@ -379,6 +383,8 @@ DEVSIM_KERNEL(kvf_attn_write_paged_seqs, (const kvf_device_t *dev, const kvf_pag
               (dev, kv, seqs, k, v, ld, q, ldq, positions, q_heads, scale, out),
               (devsim_want_dev(q, "kvf_attn_write_paged_seqs q"),
                devsim_want_dev(out, "kvf_attn_write_paged_seqs out"),
+               (kv->sinks != NULL) ? devsim_want_dev(kv->sinks, "kvf_attn_write_paged_seqs sinks")
+                                   : (void)0,
                devsim_want_seqs_packed(seqs, positions)))
 DEVSIM_KERNEL(kvf_ssm_decode_seqs, (const kvf_device_t *dev, const kvf_ssm_seqs_t *seqs,
                                     const float *x_in, int ld_in, int channels, int kernel,
