@@ -13,6 +13,10 @@ nano="$KVF_SOURCE_DIR/tests/data/models/nemotron-nano-9b-v2.config.json"
 tiny="$KVF_SOURCE_DIR/tests/data/models/tiny-hybrid.config.json"
 fail() { echo "FAIL: $*"; exit 1; }
 [ -x "$kvf" ] || fail "no $kvf"
+# decode (kvf bench's parent process) opens its prefill child's memfd through /proc, which a
+# ptrace scope of 2 or more forbids even to a parent
+scope=$(cat /proc/sys/kernel/yama/ptrace_scope 2>/dev/null || echo 0)
+[ "$scope" -lt 2 ] || { echo "skipped: kernel.yama.ptrace_scope $scope forbids /proc/PID/fd"; exit 77; }
 
 # one bench: model, layout, path, extra flags; prints its output, exit code of kvf
 bench() {
