@@ -223,14 +223,18 @@ row_engine_issue() {
     return "$rc"
 }
 
-# one transfer row from kvf xfer-test's or kvf bench's output: bytes, GB/s, host post time
-# per descriptor and the path that ran; returns 1 when it is not a PASS
+# one transfer row from kvf xfer-test's or kvf bench's output: bytes, GB/s, descriptors per
+# pull (and for the decode rank the post line names), host post time per descriptor and the
+# path that ran; returns 1 when it is not a PASS
 xfer_row() { # name, output file, exit code, dtype
-    local name=$1 out=$2 rc=$3 dt=$4 a b p
+    local name=$1 out=$2 rc=$3 dt=$4 a b p d r
     if [ "$rc" -eq 0 ] && grep -q '^verify: ok' "$out"; then
         a=$(sed -n 's/^transfer: \([0-9]*\) bytes.*/\1 B/p' "$out" | head -1)
         b=$(sed -n 's/^transfer time: .* ms, \([0-9.]*\) GB\/s.*/\1 GB\/s/p' "$out" | head -1)
+        d=$(sed -n 's/^transfer: [0-9]* bytes, \([0-9]*\) descriptors.*/\1/p' "$out" | head -1)
+        r=$(sed -n 's/^post: \([0-9]*\) descriptors.*/\1/p' "$out" | head -1)
         p=$(sed -n 's/^post: .*, \([0-9.]*\) us\/desc.*/\1 us\/desc/p' "$out" | head -1)
+        [ -n "$d" ] && b="$b, $d descs/pull${r:+ ($r/rank)}"
         [ -n "$p" ] && b="$b, post $p"
         grep -q '^path: ' "$out" && b="$b, path $(sed -n 's/^path: //p' "$out" | head -1)"
         gen_row "$name" "$dt" "$a" "$b" "-" "PASS (bytes verified)"
@@ -290,8 +294,8 @@ row_nixl() {
     # "nixl: ... N descriptors, B bytes, median T ms, R GB/s, post P us/desc, ..."
     n=$(awk '/^nixl: .* descriptors, / { for (i = 1; i <= NF; i++) {
                 if ($(i + 1) ~ /^bytes/) b = $i; if ($(i + 1) ~ /^GB/) r = $i
-                if ($i == "post") p = $(i + 1) }
-              printf "%s B|%s GB/s, post %s us/desc\n", b, r, p }' "$out")
+                if ($(i + 1) ~ /^descriptors/) d = $i; if ($i == "post") p = $(i + 1) }
+              printf "%s B|%s GB/s, %s descs/pull, post %s us/desc\n", b, r, d, p }' "$out")
     if [ "$nrc" -eq 0 ] && [ -n "$n" ]; then
         gen_row "NIXL READ VRAM, 9B 4p2d 8k" bf16 "${n%%|*}" "${n#*|}" "-" "PASS (bytes verified)"
         rr_verdict "PASS (bytes verified; ${n#*|}${c:+; copy $c})"

@@ -177,8 +177,10 @@ check "a cap of 0 (no timeout to timeout(1)) is refused, the row keeps its own" 
     bash -c "grep -q 'KVF_GPU_CAPS kernels=0: not seconds > 0, row kernels keeps its cap 90 s' '$a/stdout' &&
              grep -q '^\[ *[0-9.]*s\] kernels: running (cap 90 s' '$a/stdout'"
 check "the row after the hang runs and passes" grep -q '^row pull-4p2d-ucx: PASS (bytes verified' "$res"
+check "the pull rows print descriptors per pull and per rank and post time per descriptor" \
+    grep -q '^row pull-4p2d-ucx: PASS (bytes verified; 555.5 GB/s, 688 descs/pull (344/rank), post 0.290 us/desc, path ' "$res"
 check "the nixl row reads the descriptors the UCX row wrote" \
-    bash -c "test -s '$a/gpu-logs/descs-4p2d.json' && grep -q '^row nixl-4p2d: PASS (bytes verified; 925.9 GB/s, post 1.10 us/desc; copy 2500.0 GB/s)' '$res'"
+    bash -c "test -s '$a/gpu-logs/descs-4p2d.json' && grep -q '^row nixl-4p2d: PASS (bytes verified; 925.9 GB/s, 688 descs/pull, post 1.10 us/desc; copy 2500.0 GB/s)' '$res'"
 check "a row needing two GPUs says why it is skipped" \
     grep -q '^row gen-hybrid-tp2: skipped: TP 2 needs 2 GPUs, this machine has 1' "$res"
 check "an absent GEMM micro-benchmark is a skip with its reason" \

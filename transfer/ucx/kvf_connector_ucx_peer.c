@@ -92,9 +92,10 @@ void kvf_conn_engine_pieces_free(kvf_connector_h conn, kvf_conn_engine_t *eng)
  * Design: a plan's pieces (which prefill rank and head each local head is read from, a whole
  * attention block's and a Mamba page's runs) depend on the pair's geometries alone, so they
  * are derived once per (engine, decode rank) and every later pull only walks its blocks
- * (kvf_xfer_plan.h, kvf_xfer_pieces_create). Built lazily by the rank's own thread: no lock,
- * and a rank that never pulls from an engine builds nothing. The entry is held (inflight)
- * while this runs, so the leader cannot free it meanwhile.
+ * (kvf_xfer_plan.h, kvf_xfer_pieces_create). Built at the handshake for every registered
+ * rank (kvf_conn_build_pieces, before the entry is published); here by the rank's own thread
+ * only for a rank registered later or one that re-registered (no lock: the entry is held,
+ * inflight, while this runs, so the leader cannot free it meanwhile).
  */
 void kvf_conn_use_pieces(const kvf_conn_engine_t *e, int tp_rank, kvf_xfer_plan_params_t *pp)
 {
@@ -113,6 +114,41 @@ void kvf_conn_use_pieces(const kvf_conn_engine_t *e, int tp_rank, kvf_xfer_plan_
     }
     pp->field_mask |= KVF_XFER_PLAN_PARAM_FIELD_PIECES;
     pp->pieces = *pc;
+}
+
+/*
+ * At the handshake, before @a fresh is published: every registered decode rank's pieces from
+ * this engine, so no pull (the first included) derives them. A rank not registered yet, or
+ * one whose pieces cannot be built here, builds them at its first pull (kvf_conn_use_pieces,
+ * which also rebuilds them if the rank re-registered with another geometry).
+ */
+static void kvf_conn_build_pieces(kvf_connector_h conn, kvf_conn_engine_t *fresh)
+{
+    for (int r = 0; r < conn->tp; ++r) {
+        const kvf_conn_rank_t *rk = &conn->ranks[r];
+        kvf_xfer_plan_params_t pp;
+        bool registered;
+
+        pthread_mutex_lock(&conn->lock);
+        registered = rk->registered;   /* its geometry was set before, under the lock */
+        pthread_mutex_unlock(&conn->lock);
+        if (!registered) {
+            continue;
+        }
+        memset(&pp, 0, sizeof(pp));
+        pp.flags = conn->plan_flags;
+        pp.field_mask = (pp.flags != 0) ? KVF_XFER_PLAN_PARAM_FIELD_FLAGS : 0;
+        pp.cfg = &conn->cfg;
+        pp.layout = conn->layout;
+        pp.local_tp = conn->tp;
+        pp.local_rank = r;
+        pp.local_geom = &rk->geom;
+        pp.remote_tp = fresh->tp;
+        pp.remote_geoms = fresh->geoms;
+        if (kvf_xfer_pieces_create(&pp, &fresh->pieces[r]) != KVF_OK) {
+            fresh->pieces[r] = NULL;   /* logged; the first pull tries again */
+        }
+    }
 }
 
 /* Drop slot @a e's cached data (lock held; the leader's). Endpoints stay with the ranks. */
@@ -291,6 +327,7 @@ static kvf_status_t kvf_conn_install(kvf_connector_h conn, const char *engine_id
                                          reply->ranks[r].page_size));
     }
 
+    kvf_conn_build_pieces(conn, &fresh);   /* before it is published: no lock needed */
     pthread_mutex_lock(&conn->lock);
     kvf_conn_drop_older_locked(conn, &fresh);
     slot = kvf_conn_take_slot_locked(conn, evicted, sizeof(evicted));
@@ -318,7 +355,7 @@ static kvf_status_t kvf_conn_install(kvf_connector_h conn, const char *engine_id
     return KVF_OK;
 
 err_free:
-    free(fresh.pieces);   /* none built yet */
+    kvf_conn_engine_pieces_free(conn, &fresh);
     free(fresh.ranks);
     free(fresh.geoms);
     free(fresh.num_blocks);

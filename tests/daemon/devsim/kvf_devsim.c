@@ -87,6 +87,8 @@
 typedef struct {
     uintptr_t lo, hi;
     int       ordinal;
+    int       fd;        /* DEVSIM_IPC: the memfd behind an allocation, -1 for a mapping */
+    bool      mapped;    /* an opened IPC mapping (kvf_devsim_ipc.c), never free()d */
 } devsim_range_t;
 
 static pthread_mutex_t devsim_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -132,6 +134,55 @@ static int devsim_owner(const void *p)
     }
     pthread_mutex_unlock(&devsim_lock);
     return ord;
+}
+
+bool devsim_range_find(const void *p, uintptr_t *lo_p, uintptr_t *hi_p, int *ord_p, int *fd_p)
+{
+    bool found = false;
+
+    pthread_mutex_lock(&devsim_lock);
+    for (size_t i = 0; i < devsim_n; ++i) {
+        if (((uintptr_t)p >= devsim_ranges[i].lo) && ((uintptr_t)p < devsim_ranges[i].hi)) {
+            *lo_p = devsim_ranges[i].lo;
+            *hi_p = devsim_ranges[i].hi;
+            *ord_p = devsim_ranges[i].ordinal;
+            *fd_p = devsim_ranges[i].mapped ? -1 : devsim_ranges[i].fd;
+            found = true;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&devsim_lock);
+    return found;
+}
+
+int devsim_range_map(void *p, size_t len, int ordinal, bool add)
+{
+    int rc = KVF_KERN_OK;
+
+    pthread_mutex_lock(&devsim_lock);
+    if (!add) {
+        for (size_t i = 0; i < devsim_n; ++i) {
+            if ((devsim_ranges[i].lo == (uintptr_t)p) && devsim_ranges[i].mapped) {
+                devsim_ranges[i] = devsim_ranges[--devsim_n];
+                break;
+            }
+        }
+    } else if (devsim_n == devsim_cap) {
+        size_t cap = devsim_cap ? 2 * devsim_cap : 256;
+        devsim_range_t *r = realloc(devsim_ranges, cap * sizeof(*r));
+        if (r == NULL) {
+            rc = KVF_KERN_ENOMEM;
+        } else {
+            devsim_ranges = r;
+            devsim_cap = cap;
+        }
+    }
+    if (add && (rc == KVF_KERN_OK)) {
+        devsim_ranges[devsim_n++] = (devsim_range_t){(uintptr_t)p, (uintptr_t)p + len, ordinal,
+                                                     -1, true};
+    }
+    pthread_mutex_unlock(&devsim_lock);
+    return rc;
 }
 
 /* A pointer a device kernel or copy reads or writes on the device: it must be device memory. */
@@ -385,6 +436,7 @@ int __wrap_kvf_device_alloc(const kvf_device_t *dev, size_t bytes, void **ptr_p)
 {
     size_t len = (bytes + 255) & ~(size_t)255;
     void *p;
+    int fd = -1;
 
     if (!devsim_is_cuda(dev)) {
         return __real_kvf_device_alloc(dev, bytes, ptr_p);
@@ -394,7 +446,7 @@ int __wrap_kvf_device_alloc(const kvf_device_t *dev, size_t bytes, void **ptr_p)
         return KVF_KERN_EINVAL;
     }
     devsim_current = dev->ordinal;   /* kvf_cuda_alloc sets the device */
-    p = aligned_alloc(256, len);
+    p = devsim_ipc_on() ? devsim_ipc_alloc(len, &fd) : aligned_alloc(256, len);
     if (p == NULL) {
         return KVF_KERN_ENOMEM;
     }
@@ -405,13 +457,14 @@ int __wrap_kvf_device_alloc(const kvf_device_t *dev, size_t bytes, void **ptr_p)
         devsim_range_t *r = realloc(devsim_ranges, cap * sizeof(*r));
         if (r == NULL) {
             pthread_mutex_unlock(&devsim_lock);
-            free(p);
+            devsim_ipc_release(p, len, fd);
             return KVF_KERN_ENOMEM;
         }
         devsim_ranges = r;
         devsim_cap = cap;
     }
-    devsim_ranges[devsim_n++] = (devsim_range_t){(uintptr_t)p, (uintptr_t)p + len, dev->ordinal};
+    devsim_ranges[devsim_n++] = (devsim_range_t){(uintptr_t)p, (uintptr_t)p + len, dev->ordinal,
+                                                 fd, false};
     pthread_mutex_unlock(&devsim_lock);
     st_allocs++;
     tl_allocs++;
@@ -424,6 +477,7 @@ void __real_kvf_device_free(const kvf_device_t *dev, void *ptr);
 void __wrap_kvf_device_free(const kvf_device_t *dev, void *ptr);
 void __wrap_kvf_device_free(const kvf_device_t *dev, void *ptr)
 {
+    devsim_range_t r = {0};
     bool found = false;
 
     if (!devsim_is_cuda(dev)) {
@@ -432,7 +486,8 @@ void __wrap_kvf_device_free(const kvf_device_t *dev, void *ptr)
     }
     pthread_mutex_lock(&devsim_lock);
     for (size_t i = 0; i < devsim_n; ++i) {
-        if (devsim_ranges[i].lo == (uintptr_t)ptr) {
+        if ((devsim_ranges[i].lo == (uintptr_t)ptr) && !devsim_ranges[i].mapped) {
+            r = devsim_ranges[i];
             devsim_ranges[i] = devsim_ranges[--devsim_n];
             found = true;
             break;
@@ -440,7 +495,7 @@ void __wrap_kvf_device_free(const kvf_device_t *dev, void *ptr)
     }
     pthread_mutex_unlock(&devsim_lock);
     if (found) {
-        free(ptr);
+        devsim_ipc_release(ptr, r.hi - r.lo, r.fd);
     } else if (ptr != NULL) {
         devsim_want_dev_fn(ptr, "kvf_device_free");   /* counted; never free()d as host memory */
     }
@@ -522,6 +577,7 @@ int __wrap_kvf_device_sync(const kvf_device_t *dev)
         return __real_kvf_device_sync(dev);
     }
     devsim_not_in_graph("kvf_device_sync");
+    devsim_ipc_flush();   /* gathers enqueued on a stream run before a sync returns */
     st_syncs++;
     tl_syncs++;
     return KVF_KERN_OK;

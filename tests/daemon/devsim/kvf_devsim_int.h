@@ -36,4 +36,18 @@ void devsim_graph_error(atomic_ullong *counter, const char *what);
 /* A kernel call inside a graph body (@h: its arguments' hash): recorded, or compared. */
 void devsim_graph_call(const char *name, uint64_t h);
 
+/* ---- DEVSIM_IPC (kvf_devsim_ipc.c): the same-node path between simulated GPUs ---- */
+/* DEVSIM_IPC=1 in the environment: allocations are shareable, IPC handles open. */
+bool devsim_ipc_on(void);
+/* @len bytes of shared memory (a memfd, mapped here), its descriptor in @fd_p; NULL: none. */
+void *devsim_ipc_alloc(size_t len, int *fd_p);
+/* Free what kvf_device_alloc gave: a memfd mapping (@fd >= 0) or aligned_alloc memory. */
+void devsim_ipc_release(void *p, size_t len, int fd);
+/* Run every gather enqueued and not run yet (a sync, an event query). */
+void devsim_ipc_flush(void);
+/* The simulated range holding @p: bounds, GPU, memfd (-1: none or a mapping). */
+bool devsim_range_find(const void *p, uintptr_t *lo_p, uintptr_t *hi_p, int *ord_p, int *fd_p);
+/* Record (@add) or forget an opened IPC mapping of @len bytes at @p as GPU @ordinal's. */
+int devsim_range_map(void *p, size_t len, int ordinal, bool add);
+
 #endif
