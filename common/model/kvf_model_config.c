@@ -175,9 +175,12 @@ static kvf_status_t kvf_cfg_known(const kvf_cfg_reader_t *rd, kvf_arch_t arch,
     cJSON_ArrayForEach(it, rd->root) {
         bool known = false;
         bool ibm = (arch == KVF_ARCH_BAMBA) || (arch == KVF_ARCH_GRANITE_MOE_HYBRID);
-        bool gem = (arch == KVF_ARCH_GEMMA3_TEXT);   /* own tables: _ibm.c, _gemma.c */
-        known = gem ? kvf_cfg_gemma_known(it->string) :
+        bool gem = (arch == KVF_ARCH_GEMMA3_TEXT);   /* own tables: _ibm.c, _gemma.c, */
+        bool qn = (arch == KVF_ARCH_QWEN3_NEXT);     /* _qwen3_next.c */
+        known = qn ? kvf_cfg_qwen3_next_known(it->string) :
+                gem ? kvf_cfg_gemma_known(it->string) :
                 (ibm && kvf_cfg_ibm_known(it->string, arch));
+        ibm = ibm || qn;
         for (size_t i = 0; !ibm && !gem && (i < sizeof(kvf_known_fields) / sizeof(kvf_known_fields[0]));
              ++i) {
             if ((strcmp(it->string, kvf_known_fields[i].name) == 0) &&
@@ -293,7 +296,8 @@ kvf_status_t kvf_cfg_rope(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
             r->factor = 1.0;
         }
     }
-    if ((partial != 1.0) && (cfg->arch != KVF_ARCH_BAMBA)) {   /* bamba: its parser's */
+    if ((partial != 1.0) && (cfg->arch != KVF_ARCH_BAMBA) &&   /* their parsers' */
+        (cfg->arch != KVF_ARCH_QWEN3_NEXT)) {
         kvf_error("%s: field 'partial_rotary_factor' = %g is not implemented (only 1): refused",
                   rd->origin, partial);
         return KVF_ERR_UNSUPPORTED;
@@ -734,6 +738,7 @@ static const struct {
     {"bamba",      KVF_ARCH_BAMBA,      kvf_cfg_parse_bamba},
     {"granitemoehybrid", KVF_ARCH_GRANITE_MOE_HYBRID, kvf_cfg_parse_granite},
     {"gemma3_text", KVF_ARCH_GEMMA3_TEXT, kvf_cfg_parse_gemma3},
+    {"qwen3_next", KVF_ARCH_QWEN3_NEXT, kvf_cfg_parse_qwen3_next},
 };
 
 kvf_status_t kvf_model_config_from_json(const cJSON *root, const char *origin,
@@ -765,7 +770,7 @@ kvf_status_t kvf_model_config_from_json(const cJSON *root, const char *origin,
     }
     if (a == narch) {
         KVF_FAIL(KVF_ERR_UNSUPPORTED, "field 'model_type' = '%s' is not supported (nemotron_h,"
-                 " llama, qwen3, mistral, bamba, granitemoehybrid, gemma3_text)",
+                 " llama, qwen3, mistral, bamba, granitemoehybrid, gemma3_text, qwen3_next)",
                  mt->valuestring);
     }
     cfg.arch = kvf_cfg_archs[a].arch;

@@ -9,7 +9,9 @@
  * gated MLP plus routed experts, and the Granite multipliers), and
  * "gemma3_text" (Gemma 3's text decoder: sliding and full attention layers with
  * their own RoPE, RMSNorms scaling by (1 + weight), norms after attention and
- * after the MLP, embeddings scaled by sqrt(hidden_size)).
+ * after the MLP, embeddings scaled by sqrt(hidden_size)), and "qwen3_next"
+ * (Qwen3-Next: Gated DeltaNet layers 'M' with state_kind KVF_STATE_GDN and gated
+ * attention layers '*', each followed by its gated MLP).
  */
 #ifndef KVF_MODEL_CONFIG_H
 #define KVF_MODEL_CONFIG_H
@@ -39,7 +41,17 @@ typedef enum {
     KVF_ARCH_BAMBA,              /* Mamba2 / attention layers, each with a gated MLP */
     KVF_ARCH_GRANITE_MOE_HYBRID, /* Mamba2 / attention layers, each with shared MLP + MoE */
     KVF_ARCH_GEMMA3_TEXT,        /* dense, sliding / full layers, (1 + w) norms, post norms */
+    KVF_ARCH_QWEN3_NEXT,         /* Gated DeltaNet / gated attention layers, each with its FFN */
 } kvf_arch_t;
+
+/** What a state layer ('M') computes; its state's shape is the same for every kind
+ * (kvf_model_config_t's Mamba fields: conv channels x | B | C, state [heads][head_dim]
+ * [state_size]), so the planner, the handshake and the transfer move any kind alike. */
+typedef enum {
+    KVF_STATE_MAMBA2 = 0,   /* Mamba2 SSD (nemotron_h, bamba, granitemoehybrid) */
+    KVF_STATE_GDN,          /* Gated DeltaNet (qwen3_next): x = v, B = k, C = q, heads = value
+                               heads, groups = key heads, state [v heads][v dim][k dim] */
+} kvf_state_kind_t;
 
 /** Activation functions (transformers' ACT2FN names in kvf_act_parse()). */
 typedef enum {
@@ -119,6 +131,7 @@ typedef struct kvf_model_config {
     double      dt_limit_high;        /* clamped to it, decode steps' is not (transformers
                                          5.25); default [0, inf] */
     kvf_dtype_t ssm_cache_dtype;      /* mamba_ssm_cache_dtype; default fp32 */
+    kvf_state_kind_t state_kind;      /* what the 'M' layers compute (Mamba2 unless qwen3_next) */
 
     /* MLP / experts */
     kvf_act_t   mlp_act;              /* mlp_hidden_act (nemotron_h, default relu2) or
@@ -148,6 +161,8 @@ typedef struct kvf_model_config {
                                          0 elsewhere */
     bool        post_norms;           /* gemma3_text: a norm on the attention output and on
                                          the MLP output before each residual add */
+    bool        attn_output_gate;     /* qwen3_next: q_proj also yields a gate per head;
+                                         attention output * sigmoid(gate) before o_proj */
 
     double      norm_eps;             /* layer_norm_epsilon / rms_norm_eps */
     /* granitemoehybrid's multipliers (1, 1, 1 and 0 elsewhere) */

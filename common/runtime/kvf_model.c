@@ -44,17 +44,8 @@
 
 /* ---- loading ------------------------------------------------------------- */
 
-typedef struct {
-    kvf_ckpt_h  ck;
-    bool        dense;
-    const char *mamba;   /* the Mamba2 mixer's module: "mixer" (nemotron_h), "mamba" */
-    char        name[256];
-    size_t      bytes;   /* weights loaded so far */
-    float       norm_offset;   /* added to every RMSNorm weight (gemma3_text: 1) */
-} kvf_loader_t;
-
 /* nemotron_h: backbone.layers.N.<suffix>; dense: model.layers.N.<suffix>. */
-static const char *kvf_lname(kvf_loader_t *ld, int layer, const char *suffix)
+const char *kvf_lname(kvf_loader_t *ld, int layer, const char *suffix)
 {
     if (layer < 0) {
         snprintf(ld->name, sizeof(ld->name), "%s", suffix);
@@ -73,7 +64,7 @@ static const char *kvf_mname(kvf_loader_t *ld, int layer, const char *what)
     return kvf_lname(ld, layer, suffix);
 }
 
-static void *kvf_alloc(size_t bytes)
+void *kvf_alloc(size_t bytes)
 {
     return malloc(bytes ? bytes : 1);
 }
@@ -89,10 +80,10 @@ static size_t kvf_numel(int ndim, const int64_t *shape)
 
 /* Rows {start, count} ranges, and of each row columns [c0, c0 + cols) (cols < 0:
  * whole rows), concatenated into *out_p as @a dtype (fp32, or the tensor's own). */
-static kvf_status_t kvf_load_part(kvf_loader_t *ld, const char *name, int ndim,
-                                  const int64_t *shape, const int64_t (*ranges)[2], int nr,
-                                  int64_t c0, int64_t cols, bool keep_dtype, void **out_p,
-                                  kvf_dtype_t *dtype_p)
+kvf_status_t kvf_load_part(kvf_loader_t *ld, const char *name, int ndim,
+                           const int64_t *shape, const int64_t (*ranges)[2], int nr,
+                           int64_t c0, int64_t cols, bool keep_dtype, void **out_p,
+                           kvf_dtype_t *dtype_p)
 {
     kvf_st_file_h f = kvf_ckpt_need(ld->ck, name);
     int64_t row_len = (int64_t)kvf_numel(ndim - 1, shape + 1), rows = 0;
@@ -140,8 +131,8 @@ static kvf_status_t kvf_load_part(kvf_loader_t *ld, const char *name, int ndim,
 }
 
 /* Whole fp32 vector / tensor. */
-static kvf_status_t kvf_load_vec(kvf_loader_t *ld, const char *name, int ndim,
-                                 const int64_t *shape, float **out_p)
+kvf_status_t kvf_load_vec(kvf_loader_t *ld, const char *name, int ndim,
+                          const int64_t *shape, float **out_p)
 {
     const int64_t r[1][2] = {{0, shape[0]}};
     return kvf_load_part(ld, name, ndim, shape, r, 1, 0, -1, false, (void **)out_p, NULL);
@@ -149,7 +140,7 @@ static kvf_status_t kvf_load_vec(kvf_loader_t *ld, const char *name, int ndim,
 
 /* An RMSNorm's weight (fp32) plus the model's norm offset: gemma3_text's (1 + weight), added
  * in fp32 as transformers does, so the forward keeps one RMSNorm. */
-static kvf_status_t kvf_load_norm(kvf_loader_t *ld, const char *name, int64_t n, float **out_p)
+kvf_status_t kvf_load_norm(kvf_loader_t *ld, const char *name, int64_t n, float **out_p)
 {
     const int64_t shape[1] = {n};
     kvf_status_t status = kvf_load_vec(ld, name, 1, shape, out_p);
@@ -161,16 +152,16 @@ static kvf_status_t kvf_load_norm(kvf_loader_t *ld, const char *name, int64_t n,
 }
 
 /* Row ranges of a 1-D fp32 tensor (column-parallel vector slices). */
-static kvf_status_t kvf_load_vec_rows(kvf_loader_t *ld, const char *name, int64_t n,
-                                      const int64_t (*ranges)[2], int nr, float **out_p)
+kvf_status_t kvf_load_vec_rows(kvf_loader_t *ld, const char *name, int64_t n,
+                               const int64_t (*ranges)[2], int nr, float **out_p)
 {
     const int64_t shape[1] = {n};
     return kvf_load_part(ld, name, 1, shape, ranges, nr, 0, -1, false, (void **)out_p, NULL);
 }
 
 /* Column-parallel matrix: row ranges of a [N][K] tensor, kept in its dtype. */
-static kvf_status_t kvf_load_mat_rows(kvf_loader_t *ld, const char *name, int64_t N, int64_t K,
-                                      const int64_t (*ranges)[2], int nr, kvf_mat_t *m)
+kvf_status_t kvf_load_mat_rows(kvf_loader_t *ld, const char *name, int64_t N, int64_t K,
+                               const int64_t (*ranges)[2], int nr, kvf_mat_t *m)
 {
     const int64_t shape[2] = {N, K};
     int64_t rows = 0;
@@ -183,8 +174,8 @@ static kvf_status_t kvf_load_mat_rows(kvf_loader_t *ld, const char *name, int64_
 }
 
 /* Row-parallel matrix: columns [c0, c0 + cols) of a [N][K] tensor. */
-static kvf_status_t kvf_load_mat_cols(kvf_loader_t *ld, const char *name, int64_t N, int64_t K,
-                                      int64_t c0, int64_t cols, kvf_mat_t *m)
+kvf_status_t kvf_load_mat_cols(kvf_loader_t *ld, const char *name, int64_t N, int64_t K,
+                               int64_t c0, int64_t cols, kvf_mat_t *m)
 {
     const int64_t shape[2] = {N, K};
     const int64_t r[1][2] = {{0, N}};
@@ -723,6 +714,12 @@ kvf_status_t kvf_model_load_device(const char *dir, int tp_size, const kvf_devic
         goto err;
     }
     m->tp = tp_size;
+    if (gpu && (cfg->state_kind == KVF_STATE_GDN)) {
+        kvf_error("%s: model_type 'qwen3_next' (Gated DeltaNet) has CPU kernels only: refused on"
+                  " %s (run it on the CPU)", dir, kvf_device_kind_name(dev->kind));
+        status = KVF_ERR_UNSUPPORTED;
+        goto err;
+    }
     if (gpu) {
         status = kvf_model_gpu_open(m, dev);   /* every rank's GPU, before reading weights */
         if (status != KVF_OK) {
@@ -771,10 +768,12 @@ kvf_status_t kvf_model_load_device(const char *dir, int tp_size, const kvf_devic
             int rows, inner;
             switch (cfg->layer_kinds[l]) {
             case KVF_LAYER_MAMBA:
-                status = kvf_load_mamba(&ld, cfg, s, l, w);
+                status = (cfg->state_kind == KVF_STATE_GDN) ? kvf_load_gdn(&ld, cfg, s, l, w) :
+                         kvf_load_mamba(&ld, cfg, s, l, w);
                 break;
             case KVF_LAYER_ATTENTION:
-                status = kvf_load_attention(&ld, cfg, s, l, w);
+                status = cfg->attn_output_gate ? kvf_load_gated_attention(&ld, cfg, s, l, w) :
+                         kvf_load_attention(&ld, cfg, s, l, w);
                 break;
             case KVF_LAYER_MLP:
                 status = kvf_load_mlp_part(&ld, cfg, r, l, "mixer", false, cfg->intermediate_size,

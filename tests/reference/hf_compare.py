@@ -166,6 +166,22 @@ def cases():
             num_local_experts=0, shared_intermediate_size=64, hidden_act="gelu_pytorch_tanh",
             embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.25,
             logits_scaling=2.0, position_embedding_type=None), None),
+        # --- issue 44: Gated DeltaNet ---
+        # Qwen3-Next: Gated DeltaNet layers (4 value heads over 2 key heads: TP 4 replicates
+        # the q/k heads) and gated attention (doubled q_proj, sigmoid gate, partial RoPE 0.25,
+        # (1 + w) norms and q/k norms), each followed by its gated MLP (no experts);
+        # initializer_range 0.2: at 0.1 a Gated DeltaNet output of ~4e-5 rescaled by its
+        # gated RMSNorm made fp32 itself (transformers' too) 1e-4 off the exact logits
+        "qwen3-next": ("qwen3_next", dict(
+            COMMON, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=16, intermediate_size=96, rms_norm_eps=1e-6,
+            linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+            linear_value_head_dim=8, linear_conv_kernel_dim=4, num_experts=0,
+            initializer_range=0.2,
+            layer_types=["linear_attention", "full_attention", "linear_attention",
+                         "full_attention"],
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                             "partial_rotary_factor": 0.25}), None),
     }
 
 

@@ -1,0 +1,216 @@
+/*
+ * config.json of "qwen3_next" (transformers' Qwen3NextConfig, Qwen3NextForCausalLM):
+ * layers of Gated DeltaNet linear attention ("linear_attention") and gated full
+ * attention ("full_attention": q_proj doubled into queries and an output gate,
+ * sigmoid(gate) times the attention output before o_proj, q/k RMSNorms, RoPE on the
+ * leading partial_rotary_factor (default 0.25) of each head), every layer followed by
+ * its FFN; RMSNorms scale by (1 + weight). layer_types, else every
+ * full_attention_interval-th layer (default 4) full. Defaults are the class's.
+ *
+ * Design: a Gated DeltaNet layer is a state layer ('M') whose state has the Mamba2
+ * state's shape, so the cache planner, the handshake, the transfer and the prefix
+ * cache's state checkpoints move it unchanged (one state-group interface for both
+ * kinds): heads = linear_num_value_heads, head_dim = linear_value_head_dim, groups =
+ * linear_num_key_heads, state_size = linear_key_head_dim, conv channels v | k | q
+ * (x | B | C); TP shards value heads, and key heads like B/C groups (replicated where
+ * TP exceeds them). cfg->state_kind says which recurrence the forward runs.
+ * Rejected: a new layer letter for Gated DeltaNet (every consumer of the letters would
+ * learn it for a state of the same shape; the fingerprint hashes the arch).
+ * Refused by name: routed experts (num_experts > 0 on a layer decoder_sparse_step and
+ * mlp_only_layers leave sparse: the shared expert's sigmoid gate is not implemented
+ * yet), an activation other than transformers' names, a layer type other than
+ * linear_attention / full_attention.
+ */
+#include "kvf_model_config_int.h"
+
+#include <math.h>
+#include <string.h>
+
+/* Every top-level field of its files; NOTE: keep common/model/README.md in step. */
+static const char *const kvf_qn_fields[] = {
+    /* read, with an effect */
+    "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+    "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_act", "rms_norm_eps",
+    "bos_token_id", "eos_token_id", "tie_word_embeddings", "dtype", "torch_dtype",
+    "quantization_config", "rope_parameters", "rope_scaling", "rope_theta",
+    "partial_rotary_factor", "attention_bias", "linear_conv_kernel_dim",
+    "linear_key_head_dim", "linear_value_head_dim", "linear_num_key_heads",
+    "linear_num_value_heads", "layer_types", "full_attention_interval",
+    "decoder_sparse_step", "num_experts", "mlp_only_layers", "moe_intermediate_size",
+    "shared_expert_intermediate_size", "num_experts_per_tok", "norm_topk_prob",
+    "max_position_embeddings",
+    /* known to leave inference unchanged */
+    "architectures", "transformers_version", "_name_or_path", "use_cache", "pad_token_id",
+    "initializer_range", "attention_dropout", "output_router_logits", "router_aux_loss_coef",
+    "output_attentions", "output_hidden_states", "return_dict",
+};
+
+bool kvf_cfg_qwen3_next_known(const char *name)
+{
+    for (size_t i = 0; i < sizeof(kvf_qn_fields) / sizeof(kvf_qn_fields[0]); ++i) {
+        if (strcmp(name, kvf_qn_fields[i]) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Optional positive integer with the class default. */
+static kvf_status_t kvf_qn_pos(const kvf_cfg_reader_t *rd, const char *name, int dflt, int *out)
+{
+    KVF_CFG_TRY(kvf_cfg_int_opt(rd, name, dflt, out));
+    if (*out < 1) {
+        KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "field '%s' = %d must be a positive integer", name,
+                     *out);
+    }
+    return KVF_OK;
+}
+
+/* layer_types (or every full_attention_interval-th layer full) into cfg->layer_kinds. */
+static kvf_status_t kvf_qn_layers(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
+{
+    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(rd->root, "layer_types");
+    int interval;
+
+    if ((lt != NULL) && !cJSON_IsNull(lt)) {
+        if (!cJSON_IsArray(lt) || (cJSON_GetArraySize(lt) != cfg->num_layers)) {
+            KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "field 'layer_types' must be a list of"
+                         " num_hidden_layers = %d entries", cfg->num_layers);
+        }
+        for (int l = 0; l < cfg->num_layers; ++l) {
+            const cJSON *e = cJSON_GetArrayItem(lt, l);
+            const char *v = cJSON_IsString(e) ? e->valuestring : "?";
+            bool lin = (strcmp(v, "linear_attention") == 0);
+            if (!lin && (strcmp(v, "full_attention") != 0)) {
+                KVF_CFG_FAIL(KVF_ERR_UNSUPPORTED, "field 'layer_types[%d]' = '%s' is not"
+                             " implemented (linear_attention, full_attention): refused", l, v);
+            }
+            cfg->layer_kinds[l] = lin ? KVF_LAYER_MAMBA : KVF_LAYER_ATTENTION;
+        }
+    } else {
+        KVF_CFG_TRY(kvf_qn_pos(rd, "full_attention_interval", 4, &interval));
+        for (int l = 0; l < cfg->num_layers; ++l) {   /* Qwen3NextConfig's default */
+            cfg->layer_kinds[l] = ((l + 1) % interval) ? KVF_LAYER_MAMBA : KVF_LAYER_ATTENTION;
+        }
+    }
+    cfg->layer_kinds[cfg->num_layers] = '\0';
+    for (int l = 0; l < cfg->num_layers; ++l) {
+        cfg->num_mamba_layers += (cfg->layer_kinds[l] == KVF_LAYER_MAMBA);
+        cfg->num_attention_layers += (cfg->layer_kinds[l] == KVF_LAYER_ATTENTION);
+    }
+    return KVF_OK;
+}
+
+/* The FFN: a gated MLP on every layer, unless num_experts > 0 makes a layer sparse
+ * (decoder_sparse_step, mlp_only_layers): those are refused by name for now. */
+static kvf_status_t kvf_qn_ffn(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
+{
+    const cJSON *only = cJSON_GetObjectItemCaseSensitive(rd->root, "mlp_only_layers");
+    const cJSON *it;
+    bool dense[KVF_MAX_LAYERS] = {false};
+    int experts, step;
+    bool norm_topk;
+
+    KVF_CFG_TRY(kvf_cfg_int_opt(rd, "num_experts", 512, &experts));
+    KVF_CFG_TRY(kvf_qn_pos(rd, "decoder_sparse_step", 1, &step));
+    KVF_CFG_TRY(kvf_cfg_bool(rd, "norm_topk_prob", true, &norm_topk));
+    if ((only != NULL) && !cJSON_IsNull(only) && !cJSON_IsArray(only)) {
+        KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "field 'mlp_only_layers' must be a list");
+    }
+    cJSON_ArrayForEach(it, only) {
+        if (!cJSON_IsNumber(it) || (it->valuedouble != floor(it->valuedouble)) ||
+            (it->valuedouble < 0) || (it->valuedouble >= cfg->num_layers)) {
+            KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "field 'mlp_only_layers' entry %g must be a"
+                         " layer index in [0, num_hidden_layers = %d)",
+                         cJSON_IsNumber(it) ? it->valuedouble : -1.0, cfg->num_layers);
+        }
+        dense[(int)it->valuedouble] = true;
+    }
+    for (int l = 0; l < cfg->num_layers; ++l) {
+        if (!dense[l] && (experts > 0) && ((l + 1) % step == 0)) {
+            KVF_CFG_FAIL(KVF_ERR_UNSUPPORTED, "field 'num_experts' = %d makes layer %d a sparse"
+                         " MoE layer (decoder_sparse_step %d, not in mlp_only_layers): routed"
+                         " experts with the gated shared expert are not implemented for"
+                         " qwen3_next yet: refused (num_experts 0 or mlp_only_layers run the"
+                         " dense MLP)", experts, l, step);
+        }
+    }
+    KVF_CFG_TRY(kvf_cfg_int(rd, "intermediate_size", &cfg->intermediate_size));
+    cfg->moe_top_k = cfg->moe_intermediate_size = 0;   /* no sparse layer: unused */
+    cfg->mlp_gated = true;
+    cfg->dense_mlp_in_layer = true;
+    return KVF_OK;
+}
+
+/* The Gated DeltaNet fields as the state layer's geometry (the file's opening comment). */
+static kvf_status_t kvf_qn_gdn(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
+{
+    KVF_CFG_TRY(kvf_qn_pos(rd, "linear_num_value_heads", 32, &cfg->mamba_num_heads));
+    KVF_CFG_TRY(kvf_qn_pos(rd, "linear_value_head_dim", 128, &cfg->mamba_head_dim));
+    KVF_CFG_TRY(kvf_qn_pos(rd, "linear_num_key_heads", 16, &cfg->n_groups));
+    KVF_CFG_TRY(kvf_qn_pos(rd, "linear_key_head_dim", 128, &cfg->ssm_state_size));
+    KVF_CFG_TRY(kvf_qn_pos(rd, "linear_conv_kernel_dim", 4, &cfg->conv_kernel));
+    KVF_CFG_TRY(kvf_cfg_divides(rd->origin, "linear_num_key_heads", cfg->n_groups,
+                                "linear_num_value_heads", cfg->mamba_num_heads));
+    if (cfg->conv_kernel < 2) {
+        KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "field 'linear_conv_kernel_dim' = %d must be at"
+                     " least 2", cfg->conv_kernel);
+    }
+    cfg->state_kind = KVF_STATE_GDN;
+    cfg->chunk_size = 64;           /* unused by the recurrence; the planner's Mamba field */
+    cfg->use_conv_bias = false;     /* conv1d(bias=False) */
+    cfg->mamba_proj_bias = false;
+    cfg->mamba_act = cfg->mlp_act;  /* the conv's activation is hidden_act */
+    cfg->ssm_cache_dtype = KVF_DTYPE_FP32;
+    cfg->dt_limit_low = 0.0;
+    cfg->dt_limit_high = INFINITY;
+    return KVF_OK;
+}
+
+/* partial_rotary_factor: the rope object's, else the top level's, else 0.25. */
+static kvf_status_t kvf_qn_rotary(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
+{
+    const char *field = kvf_cfg_present(rd, "rope_scaling") ? "rope_scaling" : "rope_parameters";
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(rd->root, field);
+    double partial;
+
+    KVF_CFG_TRY(kvf_cfg_num(rd, rd->root, "partial_rotary_factor", 0.25, &partial));
+    if (cJSON_IsObject(rp)) {
+        KVF_CFG_TRY(kvf_cfg_num(rd, rp, "partial_rotary_factor", partial, &partial));
+    }
+    cfg->rope.rotary_dim = (int)(cfg->head_dim * partial);   /* int(), as transformers */
+    if (!(partial > 0.0) || !(partial <= 1.0) || (cfg->rope.rotary_dim % 2 != 0) ||
+        (cfg->rope.rotary_dim < 2)) {
+        KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "field 'partial_rotary_factor' = %g must be in"
+                     " (0, 1] and leave an even rotary width of at least 2 (head_dim %d: %d)",
+                     partial, cfg->head_dim, cfg->rope.rotary_dim);
+    }
+    return KVF_OK;
+}
+
+kvf_status_t kvf_cfg_parse_qwen3_next(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
+{
+    KVF_CFG_TRY(kvf_cfg_int(rd, "num_hidden_layers", &cfg->num_layers));
+    if (cfg->num_layers > KVF_MAX_LAYERS) {
+        KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "field 'num_hidden_layers' = %d exceeds %d",
+                     cfg->num_layers, KVF_MAX_LAYERS);
+    }
+    if (!kvf_cfg_present(rd, "head_dim")) {
+        cfg->head_dim = 256;   /* the class default, not hidden / heads */
+    }
+    KVF_CFG_TRY(kvf_cfg_act(rd, "hidden_act", KVF_ACT_SILU, &cfg->mlp_act));
+    KVF_CFG_TRY(kvf_cfg_bool(rd, "attention_bias", false, &cfg->attn_bias));
+    KVF_CFG_TRY(kvf_qn_layers(rd, cfg));
+    KVF_CFG_TRY(kvf_qn_ffn(rd, cfg));
+    KVF_CFG_TRY(kvf_cfg_rope(rd, cfg));
+    KVF_CFG_TRY(kvf_qn_rotary(rd, cfg));
+    if (cfg->num_mamba_layers > 0) {
+        KVF_CFG_TRY(kvf_qn_gdn(rd, cfg));
+    }
+    cfg->qk_norm = true;
+    cfg->norm_offset = 1.0;          /* Qwen3NextRMSNorm: x * (1 + weight) */
+    cfg->attn_output_gate = true;
+    cfg->ssm_cache_dtype = KVF_DTYPE_FP32;
+    cfg->lm_head_tied = cfg->tie_word_embeddings;
+    return KVF_OK;
+}
