@@ -194,6 +194,17 @@ PATCHES = {
     "mistral-default-window": {"sliding_window": None},   # None: remove the field
 }
 
+# transformers' reference in float64 on the saved fp32 weights (exact math on the same
+# weights): Gated DeltaNet's gated RMSNorm rescales outputs that cancel to ~1e-4, where fp32
+# rounding (transformers' chunked scan, its recurrent one, kvferry's) reaches 1e-4 in the
+# logits; the float64 reference then measures kvferry's error alone
+FLOAT64_CASES = {"qwen3-next"}
+# Per-case --tol override: on the 4-layer qwen3-next checkpoint transformers' own fp32 forward
+# is up to 6.7e-4 off its float64 logits (some positions' Gated DeltaNet outputs are ~1e-4
+# before the gated RMSNorm rescales them), kvferry's fp32 up to 1.3e-4 (the stored 2-layer
+# reference, tests/data/families/qwen3-next, stays within 1e-4)
+CASE_TOL = {"qwen3-next": 2e-4}
+
 # Extra prompts of exactly k * chunk + 1 tokens with the default 512-token chunk.
 LONG_CASES = {"hybrid-dt-clamp"}
 
@@ -344,6 +355,8 @@ def main():
         if name in PATCHES:
             model = patch_config(d, PATCHES[name])
         add_byte_tokenizer(args.kvf, d)
+        if name in FLOAT64_CASES:
+            model = model.double()   # after save_pretrained: kvf reads the fp32 files
         files = sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))
         bs = kvf_block_size(args.kvf, d)
         lengths = {"5 tokens": (5, CHUNK), "one block": (bs, CHUNK),
@@ -366,7 +379,7 @@ def main():
                 maxdiff = max(float((x - torch.tensor(y, dtype=torch.float64)).abs().max())
                               for x, y in zip(ref, k_logits))
                 same = (h_tokens == k_tokens) and len(k_logits) == len(ref)
-                good = same and maxdiff <= args.tol
+                good = same and maxdiff <= max(args.tol, CASE_TOL.get(name, 0.0))
                 ok = ok and good
                 print("  %-15s %4d tokens  tp %d: greedy %s, max |logit diff| %.2e %s" % (
                     what, n, tp, "equal" if same else "DIFFER", maxdiff,
