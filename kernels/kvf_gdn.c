@@ -157,3 +157,22 @@ int kvf_sigmoid_gate(const kvf_device_t *dev, float *x, int ldx, const float *ga
     }
     return KVF_KERN_OK;
 }
+
+int kvf_sigmoid_row_scale(const kvf_device_t *dev, float *x, int ldx, const float *g, int T,
+                          int n)
+{
+    if ((x == NULL) || (g == NULL) || (T < 0) || (n < 0) || (ldx < n)) {
+        return KVF_KERN_EINVAL;
+    }
+    if (!kvf_kern_on_cpu(dev)) {
+        return KVF_KERN_EUNSUPPORTED;
+    }
+    for (int t = 0; t < T; ++t) {
+        float *xr = x + (size_t)t * (size_t)ldx;
+        const float sg = 1.0f / (1.0f + expf(-g[t]));
+        for (int i = 0; i < n; ++i) {
+            xr[i] *= sg;
+        }
+    }
+    return KVF_KERN_OK;
+}

@@ -78,6 +78,14 @@ int kvf_gdn_gated_norm(const kvf_device_t *dev, const float *y, int ldy, const f
 int kvf_sigmoid_gate(const kvf_device_t *dev, float *x, int ldx, const float *gate, int ldg,
                      int T, int n);
 
+/**
+ * Qwen3-Next's gated shared expert: x[t][i] *= sigmoid(g[t]) for i < n (one gate a row).
+ * x: fp32 [T][ldx], g: fp32 [T].
+ * @return KVF_KERN_OK; KVF_KERN_EINVAL; KVF_KERN_EUNSUPPORTED on a device.
+ */
+int kvf_sigmoid_row_scale(const kvf_device_t *dev, float *x, int ldx, const float *g, int T,
+                          int n);
+
 #ifdef __cplusplus
 }
 #endif

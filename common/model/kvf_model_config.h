@@ -149,6 +149,9 @@ typedef struct kvf_model_config {
     bool        moe_gated;                     /* experts and shared MLP gated: fused
                                                   gate|up rows, down(act(gate) * up) */
     int         num_moe_layers;
+    bool        layer_sparse[KVF_MAX_LAYERS]; /* qwen3_next: the layer's FFN is routed experts
+                                         plus a shared expert scaled by sigmoid(gate x)
+                                         (sh_gate); false: its dense MLP. false elsewhere */
 
     /* attention extras (dense archs) */
     bool        attn_bias;            /* attention_bias: q/k/v/o biases */
@@ -222,11 +225,11 @@ static inline int kvf_model_mamba_inner(const kvf_model_config_t *cfg)
     return cfg->mamba_num_heads * cfg->mamba_head_dim;
 }
 
-/** True when layer @a l runs routed experts (an 'E' layer, or any layer of a
- * granitemoehybrid model with experts). */
+/** True when layer @a l runs routed experts (an 'E' layer, any layer of a
+ * granitemoehybrid model with experts, a qwen3_next sparse layer). */
 static inline bool kvf_model_layer_has_moe(const kvf_model_config_t *cfg, int l)
 {
-    return (cfg->layer_kinds[l] == KVF_LAYER_MOE) || cfg->moe_in_layer;
+    return (cfg->layer_kinds[l] == KVF_LAYER_MOE) || cfg->moe_in_layer || cfg->layer_sparse[l];
 }
 
 /** True when the model has at least one Mamba layer. */

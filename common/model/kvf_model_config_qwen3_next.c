@@ -16,10 +16,12 @@
  * TP exceeds them). cfg->state_kind says which recurrence the forward runs.
  * Rejected: a new layer letter for Gated DeltaNet (every consumer of the letters would
  * learn it for a state of the same shape; the fingerprint hashes the arch).
- * Refused by name: routed experts (num_experts > 0 on a layer decoder_sparse_step and
- * mlp_only_layers leave sparse: the shared expert's sigmoid gate is not implemented
- * yet), an activation other than transformers' names, a layer type other than
- * linear_attention / full_attention.
+ * Sparse layers (num_experts > 0, decoder_sparse_step, mlp_only_layers) run the routed
+ * experts as granitemoehybrid's (softmax of the top-k logits = softmax, top k,
+ * renormalised) plus the shared expert times sigmoid(shared_expert_gate x)
+ * (cfg->layer_sparse); the others a gated MLP.
+ * Refused by name: norm_topk_prob false with experts, an activation other than
+ * transformers' names, a layer type other than linear_attention / full_attention.
  */
 #include "kvf_model_config_int.h"
 
@@ -101,19 +103,20 @@ static kvf_status_t kvf_qn_layers(const kvf_cfg_reader_t *rd, kvf_model_config_t
     return KVF_OK;
 }
 
-/* The FFN: a gated MLP on every layer, unless num_experts > 0 makes a layer sparse
- * (decoder_sparse_step, mlp_only_layers): those are refused by name for now. */
+/* The FFN: routed experts (num_experts > 0, every decoder_sparse_step-th layer not in
+ * mlp_only_layers: softmax router, top num_experts_per_tok renormalised, gated experts of
+ * moe_intermediate_size, a gated shared expert of shared_expert_intermediate_size scaled by
+ * sigmoid(shared_expert_gate x)), else a gated MLP of intermediate_size. */
 static kvf_status_t kvf_qn_ffn(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
 {
     const cJSON *only = cJSON_GetObjectItemCaseSensitive(rd->root, "mlp_only_layers");
     const cJSON *it;
     bool dense[KVF_MAX_LAYERS] = {false};
-    int experts, step;
-    bool norm_topk;
+    int experts, step, n_dense = 0;
 
     KVF_CFG_TRY(kvf_cfg_int_opt(rd, "num_experts", 512, &experts));
     KVF_CFG_TRY(kvf_qn_pos(rd, "decoder_sparse_step", 1, &step));
-    KVF_CFG_TRY(kvf_cfg_bool(rd, "norm_topk_prob", true, &norm_topk));
+    KVF_CFG_TRY(kvf_cfg_bool(rd, "norm_topk_prob", true, &cfg->moe_norm_topk_prob));
     if ((only != NULL) && !cJSON_IsNull(only) && !cJSON_IsArray(only)) {
         KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "field 'mlp_only_layers' must be a list");
     }
@@ -127,18 +130,41 @@ static kvf_status_t kvf_qn_ffn(const kvf_cfg_reader_t *rd, kvf_model_config_t *c
         dense[(int)it->valuedouble] = true;
     }
     for (int l = 0; l < cfg->num_layers; ++l) {
-        if (!dense[l] && (experts > 0) && ((l + 1) % step == 0)) {
-            KVF_CFG_FAIL(KVF_ERR_UNSUPPORTED, "field 'num_experts' = %d makes layer %d a sparse"
-                         " MoE layer (decoder_sparse_step %d, not in mlp_only_layers): routed"
-                         " experts with the gated shared expert are not implemented for"
-                         " qwen3_next yet: refused (num_experts 0 or mlp_only_layers run the"
-                         " dense MLP)", experts, l, step);
-        }
+        cfg->layer_sparse[l] = !dense[l] && (experts > 0) && ((l + 1) % step == 0);
+        cfg->num_moe_layers += cfg->layer_sparse[l];
+        n_dense += !cfg->layer_sparse[l];
     }
-    KVF_CFG_TRY(kvf_cfg_int(rd, "intermediate_size", &cfg->intermediate_size));
-    cfg->moe_top_k = cfg->moe_intermediate_size = 0;   /* no sparse layer: unused */
     cfg->mlp_gated = true;
     cfg->dense_mlp_in_layer = true;
+    cfg->moe_top_k = cfg->moe_intermediate_size = 0;
+    if (n_dense > 0) {
+        KVF_CFG_TRY(kvf_qn_pos(rd, "intermediate_size", 5632, &cfg->intermediate_size));
+    }
+    if (cfg->num_moe_layers == 0) {
+        return KVF_OK;
+    }
+    if (!cfg->moe_norm_topk_prob) {
+        KVF_CFG_FAIL(KVF_ERR_UNSUPPORTED, "field 'norm_topk_prob' = false is not implemented"
+                     " for qwen3_next's experts (only true: the top-k weights renormalised):"
+                     " refused");
+    }
+    if (experts > 1024) {
+        KVF_CFG_FAIL(KVF_ERR_UNSUPPORTED, "field 'num_experts' = %d exceeds 1024", experts);
+    }
+    KVF_CFG_TRY(kvf_qn_pos(rd, "num_experts_per_tok", 10, &cfg->moe_top_k));
+    KVF_CFG_TRY(kvf_qn_pos(rd, "moe_intermediate_size", 512, &cfg->moe_intermediate_size));
+    KVF_CFG_TRY(kvf_qn_pos(rd, "shared_expert_intermediate_size", 512,
+                           &cfg->moe_shared_intermediate_size));
+    if (cfg->moe_top_k > experts) {
+        KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "field 'num_experts_per_tok' = %d exceeds"
+                     " num_experts = %d", cfg->moe_top_k, experts);
+    }
+    cfg->moe_num_experts = experts;
+    cfg->moe_n_group = cfg->moe_topk_group = 1;
+    cfg->moe_routed_scaling = 1.0;
+    /* softmax over all experts, top k, renormalised = softmax over the top-k logits */
+    cfg->moe_softmax_topk = true;
+    cfg->moe_gated = true;
     return KVF_OK;
 }
 

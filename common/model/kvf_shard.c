@@ -96,6 +96,7 @@ static kvf_status_t kvf_shard_compute_ex(const kvf_model_config_t *cfg, int tp_s
 
     /* granitemoehybrid spells them shared_intermediate_size and num_local_experts */
     const bool granite = (cfg->arch == KVF_ARCH_GRANITE_MOE_HYBRID);
+    const bool qn = (cfg->arch == KVF_ARCH_QWEN3_NEXT);   /* num_experts, shared_expert_... */
     if (cfg->intermediate_size > 0) {
         status = kvf_shard_even(quiet, granite ? "shared_intermediate_size" : "intermediate_size",
                                 cfg->intermediate_size, tp_size);
@@ -106,10 +107,12 @@ static kvf_status_t kvf_shard_compute_ex(const kvf_model_config_t *cfg, int tp_s
         s.mlp_col_start = tp_rank * s.mlp_cols;
     }
     if (cfg->num_moe_layers > 0) {
-        status = kvf_shard_even(quiet, granite ? "num_local_experts" : "n_routed_experts",
+        status = kvf_shard_even(quiet, granite ? "num_local_experts" : qn ? "num_experts" :
+                                "n_routed_experts",
                                 cfg->moe_num_experts, tp_size);
         if (status == KVF_OK) {
             status = kvf_shard_even(quiet, granite ? "shared_intermediate_size" :
+                                    qn ? "shared_expert_intermediate_size" :
                                     "moe_shared_expert_intermediate_size",
                                     cfg->moe_shared_intermediate_size, tp_size);
         }

@@ -339,10 +339,9 @@ static kvf_status_t kvf_load_attention(kvf_loader_t *ld, const kvf_model_config_
  * An MLP's column slice [c0, c0 + C) of intermediate I: prefix "mixer" (up,
  * down) or "mlp" (gate, up, down: gate rows first, then up rows, fused).
  */
-static kvf_status_t kvf_load_mlp_part(kvf_loader_t *ld, const kvf_model_config_t *cfg,
-                                      int rank, int l, const char *pfx, bool gated, int64_t I,
-                                      int64_t c0, int64_t C, kvf_mat_t *up, float **up_b,
-                                      kvf_mat_t *down, float **down_b)
+kvf_status_t kvf_load_mlp_part(kvf_loader_t *ld, const kvf_model_config_t *cfg, int rank, int l,
+                               const char *pfx, bool gated, int64_t I, int64_t c0, int64_t C,
+                               kvf_mat_t *up, float **up_b, kvf_mat_t *down, float **down_b)
 {
     const int64_t H = cfg->hidden_size;
     const int64_t r[1][2] = {{c0, C}};
@@ -414,7 +413,7 @@ static kvf_status_t kvf_load_mlp_part(kvf_loader_t *ld, const kvf_model_config_t
 }
 
 /* The arrays of this rank's experts' matrices. */
-static kvf_status_t kvf_alloc_experts(const kvf_shard_t *s, kvf_layer_w_t *w)
+kvf_status_t kvf_alloc_experts(const kvf_shard_t *s, kvf_layer_w_t *w)
 {
     w->exp_up = calloc((size_t)(s->moe_experts ? s->moe_experts : 1), sizeof(kvf_mat_t));
     w->exp_down = calloc((size_t)(s->moe_experts ? s->moe_experts : 1), sizeof(kvf_mat_t));
@@ -519,6 +518,9 @@ static kvf_status_t kvf_load_ffn(kvf_loader_t *ld, const kvf_model_config_t *cfg
     if (cfg->arch == KVF_ARCH_GRANITE_MOE_HYBRID) {
         return kvf_load_granite_ffn(ld, cfg, s, l, w);
     }
+    if (cfg->layer_sparse[l]) {
+        return kvf_load_qn_moe(ld, cfg, s, l, w);   /* qwen3_next's experts */
+    }
     return kvf_load_mlp_part(ld, cfg, s->tp_rank, l,
                              (cfg->arch == KVF_ARCH_BAMBA) ? "feed_forward" : "mlp",
                              cfg->mlp_gated, cfg->intermediate_size, s->mlp_col_start,
@@ -532,6 +534,7 @@ static void kvf_layer_w_free(kvf_model_h m, kvf_layer_w_t *w, int experts)
         w->gnorm_w, w->out_proj.data, w->out_bias, w->qkv.data, w->qkv_bias, w->o_proj.data,
         w->o_bias, w->q_norm, w->k_norm, w->up.data, w->up_bias, w->down.data, w->down_bias,
         w->router_w, w->router_b, w->sh_up.data, w->sh_down.data, w->sh_up_b, w->sh_down_b,
+        w->sh_gate,
     };
     for (size_t i = 0; i < sizeof(ptrs) / sizeof(ptrs[0]); ++i) {
         kvf_model_wfree(m, ptrs[i]);
@@ -623,8 +626,9 @@ static int kvf_layer_rows(const kvf_model_config_t *cfg, const kvf_rank_w_t *rw,
         break;
     }
     if (cfg->dense_mlp_in_layer) {   /* the layer's FFN: gated (2C rows of proj, C of g) */
-        int c = cfg->moe_in_layer ? s->moe_shared_cols : s->mlp_cols;
-        c = (cfg->moe_in_layer && (cfg->moe_intermediate_size > c)) ? cfg->moe_intermediate_size : c;
+        const bool moe = kvf_model_layer_has_moe(cfg, l);
+        int c = moe ? s->moe_shared_cols : s->mlp_cols;
+        c = (moe && (cfg->moe_intermediate_size > c)) ? cfg->moe_intermediate_size : c;
         rows = (2 * c > rows) ? 2 * c : rows;
         inner = (c > inner) ? c : inner;
     }

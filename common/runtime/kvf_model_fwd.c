@@ -686,6 +686,7 @@ static kvf_status_t kvf_fwd_moe(kvf_model_h m, const kvf_rank_ctx_t *ctx, int l,
     KVF_KCALL(kvf_mlp_rows(dev, ws, cfg->mlp_act, cfg->moe_gated, T, ws->xn, H, &w->sh_up,
                            w->sh_up_b,
                            &w->sh_down, w->sh_down_b, ws->out));
+    status = kvf_fwd_shared_gate(dev, ws, w, T, H, status);   /* qwen3_next */
     for (int e = 0; (status == KVF_OK) && (e < s->moe_experts); ++e) {
         const int ge = s->moe_expert_start + e;
         int n = 0;
@@ -903,7 +904,7 @@ kvf_status_t kvf_fwd_body(kvf_model_h m, const kvf_rank_ctx_t *ctx,
         if (cfg->dense_mlp_in_layer) {   /* the mixer's FFN: its norm, then MLP or experts */
             status = kvf_fwd_norm(dev, ws, true, rep->norm2_w[l], T, H, (float)cfg->norm_eps,
                                   status);
-            status = cfg->moe_in_layer ? kvf_fwd_moe(m, ctx, l, T, status) :
+            status = kvf_model_layer_has_moe(cfg, l) ? kvf_fwd_moe(m, ctx, l, T, status) :
                      kvf_fwd_mlp(m, ctx, l, T, status);
             status = kvf_fwd_post_norm(m, ctx, rep->post_w[2 * l + 1], T, status);
         }

@@ -220,6 +220,52 @@ kvf_status_t kvf_load_gated_attention(kvf_loader_t *ld, const kvf_model_config_t
     return status;
 }
 
+/* qwen3_next's sparse layer: router [E][H] and shared_expert_gate [1][H] (fp32, replicated),
+ * this rank's whole experts (gate|up fused, down), the shared expert's column slice. */
+kvf_status_t kvf_load_qn_moe(kvf_loader_t *ld, const kvf_model_config_t *cfg,
+                             const kvf_shard_t *s, int l, kvf_layer_w_t *w)
+{
+    const int64_t H = cfg->hidden_size, E = cfg->moe_num_experts, I = cfg->moe_intermediate_size;
+    const int64_t rshape[2] = {E, H}, gshape[2] = {1, H};
+    float *nob = NULL;   /* no biases (mlp_bias is not a qwen3_next field) */
+    kvf_status_t status;
+
+    status = kvf_load_vec(ld, kvf_lname(ld, l, "mlp.gate.weight"), 2, rshape, &w->router_w);
+    if (status == KVF_OK) {
+        status = kvf_load_vec(ld, kvf_lname(ld, l, "mlp.shared_expert_gate.weight"), 2, gshape,
+                              &w->sh_gate);
+    }
+    if (status == KVF_OK) {
+        w->router_b = calloc((size_t)E, sizeof(float));   /* no score correction: zero */
+        status = (w->router_b == NULL) ? KVF_ERR_NO_MEMORY : kvf_alloc_experts(s, w);
+    }
+    for (int e = 0; (status == KVF_OK) && (e < s->moe_experts); ++e) {
+        char pfx[48];
+        snprintf(pfx, sizeof(pfx), "mlp.experts.%d", s->moe_expert_start + e);
+        status = kvf_load_mlp_part(ld, cfg, s->tp_rank, l, pfx, true, I, 0, I, &w->exp_up[e],
+                                   &nob, &w->exp_down[e], &nob);
+    }
+    if (status == KVF_OK) {
+        status = kvf_load_mlp_part(ld, cfg, s->tp_rank, l, "mlp.shared_expert", true,
+                                   cfg->moe_shared_intermediate_size, s->moe_shared_col_start,
+                                   s->moe_shared_cols, &w->sh_up, &w->sh_up_b, &w->sh_down,
+                                   &w->sh_down_b);
+    }
+    return status;
+}
+
+kvf_status_t kvf_fwd_shared_gate(const kvf_device_t *dev, struct kvf_model_ws *ws,
+                                 const kvf_layer_w_t *w, int T, int H, kvf_status_t status)
+{
+    if (w->sh_gate == NULL) {
+        return status;
+    }
+    /* the routing is on the host already: ws->scores is free scratch for T gate logits */
+    KVF_KCALL(kvf_gemm(dev, T, 1, H, ws->xn, w->sh_gate, NULL, ws->scores));
+    KVF_KCALL(kvf_sigmoid_row_scale(dev, ws->out, H, ws->scores, T, H));
+    return status;
+}
+
 kvf_status_t kvf_fwd_gdn(kvf_model_h m, const kvf_rank_ctx_t *ctx, const kvf_fwd_batch_t *batch,
                          int l, int T, kvf_status_t status)
 {

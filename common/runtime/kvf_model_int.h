@@ -73,6 +73,7 @@ typedef struct {
     kvf_mat_t *exp_up;   /* [experts on this rank]: [moe_I][H] */
     kvf_mat_t *exp_down; /* [H][moe_I] */
     kvf_mat_t sh_up, sh_down;    /* shared expert slice */
+    float    *sh_gate;   /* [H] qwen3_next: shared_expert_gate (fp32, replicated), or NULL */
     float    *sh_up_b, *sh_down_b;
 } kvf_layer_w_t;
 
@@ -112,6 +113,13 @@ kvf_status_t kvf_load_mat_rows(kvf_loader_t *ld, const char *name, int64_t N, in
 /* Row-parallel: columns [c0, c0 + cols) of a [N][K] matrix, kept in its dtype. */
 kvf_status_t kvf_load_mat_cols(kvf_loader_t *ld, const char *name, int64_t N, int64_t K,
                                int64_t c0, int64_t cols, struct kvf_mat_s *m);
+
+/* An MLP's column slice [c0, c0 + C) of width I under module @a pfx of layer l (gated: the
+ * gate rows, then the up rows, fused into *up); rank 0 loads down's bias. */
+kvf_status_t kvf_load_mlp_part(kvf_loader_t *ld, const kvf_model_config_t *cfg, int rank, int l,
+                               const char *pfx, bool gated, int64_t I, int64_t c0, int64_t C,
+                               struct kvf_mat_s *up, float **up_b, struct kvf_mat_s *down,
+                               float **down_b);
 
 /* The tensors every rank uses whole (replicated): one shared copy on the CPU; on GPUs one
  * copy per rank, on the rank's device (kvf_rank_w_t.rep). */
@@ -300,6 +308,14 @@ kvf_status_t kvf_load_gdn(kvf_loader_t *ld, const kvf_model_config_t *cfg, const
                           int l, kvf_layer_w_t *w);
 kvf_status_t kvf_load_gated_attention(kvf_loader_t *ld, const kvf_model_config_t *cfg,
                                       const kvf_shard_t *s, int l, kvf_layer_w_t *w);
+/* kvf_model.c: the arrays of this rank's experts' matrices (calloc'ed). */
+kvf_status_t kvf_alloc_experts(const kvf_shard_t *s, kvf_layer_w_t *w);
+kvf_status_t kvf_load_qn_moe(kvf_loader_t *ld, const kvf_model_config_t *cfg,
+                             const kvf_shard_t *s, int l, kvf_layer_w_t *w);
+/* kvf_fwd_moe's shared expert output ws->out (T rows of H) times sigmoid(sh_gate . xn) per
+ * row (qwen3_next); nothing when w->sh_gate is NULL. */
+kvf_status_t kvf_fwd_shared_gate(const kvf_device_t *dev, struct kvf_model_ws *ws,
+                                 const kvf_layer_w_t *w, int T, int H, kvf_status_t status);
 kvf_status_t kvf_fwd_gdn(kvf_model_h m, const kvf_rank_ctx_t *ctx, const kvf_fwd_batch_t *batch,
                          int l, int T, kvf_status_t status);
 

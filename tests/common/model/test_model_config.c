@@ -628,9 +628,9 @@ static void test_qwen3_next(void **state)
     static const struct {
         const char *extra, *field, *value;
     } refused[] = {
-        {",\"num_experts\":4", "num_experts", "4"},   /* sparse layers: not implemented yet */
-        {",\"num_experts\":4,\"decoder_sparse_step\":2,\"mlp_only_layers\":[1]", "layer 3",
-         "num_experts"},
+        {",\"num_experts\":4,\"norm_topk_prob\":false", "norm_topk_prob", "false"},
+        {",\"num_experts\":4,\"num_experts_per_tok\":5", "num_experts_per_tok", "5"},
+        {",\"num_experts\":4,\"decoder_sparse_step\":0", "decoder_sparse_step", "0"},
         {",\"num_experts\":0,\"layer_types\":[\"linear_attention\",\"sliding_attention\","
          "\"linear_attention\",\"full_attention\",\"linear_attention\",\"linear_attention\","
          "\"linear_attention\",\"full_attention\"]", "layer_types[1]", "sliding_attention"},
@@ -652,6 +652,7 @@ static void test_qwen3_next(void **state)
     assert_string_equal(c.layer_kinds, "MMM*MMM*");
     assert_int_equal(c.state_kind, KVF_STATE_GDN);
     assert_int_equal(c.num_mamba_layers, 6);
+    assert_int_equal(c.num_moe_layers, 0);
     assert_int_equal(c.mamba_num_heads, 32);     /* linear_num_value_heads */
     assert_int_equal(c.mamba_head_dim, 128);     /* linear_value_head_dim */
     assert_int_equal(c.n_groups, 16);            /* linear_num_key_heads */
@@ -663,6 +664,22 @@ static void test_qwen3_next(void **state)
     assert_true(c.norm_offset == 1.0 && c.qk_norm && c.attn_output_gate);
     assert_true(c.dense_mlp_in_layer && c.mlp_gated && !c.use_conv_bias && !c.lm_head_tied);
     assert_true(c.norm_eps == 1e-6);
+    /* the class's MoE defaults: every layer sparse (512 experts, top 10, widths 512) */
+    snprintf(json, sizeof(json), KVF_QN_JSON, "");
+    assert_int_equal(kvf_model_config_parse(json, "t", &c), KVF_OK);
+    assert_int_equal(c.num_moe_layers, 8);
+    assert_true(c.layer_sparse[0] && c.layer_sparse[7] && kvf_model_layer_has_moe(&c, 3));
+    assert_true(c.moe_num_experts == 512 && c.moe_top_k == 10 && c.moe_softmax_topk);
+    assert_true(c.moe_intermediate_size == 512 && c.moe_shared_intermediate_size == 512);
+    /* decoder_sparse_step 2 and mlp_only_layers [3]: layers 1, 5, 7 sparse */
+    snprintf(json, sizeof(json), KVF_QN_JSON, ",\"num_experts\":4,\"decoder_sparse_step\":2,"
+             "\"mlp_only_layers\":[3],\"moe_intermediate_size\":8,"
+             "\"shared_expert_intermediate_size\":12,\"num_experts_per_tok\":2");
+    assert_int_equal(kvf_model_config_parse(json, "t", &c), KVF_OK);
+    for (int l = 0; l < 8; ++l) {
+        assert_int_equal(c.layer_sparse[l], (l == 1) || (l == 5) || (l == 7));
+    }
+    assert_true(c.num_moe_layers == 3 && c.intermediate_size == 96 && c.moe_top_k == 2);
     /* layer_types wins; the rope object's partial factor; every layer in mlp_only_layers
      * keeps the dense MLP although num_experts > 0 */
     snprintf(json, sizeof(json), KVF_QN_JSON, ",\"num_experts\":4,\"mlp_only_layers\":"
