@@ -176,8 +176,8 @@ static kvf_status_t kvf_cfg_known(const kvf_cfg_reader_t *rd, kvf_arch_t arch,
         bool known = false;
         bool ibm = (arch == KVF_ARCH_BAMBA) || (arch == KVF_ARCH_GRANITE_MOE_HYBRID);
         bool gem = (arch == KVF_ARCH_GEMMA3_TEXT);   /* own tables: _ibm.c, _gemma.c, */
-        bool qn = (arch == KVF_ARCH_QWEN3_NEXT);     /* _qwen3_next.c */
-        known = qn ? kvf_cfg_qwen3_next_known(it->string) :
+        bool qn = (arch == KVF_ARCH_QWEN3_NEXT) || (arch == KVF_ARCH_QWEN3_5_TEXT);
+        known = qn ? kvf_cfg_qwen3_next_known(it->string, arch) :   /* _qwen3_next.c */
                 gem ? kvf_cfg_gemma_known(it->string) :
                 (ibm && kvf_cfg_ibm_known(it->string, arch));
         ibm = ibm || qn;
@@ -297,7 +297,7 @@ kvf_status_t kvf_cfg_rope(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
         }
     }
     if ((partial != 1.0) && (cfg->arch != KVF_ARCH_BAMBA) &&   /* their parsers' */
-        (cfg->arch != KVF_ARCH_QWEN3_NEXT)) {
+        (cfg->arch != KVF_ARCH_QWEN3_NEXT) && (cfg->arch != KVF_ARCH_QWEN3_5_TEXT)) {
         kvf_error("%s: field 'partial_rotary_factor' = %g is not implemented (only 1): refused",
                   rd->origin, partial);
         return KVF_ERR_UNSUPPORTED;
@@ -739,6 +739,7 @@ static const struct {
     {"granitemoehybrid", KVF_ARCH_GRANITE_MOE_HYBRID, kvf_cfg_parse_granite},
     {"gemma3_text", KVF_ARCH_GEMMA3_TEXT, kvf_cfg_parse_gemma3},
     {"qwen3_next", KVF_ARCH_QWEN3_NEXT, kvf_cfg_parse_qwen3_next},
+    {"qwen3_5_text", KVF_ARCH_QWEN3_5_TEXT, kvf_cfg_parse_qwen3_5_text},
 };
 
 kvf_status_t kvf_model_config_from_json(const cJSON *root, const char *origin,
@@ -770,7 +771,7 @@ kvf_status_t kvf_model_config_from_json(const cJSON *root, const char *origin,
     }
     if (a == narch) {
         KVF_FAIL(KVF_ERR_UNSUPPORTED, "field 'model_type' = '%s' is not supported (nemotron_h,"
-                 " llama, qwen3, mistral, bamba, granitemoehybrid, gemma3_text, qwen3_next)",
+                 " llama, qwen3, mistral, bamba, granitemoehybrid, gemma3_text, qwen3_next, qwen3_5_text)",
                  mt->valuestring);
     }
     cfg.arch = kvf_cfg_archs[a].arch;

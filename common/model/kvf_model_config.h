@@ -11,7 +11,9 @@
  * their own RoPE, RMSNorms scaling by (1 + weight), norms after attention and
  * after the MLP, embeddings scaled by sqrt(hidden_size)), and "qwen3_next"
  * (Qwen3-Next: Gated DeltaNet layers 'M' with state_kind KVF_STATE_GDN and gated
- * attention layers '*', each followed by its gated MLP).
+ * attention layers '*', each followed by routed experts or its gated MLP), and
+ * "qwen3_5_text" (Qwen3.5's text model: the same layers with separate Gated DeltaNet
+ * projections, each followed by its gated MLP).
  */
 #ifndef KVF_MODEL_CONFIG_H
 #define KVF_MODEL_CONFIG_H
@@ -42,6 +44,7 @@ typedef enum {
     KVF_ARCH_GRANITE_MOE_HYBRID, /* Mamba2 / attention layers, each with shared MLP + MoE */
     KVF_ARCH_GEMMA3_TEXT,        /* dense, sliding / full layers, (1 + w) norms, post norms */
     KVF_ARCH_QWEN3_NEXT,         /* Gated DeltaNet / gated attention layers, each with its FFN */
+    KVF_ARCH_QWEN3_5_TEXT,       /* Qwen3.5's text model: qwen3_next's layers, a dense MLP each */
 } kvf_arch_t;
 
 /** What a state layer ('M') computes; its state's shape is the same for every kind

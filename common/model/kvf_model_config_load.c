@@ -106,7 +106,7 @@ uint64_t kvf_model_config_fingerprint(const kvf_model_config_t *cfg)
             h = kvf_hash64(&w, sizeof(w), h);
         }
     }
-    if (cfg->arch == KVF_ARCH_QWEN3_NEXT) {
+    if ((cfg->arch == KVF_ARCH_QWEN3_NEXT) || (cfg->arch == KVF_ARCH_QWEN3_5_TEXT)) {
         const int32_t q[] = {(int32_t)cfg->state_kind, cfg->attn_output_gate,
                              cfg->rope.rotary_dim, cfg->dense_mlp_in_layer,
                              (int32_t)cfg->norm_offset, cfg->moe_softmax_topk, cfg->moe_gated};

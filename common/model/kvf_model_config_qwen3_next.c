@@ -20,6 +20,9 @@
  * experts as granitemoehybrid's (softmax of the top-k logits = softmax, top k,
  * renormalised) plus the shared expert times sigmoid(shared_expert_gate x)
  * (cfg->layer_sparse); the others a gated MLP.
+ * "qwen3_5_text" (Qwen3_5TextConfig, Qwen3_5ForCausalLM) is the same machinery: separate
+ * in_proj_qkv / in_proj_z / in_proj_b / in_proj_a (the loader reads them), a gated MLP on
+ * every layer, multimodal RoPE that is plain RoPE for text (kvf_cfg_parse_qwen3_5_text).
  * Refused by name: norm_topk_prob false with experts, an activation other than
  * transformers' names, a layer type other than linear_attention / full_attention.
  */
@@ -47,8 +50,27 @@ static const char *const kvf_qn_fields[] = {
     "output_attentions", "output_hidden_states", "return_dict",
 };
 
-bool kvf_cfg_qwen3_next_known(const char *name)
+/* qwen3_5_text (Qwen3_5TextConfig): the same fields less the experts', plus none. */
+static bool kvf_qn_moe_field(const char *name)
 {
+    static const char *const moe[] = {
+        "decoder_sparse_step", "num_experts", "mlp_only_layers", "moe_intermediate_size",
+        "shared_expert_intermediate_size", "num_experts_per_tok", "norm_topk_prob",
+        "output_router_logits", "router_aux_loss_coef",
+    };
+    for (size_t i = 0; i < sizeof(moe) / sizeof(moe[0]); ++i) {
+        if (strcmp(name, moe[i]) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+bool kvf_cfg_qwen3_next_known(const char *name, kvf_arch_t arch)
+{
+    if ((arch == KVF_ARCH_QWEN3_5_TEXT) && kvf_qn_moe_field(name)) {
+        return false;
+    }
     for (size_t i = 0; i < sizeof(kvf_qn_fields) / sizeof(kvf_qn_fields[0]); ++i) {
         if (strcmp(name, kvf_qn_fields[i]) == 0) {
             return true;
@@ -214,7 +236,10 @@ static kvf_status_t kvf_qn_rotary(const kvf_cfg_reader_t *rd, kvf_model_config_t
     return KVF_OK;
 }
 
-kvf_status_t kvf_cfg_parse_qwen3_next(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
+/* The fields both parse alike: layers, attention, RoPE, the Gated DeltaNet geometry; the
+ * FFN is the caller's. @a rope_rd: the reader kvf_cfg_rope() sees. */
+static kvf_status_t kvf_qn_common(const kvf_cfg_reader_t *rd, const kvf_cfg_reader_t *rope_rd,
+                                  kvf_model_config_t *cfg)
 {
     KVF_CFG_TRY(kvf_cfg_int(rd, "num_hidden_layers", &cfg->num_layers));
     if (cfg->num_layers > KVF_MAX_LAYERS) {
@@ -227,9 +252,8 @@ kvf_status_t kvf_cfg_parse_qwen3_next(const kvf_cfg_reader_t *rd, kvf_model_conf
     KVF_CFG_TRY(kvf_cfg_act(rd, "hidden_act", KVF_ACT_SILU, &cfg->mlp_act));
     KVF_CFG_TRY(kvf_cfg_bool(rd, "attention_bias", false, &cfg->attn_bias));
     KVF_CFG_TRY(kvf_qn_layers(rd, cfg));
-    KVF_CFG_TRY(kvf_qn_ffn(rd, cfg));
-    KVF_CFG_TRY(kvf_cfg_rope(rd, cfg));
-    KVF_CFG_TRY(kvf_qn_rotary(rd, cfg));
+    KVF_CFG_TRY(kvf_cfg_rope(rope_rd, cfg));
+    KVF_CFG_TRY(kvf_qn_rotary(rope_rd, cfg));
     if (cfg->num_mamba_layers > 0) {
         KVF_CFG_TRY(kvf_qn_gdn(rd, cfg));
     }
@@ -238,5 +262,61 @@ kvf_status_t kvf_cfg_parse_qwen3_next(const kvf_cfg_reader_t *rd, kvf_model_conf
     cfg->attn_output_gate = true;
     cfg->ssm_cache_dtype = KVF_DTYPE_FP32;
     cfg->lm_head_tied = cfg->tie_word_embeddings;
+    return KVF_OK;
+}
+
+kvf_status_t kvf_cfg_parse_qwen3_next(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
+{
+    KVF_CFG_TRY(kvf_qn_common(rd, rd, cfg));
+    return kvf_qn_ffn(rd, cfg);
+}
+
+/*
+ * qwen3_5_text: qwen3_next's layers with a gated MLP each (intermediate_size, default 12288).
+ * Its RoPE is multimodal (rope_parameters.mrope_section, mrope_interleaved pick which of the
+ * three position axes each frequency reads); a text-only model passes one position on all
+ * three axes, so every frequency reads the token's position: plain RoPE. kvf_cfg_rope() then
+ * sees a view of the file without those two keys.
+ */
+kvf_status_t kvf_cfg_parse_qwen3_5_text(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
+{
+    static const char *const keep[] = {
+        "rope_theta", "partial_rotary_factor", "max_position_embeddings",
+    };
+    static const char *const objs[] = {"rope_parameters", "rope_scaling"};
+    cJSON *view = cJSON_CreateObject();
+    kvf_cfg_reader_t vr = {.root = view, .origin = rd->origin};
+    kvf_status_t status = (view == NULL) ? KVF_ERR_NO_MEMORY : KVF_OK;
+
+    for (size_t i = 0; (status == KVF_OK) && (i < sizeof(keep) / sizeof(keep[0])); ++i) {
+        const cJSON *it = cJSON_GetObjectItemCaseSensitive(rd->root, keep[i]);
+        if ((it != NULL) && !cJSON_AddItemReferenceToObject(view, keep[i], (cJSON *)it)) {
+            status = KVF_ERR_NO_MEMORY;
+        }
+    }
+    for (size_t i = 0; (status == KVF_OK) && (i < sizeof(objs) / sizeof(objs[0])); ++i) {
+        const cJSON *it = cJSON_GetObjectItemCaseSensitive(rd->root, objs[i]);
+        cJSON *dup = (it != NULL) ? cJSON_Duplicate(it, 1) : NULL;
+        if ((it != NULL) && (dup == NULL)) {
+            status = KVF_ERR_NO_MEMORY;
+        } else if (dup != NULL) {
+            if (cJSON_IsObject(dup)) {
+                cJSON_DeleteItemFromObjectCaseSensitive(dup, "mrope_section");
+                cJSON_DeleteItemFromObjectCaseSensitive(dup, "mrope_interleaved");
+            }
+            cJSON_AddItemToObject(view, objs[i], dup);
+        }
+    }
+    if (status == KVF_OK) {
+        status = kvf_qn_common(rd, &vr, cfg);
+    }
+    cJSON_Delete(view);
+    if (status != KVF_OK) {
+        return status;
+    }
+    KVF_CFG_TRY(kvf_qn_pos(rd, "intermediate_size", 12288, &cfg->intermediate_size));
+    cfg->mlp_gated = true;
+    cfg->dense_mlp_in_layer = true;
+    cfg->moe_top_k = cfg->moe_intermediate_size = cfg->moe_shared_intermediate_size = 0;
     return KVF_OK;
 }

@@ -1,5 +1,6 @@
 /*
- * qwen3_next's layers (transformers' Qwen3NextGatedDeltaNet and Qwen3NextAttention):
+ * qwen3_next's layers (transformers' Qwen3NextGatedDeltaNet and Qwen3NextAttention; qwen3_5_text's
+ * alike, with separate Gated DeltaNet projections):
  * loading a rank's shard of a Gated DeltaNet layer and of a gated attention layer, and
  * the Gated DeltaNet forward (the gated attention's forward is the attention layer's
  * plus kvf_sigmoid_gate before o_proj, kvf_model_fwd.c).
@@ -101,6 +102,45 @@ static kvf_status_t kvf_gdn_load_in_proj(kvf_loader_t *ld, const kvf_model_confi
     return status;
 }
 
+/* qwen3_5_text: in_proj_qkv (q | k | v, not interleaved), in_proj_z, in_proj_b, in_proj_a
+ * rows of this rank, concatenated as z | v | k | q | b | a (w->in_proj). */
+static kvf_status_t kvf_gdn_load_in_proj_split(kvf_loader_t *ld, const kvf_model_config_t *cfg,
+                                               const kvf_shard_t *s, int l, kvf_layer_w_t *w)
+{
+    const int64_t H = cfg->hidden_size, dv = cfg->mamba_head_dim, dk = cfg->ssm_state_size;
+    const int64_t Hv = cfg->mamba_num_heads, kd = cfg->n_groups * dk, vd = Hv * dv;
+    const int64_t h0 = s->mamba_head_start, nh = s->mamba_heads;
+    const int64_t g0 = s->group_start, ng = s->groups;
+    const int64_t zr[1][2] = {{h0 * dv, nh * dv}}, hr[1][2] = {{h0, nh}};
+    const int64_t qr[3][2] = {{2 * kd + h0 * dv, nh * dv}, {kd + g0 * dk, ng * dk},
+                              {g0 * dk, ng * dk}};   /* v | k | q */
+    kvf_mat_t parts[4] = {{0}};
+    kvf_status_t status;
+
+    status = kvf_load_mat_rows(ld, kvf_lname(ld, l, "linear_attn.in_proj_z.weight"), vd, H, zr,
+                               1, &parts[0]);
+    if (status == KVF_OK) {
+        status = kvf_load_mat_rows(ld, kvf_lname(ld, l, "linear_attn.in_proj_qkv.weight"),
+                                   2 * kd + vd, H, qr, 3, &parts[1]);
+    }
+    if (status == KVF_OK) {
+        status = kvf_load_mat_rows(ld, kvf_lname(ld, l, "linear_attn.in_proj_b.weight"), Hv, H,
+                                   hr, 1, &parts[2]);
+    }
+    if (status == KVF_OK) {
+        status = kvf_load_mat_rows(ld, kvf_lname(ld, l, "linear_attn.in_proj_a.weight"), Hv, H,
+                                   hr, 1, &parts[3]);
+    }
+    if (status == KVF_OK) {
+        status = kvf_gdn_concat(parts, 4, &w->in_proj);
+        w->in_rows = (int)(2 * nh * dv + 2 * ng * dk + 2 * nh);
+    }
+    for (int i = 0; i < 4; ++i) {
+        free(parts[i].data);
+    }
+    return status;
+}
+
 kvf_status_t kvf_load_gdn(kvf_loader_t *ld, const kvf_model_config_t *cfg, const kvf_shard_t *s,
                           int l, kvf_layer_w_t *w)
 {
@@ -112,7 +152,9 @@ kvf_status_t kvf_load_gdn(kvf_loader_t *ld, const kvf_model_config_t *cfg, const
                               {g0 * dk, ng * dk}};   /* conv channels v | k | q */
     const int64_t wshape[3] = {2 * kd + vd, 1, cfg->conv_kernel};
     const int64_t hr[1][2] = {{h0, nh}}, nshape[1] = {dv};
-    kvf_status_t status = kvf_gdn_load_in_proj(ld, cfg, s, l, w);
+    kvf_status_t status = (cfg->arch == KVF_ARCH_QWEN3_5_TEXT) ?
+                          kvf_gdn_load_in_proj_split(ld, cfg, s, l, w) :
+                          kvf_gdn_load_in_proj(ld, cfg, s, l, w);
 
     if (status == KVF_OK) {
         status = kvf_load_part(ld, kvf_lname(ld, l, "linear_attn.conv1d.weight"), 3, wshape, cr,

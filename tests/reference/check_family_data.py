@@ -29,7 +29,7 @@ from make_family_data import prompt_bytes  # noqa: E402
 
 
 # families whose kernels are CPU only (the model load refuses them on a GPU, naming them)
-CPU_ONLY = {"qwen3_next"}
+CPU_ONLY = {"qwen3_next", "qwen3_5_text"}
 
 
 def run_devsim(devsim, model_dir, body, max_tokens, tmp, chunk):

@@ -708,6 +708,42 @@ static void test_qwen3_next(void **state)
     }
 }
 
+/* qwen3_5_text: qwen3_next's layers and geometry, a dense MLP each (no expert fields), the
+ * multimodal RoPE keys accepted (plain RoPE for text positions). */
+static void test_qwen3_5_text(void **state)
+{
+    static const char *const refused[] = {
+        ",\"num_experts\":4", ",\"decoder_sparse_step\":1", ",\"sliding_window\":64",
+    };
+    kvf_model_config_t c;
+    char json[2048], line[1024];
+    const char *base = "{\"model_type\":\"qwen3_5_text\",\"hidden_size\":64,"
+                       "\"vocab_size\":260,\"num_attention_heads\":4,\"num_key_value_heads\":2,"
+                       "\"num_hidden_layers\":4%s}";
+    (void)state;
+
+    snprintf(json, sizeof(json), base, ",\"rope_parameters\":{\"rope_type\":\"default\","
+             "\"rope_theta\":1e7,\"partial_rotary_factor\":0.25,\"mrope_section\":[11,11,10],"
+             "\"mrope_interleaved\":true}");
+    assert_int_equal(kvf_model_config_parse(json, "t", &c), KVF_OK);
+    assert_int_equal(c.arch, KVF_ARCH_QWEN3_5_TEXT);
+    assert_string_equal(c.layer_kinds, "MMM*");
+    assert_int_equal(c.state_kind, KVF_STATE_GDN);
+    assert_true(c.mamba_num_heads == 32 && c.n_groups == 16 && c.ssm_state_size == 128);
+    assert_int_equal(c.intermediate_size, 12288);   /* the class default */
+    assert_int_equal(c.num_moe_layers, 0);
+    assert_int_equal(c.rope.rotary_dim, 64);
+    assert_true(c.rope.theta == 1e7);
+    assert_true(c.attn_output_gate && c.qk_norm && (c.norm_offset == 1.0) && c.dense_mlp_in_layer);
+    for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); ++i) {
+        snprintf(json, sizeof(json), base, refused[i]);
+        if ((parse_captured(json, line, sizeof(line)) == KVF_OK) ||
+            (strstr(line, "qwen3_5_text") == NULL)) {
+            fail_msg("case %zu (%s): log '%s'", i, refused[i], line);
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -720,6 +756,7 @@ int main(void)
         cmocka_unit_test(test_ibm_families),
         cmocka_unit_test(test_gemma3),
         cmocka_unit_test(test_qwen3_next),
+        cmocka_unit_test(test_qwen3_5_text),
         cmocka_unit_test(test_python_json),
     };
     kvf_log_init("test");
