@@ -18,8 +18,11 @@
  * to rounding). A bf16 / fp16 state is rounded to its dtype after every token, as a
  * decode step stores it, so a request's bits do not depend on where its prompt is cut
  * into chunks. A fresh request (has_state 0) starts from S = 0 without reading the
- * stored bytes. CPU only: a device returns KVF_KERN_EUNSUPPORTED (the model refuses
- * qwen3_next on a GPU by name at load).
+ * stored bytes. CUDA (kvf_gdn_cuda.cu): the same bodies (kvf_gdn_math.h), one thread per
+ * (value head, value dim) state row over all tokens, the fp32 rows interleaved in
+ * stream-ordered scratch (heads * head_dim * key_dim floats);
+ * every array and the params' dt_bias / A_log are device memory. GPU and CPU differ by FMA
+ * contraction and libm ulps.
  */
 #ifndef KVF_GDN_H
 #define KVF_GDN_H
@@ -54,7 +57,8 @@ typedef struct kvf_gdn_params {
  * @param [in]     has_state 0: start from zeros (stored bytes not read); 1: continue.
  * @param [out]    y      fp32 [T][ldy], heads * head_dim values a row; must not overlap.
  * @return KVF_KERN_OK; KVF_KERN_EINVAL (bad sizes, NULL); KVF_KERN_ENOMEM (head_dim *
- *         key_dim floats of scratch); KVF_KERN_EUNSUPPORTED on a device.
+ *         key_dim floats of scratch); KVF_KERN_EUNSUPPORTED on a device without
+ *         CUDA.
  */
 int kvf_gdn_scan(const kvf_device_t *dev, const kvf_gdn_params_t *p, int T, const float *xbc,
                  int ldx, const float *ba, int ldba, void *state, kvf_dtype_t state_dtype,
@@ -64,7 +68,7 @@ int kvf_gdn_scan(const kvf_device_t *dev, const kvf_gdn_params_t *p, int T, cons
  * Qwen3NextRMSNormGated over each head: out = y * rsqrt(mean_head(y^2) + eps) * w * silu(z).
  * y: fp32 [T][ldy], z: fp32 [T][ldz] (heads * head_dim each), w: fp32 [head_dim] (the
  * plain weight, shared by the heads), out: fp32 [T][ldo] (may be y).
- * @return KVF_KERN_OK; KVF_KERN_EINVAL; KVF_KERN_EUNSUPPORTED on a device.
+ * @return KVF_KERN_OK; KVF_KERN_EINVAL; KVF_KERN_EUNSUPPORTED on a device without CUDA.
  */
 int kvf_gdn_gated_norm(const kvf_device_t *dev, const float *y, int ldy, const float *z,
                        int ldz, const float *w, int T, int heads, int head_dim, float eps,
@@ -73,7 +77,7 @@ int kvf_gdn_gated_norm(const kvf_device_t *dev, const float *y, int ldy, const f
 /**
  * Qwen3-Next's gated attention output: x[t][i] *= sigmoid(gate[t][i]) for i < n.
  * x: fp32 [T][ldx], gate: fp32 [T][ldg].
- * @return KVF_KERN_OK; KVF_KERN_EINVAL; KVF_KERN_EUNSUPPORTED on a device.
+ * @return KVF_KERN_OK; KVF_KERN_EINVAL; KVF_KERN_EUNSUPPORTED on a device without CUDA.
  */
 int kvf_sigmoid_gate(const kvf_device_t *dev, float *x, int ldx, const float *gate, int ldg,
                      int T, int n);
@@ -81,7 +85,7 @@ int kvf_sigmoid_gate(const kvf_device_t *dev, float *x, int ldx, const float *ga
 /**
  * Qwen3-Next's gated shared expert: x[t][i] *= sigmoid(g[t]) for i < n (one gate a row).
  * x: fp32 [T][ldx], g: fp32 [T].
- * @return KVF_KERN_OK; KVF_KERN_EINVAL; KVF_KERN_EUNSUPPORTED on a device.
+ * @return KVF_KERN_OK; KVF_KERN_EINVAL; KVF_KERN_EUNSUPPORTED on a device without CUDA.
  */
 int kvf_sigmoid_row_scale(const kvf_device_t *dev, float *x, int ldx, const float *g, int T,
                           int n);

@@ -718,12 +718,6 @@ kvf_status_t kvf_model_load_device(const char *dir, int tp_size, const kvf_devic
         goto err;
     }
     m->tp = tp_size;
-    if (gpu && (cfg->state_kind == KVF_STATE_GDN)) {
-        kvf_error("%s: model_type 'qwen3_next' (Gated DeltaNet) has CPU kernels only: refused on"
-                  " %s (run it on the CPU)", dir, kvf_device_kind_name(dev->kind));
-        status = KVF_ERR_UNSUPPORTED;
-        goto err;
-    }
     if (gpu) {
         status = kvf_model_gpu_open(m, dev);   /* every rank's GPU, before reading weights */
         if (status != KVF_OK) {

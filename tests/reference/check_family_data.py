@@ -8,8 +8,8 @@ conv / SSM state, 48-token prefill chunks as the reference was made for) and
 must give the same greedy tokens with max |logit diff| within --tol. With
 --devsim (tests/bin/kvf-devsim: kvf on the simulated CUDA device of
 tests/daemon/devsim) each prompt runs there too at TP 1, decode steps as CUDA
-graphs (KVF_GPU_GRAPHS=decode; granite's MoE layers run eagerly), except the
-families of CPU_ONLY (qwen3_next: no CUDA Gated DeltaNet kernels yet), skipped by name.
+graphs (KVF_GPU_GRAPHS=decode; granite's MoE layers and the Gated DeltaNet families
+run eagerly).
 
 Usage:
   python3 tests/reference/check_family_data.py --kvf build/bin/kvf [--tp 1,2,4]
@@ -26,10 +26,6 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hf_compare as H  # noqa: E402  (its kvf runner; torch only inside its reference)
 from make_family_data import prompt_bytes  # noqa: E402
-
-
-# families whose kernels are CPU only (the model load refuses them on a GPU, naming them)
-CPU_ONLY = {"qwen3_next", "qwen3_5_text"}
 
 
 def run_devsim(devsim, model_dir, body, max_tokens, tmp, chunk):
@@ -79,10 +75,6 @@ def main():
             for p in ref["prompts"]:
                 n = p["tokens_in"]
                 for what, tp in where:
-                    if (tp == 0) and (ref["model_type"] in CPU_ONLY):
-                        print("  %4d tokens %-6s: skipped (%s has CPU kernels only: kvf refuses"
-                              " it on a GPU by name)" % (n, what, ref["model_type"]))
-                        continue
                     if tp == 0:
                         toks, logits = run_devsim(args.devsim, d, prompt_bytes(n),
                                                   len(p["tokens"]), tmp, ref["chunk"])
