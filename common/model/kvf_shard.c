@@ -77,13 +77,17 @@ static kvf_status_t kvf_shard_compute_ex(const kvf_model_config_t *cfg, int tp_s
     }
 
     if (cfg->num_mamba_layers > 0) {
-        status = kvf_shard_even(quiet, "mamba_num_heads", cfg->mamba_num_heads, tp_size);
+        /* Gated DeltaNet: value heads are the state's heads, key heads its groups */
+        const bool gdn = (cfg->state_kind == KVF_STATE_GDN);
+        status = kvf_shard_even(quiet, gdn ? "linear_num_value_heads" : "mamba_num_heads",
+                                cfg->mamba_num_heads, tp_size);
         if (status != KVF_OK) {
             return status;
         }
         s.mamba_heads = cfg->mamba_num_heads / tp_size;
         s.mamba_head_start = tp_rank * s.mamba_heads;
-        status = kvf_shard_split(quiet, "n_groups", cfg->n_groups, tp_size, tp_rank, &s.groups,
+        status = kvf_shard_split(quiet, gdn ? "linear_num_key_heads" : "n_groups",
+                                 cfg->n_groups, tp_size, tp_rank, &s.groups,
                                  &s.group_start, &s.group_replication);
         if (status != KVF_OK) {
             return status;

@@ -20,7 +20,9 @@ prefill chunk, and k chunks + 1 tokens (a last prefill chunk of one token;
 block size is read from `kvf plan`. The cases after "moe-hybrid" are the
 departures of issue 25: their config.json is edited after saving (PATCHES)
 and transformers' reference is from_pretrained of the edited folder. The
-last three are issue 44's families (bamba, granitemoehybrid). Each decode
+last ones are issue 44's families (bamba, granitemoehybrid, the sliding-window
+ones, qwen3_next and qwen3_5_text; the last two against transformers in float64,
+FLOAT64_CASES). Each decode
 step gets its position as generate() passes it (BambaModel's forward alone
 numbers a one-token step 0).
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write the stored transformers reference of the bamba, granitemoehybrid and sliding-window (mistral, qwen3, gemma3_text) families.
+"""Write the stored transformers reference of the bamba, granitemoehybrid, sliding-window (mistral, qwen3, gemma3_text) and Gated DeltaNet (qwen3_next, qwen3_5_text) families.
 
 Command (run from the repository root; needs torch and transformers, the ctest
 that reads the result does not):
