@@ -8,7 +8,7 @@
  *
  * Files: kvf_device_cuda.cu (device ops, block zeroing), kvf_device_ws_cuda.cu
  * (per-stream workspaces: scratch arena, pinned staging), kvf_norm_cuda.cu,
- * kvf_attention_cuda.cu, kvf_ssm_cuda.cu (conv1d, Mamba2),
+ * kvf_attention_cuda.cu, kvf_ssm_cuda.cu (conv1d, Mamba2), kvf_gdn_cuda.cu (Gated DeltaNet),
  * kvf_elem_cuda.cu (activations, dtype conversion, MoE routing),
  * kvf_gemm_cuda.cu (cuBLAS: kvf_gemm.h, kvf_gemm_narrow.h), kvf_argmax_cuda.cu.
  */
@@ -19,6 +19,7 @@
 #include "kvf_attention_seqs.h"
 #include "kvf_device.h"
 #include "kvf_device_graph.h"
+#include "kvf_gdn.h"
 #include "kvf_mamba2.h"
 #include "kvf_ssm_seqs.h"
 #include "kvf_moe.h"
@@ -100,6 +101,16 @@ int  kvf_cuda_mamba2_scan(const kvf_device_t *dev, const kvf_mamba2_params_t *p,
 int  kvf_cuda_mamba2_step(const kvf_device_t *dev, const kvf_mamba2_params_t *p, const float *x,
                           const float *dt, const float *B, const float *C, void *state,
                           kvf_dtype_t state_dtype, float *y);
+int  kvf_cuda_gdn_scan(const kvf_device_t *dev, const kvf_gdn_params_t *p, int T,
+                       const float *xbc, int ldx, const float *ba, int ldba, void *state,
+                       kvf_dtype_t state_dtype, int has_state, float *y, int ldy);
+int  kvf_cuda_gdn_gated_norm(const kvf_device_t *dev, const float *y, int ldy, const float *z,
+                             int ldz, const float *w, int T, int heads, int head_dim, float eps,
+                             float *out, int ldo);
+int  kvf_cuda_sigmoid_gate(const kvf_device_t *dev, float *x, int ldx, const float *gate,
+                           int ldg, int T, int n);
+int  kvf_cuda_sigmoid_row_scale(const kvf_device_t *dev, float *x, int ldx, const float *g,
+                                int T, int n);
 int  kvf_cuda_act(const kvf_device_t *dev, int act, float *x, size_t n);
 int  kvf_cuda_convert(const kvf_device_t *dev, void *dst, int dst_dtype, const void *src,
                       int src_dtype, size_t n);

@@ -200,7 +200,14 @@ static void kvf_plan_print_text(const kvf_model_config_t *cfg, const kvf_cache_p
     printf("  %-34s %24s %24s\n", "", "prefill", "decode");
     printf("  %-34s %24d %24d\n", "tp_size", g[0]->shard.tp_size, g[1]->shard.tp_size);
     printf("  %-34s %24s %24s\n", "kv heads per rank", h[0], h[1]);
-    if (kvf_model_is_hybrid(cfg)) {
+    if (kvf_model_is_hybrid(cfg) && (cfg->state_kind == KVF_STATE_GDN)) {
+        /* the state group of Gated DeltaNet layers: value heads, key heads (B/C's place) */
+        printf("  %-34s %24d %24d\n", "gdn value heads per rank", g[0]->shard.mamba_heads,
+               g[1]->shard.mamba_heads);
+        printf("  %-34s %24s %24s\n", "gdn key heads per rank",
+               kvf_plan_groups(&g[0]->shard, h[0] + 64, 64),
+               kvf_plan_groups(&g[1]->shard, h[1] + 64, 64));
+    } else if (kvf_model_is_hybrid(cfg)) {
         printf("  %-34s %24d %24d\n", "mamba heads per rank", g[0]->shard.mamba_heads,
                g[1]->shard.mamba_heads);
         printf("  %-34s %24s %24s\n", "B/C groups per rank",
@@ -209,7 +216,8 @@ static void kvf_plan_print_text(const kvf_model_config_t *cfg, const kvf_cache_p
     }
     printf("  %-34s %24zu %24zu\n", "A1 attention bytes/token/layer", g[0]->attn_bytes_per_token,
            g[1]->attn_bytes_per_token);
-    printf("  %-34s %24zu %24zu\n", "M mamba state bytes/layer", g[0]->mamba_bytes,
+    printf("  %-34s %24zu %24zu\n", (cfg->state_kind == KVF_STATE_GDN) ?
+           "M gdn state bytes/layer" : "M mamba state bytes/layer", g[0]->mamba_bytes,
            g[1]->mamba_bytes);
     printf("  %-34s %24d %24d\n", "logical block_size (tokens)", g[0]->block_size,
            g[1]->block_size);
@@ -468,7 +476,8 @@ static void kvf_plan_print_terms(void)
         "tp_ratio: Y/X when decode has more ranks, -X/Y when prefill has (-2: two prefill "
         "ranks feed each decode rank)",
         "A1: attention KV bytes per token per layer on one rank",
-        "M: Mamba conv + SSM state bytes per layer per sequence on one rank",
+        "M: Mamba2 (or Gated DeltaNet) conv + SSM (recurrent) state bytes per layer per"
+        " sequence on one rank",
         "logical block: the tokens one block-table entry covers; kernel block: the tokens the "
         "attention kernel reads as one page; ppl: kernel blocks per logical block",
         "page_size: one logical block's bytes on one rank (a Mamba layer's state fills one)",
@@ -592,9 +601,10 @@ static void kvf_plan_print_header(const kvf_plan_opts_t *o, const kvf_model_conf
     char ks[64];
 
     kvf_kernel_sizes_format(&params->kernel_sizes, ks, sizeof(ks));
-    printf("model %s (%s): %d layers, %d attention, %d mamba; kv %s, conv %s, ssm %s;"
+    printf("model %s (%s): %d layers, %d attention, %d %s; kv %s, conv %s, ssm %s;"
            " align %s, user block %d, kernel accepts %s\n\n", o->model, cfg->model_type,
            cfg->num_layers, cfg->num_attention_layers, cfg->num_mamba_layers,
+           (cfg->state_kind == KVF_STATE_GDN) ? "gated deltanet" : "mamba",
            kvf_dtype_name(params->kv_dtype), kvf_dtype_name(params->conv_dtype),
            kvf_dtype_name(params->ssm_dtype), o->align, o->block_size, ks);
 }

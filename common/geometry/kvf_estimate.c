@@ -69,7 +69,8 @@ kvf_status_t kvf_model_cost(const kvf_model_config_t *cfg, kvf_model_cost_t *cos
         default:
             break;
         }
-        if (cfg->dense_mlp_in_layer && cfg->moe_in_layer) {   /* granitemoehybrid's FFN */
+        if (cfg->dense_mlp_in_layer && (cfg->moe_in_layer || cfg->layer_sparse[i])) {
+            /* granitemoehybrid's FFN, qwen3_next's sparse layers */
             c.moe_layers++;
         } else if (cfg->dense_mlp_in_layer) {   /* dense archs, bamba: the layer's MLP */
             body += mlp;

@@ -175,12 +175,15 @@ static kvf_status_t kvf_cfg_known(const kvf_cfg_reader_t *rd, kvf_arch_t arch,
     cJSON_ArrayForEach(it, rd->root) {
         bool known = false;
         bool ibm = (arch == KVF_ARCH_BAMBA) || (arch == KVF_ARCH_GRANITE_MOE_HYBRID);
-        bool gem = (arch == KVF_ARCH_GEMMA3_TEXT);   /* own tables: _ibm.c, _gemma.c */
-        bool oss = (arch == KVF_ARCH_GPT_OSS);       /* _gpt_oss.c */
-        gem = gem || oss;
+        /* own tables: _ibm.c, _gemma.c, _gpt_oss.c, _qwen3_next.c */
+        bool gem = (arch == KVF_ARCH_GEMMA3_TEXT);
+        bool oss = (arch == KVF_ARCH_GPT_OSS);
+        bool qn = (arch == KVF_ARCH_QWEN3_NEXT) || (arch == KVF_ARCH_QWEN3_5_TEXT);
         known = oss ? kvf_cfg_gpt_oss_known(it->string) :
+                qn ? kvf_cfg_qwen3_next_known(it->string, arch) :
                 gem ? kvf_cfg_gemma_known(it->string) :
                 (ibm && kvf_cfg_ibm_known(it->string, arch));
+        ibm = ibm || qn || oss;
         for (size_t i = 0; !ibm && !gem && (i < sizeof(kvf_known_fields) / sizeof(kvf_known_fields[0]));
              ++i) {
             if ((strcmp(it->string, kvf_known_fields[i].name) == 0) &&
@@ -296,7 +299,8 @@ kvf_status_t kvf_cfg_rope(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
             r->factor = 1.0;
         }
     }
-    if ((partial != 1.0) && (cfg->arch != KVF_ARCH_BAMBA)) {   /* bamba: its parser's */
+    if ((partial != 1.0) && (cfg->arch != KVF_ARCH_BAMBA) &&   /* their parsers' */
+        (cfg->arch != KVF_ARCH_QWEN3_NEXT) && (cfg->arch != KVF_ARCH_QWEN3_5_TEXT)) {
         kvf_error("%s: field 'partial_rotary_factor' = %g is not implemented (only 1): refused",
                   rd->origin, partial);
         return KVF_ERR_UNSUPPORTED;
@@ -738,6 +742,8 @@ static const struct {
     {"granitemoehybrid", KVF_ARCH_GRANITE_MOE_HYBRID, kvf_cfg_parse_granite},
     {"gemma3_text", KVF_ARCH_GEMMA3_TEXT, kvf_cfg_parse_gemma3},
     {"gpt_oss",    KVF_ARCH_GPT_OSS,    kvf_cfg_parse_gpt_oss},
+    {"qwen3_next", KVF_ARCH_QWEN3_NEXT, kvf_cfg_parse_qwen3_next},
+    {"qwen3_5_text", KVF_ARCH_QWEN3_5_TEXT, kvf_cfg_parse_qwen3_5_text},
 };
 
 kvf_status_t kvf_model_config_from_json(const cJSON *root, const char *origin,
@@ -769,7 +775,8 @@ kvf_status_t kvf_model_config_from_json(const cJSON *root, const char *origin,
     }
     if (a == narch) {
         KVF_FAIL(KVF_ERR_UNSUPPORTED, "field 'model_type' = '%s' is not supported (nemotron_h,"
-                 " llama, qwen3, mistral, bamba, granitemoehybrid, gemma3_text, gpt_oss)",
+                 " llama, qwen3, mistral, bamba, granitemoehybrid, gemma3_text, gpt_oss,"
+                 " qwen3_next, qwen3_5_text)",
                  mt->valuestring);
     }
     cfg.arch = kvf_cfg_archs[a].arch;

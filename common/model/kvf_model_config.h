@@ -9,9 +9,13 @@
  * gated MLP plus routed experts, and the Granite multipliers), and
  * "gemma3_text" (Gemma 3's text decoder: sliding and full attention layers with
  * their own RoPE, RMSNorms scaling by (1 + weight), norms after attention and
- * after the MLP, embeddings scaled by sqrt(hidden_size)), and "gpt_oss"
+ * after the MLP, embeddings scaled by sqrt(hidden_size)), "gpt_oss"
  * (OpenAI's gpt-oss: sliding / full attention layers with attention sinks and
- * biases, YaRN RoPE, routed experts with a clamped SwiGLU in every layer).
+ * biases, YaRN RoPE, routed experts with a clamped SwiGLU in every layer), "qwen3_next"
+ * (Qwen3-Next: Gated DeltaNet layers 'M' with state_kind KVF_STATE_GDN and gated
+ * attention layers '*', each followed by routed experts or its gated MLP), and
+ * "qwen3_5_text" (Qwen3.5's text model: the same layers with separate Gated DeltaNet
+ * projections, each followed by its gated MLP).
  */
 #ifndef KVF_MODEL_CONFIG_H
 #define KVF_MODEL_CONFIG_H
@@ -42,7 +46,18 @@ typedef enum {
     KVF_ARCH_GRANITE_MOE_HYBRID, /* Mamba2 / attention layers, each with shared MLP + MoE */
     KVF_ARCH_GEMMA3_TEXT,        /* dense, sliding / full layers, (1 + w) norms, post norms */
     KVF_ARCH_GPT_OSS,            /* sliding / full layers with sinks, experts in every layer */
+    KVF_ARCH_QWEN3_NEXT,         /* Gated DeltaNet / gated attention layers, each with its FFN */
+    KVF_ARCH_QWEN3_5_TEXT,       /* Qwen3.5's text model: qwen3_next's layers, a dense MLP each */
 } kvf_arch_t;
+
+/** What a state layer ('M') computes; its state's shape is the same for every kind
+ * (kvf_model_config_t's Mamba fields: conv channels x | B | C, state [heads][head_dim]
+ * [state_size]), so the planner, the handshake and the transfer move any kind alike. */
+typedef enum {
+    KVF_STATE_MAMBA2 = 0,   /* Mamba2 SSD (nemotron_h, bamba, granitemoehybrid) */
+    KVF_STATE_GDN,          /* Gated DeltaNet (qwen3_next): x = v, B = k, C = q, heads = value
+                               heads, groups = key heads, state [v heads][v dim][k dim] */
+} kvf_state_kind_t;
 
 /** Activation functions (transformers' ACT2FN names in kvf_act_parse()). */
 typedef enum {
@@ -129,6 +144,7 @@ typedef struct kvf_model_config {
     double      dt_limit_high;        /* clamped to it, decode steps' is not (transformers
                                          5.25); default [0, inf] */
     kvf_dtype_t ssm_cache_dtype;      /* mamba_ssm_cache_dtype; default fp32 */
+    kvf_state_kind_t state_kind;      /* what the 'M' layers compute (Mamba2 unless qwen3_next) */
 
     /* MLP / experts */
     kvf_act_t   mlp_act;              /* mlp_hidden_act (nemotron_h, default relu2) or
@@ -146,6 +162,9 @@ typedef struct kvf_model_config {
     bool        moe_gated;                     /* experts and shared MLP gated: fused
                                                   gate|up rows, down(act(gate) * up) */
     int         num_moe_layers;
+    bool        layer_sparse[KVF_MAX_LAYERS]; /* qwen3_next: the layer's FFN is routed experts
+                                         plus a shared expert scaled by sigmoid(gate x)
+                                         (sh_gate); false: its dense MLP. false elsewhere */
 
     /* attention extras (dense archs) */
     bool        attn_bias;            /* attention_bias: q/k/v/o biases */
@@ -166,6 +185,8 @@ typedef struct kvf_model_config {
                                          limit) */
     double      swiglu_alpha;         /* gpt_oss: swiglu_alpha, default 1.702 */
     double      swiglu_limit;         /* gpt_oss: swiglu_limit, default 7 */
+    bool        attn_output_gate;     /* qwen3_next: q_proj also yields a gate per head;
+                                         attention output * sigmoid(gate) before o_proj */
 
     double      norm_eps;             /* layer_norm_epsilon / rms_norm_eps */
     /* granitemoehybrid's multipliers (1, 1, 1 and 0 elsewhere) */
@@ -225,11 +246,11 @@ static inline int kvf_model_mamba_inner(const kvf_model_config_t *cfg)
     return cfg->mamba_num_heads * cfg->mamba_head_dim;
 }
 
-/** True when layer @a l runs routed experts (an 'E' layer, or any layer of a
- * granitemoehybrid model with experts). */
+/** True when layer @a l runs routed experts (an 'E' layer, any layer of a
+ * granitemoehybrid model with experts, a qwen3_next sparse layer). */
 static inline bool kvf_model_layer_has_moe(const kvf_model_config_t *cfg, int l)
 {
-    return (cfg->layer_kinds[l] == KVF_LAYER_MOE) || cfg->moe_in_layer;
+    return (cfg->layer_kinds[l] == KVF_LAYER_MOE) || cfg->moe_in_layer || cfg->layer_sparse[l];
 }
 
 /** True when the model has at least one Mamba layer. */

@@ -66,6 +66,11 @@ kvf_status_t kvf_cfg_parse_gemma3(const kvf_cfg_reader_t *rd, kvf_model_config_t
  * (after kvf_cfg_common()). */
 bool kvf_cfg_gpt_oss_known(const char *name);
 kvf_status_t kvf_cfg_parse_gpt_oss(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg);
+/* kvf_model_config_qwen3_next.c: whether @a name is a field of @a arch's files (qwen3_next,
+ * qwen3_5_text), and their parsers (after kvf_cfg_common()). */
+bool kvf_cfg_qwen3_next_known(const char *name, kvf_arch_t arch);
+kvf_status_t kvf_cfg_parse_qwen3_next(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg);
+kvf_status_t kvf_cfg_parse_qwen3_5_text(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg);
 
 /* In the per-architecture parsers: return the first error, naming the origin. */
 #define KVF_CFG_TRY(_expr)                                  \

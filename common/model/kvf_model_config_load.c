@@ -121,5 +121,15 @@ uint64_t kvf_model_config_fingerprint(const kvf_model_config_t *cfg)
             h = kvf_hash64(&w, sizeof(w), h);
         }
     }
+    if ((cfg->arch == KVF_ARCH_QWEN3_NEXT) || (cfg->arch == KVF_ARCH_QWEN3_5_TEXT)) {
+        const int32_t q[] = {(int32_t)cfg->state_kind, cfg->attn_output_gate,
+                             cfg->rope.rotary_dim, cfg->dense_mlp_in_layer,
+                             (int32_t)cfg->norm_offset, cfg->moe_softmax_topk, cfg->moe_gated};
+        h = kvf_hash64(q, sizeof(q), h);
+        for (int l = 0; l < cfg->num_layers; ++l) {
+            int32_t sp = cfg->layer_sparse[l];
+            h = kvf_hash64(&sp, sizeof(sp), h);
+        }
+    }
     return kvf_hash64(cfg->layer_kinds, (size_t)cfg->num_layers, h);
 }

@@ -77,13 +77,17 @@ static kvf_status_t kvf_shard_compute_ex(const kvf_model_config_t *cfg, int tp_s
     }
 
     if (cfg->num_mamba_layers > 0) {
-        status = kvf_shard_even(quiet, "mamba_num_heads", cfg->mamba_num_heads, tp_size);
+        /* Gated DeltaNet: value heads are the state's heads, key heads its groups */
+        const bool gdn = (cfg->state_kind == KVF_STATE_GDN);
+        status = kvf_shard_even(quiet, gdn ? "linear_num_value_heads" : "mamba_num_heads",
+                                cfg->mamba_num_heads, tp_size);
         if (status != KVF_OK) {
             return status;
         }
         s.mamba_heads = cfg->mamba_num_heads / tp_size;
         s.mamba_head_start = tp_rank * s.mamba_heads;
-        status = kvf_shard_split(quiet, "n_groups", cfg->n_groups, tp_size, tp_rank, &s.groups,
+        status = kvf_shard_split(quiet, gdn ? "linear_num_key_heads" : "n_groups",
+                                 cfg->n_groups, tp_size, tp_rank, &s.groups,
                                  &s.group_start, &s.group_replication);
         if (status != KVF_OK) {
             return status;
@@ -96,6 +100,7 @@ static kvf_status_t kvf_shard_compute_ex(const kvf_model_config_t *cfg, int tp_s
 
     /* granitemoehybrid spells them shared_intermediate_size and num_local_experts */
     const bool granite = (cfg->arch == KVF_ARCH_GRANITE_MOE_HYBRID);
+    const bool qn = (cfg->arch == KVF_ARCH_QWEN3_NEXT);   /* num_experts, shared_expert_... */
     if (cfg->intermediate_size > 0) {
         status = kvf_shard_even(quiet, granite ? "shared_intermediate_size" : "intermediate_size",
                                 cfg->intermediate_size, tp_size);
@@ -108,10 +113,11 @@ static kvf_status_t kvf_shard_compute_ex(const kvf_model_config_t *cfg, int tp_s
     if (cfg->num_moe_layers > 0) {
         /* gpt_oss spells them num_local_experts too */
         status = kvf_shard_even(quiet, (granite || (cfg->arch == KVF_ARCH_GPT_OSS)) ?
-                                "num_local_experts" : "n_routed_experts",
+                                "num_local_experts" : qn ? "num_experts" : "n_routed_experts",
                                 cfg->moe_num_experts, tp_size);
         if (status == KVF_OK) {
             status = kvf_shard_even(quiet, granite ? "shared_intermediate_size" :
+                                    qn ? "shared_expert_intermediate_size" :
                                     "moe_shared_expert_intermediate_size",
                                     cfg->moe_shared_intermediate_size, tp_size);
         }

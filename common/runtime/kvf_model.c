@@ -44,17 +44,8 @@
 
 /* ---- loading ------------------------------------------------------------- */
 
-typedef struct {
-    kvf_ckpt_h  ck;
-    bool        dense;
-    const char *mamba;   /* the Mamba2 mixer's module: "mixer" (nemotron_h), "mamba" */
-    char        name[256];
-    size_t      bytes;   /* weights loaded so far */
-    float       norm_offset;   /* added to every RMSNorm weight (gemma3_text: 1) */
-} kvf_loader_t;
-
 /* nemotron_h: backbone.layers.N.<suffix>; dense: model.layers.N.<suffix>. */
-static const char *kvf_lname(kvf_loader_t *ld, int layer, const char *suffix)
+const char *kvf_lname(kvf_loader_t *ld, int layer, const char *suffix)
 {
     if (layer < 0) {
         snprintf(ld->name, sizeof(ld->name), "%s", suffix);
@@ -73,7 +64,7 @@ static const char *kvf_mname(kvf_loader_t *ld, int layer, const char *what)
     return kvf_lname(ld, layer, suffix);
 }
 
-static void *kvf_alloc(size_t bytes)
+void *kvf_alloc(size_t bytes)
 {
     return malloc(bytes ? bytes : 1);
 }
@@ -89,10 +80,10 @@ static size_t kvf_numel(int ndim, const int64_t *shape)
 
 /* Rows {start, count} ranges, and of each row columns [c0, c0 + cols) (cols < 0:
  * whole rows), concatenated into *out_p as @a dtype (fp32, or the tensor's own). */
-static kvf_status_t kvf_load_part(kvf_loader_t *ld, const char *name, int ndim,
-                                  const int64_t *shape, const int64_t (*ranges)[2], int nr,
-                                  int64_t c0, int64_t cols, bool keep_dtype, void **out_p,
-                                  kvf_dtype_t *dtype_p)
+kvf_status_t kvf_load_part(kvf_loader_t *ld, const char *name, int ndim,
+                           const int64_t *shape, const int64_t (*ranges)[2], int nr,
+                           int64_t c0, int64_t cols, bool keep_dtype, void **out_p,
+                           kvf_dtype_t *dtype_p)
 {
     kvf_st_file_h f = kvf_ckpt_need(ld->ck, name);
     int64_t row_len = (int64_t)kvf_numel(ndim - 1, shape + 1), rows = 0;
@@ -140,8 +131,8 @@ static kvf_status_t kvf_load_part(kvf_loader_t *ld, const char *name, int ndim,
 }
 
 /* Whole fp32 vector / tensor. */
-static kvf_status_t kvf_load_vec(kvf_loader_t *ld, const char *name, int ndim,
-                                 const int64_t *shape, float **out_p)
+kvf_status_t kvf_load_vec(kvf_loader_t *ld, const char *name, int ndim,
+                          const int64_t *shape, float **out_p)
 {
     const int64_t r[1][2] = {{0, shape[0]}};
     return kvf_load_part(ld, name, ndim, shape, r, 1, 0, -1, false, (void **)out_p, NULL);
@@ -149,7 +140,7 @@ static kvf_status_t kvf_load_vec(kvf_loader_t *ld, const char *name, int ndim,
 
 /* An RMSNorm's weight (fp32) plus the model's norm offset: gemma3_text's (1 + weight), added
  * in fp32 as transformers does, so the forward keeps one RMSNorm. */
-static kvf_status_t kvf_load_norm(kvf_loader_t *ld, const char *name, int64_t n, float **out_p)
+kvf_status_t kvf_load_norm(kvf_loader_t *ld, const char *name, int64_t n, float **out_p)
 {
     const int64_t shape[1] = {n};
     kvf_status_t status = kvf_load_vec(ld, name, 1, shape, out_p);
@@ -161,16 +152,16 @@ static kvf_status_t kvf_load_norm(kvf_loader_t *ld, const char *name, int64_t n,
 }
 
 /* Row ranges of a 1-D fp32 tensor (column-parallel vector slices). */
-static kvf_status_t kvf_load_vec_rows(kvf_loader_t *ld, const char *name, int64_t n,
-                                      const int64_t (*ranges)[2], int nr, float **out_p)
+kvf_status_t kvf_load_vec_rows(kvf_loader_t *ld, const char *name, int64_t n,
+                               const int64_t (*ranges)[2], int nr, float **out_p)
 {
     const int64_t shape[1] = {n};
     return kvf_load_part(ld, name, 1, shape, ranges, nr, 0, -1, false, (void **)out_p, NULL);
 }
 
 /* Column-parallel matrix: row ranges of a [N][K] tensor, kept in its dtype. */
-static kvf_status_t kvf_load_mat_rows(kvf_loader_t *ld, const char *name, int64_t N, int64_t K,
-                                      const int64_t (*ranges)[2], int nr, kvf_mat_t *m)
+kvf_status_t kvf_load_mat_rows(kvf_loader_t *ld, const char *name, int64_t N, int64_t K,
+                               const int64_t (*ranges)[2], int nr, kvf_mat_t *m)
 {
     const int64_t shape[2] = {N, K};
     int64_t rows = 0;
@@ -183,8 +174,8 @@ static kvf_status_t kvf_load_mat_rows(kvf_loader_t *ld, const char *name, int64_
 }
 
 /* Row-parallel matrix: columns [c0, c0 + cols) of a [N][K] tensor. */
-static kvf_status_t kvf_load_mat_cols(kvf_loader_t *ld, const char *name, int64_t N, int64_t K,
-                                      int64_t c0, int64_t cols, kvf_mat_t *m)
+kvf_status_t kvf_load_mat_cols(kvf_loader_t *ld, const char *name, int64_t N, int64_t K,
+                               int64_t c0, int64_t cols, kvf_mat_t *m)
 {
     const int64_t shape[2] = {N, K};
     const int64_t r[1][2] = {{0, N}};
@@ -348,10 +339,9 @@ static kvf_status_t kvf_load_attention(kvf_loader_t *ld, const kvf_model_config_
  * An MLP's column slice [c0, c0 + C) of intermediate I: prefix "mixer" (up,
  * down) or "mlp" (gate, up, down: gate rows first, then up rows, fused).
  */
-static kvf_status_t kvf_load_mlp_part(kvf_loader_t *ld, const kvf_model_config_t *cfg,
-                                      int rank, int l, const char *pfx, bool gated, int64_t I,
-                                      int64_t c0, int64_t C, kvf_mat_t *up, float **up_b,
-                                      kvf_mat_t *down, float **down_b)
+kvf_status_t kvf_load_mlp_part(kvf_loader_t *ld, const kvf_model_config_t *cfg, int rank, int l,
+                               const char *pfx, bool gated, int64_t I, int64_t c0, int64_t C,
+                               kvf_mat_t *up, float **up_b, kvf_mat_t *down, float **down_b)
 {
     const int64_t H = cfg->hidden_size;
     const int64_t r[1][2] = {{c0, C}};
@@ -423,7 +413,7 @@ static kvf_status_t kvf_load_mlp_part(kvf_loader_t *ld, const kvf_model_config_t
 }
 
 /* The arrays of this rank's experts' matrices. */
-static kvf_status_t kvf_alloc_experts(const kvf_shard_t *s, kvf_layer_w_t *w)
+kvf_status_t kvf_alloc_experts(const kvf_shard_t *s, kvf_layer_w_t *w)
 {
     w->exp_up = calloc((size_t)(s->moe_experts ? s->moe_experts : 1), sizeof(kvf_mat_t));
     w->exp_down = calloc((size_t)(s->moe_experts ? s->moe_experts : 1), sizeof(kvf_mat_t));
@@ -531,6 +521,9 @@ static kvf_status_t kvf_load_ffn(kvf_loader_t *ld, const kvf_model_config_t *cfg
     if (cfg->arch == KVF_ARCH_GPT_OSS) {   /* and its attention sinks */
         return kvf_model_load_gpt_oss(ld->ck, cfg, s, l, w, &ld->bytes);
     }
+    if (cfg->layer_sparse[l]) {
+        return kvf_load_qn_moe(ld, cfg, s, l, w);   /* qwen3_next's experts */
+    }
     return kvf_load_mlp_part(ld, cfg, s->tp_rank, l,
                              (cfg->arch == KVF_ARCH_BAMBA) ? "feed_forward" : "mlp",
                              cfg->mlp_gated, cfg->intermediate_size, s->mlp_col_start,
@@ -544,7 +537,7 @@ static void kvf_layer_w_free(kvf_model_h m, kvf_layer_w_t *w, int experts)
         w->gnorm_w, w->out_proj.data, w->out_bias, w->qkv.data, w->qkv_bias, w->o_proj.data,
         w->o_bias, w->q_norm, w->k_norm, w->up.data, w->up_bias, w->down.data, w->down_bias,
         w->router_w, w->router_b, w->sh_up.data, w->sh_down.data, w->sh_up_b, w->sh_down_b,
-        w->sinks, w->router_lin_b, w->exp_up_b, w->exp_down_b,
+        w->sinks, w->router_lin_b, w->exp_up_b, w->exp_down_b, w->sh_gate,
     };
     for (size_t i = 0; i < sizeof(ptrs) / sizeof(ptrs[0]); ++i) {
         kvf_model_wfree(m, ptrs[i]);
@@ -664,8 +657,9 @@ static int kvf_layer_rows(const kvf_model_config_t *cfg, const kvf_rank_w_t *rw,
         break;
     }
     if (cfg->dense_mlp_in_layer) {   /* the layer's FFN: gated (2C rows of proj, C of g) */
-        int c = cfg->moe_in_layer ? s->moe_shared_cols : s->mlp_cols;
-        c = (cfg->moe_in_layer && (cfg->moe_intermediate_size > c)) ? cfg->moe_intermediate_size : c;
+        const bool moe = kvf_model_layer_has_moe(cfg, l);
+        int c = moe ? s->moe_shared_cols : s->mlp_cols;
+        c = (moe && (cfg->moe_intermediate_size > c)) ? cfg->moe_intermediate_size : c;
         rows = (2 * c > rows) ? 2 * c : rows;
         inner = (c > inner) ? c : inner;
     }
@@ -803,10 +797,12 @@ kvf_status_t kvf_model_load_device(const char *dir, int tp_size, const kvf_devic
             int rows, inner;
             switch (cfg->layer_kinds[l]) {
             case KVF_LAYER_MAMBA:
-                status = kvf_load_mamba(&ld, cfg, s, l, w);
+                status = (cfg->state_kind == KVF_STATE_GDN) ? kvf_load_gdn(&ld, cfg, s, l, w) :
+                         kvf_load_mamba(&ld, cfg, s, l, w);
                 break;
             case KVF_LAYER_ATTENTION:
-                status = kvf_load_attention(&ld, cfg, s, l, w);
+                status = cfg->attn_output_gate ? kvf_load_gated_attention(&ld, cfg, s, l, w) :
+                         kvf_load_attention(&ld, cfg, s, l, w);
                 break;
             case KVF_LAYER_MLP:
                 status = kvf_load_mlp_part(&ld, cfg, r, l, "mixer", false, cfg->intermediate_size,

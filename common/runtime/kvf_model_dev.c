@@ -332,7 +332,9 @@ static kvf_status_t kvf_up_layer(kvf_model_h m, const kvf_device_t *dev, const k
     KVF_UP(kvf_up_vec(dev, &w->dt_bias, heads));
     KVF_UP(kvf_up_vec(dev, &w->A_log, heads));
     KVF_UP(kvf_up_vec(dev, &w->D, heads));
-    KVF_UP(kvf_up_vec(dev, &w->gnorm_w, heads * (size_t)cfg->mamba_head_dim));
+    /* Gated DeltaNet: one [head_dim] norm weight shared by the heads; Mamba2: per channel */
+    KVF_UP(kvf_up_vec(dev, &w->gnorm_w, ((cfg->state_kind == KVF_STATE_GDN) ? 1 : heads) *
+                                        (size_t)cfg->mamba_head_dim));
     KVF_UP(kvf_up_mat(m, dev, &w->out_proj, nat));
     KVF_UP(kvf_up_vec(dev, &w->out_bias, H));
     KVF_UP(kvf_up_mat(m, dev, &w->qkv, nat));
@@ -360,6 +362,7 @@ static kvf_status_t kvf_up_layer(kvf_model_h m, const kvf_device_t *dev, const k
     KVF_UP(kvf_up_vec(dev, &w->sh_up_b, (size_t)w->sh_up.rows));
     KVF_UP(kvf_up_mat(m, dev, &w->sh_down, nat));
     KVF_UP(kvf_up_vec(dev, &w->sh_down_b, H));
+    KVF_UP(kvf_up_vec(dev, &w->sh_gate, H));   /* qwen3_next's shared expert gate */
     return status;
 }
 

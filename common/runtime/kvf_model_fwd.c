@@ -230,7 +230,7 @@ kvf_status_t kvf_model_ws_prepare(kvf_model_h m, const kvf_rank_ctx_t *ctx,
 /* ---- forward -------------------------------------------------------------- */
 
 /* Where the forward launches: the rank's pool device, or a graph's capture stream. */
-static const kvf_device_t *kvf_fwd_dev(const kvf_rank_ctx_t *ctx)
+const kvf_device_t *kvf_fwd_dev(const kvf_rank_ctx_t *ctx)
 {
     return (ctx->ws->run_dev != NULL) ? ctx->ws->run_dev : kvf_page_pool_device(ctx->pool);
 }
@@ -279,8 +279,8 @@ static kvf_status_t kvf_batch_check(const kvf_model_h m, const kvf_rank_ctx_t *c
 /* out (T x H partial sums) -> all-reduce, then times the residual multiplier @a rm
  * (granitemoehybrid; 1 elsewhere: nothing). The residual add h += out is the caller's, fused
  * with the next layer's norm (kvf_fwd_norm: one launch on a device instead of two). */
-static kvf_status_t kvf_reduce_residual(const kvf_rank_ctx_t *ctx, struct kvf_model_ws *ws,
-                                        size_t T, size_t H, float rm, kvf_status_t status)
+kvf_status_t kvf_reduce_residual(const kvf_rank_ctx_t *ctx, struct kvf_model_ws *ws, size_t T,
+                                 size_t H, float rm, kvf_status_t status)
 {
     bool prof = kvf_fwd_profile_active();
     double t0 = prof ? kvf_fwd_profile_begin() : 0.0;
@@ -326,8 +326,8 @@ static bool kvf_mat_direct(const kvf_mat_t *w)
     return (w->dtype == KVF_DTYPE_FP32) || ((w->dtype == KVF_DTYPE_BF16) && !w->tensor_cores);
 }
 
-int kvf_mat_gemm(const kvf_device_t *dev, struct kvf_model_ws *ws, int M, const float *x,
-                 int ldx, const kvf_mat_t *w, const float *bias, float *y, int ldy)
+int kvf_mat_gemm(const kvf_device_t *dev, struct kvf_model_ws *ws, int M, const float *x, int ldx,
+                 const kvf_mat_t *w, const float *bias, float *y, int ldy)
 {
     const int K = w->cols;
     int tile, e = KVF_KERN_OK;
@@ -570,6 +570,9 @@ static kvf_status_t kvf_fwd_attention(kvf_model_h m, const kvf_rank_ctx_t *ctx,
                                             s->attn_heads, (float)cfg->attention_multiplier,
                                             ws->g));
     }
+    if (cfg->attn_output_gate) {   /* qwen3_next: * sigmoid(gate), the rows after v */
+        KVF_KCALL(kvf_sigmoid_gate(dev, ws->g, qd, ws->proj + qd + 2 * kd, R, T, qd));
+    }
     KVF_KCALL(kvf_mat_gemm(dev, ws, T, ws->g, qd, &w->o_proj, w->o_bias, ws->out, H));
     return kvf_reduce_residual(ctx, ws, (size_t)T, (size_t)H,
                                (float)cfg->residual_multiplier, status);
@@ -685,6 +688,7 @@ static kvf_status_t kvf_fwd_moe(kvf_model_h m, const kvf_rank_ctx_t *ctx, int l,
               kvf_device_memset(dev, ws->out, 0, (size_t)T * (size_t)H * sizeof(float)) :
               kvf_mlp_rows(dev, ws, cfg->mlp_act, cfg->moe_gated, T, ws->xn, H, &w->sh_up,
                            w->sh_up_b, &w->sh_down, w->sh_down_b, ws->out));
+    status = kvf_fwd_shared_gate(dev, ws, w, T, H, status);   /* qwen3_next */
     for (int e = 0; (status == KVF_OK) && (e < s->moe_experts); ++e) {
         const int ge = s->moe_expert_start + e;
         int n = 0;
@@ -884,7 +888,9 @@ kvf_status_t kvf_fwd_body(kvf_model_h m, const kvf_rank_ctx_t *ctx,
                               status);
         switch (cfg->layer_kinds[l]) {
         case KVF_LAYER_MAMBA:
-            status = kvf_fwd_mamba(m, ctx, batch, l, T, status);
+            status = (cfg->state_kind == KVF_STATE_GDN) ?
+                     kvf_fwd_gdn(m, ctx, batch, l, T, status) :
+                     kvf_fwd_mamba(m, ctx, batch, l, T, status);
             break;
         case KVF_LAYER_ATTENTION:
             status = kvf_fwd_attention(m, ctx, batch, l, T, status);
@@ -900,7 +906,7 @@ kvf_status_t kvf_fwd_body(kvf_model_h m, const kvf_rank_ctx_t *ctx,
         if (cfg->dense_mlp_in_layer) {   /* the mixer's FFN: its norm, then MLP or experts */
             status = kvf_fwd_norm(dev, ws, true, rep->norm2_w[l], T, H, (float)cfg->norm_eps,
                                   status);
-            status = cfg->moe_in_layer ? kvf_fwd_moe(m, ctx, l, T, status) :
+            status = kvf_model_layer_has_moe(cfg, l) ? kvf_fwd_moe(m, ctx, l, T, status) :
                      kvf_fwd_mlp(m, ctx, l, T, status);
             status = kvf_fwd_post_norm(m, ctx, rep->post_w[2 * l + 1], T, status);
         }

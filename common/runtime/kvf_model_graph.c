@@ -104,12 +104,16 @@ kvf_status_t kvf_fwd_graphs_prepare(kvf_model_h m, const kvf_rank_ctx_t *ctx,
         moe |= kvf_model_layer_has_moe(cfg, l);
         other |= (cfg->layer_kinds[l] == KVF_LAYER_MAMBA) && (cfg->mamba_act != KVF_ACT_SILU);
     }
+    /* Gated DeltaNet decode reads each request's state pages by pointer: not recorded yet */
+    other |= (cfg->state_kind == KVF_STATE_GDN);
     if ((ctx->comm->size > 1) || moe || other) {
         if (ctx->rank == 0) {
             kvf_warn("KVF_GPU_GRAPHS=decode: %s, so every step runs eagerly (graphs cover TP 1 "
-                     "models without MoE layers, Mamba layers with SiLU)",
-                     moe ? "the model has MoE layers" : other ?
-                     "the model's Mamba activation is not SiLU" : "the instance runs TP > 1");
+                     "models without MoE or Gated DeltaNet layers, Mamba layers with SiLU)",
+                     moe ? "the model has MoE layers" :
+                     (cfg->state_kind == KVF_STATE_GDN) ? "the model has Gated DeltaNet layers" :
+                     other ? "the model's Mamba activation is not SiLU" :
+                     "the instance runs TP > 1");
         }
         return KVF_OK;
     }

@@ -18,6 +18,7 @@
 #include "kvf_attention.h"
 #include "kvf_attention_seqs.h"
 #include "kvf_conv1d.h"
+#include "kvf_gdn.h"
 #include "kvf_gemm.h"
 #include "kvf_gemm_narrow.h"
 #include "kvf_gemm_plan.h"
@@ -34,7 +35,7 @@
 #include <string.h>
 
 /* A weight matrix [rows][cols] in its checkpoint dtype (fp32, bf16 or fp16). */
-typedef struct {
+typedef struct kvf_mat_s {
     void       *data;
     kvf_dtype_t dtype;
     int         rows, cols;
@@ -72,6 +73,7 @@ typedef struct {
     kvf_mat_t *exp_up;   /* [experts on this rank]: [moe_I][H] */
     kvf_mat_t *exp_down; /* [H][moe_I] */
     kvf_mat_t sh_up, sh_down;    /* shared expert slice */
+    float    *sh_gate;   /* [H] qwen3_next: shared_expert_gate (fp32, replicated), or NULL */
     float    *sh_up_b, *sh_down_b;
     /* gpt_oss (kvf_model_gpt_oss.c) */
     float    *sinks;     /* [attn heads of this rank] attention sink logits */
@@ -79,6 +81,50 @@ typedef struct {
     float    *exp_up_b;  /* [experts on this rank][2 moe_I]: gate | up biases */
     float    *exp_down_b;        /* [experts on this rank][H] */
 } kvf_layer_w_t;
+
+/* ---- loading (kvf_model.c), shared with kvf_model_gdn.c ---------------------------- */
+
+typedef struct {
+    kvf_ckpt_h  ck;
+    bool        dense;
+    const char *mamba;   /* the Mamba2 mixer's module: "mixer" (nemotron_h), "mamba" */
+    char        name[256];
+    size_t      bytes;   /* weights loaded so far */
+    float       norm_offset;   /* added to every RMSNorm weight (gemma3_text, qwen3_next: 1) */
+} kvf_loader_t;
+
+/* nemotron_h: backbone.layers.N.<suffix>; the others: model.layers.N.<suffix> (in ld->name;
+ * layer < 0: the suffix alone). */
+const char *kvf_lname(kvf_loader_t *ld, int layer, const char *suffix);
+/* malloc of at least one byte. */
+void *kvf_alloc(size_t bytes);
+/* Rows {start, count} @a ranges of tensor @a name (shape [ndim]), of each row columns
+ * [c0, c0 + cols) (cols < 0: whole rows), concatenated into *out_p as fp32 or, with
+ * keep_dtype, the tensor's own dtype (*dtype_p). KVF_ERR_NOT_FOUND when absent. */
+kvf_status_t kvf_load_part(kvf_loader_t *ld, const char *name, int ndim, const int64_t *shape,
+                           const int64_t (*ranges)[2], int nr, int64_t c0, int64_t cols,
+                           bool keep_dtype, void **out_p, kvf_dtype_t *dtype_p);
+/* Whole fp32 tensor. */
+kvf_status_t kvf_load_vec(kvf_loader_t *ld, const char *name, int ndim, const int64_t *shape,
+                          float **out_p);
+/* An RMSNorm weight [n] (fp32) plus ld->norm_offset. */
+kvf_status_t kvf_load_norm(kvf_loader_t *ld, const char *name, int64_t n, float **out_p);
+/* Row ranges of a 1-D tensor [n] as fp32. */
+kvf_status_t kvf_load_vec_rows(kvf_loader_t *ld, const char *name, int64_t n,
+                               const int64_t (*ranges)[2], int nr, float **out_p);
+/* Column-parallel: row ranges of a [N][K] matrix, kept in its dtype. */
+kvf_status_t kvf_load_mat_rows(kvf_loader_t *ld, const char *name, int64_t N, int64_t K,
+                               const int64_t (*ranges)[2], int nr, struct kvf_mat_s *m);
+/* Row-parallel: columns [c0, c0 + cols) of a [N][K] matrix, kept in its dtype. */
+kvf_status_t kvf_load_mat_cols(kvf_loader_t *ld, const char *name, int64_t N, int64_t K,
+                               int64_t c0, int64_t cols, struct kvf_mat_s *m);
+
+/* An MLP's column slice [c0, c0 + C) of width I under module @a pfx of layer l (gated: the
+ * gate rows, then the up rows, fused into *up); rank 0 loads down's bias. */
+kvf_status_t kvf_load_mlp_part(kvf_loader_t *ld, const kvf_model_config_t *cfg, int rank, int l,
+                               const char *pfx, bool gated, int64_t I, int64_t c0, int64_t C,
+                               struct kvf_mat_s *up, float **up_b, struct kvf_mat_s *down,
+                               float **down_b);
 
 /* The tensors every rank uses whole (replicated): one shared copy on the CPU; on GPUs one
  * copy per rank, on the rank's device (kvf_rank_w_t.rep). */
@@ -260,15 +306,38 @@ kvf_status_t kvf_model_load_gpt_oss(kvf_ckpt_h ck, const kvf_model_config_t *cfg
                                     const kvf_shard_t *s, int l, kvf_layer_w_t *w,
                                     size_t *bytes_p);
 
-/* kvf_model_fwd.c: y[M][w->rows] (ldy) = x[M][w->cols] (ldx) W^T + bias, whatever @a w's
- * dtype and device (a kernel status). */
-int kvf_mat_gemm(const kvf_device_t *dev, struct kvf_model_ws *ws, int M, const float *x,
-                 int ldx, const kvf_mat_t *w, const float *bias, float *y, int ldy);
 /* kvf_model_gpt_oss.c: rank-local expert @a e of layer weights @a w over the n gathered rows
  * ws->xg into ws->yg: down(swiglu_clamp(gate_up x + b) ) + b (ws->proj, ws->g scratch);
  * a kernel status. */
 int kvf_fwd_oss_expert(const kvf_device_t *dev, struct kvf_model_ws *ws,
                        const kvf_model_config_t *cfg, const kvf_layer_w_t *w, int e, int n);
+/* kvf_model_fwd.c's parts for kvf_model_gdn.c and kvf_model_gpt_oss.c: where the forward
+ * launches; y[M][w->rows] (ldy) = x[M][w->cols] (ldx) W^T + bias, whatever @a w's dtype and
+ * device (a kernel status); out's all-reduce then times @a rm. */
+const kvf_device_t *kvf_fwd_dev(const kvf_rank_ctx_t *ctx);
+int kvf_mat_gemm(const kvf_device_t *dev, struct kvf_model_ws *ws, int M, const float *x, int ldx,
+                 const kvf_mat_t *w, const float *bias, float *y, int ldy);
+kvf_status_t kvf_reduce_residual(const kvf_rank_ctx_t *ctx, struct kvf_model_ws *ws, size_t T,
+                                 size_t H, float rm, kvf_status_t status);
+
+/* kvf_model_gdn.c (qwen3_next): a rank's Gated DeltaNet layer (in_proj rows z | v | k | q |
+ * b | a, conv channels v | k | q, dt_bias, A_log, the gated norm's [head_dim] weight,
+ * out_proj columns) and gated attention layer (qkv rows q | k | v | gate); the Gated
+ * DeltaNet forward of layer @a l (its state in the layer's Mamba-shaped pages). */
+kvf_status_t kvf_load_gdn(kvf_loader_t *ld, const kvf_model_config_t *cfg, const kvf_shard_t *s,
+                          int l, kvf_layer_w_t *w);
+kvf_status_t kvf_load_gated_attention(kvf_loader_t *ld, const kvf_model_config_t *cfg,
+                                      const kvf_shard_t *s, int l, kvf_layer_w_t *w);
+/* kvf_model.c: the arrays of this rank's experts' matrices (calloc'ed). */
+kvf_status_t kvf_alloc_experts(const kvf_shard_t *s, kvf_layer_w_t *w);
+kvf_status_t kvf_load_qn_moe(kvf_loader_t *ld, const kvf_model_config_t *cfg,
+                             const kvf_shard_t *s, int l, kvf_layer_w_t *w);
+/* kvf_fwd_moe's shared expert output ws->out (T rows of H) times sigmoid(sh_gate . xn) per
+ * row (qwen3_next); nothing when w->sh_gate is NULL. */
+kvf_status_t kvf_fwd_shared_gate(const kvf_device_t *dev, struct kvf_model_ws *ws,
+                                 const kvf_layer_w_t *w, int T, int H, kvf_status_t status);
+kvf_status_t kvf_fwd_gdn(kvf_model_h m, const kvf_rank_ctx_t *ctx, const kvf_fwd_batch_t *batch,
+                         int l, int T, kvf_status_t status);
 
 /* Weights to the ranks' devices (kvf_model_dev.c): after the host load, CUDA only. */
 kvf_status_t kvf_model_upload(kvf_model_h m);

@@ -7,7 +7,8 @@ bf16 weights), and the Bamba and Granite 4.0-H checkpoints transformers saved
 under tests/data/families, each at 4p2d and 1p4d (TP4 replicates their 2 KV
 heads; the MoE's 8 experts split 2 per rank at TP4, Granite's 4 one per rank), and
 the sliding-window mistral and gpt_oss ones (attention sinks, YaRN, clamped-SwiGLU
-experts) there too.
+experts), and the Qwen3-Next and Qwen3.5 checkpoints (Gated DeltaNet state translated between TP 4 and 2 / 1
+and 4).
 """
 
 import os
@@ -25,6 +26,8 @@ MODELS = [
     ("families/granite-moe", None),
     ("families/mistral-swa", None),   # a sliding window (40) shorter than the long prompt
     ("families/gpt-oss", None),       # sinks, YaRN, 4 experts one per rank at TP4
+    ("families/qwen3-next", None),    # Gated DeltaNet state: TP4 replicates its 2 key heads
+    ("families/qwen3.5", None),       # the same state, Qwen3.5's separate projections
 ]
 PROMPTS = [
     "The ferry left at dawn",                   # mid-block

@@ -4,7 +4,8 @@
 The trained tiny hybrid (1p1d, 4p2d, 1p4d, 2p4d; the dense checkpoint at 1p1d) serve a
 three-turn conversation (each turn's prompt: the last prompt, its answer, a new question, as
 token ids), a prompt
-shorter than one 80-token attention block asked twice, and one prompt under two salts. A
+shorter than one 80-token attention block asked twice, and one prompt under two salts (and the stored Qwen3-Next
+checkpoint at 4p2d: Gated DeltaNet states on the same grid). A
 pool with the prefix cache on (the default) and one with --prefix-caching off must return
 the same token ids and logprobs (the sampled tokens' and the top 5, as JSON numbers printed
 with 9 significant digits, i.e. a float's bits) for every request, while the proxy's
@@ -274,6 +275,8 @@ def main():
         # decode's blocks, the pull reads prefill's pages from the hit's token on
         check("1p1d", dense, 300, False, decode_args=["--block-size=48"])
         check("1p1d", hybrid, 300, True, decode_args=["--block-size=96"])   # 80 and 96
+        # Gated DeltaNet state (qwen3_next) checkpointed on the same grid, across TP 4 -> 2
+        check("4p2d", os.path.join(root, "tests", "data", "families", "qwen3-next"), 256, True)
     print("test_e2e_prefix_cache passed")
 
 

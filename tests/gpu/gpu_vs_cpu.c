@@ -732,6 +732,7 @@ int main(int argc, char **argv)
         check_attention_big_block(cache[i]);
         check_conv(cache[i]);
         check_mamba(cache[i]);
+        check_gdn(cache[i]);
         check_ssm_seqs(cache[i]);
         check_stale_nan(cache[i]);
     }

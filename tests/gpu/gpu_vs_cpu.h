@@ -60,6 +60,7 @@ void check_stale_nan(kvf_dtype_t dt);
 void check_conv(kvf_dtype_t dt);
 void check_ssm_seqs(kvf_dtype_t dt);
 void check_mamba(kvf_dtype_t dt);
+void check_gdn(kvf_dtype_t dt);
 void check_stream_nccl(void);
 
 #endif

@@ -8,7 +8,8 @@ conv / SSM state, 48-token prefill chunks as the reference was made for) and
 must give the same greedy tokens with max |logit diff| within --tol. With
 --devsim (tests/bin/kvf-devsim: kvf on the simulated CUDA device of
 tests/daemon/devsim) each prompt runs there too at TP 1, decode steps as CUDA
-graphs (KVF_GPU_GRAPHS=decode; granite's MoE layers run eagerly).
+graphs (KVF_GPU_GRAPHS=decode; granite's MoE layers and the Gated DeltaNet families
+run eagerly).
 
 Usage:
   python3 tests/reference/check_family_data.py --kvf build/bin/kvf [--tp 1,2,4]

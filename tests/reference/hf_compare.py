@@ -22,7 +22,8 @@ departures of issue 25: their config.json is edited after saving (PATCHES)
 and transformers' reference is from_pretrained of the edited folder. The
 cases after "mistral-default-window" are issue 44's families (sliding windows
 of mistral, qwen3, gemma3_text; gpt_oss with attention sinks, YaRN and its
-experts, run by transformers' eager experts loop; bamba, granitemoehybrid). Each decode
+experts, run by transformers' eager experts loop; bamba, granitemoehybrid;
+qwen3_next and qwen3_5_text against transformers in float64, FLOAT64_CASES). Each decode
 step gets its position as generate() passes it (BambaModel's forward alone
 numbers a one-token step 0).
 
@@ -34,6 +35,7 @@ difference| is within --tol at every TP degree; 1 otherwise; 77 when torch
 or transformers is missing (skipped).
 """
 import argparse
+import copy
 import json
 import os
 import shutil
@@ -189,6 +191,38 @@ def cases():
             num_local_experts=0, shared_intermediate_size=64, hidden_act="gelu_pytorch_tanh",
             embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.25,
             logits_scaling=2.0, position_embedding_type=None), None),
+        # --- issue 44: Gated DeltaNet ---
+        # Qwen3-Next: Gated DeltaNet layers (4 value heads over 2 key heads: TP 4 replicates
+        # the q/k heads) and gated attention (doubled q_proj, sigmoid gate, partial RoPE 0.25,
+        # (1 + w) norms and q/k norms), each followed by routed experts (softmax top 2 of 4,
+        # renormalised) plus a sigmoid-gated shared expert, except layer 1 (mlp_only_layers:
+        # its gated MLP); TP 4 puts one expert on each rank;
+        # initializer_range 0.2: at 0.1 a Gated DeltaNet output of ~4e-5 rescaled by its
+        # gated RMSNorm made fp32 itself (transformers' too) 1e-4 off the exact logits
+        "qwen3-next": ("qwen3_next", dict(
+            COMMON, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=16, intermediate_size=96, rms_norm_eps=1e-6,
+            linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+            linear_value_head_dim=8, linear_conv_kernel_dim=4, num_experts=4,
+            num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+            mlp_only_layers=[1],
+            initializer_range=0.2,
+            layer_types=["linear_attention", "full_attention", "linear_attention",
+                         "full_attention"],
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                             "partial_rotary_factor": 0.25}), None),
+        # Qwen3.5's text model (Qwen3_5ForCausalLM): the same layers with separate in_proj_qkv /
+        # z / b / a, a gated MLP on every layer, multimodal RoPE (plain for text positions)
+        "qwen3.5": ("qwen3_5_text", dict(
+            COMMON, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=16, intermediate_size=96, rms_norm_eps=1e-6,
+            linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+            linear_value_head_dim=8, linear_conv_kernel_dim=4, initializer_range=0.2,
+            layer_types=["linear_attention", "full_attention", "linear_attention",
+                         "full_attention"],
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                             "partial_rotary_factor": 0.25, "mrope_section": [1, 1, 0],
+                             "mrope_interleaved": True}), None),
     }
 
 
@@ -205,6 +239,21 @@ PATCHES = {
                                               "original_max_position_embeddings": 64,
                                               "truncate": True, "attention_factor": 1.25}},
 }
+
+# transformers' reference in float64 on the saved fp32 weights (exact math on the same
+# weights): Gated DeltaNet's gated RMSNorm rescales outputs that cancel to ~1e-4, where fp32
+# rounding (transformers' chunked scan, its recurrent one, kvferry's) reaches 1e-4 in the
+# logits; the float64 reference then measures kvferry's error alone
+FLOAT64_CASES = {"qwen3-next", "qwen3.5"}
+# For them the bound is also transformers' own fp32 error: kvferry passes when its max |logit
+# diff| from the float64 logits is within --tol or within OWN_FACTOR times the fp32
+# transformers forward's own max diff from them on that prompt. The random 4-layer qwen3-next
+# checkpoint (Gated DeltaNet outputs of ~1e-4 that the gated RMSNorm rescales, routed experts
+# at initializer_range 0.2) is ill-conditioned: transformers' fp32 is 2.8e-5 to 9.3e-4 off the
+# float64 logits per prompt, kvferry's fp32 3.4e-5 to 5.2e-4 (an attention-only variant of it:
+# 4e-5 both); a wrong formula is off by far more. The stored 2-layer reference
+# (tests/data/families/qwen3-next, the default suite) stays within 1e-4.
+OWN_FACTOR = 3.0
 
 # Extra prompts of exactly k * chunk + 1 tokens with the default 512-token chunk.
 LONG_CASES = {"hybrid-dt-clamp"}
@@ -362,6 +411,11 @@ def main():
         if name in PATCHES:
             model = patch_config(d, PATCHES[name])
         add_byte_tokenizer(args.kvf, d)
+        model32 = None
+        if name in FLOAT64_CASES:
+            model32 = model
+            model = copy.deepcopy(model).double()   # kvf reads the fp32 files
+            model.set_experts_implementation("eager")   # the grouped GEMM takes no float64
         files = sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))
         bs = kvf_block_size(args.kvf, d)
         lengths = {"5 tokens": (5, CHUNK), "one block": (bs, CHUNK),
@@ -375,20 +429,25 @@ def main():
         for what, (n, chunk) in lengths.items():
             body = bytes((7 * i + 33) % 95 + 32 for i in range(n - 1))   # BOS + n-1 bytes
             ids = [BOS] + list(body)
-            ref = None
+            ref, tol, own = None, args.tol, 0.0
             for tp in tps:
                 k_tokens, k_logits = run_kvf(args.kvf, d, body, args.max_tokens, tp, root, chunk)
                 if ref is None:
                     ref = hf_logits(model, ids, k_tokens)
+                if (model32 is not None) and (tol == args.tol):
+                    own = max(float((x - y.double()).abs().max())
+                              for x, y in zip(ref, hf_logits(model32, ids, k_tokens)))
+                    tol = max(args.tol, OWN_FACTOR * own)
                 h_tokens = [int(torch.argmax(x)) for x in ref]
                 maxdiff = max(float((x - torch.tensor(y, dtype=torch.float64)).abs().max())
                               for x, y in zip(ref, k_logits))
                 same = (h_tokens == k_tokens) and len(k_logits) == len(ref)
-                good = same and maxdiff <= args.tol
+                good = same and maxdiff <= tol
                 ok = ok and good
-                print("  %-15s %4d tokens  tp %d: greedy %s, max |logit diff| %.2e %s" % (
+                print("  %-15s %4d tokens  tp %d: greedy %s, max |logit diff| %.2e %s%s" % (
                     what, n, tp, "equal" if same else "DIFFER", maxdiff,
-                    "ok" if good else "FAIL"))
+                    "ok" if good else "FAIL", "" if model32 is None else
+                    " (float64 reference; transformers' fp32 %.2e off it)" % own))
                 if not same:
                     print("    kvf %s\n    hf  %s" % (k_tokens, h_tokens))
     if not args.keep:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write the stored transformers reference of the bamba, granitemoehybrid and sliding-window (mistral, qwen3, gemma3_text, gpt_oss) families.
+"""Write the stored transformers reference of the bamba, granitemoehybrid, sliding-window (mistral, qwen3, gemma3_text, gpt_oss) and Gated DeltaNet (qwen3_next, qwen3_5_text) families.
 
 Command (run from the repository root; needs torch and transformers, the ctest
 that reads the result does not):
@@ -24,7 +24,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hf_compare as H  # noqa: E402
 
-CASES = ["bamba", "granite-moe", "mistral-swa", "qwen3-swa", "gemma3-swa", "gpt-oss"]
+CASES = ["bamba", "granite-moe", "mistral-swa", "qwen3-swa", "gemma3-swa", "gpt-oss", "qwen3-next",
+         "qwen3.5"]
 # two layers (one Mamba2, one attention) keep the files a few hundred KB
 SMALLER = {
     "bamba": dict(num_hidden_layers=2, attn_layer_indices=[1]),
@@ -35,7 +36,17 @@ SMALLER = {
     "qwen3-swa": dict(),
     "gemma3-swa": dict(),
     "gpt-oss": dict(),
+    # one Gated DeltaNet layer, one gated attention layer
+    "qwen3-next": dict(num_hidden_layers=2, layer_types=["linear_attention", "full_attention"]),
+    "qwen3.5": dict(num_hidden_layers=2, layer_types=["linear_attention", "full_attention"]),
 }
+# References computed in float64 on the saved fp32 weights (exact math on the same weights):
+# a Gated DeltaNet output can be tiny where q and k are nearly orthogonal under a strong
+# decay, and the gated RMSNorm then rescales it, so fp32 rounding (transformers' or
+# kvferry's) shows there; float64 keeps the reference itself off that error. (With the
+# hf_compare initializer_range 0.1 such a position put transformers' own fp32 forward
+# 2.4e-4 off the float64 answer; the case uses 0.2.)
+FLOAT64 = {"qwen3-next", "qwen3.5"}
 LENGTHS = [5, 107, 295]    # BOS + bytes: 5 tokens; > 2 chunks of 48; > 3 blocks of 96
 MAX_TOKENS = 6
 
@@ -81,6 +92,9 @@ def main():
         os.makedirs(d)
         model = H.build_model(model_type, kwargs, d, None, args.seed)
         H.add_byte_tokenizer(args.kvf, d)
+        if name in FLOAT64:
+            model = model.double()   # after save_pretrained: the files stay fp32
+            model.set_experts_implementation("eager")   # the grouped GEMM takes no float64
         prompts = []
         for n in LENGTHS:
             ids = [H.BOS] + list(prompt_bytes(n))
@@ -88,7 +102,8 @@ def main():
             prompts.append({"tokens_in": n, "tokens": tokens, "logits": logits})
         ref = {"case": name, "model_type": model_type, "chunk": H.CHUNK,
                "transformers": transformers.__version__, "torch": torch.__version__,
-               "seed": args.seed, "prompts": prompts}
+               "seed": args.seed, "prompts": prompts,
+               "ref_dtype": "float64" if name in FLOAT64 else "float32"}
         with open(os.path.join(d, "ref.json"), "w") as f:
             json.dump(ref, f, separators=(",", ":"))
         print("wrote %s (%d prompts)" % (d, len(prompts)))

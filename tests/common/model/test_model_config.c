@@ -1,5 +1,6 @@
 /* config.json parsing: real models, both pattern spellings, and bad input. */
 #include "kvf_model_config.h"
+#include "kvf_shard.h"
 #include "kvf_log.h"
 #include "kvf_test_util.h"
 
@@ -615,6 +616,134 @@ static void test_python_json(void **state)
     }
 }
 
+/* qwen3_next: Qwen3NextConfig's defaults, the Gated DeltaNet fields as the state layer's
+ * geometry (value heads = heads, key heads = groups), and its refusals by name. */
+#define KVF_QN_JSON                                                                         \
+    "{\"model_type\":\"qwen3_next\",\"hidden_size\":64,\"vocab_size\":260,"              \
+    "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"num_hidden_layers\":8,"         \
+    "\"intermediate_size\":96%s}"
+
+static void test_qwen3_next(void **state)
+{
+    static const struct {
+        const char *extra, *field, *value;
+    } refused[] = {
+        {",\"num_experts\":4,\"norm_topk_prob\":false", "norm_topk_prob", "false"},
+        {",\"num_experts\":4,\"num_experts_per_tok\":5", "num_experts_per_tok", "5"},
+        {",\"num_experts\":4,\"decoder_sparse_step\":0", "decoder_sparse_step", "0"},
+        {",\"num_experts\":0,\"layer_types\":[\"linear_attention\",\"sliding_attention\","
+         "\"linear_attention\",\"full_attention\",\"linear_attention\",\"linear_attention\","
+         "\"linear_attention\",\"full_attention\"]", "layer_types[1]", "sliding_attention"},
+        {",\"num_experts\":0,\"linear_num_key_heads\":3", "linear_num_key_heads", "3"},
+        {",\"num_experts\":0,\"hidden_act\":\"swiglu\"", "hidden_act", "swiglu"},
+        {",\"num_experts\":0,\"sliding_window\":64", "sliding_window", "qwen3_next"},
+        {",\"num_experts\":0,\"partial_rotary_factor\":0.1", "partial_rotary_factor", "0.1"},
+        {",\"num_experts\":0,\"mlp_only_layers\":[9]", "mlp_only_layers", "9"},
+    };
+    kvf_model_config_t c;
+    char json[2048], line[1024];
+    (void)state;
+
+    /* every 4th layer full (full_attention_interval 4), the class's Gated DeltaNet sizes,
+     * head_dim 256, partial rotary 0.25 (64 of 256), (1 + w) norms, q/k norms, output gate */
+    snprintf(json, sizeof(json), KVF_QN_JSON, ",\"num_experts\":0");
+    assert_int_equal(kvf_model_config_parse(json, "t", &c), KVF_OK);
+    assert_int_equal(c.arch, KVF_ARCH_QWEN3_NEXT);
+    assert_string_equal(c.layer_kinds, "MMM*MMM*");
+    assert_int_equal(c.state_kind, KVF_STATE_GDN);
+    assert_int_equal(c.num_mamba_layers, 6);
+    assert_int_equal(c.num_moe_layers, 0);
+    assert_int_equal(c.mamba_num_heads, 32);     /* linear_num_value_heads */
+    assert_int_equal(c.mamba_head_dim, 128);     /* linear_value_head_dim */
+    assert_int_equal(c.n_groups, 16);            /* linear_num_key_heads */
+    assert_int_equal(c.ssm_state_size, 128);     /* linear_key_head_dim */
+    assert_int_equal(c.conv_kernel, 4);
+    assert_int_equal(c.head_dim, 256);
+    assert_int_equal(c.rope.rotary_dim, 64);
+    assert_true(c.rope.theta == 10000.0);
+    assert_true(c.norm_offset == 1.0 && c.qk_norm && c.attn_output_gate);
+    assert_true(c.dense_mlp_in_layer && c.mlp_gated && !c.use_conv_bias && !c.lm_head_tied);
+    assert_true(c.norm_eps == 1e-6);
+    /* the class's MoE defaults: every layer sparse (512 experts, top 10, widths 512) */
+    snprintf(json, sizeof(json), KVF_QN_JSON, "");
+    assert_int_equal(kvf_model_config_parse(json, "t", &c), KVF_OK);
+    assert_int_equal(c.num_moe_layers, 8);
+    assert_true(c.layer_sparse[0] && c.layer_sparse[7] && kvf_model_layer_has_moe(&c, 3));
+    assert_true(c.moe_num_experts == 512 && c.moe_top_k == 10 && c.moe_softmax_topk);
+    assert_true(c.moe_intermediate_size == 512 && c.moe_shared_intermediate_size == 512);
+    /* decoder_sparse_step 2 and mlp_only_layers [3]: layers 1, 5, 7 sparse */
+    snprintf(json, sizeof(json), KVF_QN_JSON, ",\"num_experts\":4,\"decoder_sparse_step\":2,"
+             "\"mlp_only_layers\":[3],\"moe_intermediate_size\":8,"
+             "\"shared_expert_intermediate_size\":12,\"num_experts_per_tok\":2");
+    assert_int_equal(kvf_model_config_parse(json, "t", &c), KVF_OK);
+    for (int l = 0; l < 8; ++l) {
+        assert_int_equal(c.layer_sparse[l], (l == 1) || (l == 5) || (l == 7));
+    }
+    assert_true(c.num_moe_layers == 3 && c.intermediate_size == 96 && c.moe_top_k == 2);
+    /* layer_types wins; the rope object's partial factor; every layer in mlp_only_layers
+     * keeps the dense MLP although num_experts > 0 */
+    snprintf(json, sizeof(json), KVF_QN_JSON, ",\"num_experts\":4,\"mlp_only_layers\":"
+             "[0,1,2,3,4,5,6,7],\"layer_types\":[\"full_attention\",\"linear_attention\","
+             "\"full_attention\",\"linear_attention\",\"full_attention\",\"linear_attention\","
+             "\"full_attention\",\"linear_attention\"],\"head_dim\":16,\"linear_num_value_heads\""
+             ":4,\"linear_num_key_heads\":2,\"rope_parameters\":{\"rope_type\":\"default\","
+             "\"rope_theta\":5000.0,\"partial_rotary_factor\":0.5}");
+    assert_int_equal(kvf_model_config_parse(json, "t", &c), KVF_OK);
+    assert_string_equal(c.layer_kinds, "*M*M*M*M");
+    assert_int_equal(c.rope.rotary_dim, 8);
+    assert_true(c.rope.theta == 5000.0);
+    assert_int_equal(c.mamba_num_heads, 4);
+    assert_int_equal(c.n_groups, 2);
+    /* TP 4 of 2 key heads: replicated as B/C groups are; TP 8 of 4 value heads: refused */
+    assert_true(kvf_shard_probe(&c, 4));
+    assert_false(kvf_shard_probe(&c, 8));
+    for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); ++i) {
+        kvf_status_t st;
+        snprintf(json, sizeof(json), KVF_QN_JSON, refused[i].extra);
+        st = parse_captured(json, line, sizeof(line));
+        if ((st == KVF_OK) || (strstr(line, refused[i].field) == NULL) ||
+            (strstr(line, refused[i].value) == NULL)) {
+            fail_msg("case %zu (%s): status %d, log '%s'", i, refused[i].extra, (int)st, line);
+        }
+    }
+}
+
+/* qwen3_5_text: qwen3_next's layers and geometry, a dense MLP each (no expert fields), the
+ * multimodal RoPE keys accepted (plain RoPE for text positions). */
+static void test_qwen3_5_text(void **state)
+{
+    static const char *const refused[] = {
+        ",\"num_experts\":4", ",\"decoder_sparse_step\":1", ",\"sliding_window\":64",
+    };
+    kvf_model_config_t c;
+    char json[2048], line[1024];
+    const char *base = "{\"model_type\":\"qwen3_5_text\",\"hidden_size\":64,"
+                       "\"vocab_size\":260,\"num_attention_heads\":4,\"num_key_value_heads\":2,"
+                       "\"num_hidden_layers\":4%s}";
+    (void)state;
+
+    snprintf(json, sizeof(json), base, ",\"rope_parameters\":{\"rope_type\":\"default\","
+             "\"rope_theta\":1e7,\"partial_rotary_factor\":0.25,\"mrope_section\":[11,11,10],"
+             "\"mrope_interleaved\":true}");
+    assert_int_equal(kvf_model_config_parse(json, "t", &c), KVF_OK);
+    assert_int_equal(c.arch, KVF_ARCH_QWEN3_5_TEXT);
+    assert_string_equal(c.layer_kinds, "MMM*");
+    assert_int_equal(c.state_kind, KVF_STATE_GDN);
+    assert_true(c.mamba_num_heads == 32 && c.n_groups == 16 && c.ssm_state_size == 128);
+    assert_int_equal(c.intermediate_size, 12288);   /* the class default */
+    assert_int_equal(c.num_moe_layers, 0);
+    assert_int_equal(c.rope.rotary_dim, 64);
+    assert_true(c.rope.theta == 1e7);
+    assert_true(c.attn_output_gate && c.qk_norm && (c.norm_offset == 1.0) && c.dense_mlp_in_layer);
+    for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); ++i) {
+        snprintf(json, sizeof(json), base, refused[i]);
+        if ((parse_captured(json, line, sizeof(line)) == KVF_OK) ||
+            (strstr(line, "qwen3_5_text") == NULL)) {
+            fail_msg("case %zu (%s): log '%s'", i, refused[i], line);
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -626,6 +755,8 @@ int main(void)
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_ibm_families),
         cmocka_unit_test(test_gemma3),
+        cmocka_unit_test(test_qwen3_next),
+        cmocka_unit_test(test_qwen3_5_text),
         cmocka_unit_test(test_python_json),
     };
     kvf_log_init("test");

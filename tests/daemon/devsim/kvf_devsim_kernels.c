@@ -11,6 +11,7 @@
 #include "kvf_attention_seqs.h"
 #include "kvf_conv1d.h"
 #include "kvf_device.h"
+#include "kvf_gdn.h"
 #include "kvf_gemm.h"
 #include "kvf_gemm_narrow.h"
 #include "kvf_mamba2.h"
@@ -286,6 +287,31 @@ DEVSIM_KERNEL(kvf_mamba2_step, (const kvf_device_t *dev, const kvf_mamba2_params
               (dev, p, x, dt, B, C, state, state_dtype, y),
               (devsim_want_dev(x, "kvf_mamba2_step x"), devsim_want_dev(y, "kvf_mamba2_step y"),
                devsim_want_dev(state, "kvf_mamba2_step state")))
+DEVSIM_KERNEL(kvf_gdn_scan, (const kvf_device_t *dev, const kvf_gdn_params_t *p, int T,
+                             const float *xbc, int ldx, const float *ba, int ldba, void *state,
+                             kvf_dtype_t state_dtype, int has_state, float *y, int ldy),
+              (dev, p, T, xbc, ldx, ba, ldba, state, state_dtype, has_state, y, ldy),
+              (devsim_want_dev(xbc, "kvf_gdn_scan xbc"), devsim_want_dev(ba, "kvf_gdn_scan ba"),
+               devsim_want_dev(state, "kvf_gdn_scan state"), devsim_want_dev(y, "kvf_gdn_scan y"),
+               devsim_want_dev(p->A_log, "kvf_gdn_scan A_log"),
+               devsim_want_dev(p->dt_bias, "kvf_gdn_scan dt_bias")))
+DEVSIM_KERNEL(kvf_gdn_gated_norm, (const kvf_device_t *dev, const float *y, int ldy,
+                                   const float *z, int ldz, const float *w, int T, int heads,
+                                   int head_dim, float eps, float *out, int ldo),
+              (dev, y, ldy, z, ldz, w, T, heads, head_dim, eps, out, ldo),
+              (devsim_want_dev(y, "kvf_gdn_gated_norm y"), devsim_want_dev(z, "kvf_gdn_gated_norm z"),
+               devsim_want_dev(w, "kvf_gdn_gated_norm w"),
+               devsim_want_dev(out, "kvf_gdn_gated_norm out")))
+DEVSIM_KERNEL(kvf_sigmoid_gate, (const kvf_device_t *dev, float *x, int ldx, const float *gate,
+                                  int ldg, int T, int n),
+              (dev, x, ldx, gate, ldg, T, n),
+              (devsim_want_dev(x, "kvf_sigmoid_gate x"),
+               devsim_want_dev(gate, "kvf_sigmoid_gate gate")))
+DEVSIM_KERNEL(kvf_sigmoid_row_scale, (const kvf_device_t *dev, float *x, int ldx, const float *g,
+                                      int T, int n),
+              (dev, x, ldx, g, T, n),
+              (devsim_want_dev(x, "kvf_sigmoid_row_scale x"),
+               devsim_want_dev(g, "kvf_sigmoid_row_scale g")))
 DEVSIM_KERNEL(kvf_moe_route, (const kvf_device_t *dev, const kvf_moe_route_params_t *p,
                               const float *logits, int T, float *scores, int32_t *idx, float *wt),
               (dev, p, logits, T, scores, idx, wt), devsim_want_dev(logits, "kvf_moe_route"))
