@@ -536,9 +536,8 @@ kvf_status_t kvf_mkmodel_write_sharded(const char *config_path, const char *out_
         return status;
     }
     if ((cfg.arch == KVF_ARCH_BAMBA) || (cfg.arch == KVF_ARCH_GRANITE_MOE_HYBRID) ||
-        (cfg.arch == KVF_ARCH_GEMMA3_TEXT) || (cfg.arch == KVF_ARCH_GPT_OSS)) {
-        (cfg.arch == KVF_ARCH_GEMMA3_TEXT) || (cfg.arch == KVF_ARCH_QWEN3_NEXT) ||
-        (cfg.arch == KVF_ARCH_QWEN3_5_TEXT)) {
+        (cfg.arch == KVF_ARCH_GEMMA3_TEXT) || (cfg.arch == KVF_ARCH_GPT_OSS) ||
+        (cfg.arch == KVF_ARCH_QWEN3_NEXT) || (cfg.arch == KVF_ARCH_QWEN3_5_TEXT)) {
         /* their tensor names are not written here: transformers makes them
          * (tests/reference/make_family_data.py) */
         kvf_error("%s: model_type '%s' is not implemented by kvf mkmodel (nemotron_h, llama,"
