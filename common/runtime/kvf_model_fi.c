@@ -29,7 +29,8 @@
  * kvferry's kernel, said once at start: sliding-window layers (FlashInfer's window_left
  * would also need the window's first page in the plan). Served by kvferry's kernel for one
  * step: a step over the capacities sized at start (more than 2 x max_seqs decode entries:
- * only a recompute of many outputs), and a step run as a CUDA graph.
+ * only a recompute of many outputs). Refused with KVF_GPU_GRAPHS=decode (a graphed step
+ * would take kvferry's kernel: the plan is not in the graph's published inputs yet).
  */
 #include "kvf_model_int.h"
 #include "kvf_fi_decode.h"
@@ -163,6 +164,15 @@ kvf_status_t kvf_fwd_fi_prepare(kvf_model_h m, const kvf_rank_ctx_t *ctx,
     if (!kvf_fi_wanted() || (ws->fi != NULL) || (kvf_page_pool_device(ctx->pool)->kind ==
                                                   KVF_DEVICE_CPU) || (qh == 0)) {
         return KVF_OK;
+    }
+    if ((getenv("KVF_GPU_GRAPHS") != NULL) && (strcmp(getenv("KVF_GPU_GRAPHS"), "decode") == 0)) {
+        /* a graphed step reads its inputs from the published block, which holds no FlashInfer
+         * plan: it would run kvferry's kernel, and a request's bits would depend on whether
+         * its step was graphed */
+        kvf_error("KVF_GPU_ATTN=flashinfer with KVF_GPU_GRAPHS=decode: not supported (graphed "
+                  "decode steps would take kvferry's attention kernel, so a request's bits "
+                  "would depend on its batch); unset one of them");
+        return KVF_ERR_UNSUPPORTED;
     }
     if (!kvf_fi_built(geo->kv_dtype, hd)) {
         kvf_error("KVF_GPU_ATTN=flashinfer: this build has no FlashInfer attention for a %s KV "

@@ -12,8 +12,9 @@
 #   are the CPU engine's, on both trained models (the hybrid's attention layers too), with
 #   the logits within 1 % of the largest;
 # - one plan per step: the layer calls are the steps' plans times the attention layers;
-# - refused at start by name: an fp32 KV cache (FlashInfer reads 16-bit ones) and a build
-#   without FlashInfer (DEVSIM_FI=0: this build's own answer), naming the value and the fix.
+# - refused at start by name: an fp32 KV cache (FlashInfer reads 16-bit ones), CUDA graphs
+#   (KVF_GPU_GRAPHS=decode: a graphed step would take kvferry's kernel) and a build without
+#   FlashInfer (DEVSIM_FI=0: this build's own answer), naming the value and the fix.
 # Batch invariance (a request alone and inside batches, mixed steps, preemption) is
 # test_devsim_fi_invariance.
 # Usage: test_devsim_fi.sh TESTBIN (the folder holding kvf-devsim)
@@ -108,6 +109,11 @@ KVF_GPU_ATTN=flashinfer "$DEVSIM" generate --model "$MODEL" --device cuda:0 --kv
     --max-tokens 1 >/dev/null 2>"$T/err" || rc=$?
 [ "$rc" -ne 0 ] && grep -q "KVF_GPU_ATTN=flashinfer" "$T/err" && grep -q "fp32" "$T/err" ||
     fail "an fp32 KV cache under flashinfer was not refused by name (rc $rc)"
+rc=0
+KVF_GPU_GRAPHS=decode KVF_GPU_ATTN=flashinfer "$DEVSIM" generate --model "$MODEL" \
+    --device cuda:0 --max-tokens 1 >/dev/null 2>"$T/err" || rc=$?
+[ "$rc" -ne 0 ] && grep -q "KVF_GPU_ATTN=flashinfer with KVF_GPU_GRAPHS=decode" "$T/err" ||
+    fail "KVF_GPU_ATTN=flashinfer with CUDA graphs was not refused by name (rc $rc)"
 rc=0
 DEVSIM_FI=0 KVF_GPU_ATTN=flashinfer "$DEVSIM" generate --model "$MODEL" --device cuda:0 \
     --max-tokens 1 >/dev/null 2>"$T/err" || rc=$?
