@@ -61,7 +61,7 @@ struct kvf_fwd_fi {
     /* the step's plan (kvf_fwd_fi_step) */
     bool     step_on, identity;
     int      nd, np, prow, dwork, pwork;
-    unsigned long long steps, layer_calls;
+    unsigned long long steps, reordered, layer_calls;
 };
 
 static size_t kvf_fi_up(size_t v)
@@ -239,8 +239,8 @@ void kvf_fwd_fi_destroy(struct kvf_model_ws *ws)
         return;
     }
     if (ws->fi->steps > 0) {
-        kvf_notice("attention: FlashInfer ran %llu layer calls on %llu step plans",
-                 ws->fi->layer_calls, ws->fi->steps);
+        kvf_notice("attention: FlashInfer ran %llu layer calls on %llu step plans (%llu with "
+                   "rows reordered)", ws->fi->layer_calls, ws->fi->steps, ws->fi->reordered);
     }
     kvf_device_free(&ws->dev, ws->fi->dev);
     kvf_fi_free(ws->fi);
@@ -383,6 +383,7 @@ void kvf_fwd_fi_step(const kvf_rank_ctx_t *ctx, const kvf_device_t *dev,
         return;
     }
     fi->steps++;
+    fi->reordered += !fi->identity;
     fi->step_on = true;
 }
 

@@ -27,4 +27,9 @@ grep 'differ from their solo run' "$T/out" || true
 [ "$(field "$T/err" fi_prefill_calls)" -gt 0 ] && [ "$(field "$T/err" fi_decode_calls)" -gt 0 ] &&
     [ "$(field "$T/err" fi_plan_errors)" -eq 0 ] ||
     fail "FlashInfer's paths: $(grep -o 'fi_decode_calls.*' "$T/err")"
+# the preemption's recompute (its prompt and outputs in one chunk) took FlashInfer's own row
+# order (outputs first, as decode entries; then the prompt span): the gathered path ran
+grep -Eq 'with rows reordered\)' "$T/err" &&
+    grep -E 'FlashInfer ran .*\(([1-9][0-9]*) with rows reordered\)' "$T/err" >/dev/null ||
+    fail "no step with reordered rows (the recompute's chunk): $(grep 'FlashInfer ran' "$T/err")"
 echo "PASS ($(grep -o 'fi_decode_calls.*' "$T/err"))"
