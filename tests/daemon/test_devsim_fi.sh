@@ -17,7 +17,7 @@
 #   FlashInfer (DEVSIM_FI=0: this build's own answer), naming the value and the fix.
 # Batch invariance (a request alone and inside batches, mixed steps, preemption) is
 # test_devsim_fi_invariance.
-# Usage: test_devsim_fi.sh TESTBIN (the folder holding kvf-devsim)
+# Usage: test_devsim_fi.sh TESTBIN [KVF_FLASHINFER (ON: the build has it, nothing to refuse)]
 set -euo pipefail
 DEVSIM="${1:?usage: test_devsim_fi.sh TESTBIN}/kvf-devsim"
 MODEL="${KVF_SOURCE_DIR:?}/models-trained/tiny-dense"
@@ -114,6 +114,7 @@ KVF_GPU_GRAPHS=decode KVF_GPU_ATTN=flashinfer "$DEVSIM" generate --model "$MODEL
     --device cuda:0 --max-tokens 1 >/dev/null 2>"$T/err" || rc=$?
 [ "$rc" -ne 0 ] && grep -q "KVF_GPU_ATTN=flashinfer with KVF_GPU_GRAPHS=decode" "$T/err" ||
     fail "KVF_GPU_ATTN=flashinfer with CUDA graphs was not refused by name (rc $rc)"
+[ "${2:-OFF}" = ON ] && { echo "PASS (a -DKVF_FLASHINFER=ON build: no refusal to check)"; exit 0; }
 rc=0
 DEVSIM_FI=0 KVF_GPU_ATTN=flashinfer "$DEVSIM" generate --model "$MODEL" --device cuda:0 \
     --max-tokens 1 >/dev/null 2>"$T/err" || rc=$?
