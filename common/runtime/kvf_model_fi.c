@@ -14,8 +14,8 @@
  * their own context length) give a token the same bits.
  *
  * Rows. FlashInfer reads q and writes o in its own row order: the step's decode entries
- * first, then each prompt span's tokens. The K/V of the new tokens are written first
- * (kvf_attn_cache_write per request); q (with k and v: the projection rows [T][R] as they
+ * first, then each prompt span's tokens. The K/V of the new tokens are written first (one
+ * kvf_attn_write_paged_seqs call, the write alone); q (with k and v: the projection rows [T][R] as they
  * are, q_ld = R) is rounded to bf16 in one conversion, gathered into that order first when
  * the step's rows are not already in it; the bf16 output is widened back into the layer's
  * fp32 rows (gathered back the same way).
@@ -35,6 +35,7 @@
 #include "kvf_model_int.h"
 #include "kvf_fi_decode.h"
 #include "kvf_fi_prefill.h"
+#include "kvf_attention_seqs.h"
 
 #include <stdint.h>
 
@@ -446,14 +447,19 @@ bool kvf_fwd_fi_try(kvf_model_h m, const kvf_rank_ctx_t *ctx, const kvf_device_t
         return false;   /* kvferry's kernel (said at start for sliding-window layers) */
     }
     const int qd = fi->qh * hd, kd = m->ranks[ctx->rank].shard.kv_heads * hd;
-    for (int i = 0; i < batch->num_seqs; ++i) {   /* every request's new K/V first */
-        kvf_paged_kv_t kv;
-        const int n = batch->seqs[i].num_tokens;
-        kvf_page_pool_attn_view(ctx->pool, ctx->geom, hd, slot, batch->seqs[i].group_blocks[g],
-                                batch->seqs[i].group_num_blocks[g], &kv);
-        KVF_KCALL(kvf_attn_cache_write(dev, &kv, ws->proj + (size_t)o * R + qd,
-                                       ws->proj + (size_t)o * R + qd + kd, R, pos + o, n));
-        o += n;
+    /* every request's new K/V first: one call, the write alone (the forward filled the
+     * requests' token counts and tables, ws->seq_*) */
+    const kvf_attn_seqs_t seqs = {
+        .num_seqs = batch->num_seqs, .num_tokens = ws->seq_n, .block_tables = ws->seq_tab,
+        .num_blocks = ws->seq_nb,
+    };
+    kvf_paged_kv_t kv;
+    kvf_page_pool_attn_view(ctx->pool, ctx->geom, hd, slot, batch->seqs[0].group_blocks[g],
+                            batch->seqs[0].group_num_blocks[g], &kv);
+    KVF_KCALL(kvf_attn_write_paged_seqs(dev, &kv, &seqs, ws->proj + qd, ws->proj + qd + kd, R,
+                                        NULL, 0, pos, 0, 0.0f, NULL));
+    for (int i = 0; i < batch->num_seqs; ++i) {
+        o += batch->seqs[i].num_tokens;
     }
     T = o;
     if (fi->identity) {
