@@ -24,6 +24,11 @@
  * in slot j passes the pool's base moved by j pages (j * page_size bytes: a multiple of
  * FlashInfer's page unit, kvf_fi_plan.h), so one plan per cache group serves every layer.
  *
+ * Rejected: the kernel chosen by the step (prefill for any step with a prompt token, decode
+ * for pure decode steps): an output token would get other bits when a prompt shares its
+ * step (test_devsim_fi_invariance fails that way); FlashInfer's own planner (it sizes split-KV
+ * from the batch); a plan per layer (the same arrays uploaded once per attention layer).
+ *
  * Refused at start, by name, when this build has no FlashInfer for the cache (dtype,
  * head_dim) or FlashInfer cannot read the cache (kvf_fi_geometry()'s reason). Served by
  * kvferry's kernel, said once at start: sliding-window layers (FlashInfer's window_left
@@ -207,7 +212,7 @@ kvf_status_t kvf_fwd_fi_prepare(kvf_model_h m, const kvf_rank_ctx_t *ctx,
         return KVF_OK;
     }
     kvf_fi_layout(fi, &total);
-    fi->host = malloc((size_t)fi->ngrp * fi->grp_bytes);
+    fi->host = calloc((size_t)fi->ngrp, fi->grp_bytes);   /* unplanned groups upload zeros */
     fi->kv_len = malloc((size_t)fi->dcap * 4);
     fi->dseq = malloc((size_t)fi->dcap * 4);
     fi->qo_len = malloc((size_t)fi->S * 4);
