@@ -69,6 +69,17 @@ static void check_elements(kvf_dtype_t dt, int kvh, int hd, int kbs, int block_s
                                                       (size_t)h, (size_t)row, 1) * elt);
         }
     }
+    {   /* slot 0's indices serve slot j through a base moved by j pages (the forward's one
+         * plan per cache group, common/runtime/kvf_model_fi.c) */
+        int32_t p0[256];
+        assert_int_equal(page_size % g.unit, 0);
+        assert_int_equal(kvf_fi_pages(&g, table, block_size, slots, 0, page_size, tokens, p0,
+                                      256), n);
+        for (int i = 0; i < n; ++i) {
+            assert_int_equal((uint64_t)pages[i] * g.unit,
+                             (uint64_t)p0[i] * g.unit + (uint64_t)slot * page_size);
+        }
+    }
     assert_int_equal(kvf_fi_pages(&g, table, block_size, slots, slot, page_size, tokens, pages,
                                   n - 1), -1);
     assert_int_equal(kvf_fi_pages(&g, table, block_size, slots, slots, page_size, tokens, pages,
@@ -82,6 +93,7 @@ static void test_elements(void **state)
     check_elements(KVF_DTYPE_BF16, 2, 32, 16, 32, 3, 1, 2u * 2 * 2 * 16 * 32 * 2);
     /* a hybrid's page, padded to its Mamba page (not a multiple of a kernel block) */
     check_elements(KVF_DTYPE_BF16, 2, 32, 16, 48, 2, 1, 3u * 2 * 2 * 16 * 32 * 2 + 1000);
+    check_elements(KVF_DTYPE_BF16, 2, 32, 16, 32, 4, 3, 2u * 2 * 2 * 16 * 32 * 2 + 64);
     check_elements(KVF_DTYPE_FP16, 8, 128, 16, 16, 1, 0, 65536 + 65536 / 2);
 }
 
