@@ -20,6 +20,7 @@
 #     and graphs on/off decode speed.
 # The whole script ends by itself within $KVF_GPU_BUDGET seconds (default 480) with a
 # summary line per row: PASS, FAIL: why, skipped: why, or not reached (budget).
+# KVF_GPU_ROWS="ROW,..." runs only those rows (build and kernels always: they find the GPU);
 # KVF_GPU_CAPS="ROW=S,..." overrides rows' caps; KVF_GPU_PYTHON is the Python of the engine,
 # NIXL and torch rows (default python3); KVF_GPU_GEMM_BENCH a command for the gemm row. With
 # --bundle FILE (deploy/gpu-bundle.sh's tarball) it unpacks into $KVF_GPU_WORK (default

@@ -11,7 +11,8 @@
 #   3. a hanging row reports its cap and the next row runs (and PASSes);
 #   4. the budget ends the script in time: the row running is cut, the rest "not reached";
 #   5. the summary has one line per row (PASS / FAIL / skipped: why / not reached);
-#   6. no GPU (nvidia-smi lists none, or gpu_vs_cpu says so): "skipped: no GPU", exit 77.
+#   6. no GPU (nvidia-smi lists none, or gpu_vs_cpu says so): "skipped: no GPU", exit 77;
+#   7. KVF_GPU_ROWS runs the kernels row and the rows it names, in the table's order.
 # Every wait polls (50 ms steps) with a deadline; nothing sleeps a fixed time; each run of
 # run.sh is bounded by `timeout 60` (a runner that stopped capping rows fails, never hangs).
 set -uo pipefail
@@ -225,6 +226,14 @@ check "the rows after it are 'not reached (budget)' in the summary" \
     bash -c "sed -n '/^summary (/,\$p' '$res' | grep -q '^  pull-4p2d-ipc  *not reached (budget)' &&
              sed -n '/^summary (/,\$p' '$res' | grep -q '^  graphs-speed-tiny-dense-b16  *not reached (budget)'"
 check "rows not reached did not run" bash -c "! grep -q '^row pull-4p2d-ipc' '$res'"
+
+# ---- KVF_GPU_ROWS: only the rows named (and kernels) --------------------------------------
+mkdir -p "$tmp/r"
+(cd "$tmp/r" && KVF_GPU_ROWS="gen-fi-dense,batch-invariance-fi,graphs-dense" timeout 60 \
+    bash "$root/tests/gpu/run.sh" >"$tmp/r/stdout" 2>&1)
+got=$(sed -n 's/^row \([^:]*\): .*/\1/p' "$tmp/r/gpu-results.txt" | tr '\n' ' ' | sed 's/ $//')
+check "KVF_GPU_ROWS runs the kernels row and the rows named, in the table's order" \
+    test "$got" = "kernels gen-fi-dense batch-invariance-fi graphs-dense"
 
 # ---- no GPU: nvidia-smi lists none; gpu_vs_cpu says none ------------------------------------
 (cd "$tmp" && FAKE_NO_GPU_LISTED=1 bash "$root/tests/gpu/run.sh" >"$tmp/nogpu.txt" 2>&1)
