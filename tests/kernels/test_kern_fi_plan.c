@@ -33,10 +33,13 @@ static void test_refusals(void **state)
     assert_non_null(kvf_fi_geometry(KVF_DTYPE_BF16, 128, 30, 8, 16, 65536, 1u << 30, 1, &g));
     assert_non_null(kvf_fi_geometry(KVF_DTYPE_BF16, 0, 32, 8, 16, 65536, 1u << 30, 1, &g));
     assert_non_null(kvf_fi_geometry(KVF_DTYPE_BF16, 128, 32, 8, 16, 1024, 1u << 30, 1, &g));
-    /* a page padded by 2 bytes: unit 2 bytes, so a pool past 4 GiB overflows the indices */
-    assert_non_null(strstr(kvf_fi_geometry(KVF_DTYPE_BF16, 128, 32, 8, 16, 65538, 5ull << 30, 1,
+    /* a page padded by 16 bytes: unit 16 bytes, so a pool past 32 GiB overflows the indices */
+    assert_non_null(strstr(kvf_fi_geometry(KVF_DTYPE_BF16, 128, 32, 8, 16, 65552, 40ull << 30, 1,
                                            &g), "INT32_MAX"));
-    assert_null(kvf_fi_geometry(KVF_DTYPE_BF16, 128, 32, 8, 16, 65538, 1ull << 30, 1, &g));
+    assert_null(kvf_fi_geometry(KVF_DTYPE_BF16, 128, 32, 8, 16, 65552, 1ull << 30, 1, &g));
+    /* padded by 2 bytes: pages off FlashInfer's 16-byte vector alignment */
+    assert_non_null(strstr(kvf_fi_geometry(KVF_DTYPE_BF16, 128, 32, 8, 16, 65538, 1ull << 30, 1,
+                                           &g), "multiple of 16"));
     assert_int_equal(kvf_fi_built(KVF_DTYPE_FP32, 128), 0);
 }
 
@@ -92,7 +95,7 @@ static void test_elements(void **state)
     /* pages that are 2 kernel blocks exactly */
     check_elements(KVF_DTYPE_BF16, 2, 32, 16, 32, 3, 1, 2u * 2 * 2 * 16 * 32 * 2);
     /* a hybrid's page, padded to its Mamba page (not a multiple of a kernel block) */
-    check_elements(KVF_DTYPE_BF16, 2, 32, 16, 48, 2, 1, 3u * 2 * 2 * 16 * 32 * 2 + 1000);
+    check_elements(KVF_DTYPE_BF16, 2, 32, 16, 48, 2, 1, 3u * 2 * 2 * 16 * 32 * 2 + 1024);
     check_elements(KVF_DTYPE_BF16, 2, 32, 16, 32, 4, 3, 2u * 2 * 2 * 16 * 32 * 2 + 64);
     check_elements(KVF_DTYPE_FP16, 8, 128, 16, 16, 1, 0, 65536 + 65536 / 2);
 }
