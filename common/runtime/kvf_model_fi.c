@@ -393,9 +393,10 @@ void kvf_fwd_fi_step(const kvf_rank_ctx_t *ctx, const kvf_device_t *dev,
     fi->step_on = true;
 }
 
-/* FlashInfer's two launches of layer @a l's attention from the bf16 rows in B_QB into B_OB. */
+/* FlashInfer's two launches of layer @a l's attention from the bf16 rows in B_QB (@a R
+ * wide) into B_OB. */
 static int kvf_fi_launch(kvf_model_h m, const kvf_rank_ctx_t *ctx, const kvf_device_t *dev,
-                         int l)
+                         int l, int R)
 {
     struct kvf_fwd_fi *fi = ctx->ws->fi;
     const kvf_shard_t *s = &m->ranks[ctx->rank].shard;
@@ -411,7 +412,7 @@ static int kvf_fi_launch(kvf_model_h m, const kvf_rank_ctx_t *ctx, const kvf_dev
     if (fi->nd > 0) {
         const kvf_fi_decode_args_t a = {
             .geom = fi->geom, .head_dim = fi->hd, .q_heads = fi->qh, .kv_heads = s->kv_heads,
-            .batch = fi->nd, .work = fi->dwork, .sm_scale = scale, .q = qb, .q_ld = fi->R,
+            .batch = fi->nd, .work = fi->dwork, .sm_scale = scale, .q = qb, .q_ld = R,
             .pool = pool, .indices = FI_D(fi, g, D_IDX), .indptr = FI_D(fi, g, D_INDPTR),
             .last_page_len = FI_D(fi, g, D_LAST), .request_indices = FI_D(fi, g, D_REQ),
             .kv_tile_indices = FI_D(fi, g, D_TILE), .o_indptr = FI_D(fi, g, D_OIND),
@@ -424,7 +425,7 @@ static int kvf_fi_launch(kvf_model_h m, const kvf_rank_ctx_t *ctx, const kvf_dev
         const kvf_fi_prefill_args_t a = {
             .geom = fi->geom, .head_dim = fi->hd, .q_heads = fi->qh, .kv_heads = s->kv_heads,
             .batch = fi->np, .work = fi->pwork, .sm_scale = scale,
-            .q = qb + (size_t)fi->nd * (size_t)fi->R, .q_ld = fi->R, .pool = pool,
+            .q = qb + (size_t)fi->nd * (size_t)R, .q_ld = R, .pool = pool,
             .indices = FI_D(fi, g, P_IDX), .indptr = FI_D(fi, g, P_INDPTR),
             .last_page_len = FI_D(fi, g, P_LAST), .q_indptr = FI_D(fi, g, P_QIND),
             .request_indices = FI_D(fi, g, P_REQ), .qo_tile_indices = FI_D(fi, g, P_QT),
@@ -448,7 +449,7 @@ bool kvf_fwd_fi_try(kvf_model_h m, const kvf_rank_ctx_t *ctx, const kvf_device_t
     int o = 0, T;
 
     if ((fi == NULL) || (ws->in != NULL) || !fi->step_on || (status != KVF_OK) ||
-        (m->cfg.layer_window[l] > 0) || (R != fi->R)) {
+        (m->cfg.layer_window[l] > 0) || (R > fi->R)) {
         return false;   /* kvferry's kernel (said at start for sliding-window layers) */
     }
     const int qd = fi->qh * hd, kd = m->ranks[ctx->rank].shard.kv_heads * hd;
@@ -475,7 +476,7 @@ bool kvf_fwd_fi_try(kvf_model_h m, const kvf_rank_ctx_t *ctx, const kvf_device_t
         KVF_KCALL(kvf_convert(dev, FI_B(fi, B_QB), KVF_DTYPE_BF16, ws->ybuf, KVF_DTYPE_FP32,
                               (size_t)T * (size_t)R));
     }
-    KVF_KCALL(kvf_fi_launch(m, ctx, dev, l));
+    KVF_KCALL(kvf_fi_launch(m, ctx, dev, l, R));
     if (fi->identity) {
         KVF_KCALL(kvf_convert(dev, ws->g, KVF_DTYPE_FP32, FI_B(fi, B_OB), KVF_DTYPE_BF16,
                               (size_t)T * (size_t)qd));
