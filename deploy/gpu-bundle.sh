@@ -72,13 +72,17 @@ if [ "$do_build" = 1 ]; then
     launcher=()
     command -v ccache >/dev/null 2>&1 &&
         launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
-    # FlashInfer's paged decode (kernels/kvf_fi_decode.h) is ON in the bundle: headers of the
-    # flashinfer-python wheel from $KVF_FLASHINFER_DIR (its flashinfer/data), else downloaded
-    # into the build folder; without them the bundle builds without it and says so
+    # FlashInfer's paged prefill and decode (kernels/kvf_fi_prefill.h, kvf_fi_decode.h) are ON
+    # in the bundle: headers of the flashinfer-python wheel from $KVF_FLASHINFER_DIR (its
+    # flashinfer/data), else the pinned wheel downloaded into the build folder (pinned: kvferry
+    # fills FlashInfer's parameter blocks itself, member by member, so a release that renames
+    # one breaks the build; 0.7.4 is the one compiled with -Werror); without them the bundle
+    # builds without it and says so
     fi_dir=${KVF_FLASHINFER_DIR:-$build/flashinfer-wheel/flashinfer/data}
     if [ -z "${KVF_FLASHINFER_DIR:-}" ] && [ ! -f "$fi_dir/include/flashinfer/attention/decode.cuh" ]; then
         rm -rf "$build/flashinfer-wheel" && mkdir -p "$build/flashinfer-wheel"
-        python3 -m pip download --no-deps flashinfer-python -d "$build/flashinfer-wheel" \
+        python3 -m pip download --no-deps "flashinfer-python==${KVF_FLASHINFER_VERSION:-0.7.4}" \
+            -d "$build/flashinfer-wheel" \
             >>"$build/bundle-build.log" 2>&1 &&
             python3 -m zipfile -e "$build"/flashinfer-wheel/flashinfer_python-*.whl \
                 "$build/flashinfer-wheel" >>"$build/bundle-build.log" 2>&1 || true
@@ -88,10 +92,10 @@ if [ "$do_build" = 1 ]; then
         fi_args=(-DKVF_FLASHINFER=ON -DKVF_FLASHINFER_DIR="$fi_dir")
     else
         echo "FlashInfer headers not found (KVF_FLASHINFER_DIR, pip download flashinfer-python):" \
-             "building without FlashInfer's decode"
+             "building without FlashInfer's attention"
     fi
     cmake -S "$root" -B "$build" -DKVF_CUDA=ON -DKVF_WERROR=ON -DCMAKE_BUILD_TYPE=Release \
-        -DKVF_UCX_PREFIX="$ucx" "${fi_args[@]}" "${launcher[@]}" >"$build/bundle-build.log" 2>&1 ||
+        -DKVF_UCX_PREFIX="$ucx" "${fi_args[@]}" "${launcher[@]}" >>"$build/bundle-build.log" 2>&1 ||
         { tail -20 "$build/bundle-build.log"; exit 1; }
     # every program in bin/, and the test programs the GPU table runs
     targets=$(cmake --build "$build" --target help | sed -n 's/^\.\.\. \([^ ]*\).*/\1/p')
@@ -115,7 +119,7 @@ manifest="$b/MANIFEST"
     echo "built: $(date -u +%Y-%m-%dT%H:%MZ) on $(. /etc/os-release; echo "$PRETTY_NAME")"
     echo "nvcc: $("$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)" --version | tail -2 | head -1)"
     echo "UCX: $ucx_version from $ucx_libdir"
-    echo "FlashInfer decode: $(sed -n 's/^KVF_FLASHINFER:BOOL=//p' "$build/CMakeCache.txt" 2>/dev/null || echo unknown)"
+    echo "FlashInfer attention: $(sed -n 's/^KVF_FLASHINFER:BOOL=//p' "$build/CMakeCache.txt" 2>/dev/null || echo unknown)"
     echo "not inside (taken from the GPU machine): libcublas.so.13 libcublasLt.so.13 libnccl.so.2"
 } >"$manifest"
 

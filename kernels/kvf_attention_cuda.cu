@@ -415,6 +415,10 @@ extern "C" int kvf_cuda_attn_write_paged_seqs_as(kvf_attn_gpu_impl_t impl,
     kvf_attn_write_kernel<<<kvf_cuda_blocks(n), KVF_CUDA_THREADS, 0, stream>>>(
         g, k, v, ld, d_pos, n, d_seq, maxb);
     rc = kvf_cuda_launched("kvf_attn_write_kernel");
+    if ((q == NULL) && (out == NULL)) {   /* the write alone (kvf_attention_seqs.h) */
+        kvf_cuda_scratch_free(stream, dbuf);
+        return rc;
+    }
     splits = kvf_attn_split_count((seqs->split_blocks > 0) ? seqs->split_blocks :
                                   max_pos / kv->kernel_block_size + 1, kv->kernel_block_size);
     if ((rc == KVF_KERN_OK) && (splits > 1)) {

@@ -7,6 +7,7 @@
 #include "kvf_kern_internal.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
 
 #ifdef KVF_HAVE_CUDA
@@ -78,9 +79,11 @@ int kvf_attn_write_paged_seqs(const kvf_device_t *dev, const kvf_paged_kv_t *kv,
     if (seqs->num_seqs == 0) {
         return KVF_KERN_OK;
     }
+    const bool write_only = (q == NULL) && (out == NULL);
+
     if ((seqs->num_tokens == NULL) || (seqs->block_tables == NULL) ||
-        (seqs->num_blocks == NULL) || (k == NULL) || (v == NULL) || (q == NULL) ||
-        (positions == NULL) || (out == NULL)) {
+        (seqs->num_blocks == NULL) || (k == NULL) || (v == NULL) ||
+        (((q == NULL) || (out == NULL)) && !write_only) || (positions == NULL)) {
         return KVF_KERN_EINVAL;
     }
     if (kvf_kern_on_cpu(dev)) {
@@ -90,7 +93,7 @@ int kvf_attn_write_paged_seqs(const kvf_device_t *dev, const kvf_paged_kv_t *kv,
             const int n = seqs->num_tokens[i];
             e = kvf_attn_cache_write(dev, &one, k + (size_t)o * (size_t)ld,
                                      v + (size_t)o * (size_t)ld, ld, positions + o, n);
-            if (e == KVF_KERN_OK) {
+            if ((e == KVF_KERN_OK) && !write_only) {
                 e = kvf_attn_paged(dev, &one, q + (size_t)o * (size_t)ldq, ldq, positions + o,
                                    n, q_heads, scale, out + (size_t)o * orow);
             }
@@ -98,8 +101,9 @@ int kvf_attn_write_paged_seqs(const kvf_device_t *dev, const kvf_paged_kv_t *kv,
         }
         return e;
     }
-    if ((q_heads <= 0) || ((q_heads % kv->kv_heads) != 0) ||
-        (ldq < q_heads * kv->head_dim) || (ld < kv->kv_heads * kv->head_dim)) {
+    if ((!write_only && ((q_heads <= 0) || ((q_heads % kv->kv_heads) != 0) ||
+                         (ldq < q_heads * kv->head_dim))) ||
+        (ld < kv->kv_heads * kv->head_dim)) {
         return KVF_KERN_EINVAL;
     }
     for (int i = 0; i < seqs->num_seqs; ++i) {

@@ -78,6 +78,9 @@ void kvf_attn_seqs_pack(const kvf_attn_seqs_t *seqs, const int32_t *positions, i
  * @param [in]  positions  HOST int32[sum n_i]: each row's absolute position in its request.
  * @param [in]  q_heads, scale  As kvf_attn_paged().
  * @param [out] out        fp32 [sum n_i][q_heads * head_dim].
+ * @a q and @a out both NULL: the K/V write alone (q_heads, ldq and scale unread; on CUDA one
+ * launch for the batch), for an attention that another kernel computes (FlashInfer's,
+ * common/runtime/kvf_model_fi.c).
  * @return KVF_KERN_OK; KVF_KERN_EINVAL as the per-request calls (checked for
  *         every request before anything is written on CUDA; on the CPU the
  *         requests before a bad one are done); KVF_KERN_ENOMEM;

@@ -18,6 +18,7 @@ int kvf_fi_decode(const kvf_device_t *dev, const kvf_fi_decode_args_t *a)
         return KVF_KERN_EUNSUPPORTED;
     }
     if ((a->batch < 1) || (a->work < a->batch) || (a->kv_heads < 1) ||
+        ((a->q_ld != 0) && (a->q_ld < a->q_heads * a->head_dim)) ||
         (a->q_heads % a->kv_heads != 0) || (a->q == NULL) || (a->pool == NULL) ||
         (a->indices == NULL) || (a->indptr == NULL) || (a->last_page_len == NULL) ||
         (a->request_indices == NULL) || (a->kv_tile_indices == NULL) || (a->o_indptr == NULL) ||

@@ -3,7 +3,7 @@
  * 128; its prefill twin is kvf_fi_prefill.h), built only with -DKVF_FLASHINFER=ON (the GPU bundle, deploy/gpu-bundle.sh);
  * kvf_fi_plan.h has the geometry, the refusals and the fixed split-KV plan it runs. Every
  * pointer is device memory of @a dev; nothing is allocated or copied to the host. Compiled,
- * not yet run on a GPU; the forward's decode steps call it under KVF_GPU_ATTN=flashinfer
+ * not yet run on a GPU; the forward's output tokens go to it under KVF_GPU_ATTN=flashinfer
  * (common/runtime/kvf_model_fi.c; kvferry's own attention kernels stay the default).
  */
 #ifndef KVF_FI_DECODE_H
@@ -27,7 +27,8 @@ typedef struct {
     int           batch;           /* requests */
     int           work;            /* entries of the plan (kvf_fi_decode_plan()) */
     float         sm_scale;        /* softmax scale, usually 1 / sqrt(head_dim) */
-    const void   *q;               /* bf16 [batch][q_heads][head_dim] */
+    const void   *q;               /* bf16 [batch] rows of q_ld: [q_heads][head_dim] first */
+    int           q_ld;            /* elements between q rows; 0: q_heads * head_dim */
     void         *pool;            /* the pool's base: page index 0 */
     int32_t      *indices;         /* [indptr[batch]] page indices (kvf_fi_pages()) */
     int32_t      *indptr;          /* [batch + 1] */

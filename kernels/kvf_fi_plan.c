@@ -55,6 +55,11 @@ const char *kvf_fi_geometry(kvf_dtype_t dtype, int head_dim, int q_heads, int kv
         return "page size below one kernel block, or pool below one page";
     }
     unit = kvf_gcd((uint64_t)page_size, kbb);
+    if (unit % 16u != 0) {
+        /* FlashInfer loads K and V rows as 16-byte vectors from base + index * unit (and a
+         * layer's base moved by whole pages): every page start must keep that alignment */
+        return "page size: not a multiple of 16 bytes (FlashInfer reads 16-byte vectors)";
+    }
     sp = unit / elt;
     if ((unit % elt != 0) || (sp > UINT32_MAX) ||
         ((uint64_t)kbs * (uint64_t)head_dim > UINT32_MAX)) {

@@ -21,7 +21,8 @@
  * Refused (served by kvferry's own attention kernel, said once at start): fp32 KV caches
  * (FlashInfer takes 16-bit ones), a dtype or head_dim not instantiated (kvf_fi_built()), a
  * GQA group size its decode does not dispatch (1, 2, 3, 4, 6, 8, 16 only: Nemotron-Nano-9B-v2's
- * 40 / 8 = 5 is refused), strides past uint32.
+ * 40 / 8 = 5 is refused), strides past uint32, a page size that is not a multiple of 16 bytes
+ * (its 16-byte vector loads; kvferry's pages are whole tokens of K and V, so it holds).
  */
 #ifndef KVF_FI_PLAN_H
 #define KVF_FI_PLAN_H

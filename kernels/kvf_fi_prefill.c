@@ -18,6 +18,7 @@ int kvf_fi_prefill(const kvf_device_t *dev, const kvf_fi_prefill_args_t *a)
         return KVF_KERN_EUNSUPPORTED;
     }
     if ((a->batch < 1) || (a->work < a->batch) || (a->kv_heads < 1) ||
+        ((a->q_ld != 0) && (a->q_ld < a->q_heads * a->head_dim)) ||
         (a->q_heads % a->kv_heads != 0) || (a->q == NULL) || (a->pool == NULL) ||
         (a->indices == NULL) || (a->indptr == NULL) || (a->last_page_len == NULL) ||
         (a->q_indptr == NULL) || (a->request_indices == NULL) || (a->qo_tile_indices == NULL) ||

@@ -4,8 +4,8 @@
  * geometry and the work plan are kvf_fi_plan.h's: query tiles of KVF_FI_PREFILL_TILE_Q packed
  * rows, each over its request's whole KV, no split-KV). The query tokens of a request are
  * the last qo_len of its KV (written before). Every pointer is device memory. Compiled, not
- * yet run on a GPU, not yet called by the forward (its decode twin is, under
- * KVF_GPU_ATTN=flashinfer).
+ * yet run on a GPU; the forward's prompt tokens go to it under KVF_GPU_ATTN=flashinfer
+ * (common/runtime/kvf_model_fi.c).
  */
 #ifndef KVF_FI_PREFILL_H
 #define KVF_FI_PREFILL_H
@@ -26,7 +26,8 @@ typedef struct {
     int           batch;           /* requests */
     int           work;            /* entries of kvf_fi_prefill_plan() */
     float         sm_scale;
-    const void   *q;               /* bf16 [q_indptr[batch]][q_heads][head_dim] */
+    const void   *q;               /* bf16 [q_indptr[batch]] rows of q_ld: [q_heads][head_dim] */
+    int           q_ld;            /* elements between q rows; 0: q_heads * head_dim */
     void         *pool;            /* the pool's base: page index 0 */
     int32_t      *indices;         /* page indices (kvf_fi_pages()) */
     int32_t      *indptr;          /* [batch + 1] into indices */

@@ -220,6 +220,26 @@ static inline KVF_HD float kvf_mamba2_row_strided_round_hd(float *S, size_t stri
     return acc;
 }
 
+/**
+ * One token on a state row kept in memory at @a state_dtype (element n at state[base + n]):
+ * each element loaded, updated, its new value entering the output sum exact and stored
+ * rounded (kvf_hd_store), with no fp32 copy of the row. The same bits as loading the row,
+ * kvf_mamba2_row_strided_round_hd() (kvf_mamba2_row_strided_hd() for fp32) and storing it
+ * back, as the one-request kernel does: the batched decode step's body for a 16-bit state.
+ */
+static inline KVF_HD float kvf_mamba2_row_state_hd(void *state, int state_dtype, size_t base,
+                                                   size_t ns, float dA, float dtx,
+                                                   const float *Bg, const float *Cg)
+{
+    float acc = 0.0f;
+    for (size_t n = 0; n < ns; ++n) {
+        float v = dA * kvf_hd_load(state, state_dtype, base + n) + dtx * Bg[n];
+        acc += v * Cg[n];
+        kvf_hd_store(state, state_dtype, base + n, v);
+    }
+    return acc;
+}
+
 /** y of one row: acc + D * x. */
 static inline KVF_HD float kvf_mamba2_out_hd(float acc, float D, float x)
 {

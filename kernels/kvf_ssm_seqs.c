@@ -1,7 +1,7 @@
 /*
- * kvf_ssm_decode_seqs(): the per-request calls (the CPU; CUDA with a 16-bit
- * SSM state), the checks of the batched CUDA path and its dispatch
- * (kvf_ssm_seqs_cuda.cu: fp32 states, updated in place).
+ * kvf_ssm_decode_seqs(): the per-request calls (the CPU), the checks of the
+ * batched CUDA path and its dispatch (kvf_ssm_seqs_cuda.cu: every state dtype,
+ * updated in place).
  */
 #include "kvf_ssm_seqs.h"
 #include "kvf_conv1d.h"
@@ -56,8 +56,8 @@ int kvf_ssm_decode_seqs(const kvf_device_t *dev, const kvf_ssm_seqs_t *seqs, con
     }
     const size_t xb = (size_t)p->heads * (size_t)p->head_dim;
     const size_t gb = (size_t)p->groups * (size_t)p->state_size;
-    if (kvf_kern_on_cpu(dev) || (ssm_dtype != KVF_DTYPE_FP32)) {
-        /* the CPU, and 16-bit SSM states on CUDA: the per-request calls */
+    if (kvf_kern_on_cpu(dev)) {
+        /* the CPU: the per-request calls */
         for (int i = 0; (e == KVF_KERN_OK) && (i < seqs->num_seqs); ++i) {
             const size_t r = (size_t)seqs->rows[i];
             kvf_mamba2_params_t pi = *p;

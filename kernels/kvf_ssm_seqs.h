@@ -3,12 +3,13 @@
  * request, one token through the causal conv1d (SiLU) and the selective
  * state update, each request with its own conv and SSM state pages. On the
  * CPU it is exactly kvf_conv1d_step() then kvf_mamba2_step() per request
- * (the same bits). On CUDA with fp32 SSM states (NemotronH's
- * mamba_ssm_cache_dtype) the requests' rows, state pointers and dt clamps go
- * to the device in one copy and two launches cover them all (instead of two
- * scratch allocations and launches per request), so a decode step of B
- * requests costs two launches per Mamba layer; 16-bit SSM states take the
- * per-request calls on CUDA too.
+ * (the same bits). On CUDA the requests' rows, state pointers and dt clamps
+ * go to the device in one copy and two launches cover them all (instead of
+ * two scratch allocations and launches per request), so a decode step of B
+ * requests costs two launches per Mamba layer, with fp32 SSM states
+ * (NemotronH's mamba_ssm_cache_dtype) and 16-bit ones alike (a 16-bit state
+ * element rounded as it is stored, the one-request kernel's bits:
+ * kvf_mamba2_row_state_hd, kernels/kvf_ssm_math.h).
  */
 #ifndef KVF_SSM_SEQS_H
 #define KVF_SSM_SEQS_H

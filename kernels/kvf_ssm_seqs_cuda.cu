@@ -4,9 +4,10 @@
  * per (request, channel)) and the state update (one thread per (request,
  * head, head-dim) row), each the body of the one-request kernels in
  * kvf_ssm_cuda.cu (kvf_ssm_math.h), so every request gets those kernels'
- * bits. fp32 SSM states only (kvf_ssm_seqs.c sends 16-bit ones to the
- * per-request kernels): a state row is updated in place, its load and store
- * exact as the one-request kernel's trip through scratch.
+ * bits. A state row is updated in place: fp32 exactly as the one-request
+ * kernel's trip through scratch; a 16-bit (or fp8) state element by element,
+ * loaded, updated and stored rounded (kvf_mamba2_row_state_hd), the rounding
+ * the one-request kernel applies before its store.
  * Rejected: a thread-local fp32 row for 16-bit states (up to 4 KiB of local
  * memory a thread, reserved for every resident thread of the GPU).
  */
@@ -59,7 +60,7 @@ struct kvf_cuda_ssm_layer {
 
 __global__ void kvf_mamba2_step_seqs_kernel(kvf_cuda_ssm_seqs s, kvf_cuda_ssm_layer p,
                                             const float *xbc, int ld_xbc, const float *dt,
-                                            int lddt, float *y, int ldy)
+                                            int lddt, int dtype, float *y, int ldy)
 {
     const size_t hd = (size_t)p.head_dim, ns = (size_t)p.ns, rows = (size_t)p.heads * hd;
 
@@ -76,8 +77,11 @@ __global__ void kvf_mamba2_step_seqs_kernel(kvf_cuda_ssm_seqs s, kvf_cuda_ssm_la
         float dth = kvf_mamba2_dt_hd(dt[r * (size_t)lddt + h], bias, s.dt_min[q], s.dt_max[q]);
         float dA = kvf_mamba2_dA_hd(dth, A);
         float xv = xr[j];
-        float *S = (float *)s.ssm[q] + j * ns;   /* fp32 state: in place */
-        float acc = kvf_mamba2_row_hd(S, ns, dA, dth * xv, Bg, Cg);
+        /* in place: fp32 as is, a narrow state rounded as it is stored */
+        float acc = (dtype == KVF_HD_FP32) ?
+                        kvf_mamba2_row_hd((float *)s.ssm[q] + j * ns, ns, dA, dth * xv, Bg, Cg) :
+                        kvf_mamba2_row_state_hd(s.ssm[q], dtype, j * ns, ns, dA, dth * xv, Bg,
+                                                Cg);
         y[r * (size_t)ldy + j] = kvf_mamba2_out_hd(acc, Dh, xv);
     }
 }
@@ -89,7 +93,6 @@ extern "C" int kvf_cuda_ssm_decode_seqs(const kvf_device_t *dev, const kvf_ssm_s
                                         const kvf_mamba2_params_t *p, const float *dt,
                                         int lddt, kvf_dtype_t ssm_dtype, float *y, int ldy)
 {
-    (void)ssm_dtype;   /* fp32 (kvf_ssm_seqs.c) */
     cudaStream_t stream = kvf_cuda_stream_of(dev);
     const size_t S = (size_t)seqs->num_seqs;
     /* one upload: pointers first (8-byte aligned), then rows and dt clamps */
@@ -134,7 +137,7 @@ extern "C" int kvf_cuda_ssm_decode_seqs(const kvf_device_t *dev, const kvf_ssm_s
         n = S * (size_t)p->heads * (size_t)p->head_dim;
         kvf_mamba2_step_seqs_kernel<<<kvf_cuda_blocks_for(n, KVF_CUDA_THREADS / 4),
                                       KVF_CUDA_THREADS / 4, 0, stream>>>(
-            s, l, xbc, ld_xbc, dt, lddt, y, ldy);
+            s, l, xbc, ld_xbc, dt, lddt, (int)ssm_dtype, y, ldy);
         rc = kvf_cuda_launched("kvf_mamba2_step_seqs_kernel");
     }
     kvf_cuda_scratch_free(stream, d);

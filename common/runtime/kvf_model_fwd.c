@@ -559,7 +559,7 @@ static kvf_status_t kvf_fwd_attention(kvf_model_h m, const kvf_rank_ctx_t *ctx,
         }
     }
     /* every seq's K/V written, then every seq attends: one call for the batch (on a GPU two
-     * launches, whatever the batch size; on the CPU the per-seq calls) */
+     * launches, whatever the batch size; on the CPU the per-seq calls); or FlashInfer */
     if (!kvf_fwd_fi_try(m, ctx, dev, batch, l, pos, &status)) {   /* KVF_GPU_ATTN */
         kvf_page_pool_attn_view(ctx->pool, geo, hd, slot, batch->seqs[0].group_blocks[g],
                                 batch->seqs[0].group_num_blocks[g], &kv);
@@ -882,6 +882,7 @@ kvf_status_t kvf_fwd_body(kvf_model_h m, const kvf_rank_ctx_t *ctx,
     if (cfg->embedding_multiplier != 1.0) {
         KVF_KCALL(kvf_scale(dev, ws->h, (size_t)T * (size_t)H, (float)cfg->embedding_multiplier));
     }
+    kvf_fwd_fi_step(ctx, dev, batch);   /* KVF_GPU_ATTN=flashinfer: the step's one plan */
     for (int l = 0; l < cfg->num_layers; ++l) {
         /* h += the previous layer's output (none before layer 0), then this layer's norm */
         status = kvf_fwd_norm(dev, ws, l > 0, rep->norm_w[l], T, H, (float)cfg->norm_eps,

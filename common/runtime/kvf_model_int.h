@@ -276,13 +276,17 @@ int kvf_model_scan_chunked(kvf_model_h m);
         }                                                                  \
     } while (0)
 
-/* kvf_model_fi.c: FlashInfer's decode attention under KVF_GPU_ATTN=flashinfer, set up at
+/* kvf_model_fi.c: FlashInfer's attention under KVF_GPU_ATTN=flashinfer, set up at
  * kvf_model_ws_prepare() (refused by name when the build or the cache cannot have it),
- * freed by kvf_model_ws_destroy(); _try runs layer @a l's K/V write and attention of a
- * decode step into ws->g (true, *status_p set) or leaves it to the caller (false). */
+ * freed by kvf_model_ws_destroy(); _step plans an eager step once, before its layers (its
+ * one upload on @a dev; a step it cannot take is left to kvferry's kernel); _try runs layer
+ * @a l's K/V write and attention of the planned step into ws->g (true, *status_p set) or
+ * leaves it to the caller (false). */
 kvf_status_t kvf_fwd_fi_prepare(kvf_model_h m, const kvf_rank_ctx_t *ctx,
                                 const kvf_step_limits_t *lim);
 void kvf_fwd_fi_destroy(struct kvf_model_ws *ws);
+void kvf_fwd_fi_step(const kvf_rank_ctx_t *ctx, const kvf_device_t *dev,
+                     const kvf_fwd_batch_t *batch);
 bool kvf_fwd_fi_try(kvf_model_h m, const kvf_rank_ctx_t *ctx, const kvf_device_t *dev,
                     const kvf_fwd_batch_t *batch, int l, const int32_t *pos,
                     kvf_status_t *status_p);

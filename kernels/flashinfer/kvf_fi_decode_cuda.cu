@@ -89,7 +89,7 @@ kvf_fi_params kvf_fi_fill(const kvf_fi_decode_args_t *a)
     p.rope_rcp_theta = 1.0;
     p.padded_batch_size = (uint32_t)a->work;
     p.num_qo_heads = (uint32_t)a->q_heads;
-    p.q_stride_n = a->q_heads * a->head_dim;
+    p.q_stride_n = (a->q_ld > 0) ? a->q_ld : a->q_heads * a->head_dim;
     p.q_stride_h = a->head_dim;
     p.window_left = -1;
     p.request_indices = a->request_indices;

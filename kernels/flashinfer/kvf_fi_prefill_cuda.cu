@@ -107,7 +107,7 @@ kvf_fi_prefill_params kvf_fi_prefill_fill(const kvf_fi_prefill_args_t *a)
     p.rope_rcp_scale = 1.0;
     p.rope_rcp_theta = 1.0;
     p.num_qo_heads = (uint32_t)a->q_heads;
-    p.q_stride_n = a->q_heads * a->head_dim;
+    p.q_stride_n = (a->q_ld > 0) ? a->q_ld : a->q_heads * a->head_dim;
     p.q_stride_h = a->head_dim;
     p.window_left = -1;
     p.request_indices = a->request_indices;

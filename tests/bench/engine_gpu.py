@@ -36,6 +36,7 @@ each row printed on stdout as soon as it is measured, then the table and the tar
 (prefill >= 1x transformers, decode at batch 16 >= 2x).
   python3 tests/bench/engine_gpu.py --kvf BIN/kvf --rows issue40 [--llama-layers 4]
       [--prefill-len 8192] [--context-len 2048] [--batches 1,16,64] [--keep DIR]
+      [--attn flashinfer]
 
 Usage (a GPU machine; the kvf binary of a CUDA build):
   python3 tests/bench/engine_gpu.py --kvf BIN/kvf [--prompt-len 1000] [--decode-tokens 32]
@@ -127,6 +128,11 @@ def parse_args(argv):
                          "--prefill-len tokens at batch 1, decode at each batch with "
                          "--context-len tokens of context (default models geom,llama-geom, "
                          "batches 1,16,64)")
+    ap.add_argument("--attn", choices=("kvferry", "flashinfer"), default="kvferry",
+                    help="kvferry's attention kernel (default), or FlashInfer's prefill and "
+                         "decode (KVF_GPU_ATTN=flashinfer; a -DKVF_FLASHINFER=ON build such as "
+                         "the GPU bundle; models whose GQA group its decode does not dispatch, "
+                         "the 9B's 5, are refused and their cells say so)")
     ap.add_argument("--prefill-len", type=int, default=8192)
     ap.add_argument("--context-len", type=int, default=2048)
     ap.add_argument("--budget", type=float, default=170.0,
@@ -393,7 +399,8 @@ def run_kvf(args, env, d, dtype, batch, timeout, prompt=None, decode=None):
     env = dict(env, KVF_GPU_WEIGHTS={"bf16": "native", "bf16-graphs": "native",
                                      "bf16-exact": "exact"}.get(dtype, "fp32"),
                KVF_GPU_GEMM="cublas" if dtype == "fp32-cublas" else "fixed",
-               KVF_GPU_GRAPHS="decode" if dtype == "bf16-graphs" else "off")
+               KVF_GPU_GRAPHS="decode" if dtype == "bf16-graphs" else "off",
+               KVF_GPU_ATTN="flashinfer" if args.attn == "flashinfer" else "")
     base = gpu_used_mib(gpu_index(args.device)) if args.device != "cpu" else None
     try:
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -661,9 +668,10 @@ def issue40(args, env, hf_missing, geom_dir):
                 import torch
                 torch.cuda.empty_cache()
     title = ("kvferry (`kvf bench-model --device %s --warmup yes`, bf16 weights on tensor "
-             "cores, bf16 KV) vs transformers bf16 (sdpa) on the same device; tok/s: prompt "
-             "tokens per second for prefill rows, generated tokens per second (all requests) "
-             "for decode rows" % args.device)
+             "cores, bf16 KV, %s attention) vs transformers bf16 (sdpa) on the same device; "
+             "tok/s: prompt tokens per second for prefill rows, generated tokens per second "
+             "(all requests) for decode rows" %
+             (args.device, "FlashInfer's" if args.attn == "flashinfer" else "kvferry's"))
     text = "\n".join(["", title, "", ISSUE_HEAD, "|" + "---|" * 10] + rows + [""] +
                      ["targets (prefill >= 1x, decode at batch 16 >= 2x): " +
                       ("; ".join(verdicts) or "no pair of figures")])

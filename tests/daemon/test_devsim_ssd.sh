@@ -10,6 +10,9 @@
 #   give the same tokens and logprobs, bit for bit, as with the cache off;
 # - KVF_MAMBA_SCAN=chunked on the CPU gives the simulated GPU's bits under
 #   KVF_GPU_WEIGHTS=exact (one dispatch, one chunked reference);
+# - the batched decode step's CUDA body (every SSM state dtype, kvf_ssm_seqs_cuda.cu) gives
+#   the per-request path's y and states bit for bit on the engine's own calls (fp32, bf16,
+#   fp16 states, a batch of 3);
 # - a grid the chunked scan cannot take and a bad KVF_MAMBA_SCAN are refused by name.
 # Usage: test_devsim_ssd.sh TESTBIN (the folder holding kvf-devsim)
 set -euo pipefail
@@ -78,6 +81,21 @@ sim="$(KVF_MAMBA_SCAN=chunked KVF_GPU_WEIGHTS=exact gen "$DEVSIM" "$T/sim.err" -
 [ "$(field "$T/sim.err" ssd_calls)" -gt 0 ] || fail "exact + chunked did not scan chunked"
 cpu_tok="$(gen "$KVF" "$T/cput.err" --prefix-caching off)"
 [ "$cpu_tok" != "$cpu" ] || fail "the CPU's default scan gave the chunked scan's logits"
+
+# the batched decode step (one launch for the batch, every SSM state dtype): the CUDA kernel's
+# rows against the per-request path on every call's own data (devsim/kvf_devsim_ssm.c), a
+# batch of 3 decoding
+for d in fp32 bf16 fp16; do
+    "$DEVSIM" bench-model --model "$MODEL" --device cuda:0 --prompt-len 40 --decode-tokens 6 \
+        --batch 3 --ssm-dtype "$d" >/dev/null 2>"$T/err" ||
+        fail "bench-model --ssm-dtype $d: $(tail -2 "$T/err")"
+    n=$(sed -n 's/^devsim: .* ssm_seqs_checked \([0-9]*\) ssm_seqs_narrow \([0-9]*\) ssm_seqs_mismatches \([0-9]*\).*/\1 \2 \3/p' "$T/err")
+    read -r chk nar mis <<<"$n"
+    want_nar=$([ "$d" = fp32 ] && echo 0 || echo "$chk")
+    [ -n "$chk" ] && [ "$chk" -gt 0 ] && [ "$nar" -eq "$want_nar" ] && [ "$mis" -eq 0 ] ||
+        fail "$d state: batched decode body against the per-request path: ${n:-no counts}"
+    echo "$d state: $chk batched decode calls, each = the per-request path, bit for bit"
+done
 
 # refusals, by name
 rc=0

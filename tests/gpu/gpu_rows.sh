@@ -146,6 +146,59 @@ row_generate_sampled() {
     return 1
 }
 
+# KVF_GPU_ATTN=flashinfer (prompt tokens on FlashInfer's prefill, outputs on its decode,
+# common/runtime/kvf_model_fi.c) against the CPU: a 256-token prompt in 64-token chunks
+# (several query tiles, prompt chunks over cached KV), 16 greedy tokens past EOS, bf16 KV on
+# both, KVF_GPU_WEIGHTS=exact so the attention is the one difference; tokens equal, logits
+# within 5e-2 relative to 1 + |cpu| (q, P and the output are bf16 inside FlashInfer; the
+# simulated path measured 2.6e-2 on the hybrid); FlashInfer must say it is in use.
+row_generate_fi() { # model
+    local m=$1 name="generate flashinfer: $1" c g rc_c rc_g diffs ma mr
+    local pf="$RR_DIR/fi-prompt.txt"
+    need_kvf
+    awk 'BEGIN { for (i = 0; i < 30; ++i) printf "%d+%d=%d ", i, i + 7, 2 * i + 7; print "" }' >"$pf"
+    local args=(generate --model "$data/models-trained/$m" --prompt-file "$pf" --max-tokens 16
+                --ignore-eos yes --print-logits yes --kv-dtype bf16 --max-batch-tokens 64)
+    c="$RR_DIR/gen-fi-$m-cpu.txt" g="$RR_DIR/gen-fi-$m-gpu.txt"
+    "$kvf" "${args[@]}" --device cpu >"$c" 2>"$c.err"
+    rc_c=$?
+    KVF_GPU_ATTN=flashinfer KVF_GPU_WEIGHTS=exact KVF_LOG_LEVEL=info "$kvf" "${args[@]}" \
+        --device cuda:0 >"$g" 2>"$g.err"
+    rc_g=$?
+    if [ "$rc_c" -ne 0 ] || [ "$rc_g" -ne 0 ]; then
+        gen_row "$name" bf16 "-" "-" "-" "FAIL (exit cpu $rc_c, gpu $rc_g)"
+        tail -5 "$g.err" >&2
+        rr_verdict "FAIL: exit cpu $rc_c, gpu $rc_g"
+        return 1
+    fi
+    if ! grep -q 'FlashInfer (KVF_GPU_ATTN=flashinfer)' "$g.err"; then
+        gen_row "$name" bf16 "-" "-" "-" "FAIL: FlashInfer not in use"
+        rr_verdict "FAIL: FlashInfer not in use (a build without -DKVF_FLASHINFER=ON?)"
+        return 1
+    fi
+    if [ "$(grep '^tokens:' "$c")" != "$(grep '^tokens:' "$g")" ]; then
+        gen_row "$name" bf16 "-" "-" "-" "FAIL: tokens differ"
+        grep -h '^tokens:' "$c" "$g"
+        rr_verdict "FAIL: tokens differ"
+        return 1
+    fi
+    diffs=$(logit_diffs "$c" "$g")
+    if [ "$diffs" = bad ]; then
+        gen_row "$name" bf16 "-" "-" "-" "FAIL: logits lines differ in shape"
+        rr_verdict "FAIL: logits lines differ in shape"
+        return 1
+    fi
+    read -r ma mr <<<"$diffs"
+    if awk -v r="$mr" 'BEGIN { exit !(r <= 5e-2) }'; then
+        gen_row "$name" bf16 "$ma" "$mr" "5e-2" "PASS (same tokens)"
+        rr_verdict "PASS (same tokens, max rel $mr)"
+        return 0
+    fi
+    gen_row "$name" bf16 "$ma" "$mr" "5e-2" "FAIL: logits differ"
+    rr_verdict "FAIL: logits differ (max rel $mr)"
+    return 1
+}
+
 # Greedy tokens of the default GPU forward (cuBLASLt) = the CPU's on both trained models
 row_greedy_default() {
     need_kvf
@@ -206,20 +259,23 @@ row_engine() {
 # shared with the engine row) and a Llama-3-8B geometry of 4 layers (gpu-logs/
 # engine-geom-llama), prefill of 8192 tokens, decode at batch 1, 16, 64 on 2048 tokens of
 # context, against transformers bf16 sdpa, peak memory; its budget is this row's cap less 20 s
-row_engine_issue() {
-    local rc b=$(( ${RR_CAP_S:-240} - 20 ))
+row_engine_issue() { # [flashinfer: FlashInfer's attention, on the Llama geometry (its decode
+                     # refuses the 9B's GQA group of 5)]
+    local rc b=$(( ${RR_CAP_S:-240} - 20 )) f="engine-issue${1:+-$1}"
+    local extra=()
+    [ "${1:-}" = flashinfer ] && extra=(--attn flashinfer --models llama-geom)
     need_kvf
     [ -f "$root/tests/bench/engine_gpu.py" ] ||
         { rr_verdict "skipped: tests/bench/engine_gpu.py absent"; return 77; }
     [ "$b" -lt 10 ] && b=10
     "$py" "$root/tests/bench/engine_gpu.py" --kvf "$kvf" --rows issue40 --llama-layers 4 \
-        --budget "$b" --keep "$RR_DIR/engine-geom" --md "$RR_DIR/engine-issue.md" \
-        2>"$RR_DIR/engine-issue.err"
+        --budget "$b" --keep "$RR_DIR/engine-geom" --md "$RR_DIR/$f.md" "${extra[@]}" \
+        2>"$RR_DIR/$f.err"
     rc=$?
-    tail -3 "$RR_DIR/engine-issue.err" >&2
-    [ "$rc" -eq 77 ] && { rr_verdict "skipped: $(tail -1 "$RR_DIR/engine-issue.err")"; return 77; }
-    [ "$rc" -eq 0 ] || rr_verdict "FAIL: engine_gpu.py --rows issue40 exited $rc" \
-                                  "(gpu-logs/engine-issue.err)"
+    tail -3 "$RR_DIR/$f.err" >&2
+    [ "$rc" -eq 77 ] && { rr_verdict "skipped: $(tail -1 "$RR_DIR/$f.err")"; return 77; }
+    [ "$rc" -eq 0 ] || rr_verdict "FAIL: engine_gpu.py --rows issue40 ${extra[*]} exited $rc" \
+                                  "(gpu-logs/$f.err)"
     return "$rc"
 }
 
@@ -331,19 +387,27 @@ row_pool() {
 }
 
 # batch invariance of the GPU engine: every request alone and in 8 batch compositions, bits
-row_invariance() {
-    local inv="$tbin/test_batch_invariance" out="$RR_DIR/inv.txt" irc n nd
+# for bit; with an argument, KVF_GPU_ATTN=that (flashinfer: prompt tokens on FlashInfer's
+# prefill, outputs on its decode, so mixed steps and a recompute go through both)
+row_invariance() { # [attention]
+    local inv="$tbin/test_batch_invariance" out="$RR_DIR/inv${1:+-$1}.txt" irc n nd
+    local name="batch invariance, cuda:0${1:+, $1}"
     [ -x "$inv" ] || { rr_verdict "skipped: test_batch_invariance not built"; return 77; }
-    KVF_TEST_SOURCE_DIR="$data" KVF_INVARIANCE_DEVICE=cuda:0 "$inv" >"$out" 2>&1
+    KVF_GPU_ATTN="${1:-}" KVF_TEST_SOURCE_DIR="$data" KVF_INVARIANCE_DEVICE=cuda:0 "$inv" \
+        >"$out" 2>&1
     irc=$?
     n=$(grep -c 'differ from their solo run' "$out")
     nd=$(grep 'differ from their solo run' "$out" | grep -vc ' 0 differ from')
+    if [ -n "${1:-}" ] && ! grep -q "KVF_GPU_ATTN=$1" "$out"; then
+        gen_row "$name" bf16 "-" "KVF_GPU_ATTN=$1 not in use" bits "FAIL (exit $irc)"
+        rr_verdict "FAIL: KVF_GPU_ATTN=$1 not in use (exit $irc)"
+        return 1
+    fi
     if [ "$irc" -eq 0 ] && grep -q 'PASSED' "$out"; then
-        gen_row "batch invariance, cuda:0" bf16 "-" "$n compositions, 0 requests differ" bits PASS
+        gen_row "$name" bf16 "-" "$n compositions, 0 requests differ" bits PASS
         return 0
     fi
-    gen_row "batch invariance, cuda:0" bf16 "-" "$nd of $n compositions differ" bits \
-        "FAIL (exit $irc)"
+    gen_row "$name" bf16 "-" "$nd of $n compositions differ" bits "FAIL (exit $irc)"
     grep 'differ from their solo run\|FAILED\|error' "$out" | tail -6
     rr_verdict "FAIL: $nd of $n compositions differ (exit $irc)"
     return 1
@@ -360,34 +424,47 @@ row_xfer() {
     xfer_row "xfer GPU->GPU pull, 4p2d 80->96" "$RR_DIR/xfer.txt" $? bf16
 }
 
-# decode steps as CUDA graphs against the eager GPU run of the generate row: the same tokens
-# and logits lines, one recording and 13 replays counted in the log
+# CUDA graphs of decode steps against eager on the same build and settings, the default ones
+# (16-bit weights on tensor cores, bf16 KV: what graphs by default would run) and the exact
+# mode (KVF_GPU_WEIGHTS=exact, fp32 KV): tokens and every logit bit for bit, 13 replays of
+# one recorded graph. Both PASS on a GPU is what KVF_GPU_GRAPHS=decode by default waits on.
 row_graphs_generate() { # model
-    local m=$1 eager="$RR_DIR/gen-$1-tp1-gpu.txt" out="$RR_DIR/gen-graphs-$1.txt" rc counts
+    local m=$1 out="$RR_DIR/gen-graphs-$1" rc rc2 counts mode fails=0 cells=""
     local name="generate cuda graphs: $1"
     need_kvf
-    [ -s "$eager" ] || { rr_verdict "skipped: no eager output (the generate row did not run)"; return 77; }
-    KVF_GPU_GRAPHS=decode KVF_LOG_LEVEL=info "$kvf" generate --model "$data/models-trained/$m" \
-        --prompt "12+34=" --max-tokens 16 --ignore-eos yes --print-logits yes --kv-dtype fp32 \
-        --tp 1 --device cuda:0 >"$out" 2>"$out.err"
-    rc=$?
-    counts=$(sed -n 's/.*CUDA graphs of decode steps: \([0-9]*\) recorded, \([0-9]*\) replays, \([0-9]*\) failed.*/\1 rec \2 replays \3 failed/p' \
-             "$out.err" | tail -1)
-    if [ "$rc" -ne 0 ]; then
-        gen_row "$name" fp32 "-" "-" "-" "FAIL (exit $rc)"
-        rr_verdict "FAIL: exit $rc"
-        return 1
-    elif ! cmp -s <(grep -E '^(tokens:|logits )' "$eager") <(grep -E '^(tokens:|logits )' "$out"); then
-        gen_row "$name" fp32 "-" "${counts:--}" "-" "FAIL: not the eager output"
-        rr_verdict "FAIL: not the eager output"
-        return 1
-    elif [ "$counts" != "1 rec 13 replays 0 failed" ]; then
-        gen_row "$name" fp32 "-" "${counts:-no count}" "-" "FAIL: not replayed"
-        rr_verdict "FAIL: not replayed (${counts:-no count})"
-        return 1
+    for mode in default exact; do
+        local args=(generate --model "$data/models-trained/$m" --prompt "12+34=" --max-tokens 16
+                    --ignore-eos yes --print-logits yes --tp 1 --device cuda:0)
+        local env=(env -u KVF_GPU_WEIGHTS -u KVF_GPU_ATTN)
+        [ "$mode" = exact ] && { args+=(--kv-dtype fp32); env+=(KVF_GPU_WEIGHTS=exact); }
+        "${env[@]}" KVF_GPU_GRAPHS=off "$kvf" "${args[@]}" >"$out-$mode-eager.txt" 2>&1
+        rc=$?
+        "${env[@]}" KVF_GPU_GRAPHS=decode KVF_LOG_LEVEL=info "$kvf" "${args[@]}" \
+            >"$out-$mode.txt" 2>"$out-$mode.err"
+        rc2=$?
+        counts=$(sed -n 's/.*CUDA graphs of decode steps: \([0-9]*\) recorded, \([0-9]*\) replays, \([0-9]*\) failed.*/\1 rec \2 replays \3 failed/p' \
+                 "$out-$mode.err" | tail -1)
+        if [ "$rc" -ne 0 ] || [ "$rc2" -ne 0 ]; then
+            cells="$cells $mode: exit eager $rc graphs $rc2;"
+            fails=$((fails + 1))
+        elif ! cmp -s <(grep -E '^(tokens:|logits )' "$out-$mode-eager.txt") \
+                      <(grep -E '^(tokens:|logits )' "$out-$mode.txt"); then
+            cells="$cells $mode: not the eager output (${counts:-no count});"
+            fails=$((fails + 1))
+        elif [ "$counts" != "1 rec 13 replays 0 failed" ]; then
+            cells="$cells $mode: not replayed (${counts:-no count});"
+            fails=$((fails + 1))
+        else
+            cells="$cells $mode: = eager;"
+        fi
+    done
+    if [ "$fails" -eq 0 ]; then
+        gen_row "$name" "bf16/fp32" "-" "1 rec 13 replays" "-" "PASS (= eager, bits, default and exact)"
+        return 0
     fi
-    gen_row "$name" fp32 "-" "$counts" "-" "PASS (= eager, text)"
-    return 0
+    gen_row "$name" "bf16/fp32" "-" "-" "-" "FAIL:$cells"
+    rr_verdict "FAIL:$cells"
+    return 1
 }
 
 # where a GPU step's time goes (kvf bench-model --profile), the trained hybrid, prompt 1000;

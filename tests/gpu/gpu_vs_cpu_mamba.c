@@ -74,8 +74,9 @@ void check_conv(kvf_dtype_t dt)
 /* Mamba2: fresh scan, continued scan, decode step; y and state (a bf16/fp16 state rounds
  * after every token on both devices: row_narrow_state) */
 /* the batched Mamba2 decode step (kvf_ssm_seqs.h): three requests at rows 2, 0, 1 of a
- * [3][R] projection, each with its own conv and SSM state (fp32: one launch each for the
- * batch; bf16 / fp16: the per-request kernels), their dt clamps 0, 1e-3, 0 */
+ * [3][R] projection, each with its own conv and SSM state (one launch each for the batch,
+ * every state dtype), their dt clamps 0, 1e-3, 0; against the CPU within tolerance and
+ * against the per-request GPU kernels bit for bit */
 void check_ssm_seqs(kvf_dtype_t dt)
 {
     enum { H = 8, P = 16, G = 2, N = 32, K = 4, S = 3 };
@@ -118,6 +119,24 @@ void check_ssm_seqs(kvf_dtype_t dt)
                          .ssm_states = dssmp, .dt_min = dtmin, .dt_max = dtmax};
     kvf_mamba2_params_t pc = {H, P, G, N, dtb, al, D, 0.0f, INFINITY};
     kvf_mamba2_params_t pg = {H, P, G, N, ddtb, dal, dD, 0.0f, INFINITY};
+    /* the unbatched GPU path first, on copies of the states: the batch must give its bits */
+    unsigned char *dconv1 = up(cc, S * cbytes), *dssm1 = up(scs, S * sbytes);
+    float *dxbc1 = up(xc, (size_t)S * CD * 4), *dy1 = up(yc, (size_t)S * R * 4);
+    for (int i = 0; i < S; ++i) {
+        kvf_mamba2_params_t pi = pg;
+        float *xr = dxbc1 + (size_t)rows[i] * CD;
+        pi.dt_min = dtmin[i];
+        pi.dt_max = dtmax[i];
+        CK("ssm one seq gpu conv", kvf_conv1d_step(&gdev, dxin + (size_t)rows[i] * R + HP, CD, K,
+                                                   dcw, dcb, 1,
+                                                   dconv1 + (size_t)(S - 1 - i) * cbytes, dt,
+                                                   xr));
+        CK("ssm one seq gpu step", kvf_mamba2_step(&gdev, &pi, xr,
+                                                   dxin + (size_t)rows[i] * R + HP + CD,
+                                                   xr + HP, xr + HP + G * N,
+                                                   dssm1 + (size_t)(S - 1 - i) * sbytes, dt,
+                                                   dy1 + (size_t)rows[i] * R));
+    }
     CK("ssm seqs cpu", kvf_ssm_decode_seqs(NULL, &qc, xin + HP, R, CD, K, cw, cb, dt, xc, CD,
                                            &pc, xin + HP + CD, R, dt, yc, R));
     CK("ssm seqs gpu", kvf_ssm_decode_seqs(&gdev, &qg, dxin + HP, R, CD, K, dcw, dcb, dt, dxbc,
@@ -132,6 +151,22 @@ void check_ssm_seqs(kvf_dtype_t dt)
         S * cbytes / kvf_dtype_size(dt), 0.0);
     row("ssm 3 seqs state", kvf_dtype_name(dt), sg, scs, dt, S * sbytes / kvf_dtype_size(dt),
         (dt == KVF_DTYPE_FP32) ? 1e-4 : 1e-2);
+    {   /* batched = unbatched on the GPU, bit for bit (every state dtype: one launch each) */
+        float *y1 = malloc((size_t)S * R * 4);
+        unsigned char *s1 = malloc(S * sbytes);
+        down(y1, dy1, (size_t)S * R * 4);
+        down(s1, dssm1, S * sbytes);
+        printf("(ssm 3 seqs, %s state: batched against per request on the GPU)\n",
+               kvf_dtype_name(dt));
+        row_same("ssm 3 seqs y = per request", yg, y1, (size_t)S * R * 4);
+        row_same("ssm 3 seqs state = per req.", sg, s1, S * sbytes);
+        free(y1);
+        free(s1);
+    }
+    kvf_device_free(&gdev, dconv1);
+    kvf_device_free(&gdev, dssm1);
+    kvf_device_free(&gdev, dxbc1);
+    kvf_device_free(&gdev, dy1);
     kvf_device_free(&gdev, dxin);
     kvf_device_free(&gdev, dcw);
     kvf_device_free(&gdev, dcb);

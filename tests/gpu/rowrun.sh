@@ -63,6 +63,10 @@ rr_say() {
 rr_add() { # id cap_s func [args...]: args must not contain a tab
     local id=$1 cap=$2
     shift 2
+    # KVF_GPU_ROWS="id,id,...": only those rows (and build and kernels, which find the GPU)
+    if [ -n "${KVF_GPU_ROWS:-}" ] && [[ ",$KVF_GPU_ROWS,build,kernels," != *",$id,"* ]]; then
+        return 0
+    fi
     RR_IDS+=("$id")
     RR_CAPS+=("$cap")
     local IFS=$'\t'

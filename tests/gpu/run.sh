@@ -14,11 +14,13 @@
 #     geometry first; the 9B 4p2d 8k pull on the IPC and UCX paths (`kvf bench --path`,
 #     bytes verified, post time per descriptor) and NIXL on the same descriptor list
 #     (--descs-out; tests/gpu/nixl_vram.py, with the GPU's own copy rate); the 1p1d pool on
-#     cuda:0 against colocated answers; batch invariance on the GPU; then, while time is
-#     left, the 80->96 xfer-test pull, the other bench layouts, CUDA graphs against eager,
-#     step profiles and graphs on/off decode speed.
+#     cuda:0 against colocated answers; batch invariance on the GPU (default attention and
+#     KVF_GPU_ATTN=flashinfer); CUDA graphs against eager (default and exact settings); then,
+#     while time is left, the 80->96 xfer-test pull, the other bench layouts, step profiles
+#     and graphs on/off decode speed.
 # The whole script ends by itself within $KVF_GPU_BUDGET seconds (default 480) with a
 # summary line per row: PASS, FAIL: why, skipped: why, or not reached (budget).
+# KVF_GPU_ROWS="ROW,..." runs only those rows (build and kernels always: they find the GPU);
 # KVF_GPU_CAPS="ROW=S,..." overrides rows' caps; KVF_GPU_PYTHON is the Python of the engine,
 # NIXL and torch rows (default python3); KVF_GPU_GEMM_BENCH a command for the gemm row. With
 # --bundle FILE (deploy/gpu-bundle.sh's tarball) it unpacks into $KVF_GPU_WORK (default
@@ -184,20 +186,26 @@ rr_add gemm-invariance 45 row_prog gemm_lt_invariance
 rr_add gemm 45 row_gemm
 rr_add ssd 45 row_prog ssd_vs_cpu
 rr_add fi-attention 45 row_prog fi_attention_check
+rr_add gen-fi-hybrid 60 row_generate_fi tiny-hybrid
+rr_add gen-fi-dense 60 row_generate_fi tiny-dense
 rr_add engine 150 row_engine
 rr_add engine-issue 240 row_engine_issue
+rr_add engine-issue-fi 180 row_engine_issue flashinfer
 rr_add pull-4p2d-ipc 60 row_bench 4p2d ipc
 rr_add pull-4p2d-ucx 60 row_bench 4p2d ucx
 rr_add nixl-4p2d 90 row_nixl
 rr_add pool-1p1d 100 row_pool
 rr_add batch-invariance 90 row_invariance
+rr_add batch-invariance-fi 120 row_invariance flashinfer
+# CUDA graphs of decode steps = eager (default and exact settings): graphs on by default waits
+# on these two
+rr_add graphs-hybrid 90 row_graphs_generate tiny-hybrid
+rr_add graphs-dense 90 row_graphs_generate tiny-dense
 # everything else, while time is left
 rr_add xfer-4p2d-80-96 60 row_xfer
 for lay in 4p2d 1p4d 4p1d 2p2d 1p1d; do
     rr_add "pull-$lay-auto" 60 row_bench "$lay" auto
 done
-rr_add graphs-hybrid 45 row_graphs_generate tiny-hybrid
-rr_add graphs-dense 45 row_graphs_generate tiny-dense
 for b in 1 16 16s; do
     rr_add "profile-b$b" 60 row_profile "$b"
 done

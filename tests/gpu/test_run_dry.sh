@@ -11,7 +11,8 @@
 #   3. a hanging row reports its cap and the next row runs (and PASSes);
 #   4. the budget ends the script in time: the row running is cut, the rest "not reached";
 #   5. the summary has one line per row (PASS / FAIL / skipped: why / not reached);
-#   6. no GPU (nvidia-smi lists none, or gpu_vs_cpu says so): "skipped: no GPU", exit 77.
+#   6. no GPU (nvidia-smi lists none, or gpu_vs_cpu says so): "skipped: no GPU", exit 77;
+#   7. KVF_GPU_ROWS runs the kernels row and the rows it names, in the table's order.
 # Every wait polls (50 ms steps) with a deadline; nothing sleeps a fixed time; each run of
 # run.sh is bounded by `timeout 60` (a runner that stopped capping rows fails, never hangs).
 set -uo pipefail
@@ -65,6 +66,7 @@ EOF
 cat >"$tmp/build/tests/bin/test_batch_invariance" <<EOF
 #!/usr/bin/env bash
 $hang_prelude
+[ -n "\${KVF_GPU_ATTN:-}" ] && echo "attention: FlashInfer (KVF_GPU_ATTN=\$KVF_GPU_ATTN)"
 for i in 1 2 3 4 5 6 7 8; do echo "composition \$i: 0 differ from their solo run"; done
 echo "[  PASSED  ] 8 test(s)."
 EOF
@@ -82,6 +84,8 @@ generate)
     case " \$* " in *" --logprobs "*) echo "logprobs step 0: 5:-0.1 7:-2.3" ;; esac
     [ "\${KVF_GPU_GRAPHS:-}" = decode ] &&
         echo "CUDA graphs of decode steps: 1 recorded, 13 replays, 0 failed captures" >&2
+    [ "\${KVF_GPU_ATTN:-}" = flashinfer ] &&
+        echo "attention: FlashInfer (KVF_GPU_ATTN=flashinfer): prompt tokens on its prefill" >&2
     exit 0 ;;
 bench|xfer-test)
     while [ \$# -gt 0 ]; do
@@ -137,10 +141,10 @@ wait_for() { # deadline_ms, command: polls every 50 ms until it succeeds or the 
 
 # the rows, in the order the issue asks for (the table in run.sh)
 order="kernels attn-tiled gen-hybrid gen-dense gen-hybrid-tp2 gen-sampled greedy-default
-gemm-invariance gemm ssd fi-attention engine engine-issue
-pull-4p2d-ipc pull-4p2d-ucx nixl-4p2d pool-1p1d batch-invariance xfer-4p2d-80-96
-pull-4p2d-auto pull-1p4d-auto pull-4p1d-auto pull-2p2d-auto pull-1p1d-auto graphs-hybrid
-graphs-dense profile-b1 profile-b16 profile-b16s graphs-speed-tiny-hybrid-b1
+gemm-invariance gemm ssd fi-attention gen-fi-hybrid gen-fi-dense engine engine-issue
+engine-issue-fi pull-4p2d-ipc pull-4p2d-ucx nixl-4p2d pool-1p1d batch-invariance batch-invariance-fi
+graphs-hybrid graphs-dense xfer-4p2d-80-96
+pull-4p2d-auto pull-1p4d-auto pull-4p1d-auto pull-2p2d-auto pull-1p1d-auto profile-b1 profile-b16 profile-b16s graphs-speed-tiny-hybrid-b1
 graphs-speed-tiny-hybrid-b16 graphs-speed-tiny-dense-b1 graphs-speed-tiny-dense-b16"
 order=$(echo $order)
 
@@ -188,8 +192,12 @@ check "an absent GEMM micro-benchmark is a skip with its reason" \
 check "the pool row FAILs (no daemons in the fake build) and says so" \
     grep -q '^row pool-1p1d: FAIL' "$res"
 check "generate rows compare and pass" grep -q '^| generate cuda: tiny-hybrid .*PASS (same tokens)' "$res"
-check "graphs rows read the generate rows' eager outputs" \
-    grep -q '^row graphs-dense: PASS (' "$res"
+check "graphs rows compare graphs with their own eager runs (default and exact)" \
+    grep -q '^| generate cuda graphs: tiny-dense .*PASS (= eager, bits, default and exact)' "$res"
+check "the FlashInfer generate rows compare with the CPU and pass" \
+    grep -q '^| generate flashinfer: tiny-hybrid .*PASS (same tokens)' "$res"
+check "the FlashInfer batch-invariance row runs under KVF_GPU_ATTN=flashinfer and passes" \
+    grep -q '^| batch invariance, cuda:0, flashinfer .*PASS' "$res"
 n_sum=$(sed -n '/^summary (/,$p' "$res" | grep -c '^  [a-z]')
 check "the summary has one line per row ($n_sum)" test "$n_sum" = "$(echo "$order" | wc -w)"
 check "every summary line is PASS, FAIL, skipped or not reached" \
@@ -205,8 +213,10 @@ b="$tmp/b"
 mkdir -p "$b"
 rm -f "$tmp/hanging"
 t0=$(now_ms)
-(cd "$b" && FAKE_HANG="engine_gpu.py" KVF_GPU_BUDGET=6 timeout 60 bash "$root/tests/gpu/run.sh" \
-    >"$b/stdout" 2>&1; echo $? >"$b/rc") &
+# (KVF_GPU_ROWS: the engine row is reached within a second even on a loaded host)
+(cd "$b" && FAKE_HANG="engine_gpu.py" KVF_GPU_BUDGET=6 \
+    KVF_GPU_ROWS="gen-dense,engine,engine-issue,pull-4p2d-ipc,graphs-speed-tiny-dense-b16" \
+    timeout 60 bash "$root/tests/gpu/run.sh" >"$b/stdout" 2>&1; echo $? >"$b/rc") &
 pid=$!
 check "run B ends" wait_for 20000 test -s "$b/rc"
 wait "$pid"
@@ -220,6 +230,14 @@ check "the rows after it are 'not reached (budget)' in the summary" \
     bash -c "sed -n '/^summary (/,\$p' '$res' | grep -q '^  pull-4p2d-ipc  *not reached (budget)' &&
              sed -n '/^summary (/,\$p' '$res' | grep -q '^  graphs-speed-tiny-dense-b16  *not reached (budget)'"
 check "rows not reached did not run" bash -c "! grep -q '^row pull-4p2d-ipc' '$res'"
+
+# ---- KVF_GPU_ROWS: only the rows named (and kernels) --------------------------------------
+mkdir -p "$tmp/r"
+(cd "$tmp/r" && KVF_GPU_ROWS="gen-fi-dense,batch-invariance-fi,graphs-dense" timeout 60 \
+    bash "$root/tests/gpu/run.sh" >"$tmp/r/stdout" 2>&1)
+got=$(sed -n 's/^row \([^:]*\): .*/\1/p' "$tmp/r/gpu-results.txt" | tr '\n' ' ' | sed 's/ $//')
+check "KVF_GPU_ROWS runs the kernels row and the rows named, in the table's order" \
+    test "$got" = "kernels gen-fi-dense batch-invariance-fi graphs-dense"
 
 # ---- no GPU: nvidia-smi lists none; gpu_vs_cpu says none ------------------------------------
 (cd "$tmp" && FAKE_NO_GPU_LISTED=1 bash "$root/tests/gpu/run.sh" >"$tmp/nogpu.txt" 2>&1)

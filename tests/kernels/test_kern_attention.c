@@ -3,6 +3,7 @@
  * decode, sliding windows and attention sinks; and the stale-NaN hazard of
  * whole-tile masking. */
 #include "kvf_attention.h"
+#include "kvf_attention_seqs.h"
 #include "kvf_gemm.h"
 #include "kvf_kern_test.h"
 
@@ -308,6 +309,50 @@ static void test_chunking_matches_steps(void **state)
     free(qkv);
 }
 
+/* kvf_attn_write_paged_seqs with q and out NULL: the K/V write of every request alone
+ * (FlashInfer's forward path), the pool then byte for byte what the write-and-attend call
+ * leaves; one of q / out NULL refused. */
+static void test_seqs_write_only(void **state)
+{
+    static const int32_t ta[] = {3, 0}, tb[] = {5};
+    const int32_t *tabs[2] = {ta, tb};
+    const int ntok[2] = {5, 3}, nblk[2] = {2, 1};
+    enum { T = 8 };
+    const int32_t pos[T] = {40, 41, 42, 43, 44, 0, 1, 2};
+    kvf_test_rng_t rng = {777};
+    float qkv[T * LDQKV], out[T * QH * HD];
+    fixture_t a, b;
+    (void)state;
+
+    kvf_test_fill(&rng, qkv, (size_t)T * LDQKV, -1, 1);
+    fixture_init(&a, KVF_DTYPE_BF16, 48, 16, ta, 2, 0);
+    fixture_init(&b, KVF_DTYPE_BF16, 48, 16, ta, 2, 0);
+    const kvf_attn_seqs_t seqs = {.num_seqs = 2, .num_tokens = ntok, .block_tables = tabs,
+                                  .num_blocks = nblk};
+    assert_int_equal(kvf_attn_write_paged_seqs(NULL, &a.kv, &seqs, qkv + QH * HD,
+                                               qkv + (QH + KVH) * HD, LDQKV, NULL, 0, pos, 0,
+                                               0.0f, NULL),
+                     KVF_KERN_OK);
+    assert_int_equal(kvf_attn_write_paged_seqs(NULL, &b.kv, &seqs, qkv + QH * HD,
+                                               qkv + (QH + KVH) * HD, LDQKV, qkv, LDQKV, pos,
+                                               QH, 0.0f, out),
+                     KVF_KERN_OK);
+    assert_memory_equal(a.pool, b.pool, a.pool_bytes);
+    {   /* something was written: 8 tokens x 2 x KVH x HD bf16 values, nearly all nonzero */
+        size_t nz = 0;
+        for (size_t i = 0; i < a.pool_bytes; ++i) {
+            nz += (((unsigned char *)a.pool)[i] != 0);
+        }
+        assert_true(nz > (size_t)T * 2 * KVH * HD);
+    }
+    assert_int_equal(kvf_attn_write_paged_seqs(NULL, &a.kv, &seqs, qkv + QH * HD,
+                                               qkv + (QH + KVH) * HD, LDQKV, qkv, LDQKV, pos,
+                                               QH, 0.0f, NULL),
+                     KVF_KERN_EINVAL);
+    free(a.pool);
+    free(b.pool);
+}
+
 /* A long chunk: 300 tokens take two key tiles and many query blocks; split
  * over two CPU threads (kvf_gemm_set_threads, as an instance of TP 1 does)
  * every row is computed by the same arithmetic, so the bits equal the one
@@ -526,6 +571,7 @@ int main(void)
         cmocka_unit_test(test_stale_nan_hazard),
         cmocka_unit_test(test_negative_scores_masked_slots),
         cmocka_unit_test(test_chunking_matches_steps),
+        cmocka_unit_test(test_seqs_write_only),
         cmocka_unit_test(test_long_chunk_threads),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_sliding_window),

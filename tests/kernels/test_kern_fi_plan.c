@@ -33,10 +33,13 @@ static void test_refusals(void **state)
     assert_non_null(kvf_fi_geometry(KVF_DTYPE_BF16, 128, 30, 8, 16, 65536, 1u << 30, 1, &g));
     assert_non_null(kvf_fi_geometry(KVF_DTYPE_BF16, 0, 32, 8, 16, 65536, 1u << 30, 1, &g));
     assert_non_null(kvf_fi_geometry(KVF_DTYPE_BF16, 128, 32, 8, 16, 1024, 1u << 30, 1, &g));
-    /* a page padded by 2 bytes: unit 2 bytes, so a pool past 4 GiB overflows the indices */
-    assert_non_null(strstr(kvf_fi_geometry(KVF_DTYPE_BF16, 128, 32, 8, 16, 65538, 5ull << 30, 1,
+    /* a page padded by 16 bytes: unit 16 bytes, so a pool past 32 GiB overflows the indices */
+    assert_non_null(strstr(kvf_fi_geometry(KVF_DTYPE_BF16, 128, 32, 8, 16, 65552, 40ull << 30, 1,
                                            &g), "INT32_MAX"));
-    assert_null(kvf_fi_geometry(KVF_DTYPE_BF16, 128, 32, 8, 16, 65538, 1ull << 30, 1, &g));
+    assert_null(kvf_fi_geometry(KVF_DTYPE_BF16, 128, 32, 8, 16, 65552, 1ull << 30, 1, &g));
+    /* padded by 2 bytes: pages off FlashInfer's 16-byte vector alignment */
+    assert_non_null(strstr(kvf_fi_geometry(KVF_DTYPE_BF16, 128, 32, 8, 16, 65538, 1ull << 30, 1,
+                                           &g), "multiple of 16"));
     assert_int_equal(kvf_fi_built(KVF_DTYPE_FP32, 128), 0);
 }
 
@@ -69,6 +72,17 @@ static void check_elements(kvf_dtype_t dt, int kvh, int hd, int kbs, int block_s
                                                       (size_t)h, (size_t)row, 1) * elt);
         }
     }
+    {   /* slot 0's indices serve slot j through a base moved by j pages (the forward's one
+         * plan per cache group, common/runtime/kvf_model_fi.c) */
+        int32_t p0[256];
+        assert_int_equal(page_size % g.unit, 0);
+        assert_int_equal(kvf_fi_pages(&g, table, block_size, slots, 0, page_size, tokens, p0,
+                                      256), n);
+        for (int i = 0; i < n; ++i) {
+            assert_int_equal((uint64_t)pages[i] * g.unit,
+                             (uint64_t)p0[i] * g.unit + (uint64_t)slot * page_size);
+        }
+    }
     assert_int_equal(kvf_fi_pages(&g, table, block_size, slots, slot, page_size, tokens, pages,
                                   n - 1), -1);
     assert_int_equal(kvf_fi_pages(&g, table, block_size, slots, slots, page_size, tokens, pages,
@@ -81,7 +95,8 @@ static void test_elements(void **state)
     /* pages that are 2 kernel blocks exactly */
     check_elements(KVF_DTYPE_BF16, 2, 32, 16, 32, 3, 1, 2u * 2 * 2 * 16 * 32 * 2);
     /* a hybrid's page, padded to its Mamba page (not a multiple of a kernel block) */
-    check_elements(KVF_DTYPE_BF16, 2, 32, 16, 48, 2, 1, 3u * 2 * 2 * 16 * 32 * 2 + 1000);
+    check_elements(KVF_DTYPE_BF16, 2, 32, 16, 48, 2, 1, 3u * 2 * 2 * 16 * 32 * 2 + 1024);
+    check_elements(KVF_DTYPE_BF16, 2, 32, 16, 32, 4, 3, 2u * 2 * 2 * 16 * 32 * 2 + 64);
     check_elements(KVF_DTYPE_FP16, 8, 128, 16, 16, 1, 0, 65536 + 65536 / 2);
 }
 

@@ -19,6 +19,7 @@
 #include "kvf_moe_math.h"
 #include "kvf_norm_math.h"
 #include "kvf_ssm_math.h"
+#include "kvf_ssm_seqs.h"
 
 #include <string.h>
 
@@ -344,6 +345,82 @@ static void test_mamba2_scan_body(void **state)
                 assert_true(differ > 0);
             } else {
                 assert_memory_equal(sb, sc, sbytes);
+            }
+        }
+    }
+}
+
+/*
+ * The batched CUDA decode step's body (kvf_ssm_seqs_cuda.cu: one (request, head, head-dim)
+ * row a thread, each state row updated in place, a narrow one element by element through
+ * kvf_mamba2_row_state_hd), run here over every row of 3 requests, against the per-request
+ * CPU path of kvf_ssm_decode_seqs (the unbatched arithmetic; test_mamba2_scan_body has the
+ * one-request CUDA body equal to it): y and the stored states bit for bit, fp32, bf16 and
+ * fp16 states, with per-request dt clamps, over 3 tokens.
+ */
+static void test_mamba2_decode_seqs_body(void **state)
+{
+    enum { S = 3, H = 4, P = 8, G = 2, N = 16, HP = H * P, BC = G * N, CD = HP + 2 * BC,
+           K = 4, R = HP + CD + H };
+    kvf_test_rng_t r = {0x5eed7777u};
+    float xin[S * R], cw[CD * K], cb[CD], dtb[H], al[H], D[H], xc[S * CD];
+    float yc[S * HP], yb[S * HP], conv[S][CD * (K - 1)];
+    float dmin[S] = {0.0f, 1e-3f, 0.0f}, dmax[S] = {INFINITY, 8.0f, 0.5f};
+    uint8_t sc[S][HP * N * 4], sb[S][HP * N * 4];
+    const int rows[S] = {2, 0, 1};
+    const kvf_mamba2_params_t p = {H, P, G, N, dtb, al, D, 0.0f, INFINITY};
+    (void)state;
+
+    kvf_test_fill(&r, cw, CD * K, -0.5f, 0.5f);
+    kvf_test_fill(&r, cb, CD, -0.2f, 0.2f);
+    kvf_test_fill(&r, dtb, H, -1.0f, 1.0f);
+    kvf_test_fill(&r, al, H, -2.0f, 1.0f);
+    kvf_test_fill(&r, D, H, -1.0f, 1.0f);
+    for (size_t k = 0; k < sizeof(state_dtypes) / sizeof(state_dtypes[0]); ++k) {
+        const kvf_dtype_t dt = state_dtypes[k];
+        const size_t sbytes = (size_t)HP * N * kvf_dtype_size(dt);
+        void *convp[S], *ssmc[S];
+        for (int q = 0; q < S; ++q) {
+            float init[HP * N];
+            kvf_test_fill(&r, init, HP * N, -1.0f, 1.0f);
+            for (size_t e = 0; e < (size_t)HP * N; ++e) {
+                kvf_hd_store(sc[q], (int)dt, e, init[e]);
+            }
+            memcpy(sb[q], sc[q], sbytes);
+            memset(conv[q], 0, sizeof(conv[q]));
+            convp[q] = conv[q];
+            ssmc[q] = sc[q];
+        }
+        const kvf_ssm_seqs_t qs = {.num_seqs = S, .rows = rows, .conv_states = convp,
+                                   .ssm_states = ssmc, .dt_min = dmin, .dt_max = dmax};
+        for (int tok = 0; tok < 3; ++tok) {
+            kvf_test_fill(&r, xin, S * R, -2.0f, 2.0f);
+            assert_int_equal(kvf_ssm_decode_seqs(NULL, &qs, xin + HP, R, CD, K, cw, cb,
+                                                 KVF_DTYPE_FP32, xc, CD, &p, xin + HP + CD, R,
+                                                 dt, yc, HP),
+                             KVF_KERN_OK);
+            for (int q = 0; q < S; ++q) {   /* the kernel's rows, on the CPU's conv output */
+                const size_t rr = (size_t)rows[q];
+                const float *xr = xc + rr * CD;
+                for (size_t j = 0; j < HP; ++j) {
+                    const size_t h = j / P, g = h / (H / G);
+                    float dth = kvf_mamba2_dt_hd(xin[rr * R + HP + CD + h], dtb[h], dmin[q],
+                                                 dmax[q]);
+                    float dA = kvf_mamba2_dA_hd(dth, kvf_mamba2_A_hd(al[h]));
+                    float acc = kvf_mamba2_row_state_hd(sb[q], (int)dt, j * N, N, dA,
+                                                        dth * xr[j], xr + HP + g * N,
+                                                        xr + HP + BC + g * N);
+                    yb[rr * HP + j] = kvf_mamba2_out_hd(acc, D[h], xr[j]);
+                }
+            }
+            for (size_t i = 0; i < (size_t)S * HP; ++i) {
+                if (bits(yb[i]) != bits(yc[i])) {
+                    fail_msg("decode seqs %s token %d: y[%zu] %.9g, per request %.9g",
+                             kvf_dtype_name(dt), tok, i, (double)yb[i], (double)yc[i]);
+                }
+            }
+            for (int q = 0; q < S; ++q) {
+                assert_memory_equal(sb[q], sc[q], sbytes);
             }
         }
     }
@@ -813,6 +890,7 @@ int main(void)
         cmocka_unit_test(test_conv_chunk_body),
         cmocka_unit_test(test_conv_chunk_token_body),
         cmocka_unit_test(test_mamba2_scan_body),
+        cmocka_unit_test(test_mamba2_decode_seqs_body),
         cmocka_unit_test(test_gated_norm_edges),
         cmocka_unit_test(test_attn_fold),
         cmocka_unit_test(test_attn_split_merge),

@@ -11,6 +11,7 @@
  * (memcmp), not to a tolerance. On the code before issue 33's fix every
  * request differed (max |logit diff| 0.03 to 0.22).
  *
+ * KVF_INVARIANCE_PICK=1,4 runs only those compositions (0-based, in the table's order).
  * KVF_INVARIANCE_DEVICE=cuda:0 runs the same check on a GPU engine (the
  * solo references then come from that device too); the cache dtypes are
  * `kvf generate`'s defaults for the model (KV bf16, conv state bf16, SSM
@@ -288,6 +289,23 @@ static int kvf_inv_run(const kvf_comp_t *c)
     return bad;
 }
 
+/* Whether comma list @a pick names composition @a i. */
+static bool kvf_inv_picked(const char *pick, int i)
+{
+    for (const char *p = pick; *p != '\0';) {
+        char *e;
+        long v = strtol(p, &e, 10);
+        if (e == p) {
+            return false;
+        }
+        if (v == i) {
+            return true;
+        }
+        p = (*e == ',') ? e + 1 : e;
+    }
+    return false;
+}
+
 static void test_batch_compositions(void **state)
 {
     static const kvf_comp_t comps[] = {
@@ -300,10 +318,14 @@ static void test_batch_compositions(void **state)
         {"tp 2, all at once, budget 97", 97, 64, 256, 0, false, 0, 0, 0, false, 2},
         {"tp 2, reversed, a third, budget 40", 40, 64, 256, 1, true, 0, 3, 2, false, 2},
     };
+    const char *pick = getenv("KVF_INVARIANCE_PICK");   /* "1,4": only these (0-based) */
     int bad = 0;
 
     (void)state;
     for (size_t i = 0; i < sizeof(comps) / sizeof(comps[0]); ++i) {
+        if ((pick != NULL) && (pick[0] != '\0') && !kvf_inv_picked(pick, (int)i)) {
+            continue;
+        }
         if (comps[i].tp > kvf_inv_max_tp()) {
             printf("%-34s skipped on %s (one device)\n", comps[i].name,
                    kvf_device_kind_name(g_dev.kind));

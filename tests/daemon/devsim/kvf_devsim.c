@@ -356,6 +356,7 @@ static void devsim_report(void)
     devsim_gemm_lt_report(stderr);
     devsim_ssd_report(stderr);
     devsim_fi_report(stderr);
+    devsim_ssm_report(stderr);
     fputc('\n', stderr);
 }
 

@@ -182,6 +182,22 @@ static void devsim_want_ssm_packed(const kvf_ssm_seqs_t *q)
     }
 }
 
+/* the batched decode body against the per-request path (kvf_devsim_ssm.c), for the calls
+ * the real function would accept */
+static void devsim_ssm_twin_checked(const kvf_ssm_seqs_t *s, const float *x_in, int ld_in,
+                                    int channels, int kernel, const float *conv_w,
+                                    const float *conv_b, kvf_dtype_t conv_dtype,
+                                    const kvf_mamba2_params_t *p, const float *dt, int lddt,
+                                    kvf_dtype_t ssm_dtype)
+{
+    if ((s != NULL) && (s->num_seqs > 0) && (p != NULL) && (p->A_log != NULL) &&
+        (p->groups > 0) && (p->heads % p->groups == 0) && (x_in != NULL) && (dt != NULL) &&
+        (kernel >= 2) && (conv_w != NULL)) {
+        devsim_ssm_seqs_twin(s, x_in, ld_in, channels, kernel, conv_w, conv_b, conv_dtype, p,
+                             dt, lddt, ssm_dtype);
+    }
+}
+
 /* ---- kernels: a CUDA device runs the CPU version ------------------------------ */
 
 /* @a dev (a parameter) becomes the CPU when it is a simulated GPU; counts the launch. */
@@ -422,7 +438,9 @@ DEVSIM_KERNEL(kvf_ssm_decode_seqs, (const kvf_device_t *dev, const kvf_ssm_seqs_
                p, dt, lddt, ssm_dtype, y, ldy),
               (devsim_want_dev(x_in, "kvf_ssm_decode_seqs x"),
                devsim_want_dev(y, "kvf_ssm_decode_seqs y"),
-               devsim_want_ssm_packed(seqs)))
+               devsim_want_ssm_packed(seqs),
+               devsim_ssm_twin_checked(seqs, x_in, ld_in, channels, kernel, conv_w, conv_b,
+                                       conv_dtype, p, dt, lddt, ssm_dtype)))
 /* device sampling (kvf_sample.h): the rows' logits, parameters, entries and results are all
  * device memory (kvf_sample_batch() uploads and downloads around it, counted as copies) */
 DEVSIM_KERNEL(kvf_sample_rows, (const kvf_device_t *dev, const float *logits, int rows, int vocab,

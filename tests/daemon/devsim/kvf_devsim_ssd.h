@@ -1,9 +1,11 @@
-/* TEST ONLY: kvf-devsim's account of the Mamba2 prompt scans (kvf_devsim_ssd.c) and of
- * FlashInfer's decode (kvf_devsim_fi.c). */
+/* TEST ONLY: kvf-devsim's account of the Mamba2 prompt scans (kvf_devsim_ssd.c), of
+ * FlashInfer's attention (kvf_devsim_fi.c) and of the batched Mamba2 decode step
+ * (kvf_devsim_ssm.c). */
 #ifndef KVF_DEVSIM_SSD_H
 #define KVF_DEVSIM_SSD_H
 
 #include "kvf_mamba2.h"
+#include "kvf_ssm_seqs.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -27,7 +29,17 @@ void devsim_ssd_report(FILE *f);
 /* kvf_devsim.c: whether @a p lies in the simulated GPUs' memory. */
 bool devsim_is_device_ptr(const void *p);
 
-/* kvf_devsim_fi.c: appends " fi_decode_calls C fi_plan_errors E" to the devsim line. */
+/* kvf_devsim_fi.c: appends " fi_decode_calls C fi_prefill_calls P fi_plan_errors E" to the
+ * devsim line. */
 void devsim_fi_report(FILE *f);
+
+/* kvf_devsim_ssm.c: the batched decode step's CUDA body against the per-request path, on
+ * copies of the states of one kvf_ssm_decode_seqs call (its arguments); counted, and
+ * " ssm_seqs_checked C ssm_seqs_narrow N ssm_seqs_mismatches M" appended to the line. */
+void devsim_ssm_seqs_twin(const kvf_ssm_seqs_t *s, const float *x_in, int ld_in, int channels,
+                          int kernel, const float *conv_w, const float *conv_b,
+                          kvf_dtype_t conv_dtype, const kvf_mamba2_params_t *p, const float *dt,
+                          int lddt, kvf_dtype_t ssm_dtype);
+void devsim_ssm_report(FILE *f);
 
 #endif
