@@ -144,6 +144,9 @@ kvf_status_t kvf_conn_req_digests(kvf_connector_h conn, int tp_rank, kvf_connect
         return KVF_ERR_INVALID_PARAM;
     }
     KVF_CONN_CHECK_RANK(conn, tp_rank, "req_digests");
+    if ((req->digests == NULL) && (kvf_conn_req_plan(conn, req) != KVF_OK)) {
+        return KVF_ERR_NO_MEMORY;   /* the plan of the pull that ran: logged */
+    }
     if (req->digests == NULL) {
         req->digests = calloc((size_t)req->plan->num_ranks + 1, sizeof(*req->digests));
         if (req->digests == NULL) {
