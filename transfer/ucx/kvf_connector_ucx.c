@@ -585,60 +585,6 @@ static kvf_status_t kvf_conn_post_next(kvf_connector_h conn, kvf_conn_rank_t *rk
     return status;
 }
 
-/* Rank @a tp_rank's plan params of @a pull from engine @a e (@a groups: their storage),
- * with the pair's pieces. */
-void kvf_conn_plan_params(kvf_connector_h conn, int tp_rank, const kvf_conn_engine_t *e,
-                          const kvf_connector_pull_t *pull, kvf_xfer_plan_params_t *pp,
-                          kvf_xfer_group_blocks_t *groups)
-{
-    const kvf_conn_rank_t *rk = &conn->ranks[tp_rank];
-
-    memset(pp, 0, sizeof(*pp));
-    pp->flags = conn->plan_flags | pull->plan_flags;
-    pp->field_mask = (pp->flags != 0) ? KVF_XFER_PLAN_PARAM_FIELD_FLAGS : 0;
-    pp->cfg = &conn->cfg;
-    pp->layout = conn->layout;
-    pp->local_tp = conn->tp;
-    pp->local_rank = tp_rank;
-    pp->local_geom = &rk->geom;
-    pp->local_num_blocks = rk->num_blocks;
-    pp->remote_tp = e->tp;
-    pp->remote_geoms = e->geoms;
-    pp->remote_num_blocks = e->num_blocks;
-    pp->num_groups = pull->num_groups;
-    for (int g = 0; g < pull->num_groups; ++g) {
-        groups[g].local_ids = pull->local_ids[g];
-        groups[g].num_local = pull->num_local_ids[g];
-        groups[g].remote_ids = pull->remote_ids[g];
-        groups[g].num_remote = pull->num_remote_ids[g];
-    }
-    pp->groups = groups;
-    pp->num_tokens = pull->num_tokens;
-    if (pull->skip_tokens != 0) {
-        pp->field_mask |= KVF_XFER_PLAN_PARAM_FIELD_SKIP;
-        pp->skip_tokens = pull->skip_tokens;
-    }
-    kvf_conn_use_pieces(e, tp_rank, pp);
-}
-
-/* The plan of a request that took the template path, built from its kept ids when first
- * asked for (digests, stats): its descriptors are the bytes the gather copied. */
-kvf_status_t kvf_conn_req_plan(kvf_connector_h conn, kvf_connector_req_h req)
-{
-    kvf_xfer_group_blocks_t groups[KVF_MAX_KV_GROUPS];
-    kvf_xfer_plan_params_t pp;
-
-    if (req->plan != NULL) {
-        return KVF_OK;
-    }
-    if (req->pull_copy == NULL) {
-        return KVF_ERR_INVALID_PARAM;
-    }
-    kvf_conn_plan_params(conn, req->rank, &conn->engines[req->engine], req->pull_copy, &pp,
-                         groups);
-    return kvf_xfer_plan_create(&pp, &req->plan);
-}
-
 /* The plan of @a pp into @a req: its zero ranges and source ranks, the GET bookkeeping. */
 static kvf_status_t kvf_conn_plan_sources(kvf_connector_req_h req,
                                           const kvf_xfer_plan_params_t *pp)
