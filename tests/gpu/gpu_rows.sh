@@ -227,18 +227,21 @@ row_engine_issue() {
 # pull (and for the decode rank the post line names), host post time per descriptor and the
 # path that ran; returns 1 when it is not a PASS
 # A same-node pull's host work (start_pull, the slowest rank per descriptor: the post line)
-# and its rate as a fraction of one contiguous copy of the same bytes (bench's raw GET: one
-# cuMemcpyDtoD on one GPU, the device's copy rate); under 0.8, where the pull's time goes.
+# and its rate as a fraction of the device's copy rate: bench's copy limit (one
+# device-to-device copy of the same bytes), else its raw contiguous GET (one cuMemcpyDtoD on
+# one GPU); under 0.8, where the pull's time goes.
 ipc_share() { # bench output
     local out=$1 h t rate raw
     h=$(sed -n 's/^post: [0-9]* descriptors, \([0-9.]*\) us,.*/\1/p' "$out" | head -1)
     t=$(sed -n 's/^transfer time: \([0-9.]*\) ms, \([0-9.]*\) GB\/s.*/\1 \2/p' "$out" | head -1)
-    raw=$(sed -n 's/^raw contiguous GET: .* \([0-9.]*\) GB\/s.*/\1/p' "$out" | head -1)
+    raw=$(sed -n 's/^copy limit (one device-to-device.*, \([0-9.]*\) GB\/s.*/\1/p' "$out" | head -1)
+    [ -n "$raw" ] ||
+        raw=$(sed -n 's/^raw contiguous GET: .* \([0-9.]*\) GB\/s.*/\1/p' "$out" | head -1)
     rate=${t#* }
     t=${t%% *}
     awk -v h="${h:-0}" -v t="${t:-0}" -v r="${rate:-0}" -v c="${raw:-0}" 'BEGIN {
         printf "host %.1f us/pull", h
-        if (c <= 0) { printf ", no copy rate (no raw GET line)"; exit }
+        if (c <= 0) { printf ", no copy rate (no copy limit or raw GET line)"; exit }
         f = r / c
         printf ", %.2f of the copy rate (%.1f of %.1f GB/s)", f, r, c
         if (f < 0.8 && t > 0)
