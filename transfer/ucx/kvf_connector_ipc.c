@@ -66,6 +66,10 @@ typedef struct kvf_conn_ipc_engine {
     kvf_gather_table_t *table;
     kvf_xfer_tmpls_t    tmpls;
     char                tmpl_why[160];
+    /* the decode pool the table was made for: a rank that re-registered gets a new one */
+    uint8_t            *tmpl_base;
+    int64_t             tmpl_blocks;
+    kvf_rank_geometry_t tmpl_geom;
 } kvf_conn_ipc_engine_t;
 
 /*
@@ -451,6 +455,9 @@ static void kvf_conn_ipc_table(kvf_connector_h conn, kvf_conn_rank_t *rk,
     int err;
 
     ie->tmpl_tried = true;
+    ie->tmpl_base = rk->base;
+    ie->tmpl_blocks = rk->num_blocks;
+    ie->tmpl_geom = rk->geom;
     if (!(pp->field_mask & KVF_XFER_PLAN_PARAM_FIELD_PIECES)) {
         snprintf(ie->tmpl_why, sizeof(ie->tmpl_why), "the pair's pieces could not be built");
         return;
@@ -541,6 +548,16 @@ kvf_status_t kvf_conn_ipc_jobs(kvf_connector_h conn, kvf_conn_rank_t *rk,
     }
     if (!ie->ok || (ie->gen != e->gen)) {
         return KVF_OK;
+    }
+    if (ie->tmpl_tried && ((ie->tmpl_base != rk->base) || (ie->tmpl_blocks != rk->num_blocks) ||
+                           (memcmp(&ie->tmpl_geom, &rk->geom, sizeof(rk->geom)) != 0))) {
+        /* the rank re-registered its pool: a table of the old one must go (after the
+         * stream passed any gather that reads it) */
+        (void)kvf_device_sync(&rk->device);
+        kvf_gather_table_destroy(&rk->device, ie->table);
+        kvf_xfer_tmpls_free(&ie->tmpls);
+        ie->table = NULL;
+        ie->tmpl_tried = false;
     }
     if (!ie->tmpl_tried) {
         kvf_conn_ipc_table(conn, rk, ie, req->engine, pp);
