@@ -576,6 +576,9 @@ kvf_status_t kvf_conn_ipc_jobs(kvf_connector_h conn, kvf_conn_rank_t *rk,
     if (status != KVF_OK) {
         return status;   /* the plan would refuse it the same way (logged) */
     }
+    if (n == 0) {
+        return KVF_OK;   /* nothing to move (a whole-prompt prefix hit, no Mamba): the plan */
+    }
     req->src = malloc((size_t)ie->tmpls.num_sources * sizeof(*req->src) + 1);
     if ((req->src == NULL) || (kvf_conn_ipc_keep_pull(req, pull) != KVF_OK)) {
         return KVF_ERR_NO_MEMORY;   /* freed with the request */
