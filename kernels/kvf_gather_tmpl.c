@@ -241,6 +241,10 @@ int kvf_gather_tmpl_run(const kvf_device_t *dev, const kvf_gather_table_t *table
         return KVF_KERN_EINVAL;
     }
     ops = kvf_gather_tmpl_ops(table, jobs, n);
+    if (ops == 0) {
+        kvf_error("gather: %zu jobs expand to more than %" PRIu32 " ops", n, UINT32_MAX);
+        return KVF_KERN_EINVAL;
+    }
     if (table->cuda) {
 #ifdef KVF_HAVE_CUDA
         return (dev_jobs == NULL) ? KVF_KERN_EINVAL :

@@ -111,7 +111,8 @@ int kvf_gather_table_create(const kvf_device_t *dev, const kvf_gather_table_desc
 /** Free @a table (no run of it may be in flight); NULL is a no-op. */
 void kvf_gather_table_destroy(const kvf_device_t *dev, kvf_gather_table_t *table);
 
-/** Ops @a n jobs expand to (also sets each job's first_op); 0 when a job names no template. */
+/** Ops @a n jobs expand to (also sets each job's first_op); 0 when a job names no template
+ *  or they are more than UINT32_MAX. */
 size_t kvf_gather_tmpl_ops(const kvf_gather_table_t *table, kvf_gather_job_t *jobs, size_t n);
 
 /**
