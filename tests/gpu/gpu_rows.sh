@@ -282,6 +282,30 @@ row_engine_issue() { # [flashinfer: FlashInfer's attention, on the Llama geometr
 # one transfer row from kvf xfer-test's or kvf bench's output: bytes, GB/s, descriptors per
 # pull (and for the decode rank the post line names), host post time per descriptor and the
 # path that ran; returns 1 when it is not a PASS
+# A same-node pull's host work (start_pull, the slowest rank per descriptor: the post line)
+# and its rate as a fraction of the device's copy rate: bench's copy limit (one
+# device-to-device copy of the same bytes), else its raw contiguous GET (one cuMemcpyDtoD on
+# one GPU); under 0.8, where the pull's time goes.
+ipc_share() { # bench output
+    local out=$1 h t rate raw
+    h=$(sed -n 's/^post: [0-9]* descriptors, \([0-9.]*\) us,.*/\1/p' "$out" | head -1)
+    t=$(sed -n 's/^transfer time: \([0-9.]*\) ms, \([0-9.]*\) GB\/s.*/\1 \2/p' "$out" | head -1)
+    raw=$(sed -n 's/^copy limit (one device-to-device.*, \([0-9.]*\) GB\/s.*/\1/p' "$out" | head -1)
+    [ -n "$raw" ] ||
+        raw=$(sed -n 's/^raw contiguous GET: .* \([0-9.]*\) GB\/s.*/\1/p' "$out" | head -1)
+    rate=${t#* }
+    t=${t%% *}
+    awk -v h="${h:-0}" -v t="${t:-0}" -v r="${rate:-0}" -v c="${raw:-0}" 'BEGIN {
+        printf "host %.1f us/pull", h
+        if (c <= 0) { printf ", no copy rate (no copy limit or raw GET line)"; exit }
+        f = r / c
+        printf ", %.2f of the copy rate (%.1f of %.1f GB/s)", f, r, c
+        if (f < 0.8 && t > 0)
+            printf "; below 0.8: host %.1f%% of the %.3f ms pull, the gather kernel the rest" \
+                   " (%.3f ms vs %.3f ms for one copy)", 100 * h / (1000 * t), t, t - h / 1000,
+                   t * f }'
+}
+
 xfer_row() { # name, output file, exit code, dtype
     local name=$1 out=$2 rc=$3 dt=$4 a b p d r
     if [ "$rc" -eq 0 ] && grep -q '^verify: ok' "$out"; then
@@ -293,6 +317,7 @@ xfer_row() { # name, output file, exit code, dtype
         [ -n "$d" ] && b="$b, $d descs/pull${r:+ ($r/rank)}"
         [ -n "$p" ] && b="$b, post $p"
         grep -q '^path: ' "$out" && b="$b, path $(sed -n 's/^path: //p' "$out" | head -1)"
+        grep -q '^path: cuda-ipc' "$out" && b="$b; $(ipc_share "$out")"
         gen_row "$name" "$dt" "$a" "$b" "-" "PASS (bytes verified)"
         rr_verdict "PASS (bytes verified; $b)"
         return 0

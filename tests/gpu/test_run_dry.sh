@@ -93,7 +93,12 @@ bench|xfer-test)
         shift
     done
     echo "transfer: 277766144 bytes, 688 descriptors (GET operations)"
-    echo "path: ipc (fake)"
+    case " \$* " in
+    *" --path ucx "*) echo "path: ucx (fake)" ;;
+    *) echo "path: cuda-ipc (same node, one gather of 688 ranges)"
+       echo "raw contiguous GET: 277766144 bytes in 0.600 ms, 462.9 GB/s (median)"
+       echo "copy limit (one device-to-device copy of the same bytes on cuda:0): 0.300 ms, 925.9 GB/s (median); kv/copy 0.600" ;;
+    esac
     echo "transfer time: 0.500 ms, 555.5 GB/s (median)"
     echo "post: 344 descriptors, 100.0 us, 0.290 us/desc"
     echo "verify: ok"
@@ -183,6 +188,8 @@ check "a cap of 0 (no timeout to timeout(1)) is refused, the row keeps its own" 
 check "the row after the hang runs and passes" grep -q '^row pull-4p2d-ucx: PASS (bytes verified' "$res"
 check "the pull rows print descriptors per pull and per rank and post time per descriptor" \
     grep -q '^row pull-4p2d-ucx: PASS (bytes verified; 555.5 GB/s, 688 descs/pull (344/rank), post 0.290 us/desc, path ' "$res"
+check "a same-node pull row prints its host work, its fraction of the copy rate and, under 0.8, where the time goes" \
+    grep -q '^row pull-4p2d-auto: PASS (bytes verified; 555.5 GB/s, 688 descs/pull (344/rank), post 0.290 us/desc, path cuda-ipc (same node, one gather of 688 ranges); host 100.0 us/pull, 0.60 of the copy rate (555.5 of 925.9 GB/s); below 0.8: host 20.0% of the 0.500 ms pull, the gather kernel the rest (0.400 ms vs 0.300 ms for one copy))' "$res"
 check "the nixl row reads the descriptors the UCX row wrote" \
     bash -c "test -s '$a/gpu-logs/descs-4p2d.json' && grep -q '^row nixl-4p2d: PASS (bytes verified; 925.9 GB/s, 688 descs/pull, post 1.10 us/desc; copy 2500.0 GB/s)' '$res'"
 check "a row needing two GPUs says why it is skipped" \

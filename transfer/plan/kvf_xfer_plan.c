@@ -42,6 +42,7 @@
  * sizes differ).
  */
 #include "kvf_xfer_plan.h"
+#include "kvf_xfer_plan_int.h"
 #include "kvf_xfer_check.h"
 #include "kvf_xfer_sort.h"
 
@@ -92,22 +93,6 @@ typedef struct kvf_xfer_planner {
                                                     * differ (no such list); 0: not built */
 } kvf_xfer_planner_t;
 
-/*
- * One piece of a page to read: bytes from the local page start, from the
- * remote page start of prefill rank @a rank. Every layer slot of every Mamba
- * group reads the same pieces (only the two page offsets move), and so does
- * every whole attention block when both sides' block and kernel block sizes
- * are equal, so they are derived once per plan and emitted per page: 27
- * layers x 136 Mamba pieces of the 9B model's decode rank cost 136
- * derivations, not 3672.
- */
-typedef struct kvf_xfer_piece {
-    int      rank;
-    uint64_t loff;
-    uint64_t roff;
-    uint64_t len;
-    uint64_t pad;    /* of len, the page padding read after the data (kvf_xfer_mamba_pad) */
-} kvf_xfer_piece_t;
 
 static int64_t kvf_xfer_ceil_div(int64_t a, int64_t b)
 {
@@ -575,9 +560,8 @@ static int kvf_xfer_cmp_ref(const void *a, const void *b)
  * layer slots are one run on both sides; a group mixing full and sliding layers (qwen3 with
  * max_window_layers > 0) is read whole until the layout gives sliding layers their own group.
  */
-static int64_t kvf_xfer_group_window_first(const kvf_model_config_t *cfg,
-                                           const kvf_kv_group_t *grp, int64_t num_tokens,
-                                           int block_size)
+int64_t kvf_xfer_group_window_first(const kvf_model_config_t *cfg, const kvf_kv_group_t *grp,
+                                    int64_t num_tokens, int block_size)
 {
     int w = 0;
 
@@ -672,20 +656,6 @@ static kvf_status_t kvf_xfer_plan_blocks(kvf_xfer_planner_t *pl)
 
 /* ------------------------------------------- pieces of an (engine, rank) pair -- */
 
-struct kvf_xfer_pieces {
-    const kvf_model_config_t *cfg;
-    const kvf_cache_layout_t *layout;
-    int                       local_tp, local_rank, remote_tp;
-    bool                      coalesce;
-    kvf_rank_geometry_t       local_geom;
-    kvf_rank_geometry_t      *remote_geoms;                    /* [remote_tp], copies */
-    int                       attn_src[KVF_MAX_KV_HEADS];
-    int                       attn_src_head[KVF_MAX_KV_HEADS];
-    bool                      attn_mapped;
-    int                       attn_whole;
-    kvf_xfer_piece_t         *attn, *mamba;
-    size_t                    num_attn, num_mamba;
-};
 
 static bool kvf_xfer_coalescing(const kvf_xfer_plan_params_t *p)
 {

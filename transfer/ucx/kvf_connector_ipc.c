@@ -36,6 +36,9 @@
 #include "kvf_device.h"
 #include "kvf_device_ipc.h"
 #include "kvf_gather.h"
+#include "kvf_gather_tmpl.h"
+#include "kvf_tp_map.h"
+#include "kvf_xfer_tmpl.h"
 #include "kvf_kern_status.h"
 #include "kvf_log.h"
 #include "kvf_time.h"
@@ -57,6 +60,16 @@ typedef struct kvf_conn_ipc_engine {
     int                 tp;        /* length of maps */
     kvf_conn_ipc_map_t *maps;      /* [remote tp] */
     char                why[192];  /* why not (ok false) */
+    /* the template path (kvf_xfer_tmpl.h): the pair's table over the mappings, made at its
+     * first pull with them; NULL with tmpl_why when it has none (the op list then) */
+    bool                tmpl_tried;
+    kvf_gather_table_t *table;
+    kvf_xfer_tmpls_t    tmpls;
+    char                tmpl_why[160];
+    /* the decode pool the table was made for: a rank that re-registered gets a new one */
+    uint8_t            *tmpl_base;
+    int64_t             tmpl_blocks;
+    kvf_rank_geometry_t tmpl_geom;
 } kvf_conn_ipc_engine_t;
 
 /*
@@ -64,15 +77,16 @@ typedef struct kvf_conn_ipc_engine {
  * device copy of them, reused by the next pull once this one is freed.
  */
 typedef struct kvf_conn_ipc_slot {
-    kvf_gather_op_t *host;     /* kvf_device_host_alloc() */
-    kvf_gather_op_t *dev;      /* kvf_device_alloc() */
-    size_t           cap;      /* ops each holds */
-    bool             busy;     /* a request in flight owns it */
+    void   *host;     /* kvf_device_host_alloc(): ops or jobs (24 bytes each) */
+    void   *dev;      /* kvf_device_alloc() */
+    size_t  cap;      /* bytes each holds */
+    bool    busy;     /* a request in flight owns it */
 } kvf_conn_ipc_slot_t;
 
 #define KVF_CONN_IPC_SLOTS   4        /* pulls in flight per rank with staged ops; more:
                                        * pageable ops, one allocation each */
-#define KVF_CONN_IPC_MIN_OPS 4096     /* first capacity (96 KiB): an 8k-token pull fits */
+#define KVF_CONN_IPC_MIN_BYTES (4096u * sizeof(kvf_gather_op_t))   /* first capacity (96 KiB):
+                                                                   * an 8k-token pull fits */
 
 struct kvf_conn_ipc_rank {
     kvf_conn_ipc_engine_t engines[KVF_CONN_MAX_ENGINES];
@@ -129,6 +143,8 @@ static kvf_status_t kvf_conn_ipc_state(kvf_conn_rank_t *rk)
 /* Close what @a ie mapped (no gather of it may be in flight) and forget the decision. */
 static void kvf_conn_ipc_forget(kvf_conn_rank_t *rk, kvf_conn_ipc_engine_t *ie)
 {
+    kvf_gather_table_destroy(&rk->device, ie->table);
+    kvf_xfer_tmpls_free(&ie->tmpls);
     for (int p = 0; (ie->maps != NULL) && (p < ie->tp); ++p) {
         kvf_device_ipc_close(&rk->device, ie->maps[p].base);
     }
@@ -287,7 +303,7 @@ static kvf_status_t kvf_conn_ipc_ops(kvf_connector_h conn, kvf_conn_rank_t *rk,
     return KVF_OK;
 }
 
-/* A free staging slot of room for @a cap ops (grown as needed), or NULL: pageable ops. */
+/* A free staging slot of room for @a cap bytes (grown as needed), or NULL: pageable ops. */
 static kvf_conn_ipc_slot_t *kvf_conn_ipc_slot(kvf_conn_rank_t *rk, size_t cap)
 {
     for (int i = 0; i < KVF_CONN_IPC_SLOTS; ++i) {
@@ -301,13 +317,13 @@ static kvf_conn_ipc_slot_t *kvf_conn_ipc_slot(kvf_conn_rank_t *rk, size_t cap)
         if (sl->cap >= cap) {
             return sl;
         }
-        want = (cap > KVF_CONN_IPC_MIN_OPS) ? cap + cap / 2 : KVF_CONN_IPC_MIN_OPS;
+        want = (cap > KVF_CONN_IPC_MIN_BYTES) ? cap + cap / 2 : KVF_CONN_IPC_MIN_BYTES;
         kvf_device_host_free(&rk->device, sl->host);
         kvf_device_free(&rk->device, sl->dev);
         memset(sl, 0, sizeof(*sl));
-        err = kvf_device_host_alloc(&rk->device, want * sizeof(*sl->host), (void **)&sl->host);
+        err = kvf_device_host_alloc(&rk->device, want, &sl->host);
         if (err == KVF_KERN_OK) {
-            err = kvf_device_alloc(&rk->device, want * sizeof(*sl->dev), (void **)&sl->dev);
+            err = kvf_device_alloc(&rk->device, want, &sl->dev);
         }
         if (err != KVF_KERN_OK) {
             kvf_device_host_free(&rk->device, sl->host);
@@ -318,6 +334,39 @@ static kvf_conn_ipc_slot_t *kvf_conn_ipc_slot(kvf_conn_rank_t *rk, size_t cap)
         return sl;
     }
     return NULL;
+}
+
+/*
+ * Rank @a rk's decision for engine slot @a engine, made (mappings opened, logged) when the
+ * slot holds another generation than the one decided for; engines that left are swept first.
+ */
+static kvf_conn_ipc_engine_t *kvf_conn_ipc_ensure(kvf_connector_h conn, kvf_conn_rank_t *rk,
+                                                  int engine, int rank, const int *src,
+                                                  int nsrc)
+{
+    kvf_conn_ipc_engine_t *ie;
+
+    kvf_conn_ipc_sweep(conn, rk);
+    ie = &rk->ipc->engines[engine];
+    if (ie->gen != conn->engines[engine].gen) {
+        /* a new engine in the slot (or a restarted one): no pull of the old one is in
+         * flight (the slot was idle when it was refilled), so its mappings can go */
+        kvf_conn_ipc_forget(rk, ie);
+        kvf_conn_ipc_decide(conn, rk, engine, src, nsrc, ie);
+        if (!ie->ok) {
+            kvf_conn_ipc_unmap(rk, ie);
+        }
+        if (!ie->ok && (conn->path != KVF_CONNECTOR_PATH_IPC)) {
+            kvf_log(KVF_LOG_INFO, KVF_SUB_XFER, "ucx connector %s rank %d: pulls from %s go "
+                    "over UCX: %s", conn->engine_id, rank, conn->engines[engine].engine_id,
+                    ie->why);
+        } else if (ie->ok) {
+            kvf_log(KVF_LOG_INFO, KVF_SUB_XFER, "ucx connector %s rank %d: pulls from %s take "
+                    "the same-node path (CUDA IPC, %d prefill rank(s) mapped)", conn->engine_id,
+                    rank, conn->engines[engine].engine_id, nsrc);
+        }
+    }
+    return ie;
 }
 
 kvf_status_t kvf_conn_ipc_start(kvf_connector_h conn, kvf_conn_rank_t *rk,
@@ -337,26 +386,7 @@ kvf_status_t kvf_conn_ipc_start(kvf_connector_h conn, kvf_conn_rank_t *rk,
     if (status != KVF_OK) {
         return status;
     }
-    kvf_conn_ipc_sweep(conn, rk);
-    ie = &rk->ipc->engines[req->engine];
-    if (ie->gen != conn->engines[req->engine].gen) {
-        /* a new engine in the slot (or a restarted one): no pull of the old one is in
-         * flight (the slot was idle when it was refilled), so its mappings can go */
-        kvf_conn_ipc_forget(rk, ie);
-        kvf_conn_ipc_decide(conn, rk, req->engine, req->src, req->nsrc, ie);
-        if (!ie->ok) {
-            kvf_conn_ipc_unmap(rk, ie);
-        }
-        if (!ie->ok && (conn->path != KVF_CONNECTOR_PATH_IPC)) {
-            kvf_log(KVF_LOG_INFO, KVF_SUB_XFER, "ucx connector %s rank %d: pulls from %s go "
-                    "over UCX: %s", conn->engine_id, req->rank,
-                    conn->engines[req->engine].engine_id, ie->why);
-        } else if (ie->ok) {
-            kvf_log(KVF_LOG_INFO, KVF_SUB_XFER, "ucx connector %s rank %d: pulls from %s take "
-                    "the same-node path (CUDA IPC, %d prefill rank(s) mapped)", conn->engine_id,
-                    req->rank, conn->engines[req->engine].engine_id, req->nsrc);
-        }
-    }
+    ie = kvf_conn_ipc_ensure(conn, rk, req->engine, req->rank, req->src, req->nsrc);
     if (!ie->ok) {
         if (conn->path == KVF_CONNECTOR_PATH_IPC) {
             kvf_error("ucx connector %s rank %d: path cuda-ipc is not possible for %s: %s",
@@ -374,7 +404,7 @@ kvf_status_t kvf_conn_ipc_start(kvf_connector_h conn, kvf_conn_rank_t *rk,
     for (size_t z = 0; z < req->plan->num_zero; ++z) {
         cap += kvf_gather_ops_for(req->zero_len[z]);
     }
-    sl = kvf_conn_ipc_slot(rk, cap);
+    sl = kvf_conn_ipc_slot(rk, cap * sizeof(*ops));
     ops = (sl != NULL) ? sl->host : malloc((cap + 1) * sizeof(*ops));
     if (ops == NULL) {
         return KVF_ERR_NO_MEMORY;
@@ -407,6 +437,181 @@ kvf_status_t kvf_conn_ipc_start(kvf_connector_h conn, kvf_conn_rank_t *rk,
     }
     req->ipc = true;
     req->ipc_ops = n;
+    return KVF_OK;
+}
+
+/*
+ * The pair's gather table, made once with its mappings (the first pull of the engine
+ * generation): the templates of its pieces over the mapped source pools and this rank's
+ * pool. None (tmpl_why) when the pieces are missing or have no templates, or the table
+ * cannot be made: the pulls then take the op list.
+ */
+static void kvf_conn_ipc_table(kvf_connector_h conn, kvf_conn_rank_t *rk,
+                               kvf_conn_ipc_engine_t *ie, int engine,
+                               const kvf_xfer_plan_params_t *pp)
+{
+    const kvf_conn_engine_t *e = &conn->engines[engine];
+    kvf_gather_table_desc_t d;
+    int err;
+
+    ie->tmpl_tried = true;
+    ie->tmpl_base = rk->base;
+    ie->tmpl_blocks = rk->num_blocks;
+    ie->tmpl_geom = rk->geom;
+    if (!(pp->field_mask & KVF_XFER_PLAN_PARAM_FIELD_PIECES)) {
+        snprintf(ie->tmpl_why, sizeof(ie->tmpl_why), "the pair's pieces could not be built");
+        return;
+    }
+    if (kvf_xfer_tmpls_build(pp->pieces, &ie->tmpls, ie->tmpl_why, sizeof(ie->tmpl_why)) !=
+        KVF_OK) {
+        return;
+    }
+    memset(&d, 0, sizeof(d));
+    d.dst_base = (uint64_t)(uintptr_t)rk->base;
+    d.dst_page = rk->geom.page_size;
+    d.dst_blocks = rk->num_blocks;
+    d.slots = (uint32_t)conn->layout->slots;
+    d.num_src = (uint32_t)e->tp;
+    for (int i = 0; i < ie->tmpls.num_sources; ++i) {
+        int r = ie->tmpls.sources[i];
+        d.src_base[r] = (uint64_t)(uintptr_t)ie->maps[r].base + e->ranks[r].regions[0].ipc.offset;
+        d.src_page[r] = e->geoms[r].page_size;
+        d.src_blocks[r] = e->num_blocks[r];
+    }
+    d.pieces = ie->tmpls.pieces;
+    d.num_pieces = ie->tmpls.num_pieces;
+    d.tmpls = ie->tmpls.tmpls;
+    d.num_tmpls = KVF_XFER_TMPL_COUNT;
+    err = kvf_gather_table_create(&rk->device, &d, &ie->table);
+    if (err != KVF_KERN_OK) {
+        ie->table = NULL;
+        snprintf(ie->tmpl_why, sizeof(ie->tmpl_why), "the gather table was not made: %s",
+                 kvf_kern_strerror(err));
+    }
+    kvf_log(KVF_LOG_INFO, KVF_SUB_XFER, "ucx connector %s rank %d: pulls from %s %s%s",
+            conn->engine_id, (int)(rk - conn->ranks), e->engine_id,
+            (ie->table != NULL) ? "by block templates (jobs per pull, no plan)" :
+            "by the plan's op list: ", (ie->table != NULL) ? "" : ie->tmpl_why);
+}
+
+/* Keep @a pull's ids in @a req (one allocation) for a plan built later (kvf_conn_req_plan). */
+static kvf_status_t kvf_conn_ipc_keep_pull(kvf_connector_req_h req,
+                                           const kvf_connector_pull_t *pull)
+{
+    size_t ids = 0;
+    kvf_connector_pull_t *c;
+    int32_t *at;
+
+    for (int g = 0; g < pull->num_groups; ++g) {
+        ids += (size_t)pull->num_local_ids[g] + (size_t)pull->num_remote_ids[g];
+    }
+    c = malloc(sizeof(*c) + ids * sizeof(int32_t));
+    if (c == NULL) {
+        return KVF_ERR_NO_MEMORY;
+    }
+    *c = *pull;
+    at = (int32_t *)(c + 1);
+    for (int g = 0; g < pull->num_groups; ++g) {
+        memcpy(at, pull->local_ids[g], (size_t)pull->num_local_ids[g] * sizeof(*at));
+        c->local_ids[g] = at;
+        at += pull->num_local_ids[g];
+        memcpy(at, pull->remote_ids[g], (size_t)pull->num_remote_ids[g] * sizeof(*at));
+        c->remote_ids[g] = at;
+        at += pull->num_remote_ids[g];
+    }
+    c->engine_id = c->request_id = NULL;   /* borrowed strings: not kept */
+    c->peer = NULL;
+    req->pull_copy = c;
+    return KVF_OK;
+}
+
+kvf_status_t kvf_conn_ipc_jobs(kvf_connector_h conn, kvf_conn_rank_t *rk,
+                               kvf_connector_req_h req, const kvf_xfer_plan_params_t *pp,
+                               const kvf_connector_pull_t *pull)
+{
+    const kvf_conn_engine_t *e = &conn->engines[req->engine];
+    int src[KVF_GATHER_TMPL_MAX_SRC], nsrc = 0;
+    kvf_conn_ipc_engine_t *ie;
+    kvf_conn_ipc_slot_t *sl;
+    uint64_t bytes = 0, zero = 0;
+    size_t n = 0;
+    kvf_status_t status;
+
+    if ((conn->path == KVF_CONNECTOR_PATH_UCX) || (rk->device.kind != KVF_DEVICE_CUDA) ||
+        (e->tp > KVF_GATHER_TMPL_MAX_SRC) || (kvf_conn_ipc_state(rk) != KVF_OK)) {
+        return KVF_OK;   /* the plan path decides and reports */
+    }
+    ie = &rk->ipc->engines[req->engine];
+    if ((ie->gen != e->gen) &&
+        (kvf_tp_source_ranks(&conn->cfg, e->tp, conn->tp, req->rank, src, &nsrc) == KVF_OK)) {
+        ie = kvf_conn_ipc_ensure(conn, rk, req->engine, req->rank, src, nsrc);
+    }
+    if (!ie->ok || (ie->gen != e->gen)) {
+        return KVF_OK;
+    }
+    if (ie->tmpl_tried && ((ie->tmpl_base != rk->base) || (ie->tmpl_blocks != rk->num_blocks) ||
+                           (memcmp(&ie->tmpl_geom, &rk->geom, sizeof(rk->geom)) != 0))) {
+        /* the rank re-registered its pool: a table of the old one must go (after the
+         * stream passed any gather that reads it) */
+        (void)kvf_device_sync(&rk->device);
+        kvf_gather_table_destroy(&rk->device, ie->table);
+        kvf_xfer_tmpls_free(&ie->tmpls);
+        ie->table = NULL;
+        ie->tmpl_tried = false;
+    }
+    if (!ie->tmpl_tried) {
+        kvf_conn_ipc_table(conn, rk, ie, req->engine, pp);
+    }
+    if ((ie->table == NULL) || !(pp->field_mask & KVF_XFER_PLAN_PARAM_FIELD_PIECES)) {
+        return KVF_OK;
+    }
+    sl = kvf_conn_ipc_slot(rk, kvf_xfer_tmpl_jobs_max(pp) * sizeof(kvf_gather_job_t));
+    if (sl == NULL) {
+        return KVF_OK;   /* every slot busy: the op list (pageable) */
+    }
+    status = kvf_xfer_tmpl_jobs(pp, (kvf_gather_job_t *)sl->host, &n, &bytes, &zero);
+    if (status == KVF_ERR_UNSUPPORTED) {
+        return KVF_OK;
+    }
+    if (status != KVF_OK) {
+        return status;   /* the plan would refuse it the same way (logged) */
+    }
+    if (n == 0) {
+        return KVF_OK;   /* nothing to move (a whole-prompt prefix hit, no Mamba): the plan */
+    }
+    req->src = malloc((size_t)ie->tmpls.num_sources * sizeof(*req->src) + 1);
+    if ((req->src == NULL) || (kvf_conn_ipc_keep_pull(req, pull) != KVF_OK)) {
+        return KVF_ERR_NO_MEMORY;   /* freed with the request */
+    }
+    req->nsrc = ie->tmpls.num_sources;
+    memcpy(req->src, ie->tmpls.sources, (size_t)req->nsrc * sizeof(*req->src));
+    sl->busy = true;   /* until the request is freed, after its event */
+    req->ipc_slot = (int)(sl - rk->ipc->slots) + 1;
+    req->ipc_jobs = n;
+    return KVF_OK;
+}
+
+kvf_status_t kvf_conn_ipc_run_jobs(kvf_connector_h conn, kvf_conn_rank_t *rk,
+                                   kvf_connector_req_h req)
+{
+    kvf_conn_ipc_engine_t *ie = &rk->ipc->engines[req->engine];
+    kvf_conn_ipc_slot_t *sl = &rk->ipc->slots[req->ipc_slot - 1];
+    kvf_gather_job_t *jobs = (kvf_gather_job_t *)sl->host;
+    int err = kvf_gather_tmpl_run(&rk->device, ie->table, jobs, (kvf_gather_job_t *)sl->dev,
+                                  req->ipc_jobs);
+
+    if (err == KVF_KERN_OK) {
+        err = kvf_device_event_record(&rk->device, &req->ipc_event);
+    }
+    if (err != KVF_KERN_OK) {
+        kvf_error("ucx connector %s rank %d: same-node gather of request %s (%zu block jobs) "
+                  "failed: %s", conn->engine_id, req->rank, req->request_id, req->ipc_jobs,
+                  kvf_kern_strerror(err));
+        (void)kvf_device_sync(&rk->device);   /* what was enqueued may still run */
+        return kvf_status_from_kern(err);
+    }
+    req->ipc = true;
+    req->ipc_ops = kvf_gather_tmpl_ops(ie->table, jobs, req->ipc_jobs);
     return KVF_OK;
 }
 

@@ -7,6 +7,7 @@
 #define KVF_CONNECTOR_IPC_H
 
 #include "kvf_status.h"
+#include "kvf_xfer_plan.h"
 
 #include <stddef.h>
 
@@ -15,6 +16,7 @@ struct kvf_connector_req;
 struct kvf_conn_rank;
 struct kvf_connector_pool;
 struct kvf_connector_stats;
+struct kvf_connector_pull;
 
 /**
  * This node's identity: the Linux boot id (/proc/sys/kernel/random/boot_id,
@@ -52,6 +54,28 @@ void kvf_conn_ipc_export(struct kvf_connector *conn, struct kvf_conn_rank *rk,
  */
 kvf_status_t kvf_conn_ipc_start(struct kvf_connector *conn, struct kvf_conn_rank *rk,
                                 struct kvf_connector_req *req);
+
+/**
+ * Decode, in start_pull before any plan: when this pull can take the same-node path
+ * (as kvf_conn_ipc_start() decides, once per engine generation) and the pair has a gather
+ * table (kvf_xfer_tmpl.h: built with the mappings from the pair's pieces; none where block
+ * sizes differ), write the request's jobs (kvf_xfer_tmpl_jobs(): the plan's checks, no
+ * walk) into a staging slot, set req->ipc_jobs, req->src / nsrc and keep a copy of the
+ * pull's ids in req->pull_copy. Otherwise req->ipc_jobs stays 0 and the caller plans.
+ * @return KVF_OK (either way); the plan's errors for a request it would refuse;
+ *         KVF_ERR_NO_MEMORY.
+ */
+kvf_status_t kvf_conn_ipc_jobs(struct kvf_connector *conn, struct kvf_conn_rank *rk,
+                               struct kvf_connector_req *req, const kvf_xfer_plan_params_t *pp,
+                               const struct kvf_connector_pull *pull);
+
+/**
+ * Enqueue the jobs kvf_conn_ipc_jobs() wrote as one template gather (kvf_gather_tmpl_run())
+ * and an event on the pool's stream; req->ipc is then true.
+ * @return KVF_OK; a device error (logged; what was enqueued drained).
+ */
+kvf_status_t kvf_conn_ipc_run_jobs(struct kvf_connector *conn, struct kvf_conn_rank *rk,
+                                   struct kvf_connector_req *req);
 
 /**
  * poll() of a request that took the same-node path: KVF_INPROGRESS until

@@ -492,11 +492,12 @@ static void kvf_conn_req_free(kvf_connector_h conn, kvf_connector_req_h req)
     }
     free(req->zero_off);
     free(req->zero_len);
-    for (int i = 0; (req->digests != NULL) && (i < req->plan->num_ranks); ++i) {
+    for (int i = 0; (req->digests != NULL) && (req->plan != NULL) &&
+                    (i < req->plan->num_ranks); ++i) {
         free(req->digests[i].ranges);
     }
     free(req->digests);
-    if (req->plan != NULL) {
+    if ((req->plan != NULL) && (req->batches != NULL)) {   /* none: a template pull */
         for (int i = 0; i < req->plan->num_ranks; ++i) {
             kvf_ucx_batch_release(req->batches[i]);
         }
@@ -505,6 +506,7 @@ static void kvf_conn_req_free(kvf_connector_h conn, kvf_connector_req_h req)
     free(req->batches);
     free(req->posted);
     free(req->src);
+    free(req->pull_copy);
     free(req);
 }
 
@@ -583,49 +585,40 @@ static kvf_status_t kvf_conn_post_next(kvf_connector_h conn, kvf_conn_rank_t *rk
     return status;
 }
 
-/* Rank @tp_rank's plan of @pull from engine @e: its blocks' pieces, the padding to zero. */
-static kvf_status_t kvf_conn_plan_pull(kvf_connector_h conn, int tp_rank,
-                                       const kvf_conn_engine_t *e,
-                                       const kvf_connector_pull_t *pull,
-                                       kvf_xfer_plan_t **plan_p)
+/* The plan of @a pp into @a req: its zero ranges and source ranks, the GET bookkeeping. */
+static kvf_status_t kvf_conn_plan_sources(kvf_connector_req_h req,
+                                          const kvf_xfer_plan_params_t *pp)
 {
-    kvf_xfer_group_blocks_t groups[KVF_MAX_KV_GROUPS];
-    const kvf_conn_rank_t *rk = &conn->ranks[tp_rank];
-    kvf_xfer_plan_params_t pp;
+    kvf_status_t status = kvf_xfer_plan_create(pp, &req->plan);   /* checks every id, range */
 
-    memset(&pp, 0, sizeof(pp));
-    pp.flags = conn->plan_flags | pull->plan_flags;
-    pp.field_mask = (pp.flags != 0) ? KVF_XFER_PLAN_PARAM_FIELD_FLAGS : 0;
-    pp.cfg = &conn->cfg;
-    pp.layout = conn->layout;
-    pp.local_tp = conn->tp;
-    pp.local_rank = tp_rank;
-    pp.local_geom = &rk->geom;
-    pp.local_num_blocks = rk->num_blocks;
-    pp.remote_tp = e->tp;
-    pp.remote_geoms = e->geoms;
-    pp.remote_num_blocks = e->num_blocks;
-    pp.num_groups = pull->num_groups;
-    for (int g = 0; g < pull->num_groups; ++g) {
-        groups[g].local_ids = pull->local_ids[g];
-        groups[g].num_local = pull->num_local_ids[g];
-        groups[g].remote_ids = pull->remote_ids[g];
-        groups[g].num_remote = pull->num_remote_ids[g];
+    if (status != KVF_OK) {
+        return status;
     }
-    pp.groups = groups;
-    pp.num_tokens = pull->num_tokens;
-    if (pull->skip_tokens != 0) {
-        pp.field_mask |= KVF_XFER_PLAN_PARAM_FIELD_SKIP;
-        pp.skip_tokens = pull->skip_tokens;
+    req->batches = calloc((size_t)req->plan->num_ranks + 1, sizeof(*req->batches));
+    req->posted = calloc((size_t)req->plan->num_ranks + 1, sizeof(*req->posted));
+    req->src = calloc((size_t)req->plan->num_sources + 1, sizeof(*req->src));
+    req->zero_off = calloc(req->plan->num_zero + 1, sizeof(*req->zero_off));
+    req->zero_len = calloc(req->plan->num_zero + 1, sizeof(*req->zero_len));
+    if ((req->batches == NULL) || (req->posted == NULL) || (req->src == NULL) ||
+        (req->zero_off == NULL) || (req->zero_len == NULL)) {
+        return KVF_ERR_NO_MEMORY;
     }
-    kvf_conn_use_pieces(e, tp_rank, &pp);
-    return kvf_xfer_plan_create(&pp, plan_p);   /* checks every id and range */
+    for (size_t z = 0; z < req->plan->num_zero; ++z) {
+        req->zero_off[z] = (size_t)req->plan->zero[z].off;
+        req->zero_len[z] = (size_t)req->plan->zero[z].len;
+    }
+    /* the plan derived them (kvf_tp_source_ranks()); not derived again here */
+    req->nsrc = req->plan->num_sources;
+    memcpy(req->src, req->plan->sources, (size_t)req->nsrc * sizeof(*req->src));
+    return KVF_OK;
 }
 
 static kvf_status_t kvf_conn_start_pull(kvf_connector_h conn, int tp_rank,
                                         const kvf_connector_pull_t *pull,
                                         kvf_connector_req_h *req_p)
 {
+    kvf_xfer_group_blocks_t groups[KVF_MAX_KV_GROUPS];
+    kvf_xfer_plan_params_t pp;
     kvf_connector_req_h req;
     kvf_conn_rank_t *rk;
     const kvf_conn_engine_t *e;
@@ -675,27 +668,15 @@ static kvf_status_t kvf_conn_start_pull(kvf_connector_h conn, int tp_rank,
     snprintf(req->request_id, sizeof(req->request_id), "%s",
              (pull->request_id != NULL) ? pull->request_id : "");
 
-    status = kvf_conn_plan_pull(conn, tp_rank, e, pull, &req->plan);
+    kvf_conn_plan_params(conn, tp_rank, e, pull, &pp, groups);
+    /* same node with templates: the request's jobs, no plan (kvf_connector_ipc.c) */
+    status = kvf_conn_ipc_jobs(conn, rk, req, &pp, pull);
+    if ((status == KVF_OK) && (req->ipc_jobs == 0)) {
+        status = kvf_conn_plan_sources(req, &pp);
+    }
     if (status != KVF_OK) {
         goto err;
     }
-    req->batches = calloc((size_t)req->plan->num_ranks + 1, sizeof(*req->batches));
-    req->posted = calloc((size_t)req->plan->num_ranks + 1, sizeof(*req->posted));
-    req->src = calloc((size_t)req->plan->num_sources + 1, sizeof(*req->src));
-    req->zero_off = calloc(req->plan->num_zero + 1, sizeof(*req->zero_off));
-    req->zero_len = calloc(req->plan->num_zero + 1, sizeof(*req->zero_len));
-    if ((req->batches == NULL) || (req->posted == NULL) || (req->src == NULL) ||
-        (req->zero_off == NULL) || (req->zero_len == NULL)) {
-        status = KVF_ERR_NO_MEMORY;
-        goto err;
-    }
-    for (size_t z = 0; z < req->plan->num_zero; ++z) {
-        req->zero_off[z] = (size_t)req->plan->zero[z].off;
-        req->zero_len[z] = (size_t)req->plan->zero[z].len;
-    }
-    /* the plan derived them (kvf_tp_source_ranks()); not derived again here */
-    req->nsrc = req->plan->num_sources;
-    memcpy(req->src, req->plan->sources, (size_t)req->nsrc * sizeof(*req->src));
     for (int i = 0; (i < req->nsrc) && (status == KVF_OK); ++i) {
         kvf_ucx_peer_h peer;
         status = kvf_conn_peer(conn, rk, engine, req->src[i], &peer);
@@ -708,7 +689,9 @@ static kvf_status_t kvf_conn_start_pull(kvf_connector_h conn, int tp_rank,
     req->holds_peers = true;
     req->planned_ns = kvf_time_now_ns();
     req->deadline_ns = req->planned_ns + (uint64_t)conn->timeout_ms * 1000000ull;
-    status = kvf_conn_ipc_start(conn, rk, req);   /* same node: one gather, no GETs */
+    /* same node: one gather (of the jobs, or of the plan's op list), no GETs */
+    status = (req->ipc_jobs > 0) ? kvf_conn_ipc_run_jobs(conn, rk, req) :
+             kvf_conn_ipc_start(conn, rk, req);
     if (status != KVF_OK) {
         goto err;
     }
@@ -926,10 +909,12 @@ static kvf_status_t kvf_conn_req_stats(kvf_connector_h conn, int tp_rank,
         return KVF_ERR_INVALID_PARAM;
     }
     KVF_CONN_CHECK_RANK(conn, tp_rank, "req_stats");
-    stats_p->bytes = req->plan->total_bytes;
-    stats_p->descriptors = req->plan->total_descs;
-    stats_p->remote_ranks = req->plan->num_ranks;
-    stats_p->zero_bytes = req->plan->zero_bytes;
+    if (kvf_conn_req_plan(conn, req) == KVF_OK) {   /* a template pull's: built here */
+        stats_p->bytes = req->plan->total_bytes;
+        stats_p->descriptors = req->plan->total_descs;
+        stats_p->remote_ranks = req->plan->num_ranks;
+        stats_p->zero_bytes = req->plan->zero_bytes;
+    }
     stats_p->posted_ns = req->posted_ns;
     stats_p->started_ns = req->started_ns;
     stats_p->planned_ns = req->planned_ns;

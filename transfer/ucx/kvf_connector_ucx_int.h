@@ -139,6 +139,9 @@ struct kvf_connector_req {
     void            *ipc_event;     /* its completion event on the pool's stream */
     uint64_t         ipc_ops;       /* ops of that gather */
     int              ipc_slot;      /* its staging buffers: slot + 1; 0 none */
+    size_t           ipc_jobs;      /* > 0: the template path's jobs (in its slot), no plan */
+    struct kvf_connector_pull *pull_copy;   /* that path: the pull's ids, for a plan built
+                                             * only when asked for (kvf_conn_req_plan) */
 };
 
 /* The thread rules of kvf_connector.h, checked in debug builds: a rank's ops
@@ -189,6 +192,14 @@ void         kvf_conn_engine_pieces_free(kvf_connector_h conn, kvf_conn_engine_t
  * when they cannot be built: the plan derives them and says why it cannot). */
 void         kvf_conn_use_pieces(const kvf_conn_engine_t *e, int tp_rank,
                                  kvf_xfer_plan_params_t *pp);
+/* Rank @a tp_rank's plan params of @a pull from engine @a e (@a groups: their storage,
+ * KVF_MAX_KV_GROUPS), with the pair's pieces (kvf_conn_use_pieces). */
+void         kvf_conn_plan_params(kvf_connector_h conn, int tp_rank, const kvf_conn_engine_t *e,
+                                  const struct kvf_connector_pull *pull,
+                                  kvf_xfer_plan_params_t *pp, kvf_xfer_group_blocks_t *groups);
+/* req->plan, built now from the kept ids of a request that took the template path (digests,
+ * stats); KVF_OK at once when it has one. */
+kvf_status_t kvf_conn_req_plan(kvf_connector_h conn, kvf_connector_req_h req);
 kvf_status_t kvf_conn_remote_incarnation(kvf_connector_h conn, const char *engine_id,
                                          uint64_t *incarnation_p);
 

@@ -1,7 +1,9 @@
 /*
  * UCX connector: what a decode rank does with its pool around the GETs:
- * the pool's device (memory type, zeroing stream), the zero post-ops once
- * the last GET landed, and the KV digests of what landed.
+ * the pool's device (memory type, zeroing stream), a pull's plan params
+ * (and the plan of a same-node template pull, built only when asked for),
+ * the zero post-ops once the last GET landed, and the KV digests of what
+ * landed.
  *
  * Design. A pool on the CPU is zeroed exactly as before device pools
  * existed: one kvf_zero_ranges() over the plan's ranges. A pool in CUDA
@@ -95,6 +97,60 @@ kvf_status_t kvf_conn_zero_tails(kvf_connector_h conn, kvf_connector_req_h req)
     return KVF_OK;
 }
 
+/* Rank @a tp_rank's plan params of @a pull from engine @a e (@a groups: their storage),
+ * with the pair's pieces. */
+void kvf_conn_plan_params(kvf_connector_h conn, int tp_rank, const kvf_conn_engine_t *e,
+                          const kvf_connector_pull_t *pull, kvf_xfer_plan_params_t *pp,
+                          kvf_xfer_group_blocks_t *groups)
+{
+    const kvf_conn_rank_t *rk = &conn->ranks[tp_rank];
+
+    memset(pp, 0, sizeof(*pp));
+    pp->flags = conn->plan_flags | pull->plan_flags;
+    pp->field_mask = (pp->flags != 0) ? KVF_XFER_PLAN_PARAM_FIELD_FLAGS : 0;
+    pp->cfg = &conn->cfg;
+    pp->layout = conn->layout;
+    pp->local_tp = conn->tp;
+    pp->local_rank = tp_rank;
+    pp->local_geom = &rk->geom;
+    pp->local_num_blocks = rk->num_blocks;
+    pp->remote_tp = e->tp;
+    pp->remote_geoms = e->geoms;
+    pp->remote_num_blocks = e->num_blocks;
+    pp->num_groups = pull->num_groups;
+    for (int g = 0; g < pull->num_groups; ++g) {
+        groups[g].local_ids = pull->local_ids[g];
+        groups[g].num_local = pull->num_local_ids[g];
+        groups[g].remote_ids = pull->remote_ids[g];
+        groups[g].num_remote = pull->num_remote_ids[g];
+    }
+    pp->groups = groups;
+    pp->num_tokens = pull->num_tokens;
+    if (pull->skip_tokens != 0) {
+        pp->field_mask |= KVF_XFER_PLAN_PARAM_FIELD_SKIP;
+        pp->skip_tokens = pull->skip_tokens;
+    }
+    kvf_conn_use_pieces(e, tp_rank, pp);
+}
+
+/* The plan of a request that took the template path, built from its kept ids when first
+ * asked for (digests, stats): its descriptors are the bytes the gather copied. */
+kvf_status_t kvf_conn_req_plan(kvf_connector_h conn, kvf_connector_req_h req)
+{
+    kvf_xfer_group_blocks_t groups[KVF_MAX_KV_GROUPS];
+    kvf_xfer_plan_params_t pp;
+
+    if (req->plan != NULL) {
+        return KVF_OK;
+    }
+    if (req->pull_copy == NULL) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    kvf_conn_plan_params(conn, req->rank, &conn->engines[req->engine], req->pull_copy, &pp,
+                         groups);
+    return kvf_xfer_plan_create(&pp, &req->plan);
+}
+
 /* Digest what rank @a tp_rank received from prefill rank plan @a i (fault ucx.data first). */
 static kvf_status_t kvf_conn_digest_one(kvf_connector_h conn, kvf_connector_req_h req, int i)
 {
@@ -144,6 +200,9 @@ kvf_status_t kvf_conn_req_digests(kvf_connector_h conn, int tp_rank, kvf_connect
         return KVF_ERR_INVALID_PARAM;
     }
     KVF_CONN_CHECK_RANK(conn, tp_rank, "req_digests");
+    if ((req->digests == NULL) && (kvf_conn_req_plan(conn, req) != KVF_OK)) {
+        return KVF_ERR_NO_MEMORY;   /* the plan of the pull that ran: logged */
+    }
     if (req->digests == NULL) {
         req->digests = calloc((size_t)req->plan->num_ranks + 1, sizeof(*req->digests));
         if (req->digests == NULL) {

@@ -18,6 +18,7 @@
 #include "kvf_devsim_int.h"
 #include "kvf_device_ipc.h"
 #include "kvf_gather.h"
+#include "kvf_gather_tmpl.h"
 
 #include <fcntl.h>
 #include <pthread.h>
@@ -38,9 +39,11 @@ typedef struct devsim_ipc_handle {
 } devsim_ipc_handle_t;
 
 typedef struct devsim_pending {
-    struct devsim_pending *next;
-    size_t                 n;
-    kvf_gather_op_t        ops[];
+    struct devsim_pending    *next;
+    size_t                    n;
+    const kvf_gather_table_t *table;   /* set: n jobs of a template gather, else n ops */
+    kvf_gather_job_t         *jobs;
+    kvf_gather_op_t           ops[];
 } devsim_pending_t;
 
 static int ipc_on = -1;
@@ -87,6 +90,9 @@ void devsim_ipc_release(void *p, size_t len, int fd)
     }
 }
 
+int __real_kvf_gather_tmpl_run(const kvf_device_t *dev, const kvf_gather_table_t *table,
+                               kvf_gather_job_t *jobs, kvf_gather_job_t *dev_jobs, size_t n);
+
 void devsim_ipc_flush(void)
 {
     kvf_device_t cpu = kvf_device_cpu();
@@ -99,6 +105,13 @@ void devsim_ipc_flush(void)
     pthread_mutex_unlock(&pending_lock);
     while (list != NULL) {
         devsim_pending_t *next = list->next;
+        if (list->table != NULL) {   /* the kernel's body: kvf_gather_tmpl_op() per op */
+            (void)__real_kvf_gather_tmpl_run(&cpu, list->table, list->jobs, NULL, list->n);
+            free(list->jobs);
+            free(list);
+            list = next;
+            continue;
+        }
         for (size_t i = 0; i < list->n; ++i) {
             devsim_want_dev_fn((const void *)(uintptr_t)list->ops[i].dst, "kvf_gather dst");
             if (list->ops[i].src != 0) {
@@ -312,6 +325,8 @@ static int devsim_gather_enqueue(const kvf_gather_op_t *ops, size_t n)
     }
     p->next = NULL;
     p->n = n;
+    p->table = NULL;
+    p->jobs = NULL;
     memcpy(p->ops, ops, n * sizeof(*ops));
     pthread_mutex_lock(&pending_lock);
     *pending_tail = p;
@@ -346,4 +361,51 @@ int __wrap_kvf_gather_staged(const kvf_device_t *dev, const kvf_gather_op_t *hos
     }
     devsim_want_dev_fn(dev_ops, "kvf_gather_staged dev_ops");
     return devsim_gather_enqueue(host_ops, n);
+}
+
+/* A template gather's table: host arrays (the simulated device is this process's memory). */
+int __real_kvf_gather_table_create(const kvf_device_t *dev, const kvf_gather_table_desc_t *desc,
+                                   kvf_gather_table_t **table_p);
+int __wrap_kvf_gather_table_create(const kvf_device_t *dev, const kvf_gather_table_desc_t *desc,
+                                   kvf_gather_table_t **table_p);
+int __wrap_kvf_gather_table_create(const kvf_device_t *dev, const kvf_gather_table_desc_t *desc,
+                                   kvf_gather_table_t **table_p)
+{
+    kvf_device_t cpu = kvf_device_cpu();
+
+    if (!devsim_is_cuda(dev) || !devsim_ipc_on()) {
+        return __real_kvf_gather_table_create(dev, desc, table_p);
+    }
+    return __real_kvf_gather_table_create(&cpu, desc, table_p);
+}
+
+/* The jobs uploaded now (copied), the kernel run at the next query or sync, as a stream. */
+int __wrap_kvf_gather_tmpl_run(const kvf_device_t *dev, const kvf_gather_table_t *table,
+                               kvf_gather_job_t *jobs, kvf_gather_job_t *dev_jobs, size_t n);
+int __wrap_kvf_gather_tmpl_run(const kvf_device_t *dev, const kvf_gather_table_t *table,
+                               kvf_gather_job_t *jobs, kvf_gather_job_t *dev_jobs, size_t n)
+{
+    devsim_pending_t *p;
+
+    if (!devsim_is_cuda(dev) || !devsim_ipc_on()) {
+        return __real_kvf_gather_tmpl_run(dev, table, jobs, dev_jobs, n);
+    }
+    if ((table == NULL) || (jobs == NULL) || (dev_jobs == NULL)) {
+        return KVF_KERN_EINVAL;
+    }
+    devsim_want_dev_fn(dev_jobs, "kvf_gather_tmpl_run dev_jobs");
+    p = calloc(1, sizeof(*p));
+    if ((p == NULL) || ((p->jobs = malloc(n * sizeof(*jobs) + 1)) == NULL)) {
+        free(p);
+        return KVF_KERN_ENOMEM;
+    }
+    memcpy(p->jobs, jobs, n * sizeof(*jobs));
+    p->n = n;
+    p->table = table;
+    pthread_mutex_lock(&pending_lock);
+    *pending_tail = p;
+    pending_tail = &p->next;
+    pthread_mutex_unlock(&pending_lock);
+    atomic_fetch_add(&st_kernels, 1);
+    return KVF_KERN_OK;
 }

@@ -23,6 +23,7 @@
 #include "kvf_connector_ucx_int.h"
 #include "kvf_device_ipc.h"
 #include "kvf_gather.h"
+#include "kvf_gather_tmpl.h"
 #include "kvf_xfer.pb-c.h"
 
 #include "kvf_log.h"
@@ -291,6 +292,44 @@ int __wrap_kvf_gather_staged(const kvf_device_t *dev, const kvf_gather_op_t *hos
     return __real_kvf_gather_staged(&cpu, dev_ops, NULL, n);
 }
 
+/*
+ * The template path (kernels/kvf_gather_tmpl.h): off (no table: the op list, which the tests
+ * above count) unless tmpl_on; then the table holds host arrays and the gather runs the CPU
+ * twin from the "uploaded" jobs. Never the real CUDA table: the pools here are host memory.
+ */
+static bool tmpl_on;
+static int tmpl_runs;
+
+int __real_kvf_gather_table_create(const kvf_device_t *dev, const kvf_gather_table_desc_t *desc,
+                                   kvf_gather_table_t **table_p);
+int __wrap_kvf_gather_table_create(const kvf_device_t *dev, const kvf_gather_table_desc_t *desc,
+                                   kvf_gather_table_t **table_p);
+int __wrap_kvf_gather_table_create(const kvf_device_t *dev, const kvf_gather_table_desc_t *desc,
+                                   kvf_gather_table_t **table_p)
+{
+    kvf_device_t cpu = kvf_device_cpu();
+
+    assert_int_equal(dev->kind, KVF_DEVICE_CUDA);
+    return tmpl_on ? __real_kvf_gather_table_create(&cpu, desc, table_p) : KVF_KERN_EUNSUPPORTED;
+}
+
+int __real_kvf_gather_tmpl_run(const kvf_device_t *dev, const kvf_gather_table_t *table,
+                               kvf_gather_job_t *jobs, kvf_gather_job_t *dev_jobs, size_t n);
+int __wrap_kvf_gather_tmpl_run(const kvf_device_t *dev, const kvf_gather_table_t *table,
+                               kvf_gather_job_t *jobs, kvf_gather_job_t *dev_jobs, size_t n);
+int __wrap_kvf_gather_tmpl_run(const kvf_device_t *dev, const kvf_gather_table_t *table,
+                               kvf_gather_job_t *jobs, kvf_gather_job_t *dev_jobs, size_t n)
+{
+    kvf_device_t cpu = kvf_device_cpu();
+
+    assert_int_equal(dev->kind, KVF_DEVICE_CUDA);
+    assert_ptr_equal(dev->stream, FAKE_STREAM);      /* the pool's own stream */
+    assert_non_null(dev_jobs);                       /* the slot's device buffer */
+    tmpl_runs++;
+    memcpy(dev_jobs, jobs, n * sizeof(*jobs));
+    return __real_kvf_gather_tmpl_run(&cpu, table, dev_jobs, NULL, n);
+}
+
 int __wrap_kvf_device_host_alloc(const kvf_device_t *dev, size_t bytes, void **ptr_p)
 {
     assert_int_equal(dev->kind, KVF_DEVICE_CUDA);
@@ -396,7 +435,7 @@ ucs_status_ptr_t __wrap_ucp_get_nbx(ucp_ep_h ep, void *buffer, size_t count,
 
 static void counters_reset(void)
 {
-    gathers = staged = 0;
+    gathers = staged = tmpl_runs = 0;
     copy_ops = zero_ops = 0;
     copy_bytes = zero_bytes = 0;
     not_done_seen = 0;
@@ -684,9 +723,11 @@ static void test_ipc_pull_1p1d(void **state)
 /*
  * 2p1d: the decode rank reads both prefill ranks (one KV head each). The
  * same request pulled over UCX into a second decode pool gives the
- * reference: both pools must be equal in every byte.
+ * reference: both pools must be equal in every byte. @a tmpl: by the pair's
+ * block templates (one job per block, no plan on the pull's path), else by
+ * the plan's op list.
  */
-static void test_ipc_equals_ucx_2p1d(void **state)
+static void ipc_equals_ucx_2p1d(bool tmpl)
 {
     kvf_connector_h pre, dec_ipc, dec_ucx;
     uint8_t *pp[2], *d_ipc, *d_ucx;
@@ -696,8 +737,8 @@ static void test_ipc_equals_ucx_2p1d(void **state)
     char why[512];
     int port;
 
-    (void)state;
     node_now = "node-a";
+    tmpl_on = tmpl;
     pre = conn_make("prefill-2", KVF_CONNECTOR_ROLE_PREFILL, 2, KVF_CONNECTOR_PATH_AUTO);
     dec_ipc = conn_make("decode-a", KVF_CONNECTOR_ROLE_DECODE, 1, KVF_CONNECTOR_PATH_AUTO);
     dec_ucx = conn_make("decode-u", KVF_CONNECTOR_ROLE_DECODE, 1, KVF_CONNECTOR_PATH_UCX);
@@ -716,7 +757,9 @@ static void test_ipc_equals_ucx_2p1d(void **state)
     assert_int_equal(st.path, KVF_CONNECTOR_PATH_IPC);
     assert_int_equal(st.remote_ranks, 2);
     assert_int_equal(opens, 2);                      /* both prefill ranks mapped */
-    assert_int_equal(copy_bytes, st.bytes);
+    assert_int_equal(tmpl_runs, tmpl ? 1 : 0);
+    assert_int_equal(gathers, tmpl ? 0 : 1);
+    assert_int_equal(copy_bytes, tmpl ? 0 : st.bytes);
     assert_int_equal(gets_cuda, 0);
     assert_int_equal(pull(dec_ucx, "prefill-2", &st, &end), KVF_OK);
     assert_int_equal(end, KVF_OK);
@@ -725,8 +768,8 @@ static void test_ipc_equals_ucx_2p1d(void **state)
     assert_true(kvf_ucx_agent_ops_posted(dec_ucx->ranks[0].agent) > 0);
     assert_true(gets_cuda > 0);                      /* into the pool named as cuda memory */
     assert_int_equal(opens, 2);
-    print_message("2p1d: %llu bytes, %llu zeroed; ipc pool == ucx pool: %s\n",
-                  (unsigned long long)st.bytes, (unsigned long long)st.zero_bytes,
+    print_message("2p1d (%s): %llu bytes, %llu zeroed; ipc pool == ucx pool: %s\n",
+                  tmpl ? "templates" : "op list", (unsigned long long)st.bytes, (unsigned long long)st.zero_bytes,
                   (memcmp(d_ipc, d_ucx, dlen) == 0) ? "yes" : "NO");
     assert_memory_equal(d_ipc, d_ucx, dlen);
     {   /* and something landed from each prefill rank (the bytes differ per rank) */
@@ -746,6 +789,19 @@ static void test_ipc_equals_ucx_2p1d(void **state)
     free(d_ucx);
     num_dev = 0;
     opens = closes = 0;
+    tmpl_on = false;
+}
+
+static void test_ipc_equals_ucx_2p1d(void **state)
+{
+    (void)state;
+    ipc_equals_ucx_2p1d(false);
+}
+
+static void test_ipc_tmpl_equals_ucx_2p1d(void **state)
+{
+    (void)state;
+    ipc_equals_ucx_2p1d(true);
 }
 
 /* One decode connector pulling under the wraps' current answers: path and why. */
@@ -833,6 +889,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ipc_pull_1p1d),
         cmocka_unit_test(test_ipc_equals_ucx_2p1d),
+        cmocka_unit_test(test_ipc_tmpl_equals_ucx_2p1d),
         cmocka_unit_test(test_ipc_fallbacks),
     };
     kvf_log_init("test");

@@ -33,9 +33,11 @@ static void run(const char *json, const char *what)
     xp_totals_t t = {0};
     xp_run_matrix(json, dense_cfgs, (int)(sizeof(dense_cfgs) / sizeof(dense_cfgs[0])), &t);
     print_message("%s: %lu cases, %lu rank plans, %lu descriptors, %llu bytes, %llu zeroed,"
-                  " %llu elements checked\n", what, t.cases, t.rank_plans, t.descs, t.bytes,
-                  t.zero_bytes, t.elements);
+                  " %llu elements checked; %lu rank plans also by the gather's templates\n", what,
+                  t.cases, t.rank_plans, t.descs, t.bytes, t.zero_bytes, t.elements,
+                  t.tmpl_plans);
     assert_true(t.cases > 0);
+    assert_true(t.tmpl_plans > 0);   /* every config list has equal block sizes */
 }
 
 static void test_dense_kv4(void **state)

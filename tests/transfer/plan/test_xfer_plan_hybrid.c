@@ -17,14 +17,16 @@
 #include <stdio.h>
 #include <cmocka.h>
 
-static void run(const xp_block_cfg_t *cfgs, int n, const char *what)
+static unsigned long run(const xp_block_cfg_t *cfgs, int n, const char *what)
 {
     xp_totals_t t = {0};
     xp_run_matrix(xp_tiny_hybrid_json, cfgs, n, &t);
     print_message("%s: %lu cases, %lu rank plans, %lu descriptors, %llu bytes, %llu zeroed,"
-                  " %llu elements checked\n", what, t.cases, t.rank_plans, t.descs, t.bytes,
-                  t.zero_bytes, t.elements);
+                  " %llu elements checked; %lu rank plans also by the gather's templates\n", what,
+                  t.cases, t.rank_plans, t.descs, t.bytes, t.zero_bytes, t.elements,
+                  t.tmpl_plans);
     assert_true(t.cases > 0);
+    return t.tmpl_plans;
 }
 
 /* The TP-stable default (80 tokens, one kernel block) and other kernel sizes at 80. */
@@ -36,7 +38,7 @@ static void test_hybrid_equal_blocks(void **state)
         {80, 40, 80, 16},    /* kernel 40 vs 16 */
     };
     (void)state;
-    run(cfgs, 3, "hybrid equal");
+    assert_true(run(cfgs, 3, "hybrid equal") > 0);   /* the derived sizes: templates ran */
 }
 
 static void test_hybrid_decode_larger(void **state)
@@ -46,7 +48,7 @@ static void test_hybrid_decode_larger(void **state)
         {80, 16, 240, 80},   /* decode 3x */
     };
     (void)state;
-    run(cfgs, 2, "hybrid decode larger");
+    (void)run(cfgs, 2, "hybrid decode larger");
 }
 
 static void test_hybrid_prefill_larger(void **state)
@@ -56,7 +58,7 @@ static void test_hybrid_prefill_larger(void **state)
         {160, 160, 80, 80},  /* one kernel block each */
     };
     (void)state;
-    run(cfgs, 2, "hybrid prefill larger");
+    (void)run(cfgs, 2, "hybrid prefill larger");
 }
 
 static void test_hybrid_not_dividing(void **state)
@@ -67,7 +69,7 @@ static void test_hybrid_not_dividing(void **state)
         {80, 40, 96, 48},
     };
     (void)state;
-    run(cfgs, 3, "hybrid not dividing");
+    (void)run(cfgs, 3, "hybrid not dividing");
 }
 
 int main(void)

@@ -6,10 +6,13 @@
  * over the full pull (the kernel with the window, several decode steps, layouts 1p1d, 2p1d
  * and 1p2d). The blocks before the window are zeroed, not read: the decode region starts as
  * NaN bytes, so a byte the kernel read there and the plan left stale would poison its
- * output. A qwen3 model with a full-attention layer in the group is read whole.
+ * output. A qwen3 model with a full-attention layer in the group is read whole. Both pulls
+ * also run by the pair's block templates (the same-node path without a plan), equal to the
+ * plan's region in every byte.
  */
 #include "kvf_attention.h"
 #include "kvf_xfer_plan.h"
+#include "kvf_xfer_tmpl.h"
 #include "kvf_layout.h"
 #include "kvf_model_config.h"
 
@@ -94,6 +97,61 @@ static kvf_xfer_plan_t *plan(const world_t *w, int dr, int64_t n, int32_t *ids, 
     return pl;
 }
 
+/* The same pull by the pair's block templates (kvf_xfer_tmpl.h) on the CPU twin: every byte
+ * of the region equal to the plan's @a want (both from a region of 0xff). */
+static void tmpl_equals(const world_t *w, int dr, int64_t n, int32_t *ids, int nb, bool window,
+                        void *const *pre, const uint8_t *want, size_t dlen)
+{
+    int64_t remote_nb[MAX_TP] = {nb, nb};
+    kvf_xfer_group_blocks_t g = {.local_ids = ids, .num_local = nb, .remote_ids = ids,
+                                 .num_remote = nb};
+    kvf_xfer_plan_params_t p = {
+        .field_mask = KVF_XFER_PLAN_PARAM_FIELD_FLAGS, .cfg = &w->cfg, .layout = &w->layout,
+        .local_tp = w->D, .local_rank = dr, .local_geom = &w->dg[dr], .local_num_blocks = nb,
+        .remote_tp = w->P, .remote_geoms = w->pg, .remote_num_blocks = remote_nb,
+        .num_groups = w->layout.num_groups, .groups = &g, .num_tokens = n,
+        .flags = window ? KVF_XFER_PLAN_FLAG_WINDOW : 0,
+    };
+    kvf_device_t cpu = kvf_device_cpu();
+    kvf_gather_table_desc_t d = {.dst_page = w->dg[dr].page_size, .dst_blocks = nb,
+                                 .slots = (uint32_t)w->layout.slots, .num_src = (uint32_t)w->P,
+                                 .num_tmpls = KVF_XFER_TMPL_COUNT};
+    kvf_gather_job_t *jobs = calloc((size_t)nb + 1, sizeof(*jobs));
+    kvf_xfer_pieces_t *pc = NULL;
+    kvf_gather_table_t *t = NULL;
+    kvf_xfer_tmpls_t tm;
+    uint64_t bytes, zero;
+    uint8_t *got = malloc(dlen);
+    size_t nj = 0;
+    char why[160];
+
+    assert_non_null(jobs);
+    assert_non_null(got);
+    memset(got, 0xff, dlen);
+    assert_int_equal(kvf_xfer_pieces_create(&p, &pc), KVF_OK);
+    p.field_mask |= KVF_XFER_PLAN_PARAM_FIELD_PIECES;
+    p.pieces = pc;
+    assert_int_equal(kvf_xfer_tmpls_build(pc, &tm, why, sizeof(why)), KVF_OK);
+    d.dst_base = (uint64_t)(uintptr_t)got;
+    for (int r = 0; r < w->P; ++r) {
+        d.src_base[r] = (uint64_t)(uintptr_t)pre[r];
+        d.src_page[r] = w->pg[r].page_size;
+        d.src_blocks[r] = nb;
+    }
+    d.pieces = tm.pieces;
+    d.num_pieces = tm.num_pieces;
+    d.tmpls = tm.tmpls;
+    assert_int_equal(kvf_gather_table_create(&cpu, &d, &t), KVF_KERN_OK);
+    assert_int_equal(kvf_xfer_tmpl_jobs(&p, jobs, &nj, &bytes, &zero), KVF_OK);
+    assert_int_equal(kvf_gather_tmpl_run(&cpu, t, jobs, NULL, nj), KVF_KERN_OK);
+    assert_memory_equal(got, want, dlen);
+    kvf_gather_table_destroy(&cpu, t);
+    kvf_xfer_tmpls_free(&tm);
+    kvf_xfer_pieces_destroy(pc);
+    free(got);
+    free(jobs);
+}
+
 /* Decode steps at positions n .. n + STEPS - 1 on one decode rank's region @a base: the
  * same random q / k / v rows (seeded) written and attended in every layer slot. */
 static void decode(const world_t *w, int dr, void *base, int32_t *ids, int nb, int64_t n,
@@ -172,6 +230,8 @@ static uint64_t run_len(const world_t *w, int64_t n, uint64_t *full_p)
         memset(b, 0xff, dlen);
         assert_int_equal(kvf_xfer_plan_apply_local(pf, a, dlen, bases, plen), KVF_OK);
         assert_int_equal(kvf_xfer_plan_apply_local(pw, b, dlen, bases, plen), KVF_OK);
+        tmpl_equals(w, dr, n, ids, nb, false, pre, a, dlen);
+        tmpl_equals(w, dr, n, ids, nb, true, pre, b, dlen);
         decode(w, dr, a, ids, nb, n, oa);
         decode(w, dr, b, ids, nb, n, ob);
         for (size_t i = 0; i < nout; ++i) {

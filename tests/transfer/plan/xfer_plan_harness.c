@@ -17,6 +17,7 @@
  * by local offset and count maximal runs that are contiguous on both sides.
  */
 #include "xfer_plan_harness.h"
+#include "kvf_xfer_tmpl.h"
 
 #include "kvf_log.h"
 #include "kvf_tp_map.h"
@@ -502,6 +503,76 @@ static void xp_check_pieces(const kvf_xfer_plan_params_t *params, const kvf_xfer
     kvf_xfer_pieces_destroy(pc);
 }
 
+/*
+ * The same-node gather by templates (transfer/plan/kvf_xfer_tmpl.h, kernels/kvf_gather_tmpl.h)
+ * on the CPU twin: every byte of the decode pool equal to the plan's @a want (copies and zero
+ * ranges from the same poisoned pool), bytes and zeroed bytes equal to the plan's counts; a
+ * pair whose block sizes differ has no templates and its jobs are refused. Returns whether the
+ * templates ran.
+ */
+static bool xp_check_tmpl(const xp_world_t *w, const kvf_xfer_plan_params_t *params,
+                          const kvf_xfer_plan_t *plan, const uint8_t *want, size_t dlen)
+{
+    kvf_xfer_plan_params_t pp = *params;
+    kvf_xfer_pieces_t *pc = NULL;
+    kvf_xfer_tmpls_t t;
+    kvf_gather_table_desc_t d;
+    kvf_gather_table_t *table = NULL;
+    kvf_gather_job_t *jobs;
+    kvf_device_t cpu = kvf_device_cpu();
+    uint64_t bytes = 0, zero = 0;
+    size_t n = 0;
+    char why[160];
+    uint8_t *got;
+    kvf_status_t st;
+
+    assert_int_equal(kvf_xfer_pieces_create(params, &pc), KVF_OK);
+    pp.field_mask |= KVF_XFER_PLAN_PARAM_FIELD_PIECES;
+    pp.pieces = pc;
+    jobs = calloc(kvf_xfer_tmpl_jobs_max(&pp) + 1, sizeof(*jobs));
+    assert_non_null(jobs);
+    st = kvf_xfer_tmpls_build(pc, &t, why, sizeof(why));
+    if (st != KVF_OK) {
+        assert_int_equal(st, KVF_ERR_UNSUPPORTED);
+        assert_int_equal(kvf_xfer_tmpl_jobs(&pp, jobs, &n, &bytes, &zero), KVF_ERR_UNSUPPORTED);
+        free(jobs);
+        kvf_xfer_pieces_destroy(pc);
+        return false;
+    }
+    got = malloc(dlen);
+    assert_non_null(got);
+    memset(got, XP_DECODE_POISON, dlen);
+    memset(&d, 0, sizeof(d));
+    d.dst_base = (uint64_t)(uintptr_t)got;
+    d.dst_page = params->local_geom->page_size;
+    d.dst_blocks = w->d_blocks;
+    d.slots = (uint32_t)w->layout.slots;
+    d.num_src = (uint32_t)w->P;
+    for (int r = 0; r < w->P; ++r) {
+        d.src_base[r] = (uint64_t)(uintptr_t)w->ppool[r];
+        d.src_page[r] = w->pg[r].page_size;
+        d.src_blocks[r] = w->p_blocks;
+    }
+    d.pieces = t.pieces;
+    d.num_pieces = t.num_pieces;
+    d.tmpls = t.tmpls;
+    d.num_tmpls = KVF_XFER_TMPL_COUNT;
+    assert_int_equal(kvf_gather_table_create(&cpu, &d, &table), KVF_KERN_OK);
+    assert_int_equal(t.num_sources, plan->num_sources);
+    assert_memory_equal(t.sources, plan->sources, (size_t)t.num_sources * sizeof(int));
+    assert_int_equal(kvf_xfer_tmpl_jobs(&pp, jobs, &n, &bytes, &zero), KVF_OK);
+    assert_int_equal(kvf_gather_tmpl_run(&cpu, table, jobs, NULL, n), KVF_KERN_OK);
+    assert_memory_equal(got, want, dlen);
+    assert_int_equal(bytes, plan->total_bytes);
+    assert_int_equal(zero, plan->zero_bytes);
+    kvf_gather_table_destroy(&cpu, table);
+    kvf_xfer_tmpls_free(&t);
+    free(got);
+    free(jobs);
+    kvf_xfer_pieces_destroy(pc);
+    return true;
+}
+
 /* ---- block ids ---- */
 
 static uint64_t xp_rand(uint64_t *state)
@@ -772,6 +843,7 @@ void xp_run_case(const xp_case_t *c, xp_totals_t *totals)
         }
         assert_int_equal(kvf_xfer_plan_apply_local(plan, b, dlen, bases, lens), KVF_OK);
         assert_memory_equal(a, b, dlen);
+        totals->tmpl_plans += xp_check_tmpl(w, &params, plan, a, dlen) ? 1 : 0;
 
         xp_verify_decode(w, dr, !c->no_coalesce, a, dlen, &pairs, &elements, &zero_bytes);
 

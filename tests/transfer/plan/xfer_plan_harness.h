@@ -47,6 +47,8 @@ typedef struct xp_totals {
     unsigned long long bytes;
     unsigned long long zero_bytes;
     unsigned long long elements;    /* decode elements checked */
+    unsigned long tmpl_plans;       /* of rank_plans, also run by the gather's templates
+                                       (equal block sizes) and compared byte for byte */
 } xp_totals_t;
 
 /**
