@@ -44,9 +44,9 @@ typedef struct kvf_dc_pull_ctx {
     int64_t                    xfer_timeout_ms;     /* bounds each phase */
     int64_t                    test_pull_delay_ms;  /* hidden: before the GETs */
     bool                       kv_digest;           /* --kv-digest on: releases carry digests */
-    bool                       window_pull;         /* a model whose every attention layer
-                                                     * slides: read only the window
-                                                     * (KVF_XFER_PLAN_FLAG_WINDOW) */
+    bool                       window_pull;         /* a model with a sliding layer: read
+                                                     * its sliding layers only within the
+                                                     * window (KVF_XFER_PLAN_FLAG_WINDOW) */
     uint64_t                   refusals;            /* handshakes refused */
     uint64_t                   peer_errors;
     uint64_t                   reads_prevented;     /* lease not valid: KV not read / not used */
@@ -142,9 +142,10 @@ kvf_status_t kvf_dc_pull_advance(kvf_dc_pull_ctx_t *ctx, kvf_dc_pull_t *pull);
  * served (kvf_engine_request_prefix_hit()) are not read; nothing is read at all when that is
  * the whole prompt of a model without Mamba layers (the lease is claimed and released). Says
  * in the log when prefill gave no numerics class (a whole pull, nothing kept). With
- * ctx->window_pull, a model whose every attention layer slides reads only
- * [max(hit, window start), N) (kvf_xfer_window_first_block()); the engine is told the
- * blocks zeroed before it (kvf_engine_import_zeroed()), so none of them is indexed.
+ * ctx->window_pull, a model with a sliding layer reads its sliding layers only in
+ * [max(hit, window start), N) (kvf_xfer_window_first_block()) and its full layers in
+ * [hit, N); the engine is told the blocks whose sliding slots were zeroed
+ * (kvf_engine_import_zeroed()), so none of them is indexed.
  */
 void kvf_dc_pull_prefix(kvf_dc_pull_ctx_t *ctx, kvf_dc_pull_t *pull, kvf_engine_h engine,
                         uint64_t id);

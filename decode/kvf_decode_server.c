@@ -78,7 +78,7 @@ static kvf_status_t kvf_dc_setup(kvf_decode_server_h srv)
     srv->px.xfer_timeout_ms = srv->cfg.role.xfer_timeout_ms;
     srv->px.test_pull_delay_ms = srv->cfg.test_pull_delay_ms;
     srv->px.kv_digest = (strcmp(srv->cfg.kv_digest, "on") == 0);
-    srv->px.window_pull = true;   /* acts only for a model whose every attention layer slides */
+    srv->px.window_pull = true;   /* acts only for a model with a sliding layer */
     kvf_drain_init(&srv->drain, (uint64_t)srv->cfg.role.drain_timeout_ms);
     return kvf_serve_server_create(srv->cfg.role.listen, &srv->serve);
 }

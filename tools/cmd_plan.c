@@ -155,8 +155,8 @@ static const char *kvf_plan_groups(const kvf_shard_t *s, char *buf, size_t len)
 
 /*
  * A sliding-window model: the bytes a window-bounded pull (KVF_XFER_PLAN_FLAG_WINDOW) reads
- * per decode rank whatever the prompt, ceil(W / B) + 1 blocks of every layer, when every
- * attention layer slides (one group); else why the pull stays whole.
+ * per decode rank: ceil(W / B) + 1 blocks of every sliding layer whatever the prompt, and the
+ * full-attention layers' whole prompt (bytes a token) where the model mixes the two.
  */
 static void kvf_plan_window_line(const kvf_model_config_t *cfg, const kvf_rank_geometry_t *dg)
 {
@@ -168,16 +168,19 @@ static void kvf_plan_window_line(const kvf_model_config_t *cfg, const kvf_rank_g
     for (int l = 0; l < cfg->num_layers; ++l) {
         sliding += (cfg->layer_window[l] > 0);
     }
-    if (sliding < cfg->num_attention_layers) {
-        printf("  sliding window %d on %d of %d attention layers: the pull stays whole (the"
-               " group has full-attention layers)\n", cfg->sliding_window, sliding,
-               cfg->num_attention_layers);
-        return;
-    }
     const size_t blocks = (size_t)((cfg->sliding_window + dg->block_size - 1) /
                                    dg->block_size) + 1;
     const size_t bytes = blocks * (size_t)dg->block_size * dg->attn_bytes_per_token *
                          (size_t)sliding;
+    if (sliding < cfg->num_attention_layers) {
+        const int full = cfg->num_attention_layers - sliding;
+        printf("  sliding window %d on %d of %d attention layers: a window-bounded pull reads"
+               " the %d full layers' whole prompt (%zu bytes a token) and at most %zu blocks ="
+               " %zu bytes of the sliding layers per decode rank\n", cfg->sliding_window,
+               sliding, cfg->num_attention_layers, full,
+               dg->attn_bytes_per_token * (size_t)full, blocks, bytes);
+        return;
+    }
     printf("  sliding window %d: a window-bounded pull reads at most %zu blocks = %zu bytes"
            " per decode rank, any prompt length\n", cfg->sliding_window, blocks, bytes);
 }

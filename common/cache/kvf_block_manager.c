@@ -57,6 +57,10 @@ struct kvf_block_manager {
     int               num_lru;
     kvf_block_evict_fn_t evict;
     void             *evict_ctx;
+    int32_t           hole;         /* the zero block standing for blocks given back before a
+                                     * sliding window (kvf_block_manager_release_before); -1:
+                                     * none. Held by the manager while a request names it */
+    int               hole_users;   /* requests whose table names it */
 };
 
 #define KVF_BLOCK_MANAGER_REQUIRED (KVF_BLOCK_MANAGER_PARAM_FIELD_NUM_BLOCKS |     \
@@ -115,6 +119,7 @@ kvf_status_t kvf_block_manager_create(const kvf_block_manager_params_t *params,
         goto err_free_state;
     }
     bm->lru_head = bm->lru_tail = -1;
+    bm->hole = -1;
     bm->num_blocks = params->num_blocks;
     bm->block_size = params->block_size;
     bm->num_groups = params->layout->num_groups;
@@ -287,6 +292,9 @@ static int32_t kvf_bm_pop(struct kvf_block_manager *bm, kvf_group_kind_t kind)
 /* Push one block back; false for a bad id or a double free (logged). */
 static bool kvf_bm_push(struct kvf_block_manager *bm, int32_t b)
 {
+    if ((b == bm->hole) && (b >= 0)) {
+        return true;   /* the manager's zero block: an entry given back, nothing to free */
+    }
     if ((b < 0) || (b >= bm->num_blocks)) {
         kvf_error("block manager: free of block %" PRId32 " outside [0, %d)", b, bm->num_blocks);
         return false;
@@ -314,6 +322,22 @@ static bool kvf_bm_push(struct kvf_block_manager *bm, int32_t b)
     bm->state[b] = KVF_BLOCK_FREE;
     bm->free_stack[bm->num_free++] = b;
     return true;
+}
+
+/* @a req's table no longer names the zero block (it is freed): the last such request frees
+ * it, so an idle manager holds no block. */
+static void kvf_bm_hole_put(struct kvf_block_manager *bm, const kvf_req_blocks_t *req)
+{
+    bool named = false;
+
+    for (int g = 0; g < KVF_MAX_KV_GROUPS; ++g) {
+        named = named || (req->released[g] > 0);
+    }
+    if (named && (bm->hole >= 0) && (--bm->hole_users == 0)) {
+        int32_t b = bm->hole;
+        bm->hole = -1;
+        (void)kvf_bm_push(bm, b);
+    }
 }
 
 /* A valid allocated cached block of which the caller holds the last reference. */
@@ -420,6 +444,7 @@ kvf_status_t kvf_block_manager_free(kvf_block_manager_h bm, kvf_req_blocks_t *re
             }
         }
     }
+    kvf_bm_hole_put(bm, req);
     kvf_bm_req_release_tables(req);
     return status;
 }
@@ -567,4 +592,56 @@ kvf_status_t kvf_block_manager_share(kvf_block_manager_h bm, kvf_req_blocks_t *r
     /* the Mamba groups' blocks come with the first kvf_block_manager_allocate() */
     req->num_groups = (n > 0) ? -1 : 0;
     return KVF_OK;
+}
+
+kvf_status_t kvf_block_manager_release_before(kvf_block_manager_h bm, kvf_req_blocks_t *req,
+                                              int g, int first, int *freed_p)
+{
+    int freed = 0;
+
+    if ((bm == NULL) || (req == NULL) || (freed_p == NULL) || (g < 0) ||
+        (g >= req->num_groups) || (bm->kinds[g] != KVF_GROUP_ATTENTION) || (first < 0)) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    *freed_p = 0;
+    first = (first < req->num_blocks[g]) ? first : req->num_blocks[g];
+    if (first <= req->released[g]) {
+        return KVF_OK;
+    }
+    if (bm->hole < 0) {
+        if (bm->num_free + bm->num_lru == 0) {
+            return KVF_OK;   /* no block for the zero block yet: the next call frees them */
+        }
+        bm->hole = kvf_bm_pop(bm, KVF_GROUP_ATTENTION);
+    }
+    bool named = false;
+    for (int k = 0; k < KVF_MAX_KV_GROUPS; ++k) {
+        named = named || (req->released[k] > 0);
+    }
+    bm->hole_users += !named;   /* its table names the zero block from now on */
+    for (int i = req->released[g]; i < first; ++i) {
+        int32_t b = req->blocks[g][i];
+        if (b == bm->hole) {
+            continue;
+        }
+        if (!kvf_bm_push(bm, b)) {   /* a cached block another holder keeps stays cached */
+            return KVF_ERR_INVALID_PARAM;
+        }
+        req->blocks[g][i] = bm->hole;
+        req->released[g] = i + 1;
+        ++freed;
+    }
+    req->released[g] = (first > req->released[g]) ? first : req->released[g];
+    *freed_p = freed;
+    return KVF_OK;
+}
+
+int kvf_block_manager_held(kvf_block_manager_h bm, const kvf_req_blocks_t *req, int g)
+{
+    int n = 0;
+
+    for (int i = 0; (g >= 0) && (g < req->num_groups) && (i < req->num_blocks[g]); ++i) {
+        n += (req->blocks[g][i] != bm->hole) || (bm->hole < 0);
+    }
+    return n;
 }

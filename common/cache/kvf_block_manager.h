@@ -23,6 +23,10 @@
  *   taken, least recently freed first, only when the free list is empty; the
  *   eviction callback tells the cache before it is reused.
  *
+ * - Sliding window (kvf_block_manager_release_before): blocks a request's window left are
+ *   given back through their references and its table entries name one zero block the
+ *   manager holds while any table names it.
+ *
  * A block id names the same pages on every rank of an instance, so one block
  * manager serves all ranks (it sits with the scheduler), while each rank has
  * its own kvf_page_pool_h memory.
@@ -57,6 +61,9 @@ typedef struct kvf_req_blocks {
     int      num_blocks[KVF_MAX_KV_GROUPS];  /* blocks held per group */
     int      capacity[KVF_MAX_KV_GROUPS];    /* allocated entries of blocks[g] */
     int32_t *blocks[KVF_MAX_KV_GROUPS];      /* block table per group (manager-owned memory) */
+    int      released[KVF_MAX_KV_GROUPS];    /* entries [0, released[g]) were given back before
+                                              * a sliding window: they name the manager's zero
+                                              * block (kvf_block_manager_release_before) */
 } kvf_req_blocks_t;
 
 enum kvf_block_manager_params_field {       /* append only, never renumber */
@@ -211,5 +218,27 @@ kvf_status_t kvf_block_manager_set_cached(kvf_block_manager_h bm, int32_t b, boo
  */
 kvf_status_t kvf_block_manager_share(kvf_block_manager_h bm, kvf_req_blocks_t *req,
                                      const int32_t *ids, int n);
+
+/**
+ * Sliding window (docs/ARCHITECTURE.md §7): give back @a req's blocks [0, @a first) of
+ * attention group @a g, whose layers every query from now on attends past (the caller's
+ * arithmetic: a group whose every layer slides). Each is released through its reference
+ * count (a block the prefix cache keeps, or another request shares, stays as it is for
+ * them), and its table entry then names the manager's zero block, one block the manager
+ * takes at the first release and never frees: the table keeps its length (kernels, page
+ * lists and CUDA graphs walk it contiguously) and a kernel that touches a block before the
+ * window inside a tile reads zeros there, as after a window-bounded pull. The zero block is
+ * recorded fresh like any new attention block, so the caller's next zero_fresh /
+ * take_fresh zeroes it before a kernel reads it; nothing may write it (a query's own K/V
+ * lands at its position, inside the window). kvf_block_manager_free() skips those
+ * entries. The caller must not index the request's blocks in a prefix cache after this.
+ * @param [out] freed_p  blocks given back by this call (0 when none were due).
+ * @return KVF_OK; KVF_ERR_INVALID_PARAM (bad group, not attention, a bad or free id).
+ */
+kvf_status_t kvf_block_manager_release_before(kvf_block_manager_h bm, kvf_req_blocks_t *req,
+                                              int g, int first, int *freed_p);
+
+/** Blocks of @a req's group @a g that are its own (not the zero block of a release). */
+int kvf_block_manager_held(kvf_block_manager_h bm, const kvf_req_blocks_t *req, int g);
 
 #endif

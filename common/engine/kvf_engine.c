@@ -12,6 +12,7 @@
  */
 #include "kvf_engine.h"
 #include "kvf_engine_prefix.h"
+#include "kvf_engine_window.h"
 #include "kvf_fingerprint.h"
 #include "kvf_sampler.h"
 #include "kvf_array.h"
@@ -56,6 +57,8 @@ struct kvf_engine {
     int32_t               *fresh;
     int                    cap_fresh;
     kvf_engine_stats_t     stats;
+    int                    win[KVF_MAX_KV_GROUPS];   /* groups whose every layer slides */
+    bool                   window_free;  /* give back blocks leaving the window */
 };
 
 static kvf_request_t *kvf_find(kvf_engine_h e, uint64_t id, int *idx_p)
@@ -252,6 +255,8 @@ kvf_status_t kvf_engine_create(const kvf_engine_params_t *params, kvf_engine_h *
     if (status != KVF_OK) {
         goto err;
     }
+    e->window_free = !params->keep_window_blocks &&
+                     kvf_engine_window_groups(e->cfg, bp.layout, e->win);
     if (params->field_mask & KVF_ENGINE_PARAM_FIELD_PREFIX) {
         status = kvf_engine_prefix_setup(e, params);
         if (status != KVF_OK) {
@@ -643,6 +648,12 @@ kvf_status_t kvf_engine_step(kvf_engine_h e, kvf_engine_event_t *events, int cap
     *n_events = 0;
     for (int i = 0; i < e->num_reqs; ++i) {
         preempted -= e->reqs[i]->preemptions;
+    }
+    if (e->window_free) {   /* before the schedule: the zero block is zeroed with the fresh */
+        e->stats.window_freed_blocks +=
+            (uint64_t)kvf_engine_window_release(e->bm, e->win,
+                                                kvf_tp_runner_layout(e->runner)->num_groups,
+                                                e->reqs, e->num_reqs);
     }
     status = kvf_engine_prefix_pass(e);
     if (status == KVF_OK) {

@@ -95,6 +95,9 @@ typedef struct kvf_engine_params {
     int                max_batch_tokens;  /* tokens per step */
     int                max_seqs;          /* requests per step */
     bool               disable_zeroing;   /* TEST ONLY: fresh attention blocks not zeroed */
+    bool               keep_window_blocks; /* TEST ONLY: a running request keeps the blocks
+                                            * its sliding window left (default: given back,
+                                            * docs/ARCHITECTURE.md §7) */
     kvf_pool_alloc_fn_t pool_alloc;       /* POOL_ALLOC: page-pool memory, as
                                            * kvf_tp_runner_params_t.pool_alloc */
     void               *pool_alloc_ctx;
@@ -275,6 +278,7 @@ typedef struct kvf_engine_stats {
     double   decode_seconds;
     uint64_t steps;
     uint64_t preemptions;
+    uint64_t window_freed_blocks;   /* blocks given back as they left a sliding window */
 } kvf_engine_stats_t;
 
 void kvf_engine_get_stats(kvf_engine_h engine, kvf_engine_stats_t *stats_p);

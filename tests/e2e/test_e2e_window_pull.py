@@ -3,7 +3,7 @@
 
 The Mistral checkpoint transformers saved (tests/data/families/mistral-swa: both layers slide,
 window W = 40) at 1p1d and 1p2d: prompts of increasing length (about 30, 60, 200 and 600
-tokens) pull only the window's blocks. With per-token KV bytes measured on the prompt inside
+tokens, or as many as the model's positions allow) pull only the window's blocks. With per-token KV bytes measured on the prompt inside
 the window (a whole pull), each longer prompt's kv_transfer.bytes must equal exactly the
 tokens from the window's first decode block, (N - floor((N - W) / B) * B) tokens, and stay
 within ceil(W / B) + 1 blocks however long N, while its greedy tokens equal the colocated
@@ -14,7 +14,14 @@ asked twice is served its full blocks from decode's cache with the same tokens, 
 its 100-token extension, which then reads from the window's first block on (a hit below the
 window start: the two compose) and zeroes the blocks between.
 
-    python3 tests/e2e/test_e2e_window_pull.py [LAYOUT...]   (default 1p1d 1p2d)
+A model mixing full and sliding layers (--model gpt-oss: layers [sliding, full, sliding];
+gemma3-swa alike) reads its full layers' whole prompt and its sliding layers from the window's
+first block on: per layer and token bytes t measured on the short prompt, each prompt's bytes
+must equal exactly F (N - hit) t + S (N - first) t for F full and S sliding layers, the
+sliding share within the window's bound.
+
+    python3 tests/e2e/test_e2e_window_pull.py [--model NAME] [LAYOUT...]
+        (default mistral-swa, 1p1d 1p2d; NAME a folder of tests/data/families)
 """
 
 import json
@@ -77,44 +84,66 @@ def run(layout, model, prompts, refs):
     return rows
 
 
-def check(layout, rows):
+def check(layout, rows, layers):
+    """layers: (full, sliding) attention layer counts of the model."""
+    full, sliding = layers
     by = {name: (n, b, hit) for name, n, b, hit in rows}
     n0, b0, hit0 = by["short"]
-    assert n0 <= WINDOW and hit0 == 0 and b0 > 0 and b0 % n0 == 0, by["short"]
+    nl = full + sliding
+    assert n0 <= WINDOW and hit0 == 0 and b0 > 0 and b0 % (n0 * nl) == 0, by["short"]
     per_tok = b0 // n0                     # a whole pull: the KV bytes of one token
-    bound = ((WINDOW + BLOCK - 1) // BLOCK + 1) * BLOCK * per_tok
+    per_layer = per_tok // nl              # of one layer
+    bound = ((WINDOW + BLOCK - 1) // BLOCK + 1) * BLOCK * per_layer * sliding
     for name, n, b, hit in rows:
         # only the short prompt (nothing zeroed) was kept: its full blocks are served to its
         # repeat and to its extension; a window pull's blocks never are
         want = n0 // BLOCK * BLOCK if name.startswith("short ") else 0
         assert hit == want, "%s %s: decode's cache served %d tokens, expected %d" % (
             layout, name, hit, want)
-        # the partial pull and the window compose: tokens [max(hit, window start), N) read
+        # the partial pull and the window compose: a sliding layer reads tokens
+        # [max(hit, window start), N), a full layer [hit, N)
         first = max(hit, max(0, n - WINDOW) // BLOCK * BLOCK)
-        assert b == (n - first) * per_tok, "%s %s (N %d): %d bytes, expected %d" % (
-            layout, name, n, b, (n - first) * per_tok)
-        assert b <= bound, "%s %s: %d bytes over the window's %d" % (layout, name, b, bound)
-    print("%s: KV bytes pulled per prompt (window %d, decode block %d, %d bytes a token; bound"
-          " %d)" % (layout, WINDOW, BLOCK, per_tok, bound))
-    print("| prompt | tokens | bytes pulled | whole pull | decode hit |")
-    print("|---|---:|---:|---:|---:|")
+        expect = (full * (n - hit) + sliding * (n - first)) * per_layer
+        assert b == expect, "%s %s (N %d): %d bytes, expected %d" % (
+            layout, name, n, b, expect)
+        slid = b - full * (n - hit) * per_layer
+        assert slid <= bound, "%s %s: sliding layers' %d bytes over the window's %d" % (
+            layout, name, slid, bound)
+    print("%s: KV bytes pulled per prompt (%d full + %d sliding layers, window %d, decode block"
+          " %d, %d bytes a token and layer; sliding layers' bound %d)" % (
+              layout, full, sliding, WINDOW, BLOCK, per_layer, bound))
+    print("| prompt | tokens | bytes pulled | full layers | sliding layers | whole pull |"
+          " decode hit |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for name, n, b, hit in rows:
-        print("| %s | %d | %d | %d | %d |" % (name, n, b, n * per_tok, hit))
+        fb = full * (n - hit) * per_layer
+        print("| %s | %d | %d | %d | %d | %d | %d |" % (name, n, b, fb, b - fb, n * per_tok,
+                                                         hit))
 
 
 def main():
-    layouts = sys.argv[1:] or ["1p1d", "1p2d"]
-    model = os.path.join(repo_root(), "tests", "data", "families", "mistral-swa")
+    args = sys.argv[1:]
+    name = "mistral-swa"
+    if args[:1] == ["--model"]:
+        name, args = args[1], args[2:]
+    layouts = args or ["1p1d", "1p2d"]
+    model = os.path.join(repo_root(), "tests", "data", "families", name)
     with open(os.path.join(model, "config.json")) as f:
-        assert json.load(f)["sliding_window"] == WINDOW
-    long = text(600, 44)
+        cfg = json.load(f)
+    assert cfg["sliding_window"] == WINDOW, cfg["sliding_window"]
+    # mistral: every layer slides; gemma3_text / gpt_oss: layer_types
+    types = cfg.get("layer_types") or ["sliding_attention"] * cfg["num_hidden_layers"]
+    layers = (types.count("full_attention"), types.count("sliding_attention"))
+    assert sum(layers) == cfg["num_hidden_layers"], types
+    # about 600 tokens, within the model's positions (gpt-oss's reference checkpoint: 512)
+    long = text(min(600, cfg["max_position_embeddings"] - MAX_TOKENS - 16), 44)
     prompts = [("short", text(30, 41)), ("60", text(60, 42)), ("200", text(200, 43)),
-               ("600", long), ("600 again", long), ("600's first half", long[:300]),
+               ("long", long), ("long again", long), ("long's first half", long[:len(long) // 2]),
                ("short again", text(30, 41)), ("short extended", text(30, 41) + text(70, 45))]
     refs = {p: reference(model, p, MAX_TOKENS)[0] for _, p in prompts}
     for layout in layouts:
-        check(layout, run(layout, model, prompts, refs))
-    print("test_e2e_window_pull passed")
+        check(layout, run(layout, model, prompts, refs), layers)
+    print("test_e2e_window_pull %s passed" % name)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@
 #include "kvf_xfer_plan_int.h"
 #include "kvf_xfer_check.h"
 #include "kvf_xfer_sort.h"
+#include "kvf_xfer_window.h"
 
 #include "kvf_log.h"
 #include "kvf_array.h"
@@ -370,9 +371,12 @@ static kvf_status_t kvf_xfer_attn_walk(kvf_xfer_planner_t *pl, const kvf_xfer_gr
 /*
  * Logical block @a lb of an attention group: its pages' runs when it holds request tokens
  * (and the zeroed tails when it is the last, partial one), else zero ranges for its pages.
+ * @a before_window (KVF_XFER_PLAN_FLAG_WINDOW, a block wholly before the window): the pages
+ * of the sliding layers are zeroed, not read; the full-attention layers' pages are read.
  */
 static kvf_status_t kvf_xfer_attn_block(kvf_xfer_planner_t *pl, const kvf_kv_group_t *grp,
-                                        const kvf_xfer_group_blocks_t *gb, int64_t lb)
+                                        const kvf_xfer_group_blocks_t *gb, int64_t lb,
+                                        bool before_window)
 {
     const kvf_rank_geometry_t *lg = pl->lg;
     int64_t n = pl->p->num_tokens;
@@ -386,9 +390,14 @@ static kvf_status_t kvf_xfer_attn_block(kvf_xfer_planner_t *pl, const kvf_kv_gro
     }
     for (int j = 0; j < grp->num_layers; ++j) {
         uint64_t lpage = kvf_xfer_page_off(lid, pl->slots, j, lg->page_size);
-        status = whole ? kvf_xfer_pieces_emit(pl, pl->attn, pl->num_attn, lpage,
-                                              gb->remote_ids[lb], j, false, &pl->attn_bytes) :
-                         kvf_xfer_attn_walk(pl, gb, lb, j, lpage);
+        if (before_window && kvf_xfer_slot_slides(pl->cfg, grp, j)) {
+            status = kvf_xfer_push_zero(pl, lpage, lg->page_size);
+        } else {
+            status = whole ? kvf_xfer_pieces_emit(pl, pl->attn, pl->num_attn, lpage,
+                                                  gb->remote_ids[lb], j, false,
+                                                  &pl->attn_bytes) :
+                             kvf_xfer_attn_walk(pl, gb, lb, j, lpage);
+        }
         if (status != KVF_OK) {
             return status;
         }
@@ -553,31 +562,6 @@ static int kvf_xfer_cmp_ref(const void *a, const void *b)
  * (merges of the runs each page emitted) took a quarter of a 9B 4p2d plan; this sorts a few
  * block ids (14 there), or none when the ids already ascend.
  */
-/*
- * The first logical block of attention group @a grp the plan reads under
- * KVF_XFER_PLAN_FLAG_WINDOW (kvf_xfer_plan.h): floor(max(0, N - W) / block_size) when every
- * layer of the group slides, else 0. Design: per group, not per layer slot, because a block's
- * layer slots are one run on both sides; a group mixing full and sliding layers (qwen3 with
- * max_window_layers > 0) is read whole until the layout gives sliding layers their own group.
- */
-int64_t kvf_xfer_group_window_first(const kvf_model_config_t *cfg, const kvf_kv_group_t *grp,
-                                    int64_t num_tokens, int block_size)
-{
-    int w = 0;
-
-    if ((grp->kind != KVF_GROUP_ATTENTION) || (block_size <= 0)) {
-        return 0;
-    }
-    for (int j = 0; j < grp->num_layers; ++j) {
-        const int lw = cfg->layer_window[grp->layers[j]];
-        if (lw <= 0) {
-            return 0;   /* a full-attention layer reads every block */
-        }
-        w = (lw > w) ? lw : w;
-    }
-    return (num_tokens > w) ? (num_tokens - w) / block_size : 0;
-}
-
 static int64_t kvf_xfer_window_first(const kvf_xfer_plan_params_t *p, const kvf_kv_group_t *grp,
                                      int block_size)
 {
@@ -586,19 +570,6 @@ static int64_t kvf_xfer_window_first(const kvf_xfer_plan_params_t *p, const kvf_
         return 0;
     }
     return kvf_xfer_group_window_first(p->cfg, grp, p->num_tokens, block_size);
-}
-
-int64_t kvf_xfer_window_first_block(const kvf_model_config_t *cfg,
-                                    const kvf_cache_layout_t *layout, int64_t num_tokens,
-                                    int block_size)
-{
-    int64_t first = 0;
-
-    for (int g = 0; g < layout->num_groups; ++g) {
-        int64_t f = kvf_xfer_group_window_first(cfg, &layout->groups[g], num_tokens, block_size);
-        first = (f > first) ? f : first;
-    }
-    return first;
 }
 
 static kvf_status_t kvf_xfer_plan_blocks(kvf_xfer_planner_t *pl)
@@ -644,10 +615,9 @@ static kvf_status_t kvf_xfer_plan_blocks(kvf_xfer_planner_t *pl)
         if (!pl->attn_mapped) {
             status = kvf_xfer_attn_map(pl);
         }
-        if ((status == KVF_OK) && (refs[i].lb < first[refs[i].group])) {
-            status = kvf_xfer_attn_zero_block(pl, grp, refs[i].lid);   /* before the window */
-        } else if (status == KVF_OK) {
-            status = kvf_xfer_attn_block(pl, grp, gb, refs[i].lb);
+        if (status == KVF_OK) {
+            status = kvf_xfer_attn_block(pl, grp, gb, refs[i].lb,
+                                         refs[i].lb < first[refs[i].group]);
         }
     }
     free(refs);

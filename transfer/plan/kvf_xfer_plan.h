@@ -68,14 +68,15 @@ typedef struct kvf_xfer_pieces kvf_xfer_pieces_t;
 
 enum kvf_xfer_plan_flags {
     KVF_XFER_PLAN_FLAG_NO_COALESCE = KVF_BIT(0),  /* one descriptor per run (debugging, tests) */
-    /* Pull a sliding-window group only within its window: in an attention group whose every
-     * layer slides (cfg->layer_window > 0; W the largest), the logical blocks below
-     * floor(max(0, N - W) / local block_size) are not read but zeroed (post-ops), so the bytes
-     * read stay at most ceil(W / block_size) + 1 blocks whatever N. Decode's queries (position
-     * N - 1 on) attend to keys from N - W on only, and its kernel reads zeros, never stale
-     * bytes, in a kernel block it touches before the window. A group with a full-attention
-     * layer is read whole. The caller must not publish the zeroed blocks as cached prefix
-     * content (they do not hold it). */
+    /* Pull the sliding layers only within their window: in an attention group with a
+     * sliding layer (cfg->layer_window > 0; W the largest of the group), the logical blocks
+     * below floor(max(0, N - W) / local block_size) are read in the full-attention layers'
+     * slots only; the sliding layers' slots of those blocks are zeroed (post-ops), so a
+     * sliding layer's bytes read stay at most ceil(W / block_size) + 1 blocks whatever N
+     * (a group whose every layer slides: the whole pull). Decode's queries (position N - 1
+     * on) attend to keys from N - W on only in a sliding layer, and its kernel reads zeros,
+     * never stale bytes, in a kernel block it touches before the window. The caller must not
+     * publish those blocks as cached prefix content (their sliding slots do not hold it). */
     KVF_XFER_PLAN_FLAG_WINDOW = KVF_BIT(1),
 };
 
@@ -197,12 +198,12 @@ void kvf_xfer_plan_destroy(kvf_xfer_plan_t *plan);
 
 /**
  * The first logical block (of @a block_size tokens, decode's) that a pull of @a num_tokens
- * prompt tokens under KVF_XFER_PLAN_FLAG_WINDOW reads in some attention group: the largest
- * over @a layout's groups of floor(max(0, N - W) / block_size) for a group whose every layer
- * slides (W its largest window), 0 for a group with a full-attention layer. The plan zeroes
- * the blocks of each such group below it (after a prefix hit: from the hit on), so a caller
- * must not index blocks [skip, first) as prompt content. 0: the window flag reads everything
- * (no sliding group, or a prompt inside the window).
+ * prompt tokens under KVF_XFER_PLAN_FLAG_WINDOW reads in every layer slot: the largest over
+ * @a layout's groups of floor(max(0, N - W) / block_size) for a group with a sliding layer
+ * (W its largest window), 0 for a group without one. The plan zeroes the sliding layers'
+ * slots of each such group's blocks below it (after a prefix hit: from the hit on), so a
+ * caller must not index blocks [skip, first) as prompt content. 0: the window flag reads
+ * everything (no sliding layer, or a prompt inside the window).
  */
 int64_t kvf_xfer_window_first_block(const kvf_model_config_t *cfg,
                                     const kvf_cache_layout_t *layout, int64_t num_tokens,

@@ -40,8 +40,4 @@ struct kvf_xfer_pieces {
     size_t                    num_attn, num_mamba;
 };
 
-/* The first logical block group @a grp reads under KVF_XFER_PLAN_FLAG_WINDOW (0: all). */
-int64_t kvf_xfer_group_window_first(const kvf_model_config_t *cfg, const kvf_kv_group_t *grp,
-                                    int64_t num_tokens, int block_size);
-
 #endif

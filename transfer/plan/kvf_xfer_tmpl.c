@@ -13,6 +13,7 @@
 #include "kvf_xfer_tmpl.h"
 #include "kvf_xfer_check.h"
 #include "kvf_xfer_plan_int.h"
+#include "kvf_xfer_window.h"
 
 #include "kvf_log.h"
 #include "kvf_tp_map.h"
@@ -202,6 +203,32 @@ static void kvf_xfer_group_jobs(const kvf_xfer_plan_params_t *p, int g, int64_t 
     }
 }
 
+/* A windowed pull whose attention group mixes full and sliding layers before the window: a
+ * block there is read in its full layers' slots only (kvf_xfer_window.h), which no template
+ * says (a template reads or zeroes a block's every slot), so such a pull takes the op list. */
+static bool kvf_xfer_tmpl_mixed_window(const kvf_xfer_plan_params_t *p)
+{
+    const int bl = p->local_geom->block_size;
+
+    if (!(p->field_mask & KVF_XFER_PLAN_PARAM_FIELD_FLAGS) ||
+        !(p->flags & KVF_XFER_PLAN_FLAG_WINDOW)) {
+        return false;
+    }
+    for (int g = 0; g < p->num_groups; ++g) {
+        const kvf_kv_group_t *grp = &p->layout->groups[g];
+        if ((grp->kind != KVF_GROUP_ATTENTION) ||
+            (kvf_xfer_group_window_first(p->cfg, grp, p->num_tokens, bl) <= 0)) {
+            continue;
+        }
+        for (int j = 0; j < grp->num_layers; ++j) {
+            if (!kvf_xfer_slot_slides(p->cfg, grp, j)) {
+                return true;
+            }
+        }
+    }
+    return false;
+}
+
 kvf_status_t kvf_xfer_tmpl_jobs(const kvf_xfer_plan_params_t *p, kvf_gather_job_t *jobs,
                                 size_t *n_p, uint64_t *bytes_p, uint64_t *zero_p)
 {
@@ -223,6 +250,9 @@ kvf_status_t kvf_xfer_tmpl_jobs(const kvf_xfer_plan_params_t *p, kvf_gather_job_
     status = kvf_xfer_plan_check(p, &local_region, remote_region, reads, true);
     if (status != KVF_OK) {
         return status;
+    }
+    if (kvf_xfer_tmpl_mixed_window(p)) {
+        return KVF_ERR_UNSUPPORTED;   /* the op list reads the full layers' slots alone */
     }
     skip = (p->field_mask & KVF_XFER_PLAN_PARAM_FIELD_SKIP) ?
            p->skip_tokens / p->local_geom->block_size : 0;

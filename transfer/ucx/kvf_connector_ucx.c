@@ -39,6 +39,7 @@
  */
 #include "kvf_connector_ucx_int.h"
 
+#include "kvf_compat.h"
 #include "kvf_device.h"
 #include "kvf_log.h"
 #include "kvf_random.h"
@@ -324,6 +325,7 @@ static kvf_status_t kvf_conn_add_pool(kvf_connector_h conn, const kvf_connector_
     snprintf(m->engine_id, sizeof(m->engine_id), "%s", conn->engine_id);
     m->protocol_version = KVF_XFER_PROTOCOL_VERSION;
     m->model_fingerprint = kvf_model_config_fingerprint(&conn->cfg);
+    kvf_rank_meta_set_window(m, &conn->cfg);
     m->tp_rank = pool->tp_rank;
     m->tp_size = conn->tp;
     m->block_size = rk->geom.block_size;

@@ -81,6 +81,9 @@ static bool kvf_compat_same_instance(const kvf_rank_meta_t *a, const kvf_rank_me
            (a->protocol_version == b->protocol_version) &&
            (a->model_fingerprint == b->model_fingerprint) &&
            (strcmp(a->model_digest, b->model_digest) == 0) && (a->tp_size == b->tp_size) &&
+           (a->sliding_window == b->sliding_window) &&
+           (a->sliding_layers_len == b->sliding_layers_len) &&
+           (memcmp(a->sliding_layers, b->sliding_layers, sizeof(a->sliding_layers)) == 0) &&
            (a->kv_dtype == b->kv_dtype) && (a->conv_dtype == b->conv_dtype) &&
            (a->ssm_dtype == b->ssm_dtype) && (a->block_size == b->block_size) &&
            (strcmp(a->layout_tag, b->layout_tag) == 0);
@@ -177,6 +180,59 @@ static bool kvf_compat_check_digest(kvf_compat_ctx_t *c, const kvf_rank_meta_t *
     return false;
 }
 
+void kvf_rank_meta_set_window(kvf_rank_meta_t *meta, const kvf_model_config_t *cfg)
+{
+    meta->sliding_window = 0;
+    meta->sliding_layers_len = 0;
+    memset(meta->sliding_layers, 0, sizeof(meta->sliding_layers));
+    for (int l = 0; (l < cfg->num_layers) && (l < KVF_MAX_LAYERS); ++l) {
+        if (cfg->layer_window[l] > 0) {
+            meta->sliding_window = (cfg->layer_window[l] > meta->sliding_window) ?
+                                   cfg->layer_window[l] : meta->sliding_window;
+            meta->sliding_layers[l / 8] |= (uint8_t)(1u << (l % 8));
+            meta->sliding_layers_len = l / 8 + 1;
+        }
+    }
+}
+
+/* "0,2" (the sliding layers of @a m, truncated to @a len), or "none". */
+static void kvf_compat_layers_str(const kvf_rank_meta_t *m, char *buf, size_t len)
+{
+    size_t n = 0;
+
+    snprintf(buf, len, "none");
+    for (int l = 0; (l < m->sliding_layers_len * 8) && (n + 1 < len); ++l) {
+        if (m->sliding_layers[l / 8] & (1u << (l % 8))) {
+            int w = snprintf(buf + n, len - n, "%s%d", (n > 0) ? "," : "", l);
+            n += (w > 0) ? (size_t)w : 0;
+        }
+    }
+}
+
+/* The sliding window: a window-bounded pull reads and zeroes by it, the kernels attend by it. */
+static bool kvf_compat_check_window(kvf_compat_ctx_t *c, const kvf_rank_meta_t *local,
+                                    const kvf_rank_meta_t *r0)
+{
+    char l[sizeof(c->out->local)], v[sizeof(c->out->remote)];
+
+    if (r0->sliding_window != local->sliding_window) {
+        kvf_compat_refuse_u64(c, "sliding_window", (uint64_t)local->sliding_window,
+                              (uint64_t)r0->sliding_window, "the sliding windows differ (0: no "
+                              "sliding layer or not advertised): the instances attend to "
+                              "different keys");
+        return false;
+    }
+    if ((r0->sliding_layers_len != local->sliding_layers_len) ||
+        (memcmp(r0->sliding_layers, local->sliding_layers,
+                (size_t)local->sliding_layers_len) != 0)) {
+        kvf_compat_layers_str(local, l, sizeof(l));
+        kvf_compat_layers_str(r0, v, sizeof(v));
+        kvf_compat_refuse(c, "sliding_layers", l, v, "the layers that slide differ");
+        return false;
+    }
+    return true;
+}
+
 kvf_status_t kvf_compat_check(const kvf_model_config_t *cfg, const kvf_rank_meta_t *local,
                               const kvf_rank_meta_t *remote, int num_remote,
                               kvf_rank_geometry_t *remote_geoms, kvf_refusal_t *refusals,
@@ -208,7 +264,7 @@ kvf_status_t kvf_compat_check(const kvf_model_config_t *cfg, const kvf_rank_meta
                           "fields differ)");
         goto out;
     }
-    if (!kvf_compat_check_digest(&c, local, r0)) {
+    if (!kvf_compat_check_digest(&c, local, r0) || !kvf_compat_check_window(&c, local, r0)) {
         goto out;
     }
     if ((r0->tp_size != num_remote)) {

@@ -7,7 +7,9 @@
  * and both values: protocol version, model fingerprint (geometry config),
  * model digest (weights and tokenizer: "handshake refused: model_digest
  * prefill=<d> (<folder>) decode=<d> (<folder>): weights or tokenizer differ";
- * also when only one side advertises one), KV/conv/SSM dtypes
+ * also when only one side advertises one), the sliding window
+ * ("sliding_window prefill=40 decode=4096", or "sliding_layers prefill=0,2
+ * decode=1,2": the layers that slide), KV/conv/SSM dtypes
  * (conv/SSM for hybrid models only), layout tag, TP sizes that do not divide
  * each other or cannot shard the model, and any advertised geometry that is
  * not what kvf_rank_geometry_compute() gives for the advertised parameters
@@ -43,6 +45,13 @@ kvf_status_t kvf_compat_check(const kvf_model_config_t *cfg, const kvf_rank_meta
                               const kvf_rank_meta_t *remote, int num_remote,
                               kvf_rank_geometry_t *remote_geoms, kvf_refusal_t *refusals,
                               int max_refusals, int *num_refusals_p);
+
+/**
+ * Fill @a meta's sliding_window and sliding_layers from @a cfg (cfg->layer_window): the
+ * largest layer window and the bitmap of the layers that slide; both 0 / empty for a model
+ * without a sliding layer (what a peer that predates the fields advertises too).
+ */
+void kvf_rank_meta_set_window(kvf_rank_meta_t *meta, const kvf_model_config_t *cfg);
 
 /**
  * Cache params that reproduce an advertised geometry: the advertised dtypes,

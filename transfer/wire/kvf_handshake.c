@@ -495,6 +495,11 @@ kvf_status_t kvf_handshake_reply_pack(const kvf_handshake_reply_t *reply, uint8_
         p->incarnation = r->incarnation;
         p->model_digest = (r->model_digest[0] != '\0') ? (char *)r->model_digest : NULL;
         p->model_path = (r->model_digest[0] != '\0') ? (char *)r->model_path : NULL;
+        p->has_sliding_window = (r->sliding_window > 0);   /* unsaid without a window */
+        p->sliding_window = (uint32_t)r->sliding_window;
+        p->has_sliding_layers = (r->sliding_layers_len > 0);
+        p->sliding_layers.len = (size_t)r->sliding_layers_len;
+        p->sliding_layers.data = (uint8_t *)r->sliding_layers;
         meta_ptrs[i] = p;
     }
     m.n_ranks = (size_t)n;
@@ -618,6 +623,20 @@ static bool kvf_hs_rank_from_proto(const Kvf__RankMetadata *p, kvf_rank_meta_t *
     r->worker_addr_len = p->worker_address.len;
     memcpy(r->worker_addr, p->worker_address.data, p->worker_address.len);
     r->incarnation = p->has_incarnation ? p->incarnation : 0;
+    if ((p->has_sliding_window && (p->sliding_window > (1u << 30))) ||
+        (p->has_sliding_layers && (p->sliding_layers.len > sizeof(r->sliding_layers)))) {
+        snprintf(why, why_len, "rank %u sliding_window %u or sliding_layers of %zu bytes out"
+                 " of range (at most %u and %zu)", p->tp_rank, p->sliding_window,
+                 p->has_sliding_layers ? p->sliding_layers.len : 0, 1u << 30,
+                 sizeof(r->sliding_layers));
+        return false;
+    }
+    r->sliding_window = p->has_sliding_window ? (int)p->sliding_window : 0;
+    r->sliding_layers_len = p->has_sliding_layers ? (int)p->sliding_layers.len : 0;
+    memset(r->sliding_layers, 0, sizeof(r->sliding_layers));
+    if (r->sliding_layers_len > 0) {
+        memcpy(r->sliding_layers, p->sliding_layers.data, p->sliding_layers.len);
+    }
     return kvf_hs_model_from_proto(p, r);
 }
 

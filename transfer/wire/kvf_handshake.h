@@ -99,6 +99,11 @@ typedef struct kvf_rank_meta {
      * advertised (a process that loaded no folder, e.g. a tool) */
     char              model_digest[KVF_MODEL_DIGEST_HEX + 1];
     char              model_path[KVF_MODEL_PATH_MAX];   /* that folder; no control chars */
+    /* the sliding window (kvf_rank_meta_set_window()): the largest layer window, 0
+     * without a sliding layer; bit l % 8 of sliding_layers[l / 8] set when layer l slides */
+    int               sliding_window;
+    int               sliding_layers_len;    /* bytes of sliding_layers used; 0: none */
+    uint8_t           sliding_layers[KVF_MAX_LAYERS / 8];
 } kvf_rank_meta_t;
 
 /** One reason a handshake was refused; see kvf_refusal_format(). local is the value of the

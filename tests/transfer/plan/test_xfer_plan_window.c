@@ -6,9 +6,15 @@
  * over the full pull (the kernel with the window, several decode steps, layouts 1p1d, 2p1d
  * and 1p2d). The blocks before the window are zeroed, not read: the decode region starts as
  * NaN bytes, so a byte the kernel read there and the plan left stale would poison its
- * output. A qwen3 model with a full-attention layer in the group is read whole. Both pulls
- * also run by the pair's block templates (the same-node path without a plan), equal to the
- * plan's region in every byte.
+ * output. Models mixing full and sliding layers in one group (qwen3 with max_window_layers
+ * 1: [full, sliding]; qwen3 with layer_types [sliding, full, sliding], gpt_oss's and
+ * gemma3's pattern): the blocks before the window are read in the full layers' slots only,
+ * so the bytes read are exactly the full layers' whole prompt plus the sliding layers' window
+ * blocks, with the same attention bit for bit. And what the prefix-cache guard prevents: a
+ * later request served those blocks as a prefix hit attends to zeros and answers wrong.
+ * Pulls of a model whose group slides in every layer also run by the pair's block templates
+ * (the same-node path without a plan), equal to the plan's region in every byte; a mixed
+ * group's windowed pull is refused there (it takes the op list).
  */
 #include "kvf_attention.h"
 #include "kvf_xfer_plan.h"
@@ -34,6 +40,12 @@ static const char *const mistral_json = "{\"model_type\":\"mistral\"," DENSE
 static const char *const qwen3_json = "{\"model_type\":\"qwen3\"," DENSE
                                       ",\"use_sliding_window\":true,\"sliding_window\":40,"
                                       "\"max_window_layers\":1}";
+static const char *const qwen3_sfs_json = "{\"model_type\":\"qwen3\","
+    "\"vocab_size\":260,\"hidden_size\":64,\"num_hidden_layers\":3,"
+    "\"num_attention_heads\":8,\"num_key_value_heads\":2,\"head_dim\":16,"
+    "\"intermediate_size\":128,\"max_position_embeddings\":32768,"
+    "\"use_sliding_window\":true,\"sliding_window\":40,\"layer_types\":"
+    "[\"sliding_attention\",\"full_attention\",\"sliding_attention\"]}";
 enum { W = 40, BS = 16, STEPS = 4, MAX_TP = 2 };
 
 static uint64_t rng_next(uint64_t *s)
@@ -76,25 +88,40 @@ static void world_init(world_t *w, const char *json, int P, int D)
     assert_int_equal(w->dg[0].block_size, BS);
 }
 
-/* Plan decode rank @a dr's pull of @a n tokens (ids: block b on both sides, region of
- * @a nb blocks), windowed or not. */
-static kvf_xfer_plan_t *plan(const world_t *w, int dr, int64_t n, int32_t *ids, int nb,
-                             bool window)
+/* Plan decode rank @a dr's pull of @a n tokens (ids[0, nids): block b on both sides, regions
+ * of @a nb blocks), windowed or not, tokens [0, skip) already there (a prefix hit). */
+static kvf_xfer_plan_t *plan_skip(const world_t *w, int dr, int64_t n, int32_t *ids, int nids,
+                                  int nb, bool window, int64_t skip)
 {
     int64_t remote_nb[MAX_TP] = {nb, nb};
-    kvf_xfer_group_blocks_t g = {.local_ids = ids, .num_local = nb, .remote_ids = ids,
-                                 .num_remote = nb};
+    kvf_xfer_group_blocks_t g = {.local_ids = ids, .num_local = nids, .remote_ids = ids,
+                                 .num_remote = nids};
     kvf_xfer_plan_params_t p = {
-        .field_mask = KVF_XFER_PLAN_PARAM_FIELD_FLAGS, .cfg = &w->cfg, .layout = &w->layout,
+        .field_mask = KVF_XFER_PLAN_PARAM_FIELD_FLAGS | KVF_XFER_PLAN_PARAM_FIELD_SKIP,
+        .cfg = &w->cfg, .layout = &w->layout,
         .local_tp = w->D, .local_rank = dr, .local_geom = &w->dg[dr], .local_num_blocks = nb,
         .remote_tp = w->P, .remote_geoms = w->pg, .remote_num_blocks = remote_nb,
         .num_groups = w->layout.num_groups, .groups = &g, .num_tokens = n,
-        .flags = window ? KVF_XFER_PLAN_FLAG_WINDOW : 0,
+        .flags = window ? KVF_XFER_PLAN_FLAG_WINDOW : 0, .skip_tokens = skip,
     };
     kvf_xfer_plan_t *pl = NULL;
     assert_int_equal(w->layout.num_groups, 1);
     assert_int_equal(kvf_xfer_plan_create(&p, &pl), KVF_OK);
     return pl;
+}
+
+/* Whether the model has both full and sliding attention layers. */
+static bool mixes(const kvf_model_config_t *cfg)
+{
+    bool full = false, slide = false;
+
+    for (int l = 0; l < cfg->num_layers; ++l) {
+        if (cfg->layer_kinds[l] == KVF_LAYER_ATTENTION) {
+            full = full || (cfg->layer_window[l] <= 0);
+            slide = slide || (cfg->layer_window[l] > 0);
+        }
+    }
+    return full && slide;
 }
 
 /* The same pull by the pair's block templates (kvf_xfer_tmpl.h) on the CPU twin: every byte
@@ -142,14 +169,24 @@ static void tmpl_equals(const world_t *w, int dr, int64_t n, int32_t *ids, int n
     d.num_pieces = tm.num_pieces;
     d.tmpls = tm.tmpls;
     assert_int_equal(kvf_gather_table_create(&cpu, &d, &t), KVF_KERN_OK);
-    assert_int_equal(kvf_xfer_tmpl_jobs(&p, jobs, &nj, &bytes, &zero), KVF_OK);
-    assert_int_equal(kvf_gather_tmpl_run(&cpu, t, jobs, NULL, nj), KVF_KERN_OK);
-    assert_memory_equal(got, want, dlen);
+    if (window && mixes(&w->cfg)) {   /* full slots alone before the window: the op list */
+        assert_int_equal(kvf_xfer_tmpl_jobs(&p, jobs, &nj, &bytes, &zero), KVF_ERR_UNSUPPORTED);
+    } else {
+        assert_int_equal(kvf_xfer_tmpl_jobs(&p, jobs, &nj, &bytes, &zero), KVF_OK);
+        assert_int_equal(kvf_gather_tmpl_run(&cpu, t, jobs, NULL, nj), KVF_KERN_OK);
+        assert_memory_equal(got, want, dlen);
+    }
     kvf_gather_table_destroy(&cpu, t);
     kvf_xfer_tmpls_free(&tm);
     kvf_xfer_pieces_destroy(pc);
     free(got);
     free(jobs);
+}
+
+static kvf_xfer_plan_t *plan(const world_t *w, int dr, int64_t n, int32_t *ids, int nb,
+                             bool window)
+{
+    return plan_skip(w, dr, n, ids, nb, nb, window, 0);
 }
 
 /* Decode steps at positions n .. n + STEPS - 1 on one decode rank's region @a base: the
@@ -190,6 +227,8 @@ static void decode(const world_t *w, int dr, void *base, int32_t *ids, int nb, i
 
 /* One prompt length: both pulls of every decode rank, bytes and attention compared. Returns
  * the windowed plan's attention bytes of decode rank 0. */
+static size_t g_descs[2];   /* decode rank 0's last plans: descriptors windowed, whole */
+
 static uint64_t run_len(const world_t *w, int64_t n, uint64_t *full_p)
 {
     const int nb = (int)((n + STEPS + BS - 1) / BS);
@@ -242,6 +281,8 @@ static uint64_t run_len(const world_t *w, int64_t n, uint64_t *full_p)
         if (dr == 0) {
             wbytes = pw->attn_bytes;
             *full_p = pf->attn_bytes;
+            g_descs[0] = pw->total_descs;
+            g_descs[1] = pf->total_descs;
         }
         free(ob);
         free(oa);
@@ -257,62 +298,151 @@ static uint64_t run_len(const world_t *w, int64_t n, uint64_t *full_p)
     return wbytes;
 }
 
-static void test_window_bounded(void **state)
+/* The attention bytes a windowed pull of @a n tokens reads on decode rank 0: the full layers'
+ * whole prompt, the sliding layers' tokens from the window's first block on. */
+static uint64_t window_bytes(const world_t *w, int64_t n)
+{
+    const uint64_t tok = 2u * (uint64_t)w->dg[0].shard.kv_heads * (uint64_t)w->cfg.head_dim * 4u;
+    const int64_t first = (n > W) ? (n - W) / BS * BS : 0;
+    uint64_t bytes = 0;
+
+    for (int j = 0; j < w->layout.groups[0].num_layers; ++j) {
+        const bool slides = w->cfg.layer_window[w->layout.groups[0].layers[j]] > 0;
+        bytes += (uint64_t)(slides ? n - first : n) * tok;
+    }
+    return bytes;
+}
+
+static void check_bounded(const char *json, const char *name)
 {
     static const int layouts[][2] = {{1, 1}, {2, 1}, {1, 2}};
     static const int64_t lens[] = {50, 200, 1001, 5000};
-    (void)state;
 
     for (size_t li = 0; li < sizeof(layouts) / sizeof(layouts[0]); ++li) {
         world_t w;
-        world_init(&w, mistral_json, layouts[li][0], layouts[li][1]);
-        /* a whole block of one decode rank: every layer slot's K and V */
-        const uint64_t block = (uint64_t)w.layout.slots * (uint64_t)BS * 2u *
+        int sliding = 0;
+        world_init(&w, json, layouts[li][0], layouts[li][1]);
+        for (int j = 0; j < w.layout.groups[0].num_layers; ++j) {
+            sliding += w.cfg.layer_window[w.layout.groups[0].layers[j]] > 0;
+        }
+        /* a whole block of one decode rank's sliding layers: their K and V */
+        const uint64_t block = (uint64_t)sliding * (uint64_t)BS * 2u *
                                (uint64_t)w.dg[0].shard.kv_heads * (uint64_t)w.cfg.head_dim * 4u;
         const uint64_t bound = (uint64_t)((W + BS - 1) / BS + 1) * block;
+        const int full_layers = w.layout.groups[0].num_layers - sliding;
         uint64_t last_full = 0;
         for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); ++i) {
             uint64_t full = 0;
             const uint64_t win = run_len(&w, lens[i], &full);
-            print_message("%dp%dd N %5lld: window pull %7llu bytes, full pull %8llu bytes"
-                          " (bound %llu)\n", layouts[li][0], layouts[li][1],
-                          (long long)lens[i], (unsigned long long)win,
-                          (unsigned long long)full, (unsigned long long)bound);
-            assert_true(win <= bound);
-            assert_true(full > last_full);   /* the full pull grows with the prompt */
+            /* the full layers' share of the whole pull, read whatever the window */
+            const uint64_t full_part = full / (uint64_t)w.layout.groups[0].num_layers *
+                                       (uint64_t)full_layers;
+            print_message("%s %dp%dd N %5lld: window pull %7llu bytes (full layers %llu,"
+                          " sliding %llu; bound %llu), whole pull %8llu bytes; descriptors"
+                          " %zu (whole %zu)\n", name,
+                          layouts[li][0], layouts[li][1], (long long)lens[i],
+                          (unsigned long long)win, (unsigned long long)full_part,
+                          (unsigned long long)(win - full_part), (unsigned long long)bound,
+                          (unsigned long long)full, g_descs[0], g_descs[1]);
+            assert_int_equal(win, window_bytes(&w, lens[i]));
+            assert_true(win - full_part <= bound);
+            assert_true(full > last_full);   /* the whole pull grows with the prompt */
             if (lens[i] > 1000) {
-                assert_true(full > 10 * bound);
+                assert_true(win < full);
             }
             last_full = full;
         }
     }
 }
 
-/* qwen3 with max_window_layers 1: layer 0 attends fully, so its group is read whole. */
-static void test_mixed_group_whole(void **state)
+static void test_window_bounded(void **state)
 {
-    world_t w;
-    int32_t ids[40];
+    (void)state;
+    check_bounded(mistral_json, "mistral");
+}
+
+/* qwen3 [full, sliding] and [sliding, full, sliding]: the sliding slots bounded by the window,
+ * the full slots whole, attention bit for bit the whole pull's. */
+static void test_mixed_group_bounded(void **state)
+{
+    (void)state;
+    check_bounded(qwen3_json, "qwen3 [F,S]");
+    check_bounded(qwen3_sfs_json, "qwen3 [S,F,S]");
+}
+
+/*
+ * Why decode's prefix cache must not index a windowed pull's blocks (the guard:
+ * kvf_xfer_window_first_block() > 0, handed to kvf_engine_import_zeroed()): request A (N1 =
+ * 600 tokens) is pulled with the window, then request B, A's first 300 tokens, is served A's
+ * blocks as a prefix hit (the guard off) and pulls only the rest. B's sliding layers attend
+ * inside its own window, which lies in A's zeroed blocks: its decode output differs from a
+ * whole pull of B. With the guard on, B has no hit and pulls whole: the reference answer.
+ */
+static void test_zeroed_blocks_not_a_prefix(void **state)
+{
+    const char *const models[] = {mistral_json, qwen3_sfs_json};
+    const int64_t n1 = 600, n2 = 300, hit = n2 / BS * BS;
+    const int nb = (int)((n1 + STEPS + BS - 1) / BS), nb2 = (int)((n2 + STEPS + BS - 1) / BS);
     (void)state;
 
-    world_init(&w, qwen3_json, 1, 1);
-    assert_int_equal(w.cfg.layer_window[0], 0);
-    assert_int_equal(w.cfg.layer_window[1], W);
-    for (int b = 0; b < 40; ++b) {
-        ids[b] = b;
+    for (size_t m = 0; m < sizeof(models) / sizeof(models[0]); ++m) {
+        world_t w;
+        int32_t ids[64];
+        uint64_t s = 0x77;
+        world_init(&w, models[m], 1, 1);
+        assert_true(kvf_xfer_window_first_block(&w.cfg, &w.layout, n1, BS) > 0);   /* guarded */
+        const size_t len = (size_t)nb * (size_t)w.layout.slots * w.pg[0].page_size;
+        const size_t nout = (size_t)w.layout.slots * STEPS * (size_t)w.dg[0].shard.attn_heads *
+                            (size_t)w.cfg.head_dim;
+        uint8_t *pre = malloc(len), *a = malloc(len), *b = malloc(len);
+        float *oa = malloc(nout * sizeof(float)), *ob = malloc(nout * sizeof(float));
+        const void *bases[MAX_TP] = {NULL, NULL};
+        size_t plen[MAX_TP] = {len, len};
+        assert_non_null(pre);
+        assert_non_null(a);
+        assert_non_null(b);
+        assert_non_null(oa);
+        assert_non_null(ob);
+        for (int i = 0; i < nb; ++i) {
+            ids[i] = nb - 1 - i;
+        }
+        for (size_t i = 0; i < len / sizeof(float); ++i) {
+            ((float *)pre)[i] = rng_float(&s);
+        }
+        bases[0] = pre;
+        memset(a, 0xff, len);
+        memset(b, 0xff, len);
+        kvf_xfer_plan_t *pa = plan_skip(&w, 0, n1, ids, nb, nb, true, 0);     /* A, windowed */
+        kvf_xfer_plan_t *pb = plan_skip(&w, 0, n2, ids, nb2, nb, true, hit);  /* B on A's hit */
+        kvf_xfer_plan_t *pr = plan_skip(&w, 0, n2, ids, nb2, nb, true, 0);    /* B, no hit */
+        assert_int_equal(kvf_xfer_plan_apply_local(pa, a, len, bases, plen), KVF_OK);
+        assert_int_equal(kvf_xfer_plan_apply_local(pb, a, len, bases, plen), KVF_OK);
+        assert_int_equal(kvf_xfer_plan_apply_local(pr, b, len, bases, plen), KVF_OK);
+        decode(&w, 0, a, ids, nb2, n2, oa);
+        decode(&w, 0, b, ids, nb2, n2, ob);
+        assert_true(memcmp(oa, ob, nout * sizeof(float)) != 0);   /* guard off: wrong */
+        /* the full layers' slots were read whole: only the sliding layers' outputs differ */
+        for (int j = 0; j < w.layout.slots; ++j) {
+            const size_t per = nout / (size_t)w.layout.slots;
+            const bool slides = w.cfg.layer_window[w.layout.groups[0].layers[j]] > 0;
+            assert_int_equal(memcmp(oa + (size_t)j * per, ob + (size_t)j * per,
+                                    per * sizeof(float)) != 0, slides);
+        }
+        kvf_xfer_plan_destroy(pr);
+        kvf_xfer_plan_destroy(pb);
+        kvf_xfer_plan_destroy(pa);
+        free(ob);
+        free(oa);
+        free(b);
+        free(a);
+        free(pre);
     }
-    kvf_xfer_plan_t *pf = plan(&w, 0, 600, ids, 40, false);
-    kvf_xfer_plan_t *pw = plan(&w, 0, 600, ids, 40, true);
-    assert_int_equal(pw->attn_bytes, pf->attn_bytes);
-    assert_int_equal(pw->zero_bytes, pf->zero_bytes);
-    kvf_xfer_plan_destroy(pw);
-    kvf_xfer_plan_destroy(pf);
 }
 
 /*
  * kvf_xfer_window_first_block(), what decode tells its engine not to index: the first block
- * the window reads, floor(max(0, N - W) / block), for mistral; 0 for a group with a full
- * layer (qwen3, read whole) whatever N.
+ * the window reads in every slot, floor(max(0, N - W) / block), for mistral and for qwen3
+ * mixing full and sliding layers alike.
  */
 static void test_window_first_block(void **state)
 {
@@ -328,7 +458,7 @@ static void test_window_first_block(void **state)
         assert_int_equal(kvf_xfer_window_first_block(&m.cfg, &m.layout, n, BS), want);
         assert_int_equal(kvf_xfer_window_first_block(&m.cfg, &m.layout, n, 2 * BS),
                          (n > W) ? (n - W) / (2 * BS) : 0);
-        assert_int_equal(kvf_xfer_window_first_block(&q.cfg, &q.layout, n, BS), 0);
+        assert_int_equal(kvf_xfer_window_first_block(&q.cfg, &q.layout, n, BS), want);
     }
     assert_int_equal(kvf_xfer_window_first_block(&m.cfg, &m.layout, 601, BS), 35);
 }
@@ -337,7 +467,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_window_bounded),
-        cmocka_unit_test(test_mixed_group_whole),
+        cmocka_unit_test(test_mixed_group_bounded),
+        cmocka_unit_test(test_zeroed_blocks_not_a_prefix),
         cmocka_unit_test(test_window_first_block),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -606,6 +606,78 @@ static void test_model_digest(void **state)
     assert_non_null(strstr(line, "handshake refused: rank_metadata prefill=rank 0 vs rank 3 decode=-"));
 }
 
+/*
+ * The sliding window at handshake (docs/ARCHITECTURE.md §7): kvf_rank_meta_set_window() from
+ * gpt-oss's layer_types ([sliding, full, sliding], window 40), carried through pack/unpack,
+ * unsaid for a model without one; a pair whose windows or sliding layers differ is refused
+ * naming the field and both values, before any geometry.
+ */
+static void test_sliding_window(void **state)
+{
+    kvf_model_config_t oss;
+    kvf_handshake_reply_t reply, out;
+    kvf_rank_meta_t local, remote[4];
+    char line[512];
+    uint8_t *buf;
+    size_t len;
+
+    (void)state;
+    assert_int_equal(kvf_model_config_load(KVF_SOURCE_DIR "/tests/data/families/gpt-oss/"
+                                           "config.json", &oss), KVF_OK);
+    meta_fill(&local, 2, 0, 8);
+    assert_int_equal(local.sliding_window, 0);
+    kvf_rank_meta_set_window(&local, &tiny);   /* no sliding layer */
+    assert_int_equal(local.sliding_window, 0);
+    assert_int_equal(local.sliding_layers_len, 0);
+    kvf_rank_meta_set_window(&local, &oss);
+    assert_int_equal(local.sliding_window, 40);
+    assert_int_equal(local.sliding_layers_len, 1);
+    assert_int_equal(local.sliding_layers[0], 0x5);   /* layers 0 and 2 */
+
+    /* carried by the wire */
+    memset(&reply, 0, sizeof(reply));
+    reply.accepted = true;
+    snprintf(reply.engine_id, sizeof(reply.engine_id), "prefill-a");
+    reply.num_ranks = 1;
+    meta_fill(&remote[0], 1, 0, 8);
+    kvf_rank_meta_set_window(&remote[0], &oss);
+    reply.ranks = remote;
+    assert_int_equal(kvf_handshake_reply_pack(&reply, &buf, &len), KVF_OK);
+    assert_int_equal(kvf_handshake_reply_unpack(buf, len, &out), KVF_OK);
+    assert_int_equal(out.ranks[0].sliding_window, 40);
+    assert_int_equal(out.ranks[0].sliding_layers_len, 1);
+    assert_int_equal(out.ranks[0].sliding_layers[0], 0x5);
+    kvf_handshake_reply_cleanup(&out);
+    free(buf);
+
+    /* agreeing windows pass; a different window or other sliding layers are refused */
+    for (int r = 0; r < 4; ++r) {
+        meta_fill(&remote[r], 4, r, 8);
+        kvf_rank_meta_set_window(&remote[r], &oss);
+    }
+    assert_int_equal(check(&local, remote, 4, line, sizeof(line)), KVF_OK);
+    for (int r = 0; r < 4; ++r) {
+        remote[r].sliding_window = 4096;
+    }
+    assert_int_equal(check(&local, remote, 4, line, sizeof(line)), KVF_ERR_REFUSED);
+    assert_memory_equal(line, "handshake refused: sliding_window prefill=4096 decode=40: ",
+                        strlen("handshake refused: sliding_window prefill=4096 decode=40: "));
+    for (int r = 0; r < 4; ++r) {
+        remote[r].sliding_window = 40;
+        remote[r].sliding_layers[0] = 0x6;   /* layers 1 and 2 */
+    }
+    assert_int_equal(check(&local, remote, 4, line, sizeof(line)), KVF_ERR_REFUSED);
+    assert_string_equal(line, "handshake refused: sliding_layers prefill=1,2 decode=0,2: the "
+                        "layers that slide differ");
+    /* a peer that advertises none (a model without a window, or one that predates it) */
+    for (int r = 0; r < 4; ++r) {
+        meta_fill(&remote[r], 4, r, 8);
+    }
+    assert_int_equal(check(&local, remote, 4, line, sizeof(line)), KVF_ERR_REFUSED);
+    assert_memory_equal(line, "handshake refused: sliding_window prefill=0 decode=40: ",
+                        strlen("handshake refused: sliding_window prefill=0 decode=40: "));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -617,6 +689,7 @@ int main(void)
         cmocka_unit_test(test_garbage_never_crashes),
         cmocka_unit_test(test_compat),
         cmocka_unit_test(test_model_digest),
+        cmocka_unit_test(test_sliding_window),
     };
     kvf_log_init("test");
     load_tiny();

@@ -1,0 +1,120 @@
+/*
+ * Blocks that leave a sliding window are given back (docs/ARCHITECTURE.md §7): the mistral
+ * checkpoint transformers saved (tests/data/families/mistral-swa: both layers slide, W 40),
+ * block 16, one request of a 60-token prompt generating 300 tokens greedily. The blocks the
+ * instance uses stay within the window's (ceil(W / B) + 1, the block being written and the
+ * zero block standing for the freed ones) at every step, where an engine that keeps them
+ * (keep_window_blocks) ends holding ceil(360 / 16) = 23; the tokens are the same bits. With
+ * the prefix cache on, the prompt's blocks it indexed while prefilling stay cached through
+ * the release (their references): the same prompt asked again is served them and answers
+ * the same tokens.
+ */
+#include "kvf_model_test_util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { PROMPT = 60, OUT = 300, BS = 16, W = 40, NB = 64 };
+
+static char g_dir[512];
+
+static kvf_engine_h wf_engine(bool keep, bool prefix)
+{
+    kvf_engine_params_t ep = {0};
+    kvf_model_config_t cfg;
+    kvf_engine_h eng = NULL;
+
+    assert_int_equal(kvf_model_config_load(g_dir, &cfg), KVF_OK);
+    assert_int_equal(cfg.sliding_window, W);
+    kvf_cache_params_default(&cfg, &ep.cache);
+    ep.cache.kv_dtype = KVF_DTYPE_FP32;
+    ep.cache.block_size = BS;
+    ep.field_mask = KVF_ENGINE_PARAM_FIELD_CACHE | KVF_ENGINE_PARAM_FIELD_NUM_BLOCKS |
+                    (prefix ? KVF_ENGINE_PARAM_FIELD_PREFIX : 0);
+    ep.model_dir = g_dir;
+    ep.tp_size = 1;
+    ep.num_blocks = NB;
+    ep.keep_window_blocks = keep;
+    ep.prefix.enabled = prefix;
+    ep.prefix.state_grid = 64;
+    assert_int_equal(kvf_engine_create(&ep, &eng), KVF_OK);
+    assert_int_equal(kvf_block_manager_block_size(kvf_engine_block_manager(eng)), BS);
+    return eng;
+}
+
+/* Generate; @a out gets the outputs, @return the most blocks in use at any step. */
+static int wf_run(kvf_engine_h eng, int32_t *out)
+{
+    kvf_block_manager_h bm = kvf_engine_block_manager(eng);
+    kvf_engine_event_t ev[64];
+    kvf_req_params_t rp = {0};
+    kvf_req_info_t info;
+    int32_t prompt[PROMPT];
+    uint64_t id;
+    int n, most = 0;
+
+    for (int i = 0; i < PROMPT; ++i) {
+        prompt[i] = 3 + (i * 37) % 250;
+    }
+    rp.prompt = prompt;
+    rp.prompt_len = PROMPT;
+    rp.sampling.max_tokens = OUT;
+    rp.sampling.temperature = 0;
+    rp.sampling.ignore_eos = true;
+    assert_int_equal(kvf_engine_add_request(eng, &rp, &id), KVF_OK);
+    while (kvf_engine_has_work(eng)) {
+        assert_int_equal(kvf_engine_step(eng, ev, 64, &n), KVF_OK);
+        const int used = kvf_block_manager_num_blocks(bm) - kvf_block_manager_num_free(bm);
+        most = (used > most) ? used : most;
+    }
+    assert_int_equal(kvf_engine_request_info(eng, id, &info), KVF_OK);
+    assert_int_equal(info.num_tokens, PROMPT + OUT);
+    memcpy(out, info.tokens + PROMPT, OUT * sizeof(int32_t));
+    assert_int_equal(kvf_engine_release(eng, id), KVF_OK);
+    /* idle: every block free again (or cached), the zero block too */
+    assert_int_equal(kvf_block_manager_num_free(bm), kvf_block_manager_num_blocks(bm));
+    return most;
+}
+
+static void test_window_free_bounded(void **state)
+{
+    static int32_t a[OUT], b[OUT], c[OUT];
+    kvf_engine_stats_t st;
+    const int bound = (W + BS - 1) / BS + 1 + 1 + 1;   /* window, the block written, zero */
+    (void)state;
+
+    kvf_engine_h keep = wf_engine(true, false);
+    const int most_keep = wf_run(keep, a);
+    kvf_engine_get_stats(keep, &st);
+    assert_int_equal(st.window_freed_blocks, 0);
+    kvf_engine_destroy(keep);
+
+    kvf_engine_h eng = wf_engine(false, true);
+    const int most = wf_run(eng, b);
+    kvf_engine_get_stats(eng, &st);
+    print_message("blocks in use at most: %d given back (bound %d, %llu freed), %d kept\n",
+                  most, bound, (unsigned long long)st.window_freed_blocks, most_keep);
+    assert_int_equal(most_keep, (PROMPT + OUT + BS - 1) / BS);
+    assert_true(most <= bound);
+    assert_true(st.window_freed_blocks >= (uint64_t)((PROMPT + OUT - W) / BS - 1));
+    assert_memory_equal(a, b, sizeof(a));
+    /* the prompt's blocks the cache indexed survived the release: a hit, the same tokens */
+    kvf_engine_prefix_stats_t ps;
+    (void)wf_run(eng, c);
+    kvf_engine_get_prefix_stats(eng, &ps);
+    print_message("second run: %llu prompt tokens from the prefix cache\n",
+                  (unsigned long long)ps.hits);
+    assert_true(ps.hits >= (uint64_t)(PROMPT / BS * BS) - BS);
+    assert_memory_equal(a, c, sizeof(a));
+    kvf_engine_destroy(eng);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_window_free_bounded),
+    };
+    snprintf(g_dir, sizeof(g_dir), "%s/tests/data/families/mistral-swa", KVF_SOURCE_DIR);
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
