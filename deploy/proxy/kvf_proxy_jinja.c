@@ -243,6 +243,12 @@ static void kvf_run(kvf_jx_t *x, const kvf_body_t *b)
 kvf_status_t kvf_proxy_jinja_render(const char *tmpl, const cJSON *vars, char **out_p,
                                     char *err, size_t cap)
 {
+    return kvf_proxy_jinja_render_at(tmpl, vars, time(NULL), out_p, err, cap);
+}
+
+kvf_status_t kvf_proxy_jinja_render_at(const char *tmpl, const cJSON *vars, time_t now,
+                                       char **out_p, char *err, size_t cap)
+{
     kvf_body_t body = {0};
     kvf_jx_t x;
 
@@ -258,6 +264,7 @@ kvf_status_t kvf_proxy_jinja_render(const char *tmpl, const cJSON *vars, char **
     x.cap = cap;
     x.status = KVF_OK;
     x.globals = vars;
+    x.now = now;
     x.scope = cJSON_CreateObject();
     kvf_jx_emit(&x, "", 0);
     if (x.scope == NULL) {

@@ -12,6 +12,7 @@
 
 #include <cjson/cJSON.h>
 #include <stddef.h>
+#include <time.h>
 
 /**
  * Render @a tmpl with the variables of @a vars (a JSON object).
@@ -24,5 +25,13 @@
  */
 kvf_status_t kvf_proxy_jinja_render(const char *tmpl, const cJSON *vars, char **out_p,
                                     char *err, size_t cap);
+
+/**
+ * kvf_proxy_jinja_render() with the clock of strftime_now() at @a now (seconds since the
+ * epoch, formatted in local time as Python's datetime.now() is); the tests fix it so that a
+ * date-dependent template renders the same text as the reference.
+ */
+kvf_status_t kvf_proxy_jinja_render_at(const char *tmpl, const cJSON *vars, time_t now,
+                                       char **out_p, char *err, size_t cap);
 
 #endif

@@ -1,8 +1,9 @@
 /*
- * The chat-template renderer's inside (kvf_proxy_jinja.h), shared by its five files:
+ * The chat-template renderer's inside (kvf_proxy_jinja.h), shared by its six files:
  *   kvf_proxy_jinja_lex.c    the template into text / {{ expr }} / {% stmt %} pieces, and an
  *                            expression into tokens;
- *   kvf_proxy_jinja_parse.c  tokens into expression trees, pieces into a statement tree;
+ *   kvf_proxy_jinja_parse.c  tokens into expression trees;
+ *   kvf_proxy_jinja_stmt.c   pieces into a statement tree;
  *   kvf_proxy_jinja_value.c  values (cJSON nodes; undefined is a node of type cJSON_Invalid):
  *                            truthiness, Python's str() and json.dumps();
  *   kvf_proxy_jinja_eval.c   expressions evaluated: operators, calls, tests, filters, methods;
@@ -17,6 +18,7 @@
 #include <cjson/cJSON.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <time.h>
 
 /* ---- pieces and tokens (kvf_proxy_jinja_lex.c) ------------------------------------------ */
 
@@ -66,7 +68,7 @@ kvf_status_t kvf_jinja_tokenize(const char *s, size_t n, kvf_toks_t *out, char *
 /** Free the tokens of kvf_jinja_tokenize() (NULL-safe inside). */
 void kvf_jinja_toks_free(kvf_toks_t *t);
 
-/* ---- trees (kvf_proxy_jinja_parse.c) ------------------------------------------------------ */
+/* ---- trees (kvf_proxy_jinja_parse.c, kvf_proxy_jinja_stmt.c) ------------------------------------------------------ */
 
 typedef enum {
     KVF_E_LIT, KVF_E_NAME, KVF_E_LIST, KVF_E_DICT, KVF_E_ATTR, KVF_E_ITEM, KVF_E_SLICE,
@@ -105,6 +107,31 @@ struct kvf_node {
     char       *target[2];   /* FOR: loop names; SET: name[.attr] in target[0], target[1] */
     kvf_expr_t *filter;      /* FOR ... if cond */
 };
+
+/* The expression parser's state over the tokens of one expression or statement. */
+typedef struct {
+    kvf_toks_t  *t;
+    char        *err;
+    size_t       cap;
+    kvf_status_t status;
+} kvf_ps_t;
+
+/** The token at the parser's position (the END token at the end). */
+kvf_tok_t *kvf_jinja_peek(kvf_ps_t *p);
+/** Whether the token at the position is operator @a op / name @a name. */
+bool kvf_jinja_is_op(kvf_ps_t *p, const char *op);
+bool kvf_jinja_is_name(kvf_ps_t *p, const char *name);
+/** Record the parser's first failure (@a what, with the token it stopped at). */
+void kvf_jinja_ps_fail(kvf_ps_t *p, kvf_status_t st, const char *what);
+/** A zeroed node of kind @a k (NULL: no memory). */
+kvf_expr_t *kvf_jinja_new(kvf_ekind_t k);
+/** Append argument @a a (taken; NULL fails) with keyword @a kw (taken; NULL: positional). */
+bool kvf_jinja_add_arg(kvf_expr_t *e, kvf_expr_t *a, char *kw);
+/** A whole expression (with 'x if c else y'); or-level only (for 'for ... in X if C'). */
+kvf_expr_t *kvf_jinja_parse_expr(kvf_ps_t *p);
+kvf_expr_t *kvf_jinja_parse_or(kvf_ps_t *p);
+/** Free an expression tree (NULL-safe). */
+void kvf_jinja_expr_free(kvf_expr_t *e);
 
 /**
  * Lex and parse template @a tmpl into @a body (zeroed by the caller; free with
@@ -154,6 +181,7 @@ typedef struct {
     cJSON       *scope;    /* variables: an object; set writes here */
     const cJSON *globals;  /* the caller's variables */
     int          depth;
+    time_t       now;      /* strftime_now()'s clock */
     cJSON       *loop_sets;  /* names set with 'set name' in the innermost for (Jinja scoping:
                               * they end with the loop); NULL outside loops */
 } kvf_jx_t;
