@@ -48,6 +48,111 @@ static void kvf_jx_emit(kvf_jx_t *x, const char *s, size_t n)
 
 static void kvf_run(kvf_jx_t *x, const kvf_body_t *b);
 
+/* The text body @a b renders (owned), in the current scope. */
+static char *kvf_capture(kvf_jx_t *x, const kvf_body_t *b)
+{
+    char *saved = x->out, *text;
+    size_t len = x->len, cap = x->outcap;
+
+    x->out = NULL;
+    x->len = x->outcap = 0;
+    kvf_jx_emit(x, "", 0);
+    kvf_run(x, b);
+    text = x->out;
+    x->out = saved;
+    x->len = len;
+    x->outcap = cap;
+    return text;
+}
+
+const kvf_node_t *kvf_jinja_macro(const kvf_jx_t *x, const char *name)
+{
+    for (int i = x->nmacros - 1; i >= 0; --i) {
+        if (!strcmp(x->macros[i]->target[0], name)) {
+            return x->macros[i];
+        }
+    }
+    return NULL;
+}
+
+static void kvf_define_macro(kvf_jx_t *x, const kvf_node_t *n)
+{
+    if (x->nmacros == (int)(sizeof(x->macros) / sizeof(x->macros[0]))) {
+        kvf_jinja_fail(x, KVF_ERR_UNSUPPORTED, "more than 64 macro definitions are not supported");
+        return;
+    }
+    x->macros[x->nmacros++] = n;
+}
+
+/* Bind the arguments of @a call to the parameters of @a m in @a scope (Python's rules: the
+ * positional ones in order, then by keyword; extra ones in varargs / kwargs). */
+static void kvf_bind_args(kvf_jx_t *x, const kvf_node_t *m, const kvf_expr_t *call,
+                          cJSON *scope)
+{
+    const kvf_expr_t *sig = m->expr;
+    cJSON *varargs = cJSON_CreateArray(), *kwargs = cJSON_CreateObject();
+    int npos = 0;
+
+    for (int i = 0; i < call->nargs; ++i) {
+        cJSON *v = kvf_jinja_eval(x, call->args[i]);
+        const char *name = call->kwnames[i];
+        if (name == NULL) {
+            name = (npos < sig->nargs) ? sig->kwnames[npos] : NULL;
+            npos++;
+        } else {
+            int k = 0;
+            while ((k < sig->nargs) && strcmp(sig->kwnames[k], name)) {
+                ++k;
+            }
+            if (k == sig->nargs) {
+                cJSON_AddItemToObject(kwargs, name, v);
+                continue;
+            }
+        }
+        if (name == NULL) {
+            cJSON_AddItemToArray(varargs, v);
+        } else if (cJSON_GetObjectItemCaseSensitive(scope, name) != NULL) {
+            cJSON_Delete(v);
+            kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "macro '%s' got multiple values for "
+                           "argument '%s'", m->target[0], name);
+        } else {
+            cJSON_AddItemToObject(scope, name, v);
+        }
+    }
+    cJSON_AddItemToObject(scope, "varargs", varargs);
+    cJSON_AddItemToObject(scope, "kwargs", kwargs);
+}
+
+cJSON *kvf_jinja_call_macro(kvf_jx_t *x, const kvf_node_t *m, const kvf_expr_t *call)
+{
+    cJSON *scope = cJSON_CreateObject(), *saved_scope = x->scope, *saved_sets = x->loop_sets;
+    int saved_ctl = x->loopctl;
+    char *text;
+
+    if (scope == NULL) {
+        kvf_jinja_fail(x, KVF_ERR_NO_MEMORY, "out of memory");
+        return kvf_jinja_undef();
+    }
+    kvf_bind_args(x, m, call, scope);
+    x->scope = scope;
+    /* the defaults, evaluated in the macro's scope (they may read the parameters before) */
+    for (int k = 0; k < m->expr->nargs; ++k) {
+        if (cJSON_GetObjectItemCaseSensitive(scope, m->expr->kwnames[k]) == NULL) {
+            cJSON_AddItemToObject(scope, m->expr->kwnames[k],
+                                  (m->expr->args[k] != NULL) ?
+                                  kvf_jinja_eval(x, m->expr->args[k]) : kvf_jinja_undef());
+        }
+    }
+    x->loop_sets = NULL;
+    x->loopctl = 0;
+    text = kvf_capture(x, &m->branches[0]);
+    x->scope = saved_scope;
+    x->loop_sets = saved_sets;
+    x->loopctl = saved_ctl;
+    cJSON_Delete(scope);
+    return kvf_jinja_take_str(text);
+}
+
 static void kvf_set_var(kvf_jx_t *x, const char *name, cJSON *v)
 {
     if (cJSON_GetObjectItemCaseSensitive(x->scope, name) != NULL) {
@@ -142,6 +247,11 @@ static void kvf_run_for(kvf_jx_t *x, const kvf_node_t *n)
         }
         kvf_run(x, &n->branches[0]);
         ++i;
+        if (x->loopctl == 1) {
+            x->loopctl = 0;
+            break;
+        }
+        x->loopctl = 0;
     }
     cJSON_Delete(items);
     /* names set inside the loop end with it: back to their value before (namespaces,
@@ -175,7 +285,7 @@ static void kvf_run(kvf_jx_t *x, const kvf_body_t *b)
     if (++x->depth > 64) {
         kvf_jinja_fail(x, KVF_ERR_UNSUPPORTED, "nesting deeper than 64");
     }
-    for (int i = 0; (i < b->n) && (x->status == KVF_OK); ++i) {
+    for (int i = 0; (i < b->n) && (x->status == KVF_OK) && (x->loopctl == 0); ++i) {
         const kvf_node_t *n = b->v[i];
         cJSON *v;
 
@@ -209,8 +319,16 @@ static void kvf_run(kvf_jx_t *x, const kvf_body_t *b)
         case KVF_S_FOR:
             kvf_run_for(x, n);
             break;
+        case KVF_S_MACRO:
+            kvf_define_macro(x, n);
+            break;
+        case KVF_S_BREAK:
+        case KVF_S_CONTINUE:
+            x->loopctl = (n->kind == KVF_S_BREAK) ? 1 : 2;
+            break;
         case KVF_S_SET:
-            v = kvf_jinja_eval(x, n->expr);
+            v = (n->expr != NULL) ? kvf_jinja_eval(x, n->expr) :
+                kvf_jinja_take_str(kvf_capture(x, &n->branches[0]));
             if (n->target[1] == NULL) {
                 kvf_set_var(x, n->target[0], v);
                 if ((x->loop_sets != NULL) &&
@@ -266,13 +384,16 @@ kvf_status_t kvf_proxy_jinja_render_at(const char *tmpl, const cJSON *vars, time
     x.globals = vars;
     x.now = now;
     x.scope = cJSON_CreateObject();
+    x.top = x.scope;
+    x.callable = cJSON_CreateRaw("<function>");
     kvf_jx_emit(&x, "", 0);
-    if (x.scope == NULL) {
+    if ((x.scope == NULL) || (x.callable == NULL)) {
         x.status = KVF_ERR_NO_MEMORY;
     } else {
         kvf_run(&x, &body);
     }
     cJSON_Delete(x.scope);
+    cJSON_Delete(x.callable);
     kvf_jinja_body_free(&body);
     if (x.status != KVF_OK) {
         free(x.out);

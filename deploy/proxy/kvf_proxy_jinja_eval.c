@@ -1,8 +1,8 @@
 /*
  * Chat-template expressions evaluated (kvf_proxy_jinja_int.h): names (the template's
  * variables over the caller's), item and attribute access, slices, operators with Python's
- * semantics, the calls namespace(), range() and raise_exception(), is-tests, filters and
- * string/dict methods. What is outside the subset fails the render by name.
+ * semantics, is-tests and filters; calls and methods are in kvf_proxy_jinja_call.c. What is
+ * outside the subset fails the render by name.
  */
 #include "kvf_proxy_jinja_int.h"
 
@@ -26,11 +26,31 @@ void kvf_jinja_fail(kvf_jx_t *x, kvf_status_t st, const char *fmt, ...)
     va_end(ap);
 }
 
+/* The global functions (kvf_proxy_jinja_call.c): defined names, as in transformers. */
+static const char *const kvf_builtins[] = {"raise_exception", "strftime_now", "namespace",
+                                           "range", "dict", NULL};
+
+/* A name: the scope's (a macro's parameters, then the template's own names), the caller's
+ * variables, then the macros and global functions (a callable marker). */
 static const cJSON *kvf_lookup(kvf_jx_t *x, const char *name)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(x->scope, name);
 
-    return (v != NULL) ? v : cJSON_GetObjectItemCaseSensitive(x->globals, name);
+    if ((v == NULL) && (x->scope != x->top)) {
+        v = cJSON_GetObjectItemCaseSensitive(x->top, name);
+    }
+    if (v == NULL) {
+        v = cJSON_GetObjectItemCaseSensitive(x->globals, name);
+    }
+    for (int i = 0; (v == NULL) && (kvf_builtins[i] != NULL); ++i) {
+        if (!strcmp(kvf_builtins[i], name)) {
+            v = x->callable;
+        }
+    }
+    if ((v == NULL) && (kvf_jinja_macro(x, name) != NULL)) {
+        v = x->callable;
+    }
+    return v;
 }
 
 cJSON *kvf_jinja_dup(const cJSON *v)
@@ -38,7 +58,7 @@ cJSON *kvf_jinja_dup(const cJSON *v)
     return (v == NULL) ? kvf_jinja_undef() : cJSON_Duplicate(v, true);
 }
 
-static double kvf_num(const cJSON *v)
+double kvf_jinja_num(const cJSON *v)
 {
     return cJSON_IsNumber(v) ? v->valuedouble : cJSON_IsTrue(v) ? 1 : 0;
 }
@@ -166,7 +186,7 @@ static cJSON *kvf_binop(kvf_jx_t *x, const char *op, const cJSON *a, const cJSON
             c = strcmp(a->valuestring, b->valuestring);
         } else if ((cJSON_IsNumber(a) || cJSON_IsBool(a)) &&
                    (cJSON_IsNumber(b) || cJSON_IsBool(b))) {
-            double d = kvf_num(a) - kvf_num(b);
+            double d = kvf_jinja_num(a) - kvf_jinja_num(b);
             c = (d < 0) ? -1 : (d > 0);
         } else {
             kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "'%s' between these types is not supported",
@@ -177,7 +197,7 @@ static cJSON *kvf_binop(kvf_jx_t *x, const char *op, const cJSON *a, const cJSON
                                 !strcmp(op, "<=") ? c <= 0 : c >= 0);
     }
     if ((cJSON_IsNumber(a) || cJSON_IsBool(a)) && (cJSON_IsNumber(b) || cJSON_IsBool(b))) {
-        double p = kvf_num(a), q = kvf_num(b);
+        double p = kvf_jinja_num(a), q = kvf_jinja_num(b);
         if (((op[0] == '/') || (op[0] == '%')) && (q == 0)) {
             kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "division by zero");
             return kvf_jinja_undef();
@@ -200,7 +220,7 @@ static cJSON *kvf_binop(kvf_jx_t *x, const char *op, const cJSON *a, const cJSON
 }
 
 /* An argument: positional @a pos or keyword @a kw; NULL when absent (evaluated, owned). */
-static cJSON *kvf_arg(kvf_jx_t *x, const kvf_expr_t *e, int pos, const char *kw)
+cJSON *kvf_jinja_arg(kvf_jx_t *x, const kvf_expr_t *e, int pos, const char *kw)
 {
     int p = 0;
 
@@ -211,200 +231,6 @@ static cJSON *kvf_arg(kvf_jx_t *x, const kvf_expr_t *e, int pos, const char *kw)
         }
     }
     return NULL;
-}
-
-static const char *kvf_strip_set(const cJSON *chars)
-{
-    return cJSON_IsString(chars) ? chars->valuestring : " \t\n\r\f\v";
-}
-
-static cJSON *kvf_strip(const char *s, const char *set, bool left, bool right)
-{
-    size_t a = 0, b = strlen(s);
-
-    while (left && (a < b) && strchr(set, s[a])) {
-        ++a;
-    }
-    while (right && (b > a) && strchr(set, s[b - 1])) {
-        --b;
-    }
-    {
-        char *t = strndup(s + a, b - a);
-        return kvf_jinja_take_str(t);
-    }
-}
-
-static cJSON *kvf_replace(const char *s, const char *from, const char *to)
-{
-    kvf_sb_t sb = {0};
-    size_t fl = strlen(from);
-
-    kvf_jinja_sb_add(&sb, "", 0);
-    if (fl == 0) {
-        kvf_jinja_sb_str(&sb, s);
-        return kvf_jinja_take_str(sb.s);
-    }
-    for (const char *p = s;;) {
-        const char *h = strstr(p, from);
-        if (h == NULL) {
-            kvf_jinja_sb_str(&sb, p);
-            break;
-        }
-        kvf_jinja_sb_add(&sb, p, (size_t)(h - p));
-        kvf_jinja_sb_str(&sb, to);
-        p = h + fl;
-    }
-    return kvf_jinja_take_str(sb.s);
-}
-
-static cJSON *kvf_split(const char *s, const cJSON *sep)
-{
-    cJSON *out = cJSON_CreateArray();
-
-    if (cJSON_IsString(sep) && (sep->valuestring[0] != '\0')) {
-        size_t l = strlen(sep->valuestring);
-        for (const char *p = s;;) {
-            const char *h = strstr(p, sep->valuestring);
-            char *t = strndup(p, (h != NULL) ? (size_t)(h - p) : strlen(p));
-            cJSON_AddItemToArray(out, kvf_jinja_take_str(t));
-            if (h == NULL) {
-                break;
-            }
-            p = h + l;
-        }
-    } else {
-        const char *p = s;
-        for (;;) {
-            const char *a;
-            while (*p && isspace((unsigned char)*p)) {
-                ++p;
-            }
-            if (!*p) {
-                break;
-            }
-            a = p;
-            while (*p && !isspace((unsigned char)*p)) {
-                ++p;
-            }
-            cJSON_AddItemToArray(out, kvf_jinja_take_str(strndup(a, (size_t)(p - a))));
-        }
-    }
-    return out;
-}
-
-static cJSON *kvf_case(const char *s, int mode)   /* 0 lower, 1 upper, 2 capitalize, 3 title */
-{
-    char *t = strdup(s);
-    bool start = true;
-
-    for (size_t i = 0; t && t[i]; ++i) {
-        unsigned char c = (unsigned char)t[i];
-        if (mode == 0) {
-            t[i] = (char)tolower(c);
-        } else if (mode == 1) {
-            t[i] = (char)toupper(c);
-        } else if (mode == 2) {
-            t[i] = (char)((i == 0) ? toupper(c) : tolower(c));
-        } else {
-            t[i] = (char)(start ? toupper(c) : tolower(c));
-            start = !isalnum(c);
-        }
-    }
-    return kvf_jinja_take_str(t);
-}
-
-/* obj.method(args) for strings and dicts. */
-static cJSON *kvf_method(kvf_jx_t *x, const cJSON *obj, const char *m, const kvf_expr_t *call)
-{
-    cJSON *a0 = kvf_arg(x, call, 0, NULL), *a1 = kvf_arg(x, call, 1, NULL), *r = NULL;
-
-    if (cJSON_IsString(obj)) {
-        const char *s = obj->valuestring;
-        if (!strcmp(m, "strip") || !strcmp(m, "lstrip") || !strcmp(m, "rstrip")) {
-            r = kvf_strip(s, kvf_strip_set(a0), m[0] != 'r', m[0] != 'l');
-        } else if (!strcmp(m, "startswith") || !strcmp(m, "endswith")) {
-            size_t n = strlen(s), k = cJSON_IsString(a0) ? strlen(a0->valuestring) : 0;
-            bool ok = cJSON_IsString(a0) && (k <= n) &&
-                      !strncmp((m[0] == 's') ? s : s + n - k, a0->valuestring, k);
-            r = cJSON_CreateBool(ok);
-        } else if (!strcmp(m, "split")) {
-            r = kvf_split(s, a0);
-        } else if (!strcmp(m, "replace") && cJSON_IsString(a0) && cJSON_IsString(a1)) {
-            r = kvf_replace(s, a0->valuestring, a1->valuestring);
-        } else if (!strcmp(m, "lower") || !strcmp(m, "upper") || !strcmp(m, "capitalize") ||
-                   !strcmp(m, "title")) {
-            r = kvf_case(s, !strcmp(m, "lower") ? 0 : !strcmp(m, "upper") ? 1 :
-                         !strcmp(m, "capitalize") ? 2 : 3);
-        }
-    } else if (cJSON_IsObject(obj)) {
-        if (!strcmp(m, "get")) {
-            const cJSON *v = cJSON_IsString(a0) ?
-                             cJSON_GetObjectItemCaseSensitive(obj, a0->valuestring) : NULL;
-            r = (v != NULL) ? cJSON_Duplicate(v, true) :
-                (a1 != NULL) ? cJSON_Duplicate(a1, true) : cJSON_CreateNull();
-        } else if (!strcmp(m, "items") || !strcmp(m, "keys") || !strcmp(m, "values")) {
-            const cJSON *c;
-            r = cJSON_CreateArray();
-            cJSON_ArrayForEach(c, obj) {
-                if (m[0] == 'i') {
-                    cJSON *pair = cJSON_CreateArray();
-                    cJSON_AddItemToArray(pair, cJSON_CreateString(c->string));
-                    cJSON_AddItemToArray(pair, cJSON_Duplicate(c, true));
-                    cJSON_AddItemToArray(r, pair);
-                } else {
-                    cJSON_AddItemToArray(r, (m[0] == 'k') ? cJSON_CreateString(c->string) :
-                                                            cJSON_Duplicate(c, true));
-                }
-            }
-        }
-    }
-    cJSON_Delete(a0);
-    cJSON_Delete(a1);
-    if (r == NULL) {
-        kvf_jinja_fail(x, KVF_ERR_UNSUPPORTED, "method '%s' is not supported on this value", m);
-        return kvf_jinja_undef();
-    }
-    return r;
-}
-
-static cJSON *kvf_call(kvf_jx_t *x, const kvf_expr_t *e)
-{
-    const kvf_expr_t *f = e->a;
-
-    if (f->kind == KVF_E_ATTR) {
-        cJSON *obj = kvf_jinja_eval(x, f->a), *r = kvf_method(x, obj, f->name, e);
-        cJSON_Delete(obj);
-        return r;
-    }
-    if ((f->kind == KVF_E_NAME) && !strcmp(f->name, "raise_exception")) {
-        cJSON *m = kvf_arg(x, e, 0, NULL);
-        kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "%s",
-                    cJSON_IsString(m) ? m->valuestring : "raise_exception()");
-        cJSON_Delete(m);
-        return kvf_jinja_undef();
-    }
-    if ((f->kind == KVF_E_NAME) && !strcmp(f->name, "namespace")) {
-        cJSON *ns = cJSON_CreateObject();
-        for (int i = 0; i < e->nargs; ++i) {
-            if (e->kwnames[i] != NULL) {
-                cJSON_AddItemToObject(ns, e->kwnames[i], kvf_jinja_eval(x, e->args[i]));
-            }
-        }
-        return ns;
-    }
-    if ((f->kind == KVF_E_NAME) && !strcmp(f->name, "range")) {
-        cJSON *a = kvf_arg(x, e, 0, NULL), *b = kvf_arg(x, e, 1, NULL), *r = cJSON_CreateArray();
-        double lo = (b != NULL) ? kvf_num(a) : 0, hi = (b != NULL) ? kvf_num(b) : kvf_num(a);
-        for (double i = lo; (i < hi) && (i - lo < 100000); ++i) {
-            cJSON_AddItemToArray(r, cJSON_CreateNumber(i));
-        }
-        cJSON_Delete(a);
-        cJSON_Delete(b);
-        return r;
-    }
-    kvf_jinja_fail(x, KVF_ERR_UNSUPPORTED, "calling '%s' is not supported",
-                (f->kind == KVF_E_NAME) ? f->name : "this value");
-    return kvf_jinja_undef();
 }
 
 static bool kvf_test(kvf_jx_t *x, const kvf_expr_t *e, const cJSON *v)
@@ -435,11 +261,11 @@ static bool kvf_test(kvf_jx_t *x, const kvf_expr_t *e, const cJSON *v)
     } else if (!strcmp(t, "sequence") || !strcmp(t, "iterable")) {
         r = cJSON_IsArray(v) || cJSON_IsString(v) || cJSON_IsObject(v);
     } else if (!strcmp(t, "equalto") || !strcmp(t, "eq") || !strcmp(t, "sameas")) {
-        cJSON *o = kvf_arg(x, e, 0, NULL);
+        cJSON *o = kvf_jinja_arg(x, e, 0, NULL);
         r = cJSON_Compare(v, o, true);
         cJSON_Delete(o);
     } else if (!strcmp(t, "odd") || !strcmp(t, "even")) {
-        long n = (long)kvf_num(v);
+        long n = (long)kvf_jinja_num(v);
         r = ((n % 2) != 0) == (t[0] == 'o');
     } else {
         kvf_jinja_fail(x, KVF_ERR_UNSUPPORTED, "test '%s' is not supported", t);
@@ -454,8 +280,8 @@ static cJSON *kvf_filter_select(kvf_jx_t *x, const kvf_expr_t *e, const char *f,
 {
     bool attr = (strstr(f, "attr") != NULL) || !strcmp(f, "map");
     bool keep_true = (f[0] == 's') || (f[0] == 'm');
-    cJSON *a0 = kvf_arg(x, e, 0, NULL), *test = attr ? kvf_arg(x, e, 1, NULL) : a0;
-    cJSON *aname = !strcmp(f, "map") ? kvf_arg(x, e, 0, "attribute") : a0;
+    cJSON *a0 = kvf_jinja_arg(x, e, 0, NULL), *test = attr ? kvf_jinja_arg(x, e, 1, NULL) : a0;
+    cJSON *aname = !strcmp(f, "map") ? kvf_jinja_arg(x, e, 0, "attribute") : a0;
     const cJSON *c;
     cJSON *r = cJSON_CreateArray();
 
@@ -511,7 +337,7 @@ static cJSON *kvf_filter(kvf_jx_t *x, const kvf_expr_t *e)
 
     if (!strcmp(f, "trim")) {
         char *s = kvf_jinja_tostr(v);
-        r = kvf_strip(s ? s : "", " \t\n\r\f\v", true, true);
+        r = kvf_jinja_strip(s ? s : "", " \t\n\r\f\v", true, true);
         free(s);
     } else if (!strcmp(f, "length") || !strcmp(f, "count")) {
         r = cJSON_CreateNumber(cJSON_IsString(v) ? (double)strlen(v->valuestring) :
@@ -522,15 +348,15 @@ static cJSON *kvf_filter(kvf_jx_t *x, const kvf_expr_t *e)
         r = cJSON_Duplicate(v, true);
     } else if (!strcmp(f, "int")) {
         r = cJSON_CreateNumber(cJSON_IsString(v) ? trunc(atof(v->valuestring)) :
-                               trunc(kvf_num(v)));
+                               trunc(kvf_jinja_num(v)));
     } else if (!strcmp(f, "lower") || !strcmp(f, "upper") || !strcmp(f, "capitalize") ||
                !strcmp(f, "title")) {
         char *s = kvf_jinja_tostr(v);
-        r = kvf_case(s ? s : "", !strcmp(f, "lower") ? 0 : !strcmp(f, "upper") ? 1 :
+        r = kvf_jinja_case(s ? s : "", !strcmp(f, "lower") ? 0 : !strcmp(f, "upper") ? 1 :
                      !strcmp(f, "capitalize") ? 2 : 3);
         free(s);
     } else if (!strcmp(f, "default") || !strcmp(f, "d")) {
-        cJSON *d = kvf_arg(x, e, 0, NULL), *b = kvf_arg(x, e, 1, "boolean");
+        cJSON *d = kvf_jinja_arg(x, e, 0, NULL), *b = kvf_jinja_arg(x, e, 1, "boolean");
         bool use = kvf_jinja_is_undef(v) ||
                    ((b != NULL) && kvf_jinja_truthy(b) && !kvf_jinja_truthy(v));
         r = use ? ((d != NULL) ? cJSON_Duplicate(d, true) : cJSON_CreateString("")) :
@@ -546,7 +372,7 @@ static cJSON *kvf_filter(kvf_jx_t *x, const kvf_expr_t *e)
         r = kvf_slice(v, NULL, NULL, step);
         cJSON_Delete(step);
     } else if (!strcmp(f, "join")) {
-        cJSON *sep = kvf_arg(x, e, 0, NULL), *c;
+        cJSON *sep = kvf_jinja_arg(x, e, 0, NULL), *c;
         kvf_sb_t sb = {0};
         bool first = true;
         kvf_jinja_sb_add(&sb, "", 0);
@@ -562,23 +388,23 @@ static cJSON *kvf_filter(kvf_jx_t *x, const kvf_expr_t *e)
         cJSON_Delete(sep);
         r = kvf_jinja_take_str(sb.s);
     } else if (!strcmp(f, "tojson")) {
-        cJSON *ind = kvf_arg(x, e, 0, "indent");
+        cJSON *ind = kvf_jinja_arg(x, e, 0, "indent");
         kvf_sb_t sb = {0};
         kvf_jinja_sb_add(&sb, "", 0);
         kvf_jinja_json_dump(&sb, v, cJSON_IsNumber(ind) ? (int)ind->valuedouble : -1, 0);
         cJSON_Delete(ind);
         r = kvf_jinja_take_str(sb.s);
     } else if (!strcmp(f, "replace")) {
-        cJSON *a = kvf_arg(x, e, 0, NULL), *b = kvf_arg(x, e, 1, NULL);
+        cJSON *a = kvf_jinja_arg(x, e, 0, NULL), *b = kvf_jinja_arg(x, e, 1, NULL);
         char *s = kvf_jinja_tostr(v);
         r = (cJSON_IsString(a) && cJSON_IsString(b)) ?
-            kvf_replace(s ? s : "", a->valuestring, b->valuestring) : NULL;
+            kvf_jinja_replace(s ? s : "", a->valuestring, b->valuestring) : NULL;
         free(s);
         cJSON_Delete(a);
         cJSON_Delete(b);
     } else if (!strcmp(f, "items")) {
         kvf_expr_t call = {0};
-        r = kvf_method(x, v, "items", &call);
+        r = kvf_jinja_method(x, v, "items", &call);
     } else if (!strcmp(f, "select") || !strcmp(f, "reject") || !strcmp(f, "selectattr") ||
                !strcmp(f, "rejectattr") || !strcmp(f, "map")) {
         r = kvf_filter_select(x, e, f, v);
@@ -646,7 +472,7 @@ cJSON *kvf_jinja_eval(kvf_jx_t *x, const kvf_expr_t *e)
         return r;
     }
     case KVF_E_CALL:
-        return kvf_call(x, e);
+        return kvf_jinja_call(x, e);
     case KVF_E_FILTER:
         return kvf_filter(x, e);
     case KVF_E_TEST:
@@ -672,7 +498,7 @@ cJSON *kvf_jinja_eval(kvf_jx_t *x, const kvf_expr_t *e)
         return r;
     case KVF_E_NEG:
         a = kvf_jinja_eval(x, e->a);
-        r = cJSON_CreateNumber(-kvf_num(a));
+        r = cJSON_CreateNumber(-kvf_jinja_num(a));
         cJSON_Delete(a);
         return r;
     case KVF_E_AND:

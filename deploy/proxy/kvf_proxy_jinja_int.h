@@ -1,12 +1,13 @@
 /*
- * The chat-template renderer's inside (kvf_proxy_jinja.h), shared by its six files:
+ * The chat-template renderer's inside (kvf_proxy_jinja.h), shared by its seven files:
  *   kvf_proxy_jinja_lex.c    the template into text / {{ expr }} / {% stmt %} pieces, and an
  *                            expression into tokens;
  *   kvf_proxy_jinja_parse.c  tokens into expression trees;
  *   kvf_proxy_jinja_stmt.c   pieces into a statement tree;
  *   kvf_proxy_jinja_value.c  values (cJSON nodes; undefined is a node of type cJSON_Invalid):
  *                            truthiness, Python's str() and json.dumps();
- *   kvf_proxy_jinja_eval.c   expressions evaluated: operators, calls, tests, filters, methods;
+ *   kvf_proxy_jinja_eval.c   expressions evaluated: operators, tests, filters;
+ *   kvf_proxy_jinja_call.c   calls: global functions, macros, methods;
  *   kvf_proxy_jinja.c        statements run, and the entry point.
  * Nothing here is used outside those files.
  */
@@ -88,7 +89,10 @@ struct kvf_expr {
     bool         negate;     /* TEST: is not; BIN "in": not in */
 };
 
-typedef enum { KVF_S_TEXT, KVF_S_OUT, KVF_S_IF, KVF_S_FOR, KVF_S_SET, KVF_S_BLOCK } kvf_skind_t;
+typedef enum {
+    KVF_S_TEXT, KVF_S_OUT, KVF_S_IF, KVF_S_FOR, KVF_S_SET, KVF_S_BLOCK, KVF_S_MACRO,
+    KVF_S_BREAK, KVF_S_CONTINUE,
+} kvf_skind_t;
 
 typedef struct kvf_node kvf_node_t;
 typedef struct {
@@ -100,11 +104,15 @@ struct kvf_node {
     kvf_skind_t kind;
     const char *text;        /* TEXT */
     size_t      len;
-    kvf_expr_t *expr;        /* OUT, SET value, FOR iterable, IF: conds[i] */
+    kvf_expr_t *expr;        /* OUT, SET value (NULL: the block form), FOR iterable; MACRO:
+                              * a call whose arguments are the parameters (kwnames) and
+                              * their defaults (NULL: none) */
     kvf_expr_t **conds;      /* IF: one per branch (NULL: else) */
-    kvf_body_t *branches;    /* IF: per branch; FOR: [0] body, [1] else */
+    kvf_body_t *branches;    /* IF: per branch; FOR: [0] body, [1] else; SET block, MACRO,
+                              * BLOCK: [0] */
     int         nbranch;
-    char       *target[2];   /* FOR: loop names; SET: name[.attr] in target[0], target[1] */
+    char       *target[2];   /* FOR: loop names; SET: name[.attr] in target[0], target[1];
+                              * MACRO: its name */
     kvf_expr_t *filter;      /* FOR ... if cond */
 };
 
@@ -184,6 +192,12 @@ typedef struct {
     time_t       now;      /* strftime_now()'s clock */
     cJSON       *loop_sets;  /* names set with 'set name' in the innermost for (Jinja scoping:
                               * they end with the loop); NULL outside loops */
+    cJSON       *top;        /* the template's own scope (a macro's body sees it under its
+                              * parameters) */
+    int          loopctl;    /* 1: a 'break', 2: a 'continue' is unwinding to its loop */
+    const kvf_node_t *macros[64];   /* the macros defined so far (the last of a name wins) */
+    int          nmacros;
+    cJSON       *callable;   /* the value a function or macro name has (a Raw node) */
 } kvf_jx_t;
 
 /** Record the first failure of a render (later ones are dropped: the first is the cause). */
@@ -193,7 +207,33 @@ void kvf_jinja_fail(kvf_jx_t *x, kvf_status_t st, const char *fmt, ...)
 /** The value of @a e (owned; undefined once the render has failed or @a e is NULL). */
 cJSON *kvf_jinja_eval(kvf_jx_t *x, const kvf_expr_t *e);
 
+/** The macro named @a name defined so far, or NULL. */
+const kvf_node_t *kvf_jinja_macro(const kvf_jx_t *x, const char *name);
+
+/** Call macro @a m with the arguments of @a call (evaluated in the caller's scope); its
+ *  text (owned). */
+cJSON *kvf_jinja_call_macro(kvf_jx_t *x, const kvf_node_t *m, const kvf_expr_t *call);
+
 /** A copy of @a v (owned); NULL: undefined. */
 cJSON *kvf_jinja_dup(const cJSON *v);
+
+/** Argument @a pos (positional) or @a kw (keyword) of call @a e, evaluated (owned); NULL when
+ *  absent. */
+cJSON *kvf_jinja_arg(kvf_jx_t *x, const kvf_expr_t *e, int pos, const char *kw);
+/** A number's value (booleans as 0 / 1, anything else 0). */
+double kvf_jinja_num(const cJSON *v);
+
+/* ---- calls and methods (kvf_proxy_jinja_call.c) ------------------------------------------ */
+
+/** @a s without the leading (@a left) / trailing (@a right) characters of @a set. */
+cJSON *kvf_jinja_strip(const char *s, const char *set, bool left, bool right);
+/** @a s with every @a from replaced by @a to. */
+cJSON *kvf_jinja_replace(const char *s, const char *from, const char *to);
+/** @a s in lower (0), upper (1), capitalized (2) or title (3) case. */
+cJSON *kvf_jinja_case(const char *s, int mode);
+/** obj.m(args of @a call) for strings, dicts and lists. */
+cJSON *kvf_jinja_method(kvf_jx_t *x, const cJSON *obj, const char *m, const kvf_expr_t *call);
+/** The call @a e (a global function, a macro or a method). */
+cJSON *kvf_jinja_call(kvf_jx_t *x, const kvf_expr_t *e);
 
 #endif /* KVF_PROXY_JINJA_INT_H */

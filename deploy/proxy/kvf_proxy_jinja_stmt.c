@@ -1,6 +1,7 @@
 /*
  * The chat-template statement parser (kvf_proxy_jinja_int.h): template pieces into a
- * statement tree (if/elif/else, for/else, set, macro, generation), the expressions in
+ * statement tree (if/elif/else, for/else, set, set blocks, macro, break/continue,
+ * generation), the expressions in
  * them by kvf_proxy_jinja_parse.c. A statement outside the subset is refused by name
  * (KVF_ERR_UNSUPPORTED).
  */
@@ -23,7 +24,9 @@ static void kvf_node_free(kvf_node_t *n)
         if (n->conds != NULL) {
             kvf_jinja_expr_free(n->conds[i]);
         }
-        kvf_jinja_body_free(&n->branches[i]);
+        if (n->branches != NULL) {
+            kvf_jinja_body_free(&n->branches[i]);
+        }
     }
     free(n->conds);
     free(n->branches);
@@ -232,9 +235,11 @@ static bool kvf_parse_for(kvf_sp_t *sp, kvf_node_t *n, const kvf_piece_t *p)
     return true;
 }
 
-/* {% set name = expr %} and {% set ns.attr = expr %}. */
+/* {% set name = expr %}, {% set ns.attr = expr %} and {% set name %} ... {% endset %}. */
 static bool kvf_parse_set(kvf_sp_t *sp, kvf_node_t *n, const kvf_piece_t *p)
 {
+    static const char *const st[] = {"endset", NULL};
+    char end[32];
     kvf_toks_t t;
     kvf_ps_t ps;
 
@@ -252,16 +257,116 @@ static bool kvf_parse_set(kvf_sp_t *sp, kvf_node_t *n, const kvf_piece_t *p)
             t.pos += 2;
         }
     }
+    if ((n->target[0] != NULL) && (n->target[1] == NULL) &&
+        (kvf_jinja_peek(&ps)->kind == KVF_T_END)) {
+        /* the block form: the body's text is the value */
+        kvf_jinja_toks_free(&t);
+        n->branches = calloc(1, sizeof(*n->branches));
+        n->nbranch = 1;
+        if (n->branches == NULL) {
+            kvf_node_free(n);
+            kvf_sp_fail(sp, KVF_ERR_NO_MEMORY, "out of memory");
+            return false;
+        }
+        kvf_parse_body(sp, &n->branches[0], st, end, sizeof(end));
+        if ((sp->status == KVF_OK) && strcmp(end, "endset")) {
+            kvf_sp_fail(sp, KVF_ERR_PARSE, "'set' without 'endset' (offset %zu)", p->at);
+        }
+        sp->i++;
+        return true;
+    }
     if ((n->target[0] == NULL) || !kvf_jinja_is_op(&ps, "=")) {
         kvf_jinja_toks_free(&t);
         kvf_node_free(n);
-        kvf_sp_fail(sp, KVF_ERR_UNSUPPORTED, "only 'set name = value' and 'set "
-                    "ns.attr = value' are supported (offset %zu)", p->at);
+        kvf_sp_fail(sp, KVF_ERR_UNSUPPORTED, "this form of 'set' is not supported (only 'set "
+                    "name = value', 'set ns.attr = value' and 'set name' blocks; offset %zu)",
+                    p->at);
         return false;
     }
     t.pos++;
     n->expr = kvf_stmt_expr(sp, &t);
     kvf_jinja_toks_free(&t);
+    return true;
+}
+
+/* {% macro name(a, b=default) %} ... {% endmacro %}: the parameters are the arguments of a
+ * call node in n->expr (keyword name: the parameter; value: its default or NULL). */
+static bool kvf_parse_macro(kvf_sp_t *sp, kvf_node_t *n, const kvf_piece_t *p)
+{
+    static const char *const st[] = {"endmacro", NULL};
+    char end[32];
+    kvf_toks_t t;
+    kvf_ps_t ps;
+
+    n->kind = KVF_S_MACRO;
+    n->branches = calloc(1, sizeof(*n->branches));
+    n->nbranch = 1;
+    n->expr = kvf_jinja_new(KVF_E_CALL);
+    if ((n->branches == NULL) || (n->expr == NULL) || (kvf_stmt_toks(sp, p, &t) != KVF_OK)) {
+        kvf_node_free(n);
+        kvf_sp_fail(sp, KVF_ERR_NO_MEMORY, "out of memory");
+        return false;
+    }
+    ps = (kvf_ps_t){&t, sp->err, sp->cap, KVF_OK};
+    if (kvf_jinja_peek(&ps)->kind == KVF_T_NAME) {
+        n->target[0] = strdup(kvf_jinja_peek(&ps)->text);
+        t.pos++;
+    }
+    if ((n->target[0] == NULL) || !kvf_jinja_is_op(&ps, "(")) {
+        kvf_jinja_ps_fail(&ps, KVF_ERR_PARSE, "'macro' needs 'name(parameters)'");
+    }
+    t.pos++;
+    while ((ps.status == KVF_OK) && !kvf_jinja_is_op(&ps, ")")) {
+        kvf_expr_t *e = n->expr, **args;
+        char **kw;
+        if (kvf_jinja_peek(&ps)->kind != KVF_T_NAME) {
+            kvf_jinja_ps_fail(&ps, KVF_ERR_PARSE, "expected a parameter name");
+            break;
+        }
+        args = realloc(e->args, (size_t)(e->nargs + 1) * sizeof(*args));
+        e->args = (args != NULL) ? args : e->args;
+        kw = realloc(e->kwnames, (size_t)(e->nargs + 1) * sizeof(*kw));
+        e->kwnames = (kw != NULL) ? kw : e->kwnames;
+        if ((args == NULL) || (kw == NULL)) {
+            kvf_jinja_ps_fail(&ps, KVF_ERR_NO_MEMORY, "out of memory");
+            break;
+        }
+        e->kwnames[e->nargs] = strdup(kvf_jinja_peek(&ps)->text);
+        e->args[e->nargs] = NULL;
+        e->nargs++;
+        t.pos++;
+        if (kvf_jinja_is_op(&ps, "=")) {
+            t.pos++;
+            e->args[e->nargs - 1] = kvf_jinja_parse_expr(&ps);
+        }
+        if (!kvf_jinja_is_op(&ps, ",")) {
+            break;
+        }
+        t.pos++;
+    }
+    if ((ps.status == KVF_OK) && (!kvf_jinja_is_op(&ps, ")") || (t.v[t.pos + 1].kind != KVF_T_END))) {
+        kvf_jinja_ps_fail(&ps, KVF_ERR_PARSE, "expected ')' to end the macro's parameters");
+    }
+    kvf_jinja_toks_free(&t);
+    if (ps.status != KVF_OK) {
+        sp->status = ps.status;
+        kvf_node_free(n);
+        return false;
+    }
+    kvf_parse_body(sp, &n->branches[0], st, end, sizeof(end));
+    if ((sp->status == KVF_OK) && strcmp(end, "endmacro")) {
+        kvf_sp_fail(sp, KVF_ERR_PARSE, "'macro' without 'endmacro' (offset %zu)", p->at);
+    }
+    sp->i++;
+    return true;
+}
+
+/* {% break %} and {% continue %} (the loopcontrols extension transformers enables). */
+static bool kvf_parse_loopctl(kvf_sp_t *sp, kvf_node_t *n, const kvf_piece_t *p, const char *w)
+{
+    (void)sp;
+    (void)p;
+    n->kind = (w[0] == 'b') ? KVF_S_BREAK : KVF_S_CONTINUE;
     return true;
 }
 
@@ -346,6 +451,8 @@ static void kvf_parse_body(kvf_sp_t *sp, kvf_body_t *body, const char *const *st
               !strcmp(w, "for") ? kvf_parse_for(sp, n, p) :
               !strcmp(w, "set") ? kvf_parse_set(sp, n, p) :
               !strcmp(w, "generation") ? kvf_parse_generation(sp, n, p) :
+              !strcmp(w, "macro") ? kvf_parse_macro(sp, n, p) :
+              (!strcmp(w, "break") || !strcmp(w, "continue")) ? kvf_parse_loopctl(sp, n, p, w) :
               kvf_parse_unknown(sp, n, p, w))) {
             return;
         }

@@ -1,0 +1,229 @@
+/*
+ * Chat-template calls (kvf_proxy_jinja_int.h): the global functions (namespace(), range(),
+ * dict(), raise_exception(), strftime_now()), macros, and the methods of strings, dicts
+ * and lists with Python's semantics. What is outside the subset fails the render by name.
+ */
+#include "kvf_proxy_jinja_int.h"
+
+#include <ctype.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static const char *kvf_strip_set(const cJSON *chars)
+{
+    return cJSON_IsString(chars) ? chars->valuestring : " \t\n\r\f\v";
+}
+
+cJSON *kvf_jinja_strip(const char *s, const char *set, bool left, bool right)
+{
+    size_t a = 0, b = strlen(s);
+
+    while (left && (a < b) && strchr(set, s[a])) {
+        ++a;
+    }
+    while (right && (b > a) && strchr(set, s[b - 1])) {
+        --b;
+    }
+    {
+        char *t = strndup(s + a, b - a);
+        return kvf_jinja_take_str(t);
+    }
+}
+
+cJSON *kvf_jinja_replace(const char *s, const char *from, const char *to)
+{
+    kvf_sb_t sb = {0};
+    size_t fl = strlen(from);
+
+    kvf_jinja_sb_add(&sb, "", 0);
+    if (fl == 0) {
+        kvf_jinja_sb_str(&sb, s);
+        return kvf_jinja_take_str(sb.s);
+    }
+    for (const char *p = s;;) {
+        const char *h = strstr(p, from);
+        if (h == NULL) {
+            kvf_jinja_sb_str(&sb, p);
+            break;
+        }
+        kvf_jinja_sb_add(&sb, p, (size_t)(h - p));
+        kvf_jinja_sb_str(&sb, to);
+        p = h + fl;
+    }
+    return kvf_jinja_take_str(sb.s);
+}
+
+static cJSON *kvf_split(const char *s, const cJSON *sep)
+{
+    cJSON *out = cJSON_CreateArray();
+
+    if (cJSON_IsString(sep) && (sep->valuestring[0] != '\0')) {
+        size_t l = strlen(sep->valuestring);
+        for (const char *p = s;;) {
+            const char *h = strstr(p, sep->valuestring);
+            char *t = strndup(p, (h != NULL) ? (size_t)(h - p) : strlen(p));
+            cJSON_AddItemToArray(out, kvf_jinja_take_str(t));
+            if (h == NULL) {
+                break;
+            }
+            p = h + l;
+        }
+    } else {
+        const char *p = s;
+        for (;;) {
+            const char *a;
+            while (*p && isspace((unsigned char)*p)) {
+                ++p;
+            }
+            if (!*p) {
+                break;
+            }
+            a = p;
+            while (*p && !isspace((unsigned char)*p)) {
+                ++p;
+            }
+            cJSON_AddItemToArray(out, kvf_jinja_take_str(strndup(a, (size_t)(p - a))));
+        }
+    }
+    return out;
+}
+
+cJSON *kvf_jinja_case(const char *s, int mode)   /* 0 lower, 1 upper, 2 capitalize, 3 title */
+{
+    char *t = strdup(s);
+    bool start = true;
+
+    for (size_t i = 0; t && t[i]; ++i) {
+        unsigned char c = (unsigned char)t[i];
+        if (mode == 0) {
+            t[i] = (char)tolower(c);
+        } else if (mode == 1) {
+            t[i] = (char)toupper(c);
+        } else if (mode == 2) {
+            t[i] = (char)((i == 0) ? toupper(c) : tolower(c));
+        } else {
+            t[i] = (char)(start ? toupper(c) : tolower(c));
+            start = !isalnum(c);
+        }
+    }
+    return kvf_jinja_take_str(t);
+}
+
+/* obj.method(args) for strings and dicts. */
+cJSON *kvf_jinja_method(kvf_jx_t *x, const cJSON *obj, const char *m, const kvf_expr_t *call)
+{
+    cJSON *a0 = kvf_jinja_arg(x, call, 0, NULL), *a1 = kvf_jinja_arg(x, call, 1, NULL), *r = NULL;
+
+    if (cJSON_IsString(obj)) {
+        const char *s = obj->valuestring;
+        if (!strcmp(m, "strip") || !strcmp(m, "lstrip") || !strcmp(m, "rstrip")) {
+            r = kvf_jinja_strip(s, kvf_strip_set(a0), m[0] != 'r', m[0] != 'l');
+        } else if (!strcmp(m, "startswith") || !strcmp(m, "endswith")) {
+            size_t n = strlen(s), k = cJSON_IsString(a0) ? strlen(a0->valuestring) : 0;
+            bool ok = cJSON_IsString(a0) && (k <= n) &&
+                      !strncmp((m[0] == 's') ? s : s + n - k, a0->valuestring, k);
+            r = cJSON_CreateBool(ok);
+        } else if (!strcmp(m, "split")) {
+            r = kvf_split(s, a0);
+        } else if (!strcmp(m, "replace") && cJSON_IsString(a0) && cJSON_IsString(a1)) {
+            r = kvf_jinja_replace(s, a0->valuestring, a1->valuestring);
+        } else if (!strcmp(m, "lower") || !strcmp(m, "upper") || !strcmp(m, "capitalize") ||
+                   !strcmp(m, "title")) {
+            r = kvf_jinja_case(s, !strcmp(m, "lower") ? 0 : !strcmp(m, "upper") ? 1 :
+                         !strcmp(m, "capitalize") ? 2 : 3);
+        }
+    } else if (cJSON_IsObject(obj)) {
+        if (!strcmp(m, "get")) {
+            const cJSON *v = cJSON_IsString(a0) ?
+                             cJSON_GetObjectItemCaseSensitive(obj, a0->valuestring) : NULL;
+            r = (v != NULL) ? cJSON_Duplicate(v, true) :
+                (a1 != NULL) ? cJSON_Duplicate(a1, true) : cJSON_CreateNull();
+        } else if (!strcmp(m, "items") || !strcmp(m, "keys") || !strcmp(m, "values")) {
+            const cJSON *c;
+            r = cJSON_CreateArray();
+            cJSON_ArrayForEach(c, obj) {
+                if (m[0] == 'i') {
+                    cJSON *pair = cJSON_CreateArray();
+                    cJSON_AddItemToArray(pair, cJSON_CreateString(c->string));
+                    cJSON_AddItemToArray(pair, cJSON_Duplicate(c, true));
+                    cJSON_AddItemToArray(r, pair);
+                } else {
+                    cJSON_AddItemToArray(r, (m[0] == 'k') ? cJSON_CreateString(c->string) :
+                                                            cJSON_Duplicate(c, true));
+                }
+            }
+        }
+    }
+    cJSON_Delete(a0);
+    cJSON_Delete(a1);
+    if (r == NULL) {
+        kvf_jinja_fail(x, KVF_ERR_UNSUPPORTED, "method '%s' is not supported on this value", m);
+        return kvf_jinja_undef();
+    }
+    return r;
+}
+
+cJSON *kvf_jinja_call(kvf_jx_t *x, const kvf_expr_t *e)
+{
+    const kvf_expr_t *f = e->a;
+
+    if (f->kind == KVF_E_ATTR) {
+        cJSON *obj = kvf_jinja_eval(x, f->a), *r = kvf_jinja_method(x, obj, f->name, e);
+        cJSON_Delete(obj);
+        return r;
+    }
+    if ((f->kind == KVF_E_NAME) && (kvf_jinja_macro(x, f->name) != NULL)) {
+        return kvf_jinja_call_macro(x, kvf_jinja_macro(x, f->name), e);
+    }
+    if ((f->kind == KVF_E_NAME) && !strcmp(f->name, "strftime_now")) {
+        cJSON *fmt = kvf_jinja_arg(x, e, 0, NULL);
+        struct tm tm;
+        char buf[256] = "";
+        if (!cJSON_IsString(fmt)) {
+            cJSON_Delete(fmt);
+            kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "strftime_now() needs a format string");
+            return kvf_jinja_undef();
+        }
+        if ((localtime_r(&x->now, &tm) == NULL) ||
+            ((strftime(buf, sizeof(buf), fmt->valuestring, &tm) == 0) &&
+             (fmt->valuestring[0] != '\0'))) {
+            kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "strftime_now('%s') failed",
+                           fmt->valuestring);
+        }
+        cJSON_Delete(fmt);
+        return cJSON_CreateString(buf);
+    }
+    if ((f->kind == KVF_E_NAME) && !strcmp(f->name, "raise_exception")) {
+        cJSON *m = kvf_jinja_arg(x, e, 0, NULL);
+        kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "%s",
+                    cJSON_IsString(m) ? m->valuestring : "raise_exception()");
+        cJSON_Delete(m);
+        return kvf_jinja_undef();
+    }
+    if ((f->kind == KVF_E_NAME) && (!strcmp(f->name, "namespace") || !strcmp(f->name, "dict"))) {
+        cJSON *ns = cJSON_CreateObject();
+        for (int i = 0; i < e->nargs; ++i) {
+            if (e->kwnames[i] != NULL) {
+                cJSON_AddItemToObject(ns, e->kwnames[i], kvf_jinja_eval(x, e->args[i]));
+            }
+        }
+        return ns;
+    }
+    if ((f->kind == KVF_E_NAME) && !strcmp(f->name, "range")) {
+        cJSON *a = kvf_jinja_arg(x, e, 0, NULL), *b = kvf_jinja_arg(x, e, 1, NULL), *r = cJSON_CreateArray();
+        double lo = (b != NULL) ? kvf_jinja_num(a) : 0, hi = (b != NULL) ? kvf_jinja_num(b) : kvf_jinja_num(a);
+        for (double i = lo; (i < hi) && (i - lo < 100000); ++i) {
+            cJSON_AddItemToArray(r, cJSON_CreateNumber(i));
+        }
+        cJSON_Delete(a);
+        cJSON_Delete(b);
+        return r;
+    }
+    kvf_jinja_fail(x, KVF_ERR_UNSUPPORTED, "calling '%s' is not supported",
+                (f->kind == KVF_E_NAME) ? f->name : "this value");
+    return kvf_jinja_undef();
+}
+
