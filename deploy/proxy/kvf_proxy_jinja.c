@@ -191,8 +191,9 @@ static void kvf_run_for(kvf_jx_t *x, const kvf_node_t *n)
         cJSON_ArrayForEach(c, seq) {
             cJSON_AddItemToArray(items, cJSON_Duplicate(c, true));
         }
-    } else if (!kvf_jinja_is_undef(seq) && !cJSON_IsNull(seq)) {
-        kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "'for' over a value that is not iterable");
+    } else if (!kvf_jinja_is_undef(seq)) {
+        kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "'for' over a value that is not iterable (%s)",
+                       cJSON_IsNull(seq) ? "None" : "a number, a boolean or a function");
     }
     cJSON_Delete(seq);
     for (int k = 0; k < 3; ++k) {
@@ -337,6 +338,13 @@ static void kvf_run(kvf_jx_t *x, const kvf_body_t *b)
                 }
             } else {
                 cJSON *ns = cJSON_GetObjectItemCaseSensitive(x->scope, n->target[0]);
+                if (ns == NULL) {
+                    ns = cJSON_GetObjectItemCaseSensitive(x->top, n->target[0]);
+                }
+                if (ns == NULL) {
+                    ns = cJSON_GetObjectItemCaseSensitive(x->globals, n->target[0]);
+                }
+                ns = cJSON_IsRaw(ns) ? kvf_jinja_deref(x, ns) : NULL;
                 if (!cJSON_IsObject(ns)) {
                     cJSON_Delete(v);
                     kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "'set %s.%s': not a namespace",
@@ -386,14 +394,16 @@ kvf_status_t kvf_proxy_jinja_render_at(const char *tmpl, const cJSON *vars, time
     x.scope = cJSON_CreateObject();
     x.top = x.scope;
     x.callable = cJSON_CreateRaw("<function>");
+    x.namespaces = cJSON_CreateArray();
     kvf_jx_emit(&x, "", 0);
-    if ((x.scope == NULL) || (x.callable == NULL)) {
+    if ((x.scope == NULL) || (x.callable == NULL) || (x.namespaces == NULL)) {
         x.status = KVF_ERR_NO_MEMORY;
     } else {
         kvf_run(&x, &body);
     }
     cJSON_Delete(x.scope);
     cJSON_Delete(x.callable);
+    cJSON_Delete(x.namespaces);
     kvf_jinja_body_free(&body);
     if (x.status != KVF_OK) {
         free(x.out);

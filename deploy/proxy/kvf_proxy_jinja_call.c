@@ -112,6 +112,67 @@ cJSON *kvf_jinja_case(const char *s, int mode)   /* 0 lower, 1 upper, 2 capitali
     return kvf_jinja_take_str(t);
 }
 
+/* The methods of lists and dicts that change them. */
+static bool kvf_mutates(const char *m)
+{
+    static const char *const names[] = {"append", "extend", "insert", "pop", "remove",
+                                        "reverse", "sort", "clear", "popitem", "setdefault",
+                                        "update", NULL};
+
+    for (int i = 0; names[i] != NULL; ++i) {
+        if (!strcmp(names[i], m)) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Python's str.format() with {} / {0} / {name} fields and {{ }} escapes; a conversion or
+ * a format spec is refused by name. */
+static cJSON *kvf_str_format(kvf_jx_t *x, const char *s, const kvf_expr_t *call)
+{
+    kvf_sb_t sb = {0};
+    int auto_i = 0;
+
+    kvf_jinja_sb_add(&sb, "", 0);
+    for (const char *p = s; *p && (x->status == KVF_OK); ++p) {
+        const char *close;
+        char field[64];
+        cJSON *v;
+        char *t;
+        if (((p[0] == '{') && (p[1] == '{')) || ((p[0] == '}') && (p[1] == '}'))) {
+            kvf_jinja_sb_add(&sb, p++, 1);
+            continue;
+        }
+        if (p[0] != '{') {
+            kvf_jinja_sb_add(&sb, p, 1);
+            continue;
+        }
+        close = strchr(p, '}');
+        if ((close == NULL) || ((size_t)(close - p) >= sizeof(field)) ||
+            (strcspn(p + 1, ":!") < (size_t)(close - p - 1))) {
+            kvf_jinja_fail(x, KVF_ERR_UNSUPPORTED, "str.format() with a format spec or a "
+                           "conversion is not supported");
+            break;
+        }
+        snprintf(field, sizeof(field), "%.*s", (int)(close - p - 1), p + 1);
+        v = (field[0] == '\0') ? kvf_jinja_arg(x, call, auto_i++, NULL) :
+            isdigit((unsigned char)field[0]) ? kvf_jinja_arg(x, call, atoi(field), NULL) :
+            kvf_jinja_arg(x, call, -1, field);
+        if (v == NULL) {
+            kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "str.format(): no argument for {%s}",
+                           field);
+            break;
+        }
+        t = kvf_jinja_tostr(v);
+        kvf_jinja_sb_str(&sb, t ? t : "");
+        free(t);
+        cJSON_Delete(v);
+        p = close;
+    }
+    return kvf_jinja_take_str(sb.s);
+}
+
 /* obj.method(args) for strings and dicts. */
 cJSON *kvf_jinja_method(kvf_jx_t *x, const cJSON *obj, const char *m, const kvf_expr_t *call)
 {
@@ -159,6 +220,15 @@ cJSON *kvf_jinja_method(kvf_jx_t *x, const cJSON *obj, const char *m, const kvf_
     }
     cJSON_Delete(a0);
     cJSON_Delete(a1);
+    if ((r == NULL) && cJSON_IsString(obj) && !strcmp(m, "format")) {
+        r = kvf_str_format(x, obj->valuestring, call);
+    }
+    if ((r == NULL) && (cJSON_IsArray(obj) || cJSON_IsObject(obj)) && kvf_mutates(m)) {
+        /* transformers' sandbox is immutable: jinja2 refuses these, so the render fails */
+        kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "access to attribute '%s' of '%s' object is "
+                       "unsafe.", m, cJSON_IsArray(obj) ? "list" : "dict");
+        return kvf_jinja_undef();
+    }
     if (r == NULL) {
         kvf_jinja_fail(x, KVF_ERR_UNSUPPORTED, "method '%s' is not supported on this value", m);
         return kvf_jinja_undef();
@@ -204,13 +274,25 @@ cJSON *kvf_jinja_call(kvf_jx_t *x, const kvf_expr_t *e)
         return kvf_jinja_undef();
     }
     if ((f->kind == KVF_E_NAME) && (!strcmp(f->name, "namespace") || !strcmp(f->name, "dict"))) {
-        cJSON *ns = cJSON_CreateObject();
+        cJSON *ns = cJSON_CreateObject(), *ref;
         for (int i = 0; i < e->nargs; ++i) {
             if (e->kwnames[i] != NULL) {
                 cJSON_AddItemToObject(ns, e->kwnames[i], kvf_jinja_eval(x, e->args[i]));
+            } else {
+                kvf_jinja_fail(x, KVF_ERR_UNSUPPORTED, "positional arguments of %s() are not "
+                               "supported", f->name);
             }
         }
-        return ns;
+        if (f->name[0] == 'd') {
+            return ns;
+        }
+        /* a namespace is a reference to its object (kvf_jinja_deref) */
+        cJSON_AddItemToArray(x->namespaces, ns);
+        ref = cJSON_CreateRaw("<Namespace>");
+        if (ref != NULL) {
+            ref->valueint = cJSON_GetArraySize(x->namespaces);
+        }
+        return ref;
     }
     if ((f->kind == KVF_E_NAME) && !strcmp(f->name, "range")) {
         cJSON *a = kvf_jinja_arg(x, e, 0, NULL), *b = kvf_jinja_arg(x, e, 1, NULL), *r = cJSON_CreateArray();

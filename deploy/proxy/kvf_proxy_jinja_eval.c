@@ -53,6 +53,17 @@ static const cJSON *kvf_lookup(kvf_jx_t *x, const char *name)
     return v;
 }
 
+cJSON *kvf_jinja_deref(const kvf_jx_t *x, const cJSON *v)
+{
+    if (cJSON_IsRaw(v) && (v->valueint > 0)) {
+        cJSON *ns = cJSON_GetArrayItem(x->namespaces, v->valueint - 1);
+        if (ns != NULL) {
+            return ns;
+        }
+    }
+    return (cJSON *)v;
+}
+
 cJSON *kvf_jinja_dup(const cJSON *v)
 {
     return (v == NULL) ? kvf_jinja_undef() : cJSON_Duplicate(v, true);
@@ -92,7 +103,7 @@ static cJSON *kvf_item(kvf_jx_t *x, const cJSON *obj, const cJSON *key)
     return kvf_jinja_undef();
 }
 
-static cJSON *kvf_slice(const cJSON *v, const cJSON *lo, const cJSON *hi, const cJSON *st)
+cJSON *kvf_jinja_slice(const cJSON *v, const cJSON *lo, const cJSON *hi, const cJSON *st)
 {
     long n = cJSON_IsString(v) ? (long)strlen(v->valuestring) : cJSON_GetArraySize(v);
     long step = (cJSON_IsNumber(st)) ? (long)st->valuedouble : 1;
@@ -233,7 +244,7 @@ cJSON *kvf_jinja_arg(kvf_jx_t *x, const kvf_expr_t *e, int pos, const char *kw)
     return NULL;
 }
 
-static bool kvf_test(kvf_jx_t *x, const kvf_expr_t *e, const cJSON *v)
+bool kvf_jinja_test(kvf_jx_t *x, const kvf_expr_t *e, const cJSON *v)
 {
     const char *t = e->name;
     bool r;
@@ -274,149 +285,6 @@ static bool kvf_test(kvf_jx_t *x, const kvf_expr_t *e, const cJSON *v)
     return r != e->negate;
 }
 
-/* select, reject, selectattr, rejectattr and map over the items of @a v (owned result). */
-static cJSON *kvf_filter_select(kvf_jx_t *x, const kvf_expr_t *e, const char *f,
-                                const cJSON *v)
-{
-    bool attr = (strstr(f, "attr") != NULL) || !strcmp(f, "map");
-    bool keep_true = (f[0] == 's') || (f[0] == 'm');
-    cJSON *a0 = kvf_jinja_arg(x, e, 0, NULL), *test = attr ? kvf_jinja_arg(x, e, 1, NULL) : a0;
-    cJSON *aname = !strcmp(f, "map") ? kvf_jinja_arg(x, e, 0, "attribute") : a0;
-    const cJSON *c;
-    cJSON *r = cJSON_CreateArray();
-
-    cJSON_ArrayForEach(c, v) {
-        const cJSON *item = c;
-        if (attr && cJSON_IsString(aname)) {
-            item = cJSON_GetObjectItemCaseSensitive(c, aname->valuestring);
-        }
-        if (!strcmp(f, "map")) {
-            cJSON_AddItemToArray(r, kvf_jinja_dup(item));
-            continue;
-        }
-        {
-            kvf_expr_t t = {0};
-            kvf_expr_t *args[1];
-            char *kws[1] = {NULL};
-            t.kind = KVF_E_TEST;
-            t.name = cJSON_IsString(test) ? test->valuestring : (char *)"defined";
-            if (!attr && (e->nargs > 1)) {
-                args[0] = e->args[1];
-                t.args = args;
-                t.kwnames = kws;
-                t.nargs = 1;
-            } else if (attr && (e->nargs > 2)) {
-                args[0] = e->args[2];
-                t.args = args;
-                t.kwnames = kws;
-                t.nargs = 1;
-            }
-            if (!cJSON_IsString(test) && !attr) {
-                t.name = (char *)"truthy";
-            }
-            if (!strcmp(t.name, "truthy") ? kvf_jinja_truthy(item) == keep_true :
-                kvf_test(x, &t, item) == keep_true) {
-                cJSON_AddItemToArray(r, cJSON_Duplicate(c, true));
-            }
-        }
-    }
-    if (aname != a0) {
-        cJSON_Delete(aname);
-    }
-    if (test != a0) {
-        cJSON_Delete(test);
-    }
-    cJSON_Delete(a0);
-    return r;
-}
-
-static cJSON *kvf_filter(kvf_jx_t *x, const kvf_expr_t *e)
-{
-    const char *f = e->name;
-    cJSON *v = kvf_jinja_eval(x, e->a), *r = NULL;
-
-    if (!strcmp(f, "trim")) {
-        char *s = kvf_jinja_tostr(v);
-        r = kvf_jinja_strip(s ? s : "", " \t\n\r\f\v", true, true);
-        free(s);
-    } else if (!strcmp(f, "length") || !strcmp(f, "count")) {
-        r = cJSON_CreateNumber(cJSON_IsString(v) ? (double)strlen(v->valuestring) :
-                               (double)cJSON_GetArraySize(v));
-    } else if (!strcmp(f, "string")) {
-        r = kvf_jinja_take_str(kvf_jinja_tostr(v));
-    } else if (!strcmp(f, "safe") || !strcmp(f, "list")) {
-        r = cJSON_Duplicate(v, true);
-    } else if (!strcmp(f, "int")) {
-        r = cJSON_CreateNumber(cJSON_IsString(v) ? trunc(atof(v->valuestring)) :
-                               trunc(kvf_jinja_num(v)));
-    } else if (!strcmp(f, "lower") || !strcmp(f, "upper") || !strcmp(f, "capitalize") ||
-               !strcmp(f, "title")) {
-        char *s = kvf_jinja_tostr(v);
-        r = kvf_jinja_case(s ? s : "", !strcmp(f, "lower") ? 0 : !strcmp(f, "upper") ? 1 :
-                     !strcmp(f, "capitalize") ? 2 : 3);
-        free(s);
-    } else if (!strcmp(f, "default") || !strcmp(f, "d")) {
-        cJSON *d = kvf_jinja_arg(x, e, 0, NULL), *b = kvf_jinja_arg(x, e, 1, "boolean");
-        bool use = kvf_jinja_is_undef(v) ||
-                   ((b != NULL) && kvf_jinja_truthy(b) && !kvf_jinja_truthy(v));
-        r = use ? ((d != NULL) ? cJSON_Duplicate(d, true) : cJSON_CreateString("")) :
-                  cJSON_Duplicate(v, true);
-        cJSON_Delete(d);
-        cJSON_Delete(b);
-    } else if (!strcmp(f, "first") || !strcmp(f, "last")) {
-        int n = cJSON_GetArraySize(v);
-        r = (n == 0) ? kvf_jinja_undef() :
-            cJSON_Duplicate(cJSON_GetArrayItem(v, (f[0] == 'f') ? 0 : n - 1), true);
-    } else if (!strcmp(f, "reverse")) {
-        cJSON *step = cJSON_CreateNumber(-1);
-        r = kvf_slice(v, NULL, NULL, step);
-        cJSON_Delete(step);
-    } else if (!strcmp(f, "join")) {
-        cJSON *sep = kvf_jinja_arg(x, e, 0, NULL), *c;
-        kvf_sb_t sb = {0};
-        bool first = true;
-        kvf_jinja_sb_add(&sb, "", 0);
-        cJSON_ArrayForEach(c, v) {
-            char *s = kvf_jinja_tostr(c);
-            if (!first && cJSON_IsString(sep)) {
-                kvf_jinja_sb_str(&sb, sep->valuestring);
-            }
-            first = false;
-            kvf_jinja_sb_str(&sb, s ? s : "");
-            free(s);
-        }
-        cJSON_Delete(sep);
-        r = kvf_jinja_take_str(sb.s);
-    } else if (!strcmp(f, "tojson")) {
-        cJSON *ind = kvf_jinja_arg(x, e, 0, "indent");
-        kvf_sb_t sb = {0};
-        kvf_jinja_sb_add(&sb, "", 0);
-        kvf_jinja_json_dump(&sb, v, cJSON_IsNumber(ind) ? (int)ind->valuedouble : -1, 0);
-        cJSON_Delete(ind);
-        r = kvf_jinja_take_str(sb.s);
-    } else if (!strcmp(f, "replace")) {
-        cJSON *a = kvf_jinja_arg(x, e, 0, NULL), *b = kvf_jinja_arg(x, e, 1, NULL);
-        char *s = kvf_jinja_tostr(v);
-        r = (cJSON_IsString(a) && cJSON_IsString(b)) ?
-            kvf_jinja_replace(s ? s : "", a->valuestring, b->valuestring) : NULL;
-        free(s);
-        cJSON_Delete(a);
-        cJSON_Delete(b);
-    } else if (!strcmp(f, "items")) {
-        kvf_expr_t call = {0};
-        r = kvf_jinja_method(x, v, "items", &call);
-    } else if (!strcmp(f, "select") || !strcmp(f, "reject") || !strcmp(f, "selectattr") ||
-               !strcmp(f, "rejectattr") || !strcmp(f, "map")) {
-        r = kvf_filter_select(x, e, f, v);
-    }
-    cJSON_Delete(v);
-    if (r == NULL) {
-        kvf_jinja_fail(x, KVF_ERR_UNSUPPORTED, "filter '%s' is not supported", f);
-        return kvf_jinja_undef();
-    }
-    return r;
-}
-
 cJSON *kvf_jinja_eval(kvf_jx_t *x, const kvf_expr_t *e)
 {
     cJSON *a, *b, *r;
@@ -447,16 +315,26 @@ cJSON *kvf_jinja_eval(kvf_jx_t *x, const kvf_expr_t *e)
             }
         }
         return r;
-    case KVF_E_ATTR:
+    case KVF_E_ATTR: {
+        const cJSON *o;
         a = kvf_jinja_eval(x, e->a);
-        r = cJSON_IsObject(a) ? kvf_jinja_dup(cJSON_GetObjectItemCaseSensitive(a, e->name)) :
+        o = kvf_jinja_deref(x, a);
+        if (kvf_jinja_is_undef(a)) {
+            kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "'.%s' of an undefined value", e->name);
+        }
+        r = cJSON_IsObject(o) ? kvf_jinja_dup(cJSON_GetObjectItemCaseSensitive(o, e->name)) :
                                 kvf_jinja_undef();
         cJSON_Delete(a);
         return r;
+    }
     case KVF_E_ITEM:
         a = kvf_jinja_eval(x, e->a);
         b = kvf_jinja_eval(x, e->b);
-        r = kvf_item(x, a, b);
+        if (kvf_jinja_is_undef(a)) {
+            kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "'[...]' of an undefined value");
+        }
+        r = ((a != NULL) && (a->type & KVF_JINJA_GEN)) ? kvf_jinja_undef() :
+            kvf_item(x, kvf_jinja_deref(x, a), b);
         cJSON_Delete(a);
         cJSON_Delete(b);
         return r;
@@ -464,7 +342,7 @@ cJSON *kvf_jinja_eval(kvf_jx_t *x, const kvf_expr_t *e)
         cJSON *lo = kvf_jinja_eval(x, e->b), *hi = kvf_jinja_eval(x, e->c);
         cJSON *st = kvf_jinja_eval(x, e->args[0]);
         a = kvf_jinja_eval(x, e->a);
-        r = kvf_slice(a, lo, hi, st);
+        r = kvf_jinja_slice(a, lo, hi, st);
         cJSON_Delete(a);
         cJSON_Delete(lo);
         cJSON_Delete(hi);
@@ -474,10 +352,10 @@ cJSON *kvf_jinja_eval(kvf_jx_t *x, const kvf_expr_t *e)
     case KVF_E_CALL:
         return kvf_jinja_call(x, e);
     case KVF_E_FILTER:
-        return kvf_filter(x, e);
+        return kvf_jinja_filter(x, e);
     case KVF_E_TEST:
         a = kvf_jinja_eval(x, e->a);
-        r = cJSON_CreateBool(kvf_test(x, e, a));
+        r = cJSON_CreateBool(kvf_jinja_test(x, e, a));
         cJSON_Delete(a);
         return r;
     case KVF_E_BIN:

@@ -1,12 +1,13 @@
 /*
- * The chat-template renderer's inside (kvf_proxy_jinja.h), shared by its seven files:
+ * The chat-template renderer's inside (kvf_proxy_jinja.h), shared by its eight files:
  *   kvf_proxy_jinja_lex.c    the template into text / {{ expr }} / {% stmt %} pieces, and an
  *                            expression into tokens;
  *   kvf_proxy_jinja_parse.c  tokens into expression trees;
  *   kvf_proxy_jinja_stmt.c   pieces into a statement tree;
  *   kvf_proxy_jinja_value.c  values (cJSON nodes; undefined is a node of type cJSON_Invalid):
  *                            truthiness, Python's str() and json.dumps();
- *   kvf_proxy_jinja_eval.c   expressions evaluated: operators, tests, filters;
+ *   kvf_proxy_jinja_eval.c   expressions evaluated: operators, tests;
+ *   kvf_proxy_jinja_filter.c filters;
  *   kvf_proxy_jinja_call.c   calls: global functions, macros, methods;
  *   kvf_proxy_jinja.c        statements run, and the entry point.
  * Nothing here is used outside those files.
@@ -165,6 +166,14 @@ typedef struct {
 void kvf_jinja_sb_add(kvf_sb_t *b, const char *s, size_t n);
 void kvf_jinja_sb_str(kvf_sb_t *b, const char *s);
 
+/* Flags on a value's cJSON type (above cJSON's own bits; cJSON_Duplicate keeps them): a
+ * string marked safe (Jinja's Markup: what is added to it is HTML-escaped), a list that is
+ * a generator (the result of map / select: not JSON, no length), a tuple (printed with
+ * parentheses). */
+#define KVF_JINJA_MARKUP (1 << 12)
+#define KVF_JINJA_GEN    (1 << 13)
+#define KVF_JINJA_TUPLE  (1 << 14)
+
 /** A new undefined value (owned; NULL on no memory, which reads as undefined too). */
 cJSON *kvf_jinja_undef(void);
 bool kvf_jinja_is_undef(const cJSON *v);
@@ -198,6 +207,9 @@ typedef struct {
     const kvf_node_t *macros[64];   /* the macros defined so far (the last of a name wins) */
     int          nmacros;
     cJSON       *callable;   /* the value a function or macro name has (a Raw node) */
+    cJSON       *namespaces; /* the namespace() objects; a namespace value is a Raw node with
+                              * valueint = its index + 1 (a reference: changes through
+                              * 'set ns.attr' are seen by every holder, macros included) */
 } kvf_jx_t;
 
 /** Record the first failure of a render (later ones are dropped: the first is the cause). */
@@ -206,6 +218,9 @@ void kvf_jinja_fail(kvf_jx_t *x, kvf_status_t st, const char *fmt, ...)
 
 /** The value of @a e (owned; undefined once the render has failed or @a e is NULL). */
 cJSON *kvf_jinja_eval(kvf_jx_t *x, const kvf_expr_t *e);
+
+/** The object namespace value @a v refers to; @a v itself when it is not a namespace. */
+cJSON *kvf_jinja_deref(const kvf_jx_t *x, const cJSON *v);
 
 /** The macro named @a name defined so far, or NULL. */
 const kvf_node_t *kvf_jinja_macro(const kvf_jx_t *x, const char *name);
@@ -222,6 +237,16 @@ cJSON *kvf_jinja_dup(const cJSON *v);
 cJSON *kvf_jinja_arg(kvf_jx_t *x, const kvf_expr_t *e, int pos, const char *kw);
 /** A number's value (booleans as 0 / 1, anything else 0). */
 double kvf_jinja_num(const cJSON *v);
+
+/** The is-test @a e (its name, arguments, negation) on @a v. */
+bool kvf_jinja_test(kvf_jx_t *x, const kvf_expr_t *e, const cJSON *v);
+/** Python's v[lo:hi:st] of a list or string (NULL / None bounds: the defaults). */
+cJSON *kvf_jinja_slice(const cJSON *v, const cJSON *lo, const cJSON *hi, const cJSON *st);
+
+/* ---- filters (kvf_proxy_jinja_filter.c) -------------------------------------------------- */
+
+/** The filter expression @a e (its input e->a, its name and arguments) evaluated. */
+cJSON *kvf_jinja_filter(kvf_jx_t *x, const kvf_expr_t *e);
 
 /* ---- calls and methods (kvf_proxy_jinja_call.c) ------------------------------------------ */
 

@@ -167,6 +167,30 @@ void kvf_jinja_json_dump(kvf_sb_t *b, const cJSON *v, int indent, int level)
     }
 }
 
+/* Python's repr() of a string: single quotes unless it holds one and no double quote;
+ * backslash, the quote, \n \r \t and the other control characters escaped. */
+static void kvf_repr_str(kvf_sb_t *b, const char *s)
+{
+    char q = (strchr(s, '\'') != NULL) && (strchr(s, '"') == NULL) ? '"' : '\'';
+
+    kvf_jinja_sb_add(b, &q, 1);
+    for (const unsigned char *p = (const unsigned char *)s; *p; ++p) {
+        char esc[8];
+        if ((*p == '\\') || (*p == (unsigned char)q)) {
+            kvf_jinja_sb_add(b, "\\", 1);
+            kvf_jinja_sb_add(b, (const char *)p, 1);
+        } else if ((*p == '\n') || (*p == '\r') || (*p == '\t')) {
+            kvf_jinja_sb_str(b, (*p == '\n') ? "\\n" : (*p == '\r') ? "\\r" : "\\t");
+        } else if ((*p < 0x20) || (*p == 0x7f)) {
+            snprintf(esc, sizeof(esc), "\\x%02x", *p);
+            kvf_jinja_sb_str(b, esc);
+        } else {
+            kvf_jinja_sb_add(b, (const char *)p, 1);
+        }
+    }
+    kvf_jinja_sb_add(b, &q, 1);
+}
+
 /* Python's str() of a value (repr for the items of lists and dicts). */
 static void kvf_v_str(kvf_sb_t *b, const cJSON *v, bool repr)
 {
@@ -177,9 +201,7 @@ static void kvf_v_str(kvf_sb_t *b, const cJSON *v, bool repr)
     }
     if (cJSON_IsString(v)) {
         if (repr) {
-            kvf_jinja_sb_str(b, "'");
-            kvf_jinja_sb_str(b, v->valuestring);
-            kvf_jinja_sb_str(b, "'");
+            kvf_repr_str(b, v->valuestring);
         } else {
             kvf_jinja_sb_str(b, v->valuestring);
         }
@@ -193,10 +215,14 @@ static void kvf_v_str(kvf_sb_t *b, const cJSON *v, bool repr)
     } else if (cJSON_IsNull(v)) {
         kvf_jinja_sb_str(b, "None");
     } else {
-        bool obj = cJSON_IsObject(v), first = true;
+        bool obj = cJSON_IsObject(v), first = true, tuple = (v->type & KVF_JINJA_TUPLE) != 0;
         const cJSON *c;
 
-        kvf_jinja_sb_str(b, obj ? "{" : "[");
+        if (cJSON_IsRaw(v)) {   /* a function or a namespace */
+            kvf_jinja_sb_str(b, v->valuestring);
+            return;
+        }
+        kvf_jinja_sb_str(b, obj ? "{" : tuple ? "(" : "[");
         cJSON_ArrayForEach(c, v) {
             if (!first) {
                 kvf_jinja_sb_str(b, ", ");
@@ -209,7 +235,10 @@ static void kvf_v_str(kvf_sb_t *b, const cJSON *v, bool repr)
             }
             kvf_v_str(b, c, true);
         }
-        kvf_jinja_sb_str(b, obj ? "}" : "]");
+        if (tuple && (v->child != NULL) && (v->child->next == NULL)) {
+            kvf_jinja_sb_str(b, ",");
+        }
+        kvf_jinja_sb_str(b, obj ? "}" : tuple ? ")" : "]");
     }
 }
 
