@@ -179,10 +179,26 @@ static cJSON *kvf_binop(kvf_jx_t *x, const char *op, const cJSON *a, const cJSON
                                   (kvf_jinja_is_undef(a) && kvf_jinja_is_undef(b))));
     }
     if (!strcmp(op, "+") && cJSON_IsString(a) && cJSON_IsString(b)) {
+        /* Markup + str escapes the str, and so does str + Markup (jinja2's |safe) */
+        bool ma = (a->type & KVF_JINJA_MARKUP) != 0, mb = (b->type & KVF_JINJA_MARKUP) != 0;
         kvf_sb_t sb = {0};
-        kvf_jinja_sb_str(&sb, a->valuestring);
-        kvf_jinja_sb_str(&sb, b->valuestring);
-        return kvf_jinja_take_str(sb.s);
+        cJSON *r;
+        kvf_jinja_sb_add(&sb, "", 0);
+        if (mb && !ma) {
+            kvf_jinja_html_escape(&sb, a->valuestring);
+        } else {
+            kvf_jinja_sb_str(&sb, a->valuestring);
+        }
+        if (ma && !mb) {
+            kvf_jinja_html_escape(&sb, b->valuestring);
+        } else {
+            kvf_jinja_sb_str(&sb, b->valuestring);
+        }
+        r = kvf_jinja_take_str(sb.s);
+        if ((r != NULL) && (ma || mb)) {
+            r->type |= KVF_JINJA_MARKUP;
+        }
+        return r;
     }
     if (!strcmp(op, "+") && cJSON_IsArray(a) && cJSON_IsArray(b)) {
         cJSON *out = cJSON_Duplicate(a, true), *c;
@@ -302,6 +318,9 @@ cJSON *kvf_jinja_eval(kvf_jx_t *x, const kvf_expr_t *e)
     case KVF_E_LIST:
     case KVF_E_DICT:
         r = (e->kind == KVF_E_LIST) ? cJSON_CreateArray() : cJSON_CreateObject();
+        if ((r != NULL) && (e->kind == KVF_E_LIST) && e->negate) {
+            r->type |= KVF_JINJA_TUPLE;
+        }
         for (int i = 0; i < e->nargs; ++i) {
             if (e->kind == KVF_E_LIST) {
                 cJSON_AddItemToArray(r, kvf_jinja_eval(x, e->args[i]));

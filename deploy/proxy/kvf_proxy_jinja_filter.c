@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 /* select, reject, selectattr, rejectattr and map over the items of @a v (owned result). */
 static cJSON *kvf_filter_select(kvf_jx_t *x, const kvf_expr_t *e, const char *f,
@@ -64,7 +65,262 @@ static cJSON *kvf_filter_select(kvf_jx_t *x, const kvf_expr_t *e, const char *f,
         cJSON_Delete(test);
     }
     cJSON_Delete(a0);
+    if (r != NULL) {
+        r->type |= KVF_JINJA_GEN;   /* jinja2's select / map yield a generator */
+    }
     return r;
+}
+
+/* Python's type name of @a v, for error messages. */
+static const char *kvf_type_name(const cJSON *v)
+{
+    return cJSON_IsNull(v) ? "NoneType" : cJSON_IsBool(v) ? "bool" :
+           cJSON_IsNumber(v) ? "int" : (v != NULL) && (v->type & KVF_JINJA_GEN) ? "generator" :
+           cJSON_IsRaw(v) ? "function" : "object";
+}
+
+/* The number of characters (code points) of UTF-8 text @a s. */
+static size_t kvf_utf8_len(const char *s)
+{
+    size_t n = 0;
+
+    for (; *s; ++s) {
+        n += ((*s & 0xC0) != 0x80);
+    }
+    return n;
+}
+
+/* tojson(ensure_ascii=False, indent=None, separators=None, sort_keys=False) as transformers
+ * defines it (json.dumps); a generator or an undefined value is not JSON. */
+static cJSON *kvf_filter_tojson(kvf_jx_t *x, const kvf_expr_t *e, const cJSON *v)
+{
+    cJSON *asc = kvf_jinja_arg(x, e, 0, "ensure_ascii"), *ind = kvf_jinja_arg(x, e, 1, "indent");
+    cJSON *sep = kvf_jinja_arg(x, e, 2, "separators"), *srt = kvf_jinja_arg(x, e, 3, "sort_keys");
+    kvf_json_opts_t o = {cJSON_IsNumber(ind) ? (int)ind->valuedouble : -1,
+                         kvf_jinja_truthy(asc), kvf_jinja_truthy(srt), ", ", ": "};
+    kvf_sb_t sb = {0};
+    cJSON *r = NULL;
+
+    if (o.indent >= 0) {
+        o.item_sep = ",";
+    }
+    if (cJSON_IsArray(sep) && (cJSON_GetArraySize(sep) == 2) &&
+        cJSON_IsString(cJSON_GetArrayItem(sep, 0)) && cJSON_IsString(cJSON_GetArrayItem(sep, 1))) {
+        o.item_sep = cJSON_GetArrayItem(sep, 0)->valuestring;
+        o.key_sep = cJSON_GetArrayItem(sep, 1)->valuestring;
+    }
+    if (kvf_jinja_is_undef(v) || cJSON_IsRaw(v) || (v->type & KVF_JINJA_GEN)) {
+        kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "Object of type %s is not JSON serializable",
+                       kvf_jinja_is_undef(v) ? "Undefined" : kvf_type_name(v));
+    } else {
+        kvf_jinja_sb_add(&sb, "", 0);
+        kvf_jinja_json_dump(&sb, v, &o, 0);
+        r = kvf_jinja_take_str(sb.s);
+    }
+    cJSON_Delete(asc);
+    cJSON_Delete(ind);
+    cJSON_Delete(sep);
+    cJSON_Delete(srt);
+    return (r != NULL) ? r : kvf_jinja_undef();
+}
+
+/* Jinja's sort key comparison: strings case-insensitively unless @a cs, numbers by value. */
+static int kvf_cmp(const cJSON *a, const cJSON *b, bool cs)
+{
+    if (cJSON_IsString(a) && cJSON_IsString(b)) {
+        return cs ? strcmp(a->valuestring, b->valuestring) :
+                    strcasecmp(a->valuestring, b->valuestring);
+    }
+    if (cJSON_IsNumber(a) && cJSON_IsNumber(b)) {
+        return (a->valuedouble > b->valuedouble) - (a->valuedouble < b->valuedouble);
+    }
+    return 0;
+}
+
+/* The key of @a item to sort by: itself, its attribute @a attr, or (dictsort) its key. */
+static const cJSON *kvf_sort_key(const cJSON *item, const cJSON *attr)
+{
+    return cJSON_IsString(attr) ? cJSON_GetObjectItemCaseSensitive(item, attr->valuestring) :
+                                  item;
+}
+
+/* sort, dictsort, unique, min, max: a stable insertion sort (lists are short). */
+static cJSON *kvf_filter_order(kvf_jx_t *x, const kvf_expr_t *e, const char *f, const cJSON *v)
+{
+    bool dict = !strcmp(f, "dictsort");
+    cJSON *rev = kvf_jinja_arg(x, e, dict ? 2 : 0, "reverse"), *r = cJSON_CreateArray();
+    cJSON *cs = kvf_jinja_arg(x, e, dict ? 0 : 1, "case_sensitive");
+    cJSON *attr = kvf_jinja_arg(x, e, dict ? -1 : 2, "attribute"), *c;
+    int n = cJSON_GetArraySize(v), m = 0;
+    cJSON **items = calloc((size_t)n + 1, sizeof(*items));
+
+    if ((dict && !cJSON_IsObject(v)) || (!dict && !cJSON_IsArray(v)) || (items == NULL)) {
+        kvf_jinja_fail(x, KVF_ERR_UNSUPPORTED, "filter '%s' on this value is not supported", f);
+        n = 0;
+    }
+    if (!strcmp(f, "min") || !strcmp(f, "max") || !strcmp(f, "unique")) {   /* attribute: 1st */
+        cJSON_Delete(attr);
+        attr = kvf_jinja_arg(x, e, -1, "attribute");
+    }
+    for (c = (n > 0) ? v->child : NULL; c != NULL; c = c->next) {
+        cJSON *it = dict ? cJSON_CreateArray() : cJSON_Duplicate(c, true);
+        int k = m;
+        if (dict) {
+            it->type |= KVF_JINJA_TUPLE;
+            cJSON_AddItemToArray(it, cJSON_CreateString(c->string));
+            cJSON_AddItemToArray(it, cJSON_Duplicate(c, true));
+        }
+        if (!strcmp(f, "unique")) {
+            bool seen = false;
+            for (int j = 0; j < m; ++j) {
+                seen = seen || ((kvf_cmp(items[j], it, kvf_jinja_truthy(cs)) == 0) &&
+                                cJSON_Compare(cJSON_IsString(it) ? items[j] : it, it, false));
+            }
+            if (seen) {
+                cJSON_Delete(it);
+                continue;
+            }
+        } else {
+            const cJSON *key = dict ? it->child : kvf_sort_key(it, attr);
+            int sign = kvf_jinja_truthy(rev) ? -1 : 1;
+            while ((k > 0) && (sign * kvf_cmp(dict ? items[k - 1]->child :
+                                              kvf_sort_key(items[k - 1], attr), key,
+                                              kvf_jinja_truthy(cs)) > 0)) {
+                items[k] = items[k - 1];
+                --k;
+            }
+        }
+        items[k] = it;
+        ++m;
+    }
+    if (!strcmp(f, "min") || !strcmp(f, "max")) {
+        cJSON_Delete(r);
+        r = (m == 0) ? kvf_jinja_undef() : cJSON_Duplicate(items[(f[1] == 'i') ? 0 : m - 1], true);
+        for (int j = 0; j < m; ++j) {
+            cJSON_Delete(items[j]);
+        }
+    } else {
+        for (int j = 0; j < m; ++j) {
+            cJSON_AddItemToArray(r, items[j]);
+        }
+    }
+    free(items);
+    cJSON_Delete(rev);
+    cJSON_Delete(cs);
+    cJSON_Delete(attr);
+    return r;
+}
+
+/* indent(width=4, first=False, blank=False) as jinja2 3.1 does it (lines split on \n, \r\n
+ * and \r; the text gets a newline first, so one trailing newline is not a line). */
+static cJSON *kvf_filter_indent(kvf_jx_t *x, const kvf_expr_t *e, const cJSON *v)
+{
+    cJSON *w = kvf_jinja_arg(x, e, 0, "width"), *first = kvf_jinja_arg(x, e, 1, "first");
+    cJSON *blank = kvf_jinja_arg(x, e, 2, "blank");
+    char *s = kvf_jinja_tostr(v), *pad;
+    kvf_sb_t sb = {0}, in = {0};
+    bool line_start = true;
+
+    kvf_jinja_sb_add(&in, "", 0);
+    if (cJSON_IsString(w)) {
+        kvf_jinja_sb_str(&in, w->valuestring);
+    } else {
+        for (int i = 0; i < ((w != NULL) ? (int)kvf_jinja_num(w) : 4); ++i) {
+            kvf_jinja_sb_str(&in, " ");
+        }
+    }
+    pad = in.s;
+    kvf_jinja_sb_add(&sb, "", 0);
+    if (kvf_jinja_truthy(first)) {
+        kvf_jinja_sb_str(&sb, pad);
+    }
+    for (const char *p = s ? s : ""; *p; ++p) {
+        bool nl = (*p == '\n') || (*p == '\r');
+        if (line_start && !nl && (p != s)) {
+            kvf_jinja_sb_str(&sb, pad);
+        } else if (line_start && nl && (p != s) && kvf_jinja_truthy(blank)) {
+            kvf_jinja_sb_str(&sb, pad);
+        }
+        if ((p[0] == '\r') && (p[1] == '\n')) {
+            ++p;
+        }
+        kvf_jinja_sb_add(&sb, nl ? "\n" : p, 1);
+        line_start = nl;
+    }
+    free(s);
+    free(pad);
+    cJSON_Delete(w);
+    cJSON_Delete(first);
+    cJSON_Delete(blank);
+    return kvf_jinja_take_str(sb.s);
+}
+
+/* map('filter', args...) over the items of @a v: each through the filter. */
+static cJSON *kvf_filter_map(kvf_jx_t *x, const kvf_expr_t *e, const cJSON *v, const char *name)
+{
+    cJSON *r = cJSON_CreateArray();
+    const cJSON *c;
+
+    cJSON_ArrayForEach(c, v) {
+        kvf_expr_t lit = {0}, call = *e;
+        lit.kind = KVF_E_LIT;
+        lit.lit = (cJSON *)c;
+        call.a = &lit;
+        call.name = (char *)name;
+        call.args = e->args + 1;
+        call.kwnames = e->kwnames + 1;
+        call.nargs = e->nargs - 1;
+        cJSON_AddItemToArray(r, kvf_jinja_filter(x, &call));
+    }
+    r->type |= KVF_JINJA_GEN;
+    return r;
+}
+
+/* The filters kvf_jinja_filter() does not know itself; NULL: none of them. */
+static cJSON *kvf_filter_more(kvf_jx_t *x, const kvf_expr_t *e, const char *f, const cJSON *v)
+{
+    if (!strcmp(f, "list")) {
+        cJSON *r;
+        if (cJSON_IsString(v)) {
+            cJSON *step = cJSON_CreateNumber(1);
+            r = cJSON_CreateArray();
+            for (const char *p = v->valuestring; *p;) {   /* its characters */
+                size_t k = 1;
+                while ((p[k] & 0xC0) == 0x80) {
+                    ++k;
+                }
+                cJSON_AddItemToArray(r, kvf_jinja_take_str(strndup(p, k)));
+                p += k;
+            }
+            cJSON_Delete(step);
+            return r;
+        }
+        if (cJSON_IsObject(v)) {
+            kvf_expr_t call = {0};
+            return kvf_jinja_method(x, v, "keys", &call);
+        }
+        r = cJSON_IsArray(v) ? cJSON_Duplicate(v, true) : NULL;
+        if (r != NULL) {
+            r->type &= ~(KVF_JINJA_GEN | KVF_JINJA_TUPLE);
+        }
+        return r;
+    }
+    if (!strcmp(f, "sort") || !strcmp(f, "dictsort") || !strcmp(f, "unique") ||
+        !strcmp(f, "min") || !strcmp(f, "max")) {
+        return kvf_filter_order(x, e, f, v);
+    }
+    if (!strcmp(f, "indent")) {
+        return kvf_filter_indent(x, e, v);
+    }
+    if (!strcmp(f, "map") && (e->nargs > 0) && (e->kwnames[0] == NULL)) {
+        cJSON *name = kvf_jinja_arg(x, e, 0, NULL), *r = NULL;
+        if (cJSON_IsString(name)) {
+            r = kvf_filter_map(x, e, v, name->valuestring);
+        }
+        cJSON_Delete(name);
+        return r;
+    }
+    return NULL;
 }
 
 cJSON *kvf_jinja_filter(kvf_jx_t *x, const kvf_expr_t *e)
@@ -77,12 +333,33 @@ cJSON *kvf_jinja_filter(kvf_jx_t *x, const kvf_expr_t *e)
         r = kvf_jinja_strip(s ? s : "", " \t\n\r\f\v", true, true);
         free(s);
     } else if (!strcmp(f, "length") || !strcmp(f, "count")) {
-        r = cJSON_CreateNumber(cJSON_IsString(v) ? (double)strlen(v->valuestring) :
-                               (double)cJSON_GetArraySize(v));
+        if (cJSON_IsString(v)) {
+            r = cJSON_CreateNumber((double)kvf_utf8_len(v->valuestring));
+        } else if ((cJSON_IsArray(v) || cJSON_IsObject(v)) && !(v->type & KVF_JINJA_GEN)) {
+            r = cJSON_CreateNumber((double)cJSON_GetArraySize(v));
+        } else if (kvf_jinja_is_undef(v)) {
+            r = cJSON_CreateNumber(0);
+        } else {
+            kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "object of type '%s' has no len()",
+                           kvf_type_name(v));
+            r = kvf_jinja_undef();
+        }
     } else if (!strcmp(f, "string")) {
         r = kvf_jinja_take_str(kvf_jinja_tostr(v));
-    } else if (!strcmp(f, "safe") || !strcmp(f, "list")) {
-        r = cJSON_Duplicate(v, true);
+    } else if (!strcmp(f, "safe") || !strcmp(f, "escape") || !strcmp(f, "e")) {
+        kvf_sb_t sb = {0};
+        char *t = kvf_jinja_tostr(v);
+        kvf_jinja_sb_add(&sb, "", 0);
+        if ((f[0] == 's') || (cJSON_IsString(v) && (v->type & KVF_JINJA_MARKUP))) {
+            kvf_jinja_sb_str(&sb, t ? t : "");
+        } else {
+            kvf_jinja_html_escape(&sb, t ? t : "");
+        }
+        free(t);
+        r = kvf_jinja_take_str(sb.s);
+        if (r != NULL) {
+            r->type |= KVF_JINJA_MARKUP;
+        }
     } else if (!strcmp(f, "int")) {
         r = cJSON_CreateNumber(cJSON_IsString(v) ? trunc(atof(v->valuestring)) :
                                trunc(kvf_jinja_num(v)));
@@ -125,12 +402,7 @@ cJSON *kvf_jinja_filter(kvf_jx_t *x, const kvf_expr_t *e)
         cJSON_Delete(sep);
         r = kvf_jinja_take_str(sb.s);
     } else if (!strcmp(f, "tojson")) {
-        cJSON *ind = kvf_jinja_arg(x, e, 0, "indent");
-        kvf_sb_t sb = {0};
-        kvf_jinja_sb_add(&sb, "", 0);
-        kvf_jinja_json_dump(&sb, v, cJSON_IsNumber(ind) ? (int)ind->valuedouble : -1, 0);
-        cJSON_Delete(ind);
-        r = kvf_jinja_take_str(sb.s);
+        r = kvf_filter_tojson(x, e, v);
     } else if (!strcmp(f, "replace")) {
         cJSON *a = kvf_jinja_arg(x, e, 0, NULL), *b = kvf_jinja_arg(x, e, 1, NULL);
         char *s = kvf_jinja_tostr(v);
@@ -143,8 +415,12 @@ cJSON *kvf_jinja_filter(kvf_jx_t *x, const kvf_expr_t *e)
         kvf_expr_t call = {0};
         r = kvf_jinja_method(x, v, "items", &call);
     } else if (!strcmp(f, "select") || !strcmp(f, "reject") || !strcmp(f, "selectattr") ||
-               !strcmp(f, "rejectattr") || !strcmp(f, "map")) {
+               !strcmp(f, "rejectattr") ||
+               (!strcmp(f, "map") && ((e->nargs == 0) || (e->kwnames[0] != NULL)))) {
         r = kvf_filter_select(x, e, f, v);
+    }
+    if (r == NULL) {
+        r = kvf_filter_more(x, e, f, v);
     }
     cJSON_Delete(v);
     if (r == NULL) {

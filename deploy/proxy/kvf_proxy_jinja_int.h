@@ -87,7 +87,7 @@ struct kvf_expr {
     kvf_expr_t **args;       /* LIST items, DICT k,v pairs, CALL/FILTER/TEST arguments */
     char       **kwnames;    /* per argument: keyword name or NULL */
     int          nargs;
-    bool         negate;     /* TEST: is not; BIN "in": not in */
+    bool         negate;     /* TEST: is not; BIN "in": not in; LIST: a tuple */
 };
 
 typedef enum {
@@ -183,9 +183,19 @@ bool kvf_jinja_truthy(const cJSON *v);
 char *kvf_jinja_tostr(const cJSON *v);
 /** A string value that takes over @a s (freed; NULL: ""). */
 cJSON *kvf_jinja_take_str(char *s);
-/** Python's json.dumps(v, ensure_ascii=False, indent=indent) appended to @a b
- *  (indent < 0: none; @a level: the nesting so far, 0 at the top). */
-void kvf_jinja_json_dump(kvf_sb_t *b, const cJSON *v, int indent, int level);
+/* json.dumps()'s options: indent (< 0: none), ensure_ascii, sort_keys, separators. */
+typedef struct {
+    int         indent;
+    bool        ascii;
+    bool        sort_keys;
+    const char *item_sep, *key_sep;   /* Python's defaults: ", " (",\n" with an indent), ": " */
+} kvf_json_opts_t;
+
+/** Python's json.dumps(v, ...) with the options of @a o appended to @a b (@a level: the
+ *  nesting so far, 0 at the top). */
+void kvf_jinja_json_dump(kvf_sb_t *b, const cJSON *v, const kvf_json_opts_t *o, int level);
+/** @a s HTML-escaped as markupsafe does (& < > " ') appended to @a b. */
+void kvf_jinja_html_escape(kvf_sb_t *b, const char *s);
 
 /* ---- evaluation (kvf_proxy_jinja_eval.c, kvf_proxy_jinja.c) ------------------------------- */
 

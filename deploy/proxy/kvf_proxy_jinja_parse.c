@@ -180,9 +180,31 @@ static kvf_expr_t *kvf_parse_primary(kvf_ps_t *p)
     }
     if (kvf_jinja_is_op(p, "(")) {
         p->t->pos++;
+        if (kvf_jinja_is_op(p, ")")) {   /* () */
+            p->t->pos++;
+            e = kvf_jinja_new(KVF_E_LIST);
+            if (e != NULL) {
+                e->negate = true;
+            }
+            return e;
+        }
         e = kvf_jinja_parse_expr(p);
-        if (kvf_jinja_is_op(p, ",")) {
-            kvf_jinja_ps_fail(p, KVF_ERR_UNSUPPORTED, "tuples are not supported");
+        if (kvf_jinja_is_op(p, ",")) {   /* a tuple: a list that prints as one */
+            kvf_expr_t *tu = kvf_jinja_new(KVF_E_LIST);
+            if (tu == NULL) {
+                kvf_jinja_expr_free(e);
+                return NULL;
+            }
+            tu->negate = true;
+            kvf_jinja_add_arg(tu, e, NULL);
+            while (kvf_jinja_is_op(p, ",") && (p->status == KVF_OK)) {
+                p->t->pos++;
+                if (kvf_jinja_is_op(p, ")")) {
+                    break;
+                }
+                kvf_jinja_add_arg(tu, kvf_jinja_parse_expr(p), NULL);
+            }
+            e = tu;
         }
         kvf_expect_op(p, ")");
         return e;

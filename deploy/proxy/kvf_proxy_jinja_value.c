@@ -90,33 +90,59 @@ static void kvf_num_text(double d, char *buf, size_t cap)
     }
 }
 
-/* Python's json.dumps(v, ensure_ascii=False, indent=indent) (indent < 0: none). */
-void kvf_jinja_json_dump(kvf_sb_t *b, const cJSON *v, int indent, int level)
+/* One string as JSON; non-ASCII as \uXXXX (surrogate pairs above the BMP) when @a ascii. */
+static void kvf_json_str(kvf_sb_t *b, const char *str, bool ascii)
+{
+    kvf_jinja_sb_add(b, "\"", 1);
+    for (const unsigned char *p = (const unsigned char *)str; *p; ++p) {
+        char esc[16];
+        switch (*p) {
+        case '"': kvf_jinja_sb_str(b, "\\\""); break;
+        case '\\': kvf_jinja_sb_str(b, "\\\\"); break;
+        case '\n': kvf_jinja_sb_str(b, "\\n"); break;
+        case '\r': kvf_jinja_sb_str(b, "\\r"); break;
+        case '\t': kvf_jinja_sb_str(b, "\\t"); break;
+        case '\b': kvf_jinja_sb_str(b, "\\b"); break;
+        case '\f': kvf_jinja_sb_str(b, "\\f"); break;
+        default:
+            if (*p < 0x20) {
+                snprintf(esc, sizeof(esc), "\\u%04x", *p);
+                kvf_jinja_sb_str(b, esc);
+            } else if (ascii && (*p >= 0x80)) {
+                unsigned cp = 0;
+                int more = (*p >= 0xF0) ? 3 : (*p >= 0xE0) ? 2 : (*p >= 0xC0) ? 1 : 0;
+                cp = *p & (0x3F >> more);
+                for (int k = 0; (k < more) && ((p[1] & 0xC0) == 0x80); ++k) {
+                    cp = (cp << 6) | (*++p & 0x3F);
+                }
+                if (cp >= 0x10000) {
+                    cp -= 0x10000;
+                    snprintf(esc, sizeof(esc), "\\u%04x\\u%04x", 0xD800 + (cp >> 10),
+                             0xDC00 + (cp & 0x3FF));
+                } else {
+                    snprintf(esc, sizeof(esc), "\\u%04x", cp);
+                }
+                kvf_jinja_sb_str(b, esc);
+            } else {
+                kvf_jinja_sb_add(b, (const char *)p, 1);
+            }
+        }
+    }
+    kvf_jinja_sb_add(b, "\"", 1);
+}
+
+static int kvf_key_cmp(const void *a, const void *b)
+{
+    return strcmp((*(const cJSON *const *)a)->string, (*(const cJSON *const *)b)->string);
+}
+
+/* Python's json.dumps(v, ensure_ascii=, indent=, separators=, sort_keys=) (kvf_json_opts_t). */
+void kvf_jinja_json_dump(kvf_sb_t *b, const cJSON *v, const kvf_json_opts_t *o, int level)
 {
     char num[64];
 
     if (cJSON_IsString(v)) {
-        kvf_jinja_sb_add(b, "\"", 1);
-        for (const unsigned char *p = (const unsigned char *)v->valuestring; *p; ++p) {
-            char esc[8];
-            switch (*p) {
-            case '"': kvf_jinja_sb_str(b, "\\\""); break;
-            case '\\': kvf_jinja_sb_str(b, "\\\\"); break;
-            case '\n': kvf_jinja_sb_str(b, "\\n"); break;
-            case '\r': kvf_jinja_sb_str(b, "\\r"); break;
-            case '\t': kvf_jinja_sb_str(b, "\\t"); break;
-            case '\b': kvf_jinja_sb_str(b, "\\b"); break;
-            case '\f': kvf_jinja_sb_str(b, "\\f"); break;
-            default:
-                if (*p < 0x20) {
-                    snprintf(esc, sizeof(esc), "\\u%04x", *p);
-                    kvf_jinja_sb_str(b, esc);
-                } else {
-                    kvf_jinja_sb_add(b, (const char *)p, 1);
-                }
-            }
-        }
-        kvf_jinja_sb_add(b, "\"", 1);
+        kvf_json_str(b, v->valuestring, o->ascii);
     } else if (cJSON_IsNumber(v)) {
         kvf_num_text(v->valuedouble, num, sizeof(num));
         kvf_jinja_sb_str(b, num);
@@ -126,44 +152,61 @@ void kvf_jinja_json_dump(kvf_sb_t *b, const cJSON *v, int indent, int level)
         kvf_jinja_sb_str(b, "false");
     } else if (cJSON_IsArray(v) || cJSON_IsObject(v)) {
         bool obj = cJSON_IsObject(v);
-        const cJSON *c;
-        bool first = true;
+        int n = cJSON_GetArraySize(v), i = 0;
+        const cJSON **items = calloc((size_t)n + 1, sizeof(*items)), *c;
 
         kvf_jinja_sb_str(b, obj ? "{" : "[");
-        if (v->child == NULL) {
+        if ((v->child == NULL) || (items == NULL)) {
+            free(items);
             kvf_jinja_sb_str(b, obj ? "}" : "]");
             return;
         }
         cJSON_ArrayForEach(c, v) {
-            if (!first) {
-                kvf_jinja_sb_str(b, (indent >= 0) ? "," : ", ");
+            items[i++] = c;
+        }
+        if (obj && o->sort_keys) {
+            qsort(items, (size_t)n, sizeof(*items), kvf_key_cmp);
+        }
+        for (i = 0; i < n; ++i) {
+            if (i > 0) {
+                kvf_jinja_sb_str(b, o->item_sep);
             }
-            first = false;
-            if (indent >= 0) {
+            if (o->indent >= 0) {
                 kvf_jinja_sb_str(b, "\n");
-                for (int i = 0; i < indent * (level + 1); ++i) {
+                for (int k = 0; k < o->indent * (level + 1); ++k) {
                     kvf_jinja_sb_str(b, " ");
                 }
             }
             if (obj) {
-                cJSON key;
-                memset(&key, 0, sizeof(key));
-                key.type = cJSON_String;
-                key.valuestring = c->string;
-                kvf_jinja_json_dump(b, &key, indent, level + 1);
-                kvf_jinja_sb_str(b, ": ");
+                kvf_json_str(b, items[i]->string, o->ascii);
+                kvf_jinja_sb_str(b, o->key_sep);
             }
-            kvf_jinja_json_dump(b, c, indent, level + 1);
+            kvf_jinja_json_dump(b, items[i], o, level + 1);
         }
-        if (indent >= 0) {
+        free(items);
+        if (o->indent >= 0) {
             kvf_jinja_sb_str(b, "\n");
-            for (int i = 0; i < indent * level; ++i) {
+            for (int k = 0; k < o->indent * level; ++k) {
                 kvf_jinja_sb_str(b, " ");
             }
         }
         kvf_jinja_sb_str(b, obj ? "}" : "]");
     } else {
         kvf_jinja_sb_str(b, "null");
+    }
+}
+
+void kvf_jinja_html_escape(kvf_sb_t *b, const char *s)
+{
+    for (; *s; ++s) {
+        switch (*s) {
+        case '&': kvf_jinja_sb_str(b, "&amp;"); break;
+        case '<': kvf_jinja_sb_str(b, "&lt;"); break;
+        case '>': kvf_jinja_sb_str(b, "&gt;"); break;
+        case '"': kvf_jinja_sb_str(b, "&#34;"); break;
+        case '\'': kvf_jinja_sb_str(b, "&#39;"); break;
+        default: kvf_jinja_sb_add(b, s, 1);
+        }
     }
 }
 
