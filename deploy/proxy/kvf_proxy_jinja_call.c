@@ -294,14 +294,21 @@ cJSON *kvf_jinja_call(kvf_jx_t *x, const kvf_expr_t *e)
         }
         return ref;
     }
-    if ((f->kind == KVF_E_NAME) && !strcmp(f->name, "range")) {
-        cJSON *a = kvf_jinja_arg(x, e, 0, NULL), *b = kvf_jinja_arg(x, e, 1, NULL), *r = cJSON_CreateArray();
-        double lo = (b != NULL) ? kvf_jinja_num(a) : 0, hi = (b != NULL) ? kvf_jinja_num(b) : kvf_jinja_num(a);
-        for (double i = lo; (i < hi) && (i - lo < 100000); ++i) {
+    if ((f->kind == KVF_E_NAME) && !strcmp(f->name, "range")) {   /* range([lo,] hi[, step]) */
+        cJSON *a = kvf_jinja_arg(x, e, 0, NULL), *b = kvf_jinja_arg(x, e, 1, NULL);
+        cJSON *c = kvf_jinja_arg(x, e, 2, NULL), *r = cJSON_CreateArray();
+        double lo = (b != NULL) ? kvf_jinja_num(a) : 0, hi = (b != NULL) ? kvf_jinja_num(b) :
+                    kvf_jinja_num(a), step = (c != NULL) ? kvf_jinja_num(c) : 1;
+        if (step == 0) {
+            kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "range() arg 3 must not be zero");
+        }
+        for (double i = lo; (step != 0) && ((step > 0) ? (i < hi) : (i > hi)) &&
+                            (fabs(i - lo) < 100000 * fabs(step)); i += step) {
             cJSON_AddItemToArray(r, cJSON_CreateNumber(i));
         }
         cJSON_Delete(a);
         cJSON_Delete(b);
+        cJSON_Delete(c);
         return r;
     }
     kvf_jinja_fail(x, KVF_ERR_UNSUPPORTED, "calling '%s' is not supported",

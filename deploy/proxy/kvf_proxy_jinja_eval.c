@@ -326,6 +326,11 @@ cJSON *kvf_jinja_eval(kvf_jx_t *x, const kvf_expr_t *e)
                 cJSON_AddItemToArray(r, kvf_jinja_eval(x, e->args[i]));
             } else {
                 cJSON *k = kvf_jinja_eval(x, e->args[i++]);
+                if (!cJSON_IsString(k) && (x->status == KVF_OK)) {
+                    /* a cJSON object's keys are strings: 1 and '1' would be one key */
+                    kvf_jinja_fail(x, KVF_ERR_UNSUPPORTED, "dict keys that are not strings are "
+                                   "not supported");
+                }
                 cJSON *v = (i < e->nargs) ? kvf_jinja_eval(x, e->args[i]) : kvf_jinja_undef();
                 char *ks = kvf_jinja_tostr(k);
                 cJSON_AddItemToObject(r, ks ? ks : "", v);

@@ -31,9 +31,11 @@ from test_chat_template import variables as random_variables  # noqa: E402
 REQUIRED = [
     "meta-llama-Llama-3.1-8B-Instruct", "meta-llama-Llama-3.2-3B-Instruct",
     "meta-llama-Llama-3.3-70B-Instruct", "Qwen-Qwen2.5-7B-Instruct", "Qwen-Qwen3-0.6B",
-    "mistralai-Mistral-Nemo-Instruct-2407", "google-gemma-2-2b-it",
-    "deepseek-ai-DeepSeek-R1-Distill-Llama-8B", "ibm-granite-granite-3.3-2B-Instruct",
-    "NVIDIA-Nemotron-Nano-v2",
+    "Qwen3.5-4B", "mistralai-Mistral-Nemo-Instruct-2407", "Mistral-Small-3.2-24B-Instruct-2506",
+    "google-gemma-2-2b-it", "deepseek-ai-DeepSeek-R1-Distill-Llama-8B",
+    "deepseek-ai-DeepSeek-V3.1", "ibm-granite-granite-3.3-2B-Instruct",
+    "ibm-granite-granite-4.0", "NVIDIA-Nemotron-Nano-v2", "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16",
+    "openai-gpt-oss-120b",
 ]
 VERSION = "0.3.36"
 
