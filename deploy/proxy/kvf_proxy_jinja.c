@@ -27,6 +27,11 @@
 
 static void kvf_jx_emit(kvf_jx_t *x, const char *s, size_t n)
 {
+    if (x->len + n > KVF_JINJA_MAX_TEXT) {
+        kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "the template's text grew past %d MiB",
+                       KVF_JINJA_MAX_TEXT >> 20);
+        return;
+    }
     if (x->len + n + 1 > x->outcap) {
         size_t cap = (x->outcap > 0) ? x->outcap : 256;
         char *o;
@@ -290,6 +295,11 @@ static void kvf_run(kvf_jx_t *x, const kvf_body_t *b)
         const kvf_node_t *n = b->v[i];
         cJSON *v;
 
+        if (++x->steps > KVF_JINJA_MAX_STEPS) {   /* nested loops over long ranges */
+            kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "the template ran more than %d "
+                           "statements", KVF_JINJA_MAX_STEPS);
+            break;
+        }
         switch (n->kind) {
         case KVF_S_TEXT:
             kvf_jx_emit(x, n->text, n->len);
@@ -359,7 +369,19 @@ static void kvf_run(kvf_jx_t *x, const kvf_body_t *b)
             }
             break;
         case KVF_S_BLOCK:
-            kvf_run(x, &n->branches[0]);
+            if (n->expr == NULL) {   /* generation */
+                kvf_run(x, &n->branches[0]);
+            } else {                 /* filter: the body's text through n->expr */
+                char *s;
+                kvf_set_var(x, KVF_JINJA_BLOCK_VAR,
+                            kvf_jinja_take_str(kvf_capture(x, &n->branches[0])));
+                v = kvf_jinja_eval(x, n->expr);
+                cJSON_DeleteItemFromObjectCaseSensitive(x->scope, KVF_JINJA_BLOCK_VAR);
+                s = kvf_jinja_tostr(v);
+                kvf_jx_emit(x, s ? s : "", s ? strlen(s) : 0);
+                free(s);
+                cJSON_Delete(v);
+            }
             break;
         }
     }

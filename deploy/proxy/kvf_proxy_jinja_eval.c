@@ -236,6 +236,11 @@ static cJSON *kvf_binop(kvf_jx_t *x, const char *op, const cJSON *a, const cJSON
     }
     if (!strcmp(op, "*") && cJSON_IsString(a) && cJSON_IsNumber(b)) {
         kvf_sb_t sb = {0};
+        if ((b->valuedouble > 0) && (strlen(a->valuestring) * b->valuedouble > KVF_JINJA_MAX_TEXT)) {
+            kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "a string repeated past %d MiB",
+                           KVF_JINJA_MAX_TEXT >> 20);
+            return kvf_jinja_undef();
+        }
         kvf_jinja_sb_add(&sb, "", 0);
         for (int i = 0; i < (int)b->valuedouble; ++i) {
             kvf_jinja_sb_str(&sb, a->valuestring);

@@ -105,7 +105,8 @@ struct kvf_node {
     kvf_skind_t kind;
     const char *text;        /* TEXT */
     size_t      len;
-    kvf_expr_t *expr;        /* OUT, SET value (NULL: the block form), FOR iterable; MACRO:
+    kvf_expr_t *expr;        /* OUT, SET value (NULL: the block form), FOR iterable, BLOCK:
+                              * the filters of a filter block (NULL: generation); MACRO:
                               * a call whose arguments are the parameters (kwnames) and
                               * their defaults (NULL: none) */
     kvf_expr_t **conds;      /* IF: one per branch (NULL: else) */
@@ -141,6 +142,10 @@ kvf_expr_t *kvf_jinja_parse_expr(kvf_ps_t *p);
 kvf_expr_t *kvf_jinja_parse_or(kvf_ps_t *p);
 /** Free an expression tree (NULL-safe). */
 void kvf_jinja_expr_free(kvf_expr_t *e);
+
+/* The name a filter block's text is held in while its filters run (a space: no template can
+ * name it). */
+#define KVF_JINJA_BLOCK_VAR " block"
 
 /**
  * Lex and parse template @a tmpl into @a body (zeroed by the caller; free with
@@ -197,6 +202,11 @@ void kvf_jinja_json_dump(kvf_sb_t *b, const cJSON *v, const kvf_json_opts_t *o, 
 /** @a s HTML-escaped as markupsafe does (& < > " ') appended to @a b. */
 void kvf_jinja_html_escape(kvf_sb_t *b, const char *s);
 
+/* A render's bounds (nothing a template does may hang the proxy or exhaust its memory):
+ * statements run, and the size of the text or of one string built. */
+#define KVF_JINJA_MAX_STEPS 5000000
+#define KVF_JINJA_MAX_TEXT  (64 << 20)
+
 /* ---- evaluation (kvf_proxy_jinja_eval.c, kvf_proxy_jinja.c) ------------------------------- */
 
 typedef struct {
@@ -214,6 +224,7 @@ typedef struct {
     cJSON       *top;        /* the template's own scope (a macro's body sees it under its
                               * parameters) */
     int          loopctl;    /* 1: a 'break', 2: a 'continue' is unwinding to its loop */
+    long         steps;      /* statements run so far (KVF_JINJA_MAX_STEPS) */
     const kvf_node_t *macros[64];   /* the macros defined so far (the last of a name wins) */
     int          nmacros;
     cJSON       *callable;   /* the value a function or macro name has (a Raw node) */

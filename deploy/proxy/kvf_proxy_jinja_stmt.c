@@ -1,7 +1,7 @@
 /*
  * The chat-template statement parser (kvf_proxy_jinja_int.h): template pieces into a
- * statement tree (if/elif/else, for/else, set, set blocks, macro, break/continue,
- * generation), the expressions in
+ * statement tree (if/elif/else, for/else, set, set blocks, macro, break/continue, filter
+ * blocks, generation), the expressions in
  * them by kvf_proxy_jinja_parse.c. A statement outside the subset is refused by name
  * (KVF_ERR_UNSUPPORTED).
  */
@@ -389,6 +389,60 @@ static bool kvf_parse_generation(kvf_sp_t *sp, kvf_node_t *n, const kvf_piece_t 
     return true;
 }
 
+/* {% filter f(args) | g %} ... {% endfilter %}: n->expr is the chain applied to the name
+ * KVF_JINJA_BLOCK_VAR (a name no template can write), which holds the body's text. */
+static bool kvf_parse_filter_block(kvf_sp_t *sp, kvf_node_t *n, const kvf_piece_t *p)
+{
+    static const char *const st[] = {"endfilter", NULL};
+    char end[32];
+    kvf_toks_t t;
+    kvf_tok_t *v;
+    kvf_ps_t ps;
+
+    n->kind = KVF_S_BLOCK;
+    n->branches = calloc(1, sizeof(*n->branches));
+    n->nbranch = 1;
+    if ((n->branches == NULL) || (kvf_stmt_toks(sp, p, &t) != KVF_OK)) {
+        kvf_node_free(n);
+        kvf_sp_fail(sp, KVF_ERR_NO_MEMORY, "out of memory");
+        return false;
+    }
+    /* "filter a | b" becomes " block" | a | b */
+    v = realloc(t.v, (size_t)(t.n + 1) * sizeof(*v));
+    if (v != NULL) {
+        t.v = v;
+        memmove(&t.v[2], &t.v[1], (size_t)(t.n - 1) * sizeof(*v));
+        t.n++;
+        t.v[1] = (kvf_tok_t){KVF_T_OP, strdup("|"), 0};
+        free(t.v[0].text);
+        t.v[0].text = strdup(KVF_JINJA_BLOCK_VAR);
+    }
+    if ((v == NULL) || (t.v[0].text == NULL) || (t.v[1].text == NULL)) {
+        kvf_jinja_toks_free(&t);
+        kvf_node_free(n);
+        kvf_sp_fail(sp, KVF_ERR_NO_MEMORY, "out of memory");
+        return false;
+    }
+    t.pos = 0;
+    ps = (kvf_ps_t){&t, sp->err, sp->cap, KVF_OK};
+    n->expr = kvf_jinja_parse_expr(&ps);
+    if ((ps.status == KVF_OK) && (kvf_jinja_peek(&ps)->kind != KVF_T_END)) {
+        kvf_jinja_ps_fail(&ps, KVF_ERR_PARSE, "unexpected text after the filter");
+    }
+    kvf_jinja_toks_free(&t);
+    if (ps.status != KVF_OK) {
+        sp->status = ps.status;
+        kvf_node_free(n);
+        return false;
+    }
+    kvf_parse_body(sp, &n->branches[0], st, end, sizeof(end));
+    if ((sp->status == KVF_OK) && strcmp(end, "endfilter")) {
+        kvf_sp_fail(sp, KVF_ERR_PARSE, "'filter' without 'endfilter' (offset %zu)", p->at);
+    }
+    sp->i++;
+    return true;
+}
+
 /* Any other statement: refused by name. */
 static bool kvf_parse_unknown(kvf_sp_t *sp, kvf_node_t *n, const kvf_piece_t *p, const char *w)
 {
@@ -452,6 +506,7 @@ static void kvf_parse_body(kvf_sp_t *sp, kvf_body_t *body, const char *const *st
               !strcmp(w, "set") ? kvf_parse_set(sp, n, p) :
               !strcmp(w, "generation") ? kvf_parse_generation(sp, n, p) :
               !strcmp(w, "macro") ? kvf_parse_macro(sp, n, p) :
+              !strcmp(w, "filter") ? kvf_parse_filter_block(sp, n, p) :
               (!strcmp(w, "break") || !strcmp(w, "continue")) ? kvf_parse_loopctl(sp, n, p, w) :
               kvf_parse_unknown(sp, n, p, w))) {
             return;
