@@ -188,9 +188,13 @@ static void kvf_run_for(kvf_jx_t *x, const kvf_node_t *n)
             }
         }
     } else if (cJSON_IsString(seq)) {
-        for (const char *p = seq->valuestring; *p; ++p) {
-            char s[2] = {*p, 0};
-            cJSON_AddItemToArray(items, cJSON_CreateString(s));
+        for (const char *p = seq->valuestring; *p;) {   /* by characters, as Python */
+            size_t k = 1;
+            while ((p[k] & 0xC0) == 0x80) {
+                ++k;
+            }
+            cJSON_AddItemToArray(items, kvf_jinja_take_str(strndup(p, k)));
+            p += k;
         }
     } else if (cJSON_IsArray(seq)) {
         cJSON_ArrayForEach(c, seq) {
@@ -250,6 +254,10 @@ static void kvf_run_for(kvf_jx_t *x, const kvf_node_t *n)
             kvf_set_var(x, n->target[1], kvf_jinja_dup(cJSON_GetArrayItem(c, 1)));
         } else {
             kvf_set_var(x, n->target[0], cJSON_Duplicate(c, true));
+        }
+        if (++x->steps > KVF_JINJA_MAX_STEPS) {   /* an empty body's iterations count too */
+            kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "the template ran more than %d "
+                           "statements", KVF_JINJA_MAX_STEPS);
         }
         kvf_run(x, &n->branches[0]);
         ++i;

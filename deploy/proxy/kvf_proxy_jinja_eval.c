@@ -74,10 +74,34 @@ double kvf_jinja_num(const cJSON *v)
     return cJSON_IsNumber(v) ? v->valuedouble : cJSON_IsTrue(v) ? 1 : 0;
 }
 
+long kvf_jinja_long(double d)
+{
+    return (d != d) ? 0 : (d > 1e15) ? (long)1e15 : (d < -1e15) ? (long)-1e15 : (long)d;
+}
+
+/* The byte offsets of the characters (code points) of UTF-8 text @a s, and one past the end
+ * (malloc'd; NULL: no memory); their number in @a n. Python indexes strings by character. */
+static size_t *kvf_chars(const char *s, long *n)
+{
+    size_t len = strlen(s), *o = malloc((len + 1) * sizeof(*o));
+    long k = 0;
+
+    for (size_t i = 0; (o != NULL) && (i < len); ++i) {
+        if ((s[i] & 0xC0) != 0x80) {
+            o[k++] = i;
+        }
+    }
+    if (o != NULL) {
+        o[k] = len;
+    }
+    *n = k;
+    return o;
+}
+
 /* Python-style index into a list or string of length n; -1: out of range. */
 static long kvf_index(double d, long n)
 {
-    long i = (long)d;
+    long i = kvf_jinja_long(d);
 
     if (i < 0) {
         i += n;
@@ -95,9 +119,14 @@ static cJSON *kvf_item(kvf_jx_t *x, const cJSON *obj, const cJSON *key)
         return (i < 0) ? kvf_jinja_undef() : kvf_jinja_dup(cJSON_GetArrayItem(obj, (int)i));
     }
     if (cJSON_IsString(obj) && cJSON_IsNumber(key)) {
-        long i = kvf_index(key->valuedouble, (long)strlen(obj->valuestring));
-        char c[2] = {(i >= 0) ? obj->valuestring[i] : 0, 0};
-        return (i < 0) ? kvf_jinja_undef() : cJSON_CreateString(c);
+        long n, i;
+        size_t *o = kvf_chars(obj->valuestring, &n);
+        cJSON *r;
+        i = kvf_index(key->valuedouble, n);
+        r = ((i < 0) || (o == NULL)) ? kvf_jinja_undef() :
+            kvf_jinja_take_str(strndup(obj->valuestring + o[i], o[i + 1] - o[i]));
+        free(o);
+        return r;
     }
     (void)x;
     return kvf_jinja_undef();
@@ -105,23 +134,25 @@ static cJSON *kvf_item(kvf_jx_t *x, const cJSON *obj, const cJSON *key)
 
 cJSON *kvf_jinja_slice(const cJSON *v, const cJSON *lo, const cJSON *hi, const cJSON *st)
 {
-    long n = cJSON_IsString(v) ? (long)strlen(v->valuestring) : cJSON_GetArraySize(v);
-    long step = (cJSON_IsNumber(st)) ? (long)st->valuedouble : 1;
+    long n = cJSON_GetArraySize(v);
+    size_t *o = cJSON_IsString(v) ? kvf_chars(v->valuestring, &n) : NULL;
+    long step = (cJSON_IsNumber(st)) ? kvf_jinja_long(st->valuedouble) : 1;
     long a, b;
     cJSON *out;
     kvf_sb_t sb = {0};
 
-    if (step == 0) {
+    if ((step == 0) || (cJSON_IsString(v) && (o == NULL))) {
+        free(o);
         return kvf_jinja_undef();
     }
     if (step > 0) {
-        a = cJSON_IsNumber(lo) ? (long)lo->valuedouble : 0;
-        b = cJSON_IsNumber(hi) ? (long)hi->valuedouble : n;
+        a = cJSON_IsNumber(lo) ? kvf_jinja_long(lo->valuedouble) : 0;
+        b = cJSON_IsNumber(hi) ? kvf_jinja_long(hi->valuedouble) : n;
         a = (a < 0) ? ((a + n < 0) ? 0 : a + n) : ((a > n) ? n : a);
         b = (b < 0) ? ((b + n < 0) ? 0 : b + n) : ((b > n) ? n : b);
     } else {
-        a = cJSON_IsNumber(lo) ? (long)lo->valuedouble : n - 1;
-        b = cJSON_IsNumber(hi) ? (long)hi->valuedouble : -n - 1;
+        a = cJSON_IsNumber(lo) ? kvf_jinja_long(lo->valuedouble) : n - 1;
+        b = cJSON_IsNumber(hi) ? kvf_jinja_long(hi->valuedouble) : -n - 1;
         a = (a < 0) ? ((a + n < 0) ? -1 : a + n) : ((a >= n) ? n - 1 : a);
         b = (b < 0) ? ((b + n < 0) ? -1 : b + n) : ((b >= n) ? n - 1 : b);
     }
@@ -129,11 +160,12 @@ cJSON *kvf_jinja_slice(const cJSON *v, const cJSON *lo, const cJSON *hi, const c
     kvf_jinja_sb_add(&sb, "", 0);
     for (long i = a; (step > 0) ? (i < b) : (i > b); i += step) {
         if (cJSON_IsString(v)) {
-            kvf_jinja_sb_add(&sb, v->valuestring + i, 1);
+            kvf_jinja_sb_add(&sb, v->valuestring + o[i], o[i + 1] - o[i]);
         } else if (out != NULL) {
             cJSON_AddItemToArray(out, cJSON_Duplicate(cJSON_GetArrayItem(v, (int)i), true));
         }
     }
+    free(o);
     if (cJSON_IsString(v)) {
         return kvf_jinja_take_str(sb.s);
     }
@@ -161,6 +193,13 @@ static bool kvf_in(const cJSON *a, const cJSON *b)
 
 static cJSON *kvf_binop(kvf_jx_t *x, const char *op, const cJSON *a, const cJSON *b)
 {
+    if ((cJSON_IsString(a) && cJSON_IsString(b) &&
+         (strlen(a->valuestring) + strlen(b->valuestring) > KVF_JINJA_MAX_TEXT)) ||
+        (cJSON_IsArray(a) && cJSON_IsArray(b) &&
+         (cJSON_GetArraySize(a) + cJSON_GetArraySize(b) > KVF_JINJA_MAX_TEXT / 64))) {
+        kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "a value grew past the render's bound");
+        return kvf_jinja_undef();
+    }
     if (!strcmp(op, "~")) {
         char *s1 = kvf_jinja_tostr(a), *s2 = kvf_jinja_tostr(b);
         kvf_sb_t sb = {0};
@@ -242,7 +281,7 @@ static cJSON *kvf_binop(kvf_jx_t *x, const char *op, const cJSON *a, const cJSON
             return kvf_jinja_undef();
         }
         kvf_jinja_sb_add(&sb, "", 0);
-        for (int i = 0; i < (int)b->valuedouble; ++i) {
+        for (long i = 0; i < kvf_jinja_long(b->valuedouble); ++i) {
             kvf_jinja_sb_str(&sb, a->valuestring);
         }
         return kvf_jinja_take_str(sb.s);
@@ -297,7 +336,7 @@ bool kvf_jinja_test(kvf_jx_t *x, const kvf_expr_t *e, const cJSON *v)
         r = cJSON_Compare(v, o, true);
         cJSON_Delete(o);
     } else if (!strcmp(t, "odd") || !strcmp(t, "even")) {
-        long n = (long)kvf_jinja_num(v);
+        long n = kvf_jinja_long(kvf_jinja_num(v));
         r = ((n % 2) != 0) == (t[0] == 'o');
     } else {
         kvf_jinja_fail(x, KVF_ERR_UNSUPPORTED, "test '%s' is not supported", t);

@@ -96,11 +96,15 @@ static cJSON *kvf_filter_tojson(kvf_jx_t *x, const kvf_expr_t *e, const cJSON *v
 {
     cJSON *asc = kvf_jinja_arg(x, e, 0, "ensure_ascii"), *ind = kvf_jinja_arg(x, e, 1, "indent");
     cJSON *sep = kvf_jinja_arg(x, e, 2, "separators"), *srt = kvf_jinja_arg(x, e, 3, "sort_keys");
-    kvf_json_opts_t o = {cJSON_IsNumber(ind) ? (int)ind->valuedouble : -1,
+    kvf_json_opts_t o = {cJSON_IsNumber(ind) ? (int)kvf_jinja_long(fmin(ind->valuedouble, 65)) :
+                         -1,
                          kvf_jinja_truthy(asc), kvf_jinja_truthy(srt), ", ", ": "};
     kvf_sb_t sb = {0};
     cJSON *r = NULL;
 
+    if (o.indent > 64) {
+        kvf_jinja_fail(x, KVF_ERR_UNSUPPORTED, "tojson with an indent over 64 is not supported");
+    }
     if (o.indent >= 0) {
         o.item_sep = ",";
     }
@@ -225,7 +229,11 @@ static cJSON *kvf_filter_indent(kvf_jx_t *x, const kvf_expr_t *e, const cJSON *v
     if (cJSON_IsString(w)) {
         kvf_jinja_sb_str(&in, w->valuestring);
     } else {
-        for (int i = 0; i < ((w != NULL) ? (int)kvf_jinja_num(w) : 4); ++i) {
+        long width = (w != NULL) ? kvf_jinja_long(fmin(kvf_jinja_num(w), 65)) : 4;
+        if (width > 64) {
+            kvf_jinja_fail(x, KVF_ERR_UNSUPPORTED, "indent wider than 64 is not supported");
+        }
+        for (long i = 0; i < width; ++i) {
             kvf_jinja_sb_str(&in, " ");
         }
     }

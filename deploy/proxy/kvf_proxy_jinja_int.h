@@ -124,7 +124,11 @@ typedef struct {
     char        *err;
     size_t       cap;
     kvf_status_t status;
+    int          depth;    /* nesting so far (KVF_JINJA_MAX_NEST: the C stack is bounded) */
 } kvf_ps_t;
+
+/* How deep expressions, and statements, may nest in a template (real ones: under 20). */
+#define KVF_JINJA_MAX_NEST 100
 
 /** The token at the parser's position (the END token at the end). */
 kvf_tok_t *kvf_jinja_peek(kvf_ps_t *p);
@@ -256,6 +260,8 @@ cJSON *kvf_jinja_dup(const cJSON *v);
 /** Argument @a pos (positional) or @a kw (keyword) of call @a e, evaluated (owned); NULL when
  *  absent. */
 cJSON *kvf_jinja_arg(kvf_jx_t *x, const kvf_expr_t *e, int pos, const char *kw);
+/** A number as an integer: truncated, clamped to +-1e15 so that the conversion is defined. */
+long kvf_jinja_long(double d);
 /** A number's value (booleans as 0 / 1, anything else 0). */
 double kvf_jinja_num(const cJSON *v);
 

@@ -338,7 +338,32 @@ static kvf_expr_t *kvf_parse_pow(kvf_ps_t *p)
     return e;
 }
 
+/* One level deeper (false: too deep, the parse failed); kvf_shallower() on the way out. */
+static bool kvf_deeper(kvf_ps_t *p)
+{
+    if (++p->depth > KVF_JINJA_MAX_NEST) {
+        kvf_jinja_ps_fail(p, KVF_ERR_UNSUPPORTED, "expressions nested deeper than 100 are not "
+                          "supported");
+        p->depth--;
+        return false;
+    }
+    return true;
+}
+
+static kvf_expr_t *kvf_shallower(kvf_ps_t *p, kvf_expr_t *e)
+{
+    p->depth--;
+    return e;
+}
+
+static kvf_expr_t *kvf_parse_unary_in(kvf_ps_t *p);
+
 static kvf_expr_t *kvf_parse_unary(kvf_ps_t *p)
+{
+    return kvf_deeper(p) ? kvf_shallower(p, kvf_parse_unary_in(p)) : NULL;
+}
+
+static kvf_expr_t *kvf_parse_unary_in(kvf_ps_t *p)
 {
     if (kvf_jinja_is_op(p, "-")) {
         kvf_expr_t *e = kvf_jinja_new(KVF_E_NEG);
@@ -460,8 +485,8 @@ static kvf_expr_t *kvf_parse_not(kvf_ps_t *p)
     if (kvf_jinja_is_name(p, "not")) {
         kvf_expr_t *e = kvf_jinja_new(KVF_E_NOT);
         p->t->pos++;
-        if (e != NULL) {
-            e->a = kvf_parse_not(p);
+        if ((e != NULL) && kvf_deeper(p)) {
+            e->a = kvf_shallower(p, kvf_parse_not(p));
         }
         return e;
     }
@@ -502,7 +527,14 @@ kvf_expr_t *kvf_jinja_parse_or(kvf_ps_t *p)
     return e;
 }
 
+static kvf_expr_t *kvf_parse_expr_in(kvf_ps_t *p);
+
 kvf_expr_t *kvf_jinja_parse_expr(kvf_ps_t *p)
+{
+    return kvf_deeper(p) ? kvf_shallower(p, kvf_parse_expr_in(p)) : NULL;
+}
+
+static kvf_expr_t *kvf_parse_expr_in(kvf_ps_t *p)
 {
     kvf_expr_t *e = kvf_jinja_parse_or(p);
 

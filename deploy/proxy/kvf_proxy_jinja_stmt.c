@@ -64,6 +64,7 @@ typedef struct {
     char         *err;
     size_t        cap;
     kvf_status_t  status;
+    int           depth;   /* statements nested so far (KVF_JINJA_MAX_NEST) */
 } kvf_sp_t;
 
 /* The first word of a statement piece. */
@@ -94,7 +95,7 @@ static kvf_status_t kvf_stmt_toks(kvf_sp_t *sp, const kvf_piece_t *p, kvf_toks_t
 
 static kvf_expr_t *kvf_stmt_expr(kvf_sp_t *sp, kvf_toks_t *t)
 {
-    kvf_ps_t ps = {t, sp->err, sp->cap, KVF_OK};
+    kvf_ps_t ps = {t, sp->err, sp->cap, KVF_OK, 0};
     kvf_expr_t *e = kvf_jinja_parse_expr(&ps);
 
     if ((ps.status == KVF_OK) && (kvf_jinja_peek(&ps)->kind != KVF_T_END)) {
@@ -190,7 +191,7 @@ static bool kvf_parse_for(kvf_sp_t *sp, kvf_node_t *n, const kvf_piece_t *p)
         kvf_sp_fail(sp, KVF_ERR_PARSE, "bad for");
         return false;
     }
-    ps = (kvf_ps_t){&t, sp->err, sp->cap, KVF_OK};
+    ps = (kvf_ps_t){&t, sp->err, sp->cap, KVF_OK, 0};
     for (int k = 0; k < 2; ++k) {
         if (kvf_jinja_peek(&ps)->kind != KVF_T_NAME) {
             break;
@@ -248,7 +249,7 @@ static bool kvf_parse_set(kvf_sp_t *sp, kvf_node_t *n, const kvf_piece_t *p)
         kvf_node_free(n);
         return false;
     }
-    ps = (kvf_ps_t){&t, sp->err, sp->cap, KVF_OK};
+    ps = (kvf_ps_t){&t, sp->err, sp->cap, KVF_OK, 0};
     if (kvf_jinja_peek(&ps)->kind == KVF_T_NAME) {
         n->target[0] = strdup(kvf_jinja_peek(&ps)->text);
         t.pos++;
@@ -307,7 +308,7 @@ static bool kvf_parse_macro(kvf_sp_t *sp, kvf_node_t *n, const kvf_piece_t *p)
         kvf_sp_fail(sp, KVF_ERR_NO_MEMORY, "out of memory");
         return false;
     }
-    ps = (kvf_ps_t){&t, sp->err, sp->cap, KVF_OK};
+    ps = (kvf_ps_t){&t, sp->err, sp->cap, KVF_OK, 0};
     if (kvf_jinja_peek(&ps)->kind == KVF_T_NAME) {
         n->target[0] = strdup(kvf_jinja_peek(&ps)->text);
         t.pos++;
@@ -424,7 +425,7 @@ static bool kvf_parse_filter_block(kvf_sp_t *sp, kvf_node_t *n, const kvf_piece_
         return false;
     }
     t.pos = 0;
-    ps = (kvf_ps_t){&t, sp->err, sp->cap, KVF_OK};
+    ps = (kvf_ps_t){&t, sp->err, sp->cap, KVF_OK, 0};
     n->expr = kvf_jinja_parse_expr(&ps);
     if ((ps.status == KVF_OK) && (kvf_jinja_peek(&ps)->kind != KVF_T_END)) {
         kvf_jinja_ps_fail(&ps, KVF_ERR_PARSE, "unexpected text after the filter");
@@ -452,11 +453,27 @@ static bool kvf_parse_unknown(kvf_sp_t *sp, kvf_node_t *n, const kvf_piece_t *p,
     return false;
 }
 
+static void kvf_parse_body_in(kvf_sp_t *sp, kvf_body_t *body, const char *const *stops,
+                              char *stopped, size_t scap);
+
 /* Parse pieces into @a body until a statement whose first word is in @a stops; its word. */
 static void kvf_parse_body(kvf_sp_t *sp, kvf_body_t *body, const char *const *stops,
                            char *stopped, size_t scap)
 {
     stopped[0] = '\0';
+    if (sp->depth >= KVF_JINJA_MAX_NEST) {
+        kvf_sp_fail(sp, KVF_ERR_UNSUPPORTED, "statements nested deeper than %d are not "
+                    "supported", KVF_JINJA_MAX_NEST);
+        return;
+    }
+    sp->depth++;
+    kvf_parse_body_in(sp, body, stops, stopped, scap);
+    sp->depth--;
+}
+
+static void kvf_parse_body_in(kvf_sp_t *sp, kvf_body_t *body, const char *const *stops,
+                              char *stopped, size_t scap)
+{
     while ((sp->status == KVF_OK) && (sp->i < sp->pc->n)) {
         const kvf_piece_t *p = &sp->pc->v[sp->i];
         char w[32];
@@ -518,7 +535,7 @@ static void kvf_parse_body(kvf_sp_t *sp, kvf_body_t *body, const char *const *st
 kvf_status_t kvf_jinja_parse(const char *tmpl, kvf_body_t *body, char *err, size_t cap)
 {
     kvf_pieces_t pc = {0};
-    kvf_sp_t sp = {&pc, 0, err, cap, KVF_OK};
+    kvf_sp_t sp = {&pc, 0, err, cap, KVF_OK, 0};
     char stopped[32];
     static const char *const none[] = {NULL};
     kvf_status_t st = kvf_jinja_lex(tmpl, &pc, err, cap);
