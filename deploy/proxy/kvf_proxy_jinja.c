@@ -167,15 +167,12 @@ static void kvf_set_var(kvf_jx_t *x, const char *name, cJSON *v)
     }
 }
 
-static void kvf_run_for(kvf_jx_t *x, const kvf_node_t *n)
+/* The items 'for' runs over (@a items): a list's, a string's characters, a dict's keys or
+ * (key, value) pairs for two targets. */
+static void kvf_for_items(kvf_jx_t *x, const kvf_node_t *n, const cJSON *seq, cJSON *items)
 {
-    cJSON *seq = kvf_jinja_eval(x, n->expr), *items = cJSON_CreateArray(), *c;
-    cJSON *before = cJSON_Duplicate(x->scope, true), *outer_sets = x->loop_sets;
-    int len, i = 0;
-    cJSON *saved[3] = {NULL, NULL, NULL};
-    const char *names[3] = {n->target[0], n->target[1], "loop"};
+    const cJSON *c;
 
-    /* the items (dict: its keys, or (key, value) pairs for two targets), filtered */
     if (cJSON_IsObject(seq)) {
         cJSON_ArrayForEach(c, seq) {
             if (n->target[1] != NULL) {
@@ -204,6 +201,17 @@ static void kvf_run_for(kvf_jx_t *x, const kvf_node_t *n)
         kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "'for' over a value that is not iterable (%s)",
                        cJSON_IsNull(seq) ? "None" : "a number, a boolean or a function");
     }
+}
+
+static void kvf_run_for(kvf_jx_t *x, const kvf_node_t *n)
+{
+    cJSON *seq = kvf_jinja_eval(x, n->expr), *items = cJSON_CreateArray(), *c;
+    cJSON *before = cJSON_Duplicate(x->scope, true), *outer_sets = x->loop_sets;
+    int len, i = 0;
+    cJSON *saved[3] = {NULL, NULL, NULL};
+    const char *names[3] = {n->target[0], n->target[1], "loop"};
+
+    kvf_for_items(x, n, seq, items);
     cJSON_Delete(seq);
     for (int k = 0; k < 3; ++k) {
         if (names[k] != NULL) {
