@@ -177,11 +177,11 @@ static void kvf_for_items(kvf_jx_t *x, const kvf_node_t *n, const cJSON *seq, cJ
         cJSON_ArrayForEach(c, seq) {
             if (n->target[1] != NULL) {
                 cJSON *pair = cJSON_CreateArray();
-                cJSON_AddItemToArray(pair, cJSON_CreateString(c->string));
+                cJSON_AddItemToArray(pair, kvf_jinja_key(c->string));
                 cJSON_AddItemToArray(pair, cJSON_Duplicate(c, true));
                 cJSON_AddItemToArray(items, pair);
             } else {
-                cJSON_AddItemToArray(items, cJSON_CreateString(c->string));
+                cJSON_AddItemToArray(items, kvf_jinja_key(c->string));
             }
         }
     } else if (cJSON_IsString(seq)) {

@@ -198,8 +198,9 @@ cJSON *kvf_jinja_method(kvf_jx_t *x, const cJSON *obj, const char *m, const kvf_
         }
     } else if (cJSON_IsObject(obj)) {
         if (!strcmp(m, "get")) {
-            const cJSON *v = cJSON_IsString(a0) ?
-                             cJSON_GetObjectItemCaseSensitive(obj, a0->valuestring) : NULL;
+            char buf[32];
+            const char *k = kvf_jinja_key_text(a0, buf, sizeof(buf));
+            const cJSON *v = (k != NULL) ? cJSON_GetObjectItemCaseSensitive(obj, k) : NULL;
             r = (v != NULL) ? cJSON_Duplicate(v, true) :
                 (a1 != NULL) ? cJSON_Duplicate(a1, true) : cJSON_CreateNull();
         } else if (!strcmp(m, "items") || !strcmp(m, "keys") || !strcmp(m, "values")) {
@@ -208,11 +209,12 @@ cJSON *kvf_jinja_method(kvf_jx_t *x, const cJSON *obj, const char *m, const kvf_
             cJSON_ArrayForEach(c, obj) {
                 if (m[0] == 'i') {
                     cJSON *pair = cJSON_CreateArray();
-                    cJSON_AddItemToArray(pair, cJSON_CreateString(c->string));
+                    pair->type |= KVF_JINJA_TUPLE;
+                    cJSON_AddItemToArray(pair, kvf_jinja_key(c->string));
                     cJSON_AddItemToArray(pair, cJSON_Duplicate(c, true));
                     cJSON_AddItemToArray(r, pair);
                 } else {
-                    cJSON_AddItemToArray(r, (m[0] == 'k') ? cJSON_CreateString(c->string) :
+                    cJSON_AddItemToArray(r, (m[0] == 'k') ? kvf_jinja_key(c->string) :
                                                             cJSON_Duplicate(c, true));
                 }
             }

@@ -111,8 +111,11 @@ static long kvf_index(double d, long n)
 
 static cJSON *kvf_item(kvf_jx_t *x, const cJSON *obj, const cJSON *key)
 {
-    if (cJSON_IsObject(obj) && cJSON_IsString(key)) {
-        return kvf_jinja_dup(cJSON_GetObjectItemCaseSensitive(obj, key->valuestring));
+    if (cJSON_IsObject(obj)) {
+        char buf[32];
+        const char *k = kvf_jinja_key_text(key, buf, sizeof(buf));
+        return (k == NULL) ? kvf_jinja_undef() :
+                             kvf_jinja_dup(cJSON_GetObjectItemCaseSensitive(obj, k));
     }
     if (cJSON_IsArray(obj) && cJSON_IsNumber(key)) {
         long i = kvf_index(key->valuedouble, cJSON_GetArraySize(obj));
@@ -181,7 +184,9 @@ static bool kvf_in(const cJSON *a, const cJSON *b)
         return cJSON_IsString(a) && (strstr(b->valuestring, a->valuestring) != NULL);
     }
     if (cJSON_IsObject(b)) {
-        return cJSON_IsString(a) && (cJSON_GetObjectItemCaseSensitive(b, a->valuestring) != NULL);
+        char buf[32];
+        const char *k = kvf_jinja_key_text(a, buf, sizeof(buf));
+        return (k != NULL) && (cJSON_GetObjectItemCaseSensitive(b, k) != NULL);
     }
     cJSON_ArrayForEach(c, b) {
         if (cJSON_Compare(a, c, true)) {
@@ -369,16 +374,19 @@ cJSON *kvf_jinja_eval(kvf_jx_t *x, const kvf_expr_t *e)
             if (e->kind == KVF_E_LIST) {
                 cJSON_AddItemToArray(r, kvf_jinja_eval(x, e->args[i]));
             } else {
-                cJSON *k = kvf_jinja_eval(x, e->args[i++]);
-                if (!cJSON_IsString(k) && (x->status == KVF_OK)) {
-                    /* a cJSON object's keys are strings: 1 and '1' would be one key */
-                    kvf_jinja_fail(x, KVF_ERR_UNSUPPORTED, "dict keys that are not strings are "
-                                   "not supported");
+                cJSON *k = kvf_jinja_eval(x, e->args[i++]), *v;
+                char buf[32];
+                const char *ks = kvf_jinja_key_text(k, buf, sizeof(buf));
+                if ((ks == NULL) && (x->status == KVF_OK)) {
+                    kvf_jinja_fail(x, KVF_ERR_UNSUPPORTED, "dict keys other than strings and "
+                                   "integers are not supported");
                 }
-                cJSON *v = (i < e->nargs) ? kvf_jinja_eval(x, e->args[i]) : kvf_jinja_undef();
-                char *ks = kvf_jinja_tostr(k);
-                cJSON_AddItemToObject(r, ks ? ks : "", v);
-                free(ks);
+                v = (i < e->nargs) ? kvf_jinja_eval(x, e->args[i]) : kvf_jinja_undef();
+                if ((ks != NULL) && (cJSON_GetObjectItemCaseSensitive(r, ks) != NULL)) {
+                    cJSON_ReplaceItemInObjectCaseSensitive(r, ks, v);   /* the last wins */
+                } else {
+                    cJSON_AddItemToObject(r, (ks != NULL) ? ks : "", v);
+                }
                 cJSON_Delete(k);
             }
         }

@@ -171,7 +171,7 @@ static cJSON *kvf_filter_order(kvf_jx_t *x, const kvf_expr_t *e, const char *f, 
         int k = m;
         if (dict) {
             it->type |= KVF_JINJA_TUPLE;
-            cJSON_AddItemToArray(it, cJSON_CreateString(c->string));
+            cJSON_AddItemToArray(it, kvf_jinja_key(c->string));
             cJSON_AddItemToArray(it, cJSON_Duplicate(c, true));
         }
         if (!strcmp(f, "unique")) {

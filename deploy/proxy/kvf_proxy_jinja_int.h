@@ -183,6 +183,16 @@ void kvf_jinja_sb_str(kvf_sb_t *b, const char *s);
 #define KVF_JINJA_GEN    (1 << 13)
 #define KVF_JINJA_TUPLE  (1 << 14)
 
+/* A dict key that is an integer (Python's {0: 'a'}) is held as this byte and its digits;
+ * kvf_jinja_key() turns a held key back into its value. */
+#define KVF_JINJA_INTKEY '\x01'
+
+/** The value of dict key @a k as held (a number for an integer key, else a string). */
+cJSON *kvf_jinja_key(const char *k);
+/** The held form of key value @a key in @a buf (strings as they are, integers with
+ *  KVF_JINJA_INTKEY); NULL: not a key this subset holds (a float, a list ...). */
+const char *kvf_jinja_key_text(const cJSON *key, char *buf, size_t cap);
+
 /** A new undefined value (owned; NULL on no memory, which reads as undefined too). */
 cJSON *kvf_jinja_undef(void);
 bool kvf_jinja_is_undef(const cJSON *v);

@@ -11,6 +11,25 @@
 #include <stdlib.h>
 #include <string.h>
 
+cJSON *kvf_jinja_key(const char *k)
+{
+    return (k[0] == KVF_JINJA_INTKEY) ? cJSON_CreateNumber(strtod(k + 1, NULL)) :
+                                        cJSON_CreateString(k);
+}
+
+const char *kvf_jinja_key_text(const cJSON *key, char *buf, size_t cap)
+{
+    if (cJSON_IsString(key)) {
+        return key->valuestring;
+    }
+    if (cJSON_IsNumber(key) && (floor(key->valuedouble) == key->valuedouble) &&
+        (fabs(key->valuedouble) < 1e15)) {
+        snprintf(buf, cap, "%c%.0f", KVF_JINJA_INTKEY, key->valuedouble);
+        return buf;
+    }
+    return NULL;
+}
+
 cJSON *kvf_jinja_undef(void)
 {
     cJSON *v = cJSON_CreateNull();
@@ -178,7 +197,8 @@ void kvf_jinja_json_dump(kvf_sb_t *b, const cJSON *v, const kvf_json_opts_t *o, 
                 }
             }
             if (obj) {
-                kvf_json_str(b, items[i]->string, o->ascii);
+                kvf_json_str(b, items[i]->string + (items[i]->string[0] == KVF_JINJA_INTKEY),
+                             o->ascii);
                 kvf_jinja_sb_str(b, o->key_sep);
             }
             kvf_jinja_json_dump(b, items[i], o, level + 1);
@@ -272,9 +292,12 @@ static void kvf_v_str(kvf_sb_t *b, const cJSON *v, bool repr)
             }
             first = false;
             if (obj) {
-                kvf_jinja_sb_str(b, "'");
-                kvf_jinja_sb_str(b, c->string);
-                kvf_jinja_sb_str(b, "': ");
+                if (c->string[0] == KVF_JINJA_INTKEY) {
+                    kvf_jinja_sb_str(b, c->string + 1);
+                } else {
+                    kvf_repr_str(b, c->string);
+                }
+                kvf_jinja_sb_str(b, ": ");
             }
             kvf_v_str(b, c, true);
         }
