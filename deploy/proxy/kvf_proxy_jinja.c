@@ -3,17 +3,20 @@
  * (a fresh, owned tree per evaluation; undefined is a node of type cJSON_Invalid);
  * the template is lexed into text / {{ expr }} / {% stmt %} pieces with Jinja's
  * whitespace rules (trim_blocks, lstrip_blocks, '-' markers), parsed into a tree
- * and run. What it knows: if/elif/else, for (one or two targets, loop.*, else),
- * set (names and namespace attributes), generation blocks (run as plain blocks);
- * expressions with literals, lists, dicts, attribute and item access, slices,
- * arithmetic, ~, comparisons, in, is-tests, and/or/not, the conditional
- * expression, filters and string/dict methods that the Llama 3, Qwen3 and
- * Nemotron-H templates use, namespace() and raise_exception(). Anything else is
- * refused by name (KVF_ERR_UNSUPPORTED), never rendered wrongly.
+ * and run. What it knows: if/elif/else, for (one or two targets, loop.*, else,
+ * break/continue), set (names, namespace attributes, blocks), macros, filter
+ * blocks, generation blocks (run as plain blocks); expressions with literals,
+ * tuples, lists, dicts, attribute and item access, slices, arithmetic, ~,
+ * comparisons, in, is-tests, and/or/not, the conditional expression, the filters
+ * and string/dict methods that the real templates use (deploy/README.md, "Chat
+ * templates"), namespace(), dict(), range(), strftime_now() and raise_exception().
+ * Anything else is refused by name (KVF_ERR_UNSUPPORTED), never rendered wrongly.
  *
- * The code: kvf_proxy_jinja_lex.c (pieces, tokens), kvf_proxy_jinja_parse.c (trees),
- * kvf_proxy_jinja_value.c (values), kvf_proxy_jinja_eval.c (expressions); this file runs
- * the statements.
+ * The code: kvf_proxy_jinja_lex.c (pieces, tokens), kvf_proxy_jinja_parse.c (expression
+ * trees), kvf_proxy_jinja_stmt.c (statement trees), kvf_proxy_jinja_value.c (values),
+ * kvf_proxy_jinja_eval.c (expressions), kvf_proxy_jinja_filter.c (filters),
+ * kvf_proxy_jinja_call.c (calls, macros, methods); this file runs the statements and
+ * macro bodies.
  *
  * Design: a tree walk over cJSON values. Rejected: linking a Jinja engine (none
  * well kept in C); compiling to bytecode (templates are a few kB, run once each).

@@ -1,9 +1,11 @@
 /*
- * The subset of Jinja that chat templates use (Llama 3, Qwen3, Nemotron-H), run
- * as transformers runs a template: trim_blocks and lstrip_blocks on, undefined
- * names render as "", raise_exception() fails the render with its message.
- * Checked against Python's jinja2 on each template and many message lists
- * (tests/deploy/test_chat_template.py).
+ * The subset of Jinja that chat templates use, run as transformers runs a template
+ * for vLLM: trim_blocks and lstrip_blocks on, loopcontrols, undefined names render
+ * as "", raise_exception() fails the render with its message, strftime_now(),
+ * the immutable sandbox. Checked against Python's jinja2 on the project's own
+ * templates (tests/deploy/test_chat_template.py) and on 70 real Hugging Face
+ * templates (test_chat_template_real.py); what is outside it is refused by name
+ * (deploy/README.md, "Chat templates").
  */
 #ifndef KVF_PROXY_JINJA_H
 #define KVF_PROXY_JINJA_H

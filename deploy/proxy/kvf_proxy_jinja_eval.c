@@ -350,6 +350,38 @@ bool kvf_jinja_test(kvf_jx_t *x, const kvf_expr_t *e, const cJSON *v)
     return r != e->negate;
 }
 
+/* A list, tuple or dict literal. */
+static cJSON *kvf_eval_collection(kvf_jx_t *x, const kvf_expr_t *e)
+{
+    cJSON *r;
+
+    r = (e->kind == KVF_E_LIST) ? cJSON_CreateArray() : cJSON_CreateObject();
+    if ((r != NULL) && (e->kind == KVF_E_LIST) && e->negate) {
+        r->type |= KVF_JINJA_TUPLE;
+    }
+    for (int i = 0; i < e->nargs; ++i) {
+        if (e->kind == KVF_E_LIST) {
+            cJSON_AddItemToArray(r, kvf_jinja_eval(x, e->args[i]));
+        } else {
+            cJSON *k = kvf_jinja_eval(x, e->args[i++]), *v;
+            char buf[32];
+            const char *ks = kvf_jinja_key_text(k, buf, sizeof(buf));
+            if ((ks == NULL) && (x->status == KVF_OK)) {
+                kvf_jinja_fail(x, KVF_ERR_UNSUPPORTED, "dict keys other than strings and "
+                               "integers are not supported");
+            }
+            v = (i < e->nargs) ? kvf_jinja_eval(x, e->args[i]) : kvf_jinja_undef();
+            if ((ks != NULL) && (cJSON_GetObjectItemCaseSensitive(r, ks) != NULL)) {
+                cJSON_ReplaceItemInObjectCaseSensitive(r, ks, v);   /* the last wins */
+            } else {
+                cJSON_AddItemToObject(r, (ks != NULL) ? ks : "", v);
+            }
+            cJSON_Delete(k);
+        }
+    }
+    return r;
+}
+
 cJSON *kvf_jinja_eval(kvf_jx_t *x, const kvf_expr_t *e)
 {
     cJSON *a, *b, *r;
@@ -366,31 +398,7 @@ cJSON *kvf_jinja_eval(kvf_jx_t *x, const kvf_expr_t *e)
         return kvf_jinja_dup(kvf_lookup(x, e->name));
     case KVF_E_LIST:
     case KVF_E_DICT:
-        r = (e->kind == KVF_E_LIST) ? cJSON_CreateArray() : cJSON_CreateObject();
-        if ((r != NULL) && (e->kind == KVF_E_LIST) && e->negate) {
-            r->type |= KVF_JINJA_TUPLE;
-        }
-        for (int i = 0; i < e->nargs; ++i) {
-            if (e->kind == KVF_E_LIST) {
-                cJSON_AddItemToArray(r, kvf_jinja_eval(x, e->args[i]));
-            } else {
-                cJSON *k = kvf_jinja_eval(x, e->args[i++]), *v;
-                char buf[32];
-                const char *ks = kvf_jinja_key_text(k, buf, sizeof(buf));
-                if ((ks == NULL) && (x->status == KVF_OK)) {
-                    kvf_jinja_fail(x, KVF_ERR_UNSUPPORTED, "dict keys other than strings and "
-                                   "integers are not supported");
-                }
-                v = (i < e->nargs) ? kvf_jinja_eval(x, e->args[i]) : kvf_jinja_undef();
-                if ((ks != NULL) && (cJSON_GetObjectItemCaseSensitive(r, ks) != NULL)) {
-                    cJSON_ReplaceItemInObjectCaseSensitive(r, ks, v);   /* the last wins */
-                } else {
-                    cJSON_AddItemToObject(r, (ks != NULL) ? ks : "", v);
-                }
-                cJSON_Delete(k);
-            }
-        }
-        return r;
+        return kvf_eval_collection(x, e);
     case KVF_E_ATTR: {
         const cJSON *o;
         a = kvf_jinja_eval(x, e->a);

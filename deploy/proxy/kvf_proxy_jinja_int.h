@@ -60,7 +60,7 @@ kvf_status_t kvf_jinja_lex(const char *t, kvf_pieces_t *out, char *err, size_t c
 
 /**
  * The tokens of the @a n bytes at @a s (an expression or a statement's inside) into @a out
- * (free with kvf_jinja_toks_free(), also on error).
+ * (free with kvf_jinja_toks_free(); on error nothing is left to free).
  * @return KVF_OK; KVF_ERR_PARSE (an unterminated string, an unexpected character);
  *         KVF_ERR_NO_MEMORY.
  */

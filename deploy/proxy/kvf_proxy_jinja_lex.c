@@ -136,8 +136,23 @@ static const char *const kvf_ops[] = {"//", "**", "==", "!=", "<=", ">=", "(", "
                                       "{", "}", ".", ",", ":", "|", "~", "+", "-", "*", "/",
                                       "%", "<", ">", "=", NULL};
 
+static kvf_status_t kvf_tokenize_in(const char *s, size_t n, kvf_toks_t *out, char *err,
+                                    size_t cap);
+
 kvf_status_t kvf_jinja_tokenize(const char *s, size_t n, kvf_toks_t *out, char *err,
                                  size_t cap)
+{
+    kvf_status_t st = kvf_tokenize_in(s, n, out, err, cap);
+
+    if (st != KVF_OK) {   /* the caller has nothing to free */
+        kvf_jinja_toks_free(out);
+        out->n = 0;
+    }
+    return st;
+}
+
+static kvf_status_t kvf_tokenize_in(const char *s, size_t n, kvf_toks_t *out, char *err,
+                                    size_t cap)
 {
     size_t i = 0;
     int capn = 16;
