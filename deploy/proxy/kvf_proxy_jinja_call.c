@@ -231,8 +231,17 @@ cJSON *kvf_jinja_method(kvf_jx_t *x, const cJSON *obj, const char *m, const kvf_
                        "unsafe.", m, cJSON_IsArray(obj) ? "list" : "dict");
         return kvf_jinja_undef();
     }
+    if ((r == NULL) && (x->status == KVF_OK)) {
+        const char *type = cJSON_IsString(obj) ? "str" : cJSON_IsArray(obj) ? "list" :
+                           cJSON_IsObject(obj) ? "dict" : NULL;
+        if ((type != NULL) && kvf_jinja_has(type, m)) {
+            kvf_jinja_fail(x, KVF_ERR_UNSUPPORTED, "method '%s' is not supported", m);
+        } else {   /* jinja2: an undefined attribute, called */
+            kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "'%s' has no method '%s'",
+                           (type != NULL) ? type : "this value", m);
+        }
+    }
     if (r == NULL) {
-        kvf_jinja_fail(x, KVF_ERR_UNSUPPORTED, "method '%s' is not supported on this value", m);
         return kvf_jinja_undef();
     }
     return r;

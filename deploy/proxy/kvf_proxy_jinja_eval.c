@@ -344,7 +344,11 @@ bool kvf_jinja_test(kvf_jx_t *x, const kvf_expr_t *e, const cJSON *v)
         long n = kvf_jinja_long(kvf_jinja_num(v));
         r = ((n % 2) != 0) == (t[0] == 'o');
     } else {
-        kvf_jinja_fail(x, KVF_ERR_UNSUPPORTED, "test '%s' is not supported", t);
+        if (kvf_jinja_has("test", t)) {
+            kvf_jinja_fail(x, KVF_ERR_UNSUPPORTED, "test '%s' is not supported", t);
+        } else {
+            kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "No test named '%s'.", t);
+        }
         return false;
     }
     return r != e->negate;
@@ -446,7 +450,12 @@ cJSON *kvf_jinja_eval(kvf_jx_t *x, const kvf_expr_t *e)
         a = kvf_jinja_eval(x, e->a);
         b = kvf_jinja_eval(x, e->b);
         if (!strcmp(e->name, "in")) {
-            r = cJSON_CreateBool(kvf_in(a, b) != e->negate);
+            if (!kvf_jinja_is_undef(b) && !cJSON_IsString(b) && !cJSON_IsArray(b) &&
+                !cJSON_IsObject(b)) {
+                kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "argument of type '%s' is not "
+                               "iterable", cJSON_IsNull(b) ? "NoneType" : "int");
+            }
+            r = cJSON_CreateBool(kvf_in(a, kvf_jinja_deref(x, b)) != e->negate);
         } else {
             r = kvf_binop(x, e->name, a, b);
         }

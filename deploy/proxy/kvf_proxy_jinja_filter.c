@@ -432,7 +432,11 @@ cJSON *kvf_jinja_filter(kvf_jx_t *x, const kvf_expr_t *e)
     }
     cJSON_Delete(v);
     if (r == NULL) {
-        kvf_jinja_fail(x, KVF_ERR_UNSUPPORTED, "filter '%s' is not supported", f);
+        if (kvf_jinja_has("filter", f)) {
+            kvf_jinja_fail(x, KVF_ERR_UNSUPPORTED, "filter '%s' is not supported", f);
+        } else {   /* jinja2 fails where it reaches a filter it does not have */
+            kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "No filter named '%s'.", f);
+        }
         return kvf_jinja_undef();
     }
     return r;

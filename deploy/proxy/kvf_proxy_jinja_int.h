@@ -187,6 +187,10 @@ void kvf_jinja_sb_str(kvf_sb_t *b, const char *s);
  * kvf_jinja_key() turns a held key back into its value. */
 #define KVF_JINJA_INTKEY '\x01'
 
+/** Whether jinja2 / Python has @a name among its @a kind: "filter", "test", or the methods
+ *  of "str", "list", "dict". */
+bool kvf_jinja_has(const char *kind, const char *name);
+
 /** The value of dict key @a k as held (a number for an integer key, else a string). */
 cJSON *kvf_jinja_key(const char *k);
 /** The held form of key value @a key in @a buf (strings as they are, integers with

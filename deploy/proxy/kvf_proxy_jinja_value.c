@@ -11,6 +11,43 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* What jinja2 (with transformers' tojson) and Python have, by name: a name outside these
+ * fails the render as it fails in jinja2; one inside that this subset lacks is refused by
+ * name (kvf_jinja_has). */
+static const char *const kvf_known[][2] = {
+    {"filter", " abs attr batch capitalize center count d default dictsort e escape "
+               "filesizeformat first float forceescape format groupby indent int items join "
+               "last length list lower map max min pprint random reject rejectattr replace "
+               "reverse round safe select selectattr slice sort string striptags sum title "
+               "tojson trim truncate unique upper urlencode urlize wordcount wordwrap xmlattr "},
+    {"test", " boolean callable defined divisibleby eq equalto escaped even false filter float "
+             "ge greaterthan gt in integer iterable le lessthan lower lt mapping ne none number "
+             "odd sameas sequence string test true undefined upper "},
+    {"str", " capitalize casefold center count encode endswith expandtabs find format "
+            "format_map index isalnum isalpha isascii isdecimal isdigit isidentifier islower "
+            "isnumeric isprintable isspace istitle isupper join ljust lower lstrip maketrans "
+            "partition removeprefix removesuffix replace rfind rindex rjust rpartition rsplit "
+            "rstrip split splitlines startswith strip swapcase title translate upper zfill "},
+    {"list", " append clear copy count extend index insert pop remove reverse sort "},
+    {"dict", " clear copy fromkeys get items keys pop popitem setdefault update values "},
+};
+
+bool kvf_jinja_has(const char *kind, const char *name)
+{
+    char word[72];
+
+    if ((strlen(name) > 64) || (strchr(name, ' ') != NULL)) {
+        return false;
+    }
+    snprintf(word, sizeof(word), " %s ", name);
+    for (size_t i = 0; i < sizeof(kvf_known) / sizeof(kvf_known[0]); ++i) {
+        if (!strcmp(kvf_known[i][0], kind)) {
+            return strstr(kvf_known[i][1], word) != NULL;
+        }
+    }
+    return false;
+}
+
 cJSON *kvf_jinja_key(const char *k)
 {
     return (k[0] == KVF_JINJA_INTKEY) ? cJSON_CreateNumber(strtod(k + 1, NULL)) :

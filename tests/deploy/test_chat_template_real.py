@@ -6,8 +6,9 @@ cache folder at test time; none is committed), against the reference vLLM render
 (transformers' setup of jinja2, chat_template_ref.py).
 
 Each template renders the message lists of test_chat_template.py plus fixed cases: system
-prompt, multi-turn, tool calls and tool results, tools given, add_generation_prompt on and
-off, enable_thinking. Per case, kvferry's text must be byte-equal to the reference's, or
+prompt, multi-turn, tool calls (arguments as an object, as vLLM hands them, or as JSON text;
+parallel calls) and tool results, tools given, content as text parts, reasoning content,
+documents, add_generation_prompt on and off, enable_thinking. Per case, kvferry's text must be byte-equal to the reference's, or
 both must fail (raise_exception with the same message), or kvferry refuses the template
 with a message naming the construct it lacks ("filter 'x' is not supported"). A crash, a
 hang, a syntax error jinja2 does not see or any other difference fails the test, and so
@@ -69,6 +70,17 @@ def fixed_cases():
         ([sys_m, u2, call, result], {"tools": TOOLS}),
         ([sys_m, u2, call, result, a2, u1], {"tools": TOOLS}),
         ([u2, call, result], {}),
+        # content as text parts, reasoning, documents, JSON-text arguments, parallel calls
+        ([sys_m, {"role": "user", "content": [{"type": "text", "text": "When"},
+                                               {"type": "text", "text": "does it leave?"}]}],
+         {}),
+        ([u1, {"role": "assistant", "content": "At dawn.", "reasoning_content": "It is early."},
+          u2], {}),
+        ([u1], {"documents": [{"title": "Timetable", "text": "Ferries leave at dawn."}]}),
+        ([sys_m, u2, {"role": "assistant", "content": None, "tool_calls": [
+            dict(CALL, function={"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}),
+            dict(CALL, id="call_2")]},
+          result, dict(result, tool_call_id="call_2")], {"tools": TOOLS}),
     ]
     out = []
     for msgs, extra in lists:
