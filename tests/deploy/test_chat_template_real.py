@@ -120,8 +120,12 @@ def ours(binary, path, vs):
     return json.loads(p.stdout)
 
 
+COUNTS = {"text": 0, "failed": 0}
+
+
 def check(binary, path, vs):
-    """('equal', None) | ('refused', reason) | ('differ', description)."""
+    """('equal', None) | ('refused', reason) | ('differ', description); COUNTS: the cases
+    that rendered the same text, and those that failed in both."""
     with open(path, encoding="utf-8") as f:
         template = f.read()
     try:
@@ -137,9 +141,11 @@ def check(binary, path, vs):
             refused = refused or g["error"]
             continue
         if want_err is None and g.get("text") == want:
+            COUNTS["text"] += 1
             continue
         if want_err is not None and "error" in g and g["status"] == "invalid":
             if not want_err.startswith("raise: ") or want_err[len("raise: "):] == g["error"]:
+                COUNTS["failed"] += 1
                 continue
         return "differ", ("case %d\nvars: %s\njinja2: %r / %r\nkvf:    %r"
                           % (i, json.dumps(v), want, want_err, g))
@@ -184,7 +190,9 @@ def main():
         print("DIFFER: %s: %s" % (name, differ[name]))
     print("ok: %d of %d templates render byte-equal to jinja2 on %d cases each: %s"
           % (len(equal), len(equal) + len(refused) + len(differ), len(vs), " ".join(equal)))
-    print("%d refused by name, %d differ" % (len(refused), len(differ)))
+    print("%d refused by name, %d differ; %d renders byte-equal, %d failed in both (jinja2's "
+          "raise_exception with the same message, or another jinja2 error)"
+          % (len(refused), len(differ), COUNTS["text"], COUNTS["failed"]))
     missing = [r for r in REQUIRED if r not in equal and (not a.only or a.only in r)]
     if missing:
         print("FAIL: these families do not render equal: %s" % " ".join(missing))
