@@ -205,6 +205,13 @@ static cJSON *kvf_binop(kvf_jx_t *x, const char *op, const cJSON *a, const cJSON
         kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "a value grew past the render's bound");
         return kvf_jinja_undef();
     }
+    if (kvf_jinja_is_function(a) || kvf_jinja_is_function(b) ||
+        ((a != NULL) && (a->type & KVF_JINJA_GEN) && !strcmp(op, "~")) ||
+        ((b != NULL) && (b->type & KVF_JINJA_GEN) && !strcmp(op, "~"))) {
+        kvf_jinja_fail(x, KVF_ERR_UNSUPPORTED, "'%s' with a function, a method or a generator "
+                       "is not supported", op);
+        return kvf_jinja_undef();
+    }
     if (!strcmp(op, "~")) {
         char *s1 = kvf_jinja_tostr(a), *s2 = kvf_jinja_tostr(b);
         kvf_sb_t sb = {0};
@@ -335,7 +342,12 @@ bool kvf_jinja_test(kvf_jx_t *x, const kvf_expr_t *e, const cJSON *v)
     } else if (!strcmp(t, "mapping")) {
         r = cJSON_IsObject(v);
     } else if (!strcmp(t, "sequence") || !strcmp(t, "iterable")) {
-        r = cJSON_IsArray(v) || cJSON_IsString(v) || cJSON_IsObject(v);
+        /* jinja2's Undefined iterates (empty) and has a length; a generator has none */
+        r = cJSON_IsArray(v) || cJSON_IsString(v) || cJSON_IsObject(v) ||
+            kvf_jinja_is_undef(v);
+        if ((t[0] == 's') && (v != NULL) && (v->type & KVF_JINJA_GEN)) {
+            r = false;
+        }
     } else if (!strcmp(t, "equalto") || !strcmp(t, "eq") || !strcmp(t, "sameas")) {
         cJSON *o = kvf_jinja_arg(x, e, 0, NULL);
         r = cJSON_Compare(v, o, true);
@@ -410,8 +422,14 @@ cJSON *kvf_jinja_eval(kvf_jx_t *x, const kvf_expr_t *e)
         if (kvf_jinja_is_undef(a)) {
             kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "'.%s' of an undefined value", e->name);
         }
-        r = cJSON_IsObject(o) ? kvf_jinja_dup(cJSON_GetObjectItemCaseSensitive(o, e->name)) :
-                                kvf_jinja_undef();
+        if ((cJSON_IsObject(a) && kvf_jinja_has("dict", e->name)) ||
+            (cJSON_IsString(a) && kvf_jinja_has("str", e->name)) ||
+            (cJSON_IsArray(a) && kvf_jinja_has("list", e->name))) {
+            r = cJSON_Duplicate(x->callable, true);   /* jinja2: the method, not a key */
+        } else {
+            r = cJSON_IsObject(o) ? kvf_jinja_dup(cJSON_GetObjectItemCaseSensitive(o, e->name)) :
+                                    kvf_jinja_undef();
+        }
         cJSON_Delete(a);
         return r;
     }

@@ -419,9 +419,19 @@ cJSON *kvf_jinja_filter(kvf_jx_t *x, const kvf_expr_t *e)
         free(s);
         cJSON_Delete(a);
         cJSON_Delete(b);
-    } else if (!strcmp(f, "items")) {
+    } else if (!strcmp(f, "items")) {   /* an iterator of (key, value) pairs */
         kvf_expr_t call = {0};
-        r = kvf_jinja_method(x, v, "items", &call);
+        if (kvf_jinja_is_undef(v)) {
+            r = cJSON_CreateArray();
+        } else if (!cJSON_IsObject(kvf_jinja_deref(x, v)) || cJSON_IsRaw(v)) {
+            kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "Can only get item pairs from a mapping.");
+            r = kvf_jinja_undef();
+        } else {
+            r = kvf_jinja_method(x, v, "items", &call);
+        }
+        if (r != NULL) {
+            r->type |= KVF_JINJA_GEN;
+        }
     } else if (!strcmp(f, "select") || !strcmp(f, "reject") || !strcmp(f, "selectattr") ||
                !strcmp(f, "rejectattr") ||
                (!strcmp(f, "map") && ((e->nargs == 0) || (e->kwnames[0] != NULL)))) {

@@ -191,6 +191,10 @@ void kvf_jinja_sb_str(kvf_sb_t *b, const char *s);
  *  of "str", "list", "dict". */
 bool kvf_jinja_has(const char *kind, const char *name);
 
+/** Whether @a v is a function, a macro or a method (printing one is refused: Python prints
+ *  its address). */
+bool kvf_jinja_is_function(const cJSON *v);
+
 /** The value of dict key @a k as held (a number for an integer key, else a string). */
 cJSON *kvf_jinja_key(const char *k);
 /** The held form of key value @a key in @a buf (strings as they are, integers with

@@ -48,6 +48,11 @@ bool kvf_jinja_has(const char *kind, const char *name)
     return false;
 }
 
+bool kvf_jinja_is_function(const cJSON *v)
+{
+    return cJSON_IsRaw(v) && (v->valueint == 0);
+}
+
 cJSON *kvf_jinja_key(const char *k)
 {
     return (k[0] == KVF_JINJA_INTKEY) ? cJSON_CreateNumber(strtod(k + 1, NULL)) :

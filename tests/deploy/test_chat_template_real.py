@@ -45,7 +45,14 @@ TOOLS = [{"type": "function", "function": {
     "parameters": {"type": "object", "properties": {
         "city": {"type": "string", "description": "the city's name"},
         "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-        "required": ["city"]}}}]
+        "required": ["city"]}}},
+    {"type": "function", "function": {
+        "name": "book_ferry", "description": "Book seats on a crossing.",
+        "parameters": {"type": "object", "properties": {
+            "seats": {"type": "integer", "description": "how many", "minimum": 1},
+            "names": {"type": "array", "items": {"type": "string"}},
+            "options": {"type": "object", "properties": {"cabin": {"type": "boolean"}}}},
+            "required": ["seats", "names"]}}}]
 CALL = {"id": "call_1", "type": "function",
         "function": {"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}}
 
