@@ -280,10 +280,16 @@ static cJSON *kvf_binop(kvf_jx_t *x, const char *op, const cJSON *a, const cJSON
             kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "division by zero");
             return kvf_jinja_undef();
         }
-        return cJSON_CreateNumber(!strcmp(op, "+") ? p + q : !strcmp(op, "-") ? p - q :
-                                  !strcmp(op, "*") ? p * q : !strcmp(op, "/") ? p / q :
-                                  !strcmp(op, "//") ? floor(p / q) :
-                                  !strcmp(op, "%") ? p - q * floor(p / q) : pow(p, q));
+        cJSON *r = cJSON_CreateNumber(!strcmp(op, "+") ? p + q : !strcmp(op, "-") ? p - q :
+                                      !strcmp(op, "*") ? p * q : !strcmp(op, "/") ? p / q :
+                                      !strcmp(op, "//") ? floor(p / q) :
+                                      !strcmp(op, "%") ? p - q * floor(p / q) : pow(p, q));
+        /* Python: '/' and anything with a float give a float; int ** negative int too */
+        if ((r != NULL) && (!strcmp(op, "/") || ((a->type | b->type) & KVF_JINJA_FLOAT) ||
+                            (!strcmp(op, "**") && (q < 0)))) {
+            r->type |= KVF_JINJA_FLOAT;
+        }
+        return r;
     }
     if (!strcmp(op, "*") && cJSON_IsString(a) && cJSON_IsNumber(b)) {
         kvf_sb_t sb = {0};
@@ -488,6 +494,9 @@ cJSON *kvf_jinja_eval(kvf_jx_t *x, const kvf_expr_t *e)
     case KVF_E_NEG:
         a = kvf_jinja_eval(x, e->a);
         r = cJSON_CreateNumber(-kvf_jinja_num(a));
+        if ((r != NULL) && (a != NULL) && (a->type & KVF_JINJA_FLOAT)) {
+            r->type |= KVF_JINJA_FLOAT;
+        }
         cJSON_Delete(a);
         return r;
     case KVF_E_AND:

@@ -182,6 +182,7 @@ void kvf_jinja_sb_str(kvf_sb_t *b, const char *s);
 #define KVF_JINJA_MARKUP (1 << 12)
 #define KVF_JINJA_GEN    (1 << 13)
 #define KVF_JINJA_TUPLE  (1 << 14)
+#define KVF_JINJA_FLOAT  (1 << 15)   /* a number that is a Python float (2.0 prints "2.0") */
 
 /* A dict key that is an integer (Python's {0: 'a'}) is held as this byte and its digits;
  * kvf_jinja_key() turns a held key back into its value. */

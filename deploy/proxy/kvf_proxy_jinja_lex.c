@@ -195,8 +195,11 @@ static kvf_status_t kvf_tokenize_in(const char *s, size_t n, kvf_toks_t *out, ch
             if ((end > s + i) && (end[-1] == '.')) {
                 --end;
             }
+            /* "f": a float literal (Python prints 2.0, not 2) */
+            tk.text = strdup((memchr(s + i, '.', (size_t)(end - s) - i) != NULL) ||
+                             (memchr(s + i, 'e', (size_t)(end - s) - i) != NULL) ||
+                             (memchr(s + i, 'E', (size_t)(end - s) - i) != NULL) ? "f" : "");
             i = (size_t)(end - s);
-            tk.text = strdup("");
         } else if ((s[i] == '\'') || (s[i] == '"')) {
             char q = s[i++];
             kvf_sb_t b = {0};

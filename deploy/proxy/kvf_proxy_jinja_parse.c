@@ -142,6 +142,9 @@ static kvf_expr_t *kvf_parse_primary(kvf_ps_t *p)
         e = kvf_jinja_new(KVF_E_LIT);
         if (e != NULL) {
             e->lit = cJSON_CreateNumber(t->num);
+            if ((e->lit != NULL) && (t->text[0] == 'f')) {
+                e->lit->type |= KVF_JINJA_FLOAT;
+            }
         }
         return e;
     }

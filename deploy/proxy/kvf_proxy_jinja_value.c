@@ -6,6 +6,7 @@
  */
 #include "kvf_proxy_jinja_int.h"
 
+#include <ctype.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -129,25 +130,51 @@ void kvf_jinja_sb_str(kvf_sb_t *b, const char *s)
     kvf_jinja_sb_add(b, s, strlen(s));
 }
 
-static void kvf_num_text(double d, char *buf, size_t cap)
+/* Python's repr() of a number: an int's digits; a float's shortest digits that read back,
+ * fixed between 1e-4 and 1e16, else with an exponent of at least two digits. */
+static void kvf_num_text(const cJSON *v, char *buf, size_t cap)
 {
-    if ((floor(d) == d) && (fabs(d) < 1e15)) {
+    double d = v->valuedouble;
+    char t[40], ds[24], *e;
+    int p, exp, nd = 0;
+
+    if (!(v->type & KVF_JINJA_FLOAT) && (floor(d) == d) && (fabs(d) < 1e15)) {
         snprintf(buf, cap, "%.0f", d);
+        return;
+    }
+    if ((d != d) || isinf(d)) {
+        snprintf(buf, cap, "%s", (d != d) ? "nan" : (d > 0) ? "inf" : "-inf");
+        return;
+    }
+    for (p = 1; p <= 17; ++p) {
+        snprintf(t, sizeof(t), "%.*e", p - 1, fabs(d));
+        if (strtod(t, NULL) == fabs(d)) {
+            break;
+        }
+    }
+    e = strchr(t, 'e');
+    exp = (e != NULL) ? atoi(e + 1) : 0;
+    for (const char *c = t; (c < e) && (nd < (int)sizeof(ds) - 1); ++c) {
+        if (isdigit((unsigned char)*c)) {
+            ds[nd++] = *c;
+        }
+    }
+    while ((nd > 1) && (ds[nd - 1] == '0')) {   /* %.*e may pad with zeros */
+        --nd;
+    }
+    ds[nd] = '\0';
+    if ((exp >= -4) && (exp < 16)) {
+        if (exp < 0) {
+            snprintf(buf, cap, "%s0.%.*s%s", (d < 0) ? "-" : "", -exp - 1, "0000", ds);
+        } else if (exp + 1 >= nd) {
+            snprintf(buf, cap, "%s%s%.*s.0", (d < 0) ? "-" : "", ds, exp + 1 - nd,
+                     "0000000000000000");
+        } else {
+            snprintf(buf, cap, "%s%.*s.%s", (d < 0) ? "-" : "", exp + 1, ds, ds + exp + 1);
+        }
     } else {
-        snprintf(buf, cap, "%.17g", d);
-        /* Python's repr: the shortest that reads back */
-        for (int p = 1; p <= 17; ++p) {
-            char t[64];
-            snprintf(t, sizeof(t), "%.*g", p, d);
-            if (strtod(t, NULL) == d) {
-                snprintf(buf, cap, "%s", t);
-                break;
-            }
-        }
-        if ((strchr(buf, '.') == NULL) && (strchr(buf, 'e') == NULL)) {
-            size_t l = strlen(buf);
-            snprintf(buf + l, cap - l, ".0");
-        }
+        snprintf(buf, cap, "%s%c%s%se%c%02d", (d < 0) ? "-" : "", ds[0], (nd > 1) ? "." : "",
+                 ds + 1, (exp < 0) ? '-' : '+', abs(exp));
     }
 }
 
@@ -205,7 +232,7 @@ void kvf_jinja_json_dump(kvf_sb_t *b, const cJSON *v, const kvf_json_opts_t *o, 
     if (cJSON_IsString(v)) {
         kvf_json_str(b, v->valuestring, o->ascii);
     } else if (cJSON_IsNumber(v)) {
-        kvf_num_text(v->valuedouble, num, sizeof(num));
+        kvf_num_text(v, num, sizeof(num));
         kvf_jinja_sb_str(b, num);
     } else if (cJSON_IsTrue(v)) {
         kvf_jinja_sb_str(b, "true");
@@ -311,7 +338,7 @@ static void kvf_v_str(kvf_sb_t *b, const cJSON *v, bool repr)
             kvf_jinja_sb_str(b, v->valuestring);
         }
     } else if (cJSON_IsNumber(v)) {
-        kvf_num_text(v->valuedouble, num, sizeof(num));
+        kvf_num_text(v, num, sizeof(num));
         kvf_jinja_sb_str(b, num);
     } else if (cJSON_IsTrue(v)) {
         kvf_jinja_sb_str(b, "True");
