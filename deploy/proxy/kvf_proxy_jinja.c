@@ -326,9 +326,10 @@ static void kvf_run(kvf_jx_t *x, const kvf_body_t *b)
         case KVF_S_OUT: {
             char *s;
             v = kvf_jinja_eval(x, n->expr);
-            if (kvf_jinja_is_function(v)) {   /* Python prints its address */
-                kvf_jinja_fail(x, KVF_ERR_UNSUPPORTED, "printing a function or method is not "
-                               "supported");
+            if (kvf_jinja_is_function(v) || ((v != NULL) && (v->type & KVF_JINJA_GEN))) {
+                /* Python prints its address */
+                kvf_jinja_fail(x, KVF_ERR_UNSUPPORTED, "printing a function, a method or a "
+                               "generator is not supported");
             }
             s = kvf_jinja_tostr(v);
             kvf_jx_emit(x, s ? s : "", s ? strlen(s) : 0);

@@ -10,7 +10,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <locale.h>
 #include <time.h>
+#include <wctype.h>
 
 static const char *kvf_strip_set(const cJSON *chars)
 {
@@ -91,25 +93,79 @@ static cJSON *kvf_split(const char *s, const cJSON *sep)
     return out;
 }
 
-cJSON *kvf_jinja_case(const char *s, int mode)   /* 0 lower, 1 upper, 2 capitalize, 3 title */
+/* The next code point of UTF-8 text at *p (advanced); an invalid byte reads as itself. */
+static unsigned kvf_utf8_next(const unsigned char **p)
 {
-    char *t = strdup(s);
+    const unsigned char *q = *p;
+    int more = (*q >= 0xF0) ? 3 : (*q >= 0xE0) ? 2 : (*q >= 0xC0) ? 1 : 0;
+    unsigned cp = *q & (0x7F >> more);
+
+    for (int k = 0; k < more; ++k) {
+        if ((q[k + 1] & 0xC0) != 0x80) {   /* truncated: the lead byte alone */
+            *p = q + 1;
+            return *q;
+        }
+        cp = (cp << 6) | (q[k + 1] & 0x3F);
+    }
+    *p = q + 1 + more;
+    return cp;
+}
+
+static void kvf_utf8_put(kvf_sb_t *b, unsigned cp)
+{
+    char u[4];
+    size_t n = (cp < 0x80) ? 1 : (cp < 0x800) ? 2 : (cp < 0x10000) ? 3 : 4;
+
+    if (n == 1) {
+        u[0] = (char)cp;
+    } else {
+        for (size_t k = n - 1; k > 0; --k) {
+            u[k] = (char)(0x80 | (cp & 0x3F));
+            cp >>= 6;
+        }
+        u[0] = (char)(((n == 2) ? 0xC0 : (n == 3) ? 0xE0 : 0xF0) | cp);
+    }
+    kvf_jinja_sb_add(b, u, n);
+}
+
+/* Python's case mappings over all of Unicode through the C.UTF-8 locale's tables (simple
+ * mappings; 'ß'.upper() is "SS" as in Python). Without that locale: ASCII only. */
+cJSON *kvf_jinja_case(const char *s, int mode)
+{
+    locale_t loc = newlocale(LC_CTYPE_MASK, "C.UTF-8", (locale_t)0);
+    kvf_sb_t b = {0};
     bool start = true;
 
-    for (size_t i = 0; t && t[i]; ++i) {
-        unsigned char c = (unsigned char)t[i];
-        if (mode == 0) {
-            t[i] = (char)tolower(c);
-        } else if (mode == 1) {
-            t[i] = (char)toupper(c);
-        } else if (mode == 2) {
-            t[i] = (char)((i == 0) ? toupper(c) : tolower(c));
+    kvf_jinja_sb_add(&b, "", 0);
+    for (const unsigned char *p = (const unsigned char *)s; *p;) {
+        unsigned c = kvf_utf8_next(&p), up, lo;
+        bool upper;
+        up = (loc != (locale_t)0) ? (unsigned)towupper_l((wint_t)c, loc) :
+             (c < 0x80) ? (unsigned)toupper((int)c) : c;
+        lo = (loc != (locale_t)0) ? (unsigned)towlower_l((wint_t)c, loc) :
+             (c < 0x80) ? (unsigned)tolower((int)c) : c;
+        upper = (mode == 1) || ((mode == 2) && start) || ((mode >= 3) && start);
+        if (upper && (c == 0xDF)) {
+            kvf_jinja_sb_str(&b, (mode == 1) ? "SS" : "Ss");
+        } else if (upper && ((mode == 2) || (mode == 3)) && (((c >= 0x1C4) && (c <= 0x1CC)) ||
+                                            ((c >= 0x1F1) && (c <= 0x1F3)))) {
+            /* the digraphs' own title case (DŽ Dž dž: Dž) */
+            kvf_utf8_put(&b, (c >= 0x1F1) ? 0x1F2 : 0x1C5 + 3 * ((c - 0x1C4) / 3));
         } else {
-            t[i] = (char)(start ? toupper(c) : tolower(c));
-            start = !isalnum(c);
+            kvf_utf8_put(&b, upper ? up : lo);
+        }
+        if (mode == 2) {
+            start = false;
+        } else if (mode == 3) {   /* str.title(): a word starts after a character without case */
+            start = (up == c) && (lo == c);
+        } else if (mode == 4) {   /* jinja2's |title: after -, a blank, ( { [ < */
+            start = (c < 0x80) && ((strchr("-({[<", (int)c) != NULL) || isspace((int)c));
         }
     }
-    return kvf_jinja_take_str(t);
+    if (loc != (locale_t)0) {
+        freelocale(loc);
+    }
+    return kvf_jinja_take_str(b.s);
 }
 
 /* The methods of lists and dicts that change them. */

@@ -196,6 +196,31 @@ static bool kvf_in(const cJSON *a, const cJSON *b)
     return false;
 }
 
+/* str + str; Markup + str escapes the str, and so does str + Markup (jinja2's |safe). */
+static cJSON *kvf_add_str(const cJSON *a, const cJSON *b)
+{
+    bool ma = (a->type & KVF_JINJA_MARKUP) != 0, mb = (b->type & KVF_JINJA_MARKUP) != 0;
+    kvf_sb_t sb = {0};
+    cJSON *r;
+
+    kvf_jinja_sb_add(&sb, "", 0);
+    if (mb && !ma) {
+        kvf_jinja_html_escape(&sb, a->valuestring);
+    } else {
+        kvf_jinja_sb_str(&sb, a->valuestring);
+    }
+    if (ma && !mb) {
+        kvf_jinja_html_escape(&sb, b->valuestring);
+    } else {
+        kvf_jinja_sb_str(&sb, b->valuestring);
+    }
+    r = kvf_jinja_take_str(sb.s);
+    if ((r != NULL) && (ma || mb)) {
+        r->type |= KVF_JINJA_MARKUP;
+    }
+    return r;
+}
+
 static cJSON *kvf_binop(kvf_jx_t *x, const char *op, const cJSON *a, const cJSON *b)
 {
     if ((cJSON_IsString(a) && cJSON_IsString(b) &&
@@ -230,26 +255,7 @@ static cJSON *kvf_binop(kvf_jx_t *x, const char *op, const cJSON *a, const cJSON
                                   (kvf_jinja_is_undef(a) && kvf_jinja_is_undef(b))));
     }
     if (!strcmp(op, "+") && cJSON_IsString(a) && cJSON_IsString(b)) {
-        /* Markup + str escapes the str, and so does str + Markup (jinja2's |safe) */
-        bool ma = (a->type & KVF_JINJA_MARKUP) != 0, mb = (b->type & KVF_JINJA_MARKUP) != 0;
-        kvf_sb_t sb = {0};
-        cJSON *r;
-        kvf_jinja_sb_add(&sb, "", 0);
-        if (mb && !ma) {
-            kvf_jinja_html_escape(&sb, a->valuestring);
-        } else {
-            kvf_jinja_sb_str(&sb, a->valuestring);
-        }
-        if (ma && !mb) {
-            kvf_jinja_html_escape(&sb, b->valuestring);
-        } else {
-            kvf_jinja_sb_str(&sb, b->valuestring);
-        }
-        r = kvf_jinja_take_str(sb.s);
-        if ((r != NULL) && (ma || mb)) {
-            r->type |= KVF_JINJA_MARKUP;
-        }
-        return r;
+        return kvf_add_str(a, b);
     }
     if (!strcmp(op, "+") && cJSON_IsArray(a) && cJSON_IsArray(b)) {
         cJSON *out = cJSON_Duplicate(a, true), *c;
@@ -290,6 +296,19 @@ static cJSON *kvf_binop(kvf_jx_t *x, const char *op, const cJSON *a, const cJSON
             r->type |= KVF_JINJA_FLOAT;
         }
         return r;
+    }
+    if (!strcmp(op, "*") && (cJSON_IsNumber(a) || cJSON_IsBool(a)) && cJSON_IsString(b)) {
+        /* n * s: s * n */
+        const cJSON *t = a;
+        a = b;
+        b = t;
+    }
+    if (!strcmp(op, "%") && cJSON_IsString(a)) {
+        kvf_jinja_fail(x, KVF_ERR_UNSUPPORTED, "'%%' string formatting is not supported");
+        return kvf_jinja_undef();
+    }
+    if (!strcmp(op, "*") && cJSON_IsString(a) && cJSON_IsBool(b)) {
+        return cJSON_CreateString(cJSON_IsTrue(b) ? a->valuestring : "");
     }
     if (!strcmp(op, "*") && cJSON_IsString(a) && cJSON_IsNumber(b)) {
         kvf_sb_t sb = {0};
@@ -336,7 +355,7 @@ bool kvf_jinja_test(kvf_jx_t *x, const kvf_expr_t *e, const cJSON *v)
     } else if (!strcmp(t, "string")) {
         r = cJSON_IsString(v);
     } else if (!strcmp(t, "number")) {
-        r = cJSON_IsNumber(v);
+        r = cJSON_IsNumber(v) || cJSON_IsBool(v);   /* Python: a bool is a number */
     } else if (!strcmp(t, "integer")) {
         r = cJSON_IsNumber(v) && (floor(v->valuedouble) == v->valuedouble);
     } else if (!strcmp(t, "float")) {
@@ -358,6 +377,10 @@ bool kvf_jinja_test(kvf_jx_t *x, const kvf_expr_t *e, const cJSON *v)
         cJSON *o = kvf_jinja_arg(x, e, 0, NULL);
         r = cJSON_Compare(v, o, true);
         cJSON_Delete(o);
+    } else if ((!strcmp(t, "odd") || !strcmp(t, "even")) && !cJSON_IsNumber(v) &&
+               !cJSON_IsBool(v)) {
+        kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "test '%s' of a value that is not a number", t);
+        return false;
     } else if (!strcmp(t, "odd") || !strcmp(t, "even")) {
         long n = kvf_jinja_long(kvf_jinja_num(v));
         r = ((n % 2) != 0) == (t[0] == 'o');
@@ -370,6 +393,27 @@ bool kvf_jinja_test(kvf_jx_t *x, const kvf_expr_t *e, const cJSON *v)
         return false;
     }
     return r != e->negate;
+}
+
+/* a[lo:hi:step] (jinja2 slices with Python's own obj[a:b], not the sandbox's item access). */
+static cJSON *kvf_eval_slice(kvf_jx_t *x, const kvf_expr_t *e)
+{
+    cJSON *lo = kvf_jinja_eval(x, e->b), *hi = kvf_jinja_eval(x, e->c);
+    cJSON *st = kvf_jinja_eval(x, e->args[0]), *a = kvf_jinja_eval(x, e->a), *r;
+
+    if ((!cJSON_IsArray(a) && !cJSON_IsString(a)) || (a->type & KVF_JINJA_GEN)) {
+        kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "a slice of a value that is not a list or "
+                       "a string");
+    }
+    r = (x->status != KVF_OK) ? kvf_jinja_undef() : kvf_jinja_slice(a, lo, hi, st);
+    if ((r != NULL) && (a != NULL) && (a->type & KVF_JINJA_TUPLE) && cJSON_IsArray(r)) {
+        r->type |= KVF_JINJA_TUPLE;
+    }
+    cJSON_Delete(a);
+    cJSON_Delete(lo);
+    cJSON_Delete(hi);
+    cJSON_Delete(st);
+    return r;
 }
 
 /* A list, tuple or dict literal. */
@@ -450,17 +494,8 @@ cJSON *kvf_jinja_eval(kvf_jx_t *x, const kvf_expr_t *e)
         cJSON_Delete(a);
         cJSON_Delete(b);
         return r;
-    case KVF_E_SLICE: {
-        cJSON *lo = kvf_jinja_eval(x, e->b), *hi = kvf_jinja_eval(x, e->c);
-        cJSON *st = kvf_jinja_eval(x, e->args[0]);
-        a = kvf_jinja_eval(x, e->a);
-        r = kvf_jinja_slice(a, lo, hi, st);
-        cJSON_Delete(a);
-        cJSON_Delete(lo);
-        cJSON_Delete(hi);
-        cJSON_Delete(st);
-        return r;
-    }
+    case KVF_E_SLICE:
+        return kvf_eval_slice(x, e);
     case KVF_E_CALL:
         return kvf_jinja_call(x, e);
     case KVF_E_FILTER:
@@ -474,8 +509,11 @@ cJSON *kvf_jinja_eval(kvf_jx_t *x, const kvf_expr_t *e)
         a = kvf_jinja_eval(x, e->a);
         b = kvf_jinja_eval(x, e->b);
         if (!strcmp(e->name, "in")) {
-            if (!kvf_jinja_is_undef(b) && !cJSON_IsString(b) && !cJSON_IsArray(b) &&
-                !cJSON_IsObject(b)) {
+            if (cJSON_IsString(b) && !cJSON_IsString(a)) {
+                kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "'in <string>' requires string as "
+                               "left operand");
+            } else if (!kvf_jinja_is_undef(b) && !cJSON_IsString(b) && !cJSON_IsArray(b) &&
+                       !cJSON_IsObject(b)) {
                 kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "argument of type '%s' is not "
                                "iterable", cJSON_IsNull(b) ? "NoneType" : "int");
             }

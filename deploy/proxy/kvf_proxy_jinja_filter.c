@@ -21,9 +21,16 @@ static cJSON *kvf_filter_select(kvf_jx_t *x, const kvf_expr_t *e, const char *f,
     cJSON *a0 = kvf_jinja_arg(x, e, 0, NULL), *test = attr ? kvf_jinja_arg(x, e, 1, NULL) : a0;
     cJSON *aname = !strcmp(f, "map") ? kvf_jinja_arg(x, e, 0, "attribute") : a0;
     const cJSON *c;
-    cJSON *r = cJSON_CreateArray();
+    /* jinja2 iterates only a true value (select over None is empty), and lazily: a value it
+     * cannot iterate fails only when the generator is used */
+    cJSON *r = cJSON_CreateArray(), *all = kvf_jinja_truthy(v) ? kvf_jinja_iter(v) :
+                                                                   cJSON_CreateArray();
 
-    cJSON_ArrayForEach(c, v) {
+    if (all == NULL) {
+        kvf_jinja_fail(x, KVF_ERR_UNSUPPORTED, "'%s' over a value that is not iterable is not "
+                       "supported", f);
+    }
+    cJSON_ArrayForEach(c, all) {
         const cJSON *item = c;
         if (attr && cJSON_IsString(aname)) {
             item = cJSON_GetObjectItemCaseSensitive(c, aname->valuestring);
@@ -65,6 +72,7 @@ static cJSON *kvf_filter_select(kvf_jx_t *x, const kvf_expr_t *e, const char *f,
         cJSON_Delete(test);
     }
     cJSON_Delete(a0);
+    cJSON_Delete(all);
     if (r != NULL) {
         r->type |= KVF_JINJA_GEN;   /* jinja2's select / map yield a generator */
     }
@@ -135,10 +143,38 @@ static int kvf_cmp(const cJSON *a, const cJSON *b, bool cs)
         return cs ? strcmp(a->valuestring, b->valuestring) :
                     strcasecmp(a->valuestring, b->valuestring);
     }
-    if (cJSON_IsNumber(a) && cJSON_IsNumber(b)) {
-        return (a->valuedouble > b->valuedouble) - (a->valuedouble < b->valuedouble);
+    if ((cJSON_IsNumber(a) || cJSON_IsBool(a)) && (cJSON_IsNumber(b) || cJSON_IsBool(b))) {
+        double p = kvf_jinja_num(a), q = kvf_jinja_num(b);
+        return (p > q) - (p < q);
     }
     return 0;
+}
+
+static const cJSON *kvf_sort_key(const cJSON *item, const cJSON *attr);
+
+/* Whether Python can order the keys of @a v's items (all strings, or all numbers and
+ * booleans; one item needs no comparison); lists are refused by name. */
+static bool kvf_orderable(kvf_jx_t *x, const cJSON *v, const cJSON *attr, bool dict)
+{
+    int strs = 0, nums = 0, other = 0, lists = 0, n = 0;
+    const cJSON *c;
+
+    cJSON_ArrayForEach(c, v) {
+        const cJSON *k = dict ? NULL : kvf_sort_key(c, attr);
+        strs += dict ? 1 : cJSON_IsString(k);
+        nums += !dict && (cJSON_IsNumber(k) || cJSON_IsBool(k));
+        lists += !dict && cJSON_IsArray(k);
+        other += !dict && !cJSON_IsString(k) && !cJSON_IsNumber(k) && !cJSON_IsBool(k) &&
+                 !cJSON_IsArray(k);
+        ++n;
+    }
+    if ((n < 2) || (strs == n) || (nums == n)) {
+        return true;
+    }
+    kvf_jinja_fail(x, (lists > 0) && (other == 0) && (strs == 0) && (nums == 0) ?
+                   KVF_ERR_UNSUPPORTED : KVF_ERR_INVALID_PARAM,
+                   "ordering these values is not supported ('<' between their types)");
+    return false;
 }
 
 /* The key of @a item to sort by: itself, its attribute @a attr, or (dictsort) its key. */
@@ -165,6 +201,9 @@ static cJSON *kvf_filter_order(kvf_jx_t *x, const kvf_expr_t *e, const char *f, 
     if (!strcmp(f, "min") || !strcmp(f, "max") || !strcmp(f, "unique")) {   /* attribute: 1st */
         cJSON_Delete(attr);
         attr = kvf_jinja_arg(x, e, -1, "attribute");
+    }
+    if ((n > 0) && strcmp(f, "unique") && !kvf_orderable(x, v, attr, dict)) {
+        n = 0;
     }
     for (c = (n > 0) ? v->child : NULL; c != NULL; c = c->next) {
         cJSON *it = dict ? cJSON_CreateArray() : cJSON_Duplicate(c, true);
@@ -225,6 +264,10 @@ static cJSON *kvf_filter_indent(kvf_jx_t *x, const kvf_expr_t *e, const cJSON *v
     kvf_sb_t sb = {0}, in = {0};
     bool line_start = true;
 
+    if (!cJSON_IsString(v)) {   /* jinja2 adds a newline to it: a str only */
+        kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "indent of a value that is not a string");
+    }
+
     kvf_jinja_sb_add(&in, "", 0);
     if (cJSON_IsString(w)) {
         kvf_jinja_sb_str(&in, w->valuestring);
@@ -266,10 +309,15 @@ static cJSON *kvf_filter_indent(kvf_jx_t *x, const kvf_expr_t *e, const cJSON *v
 /* map('filter', args...) over the items of @a v: each through the filter. */
 static cJSON *kvf_filter_map(kvf_jx_t *x, const kvf_expr_t *e, const cJSON *v, const char *name)
 {
-    cJSON *r = cJSON_CreateArray();
+    cJSON *r = cJSON_CreateArray(), *all = kvf_jinja_truthy(v) ? kvf_jinja_iter(v) :
+                                                                   cJSON_CreateArray();
     const cJSON *c;
 
-    cJSON_ArrayForEach(c, v) {
+    if (all == NULL) {
+        kvf_jinja_fail(x, KVF_ERR_UNSUPPORTED, "'map' over a value that is not iterable is not "
+                       "supported");
+    }
+    cJSON_ArrayForEach(c, all) {
         kvf_expr_t lit = {0}, call = *e;
         lit.kind = KVF_E_LIT;
         lit.lit = (cJSON *)c;
@@ -280,13 +328,69 @@ static cJSON *kvf_filter_map(kvf_jx_t *x, const kvf_expr_t *e, const cJSON *v, c
         call.nargs = e->nargs - 1;
         cJSON_AddItemToArray(r, kvf_jinja_filter(x, &call));
     }
+    cJSON_Delete(all);
     r->type |= KVF_JINJA_GEN;
+    return r;
+}
+
+/* first, last, reverse and join: over a list, a string's characters or a dict's keys; NULL:
+ * none of them. */
+static cJSON *kvf_filter_seq(kvf_jx_t *x, const kvf_expr_t *e, const char *f, const cJSON *v)
+{
+    cJSON *r = NULL;
+
+    if (!strcmp(f, "first") || !strcmp(f, "last")) {
+        cJSON *all = kvf_jinja_iter(v);   /* a string's characters, a dict's keys */
+        int n = cJSON_GetArraySize(all);
+        if (all == NULL) {
+            kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "'%s' of a value that is not iterable", f);
+        }
+        r = (n == 0) ? kvf_jinja_undef() :
+            cJSON_Duplicate(cJSON_GetArrayItem(all, (f[0] == 'f') ? 0 : n - 1), true);
+        cJSON_Delete(all);
+    } else if (!strcmp(f, "reverse")) {
+        cJSON *step = cJSON_CreateNumber(-1), *all = cJSON_IsString(v) ? NULL : kvf_jinja_iter(v);
+        if (!cJSON_IsString(v) && (all == NULL)) {
+            kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "argument must be iterable");
+        }
+        r = kvf_jinja_slice(cJSON_IsString(v) ? v : all, NULL, NULL, step);
+        if ((r != NULL) && !cJSON_IsString(v)) {
+            r->type |= KVF_JINJA_GEN;   /* reversed(): an iterator */
+        }
+        cJSON_Delete(step);
+        cJSON_Delete(all);
+    } else if (!strcmp(f, "join")) {
+        cJSON *sep = kvf_jinja_arg(x, e, 0, NULL), *c, *all = kvf_jinja_iter(v);
+        kvf_sb_t sb = {0};
+        bool first = true;
+        kvf_jinja_sb_add(&sb, "", 0);
+        if (all == NULL) {
+            kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "'join' over a value that is not iterable");
+        }
+        cJSON_ArrayForEach(c, all) {
+            char *s = kvf_jinja_tostr(c);
+            if (!first && cJSON_IsString(sep)) {
+                kvf_jinja_sb_str(&sb, sep->valuestring);
+            }
+            first = false;
+            kvf_jinja_sb_str(&sb, s ? s : "");
+            free(s);
+        }
+        cJSON_Delete(sep);
+        cJSON_Delete(all);
+        r = kvf_jinja_take_str(sb.s);
+    }
     return r;
 }
 
 /* The filters kvf_jinja_filter() does not know itself; NULL: none of them. */
 static cJSON *kvf_filter_more(kvf_jx_t *x, const kvf_expr_t *e, const char *f, const cJSON *v)
 {
+    cJSON *seq = kvf_filter_seq(x, e, f, v);
+
+    if (seq != NULL) {
+        return seq;
+    }
     if (!strcmp(f, "list")) {
         cJSON *r;
         if (cJSON_IsString(v)) {
@@ -315,7 +419,11 @@ static cJSON *kvf_filter_more(kvf_jx_t *x, const kvf_expr_t *e, const char *f, c
     }
     if (!strcmp(f, "sort") || !strcmp(f, "dictsort") || !strcmp(f, "unique") ||
         !strcmp(f, "min") || !strcmp(f, "max")) {
-        return kvf_filter_order(x, e, f, v);
+        cJSON *r = kvf_filter_order(x, e, f, v);
+        if ((r != NULL) && !strcmp(f, "unique")) {
+            r->type |= KVF_JINJA_GEN;   /* jinja2's unique yields */
+        }
+        return r;
     }
     if (!strcmp(f, "indent")) {
         return kvf_filter_indent(x, e, v);
@@ -336,7 +444,17 @@ cJSON *kvf_jinja_filter(kvf_jx_t *x, const kvf_expr_t *e)
     const char *f = e->name;
     cJSON *v = kvf_jinja_eval(x, e->a), *r = NULL;
 
-    if (!strcmp(f, "trim")) {
+    if ((kvf_jinja_is_function(v) || ((v != NULL) && (v->type & KVF_JINJA_GEN))) &&
+        (!strcmp(f, "string") || !strcmp(f, "safe") || !strcmp(f, "e") || !strcmp(f, "escape") ||
+         !strcmp(f, "trim") || !strcmp(f, "upper") || !strcmp(f, "lower") ||
+         !strcmp(f, "title") || !strcmp(f, "capitalize") || !strcmp(f, "replace"))) {
+        /* Python's text of a generator or a function holds its address */
+        kvf_jinja_fail(x, KVF_ERR_UNSUPPORTED, "filter '%s' of a generator or a function is not "
+                       "supported", f);
+    }
+    if (x->status != KVF_OK) {
+        r = kvf_jinja_undef();
+    } else if (!strcmp(f, "trim")) {
         char *s = kvf_jinja_tostr(v);
         r = kvf_jinja_strip(s ? s : "", " \t\n\r\f\v", true, true);
         free(s);
@@ -375,7 +493,7 @@ cJSON *kvf_jinja_filter(kvf_jx_t *x, const kvf_expr_t *e)
                !strcmp(f, "title")) {
         char *s = kvf_jinja_tostr(v);
         r = kvf_jinja_case(s ? s : "", !strcmp(f, "lower") ? 0 : !strcmp(f, "upper") ? 1 :
-                     !strcmp(f, "capitalize") ? 2 : 3);
+                     !strcmp(f, "capitalize") ? 2 : 4);
         free(s);
     } else if (!strcmp(f, "default") || !strcmp(f, "d")) {
         cJSON *d = kvf_jinja_arg(x, e, 0, NULL), *b = kvf_jinja_arg(x, e, 1, "boolean");
@@ -385,30 +503,6 @@ cJSON *kvf_jinja_filter(kvf_jx_t *x, const kvf_expr_t *e)
                   cJSON_Duplicate(v, true);
         cJSON_Delete(d);
         cJSON_Delete(b);
-    } else if (!strcmp(f, "first") || !strcmp(f, "last")) {
-        int n = cJSON_GetArraySize(v);
-        r = (n == 0) ? kvf_jinja_undef() :
-            cJSON_Duplicate(cJSON_GetArrayItem(v, (f[0] == 'f') ? 0 : n - 1), true);
-    } else if (!strcmp(f, "reverse")) {
-        cJSON *step = cJSON_CreateNumber(-1);
-        r = kvf_jinja_slice(v, NULL, NULL, step);
-        cJSON_Delete(step);
-    } else if (!strcmp(f, "join")) {
-        cJSON *sep = kvf_jinja_arg(x, e, 0, NULL), *c;
-        kvf_sb_t sb = {0};
-        bool first = true;
-        kvf_jinja_sb_add(&sb, "", 0);
-        cJSON_ArrayForEach(c, v) {
-            char *s = kvf_jinja_tostr(c);
-            if (!first && cJSON_IsString(sep)) {
-                kvf_jinja_sb_str(&sb, sep->valuestring);
-            }
-            first = false;
-            kvf_jinja_sb_str(&sb, s ? s : "");
-            free(s);
-        }
-        cJSON_Delete(sep);
-        r = kvf_jinja_take_str(sb.s);
     } else if (!strcmp(f, "tojson")) {
         r = kvf_filter_tojson(x, e, v);
     } else if (!strcmp(f, "replace")) {

@@ -192,6 +192,10 @@ void kvf_jinja_sb_str(kvf_sb_t *b, const char *s);
  *  of "str", "list", "dict". */
 bool kvf_jinja_has(const char *kind, const char *name);
 
+/** The items iterating @a v yields, as a new list (owned): a list's, a string's characters,
+ *  a dict's keys, none for undefined; NULL: @a v is not iterable (None, a number ...). */
+cJSON *kvf_jinja_iter(const cJSON *v);
+
 /** Whether @a v is a function, a macro or a method (printing one is refused: Python prints
  *  its address). */
 bool kvf_jinja_is_function(const cJSON *v);
@@ -300,7 +304,8 @@ cJSON *kvf_jinja_filter(kvf_jx_t *x, const kvf_expr_t *e);
 cJSON *kvf_jinja_strip(const char *s, const char *set, bool left, bool right);
 /** @a s with every @a from replaced by @a to. */
 cJSON *kvf_jinja_replace(const char *s, const char *from, const char *to);
-/** @a s in lower (0), upper (1), capitalized (2) or title (3) case. */
+/** @a s in lower (0), upper (1), capitalized (2), title case as Python's str.title() (3)
+ *  or as jinja2's |title (4). */
 cJSON *kvf_jinja_case(const char *s, int mode);
 /** obj.m(args of @a call) for strings, dicts and lists. */
 cJSON *kvf_jinja_method(kvf_jx_t *x, const cJSON *obj, const char *m, const kvf_expr_t *call);

@@ -1,7 +1,7 @@
 /*
  * The chat-template expression parser (kvf_proxy_jinja_int.h): tokens into expression trees
- * by recursive descent with Jinja's precedence (or < and < not < comparisons, in, is < ~ <
- * + - < * / // % < unary - < ** < postfix . [] () |filter). A form outside the subset is
+ * by recursive descent with jinja2's precedence (or < and < not < comparisons, in < ~ <
+ * + - < * / // % < ** < unary - + < filters and is-tests < postfix . [] ()). A form outside the subset is
  * refused by name (KVF_ERR_UNSUPPORTED). The statements: kvf_proxy_jinja_stmt.c.
  */
 #include "kvf_proxy_jinja_int.h"
@@ -292,22 +292,6 @@ static kvf_expr_t *kvf_parse_postfix(kvf_ps_t *p)
             c->a = e;
             kvf_parse_args(p, c);
             e = c;
-        } else if (kvf_jinja_is_op(p, "|")) {
-            kvf_expr_t *f = kvf_jinja_new(KVF_E_FILTER);
-            p->t->pos++;
-            if ((f == NULL) || (kvf_jinja_peek(p)->kind != KVF_T_NAME)) {
-                kvf_jinja_expr_free(f);
-                kvf_jinja_ps_fail(p, KVF_ERR_PARSE, "expected a filter name");
-                break;
-            }
-            f->a = e;
-            f->name = strdup(kvf_jinja_peek(p)->text);
-            p->t->pos++;
-            if (kvf_jinja_is_op(p, "(")) {
-                p->t->pos++;
-                kvf_parse_args(p, f);
-            }
-            e = f;
         } else {
             break;
         }
@@ -330,17 +314,6 @@ static kvf_expr_t *kvf_bin(const char *op, kvf_expr_t *a, kvf_expr_t *b)
     return e;
 }
 
-static kvf_expr_t *kvf_parse_pow(kvf_ps_t *p)
-{
-    kvf_expr_t *e = kvf_parse_postfix(p);
-
-    if (kvf_jinja_is_op(p, "**")) {
-        p->t->pos++;
-        e = kvf_bin("**", e, kvf_parse_unary(p));
-    }
-    return e;
-}
-
 /* One level deeper (false: too deep, the parse failed); kvf_shallower() on the way out. */
 static bool kvf_deeper(kvf_ps_t *p)
 {
@@ -359,39 +332,113 @@ static kvf_expr_t *kvf_shallower(kvf_ps_t *p, kvf_expr_t *e)
     return e;
 }
 
-static kvf_expr_t *kvf_parse_unary_in(kvf_ps_t *p);
+/* The filters and tests after a value (jinja2's parse_filter_expr): x | f(args) is t ... */
+static kvf_expr_t *kvf_parse_filters(kvf_ps_t *p, kvf_expr_t *e)
+{
+    while ((e != NULL) && (p->status == KVF_OK)) {
+        if (kvf_jinja_is_op(p, "|")) {
+            kvf_expr_t *f = kvf_jinja_new(KVF_E_FILTER);
+            p->t->pos++;
+            if ((f == NULL) || (kvf_jinja_peek(p)->kind != KVF_T_NAME)) {
+                kvf_jinja_expr_free(f);
+                kvf_jinja_ps_fail(p, KVF_ERR_PARSE, "expected a filter name");
+                break;
+            }
+            f->a = e;
+            f->name = strdup(kvf_jinja_peek(p)->text);
+            p->t->pos++;
+            if (kvf_jinja_is_op(p, "(")) {
+                p->t->pos++;
+                kvf_parse_args(p, f);
+            }
+            e = f;
+            continue;
+        }
+        if (kvf_jinja_is_name(p, "is")) {
+            kvf_expr_t *t = kvf_jinja_new(KVF_E_TEST);
+            p->t->pos++;
+            if (t == NULL) {
+                break;
+            }
+            t->a = e;
+            if (kvf_jinja_is_name(p, "not")) {
+                t->negate = true;
+                p->t->pos++;
+            }
+            if (kvf_jinja_peek(p)->kind != KVF_T_NAME) {
+                kvf_jinja_expr_free(t);
+                kvf_jinja_ps_fail(p, KVF_ERR_PARSE, "expected a test name after 'is'");
+                return NULL;
+            }
+            t->name = strdup(kvf_jinja_peek(p)->text);
+            p->t->pos++;
+            if (kvf_jinja_is_op(p, "(")) {
+                p->t->pos++;
+                kvf_parse_args(p, t);
+            } else if ((kvf_jinja_peek(p)->kind == KVF_T_STR) || (kvf_jinja_peek(p)->kind == KVF_T_NUM) ||
+                       ((kvf_jinja_peek(p)->kind == KVF_T_NAME) && !kvf_jinja_is_name(p, "and") &&
+                        !kvf_jinja_is_name(p, "or") && !kvf_jinja_is_name(p, "else") &&
+                        !kvf_jinja_is_name(p, "if"))) {
+                kvf_jinja_add_arg(t, kvf_parse_postfix(p), NULL);   /* is equalto 'x' */
+            }
+            e = t;
+            continue;
+        }
+        break;
+    }
+    return e;
+}
+
+/* Unary minus / plus (binding tighter than ** and filters, as in jinja2: -2 ** 2 is 4,
+ * -x | f is (-x) | f), then a value's postfix, filters and tests. */
+static kvf_expr_t *kvf_parse_unary_in(kvf_ps_t *p, bool filters)
+{
+    kvf_expr_t *e;
+
+    if (kvf_jinja_is_op(p, "-") || kvf_jinja_is_op(p, "+")) {
+        bool neg = kvf_jinja_is_op(p, "-");
+        p->t->pos++;
+        e = neg ? kvf_jinja_new(KVF_E_NEG) : NULL;
+        if (!kvf_deeper(p)) {
+            return e;
+        }
+        if (neg && (e != NULL)) {
+            e->a = kvf_shallower(p, kvf_parse_unary_in(p, false));
+        } else if (!neg) {
+            e = kvf_shallower(p, kvf_parse_unary_in(p, false));
+        }
+    } else {
+        e = kvf_parse_postfix(p);
+    }
+    return filters ? kvf_parse_filters(p, e) : e;
+}
 
 static kvf_expr_t *kvf_parse_unary(kvf_ps_t *p)
 {
-    return kvf_deeper(p) ? kvf_shallower(p, kvf_parse_unary_in(p)) : NULL;
+    return kvf_deeper(p) ? kvf_shallower(p, kvf_parse_unary_in(p, true)) : NULL;
 }
 
-static kvf_expr_t *kvf_parse_unary_in(kvf_ps_t *p)
+/* a ** b ** c, left to right as jinja2 does. */
+static kvf_expr_t *kvf_parse_pow(kvf_ps_t *p)
 {
-    if (kvf_jinja_is_op(p, "-")) {
-        kvf_expr_t *e = kvf_jinja_new(KVF_E_NEG);
+    kvf_expr_t *e = kvf_parse_unary(p);
+
+    while ((e != NULL) && kvf_jinja_is_op(p, "**") && (p->status == KVF_OK)) {
         p->t->pos++;
-        if (e != NULL) {
-            e->a = kvf_parse_unary(p);
-        }
-        return e;
+        e = kvf_bin("**", e, kvf_parse_unary(p));
     }
-    if (kvf_jinja_is_op(p, "+")) {
-        p->t->pos++;
-        return kvf_parse_unary(p);
-    }
-    return kvf_parse_pow(p);
+    return e;
 }
 
 static kvf_expr_t *kvf_parse_mul(kvf_ps_t *p)
 {
-    kvf_expr_t *e = kvf_parse_unary(p);
+    kvf_expr_t *e = kvf_parse_pow(p);
 
     while (kvf_jinja_is_op(p, "*") || kvf_jinja_is_op(p, "/") || kvf_jinja_is_op(p, "//") || kvf_jinja_is_op(p, "%")) {
         char op[3];
         snprintf(op, sizeof(op), "%s", kvf_jinja_peek(p)->text);
         p->t->pos++;
-        e = kvf_bin(op, e, kvf_parse_unary(p));
+        e = kvf_bin(op, e, kvf_parse_pow(p));
     }
     return e;
 }
@@ -446,36 +493,6 @@ static kvf_expr_t *kvf_parse_compare(kvf_ps_t *p)
             if (e != NULL) {
                 e->negate = neg;
             }
-            continue;
-        }
-        if (kvf_jinja_is_name(p, "is")) {
-            kvf_expr_t *t = kvf_jinja_new(KVF_E_TEST);
-            p->t->pos++;
-            if (t == NULL) {
-                break;
-            }
-            t->a = e;
-            if (kvf_jinja_is_name(p, "not")) {
-                t->negate = true;
-                p->t->pos++;
-            }
-            if (kvf_jinja_peek(p)->kind != KVF_T_NAME) {
-                kvf_jinja_expr_free(t);
-                kvf_jinja_ps_fail(p, KVF_ERR_PARSE, "expected a test name after 'is'");
-                return NULL;
-            }
-            t->name = strdup(kvf_jinja_peek(p)->text);
-            p->t->pos++;
-            if (kvf_jinja_is_op(p, "(")) {
-                p->t->pos++;
-                kvf_parse_args(p, t);
-            } else if ((kvf_jinja_peek(p)->kind == KVF_T_STR) || (kvf_jinja_peek(p)->kind == KVF_T_NUM) ||
-                       ((kvf_jinja_peek(p)->kind == KVF_T_NAME) && !kvf_jinja_is_name(p, "and") &&
-                        !kvf_jinja_is_name(p, "or") && !kvf_jinja_is_name(p, "else") &&
-                        !kvf_jinja_is_name(p, "if"))) {
-                kvf_jinja_add_arg(t, kvf_parse_primary(p), NULL);   /* is equalto 'x' */
-            }
-            e = t;
             continue;
         }
         break;

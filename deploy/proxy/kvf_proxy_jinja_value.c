@@ -49,6 +49,36 @@ bool kvf_jinja_has(const char *kind, const char *name)
     return false;
 }
 
+cJSON *kvf_jinja_iter(const cJSON *v)
+{
+    cJSON *r;
+    const cJSON *c;
+
+    if (!kvf_jinja_is_undef(v) && !cJSON_IsArray(v) && !cJSON_IsString(v) && !cJSON_IsObject(v)) {
+        return NULL;
+    }
+    r = cJSON_CreateArray();
+    if (cJSON_IsString(v)) {
+        for (const char *p = v->valuestring; *p;) {
+            size_t k = 1;
+            while ((p[k] & 0xC0) == 0x80) {
+                ++k;
+            }
+            cJSON_AddItemToArray(r, kvf_jinja_take_str(strndup(p, k)));
+            p += k;
+        }
+    } else if (cJSON_IsObject(v)) {
+        cJSON_ArrayForEach(c, v) {
+            cJSON_AddItemToArray(r, kvf_jinja_key(c->string));
+        }
+    } else if (cJSON_IsArray(v)) {
+        cJSON_ArrayForEach(c, v) {
+            cJSON_AddItemToArray(r, cJSON_Duplicate(c, true));
+        }
+    }
+    return r;
+}
+
 bool kvf_jinja_is_function(const cJSON *v)
 {
     return cJSON_IsRaw(v) && (v->valueint == 0);
@@ -98,6 +128,9 @@ bool kvf_jinja_truthy(const cJSON *v)
     }
     if (cJSON_IsString(v)) {
         return v->valuestring[0] != '\0';
+    }
+    if (cJSON_IsArray(v) && (v->type & KVF_JINJA_GEN)) {
+        return true;   /* a generator is true, empty or not */
     }
     if (cJSON_IsArray(v) || cJSON_IsObject(v)) {
         return v->child != NULL;
