@@ -176,6 +176,51 @@ cJSON *kvf_jinja_slice(const cJSON *v, const cJSON *lo, const cJSON *hi, const c
     return out;
 }
 
+static bool kvf_numeric(const cJSON *v)
+{
+    return cJSON_IsNumber(v) || cJSON_IsBool(v);
+}
+
+/* Python's ordering of @a a and @a b into @a c (< 0, 0, > 0): strings by code point, numbers
+ * and booleans by value, lists and tuples item by item; false: Python cannot order them. */
+static bool kvf_order(const cJSON *a, const cJSON *b, int *c)
+{
+    if (cJSON_IsString(a) && cJSON_IsString(b)) {
+        *c = strcmp(a->valuestring, b->valuestring);
+        return true;
+    }
+    if (kvf_numeric(a) && kvf_numeric(b)) {
+        double d = kvf_jinja_num(a) - kvf_jinja_num(b);
+        *c = (d < 0) ? -1 : (d > 0);
+        return true;
+    }
+    if (cJSON_IsArray(a) && cJSON_IsArray(b) && !((a->type | b->type) & KVF_JINJA_GEN) &&
+        (((a->type ^ b->type) & KVF_JINJA_TUPLE) == 0)) {
+        const cJSON *p = a->child, *q = b->child;
+        for (; (p != NULL) && (q != NULL); p = p->next, q = q->next) {
+            if (cJSON_Compare(p, q, true)) {
+                continue;
+            }
+            return kvf_order(p, q, c);
+        }
+        *c = (p != NULL) - (q != NULL);
+        return true;
+    }
+    return false;
+}
+
+/* Python's ==: numbers and booleans by value (True == 1), containers item by item. */
+static bool kvf_equal(const cJSON *a, const cJSON *b)
+{
+    if (kvf_jinja_is_undef(a) || kvf_jinja_is_undef(b)) {
+        return kvf_jinja_is_undef(a) && kvf_jinja_is_undef(b);
+    }
+    if (kvf_numeric(a) && kvf_numeric(b)) {
+        return kvf_jinja_num(a) == kvf_jinja_num(b);
+    }
+    return cJSON_Compare(a, b, true);
+}
+
 static bool kvf_in(const cJSON *a, const cJSON *b)
 {
     const cJSON *c;
@@ -189,7 +234,7 @@ static bool kvf_in(const cJSON *a, const cJSON *b)
         return (k != NULL) && (cJSON_GetObjectItemCaseSensitive(b, k) != NULL);
     }
     cJSON_ArrayForEach(c, b) {
-        if (cJSON_Compare(a, c, true)) {
+        if (kvf_equal(a, c)) {
             return true;
         }
     }
@@ -246,13 +291,8 @@ static cJSON *kvf_binop(kvf_jx_t *x, const char *op, const cJSON *a, const cJSON
         free(s2);
         return kvf_jinja_take_str(sb.s);
     }
-    if (!strcmp(op, "==")) {
-        return cJSON_CreateBool(cJSON_Compare(a, b, true) ||
-                                (kvf_jinja_is_undef(a) && kvf_jinja_is_undef(b)));
-    }
-    if (!strcmp(op, "!=")) {
-        return cJSON_CreateBool(!(cJSON_Compare(a, b, true) ||
-                                  (kvf_jinja_is_undef(a) && kvf_jinja_is_undef(b))));
+    if (!strcmp(op, "==") || !strcmp(op, "!=")) {
+        return cJSON_CreateBool(kvf_equal(a, b) == (op[0] == '='));
     }
     if (!strcmp(op, "+") && cJSON_IsString(a) && cJSON_IsString(b)) {
         return kvf_add_str(a, b);
@@ -266,13 +306,7 @@ static cJSON *kvf_binop(kvf_jx_t *x, const char *op, const cJSON *a, const cJSON
     }
     if ((op[0] == '<') || (op[0] == '>')) {
         int c;
-        if (cJSON_IsString(a) && cJSON_IsString(b)) {
-            c = strcmp(a->valuestring, b->valuestring);
-        } else if ((cJSON_IsNumber(a) || cJSON_IsBool(a)) &&
-                   (cJSON_IsNumber(b) || cJSON_IsBool(b))) {
-            double d = kvf_jinja_num(a) - kvf_jinja_num(b);
-            c = (d < 0) ? -1 : (d > 0);
-        } else {
+        if (!kvf_order(a, b, &c)) {
             kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "'%s' between these types is not supported",
                         op);
             return kvf_jinja_undef();
@@ -375,7 +409,8 @@ bool kvf_jinja_test(kvf_jx_t *x, const kvf_expr_t *e, const cJSON *v)
         }
     } else if (!strcmp(t, "equalto") || !strcmp(t, "eq") || !strcmp(t, "sameas")) {
         cJSON *o = kvf_jinja_arg(x, e, 0, NULL);
-        r = cJSON_Compare(v, o, true);
+        /* sameas: Python's 'is' (for the values here: the same type and value) */
+        r = (t[0] == 's') ? cJSON_Compare(v, o, true) : kvf_equal(v, o);
         cJSON_Delete(o);
     } else if ((!strcmp(t, "odd") || !strcmp(t, "even")) && !cJSON_IsNumber(v) &&
                !cJSON_IsBool(v)) {

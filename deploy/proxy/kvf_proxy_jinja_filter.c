@@ -354,8 +354,8 @@ static cJSON *kvf_filter_seq(kvf_jx_t *x, const kvf_expr_t *e, const char *f, co
             kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "argument must be iterable");
         }
         r = kvf_jinja_slice(cJSON_IsString(v) ? v : all, NULL, NULL, step);
-        if ((r != NULL) && !cJSON_IsString(v)) {
-            r->type |= KVF_JINJA_GEN;   /* reversed(): an iterator */
+        if ((r != NULL) && !cJSON_IsString(v) && !(v->type & KVF_JINJA_GEN)) {
+            r->type |= KVF_JINJA_GEN;   /* reversed(): an iterator; of a generator: a list */
         }
         cJSON_Delete(step);
         cJSON_Delete(all);
@@ -518,6 +518,7 @@ cJSON *kvf_jinja_filter(kvf_jx_t *x, const kvf_expr_t *e)
         if (kvf_jinja_is_undef(v)) {
             r = cJSON_CreateArray();
         } else if (!cJSON_IsObject(kvf_jinja_deref(x, v)) || cJSON_IsRaw(v)) {
+            /* jinja2 fails once the pairs are iterated, which is what templates do */
             kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "Can only get item pairs from a mapping.");
             r = kvf_jinja_undef();
         } else {

@@ -365,7 +365,11 @@ static void kvf_v_str(kvf_sb_t *b, const cJSON *v, bool repr)
         return;
     }
     if (cJSON_IsString(v)) {
-        if (repr) {
+        if (repr && (v->type & KVF_JINJA_MARKUP)) {
+            kvf_jinja_sb_str(b, "Markup(");
+            kvf_repr_str(b, v->valuestring);
+            kvf_jinja_sb_str(b, ")");
+        } else if (repr) {
             kvf_repr_str(b, v->valuestring);
         } else {
             kvf_jinja_sb_str(b, v->valuestring);
