@@ -309,6 +309,11 @@ cJSON *kvf_jinja_call(kvf_jx_t *x, const kvf_expr_t *e)
 
     if (f->kind == KVF_E_ATTR) {
         cJSON *obj = kvf_jinja_eval(x, f->a), *r = kvf_jinja_method(x, obj, f->name, e);
+        if (cJSON_IsObject(obj) && cJSON_IsArray(r)) {   /* a view of the dict */
+            r->type |= !strcmp(f->name, "items") ? KVF_JINJA_ITEMS :
+                       !strcmp(f->name, "keys") ? KVF_JINJA_KEYS :
+                       !strcmp(f->name, "values") ? KVF_JINJA_VALUES : 0;
+        }
         cJSON_Delete(obj);
         return r;
     }

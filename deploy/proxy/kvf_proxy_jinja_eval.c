@@ -266,6 +266,46 @@ static cJSON *kvf_add_str(const cJSON *a, const cJSON *b)
     return r;
 }
 
+/* str * n, list * n, n * str, n * list: Python's repetition (n an int or a bool). */
+static cJSON *kvf_repeat(kvf_jx_t *x, const cJSON *a, const cJSON *b)
+{
+    const cJSON *seq = (cJSON_IsString(a) || cJSON_IsArray(a)) ? a : b, *n = (seq == a) ? b : a;
+    long k = kvf_jinja_long(kvf_jinja_num(n));
+    size_t unit = cJSON_IsString(seq) ? strlen(seq->valuestring) :
+                  (size_t)cJSON_GetArraySize(seq) * 64;
+    cJSON *r;
+
+    if ((!cJSON_IsNumber(n) && !cJSON_IsBool(n)) || (n->type & KVF_JINJA_FLOAT) ||
+        (floor(kvf_jinja_num(n)) != kvf_jinja_num(n)) ||
+        (seq->type & (KVF_JINJA_GEN | KVF_JINJA_VIEW))) {
+        kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "can't multiply sequence by non-int");
+        return kvf_jinja_undef();
+    }
+    if ((k > 0) && (unit * (size_t)k > KVF_JINJA_MAX_TEXT)) {
+        kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "a value repeated past the render's bound");
+        return kvf_jinja_undef();
+    }
+    if (cJSON_IsString(seq)) {
+        kvf_sb_t sb = {0};
+        kvf_jinja_sb_add(&sb, "", 0);
+        for (long i = 0; i < k; ++i) {
+            kvf_jinja_sb_str(&sb, seq->valuestring);
+        }
+        return kvf_jinja_take_str(sb.s);
+    }
+    r = cJSON_CreateArray();
+    for (long i = 0; (i < k) && (r != NULL); ++i) {
+        const cJSON *c;
+        cJSON_ArrayForEach(c, seq) {
+            cJSON_AddItemToArray(r, cJSON_Duplicate(c, true));
+        }
+    }
+    if (r != NULL) {
+        r->type |= seq->type & KVF_JINJA_TUPLE;
+    }
+    return r;
+}
+
 static cJSON *kvf_binop(kvf_jx_t *x, const char *op, const cJSON *a, const cJSON *b)
 {
     if ((cJSON_IsString(a) && cJSON_IsString(b) &&
@@ -331,31 +371,13 @@ static cJSON *kvf_binop(kvf_jx_t *x, const char *op, const cJSON *a, const cJSON
         }
         return r;
     }
-    if (!strcmp(op, "*") && (cJSON_IsNumber(a) || cJSON_IsBool(a)) && cJSON_IsString(b)) {
-        /* n * s: s * n */
-        const cJSON *t = a;
-        a = b;
-        b = t;
-    }
     if (!strcmp(op, "%") && cJSON_IsString(a)) {
         kvf_jinja_fail(x, KVF_ERR_UNSUPPORTED, "'%%' string formatting is not supported");
         return kvf_jinja_undef();
     }
-    if (!strcmp(op, "*") && cJSON_IsString(a) && cJSON_IsBool(b)) {
-        return cJSON_CreateString(cJSON_IsTrue(b) ? a->valuestring : "");
-    }
-    if (!strcmp(op, "*") && cJSON_IsString(a) && cJSON_IsNumber(b)) {
-        kvf_sb_t sb = {0};
-        if ((b->valuedouble > 0) && (strlen(a->valuestring) * b->valuedouble > KVF_JINJA_MAX_TEXT)) {
-            kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "a string repeated past %d MiB",
-                           KVF_JINJA_MAX_TEXT >> 20);
-            return kvf_jinja_undef();
-        }
-        kvf_jinja_sb_add(&sb, "", 0);
-        for (long i = 0; i < kvf_jinja_long(b->valuedouble); ++i) {
-            kvf_jinja_sb_str(&sb, a->valuestring);
-        }
-        return kvf_jinja_take_str(sb.s);
+    if (!strcmp(op, "*") && (cJSON_IsString(a) || cJSON_IsArray(a) || cJSON_IsString(b) ||
+                             cJSON_IsArray(b))) {
+        return kvf_repeat(x, a, b);
     }
     kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "'%s' between these types is not supported", op);
     return kvf_jinja_undef();
@@ -416,9 +438,9 @@ bool kvf_jinja_test(kvf_jx_t *x, const kvf_expr_t *e, const cJSON *v)
                !cJSON_IsBool(v)) {
         kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "test '%s' of a value that is not a number", t);
         return false;
-    } else if (!strcmp(t, "odd") || !strcmp(t, "even")) {
-        long n = kvf_jinja_long(kvf_jinja_num(v));
-        r = ((n % 2) != 0) == (t[0] == 'o');
+    } else if (!strcmp(t, "odd") || !strcmp(t, "even")) {   /* Python: v % 2 == 1 / == 0 */
+        double d = kvf_jinja_num(v), m = d - 2 * floor(d / 2);
+        r = (t[0] == 'o') ? (m == 1) : (m == 0);
     } else {
         if (kvf_jinja_has("test", t)) {
             kvf_jinja_fail(x, KVF_ERR_UNSUPPORTED, "test '%s' is not supported", t);
@@ -524,7 +546,7 @@ cJSON *kvf_jinja_eval(kvf_jx_t *x, const kvf_expr_t *e)
         if (kvf_jinja_is_undef(a)) {
             kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "'[...]' of an undefined value");
         }
-        r = ((a != NULL) && (a->type & KVF_JINJA_GEN)) ? kvf_jinja_undef() :
+        r = ((a != NULL) && (a->type & (KVF_JINJA_GEN | KVF_JINJA_VIEW))) ? kvf_jinja_undef() :
             kvf_item(x, kvf_jinja_deref(x, a), b);
         cJSON_Delete(a);
         cJSON_Delete(b);
@@ -544,7 +566,11 @@ cJSON *kvf_jinja_eval(kvf_jx_t *x, const kvf_expr_t *e)
         a = kvf_jinja_eval(x, e->a);
         b = kvf_jinja_eval(x, e->b);
         if (!strcmp(e->name, "in")) {
-            if (cJSON_IsString(b) && !cJSON_IsString(a)) {
+            if (cJSON_IsObject(b) && ((cJSON_IsArray(a) && !(a->type & KVF_JINJA_TUPLE)) ||
+                                      cJSON_IsObject(a))) {
+                kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "unhashable type: '%s'",
+                               cJSON_IsArray(a) ? "list" : "dict");
+            } else if (cJSON_IsString(b) && !cJSON_IsString(a)) {
                 kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "'in <string>' requires string as "
                                "left operand");
             } else if (!kvf_jinja_is_undef(b) && !cJSON_IsString(b) && !cJSON_IsArray(b) &&

@@ -121,9 +121,10 @@ static cJSON *kvf_filter_tojson(kvf_jx_t *x, const kvf_expr_t *e, const cJSON *v
         o.item_sep = cJSON_GetArrayItem(sep, 0)->valuestring;
         o.key_sep = cJSON_GetArrayItem(sep, 1)->valuestring;
     }
-    if (kvf_jinja_is_undef(v) || cJSON_IsRaw(v) || (v->type & KVF_JINJA_GEN)) {
+    if (kvf_jinja_is_undef(v) || cJSON_IsRaw(v) || (v->type & (KVF_JINJA_GEN | KVF_JINJA_VIEW))) {
         kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "Object of type %s is not JSON serializable",
-                       kvf_jinja_is_undef(v) ? "Undefined" : kvf_type_name(v));
+                       kvf_jinja_is_undef(v) ? "Undefined" :
+                       (v->type & KVF_JINJA_VIEW) ? "dict_items" : kvf_type_name(v));
     } else {
         kvf_jinja_sb_add(&sb, "", 0);
         kvf_jinja_json_dump(&sb, v, &o, 0);
@@ -156,7 +157,7 @@ static const cJSON *kvf_sort_key(const cJSON *item, const cJSON *attr);
  * booleans; one item needs no comparison); lists are refused by name. */
 static bool kvf_orderable(kvf_jx_t *x, const cJSON *v, const cJSON *attr, bool dict)
 {
-    int strs = 0, nums = 0, other = 0, lists = 0, n = 0;
+    int strs = 0, nums = 0, other = 0, lists = 0, undefs = 0, n = 0;
     const cJSON *c;
 
     cJSON_ArrayForEach(c, v) {
@@ -166,9 +167,10 @@ static bool kvf_orderable(kvf_jx_t *x, const cJSON *v, const cJSON *attr, bool d
         lists += !dict && cJSON_IsArray(k);
         other += !dict && !cJSON_IsString(k) && !cJSON_IsNumber(k) && !cJSON_IsBool(k) &&
                  !cJSON_IsArray(k);
+        undefs += !dict && kvf_jinja_is_undef(k);
         ++n;
     }
-    if ((n < 2) || (strs == n) || (nums == n)) {
+    if ((n < 2) || (strs == n) || (nums == n) || (undefs == n)) {   /* jinja2 sorts undefined */
         return true;
     }
     kvf_jinja_fail(x, (lists > 0) && (other == 0) && (strs == 0) && (nums == 0) ?
@@ -413,7 +415,7 @@ static cJSON *kvf_filter_more(kvf_jx_t *x, const kvf_expr_t *e, const char *f, c
         }
         r = cJSON_IsArray(v) ? cJSON_Duplicate(v, true) : NULL;
         if (r != NULL) {
-            r->type &= ~(KVF_JINJA_GEN | KVF_JINJA_TUPLE);
+            r->type &= ~(KVF_JINJA_GEN | KVF_JINJA_TUPLE | KVF_JINJA_VIEW);
         }
         return r;
     }

@@ -183,6 +183,11 @@ void kvf_jinja_sb_str(kvf_sb_t *b, const char *s);
 #define KVF_JINJA_GEN    (1 << 13)
 #define KVF_JINJA_TUPLE  (1 << 14)
 #define KVF_JINJA_FLOAT  (1 << 15)   /* a number that is a Python float (2.0 prints "2.0") */
+/* dict.items() / keys() / values(): a view (prints as dict_items([...]), not JSON) */
+#define KVF_JINJA_ITEMS  (1 << 16)
+#define KVF_JINJA_KEYS   (1 << 17)
+#define KVF_JINJA_VALUES (1 << 18)
+#define KVF_JINJA_VIEW   (KVF_JINJA_ITEMS | KVF_JINJA_KEYS | KVF_JINJA_VALUES)
 
 /* A dict key that is an integer (Python's {0: 'a'}) is held as this byte and its digits;
  * kvf_jinja_key() turns a held key back into its value. */

@@ -172,7 +172,7 @@ static void kvf_num_text(const cJSON *v, char *buf, size_t cap)
     int p, exp, nd = 0;
 
     if (!(v->type & KVF_JINJA_FLOAT) && (floor(d) == d) && (fabs(d) < 1e15)) {
-        snprintf(buf, cap, "%.0f", d);
+        snprintf(buf, cap, "%.0f", (d == 0) ? 0.0 : d);   /* an int has no -0 */
         return;
     }
     if ((d != d) || isinf(d)) {
@@ -362,6 +362,18 @@ static void kvf_v_str(kvf_sb_t *b, const cJSON *v, bool repr)
     char num[64];
 
     if (kvf_jinja_is_undef(v)) {
+        if (repr) {   /* an undefined item of a list */
+            kvf_jinja_sb_str(b, "Undefined");
+        }
+        return;
+    }
+    if (cJSON_IsArray(v) && (v->type & KVF_JINJA_VIEW)) {
+        cJSON plain = *v;
+        plain.type &= ~KVF_JINJA_VIEW;
+        kvf_jinja_sb_str(b, (v->type & KVF_JINJA_ITEMS) ? "dict_items(" :
+                            (v->type & KVF_JINJA_KEYS) ? "dict_keys(" : "dict_values(");
+        kvf_v_str(b, &plain, true);
+        kvf_jinja_sb_str(b, ")");
         return;
     }
     if (cJSON_IsString(v)) {
