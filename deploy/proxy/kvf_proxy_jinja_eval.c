@@ -337,7 +337,9 @@ static cJSON *kvf_binop(kvf_jx_t *x, const char *op, const cJSON *a, const cJSON
     if (!strcmp(op, "+") && cJSON_IsString(a) && cJSON_IsString(b)) {
         return kvf_add_str(a, b);
     }
-    if (!strcmp(op, "+") && cJSON_IsArray(a) && cJSON_IsArray(b)) {
+    if (!strcmp(op, "+") && cJSON_IsArray(a) && cJSON_IsArray(b) &&
+        (((a->type ^ b->type) & KVF_JINJA_TUPLE) == 0) &&
+        !((a->type | b->type) & (KVF_JINJA_GEN | KVF_JINJA_VIEW))) {   /* list + list */
         cJSON *out = cJSON_Duplicate(a, true), *c;
         cJSON_ArrayForEach(c, b) {
             cJSON_AddItemToArray(out, cJSON_Duplicate(c, true));
@@ -366,6 +368,7 @@ static cJSON *kvf_binop(kvf_jx_t *x, const char *op, const cJSON *a, const cJSON
                                       !strcmp(op, "%") ? p - q * floor(p / q) : pow(p, q));
         /* Python: '/' and anything with a float give a float; int ** negative int too */
         if ((r != NULL) && (!strcmp(op, "/") || ((a->type | b->type) & KVF_JINJA_FLOAT) ||
+                            (floor(p) != p) || (floor(q) != q) ||
                             (!strcmp(op, "**") && (q < 0)))) {
             r->type |= KVF_JINJA_FLOAT;
         }
@@ -412,10 +415,12 @@ bool kvf_jinja_test(kvf_jx_t *x, const kvf_expr_t *e, const cJSON *v)
         r = cJSON_IsString(v);
     } else if (!strcmp(t, "number")) {
         r = cJSON_IsNumber(v) || cJSON_IsBool(v);   /* Python: a bool is a number */
-    } else if (!strcmp(t, "integer")) {
-        r = cJSON_IsNumber(v) && (floor(v->valuedouble) == v->valuedouble);
+    } else if (!strcmp(t, "integer")) {   /* 4 / 2 is a float */
+        r = cJSON_IsNumber(v) && !(v->type & KVF_JINJA_FLOAT) &&
+            (floor(v->valuedouble) == v->valuedouble);
     } else if (!strcmp(t, "float")) {
-        r = cJSON_IsNumber(v) && (floor(v->valuedouble) != v->valuedouble);
+        r = cJSON_IsNumber(v) && ((v->type & KVF_JINJA_FLOAT) ||
+                                  (floor(v->valuedouble) != v->valuedouble));
     } else if (!strcmp(t, "boolean")) {
         r = cJSON_IsBool(v);
     } else if (!strcmp(t, "true") || !strcmp(t, "false")) {

@@ -137,6 +137,37 @@ static cJSON *kvf_filter_tojson(kvf_jx_t *x, const kvf_expr_t *e, const cJSON *v
     return (r != NULL) ? r : kvf_jinja_undef();
 }
 
+/* int(default=0): Python's int() of the value, else int(float()) of it, else the default
+ * (text that is not wholly a number, inf, nan, a list ...). */
+static cJSON *kvf_filter_int(kvf_jx_t *x, const kvf_expr_t *e, const cJSON *v)
+{
+    cJSON *dflt = kvf_jinja_arg(x, e, 0, "default"), *r;
+    double d = 0;
+    bool ok = false;
+
+    if (cJSON_IsString(v)) {
+        const char *p = v->valuestring, *q;
+        char *end;
+        while (isspace((unsigned char)*p)) {
+            ++p;
+        }
+        q = p + ((*p == '-') || (*p == '+'));
+        d = strtod(p, &end);
+        while (isspace((unsigned char)*end)) {
+            ++end;
+        }
+        ok = (end != p) && (*end == '\0') && isfinite(d) &&
+             !((q[0] == '0') && ((q[1] == 'x') || (q[1] == 'X')));   /* no hex in Python */
+    } else if (cJSON_IsNumber(v) || cJSON_IsBool(v)) {
+        d = kvf_jinja_num(v);
+        ok = isfinite(d);
+    }
+    r = ok ? cJSON_CreateNumber(trunc(d)) :
+        (dflt != NULL) ? cJSON_Duplicate(dflt, true) : cJSON_CreateNumber(0);
+    cJSON_Delete(dflt);
+    return r;
+}
+
 /* Jinja's sort key comparison: strings case-insensitively unless @a cs, numbers by value. */
 static int kvf_cmp(const cJSON *a, const cJSON *b, bool cs)
 {
@@ -215,11 +246,21 @@ static cJSON *kvf_filter_order(kvf_jx_t *x, const kvf_expr_t *e, const char *f, 
             cJSON_AddItemToArray(it, kvf_jinja_key(c->string));
             cJSON_AddItemToArray(it, cJSON_Duplicate(c, true));
         }
-        if (!strcmp(f, "unique")) {
+        if (!strcmp(f, "unique")) {   /* a set of keys: strings without case, True == 1 */
+            const cJSON *key = kvf_sort_key(it, attr);
             bool seen = false;
+            if (cJSON_IsObject(key) || (cJSON_IsArray(key) && !(key->type & KVF_JINJA_TUPLE))) {
+                kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "unhashable type: '%s'",
+                               cJSON_IsObject(key) ? "dict" : "list");
+            }
             for (int j = 0; j < m; ++j) {
-                seen = seen || ((kvf_cmp(items[j], it, kvf_jinja_truthy(cs)) == 0) &&
-                                cJSON_Compare(cJSON_IsString(it) ? items[j] : it, it, false));
+                const cJSON *kj = kvf_sort_key(items[j], attr);
+                bool num = (cJSON_IsNumber(kj) || cJSON_IsBool(kj)) &&
+                           (cJSON_IsNumber(key) || cJSON_IsBool(key));
+                seen = seen || (cJSON_IsString(kj) && cJSON_IsString(key) ?
+                                (kvf_cmp(kj, key, kvf_jinja_truthy(cs)) == 0) :
+                                num ? (kvf_jinja_num(kj) == kvf_jinja_num(key)) :
+                                cJSON_Compare(kj, key, true));
             }
             if (seen) {
                 cJSON_Delete(it);
@@ -344,8 +385,9 @@ static cJSON *kvf_filter_seq(kvf_jx_t *x, const kvf_expr_t *e, const char *f, co
     if (!strcmp(f, "first") || !strcmp(f, "last")) {
         cJSON *all = kvf_jinja_iter(v);   /* a string's characters, a dict's keys */
         int n = cJSON_GetArraySize(all);
-        if (all == NULL) {
-            kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "'%s' of a value that is not iterable", f);
+        if ((all == NULL) || ((f[0] == 'l') && (v->type & KVF_JINJA_GEN))) {
+            kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "'%s' of a value that is not %s", f,
+                           (all == NULL) ? "iterable" : "reversible");
         }
         r = (n == 0) ? kvf_jinja_undef() :
             cJSON_Duplicate(cJSON_GetArrayItem(all, (f[0] == 'f') ? 0 : n - 1), true);
@@ -489,8 +531,7 @@ cJSON *kvf_jinja_filter(kvf_jx_t *x, const kvf_expr_t *e)
             r->type |= KVF_JINJA_MARKUP;
         }
     } else if (!strcmp(f, "int")) {
-        r = cJSON_CreateNumber(cJSON_IsString(v) ? trunc(atof(v->valuestring)) :
-                               trunc(kvf_jinja_num(v)));
+        r = kvf_filter_int(x, e, v);
     } else if (!strcmp(f, "lower") || !strcmp(f, "upper") || !strcmp(f, "capitalize") ||
                !strcmp(f, "title")) {
         char *s = kvf_jinja_tostr(v);

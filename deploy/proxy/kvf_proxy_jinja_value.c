@@ -169,6 +169,7 @@ static void kvf_num_text(const cJSON *v, char *buf, size_t cap)
 {
     double d = v->valuedouble;
     char t[40], ds[24], *e;
+    const char *sign;
     int p, exp, nd = 0;
 
     if (!(v->type & KVF_JINJA_FLOAT) && (floor(d) == d) && (fabs(d) < 1e15)) {
@@ -179,6 +180,7 @@ static void kvf_num_text(const cJSON *v, char *buf, size_t cap)
         snprintf(buf, cap, "%s", (d != d) ? "nan" : (d > 0) ? "inf" : "-inf");
         return;
     }
+    sign = signbit(d) ? "-" : "";   /* -0.0 too */
     for (p = 1; p <= 17; ++p) {
         snprintf(t, sizeof(t), "%.*e", p - 1, fabs(d));
         if (strtod(t, NULL) == fabs(d)) {
@@ -198,15 +200,15 @@ static void kvf_num_text(const cJSON *v, char *buf, size_t cap)
     ds[nd] = '\0';
     if ((exp >= -4) && (exp < 16)) {
         if (exp < 0) {
-            snprintf(buf, cap, "%s0.%.*s%s", (d < 0) ? "-" : "", -exp - 1, "0000", ds);
+            snprintf(buf, cap, "%s0.%.*s%s", sign, -exp - 1, "0000", ds);
         } else if (exp + 1 >= nd) {
-            snprintf(buf, cap, "%s%s%.*s.0", (d < 0) ? "-" : "", ds, exp + 1 - nd,
+            snprintf(buf, cap, "%s%s%.*s.0", sign, ds, exp + 1 - nd,
                      "0000000000000000");
         } else {
-            snprintf(buf, cap, "%s%.*s.%s", (d < 0) ? "-" : "", exp + 1, ds, ds + exp + 1);
+            snprintf(buf, cap, "%s%.*s.%s", sign, exp + 1, ds, ds + exp + 1);
         }
     } else {
-        snprintf(buf, cap, "%s%c%s%se%c%02d", (d < 0) ? "-" : "", ds[0], (nd > 1) ? "." : "",
+        snprintf(buf, cap, "%s%c%s%se%c%02d", sign, ds[0], (nd > 1) ? "." : "",
                  ds + 1, (exp < 0) ? '-' : '+', abs(exp));
     }
 }
