@@ -253,6 +253,9 @@ static void kvf_run_for(kvf_jx_t *x, const kvf_node_t *n)
         cJSON_AddBoolToObject(loop, "first", i == 0);
         cJSON_AddBoolToObject(loop, "last", i == len - 1);
         cJSON_AddNumberToObject(loop, "length", len);
+        cJSON_AddNumberToObject(loop, "depth", 1);    /* no recursive loops here */
+        cJSON_AddNumberToObject(loop, "depth0", 0);
+        loop->type |= KVF_JINJA_LOOP;                 /* its methods are refused by name */
         if (i > 0) {
             cJSON_AddItemToObject(loop, "previtem", cJSON_Duplicate(c->prev, true));
         }
@@ -326,10 +329,11 @@ static void kvf_run(kvf_jx_t *x, const kvf_body_t *b)
         case KVF_S_OUT: {
             char *s;
             v = kvf_jinja_eval(x, n->expr);
-            if (kvf_jinja_is_function(v) || ((v != NULL) && (v->type & KVF_JINJA_GEN))) {
+            if (kvf_jinja_is_function(v) ||
+                ((v != NULL) && (v->type & (KVF_JINJA_GEN | KVF_JINJA_LOOP)))) {
                 /* Python prints its address */
-                kvf_jinja_fail(x, KVF_ERR_UNSUPPORTED, "printing a function, a method or a "
-                               "generator is not supported");
+                kvf_jinja_fail(x, KVF_ERR_UNSUPPORTED, "printing a function, a method, a "
+                               "generator or a loop object is not supported");
             }
             s = kvf_jinja_tostr(v);
             kvf_jx_emit(x, s ? s : "", s ? strlen(s) : 0);

@@ -290,7 +290,9 @@ cJSON *kvf_jinja_method(kvf_jx_t *x, const cJSON *obj, const char *m, const kvf_
     if ((r == NULL) && (x->status == KVF_OK)) {
         const char *type = cJSON_IsString(obj) ? "str" : cJSON_IsArray(obj) ? "list" :
                            cJSON_IsObject(obj) ? "dict" : NULL;
-        if ((type != NULL) && kvf_jinja_has(type, m)) {
+        if ((obj != NULL) && (obj->type & KVF_JINJA_LOOP)) {   /* loop.cycle(), loop.changed() */
+            kvf_jinja_fail(x, KVF_ERR_UNSUPPORTED, "loop.%s() is not supported", m);
+        } else if ((type != NULL) && kvf_jinja_has(type, m)) {
             kvf_jinja_fail(x, KVF_ERR_UNSUPPORTED, "method '%s' is not supported", m);
         } else {   /* jinja2: an undefined attribute, called */
             kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "'%s' has no method '%s'",

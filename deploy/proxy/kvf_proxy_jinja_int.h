@@ -188,6 +188,7 @@ void kvf_jinja_sb_str(kvf_sb_t *b, const char *s);
 #define KVF_JINJA_KEYS   (1 << 17)
 #define KVF_JINJA_VALUES (1 << 18)
 #define KVF_JINJA_VIEW   (KVF_JINJA_ITEMS | KVF_JINJA_KEYS | KVF_JINJA_VALUES)
+#define KVF_JINJA_LOOP   (1 << 19)   /* the loop object of a for */
 
 /* A dict key that is an integer (Python's {0: 'a'}) is held as this byte and its digits;
  * kvf_jinja_key() turns a held key back into its value. */
