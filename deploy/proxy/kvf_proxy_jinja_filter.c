@@ -161,6 +161,8 @@ static cJSON *kvf_filter_int(kvf_jx_t *x, const kvf_expr_t *e, const cJSON *v)
     } else if (cJSON_IsNumber(v) || cJSON_IsBool(v)) {
         d = kvf_jinja_num(v);
         ok = isfinite(d);
+    } else if (kvf_jinja_is_undef(v)) {   /* int(Undefined) raises in jinja2 */
+        kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "|int of an undefined value");
     }
     r = ok ? cJSON_CreateNumber(trunc(d)) :
         (dflt != NULL) ? cJSON_Duplicate(dflt, true) : cJSON_CreateNumber(0);
@@ -435,29 +437,11 @@ static cJSON *kvf_filter_more(kvf_jx_t *x, const kvf_expr_t *e, const char *f, c
     if (seq != NULL) {
         return seq;
     }
-    if (!strcmp(f, "list")) {
-        cJSON *r;
-        if (cJSON_IsString(v)) {
-            cJSON *step = cJSON_CreateNumber(1);
-            r = cJSON_CreateArray();
-            for (const char *p = v->valuestring; *p;) {   /* its characters */
-                size_t k = 1;
-                while ((p[k] & 0xC0) == 0x80) {
-                    ++k;
-                }
-                cJSON_AddItemToArray(r, kvf_jinja_take_str(strndup(p, k)));
-                p += k;
-            }
-            cJSON_Delete(step);
-            return r;
-        }
-        if (cJSON_IsObject(v)) {
-            kvf_expr_t call = {0};
-            return kvf_jinja_method(x, v, "keys", &call);
-        }
-        r = cJSON_IsArray(v) ? cJSON_Duplicate(v, true) : NULL;
-        if (r != NULL) {
-            r->type &= ~(KVF_JINJA_GEN | KVF_JINJA_TUPLE | KVF_JINJA_VIEW);
+    if (!strcmp(f, "list")) {   /* a string's characters, a dict's keys, undefined: [] */
+        cJSON *r = kvf_jinja_iter(v);
+        if (r == NULL) {
+            kvf_jinja_fail(x, KVF_ERR_INVALID_PARAM, "'%s' object is not iterable",
+                           kvf_type_name(v));
         }
         return r;
     }
