@@ -36,6 +36,11 @@ for pkg in openai:openai jinja2:jinja2 transformers:transformers helm_python:hel
             echo "kvferry: could not install ${pkg#*:}; the tests that use it will be skipped"
     fi
 done
+# The real chat templates test_chat_template_real renders (70 Hugging Face templates from
+# PyPI's llama-cpp-python 0.3.36 sdist, sha256-checked, kept in a cache folder; none is
+# committed); the test reports skipped without them.
+bash tests/deploy/fetch_chat_templates.sh ||
+    echo "kvferry: no chat templates fetched; test_chat_template_real will be skipped"
 
 # The test tree has the fault points (base/kvf_fault.h) that
 # test_e2e_fault_matrix arms; the main job's build (deploy/build.sh alone) does not.

@@ -178,6 +178,10 @@ kvf_status_t kvf_proxy_chat_render(const kvf_proxy_openai_ctx_t *ctx, const cJSO
         cJSON_AddBoolToObject(vars, "add_generation_prompt", args->add_generation_prompt);
         cJSON_AddStringToObject(vars, "bos_token", (ctx->bos_token != NULL) ? ctx->bos_token : "");
         cJSON_AddStringToObject(vars, "eos_token", (ctx->eos_token != NULL) ? ctx->eos_token : "");
+        /* as transformers (vLLM) passes them: None when the request has none, so that a
+         * template's 'tools is not none' reads as it does there */
+        cJSON_AddNullToObject(vars, "tools");
+        cJSON_AddNullToObject(vars, "documents");
         cJSON_ArrayForEach(it, args->vars) {   /* last: chat_template_kwargs override */
             cJSON *copy = cJSON_Duplicate(it, true);
             if (copy == NULL) {

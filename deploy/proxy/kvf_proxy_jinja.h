@@ -1,9 +1,11 @@
 /*
- * The subset of Jinja that chat templates use (Llama 3, Qwen3, Nemotron-H), run
- * as transformers runs a template: trim_blocks and lstrip_blocks on, undefined
- * names render as "", raise_exception() fails the render with its message.
- * Checked against Python's jinja2 on each template and many message lists
- * (tests/deploy/test_chat_template.py).
+ * The subset of Jinja that chat templates use, run as transformers runs a template
+ * for vLLM: trim_blocks and lstrip_blocks on, loopcontrols, undefined names render
+ * as "", raise_exception() fails the render with its message, strftime_now(),
+ * the immutable sandbox. Checked against Python's jinja2 on the project's own
+ * templates (tests/deploy/test_chat_template.py) and on 70 real Hugging Face
+ * templates (test_chat_template_real.py); what is outside it is refused by name
+ * (deploy/README.md, "Chat templates").
  */
 #ifndef KVF_PROXY_JINJA_H
 #define KVF_PROXY_JINJA_H
@@ -12,6 +14,7 @@
 
 #include <cjson/cJSON.h>
 #include <stddef.h>
+#include <time.h>
 
 /**
  * Render @a tmpl with the variables of @a vars (a JSON object).
@@ -24,5 +27,13 @@
  */
 kvf_status_t kvf_proxy_jinja_render(const char *tmpl, const cJSON *vars, char **out_p,
                                     char *err, size_t cap);
+
+/**
+ * kvf_proxy_jinja_render() with the clock of strftime_now() at @a now (seconds since the
+ * epoch, formatted in local time as Python's datetime.now() is); the tests fix it so that a
+ * date-dependent template renders the same text as the reference.
+ */
+kvf_status_t kvf_proxy_jinja_render_at(const char *tmpl, const cJSON *vars, time_t now,
+                                       char **out_p, char *err, size_t cap);
 
 #endif

@@ -136,8 +136,23 @@ static const char *const kvf_ops[] = {"//", "**", "==", "!=", "<=", ">=", "(", "
                                       "{", "}", ".", ",", ":", "|", "~", "+", "-", "*", "/",
                                       "%", "<", ">", "=", NULL};
 
+static kvf_status_t kvf_tokenize_in(const char *s, size_t n, kvf_toks_t *out, char *err,
+                                    size_t cap);
+
 kvf_status_t kvf_jinja_tokenize(const char *s, size_t n, kvf_toks_t *out, char *err,
                                  size_t cap)
+{
+    kvf_status_t st = kvf_tokenize_in(s, n, out, err, cap);
+
+    if (st != KVF_OK) {   /* the caller has nothing to free */
+        kvf_jinja_toks_free(out);
+        out->n = 0;
+    }
+    return st;
+}
+
+static kvf_status_t kvf_tokenize_in(const char *s, size_t n, kvf_toks_t *out, char *err,
+                                    size_t cap)
 {
     size_t i = 0;
     int capn = 16;
@@ -180,8 +195,11 @@ kvf_status_t kvf_jinja_tokenize(const char *s, size_t n, kvf_toks_t *out, char *
             if ((end > s + i) && (end[-1] == '.')) {
                 --end;
             }
+            /* "f": a float literal (Python prints 2.0, not 2) */
+            tk.text = strdup((memchr(s + i, '.', (size_t)(end - s) - i) != NULL) ||
+                             (memchr(s + i, 'e', (size_t)(end - s) - i) != NULL) ||
+                             (memchr(s + i, 'E', (size_t)(end - s) - i) != NULL) ? "f" : "");
             i = (size_t)(end - s);
-            tk.text = strdup("");
         } else if ((s[i] == '\'') || (s[i] == '"')) {
             char q = s[i++];
             kvf_sb_t b = {0};

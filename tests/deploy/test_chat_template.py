@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """kvf-proxy's chat template renderer (deploy/proxy/kvf_proxy_jinja*.c) against
 Python's jinja2 set up as transformers' apply_chat_template sets it up
-(trim_blocks, lstrip_blocks, raise_exception, tojson without ASCII escapes):
+(chat_template_ref.py, shared with test_chat_template_real.py):
 every template in tests/data/chat_templates (written in the styles of the Llama 3,
 Qwen3 and Nemotron-H templates, with their constructs: namespaces, reversed
 slices, string methods, tests, filters, whitespace control) and the trained
@@ -18,34 +18,10 @@ import random
 import subprocess
 import sys
 
-try:
-    import jinja2
-    import jinja2.ext
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-except ImportError:
-    print("SKIP: jinja2 is not installed")
-    sys.exit(77)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from chat_template_ref import TemplateError, render as reference  # noqa: E402 (exits 77 without jinja2)
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-
-
-class TemplateError(Exception):
-    pass
-
-
-def reference(template, variables):
-    def raise_exception(msg):
-        raise TemplateError(msg)
-
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                          sort_keys=sort_keys)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[jinja2.ext.loopcontrols])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    return env.from_string(template).render(**variables)
 
 
 WORDS = ["hello", "the ferry", "crosses", "at dawn", "\u00e9t\u00e9", "  spaced  ", "x\ny",

@@ -451,7 +451,10 @@ static void test_chat_args(void **state)
     };
 
     (void)state;
-    ctx.chat_template = "{% for d in documents %}[{{ d.title }}:{{ d.text }}]{% endfor %}"
+    /* documents is None without the field (as transformers passes it), so it is guarded as
+     * real templates guard it */
+    ctx.chat_template = "{% if documents %}{% for d in documents %}[{{ d.title }}:"
+                        "{{ d.text }}]{% endfor %}{% endif %}"
                         "{% for m in messages %}{{ m.role[0] }}{{ m.content }}.{% endfor %}"
                         "{% if add_generation_prompt %}>{% endif %}"
                         "{% if enable_thinking is defined and not enable_thinking %}/nt"
