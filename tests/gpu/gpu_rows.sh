@@ -259,11 +259,11 @@ row_engine() {
 # shared with the engine row) and a Llama-3-8B geometry of 4 layers (gpu-logs/
 # engine-geom-llama), prefill of 8192 tokens, decode at batch 1, 16, 64 on 2048 tokens of
 # context, against transformers bf16 sdpa, peak memory; its budget is this row's cap less 20 s
-row_engine_issue() { # [flashinfer: FlashInfer's attention, on the Llama geometry (its decode
-                     # refuses the 9B's GQA group of 5)]
+row_engine_issue() { # [flashinfer: FlashInfer's attention, on both geometries (the 9B's GQA
+                     # group of 5 takes its prefill kernel for output tokens too)]
     local rc b=$(( ${RR_CAP_S:-240} - 20 )) f="engine-issue${1:+-$1}"
     local extra=()
-    [ "${1:-}" = flashinfer ] && extra=(--attn flashinfer --models llama-geom)
+    [ "${1:-}" = flashinfer ] && extra=(--attn flashinfer)
     need_kvf
     [ -f "$root/tests/bench/engine_gpu.py" ] ||
         { rr_verdict "skipped: tests/bench/engine_gpu.py absent"; return 77; }

@@ -190,7 +190,7 @@ rr_add gen-fi-hybrid 60 row_generate_fi tiny-hybrid
 rr_add gen-fi-dense 60 row_generate_fi tiny-dense
 rr_add engine 150 row_engine
 rr_add engine-issue 240 row_engine_issue
-rr_add engine-issue-fi 180 row_engine_issue flashinfer
+rr_add engine-issue-fi 240 row_engine_issue flashinfer
 rr_add pull-4p2d-ipc 60 row_bench 4p2d ipc
 rr_add pull-4p2d-ucx 60 row_bench 4p2d ucx
 rr_add nixl-4p2d 90 row_nixl
