@@ -9,7 +9,8 @@
 int kvf_fi_built(kvf_dtype_t dtype, int head_dim)
 {
 #ifdef KVF_HAVE_FLASHINFER
-    return (dtype == KVF_DTYPE_BF16) && ((head_dim == 32) || (head_dim == 128));
+    return (dtype == KVF_DTYPE_BF16) && ((head_dim == 32) || (head_dim == 64) ||
+                                         (head_dim == 128) || (head_dim == 256));
 #else
     (void)dtype;
     (void)head_dim;

@@ -59,7 +59,7 @@ typedef struct {
 } kvf_fi_geom_t;
 
 /** Whether this build instantiated FlashInfer's decode for a @a dtype cache of @a head_dim
- * (bf16, head_dim 32 and 128 with -DKVF_FLASHINFER=ON; never without it). */
+ * (bf16, head_dim 32, 64, 128 and 256 with -DKVF_FLASHINFER=ON; never without it). */
 int kvf_fi_built(kvf_dtype_t dtype, int head_dim);
 
 /** Whether FlashInfer's decode kernel dispatches GQA group @a group (1, 2, 3, 4, 6, 8, 16);

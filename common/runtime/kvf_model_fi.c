@@ -39,8 +39,18 @@
  *
  * Refused at start, by name, when this build has no FlashInfer for the cache (dtype,
  * head_dim) or FlashInfer cannot read the cache (kvf_fi_geometry()'s reason). Served by
- * kvferry's kernel, said once at start: sliding-window layers (FlashInfer's window_left
- * would also need the window's first page in the plan). Served by kvferry's kernel for one
+ * kvferry's kernel, said once at start: sliding-window layers, and attention sinks. Why
+ * not window_left (FlashInfer 0.7.4's headers): its decode applies it as a mask only, over
+ * the whole KV from position 0, so it reads the pages of blocks already freed (their
+ * masked NaN or stale values reach the output through 0 x V); its prefill starts a tile's
+ * KV loop at the window start of the tile's first query row, so the loop's tile grid, and
+ * with it a row's sums, moves with where the prompt was chunked (the batch). The way that
+ * keeps the bits: decode entries' pages from the window's first page on (whole pages
+ * dropped: no RoPE in the kernel, the masks are relative to kv_len) with window_left as
+ * the mask; prompt spans through a variant whose window_left member is kv_len (the loop
+ * anchored at 0) and whose mask holds the window, freed pages given a written page's
+ * index. Sinks: the prefill kernel has a hook for them (the variant's update_m_d, as
+ * FlashInfer's JIT sink variant uses), its decode none. Served by kvferry's kernel for one
  * step: a step over the capacities sized at start (more than 2 x max_seqs decode entries:
  * only a recompute of many outputs). Refused with KVF_GPU_GRAPHS=decode (a graphed step
  * would take kvferry's kernel: the plan is not in the graph's published inputs yet).
@@ -194,7 +204,7 @@ kvf_status_t kvf_fwd_fi_prepare(kvf_model_h m, const kvf_rank_ctx_t *ctx,
     if (!kvf_fi_built(geo->kv_dtype, hd)) {
         kvf_error("KVF_GPU_ATTN=flashinfer: this build has no FlashInfer attention for a %s KV "
                   "cache of head_dim %d (builds with -DKVF_FLASHINFER=ON hold bf16, head_dim "
-                  "32 and 128)", kvf_dtype_name(geo->kv_dtype), hd);
+                  "32, 64, 128 and 256)", kvf_dtype_name(geo->kv_dtype), hd);
         return KVF_ERR_UNSUPPORTED;
     }
     why = kvf_fi_geometry(geo->kv_dtype, hd, qh, s->kv_heads, geo->kernel_block_size,

@@ -10,7 +10,8 @@
 #   a 200-token and a 2400-token prompt;
 # - batch invariance GPU against GPU: test_batch_invariance (KVF_INVARIANCE_MODEL) runs each
 #   request alone, then in mixed prompt / decode steps with chunked prompts and in a pool
-#   small enough to preempt (the recompute), every token's logits bit for bit.
+#   small enough to preempt (the recompute), every token's logits bit for bit;
+# - head_dim 64 and 256 (gpt_oss; gemma3, qwen3_next) served too, tokens equal to the CPU's.
 # Usage: test_devsim_fi_gqa.sh TESTBIN
 set -euo pipefail
 BIN="${1:?usage: test_devsim_fi_gqa.sh TESTBIN}"
@@ -54,6 +55,29 @@ for p in short mid long; do
         fail "$p: $(grep -o 'fi_decode_calls.*fi_plan_errors [0-9]*' "$T/g.err")"
     echo "gqa5 $p: tokens equal to the CPU's, max |logit diff| $diff (max $top)," \
          "$(grep -o 'fi_decode_calls.*fi_plan_errors [0-9]*' "$T/g.err")"
+done
+
+# head_dim 64 (gpt_oss) and 256 (gemma3, qwen3_next): instantiated in -DKVF_FLASHINFER=ON
+# builds, so served (tiny-hybrid's shape with that head_dim, a group of 4: its decode)
+for hd in 64 256; do
+    sed 's/"head_dim": 32/"head_dim": '"$hd"'/' \
+        "$KVF_SOURCE_DIR/models-trained/tiny-hybrid/config.json" >"$T/hd$hd.json"
+    "$DEVSIM" mkmodel --config "$T/hd$hd.json" --out "$T/hd$hd" --seed 7 >/dev/null ||
+        fail "kvf mkmodel head_dim $hd"
+    cp "$KVF_SOURCE_DIR"/models-trained/tiny-hybrid/tokenizer*.json "$T/hd$hd/"
+    for d in cpu cuda:0; do
+        KVF_GPU_ATTN=flashinfer "$DEVSIM" generate --model "$T/hd$hd" --prompt-file "$T/mid.txt" \
+            --max-tokens 6 --ignore-eos yes --device "$d" >"$T/hd.$d" 2>"$T/hd.$d.err" ||
+            fail "head_dim $hd on $d: $(tail -2 "$T/hd.$d.err")"
+    done
+    [ "$(grep '^tokens:' "$T/hd.cuda:0")" = "$(grep '^tokens:' "$T/hd.cpu")" ] ||
+        fail "head_dim $hd: FlashInfer's tokens $(grep '^tokens:' "$T/hd.cuda:0") differ from" \
+             "the CPU's $(grep '^tokens:' "$T/hd.cpu")"
+    [ "$(field "$T/hd.cuda:0.err" fi_decode_calls)" -gt 0 ] &&
+        [ "$(field "$T/hd.cuda:0.err" fi_prefill_calls)" -gt 0 ] &&
+        [ "$(field "$T/hd.cuda:0.err" fi_plan_errors)" -eq 0 ] ||
+        fail "head_dim $hd: $(grep -o 'fi_decode_calls.*fi_plan_errors [0-9]*' "$T/hd.cuda:0.err")"
+    echo "head_dim $hd: tokens equal to the CPU's on FlashInfer's prefill and decode"
 done
 
 rc=0
