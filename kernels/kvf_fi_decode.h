@@ -1,6 +1,7 @@
 /*
- * FlashInfer's paged decode attention over kvferry's KV pages (bf16 caches, head_dim 32 and
- * 128; its prefill twin is kvf_fi_prefill.h), built only with -DKVF_FLASHINFER=ON (the GPU bundle, deploy/gpu-bundle.sh);
+ * FlashInfer's paged decode attention over kvferry's KV pages (bf16 caches, head_dim 32, 64,
+ * 128 and 256; its prefill twin is kvf_fi_prefill.h), built only with -DKVF_FLASHINFER=ON (the
+ * GPU bundle, deploy/gpu-bundle.sh);
  * kvf_fi_plan.h has the geometry, the refusals and the fixed split-KV plan it runs. Every
  * pointer is device memory of @a dev; nothing is allocated or copied to the host. Compiled,
  * not yet run on a GPU; the forward's output tokens go to it under KVF_GPU_ATTN=flashinfer
@@ -22,7 +23,7 @@ extern "C" {
 /** One decode step's attention of one layer (one query token per request). */
 typedef struct {
     kvf_fi_geom_t geom;            /* from kvf_fi_geometry() */
-    int           head_dim;        /* 32 or 128 */
+    int           head_dim;        /* 32, 64, 128 or 256 */
     int           q_heads, kv_heads;
     int           batch;           /* requests */
     int           work;            /* entries of the plan (kvf_fi_decode_plan()) */

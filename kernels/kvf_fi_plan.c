@@ -9,12 +9,19 @@
 int kvf_fi_built(kvf_dtype_t dtype, int head_dim)
 {
 #ifdef KVF_HAVE_FLASHINFER
-    return (dtype == KVF_DTYPE_BF16) && ((head_dim == 32) || (head_dim == 128));
+    return (dtype == KVF_DTYPE_BF16) && ((head_dim == 32) || (head_dim == 64) ||
+                                         (head_dim == 128) || (head_dim == 256));
 #else
     (void)dtype;
     (void)head_dim;
     return 0;
 #endif
+}
+
+int kvf_fi_decode_group(int group)
+{
+    return (group == 1) || (group == 2) || (group == 3) || (group == 4) || (group == 6) ||
+           (group == 8) || (group == 16);
 }
 
 static uint64_t kvf_gcd(uint64_t a, uint64_t b)
@@ -44,11 +51,6 @@ const char *kvf_fi_geometry(kvf_dtype_t dtype, int head_dim, int q_heads, int kv
         return "dtype and head_dim: no FlashInfer decode instantiated for them in this build";
     }
     group = q_heads / kv_heads;
-    if ((group != 1) && (group != 2) && (group != 3) && (group != 4) && (group != 6) &&
-        (group != 8) && (group != 16)) {
-        return "GQA group size (query heads / KV heads): FlashInfer's decode dispatches 1, 2, 3, "
-               "4, 6, 8 and 16";
-    }
     elt = kvf_dtype_size(dtype);
     kbb = 2u * (uint64_t)kv_heads * (uint64_t)kbs * (uint64_t)head_dim * elt;
     if ((page_size < kbb) || (pool_bytes < page_size)) {
@@ -76,6 +78,7 @@ const char *kvf_fi_geometry(kvf_dtype_t dtype, int head_dim, int q_heads, int kv
     g->unit = unit;
     g->page_tokens = kbs;
     g->chunk_pages = (KVF_FI_SPLIT_TOKENS / kbs > 0) ? KVF_FI_SPLIT_TOKENS / kbs : 1;
+    g->decode_on_prefill = !kvf_fi_decode_group(group);
     return NULL;
 }
 

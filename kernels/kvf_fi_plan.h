@@ -18,11 +18,17 @@
  * chunks of a FIXED number of pages, KVF_FI_SPLIT_TOKENS / kbs (at least 1), always in the
  * partitioned mode (partial states merged in chunk order), whatever the batch.
  *
- * Refused (served by kvferry's own attention kernel, said once at start): fp32 KV caches
- * (FlashInfer takes 16-bit ones), a dtype or head_dim not instantiated (kvf_fi_built()), a
- * GQA group size its decode does not dispatch (1, 2, 3, 4, 6, 8, 16 only: Nemotron-Nano-9B-v2's
- * 40 / 8 = 5 is refused), strides past uint32, a page size that is not a multiple of 16 bytes
- * (its 16-byte vector loads; kvferry's pages are whole tokens of K and V, so it holds).
+ * GQA groups. FlashInfer's decode dispatches groups 1, 2, 3, 4, 6, 8 and 16 only; for any
+ * other (Nemotron-Nano-9B-v2's 40 / 8 = 5, 7, 10...) decode_on_prefill is set and output
+ * tokens take its prefill kernel as requests of one query token each (its prefill packs
+ * (token, head) rows through a runtime group divisor, so any group works; what vLLM's
+ * tensor-core decode does), with the prefill's fixed plan (kvf_fi_prefill_plan: one query
+ * tile per token, no split-KV): batch invariant like the decode's.
+ *
+ * Refused (by name at start): fp32 KV caches (FlashInfer takes 16-bit ones), a dtype or
+ * head_dim not instantiated (kvf_fi_built()), strides past uint32, a page size that is not
+ * a multiple of 16 bytes (its 16-byte vector loads; kvferry's pages are whole tokens of K
+ * and V, so it holds).
  */
 #ifndef KVF_FI_PLAN_H
 #define KVF_FI_PLAN_H
@@ -48,14 +54,20 @@ typedef struct {
     uint64_t unit;        /**< bytes per page index (gcd of page size and kernel block) */
     int      page_tokens; /**< FlashInfer's page size: the kernel block size */
     int      chunk_pages; /**< pages per split-KV chunk (fixed) */
+    int      decode_on_prefill; /**< 1: a GQA group FlashInfer's decode does not dispatch:
+                                 *   output tokens go to its prefill, one query token each */
 } kvf_fi_geom_t;
 
 /** Whether this build instantiated FlashInfer's decode for a @a dtype cache of @a head_dim
- * (bf16, head_dim 32 and 128 with -DKVF_FLASHINFER=ON; never without it). */
+ * (bf16, head_dim 32, 64, 128 and 256 with -DKVF_FLASHINFER=ON; never without it). */
 int kvf_fi_built(kvf_dtype_t dtype, int head_dim);
 
+/** Whether FlashInfer's decode kernel dispatches GQA group @a group (1, 2, 3, 4, 6, 8, 16);
+ * other groups take its prefill kernel (kvf_fi_geom_t.decode_on_prefill). */
+int kvf_fi_decode_group(int group);
+
 /**
- * Whether FlashInfer's decode can serve a cache, and how it reads it.
+ * Whether FlashInfer can serve a cache, and how it reads it.
  *
  * @param dtype       the KV cache dtype
  * @param head_dim    > 0

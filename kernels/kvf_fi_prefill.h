@@ -1,7 +1,7 @@
 /*
  * FlashInfer's paged prefill attention (causal) over kvferry's KV pages, bf16 caches, head_dim
- * 32 and 128, built only with -DKVF_FLASHINFER=ON (kvf_fi_decode.h has the why; the pages'
- * geometry and the work plan are kvf_fi_plan.h's: query tiles of KVF_FI_PREFILL_TILE_Q packed
+ * 32, 64, 128 and 256, built only with -DKVF_FLASHINFER=ON (kvf_fi_decode.h has the why; the
+ * pages' geometry and the work plan are kvf_fi_plan.h's: query tiles of KVF_FI_PREFILL_TILE_Q packed
  * rows, each over its request's whole KV, no split-KV). The query tokens of a request are
  * the last qo_len of its KV (written before). Every pointer is device memory. Compiled, not
  * yet run on a GPU; the forward's prompt tokens go to it under KVF_GPU_ATTN=flashinfer
@@ -21,7 +21,7 @@ extern "C" {
 
 typedef struct {
     kvf_fi_geom_t geom;            /* from kvf_fi_geometry() */
-    int           head_dim;        /* 32 or 128 */
+    int           head_dim;        /* 32, 64, 128 or 256 */
     int           q_heads, kv_heads;
     int           batch;           /* requests */
     int           work;            /* entries of kvf_fi_prefill_plan() */

@@ -11,7 +11,11 @@
  * zeros), an output token to FlashInfer's decode (kvferry's fixed split-KV plan of the
  * token's own context length). So a decode step, a mixed step, a prompt step and the
  * recompute of a preempted request (its outputs become decode entries, one per token, with
- * their own context length) give a token the same bits.
+ * their own context length) give a token the same bits. A GQA group FlashInfer's decode does
+ * not dispatch (5, 7, 10...: kvf_fi_geom_t.decode_on_prefill) sends each output token to its
+ * prefill instead, as a request of one query token over its own context (listed before the
+ * prompt spans, so the row order stays the same); its plan is the prefill's fixed one, so
+ * the token's bits still depend on its context alone.
  *
  * Rows. FlashInfer reads q and writes o in its own row order: the step's decode entries
  * first, then each prompt span's tokens. The K/V of the new tokens are written first (one
@@ -27,12 +31,26 @@
  * Rejected: the kernel chosen by the step (prefill for any step with a prompt token, decode
  * for pure decode steps): an output token would get other bits when a prompt shares its
  * step (test_devsim_fi_invariance fails that way); FlashInfer's own planner (it sizes split-KV
- * from the batch); a plan per layer (the same arrays uploaded once per attention layer).
+ * from the batch); a plan per layer (the same arrays uploaded once per attention layer);
+ * for the group of 5, split-KV on the prefill kernel for output tokens (its merge is a
+ * second kernel per layer; at the issue's 2k contexts a 2048-token split gives one chunk
+ * anyway) or padding the group to 6 with a zero query head (FlashInfer's decode would read
+ * a q layout kvferry does not hold; 20 % more work).
  *
  * Refused at start, by name, when this build has no FlashInfer for the cache (dtype,
  * head_dim) or FlashInfer cannot read the cache (kvf_fi_geometry()'s reason). Served by
- * kvferry's kernel, said once at start: sliding-window layers (FlashInfer's window_left
- * would also need the window's first page in the plan). Served by kvferry's kernel for one
+ * kvferry's kernel, said once at start: sliding-window layers, and attention sinks. Why
+ * not window_left (FlashInfer 0.7.4's headers): its decode applies it as a mask only, over
+ * the whole KV from position 0, so it reads the pages of blocks already freed (their
+ * masked NaN or stale values reach the output through 0 x V); its prefill starts a tile's
+ * KV loop at the window start of the tile's first query row, so the loop's tile grid, and
+ * with it a row's sums, moves with where the prompt was chunked (the batch). The way that
+ * keeps the bits: decode entries' pages from the window's first page on (whole pages
+ * dropped: no RoPE in the kernel, the masks are relative to kv_len) with window_left as
+ * the mask; prompt spans through a variant whose window_left member is kv_len (the loop
+ * anchored at 0) and whose mask holds the window, freed pages given a written page's
+ * index. Sinks: the prefill kernel has a hook for them (the variant's update_m_d, as
+ * FlashInfer's JIT sink variant uses), its decode none. Served by kvferry's kernel for one
  * step: a step over the capacities sized at start (more than 2 x max_seqs decode entries:
  * only a recompute of many outputs). Refused with KVF_GPU_GRAPHS=decode (a graphed step
  * would take kvferry's kernel: the plan is not in the graph's published inputs yet).
@@ -53,6 +71,7 @@ enum { B_TMPV, B_TMPS, B_QB, B_OB, B_LSE, FI_NBUF };
 struct kvf_fwd_fi {
     kvf_fi_geom_t geom;
     int      S, T, R, dcap;          /* capacities: requests, rows, row width, decode entries */
+    int      preq;                   /* prefill requests: S, + dcap with decode_on_prefill */
     int      mpr, dw, pw;            /* pages of a request, decode and prefill plan entries */
     int      qh, hd, group;
     bool     grp_on[KVF_MAX_KV_GROUPS];   /* the group has a full-attention layer */
@@ -62,7 +81,8 @@ struct kvf_fwd_fi {
     uint8_t *host;                   /* [ngrp] plans (host twin) */
     void    *dev;                    /* [ngrp] plans, then the buffers */
     int32_t *kv_len, *dseq;          /* [dcap] each decode entry's context and request */
-    int32_t *qo_len, *pkv, *pseq;    /* [S] each prompt span's tokens, context, request */
+    int32_t *qo_len, *pkv, *pseq;    /* [preq] each prefill request's tokens, context, request
+                                      * (decode_on_prefill: the decode entries first) */
     int32_t *perm, *inv;             /* [T] FlashInfer's row -> the step's row, and back */
     /* the step's plan (kvf_fwd_fi_step) */
     bool     step_on, identity;
@@ -86,11 +106,12 @@ static bool kvf_fi_wanted(void)
 static void kvf_fi_layout(struct kvf_fwd_fi *fi, size_t *total)
 {
     const int cp = fi->geom.chunk_pages;
-    const size_t maxpd = (size_t)fi->dcap * (size_t)fi->mpr, maxpp = (size_t)fi->S * fi->mpr;
+    const size_t maxpd = (size_t)fi->dcap * (size_t)fi->mpr;
+    const size_t maxpp = (size_t)fi->preq * (size_t)fi->mpr;
     size_t sz[FI_NARR], bs[FI_NBUF], o = 0;
 
     fi->dw = fi->dcap + (int)((maxpd + (size_t)cp - 1) / (size_t)cp);
-    fi->pw = fi->S + (fi->T * fi->group + KVF_FI_PREFILL_TILE_Q - 1) / KVF_FI_PREFILL_TILE_Q;
+    fi->pw = fi->preq + (fi->T * fi->group + KVF_FI_PREFILL_TILE_Q - 1) / KVF_FI_PREFILL_TILE_Q;
     sz[D_IDX] = maxpd * 4;
     sz[D_INDPTR] = sz[D_OIND] = (size_t)(fi->dcap + 1) * 4;
     sz[D_LAST] = (size_t)fi->dcap * 4;
@@ -98,8 +119,8 @@ static void kvf_fi_layout(struct kvf_fwd_fi *fi, size_t *total)
     sz[D_CHUNK] = sz[P_CHUNK] = 4;
     sz[D_VALID] = (size_t)fi->dw * sizeof(bool);
     sz[P_IDX] = maxpp * 4;
-    sz[P_INDPTR] = sz[P_QIND] = (size_t)(fi->S + 1) * 4;
-    sz[P_LAST] = (size_t)fi->S * 4;
+    sz[P_INDPTR] = sz[P_QIND] = (size_t)(fi->preq + 1) * 4;
+    sz[P_LAST] = (size_t)fi->preq * 4;
     sz[P_REQ] = sz[P_QT] = sz[P_KT] = (size_t)fi->pw * 4;
     for (int i = 0; i < FI_NARR; ++i) {
         fi->off[i] = o;
@@ -183,7 +204,7 @@ kvf_status_t kvf_fwd_fi_prepare(kvf_model_h m, const kvf_rank_ctx_t *ctx,
     if (!kvf_fi_built(geo->kv_dtype, hd)) {
         kvf_error("KVF_GPU_ATTN=flashinfer: this build has no FlashInfer attention for a %s KV "
                   "cache of head_dim %d (builds with -DKVF_FLASHINFER=ON hold bf16, head_dim "
-                  "32 and 128)", kvf_dtype_name(geo->kv_dtype), hd);
+                  "32, 64, 128 and 256)", kvf_dtype_name(geo->kv_dtype), hd);
         return KVF_ERR_UNSUPPORTED;
     }
     why = kvf_fi_geometry(geo->kv_dtype, hd, qh, s->kv_heads, geo->kernel_block_size,
@@ -203,6 +224,7 @@ kvf_status_t kvf_fwd_fi_prepare(kvf_model_h m, const kvf_rank_ctx_t *ctx,
     fi->S = (lim->max_seqs > 0) ? lim->max_seqs : 1;
     fi->T = (lim->max_tokens > 0) ? lim->max_tokens : 1;
     fi->dcap = 2 * fi->S;
+    fi->preq = fi->S + (g.decode_on_prefill ? fi->dcap : 0);
     fi->mpr = ((lim->max_blocks > 0) ? lim->max_blocks : 1) * geo->ppl;
     kvf_fi_groups(m, ctx, fi, &windowed);
     if (fi->ngrp == 0) {
@@ -219,9 +241,9 @@ kvf_status_t kvf_fwd_fi_prepare(kvf_model_h m, const kvf_rank_ctx_t *ctx,
     fi->host = calloc((size_t)fi->ngrp, fi->grp_bytes);   /* unplanned groups upload zeros */
     fi->kv_len = malloc((size_t)fi->dcap * 4);
     fi->dseq = malloc((size_t)fi->dcap * 4);
-    fi->qo_len = malloc((size_t)fi->S * 4);
-    fi->pkv = malloc((size_t)fi->S * 4);
-    fi->pseq = malloc((size_t)fi->S * 4);
+    fi->qo_len = malloc((size_t)fi->preq * 4);
+    fi->pkv = malloc((size_t)fi->preq * 4);
+    fi->pseq = malloc((size_t)fi->preq * 4);
     fi->perm = malloc((size_t)fi->T * 4);
     fi->inv = malloc((size_t)fi->T * 4);
     if ((fi->host == NULL) || (fi->kv_len == NULL) || (fi->dseq == NULL) ||
@@ -234,11 +256,19 @@ kvf_status_t kvf_fwd_fi_prepare(kvf_model_h m, const kvf_rank_ctx_t *ctx,
     }
     ws->fi = fi;
     if (ctx->rank == 0) {
-        kvf_notice("attention: FlashInfer (KVF_GPU_ATTN=flashinfer): prompt tokens on its "
-                   "prefill (query tiles of %d rows, no split-KV), outputs on its decode "
-                   "(split-KV chunks of %d pages of %d tokens), whatever the batch; %d "
-                   "sliding-window layer(s) on kvferry's kernel", KVF_FI_PREFILL_TILE_Q,
-                   g.chunk_pages, g.page_tokens, windowed);
+        if (g.decode_on_prefill) {
+            kvf_notice("attention: FlashInfer (KVF_GPU_ATTN=flashinfer): prompt tokens on its "
+                       "prefill (query tiles of %d rows, no split-KV), outputs on its prefill "
+                       "too, one query token each (GQA group %d: its decode dispatches 1, 2, "
+                       "3, 4, 6, 8, 16), whatever the batch; %d sliding-window layer(s) on "
+                       "kvferry's kernel", KVF_FI_PREFILL_TILE_Q, fi->group, windowed);
+        } else {
+            kvf_notice("attention: FlashInfer (KVF_GPU_ATTN=flashinfer): prompt tokens on its "
+                       "prefill (query tiles of %d rows, no split-KV), outputs on its decode "
+                       "(split-KV chunks of %d pages of %d tokens), whatever the batch; %d "
+                       "sliding-window layer(s) on kvferry's kernel", KVF_FI_PREFILL_TILE_Q,
+                       g.chunk_pages, g.page_tokens, windowed);
+        }
     }
     return KVF_OK;
 }
@@ -290,10 +320,9 @@ static bool kvf_fi_rows(struct kvf_fwd_fi *fi, const kvf_fwd_batch_t *batch)
         return false;
     }
     fi->nd = nd;
-    fi->np = prow;   /* reset below: spans */
     fi->prow = prow;
     pr = nd;
-    np = 0;
+    np = fi->geom.decode_on_prefill ? nd : 0;   /* the decode entries' own prefill requests */
     for (int i = 0; i < batch->num_seqs; ++i) {
         const kvf_fwd_seq_t *sq = &batch->seqs[i];
         const int npr = kvf_fi_prompt_tokens(sq);
@@ -309,10 +338,18 @@ static bool kvf_fi_rows(struct kvf_fwd_fi *fi, const kvf_fwd_batch_t *batch)
             fi->kv_len[di] = sq->start + t + 1;
             fi->dseq[di] = i;
             fi->perm[di] = o + t;
+            if (fi->geom.decode_on_prefill) {   /* one query token, its own context */
+                fi->qo_len[di] = 1;
+                fi->pkv[di] = fi->kv_len[di];
+                fi->pseq[di] = i;
+            }
         }
         o += sq->num_tokens;
     }
     fi->np = np;
+    if (fi->geom.decode_on_prefill) {
+        fi->nd = 0;   /* FlashInfer's decode does not run; rows unchanged: outputs first */
+    }
     fi->identity = true;
     for (int j = 0; j < o; ++j) {
         fi->inv[fi->perm[j]] = j;
@@ -378,7 +415,7 @@ void kvf_fwd_fi_step(const kvf_rank_ctx_t *ctx, const kvf_device_t *dev,
         }
         if ((fi->np > 0) &&
             (!kvf_fi_pages_of(fi, ctx, batch, g, fi->np, fi->pseq, fi->pkv, P_IDX,
-                              fi->S * fi->mpr) ||
+                              fi->preq * fi->mpr) ||
              ((fi->pwork = kvf_fi_prefill_plan(fi->qo_len, fi->np, fi->group,
                                                FI_H(fi, g, P_REQ), FI_H(fi, g, P_QT),
                                                FI_H(fi, g, P_KT), FI_H(fi, g, P_QIND),

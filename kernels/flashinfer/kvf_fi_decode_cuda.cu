@@ -1,6 +1,6 @@
 /*
  * FlashInfer's paged decode instantiated for kvferry (kvf_fi_decode.h): bf16 query, cache and
- * output, head_dim 32 and 128, no positional encoding in the kernel (kvferry applies RoPE
+ * output, head_dim 32, 64, 128, 256, no positional encoding in the kernel (kvferry applies RoPE
  * before the cache write), no sliding window, soft cap or ALiBi. kvferry fills FlashInfer's
  * parameter block itself, plan arrays included (kvf_fi_plan.h: a fixed split-KV size, always
  * partitioned), so FlashInfer's own batch-dependent planner never runs. Built only with
@@ -115,8 +115,14 @@ extern "C" int kvf_cuda_fi_decode(const kvf_device_t *dev, const kvf_fi_decode_a
     case 32:
         err = kvf_fi_run<32>(p, tmp_v, a->tmp_s, st);
         break;
+    case 64:
+        err = kvf_fi_run<64>(p, tmp_v, a->tmp_s, st);
+        break;
     case 128:
         err = kvf_fi_run<128>(p, tmp_v, a->tmp_s, st);
+        break;
+    case 256:
+        err = kvf_fi_run<256>(p, tmp_v, a->tmp_s, st);
         break;
     default:
         return KVF_KERN_EINVAL;

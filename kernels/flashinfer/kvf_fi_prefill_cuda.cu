@@ -1,6 +1,6 @@
 /*
  * FlashInfer's paged prefill instantiated for kvferry (kvf_fi_prefill.h): bf16 query, cache
- * and output, head_dim 32 and 128, causal mask, no positional encoding in the kernel (kvferry
+ * and output, head_dim 32, 64, 128, 256, causal mask, no positional encoding in the kernel (kvferry
  * applies RoPE before the cache write), one fixed query tile (KVF_FI_PREFILL_TILE_Q packed
  * rows) and no split-KV, so a row's arithmetic does not depend on the batch. kvferry fills
  * the parameter block and the plan itself (kvf_fi_plan.h). Built only with -DKVF_FLASHINFER=ON.
@@ -133,8 +133,14 @@ extern "C" int kvf_cuda_fi_prefill(const kvf_device_t *dev, const kvf_fi_prefill
     case 32:
         err = kvf_fi_prefill_run<32>(p, st);
         break;
+    case 64:
+        err = kvf_fi_prefill_run<64>(p, st);
+        break;
     case 128:
         err = kvf_fi_prefill_run<128>(p, st);
+        break;
+    case 256:
+        err = kvf_fi_prefill_run<256>(p, st);
         break;
     default:
         return KVF_KERN_EINVAL;

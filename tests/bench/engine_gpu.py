@@ -131,8 +131,8 @@ def parse_args(argv):
     ap.add_argument("--attn", choices=("kvferry", "flashinfer"), default="kvferry",
                     help="kvferry's attention kernel (default), or FlashInfer's prefill and "
                          "decode (KVF_GPU_ATTN=flashinfer; a -DKVF_FLASHINFER=ON build such as "
-                         "the GPU bundle; models whose GQA group its decode does not dispatch, "
-                         "the 9B's 5, are refused and their cells say so)")
+                         "the GPU bundle; a GQA group its decode does not dispatch, the 9B's "
+                         "5, sends output tokens to its prefill kernel, one query token each)")
     ap.add_argument("--prefill-len", type=int, default=8192)
     ap.add_argument("--context-len", type=int, default=2048)
     ap.add_argument("--budget", type=float, default=170.0,

@@ -152,12 +152,28 @@ row_generate_sampled() {
 # both, KVF_GPU_WEIGHTS=exact so the attention is the one difference; tokens equal, logits
 # within 5e-2 relative to 1 + |cpu| (q, P and the output are bf16 inside FlashInfer; the
 # simulated path measured 2.6e-2 on the hybrid); FlashInfer must say it is in use.
-row_generate_fi() { # model
-    local m=$1 name="generate flashinfer: $1" c g rc_c rc_g diffs ma mr
+# the random hybrid with a GQA group of 5 (the 9B's; FlashInfer's decode does not dispatch it:
+# outputs on its prefill), made once into $RR_DIR with tiny-hybrid's tokenizer; prints its folder
+gqa5_model() {
+    local d="$RR_DIR/tiny-gqa5"
+    if [ ! -f "$d/tokenizer.json" ]; then
+        "$kvf" mkmodel --config "$data/tests/data/models/tiny-gqa5.config.json" --out "$d" \
+            --seed 5 >"$RR_DIR/tiny-gqa5.err" 2>&1 || return 1
+        cp "$data"/models-trained/tiny-hybrid/tokenizer*.json "$d/" || return 1
+    fi
+    echo "$d"
+}
+
+row_generate_fi() { # model (of models-trained, or tiny-gqa5)
+    local m=$1 name="generate flashinfer: $1" c g rc_c rc_g diffs ma mr md
     local pf="$RR_DIR/fi-prompt.txt"
     need_kvf
+    md="$data/models-trained/$m"
+    if [ "$m" = tiny-gqa5 ]; then
+        md=$(gqa5_model) || { rr_verdict "FAIL: kvf mkmodel tiny-gqa5"; return 1; }
+    fi
     awk 'BEGIN { for (i = 0; i < 30; ++i) printf "%d+%d=%d ", i, i + 7, 2 * i + 7; print "" }' >"$pf"
-    local args=(generate --model "$data/models-trained/$m" --prompt-file "$pf" --max-tokens 16
+    local args=(generate --model "$md" --prompt-file "$pf" --max-tokens 16
                 --ignore-eos yes --print-logits yes --kv-dtype bf16 --max-batch-tokens 64)
     c="$RR_DIR/gen-fi-$m-cpu.txt" g="$RR_DIR/gen-fi-$m-gpu.txt"
     "$kvf" "${args[@]}" --device cpu >"$c" 2>"$c.err"
@@ -259,11 +275,11 @@ row_engine() {
 # shared with the engine row) and a Llama-3-8B geometry of 4 layers (gpu-logs/
 # engine-geom-llama), prefill of 8192 tokens, decode at batch 1, 16, 64 on 2048 tokens of
 # context, against transformers bf16 sdpa, peak memory; its budget is this row's cap less 20 s
-row_engine_issue() { # [flashinfer: FlashInfer's attention, on the Llama geometry (its decode
-                     # refuses the 9B's GQA group of 5)]
+row_engine_issue() { # [flashinfer: FlashInfer's attention, on both geometries (the 9B's GQA
+                     # group of 5 takes its prefill kernel for output tokens too)]
     local rc b=$(( ${RR_CAP_S:-240} - 20 )) f="engine-issue${1:+-$1}"
     local extra=()
-    [ "${1:-}" = flashinfer ] && extra=(--attn flashinfer --models llama-geom)
+    [ "${1:-}" = flashinfer ] && extra=(--attn flashinfer)
     need_kvf
     [ -f "$root/tests/bench/engine_gpu.py" ] ||
         { rr_verdict "skipped: tests/bench/engine_gpu.py absent"; return 77; }
@@ -414,12 +430,16 @@ row_pool() {
 # batch invariance of the GPU engine: every request alone and in 8 batch compositions, bits
 # for bit; with an argument, KVF_GPU_ATTN=that (flashinfer: prompt tokens on FlashInfer's
 # prefill, outputs on its decode, so mixed steps and a recompute go through both)
-row_invariance() { # [attention]
-    local inv="$tbin/test_batch_invariance" out="$RR_DIR/inv${1:+-$1}.txt" irc n nd
-    local name="batch invariance, cuda:0${1:+, $1}"
+row_invariance() { # [attention [tiny-gqa5: that model, not tiny-hybrid]]
+    local inv="$tbin/test_batch_invariance" out="$RR_DIR/inv${1:+-$1}${2:+-$2}.txt" irc n nd
+    local name="batch invariance, cuda:0${1:+, $1}${2:+, $2}" md=""
     [ -x "$inv" ] || { rr_verdict "skipped: test_batch_invariance not built"; return 77; }
-    KVF_GPU_ATTN="${1:-}" KVF_TEST_SOURCE_DIR="$data" KVF_INVARIANCE_DEVICE=cuda:0 "$inv" \
-        >"$out" 2>&1
+    if [ "${2:-}" = tiny-gqa5 ]; then
+        need_kvf
+        md=$(gqa5_model) || { rr_verdict "FAIL: kvf mkmodel tiny-gqa5"; return 1; }
+    fi
+    KVF_GPU_ATTN="${1:-}" KVF_TEST_SOURCE_DIR="$data" KVF_INVARIANCE_DEVICE=cuda:0 \
+        KVF_INVARIANCE_MODEL="$md" "$inv" >"$out" 2>&1
     irc=$?
     n=$(grep -c 'differ from their solo run' "$out")
     nd=$(grep 'differ from their solo run' "$out" | grep -vc ' 0 differ from')

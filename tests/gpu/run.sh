@@ -188,15 +188,17 @@ rr_add ssd 45 row_prog ssd_vs_cpu
 rr_add fi-attention 45 row_prog fi_attention_check
 rr_add gen-fi-hybrid 60 row_generate_fi tiny-hybrid
 rr_add gen-fi-dense 60 row_generate_fi tiny-dense
+rr_add gen-fi-gqa5 60 row_generate_fi tiny-gqa5
 rr_add engine 150 row_engine
 rr_add engine-issue 240 row_engine_issue
-rr_add engine-issue-fi 180 row_engine_issue flashinfer
+rr_add engine-issue-fi 240 row_engine_issue flashinfer
 rr_add pull-4p2d-ipc 60 row_bench 4p2d ipc
 rr_add pull-4p2d-ucx 60 row_bench 4p2d ucx
 rr_add nixl-4p2d 90 row_nixl
 rr_add pool-1p1d 100 row_pool
 rr_add batch-invariance 90 row_invariance
 rr_add batch-invariance-fi 120 row_invariance flashinfer
+rr_add batch-invariance-fi-gqa5 120 row_invariance flashinfer tiny-gqa5
 # CUDA graphs of decode steps = eager (default and exact settings): graphs on by default waits
 # on these two
 rr_add graphs-hybrid 90 row_graphs_generate tiny-hybrid

@@ -1,6 +1,7 @@
 /* FlashInfer decode on kvferry's pages (kernels/kvf_fi_plan.h), on the CPU:
- * - refusals by name: fp32 caches, dtypes/head dims not instantiated, GQA groups FlashInfer's
- *   decode does not dispatch (Nemotron-Nano-9B-v2's 40 / 8 = 5), bad geometry, page indices
+ * - refusals by name: fp32 caches, dtypes/head dims not instantiated, bad geometry; GQA
+ *   groups FlashInfer's decode does not dispatch (Nemotron-Nano-9B-v2's 40 / 8 = 5) marked
+ *   decode_on_prefill, page indices
  *   past INT32_MAX; Llama-3-8B-like and the trained models' geometries accepted;
  * - every element FlashInfer would read (page index * stride_page + head * stride_h + row *
  *   stride_n, V at + v_offset) is the element kvferry's own attention reads
@@ -21,15 +22,25 @@ static void test_refusals(void **state)
     (void)state;
     /* Llama-3-8B-like: 32 / 8 heads, head_dim 128, bf16, kernel blocks of 16 */
     assert_null(kvf_fi_geometry(KVF_DTYPE_BF16, 128, 32, 8, 16, 65536, 1u << 30, 1, &g));
+    assert_int_equal(g.decode_on_prefill, 0);
     /* the trained tiny models: 8 / 2 heads, head_dim 32 */
     assert_null(kvf_fi_geometry(KVF_DTYPE_BF16, 32, 8, 2, 16, 4096, 1u << 20, 1, &g));
+    assert_int_equal(g.decode_on_prefill, 0);
     assert_non_null(strstr(kvf_fi_geometry(KVF_DTYPE_FP32, 128, 32, 8, 16, 131072, 1u << 30, 1,
                                            &g), "not fp32"));
     assert_non_null(strstr(kvf_fi_geometry(KVF_DTYPE_BF16, 128, 32, 8, 16, 65536, 1u << 30, 0,
                                            &g), "instantiated"));
-    /* Nemotron-Nano-9B-v2: 40 query heads over 8 KV heads */
-    assert_non_null(strstr(kvf_fi_geometry(KVF_DTYPE_BF16, 128, 40, 8, 16, 65536, 1u << 30, 1,
-                                           &g), "GQA group size"));
+    /* Nemotron-Nano-9B-v2: 40 query heads over 8 KV heads, a group of 5 its decode does not
+     * dispatch: outputs on its prefill; 6 and 16 on its decode, 7 and 10 on its prefill */
+    assert_null(kvf_fi_geometry(KVF_DTYPE_BF16, 128, 40, 8, 16, 81920, 1u << 30, 1, &g));
+    assert_int_equal(g.decode_on_prefill, 1);
+    for (int grp = 1; grp <= 16; ++grp) {
+        const int want = (grp <= 4) || (grp == 6) || (grp == 8) || (grp == 16);
+        assert_int_equal(kvf_fi_decode_group(grp), want);
+        assert_null(kvf_fi_geometry(KVF_DTYPE_BF16, 128, 2 * grp, 2, 16, 16384, 1u << 30, 1,
+                                    &g));
+        assert_int_equal(g.decode_on_prefill, !want);
+    }
     assert_non_null(kvf_fi_geometry(KVF_DTYPE_BF16, 128, 30, 8, 16, 65536, 1u << 30, 1, &g));
     assert_non_null(kvf_fi_geometry(KVF_DTYPE_BF16, 0, 32, 8, 16, 65536, 1u << 30, 1, &g));
     assert_non_null(kvf_fi_geometry(KVF_DTYPE_BF16, 128, 32, 8, 16, 1024, 1u << 30, 1, &g));

@@ -1,7 +1,7 @@
 /*
  * TEST ONLY (kvf-devsim, kvf_devsim.c): FlashInfer's decode and prefill attention on the
  * simulated GPU.
- * kvf_fi_built says what a -DKVF_FLASHINFER=ON build says (bf16, head_dim 32 and 128;
+ * kvf_fi_built says what a -DKVF_FLASHINFER=ON build says (bf16, head_dim 32, 64, 128, 256;
  * DEVSIM_FI=0: what this build says), so KVF_GPU_ATTN=flashinfer takes its path here.
  * Each kvf_fi_decode call has its plan arguments checked against what they must be for the
  * request lengths they encode (page counts and last-page fill, the fixed split-KV plan of
@@ -38,7 +38,8 @@ int __wrap_kvf_fi_built(kvf_dtype_t dtype, int head_dim)
     if ((e != NULL) && (strcmp(e, "0") == 0)) {
         return __real_kvf_fi_built(dtype, head_dim);
     }
-    return (dtype == KVF_DTYPE_BF16) && ((head_dim == 32) || (head_dim == 128));
+    return (dtype == KVF_DTYPE_BF16) && ((head_dim == 32) || (head_dim == 64) ||
+                                         (head_dim == 128) || (head_dim == 256));
 }
 
 static void fi_error(const char *who, const char *what, long long v)
