@@ -61,6 +61,15 @@ typedef struct kvf_zmq_opt {
 #define KVF_ZMQ_DEFAULT_HWM        1000
 #define KVF_ZMQ_DEFAULT_MAXMSGSIZE (64ll << 20)
 
+/* A serving ROUTER's send queue (messages). A ROUTER drops, without a word, a
+ * message to a peer whose queue is full (ZMQ_ROUTER_MANDATORY off), so a daemon
+ * answering many streams needs room for a burst of one reply per stream while
+ * its reader (the proxy's I/O thread) is behind: at the default above, 1000,
+ * a burst of 2000 streams' tokens lost some of them, and the proxy waited out
+ * --token-timeout on each (test_proxy_many). Every serving ROUTER (the
+ * daemons' serve channel, the tests' fake daemon) uses this. */
+#define KVF_ZMQ_SERVE_SNDHWM       100000
+
 /**
  * Create a socket of @a type on @a ctx, set the defaults above, then
  * @a opts[0..num_opts) in order. When the process is configured secure
