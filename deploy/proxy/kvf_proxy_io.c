@@ -48,7 +48,13 @@ kvf_status_t kvf_proxy_inst_open(struct kvf_proxy_pool *pool, kvf_proxy_instance
         /* a burst of requests (every admitted stream's prefill at once) must queue, not
          * fail: at the default 1000, a send past it got EAGAIN and the request a 502.
          * What is queued is bounded by admission (--max-connections, --max-outstanding) */
-        {ZMQ_SNDHWM, KVF_ZMQ_SERVE_SNDHWM},
+        {ZMQ_SNDHWM, KVF_ZMQ_SERVE_HWM},
+        /* replies: a receive queue that fills stops the connection's input until this
+         * thread reads, and under that back-pressure (CURVE, libzmq 4.3.4) replies were
+         * lost without a trace: 2000 streams on a loaded machine lost some tokens and
+         * some final replies (test_proxy_many; the fake's log showed every one sent).
+         * Room for every reply a burst brings keeps the input from stalling */
+        {ZMQ_RCVHWM, KVF_ZMQ_SERVE_HWM},
     };
     static const kvf_zmq_opt_t mon_opts[] = {
         {ZMQ_LINGER, 0},
@@ -134,7 +140,7 @@ static void kvf_proxy_io_send(struct kvf_proxy_pool *pool, kvf_proxy_msg_t *m)
      * events lag, so the two are not told apart */
     snprintf(why, sizeof(why), "%s instance %s is not connected or its send queue "
              "(%d messages) is full (%s)", kvf_proxy_role_name(m->role), inst->url,
-             KVF_ZMQ_SERVE_SNDHWM, zmq_strerror(zmq_errno()));
+             KVF_ZMQ_SERVE_HWM, zmq_strerror(zmq_errno()));
     pthread_mutex_lock(&pool->lock);
     {
         struct kvf_proxy_call *c = kvf_proxy_call_find(pool, m->role, m->idx, m->request_id);

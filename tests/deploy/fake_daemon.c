@@ -430,7 +430,7 @@ int main(int argc, char **argv)
     kvf_zmq_auth_config_t auth = {.keys_dir = NULL, .key_id = NULL, .insecure = false};
     /* the real daemons' send queue: at the default 1000 a burst of replies to a busy
      * proxy was dropped by the ROUTER, and those streams timed out */
-    const kvf_zmq_opt_t opts[] = {{ZMQ_LINGER, 0}, {ZMQ_SNDHWM, KVF_ZMQ_SERVE_SNDHWM},
+    const kvf_zmq_opt_t opts[] = {{ZMQ_LINGER, 0}, {ZMQ_SNDHWM, KVF_ZMQ_SERVE_HWM},
                                    {ZMQ_ROUTER_MANDATORY, 1}};
     const char *base = strrchr(argv[0], '/') ? strrchr(argv[0], '/') + 1 : argv[0];
     void *ctx, *sock;

@@ -7,7 +7,7 @@
  * sends past what the queue and the TCP buffers held got EAGAIN and their calls
  * failed as if the instance were gone (a 502 in test_proxy_many under load).
  * 30000 is well past what the TCP buffers hold and below the queue's
- * KVF_ZMQ_SERVE_SNDHWM (100000).
+ * KVF_ZMQ_SERVE_HWM (100000).
  */
 #include "kvf_proxy_pool_int.h"
 #include "kvf_zmq.h"

@@ -61,14 +61,16 @@ typedef struct kvf_zmq_opt {
 #define KVF_ZMQ_DEFAULT_HWM        1000
 #define KVF_ZMQ_DEFAULT_MAXMSGSIZE (64ll << 20)
 
-/* A serving ROUTER's send queue (messages). A ROUTER drops, without a word, a
- * message to a peer whose queue is full (ZMQ_ROUTER_MANDATORY off), so a daemon
- * answering many streams needs room for a burst of one reply per stream while
- * its reader (the proxy's I/O thread) is behind: at the default above, 1000,
- * a burst of 2000 streams' tokens lost some of them, and the proxy waited out
- * --token-timeout on each (test_proxy_many). Every serving ROUTER (the
- * daemons' serve channel, the tests' fake daemon) uses this. */
-#define KVF_ZMQ_SERVE_SNDHWM       100000
+/* The queues of the serving link (messages), both ends. The daemons' ROUTER
+ * (serve channel; the tests' fake daemon) sends with it: a ROUTER drops, without
+ * a word, a message to a peer whose queue is full (ZMQ_ROUTER_MANDATORY off).
+ * kvf-proxy's DEALER to each instance sends and receives with it: past the
+ * default (1000) a burst of requests got EAGAIN (a 502), and a full receive
+ * queue stalls the connection's input, under which back-pressure replies were
+ * lost (test_proxy_many: 2000 streams on a loaded machine, tokens and final
+ * replies missing though the daemon sent every one, the proxy waiting out
+ * --token-timeout). What is queued is bounded by admission. */
+#define KVF_ZMQ_SERVE_HWM       100000
 
 /**
  * Create a socket of @a type on @a ctx, set the defaults above, then
