@@ -49,12 +49,6 @@ kvf_status_t kvf_proxy_inst_open(struct kvf_proxy_pool *pool, kvf_proxy_instance
          * fail: at the default 1000, a send past it got EAGAIN and the request a 502.
          * What is queued is bounded by admission (--max-connections, --max-outstanding) */
         {ZMQ_SNDHWM, KVF_ZMQ_SERVE_HWM},
-        /* replies: a receive queue that fills stops the connection's input until this
-         * thread reads, and under that back-pressure (CURVE, libzmq 4.3.4) replies were
-         * lost without a trace: 2000 streams on a loaded machine lost some tokens and
-         * some final replies (test_proxy_many; the fake's log showed every one sent).
-         * Room for every reply a burst brings keeps the input from stalling */
-        {ZMQ_RCVHWM, KVF_ZMQ_SERVE_HWM},
     };
     static const kvf_zmq_opt_t mon_opts[] = {
         {ZMQ_LINGER, 0},

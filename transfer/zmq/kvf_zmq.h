@@ -61,15 +61,12 @@ typedef struct kvf_zmq_opt {
 #define KVF_ZMQ_DEFAULT_HWM        1000
 #define KVF_ZMQ_DEFAULT_MAXMSGSIZE (64ll << 20)
 
-/* The queues of the serving link (messages), both ends. The daemons' ROUTER
- * (serve channel; the tests' fake daemon) sends with it: a ROUTER drops, without
- * a word, a message to a peer whose queue is full (ZMQ_ROUTER_MANDATORY off).
- * kvf-proxy's DEALER to each instance sends and receives with it: past the
- * default (1000) a burst of requests got EAGAIN (a 502), and a full receive
- * queue stalls the connection's input, under which back-pressure replies were
- * lost (test_proxy_many: 2000 streams on a loaded machine, tokens and final
- * replies missing though the daemon sent every one, the proxy waiting out
- * --token-timeout). What is queued is bounded by admission. */
+/* The send queues of the serving link (messages). The daemons' ROUTER (serve
+ * channel; the tests' fake daemon) sends with it: a ROUTER drops, without a
+ * word, a message to a peer whose queue is full (ZMQ_ROUTER_MANDATORY off).
+ * kvf-proxy's DEALER to each instance sends with it: at the default (1000) a
+ * burst of requests got EAGAIN and a 502 (test_proxy_many under load). What
+ * is queued is bounded by the proxy's admission. */
 #define KVF_ZMQ_SERVE_HWM       100000
 
 /**
