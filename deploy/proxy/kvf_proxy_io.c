@@ -45,6 +45,10 @@ kvf_status_t kvf_proxy_inst_open(struct kvf_proxy_pool *pool, kvf_proxy_instance
         {ZMQ_HEARTBEAT_IVL, 1000},
         {ZMQ_HEARTBEAT_TIMEOUT, 3000},
         {ZMQ_CONNECT_TIMEOUT, 500},
+        /* a burst of requests (every admitted stream's prefill at once) must queue, not
+         * fail: at the default 1000, a send past it got EAGAIN and the request a 502.
+         * What is queued is bounded by admission (--max-connections, --max-outstanding) */
+        {ZMQ_SNDHWM, KVF_ZMQ_SERVE_HWM},
     };
     static const kvf_zmq_opt_t mon_opts[] = {
         {ZMQ_LINGER, 0},
@@ -126,8 +130,11 @@ static void kvf_proxy_io_send(struct kvf_proxy_pool *pool, kvf_proxy_msg_t *m)
         }
         return;
     }
-    snprintf(why, sizeof(why), "%s instance %s is not connected (%s)",
-             kvf_proxy_role_name(m->role), inst->url, zmq_strerror(zmq_errno()));
+    /* EAGAIN: no connection is up (ZMQ_IMMEDIATE), or its queue is full; the monitor's
+     * events lag, so the two are not told apart */
+    snprintf(why, sizeof(why), "%s instance %s is not connected or its send queue "
+             "(%d messages) is full (%s)", kvf_proxy_role_name(m->role), inst->url,
+             KVF_ZMQ_SERVE_HWM, zmq_strerror(zmq_errno()));
     pthread_mutex_lock(&pool->lock);
     {
         struct kvf_proxy_call *c = kvf_proxy_call_find(pool, m->role, m->idx, m->request_id);

@@ -80,6 +80,7 @@ static fake_pending_t fake_pending[FAKE_MAX_PENDING];
 static int fake_side_port = 0;
 static int fake_requests;
 static fake_stream_t fake_streams[FAKE_MAX_STREAMS];
+static int fake_lost;   /* replies the socket refused (peer gone) */
 
 static void fake_on_signal(int sig)
 {
@@ -107,8 +108,12 @@ static void fake_send(void *sock, zmq_msg_t *identity, const Kvf__ServeReply *r)
     kvf__serve_reply__pack(r, buf);
     zmq_msg_init(&id);
     zmq_msg_copy(&id, identity);
-    zmq_msg_send(&id, sock, ZMQ_SNDMORE);
-    zmq_send(sock, buf, len, 0);
+    if ((zmq_msg_send(&id, sock, ZMQ_SNDMORE) < 0) || (zmq_send(sock, buf, len, 0) < 0)) {
+        fake_lost++;
+        fprintf(stderr, "fake: reply for %s lost: %s\n", r->request_id ? r->request_id : "",
+                zmq_strerror(zmq_errno()));
+        zmq_msg_close(&id);
+    }
     free(buf);
 }
 
@@ -423,7 +428,10 @@ int main(int argc, char **argv)
 {
     const char *listen = NULL;
     kvf_zmq_auth_config_t auth = {.keys_dir = NULL, .key_id = NULL, .insecure = false};
-    const kvf_zmq_opt_t opts[] = {{ZMQ_LINGER, 0}};
+    /* the real daemons' send queue: at the default 1000 a burst of replies to a busy
+     * proxy was dropped by the ROUTER, and those streams timed out */
+    const kvf_zmq_opt_t opts[] = {{ZMQ_LINGER, 0}, {ZMQ_SNDHWM, KVF_ZMQ_SERVE_HWM},
+                                   {ZMQ_ROUTER_MANDATORY, 1}};
     const char *base = strrchr(argv[0], '/') ? strrchr(argv[0], '/') + 1 : argv[0];
     void *ctx, *sock;
 

@@ -277,7 +277,7 @@ kvf_status_t kvf_serve_server_create(const char *endpoint, kvf_serve_server_h *s
     struct kvf_serve_server *srv = calloc(1, sizeof(*srv));
     const kvf_zmq_opt_t opts[] = {
         {ZMQ_LINGER, 0},
-        {ZMQ_SNDHWM, 100000},
+        {ZMQ_SNDHWM, KVF_ZMQ_SERVE_HWM},   /* replies are dropped past it */
         {ZMQ_MAXMSGSIZE, 64ll << 20},   /* a stray client cannot make us buffer more */
     };
     char pair_url[64];

@@ -61,6 +61,14 @@ typedef struct kvf_zmq_opt {
 #define KVF_ZMQ_DEFAULT_HWM        1000
 #define KVF_ZMQ_DEFAULT_MAXMSGSIZE (64ll << 20)
 
+/* The send queues of the serving link (messages). The daemons' ROUTER (serve
+ * channel; the tests' fake daemon) sends with it: a ROUTER drops, without a
+ * word, a message to a peer whose queue is full (ZMQ_ROUTER_MANDATORY off).
+ * kvf-proxy's DEALER to each instance sends with it: at the default (1000) a
+ * burst of requests got EAGAIN and a 502 (test_proxy_many under load). What
+ * is queued is bounded by the proxy's admission. */
+#define KVF_ZMQ_SERVE_HWM       100000
+
 /**
  * Create a socket of @a type on @a ctx, set the defaults above, then
  * @a opts[0..num_opts) in order. When the process is configured secure
