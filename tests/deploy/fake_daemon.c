@@ -481,7 +481,8 @@ int main(int argc, char **argv)
         return 2;
     }
     ctx = zmq_ctx_new();
-    if (kvf_zmq_socket_open(ctx, ZMQ_ROUTER, opts, 1, &sock) != KVF_OK) {
+    if (kvf_zmq_socket_open(ctx, ZMQ_ROUTER, opts, sizeof(opts) / sizeof(opts[0]), &sock) !=
+        KVF_OK) {
         fprintf(stderr, "fake: ROUTER socket: %s\n", zmq_strerror(zmq_errno()));
         return 1;
     }
