@@ -682,7 +682,7 @@ static kvf_status_t kvf_cfg_parse_mistral(const kvf_cfg_reader_t *rd, kvf_model_
  */
 static kvf_status_t kvf_cfg_parse_qwen3(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
 {
-    const cJSON *item;
+    kvf_status_t status;
     bool use_sliding, any_sliding = false;
     bool sliding[KVF_MAX_LAYERS] = {false};
     int max_window_layers;
@@ -690,30 +690,13 @@ static kvf_status_t kvf_cfg_parse_qwen3(const kvf_cfg_reader_t *rd, kvf_model_co
     KVF_CFG_TRY(kvf_cfg_dense_layers(rd, cfg));
     KVF_CFG_TRY(kvf_cfg_bool(rd, "use_sliding_window", false, &use_sliding));
     KVF_CFG_TRY(kvf_cfg_int_opt(rd, "max_window_layers", 28, &max_window_layers));
-    item = cJSON_GetObjectItemCaseSensitive(rd->root, "layer_types");
-    if ((item != NULL) && !cJSON_IsNull(item)) {
-        const cJSON *lt;
-        int n = 0;
-        if (!cJSON_IsArray(item)) {
-            KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "field 'layer_types' must be a list");
-        }
-        cJSON_ArrayForEach(lt, item) {
-            bool full = cJSON_IsString(lt) && (strcmp(lt->valuestring, "full_attention") == 0);
-            bool slid = cJSON_IsString(lt) && (strcmp(lt->valuestring, "sliding_attention") == 0);
-            if (!full && !slid) {
-                KVF_CFG_FAIL(KVF_ERR_UNSUPPORTED, "field 'layer_types' entry %d = '%s' is not"
-                             " implemented (full_attention, sliding_attention): refused", n,
-                             cJSON_IsString(lt) ? lt->valuestring : "?");
-            }
-            any_sliding = any_sliding || slid;
-            if (n < KVF_MAX_LAYERS) {
-                sliding[n] = slid;
-            }
-            ++n;
-        }
-        if (n != cfg->num_layers) {
-            KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "field 'layer_types' has %d entries but"
-                         " num_hidden_layers = %d", n, cfg->num_layers);
+    status = kvf_cfg_layer_types(rd, cfg, "sliding_attention", "full_attention", sliding);
+    if ((status != KVF_OK) && (status != KVF_ERR_NOT_FOUND)) {
+        return status;
+    }
+    if (status == KVF_OK) {
+        for (int l = 0; l < cfg->num_layers; ++l) {
+            any_sliding = any_sliding || sliding[l];
         }
     } else {
         any_sliding = (max_window_layers < cfg->num_layers);

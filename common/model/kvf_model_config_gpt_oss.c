@@ -166,28 +166,16 @@ static kvf_status_t kvf_gpt_oss_rope(const kvf_cfg_reader_t *rd, kvf_model_confi
 static kvf_status_t kvf_gpt_oss_layer_types(const kvf_cfg_reader_t *rd,
                                             const kvf_model_config_t *cfg, bool *sliding)
 {
-    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(rd->root, "layer_types");
+    kvf_status_t status = kvf_cfg_layer_types(rd, cfg, "sliding_attention", "full_attention",
+                                              sliding);
 
-    if ((lt == NULL) || cJSON_IsNull(lt)) {
+    if (status == KVF_ERR_NOT_FOUND) {
         for (int l = 0; l < cfg->num_layers; ++l) {
             sliding[l] = ((l + 1) % 2) != 0;   /* GptOssConfig's default layer_types */
         }
         return KVF_OK;
     }
-    if (!cJSON_IsArray(lt) || (cJSON_GetArraySize(lt) != cfg->num_layers)) {
-        KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "field 'layer_types' must be a list of"
-                     " num_hidden_layers = %d entries", cfg->num_layers);
-    }
-    for (int l = 0; l < cfg->num_layers; ++l) {
-        const cJSON *e = cJSON_GetArrayItem(lt, l);
-        const char *v = cJSON_IsString(e) ? e->valuestring : "";
-        if ((strcmp(v, "sliding_attention") != 0) && (strcmp(v, "full_attention") != 0)) {
-            KVF_CFG_FAIL(KVF_ERR_UNSUPPORTED, "field 'layer_types[%d]' = '%s' is not"
-                         " implemented (sliding_attention, full_attention): refused", l, v);
-        }
-        sliding[l] = (strcmp(v, "sliding_attention") == 0);
-    }
-    return KVF_OK;
+    return status;
 }
 
 /* The experts: num_local_experts (128), num_experts_per_tok (4), intermediate_size, the

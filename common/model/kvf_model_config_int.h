@@ -72,6 +72,13 @@ bool kvf_cfg_qwen3_next_known(const char *name, kvf_arch_t arch);
 kvf_status_t kvf_cfg_parse_qwen3_next(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg);
 kvf_status_t kvf_cfg_parse_qwen3_5_text(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg);
 
+/* layer_types: a list of num_hidden_layers names, each @a a or @a b, into @a is_a[l] (true:
+ * @a a). KVF_ERR_NOT_FOUND when absent or null (the family's default applies); a list of
+ * another length (KVF_ERR_INVALID_PARAM) or another name (KVF_ERR_UNSUPPORTED) is refused
+ * naming the field and the entry. */
+kvf_status_t kvf_cfg_layer_types(const kvf_cfg_reader_t *rd, const kvf_model_config_t *cfg,
+                                 const char *a, const char *b, bool *is_a);
+
 /* In the per-architecture parsers: return the first error, naming the origin. */
 #define KVF_CFG_TRY(_expr)                                  \
     do {                                                    \

@@ -93,23 +93,17 @@ static kvf_status_t kvf_qn_pos(const kvf_cfg_reader_t *rd, const char *name, int
 /* layer_types (or every full_attention_interval-th layer full) into cfg->layer_kinds. */
 static kvf_status_t kvf_qn_layers(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
 {
-    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(rd->root, "layer_types");
+    bool lin[KVF_MAX_LAYERS];
+    kvf_status_t status = kvf_cfg_layer_types(rd, cfg, "linear_attention", "full_attention",
+                                              lin);
     int interval;
 
-    if ((lt != NULL) && !cJSON_IsNull(lt)) {
-        if (!cJSON_IsArray(lt) || (cJSON_GetArraySize(lt) != cfg->num_layers)) {
-            KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "field 'layer_types' must be a list of"
-                         " num_hidden_layers = %d entries", cfg->num_layers);
-        }
+    if ((status != KVF_OK) && (status != KVF_ERR_NOT_FOUND)) {
+        return status;
+    }
+    if (status == KVF_OK) {
         for (int l = 0; l < cfg->num_layers; ++l) {
-            const cJSON *e = cJSON_GetArrayItem(lt, l);
-            const char *v = cJSON_IsString(e) ? e->valuestring : "?";
-            bool lin = (strcmp(v, "linear_attention") == 0);
-            if (!lin && (strcmp(v, "full_attention") != 0)) {
-                KVF_CFG_FAIL(KVF_ERR_UNSUPPORTED, "field 'layer_types[%d]' = '%s' is not"
-                             " implemented (linear_attention, full_attention): refused", l, v);
-            }
-            cfg->layer_kinds[l] = lin ? KVF_LAYER_MAMBA : KVF_LAYER_ATTENTION;
+            cfg->layer_kinds[l] = lin[l] ? KVF_LAYER_MAMBA : KVF_LAYER_ATTENTION;
         }
     } else {
         KVF_CFG_TRY(kvf_qn_pos(rd, "full_attention_interval", 4, &interval));

@@ -229,3 +229,27 @@ void kvf_cfg_value_str(const cJSON *item, char *buf, size_t len)
     }
     free(p);
 }
+
+kvf_status_t kvf_cfg_layer_types(const kvf_cfg_reader_t *rd, const kvf_model_config_t *cfg,
+                                 const char *a, const char *b, bool *is_a)
+{
+    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(rd->root, "layer_types");
+
+    if ((lt == NULL) || cJSON_IsNull(lt)) {
+        return KVF_ERR_NOT_FOUND;
+    }
+    if (!cJSON_IsArray(lt) || (cJSON_GetArraySize(lt) != cfg->num_layers)) {
+        KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "field 'layer_types' must be a list of"
+                     " num_hidden_layers = %d entries", cfg->num_layers);
+    }
+    for (int l = 0; l < cfg->num_layers; ++l) {
+        const cJSON *e = cJSON_GetArrayItem(lt, l);
+        const char *v = cJSON_IsString(e) ? e->valuestring : "?";
+        if ((strcmp(v, a) != 0) && (strcmp(v, b) != 0)) {
+            KVF_CFG_FAIL(KVF_ERR_UNSUPPORTED, "field 'layer_types[%d]' = '%s' is not"
+                         " implemented (%s, %s): refused", l, v, a, b);
+        }
+        is_a[l] = (strcmp(v, a) == 0);
+    }
+    return KVF_OK;
+}
