@@ -629,12 +629,8 @@ static kvf_status_t kvf_cfg_parse_nemotron_h(const kvf_cfg_reader_t *rd,
 /* Dense decoders (llama, qwen3, mistral), before the architecture's own fields. */
 static kvf_status_t kvf_cfg_dense_layers(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
 {
-    KVF_CFG_TRY(kvf_cfg_int(rd, "num_hidden_layers", &cfg->num_layers));
+    KVF_CFG_TRY(kvf_cfg_num_layers(rd, cfg));
     KVF_CFG_TRY(kvf_cfg_int(rd, "intermediate_size", &cfg->intermediate_size));
-    if (cfg->num_layers > KVF_MAX_LAYERS) {
-        KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "field 'num_hidden_layers' = %d exceeds %d",
-                     cfg->num_layers, KVF_MAX_LAYERS);
-    }
     KVF_CFG_TRY(kvf_cfg_act(rd, "hidden_act", KVF_ACT_SILU, &cfg->mlp_act));
     KVF_CFG_TRY(kvf_cfg_bool(rd, "mlp_bias", false, &cfg->mlp_bias));
     KVF_CFG_TRY(kvf_cfg_bool(rd, "attention_bias", false, &cfg->attn_bias));
@@ -647,13 +643,18 @@ static kvf_status_t kvf_cfg_dense_layers(const kvf_cfg_reader_t *rd, kvf_model_c
 static kvf_status_t kvf_cfg_dense_finish(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
 {
     KVF_CFG_TRY(kvf_cfg_rope(rd, cfg));
+    kvf_cfg_all_attention(cfg);
+    return KVF_OK;
+}
+
+void kvf_cfg_all_attention(kvf_model_config_t *cfg)
+{
     memset(cfg->layer_kinds, KVF_LAYER_ATTENTION, (size_t)cfg->num_layers);
     cfg->layer_kinds[cfg->num_layers] = '\0';
     cfg->num_attention_layers = cfg->num_layers;
     cfg->dense_mlp_in_layer = true;
     cfg->ssm_cache_dtype = KVF_DTYPE_FP32;
     cfg->lm_head_tied = cfg->tie_word_embeddings;
-    return KVF_OK;
 }
 
 /* llama: a dense decoder with nothing of its own. */

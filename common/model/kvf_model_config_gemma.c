@@ -157,12 +157,8 @@ kvf_status_t kvf_cfg_parse_gemma3(const kvf_cfg_reader_t *rd, kvf_model_config_t
     for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); ++i) {
         KVF_CFG_TRY(kvf_gemma_refuse_set(rd, refused[i]));
     }
-    KVF_CFG_TRY(kvf_cfg_int(rd, "num_hidden_layers", &cfg->num_layers));
+    KVF_CFG_TRY(kvf_cfg_num_layers(rd, cfg));
     KVF_CFG_TRY(kvf_cfg_int(rd, "intermediate_size", &cfg->intermediate_size));
-    if (cfg->num_layers > KVF_MAX_LAYERS) {
-        KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "field 'num_hidden_layers' = %d exceeds %d",
-                     cfg->num_layers, KVF_MAX_LAYERS);
-    }
     if (!kvf_cfg_present(rd, "head_dim")) {
         cfg->head_dim = 256;   /* the class default, not hidden / heads */
     }
@@ -201,11 +197,6 @@ kvf_status_t kvf_cfg_parse_gemma3(const kvf_cfg_reader_t *rd, kvf_model_config_t
     }
     KVF_CFG_TRY(kvf_gemma_rope(rd, cfg, true, &cfg->rope_local));
     KVF_CFG_TRY(kvf_gemma_rope(rd, cfg, false, &cfg->rope));
-    memset(cfg->layer_kinds, KVF_LAYER_ATTENTION, (size_t)cfg->num_layers);
-    cfg->layer_kinds[cfg->num_layers] = '\0';
-    cfg->num_attention_layers = cfg->num_layers;
-    cfg->dense_mlp_in_layer = true;
-    cfg->ssm_cache_dtype = KVF_DTYPE_FP32;
-    cfg->lm_head_tied = cfg->tie_word_embeddings;
+    kvf_cfg_all_attention(cfg);
     return KVF_OK;
 }

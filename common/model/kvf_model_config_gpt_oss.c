@@ -222,11 +222,7 @@ kvf_status_t kvf_cfg_parse_gpt_oss(const kvf_cfg_reader_t *rd, kvf_model_config_
     bool any_sliding = false;
     double af;
 
-    KVF_CFG_TRY(kvf_cfg_int(rd, "num_hidden_layers", &cfg->num_layers));
-    if (cfg->num_layers > KVF_MAX_LAYERS) {
-        KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "field 'num_hidden_layers' = %d exceeds %d",
-                     cfg->num_layers, KVF_MAX_LAYERS);
-    }
+    KVF_CFG_TRY(kvf_cfg_num_layers(rd, cfg));
     if (!kvf_cfg_present(rd, "head_dim")) {
         cfg->head_dim = 64;   /* the class default, not hidden / heads */
     }
@@ -250,11 +246,6 @@ kvf_status_t kvf_cfg_parse_gpt_oss(const kvf_cfg_reader_t *rd, kvf_model_config_
     af = cfg->rope.attention_factor;
     cfg->attention_multiplier = af * af / sqrt((double)cfg->head_dim);
     cfg->attn_sinks = true;
-    memset(cfg->layer_kinds, KVF_LAYER_ATTENTION, (size_t)cfg->num_layers);
-    cfg->layer_kinds[cfg->num_layers] = '\0';
-    cfg->num_attention_layers = cfg->num_layers;
-    cfg->dense_mlp_in_layer = true;
-    cfg->ssm_cache_dtype = KVF_DTYPE_FP32;
-    cfg->lm_head_tied = cfg->tie_word_embeddings;
+    kvf_cfg_all_attention(cfg);
     return KVF_OK;
 }

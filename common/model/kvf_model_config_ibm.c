@@ -127,11 +127,7 @@ static kvf_status_t kvf_ibm_mamba(const kvf_cfg_reader_t *rd, kvf_model_config_t
 static kvf_status_t kvf_ibm_common(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg,
                                    double eps_default)
 {
-    KVF_CFG_TRY(kvf_cfg_int(rd, "num_hidden_layers", &cfg->num_layers));
-    if (cfg->num_layers > KVF_MAX_LAYERS) {
-        KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "field 'num_hidden_layers' = %d exceeds %d",
-                     cfg->num_layers, KVF_MAX_LAYERS);
-    }
+    KVF_CFG_TRY(kvf_cfg_num_layers(rd, cfg));
     KVF_CFG_TRY(kvf_cfg_num(rd, rd->root, "rms_norm_eps", eps_default, &cfg->norm_eps));
     if (!(cfg->norm_eps > 0)) {
         KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "field 'rms_norm_eps' = %g must be positive",

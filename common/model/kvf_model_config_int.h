@@ -72,6 +72,13 @@ bool kvf_cfg_qwen3_next_known(const char *name, kvf_arch_t arch);
 kvf_status_t kvf_cfg_parse_qwen3_next(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg);
 kvf_status_t kvf_cfg_parse_qwen3_5_text(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg);
 
+/* num_hidden_layers, required and at most KVF_MAX_LAYERS, into cfg->num_layers. */
+kvf_status_t kvf_cfg_num_layers(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg);
+
+/* A model whose every layer is attention followed by its FFN (the dense decoders, gemma3_text,
+ * gpt_oss): cfg->layer_kinds, the layer counts, no Mamba state, lm_head tied as the file says. */
+void kvf_cfg_all_attention(kvf_model_config_t *cfg);
+
 /* layer_types: a list of num_hidden_layers names, each @a a or @a b, into @a is_a[l] (true:
  * @a a). KVF_ERR_NOT_FOUND when absent or null (the family's default applies); a list of
  * another length (KVF_ERR_INVALID_PARAM) or another name (KVF_ERR_UNSUPPORTED) is refused

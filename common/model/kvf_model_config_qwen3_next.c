@@ -235,11 +235,7 @@ static kvf_status_t kvf_qn_rotary(const kvf_cfg_reader_t *rd, kvf_model_config_t
 static kvf_status_t kvf_qn_common(const kvf_cfg_reader_t *rd, const kvf_cfg_reader_t *rope_rd,
                                   kvf_model_config_t *cfg)
 {
-    KVF_CFG_TRY(kvf_cfg_int(rd, "num_hidden_layers", &cfg->num_layers));
-    if (cfg->num_layers > KVF_MAX_LAYERS) {
-        KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "field 'num_hidden_layers' = %d exceeds %d",
-                     cfg->num_layers, KVF_MAX_LAYERS);
-    }
+    KVF_CFG_TRY(kvf_cfg_num_layers(rd, cfg));
     if (!kvf_cfg_present(rd, "head_dim")) {
         cfg->head_dim = 256;   /* the class default, not hidden / heads */
     }

@@ -253,3 +253,13 @@ kvf_status_t kvf_cfg_layer_types(const kvf_cfg_reader_t *rd, const kvf_model_con
     }
     return KVF_OK;
 }
+
+kvf_status_t kvf_cfg_num_layers(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
+{
+    KVF_CFG_TRY(kvf_cfg_int(rd, "num_hidden_layers", &cfg->num_layers));
+    if (cfg->num_layers > KVF_MAX_LAYERS) {
+        KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "field 'num_hidden_layers' = %d exceeds %d",
+                     cfg->num_layers, KVF_MAX_LAYERS);
+    }
+    return KVF_OK;
+}
