@@ -247,26 +247,28 @@ static kvf_status_t kvf_load_mamba(kvf_loader_t *ld, const kvf_model_config_t *c
     return KVF_OK;
 }
 
-/* Concatenate the rows of three matrices of one dtype (q | k | v). */
-static kvf_status_t kvf_mat_concat3(kvf_mat_t parts[3], kvf_mat_t *out)
+kvf_status_t kvf_mat_concat(const kvf_mat_t *parts, int n, const char *what, kvf_mat_t *out)
 {
     size_t esz = kvf_dtype_size(parts[0].dtype), off = 0;
-    int rows = parts[0].rows + parts[1].rows + parts[2].rows;
+    int rows = 0;
 
-    if ((parts[1].dtype != parts[0].dtype) || (parts[2].dtype != parts[0].dtype)) {
-        kvf_error("q, k and v projections are stored in different dtypes (%s, %s, %s)",
-                  kvf_dtype_name(parts[0].dtype), kvf_dtype_name(parts[1].dtype),
-                  kvf_dtype_name(parts[2].dtype));
-        return KVF_ERR_UNSUPPORTED;
+    for (int i = 0; i < n; ++i) {
+        if ((parts[i].dtype != parts[0].dtype) || (parts[i].cols != parts[0].cols)) {
+            kvf_error("%s: the projections fused at load are stored in different dtypes or"
+                      " widths (%s, %s)", what, kvf_dtype_name(parts[0].dtype),
+                      kvf_dtype_name(parts[i].dtype));
+            return KVF_ERR_UNSUPPORTED;
+        }
+        rows += parts[i].rows;
     }
     out->data = kvf_alloc((size_t)rows * (size_t)parts[0].cols * esz);
     if (out->data == NULL) {
         return KVF_ERR_NO_MEMORY;
     }
-    for (int i = 0; i < 3; ++i) {
-        size_t n = (size_t)parts[i].rows * (size_t)parts[i].cols * esz;
-        memcpy((char *)out->data + off, parts[i].data, n);
-        off += n;
+    for (int i = 0; i < n; ++i) {
+        size_t bytes = (size_t)parts[i].rows * (size_t)parts[i].cols * esz;
+        memcpy((char *)out->data + off, parts[i].data, bytes);
+        off += bytes;
     }
     out->dtype = parts[0].dtype;
     out->rows = rows;
@@ -301,7 +303,7 @@ static kvf_status_t kvf_load_attention(kvf_loader_t *ld, const kvf_model_config_
         }
     }
     if (status == KVF_OK) {
-        status = kvf_mat_concat3(parts, &w->qkv);
+        status = kvf_mat_concat(parts, 3, "q, k and v", &w->qkv);
         w->qkv_rows = (int)(qn + 2 * kn);
     }
     if ((status == KVF_OK) && cfg->attn_bias) {

@@ -20,35 +20,6 @@
 #include "kvf_model_int.h"
 #include "kvf_gdn.h"
 
-/* Rows of several matrices of one dtype and width, concatenated (freed by the caller). */
-static kvf_status_t kvf_gdn_concat(const kvf_mat_t *parts, int n, kvf_mat_t *out)
-{
-    size_t esz = kvf_dtype_size(parts[0].dtype), off = 0;
-    int rows = 0;
-
-    for (int i = 0; i < n; ++i) {
-        if ((parts[i].dtype != parts[0].dtype) || (parts[i].cols != parts[0].cols)) {
-            kvf_error("qwen3_next: projections fused at load are stored in different dtypes"
-                      " (%s, %s)", kvf_dtype_name(parts[0].dtype), kvf_dtype_name(parts[i].dtype));
-            return KVF_ERR_UNSUPPORTED;
-        }
-        rows += parts[i].rows;
-    }
-    out->data = kvf_alloc((size_t)rows * (size_t)parts[0].cols * esz);
-    if (out->data == NULL) {
-        return KVF_ERR_NO_MEMORY;
-    }
-    for (int i = 0; i < n; ++i) {
-        size_t bytes = (size_t)parts[i].rows * (size_t)parts[i].cols * esz;
-        memcpy((char *)out->data + off, parts[i].data, bytes);
-        off += bytes;
-    }
-    out->dtype = parts[0].dtype;
-    out->rows = rows;
-    out->cols = parts[0].cols;
-    return KVF_OK;
-}
-
 /* in_proj_qkvz and in_proj_ba rows of this rank as z | v | k | q | b | a (w->in_proj). */
 static kvf_status_t kvf_gdn_load_in_proj(kvf_loader_t *ld, const kvf_model_config_t *cfg,
                                          const kvf_shard_t *s, int l, kvf_layer_w_t *w)
@@ -92,7 +63,7 @@ static kvf_status_t kvf_gdn_load_in_proj(kvf_loader_t *ld, const kvf_model_confi
                                    2 * Hv, H, (const int64_t (*)[2])rb, 2 * nh, &parts[1]);
     }
     if (status == KVF_OK) {
-        status = kvf_gdn_concat(parts, 2, &w->in_proj);
+        status = kvf_mat_concat(parts, 2, "qwen3_next in_proj", &w->in_proj);
         w->in_rows = (int)(2 * nh * dv + 2 * ng * dk + 2 * nh);
     }
     free(parts[0].data);
@@ -132,7 +103,7 @@ static kvf_status_t kvf_gdn_load_in_proj_split(kvf_loader_t *ld, const kvf_model
                                    hr, 1, &parts[3]);
     }
     if (status == KVF_OK) {
-        status = kvf_gdn_concat(parts, 4, &w->in_proj);
+        status = kvf_mat_concat(parts, 4, "qwen3_next in_proj", &w->in_proj);
         w->in_rows = (int)(2 * nh * dv + 2 * ng * dk + 2 * nh);
     }
     for (int i = 0; i < 4; ++i) {
@@ -229,7 +200,7 @@ kvf_status_t kvf_load_gated_attention(kvf_loader_t *ld, const kvf_model_config_t
         }
     }
     if (status == KVF_OK) {
-        status = kvf_gdn_concat(parts, 4, &w->qkv);
+        status = kvf_mat_concat(parts, 4, "qwen3_next q, k, v and gate", &w->qkv);
         w->qkv_rows = (int)(2 * qn + 2 * kn);
     }
     if ((status == KVF_OK) && cfg->attn_bias) {

@@ -96,6 +96,9 @@ typedef struct {
 /* nemotron_h: backbone.layers.N.<suffix>; the others: model.layers.N.<suffix> (in ld->name;
  * layer < 0: the suffix alone). */
 const char *kvf_lname(kvf_loader_t *ld, int layer, const char *suffix);
+/* The rows of @a n matrices of one dtype and width, concatenated into @a out (its data
+ * kvf_alloc'ed, the caller's); KVF_ERR_UNSUPPORTED, logged naming @a what, when they differ. */
+kvf_status_t kvf_mat_concat(const kvf_mat_t *parts, int n, const char *what, kvf_mat_t *out);
 /* malloc of at least one byte. */
 void *kvf_alloc(size_t bytes);
 /* Rows {start, count} @a ranges of tensor @a name (shape [ndim]), of each row columns
