@@ -212,11 +212,10 @@ kvf_status_t kvf_cfg_rope(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
     /* transformers 5 takes rope_scaling over rope_parameters when a file has both */
     const char *field = "rope_scaling";
     const cJSON *rp = cJSON_GetObjectItemCaseSensitive(rd->root, field);
-    const cJSON *it, *type;
+    const cJSON *type;
     kvf_rope_t *r = &cfg->rope;
     double top_theta, partial, top_partial, max_pos;
     kvf_status_t status;
-    char val[128];
 
     if ((rp == NULL) || cJSON_IsNull(rp)) {
         field = "rope_parameters";
@@ -241,18 +240,8 @@ kvf_status_t kvf_cfg_rope(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
             kvf_error("%s: field '%s' must be an object", rd->origin, field);
             return KVF_ERR_INVALID_PARAM;
         }
-        cJSON_ArrayForEach(it, rp) {
-            bool ok = false;
-            for (size_t i = 0; i < sizeof(allowed) / sizeof(allowed[0]); ++i) {
-                ok = ok || (strcmp(it->string, allowed[i]) == 0);
-            }
-            if (!ok) {
-                kvf_cfg_value_str(it, val, sizeof(val));
-                kvf_error("%s: field '%s.%s' = %s is not implemented: refused", rd->origin, field,
-                          it->string, val);
-                return KVF_ERR_UNSUPPORTED;
-            }
-        }
+        KVF_CFG_TRY(kvf_cfg_keys_known(rd, rp, field, allowed,
+                                       sizeof(allowed) / sizeof(allowed[0]), ""));
         type = cJSON_GetObjectItemCaseSensitive(rp, "rope_type");
         if (type == NULL) {
             type = cJSON_GetObjectItemCaseSensitive(rp, "type");

@@ -117,25 +117,15 @@ static kvf_status_t kvf_gpt_oss_rope(const kvf_cfg_reader_t *rd, kvf_model_confi
     };
     const char *field;
     const cJSON *rp = kvf_gpt_oss_rope_obj(rd, &field);
-    const cJSON *type = NULL, *it;
+    const cJSON *type = NULL;
     double top_theta;
-    char val[128];
 
     KVF_CFG_TRY(kvf_cfg_num(rd, rd->root, "rope_theta", 150000.0, &top_theta));
     if ((rp != NULL) && !cJSON_IsObject(rp)) {
         KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "field '%s' must be an object", field);
     }
-    cJSON_ArrayForEach(it, rp) {
-        bool ok = false;
-        for (size_t i = 0; i < sizeof(allowed) / sizeof(allowed[0]); ++i) {
-            ok = ok || (strcmp(it->string, allowed[i]) == 0);
-        }
-        if (!ok) {
-            kvf_cfg_value_str(it, val, sizeof(val));
-            KVF_CFG_FAIL(KVF_ERR_UNSUPPORTED, "field '%s.%s' = %s is not implemented for"
-                         " gpt_oss: refused", field, it->string, val);
-        }
-    }
+    KVF_CFG_TRY(kvf_cfg_keys_known(rd, rp, field, allowed,
+                                   sizeof(allowed) / sizeof(allowed[0]), " for gpt_oss"));
     if (rp != NULL) {
         type = cJSON_GetObjectItemCaseSensitive(rp, "rope_type");
         type = (type != NULL) ? type : cJSON_GetObjectItemCaseSensitive(rp, "type");

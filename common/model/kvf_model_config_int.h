@@ -72,6 +72,12 @@ bool kvf_cfg_qwen3_next_known(const char *name, kvf_arch_t arch);
 kvf_status_t kvf_cfg_parse_qwen3_next(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg);
 kvf_status_t kvf_cfg_parse_qwen3_5_text(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg);
 
+/* Every key of object @a obj (field @a field; NULL: none) is one of @a allowed[n]; else
+ * KVF_ERR_UNSUPPORTED, logged as "field 'field.key' = value is not implemented@a for:
+ * refused". */
+kvf_status_t kvf_cfg_keys_known(const kvf_cfg_reader_t *rd, const cJSON *obj, const char *field,
+                                const char *const *allowed, size_t n, const char *for_what);
+
 /* num_hidden_layers, required and at most KVF_MAX_LAYERS, into cfg->num_layers. */
 kvf_status_t kvf_cfg_num_layers(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg);
 

@@ -263,3 +263,23 @@ kvf_status_t kvf_cfg_num_layers(const kvf_cfg_reader_t *rd, kvf_model_config_t *
     }
     return KVF_OK;
 }
+
+kvf_status_t kvf_cfg_keys_known(const kvf_cfg_reader_t *rd, const cJSON *obj, const char *field,
+                                const char *const *allowed, size_t n, const char *for_what)
+{
+    const cJSON *it;
+    char val[128];
+
+    cJSON_ArrayForEach(it, obj) {
+        bool ok = false;
+        for (size_t i = 0; i < n; ++i) {
+            ok = ok || (strcmp(it->string, allowed[i]) == 0);
+        }
+        if (!ok) {
+            kvf_cfg_value_str(it, val, sizeof(val));
+            KVF_CFG_FAIL(KVF_ERR_UNSUPPORTED, "field '%s.%s' = %s is not implemented%s: refused",
+                         field, it->string, val, for_what);
+        }
+    }
+    return KVF_OK;
+}
