@@ -236,11 +236,25 @@ static bool kvf_parse_for(kvf_sp_t *sp, kvf_node_t *n, const kvf_piece_t *p)
     return true;
 }
 
+/* The body of block @a n up to its end tag st[0] (the only stop word), into branches[0]; a
+ * missing end tag fails naming @a tag. Always true (the node is kept; sp->status says). */
+static bool kvf_parse_block_end(kvf_sp_t *sp, kvf_node_t *n, const char *const *st,
+                                const char *tag, const kvf_piece_t *p)
+{
+    char end[32];
+
+    kvf_parse_body(sp, &n->branches[0], st, end, sizeof(end));
+    if ((sp->status == KVF_OK) && strcmp(end, st[0])) {
+        kvf_sp_fail(sp, KVF_ERR_PARSE, "'%s' without '%s' (offset %zu)", tag, st[0], p->at);
+    }
+    sp->i++;
+    return true;
+}
+
 /* {% set name = expr %}, {% set ns.attr = expr %} and {% set name %} ... {% endset %}. */
 static bool kvf_parse_set(kvf_sp_t *sp, kvf_node_t *n, const kvf_piece_t *p)
 {
     static const char *const st[] = {"endset", NULL};
-    char end[32];
     kvf_toks_t t;
     kvf_ps_t ps;
 
@@ -269,12 +283,7 @@ static bool kvf_parse_set(kvf_sp_t *sp, kvf_node_t *n, const kvf_piece_t *p)
             kvf_sp_fail(sp, KVF_ERR_NO_MEMORY, "out of memory");
             return false;
         }
-        kvf_parse_body(sp, &n->branches[0], st, end, sizeof(end));
-        if ((sp->status == KVF_OK) && strcmp(end, "endset")) {
-            kvf_sp_fail(sp, KVF_ERR_PARSE, "'set' without 'endset' (offset %zu)", p->at);
-        }
-        sp->i++;
-        return true;
+        return kvf_parse_block_end(sp, n, st, "set", p);
     }
     if ((n->target[0] == NULL) || !kvf_jinja_is_op(&ps, "=")) {
         kvf_jinja_toks_free(&t);
@@ -295,7 +304,6 @@ static bool kvf_parse_set(kvf_sp_t *sp, kvf_node_t *n, const kvf_piece_t *p)
 static bool kvf_parse_macro(kvf_sp_t *sp, kvf_node_t *n, const kvf_piece_t *p)
 {
     static const char *const st[] = {"endmacro", NULL};
-    char end[32];
     kvf_toks_t t;
     kvf_ps_t ps;
 
@@ -354,12 +362,7 @@ static bool kvf_parse_macro(kvf_sp_t *sp, kvf_node_t *n, const kvf_piece_t *p)
         kvf_node_free(n);
         return false;
     }
-    kvf_parse_body(sp, &n->branches[0], st, end, sizeof(end));
-    if ((sp->status == KVF_OK) && strcmp(end, "endmacro")) {
-        kvf_sp_fail(sp, KVF_ERR_PARSE, "'macro' without 'endmacro' (offset %zu)", p->at);
-    }
-    sp->i++;
-    return true;
+    return kvf_parse_block_end(sp, n, st, "macro", p);
 }
 
 /* {% break %} and {% continue %} (the loopcontrols extension transformers enables). */
@@ -395,7 +398,6 @@ static bool kvf_parse_generation(kvf_sp_t *sp, kvf_node_t *n, const kvf_piece_t 
 static bool kvf_parse_filter_block(kvf_sp_t *sp, kvf_node_t *n, const kvf_piece_t *p)
 {
     static const char *const st[] = {"endfilter", NULL};
-    char end[32];
     kvf_toks_t t;
     kvf_tok_t *v;
     kvf_ps_t ps;
@@ -436,12 +438,7 @@ static bool kvf_parse_filter_block(kvf_sp_t *sp, kvf_node_t *n, const kvf_piece_
         kvf_node_free(n);
         return false;
     }
-    kvf_parse_body(sp, &n->branches[0], st, end, sizeof(end));
-    if ((sp->status == KVF_OK) && strcmp(end, "endfilter")) {
-        kvf_sp_fail(sp, KVF_ERR_PARSE, "'filter' without 'endfilter' (offset %zu)", p->at);
-    }
-    sp->i++;
-    return true;
+    return kvf_parse_block_end(sp, n, st, "filter", p);
 }
 
 /* Any other statement: refused by name. */

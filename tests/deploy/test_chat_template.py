@@ -109,6 +109,26 @@ def main():
         print("ok: %s: %d message lists byte-equal to jinja2" % (os.path.basename(path),
                                                                   a.cases))
     print("ok: %d renders equal (%d raised in both with the same message)" % (total, raised))
+    unclosed_blocks(binary)
+
+
+def unclosed_blocks(binary):
+    """A block statement without its end tag fails to parse, naming both tags."""
+    import tempfile
+    for tag, text in (("set", "{% set x %}a"), ("macro", "{% macro m() %}a"),
+                      ("filter", "{% filter upper %}a")):
+        with tempfile.NamedTemporaryFile("w", suffix=".jinja") as f:
+            f.write(text)
+            f.flush()
+            try:
+                got = ours(binary, f.name, {"messages": []})
+            except TemplateError as e:
+                got = str(e)
+        want = "'%s' without 'end%s'" % (tag, tag)
+        if want not in got:
+            print("FAIL %r: %r, expected an error naming %s" % (text, got, want))
+            sys.exit(1)
+    print("ok: set, macro and filter blocks without their end tag are refused by name")
 
 
 if __name__ == "__main__":
