@@ -7,6 +7,9 @@
 # The simulator's prefill sums its dot products in another order than its decode (as the
 # two GPU kernels give other bits), so a token sent to the other kernel because of its batch
 # fails here. Both FlashInfer kernels must have run with right plans (fi_plan_errors 0).
+# The run builds engine after engine in one process (a solo run, then each composition): no
+# tensor-core GEMM may be reported with another algorithm key (the simulator drops a freed
+# matrix's key, so reused addresses are not a false conflict).
 # Usage: test_devsim_fi_invariance.sh TESTBIN
 set -euo pipefail
 BIN="${1:?usage: test_devsim_fi_invariance.sh TESTBIN}/test_batch_invariance_devsim"
@@ -32,4 +35,7 @@ grep 'differ from their solo run' "$T/out" || true
 grep -Eq 'with rows reordered\)' "$T/err" &&
     grep -E 'FlashInfer ran .*\(([1-9][0-9]*) with rows reordered\)' "$T/err" >/dev/null ||
     fail "no step with reordered rows (the recompute's chunk): $(grep 'FlashInfer ran' "$T/err")"
+[ "$(field "$T/err" gemm_lt_calls)" -gt 0 ] && [ "$(field "$T/err" gemm_lt_key_errors)" -eq 0 ] &&
+    ! grep -q 'another algorithm key' "$T/err" ||
+    fail "tensor-core GEMM keys: $(grep -m3 -e 'gemm_lt' -e 'algorithm key' "$T/err")"
 echo "PASS ($(grep -o 'fi_decode_calls.*' "$T/err"))"

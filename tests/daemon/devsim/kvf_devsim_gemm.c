@@ -6,7 +6,14 @@
  * So every call computes the key the CUDA launcher would (kvf_gemm_lt_key), and a weight
  * pointer seen before with another key, or a call the launcher would refuse (an odd address,
  * a bad stride), is counted as an error:
- *   gemm_lt_calls C gemm_lt_weights W gemm_lt_key_errors E
+ *   gemm_lt_calls C gemm_lt_weights W (live) gemm_lt_key_errors E
+ * The table is keyed by the weight's address, which only means "this matrix" while its
+ * allocation lives: kvf_device_free drops the keys inside the freed range
+ * (devsim_gemm_lt_forget), so a later engine whose weights land on reused addresses starts
+ * afresh instead of being compared with a freed matrix's key.
+ * Rejected: keying on the shape (what the launcher's own cache does): two matrices of one
+ * shape with other strides would then be reported, and a real change of one matrix's key
+ * would hide behind another matrix of its shape.
  */
 #include "kvf_devsim_gemm.h"
 #include "kvf_gemm_plan.h"
@@ -54,6 +61,21 @@ void devsim_gemm_lt_check(int ordinal, int N, int K, const void *w, int wdtype, 
         lt_error("a weight matrix got another algorithm key than before: its rows' bits would "
                  "change with the batch", N, K);
         return;
+    }
+    pthread_mutex_unlock(&lt_lock);
+}
+
+void devsim_gemm_lt_forget(uintptr_t lo, uintptr_t hi)
+{
+    pthread_mutex_lock(&lt_lock);
+    for (int i = 0; i < lt_n;) {
+        if (((uintptr_t)lt_w[i] >= lo) && ((uintptr_t)lt_w[i] < hi)) {
+            --lt_n;   /* the last entry takes its place: order does not matter */
+            lt_w[i] = lt_w[lt_n];
+            lt_key[i] = lt_key[lt_n];
+        } else {
+            ++i;
+        }
     }
     pthread_mutex_unlock(&lt_lock);
 }
