@@ -184,13 +184,13 @@ bool kvf_proxy_choice_over(const kvf_proxy_choice_t *ch)
     return ch->stopped || (ch->flow.done && ch->flushed);
 }
 
-size_t kvf_proxy_choice_ready(const kvf_proxy_choice_t *ch)
+/* The text no stop string nor reasoning marker may still change (the choice running), its
+ * span in @a sp. */
+static size_t kvf_proxy_choice_settled(const kvf_proxy_choice_t *ch,
+                                       kvf_proxy_reasoning_span_t *sp)
 {
-    size_t hold = 0;
+    size_t hold = 0, ready;
 
-    if (kvf_proxy_choice_over(ch)) {
-        return ch->end;
-    }
     /* the longest tail that is the start of a stop string waits for the next tokens */
     for (int i = 0; i < ch->sub.num_stop; ++i) {
         size_t l = strlen(ch->sub.stop[i]);
@@ -201,18 +201,48 @@ size_t kvf_proxy_choice_ready(const kvf_proxy_choice_t *ch)
             }
         }
     }
-    {   /* nor a possible reasoning marker, nor what may be a tool call in the content */
-        kvf_proxy_reasoning_span_t sp;
-        size_t ready = ch->len - hold;
-        kvf_proxy_choice_span(ch, &sp);
-        ready = (sp.hold < ready) ? sp.hold : ready;
-        if (ready > sp.c_start) {
-            ready = sp.c_start +
-                    kvf_proxy_tools_ready((kvf_proxy_tool_parser_t)ch->sub.tool_parser,
-                                          ch->text + sp.c_start, ready - sp.c_start);
-        }
-        return ready;
+    ready = ch->len - hold;
+    kvf_proxy_choice_span(ch, sp);   /* nor a possible reasoning marker */
+    return (sp->hold < ready) ? sp->hold : ready;
+}
+
+size_t kvf_proxy_choice_ready(const kvf_proxy_choice_t *ch)
+{
+    kvf_proxy_reasoning_span_t sp;
+    size_t ready;
+
+    if (kvf_proxy_choice_over(ch)) {
+        return ch->end;
     }
+    ready = kvf_proxy_choice_settled(ch, &sp);
+    if (ready > sp.c_start) {   /* nor what may be a tool call in the content */
+        ready = sp.c_start +
+                kvf_proxy_tools_ready((kvf_proxy_tool_parser_t)ch->sub.tool_parser,
+                                      ch->text + sp.c_start, ready - sp.c_start);
+    }
+    return ready;
+}
+
+kvf_status_t kvf_proxy_choice_tool_delta(kvf_proxy_choice_t *ch, cJSON **delta_p)
+{
+    kvf_proxy_reasoning_span_t sp;
+    size_t settled;
+
+    *delta_p = NULL;
+    if (ch->sub.tool_parser == 0) {
+        return KVF_OK;
+    }
+    if (kvf_proxy_choice_over(ch)) {
+        return kvf_proxy_tools_stream_finish(&ch->tools_sent, ch->tool_calls, delta_p);
+    }
+    settled = kvf_proxy_choice_settled(ch, &sp);
+    if (settled <= sp.c_start) {
+        return KVF_OK;
+    }
+    return kvf_proxy_tools_stream_next(&ch->tools_sent,
+                                       (kvf_proxy_tool_parser_t)ch->sub.tool_parser,
+                                       ch->sub.parallel_tool_calls, ch->text + sp.c_start,
+                                       settled - sp.c_start, delta_p);
 }
 
 void kvf_proxy_choice_span(const kvf_proxy_choice_t *ch, kvf_proxy_reasoning_span_t *sp)
@@ -264,6 +294,7 @@ void kvf_proxy_choice_cleanup(kvf_proxy_choice_t *ch)
     ch->echo = NULL;
     cJSON_Delete(ch->tool_calls);
     ch->tool_calls = NULL;
+    kvf_proxy_tools_stream_free(&ch->tools_sent);
     free(ch->tok_end);
     ch->tok_end = NULL;
 }

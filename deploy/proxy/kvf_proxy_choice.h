@@ -16,6 +16,7 @@
 #include "kvf_proxy_flow.h"
 #include "kvf_proxy_openai.h"
 #include "kvf_proxy_reasoning.h"
+#include "kvf_proxy_tools_stream.h"
 
 typedef struct kvf_proxy_choice {
     int                        index;       /* prompt x per prompt + j (per prompt: n, or
@@ -45,6 +46,7 @@ typedef struct kvf_proxy_choice {
                                                * asked for its ranking only) */
     bool                       tools_parsed;  /* the output went through its tool parser */
     struct cJSON              *tool_calls;    /* the calls it held (owned), or NULL */
+    kvf_proxy_tool_stream_t    tools_sent;    /* streaming: the call deltas sent */
 } kvf_proxy_choice_t;
 
 /**
@@ -71,6 +73,15 @@ void kvf_proxy_choice_span(const kvf_proxy_choice_t *ch, kvf_proxy_reasoning_spa
 
 /** Bytes of the text that may be shown now: all when over, else less what is held back. */
 size_t kvf_proxy_choice_ready(const kvf_proxy_choice_t *ch);
+
+/**
+ * Streaming with a tool parser: the next tool-call delta of the running choice (its calls'
+ * names and arguments as far as its settled content holds them; kvf_proxy_tools_stream.h),
+ * or, once over, what completes the calls sent to the parsed ones.
+ * @param [out] delta_p  a JSON array of deltas (owned by the caller), NULL: nothing to send
+ * @return KVF_OK; KVF_ERR_NO_MEMORY.
+ */
+kvf_status_t kvf_proxy_choice_tool_delta(kvf_proxy_choice_t *ch, struct cJSON **delta_p);
 
 /** The finish_reason of an over choice ("stop", "length", ...). */
 const char *kvf_proxy_choice_finish(const kvf_proxy_choice_t *ch);

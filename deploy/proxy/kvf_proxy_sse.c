@@ -210,9 +210,24 @@ typedef enum {
     KVF_PROXY_SSE_OVER,           /* the stream is over */
 } kvf_proxy_sse_next_t;
 
+/* A chunk of @a ch carrying tool-call deltas @a deltas (freed) and no text nor token. */
+static void kvf_proxy_sse_tools_chunk(kvf_proxy_cmpl_t *s, kvf_proxy_choice_t *ch,
+                                      cJSON *deltas)
+{
+    kvf_proxy_choice_out_t out;
+    kvf_proxy_usage_t u = {.prompt_tokens = ch->sub.num_prompt,
+                           .completion_tokens = ch->ids_sent};
+
+    kvf_proxy_piece(ch, ch->ids_sent, "", false, &out);
+    out.tool_calls = deltas;
+    kvf_proxy_sse_set(s, kvf_proxy_openai_chunk(s->http->params.api, &s->req, &ch->flow.out,
+                                                &out, s->req.continuous_usage ? &u : NULL));
+    cJSON_Delete(deltas);
+}
+
 /*
- * The next chunk of some choice (round robin from s->rr): its ready text, or its
- * final chunk once over. false: no choice has anything to send now.
+ * The next chunk of some choice (round robin from s->rr): its ready text, a tool call's
+ * delta once its text is out (kvf_proxy_tools_stream.h), or its final chunk once over. false: no choice has anything to send now.
  * With logprobs or token ids asked, every token has its own chunk (vLLM's), its text what
  * was ready up to it ("" while held back: a special token, a possible stop string), so a
  * client timing tokens sees each when it is decoded.
@@ -235,6 +250,7 @@ static bool kvf_proxy_sse_choice_chunk(kvf_proxy_cmpl_t *s)
         kvf_proxy_usage_t u;
         size_t c0, r0, r1;
         char *text, *reasoning;
+        cJSON *rest = NULL;
 
         if (per_token && (ch->ids_sent + 1 < to)) {   /* one token: its own chunk */
             to = ch->ids_sent + 1;
@@ -243,6 +259,19 @@ static bool kvf_proxy_sse_choice_chunk(kvf_proxy_cmpl_t *s)
         } else if (per_token && !over && (to > ch->ids_sent) &&
                    kvf_proxy_choice_ends_at(ch, api, to)) {
             continue;   /* the last token: it goes with the finish_reason, as vLLM's */
+        }
+        if (!over && ch->first_sent && (ready <= ch->sent) &&
+            (!per_token || (to <= ch->ids_sent))) {   /* the text before is out: a call's */
+            cJSON *delta = NULL;
+            if (kvf_proxy_choice_tool_delta(ch, &delta) != KVF_OK) {
+                kvf_proxy_sse_set(s, NULL);
+                return true;
+            }
+            if (delta != NULL) {
+                kvf_proxy_sse_tools_chunk(s, ch, delta);
+                s->rr = (i + 1) % s->num_choices;
+                return true;
+            }
         }
         /* the first chunk of each choice goes out at once, text or not (its first token;
          * chat's role) */
@@ -272,12 +301,21 @@ static bool kvf_proxy_sse_choice_chunk(kvf_proxy_cmpl_t *s)
         }
         text[echo + (ready - c0)] = '\0';
         kvf_proxy_piece(ch, to, text, last, &out);
+        if (last && (kvf_proxy_choice_tool_delta(ch, &rest) != KVF_OK)) {
+            free(text);
+            free(reasoning);
+            kvf_proxy_sse_set(s, NULL);
+            return true;
+        }
+        out.tool_calls = rest;   /* the calls' deltas left (the parse's whole calls: a
+                                  * response's) */
         out.reasoning = reasoning;
         out.text_offset -= (int)echo;
         u.prompt_tokens = ch->sub.num_prompt;
         u.completion_tokens = to;
         kvf_proxy_sse_set(s, kvf_proxy_openai_chunk(api, &s->req, &ch->flow.out, &out,
                                                     s->req.continuous_usage ? &u : NULL));
+        cJSON_Delete(rest);
         free(text);
         free(reasoning);
         ch->sent = ready;

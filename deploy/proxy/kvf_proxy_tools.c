@@ -62,57 +62,56 @@ static void kvf_sb_put(kvf_sbuf_t *b, const char *s, size_t n)
     b->s[b->len] = '\0';
 }
 
+int kvf_proxy_json_char_py(unsigned char c, char *out)
+{
+    static const char from[] = "\"\\\n\r\t\b\f", to[] = "\"\\nrtbf";
+    const char *e = (c != '\0') ? strchr(from, c) : NULL;
+
+    if (e != NULL) {
+        out[0] = '\\';
+        out[1] = to[e - from];
+        return 2;
+    }
+    if (c < 0x20) {
+        snprintf(out, 8, "\\u%04x", c);
+        return 6;
+    }
+    out[0] = (char)c;   /* ensure_ascii=False: UTF-8 as it is */
+    return 1;
+}
+
 static void kvf_sb_str(kvf_sbuf_t *b, const char *s)
 {
+    char esc[8];
+
     kvf_sb_put(b, "\"", 1);
     for (; *s != '\0'; ++s) {
-        unsigned char c = (unsigned char)*s;
-        char esc[8];
-        switch (c) {
-        case '"':  kvf_sb_put(b, "\\\"", 2); break;
-        case '\\': kvf_sb_put(b, "\\\\", 2); break;
-        case '\n': kvf_sb_put(b, "\\n", 2); break;
-        case '\r': kvf_sb_put(b, "\\r", 2); break;
-        case '\t': kvf_sb_put(b, "\\t", 2); break;
-        case '\b': kvf_sb_put(b, "\\b", 2); break;
-        case '\f': kvf_sb_put(b, "\\f", 2); break;
-        default:
-            if (c < 0x20) {
-                snprintf(esc, sizeof(esc), "\\u%04x", c);
-                kvf_sb_put(b, esc, 6);
-            } else {
-                kvf_sb_put(b, s, 1);   /* ensure_ascii=False: UTF-8 as it is */
-            }
-        }
+        kvf_sb_put(b, esc, (size_t)kvf_proxy_json_char_py((unsigned char)*s, esc));
     }
     kvf_sb_put(b, "\"", 1);
 }
 
-/* A number as Python prints it: an integer as one, a float by its shortest repr. */
-static void kvf_sb_num(kvf_sbuf_t *b, double v, bool integral_text)
+/* cJSON keeps no integer/float distinction: integral values print as integers; a float by
+ * its shortest repr, as Python prints it. */
+void kvf_proxy_json_num_py(double v, char *t, size_t cap)
 {
-    char t[40];
-
     if (!isfinite(v)) {
-        kvf_sb_put(b, (v != v) ? "NaN" : (v > 0) ? "Infinity" : "-Infinity",
-                   (v != v) ? 3 : (v > 0) ? 8 : 9);
+        snprintf(t, cap, "%s", (v != v) ? "NaN" : (v > 0) ? "Infinity" : "-Infinity");
         return;
     }
-    if (integral_text && (fabs(v) < 9007199254740992.0)) {
-        snprintf(t, sizeof(t), "%.0f", v);
-    } else {
-        for (int p = 1; p <= 17; ++p) {
-            snprintf(t, sizeof(t), "%.*g", p, v);
-            if (strtod(t, NULL) == v) {
-                break;
-            }
-        }
-        if ((strchr(t, '.') == NULL) && (strchr(t, 'e') == NULL) &&
-            (strchr(t, 'n') == NULL)) {
-            strcat(t, ".0");   /* Python writes a float with a point */
+    if ((floor(v) == v) && (fabs(v) < 9007199254740992.0)) {
+        snprintf(t, cap, "%.0f", v);
+        return;
+    }
+    for (int p = 1; p <= 17; ++p) {
+        snprintf(t, cap, "%.*g", p, v);
+        if (strtod(t, NULL) == v) {
+            break;
         }
     }
-    kvf_sb_put(b, t, strlen(t));
+    if ((strchr(t, '.') == NULL) && (strchr(t, 'e') == NULL) && (strchr(t, 'n') == NULL)) {
+        strncat(t, ".0", cap - strlen(t) - 1);   /* Python writes a float with a point */
+    }
 }
 
 static void kvf_sb_value(kvf_sbuf_t *b, const cJSON *v)
@@ -138,8 +137,9 @@ static void kvf_sb_value(kvf_sbuf_t *b, const cJSON *v)
     } else if (cJSON_IsString(v)) {
         kvf_sb_str(b, v->valuestring);
     } else if (cJSON_IsNumber(v)) {
-        /* cJSON keeps no integer/float distinction: integral values print as integers */
-        kvf_sb_num(b, v->valuedouble, floor(v->valuedouble) == v->valuedouble);
+        char t[40];
+        kvf_proxy_json_num_py(v->valuedouble, t, sizeof(t));
+        kvf_sb_put(b, t, strlen(t));
     } else if (cJSON_IsBool(v)) {
         kvf_sb_put(b, cJSON_IsTrue(v) ? "true" : "false", cJSON_IsTrue(v) ? 4 : 5);
     } else {
@@ -344,8 +344,7 @@ kvf_status_t kvf_proxy_tools_message(const cJSON *m, const char *role, int i, cJ
 
 /* ---- the output ---------------------------------------------------------------------- */
 
-/* "chatcmpl-tool-" and 32 hex digits (vLLM's ids); mistral: 9 letters and digits. */
-static void kvf_tool_id(kvf_proxy_tool_parser_t parser, char *id, size_t cap)
+void kvf_proxy_tool_id(kvf_proxy_tool_parser_t parser, char *id, size_t cap)
 {
     static const char an[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
     unsigned char r[16] = {0};
@@ -372,13 +371,18 @@ static void kvf_tool_id(kvf_proxy_tool_parser_t parser, char *id, size_t cap)
  * false when it is not one. */
 static bool kvf_tool_call_add(kvf_proxy_tool_parser_t parser, cJSON *calls, const cJSON *obj)
 {
-    const cJSON *name = cJSON_GetObjectItemCaseSensitive(obj, "name");
-    const cJSON *args = cJSON_GetObjectItemCaseSensitive(obj, "arguments");
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(obj, "name"), *args = NULL, *k;
+    const cJSON *members = cJSON_IsObject(obj) ? obj : NULL;
     cJSON *o, *f;
     char id[48], *text;
 
-    if (args == NULL) {
-        args = cJSON_GetObjectItemCaseSensitive(obj, "parameters");   /* Llama 3's key */
+    /* the first of "arguments" and "parameters" (Llama 3's key) in the text: what a stream
+     * began to send (kvf_proxy_tools_stream.h) before a later one could show up */
+    cJSON_ArrayForEach(k, members) {
+        if ((args == NULL) && (k->string != NULL) &&
+            ((strcmp(k->string, "arguments") == 0) || (strcmp(k->string, "parameters") == 0))) {
+            args = k;
+        }
     }
     if (!cJSON_IsObject(obj) || !cJSON_IsString(name) || (args == NULL)) {
         return false;
@@ -391,7 +395,7 @@ static bool kvf_tool_call_add(kvf_proxy_tool_parser_t parser, cJSON *calls, cons
         cJSON_Delete(o);
         return false;
     }
-    kvf_tool_id(parser, id, sizeof(id));
+    kvf_proxy_tool_id(parser, id, sizeof(id));
     cJSON_AddStringToObject(o, "id", id);
     cJSON_AddStringToObject(o, "type", "function");
     cJSON_AddStringToObject(f, "name", name->valuestring);
@@ -401,21 +405,23 @@ static bool kvf_tool_call_add(kvf_proxy_tool_parser_t parser, cJSON *calls, cons
     return true;
 }
 
-static const char kvf_hermes_open[] = "<tool_call>", kvf_hermes_close[] = "</tool_call>";
-static const char kvf_mistral_tag[] = "[TOOL_CALLS]", kvf_llama_tag[] = "<|python_tag|>";
+const char kvf_proxy_tool_hermes_open[] = "<tool_call>";
+const char kvf_proxy_tool_hermes_close[] = "</tool_call>";
+const char kvf_proxy_tool_mistral_tag[] = "[TOOL_CALLS]";
+const char kvf_proxy_tool_llama_tag[] = "<|python_tag|>";
 
 /* hermes: every <tool_call>...</tool_call> block (the last may be unterminated). */
 static bool kvf_parse_hermes(char *t, cJSON *calls, size_t *content_end)
 {
-    char *at = strstr(t, kvf_hermes_open);
+    char *at = strstr(t, kvf_proxy_tool_hermes_open);
 
     if (at == NULL) {
         return false;
     }
     *content_end = (size_t)(at - t);
     while (at != NULL) {
-        char *body = at + strlen(kvf_hermes_open), *end = strstr(body, kvf_hermes_close);
-        char *next = (end != NULL) ? end + strlen(kvf_hermes_close) : NULL;
+        char *body = at + strlen(kvf_proxy_tool_hermes_open), *end = strstr(body, kvf_proxy_tool_hermes_close);
+        char *next = (end != NULL) ? end + strlen(kvf_proxy_tool_hermes_close) : NULL;
         cJSON *obj;
         bool ok;
         if (end != NULL) {
@@ -427,7 +433,7 @@ static bool kvf_parse_hermes(char *t, cJSON *calls, size_t *content_end)
         if (!ok) {
             return false;
         }
-        at = (next != NULL) ? strstr(next, kvf_hermes_open) : NULL;
+        at = (next != NULL) ? strstr(next, kvf_proxy_tool_hermes_open) : NULL;
     }
     return true;
 }
@@ -440,8 +446,8 @@ static bool kvf_parse_llama3(char *t, cJSON *calls, size_t *content_end)
     while ((*p == ' ') || (*p == '\n') || (*p == '\t') || (*p == '\r')) {
         ++p;
     }
-    if (strncmp(p, kvf_llama_tag, strlen(kvf_llama_tag)) == 0) {
-        p += strlen(kvf_llama_tag);
+    if (strncmp(p, kvf_proxy_tool_llama_tag, strlen(kvf_proxy_tool_llama_tag)) == 0) {
+        p += strlen(kvf_proxy_tool_llama_tag);
     } else if (*p != '{') {
         return false;
     }
@@ -471,7 +477,7 @@ static bool kvf_parse_llama3(char *t, cJSON *calls, size_t *content_end)
 /* mistral: [TOOL_CALLS] then a JSON list of calls (or one call). */
 static bool kvf_parse_mistral(char *t, cJSON *calls, size_t *content_end)
 {
-    char *at = strstr(t, kvf_mistral_tag);
+    char *at = strstr(t, kvf_proxy_tool_mistral_tag);
     cJSON *v, *it;
     bool ok = true;
 
@@ -479,7 +485,7 @@ static bool kvf_parse_mistral(char *t, cJSON *calls, size_t *content_end)
         return false;
     }
     *content_end = (size_t)(at - t);
-    v = cJSON_Parse(at + strlen(kvf_mistral_tag));
+    v = cJSON_Parse(at + strlen(kvf_proxy_tool_mistral_tag));
     if (cJSON_IsObject(v)) {
         ok = kvf_tool_call_add(KVF_TOOL_PARSER_MISTRAL, calls, v);
     } else if (cJSON_IsArray(v) && (v->child != NULL)) {
@@ -540,8 +546,8 @@ static size_t kvf_tools_tail(const char *text, size_t len, const char *marker)
 
 size_t kvf_proxy_tools_ready(kvf_proxy_tool_parser_t parser, const char *text, size_t len)
 {
-    const char *marker = (parser == KVF_TOOL_PARSER_HERMES) ? kvf_hermes_open :
-                         (parser == KVF_TOOL_PARSER_MISTRAL) ? kvf_mistral_tag : NULL;
+    const char *marker = (parser == KVF_TOOL_PARSER_HERMES) ? kvf_proxy_tool_hermes_open :
+                         (parser == KVF_TOOL_PARSER_MISTRAL) ? kvf_proxy_tool_mistral_tag : NULL;
     const char *at;
     size_t lead = 0;
 
@@ -553,9 +559,9 @@ size_t kvf_proxy_tools_ready(kvf_proxy_tool_parser_t parser, const char *text, s
             ++lead;
         }
         if ((lead == len) || (text[lead] == '{') ||
-            (strncmp(text + lead, kvf_llama_tag,
-                     (len - lead < strlen(kvf_llama_tag)) ? len - lead :
-                                                            strlen(kvf_llama_tag)) == 0)) {
+            (strncmp(text + lead, kvf_proxy_tool_llama_tag,
+                     (len - lead < strlen(kvf_proxy_tool_llama_tag)) ? len - lead :
+                                                            strlen(kvf_proxy_tool_llama_tag)) == 0)) {
             return 0;
         }
         return len;
@@ -570,26 +576,14 @@ size_t kvf_proxy_tools_ready(kvf_proxy_tool_parser_t parser, const char *text, s
 void kvf_proxy_tools_to_message(cJSON *m, const char *text, const cJSON *calls, bool chunk)
 {
     cJSON *list = cJSON_AddArrayToObject(m, "tool_calls");
-    const cJSON *c, *k;
-    int i = 0;
+    const cJSON *c;
 
     if (text[0] != '\0') {
         cJSON_AddStringToObject(m, "content", text);
     } else if (!chunk) {
         cJSON_AddNullToObject(m, "content");
     }
-    cJSON_ArrayForEach(c, calls) {
-        cJSON *o = cJSON_CreateObject();
-        if (o == NULL) {
-            return;
-        }
-        if (chunk) {   /* a delta's call: {"index", "id", "type", "function"}, as vLLM's */
-            cJSON_AddNumberToObject(o, "index", i);
-        }
-        cJSON_ArrayForEach(k, c) {
-            cJSON_AddItemToObject(o, k->string, cJSON_Duplicate(k, true));
-        }
-        cJSON_AddItemToArray(list, o);
-        ++i;
+    cJSON_ArrayForEach(c, calls) {   /* a delta's are shaped already (with their index) */
+        cJSON_AddItemToArray(list, cJSON_Duplicate(c, true));
     }
 }

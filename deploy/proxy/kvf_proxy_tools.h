@@ -15,9 +15,9 @@
  * "none" renders the tools and parses nothing; "required" and a named function need
  * constrained decoding, which kvferry does not have: refused by name.
  * Streaming: text is streamed until a call may start (a tail that could begin the
- * parser's marker is held back, as stop strings are); the calls go out in the choice's
- * last chunk as tool-call deltas (each call whole: index, id, type, name, arguments) with
- * finish_reason "tool_calls".
+ * parser's marker is held back, as stop strings are); then each call streams as vLLM's do,
+ * its name once whole and its arguments as they grow (kvf_proxy_tools_stream.h), and the
+ * choice's last chunk has finish_reason "tool_calls".
  * Arguments are re-serialized as Python's json.dumps writes them (", ", ": "), as vLLM's.
  */
 #ifndef KVF_PROXY_TOOLS_H
@@ -82,13 +82,30 @@ size_t kvf_proxy_tools_ready(kvf_proxy_tool_parser_t parser, const char *text, s
 
 /**
  * A chat message (or, @a chunk, a delta) with tool calls: "content" @a text (null when empty
- * in a message, left out of a delta), "tool_calls" the calls (in a delta each with its
- * "index"), added to @a m.
+ * in a message, left out of a delta), "tool_calls" @a calls copied (a message's: the parsed
+ * calls; a delta's: tool-call deltas with their "index", kvf_proxy_tools_stream.h), added
+ * to @a m.
  */
 void kvf_proxy_tools_to_message(cJSON *m, const char *text, const cJSON *calls, bool chunk);
 
 /** A JSON value as Python's json.dumps(ensure_ascii=False) writes it; malloc'd, NULL: no
  *  memory. */
 char *kvf_proxy_json_dumps_py(const cJSON *v);
+
+/** Byte @a c of a decoded string as json.dumps writes it (an escape, or the byte itself)
+ *  into @a out [8]; @return the bytes written (1 to 6, not NUL-terminated). */
+int kvf_proxy_json_char_py(unsigned char c, char *out);
+
+/** A number as json.dumps writes cJSON's value @a v (an integral value as an integer,
+ *  else the shortest repr of the float) into @a out [cap >= 40], NUL-terminated. */
+void kvf_proxy_json_num_py(double v, char *out, size_t cap);
+
+/** A new call id for @a parser's output (vLLM's: "chatcmpl-tool-" and 32 hex digits;
+ *  mistral: 9 letters and digits) into @a id [cap >= 48]. */
+void kvf_proxy_tool_id(kvf_proxy_tool_parser_t parser, char *id, size_t cap);
+
+/** The parsers' markers. */
+extern const char kvf_proxy_tool_hermes_open[], kvf_proxy_tool_hermes_close[];
+extern const char kvf_proxy_tool_mistral_tag[], kvf_proxy_tool_llama_tag[];
 
 #endif
