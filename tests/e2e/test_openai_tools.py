@@ -8,8 +8,13 @@ output is known token for token, so each parsed call is asserted exactly:
   test writes itself), the model's call comes back as message.tool_calls (name, arguments
   as Python's json.dumps writes them, a vLLM-shaped id), content the text before the call
   (hermes) or null, finish_reason "tool_calls"; streamed: the content deltas, then the call
-  as a tool-call delta (index, id, type, function) in the last chunk, finish_reason
-  "tool_calls";
+  as tool-call deltas adding up to the same call, finish_reason "tool_calls";
+- a call generated over several tokens streams as vLLM's does: its first delta (index, id,
+  type, name, no arguments) once the name is whole, then argument pieces (more than one)
+  adding up to the non-streamed arguments; two calls by index 0 then 1; its opening tag
+  split over two tokens never shows as content; cut off by max_tokens or with arguments
+  that are not JSON, the non-streamed answer's content and finish_reason ("length",
+  "stop") streamed too;
 - round 2: the assistant's call and the tool's result (role tool, tool_call_id) rendered by
   the template; the final answer is content with finish_reason "stop", streamed and not;
 - malformed call text (a lone <tool_call>) comes back as content, never an error;
@@ -47,6 +52,11 @@ TOKENS = [("<|assistant|>", True), ("<|end|>", True), ("Checking...", False),
           ("[TOOL_CALLS]", False), ("[" + CALL + "]", False), ("Sunny_in_Oslo.", False),
           ("<think>", False), ("Plan.", False), ("</think>", False),
           ("</tool_call><tool_call>", False), (CALL2, False)]
+# the call again over several tokens (its name, then its arguments in pieces), its opening
+# tag split in two, and a call whose arguments are not JSON
+SPLIT = ['{"name":"get_weather",', '"arguments":{"city":', '"Os', 'lo"', '}}']
+BADARGS = '"arguments":{"city":Oslo}}'
+TOKENS += [(t, False) for t in SPLIT + ["<tool_", "call>", BADARGS]]
 RULES = [("<|assistant|>", "Checking...", 1.0), ("Checking...", "<tool_call>", 1.0),
          ("<tool_call>", CALL, 1.0), ("<tool_call>", "<eos>", 0.5),
          ("<|assistant|>", "<tool_call>", 0.3), (CALL, "</tool_call>", 1.0), ("</tool_call>", "<eos>", 1.0),
@@ -58,7 +68,11 @@ RULES = [("<|assistant|>", "Checking...", 1.0), ("Checking...", "<tool_call>", 1
          ("Plan.", "</think>", 1.0), ("Plan.", "<eos>", 0.5),
          ("</think>", "Sunny_in_Oslo.", 1.0), ("</think>", "<tool_call>", 0.8),
          (CALL, "</tool_call><tool_call>", 0.8), ("</tool_call><tool_call>", CALL2, 1.0),
-         (CALL2, "</tool_call>", 1.0)]
+         (CALL2, "</tool_call>", 1.0),
+         ("Checking...", "<tool_", 0.6), ("<tool_", "call>", 1.0),
+         ("call>", SPLIT[0], 1.0), (SPLIT[0], BADARGS, 0.4), (BADARGS, "</tool_call>", 1.0),
+         (SPLIT[-1], "</tool_call><tool_call>", 1.0)] + [
+    (a, b, 1.0) for a, b in zip(SPLIT, SPLIT[1:] + ["</tool_call>"])]
 # the test's own template: tools as JSON lines, calls and results as tagged text
 TEMPLATE = (
     "{% if tools %}<|system|>tools:{% for t in tools %};{{ t | tojson }}{% endfor %}<|end|>"
@@ -111,16 +125,25 @@ def rendered(messages, tools):
     return out + "<|assistant|>"
 
 
-def stream(c, **kw):
+def stream(c, events=None, **kw):
+    """A client's sum of the deltas; @a events (a list) gets each chunk's pieces in order:
+    ("content", text), ("call", index, id, name, arguments or None), ("args", index, text)."""
     content, calls, finish = "", {}, None
+    events = [] if events is None else events
     for ch in c.chat.completions.create(stream=True, **kw):
         if not ch.choices:
             continue
         d = ch.choices[0].delta
         content += d.content or ""
+        if d.content:
+            events.append(("content", d.content))
         for tc in d.tool_calls or []:
             cur = calls.setdefault(tc.index, {"id": None, "name": "", "arguments": ""})
             cur["id"] = tc.id or cur["id"]
+            if tc.id is not None:
+                events.append(("call", tc.index, tc.id, tc.function.name, tc.function.arguments))
+            elif tc.function is not None:
+                events.append(("args", tc.index, tc.function.arguments))
             if tc.function is not None:
                 cur["name"] += tc.function.name or ""
                 cur["arguments"] += tc.function.arguments or ""
@@ -190,7 +213,8 @@ def extras(c, name, ids):
        "a malformed call streamed as content")
     r = c.chat.completions.create(tool_choice="none", **kw)
     ok(r.choices[0].message.content == "Checking..." + "<tool_call>" + CALL + "</tool_call>"
-       and not r.choices[0].message.tool_calls, "tool_choice none: nothing parsed")
+       and not r.choices[0].message.tool_calls, "tool_choice none: nothing parsed",
+       r.model_dump())
     two = {"logit_bias": {str(ids["</tool_call><tool_call>"]): 20}}   # a second call
     kw["max_tokens"] = 8
     r = c.chat.completions.create(extra_body=two, **kw)
@@ -206,6 +230,7 @@ def extras(c, name, ids):
     r = c.chat.completions.create(parallel_tool_calls=False, extra_body=two, **kw)
     ok([t.function.name for t in r.choices[0].message.tool_calls] == ["get_weather"],
        "parallel_tool_calls false: the first call only")
+    incremental(c, name, ids)
     for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
         try:
             c.chat.completions.create(tool_choice=choice, **kw)
@@ -222,6 +247,80 @@ def extras(c, name, ids):
             ok(False, "%s=%r refused" % (field, value))
         except openai.BadRequestError as e:
             ok(e.response.json()["param"] == field, "%s=%r: 400 naming it" % (field, value))
+
+
+def incremental(c, name, ids):
+    """A call generated over several tokens streams as it comes (vLLM's deltas): its first
+    delta (index, id, type, name, no arguments) as soon as the name is whole, then its
+    arguments in pieces that add up to the non-streamed ones; parallel calls by index; the
+    opening tag split over two tokens never shows as content. Cut off by max_tokens, or with
+    arguments that are not JSON: the content and finish_reason of the non-streamed answer
+    (all text; "length" or "stop"), the name already sent standing."""
+    path = ["Checking...", "<tool_", "call>"] + SPLIT + ["</tool_call>", "<eos>"]
+    kw = dict(model=name, messages=[USER], tools=[TOOL], max_tokens=16, temperature=0,
+              extra_body={"allowed_token_ids": [ids[t] for t in path]})
+    r = c.chat.completions.create(**kw)
+    m = r.choices[0].message
+    ok(m.content == "Checking..." and r.choices[0].finish_reason == "tool_calls" and
+       [(t.function.name, t.function.arguments) for t in m.tool_calls] ==
+       [("get_weather", '{"city": "Oslo"}')], "a call over %d tokens parsed" % len(SPLIT),
+       r.model_dump())
+    # tokens that reach kvf-proxy together share a delta: a loaded machine may batch a few,
+    # so the pieces are asked of one of three tries (each must add up exactly)
+    for attempt in range(3):
+        ev = []
+        content, calls, finish = stream(c, events=ev, **kw)
+        pieces = [e[2] for e in ev if e[0] == "args"]
+        ok(content == "Checking..." and finish == "tool_calls" and
+           [(t["name"], t["arguments"]) for t in calls] ==
+           [(t.function.name, t.function.arguments) for t in m.tool_calls],
+           "streamed: the same call, no markup in the content (its tag split over two tokens)",
+           (content, calls, finish, ev))
+        if ([e[0] for e in ev][:2] == ["content", "call"] and ev[1][1:2] == (0,) and
+                ev[1][3] == "get_weather" and ev[1][4] is None and
+                ev[1][2].startswith("chatcmpl-tool-") and len(pieces) > 1 and
+                all(e[0] == "args" and e[1] == 0 for e in ev[2:])):
+            break
+    ok(len(pieces) > 1 and ev[1][0] == "call" and ev[1][4] is None,
+       "the name first (index, id, type, no arguments), then %d argument deltas %r (try %d)" %
+       (len(pieces), pieces, attempt + 1), ev)
+    # two calls, the first over several tokens
+    two = dict(kw, extra_body={"allowed_token_ids": [ids[t] for t in path + [
+        "</tool_call><tool_call>", CALL2]], "logit_bias": {str(ids["</tool_call><tool_call>"]): 10}})
+    r = c.chat.completions.create(**two)
+    want = [(t.function.name, t.function.arguments) for t in r.choices[0].message.tool_calls]
+    ev = []
+    content, calls, finish = stream(c, events=ev, **two)
+    heads = [e for e in ev if e[0] == "call"]
+    ok(want == [("get_weather", '{"city": "Oslo"}'), ("get_time", '{"tz": "CET", "exact": true}')]
+       and [(t["name"], t["arguments"]) for t in calls] == want and finish == "tool_calls" and
+       [h[1] for h in heads] == [0, 1] and heads[0][2] != heads[1][2] and
+       all(e[1] == 0 for e in ev[:ev.index(heads[1])] if e[0] == "args") and
+       content == "Checking...", "parallel calls streamed with indexes 0 and 1, in order", ev)
+    # cut off by max_tokens inside the call: as the non-streamed answer, all text, "length"
+    for cut in (4, 6):
+        short = dict(kw, max_tokens=cut)
+        r = c.chat.completions.create(**short)
+        content, calls, finish = stream(c, **short)
+        ok(r.choices[0].finish_reason == "length" and not r.choices[0].message.tool_calls and
+           content == r.choices[0].message.content and finish == "length" and
+           r.choices[0].message.content.startswith("Checking...<tool_call>{") and
+           [t["name"] for t in calls] in ([], ["get_weather"]),
+           "cut at %d tokens: content %r, finish_reason length, streamed and not (the name sent, "
+           "arguments %r)" % (cut, content, calls[0]["arguments"]), (r.model_dump(), calls))
+    # arguments that are not JSON: no call, all text as content, "stop" (streamed: what was
+    # sent before the JSON went wrong stands)
+    bad = dict(kw, extra_body={"allowed_token_ids": [ids[t] for t in (
+        "Checking...", "<tool_", "call>", SPLIT[0], BADARGS, "</tool_call>", "<eos>")]})
+    r = c.chat.completions.create(**bad)
+    content, calls, finish = stream(c, **bad)
+    ok(r.choices[0].message.content == "Checking...<tool_call>" + SPLIT[0] + BADARGS +
+       "</tool_call>" and not r.choices[0].message.tool_calls and
+       r.choices[0].finish_reason == "stop" and content == r.choices[0].message.content and
+       finish == "stop" and [(t["name"], t["arguments"]) for t in calls] in
+       ([], [("get_weather", '{"city": ')]),
+       "arguments not JSON: all text as content, finish_reason stop, streamed and not",
+       (r.model_dump(), content, calls, finish))
 
 
 def reasoning(pool, parser, ids):
