@@ -167,6 +167,7 @@ kvf_status_t kvf_proxy_choice_update(kvf_proxy_choice_t *ch, const kvf_proxy_ope
         size_t content_end = 0;
         kvf_proxy_choice_span(ch, &sp);   /* the tools are read from the content only */
         ch->tools_parsed = true;   /* calls found: the text before them is the content */
+        ch->text_end = ch->end;
         if (sp.c_start < ch->end) {
             st = kvf_proxy_tools_parse_output((kvf_proxy_tool_parser_t)ch->sub.tool_parser,
                                               ch->sub.parallel_tool_calls,
@@ -223,7 +224,8 @@ size_t kvf_proxy_choice_ready(const kvf_proxy_choice_t *ch)
     return ready;
 }
 
-kvf_status_t kvf_proxy_choice_tool_delta(kvf_proxy_choice_t *ch, cJSON **delta_p)
+kvf_status_t kvf_proxy_choice_tool_delta(kvf_proxy_choice_t *ch, size_t upto, bool last,
+                                         cJSON **delta_p)
 {
     kvf_proxy_reasoning_span_t sp;
     size_t settled;
@@ -232,10 +234,16 @@ kvf_status_t kvf_proxy_choice_tool_delta(kvf_proxy_choice_t *ch, cJSON **delta_p
     if (ch->sub.tool_parser == 0) {
         return KVF_OK;
     }
-    if (kvf_proxy_choice_over(ch)) {
+    if (last) {
         return kvf_proxy_tools_stream_finish(&ch->tools_sent, ch->tool_calls, delta_p);
     }
-    settled = kvf_proxy_choice_settled(ch, &sp);
+    if (kvf_proxy_choice_over(ch)) {   /* its tokens still going out one by one */
+        kvf_proxy_choice_span(ch, &sp);
+        settled = ch->text_end;
+    } else {
+        settled = kvf_proxy_choice_settled(ch, &sp);
+    }
+    settled = (upto < settled) ? upto : settled;
     if (settled <= sp.c_start) {
         return KVF_OK;
     }

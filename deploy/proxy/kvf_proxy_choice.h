@@ -47,6 +47,8 @@ typedef struct kvf_proxy_choice {
     bool                       tools_parsed;  /* the output went through its tool parser */
     struct cJSON              *tool_calls;    /* the calls it held (owned), or NULL */
     kvf_proxy_tool_stream_t    tools_sent;    /* streaming: the call deltas sent */
+    size_t                     text_end;      /* the text's end before the tool parse cut
+                                               * it at the calls */
 } kvf_proxy_choice_t;
 
 /**
@@ -75,13 +77,16 @@ void kvf_proxy_choice_span(const kvf_proxy_choice_t *ch, kvf_proxy_reasoning_spa
 size_t kvf_proxy_choice_ready(const kvf_proxy_choice_t *ch);
 
 /**
- * Streaming with a tool parser: the next tool-call delta of the running choice (its calls'
- * names and arguments as far as its settled content holds them; kvf_proxy_tools_stream.h),
- * or, once over, what completes the calls sent to the parsed ones.
+ * Streaming with a tool parser: the next tool-call delta of the choice (its calls' names and
+ * arguments as far as the first @a upto bytes of its settled content hold them:
+ * kvf_proxy_tools_stream.h), or, @a last (its final chunk, the choice over), what completes
+ * the calls sent to the parsed ones.
+ * @param upto  a text length: the tokens sent so far (one chunk per token), or SIZE_MAX
  * @param [out] delta_p  a JSON array of deltas (owned by the caller), NULL: nothing to send
  * @return KVF_OK; KVF_ERR_NO_MEMORY.
  */
-kvf_status_t kvf_proxy_choice_tool_delta(kvf_proxy_choice_t *ch, struct cJSON **delta_p);
+kvf_status_t kvf_proxy_choice_tool_delta(kvf_proxy_choice_t *ch, size_t upto, bool last,
+                                         struct cJSON **delta_p);
 
 /** The finish_reason of an over choice ("stop", "length", ...). */
 const char *kvf_proxy_choice_finish(const kvf_proxy_choice_t *ch);

@@ -260,10 +260,13 @@ static bool kvf_proxy_sse_choice_chunk(kvf_proxy_cmpl_t *s)
                    kvf_proxy_choice_ends_at(ch, api, to)) {
             continue;   /* the last token: it goes with the finish_reason, as vLLM's */
         }
-        if (!over && ch->first_sent && (ready <= ch->sent) &&
-            (!per_token || (to <= ch->ids_sent))) {   /* the text before is out: a call's */
+        if (!last && ch->first_sent && (per_token || (ready <= ch->sent))) {
+            /* the text before is out: a call's delta (one chunk per token: as far as the
+             * tokens sent, so a backlog of tokens streams its call piece by piece too) */
+            size_t upto = !per_token ? SIZE_MAX :
+                          (ch->ids_sent > 0) ? ch->tok_end[ch->ids_sent - 1] : 0;
             cJSON *delta = NULL;
-            if (kvf_proxy_choice_tool_delta(ch, &delta) != KVF_OK) {
+            if (kvf_proxy_choice_tool_delta(ch, upto, false, &delta) != KVF_OK) {
                 kvf_proxy_sse_set(s, NULL);
                 return true;
             }
@@ -301,7 +304,7 @@ static bool kvf_proxy_sse_choice_chunk(kvf_proxy_cmpl_t *s)
         }
         text[echo + (ready - c0)] = '\0';
         kvf_proxy_piece(ch, to, text, last, &out);
-        if (last && (kvf_proxy_choice_tool_delta(ch, &rest) != KVF_OK)) {
+        if (last && (kvf_proxy_choice_tool_delta(ch, SIZE_MAX, true, &rest) != KVF_OK)) {
             free(text);
             free(reasoning);
             kvf_proxy_sse_set(s, NULL);

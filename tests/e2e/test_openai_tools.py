@@ -284,6 +284,16 @@ def incremental(c, name, ids):
     ok(len(pieces) > 1 and ev[1][0] == "call" and ev[1][4] is None,
        "the name first (index, id, type, no arguments), then %d argument deltas %r (try %d)" %
        (len(pieces), pieces, attempt + 1), ev)
+    # with logprobs every token has its own chunk: the call's pieces go out between them,
+    # as far as the tokens sent, whatever reached kvf-proxy together
+    ev = []
+    content, calls, finish = stream(c, events=ev, logprobs=True, **kw)
+    ok(content == "Checking..." and finish == "tool_calls" and
+       [(t["name"], t["arguments"]) for t in calls] == [("get_weather", '{"city": "Oslo"}')] and
+       [e for e in ev if e[0] != "call"] == [("content", "Checking...")] + [
+           ("args", 0, p) for p in ('{"city": ', '"Os', 'lo"', '}')] and
+       [e[3:] for e in ev if e[0] == "call"] == [("get_weather", None)],
+       "with logprobs (a chunk per token): the name, then a piece per token", ev)
     # two calls, the first over several tokens
     two = dict(kw, extra_body={"allowed_token_ids": [ids[t] for t in path + [
         "</tool_call><tool_call>", CALL2]], "logit_bias": {str(ids["</tool_call><tool_call>"]): 10}})
