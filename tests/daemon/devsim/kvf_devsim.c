@@ -41,7 +41,7 @@
  *   graph_captures C graph_replays R graph_mismatches M graph_host_inputs H
  * The tensor-core GEMM's algorithm keys (kvf_devsim_gemm.c: a weight matrix always gets
  * the same key, whatever the batch):
- *   gemm_lt_calls C gemm_lt_weights W (live) gemm_lt_key_errors E
+ *   gemm_lt_calls C gemm_lt_weights W gemm_lt_key_errors E
  * The Mamba2 prompt scans (kvf_devsim_ssd.c: chunked calls, their grid, scratch beyond the
  * arena reserved at start; token-by-token calls):
  *   ssd_calls C ssd_grid G ssd_ws_errors E token_scan_calls S

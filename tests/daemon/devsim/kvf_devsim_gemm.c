@@ -6,7 +6,7 @@
  * So every call computes the key the CUDA launcher would (kvf_gemm_lt_key), and a weight
  * pointer seen before with another key, or a call the launcher would refuse (an odd address,
  * a bad stride), is counted as an error:
- *   gemm_lt_calls C gemm_lt_weights W (live) gemm_lt_key_errors E
+ *   gemm_lt_calls C gemm_lt_weights W gemm_lt_key_errors E
  * The table is keyed by the weight's address, which only means "this matrix" while its
  * allocation lives: kvf_device_free drops the keys inside the freed range
  * (devsim_gemm_lt_forget), so a later engine whose weights land on reused addresses starts
@@ -27,7 +27,7 @@
 static pthread_mutex_t lt_lock = PTHREAD_MUTEX_INITIALIZER;
 static const void *lt_w[DEVSIM_LT_CAP];
 static kvf_gemm_lt_key_t lt_key[DEVSIM_LT_CAP];
-static int lt_n;
+static int lt_n, lt_seen;   /* live entries; weights ever checked (the report's) */
 static atomic_ullong lt_calls, lt_errors;
 
 static void lt_error(const char *why, int N, int K)
@@ -55,6 +55,7 @@ void devsim_gemm_lt_check(int ordinal, int N, int K, const void *w, int wdtype, 
         if (lt_n < DEVSIM_LT_CAP) {
             lt_w[lt_n] = w;
             lt_key[lt_n++] = key;
+            lt_seen++;
         }
     } else if (memcmp(&lt_key[i], &key, sizeof(key)) != 0) {
         pthread_mutex_unlock(&lt_lock);
@@ -84,6 +85,6 @@ void devsim_gemm_lt_report(FILE *f)
 {
     pthread_mutex_lock(&lt_lock);
     fprintf(f, " gemm_lt_calls %llu gemm_lt_weights %d gemm_lt_key_errors %llu",
-            (unsigned long long)lt_calls, lt_n, (unsigned long long)lt_errors);
+            (unsigned long long)lt_calls, lt_seen, (unsigned long long)lt_errors);
     pthread_mutex_unlock(&lt_lock);
 }
