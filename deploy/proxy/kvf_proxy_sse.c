@@ -227,7 +227,8 @@ static void kvf_proxy_sse_tools_chunk(kvf_proxy_cmpl_t *s, kvf_proxy_choice_t *c
 
 /*
  * The next chunk of some choice (round robin from s->rr): its ready text, a tool call's
- * delta once its text is out (kvf_proxy_tools_stream.h), or its final chunk once over. false: no choice has anything to send now.
+ * delta once the text before it is out (kvf_proxy_tools_stream.h), or its final chunk once
+ * over. false: no choice has anything to send now.
  * With logprobs or token ids asked, every token has its own chunk (vLLM's), its text what
  * was ready up to it ("" while held back: a special token, a possible stop string), so a
  * client timing tokens sees each when it is decoded.
@@ -260,7 +261,7 @@ static bool kvf_proxy_sse_choice_chunk(kvf_proxy_cmpl_t *s)
                    kvf_proxy_choice_ends_at(ch, api, to)) {
             continue;   /* the last token: it goes with the finish_reason, as vLLM's */
         }
-        if (!last && ch->first_sent && (per_token || (ready <= ch->sent))) {
+        if (!last && ch->first_sent && !ch->final_sent && (per_token || (ready <= ch->sent))) {
             /* the text before is out: a call's delta (one chunk per token: as far as the
              * tokens sent, so a backlog of tokens streams its call piece by piece too) */
             size_t upto = !per_token ? SIZE_MAX :
@@ -310,8 +311,7 @@ static bool kvf_proxy_sse_choice_chunk(kvf_proxy_cmpl_t *s)
             kvf_proxy_sse_set(s, NULL);
             return true;
         }
-        out.tool_calls = rest;   /* the calls' deltas left (the parse's whole calls: a
-                                  * response's) */
+        out.tool_calls = rest;   /* what the calls' deltas lack (a response has them whole) */
         out.reasoning = reasoning;
         out.text_offset -= (int)echo;
         u.prompt_tokens = ch->sub.num_prompt;
