@@ -26,6 +26,7 @@
 #include "kvf_device_cuda.h"
 #include "kvf_dtype_math.h"
 #include "kvf_gdn_chunk_math.h"
+#include "kvf_ssd.h"
 #include "kvf_ssd_math.h"
 
 struct kvf_gdn_geo {

@@ -279,6 +279,36 @@ kvf_status_t kvf_fwd_shared_gate(const kvf_device_t *dev, struct kvf_model_ws *w
     return status;
 }
 
+/* The Gated DeltaNet scan of seq @a sq's n tokens (rows from @a o): as the Mamba2 scan
+ * (kvf_fwd_scan_seq), its prompt tokens chunked on the model's state grid from the request's
+ * position when the grid is set (the bits of one call whatever the cuts on the grid), then
+ * its outputs (a recompute) token by token, as decode steps computed them. */
+static kvf_status_t kvf_fwd_gdn_scan_seq(kvf_model_h m, const kvf_rank_ctx_t *ctx,
+                                         const kvf_device_t *dev, const kvf_gdn_params_t *gp,
+                                         const kvf_fwd_seq_t *sq, int o, int R, int cd,
+                                         const float *ba, void *ssm_state, kvf_status_t status)
+{
+    struct kvf_model_ws *ws = ctx->ws;
+    const int n = sq->num_tokens, pl = sq->prompt_len - sq->start;
+    const int np = (m->scan_grid == 0) ? 0 :
+                   (sq->prompt_len > 0) ? ((pl < 0) ? 0 : (pl > n) ? n : pl) :
+                   (sq->prompt ? n : 0);
+    const kvf_dtype_t sdt = ctx->geom->ssm_dtype;
+    const float *xbc = ws->xbc + (size_t)o * (size_t)cd;
+    float *y = ws->ybuf + (size_t)o * (size_t)R;
+
+    if (np > 0) {
+        KVF_KCALL(kvf_gdn_scan_chunked(dev, gp, np, (long long)sq->start, m->scan_grid, xbc,
+                                       cd, ba, R, ssm_state, sdt, sq->start > 0, y, R));
+    }
+    if (n > np) {
+        KVF_KCALL(kvf_gdn_scan(dev, gp, n - np, xbc + (size_t)np * (size_t)cd, cd,
+                               ba + (size_t)np * (size_t)R, R, ssm_state, sdt,
+                               (sq->start > 0) || (np > 0), y + (size_t)np * (size_t)R, R));
+    }
+    return status;
+}
+
 kvf_status_t kvf_fwd_gdn(kvf_model_h m, const kvf_rank_ctx_t *ctx, const kvf_fwd_batch_t *batch,
                          int l, int T, kvf_status_t status)
 {
@@ -318,8 +348,8 @@ kvf_status_t kvf_fwd_gdn(kvf_model_h m, const kvf_rank_ctx_t *ctx, const kvf_fwd
         if (!silu) {
             KVF_KCALL(kvf_act(dev, (int)cfg->mamba_act, xbc, (size_t)n * (size_t)cd));
         }
-        KVF_KCALL(kvf_gdn_scan(dev, &gp, n, xbc, cd, in + dim + cd, R, ssm_state,
-                               ctx->geom->ssm_dtype, has, ws->ybuf + (size_t)o * R, R));
+        status = kvf_fwd_gdn_scan_seq(m, ctx, dev, &gp, sq, o, R, cd, in + dim + cd, ssm_state,
+                                      status);
         o += n;
     }
     /* Qwen3NextRMSNormGated per head: y (ybuf) normed, * w, * silu(z) (proj cols [0, dim)) */
