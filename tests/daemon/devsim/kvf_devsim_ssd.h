@@ -51,4 +51,12 @@ void devsim_ssm_seqs_twin(const kvf_ssm_seqs_t *s, const float *x_in, int ld_in,
                           int lddt, kvf_dtype_t ssm_dtype);
 void devsim_ssm_report(FILE *f);
 
+/* kvf_devsim_ssm.c: the batched Gated DeltaNet decode step's CUDA body against the per-request
+ * path likewise (one kvf_gdn_decode_seqs call's arguments); " gdn_seqs_checked C
+ * gdn_seqs_narrow N gdn_seqs_mismatches M" appended to the line by devsim_ssm_report. */
+void devsim_gdn_twin(const kvf_ssm_seqs_t *s, const float *x_in, int ld_in, int channels,
+                     int kernel, const float *conv_w, kvf_dtype_t conv_dtype,
+                     const kvf_gdn_params_t *p, const float *ba, int ldba,
+                     kvf_dtype_t ssm_dtype);
+
 #endif
