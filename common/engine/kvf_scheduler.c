@@ -146,7 +146,11 @@ static void kvf_sched_share(const kvf_scheduler_params_t *params, kvf_request_t 
  * the step budget itself is below the grid (then it runs as it is and the next one
  * realigns). Why wait: the chunked Mamba2 / Gated DeltaNet scans (kernels/kvf_ssd.h,
  * kvf_gdn.h) give the uncut prompt's bits only for cuts on the grid, so a cut placed by
- * what else is in the step would make a request's tokens depend on its batch. */
+ * what else is in the step would make a request's tokens depend on its batch. The price: while
+ * decodes leave less than the rest of a grid step of budget, the chunk waits for them to
+ * finish (a budget of at least the grid plus max_seqs never waits for that). Rejected:
+ * waiting only when the budget holds the grid plus max_seqs (no wait ever stalls then, but a
+ * smaller budget, 40 tokens beside 64 requests, would cut off the grid by load again). */
 static int kvf_sched_cut(const kvf_scheduler_params_t *params, const kvf_request_t *r,
                          int chunk)
 {
