@@ -65,7 +65,7 @@ command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ] ||
 
 progs=(kvf kvf-prefill kvf-decode kvf-proxy)
 tests=(gpu_vs_cpu attn_tiled_vs_pertoken gemm_lt_invariance gemm_lt_bench ssd_vs_cpu
-       fi_attention_check)
+       fi_attention_check gdn_vs_cpu)
 if [ "$do_build" = 1 ]; then
     echo "building into $build (log: $build/bundle-build.log) ..."
     mkdir -p "$build"
@@ -187,7 +187,8 @@ done
 
 # what the GPU table runs, relative to src/ as in the repository
 ( cd "$root" && tar cf - tests/gpu tests/bench/engine_gpu.py tests/bench/peer_harness.py \
-      tests/data/models models-trained deploy/pool deploy/quickstart.sh tools/*.py 2>/dev/null ) |
+      tests/data/models tests/data/families/qwen3-next tests/data/families/qwen3.5 \
+      models-trained deploy/pool deploy/quickstart.sh tools/*.py 2>/dev/null ) |
     tar xf - -C "$b/src" 2>/dev/null || true
 rm -rf "$b/src/tests/gpu/__pycache__"
 echo "files: $(cd "$b" && find . -type f | wc -l)" >>"$manifest"

@@ -136,6 +136,18 @@ int  kvf_cuda_ssd_scan(const kvf_device_t *dev, const kvf_mamba2_params_t *p, in
                        long long pos0, int grid, const float *x, int ldx, const float *dt,
                        int lddt, const float *B, const float *C, int ldbc, void *state,
                        int state_dtype, int has_state, float *y, int ldy);
+/* kvf_ssm_seqs_cuda.cu: the Gated DeltaNet decode step of a batch (kvf_ssm_seqs.h) */
+int  kvf_cuda_gdn_decode_seqs(const kvf_device_t *dev, const kvf_ssm_seqs_t *seqs,
+                              const float *x_in, int ld_in, int channels, int kernel,
+                              const float *conv_w, kvf_dtype_t conv_dtype, float *xbc,
+                              int ld_xbc, const kvf_gdn_params_t *p, const float *ba, int ldba,
+                              kvf_dtype_t ssm_dtype, float *y, int ldy);
+/* kvf_gdn_chunked_cuda.cu: the chunked Gated DeltaNet prompt scan on the state grid
+ * (kvf_gdn.h, kvf_gdn_scan_chunked) */
+int  kvf_cuda_gdn_scan_chunked(const kvf_device_t *dev, const kvf_gdn_params_t *p, int T,
+                               long long pos0, int grid, const float *xbc, int ldx,
+                               const float *ba, int ldba, void *state, int state_dtype,
+                               int has_state, float *y, int ldy);
 int  kvf_cuda_gemm_lt(const kvf_device_t *dev, int M, int N, int K, const void *xs,
                       const void *w, int wdtype, int ldw, float beta, float *y, int ldy);
 

@@ -13,23 +13,31 @@
 #include <math.h>
 #include <stdlib.h>
 
-int kvf_gdn_scan(const kvf_device_t *dev, const kvf_gdn_params_t *p, int T, const float *xbc,
-                 int ldx, const float *ba, int ldba, void *state, kvf_dtype_t state_dtype,
-                 int has_state, float *y, int ldy)
+bool kvf_gdn_args_bad(const kvf_gdn_params_t *p, int T, const float *xbc, int ldx,
+                      const float *ba, int ldba, const void *state, kvf_dtype_t state_dtype,
+                      const float *y, int ldy)
 {
     if ((p == NULL) || (p->heads < 1) || (p->head_dim < 1) || (p->groups < 1) ||
         (p->key_dim < 1) || (p->key_dim > 1024) || (p->heads % p->groups != 0) || (T < 0) ||
         (state == NULL) || (p->A_log == NULL) || (p->dt_bias == NULL) ||
         ((state_dtype != KVF_DTYPE_FP32) && (state_dtype != KVF_DTYPE_BF16) &&
          (state_dtype != KVF_DTYPE_FP16))) {
+        return true;
+    }
+    return (T > 0) &&
+           ((xbc == NULL) || (ba == NULL) || (y == NULL) || (ldy < p->heads * p->head_dim) ||
+            (ldba < 2 * p->heads) || (ldx < p->heads * p->head_dim + 2 * p->groups * p->key_dim));
+}
+
+int kvf_gdn_scan(const kvf_device_t *dev, const kvf_gdn_params_t *p, int T, const float *xbc,
+                 int ldx, const float *ba, int ldba, void *state, kvf_dtype_t state_dtype,
+                 int has_state, float *y, int ldy)
+{
+    if (kvf_gdn_args_bad(p, T, xbc, ldx, ba, ldba, state, state_dtype, y, ldy)) {
         return KVF_KERN_EINVAL;
     }
     if (T == 0) {
         return KVF_KERN_OK;
-    }
-    if ((xbc == NULL) || (ba == NULL) || (y == NULL) || (ldy < p->heads * p->head_dim) ||
-        (ldba < 2 * p->heads) || (ldx < p->heads * p->head_dim + 2 * p->groups * p->key_dim)) {
-        return KVF_KERN_EINVAL;
     }
     if (!kvf_kern_on_cpu(dev)) {
 #ifdef KVF_HAVE_CUDA

@@ -64,6 +64,42 @@ int kvf_gdn_scan(const kvf_device_t *dev, const kvf_gdn_params_t *p, int T, cons
                  int ldx, const float *ba, int ldba, void *state, kvf_dtype_t state_dtype,
                  int has_state, float *y, int ldy);
 
+/** Largest state grid (chunk length) the chunked scan takes (kvf_gdn_scan_chunked). */
+#define KVF_GDN_MAX_GRID 256
+
+/** Tokens one CUDA window of the chunked scan covers at most (bounds its scratch; at least
+ *  one chunk a window). */
+#define KVF_GDN_WINDOW_TOKENS 1024
+
+/**
+ * Device scratch, in bytes, that kvf_gdn_scan_chunked() takes on a GPU (from the stream's
+ * arena) for a call of at most @a T tokens at any position on @a grid, W = min(chunks,
+ * max(1, KVF_GDN_WINDOW_TOKENS / grid)) chunks a window, Lw = W * grid:
+ * 4 * (heads * head_dim * key_dim + Lw * (2 * groups * key_dim + 3 * heads) +
+ * W * heads * (2 * grid^2 + grid * (key_dim + head_dim))).
+ * @return the bytes; 0 for T <= 0, grid < 1 or a NULL @a p.
+ */
+size_t kvf_gdn_scratch_bytes(const kvf_gdn_params_t *p, int T, int grid);
+
+/**
+ * kvf_gdn_scan() in the chunked (WY / UT transform) form on the state grid, arguments as
+ * there, plus @a pos0 (absolute position of the call's first token within the request,
+ * >= 0) and @a grid (1..KVF_GDN_MAX_GRID). Chunks are cut at absolute multiples of @a grid
+ * (the Mamba2 chunked scan's grid: kvf_ssd.h, kvf_ssd_chunk_end_hd); a bf16 / fp16 state is
+ * rounded at chunk ends only, so a prompt scanned whole or cut into calls at grid multiples
+ * gives the same y and state, bit for bit. Against kvf_gdn_scan(): equal within fp32
+ * rounding for an fp32 state (another order of sums; kvf_gdn_chunk_math.h has the
+ * algebra). The arithmetic: kvf_gdn_chunk_math.h; the CPU runs it as a plain reference
+ * loop (tests, KVF_MAMBA_SCAN=chunked on the CPU), CUDA in kvf_gdn_chunked_cuda.cu.
+ * @return KVF_KERN_OK; KVF_KERN_EINVAL (as kvf_gdn_scan(), or pos0 / grid out of range);
+ *         KVF_KERN_ENOMEM; KVF_KERN_ECUDA; KVF_KERN_EUNSUPPORTED for a CUDA device in a
+ *         build without CUDA.
+ */
+int kvf_gdn_scan_chunked(const kvf_device_t *dev, const kvf_gdn_params_t *p, int T,
+                         long long pos0, int grid, const float *xbc, int ldx, const float *ba,
+                         int ldba, void *state, kvf_dtype_t state_dtype, int has_state,
+                         float *y, int ldy);
+
 /**
  * Qwen3NextRMSNormGated over each head: out = y * rsqrt(mean_head(y^2) + eps) * w * silu(z).
  * y: fp32 [T][ldy], z: fp32 [T][ldz] (heads * head_dim each), w: fp32 [head_dim] (the

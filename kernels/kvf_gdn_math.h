@@ -66,6 +66,45 @@ static inline KVF_HD float kvf_gdn_row_hd(float *row, size_t stride, int dk, con
     return out;
 }
 
+/* a * b rounded once and never fused into a neighbouring add (the product the token
+ * kernels store before adding to it; kvf_gdn_row_state_hd) */
+static inline KVF_HD float kvf_gdn_mul_rn_hd(float a, float b)
+{
+#ifdef __CUDA_ARCH__
+    return __fmul_rn(a, b);
+#else
+    return a * b;
+#endif
+}
+
+/*
+ * kvf_gdn_row_hd on a row kept in a state of @a dtype (elements off .. off + dk - 1),
+ * updated in place: each element loaded, decayed (the product rounded as the fp32 row's
+ * stored one is), updated and stored rounded to the dtype, the output from the unrounded
+ * values. The bits of the token scan (kvf_gdn_row_hd on an fp32 copy, then rounded and
+ * stored), without an fp32 copy of the row. Returns y[j].
+ */
+static inline KVF_HD float kvf_gdn_row_state_hd(void *st, int dtype, size_t off, int dk,
+                                                const float *qin, float qinv, float qscale,
+                                                const float *kin, float kinv, float v,
+                                                float decay, float beta)
+{
+    float mem = 0.0f, out = 0.0f, delta;
+
+    for (int i = 0; i < dk; ++i) {
+        const float r = kvf_gdn_mul_rn_hd(kvf_hd_load(st, dtype, off + (size_t)i), decay);
+        mem += r * (kin[i] * kinv);
+    }
+    delta = (v - mem) * beta;
+    for (int i = 0; i < dk; ++i) {
+        const float r = kvf_gdn_mul_rn_hd(kvf_hd_load(st, dtype, off + (size_t)i), decay) +
+                        (kin[i] * kinv) * delta;
+        kvf_hd_store(st, dtype, off + (size_t)i, r);
+        out += r * ((qin[i] * qinv) * qscale);
+    }
+    return out;
+}
+
 /* Qwen3NextRMSNormGated of one head: o = y * rsqrt(mean(y^2) + eps) * w * silu(z). */
 static inline KVF_HD void kvf_gdn_gated_norm_row_hd(const float *y, const float *z,
                                                     const float *w, int n, float eps, float *o)

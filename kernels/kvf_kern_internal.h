@@ -10,6 +10,7 @@
 #include "kvf_device.h"
 #include "kvf_dtype.h"
 #include "kvf_dtype_math.h"
+#include "kvf_gdn.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -67,6 +68,15 @@ int kvf_gemm_cpu(int M, int N, int K, float alpha, const float *x, size_t ldx, c
  */
 int kvf_gemm_cpu_nn(int M, int N, int K, float alpha, const float *x, size_t ldx,
                     const float *b, size_t ldb, float beta, float *y, size_t ldy);
+
+/**
+ * Whether kvf_gdn_scan()'s arguments (kvf_gdn.h) are bad: sizes, strides, NULL pointers,
+ * the state dtype (kvf_gdn.c; the chunked scan checks the same). T = 0 checks only @a p,
+ * @a state and the dtype.
+ */
+bool kvf_gdn_args_bad(const kvf_gdn_params_t *p, int T, const float *xbc, int ldx,
+                      const float *ba, int ldba, const void *state, kvf_dtype_t state_dtype,
+                      const float *y, int ldy);
 
 #ifdef KVF_FAULT_INJECTION
 /**

@@ -5,6 +5,7 @@
  */
 #include "kvf_ssm_seqs.h"
 #include "kvf_conv1d.h"
+#include "kvf_gdn.h"
 #include "kvf_kern_internal.h"
 #include "kvf_ssm_math.h"
 
@@ -87,6 +88,58 @@ int kvf_ssm_decode_seqs(const kvf_device_t *dev, const kvf_ssm_seqs_t *seqs, con
 #ifdef KVF_HAVE_CUDA
     return kvf_cuda_ssm_decode_seqs(dev, seqs, x_in, ld_in, channels, kernel, conv_w, conv_b,
                                     conv_dtype, xbc, ld_xbc, p, dt, lddt, ssm_dtype, y, ldy);
+#else
+    return KVF_KERN_EUNSUPPORTED;
+#endif
+}
+
+int kvf_gdn_decode_seqs(const kvf_device_t *dev, const kvf_ssm_seqs_t *seqs, const float *x_in,
+                        int ld_in, int channels, int kernel, const float *conv_w,
+                        kvf_dtype_t conv_dtype, float *xbc, int ld_xbc,
+                        const kvf_gdn_params_t *p, const float *ba, int ldba,
+                        kvf_dtype_t ssm_dtype, float *y, int ldy)
+{
+    int e = KVF_KERN_OK;
+
+    if ((seqs == NULL) || (seqs->num_seqs < 0) || (p == NULL)) {
+        return KVF_KERN_EINVAL;
+    }
+    if (seqs->num_seqs == 0) {
+        return KVF_KERN_OK;
+    }
+    if ((seqs->rows == NULL) || (seqs->conv_states == NULL) || (seqs->ssm_states == NULL) ||
+        (x_in == NULL) || (xbc == NULL) || (channels < 1) || (ld_in < channels) ||
+        (ld_xbc < channels) || (p->heads < 1) || (p->groups < 1) || (p->head_dim < 1) ||
+        (p->key_dim < 1) || (p->heads * p->head_dim + 2 * p->groups * p->key_dim > channels)) {
+        return KVF_KERN_EINVAL;
+    }
+    if (kvf_kern_on_cpu(dev)) {
+        for (int i = 0; (e == KVF_KERN_OK) && (i < seqs->num_seqs); ++i) {
+            const size_t r = (size_t)seqs->rows[i];
+            float *xr = xbc + r * (size_t)ld_xbc;
+            e = kvf_conv1d_step(dev, x_in + r * (size_t)ld_in, channels, kernel, conv_w, NULL, 1,
+                                seqs->conv_states[i], conv_dtype, xr);
+            if (e == KVF_KERN_OK) {
+                e = kvf_gdn_scan(dev, p, 1, xr, ld_xbc, ba + r * (size_t)ldba, ldba,
+                                 seqs->ssm_states[i], ssm_dtype, 1, y + r * (size_t)ldy, ldy);
+            }
+        }
+        return e;
+    }
+    if ((conv_w == NULL) || (kernel < 2) || (kernel > KVF_CONV_KERNEL_MAX) ||
+        !kvf_kern_cache_dtype_ok(conv_dtype) ||
+        kvf_gdn_args_bad(p, 1, xbc, ld_xbc, ba, ldba, seqs->ssm_states[0], ssm_dtype, y, ldy)) {
+        return KVF_KERN_EINVAL;
+    }
+    for (int i = 0; i < seqs->num_seqs; ++i) {
+        if ((seqs->rows[i] < 0) || (seqs->conv_states[i] == NULL) ||
+            (seqs->ssm_states[i] == NULL)) {
+            return KVF_KERN_EINVAL;
+        }
+    }
+#ifdef KVF_HAVE_CUDA
+    return kvf_cuda_gdn_decode_seqs(dev, seqs, x_in, ld_in, channels, kernel, conv_w,
+                                    conv_dtype, xbc, ld_xbc, p, ba, ldba, ssm_dtype, y, ldy);
 #else
     return KVF_KERN_EUNSUPPORTED;
 #endif

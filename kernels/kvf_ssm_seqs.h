@@ -16,6 +16,7 @@
 
 #include "kvf_device.h"
 #include "kvf_dtype.h"
+#include "kvf_gdn.h"
 #include "kvf_mamba2.h"
 
 #ifdef __cplusplus
@@ -70,6 +71,26 @@ int kvf_ssm_decode_seqs(const kvf_device_t *dev, const kvf_ssm_seqs_t *seqs, con
                         int ld_in, int channels, int kernel, const float *conv_w,
                         const float *conv_b, kvf_dtype_t conv_dtype, float *xbc, int ld_xbc,
                         const kvf_mamba2_params_t *p, const float *dt, int lddt,
+                        kvf_dtype_t ssm_dtype, float *y, int ldy);
+
+/**
+ * The Gated DeltaNet decode step of a batch (the state layers of qwen3_next / qwen3_5_text,
+ * kvf_gdn.h), in one call: for request i with row r = rows[i], kvf_conv1d_step(x_in + r *
+ * ld_in -> xbc + r * ld_xbc, SiLU, no bias, conv_states[i]), then kvf_gdn_scan() of one
+ * token (has_state 1) on that xbc row (v | k | q) with b | a at ba + r * ldba, on
+ * ssm_states[i] [heads][head_dim][key_dim], into y + r * ldy. The dt clamps of @a seqs are
+ * not read. CPU: exactly those per-request calls. CUDA: one upload of the packed block (or
+ * none: a graphed step's published inputs), the batched conv launch and one launch of
+ * one thread per (request, state row), a row updated in place (kvf_gdn_row_hd on an fp32
+ * state, kvf_gdn_row_state_hd on a 16-bit one: the token kernel's bits either way), so the
+ * step has fixed launches and pointers for a CUDA graph.
+ * @return KVF_KERN_OK; KVF_KERN_EINVAL as the per-request calls (all checked before anything
+ *         runs on CUDA); KVF_KERN_ENOMEM; KVF_KERN_ECUDA; KVF_KERN_EUNSUPPORTED.
+ */
+int kvf_gdn_decode_seqs(const kvf_device_t *dev, const kvf_ssm_seqs_t *seqs, const float *x_in,
+                        int ld_in, int channels, int kernel, const float *conv_w,
+                        kvf_dtype_t conv_dtype, float *xbc, int ld_xbc,
+                        const kvf_gdn_params_t *p, const float *ba, int ldba,
                         kvf_dtype_t ssm_dtype, float *y, int ldy);
 
 #ifdef __cplusplus

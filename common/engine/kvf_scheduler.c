@@ -141,8 +141,16 @@ static void kvf_sched_share(const kvf_scheduler_params_t *params, kvf_request_t 
 }
 
 /* Where a chunk of @a chunk tokens from r->num_computed ends: at the cache's cut when it
- * falls inside, else, short of the last known token, on the state grid when that keeps a
- * token (a chunk shorter than the grid stays as it is, and the next one realigns). */
+ * falls inside, else, short of the last known token, on the state grid; a chunk that does
+ * not reach the next grid multiple waits for a step whose share does (0 tokens now), unless
+ * the step budget itself is below the grid (then it runs as it is and the next one
+ * realigns). Why wait: the chunked Mamba2 / Gated DeltaNet scans (kernels/kvf_ssd.h,
+ * kvf_gdn.h) give the uncut prompt's bits only for cuts on the grid, so a cut placed by
+ * what else is in the step would make a request's tokens depend on its batch. The price: while
+ * decodes leave less than the rest of a grid step of budget, the chunk waits for them to
+ * finish (a budget of at least the grid plus max_seqs never waits for that). Rejected:
+ * waiting only when the budget holds the grid plus max_seqs (no wait ever stalls then, but a
+ * smaller budget, 40 tokens beside 64 requests, would cut off the grid by load again). */
 static int kvf_sched_cut(const kvf_scheduler_params_t *params, const kvf_request_t *r,
                          int chunk)
 {
@@ -154,9 +162,13 @@ static int kvf_sched_cut(const kvf_scheduler_params_t *params, const kvf_request
     }
     if ((r->chunk_cut > start) && (r->chunk_cut < end)) {
         end = r->chunk_cut;
-    } else if ((params->state_grid > 0) && (end < r->num_tokens) &&
-               (end / params->state_grid * params->state_grid > start)) {
-        end = end / params->state_grid * params->state_grid;
+    } else if ((params->state_grid > 0) && (end < r->num_tokens)) {
+        const int on = end / params->state_grid * params->state_grid;
+        if (on > start) {
+            end = on;
+        } else if (params->max_batch_tokens >= params->state_grid) {
+            return 0;
+        }
     }
     return end - start;
 }

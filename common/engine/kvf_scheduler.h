@@ -138,8 +138,9 @@ typedef struct kvf_scheduler_params {
     int max_batch_tokens;  /* token budget per step, >= 1 */
     int max_seqs;          /* requests per step, >= 1 */
     int state_grid;        /* tokens; > 0: a prompt chunk that does not reach the last known
-                            * token ends on a multiple of it (when that leaves the chunk any
-                            * token): the Mamba state grid, one value for the state checkpoints
+                            * token ends on a multiple of it (one that would not reach the
+                            * next multiple waits for a later step, unless max_batch_tokens
+                            * is below the grid): the Mamba state grid, one value for the state checkpoints
                             * of the prefix cache and the scan's fixed chunk boundaries
                             * (docs/PREFIX_CACHE.md §1); 0: chunks end where the budget does */
 } kvf_scheduler_params_t;

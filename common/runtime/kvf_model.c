@@ -906,7 +906,8 @@ static size_t kvf_ws_max(size_t a, size_t b)
  *   MoE routing: T*2E floats + T*2E bools;
  *   Mamba2 scan: mamba_heads*head_dim*state floats; the chunked (SSD) prompt scan
  *     when it is on (kvf_model_set_state_grid): kvf_ssd_scratch_bytes() of T tokens at
- *     any position on the model's grid (KVF_SSD_MAX_GRID before it is set);
+ *     any position on the model's grid (KVF_SSD_MAX_GRID before it is set), a Gated
+ *     DeltaNet model's kvf_gdn_scratch_bytes() alike;
  *   batched Mamba decode: S*(two pointers, an int, a float);
  *   gated norm: T*n_groups floats; gathers, RoPE: T int32; scatter: T*8;
  *   block zeroing: F int64 page ids;
@@ -960,8 +961,13 @@ void kvf_model_ws_device_bytes(kvf_model_h m, int rank, const kvf_step_limits_t 
             const kvf_mamba2_params_t mp = {.heads = s->mamba_heads, .groups = s->groups,
                                             .head_dim = cfg->mamba_head_dim,
                                             .state_size = cfg->ssm_state_size};
+            const kvf_gdn_params_t gp = {.heads = s->mamba_heads, .groups = s->groups,
+                                         .head_dim = cfg->mamba_head_dim,
+                                         .key_dim = cfg->ssm_state_size};
             const int grid = (m->scan_grid > 0) ? m->scan_grid : KVF_SSD_MAX_GRID;
-            arena = kvf_ws_max(arena, kvf_ws_a(kvf_ssd_scratch_bytes(&mp, (int)T, -1, grid)));
+            arena = kvf_ws_max(arena, kvf_ws_a((cfg->state_kind == KVF_STATE_GDN) ?
+                                               kvf_gdn_scratch_bytes(&gp, (int)T, grid) :
+                                               kvf_ssd_scratch_bytes(&mp, (int)T, -1, grid)));
         }
     }
     arena = kvf_ws_max(arena, 2 * kvf_ws_a(T * 4));

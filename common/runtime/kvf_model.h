@@ -218,7 +218,8 @@ kvf_status_t kvf_model_ws_prepare(kvf_model_h model, const kvf_rank_ctx_t *ctx,
  * common/engine kvf_engine_prefix_params_t.state_grid, resolved), given once after the
  * runner is created and before any step. With the chunked scan the forward scans a
  * request's prompt tokens (a lone last prompt token too) with kvf_mamba2_scan_chunked()
- * (kernels/kvf_ssd.h) from pos0 = the request's position on this grid: a 16-bit state is
+ * (kernels/kvf_ssd.h; a Gated DeltaNet model's with kvf_gdn_scan_chunked(), kernels/kvf_gdn.h)
+ * from pos0 = the request's position on this grid: a 16-bit state is
  * rounded only at absolute grid multiples, so a prompt cut on the grid (the scheduler's
  * chunks, a prefix hit's restored checkpoint) gives the uncut prompt's bits. Which scan:
  * KVF_MAMBA_SCAN=chunked or token; unset or empty: chunked on a GPU under
@@ -226,7 +227,8 @@ kvf_status_t kvf_model_ws_prepare(kvf_model_h model, const kvf_rank_ctx_t *ctx,
  * (the modes giving the CPU's bits, which the token scan keeps). Until called (or for a
  * model without Mamba layers) the scan is token by token.
  * @return KVF_OK; KVF_ERR_INVALID_PARAM (logged naming the value): @a grid < 1, a chunked
- *         scan with @a grid above KVF_SSD_MAX_GRID, an unknown KVF_MAMBA_SCAN.
+ *         scan with @a grid above KVF_SSD_MAX_GRID (KVF_GDN_MAX_GRID for Gated DeltaNet),
+ *         an unknown KVF_MAMBA_SCAN.
  */
 kvf_status_t kvf_model_set_state_grid(kvf_model_h model, int grid);
 

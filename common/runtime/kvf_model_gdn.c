@@ -19,6 +19,7 @@
  */
 #include "kvf_model_int.h"
 #include "kvf_gdn.h"
+#include "kvf_ssm_seqs.h"
 
 /* in_proj_qkvz and in_proj_ba rows of this rank as z | v | k | q | b | a (w->in_proj). */
 static kvf_status_t kvf_gdn_load_in_proj(kvf_loader_t *ld, const kvf_model_config_t *cfg,
@@ -279,6 +280,36 @@ kvf_status_t kvf_fwd_shared_gate(const kvf_device_t *dev, struct kvf_model_ws *w
     return status;
 }
 
+/* The Gated DeltaNet scan of seq @a sq's n tokens (rows from @a o): as the Mamba2 scan
+ * (kvf_fwd_scan_seq), its prompt tokens chunked on the model's state grid from the request's
+ * position when the grid is set (the bits of one call whatever the cuts on the grid), then
+ * its outputs (a recompute) token by token, as decode steps computed them. */
+static kvf_status_t kvf_fwd_gdn_scan_seq(kvf_model_h m, const kvf_rank_ctx_t *ctx,
+                                         const kvf_device_t *dev, const kvf_gdn_params_t *gp,
+                                         const kvf_fwd_seq_t *sq, int o, int R, int cd,
+                                         const float *ba, void *ssm_state, kvf_status_t status)
+{
+    struct kvf_model_ws *ws = ctx->ws;
+    const int n = sq->num_tokens, pl = sq->prompt_len - sq->start;
+    const int np = (m->scan_grid == 0) ? 0 :
+                   (sq->prompt_len > 0) ? ((pl < 0) ? 0 : (pl > n) ? n : pl) :
+                   (sq->prompt ? n : 0);
+    const kvf_dtype_t sdt = ctx->geom->ssm_dtype;
+    const float *xbc = ws->xbc + (size_t)o * (size_t)cd;
+    float *y = ws->ybuf + (size_t)o * (size_t)R;
+
+    if (np > 0) {
+        KVF_KCALL(kvf_gdn_scan_chunked(dev, gp, np, (long long)sq->start, m->scan_grid, xbc,
+                                       cd, ba, R, ssm_state, sdt, sq->start > 0, y, R));
+    }
+    if (n > np) {
+        KVF_KCALL(kvf_gdn_scan(dev, gp, n - np, xbc + (size_t)np * (size_t)cd, cd,
+                               ba + (size_t)np * (size_t)R, R, ssm_state, sdt,
+                               (sq->start > 0) || (np > 0), y + (size_t)np * (size_t)R, R));
+    }
+    return status;
+}
+
 kvf_status_t kvf_fwd_gdn(kvf_model_h m, const kvf_rank_ctx_t *ctx, const kvf_fwd_batch_t *batch,
                          int l, int T, kvf_status_t status)
 {
@@ -296,7 +327,7 @@ kvf_status_t kvf_fwd_gdn(kvf_model_h m, const kvf_rank_ctx_t *ctx, const kvf_fwd
         .heads = s->mamba_heads, .head_dim = cfg->mamba_head_dim, .groups = s->groups,
         .key_dim = cfg->ssm_state_size, .dt_bias = w->dt_bias, .A_log = w->A_log,
     };
-    int o = 0;
+    int o = 0, nd = 0;
 
     KVF_KCALL(kvf_mat_gemm(dev, ws, T, ws->xn, H, &w->in_proj, NULL, ws->proj, R));
     for (int i = 0; i < batch->num_seqs; ++i) {
@@ -307,8 +338,23 @@ kvf_status_t kvf_fwd_gdn(kvf_model_h m, const kvf_rank_ctx_t *ctx, const kvf_fwd
                                                   slot);
         const float *in = ws->proj + (size_t)o * R;
         float *xbc = ws->xbc + (size_t)o * cd;
+        /* one token on a state that is not a prompt token the chunked scan takes (a lone
+         * prompt token there is a chunk: the recompute's bits) */
+        const bool lone = (n == 1) && has &&
+                          ((m->scan_grid == 0) || !kvf_fwd_step_is_prompt(sq));
 
-        if ((n == 1) && has) {
+        if (lone && silu) {
+            /* the batched decode step after the loop: fixed launches for a CUDA graph */
+            ws->dec_rows[nd] = o;
+            ws->dec_conv[nd] = conv_state;
+            ws->dec_ssm[nd] = ssm_state;
+            ws->dec_dtmin[nd] = kvf_fwd_step_dt_min(cfg, sq);   /* not read: the graph's */
+            ws->dec_dtmax[nd] = kvf_fwd_step_dt_max(cfg, sq);   /* packed block holds them */
+            ++nd;
+            o += n;
+            continue;
+        }
+        if (lone) {
             KVF_KCALL(kvf_conv1d_step(dev, in + dim, cd, K, w->conv_w, NULL, silu, conv_state,
                                       ctx->geom->conv_dtype, xbc));
         } else {
@@ -318,9 +364,20 @@ kvf_status_t kvf_fwd_gdn(kvf_model_h m, const kvf_rank_ctx_t *ctx, const kvf_fwd
         if (!silu) {
             KVF_KCALL(kvf_act(dev, (int)cfg->mamba_act, xbc, (size_t)n * (size_t)cd));
         }
-        KVF_KCALL(kvf_gdn_scan(dev, &gp, n, xbc, cd, in + dim + cd, R, ssm_state,
-                               ctx->geom->ssm_dtype, has, ws->ybuf + (size_t)o * R, R));
+        status = kvf_fwd_gdn_scan_seq(m, ctx, dev, &gp, sq, o, R, cd, in + dim + cd, ssm_state,
+                                      status);
         o += n;
+    }
+    if (nd > 0) {
+        const kvf_ssm_seqs_t dec = {
+            .num_seqs = nd, .rows = ws->dec_rows, .conv_states = ws->dec_conv,
+            .ssm_states = ws->dec_ssm, .dt_min = ws->dec_dtmin, .dt_max = ws->dec_dtmax,
+            .packed = (ws->in != NULL) ? ws->in->mamba[l] : NULL,   /* a graphed step's */
+        };
+        KVF_KCALL(kvf_gdn_decode_seqs(dev, &dec, ws->proj + dim, R, cd, K, w->conv_w,
+                                      ctx->geom->conv_dtype, ws->xbc, cd, &gp,
+                                      ws->proj + dim + cd, R, ctx->geom->ssm_dtype, ws->ybuf,
+                                      R));
     }
     /* Qwen3NextRMSNormGated per head: y (ybuf) normed, * w, * silu(z) (proj cols [0, dim)) */
     KVF_KCALL(kvf_gdn_gated_norm(dev, ws->ybuf, R, ws->proj, R, w->gnorm_w, T, s->mamba_heads,

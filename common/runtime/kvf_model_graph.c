@@ -16,7 +16,9 @@
  * with one warning and the steps run eagerly.
  *
  * Which steps: TP 1 (NCCL collectives are not recorded here), no MoE layer (its router
- * copies the choice to the host), SiLU Mamba (the batched decode step), every request one
+ * copies the choice to the host), SiLU Mamba or Gated DeltaNet (the batched decode steps,
+ * kvf_ssm_decode_seqs / kvf_gdn_decode_seqs, read the requests' state pointers from the
+ * packed inputs, laid out alike for both kinds), every request one
  * token on a cache with its head row wanted, within the step limits, and not under
  * `kvf bench-model --profile` (which times eager calls). Everything else runs eagerly.
  * Rejected: padding S up to buckets (dummy requests would need pages to write; a recording
@@ -104,14 +106,11 @@ kvf_status_t kvf_fwd_graphs_prepare(kvf_model_h m, const kvf_rank_ctx_t *ctx,
         moe |= kvf_model_layer_has_moe(cfg, l);
         other |= (cfg->layer_kinds[l] == KVF_LAYER_MAMBA) && (cfg->mamba_act != KVF_ACT_SILU);
     }
-    /* Gated DeltaNet decode reads each request's state pages by pointer: not recorded yet */
-    other |= (cfg->state_kind == KVF_STATE_GDN);
     if ((ctx->comm->size > 1) || moe || other) {
         if (ctx->rank == 0) {
             kvf_warn("KVF_GPU_GRAPHS=decode: %s, so every step runs eagerly (graphs cover TP 1 "
-                     "models without MoE or Gated DeltaNet layers, Mamba layers with SiLU)",
+                     "models without MoE layers, Mamba / Gated DeltaNet layers with SiLU)",
                      moe ? "the model has MoE layers" :
-                     (cfg->state_kind == KVF_STATE_GDN) ? "the model has Gated DeltaNet layers" :
                      other ? "the model's Mamba activation is not SiLU" :
                      "the instance runs TP > 1");
         }

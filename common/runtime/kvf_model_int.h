@@ -165,8 +165,9 @@ struct kvf_model {
     size_t             weight_bytes;
     size_t             file_bytes;
     int                num_files;
-    int                scan_grid; /* > 0: Mamba2 prompt tokens scanned in SSD chunks on this
-                                   * state grid (kvf_model_set_state_grid); 0: token by token */
+    int                scan_grid; /* > 0: Mamba2 / Gated DeltaNet prompt tokens scanned in
+                                   * chunks on this state grid (kvf_model_set_state_grid);
+                                   * 0: token by token */
 };
 
 /*
@@ -256,7 +257,7 @@ void kvf_fwd_graphs_destroy(struct kvf_model_ws *ws);
 bool kvf_fwd_graph_try(kvf_model_h m, const kvf_rank_ctx_t *ctx, const kvf_fwd_batch_t *batch,
                        int T, kvf_status_t *status_p);
 
-/* kvf_model_scan.c: whether the Mamba2 prompt scan is chunked (KVF_MAMBA_SCAN, else the
+/* kvf_model_scan.c: whether the Mamba2 / Gated DeltaNet prompt scan is chunked (KVF_MAMBA_SCAN, else the
  * device and KVF_GPU_WEIGHTS decide): 1 chunked, 0 token by token, -1 a bad value. */
 int kvf_model_scan_chunked(kvf_model_h m);
 

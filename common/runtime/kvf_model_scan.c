@@ -8,12 +8,18 @@
  * cache checkpoints states on it; making the scan's grid the same value means a restored
  * checkpoint is the state a recompute would reach, bit for bit, and chunking by load
  * changes no bit. Rejected: a scan grid of its own (a cache hit or a chunk cut off it
- * would differ from the recompute by rounding).
+ * would differ from the recompute by rounding). Gated DeltaNet models (qwen3_next,
+ * qwen3_5_text) take the same switch and the same grid for their chunked scan
+ * (kernels/kvf_gdn.h, kvf_gdn_scan_chunked: the WY form, chunk length = the grid), for the
+ * same reasons; Rejected there: a fixed chunk of its own inside the grid (64 tokens, say):
+ * with a grid that is not its multiple the cuts on the grid would not be chunk ends, and
+ * the grid is already one engine-wide length.
  */
 #include "kvf_model_int.h"
 #include "kvf_fwd_profile.h"
 #include "kvf_gemm_plan.h"
 #include "kvf_log.h"
+#include "kvf_gdn.h"
 #include "kvf_ssd.h"
 
 #include <stdlib.h>
@@ -45,14 +51,16 @@ int kvf_model_scan_chunked(kvf_model_h m)
 kvf_status_t kvf_model_set_state_grid(kvf_model_h m, int grid)
 {
     const int chunked = kvf_model_scan_chunked(m);
+    const bool gdn = (m->cfg.state_kind == KVF_STATE_GDN);
     bool mamba = false;
 
     for (int l = 0; l < m->cfg.num_layers; ++l) {
         mamba = mamba || (m->cfg.layer_kinds[l] == KVF_LAYER_MAMBA);
     }
     if (chunked < 0) {
-        kvf_error("bad value '%s' for KVF_MAMBA_SCAN: chunked (the Mamba2 prompt scan in "
-                  "SSD chunks on the state grid; the default on a GPU) or token (token by "
+        kvf_error("bad value '%s' for KVF_MAMBA_SCAN: chunked (the Mamba2 / Gated DeltaNet "
+                  "prompt scan in chunks on the state grid; the default on a GPU) or token "
+                  "(token by "
                   "token: the CPU's bits; the default on the CPU)", getenv("KVF_MAMBA_SCAN"));
         return KVF_ERR_INVALID_PARAM;
     }
@@ -60,15 +68,17 @@ kvf_status_t kvf_model_set_state_grid(kvf_model_h m, int grid)
         kvf_error("state grid %d tokens: must be >= 1", grid);
         return KVF_ERR_INVALID_PARAM;
     }
-    if (mamba && chunked && (grid > KVF_SSD_MAX_GRID)) {
-        kvf_error("--prefix-state-grid %d tokens exceeds the chunked Mamba2 scan's largest "
-                  "grid %d (give at most %d, or KVF_MAMBA_SCAN=token)", grid, KVF_SSD_MAX_GRID,
-                  KVF_SSD_MAX_GRID);
+    if (mamba && chunked && (grid > (gdn ? KVF_GDN_MAX_GRID : KVF_SSD_MAX_GRID))) {
+        const int most = gdn ? KVF_GDN_MAX_GRID : KVF_SSD_MAX_GRID;
+        kvf_error("--prefix-state-grid %d tokens exceeds the chunked %s scan's largest "
+                  "grid %d (give at most %d, or KVF_MAMBA_SCAN=token)", grid,
+                  gdn ? "Gated DeltaNet" : "Mamba2", most, most);
         return KVF_ERR_INVALID_PARAM;
     }
     m->scan_grid = (mamba && chunked) ? grid : 0;
     if (m->scan_grid > 0) {
-        kvf_info("Mamba2 prompt scan: chunked (SSD) on the state grid of %d tokens", grid);
+        kvf_info("%s prompt scan: chunked (%s) on the state grid of %d tokens",
+                 gdn ? "Gated DeltaNet" : "Mamba2", gdn ? "WY form" : "SSD", grid);
     }
     return KVF_OK;
 }

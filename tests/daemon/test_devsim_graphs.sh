@@ -4,7 +4,8 @@
 # every kernel call of a replayed step is the recorded one (arguments, pointers, the
 # fields of the parameter structs a launcher reads), every host array a launcher uploads
 # lies in the step's published inputs and their device copy holds the same bytes, nothing
-# copies to the host or syncs inside. For the hybrid and the dense trained models: greedy,
+# copies to the host or syncs inside. For the hybrid and the dense trained models (and the
+# Gated DeltaNet qwen3.5 random checkpoint; qwen3-next's MoE stays eager): greedy,
 # with --print-logits, sampled on the device, and a batch of four, the tokens (and logits)
 # are those of the eager run; a batch size's first decode step runs eagerly (the warm-up),
 # its second is recorded, every later one a replay. A bad value is refused by name; TP 2 (CUDA builds) stays eager.
@@ -70,6 +71,31 @@ KVF_GPU_GRAPHS=decode "$DEVSIM" bench-model --model "$MODELS/tiny-hybrid" --devi
     fail "batch 4: $(tail -5 "$T/err")"
 graphs "tiny-hybrid batch 4" 1 3 "$T/err"
 echo "tiny-hybrid batch 4: 1 eager warm-up, 1 recording, 3 replays"
+
+# Gated DeltaNet (qwen3.5's random checkpoint: GDN and gated attention, dense MLP): the
+# batched decode step (kvf_gdn_decode_seqs) reads the state pointers from the packed inputs,
+# its CUDA body checked against the per-request path (gdn_seqs_*), fp32 and bf16 states
+GDN="$KVF_SOURCE_DIR/tests/data/families"
+gdn_twin() {   # gdn_twin NAME FILE: the batched GDN body ran and equals the per-request path
+    [ "$(field "$2" gdn_seqs_checked)" -gt 0 ] && [ "$(field "$2" gdn_seqs_mismatches)" -eq 0 ] ||
+        fail "$1: batched GDN decode: $(grep -o 'gdn_seqs_checked.*mismatches [0-9]*' "$2")"
+}
+run "qwen3.5 logits" 2 --model "$GDN/qwen3.5" --max-tokens 8 --print-logits yes
+gdn_twin "qwen3.5 logits" "$T/graph.err"
+run "qwen3.5 bf16 state" 1 --model "$GDN/qwen3.5" --max-tokens 8 --ssm-dtype bf16
+gdn_twin "qwen3.5 bf16 state" "$T/graph.err"
+KVF_GPU_GRAPHS=decode "$DEVSIM" bench-model --model "$GDN/qwen3.5" --device cuda:0 \
+    --prompt-len 16 --decode-tokens 6 --batch 4 >"$T/out" 2>"$T/err" ||
+    fail "qwen3.5 batch 4: $(tail -5 "$T/err")"
+graphs "qwen3.5 batch 4" 1 3 "$T/err"
+gdn_twin "qwen3.5 batch 4" "$T/err"
+echo "qwen3.5 batch 4: 1 eager warm-up, 1 recording, 3 replays"
+# qwen3-next has MoE layers (the router's choice goes to the host): eager, said once
+KVF_GPU_GRAPHS=decode "$DEVSIM" generate --model "$GDN/qwen3-next" --device cuda:0 \
+    --prompt "add 12 30" --max-tokens 4 >"$T/out" 2>"$T/err" || fail "qwen3-next: $(tail -3 "$T/err")"
+[ "$(field "$T/err" graph_captures)" -eq 0 ] && grep -q "the model has MoE layers" "$T/err" ||
+    fail "qwen3-next (MoE): recorded, or no warning that the steps run eagerly"
+echo "qwen3-next (MoE): eager, said"
 
 if KVF_GPU_GRAPHS=all "$DEVSIM" generate --model "$MODELS/tiny-hybrid" --device cuda:0 \
     --prompt "add 12 30" --max-tokens 3 >"$T/out" 2>"$T/err"; then

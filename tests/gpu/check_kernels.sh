@@ -14,7 +14,9 @@ want=(kvf_attn_write_kernel kvf_attn_paged_kernel kvf_conv_chunk_kernel kvf_conv
       kvf_mamba2_step_seqs_kernel kvf_attn_tiled_kernel kvf_conv_chunk_tok_kernel
       kvf_conv_chunk_tail_kernel kvf_gated_fused_kernel kvf_add_rmsnorm_kernel
       kvf_ssd_cs_kernel kvf_ssd_cb_kernel kvf_ssd_intra_kernel kvf_ssd_pass_kernel
-      kvf_ssd_out_kernel kvf_ssd_state_kernel)
+      kvf_ssd_out_kernel kvf_ssd_state_kernel kvf_gdn_scan_kernel kvf_gdn_ck_norm_kernel
+      kvf_gdn_ck_chunk_kernel kvf_gdn_ck_pass_kernel kvf_gdn_ck_state_kernel
+      kvf_gdn_step_seqs_kernel)
 have=$(nm -C "$lib" 2>/dev/null | sed -n 's/^[0-9a-f]* T \(kvf_[a-z0-9_]*_kernel\)(.*/\1/p' | sort -u)
 missing=0
 for k in "${want[@]}"; do

@@ -473,12 +473,12 @@ row_xfer() {
 # (16-bit weights on tensor cores, bf16 KV: what graphs by default would run) and the exact
 # mode (KVF_GPU_WEIGHTS=exact, fp32 KV): tokens and every logit bit for bit, 13 replays of
 # one recorded graph. Both PASS on a GPU is what KVF_GPU_GRAPHS=decode by default waits on.
-row_graphs_generate() { # model
+row_graphs_generate() { # model [its folder; default: models-trained/MODEL]
     local m=$1 out="$RR_DIR/gen-graphs-$1" rc rc2 counts mode fails=0 cells=""
-    local name="generate cuda graphs: $1"
+    local name="generate cuda graphs: $1" md=${2:-$data/models-trained/$1}
     need_kvf
     for mode in default exact; do
-        local args=(generate --model "$data/models-trained/$m" --prompt "12+34=" --max-tokens 16
+        local args=(generate --model "$md" --prompt "12+34=" --max-tokens 16
                     --ignore-eos yes --print-logits yes --tp 1 --device cuda:0)
         local env=(env -u KVF_GPU_WEIGHTS -u KVF_GPU_ATTN)
         [ "$mode" = exact ] && { args+=(--kv-dtype fp32); env+=(KVF_GPU_WEIGHTS=exact); }

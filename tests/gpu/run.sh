@@ -66,6 +66,7 @@ timeout 10 nvidia-smi -L 2>/dev/null | grep '^GPU ' >/dev/null || skip "nvidia-s
 . "$here/rowrun.sh"
 . "$here/preflight.sh"
 . "$here/gpu_rows.sh"
+. "$here/gpu_rows_gdn.sh"
 mkdir -p "$out_dir" && out_dir=$(cd "$out_dir" && pwd) && rr_init "$out_dir" "$budget" ||
     { echo "FAIL: cannot write results under $out_dir (KVF_GPU_OUT)"; exit 1; }
 rr_say "tests/gpu/run.sh: $(date -u +%Y-%m-%dT%H:%M:%SZ), budget $budget s, results $RR_RESULTS"
@@ -134,7 +135,7 @@ row_build() {
         return 1
     fi
     local targets=(gpu_vs_cpu kvf attn_tiled_vs_pertoken test_batch_invariance) t
-    for t in gemm_lt_bench gemm_lt_invariance ssd_vs_cpu fi_attention_check; do
+    for t in gemm_lt_bench gemm_lt_invariance ssd_vs_cpu fi_attention_check gdn_vs_cpu; do
         cmake --build "$build" --target help 2>/dev/null | grep -q "\.\.\. $t\$" && targets+=("$t")
     done
     cmake --build "$build" -j"$(nproc)" --target "${targets[@]}" >>"$build/gpu-build.log" 2>&1 &&
@@ -203,6 +204,15 @@ rr_add batch-invariance-fi-gqa5 120 row_invariance flashinfer tiny-gqa5
 # on these two
 rr_add graphs-hybrid 90 row_graphs_generate tiny-hybrid
 rr_add graphs-dense 90 row_graphs_generate tiny-dense
+# Gated DeltaNet (issue 44): the chunked prompt scan's kernel check and prompt throughput
+# against the token kernel, greedy tokens against the CPU and batch invariance on the
+# qwen3-next / qwen3.5 random checkpoints, decode graphs = eager on qwen3.5 (no MoE)
+rr_add gdn 90 row_prog gdn_vs_cpu
+rr_add gen-gdn-qwen3-next 60 row_gdn_generate qwen3-next
+rr_add gen-gdn-qwen3-5 60 row_gdn_generate qwen3.5
+rr_add batch-invariance-gdn-qwen3-next 90 row_gdn_invariance qwen3-next
+rr_add batch-invariance-gdn-qwen3-5 90 row_gdn_invariance qwen3.5
+rr_add graphs-gdn-qwen3-5 90 row_graphs_generate qwen3.5 "$data/tests/data/families/qwen3.5"
 # everything else, while time is left
 rr_add xfer-4p2d-80-96 60 row_xfer
 for lay in 4p2d 1p4d 4p1d 2p2d 1p1d; do

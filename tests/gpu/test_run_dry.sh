@@ -151,7 +151,8 @@ wait_for() { # deadline_ms, command: polls every 50 ms until it succeeds or the 
 order="kernels attn-tiled gen-hybrid gen-dense gen-hybrid-tp2 gen-sampled greedy-default
 gemm-invariance gemm ssd fi-attention gen-fi-hybrid gen-fi-dense gen-fi-gqa5 engine engine-issue
 engine-issue-fi pull-4p2d-ipc pull-4p2d-ucx nixl-4p2d pool-1p1d batch-invariance batch-invariance-fi
-batch-invariance-fi-gqa5 graphs-hybrid graphs-dense xfer-4p2d-80-96
+batch-invariance-fi-gqa5 graphs-hybrid graphs-dense gdn gen-gdn-qwen3-next gen-gdn-qwen3-5
+batch-invariance-gdn-qwen3-next batch-invariance-gdn-qwen3-5 graphs-gdn-qwen3-5 xfer-4p2d-80-96
 pull-4p2d-auto pull-1p4d-auto pull-4p1d-auto pull-2p2d-auto pull-1p1d-auto profile-b1 profile-b16 profile-b16s graphs-speed-tiny-hybrid-b1
 graphs-speed-tiny-hybrid-b16 graphs-speed-tiny-dense-b1 graphs-speed-tiny-dense-b16"
 order=$(echo $order)
@@ -204,6 +205,12 @@ check "the pool row FAILs (no daemons in the fake build) and says so" \
 check "generate rows compare and pass" grep -q '^| generate cuda: tiny-hybrid .*PASS (same tokens)' "$res"
 check "graphs rows compare graphs with their own eager runs (default and exact)" \
     grep -q '^| generate cuda graphs: tiny-dense .*PASS (= eager, bits, default and exact)' "$res"
+check "the chunked GDN generate rows compare with the CPU and pass" \
+    grep -q '^| generate cuda gdn chunked: qwen3.5 .*PASS (same tokens)' "$res"
+check "the GDN batch-invariance rows pass" \
+    grep -q '^| batch invariance, cuda:0, gdn qwen3-next .*PASS' "$res"
+check "the GDN graphs row compares with its own eager runs" \
+    grep -q '^| generate cuda graphs: qwen3.5 .*PASS (= eager, bits, default and exact)' "$res"
 check "the FlashInfer generate rows compare with the CPU and pass" \
     grep -q '^| generate flashinfer: tiny-hybrid .*PASS (same tokens)' "$res"
 check "the FlashInfer batch-invariance row runs under KVF_GPU_ATTN=flashinfer and passes" \

@@ -8,12 +8,16 @@ conv / SSM state, 48-token prefill chunks as the reference was made for) and
 must give the same greedy tokens with max |logit diff| within --tol. With
 --devsim (tests/bin/kvf-devsim: kvf on the simulated CUDA device of
 tests/daemon/devsim) each prompt runs there too at TP 1, decode steps as CUDA
-graphs (KVF_GPU_GRAPHS=decode; granite's MoE layers and the Gated DeltaNet families
-run eagerly).
+graphs (KVF_GPU_GRAPHS=decode; granite's and qwen3-next's MoE layers run eagerly),
+prompt scans in the GPU's chunked form on the default state grid of 64 (Mamba2's SSD,
+Gated DeltaNet's WY / UT transform), within --devsim-tol: another fp32 summation order
+than transformers' (qwen3.5's 107-token prompt: 3.1e-4 chunked on 64-token chunks,
+9.9e-5 on 16, 9.6e-5 token by token; every other case below 1e-4).
 
 Usage:
   python3 tests/reference/check_family_data.py --kvf build/bin/kvf [--tp 1,2,4]
       [--data tests/data/families] [--case bamba ...] [--tol 1e-4] [--devsim BIN]
+      [--devsim-tol 5e-4]
 Exit status: 0 when every prompt agrees at every TP degree, 1 otherwise.
 """
 import argparse
@@ -59,6 +63,8 @@ def main():
     ap.add_argument("--case", action="append")
     ap.add_argument("--tol", type=float, default=1e-4)
     ap.add_argument("--devsim", help="kvf-devsim binary: also run on the simulated GPU")
+    ap.add_argument("--devsim-tol", type=float, default=5e-4,
+                    help="max |logit diff| of the simulated GPU's runs (chunked scans)")
     args = ap.parse_args()
     where = [("tp %d" % int(t), int(t)) for t in args.tp.split(",")]
     if args.devsim:
@@ -84,7 +90,7 @@ def main():
                     diff = max((max(abs(a - b) for a, b in zip(x, y))
                                 for x, y in zip(p["logits"], logits)), default=float("inf"))
                     same = (toks == p["tokens"]) and (len(logits) == len(p["logits"]))
-                    good = same and diff <= args.tol
+                    good = same and diff <= (args.devsim_tol if tp == 0 else args.tol)
                     ok = ok and good
                     runs += 1
                     print("  %4d tokens %-6s: greedy %s, max |logit diff| %.2e %s" % (

@@ -16,6 +16,9 @@
  * solo references then come from that device too); the cache dtypes are
  * `kvf generate`'s defaults for the model (KV bf16, conv state bf16, SSM
  * state fp32 for this checkpoint).
+ * KVF_INVARIANCE_STATE_GRID=N sets the engine's state grid (scheduler chunks) and the
+ * model's scan grid (kvf_model_set_state_grid, as the daemons do): on a GPU the Mamba2 /
+ * Gated DeltaNet prompt scans are then chunked on it.
  * KVF_INVARIANCE_MODEL=DIR runs another checkpoint (kvf mkmodel's, e.g. a GQA group of 5);
  * the prompts stay tiny-hybrid's held-out questions, encoded by DIR's tokenizer.
  */
@@ -53,6 +56,7 @@ static kvf_engine_h kvf_inv_engine(int tp, int max_batch_tokens, int max_seqs, i
     kvf_engine_params_t ep = {0};
     kvf_model_config_t cfg;
     kvf_engine_h eng = NULL;
+    const char *grid = getenv("KVF_INVARIANCE_STATE_GRID");
 
     assert_int_equal(kvf_model_config_load(g_dir, &cfg), KVF_OK);
     kvf_cache_params_default(&cfg, &ep.cache);       /* conv state: the model's dtype */
@@ -67,7 +71,15 @@ static kvf_engine_h kvf_inv_engine(int tp, int max_batch_tokens, int max_seqs, i
     ep.max_batch_tokens = max_batch_tokens;
     ep.max_seqs = max_seqs;
     ep.device = g_dev;
+    if ((grid != NULL) && (grid[0] != '\0')) {   /* the scheduler's chunk grid too */
+        ep.field_mask |= KVF_ENGINE_PARAM_FIELD_PREFIX;
+        ep.prefix.state_grid = atoi(grid);
+    }
     assert_int_equal(kvf_engine_create(&ep, &eng), KVF_OK);
+    if ((grid != NULL) && (grid[0] != '\0')) {
+        assert_int_equal(kvf_model_set_state_grid(kvf_tp_runner_model(kvf_engine_runner(eng)),
+                                                  atoi(grid)), KVF_OK);
+    }
     return eng;
 }
 

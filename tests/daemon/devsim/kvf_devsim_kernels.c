@@ -77,8 +77,18 @@ static uint64_t devsim_h_mp(uint64_t h, const void *a, size_t n)
     return devsim_mix(h, &p->dt_max, sizeof(p->dt_max));
 }
 
+static uint64_t devsim_h_gp(uint64_t h, const void *a, size_t n)
+{
+    const kvf_gdn_params_t *p = *(const kvf_gdn_params_t *const *)a;
+    const long long f[] = {p->heads, p->head_dim, p->groups, p->key_dim,
+                           (long long)(uintptr_t)p->dt_bias, (long long)(uintptr_t)p->A_log};
+    (void)n;
+    return devsim_mix(h, f, sizeof(f));
+}
+
 #define DEVSIM_HASH_ARG(a)                                                             \
     devsim_h_ = _Generic((a),                                                          \
+                         const kvf_gdn_params_t *: devsim_h_gp,                        \
                          const kvf_paged_kv_t *: devsim_h_kv,                          \
                          const kvf_attn_seqs_t *: devsim_h_aseqs,                      \
                          const kvf_ssm_seqs_t *: devsim_h_sseqs,                       \
@@ -310,7 +320,19 @@ DEVSIM_KERNEL(kvf_gdn_scan, (const kvf_device_t *dev, const kvf_gdn_params_t *p,
               (devsim_want_dev(xbc, "kvf_gdn_scan xbc"), devsim_want_dev(ba, "kvf_gdn_scan ba"),
                devsim_want_dev(state, "kvf_gdn_scan state"), devsim_want_dev(y, "kvf_gdn_scan y"),
                devsim_want_dev(p->A_log, "kvf_gdn_scan A_log"),
-               devsim_want_dev(p->dt_bias, "kvf_gdn_scan dt_bias")))
+               devsim_want_dev(p->dt_bias, "kvf_gdn_scan dt_bias"), devsim_gdn_token()))
+DEVSIM_KERNEL(kvf_gdn_scan_chunked, (const kvf_device_t *dev, const kvf_gdn_params_t *p, int T,
+                                     long long pos0, int grid, const float *xbc, int ldx,
+                                     const float *ba, int ldba, void *state,
+                                     kvf_dtype_t state_dtype, int has_state, float *y, int ldy),
+              (dev, p, T, pos0, grid, xbc, ldx, ba, ldba, state, state_dtype, has_state, y, ldy),
+              (devsim_want_dev(xbc, "kvf_gdn_scan_chunked xbc"),
+               devsim_want_dev(ba, "kvf_gdn_scan_chunked ba"),
+               devsim_want_dev(state, "kvf_gdn_scan_chunked state"),
+               devsim_want_dev(y, "kvf_gdn_scan_chunked y"),
+               devsim_want_dev(p->A_log, "kvf_gdn_scan_chunked A_log"),
+               devsim_want_dev(p->dt_bias, "kvf_gdn_scan_chunked dt_bias"),
+               devsim_gdn_chunked(p, T, pos0, grid)))
 DEVSIM_KERNEL(kvf_gdn_gated_norm, (const kvf_device_t *dev, const float *y, int ldy,
                                    const float *z, int ldz, const float *w, int T, int heads,
                                    int head_dim, float eps, float *out, int ldo),
@@ -441,6 +463,19 @@ DEVSIM_KERNEL(kvf_ssm_decode_seqs, (const kvf_device_t *dev, const kvf_ssm_seqs_
                devsim_want_ssm_packed(seqs),
                devsim_ssm_twin_checked(seqs, x_in, ld_in, channels, kernel, conv_w, conv_b,
                                        conv_dtype, p, dt, lddt, ssm_dtype)))
+DEVSIM_KERNEL(kvf_gdn_decode_seqs, (const kvf_device_t *dev, const kvf_ssm_seqs_t *seqs,
+                                    const float *x_in, int ld_in, int channels, int kernel,
+                                    const float *conv_w, kvf_dtype_t conv_dtype, float *xbc,
+                                    int ld_xbc, const kvf_gdn_params_t *p, const float *ba,
+                                    int ldba, kvf_dtype_t ssm_dtype, float *y, int ldy),
+              (dev, seqs, x_in, ld_in, channels, kernel, conv_w, conv_dtype, xbc, ld_xbc, p, ba,
+               ldba, ssm_dtype, y, ldy),
+              (devsim_want_dev(x_in, "kvf_gdn_decode_seqs x"),
+               devsim_want_dev(ba, "kvf_gdn_decode_seqs ba"),
+               devsim_want_dev(y, "kvf_gdn_decode_seqs y"),
+               devsim_want_ssm_packed(seqs),
+               devsim_gdn_twin(seqs, x_in, ld_in, channels, kernel, conv_w, conv_dtype, p, ba,
+                               ldba, ssm_dtype)))
 /* device sampling (kvf_sample.h): the rows' logits, parameters, entries and results are all
  * device memory (kvf_sample_batch() uploads and downloads around it, counted as copies) */
 DEVSIM_KERNEL(kvf_sample_rows, (const kvf_device_t *dev, const float *logits, int rows, int vocab,

@@ -4,6 +4,7 @@
 #ifndef KVF_DEVSIM_SSD_H
 #define KVF_DEVSIM_SSD_H
 
+#include "kvf_gdn.h"
 #include "kvf_mamba2.h"
 #include "kvf_ssm_seqs.h"
 
@@ -19,11 +20,19 @@ void devsim_ssd_reserved(size_t device_bytes);
  * the smallest arena reserved (an error when it does not fit). */
 void devsim_ssd_chunked(const kvf_mamba2_params_t *p, int T, long long pos0, int grid);
 
+/* One kvf_gdn_scan_chunked call on a simulated GPU: as devsim_ssd_chunked, with
+ * kvf_gdn_scratch_bytes (the worst position of T tokens on the grid). */
+void devsim_gdn_chunked(const kvf_gdn_params_t *p, int T, long long pos0, int grid);
+
+/* One token-by-token kvf_gdn_scan call on a simulated GPU (counted). */
+void devsim_gdn_token(void);
+
 /* One token-by-token kvf_mamba2_scan call on a simulated GPU (counted). */
 void devsim_ssd_token(void);
 
-/* Appends " ssd_calls C ssd_grid G ssd_ws_errors E token_scan_calls S" to the devsim line
- * (G: the grid of the last chunked call, 0 when none). */
+/* Appends " ssd_calls C ssd_grid G ssd_ws_errors E token_scan_calls S" and " gdn_chunked_calls
+ * C gdn_grid G gdn_ws_errors E gdn_token_calls S" to the devsim line (G: the grid of the last
+ * chunked call, 0 when none). */
 void devsim_ssd_report(FILE *f);
 
 /* kvf_devsim.c: whether @a p lies in the simulated GPUs' memory. */
@@ -41,5 +50,13 @@ void devsim_ssm_seqs_twin(const kvf_ssm_seqs_t *s, const float *x_in, int ld_in,
                           kvf_dtype_t conv_dtype, const kvf_mamba2_params_t *p, const float *dt,
                           int lddt, kvf_dtype_t ssm_dtype);
 void devsim_ssm_report(FILE *f);
+
+/* kvf_devsim_ssm.c: the batched Gated DeltaNet decode step's CUDA body against the per-request
+ * path likewise (one kvf_gdn_decode_seqs call's arguments); " gdn_seqs_checked C
+ * gdn_seqs_narrow N gdn_seqs_mismatches M" appended to the line by devsim_ssm_report. */
+void devsim_gdn_twin(const kvf_ssm_seqs_t *s, const float *x_in, int ld_in, int channels,
+                     int kernel, const float *conv_w, kvf_dtype_t conv_dtype,
+                     const kvf_gdn_params_t *p, const float *ba, int ldba,
+                     kvf_dtype_t ssm_dtype);
 
 #endif
