@@ -159,6 +159,10 @@ typedef struct kvf_model_config {
     double      moe_routed_scaling;            /* routed_scaling_factor, default 1 */
     bool        moe_softmax_topk;              /* granitemoehybrid: top-k of the router
                                                   logits, weights softmax(top-k logits) */
+    bool        moe_softmax_full;              /* with moe_softmax_topk (qwen3_next,
+                                                  norm_topk_prob false): the weights are the
+                                                  top-k entries of the softmax over all
+                                                  experts, not renormalised */
     bool        moe_gated;                     /* experts and shared MLP gated: fused
                                                   gate|up rows, down(act(gate) * up) */
     int         num_moe_layers;

@@ -23,7 +23,8 @@
  * "qwen3_5_text" (Qwen3_5TextConfig, Qwen3_5ForCausalLM) is the same machinery: separate
  * in_proj_qkv / in_proj_z / in_proj_b / in_proj_a (the loader reads them), a gated MLP on
  * every layer, multimodal RoPE that is plain RoPE for text (kvf_cfg_parse_qwen3_5_text).
- * Refused by name: norm_topk_prob false with experts, an activation other than
+ * norm_topk_prob false: the chosen experts' entries of that softmax, not renormalised.
+ * Refused by name: an activation other than
  * transformers' names, a layer type other than linear_attention / full_attention.
  */
 #include "kvf_model_config_int.h"
@@ -120,7 +121,8 @@ static kvf_status_t kvf_qn_layers(const kvf_cfg_reader_t *rd, kvf_model_config_t
 }
 
 /* The FFN: routed experts (num_experts > 0, every decoder_sparse_step-th layer not in
- * mlp_only_layers: softmax router, top num_experts_per_tok renormalised, gated experts of
+ * mlp_only_layers: softmax router, top num_experts_per_tok renormalised (norm_topk_prob,
+ * default true; false: not), gated experts of
  * moe_intermediate_size, a gated shared expert of shared_expert_intermediate_size scaled by
  * sigmoid(shared_expert_gate x)), else a gated MLP of intermediate_size. */
 static kvf_status_t kvf_qn_ffn(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
@@ -159,11 +161,6 @@ static kvf_status_t kvf_qn_ffn(const kvf_cfg_reader_t *rd, kvf_model_config_t *c
     if (cfg->num_moe_layers == 0) {
         return KVF_OK;
     }
-    if (!cfg->moe_norm_topk_prob) {
-        KVF_CFG_FAIL(KVF_ERR_UNSUPPORTED, "field 'norm_topk_prob' = false is not implemented"
-                     " for qwen3_next's experts (only true: the top-k weights renormalised):"
-                     " refused");
-    }
     if (experts > 1024) {
         KVF_CFG_FAIL(KVF_ERR_UNSUPPORTED, "field 'num_experts' = %d exceeds 1024", experts);
     }
@@ -178,8 +175,10 @@ static kvf_status_t kvf_qn_ffn(const kvf_cfg_reader_t *rd, kvf_model_config_t *c
     cfg->moe_num_experts = experts;
     cfg->moe_n_group = cfg->moe_topk_group = 1;
     cfg->moe_routed_scaling = 1.0;
-    /* softmax over all experts, top k, renormalised = softmax over the top-k logits */
+    /* softmax over all experts, top k, renormalised = softmax over the top-k logits;
+     * norm_topk_prob false keeps the full softmax's entries (the fingerprint hashes it) */
     cfg->moe_softmax_topk = true;
+    cfg->moe_softmax_full = !cfg->moe_norm_topk_prob;
     cfg->moe_gated = true;
     return KVF_OK;
 }

@@ -72,6 +72,7 @@ static int kvf_fwd_route(const kvf_device_t *dev, const kvf_model_config_t *cfg,
         .topk_group = cfg->moe_topk_group, .norm_topk_prob = cfg->moe_norm_topk_prob,
         .routed_scaling = (float)cfg->moe_routed_scaling, .bias = w->router_b,
         .softmax_topk = cfg->moe_softmax_topk,
+        .softmax_full = cfg->moe_softmax_full,
     };
     /* ids [n] then weights [n], adjacent: one device->host copy brings both */
     float *wt = (float *)(void *)(ws->route_idx + n);

@@ -808,7 +808,7 @@ static void test_moe_route(void **state)
     float bias[E] = {0};
     float scores[T * E], wt[T * K];
     int32_t idx[T * K];
-    kvf_moe_route_params_t p = {E, K, 2, 1, 1, 2.5f, bias, 0};
+    kvf_moe_route_params_t p = {E, K, 2, 1, 1, 2.5f, bias, 0, 0};
     (void)state;
 
     assert_int_equal(kvf_moe_route(NULL, &p, logits, T, scores, idx, wt), KVF_KERN_OK);
@@ -861,7 +861,7 @@ static void test_moe_route_softmax(void **state)
     const float logits[E] = {0.3f, 2.0f, -1.0f, 1.25f};
     float bias[E] = {0}, scores[E], wt[K];
     int32_t idx[K];
-    kvf_moe_route_params_t p = {E, K, 1, 1, 1, 1.0f, bias, 1};
+    kvf_moe_route_params_t p = {E, K, 1, 1, 1, 1.0f, bias, 1, 0};
     const double e0 = 1.0, e1 = exp(1.25 - 2.0);
     (void)state;
 
@@ -876,6 +876,19 @@ static void test_moe_route_softmax(void **state)
     p.routed_scaling = 2.0f;
     assert_int_equal(kvf_moe_route(NULL, &p, logits, 1, scores, idx, wt), KVF_KERN_OK);
     assert_float_equal(wt[0] + wt[1], 2.0, 1e-6);
+    /* softmax_full (qwen3_next, norm_topk_prob false): the same experts, weighted by their
+     * entries of the softmax over all four logits, not renormalised */
+    {
+        const double all = e0 + e1 + exp(0.3 - 2.0) + exp(-1.0 - 2.0);
+        p.routed_scaling = 1.0f;
+        p.softmax_full = 1;
+        assert_int_equal(kvf_moe_route(NULL, &p, logits, 1, scores, idx, wt), KVF_KERN_OK);
+        assert_int_equal(idx[0], 1);
+        assert_int_equal(idx[1], 3);
+        assert_float_equal(wt[0], e0 / all, 1e-6);
+        assert_float_equal(wt[1], e1 / all, 1e-6);
+        assert_true(wt[0] + wt[1] < 0.95f);
+    }
 }
 
 int main(void)

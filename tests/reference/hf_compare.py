@@ -211,6 +211,18 @@ def cases():
                          "full_attention"],
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                              "partial_rotary_factor": 0.25}), None),
+        # qwen3_next with norm_topk_prob false: the chosen experts weighted by their entries
+        # of the softmax over all 4 experts, not renormalised (top 2, every layer sparse)
+        "qwen3-next-nonorm": ("qwen3_next", dict(
+            COMMON, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=16, intermediate_size=96, rms_norm_eps=1e-6,
+            linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+            linear_value_head_dim=8, linear_conv_kernel_dim=4, num_experts=4,
+            num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+            norm_topk_prob=False, initializer_range=0.2,
+            layer_types=["linear_attention", "full_attention"],
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                             "partial_rotary_factor": 0.25}), None),
         # Qwen3.5's text model (Qwen3_5ForCausalLM): the same layers with separate in_proj_qkv /
         # z / b / a, a gated MLP on every layer, multimodal RoPE (plain for text positions)
         "qwen3.5": ("qwen3_5_text", dict(
@@ -244,7 +256,7 @@ PATCHES = {
 # weights): Gated DeltaNet's gated RMSNorm rescales outputs that cancel to ~1e-4, where fp32
 # rounding (transformers' chunked scan, its recurrent one, kvferry's) reaches 1e-4 in the
 # logits; the float64 reference then measures kvferry's error alone
-FLOAT64_CASES = {"qwen3-next", "qwen3.5"}
+FLOAT64_CASES = {"qwen3-next", "qwen3-next-nonorm", "qwen3.5"}
 # For them the bound is also transformers' own fp32 error: kvferry passes when its max |logit
 # diff| from the float64 logits is within --tol or within OWN_FACTOR times the fp32
 # transformers forward's own max diff from them on that prompt. The random 4-layer qwen3-next

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hf_compare as H  # noqa: E402
 
 CASES = ["bamba", "granite-moe", "mistral-swa", "qwen3-swa", "gemma3-swa", "gpt-oss", "qwen3-next",
-         "qwen3.5"]
+         "qwen3-next-nonorm", "qwen3.5"]
 # two layers (one Mamba2, one attention) keep the files a few hundred KB
 SMALLER = {
     "bamba": dict(num_hidden_layers=2, attn_layer_indices=[1]),
@@ -38,6 +38,7 @@ SMALLER = {
     "gpt-oss": dict(),
     # one Gated DeltaNet layer, one gated attention layer
     "qwen3-next": dict(num_hidden_layers=2, layer_types=["linear_attention", "full_attention"]),
+    "qwen3-next-nonorm": dict(),   # two layers already, both sparse
     "qwen3.5": dict(num_hidden_layers=2, layer_types=["linear_attention", "full_attention"]),
 }
 # References computed in float64 on the saved fp32 weights (exact math on the same weights):
@@ -46,7 +47,7 @@ SMALLER = {
 # kvferry's) shows there; float64 keeps the reference itself off that error. (With the
 # hf_compare initializer_range 0.1 such a position put transformers' own fp32 forward
 # 2.4e-4 off the float64 answer; the case uses 0.2.)
-FLOAT64 = {"qwen3-next", "qwen3.5"}
+FLOAT64 = {"qwen3-next", "qwen3-next-nonorm", "qwen3.5"}
 LENGTHS = [5, 107, 295]    # BOS + bytes: 5 tokens; > 2 chunks of 48; > 3 blocks of 96
 MAX_TOKENS = 6
 

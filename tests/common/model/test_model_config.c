@@ -628,7 +628,6 @@ static void test_qwen3_next(void **state)
     static const struct {
         const char *extra, *field, *value;
     } refused[] = {
-        {",\"num_experts\":4,\"norm_topk_prob\":false", "norm_topk_prob", "false"},
         {",\"num_experts\":4,\"num_experts_per_tok\":5", "num_experts_per_tok", "5"},
         {",\"num_experts\":4,\"decoder_sparse_step\":0", "decoder_sparse_step", "0"},
         {",\"num_experts\":0,\"layer_types\":[\"linear_attention\",\"sliding_attention\","
@@ -671,6 +670,14 @@ static void test_qwen3_next(void **state)
     assert_true(c.layer_sparse[0] && c.layer_sparse[7] && kvf_model_layer_has_moe(&c, 3));
     assert_true(c.moe_num_experts == 512 && c.moe_top_k == 10 && c.moe_softmax_topk);
     assert_true(c.moe_intermediate_size == 512 && c.moe_shared_intermediate_size == 512);
+    assert_true(c.moe_norm_topk_prob && !c.moe_softmax_full);
+    {   /* norm_topk_prob false: the full softmax's entries, and another fingerprint */
+        const uint64_t fp = kvf_model_config_fingerprint(&c);
+        snprintf(json, sizeof(json), KVF_QN_JSON, ",\"norm_topk_prob\":false");
+        assert_int_equal(kvf_model_config_parse(json, "t", &c), KVF_OK);
+        assert_true(!c.moe_norm_topk_prob && c.moe_softmax_full && c.moe_softmax_topk);
+        assert_true(kvf_model_config_fingerprint(&c) != fp);
+    }
     /* decoder_sparse_step 2 and mlp_only_layers [3]: layers 1, 5, 7 sparse */
     snprintf(json, sizeof(json), KVF_QN_JSON, ",\"num_experts\":4,\"decoder_sparse_step\":2,"
              "\"mlp_only_layers\":[3],\"moe_intermediate_size\":8,"
