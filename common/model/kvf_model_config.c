@@ -180,7 +180,7 @@ static kvf_status_t kvf_cfg_known(const kvf_cfg_reader_t *rd, kvf_arch_t arch,
         bool oss = (arch == KVF_ARCH_GPT_OSS);
         bool qn = (arch == KVF_ARCH_QWEN3_NEXT) || (arch == KVF_ARCH_QWEN3_5_TEXT);
         known = oss ? kvf_cfg_gpt_oss_known(it->string) :
-                qn ? kvf_cfg_qwen3_next_known(it->string, arch) :
+                qn ? kvf_cfg_qwen3_next_known(it->string, model_type) :
                 gem ? kvf_cfg_gemma_known(it->string) :
                 (ibm && kvf_cfg_ibm_known(it->string, arch));
         ibm = ibm || qn || oss;
@@ -717,6 +717,7 @@ static const struct {
     {"gpt_oss",    KVF_ARCH_GPT_OSS,    kvf_cfg_parse_gpt_oss},
     {"qwen3_next", KVF_ARCH_QWEN3_NEXT, kvf_cfg_parse_qwen3_next},
     {"qwen3_5_text", KVF_ARCH_QWEN3_5_TEXT, kvf_cfg_parse_qwen3_5_text},
+    {"qwen3_5_moe_text", KVF_ARCH_QWEN3_5_TEXT, kvf_cfg_parse_qwen3_5_moe_text},
 };
 
 kvf_status_t kvf_model_config_from_json(const cJSON *root, const char *origin,
@@ -729,6 +730,11 @@ kvf_status_t kvf_model_config_from_json(const cJSON *root, const char *origin,
     int a = 0;
     const int narch = (int)(sizeof(kvf_cfg_archs) / sizeof(kvf_cfg_archs[0]));
 
+    status = kvf_cfg_multimodal(root, origin, kvf_model_config_from_json, cfg_p);
+    if (status != KVF_ERR_NOT_FOUND) {
+        return status;
+    }
+    status = KVF_OK;
     memset(&cfg, 0, sizeof(cfg));
     cfg.embedding_multiplier = cfg.residual_multiplier = cfg.logits_scaling = 1.0;
     rd.origin = (origin != NULL) ? origin : "config.json";
@@ -749,7 +755,8 @@ kvf_status_t kvf_model_config_from_json(const cJSON *root, const char *origin,
     if (a == narch) {
         KVF_FAIL(KVF_ERR_UNSUPPORTED, "field 'model_type' = '%s' is not supported (nemotron_h,"
                  " llama, qwen3, mistral, bamba, granitemoehybrid, gemma3_text, gpt_oss,"
-                 " qwen3_next, qwen3_5_text)",
+                 " qwen3_next, qwen3_5_text, qwen3_5_moe_text; the multimodal qwen3_5 and"
+                 " qwen3_5_moe for their text)",
                  mt->valuestring);
     }
     cfg.arch = kvf_cfg_archs[a].arch;

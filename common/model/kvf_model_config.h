@@ -102,6 +102,10 @@ typedef struct kvf_rope {
 typedef struct kvf_model_config {
     kvf_arch_t  arch;
     char        model_type[32];
+    bool        mm_text;              /* a multimodal wrapper's text (model_type qwen3_5,
+                                         qwen3_5_moe): text_config read, weights under
+                                         model.language_model., the vision tower not
+                                         loaded (kvf_model_config_mm.c) */
     int         hidden_size;
     int         num_layers;           /* entries in layer_kinds */
     char        layer_kinds[KVF_MAX_LAYERS + 1]; /* one kvf_layer_kind_t letter each; dense: "*" per layer */

@@ -87,6 +87,8 @@ typedef struct {
 typedef struct {
     kvf_ckpt_h  ck;
     bool        dense;
+    const char *prefix;  /* of the layers, embeddings, final norm: "model", "backbone",
+                          * "model.language_model" (a multimodal wrapper's text) */
     const char *mamba;   /* the Mamba2 mixer's module: "mixer" (nemotron_h), "mamba" */
     char        name[256];
     size_t      bytes;   /* weights loaded so far */

@@ -23,7 +23,10 @@ and transformers' reference is from_pretrained of the edited folder. The
 cases after "mistral-default-window" are issue 44's families (sliding windows
 of mistral, qwen3, gemma3_text; gpt_oss with attention sinks, YaRN and its
 experts, run by transformers' eager experts loop; bamba, granitemoehybrid;
-qwen3_next and qwen3_5_text against transformers in float64, FLOAT64_CASES). Each decode
+qwen3_next (norm_topk_prob true and false) and qwen3_5_text against transformers in float64,
+FLOAT64_CASES; Qwen3.5's MoE text model and the multimodal qwen3_5 / qwen3_5_moe wrappers
+Qwen publishes, built by AutoModelForImageTextToText with a tiny vision tower, whose text
+kvferry serves). Each decode
 step gets its position as generate() passes it (BambaModel's forward alone
 numbers a one-token step 0).
 
@@ -235,7 +238,37 @@ def cases():
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                              "partial_rotary_factor": 0.25, "mrope_section": [1, 1, 0],
                              "mrope_interleaved": True}), None),
+        # Qwen3.5 as Qwen publishes it: the multimodal Qwen3_5ForConditionalGeneration (a
+        # text_config and a vision_config, weights under model.language_model. and
+        # model.visual.); kvferry serves its text, the vision tower not loaded
+        "qwen3.5-mm": ("qwen3_5", dict(
+            text_config=dict(Q35_TEXT, intermediate_size=96, tie_word_embeddings=False), vision_config=Q35_VISION,
+            tie_word_embeddings=True), None),
+        # Qwen3.5's MoE text model (Qwen3_5MoeForCausalLM): routed experts on every layer
+        # (top 2 of 4, renormalised) plus the sigmoid-gated shared expert
+        "qwen3.5-moe": ("qwen3_5_moe_text", dict(Q35_TEXT, **Q35_MOE), None),
+        # ... and its multimodal wrapper (Qwen3_5MoeForConditionalGeneration), sharded
+        "qwen3.5-moe-mm": ("qwen3_5_moe", dict(
+            text_config=dict(Q35_TEXT, **Q35_MOE), vision_config=Q35_VISION), "200KB"),
     }
+
+
+# Qwen3.5's text fields (the "qwen3.5" case's), its MoE fields, a tiny vision tower
+Q35_TEXT = dict(
+    COMMON, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+    head_dim=16, rms_norm_eps=1e-6, linear_num_key_heads=2, linear_num_value_heads=4,
+    linear_key_head_dim=16, linear_value_head_dim=8, linear_conv_kernel_dim=4,
+    initializer_range=0.2,
+    layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                     "partial_rotary_factor": 0.25, "mrope_section": [1, 1, 0],
+                     "mrope_interleaved": True})
+Q35_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+               shared_expert_intermediate_size=48)
+Q35_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
+                  out_hidden_size=64)
+# the multimodal wrappers: built by AutoModelForImageTextToText
+MULTIMODAL = {"qwen3_5", "qwen3_5_moe"}
 
 
 # After save_pretrained, the config.json edits of the departure cases (the
@@ -256,7 +289,8 @@ PATCHES = {
 # weights): Gated DeltaNet's gated RMSNorm rescales outputs that cancel to ~1e-4, where fp32
 # rounding (transformers' chunked scan, its recurrent one, kvferry's) reaches 1e-4 in the
 # logits; the float64 reference then measures kvferry's error alone
-FLOAT64_CASES = {"qwen3-next", "qwen3-next-nonorm", "qwen3.5"}
+FLOAT64_CASES = {"qwen3-next", "qwen3-next-nonorm", "qwen3.5", "qwen3.5-mm", "qwen3.5-moe",
+                 "qwen3.5-moe-mm"}
 # For them the bound is also transformers' own fp32 error: kvferry passes when its max |logit
 # diff| from the float64 logits is within --tol or within OWN_FACTOR times the fp32
 # transformers forward's own max diff from them on that prompt. The random 4-layer qwen3-next
@@ -302,7 +336,9 @@ def build_model(model_type, kwargs, out_dir, max_shard, seed):
     torch.manual_seed(seed)
     # gpt_oss: the experts' eager loop (the default grouped_mm sums in another order)
     extra = dict(experts_implementation="eager") if model_type == "gpt_oss" else {}
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32, **extra)
+    auto = (transformers.AutoModelForImageTextToText if model_type in MULTIMODAL else
+            transformers.AutoModelForCausalLM)
+    model = auto.from_config(config, dtype=torch.float32, **extra)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith(".bias") or (model_type == "gpt_oss" and name.endswith("_bias")):
@@ -327,6 +363,7 @@ def add_byte_tokenizer(kvf, model_dir):
     byte-level tokenizer.json that `kvf mkmodel` writes for the same config."""
     with open(os.path.join(model_dir, "config.json")) as f:
         cfg = json.load(f)
+    cfg = cfg.get("text_config", cfg)   # a multimodal wrapper: its text model's ids
     # a llama of the same vocabulary and special ids: kvf mkmodel writes every family's
     # tokenizer alike but not every family's weights
     tiny = dict(model_type="llama", hidden_size=8, num_attention_heads=2, num_hidden_layers=1,

@@ -751,6 +751,59 @@ static void test_qwen3_5_text(void **state)
     }
 }
 
+/* The multimodal wrappers (qwen3_5, qwen3_5_moe): text_config parsed as the text model it
+ * nests, the wrapper's tie_word_embeddings over the text's, the wrapper's own fields checked,
+ * and qwen3_5_moe_text's experts on every layer. */
+static void test_qwen3_5_multimodal(void **state)
+{
+    static const struct {
+        const char *json, *field;
+    } refused[] = {
+        {"{\"model_type\":\"qwen3_5\",\"vision_config\":{}}", "text_config"},
+        {"{\"model_type\":\"qwen3_5\",\"text_config\":{\"model_type\":\"qwen3_5_moe_text\"}}",
+         "text_config.model_type"},
+        {"{\"model_type\":\"qwen3_5\",\"audio_config\":{},\"text_config\":{}}",
+         "audio_config"},
+        {"{\"model_type\":\"qwen3_5\",\"text_config\":{\"hidden_size\":64,\"vocab_size\":260,"
+         "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"num_hidden_layers\":4,"
+         "\"num_experts\":4}}", "num_experts"},
+        {"{\"model_type\":\"qwen3_5_moe_text\",\"hidden_size\":64,\"vocab_size\":260,"
+         "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"num_hidden_layers\":4,"
+         "\"norm_topk_prob\":false}", "norm_topk_prob"},
+    };
+    const char *text = "{\"hidden_size\":64,\"vocab_size\":260,\"num_attention_heads\":4,"
+                       "\"num_key_value_heads\":2,\"num_hidden_layers\":4,\"eos_token_id\":7,"
+                       "\"tie_word_embeddings\":false%s}";
+    kvf_model_config_t c;
+    char tc[1024], json[2048], line[1024];
+    (void)state;
+
+    snprintf(tc, sizeof(tc), text, ",\"intermediate_size\":96");
+    snprintf(json, sizeof(json), "{\"model_type\":\"qwen3_5\",\"architectures\":"
+             "[\"Qwen3_5ForConditionalGeneration\"],\"tie_word_embeddings\":true,"
+             "\"image_token_id\":5,\"vision_config\":{\"depth\":1},\"text_config\":%s}", tc);
+    assert_int_equal(kvf_model_config_parse(json, "t", &c), KVF_OK);
+    assert_true(c.mm_text && (c.arch == KVF_ARCH_QWEN3_5_TEXT));
+    assert_string_equal(c.model_type, "qwen3_5");
+    assert_string_equal(c.layer_kinds, "MMM*");
+    assert_true(c.intermediate_size == 96 && c.eos_token_id == 7 && c.num_moe_layers == 0);
+    assert_true(c.lm_head_tied);   /* the wrapper's flag, not the text_config's */
+    /* the MoE wrapper: every layer sparse, the class's defaults, renormalised */
+    snprintf(tc, sizeof(tc), text, ",\"num_experts\":8,\"moe_intermediate_size\":16,"
+             "\"shared_expert_intermediate_size\":24");
+    snprintf(json, sizeof(json), "{\"model_type\":\"qwen3_5_moe\",\"text_config\":%s}", tc);
+    assert_int_equal(kvf_model_config_parse(json, "t", &c), KVF_OK);
+    assert_true(c.mm_text && !c.lm_head_tied && (c.num_moe_layers == 4));
+    assert_true((c.moe_num_experts == 8) && (c.moe_top_k == 8) && c.moe_softmax_topk &&
+                !c.moe_softmax_full && (c.moe_intermediate_size == 16));
+    for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); ++i) {
+        if ((parse_captured(refused[i].json, line, sizeof(line)) == KVF_OK) ||
+            (strstr(line, refused[i].field) == NULL)) {
+            fail_msg("case %zu: log '%s'", i, line);
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -764,6 +817,7 @@ int main(void)
         cmocka_unit_test(test_gemma3),
         cmocka_unit_test(test_qwen3_next),
         cmocka_unit_test(test_qwen3_5_text),
+        cmocka_unit_test(test_qwen3_5_multimodal),
         cmocka_unit_test(test_python_json),
     };
     kvf_log_init("test");
