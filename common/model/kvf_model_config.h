@@ -48,6 +48,7 @@ typedef enum {
     KVF_ARCH_GPT_OSS,            /* sliding / full layers with sinks, experts in every layer */
     KVF_ARCH_QWEN3_NEXT,         /* Gated DeltaNet / gated attention layers, each with its FFN */
     KVF_ARCH_QWEN3_5_TEXT,       /* Qwen3.5's text model: qwen3_next's layers, a dense MLP each */
+    KVF_ARCH_GEMMA2,             /* gemma3_text's layers without q/k norms, one RoPE, softcaps */
 } kvf_arch_t;
 
 /** What a state layer ('M') computes; its state's shape is the same for every kind
@@ -202,6 +203,10 @@ typedef struct kvf_model_config {
     double      residual_multiplier;  /* h += mixer / FFN output * this */
     double      logits_scaling;       /* logits / this */
     double      attention_multiplier; /* attention score scale; 0: 1/sqrt(head_dim) */
+    double      attn_softcap;         /* gemma2 / gemma3_text attn_logit_softcapping: scaled
+                                         scores -> c tanh(s / c) before the softmax; 0: none */
+    double      final_softcap;        /* final_logit_softcapping: logits -> c tanh(x / c)
+                                         after the head; 0: none */
     kvf_dtype_t torch_dtype;          /* dtype (or legacy torch_dtype); default bf16 */
     int         bos_token_id;         /* -1 when absent */
     int         eos_token_id;         /* -1 when absent; the first of a list */

@@ -57,10 +57,12 @@ kvf_status_t kvf_cfg_parse_granite(const kvf_cfg_reader_t *rd, kvf_model_config_
 kvf_status_t kvf_cfg_window(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg, int absent,
                             bool apply);
 
-/* kvf_model_config_gemma.c: whether @a name is a field of gemma3_text files, and its parser
+/* kvf_model_config_gemma.c: whether @a name is a field of gemma3_text (gemma2) files, and
+ * their parsers
  * (after kvf_cfg_common()). */
-bool kvf_cfg_gemma_known(const char *name);
+bool kvf_cfg_gemma_known(const char *name, kvf_arch_t arch);
 kvf_status_t kvf_cfg_parse_gemma3(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg);
+kvf_status_t kvf_cfg_parse_gemma2(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg);
 
 /* kvf_model_config_gpt_oss.c: whether @a name is a field of gpt_oss files, and its parser
  * (after kvf_cfg_common()). */

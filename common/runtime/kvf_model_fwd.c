@@ -553,6 +553,7 @@ static kvf_status_t kvf_fwd_attention(kvf_model_h m, const kvf_rank_ctx_t *ctx,
                                 batch->seqs[0].group_num_blocks[g], &kv);
         kv.window = cfg->layer_window[l];   /* 0: full attention */
         kv.sinks = w->sinks;                /* gpt_oss; NULL elsewhere */
+        kv.softcap = (float)cfg->attn_softcap;   /* gemma2: attn_logit_softcapping; 0 */
         KVF_KCALL(kvf_attn_write_paged_seqs(dev, &kv, &seqs, ws->proj + qd,
                                             ws->proj + qd + kd, R, ws->proj, R, pos,
                                             s->attn_heads, (float)cfg->attention_multiplier,
@@ -640,6 +641,12 @@ static kvf_status_t kvf_fwd_head_logits(kvf_model_h m, const kvf_rank_ctx_t *ctx
     if (cfg->logits_scaling != 1.0) {   /* granitemoehybrid: logits / logits_scaling */
         KVF_KCALL(kvf_scale(dev, ws->logits, (size_t)ns * (size_t)V,
                             (float)(1.0 / cfg->logits_scaling)));
+    }
+    if (cfg->final_softcap > 0.0) {   /* gemma2: c tanh(logits / c) */
+        const size_t n = (size_t)ns * (size_t)V;
+        KVF_KCALL(kvf_scale(dev, ws->logits, n, (float)(1.0 / cfg->final_softcap)));
+        KVF_KCALL(kvf_act(dev, (int)KVF_ACT_TANH, ws->logits, n));
+        KVF_KCALL(kvf_scale(dev, ws->logits, n, (float)cfg->final_softcap));
     }
     return status;
 }

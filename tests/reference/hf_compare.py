@@ -150,6 +150,25 @@ def cases():
             rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                              "full_attention": {"rope_type": "linear", "factor": 2.0,
                                                 "rope_theta": 1000000.0}}), None),
+        # gemma2: alternating sliding (window 40) / full layers, one RoPE, no q/k norms, both
+        # softcaps small enough to bind (scores of the random weights reach ~2, logits ~6)
+        "gemma2": ("gemma2", dict(
+            COMMON, intermediate_size=128, num_hidden_layers=3, num_attention_heads=8,
+            num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, query_pre_attn_scalar=24,
+            sliding_window=40, max_position_embeddings=32768, attn_logit_softcapping=1.5,
+            final_logit_softcapping=4.0, hidden_activation="gelu_pytorch_tanh",
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0}), None),
+        # gemma3_text with both softcaps set (Gemma3TextConfig's are null by default):
+        # transformers 5.25 caps its logits and never applies attn_logit_softcapping
+        "gemma3-softcap": ("gemma3_text", dict(
+            COMMON, intermediate_size=128, num_hidden_layers=3, num_attention_heads=8,
+            num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, query_pre_attn_scalar=24,
+            sliding_window=40, max_position_embeddings=32768,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            attn_logit_softcapping=1.5, final_logit_softcapping=4.0,
+            rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                             "full_attention": {"rope_type": "default",
+                                                "rope_theta": 1000000.0}}), None),
         # gpt_oss: sliding (window 40) and full layers with attention sinks and q/k/v/o
         # biases, YaRN RoPE (factor 4 over 128 original positions: the ramp spans pairs 0-2),
         # 4 experts (top 2, biased router) with interleaved gate_up and a clamped SwiGLU

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write the stored transformers reference of the bamba, granitemoehybrid, sliding-window (mistral, qwen3, gemma3_text, gpt_oss) and Gated DeltaNet (qwen3_next with norm_topk_prob true and false, qwen3_5_text, qwen3_5_moe_text, the multimodal qwen3_5 and qwen3_5_moe) families.
+"""Write the stored transformers reference of the bamba, granitemoehybrid, sliding-window (mistral, qwen3, gemma3_text, gemma2 and gemma3_text with softcaps, gpt_oss) and Gated DeltaNet (qwen3_next with norm_topk_prob true and false, qwen3_5_text, qwen3_5_moe_text, the multimodal qwen3_5 and qwen3_5_moe) families.
 
 Command (run from the repository root; needs torch and transformers, the ctest
 that reads the result does not):
@@ -25,7 +25,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hf_compare as H  # noqa: E402
 
-CASES = ["bamba", "granite-moe", "mistral-swa", "qwen3-swa", "gemma3-swa", "gpt-oss", "qwen3-next",
+CASES = ["bamba", "granite-moe", "mistral-swa", "qwen3-swa", "gemma3-swa", "gemma2", "gemma3-softcap",
+         "gpt-oss", "qwen3-next",
          "qwen3-next-nonorm", "qwen3.5", "qwen3.5-mm", "qwen3.5-moe", "qwen3.5-moe-mm"]
 # two layers (one Mamba2, one attention) keep the files a few hundred KB
 SMALLER = {
@@ -36,6 +37,8 @@ SMALLER = {
     "mistral-swa": dict(),
     "qwen3-swa": dict(),
     "gemma3-swa": dict(),
+    "gemma2": dict(),           # both softcaps binding (1.5 on scores, 4 on logits)
+    "gemma3-softcap": dict(),   # the logits capped, attn_logit_softcapping without effect
     "gpt-oss": dict(),
     # one Gated DeltaNet layer, one gated attention layer
     "qwen3-next": dict(num_hidden_layers=2, layer_types=["linear_attention", "full_attention"]),

@@ -439,7 +439,7 @@ static kvf_status_t parse_gemma(const char *extra, kvf_model_config_t *cfg)
 static void test_gemma3(void **state)
 {
     static const char *const refused[] = {
-        ",\"final_logit_softcapping\":30.0", ",\"attn_logit_softcapping\":50.0",
+        ",\"final_logit_softcapping\":0", ",\"attn_logit_softcapping\":-5.0",
         ",\"use_bidirectional_attention\":true", ",\"hidden_act\":\"gelu\"",
         ",\"layer_types\":[\"chunked_attention\",\"full_attention\",\"full_attention\","
         "\"full_attention\",\"full_attention\",\"full_attention\",\"full_attention\"]",
@@ -465,6 +465,11 @@ static void test_gemma3(void **state)
     assert_true(c.lm_head_tied && c.qk_norm && c.post_norms && c.mlp_gated);
     assert_true(c.norm_offset == 1.0);
     assert_int_equal(c.mlp_act, KVF_ACT_GELU_TANH);
+    assert_true((c.attn_softcap == 0.0) && (c.final_softcap == 0.0));   /* class: null */
+    assert_int_equal(parse_gemma(",\"final_logit_softcapping\":30.0,"
+                                 "\"attn_logit_softcapping\":50.0", &c), KVF_OK);
+    /* transformers' Gemma3Attention never applies its attn_logit_softcapping */
+    assert_true((c.attn_softcap == 0.0) && (c.final_softcap == 30.0));
     assert_int_equal(parse_gemma(",\"dtype\":\"float32\"", &c), KVF_OK);
     assert_true(c.embedding_multiplier == (double)sqrtf(48.0f));
     /* older files: rope_local_base_freq, rope_theta + rope_scaling (the full layers'), the
@@ -486,7 +491,7 @@ static void test_gemma3(void **state)
                                  "\"rope_theta\":1e4}}", &c), KVF_OK);
     assert_true((c.rope.factor == 8.0) && (c.rope_local.theta == 1e4));
     for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); ++i) {
-        assert_int_equal(parse_gemma(refused[i], &c), KVF_ERR_UNSUPPORTED);
+        assert_int_not_equal(parse_gemma(refused[i], &c), KVF_OK);
     }
     /* the multimodal file is another model_type */
     assert_int_equal(parse_dense("gemma3", "", &c), KVF_ERR_UNSUPPORTED);
@@ -804,6 +809,47 @@ static void test_qwen3_5_multimodal(void **state)
     }
 }
 
+/* gemma2: gemma3_text's decoder without q/k norms, one RoPE, alternating layers (sliding
+ * first), both softcaps on by default; gemma3_text's own fields refused. */
+static void test_gemma2(void **state)
+{
+    const char *base = "{\"model_type\":\"gemma2\",\"hidden_size\":48,\"vocab_size\":10,"
+                       "\"num_attention_heads\":4,\"num_key_value_heads\":1,"
+                       "\"num_hidden_layers\":5,\"intermediate_size\":8%s}";
+    static const char *const refused[][2] = {
+        {",\"rope_local_base_freq\":10000.0", "rope_local_base_freq"},
+        {",\"sliding_window_pattern\":2", "sliding_window_pattern"},
+        {",\"attn_logit_softcapping\":0", "attn_logit_softcapping"},
+    };
+    kvf_model_config_t c;
+    char json[1024], line[1024];
+    (void)state;
+
+    snprintf(json, sizeof(json), base, "");
+    assert_int_equal(kvf_model_config_parse(json, "t", &c), KVF_OK);
+    assert_int_equal(c.arch, KVF_ARCH_GEMMA2);
+    for (int l = 0; l < 5; ++l) {
+        assert_int_equal(c.layer_window[l], (l % 2 == 0) ? 4096 : 0);
+        assert_false(c.layer_local_rope[l]);
+    }
+    assert_true((c.attn_softcap == 50.0) && (c.final_softcap == 30.0));
+    assert_true(!c.qk_norm && c.post_norms && c.lm_head_tied && (c.norm_offset == 1.0));
+    assert_true((c.rope.theta == 10000.0) && (c.attention_multiplier == 1.0 / 16.0));
+    assert_int_equal(c.head_dim, 256);
+    snprintf(json, sizeof(json), base, ",\"attn_logit_softcapping\":null,"
+             "\"final_logit_softcapping\":null,\"sliding_window\":64");
+    assert_int_equal(kvf_model_config_parse(json, "t", &c), KVF_OK);
+    assert_true((c.attn_softcap == 0.0) && (c.final_softcap == 0.0));
+    assert_int_equal(c.layer_window[0], 64);
+    for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); ++i) {
+        snprintf(json, sizeof(json), base, refused[i][0]);
+        if ((parse_captured(json, line, sizeof(line)) == KVF_OK) ||
+            (strstr(line, refused[i][1]) == NULL)) {
+            fail_msg("case %zu (%s): log '%s'", i, refused[i][0], line);
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -815,6 +861,7 @@ int main(void)
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_ibm_families),
         cmocka_unit_test(test_gemma3),
+        cmocka_unit_test(test_gemma2),
         cmocka_unit_test(test_qwen3_next),
         cmocka_unit_test(test_qwen3_5_text),
         cmocka_unit_test(test_qwen3_5_multimodal),
