@@ -21,7 +21,7 @@ block size is read from `kvf plan`. The cases after "moe-hybrid" are the
 departures of issue 25: their config.json is edited after saving (PATCHES)
 and transformers' reference is from_pretrained of the edited folder. The
 cases after "mistral-default-window" are issue 44's families (sliding windows
-of mistral, qwen3, gemma3_text; gpt_oss with attention sinks, YaRN and its
+of mistral, qwen3, gemma3_text; gemma2 and gemma3_text with softcapping; gpt_oss with attention sinks, YaRN and its
 experts, run by transformers' eager experts loop; bamba, granitemoehybrid;
 qwen3_next (norm_topk_prob true and false) and qwen3_5_text against transformers in float64,
 FLOAT64_CASES; Qwen3.5's MoE text model and the multimodal qwen3_5 / qwen3_5_moe wrappers
