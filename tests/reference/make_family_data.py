@@ -63,9 +63,11 @@ FLOAT64 = {"qwen3-next", "qwen3-next-nonorm", "qwen3.5", "qwen3.5-mm", "qwen3.5-
 # qwen3_5_moe_text checkpoint is ill-conditioned at the 107-token prompt: kvferry's fp32 is
 # 7.2e-4 off the float64 logits there (greedy equal at every TP and on devsim; the same bits
 # with 7-, 48- and 512-token prefill chunks; no router near-tie: the 2nd and 3rd expert
-# logits >= 1e-2 apart), transformers' own fp32 8.8e-5; the 4-layer hf_compare case shows
-# the same on one of six prompts. A wrong formula is off by more than 1e-1 (norm_topk_prob
-# wrong: 2 to 6).
+# logits >= 1e-2 apart), transformers' own fp32 8.8e-5 with its chunked scan; the 4-layer
+# hf_compare case shows the same on one of six prompts, where transformers' fp32 with its
+# recurrent scan (kvferry's order) is as far off as kvferry and kvferry 2.8e-5 from it: fp32
+# rounding of the recurrent order, not the formula. A wrong formula is off by more than 1e-1
+# (norm_topk_prob wrong: 2 to 6).
 TOL = {"qwen3.5-moe": 1e-3}
 LENGTHS = [5, 107, 295]    # BOS + bytes: 5 tokens; > 2 chunks of 48; > 3 blocks of 96
 MAX_TOKENS = 6
