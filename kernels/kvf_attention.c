@@ -182,7 +182,7 @@ typedef struct kvf_attn_cpu {
     const float   *Q;           /* fp32 [nq][hd]: the GQA group's query rows, packed */
     const int32_t *positions;   /* of query row i: positions[i / group] */
     size_t         hd, group, kbs, tw, qr;   /* qr: rows of a query block */
-    float          scale;
+    float          scale, cap;   /* cap: kvf_paged_kv_t.softcap */
     float         *S, *acc, *m, *l;   /* [qr][tw], [qr][hd], [qr], [qr] */
 } kvf_attn_cpu_t;
 
@@ -244,7 +244,7 @@ static void kvf_attn_cpu_qblock(const kvf_attn_cpu_t *c, size_t r0, size_t r1)
                 float *arow = c->acc + (s1 - r0) * hd;
                 const float alpha = kvf_attn_tile_probs(c->S + (s1 - r0) * tw, w, (int)j0,
                                                         kvf_attn_row_lo(c, s1),
-                                                        c->positions[s1 / c->group],
+                                                        c->positions[s1 / c->group], c->cap,
                                                         &c->m[s1 - r0], &c->l[s1 - r0]);
                 for (size_t d = 0; d < hd; ++d) {
                     arow[d] *= alpha;
@@ -323,7 +323,8 @@ static int kvf_attn_paged_blocked(const kvf_paged_kv_t *kv, const float *q, int 
     const int parts = (th < 2) ? 1 : ((size_t)th < nblk) ? th : (int)nblk;
     float *scratch, *kt, *vf, *kb, *Q;
     kvf_attn_cpu_job_t j = {.c = {.positions = positions, .hd = hd, .group = group,
-                                  .kbs = kbs, .tw = tw, .qr = qr, .scale = scale, .t0 = t0,
+                                  .kbs = kbs, .tw = tw, .qr = qr, .scale = scale,
+                                  .cap = kv->softcap, .t0 = t0,
                                   .window = kv->window},
                             .nq = nq, .q_heads = (size_t)q_heads, .scratch_part = per,
                             .sinks = kv->sinks, .out = out};
@@ -462,7 +463,8 @@ int kvf_attn_paged(const kvf_device_t *dev, const kvf_paged_kv_t *kv, const floa
                     const float *qv = q + (size_t)t * (size_t)ldq + (kh * group + g) * hd;
                     size_t qi = (size_t)t * group + g;
                     kvf_attn_fold_tile(qv, ktile, vtile, KVF_HD_FP32, kbs, hd, token0, lo, limit,
-                                       scale, &m[qi], &l[qi], acc + qi * hd, s);
+                                       scale, kv->softcap, &m[qi], &l[qi], acc + qi * hd,
+                                       s);
                 }
             }
         }

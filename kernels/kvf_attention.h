@@ -76,6 +76,9 @@ typedef struct kvf_paged_kv {
                                          each query head's attention sink (gpt-oss), a
                                          logit that joins the softmax's denominator and
                                          has no value (kvf_attn_sink_factor) */
+    float          softcap;           /* > 0: each scaled score s becomes softcap *
+                                         tanh(s / softcap) before the softmax (gemma2's
+                                         attn_logit_softcapping, kvf_attn_softcap); 0: none */
 } kvf_paged_kv_t;
 
 /**

@@ -104,7 +104,7 @@ kvf_attn_paged_kernel(kvf_cuda_kv g, const float *q, int ldq, const int32_t *pos
                     dot += qs[d] * kvf_hd_load(kt, g.dtype, (size_t)j * hd + d);
                 }
             }
-            sc[j] = dot * scale;
+            sc[j] = kvf_attn_softcap(dot * scale, g.softcap);
             if (kvf_attn_unmasked(token0 + j, lo, limit) && (sc[j] > mt)) {
                 mt = sc[j];
             }

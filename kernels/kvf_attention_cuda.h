@@ -71,6 +71,7 @@ typedef struct kvf_cuda_kv {
     int            window;        /* kvf_paged_kv_t.window (0: full causal) */
     const int32_t *block_table;   /* device */
     const float   *sinks;         /* kvf_paged_kv_t.sinks (device), or NULL */
+    float          softcap;       /* kvf_paged_kv_t.softcap (0: none) */
 } kvf_cuda_kv;
 
 static inline kvf_cuda_kv kvf_cuda_kv_of(const kvf_paged_kv_t *kv, const int32_t *d_table)
@@ -90,6 +91,7 @@ static inline kvf_cuda_kv kvf_cuda_kv_of(const kvf_paged_kv_t *kv, const int32_t
     g.window = kv->window;
     g.block_table = d_table;
     g.sinks = kv->sinks;
+    g.softcap = kv->softcap;
     return g;
 }
 

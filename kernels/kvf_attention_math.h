@@ -100,10 +100,23 @@ static inline KVF_HD int kvf_attn_unmasked(int tok, int lo, int limit)
     return (tok >= lo) && (tok <= limit);
 }
 
+/**
+ * Score softcapping (transformers' Gemma2 attn_logit_softcapping): s -> cap * tanh(s / cap)
+ * for @a cap > 0, @a s unchanged for cap <= 0. One rounding order on every path (division,
+ * tanhf, product), so the CPU, the GPU kernels and any batch give one score.
+ */
+static inline KVF_HD float kvf_attn_softcap(float s, float cap)
+{
+    return (cap > 0.0f) ? cap * tanhf(s / cap) : s;
+}
+
 static inline KVF_HD float kvf_attn_tile_probs(float *s, size_t n, int token0, int lo,
-                                               int limit, float *m, float *l)
+                                               int limit, float cap, float *m, float *l)
 {
     float m_new = *m;
+    for (size_t j = 0; (cap > 0.0f) && (j < n); ++j) {
+        s[j] = kvf_attn_softcap(s[j], cap);
+    }
     for (size_t j = 0; j < n; ++j) {
         if (kvf_attn_unmasked(token0 + (int)j, lo, limit) && (s[j] > m_new)) {
             m_new = s[j];
@@ -122,8 +135,8 @@ static inline KVF_HD float kvf_attn_tile_probs(float *s, size_t n, int token0, i
 
 static inline KVF_HD void kvf_attn_fold_tile(const float *qv, const void *kt, const void *vt,
                                              int dtype, size_t kbs, size_t hd, int token0,
-                                             int lo, int limit, float scale, float *m, float *l,
-                                             float *acc, float *s)
+                                             int lo, int limit, float scale, float cap, float *m,
+                                             float *l, float *acc, float *s)
 {
     for (size_t j = 0; j < kbs; ++j) {
         float dot = 0.0f;
@@ -132,7 +145,7 @@ static inline KVF_HD void kvf_attn_fold_tile(const float *qv, const void *kt, co
         }
         s[j] = dot * scale;
     }
-    float alpha = kvf_attn_tile_probs(s, kbs, token0, lo, limit, m, l);
+    float alpha = kvf_attn_tile_probs(s, kbs, token0, lo, limit, cap, m, l);
     for (size_t d = 0; d < hd; ++d) {
         acc[d] *= alpha;
     }

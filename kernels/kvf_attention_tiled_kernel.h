@@ -70,7 +70,8 @@ KVF_TILE_FN void kvf_attn_tile_scores(float *pf, float *rows, float *sc, const f
                                       const char *kt, const char *vt, int dtype,
                                       const int *lim, const int *wlo, const int *kb0,
                                       const int *kb1, int nq, int kb, int token0, int krows,
-                                      int kbs, int hd, int pr, float scale, int tid)
+                                      int kbs, int hd, int pr, float scale, float cap,
+                                      int tid)
 {
     const int ldr = hd + 1;
 
@@ -93,7 +94,7 @@ KVF_TILE_FN void kvf_attn_tile_scores(float *pf, float *rows, float *sc, const f
                 for (int d = 0; d < hd; ++d) {
                     dot = __fmaf_rn(qv[d], kr[d], dot);
                 }
-                sc[(size_t)qi * kbs + r0 + jr] = __fmul_rn(dot, scale);
+                sc[(size_t)qi * kbs + r0 + jr] = kvf_attn_softcap(__fmul_rn(dot, scale), cap);
             }
         }
         __syncthreads();   /* rows is restaged; the last pass's scores are complete */
@@ -283,7 +284,7 @@ KVF_TILE_KERNEL kvf_attn_tiled_kernel(kvf_cuda_kv g, const float *q, int ldq,
         const char *vt = kblock + (size_t)(nkv + kh) * kbs * hd * g.elt;
 
         kvf_attn_tile_scores(pf, rows, sc, qs, kt, vt, g.dtype, lim, wlo, kb0, kb1, nq, kb,
-                             token0, krows, kbs, hd, pr, scale, tid);
+                             token0, krows, kbs, hd, pr, scale, g.softcap, tid);
         kvf_attn_tile_rescale(acc, sc, m_sh, mnew_sh, alpha_sh, lim, wlo, kb0, kb1, nq, kb,
                               token0, kbs, hd, tid);
         /* p * V over every slot in order, V rows staged a pass at a time; thread qi < nq adds

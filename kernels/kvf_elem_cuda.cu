@@ -49,7 +49,7 @@ extern "C" int kvf_cuda_convert(const kvf_device_t *dev, void *dst, int dst_dtyp
 
 /* scratch per token: choice[E], gsum[E] floats, then gkeep[E], taken[E] bools */
 __global__ void kvf_moe_route_kernel(int E, int top_k, int ng, int topk_group, int norm,
-                                     float scaling, int soft, const float *bias,
+                                     float scaling, int soft, int full, const float *bias,
                                      const float *logits,
                                      int T, float *scores, int32_t *idx, float *wt,
                                      float *fscratch, bool *bscratch)
@@ -66,7 +66,8 @@ __global__ void kvf_moe_route_kernel(int E, int top_k, int ng, int topk_group, i
                                soft ? 1.0f : scaling, choice, choice + E, gkeep, gkeep + E,
                                idx + t * (size_t)top_k, wt + t * (size_t)top_k);
         if (soft) {
-            kvf_moe_softmax_topk_hd(wt + t * (size_t)top_k, top_k, scaling);
+            kvf_moe_softmax_topk_hd(wt + t * (size_t)top_k, top_k, scaling, full ? sc : NULL,
+                                    E);
         }
     }
 }
@@ -86,7 +87,7 @@ extern "C" int kvf_cuda_moe_route(const kvf_device_t *dev, const kvf_moe_route_p
     kvf_moe_route_kernel<<<kvf_cuda_blocks_for((size_t)T, KVF_CUDA_THREADS / 4),
                            KVF_CUDA_THREADS / 4, 0, stream>>>(
         p->experts, p->top_k, p->n_group, p->topk_group, p->norm_topk_prob, p->routed_scaling,
-        p->softmax_topk, p->bias, logits, T, scores, idx, wt, (float *)scratch,
+        p->softmax_topk, p->softmax_full, p->bias, logits, T, scores, idx, wt, (float *)scratch,
         (bool *)((char *)scratch + fbytes));
     rc = kvf_cuda_launched("kvf_moe_route_kernel");
     kvf_cuda_scratch_free(stream, scratch);

@@ -54,7 +54,8 @@ int kvf_moe_route(const kvf_device_t *dev, const kvf_moe_route_params_t *p, cons
                                p->softmax_topk ? 1.0f : p->routed_scaling, choice, gsum, gkeep,
                                taken, idx + t * (size_t)p->top_k, wt + t * (size_t)p->top_k);
         if (p->softmax_topk) {
-            kvf_moe_softmax_topk_hd(wt + t * (size_t)p->top_k, p->top_k, p->routed_scaling);
+            kvf_moe_softmax_topk_hd(wt + t * (size_t)p->top_k, p->top_k, p->routed_scaling,
+                                    p->softmax_full ? sc : NULL, p->experts);
         }
     }
     return KVF_KERN_OK;

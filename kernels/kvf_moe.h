@@ -26,6 +26,9 @@ typedef struct kvf_moe_route_params {
     int          softmax_topk;   /* non-zero (Granite, Mixtral): scores are the logits
                                   * themselves and the top_k weights their softmax (then
                                   * norm_topk_prob is not applied; routed_scaling is) */
+    int          softmax_full;   /* with softmax_topk (qwen3_next norm_topk_prob false): the
+                                  * top_k weights are their entries of the softmax over all E
+                                  * logits, not renormalised over the top_k */
 } kvf_moe_route_params_t;
 
 /**

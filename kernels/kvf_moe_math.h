@@ -34,16 +34,23 @@ static inline KVF_HD float kvf_moe_score_of_hd(float logit, int softmax_topk)
 
 /**
  * softmax_topk routing's weights: the k chosen logits (wt, the best first) ->
- * exp(wt[r] - wt[0]) / their sum, as torch.softmax in fp32, times scaling.
+ * exp(wt[r] - wt[0]) / their sum, as torch.softmax in fp32, times scaling. With @a all
+ * (the token's E logits; wt[0] is their maximum) the sum runs over all E instead: the
+ * chosen entries of the full softmax, not renormalised (transformers' qwen3_next router
+ * with norm_topk_prob false).
  */
-static inline KVF_HD void kvf_moe_softmax_topk_hd(float *wt, int k, float scaling)
+static inline KVF_HD void kvf_moe_softmax_topk_hd(float *wt, int k, float scaling,
+                                                  const float *all, int E)
 {
     const float mx = wt[0];
     float sum = 0.0f;
 
     for (int r = 0; r < k; ++r) {
         wt[r] = expf(wt[r] - mx);
-        sum += wt[r];
+        sum += (all == NULL) ? wt[r] : 0.0f;
+    }
+    for (int e = 0; (all != NULL) && (e < E); ++e) {
+        sum += expf(all[e] - mx);
     }
     for (int r = 0; r < k; ++r) {
         wt[r] = wt[r] / sum * scaling;

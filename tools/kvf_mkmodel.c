@@ -1,5 +1,7 @@
 /*
- * Synthetic NemotronH checkpoints.
+ * Synthetic checkpoints: nemotron_h, the dense decoders (llama, qwen3, mistral), gemma3_text,
+ * gemma2, gpt_oss, qwen3_next, qwen3_5_text and qwen3_5_moe_text, with transformers' tensor
+ * names and shapes.
  *
  * Design: each tensor draws from its own PRNG stream seeded by
  * (seed, FNV-1a of the tensor name), so a tensor's values do not depend on
@@ -233,23 +235,28 @@ static kvf_status_t kvf_mk_attention(kvf_mk_ctx_t *c, const kvf_model_config_t *
     const int64_t H = cfg->hidden_size;
     const int64_t q = (int64_t)cfg->num_attention_heads * cfg->head_dim;
     const int64_t kv = (int64_t)cfg->num_key_value_heads * cfg->head_dim;
+    const int64_t qrows = cfg->attn_output_gate ? 2 * q : q;   /* qwen3_next: q | gate */
+    const double nmean = (cfg->norm_offset == 1.0) ? 0.0 : 1.0;   /* (1 + w) norms */
     char name[320];
     kvf_status_t status;
 
 #define PNAME(_s) (snprintf(name, sizeof(name), "%s.%s", pfx, (_s)), name)
-    KVF_MKC(PNAME("q_proj.weight"), KVF_INIT_UNIFORM, 0.0, 1.0 / sqrt((double)H), q, H);
+    KVF_MKC(PNAME("q_proj.weight"), KVF_INIT_UNIFORM, 0.0, 1.0 / sqrt((double)H), qrows, H);
     KVF_MKC(PNAME("k_proj.weight"), KVF_INIT_UNIFORM, 0.0, 1.0 / sqrt((double)H), kv, H);
     KVF_MKC(PNAME("v_proj.weight"), KVF_INIT_UNIFORM, 0.0, 1.0 / sqrt((double)H), kv, H);
     KVF_MKC(PNAME("o_proj.weight"), KVF_INIT_UNIFORM, 0.0, out_scale / sqrt((double)q), H, q);
     if (cfg->attn_bias) {
-        KVF_MKC(PNAME("q_proj.bias"), KVF_INIT_UNIFORM, 0.0, 0.1, q);
+        KVF_MKC(PNAME("q_proj.bias"), KVF_INIT_UNIFORM, 0.0, 0.1, qrows);
         KVF_MKC(PNAME("k_proj.bias"), KVF_INIT_UNIFORM, 0.0, 0.1, kv);
         KVF_MKC(PNAME("v_proj.bias"), KVF_INIT_UNIFORM, 0.0, 0.1, kv);
         KVF_MKC(PNAME("o_proj.bias"), KVF_INIT_UNIFORM, 0.0, 0.1, H);
     }
     if (cfg->qk_norm) {
-        KVF_MKC(PNAME("q_norm.weight"), KVF_INIT_UNIFORM, 1.0, 0.1, cfg->head_dim);
-        KVF_MKC(PNAME("k_norm.weight"), KVF_INIT_UNIFORM, 1.0, 0.1, cfg->head_dim);
+        KVF_MKC(PNAME("q_norm.weight"), KVF_INIT_UNIFORM, nmean, 0.1, cfg->head_dim);
+        KVF_MKC(PNAME("k_norm.weight"), KVF_INIT_UNIFORM, nmean, 0.1, cfg->head_dim);
+    }
+    if (cfg->attn_sinks) {   /* gpt_oss */
+        KVF_MKC(PNAME("sinks"), KVF_INIT_UNIFORM, 0.0, 1.0, cfg->num_attention_heads);
     }
 #undef PNAME
     return KVF_OK;
@@ -327,6 +334,133 @@ static kvf_status_t kvf_mk_moe(kvf_mk_ctx_t *c, const kvf_model_config_t *cfg,
 #undef PNAME
     return kvf_mk_mlp(c, sub, H, cfg->moe_shared_intermediate_size, false, cfg->mlp_bias,
                       out_scale);
+}
+
+/*
+ * A Gated DeltaNet layer's tensors under @a pfx (".linear_attn"): qwen3_next's fused
+ * in_proj_qkvz / in_proj_ba (per key head: q, k, then its value heads' v and z; b then a),
+ * qwen3_5_text's separate in_proj_qkv / z / b / a; conv over q | k | v channels, dt_bias,
+ * A_log, the gated norm's [value_head_dim] weight (a (1 + w) norm: drawn near 0), out_proj.
+ */
+static kvf_status_t kvf_mk_gdn(kvf_mk_ctx_t *c, const kvf_model_config_t *cfg, const char *pfx,
+                               double out_scale)
+{
+    const int64_t H = cfg->hidden_size, Hv = cfg->mamba_num_heads, Hk = cfg->n_groups;
+    const int64_t dv = cfg->mamba_head_dim, dk = cfg->ssm_state_size;
+    const int64_t kd = Hk * dk, vd = Hv * dv;
+    const double std = 1.0 / sqrt((double)H);
+    char name[320];
+    kvf_status_t status;
+
+#define PNAME(_s) (snprintf(name, sizeof(name), "%s.%s", pfx, (_s)), name)
+    if (cfg->arch == KVF_ARCH_QWEN3_NEXT) {
+        KVF_MKC(PNAME("in_proj_qkvz.weight"), KVF_INIT_UNIFORM, 0.0, std, 2 * kd + 2 * vd, H);
+        KVF_MKC(PNAME("in_proj_ba.weight"), KVF_INIT_UNIFORM, 0.0, std, 2 * Hv, H);
+    } else {
+        KVF_MKC(PNAME("in_proj_qkv.weight"), KVF_INIT_UNIFORM, 0.0, std, 2 * kd + vd, H);
+        KVF_MKC(PNAME("in_proj_z.weight"), KVF_INIT_UNIFORM, 0.0, std, vd, H);
+        KVF_MKC(PNAME("in_proj_b.weight"), KVF_INIT_UNIFORM, 0.0, std, Hv, H);
+        KVF_MKC(PNAME("in_proj_a.weight"), KVF_INIT_UNIFORM, 0.0, std, Hv, H);
+    }
+    KVF_MKC(PNAME("conv1d.weight"), KVF_INIT_UNIFORM, 0.0, 1.0 / sqrt((double)cfg->conv_kernel),
+            2 * kd + vd, 1, cfg->conv_kernel);
+    KVF_MKC(PNAME("dt_bias"), KVF_INIT_DT_BIAS, 0.0, 0.0, Hv);
+    KVF_MKC(PNAME("A_log"), KVF_INIT_A_LOG, 0.0, 0.0, Hv);
+    KVF_MKC(PNAME("norm.weight"), KVF_INIT_UNIFORM, 1.0, 0.1, dv);   /* plain w: not offset */
+    KVF_MKC(PNAME("out_proj.weight"), KVF_INIT_UNIFORM, 0.0, out_scale / sqrt((double)vd), H,
+            vd);
+#undef PNAME
+    return KVF_OK;
+}
+
+/* qwen3_next's sparse FFN under @a pfx (".mlp"): router, gated experts, gated shared expert
+ * and its sigmoid gate. */
+static kvf_status_t kvf_mk_qn_moe(kvf_mk_ctx_t *c, const kvf_model_config_t *cfg,
+                                  const char *pfx, double out_scale)
+{
+    const int64_t H = cfg->hidden_size, E = cfg->moe_num_experts;
+    char name[320], sub[320];
+    kvf_status_t status;
+
+#define PNAME(_s) (snprintf(name, sizeof(name), "%s.%s", pfx, (_s)), name)
+    KVF_MKC(PNAME("gate.weight"), KVF_INIT_UNIFORM, 0.0, 1.0 / sqrt((double)H), E, H);
+    KVF_MKC(PNAME("shared_expert_gate.weight"), KVF_INIT_UNIFORM, 0.0, 1.0 / sqrt((double)H),
+            1, H);
+#undef PNAME
+    for (int64_t e = 0; e < E; ++e) {
+        snprintf(sub, sizeof(sub), "%s.experts.%lld", pfx, (long long)e);
+        status = kvf_mk_mlp(c, sub, H, cfg->moe_intermediate_size, true, false, out_scale);
+        if (status != KVF_OK) {
+            return status;
+        }
+    }
+    snprintf(sub, sizeof(sub), "%s.shared_expert", pfx);
+    return kvf_mk_mlp(c, sub, H, cfg->moe_shared_intermediate_size, true, false, out_scale);
+}
+
+/* gpt_oss's FFN under @a pfx (".mlp"): the biased router and the experts as its files store
+ * them (x @ W layouts, gate and up interleaved: gate_up_proj [E][H][2I], down_proj [E][I][H],
+ * their biases). */
+static kvf_status_t kvf_mk_oss_moe(kvf_mk_ctx_t *c, const kvf_model_config_t *cfg,
+                                   const char *pfx, double out_scale)
+{
+    const int64_t H = cfg->hidden_size, E = cfg->moe_num_experts, I = cfg->moe_intermediate_size;
+    char name[320];
+    kvf_status_t status;
+
+#define PNAME(_s) (snprintf(name, sizeof(name), "%s.%s", pfx, (_s)), name)
+    KVF_MKC(PNAME("router.weight"), KVF_INIT_UNIFORM, 0.0, 1.0 / sqrt((double)H), E, H);
+    KVF_MKC(PNAME("router.bias"), KVF_INIT_UNIFORM, 0.0, 0.1, E);
+    KVF_MKC(PNAME("experts.gate_up_proj"), KVF_INIT_UNIFORM, 0.0, 1.0 / sqrt((double)H), E, H,
+            2 * I);
+    KVF_MKC(PNAME("experts.gate_up_proj_bias"), KVF_INIT_UNIFORM, 0.0, 0.1, E, 2 * I);
+    KVF_MKC(PNAME("experts.down_proj"), KVF_INIT_UNIFORM, 0.0, out_scale / sqrt((double)I), E,
+            I, H);
+    KVF_MKC(PNAME("experts.down_proj_bias"), KVF_INIT_UNIFORM, 0.0, 0.1, E, H);
+#undef PNAME
+    return KVF_OK;
+}
+
+/*
+ * A layer of the decoders whose every layer is a mixer (attention or Gated DeltaNet) plus its
+ * FFN, under "model.layers.l": gemma3_text / gemma2 (four norms), gpt_oss (sinks, biased
+ * router and interleaved experts), qwen3_next / qwen3_5_text (Gated DeltaNet or gated
+ * attention, routed experts or a gated MLP). (1 + w) norms are drawn near 0.
+ */
+static kvf_status_t kvf_mk_family_layer(kvf_mk_ctx_t *c, const kvf_model_config_t *cfg,
+                                        const char *pfx, int l, double out_scale)
+{
+    const int64_t H = cfg->hidden_size;
+    const double nmean = (cfg->norm_offset == 1.0) ? 0.0 : 1.0;
+    char name[256], sub[160];
+    kvf_status_t status;
+
+#define LNAME(_suffix) (snprintf(name, sizeof(name), "%s.%s", pfx, (_suffix)), name)
+    KVF_MKC(LNAME("input_layernorm.weight"), KVF_INIT_UNIFORM, nmean, 0.1, H);
+    KVF_MKC(LNAME("post_attention_layernorm.weight"), KVF_INIT_UNIFORM, nmean, 0.1, H);
+    if (cfg->post_norms) {
+        KVF_MKC(LNAME("pre_feedforward_layernorm.weight"), KVF_INIT_UNIFORM, nmean, 0.1, H);
+        KVF_MKC(LNAME("post_feedforward_layernorm.weight"), KVF_INIT_UNIFORM, nmean, 0.1, H);
+    }
+#undef LNAME
+    if (cfg->layer_kinds[l] == KVF_LAYER_MAMBA) {
+        snprintf(sub, sizeof(sub), "%s.linear_attn", pfx);
+        status = kvf_mk_gdn(c, cfg, sub, out_scale);
+    } else {
+        snprintf(sub, sizeof(sub), "%s.self_attn", pfx);
+        status = kvf_mk_attention(c, cfg, sub, out_scale);
+    }
+    snprintf(sub, sizeof(sub), "%s.mlp", pfx);
+    if (status != KVF_OK) {
+        return status;
+    }
+    if (cfg->arch == KVF_ARCH_GPT_OSS) {
+        return kvf_mk_oss_moe(c, cfg, sub, out_scale);
+    }
+    if (cfg->layer_sparse[l]) {
+        return kvf_mk_qn_moe(c, cfg, sub, out_scale);
+    }
+    return kvf_mk_mlp(c, sub, H, cfg->intermediate_size, true, cfg->mlp_bias, out_scale);
 }
 
 /* model.safetensors.index.json naming every tensor's shard. */
@@ -455,6 +589,11 @@ static kvf_status_t kvf_mk_layer(kvf_mk_ctx_t *c, const kvf_model_config_t *cfg,
     char pfx[128], name[256], sub[160];
 
     snprintf(pfx, sizeof(pfx), "%s.layers.%d", root, l);
+    if ((cfg->arch == KVF_ARCH_GEMMA3_TEXT) || (cfg->arch == KVF_ARCH_GEMMA2) ||
+        (cfg->arch == KVF_ARCH_GPT_OSS) || (cfg->arch == KVF_ARCH_QWEN3_NEXT) ||
+        (cfg->arch == KVF_ARCH_QWEN3_5_TEXT)) {
+        return kvf_mk_family_layer(c, cfg, pfx, l, out_scale);
+    }
 #define LNAME(_suffix) (snprintf(name, sizeof(name), "%s.%s", pfx, (_suffix)), name)
     if (cfg->arch != KVF_ARCH_NEMOTRON_H) {
         KVF_MKC(LNAME("input_layernorm.weight"), KVF_INIT_UNIFORM, 1.0, 0.1, H);
@@ -497,7 +636,10 @@ static kvf_status_t kvf_mk_tensors(kvf_mk_ctx_t *c, const kvf_model_config_t *cf
 
     snprintf(name, sizeof(name), "%s.%s", root, is_dense ? "embed_tokens.weight" :
              "embeddings.weight");
-    KVF_MKC(name, KVF_INIT_UNIFORM, 0.0, 1.0, V, H);
+    /* gemma scales the embeddings by sqrt(hidden): drawn that much smaller, the first
+     * hidden states keep unit scale (and the tied head does not echo the input token) */
+    KVF_MKC(name, KVF_INIT_UNIFORM, 0.0,
+            (cfg->embedding_multiplier > 1.0) ? 1.0 / cfg->embedding_multiplier : 1.0, V, H);
     for (int l = 0; l < cfg->num_layers; ++l) {
         status = kvf_mk_layer(c, cfg, root, l, out_scale);
         if (status != KVF_OK) {
@@ -505,7 +647,8 @@ static kvf_status_t kvf_mk_tensors(kvf_mk_ctx_t *c, const kvf_model_config_t *cf
         }
     }
     snprintf(name, sizeof(name), "%s.%s", root, is_dense ? "norm.weight" : "norm_f.weight");
-    status = kvf_mk_tensor(c, name, 1, &H, KVF_INIT_UNIFORM, 1.0, 0.1);
+    status = kvf_mk_tensor(c, name, 1, &H, KVF_INIT_UNIFORM,
+                           (cfg->norm_offset == 1.0) ? 0.0 : 1.0, 0.1);
     if ((status == KVF_OK) && !cfg->lm_head_tied) {
         const int64_t vh[2] = {V, H};
         status = kvf_mk_tensor(c, "lm_head.weight", 2, vh, KVF_INIT_UNIFORM, 0.0,
@@ -536,12 +679,12 @@ kvf_status_t kvf_mkmodel_write_sharded(const char *config_path, const char *out_
         return status;
     }
     if ((cfg.arch == KVF_ARCH_BAMBA) || (cfg.arch == KVF_ARCH_GRANITE_MOE_HYBRID) ||
-        (cfg.arch == KVF_ARCH_GEMMA3_TEXT) || (cfg.arch == KVF_ARCH_GPT_OSS) ||
-        (cfg.arch == KVF_ARCH_QWEN3_NEXT) || (cfg.arch == KVF_ARCH_QWEN3_5_TEXT)) {
+        cfg.mm_text) {
         /* their tensor names are not written here: transformers makes them
          * (tests/reference/make_family_data.py) */
         kvf_error("%s: model_type '%s' is not implemented by kvf mkmodel (nemotron_h, llama,"
-                  " qwen3, mistral): refused", config_path, cfg.model_type);
+                  " qwen3, mistral, gemma3_text, gemma2, gpt_oss, qwen3_next, qwen3_5_text,"
+                  " qwen3_5_moe_text): refused", config_path, cfg.model_type);
         return KVF_ERR_UNSUPPORTED;
     }
     if ((stat(out_dir, &st) != 0) && (kvf_mk_mkdirs(out_dir) != 0)) {

@@ -176,12 +176,12 @@ static kvf_status_t kvf_cfg_known(const kvf_cfg_reader_t *rd, kvf_arch_t arch,
         bool known = false;
         bool ibm = (arch == KVF_ARCH_BAMBA) || (arch == KVF_ARCH_GRANITE_MOE_HYBRID);
         /* own tables: _ibm.c, _gemma.c, _gpt_oss.c, _qwen3_next.c */
-        bool gem = (arch == KVF_ARCH_GEMMA3_TEXT);
+        bool gem = (arch == KVF_ARCH_GEMMA3_TEXT) || (arch == KVF_ARCH_GEMMA2);
         bool oss = (arch == KVF_ARCH_GPT_OSS);
         bool qn = (arch == KVF_ARCH_QWEN3_NEXT) || (arch == KVF_ARCH_QWEN3_5_TEXT);
         known = oss ? kvf_cfg_gpt_oss_known(it->string) :
-                qn ? kvf_cfg_qwen3_next_known(it->string, arch) :
-                gem ? kvf_cfg_gemma_known(it->string) :
+                qn ? kvf_cfg_qwen3_next_known(it->string, model_type) :
+                gem ? kvf_cfg_gemma_known(it->string, arch) :
                 (ibm && kvf_cfg_ibm_known(it->string, arch));
         ibm = ibm || qn || oss;
         for (size_t i = 0; !ibm && !gem && (i < sizeof(kvf_known_fields) / sizeof(kvf_known_fields[0]));
@@ -714,9 +714,11 @@ static const struct {
     {"bamba",      KVF_ARCH_BAMBA,      kvf_cfg_parse_bamba},
     {"granitemoehybrid", KVF_ARCH_GRANITE_MOE_HYBRID, kvf_cfg_parse_granite},
     {"gemma3_text", KVF_ARCH_GEMMA3_TEXT, kvf_cfg_parse_gemma3},
+    {"gemma2",     KVF_ARCH_GEMMA2,     kvf_cfg_parse_gemma2},
     {"gpt_oss",    KVF_ARCH_GPT_OSS,    kvf_cfg_parse_gpt_oss},
     {"qwen3_next", KVF_ARCH_QWEN3_NEXT, kvf_cfg_parse_qwen3_next},
     {"qwen3_5_text", KVF_ARCH_QWEN3_5_TEXT, kvf_cfg_parse_qwen3_5_text},
+    {"qwen3_5_moe_text", KVF_ARCH_QWEN3_5_TEXT, kvf_cfg_parse_qwen3_5_moe_text},
 };
 
 kvf_status_t kvf_model_config_from_json(const cJSON *root, const char *origin,
@@ -729,6 +731,11 @@ kvf_status_t kvf_model_config_from_json(const cJSON *root, const char *origin,
     int a = 0;
     const int narch = (int)(sizeof(kvf_cfg_archs) / sizeof(kvf_cfg_archs[0]));
 
+    status = kvf_cfg_multimodal(root, origin, kvf_model_config_from_json, cfg_p);
+    if (status != KVF_ERR_NOT_FOUND) {
+        return status;
+    }
+    status = KVF_OK;
     memset(&cfg, 0, sizeof(cfg));
     cfg.embedding_multiplier = cfg.residual_multiplier = cfg.logits_scaling = 1.0;
     rd.origin = (origin != NULL) ? origin : "config.json";
@@ -748,8 +755,9 @@ kvf_status_t kvf_model_config_from_json(const cJSON *root, const char *origin,
     }
     if (a == narch) {
         KVF_FAIL(KVF_ERR_UNSUPPORTED, "field 'model_type' = '%s' is not supported (nemotron_h,"
-                 " llama, qwen3, mistral, bamba, granitemoehybrid, gemma3_text, gpt_oss,"
-                 " qwen3_next, qwen3_5_text)",
+                 " llama, qwen3, mistral, bamba, granitemoehybrid, gemma3_text, gemma2, gpt_oss,"
+                 " qwen3_next, qwen3_5_text, qwen3_5_moe_text; the multimodal qwen3_5 and"
+                 " qwen3_5_moe for their text)",
                  mt->valuestring);
     }
     cfg.arch = kvf_cfg_archs[a].arch;

@@ -48,6 +48,7 @@ typedef enum {
     KVF_ARCH_GPT_OSS,            /* sliding / full layers with sinks, experts in every layer */
     KVF_ARCH_QWEN3_NEXT,         /* Gated DeltaNet / gated attention layers, each with its FFN */
     KVF_ARCH_QWEN3_5_TEXT,       /* Qwen3.5's text model: qwen3_next's layers, a dense MLP each */
+    KVF_ARCH_GEMMA2,             /* gemma3_text's layers without q/k norms, one RoPE, softcaps */
 } kvf_arch_t;
 
 /** What a state layer ('M') computes; its state's shape is the same for every kind
@@ -102,6 +103,10 @@ typedef struct kvf_rope {
 typedef struct kvf_model_config {
     kvf_arch_t  arch;
     char        model_type[32];
+    bool        mm_text;              /* a multimodal wrapper's text (model_type qwen3_5,
+                                         qwen3_5_moe): text_config read, weights under
+                                         model.language_model., the vision tower not
+                                         loaded (kvf_model_config_mm.c) */
     int         hidden_size;
     int         num_layers;           /* entries in layer_kinds */
     char        layer_kinds[KVF_MAX_LAYERS + 1]; /* one kvf_layer_kind_t letter each; dense: "*" per layer */
@@ -159,6 +164,10 @@ typedef struct kvf_model_config {
     double      moe_routed_scaling;            /* routed_scaling_factor, default 1 */
     bool        moe_softmax_topk;              /* granitemoehybrid: top-k of the router
                                                   logits, weights softmax(top-k logits) */
+    bool        moe_softmax_full;              /* with moe_softmax_topk (qwen3_next,
+                                                  norm_topk_prob false): the weights are the
+                                                  top-k entries of the softmax over all
+                                                  experts, not renormalised */
     bool        moe_gated;                     /* experts and shared MLP gated: fused
                                                   gate|up rows, down(act(gate) * up) */
     int         num_moe_layers;
@@ -194,6 +203,10 @@ typedef struct kvf_model_config {
     double      residual_multiplier;  /* h += mixer / FFN output * this */
     double      logits_scaling;       /* logits / this */
     double      attention_multiplier; /* attention score scale; 0: 1/sqrt(head_dim) */
+    double      attn_softcap;         /* gemma2 / gemma3_text attn_logit_softcapping: scaled
+                                         scores -> c tanh(s / c) before the softmax; 0: none */
+    double      final_softcap;        /* final_logit_softcapping: logits -> c tanh(x / c)
+                                         after the head; 0: none */
     kvf_dtype_t torch_dtype;          /* dtype (or legacy torch_dtype); default bf16 */
     int         bos_token_id;         /* -1 when absent */
     int         eos_token_id;         /* -1 when absent; the first of a list */

@@ -15,7 +15,13 @@
  * forward keeps one RMSNorm kernel. The sliding layers' RoPE is a second
  * kvf_rope_t read by the shared kvf_cfg_rope() from a per-type view of the
  * file. Rejected: a gemma-specific norm kernel (one definition per idea).
- * Refused by name: attn_logit_softcapping and final_logit_softcapping when set,
+ * final_logit_softcapping (default null; positive: the final logits become c tanh(x / c),
+ * cfg->final_softcap); attn_logit_softcapping is checked (null or positive) and has no
+ * effect, as in transformers 5.25's Gemma3Attention, which never applies it.
+ * "gemma2" (Gemma2Config, Gemma2ForCausalLM) is the same decoder without q/k norms, with one
+ * RoPE for both layer types (rope_parameters, theta 1e4), layers alternating sliding / full
+ * (sliding first) and both softcaps on by default (50, 30): kvf_cfg_parse_gemma2.
+ * Refused by name: a softcap that is not a positive number or null,
  * use_bidirectional_attention true (the embedding variants), and a multimodal
  * "gemma3" file (its model_type is not this one).
  */
@@ -42,8 +48,15 @@ static const char *const kvf_gemma_fields[] = {
     "_sliding_window_pattern",   /* transformers rewrites it from sliding_window_pattern */
 };
 
-bool kvf_cfg_gemma_known(const char *name)
+bool kvf_cfg_gemma_known(const char *name, kvf_arch_t arch)
 {
+    /* gemma2 files have one RoPE and their layer_types; the gemma3_text-only fields would
+     * be ignored there: refused */
+    if ((arch == KVF_ARCH_GEMMA2) && ((strcmp(name, "rope_local_base_freq") == 0) ||
+                                      (strcmp(name, "sliding_window_pattern") == 0) ||
+                                      (strcmp(name, "_sliding_window_pattern") == 0))) {
+        return false;
+    }
     for (size_t i = 0; i < sizeof(kvf_gemma_fields) / sizeof(kvf_gemma_fields[0]); ++i) {
         if (strcmp(name, kvf_gemma_fields[i]) == 0) {
             return true;
@@ -61,7 +74,7 @@ static kvf_status_t kvf_gemma_refuse_set(const kvf_cfg_reader_t *rd, const char 
     if ((it != NULL) && !cJSON_IsNull(it) && !cJSON_IsFalse(it)) {
         kvf_cfg_value_str(it, val, sizeof(val));
         KVF_CFG_FAIL(KVF_ERR_UNSUPPORTED, "field '%s' = %s is not implemented for gemma3_text"
-                     " (only null): refused", name, val);
+                     " and gemma2 (only null): refused", name, val);
     }
     return KVF_OK;
 }
@@ -144,19 +157,40 @@ static kvf_status_t kvf_gemma_layer_types(const kvf_cfg_reader_t *rd, kvf_model_
     return KVF_OK;
 }
 
-kvf_status_t kvf_cfg_parse_gemma3(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
+/* A softcap field: null (or absent with @a dflt 0) is none, else a positive number. */
+static kvf_status_t kvf_gemma_softcap(const kvf_cfg_reader_t *rd, const char *name, double dflt,
+                                      double *out)
 {
-    static const char *const refused[] = {
-        "final_logit_softcapping", "attn_logit_softcapping", "use_bidirectional_attention",
-    };
-    bool sliding[KVF_MAX_LAYERS] = {false};
-    bool any_sliding = false;
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(rd->root, name);
+
+    if (it == NULL) {
+        *out = dflt;
+        return KVF_OK;
+    }
+    if (cJSON_IsNull(it)) {
+        *out = 0.0;
+        return KVF_OK;
+    }
+    KVF_CFG_TRY(kvf_cfg_num(rd, rd->root, name, dflt, out));
+    if (!(*out > 0.0)) {
+        KVF_CFG_FAIL(KVF_ERR_INVALID_PARAM, "field '%s' = %g must be a positive number or"
+                     " null", name, *out);
+    }
+    return KVF_OK;
+}
+
+/* What gemma3_text and gemma2 read alike: layers, sizes, activation, score scale,
+ * embedding scale, norms, softcaps (defaults @a attn_cap, @a final_cap). */
+static kvf_status_t kvf_gemma_common(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg,
+                                     double attn_cap, double final_cap)
+{
     double qpas;
     float escale;
 
-    for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); ++i) {
-        KVF_CFG_TRY(kvf_gemma_refuse_set(rd, refused[i]));
-    }
+    KVF_CFG_TRY(kvf_gemma_refuse_set(rd, "use_bidirectional_attention"));
+    KVF_CFG_TRY(kvf_gemma_softcap(rd, "attn_logit_softcapping", attn_cap, &cfg->attn_softcap));
+    KVF_CFG_TRY(kvf_gemma_softcap(rd, "final_logit_softcapping", final_cap,
+                                  &cfg->final_softcap));
     KVF_CFG_TRY(kvf_cfg_num_layers(rd, cfg));
     KVF_CFG_TRY(kvf_cfg_int(rd, "intermediate_size", &cfg->intermediate_size));
     if (!kvf_cfg_present(rd, "head_dim")) {
@@ -183,20 +217,65 @@ kvf_status_t kvf_cfg_parse_gemma3(const kvf_cfg_reader_t *rd, kvf_model_config_t
     }
     cfg->embedding_multiplier = escale;
     cfg->mlp_gated = true;
-    cfg->qk_norm = true;
     cfg->norm_offset = 1.0;
     cfg->post_norms = true;
-    KVF_CFG_TRY(kvf_gemma_layer_types(rd, cfg, sliding));
+    return KVF_OK;
+}
+
+/* Each layer's window from @a sliding (sliding_window, default 4096, when any slides). */
+static kvf_status_t kvf_gemma_windows(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg,
+                                      const bool *sliding, bool local_rope)
+{
+    bool any_sliding = false;
+
     for (int l = 0; l < cfg->num_layers; ++l) {
         any_sliding = any_sliding || sliding[l];
     }
     KVF_CFG_TRY(kvf_cfg_window(rd, cfg, 4096, any_sliding));
     for (int l = 0; l < cfg->num_layers; ++l) {
         cfg->layer_window[l] = sliding[l] ? cfg->sliding_window : 0;
-        cfg->layer_local_rope[l] = sliding[l];
+        cfg->layer_local_rope[l] = local_rope && sliding[l];
     }
+    return KVF_OK;
+}
+
+kvf_status_t kvf_cfg_parse_gemma3(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
+{
+    bool sliding[KVF_MAX_LAYERS] = {false};
+
+    KVF_CFG_TRY(kvf_gemma_common(rd, cfg, 0.0, 0.0));   /* Gemma3TextConfig: no softcaps */
+    /* transformers 5.25's Gemma3Attention stores attn_logit_softcapping and never passes it
+     * to its attention (eager or sdpa): checked, without effect; final_logit_softcapping
+     * caps the logits (Gemma3ForCausalLM) */
+    cfg->attn_softcap = 0.0;
+    cfg->qk_norm = true;
+    KVF_CFG_TRY(kvf_gemma_layer_types(rd, cfg, sliding));
+    KVF_CFG_TRY(kvf_gemma_windows(rd, cfg, sliding, true));
     KVF_CFG_TRY(kvf_gemma_rope(rd, cfg, true, &cfg->rope_local));
     KVF_CFG_TRY(kvf_gemma_rope(rd, cfg, false, &cfg->rope));
+    kvf_cfg_all_attention(cfg);
+    return KVF_OK;
+}
+
+/* gemma2: Gemma2Config's defaults (softcaps 50 and 30, layer_types sliding on even layers,
+ * one RoPE: rope_parameters / rope_theta, default theta 1e4), no q/k norms. */
+kvf_status_t kvf_cfg_parse_gemma2(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
+{
+    bool sliding[KVF_MAX_LAYERS] = {false};
+    kvf_status_t status;
+
+    KVF_CFG_TRY(kvf_gemma_common(rd, cfg, 50.0, 30.0));
+    cfg->qk_norm = false;
+    status = kvf_cfg_layer_types(rd, cfg, "sliding_attention", "full_attention", sliding);
+    if (status == KVF_ERR_NOT_FOUND) {
+        for (int l = 0; l < cfg->num_layers; ++l) {
+            sliding[l] = ((l + 1) % 2) != 0;   /* Gemma2Config's default layer_types */
+        }
+    } else if (status != KVF_OK) {
+        return status;
+    }
+    KVF_CFG_TRY(kvf_gemma_windows(rd, cfg, sliding, false));
+    KVF_CFG_TRY(kvf_cfg_rope(rd, cfg));
     kvf_cfg_all_attention(cfg);
     return KVF_OK;
 }

@@ -57,20 +57,32 @@ kvf_status_t kvf_cfg_parse_granite(const kvf_cfg_reader_t *rd, kvf_model_config_
 kvf_status_t kvf_cfg_window(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg, int absent,
                             bool apply);
 
-/* kvf_model_config_gemma.c: whether @a name is a field of gemma3_text files, and its parser
+/* kvf_model_config_gemma.c: whether @a name is a field of gemma3_text (gemma2) files, and
+ * their parsers
  * (after kvf_cfg_common()). */
-bool kvf_cfg_gemma_known(const char *name);
+bool kvf_cfg_gemma_known(const char *name, kvf_arch_t arch);
 kvf_status_t kvf_cfg_parse_gemma3(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg);
+kvf_status_t kvf_cfg_parse_gemma2(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg);
 
 /* kvf_model_config_gpt_oss.c: whether @a name is a field of gpt_oss files, and its parser
  * (after kvf_cfg_common()). */
 bool kvf_cfg_gpt_oss_known(const char *name);
 kvf_status_t kvf_cfg_parse_gpt_oss(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg);
-/* kvf_model_config_qwen3_next.c: whether @a name is a field of @a arch's files (qwen3_next,
- * qwen3_5_text), and their parsers (after kvf_cfg_common()). */
-bool kvf_cfg_qwen3_next_known(const char *name, kvf_arch_t arch);
+/* kvf_model_config_qwen3_next.c: whether @a name is a field of @a model_type's files
+ * (qwen3_next, qwen3_5_text, qwen3_5_moe_text), and their parsers (after kvf_cfg_common()). */
+bool kvf_cfg_qwen3_next_known(const char *name, const char *model_type);
 kvf_status_t kvf_cfg_parse_qwen3_next(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg);
 kvf_status_t kvf_cfg_parse_qwen3_5_text(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg);
+kvf_status_t kvf_cfg_parse_qwen3_5_moe_text(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg);
+
+/* kvf_model_config_mm.c: a multimodal wrapper's config.json (model_type qwen3_5,
+ * qwen3_5_moe): its own fields checked, its text_config parsed as the text model it nests
+ * (@a parse: kvf_model_config_from_json) into *cfg with cfg->mm_text set. KVF_ERR_NOT_FOUND
+ * when @a root is not such a wrapper; else the parse's status (a field refused by name). */
+kvf_status_t kvf_cfg_multimodal(const cJSON *root, const char *origin,
+                                kvf_status_t (*parse)(const cJSON *, const char *,
+                                                      kvf_model_config_t *),
+                                kvf_model_config_t *cfg);
 
 /* Every key of object @a obj (field @a field; NULL: none) is one of @a allowed[n]; else
  * KVF_ERR_UNSUPPORTED, logged as "field 'field.key' = value is not implemented@a for:

@@ -90,7 +90,12 @@ uint64_t kvf_model_config_fingerprint(const kvf_model_config_t *cfg)
             h = kvf_hash64(&bits, sizeof(bits), h);
         }
     }
-    if (cfg->arch == KVF_ARCH_GEMMA3_TEXT) {
+    if ((cfg->attn_softcap > 0.0) || (cfg->final_softcap > 0.0)) {
+        /* only when set: the fingerprints of the files without them stay what they were */
+        const double c[] = {cfg->attn_softcap, cfg->final_softcap};
+        h = kvf_hash64(c, sizeof(c), h);
+    }
+    if ((cfg->arch == KVF_ARCH_GEMMA3_TEXT) || (cfg->arch == KVF_ARCH_GEMMA2)) {
         const double g[] = {cfg->embedding_multiplier, cfg->attention_multiplier,
                             cfg->norm_offset, cfg->post_norms, (double)cfg->rope_local.type,
                             cfg->rope_local.theta, cfg->rope_local.factor,

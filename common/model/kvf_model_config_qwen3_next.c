@@ -23,7 +23,8 @@
  * "qwen3_5_text" (Qwen3_5TextConfig, Qwen3_5ForCausalLM) is the same machinery: separate
  * in_proj_qkv / in_proj_z / in_proj_b / in_proj_a (the loader reads them), a gated MLP on
  * every layer, multimodal RoPE that is plain RoPE for text (kvf_cfg_parse_qwen3_5_text).
- * Refused by name: norm_topk_prob false with experts, an activation other than
+ * norm_topk_prob false: the chosen experts' entries of that softmax, not renormalised.
+ * Refused by name: an activation other than
  * transformers' names, a layer type other than linear_attention / full_attention.
  */
 #include "kvf_model_config_int.h"
@@ -66,9 +67,28 @@ static bool kvf_qn_moe_field(const char *name)
     return false;
 }
 
-bool kvf_cfg_qwen3_next_known(const char *name, kvf_arch_t arch)
+/* qwen3_5_moe_text (Qwen3_5MoeTextConfig): qwen3_5_text's fields plus the experts' (every
+ * layer sparse, always renormalised: no decoder_sparse_step, mlp_only_layers, norm_topk_prob),
+ * without intermediate_size. */
+static bool kvf_q35_moe_known(const char *name)
 {
-    if ((arch == KVF_ARCH_QWEN3_5_TEXT) && kvf_qn_moe_field(name)) {
+    static const char *const not_here[] = {
+        "decoder_sparse_step", "mlp_only_layers", "norm_topk_prob", "intermediate_size",
+    };
+    for (size_t i = 0; i < sizeof(not_here) / sizeof(not_here[0]); ++i) {
+        if (strcmp(name, not_here[i]) == 0) {
+            return false;
+        }
+    }
+    return true;
+}
+
+bool kvf_cfg_qwen3_next_known(const char *name, const char *model_type)
+{
+    if ((strcmp(model_type, "qwen3_5_text") == 0) && kvf_qn_moe_field(name)) {
+        return false;
+    }
+    if ((strcmp(model_type, "qwen3_5_moe_text") == 0) && !kvf_q35_moe_known(name)) {
         return false;
     }
     for (size_t i = 0; i < sizeof(kvf_qn_fields) / sizeof(kvf_qn_fields[0]); ++i) {
@@ -120,17 +140,19 @@ static kvf_status_t kvf_qn_layers(const kvf_cfg_reader_t *rd, kvf_model_config_t
 }
 
 /* The FFN: routed experts (num_experts > 0, every decoder_sparse_step-th layer not in
- * mlp_only_layers: softmax router, top num_experts_per_tok renormalised, gated experts of
+ * mlp_only_layers: softmax router, top num_experts_per_tok renormalised (norm_topk_prob,
+ * default true; false: not), gated experts of
  * moe_intermediate_size, a gated shared expert of shared_expert_intermediate_size scaled by
  * sigmoid(shared_expert_gate x)), else a gated MLP of intermediate_size. */
-static kvf_status_t kvf_qn_ffn(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
+static kvf_status_t kvf_qn_ffn(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg,
+                               int experts_dflt, int topk_dflt)
 {
     const cJSON *only = cJSON_GetObjectItemCaseSensitive(rd->root, "mlp_only_layers");
     const cJSON *it;
     bool dense[KVF_MAX_LAYERS] = {false};
     int experts, step, n_dense = 0;
 
-    KVF_CFG_TRY(kvf_cfg_int_opt(rd, "num_experts", 512, &experts));
+    KVF_CFG_TRY(kvf_cfg_int_opt(rd, "num_experts", experts_dflt, &experts));
     KVF_CFG_TRY(kvf_qn_pos(rd, "decoder_sparse_step", 1, &step));
     KVF_CFG_TRY(kvf_cfg_bool(rd, "norm_topk_prob", true, &cfg->moe_norm_topk_prob));
     if ((only != NULL) && !cJSON_IsNull(only) && !cJSON_IsArray(only)) {
@@ -159,15 +181,10 @@ static kvf_status_t kvf_qn_ffn(const kvf_cfg_reader_t *rd, kvf_model_config_t *c
     if (cfg->num_moe_layers == 0) {
         return KVF_OK;
     }
-    if (!cfg->moe_norm_topk_prob) {
-        KVF_CFG_FAIL(KVF_ERR_UNSUPPORTED, "field 'norm_topk_prob' = false is not implemented"
-                     " for qwen3_next's experts (only true: the top-k weights renormalised):"
-                     " refused");
-    }
     if (experts > 1024) {
         KVF_CFG_FAIL(KVF_ERR_UNSUPPORTED, "field 'num_experts' = %d exceeds 1024", experts);
     }
-    KVF_CFG_TRY(kvf_qn_pos(rd, "num_experts_per_tok", 10, &cfg->moe_top_k));
+    KVF_CFG_TRY(kvf_qn_pos(rd, "num_experts_per_tok", topk_dflt, &cfg->moe_top_k));
     KVF_CFG_TRY(kvf_qn_pos(rd, "moe_intermediate_size", 512, &cfg->moe_intermediate_size));
     KVF_CFG_TRY(kvf_qn_pos(rd, "shared_expert_intermediate_size", 512,
                            &cfg->moe_shared_intermediate_size));
@@ -178,8 +195,10 @@ static kvf_status_t kvf_qn_ffn(const kvf_cfg_reader_t *rd, kvf_model_config_t *c
     cfg->moe_num_experts = experts;
     cfg->moe_n_group = cfg->moe_topk_group = 1;
     cfg->moe_routed_scaling = 1.0;
-    /* softmax over all experts, top k, renormalised = softmax over the top-k logits */
+    /* softmax over all experts, top k, renormalised = softmax over the top-k logits;
+     * norm_topk_prob false keeps the full softmax's entries (the fingerprint hashes it) */
     cfg->moe_softmax_topk = true;
+    cfg->moe_softmax_full = !cfg->moe_norm_topk_prob;
     cfg->moe_gated = true;
     return KVF_OK;
 }
@@ -258,7 +277,7 @@ static kvf_status_t kvf_qn_common(const kvf_cfg_reader_t *rd, const kvf_cfg_read
 kvf_status_t kvf_cfg_parse_qwen3_next(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
 {
     KVF_CFG_TRY(kvf_qn_common(rd, rd, cfg));
-    return kvf_qn_ffn(rd, cfg);
+    return kvf_qn_ffn(rd, cfg, 512, 10);   /* Qwen3NextConfig's defaults */
 }
 
 /*
@@ -268,7 +287,7 @@ kvf_status_t kvf_cfg_parse_qwen3_next(const kvf_cfg_reader_t *rd, kvf_model_conf
  * three axes, so every frequency reads the token's position: plain RoPE. kvf_cfg_rope() then
  * sees a view of the file without those two keys.
  */
-kvf_status_t kvf_cfg_parse_qwen3_5_text(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
+static kvf_status_t kvf_q35_common(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
 {
     static const char *const keep[] = {
         "rope_theta", "partial_rotary_factor", "max_position_embeddings",
@@ -301,12 +320,27 @@ kvf_status_t kvf_cfg_parse_qwen3_5_text(const kvf_cfg_reader_t *rd, kvf_model_co
         status = kvf_qn_common(rd, &vr, cfg);
     }
     cJSON_Delete(view);
-    if (status != KVF_OK) {
-        return status;
-    }
+    return status;
+}
+
+kvf_status_t kvf_cfg_parse_qwen3_5_text(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
+{
+    KVF_CFG_TRY(kvf_q35_common(rd, cfg));
     KVF_CFG_TRY(kvf_qn_pos(rd, "intermediate_size", 12288, &cfg->intermediate_size));
     cfg->mlp_gated = true;
     cfg->dense_mlp_in_layer = true;
     cfg->moe_top_k = cfg->moe_intermediate_size = cfg->moe_shared_intermediate_size = 0;
     return KVF_OK;
+}
+
+/*
+ * qwen3_5_moe_text (Qwen3_5MoeTextConfig, Qwen3_5MoeForCausalLM): qwen3_5_text's layers with
+ * routed experts on every layer (the class's defaults: 256 experts, top 8) plus the gated
+ * shared expert, the top-k always renormalised (its router divides by the sum). The arch is
+ * qwen3_5_text's (the same tensors and forward; layer_sparse marks the experts).
+ */
+kvf_status_t kvf_cfg_parse_qwen3_5_moe_text(const kvf_cfg_reader_t *rd, kvf_model_config_t *cfg)
+{
+    KVF_CFG_TRY(kvf_q35_common(rd, cfg));
+    return kvf_qn_ffn(rd, cfg, 256, 8);
 }

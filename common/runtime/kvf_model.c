@@ -44,14 +44,14 @@
 
 /* ---- loading ------------------------------------------------------------- */
 
-/* nemotron_h: backbone.layers.N.<suffix>; dense: model.layers.N.<suffix>. */
+/* nemotron_h: backbone.layers.N.<suffix>; dense: model.layers.N.<suffix> (a multimodal
+ * wrapper's text: model.language_model.layers.N.<suffix>). */
 const char *kvf_lname(kvf_loader_t *ld, int layer, const char *suffix)
 {
     if (layer < 0) {
         snprintf(ld->name, sizeof(ld->name), "%s", suffix);
     } else {
-        snprintf(ld->name, sizeof(ld->name), "%s.layers.%d.%s", ld->dense ? "model" : "backbone",
-                 layer, suffix);
+        snprintf(ld->name, sizeof(ld->name), "%s.layers.%d.%s", ld->prefix, layer, suffix);
     }
     return ld->name;
 }
@@ -675,12 +675,15 @@ static kvf_status_t kvf_load_embeddings(kvf_loader_t *ld, kvf_model_h m)
     const int64_t V = cfg->vocab_size, H = cfg->hidden_size;
     const int64_t all[1][2] = {{0, V}};
     kvf_status_t status;
+    char name[160];
 
-    KVF_LOAD(kvf_load_mat_rows(ld, ld->dense ? "model.embed_tokens.weight" :
-                               "backbone.embeddings.weight", V, H, all, 1, &m->rep.embed));
-    KVF_LOAD(kvf_load_norm(ld, !ld->dense ? "backbone.norm_f.weight" :
-                           (cfg->arch == KVF_ARCH_BAMBA) ? "model.final_layernorm.weight" :
-                           "model.norm.weight", H, &m->rep.norm_f));
+    snprintf(name, sizeof(name), "%s.embed_tokens.weight", ld->prefix);
+    KVF_LOAD(kvf_load_mat_rows(ld, ld->dense ? name : "backbone.embeddings.weight", V, H, all,
+                               1, &m->rep.embed));
+    snprintf(name, sizeof(name), "%s.%s.weight", ld->prefix,
+             (cfg->arch == KVF_ARCH_BAMBA) ? "final_layernorm" : "norm");
+    KVF_LOAD(kvf_load_norm(ld, ld->dense ? name : "backbone.norm_f.weight", H,
+                           &m->rep.norm_f));
     /* tied: lm_head = embeddings, unless the file stores an lm_head.weight
      * (transformers 5 then keeps the stored head) */
     if (cfg->lm_head_tied && (kvf_ckpt_find(ld->ck, "lm_head.weight") != NULL)) {
@@ -758,6 +761,11 @@ kvf_status_t kvf_model_load_device(const char *dir, int tp_size, const kvf_devic
         }
     }
     ld.dense = (cfg->arch != KVF_ARCH_NEMOTRON_H);
+    ld.prefix = !ld.dense ? "backbone" : cfg->mm_text ? "model.language_model" : "model";
+    if (cfg->mm_text) {   /* the explicit rule: model.visual.* is never read */
+        kvf_warn("%s: model_type '%s': vision tower not loaded: text-only serving (the"
+                 " model.language_model. weights and lm_head)", dir, cfg->model_type);
+    }
     ld.mamba = ld.dense ? "mamba" : "mixer";
     ld.norm_offset = (float)cfg->norm_offset;
     status = kvf_ckpt_open(dir, &ld.ck);

@@ -237,6 +237,14 @@ kvf_status_t kvf_fwd_fi_prepare(kvf_model_h m, const kvf_rank_ctx_t *ctx,
         kvf_notice("attention: KVF_GPU_ATTN=flashinfer: attention sinks (gpt_oss): kvferry's "
                    "kernel");
     }
+    if (m->cfg.attn_softcap > 0.0) {
+        /* FlashInfer's logits_soft_cap is not in kvferry's batch-invariant FlashInfer
+         * variants (their scores are fixed at build): the capped layers take kvferry's
+         * kernel, which caps on every path */
+        kvf_notice("attention: KVF_GPU_ATTN=flashinfer: attn_logit_softcapping %g: kvferry's "
+                   "kernel (FlashInfer's soft cap is not in the batch-invariant variants "
+                   "built)", m->cfg.attn_softcap);
+    }
     kvf_fi_layout(fi, &total);
     fi->host = calloc((size_t)fi->ngrp, fi->grp_bytes);   /* unplanned groups upload zeros */
     fi->kv_len = malloc((size_t)fi->dcap * 4);
@@ -490,7 +498,8 @@ bool kvf_fwd_fi_try(kvf_model_h m, const kvf_rank_ctx_t *ctx, const kvf_device_t
     int o = 0, T;
 
     if ((fi == NULL) || (ws->in != NULL) || !fi->step_on || (status != KVF_OK) ||
-        (m->cfg.layer_window[l] > 0) || m->cfg.attn_sinks || (R > fi->R)) {
+        (m->cfg.layer_window[l] > 0) || m->cfg.attn_sinks || (m->cfg.attn_softcap > 0.0) ||
+        (R > fi->R)) {
         /* kvferry's kernel (said at start): a sliding-window layer (kvf_paged_kv_t.window),
          * attention sinks (gpt_oss: kvf_paged_kv_t.sinks) */
         return false;

@@ -17,12 +17,6 @@ kvf_status_t kvf_model_ws_create(struct kvf_model_ws **ws_p)
     return KVF_OK;
 }
 
-/* Whether the (dev) buffers of @a ws are device memory (not host memory). */
-static bool kvf_ws_on_device(const struct kvf_model_ws *ws)
-{
-    return ws->dev_set && (ws->dev.kind != KVF_DEVICE_CPU);
-}
-
 void kvf_model_ws_destroy(struct kvf_model_ws *ws)
 {
     if (ws == NULL) {
@@ -320,12 +314,6 @@ static kvf_status_t kvf_fwd_norm(const kvf_device_t *dev, struct kvf_model_ws *w
  * narrow storage). The GEMM's per-element order is fixed (kvf_gemm.h), so
  * tiling never changes a bit.
  */
-/* Whether @a w goes straight to kvf_gemm_w() (fp32, or bf16 widened in the registers). */
-static bool kvf_mat_direct(const kvf_mat_t *w)
-{
-    return (w->dtype == KVF_DTYPE_FP32) || ((w->dtype == KVF_DTYPE_BF16) && !w->tensor_cores);
-}
-
 int kvf_mat_gemm(const kvf_device_t *dev, struct kvf_model_ws *ws, int M, const float *x, int ldx,
                  const kvf_mat_t *w, const float *bias, float *y, int ldy)
 {
@@ -565,6 +553,7 @@ static kvf_status_t kvf_fwd_attention(kvf_model_h m, const kvf_rank_ctx_t *ctx,
                                 batch->seqs[0].group_num_blocks[g], &kv);
         kv.window = cfg->layer_window[l];   /* 0: full attention */
         kv.sinks = w->sinks;                /* gpt_oss; NULL elsewhere */
+        kv.softcap = (float)cfg->attn_softcap;   /* gemma2: attn_logit_softcapping; 0 */
         KVF_KCALL(kvf_attn_write_paged_seqs(dev, &kv, &seqs, ws->proj + qd,
                                             ws->proj + qd + kd, R, ws->proj, R, pos,
                                             s->attn_heads, (float)cfg->attention_multiplier,
@@ -574,144 +563,6 @@ static kvf_status_t kvf_fwd_attention(kvf_model_h m, const kvf_rank_ctx_t *ctx,
         KVF_KCALL(kvf_sigmoid_gate(dev, ws->g, qd, ws->proj + qd + 2 * kd, R, T, qd));
     }
     KVF_KCALL(kvf_mat_gemm(dev, ws, T, ws->g, qd, &w->o_proj, w->o_bias, ws->out, H));
-    return kvf_reduce_residual(ctx, ws, (size_t)T, (size_t)H,
-                               (float)cfg->residual_multiplier, status);
-}
-
-/*
- * An MLP slice over rows of @a x: out (ldo H) = down(act(up x)) or, gated,
- * down(act(gate x) * up x), without the all-reduce. up rows: C (or 2C: gate
- * rows first). Uses ws->proj [M][2C] and ws->g [M][C].
- */
-static int kvf_mlp_rows(const kvf_device_t *dev, struct kvf_model_ws *ws, kvf_act_t act,
-                        bool gated, int M, const float *x, int H, const kvf_mat_t *up,
-                        const float *up_b, const kvf_mat_t *down, const float *down_b, float *out)
-{
-    const int C = down->cols;
-    int e;
-
-    if (!gated && kvf_mat_direct(up)) {
-        /* up and its activation in one call (on a device one launch; the same bits) */
-        e = kvf_gemm_w_act(dev, M, up->rows, up->cols, x, H, up->data, up->dtype, up->cols, up_b,
-                           (int)act, ws->proj, up->rows);
-        return (e != KVF_KERN_OK) ? e :
-               kvf_mat_gemm(dev, ws, M, ws->proj, C, down, down_b, out, H);
-    }
-    e = kvf_mat_gemm(dev, ws, M, x, H, up, up_b, ws->proj, up->rows);
-    if (e != KVF_KERN_OK) {
-        return e;
-    }
-    if (gated) {
-        e = kvf_act_mul(dev, (int)act, ws->proj, M, C, ws->g);   /* act(gate) * up */
-        return (e != KVF_KERN_OK) ? e : kvf_mat_gemm(dev, ws, M, ws->g, C, down, down_b, out, H);
-    }
-    e = kvf_act(dev, (int)act, ws->proj, (size_t)M * (size_t)C);
-    return (e != KVF_KERN_OK) ? e : kvf_mat_gemm(dev, ws, M, ws->proj, C, down, down_b, out, H);
-}
-
-static kvf_status_t kvf_fwd_mlp(kvf_model_h m, const kvf_rank_ctx_t *ctx, int l, int T,
-                                kvf_status_t status)
-{
-    const kvf_model_config_t *cfg = &m->cfg;
-    const kvf_layer_w_t *w = &m->ranks[ctx->rank].layers[l];
-    const kvf_device_t *dev = kvf_fwd_dev(ctx);
-    struct kvf_model_ws *ws = ctx->ws;
-    const int H = cfg->hidden_size;
-
-    KVF_KCALL(kvf_mlp_rows(dev, ws, cfg->mlp_act, cfg->mlp_gated, T, ws->xn, H, &w->up,
-                           w->up_bias, &w->down, w->down_bias, ws->out));
-    return kvf_reduce_residual(ctx, ws, (size_t)T, (size_t)H,
-                               (float)cfg->residual_multiplier, status);
-}
-
-/*
- * transformers' NemotronH top-k router for the T rows of router logits in
- * ws->scores (kvf_moe_route, kernels/kvf_moe_math.h): sigmoid scores;
- * choice scores = scores + e_score_correction_bias; the topk_group groups
- * with the largest sum of their two best choice scores stay; the top_k
- * experts by choice score among them are taken, weighted by their (plain)
- * scores, normalised to sum 1 when norm_topk_prob, times
- * routed_scaling_factor. Ties go to the lower index. The choice is returned
- * in host memory (*idx_p, *wt_p: [T][top_k]) for the expert gather: on a
- * device, a copy of the routing arrays.
- */
-static int kvf_fwd_route(const kvf_device_t *dev, const kvf_model_config_t *cfg,
-                         const kvf_layer_w_t *w, struct kvf_model_ws *ws, int T,
-                         const int32_t **idx_p, const float **wt_p)
-{
-    const size_t n = (size_t)T * (size_t)cfg->moe_top_k;
-    const kvf_moe_route_params_t p = {
-        .experts = cfg->moe_num_experts, .top_k = cfg->moe_top_k, .n_group = cfg->moe_n_group,
-        .topk_group = cfg->moe_topk_group, .norm_topk_prob = cfg->moe_norm_topk_prob,
-        .routed_scaling = (float)cfg->moe_routed_scaling, .bias = w->router_b,
-        .softmax_topk = cfg->moe_softmax_topk,
-    };
-    /* ids [n] then weights [n], adjacent: one device->host copy brings both */
-    float *wt = (float *)(void *)(ws->route_idx + n);
-    int e = kvf_moe_route(dev, &p, ws->scores, T, ws->scores, ws->route_idx, wt);
-
-    *idx_p = ws->route_idx;
-    *wt_p = wt;
-    if ((e != KVF_KERN_OK) || !kvf_ws_on_device(ws)) {
-        return e;
-    }
-    e = kvf_device_memcpy(dev, ws->h_route_idx, ws->route_idx, 2 * n * sizeof(int32_t),
-                          KVF_COPY_D2H);
-    *idx_p = ws->h_route_idx;
-    *wt_p = (const float *)(const void *)(ws->h_route_idx + n);
-    return e;
-}
-
-static kvf_status_t kvf_fwd_moe(kvf_model_h m, const kvf_rank_ctx_t *ctx, int l, int T,
-                                kvf_status_t status)
-{
-    const kvf_model_config_t *cfg = &m->cfg;
-    const kvf_rank_w_t *rw = &m->ranks[ctx->rank];
-    const kvf_shard_t *s = &rw->shard;
-    const kvf_layer_w_t *w = &rw->layers[l];
-    const kvf_device_t *dev = kvf_fwd_dev(ctx);
-    struct kvf_model_ws *ws = ctx->ws;
-    const int H = cfg->hidden_size, E = cfg->moe_num_experts, k = cfg->moe_top_k;
-    const int32_t *route_idx = NULL;
-    const float *route_w = NULL;
-
-    /* router (fp32, replicated: every rank routes alike) */
-    KVF_KCALL(kvf_gemm(dev, T, E, H, ws->xn, w->router_w, w->router_lin_b, ws->scores));
-    if ((ctx->comm->size > 1) && (status == KVF_OK)) {
-        /* the routing comes to the host next: the all-reduces enqueued before it are waited
-         * for first, with the world's deadline (a copy would wait on a hung one forever) */
-        status = kvf_comm_settle(ctx->comm);
-    }
-    KVF_KCALL(kvf_fwd_route(dev, cfg, w, ws, T, &route_idx, &route_w));
-    /* shared expert slice first: it writes ws->out (none: gpt_oss, zeros) */
-    KVF_KCALL((w->sh_up.data == NULL) ?
-              kvf_device_memset(dev, ws->out, 0, (size_t)T * (size_t)H * sizeof(float)) :
-              kvf_mlp_rows(dev, ws, cfg->mlp_act, cfg->moe_gated, T, ws->xn, H, &w->sh_up,
-                           w->sh_up_b, &w->sh_down, w->sh_down_b, ws->out));
-    status = kvf_fwd_shared_gate(dev, ws, w, T, H, status);   /* qwen3_next */
-    for (int e = 0; (status == KVF_OK) && (e < s->moe_experts); ++e) {
-        const int ge = s->moe_expert_start + e;
-        int n = 0;
-        for (int t = 0; t < T; ++t) {
-            for (int r = 0; r < k; ++r) {
-                if (route_idx[(size_t)t * (size_t)k + (size_t)r] == ge) {
-                    ws->rows[n] = t;
-                    ws->rw[n] = route_w[(size_t)t * (size_t)k + (size_t)r];
-                    ++n;
-                }
-            }
-        }
-        if (n == 0) {
-            continue;
-        }
-        /* gather the expert's tokens, run it, add its weighted outputs to their rows
-         * (a token picks an expert at most once: the rows are distinct) */
-        KVF_KCALL(kvf_gather_rows(dev, ws->xn, KVF_DTYPE_FP32, H, ws->rows, n, ws->xg));
-        KVF_KCALL(cfg->moe_swiglu_clamp ? kvf_fwd_oss_expert(dev, ws, cfg, w, e, n) :
-                  kvf_mlp_rows(dev, ws, cfg->mlp_act, cfg->moe_gated, n, ws->xg, H,
-                               &w->exp_up[e], NULL, &w->exp_down[e], NULL, ws->yg));
-        KVF_KCALL(kvf_scatter_add_rows(dev, ws->out, H, ws->rows, ws->rw, n, ws->yg, H));
-    }
     return kvf_reduce_residual(ctx, ws, (size_t)T, (size_t)H,
                                (float)cfg->residual_multiplier, status);
 }
@@ -790,6 +641,12 @@ static kvf_status_t kvf_fwd_head_logits(kvf_model_h m, const kvf_rank_ctx_t *ctx
     if (cfg->logits_scaling != 1.0) {   /* granitemoehybrid: logits / logits_scaling */
         KVF_KCALL(kvf_scale(dev, ws->logits, (size_t)ns * (size_t)V,
                             (float)(1.0 / cfg->logits_scaling)));
+    }
+    if (cfg->final_softcap > 0.0) {   /* gemma2: c tanh(logits / c) */
+        const size_t n = (size_t)ns * (size_t)V;
+        KVF_KCALL(kvf_scale(dev, ws->logits, n, (float)(1.0 / cfg->final_softcap)));
+        KVF_KCALL(kvf_act(dev, (int)KVF_ACT_TANH, ws->logits, n));
+        KVF_KCALL(kvf_scale(dev, ws->logits, n, (float)cfg->final_softcap));
     }
     return status;
 }

@@ -87,6 +87,8 @@ typedef struct {
 typedef struct {
     kvf_ckpt_h  ck;
     bool        dense;
+    const char *prefix;  /* of the layers, embeddings, final norm: "model", "backbone",
+                          * "model.language_model" (a multimodal wrapper's text) */
     const char *mamba;   /* the Mamba2 mixer's module: "mixer" (nemotron_h), "mamba" */
     char        name[256];
     size_t      bytes;   /* weights loaded so far */
@@ -322,6 +324,23 @@ int kvf_fwd_oss_expert(const kvf_device_t *dev, struct kvf_model_ws *ws,
 /* kvf_model_fwd.c's parts for kvf_model_gdn.c and kvf_model_gpt_oss.c: where the forward
  * launches; y[M][w->rows] (ldy) = x[M][w->cols] (ldx) W^T + bias, whatever @a w's dtype and
  * device (a kernel status); out's all-reduce then times @a rm. */
+/* Whether the (dev) buffers of @a ws are device memory (not host memory). */
+static inline bool kvf_ws_on_device(const struct kvf_model_ws *ws)
+{
+    return ws->dev_set && (ws->dev.kind != KVF_DEVICE_CPU);
+}
+/* Whether @a w goes straight to kvf_gemm_w() (fp32, or bf16 widened in the registers). */
+static inline bool kvf_mat_direct(const kvf_mat_t *w)
+{
+    return (w->dtype == KVF_DTYPE_FP32) || ((w->dtype == KVF_DTYPE_BF16) && !w->tensor_cores);
+}
+/* kvf_model_ffn.c: layer @a l's FFN over the T rows of ws->xn into ws->out, all-reduced and
+ * scaled by residual_multiplier: the dense MLP slice, or the routed experts (router, shared
+ * expert, this rank's experts). A status; nothing runs when @a status is an error. */
+kvf_status_t kvf_fwd_mlp(kvf_model_h m, const kvf_rank_ctx_t *ctx, int l, int T,
+                         kvf_status_t status);
+kvf_status_t kvf_fwd_moe(kvf_model_h m, const kvf_rank_ctx_t *ctx, int l, int T,
+                         kvf_status_t status);
 const kvf_device_t *kvf_fwd_dev(const kvf_rank_ctx_t *ctx);
 int kvf_mat_gemm(const kvf_device_t *dev, struct kvf_model_ws *ws, int M, const float *x, int ldx,
                  const kvf_mat_t *w, const float *bias, float *y, int ldy);

@@ -55,6 +55,11 @@ static kvf_status_t kvf_tok_cfg_fields(const char *file, const cJSON *root, kvf_
         kvf_error("%s: must be a JSON object", file);
         return KVF_ERR_INVALID_PARAM;
     }
+    /* a multimodal wrapper (qwen3_5, qwen3_5_moe): its text model's fields, as the engine
+     * reads them (common/model/kvf_model_config_mm.c) */
+    if (cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(root, "text_config"))) {
+        root = cJSON_GetObjectItemCaseSensitive(root, "text_config");
+    }
     status = kvf_tok_cfg_int(file, root, "vocab_size", true, 1, 0, &c->vocab_size);
     if (status == KVF_OK) {
         status = kvf_tok_cfg_int(file, root, "bos_token_id", false, 0, -1, &c->bos_token_id);

@@ -35,8 +35,18 @@ static kvf_status_t kvf_chat_content(const cJSON *m, int i, cJSON *out, const ch
         size_t n;
         char *grown;
 
-        if (!cJSON_IsObject(part) || !cJSON_IsString(type) ||
-            (strcmp(type->valuestring, "text") != 0) || !cJSON_IsString(text)) {
+        if (cJSON_IsObject(part) && cJSON_IsString(type) &&
+            (strcmp(type->valuestring, "text") != 0)) {
+            /* image_url, video_url, input_audio, file...: a multimodal checkpoint is served
+             * text-only (its vision tower is not loaded), so the part is refused by name */
+            free(joined);
+            return kvf_proxy_invalid(NULL, param_p, "messages", err, cap,
+                                     "'messages'[%d].content part of type '%.64s' is not "
+                                     "supported: text-only serving, only parts {\"type\": "
+                                     "\"text\", \"text\": ...} (no images, video, audio or files)",
+                                     i, type->valuestring);
+        }
+        if (!cJSON_IsObject(part) || !cJSON_IsString(type) || !cJSON_IsString(text)) {
             free(joined);
             return kvf_proxy_invalid(NULL, param_p, "messages", err, cap,
                                      "'messages'[%d].content: only parts "

@@ -386,6 +386,11 @@ static void test_parse_chat(void **state)
             {"{\"messages\": []}", "non-empty list", "messages"},
             {"{\"messages\": [{\"role\": \"bot\", \"content\": \"x\"}]}", "'bot'", "messages"},
             {"{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\"}]}]}",
+             "type 'image_url' is not supported", "messages"},
+            {"{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\":"
+             " \"x\"}, {\"type\": \"video_url\", \"video_url\": {\"url\": \"u\"}}]}]}",
+             "type 'video_url' is not supported", "messages"},
+            {"{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\"}]}]}",
              "only parts", "messages"},
             {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\", \"tool_calls\": []}]}",
              "tool_calls", "messages"},

@@ -625,32 +625,55 @@ static void check_ops(void)
     free(x);
 }
 
+/* The router on the GPU against the CPU: NemotronH's grouped sigmoid router, the softmax of
+ * the top-k logits (granite, qwen3_next) and the top-k entries of the full softmax
+ * (qwen3_next with norm_topk_prob false). */
 static void check_moe(void)
 {
     enum { T = 300, E = 64, K = 6 };
+    static const struct {
+        const char *name;
+        int ng, topk_group, softmax_topk, softmax_full;
+    } variants[] = {
+        {"moe_route", 8, 4, 0, 0},
+        {"moe_route softmax_topk", 1, 1, 1, 0},
+        {"moe_route softmax_full", 1, 1, 1, 1},
+    };
     float *logits = frand(T * E, -4, 4), *bias = frand(E, -0.5f, 0.5f);
     float sc_c[T * E], sc_g[T * E], wt_c[T * K], wt_g[T * K];
     int32_t idx_c[T * K], idx_g[T * K];
     float *dl = up(logits, sizeof(sc_c)), *db = up(bias, E * 4), *ds = up(NULL, sizeof(sc_c));
     float *dwt = up(NULL, sizeof(wt_c));
     int32_t *didx = up(NULL, sizeof(idx_c));
-    kvf_moe_route_params_t p = {E, K, 8, 4, 1, 2.5f, bias, 0};
-    size_t same = 0;
+    char name[96];
 
-    CK("route cpu", kvf_moe_route(NULL, &p, logits, T, sc_c, idx_c, wt_c));
-    p.bias = db;
-    CK("route gpu", kvf_moe_route(&gdev, &p, dl, T, ds, didx, dwt));
-    down(sc_g, ds, sizeof(sc_g));
-    down(wt_g, dwt, sizeof(wt_g));
-    down(idx_g, didx, sizeof(idx_g));
-    for (size_t i = 0; i < T * K; ++i) {
-        same += (idx_c[i] == idx_g[i]) ? 1 : 0;
+    for (size_t v = 0; v < sizeof(variants) / sizeof(variants[0]); ++v) {
+        kvf_moe_route_params_t p = {
+            .experts = E, .top_k = K, .n_group = variants[v].ng,
+            .topk_group = variants[v].topk_group, .norm_topk_prob = 1, .routed_scaling = 2.5f,
+            .bias = bias, .softmax_topk = variants[v].softmax_topk,
+            .softmax_full = variants[v].softmax_full,
+        };
+        size_t same = 0;
+
+        CK("route cpu", kvf_moe_route(NULL, &p, logits, T, sc_c, idx_c, wt_c));
+        p.bias = db;
+        CK("route gpu", kvf_moe_route(&gdev, &p, dl, T, ds, didx, dwt));
+        down(sc_g, ds, sizeof(sc_g));
+        down(wt_g, dwt, sizeof(wt_g));
+        down(idx_g, didx, sizeof(idx_g));
+        for (size_t i = 0; i < T * K; ++i) {
+            same += (idx_c[i] == idx_g[i]) ? 1 : 0;
+        }
+        snprintf(name, sizeof(name), "%s scores", variants[v].name);
+        rowf(name, "fp32", sc_g, sc_c, T * E, 1e-6);
+        snprintf(name, sizeof(name), "%s weights", variants[v].name);
+        rowf(name, "fp32", wt_g, wt_c, T * K, 1e-5);
+        snprintf(name, sizeof(name), "%s experts differing", variants[v].name);
+        printf("| %-28s | %-5s | %-12zu | %-12s | %-7d | %s |\n", name,
+               "int32", (size_t)(T * K) - same, "-", 0, (same == T * K) ? "PASS" : "FAIL");
+        failures += (same == T * K) ? 0 : 1;
     }
-    rowf("moe_route scores", "fp32", sc_g, sc_c, T * E, 1e-6);
-    rowf("moe_route weights", "fp32", wt_g, wt_c, T * K, 1e-5);
-    printf("| %-28s | %-5s | %-12zu | %-12s | %-7d | %s |\n", "moe_route experts differing",
-           "int32", (size_t)(T * K) - same, "-", 0, (same == T * K) ? "PASS" : "FAIL");
-    failures += (same == T * K) ? 0 : 1;
     kvf_device_free(&gdev, dl);
     kvf_device_free(&gdev, db);
     kvf_device_free(&gdev, ds);

@@ -119,6 +119,19 @@ void check_attention(kvf_dtype_t dt)
                  oc, (size_t)(A_T + 1) * A_QH * A_HD, 1e-5);
         }
         kvf_device_free(&gdev, ds);
+        kc.sinks = kg.sinks = NULL;
+    }
+    /* gemma2's score softcap (kvf_paged_kv_t.softcap, 0.75 binds), with the window and
+     * without */
+    kc.softcap = kg.softcap = 0.75f;
+    for (int w = 0; w < 2; ++w) {
+        kc.window = kg.window = w ? 0 : 37;
+        CK("attn cpu", kvf_attn_paged(NULL, &kc, q, A_QH * A_HD, pos, A_T + 1, A_QH, 0.0f, oc));
+        CK("attn gpu", kvf_attn_paged(&gdev, &kg, dq, A_QH * A_HD, pos, A_T + 1, A_QH, 0.0f,
+                                      dout));
+        down(og, dout, (size_t)(A_T + 1) * A_QH * A_HD * 4);
+        rowf(w ? "attn_paged softcap" : "attn_paged softcap window 37", kvf_dtype_name(dt), og,
+             oc, (size_t)(A_T + 1) * A_QH * A_HD, 1e-5);
     }
     kvf_device_free(&gdev, dq);
     kvf_device_free(&gdev, dk);

@@ -46,6 +46,8 @@ static int ref_window;
 /* the attention sinks it applies (NULL: none), as kvf_paged_kv_t.sinks: one more logit per
  * query head in the softmax, with no value (transformers' gpt-oss eager attention) */
 static const float *ref_sinks;
+/* the score softcap it applies (0: none), as kvf_paged_kv_t.softcap: cap * tanh(s / cap) */
+static double ref_softcap;
 
 /* dense causal GQA over the dtype-rounded K/V of tokens [0, pos] (the last ref_window of
  * them under a window: transformers keeps key j when j > pos - window) */
@@ -66,6 +68,9 @@ static void ref_attention(const float *qkv, kvf_dtype_t dtype, int pos, int t_ro
                 dot += (double)q[h * HD + d] * kvf_test_quant(dtype, k[d]);
             }
             s[j] = dot * scale;
+            if (ref_softcap > 0) {
+                s[j] = ref_softcap * tanh(s[j] / ref_softcap);
+            }
             m = (s[j] > m) ? s[j] : m;
         }
         if (ref_sinks != NULL) {
@@ -564,10 +569,69 @@ static void test_sinks(void **state)
     free(qkv);
 }
 
+/* gemma2's score softcap (a cap of 0.5 binds: scores of ~1 become ~0.38), with a window
+ * and without: prefill chunks (the blocked path), decode steps and the per-query fold against
+ * the dense softmax of the capped scores; the cap changes the output (it is applied). */
+static void test_softcap(void **state)
+{
+    static const int32_t table[] = {4, 1, 3, 0, 5};
+    enum { N = 150 };
+    float *qkv = malloc((size_t)N * LDQKV * sizeof(float));
+    float *a = malloc((size_t)N * QH * HD * sizeof(float));
+    float *b = malloc((size_t)N * QH * HD * sizeof(float));
+    float two[2 * QH * HD], q2[2 * LDQKV];
+    const int32_t p2[2] = {140, 30};
+    double ref[QH * HD];
+    int32_t pos[N];
+    (void)state;
+
+    assert_non_null(qkv);
+    assert_non_null(a);
+    assert_non_null(b);
+    for (int i = 0; i < N; ++i) {
+        pos[i] = i;
+    }
+    for (int w = 0; w < 2; ++w) {
+        kvf_test_rng_t rng = {777 + (uint64_t)w};
+        fixture_t f;
+
+        kvf_test_fill(&rng, qkv, (size_t)N * LDQKV, -1.5f, 1.5f);
+        fixture_init(&f, (w == 0) ? KVF_DTYPE_FP32 : KVF_DTYPE_BF16, 48, 16, table, 4, 0x3f);
+        f.kv.window = ref_window = (w == 0) ? 0 : 37;
+        f.kv.softcap = 0.5f;
+        ref_softcap = 0.5;
+        run_chunk(&f, qkv, 0, 70, 2e-5);           /* prefill (the blocked path) */
+        run_chunk(&f, qkv, 70, 140, 2e-5);
+        for (int t = 140; t < N; ++t) {
+            run_chunk(&f, qkv, t, t + 1, 2e-5);    /* decode */
+        }
+        memcpy(q2, qkv + (size_t)p2[0] * LDQKV, LDQKV * sizeof(float));
+        memcpy(q2 + LDQKV, qkv + (size_t)p2[1] * LDQKV, LDQKV * sizeof(float));
+        assert_int_equal(kvf_attn_paged(NULL, &f.kv, q2, LDQKV, p2, 2, QH, 0, two),
+                         KVF_KERN_OK);   /* descending: the per-query fold */
+        for (int i = 0; i < 2; ++i) {
+            ref_attention(qkv, f.kv.dtype, p2[i], p2[i], ref);
+            kvf_test_assert_close(two + (size_t)i * QH * HD, ref, QH * HD, 2e-5, 2e-5,
+                                  "softcap, per-query fold");
+        }
+        assert_int_equal(kvf_attn_paged(NULL, &f.kv, qkv, LDQKV, pos, N, QH, 0, a), KVF_KERN_OK);
+        f.kv.softcap = 0.0f;
+        ref_softcap = 0;
+        assert_int_equal(kvf_attn_paged(NULL, &f.kv, qkv, LDQKV, pos, N, QH, 0, b), KVF_KERN_OK);
+        assert_true(memcmp(a, b, (size_t)N * QH * HD * sizeof(float)) != 0);
+        ref_window = 0;
+        free(f.pool);
+    }
+    free(b);
+    free(a);
+    free(qkv);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_against_dense),
+        cmocka_unit_test(test_softcap),
         cmocka_unit_test(test_stale_nan_hazard),
         cmocka_unit_test(test_negative_scores_masked_slots),
         cmocka_unit_test(test_chunking_matches_steps),

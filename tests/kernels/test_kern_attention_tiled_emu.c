@@ -183,7 +183,7 @@ static void pertoken_ref(const kvf_cuda_kv *g, const float *qv, const int32_t *t
                     dot = fmaf(qv[d], kvf_hd_load(kt, g->dtype, (size_t)j * hd + d), dot);
                 }
             }
-            sc[j] = emu_mul(dot, scale);
+            sc[j] = kvf_attn_softcap(emu_mul(dot, scale), g->softcap);
             if (kvf_attn_unmasked(token0 + j, lo, limit) && (sc[j] > m_new)) {
                 m_new = sc[j];
             }
@@ -228,6 +228,9 @@ typedef struct ecase {
     int sinks;       /* kvf_paged_kv_t.sinks: gpt-oss's sink per query head (some above
                       * every score) */
 } ecase_t;
+
+/* kvf_paged_kv_t.softcap of every case run_case() runs (gemma2's score softcap; 0: none) */
+static float emu_softcap;
 
 /* Each request's blocks: distinct pool blocks, in reverse (tables are not identity); each
  * row's position (drawn when the case scatters them) and request. Returns the largest
@@ -369,6 +372,7 @@ static size_t run_case(const ecase_t *c, uint64_t seed)
     kv.window = c->window;
     float sinks[16];
     kv.sinks = c->sinks ? fill_sinks(&r, sinks) : NULL;
+    kv.softcap = emu_softcap;
     const kvf_cuda_kv g = kvf_cuda_kv_of(&kv, tables);
     const int splits = kvf_attn_split_count(max_pos / c->kbs + 1, c->kbs);
     const int qt = kvf_attn_tile_queries(hd, c->kbs);
@@ -487,6 +491,22 @@ static void test_tiled_emu_sinks(void **state)
     assert_true(run_case(&d, 0x5353) > 0);
 }
 
+/* gemma2's score softcap (0.75 binds on these scores): a prefill chunk under a window, a
+ * full-attention chunk and split-K decodes */
+static void test_tiled_emu_softcap(void **state)
+{
+    static const ecase_t p = {KVF_DTYPE_FP32, 8, 2, 32, 16, 32, 0, {40}, {70}, 0, 0, 37, 0};
+    static const ecase_t f = {KVF_DTYPE_BF16, 6, 2, 32, 16, 32, 0, {21}, {100}, 0, 0, 0, 0};
+    static const ecase_t d = {KVF_DTYPE_FP16, 4, 2, 32, 256, 256, 3, {1, 1, 3}, {5000, 100,
+                              2300}, 0, 0, 0, 0};
+    (void)state;
+    emu_softcap = 0.75f;
+    assert_true(run_case(&p, 0x6161) > 0);
+    assert_true(run_case(&f, 0x6262) > 0);
+    assert_true(run_case(&d, 0x6363) > 0);
+    emu_softcap = 0.0f;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -495,6 +515,7 @@ int main(void)
         cmocka_unit_test(test_tiled_emu_stale_nan),
         cmocka_unit_test(test_tiled_emu_window),
         cmocka_unit_test(test_tiled_emu_sinks),
+        cmocka_unit_test(test_tiled_emu_softcap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -464,7 +464,7 @@ static void test_attn_fold(void **state)
     (void)state;
 
     /* limit 1: slots 0, 1 unmasked; slot 3's NaN V enters as 0 * NaN */
-    kvf_attn_fold_tile(q, k, v, KVF_HD_FP32, KBS, HD, 0, 0, 1, 1.0f, &m, &l, acc, s);
+    kvf_attn_fold_tile(q, k, v, KVF_HD_FP32, KBS, HD, 0, 0, 1, 1.0f, 0.0f, &m, &l, acc, s);
     assert_true(m == 2.0f);                         /* the max ignores the masked 100 */
     assert_true(isnan(acc[0]) && isnan(acc[1]));    /* the hazard kvf_blocks_zero fixes */
 
@@ -473,7 +473,7 @@ static void test_attn_fold(void **state)
     m = -INFINITY;
     l = 0.0f;
     acc[0] = acc[1] = 0.0f;
-    kvf_attn_fold_tile(q, k, v, KVF_HD_FP32, KBS, HD, 0, 0, 1, 1.0f, &m, &l, acc, s);
+    kvf_attn_fold_tile(q, k, v, KVF_HD_FP32, KBS, HD, 0, 0, 1, 1.0f, 0.0f, &m, &l, acc, s);
     kvf_attn_finish(acc, l, HD, o);
     double p0 = 1.0 / (1.0 + exp(1.0)), p1 = 1.0 - p0;
     assert_float_equal(o[0], p0 * 1 + p1 * 3, 1e-6);
@@ -485,7 +485,7 @@ static void test_attn_fold(void **state)
         m = -INFINITY;
         l = 0.0f;
         acc[0] = acc[1] = 0.0f;
-        kvf_attn_fold_tile(q, kk, vv, KVF_HD_FP32, KBS, HD, 0, 0, 1, 1.0f, &m, &l, acc, s);
+        kvf_attn_fold_tile(q, kk, vv, KVF_HD_FP32, KBS, HD, 0, 0, 1, 1.0f, 0.0f, &m, &l, acc, s);
         kvf_attn_finish(acc, l, HD, o);
         assert_float_equal(o[0], 1.0f, 1e-6);
         assert_float_equal(o[1], 1.0f, 1e-6);
@@ -496,10 +496,10 @@ static void test_attn_fold(void **state)
         float k4[4 * HD] = {0.5f, 0, -1, 0, 3, 0, 1, 0}, v4[4 * HD] = {1, 2, 3, 4, 5, 6, 7, 8};
         float a1[HD] = {0, 0}, a2[HD] = {0, 0}, o1[HD], o2[HD];
         float m1 = -INFINITY, l1 = 0, m2 = -INFINITY, l2 = 0;
-        kvf_attn_fold_tile(q, k4, v4, KVF_HD_FP32, 4, HD, 0, 0, 3, 0.7f, &m1, &l1, a1, s);
-        kvf_attn_fold_tile(q, k4, v4, KVF_HD_FP32, 2, HD, 0, 0, 3, 0.7f, &m2, &l2, a2, s);
-        kvf_attn_fold_tile(q, k4 + 2 * HD, v4 + 2 * HD, KVF_HD_FP32, 2, HD, 2, 0, 3, 0.7f, &m2, &l2,
-                           a2, s);
+        kvf_attn_fold_tile(q, k4, v4, KVF_HD_FP32, 4, HD, 0, 0, 3, 0.7f, 0.0f, &m1, &l1, a1, s);
+        kvf_attn_fold_tile(q, k4, v4, KVF_HD_FP32, 2, HD, 0, 0, 3, 0.7f, 0.0f, &m2, &l2, a2, s);
+        kvf_attn_fold_tile(q, k4 + 2 * HD, v4 + 2 * HD, KVF_HD_FP32, 2, HD, 2, 0, 3, 0.7f, 0.0f,
+                           &m2, &l2, a2, s);
         kvf_attn_finish(a1, l1, HD, o1);
         kvf_attn_finish(a2, l2, HD, o2);
         kvf_test_assert_close_f(o2, o1, HD, 1e-6, 1e-6, "online vs one-shot softmax");
@@ -515,8 +515,8 @@ static void test_attn_fold(void **state)
             kf[i] = kvf_hd_bf16_to_fp32(kb[i]);
             vf[i] = kvf_hd_bf16_to_fp32(vb[i]);
         }
-        kvf_attn_fold_tile(q, kb, vb, KVF_HD_BF16, KBS, HD, 0, 0, 2, 1.0f, &m1, &l1, a1, s);
-        kvf_attn_fold_tile(q, kf, vf, KVF_HD_FP32, KBS, HD, 0, 0, 2, 1.0f, &m2, &l2, a2, s);
+        kvf_attn_fold_tile(q, kb, vb, KVF_HD_BF16, KBS, HD, 0, 0, 2, 1.0f, 0.0f, &m1, &l1, a1, s);
+        kvf_attn_fold_tile(q, kf, vf, KVF_HD_FP32, KBS, HD, 0, 0, 2, 1.0f, 0.0f, &m2, &l2, a2, s);
         assert_true((bits(a1[0]) == bits(a2[0])) && (bits(a1[1]) == bits(a2[1])) && (l1 == l2));
     }
 }
@@ -560,8 +560,8 @@ static void test_attn_split_merge(void **state)
         m1 = -INFINITY;
         l1 = 0.0f;
         for (int t = 0; t < TILES; ++t) {
-            kvf_attn_fold_tile(q, k[t], v[t], KVF_HD_FP32, KBS, HD, t * KBS, 0, limit, 0.25f, &m1,
-                               &l1, acc1, s);
+            kvf_attn_fold_tile(q, k[t], v[t], KVF_HD_FP32, KBS, HD, t * KBS, 0, limit, 0.25f,
+                               0.0f, &m1, &l1, acc1, s);
         }
         kvf_attn_finish(acc1, l1, HD, one);
         for (int r = 0; r < N; ++r) {
@@ -570,7 +570,7 @@ static void test_attn_split_merge(void **state)
             memset(pacc[r], 0, sizeof(pacc[r]));
             for (int t = bounds[r]; t < bounds[r + 1]; ++t) {
                 kvf_attn_fold_tile(q, k[t], v[t], KVF_HD_FP32, KBS, HD, t * KBS, 0, limit, 0.25f,
-                                   &pm[r], &pl[r], pacc[r], s);
+                                   0.0f, &pm[r], &pl[r], pacc[r], s);
             }
         }
         for (int d = 0; d < HD; ++d) {
@@ -648,8 +648,8 @@ static void test_attn_split_invariant(void **state)
         pl[y] = 0.0f;
         memset(pacc[y], 0, sizeof(pacc[y]));
         for (int t = kb0; t < kb1; ++t) {
-            kvf_attn_fold_tile(q, k[t], v[t], KVF_HD_FP32, KBS, HD, t * KBS, 0, limit, 0.25f, &pm[y],
-                               &pl[y], pacc[y], s);
+            kvf_attn_fold_tile(q, k[t], v[t], KVF_HD_FP32, KBS, HD, t * KBS, 0, limit, 0.25f,
+                               0.0f, &pm[y], &pl[y], pacc[y], s);
         }
     }
     for (int g = own; g <= GMAX; ++g) {        /* launches of own .. own + 4 ranges */
@@ -808,7 +808,7 @@ static void test_moe_route(void **state)
     float bias[E] = {0};
     float scores[T * E], wt[T * K];
     int32_t idx[T * K];
-    kvf_moe_route_params_t p = {E, K, 2, 1, 1, 2.5f, bias, 0};
+    kvf_moe_route_params_t p = {E, K, 2, 1, 1, 2.5f, bias, 0, 0};
     (void)state;
 
     assert_int_equal(kvf_moe_route(NULL, &p, logits, T, scores, idx, wt), KVF_KERN_OK);
@@ -861,7 +861,7 @@ static void test_moe_route_softmax(void **state)
     const float logits[E] = {0.3f, 2.0f, -1.0f, 1.25f};
     float bias[E] = {0}, scores[E], wt[K];
     int32_t idx[K];
-    kvf_moe_route_params_t p = {E, K, 1, 1, 1, 1.0f, bias, 1};
+    kvf_moe_route_params_t p = {E, K, 1, 1, 1, 1.0f, bias, 1, 0};
     const double e0 = 1.0, e1 = exp(1.25 - 2.0);
     (void)state;
 
@@ -876,6 +876,19 @@ static void test_moe_route_softmax(void **state)
     p.routed_scaling = 2.0f;
     assert_int_equal(kvf_moe_route(NULL, &p, logits, 1, scores, idx, wt), KVF_KERN_OK);
     assert_float_equal(wt[0] + wt[1], 2.0, 1e-6);
+    /* softmax_full (qwen3_next, norm_topk_prob false): the same experts, weighted by their
+     * entries of the softmax over all four logits, not renormalised */
+    {
+        const double all = e0 + e1 + exp(0.3 - 2.0) + exp(-1.0 - 2.0);
+        p.routed_scaling = 1.0f;
+        p.softmax_full = 1;
+        assert_int_equal(kvf_moe_route(NULL, &p, logits, 1, scores, idx, wt), KVF_KERN_OK);
+        assert_int_equal(idx[0], 1);
+        assert_int_equal(idx[1], 3);
+        assert_float_equal(wt[0], e0 / all, 1e-6);
+        assert_float_equal(wt[1], e1 / all, 1e-6);
+        assert_true(wt[0] + wt[1] < 0.95f);
+    }
 }
 
 int main(void)

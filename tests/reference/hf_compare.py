@@ -21,9 +21,12 @@ block size is read from `kvf plan`. The cases after "moe-hybrid" are the
 departures of issue 25: their config.json is edited after saving (PATCHES)
 and transformers' reference is from_pretrained of the edited folder. The
 cases after "mistral-default-window" are issue 44's families (sliding windows
-of mistral, qwen3, gemma3_text; gpt_oss with attention sinks, YaRN and its
+of mistral, qwen3, gemma3_text; gemma2 and gemma3_text with softcapping; gpt_oss with attention sinks, YaRN and its
 experts, run by transformers' eager experts loop; bamba, granitemoehybrid;
-qwen3_next and qwen3_5_text against transformers in float64, FLOAT64_CASES). Each decode
+qwen3_next (norm_topk_prob true and false) and qwen3_5_text against transformers in float64,
+FLOAT64_CASES; Qwen3.5's MoE text model and the multimodal qwen3_5 / qwen3_5_moe wrappers
+Qwen publishes, built by AutoModelForImageTextToText with a tiny vision tower, whose text
+kvferry serves). Each decode
 step gets its position as generate() passes it (BambaModel's forward alone
 numbers a one-token step 0).
 
@@ -147,6 +150,25 @@ def cases():
             rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                              "full_attention": {"rope_type": "linear", "factor": 2.0,
                                                 "rope_theta": 1000000.0}}), None),
+        # gemma2: alternating sliding (window 40) / full layers, one RoPE, no q/k norms, both
+        # softcaps small enough to bind (scores of the random weights reach ~2, logits ~6)
+        "gemma2": ("gemma2", dict(
+            COMMON, intermediate_size=128, num_hidden_layers=3, num_attention_heads=8,
+            num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, query_pre_attn_scalar=24,
+            sliding_window=40, max_position_embeddings=32768, attn_logit_softcapping=1.5,
+            final_logit_softcapping=4.0, hidden_activation="gelu_pytorch_tanh",
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0}), None),
+        # gemma3_text with both softcaps set (Gemma3TextConfig's are null by default):
+        # transformers 5.25 caps its logits and never applies attn_logit_softcapping
+        "gemma3-softcap": ("gemma3_text", dict(
+            COMMON, intermediate_size=128, num_hidden_layers=3, num_attention_heads=8,
+            num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, query_pre_attn_scalar=24,
+            sliding_window=40, max_position_embeddings=32768,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            attn_logit_softcapping=1.5, final_logit_softcapping=4.0,
+            rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                             "full_attention": {"rope_type": "default",
+                                                "rope_theta": 1000000.0}}), None),
         # gpt_oss: sliding (window 40) and full layers with attention sinks and q/k/v/o
         # biases, YaRN RoPE (factor 4 over 128 original positions: the ramp spans pairs 0-2),
         # 4 experts (top 2, biased router) with interleaved gate_up and a clamped SwiGLU
@@ -211,6 +233,18 @@ def cases():
                          "full_attention"],
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                              "partial_rotary_factor": 0.25}), None),
+        # qwen3_next with norm_topk_prob false: the chosen experts weighted by their entries
+        # of the softmax over all 4 experts, not renormalised (top 2, every layer sparse)
+        "qwen3-next-nonorm": ("qwen3_next", dict(
+            COMMON, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=16, intermediate_size=96, rms_norm_eps=1e-6,
+            linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+            linear_value_head_dim=8, linear_conv_kernel_dim=4, num_experts=4,
+            num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+            norm_topk_prob=False, initializer_range=0.2,
+            layer_types=["linear_attention", "full_attention"],
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                             "partial_rotary_factor": 0.25}), None),
         # Qwen3.5's text model (Qwen3_5ForCausalLM): the same layers with separate in_proj_qkv /
         # z / b / a, a gated MLP on every layer, multimodal RoPE (plain for text positions)
         "qwen3.5": ("qwen3_5_text", dict(
@@ -223,7 +257,37 @@ def cases():
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                              "partial_rotary_factor": 0.25, "mrope_section": [1, 1, 0],
                              "mrope_interleaved": True}), None),
+        # Qwen3.5 as Qwen publishes it: the multimodal Qwen3_5ForConditionalGeneration (a
+        # text_config and a vision_config, weights under model.language_model. and
+        # model.visual.); kvferry serves its text, the vision tower not loaded
+        "qwen3.5-mm": ("qwen3_5", dict(
+            text_config=dict(Q35_TEXT, intermediate_size=96, tie_word_embeddings=False), vision_config=Q35_VISION,
+            tie_word_embeddings=True), None),
+        # Qwen3.5's MoE text model (Qwen3_5MoeForCausalLM): routed experts on every layer
+        # (top 2 of 4, renormalised) plus the sigmoid-gated shared expert
+        "qwen3.5-moe": ("qwen3_5_moe_text", dict(Q35_TEXT, **Q35_MOE), None),
+        # ... and its multimodal wrapper (Qwen3_5MoeForConditionalGeneration), sharded
+        "qwen3.5-moe-mm": ("qwen3_5_moe", dict(
+            text_config=dict(Q35_TEXT, **Q35_MOE), vision_config=Q35_VISION), "200KB"),
     }
+
+
+# Qwen3.5's text fields (the "qwen3.5" case's), its MoE fields, a tiny vision tower
+Q35_TEXT = dict(
+    COMMON, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+    head_dim=16, rms_norm_eps=1e-6, linear_num_key_heads=2, linear_num_value_heads=4,
+    linear_key_head_dim=16, linear_value_head_dim=8, linear_conv_kernel_dim=4,
+    initializer_range=0.2,
+    layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                     "partial_rotary_factor": 0.25, "mrope_section": [1, 1, 0],
+                     "mrope_interleaved": True})
+Q35_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+               shared_expert_intermediate_size=48)
+Q35_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
+                  out_hidden_size=64)
+# the multimodal wrappers: built by AutoModelForImageTextToText
+MULTIMODAL = {"qwen3_5", "qwen3_5_moe"}
 
 
 # After save_pretrained, the config.json edits of the departure cases (the
@@ -244,7 +308,8 @@ PATCHES = {
 # weights): Gated DeltaNet's gated RMSNorm rescales outputs that cancel to ~1e-4, where fp32
 # rounding (transformers' chunked scan, its recurrent one, kvferry's) reaches 1e-4 in the
 # logits; the float64 reference then measures kvferry's error alone
-FLOAT64_CASES = {"qwen3-next", "qwen3.5"}
+FLOAT64_CASES = {"qwen3-next", "qwen3-next-nonorm", "qwen3.5", "qwen3.5-mm", "qwen3.5-moe",
+                 "qwen3.5-moe-mm"}
 # For them the bound is also transformers' own fp32 error: kvferry passes when its max |logit
 # diff| from the float64 logits is within --tol or within OWN_FACTOR times the fp32
 # transformers forward's own max diff from them on that prompt. The random 4-layer qwen3-next
@@ -254,6 +319,13 @@ FLOAT64_CASES = {"qwen3-next", "qwen3.5"}
 # 4e-5 both); a wrong formula is off by far more. The stored 2-layer reference
 # (tests/data/families/qwen3-next, the default suite) stays within 1e-4.
 OWN_FACTOR = 3.0
+# Per-case bounds (stated): the 4-layer qwen3_5_moe_text checkpoint's 55-token prompt, where
+# kvferry's fp32 is 1.6e-3 off the float64 logits and transformers' own (chunked Gated DeltaNet
+# scan) 1.8e-4; transformers in fp32 with its recurrent scan (torch_recurrent_gated_delta_rule,
+# the order kvferry's scan runs) is 1.59e-3 off, and kvferry 2.8e-5 from that: the same math,
+# the recurrent order's fp32 rounding on an ill-conditioned checkpoint (greedy equal at TP 1,
+# 2, 4; chunk-invariant bits). A wrong formula is off by > 1e-1.
+CASE_TOL = {"qwen3.5-moe": 2e-3}
 
 # Extra prompts of exactly k * chunk + 1 tokens with the default 512-token chunk.
 LONG_CASES = {"hybrid-dt-clamp"}
@@ -290,7 +362,9 @@ def build_model(model_type, kwargs, out_dir, max_shard, seed):
     torch.manual_seed(seed)
     # gpt_oss: the experts' eager loop (the default grouped_mm sums in another order)
     extra = dict(experts_implementation="eager") if model_type == "gpt_oss" else {}
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32, **extra)
+    auto = (transformers.AutoModelForImageTextToText if model_type in MULTIMODAL else
+            transformers.AutoModelForCausalLM)
+    model = auto.from_config(config, dtype=torch.float32, **extra)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith(".bias") or (model_type == "gpt_oss" and name.endswith("_bias")):
@@ -315,6 +389,7 @@ def add_byte_tokenizer(kvf, model_dir):
     byte-level tokenizer.json that `kvf mkmodel` writes for the same config."""
     with open(os.path.join(model_dir, "config.json")) as f:
         cfg = json.load(f)
+    cfg = cfg.get("text_config", cfg)   # a multimodal wrapper: its text model's ids
     # a llama of the same vocabulary and special ids: kvf mkmodel writes every family's
     # tokenizer alike but not every family's weights
     tiny = dict(model_type="llama", hidden_size=8, num_attention_heads=2, num_hidden_layers=1,
@@ -429,15 +504,15 @@ def main():
         for what, (n, chunk) in lengths.items():
             body = bytes((7 * i + 33) % 95 + 32 for i in range(n - 1))   # BOS + n-1 bytes
             ids = [BOS] + list(body)
-            ref, tol, own = None, args.tol, 0.0
+            ref, tol, own = None, max(args.tol, CASE_TOL.get(name, 0.0)), 0.0
             for tp in tps:
                 k_tokens, k_logits = run_kvf(args.kvf, d, body, args.max_tokens, tp, root, chunk)
                 if ref is None:
                     ref = hf_logits(model, ids, k_tokens)
-                if (model32 is not None) and (tol == args.tol):
+                if (model32 is not None) and (own == 0.0):
                     own = max(float((x - y.double()).abs().max())
                               for x, y in zip(ref, hf_logits(model32, ids, k_tokens)))
-                    tol = max(args.tol, OWN_FACTOR * own)
+                    tol = max(tol, OWN_FACTOR * own)
                 h_tokens = [int(torch.argmax(x)) for x in ref]
                 maxdiff = max(float((x - torch.tensor(y, dtype=torch.float64)).abs().max())
                               for x, y in zip(ref, k_logits))

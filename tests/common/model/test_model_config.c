@@ -439,7 +439,7 @@ static kvf_status_t parse_gemma(const char *extra, kvf_model_config_t *cfg)
 static void test_gemma3(void **state)
 {
     static const char *const refused[] = {
-        ",\"final_logit_softcapping\":30.0", ",\"attn_logit_softcapping\":50.0",
+        ",\"final_logit_softcapping\":0", ",\"attn_logit_softcapping\":-5.0",
         ",\"use_bidirectional_attention\":true", ",\"hidden_act\":\"gelu\"",
         ",\"layer_types\":[\"chunked_attention\",\"full_attention\",\"full_attention\","
         "\"full_attention\",\"full_attention\",\"full_attention\",\"full_attention\"]",
@@ -465,6 +465,11 @@ static void test_gemma3(void **state)
     assert_true(c.lm_head_tied && c.qk_norm && c.post_norms && c.mlp_gated);
     assert_true(c.norm_offset == 1.0);
     assert_int_equal(c.mlp_act, KVF_ACT_GELU_TANH);
+    assert_true((c.attn_softcap == 0.0) && (c.final_softcap == 0.0));   /* class: null */
+    assert_int_equal(parse_gemma(",\"final_logit_softcapping\":30.0,"
+                                 "\"attn_logit_softcapping\":50.0", &c), KVF_OK);
+    /* transformers' Gemma3Attention never applies its attn_logit_softcapping */
+    assert_true((c.attn_softcap == 0.0) && (c.final_softcap == 30.0));
     assert_int_equal(parse_gemma(",\"dtype\":\"float32\"", &c), KVF_OK);
     assert_true(c.embedding_multiplier == (double)sqrtf(48.0f));
     /* older files: rope_local_base_freq, rope_theta + rope_scaling (the full layers'), the
@@ -486,7 +491,7 @@ static void test_gemma3(void **state)
                                  "\"rope_theta\":1e4}}", &c), KVF_OK);
     assert_true((c.rope.factor == 8.0) && (c.rope_local.theta == 1e4));
     for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); ++i) {
-        assert_int_equal(parse_gemma(refused[i], &c), KVF_ERR_UNSUPPORTED);
+        assert_int_not_equal(parse_gemma(refused[i], &c), KVF_OK);
     }
     /* the multimodal file is another model_type */
     assert_int_equal(parse_dense("gemma3", "", &c), KVF_ERR_UNSUPPORTED);
@@ -628,7 +633,6 @@ static void test_qwen3_next(void **state)
     static const struct {
         const char *extra, *field, *value;
     } refused[] = {
-        {",\"num_experts\":4,\"norm_topk_prob\":false", "norm_topk_prob", "false"},
         {",\"num_experts\":4,\"num_experts_per_tok\":5", "num_experts_per_tok", "5"},
         {",\"num_experts\":4,\"decoder_sparse_step\":0", "decoder_sparse_step", "0"},
         {",\"num_experts\":0,\"layer_types\":[\"linear_attention\",\"sliding_attention\","
@@ -671,6 +675,14 @@ static void test_qwen3_next(void **state)
     assert_true(c.layer_sparse[0] && c.layer_sparse[7] && kvf_model_layer_has_moe(&c, 3));
     assert_true(c.moe_num_experts == 512 && c.moe_top_k == 10 && c.moe_softmax_topk);
     assert_true(c.moe_intermediate_size == 512 && c.moe_shared_intermediate_size == 512);
+    assert_true(c.moe_norm_topk_prob && !c.moe_softmax_full);
+    {   /* norm_topk_prob false: the full softmax's entries, and another fingerprint */
+        const uint64_t fp = kvf_model_config_fingerprint(&c);
+        snprintf(json, sizeof(json), KVF_QN_JSON, ",\"norm_topk_prob\":false");
+        assert_int_equal(kvf_model_config_parse(json, "t", &c), KVF_OK);
+        assert_true(!c.moe_norm_topk_prob && c.moe_softmax_full && c.moe_softmax_topk);
+        assert_true(kvf_model_config_fingerprint(&c) != fp);
+    }
     /* decoder_sparse_step 2 and mlp_only_layers [3]: layers 1, 5, 7 sparse */
     snprintf(json, sizeof(json), KVF_QN_JSON, ",\"num_experts\":4,\"decoder_sparse_step\":2,"
              "\"mlp_only_layers\":[3],\"moe_intermediate_size\":8,"
@@ -744,6 +756,100 @@ static void test_qwen3_5_text(void **state)
     }
 }
 
+/* The multimodal wrappers (qwen3_5, qwen3_5_moe): text_config parsed as the text model it
+ * nests, the wrapper's tie_word_embeddings over the text's, the wrapper's own fields checked,
+ * and qwen3_5_moe_text's experts on every layer. */
+static void test_qwen3_5_multimodal(void **state)
+{
+    static const struct {
+        const char *json, *field;
+    } refused[] = {
+        {"{\"model_type\":\"qwen3_5\",\"vision_config\":{}}", "text_config"},
+        {"{\"model_type\":\"qwen3_5\",\"text_config\":{\"model_type\":\"qwen3_5_moe_text\"}}",
+         "text_config.model_type"},
+        {"{\"model_type\":\"qwen3_5\",\"audio_config\":{},\"text_config\":{}}",
+         "audio_config"},
+        {"{\"model_type\":\"qwen3_5\",\"text_config\":{\"hidden_size\":64,\"vocab_size\":260,"
+         "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"num_hidden_layers\":4,"
+         "\"num_experts\":4}}", "num_experts"},
+        {"{\"model_type\":\"qwen3_5_moe_text\",\"hidden_size\":64,\"vocab_size\":260,"
+         "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"num_hidden_layers\":4,"
+         "\"norm_topk_prob\":false}", "norm_topk_prob"},
+    };
+    const char *text = "{\"hidden_size\":64,\"vocab_size\":260,\"num_attention_heads\":4,"
+                       "\"num_key_value_heads\":2,\"num_hidden_layers\":4,\"eos_token_id\":7,"
+                       "\"tie_word_embeddings\":false%s}";
+    kvf_model_config_t c;
+    char tc[1024], json[2048], line[1024];
+    (void)state;
+
+    snprintf(tc, sizeof(tc), text, ",\"intermediate_size\":96");
+    snprintf(json, sizeof(json), "{\"model_type\":\"qwen3_5\",\"architectures\":"
+             "[\"Qwen3_5ForConditionalGeneration\"],\"tie_word_embeddings\":true,"
+             "\"image_token_id\":5,\"vision_config\":{\"depth\":1},\"text_config\":%s}", tc);
+    assert_int_equal(kvf_model_config_parse(json, "t", &c), KVF_OK);
+    assert_true(c.mm_text && (c.arch == KVF_ARCH_QWEN3_5_TEXT));
+    assert_string_equal(c.model_type, "qwen3_5");
+    assert_string_equal(c.layer_kinds, "MMM*");
+    assert_true(c.intermediate_size == 96 && c.eos_token_id == 7 && c.num_moe_layers == 0);
+    assert_true(c.lm_head_tied);   /* the wrapper's flag, not the text_config's */
+    /* the MoE wrapper: every layer sparse, the class's defaults, renormalised */
+    snprintf(tc, sizeof(tc), text, ",\"num_experts\":8,\"moe_intermediate_size\":16,"
+             "\"shared_expert_intermediate_size\":24");
+    snprintf(json, sizeof(json), "{\"model_type\":\"qwen3_5_moe\",\"text_config\":%s}", tc);
+    assert_int_equal(kvf_model_config_parse(json, "t", &c), KVF_OK);
+    assert_true(c.mm_text && !c.lm_head_tied && (c.num_moe_layers == 4));
+    assert_true((c.moe_num_experts == 8) && (c.moe_top_k == 8) && c.moe_softmax_topk &&
+                !c.moe_softmax_full && (c.moe_intermediate_size == 16));
+    for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); ++i) {
+        if ((parse_captured(refused[i].json, line, sizeof(line)) == KVF_OK) ||
+            (strstr(line, refused[i].field) == NULL)) {
+            fail_msg("case %zu: log '%s'", i, line);
+        }
+    }
+}
+
+/* gemma2: gemma3_text's decoder without q/k norms, one RoPE, alternating layers (sliding
+ * first), both softcaps on by default; gemma3_text's own fields refused. */
+static void test_gemma2(void **state)
+{
+    const char *base = "{\"model_type\":\"gemma2\",\"hidden_size\":48,\"vocab_size\":10,"
+                       "\"num_attention_heads\":4,\"num_key_value_heads\":1,"
+                       "\"num_hidden_layers\":5,\"intermediate_size\":8%s}";
+    static const char *const refused[][2] = {
+        {",\"rope_local_base_freq\":10000.0", "rope_local_base_freq"},
+        {",\"sliding_window_pattern\":2", "sliding_window_pattern"},
+        {",\"attn_logit_softcapping\":0", "attn_logit_softcapping"},
+    };
+    kvf_model_config_t c;
+    char json[1024], line[1024];
+    (void)state;
+
+    snprintf(json, sizeof(json), base, "");
+    assert_int_equal(kvf_model_config_parse(json, "t", &c), KVF_OK);
+    assert_int_equal(c.arch, KVF_ARCH_GEMMA2);
+    for (int l = 0; l < 5; ++l) {
+        assert_int_equal(c.layer_window[l], (l % 2 == 0) ? 4096 : 0);
+        assert_false(c.layer_local_rope[l]);
+    }
+    assert_true((c.attn_softcap == 50.0) && (c.final_softcap == 30.0));
+    assert_true(!c.qk_norm && c.post_norms && c.lm_head_tied && (c.norm_offset == 1.0));
+    assert_true((c.rope.theta == 10000.0) && (c.attention_multiplier == 1.0 / 16.0));
+    assert_int_equal(c.head_dim, 256);
+    snprintf(json, sizeof(json), base, ",\"attn_logit_softcapping\":null,"
+             "\"final_logit_softcapping\":null,\"sliding_window\":64");
+    assert_int_equal(kvf_model_config_parse(json, "t", &c), KVF_OK);
+    assert_true((c.attn_softcap == 0.0) && (c.final_softcap == 0.0));
+    assert_int_equal(c.layer_window[0], 64);
+    for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); ++i) {
+        snprintf(json, sizeof(json), base, refused[i][0]);
+        if ((parse_captured(json, line, sizeof(line)) == KVF_OK) ||
+            (strstr(line, refused[i][1]) == NULL)) {
+            fail_msg("case %zu (%s): log '%s'", i, refused[i][0], line);
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -755,8 +861,10 @@ int main(void)
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_ibm_families),
         cmocka_unit_test(test_gemma3),
+        cmocka_unit_test(test_gemma2),
         cmocka_unit_test(test_qwen3_next),
         cmocka_unit_test(test_qwen3_5_text),
+        cmocka_unit_test(test_qwen3_5_multimodal),
         cmocka_unit_test(test_python_json),
     };
     kvf_log_init("test");
