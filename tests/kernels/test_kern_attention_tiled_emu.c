@@ -161,7 +161,7 @@ static void pertoken_ref(const kvf_cuda_kv *g, const float *qv, const int32_t *t
                          int limit, int qh, int kh, int y, int splits, float scale, float *m_p,
                          float *l_p, float *acc, float *o)
 {
-    const int hd = g->head_dim, kbs = g->kbs, nkv = g->kv_heads;
+    const int hd = g->head_dim, kbs = g->kbs;
     float m = -INFINITY, l = 0.0f, *sc = malloc((size_t)kbs * sizeof(float));
     const int lo = kvf_attn_window_lo(limit, g->window);
     int kb0, kb1;
@@ -172,9 +172,8 @@ static void pertoken_ref(const kvf_cuda_kv *g, const float *qv, const int32_t *t
     }
     for (int kb = kb0; kb < kb1; ++kb) {
         const int token0 = kb * kbs;
-        const char *kblock = kvf_cuda_kblock(g, table, token0);
-        const char *kt = kblock + (size_t)kh * kbs * hd * g->elt;
-        const char *vt = kblock + (size_t)(nkv + kh) * kbs * hd * g->elt;
+        const char *kt = kvf_cuda_run(g, table, token0, 0, kh);
+        const char *vt = kvf_cuda_run(g, table, token0, 1, kh);
         float m_new = m;
         for (int j = 0; j < kbs; ++j) {
             float dot = 0.0f;

@@ -162,6 +162,26 @@ static uint64_t kvf_xfer_page_off(int32_t block, int slots, int slot, size_t pag
     return ((uint64_t)block * (uint64_t)slots + (uint64_t)slot) * (uint64_t)page_size;
 }
 
+/* Zero layer slot @a j's share of local attention block @a id: its page at layer-major, each
+ * head's run of slot j at head-major (kvf_kv_layout.h). */
+static kvf_status_t kvf_xfer_attn_zero_slot(kvf_xfer_planner_t *pl, int32_t id, int j)
+{
+    const kvf_rank_geometry_t *lg = pl->lg;
+    uint64_t slot = kvf_attn_slot_off(lg, id, j);
+
+    if (lg->kv_layout != KVF_KV_HEAD_MAJOR) {
+        return kvf_xfer_push_zero(pl, slot, lg->page_size);
+    }
+    for (int h = 0; h < lg->shard.kv_heads; ++h) {
+        kvf_status_t status = kvf_xfer_push_zero(pl, slot + (uint64_t)h * lg->attn.head,
+                                                 lg->attn.slot);
+        if (status != KVF_OK) {
+            return status;
+        }
+    }
+    return KVF_OK;
+}
+
 /* Zero the token tails the transfer leaves in the request's last, partial attention block. */
 static kvf_status_t kvf_xfer_attn_zero_tail(kvf_xfer_planner_t *pl, const kvf_kv_group_t *grp,
                                             int32_t id, int tail)
@@ -172,24 +192,17 @@ static kvf_status_t kvf_xfer_attn_zero_tail(kvf_xfer_planner_t *pl, const kvf_kv
     kvf_status_t status;
 
     for (int j = 0; j < grp->num_layers; ++j) {
-        uint64_t page = kvf_xfer_page_off(id, pl->slots, j, lg->page_size);
+        uint64_t page = kvf_attn_slot_off(lg, id, j);
         for (int kb = 0; kb < lg->ppl; ++kb) {
             int k0 = kb * kl;
             if (k0 + kl <= tail) {
                 continue;                       /* fully transferred */
             }
-            if (k0 >= tail) {                   /* nothing transferred: whole kernel block */
-                status = kvf_xfer_push_zero(pl, page + (uint64_t)kb * lg->kernel_block_bytes,
-                                            lg->kernel_block_bytes);
-                if (status != KVF_OK) {
-                    return status;
-                }
-                continue;
-            }
-            for (int kv = 0; kv < 2; ++kv) {    /* partial: each head's token tail */
-                for (int h = 0; h < lg->shard.kv_heads; ++h) {
-                    uint64_t off = page + kvf_attn_offset(lg, pl->cfg, tail, kv, h, 0);
-                    status = kvf_xfer_push_zero(pl, off, (size_t)(k0 + kl - tail) * row);
+            for (int kv = 0; kv < 2; ++kv) {    /* each head's token tail (a whole kernel */
+                for (int h = 0; h < lg->shard.kv_heads; ++h) {   /* block: merged runs) */
+                    int t0 = (k0 >= tail) ? k0 : tail;
+                    uint64_t off = page + kvf_attn_offset(lg, pl->cfg, t0, kv, h, 0);
+                    status = kvf_xfer_push_zero(pl, off, (size_t)(k0 + kl - t0) * row);
                     if (status != KVF_OK) {
                         return status;
                     }
@@ -205,9 +218,7 @@ static kvf_status_t kvf_xfer_attn_zero_block(kvf_xfer_planner_t *pl, const kvf_k
                                              int32_t id)
 {
     for (int j = 0; j < grp->num_layers; ++j) {
-        kvf_status_t status = kvf_xfer_push_zero(pl, kvf_xfer_page_off(id, pl->slots, j,
-                                                                       pl->lg->page_size),
-                                                 pl->lg->page_size);
+        kvf_status_t status = kvf_xfer_attn_zero_slot(pl, id, j);
         if (status != KVF_OK) {
             return status;
         }
@@ -238,9 +249,11 @@ static kvf_status_t kvf_xfer_pieces_emit(kvf_xfer_planner_t *pl, const kvf_xfer_
                                          size_t n, uint64_t lpage, int32_t rid, int j,
                                          bool with_pad, uint64_t *bytes_p)
 {
+    bool attn = (bytes_p == &pl->attn_bytes);   /* attention: the slot by the strides */
     for (size_t i = 0; i < n; ++i) {
-        uint64_t rpage = kvf_xfer_page_off(rid, pl->slots, j,
-                                           pl->p->remote_geoms[v[i].rank].page_size);
+        const kvf_rank_geometry_t *rg = &pl->p->remote_geoms[v[i].rank];
+        uint64_t rpage = attn ? kvf_attn_slot_off(rg, rid, j) :
+                                kvf_xfer_page_off(rid, pl->slots, j, rg->page_size);
         uint64_t pad = with_pad ? v[i].pad : 0;
         kvf_status_t status = kvf_xfer_push_desc(pl, v[i].rank, lpage + v[i].loff,
                                                  rpage + v[i].roff, v[i].len - v[i].pad + pad);
@@ -348,8 +361,7 @@ static kvf_status_t kvf_xfer_attn_walk(kvf_xfer_planner_t *pl, const kvf_xfer_gr
                     int64_t rb = t / br;
                     e = (t / kr + 1) * kr;
                     e = (e < t1) ? e : t1;
-                    uint64_t roff = kvf_xfer_page_off(gb->remote_ids[rb], pl->slots, j,
-                                                      rg->page_size) +
+                    uint64_t roff = kvf_attn_slot_off(rg, gb->remote_ids[rb], j) +
                                     kvf_attn_offset(rg, cfg, (int)(t - rb * br), kv,
                                                     pl->attn_src_head[h], 0);
                     uint64_t loff = lpage + kvf_attn_offset(lg, cfg,
@@ -389,9 +401,9 @@ static kvf_status_t kvf_xfer_attn_block(kvf_xfer_planner_t *pl, const kvf_kv_gro
         return kvf_xfer_attn_zero_block(pl, grp, lid);
     }
     for (int j = 0; j < grp->num_layers; ++j) {
-        uint64_t lpage = kvf_xfer_page_off(lid, pl->slots, j, lg->page_size);
+        uint64_t lpage = kvf_attn_slot_off(lg, lid, j);
         if (before_window && kvf_xfer_slot_slides(pl->cfg, grp, j)) {
-            status = kvf_xfer_push_zero(pl, lpage, lg->page_size);
+            status = kvf_xfer_attn_zero_slot(pl, lid, j);
         } else {
             status = whole ? kvf_xfer_pieces_emit(pl, pl->attn, pl->num_attn, lpage,
                                                   gb->remote_ids[lb], j, false,

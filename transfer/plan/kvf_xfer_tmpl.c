@@ -8,7 +8,9 @@
  * walk over pages and runs, which the kernel does from the templates. Rejected: templates
  * for unequal block sizes (a local block's runs then depend on its position modulo the
  * sizes' least common multiple and read several source blocks: one job would need a list
- * of source ids; those pairs keep the op list).
+ * of source ids; those pairs keep the op list), and for a head-major KV layout on either
+ * side (a job's op addresses page (id * slots + j), which a head-major layer slot is not:
+ * such pairs keep the plan and its op list).
  */
 #include "kvf_xfer_tmpl.h"
 #include "kvf_xfer_check.h"
@@ -72,6 +74,16 @@ kvf_status_t kvf_xfer_tmpls_build(const kvf_xfer_pieces_t *pc, kvf_xfer_tmpls_t 
     size_t cap;
 
     memset(out, 0, sizeof(*out));
+    for (int r = -1; r < pc->remote_tp; ++r) {
+        const kvf_rank_geometry_t *g = (r < 0) ? lg : &pc->remote_geoms[r];
+        if (g->kv_layout != KVF_KV_LAYER_MAJOR) {
+            /* a job's ops address (id * slots + j) pages; a head-major slot is not one */
+            snprintf(why, why_len, "%s rank %d has the %s KV layout (templates address "
+                     "layer-major pages)", (r < 0) ? "decode" : "prefill", (r < 0) ? pc->local_rank : r,
+                     kvf_kv_layout_name((int)g->kv_layout));
+            return KVF_ERR_UNSUPPORTED;
+        }
+    }
     if (pc->attn_mapped && (pc->attn_whole <= 0)) {
         snprintf(why, why_len, "block or kernel block sizes differ between the sides (a "
                  "local block spans several source blocks)");
