@@ -123,7 +123,7 @@ static kvf_status_t kvf_role_cache_params(const kvf_role_config_t *params,
         return KVF_ERR_INVALID_PARAM;
     }
     cache_p->user_block_size = params->block_size;
-    return KVF_OK;
+    return kvf_engine_opts_kv_layout(params->kv_layout, &cache_p->kv_layout);
 }
 
 /* POOL_ALLOC ucx: each rank's page pool is the connector's (alloc_pool). */

@@ -201,6 +201,13 @@ kvf_status_t kvf_fwd_fi_prepare(kvf_model_h m, const kvf_rank_ctx_t *ctx,
                   "would depend on its batch); unset one of them");
         return KVF_ERR_UNSUPPORTED;
     }
+    if (geo->kv_layout != KVF_KV_LAYER_MAJOR) {
+        /* its page indices and strides (kvf_fi_geometry) describe layer-major pages */
+        kvf_error("KVF_GPU_ATTN=flashinfer with --kv-layout %s: not supported (FlashInfer's "
+                  "paging here addresses layer-major pages); use --kv-layout layer-major or "
+                  "unset KVF_GPU_ATTN", kvf_kv_layout_name((int)geo->kv_layout));
+        return KVF_ERR_UNSUPPORTED;
+    }
     if (!kvf_fi_built(geo->kv_dtype, hd)) {
         kvf_error("KVF_GPU_ATTN=flashinfer: this build has no FlashInfer attention for a %s KV "
                   "cache of head_dim %d (builds with -DKVF_FLASHINFER=ON hold bf16, head_dim "
