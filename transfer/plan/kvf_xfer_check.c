@@ -80,8 +80,9 @@ static kvf_status_t kvf_xfer_geom_check(const kvf_model_config_t *cfg,
     }
     {
         int slots = kvf_cache_slots(cfg);
-        kvf_kv_strides_t st = kvf_kv_strides_make((int)g->kv_layout, slots, g->page_size, g->ppl, s.kv_heads,
-                                 g->kernel_block_size, cfg->head_dim, kv_elt);
+        kvf_kv_strides_t st = kvf_kv_strides_make((int)g->kv_layout, slots, g->page_size,
+                                                  g->ppl, s.kv_heads, g->kernel_block_size,
+                                                  cfg->head_dim, kv_elt);
         if ((g->slots != slots) || (memcmp(&st, &g->attn, sizeof(st)) != 0)) {
             kvf_error("xfer plan: %s rank %d %s strides (slots %d block %zu head %zu slot %zu"
                       " kblock %zu kv %zu) do not follow from the model (slots %d block %zu"
