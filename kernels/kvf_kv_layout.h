@@ -17,6 +17,12 @@
  *
  * element(b, slot j, kernel block k, kv, head h, row t, dim d) =
  *     b * block + h * head + j * slot + k * kblock + kv * kv_stride + (t * head_dim + d) * elt
+ *
+ * Design / Rejected. Chosen: one set of byte strides for both layouts, so a kernel, the
+ * planner and the tests compute an address the same way whatever the layout, and head-major
+ * changes no loop (a run of kbs rows is contiguous in both). Rejected: a second set of
+ * address helpers per layout (every path would branch, and the two could drift apart), and
+ * a layout switch inside the kernels' inner loops (the strides are computed once per call).
  */
 #ifndef KVF_KV_LAYOUT_H
 #define KVF_KV_LAYOUT_H

@@ -36,6 +36,13 @@
  * both region sizes as it is emitted. The plan can therefore never address
  * bytes outside a registered region, whatever the peer sent.
  *
+ * KV layouts: every attention address is each side's own, kvf_attn_slot_off() of (block,
+ * slot) plus kvf_attn_offset() inside it (kernels/kvf_kv_layout.h), so the walk above is the
+ * same at --kv-layout head-major (where it is no longer local memory order) and between
+ * sides of different layouts; the per-rank sort then joins a head's layer slots and a
+ * source rank's heads into one descriptor per block (docs/ARCHITECTURE.md §7). Zero ranges
+ * of a head-major slot are one per head (kvf_xfer_attn_zero_slot()).
+ *
  * Rejected alternatives: copying whole remote blocks into a staging buffer and
  * permuting (one more pass over the data and a buffer per request), and
  * reading only the matching block size (breaks 4p2d-style layouts where block
@@ -243,13 +250,15 @@ static void kvf_xfer_piece_add(const kvf_xfer_planner_t *pl, kvf_xfer_piece_t *v
 
 /*
  * Emit @a v[n] for the local page at @a lpage and remote block id @a rid, layer slot @a j;
- * @a with_pad: a piece's page padding too (a page the next layer slot's page follows).
+ * @a with_pad: a piece's page padding too (a page the next layer slot's page follows);
+ * @a attn: attention pieces (the remote slot by the source's strides, kvf_attn_slot_off(),
+ * counted in attn_bytes), else a Mamba page's (page (rid x slots + j), in mamba_bytes).
  */
 static kvf_status_t kvf_xfer_pieces_emit(kvf_xfer_planner_t *pl, const kvf_xfer_piece_t *v,
                                          size_t n, uint64_t lpage, int32_t rid, int j,
-                                         bool with_pad, uint64_t *bytes_p)
+                                         bool with_pad, bool attn)
 {
-    bool attn = (bytes_p == &pl->attn_bytes);   /* attention: the slot by the strides */
+    uint64_t *bytes_p = attn ? &pl->attn_bytes : &pl->mamba_bytes;
     for (size_t i = 0; i < n; ++i) {
         const kvf_rank_geometry_t *rg = &pl->p->remote_geoms[v[i].rank];
         uint64_t rpage = attn ? kvf_attn_slot_off(rg, rid, j) :
@@ -406,8 +415,7 @@ static kvf_status_t kvf_xfer_attn_block(kvf_xfer_planner_t *pl, const kvf_kv_gro
             status = kvf_xfer_attn_zero_slot(pl, lid, j);
         } else {
             status = whole ? kvf_xfer_pieces_emit(pl, pl->attn, pl->num_attn, lpage,
-                                                  gb->remote_ids[lb], j, false,
-                                                  &pl->attn_bytes) :
+                                                  gb->remote_ids[lb], j, false, true) :
                              kvf_xfer_attn_walk(pl, gb, lb, j, lpage);
         }
         if (status != KVF_OK) {
@@ -545,7 +553,7 @@ static kvf_status_t kvf_xfer_plan_mamba_group(kvf_xfer_planner_t *pl, const kvf_
     for (int j = 0; j < grp->num_layers; ++j) {
         status = kvf_xfer_pieces_emit(pl, pl->mamba, pl->num_mamba,
                                       kvf_xfer_page_off(lid, pl->slots, j, lg->page_size), rid,
-                                      j, j + 1 < grp->num_layers, &pl->mamba_bytes);
+                                      j, j + 1 < grp->num_layers, false);
         if (status != KVF_OK) {
             return status;
         }
