@@ -68,7 +68,6 @@ typedef struct kvf_paged_kv {
     int            head_dim;          /* > 0 */
     int            block_size;        /* logical block, tokens */
     int            kernel_block_size; /* divides block_size */
-    int            layout;            /* kvf_kv_layout_t (kvf_kv_layout.h); 0: layer-major */
     const int32_t *block_table;       /* HOST int32[num_blocks]: logical block ids */
     int            num_blocks;        /* entries in block_table; covers
                                          num_blocks * block_size token positions */
@@ -81,6 +80,8 @@ typedef struct kvf_paged_kv {
                                          each query head's attention sink (gpt-oss), a
                                          logit that joins the softmax's denominator and
                                          has no value (kvf_attn_sink_factor) */
+    int            layout;            /* kvf_kv_layout_t (kvf_kv_layout.h): the block's
+                                         strides; 0: layer-major */
 } kvf_paged_kv_t;
 
 /**
