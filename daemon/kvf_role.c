@@ -123,6 +123,10 @@ static kvf_status_t kvf_role_cache_params(const kvf_role_config_t *params,
         return KVF_ERR_INVALID_PARAM;
     }
     cache_p->user_block_size = params->block_size;
+    if (kvf_engine_opts_kv_layout(params->kv_layout, &cache_p->kv_layout) != KVF_OK) {
+        return KVF_ERR_INVALID_PARAM;
+    }
+    kvf_info("kv layout %s (attention blocks)", kvf_kv_layout_name((int)cache_p->kv_layout));
     return KVF_OK;
 }
 

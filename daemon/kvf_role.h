@@ -27,6 +27,7 @@ typedef struct kvf_role_config {
     int     num_blocks;                      /* per rank pool */
     char    kv_dtype[KVF_CONFIG_STR_MAX];    /* fp32, bf16, fp16 */
     int     block_size;                      /* user block size (alignment unit), >= 1 */
+    char    kv_layout[KVF_CONFIG_STR_MAX];   /* layer-major or head-major */
     int     max_batch_tokens;                /* per engine step */
     int64_t xfer_timeout_ms;                 /* bound on every transfer wait */
     int64_t drain_timeout_ms;                /* after SIGTERM: longest drain before exit */
@@ -78,6 +79,7 @@ typedef struct kvf_role_config {
     KVF_ENGINE_OPT(NUM_BLOCKS, _type, role.),                                                 \
     KVF_ENGINE_OPT(KV_DTYPE, _type, role.),                                                   \
     KVF_ENGINE_OPT(BLOCK_SIZE, _type, role.),                                                 \
+    KVF_ENGINE_OPT(KV_LAYOUT, _type, role.),                                                  \
     KVF_ENGINE_OPT(MAX_BATCH_TOKENS, _type, role.),                                           \
     KVF_ENGINE_OPT(DEVICE, _type, role.),                                                     \
     {"XFER_TIMEOUT", KVF_ROLE_XFER_TIMEOUT_DEFAULT,                                           \

@@ -54,6 +54,13 @@ size_t kvf_paged_kv_kernel_block_bytes(const kvf_paged_kv_t *kv)
            kvf_dtype_size(kv->dtype);
 }
 
+kvf_kv_strides_t kvf_paged_kv_strides(const kvf_paged_kv_t *kv)
+{
+    return kvf_kv_strides_make(kv->layout, kv->slots, kv->page_size,
+                               kv->block_size / kv->kernel_block_size, kv->kv_heads,
+                               kv->kernel_block_size, kv->head_dim, kvf_dtype_size(kv->dtype));
+}
+
 int kvf_paged_kv_check(const kvf_paged_kv_t *kv)
 {
     if ((kv == NULL) || (kv->base == NULL) || (kv->page_size == 0) || (kv->slots <= 0) ||
@@ -61,7 +68,7 @@ int kvf_paged_kv_check(const kvf_paged_kv_t *kv)
         (kv->kv_heads <= 0) || (kv->head_dim <= 0) || (kv->block_size <= 0) ||
         (kv->kernel_block_size <= 0) || ((kv->block_size % kv->kernel_block_size) != 0) ||
         (kv->num_blocks < 0) || ((kv->num_blocks > 0) && (kv->block_table == NULL)) ||
-        (kv->window < 0)) {
+        (kv->window < 0) || (kv->layout < 0) || (kv->layout >= KVF_KV_LAYOUT_COUNT)) {
         return KVF_KERN_EINVAL;
     }
     size_t ppl = (size_t)(kv->block_size / kv->kernel_block_size);
@@ -71,12 +78,14 @@ int kvf_paged_kv_check(const kvf_paged_kv_t *kv)
     return KVF_KERN_OK;
 }
 
-/* Start of the kernel block holding token position @a pos (validated). */
-static inline char *kvf_attn_kblock(const kvf_paged_kv_t *kv, size_t kbb, int pos)
+/* Start of the run (K/V @a is_v, head @a h) of the kernel block holding token position @a pos
+ * (validated): kbs rows of head_dim elements. */
+static inline char *kvf_attn_run(const kvf_paged_kv_t *kv, const kvf_kv_strides_t *st, int pos,
+                                 int is_v, size_t h)
 {
-    return (char *)kv->base + kvf_attn_kblock_offset(kv->block_table, kv->block_size,
-                                                     kv->kernel_block_size, kv->slots, kv->slot,
-                                                     kv->page_size, kbb, pos);
+    return (char *)kv->base + kvf_kv_pos_run_off(st, kv->block_table, kv->block_size,
+                                                 kv->kernel_block_size, kv->slot, pos, is_v,
+                                                 (int)h);
 }
 
 static int kvf_attn_check_positions(const kvf_paged_kv_t *kv, const int32_t *positions, int n)
@@ -102,7 +111,8 @@ int kvf_attn_cache_write(const kvf_device_t *dev, const kvf_paged_kv_t *kv, cons
                          const float *v, int ld, const int32_t *positions, int num_tokens)
 {
     int err = kvf_paged_kv_check(kv);
-    size_t kbb, hd, kbs, elt_heads;
+    kvf_kv_strides_t st;
+    size_t hd, elt_heads;
 
     if ((err != KVF_KERN_OK) || (num_tokens < 0) || (ld < kv->kv_heads * kv->head_dim)) {
         return KVF_KERN_EINVAL;
@@ -124,18 +134,16 @@ int kvf_attn_cache_write(const kvf_device_t *dev, const kvf_paged_kv_t *kv, cons
         return KVF_KERN_EUNSUPPORTED;
 #endif
     }
-    kbb = kvf_paged_kv_kernel_block_bytes(kv);
+    st = kvf_paged_kv_strides(kv);
     hd = (size_t)kv->head_dim;
-    kbs = (size_t)kv->kernel_block_size;
     elt_heads = (size_t)kv->kv_heads;
     for (int t = 0; t < num_tokens; ++t) {
-        char *kblock = kvf_attn_kblock(kv, kbb, positions[t]);
-        size_t row = (size_t)(positions[t] % kv->kernel_block_size);
+        size_t first = (size_t)(positions[t] % kv->kernel_block_size) * hd;
         for (size_t h = 0; h < elt_heads; ++h) {
-            size_t k_first = kvf_attn_row_first(elt_heads, kbs, hd, h, row, 0);
-            size_t v_first = kvf_attn_row_first(elt_heads, kbs, hd, h, row, 1);
-            kvf_kern_store(kblock, kv->dtype, k_first, hd, k + (size_t)t * (size_t)ld + h * hd);
-            kvf_kern_store(kblock, kv->dtype, v_first, hd, v + (size_t)t * (size_t)ld + h * hd);
+            kvf_kern_store(kvf_attn_run(kv, &st, positions[t], 0, h), kv->dtype, first, hd,
+                           k + (size_t)t * (size_t)ld + h * hd);
+            kvf_kern_store(kvf_attn_run(kv, &st, positions[t], 1, h), kv->dtype, first, hd,
+                           v + (size_t)t * (size_t)ld + h * hd);
         }
     }
     return KVF_KERN_OK;
@@ -313,7 +321,7 @@ static int kvf_attn_paged_blocked(const kvf_paged_kv_t *kv, const float *q, int 
     const size_t fit = KVF_ATTN_CPU_MNK / (tw * hd), nq = (size_t)num_tokens * group;
     const bool small = (fit >= KVF_ATTN_CPU_QROWS_MIN);
     const size_t qr = !small ? 64 : (fit < KVF_ATTN_CPU_QROWS_MAX) ? fit : KVF_ATTN_CPU_QROWS_MAX;
-    const size_t kbb = kvf_paged_kv_kernel_block_bytes(kv);
+    const kvf_kv_strides_t st = kvf_paged_kv_strides(kv);
     /* under a sliding window only the tiles from the first row's window on are read */
     const size_t t0 = ((size_t)kvf_attn_window_lo(positions[0], kv->window) / tw) * tw;
     const size_t kb0 = t0 / kbs, nkb = (size_t)positions[num_tokens - 1] / kbs + 1;
@@ -349,9 +357,10 @@ static int kvf_attn_paged_blocked(const kvf_paged_kv_t *kv, const float *q, int 
     for (size_t kh = 0; (kh < nkv) && (rc == KVF_KERN_OK); ++kh) {
         for (size_t b = kb0; b < nkb; ++b) {
             const size_t c0 = (b - kb0) * kbs;   /* this kernel block's first column */
-            const char *kblock = kvf_attn_kblock(kv, kbb, (int)(b * kbs));
-            kvf_kern_load(kblock, kv->dtype, kh * kbs * hd, kbs * hd, kb);
-            kvf_kern_load(kblock, kv->dtype, (nkv + kh) * kbs * hd, kbs * hd, vf + c0 * hd);
+            kvf_kern_load(kvf_attn_run(kv, &st, (int)(b * kbs), 0, kh), kv->dtype, 0, kbs * hd,
+                          kb);
+            kvf_kern_load(kvf_attn_run(kv, &st, (int)(b * kbs), 1, kh), kv->dtype, 0, kbs * hd,
+                          vf + c0 * hd);
             for (size_t t = 0; t < kbs; ++t) {
                 for (size_t d = 0; d < hd; ++d) {
                     kt[d * ntok + c0 + t] = kb[t * hd + d];
@@ -375,7 +384,8 @@ int kvf_attn_paged(const kvf_device_t *dev, const kvf_paged_kv_t *kv, const floa
                    float *out)
 {
     int err = kvf_paged_kv_check(kv);
-    size_t kbb, hd, kbs, nkv, group, nq, nstate;
+    kvf_kv_strides_t st;
+    size_t hd, kbs, nkv, group, nq, nstate;
     float *scratch, *ktile, *vtile, *s, *acc, *m, *l;
     int max_pos = 0, min_lo = INT_MAX;
 
@@ -417,7 +427,7 @@ int kvf_attn_paged(const kvf_device_t *dev, const kvf_paged_kv_t *kv, const floa
         max_pos = (positions[t] > max_pos) ? positions[t] : max_pos;
         min_lo = (lo < min_lo) ? lo : min_lo;
     }
-    kbb = kvf_paged_kv_kernel_block_bytes(kv);
+    st = kvf_paged_kv_strides(kv);
     hd = (size_t)kv->head_dim;
     kbs = (size_t)kv->kernel_block_size;
     nkv = (size_t)kv->kv_heads;
@@ -449,10 +459,9 @@ int kvf_attn_paged(const kvf_device_t *dev, const kvf_paged_kv_t *kv, const floa
         for (int kb = min_lo / kv->kernel_block_size; kb <= max_pos / kv->kernel_block_size;
              ++kb) {
             int token0 = kb * kv->kernel_block_size;
-            const char *kblock = kvf_attn_kblock(kv, kbb, token0);
             /* the whole tile, written slots or not, as a GPU kernel loads it */
-            kvf_kern_load(kblock, kv->dtype, kh * kbs * hd, kbs * hd, ktile);
-            kvf_kern_load(kblock, kv->dtype, (nkv + kh) * kbs * hd, kbs * hd, vtile);
+            kvf_kern_load(kvf_attn_run(kv, &st, token0, 0, kh), kv->dtype, 0, kbs * hd, ktile);
+            kvf_kern_load(kvf_attn_run(kv, &st, token0, 1, kh), kv->dtype, 0, kbs * hd, vtile);
             for (int t = 0; t < num_tokens; ++t) {
                 int limit = positions[t], lo = kvf_attn_window_lo(limit, kv->window);
                 if ((limit < token0) || (lo >= token0 + (int)kbs)) {

@@ -3,13 +3,16 @@
  *
  * Cache layout (the same as common/geometry/kvf_geometry.h, restated here because
  * kernels/ cannot include common/): the pool is num_blocks blocks of `slots`
- * pages of page_size bytes; layer slot j of logical block b is the page
+ * pages of page_size bytes; with kv->layout KVF_KV_LAYER_MAJOR (0) layer slot j
+ * of logical block b is the page
  *
  *     page(b, j) = base + (b * slots + j) * page_size
  *
  * and a page holds ppl = block_size / kernel_block_size kernel blocks of
  * kernel_block_bytes = 2 * kv_heads * kernel_block_size * head_dim * elt
- * bytes each, HND:  [K|V][kv_heads][kernel_block_size][head_dim].
+ * bytes each, HND:  [K|V][kv_heads][kernel_block_size][head_dim]. With
+ * KVF_KV_HEAD_MAJOR the block is [kv head][slot][kernel block][K|V][tokens][head_dim]
+ * (kvf_kv_layout.h: the strides every address here is computed with).
  * Token t of a request lives in logical block block_table[t / block_size],
  * kernel block (t % block_size) / kernel_block_size, row
  * t % kernel_block_size. page_size may exceed ppl * kernel_block_bytes (the
@@ -46,6 +49,7 @@
 
 #include "kvf_device.h"
 #include "kvf_dtype.h"
+#include "kvf_kv_layout.h"
 
 #include <stdint.h>
 
@@ -79,17 +83,22 @@ typedef struct kvf_paged_kv {
     float          softcap;           /* > 0: each scaled score s becomes softcap *
                                          tanh(s / softcap) before the softmax (gemma2's
                                          attn_logit_softcapping, kvf_attn_softcap); 0: none */
+    int            layout;            /* kvf_kv_layout_t (kvf_kv_layout.h): the block's
+                                         strides; 0: layer-major */
 } kvf_paged_kv_t;
 
 /**
  * Check the fields of @a kv: pointers set, sizes positive, kernel block size
- * divides block size, dtype fp32/bf16/fp16, and ppl * kernel_block_bytes <=
- * page_size. @return KVF_KERN_OK or KVF_KERN_EINVAL.
+ * divides block size, dtype fp32/bf16/fp16, a known layout, and ppl *
+ * kernel_block_bytes <= page_size. @return KVF_KERN_OK or KVF_KERN_EINVAL.
  */
 int kvf_paged_kv_check(const kvf_paged_kv_t *kv);
 
 /** Bytes of one kernel block: 2 * kv_heads * kernel_block_size * head_dim * elt. */
 size_t kvf_paged_kv_kernel_block_bytes(const kvf_paged_kv_t *kv);
+
+/** The byte strides of @a kv's blocks (kvf_kv_strides_make of its fields). */
+kvf_kv_strides_t kvf_paged_kv_strides(const kvf_paged_kv_t *kv);
 
 /**
  * Store K and V of new tokens into their cache slots (converted to kv->dtype).

@@ -48,13 +48,11 @@ __global__ void kvf_attn_write_kernel(kvf_cuda_kv g, const float *k, const float
          i += (size_t)gridDim.x * blockDim.x) {
         size_t d = i % hd, h = (i / hd) % nkv, t = i / (hd * nkv);
         int pos = positions[t];
-        char *kblock = kvf_cuda_kblock(&g, kvf_cuda_table(&g, tok_seq, maxb, t), pos);
-        size_t row = (size_t)(pos % g.kbs);
+        const int32_t *table = kvf_cuda_table(&g, tok_seq, maxb, t);
+        size_t first = (size_t)(pos % g.kbs) * hd + d;
         size_t src = t * (size_t)ld + h * hd + d;
-        kvf_hd_store(kblock, g.dtype, kvf_attn_row_first(nkv, (size_t)g.kbs, hd, h, row, 0) + d,
-                     k[src]);
-        kvf_hd_store(kblock, g.dtype, kvf_attn_row_first(nkv, (size_t)g.kbs, hd, h, row, 1) + d,
-                     v[src]);
+        kvf_hd_store(kvf_cuda_run(&g, table, pos, 0, (int)h), g.dtype, first, k[src]);
+        kvf_hd_store(kvf_cuda_run(&g, table, pos, 1, (int)h), g.dtype, first, v[src]);
     }
 }
 
@@ -90,9 +88,8 @@ kvf_attn_paged_kernel(kvf_cuda_kv g, const float *q, int ldq, const int32_t *pos
     __syncthreads();
     for (int kb = kb0; kb < kb1; ++kb) {
         const int token0 = kb * kbs;
-        const char *kblock = kvf_cuda_kblock(&g, table, token0);
-        const char *kt = kblock + (size_t)kh * kbs * hd * g.elt;
-        const char *vt = kblock + (size_t)(nkv + kh) * kbs * hd * g.elt;
+        const char *kt = kvf_cuda_run(&g, table, token0, 0, kh);
+        const char *vt = kvf_cuda_run(&g, table, token0, 1, kh);
         float mt = m;
         for (int j = tid; j < kbs; j += KVF_ATTN_THREADS) {
             /* a masked slot's score is never read (the max skips it, its probability is

@@ -66,7 +66,8 @@ int kvf_cuda_attn_write_paged_seqs_as(kvf_attn_gpu_impl_t impl, const kvf_device
  * CUDA, for the tiled kernel's body (kvf_attention_tiled_kernel.h). */
 typedef struct kvf_cuda_kv {
     char          *base;
-    size_t         page_size, kbb, elt;
+    kvf_kv_strides_t st;          /* kvf_paged_kv_strides(): every address below */
+    size_t         elt;
     int            slots, slot, dtype, kv_heads, head_dim, block_size, kbs;
     int            window;        /* kvf_paged_kv_t.window (0: full causal) */
     const int32_t *block_table;   /* device */
@@ -78,8 +79,7 @@ static inline kvf_cuda_kv kvf_cuda_kv_of(const kvf_paged_kv_t *kv, const int32_t
 {
     kvf_cuda_kv g;
     g.base = (char *)kv->base;
-    g.page_size = kv->page_size;
-    g.kbb = kvf_paged_kv_kernel_block_bytes(kv);
+    g.st = kvf_paged_kv_strides(kv);
     g.elt = kvf_dtype_size(kv->dtype);
     g.slots = kv->slots;
     g.slot = kv->slot;
@@ -95,11 +95,13 @@ static inline kvf_cuda_kv kvf_cuda_kv_of(const kvf_paged_kv_t *kv, const int32_t
     return g;
 }
 
-/* the kernel block holding token pos of a request with block table @a table */
-static inline KVF_HD char *kvf_cuda_kblock(const kvf_cuda_kv *g, const int32_t *table, int pos)
+/* the run (K/V @a is_v, head @a h: kbs rows of head_dim) of the kernel block holding token
+ * pos of a request with block table @a table */
+static inline KVF_HD char *kvf_cuda_run(const kvf_cuda_kv *g, const int32_t *table, int pos,
+                                        int is_v, int h)
 {
-    return g->base + kvf_attn_kblock_offset(table, g->block_size, g->kbs, g->slots, g->slot,
-                                            g->page_size, g->kbb, pos);
+    return g->base + kvf_kv_pos_run_off(&g->st, table, g->block_size, g->kbs, g->slot, pos,
+                                        is_v, h);
 }
 
 /* Row t's block table: the one table, or its request's row of the packed tables

@@ -272,16 +272,15 @@ KVF_TILE_KERNEL kvf_attn_tiled_kernel(kvf_cuda_kv g, const float *q, int ldq,
     int kb = kvf_attn_tile_next(kb0, kb1, nq, lo - 1, hi);
     if (kb < hi) {
         const int kr = kvf_attn_tile_k_rows(lim, kb0, kb1, nq, kb, kbs);
-        const char *kt = kvf_cuda_kblock(&g, table, kb * kbs) + (size_t)kh * kbs * hd * g.elt;
+        const char *kt = kvf_cuda_run(&g, table, kb * kbs, 0, kh);
         kvf_attn_tile_fetch(pf, kt, g.dtype, 0, (kr < pr) ? kr : pr, hd, tid);
     }
     while (kb < hi) {
         const int krows = kvf_attn_tile_k_rows(lim, kb0, kb1, nq, kb, kbs);   /* > 0 */
         const int kbn = kvf_attn_tile_next(kb0, kb1, nq, kb, hi);
         const int token0 = kb * kbs;
-        const char *kblock = kvf_cuda_kblock(&g, table, token0);
-        const char *kt = kblock + (size_t)kh * kbs * hd * g.elt;
-        const char *vt = kblock + (size_t)(nkv + kh) * kbs * hd * g.elt;
+        const char *kt = kvf_cuda_run(&g, table, token0, 0, kh);
+        const char *vt = kvf_cuda_run(&g, table, token0, 1, kh);
 
         kvf_attn_tile_scores(pf, rows, sc, qs, kt, vt, g.dtype, lim, wlo, kb0, kb1, nq, kb,
                              token0, krows, kbs, hd, pr, scale, g.softcap, tid);
@@ -308,8 +307,7 @@ KVF_TILE_KERNEL kvf_attn_tiled_kernel(kvf_cuda_kv g, const float *q, int ldq,
                 kvf_attn_tile_fetch(pf, vt, g.dtype, r0 + pr, nn, hd, tid);
             } else if (kbn < hi) {   /* the next kernel block's first K pass */
                 const int kr = kvf_attn_tile_k_rows(lim, kb0, kb1, nq, kbn, kbs);
-                const char *ktn = kvf_cuda_kblock(&g, table, kbn * kbs) +
-                                  (size_t)kh * kbs * hd * g.elt;
+                const char *ktn = kvf_cuda_run(&g, table, kbn * kbs, 0, kh);
                 kvf_attn_tile_fetch(pf, ktn, g.dtype, 0, (kr < pr) ? kr : pr, hd, tid);
             }
             if (tid < nq) {

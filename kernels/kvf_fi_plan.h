@@ -34,6 +34,7 @@
 #define KVF_FI_PLAN_H
 
 #include "kvf_dtype.h"
+#include "kvf_kv_layout.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -52,6 +53,10 @@ typedef struct {
     uint32_t stride_n;    /**< elements between tokens: head_dim */
     uint64_t v_offset;    /**< elements from a kernel block's K to its V */
     uint64_t unit;        /**< bytes per page index (gcd of page size and kernel block) */
+    uint64_t block_bytes; /**< bytes between blocks (kvf_kv_strides_t.block) */
+    uint64_t slot_bytes;  /**< bytes between a block's layer slots (kvf_kv_strides_t.slot) */
+    uint64_t kblock_bytes;/**< bytes between a slot's kernel blocks (kvf_kv_strides_t.kblock) */
+    int      slots;       /**< layer slots of a block */
     int      page_tokens; /**< FlashInfer's page size: the kernel block size */
     int      chunk_pages; /**< pages per split-KV chunk (fixed) */
     int      decode_on_prefill; /**< 1: a GQA group FlashInfer's decode does not dispatch:
@@ -85,6 +90,16 @@ const char *kvf_fi_geometry(kvf_dtype_t dtype, int head_dim, int q_heads, int kv
                             size_t page_size, size_t pool_bytes, int built, kvf_fi_geom_t *g);
 
 /**
+ * kvf_fi_geometry() for a block laid out by @a st (kernels/kvf_kv_layout.h: layer-major or
+ * head-major): one FlashInfer page is one kernel block of one slot, stride_h the head
+ * stride, v_offset the K -> V stride, and the page unit gcd(block, slot, kernel block
+ * bytes). A layer in slot j reads from the pool's base moved by j * st->slot bytes.
+ */
+const char *kvf_fi_geometry_kv(kvf_dtype_t dtype, int head_dim, int q_heads, int kv_heads,
+                               int kbs, const kvf_kv_strides_t *st, size_t pool_bytes,
+                               int built, kvf_fi_geom_t *g);
+
+/**
  * A request's FlashInfer page indices from its kvferry block table: for each logical block
  * b of its first @a tokens tokens, the kernel blocks it holds, in token order.
  *
@@ -95,6 +110,11 @@ const char *kvf_fi_geometry(kvf_dtype_t dtype, int head_dim, int q_heads, int kv
  */
 int kvf_fi_pages(const kvf_fi_geom_t *g, const int32_t *block_table, int block_size, int slots,
                  int slot, size_t page_size, int tokens, int32_t *pages, int cap);
+
+/** kvf_fi_pages() by @a g's own strides (kvf_fi_geometry_kv()): kernel block k of block b,
+ * slot @a slot, is at b * block_bytes + slot * slot_bytes + k * kblock_bytes. */
+int kvf_fi_pages_kv(const kvf_fi_geom_t *g, const int32_t *block_table, int block_size,
+                    int slot, int tokens, int32_t *pages, int cap);
 
 /**
  * The decode work plan: request r (kv_len[r] tokens, >= 1) is cut into

@@ -98,6 +98,7 @@ typedef struct {
     char   conv_dtype[KVF_CONFIG_STR_MAX];
     int    block_size;         /* user block size: the alignment unit */
     int    exact_block_size;   /* 0: derive */
+    char   kv_layout[KVF_CONFIG_STR_MAX];
     int    num_blocks;
     int    max_batch_tokens;
     char   device[KVF_CONFIG_STR_MAX];
@@ -139,6 +140,7 @@ typedef struct {
     KVF_ENGINE_OPT(CONV_DTYPE, kvf_gen_opts_t, ),                                             \
     KVF_ENGINE_OPT(BLOCK_SIZE, kvf_gen_opts_t, ),                                             \
     KVF_ENGINE_OPT(EXACT_BLOCK_SIZE, kvf_gen_opts_t, ),                                       \
+    KVF_ENGINE_OPT(KV_LAYOUT, kvf_gen_opts_t, ),                                              \
     KVF_ENGINE_OPT(NUM_BLOCKS, kvf_gen_opts_t, ),                                             \
     KVF_ENGINE_OPT(MAX_BATCH_TOKENS, kvf_gen_opts_t, ),                                       \
     KVF_ENGINE_OPT(DEVICE, kvf_gen_opts_t, )
@@ -251,7 +253,8 @@ static int kvf_open_engine(const kvf_gen_opts_t *o, kvf_engine_h *engine_p)
         (kvf_engine_opts_dtype("ssm-dtype", o->ssm_dtype, cfg.ssm_cache_dtype, true,
                                &ep.cache.ssm_dtype) != KVF_OK) ||
         (kvf_engine_opts_dtype("conv-dtype", o->conv_dtype, ep.cache.conv_dtype, true,
-                               &ep.cache.conv_dtype) != KVF_OK)) {
+                               &ep.cache.conv_dtype) != KVF_OK) ||
+        (kvf_engine_opts_kv_layout(o->kv_layout, &ep.cache.kv_layout) != KVF_OK)) {
         return 2;
     }
     ep.cache.user_block_size = o->block_size;

@@ -28,6 +28,7 @@ typedef struct {
     char conv_dtype[KVF_CONFIG_STR_MAX];
     char align[KVF_CONFIG_STR_MAX];
     char kernel_block_sizes[KVF_CONFIG_STR_MAX];
+    char kv_layout[KVF_CONFIG_STR_MAX];
     int  prompt_tokens;
     bool block_translation;
     bool json;
@@ -49,6 +50,7 @@ static const kvf_config_field_t kvf_plan_table[] = {
     KVF_ENGINE_OPT(KV_DTYPE, kvf_plan_opts_t, ),
     KVF_ENGINE_OPT(SSM_DTYPE, kvf_plan_opts_t, ),
     KVF_ENGINE_OPT(CONV_DTYPE, kvf_plan_opts_t, ),
+    KVF_ENGINE_OPT(KV_LAYOUT, kvf_plan_opts_t, ),
     {"ALIGN", "tp-stable", "block size alignment: tp-stable (kvferry) or per-rank (upstream)",
      offsetof(kvf_plan_opts_t, align), KVF_CONFIG_TYPE_STRING, 0},
     {"KERNEL_BLOCK_SIZES", "MultipleOf(16)", "block sizes the attention kernel accepts",
@@ -117,6 +119,9 @@ static int kvf_plan_params(const kvf_plan_opts_t *o, const kvf_model_config_t *c
                                &p->ssm_dtype) != KVF_OK) ||
         (kvf_engine_opts_dtype("conv-dtype", o->conv_dtype, p->conv_dtype, false,
                                &p->conv_dtype) != KVF_OK)) {
+        return -1;
+    }
+    if (kvf_engine_opts_kv_layout(o->kv_layout, &p->kv_layout) != KVF_OK) {
         return -1;
     }
     if (strcmp(o->align, "tp-stable") == 0) {
@@ -228,6 +233,8 @@ static void kvf_plan_print_text(const kvf_model_config_t *cfg, const kvf_cache_p
            g[1]->kernel_block_size);
     printf("  %-34s %24d %24d\n", "ppl (kernel blocks per block)", g[0]->ppl, g[1]->ppl);
     printf("  %-34s %24zu %24zu\n", "page_size (bytes)", g[0]->page_size, g[1]->page_size);
+    printf("  %-34s %24s %24s\n", "kv layout (attention block)",
+           kvf_kv_layout_name((int)g[0]->kv_layout), kvf_kv_layout_name((int)g[1]->kv_layout));
     printf("  %-34s %23.2f%% %23.2f%%\n", "mamba page padding", g[0]->mamba_padding_pct,
            g[1]->mamba_padding_pct);
     printf("  %-34s %24zu %24zu\n", "KV bytes/token/rank (all layers)",
@@ -261,6 +268,7 @@ static cJSON *kvf_plan_side_json(const kvf_model_config_t *cfg, const kvf_rank_g
     cJSON_AddNumberToObject(o, "kernel_block_size", g->kernel_block_size);
     cJSON_AddNumberToObject(o, "ppl", g->ppl);
     cJSON_AddNumberToObject(o, "page_size", (double)g->page_size);
+    cJSON_AddStringToObject(o, "kv_layout", kvf_kv_layout_name((int)g->kv_layout));
     cJSON_AddNumberToObject(o, "padding_pct", g->mamba_padding_pct);
     cJSON_AddNumberToObject(o, "kv_bytes_per_token_rank",
                             (double)(g->attn_bytes_per_token * (size_t)cfg->num_attention_layers));

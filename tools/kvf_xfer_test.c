@@ -62,6 +62,10 @@
     XT_FIELD("KV_DTYPE", "bf16", "decode KV cache dtype", kv_dtype, KVF_CONFIG_TYPE_STRING, 0), \
     XT_FIELD("PREFILL_KV_DTYPE", "same", "prefill KV cache dtype (same: as decode)",         \
              prefill_kv_dtype, KVF_CONFIG_TYPE_STRING, 0),                                    \
+    XT_FIELD("KV_LAYOUT", "layer-major", "decode attention KV block layout: layer-major or "  \
+             "head-major (docs/ARCHITECTURE.md §7)", kv_layout, KVF_CONFIG_TYPE_STRING, 0),   \
+    XT_FIELD("PREFILL_KV_LAYOUT", "same", "prefill attention KV block layout (same: as "      \
+             "decode)", prefill_kv_layout, KVF_CONFIG_TYPE_STRING, 0),                        \
     XT_FIELD("SSM_DTYPE", "auto", "decode SSM state dtype (auto: the model's)", ssm_dtype,   \
              KVF_CONFIG_TYPE_STRING, 0),                                                      \
     XT_FIELD("PREFILL_SSM_DTYPE", "same", "prefill SSM state dtype", prefill_ssm_dtype,      \
@@ -867,7 +871,8 @@ static int xt_main(int argc, char **argv, bool bench)
     if ((xt_dtype("kv-dtype", c->o.kv_dtype, c->dec.params.kv_dtype, &c->dec.params.kv_dtype) != 0) ||
         (xt_dtype("ssm-dtype", c->o.ssm_dtype, c->dec.params.ssm_dtype, &c->dec.params.ssm_dtype) != 0) ||
         (xt_dtype("conv-dtype", c->o.conv_dtype, c->dec.params.conv_dtype, &c->dec.params.conv_dtype) != 0) ||
-        (kvf_kernel_sizes_parse(c->o.decode_kernel_sizes, &c->dec.params.kernel_sizes) != KVF_OK)) {
+        (kvf_kernel_sizes_parse(c->o.decode_kernel_sizes, &c->dec.params.kernel_sizes) != KVF_OK) ||
+        (kvf_kv_layout_parse(c->o.kv_layout, "--kv-layout", &c->dec.params.kv_layout) != KVF_OK)) {
         goto out;
     }
     c->pre.params = c->dec.params;
@@ -878,7 +883,10 @@ static int xt_main(int argc, char **argv, bool bench)
                   &c->pre.params.ssm_dtype) != 0) ||
         (xt_dtype("prefill-conv-dtype", c->o.prefill_conv_dtype, c->dec.params.conv_dtype,
                   &c->pre.params.conv_dtype) != 0) ||
-        (kvf_kernel_sizes_parse(c->o.prefill_kernel_sizes, &c->pre.params.kernel_sizes) != KVF_OK)) {
+        (kvf_kernel_sizes_parse(c->o.prefill_kernel_sizes, &c->pre.params.kernel_sizes) != KVF_OK) ||
+        ((strcmp(c->o.prefill_kv_layout, "same") != 0) &&
+         (kvf_kv_layout_parse(c->o.prefill_kv_layout, "--prefill-kv-layout",
+                              &c->pre.params.kv_layout) != KVF_OK))) {
         goto out;
     }
     rc = 1;
@@ -886,15 +894,17 @@ static int xt_main(int argc, char **argv, bool bench)
         goto out;
     }
     printf("%s: %s layout %dp%dd, %d tokens\n"
-           "  prefill: block %d kernel %d, kv/conv/ssm %s/%s/%s, pool %" PRId64 " blocks x %d "
+           "  prefill: block %d kernel %d %s, kv/conv/ssm %s/%s/%s, pool %" PRId64 " blocks x %d "
            "slots x %zu B\n"
-           "  decode:  block %d kernel %d, kv/conv/ssm %s/%s/%s, pool %" PRId64 " blocks x %d "
+           "  decode:  block %d kernel %d %s, kv/conv/ssm %s/%s/%s, pool %" PRId64 " blocks x %d "
            "slots x %zu B\n", prog, c->o.model, c->lay.prefill_tp, c->lay.decode_tp,
            c->o.tokens, c->pre.geom[0].block_size, c->pre.geom[0].kernel_block_size,
+           kvf_kv_layout_name((int)c->pre.params.kv_layout),
            kvf_dtype_name(c->pre.params.kv_dtype), kvf_dtype_name(c->pre.params.conv_dtype),
            kvf_dtype_name(c->pre.params.ssm_dtype), c->pre.num_blocks, c->layout->slots,
            c->pre.geom[0].page_size, c->dec.geom[0].block_size,
-           c->dec.geom[0].kernel_block_size, kvf_dtype_name(c->dec.params.kv_dtype),
+           c->dec.geom[0].kernel_block_size, kvf_kv_layout_name((int)c->dec.params.kv_layout),
+           kvf_dtype_name(c->dec.params.kv_dtype),
            kvf_dtype_name(c->dec.params.conv_dtype), kvf_dtype_name(c->dec.params.ssm_dtype),
            c->dec.num_blocks, c->layout->slots, c->dec.geom[0].page_size);
     c->npulls = bench ? 1 + c->o.iters + (c->o.verify ? 1 : 0) : 1;

@@ -51,6 +51,8 @@ typedef struct xt_opts {
     int     block_size;   /* BLOCK_SIZE: the user block size (alignment unit), both sides */
     char    kv_dtype[KVF_CONFIG_STR_MAX];
     char    prefill_kv_dtype[KVF_CONFIG_STR_MAX];
+    char    kv_layout[KVF_CONFIG_STR_MAX];
+    char    prefill_kv_layout[KVF_CONFIG_STR_MAX];
     char    ssm_dtype[KVF_CONFIG_STR_MAX];
     char    prefill_ssm_dtype[KVF_CONFIG_STR_MAX];
     char    conv_dtype[KVF_CONFIG_STR_MAX];

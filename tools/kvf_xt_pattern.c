@@ -125,7 +125,7 @@ uint64_t kvf_xt_prefill_fill(const xt_ctx_t *c, const xt_side_t *side,
             if (grp->kind == KVF_GROUP_ATTENTION) {
                 for (int bi = 0; bi < side->num_ids[gi]; ++bi) {
                     n += xt_fill_attn(c, g, grp->layers[j], bi,
-                                      pool + xt_page_off(g, l->slots, side->ids[gi][bi], j));
+                                      pool + kvf_attn_slot_off(g, side->ids[gi][bi], j));
                 }
             } else {
                 int32_t b = side->ids[gi][side->num_ids[gi] - 1];
@@ -158,24 +158,65 @@ static void xt_mamba_pad_expect(const kvf_rank_geometry_t *g, const uint8_t *pag
     free(prefill);
 }
 
-/* Decode: compare every page of the pool with what it must hold. */
+/* Zero layer slot @a j's share of the attention block at @a block (its page at layer-major,
+ * each head's slot run at head-major). */
+static void xt_attn_slot_zero(const kvf_rank_geometry_t *g, uint8_t *block, int j)
+{
+    if (g->kv_layout != KVF_KV_HEAD_MAJOR) {
+        memset(block + kvf_attn_slot_off(g, 0, j), 0, g->page_size);
+        return;
+    }
+    for (int h = 0; h < g->shard.kv_heads; ++h) {
+        memset(block + kvf_attn_slot_off(g, 0, j) + (size_t)h * g->attn.head, 0, g->attn.slot);
+    }
+}
+
+/* The bytes block @a b must hold (@a gi: the group owning it, -1: none; @a bi: its logical
+ * index there) into @a expect (slots pages); @a have: the pool's block (Mamba pads). */
+static uint64_t xt_block_expect(const xt_ctx_t *c, const kvf_rank_geometry_t *g, int gi,
+                                int bi, const uint8_t *have, uint8_t *expect)
+{
+    const kvf_cache_layout_t *l = c->layout;
+    uint64_t n = 0;
+
+    kvf_xt_poison(expect, (size_t)l->slots * g->page_size, XT_POISON_DECODE);
+    if (gi < 0) {
+        return 0;
+    }
+    for (int j = 0; j < l->groups[gi].num_layers; ++j) {
+        int layer = l->groups[gi].layers[j];
+        if (l->groups[gi].kind == KVF_GROUP_ATTENTION) {
+            xt_attn_slot_zero(g, expect, j);
+            n += xt_fill_attn(c, g, layer, bi, expect + kvf_attn_slot_off(g, 0, j));
+        } else {
+            uint8_t *page = expect + (size_t)j * g->page_size;
+            kvf_xt_poison(page, g->page_size, XT_POISON_DECODE);
+            n += xt_fill_mamba(c, g, layer, page);
+            xt_mamba_pad_expect(g, have + (size_t)j * g->page_size, page);
+        }
+    }
+    return n;
+}
+
+/* Decode: compare every block of the pool with what it must hold. */
 kvf_status_t kvf_xt_decode_verify(const xt_ctx_t *c, xt_rank_t *r)
 {
     const kvf_cache_layout_t *l = c->layout;
     const kvf_rank_geometry_t *g = &c->dec.geom[r->rank];
     int64_t nb = c->dec.num_blocks;
-    int *owner = NULL;       /* [nb * slots]: group index owning the page, -1 */
+    size_t bytes = (size_t)l->slots * g->page_size;
+    int *owner = NULL;       /* [nb]: group index owning the block, -1 */
     int *obi = NULL;         /* logical block index in that group */
-    uint8_t *expect = malloc(g->page_size);
+    uint8_t *expect = malloc(bytes);
     kvf_status_t status = KVF_OK;
 
-    owner = malloc(sizeof(int) * (size_t)nb * (size_t)l->slots);
-    obi = malloc(sizeof(int) * (size_t)nb * (size_t)l->slots);
+    owner = malloc(sizeof(int) * (size_t)nb);
+    obi = malloc(sizeof(int) * (size_t)nb);
     if ((expect == NULL) || (owner == NULL) || (obi == NULL)) {
         status = KVF_ERR_NO_MEMORY;
         goto out;
     }
-    for (int64_t i = 0; i < nb * l->slots; ++i) {
+    for (int64_t i = 0; i < nb; ++i) {
         owner[i] = -1;
     }
     for (int gi = 0; gi < l->num_groups; ++gi) {
@@ -184,41 +225,28 @@ kvf_status_t kvf_xt_decode_verify(const xt_ctx_t *c, xt_rank_t *r)
             if ((grp->kind == KVF_GROUP_MAMBA) && (bi != c->dec.num_ids[gi] - 1)) {
                 continue;
             }
-            for (int j = 0; j < grp->num_layers; ++j) {
-                int64_t pi = (int64_t)c->dec.ids[gi][bi] * l->slots + j;
-                owner[pi] = gi;
-                obi[pi] = bi;
-            }
+            owner[c->dec.ids[gi][bi]] = gi;
+            obi[c->dec.ids[gi][bi]] = bi;
         }
     }
-    for (int64_t pi = 0; pi < nb * l->slots; ++pi) {
-        const uint8_t *page = r->host + (size_t)pi * g->page_size;   /* the pool, host-side */
-        int gi = owner[pi];
-        int slot = (int)(pi % l->slots);
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t *have = r->host + (size_t)b * bytes;   /* the pool, host-side */
+        int gi = owner[b];
 
-        if (gi < 0) {
-            kvf_xt_poison(expect, g->page_size, XT_POISON_DECODE);
-        } else if (l->groups[gi].kind == KVF_GROUP_ATTENTION) {
-            memset(expect, 0, g->page_size);
-            r->elements_checked += xt_fill_attn(c, g, l->groups[gi].layers[slot], obi[pi],
-                                                expect);
-        } else {
-            kvf_xt_poison(expect, g->page_size, XT_POISON_DECODE);
-            r->elements_checked += xt_fill_mamba(c, g, l->groups[gi].layers[slot], expect);
-            xt_mamba_pad_expect(g, page, expect);
-        }
-        r->pages_checked++;
-        if (memcmp(page, expect, g->page_size) != 0) {
+        r->elements_checked += xt_block_expect(c, g, gi, obi[b], have, expect);
+        r->pages_checked += (uint64_t)l->slots;
+        if (memcmp(have, expect, bytes) != 0) {
             size_t k = 0;
-            while (page[k] == expect[k]) {
+            while (have[k] == expect[k]) {
                 k++;
             }
             snprintf(r->err, sizeof(r->err),
-                     "decode rank %d: page (block %" PRId64 ", slot %d, %s) differs at byte "
-                     "%zu of %zu: got 0x%02x expected 0x%02x", r->rank, pi / l->slots, slot,
+                     "decode rank %d: block %" PRId64 " (%s, %s) differs at byte %zu of %zu"
+                     " (page %zu): got 0x%02x expected 0x%02x", r->rank, b,
                      (gi < 0) ? "outside the request" :
                      ((l->groups[gi].kind == KVF_GROUP_ATTENTION) ? "attention" : "mamba"),
-                     k, g->page_size, page[k], expect[k]);
+                     kvf_kv_layout_name((int)g->kv_layout), k, bytes, k / g->page_size,
+                     have[k], expect[k]);
             status = KVF_ERR_INVALID_PARAM;
             goto out;
         }

@@ -249,6 +249,7 @@ void kvf_page_pool_attn_view(kvf_page_pool_h pool, const kvf_rank_geometry_t *ge
     kv_p->head_dim = head_dim;
     kv_p->block_size = geom->block_size;
     kv_p->kernel_block_size = geom->kernel_block_size;
+    kv_p->layout = (int)geom->kv_layout;
     kv_p->block_table = block_table;
     kv_p->num_blocks = num_blocks;
 }

@@ -11,6 +11,10 @@
  *
  *     page(block b, slot j) = base + (b * slots + j) * page_size
  *
+ * (a Mamba group's state lives in these pages; an attention block's bytes are the same
+ * `slots` pages, addressed by the geometry's strides: per page at --kv-layout layer-major,
+ * head by head across them at head-major, kvf_page_pool_attn_view() hands the layout on).
+ *
  * A block id means the same pages on every rank of an instance, so WHICH
  * block a request gets is decided once per instance by the block manager
  * (common/cache/kvf_block_manager.h: free list, block tables, fresh-block

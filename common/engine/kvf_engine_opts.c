@@ -43,3 +43,8 @@ kvf_status_t kvf_engine_opts_block_sizes(int block_size, int exact_block_size)
     }
     return KVF_OK;
 }
+
+kvf_status_t kvf_engine_opts_kv_layout(const char *text, kvf_kv_layout_t *layout_p)
+{
+    return kvf_kv_layout_parse(text, "--kv-layout", layout_p);
+}

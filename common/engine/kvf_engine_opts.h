@@ -23,6 +23,7 @@
 
 #include "kvf_config.h"
 #include "kvf_dtype.h"
+#include "kvf_geometry.h"
 #include "kvf_status.h"
 
 #include <stdbool.h>
@@ -69,6 +70,12 @@
                  "max(16, N) that holds a rank's Mamba state (dense models: N itself); "        \
                  "--exact-block-size, where a command takes it, sets the size instead",         \
                  _t, _p block_size, INT)
+#define KVF_EOPT_KV_LAYOUT(_t, _p)                                                            \
+    KVF_EOPT_ROW(KV_LAYOUT, "layer-major", "attention KV block layout: layer-major (a page "   \
+                 "per layer slot) or head-major (a KV head's every layer slot together, so a " \
+                 "pull at unequal TP reads a block of a source rank as one descriptor; "        \
+                 "docs/ARCHITECTURE.md §7); the two sides of a pair may differ",               \
+                 _t, _p kv_layout, STRING)
 #define KVF_EOPT_EXACT_BLOCK_SIZE(_t, _p)                                                     \
     KVF_EOPT_ROW(EXACT_BLOCK_SIZE, "0", "this logical block size, tokens, instead of the "     \
                  "derived one; refused when too small for a rank's Mamba state (0: derive)",   \
@@ -118,5 +125,11 @@ kvf_status_t kvf_engine_opts_dtype(const char *flag, const char *text, kvf_dtype
  * @return KVF_OK; KVF_ERR_INVALID_PARAM, one line logged naming the flag and the value.
  */
 kvf_status_t kvf_engine_opts_block_sizes(int block_size, int exact_block_size);
+
+/**
+ * The one parser of --kv-layout: "layer-major" or "head-major".
+ * @return KVF_OK; KVF_ERR_INVALID_PARAM, one line logged naming the flag and the value.
+ */
+kvf_status_t kvf_engine_opts_kv_layout(const char *text, kvf_kv_layout_t *layout_p);
 
 #endif /* KVF_ENGINE_OPTS_H */

@@ -30,19 +30,37 @@ void kvf_cache_params_default(const kvf_model_config_t *cfg, kvf_cache_params_t 
     params_p->kernel_sizes.multiple_of = 16;
 }
 
+kvf_status_t kvf_kv_layout_parse(const char *text, const char *what, kvf_kv_layout_t *layout_p)
+{
+    for (int i = 0; i < KVF_KV_LAYOUT_COUNT; ++i) {
+        if ((text != NULL) && (strcmp(text, kvf_kv_layout_name(i)) == 0)) {
+            *layout_p = (kvf_kv_layout_t)i;
+            return KVF_OK;
+        }
+    }
+    kvf_error("%s '%s' is not a KV cache layout (layer-major, head-major)", what,
+              (text != NULL) ? text : "(null)");
+    return KVF_ERR_INVALID_PARAM;
+}
+
+int kvf_cache_slots(const kvf_model_config_t *cfg)
+{
+    int slots = cfg->num_attention_layers;
+    if ((cfg->num_mamba_layers > 0) && (cfg->num_mamba_layers < slots)) {
+        slots = cfg->num_mamba_layers;
+    }
+    return slots;
+}
+
 kvf_status_t kvf_cache_layout_build(const kvf_model_config_t *cfg, kvf_cache_layout_t *layout_p)
 {
     static const char kinds[2] = {KVF_LAYER_ATTENTION, KVF_LAYER_MAMBA};
     kvf_cache_layout_t *l = calloc(1, sizeof(*l));
-    int counts[2] = {cfg->num_attention_layers, cfg->num_mamba_layers};
 
     if (l == NULL) {
         return KVF_ERR_NO_MEMORY;
     }
-    l->slots = counts[0];
-    if ((counts[1] > 0) && (counts[1] < l->slots)) {
-        l->slots = counts[1];
-    }
+    l->slots = kvf_cache_slots(cfg);
     for (int i = 0; i < cfg->num_layers; ++i) {
         l->layer_group[i] = -1;
         l->layer_slot[i] = -1;
@@ -342,6 +360,16 @@ kvf_status_t kvf_rank_geometry_compute(const kvf_model_config_t *cfg,
     g.kernel_block_bytes = g.page_size / (size_t)g.ppl;
     g.head_run_bytes = (size_t)g.kernel_block_size * (size_t)cfg->head_dim *
                        kvf_dtype_size(params->kv_dtype);
+    if (((int)params->kv_layout < 0) || ((int)params->kv_layout >= KVF_KV_LAYOUT_COUNT)) {
+        kvf_error("kv_layout %d is not a KV cache layout (layer-major, head-major)",
+                  (int)params->kv_layout);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    g.kv_layout = params->kv_layout;
+    g.slots = kvf_cache_slots(cfg);
+    g.attn = kvf_kv_strides_make((int)g.kv_layout, g.slots, g.page_size, g.ppl,
+                                 g.shard.kv_heads, g.kernel_block_size, cfg->head_dim,
+                                 kvf_dtype_size(params->kv_dtype));
     if (g.mamba_bytes > g.page_size) {   /* explicit sizes are checked above; belt and braces */
         kvf_error("page_size %zu is smaller than the Mamba state %zu on rank %d of TP %d",
                   g.page_size, g.mamba_bytes, tp_rank, tp_size);

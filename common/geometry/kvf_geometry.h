@@ -11,6 +11,12 @@
  *   page(block b, slot j)  = base + (b * slots + j) * page_size
  *   attention page         = ppl kernel blocks, each HND:
  *                            [K|V][kv_heads_rank][kernel_block_size][head_dim]
+ *                            (--kv-layout layer-major, the default); with head-major an
+ *                            attention block is [kv head][slot][kernel block][K|V][tokens]
+ *                            [head_dim] instead (kernels/kvf_kv_layout.h; the block's bytes
+ *                            and a Mamba page are unchanged). Every attention address
+ *                            goes through kvf_rank_geometry_t.attn (kvf_attn_slot_off +
+ *                            kvf_attn_offset).
  *   Mamba page             = [conv state (conv_dim_rank, conv_kernel-1),
  *                             dimension-first, x|B|C channels
  *                            | SSM state (mamba_heads_rank, head_dim, state)
@@ -27,9 +33,11 @@
 #ifndef KVF_GEOMETRY_H
 #define KVF_GEOMETRY_H
 
+#include "kvf_kv_layout.h"
 #include "kvf_shard.h"
 
 #include <stddef.h>
+#include <stdint.h>
 
 #define KVF_MAX_KV_GROUPS     64
 #define KVF_MAX_KERNEL_SIZES   8
@@ -58,7 +66,14 @@ typedef struct kvf_cache_params {
     int                block_size;     /* explicit logical size; 0 -> derive */
     kvf_align_mode_t   align;
     kvf_kernel_sizes_t kernel_sizes;   /* all zero -> MultipleOf(16) */
+    kvf_kv_layout_t    kv_layout;      /* attention block layout; 0: layer-major */
 } kvf_cache_params_t;
+
+/**
+ * Parse "layer-major" / "head-major" into @a layout_p. KVF_ERR_INVALID_PARAM (logged naming
+ * @a what and the value, and the accepted ones) for anything else, NULL included.
+ */
+kvf_status_t kvf_kv_layout_parse(const char *text, const char *what, kvf_kv_layout_t *layout_p);
 
 /**
  * Defaults: bf16 KV; conv state in the model's dtype (config.json "dtype" or
@@ -93,6 +108,9 @@ typedef struct kvf_cache_layout {
     int            layer_slot[KVF_MAX_LAYERS];
 } kvf_cache_layout_t;
 
+/** Pages per block of @a cfg (kvf_cache_layout_t.slots): the smallest per-kind layer count. */
+int kvf_cache_slots(const kvf_model_config_t *cfg);
+
 /** Build the cache layout of @a cfg. KVF_ERR_INVALID_PARAM if over KVF_MAX_KV_GROUPS. */
 kvf_status_t kvf_cache_layout_build(const kvf_model_config_t *cfg, kvf_cache_layout_t *layout_p);
 
@@ -111,6 +129,9 @@ typedef struct kvf_rank_geometry {
     size_t       page_size;              /* bytes: block_size * A1 */
     size_t       kernel_block_bytes;     /* page_size / ppl */
     size_t       head_run_bytes;         /* one head's tokens in one kernel block */
+    kvf_kv_layout_t kv_layout;           /* kvf_cache_params_t.kv_layout */
+    int          slots;                  /* pages per block (kvf_cache_layout_t.slots) */
+    kvf_kv_strides_t attn;               /* attention block strides (kvf_kv_layout.h) */
     double       mamba_padding_pct;      /* (page - M) / page * 100; 0 for dense */
 } kvf_rank_geometry_t;
 
@@ -162,16 +183,26 @@ kvf_status_t kvf_rank_geometry_compute(const kvf_model_config_t *cfg,
 
 /* ---- byte offsets inside one page (all in bytes from the page start) ---- */
 
-/** Attention element (token `tok` of the logical block, kv 0=K 1=V, rank-local head, dim d). */
+/**
+ * Byte offset from the pool base of layer slot @a slot of attention block @a block: the base
+ * kvf_attn_offset() is added to ((block * slots + slot) * page_size at layer-major, where it is
+ * the page; at head-major head 0's share of that slot).
+ */
+static inline uint64_t kvf_attn_slot_off(const kvf_rank_geometry_t *g, int64_t block, int slot)
+{
+    return (uint64_t)block * (uint64_t)g->attn.block + (uint64_t)slot * (uint64_t)g->attn.slot;
+}
+
+/** Attention element (token `tok` of the logical block, kv 0=K 1=V, rank-local head, dim d),
+ * bytes from kvf_attn_slot_off() of its block and slot. */
 static inline size_t kvf_attn_offset(const kvf_rank_geometry_t *g, const kvf_model_config_t *cfg,
                                      int tok, int kv, int head, int d)
 {
     size_t kb = (size_t)(tok / g->kernel_block_size);
     size_t t = (size_t)(tok % g->kernel_block_size);
     size_t elt = kvf_dtype_size(g->kv_dtype);
-    size_t row = ((size_t)kv * (size_t)g->shard.kv_heads + (size_t)head) *
-                 (size_t)g->kernel_block_size + t;
-    return kb * g->kernel_block_bytes + (row * (size_t)cfg->head_dim + (size_t)d) * elt;
+    return kvf_kv_run_off(&g->attn, 0, 0, kb, (size_t)kv, (size_t)head) +
+           (t * (size_t)cfg->head_dim + (size_t)d) * elt;
 }
 
 /** Conv state element: rank-local channel c (x|B|C order), tap j in [0, conv_kernel-1). */

@@ -24,9 +24,10 @@
  * the step's rows are not already in it; the bf16 output is widened back into the layer's
  * fp32 rows (gathered back the same way).
  *
- * Pages. A request's page indices are those of slot 0 of its group (kvf_fi_pages()); a layer
- * in slot j passes the pool's base moved by j pages (j * page_size bytes: a multiple of
- * FlashInfer's page unit, kvf_fi_plan.h), so one plan per cache group serves every layer.
+ * Pages. A request's page indices are those of slot 0 of its group (kvf_fi_pages_kv(), by the
+ * geometry's strides: --kv-layout layer-major or head-major); a layer in slot j passes the
+ * pool's base moved by j slots (j * kvf_kv_strides_t.slot bytes: a multiple of FlashInfer's
+ * page unit, kvf_fi_plan.h), so one plan per cache group serves every layer.
  *
  * Rejected: the kernel chosen by the step (prefill for any step with a prompt token, decode
  * for pure decode steps): an output token would get other bits when a prompt shares its
@@ -207,8 +208,8 @@ kvf_status_t kvf_fwd_fi_prepare(kvf_model_h m, const kvf_rank_ctx_t *ctx,
                   "32, 64, 128 and 256)", kvf_dtype_name(geo->kv_dtype), hd);
         return KVF_ERR_UNSUPPORTED;
     }
-    why = kvf_fi_geometry(geo->kv_dtype, hd, qh, s->kv_heads, geo->kernel_block_size,
-                          geo->page_size, kvf_page_pool_bytes(ctx->pool), 1, &g);
+    why = kvf_fi_geometry_kv(geo->kv_dtype, hd, qh, s->kv_heads, geo->kernel_block_size,
+                             &geo->attn, kvf_page_pool_bytes(ctx->pool), 1, &g);
     if (why != NULL) {
         kvf_error("KVF_GPU_ATTN=flashinfer: FlashInfer cannot serve this KV cache: %s", why);
         return KVF_ERR_UNSUPPORTED;
@@ -379,9 +380,8 @@ static bool kvf_fi_pages_of(struct kvf_fwd_fi *fi, const kvf_rank_ctx_t *ctx,
 
     indptr[0] = 0;
     for (int i = 0; i < n; ++i) {
-        const int pn = kvf_fi_pages(&fi->geom, batch->seqs[seq[i]].group_blocks[g],
-                                    geo->block_size, ctx->layout->slots, 0, geo->page_size,
-                                    len[i], pages + k, cap - k);
+        const int pn = kvf_fi_pages_kv(&fi->geom, batch->seqs[seq[i]].group_blocks[g],
+                                       geo->block_size, 0, len[i], pages + k, cap - k);
         if (pn < 1) {
             return false;
         }
@@ -451,7 +451,7 @@ static int kvf_fi_launch(kvf_model_h m, const kvf_rank_ctx_t *ctx, const kvf_dev
     const kvf_shard_t *s = &m->ranks[ctx->rank].shard;
     const int g = ctx->layout->layer_group[l], qd = fi->qh * fi->hd;
     uint8_t *pool = (uint8_t *)kvf_page_pool_base(ctx->pool) +
-                    (size_t)ctx->layout->layer_slot[l] * ctx->geom->page_size;
+                    (size_t)ctx->layout->layer_slot[l] * ctx->geom->attn.slot;
     const float scale = (m->cfg.attention_multiplier > 0.0) ? (float)m->cfg.attention_multiplier :
                         1.0f / sqrtf((float)fi->hd);
     uint16_t *qb = FI_B(fi, B_QB), *ob = FI_B(fi, B_OB);

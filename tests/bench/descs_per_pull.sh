@@ -6,6 +6,8 @@
 #
 #   tests/bench/descs_per_pull.sh [--kvf build-dev/bin/kvf] [--model CONFIG] [--tokens 8192]
 #                                 [--iters 5] [--device cpu|cuda:N] [--path auto|ucx|ipc]
+#                                 [--kv-layout layer-major|head-major]
+# (--kv-layout: both sides' attention block layout, docs/ARCHITECTURE.md §7)
 #
 # Prints one markdown row per cell:
 #   layout | blocks P:D | descs per rank (coalesced) | per pull (total) | uncoalesced total |
@@ -15,11 +17,11 @@ set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 kvf=$root/build-dev/bin/kvf
 model=$root/tests/data/models/nemotron-nano-9b-v2.config.json
-tokens=8192 iters=5 device=cpu path=auto
+tokens=8192 iters=5 device=cpu path=auto kvl=layer-major
 while [ $# -gt 0 ]; do
     case $1 in
         --kvf) kvf=$2 ;; --model) model=$2 ;; --tokens) tokens=$2 ;; --iters) iters=$2 ;;
-        --device) device=$2 ;; --path) path=$2 ;;
+        --device) device=$2 ;; --path) path=$2 ;; --kv-layout) kvl=$2 ;;
         *) echo "descs_per_pull.sh: unknown flag '$1'" >&2; exit 2 ;;
     esac
     shift 2
@@ -27,8 +29,8 @@ done
 [ -x "$kvf" ] || { echo "descs_per_pull.sh: no kvf at $kvf (--kvf)" >&2; exit 2; }
 out=$(mktemp -d) || exit 2
 trap 'rm -rf "$out"' EXIT
-alloc=()
-[ "$device" = cpu ] && alloc=(--pool-alloc heap)
+alloc=(--kv-layout "$kvl")
+[ "$device" = cpu ] && alloc+=(--pool-alloc heap)
 
 # one cell: layout, prefill block, decode block (0: derived), extra flags
 cell() {
@@ -62,7 +64,8 @@ cell() {
     echo "| $lay | $blk | $per | $tot | ${nc:--} | $plan | $pp | $cpu | ok |"
 }
 
-echo "# kvf bench, $(basename "$model"), $tokens tokens, device $device, path $path," \
+echo "# kvf bench, $(basename "$model"), $tokens tokens, kv layout $kvl, device $device," \
+     "path $path," \
      "$iters pulls (medians), $(nproc) CPUs, load $(cut -d' ' -f1 /proc/loadavg)"
 echo "| layout | blocks P:D | descs per rank | per pull | uncoalesced per pull |" \
      "plan us | plan+post ms | post cpu us/desc | verify |"

@@ -80,6 +80,7 @@ static void check_rank_equal(const kvf_rank_meta_t *a, const kvf_rank_meta_t *b)
 {
     FUZZ_CHECK(strcmp(a->engine_id, b->engine_id) == 0);
     FUZZ_CHECK(strcmp(a->layout_tag, b->layout_tag) == 0);
+    FUZZ_CHECK(a->kv_layout == b->kv_layout);
     FUZZ_CHECK(a->protocol_version == b->protocol_version);
     FUZZ_CHECK(a->model_fingerprint == b->model_fingerprint);
     FUZZ_CHECK((a->tp_rank == b->tp_rank) && (a->tp_size == b->tp_size));
@@ -128,6 +129,7 @@ static void check_reply(const uint8_t *data, size_t size)
                    (m->ssm_dtype < KVF_DTYPE_COUNT));
         FUZZ_CHECK(str_ok(m->engine_id, sizeof(m->engine_id)));
         FUZZ_CHECK(str_ok(m->layout_tag, sizeof(m->layout_tag)));
+        FUZZ_CHECK(((int)m->kv_layout >= 0) && ((int)m->kv_layout < KVF_KV_LAYOUT_COUNT));
         for (int j = 0; j < m->num_regions; ++j) {
             FUZZ_CHECK((m->regions[j].rkey_len >= 1) && (m->regions[j].rkey_len <= KVF_RKEY_MAX));
             FUZZ_CHECK(m->regions[j].addr + m->regions[j].length > m->regions[j].addr);

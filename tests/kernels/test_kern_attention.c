@@ -314,6 +314,68 @@ static void test_chunking_matches_steps(void **state)
     free(qkv);
 }
 
+/*
+ * The head-major block layout (kvf_kv_layout.h) is the same math at other addresses: the
+ * same tokens written and attended at both layouts give bit-identical outputs (one call of
+ * every row, the blocked path, and single decode rows, under a window too), while head h's
+ * K row t sits where the layout's definition puts it (written out here, not through the
+ * strides) and the two pools differ.
+ */
+static void test_layouts_bit_identical(void **state)
+{
+    static const int32_t table[] = {4, 1, 3};
+    enum { N = 130, BS = 48, KBS = 16, PPL = BS / KBS };
+    kvf_test_rng_t rng = {777};
+    float *qkv = malloc((size_t)N * LDQKV * sizeof(float));
+    float *out[2], one[2][QH * HD];
+    int32_t pos[N];
+    fixture_t f[2];
+    (void)state;
+
+    assert_non_null(qkv);
+    kvf_test_fill(&rng, qkv, (size_t)N * LDQKV, -1, 1);
+    for (int i = 0; i < N; ++i) {
+        pos[i] = i;
+    }
+    for (int w = 0; w < 2; ++w) {
+        for (int l = 0; l < 2; ++l) {
+            fixture_init(&f[l], KVF_DTYPE_BF16, BS, KBS, table, 3, 0);
+            f[l].kv.layout = l ? KVF_KV_HEAD_MAJOR : KVF_KV_LAYER_MAJOR;
+            f[l].kv.window = w ? 40 : 0;
+            assert_int_equal(kvf_paged_kv_check(&f[l].kv), KVF_KERN_OK);
+            out[l] = malloc((size_t)N * QH * HD * sizeof(float));
+            assert_non_null(out[l]);
+            assert_int_equal(kvf_attn_cache_write(NULL, &f[l].kv, qkv + QH * HD,
+                                                  qkv + (QH + KVH) * HD, LDQKV, pos, N),
+                             KVF_KERN_OK);
+            assert_int_equal(kvf_attn_paged(NULL, &f[l].kv, qkv, LDQKV, pos, N, QH, 0, out[l]),
+                             KVF_KERN_OK);
+            assert_int_equal(kvf_attn_paged(NULL, &f[l].kv, qkv + (size_t)(N - 1) * LDQKV,
+                                            LDQKV, &pos[N - 1], 1, QH, 0, one[l]),
+                             KVF_KERN_OK);
+        }
+        assert_memory_equal(out[0], out[1], (size_t)N * QH * HD * sizeof(float));
+        assert_memory_equal(one[0], one[1], sizeof(one[0]));
+        assert_memory_not_equal(f[0].pool, f[1].pool, f[0].pool_bytes);
+        /* token 100 (block 2 -> id 3, kernel block 0 of it), K of head 1, dim 0 */
+        {
+            const size_t elt = 2, run = (size_t)KBS * HD * elt;
+            const size_t off = 3u * SLOTS * f[1].kv.page_size + 1u * (SLOTS * PPL * 2 * run) +
+                               (size_t)SLOT * (PPL * 2 * run) + 0u * (2 * run) +
+                               (size_t)(100 % KBS) * HD * elt;
+            const uint16_t want = kvf_fp32_to_bf16(qkv[(size_t)100 * LDQKV + QH * HD + HD]);
+            uint16_t got;
+            memcpy(&got, (const char *)f[1].pool + off, sizeof(got));
+            assert_int_equal(got, want);
+        }
+        for (int l = 0; l < 2; ++l) {
+            free(out[l]);
+            free(f[l].pool);
+        }
+    }
+    free(qkv);
+}
+
 /* kvf_attn_write_paged_seqs with q and out NULL: the K/V write of every request alone
  * (FlashInfer's forward path), the pool then byte for byte what the write-and-attend call
  * leaves; one of q / out NULL refused. */
@@ -635,6 +697,7 @@ int main(void)
         cmocka_unit_test(test_stale_nan_hazard),
         cmocka_unit_test(test_negative_scores_masked_slots),
         cmocka_unit_test(test_chunking_matches_steps),
+        cmocka_unit_test(test_layouts_bit_identical),
         cmocka_unit_test(test_seqs_write_only),
         cmocka_unit_test(test_long_chunk_threads),
         cmocka_unit_test(test_errors),

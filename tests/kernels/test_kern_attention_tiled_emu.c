@@ -161,7 +161,7 @@ static void pertoken_ref(const kvf_cuda_kv *g, const float *qv, const int32_t *t
                          int limit, int qh, int kh, int y, int splits, float scale, float *m_p,
                          float *l_p, float *acc, float *o)
 {
-    const int hd = g->head_dim, kbs = g->kbs, nkv = g->kv_heads;
+    const int hd = g->head_dim, kbs = g->kbs;
     float m = -INFINITY, l = 0.0f, *sc = malloc((size_t)kbs * sizeof(float));
     const int lo = kvf_attn_window_lo(limit, g->window);
     int kb0, kb1;
@@ -172,9 +172,8 @@ static void pertoken_ref(const kvf_cuda_kv *g, const float *qv, const int32_t *t
     }
     for (int kb = kb0; kb < kb1; ++kb) {
         const int token0 = kb * kbs;
-        const char *kblock = kvf_cuda_kblock(g, table, token0);
-        const char *kt = kblock + (size_t)kh * kbs * hd * g->elt;
-        const char *vt = kblock + (size_t)(nkv + kh) * kbs * hd * g->elt;
+        const char *kt = kvf_cuda_run(g, table, token0, 0, kh);
+        const char *vt = kvf_cuda_run(g, table, token0, 1, kh);
         float m_new = m;
         for (int j = 0; j < kbs; ++j) {
             float dot = 0.0f;
@@ -227,6 +226,7 @@ typedef struct ecase {
     int window;      /* kvf_paged_kv_t.window (0: full causal) */
     int sinks;       /* kvf_paged_kv_t.sinks: gpt-oss's sink per query head (some above
                       * every score) */
+    int layout;      /* kvf_paged_kv_t.layout (kvf_kv_layout.h); 0: layer-major */
 } ecase_t;
 
 /* kvf_paged_kv_t.softcap of every case run_case() runs (gemma2's score softcap; 0: none) */
@@ -330,6 +330,7 @@ static size_t run_case(const ecase_t *c, uint64_t seed)
     kv.head_dim = hd;
     kv.block_size = c->block_size;
     kv.kernel_block_size = c->kbs;
+    kv.layout = c->layout;
     kv.page_size = (size_t)(c->block_size / c->kbs) * kvf_paged_kv_kernel_block_bytes(&kv) + 64;
     const size_t pool_bytes = (size_t)(nblocks + 2) * 2 * kv.page_size;
     const size_t elt = kvf_dtype_size(c->dt);
@@ -434,11 +435,11 @@ static size_t run_case(const ecase_t *c, uint64_t seed)
 static void test_tiled_emu_prefill(void **state)
 {
     static const ecase_t cases[] = {
-        {KVF_DTYPE_FP32, 8, 2, 32, 16, 32, 0, {40}, {0}, 0, 0, 0, 0},
-        {KVF_DTYPE_BF16, 10, 2, 32, 48, 96, 0, {21}, {100}, 0, 0, 0, 0},
-        {KVF_DTYPE_FP16, 3, 1, 80, 16, 16, 0, {9}, {60}, 1, 0, 0, 0},
-        {KVF_DTYPE_BF16, 10, 2, 128, 16, 64, 0, {7}, {40}, 0, 0, 0, 0},   /* 9B's head_dim, GQA 5 */
-        {KVF_DTYPE_FP32, 4, 2, 256, 64, 64, 0, {5}, {70}, 0, 0, 0, 0},    /* passes of 8 rows */
+        {KVF_DTYPE_FP32, 8, 2, 32, 16, 32, 0, {40}, {0}, 0, 0, 0, 0, 0},
+        {KVF_DTYPE_BF16, 10, 2, 32, 48, 96, 0, {21}, {100}, 0, 0, 0, 0, 0},
+        {KVF_DTYPE_FP16, 3, 1, 80, 16, 16, 0, {9}, {60}, 1, 0, 0, 0, 0},
+        {KVF_DTYPE_BF16, 10, 2, 128, 16, 64, 0, {7}, {40}, 0, 0, 0, 0, 0},  /* 9B's hd, GQA 5 */
+        {KVF_DTYPE_FP32, 4, 2, 256, 64, 64, 0, {5}, {70}, 0, 0, 0, 0, 0},    /* passes of 8 rows */
     };
     (void)state;
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); ++i) {
@@ -451,7 +452,7 @@ static void test_tiled_emu_prefill(void **state)
 static void test_tiled_emu_split(void **state)
 {
     static const ecase_t c = {KVF_DTYPE_FP16, 4, 2, 32, 256, 256, 3, {1, 1, 3}, {5000, 100,
-                              2300}, 0, 0, 0, 0};
+                              2300}, 0, 0, 0, 0, 0};
     (void)state;
     assert_true(run_case(&c, 0x777) > 0);
 }
@@ -460,7 +461,7 @@ static void test_tiled_emu_split(void **state)
  * both sides (masked slots meet V as 0 * v) */
 static void test_tiled_emu_stale_nan(void **state)
 {
-    static const ecase_t c = {KVF_DTYPE_FP32, 4, 1, 32, 16, 32, 0, {21}, {0}, 0, 1, 0, 0};
+    static const ecase_t c = {KVF_DTYPE_FP32, 4, 1, 32, 16, 32, 0, {21}, {0}, 0, 1, 0, 0, 0};
     (void)state;
     assert_true(run_case(&c, 0x99) > 0);
 }
@@ -469,9 +470,9 @@ static void test_tiled_emu_stale_nan(void **state)
  * different kernel blocks, and a batch with split-K decode rows far past the window */
 static void test_tiled_emu_window(void **state)
 {
-    static const ecase_t p = {KVF_DTYPE_BF16, 8, 2, 32, 16, 32, 0, {40}, {70}, 0, 0, 37, 0};
+    static const ecase_t p = {KVF_DTYPE_BF16, 8, 2, 32, 16, 32, 0, {40}, {70}, 0, 0, 37, 0, 0};
     static const ecase_t d = {KVF_DTYPE_FP16, 4, 2, 32, 256, 256, 3, {1, 1, 3}, {5000, 100,
-                              2300}, 0, 0, 700, 0};
+                              2300}, 0, 0, 700, 0, 0};
     (void)state;
     assert_true(run_case(&p, 0x3131) > 0);
     assert_true(run_case(&d, 0x3232) > 0);
@@ -479,12 +480,28 @@ static void test_tiled_emu_window(void **state)
 
 /* gpt-oss's attention sinks: a prefill chunk under a window and split-K decodes (their
  * partials: the merge applies the sink) */
+/* the head-major block layout (kvf_kv_layout.h): both kernels' twins address K/V through
+ * the same strides; a prefill chunk, split-K decode rows, and stale NaN bytes */
+static void test_tiled_emu_head_major(void **state)
+{
+    static const ecase_t cases[] = {
+        {KVF_DTYPE_BF16, 10, 2, 32, 48, 96, 0, {21}, {100}, 0, 0, 0, 0, KVF_KV_HEAD_MAJOR},
+        {KVF_DTYPE_FP16, 4, 2, 32, 256, 256, 3, {1, 1, 3}, {5000, 100, 2300}, 0, 0, 0, 0,
+         KVF_KV_HEAD_MAJOR},
+        {KVF_DTYPE_FP32, 4, 1, 32, 16, 32, 0, {21}, {0}, 0, 1, 0, 0, KVF_KV_HEAD_MAJOR},
+    };
+    (void)state;
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); ++i) {
+        assert_true(run_case(&cases[i], 0x4242 + i) > 0);
+    }
+}
+
 static void test_tiled_emu_sinks(void **state)
 {
-    static const ecase_t p = {KVF_DTYPE_FP32, 8, 2, 32, 16, 32, 0, {40}, {70}, 0, 0, 37, 1};
-    static const ecase_t f = {KVF_DTYPE_BF16, 6, 2, 32, 16, 32, 0, {21}, {100}, 0, 0, 0, 1};
+    static const ecase_t p = {KVF_DTYPE_FP32, 8, 2, 32, 16, 32, 0, {40}, {70}, 0, 0, 37, 1, 0};
+    static const ecase_t f = {KVF_DTYPE_BF16, 6, 2, 32, 16, 32, 0, {21}, {100}, 0, 0, 0, 1, 0};
     static const ecase_t d = {KVF_DTYPE_FP16, 4, 2, 32, 256, 256, 3, {1, 1, 3}, {5000, 100,
-                              2300}, 0, 0, 0, 1};
+                              2300}, 0, 0, 0, 1, 0};
     (void)state;
     assert_true(run_case(&p, 0x5151) > 0);
     assert_true(run_case(&f, 0x5252) > 0);
@@ -516,6 +533,7 @@ int main(void)
         cmocka_unit_test(test_tiled_emu_window),
         cmocka_unit_test(test_tiled_emu_sinks),
         cmocka_unit_test(test_tiled_emu_softcap),
+        cmocka_unit_test(test_tiled_emu_head_major),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

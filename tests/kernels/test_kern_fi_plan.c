@@ -100,6 +100,53 @@ static void check_elements(kvf_dtype_t dt, int kvh, int hd, int kbs, int block_s
                                   256), -1);
 }
 
+/* the same through kvf_fi_geometry_kv() at both KV layouts (kvf_kv_layout.h): FlashInfer's
+ * address of every K and V row (page index, head stride, v_offset, and slot j's base moved
+ * by j slots) is the strides' own, kvf_kv_pos_run_off() */
+static void check_elements_kv(int layout, int kvh, int hd, int kbs, int block_size, int slots,
+                              size_t page_size)
+{
+    const int32_t table[] = {7, 2, 11, 0};
+    const int tokens = 3 * block_size + kbs / 2;
+    const size_t elt = 2;
+    const kvf_kv_strides_t st = kvf_kv_strides_make(layout, slots, page_size, block_size / kbs,
+                                                    kvh, kbs, hd, elt);
+    kvf_fi_geom_t g;
+    int32_t pages[256];
+
+    assert_null(kvf_fi_geometry_kv(KVF_DTYPE_BF16, hd, kvh * 4, kvh, kbs, &st, 64u << 20, 1,
+                                   &g));
+    assert_int_equal(kvf_fi_pages_kv(&g, table, block_size, 0, tokens, pages, 256),
+                     (tokens + kbs - 1) / kbs);
+    for (int slot = 0; slot < slots; ++slot) {
+        assert_int_equal(st.slot % g.unit, 0);
+        for (int pos = 0; pos < tokens; ++pos) {
+            const int row = pos % kbs;
+            for (int h = 0; h < kvh; ++h) {
+                uint64_t fk = (uint64_t)slot * st.slot / elt +
+                              (uint64_t)pages[pos / kbs] * g.stride_page +
+                              (uint64_t)h * g.stride_h + (uint64_t)row * g.stride_n;
+                for (int kv = 0; kv < 2; ++kv) {
+                    assert_int_equal((fk + (kv ? g.v_offset : 0)) * elt,
+                                     kvf_kv_pos_run_off(&st, table, block_size, kbs, slot, pos,
+                                                        kv, h) + (size_t)row * hd * elt);
+                }
+            }
+        }
+    }
+    assert_int_equal(kvf_fi_pages_kv(&g, table, block_size, slots, tokens, pages, 256), -1);
+}
+
+static void test_elements_kv_layouts(void **state)
+{
+    (void)state;
+    for (int layout = 0; layout < KVF_KV_LAYOUT_COUNT; ++layout) {
+        check_elements_kv(layout, 2, 32, 16, 32, 3, 2u * 2 * 2 * 16 * 32 * 2);
+        check_elements_kv(layout, 4, 64, 16, 48, 2, 3u * 2 * 4 * 16 * 64 * 2);
+        check_elements_kv(layout, 1, 128, 32, 32, 4, 2u * 1 * 32 * 128 * 2);
+    }
+}
+
 static void test_elements(void **state)
 {
     (void)state;
@@ -181,6 +228,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_elements),
+        cmocka_unit_test(test_elements_kv_layouts),
         cmocka_unit_test(test_plan),
         cmocka_unit_test(test_prefill_plan),
     };

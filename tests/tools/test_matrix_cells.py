@@ -10,7 +10,11 @@
 2. The trained tiny hybrid through a real 1p1d pool (derived block sizes, --base-port given),
    a dtype pair the handshake refuses and fp8 (moved byte-exact, refused by the engine): pass
    with the pool's accuracy, refused naming prefill's and decode's dtypes, refused naming fp8.
-Both runs get a private TMPDIR, which must be empty afterwards (run dirs, keys, prompts).
+3. --kv-layouts (docs/ARCHITECTURE.md §7): the tiny hybrid's 1p1d pool at head-major and
+   with a head-major prefill and a layer-major decode answers as colocated (layer-major);
+   the 9B config at 4p2d passes at both layouts with no more descriptors at head-major; an
+   unknown layout is refused by name (exit 2).
+Every run gets a private TMPDIR, which must be empty afterwards (run dirs, keys, prompts).
 
 Rerun: KVF_BIN=build/bin KVF_SOURCE_DIR=. python3 tests/tools/test_matrix_cells.py
 """
@@ -56,10 +60,10 @@ def free_base():
     raise AssertionError("no free port range")
 
 
-def cell(cells, layout, bs, dts=("bf16", "bf16")):
+def cell(cells, layout, bs, dts=("bf16", "bf16"), kls=("layer-major", "layer-major")):
     got = [c for c in cells if c["layout"] == layout and c["block_sizes"] == list(bs) and
-           c["kv_dtypes"] == list(dts)]
-    check(len(got) == 1, "one cell %s %s %s" % (layout, bs, dts))
+           c["kv_dtypes"] == list(dts) and c["kv_layouts"] == list(kls)]
+    check(len(got) == 1, "one cell %s %s %s %s" % (layout, bs, dts, kls))
     return got[0]
 
 
@@ -121,6 +125,31 @@ def main():
         c = cell(cells, "1p1d", (0, 0), ("fp8", "fp8"))
         check(c["verdict"] == "refused" and "bad value 'fp8' for --kv-dtype" in c["why"] and
               c["bytes"] > 0, "fp8:fp8 moves byte-exact but is refused for serving, by name", c)
+
+        # 3. the attention block layouts
+        hm, mixed = ("head-major", "head-major"), ("head-major", "layer-major")
+        p = matrix(kvf, tmp, ["--model", model, "--layouts", "1p1d", "--dtypes", "bf16:bf16",
+                              "--kv-layouts", "head-major:head-major,head-major:layer-major",
+                              "--limit", "3", "--base-port", str(base), "--json"])
+        check(p.returncode == 0, "tiny-hybrid --kv-layouts exit 0", p.stderr[-3000:])
+        cells = json.loads(p.stdout)["cells"]
+        for kls in (hm, mixed):
+            c = cell(cells, "1p1d", (0, 0), kls=kls)
+            check(c["verdict"] == "pass" and c["same"] == c["questions"] >= 3,
+                  "the 1p1d pool at kv layouts %s:%s answers as colocated" % kls, c)
+        p = matrix(kvf, tmp, ["--model", cfg9b, "--layouts", "4p2d", "--dtypes", "bf16:bf16",
+                              "--kv-layouts", "layer-major:layer-major,head-major:head-major",
+                              "--json"])
+        check(p.returncode == 0, "9B --kv-layouts exit 0", p.stderr[-2000:])
+        cells = json.loads(p.stdout)["cells"]
+        lm, h = cell(cells, "4p2d", (0, 0)), cell(cells, "4p2d", (0, 0), kls=hm)
+        check(lm["verdict"] == h["verdict"] == "pass" and lm["bytes"] == h["bytes"] and
+              h["descriptors"] <= lm["descriptors"],
+              "9B 4p2d at head-major: the same bytes, %d descriptors (layer-major %d)" % (
+                  h["descriptors"], lm["descriptors"]), (lm, h))
+        p = matrix(kvf, tmp, ["--model", cfg9b, "--kv-layouts", "layer-major:diagonal"])
+        check(p.returncode == 2 and "bad value 'diagonal' for --kv-layouts" in p.stderr,
+              "an unknown layout is refused by name", p.stderr[-500:])
     print("PASS test_matrix_cells")
 
 

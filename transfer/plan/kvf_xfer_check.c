@@ -73,6 +73,26 @@ static kvf_status_t kvf_xfer_geom_check(const kvf_model_config_t *cfg,
                   side, rank, g->page_size, g->kernel_block_bytes, g->block_size, a1);
         return KVF_ERR_INVALID_PARAM;
     }
+    if (((int)g->kv_layout < 0) || ((int)g->kv_layout >= KVF_KV_LAYOUT_COUNT)) {
+        kvf_error("xfer plan: %s rank %d kv_layout %d is not a KV cache layout (layer-major,"
+                  " head-major)", side, rank, (int)g->kv_layout);
+        return KVF_ERR_INVALID_PARAM;
+    }
+    {
+        int slots = kvf_cache_slots(cfg);
+        kvf_kv_strides_t st = kvf_kv_strides_make((int)g->kv_layout, slots, g->page_size,
+                                                  g->ppl, s.kv_heads, g->kernel_block_size,
+                                                  cfg->head_dim, kv_elt);
+        if ((g->slots != slots) || (memcmp(&st, &g->attn, sizeof(st)) != 0)) {
+            kvf_error("xfer plan: %s rank %d %s strides (slots %d block %zu head %zu slot %zu"
+                      " kblock %zu kv %zu) do not follow from the model (slots %d block %zu"
+                      " head %zu slot %zu kblock %zu kv %zu)", side, rank,
+                      kvf_kv_layout_name((int)g->kv_layout), g->slots, g->attn.block,
+                      g->attn.head, g->attn.slot, g->attn.kblock, g->attn.kv, slots, st.block,
+                      st.head, st.slot, st.kblock, st.kv);
+            return KVF_ERR_INVALID_PARAM;
+        }
+    }
     if (kvf_model_is_hybrid(cfg)) {
         size_t conv_elt = kvf_dtype_size(g->conv_dtype);
         size_t ssm_elt = kvf_dtype_size(g->ssm_dtype);

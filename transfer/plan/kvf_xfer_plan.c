@@ -36,6 +36,13 @@
  * both region sizes as it is emitted. The plan can therefore never address
  * bytes outside a registered region, whatever the peer sent.
  *
+ * KV layouts: every attention address is each side's own, kvf_attn_slot_off() of (block,
+ * slot) plus kvf_attn_offset() inside it (kernels/kvf_kv_layout.h), so the walk above is the
+ * same at --kv-layout head-major (where it is no longer local memory order) and between
+ * sides of different layouts; the per-rank sort then joins a head's layer slots and a
+ * source rank's heads into one descriptor per block (docs/ARCHITECTURE.md §7). Zero ranges
+ * of a head-major slot are one per head (kvf_xfer_attn_zero_slot()).
+ *
  * Rejected alternatives: copying whole remote blocks into a staging buffer and
  * permuting (one more pass over the data and a buffer per request), and
  * reading only the matching block size (breaks 4p2d-style layouts where block
@@ -162,6 +169,26 @@ static uint64_t kvf_xfer_page_off(int32_t block, int slots, int slot, size_t pag
     return ((uint64_t)block * (uint64_t)slots + (uint64_t)slot) * (uint64_t)page_size;
 }
 
+/* Zero layer slot @a j's share of local attention block @a id: its page at layer-major, each
+ * head's run of slot j at head-major (kvf_kv_layout.h). */
+static kvf_status_t kvf_xfer_attn_zero_slot(kvf_xfer_planner_t *pl, int32_t id, int j)
+{
+    const kvf_rank_geometry_t *lg = pl->lg;
+    uint64_t slot = kvf_attn_slot_off(lg, id, j);
+
+    if (lg->kv_layout != KVF_KV_HEAD_MAJOR) {
+        return kvf_xfer_push_zero(pl, slot, lg->page_size);
+    }
+    for (int h = 0; h < lg->shard.kv_heads; ++h) {
+        kvf_status_t status = kvf_xfer_push_zero(pl, slot + (uint64_t)h * lg->attn.head,
+                                                 lg->attn.slot);
+        if (status != KVF_OK) {
+            return status;
+        }
+    }
+    return KVF_OK;
+}
+
 /* Zero the token tails the transfer leaves in the request's last, partial attention block. */
 static kvf_status_t kvf_xfer_attn_zero_tail(kvf_xfer_planner_t *pl, const kvf_kv_group_t *grp,
                                             int32_t id, int tail)
@@ -172,24 +199,17 @@ static kvf_status_t kvf_xfer_attn_zero_tail(kvf_xfer_planner_t *pl, const kvf_kv
     kvf_status_t status;
 
     for (int j = 0; j < grp->num_layers; ++j) {
-        uint64_t page = kvf_xfer_page_off(id, pl->slots, j, lg->page_size);
+        uint64_t page = kvf_attn_slot_off(lg, id, j);
         for (int kb = 0; kb < lg->ppl; ++kb) {
             int k0 = kb * kl;
             if (k0 + kl <= tail) {
                 continue;                       /* fully transferred */
             }
-            if (k0 >= tail) {                   /* nothing transferred: whole kernel block */
-                status = kvf_xfer_push_zero(pl, page + (uint64_t)kb * lg->kernel_block_bytes,
-                                            lg->kernel_block_bytes);
-                if (status != KVF_OK) {
-                    return status;
-                }
-                continue;
-            }
-            for (int kv = 0; kv < 2; ++kv) {    /* partial: each head's token tail */
-                for (int h = 0; h < lg->shard.kv_heads; ++h) {
-                    uint64_t off = page + kvf_attn_offset(lg, pl->cfg, tail, kv, h, 0);
-                    status = kvf_xfer_push_zero(pl, off, (size_t)(k0 + kl - tail) * row);
+            for (int kv = 0; kv < 2; ++kv) {    /* each head's token tail (a whole kernel */
+                for (int h = 0; h < lg->shard.kv_heads; ++h) {   /* block: merged runs) */
+                    int t0 = (k0 >= tail) ? k0 : tail;
+                    uint64_t off = page + kvf_attn_offset(lg, pl->cfg, t0, kv, h, 0);
+                    status = kvf_xfer_push_zero(pl, off, (size_t)(k0 + kl - t0) * row);
                     if (status != KVF_OK) {
                         return status;
                     }
@@ -205,9 +225,7 @@ static kvf_status_t kvf_xfer_attn_zero_block(kvf_xfer_planner_t *pl, const kvf_k
                                              int32_t id)
 {
     for (int j = 0; j < grp->num_layers; ++j) {
-        kvf_status_t status = kvf_xfer_push_zero(pl, kvf_xfer_page_off(id, pl->slots, j,
-                                                                       pl->lg->page_size),
-                                                 pl->lg->page_size);
+        kvf_status_t status = kvf_xfer_attn_zero_slot(pl, id, j);
         if (status != KVF_OK) {
             return status;
         }
@@ -232,15 +250,19 @@ static void kvf_xfer_piece_add(const kvf_xfer_planner_t *pl, kvf_xfer_piece_t *v
 
 /*
  * Emit @a v[n] for the local page at @a lpage and remote block id @a rid, layer slot @a j;
- * @a with_pad: a piece's page padding too (a page the next layer slot's page follows).
+ * @a with_pad: a piece's page padding too (a page the next layer slot's page follows);
+ * @a attn: attention pieces (the remote slot by the source's strides, kvf_attn_slot_off(),
+ * counted in attn_bytes), else a Mamba page's (page (rid x slots + j), in mamba_bytes).
  */
 static kvf_status_t kvf_xfer_pieces_emit(kvf_xfer_planner_t *pl, const kvf_xfer_piece_t *v,
                                          size_t n, uint64_t lpage, int32_t rid, int j,
-                                         bool with_pad, uint64_t *bytes_p)
+                                         bool with_pad, bool attn)
 {
+    uint64_t *bytes_p = attn ? &pl->attn_bytes : &pl->mamba_bytes;
     for (size_t i = 0; i < n; ++i) {
-        uint64_t rpage = kvf_xfer_page_off(rid, pl->slots, j,
-                                           pl->p->remote_geoms[v[i].rank].page_size);
+        const kvf_rank_geometry_t *rg = &pl->p->remote_geoms[v[i].rank];
+        uint64_t rpage = attn ? kvf_attn_slot_off(rg, rid, j) :
+                                kvf_xfer_page_off(rid, pl->slots, j, rg->page_size);
         uint64_t pad = with_pad ? v[i].pad : 0;
         kvf_status_t status = kvf_xfer_push_desc(pl, v[i].rank, lpage + v[i].loff,
                                                  rpage + v[i].roff, v[i].len - v[i].pad + pad);
@@ -348,8 +370,7 @@ static kvf_status_t kvf_xfer_attn_walk(kvf_xfer_planner_t *pl, const kvf_xfer_gr
                     int64_t rb = t / br;
                     e = (t / kr + 1) * kr;
                     e = (e < t1) ? e : t1;
-                    uint64_t roff = kvf_xfer_page_off(gb->remote_ids[rb], pl->slots, j,
-                                                      rg->page_size) +
+                    uint64_t roff = kvf_attn_slot_off(rg, gb->remote_ids[rb], j) +
                                     kvf_attn_offset(rg, cfg, (int)(t - rb * br), kv,
                                                     pl->attn_src_head[h], 0);
                     uint64_t loff = lpage + kvf_attn_offset(lg, cfg,
@@ -389,13 +410,12 @@ static kvf_status_t kvf_xfer_attn_block(kvf_xfer_planner_t *pl, const kvf_kv_gro
         return kvf_xfer_attn_zero_block(pl, grp, lid);
     }
     for (int j = 0; j < grp->num_layers; ++j) {
-        uint64_t lpage = kvf_xfer_page_off(lid, pl->slots, j, lg->page_size);
+        uint64_t lpage = kvf_attn_slot_off(lg, lid, j);
         if (before_window && kvf_xfer_slot_slides(pl->cfg, grp, j)) {
-            status = kvf_xfer_push_zero(pl, lpage, lg->page_size);
+            status = kvf_xfer_attn_zero_slot(pl, lid, j);
         } else {
             status = whole ? kvf_xfer_pieces_emit(pl, pl->attn, pl->num_attn, lpage,
-                                                  gb->remote_ids[lb], j, false,
-                                                  &pl->attn_bytes) :
+                                                  gb->remote_ids[lb], j, false, true) :
                              kvf_xfer_attn_walk(pl, gb, lb, j, lpage);
         }
         if (status != KVF_OK) {
@@ -533,7 +553,7 @@ static kvf_status_t kvf_xfer_plan_mamba_group(kvf_xfer_planner_t *pl, const kvf_
     for (int j = 0; j < grp->num_layers; ++j) {
         status = kvf_xfer_pieces_emit(pl, pl->mamba, pl->num_mamba,
                                       kvf_xfer_page_off(lid, pl->slots, j, lg->page_size), rid,
-                                      j, j + 1 < grp->num_layers, &pl->mamba_bytes);
+                                      j, j + 1 < grp->num_layers, false);
         if (status != KVF_OK) {
             return status;
         }

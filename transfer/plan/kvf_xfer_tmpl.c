@@ -8,7 +8,9 @@
  * walk over pages and runs, which the kernel does from the templates. Rejected: templates
  * for unequal block sizes (a local block's runs then depend on its position modulo the
  * sizes' least common multiple and read several source blocks: one job would need a list
- * of source ids; those pairs keep the op list).
+ * of source ids; those pairs keep the op list), and for a head-major KV layout on either
+ * side (a job's op addresses page (id * slots + j), which a head-major layer slot is not:
+ * such pairs keep the plan and its op list).
  */
 #include "kvf_xfer_tmpl.h"
 #include "kvf_xfer_check.h"
@@ -65,6 +67,25 @@ static void kvf_xfer_tmpl_part(const kvf_xfer_pieces_t *pc, kvf_xfer_tmpls_t *t)
     }
 }
 
+/* Whether every side is layer-major: a job's ops address page (id * slots + j), which a
+ * head-major layer slot is not (such pairs keep the plan and its op list); @a why says which
+ * side is not (may be NULL). */
+static bool kvf_xfer_tmpl_layer_major(const kvf_xfer_pieces_t *pc, char *why, size_t why_len)
+{
+    for (int r = -1; r < pc->remote_tp; ++r) {
+        const kvf_rank_geometry_t *g = (r < 0) ? &pc->local_geom : &pc->remote_geoms[r];
+        if (g->kv_layout != KVF_KV_LAYER_MAJOR) {
+            if (why != NULL) {
+                snprintf(why, why_len, "%s rank %d has the %s KV layout (templates address "
+                         "layer-major pages)", (r < 0) ? "decode" : "prefill",
+                         (r < 0) ? pc->local_rank : r, kvf_kv_layout_name((int)g->kv_layout));
+            }
+            return false;
+        }
+    }
+    return true;
+}
+
 kvf_status_t kvf_xfer_tmpls_build(const kvf_xfer_pieces_t *pc, kvf_xfer_tmpls_t *out,
                                   char *why, size_t why_len)
 {
@@ -72,6 +93,9 @@ kvf_status_t kvf_xfer_tmpls_build(const kvf_xfer_pieces_t *pc, kvf_xfer_tmpls_t 
     size_t cap;
 
     memset(out, 0, sizeof(*out));
+    if (!kvf_xfer_tmpl_layer_major(pc, why, why_len)) {
+        return KVF_ERR_UNSUPPORTED;
+    }
     if (pc->attn_mapped && (pc->attn_whole <= 0)) {
         snprintf(why, why_len, "block or kernel block sizes differ between the sides (a "
                  "local block spans several source blocks)");
@@ -244,7 +268,7 @@ kvf_status_t kvf_xfer_tmpl_jobs(const kvf_xfer_plan_params_t *p, kvf_gather_job_
     }
     pc = (p->field_mask & KVF_XFER_PLAN_PARAM_FIELD_PIECES) ? p->pieces : NULL;
     if ((pc == NULL) || !kvf_xfer_pieces_match(pc, p) || (p->remote_tp > KVF_GATHER_TMPL_MAX_SRC) ||
-        (pc->attn_mapped && (pc->attn_whole <= 0))) {
+        (pc->attn_mapped && (pc->attn_whole <= 0)) || !kvf_xfer_tmpl_layer_major(pc, NULL, 0)) {
         return KVF_ERR_UNSUPPORTED;
     }
     status = kvf_xfer_plan_check(p, &local_region, remote_region, reads, true);

@@ -338,6 +338,7 @@ static kvf_status_t kvf_conn_add_pool(kvf_connector_h conn, const kvf_connector_
     m->ssm_dtype = rk->geom.ssm_dtype;
     m->user_block_size = pool->params.user_block_size;
     m->align = pool->params.align;
+    m->kv_layout = rk->geom.kv_layout;
     snprintf(m->layout_tag, sizeof(m->layout_tag), "%s", KVF_LAYOUT_TAG_HND);
     m->incarnation = conn->incarnation;
     snprintf(m->model_digest, sizeof(m->model_digest), "%s", conn->model_digest.hex);

@@ -69,6 +69,7 @@ void kvf_compat_params_from_meta(const kvf_model_config_t *cfg, const kvf_rank_m
     params_p->user_block_size = meta->user_block_size;
     params_p->align = meta->align;
     params_p->block_size = meta->block_size;
+    params_p->kv_layout = meta->kv_layout;
     memset(&params_p->kernel_sizes, 0, sizeof(params_p->kernel_sizes));
     params_p->kernel_sizes.num_exact = 1;
     params_p->kernel_sizes.exact[0] = meta->kernel_block_size;
@@ -86,7 +87,7 @@ static bool kvf_compat_same_instance(const kvf_rank_meta_t *a, const kvf_rank_me
            (memcmp(a->sliding_layers, b->sliding_layers, sizeof(a->sliding_layers)) == 0) &&
            (a->kv_dtype == b->kv_dtype) && (a->conv_dtype == b->conv_dtype) &&
            (a->ssm_dtype == b->ssm_dtype) && (a->block_size == b->block_size) &&
-           (strcmp(a->layout_tag, b->layout_tag) == 0);
+           (strcmp(a->layout_tag, b->layout_tag) == 0) && (a->kv_layout == b->kv_layout);
 }
 
 static void kvf_compat_check_rank(kvf_compat_ctx_t *c, const kvf_model_config_t *cfg,

@@ -495,6 +495,8 @@ kvf_status_t kvf_handshake_reply_pack(const kvf_handshake_reply_t *reply, uint8_
         p->incarnation = r->incarnation;
         p->model_digest = (r->model_digest[0] != '\0') ? (char *)r->model_digest : NULL;
         p->model_path = (r->model_digest[0] != '\0') ? (char *)r->model_path : NULL;
+        p->has_kv_layout = (r->kv_layout != KVF_KV_LAYER_MAJOR);   /* unsaid: layer-major */
+        p->kv_layout = (uint32_t)r->kv_layout;
         p->has_sliding_window = (r->sliding_window > 0);   /* unsaid without a window */
         p->sliding_window = (uint32_t)r->sliding_window;
         p->has_sliding_layers = (r->sliding_layers_len > 0);
@@ -631,6 +633,12 @@ static bool kvf_hs_rank_from_proto(const Kvf__RankMetadata *p, kvf_rank_meta_t *
                  sizeof(r->sliding_layers));
         return false;
     }
+    if (p->has_kv_layout && (p->kv_layout >= KVF_KV_LAYOUT_COUNT)) {
+        snprintf(why, why_len, "rank %u kv_layout %u is not a KV cache layout (0 layer-major,"
+                 " 1 head-major)", p->tp_rank, p->kv_layout);
+        return false;
+    }
+    r->kv_layout = p->has_kv_layout ? (kvf_kv_layout_t)p->kv_layout : KVF_KV_LAYER_MAJOR;
     r->sliding_window = p->has_sliding_window ? (int)p->sliding_window : 0;
     r->sliding_layers_len = p->has_sliding_layers ? (int)p->sliding_layers.len : 0;
     memset(r->sliding_layers, 0, sizeof(r->sliding_layers));

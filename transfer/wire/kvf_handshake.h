@@ -90,6 +90,7 @@ typedef struct kvf_rank_meta {
     int               user_block_size;
     kvf_align_mode_t  align;
     char              layout_tag[8];         /* "HND" or "DS" */
+    kvf_kv_layout_t   kv_layout;             /* attention block layout (0: layer-major) */
     int               num_regions;
     kvf_xfer_region_meta_t regions[KVF_XFER_MAX_REGIONS];
     size_t            worker_addr_len;

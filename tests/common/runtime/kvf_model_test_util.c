@@ -64,6 +64,7 @@ kvf_engine_h kvf_test_engine(const char *dir, const kvf_test_engine_opts_t *o)
     ep.cache.ssm_dtype = o->ssm_dtype;
     ep.cache.conv_dtype = o->conv_dtype;
     ep.cache.block_size = o->block_size;
+    ep.cache.kv_layout = o->kv_layout;
     if (o->kernel_block > 0) {
         memset(&ep.cache.kernel_sizes, 0, sizeof(ep.cache.kernel_sizes));
         ep.cache.kernel_sizes.num_exact = 1;

@@ -34,6 +34,7 @@ typedef struct kvf_test_engine_opts {
     int         max_seqs;          /* 0: 64 */
     bool        no_zero;
     int         kernel_block;      /* 0: MultipleOf(16); else the only kernel block size */
+    kvf_kv_layout_t kv_layout;     /* attention block layout; 0: layer-major */
     kvf_pool_alloc_fn_t pool_alloc; /* NULL: pools allocate themselves */
     void       *pool_alloc_ctx;
 } kvf_test_engine_opts_t;

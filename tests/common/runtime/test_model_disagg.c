@@ -86,6 +86,7 @@ typedef struct {
     int                     tp;
     int                     port;
     kvf_dtype_t             kv;
+    kvf_kv_layout_t         layout;        /* decode's attention block layout */
     const int32_t          *prompt;
     int                     n;
     int32_t                 first;
@@ -140,6 +141,7 @@ static void *kvf_decode_main(void *arg)
 
     o.tp = d->tp;
     o.kv_dtype = d->kv;
+    o.kv_layout = d->layout;
     o.num_blocks = 64;
     eng = kvf_test_engine(d->dir, &o);
     nfree = kvf_block_manager_num_free(kvf_engine_block_manager(eng));
@@ -200,7 +202,9 @@ static void *kvf_decode_main(void *arg)
     return NULL;
 }
 
-static void kvf_disagg(const char *dir, int ptp, int dtp, kvf_dtype_t kv)
+/* Prefill at @a pl, decode at @a dl (attention block layouts); colocated at layer-major. */
+static void kvf_disagg_kv(const char *dir, int ptp, int dtp, kvf_dtype_t kv, kvf_kv_layout_t pl,
+                          kvf_kv_layout_t dl)
 {
     kvf_test_engine_opts_t o = kvf_test_engine_defaults();
     kvf_connector_config_t cc = {0};
@@ -232,6 +236,7 @@ static void kvf_disagg(const char *dir, int ptp, int dtp, kvf_dtype_t kv)
 
     /* prefill instance: run the prompt, hold the blocks */
     o.tp = ptp;
+    o.kv_layout = pl;
     pe = kvf_test_engine(dir, &o);
     pfree = kvf_block_manager_num_free(kvf_engine_block_manager(pe));
     rp.prompt = prompt;
@@ -252,7 +257,8 @@ static void kvf_disagg(const char *dir, int ptp, int dtp, kvf_dtype_t kv)
     assert_int_equal(ops->serve(pconn, &port), KVF_OK);
 
     /* decode instance on its own leader thread; prefill ranks serve meanwhile */
-    *d = (kvf_decode_ctx_t){.dir = dir, .tp = dtp, .port = port, .kv = kv, .prompt = prompt,
+    *d = (kvf_decode_ctx_t){.dir = dir, .tp = dtp, .port = port, .kv = kv, .layout = dl,
+                            .prompt = prompt,
                             .n = PROMPT,
                             .first = first, .remote = pinfo.blocks, .done = &done};
     sc = (kvf_serve_ctx_t){.conn = pconn, .decode_done = &done};
@@ -276,8 +282,10 @@ static void kvf_disagg(const char *dir, int ptp, int dtp, kvf_dtype_t kv)
             assert_false(isnan(r));
             worst = (r > worst) ? r : worst;
         }
-        print_message("%dp%dd kv %s: %d releases, max logit rel diff vs colocated %.3g\n", ptp,
-                      dtp, kvf_dtype_name(kv), atomic_load(&sc.releases), worst);
+        print_message("%dp%dd kv %s, prefill %s, decode %s: %d releases, max logit rel diff vs"
+                      " colocated (layer-major) %.3g\n", ptp, dtp, kvf_dtype_name(kv),
+                      kvf_kv_layout_name((int)pl), kvf_kv_layout_name((int)dl),
+                      atomic_load(&sc.releases), worst);
         if (ptp == dtp) {
             assert_true(worst == 0.0);   /* same TP: the same bytes, the same logits */
         } else {
@@ -288,6 +296,37 @@ static void kvf_disagg(const char *dir, int ptp, int dtp, kvf_dtype_t kv)
     kvf_engine_destroy(pe);
     free(colo_lg);
     free(d);
+}
+
+static void kvf_disagg(const char *dir, int ptp, int dtp, kvf_dtype_t kv)
+{
+    kvf_disagg_kv(dir, ptp, dtp, kv, KVF_KV_LAYER_MAJOR, KVF_KV_LAYER_MAJOR);
+}
+
+/*
+ * The head-major attention block layout (kernels/kvf_kv_layout.h): the same math at other
+ * addresses, so at equal TP a prefill and a decode at head-major, and mixed pairs, give the
+ * colocated layer-major run's tokens and logits bit for bit; at unequal TP within the
+ * tolerance above (the prefill TP's reduction order), greedy tokens equal.
+ */
+static void test_disaggregated_kv_layouts(void **state)
+{
+    static const int layouts[][2] = {{1, 1}, {2, 2}, {4, 2}, {1, 4}, {4, 1}};
+    char dir[256];
+
+    (void)state;
+    kvf_test_mkmodel("tiny-hybrid", 17, dir);
+    for (size_t i = 0; i < sizeof(layouts) / sizeof(layouts[0]); ++i) {
+        kvf_disagg_kv(dir, layouts[i][0], layouts[i][1], KVF_DTYPE_BF16, KVF_KV_HEAD_MAJOR,
+                      KVF_KV_HEAD_MAJOR);
+    }
+    kvf_disagg_kv(dir, 1, 1, KVF_DTYPE_FP32, KVF_KV_HEAD_MAJOR, KVF_KV_LAYER_MAJOR);
+    kvf_disagg_kv(dir, 2, 1, KVF_DTYPE_BF16, KVF_KV_LAYER_MAJOR, KVF_KV_HEAD_MAJOR);
+    kvf_test_rmmodel(dir);
+    kvf_test_mkmodel("tiny-dense", 17, dir);
+    kvf_disagg_kv(dir, 1, 1, KVF_DTYPE_FP32, KVF_KV_HEAD_MAJOR, KVF_KV_HEAD_MAJOR);
+    kvf_disagg_kv(dir, 4, 1, KVF_DTYPE_FP32, KVF_KV_HEAD_MAJOR, KVF_KV_LAYER_MAJOR);
+    kvf_test_rmmodel(dir);
 }
 
 static void test_disaggregated_layouts(void **state)
@@ -322,6 +361,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_disaggregated_layouts),
         cmocka_unit_test(test_disaggregated_dense),
+        cmocka_unit_test(test_disaggregated_kv_layouts),
     };
     kvf_log_init("test");
     ops = kvf_connector_ucx_ops();

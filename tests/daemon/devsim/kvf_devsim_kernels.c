@@ -42,7 +42,8 @@ static uint64_t devsim_h_kv(uint64_t h, const void *a, size_t n)
     const kvf_paged_kv_t *kv = *(const kvf_paged_kv_t *const *)a;
     const long long f[] = {(long long)(uintptr_t)kv->base, (long long)kv->page_size, kv->slots,
                            kv->slot, kv->dtype, kv->kv_heads, kv->head_dim, kv->block_size,
-                           kv->kernel_block_size, kv->window, (long long)(uintptr_t)kv->sinks};
+                           kv->kernel_block_size, kv->window, (long long)(uintptr_t)kv->sinks,
+                           kv->layout};
     (void)n;
     return devsim_mix(h, f, sizeof(f));
 }

@@ -229,6 +229,16 @@ static void test_refuse_geometry(void **state)
     w->pg[1].kv_dtype = KVF_DTYPE_FP32;   /* sizes no longer follow from the dtype */
     expect_refused(&w->params, KVF_ERR_INVALID_PARAM, "head_run_bytes");
     w->pg[1] = saved;
+    /* an unknown KV layout, and strides that do not follow from the one named */
+    w->pg[1].kv_layout = (kvf_kv_layout_t)7;
+    expect_refused(&w->params, KVF_ERR_INVALID_PARAM, "kv_layout 7 is not a KV cache layout");
+    w->pg[1] = saved;
+    w->pg[1].kv_layout = KVF_KV_HEAD_MAJOR;   /* layer-major strides under a head-major name */
+    expect_refused(&w->params, KVF_ERR_INVALID_PARAM, "head-major strides");
+    w->pg[1] = saved;
+    w->pg[1].attn.head += 64;
+    expect_refused(&w->params, KVF_ERR_INVALID_PARAM, "do not follow from the model");
+    w->pg[1] = saved;
     geom_params(&w->cfg, KVF_DTYPE_FP32, 0, 0, &p);
     for (int r = 0; r < 4; ++r) {   /* a consistent fp32 prefill is still refused */
         assert_int_equal(kvf_rank_geometry_compute(&w->cfg, &p, 4, r, &w->pg[r]), KVF_OK);
@@ -374,7 +384,7 @@ static void test_refuse_hostile_random(void **state)
         for (int k = 0; k < damage; ++k) {
             kvf_rank_geometry_t *g = &w->pg[rnd() % (uint64_t)P];
             int g_i = (int)(rnd() % (uint64_t)w->layout.num_groups);
-            switch (rnd() % 12) {
+            switch (rnd() % 14) {
             case 0: g->block_size = rnd_int(); break;
             case 1: g->kernel_block_size = rnd_int(); break;
             case 2: g->ppl = rnd_int(); break;
@@ -386,6 +396,8 @@ static void test_refuse_hostile_random(void **state)
             case 8: w->rids[g_i][rnd() % 16] = (int32_t)rnd(); break;
             case 9: w->groups[g_i].num_remote = rnd_int() % 17; break;
             case 10: w->remote_nb[rnd() % (uint64_t)P] = (int64_t)rnd_int(); break;
+            case 11: g->attn.slot = (size_t)rnd_int(); break;
+            case 12: g->kv_layout = (kvf_kv_layout_t)rnd_int(); break;
             default: w->params.num_tokens = (int64_t)rnd_int(); break;
             }
         }

@@ -126,9 +126,10 @@ static uint64_t xp_page(int32_t id, int slots, int slot, size_t page_size)
 }
 
 static void xp_params(const xp_world_t *w, kvf_dtype_t kv, int block, int kernel,
-                      kvf_cache_params_t *p)
+                      kvf_kv_layout_t layout, kvf_cache_params_t *p)
 {
     kvf_cache_params_default(&w->cfg, p);
+    p->kv_layout = layout;
     p->kv_dtype = kv;
     p->conv_dtype = kv;               /* bf16 runs get bf16 conv state, fp32 runs fp32 */
     p->ssm_dtype = KVF_DTYPE_FP32;
@@ -188,7 +189,7 @@ static void xp_fill_prefill(xp_world_t *w, int r)
             int64_t nb = (w->N + g->block_size - 1) / g->block_size;
             for (int64_t b = 0; b < nb; ++b) {
                 for (int j = 0; j < grp->num_layers; ++j) {
-                    uint64_t page = xp_page(w->rids[gi][b], slots, j, g->page_size);
+                    uint64_t page = kvf_attn_slot_off(g, w->rids[gi][b], j);
                     for (int t = 0; t < g->block_size; ++t) {
                         int64_t T = b * g->block_size + t;
                         if (T >= w->N) {
@@ -362,7 +363,6 @@ static void xp_verify_decode(xp_world_t *w, int dr, bool pad_reads, const uint8_
     const kvf_shard_t *s = &g->shard;
     size_t kv_elt = kvf_dtype_size(g->kv_dtype);
     size_t row_bytes = (size_t)cfg->head_dim * kv_elt;
-    int slots = w->layout.slots;
     int bp = w->pg[0].block_size;
     uint8_t want[8], zero[8] = {0};
     xp_check_t ck = {.pool = pool, .len = len};
@@ -376,7 +376,7 @@ static void xp_verify_decode(xp_world_t *w, int dr, bool pad_reads, const uint8_
             for (int b = (int)(w->skip / g->block_size); b < w->nl[gi]; ++b) {
                 for (int j = 0; j < grp->num_layers; ++j) {
                     int layer = grp->layers[j];
-                    uint64_t page = xp_page(w->lids[gi][b], slots, j, g->page_size);
+                    uint64_t page = kvf_attn_slot_off(g, w->lids[gi][b], j);
                     for (int t = 0; t < g->block_size; ++t) {
                         int64_t T = (int64_t)b * g->block_size + t;
                         for (int kv = 0; kv < 2; ++kv) {
@@ -401,8 +401,8 @@ static void xp_verify_decode(xp_world_t *w, int dr, bool pad_reads, const uint8_
                                     const kvf_rank_geometry_t *rg = &w->pg[r];
                                     int rh = gh - rg->shard.kv_head_start;
                                     assert_true((rh >= 0) && (rh < rg->shard.kv_heads));
-                                    uint64_t roff = xp_page(w->rids[gi][T / bp], slots, j,
-                                                            rg->page_size) +
+                                    uint64_t roff = kvf_attn_slot_off(rg, w->rids[gi][T / bp],
+                                                                      j) +
                                                     kvf_attn_offset(rg, cfg, (int)(T % bp), kv,
                                                                     rh, 0);
                                     xp_pairs_push(pairs, page + kvf_attn_offset(g, cfg, t, kv, h,
@@ -704,9 +704,9 @@ void xp_case_block_sizes(const xp_case_t *c, int *p_block_p, int *d_block_p)
 
     assert_non_null(w);
     assert_int_equal(kvf_model_config_parse(c->model_json, "test", &w->cfg), KVF_OK);
-    xp_params(w, c->kv_dtype, c->p_block, c->p_kernel, &p);
+    xp_params(w, c->kv_dtype, c->p_block, c->p_kernel, c->p_layout, &p);
     assert_int_equal(kvf_block_size_select(&w->cfg, &p, c->P, p_block_p), KVF_OK);
-    xp_params(w, c->kv_dtype, c->d_block, c->d_kernel, &p);
+    xp_params(w, c->kv_dtype, c->d_block, c->d_kernel, c->d_layout, &p);
     assert_int_equal(kvf_block_size_select(&w->cfg, &p, c->D, d_block_p), KVF_OK);
     free(w);
 }
@@ -781,8 +781,8 @@ void xp_run_case(const xp_case_t *c, xp_totals_t *totals)
     w->D = c->D;
     w->N = c->num_tokens;
     w->skip = c->skip_tokens;
-    xp_params(w, c->kv_dtype, c->p_block, c->p_kernel, &pp);
-    xp_params(w, c->kv_dtype, c->d_block, c->d_kernel, &dp);
+    xp_params(w, c->kv_dtype, c->p_block, c->p_kernel, c->p_layout, &pp);
+    xp_params(w, c->kv_dtype, c->d_block, c->d_kernel, c->d_layout, &dp);
     for (int r = 0; r < w->P; ++r) {
         assert_int_equal(kvf_rank_geometry_compute(&w->cfg, &pp, w->P, r, &w->pg[r]), KVF_OK);
     }
@@ -876,6 +876,12 @@ static int xp_gcd(int a, int b)
 void xp_run_matrix(const char *model_json, const xp_block_cfg_t *cfgs, int num_cfgs,
                    xp_totals_t *totals)
 {
+    xp_run_matrix_kv(model_json, cfgs, num_cfgs, KVF_KV_LAYER_MAJOR, KVF_KV_LAYER_MAJOR, totals);
+}
+
+void xp_run_matrix_kv(const char *model_json, const xp_block_cfg_t *cfgs, int num_cfgs,
+                      kvf_kv_layout_t p_layout, kvf_kv_layout_t d_layout, xp_totals_t *totals)
+{
     static const int layouts[][2] = {{1, 1}, {1, 2}, {2, 1}, {2, 2}, {4, 2},
                                      {2, 4}, {1, 4}, {4, 1}, {4, 4}};
     static const kvf_dtype_t dtypes[] = {KVF_DTYPE_BF16, KVF_DTYPE_FP32};
@@ -889,6 +895,7 @@ void xp_run_matrix(const char *model_json, const xp_block_cfg_t *cfgs, int num_c
                     .kv_dtype = dtypes[di],
                     .p_block = cfgs[ci].p_block, .p_kernel = cfgs[ci].p_kernel,
                     .d_block = cfgs[ci].d_block, .d_kernel = cfgs[ci].d_kernel,
+                    .p_layout = p_layout, .d_layout = d_layout,
                 };
                 int bp, bd, mx;
                 int64_t lens[5];

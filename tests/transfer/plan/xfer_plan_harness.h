@@ -38,6 +38,7 @@ typedef struct xp_case {
     int64_t      skip_tokens;       /* decode's prefix hit: tokens [0, skip) already in its
                                        blocks, which must stay as they were (a multiple of
                                        the decode block; 0: none) */
+    kvf_kv_layout_t p_layout, d_layout;  /* attention block layouts (0: layer-major) */
 } xp_case_t;
 
 typedef struct xp_totals {
@@ -69,5 +70,9 @@ typedef struct xp_block_cfg {
 
 void xp_run_matrix(const char *model_json, const xp_block_cfg_t *cfgs, int num_cfgs,
                    xp_totals_t *totals);
+
+/** xp_run_matrix() with the prefill and decode attention block layouts given. */
+void xp_run_matrix_kv(const char *model_json, const xp_block_cfg_t *cfgs, int num_cfgs,
+                      kvf_kv_layout_t p_layout, kvf_kv_layout_t d_layout, xp_totals_t *totals);
 
 #endif

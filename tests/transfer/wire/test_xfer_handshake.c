@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 static kvf_model_config_t tiny;
@@ -318,6 +319,83 @@ static void test_reply_memory_type(void **state)
         pack_mem_types(KVF_XFER_MEM_CUDA, bad, &buf, &len);
         assert_int_equal(kvf_handshake_reply_unpack(buf, len, &out), KVF_ERR_PARSE);
         assert_null(out.ranks);
+        free(buf);
+    }
+}
+
+/* A reply of TP 2 whose rank 1 advertises kv_layout @a layout, packed. */
+static void pack_kv_layout(uint32_t layout, uint8_t **buf_p, size_t *len_p)
+{
+    kvf_handshake_reply_t reply;
+    kvf_rank_meta_t ranks[2];
+
+    meta_fill(&ranks[0], 2, 0, 8);
+    meta_fill(&ranks[1], 2, 1, 8);
+    ranks[1].kv_layout = (kvf_kv_layout_t)layout;
+    memset(&reply, 0, sizeof(reply));
+    reply.accepted = true;
+    reply.num_ranks = 2;
+    reply.ranks = ranks;
+    assert_int_equal(kvf_handshake_reply_pack(&reply, buf_p, len_p), KVF_OK);
+}
+
+/*
+ * RankMetadata.kv_layout: head-major survives the round trip; layer-major is not sent (a
+ * layer-major pool's metadata is byte for byte what it was before the field, and a peer that
+ * never sends it reads as layer-major); a value past head-major is refused, and the reason
+ * logged names the field and the value.
+ */
+static void test_reply_kv_layout(void **state)
+{
+    kvf_handshake_reply_t out;
+    Kvf__HandshakeReply *m;
+    uint8_t *buf;
+    size_t len;
+
+    (void)state;
+    pack_kv_layout(KVF_KV_HEAD_MAJOR, &buf, &len);
+    m = kvf__handshake_reply__unpack(NULL, len, buf);
+    assert_non_null(m);
+    for (size_t i = 0; i < m->n_ranks; ++i) {
+        assert_int_equal(m->ranks[i]->has_kv_layout, m->ranks[i]->tp_rank == 1);
+    }
+    kvf__handshake_reply__free_unpacked(m, NULL);
+    assert_int_equal(kvf_handshake_reply_unpack(buf, len, &out), KVF_OK);
+    assert_int_equal(out.ranks[0].kv_layout, KVF_KV_LAYER_MAJOR);
+    assert_int_equal(out.ranks[1].kv_layout, KVF_KV_HEAD_MAJOR);
+    kvf_handshake_reply_cleanup(&out);
+    free(buf);
+
+    for (int k = 0; k < 2; ++k) {
+        uint32_t bad = (k == 0) ? (uint32_t)KVF_KV_LAYOUT_COUNT : 0xffffffffu;
+        char want[96], text[4096];
+        FILE *log = tmpfile();
+        int saved = dup(fileno(stderr));
+        size_t n;
+
+        assert_non_null(log);
+        pack_kv_layout(bad, &buf, &len);
+        fflush(stderr);
+        dup2(fileno(log), fileno(stderr));
+        int level = kvf_log_level_cur;
+        unsigned mask = kvf_log_subsys_mask;
+        kvf_log_set_level(KVF_LOG_DEBUG);
+        kvf_log_subsys_mask = ~0u;
+        assert_int_equal(kvf_handshake_reply_unpack(buf, len, &out), KVF_ERR_PARSE);
+        kvf_log_set_level((kvf_log_level_t)level);
+        kvf_log_subsys_mask = mask;
+        fflush(stderr);
+        dup2(saved, fileno(stderr));
+        close(saved);
+        assert_null(out.ranks);
+        rewind(log);
+        n = fread(text, 1, sizeof(text) - 1, log);
+        text[n] = '\0';
+        fclose(log);
+        snprintf(want, sizeof(want), "rank 1 kv_layout %u is not a KV cache layout", bad);
+        if (strstr(text, want) == NULL) {
+            fail_msg("refusal does not name the field: want '%s' in '%s'", want, text);
+        }
         free(buf);
     }
 }
@@ -686,6 +764,7 @@ int main(void)
         cmocka_unit_test(test_params_decoder_names_fields),
         cmocka_unit_test(test_reply_rejects_bad_fields),
         cmocka_unit_test(test_reply_memory_type),
+        cmocka_unit_test(test_reply_kv_layout),
         cmocka_unit_test(test_garbage_never_crashes),
         cmocka_unit_test(test_compat),
         cmocka_unit_test(test_model_digest),
