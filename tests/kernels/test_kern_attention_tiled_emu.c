@@ -512,10 +512,10 @@ static void test_tiled_emu_sinks(void **state)
  * full-attention chunk and split-K decodes */
 static void test_tiled_emu_softcap(void **state)
 {
-    static const ecase_t p = {KVF_DTYPE_FP32, 8, 2, 32, 16, 32, 0, {40}, {70}, 0, 0, 37, 0};
-    static const ecase_t f = {KVF_DTYPE_BF16, 6, 2, 32, 16, 32, 0, {21}, {100}, 0, 0, 0, 0};
+    static const ecase_t p = {KVF_DTYPE_FP32, 8, 2, 32, 16, 32, 0, {40}, {70}, 0, 0, 37, 0, 0};
+    static const ecase_t f = {KVF_DTYPE_BF16, 6, 2, 32, 16, 32, 0, {21}, {100}, 0, 0, 0, 0, 0};
     static const ecase_t d = {KVF_DTYPE_FP16, 4, 2, 32, 256, 256, 3, {1, 1, 3}, {5000, 100,
-                              2300}, 0, 0, 0, 0};
+                              2300}, 0, 0, 0, 0, 0};
     (void)state;
     emu_softcap = 0.75f;
     assert_true(run_case(&p, 0x6161) > 0);
