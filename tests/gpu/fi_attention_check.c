@@ -64,7 +64,7 @@ static void fail_rc(const char *what, int rc)
 static kvf_paged_kv_t cache(void *pool, size_t page_size, int r)
 {
     kvf_paged_kv_t kv = {pool, page_size, 1, 0, KVF_DTYPE_BF16, KVH, HD, BS, KBS,
-                         tables[r], NB, 0, NULL, KVF_KV_LAYER_MAJOR};   /* window 0: full
+                         tables[r], NB, 0, NULL, 0.0f, KVF_KV_LAYER_MAJOR}; /* window 0: full
                                                                        * attention; no sinks */
     return kv;
 }
