@@ -122,7 +122,7 @@ uint64_t kvf_xt_prefill_fill(const xt_ctx_t *c, const xt_side_t *side,
     for (int gi = 0; gi < l->num_groups; ++gi) {
         const kvf_kv_group_t *grp = &l->groups[gi];
         for (int j = 0; j < grp->num_layers; ++j) {
-            if (grp->kind == KVF_GROUP_ATTENTION) {
+            if (kvf_group_is_attention(grp->kind)) {
                 for (int bi = 0; bi < side->num_ids[gi]; ++bi) {
                     n += xt_fill_attn(c, g, grp->layers[j], bi,
                                       pool + xt_page_off(g, l->slots, side->ids[gi][bi], j));
@@ -198,7 +198,7 @@ kvf_status_t kvf_xt_decode_verify(const xt_ctx_t *c, xt_rank_t *r)
 
         if (gi < 0) {
             kvf_xt_poison(expect, g->page_size, XT_POISON_DECODE);
-        } else if (l->groups[gi].kind == KVF_GROUP_ATTENTION) {
+        } else if (kvf_group_is_attention(l->groups[gi].kind)) {
             memset(expect, 0, g->page_size);
             r->elements_checked += xt_fill_attn(c, g, l->groups[gi].layers[slot], obi[pi],
                                                 expect);
@@ -217,7 +217,7 @@ kvf_status_t kvf_xt_decode_verify(const xt_ctx_t *c, xt_rank_t *r)
                      "decode rank %d: page (block %" PRId64 ", slot %d, %s) differs at byte "
                      "%zu of %zu: got 0x%02x expected 0x%02x", r->rank, pi / l->slots, slot,
                      (gi < 0) ? "outside the request" :
-                     ((l->groups[gi].kind == KVF_GROUP_ATTENTION) ? "attention" : "mamba"),
+                     (kvf_group_is_attention(l->groups[gi].kind) ? "attention" : "mamba"),
                      k, g->page_size, page[k], expect[k]);
             status = KVF_ERR_INVALID_PARAM;
             goto out;

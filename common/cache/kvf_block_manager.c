@@ -282,7 +282,7 @@ static int32_t kvf_bm_pop(struct kvf_block_manager *bm, kvf_group_kind_t kind)
     }
     bm->ref[b] = 1;
     bm->state[b] = KVF_BLOCK_ALLOCATED;
-    if (kind == KVF_GROUP_ATTENTION) {
+    if (kvf_group_is_attention(kind)) {
         bm->state[b] |= KVF_BLOCK_FRESH;
         bm->fresh[bm->num_fresh++] = b;
     }
@@ -453,7 +453,7 @@ kvf_status_t kvf_block_manager_alloc_blocks(kvf_block_manager_h bm, kvf_group_ki
                                             int n, int32_t *ids)
 {
     if ((bm == NULL) || (n < 0) || ((n > 0) && (ids == NULL)) ||
-        ((kind != KVF_GROUP_ATTENTION) && (kind != KVF_GROUP_MAMBA))) {
+        (!kvf_group_is_attention(kind) && (kind != KVF_GROUP_MAMBA))) {
         return KVF_ERR_INVALID_PARAM;
     }
     if (n > bm->num_free + bm->num_lru) {
@@ -557,7 +557,7 @@ kvf_status_t kvf_block_manager_share(kvf_block_manager_h bm, kvf_req_blocks_t *r
         return KVF_ERR_INVALID_PARAM;
     }
     for (int g = 0; g < bm->num_groups; ++g) {
-        n_attn += (bm->kinds[g] == KVF_GROUP_ATTENTION);
+        n_attn += kvf_group_is_attention(bm->kinds[g]);
     }
     for (int i = 0; i < n * n_attn; ++i) {
         if ((ids[i] < 0) || (ids[i] >= bm->num_blocks) || !(bm->state[ids[i]] & KVF_BLOCK_CACHED)) {
@@ -566,14 +566,14 @@ kvf_status_t kvf_block_manager_share(kvf_block_manager_h bm, kvf_req_blocks_t *r
         }
     }
     for (int g = 0; g < bm->num_groups; ++g) {
-        if ((bm->kinds[g] == KVF_GROUP_ATTENTION) &&
+        if (kvf_group_is_attention(bm->kinds[g]) &&
             (KVF_ARRAY_GROW(req->blocks[g], req->capacity[g], n, 4) != KVF_OK)) {
             kvf_bm_req_release_tables(req);
             return KVF_ERR_NO_MEMORY;
         }
     }
     for (int g = 0, a = 0; g < bm->num_groups; ++g) {
-        if (bm->kinds[g] != KVF_GROUP_ATTENTION) {
+        if (!kvf_group_is_attention(bm->kinds[g])) {
             continue;
         }
         for (int j = 0; j < n; ++j) {
@@ -600,7 +600,7 @@ kvf_status_t kvf_block_manager_release_before(kvf_block_manager_h bm, kvf_req_bl
     int freed = 0;
 
     if ((bm == NULL) || (req == NULL) || (freed_p == NULL) || (g < 0) ||
-        (g >= req->num_groups) || (bm->kinds[g] != KVF_GROUP_ATTENTION) || (first < 0)) {
+        (g >= req->num_groups) || !kvf_group_is_attention(bm->kinds[g]) || (first < 0)) {
         return KVF_ERR_INVALID_PARAM;
     }
     *freed_p = 0;

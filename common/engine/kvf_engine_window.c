@@ -21,7 +21,7 @@ bool kvf_engine_window_groups(const kvf_model_config_t *cfg, const kvf_cache_lay
     for (int g = 0; g < layout->num_groups; ++g) {
         const kvf_kv_group_t *grp = &layout->groups[g];
         int w = 0;
-        for (int j = 0; (grp->kind == KVF_GROUP_ATTENTION) && (j < grp->num_layers); ++j) {
+        for (int j = 0; kvf_group_is_attention(grp->kind) && (j < grp->num_layers); ++j) {
             const int lw = cfg->layer_window[grp->layers[j]];
             if (lw <= 0) {
                 w = 0;

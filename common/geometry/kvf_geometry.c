@@ -30,28 +30,50 @@ void kvf_cache_params_default(const kvf_model_config_t *cfg, kvf_cache_params_t 
     params_p->kernel_sizes.multiple_of = 16;
 }
 
+/* The group kind of layer @a i, or -1 for a layer without cache (MLP, MoE). */
+static int kvf_layer_group_kind(const kvf_model_config_t *cfg, int i)
+{
+    if (cfg->layer_kinds[i] == KVF_LAYER_MAMBA) {
+        return KVF_GROUP_MAMBA;
+    }
+    if (cfg->layer_kinds[i] != KVF_LAYER_ATTENTION) {
+        return -1;
+    }
+    return (cfg->layer_window[i] > 0) ? KVF_GROUP_SLIDING : KVF_GROUP_ATTENTION;
+}
+
 kvf_status_t kvf_cache_layout_build(const kvf_model_config_t *cfg, kvf_cache_layout_t *layout_p)
 {
-    static const char kinds[2] = {KVF_LAYER_ATTENTION, KVF_LAYER_MAMBA};
+    /* group index order: full attention, sliding attention, Mamba */
+    static const kvf_group_kind_t kinds[3] = {KVF_GROUP_ATTENTION, KVF_GROUP_SLIDING,
+                                              KVF_GROUP_MAMBA};
     kvf_cache_layout_t *l = calloc(1, sizeof(*l));
-    int counts[2] = {cfg->num_attention_layers, cfg->num_mamba_layers};
+    int counts[3] = {0, 0, 0};
 
     if (l == NULL) {
         return KVF_ERR_NO_MEMORY;
     }
-    l->slots = counts[0];
-    if ((counts[1] > 0) && (counts[1] < l->slots)) {
-        l->slots = counts[1];
+    for (int i = 0; i < cfg->num_layers; ++i) {
+        const int k = kvf_layer_group_kind(cfg, i);
+        counts[0] += (k == KVF_GROUP_ATTENTION);
+        counts[1] += (k == KVF_GROUP_SLIDING);
+        counts[2] += (k == KVF_GROUP_MAMBA);
+    }
+    l->slots = 0;
+    for (int k = 0; k < 3; ++k) {
+        if ((counts[k] > 0) && ((l->slots == 0) || (counts[k] < l->slots))) {
+            l->slots = counts[k];
+        }
     }
     for (int i = 0; i < cfg->num_layers; ++i) {
         l->layer_group[i] = -1;
         l->layer_slot[i] = -1;
     }
-    for (int k = 0; k < 2; ++k) {
+    for (int k = 0; (k < 3) && (l->slots > 0); ++k) {
         int seen = 0;
         int first_group = l->num_groups;
         for (int i = 0; i < cfg->num_layers; ++i) {
-            if (cfg->layer_kinds[i] != kinds[k]) {
+            if (kvf_layer_group_kind(cfg, i) != (int)kinds[k]) {
                 continue;
             }
             int g = first_group + seen / l->slots;
@@ -60,8 +82,12 @@ kvf_status_t kvf_cache_layout_build(const kvf_model_config_t *cfg, kvf_cache_lay
                 free(l);
                 return KVF_ERR_INVALID_PARAM;
             }
-            l->groups[g].kind = (k == 0) ? KVF_GROUP_ATTENTION : KVF_GROUP_MAMBA;
-            l->groups[g].layers[l->groups[g].num_layers++] = i;
+            kvf_kv_group_t *grp = &l->groups[g];
+            grp->kind = kinds[k];
+            grp->layers[grp->num_layers++] = i;
+            if ((kinds[k] == KVF_GROUP_SLIDING) && (cfg->layer_window[i] > grp->window)) {
+                grp->window = cfg->layer_window[i];
+            }
             l->layer_group[i] = g;
             l->layer_slot[i] = seen % l->slots;
             ++seen;

@@ -16,7 +16,7 @@ int64_t kvf_xfer_group_window_first(const kvf_model_config_t *cfg, const kvf_kv_
 {
     int w = 0;
 
-    if ((grp->kind != KVF_GROUP_ATTENTION) || (block_size <= 0)) {
+    if (!kvf_group_is_attention(grp->kind) || (block_size <= 0)) {
         return 0;
     }
     for (int j = 0; j < grp->num_layers; ++j) {
