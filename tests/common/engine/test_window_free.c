@@ -7,7 +7,10 @@
  * (keep_window_blocks) ends holding ceil(360 / 16) = 23; the tokens are the same bits. With
  * the prefix cache on, the prompt's blocks it indexed while prefilling stay cached through
  * the release (their references): the same prompt asked again is served them and answers
- * the same tokens.
+ * the same tokens. The same for the checkpoints mixing full and sliding layers (gpt-oss and
+ * gemma3-swa, layers [S, F, S], W 40): their sliding layers sit in cache groups of their own
+ * (KVF_GROUP_SLIDING) whose blocks are given back as they leave the window, while the full
+ * group keeps every block: at most ceil(360 / 16) full blocks plus the window's sliding ones.
  */
 #include "kvf_model_test_util.h"
 
@@ -15,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { PROMPT = 60, OUT = 300, BS = 16, W = 40, NB = 64 };
+enum { PROMPT = 60, OUT = 300, BS = 16, W = 40, NB = 128 };
 
 static char g_dir[512];
 
@@ -26,7 +29,7 @@ static kvf_engine_h wf_engine(bool keep, bool prefix)
     kvf_engine_h eng = NULL;
 
     assert_int_equal(kvf_model_config_load(g_dir, &cfg), KVF_OK);
-    assert_int_equal(cfg.sliding_window, W);
+    assert_int_equal(cfg.sliding_window, W);   /* mistral-swa, gpt-oss, gemma3-swa */
     kvf_cache_params_default(&cfg, &ep.cache);
     ep.cache.kv_dtype = KVF_DTYPE_FP32;
     ep.cache.block_size = BS;
@@ -77,12 +80,35 @@ static int wf_run(kvf_engine_h eng, int32_t *out)
     return most;
 }
 
-static void test_window_free_bounded(void **state)
+/* The model in g_dir: its full and sliding cache groups. */
+static void wf_groups(int *full_p, int *sliding_p)
+{
+    kvf_model_config_t cfg;
+    kvf_cache_layout_t lay;
+
+    assert_int_equal(kvf_model_config_load(g_dir, &cfg), KVF_OK);
+    assert_int_equal(kvf_cache_layout_build(&cfg, &lay), KVF_OK);
+    *full_p = *sliding_p = 0;
+    for (int g = 0; g < lay.num_groups; ++g) {
+        *full_p += (lay.groups[g].kind == KVF_GROUP_ATTENTION);
+        *sliding_p += (lay.groups[g].kind == KVF_GROUP_SLIDING);
+        assert_int_equal(lay.groups[g].window, (lay.groups[g].kind == KVF_GROUP_SLIDING) ? W : 0);
+    }
+}
+
+static void window_free_bounded(const char *family)
 {
     static int32_t a[OUT], b[OUT], c[OUT];
     kvf_engine_stats_t st;
-    const int bound = (W + BS - 1) / BS + 1 + 1 + 1;   /* window, the block written, zero */
-    (void)state;
+    int full = 0, sliding = 0;
+    const int all = (PROMPT + OUT + BS - 1) / BS;
+
+    snprintf(g_dir, sizeof(g_dir), "%s/tests/data/families/%s", KVF_SOURCE_DIR, family);
+    wf_groups(&full, &sliding);
+    assert_true(sliding > 0);
+    /* each sliding group: the window, the block written; the full groups: everything; and
+     * the one zero block */
+    const int bound = sliding * ((W + BS - 1) / BS + 1 + 1) + full * all + 1;
 
     kvf_engine_h keep = wf_engine(true, false);
     const int most_keep = wf_run(keep, a);
@@ -93,11 +119,13 @@ static void test_window_free_bounded(void **state)
     kvf_engine_h eng = wf_engine(false, true);
     const int most = wf_run(eng, b);
     kvf_engine_get_stats(eng, &st);
-    print_message("blocks in use at most: %d given back (bound %d, %llu freed), %d kept\n",
-                  most, bound, (unsigned long long)st.window_freed_blocks, most_keep);
-    assert_int_equal(most_keep, (PROMPT + OUT + BS - 1) / BS);
+    print_message("%s (%d full, %d sliding groups): blocks in use at most: %d given back"
+                  " (bound %d, %llu freed), %d kept\n", family, full, sliding, most, bound,
+                  (unsigned long long)st.window_freed_blocks, most_keep);
+    assert_int_equal(most_keep, (full + sliding) * all);
     assert_true(most <= bound);
-    assert_true(st.window_freed_blocks >= (uint64_t)((PROMPT + OUT - W) / BS - 1));
+    assert_true(st.window_freed_blocks >=
+                (uint64_t)sliding * (uint64_t)((PROMPT + OUT - W) / BS - 1));
     assert_memory_equal(a, b, sizeof(a));
     /* the prompt's blocks the cache indexed survived the release: a hit, the same tokens */
     kvf_engine_prefix_stats_t ps;
@@ -110,11 +138,25 @@ static void test_window_free_bounded(void **state)
     kvf_engine_destroy(eng);
 }
 
+static void test_window_free_bounded(void **state)
+{
+    (void)state;
+    window_free_bounded("mistral-swa");
+}
+
+/* gpt-oss and gemma3 mix full and sliding layers: only the sliding groups give blocks back */
+static void test_window_free_mixed(void **state)
+{
+    (void)state;
+    window_free_bounded("gpt-oss");
+    window_free_bounded("gemma3-swa");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_window_free_bounded),
+        cmocka_unit_test(test_window_free_mixed),
     };
-    snprintf(g_dir, sizeof(g_dir), "%s/tests/data/families/mistral-swa", KVF_SOURCE_DIR);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
