@@ -550,20 +550,31 @@ kvf_status_t kvf_block_manager_set_cached(kvf_block_manager_h bm, int32_t b, boo
 kvf_status_t kvf_block_manager_share(kvf_block_manager_h bm, kvf_req_blocks_t *req,
                                      const int32_t *ids, int n)
 {
-    int n_attn = 0;
+    int n_attn = 0, n_fresh = 0, n_lru = 0;
+    bool sliding[KVF_MAX_KV_GROUPS];
 
     if ((bm == NULL) || (req == NULL) || (n < 0) || ((n > 0) && (ids == NULL)) ||
         (req->num_groups != 0)) {
         return KVF_ERR_INVALID_PARAM;
     }
     for (int g = 0; g < bm->num_groups; ++g) {
-        n_attn += kvf_group_is_attention(bm->kinds[g]);
+        if (kvf_group_is_attention(bm->kinds[g])) {
+            sliding[n_attn++] = (bm->kinds[g] == KVF_GROUP_SLIDING);
+        }
     }
     for (int i = 0; i < n * n_attn; ++i) {
+        if ((ids[i] == -1) && sliding[i % n_attn]) {
+            ++n_fresh;   /* a sliding block before the hit's window: a fresh one */
+            continue;
+        }
         if ((ids[i] < 0) || (ids[i] >= bm->num_blocks) || !(bm->state[ids[i]] & KVF_BLOCK_CACHED)) {
             kvf_error("block manager: share of block %" PRId32 ", not a cached block", ids[i]);
             return KVF_ERR_INVALID_PARAM;
         }
+        n_lru += !(bm->state[ids[i]] & KVF_BLOCK_ALLOCATED);   /* leaves the LRU below */
+    }
+    if (n_fresh > bm->num_free + bm->num_lru - n_lru) {
+        return KVF_ERR_NO_RESOURCE;
     }
     for (int g = 0; g < bm->num_groups; ++g) {
         if (kvf_group_is_attention(bm->kinds[g]) &&
@@ -578,6 +589,10 @@ kvf_status_t kvf_block_manager_share(kvf_block_manager_h bm, kvf_req_blocks_t *r
         }
         for (int j = 0; j < n; ++j) {
             int32_t b = ids[(size_t)j * (size_t)n_attn + (size_t)a];
+            if (b == -1) {   /* checked above: a sliding group's; filled below */
+                req->blocks[g][req->num_blocks[g]++] = -1;
+                continue;
+            }
             if (!(bm->state[b] & KVF_BLOCK_ALLOCATED)) {   /* free cached: leaves the LRU */
                 kvf_lru_unlink(bm, b);
                 bm->state[b] = KVF_BLOCK_ALLOCATED | KVF_BLOCK_CACHED;
@@ -587,6 +602,14 @@ kvf_status_t kvf_block_manager_share(kvf_block_manager_h bm, kvf_req_blocks_t *r
             req->blocks[g][req->num_blocks[g]++] = b;
         }
         ++a;
+    }
+    /* after every cached block left the LRU, so a pop's eviction cannot take one of them */
+    for (int g = 0; (n_fresh > 0) && (g < bm->num_groups); ++g) {
+        for (int j = 0; kvf_group_is_attention(bm->kinds[g]) && (j < n); ++j) {
+            if (req->blocks[g][j] == -1) {
+                req->blocks[g][j] = kvf_bm_pop(bm, bm->kinds[g]);   /* zeroed as fresh */
+            }
+        }
     }
     req->num_tokens = n * bm->block_size;
     /* the Mamba groups' blocks come with the first kvf_block_manager_allocate() */
@@ -634,6 +657,11 @@ kvf_status_t kvf_block_manager_release_before(kvf_block_manager_h bm, kvf_req_bl
     req->released[g] = (first > req->released[g]) ? first : req->released[g];
     *freed_p = freed;
     return KVF_OK;
+}
+
+int32_t kvf_block_manager_zero_block(kvf_block_manager_h bm)
+{
+    return bm->hole;
 }
 
 int kvf_block_manager_held(kvf_block_manager_h bm, const kvf_req_blocks_t *req, int g)

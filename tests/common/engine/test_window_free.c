@@ -46,23 +46,20 @@ static kvf_engine_h wf_engine(bool keep, bool prefix)
     return eng;
 }
 
-/* Generate; @a out gets the outputs, @return the most blocks in use at any step. */
-static int wf_run(kvf_engine_h eng, int32_t *out)
+/* Generate @a nout tokens after @a prompt; @a out gets them, @return the most blocks in use
+ * at any step. */
+static int wf_gen(kvf_engine_h eng, const int32_t *prompt, int plen, int nout, int32_t *out)
 {
     kvf_block_manager_h bm = kvf_engine_block_manager(eng);
     kvf_engine_event_t ev[64];
     kvf_req_params_t rp = {0};
     kvf_req_info_t info;
-    int32_t prompt[PROMPT];
     uint64_t id;
     int n, most = 0;
 
-    for (int i = 0; i < PROMPT; ++i) {
-        prompt[i] = 3 + (i * 37) % 250;
-    }
     rp.prompt = prompt;
-    rp.prompt_len = PROMPT;
-    rp.sampling.max_tokens = OUT;
+    rp.prompt_len = plen;
+    rp.sampling.max_tokens = nout;
     rp.sampling.temperature = 0;
     rp.sampling.ignore_eos = true;
     assert_int_equal(kvf_engine_add_request(eng, &rp, &id), KVF_OK);
@@ -72,12 +69,72 @@ static int wf_run(kvf_engine_h eng, int32_t *out)
         most = (used > most) ? used : most;
     }
     assert_int_equal(kvf_engine_request_info(eng, id, &info), KVF_OK);
-    assert_int_equal(info.num_tokens, PROMPT + OUT);
-    memcpy(out, info.tokens + PROMPT, OUT * sizeof(int32_t));
+    assert_int_equal(info.num_tokens, plen + nout);
+    memcpy(out, info.tokens + plen, (size_t)nout * sizeof(int32_t));
     assert_int_equal(kvf_engine_release(eng, id), KVF_OK);
     /* idle: every block free again (or cached), the zero block too */
     assert_int_equal(kvf_block_manager_num_free(bm), kvf_block_manager_num_blocks(bm));
     return most;
+}
+
+/* The 60-token prompt, 300 outputs. */
+static int wf_run(kvf_engine_h eng, int32_t *out)
+{
+    int32_t prompt[PROMPT];
+
+    for (int i = 0; i < PROMPT; ++i) {
+        prompt[i] = 3 + (i * 37) % 250;
+    }
+    return wf_gen(eng, prompt, PROMPT, OUT, out);
+}
+
+/*
+ * The next turn of the conversation: the prompt, 250 of its outputs and 4 new tokens. The
+ * engine that ran the first turn indexed the outputs' blocks as they completed, their
+ * sliding blocks given back since (-1 in the index): the hit needs only the window's, so it
+ * serves most of the 314 tokens, and the 100 tokens generated equal a cache-off engine's.
+ * With @a filler, another 400-token prompt first takes more blocks than are free, so the
+ * pool evicts the least recently freed cached blocks: the sliding blocks the first turn gave
+ * back earliest. A model with a full group keeps serving the hit from its full blocks and
+ * the window's sliding ones, the evicted entries fresh zero blocks (never read).
+ */
+static void wf_next_turn(kvf_engine_h eng, const int32_t *first, bool filler)
+{
+    enum { KEEP = 250, NEW = 4, N2 = 100, P2 = PROMPT + KEEP + NEW };
+    static int32_t a[N2], b[N2];
+    int32_t prompt[P2];
+    kvf_engine_prefix_stats_t before, after;
+
+    for (int i = 0; i < PROMPT; ++i) {
+        prompt[i] = 3 + (i * 37) % 250;
+    }
+    memcpy(prompt + PROMPT, first, KEEP * sizeof(int32_t));
+    for (int i = 0; i < NEW; ++i) {
+        prompt[PROMPT + KEEP + i] = 7 + i;
+    }
+    if (filler) {
+        enum { NF = 400 };
+        int32_t fp[NF], fo[1];
+        for (int i = 0; i < NF; ++i) {
+            fp[i] = 5 + (i * 53) % 240;
+        }
+        (void)wf_gen(eng, fp, NF, 1, fo);
+    }
+    kvf_engine_get_prefix_stats(eng, &before);
+    if (filler) {
+        print_message("filler: %llu cached blocks evicted\n",
+                      (unsigned long long)before.blocks_evicted);
+        assert_true(before.blocks_evicted > 0);
+    }
+    (void)wf_gen(eng, prompt, P2, N2, a);
+    kvf_engine_get_prefix_stats(eng, &after);
+    print_message("next turn: %llu of %d prompt tokens from the prefix cache\n",
+                  (unsigned long long)(after.hits - before.hits), P2);
+    assert_true(after.hits - before.hits >= (uint64_t)((PROMPT + KEEP) / BS * BS - BS));
+    kvf_engine_h off = wf_engine(false, false);
+    (void)wf_gen(off, prompt, P2, N2, b);
+    kvf_engine_destroy(off);
+    assert_memory_equal(a, b, sizeof(a));
 }
 
 /* The model in g_dir: its full and sliding cache groups. */
@@ -135,6 +192,7 @@ static void window_free_bounded(const char *family)
                   (unsigned long long)ps.hits);
     assert_true(ps.hits >= (uint64_t)(PROMPT / BS * BS) - BS);
     assert_memory_equal(a, c, sizeof(a));
+    wf_next_turn(eng, a, full > 0);
     kvf_engine_destroy(eng);
 }
 
