@@ -63,6 +63,7 @@ struct kvf_engine_prefix {
     int                 mamba_g[KVF_MAX_KV_GROUPS], attn_g[KVF_MAX_KV_GROUPS];
     int                 attn_win[KVF_MAX_KV_GROUPS];  /* per attention group: its window,
                                                        * 0 for a full group */
+    bool                sliding;                    /* some attention group slides */
     size_t              page_size, ckpt_bytes;
     int                 n_ckpt;
     void               *store[KVF_COMM_MAX_RANKS];  /* per rank, on its pool's device */
@@ -141,6 +142,7 @@ kvf_status_t kvf_engine_prefix_create(const kvf_engine_prefix_params_t *params,
             ep->mamba_g[ep->n_mamba++] = g;
         } else {
             ep->attn_win[ep->n_attn] = lay->groups[g].window;
+            ep->sliding = ep->sliding || (lay->groups[g].window > 0);
             ep->attn_g[ep->n_attn++] = g;
         }
     }
@@ -541,9 +543,12 @@ void kvf_engine_prefix_imported(kvf_engine_prefix_h ep, kvf_request_t *r)
     if ((r->prefix == NULL) || (kvf_pfx_key(ep, r, r->prompt_len / ep->unit, &key) != KVF_OK)) {
         return;   /* unknown source: nothing of it is kept */
     }
+    if ((r->import_zeroed > r->prefix_hit) && !ep->sliding) {
+        return;   /* zeroed blocks in a group without a window: none is content */
+    }
     /* a sliding group's blocks before the prompt's window are no content here whatever the
-     * pull did (zeroed by a windowed pull; prefill's own may be fresh zeros after its hit):
-     * indexed as -1 */
+     * pull did (zeroed by a windowed pull, which zeroes nothing else; prefill's own may be
+     * fresh zeros after its hit): indexed as -1 */
     for (int j = r->prefix_hit / B; (j + 1) * B <= r->prompt_len; ++j) {
         kvf_pfx_block_ids(ep, r, j, r->prompt_len);
         (void)kvf_prefix_cache_add_block(ep->pc, &key, j, ep->ids);   /* best effort */
