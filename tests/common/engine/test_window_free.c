@@ -176,9 +176,14 @@ static void window_free_bounded(const char *family)
     kvf_engine_h eng = wf_engine(false, true);
     const int most = wf_run(eng, b);
     kvf_engine_get_stats(eng, &st);
-    print_message("%s (%d full, %d sliding groups): blocks in use at most: %d given back"
-                  " (bound %d, %llu freed), %d kept\n", family, full, sliding, most, bound,
-                  (unsigned long long)st.window_freed_blocks, most_keep);
+    const kvf_cache_layout_t *lay = kvf_tp_runner_layout(kvf_engine_runner(eng));
+    const size_t block_bytes = (size_t)lay->slots *
+                               kvf_tp_runner_geometry(kvf_engine_runner(eng), 0)->page_size;
+    print_message("%s (%d full, %d sliding groups, %zu bytes a block): blocks in use at most:"
+                  " %d = %zu bytes given back (bound %d, %llu freed), %d = %zu bytes kept\n",
+                  family, full, sliding, block_bytes, most, (size_t)most * block_bytes, bound,
+                  (unsigned long long)st.window_freed_blocks, most_keep,
+                  (size_t)most_keep * block_bytes);
     assert_int_equal(most_keep, (full + sliding) * all);
     assert_true(most <= bound);
     assert_true(st.window_freed_blocks >=
