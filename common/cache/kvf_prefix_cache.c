@@ -355,9 +355,7 @@ kvf_status_t kvf_prefix_cache_add_block(kvf_prefix_cache_h pc, const kvf_prefix_
                                         int j, const int32_t *ids)
 {
     const int k = (j + 1) * (pc->p.block_size / pc->p.unit);
-    int32_t idx;
-
-    int32_t *have;
+    int32_t idx, *have;
 
     if ((j < 0) || (ids == NULL) || (k > key->n_units)) {
         return KVF_ERR_INVALID_PARAM;

@@ -64,6 +64,7 @@ struct kvf_engine_prefix {
     int                 attn_win[KVF_MAX_KV_GROUPS];  /* per attention group: its window,
                                                        * 0 for a full group */
     bool                sliding;                    /* some attention group slides */
+    int                 n_full;                     /* attention groups without a window */
     size_t              page_size, ckpt_bytes;
     int                 n_ckpt;
     void               *store[KVF_COMM_MAX_RANKS];  /* per rank, on its pool's device */
@@ -143,6 +144,7 @@ kvf_status_t kvf_engine_prefix_create(const kvf_engine_prefix_params_t *params,
         } else {
             ep->attn_win[ep->n_attn] = lay->groups[g].window;
             ep->sliding = ep->sliding || (lay->groups[g].window > 0);
+            ep->n_full += (lay->groups[g].window <= 0);
             ep->attn_g[ep->n_attn++] = g;
         }
     }
@@ -331,8 +333,6 @@ static kvf_status_t kvf_pfx_flush(kvf_engine_prefix_h ep)
     return status;
 }
 
-/* Share and allocate r's hit of @a hit tokens; false when the pool cannot hold its own
- * blocks now (r holds nothing then). */
 /* ep->ids = block @a j of every attention group of @a r; -1 for a sliding group's block
  * that is the manager's zero block (given back) or, with @a n > 0, lies wholly before the
  * window of a query at @a n (block j < floor((n - W) / B)). */
@@ -351,6 +351,8 @@ static void kvf_pfx_block_ids(kvf_engine_prefix_h ep, const kvf_request_t *r, in
     }
 }
 
+/* Share and allocate r's hit of @a hit tokens; false when the pool cannot hold its own
+ * blocks now (r holds nothing then). */
 static bool kvf_pfx_take(kvf_engine_prefix_h ep, kvf_request_t *r, const kvf_prefix_hit_t *hit)
 {
     if ((kvf_block_manager_share(ep->bm, &r->blocks, hit->ids, hit->n_blocks) != KVF_OK) ||
@@ -545,6 +547,13 @@ void kvf_engine_prefix_imported(kvf_engine_prefix_h ep, kvf_request_t *r)
     }
     if ((r->import_zeroed > r->prefix_hit) && !ep->sliding) {
         return;   /* zeroed blocks in a group without a window: none is content */
+    }
+    for (int a = 0; (ep->n_full == 0) && (a < ep->n_attn); ++a) {
+        const int w = ep->attn_win[a];
+        if ((r->prompt_len > w) && ((r->prompt_len - w) / B > r->prefix_hit / B)) {
+            return;   /* every group slides and the first block after the hit holds no
+                       * content: nothing after it would be reachable */
+        }
     }
     /* a sliding group's blocks before the prompt's window are no content here whatever the
      * pull did (zeroed by a windowed pull, which zeroes nothing else; prefill's own may be
