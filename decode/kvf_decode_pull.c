@@ -552,9 +552,9 @@ kvf_status_t kvf_dc_pull_advance(kvf_dc_pull_ctx_t *ctx, kvf_dc_pull_t *pull)
 
 /*
  * The sliding-window pull (docs/ARCHITECTURE.md §7): a model with a sliding layer reads its
- * sliding layers from the window's first block on; their slots of the blocks from the hit up
- * to it are zeroed (the plan's post-ops; a full layer's slots are read), and the engine must
- * not index those blocks. Design: decided here, per pull,
+ * sliding groups from the window's first block on; their blocks from the hit up to it are
+ * zeroed (the plan's post-ops; a full group is read whole), and the engine must not serve
+ * those blocks (it indexes them as "not cached"). Design: decided here, per pull,
  * from the model and the prompt alone, so prefill needs no change: the KV digests name the
  * ranges read, which prefill hashes as they are. Rejected: a connector-wide plan flag (the
  * engine would not learn which blocks hold no content).

@@ -190,6 +190,40 @@ static void kvf_plan_window_line(const kvf_model_config_t *cfg, const kvf_rank_g
            " per decode rank, any prompt length\n", cfg->sliding_window, blocks, bytes);
 }
 
+/*
+ * The KV cache groups (kvf_cache_layout_build): the full attention groups hold the whole
+ * sequence; a sliding group's blocks before the window are given back as decode goes, so a
+ * running request holds at most ceil(W / B) + 2 blocks of it (the window, the block being
+ * written, the zero block standing for the freed ones), whatever its length.
+ */
+static void kvf_plan_groups_line(const kvf_model_config_t *cfg, const kvf_rank_geometry_t *dg)
+{
+    kvf_cache_layout_t *lay = malloc(sizeof(*lay));
+    int full = 0, sliding = 0, mamba = 0, w = 0;
+
+    if ((lay == NULL) || (kvf_cache_layout_build(cfg, lay) != KVF_OK)) {
+        free(lay);
+        return;
+    }
+    for (int g = 0; g < lay->num_groups; ++g) {
+        full += (lay->groups[g].kind == KVF_GROUP_ATTENTION);
+        mamba += (lay->groups[g].kind == KVF_GROUP_MAMBA);
+        sliding += (lay->groups[g].kind == KVF_GROUP_SLIDING);
+        w = (lay->groups[g].window > w) ? lay->groups[g].window : w;
+    }
+    const size_t block_bytes = (size_t)lay->slots * dg->page_size;
+    printf("  kv cache groups: %d full attention, %d sliding, %d state; %d layer slots a block"
+           " (%zu bytes per decode rank)\n", full, sliding, mamba, lay->slots, block_bytes);
+    if (sliding > 0) {
+        const size_t held = (size_t)((w + dg->block_size - 1) / dg->block_size + 2);
+        printf("  sliding group: window %d, decode holds at most %zu blocks = %zu bytes of"
+               " each of the %d sliding groups per request and decode rank, any length; each"
+               " full group ceil(N / %d) blocks\n", w, held, held * block_bytes, sliding,
+               dg->block_size);
+    }
+    free(lay);
+}
+
 static void kvf_plan_print_text(const kvf_model_config_t *cfg, const kvf_cache_params_t *p,
                                 const kvf_layout_plan_t *pl, int prompt_tokens)
 {
@@ -245,6 +279,7 @@ static void kvf_plan_print_text(const kvf_model_config_t *cfg, const kvf_cache_p
     printf("  reads (prefill rank -> decode rank): %d in all, at most %d per decode rank\n",
            pl->reads, pl->max_reads_per_decode_rank);
     kvf_plan_window_line(cfg, g[1]);
+    kvf_plan_groups_line(cfg, g[1]);
     if (pl->verdict != KVF_VERDICT_COMPATIBLE) {
         printf("  %s: %s prefill=%s decode=%s: %s\n", kvf_verdict_str(pl->verdict), pl->field,
                pl->prefill_value, pl->decode_value, pl->why);

@@ -122,7 +122,7 @@ uint64_t kvf_xt_prefill_fill(const xt_ctx_t *c, const xt_side_t *side,
     for (int gi = 0; gi < l->num_groups; ++gi) {
         const kvf_kv_group_t *grp = &l->groups[gi];
         for (int j = 0; j < grp->num_layers; ++j) {
-            if (grp->kind == KVF_GROUP_ATTENTION) {
+            if (kvf_group_is_attention(grp->kind)) {
                 for (int bi = 0; bi < side->num_ids[gi]; ++bi) {
                     n += xt_fill_attn(c, g, grp->layers[j], bi,
                                       pool + kvf_attn_slot_off(g, side->ids[gi][bi], j));
@@ -185,7 +185,7 @@ static uint64_t xt_block_expect(const xt_ctx_t *c, const kvf_rank_geometry_t *g,
     }
     for (int j = 0; j < l->groups[gi].num_layers; ++j) {
         int layer = l->groups[gi].layers[j];
-        if (l->groups[gi].kind == KVF_GROUP_ATTENTION) {
+        if (kvf_group_is_attention(l->groups[gi].kind)) {
             xt_attn_slot_zero(g, expect, j);
             n += xt_fill_attn(c, g, layer, bi, expect + kvf_attn_slot_off(g, 0, j));
         } else {
@@ -244,7 +244,7 @@ kvf_status_t kvf_xt_decode_verify(const xt_ctx_t *c, xt_rank_t *r)
                      "decode rank %d: block %" PRId64 " (%s, %s) differs at byte %zu of %zu"
                      " (page %zu): got 0x%02x expected 0x%02x", r->rank, b,
                      (gi < 0) ? "outside the request" :
-                     ((l->groups[gi].kind == KVF_GROUP_ATTENTION) ? "attention" : "mamba"),
+                     (kvf_group_is_attention(l->groups[gi].kind) ? "attention" : "mamba"),
                      kvf_kv_layout_name((int)g->kv_layout), k, bytes, k / g->page_size,
                      have[k], expect[k]);
             status = KVF_ERR_INVALID_PARAM;

@@ -48,7 +48,7 @@ kvf_status_t kvf_xt_side_init(xt_ctx_t *c, xt_side_t *side, bool prefill)
     /* decode allocates room for the first generated token too */
     covered = prefill ? c->o.tokens : (int64_t)c->o.tokens + 1;
     for (int gi = 0; gi < l->num_groups; ++gi) {
-        side->num_ids[gi] = (l->groups[gi].kind == KVF_GROUP_ATTENTION) ?
+        side->num_ids[gi] = kvf_group_is_attention(l->groups[gi].kind) ?
             (int)((covered + side->geom[0].block_size - 1) / side->geom[0].block_size) : 1;
         need += side->num_ids[gi];
     }

@@ -282,7 +282,7 @@ static int32_t kvf_bm_pop(struct kvf_block_manager *bm, kvf_group_kind_t kind)
     }
     bm->ref[b] = 1;
     bm->state[b] = KVF_BLOCK_ALLOCATED;
-    if (kind == KVF_GROUP_ATTENTION) {
+    if (kvf_group_is_attention(kind)) {
         bm->state[b] |= KVF_BLOCK_FRESH;
         bm->fresh[bm->num_fresh++] = b;
     }
@@ -453,7 +453,7 @@ kvf_status_t kvf_block_manager_alloc_blocks(kvf_block_manager_h bm, kvf_group_ki
                                             int n, int32_t *ids)
 {
     if ((bm == NULL) || (n < 0) || ((n > 0) && (ids == NULL)) ||
-        ((kind != KVF_GROUP_ATTENTION) && (kind != KVF_GROUP_MAMBA))) {
+        (!kvf_group_is_attention(kind) && (kind != KVF_GROUP_MAMBA))) {
         return KVF_ERR_INVALID_PARAM;
     }
     if (n > bm->num_free + bm->num_lru) {
@@ -550,34 +550,49 @@ kvf_status_t kvf_block_manager_set_cached(kvf_block_manager_h bm, int32_t b, boo
 kvf_status_t kvf_block_manager_share(kvf_block_manager_h bm, kvf_req_blocks_t *req,
                                      const int32_t *ids, int n)
 {
-    int n_attn = 0;
+    int n_attn = 0, n_fresh = 0, n_lru = 0;
+    bool sliding[KVF_MAX_KV_GROUPS];
 
     if ((bm == NULL) || (req == NULL) || (n < 0) || ((n > 0) && (ids == NULL)) ||
         (req->num_groups != 0)) {
         return KVF_ERR_INVALID_PARAM;
     }
     for (int g = 0; g < bm->num_groups; ++g) {
-        n_attn += (bm->kinds[g] == KVF_GROUP_ATTENTION);
+        if (kvf_group_is_attention(bm->kinds[g])) {
+            sliding[n_attn++] = (bm->kinds[g] == KVF_GROUP_SLIDING);
+        }
     }
     for (int i = 0; i < n * n_attn; ++i) {
+        if ((ids[i] == -1) && sliding[i % n_attn]) {
+            ++n_fresh;   /* a sliding block before the hit's window: a fresh one */
+            continue;
+        }
         if ((ids[i] < 0) || (ids[i] >= bm->num_blocks) || !(bm->state[ids[i]] & KVF_BLOCK_CACHED)) {
             kvf_error("block manager: share of block %" PRId32 ", not a cached block", ids[i]);
             return KVF_ERR_INVALID_PARAM;
         }
+        n_lru += !(bm->state[ids[i]] & KVF_BLOCK_ALLOCATED);   /* leaves the LRU below */
+    }
+    if (n_fresh > bm->num_free + bm->num_lru - n_lru) {
+        return KVF_ERR_NO_RESOURCE;
     }
     for (int g = 0; g < bm->num_groups; ++g) {
-        if ((bm->kinds[g] == KVF_GROUP_ATTENTION) &&
+        if (kvf_group_is_attention(bm->kinds[g]) &&
             (KVF_ARRAY_GROW(req->blocks[g], req->capacity[g], n, 4) != KVF_OK)) {
             kvf_bm_req_release_tables(req);
             return KVF_ERR_NO_MEMORY;
         }
     }
     for (int g = 0, a = 0; g < bm->num_groups; ++g) {
-        if (bm->kinds[g] != KVF_GROUP_ATTENTION) {
+        if (!kvf_group_is_attention(bm->kinds[g])) {
             continue;
         }
         for (int j = 0; j < n; ++j) {
             int32_t b = ids[(size_t)j * (size_t)n_attn + (size_t)a];
+            if (b == -1) {   /* checked above: a sliding group's; filled below */
+                req->blocks[g][req->num_blocks[g]++] = -1;
+                continue;
+            }
             if (!(bm->state[b] & KVF_BLOCK_ALLOCATED)) {   /* free cached: leaves the LRU */
                 kvf_lru_unlink(bm, b);
                 bm->state[b] = KVF_BLOCK_ALLOCATED | KVF_BLOCK_CACHED;
@@ -587,6 +602,14 @@ kvf_status_t kvf_block_manager_share(kvf_block_manager_h bm, kvf_req_blocks_t *r
             req->blocks[g][req->num_blocks[g]++] = b;
         }
         ++a;
+    }
+    /* after every cached block left the LRU, so a pop's eviction cannot take one of them */
+    for (int g = 0; (n_fresh > 0) && (g < bm->num_groups); ++g) {
+        for (int j = 0; kvf_group_is_attention(bm->kinds[g]) && (j < n); ++j) {
+            if (req->blocks[g][j] == -1) {
+                req->blocks[g][j] = kvf_bm_pop(bm, bm->kinds[g]);   /* zeroed as fresh */
+            }
+        }
     }
     req->num_tokens = n * bm->block_size;
     /* the Mamba groups' blocks come with the first kvf_block_manager_allocate() */
@@ -600,7 +623,7 @@ kvf_status_t kvf_block_manager_release_before(kvf_block_manager_h bm, kvf_req_bl
     int freed = 0;
 
     if ((bm == NULL) || (req == NULL) || (freed_p == NULL) || (g < 0) ||
-        (g >= req->num_groups) || (bm->kinds[g] != KVF_GROUP_ATTENTION) || (first < 0)) {
+        (g >= req->num_groups) || !kvf_group_is_attention(bm->kinds[g]) || (first < 0)) {
         return KVF_ERR_INVALID_PARAM;
     }
     *freed_p = 0;
@@ -634,6 +657,11 @@ kvf_status_t kvf_block_manager_release_before(kvf_block_manager_h bm, kvf_req_bl
     req->released[g] = (first > req->released[g]) ? first : req->released[g];
     *freed_p = freed;
     return KVF_OK;
+}
+
+int32_t kvf_block_manager_zero_block(kvf_block_manager_h bm)
+{
+    return bm->hole;
 }
 
 int kvf_block_manager_held(kvf_block_manager_h bm, const kvf_req_blocks_t *req, int g)

@@ -213,8 +213,12 @@ kvf_status_t kvf_block_manager_set_cached(kvf_block_manager_h bm, int32_t b, boo
  * attention group at ids[j * groups + k]). The request then holds only
  * those: call kvf_block_manager_allocate() next (it adds the Mamba groups'
  * blocks and any attention block past them) or kvf_block_manager_free().
+ * An id of -1 in a KVF_GROUP_SLIDING group (a block before the hit's window,
+ * which the prefix cache need not keep) gets a fresh block, zeroed like any
+ * new attention block by the next zero_fresh; the sliding window gives it back.
  * @return KVF_OK; KVF_ERR_INVALID_PARAM (request not empty, a block not
- *         cached); KVF_ERR_NO_MEMORY (nothing held).
+ *         cached, -1 in a full group); KVF_ERR_NO_RESOURCE (no block for a -1
+ *         entry; nothing held); KVF_ERR_NO_MEMORY (nothing held).
  */
 kvf_status_t kvf_block_manager_share(kvf_block_manager_h bm, kvf_req_blocks_t *req,
                                      const int32_t *ids, int n);
@@ -231,12 +235,16 @@ kvf_status_t kvf_block_manager_share(kvf_block_manager_h bm, kvf_req_blocks_t *r
  * recorded fresh like any new attention block, so the caller's next zero_fresh /
  * take_fresh zeroes it before a kernel reads it; nothing may write it (a query's own K/V
  * lands at its position, inside the window). kvf_block_manager_free() skips those
- * entries. The caller must not index the request's blocks in a prefix cache after this.
+ * entries. A prefix cache must not index those entries (kvf_block_manager_zero_block()
+ * names them; the prefix cache keeps a sliding group's block as -1, "not cached").
  * @param [out] freed_p  blocks given back by this call (0 when none were due).
  * @return KVF_OK; KVF_ERR_INVALID_PARAM (bad group, not attention, a bad or free id).
  */
 kvf_status_t kvf_block_manager_release_before(kvf_block_manager_h bm, kvf_req_blocks_t *req,
                                               int g, int first, int *freed_p);
+
+/** The zero block that released entries name (release_before), or -1 while there is none. */
+int32_t kvf_block_manager_zero_block(kvf_block_manager_h bm);
 
 /** Blocks of @a req's group @a g that are its own (not the zero block of a release). */
 int kvf_block_manager_held(kvf_block_manager_h bm, const kvf_req_blocks_t *req, int g);

@@ -48,6 +48,8 @@ struct kvf_prefix_cache {
     int32_t        *path;          /* [cap_path] entries walked by a lookup */
     int             cap_path;
     kvf_prefix_cache_stats_t st;
+    int            *win;           /* [n_attn_groups]: sliding window, 0 for a full group */
+    int             n_full;        /* attention groups without a window */
     kvf_prefix_event_fn ev_fn;     /* kvf_prefix_cache_set_event_fn(); NULL: none */
     void           *ev_ctx;
 };
@@ -84,8 +86,9 @@ kvf_status_t kvf_prefix_cache_create(const kvf_prefix_cache_params_t *params,
     pc->block_entry = malloc((size_t)nb * sizeof(int32_t));
     pc->slot_entry = malloc((size_t)(p->state_slots > 0 ? p->state_slots : 1) * sizeof(int32_t));
     pc->slot_use = calloc((size_t)(p->state_slots > 0 ? p->state_slots : 1), sizeof(uint64_t));
+    pc->win = calloc((size_t)p->n_attn_groups, sizeof(int));
     if ((pc->buckets == NULL) || (pc->block_entry == NULL) || (pc->slot_entry == NULL) ||
-        (pc->slot_use == NULL)) {
+        (pc->slot_use == NULL) || (pc->win == NULL)) {
         kvf_prefix_cache_destroy(pc);
         return KVF_ERR_NO_MEMORY;
     }
@@ -94,6 +97,11 @@ kvf_status_t kvf_prefix_cache_create(const kvf_prefix_cache_params_t *params,
     for (int s = 0; s < p->state_slots; ++s) {
         pc->slot_entry[s] = -1;
     }
+    for (int a = 0; a < p->n_attn_groups; ++a) {
+        pc->win[a] = (p->windows != NULL) ? p->windows[a] : 0;
+        pc->n_full += (pc->win[a] <= 0);
+    }
+    pc->p.windows = pc->win;
     pc->free_e = -1;
     kvf_block_manager_set_evict(p->bm, kvf_pc_evict_block, pc);
     *pc_p = pc;
@@ -114,7 +122,9 @@ void kvf_prefix_cache_destroy(kvf_prefix_cache_h pc)
         kvf_pc_entry_t *x = &pc->e[i];
         if (x->used && x->has_block) {
             for (int a = 0; a < pc->p.n_attn_groups; ++a) {
-                (void)kvf_block_manager_set_cached(pc->p.bm, x->ids[a], false);
+                if (x->ids[a] >= 0) {   /* -1: a sliding block not cached */
+                    (void)kvf_block_manager_set_cached(pc->p.bm, x->ids[a], false);
+                }
             }
         }
         free(x->tokens);
@@ -126,6 +136,7 @@ void kvf_prefix_cache_destroy(kvf_prefix_cache_h pc)
     free(pc->block_entry);
     free(pc->slot_entry);
     free(pc->slot_use);
+    free(pc->win);
     free(pc->scratch);
     free(pc->path);
     free(pc);
@@ -272,6 +283,26 @@ static kvf_status_t kvf_pc_grow_scratch(struct kvf_prefix_cache *pc, int n_units
                           (n_units + 1) * pc->p.n_attn_groups, 64);
 }
 
+/* Whether every sliding group caches the blocks a query at @a t attends: [floor(max(0,
+ * t - W) / B), floor(t / B)), the entries of pc->path (walked up to t). The engine gives
+ * back exactly the blocks before floor((computed - W) / B), so a request that computed t
+ * tokens still holds these. */
+static bool kvf_pc_window_ok(const struct kvf_prefix_cache *pc, int t)
+{
+    const int B = pc->p.block_size, per = B / pc->p.unit;
+
+    for (int a = 0; a < pc->p.n_attn_groups; ++a) {
+        const int first = (pc->win[a] > 0) ? ((t > pc->win[a]) ? (t - pc->win[a]) / B : 0) :
+                          t / B;
+        for (int j = first; j < t / B; ++j) {
+            if (pc->e[pc->path[(j + 1) * per]].ids[a] < 0) {
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
 void kvf_prefix_cache_lookup(kvf_prefix_cache_h pc, const kvf_prefix_key_t *key, int max_tokens,
                              kvf_prefix_hit_t *hit)
 {
@@ -298,9 +329,10 @@ void kvf_prefix_cache_lookup(kvf_prefix_cache_h pc, const kvf_prefix_key_t *key,
         if (t > (blocks_ok + 1) * B) {
             break;   /* past the cached blocks: no later unit can be served */
         }
-        if ((G == 0) && (t % B == 0) && (t / B == blocks_ok)) {
+        if ((G == 0) && (t % B == 0) && (t / B == blocks_ok) && kvf_pc_window_ok(pc, t)) {
             best = t;
-        } else if ((G > 0) && (t % G == 0) && (pc->e[idx].state >= 0) && (t / B <= blocks_ok)) {
+        } else if ((G > 0) && (t % G == 0) && (pc->e[idx].state >= 0) && (t / B <= blocks_ok) &&
+                   kvf_pc_window_ok(pc, t)) {
             best = t;
             best_slot = pc->e[idx].state;
         }
@@ -323,24 +355,47 @@ kvf_status_t kvf_prefix_cache_add_block(kvf_prefix_cache_h pc, const kvf_prefix_
                                         int j, const int32_t *ids)
 {
     const int k = (j + 1) * (pc->p.block_size / pc->p.unit);
-    int32_t idx;
+    int32_t idx, *have;
 
     if ((j < 0) || (ids == NULL) || (k > key->n_units)) {
         return KVF_ERR_INVALID_PARAM;
+    }
+    for (int a = 0; a < pc->p.n_attn_groups; ++a) {
+        if ((ids[a] < 0) && ((ids[a] != -1) || (pc->win[a] <= 0))) {
+            return KVF_ERR_INVALID_PARAM;   /* only a sliding group's block may be missing */
+        }
+        if ((ids[a] < 0) && (pc->n_full == 0)) {
+            return KVF_OK;   /* every group slides: an entry must hold a block of each */
+        }
     }
     idx = kvf_pc_path(pc, key, k);
     if (idx < 0) {
         return KVF_ERR_NO_MEMORY;
     }
+    have = pc->e[idx].ids;
     if (pc->e[idx].has_block) {
-        return KVF_OK;   /* computed twice (two requests at once): the first copy stays */
+        /* computed twice (two requests at once): the first copy stays; a sliding block it
+         * lacks is taken from the same numerics */
+        for (int a = 0; (pc->e[idx].source == key->source) && (a < pc->p.n_attn_groups); ++a) {
+            if ((have[a] < 0) && (ids[a] >= 0) && (pc->block_entry[ids[a]] < 0) &&
+                (kvf_block_manager_set_cached(pc->p.bm, ids[a], true) == KVF_OK)) {
+                have[a] = ids[a];
+                pc->block_entry[ids[a]] = idx;
+            }
+        }
+        return KVF_OK;
     }
     for (int a = 0; a < pc->p.n_attn_groups; ++a) {
+        if (ids[a] < 0) {
+            continue;
+        }
         if ((pc->block_entry[ids[a]] >= 0) ||
             (kvf_block_manager_set_cached(pc->p.bm, ids[a], true) != KVF_OK)) {
             for (int b = 0; b < a; ++b) {
-                (void)kvf_block_manager_set_cached(pc->p.bm, ids[b], false);
-                pc->block_entry[ids[b]] = -1;
+                if (ids[b] >= 0) {
+                    (void)kvf_block_manager_set_cached(pc->p.bm, ids[b], false);
+                    pc->block_entry[ids[b]] = -1;
+                }
             }
             kvf_pc_prune(pc, idx);
             return KVF_ERR_INVALID_PARAM;   /* a block keyed under another prefix already */
@@ -373,7 +428,19 @@ static void kvf_pc_evict_block(void *ctx, int32_t block)
         return;
     }
     x = &pc->e[idx];
+    for (int a = 0; (pc->n_full > 0) && (a < pc->p.n_attn_groups); ++a) {
+        if ((pc->win[a] > 0) && (x->ids[a] == block)) {
+            /* a sliding block: the entry still serves hits whose window starts after it */
+            x->ids[a] = -1;
+            pc->block_entry[block] = -1;
+            ++pc->st.blocks_evicted;
+            return;
+        }
+    }
     for (int a = 0; a < pc->p.n_attn_groups; ++a) {
+        if (x->ids[a] < 0) {
+            continue;
+        }
         pc->block_entry[x->ids[a]] = -1;
         if (x->ids[a] != block) {   /* the other groups' blocks of that prefix are useless */
             (void)kvf_block_manager_set_cached(pc->p.bm, x->ids[a], false);

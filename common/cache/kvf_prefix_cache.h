@@ -35,6 +35,9 @@ typedef struct kvf_prefix_cache_params {
                                          * state_grid */
     int                 block_size;     /* logical block, tokens */
     int                 n_attn_groups;  /* attention groups: ids per cached block, >= 1 */
+    const int          *windows;        /* [n_attn_groups]: each attention group's sliding
+                                         * window (KVF_GROUP_SLIDING), 0 for a full group;
+                                         * NULL: every group full. Copied. */
     int                 state_grid;     /* tokens between checkpoints; 0: no states (a model
                                          * without Mamba layers) */
     int                 state_slots;    /* checkpoints held, >= 1 when state_grid > 0 */
@@ -61,7 +64,9 @@ typedef struct kvf_prefix_key {
 typedef struct kvf_prefix_hit {
     int            tokens;      /* t, the prefix served; 0 = miss */
     int            n_blocks;    /* full attention blocks below t: floor(t / block_size) */
-    const int32_t *ids;         /* [n_blocks][n_attn_groups]; valid until the next call */
+    const int32_t *ids;         /* [n_blocks][n_attn_groups]; valid until the next call; -1
+                                 * for a sliding group's block before t's window that is
+                                 * not cached (kvf_block_manager_share() gives a fresh one) */
     int            state_slot;  /* the checkpoint at t; -1 without states */
 } kvf_prefix_hit_t;
 
@@ -87,7 +92,9 @@ void kvf_prefix_cache_destroy(kvf_prefix_cache_h pc);
  * tokens (docs/PREFIX_CACHE.md §1): without states (or key->blocks_only),
  * whole cached blocks of key->source from the start; with states, the
  * longest checkpoint t whose blocks below floor(t / block_size) are all
- * cached, of key->source. A used checkpoint becomes the most
+ * cached, of key->source. A sliding group (params.windows) needs only its
+ * blocks [floor(max(0, t - W) / block_size), t / block_size), the ones a query
+ * at t attends (vLLM's sliding-window hit rule). A used checkpoint becomes the most
  * recently used. Never fails: a miss is hit->tokens == 0.
  */
 void kvf_prefix_cache_lookup(kvf_prefix_cache_h pc, const kvf_prefix_key_t *key, int max_tokens,
@@ -97,7 +104,12 @@ void kvf_prefix_cache_lookup(kvf_prefix_cache_h pc, const kvf_prefix_key_t *key,
  * Block @a j of @a key (tokens [j B, (j+1) B), all computed) is in pool
  * blocks @a ids (one per attention group): index it and mark the blocks
  * cached as computed by key->source, unless that prefix already has a block
- * (then nothing changes: the first copy stays, whatever its source).
+ * (then nothing changes: the first copy stays, whatever its source, except
+ * that a sliding group's block it lacks is taken from @a ids when the source
+ * is the same). A sliding group's id may be -1 (its block left the window or
+ * holds no content): the block is indexed without it, unless the model has no
+ * full attention group (then nothing is indexed). Evicting a sliding group's
+ * block drops only that id; evicting a full group's drops the entry.
  * key->n_units must cover (j+1) B tokens.
  * @return KVF_OK; KVF_ERR_INVALID_PARAM; KVF_ERR_NO_MEMORY (nothing indexed).
  */

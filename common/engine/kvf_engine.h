@@ -239,7 +239,9 @@ kvf_status_t kvf_engine_import_begin(kvf_engine_h engine, const kvf_req_params_t
  * Between import_begin() and import_commit(): the caller zeroed the import's attention
  * blocks holding prompt tokens [prefix hit, @a tokens) instead of filling them (a
  * sliding-window pull reads only the window: kvf_xfer_window_first_block() times the block
- * size). Commit then indexes none of the prompt's blocks for the prefix cache (a later
+ * size). A model with sliding groups (KVF_GROUP_SLIDING): those are the sliding groups'
+ * blocks before the prompt's window, which commit indexes as -1 ("not cached") with the full
+ * groups' blocks; a model without one: commit indexes none of the prompt's blocks (a later
  * request must never be served a zeroed block; the blocks after them would be unreachable).
  * @return KVF_OK; KVF_ERR_NOT_FOUND; KVF_ERR_INVALID_PARAM (not importing, or @a tokens
  *         outside [0, prompt_len]).

@@ -61,6 +61,10 @@ struct kvf_engine_prefix {
     int                 slots;                      /* pages per block */
     int                 n_mamba, n_attn;
     int                 mamba_g[KVF_MAX_KV_GROUPS], attn_g[KVF_MAX_KV_GROUPS];
+    int                 attn_win[KVF_MAX_KV_GROUPS];  /* per attention group: its window,
+                                                       * 0 for a full group */
+    bool                sliding;                    /* some attention group slides */
+    int                 n_full;                     /* attention groups without a window */
     size_t              page_size, ckpt_bytes;
     int                 n_ckpt;
     void               *store[KVF_COMM_MAX_RANKS];  /* per rank, on its pool's device */
@@ -138,6 +142,9 @@ kvf_status_t kvf_engine_prefix_create(const kvf_engine_prefix_params_t *params,
         if (lay->groups[g].kind == KVF_GROUP_MAMBA) {
             ep->mamba_g[ep->n_mamba++] = g;
         } else {
+            ep->attn_win[ep->n_attn] = lay->groups[g].window;
+            ep->sliding = ep->sliding || (lay->groups[g].window > 0);
+            ep->n_full += (lay->groups[g].window <= 0);
             ep->attn_g[ep->n_attn++] = g;
         }
     }
@@ -174,6 +181,7 @@ kvf_status_t kvf_engine_prefix_create(const kvf_engine_prefix_params_t *params,
     pp.unit = ep->unit;
     pp.block_size = ep->block_size;
     pp.n_attn_groups = ep->n_attn;
+    pp.windows = ep->attn_win;
     pp.state_grid = ep->grid;
     pp.state_slots = ep->n_ckpt;
     pp.bm = bm;
@@ -325,6 +333,24 @@ static kvf_status_t kvf_pfx_flush(kvf_engine_prefix_h ep)
     return status;
 }
 
+/* ep->ids = block @a j of every attention group of @a r; -1 for a sliding group's block
+ * that is the manager's zero block (given back) or, with @a n > 0, lies wholly before the
+ * window of a query at @a n (block j < floor((n - W) / B)). */
+static void kvf_pfx_block_ids(kvf_engine_prefix_h ep, const kvf_request_t *r, int j, int n)
+{
+    const int32_t zero = kvf_block_manager_zero_block(ep->bm);
+
+    for (int a = 0; a < ep->n_attn; ++a) {
+        const int w = ep->attn_win[a];
+        int32_t b = r->blocks.blocks[ep->attn_g[a]][j];
+        const bool freed = (zero >= 0) && (b == zero);
+        if ((w > 0) && (freed || ((n > w) && (j < (n - w) / ep->block_size)))) {
+            b = -1;
+        }
+        ep->ids[a] = b;
+    }
+}
+
 /* Share and allocate r's hit of @a hit tokens; false when the pool cannot hold its own
  * blocks now (r holds nothing then). */
 static bool kvf_pfx_take(kvf_engine_prefix_h ep, kvf_request_t *r, const kvf_prefix_hit_t *hit)
@@ -421,9 +447,7 @@ kvf_status_t kvf_engine_prefix_after_step(kvf_engine_prefix_h ep, const kvf_sche
             continue;
         }
         for (int j = start / B; (j + 1) * B <= lim; ++j) {
-            for (int a = 0; a < ep->n_attn; ++a) {
-                ep->ids[a] = r->blocks.blocks[ep->attn_g[a]][j];
-            }
+            kvf_pfx_block_ids(ep, r, j, 0);
             (void)kvf_prefix_cache_add_block(ep->pc, &key, j, ep->ids);   /* best effort */
         }
         if ((ep->grid > 0) && (end == lim) && (end % ep->grid == 0)) {
@@ -521,13 +545,21 @@ void kvf_engine_prefix_imported(kvf_engine_prefix_h ep, kvf_request_t *r)
     if ((r->prefix == NULL) || (kvf_pfx_key(ep, r, r->prompt_len / ep->unit, &key) != KVF_OK)) {
         return;   /* unknown source: nothing of it is kept */
     }
-    if (r->import_zeroed > r->prefix_hit) {
-        return;   /* a sliding-window pull zeroed blocks after the hit: none is content */
+    if ((r->import_zeroed > r->prefix_hit) && !ep->sliding) {
+        return;   /* zeroed blocks in a group without a window: none is content */
     }
-    for (int j = r->prefix_hit / B; (j + 1) * B <= r->prompt_len; ++j) {
-        for (int a = 0; a < ep->n_attn; ++a) {
-            ep->ids[a] = r->blocks.blocks[ep->attn_g[a]][j];
+    for (int a = 0; (ep->n_full == 0) && (a < ep->n_attn); ++a) {
+        const int w = ep->attn_win[a];
+        if ((r->prompt_len > w) && ((r->prompt_len - w) / B > r->prefix_hit / B)) {
+            return;   /* every group slides and the first block after the hit holds no
+                       * content: nothing after it would be reachable */
         }
+    }
+    /* a sliding group's blocks before the prompt's window are no content here whatever the
+     * pull did (zeroed by a windowed pull, which zeroes nothing else; prefill's own may be
+     * fresh zeros after its hit): indexed as -1 */
+    for (int j = r->prefix_hit / B; (j + 1) * B <= r->prompt_len; ++j) {
+        kvf_pfx_block_ids(ep, r, j, r->prompt_len);
         (void)kvf_prefix_cache_add_block(ep->pc, &key, j, ep->ids);   /* best effort */
     }
 }

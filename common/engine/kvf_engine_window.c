@@ -1,10 +1,13 @@
 /*
  * Freeing blocks that leave a sliding window (kvf_engine_window.h).
  *
- * Design: only for a group whose every layer slides, and only for a request past its prompt
- * (a prompt chunk, an import in flight and a recompute after preemption keep everything, as
- * the prefix cache may still index them). The table keeps its length with the manager's zero
- * block in the freed entries, so nothing that walks a block table changes. Rejected: holes
+ * Design: only for a group whose every layer slides (KVF_GROUP_SLIDING: a model mixing full
+ * and sliding layers keeps them in groups of their own, so its sliding groups free too), and
+ * only for a request past its prompt (a prompt chunk, an import in flight and a recompute
+ * after preemption keep everything). The prefix cache goes on indexing the request: a freed
+ * entry is indexed as -1, and its hit rule asks a sliding group only for the window's
+ * blocks. The table keeps its length with the manager's zero block in the freed entries, so
+ * nothing that walks a block table changes. Rejected: holes
  * (-1) in the table (every kernel, FlashInfer's page list and the CUDA graph inputs would have
  * to skip them) and shrinking the table from the front (every position -> block arithmetic
  * would take an offset).
@@ -21,7 +24,7 @@ bool kvf_engine_window_groups(const kvf_model_config_t *cfg, const kvf_cache_lay
     for (int g = 0; g < layout->num_groups; ++g) {
         const kvf_kv_group_t *grp = &layout->groups[g];
         int w = 0;
-        for (int j = 0; (grp->kind == KVF_GROUP_ATTENTION) && (j < grp->num_layers); ++j) {
+        for (int j = 0; kvf_group_is_attention(grp->kind) && (j < grp->num_layers); ++j) {
             const int lw = cfg->layer_window[grp->layers[j]];
             if (lw <= 0) {
                 w = 0;
@@ -56,7 +59,6 @@ int kvf_engine_window_release(kvf_block_manager_h bm, const int *win, int num_gr
             if (first <= r->blocks.released[g]) {
                 continue;
             }
-            r->prefix_off = true;   /* its table now names the zero block: never indexed */
             if (kvf_block_manager_release_before(bm, &r->blocks, g, first, &freed) != KVF_OK) {
                 kvf_error("request %llu: giving back blocks before the window failed",
                           (unsigned long long)r->id);

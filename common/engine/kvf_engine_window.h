@@ -22,9 +22,9 @@ bool kvf_engine_window_groups(const kvf_model_config_t *cfg, const kvf_cache_lay
  * For each RUNNING request of @a reqs[n] past its prompt (decode steps: its next query sits
  * at position num_computed and attends to keys from num_computed - W + 1 on), give back its
  * blocks below floor(max(0, num_computed - W) / block_size) in every group with a window
- * (@a win, @a num_groups); a request that gave any back is no longer indexed by the prefix
- * cache (prefix_off). @return blocks given back; errors are logged and leave the request
- * holding its blocks.
+ * (@a win, @a num_groups); its prefix cache entries keep those sliding blocks as -1 (the
+ * index serves a hit whose window starts after them, docs/PREFIX_CACHE.md §1). @return
+ * blocks given back; errors are logged and leave the request holding its blocks.
  */
 int kvf_engine_window_release(kvf_block_manager_h bm, const int *win, int num_groups,
                               kvf_request_t **reqs, int n);

@@ -43,18 +43,42 @@ kvf_status_t kvf_kv_layout_parse(const char *text, const char *what, kvf_kv_layo
     return KVF_ERR_INVALID_PARAM;
 }
 
+/* The group kind of layer @a i, or -1 for a layer without cache (MLP, MoE). */
+static int kvf_layer_group_kind(const kvf_model_config_t *cfg, int i)
+{
+    if (cfg->layer_kinds[i] == KVF_LAYER_MAMBA) {
+        return KVF_GROUP_MAMBA;
+    }
+    if (cfg->layer_kinds[i] != KVF_LAYER_ATTENTION) {
+        return -1;
+    }
+    return (cfg->layer_window[i] > 0) ? KVF_GROUP_SLIDING : KVF_GROUP_ATTENTION;
+}
+
 int kvf_cache_slots(const kvf_model_config_t *cfg)
 {
-    int slots = cfg->num_attention_layers;
-    if ((cfg->num_mamba_layers > 0) && (cfg->num_mamba_layers < slots)) {
-        slots = cfg->num_mamba_layers;
+    int counts[3] = {0, 0, 0};   /* full attention, sliding attention, Mamba */
+    int slots = 0;
+
+    for (int i = 0; i < cfg->num_layers; ++i) {
+        const int k = kvf_layer_group_kind(cfg, i);
+        counts[0] += (k == KVF_GROUP_ATTENTION);
+        counts[1] += (k == KVF_GROUP_SLIDING);
+        counts[2] += (k == KVF_GROUP_MAMBA);
+    }
+    for (int k = 0; k < 3; ++k) {
+        if ((counts[k] > 0) && ((slots == 0) || (counts[k] < slots))) {
+            slots = counts[k];
+        }
     }
     return slots;
 }
 
 kvf_status_t kvf_cache_layout_build(const kvf_model_config_t *cfg, kvf_cache_layout_t *layout_p)
 {
-    static const char kinds[2] = {KVF_LAYER_ATTENTION, KVF_LAYER_MAMBA};
+    /* group index order: full attention, sliding attention, Mamba */
+    static const kvf_group_kind_t kinds[3] = {KVF_GROUP_ATTENTION, KVF_GROUP_SLIDING,
+                                              KVF_GROUP_MAMBA};
     kvf_cache_layout_t *l = calloc(1, sizeof(*l));
 
     if (l == NULL) {
@@ -65,11 +89,11 @@ kvf_status_t kvf_cache_layout_build(const kvf_model_config_t *cfg, kvf_cache_lay
         l->layer_group[i] = -1;
         l->layer_slot[i] = -1;
     }
-    for (int k = 0; k < 2; ++k) {
+    for (int k = 0; (k < 3) && (l->slots > 0); ++k) {
         int seen = 0;
         int first_group = l->num_groups;
         for (int i = 0; i < cfg->num_layers; ++i) {
-            if (cfg->layer_kinds[i] != kinds[k]) {
+            if (kvf_layer_group_kind(cfg, i) != (int)kinds[k]) {
                 continue;
             }
             int g = first_group + seen / l->slots;
@@ -78,8 +102,12 @@ kvf_status_t kvf_cache_layout_build(const kvf_model_config_t *cfg, kvf_cache_lay
                 free(l);
                 return KVF_ERR_INVALID_PARAM;
             }
-            l->groups[g].kind = (k == 0) ? KVF_GROUP_ATTENTION : KVF_GROUP_MAMBA;
-            l->groups[g].layers[l->groups[g].num_layers++] = i;
+            kvf_kv_group_t *grp = &l->groups[g];
+            grp->kind = kinds[k];
+            grp->layers[grp->num_layers++] = i;
+            if ((kinds[k] == KVF_GROUP_SLIDING) && (cfg->layer_window[i] > grp->window)) {
+                grp->window = cfg->layer_window[i];
+            }
             l->layer_group[i] = g;
             l->layer_slot[i] = seen % l->slots;
             ++seen;

@@ -84,21 +84,32 @@ kvf_status_t kvf_kv_layout_parse(const char *text, const char *what, kvf_kv_layo
 void kvf_cache_params_default(const kvf_model_config_t *cfg, kvf_cache_params_t *params_p);
 
 typedef enum {
-    KVF_GROUP_ATTENTION = 0,
-    KVF_GROUP_MAMBA     = 1,
+    KVF_GROUP_ATTENTION = 0,   /* full attention layers */
+    KVF_GROUP_MAMBA     = 1,   /* Mamba2 / Gated DeltaNet state layers */
+    KVF_GROUP_SLIDING   = 2,   /* attention layers with a sliding window (cfg.layer_window) */
 } kvf_group_kind_t;
+
+/** True for the kinds that hold K/V per token (full and sliding attention). */
+static inline int kvf_group_is_attention(kvf_group_kind_t kind)
+{
+    return (kind == KVF_GROUP_ATTENTION) || (kind == KVF_GROUP_SLIDING);
+}
 
 typedef struct kvf_kv_group {
     kvf_group_kind_t kind;
     int              num_layers;           /* <= slots */
     int              layers[KVF_MAX_SLOTS];  /* model layer index per slot */
+    int              window;               /* KVF_GROUP_SLIDING: the largest window of its
+                                            * layers, tokens; 0 for the other kinds */
 } kvf_kv_group_t;
 
 /**
  * KV cache groups (vLLM hybrid allocator): layers of one kind, chunked into
- * groups of `slots` layers, slots = the smallest per-kind layer count.
- * Attention group blocks: ceil(tokens / block_size) per request; Mamba group:
- * one block per request.
+ * groups of `slots` layers, slots = the smallest per-kind layer count. Kinds:
+ * full attention, sliding attention (a layer with cfg.layer_window > 0), Mamba,
+ * in that order of group index. Attention and sliding group blocks:
+ * ceil(tokens / block_size) per request, a sliding group's blocks wholly before
+ * its window given back as they leave it; Mamba group: one block per request.
  */
 typedef struct kvf_cache_layout {
     int            slots;

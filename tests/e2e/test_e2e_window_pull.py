@@ -15,10 +15,13 @@ its 100-token extension, which then reads from the window's first block on (a hi
 window start: the two compose) and zeroes the blocks between.
 
 A model mixing full and sliding layers (--model gpt-oss: layers [sliding, full, sliding];
-gemma3-swa alike) reads its full layers' whole prompt and its sliding layers from the window's
-first block on: per layer and token bytes t measured on the short prompt, each prompt's bytes
-must equal exactly F (N - hit) t + S (N - first) t for F full and S sliding layers, the
-sliding share within the window's bound.
+gemma3-swa alike) keeps them in KV cache groups of their own and reads its full groups' whole
+prompt and its sliding groups from the window's first block on: per layer and token bytes t
+measured on the short prompt, each prompt's bytes must equal exactly F (N - hit) t +
+S (N - first) t for F full and S sliding layers, the sliding share within the window's bound.
+Decode indexes such a prompt with its zeroed sliding blocks as "not cached"; by the sliding
+hit rule a prefix of it is served only where its own window lies in blocks that were read,
+which no block-aligned prefix of the prompt is: the repeats above stay misses.
 
     python3 tests/e2e/test_e2e_window_pull.py [--model NAME] [LAYOUT...]
         (default mistral-swa, 1p1d 1p2d; NAME a folder of tests/data/families)
@@ -95,8 +98,9 @@ def check(layout, rows, layers):
     per_layer = per_tok // nl              # of one layer
     bound = ((WINDOW + BLOCK - 1) // BLOCK + 1) * BLOCK * per_layer * sliding
     for name, n, b, hit in rows:
-        # only the short prompt (nothing zeroed) was kept: its full blocks are served to its
-        # repeat and to its extension; a window pull's blocks never are
+        # only the short prompt (nothing zeroed) is served: its full blocks to its repeat and to
+        # its extension; a window pull's zeroed sliding blocks never are (indexed "not
+        # cached", and every block-aligned prefix's window reaches one)
         want = n0 // BLOCK * BLOCK if name.startswith("short ") else 0
         assert hit == want, "%s %s: decode's cache served %d tokens, expected %d" % (
             layout, name, hit, want)

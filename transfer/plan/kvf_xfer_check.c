@@ -352,7 +352,7 @@ kvf_status_t kvf_xfer_plan_check(const kvf_xfer_plan_params_t *p, uint64_t *loca
     }
     for (int g = 0; g < p->num_groups; ++g) {
         const kvf_xfer_group_blocks_t *gb = &p->groups[g];
-        bool attn = (p->layout->groups[g].kind == KVF_GROUP_ATTENTION);
+        bool attn = kvf_group_is_attention(p->layout->groups[g].kind);
         int64_t lneed = attn ? kvf_xfer_ceil_div(p->num_tokens, p->local_geom->block_size) : 1;
         int64_t rneed = attn ? kvf_xfer_ceil_div(p->num_tokens, rblock) : 1;
         status = kvf_xfer_ids_check(gb->local_ids, gb->num_local, lneed, p->local_num_blocks,

@@ -605,7 +605,7 @@ static kvf_status_t kvf_xfer_plan_blocks(kvf_xfer_planner_t *pl)
     kvf_status_t status = KVF_OK;
 
     for (int g = 0; g < p->num_groups; ++g) {
-        bool attn = (p->layout->groups[g].kind == KVF_GROUP_ATTENTION);
+        bool attn = kvf_group_is_attention(p->layout->groups[g].kind);
         first[g] = kvf_xfer_window_first(p, &p->layout->groups[g], pl->lg->block_size);
         n += !attn ? 1 : (p->groups[g].num_local > skip) ?
                          (size_t)(p->groups[g].num_local - skip) : 0;
@@ -616,7 +616,7 @@ static kvf_status_t kvf_xfer_plan_blocks(kvf_xfer_planner_t *pl)
     }
     for (int g = 0; g < p->num_groups; ++g) {
         const kvf_xfer_group_blocks_t *gb = &p->groups[g];
-        bool attn = (p->layout->groups[g].kind == KVF_GROUP_ATTENTION);
+        bool attn = kvf_group_is_attention(p->layout->groups[g].kind);
         for (int64_t lb = attn ? skip : gb->num_local - 1; lb < gb->num_local; ++lb) {
             refs[k++] = (kvf_xfer_block_ref_t){.lid = gb->local_ids[lb], .group = g, .lb = lb};
             sorted = sorted && ((k < 2) || (refs[k - 2].lid < refs[k - 1].lid));
@@ -628,7 +628,7 @@ static kvf_status_t kvf_xfer_plan_blocks(kvf_xfer_planner_t *pl)
     for (size_t i = 0; (i < n) && (status == KVF_OK); ++i) {
         const kvf_kv_group_t *grp = &p->layout->groups[refs[i].group];
         const kvf_xfer_group_blocks_t *gb = &p->groups[refs[i].group];
-        if (grp->kind != KVF_GROUP_ATTENTION) {
+        if (!kvf_group_is_attention(grp->kind)) {
             status = kvf_xfer_plan_mamba_group(pl, grp, gb);
             continue;
         }
@@ -693,9 +693,9 @@ kvf_status_t kvf_xfer_pieces_create(const kvf_xfer_plan_params_t *params,
     }
     kvf_xfer_planner_init(&pl, params);
     for (int g = 0; (g < params->layout->num_groups) && (status == KVF_OK); ++g) {
-        if ((params->layout->groups[g].kind == KVF_GROUP_ATTENTION) && !pl.attn_mapped) {
+        if (kvf_group_is_attention(params->layout->groups[g].kind) && !pl.attn_mapped) {
             status = kvf_xfer_attn_map(&pl);
-        } else if ((params->layout->groups[g].kind != KVF_GROUP_ATTENTION) && (pl.mamba == NULL)) {
+        } else if (!kvf_group_is_attention(params->layout->groups[g].kind) && (pl.mamba == NULL)) {
             status = kvf_xfer_mamba_pieces(&pl);
         }
     }

@@ -204,7 +204,7 @@ static void kvf_xfer_group_jobs(const kvf_xfer_plan_params_t *p, int g, int64_t 
     const int64_t N = p->num_tokens, used = (N + bl - 1) / bl;
     int64_t first;
 
-    if (grp->kind != KVF_GROUP_ATTENTION) {
+    if (!kvf_group_is_attention(grp->kind)) {
         kvf_xfer_job_put(jobs, n, KVF_XFER_TMPL_MAMBA, grp->num_layers,
                          gb->local_ids[gb->num_local - 1], gb->remote_ids[gb->num_remote - 1],
                          KVF_GATHER_TMPL_WHOLE);
@@ -240,7 +240,7 @@ static bool kvf_xfer_tmpl_mixed_window(const kvf_xfer_plan_params_t *p)
     }
     for (int g = 0; g < p->num_groups; ++g) {
         const kvf_kv_group_t *grp = &p->layout->groups[g];
-        if ((grp->kind != KVF_GROUP_ATTENTION) ||
+        if (!kvf_group_is_attention(grp->kind) ||
             (kvf_xfer_group_window_first(p->cfg, grp, p->num_tokens, bl) <= 0)) {
             continue;
         }

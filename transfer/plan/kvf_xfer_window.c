@@ -1,12 +1,12 @@
 /*
  * The sliding-window pull's arithmetic (kvf_xfer_window.h).
  *
- * Design: a block before the window is skipped per layer slot, not per group. A group mixing
- * full and sliding layers (qwen3 with max_window_layers > 0, gemma3_text's every sixth layer,
- * gpt_oss's every second) keeps one page per layer in each block; the full layers' pages of
- * the blocks before the window are read, the sliding layers' pages zeroed. Rejected: sliding
- * layers in their own cache group with their own block table (vLLM's hybrid allocator); see
- * docs/ARCHITECTURE.md §7.
+ * Design: a sliding layer's group (KVF_GROUP_SLIDING: kvf_cache_layout_build() puts sliding
+ * layers in groups of their own, as vLLM's hybrid allocator) is read from its window's first
+ * block on and zeroed before it; a full group is read whole. The per-slot test stays general
+ * (a slot slides when its layer does), so a group is never read half. Rejected: one group
+ * mixing full and sliding layers, its sliding slots zeroed inside blocks whose full slots are
+ * read (the earlier design); see docs/ARCHITECTURE.md §7.
  */
 #include "kvf_xfer_window.h"
 #include "kvf_xfer_plan.h"
@@ -16,7 +16,7 @@ int64_t kvf_xfer_group_window_first(const kvf_model_config_t *cfg, const kvf_kv_
 {
     int w = 0;
 
-    if ((grp->kind != KVF_GROUP_ATTENTION) || (block_size <= 0)) {
+    if (!kvf_group_is_attention(grp->kind) || (block_size <= 0)) {
         return 0;
     }
     for (int j = 0; j < grp->num_layers; ++j) {

@@ -9,7 +9,8 @@
  * - state slots are reused least recently used first;
  * - a block is served only to a key of the source that computed it, and a
  *   blocks-only lookup (decode's, docs/PREFIX_CACHE.md §6) takes the longest
- *   run of cached blocks, walking the hash units inside each block. */
+ *   run of cached blocks, walking the hash units inside each block;
+ * - a sliding group needs only the blocks the hit's window attends. */
 #include "kvf_pool_test.h"
 #include "kvf_prefix_cache.h"
 
@@ -198,12 +199,117 @@ static void test_sources_blocks_only(void **state)
     kvf_block_manager_destroy(bm);
 }
 
+/*
+ * vLLM's sliding-window hit rule: a layout of one full group and one sliding group (window
+ * 40, block 16). A prefix indexed with its sliding blocks before the window as -1 (given back)
+ * is served at t = 160 (the sliding blocks [7, 10) a query at 160 attends are there), the
+ * missing ones as -1, which share() fills with fresh blocks; a shorter prefix whose window
+ * reaches a -1 block is a miss; -1 in the full group is refused; a layout without a full group
+ * indexes nothing with a -1.
+ */
+static void test_sliding_hit_rule(void **state)
+{
+    static kvf_cache_layout_t lay;
+    static kvf_key_buf_t k;
+    const int windows[2] = {0, 40};
+    kvf_prefix_cache_params_t pp = {.unit = 16, .block_size = 16, .n_attn_groups = 2,
+                                    .windows = windows};
+    kvf_block_manager_params_t bp = {
+        .field_mask = KVF_BLOCK_MANAGER_PARAM_FIELD_NUM_BLOCKS |
+                      KVF_BLOCK_MANAGER_PARAM_FIELD_BLOCK_SIZE |
+                      KVF_BLOCK_MANAGER_PARAM_FIELD_LAYOUT,
+        .num_blocks = 40, .block_size = 16, .layout = &lay,
+    };
+    kvf_block_manager_h bm = NULL;
+    kvf_prefix_cache_h pc;
+    kvf_req_blocks_t r = {0}, r2 = {0};
+    kvf_prefix_hit_t hit;
+    int32_t ids[2];
+    (void)state;
+
+    memset(&lay, 0, sizeof(lay));
+    lay.slots = 1;
+    lay.num_groups = 2;
+    lay.groups[0] = (kvf_kv_group_t){.kind = KVF_GROUP_ATTENTION, .num_layers = 1};
+    lay.groups[1] = (kvf_kv_group_t){.kind = KVF_GROUP_SLIDING, .num_layers = 1, .window = 40};
+    lay.groups[1].layers[0] = 1;
+    assert_int_equal(kvf_block_manager_create(&bp, &bm), KVF_OK);
+    pp.bm = bm;
+    assert_int_equal(kvf_prefix_cache_create(&pp, &pc), KVF_OK);
+    kvf_mkkey(&k, NULL, 160, 16, 500);
+    assert_int_equal(kvf_block_manager_allocate(bm, &r, 160), KVF_OK);   /* 10 + 10 blocks */
+    for (int j = 0; j < 10; ++j) {
+        ids[0] = r.blocks[0][j];
+        ids[1] = (j < 6) ? -1 : r.blocks[1][j];   /* blocks 0-5 left the window */
+        assert_int_equal(kvf_prefix_cache_add_block(pc, &k.key, j, ids), KVF_OK);
+    }
+    ids[0] = -1;
+    assert_int_equal(kvf_prefix_cache_add_block(pc, &k.key, 3, ids), KVF_ERR_INVALID_PARAM);
+
+    kvf_prefix_cache_lookup(pc, &k.key, 160, &hit);
+    assert_int_equal(hit.tokens, 160);
+    assert_int_equal(hit.n_blocks, 10);
+    for (int j = 0; j < 10; ++j) {
+        assert_int_equal(hit.ids[j * 2], r.blocks[0][j]);
+        assert_int_equal(hit.ids[j * 2 + 1], (j < 6) ? -1 : r.blocks[1][j]);
+    }
+    assert_int_equal(kvf_block_manager_share(bm, &r2, hit.ids, hit.n_blocks), KVF_OK);
+    assert_int_equal(kvf_block_manager_num_free(bm), 40 - 20 - 6);   /* 6 fresh blocks */
+    for (int j = 0; j < 10; ++j) {
+        assert_int_equal(r2.blocks[0][j], r.blocks[0][j]);
+        if (j < 6) {
+            for (int i = 0; i < 10; ++i) {
+                assert_int_not_equal(r2.blocks[1][j], r.blocks[1][i]);
+            }
+        } else {
+            assert_int_equal(r2.blocks[1][j], r.blocks[1][j]);
+        }
+    }
+    assert_int_equal(kvf_block_manager_free(bm, &r2), KVF_OK);
+    /* t = 144 needs sliding blocks [6, 9): there; 128 needs [5, 8): block 5 is gone, and so
+     * is every shorter prefix's window */
+    kvf_prefix_cache_lookup(pc, &k.key, 150, &hit);
+    assert_int_equal(hit.tokens, 144);
+    kvf_prefix_cache_lookup(pc, &k.key, 140, &hit);
+    assert_int_equal(hit.tokens, 0);
+    ids[0] = r.blocks[0][0];
+    ids[1] = -1;
+    {   /* -1 only in a sliding group: the full group's -1 in share is refused */
+        kvf_req_blocks_t r3 = {0};
+        assert_int_equal(kvf_block_manager_share(bm, &r3, (int32_t[]){-1, ids[0]}, 1),
+                         KVF_ERR_INVALID_PARAM);
+    }
+    assert_int_equal(kvf_block_manager_free(bm, &r), KVF_OK);
+    kvf_prefix_cache_destroy(pc);
+
+    /* every group slides: an entry must hold a block of each, so a -1 indexes nothing */
+    const int only[1] = {40};
+    lay.num_groups = 1;
+    lay.groups[0] = lay.groups[1];
+    pp.n_attn_groups = 1;
+    pp.windows = only;
+    kvf_block_manager_destroy(bm);
+    assert_int_equal(kvf_block_manager_create(&bp, &bm), KVF_OK);
+    pp.bm = bm;
+    assert_int_equal(kvf_prefix_cache_create(&pp, &pc), KVF_OK);
+    ids[0] = -1;
+    assert_int_equal(kvf_prefix_cache_add_block(pc, &k.key, 0, ids), KVF_OK);
+    {
+        kvf_prefix_cache_stats_t st;
+        kvf_prefix_cache_get_stats(pc, &st);
+        assert_int_equal(st.cached_blocks, 0);
+    }
+    kvf_prefix_cache_destroy(pc);
+    kvf_block_manager_destroy(bm);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_blocks_refcount_lru),
         cmocka_unit_test(test_state_slots_lru),
         cmocka_unit_test(test_sources_blocks_only),
+        cmocka_unit_test(test_sliding_hit_rule),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -234,6 +234,55 @@ static void test_cache_layout_groups(void **state)
     assert_int_equal(l.slots, 4);
     assert_int_equal(l.num_groups, 1 + 7);      /* ceil(27/4) mamba groups */
     assert_int_equal(l.groups[7].num_layers, 3);
+
+    /* gpt-oss-20b: 12 sliding (window 128) and 12 full layers alternating, [S, F, S, F ...]:
+     * a group of each kind, 12 slots (vLLM's hybrid allocator) */
+    kvf_test_load_model("gpt-oss-20b", &cfg);
+    assert_int_equal(kvf_cache_layout_build(&cfg, &l), KVF_OK);
+    assert_int_equal(l.slots, 12);
+    assert_int_equal(l.num_groups, 2);
+    assert_int_equal(l.groups[0].kind, KVF_GROUP_ATTENTION);
+    assert_int_equal(l.groups[0].window, 0);
+    assert_int_equal(l.groups[0].layers[0], 1);
+    assert_int_equal(l.groups[0].layers[11], 23);
+    assert_int_equal(l.groups[1].kind, KVF_GROUP_SLIDING);
+    assert_int_equal(l.groups[1].window, 128);
+    assert_int_equal(l.groups[1].layers[0], 0);
+    assert_int_equal(l.groups[1].layers[11], 22);
+    assert_int_equal(l.layer_group[2], 1);
+    assert_int_equal(l.layer_slot[2], 1);
+    assert_true(kvf_group_is_attention(l.groups[1].kind));
+    assert_false(kvf_group_is_attention(KVF_GROUP_MAMBA));
+}
+
+/* gemma3_text's five sliding layers to one full: slots = the full layers' count, the sliding
+ * layers in groups of their own (the last one partly filled). */
+static void test_cache_layout_sliding_groups(void **state)
+{
+    static const char json[] = "{\"model_type\":\"gemma3_text\",\"vocab_size\":260,"
+        "\"hidden_size\":64,\"num_hidden_layers\":8,\"num_attention_heads\":4,"
+        "\"num_key_value_heads\":1,\"head_dim\":16,\"intermediate_size\":128,"
+        "\"sliding_window\":32,\"layer_types\":[\"sliding_attention\",\"sliding_attention\","
+        "\"sliding_attention\",\"sliding_attention\",\"sliding_attention\",\"full_attention\","
+        "\"sliding_attention\",\"full_attention\"]}";
+    kvf_model_config_t cfg;
+    kvf_cache_layout_t l;
+    (void)state;
+
+    assert_int_equal(kvf_model_config_parse(json, "test", &cfg), KVF_OK);
+    assert_int_equal(kvf_cache_layout_build(&cfg, &l), KVF_OK);
+    assert_int_equal(l.slots, 2);                /* 2 full, 6 sliding */
+    assert_int_equal(l.num_groups, 1 + 3);
+    assert_int_equal(l.groups[0].kind, KVF_GROUP_ATTENTION);
+    assert_int_equal(l.groups[0].layers[0], 5);
+    assert_int_equal(l.groups[0].layers[1], 7);
+    for (int g = 1; g < 4; ++g) {
+        assert_int_equal(l.groups[g].kind, KVF_GROUP_SLIDING);
+        assert_int_equal(l.groups[g].window, 32);
+        assert_int_equal(l.groups[g].num_layers, 2);
+    }
+    assert_int_equal(l.groups[3].layers[1], 6);
+    assert_int_equal(l.layer_group[6], 3);
 }
 
 int main(void)
@@ -247,6 +296,7 @@ int main(void)
         cmocka_unit_test(test_explicit_block_too_small),
         cmocka_unit_test(test_kernel_block_select),
         cmocka_unit_test(test_cache_layout_groups),
+        cmocka_unit_test(test_cache_layout_sliding_groups),
     };
     kvf_log_init("test");
     return cmocka_run_group_tests(tests, NULL, NULL);

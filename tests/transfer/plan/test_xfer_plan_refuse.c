@@ -98,7 +98,7 @@ static world_t *world_make(const char *json, int P, int D, int d_rank, int block
         assert_int_equal(kvf_rank_geometry_compute(&w->cfg, &p, D, r, &w->dg[r]), KVF_OK);
     }
     for (int g = 0; g < w->layout.num_groups; ++g) {
-        bool attn = (w->layout.groups[g].kind == KVF_GROUP_ATTENTION);
+        bool attn = kvf_group_is_attention(w->layout.groups[g].kind);
         int n = attn ? (int)((num_tokens + w->dg[0].block_size - 1) / w->dg[0].block_size) : 1;
         for (int i = 0; i < 16; ++i) {
             w->lids[g][i] = 16 * g + i + lofs;
@@ -155,7 +155,7 @@ static void test_refuse_block_ids(void **state)
     (void)state;
 
     for (int g = 0; g < w->layout.num_groups; ++g) {
-        if (w->layout.groups[g].kind == KVF_GROUP_ATTENTION) {
+        if (kvf_group_is_attention(w->layout.groups[g].kind)) {
             attn = g;
         } else if (mamba < 0) {
             mamba = g;
@@ -633,7 +633,7 @@ static void plan_real(const char *model, int P, int D, int64_t tokens, kvf_dtype
     assert_non_null(lids);
     assert_non_null(rids);
     for (int g = 0; g < layout.num_groups; ++g) {
-        per = (layout.groups[g].kind == KVF_GROUP_ATTENTION) ? need : 1;
+        per = kvf_group_is_attention(layout.groups[g].kind) ? need : 1;
         for (int64_t i = 0; i < per; ++i) {   /* every other block: nothing coalesces across */
             lids[pos + i] = (int32_t)(2 * (pos + i));
             rids[pos + i] = (int32_t)(2 * (pos + i) + 1);

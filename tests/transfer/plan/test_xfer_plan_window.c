@@ -6,15 +6,15 @@
  * over the full pull (the kernel with the window, several decode steps, layouts 1p1d, 2p1d
  * and 1p2d). The blocks before the window are zeroed, not read: the decode region starts as
  * NaN bytes, so a byte the kernel read there and the plan left stale would poison its
- * output. Models mixing full and sliding layers in one group (qwen3 with max_window_layers
- * 1: [full, sliding]; qwen3 with layer_types [sliding, full, sliding], gpt_oss's and
- * gemma3's pattern): the blocks before the window are read in the full layers' slots only,
- * so the bytes read are exactly the full layers' whole prompt plus the sliding layers' window
- * blocks, with the same attention bit for bit. And what the prefix-cache guard prevents: a
- * later request served those blocks as a prefix hit attends to zeros and answers wrong.
- * Pulls of a model whose group slides in every layer also run by the pair's block templates
- * (the same-node path without a plan), equal to the plan's region in every byte; a mixed
- * group's windowed pull is refused there (it takes the op list).
+ * output. Models mixing full and sliding layers (qwen3 with max_window_layers 1: [full,
+ * sliding]; qwen3 with layer_types [sliding, full, sliding], gpt_oss's and gemma3's pattern)
+ * keep them in cache groups of their own (KVF_GROUP_ATTENTION, KVF_GROUP_SLIDING), each with
+ * its own block ids: the full groups are read whole, the sliding groups from the window's
+ * first block on, so the bytes read are exactly the full layers' whole prompt plus the
+ * sliding layers' window blocks, with the same attention bit for bit. And what the
+ * prefix-cache guard prevents: a later request served those blocks as a prefix hit attends
+ * to zeros and answers wrong. Every windowed pull also runs by the pair's block templates
+ * (the same-node path without a plan), equal to the plan's region in every byte.
  */
 #include "kvf_attention.h"
 #include "kvf_xfer_plan.h"
@@ -46,7 +46,7 @@ static const char *const qwen3_sfs_json = "{\"model_type\":\"qwen3\","
     "\"intermediate_size\":128,\"max_position_embeddings\":32768,"
     "\"use_sliding_window\":true,\"sliding_window\":40,\"layer_types\":"
     "[\"sliding_attention\",\"full_attention\",\"sliding_attention\"]}";
-enum { W = 40, BS = 16, STEPS = 4, MAX_TP = 2 };
+enum { W = 40, BS = 16, STEPS = 4, MAX_TP = 2, MAX_G = 4 };
 
 static uint64_t rng_next(uint64_t *s)
 {
@@ -88,25 +88,46 @@ static void world_init(world_t *w, const char *json, int P, int D)
     assert_int_equal(w->dg[0].block_size, BS);
 }
 
-/* Plan decode rank @a dr's pull of @a n tokens (ids[0, nids): block b on both sides, regions
- * of @a nb blocks), windowed or not, tokens [0, skip) already there (a prefix hit). */
+/* Group @a g's block ids: ids[0, nids) shifted by g * nb, so each cache group has blocks of
+ * its own in a region of num_groups * nb blocks. */
+static void group_ids(const world_t *w, const int32_t *ids, int nids, int nb, int32_t *gids,
+                      kvf_xfer_group_blocks_t *groups)
+{
+    assert_true(w->layout.num_groups <= MAX_G);
+    for (int g = 0; g < w->layout.num_groups; ++g) {
+        for (int b = 0; b < nids; ++b) {
+            gids[g * nids + b] = ids[b] + g * nb;
+        }
+        groups[g] = (kvf_xfer_group_blocks_t){.local_ids = gids + g * nids, .num_local = nids,
+                                              .remote_ids = gids + g * nids,
+                                              .num_remote = nids};
+    }
+}
+
+/* Plan decode rank @a dr's pull of @a n tokens (ids[0, nids) in every group, group_ids();
+ * regions of @a nb blocks a group), windowed or not, tokens [0, skip) already there (a
+ * prefix hit). */
 static kvf_xfer_plan_t *plan_skip(const world_t *w, int dr, int64_t n, int32_t *ids, int nids,
                                   int nb, bool window, int64_t skip)
 {
-    int64_t remote_nb[MAX_TP] = {nb, nb};
-    kvf_xfer_group_blocks_t g = {.local_ids = ids, .num_local = nids, .remote_ids = ids,
-                                 .num_remote = nids};
+    const int G = w->layout.num_groups;
+    int64_t remote_nb[MAX_TP] = {(int64_t)nb * G, (int64_t)nb * G};
+    int32_t *gids = malloc((size_t)G * (size_t)nids * sizeof(int32_t));
+    kvf_xfer_group_blocks_t g[MAX_G];
+    assert_non_null(gids);
+    group_ids(w, ids, nids, nb, gids, g);
     kvf_xfer_plan_params_t p = {
         .field_mask = KVF_XFER_PLAN_PARAM_FIELD_FLAGS | KVF_XFER_PLAN_PARAM_FIELD_SKIP,
         .cfg = &w->cfg, .layout = &w->layout,
-        .local_tp = w->D, .local_rank = dr, .local_geom = &w->dg[dr], .local_num_blocks = nb,
+        .local_tp = w->D, .local_rank = dr, .local_geom = &w->dg[dr],
+        .local_num_blocks = nb * G,
         .remote_tp = w->P, .remote_geoms = w->pg, .remote_num_blocks = remote_nb,
-        .num_groups = w->layout.num_groups, .groups = &g, .num_tokens = n,
+        .num_groups = G, .groups = g, .num_tokens = n,
         .flags = window ? KVF_XFER_PLAN_FLAG_WINDOW : 0, .skip_tokens = skip,
     };
     kvf_xfer_plan_t *pl = NULL;
-    assert_int_equal(w->layout.num_groups, 1);
     assert_int_equal(kvf_xfer_plan_create(&p, &pl), KVF_OK);
+    free(gids);
     return pl;
 }
 
@@ -129,21 +150,26 @@ static bool mixes(const kvf_model_config_t *cfg)
 static void tmpl_equals(const world_t *w, int dr, int64_t n, int32_t *ids, int nb, bool window,
                         void *const *pre, const uint8_t *want, size_t dlen)
 {
-    int64_t remote_nb[MAX_TP] = {nb, nb};
-    kvf_xfer_group_blocks_t g = {.local_ids = ids, .num_local = nb, .remote_ids = ids,
-                                 .num_remote = nb};
+    const int G = w->layout.num_groups;
+    int64_t remote_nb[MAX_TP] = {(int64_t)nb * G, (int64_t)nb * G};
+    int32_t gids[MAX_G * 512];
+    kvf_xfer_group_blocks_t g[MAX_G];
+    assert_true(G * nb <= MAX_G * 512);
+    group_ids(w, ids, nb, nb, gids, g);
     kvf_xfer_plan_params_t p = {
         .field_mask = KVF_XFER_PLAN_PARAM_FIELD_FLAGS, .cfg = &w->cfg, .layout = &w->layout,
-        .local_tp = w->D, .local_rank = dr, .local_geom = &w->dg[dr], .local_num_blocks = nb,
+        .local_tp = w->D, .local_rank = dr, .local_geom = &w->dg[dr],
+        .local_num_blocks = nb * G,
         .remote_tp = w->P, .remote_geoms = w->pg, .remote_num_blocks = remote_nb,
-        .num_groups = w->layout.num_groups, .groups = &g, .num_tokens = n,
+        .num_groups = G, .groups = g, .num_tokens = n,
         .flags = window ? KVF_XFER_PLAN_FLAG_WINDOW : 0,
     };
     kvf_device_t cpu = kvf_device_cpu();
-    kvf_gather_table_desc_t d = {.dst_page = w->dg[dr].page_size, .dst_blocks = nb,
+    kvf_gather_table_desc_t d = {.dst_page = w->dg[dr].page_size,
+                                 .dst_blocks = (uint32_t)(nb * G),
                                  .slots = (uint32_t)w->layout.slots, .num_src = (uint32_t)w->P,
                                  .num_tmpls = KVF_XFER_TMPL_COUNT};
-    kvf_gather_job_t *jobs = calloc((size_t)nb + 1, sizeof(*jobs));
+    kvf_gather_job_t *jobs = calloc((size_t)(nb * G) + 1, sizeof(*jobs));
     kvf_xfer_pieces_t *pc = NULL;
     kvf_gather_table_t *t = NULL;
     kvf_xfer_tmpls_t tm;
@@ -163,20 +189,16 @@ static void tmpl_equals(const world_t *w, int dr, int64_t n, int32_t *ids, int n
     for (int r = 0; r < w->P; ++r) {
         d.src_base[r] = (uint64_t)(uintptr_t)pre[r];
         d.src_page[r] = w->pg[r].page_size;
-        d.src_blocks[r] = nb;
+        d.src_blocks[r] = (uint32_t)(nb * G);
     }
     d.pieces = tm.pieces;
     d.num_pieces = tm.num_pieces;
     d.tmpls = tm.tmpls;
     assert_int_equal(kvf_gather_table_create(&cpu, &d, &t), KVF_KERN_OK);
-    if (kvf_xfer_tmpl_jobs(&p, jobs, &nj, &bytes, &zero) == KVF_ERR_UNSUPPORTED) {
-        /* only a mixed group's windowed pull (full slots alone before the window): the op
-         * list; one a template took must equal the plan's bytes below */
-        assert_true(window && mixes(&w->cfg));
-    } else {
-        assert_int_equal(kvf_gather_tmpl_run(&cpu, t, jobs, NULL, nj), KVF_KERN_OK);
-        assert_memory_equal(got, want, dlen);
-    }
+    /* every group slides in all its layers or in none: the templates take every pull */
+    assert_int_equal(kvf_xfer_tmpl_jobs(&p, jobs, &nj, &bytes, &zero), KVF_OK);
+    assert_int_equal(kvf_gather_tmpl_run(&cpu, t, jobs, NULL, nj), KVF_KERN_OK);
+    assert_memory_equal(got, want, dlen);
     kvf_gather_table_destroy(&cpu, t);
     kvf_xfer_tmpls_free(&tm);
     kvf_xfer_pieces_destroy(pc);
@@ -191,9 +213,10 @@ static kvf_xfer_plan_t *plan(const world_t *w, int dr, int64_t n, int32_t *ids, 
 }
 
 /* Decode steps at positions n .. n + STEPS - 1 on one decode rank's region @a base: the
- * same random q / k / v rows (seeded) written and attended in every layer slot. */
-static void decode(const world_t *w, int dr, void *base, int32_t *ids, int nb, int64_t n,
-                   float *out)
+ * same random q / k / v rows (seeded) written and attended in every layer slot of every
+ * group (group_ids()), outputs in (group, slot) order. */
+static void decode(const world_t *w, int dr, void *base, int32_t *ids, int nb, int region_nb,
+                   int64_t n, float *out)
 {
     const kvf_rank_geometry_t *g = &w->dg[dr];
     const int hd = w->cfg.head_dim, kvh = g->shard.kv_heads, qh = g->shard.attn_heads;
@@ -201,14 +224,23 @@ static void decode(const world_t *w, int dr, void *base, int32_t *ids, int nb, i
     float *row = malloc((size_t)ld * sizeof(float));
     uint64_t s = 0x5eed + (uint64_t)n;
 
+    int32_t gids[MAX_G * 512];
+    kvf_xfer_group_blocks_t gb[MAX_G];
     assert_non_null(row);
-    for (int j = 0; j < w->layout.slots; ++j) {
+    assert_true(w->layout.num_groups * nb <= MAX_G * 512);
+    group_ids(w, ids, nb, region_nb, gids, gb);
+    for (int gj = 0; gj < w->layout.num_groups * w->layout.slots; ++gj) {
+        const kvf_kv_group_t *grp = &w->layout.groups[gj / w->layout.slots];
+        const int j = gj % w->layout.slots;
+        if (j >= grp->num_layers) {
+            continue;
+        }
         kvf_paged_kv_t kv = {
             .base = base, .page_size = g->page_size, .slots = w->layout.slots, .slot = j,
             .dtype = KVF_DTYPE_FP32, .kv_heads = kvh, .head_dim = hd,
             .block_size = g->block_size, .kernel_block_size = g->kernel_block_size,
-            .block_table = ids, .num_blocks = nb,
-            .window = w->cfg.layer_window[w->layout.groups[0].layers[j]],
+            .block_table = gids + (gj / w->layout.slots) * nb, .num_blocks = nb,
+            .window = w->cfg.layer_window[grp->layers[j]],
         };
         for (int t = 0; t < STEPS; ++t) {
             const int32_t pos = (int32_t)(n + t);
@@ -219,7 +251,7 @@ static void decode(const world_t *w, int dr, void *base, int32_t *ids, int nb, i
                                                   row + (qh + kvh) * hd, ld, &pos, 1),
                              KVF_KERN_OK);
             assert_int_equal(kvf_attn_paged(NULL, &kv, row, ld, &pos, 1, qh, 0.0f,
-                                            out + ((size_t)j * STEPS + t) * qh * hd),
+                                            out + ((size_t)gj * STEPS + t) * qh * hd),
                              KVF_KERN_OK);
         }
     }
@@ -233,7 +265,7 @@ static size_t g_descs[2];   /* decode rank 0's last plans: descriptors windowed,
 static uint64_t run_len(const world_t *w, int64_t n, uint64_t *full_p)
 {
     const int nb = (int)((n + STEPS + BS - 1) / BS);
-    const int slots = w->layout.slots;
+    const int slots = w->layout.slots * w->layout.num_groups;   /* pages per group block */
     int32_t *ids = malloc((size_t)nb * sizeof(int32_t));
     void *pre[MAX_TP];
     size_t plen[MAX_TP];
@@ -272,8 +304,8 @@ static uint64_t run_len(const world_t *w, int64_t n, uint64_t *full_p)
         assert_int_equal(kvf_xfer_plan_apply_local(pw, b, dlen, bases, plen), KVF_OK);
         tmpl_equals(w, dr, n, ids, nb, false, pre, a, dlen);
         tmpl_equals(w, dr, n, ids, nb, true, pre, b, dlen);
-        decode(w, dr, a, ids, nb, n, oa);
-        decode(w, dr, b, ids, nb, n, ob);
+        decode(w, dr, a, ids, nb, nb, n, oa);
+        decode(w, dr, b, ids, nb, nb, n, ob);
         for (size_t i = 0; i < nout; ++i) {
             assert_false(isnan(oa[i]));
         }
@@ -307,8 +339,8 @@ static uint64_t window_bytes(const world_t *w, int64_t n)
     const int64_t first = (n > W) ? (n - W) / BS * BS : 0;
     uint64_t bytes = 0;
 
-    for (int j = 0; j < w->layout.groups[0].num_layers; ++j) {
-        const bool slides = w->cfg.layer_window[w->layout.groups[0].layers[j]] > 0;
+    for (int l = 0; l < w->cfg.num_layers; ++l) {
+        const bool slides = w->cfg.layer_window[l] > 0;
         bytes += (uint64_t)(slides ? n - first : n) * tok;
     }
     return bytes;
@@ -323,20 +355,28 @@ static void check_bounded(const char *json, const char *name)
         world_t w;
         int sliding = 0;
         world_init(&w, json, layouts[li][0], layouts[li][1]);
-        for (int j = 0; j < w.layout.groups[0].num_layers; ++j) {
-            sliding += w.cfg.layer_window[w.layout.groups[0].layers[j]] > 0;
+        for (int g = 0; g < w.layout.num_groups; ++g) {   /* a group slides in all or none */
+            const kvf_kv_group_t *grp = &w.layout.groups[g];
+            for (int j = 0; j < grp->num_layers; ++j) {
+                assert_int_equal(w.cfg.layer_window[grp->layers[j]] > 0,
+                                 grp->kind == KVF_GROUP_SLIDING);
+            }
+        }
+        assert_int_equal(w.layout.num_groups > 1, mixes(&w.cfg));
+        for (int l = 0; l < w.cfg.num_layers; ++l) {
+            sliding += w.cfg.layer_window[l] > 0;
         }
         /* a whole block of one decode rank's sliding layers: their K and V */
         const uint64_t block = (uint64_t)sliding * (uint64_t)BS * 2u *
                                (uint64_t)w.dg[0].shard.kv_heads * (uint64_t)w.cfg.head_dim * 4u;
         const uint64_t bound = (uint64_t)((W + BS - 1) / BS + 1) * block;
-        const int full_layers = w.layout.groups[0].num_layers - sliding;
+        const int full_layers = w.cfg.num_attention_layers - sliding;
         uint64_t last_full = 0;
         for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); ++i) {
             uint64_t full = 0;
             const uint64_t win = run_len(&w, lens[i], &full);
             /* the full layers' share of the whole pull, read whatever the window */
-            const uint64_t full_part = full / (uint64_t)w.layout.groups[0].num_layers *
+            const uint64_t full_part = full / (uint64_t)w.cfg.num_attention_layers *
                                        (uint64_t)full_layers;
             print_message("%s %dp%dd N %5lld: window pull %7llu bytes (full layers %llu,"
                           " sliding %llu; bound %llu), whole pull %8llu bytes; descriptors"
@@ -392,8 +432,9 @@ static void test_zeroed_blocks_not_a_prefix(void **state)
         uint64_t s = 0x77;
         world_init(&w, models[m], 1, 1);
         assert_true(kvf_xfer_window_first_block(&w.cfg, &w.layout, n1, BS) > 0);   /* guarded */
-        const size_t len = (size_t)nb * (size_t)w.layout.slots * w.pg[0].page_size;
-        const size_t nout = (size_t)w.layout.slots * STEPS * (size_t)w.dg[0].shard.attn_heads *
+        const int pages = w.layout.slots * w.layout.num_groups;   /* a block in every group */
+        const size_t len = (size_t)nb * (size_t)pages * w.pg[0].page_size;
+        const size_t nout = (size_t)pages * STEPS * (size_t)w.dg[0].shard.attn_heads *
                             (size_t)w.cfg.head_dim;
         uint8_t *pre = malloc(len), *a = malloc(len), *b = malloc(len);
         float *oa = malloc(nout * sizeof(float)), *ob = malloc(nout * sizeof(float));
@@ -419,14 +460,19 @@ static void test_zeroed_blocks_not_a_prefix(void **state)
         assert_int_equal(kvf_xfer_plan_apply_local(pa, a, len, bases, plen), KVF_OK);
         assert_int_equal(kvf_xfer_plan_apply_local(pb, a, len, bases, plen), KVF_OK);
         assert_int_equal(kvf_xfer_plan_apply_local(pr, b, len, bases, plen), KVF_OK);
-        decode(&w, 0, a, ids, nb2, n2, oa);
-        decode(&w, 0, b, ids, nb2, n2, ob);
+        decode(&w, 0, a, ids, nb2, nb, n2, oa);
+        decode(&w, 0, b, ids, nb2, nb, n2, ob);
         assert_true(memcmp(oa, ob, nout * sizeof(float)) != 0);   /* guard off: wrong */
-        /* the full layers' slots were read whole: only the sliding layers' outputs differ */
-        for (int j = 0; j < w.layout.slots; ++j) {
-            const size_t per = nout / (size_t)w.layout.slots;
-            const bool slides = w.cfg.layer_window[w.layout.groups[0].layers[j]] > 0;
-            assert_int_equal(memcmp(oa + (size_t)j * per, ob + (size_t)j * per,
+        /* the full groups were read whole: only the sliding layers' outputs differ */
+        for (int gj = 0; gj < pages; ++gj) {
+            const size_t per = nout / (size_t)pages;
+            const kvf_kv_group_t *grp = &w.layout.groups[gj / w.layout.slots];
+            if (gj % w.layout.slots >= grp->num_layers) {
+                continue;
+            }
+            const bool slides = w.cfg.layer_window[grp->layers[gj % w.layout.slots]] > 0;
+            assert_int_equal(slides, grp->kind == KVF_GROUP_SLIDING);
+            assert_int_equal(memcmp(oa + (size_t)gj * per, ob + (size_t)gj * per,
                                     per * sizeof(float)) != 0, slides);
         }
         kvf_xfer_plan_destroy(pr);

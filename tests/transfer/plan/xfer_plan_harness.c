@@ -185,7 +185,7 @@ static void xp_fill_prefill(xp_world_t *w, int r)
     memset(pool, XP_PREFILL_POISON, w->ppool_len[r]);
     for (int gi = 0; gi < w->layout.num_groups; ++gi) {
         const kvf_kv_group_t *grp = &w->layout.groups[gi];
-        if (grp->kind == KVF_GROUP_ATTENTION) {
+        if (kvf_group_is_attention(grp->kind)) {
             int64_t nb = (w->N + g->block_size - 1) / g->block_size;
             for (int64_t b = 0; b < nb; ++b) {
                 for (int j = 0; j < grp->num_layers; ++j) {
@@ -371,7 +371,7 @@ static void xp_verify_decode(xp_world_t *w, int dr, bool pad_reads, const uint8_
     assert_non_null(ck.mask);
     for (int gi = 0; gi < w->layout.num_groups; ++gi) {
         const kvf_kv_group_t *grp = &w->layout.groups[gi];
-        if (grp->kind == KVF_GROUP_ATTENTION) {
+        if (kvf_group_is_attention(grp->kind)) {
             /* blocks of a prefix hit are the decode's own: untouched (still poison) */
             for (int b = (int)(w->skip / g->block_size); b < w->nl[gi]; ++b) {
                 for (int j = 0; j < grp->num_layers; ++j) {
@@ -608,7 +608,7 @@ static void xp_assign_ids(xp_world_t *w, const xp_case_t *c)
     int bd = w->dg[0].block_size, bp = w->pg[0].block_size;
 
     for (int gi = 0; gi < w->layout.num_groups; ++gi) {
-        if (w->layout.groups[gi].kind == KVF_GROUP_ATTENTION) {
+        if (kvf_group_is_attention(w->layout.groups[gi].kind)) {
             w->nl[gi] = (int)((w->N + bd - 1) / bd) + c->extra_local;
             w->nr[gi] = (int)((w->N + bp - 1) / bp);
         } else {

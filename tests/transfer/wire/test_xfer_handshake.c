@@ -756,6 +756,57 @@ static void test_sliding_window(void **state)
                         strlen("handshake refused: sliding_window prefill=0 decode=40: "));
 }
 
+/*
+ * The cache group layout (sliding layers in groups of their own, docs/ARCHITECTURE.md §7) is
+ * the same on both sides: a gpt-oss peer advertising the one-group layout of an older build
+ * ([S, F, S] in one group of 3 slots, where this build has 3 groups of 1) is refused on
+ * `slots`, naming both values, before any block id is trusted.
+ */
+static void test_sliding_group_layout(void **state)
+{
+    kvf_model_config_t oss;
+    kvf_cache_params_t cp;
+    kvf_cache_layout_t *lay = malloc(sizeof(*lay));
+    kvf_rank_geometry_t g, geoms[2];
+    kvf_rank_meta_t local, remote;
+    kvf_refusal_t refusals[KVF_MAX_REFUSALS];
+    char line[512] = "";
+    int nref = -1;
+    (void)state;
+
+    assert_non_null(lay);
+    assert_int_equal(kvf_model_config_load(KVF_SOURCE_DIR "/tests/data/families/gpt-oss/"
+                                           "config.json", &oss), KVF_OK);
+    assert_int_equal(kvf_cache_layout_build(&oss, lay), KVF_OK);
+    assert_int_equal(lay->slots, 1);
+    assert_int_equal(lay->num_groups, 3);
+    kvf_cache_params_default(&oss, &cp);
+    assert_int_equal(kvf_rank_geometry_compute(&oss, &cp, 1, 0, &g), KVF_OK);
+    meta_fill(&local, 1, 0, 8);
+    local.model_fingerprint = kvf_model_config_fingerprint(&oss);
+    local.block_size = g.block_size;
+    local.kernel_block_size = g.kernel_block_size;
+    local.page_size = g.page_size;
+    local.kv_dtype = cp.kv_dtype;
+    local.conv_dtype = cp.conv_dtype;
+    local.ssm_dtype = cp.ssm_dtype;
+    local.slots = lay->slots;
+    local.regions[0].length = 8ull * (uint64_t)lay->slots * g.page_size;
+    kvf_rank_meta_set_window(&local, &oss);
+    remote = local;
+    assert_int_equal(kvf_compat_check(&oss, &local, &remote, 1, geoms, refusals,
+                                      KVF_MAX_REFUSALS, &nref), KVF_OK);
+    remote.slots = 3;   /* the one-group layout */
+    remote.regions[0].length = 8ull * 3u * g.page_size;
+    assert_int_equal(kvf_compat_check(&oss, &local, &remote, 1, geoms, refusals,
+                                      KVF_MAX_REFUSALS, &nref), KVF_ERR_REFUSED);
+    assert_int_equal(nref, 1);
+    kvf_refusal_format(&refusals[0], false, line, sizeof(line));
+    assert_memory_equal(line, "handshake refused: slots prefill=3 decode=1: ",
+                        strlen("handshake refused: slots prefill=3 decode=1: "));
+    free(lay);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -769,6 +820,7 @@ int main(void)
         cmocka_unit_test(test_compat),
         cmocka_unit_test(test_model_digest),
         cmocka_unit_test(test_sliding_window),
+        cmocka_unit_test(test_sliding_group_layout),
     };
     kvf_log_init("test");
     load_tiny();
