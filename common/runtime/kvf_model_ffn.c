@@ -37,7 +37,7 @@ static int kvf_mlp_rows(const kvf_device_t *dev, struct kvf_model_ws *ws, kvf_ac
 }
 
 kvf_status_t kvf_fwd_mlp(kvf_model_h m, const kvf_rank_ctx_t *ctx, int l, int T,
-                                kvf_status_t status)
+                         kvf_status_t status)
 {
     const kvf_model_config_t *cfg = &m->cfg;
     const kvf_layer_w_t *w = &m->ranks[ctx->rank].layers[l];
@@ -91,7 +91,7 @@ static int kvf_fwd_route(const kvf_device_t *dev, const kvf_model_config_t *cfg,
 }
 
 kvf_status_t kvf_fwd_moe(kvf_model_h m, const kvf_rank_ctx_t *ctx, int l, int T,
-                                kvf_status_t status)
+                         kvf_status_t status)
 {
     const kvf_model_config_t *cfg = &m->cfg;
     const kvf_rank_w_t *rw = &m->ranks[ctx->rank];
