@@ -78,7 +78,7 @@ static void check_gdn_decode(kvf_dtype_t dt, const kvf_gdn_params_t *pc,
 {
     const size_t sbytes = (size_t)HP * DK * kvf_dtype_size(dt), cbytes = (size_t)CH * (K - 1) * 4;
     float *w = frand((size_t)CH * K, -0.5f, 0.5f), *dw = up(w, (size_t)CH * K * 4);
-    float yc[2 * HP], yg[2 * HP], xc[2 * LDX], yt[HP];
+    float yc[2 * HP], yg[2 * HP], xc[2 * LDX], yt[6 * HP];   /* yt: the 6-token scan's rows */
     float *dxbc = up(NULL, sizeof(xc)), *dy = up(NULL, sizeof(yg));
     unsigned char *sc[2], *sg[2];
     float *cc[2];
